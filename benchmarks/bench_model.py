@@ -1,0 +1,255 @@
+"""Training-step throughput and memory of our GPT vs transformers' OpenAIGPTLMHeadModel, and KV-cache speedup.
+
+Both models hold the same weights (ours converted with `to_hf`), run in training mode with their
+dropout, in one process, interleaved run by run, so machine noise hits both alike. Prints
+tokens/s per run, the median ratio, peak memory of a step (each model in a fresh child process),
+and cached vs uncached greedy generation. On CUDA it also prints MFU (nanoGPT's FLOP count
+6N + 12·L·H·Q·T per token against the dense bf16 peak of the GPU).
+
+    python benchmarks/bench_model.py --preset gpt1 --batch 4 --seq 512 --runs 5
+    python benchmarks/bench_model.py --device cuda --dtype bf16 --batch 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+from gpt_ft import GPT, GPTConfig
+
+# Dense (not 2:4 sparse) bf16 tensor-core peaks, in FLOP/s, from NVIDIA's datasheets.
+DENSE_BF16_PEAK = {"H200": 989e12, "H100 NVL": 835e12, "H100 PCIe": 756e12, "H100": 989e12, "A100": 312e12}
+
+
+def dense_peak(device_name: str) -> float | None:
+    for key in sorted(DENSE_BF16_PEAK, key=len, reverse=True):  # "H100 NVL" before "H100"
+        if key in device_name:
+            return DENSE_BF16_PEAK[key]
+    return None
+
+
+def flops_per_token(config: GPTConfig, n_params: int, seq: int) -> float:
+    """nanoGPT's estimate: 6N for the matmuls with parameters plus 12·L·H·Q·T for attention."""
+    return 6 * n_params + 12 * config.n_layer * config.n_head * config.head_dim * seq
+
+
+def synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def make_step(model, logits_fn, optimizer, ids, autocast_dtype):
+    def step() -> None:
+        with torch.autocast(ids.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            logits = logits_fn(model, ids[:, :-1])
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten())
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def ours_logits(model, ids):
+    return model.lm_logits(model(ids))
+
+
+def hf_logits(model, ids):
+    return model(ids).logits
+
+
+def build(args, which: str):
+    config = GPTConfig.from_name(args.preset)
+    torch.manual_seed(0)
+    ours = GPT(config)
+    param_dtype = torch.float32
+    models = {}
+    if which in ("ours", "both"):
+        models["ours"] = ours
+    if which in ("hf", "both"):
+        models["hf"] = ours.to_hf()
+    if which == "hf":
+        del ours
+    for m in models.values():
+        m.to(device=args.device, dtype=param_dtype).train()
+    fused = args.device == "cuda"
+    optimizers = {k: torch.optim.AdamW(m.parameters(), lr=1e-4, fused=fused) for k, m in models.items()}
+    return config, models, optimizers
+
+
+def rss_mb(field: str) -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def memory_child(args) -> None:
+    """Peak memory of a few training steps of one model, printed as JSON (run in a fresh process)."""
+    config, models, optimizers = build(args, args.memory_child)
+    (name, model), optimizer = next(iter(models.items())), next(iter(optimizers.values()))
+    ids = torch.randint(0, config.vocab_size, (args.batch, args.seq + 1), device=args.device)
+    step = make_step(model, ours_logits if name == "ours" else hf_logits, optimizer, ids, autocast(args))
+    step()  # the optimizer state exists after the first step
+    synchronize(args.device)
+    base = rss_mb("VmRSS")
+    if args.device == "cpu":
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # reset the high-water mark (VmHWM) to the current RSS: measure the steps only
+    if args.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated() / 2**20
+    for _ in range(2):
+        step()
+    synchronize(args.device)
+    peak = torch.cuda.max_memory_allocated() / 2**20 if args.device == "cuda" else rss_mb("VmHWM")
+    print(json.dumps({"model": name, "steady_mb": base, "peak_mb": peak}))
+
+
+def autocast(args):
+    return torch.bfloat16 if args.dtype == "bf16" else None
+
+
+def measure_memory(args) -> dict:
+    out = {}
+    for which in ("ours", "hf"):
+        cmd = [sys.executable, __file__, "--memory-child", which, "--preset", args.preset]
+        cmd += [
+            "--batch",
+            str(args.batch),
+            "--seq",
+            str(args.seq),
+            "--device",
+            args.device,
+            "--dtype",
+            args.dtype,
+        ]
+        cmd += ["--threads", str(args.threads)]
+        result = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        out[which] = json.loads(result.stdout.strip().splitlines()[-1])
+    return out
+
+
+def bench_training(args) -> None:
+    config, models, optimizers = build(args, "both")
+    n_params = models["ours"].num_parameters() - models["ours"].wpe.weight.numel()  # nanoGPT's N
+    ids = torch.randint(0, config.vocab_size, (args.batch, args.seq + 1), device=args.device)
+    steps = {
+        "ours": make_step(models["ours"], ours_logits, optimizers["ours"], ids, autocast(args)),
+        "hf": make_step(models["hf"], hf_logits, optimizers["hf"], ids, autocast(args)),
+    }
+    tokens = args.batch * args.seq
+    for _ in range(args.warmup):
+        for step in steps.values():
+            step()
+    synchronize(args.device)
+    rates: dict[str, list[float]] = {"ours": [], "hf": []}
+    print(
+        f"\n{args.preset}, batch {args.batch} x {args.seq} tokens, {args.dtype}, {args.device}, "
+        f"{torch.get_num_threads()} threads, training mode (dropout {config.resid_pdrop})"
+    )
+    print(f"{'run':>4} {'ours tok/s':>12} {'hf tok/s':>12} {'ratio':>7}")
+    for run in range(args.runs):
+        for name in ("ours", "hf") if run % 2 == 0 else ("hf", "ours"):  # alternate who goes first
+            synchronize(args.device)
+            start = time.perf_counter()
+            for _ in range(args.steps_per_run):
+                steps[name]()
+            synchronize(args.device)
+            rates[name].append(tokens * args.steps_per_run / (time.perf_counter() - start))
+        print(
+            f"{run:>4} {rates['ours'][-1]:>12.0f} {rates['hf'][-1]:>12.0f} {rates['ours'][-1] / rates['hf'][-1]:>7.3f}"
+        )
+    ratios = [o / h for o, h in zip(rates["ours"], rates["hf"])]
+    med_ours, med_hf = statistics.median(rates["ours"]), statistics.median(rates["hf"])
+    print(
+        f"median tokens/s: ours {med_ours:.0f}, hf {med_hf:.0f}; median ratio ours/hf {statistics.median(ratios):.3f}"
+    )
+    if args.device == "cuda":
+        name = torch.cuda.get_device_name()
+        peak = args.peak_tflops * 1e12 if args.peak_tflops else dense_peak(name)
+        fpt = flops_per_token(config, n_params, args.seq)
+        if peak:
+            print(
+                f"MFU on {name} (dense peak {peak / 1e12:.0f} TFLOP/s): ours {med_ours * fpt / peak:.1%}, "
+                f"hf {med_hf * fpt / peak:.1%}"
+            )
+        else:
+            print(f"no dense peak known for {name!r}: pass --peak-tflops")
+    del models, optimizers, steps
+
+
+def bench_generation(args) -> None:
+    config = GPTConfig.from_name(args.preset)
+    torch.manual_seed(0)
+    gpt = GPT(config).to(args.device).eval()
+    prompt = torch.randint(0, config.vocab_size, (1, args.prompt_len), device=args.device)
+    times = {}
+    outputs = {}
+    for use_cache in (True, False):
+        gpt.generate(prompt, max_new_tokens=4, use_cache=use_cache)  # warm-up
+        synchronize(args.device)
+        start = time.perf_counter()
+        outputs[use_cache] = gpt.generate(prompt, max_new_tokens=args.gen_tokens, use_cache=use_cache)
+        synchronize(args.device)
+        times[use_cache] = time.perf_counter() - start
+    same = torch.equal(outputs[True], outputs[False])
+    print(
+        f"\ngreedy generation of {args.gen_tokens} tokens after a {args.prompt_len}-token prompt ({args.preset}):"
+    )
+    print(
+        f"  cached {times[True]:.2f} s ({args.gen_tokens / times[True]:.1f} tok/s), "
+        f"uncached {times[False]:.2f} s ({args.gen_tokens / times[False]:.1f} tok/s), "
+        f"speedup {times[False] / times[True]:.1f}x, identical output: {same}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--preset", default="gpt1")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=512)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--steps-per-run", type=int, default=1)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--peak-tflops", type=float, default=None, help="dense peak of the GPU, TFLOP/s")
+    parser.add_argument("--gen-tokens", type=int, default=256)
+    parser.add_argument("--prompt-len", type=int, default=16)
+    parser.add_argument("--skip", nargs="*", default=[], choices=["training", "memory", "generation"])
+    parser.add_argument("--memory-child", choices=["ours", "hf"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    if args.memory_child:
+        memory_child(args)
+        return
+    print(f"torch {torch.__version__}, {args.threads} threads")
+    if "training" not in args.skip:
+        bench_training(args)
+    if "memory" not in args.skip:
+        mem = measure_memory(args)
+        unit = "GPU MiB allocated" if args.device == "cuda" else "MiB RSS"
+        print(f"\npeak memory over training steps ({unit}, fresh process each):")
+        for name, m in mem.items():
+            print(f"  {name:>4}: peak {m['peak_mb']:.0f} (after setup and first step {m['steady_mb']:.0f})")
+        print(f"  ours/hf peak: {mem['ours']['peak_mb'] / mem['hf']['peak_mb']:.3f}")
+    if "generation" not in args.skip:
+        bench_generation(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,240 @@
+"""Decoding for `GPT`: greedy, sampling (temperature, top-k, top-p) and beam search, over a KV cache.
+
+Pure torch. These functions are also methods: `gpt.generate(...)`, `gpt.stream(...)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from gpt_ft.model import GPT
+
+
+def _check_args(
+    model: GPT,
+    input_ids: Tensor,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    num_beams: int,
+) -> None:
+    if input_ids.ndim != 2 or input_ids.shape[1] == 0:
+        raise ValueError(
+            f"input_ids must be a non-empty (batch, length) tensor, got shape {tuple(input_ids.shape)}."
+        )
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}.")
+    n_ctx = model.config.n_positions
+    if input_ids.shape[1] + max_new_tokens > n_ctx:
+        raise ValueError(
+            f"A prompt of {input_ids.shape[1]} tokens plus max_new_tokens={max_new_tokens} exceeds the "
+            f"model's context of {n_ctx} tokens."
+        )
+    if temperature <= 0:
+        raise ValueError(
+            f"temperature must be > 0, got {temperature}; use do_sample=False for greedy decoding."
+        )
+    if top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}.")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}.")
+    if num_beams < 1:
+        raise ValueError(f"num_beams must be >= 1, got {num_beams}.")
+
+
+def _filter_logits(logits: Tensor, temperature: float, top_k: int | None, top_p: float | None) -> Tensor:
+    """Temperature, then top-k, then top-p (nucleus) filtering of (B, V) logits."""
+    logits = logits / temperature  # sampling from softmax(l / T) is q ∝ p^(1/T)
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]  # (B, 1)
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        # Drop a token once the tokens ranked above it already hold top_p of the mass (the top one stays).
+        drop_sorted = probs.cumsum(dim=-1) - probs >= top_p
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+@torch.no_grad()
+def stream(
+    model: GPT,
+    input_ids: Tensor,
+    *,
+    max_new_tokens: int,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos_token_id: int | None = None,
+    use_cache: bool = True,
+    generator: torch.Generator | None = None,
+) -> Iterator[Tensor]:
+    """Yield the next token of every sequence, (B,), one step at a time (greedy or sampled).
+
+    Sequences that produced `eos_token_id` keep yielding it; the stream ends when all have.
+    """
+    _check_args(model, input_ids, max_new_tokens, temperature, top_k, top_p, 1)
+    B, T0 = input_ids.shape
+    cache = model.new_kv_cache(B, T0 + max_new_tokens) if use_cache else None
+    ids, step_input = input_ids, input_ids
+    finished = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
+    for _ in range(max_new_tokens):
+        hidden = model(step_input, kv_cache=cache) if use_cache else model(ids)
+        logits = model.lm_logits(hidden[:, -1]).float()  # (B, V)
+        if do_sample:
+            probs = _filter_logits(logits, temperature, top_k, top_p).softmax(dim=-1)
+            token = torch.multinomial(probs, 1, generator=generator).squeeze(1)  # (B,)
+        else:
+            token = logits.argmax(dim=-1)  # (B,)
+        if eos_token_id is not None:
+            token = token.masked_fill(finished, eos_token_id)
+            finished |= token == eos_token_id
+        yield token
+        if eos_token_id is not None and bool(finished.all()):
+            return
+        step_input = token[:, None]
+        if not use_cache:
+            ids = torch.cat([ids, step_input], dim=1)
+
+
+@torch.no_grad()
+def generate(
+    model: GPT,
+    input_ids: Tensor,
+    *,
+    max_new_tokens: int,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    num_beams: int = 1,
+    length_penalty: float = 1.0,
+    eos_token_id: int | None = None,
+    use_cache: bool = True,
+    generator: torch.Generator | None = None,
+) -> Tensor:
+    """Continue `input_ids` (B, T) by up to `max_new_tokens`; returns (B, T + n).
+
+    Greedy by default; `do_sample=True` samples with `temperature`, `top_k`, `top_p`;
+    `num_beams > 1` runs beam search scored by sum of log-probabilities / length**length_penalty.
+    Sequences that stop early are padded with `eos_token_id`.
+    """
+    _check_args(model, input_ids, max_new_tokens, temperature, top_k, top_p, num_beams)
+    if num_beams > 1:
+        if do_sample:
+            raise ValueError("Beam search is deterministic: use num_beams=1 with do_sample=True.")
+        return beam_search(
+            model,
+            input_ids,
+            num_beams=num_beams,
+            max_new_tokens=max_new_tokens,
+            length_penalty=length_penalty,
+            eos_token_id=eos_token_id,
+        )
+    tokens = stream(
+        model,
+        input_ids,
+        max_new_tokens=max_new_tokens,
+        do_sample=do_sample,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        eos_token_id=eos_token_id,
+        use_cache=use_cache,
+        generator=generator,
+    )
+    return torch.cat([input_ids, *(t[:, None] for t in tokens)], dim=1)
+
+
+@torch.no_grad()
+def beam_search(
+    model: GPT,
+    input_ids: Tensor,
+    *,
+    num_beams: int,
+    max_new_tokens: int,
+    length_penalty: float = 1.0,
+    eos_token_id: int | None = None,
+) -> Tensor:
+    """Beam search over the KV cache; returns the best hypothesis per prompt, (B, T + n).
+
+    A hypothesis ending in `eos_token_id` is scored sum(log p) / (generated length)**length_penalty.
+    A prompt is done once it has `num_beams` finished hypotheses and no running beam can beat the
+    worst of them at the current length (the usual heuristic, as in transformers).
+    """
+    _check_args(model, input_ids, max_new_tokens, 1.0, None, None, num_beams)
+    B, T0 = input_ids.shape
+    K, device = num_beams, input_ids.device
+    if max_new_tokens == 0:
+        return input_ids
+    cache = model.new_kv_cache(B, T0 + max_new_tokens)
+    logits = model.lm_logits(model(input_ids, kv_cache=cache)[:, -1]).float()  # (B, V)
+    V = logits.shape[-1]
+    # Every beam starts as the prompt; only beam 0 may expand at the first step, or the K beams
+    # would all pick the same tokens.
+    cache.reorder(torch.arange(B, device=device).repeat_interleave(K))
+    logits = logits.repeat_interleave(K, dim=0)  # (B*K, V)
+    beam_scores = torch.zeros(B, K, device=device)
+    beam_scores[:, 1:] = float("-inf")
+    seqs = input_ids.repeat_interleave(K, dim=0)  # (B*K, T0)
+    finished: list[list[tuple[float, Tensor]]] = [[] for _ in range(B)]
+    done = [False] * B
+
+    def score(total_logprob: float, length: int) -> float:
+        return total_logprob / length**length_penalty
+
+    for step in range(1, max_new_tokens + 1):
+        candidates = (beam_scores[:, :, None] + logits.log_softmax(dim=-1).view(B, K, V)).view(B, K * V)
+        top_scores, top_index = candidates.topk(2 * K, dim=1)  # (B, 2K): enough for K non-eos ones
+        src_beam, token = top_index // V, top_index % V
+        next_src, next_token = torch.zeros(B, K, dtype=torch.long), torch.zeros(B, K, dtype=torch.long)
+        next_scores = torch.full((B, K), float("-inf"))
+        for b in range(B):
+            if done[b]:  # keep a placeholder beam going; it is never chosen
+                next_token[b] = eos_token_id if eos_token_id is not None else 0
+                continue
+            n = 0
+            for rank in range(2 * K):
+                s, beam, tok = top_scores[b, rank].item(), src_beam[b, rank].item(), token[b, rank].item()
+                if eos_token_id is not None and tok == eos_token_id:
+                    if rank < K:  # an eos outside the top K would not have survived as a beam
+                        hyp = torch.cat([seqs[b * K + beam], seqs.new_tensor([tok])])
+                        finished[b].append((score(s, step), hyp))
+                    continue
+                next_src[b, n], next_token[b, n], next_scores[b, n] = beam, tok, s
+                n += 1
+                if n == K:
+                    break
+            finished[b] = sorted(finished[b], key=lambda h: h[0], reverse=True)[:K]
+            if len(finished[b]) == K:
+                done[b] = finished[b][-1][0] >= score(top_scores[b, 0].item(), step)
+        if all(done):
+            break
+        flat_src = (torch.arange(B)[:, None] * K + next_src).view(-1).to(device)  # (B*K,)
+        cache.reorder(flat_src)
+        seqs = torch.cat([seqs[flat_src], next_token.view(-1, 1).to(device)], dim=1)
+        beam_scores = next_scores.to(device)
+        if step < max_new_tokens:
+            logits = model.lm_logits(model(seqs[:, -1:], kv_cache=cache)[:, -1]).float()
+
+    n_gen = seqs.shape[1] - T0
+    for b in range(B):
+        if not done[b]:
+            for k in range(K):
+                finished[b].append((score(beam_scores[b, k].item(), n_gen), seqs[b * K + k]))
+    best = [max(finished[b], key=lambda h: h[0])[1] for b in range(B)]
+    width = max(len(h) for h in best)
+    pad = eos_token_id if eos_token_id is not None else 0
+    out = torch.full((B, width), pad, dtype=input_ids.dtype, device=device)
+    for b, hyp in enumerate(best):
+        out[b, : len(hyp)] = hyp
+    return out

@@ -1,0 +1,216 @@
+"""Weights to and from `transformers`: OpenAIGPT* (GPT-1) and GPT2* models and local directories.
+
+Our module names are GPT-2's, so conversion is a name map (GPT-1 spells two embeddings
+differently) plus a transpose list (transformers keeps these layers as `Conv1D`, weight (in, out)).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from gpt_ft.model import GPT, GPTConfig
+
+# HF name -> ours, for the GPT-1 family (GPT-2's names are ours already).
+_OPENAI_NAMES = {"tokens_embed.": "wte.", "positions_embed.": "wpe."}
+# Conv1D weights, stored (in, out) by transformers and (out, in) by nn.Linear.
+_TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+# transformers activation names -> ours. GPT-1's `afn="gelu"` is the tanh form in transformers.
+_OPENAI_ACTIVATIONS = {"gelu": "gelu_tanh", "relu": "relu", "silu": "silu", "swish": "silu"}
+_GPT2_ACTIVATIONS = {
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu": "gelu",
+    "relu": "relu",
+    "silu": "silu",
+    "swish": "silu",
+}
+
+
+def _family(hf_config) -> str:
+    model_type = getattr(hf_config, "model_type", None)
+    if model_type not in ("openai-gpt", "gpt2"):
+        raise ValueError(
+            f"Cannot convert a transformers model of type {model_type!r}; allowed: 'openai-gpt' "
+            "(OpenAIGPTModel, OpenAIGPTLMHeadModel) and 'gpt2' (GPT2Model, GPT2LMHeadModel)."
+        )
+    return model_type
+
+
+def config_from_hf(hf_config) -> GPTConfig:
+    """Our GPTConfig for a transformers OpenAIGPTConfig or GPT2Config."""
+    family = _family(hf_config)
+    if family == "openai-gpt":
+        activation = _OPENAI_ACTIVATIONS.get(hf_config.afn)
+        if activation is None:
+            raise ValueError(
+                f"OpenAIGPTConfig.afn={hf_config.afn!r} is not supported; "
+                f"allowed: {sorted(_OPENAI_ACTIVATIONS)}."
+            )
+        n_inner, pre_ln = None, False
+    else:
+        activation = _GPT2_ACTIVATIONS.get(hf_config.activation_function)
+        if activation is None:
+            raise ValueError(
+                f"GPT2Config.activation_function={hf_config.activation_function!r} is not supported; "
+                f"allowed: {sorted(_GPT2_ACTIVATIONS)}."
+            )
+        for flag, wanted in (
+            ("scale_attn_weights", True),
+            ("scale_attn_by_inverse_layer_idx", False),
+            ("add_cross_attention", False),
+        ):
+            if getattr(hf_config, flag, wanted) != wanted:
+                raise ValueError(
+                    f"GPT2Config.{flag}={not wanted} is not supported; GPT-2 uses {flag}={wanted}."
+                )
+        n_inner, pre_ln = hf_config.n_inner, True
+    return GPTConfig(
+        vocab_size=hf_config.vocab_size,
+        n_positions=hf_config.n_positions,
+        n_embd=hf_config.n_embd,
+        n_layer=hf_config.n_layer,
+        n_head=hf_config.n_head,
+        n_inner=n_inner,
+        pre_ln=pre_ln,
+        activation=activation,
+        embd_pdrop=hf_config.embd_pdrop,
+        attn_pdrop=hf_config.attn_pdrop,
+        resid_pdrop=hf_config.resid_pdrop,
+        layer_norm_epsilon=hf_config.layer_norm_epsilon,
+        initializer_range=hf_config.initializer_range,
+    )
+
+
+def config_to_hf(config: GPTConfig):
+    """The transformers config of the same family: OpenAIGPTConfig (post-LN) or GPT2Config (pre-LN)."""
+    from transformers import GPT2Config, OpenAIGPTConfig
+
+    common = dict(
+        vocab_size=config.vocab_size,
+        n_positions=config.n_positions,
+        n_embd=config.n_embd,
+        n_layer=config.n_layer,
+        n_head=config.n_head,
+        embd_pdrop=config.embd_pdrop,
+        attn_pdrop=config.attn_pdrop,
+        resid_pdrop=config.resid_pdrop,
+        layer_norm_epsilon=config.layer_norm_epsilon,
+        initializer_range=config.initializer_range,
+    )
+    if config.pre_ln:
+        afn = {v: k for k, v in reversed(_GPT2_ACTIVATIONS.items())}[config.activation]
+        return GPT2Config(**common, n_inner=config.n_inner, activation_function=afn)
+    if config.activation not in ("gelu_tanh", "relu", "silu") or config.ffn_dim != 4 * config.n_embd:
+        raise ValueError(
+            "transformers' OpenAIGPT has a 4 * n_embd feed-forward layer and GELU (tanh), ReLU or SiLU; "
+            f"this model has n_inner={config.n_inner} and activation={config.activation!r}."
+        )
+    afn = {"gelu_tanh": "gelu", "relu": "relu", "silu": "silu"}[config.activation]
+    return OpenAIGPTConfig(**common, afn=afn)
+
+
+def state_dict_from_hf(hf_state: dict[str, Tensor], family: str) -> dict[str, Tensor]:
+    """Our state dict from a transformers one (base or LM-head model; the tied `lm_head` is dropped)."""
+    head = hf_state.get("lm_head.weight")
+    embedding = hf_state.get("transformer.wte.weight", hf_state.get("transformer.tokens_embed.weight"))
+    if head is not None and embedding is not None and not torch.equal(head, embedding):
+        raise ValueError("The model's lm_head is not tied to its token embedding; GPT-1 and GPT-2 tie them.")
+    out = {}
+    for key, value in hf_state.items():
+        key = key.removeprefix("transformer.")
+        if (
+            key == "lm_head.weight"
+            or key.endswith((".attn.bias", ".attn.masked_bias"))
+            or key == "position_ids"
+        ):
+            continue  # the tied head and transformers' causal-mask buffers
+        if family == "openai-gpt":
+            for theirs, ours in _OPENAI_NAMES.items():
+                if key.startswith(theirs):
+                    key = ours + key.removeprefix(theirs)
+        out[key] = value.t() if key.endswith(_TRANSPOSED) else value
+    return out
+
+
+def state_dict_to_hf(state: dict[str, Tensor], family: str) -> dict[str, Tensor]:
+    """A transformers LM-head state dict from ours (inverse of `state_dict_from_hf`)."""
+    out = {}
+    for key, value in state.items():
+        hf_key = key
+        if family == "openai-gpt":
+            for theirs, ours in _OPENAI_NAMES.items():
+                if key.startswith(ours):
+                    hf_key = theirs + key.removeprefix(ours)
+        out["transformer." + hf_key] = value.t() if key.endswith(_TRANSPOSED) else value
+    out["lm_head.weight"] = state["wte.weight"]
+    return out
+
+
+def _load(config: GPTConfig, state: dict[str, Tensor], source: str) -> GPT:
+    with torch.device("meta"):
+        gpt = GPT(config)
+    missing, unexpected = gpt.load_state_dict(state, strict=False, assign=True)
+    if missing or unexpected:
+        raise ValueError(
+            f"{source} does not match a {config} model: missing {missing}, unexpected {unexpected}."
+        )
+    # Transposed views from the conversion become contiguous tensors (faster matmuls, clean saves).
+    for module in gpt.modules():
+        for name, p in module.named_parameters(recurse=False):
+            setattr(module, name, torch.nn.Parameter(p.detach().contiguous()))
+    return gpt
+
+
+def from_hf(hf_model) -> GPT:
+    """A GPT with the weights of a transformers OpenAIGPT*/GPT2* model (base or LM-head)."""
+    config = getattr(hf_model, "config", None)
+    if config is None:
+        raise ValueError(f"Expected a transformers model instance, got {type(hf_model).__name__}.")
+    family = _family(config)
+    state = {k: v.detach().clone() for k, v in hf_model.state_dict().items()}
+    return _load(config_from_hf(config), state_dict_from_hf(state, family), type(hf_model).__name__)
+
+
+def to_hf(gpt: GPT):
+    """The matching transformers LM-head model (OpenAIGPTLMHeadModel or GPT2LMHeadModel), same weights."""
+    from transformers import GPT2LMHeadModel, OpenAIGPTLMHeadModel
+
+    hf_config = config_to_hf(gpt.config)
+    cls = GPT2LMHeadModel if gpt.config.pre_ln else OpenAIGPTLMHeadModel
+    family = hf_config.model_type
+    hf_model = cls(hf_config).to(dtype=gpt.wte.weight.dtype, device=gpt.wte.weight.device)
+    state = {k: v.detach().clone() for k, v in gpt.state_dict().items()}
+    hf_model.load_state_dict(state_dict_to_hf(state, family), strict=True)
+    hf_model.tie_weights()
+    return hf_model.eval() if not gpt.training else hf_model
+
+
+def from_pretrained(path: str | os.PathLike) -> GPT:
+    """Load a local transformers directory (config.json plus model.safetensors or pytorch_model.bin).
+
+    Weights are read with safetensors or `torch.load(weights_only=True)`; no code is executed.
+    """
+    from transformers import AutoConfig
+
+    path = Path(path).expanduser()
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path} is not a transformers model directory: it has no config.json.")
+    hf_config = AutoConfig.from_pretrained(path, trust_remote_code=False)
+    family = _family(hf_config)
+    state: dict[str, Tensor] = {}
+    shards = sorted(path.glob("model*.safetensors"))
+    if shards:
+        from safetensors.torch import load_file
+
+        for shard in shards:
+            state.update(load_file(shard))
+    elif (path / "pytorch_model.bin").is_file():
+        state = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    else:
+        raise FileNotFoundError(f"{path} has no model.safetensors or pytorch_model.bin weights file.")
+    return _load(config_from_hf(hf_config), state_dict_from_hf(state, family), str(path))

@@ -1,0 +1,352 @@
+"""GPT-1 and GPT-2 in pure PyTorch.
+
+One config switch picks the block layout: GPT-1 is post-LN with no final LayerNorm, GPT-2 is
+pre-LN with a final LayerNorm. Module names follow the Hugging Face GPT-2 checkpoint keys
+(`wte`, `wpe`, `h.N.attn.c_attn`, ...), so converting weights in either direction is a name map
+plus a transpose list (see `gpt_ft/hf.py`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from gpt_ft import generation
+
+if TYPE_CHECKING:
+    import os
+
+Activation = Literal["gelu_tanh", "gelu", "relu", "silu"]
+
+_ACTIVATIONS = {
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # GPT-1 and GPT-2 both use the tanh form
+    "gelu": F.gelu,
+    "relu": F.relu,
+    "silu": F.silu,
+}
+
+
+@dataclass
+class GPTConfig:
+    """Shape and regularisation of a GPT. The defaults are GPT-1 (Radford et al. 2018)."""
+
+    vocab_size: int = 40478
+    """Number of token embeddings: the BPE vocabulary plus any special tokens."""
+    n_positions: int = 512
+    """Context length: the number of learned position embeddings."""
+    n_embd: int = 768
+    """Width of the residual stream."""
+    n_layer: int = 12
+    """Number of transformer blocks."""
+    n_head: int = 12
+    """Number of attention heads; must divide n_embd."""
+    n_inner: int | None = None
+    """Width of the feed-forward layer; None means 4 * n_embd."""
+    pre_ln: bool = False
+    """False: GPT-1's post-LN blocks, no final LayerNorm. True: GPT-2's pre-LN blocks plus a final LN."""
+    activation: Activation = "gelu_tanh"
+    """Feed-forward nonlinearity; GPT-1 and GPT-2 use GELU in its tanh form."""
+    embd_pdrop: float = 0.1
+    """Dropout on the sum of token and position embeddings."""
+    attn_pdrop: float = 0.1
+    """Dropout on the attention probabilities."""
+    resid_pdrop: float = 0.1
+    """Dropout on the output of each attention and feed-forward sublayer."""
+    layer_norm_epsilon: float = 1e-5
+    """Epsilon of every LayerNorm."""
+    initializer_range: float = 0.02
+    """Standard deviation of the normal initialisation of weights and embeddings."""
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "n_positions", "n_embd", "n_head"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"GPTConfig.{name} must be a positive integer, got {getattr(self, name)}.")
+        if self.n_layer < 0:
+            raise ValueError(f"GPTConfig.n_layer must be >= 0, got {self.n_layer}.")
+        if self.n_embd % self.n_head:
+            raise ValueError(
+                f"GPTConfig.n_embd={self.n_embd} is not divisible by n_head={self.n_head}; "
+                f"choose n_head among the divisors of {self.n_embd}."
+            )
+        if self.n_inner is not None and self.n_inner < 1:
+            raise ValueError(f"GPTConfig.n_inner must be a positive integer or None, got {self.n_inner}.")
+        if self.activation not in _ACTIVATIONS:
+            raise ValueError(
+                f"GPTConfig.activation={self.activation!r} is not supported; allowed: {sorted(_ACTIVATIONS)}."
+            )
+        for name in ("embd_pdrop", "attn_pdrop", "resid_pdrop"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"GPTConfig.{name} must be in [0, 1), got {getattr(self, name)}.")
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def ffn_dim(self) -> int:
+        return self.n_inner if self.n_inner is not None else 4 * self.n_embd
+
+    @classmethod
+    def from_name(cls, name: str, **overrides) -> GPTConfig:
+        """A preset by name (see `PRESETS`), with any field overridden."""
+        if name not in PRESETS:
+            raise ValueError(f"Unknown GPT preset {name!r}; available presets: {', '.join(PRESETS)}.")
+        unknown = set(overrides) - {f.name for f in fields(cls)}
+        if unknown:
+            raise ValueError(f"Unknown GPTConfig field(s) {sorted(unknown)} given to from_name({name!r}).")
+        return cls(**{**PRESETS[name], **overrides})
+
+
+_GPT2 = dict(vocab_size=50257, n_positions=1024, pre_ln=True)
+
+PRESETS: dict[str, dict] = {
+    # GPT-1 (paper §4.1): 12 layers, 768 wide, 12 heads, FFN 3072, context 512, BPE vocab 40,478.
+    "gpt1": {},
+    # GPT-2 (Radford et al. 2019), the four released sizes.
+    "gpt2": dict(_GPT2),
+    "gpt2-medium": dict(_GPT2, n_embd=1024, n_layer=24, n_head=16),
+    "gpt2-large": dict(_GPT2, n_embd=1280, n_layer=36, n_head=20),
+    "gpt2-xl": dict(_GPT2, n_embd=1600, n_layer=48, n_head=25),
+    # GPT-1-shaped models small enough to train on a laptop CPU.
+    "gpt-mini": dict(n_embd=256, n_layer=4, n_head=4),
+    "gpt-micro": dict(n_positions=128, n_embd=64, n_layer=2, n_head=2),
+}
+
+
+class KVCache:
+    """Keys and values of the positions seen so far, preallocated for `max_len` positions.
+
+    `gpt(new_ids, kv_cache=cache)` attends to everything in the cache and appends its own keys
+    and values; `length` is the number of cached positions.
+    """
+
+    def __init__(self, config: GPTConfig, batch_size: int, max_len: int, *, dtype, device) -> None:
+        shape = (config.n_layer, batch_size, config.n_head, max_len, config.head_dim)
+        self.k = torch.empty(shape, dtype=dtype, device=device)
+        self.v = torch.empty(shape, dtype=dtype, device=device)
+        self.length = 0
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[3]
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store this layer's new keys/values (B, nh, T, hs); return all of them so far."""
+        end = self.length + k.shape[2]
+        self.k[layer, :, :, self.length : end] = k
+        self.v[layer, :, :, self.length : end] = v
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep the batch rows `index` (beam search follows its surviving beams with this)."""
+        self.k = self.k.index_select(1, index)
+        self.v = self.v.index_select(1, index)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.n_head = config.n_head
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)  # q, k, v for all heads at once
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd)
+        self.attn_pdrop = config.attn_pdrop
+        self.resid_dropout = nn.Dropout(config.resid_pdrop)
+
+    def forward(
+        self, x: Tensor, mask: Tensor | None, is_causal: bool, cache: KVCache | None, layer: int
+    ) -> Tensor:
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        if cache is not None:
+            k, v = cache.update(layer, k, v)  # (B, nh, T_past + T, hs)
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=self.attn_pdrop if self.training else 0.0, is_causal=is_causal
+        )  # (B, nh, T, hs)
+        y = y.transpose(1, 2).reshape(B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, config.ffn_dim)
+        self.c_proj = nn.Linear(config.ffn_dim, config.n_embd)
+        self.act = _ACTIVATIONS[config.activation]
+        self.dropout = nn.Dropout(config.resid_pdrop)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.dropout(self.c_proj(self.act(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.pre_ln = config.pre_ln
+        self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.attn = CausalSelfAttention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.mlp = MLP(config)
+
+    def forward(
+        self, x: Tensor, mask: Tensor | None, is_causal: bool, cache: KVCache | None, layer: int
+    ) -> Tensor:
+        if self.pre_ln:  # GPT-2
+            x = x + self.attn(self.ln_1(x), mask, is_causal, cache, layer)
+            return x + self.mlp(self.ln_2(x))
+        x = self.ln_1(x + self.attn(x, mask, is_causal, cache, layer))  # GPT-1
+        return self.ln_2(x + self.mlp(x))
+
+
+class GPT(nn.Module):
+    """A decoder-only transformer: GPT-1 or GPT-2 depending on `config.pre_ln`.
+
+    `gpt(input_ids)` returns the final hidden states; `gpt.lm_logits(hidden)` the next-token
+    logits through the token embedding (the LM head is tied to it).
+    """
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.wpe = nn.Embedding(config.n_positions, config.n_embd)
+        self.drop = nn.Dropout(config.embd_pdrop)
+        self.h = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon) if config.pre_ln else None
+        self.apply(self._init_weights)
+        if config.pre_ln:
+            # GPT-2 §2.3: scale the init of residual projections by 1/sqrt(N), N residual layers.
+            std = config.initializer_range / math.sqrt(2 * config.n_layer)
+            for name, p in self.named_parameters():
+                if name.endswith("c_proj.weight"):
+                    nn.init.normal_(p, mean=0.0, std=std)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        # GPT-1 §4.1: "a simple weight initialization of N(0, 0.02) was sufficient".
+        if isinstance(module, nn.Linear | nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        *,
+        position_ids: Tensor | None = None,
+        kv_cache: KVCache | None = None,
+    ) -> Tensor:
+        """Final hidden states (B, T, C) of `input_ids` (B, T).
+
+        Args:
+            input_ids: token ids (B, T).
+            attention_mask: 1 for real tokens, 0 for padding, over every key the tokens attend to:
+                (B, T), or (B, T_cached + T) with a KV cache. Padded keys are never attended to.
+            position_ids: positions (B, T) or (T,); by default T_cached, ..., T_cached + T - 1.
+            kv_cache: past keys/values to attend to (see `new_kv_cache`); this call appends to it.
+        """
+        B, T = input_ids.shape
+        past = kv_cache.length if kv_cache is not None else 0
+        if past + T > self.config.n_positions:
+            raise ValueError(
+                f"Input of {past + T} tokens is longer than the model's context of "
+                f"{self.config.n_positions} (n_positions); truncate it to at most {self.config.n_positions}."
+            )
+        if position_ids is None:
+            position_ids = torch.arange(past, past + T, device=input_ids.device)  # (T,)
+        x = self.drop(self.wte(input_ids) + self.wpe(position_ids))  # (B, T, C)
+        mask, is_causal = self._attention_mask(attention_mask, T, past, input_ids.device)
+        for i, block in enumerate(self.h):
+            x = block(x, mask, is_causal, kv_cache, i)
+        if kv_cache is not None:
+            kv_cache.length += T
+        return self.ln_f(x) if self.ln_f is not None else x
+
+    @staticmethod
+    def _attention_mask(
+        attention_mask: Tensor | None, T: int, past: int, device: torch.device
+    ) -> tuple[Tensor | None, bool]:
+        """(mask, is_causal) for scaled_dot_product_attention; a boolean mask is True where allowed."""
+        if attention_mask is None:
+            if past == 0:
+                return None, True  # plain causal: lets SDPA pick its flash/memory-efficient kernels
+            if T == 1:
+                return None, False  # one new token may attend to every cached one
+        q_pos = torch.arange(past, past + T, device=device)[:, None]  # (T, 1)
+        k_pos = torch.arange(past + T, device=device)[None, :]  # (1, T_k)
+        mask = (k_pos <= q_pos)[None, None]  # (1, 1, T, T_k)
+        if attention_mask is not None:
+            if attention_mask.shape[-1] != past + T:
+                raise ValueError(
+                    f"attention_mask covers {attention_mask.shape[-1]} positions but the keys are {past + T}."
+                )
+            keys = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T_k)
+            # A padding query may see no real key at all; letting it see itself keeps softmax finite.
+            mask = (mask & keys) | (k_pos == q_pos)[None, None]  # (B, 1, T, T_k)
+        return mask, False
+
+    def lm_logits(self, hidden: Tensor) -> Tensor:
+        """Next-token logits (..., vocab) from hidden states (..., C): `hidden @ wte.T` (tied head)."""
+        return F.linear(hidden, self.wte.weight)
+
+    def new_kv_cache(self, batch_size: int, max_len: int | None = None) -> KVCache:
+        """An empty KV cache for `batch_size` sequences of up to `max_len` (default n_positions) tokens."""
+        p = self.wte.weight
+        max_len = self.config.n_positions if max_len is None else max_len
+        return KVCache(self.config, batch_size, max_len, dtype=p.dtype, device=p.device)
+
+    def resize_token_embeddings(self, vocab_size: int, *, generator: torch.Generator | None = None) -> None:
+        """Grow the vocabulary to `vocab_size`: new rows ~ N(0, initializer_range), existing rows untouched.
+
+        GPT-1 §3.3: only the special tokens' embeddings (and the task head) are new at fine-tuning.
+        """
+        old = self.wte.weight
+        if vocab_size < old.shape[0]:
+            raise ValueError(
+                f"resize_token_embeddings can only grow the vocabulary: {vocab_size} < {old.shape[0]}."
+            )
+        new_rows = torch.empty(vocab_size - old.shape[0], old.shape[1], dtype=old.dtype, device=old.device)
+        new_rows.normal_(0.0, self.config.initializer_range, generator=generator)
+        self.wte = nn.Embedding(vocab_size, old.shape[1], device=old.device, dtype=old.dtype)
+        with torch.no_grad():
+            self.wte.weight.copy_(torch.cat([old.detach(), new_rows]))
+        self.wte.weight.requires_grad_(old.requires_grad)
+        self.config.vocab_size = vocab_size
+
+    def num_parameters(self, *, exclude_embeddings: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        if exclude_embeddings:
+            n -= self.wte.weight.numel() + self.wpe.weight.numel()
+        return n
+
+    # Generation: gpt.generate(input_ids, max_new_tokens=..., ...) and gpt.stream(...);
+    # see gpt_ft/generation.py.
+    generate = generation.generate
+    stream = generation.stream
+
+    @classmethod
+    def from_hf(cls, hf_model) -> GPT:
+        """A GPT with the weights of a transformers OpenAIGPT* or GPT2* model (LM-head or base)."""
+        from gpt_ft import hf
+
+        return hf.from_hf(hf_model)
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike) -> GPT:
+        """Load a local transformers directory (a `save_pretrained` output of openai-gpt or gpt2)."""
+        from gpt_ft import hf
+
+        return hf.from_pretrained(path)
+
+    def to_hf(self):
+        """The matching transformers LM-head model (OpenAIGPTLMHeadModel or GPT2LMHeadModel)."""
+        from gpt_ft import hf
+
+        return hf.to_hf(self)
