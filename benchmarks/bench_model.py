@@ -165,14 +165,12 @@ def bench_training(args) -> None:
                 steps[name]()
             synchronize(args.device)
             rates[name].append(tokens * args.steps_per_run / (time.perf_counter() - start))
-        print(
-            f"{run:>4} {rates['ours'][-1]:>12.0f} {rates['hf'][-1]:>12.0f} {rates['ours'][-1] / rates['hf'][-1]:>7.3f}"
-        )
+        ours, hf = rates["ours"][-1], rates["hf"][-1]
+        print(f"{run:>4} {ours:>12.0f} {hf:>12.0f} {ours / hf:>7.3f}")
     ratios = [o / h for o, h in zip(rates["ours"], rates["hf"])]
     med_ours, med_hf = statistics.median(rates["ours"]), statistics.median(rates["hf"])
-    print(
-        f"median tokens/s: ours {med_ours:.0f}, hf {med_hf:.0f}; median ratio ours/hf {statistics.median(ratios):.3f}"
-    )
+    ratio = statistics.median(ratios)
+    print(f"median tokens/s: ours {med_ours:.0f}, hf {med_hf:.0f}; median ratio ours/hf {ratio:.3f}")
     if args.device == "cuda":
         name = torch.cuda.get_device_name()
         peak = args.peak_tflops * 1e12 if args.peak_tflops else dense_peak(name)
@@ -202,9 +200,7 @@ def bench_generation(args) -> None:
         synchronize(args.device)
         times[use_cache] = time.perf_counter() - start
     same = torch.equal(outputs[True], outputs[False])
-    print(
-        f"\ngreedy generation of {args.gen_tokens} tokens after a {args.prompt_len}-token prompt ({args.preset}):"
-    )
+    print(f"\ngreedy generation of {args.gen_tokens} tokens, {args.prompt_len}-token prompt ({args.preset}):")
     print(
         f"  cached {times[True]:.2f} s ({args.gen_tokens / times[True]:.1f} tok/s), "
         f"uncached {times[False]:.2f} s ({args.gen_tokens / times[False]:.1f} tok/s), "

@@ -148,6 +148,37 @@ class KVCache:
         self.v = self.v.index_select(1, index)
 
 
+def blocked_causal_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float, block: int = 128
+) -> Tensor:
+    """Causal self-attention with dropout, one block of queries at a time; (B, nh, T, hs) in and out.
+
+    PyTorch's CPU flash kernel has no dropout, so SDPA with dropout on a CPU materialises the whole
+    (T, T) score matrix, masked half included. A block of queries only needs the keys up to its
+    last position, which skips most of that half (at T = 512: 62.5% of the work, about half the
+    time). `mask` is None (plain causal) or a boolean (B or 1, 1, T, T) mask, True where allowed.
+    """
+    B, nh, T, hs = q.shape
+    q = q * hs**-0.5
+    if mask is None:
+        bias = torch.full((T, T), float("-inf"), dtype=q.dtype, device=q.device).triu(1)  # (T, T)
+    out = []
+    for start in range(0, T, block):
+        end = min(start + block, T)
+        if mask is None:  # baddbmm adds the causal bias inside the matmul
+            att = torch.baddbmm(
+                bias[start:end, :end],
+                q[:, :, start:end].reshape(B * nh, end - start, hs),
+                k[:, :, :end].reshape(B * nh, end, hs).transpose(1, 2),
+            ).view(B, nh, end - start, end)  # (B, nh, block, end)
+        else:
+            att = q[:, :, start:end] @ k[:, :, :end].transpose(-1, -2)  # (B, nh, block, end)
+            att = att.masked_fill(~mask[:, :, start:end, :end], float("-inf"))
+        att = F.dropout(att.softmax(dim=-1), dropout_p, training=True)
+        out.append(att @ v[:, :, :end])  # (B, nh, block, hs)
+    return torch.cat(out, dim=2)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -167,10 +198,14 @@ class CausalSelfAttention(nn.Module):
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         if cache is not None:
             k, v = cache.update(layer, k, v)  # (B, nh, T_past + T, hs)
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=self.attn_pdrop if self.training else 0.0, is_causal=is_causal
-        )  # (B, nh, T, hs)
-        y = y.transpose(1, 2).reshape(B, T, C)
+        dropout_p = self.attn_pdrop if self.training else 0.0
+        if dropout_p > 0 and x.device.type == "cpu" and cache is None:
+            y = blocked_causal_attention(q, k, v, mask, dropout_p)
+        else:
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
+            )
+        y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
 

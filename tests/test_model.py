@@ -386,3 +386,30 @@ def test_beam_search_with_stop_token_and_length_penalty_equals_transformers(fami
             assert torch.equal(ours, theirs), (seed, length_penalty)
             ended += int((ours[0, 4:] == 0).any())
     assert ended >= 3
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_blocked_attention_equals_sdpa(padded):
+    from gpt_ft.model import blocked_causal_attention
+
+    q, k, v = (torch.randn(2, 3, 300, 8) for _ in range(3))  # 300: the last block is partial
+    mask = None
+    if padded:
+        keys = torch.ones(2, 300, dtype=torch.bool)
+        keys[1, 200:] = False
+        pos = torch.arange(300)
+        mask = ((pos[None, :] <= pos[:, None]) & keys[:, None, None, :]) | (pos[None, :] == pos[:, None])
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+    got = blocked_causal_attention(q, k, v, mask, dropout_p=0.0, block=128)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+
+
+def test_blocked_attention_dropout_is_unbiased():
+    from gpt_ft.model import blocked_causal_attention
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 20, 4) for _ in range(3))
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    samples = torch.stack([blocked_causal_attention(q, k, v, None, 0.3, block=8) for _ in range(4000)])
+    assert not torch.allclose(samples[0], expected, atol=1e-3)  # dropout does change each sample
+    torch.testing.assert_close(samples.mean(0), expected, rtol=0, atol=0.06)

@@ -21,5 +21,6 @@ def test_ci_runs_exactly_the_readme_test_command():
 
 
 def test_module_entry_point_reports_version():
-    out = subprocess.run([sys.executable, "-m", "gpt_ft", "--version"], capture_output=True, text=True, check=True)
+    cmd = [sys.executable, "-m", "gpt_ft", "--version"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == f"gpt-ft {gpt_ft.__version__}"

@@ -1,0 +1,345 @@
+"""Tokenizers for GPT-1/GPT-2 pretraining and GPT-1 style fine-tuning.
+
+GPT-1 fine-tuning (Radford et al. 2018) feeds every task as one token stream framed by learned
+special tokens: ``start`` opens it, ``delim`` separates its parts and ``extract`` closes it (the
+classifier reads the hidden state there). :func:`load_tokenizer` loads a tokenizer and appends
+those tokens right after the base vocabulary, so the base ids (and a pretrained embedding table)
+keep their meaning and ``len(tokenizer)`` is the embedding size the model needs.
+
+Three kinds of source are understood:
+
+* a ``save_pretrained`` directory (``tokenizer.json`` / ``tokenizer_config.json``);
+* a directory holding only ``vocab.json`` + ``merges.txt`` as OpenAI published them, either the
+  GPT-1 BPE (lowercased words, ``</w>`` end-of-word suffix) or the GPT-2 byte-level BPE
+  (``Ġ`` marks a leading space); which one is read from the vocabulary itself;
+* a Hugging Face Hub name, when online.
+
+:func:`train_tokenizer` trains a fresh byte-level BPE for pretraining from scratch.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from huggingface_hub.utils import HFValidationError, validate_repo_id
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import (
+    AutoTokenizer,
+    GPT2TokenizerFast,
+    OpenAIGPTTokenizerFast,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+)
+
+__all__ = [
+    "EOS_TOKEN",
+    "SPECIAL_TOKENS",
+    "SpecialTokenIds",
+    "add_special_tokens",
+    "load_tokenizer",
+    "special_token_ids",
+    "train_tokenizer",
+]
+
+SPECIAL_TOKENS: dict[str, str] = {
+    "start": "<|start|>",
+    "delim": "<|delim|>",
+    "extract": "<|extract|>",
+    "pad": "<|pad|>",
+}
+"""Fine-tuning tokens, appended in this order (pad only when the tokenizer has no pad token)."""
+
+EOS_TOKEN = "<|endoftext|>"
+"""Document separator used when packing pretraining text (GPT-2's end-of-text token)."""
+
+# The three framing tokens, in the order their ids are assigned.
+_FRAMING = ("start", "delim", "extract")
+# Files whose presence makes a directory a `save_pretrained` tokenizer that AutoTokenizer can load.
+_HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+_BPE_FILES = ("vocab.json", "merges.txt")
+# Byte-level BPE turns a space into this character, so every GPT-2 style vocabulary contains it.
+_BYTE_LEVEL_SPACE = "Ġ"
+_GPT1_END_OF_WORD = "</w>"
+
+
+@dataclass(frozen=True)
+class SpecialTokenIds:
+    """Ids of the fine-tuning special tokens in one tokenizer."""
+
+    start: int
+    delim: int
+    extract: int
+    pad: int
+    eos: int | None
+    """End-of-text id if the tokenizer has one (GPT-2, trained tokenizers), else None (GPT-1)."""
+
+
+def load_tokenizer(path: str | os.PathLike, *, add_specials: bool = True) -> PreTrainedTokenizerBase:
+    """Load a tokenizer from a local directory or the Hugging Face Hub.
+
+    Args:
+        path: A ``save_pretrained`` directory, a directory with OpenAI's GPT-1 or GPT-2
+            ``vocab.json`` + ``merges.txt``, or a Hub name.
+        add_specials: Append the fine-tuning special tokens (see :func:`add_special_tokens`).
+
+    Returns:
+        The tokenizer; ``len(tokenizer)`` is the vocabulary size the model needs.
+
+    Raises:
+        FileNotFoundError: ``path`` looks like a local path but does not exist.
+        ValueError: ``path`` is a file, or a directory without tokenizer files.
+    """
+    name = os.fspath(path)
+    local = Path(name).expanduser()
+    if local.is_dir():
+        tokenizer = _load_local_dir(local)
+    elif local.exists():
+        raise ValueError(f"Tokenizer path {local} is a file; expected a tokenizer directory.")
+    elif _looks_like_local_path(name):
+        raise FileNotFoundError(f"Tokenizer directory {local} does not exist.")
+    else:
+        try:
+            # Never trust_remote_code: a tokenizer name must not be able to run arbitrary code.
+            tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
+        except OSError as exc:
+            raise FileNotFoundError(
+                f"Tokenizer {name!r} is not a local directory and could not be loaded from the Hugging Face "
+                "Hub; expected a tokenizer directory or an available Hub name."
+            ) from exc
+    if add_specials:
+        add_special_tokens(tokenizer)
+    return tokenizer
+
+
+def add_special_tokens(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    """Append the start, delim and extract tokens, and a pad token if there is none.
+
+    New tokens get the next free ids in that order; existing ids never change. Calling this again
+    adds nothing. The tokens are registered as special, so BPE never splits them.
+
+    Args:
+        tokenizer: Tokenizer to extend in place.
+
+    Returns:
+        The same tokenizer.
+    """
+    registered = set(_extra_special_tokens(tokenizer))
+    new = [SPECIAL_TOKENS[key] for key in _FRAMING if SPECIAL_TOKENS[key] not in registered]
+    if new:
+        # Extend rather than replace the tokenizer's own extra special tokens: replacing would
+        # silently demote them to ordinary tokens that `skip_special_tokens` no longer drops.
+        tokenizer.add_special_tokens(
+            {"additional_special_tokens": new}, **{_replace_extras_kwarg(tokenizer): False}
+        )
+    if tokenizer.pad_token is None:
+        tokenizer.add_special_tokens({"pad_token": SPECIAL_TOKENS["pad"]})
+    return tokenizer
+
+
+def special_token_ids(tokenizer: PreTrainedTokenizerBase) -> SpecialTokenIds:
+    """Look up the ids of the fine-tuning special tokens.
+
+    Args:
+        tokenizer: A tokenizer that went through :func:`add_special_tokens`.
+
+    Returns:
+        The ids of start, delim, extract, pad and (if any) end-of-text.
+
+    Raises:
+        ValueError: One of the tokens is missing from the vocabulary.
+    """
+    # Check the vocabulary, not convert_tokens_to_ids: that maps an unknown token to unk_token,
+    # which for GPT-2 is <|endoftext|>, a real id.
+    vocab = tokenizer.get_vocab()
+    ids: dict[str, int] = {}
+    for key in _FRAMING:
+        token = SPECIAL_TOKENS[key]
+        if token not in vocab:
+            raise ValueError(
+                f"Tokenizer has no {key} token {token!r}; expected it to be added with add_special_tokens()."
+            )
+        ids[key] = vocab[token]
+    if tokenizer.pad_token_id is None:
+        raise ValueError("Tokenizer has no pad token; expected one to be added with add_special_tokens().")
+    eos = tokenizer.eos_token_id if tokenizer.eos_token is not None else vocab.get(EOS_TOKEN)
+    return SpecialTokenIds(pad=tokenizer.pad_token_id, eos=eos, **ids)
+
+
+def train_tokenizer(
+    files: Sequence[str | os.PathLike],
+    vocab_size: int,
+    out_dir: str | os.PathLike,
+    *,
+    min_frequency: int = 2,
+    show_progress: bool = True,
+) -> PreTrainedTokenizerFast:
+    """Train a GPT-2 style byte-level BPE on text files and save it to ``out_dir``.
+
+    Ids 0-4 are ``<|endoftext|>``, start, delim, extract and pad. Every byte is in the initial
+    alphabet, so any text encodes without unknown tokens.
+
+    Args:
+        files: UTF-8 text files to train on.
+        vocab_size: Final vocabulary size, special tokens included.
+        out_dir: Directory for ``save_pretrained``; reload it with :func:`load_tokenizer` or
+            ``AutoTokenizer.from_pretrained``.
+        min_frequency: Minimum count for a pair to be merged.
+        show_progress: Show the trainer's progress bar.
+
+    Returns:
+        The trained tokenizer, with eos/bos ``<|endoftext|>`` and pad ``<|pad|>``.
+
+    Raises:
+        FileNotFoundError: A training file does not exist.
+        ValueError: Bad ``vocab_size``, no files, no text, or ``out_dir`` holds something else.
+    """
+    specials = [EOS_TOKEN, *(SPECIAL_TOKENS[key] for key in (*_FRAMING, "pad"))]
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    min_vocab = len(alphabet) + len(specials)
+    if vocab_size < min_vocab:
+        raise ValueError(
+            f"vocab_size={vocab_size} is too small; expected at least {min_vocab} "
+            f"({len(alphabet)} bytes + {len(specials)} special tokens)."
+        )
+    if isinstance(files, (str, os.PathLike)):  # a lone path is a Sequence of characters; take it as one file
+        files = [files]
+    paths = [Path(f).expanduser() for f in files]
+    if not paths:
+        raise ValueError("No training files given; expected at least one text file.")
+    for p in paths:
+        if not p.is_file():
+            raise FileNotFoundError(f"Training file {p} does not exist or is not a file.")
+    if not any(_has_text(p) for p in paths):
+        what = (
+            f"Training file {paths[0]} contains no text"
+            if len(paths) == 1
+            else f"None of the {len(paths)} training files contains any text"
+        )
+        raise ValueError(f"{what}; expected non-empty UTF-8 text.")
+    out = Path(out_dir).expanduser()
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"Output path {out} is a file; expected a directory for the tokenizer.")
+    if out.is_dir() and any(out.iterdir()) and not _is_tokenizer_dir(out):
+        raise ValueError(
+            f"Output directory {out} is not empty and holds no tokenizer; "
+            "expected an empty directory or a tokenizer directory."
+        )
+
+    backend = Tokenizer(models.BPE())
+    # add_prefix_space=False as in GPT-2: the first word of a text is encoded without a space.
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    # Same post-processor as GPT-2's tokenizer.json; it only fixes character offsets.
+    backend.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=specials,
+        initial_alphabet=alphabet,
+        show_progress=show_progress,
+    )
+    backend.train([str(p) for p in paths], trainer)
+
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token=EOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        pad_token=SPECIAL_TOKENS["pad"],
+        additional_special_tokens=[SPECIAL_TOKENS[key] for key in _FRAMING],
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(str(out))
+    return tokenizer
+
+
+def _load_local_dir(directory: Path) -> PreTrainedTokenizerBase:
+    """Load a tokenizer directory: a ``save_pretrained`` output or OpenAI's vocab/merges files."""
+    if any((directory / f).is_file() for f in _HF_TOKENIZER_FILES):
+        return AutoTokenizer.from_pretrained(str(directory), trust_remote_code=False)
+    if all((directory / f).is_file() for f in _BPE_FILES):
+        # AutoTokenizer cannot pick a class without a config, so name it from the vocab's format.
+        if _bpe_format(directory / "vocab.json") == "gpt1":
+            return OpenAIGPTTokenizerFast.from_pretrained(str(directory))
+        return GPT2TokenizerFast.from_pretrained(str(directory))
+    raise ValueError(
+        f"Directory {directory} holds no tokenizer; expected tokenizer.json or tokenizer_config.json "
+        "(a save_pretrained output) or vocab.json + merges.txt (an OpenAI GPT-1/GPT-2 BPE)."
+    )
+
+
+def _bpe_format(vocab_file: Path) -> Literal["gpt1", "gpt2"]:
+    """Tell OpenAI's GPT-1 BPE vocabulary from GPT-2's byte-level one by its entries."""
+    try:
+        with vocab_file.open(encoding="utf-8") as f:
+            vocab = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(
+            f"Vocabulary file {vocab_file} is not valid JSON; expected a token-to-id mapping."
+        ) from exc
+    if not isinstance(vocab, dict):
+        raise ValueError(
+            f"Vocabulary file {vocab_file} holds a {type(vocab).__name__}; expected a token-to-id mapping."
+        )
+    # GPT-1 marks word ends with `</w>` and has no byte-level `Ġ`; GPT-2 is the other way round.
+    end_of_word = sum(token.endswith(_GPT1_END_OF_WORD) for token in vocab)
+    byte_space = sum(_BYTE_LEVEL_SPACE in token for token in vocab)
+    if end_of_word > byte_space:
+        return "gpt1"
+    if byte_space > end_of_word:
+        return "gpt2"
+    raise ValueError(
+        f"Cannot tell the BPE format of {vocab_file}; expected GPT-1 entries ending in '</w>' "
+        "or GPT-2 byte-level entries containing 'Ġ'."
+    )
+
+
+def _looks_like_local_path(name: str) -> bool:
+    """Whether a missing ``name`` can only have meant a local path, not a Hub name."""
+    if name.startswith((".", "~")) or os.path.isabs(name) or (os.altsep and os.altsep in name):
+        return True
+    # Hub ids are "name" or "owner/name"; a relative path such as "data/tok" also fits that
+    # pattern, so it goes to the Hub and a failure there reports both possibilities.
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return True
+    return False
+
+
+def _is_tokenizer_dir(directory: Path) -> bool:
+    return any((directory / f).is_file() for f in _HF_TOKENIZER_FILES) or all(
+        (directory / f).is_file() for f in _BPE_FILES
+    )
+
+
+def _has_text(path: Path, chunk_chars: int = 1 << 20) -> bool:
+    """Whether a file holds any non-whitespace text; reads only until the first such character."""
+    try:
+        with path.open(encoding="utf-8") as f:
+            while chunk := f.read(chunk_chars):
+                if not chunk.isspace():
+                    return True
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"Training file {path} is not UTF-8; expected UTF-8 text.") from exc
+    return False
+
+
+def _extra_special_tokens(tokenizer: PreTrainedTokenizerBase) -> list[str]:
+    """The tokenizer's extra special tokens (transformers 5 name) or additional ones (transformers 4)."""
+    extras = getattr(tokenizer, "extra_special_tokens", None)
+    if not isinstance(extras, (list, tuple)):  # transformers 4 uses this name for a dict of named tokens
+        extras = getattr(tokenizer, "additional_special_tokens", None) or []
+    return [str(t) for t in extras]
+
+
+def _replace_extras_kwarg(tokenizer: PreTrainedTokenizerBase) -> str:
+    """Name of add_special_tokens' "replace the extra special tokens" flag, which transformers 5 renamed."""
+    params = inspect.signature(tokenizer.add_special_tokens).parameters
+    new_name = "replace_extra_special_tokens"
+    return new_name if new_name in params else "replace_additional_special_tokens"

@@ -1,0 +1,324 @@
+"""Tests for gpt_ft.tokenizer, offline: every tokenizer is built by hand or trained in tmp_path."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer, GPT2TokenizerFast, OpenAIGPTTokenizerFast
+
+from gpt_ft.tokenizer import (
+    EOS_TOKEN,
+    SPECIAL_TOKENS,
+    SpecialTokenIds,
+    add_special_tokens,
+    load_tokenizer,
+    special_token_ids,
+    train_tokenizer,
+)
+
+START, DELIM, EXTRACT, PAD = (SPECIAL_TOKENS[k] for k in ("start", "delim", "extract", "pad"))
+
+# A GPT-1 style BPE: lowercased symbols, `</w>` on the last symbol of a word, merges applied by rank.
+GPT1_VOCAB = [
+    "<unk>", "h", "e", "l", "o", "w", "r", "d", "o</w>", "d</w>", ".</w>", "!</w>",
+    "he", "ll", "hell", "hello</w>", "wo", "wor", "worl", "world</w>",
+]  # fmt: skip
+GPT1_MERGES = ["h e", "l l", "he ll", "hell o</w>", "w o", "wo r", "wor l", "worl d</w>"]
+
+# A GPT-2 style byte-level BPE: `Ġ` is a space, the last id is <|endoftext|>.
+GPT2_VOCAB = [
+    "H", "e", "l", "o", "Ġ", "w", "r", "d", "ll", "ell", "Hell", "Hello",
+    "Ġw", "Ġwo", "Ġwor", "Ġworl", "Ġworld", EOS_TOKEN,
+]  # fmt: skip
+GPT2_MERGES = ["l l", "e ll", "H ell", "Hell o", "Ġ w", "Ġw o", "Ġwo r", "Ġwor l", "Ġworl d"]
+
+TEXT_WITH_SPECIALS = f"{START}Hello world{DELIM}Hello{EXTRACT}"
+
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "A journey of a thousand miles begins with a single step.",
+    "Naïve café owners serve crème brûlée to the jury.",
+    "Stars 🌟 and smiles 🙂 brighten the day.",
+    "To be, or not to be: that is the question.",
+]
+
+
+def _write_bpe(directory: Path, vocab: list[str], merges: list[str]) -> Path:
+    directory.mkdir()
+    (directory / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(vocab)}), encoding="utf-8")
+    (directory / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
+    return directory
+
+
+@pytest.fixture
+def gpt1_dir(tmp_path: Path) -> Path:
+    return _write_bpe(tmp_path / "gpt1", GPT1_VOCAB, GPT1_MERGES)
+
+
+@pytest.fixture
+def gpt2_dir(tmp_path: Path) -> Path:
+    return _write_bpe(tmp_path / "gpt2", GPT2_VOCAB, GPT2_MERGES)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    root = tmp_path_factory.mktemp("corpus")
+    files = []
+    for i in range(2):
+        path = root / f"part{i}.txt"
+        path.write_text("\n".join(SENTENCES[i::2] * 20) + "\n", encoding="utf-8")
+        files.append(path)
+    return files
+
+
+@pytest.fixture(scope="module")
+def trained_dir(corpus: list[Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("trained") / "tok"
+    train_tokenizer(corpus, 320, out, show_progress=False)
+    return out
+
+
+@pytest.fixture(params=["gpt1", "gpt2", "trained"])
+def any_dir(request: pytest.FixtureRequest) -> Path:
+    return request.getfixturevalue(f"{request.param}_dir")
+
+
+def _ids(tokenizer, text: str) -> list[int]:
+    return tokenizer(text)["input_ids"]
+
+
+# --- format detection and literal ids -------------------------------------------------------------
+
+
+def test_gpt1_folder_loads_as_openai_gpt_bpe(gpt1_dir: Path) -> None:
+    tok = load_tokenizer(gpt1_dir)
+    assert isinstance(tok, OpenAIGPTTokenizerFast)
+    # hello: h e l l o</w> -> he l l o</w> -> he ll o</w> -> hell o</w> -> hello</w> (by merge rank).
+    assert _ids(tok, "Hello world.") == [15, 19, 10]
+    # No merge applies to "hold"; "z" is not in the vocabulary and becomes <unk>.
+    assert _ids(tok, "HOLD! zoo") == [1, 4, 3, 9, 11, 0, 4, 8]
+    assert len(tok) == len(GPT1_VOCAB) + 4
+    assert special_token_ids(tok) == SpecialTokenIds(start=20, delim=21, extract=22, pad=23, eos=None)
+
+
+def test_gpt2_folder_loads_as_byte_level_bpe(gpt2_dir: Path) -> None:
+    tok = load_tokenizer(gpt2_dir)
+    assert isinstance(tok, GPT2TokenizerFast)
+    assert _ids(tok, "Hello world") == [11, 16]
+    assert _ids(tok, "Held world") == [0, 1, 2, 7, 16]  # no merge for "Held": one token per byte
+    assert len(tok) == len(GPT2_VOCAB) + 4
+    assert special_token_ids(tok) == SpecialTokenIds(start=18, delim=19, extract=20, pad=21, eos=17)
+
+
+def test_format_is_read_from_vocab_not_folder_name(tmp_path: Path) -> None:
+    misnamed = _write_bpe(tmp_path / "gpt2", GPT1_VOCAB, GPT1_MERGES)
+    assert isinstance(load_tokenizer(misnamed), OpenAIGPTTokenizerFast)
+    assert _ids(load_tokenizer(misnamed), "hello") == [15]
+
+
+def test_specials_embedded_in_text_are_single_tokens(gpt1_dir: Path, gpt2_dir: Path) -> None:
+    gpt1, gpt2 = load_tokenizer(gpt1_dir), load_tokenizer(gpt2_dir)
+    assert _ids(gpt1, TEXT_WITH_SPECIALS) == [20, 15, 19, 21, 15, 22]
+    assert _ids(gpt2, TEXT_WITH_SPECIALS) == [18, 11, 16, 19, 11, 20]
+    assert gpt2.decode(_ids(gpt2, TEXT_WITH_SPECIALS)) == TEXT_WITH_SPECIALS
+    assert gpt2.decode(_ids(gpt2, TEXT_WITH_SPECIALS), skip_special_tokens=True) == "Hello worldHello"
+    decoded = gpt1.decode(_ids(gpt1, TEXT_WITH_SPECIALS))
+    assert re.findall(r"<\|\w+\|>", decoded) == [START, DELIM, EXTRACT]
+    assert "hello world" in decoded  # GPT-1 lowercases
+
+
+def test_load_without_specials_keeps_base_vocab(gpt1_dir: Path) -> None:
+    tok = load_tokenizer(gpt1_dir, add_specials=False)
+    assert len(tok) == len(GPT1_VOCAB)
+    with pytest.raises(ValueError, match=re.escape("no start token '<|start|>'")):
+        special_token_ids(tok)
+
+
+# --- add_special_tokens ---------------------------------------------------------------------------
+
+
+def test_add_special_tokens_is_idempotent_and_keeps_ids(any_dir: Path) -> None:
+    base = load_tokenizer(any_dir, add_specials=False)
+    base_vocab = base.get_vocab()
+    tok = add_special_tokens(base)
+    ids = special_token_ids(tok)
+    size = len(tok)
+    assert add_special_tokens(tok) is tok
+    assert len(tok) == size
+    assert special_token_ids(tok) == ids
+    vocab = tok.get_vocab()
+    assert {t: vocab[t] for t in base_vocab} == base_vocab
+    assert set(SPECIAL_TOKENS.values()) <= set(tok.all_special_tokens)
+
+
+def test_specials_are_appended_after_base_vocab_in_order(gpt2_dir: Path) -> None:
+    base = load_tokenizer(gpt2_dir, add_specials=False)
+    n = len(base)
+    add_special_tokens(base)
+    assert [base.convert_tokens_to_ids(t) for t in (START, DELIM, EXTRACT, PAD)] == [n, n + 1, n + 2, n + 3]
+
+
+def test_existing_pad_token_is_kept(gpt2_dir: Path) -> None:
+    tok = load_tokenizer(gpt2_dir, add_specials=False)
+    tok.pad_token = EOS_TOKEN
+    add_special_tokens(tok)
+    assert len(tok) == len(GPT2_VOCAB) + 3
+    assert PAD not in tok.get_vocab()
+    assert special_token_ids(tok).pad == 17
+
+
+def test_existing_extra_special_tokens_stay_special(gpt2_dir: Path) -> None:
+    tok = load_tokenizer(gpt2_dir, add_specials=False)
+    tok.add_special_tokens({"additional_special_tokens": ["<|mine|>"]})
+    add_special_tokens(tok)
+    assert {"<|mine|>", START, DELIM, EXTRACT} <= set(tok.all_special_tokens)
+    assert tok.convert_tokens_to_ids("<|mine|>") == len(GPT2_VOCAB)
+    assert special_token_ids(tok).start == len(GPT2_VOCAB) + 1
+
+
+def test_specials_survive_save_and_reload(any_dir: Path, tmp_path: Path) -> None:
+    tok = load_tokenizer(any_dir)
+    tok.save_pretrained(tmp_path / "saved")
+    for reloaded in (AutoTokenizer.from_pretrained(tmp_path / "saved"), load_tokenizer(tmp_path / "saved")):
+        assert type(reloaded) is type(tok)
+        assert len(reloaded) == len(tok)
+        assert special_token_ids(reloaded) == special_token_ids(tok)
+        assert _ids(reloaded, TEXT_WITH_SPECIALS) == _ids(tok, TEXT_WITH_SPECIALS)
+
+
+# --- train_tokenizer ------------------------------------------------------------------------------
+
+
+def test_trained_tokenizer_layout(trained_dir: Path) -> None:
+    tok = AutoTokenizer.from_pretrained(trained_dir)
+    assert special_token_ids(tok) == SpecialTokenIds(start=1, delim=2, extract=3, pad=4, eos=0)
+    assert tok.convert_tokens_to_ids(EOS_TOKEN) == 0
+    assert tok.eos_token == tok.bos_token == EOS_TOKEN
+    assert tok.pad_token == PAD
+    assert 5 + 256 < len(tok) <= 320  # specials + byte alphabet + some merges
+    # load_tokenizer finds every special already there and adds nothing.
+    assert len(load_tokenizer(trained_dir)) == len(tok)
+
+
+def test_trained_tokenizer_reloads_identically(corpus: list[Path], tmp_path: Path) -> None:
+    trained = train_tokenizer(corpus, 300, tmp_path / "tok", show_progress=False)
+    reloaded = AutoTokenizer.from_pretrained(tmp_path / "tok")
+    assert len(reloaded) == len(trained)
+    for text in [*SENTENCES, TEXT_WITH_SPECIALS, f"one{EOS_TOKEN}two"]:
+        assert _ids(reloaded, text) == _ids(trained, text)
+    assert _ids(trained, TEXT_WITH_SPECIALS)[0] == 1
+    assert _ids(trained, f"one{EOS_TOKEN}two").count(0) == 1
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Naïve café, crème brûlée!",
+        "Unseen scripts: 日本語, Ελληνικά, العربية.",
+        "Emoji 🙂🚀👩‍👩‍👧 and tabs\tand\nnewlines  with  double spaces ",
+        " leading space",
+    ],
+)
+def test_trained_tokenizer_round_trips_any_text(trained_dir: Path, text: str) -> None:
+    tok = AutoTokenizer.from_pretrained(trained_dir)
+    ids = _ids(tok, text)
+    assert tok.decode(ids) == text
+
+
+def test_training_into_existing_tokenizer_dir_overwrites_it(corpus: list[Path], tmp_path: Path) -> None:
+    train_tokenizer(corpus, 280, tmp_path / "tok", show_progress=False)
+    again = train_tokenizer(corpus, 300, tmp_path / "tok", show_progress=False)
+    assert len(AutoTokenizer.from_pretrained(tmp_path / "tok")) == len(again) > 280
+
+
+# --- bad input ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["missing", "./missing-tokenizer", "~/missing-tokenizer-9f3a1c"])
+def test_missing_local_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / name if name == "missing" else name
+    with pytest.raises(FileNotFoundError, match=re.escape(f"{Path(path).expanduser()} does not exist")):
+        load_tokenizer(path)
+
+
+def test_directory_without_tokenizer_files(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "vocab.json").write_text("{}")  # vocab.json alone, no merges.txt
+    with pytest.raises(
+        ValueError, match=rf"Directory {re.escape(str(tmp_path))} holds no tokenizer; expected"
+    ):
+        load_tokenizer(tmp_path)
+
+
+def test_file_instead_of_directory(gpt2_dir: Path) -> None:
+    with pytest.raises(ValueError, match=re.escape(f"{gpt2_dir / 'vocab.json'} is a file")):
+        load_tokenizer(gpt2_dir / "vocab.json")
+
+
+def test_unreadable_vocab(gpt2_dir: Path) -> None:
+    (gpt2_dir / "vocab.json").write_text("{not json")
+    with pytest.raises(ValueError, match=re.escape(f"{gpt2_dir / 'vocab.json'} is not valid JSON")):
+        load_tokenizer(gpt2_dir)
+
+
+def test_vocab_of_unknown_format(tmp_path: Path) -> None:
+    directory = _write_bpe(tmp_path / "plain", ["a", "b", "ab"], ["a b"])
+    with pytest.raises(ValueError, match="Cannot tell the BPE format"):
+        load_tokenizer(directory)
+
+
+def test_special_token_ids_without_pad(gpt2_dir: Path) -> None:
+    tok = load_tokenizer(gpt2_dir, add_specials=False)
+    tok.add_special_tokens({"additional_special_tokens": [START, DELIM, EXTRACT]})
+    with pytest.raises(ValueError, match="no pad token"):
+        special_token_ids(tok)
+
+
+def test_train_rejects_small_vocab(corpus: list[Path], tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"vocab_size=260 is too small; expected at least 261"):
+        train_tokenizer(corpus, 260, tmp_path / "tok")
+
+
+def test_train_rejects_no_files(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="No training files given"):
+        train_tokenizer([], 300, tmp_path / "tok")
+
+
+def test_train_rejects_missing_file(corpus: list[Path], tmp_path: Path) -> None:
+    missing = tmp_path / "nope.txt"
+    with pytest.raises(FileNotFoundError, match=re.escape(f"Training file {missing} does not exist")):
+        train_tokenizer([*corpus, missing], 300, tmp_path / "tok")
+
+
+def test_train_rejects_files_without_text(tmp_path: Path) -> None:
+    empty, blank = tmp_path / "empty.txt", tmp_path / "blank.txt"
+    empty.write_text("")
+    blank.write_text(" \n\t\n")
+    with pytest.raises(ValueError, match=re.escape(f"Training file {blank} contains no text")):
+        train_tokenizer([blank], 300, tmp_path / "tok")
+    with pytest.raises(ValueError, match="None of the 2 training files contains any text"):
+        train_tokenizer([empty, blank], 300, tmp_path / "tok")
+
+
+def test_train_rejects_binary_file(tmp_path: Path) -> None:
+    binary = tmp_path / "data.bin"
+    binary.write_bytes(b"\xff\xfe\x00\x81" * 10)
+    with pytest.raises(ValueError, match=re.escape(f"Training file {binary} is not UTF-8")):
+        train_tokenizer([binary], 300, tmp_path / "tok")
+
+
+def test_train_refuses_to_overwrite_other_directory(corpus: list[Path], tmp_path: Path) -> None:
+    out = tmp_path / "checkpoints"
+    out.mkdir()
+    (out / "model.ckpt").write_text("weights")
+    with pytest.raises(
+        ValueError, match=re.escape(f"Output directory {out} is not empty and holds no tokenizer")
+    ):
+        train_tokenizer(corpus, 300, out)
+    assert [p.name for p in out.iterdir()] == ["model.ckpt"]
+    with pytest.raises(ValueError, match=re.escape(f"Output path {out / 'model.ckpt'} is a file")):
+        train_tokenizer(corpus, 300, out / "model.ckpt")
