@@ -399,7 +399,8 @@ def test_blocked_attention_equals_sdpa(padded):
         keys[1, 200:] = False
         pos = torch.arange(300)
         mask = ((pos[None, :] <= pos[:, None]) & keys[:, None, None, :]) | (pos[None, :] == pos[:, None])
-    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    expected = sdpa(q, k, v, attn_mask=mask, is_causal=mask is None)
     got = blocked_causal_attention(q, k, v, mask, dropout_p=0.0, block=128)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
 

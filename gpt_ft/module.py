@@ -1,0 +1,302 @@
+"""GPTModule: the GPT with its tied LM head and a GPT-1 task head, as a LightningModule.
+
+Fine-tuning loss (GPT-1 §3.2): L3 = L2 (task) + lm_coef * L1 (language modelling on the inputs).
+With no task the module is a plain language model, which pretraining uses.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from lightning import LightningModule
+from torch import Tensor, nn
+
+from gpt_ft.adapters import TaskAdapter
+from gpt_ft.metrics import TaskMetrics
+from gpt_ft.model import GPT, GPTConfig
+from gpt_ft.task_data import IGNORE_INDEX
+
+
+def load_weights(path: str | Path) -> GPT:
+    """A GPT from a checkpoint of this toolkit (.ckpt) or a local transformers directory."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        return GPT.from_pretrained(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"Checkpoint {path} does not exist.")
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    hparams = checkpoint.get("hyper_parameters", {})
+    config = hparams.get("gpt_config")
+    if config is None:
+        raise ValueError(f"{path} is not a gpt_ft checkpoint: it records no model config (gpt_config).")
+    gpt = GPT(GPTConfig(**config))
+    state = {k.removeprefix("gpt."): v for k, v in checkpoint["state_dict"].items() if k.startswith("gpt.")}
+    gpt.load_state_dict(state)
+    return gpt
+
+
+class GPTModule(LightningModule):
+    """A GPT with its tied LM head and, given a task, a linear head on the extract token's state."""
+
+    def __init__(
+        self,
+        *,
+        preset: str = "gpt1",
+        overrides: dict[str, Any] | None = None,
+        init_from: str | None = None,
+        vocab_size: int | None = None,
+        task: TaskAdapter | None = None,
+        lm_coef: float = 0.5,
+        classifier_dropout: float = 0.1,
+        lr: float = 6.25e-5,
+        weight_decay: float = 0.01,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        schedule: Literal["linear", "cosine", "constant"] = "linear",
+        warmup_fraction: float = 0.002,
+        warmup_steps: int | None = None,
+        predictions_dir: str = "predictions",
+    ) -> None:
+        """
+        Args:
+            preset: Model shape when starting from scratch (gpt1, gpt2, gpt-mini, gpt-micro, ...).
+            overrides: GPTConfig fields to change, e.g. {n_layer: 4, attn_pdrop: 0.0}.
+            init_from: Start from these weights: a gpt_ft .ckpt or a local transformers directory.
+            vocab_size: Tokenizer size (linked from the data); the embedding grows to fit it.
+            task: The task card (linked from the data); None makes a plain language model.
+            lm_coef: Weight of the auxiliary LM loss (GPT-1: 0.5; 0 turns it off).
+            classifier_dropout: Dropout before the task head (GPT-1: 0.1).
+            lr: Peak learning rate of AdamW (GPT-1 fine-tuning: 6.25e-5).
+            weight_decay: Decoupled weight decay on weight matrices (not biases or LayerNorm gains).
+            betas: AdamW betas.
+            eps: AdamW epsilon.
+            schedule: After warmup: linear to 0 (GPT-1 fine-tuning), cosine to 0 (pretraining), constant.
+            warmup_fraction: Linear warmup over this fraction of all steps (GPT-1: 0.2%).
+            warmup_steps: Linear warmup over this many steps instead (GPT-1 pretraining: 2000).
+            predictions_dir: Where `predict` writes one submission file per test split.
+        """
+        super().__init__()
+        if lm_coef < 0:
+            raise ValueError(f"lm_coef must be >= 0, got {lm_coef}.")
+        if lr <= 0:
+            raise ValueError(f"lr must be > 0, got {lr}.")
+        if not 0 <= warmup_fraction < 1:
+            raise ValueError(f"warmup_fraction must be in [0, 1), got {warmup_fraction}.")
+        if init_from:
+            self.gpt = load_weights(init_from)
+            if overrides:  # only regularisation may change on loaded weights
+                for key, value in overrides.items():
+                    if not key.endswith("pdrop"):
+                        raise ValueError(f"overrides.{key} cannot change a loaded model; only dropouts can.")
+                    setattr(self.gpt.config, key, value)
+                self.gpt = _with_dropout(self.gpt)
+        else:
+            self.gpt = GPT(
+                GPTConfig.from_name(preset, **{**(overrides or {}), "vocab_size": vocab_size or 40478})
+            )
+        if vocab_size is not None and vocab_size > self.gpt.config.vocab_size:
+            self.gpt.resize_token_embeddings(vocab_size)  # the special tokens the weights lack (GPT-1 §3.3)
+        self.task = task
+        self.lm_coef = lm_coef
+        self.head_kind = task.head_kind if task else None
+        if task is not None:
+            self.classifier_dropout = nn.Dropout(classifier_dropout)
+            self.head = nn.Linear(self.gpt.config.n_embd, task.num_labels)
+            nn.init.normal_(self.head.weight, std=self.gpt.config.initializer_range)
+            nn.init.zeros_(self.head.bias)
+            self.metrics = nn.ModuleDict(
+                {_key(split): TaskMetrics(task) for split in task.validation_splits + task.test_splits}
+            )
+        self.optim = dict(lr=lr, weight_decay=weight_decay, betas=tuple(betas), eps=eps)
+        self.schedule, self.warmup_fraction, self.warmup_steps = schedule, warmup_fraction, warmup_steps
+        self.predictions_dir = predictions_dir
+        self._predictions: dict[str, list[tuple[Tensor, Tensor]]] = {}
+        self.save_hyperparameters(ignore=["task"])
+        self.hparams["gpt_config"] = dict(vars(self.gpt.config))
+        if task is not None:
+            self.hparams["task_name"] = task.name
+
+    # ---- forward ----
+
+    def forward(self, batch: dict[str, Tensor]) -> tuple[Tensor | None, Tensor, Tensor]:
+        """Task logits (B, labels) or (B, S) for multiple choice, final hidden states and LM targets."""
+        ids = batch["input_ids"]
+        B, S, T = ids.shape
+        # Right padding needs no mask: causal attention already keeps real tokens off later pads.
+        mask = batch["attention_mask"].view(B * S, T) if batch.get("left_padded", False) else None
+        hidden = self.gpt(ids.view(B * S, T), mask)  # (B*S, T, C)
+        if self.task is None:
+            return None, hidden, batch["lm_targets"].view(B * S, T)
+        rows = torch.arange(B * S, device=ids.device)
+        extract = hidden[rows, batch["extract_index"].view(B * S)].view(B, S, -1)  # (B, S, C)
+        extract = self.classifier_dropout(extract)
+        if self.head_kind == "multiple_choice":
+            logits = self.head(extract).squeeze(-1)  # (B, S): one score per choice
+            logits = logits.masked_fill(~batch["choice_mask"], torch.finfo(logits.dtype).min)
+        else:
+            # Similarity (GPT-1 §3.3): the orders' extract states are added before the head (S = 2).
+            logits = self.head(extract.sum(dim=1))  # (B, labels)
+        return logits, hidden, batch["lm_targets"].view(B * S, T)
+
+    def lm_loss(self, hidden: Tensor, targets: Tensor) -> Tensor:
+        """Mean next-token cross-entropy over the positions with a target (padding skipped)."""
+        keep = targets != IGNORE_INDEX
+        logits = self.gpt.lm_logits(hidden[keep])  # (N, vocab): only real positions
+        return F.cross_entropy(logits.float(), targets[keep])
+
+    def task_loss(self, logits: Tensor, labels: Tensor) -> Tensor:
+        if self.head_kind == "regression":
+            return F.mse_loss(logits.squeeze(-1).float(), labels.float())
+        return F.cross_entropy(logits.float(), labels)
+
+    def losses(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor], Tensor | None]:
+        logits, hidden, targets = self(batch)
+        parts = {}
+        if self.task is None or self.lm_coef > 0:
+            parts["lm_loss"] = self.lm_loss(hidden, targets)
+        if self.task is None:
+            return parts["lm_loss"], parts, None
+        parts["task_loss"] = self.task_loss(logits, batch["labels"])
+        loss = (
+            parts["task_loss"] + self.lm_coef * parts["lm_loss"] if self.lm_coef > 0 else parts["task_loss"]
+        )
+        return loss, parts, logits
+
+    # ---- steps ----
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        loss, parts, _ = self.losses(batch)
+        B = batch["input_ids"].shape[0]
+        self.log("train/loss", loss, prog_bar=True, batch_size=B)
+        for name, value in parts.items():
+            self.log(f"train/{name}", value, batch_size=B)
+        return loss
+
+    def _evaluate(self, batch: dict[str, Tensor], split: str) -> None:
+        loss, parts, logits = self.losses(batch)
+        B = batch["input_ids"].shape[0]
+        self.log(f"{split}/loss", loss, batch_size=B, add_dataloader_idx=False)
+        if self.task is None:
+            self.log(
+                f"{split}/perplexity", torch.exp(parts["lm_loss"]), batch_size=B, add_dataloader_idx=False
+            )
+            return
+        metrics = self.metrics[_key(split)]
+        metrics.observe(self.predictions_of(logits), batch["labels"])
+        for name, metric in metrics.items():
+            self.log(f"{split}/{name}", metric, prog_bar=True, batch_size=B, add_dataloader_idx=False)
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._evaluate(batch, self.task.validation_splits[dataloader_idx] if self.task else "validation")
+
+    def test_step(self, batch: dict[str, Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._evaluate(batch, self.task.test_splits[dataloader_idx] if self.task else "test")
+
+    def predictions_of(self, logits: Tensor) -> Tensor:
+        """Class ids (or choice indices), or scores clipped to the task's range for regression."""
+        if self.head_kind == "regression":
+            scores = logits.squeeze(-1).float()
+            if self.task.score_range is not None:
+                scores = scores.clamp(*self.task.score_range)
+            return scores
+        return logits.argmax(dim=-1)
+
+    def predict_step(self, batch: dict[str, Tensor], batch_idx: int, dataloader_idx: int = 0) -> Tensor:
+        if self.task is None:
+            raise ValueError("predict needs a task: give --data a task card.")
+        logits, _, _ = self(batch)
+        predictions = self.predictions_of(logits)
+        split = self.task.test_splits[dataloader_idx]
+        self._predictions.setdefault(split, []).append((batch["index"].cpu(), predictions.cpu()))
+        return predictions
+
+    def on_predict_epoch_end(self) -> None:
+        for split, chunks in self._predictions.items():
+            index = torch.cat([i for i, _ in chunks])
+            predictions = torch.cat([p for _, p in chunks])
+            if self.trainer.is_global_zero:
+                write_predictions(self.task, split, index, predictions, Path(self.predictions_dir))
+        self._predictions = {}
+
+    # ---- optimisation ----
+
+    def configure_optimizers(self):
+        decay, no_decay = [], []
+        for p in self.parameters():
+            if p.requires_grad:
+                (decay if p.ndim >= 2 else no_decay).append(p)  # matrices only: not biases or LN gains
+        groups = [
+            {"params": decay, "weight_decay": self.optim["weight_decay"]},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
+        fused = self.device.type == "cuda"
+        optimizer = torch.optim.AdamW(
+            groups, lr=self.optim["lr"], betas=self.optim["betas"], eps=self.optim["eps"], fused=fused
+        )
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        warmup = self.warmup_steps if self.warmup_steps is not None else round(self.warmup_fraction * total)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(self.schedule, warmup, total))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def lr_lambda(schedule: str, warmup: int, total: int):
+    """Multiplier of the peak learning rate at each step: linear warmup from 0, then the decay."""
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return step / warmup
+        if schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        if schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return 1.0 - progress
+
+    return factor
+
+
+def write_predictions(
+    task: TaskAdapter, split: str, index: Tensor, predictions: Tensor, out_dir: Path
+) -> Path:
+    """`index<TAB>prediction` rows, label names or scores, in the file the leaderboard expects."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / task.submission_files.get(split, f"{task.name}-{split}.tsv")
+    order = torch.argsort(index)
+    seen = set()
+    lines = ["index\tprediction"]
+    for i in order.tolist():
+        row = int(index[i])
+        if row in seen:  # a distributed sampler may repeat examples to even out ranks
+            continue
+        seen.add(row)
+        value = predictions[i].item()
+        if task.head_kind == "regression":
+            text = f"{value:.3f}"
+        elif task.head_kind == "classification":
+            text = task.label_name(int(value))
+        else:
+            text = task.label_name(int(value)) if task.labels else str(int(value))
+        lines.append(f"{row}\t{text}")
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.replace(path)  # atomic: a crash never leaves half a file
+    return path
+
+
+def _key(split: str) -> str:
+    return split.replace(".", "_")
+
+
+def _with_dropout(gpt: GPT) -> GPT:
+    """Apply the config's dropout rates to an existing model's modules."""
+    c = gpt.config
+    gpt.drop.p = c.embd_pdrop
+    for block in gpt.h:
+        block.attn.attn_pdrop = c.attn_pdrop
+        block.attn.resid_dropout.p = c.resid_pdrop
+        block.mlp.dropout.p = c.resid_pdrop
+    return gpt

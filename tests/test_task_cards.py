@@ -1,0 +1,279 @@
+"""Every task card under tasks/ parses, and reads tiny fixtures written in its task's native local format.
+
+Offline: the fixtures are hand-written in tmp_path (GLUE's traps included: an unbalanced `"` in a
+TSV sentence, MRPC's BOM, headerless CoLA train/dev, unlabelled test files with an `index` column).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import datasets
+import pytest
+from jsonargparse import ArgumentParser
+
+from gpt_ft.adapters import TaskAdapter
+from gpt_ft.task_data import _SLICE, TaskDataModule
+
+TASKS = Path(__file__).resolve().parents[1] / "tasks"
+CARDS = sorted(p.relative_to(TASKS).with_suffix("").as_posix() for p in TASKS.rglob("*.yaml"))
+
+Q = 'He said "hi to the cat.'  # an unbalanced quote: with CSV quoting it would swallow the next rows
+
+
+def tsv(*rows) -> str:
+    return "".join("\t".join(map(str, row)) + "\n" for row in rows)
+
+
+def csvs(*rows) -> str:
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerows(rows)
+    return out.getvalue()
+
+
+def jsonl(*rows) -> str:
+    return "".join(json.dumps(row) + "\n" for row in rows)
+
+
+# Headers of the GLUE files (standard download script).
+STSB = ["index", "genre", "filename", "year", "old_index", "source1", "source2", "sentence1", "sentence2"]
+MNLI = ["index", "promptID", "pairID", "genre", "sentence1_binary_parse", "sentence2_binary_parse"]
+MNLI += ["sentence1_parse", "sentence2_parse", "sentence1", "sentence2"]
+MRPC = ["#1 ID", "#2 ID", "#1 String", "#2 String"]
+STORY = ["InputStoryid", *(f"InputSentence{i}" for i in range(1, 5))]
+STORY += ["RandomFifthSentenceQuiz1", "RandomFifthSentenceQuiz2", "AnswerRightEnding"]
+SWAG = ["", "video-id", "fold-ind", "startphrase", "sent1", "sent2", "gold-source"]
+SWAG += ["ending0", "ending1", "ending2", "ending3"]
+
+
+def mnli_row(i, a, b, *labels):
+    return [i, 1, f"{i}e", "fiction", "(a)", "(b)", "(S a)", "(S b)", a, b, *labels]
+
+
+def snli_row(a, b, gold):
+    return {"annotator_labels": [gold], "captionID": "c1", "gold_label": gold, "pairID": "p1",
+            "sentence1": a, "sentence1_parse": "(ROOT)", "sentence2": b}  # fmt: skip
+
+
+def race_row(answer, question="Who sat?"):
+    return {"example_id": "high1.txt", "article": Q, "question": question,
+            "options": ["The cat.", "A dog.", "The man.", "Nobody."], "answer": answer}  # fmt: skip
+
+
+def story_row(i, right):
+    return [f"id-{i}", Q, "It sat.", "A dog ran, fast.", "It is a park.", "He is happy.", "He is sad.", right]
+
+
+def swag_row(i, *label):
+    return [i, "v1", 5, f"{Q} He", Q, "He", "gold", "runs.", "eats.", "sleeps.", 'says "hi".', *label]
+
+
+STORY_VAL = csvs(STORY, *(story_row(i, 1 + i % 2) for i in range(1499)))  # train [:1497], validation [1497:]
+PAIR = ["index", "sentence1", "sentence2"]
+AB = [["A.", "B."], ["C.", "D."]]
+
+
+def glue_test(header, rows, make=None):
+    """An unlabelled GLUE test file: `index` 10, 11, ... then each row's cells (through `make`)."""
+    lines = [make(10 + i, *cells) if make else [10 + i, *cells] for i, cells in enumerate(rows)]
+    return tsv(header, *lines), [None] * len(rows), {"index": [10 + i for i in range(len(rows))]}
+
+
+# card -> split -> (file contents in the task's native format, expected label ids (None: unlabelled),
+# optional {"index": expected index values}). The file path is the card's own `local.splits` entry.
+FIXTURES = {
+    "glue/cola": {
+        "train": (tsv(["gj04", 1, "", Q], ["gj04", 0, "*", "Him go the park."]), [1, 0]),
+        "validation": (tsv(["cj99", 1, "", "The cat sat."], ["cj99", 1, "", "A dog ran."]), [1, 1]),
+        "test": glue_test(["index", "sentence"], [["It is."], ["Is it?"]]),
+    },
+    "glue/sst2": {
+        "train": (tsv(["sentence", "label"], [Q, 1], ["a dull , lazy dog", 0]), [1, 0]),
+        "validation": (tsv(["sentence", "label"], ["charming", 1], ["lazy", 0]), [1, 0]),
+        "test": glue_test(["index", "sentence"], [["charming"], ["dull"]]),
+    },
+    "glue/mrpc": {  # train/dev start with a BOM
+        "train": ("\ufeff" + tsv(["Quality", *MRPC], [1, 7, 8, Q, "He said hi."], [0, 5, 6, *AB[0]]), [1, 0]),
+        "validation": ("\ufeff" + tsv(["Quality", *MRPC], [0, 1, 2, "A cat.", "A dog."]), [0]),
+        "test": glue_test(["index", *MRPC], [[1, 2, *AB[0]], [3, 4, *AB[1]]]),
+    },
+    "glue/stsb": {
+        "train": (tsv([*STSB, "score"], [0, "news", "f", 2012, 1, "s", "s", Q, "He said hi.", 3.8]), [3.8]),
+        "validation": (tsv([*STSB, "score"], [0, "news", "f", 2012, 1, "s", "s", *AB[0], "0.000"]), [0.0]),
+        "test": glue_test(STSB, [["n", "f", 1, 1, "s", "s", *ab] for ab in AB]),
+    },
+    "glue/qqp": {
+        "train": (
+            tsv(["id", "qid1", "qid2", "question1", "question2", "is_duplicate"], [0, 1, 2, Q, "Is it?", 1]),
+            [1],
+        ),
+        "validation": (
+            tsv(
+                ["id", "qid1", "qid2", "question1", "question2", "is_duplicate"], [5, 1, 2, "Why?", "How?", 0]
+            ),
+            [0],
+        ),
+        "test": glue_test(["id", "question1", "question2"], AB),
+    },
+    "glue/mnli": {
+        "train": (
+            tsv([*MNLI, "label1", "gold_label"], mnli_row(0, Q, "He spoke.", "neutral", "neutral")),
+            [1],
+        ),
+        "validation_matched": (
+            tsv(
+                [*MNLI, *(f"label{i}" for i in range(1, 6)), "gold_label"],
+                mnli_row(0, *AB[0], *["entailment"] * 6),
+            ),
+            [0],
+        ),
+        "validation_mismatched": (
+            tsv(
+                [*MNLI, *(f"label{i}" for i in range(1, 6)), "gold_label"],
+                mnli_row(0, *AB[0], *["contradiction"] * 6),
+            ),
+            [2],
+        ),
+        "test_matched": glue_test(MNLI, AB, make=mnli_row),
+        "test_mismatched": glue_test(MNLI, AB, make=mnli_row),
+    },
+    "glue/qnli": {
+        "train": (
+            tsv(
+                ["index", "question", "sentence", "label"],
+                [0, Q, "Hi.", "not_entailment"],
+                [1, "Who?", "I.", "entailment"],
+            ),
+            [1, 0],
+        ),
+        "validation": (
+            tsv(["index", "question", "sentence", "label"], [0, "Why?", "No.", "entailment"]),
+            [0],
+        ),
+        "test": glue_test(["index", "question", "sentence"], AB),
+    },
+    "glue/rte": {
+        "train": (
+            tsv([*PAIR, "label"], [0, Q, "He spoke.", "entailment"], [1, *AB[0], "not_entailment"]),
+            [0, 1],
+        ),
+        "validation": (tsv([*PAIR, "label"], [0, *AB[0], "not_entailment"]), [1]),
+        "test": glue_test(PAIR, AB),
+    },
+    "glue/wnli": {  # 0/1 digits, 1 = entailment
+        "train": (tsv([*PAIR, "label"], [0, Q, "He spoke.", 1], [1, *AB[0], 0]), [1, 0]),
+        "validation": (tsv([*PAIR, "label"], [0, *AB[0], 0]), [0]),
+        "test": glue_test(PAIR, AB),
+    },
+    "snli": {  # rows whose gold_label is '-' (no consensus) are dropped
+        "train": (
+            jsonl(
+                snli_row(Q, "He spoke.", "entailment"),
+                snli_row(*AB[0], "-"),
+                snli_row(*AB[1], "contradiction"),
+            ),
+            [0, 2],
+        ),
+        "validation": (jsonl(snli_row(*AB[0], "neutral"), snli_row(*AB[1], "-")), [1]),
+        "test": (jsonl(snli_row(*AB[0], "contradiction"), snli_row(*AB[1], "neutral")), [2, 1]),
+    },
+    "scitail": {  # no header row
+        "train": (tsv([Q, "He spoke.", "entails"], ["A cat.", "A dog.", "neutral"]), [0, 1]),
+        "validation": (tsv([*AB[0], "neutral"]), [1]),
+        "test": (tsv([*AB[0], "entails"], [*AB[1], "neutral"]), [0, 1]),
+    },
+    "storycloze": {  # the 2016 test file is labelled; the val file is cut 1497 / 2 by the card's slices
+        "train": (STORY_VAL, [i % 2 for i in range(1497)]),
+        "validation": (STORY_VAL, [1, 0]),
+        "test": (csvs(STORY, story_row(0, 2), story_row(1, 1)), [1, 0]),
+    },
+    "race": {
+        "train": (jsonl(race_row("A"), race_row("D")), [0, 3]),
+        "validation": (jsonl(race_row("B")), [1]),
+        "test": (jsonl(race_row("C"), race_row("A", "Who ran?")), [2, 0]),
+    },
+    "swag": {  # test has no label column
+        "train": (csvs([*SWAG, "label"], swag_row(0, 2), swag_row(1, 0)), [2, 0]),
+        "validation": (csvs([*SWAG, "label"], swag_row(0, 3)), [3]),
+        "test": (csvs(SWAG, swag_row(0), swag_row(1)), [None, None]),
+    },
+}
+
+
+def parse_card(card: str) -> TaskAdapter:
+    parser = ArgumentParser()
+    parser.add_argument("--task", type=TaskAdapter, sub_configs=True)
+    cfg = parser.parse_args(["--task", str(TASKS / f"{card}.yaml")])
+    return parser.instantiate(cfg).task
+
+
+@pytest.fixture(autouse=True)
+def datasets_cache(tmp_path, monkeypatch):
+    """Keep datasets' Arrow cache of the fixtures out of the user's cache."""
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
+
+
+def test_cards_found():
+    assert {"glue/rte", "glue/mnli", "snli", "race"} <= set(CARDS)
+
+
+@pytest.mark.parametrize("card", CARDS)
+def test_card_parses(card):
+    task = parse_card(card)
+    assert isinstance(task, TaskAdapter)
+    assert task.name == Path(card).name
+    assert task.hub is not None and task.local is not None
+    splits = set(task.local.splits)
+    assert "train" in splits and {*task.validation_splits, *task.test_splits} <= splits
+    assert set(task.submission_files) <= set(task.test_splits)
+    assert task.main_metric in task.metrics
+    first_line = (TASKS / f"{card}.yaml").read_text().splitlines()[0]
+    assert first_line.startswith("# "), "each card opens with a one-line comment on the task"
+
+
+@pytest.mark.parametrize("card", CARDS)
+def test_card_reads_native_files(card, tokenizer_dir, tmp_path):
+    assert card in FIXTURES, f"add a fixture for the new card tasks/{card}.yaml to FIXTURES"
+    fixture = FIXTURES[card]
+    parser = ArgumentParser()
+    parser.add_class_arguments(TaskDataModule, "data", sub_configs=True)
+    cfg = parser.parse_args(
+        [f"--data.task={TASKS / card}.yaml", f"--data.tokenizer={tokenizer_dir}"]
+        + [f"--data.data_dir={tmp_path}", "--data.max_length=64"]
+    )
+    dm = parser.instantiate(cfg).data
+    task = dm.task
+    assert set(fixture) == set(task.local.splits)
+    for split, (text, *_) in fixture.items():
+        path = tmp_path / _SLICE.match(task.local.splits[split])["file"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+
+    specials = dm.special_ids
+    for split, (_, labels, *extra) in fixture.items():
+        ds = dm.encoded(split, labelled=False)
+        assert len(ds) == len(labels), split
+        got = ds["label"]
+        if task.regression:
+            assert got == pytest.approx(labels), split
+        else:
+            assert got == labels, split
+        if split in task.test_splits and card.startswith("glue/"):
+            assert all(label is None for label in got)  # GLUE test files carry no labels
+        if extra:
+            assert ds["index"] == extra[0]["index"], split
+        for example in ds:
+            assert len(example["input_ids"]) == task.num_sequences == dm.num_sequences
+            for ids, k in zip(example["input_ids"], example["extract_index"]):
+                assert ids[0] == specials.start and ids[k] == specials.extract and k == len(ids) - 1
+
+    # The quote-holding text of train's first row survives intact (no quoting ate the row or its tab).
+    shown = dm.explain("train", 0)
+    ids = shown["sequences"][0]["ids"]
+    end = ids.index(specials.delim) if specials.delim in ids else shown["sequences"][0]["extract_index"]
+    assert dm.tokenizer.decode(ids[1:end]).startswith(Q)
+    if task.head_kind == "classification":
+        assert shown["label"] == task.labels[fixture["train"][1][0]]
