@@ -29,8 +29,7 @@ def load_weights(path: str | Path) -> GPT:
     if not path.is_file():
         raise FileNotFoundError(f"Checkpoint {path} does not exist.")
     checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    hparams = checkpoint.get("hyper_parameters", {})
-    config = hparams.get("gpt_config")
+    config = checkpoint.get("gpt_config")
     if config is None:
         raise ValueError(f"{path} is not a gpt_ft checkpoint: it records no model config (gpt_config).")
     gpt = GPT(GPTConfig(**config))
@@ -116,9 +115,10 @@ class GPTModule(LightningModule):
         self.predictions_dir = predictions_dir
         self._predictions: dict[str, list[tuple[Tensor, Tensor]]] = {}
         self.save_hyperparameters(ignore=["task"])
-        self.hparams["gpt_config"] = dict(vars(self.gpt.config))
-        if task is not None:
-            self.hparams["task_name"] = task.name
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # The model's own shape, so that the weights load without the run's arguments.
+        checkpoint["gpt_config"] = dict(vars(self.gpt.config))
 
     # ---- forward ----
 

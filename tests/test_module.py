@@ -1,0 +1,168 @@
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gpt_ft.adapters import MultipleChoice, Similarity, SingleText, TextPair
+from gpt_ft.metrics import TaskMetrics
+from gpt_ft.module import GPTModule, lr_lambda
+from gpt_ft.task_data import collate
+
+MICRO = dict(n_positions=32, n_embd=16, n_layer=1, n_head=2, embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)
+START, DELIM, EXTRACT, PAD = 20, 21, 22, 23
+
+
+def module(task, **kw) -> GPTModule:
+    torch.manual_seed(0)
+    return GPTModule(
+        preset="gpt-micro", overrides=MICRO, vocab_size=24, task=task, classifier_dropout=0.0, **kw
+    ).eval()
+
+
+def example(seqs, label):
+    return {"input_ids": seqs, "extract_index": [len(s) - 1 for s in seqs], "label": label, "index": 0}
+
+
+def test_combined_loss_is_task_plus_lm_coef_times_lm():
+    task = TextPair(name="t", labels=["a", "b", "c"])
+    batch = collate(
+        [example([[START, 1, 2, DELIM, 3, EXTRACT]], 2), example([[START, 4, DELIM, 5, EXTRACT]], 0)], PAD
+    )
+    m = module(task, lm_coef=0.5)
+    loss, parts, logits = m.losses(batch)
+    # By hand: each sequence alone (no padding), its extract row through the head, CE; LM CE on real tokens.
+    seqs = [[START, 1, 2, DELIM, 3, EXTRACT], [START, 4, DELIM, 5, EXTRACT]]
+    hidden = [m.gpt(torch.tensor([s]))[0] for s in seqs]
+    task_logits = torch.stack([m.head(h[-1]) for h in hidden])
+    task_loss = F.cross_entropy(task_logits, torch.tensor([2, 0]))
+    lm_logits = torch.cat([m.gpt.lm_logits(h[:-1]) for h in hidden])
+    lm_loss = F.cross_entropy(lm_logits, torch.tensor([1, 2, DELIM, 3, EXTRACT, 4, DELIM, 5, EXTRACT]))
+    torch.testing.assert_close(logits, task_logits)
+    torch.testing.assert_close(parts["task_loss"], task_loss)
+    torch.testing.assert_close(parts["lm_loss"], lm_loss)
+    torch.testing.assert_close(loss, task_loss + 0.5 * lm_loss)
+    loss0, parts0, _ = module(task, lm_coef=0.0).losses(batch)
+    assert "lm_loss" not in parts0 and torch.allclose(loss0, task_loss)
+
+
+def test_similarity_adds_the_two_orders_before_the_head():
+    task = Similarity(name="s", regression=True)
+    m = module(task)
+    ab, ba = [START, 1, DELIM, 2, 3, EXTRACT], [START, 2, 3, DELIM, 1, EXTRACT]
+    batch = collate([example([ab, ba], 3.5)], PAD)
+    logits, _, _ = m(batch)
+    h_ab, h_ba = m.gpt(torch.tensor([ab]))[0, -1], m.gpt(torch.tensor([ba]))[0, -1]
+    torch.testing.assert_close(logits[0], m.head(h_ab + h_ba))
+    loss, parts, _ = m.losses(batch)
+    torch.testing.assert_close(parts["task_loss"], (logits[0, 0] - 3.5) ** 2)
+
+
+def test_multiple_choice_softmax_ignores_masked_choices():
+    task = MultipleChoice(name="mc", context=["c"], choices=["a", "b", "d"])
+    m = module(task)
+    rows = [[START, 1, DELIM, 2, EXTRACT], [START, 1, DELIM, 3, EXTRACT], [START, 1, DELIM, 4, EXTRACT]]
+    batch = collate([example(rows, 1), example(rows[:2], 0)], PAD)  # the second row lacks choice 3
+    with torch.no_grad():
+        m.head.bias.fill_(0.0)
+        logits, _, _ = m(batch)
+    scores = torch.stack([m.head(m.gpt(torch.tensor([r]))[0, -1])[0] for r in rows])
+    torch.testing.assert_close(logits[0], scores)
+    assert logits[1, 2] == torch.finfo(logits.dtype).min
+    loss, parts, _ = m.losses(batch)
+    expected = (
+        F.cross_entropy(scores[None], torch.tensor([1]))
+        + F.cross_entropy(scores[None, :2], torch.tensor([0]))
+    ) / 2
+    torch.testing.assert_close(parts["task_loss"], expected)
+    # A masked choice never wins, even with the highest raw score.
+    with torch.no_grad():
+        m.head.bias.fill_(0.0)
+        m.head.weight.copy_(m.gpt(torch.tensor([rows[2]]))[0, -1][None] * 10)
+    assert m(batch)[0][1].argmax().item() in (0, 1)
+
+
+def test_language_model_without_task():
+    m = module(None)
+    batch = collate([example([[START, 1, 2, 3]], None)], PAD)
+    loss, parts, logits = m.losses(batch)
+    assert logits is None and set(parts) == {"lm_loss"}
+    assert not hasattr(m, "head")
+
+
+def test_weight_decay_only_on_matrices_and_the_schedule():
+    m = module(SingleText(name="t", labels=["a", "b"]), lr=1e-3, warmup_fraction=0.01)
+    m._trainer = SimpleNamespace(estimated_stepping_batches=1000)
+    config = m.configure_optimizers()
+    decay, no_decay = config["optimizer"].param_groups
+    assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
+    names = {id(p): n for n, p in m.named_parameters()}
+    assert {names[id(p)] for p in no_decay["params"]} == {n for n, p in m.named_parameters() if p.ndim == 1}
+    assert all(
+        n.endswith(("bias", "ln_1.weight", "ln_2.weight")) for n in (names[id(p)] for p in no_decay["params"])
+    )
+    assert {"gpt.wte.weight", "head.weight", "gpt.h.0.attn.c_attn.weight"} <= {
+        names[id(p)] for p in decay["params"]
+    }
+    scheduler = config["lr_scheduler"]["scheduler"]
+    lrs = []
+    for _ in range(1000):
+        lrs.append(scheduler.get_last_lr()[0])
+        config["optimizer"].step()
+        scheduler.step()
+    assert lrs[0] == 0.0  # warmup over 0.01 * 1000 = 10 steps
+    assert lrs[10] == pytest.approx(1e-3)
+    assert lrs[5] == pytest.approx(0.5e-3)
+    assert lrs[999] == pytest.approx(1e-3 / 990)  # linear to 0 at step 1000
+    assert scheduler.get_last_lr()[0] == 0.0
+
+
+def test_lr_lambda_shapes():
+    linear, cosine = lr_lambda("linear", 2000, 10000), lr_lambda("cosine", 2000, 10000)
+    assert [linear(s) for s in (0, 1000, 2000, 6000, 10000)] == [0.0, 0.5, 1.0, 0.5, 0.0]
+    assert cosine(2000) == 1.0 and cosine(6000) == pytest.approx(0.5) and cosine(10000) == pytest.approx(0.0)
+    assert lr_lambda("constant", 10, 100)(50) == 1.0
+
+
+def metric_values(task, predictions, labels):
+    metrics = TaskMetrics(task)
+    metrics.observe(torch.tensor(predictions), torch.tensor(labels))
+    return metrics.compute_all()
+
+
+def test_metrics_on_hand_computed_cases():
+    # TP=2, FP=1, TN=2, FN=0: MCC = (2*2 - 1*0) / sqrt(3*2*3*2) = 2/3; F1 = 2 / (2 + (1 + 0)/2) = 0.8.
+    cls = SingleText(name="t", labels=["neg", "pos"], metrics=["matthews", "f1", "accuracy"])
+    values = metric_values(cls, [1, 1, 0, 0, 1], [1, 0, 0, 0, 1])
+    assert values["matthews"] == pytest.approx(2 / 3)
+    assert values["f1"] == pytest.approx(0.8)
+    assert values["accuracy"] == pytest.approx(0.8)
+    # x = [1, 2, 3, 4], y = [2, 4, 5, 4]: Pearson 3.5 / sqrt(5 * 4.75); Spearman on ranks [1, 2.5, 4, 2.5].
+    reg = Similarity(name="s", regression=True)
+    values = metric_values(reg, [1.0, 2.0, 3.0, 4.0], [2.0, 4.0, 5.0, 4.0])
+    assert values["pearson"] == pytest.approx(3.5 / math.sqrt(23.75), abs=1e-6)
+    assert values["spearman"] == pytest.approx(3.0 / math.sqrt(22.5), abs=1e-6)
+    mc = MultipleChoice(name="mc", context=["c"], choices=["a", "b", "c2", "d"])
+    assert metric_values(mc, [0, 3, 2, 1], [0, 3, 1, 1])["accuracy"] == pytest.approx(0.75)
+
+
+def test_init_from_transformers_directory_adds_special_token_rows(tmp_path):
+    from transformers import OpenAIGPTConfig, OpenAIGPTLMHeadModel
+
+    torch.manual_seed(0)
+    hf = OpenAIGPTLMHeadModel(OpenAIGPTConfig(vocab_size=20, n_positions=32, n_embd=16, n_layer=1, n_head=2))
+    hf.save_pretrained(tmp_path)
+    m = GPTModule(init_from=str(tmp_path), vocab_size=24, task=SingleText(name="t", labels=["a", "b"]))
+    assert m.gpt.wte.weight.shape == (24, 16)
+    torch.testing.assert_close(m.gpt.wte.weight[:20], hf.transformer.tokens_embed.weight)
+    assert m.gpt.config.vocab_size == 24
+
+
+def test_bad_hyperparameters():
+    with pytest.raises(ValueError, match="lm_coef must be >= 0, got -1"):
+        GPTModule(preset="gpt-micro", lm_coef=-1)
+    with pytest.raises(ValueError, match="lr must be > 0, got 0"):
+        GPTModule(preset="gpt-micro", lr=0)
+    with pytest.raises(FileNotFoundError, match="Checkpoint nowhere.ckpt does not exist"):
+        GPTModule(init_from="nowhere.ckpt")
