@@ -23,21 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from gpt_ft import GPT, GPTConfig
-
-# Dense (not 2:4 sparse) bf16 tensor-core peaks, in FLOP/s, from NVIDIA's datasheets.
-DENSE_BF16_PEAK = {"H200": 989e12, "H100 NVL": 835e12, "H100 PCIe": 756e12, "H100": 989e12, "A100": 312e12}
-
-
-def dense_peak(device_name: str) -> float | None:
-    for key in sorted(DENSE_BF16_PEAK, key=len, reverse=True):  # "H100 NVL" before "H100"
-        if key in device_name:
-            return DENSE_BF16_PEAK[key]
-    return None
-
-
-def flops_per_token(config: GPTConfig, n_params: int, seq: int) -> float:
-    """nanoGPT's estimate: 6N for the matmuls with parameters plus 12·L·H·Q·T for attention."""
-    return 6 * n_params + 12 * config.n_layer * config.n_head * config.head_dim * seq
+from gpt_ft.throughput import counted_parameters, dense_peak_tflops, flops_per_token
 
 
 def synchronize(device: str) -> None:
@@ -140,7 +126,7 @@ def measure_memory(args) -> dict:
 
 def bench_training(args) -> None:
     config, models, optimizers = build(args, "both")
-    n_params = models["ours"].num_parameters() - models["ours"].wpe.weight.numel()  # nanoGPT's N
+    n_params = counted_parameters(models["ours"])
     ids = torch.randint(0, config.vocab_size, (args.batch, args.seq + 1), device=args.device)
     steps = {
         "ours": make_step(models["ours"], ours_logits, optimizers["ours"], ids, autocast(args)),
@@ -173,7 +159,8 @@ def bench_training(args) -> None:
     print(f"median tokens/s: ours {med_ours:.0f}, hf {med_hf:.0f}; median ratio ours/hf {ratio:.3f}")
     if args.device == "cuda":
         name = torch.cuda.get_device_name()
-        peak = args.peak_tflops * 1e12 if args.peak_tflops else dense_peak(name)
+        peak_tflops = args.peak_tflops or dense_peak_tflops(name)
+        peak = peak_tflops * 1e12 if peak_tflops else None
         fpt = flops_per_token(config, n_params, args.seq)
         if peak:
             print(

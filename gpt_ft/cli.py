@@ -1,20 +1,21 @@
 """The `gpt-ft` command line.
 
 `fit`, `validate`, `test`, `predict` are LightningCLI subcommands; this is the only place where
-arguments are linked (data -> model). `explain` shows what the model is fed; it takes the same
-data arguments (and --config) as `fit`.
+arguments are linked (data -> model). The other commands live in `gpt_ft/commands.py`.
 """
 
 from __future__ import annotations
 
-import json
 import sys
+import time
+from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
 import gpt_ft
+from gpt_ft.throughput import Throughput
 
 LIGHTNING_COMMANDS = {
     "fit": "train (fine-tune or pretrain) a model",
@@ -22,12 +23,24 @@ LIGHTNING_COMMANDS = {
     "test": "evaluate on the test splits",
     "predict": "write predictions for the test splits (GLUE submission files)",
 }
-COMMANDS = {**LIGHTNING_COMMANDS, "explain": "print one example of a split as the model sees it"}
+COMMANDS = {
+    **LIGHTNING_COMMANDS,
+    "explain": "print one example of a task split as the model sees it",
+    "prepare": "tokenize a text corpus into token files for pretraining",
+    "tokenizer": "train a byte-level BPE tokenizer on text files",
+    "generate": "continue a prompt with a trained model",
+}
 USER_ERRORS = (ValueError, FileNotFoundError, KeyError)
 
 
 class PrintMetrics(Callback):
     """One line of validation metrics per evaluation, so a run's result is visible without a logger."""
+
+    def __init__(self) -> None:
+        self.epoch_start = None
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self.epoch_start = time.perf_counter()
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if trainer.sanity_checking or not trainer.is_global_zero:
@@ -35,7 +48,8 @@ class PrintMetrics(Callback):
         shown = {k: float(v) for k, v in trainer.callback_metrics.items() if not k.startswith("train/")}
         if shown:
             text = ", ".join(f"{k} {v:.4f}" for k, v in sorted(shown.items()))
-            print(f"epoch {trainer.current_epoch} step {trainer.global_step}: {text}", flush=True)
+            took = f" ({time.perf_counter() - self.epoch_start:.1f} s)" if self.epoch_start else ""
+            print(f"epoch {trainer.current_epoch} step {trainer.global_step}: {text}{took}", flush=True)
 
 
 def best_checkpoint(model) -> ModelCheckpoint:
@@ -54,27 +68,61 @@ def best_checkpoint(model) -> ModelCheckpoint:
     )
 
 
+class SaveTokenizer(Callback):
+    """Saves the run's tokenizer beside its checkpoints and records it in each one."""
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        tokenizer, ckpt = pl_module.hparams.get("tokenizer"), trainer.checkpoint_callback
+        if tokenizer and ckpt is not None and ckpt.dirpath and trainer.is_global_zero:
+            from gpt_ft.tokenizer import load_tokenizer
+
+            load_tokenizer(tokenizer).save_pretrained(Path(ckpt.dirpath) / "tokenizer")
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
+        if pl_module.hparams.get("tokenizer"):
+            checkpoint["tokenizer"] = "tokenizer"  # a folder beside the checkpoint file
+
+
 class GPTCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         # What the model needs from the data, stated once (DESIGN: links live here only).
         parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
         parser.link_arguments("data", "model.task", compute_fn=lambda data: data.task, apply_on="instantiate")
+        parser.link_arguments(
+            "data", "model.tokenizer", compute_fn=lambda data: data.tokenizer_path, apply_on="instantiate"
+        )
+        parser.set_defaults({"data": {"class_path": "gpt_ft.task_data.TaskDataModule"}})
+
+    def before_instantiate_classes(self) -> None:
+        # Fine-tuning from a checkpoint needs no tokenizer argument: the one saved with it is used.
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        data, init_from = config.data.init_args, config.model.get("init_from")
+        if "tokenizer" in data and data.tokenizer is None and init_from:
+            from gpt_ft.module import checkpoint_tokenizer
+
+            data.tokenizer = checkpoint_tokenizer(init_from)
 
     def instantiate_trainer(self, **kwargs: Any):
         callbacks = list(self._get(self.config_init, "trainer", default={}).get("callbacks") or [])
         if not any(isinstance(c, ModelCheckpoint) for c in callbacks):
             callbacks.append(best_checkpoint(self.model))
-        callbacks.append(PrintMetrics())
+        if not any(isinstance(c, Throughput) for c in callbacks):
+            callbacks.append(Throughput())
+        callbacks += [PrintMetrics(), SaveTokenizer()]
         return super().instantiate_trainer(**kwargs, callbacks=callbacks)
 
 
 def lightning_main(argv: list[str] | None) -> None:
+    from lightning import LightningDataModule
+
+    import gpt_ft.lm_data  # noqa: F401  (the data classes a config may name)
+    import gpt_ft.task_data  # noqa: F401
     from gpt_ft.module import GPTModule
-    from gpt_ft.task_data import TaskDataModule
 
     GPTCLI(
         GPTModule,
-        TaskDataModule,
+        LightningDataModule,
+        subclass_mode_data=True,
         args=argv,
         trainer_defaults={
             "logger": {
@@ -87,39 +135,17 @@ def lightning_main(argv: list[str] | None) -> None:
     )
 
 
+def user_message(exc: BaseException) -> str:
+    """The sentence for the user: the innermost cause (jsonargparse wraps errors raised in __init__)."""
+    while isinstance(exc.__cause__, USER_ERRORS):
+        exc = exc.__cause__
+    text = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+    return str(text).strip()
+
+
 def fail(message: str) -> None:
     print(f"gpt-ft: error: {message}", file=sys.stderr)
     raise SystemExit(2)
-
-
-def explain(argv: list[str]) -> None:
-    from jsonargparse import ActionConfigFile, ArgumentParser
-
-    from gpt_ft.task_data import TaskDataModule
-
-    parser = ArgumentParser(prog="gpt-ft explain", description=COMMANDS["explain"])
-    parser.add_argument(
-        "--config", action=ActionConfigFile, help="a fit config; only its data section is used"
-    )
-    parser.add_class_arguments(TaskDataModule, "data", sub_configs=True)
-    # The rest of a fit config is accepted and ignored, so `explain` takes the very same files.
-    for section in ("model", "trainer", "optimizer", "lr_scheduler", "seed_everything", "ckpt_path"):
-        parser.add_argument(f"--{section}", type=Any, default=None, help="(ignored)")
-    parser.add_argument("--split", default="train", help="split name, e.g. train, validation")
-    parser.add_argument("--index", type=int, default=0, help="example number within the split")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
-    cfg = parser.parse_args(argv)
-    data = parser.instantiate(cfg).data
-    shown = data.explain(cfg.split, cfg.index)
-    if cfg.json:
-        print(json.dumps(shown, ensure_ascii=False))
-        return
-    print(f"task {data.task.name}, split {cfg.split}, example {cfg.index}: label {shown['label']!r}")
-    for i, seq in enumerate(shown["sequences"]):
-        k = seq["extract_index"]
-        print(f"sequence {i} ({len(seq['ids'])} tokens, extract at {k}):")
-        print("  " + " ".join(seq["tokens"]))
-        print("  " + " ".join(str(t) for t in seq["ids"]))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -140,13 +166,15 @@ def main(argv: list[str] | None = None) -> None:
     if command not in COMMANDS:
         fail(f"unknown command {command!r}; choose from {', '.join(COMMANDS)}.")
     try:
-        if command == "explain":
-            explain(argv[1:])
-        else:
+        if command in LIGHTNING_COMMANDS:
             if debug and from_shell:
                 sys.argv.remove("--debug")
             lightning_main(None if from_shell else argv)
+        else:
+            from gpt_ft import commands
+
+            getattr(commands, command)(argv[1:])
     except USER_ERRORS as exc:
         if debug:
             raise
-        fail(str(exc).strip().strip('"'))
+        fail(user_message(exc))

@@ -21,6 +21,20 @@ from gpt_ft.model import GPT, GPTConfig
 from gpt_ft.task_data import IGNORE_INDEX
 
 
+def checkpoint_tokenizer(path: str | Path) -> str | None:
+    """The tokenizer of these weights: saved beside a gpt_ft checkpoint, or in a transformers dir."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        has_tokenizer = any(
+            (path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")
+        )
+        return str(path) if has_tokenizer else None
+    if not path.is_file():
+        raise FileNotFoundError(f"Checkpoint {path} does not exist.")
+    recorded = torch.load(path, map_location="cpu", weights_only=True).get("tokenizer")
+    return str(path.parent / recorded) if recorded else None
+
+
 def load_weights(path: str | Path) -> GPT:
     """A GPT from a checkpoint of this toolkit (.ckpt) or a local transformers directory."""
     path = Path(path).expanduser()
@@ -48,6 +62,7 @@ class GPTModule(LightningModule):
         overrides: dict[str, Any] | None = None,
         init_from: str | None = None,
         vocab_size: int | None = None,
+        tokenizer: str | None = None,
         task: TaskAdapter | None = None,
         lm_coef: float = 0.5,
         classifier_dropout: float = 0.1,
@@ -66,6 +81,7 @@ class GPTModule(LightningModule):
             overrides: GPTConfig fields to change, e.g. {n_layer: 4, attn_pdrop: 0.0}.
             init_from: Start from these weights: a gpt_ft .ckpt or a local transformers directory.
             vocab_size: Tokenizer size (linked from the data); the embedding grows to fit it.
+            tokenizer: The data's tokenizer (linked); checkpoints save it beside them.
             task: The task card (linked from the data); None makes a plain language model.
             lm_coef: Weight of the auxiliary LM loss (GPT-1: 0.5; 0 turns it off).
             classifier_dropout: Dropout before the task head (GPT-1: 0.1).

@@ -182,7 +182,7 @@ class TaskDataModule(LightningDataModule):
     def __init__(
         self,
         task: TaskAdapter,
-        tokenizer: str,
+        tokenizer: str | None = None,
         *,
         data_dir: str | None = None,
         max_length: int = 512,
@@ -195,7 +195,8 @@ class TaskDataModule(LightningDataModule):
         """
         Args:
             task: The task card (a TaskAdapter): a YAML file path or class_path + init_args.
-            tokenizer: Tokenizer directory (or hub name); the GPT-1 special tokens are added.
+            tokenizer: Tokenizer directory (or hub name); the GPT-1 special tokens are added. May be
+                left out when --model.init_from names weights that carry their tokenizer.
             data_dir: Folder with the task's local files (e.g. a GLUE download); None: the hub.
             max_length: Longest sequence, special tokens included; longer texts are cut, longest first.
             batch_size: Training examples per batch.
@@ -217,6 +218,11 @@ class TaskDataModule(LightningDataModule):
         self.num_workers = num_workers
         self.num_proc = num_proc
         self.padding_side = padding_side
+        if tokenizer is None:
+            raise ValueError(
+                "No tokenizer: give --data.tokenizer DIR, or --model.init_from weights that carry one."
+            )
+        self.tokenizer_path = tokenizer
         self.tokenizer = load_tokenizer(tokenizer)
         self.special_ids = special_token_ids(self.tokenizer)
         self.vocab_size = len(self.tokenizer)

@@ -1,0 +1,154 @@
+"""The `gpt-ft` commands that are not LightningCLI's: explain, prepare, tokenizer, generate.
+
+Each parses its own arguments with jsonargparse (signatures are the schema) and raises ValueError
+or FileNotFoundError for bad input; `gpt_ft.cli.main` turns those into one line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from jsonargparse import ActionConfigFile, ArgumentParser
+
+
+def explain(argv: list[str]) -> None:
+    """Print example `--index` of `--split` as the model sees it."""
+    from gpt_ft.task_data import TaskDataModule
+
+    parser = ArgumentParser(prog="gpt-ft explain", description="Print one example as the model sees it.")
+    parser.add_argument(
+        "--config", action=ActionConfigFile, help="a fit config; only its data section is used"
+    )
+    parser.add_subclass_arguments(TaskDataModule, "data", required=True)
+    parser.set_defaults({"data": {"class_path": "gpt_ft.task_data.TaskDataModule"}})
+    # The rest of a fit config is accepted and ignored, so `explain` takes the very same files.
+    for section in ("model", "trainer", "optimizer", "lr_scheduler", "seed_everything", "ckpt_path"):
+        parser.add_argument(f"--{section}", type=Any, default=None, help="(ignored)")
+    parser.add_argument("--split", default="train", help="split name, e.g. train, validation")
+    parser.add_argument("--index", type=int, default=0, help="example number within the split")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    cfg = parser.parse_args(argv)
+    init_from = (cfg.model or {}).get("init_from")
+    if cfg.data.init_args.tokenizer is None and init_from:
+        from gpt_ft.module import checkpoint_tokenizer
+
+        cfg.data.init_args.tokenizer = checkpoint_tokenizer(init_from)
+    data = parser.instantiate(cfg).data
+    shown = data.explain(cfg.split, cfg.index)
+    if cfg.json:
+        print(json.dumps(shown, ensure_ascii=False))
+        return
+    print(f"task {data.task.name}, split {cfg.split}, example {cfg.index}: label {shown['label']!r}")
+    for i, seq in enumerate(shown["sequences"]):
+        k = seq["extract_index"]
+        print(f"sequence {i} ({len(seq['ids'])} tokens, extract at {k}):")
+        print("  " + " ".join(seq["tokens"]))
+        print("  " + " ".join(str(t) for t in seq["ids"]))
+
+
+def prepare(argv: list[str]) -> None:
+    """Tokenize a corpus into train/validation token files (see gpt_ft/prepare.py)."""
+    from gpt_ft import prepare as prep
+
+    parser = ArgumentParser(prog="gpt-ft prepare", description=prep.__doc__.split("\n\n")[0])
+    parser.add_argument("inputs", nargs="*", help="text files or folders of them")
+    parser.add_function_arguments(prep.prepare, skip={"files", "progress"})
+    cfg = parser.parse_args(argv)
+    kwargs = {k: v for k, v in vars(cfg).items() if k not in ("inputs", "__path__")}
+    meta = prep.prepare(files=cfg.inputs, **kwargs)
+    t = meta["tokens"]
+    rate = (t["train"] + t["validation"]) / max(meta["seconds"], 1e-9)
+    print(
+        f"wrote {t['train']:,} train and {t['validation']:,} validation tokens ({meta['dtype']}, "
+        f"{meta['documents']:,} documents) to {cfg.out_dir} in {meta['seconds']:.1f} s ({rate:,.0f} tokens/s)"
+    )
+
+
+def tokenizer(argv: list[str]) -> None:
+    """Train a byte-level BPE tokenizer (with the GPT-1 special tokens) on text files."""
+    from gpt_ft.prepare import find_files
+    from gpt_ft.tokenizer import train_tokenizer
+
+    parser = ArgumentParser(
+        prog="gpt-ft tokenizer", description="Train a byte-level BPE tokenizer on text files."
+    )
+    parser.add_argument("inputs", nargs="+", help="text files or folders of them")
+    parser.add_argument(
+        "--vocab_size", type=int, required=True, help="vocabulary size, special tokens included"
+    )
+    parser.add_argument("--out_dir", required=True, help="folder for the tokenizer (AutoTokenizer loads it)")
+    parser.add_argument("--min_frequency", type=int, default=2, help="least count of a pair to merge")
+    cfg = parser.parse_args(argv)
+    tok = train_tokenizer(
+        find_files(cfg.inputs), cfg.vocab_size, cfg.out_dir, min_frequency=cfg.min_frequency
+    )
+    print(f"trained a {len(tok)}-token byte-level BPE tokenizer into {cfg.out_dir}")
+
+
+def generate(argv: list[str]) -> None:
+    """Continue a prompt with a gpt_ft checkpoint or a transformers directory, streaming tokens."""
+    import sys
+
+    import torch
+
+    from gpt_ft.module import checkpoint_tokenizer, load_weights
+    from gpt_ft.tokenizer import load_tokenizer
+
+    parser = ArgumentParser(prog="gpt-ft generate", description="Continue a prompt with a trained model.")
+    parser.add_argument("--ckpt_path", required=True, help="a gpt_ft .ckpt or a transformers directory")
+    parser.add_argument("--prompt", required=True)
+    parser.add_argument("--tokenizer", default=None, help="default: the one saved with the checkpoint")
+    parser.add_argument("--max_new_tokens", type=int, default=100)
+    parser.add_argument("--do_sample", type=bool, default=False, help="sample instead of greedy decoding")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top_k", type=int | None, default=None)
+    parser.add_argument("--top_p", type=float | None, default=None)
+    parser.add_argument("--num_beams", type=int, default=1, help="beam search when > 1 (printed at the end)")
+    parser.add_argument("--length_penalty", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    cfg = parser.parse_args(argv)
+    tokenizer_dir = cfg.tokenizer or checkpoint_tokenizer(cfg.ckpt_path)
+    if tokenizer_dir is None:
+        raise ValueError(f"{cfg.ckpt_path} carries no tokenizer; give --tokenizer DIR.")
+    tok = load_tokenizer(tokenizer_dir)
+    gpt = load_weights(cfg.ckpt_path).to(cfg.device).eval()
+    ids = tok(cfg.prompt, add_special_tokens=False)["input_ids"]
+    if not ids:
+        raise ValueError("--prompt is empty: give some text to continue.")
+    prompt = torch.tensor([ids], device=cfg.device)
+    max_new = min(cfg.max_new_tokens, gpt.config.n_positions - len(ids))
+    eos = tok.eos_token_id
+    print(cfg.prompt, end="", flush=True)
+    if cfg.num_beams > 1:
+        out = gpt.generate(
+            prompt,
+            max_new_tokens=max_new,
+            num_beams=cfg.num_beams,
+            length_penalty=cfg.length_penalty,
+            eos_token_id=eos,
+        )
+        print(tok.decode(out[0, len(ids) :].tolist(), skip_special_tokens=True), flush=True)
+        return
+    generator = torch.Generator(cfg.device).manual_seed(cfg.seed)
+    new: list[int] = []
+    shown = ""
+    for token in gpt.stream(
+        prompt,
+        max_new_tokens=max_new,
+        do_sample=cfg.do_sample,
+        temperature=cfg.temperature,
+        top_k=cfg.top_k,
+        top_p=cfg.top_p,
+        eos_token_id=eos,
+        generator=generator,
+    ):
+        if eos is not None and int(token[0]) == eos:
+            break
+        new.append(int(token[0]))
+        text = tok.decode(new, skip_special_tokens=True)
+        sys.stdout.write(text[len(shown) :])  # print what the new token added, as it comes
+        sys.stdout.flush()
+        shown = text
+    print()

@@ -1,0 +1,125 @@
+"""LMDataModule: contiguous blocks of a token file for pretraining.
+
+GPT-1 §4.1 trains on "minibatches of 64 randomly sampled, contiguous sequences of 512 tokens".
+The token file is cut into blocks of block_size + 1 tokens (inputs and next-token targets) at a
+stride of block_size; an epoch visits the blocks in a fresh random permutation, and each DDP rank
+reads a disjoint share of it (DistributedSampler, reseeded every epoch).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from lightning import LightningDataModule
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from gpt_ft.prepare import SPLIT_FILES, read_meta
+
+
+class TokenBlocks(Dataset):
+    """Block i of a flat token file: tokens[i * block_size : (i + 1) * block_size + 1]."""
+
+    def __init__(self, path: Path, dtype: str, block_size: int) -> None:
+        self.path, self.dtype, self.block_size = path, dtype, block_size
+        n_tokens = path.stat().st_size // np.dtype(dtype).itemsize
+        if n_tokens < block_size + 1:
+            raise ValueError(
+                f"{path} holds {n_tokens} tokens, fewer than one block of block_size + 1 = {block_size + 1}; "
+                "use a smaller block_size or more text."
+            )
+        self.n_blocks = (n_tokens - 1) // block_size
+        self._tokens = None  # opened lazily, once per DataLoader worker
+
+    def __len__(self) -> int:
+        return self.n_blocks
+
+    def __getitem__(self, i: int) -> Tensor:
+        if self._tokens is None:
+            self._tokens = np.memmap(self.path, dtype=self.dtype, mode="r")
+        start = i * self.block_size
+        return torch.from_numpy(self._tokens[start : start + self.block_size + 1].astype(np.int64))
+
+
+def collate_blocks(blocks: list[Tensor]) -> dict[str, Tensor]:
+    """Inputs (B, 1, T) and next-token targets (B, 1, T), the layout GPTModule takes."""
+    stacked = torch.stack(blocks)  # (B, T + 1)
+    return {"input_ids": stacked[:, None, :-1], "lm_targets": stacked[:, None, 1:]}
+
+
+class LMDataModule(LightningDataModule):
+    """Pretraining batches from a `gpt-ft prepare` folder.
+
+    Exposes `vocab_size` and `tokenizer_path` (the folder's tokenizer) right after construction.
+    """
+
+    task = None  # a language model has no task head
+
+    def __init__(
+        self,
+        token_dir: str,
+        *,
+        block_size: int = 512,
+        batch_size: int = 64,
+        eval_batch_size: int | None = None,
+        num_workers: int = 0,
+        seed: int = 0,
+    ) -> None:
+        """
+        Args:
+            token_dir: Folder written by `gpt-ft prepare` (train.bin, validation.bin, meta.json).
+            block_size: Tokens per training sequence (GPT-1: 512); at most the model's context.
+            batch_size: Sequences per batch on each device (with gradient accumulation, per micro-batch).
+            eval_batch_size: Sequences per validation batch; default batch_size.
+            num_workers: DataLoader worker processes.
+            seed: Seed of the per-epoch block permutation.
+        """
+        super().__init__()
+        if block_size < 1 or batch_size < 1:
+            raise ValueError(f"block_size and batch_size must be >= 1, got {block_size} and {batch_size}.")
+        self.token_dir = Path(token_dir).expanduser()
+        self.meta = read_meta(self.token_dir)
+        self.block_size, self.batch_size = block_size, batch_size
+        self.eval_batch_size = eval_batch_size or batch_size
+        self.num_workers, self.seed = num_workers, seed
+        self.vocab_size = self.meta["vocab_size"]
+        self.tokenizer_path = str(self.token_dir / self.meta["tokenizer"])
+        self.blocks = {split: self._blocks(split) for split in SPLIT_FILES if self.meta["tokens"][split] > 0}
+
+    def _blocks(self, split: str) -> TokenBlocks:
+        return TokenBlocks(self.token_dir / SPLIT_FILES[split], self.meta["dtype"], self.block_size)
+
+    def _sampler(self, dataset: Dataset, shuffle: bool) -> DistributedSampler:
+        # A DistributedSampler in one process too: Lightning reseeds it every epoch (set_epoch),
+        # and under DDP each rank takes every world_size-th block of the same permutation.
+        trainer = getattr(self, "trainer", None)
+        world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        return DistributedSampler(
+            dataset, num_replicas=world, rank=rank, shuffle=shuffle, seed=self.seed, drop_last=shuffle
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        blocks = self.blocks["train"]
+        return DataLoader(
+            blocks,
+            batch_size=self.batch_size,
+            sampler=self._sampler(blocks, shuffle=True),
+            num_workers=self.num_workers,
+            collate_fn=collate_blocks,
+        )
+
+    def val_dataloader(self) -> list[DataLoader]:
+        if "validation" not in self.blocks:
+            return []
+        blocks = self.blocks["validation"]
+        return [
+            DataLoader(
+                blocks,
+                batch_size=self.eval_batch_size,
+                sampler=self._sampler(blocks, shuffle=False),
+                num_workers=self.num_workers,
+                collate_fn=collate_blocks,
+            )
+        ]

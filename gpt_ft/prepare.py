@@ -1,0 +1,275 @@
+"""`gpt-ft prepare`: a text corpus -> flat token files for pretraining.
+
+Documents (by default one per file) are cut at line breaks into pieces of about `piece_chars`
+characters, tokenized in parallel by a process pool, and appended in order to `train.bin` or
+`validation.bin` (a deterministic hash of the piece number picks the split). Each document ends
+with the end-of-text token. Memory stays bounded whatever the corpus size: only a window of
+pieces is in flight, and token files are written as they come.
+
+Output folder:
+    train.bin, validation.bin   flat arrays of token ids (uint16 if the vocabulary fits, else uint32)
+    meta.json                   dtype, token counts, tokenizer, sources
+    tokenizer/                  the tokenizer (save_pretrained), with the end-of-text token
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from gpt_ft.tokenizer import EOS_TOKEN, load_tokenizer
+
+META = "meta.json"
+SPLIT_FILES = {"train": "train.bin", "validation": "validation.bin"}
+TEXT_SUFFIXES = (".txt", ".text", ".md", ".raw", ".tokens")
+
+
+@dataclass
+class Piece:
+    number: int
+    text: str
+    ends_document: bool
+
+
+def find_files(inputs: Sequence[str | os.PathLike]) -> list[Path]:
+    """Text files named directly, or found (recursively, sorted) in the folders named."""
+    files: list[Path] = []
+    for item in inputs:
+        path = Path(item).expanduser()
+        if path.is_dir():
+            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
+            if not found:
+                raise ValueError(f"Folder {path} holds no text files ({', '.join(TEXT_SUFFIXES)}).")
+            files.extend(found)
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise FileNotFoundError(f"Corpus input {path} does not exist.")
+    return files
+
+
+def file_documents(files: Sequence[Path], split_on: Literal["file", "blank_line", "line"]) -> Iterator[str]:
+    """Documents from text files, streamed: a file, a blank-line-separated block, or a line each."""
+    for path in files:
+        with path.open(encoding="utf-8", errors="replace") as f:
+            if split_on == "file":
+                yield from _file_as_one_document(f)
+                continue
+            block: list[str] = []
+            for line in f:
+                if split_on == "line":
+                    if line.strip():
+                        yield line.rstrip("\n")
+                elif line.strip():
+                    block.append(line)
+                elif block:
+                    yield "".join(block).rstrip("\n")
+                    block = []
+            if block:
+                yield "".join(block).rstrip("\n")
+
+
+def _file_as_one_document(f) -> Iterator[str]:
+    # A whole file is one document, however large: hand it over in line-aligned chunks, marked
+    # by a trailing None so that pieces can be cut without holding the file in memory.
+    chunk: list[str] = []
+    size = 0
+    for line in f:
+        chunk.append(line)
+        size += len(line)
+        if size >= 1 << 20:
+            yield _Partial("".join(chunk))
+            chunk, size = [], 0
+    yield "".join(chunk)
+
+
+class _Partial(str):
+    """A chunk of a document that continues in the next chunk."""
+
+
+def dataset_documents(name: str, split: str, text_field: str) -> Iterator[str]:
+    """Documents from a `datasets` dataset (a local path or, online, a hub id), streamed."""
+    import datasets
+
+    ds = datasets.load_dataset(name, split=split, streaming=True)
+    for row in ds:
+        if text_field not in row:
+            raise ValueError(f"Dataset {name} has no field {text_field!r}; it has {sorted(row)}.")
+        yield row[text_field]
+
+
+def pieces(documents: Iterator[str], piece_chars: int) -> Iterator[Piece]:
+    """Cut documents into pieces of about `piece_chars` characters at line breaks."""
+    number = 0
+    buffer = ""
+    has_text = False  # the current document so far holds more than whitespace
+    for doc in documents:
+        buffer += doc
+        has_text = has_text or not doc.isspace() and doc != ""
+        while len(buffer) > piece_chars:
+            cut = buffer.rfind("\n", 0, piece_chars) + 1 or piece_chars
+            yield Piece(number, buffer[:cut], False)
+            number += 1
+            buffer = buffer[cut:]
+        if not isinstance(doc, _Partial):
+            if has_text:  # the end-of-text token closes every document with text
+                yield Piece(number, buffer, True)
+                number += 1
+            buffer, has_text = "", False
+
+
+def is_validation(number: int, fraction: float) -> bool:
+    """Deterministic split of piece `number`: validation with probability `fraction`."""
+    digest = hashlib.blake2b(number.to_bytes(8, "little"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") / 2**64 < fraction
+
+
+_worker_tokenizer = None
+
+
+def _init_worker(tokenizer_dir: str) -> None:
+    global _worker_tokenizer
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _worker_tokenizer = load_tokenizer(tokenizer_dir, add_specials=False)
+
+
+def _encode(piece: Piece, eos: int, dtype: str) -> tuple[int, np.ndarray, bool]:
+    ids = _worker_tokenizer(piece.text, add_special_tokens=False)["input_ids"]
+    if piece.ends_document:
+        ids.append(eos)
+    return piece.number, np.asarray(ids, dtype=dtype), piece.ends_document
+
+
+def token_dtype(vocab_size: int) -> str:
+    if vocab_size <= 2**16:
+        return "uint16"
+    if vocab_size <= 2**32:
+        return "uint32"
+    raise ValueError(f"A vocabulary of {vocab_size} tokens does not fit uint32 token files.")
+
+
+def prepare(
+    out_dir: str | os.PathLike,
+    tokenizer: str,
+    *,
+    files: Sequence[str] = (),
+    dataset: str | None = None,
+    dataset_split: str = "train",
+    text_field: str = "text",
+    split_on: Literal["file", "blank_line", "line"] = "file",
+    validation_fraction: float = 0.005,
+    piece_chars: int = 1 << 20,
+    num_proc: int = 1,
+    progress: bool = True,
+) -> dict:
+    """Tokenize a corpus into train/validation token files; returns the metadata written to meta.json."""
+    from tqdm import tqdm
+
+    if bool(files) == bool(dataset):
+        raise ValueError("Give either text files/folders or --dataset, not both and not neither.")
+    if not 0 <= validation_fraction < 1:
+        raise ValueError(f"validation_fraction must be in [0, 1), got {validation_fraction}.")
+    if num_proc < 1:
+        raise ValueError(f"num_proc must be >= 1, got {num_proc}.")
+    out = Path(out_dir).expanduser()
+    if out.exists() and any(out.iterdir()) and not (out / META).exists():
+        raise ValueError(
+            f"Output folder {out} is not empty and holds no token files; choose an empty folder."
+        )
+    tok = load_tokenizer(tokenizer, add_specials=True)
+    if EOS_TOKEN not in tok.get_vocab():
+        tok.add_special_tokens({"eos_token": EOS_TOKEN})
+    eos = tok.convert_tokens_to_ids(EOS_TOKEN)
+    dtype = token_dtype(len(tok))
+    if files:
+        paths = find_files(files)
+        documents, sources = file_documents(paths, split_on), [str(p) for p in paths]
+    else:
+        documents, sources = (
+            dataset_documents(dataset, dataset_split, text_field),
+            [f"{dataset}:{dataset_split}"],
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    tok.save_pretrained(out / "tokenizer")
+    counts = {"train": 0, "validation": 0}
+    n_docs = 0
+    tmp = {split: out / (name + ".tmp") for split, name in SPLIT_FILES.items()}
+    handles = {split: open(path, "wb") for split, path in tmp.items()}
+    start = time.perf_counter()
+    bar = tqdm(unit=" tok", unit_scale=True, desc="Tokenizing", disable=not progress)
+    try:
+        with get_context("spawn").Pool(num_proc, _init_worker, (str(out / "tokenizer"),)) as pool:
+            window: deque = deque()
+
+            def drain_one() -> None:
+                nonlocal n_docs
+                number, ids, ends = window.popleft().get()
+                split = "validation" if is_validation(number, validation_fraction) else "train"
+                handles[split].write(ids.tobytes())
+                counts[split] += len(ids)
+                n_docs += ends
+                bar.update(len(ids))
+
+            for piece in pieces(documents, piece_chars):
+                window.append(pool.apply_async(_encode, (piece, eos, dtype)))
+                if len(window) >= 4 * num_proc:
+                    drain_one()
+            while window:
+                drain_one()
+    finally:
+        bar.close()
+        for f in handles.values():
+            f.close()
+    if counts["train"] == 0:
+        for path in tmp.values():
+            path.unlink(missing_ok=True)
+        raise ValueError(
+            f"The corpus ({', '.join(sources[:3])}{', ...' if len(sources) > 3 else ''}) holds no text."
+        )
+    for split, path in tmp.items():
+        path.replace(out / SPLIT_FILES[split])
+    seconds = time.perf_counter() - start
+    meta = {
+        "dtype": dtype,
+        "vocab_size": len(tok),
+        "eos_token_id": eos,
+        "tokens": counts,
+        "documents": n_docs,
+        "tokenizer": "tokenizer",
+        "sources": sources,
+        "seconds": round(seconds, 2),
+    }
+    (out / META).write_text(json.dumps(meta, indent=2) + "\n")
+    return meta
+
+
+def read_meta(token_dir: str | os.PathLike) -> dict:
+    """meta.json of a token folder, checked against the token files beside it."""
+    folder = Path(token_dir).expanduser()
+    path = folder / META
+    if not path.is_file():
+        raise FileNotFoundError(f"{folder} holds no {META}: prepare it with `gpt-ft prepare`.")
+    meta = json.loads(path.read_text())
+    itemsize = np.dtype(meta["dtype"]).itemsize
+    for split, name in SPLIT_FILES.items():
+        file = folder / name
+        expected = meta["tokens"][split] * itemsize
+        actual = file.stat().st_size if file.is_file() else None
+        if actual != expected:
+            raise ValueError(
+                f"{file} holds {actual} bytes but {META} says {meta['tokens'][split]} {meta['dtype']} tokens "
+                f"({expected} bytes); the folder is inconsistent, prepare it again."
+            )
+    if meta["vocab_size"] > np.iinfo(meta["dtype"]).max + 1:
+        raise ValueError(f"{path}: a vocabulary of {meta['vocab_size']} does not fit dtype {meta['dtype']}.")
+    return meta

@@ -1,0 +1,78 @@
+"""Training throughput in the logs: tokens/s and, on GPUs, model FLOPs utilisation (MFU).
+
+Counts come from batch shapes (host metadata) and time from the host clock over a window of
+steps, so logging never forces a device sync. FLOPs per token follow nanoGPT's estimate
+(6N + 12·L·H·Q·T, N the parameters less the position embeddings); the peak is the GPU's dense
+bf16 tensor-core figure. Lightning's own table gives some GPUs (H100 NVL, H200) their sparse
+figures; ours is dense, and `peak_tflops` overrides it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from lightning.pytorch.callbacks import Callback
+
+# Dense (not 2:4 sparse) bf16 tensor-core peaks in TFLOP/s, from NVIDIA's datasheets; longest
+# names first so that "H100 NVL" is not read as "H100".
+DENSE_BF16_TFLOPS = {
+    "H100 NVL": 835.0,
+    "H100 PCIe": 756.0,
+    "H200": 989.0,
+    "H100": 989.0,
+    "A100": 312.0,
+}
+
+
+def dense_peak_tflops(device_name: str) -> float | None:
+    for key, value in DENSE_BF16_TFLOPS.items():
+        if key in device_name:
+            return value
+    return None
+
+
+def flops_per_token(config, n_params: int, seq_len: int) -> float:
+    """nanoGPT's estimate: 6N for the matmuls with parameters, 12·L·H·Q·T for attention."""
+    return 6 * n_params + 12 * config.n_layer * config.n_head * config.head_dim * seq_len
+
+
+def counted_parameters(gpt) -> int:
+    """N of the estimate: every parameter but the position embeddings (nanoGPT's convention)."""
+    return gpt.num_parameters() - gpt.wpe.weight.numel()
+
+
+class Throughput(Callback):
+    """Logs perf/tokens_per_s (all devices) and perf/mfu every `every_n_steps` optimizer steps."""
+
+    def __init__(self, every_n_steps: int = 50, peak_tflops: float | None = None) -> None:
+        self.every_n_steps, self.peak_tflops = every_n_steps, peak_tflops
+        self._start: float | None = None
+        self._tokens = 0
+        self._flops = 0.0
+        self._last_step = 0
+        self._n_params = 0
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._n_params = counted_parameters(pl_module.gpt)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self._start is None:
+            self._start, self._last_step = time.perf_counter(), trainer.global_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        ids = batch["input_ids"]
+        tokens = ids.numel()  # padded positions included: they cost compute too
+        self._tokens += tokens
+        self._flops += tokens * flops_per_token(pl_module.gpt.config, self._n_params, ids.shape[-1])
+        if trainer.global_step - self._last_step < self.every_n_steps:
+            return
+        seconds = time.perf_counter() - self._start
+        world = trainer.world_size
+        pl_module.log("perf/tokens_per_s", self._tokens * world / seconds, rank_zero_only=True)
+        if ids.device.type == "cuda":
+            peak = self.peak_tflops or dense_peak_tflops(torch.cuda.get_device_name(ids.device))
+            if peak:
+                pl_module.log("perf/mfu", self._flops / seconds / (peak * 1e12), rank_zero_only=True)
+        self._start, self._tokens, self._flops = time.perf_counter(), 0, 0.0
+        self._last_step = trainer.global_step
