@@ -143,8 +143,11 @@ class GPTModule(LightningModule):
         ids = batch["input_ids"]
         B, S, T = ids.shape
         # Right padding needs no mask: causal attention already keeps real tokens off later pads.
-        mask = batch["attention_mask"].view(B * S, T) if batch.get("left_padded", False) else None
-        hidden = self.gpt(ids.view(B * S, T), mask)  # (B*S, T, C)
+        mask = positions = None
+        if batch.get("left_padded", False):
+            mask = batch["attention_mask"].view(B * S, T)
+            positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)  # real tokens start at position 0
+        hidden = self.gpt(ids.view(B * S, T), mask, position_ids=positions)  # (B*S, T, C)
         if self.task is None:
             return None, hidden, batch["lm_targets"].view(B * S, T)
         rows = torch.arange(B * S, device=ids.device)

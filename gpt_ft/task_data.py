@@ -164,6 +164,7 @@ def collate(
         "extract_index": extract_index,
         "choice_mask": choice_mask,
         "index": torch.tensor([e["index"] for e in examples], dtype=torch.long),
+        "left_padded": padding_side == "left",  # the model then needs the attention mask
     }
     labels = [e["label"] for e in examples]
     if all(label is not None for label in labels):

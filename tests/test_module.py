@@ -166,3 +166,12 @@ def test_bad_hyperparameters():
         GPTModule(preset="gpt-micro", lr=0)
     with pytest.raises(FileNotFoundError, match="Checkpoint nowhere.ckpt does not exist"):
         GPTModule(init_from="nowhere.ckpt")
+
+
+def test_left_and_right_padding_give_the_same_task_logits():
+    task = TextPair(name="t", labels=["a", "b"])
+    examples = [example([[START, 1, 2, DELIM, 3, EXTRACT]], 1), example([[START, 4, DELIM, EXTRACT]], 0)]
+    m = module(task)
+    right, _, _ = m(collate(examples, PAD))
+    left, _, _ = m(collate(examples, PAD, padding_side="left"))
+    torch.testing.assert_close(left, right, rtol=0, atol=1e-5)
