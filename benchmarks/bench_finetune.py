@@ -35,6 +35,7 @@ def main() -> None:
     parser.add_argument("--tokenizer", default="../shared/data/tokenizers/openai-gpt")
     parser.add_argument("--init-from", default=None, help="pretrained weights; none: from scratch")
     parser.add_argument("--preset", default="gpt-mini")
+    parser.add_argument("--overrides", default="{}", help="GPTConfig changes, e.g. '{n_positions: 256}'")
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--epochs-for", nargs="*", default=[], help="per-task epochs, e.g. SST-2=1")
@@ -63,7 +64,7 @@ def main() -> None:
             f"--data.max_length={args.max_length}",
             f"--data.batch_size={args.batch_size}",
             f"--model.preset={args.preset}",
-            "--model.overrides={}",
+            f"--model.overrides={args.overrides}",
             f"--model.lr={args.lr}",
             f"--trainer.max_epochs={epochs_for.get(name, args.epochs)}",
             f"--trainer.logger.init_args.save_dir={args.out}/{name}",

@@ -1,7 +1,7 @@
-"""`gpt-ft prepare` throughput (tokens/s) and peak memory, 1 vs 2 processes, and on a corpus larger than 1 GB.
+"""`gpt-ft prepare` throughput (tokens/s) and peak memory, 1 vs 2 workers, and on a corpus larger than 1 GB.
 
-Each run is a fresh `gpt-ft prepare` process; peak memory is the largest resident set of the main
-process plus that of its largest worker (getrusage), so it bounds what the run held at once.
+Each run is a fresh process (tokenizing threads run inside it); peak memory is its largest
+resident set (getrusage), which includes the interpreter and the imported libraries.
 
     python benchmarks/bench_prepare.py --corpus ../shared/data/lm/books \
         --tokenizer ../shared/data/tokenizers/gpt2
@@ -19,16 +19,15 @@ import time
 from pathlib import Path
 
 
-def run_prepare(inputs: list[str], tokenizer: str, num_proc: int, workdir: Path) -> dict:
-    out = workdir / f"tokens-{num_proc}-{time.monotonic_ns()}"
+def run_prepare(inputs: list[str], tokenizer: str, workers: int, workdir: Path) -> dict:
+    out = workdir / f"tokens-{workers}-{time.monotonic_ns()}"
     code = (
         "import json, resource, sys\n"
         "from gpt_ft.prepare import prepare\n"
-        f"meta = prepare({str(out)!r}, {tokenizer!r}, files={inputs!r}, num_proc={num_proc},\n"
+        f"meta = prepare({str(out)!r}, {tokenizer!r}, files={inputs!r}, workers={workers},\n"
         "               progress=False)\n"
         "self_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
-        "child_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss\n"
-        "print(json.dumps({**meta, 'self_mb': self_kb / 1024, 'worker_mb': child_kb / 1024}))\n"
+        "print(json.dumps({**meta, 'peak_mb': self_kb / 1024}))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     meta = json.loads(result.stdout.strip().splitlines()[-1])
@@ -42,7 +41,7 @@ def report(label: str, meta: dict) -> None:
     tokens = meta["tokens"]["train"] + meta["tokens"]["validation"]
     print(
         f"{label:<28} {tokens / 1e6:>9.1f}M {meta['seconds']:>8.1f} {tokens / meta['seconds'] / 1e6:>8.2f}M "
-        f"{meta['self_mb']:>8.0f} {meta['worker_mb']:>8.0f}",
+        f"{meta['peak_mb']:>8.0f}",
         flush=True,
     )
 
@@ -53,16 +52,15 @@ def main() -> None:
     )
     parser.add_argument("--corpus", default="../shared/data/lm/books")
     parser.add_argument("--tokenizer", default="../shared/data/tokenizers/gpt2")
-    parser.add_argument("--procs", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--big-gb", type=float, default=1.05, help="size of the generated corpus; 0 skips it")
     args = parser.parse_args()
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    print(f"{'run':<28} {'tokens':>10} {'seconds':>8} {'tok/s':>9} {'main MB':>8} {'worker MB':>8}")
+    print(f"{'run':<28} {'tokens':>10} {'seconds':>8} {'tok/s':>9} {'peak MB':>8}")
     with tempfile.TemporaryDirectory(dir=".") as tmp:
         work = Path(tmp)
-        for n in args.procs:
+        for n in args.workers:
             report(
-                f"{Path(args.corpus).name}, {n} process(es)",
+                f"{Path(args.corpus).name}, {n} worker(s)",
                 run_prepare([args.corpus], args.tokenizer, n, work),
             )
         if args.big_gb > 0:
@@ -81,8 +79,8 @@ def main() -> None:
                 written += size
                 i += 1
             report(
-                f"generated {written / 2**30:.2f} GB, 2 processes",
-                run_prepare([str(big)], args.tokenizer, 2, work),
+                f"generated {written / 2**30:.2f} GB, {max(args.workers)} workers",
+                run_prepare([str(big)], args.tokenizer, max(args.workers), work),
             )
     print(f"(machine: {os.cpu_count()} CPUs)")
 

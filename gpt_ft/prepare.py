@@ -1,10 +1,12 @@
 """`gpt-ft prepare`: a text corpus -> flat token files for pretraining.
 
-Documents (by default one per file) are cut at line breaks into pieces of about `piece_chars`
-characters, tokenized in parallel by a process pool, and appended in order to `train.bin` or
-`validation.bin` (a deterministic hash of the piece number picks the split). Each document ends
-with the end-of-text token. Memory stays bounded whatever the corpus size: only a window of
-pieces is in flight, and token files are written as they come.
+Documents (by default one per file) are cut into pieces of about `piece_chars` characters where
+the tokenizer splits anyway (before a single space or newline between words), so the token files
+hold exactly the tokens of the whole documents. Batches of pieces are tokenized by the
+tokenizer's own thread pool (`workers` threads, outside the GIL) while the next batch is read, and
+appended in order to `train.bin` or `validation.bin` (a deterministic hash of the piece number
+picks the split). Each document ends with the end-of-text token. Memory stays bounded whatever
+the corpus size: three batches are held at most, and token files are written as they come.
 
 Output folder:
     train.bin, validation.bin   flat arrays of token ids (uint16 if the vocabulary fits, else uint32)
@@ -17,11 +19,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import time
-from collections import deque
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
-from multiprocessing import get_context
+from itertools import chain
 from pathlib import Path
 from typing import Literal
 
@@ -108,8 +112,29 @@ def dataset_documents(name: str, split: str, text_field: str) -> Iterator[str]:
         yield row[text_field]
 
 
+# Between a non-space character and one space or newline followed by a non-space: byte-level BPE
+# (GPT-2's pattern, no prefix space) and GPT-1's whitespace/punctuation pre-tokenizer both split
+# there, so a cut there changes no token.
+_EXACT_CUT = re.compile(r"(?<=\S)(?=[ \n]\S)")
+
+
+def cut_point(text: str, limit: int) -> int:
+    """Where to end a piece of at most `limit` characters (`limit` < len(text)).
+
+    The last exact cut (see `_EXACT_CUT`) in the second half of the window, searched from its end;
+    else (a stretch with no such break, e.g. unspaced scripts) the last newline, else `limit`.
+    """
+    for width in (256, 8192, limit // 2):
+        last = None
+        for last in _EXACT_CUT.finditer(text, max(limit - width, limit // 2), limit):
+            pass
+        if last is not None:
+            return last.start()
+    return text.rfind("\n", 0, limit) + 1 or limit
+
+
 def pieces(documents: Iterator[str], piece_chars: int) -> Iterator[Piece]:
-    """Cut documents into pieces of about `piece_chars` characters at line breaks."""
+    """Cut documents into pieces of about `piece_chars` characters (see `cut_point`)."""
     number = 0
     buffer = ""
     has_text = False  # the current document so far holds more than whitespace
@@ -117,7 +142,7 @@ def pieces(documents: Iterator[str], piece_chars: int) -> Iterator[Piece]:
         buffer += doc
         has_text = has_text or not doc.isspace() and doc != ""
         while len(buffer) > piece_chars:
-            cut = buffer.rfind("\n", 0, piece_chars) + 1 or piece_chars
+            cut = cut_point(buffer, piece_chars)
             yield Piece(number, buffer[:cut], False)
             number += 1
             buffer = buffer[cut:]
@@ -134,20 +159,44 @@ def is_validation(number: int, fraction: float) -> bool:
     return int.from_bytes(digest, "little") / 2**64 < fraction
 
 
-_worker_tokenizer = None
+def batches(items: Iterator[Piece], max_chars: int) -> Iterator[list[Piece]]:
+    """Consecutive pieces grouped into lists of about `max_chars` characters."""
+    batch: list[Piece] = []
+    size = 0
+    for item in items:
+        batch.append(item)
+        size += len(item.text)
+        if size >= max_chars:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
 
 
-def _init_worker(tokenizer_dir: str) -> None:
-    global _worker_tokenizer
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    _worker_tokenizer = load_tokenizer(tokenizer_dir, add_specials=False)
+def encode_batch(backend, batch: list[Piece], eos: int, dtype: str) -> list[np.ndarray]:
+    """Token ids of each piece (the end-of-text token after a document's last piece)."""
+    encode = getattr(backend, "encode_batch_fast", backend.encode_batch)  # fast: no offsets
+    encodings = encode([piece.text for piece in batch], add_special_tokens=False)
+    return [
+        np.asarray(e.ids + [eos] if piece.ends_document else e.ids, dtype=dtype)
+        for piece, e in zip(batch, encodings)
+    ]
 
 
-def _encode(piece: Piece, eos: int, dtype: str) -> tuple[int, np.ndarray, bool]:
-    ids = _worker_tokenizer(piece.text, add_special_tokens=False)["input_ids"]
-    if piece.ends_document:
-        ids.append(eos)
-    return piece.number, np.asarray(ids, dtype=dtype), piece.ends_document
+@contextmanager
+def tokenizer_threads(workers: int) -> Iterator[None]:
+    """Let the tokenizer's thread pool use `workers` threads (1: none) for the duration."""
+    saved = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "true" if workers > 1 else "false"
+    # Read once, when the pool first starts (in `gpt-ft prepare`, at the first batch).
+    os.environ.setdefault("RAYON_NUM_THREADS", str(workers))
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["TOKENIZERS_PARALLELISM"]
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = saved
 
 
 def token_dtype(vocab_size: int) -> str:
@@ -168,19 +217,34 @@ def prepare(
     text_field: str = "text",
     split_on: Literal["file", "blank_line", "line"] = "file",
     validation_fraction: float = 0.005,
-    piece_chars: int = 1 << 20,
-    num_proc: int = 1,
+    piece_chars: int = 1 << 16,
+    workers: int = 1,
     progress: bool = True,
 ) -> dict:
-    """Tokenize a corpus into train/validation token files; returns the metadata written to meta.json."""
+    """Tokenize a corpus into train/validation token files; returns the metadata written to meta.json.
+
+    Args:
+        out_dir: Output folder (created; must be empty or an earlier output of this command).
+        tokenizer: Tokenizer folder or hub id (e.g. the GPT-1 or GPT-2 BPE folder).
+        files: Text files and folders of them (searched recursively).
+        dataset: Instead of files, a `datasets` dataset: a local path or, online, a hub id.
+        dataset_split: The dataset's split to read.
+        text_field: The dataset's text column.
+        split_on: What one document is: a `file`, a `blank_line`-separated block, or a `line`.
+        validation_fraction: Share of pieces written to validation.bin.
+        piece_chars: Characters per piece (the unit of the train/validation split).
+        workers: Tokenizer threads (1: tokenize in this thread only).
+    """
     from tqdm import tqdm
 
     if bool(files) == bool(dataset):
         raise ValueError("Give either text files/folders or --dataset, not both and not neither.")
     if not 0 <= validation_fraction < 1:
         raise ValueError(f"validation_fraction must be in [0, 1), got {validation_fraction}.")
-    if num_proc < 1:
-        raise ValueError(f"num_proc must be >= 1, got {num_proc}.")
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}.")
+    if piece_chars < 2:
+        raise ValueError(f"piece_chars must be >= 2, got {piece_chars}.")
     out = Path(out_dir).expanduser()
     if out.exists() and any(out.iterdir()) and not (out / META).exists():
         raise ValueError(
@@ -207,25 +271,22 @@ def prepare(
     handles = {split: open(path, "wb") for split, path in tmp.items()}
     start = time.perf_counter()
     bar = tqdm(unit=" tok", unit_scale=True, desc="Tokenizing", disable=not progress)
+    backend = tok.backend_tokenizer
     try:
-        with get_context("spawn").Pool(num_proc, _init_worker, (str(out / "tokenizer"),)) as pool:
-            window: deque = deque()
-
-            def drain_one() -> None:
-                nonlocal n_docs
-                number, ids, ends = window.popleft().get()
-                split = "validation" if is_validation(number, validation_fraction) else "train"
-                handles[split].write(ids.tobytes())
-                counts[split] += len(ids)
-                n_docs += ends
-                bar.update(len(ids))
-
-            for piece in pieces(documents, piece_chars):
-                window.append(pool.apply_async(_encode, (piece, eos, dtype)))
-                if len(window) >= 4 * num_proc:
-                    drain_one()
-            while window:
-                drain_one()
+        with tokenizer_threads(workers), ThreadPoolExecutor(1) as executor:
+            # One batch is encoded (outside the GIL) while the next is read and the last written.
+            pending = None
+            for batch in chain(batches(pieces(documents, piece_chars), 16 * piece_chars), [None]):
+                submitted = batch and (batch, executor.submit(encode_batch, backend, batch, eos, dtype))
+                if pending is not None:
+                    done, result = pending
+                    for piece, ids in zip(done, result.result()):
+                        split = "validation" if is_validation(piece.number, validation_fraction) else "train"
+                        handles[split].write(ids.tobytes())
+                        counts[split] += len(ids)
+                        n_docs += piece.ends_document
+                        bar.update(len(ids))
+                pending = submitted
     finally:
         bar.close()
         for f in handles.values():

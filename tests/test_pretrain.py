@@ -10,7 +10,7 @@ from torch.utils.data import DistributedSampler
 
 from gpt_ft.cli import main
 from gpt_ft.lm_data import LMDataModule, TokenBlocks
-from gpt_ft.prepare import is_validation, prepare, read_meta
+from gpt_ft.prepare import is_validation, pieces, prepare, read_meta
 from gpt_ft.tokenizer import EOS_TOKEN, load_tokenizer
 
 SENTENCES = [
@@ -52,6 +52,30 @@ def test_token_file_holds_exactly_the_documents_and_separators(tmp_path, tokeniz
     assert read_meta(tmp_path / "tokens")["vocab_size"] == len(tok)
 
 
+def test_pieces_cut_where_the_tokenizer_splits_so_tokens_are_exact(tmp_path, tokenizer_dir):
+    # Runs of blank lines, indented and trailing spaces, and one long line with no line break:
+    # cut into ~40-character pieces, the token file still equals the whole document's tokens.
+    text = (
+        "The cat sat on the mat.\n\n\nA man is  playing a guitar.  \n    Two dogs run.\n"
+        + " ".join(SENTENCES * 6)
+        + "\n\nHe is happy now.\n \nShe decides to bake a batch of brownies for the party.\n"
+    ) * 3
+    (tmp_path / "doc.txt").write_text(text)
+    meta = prepare(
+        tmp_path / "tokens",
+        tokenizer_dir,
+        files=[str(tmp_path / "doc.txt")],
+        piece_chars=40,
+        validation_fraction=0.0,
+        progress=False,
+    )
+    tok = load_tokenizer(tmp_path / "tokens" / "tokenizer")
+    expected = tok(text, add_special_tokens=False)["input_ids"] + [meta["eos_token_id"]]
+    assert np.fromfile(tmp_path / "tokens" / "train.bin", dtype=meta["dtype"]).tolist() == expected
+    pieces_made = list(pieces(iter([text]), 40))
+    assert len(pieces_made) > len(text) // 40 and "".join(p.text for p in pieces_made) == text
+
+
 def test_parallel_pieces_and_validation_split(tmp_path, tokenizer_dir):
     corpus = write_corpus(tmp_path, n_files=3, lines=200)
     one = prepare(
@@ -60,7 +84,7 @@ def test_parallel_pieces_and_validation_split(tmp_path, tokenizer_dir):
         files=[str(corpus)],
         piece_chars=500,
         validation_fraction=0.3,
-        num_proc=1,
+        workers=1,
         progress=False,
     )
     two = prepare(
@@ -69,7 +93,7 @@ def test_parallel_pieces_and_validation_split(tmp_path, tokenizer_dir):
         files=[str(corpus)],
         piece_chars=500,
         validation_fraction=0.3,
-        num_proc=2,
+        workers=2,
         progress=False,
     )
     for split in ("train", "validation"):

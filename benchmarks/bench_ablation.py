@@ -1,0 +1,123 @@
+"""GPT-1's ablation at CPU scale: does generative pretraining help fine-tuning?
+
+1. trains a byte-level BPE tokenizer on the books (or takes --tokenizer), 2. `gpt-ft prepare`s
+them, 3. pretrains a small GPT on them for --steps steps (stopped at --minutes at the latest),
+then 4. fine-tunes the same architecture on SST-2, RTE, STS-B and Story Cloze twice through
+benchmarks/bench_finetune.py: from the pretrained checkpoint, and from scratch. Both rows use the
+same tokenizer, architecture, data and epochs; each prints its table.
+
+    python benchmarks/bench_ablation.py --books ../shared/data/lm/books --glue ../shared/data/glue \\
+        --storycloze ../shared/data/storycloze --minutes 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DROPOUT = "embd_pdrop: {p}, attn_pdrop: {p}, resid_pdrop: {p}"
+
+
+def gpt_ft(*args: str, log: Path | None = None) -> None:
+    cmd = [sys.executable, "-m", "gpt_ft", *args]
+    print(f"$ gpt-ft {' '.join(args)}", flush=True)
+    with open(log, "w") if log else open("/dev/null", "w") as sink:
+        out = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=sink, text=True)
+    for line in out.stdout.splitlines():
+        print("  " + line, flush=True)
+    if out.returncode != 0:
+        raise SystemExit(f"gpt-ft {args[0]} failed (exit {out.returncode}); see {log}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--books", default="../shared/data/lm/books")
+    parser.add_argument("--glue", default="../shared/data/glue")
+    parser.add_argument("--storycloze", default="../shared/data/storycloze")
+    parser.add_argument("--tokenizer", default=None, help="default: train one on the books")
+    parser.add_argument("--vocab-size", type=int, default=8192)
+    parser.add_argument("--context", type=int, default=256, help="model context = pretraining block")
+    parser.add_argument("--batch-size", type=int, default=16, help="pretraining sequences per step")
+    parser.add_argument(
+        "--steps", type=int, default=1500, help="pretraining steps (the cosine schedule's length)"
+    )
+    parser.add_argument("--minutes", type=float, default=60, help="pretraining wall-clock limit")
+    parser.add_argument(
+        "--finetune-lr", nargs=2, type=float, default=[2.5e-4, 1e-3], metavar=("PRETRAINED", "SCRATCH")
+    )
+    parser.add_argument("--epochs-for", nargs="*", default=["SST-2=1"], help="per-task epochs (default 3)")
+    parser.add_argument("--out", default="runs/ablation")
+    parser.add_argument("--skip-pretraining", action="store_true", help="reuse OUT/pretrain/.../last.ckpt")
+    args = parser.parse_args()
+    out = (ROOT / args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+
+    tokenizer = args.tokenizer
+    if tokenizer is None:
+        tokenizer = str(out / "tokenizer")
+        if not (out / "tokenizer" / "tokenizer.json").exists():
+            gpt_ft("tokenizer", args.books, "--vocab_size", str(args.vocab_size), "--out_dir", tokenizer)
+    tokens = out / "tokens"
+    if not (tokens / "meta.json").exists():
+        gpt_ft("prepare", args.books, "--tokenizer", tokenizer, "--out_dir", str(tokens), "--workers", "2")
+
+    checkpoint = out / "pretrain" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    if not args.skip_pretraining:
+        start = time.perf_counter()
+        minutes = int(args.minutes)
+        gpt_ft(
+            "fit",
+            "--config",
+            "configs/pretrain/cpu.yaml",
+            f"--data.token_dir={tokens}",
+            f"--data.block_size={args.context}",
+            f"--data.batch_size={args.batch_size}",
+            # Less than one pass over the books: no dropout while pretraining.
+            f"--model.overrides={{n_positions: {args.context}, {DROPOUT.format(p=0.0)}}}",
+            f"--trainer.max_steps={args.steps}",
+            f"--trainer.max_time=00:{minutes // 60:02d}:{minutes % 60:02d}:00",
+            "--trainer.val_check_interval=250",
+            "--trainer.limit_val_batches=50",
+            f"--model.warmup_steps={max(1, args.steps // 20)}",
+            f"--trainer.logger.init_args.save_dir={out / 'pretrain'}",
+            "--trainer.enable_progress_bar=false",
+            log=out / "pretrain.log",
+        )
+        print(f"pretraining took {(time.perf_counter() - start) / 60:.1f} min", flush=True)
+
+    common = [
+        f"--glue={args.glue}",
+        f"--storycloze={args.storycloze}",
+        f"--tokenizer={tokenizer}",
+        f"--max-length={args.context}",
+        "--epochs-for",
+        *args.epochs_for,
+    ]
+    rows = {
+        "pretrained": [
+            f"--init-from={checkpoint}",
+            f"--overrides={{{DROPOUT}}}",
+            f"--lr={args.finetune_lr[0]}",
+        ],
+        "from scratch": [f"--overrides={{n_positions: {args.context}}}", f"--lr={args.finetune_lr[1]}"],
+    }
+    for name, extra in rows.items():
+        print(f"\n== {name} ==", flush=True)
+        cmd = [
+            sys.executable,
+            "benchmarks/bench_finetune.py",
+            *common,
+            *extra,
+            f"--out={out / name.replace(' ', '-')}",
+        ]
+        subprocess.run(cmd, cwd=ROOT, check=True)
+
+
+if __name__ == "__main__":
+    main()
