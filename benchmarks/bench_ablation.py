@@ -7,12 +7,13 @@ benchmarks/bench_finetune.py: from the pretrained checkpoint, and from scratch. 
 same tokenizer, architecture, data and epochs; each prints its table.
 
     python benchmarks/bench_ablation.py --books ../shared/data/lm/books --glue ../shared/data/glue \\
-        --storycloze ../shared/data/storycloze --minutes 60
+        --storycloze ../shared/data/storycloze --minutes 45
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import time
@@ -45,9 +46,9 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=256, help="model context = pretraining block")
     parser.add_argument("--batch-size", type=int, default=16, help="pretraining sequences per step")
     parser.add_argument(
-        "--steps", type=int, default=1500, help="pretraining steps (the cosine schedule's length)"
+        "--steps", type=int, default=2000, help="pretraining steps (the cosine schedule's length)"
     )
-    parser.add_argument("--minutes", type=float, default=60, help="pretraining wall-clock limit")
+    parser.add_argument("--minutes", type=float, default=45, help="pretraining wall-clock limit")
     parser.add_argument(
         "--finetune-lr", nargs=2, type=float, default=[2.5e-4, 1e-3], metavar=("PRETRAINED", "SCRATCH")
     )
@@ -102,21 +103,30 @@ def main() -> None:
     rows = {
         "pretrained": [
             f"--init-from={checkpoint}",
-            f"--overrides={{{DROPOUT}}}",
+            f"--overrides={{{DROPOUT.format(p=0.1)}}}",
             f"--lr={args.finetune_lr[0]}",
         ],
         "from scratch": [f"--overrides={{n_positions: {args.context}}}", f"--lr={args.finetune_lr[1]}"],
     }
+    results = {}
     for name, extra in rows.items():
         print(f"\n== {name} ==", flush=True)
+        folder = out / name.replace(" ", "-")
         cmd = [
             sys.executable,
             "benchmarks/bench_finetune.py",
             *common,
             *extra,
-            f"--out={out / name.replace(' ', '-')}",
+            f"--out={folder}",
+            f"--results={folder / 'results.json'}",
         ]
         subprocess.run(cmd, cwd=ROOT, check=True)
+        results[name] = {row["task"]: row for row in json.loads((folder / "results.json").read_text())}
+
+    tasks = list(results["pretrained"])
+    print(f"\n{'best validation score':<22}" + "".join(f"{t:>12}" for t in tasks))
+    for name, by_task in results.items():
+        print(f"{name:<22}" + "".join(f"{100 * by_task[t]['best']:>12.1f}" for t in tasks))
 
 
 if __name__ == "__main__":

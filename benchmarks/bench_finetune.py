@@ -11,6 +11,7 @@ holds the validation metrics and the epoch's wall time (training and validation)
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import subprocess
 import sys
@@ -43,6 +44,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--max-length", type=int, default=512)
     parser.add_argument("--out", default="runs/bench_finetune")
+    parser.add_argument("--results", default=None, help="also write the table's rows to this JSON file")
     args, extra = parser.parse_known_args()
     epochs_for = dict(item.split("=") for item in args.epochs_for)
     rows = []
@@ -90,6 +92,9 @@ def main() -> None:
     print(f"\n{'task':<11} {'metric':<9} {'epochs':>6} {'s/epoch':>8} {'last':>7} {'best':>7}")
     for name, metric, n, seconds, last, best in rows:
         print(f"{name:<11} {metric:<9} {n:>6} {seconds:>8.0f} {100 * last:>7.1f} {100 * best:>7.1f}")
+    if args.results:
+        keys = ("task", "metric", "epochs", "seconds_per_epoch", "last", "best")
+        Path(args.results).write_text(json.dumps([dict(zip(keys, row)) for row in rows], indent=1))
 
 
 if __name__ == "__main__":
