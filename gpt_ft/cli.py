@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ProgressBar, TQDMProgressBar
 from lightning.pytorch.cli import LightningCLI
 
 import gpt_ft
@@ -53,7 +53,7 @@ class PrintMetrics(Callback):
 
 
 def best_checkpoint(model) -> ModelCheckpoint:
-    """Keep the best checkpoint by the task's main metric (or the validation loss), and the last."""
+    """Keep the best checkpoint by the task's main metric (or the validation loss)."""
     if model.task is not None:
         monitor, mode = f"{model.task.validation_splits[0]}/{model.task.main_metric}", "max"
     else:
@@ -62,10 +62,35 @@ def best_checkpoint(model) -> ModelCheckpoint:
         monitor=monitor,
         mode=mode,
         save_top_k=1,
-        save_last=True,
         filename="best-{epoch}-{step}",
         auto_insert_metric_name=False,
     )
+
+
+class SaveLast(Callback):
+    """`last.ckpt` beside the best one: the latest state, after every validation and at the end.
+
+    Lightning's own `save_last` follows the monitored checkpoint's saves; this one always holds
+    the newest weights, so `--ckpt_path last` resumes and `init_from` starts from where training
+    stopped, on every rank count.
+    """
+
+    def __init__(self) -> None:
+        self._saved_step = -1
+
+    def _save(self, trainer) -> None:
+        ckpt = trainer.checkpoint_callback
+        if ckpt is None or ckpt.dirpath is None or trainer.global_step == self._saved_step:
+            return
+        trainer.save_checkpoint(Path(ckpt.dirpath) / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}.ckpt")
+        self._saved_step = trainer.global_step
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.state.fn == "fit" and not trainer.sanity_checking:
+            self._save(trainer)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._save(trainer)
 
 
 class SaveTokenizer(Callback):
@@ -103,12 +128,18 @@ class GPTCLI(LightningCLI):
             data.tokenizer = checkpoint_tokenizer(init_from)
 
     def instantiate_trainer(self, **kwargs: Any):
-        callbacks = list(self._get(self.config_init, "trainer", default={}).get("callbacks") or [])
+        trainer_config = self._get(self.config_init, "trainer", default={})
+        callbacks = list(trainer_config.get("callbacks") or [])
         if not any(isinstance(c, ModelCheckpoint) for c in callbacks):
             callbacks.append(best_checkpoint(self.model))
         if not any(isinstance(c, Throughput) for c in callbacks):
             callbacks.append(Throughput())
-        callbacks += [PrintMetrics(), SaveTokenizer()]
+        if trainer_config.get("enable_progress_bar") is not False and not any(
+            isinstance(c, ProgressBar) for c in callbacks
+        ):
+            # Refreshing reads the logged loss back from the device: every 10 steps, not every step.
+            callbacks.append(TQDMProgressBar(refresh_rate=10))
+        callbacks += [PrintMetrics(), SaveTokenizer(), SaveLast()]
         return super().instantiate_trainer(**kwargs, callbacks=callbacks)
 
 

@@ -185,6 +185,7 @@ def to_hf(gpt: GPT):
     family = hf_config.model_type
     hf_model = cls(hf_config).to(dtype=gpt.wte.weight.dtype, device=gpt.wte.weight.device)
     state = {k: v.detach().clone() for k, v in gpt.state_dict().items()}
+    state["wte.weight"] = state["wte.weight"][: gpt.config.vocab_size]  # no padding rows
     hf_model.load_state_dict(state_dict_to_hf(state, family), strict=True)
     hf_model.tie_weights()
     return hf_model.eval() if not gpt.training else hf_model

@@ -36,17 +36,18 @@ class TokenBlocks(Dataset):
     def __len__(self) -> int:
         return self.n_blocks
 
-    def __getitem__(self, i: int) -> Tensor:
+    def __getitem__(self, i: int) -> tuple[int, Tensor]:
         if self._tokens is None:
             self._tokens = np.memmap(self.path, dtype=self.dtype, mode="r")
         start = i * self.block_size
-        return torch.from_numpy(self._tokens[start : start + self.block_size + 1].astype(np.int64))
+        return i, torch.from_numpy(self._tokens[start : start + self.block_size + 1].astype(np.int64))
 
 
-def collate_blocks(blocks: list[Tensor]) -> dict[str, Tensor]:
-    """Inputs (B, 1, T) and next-token targets (B, 1, T), the layout GPTModule takes."""
-    stacked = torch.stack(blocks)  # (B, T + 1)
-    return {"input_ids": stacked[:, None, :-1], "lm_targets": stacked[:, None, 1:]}
+def collate_blocks(blocks: list[tuple[int, Tensor]]) -> dict[str, Tensor]:
+    """Inputs (B, 1, T), next-token targets (B, 1, T) and block numbers (B,), as GPTModule takes them."""
+    stacked = torch.stack([tokens for _, tokens in blocks])  # (B, T + 1)
+    index = torch.tensor([i for i, _ in blocks], dtype=torch.long)
+    return {"input_ids": stacked[:, None, :-1], "lm_targets": stacked[:, None, 1:], "index": index}
 
 
 class LMDataModule(LightningDataModule):
@@ -65,6 +66,7 @@ class LMDataModule(LightningDataModule):
         batch_size: int = 64,
         eval_batch_size: int | None = None,
         num_workers: int = 0,
+        shuffle: bool = True,
         seed: int = 0,
     ) -> None:
         """
@@ -74,6 +76,8 @@ class LMDataModule(LightningDataModule):
             batch_size: Sequences per batch on each device (with gradient accumulation, per micro-batch).
             eval_batch_size: Sequences per validation batch; default batch_size.
             num_workers: DataLoader worker processes.
+            shuffle: Visit the training blocks in a fresh random permutation each epoch (GPT-1);
+                False reads them in file order.
             seed: Seed of the per-epoch block permutation.
         """
         super().__init__()
@@ -83,7 +87,7 @@ class LMDataModule(LightningDataModule):
         self.meta = read_meta(self.token_dir)
         self.block_size, self.batch_size = block_size, batch_size
         self.eval_batch_size = eval_batch_size or batch_size
-        self.num_workers, self.seed = num_workers, seed
+        self.num_workers, self.shuffle, self.seed = num_workers, shuffle, seed
         self.vocab_size = self.meta["vocab_size"]
         self.tokenizer_path = str(self.token_dir / self.meta["tokenizer"])
         self.blocks = {split: self._blocks(split) for split in SPLIT_FILES if self.meta["tokens"][split] > 0}
@@ -91,13 +95,20 @@ class LMDataModule(LightningDataModule):
     def _blocks(self, split: str) -> TokenBlocks:
         return TokenBlocks(self.token_dir / SPLIT_FILES[split], self.meta["dtype"], self.block_size)
 
-    def _sampler(self, dataset: Dataset, shuffle: bool) -> DistributedSampler:
+    def _sampler(self, dataset: Dataset, train: bool) -> DistributedSampler:
         # A DistributedSampler in one process too: Lightning reseeds it every epoch (set_epoch),
-        # and under DDP each rank takes every world_size-th block of the same permutation.
+        # and under DDP each rank takes every world_size-th block of the same permutation. Training
+        # drops the last few blocks so that ranks take equal shares; evaluation repeats a few
+        # instead, and the metrics drop the repeats by block number.
         trainer = getattr(self, "trainer", None)
         world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
         return DistributedSampler(
-            dataset, num_replicas=world, rank=rank, shuffle=shuffle, seed=self.seed, drop_last=shuffle
+            dataset,
+            num_replicas=world,
+            rank=rank,
+            shuffle=train and self.shuffle,
+            seed=self.seed,
+            drop_last=train,
         )
 
     def train_dataloader(self) -> DataLoader:
@@ -105,7 +116,7 @@ class LMDataModule(LightningDataModule):
         return DataLoader(
             blocks,
             batch_size=self.batch_size,
-            sampler=self._sampler(blocks, shuffle=True),
+            sampler=self._sampler(blocks, train=True),
             num_workers=self.num_workers,
             collate_fn=collate_blocks,
         )
@@ -118,7 +129,7 @@ class LMDataModule(LightningDataModule):
             DataLoader(
                 blocks,
                 batch_size=self.eval_batch_size,
-                sampler=self._sampler(blocks, shuffle=False),
+                sampler=self._sampler(blocks, train=False),
                 num_workers=self.num_workers,
                 collate_fn=collate_blocks,
             )

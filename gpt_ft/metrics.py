@@ -1,48 +1,113 @@
-"""A task card's benchmark metrics as torchmetrics (GLUE: MCC for CoLA, F1 for MRPC/QQP, ...)."""
+"""Evaluation that is exact under DDP: per-example terms gathered by example index, repeats dropped.
+
+A distributed sampler evens out ranks by repeating a few examples; averaging per-rank means
+would count them twice and weigh ranks, not examples. `EvalMetrics` instead keeps, for each
+example seen, its index, its LM loss sum and token count, its task loss, prediction and label;
+at compute time torchmetrics gathers them from every rank, the first occurrence of each index is
+kept, and the loss and the task's benchmark metrics (GLUE: MCC for CoLA, F1 for MRPC/QQP, ...)
+are computed once over the whole split, as one process would.
+"""
 
 from __future__ import annotations
 
-from torch import Tensor, nn
-from torchmetrics import Accuracy, F1Score, MatthewsCorrCoef, Metric, PearsonCorrCoef, SpearmanCorrCoef
+import torch
+from torch import Tensor
+from torchmetrics import Metric
+from torchmetrics.functional import (
+    accuracy,
+    f1_score,
+    matthews_corrcoef,
+    pearson_corrcoef,
+    spearman_corrcoef,
+)
 
-from gpt_ft.adapters import TaskAdapter
+from gpt_ft.adapters import METRICS, TaskAdapter
 
 
-def make_metric(name: str, num_classes: int) -> Metric:
-    """One metric by name; F1 and MCC are binary (positive class 1) for two classes, as GLUE reports them."""
+def metric_value(name: str, predictions: Tensor, labels: Tensor, num_classes: int) -> Tensor:
+    """One benchmark metric; F1 and MCC are binary (positive class 1) for two classes, as GLUE reports."""
     binary = num_classes == 2
     if name == "accuracy":
-        return Accuracy(task="multiclass", num_classes=num_classes)
+        return accuracy(predictions, labels, task="multiclass", num_classes=num_classes, average="micro")
     if name == "f1":
-        return (
-            F1Score(task="binary")
-            if binary
-            else F1Score(task="multiclass", num_classes=num_classes, average="macro")
-        )
+        if binary:
+            return f1_score(predictions, labels, task="binary")
+        return f1_score(predictions, labels, task="multiclass", num_classes=num_classes, average="macro")
     if name == "matthews":
-        return (
-            MatthewsCorrCoef(task="binary")
-            if binary
-            else MatthewsCorrCoef(task="multiclass", num_classes=num_classes)
-        )
+        if binary:
+            return matthews_corrcoef(predictions, labels, task="binary")
+        return matthews_corrcoef(predictions, labels, task="multiclass", num_classes=num_classes)
     if name == "pearson":
-        return PearsonCorrCoef()
+        return pearson_corrcoef(predictions.double(), labels.double())
     if name == "spearman":
-        return SpearmanCorrCoef()
-    raise ValueError(f"Unknown metric {name!r}; allowed: accuracy, f1, matthews, pearson, spearman.")
+        return spearman_corrcoef(predictions.double(), labels.double())
+    raise ValueError(f"Unknown metric {name!r}; allowed: {', '.join(METRICS)}.")
 
 
-class TaskMetrics(nn.ModuleDict):
-    """The task's metrics, updated together with predictions (class ids, choice indices or scores)."""
+def first_occurrences(index: Tensor) -> Tensor:
+    """Boolean mask keeping the first occurrence of every value of `index` (1-D)."""
+    _, inverse = torch.unique(index, return_inverse=True)
+    positions = torch.arange(index.numel(), device=index.device)
+    first = torch.full((int(inverse.max()) + 1,), index.numel(), device=index.device, dtype=torch.long)
+    first.scatter_reduce_(0, inverse, positions, reduce="amin")
+    keep = torch.zeros(index.numel(), dtype=torch.bool, device=index.device)
+    keep[first] = True
+    return keep
 
-    def __init__(self, task: TaskAdapter) -> None:
-        classes = task.num_sequences if task.head_kind == "multiple_choice" else task.num_labels
-        super().__init__({name: make_metric(name, classes) for name in task.metrics})
 
-    def observe(self, predictions: Tensor, labels: Tensor) -> None:
-        """Update every metric with a batch of predictions and labels."""
-        for metric in self.values():
-            metric.update(predictions, labels)
+class EvalMetrics(Metric):
+    """Loss (and perplexity for a language model) plus a task's metrics over one evaluation split.
 
-    def compute_all(self) -> dict[str, float]:
-        return {name: float(metric.compute()) for name, metric in self.items()}
+    `update` takes per-example tensors: `index` (B,), `lm_sum` and `lm_count` (B,) (the example's
+    summed next-token loss and its number of targets) and, with a task, `task_loss`,
+    `predictions` and `labels` (B,). The loss is the task's mean loss plus `lm_coef` times the
+    token-weighted LM loss, as in training.
+    """
+
+    full_state_update = False
+
+    def __init__(self, task: TaskAdapter | None = None, lm_coef: float = 0.5) -> None:
+        super().__init__()
+        self.task, self.lm_coef = task, lm_coef
+        names = ["index", "lm_sum", "lm_count"]
+        if task is not None:
+            names += ["task_loss", "predictions", "labels"]
+        for name in names:
+            self.add_state(name, default=[], dist_reduce_fx="cat")
+
+    def update(
+        self,
+        index: Tensor,
+        lm_sum: Tensor,
+        lm_count: Tensor,
+        task_loss: Tensor | None = None,
+        predictions: Tensor | None = None,
+        labels: Tensor | None = None,
+    ) -> None:
+        self.index.append(index.detach().long())
+        self.lm_sum.append(lm_sum.detach().double())
+        self.lm_count.append(lm_count.detach().double())
+        if self.task is not None:
+            self.task_loss.append(task_loss.detach().double())
+            self.predictions.append(predictions.detach())
+            self.labels.append(labels.detach())
+
+    def compute(self) -> dict[str, Tensor]:
+        def cat(state) -> Tensor:
+            return torch.cat(state) if isinstance(state, list) else state
+
+        keep = first_occurrences(cat(self.index))
+        out = {}
+        lm_loss = cat(self.lm_sum)[keep].sum() / cat(self.lm_count)[keep].sum().clamp(min=1)
+        if self.task is None:
+            return {"loss": lm_loss.float(), "perplexity": torch.exp(lm_loss).float()}
+        task_loss = cat(self.task_loss)[keep].mean()
+        loss = task_loss + self.lm_coef * lm_loss if self.lm_coef > 0 else task_loss
+        out["loss"] = loss.float()
+        predictions, labels = cat(self.predictions)[keep], cat(self.labels)[keep]
+        classes = (
+            self.task.num_sequences if self.task.head_kind == "multiple_choice" else self.task.num_labels
+        )
+        for name in self.task.metrics:
+            out[name] = metric_value(name, predictions, labels, classes).float()
+        return out

@@ -61,9 +61,12 @@ class GPTConfig:
     """Epsilon of every LayerNorm."""
     initializer_range: float = 0.02
     """Standard deviation of the normal initialisation of weights and embeddings."""
+    vocab_multiple: int = 64
+    """The token embedding gets a multiple of this many rows, for faster kernels; the extra rows
+    are never looked up, predicted, sampled or counted in the loss (1: no padding)."""
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "n_positions", "n_embd", "n_head"):
+        for name in ("vocab_size", "n_positions", "n_embd", "n_head", "vocab_multiple"):
             if getattr(self, name) < 1:
                 raise ValueError(f"GPTConfig.{name} must be a positive integer, got {getattr(self, name)}.")
         if self.n_layer < 0:
@@ -82,6 +85,11 @@ class GPTConfig:
         for name in ("embd_pdrop", "attn_pdrop", "resid_pdrop"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"GPTConfig.{name} must be in [0, 1), got {getattr(self, name)}.")
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Rows of the token embedding: vocab_size rounded up to a multiple of vocab_multiple."""
+        return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
 
     @property
     def head_dim(self) -> int:
@@ -250,12 +258,13 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = config
-        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.wte = nn.Embedding(config.padded_vocab_size, config.n_embd)
         self.wpe = nn.Embedding(config.n_positions, config.n_embd)
         self.drop = nn.Dropout(config.embd_pdrop)
         self.h = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon) if config.pre_ln else None
         self.apply(self._init_weights)
+        self._register_load_state_dict_pre_hook(self._fit_embedding_rows)
         if config.pre_ln:
             # GPT-2 §2.3: scale the init of residual projections by 1/sqrt(N), N residual layers.
             std = config.initializer_range / math.sqrt(2 * config.n_layer)
@@ -328,8 +337,22 @@ class GPT(nn.Module):
         return mask, False
 
     def lm_logits(self, hidden: Tensor) -> Tensor:
-        """Next-token logits (..., vocab) from hidden states (..., C): `hidden @ wte.T` (tied head)."""
-        return F.linear(hidden, self.wte.weight)
+        """Next-token logits (..., vocab) from hidden states (..., C): `hidden @ wte.T` (tied head).
+
+        Only the vocabulary's rows: padding rows never get a logit.
+        """
+        return F.linear(hidden, self.wte.weight[: self.config.vocab_size])
+
+    def _fit_embedding_rows(self, state: dict, prefix: str, *args) -> None:
+        """Loads weights saved with another padding (or none, as transformers saves them)."""
+        key = prefix + "wte.weight"
+        weight = state.get(key)
+        vocab, rows = self.config.vocab_size, self.config.padded_vocab_size
+        if weight is None or weight.shape[0] == rows or weight.shape[0] < vocab:
+            return  # nothing to do, or a real mismatch that load_state_dict reports
+        fitted = weight.new_zeros(rows, weight.shape[1])
+        fitted[:vocab] = weight[:vocab]
+        state[key] = fitted
 
     def new_kv_cache(self, batch_size: int, max_len: int | None = None) -> KVCache:
         """An empty KV cache for `batch_size` sequences of up to `max_len` (default n_positions) tokens."""
@@ -341,24 +364,32 @@ class GPT(nn.Module):
         """Grow the vocabulary to `vocab_size`: new rows ~ N(0, initializer_range), existing rows untouched.
 
         GPT-1 §3.3: only the special tokens' embeddings (and the task head) are new at fine-tuning.
+        New tokens take padding rows first; the table grows only when those run out.
         """
-        old = self.wte.weight
-        if vocab_size < old.shape[0]:
+        old_vocab, old = self.config.vocab_size, self.wte.weight
+        if vocab_size < old_vocab:
             raise ValueError(
-                f"resize_token_embeddings can only grow the vocabulary: {vocab_size} < {old.shape[0]}."
+                f"resize_token_embeddings can only grow the vocabulary: {vocab_size} < {old_vocab}."
             )
-        new_rows = torch.empty(vocab_size - old.shape[0], old.shape[1], dtype=old.dtype, device=old.device)
-        new_rows.normal_(0.0, self.config.initializer_range, generator=generator)
-        self.wte = nn.Embedding(vocab_size, old.shape[1], device=old.device, dtype=old.dtype)
-        with torch.no_grad():
-            self.wte.weight.copy_(torch.cat([old.detach(), new_rows]))
-        self.wte.weight.requires_grad_(old.requires_grad)
         self.config.vocab_size = vocab_size
+        new_rows = torch.empty(vocab_size - old_vocab, old.shape[1], dtype=old.dtype, device=old.device)
+        new_rows.normal_(0.0, self.config.initializer_range, generator=generator)
+        rows = self.config.padded_vocab_size
+        if rows != old.shape[0]:
+            self.wte = nn.Embedding(rows, old.shape[1], device=old.device, dtype=old.dtype)
+            self.wte.weight.requires_grad_(old.requires_grad)
+        with torch.no_grad():
+            weight = self.wte.weight
+            weight[:old_vocab] = old[:old_vocab]
+            weight[old_vocab:vocab_size] = new_rows
+            weight[vocab_size:] = 0.0
 
     def num_parameters(self, *, exclude_embeddings: bool = False) -> int:
+        """Trainable numbers in the model; the embedding's padding rows are not counted."""
         n = sum(p.numel() for p in self.parameters())
+        n -= (self.config.padded_vocab_size - self.config.vocab_size) * self.config.n_embd
         if exclude_embeddings:
-            n -= self.wte.weight.numel() + self.wpe.weight.numel()
+            n -= self.config.vocab_size * self.config.n_embd + self.wpe.weight.numel()
         return n
 
     # Generation: gpt.generate(input_ids, max_new_tokens=..., ...) and gpt.stream(...);

@@ -16,7 +16,7 @@ from lightning import LightningModule
 from torch import Tensor, nn
 
 from gpt_ft.adapters import TaskAdapter
-from gpt_ft.metrics import TaskMetrics
+from gpt_ft.metrics import EvalMetrics
 from gpt_ft.model import GPT, GPTConfig
 from gpt_ft.task_data import IGNORE_INDEX
 
@@ -74,6 +74,7 @@ class GPTModule(LightningModule):
         warmup_fraction: float = 0.002,
         warmup_steps: int | None = None,
         predictions_dir: str = "predictions",
+        compile: bool | str = False,
     ) -> None:
         """
         Args:
@@ -93,6 +94,7 @@ class GPTModule(LightningModule):
             warmup_fraction: Linear warmup over this fraction of all steps (GPT-1: 0.2%).
             warmup_steps: Linear warmup over this many steps instead (GPT-1 pretraining: 2000).
             predictions_dir: Where `predict` writes one submission file per test split.
+            compile: torch.compile the GPT (True: the inductor backend; or a backend's name).
         """
         super().__init__()
         if lm_coef < 0:
@@ -123,14 +125,19 @@ class GPTModule(LightningModule):
             self.head = nn.Linear(self.gpt.config.n_embd, task.num_labels)
             nn.init.normal_(self.head.weight, std=self.gpt.config.initializer_range)
             nn.init.zeros_(self.head.bias)
-            self.metrics = nn.ModuleDict(
-                {_key(split): TaskMetrics(task) for split in task.validation_splits + task.test_splits}
-            )
+        splits = task.validation_splits + task.test_splits if task else ["validation", "test"]
+        self.metrics = nn.ModuleDict({_key(split): EvalMetrics(task, lm_coef) for split in splits})
         self.optim = dict(lr=lr, weight_decay=weight_decay, betas=tuple(betas), eps=eps)
         self.schedule, self.warmup_fraction, self.warmup_steps = schedule, warmup_fraction, warmup_steps
         self.predictions_dir = predictions_dir
+        self.compile_backend = ("inductor" if compile is True else compile) or None
         self._predictions: dict[str, list[tuple[Tensor, Tensor]]] = {}
         self.save_hyperparameters(ignore=["task"])
+
+    def configure_model(self) -> None:
+        # Called by the Trainer once the device and strategy are set, before the optimizer exists.
+        if self.compile_backend and not getattr(self.gpt, "_compiled_call_impl", None):
+            self.gpt.compile(backend=self.compile_backend)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # The model's own shape, so that the weights load without the run's arguments.
@@ -161,34 +168,83 @@ class GPTModule(LightningModule):
             logits = self.head(extract.sum(dim=1))  # (B, labels)
         return logits, hidden, batch["lm_targets"].view(B * S, T)
 
-    def lm_loss(self, hidden: Tensor, targets: Tensor) -> Tensor:
-        """Mean next-token cross-entropy over the positions with a target (padding skipped)."""
+    def lm_terms(self, hidden: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+        """Per-example summed next-token cross-entropy and number of targets, (B,) each.
+
+        `hidden` is (B*S, T, C) and `targets` (B*S, T) with -100 where there is nothing to predict;
+        logits are computed for the positions with a target only.
+        """
+        rows, T = targets.shape
         keep = targets != IGNORE_INDEX
-        logits = self.gpt.lm_logits(hidden[keep])  # (N, vocab): only real positions
-        return F.cross_entropy(logits.float(), targets[keep])
+        if self.task is None:  # pretraining blocks have no padding: no gather needed
+            logits = self.gpt.lm_logits(hidden).flatten(0, 1).float()
+            sums = F.cross_entropy(logits, targets.flatten(), reduction="none").view(rows, T).sum(dim=1)
+        else:
+            losses = F.cross_entropy(
+                self.gpt.lm_logits(hidden[keep]).float(), targets[keep], reduction="none"
+            )
+            row_of = torch.arange(rows, device=hidden.device)[:, None].expand(rows, T)[keep]
+            sums = torch.zeros(rows, device=hidden.device).index_add_(0, row_of, losses)
+        counts = keep.sum(dim=1)
+        B = rows // self.num_sequences
+        return sums.view(B, -1).sum(dim=1), counts.view(B, -1).sum(dim=1)
 
-    def task_loss(self, logits: Tensor, labels: Tensor) -> Tensor:
+    @property
+    def num_sequences(self) -> int:
+        return self.task.num_sequences if self.task is not None else 1
+
+    def task_losses(self, logits: Tensor, labels: Tensor) -> Tensor:
+        """Per-example task loss (B,): squared error for regression, cross-entropy otherwise."""
         if self.head_kind == "regression":
-            return F.mse_loss(logits.squeeze(-1).float(), labels.float())
-        return F.cross_entropy(logits.float(), labels)
+            return F.mse_loss(logits.squeeze(-1).float(), labels.float(), reduction="none")
+        return F.cross_entropy(logits.float(), labels, reduction="none")
 
-    def losses(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor], Tensor | None]:
+    def terms(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Per-example loss terms: lm_sum, lm_count, and with a task task_loss and logits."""
         logits, hidden, targets = self(batch)
-        parts = {}
+        out = {}
         if self.task is None or self.lm_coef > 0:
-            parts["lm_loss"] = self.lm_loss(hidden, targets)
+            out["lm_sum"], out["lm_count"] = self.lm_terms(hidden, targets)
+        if self.task is not None:
+            out["logits"] = logits
+            if "labels" in batch:
+                out["task_loss"] = self.task_losses(logits, batch["labels"])
+        return out
+
+    def losses(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        """The training loss and its parts, normalised so that DDP's gradient average is exact.
+
+        Each rank divides its sums by the mean count over ranks (examples for the task loss,
+        target tokens for the LM loss): averaging the ranks' gradients then gives the gradient of
+        the loss over the global batch, as one process with the whole batch would compute it.
+        """
+        terms = self.terms(batch)
+        parts = {}
+        if "lm_sum" in terms:
+            parts["lm_loss"] = terms["lm_sum"].sum() / self._mean_over_ranks(terms["lm_count"].sum())
         if self.task is None:
-            return parts["lm_loss"], parts, None
-        parts["task_loss"] = self.task_loss(logits, batch["labels"])
+            return parts["lm_loss"], parts
+        examples = torch.tensor(float(len(terms["task_loss"])), device=terms["task_loss"].device)
+        parts["task_loss"] = terms["task_loss"].sum() / self._mean_over_ranks(examples)
         loss = (
             parts["task_loss"] + self.lm_coef * parts["lm_loss"] if self.lm_coef > 0 else parts["task_loss"]
         )
-        return loss, parts, logits
+        return loss, parts
+
+    def _mean_over_ranks(self, value: Tensor) -> Tensor:
+        """Mean of a scalar over the DDP ranks (itself in one process); no gradient flows through."""
+        value = value.detach().float()
+        trainer = self._trainer
+        if trainer is None or trainer.world_size == 1 or not torch.distributed.is_initialized():
+            return value
+        total = value.clone()
+        torch.distributed.all_reduce(total)
+        return total / trainer.world_size
 
     # ---- steps ----
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        loss, parts, _ = self.losses(batch)
+        loss, parts = self.losses(batch)
         B = batch["input_ids"].shape[0]
         self.log("train/loss", loss, prog_bar=True, batch_size=B)
         for name, value in parts.items():
@@ -196,18 +252,49 @@ class GPTModule(LightningModule):
         return loss
 
     def _evaluate(self, batch: dict[str, Tensor], split: str) -> None:
-        loss, parts, logits = self.losses(batch)
+        terms = self.terms(batch)
         B = batch["input_ids"].shape[0]
-        self.log(f"{split}/loss", loss, batch_size=B, add_dataloader_idx=False)
-        if self.task is None:
-            self.log(
-                f"{split}/perplexity", torch.exp(parts["lm_loss"]), batch_size=B, add_dataloader_idx=False
+        lm_sum = terms.get("lm_sum", torch.zeros(B, device=self.device))
+        lm_count = terms.get("lm_count", torch.ones(B, device=self.device))
+        extra = {}
+        if self.task is not None:
+            extra = dict(
+                task_loss=terms["task_loss"],
+                predictions=self.predictions_of(terms["logits"]),
+                labels=batch["labels"],
             )
-            return
-        metrics = self.metrics[_key(split)]
-        metrics.observe(self.predictions_of(logits), batch["labels"])
-        for name, metric in metrics.items():
-            self.log(f"{split}/{name}", metric, prog_bar=True, batch_size=B, add_dataloader_idx=False)
+        self.metrics[_key(split)].update(batch["index"], lm_sum, lm_count, **extra)
+
+    def _eval_splits(self, stage: str) -> list[str]:
+        if self.task is None:
+            return [stage]
+        return self.task.validation_splits if stage == "validation" else self.task.test_splits
+
+    def _reset_metrics(self, stage: str) -> None:
+        for split in self._eval_splits(stage):
+            self.metrics[_key(split)].reset()
+
+    def _log_metrics(self, stage: str) -> None:
+        """Every split's metrics, computed once over all ranks' examples, repeats dropped."""
+        for split in self._eval_splits(stage):
+            metric = self.metrics[_key(split)]
+            if not metric.update_called:
+                continue
+            for name, value in metric.compute().items():
+                self.log(f"{split}/{name}", value, prog_bar=name != "loss", sync_dist=False)
+            metric.reset()
+
+    def on_validation_epoch_start(self) -> None:
+        self._reset_metrics("validation")
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_metrics("validation")
+
+    def on_test_epoch_start(self) -> None:
+        self._reset_metrics("test")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_metrics("test")
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         self._evaluate(batch, self.task.validation_splits[dataloader_idx] if self.task else "validation")
@@ -234,12 +321,23 @@ class GPTModule(LightningModule):
         return predictions
 
     def on_predict_epoch_end(self) -> None:
-        for split, chunks in self._predictions.items():
-            index = torch.cat([i for i, _ in chunks])
-            predictions = torch.cat([p for _, p in chunks])
+        for split in self.task.test_splits:  # every rank takes part in the gathers, in this order
+            chunks = self._predictions.get(split, [])
+            index = torch.cat([i for i, _ in chunks]) if chunks else torch.zeros(0, dtype=torch.long)
+            dtype = torch.float if self.head_kind == "regression" else torch.long
+            predictions = torch.cat([p for _, p in chunks]) if chunks else torch.zeros(0, dtype=dtype)
+            index, predictions = self._gather(index), self._gather(predictions)
             if self.trainer.is_global_zero:
                 write_predictions(self.task, split, index, predictions, Path(self.predictions_dir))
         self._predictions = {}
+
+    def _gather(self, values: Tensor) -> Tensor:
+        """All ranks' 1-D tensors (of any lengths) concatenated; the tensor itself in one process."""
+        if self.trainer.world_size == 1 or not torch.distributed.is_initialized():
+            return values
+        from torchmetrics.utilities.distributed import gather_all_tensors
+
+        return torch.cat([t.cpu() for t in gather_all_tensors(values.to(self.device))])
 
     # ---- optimisation ----
 

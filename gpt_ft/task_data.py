@@ -6,6 +6,7 @@ datasets -> adapter.texts -> tokenizer (batched) -> adapter.encode -> cached Arr
 from __future__ import annotations
 
 import csv
+import os
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -13,9 +14,10 @@ from typing import Any, Literal
 import torch
 from lightning import LightningDataModule
 from torch import Tensor
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, DistributedSampler
 
 from gpt_ft.adapters import TaskAdapter, TaskDataError
+from gpt_ft.samplers import LengthGroupedSampler
 from gpt_ft.tokenizer import load_tokenizer, special_token_ids
 
 IGNORE_INDEX = -100  # targets the LM loss skips (padding)
@@ -192,6 +194,9 @@ class TaskDataModule(LightningDataModule):
         num_workers: int = 0,
         num_proc: int | None = None,
         padding_side: Literal["right", "left"] = "right",
+        shuffle: bool = True,
+        length_grouped: bool = False,
+        seed: int | None = None,
     ) -> None:
         """
         Args:
@@ -205,6 +210,10 @@ class TaskDataModule(LightningDataModule):
             num_workers: DataLoader worker processes.
             num_proc: Processes for encoding (datasets' map); None encodes in this process.
             padding_side: Pad sequences on the right (default) or the left.
+            shuffle: Shuffle the training examples every epoch; False keeps the file's order.
+            length_grouped: Batch training examples of similar length (batches shuffled between
+                themselves), which cuts padding.
+            seed: Seed of the training order; default the run's seed_everything.
         """
         super().__init__()
         if batch_size < 1:
@@ -219,6 +228,8 @@ class TaskDataModule(LightningDataModule):
         self.num_workers = num_workers
         self.num_proc = num_proc
         self.padding_side = padding_side
+        self.shuffle, self.length_grouped = shuffle, length_grouped
+        self.seed = seed if seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
         if tokenizer is None:
             raise ValueError(
                 "No tokenizer: give --data.tokenizer DIR, or --model.init_from weights that carry one."
@@ -277,7 +288,7 @@ class TaskDataModule(LightningDataModule):
                     raise TaskDataError(f"{source}, row {row}: {exc}") from None
             flat = [t for example_texts in texts for t in example_texts]
             ids = self.tokenizer(flat, add_special_tokens=False)["input_ids"] if flat else []
-            out: dict[str, list] = {"input_ids": [], "extract_index": [], "label": [], "index": []}
+            out: dict[str, list] = {k: [] for k in ("input_ids", "extract_index", "label", "index", "length")}
             start = 0
             for row, example, example_texts in zip(rows, examples, texts):
                 tokens, start = ids[start : start + len(example_texts)], start + len(example_texts)
@@ -289,6 +300,7 @@ class TaskDataModule(LightningDataModule):
                 out["extract_index"].append(enc.extract_index)
                 out["label"].append(enc.label)
                 out["index"].append(_example_id(example, index_field, row))
+                out["length"].append(max(len(seq) for seq in enc.sequences))
             return out
 
         return raw.map(
@@ -316,13 +328,40 @@ class TaskDataModule(LightningDataModule):
     # ---- loaders ----
 
     def _loader(self, split: str, *, train: bool, labelled: bool) -> DataLoader:
+        dataset = self.encoded(split, labelled=labelled).with_format(None)
+        batch_size = self.batch_size if train else self.eval_batch_size
+        sampler = self._train_sampler(dataset) if train else None
         return DataLoader(
-            self.encoded(split, labelled=labelled).with_format(None),
-            batch_size=self.batch_size if train else self.eval_batch_size,
-            shuffle=train,
+            dataset,
+            batch_size=batch_size,
+            shuffle=train and self.shuffle if sampler is None else None,
+            sampler=sampler,
             num_workers=self.num_workers,
             collate_fn=self.collate,
         )
+
+    def _train_sampler(self, dataset) -> DistributedSampler | None:
+        """Our own sampler when grouping by length or under DDP, where Lightning would always shuffle.
+
+        Evaluation keeps Lightning's: under DDP it repeats a few examples to even out the ranks,
+        and the metrics drop the repeats by example index.
+        """
+        trainer = getattr(self, "trainer", None)
+        world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        if self.length_grouped:
+            return LengthGroupedSampler(
+                dataset["length"],
+                self.batch_size,
+                num_replicas=world,
+                rank=rank,
+                shuffle=self.shuffle,
+                seed=self.seed,
+            )
+        if world > 1:
+            return DistributedSampler(
+                dataset, num_replicas=world, rank=rank, shuffle=self.shuffle, seed=self.seed
+            )
+        return None
 
     def collate(self, examples: list[dict[str, Any]]) -> dict[str, Tensor]:
         return collate(examples, self.special_ids.pad, self.padding_side)

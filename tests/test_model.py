@@ -263,7 +263,11 @@ def lookahead_model() -> GPT:
     p(B=2) = 0.4. After A (a tiny embedding) the next token is ~uniform; after B it is B again
     with p ~ 1. Greedy takes A (joint probability 0.6 * 0.25); beam search finds B, B (~0.4).
     """
-    gpt = GPT(GPTConfig(vocab_size=4, n_positions=4, n_embd=4, n_layer=0, n_head=1, embd_pdrop=0.0)).eval()
+    gpt = GPT(
+        GPTConfig(
+            vocab_size=4, n_positions=4, n_embd=4, n_layer=0, n_head=1, embd_pdrop=0.0, vocab_multiple=1
+        )
+    ).eval()
     scale = torch.tensor([1.0, 0.1, 3.0, 1.0])
     wanted = torch.tensor([-20.0, math.log(0.6), math.log(0.4), -20.0])  # logits at position 0 from token 0
     with torch.no_grad():
@@ -325,12 +329,16 @@ def test_stream_yields_the_generated_tokens():
 def test_resize_token_embeddings_keeps_rows_and_inits_new_ones():
     gpt = GPT(GPTConfig(vocab_size=10, n_positions=8, n_embd=512, n_layer=1, n_head=8))
     old = gpt.wte.weight.detach().clone()
-    gpt.resize_token_embeddings(13)
-    assert gpt.wte.weight.shape == (13, 512) and gpt.config.vocab_size == 13
-    assert torch.equal(gpt.wte.weight[:10], old)
-    assert gpt.wte.weight[10:].std().item() == pytest.approx(0.02, rel=0.1)
+    gpt.resize_token_embeddings(13)  # the new rows come out of the padding: the table keeps its 64 rows
+    assert gpt.wte.weight.shape == (64, 512) and gpt.config.vocab_size == 13
+    assert torch.equal(gpt.wte.weight[:10], old[:10])
+    assert gpt.wte.weight[10:13].std().item() == pytest.approx(0.02, rel=0.1)
+    assert not gpt.wte.weight[13:].any()
     assert gpt.lm_logits(gpt(torch.tensor([[12]]))).shape == (1, 1, 13)
     assert gpt.wte.weight.requires_grad
+    kept = gpt.wte.weight.detach().clone()
+    gpt.resize_token_embeddings(70)  # past the padding: the table grows to the next multiple of 64
+    assert gpt.wte.weight.shape == (128, 512) and torch.equal(gpt.wte.weight[:13], kept[:13])
     with pytest.raises(ValueError, match="can only grow"):
         gpt.resize_token_embeddings(5)
 
@@ -414,3 +422,24 @@ def test_blocked_attention_dropout_is_unbiased():
     samples = torch.stack([blocked_causal_attention(q, k, v, None, 0.3, block=8) for _ in range(4000)])
     assert not torch.allclose(samples[0], expected, atol=1e-3)  # dropout does change each sample
     torch.testing.assert_close(samples.mean(0), expected, rtol=0, atol=0.06)
+
+
+def test_padded_embedding_rows_are_never_predicted_counted_or_exported():
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=100, n_positions=16, n_embd=32, n_layer=1, n_head=2)
+    gpt = GPT(config).eval()
+    assert config.padded_vocab_size == 128 and gpt.wte.weight.shape == (128, 32)
+    unpadded = GPT(GPTConfig(**{**vars(config), "vocab_multiple": 1})).eval()
+    assert unpadded.wte.weight.shape == (100, 32)
+    assert gpt.num_parameters() == unpadded.num_parameters()  # padding rows are not parameters of the model
+    ids = torch.randint(0, 100, (2, 8))
+    logits = gpt.lm_logits(gpt(ids))
+    assert logits.shape == (2, 8, 100)  # no logit for a padding id, so none is sampled or in the loss
+    # Weights without padding (transformers', older checkpoints) load into the padded table, and back.
+    unpadded.load_state_dict(gpt.state_dict())
+    torch.testing.assert_close(unpadded.lm_logits(unpadded(ids)), logits)
+    gpt.load_state_dict(unpadded.state_dict())
+    torch.testing.assert_close(gpt.lm_logits(gpt(ids)), logits)
+    hf = gpt.to_hf()
+    assert hf.transformer.tokens_embed.weight.shape == (100, 32)
+    torch.testing.assert_close(hf(ids).logits, logits)

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from gpt_ft.adapters import MultipleChoice, Similarity, SingleText, TextPair
-from gpt_ft.metrics import TaskMetrics
+from gpt_ft.metrics import EvalMetrics
 from gpt_ft.module import GPTModule, lr_lambda
 from gpt_ft.task_data import collate
 
@@ -31,7 +31,8 @@ def test_combined_loss_is_task_plus_lm_coef_times_lm():
         [example([[START, 1, 2, DELIM, 3, EXTRACT]], 2), example([[START, 4, DELIM, 5, EXTRACT]], 0)], PAD
     )
     m = module(task, lm_coef=0.5)
-    loss, parts, logits = m.losses(batch)
+    loss, parts = m.losses(batch)
+    logits = m(batch)[0]
     # By hand: each sequence alone (no padding), its extract row through the head, CE; LM CE on real tokens.
     seqs = [[START, 1, 2, DELIM, 3, EXTRACT], [START, 4, DELIM, 5, EXTRACT]]
     hidden = [m.gpt(torch.tensor([s]))[0] for s in seqs]
@@ -43,7 +44,7 @@ def test_combined_loss_is_task_plus_lm_coef_times_lm():
     torch.testing.assert_close(parts["task_loss"], task_loss)
     torch.testing.assert_close(parts["lm_loss"], lm_loss)
     torch.testing.assert_close(loss, task_loss + 0.5 * lm_loss)
-    loss0, parts0, _ = module(task, lm_coef=0.0).losses(batch)
+    loss0, parts0 = module(task, lm_coef=0.0).losses(batch)
     assert "lm_loss" not in parts0 and torch.allclose(loss0, task_loss)
 
 
@@ -55,7 +56,7 @@ def test_similarity_adds_the_two_orders_before_the_head():
     logits, _, _ = m(batch)
     h_ab, h_ba = m.gpt(torch.tensor([ab]))[0, -1], m.gpt(torch.tensor([ba]))[0, -1]
     torch.testing.assert_close(logits[0], m.head(h_ab + h_ba))
-    loss, parts, _ = m.losses(batch)
+    loss, parts = m.losses(batch)
     torch.testing.assert_close(parts["task_loss"], (logits[0, 0] - 3.5) ** 2)
 
 
@@ -70,7 +71,7 @@ def test_multiple_choice_softmax_ignores_masked_choices():
     scores = torch.stack([m.head(m.gpt(torch.tensor([r]))[0, -1])[0] for r in rows])
     torch.testing.assert_close(logits[0], scores)
     assert logits[1, 2] == torch.finfo(logits.dtype).min
-    loss, parts, _ = m.losses(batch)
+    loss, parts = m.losses(batch)
     expected = (
         F.cross_entropy(scores[None], torch.tensor([1]))
         + F.cross_entropy(scores[None, :2], torch.tensor([0]))
@@ -86,7 +87,8 @@ def test_multiple_choice_softmax_ignores_masked_choices():
 def test_language_model_without_task():
     m = module(None)
     batch = collate([example([[START, 1, 2, 3]], None)], PAD)
-    loss, parts, logits = m.losses(batch)
+    loss, parts = m.losses(batch)
+    logits = m(batch)[0]
     assert logits is None and set(parts) == {"lm_loss"}
     assert not hasattr(m, "head")
 
@@ -126,9 +128,11 @@ def test_lr_lambda_shapes():
 
 
 def metric_values(task, predictions, labels):
-    metrics = TaskMetrics(task)
-    metrics.observe(torch.tensor(predictions), torch.tensor(labels))
-    return metrics.compute_all()
+    metrics = EvalMetrics(task)
+    n = len(labels)
+    zeros = torch.zeros(n)
+    metrics.update(torch.arange(n), zeros, zeros + 1, zeros, torch.tensor(predictions), torch.tensor(labels))
+    return {k: float(v) for k, v in metrics.compute().items()}
 
 
 def test_metrics_on_hand_computed_cases():
@@ -154,7 +158,7 @@ def test_init_from_transformers_directory_adds_special_token_rows(tmp_path):
     hf = OpenAIGPTLMHeadModel(OpenAIGPTConfig(vocab_size=20, n_positions=32, n_embd=16, n_layer=1, n_head=2))
     hf.save_pretrained(tmp_path)
     m = GPTModule(init_from=str(tmp_path), vocab_size=24, task=SingleText(name="t", labels=["a", "b"]))
-    assert m.gpt.wte.weight.shape == (24, 16)
+    assert m.gpt.wte.weight.shape == (64, 16)  # padded to a multiple of 64
     torch.testing.assert_close(m.gpt.wte.weight[:20], hf.transformer.tokens_embed.weight)
     assert m.gpt.config.vocab_size == 24
 

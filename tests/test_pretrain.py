@@ -108,7 +108,8 @@ def test_sampler_ranks_read_disjoint_blocks_covering_the_epoch(tmp_path):
     np.arange(8 * 10 + 1, dtype=np.uint16).tofile(path)
     blocks = TokenBlocks(path, "uint16", block_size=8)
     assert len(blocks) == 10
-    assert blocks[3].tolist() == list(range(24, 33))  # block_size + 1 tokens: inputs and next-token targets
+    i, tokens = blocks[3]
+    assert i == 3 and tokens.tolist() == list(range(24, 33))  # block_size + 1 tokens: inputs and targets
     for epoch in (0, 1):
         seen = []
         for rank in (0, 1):
