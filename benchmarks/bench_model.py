@@ -6,7 +6,7 @@ tokens/s per run, the median ratio, peak memory of a step (each model in a fresh
 and cached vs uncached greedy generation. On CUDA it also prints MFU (nanoGPT's FLOP count
 6N + 12·L·H·Q·T per token against the dense bf16 peak of the GPU).
 
-    python benchmarks/bench_model.py --preset gpt1 --batch 4 --seq 512 --runs 5
+    python benchmarks/bench_model.py --preset gpt1 --batch 1 2 4 8 --seq 512 --runs 3 --skip memory generation
     python benchmarks/bench_model.py --device cuda --dtype bf16 --batch 16
 """
 
@@ -82,7 +82,7 @@ def memory_child(args) -> None:
     """Peak memory of a few training steps of one model, printed as JSON (run in a fresh process)."""
     config, models, optimizers = build(args, args.memory_child)
     (name, model), optimizer = next(iter(models.items())), next(iter(optimizers.values()))
-    ids = torch.randint(0, config.vocab_size, (args.batch, args.seq + 1), device=args.device)
+    ids = torch.randint(0, config.vocab_size, (args.batch[0], args.seq + 1), device=args.device)
     step = make_step(model, ours_logits if name == "ours" else hf_logits, optimizer, ids, autocast(args))
     step()  # the optimizer state exists after the first step
     synchronize(args.device)
@@ -110,7 +110,7 @@ def measure_memory(args) -> dict:
         cmd = [sys.executable, __file__, "--memory-child", which, "--preset", args.preset]
         cmd += [
             "--batch",
-            str(args.batch),
+            str(args.batch[0]),
             "--seq",
             str(args.seq),
             "--device",
@@ -124,22 +124,23 @@ def measure_memory(args) -> dict:
     return out
 
 
-def bench_training(args) -> None:
+def bench_training(args, batch: int) -> tuple[float, float, float]:
+    """Median tokens/s of ours and hf, and the median of the per-run ratios, at one batch size."""
     config, models, optimizers = build(args, "both")
     n_params = counted_parameters(models["ours"])
-    ids = torch.randint(0, config.vocab_size, (args.batch, args.seq + 1), device=args.device)
+    ids = torch.randint(0, config.vocab_size, (batch, args.seq + 1), device=args.device)
     steps = {
         "ours": make_step(models["ours"], ours_logits, optimizers["ours"], ids, autocast(args)),
         "hf": make_step(models["hf"], hf_logits, optimizers["hf"], ids, autocast(args)),
     }
-    tokens = args.batch * args.seq
+    tokens = batch * args.seq
     for _ in range(args.warmup):
         for step in steps.values():
             step()
     synchronize(args.device)
     rates: dict[str, list[float]] = {"ours": [], "hf": []}
     print(
-        f"\n{args.preset}, batch {args.batch} x {args.seq} tokens, {args.dtype}, {args.device}, "
+        f"\n{args.preset}, batch {batch} x {args.seq} tokens, {args.dtype}, {args.device}, "
         f"{torch.get_num_threads()} threads, training mode (dropout {config.resid_pdrop})"
     )
     print(f"{'run':>4} {'ours tok/s':>12} {'hf tok/s':>12} {'ratio':>7}")
@@ -170,6 +171,7 @@ def bench_training(args) -> None:
         else:
             print(f"no dense peak known for {name!r}: pass --peak-tflops")
     del models, optimizers, steps
+    return med_ours, med_hf, ratio
 
 
 def bench_generation(args) -> None:
@@ -200,7 +202,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--preset", default="gpt1")
-    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--batch", type=int, nargs="+", default=[4], help="one or more batch sizes")
     parser.add_argument("--seq", type=int, default=512)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
@@ -222,7 +224,12 @@ def main() -> None:
         return
     print(f"torch {torch.__version__}, {args.threads} threads")
     if "training" not in args.skip:
-        bench_training(args)
+        results = {batch: bench_training(args, batch) for batch in args.batch}
+        if len(results) > 1:
+            print(f"\n{'batch':>5} {'ours tok/s':>12} {'hf tok/s':>12} {'ratio':>7}")
+            for batch, (ours, hf, ratio) in results.items():
+                print(f"{batch:>5} {ours:>12.0f} {hf:>12.0f} {ratio:>7.3f}")
+            print(f"slowest ratio over batch sizes: {min(r for _, _, r in results.values()):.3f}")
     if "memory" not in args.skip:
         mem = measure_memory(args)
         unit = "GPU MiB allocated" if args.device == "cuda" else "MiB RSS"

@@ -130,7 +130,8 @@ class GPTCLI(LightningCLI):
     def instantiate_trainer(self, **kwargs: Any):
         trainer_config = self._get(self.config_init, "trainer", default={})
         callbacks = list(trainer_config.get("callbacks") or [])
-        if not any(isinstance(c, ModelCheckpoint) for c in callbacks):
+        checkpointing = trainer_config.get("enable_checkpointing") is not False
+        if checkpointing and not any(isinstance(c, ModelCheckpoint) for c in callbacks):
             callbacks.append(best_checkpoint(self.model))
         if not any(isinstance(c, Throughput) for c in callbacks):
             callbacks.append(Throughput())

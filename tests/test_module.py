@@ -179,3 +179,21 @@ def test_left_and_right_padding_give_the_same_task_logits():
     right, _, _ = m(collate(examples, PAD))
     left, _, _ = m(collate(examples, PAD, padding_side="left"))
     torch.testing.assert_close(left, right, rtol=0, atol=1e-5)
+
+
+def test_eval_metrics_count_each_example_once_and_weigh_lm_loss_by_tokens():
+    task = SingleText(name="t", labels=["a", "b"], metrics=["accuracy"])
+    metrics = EvalMetrics(task, lm_coef=0.5)
+    t = torch.tensor
+    metrics.update(
+        t([0, 1, 2]), t([2.0, 6.0, 1.0]), t([1, 3, 1]), t([0.5, 1.0, 1.5]), t([1, 0, 1]), t([1, 1, 1])
+    )
+    # A distributed sampler's repeat of example 0 (here with other values, to show it is ignored).
+    metrics.update(t([3, 0]), t([3.0, 100.0]), t([1, 1]), t([2.0, 9.0]), t([0, 0]), t([0, 1]))
+    values = metrics.compute()
+    lm = (2 + 6 + 1 + 3) / (1 + 3 + 1 + 1)  # token-weighted over examples 0-3
+    assert float(values["loss"]) == pytest.approx((0.5 + 1.0 + 1.5 + 2.0) / 4 + 0.5 * lm)
+    assert float(values["accuracy"]) == pytest.approx(3 / 4)
+    lm_only = EvalMetrics(None)
+    lm_only.update(t([5, 6, 5]), t([4.0, 8.0, 4.0]), t([2, 2, 2]))
+    assert float(lm_only.compute()["perplexity"]) == pytest.approx(math.exp(12 / 4))
