@@ -46,9 +46,10 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=256, help="model context = pretraining block")
     parser.add_argument("--batch-size", type=int, default=16, help="pretraining sequences per step")
     parser.add_argument(
-        "--steps", type=int, default=2000, help="pretraining steps (the cosine schedule's length)"
+        "--steps", type=int, default=1600, help="pretraining steps (the cosine schedule's length)"
     )
     parser.add_argument("--minutes", type=float, default=45, help="pretraining wall-clock limit")
+    parser.add_argument("--pretrain-lr", type=float, default=6e-4, help="peak rate, after 10%% warmup")
     parser.add_argument(
         "--finetune-lr", nargs=2, type=float, default=[2.5e-4, 1e-3], metavar=("PRETRAINED", "SCRATCH")
     )
@@ -85,7 +86,8 @@ def main() -> None:
             f"--trainer.max_time=00:{minutes // 60:02d}:{minutes % 60:02d}:00",
             "--trainer.val_check_interval=250",
             "--trainer.limit_val_batches=50",
-            f"--model.warmup_steps={max(1, args.steps // 20)}",
+            f"--model.lr={args.pretrain_lr}",
+            f"--model.warmup_steps={max(1, args.steps // 10)}",
             f"--trainer.logger.init_args.save_dir={out / 'pretrain'}",
             "--trainer.enable_progress_bar=false",
             log=out / "pretrain.log",

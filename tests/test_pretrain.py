@@ -206,7 +206,8 @@ def test_pretrain_then_finetune_with_only_the_checkpoint_then_generate(tmp_path,
     for weights in (ckpt, finetuned):
         out = run("generate", "--ckpt_path", str(weights), "--prompt", "The cat", "--max_new_tokens", "12")
         assert out.returncode == 0, out.stderr[-2000:]
-        assert out.stdout.startswith("The cat") and len(out.stdout.strip()) > len("The cat")
+        # A continuation follows the prompt (a micro model may well continue with newlines).
+        assert out.stdout.startswith("The cat") and len(out.stdout) > len("The cat\n")
     beam = run(
         "generate",
         "--ckpt_path",
