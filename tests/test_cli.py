@@ -251,3 +251,10 @@ def test_init_from_a_finetuned_checkpoint(tmp_path, tokenizer_dir):
     gpt = load_weights(ckpt)
     state = torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"]
     assert torch.equal(gpt.wte.weight, state["gpt.wte.weight"])
+
+
+def test_fit_without_checkpointing_writes_no_checkpoint(tmp_path, tokenizer_dir):
+    card = make_task("single", tmp_path)
+    args = common_args(card, tokenizer_dir, tmp_path)
+    main(["fit", *args, "--trainer.max_epochs=1", "--trainer.enable_checkpointing=false"])
+    assert not list((tmp_path / "runs").rglob("*.ckpt"))
