@@ -38,6 +38,8 @@ class HubDataset:
     """Renames: dataset column -> the field name the adapter reads."""
     splits: dict[str, str] | None = None
     """Our split name -> the dataset's split (slices such as 'train[:90%]' allowed); default: same names."""
+    configs: dict[str, str] | None = None
+    """Our split name -> the configuration it comes from when not `name` (GLUE's diagnostic set: ax)."""
 
 
 @dataclass
@@ -126,6 +128,7 @@ class TaskAdapter:
         validation_splits: list[str] | None = None,
         test_splits: list[str] | None = None,
         submission_files: dict[str, str] | None = None,
+        submission_labels: list[str] | None = None,
     ) -> None:
         """
         Args:
@@ -143,6 +146,8 @@ class TaskAdapter:
             validation_splits: Splits evaluated during fit and by `validate`.
             test_splits: Splits evaluated by `test` and written by `predict`.
             submission_files: Split -> file name a leaderboard expects (e.g. test: RTE.tsv).
+            submission_labels: How each class is written in submission files, in id order, when the
+                leaderboard wants other names than `labels` (GLUE: '0', '1' for SST-2).
         """
         self.name = name
         self.label = label
@@ -167,6 +172,12 @@ class TaskAdapter:
         self.validation_splits = list(validation_splits or ["validation"])
         self.test_splits = list(test_splits or ["test"])
         self.submission_files = dict(submission_files or {})
+        self.submission_labels = list(submission_labels) if submission_labels is not None else None
+        if self.submission_labels is not None and len(self.submission_labels) != len(self.labels or []):
+            raise ValueError(
+                f"Task {name!r}: submission_labels {self.submission_labels} must name each of the "
+                f"{len(self.labels or [])} labels {self.labels}."
+            )
         if regression and labels:
             raise ValueError(f"Task {name!r}: a regression task takes no `labels`.")
         if not regression and self.head_kind == "classification" and not labels:
@@ -249,6 +260,10 @@ class TaskAdapter:
 
     def label_name(self, label_id: int) -> str:
         return self.labels[label_id] if self.labels else str(label_id)
+
+    def submission_label(self, label_id: int) -> str:
+        """The class as a submission file writes it."""
+        return self.submission_labels[label_id] if self.submission_labels else self.label_name(label_id)
 
     @staticmethod
     def _sequence(specials, *parts: list[int]) -> tuple[list[int], int]:

@@ -29,6 +29,7 @@ COMMANDS = {
     "prepare": "tokenize a text corpus into token files for pretraining",
     "tokenizer": "train a byte-level BPE tokenizer on text files",
     "generate": "continue a prompt with a trained model",
+    "suite": "fine-tune and evaluate many tasks over seeds: results table, chart, GLUE submission",
 }
 USER_ERRORS = (ValueError, FileNotFoundError, KeyError)
 
@@ -82,7 +83,8 @@ class SaveLast(Callback):
         ckpt = trainer.checkpoint_callback
         if ckpt is None or ckpt.dirpath is None or trainer.global_step == self._saved_step:
             return
-        trainer.save_checkpoint(Path(ckpt.dirpath) / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}.ckpt")
+        path = Path(ckpt.dirpath) / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}.ckpt"
+        trainer.save_checkpoint(path, weights_only=False)
         self._saved_step = trainer.global_step
 
     def on_validation_end(self, trainer, pl_module) -> None:
@@ -144,18 +146,21 @@ class GPTCLI(LightningCLI):
         return super().instantiate_trainer(**kwargs, callbacks=callbacks)
 
 
-def lightning_main(argv: list[str] | None) -> None:
+def lightning_main(argv: list[str] | None, *, run: bool = True) -> GPTCLI:
+    """The LightningCLI: runs `fit ...` etc.; with run=False, builds model, data and trainer from
+    `fit`'s arguments (no subcommand) and returns them unrun (`gpt-ft suite` uses this)."""
     from lightning import LightningDataModule
 
     import gpt_ft.lm_data  # noqa: F401  (the data classes a config may name)
     import gpt_ft.task_data  # noqa: F401
     from gpt_ft.module import GPTModule
 
-    GPTCLI(
+    return GPTCLI(
         GPTModule,
         LightningDataModule,
         subclass_mode_data=True,
         args=argv,
+        run=run,
         trainer_defaults={
             "logger": {
                 "class_path": "lightning.pytorch.loggers.CSVLogger",

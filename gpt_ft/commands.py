@@ -152,3 +152,89 @@ def generate(argv: list[str]) -> None:
         sys.stdout.flush()
         shown = text
     print()
+
+
+def suite(argv: list[str]) -> None:
+    """Fine-tune and evaluate a suite's task cards over seeds (see gpt_ft/suite.py)."""
+    from gpt_ft import suite as suites
+
+    fit_args: list[str] = []
+    if "--" in argv:  # everything after `--` goes to every `gpt-ft fit`
+        cut = argv.index("--")
+        argv, fit_args = argv[:cut], argv[cut + 1 :]
+    parser = ArgumentParser(
+        prog="gpt-ft suite",
+        description="Fine-tune and evaluate every task of a suite file over seeds; "
+        "arguments after `--` go to every `gpt-ft fit`.",
+    )
+    parser.add_argument("suite", help="suite file, e.g. configs/suites/glue.yaml")
+    parser.add_argument("--out_dir", required=True, help="results folder; rerunning resumes it")
+    parser.add_argument("--init_from", default=None, help="pretrained weights; default: from scratch")
+    parser.add_argument("--tokenizer", default=None, help="default: the one saved with --init_from")
+    parser.add_argument(
+        "--data_dir",
+        type=list[str],
+        default=[],
+        help="tasks' local files: DIR for all, or TASK=DIR (repeatable)",
+    )
+    parser.add_argument("--seeds", type=list[int] | None, default=None, help="default: the suite file's")
+    parser.add_argument(
+        "--select", choices=["last", "best"], default="last", help="report the last epoch or the best one"
+    )
+    parser.add_argument("--fine_tune", type=bool, default=True, help="false: zero-shot only")
+    parser.add_argument("--zero_shot", type=bool, default=False, help="also score the tasks zero-shot")
+    parser.add_argument(
+        "--transfer_layers",
+        type=list[int],
+        default=[],
+        help="sweep the pretrained layers transferred (e.g. 0 3 6 12), GPT-1 Fig. 2 left",
+    )
+    parser.add_argument(
+        "--predict",
+        type=bool | None,
+        default=None,
+        help="write test predictions; default: if the suite has a submission",
+    )
+    parser.add_argument("--keep_checkpoints", type=bool, default=False, help="keep every run's checkpoints")
+    cfg = parser.parse_args(_repeatable(argv, ("--data_dir", "--seeds", "--transfer_layers")))
+    runner = suites.SuiteRunner(
+        suites.load_suite(cfg.suite),
+        cfg.out_dir,
+        init_from=cfg.init_from,
+        tokenizer=cfg.tokenizer,
+        data_dir=cfg.data_dir,
+        seeds=cfg.seeds,
+        fit_args=fit_args,
+        select=cfg.select,
+        fine_tune=cfg.fine_tune,
+        zero_shot=cfg.zero_shot,
+        transfer_layers=cfg.transfer_layers,
+        predict=cfg.predict,
+        keep_checkpoints=cfg.keep_checkpoints,
+    )
+    runner.run()
+
+
+def _repeatable(argv: list[str], options: tuple[str, ...]) -> list[str]:
+    """`--seeds 0 1 2` and `--data_dir A --data_dir t=B` as the JSON lists jsonargparse reads."""
+    out: list[str] = []
+    lists: dict[str, list[str]] = {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        name, eq, value = arg.partition("=")
+        if name in options:
+            values = lists.setdefault(name, [])
+            if eq:
+                values.append(value)
+            i += 1
+            while i < len(argv) and not argv[i].startswith("--"):
+                values.append(argv[i])
+                i += 1
+            continue
+        out.append(arg)
+        i += 1
+    for name, values in lists.items():
+        given_as_list = len(values) == 1 and values[0].lstrip().startswith("[")
+        out.append(f"{name}={values[0] if given_as_list else json.dumps(values)}")
+    return out

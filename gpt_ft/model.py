@@ -263,12 +263,16 @@ class GPT(nn.Module):
         self.drop = nn.Dropout(config.embd_pdrop)
         self.h = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon) if config.pre_ln else None
-        self.apply(self._init_weights)
+        self._initialize(self)
         self._register_load_state_dict_pre_hook(self._fit_embedding_rows)
-        if config.pre_ln:
+
+    def _initialize(self, root: nn.Module) -> None:
+        """Fresh weights for `root` (this model or some of its blocks)."""
+        root.apply(self._init_weights)
+        if self.config.pre_ln:
             # GPT-2 §2.3: scale the init of residual projections by 1/sqrt(N), N residual layers.
-            std = config.initializer_range / math.sqrt(2 * config.n_layer)
-            for name, p in self.named_parameters():
+            std = self.config.initializer_range / math.sqrt(2 * self.config.n_layer)
+            for name, p in root.named_parameters():
                 if name.endswith("c_proj.weight"):
                     nn.init.normal_(p, mean=0.0, std=std)
 
@@ -278,6 +282,17 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
+        if isinstance(module, nn.LayerNorm):
+            module.reset_parameters()
+
+    def reset_blocks(self, start: int) -> None:
+        """Freshly initialise the transformer blocks from `start` on, keeping the embeddings and the
+        first `start` blocks: GPT-1's transfer-depth study (§5, Fig. 2 left)."""
+        if not 0 <= start <= self.config.n_layer:
+            n = self.config.n_layer
+            raise ValueError(f"Cannot keep {start} of the model's {n} blocks: give a number in [0, {n}].")
+        for block in self.h[start:]:
+            self._initialize(block)
 
     def forward(
         self,

@@ -61,6 +61,7 @@ class GPTModule(LightningModule):
         preset: str = "gpt1",
         overrides: dict[str, Any] | None = None,
         init_from: str | None = None,
+        transfer_layers: int | None = None,
         vocab_size: int | None = None,
         tokenizer: str | None = None,
         task: TaskAdapter | None = None,
@@ -81,6 +82,8 @@ class GPTModule(LightningModule):
             preset: Model shape when starting from scratch (gpt1, gpt2, gpt-mini, gpt-micro, ...).
             overrides: GPTConfig fields to change, e.g. {n_layer: 4, attn_pdrop: 0.0}.
             init_from: Start from these weights: a gpt_ft .ckpt or a local transformers directory.
+            transfer_layers: Keep only the first k transformer blocks of init_from (and the
+                embeddings); the others start fresh (GPT-1 §5, Fig. 2 left). None keeps all.
             vocab_size: Tokenizer size (linked from the data); the embedding grows to fit it.
             tokenizer: The data's tokenizer (linked); checkpoints save it beside them.
             task: The task card (linked from the data); None makes a plain language model.
@@ -111,7 +114,11 @@ class GPTModule(LightningModule):
                         raise ValueError(f"overrides.{key} cannot change a loaded model; only dropouts can.")
                     setattr(self.gpt.config, key, value)
                 self.gpt = _with_dropout(self.gpt)
+            if transfer_layers is not None:
+                self.gpt.reset_blocks(transfer_layers)
         else:
+            if transfer_layers is not None:
+                raise ValueError("transfer_layers needs pretrained weights: give --model.init_from.")
             self.gpt = GPT(
                 GPTConfig.from_name(preset, **{**(overrides or {}), "vocab_size": vocab_size or 40478})
             )
@@ -393,10 +400,8 @@ def write_predictions(
         value = predictions[i].item()
         if task.head_kind == "regression":
             text = f"{value:.3f}"
-        elif task.head_kind == "classification":
-            text = task.label_name(int(value))
         else:
-            text = task.label_name(int(value)) if task.labels else str(int(value))
+            text = task.submission_label(int(value))
         lines.append(f"{row}\t{text}")
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text("\n".join(lines) + "\n")

@@ -39,11 +39,12 @@ def load_split(task: TaskAdapter, split: str, data_dir: str | Path | None):
             f"Task {task.name!r} has no hub dataset; pass its files with --data.data_dir DIR."
         )
     hub_split = (task.hub.splits or {}).get(split, split)
+    config = (task.hub.configs or {}).get(split, task.hub.name)
     try:
-        ds = datasets.load_dataset(task.hub.path, task.hub.name, split=hub_split)
+        ds = datasets.load_dataset(task.hub.path, config, split=hub_split)
     except ValueError as exc:  # unknown split
         raise TaskDataError(
-            f"Hub dataset {task.hub.path} ({task.hub.name}) has no split {hub_split!r}: {exc}"
+            f"Hub dataset {task.hub.path} ({config}) has no split {hub_split!r}: {exc}"
         ) from exc
     return _rename(ds, task.hub.columns, f"hub dataset {task.hub.path}")
 

@@ -139,6 +139,7 @@ FIXTURES = {
         ),
         "test_matched": glue_test(MNLI, AB, make=mnli_row),
         "test_mismatched": glue_test(MNLI, AB, make=mnli_row),
+        "test_ax": glue_test(PAIR, AB),  # diagnostic/diagnostic.tsv: index, sentence1, sentence2
     },
     "glue/qnli": {
         "train": (

@@ -1,0 +1,634 @@
+"""`gpt-ft suite`: fine-tune and evaluate many task cards over seeds, in one resumable run.
+
+A suite file (configs/suites/*.yaml) lists task cards, the fit config and arguments they share,
+the seeds, the GPT-1 paper's values, the benchmark score to report and the submission's files.
+Every task x seed (x transferred layers) is one `gpt-ft fit` run in this process; its metrics go to
+OUT/runs/TASK/.../result.json, written last, so a rerun reads finished runs back and redoes only
+the rest. At the end OUT holds:
+
+- results.json: per task, per metric, every seed's value, mean and std; the configuration used;
+- results.md:   task, metric, mean ± std, zero-shot, the paper's value, and the benchmark score;
+- results.png:  our scores beside the paper's; transfer.png when transferred layers are swept;
+- the submission folder and archive (GLUE: CoLA.tsv ... AX.tsv zipped), from each task's best seed.
+
+Scores are in percent (GLUE's convention). The paper's values are test-set scores; ours are
+validation scores.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import statistics
+import sys
+import time
+import zipfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from gpt_ft.zeroshot import ZeroShot
+
+RESULT = "result.json"
+
+
+@dataclass
+class SuiteTask:
+    """One task of a suite."""
+
+    card: str
+    """Task card path (relative to the working directory or to the suite file)."""
+    paper: dict[str, float] = field(default_factory=dict)
+    """The GPT-1 paper's score (percent) per metric: `accuracy`, or `split/metric` for a task with
+    several validation splits (MNLI's `validation_matched/accuracy`)."""
+    args: list[str] = field(default_factory=list)
+    """`gpt-ft fit` arguments for this task only (after the suite's own)."""
+    zero_shot: ZeroShot | None = None
+    """How to score the task zero-shot when it is not multiple choice (see gpt_ft/zeroshot.py)."""
+
+
+@dataclass
+class Score:
+    """A benchmark's overall score: the mean over its tasks, each task's metrics averaged first."""
+
+    name: str
+    tasks: list[str]
+    """Task names (the cards' `name`)."""
+    paper: float | None = None
+    """The GPT-1 paper's value."""
+
+
+@dataclass
+class Submission:
+    """Leaderboard files gathered from the tasks' predictions and zipped."""
+
+    archive: str
+    """Zip file name, written in the output folder."""
+    files: list[str]
+    """Every file the leaderboard expects; one missing from the run is named in a warning."""
+
+
+@dataclass
+class SuiteSpec:
+    """A suite file."""
+
+    name: str
+    tasks: list[SuiteTask]
+    config: str | None = None
+    """The `gpt-ft fit` config every task starts from (e.g. configs/finetune/gpt1.yaml)."""
+    args: list[str] = field(default_factory=list)
+    """`gpt-ft fit` arguments for every task."""
+    seeds: list[int] = field(default_factory=lambda: [0])
+    score: Score | None = None
+    submission: Submission | None = None
+
+
+@dataclass
+class Run:
+    """One fine-tuning run of the suite."""
+
+    task: str
+    seed: int
+    layers: int | None = None  # transferred layers; None: all
+
+    @property
+    def folder(self) -> str:
+        return (
+            f"{self.task}/seed-{self.seed}"
+            if self.layers is None
+            else f"{self.task}/layers-{self.layers}/seed-{self.seed}"
+        )
+
+    def __str__(self) -> str:
+        return f"{self.task} seed {self.seed}" + ("" if self.layers is None else f" ({self.layers} layers)")
+
+
+def load_suite(path: str | Path) -> SuiteSpec:
+    """Parse and check a suite file; errors name the file and the field at fault."""
+    from jsonargparse import ArgumentParser
+
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"Suite file {path} does not exist.")
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(SuiteSpec, "suite")
+    import yaml
+
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ValueError(f"Suite file {path} is not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"Suite file {path} must hold a mapping with `name` and `tasks`.")
+    try:
+        cfg = parser.parse_object({"suite": raw})
+        spec = parser.instantiate_classes(cfg).suite
+    except Exception as exc:  # jsonargparse's validation errors
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"Suite file {path}: {first}") from None
+    if not spec.tasks:
+        raise ValueError(f"Suite file {path} lists no tasks.")
+    base = path.parent
+    for task in spec.tasks:
+        task.card = str(_find(task.card, base, f"{path}: task card"))
+    if spec.config:
+        spec.config = str(_find(spec.config, base, f"{path}: config"))
+    return spec
+
+
+def _find(name: str, base: Path, what: str) -> Path:
+    """A path as given (relative to the working directory), else relative to `base` or its parent."""
+    for candidate in (Path(name).expanduser(), base / name, base.parent / name, base.parent.parent / name):
+        if candidate.exists():
+            return candidate
+    raise FileNotFoundError(f"{what} {name} does not exist.")
+
+
+def load_card(path: str):
+    """The TaskAdapter of a card file."""
+    from jsonargparse import ArgumentParser
+
+    from gpt_ft.adapters import TaskAdapter
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--task", type=TaskAdapter, sub_configs=True)
+    return parser.instantiate(parser.parse_args(["--task", path])).task
+
+
+class SuiteRunner:
+    """Runs a suite into an output folder (see the module docstring)."""
+
+    def __init__(
+        self,
+        spec: SuiteSpec,
+        out_dir: str | Path,
+        *,
+        init_from: str | None = None,
+        tokenizer: str | None = None,
+        data_dir: list[str] | None = None,
+        seeds: list[int] | None = None,
+        fit_args: list[str] | None = None,
+        select: Literal["last", "best"] = "last",
+        fine_tune: bool = True,
+        zero_shot: bool = False,
+        transfer_layers: list[int] | None = None,
+        predict: bool | None = None,
+        keep_checkpoints: bool = False,
+    ) -> None:
+        self.spec = spec
+        self.out = Path(out_dir).expanduser()
+        self.init_from, self.tokenizer = init_from, tokenizer
+        self.data_dirs = _data_dirs(data_dir or [])
+        self.seeds = list(seeds if seeds is not None else spec.seeds)
+        if fine_tune and not self.seeds:
+            raise ValueError("--seeds is empty: give at least one seed to fine-tune with.")
+        self.fit_args = list(fit_args or [])
+        self.select = select
+        self.fine_tune, self.zero_shot = fine_tune, zero_shot
+        self.transfer_layers = list(transfer_layers or [])
+        if (zero_shot or self.transfer_layers) and not init_from:
+            raise ValueError("--zero_shot and --transfer_layers need pretrained weights: give --init_from.")
+        if not fine_tune and not zero_shot:
+            raise ValueError("Nothing to do: --fine_tune false needs --zero_shot true.")
+        self.predict = spec.submission is not None if predict is None else predict
+        self.keep_checkpoints = keep_checkpoints
+        self.cards = {}
+        for entry in spec.tasks:
+            task = load_card(entry.card)
+            if task.name in self.cards:
+                raise ValueError(f"Suite {spec.name!r} lists task {task.name!r} twice.")
+            self.cards[task.name] = (entry, task)
+        unknown = set(self.data_dirs) - {None, *self.cards}
+        if unknown:
+            raise ValueError(
+                f"--data_dir names task(s) {sorted(unknown)} that suite {spec.name!r} does not list."
+            )
+
+    # ---- the runs ----
+
+    def runs(self) -> list[Run]:
+        layers = self.transfer_layers or [None]
+        return [Run(name, seed, k) for name in self.cards for k in layers for seed in self.seeds]
+
+    def run(self, log=print) -> dict[str, Any]:
+        self.out.mkdir(parents=True, exist_ok=True)
+        start = time.perf_counter()
+        if self.zero_shot:
+            for name in self.cards:
+                self._zero_shot(name, log)
+        runs = self.runs() if self.fine_tune else []
+        todo = [r for r in runs if not (self.out / "runs" / r.folder / RESULT).is_file()]
+        if runs:
+            done = len(runs) - len(todo)
+            log(f"suite {self.spec.name}: {len(runs)} runs, {done} finished before, {len(todo)} to go")
+        took: list[float] = []
+        for i, run in enumerate(todo, 1):
+            left = ""
+            if took:
+                left = f", about {_minutes(statistics.fmean(took) * (len(todo) - i + 1))} left"
+            log(f"[{i}/{len(todo)}] {run}{left}")
+            t = time.perf_counter()
+            self.fit(run)
+            took.append(time.perf_counter() - t)
+        results = self.collect()
+        write_results(self.out, results)
+        if self.predict and self.spec.submission is not None and self.fine_tune:
+            self.write_submission(results, log)
+        took_all = _minutes(time.perf_counter() - start)
+        log(f"suite {self.spec.name}: done in {took_all}; see {self.out / 'results.md'}")
+        return results
+
+    def fit_args_of(self, run: Run) -> list[str]:
+        entry, _ = self.cards[run.task]
+        folder = self.out / "runs" / run.folder
+        args = ["--config", self.spec.config] if self.spec.config else []
+        args += [f"--data.task={entry.card}", f"--seed_everything={run.seed}"]
+        if self.tokenizer:
+            args.append(f"--data.tokenizer={self.tokenizer}")
+        data_dir = self.data_dirs.get(run.task, self.data_dirs.get(None))
+        if data_dir:
+            args.append(f"--data.data_dir={data_dir}")
+        if self.init_from:
+            args.append(f"--model.init_from={self.init_from}")
+        if run.layers is not None:
+            args.append(f"--model.transfer_layers={run.layers}")
+        args += [
+            f"--trainer.default_root_dir={folder}",
+            f"--trainer.logger.init_args.save_dir={folder}",
+            f"--model.predictions_dir={folder / 'predictions'}",
+        ]
+        return args + self.spec.args + entry.args + self.fit_args
+
+    def fit(self, run: Run) -> dict[str, Any]:
+        """One fine-tuning run: fit, the chosen epoch's validation metrics, test predictions."""
+        folder = self.out / "runs" / run.folder
+        if folder.exists():  # an interrupted run: start it again
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True)
+        start = time.perf_counter()
+        metrics, epoch = fit_and_evaluate(self.fit_args_of(run), self.select, predict=self.predict)
+        if not self.keep_checkpoints:
+            for ckpt in folder.rglob("*.ckpt"):
+                ckpt.unlink()
+        result = {
+            "task": run.task,
+            "seed": run.seed,
+            "layers": run.layers,
+            "epoch": epoch,
+            "metrics": metrics,
+            "seconds": round(time.perf_counter() - start, 1),
+        }
+        _write_json(folder / RESULT, result)
+        return result
+
+    def _zero_shot(self, name: str, log) -> None:
+        path = self.out / "runs" / name / "zero-shot" / RESULT
+        if path.is_file():
+            return
+        from tqdm.auto import tqdm
+
+        from gpt_ft import zeroshot
+        from gpt_ft.module import checkpoint_tokenizer, load_weights
+        from gpt_ft.task_data import load_split
+        from gpt_ft.tokenizer import load_tokenizer
+
+        entry, task = self.cards[name]
+        log(f"zero-shot {name}")
+        tokenizer_dir = self.tokenizer or checkpoint_tokenizer(self.init_from)
+        if tokenizer_dir is None:
+            raise ValueError(f"{self.init_from} carries no tokenizer; give --tokenizer DIR.")
+        gpt = load_weights(self.init_from)
+        scorer = zeroshot.ZeroShotScorer(
+            gpt, load_tokenizer(tokenizer_dir, add_specials=False), progress=lambda it: tqdm(it, leave=False)
+        )
+        data_dir = self.data_dirs.get(name, self.data_dirs.get(None))
+        ignored = set(task.ignore_labels)
+
+        def rows(split: str) -> list[dict[str, Any]]:
+            return [r for r in load_split(task, split, data_dir) if str(r.get(task.label)) not in ignored]
+
+        start = time.perf_counter()
+        metrics = zeroshot.evaluate(task, scorer, rows, entry.zero_shot)
+        metrics = {k: _finite(v) for k, v in metrics.items()}
+        result = {"task": name, "metrics": metrics, "seconds": round(time.perf_counter() - start, 1)}
+        _write_json(path, result)
+
+    # ---- results ----
+
+    def collect(self) -> dict[str, Any]:
+        """Every finished run's metrics gathered into the results (percent)."""
+        tasks: dict[str, Any] = {}
+        for name, (entry, task) in self.cards.items():
+            item: dict[str, Any] = {"card": entry.card, "main_metric": _main_key(task), "metrics": {}}
+            rows = item["metrics"]
+            for seed in self.seeds if self.fine_tune else []:
+                result = _read(self.out / "runs" / Run(name, seed).folder / RESULT)
+                for key, value in (result or {}).get("metrics", {}).items():
+                    if key.split("/")[-1] in task.metrics:  # the benchmark's metrics, not the loss
+                        rows.setdefault(key, {"seeds": {}})["seeds"][str(seed)] = _percent(value)
+            for stats in rows.values():
+                stats.update(mean_std(list(stats["seeds"].values())))
+            zero = _read(self.out / "runs" / name / "zero-shot" / RESULT)
+            for key, value in (zero or {}).get("metrics", {}).items():
+                rows.setdefault(key, {"seeds": {}})["zero_shot"] = _percent(value)
+            for key, value in entry.paper.items():
+                full = key if "/" in key else f"{task.validation_splits[0]}/{key}"
+                rows.setdefault(full, {"seeds": {}})["paper"] = value
+            if self.transfer_layers:
+                item["transfer"] = {}
+                for k in self.transfer_layers:
+                    values = []
+                    for seed in self.seeds:
+                        result = _read(self.out / "runs" / Run(name, seed, k).folder / RESULT)
+                        if result and result["metrics"].get(item["main_metric"]) is not None:
+                            values.append(100 * result["metrics"][item["main_metric"]])
+                    item["transfer"][str(k)] = {"seeds": values, **mean_std(values)}
+            tasks[name] = item
+        results = {
+            "suite": self.spec.name,
+            "config": {
+                "suite": asdict(self.spec),
+                "init_from": self.init_from,
+                "tokenizer": self.tokenizer,
+                "data_dir": {k or "*": v for k, v in self.data_dirs.items()},
+                "seeds": self.seeds,
+                "select": self.select,
+                "fit_args": self.fit_args,
+                "transfer_layers": self.transfer_layers,
+            },
+            "tasks": tasks,
+        }
+        if self.spec.score is not None:
+            results["score"] = benchmark_score(self.spec.score, tasks)
+        return results
+
+    def write_submission(self, results: dict[str, Any], log=print) -> Path:
+        """Each task's predictions from its best seed, gathered and zipped; missing files warned of."""
+        spec = self.spec.submission
+        folder = self.out / "submission"
+        if folder.exists():
+            shutil.rmtree(folder)
+        folder.mkdir()
+        for name, item in results["tasks"].items():
+            stats = item["metrics"].get(item["main_metric"])
+            if not stats or not stats["seeds"]:
+                continue
+            scored = {seed: v for seed, v in stats["seeds"].items() if v is not None}
+            best = max(scored, key=scored.get) if scored else next(iter(stats["seeds"]))
+            predictions = self.out / "runs" / Run(name, int(best)).folder / "predictions"
+            for file in sorted(predictions.glob("*.tsv")) if predictions.is_dir() else []:
+                shutil.copy(file, folder / file.name)
+        present = {p.name for p in folder.iterdir()}
+        missing = [f for f in spec.files if f not in present]
+        if missing:
+            message = (
+                f"the submission lacks {', '.join(missing)} (tasks not in this run or without test files)"
+            )
+            log(f"warning: {message}")
+        archive = self.out / spec.archive
+        tmp = archive.with_suffix(archive.suffix + ".tmp")
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
+            for name in sorted(present):
+                zf.write(folder / name, name)
+        tmp.replace(archive)
+        log(f"wrote {archive} ({len(present)} files)")
+        return archive
+
+
+def fit_and_evaluate(argv: list[str], select: str, *, predict: bool) -> tuple[dict[str, float], int]:
+    """`gpt-ft fit argv` in this process; the validation metrics of the last (or best) epoch, and
+    that epoch. With `predict`, the same model writes its test predictions."""
+    from lightning.pytorch.callbacks import Callback
+
+    from gpt_ft.cli import lightning_main
+
+    class History(Callback):
+        def __init__(self) -> None:
+            self.evaluations: list[tuple[int, dict[str, float]]] = []
+
+        def on_validation_end(self, trainer, pl_module) -> None:
+            if trainer.sanity_checking:
+                return
+            splits = pl_module.task.validation_splits
+            metrics = {
+                k: _finite(float(v)) for k, v in trainer.callback_metrics.items() if k.split("/")[0] in splits
+            }
+            self.evaluations.append((trainer.current_epoch, metrics))
+
+    shell_argv, sys.argv = sys.argv, sys.argv[:1]  # the suite's own arguments are not the run's
+    try:
+        cli = lightning_main(argv, run=False)
+    finally:
+        sys.argv = shell_argv
+    if cli.model.task is None:
+        raise ValueError("A suite fine-tunes task cards; this run has no task.")
+    history = History()
+    cli.trainer.callbacks.append(history)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    if not history.evaluations:
+        raise ValueError("The run ended without a validation: check --trainer.limit_val_batches.")
+    main = _main_key(cli.model.task)
+    if select == "best":
+        epoch, metrics = max(history.evaluations, key=lambda e: e[1].get(main, -math.inf))
+    else:
+        epoch, metrics = history.evaluations[-1]
+    if predict:
+        ckpt = "best" if select == "best" and cli.trainer.checkpoint_callback is not None else None
+        cli.trainer.predict(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt, return_predictions=False)
+    return metrics, epoch
+
+
+def mean_std(values: list[float | None]) -> dict[str, float | None]:
+    """Mean and sample standard deviation (n - 1; 0 for one value) of the defined values (a
+    correlation is undefined, None, when predictions are constant); None for no values."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return {"mean": None, "std": None}
+    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0}
+
+
+def benchmark_score(score: Score, tasks: dict[str, Any]) -> dict[str, Any]:
+    """The mean over the score's tasks of each task's mean over its metrics (fine-tuned means)."""
+    per_task = {}
+    for name in score.tasks:
+        means = [
+            s["mean"] for s in tasks.get(name, {}).get("metrics", {}).values() if s.get("mean") is not None
+        ]
+        if means:
+            per_task[name] = statistics.fmean(means)
+    return {
+        "name": score.name,
+        "value": statistics.fmean(per_task.values()) if per_task else None,
+        "tasks": per_task,
+        "missing": [t for t in score.tasks if t not in per_task],
+        "paper": score.paper,
+    }
+
+
+# ---- writing ----
+
+
+def write_results(out: Path, results: dict[str, Any]) -> None:
+    _write_json(out / "results.json", results)
+    (out / "results.md").write_text(results_markdown(results))
+    plot_results(results, out / "results.png")
+    if any("transfer" in item for item in results["tasks"].values()):
+        plot_transfer(results, out / "transfer.png")
+
+
+def results_markdown(results: dict[str, Any]) -> str:
+    config = results["config"]
+    seeds = config["seeds"]
+    start = f"`{config['init_from']}`" if config["init_from"] else "scratch"
+    lines = [
+        f"# {results['suite']}",
+        "",
+        f"Fine-tuned from {start}, {len(seeds)} seed(s) ({', '.join(map(str, seeds))}), scores in percent on "
+        f"the validation splits, the model at the {config['select']} epoch; mean ± sample std over seeds. "
+        "The GPT-1 paper's values are test-set scores (Radford et al., 2018).",
+        "",
+        "| task | metric | fine-tuned | zero-shot | GPT-1 paper |",
+        "|---|---|---|---|---|",
+    ]
+    for name, item in results["tasks"].items():
+        for key, stats in item["metrics"].items():
+            zero, paper = _num(stats.get("zero_shot")), _num(stats.get("paper"))
+            lines.append(f"| {name} | {key} | {_pm(stats)} | {zero} | {paper} |")
+    score = results.get("score")
+    if score is not None:
+        covered = len(score["tasks"])
+        of = covered + len(score["missing"])
+        note = f" ({covered} of {of} tasks" + (
+            f"; missing {', '.join(score['missing'])})" if score["missing"] else ")"
+        )
+        lines.append(
+            f"| **{score['name']}**{note} | mean | {_num(score['value'])} | | {_num(score['paper'])} |"
+        )
+    transfer = {n: item["transfer"] for n, item in results["tasks"].items() if "transfer" in item}
+    if transfer:
+        ks = config["transfer_layers"]
+        lines += [
+            "",
+            "Main metric by number of pretrained layers transferred (GPT-1 Fig. 2 left):",
+            "",
+            "| task | " + " | ".join(f"{k} layers" for k in ks) + " |",
+            "|---|" + "---|" * len(ks),
+        ]
+        for name, by_k in transfer.items():
+            lines.append(f"| {name} | " + " | ".join(_pm(by_k[str(k)]) for k in ks) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_results(results: dict[str, Any], path: Path) -> None:
+    """Horizontal bars per task and metric: ours (mean ± std), zero-shot, and the paper's."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [
+        (f"{n} {k.split('/')[-1]}", s)
+        for n, item in results["tasks"].items()
+        for k, s in item["metrics"].items()
+    ]
+    series = [
+        ("fine-tuned", "mean", "#1f77b4"),
+        ("zero-shot", "zero_shot", "#2ca02c"),
+        ("GPT-1 paper", "paper", "#aaaaaa"),
+    ]
+    series = [s for s in series if any(stats.get(s[1]) is not None for _, stats in rows)]
+    height = 0.8 / max(1, len(series))
+    fig, ax = plt.subplots(figsize=(7, 1 + 0.5 * len(rows) * max(1, len(series)) / 2))
+    for j, (label, key, color) in enumerate(series):
+        ys = [i + (j - (len(series) - 1) / 2) * height for i in range(len(rows))]
+        values = [stats.get(key) or 0.0 for _, stats in rows]
+        errors = [stats.get("std") or 0.0 for _, stats in rows] if key == "mean" else None
+        ax.barh(ys, values, height=height, xerr=errors, color=color, label=label, capsize=2)
+    ax.set_yticks(range(len(rows)), [label for label, _ in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel("score (%)")
+    ax.set_title(results["suite"])
+    ax.legend(loc="lower right", fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_transfer(results: dict[str, Any], path: Path) -> None:
+    """Main metric vs number of layers transferred, one line per task (GPT-1 Fig. 2 left)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, item in results["tasks"].items():
+        if "transfer" not in item:
+            continue
+        ks = sorted(int(k) for k in item["transfer"])
+        means = [item["transfer"][str(k)]["mean"] for k in ks]
+        ax.plot(
+            ks,
+            [m if m is not None else math.nan for m in means],
+            marker="o",
+            label=f"{name} {item['main_metric']}",
+        )
+    ax.set_xlabel("pretrained layers transferred")
+    ax.set_ylabel("score (%)")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _main_key(task) -> str:
+    return f"{task.validation_splits[0]}/{task.main_metric}"
+
+
+def _data_dirs(values: list[str]) -> dict[str | None, str]:
+    """`DIR` (every task) and `TASK=DIR` (one task) entries."""
+    out: dict[str | None, str] = {}
+    for value in values:
+        name, sep, path = value.partition("=")
+        if sep and name and "/" not in name:
+            out[name] = path
+        else:
+            out[None] = value
+    return out
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _write_json(path: Path, value: Any) -> None:
+    """Written whole or not at all: a crash never leaves half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(value, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _percent(value: float | None) -> float | None:
+    return None if value is None or not math.isfinite(value) else 100 * value
+
+
+def _num(value: float | None) -> str:
+    return "" if value is None else f"{value:.1f}"
+
+
+def _pm(stats: dict[str, Any]) -> str:
+    if stats.get("mean") is None:
+        return ""
+    if len(stats.get("seeds") or []) > 1:
+        return f"{stats['mean']:.1f} ± {stats['std']:.1f}"
+    return f"{stats['mean']:.1f}"
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"

@@ -1,0 +1,222 @@
+"""Zero-shot evaluation: a pretrained language model scores a task without fine-tuning.
+
+- Multiple choice: the choice with the highest log-likelihood given the context, summed
+  (`accuracy`) or divided by the choice's length in characters (`accuracy_norm`): the `acc` and
+  `acc_norm` of lm-evaluation-harness.
+- GPT-1's heuristics (§5, "Zero-shot behaviors"), for single-text classification:
+  - verbalizers: append a suffix (SST-2: " very") and pick the label whose word (" negative",
+    " positive") is likelier next;
+  - threshold: score a text by its average token log-probability and call it the second label
+    ("acceptable" for CoLA) above a threshold, chosen on training examples to maximise the
+    task's main metric.
+
+The model reads plain text, as in pretraining: no start/delim/extract tokens; a text begins after
+the end-of-text token when the tokenizer has one, so that its first token is predicted too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from gpt_ft.adapters import MultipleChoice, TaskAdapter, TaskDataError
+from gpt_ft.metrics import metric_value
+from gpt_ft.model import GPT
+
+
+@dataclass
+class ZeroShot:
+    """How a suite scores a non-multiple-choice task zero-shot (multiple choice needs nothing)."""
+
+    verbalizers: list[str] | None = None
+    """One continuation per label, in label order, e.g. [" negative", " positive"]."""
+    suffix: str = ""
+    """Text appended to the example before the verbalizers, e.g. " very"."""
+    threshold: bool = False
+    """Score by average token log-probability; above a threshold is the second label."""
+    calibration_split: str = "train"
+    """Split whose examples choose the threshold."""
+    calibration_examples: int = 2000
+    """How many of them (the first ones)."""
+
+    def __post_init__(self) -> None:
+        if bool(self.verbalizers) == self.threshold:
+            raise ValueError(
+                "zero_shot: give either `verbalizers` or `threshold: true`, not both or neither."
+            )
+
+
+@torch.no_grad()
+def continuation_logprobs(
+    gpt: GPT,
+    requests: Sequence[tuple[list[int], list[int]]],
+    *,
+    batch_size: int = 16,
+    progress: Callable[[Iterable], Iterable] = iter,
+) -> list[float]:
+    """log P(continuation | context), summed over the continuation's tokens, for each request.
+
+    A request is (context ids, continuation ids); the context may be empty only if the
+    continuation has more than one token (its first token then goes unscored). Inputs longer than
+    the model's context lose their earliest tokens.
+    """
+    device = next(gpt.parameters()).device
+    n_ctx = gpt.config.n_positions
+    rows = []
+    for context, continuation in requests:
+        if not continuation:
+            raise ValueError("A continuation to score has no tokens.")
+        tokens = (list(context) + list(continuation))[-(n_ctx + 1) :]
+        scored = min(len(continuation), len(tokens) - 1)
+        rows.append((tokens[:-1], tokens[1:], scored))
+    # Longest first: batches of similar length waste little on padding.
+    order = sorted(range(len(rows)), key=lambda i: -len(rows[i][0]))
+    out = [0.0] * len(rows)
+    for start in progress(range(0, len(order), batch_size)):
+        chunk = order[start : start + batch_size]
+        T = max(len(rows[i][0]) for i in chunk)
+        ids = torch.zeros(len(chunk), T, dtype=torch.long)
+        targets = torch.full((len(chunk), T), -100, dtype=torch.long)
+        for b, i in enumerate(chunk):
+            inputs, labels, scored = rows[i]
+            ids[b, : len(inputs)] = torch.tensor(inputs)
+            targets[b, len(labels) - scored : len(labels)] = torch.tensor(labels[len(labels) - scored :])
+        ids, targets = ids.to(device), targets.to(device)
+        logits = gpt.lm_logits(gpt(ids)).float()  # right padding: causal attention needs no mask
+        logprobs = -F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # (B, T), 0 at -100
+        for b, i in enumerate(chunk):
+            out[i] = float(logprobs[b].sum())
+    return out
+
+
+class ZeroShotScorer:
+    """Scores a task's examples with a language model and its tokenizer."""
+
+    def __init__(self, gpt: GPT, tokenizer, *, batch_size: int = 16, progress=iter) -> None:
+        self.gpt = gpt.eval()
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        self.progress = progress
+        eos = tokenizer.eos_token_id if tokenizer.eos_token is not None else None
+        self.prefix = [eos] if eos is not None else []
+
+    def ids(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def logprobs(self, requests: list[tuple[list[int], list[int]]]) -> list[float]:
+        return continuation_logprobs(self.gpt, requests, batch_size=self.batch_size, progress=self.progress)
+
+    def multiple_choice(self, task: MultipleChoice, rows: list[dict[str, Any]]) -> dict[str, float]:
+        """accuracy (summed log-likelihood) and accuracy_norm (per character of the choice)."""
+        requests, spans, labels = [], [], []
+        for row in rows:
+            context, *choices = task.texts(row)
+            start = len(requests)
+            for choice in choices:
+                requests.append((self.prefix + self.ids(context), self.ids(" " + choice.strip())))
+            spans.append((start, len(choices), [max(1, len(c.strip()) + 1) for c in choices]))
+            labels.append(_label(task, row))
+        scores = self.logprobs(requests)
+        right = right_norm = 0
+        for (start, n, lengths), label in zip(spans, labels):
+            s = scores[start : start + n]
+            right += _argmax(s) == label
+            right_norm += _argmax([v / c for v, c in zip(s, lengths)]) == label
+        return {"accuracy": right / len(rows), "accuracy_norm": right_norm / len(rows)}
+
+    def verbalizers(self, task: TaskAdapter, spec: ZeroShot, rows: list[dict[str, Any]]) -> Tensor:
+        """Predicted label ids: the likeliest verbalizer after text + suffix."""
+        words = spec.verbalizers or []
+        if task.labels is not None and len(words) != len(task.labels):
+            raise ValueError(
+                f"zero_shot.verbalizers of task {task.name!r}: {len(words)} given for "
+                f"{len(task.labels)} labels {task.labels}."
+            )
+        requests = []
+        for row in rows:
+            context = self.prefix + self.ids(" ".join(task.texts(row)).strip() + spec.suffix)
+            requests += [(context, self.ids(word)) for word in words]
+        scores = torch.tensor(self.logprobs(requests)).view(len(rows), len(words))
+        return scores.argmax(dim=1)
+
+    def average_logprobs(self, task: TaskAdapter, rows: list[dict[str, Any]]) -> Tensor:
+        """Each example's average token log-probability."""
+        requests, lengths = [], []
+        for row in rows:
+            ids = self.ids(" ".join(task.texts(row)).strip())
+            if not self.prefix and len(ids) < 2:
+                raise TaskDataError(f"task {task.name!r}: a text of {len(ids)} token(s) cannot be scored.")
+            requests.append((self.prefix, ids) if self.prefix else (ids[:1], ids[1:]))
+            lengths.append(len(requests[-1][1]))
+        return torch.tensor(self.logprobs(requests)) / torch.tensor(lengths, dtype=torch.float)
+
+
+def best_threshold(scores: Tensor, labels: Tensor, metric: Callable[[Tensor, Tensor], float]) -> float:
+    """The cut between sorted scores that maximises metric(predictions, labels); above it is label 1."""
+    values = torch.unique(scores)  # sorted
+    cuts = torch.cat([values[:1] - 1, (values[1:] + values[:-1]) / 2, values[-1:] + 1])
+    best, best_cut = -float("inf"), float(cuts[0])
+    for cut in cuts.tolist():
+        value = metric((scores > cut).long(), labels)
+        if value > best:
+            best, best_cut = value, cut
+    return best_cut
+
+
+def evaluate(
+    task: TaskAdapter,
+    scorer: ZeroShotScorer,
+    load_rows: Callable[[str], list[dict[str, Any]]],
+    spec: ZeroShot | None = None,
+) -> dict[str, float]:
+    """Zero-shot metrics on every validation split, keyed `split/metric` like fine-tuning's."""
+    if spec is None and not isinstance(task, MultipleChoice):
+        raise ValueError(
+            f"Task {task.name!r} has no zero-shot method: multiple choice is scored as is, other tasks "
+            "need a `zero_shot` entry (verbalizers or threshold) in the suite file."
+        )
+    if spec is not None and task.head_kind != "classification":
+        raise ValueError(f"zero_shot of task {task.name!r}: verbalizers and thresholds need class labels.")
+    threshold = None
+    if spec is not None and spec.threshold:
+        if task.num_labels != 2:
+            raise ValueError(
+                f"zero_shot.threshold of task {task.name!r} needs 2 labels, not {task.num_labels}."
+            )
+        rows = load_rows(spec.calibration_split)[: spec.calibration_examples]
+        labels = torch.tensor([_label(task, row) for row in rows])
+        main = task.main_metric
+        threshold = best_threshold(
+            scorer.average_logprobs(task, rows), labels, lambda p, y: float(metric_value(main, p, y, 2))
+        )
+    results = {}
+    for split in task.validation_splits:
+        rows = load_rows(split)
+        if isinstance(task, MultipleChoice):
+            results.update({f"{split}/{k}": v for k, v in scorer.multiple_choice(task, rows).items()})
+            continue
+        labels = torch.tensor([_label(task, row) for row in rows])
+        if threshold is not None:
+            predictions = (scorer.average_logprobs(task, rows) > threshold).long()
+        else:
+            predictions = scorer.verbalizers(task, spec, rows)
+        for name in task.metrics:
+            value = metric_value(name, predictions, labels, task.num_labels)
+            results[f"{split}/{name}"] = float(value)
+    return results
+
+
+def _label(task: TaskAdapter, row: dict[str, Any]) -> int:
+    label = task.example_label(row)
+    if label is None:
+        raise TaskDataError(f"task {task.name!r}: zero-shot evaluation needs labelled examples.")
+    return int(label)
+
+
+def _argmax(values: list[float]) -> int:
+    return max(range(len(values)), key=values.__getitem__)
