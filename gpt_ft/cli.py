@@ -13,8 +13,16 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ProgressBar, TQDMProgressBar
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 import gpt_ft
+from gpt_ft.checkpointing import (
+    AtomicCheckpointIO,
+    Provenance,
+    ResumeState,
+    SaveLast,
+    find_last_checkpoint,
+)
 from gpt_ft.throughput import Throughput
 
 LIGHTNING_COMMANDS = {
@@ -68,48 +76,6 @@ def best_checkpoint(model) -> ModelCheckpoint:
     )
 
 
-class SaveLast(Callback):
-    """`last.ckpt` beside the best one: the latest state, after every validation and at the end.
-
-    Lightning's own `save_last` follows the monitored checkpoint's saves; this one always holds
-    the newest weights, so `--ckpt_path last` resumes and `init_from` starts from where training
-    stopped, on every rank count.
-    """
-
-    def __init__(self) -> None:
-        self._saved_step = -1
-
-    def _save(self, trainer) -> None:
-        ckpt = trainer.checkpoint_callback
-        if ckpt is None or ckpt.dirpath is None or trainer.global_step == self._saved_step:
-            return
-        path = Path(ckpt.dirpath) / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}.ckpt"
-        trainer.save_checkpoint(path, weights_only=False)
-        self._saved_step = trainer.global_step
-
-    def on_validation_end(self, trainer, pl_module) -> None:
-        if trainer.state.fn == "fit" and not trainer.sanity_checking:
-            self._save(trainer)
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        self._save(trainer)
-
-
-class SaveTokenizer(Callback):
-    """Saves the run's tokenizer beside its checkpoints and records it in each one."""
-
-    def on_fit_start(self, trainer, pl_module) -> None:
-        tokenizer, ckpt = pl_module.hparams.get("tokenizer"), trainer.checkpoint_callback
-        if tokenizer and ckpt is not None and ckpt.dirpath and trainer.is_global_zero:
-            from gpt_ft.tokenizer import load_tokenizer
-
-            load_tokenizer(tokenizer).save_pretrained(Path(ckpt.dirpath) / "tokenizer")
-
-    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
-        if pl_module.hparams.get("tokenizer"):
-            checkpoint["tokenizer"] = "tokenizer"  # a folder beside the checkpoint file
-
-
 class GPTCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         # What the model needs from the data, stated once (DESIGN: links live here only).
@@ -121,13 +87,52 @@ class GPTCLI(LightningCLI):
         parser.set_defaults({"data": {"class_path": "gpt_ft.task_data.TaskDataModule"}})
 
     def before_instantiate_classes(self) -> None:
-        # Fine-tuning from a checkpoint needs no tokenizer argument: the one saved with it is used.
         config = self.config[self.subcommand] if self.subcommand else self.config
-        data, init_from = config.data.init_args, config.model.get("init_from")
+        data = config.data.init_args
+        ckpt_path = config.get("ckpt_path")
+        if self.subcommand in ("validate", "test", "predict") and ckpt_path and Path(ckpt_path).is_file():
+            self._from_checkpoint(config, ckpt_path)
+        # Fine-tuning from a checkpoint needs no tokenizer argument: the one saved with it is used.
+        init_from = config.model.get("init_from")
         if "tokenizer" in data and data.tokenizer is None and init_from:
             from gpt_ft.module import checkpoint_tokenizer
 
             data.tokenizer = checkpoint_tokenizer(init_from)
+        task = data.get("task")
+        self.task_card = _plain(task.as_dict()) if hasattr(task, "as_dict") else None
+
+    @staticmethod
+    def _from_checkpoint(config, ckpt_path: str) -> None:
+        """`validate`/`test`/`predict --ckpt_path X` need nothing else: the model's shape, its
+        tokenizer and its task card come from the checkpoint."""
+        import torch
+        from jsonargparse import dict_to_namespace
+
+        stored = torch.load(ckpt_path, map_location="cpu", weights_only=True)
+        if "gpt_config" not in stored:
+            return
+        model = config.model
+        model.init_from, model.overrides, model.transfer_layers = ckpt_path, None, None
+        data = config.data.init_args
+        if "task" in data and data.task is None and stored.get("task_card"):
+            data.task = dict_to_namespace(stored["task_card"])
+
+    def before_fit(self) -> None:
+        # `--ckpt_path last`: the newest last.ckpt of this logger's runs (each run has its own
+        # version folder, so Lightning alone would look only in the new, empty one).
+        config = self.config_init["fit"]
+        if config.get("ckpt_path") != "last" or self.trainer.logger is None:
+            return
+        root = Path(self.trainer.logger.root_dir)
+        found = find_last_checkpoint(root)
+        if found is None:
+            print(
+                f"no {root}/*/checkpoints/last.ckpt to resume from: starting from the beginning", flush=True
+            )
+            config.ckpt_path = None
+        else:
+            print(f"resuming from {found}", flush=True)
+            config.ckpt_path = str(found)
 
     def instantiate_trainer(self, **kwargs: Any):
         trainer_config = self._get(self.config_init, "trainer", default={})
@@ -142,8 +147,23 @@ class GPTCLI(LightningCLI):
         ):
             # Refreshing reads the logged loss back from the device: every 10 steps, not every step.
             callbacks.append(TQDMProgressBar(refresh_rate=10))
-        callbacks += [PrintMetrics(), SaveTokenizer(), SaveLast()]
+        if not any(isinstance(c, SaveLast) for c in callbacks):
+            callbacks.append(SaveLast())
+        callbacks += [PrintMetrics(), Provenance(getattr(self, "task_card", None)), ResumeState()]
+        if not trainer_config.get("plugins"):
+            kwargs["plugins"] = [AtomicCheckpointIO()]
         return super().instantiate_trainer(**kwargs, callbacks=callbacks)
+
+
+def _plain(value: Any) -> Any:
+    """A parsed config as plain dicts, lists and scalars (what a weights-only checkpoint may hold)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items() if k != "__path__"}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return str(value)
 
 
 def lightning_main(argv: list[str] | None, *, run: bool = True) -> GPTCLI:
@@ -215,3 +235,6 @@ def main(argv: list[str] | None = None) -> None:
         if debug:
             raise
         fail(user_message(exc))
+    except SIGTERMException:
+        print("gpt-ft: stopped by SIGTERM", file=sys.stderr)
+        raise SystemExit(128 + 15) from None

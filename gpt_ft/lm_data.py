@@ -14,9 +14,10 @@ import numpy as np
 import torch
 from lightning import LightningDataModule
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset
 
 from gpt_ft.prepare import SPLIT_FILES, read_meta
+from gpt_ft.samplers import EpochSampler, ResumableTrainData
 
 
 class TokenBlocks(Dataset):
@@ -50,7 +51,7 @@ def collate_blocks(blocks: list[tuple[int, Tensor]]) -> dict[str, Tensor]:
     return {"input_ids": stacked[:, None, :-1], "lm_targets": stacked[:, None, 1:], "index": index}
 
 
-class LMDataModule(LightningDataModule):
+class LMDataModule(ResumableTrainData, LightningDataModule):
     """Pretraining batches from a `gpt-ft prepare` folder.
 
     Exposes `vocab_size` and `tokenizer_path` (the folder's tokenizer) right after construction.
@@ -95,14 +96,14 @@ class LMDataModule(LightningDataModule):
     def _blocks(self, split: str) -> TokenBlocks:
         return TokenBlocks(self.token_dir / SPLIT_FILES[split], self.meta["dtype"], self.block_size)
 
-    def _sampler(self, dataset: Dataset, train: bool) -> DistributedSampler:
+    def _sampler(self, dataset: Dataset, train: bool) -> EpochSampler:
         # A DistributedSampler in one process too: Lightning reseeds it every epoch (set_epoch),
         # and under DDP each rank takes every world_size-th block of the same permutation. Training
         # drops the last few blocks so that ranks take equal shares; evaluation repeats a few
         # instead, and the metrics drop the repeats by block number.
         trainer = getattr(self, "trainer", None)
         world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
-        return DistributedSampler(
+        return EpochSampler(
             dataset,
             num_replicas=world,
             rank=rank,
@@ -116,10 +117,16 @@ class LMDataModule(LightningDataModule):
         return DataLoader(
             blocks,
             batch_size=self.batch_size,
-            sampler=self._sampler(blocks, train=True),
+            sampler=self._resumed(self._sampler(blocks, train=True), self.batch_size),
             num_workers=self.num_workers,
             collate_fn=collate_blocks,
+            generator=self._generator(),
         )
+
+    def _generator(self) -> torch.Generator:
+        # The loader's own seeds (for workers) come from here, not from the global RNG, whose
+        # state a resumed run restores exactly (dropout draws from it).
+        return torch.Generator().manual_seed(self.seed)
 
     def val_dataloader(self) -> list[DataLoader]:
         if "validation" not in self.blocks:
@@ -132,5 +139,6 @@ class LMDataModule(LightningDataModule):
                 sampler=self._sampler(blocks, train=False),
                 num_workers=self.num_workers,
                 collate_fn=collate_blocks,
+                generator=self._generator(),
             )
         ]

@@ -10,6 +10,7 @@ in one step get examples of similar length, so none waits long for the others.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator, Sequence
 
@@ -17,7 +18,32 @@ import torch
 from torch.utils.data import DistributedSampler
 
 
-class LengthGroupedSampler(DistributedSampler):
+class EpochSampler(DistributedSampler):
+    """A DistributedSampler (in one process too) whose order is a function of (seed, epoch) only,
+    and whose epoch can start part-way: where a checkpoint taken in it left off.
+
+    Lightning calls `set_epoch` every epoch; a resumed run calls `skip` once, before iterating.
+    """
+
+    _skip: tuple[int, int] | None = None
+
+    def skip(self, epoch: int, samples: int) -> None:
+        """In epoch `epoch`, leave out this rank's first `samples` indices (trained on already)."""
+        self._skip = (epoch, samples) if samples > 0 else None
+
+    def indices(self) -> Iterator[int]:
+        """This rank's indices for the current epoch, in order."""
+        return super().__iter__()
+
+    def __iter__(self) -> Iterator[int]:
+        indices = self.indices()
+        if self._skip is not None and self._skip[0] == self.epoch:
+            indices = itertools.islice(indices, self._skip[1], None)
+            self._skip = None
+        return indices
+
+
+class LengthGroupedSampler(EpochSampler):
     """Indices of this rank, `batch_size` after `batch_size` forming batches of similar length.
 
     A DistributedSampler, so Lightning keeps it under DDP and calls `set_epoch` every epoch.
@@ -44,7 +70,7 @@ class LengthGroupedSampler(DistributedSampler):
     def __len__(self) -> int:
         return math.ceil(len(self.lengths) / self.num_replicas)
 
-    def __iter__(self) -> Iterator[int]:
+    def indices(self) -> Iterator[int]:
         n, world = len(self.lengths), self.num_replicas
         g = torch.Generator().manual_seed(self.seed + self.epoch)
         order = torch.randperm(n, generator=g) if self.shuffle else torch.arange(n)
@@ -65,3 +91,32 @@ class LengthGroupedSampler(DistributedSampler):
             share = len(group) // world
             mine += group[self.rank * share : (self.rank + 1) * share].tolist()
         return iter(mine)
+
+
+class ResumableTrainData:
+    """LightningDataModule mixin: where the training data stood goes into checkpoints, so that a run
+    resumed from one taken mid-epoch goes on with the very next batch (Lightning saves `state_dict`
+    and hands it back to `load_state_dict` before the data loaders are built)."""
+
+    _resume: tuple[int, int] | None = None  # (epoch, batches of it already trained on)
+
+    def state_dict(self) -> dict[str, int]:
+        trainer = getattr(self, "trainer", None)
+        if trainer is None:
+            return {}
+        loop = trainer.fit_loop
+        batches = loop.epoch_loop.batch_progress.current.processed
+        if batches >= trainer.num_training_batches:  # the epoch is over: the next starts afresh
+            batches = 0
+        return {"epoch": loop.epoch_progress.current.processed, "batches": batches}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        if state:
+            self._resume = (int(state["epoch"]), int(state["batches"]))
+
+    def _resumed(self, sampler: EpochSampler, batch_size: int) -> EpochSampler:
+        if self._resume is not None:
+            epoch, batches = self._resume
+            sampler.skip(epoch, batches * batch_size)
+            self._resume = None
+        return sampler

@@ -14,10 +14,10 @@ from typing import Any, Literal
 import torch
 from lightning import LightningDataModule
 from torch import Tensor
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader
 
 from gpt_ft.adapters import TaskAdapter, TaskDataError
-from gpt_ft.samplers import LengthGroupedSampler
+from gpt_ft.samplers import EpochSampler, LengthGroupedSampler, ResumableTrainData
 from gpt_ft.tokenizer import load_tokenizer, special_token_ids
 
 IGNORE_INDEX = -100  # targets the LM loss skips (padding)
@@ -176,7 +176,7 @@ def collate(
     return batch
 
 
-class TaskDataModule(LightningDataModule):
+class TaskDataModule(ResumableTrainData, LightningDataModule):
     """Batches of GPT-1 inputs for one task card.
 
     Right after construction it exposes what the model needs (linked in cli.py): `vocab_size`,
@@ -185,7 +185,7 @@ class TaskDataModule(LightningDataModule):
 
     def __init__(
         self,
-        task: TaskAdapter,
+        task: TaskAdapter | None = None,
         tokenizer: str | None = None,
         *,
         data_dir: str | None = None,
@@ -201,7 +201,8 @@ class TaskDataModule(LightningDataModule):
     ) -> None:
         """
         Args:
-            task: The task card (a TaskAdapter): a YAML file path or class_path + init_args.
+            task: The task card (a TaskAdapter): a YAML file path or class_path + init_args. May be
+                left out by validate/test/predict with a fine-tuned --ckpt_path (it records its card).
             tokenizer: Tokenizer directory (or hub name); the GPT-1 special tokens are added. May be
                 left out when --model.init_from names weights that carry their tokenizer.
             data_dir: Folder with the task's local files (e.g. a GLUE download); None: the hub.
@@ -231,6 +232,8 @@ class TaskDataModule(LightningDataModule):
         self.padding_side = padding_side
         self.shuffle, self.length_grouped = shuffle, length_grouped
         self.seed = seed if seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
+        if task is None:
+            raise ValueError("No task: give --data.task CARD (e.g. tasks/glue/rte.yaml).")
         if tokenizer is None:
             raise ValueError(
                 "No tokenizer: give --data.tokenizer DIR, or --model.init_from weights that carry one."
@@ -331,18 +334,20 @@ class TaskDataModule(LightningDataModule):
     def _loader(self, split: str, *, train: bool, labelled: bool) -> DataLoader:
         dataset = self.encoded(split, labelled=labelled).with_format(None)
         batch_size = self.batch_size if train else self.eval_batch_size
-        sampler = self._train_sampler(dataset) if train else None
+        sampler = self._resumed(self._train_sampler(dataset), batch_size) if train else None
         return DataLoader(
             dataset,
             batch_size=batch_size,
-            shuffle=train and self.shuffle if sampler is None else None,
             sampler=sampler,
             num_workers=self.num_workers,
             collate_fn=self.collate,
+            # Loader seeds from its own generator, not the global RNG that a resumed run restores.
+            generator=torch.Generator().manual_seed(self.seed),
         )
 
-    def _train_sampler(self, dataset) -> DistributedSampler | None:
-        """Our own sampler when grouping by length or under DDP, where Lightning would always shuffle.
+    def _train_sampler(self, dataset) -> EpochSampler:
+        """Our own sampler, in one process too: the order depends on (seed, epoch) only, so that a
+        resumed run sees the same batches, and on DDP each rank takes its share of it.
 
         Evaluation keeps Lightning's: under DDP it repeats a few examples to even out the ranks,
         and the metrics drop the repeats by example index.
@@ -358,11 +363,7 @@ class TaskDataModule(LightningDataModule):
                 shuffle=self.shuffle,
                 seed=self.seed,
             )
-        if world > 1:
-            return DistributedSampler(
-                dataset, num_replicas=world, rank=rank, shuffle=self.shuffle, seed=self.seed
-            )
-        return None
+        return EpochSampler(dataset, num_replicas=world, rank=rank, shuffle=self.shuffle, seed=self.seed)
 
     def collate(self, examples: list[dict[str, Any]]) -> dict[str, Tensor]:
         return collate(examples, self.special_ids.pad, self.padding_side)

@@ -1,0 +1,187 @@
+"""Checkpoints that stand alone, are written atomically, and resume a run exactly.
+
+- `SaveLast`: `last.ckpt`, the newest state: after every validation, every N steps if asked, at
+  the end, and on SIGTERM (at the next optimizer step, so no accumulated gradient is lost).
+- `ResumeState`: the random number generators' states, so that dropout after a resume draws what
+  it would have drawn. (The data's position is saved by the data modules, see gpt_ft/samplers.py;
+  model, optimizer, scheduler and loop counters by Lightning.)
+- `Provenance`: the tokenizer (saved beside), the task card and the toolkit's version and commit,
+  recorded inside every checkpoint.
+- `AtomicCheckpointIO`: every checkpoint is written to a temporary file and renamed into place,
+  so a crash while saving never leaves a truncated file where the last good checkpoint was.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+import gpt_ft
+
+LAST = f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}.ckpt"
+
+
+class SaveLast(Callback):
+    """`last.ckpt` beside the best one: the latest state.
+
+    Lightning's own `save_last` follows the monitored checkpoint's saves; this one always holds
+    the newest weights, so `--ckpt_path last` resumes and `init_from` starts from where training
+    stopped, on every rank count.
+    """
+
+    def __init__(self, every_n_steps: int | None = None) -> None:
+        """
+        Args:
+            every_n_steps: Also save every this many optimizer steps (besides after each
+                validation, at the end, and on SIGTERM).
+        """
+        if every_n_steps is not None and every_n_steps < 1:
+            raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}.")
+        self.every_n_steps = every_n_steps
+        self._saved_step = -1
+        self._sigterm_pending = False
+
+    def path(self, trainer) -> Path | None:
+        ckpt = trainer.checkpoint_callback
+        return None if ckpt is None or ckpt.dirpath is None else Path(ckpt.dirpath) / LAST
+
+    def _save(self, trainer) -> Path | None:
+        path = self.path(trainer)
+        if path is None or trainer.global_step == self._saved_step:
+            return None
+        trainer.save_checkpoint(path, weights_only=False)
+        self._saved_step = trainer.global_step
+        return path
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        accumulating = trainer.fit_loop.epoch_loop._should_accumulate()
+        if self.every_n_steps and not accumulating and trainer.global_step % self.every_n_steps == 0:
+            self._save(trainer)
+        if trainer.received_sigterm or self._sigterm_pending:
+            signals = trainer._signal_connector
+            if accumulating:  # finish the optimizer step first: no accumulated gradient is lost
+                self._sigterm_pending, signals.received_sigterm = True, False
+                return
+            self._sigterm_pending, signals.received_sigterm = False, True  # Lightning stops after this hook
+            path = self._save(trainer) or self.path(trainer)
+            if trainer.is_global_zero:
+                print(
+                    f"SIGTERM: saved step {trainer.global_step} to {path}; resume with --ckpt_path last",
+                    flush=True,
+                )
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.state.fn == "fit" and not trainer.sanity_checking:
+            self._save(trainer)
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        # SIGTERM noticed by Lightning after this callback's batch hook (or during validation).
+        if isinstance(exception, SIGTERMException) and not trainer.fit_loop.epoch_loop._should_accumulate():
+            path = self._save(trainer)
+            if path is not None and trainer.is_global_zero:
+                step = trainer.global_step
+                print(f"SIGTERM: saved step {step} to {path}; resume with --ckpt_path last", flush=True)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._save(trainer)
+
+
+class ResumeState(Callback):
+    """The global random number generators' states in every checkpoint, restored on resume.
+
+    Data loaders draw their seeds from their own generators, so between a checkpoint and the next
+    training step nothing else draws from these: the resumed run's dropout masks are the
+    uninterrupted run's.
+    """
+
+    def state_dict(self) -> dict[str, Any]:
+        _, keys, pos, has_gauss, gauss = np.random.get_state()
+        state = {
+            "torch": torch.get_rng_state(),
+            "python": random.getstate(),
+            "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos)}
+            | {"has_gauss": int(has_gauss), "gauss": float(gauss)},
+        }
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if not state:
+            return
+        torch.set_rng_state(state["torch"])
+        version, internal, gauss = state["python"]
+        random.setstate((version, tuple(internal), gauss))
+        n = state["numpy"]
+        keys = n["keys"].numpy().astype(np.uint32)
+        np.random.set_state(("MT19937", keys, n["pos"], n["has_gauss"], n["gauss"]))
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class Provenance(Callback):
+    """Makes checkpoints stand alone: the tokenizer is saved beside them and recorded inside with
+    the task card and the toolkit's version and commit."""
+
+    def __init__(self, task_card: dict[str, Any] | None = None) -> None:
+        self.task_card = task_card
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        tokenizer, ckpt = pl_module.hparams.get("tokenizer"), trainer.checkpoint_callback
+        if tokenizer and ckpt is not None and ckpt.dirpath and trainer.is_global_zero:
+            from gpt_ft.tokenizer import load_tokenizer
+
+            load_tokenizer(tokenizer).save_pretrained(Path(ckpt.dirpath) / "tokenizer")
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
+        if pl_module.hparams.get("tokenizer"):
+            checkpoint["tokenizer"] = "tokenizer"  # a folder beside the checkpoint file
+        if self.task_card is not None:
+            checkpoint["task_card"] = self.task_card
+        checkpoint["gpt_ft"] = {"version": gpt_ft.__version__, "commit": source_commit()}
+
+
+def source_commit() -> str | None:
+    """The git commit of the toolkit's source, when it runs from a checkout."""
+    root = Path(gpt_ft.__file__).resolve().parents[1]
+    if not (root / ".git").exists():
+        return None
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Writes a checkpoint to a temporary file in the same folder, then renames it into place."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options=None) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        try:
+            with open(tmp, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+
+def find_last_checkpoint(root: str | Path) -> Path | None:
+    """The newest `last.ckpt` of a logger's runs (`ROOT/version_*/checkpoints/last.ckpt`)."""
+    found = [p for p in Path(root).glob(f"*/checkpoints/{LAST}") if p.is_file()]
+    return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None
