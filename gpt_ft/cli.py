@@ -171,6 +171,13 @@ def lightning_main(argv: list[str] | None, *, run: bool = True) -> GPTCLI:
     `fit`'s arguments (no subcommand) and returns them unrun (`gpt-ft suite` uses this)."""
     from lightning import LightningDataModule
 
+    import warnings
+
+    # Our data modules resume mid-epoch themselves (gpt_ft/samplers.py), and a resumed run writes
+    # its checkpoints into its own version folder: both of Lightning's warnings would mislead.
+    warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before")
+    warnings.filterwarnings("ignore", message="The dirpath has changed from")
+
     import gpt_ft.lm_data  # noqa: F401  (the data classes a config may name)
     import gpt_ft.task_data  # noqa: F401
     from gpt_ft.module import GPTModule

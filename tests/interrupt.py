@@ -1,4 +1,4 @@
-"""A callback that interrupts a run at a given optimizer step (used by tests through the CLI)."""
+"""A callback that interrupts a run (used by tests through the CLI, in a subprocess or in-process)."""
 
 import os
 import signal
@@ -7,11 +7,12 @@ from lightning.pytorch.callbacks import Callback
 
 
 class InterruptAt(Callback):
-    """Sends `signum` to this process after optimizer step `step` (once that step's hooks ran)."""
+    """Sends `signum` to this process at the end of training batch number `batch` (1-based, over
+    all epochs), whether or not that batch ended an optimizer step."""
 
-    def __init__(self, step: int, signum: int = int(signal.SIGKILL)) -> None:
-        self.step, self.signum = step, signum
+    def __init__(self, batch: int, signum: int = int(signal.SIGKILL)) -> None:
+        self.batch, self.signum = batch, signum
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if trainer.global_step == self.step and not trainer.fit_loop.epoch_loop._should_accumulate():
+        if trainer.fit_loop.total_batch_idx + 1 == self.batch:
             os.kill(os.getpid(), self.signum)
