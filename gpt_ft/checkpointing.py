@@ -5,8 +5,9 @@
 - `ResumeState`: the random number generators' states, so that dropout after a resume draws what
   it would have drawn. (The data's position is saved by the data modules, see gpt_ft/samplers.py;
   model, optimizer, scheduler and loop counters by Lightning.)
-- `Provenance`: the tokenizer (saved beside), the task card and the toolkit's version and commit,
-  recorded inside every checkpoint.
+- `Provenance`: the tokenizer (saved beside), the run's data section (task card included) and the
+  toolkit's version and commit, recorded inside every checkpoint: `validate`, `test` and
+  `predict --ckpt_path X` need no other argument.
 - `AtomicCheckpointIO`: every checkpoint is written to a temporary file and renamed into place,
   so a crash while saving never leaves a truncated file where the last good checkpoint was.
 """
@@ -129,11 +130,11 @@ class ResumeState(Callback):
 
 
 class Provenance(Callback):
-    """Makes checkpoints stand alone: the tokenizer is saved beside them and recorded inside with
-    the task card and the toolkit's version and commit."""
+    """Makes checkpoints stand alone: the tokenizer is saved beside them and recorded inside, with
+    the run's data section (its task card included) and the toolkit's version and commit."""
 
-    def __init__(self, task_card: dict[str, Any] | None = None) -> None:
-        self.task_card = task_card
+    def __init__(self, data_config: dict[str, Any] | None = None) -> None:
+        self.data_config = data_config
 
     def on_fit_start(self, trainer, pl_module) -> None:
         tokenizer, ckpt = pl_module.hparams.get("tokenizer"), trainer.checkpoint_callback
@@ -145,8 +146,8 @@ class Provenance(Callback):
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
         if pl_module.hparams.get("tokenizer"):
             checkpoint["tokenizer"] = "tokenizer"  # a folder beside the checkpoint file
-        if self.task_card is not None:
-            checkpoint["task_card"] = self.task_card
+        if self.data_config is not None:
+            checkpoint["data_config"] = self.data_config
         checkpoint["gpt_ft"] = {"version": gpt_ft.__version__, "commit": source_commit()}
 
 

@@ -6,6 +6,7 @@ arguments are linked (data -> model). The other commands live in `gpt_ft/command
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -39,7 +40,7 @@ COMMANDS = {
     "generate": "continue a prompt with a trained model",
     "suite": "fine-tune and evaluate many tasks over seeds: results table, chart, GLUE submission",
 }
-USER_ERRORS = (ValueError, FileNotFoundError, KeyError)
+USER_ERRORS = (ValueError, FileNotFoundError, KeyError, FloatingPointError)
 
 
 class PrintMetrics(Callback):
@@ -89,33 +90,18 @@ class GPTCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         data = config.data.init_args
-        ckpt_path = config.get("ckpt_path")
-        if self.subcommand in ("validate", "test", "predict") and ckpt_path and Path(ckpt_path).is_file():
-            self._from_checkpoint(config, ckpt_path)
         # Fine-tuning from a checkpoint needs no tokenizer argument: the one saved with it is used.
         init_from = config.model.get("init_from")
         if "tokenizer" in data and data.tokenizer is None and init_from:
             from gpt_ft.module import checkpoint_tokenizer
 
             data.tokenizer = checkpoint_tokenizer(init_from)
-        task = data.get("task")
-        self.task_card = _plain(task.as_dict()) if hasattr(task, "as_dict") else None
+        self.data_config = _plain(config.data.as_dict())
 
-    @staticmethod
-    def _from_checkpoint(config, ckpt_path: str) -> None:
-        """`validate`/`test`/`predict --ckpt_path X` need nothing else: the model's shape, its
-        tokenizer and its task card come from the checkpoint."""
-        import torch
-        from jsonargparse import dict_to_namespace
-
-        stored = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-        if "gpt_config" not in stored:
-            return
-        model = config.model
-        model.init_from, model.overrides, model.transfer_layers = ckpt_path, None, None
-        data = config.data.init_args
-        if "task" in data and data.task is None and stored.get("task_card"):
-            data.task = dict_to_namespace(stored["task_card"])
+    def _parse_ckpt_path(self) -> None:
+        # Lightning would apply the checkpoint's hyperparameters over the command line's; here the
+        # checkpoint's configuration goes first instead, and the command line wins (see main).
+        return
 
     def before_fit(self) -> None:
         # `--ckpt_path last`: the newest last.ckpt of this logger's runs (each run has its own
@@ -149,7 +135,7 @@ class GPTCLI(LightningCLI):
             callbacks.append(TQDMProgressBar(refresh_rate=10))
         if not any(isinstance(c, SaveLast) for c in callbacks):
             callbacks.append(SaveLast())
-        callbacks += [PrintMetrics(), Provenance(getattr(self, "task_card", None)), ResumeState()]
+        callbacks += [PrintMetrics(), Provenance(getattr(self, "data_config", None)), ResumeState()]
         if not trainer_config.get("plugins"):
             kwargs["plugins"] = [AtomicCheckpointIO()]
         return super().instantiate_trainer(**kwargs, callbacks=callbacks)
@@ -169,9 +155,9 @@ def _plain(value: Any) -> Any:
 def lightning_main(argv: list[str] | None, *, run: bool = True) -> GPTCLI:
     """The LightningCLI: runs `fit ...` etc.; with run=False, builds model, data and trainer from
     `fit`'s arguments (no subcommand) and returns them unrun (`gpt-ft suite` uses this)."""
-    from lightning import LightningDataModule
-
     import warnings
+
+    from lightning import LightningDataModule
 
     # Our data modules resume mid-epoch themselves (gpt_ft/samplers.py), and a resumed run writes
     # its checkpoints into its own version folder: both of Lightning's warnings would mislead.
@@ -197,6 +183,47 @@ def lightning_main(argv: list[str] | None, *, run: bool = True) -> GPTCLI:
         save_config_kwargs={"overwrite": True},
         parser_kwargs={"prog": "gpt-ft"},
     )
+
+
+@contextlib.contextmanager
+def checkpoint_data(argv: list[str]):
+    """validate/test/predict with a checkpoint of this toolkit: the configuration it records (its
+    model, its data section and task card, the tokenizer saved beside it) goes first, so that the
+    command needs no other argument and every argument given still wins."""
+    command, ckpt = argv[0], None
+    for i, arg in enumerate(argv):
+        if arg.startswith("--ckpt_path="):
+            ckpt = arg.split("=", 1)[1]
+        elif arg == "--ckpt_path" and i + 1 < len(argv):
+            ckpt = argv[i + 1]
+    if command not in ("validate", "test", "predict") or not ckpt or not Path(ckpt).is_file():
+        yield argv
+        return
+    import tempfile
+
+    import torch
+    import yaml
+
+    from gpt_ft.module import checkpoint_tokenizer
+
+    stored = torch.load(ckpt, map_location="cpu", weights_only=True)
+    if "gpt_config" not in stored:
+        yield argv
+        return
+    linked = ("vocab_size", "tokenizer", "task", "_instantiator", "_class_path")
+    model = {k: v for k, v in stored.get("hyper_parameters", {}).items() if k not in linked}
+    # The weights are the checkpoint's whatever the shape: no preset, overrides or transfer.
+    model.update(init_from=str(ckpt), overrides=None, transfer_layers=None)
+    config = {"model": _plain(model)}
+    data = stored.get("data_config")
+    if data:
+        if "tokenizer" in data.get("init_args", {}):
+            data["init_args"]["tokenizer"] = checkpoint_tokenizer(ckpt)  # the copy beside it
+        config["data"] = data
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "checkpoint_config.yaml"
+        path.write_text(yaml.safe_dump(config))
+        yield [command, f"--config={path}", *argv[1:]]
 
 
 def user_message(exc: BaseException) -> str:
@@ -233,7 +260,12 @@ def main(argv: list[str] | None = None) -> None:
         if command in LIGHTNING_COMMANDS:
             if debug and from_shell:
                 sys.argv.remove("--debug")
-            lightning_main(None if from_shell else argv)
+            with checkpoint_data(argv) as extended:
+                if from_shell:
+                    sys.argv = [sys.argv[0], *extended]
+                    lightning_main(None)
+                else:
+                    lightning_main(extended)
         else:
             from gpt_ft import commands
 

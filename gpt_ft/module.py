@@ -252,11 +252,35 @@ class GPTModule(LightningModule):
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         loss, parts = self.losses(batch)
+        if not self._finite_everywhere(loss):
+            self._stop_on_nonfinite(loss)
         B = batch["input_ids"].shape[0]
         self.log("train/loss", loss, prog_bar=True, batch_size=B)
         for name, value in parts.items():
             self.log(f"train/{name}", value, batch_size=B)
         return loss
+
+    def _finite_everywhere(self, loss: Tensor) -> bool:
+        """Whether the loss is finite on every rank (one scalar read per step)."""
+        finite = torch.isfinite(loss.detach()).float()
+        trainer = self._trainer
+        if trainer is not None and trainer.world_size > 1 and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(finite, op=torch.distributed.ReduceOp.MIN)
+        return bool(finite)
+
+    def _stop_on_nonfinite(self, loss: Tensor) -> None:
+        """Keep the last good state (this step has not updated the weights yet), then stop."""
+        trainer, kept = self.trainer, ""
+        ckpt = trainer.checkpoint_callback
+        if ckpt is not None and ckpt.dirpath:
+            path = Path(ckpt.dirpath) / "last.ckpt"
+            trainer.save_checkpoint(path, weights_only=False)
+            kept = f"; the last good state (step {trainer.global_step}) is in {path}"
+        raise FloatingPointError(
+            f"The training loss became {float(loss)} at step {trainer.global_step} (epoch "
+            f"{trainer.current_epoch}, batch {trainer.fit_loop.epoch_loop.batch_idx + 1}){kept}. "
+            "Try a lower --model.lr, gradient clipping (--trainer.gradient_clip_val 1.0) or fp32."
+        )
 
     def _evaluate(self, batch: dict[str, Tensor], split: str) -> None:
         terms = self.terms(batch)

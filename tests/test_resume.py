@@ -117,3 +117,65 @@ def test_pretraining_resumes_mid_epoch_exactly(tmp_path, tokenizer_dir):
     assert last_state(tmp_path / "cut", 0)["global_step"] == 7
     main(["fit", *args("cut"), "--ckpt_path=last"])
     assert_same_weights(last_state(tmp_path / "whole", 0), last_state(tmp_path / "cut", 1))
+
+
+def test_checkpoints_stand_alone_for_validate_and_predict(tmp_path, tokenizer_dir, capsys):
+    card = make_task("single", tmp_path)
+    main(["fit", *finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "logs")])
+    ckpt = tmp_path / "logs" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    stored = torch.load(ckpt, map_location="cpu", weights_only=True)
+    assert stored["gpt_ft"]["version"] and stored["tokenizer"] == "tokenizer"
+    card_args = stored["data_config"]["init_args"]["task"]
+    assert card_args["class_path"] == "gpt_ft.adapters.SingleText"
+    assert card_args["init_args"]["name"] == "sent"
+    capsys.readouterr()
+    # No model, data or tokenizer arguments: all come from the checkpoint (a 1-layer, 32-wide
+    # model, not the default gpt1 preset).
+    quiet = ["--trainer.logger=false", f"--trainer.default_root_dir={tmp_path}"]
+    main(["validate", f"--ckpt_path={ckpt}", *quiet, "--trainer.enable_progress_bar=false"])
+    assert "validation/accuracy" in capsys.readouterr().out
+    out = tmp_path / "pred"
+    main(["predict", f"--ckpt_path={ckpt}", f"--model.predictions_dir={out}", *quiet])
+    assert (out / "SENT.tsv").read_text().splitlines()[0] == "index\tprediction"
+
+
+def test_a_crash_while_saving_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    from gpt_ft.checkpointing import AtomicCheckpointIO
+
+    io, path = AtomicCheckpointIO(), tmp_path / "last.ckpt"
+    io.save_checkpoint({"step": 1, "w": torch.ones(3)}, path)
+
+    def crash(obj, f, *args, **kwargs):
+        f.write(b"half a checkpoint")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", crash)
+    with pytest.raises(OSError, match="disk full"):
+        io.save_checkpoint({"step": 2, "w": torch.zeros(3)}, path)
+    monkeypatch.undo()
+    assert torch.load(path, weights_only=True)["step"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # no temporary file left
+
+
+def test_a_nonfinite_loss_stops_with_the_step_and_keeps_the_last_good_state(
+    tmp_path, tokenizer_dir, monkeypatch, capsys
+):
+    from gpt_ft.module import GPTModule
+
+    losses = GPTModule.losses
+
+    def nan_at_step_4(self, batch):
+        loss, parts = losses(self, batch)
+        return (loss * float("nan"), parts) if self.training and self.global_step == 4 else (loss, parts)
+
+    monkeypatch.setattr(GPTModule, "losses", nan_at_step_4)
+    card = make_task("single", tmp_path)
+    with pytest.raises(SystemExit) as stopped:
+        main(["fit", *finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "logs")])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert "The training loss became nan at step 4 (epoch 1, batch 2)" in err and "last.ckpt" in err
+    assert "Traceback" not in err
+    state = last_state(tmp_path / "logs", 0)
+    assert state["global_step"] == 4
+    assert all(torch.isfinite(v).all() for v in state["state_dict"].values() if v.is_floating_point())
