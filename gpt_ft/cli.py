@@ -6,7 +6,9 @@ arguments are linked (data -> model). The other commands live in `gpt_ft/command
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import re
 import sys
 import time
 from pathlib import Path
@@ -181,7 +183,7 @@ def lightning_main(argv: list[str] | None, *, run: bool = True) -> GPTCLI:
             },
         },
         save_config_kwargs={"overwrite": True},
-        parser_kwargs={"prog": "gpt-ft"},
+        parser_kwargs={"prog": "gpt-ft", "exit_on_error": False},
     )
 
 
@@ -234,6 +236,38 @@ def user_message(exc: BaseException) -> str:
     return str(text).strip()
 
 
+def parse_error_message(text: str) -> str:
+    """jsonargparse's nested report of a bad argument as one sentence: the argument and the reason."""
+    keys = list(dict.fromkeys(re.findall(r'Parser key "([^"]+)"', text)))
+    lines = [line.strip(" -") for line in text.splitlines() if line.strip(" -")]
+    values = [line.split(":", 1)[1].strip() for line in lines if line.startswith("Given value:")]
+    nested = re.search(r"NestedArg\(key='[^']*', val='([^']*)'\)", text)
+    value = nested[1] if nested else values[0] if values else None
+    where = f"--{'.'.join(keys)}: " if keys else ""
+    unaccepted = [line for line in lines if "is not accepted" in line or "is not expected" in line]
+    bad_class = [
+        f"{line.removeprefix('Problem with given ').rstrip(':')}: {lines[i + 1]}"
+        for i, line in enumerate(lines[:-1])
+        if line.startswith("Problem with given class_path") and not lines[i + 1].startswith("Parser key")
+    ]
+    expected = [line for line in lines if line.startswith("Expected a ") and "NoneType" not in line]
+    if unaccepted:
+        reason = unaccepted[0]
+    elif any(line.startswith("Expected a path but") for line in lines):
+        reason = f"{value} is not a file that can be read"
+    elif bad_class:
+        reason = bad_class[-1] + (f" (in {value})" if value and value.endswith((".yaml", ".yml")) else "")
+    elif expected:
+        match = re.match(r"Expected a (.+?)(?:\. Got value: (.*))?$", expected[0])
+        kind = re.sub(r"<class '([^']+)'>", r"\1", match[1])
+        reason = f"expected {kind}, got {match[2] if match[2] is not None else value!r}"
+    else:
+        noise = ("Parser key", "Does not validate", "Subtypes:", "Errors:", "Given value")
+        reasons = [line for line in lines if not line.startswith(noise)]
+        reason = reasons[0] if reasons else lines[0] if lines else "invalid arguments"
+    return f"{where}{reason.rstrip('.:')}."
+
+
 def fail(message: str) -> None:
     print(f"gpt-ft: error: {message}", file=sys.stderr)
     raise SystemExit(2)
@@ -274,6 +308,10 @@ def main(argv: list[str] | None = None) -> None:
         if debug:
             raise
         fail(user_message(exc))
+    except argparse.ArgumentError as exc:
+        if debug:
+            raise
+        fail(parse_error_message(str(exc)))
     except SIGTERMException:
         print("gpt-ft: stopped by SIGTERM", file=sys.stderr)
         raise SystemExit(128 + 15) from None

@@ -20,6 +20,8 @@ from gpt_ft.metrics import EvalMetrics
 from gpt_ft.model import GPT, GPTConfig
 from gpt_ft.task_data import IGNORE_INDEX
 
+SPECIAL_TOKEN_ROOM = 8  # start, delim, extract and pad (GPT-1 §3.3), with room to spare
+
 
 def checkpoint_tokenizer(path: str | Path) -> str | None:
     """The tokenizer of these weights: saved beside a gpt_ft checkpoint, or in a transformers dir."""
@@ -122,6 +124,8 @@ class GPTModule(LightningModule):
             self.gpt = GPT(
                 GPTConfig.from_name(preset, **{**(overrides or {}), "vocab_size": vocab_size or 40478})
             )
+        if init_from and vocab_size is not None:
+            _check_tokenizer_fits(vocab_size, self.gpt.config.vocab_size, init_from)
         if vocab_size is not None and vocab_size > self.gpt.config.vocab_size:
             self.gpt.resize_token_embeddings(vocab_size)  # the special tokens the weights lack (GPT-1 §3.3)
         self.task = task
@@ -149,6 +153,38 @@ class GPTModule(LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # The model's own shape, so that the weights load without the run's arguments.
         checkpoint["gpt_config"] = dict(vars(self.gpt.config))
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """A checkpoint of another shape is named in one sentence, not a page of size mismatches."""
+        stored = checkpoint.get("gpt_config")
+        where = getattr(self._trainer, "ckpt_path", None) or "The checkpoint"
+        if stored is not None:
+            shape = ("n_layer", "n_embd", "n_head", "n_positions", "vocab_size", "pre_ln")
+            differ = [k for k in shape if k in stored and stored[k] != getattr(self.gpt.config, k)]
+            if differ:
+                theirs = ", ".join(f"{k}={stored[k]}" for k in differ)
+                ours = ", ".join(f"{k}={getattr(self.gpt.config, k)}" for k in differ)
+                raise ValueError(
+                    f"{where} holds a model with {theirs} but this run builds {ours}: give the same "
+                    "--model.preset/--model.overrides, or start anew from it with --model.init_from."
+                )
+        head = checkpoint.get("state_dict", {}).get("head.weight")
+        if head is not None and self.task is not None and head.shape[0] != self.head.weight.shape[0]:
+            raise ValueError(
+                f"{where} has a task head of {head.shape[0]} outputs but task {self.task.name!r} needs "
+                f"{self.head.weight.shape[0]}: fine-tune it anew with --model.init_from."
+            )
+
+    def setup(self, stage: str) -> None:
+        # Inputs longer than the model's context would fail only when the first long one comes.
+        data = self.trainer.datamodule if self._trainer is not None else None
+        length = getattr(data, "max_length", None) or getattr(data, "block_size", None)
+        if length is not None and length > self.gpt.config.n_positions:
+            name = "--data.max_length" if getattr(data, "max_length", None) else "--data.block_size"
+            raise ValueError(
+                f"{name} {length} is longer than the model's context of {self.gpt.config.n_positions} "
+                f"tokens (n_positions); use at most {self.gpt.config.n_positions}."
+            )
 
     # ---- forward ----
 
@@ -431,6 +467,15 @@ def write_predictions(
     tmp.write_text("\n".join(lines) + "\n")
     tmp.replace(path)  # atomic: a crash never leaves half a file
     return path
+
+
+def _check_tokenizer_fits(vocab_size: int, weights_vocab: int, init_from: str) -> None:
+    """The tokenizer may add the few special tokens the weights lack, nothing else."""
+    if not weights_vocab <= vocab_size <= weights_vocab + SPECIAL_TOKEN_ROOM:
+        raise ValueError(
+            f"The tokenizer has {vocab_size} tokens but the weights in {init_from} have {weights_vocab}: "
+            "they were not made for each other; use the tokenizer saved with the weights."
+        )
 
 
 def _key(split: str) -> str:
