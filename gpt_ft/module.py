@@ -112,9 +112,13 @@ class GPTModule(LightningModule):
             self.gpt = load_weights(init_from)
             if overrides:  # only regularisation may change on loaded weights
                 for key, value in overrides.items():
-                    if not key.endswith("pdrop"):
-                        raise ValueError(f"overrides.{key} cannot change a loaded model; only dropouts can.")
-                    setattr(self.gpt.config, key, value)
+                    if key.endswith("pdrop"):
+                        setattr(self.gpt.config, key, value)
+                    elif getattr(self.gpt.config, key, None) != value:
+                        raise ValueError(
+                            f"overrides.{key} cannot change a loaded model (it has {key}="
+                            f"{getattr(self.gpt.config, key, None)}); only dropouts can."
+                        )
                 self.gpt = _with_dropout(self.gpt)
             if transfer_layers is not None:
                 self.gpt.reset_blocks(transfer_layers)
