@@ -77,7 +77,12 @@ def _load_local(task: TaskAdapter, split: str, data_dir: Path):
             spec.headerless_splits is None or split in spec.headerless_splits
         )
         sep = "\t" if fmt == "tsv" else ","
-        columns = list(spec.column_names) if headerless else _header(path, sep)
+        try:
+            columns = list(spec.column_names) if headerless else _header(path, sep)
+        except UnicodeDecodeError as exc:
+            raise TaskDataError(f"{path}: not UTF-8 text ({exc.reason}); save it as UTF-8.") from None
+        except OSError as exc:
+            raise TaskDataError(f"{path}: cannot be read ({exc.strerror or exc}).") from None
         # Everything is read as text (labels and scores are parsed by the adapter). GLUE's TSVs
         # hold unbalanced quote characters, so TSVs are read with no quoting; BOMs are dropped.
         features = datasets.Features({c: datasets.Value("string") for c in columns})
