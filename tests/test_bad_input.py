@@ -1,0 +1,151 @@
+"""README's bad-input table, one test per row: through the CLI, one sentence naming the culprit,
+exit code 2, no traceback (unless --debug), and what is already on disk left as it was."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_cli import MICRO, common_args, make_task
+
+from gpt_ft.cli import main
+from gpt_ft.model import GPT, GPTConfig
+from gpt_ft.tokenizer import load_tokenizer
+
+
+@pytest.fixture
+def run(tmp_path, tokenizer_dir, capsys):
+    """A task, a previous run's checkpoint on disk, and `fail(args)`: runs `gpt-ft fit` with the
+    task's arguments plus `args`, expects exit code 2 and returns the error line."""
+    card = make_task("single", tmp_path)
+    earlier = tmp_path / "runs" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    earlier.parent.mkdir(parents=True)
+    earlier.write_bytes(b"an earlier run's checkpoint")
+
+    def fail(*args: str, command: str = "fit", base: bool = True) -> str:
+        capsys.readouterr()
+        argv = [command, *(common_args(card, tokenizer_dir, tmp_path) if base else []), *args]
+        with pytest.raises(SystemExit) as stopped:
+            main(argv)
+        assert stopped.value.code == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err
+        assert earlier.read_bytes() == b"an earlier run's checkpoint"
+        last = err.strip().splitlines()[-1]
+        assert last.startswith("gpt-ft: error: ") and last.endswith(".")
+        return last
+
+    fail.root, fail.tokenizer_dir = tmp_path, tokenizer_dir
+    return fail
+
+
+def dev(root: Path) -> Path:
+    return root / "d" / "dev.tsv"
+
+
+def test_missing_data_file(run):
+    dev(run.root).unlink()
+    assert "d/dev.tsv: file not found (split 'validation' of task 'sent')" in run()
+
+
+def test_unreadable_data_file(run):
+    dev(run.root).write_bytes(b"index\tsentence\tlabel\n0\t\xff\xfe\t1\n")
+    assert "d/dev.tsv: not UTF-8 text" in run()
+
+
+def test_wrong_columns(run):
+    dev(run.root).write_text("index\ttext\tlabel\n0\ta cat\t1\n")
+    assert "d/dev.tsv: missing column(s) ['sentence'] needed by task 'sent'" in run()
+
+
+def test_label_outside_the_label_set(run):
+    dev(run.root).write_text("index\tsentence\tlabel\n0\ta cat\t1\n1\ta dog\tneutral\n")
+    assert "d/dev.tsv, row 1: label 'neutral' in field 'label' is not among the labels" in run()
+
+
+def test_non_numeric_score(tmp_path, tokenizer_dir, capsys):
+    card = make_task("similarity", tmp_path)
+    (tmp_path / "d" / "dev.tsv").write_text("index\tsentence1\tsentence2\tlabel\n0\ta\tb\thigh\n")
+    with pytest.raises(SystemExit):
+        main(["fit", *common_args(card, tokenizer_dir, tmp_path)])
+    assert "regression score 'high' in field 'label' is not a number" in capsys.readouterr().err
+
+
+def test_empty_split(run):
+    dev(run.root).write_text("index\tsentence\tlabel\n")
+    assert "d/dev.tsv: split 'validation' has no examples" in run()
+
+
+def test_text_longer_than_the_context_is_cut_and_a_context_longer_than_the_model_stops(
+    run, tokenizer_dir, capsys
+):
+    long = " ".join(["the cat sat on the mat ."] * 40)  # far more than 16 tokens
+    dev(run.root).write_text(f"index\tsentence\tlabel\n0\t{long}\t1\n")
+    card = run.root / "single.yaml"
+    args = [f"--data.task={card}", f"--data.tokenizer={tokenizer_dir}", f"--data.data_dir={run.root}"]
+    main(["explain", *args, "--data.max_length=16", "--split=validation", "--json"])
+    assert '"extract_index": 15' in capsys.readouterr().out  # cut to 16 tokens, specials kept
+    assert "--data.max_length 100 is longer than the model's context of 64 tokens" in run(
+        "--data.max_length=100"
+    )
+
+
+def test_tokenizer_that_does_not_belong_to_the_weights(run, tokenizer_dir):
+    other = run.root / "other_model"
+    shape = dict(n_positions=64, n_embd=32, n_layer=1, n_head=2)  # MICRO's
+    GPT(GPTConfig.from_name("gpt-micro", vocab_size=1000, **shape)).to_hf().save_pretrained(other)
+    n = len(load_tokenizer(tokenizer_dir))
+    message = run(f"--model.init_from={other}")
+    assert f"The tokenizer has {n} tokens but the weights in {other} have 1000" in message
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model.preset=gpt9"], "Unknown GPT preset 'gpt9'; available presets: gpt1, gpt2"),
+        (["--data.task.init_args.metrics=[bleu]"], "unknown metric(s) ['bleu']; allowed: accuracy"),
+    ],
+)
+def test_unknown_preset_or_metric(run, args, message):
+    assert message in run(*args)
+
+
+def test_unknown_adapter(run):
+    card = run.root / "single.yaml"
+    card.write_text(card.read_text().replace("SingleText", "SingleTxt"))
+    assert "--data.task: class_path 'gpt_ft.adapters.SingleTxt': module 'gpt_ft.adapters' has no" in run()
+
+
+def test_checkpoint_of_another_model_shape(run, tokenizer_dir, tmp_path):
+    card = run.root / "single.yaml"
+    args = common_args(card, tokenizer_dir, tmp_path)
+    main(["fit", *args, "--trainer.max_steps=1", f"--trainer.logger.init_args.save_dir={tmp_path / 'small'}"])
+    small = next((tmp_path / "small").rglob("last.ckpt"))
+    wider = MICRO.replace("n_embd: 32", "n_embd: 64")
+    message = run(f"--model.overrides={wider}", f"--ckpt_path={small}")
+    assert f"{small} holds a model with n_embd=32 but this run builds n_embd=64" in message
+
+
+@pytest.mark.parametrize(
+    ("arg", "message"),
+    [
+        ("--model.lr=0", "lr must be > 0, got 0.0"),
+        ("--data.batch_size=0", "batch_size must be >= 1, got 0"),
+        ("--model.lm_coef=-0.5", "lm_coef must be >= 0, got -0.5"),
+        ("--trainer.max_epochs=x", "--trainer.max_epochs: expected int, got 'x'"),
+    ],
+)
+def test_out_of_range_hyperparameters(run, arg, message):
+    assert message in run(arg)
+
+
+def test_debug_shows_the_traceback(run):
+    with pytest.raises(Exception, match="lr must be > 0"):
+        main(
+            [
+                "fit",
+                *common_args(run.root / "single.yaml", run.tokenizer_dir, run.root),
+                "--model.lr=0",
+                "--debug",
+            ]
+        )
