@@ -9,12 +9,14 @@
   toolkit's version and commit, recorded inside every checkpoint: `validate`, `test` and
   `predict --ckpt_path X` need no other argument.
 - `AtomicCheckpointIO`: every checkpoint is written to a temporary file and renamed into place,
-  so a crash while saving never leaves a truncated file where the last good checkpoint was.
+  so a crash while saving never leaves a truncated file where the last good checkpoint was; and
+  read with `weights_only=True`.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import random
 import subprocess
 from pathlib import Path
@@ -166,7 +168,15 @@ def source_commit() -> str | None:
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """Writes a checkpoint to a temporary file in the same folder, then renames it into place."""
+    """Writes a checkpoint to a temporary file in the same folder, then renames it into place; reads
+    with `torch.load(weights_only=True)`: a checkpoint cannot run code (gpt_ft's hold only tensors
+    and plain values)."""
+
+    def load_checkpoint(self, path, map_location=lambda storage, loc: storage, weights_only=None):
+        try:
+            return super().load_checkpoint(path, map_location, weights_only=weights_only is not False)
+        except pickle.UnpicklingError:
+            raise ValueError(_UNSAFE.format(path=path)) from None
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options=None) -> None:
         path = Path(path)
@@ -180,6 +190,20 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)
+
+
+_UNSAFE = (
+    "{path} holds objects other than tensors and plain values; checkpoints are read with "
+    "torch.load(weights_only=True), which never runs code from a file."
+)
+
+
+def safe_load(path: str | Path) -> dict[str, Any]:
+    """A checkpoint read with `torch.load(weights_only=True)`, on the CPU."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise ValueError(_UNSAFE.format(path=path)) from None
 
 
 def find_last_checkpoint(root: str | Path) -> Path | None:

@@ -203,12 +203,12 @@ def checkpoint_data(argv: list[str]):
         return
     import tempfile
 
-    import torch
     import yaml
 
+    from gpt_ft.checkpointing import safe_load
     from gpt_ft.module import checkpoint_tokenizer
 
-    stored = torch.load(ckpt, map_location="cpu", weights_only=True)
+    stored = safe_load(ckpt)
     if "gpt_config" not in stored:
         yield argv
         return

@@ -16,6 +16,7 @@ from lightning import LightningModule
 from torch import Tensor, nn
 
 from gpt_ft.adapters import TaskAdapter
+from gpt_ft.checkpointing import safe_load
 from gpt_ft.metrics import EvalMetrics
 from gpt_ft.model import GPT, GPTConfig
 from gpt_ft.task_data import IGNORE_INDEX
@@ -33,7 +34,7 @@ def checkpoint_tokenizer(path: str | Path) -> str | None:
         return str(path) if has_tokenizer else None
     if not path.is_file():
         raise FileNotFoundError(f"Checkpoint {path} does not exist.")
-    recorded = torch.load(path, map_location="cpu", weights_only=True).get("tokenizer")
+    recorded = safe_load(path).get("tokenizer")
     return str(path.parent / recorded) if recorded else None
 
 
@@ -44,7 +45,7 @@ def load_weights(path: str | Path) -> GPT:
         return GPT.from_pretrained(path)
     if not path.is_file():
         raise FileNotFoundError(f"Checkpoint {path} does not exist.")
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    checkpoint = safe_load(path)
     config = checkpoint.get("gpt_config")
     if config is None:
         raise ValueError(f"{path} is not a gpt_ft checkpoint: it records no model config (gpt_config).")

@@ -149,3 +149,25 @@ def test_debug_shows_the_traceback(run):
                 "--debug",
             ]
         )
+
+
+class RunsCode:
+    """Unpickling it would create a file: the trace of code run from a checkpoint."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def test_a_checkpoint_that_would_run_code_is_refused(run):
+    import torch
+
+    evil, marker = run.root / "evil.ckpt", run.root / "code-ran"
+    torch.save({"gpt_config": {}, "state_dict": {}, "payload": RunsCode(marker)}, evil)
+    message = run(f"--ckpt_path={evil}", command="validate")
+    assert f"{evil} holds objects other than tensors and plain values" in message
+    assert "weights_only=True" in run(f"--model.init_from={evil}")
+    assert "weights_only=True" in run(f"--ckpt_path={evil}")  # resuming reads it the same way
+    assert not marker.exists()
