@@ -156,6 +156,37 @@ class KVCache:
         self.v = self.v.index_select(1, index)
 
 
+class SharedPrefix:
+    """Keys and values of shared prefixes, attended to by several continuations each; differentiable.
+
+    `gpt(prefix_ids, kv_cache=shared)` records every layer's keys and values of the prefixes
+    (B rows); then `shared.repeats = S` and `gpt(continuation_ids, mask, position_ids=...,
+    kv_cache=shared)` runs B * S continuations (row b * S + s continues prefix b), each attending
+    to its prefix's keys and values and to itself. Gradients from all continuations flow into the
+    one prefix computation. The mask covers prefix and continuation keys, (B * S, T_prefix + T).
+    """
+
+    def __init__(self) -> None:
+        self.k: dict[int, Tensor] = {}
+        self.v: dict[int, Tensor] = {}
+        self.length = 0
+        self.repeats: int | None = None
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        if self.repeats is None:  # the prefixes' own pass
+            self.k[layer], self.v[layer] = k, v
+            return k, v
+        return self._with_prefix(self.k[layer], k), self._with_prefix(self.v[layer], v)
+
+    def _with_prefix(self, prefix: Tensor, new: Tensor) -> Tensor:
+        B, nh, Tp, hs = prefix.shape
+        repeated = prefix[:, None].expand(B, self.repeats, nh, Tp, hs).reshape(B * self.repeats, nh, Tp, hs)
+        return torch.cat([repeated, new], dim=2)
+
+
+Cache = KVCache | SharedPrefix
+
+
 def blocked_causal_attention(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float, block: int = 128
 ) -> Tensor:
@@ -197,7 +228,7 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.resid_pdrop)
 
     def forward(
-        self, x: Tensor, mask: Tensor | None, is_causal: bool, cache: KVCache | None, layer: int
+        self, x: Tensor, mask: Tensor | None, is_causal: bool, cache: Cache | None, layer: int
     ) -> Tensor:
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
@@ -239,7 +270,7 @@ class Block(nn.Module):
         self.mlp = MLP(config)
 
     def forward(
-        self, x: Tensor, mask: Tensor | None, is_causal: bool, cache: KVCache | None, layer: int
+        self, x: Tensor, mask: Tensor | None, is_causal: bool, cache: Cache | None, layer: int
     ) -> Tensor:
         if self.pre_ln:  # GPT-2
             x = x + self.attn(self.ln_1(x), mask, is_causal, cache, layer)
@@ -300,7 +331,7 @@ class GPT(nn.Module):
         attention_mask: Tensor | None = None,
         *,
         position_ids: Tensor | None = None,
-        kv_cache: KVCache | None = None,
+        kv_cache: Cache | None = None,
     ) -> Tensor:
         """Final hidden states (B, T, C) of `input_ids` (B, T).
 
@@ -313,7 +344,7 @@ class GPT(nn.Module):
         """
         B, T = input_ids.shape
         past = kv_cache.length if kv_cache is not None else 0
-        if past + T > self.config.n_positions:
+        if position_ids is None and past + T > self.config.n_positions:
             raise ValueError(
                 f"Input of {past + T} tokens is longer than the model's context of "
                 f"{self.config.n_positions} (n_positions); truncate it to at most {self.config.n_positions}."

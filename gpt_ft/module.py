@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from gpt_ft.adapters import TaskAdapter
 from gpt_ft.checkpointing import safe_load
 from gpt_ft.metrics import EvalMetrics
-from gpt_ft.model import GPT, GPTConfig
+from gpt_ft.model import GPT, GPTConfig, SharedPrefix
 from gpt_ft.task_data import IGNORE_INDEX
 
 SPECIAL_TOKEN_ROOM = 8  # start, delim, extract and pad (GPT-1 §3.3), with room to spare
@@ -216,12 +216,17 @@ class GPTModule(LightningModule):
             logits = self.head(extract.sum(dim=1))  # (B, labels)
         return logits, hidden, batch["lm_targets"].view(B * S, T)
 
-    def lm_terms(self, hidden: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+    def lm_terms(self, hidden: Tensor, targets: Tensor, sequences: int = 1) -> tuple[Tensor, Tensor]:
         """Per-example summed next-token cross-entropy and number of targets, (B,) each.
 
-        `hidden` is (B*S, T, C) and `targets` (B*S, T) with -100 where there is nothing to predict;
-        logits are computed for the positions with a target only.
+        `hidden` is (B*S, T, C) and `targets` (B*S, T) with -100 where there is nothing to predict,
+        S = `sequences` per example; logits are computed for the positions with a target only.
         """
+        sums, counts = self.row_lm_terms(hidden, targets)
+        return sums.view(-1, sequences).sum(dim=1), counts.view(-1, sequences).sum(dim=1)
+
+    def row_lm_terms(self, hidden: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+        """Summed next-token cross-entropy and number of targets of each row, (rows,) each."""
         rows, T = targets.shape
         keep = targets != IGNORE_INDEX
         if self.task is None:  # pretraining blocks have no padding: no gather needed
@@ -233,9 +238,7 @@ class GPTModule(LightningModule):
             )
             row_of = torch.arange(rows, device=hidden.device)[:, None].expand(rows, T)[keep]
             sums = torch.zeros(rows, device=hidden.device).index_add_(0, row_of, losses)
-        counts = keep.sum(dim=1)
-        B = rows // self.num_sequences
-        return sums.view(B, -1).sum(dim=1), counts.view(B, -1).sum(dim=1)
+        return sums, keep.sum(dim=1)
 
     @property
     def num_sequences(self) -> int:
@@ -247,16 +250,55 @@ class GPTModule(LightningModule):
             return F.mse_loss(logits.squeeze(-1).float(), labels.float(), reduction="none")
         return F.cross_entropy(logits.float(), labels, reduction="none")
 
-    def terms(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+    def terms(self, batch: dict[str, Tensor], with_lm: bool = True) -> dict[str, Tensor]:
         """Per-example loss terms: lm_sum, lm_count, and with a task task_loss and logits."""
+        if "context_ids" in batch:
+            return self.shared_context_terms(batch, with_lm)
         logits, hidden, targets = self(batch)
         out = {}
-        if self.task is None or self.lm_coef > 0:
-            out["lm_sum"], out["lm_count"] = self.lm_terms(hidden, targets)
+        if with_lm and (self.task is None or self.lm_coef > 0):
+            out["lm_sum"], out["lm_count"] = self.lm_terms(hidden, targets, batch["input_ids"].shape[1])
         if self.task is not None:
             out["logits"] = logits
             if "labels" in batch:
                 out["task_loss"] = self.task_losses(logits, batch["labels"])
+        return out
+
+    def shared_context_terms(self, batch: dict[str, Tensor], with_lm: bool = True) -> dict[str, Tensor]:
+        """`terms` of a multiple-choice batch from `collate_shared`: each `[start] context [delim]`
+        runs once, each choice against its keys and values; the results equal the plain path's."""
+        context, context_length, answers = batch["context_ids"], batch["context_length"], batch["answer_ids"]
+        B, S, Ta = answers.shape
+        Tc = context.shape[1]
+        shared = SharedPrefix()
+        hidden_context = self.gpt(context, kv_cache=shared)  # (B, Tc, C); right padding needs no mask
+        shared.repeats = S
+        device = answers.device
+        # Each choice's positions go on from its own context's length (padding past the table: clamped).
+        positions = context_length[:, None] + torch.arange(Ta, device=device)  # (B, Ta)
+        positions = positions.clamp(max=self.gpt.config.n_positions - 1).repeat_interleave(S, dim=0)
+        context_keys = torch.arange(Tc, device=device)[None] < context_length[:, None]  # (B, Tc)
+        keys = torch.cat([context_keys.repeat_interleave(S, dim=0), context_keys.new_ones(B * S, Ta)], 1)
+        hidden = self.gpt(answers.view(B * S, Ta), keys, position_ids=positions, kv_cache=shared)
+        rows = torch.arange(B * S, device=device)
+        extract = hidden[rows, batch["answer_extract"].view(B * S)].view(B, S, -1)  # (B, S, C)
+        logits = self.head(self.classifier_dropout(extract)).squeeze(-1)  # (B, S)
+        out = {"logits": logits.masked_fill(~batch["choice_mask"], torch.finfo(logits.dtype).min)}
+        if "labels" in batch:
+            out["task_loss"] = self.task_losses(out["logits"], batch["labels"])
+        if with_lm and self.lm_coef > 0:
+            # The plain path predicts the context's tokens once per choice: count them so.
+            choices = batch["choice_mask"].sum(dim=1)
+            context_sum, context_count = self.row_lm_terms(hidden_context, batch["context_targets"])
+            answer_sum, answer_count = self.row_lm_terms(hidden, batch["answer_targets"].view(B * S, Ta))
+            # The delim's state (shared) predicts each choice's first token.
+            delim = hidden_context[torch.arange(B, device=device), context_length - 1]  # (B, C)
+            logprobs = F.log_softmax(self.gpt.lm_logits(delim).float(), dim=-1)  # (B, V)
+            targets = batch["delim_targets"]
+            has = targets != IGNORE_INDEX
+            delim_losses = -logprobs.gather(1, targets.clamp(min=0)) * has  # (B, S)
+            out["lm_sum"] = context_sum * choices + answer_sum.view(B, S).sum(1) + delim_losses.sum(1)
+            out["lm_count"] = context_count * choices + answer_count.view(B, S).sum(1) + has.sum(1)
         return out
 
     def losses(self, batch: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
@@ -295,7 +337,7 @@ class GPTModule(LightningModule):
         loss, parts = self.losses(batch)
         if not self._finite_everywhere(loss):
             self._stop_on_nonfinite(loss)
-        B = batch["input_ids"].shape[0]
+        B = len(batch["index"])
         self.log("train/loss", loss, prog_bar=True, batch_size=B)
         for name, value in parts.items():
             self.log(f"train/{name}", value, batch_size=B)
@@ -325,7 +367,7 @@ class GPTModule(LightningModule):
 
     def _evaluate(self, batch: dict[str, Tensor], split: str) -> None:
         terms = self.terms(batch)
-        B = batch["input_ids"].shape[0]
+        B = len(batch["index"])
         lm_sum = terms.get("lm_sum", torch.zeros(B, device=self.device))
         lm_count = terms.get("lm_count", torch.ones(B, device=self.device))
         extra = {}
@@ -386,8 +428,7 @@ class GPTModule(LightningModule):
     def predict_step(self, batch: dict[str, Tensor], batch_idx: int, dataloader_idx: int = 0) -> Tensor:
         if self.task is None:
             raise ValueError("predict needs a task: give --data a task card.")
-        logits, _, _ = self(batch)
-        predictions = self.predictions_of(logits)
+        predictions = self.predictions_of(self.terms(batch, with_lm=False)["logits"])
         split = self.task.test_splits[dataloader_idx]
         self._predictions.setdefault(split, []).append((batch["index"].cpu(), predictions.cpu()))
         return predictions

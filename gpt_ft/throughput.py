@@ -61,10 +61,17 @@ class Throughput(Callback):
             self._start, self._last_step = time.perf_counter(), trainer.global_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        ids = batch["input_ids"]
-        tokens = ids.numel()  # padded positions included: they cost compute too
-        self._tokens += tokens
-        self._flops += tokens * flops_per_token(pl_module.gpt.config, self._n_params, ids.shape[-1])
+        # Padded positions included: they cost compute too. (tokens, attention span) per pass.
+        if "context_ids" in batch:  # shared-context multiple choice: contexts once, then the choices
+            ids, answers = batch["context_ids"], batch["answer_ids"]
+            passes = [(ids.numel(), ids.shape[-1]), (answers.numel(), ids.shape[-1] + answers.shape[-1])]
+        else:
+            ids = batch["input_ids"]
+            passes = [(ids.numel(), ids.shape[-1])]
+        config = pl_module.gpt.config
+        for tokens, span in passes:
+            self._tokens += tokens
+            self._flops += tokens * flops_per_token(config, self._n_params, span)
         if trainer.global_step - self._last_step < self.every_n_steps:
             return
         seconds = time.perf_counter() - self._start
