@@ -177,6 +177,7 @@ def suite(argv: list[str]) -> None:
         default=[],
         help="tasks' local files: DIR for all, or TASK=DIR (repeatable)",
     )
+    parser.add_argument("--tasks", type=list[str] | None, default=None, help="run only these of its tasks")
     parser.add_argument("--seeds", type=list[int] | None, default=None, help="default: the suite file's")
     parser.add_argument(
         "--select", choices=["last", "best"], default="last", help="report the last epoch or the best one"
@@ -196,13 +197,14 @@ def suite(argv: list[str]) -> None:
         help="write test predictions; default: if the suite has a submission",
     )
     parser.add_argument("--keep_checkpoints", type=bool, default=False, help="keep every run's checkpoints")
-    cfg = parser.parse_args(_repeatable(argv, ("--data_dir", "--seeds", "--transfer_layers")))
+    cfg = parser.parse_args(_repeatable(argv, ("--data_dir", "--tasks", "--seeds", "--transfer_layers")))
     runner = suites.SuiteRunner(
         suites.load_suite(cfg.suite),
         cfg.out_dir,
         init_from=cfg.init_from,
         tokenizer=cfg.tokenizer,
         data_dir=cfg.data_dir,
+        tasks=cfg.tasks,
         seeds=cfg.seeds,
         fit_args=fit_args,
         select=cfg.select,

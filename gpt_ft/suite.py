@@ -167,6 +167,7 @@ class SuiteRunner:
         init_from: str | None = None,
         tokenizer: str | None = None,
         data_dir: list[str] | None = None,
+        tasks: list[str] | None = None,
         seeds: list[int] | None = None,
         fit_args: list[str] | None = None,
         select: Literal["last", "best"] = "last",
@@ -204,6 +205,11 @@ class SuiteRunner:
             raise ValueError(
                 f"--data_dir names task(s) {sorted(unknown)} that suite {spec.name!r} does not list."
             )
+        if tasks:
+            unknown = [t for t in tasks if t not in self.cards]
+            if unknown:
+                raise ValueError(f"--tasks {unknown}: suite {spec.name!r} has {sorted(self.cards)}.")
+            self.cards = {name: self.cards[name] for name in tasks}
 
     # ---- the runs ----
 

@@ -278,3 +278,12 @@ def test_suite_zero_shot_and_transfer_sweep(tmp_path, tokenizer_dir):
     assert (out / "transfer.png").read_bytes()[:4] == b"\x89PNG"
     assert "| mc | " in (out / "results.md").read_text() and "2 layers" in (out / "results.md").read_text()
     assert not list(out.rglob("*.ckpt"))  # checkpoints are not kept by default
+
+
+def test_a_subset_of_a_suites_tasks(tmp_path):
+    spec = suites.load_suite(ROOT / "configs/suites/glue.yaml")
+    runner = suites.SuiteRunner(spec, tmp_path, tasks=["sst2", "rte", "stsb"], seeds=[0, 1])
+    assert list(runner.cards) == ["sst2", "rte", "stsb"]
+    assert [str(r) for r in runner.runs()][:3] == ["sst2 seed 0", "sst2 seed 1", "rte seed 0"]
+    with pytest.raises(ValueError, match=r"--tasks \['sts2'\]: suite 'GLUE' has"):
+        suites.SuiteRunner(spec, tmp_path, tasks=["sts2"])
