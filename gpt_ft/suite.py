@@ -221,7 +221,10 @@ class SuiteRunner:
         self.out.mkdir(parents=True, exist_ok=True)
         start = time.perf_counter()
         if self.zero_shot:
-            for name in self.cards:
+            for name, (entry, task) in self.cards.items():
+                if entry.zero_shot is None and task.head_kind != "multiple_choice":
+                    log(f"zero-shot: {name} has no method (a `zero_shot` entry in the suite file): skipped")
+                    continue
                 self._zero_shot(name, log)
         runs = self.runs() if self.fine_tune else []
         todo = [r for r in runs if not (self.out / "runs" / r.folder / RESULT).is_file()]
