@@ -309,7 +309,9 @@ class SuiteRunner:
             raise ValueError(f"{self.init_from} carries no tokenizer; give --tokenizer DIR.")
         gpt = load_weights(self.init_from)
         scorer = zeroshot.ZeroShotScorer(
-            gpt, load_tokenizer(tokenizer_dir, add_specials=False), progress=lambda it: tqdm(it, leave=False)
+            gpt,
+            load_tokenizer(tokenizer_dir, add_specials=False),
+            progress=lambda it: tqdm(it, leave=False, desc=f"zero-shot {name}", unit="batch"),
         )
         data_dir = self.data_dirs.get(name, self.data_dirs.get(None))
         ignored = set(task.ignore_labels)
