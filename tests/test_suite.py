@@ -287,3 +287,21 @@ def test_a_subset_of_a_suites_tasks(tmp_path):
     assert [str(r) for r in runner.runs()][:3] == ["sst2 seed 0", "sst2 seed 1", "rte seed 0"]
     with pytest.raises(ValueError, match=r"--tasks \['sts2'\]: suite 'GLUE' has"):
         suites.SuiteRunner(spec, tmp_path, tasks=["sts2"])
+
+
+def test_zero_shot_only_skips_tasks_without_a_method(tmp_path, tokenizer_dir, capsys):
+    tok = load_tokenizer(tokenizer_dir)
+    config = GPTConfig.from_name("gpt-micro", vocab_size=len(tok), n_positions=64, n_embd=32, n_layer=1)
+    GPT(config).to_hf().save_pretrained(tmp_path / "pre")
+    tok.save_pretrained(tmp_path / "pre")
+    single, choice = make_task("single", tmp_path / "a"), make_task("choice", tmp_path / "c")
+    suite = write_suite(tmp_path, f"name: z\ntasks:\n  - card: {single}\n  - card: {choice}\n")
+    out = tmp_path / "out"
+    main(
+        ["suite", str(suite), f"--out_dir={out}", f"--init_from={tmp_path / 'pre'}", "--fine_tune=false"]
+        + ["--zero_shot=true", "--data_dir", f"sent={tmp_path / 'a'}", f"mc={tmp_path / 'c'}"]
+    )
+    assert "zero-shot: sent has no method" in capsys.readouterr().out
+    results = json.loads((out / "results.json").read_text())
+    assert results["tasks"]["sent"]["metrics"] == {}
+    assert set(results["tasks"]["mc"]["metrics"]) == {"validation/accuracy", "validation/accuracy_norm"}
