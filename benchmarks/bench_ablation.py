@@ -54,6 +54,9 @@ def main() -> None:
         "--finetune-lr", nargs=2, type=float, default=[2.5e-4, 1e-3], metavar=("PRETRAINED", "SCRATCH")
     )
     parser.add_argument("--epochs-for", nargs="*", default=["SST-2=1"], help="per-task epochs (default 3)")
+    parser.add_argument(
+        "--steps-for", nargs="*", default=["SST-2=600"], help="per-task step budgets (SST-2: 600 of 2105)"
+    )
     parser.add_argument("--out", default="runs/ablation")
     parser.add_argument("--skip-pretraining", action="store_true", help="reuse OUT/pretrain/.../last.ckpt")
     args = parser.parse_args()
@@ -101,6 +104,8 @@ def main() -> None:
         f"--max-length={args.context}",
         "--epochs-for",
         *args.epochs_for,
+        "--steps-for",
+        *args.steps_for,
     ]
     rows = {
         "pretrained": [

@@ -40,6 +40,12 @@ def main() -> None:
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--epochs-for", nargs="*", default=[], help="per-task epochs, e.g. SST-2=1")
+    parser.add_argument(
+        "--steps-for",
+        nargs="*",
+        default=[],
+        help="per-task step budget, validated at its end, e.g. SST-2=600",
+    )
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--max-length", type=int, default=512)
@@ -47,6 +53,7 @@ def main() -> None:
     parser.add_argument("--results", default=None, help="also write the table's rows to this JSON file")
     args, extra = parser.parse_known_args()
     epochs_for = dict(item.split("=") for item in args.epochs_for)
+    steps_for = dict(item.split("=") for item in args.steps_for)
     rows = []
     for name in args.tasks:
         card, folder, metric = TASKS[name]
@@ -74,6 +81,11 @@ def main() -> None:
         ]
         if args.init_from:
             cmd.append(f"--model.init_from={args.init_from}")
+        if name in steps_for:
+            cmd += [
+                f"--trainer.max_steps={steps_for[name]}",
+                f"--trainer.val_check_interval={steps_for[name]}",
+            ]
         print(f"$ {' '.join(cmd[2:])}", flush=True)
         out = subprocess.run(cmd + extra, capture_output=True, text=True, cwd=ROOT)
         if out.returncode != 0:
