@@ -4,8 +4,8 @@ Both train the same model (same preset, seed and weights) on the same blocks of 
 folder in the same order, with the same AdamW groups and schedule; the loop calls the module's
 own loss, so only the machinery around it differs. `gpt-ft fit` runs in this process with its
 defaults (CSV logger, throughput callback, checkpointing at the end) and no validation; a
-callback times its steps. Rounds alternate loop and fit; the figure is the median time per step
-after the warm-up steps.
+callback times its steps. Rounds run both, the one going first alternating between rounds; the
+figure is the median time per step after the warm-up steps.
 
     python benchmarks/bench_overhead.py --tokens runs/shakespeare --preset gpt-mini --block 256 --batch 8
 """
@@ -121,8 +121,13 @@ def main() -> None:
     loop_times, fit_times = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            loop_times.append(raw_loop(args, overrides))
-            fit_times.append(lightning_fit(args, overrides_text, Path(tmp) / str(r)))
+            # Alternate which goes first, so warm caches and allocator state favour neither.
+            runs = [
+                lambda: loop_times.append(raw_loop(args, overrides)),
+                lambda: fit_times.append(lightning_fit(args, overrides_text, Path(tmp) / str(r))),
+            ]
+            for run in runs if r % 2 == 0 else runs[::-1]:
+                run()
             loop, fit = loop_times[-1], fit_times[-1]
             print(f"{r:>5} {loop:>12.4f} {fit:>11.4f} {fit / loop:>9.3f}")
     loop, fit = statistics.median(loop_times), statistics.median(fit_times)
