@@ -3,7 +3,7 @@
 Each setting runs in a fresh child process with an empty datasets cache, so nothing is read back
 from an earlier run; the child reports examples/s and its peak RSS (children included).
 
-    python benchmarks/bench_encoding.py --glue ../shared/data/glue \
+    python benchmarks/bench_encoding.py --glue ../shared/data/glue \\
         --tokenizer ../shared/data/tokenizers/openai-gpt
 """
 

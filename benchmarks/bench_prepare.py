@@ -3,7 +3,7 @@
 Each run is a fresh process (tokenizing threads run inside it); peak memory is its largest
 resident set (getrusage), which includes the interpreter and the imported libraries.
 
-    python benchmarks/bench_prepare.py --corpus ../shared/data/lm/books \
+    python benchmarks/bench_prepare.py --corpus ../shared/data/lm/books \\
         --tokenizer ../shared/data/tokenizers/gpt2
 """
 

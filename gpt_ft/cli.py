@@ -170,21 +170,27 @@ def lightning_main(argv: list[str] | None, *, run: bool = True) -> GPTCLI:
     import gpt_ft.task_data  # noqa: F401
     from gpt_ft.module import GPTModule
 
-    return GPTCLI(
-        GPTModule,
-        LightningDataModule,
-        subclass_mode_data=True,
-        args=argv,
-        run=run,
-        trainer_defaults={
-            "logger": {
-                "class_path": "lightning.pytorch.loggers.CSVLogger",
-                "init_args": {"save_dir": "runs"},
+    shell_argv = sys.argv
+    if argv is not None:  # called from Python: the process's own arguments are not this run's
+        sys.argv = sys.argv[:1]
+    try:
+        return GPTCLI(
+            GPTModule,
+            LightningDataModule,
+            subclass_mode_data=True,
+            args=argv,
+            run=run,
+            trainer_defaults={
+                "logger": {
+                    "class_path": "lightning.pytorch.loggers.CSVLogger",
+                    "init_args": {"save_dir": "runs"},
+                },
             },
-        },
-        save_config_kwargs={"overwrite": True},
-        parser_kwargs={"prog": "gpt-ft", "exit_on_error": False},
-    )
+            save_config_kwargs={"overwrite": True},
+            parser_kwargs={"prog": "gpt-ft", "exit_on_error": False},
+        )
+    finally:
+        sys.argv = shell_argv
 
 
 @contextlib.contextmanager

@@ -21,7 +21,6 @@ import json
 import math
 import shutil
 import statistics
-import sys
 import time
 import zipfile
 from dataclasses import asdict, dataclass, field
@@ -238,7 +237,7 @@ class SuiteRunner:
                 left = f", about {_minutes(statistics.fmean(took) * (len(todo) - i + 1))} left"
             log(f"[{i}/{len(todo)}] {run}{left}")
             t = time.perf_counter()
-            self.fit(run)
+            self.fit(run, log)
             took.append(time.perf_counter() - t)
         results = self.collect()
         write_results(self.out, results)
@@ -269,14 +268,14 @@ class SuiteRunner:
         ]
         return args + self.spec.args + entry.args + self.fit_args
 
-    def fit(self, run: Run) -> dict[str, Any]:
+    def fit(self, run: Run, log=print) -> dict[str, Any]:
         """One fine-tuning run: fit, the chosen epoch's validation metrics, test predictions."""
         folder = self.out / "runs" / run.folder
         if folder.exists():  # an interrupted run: start it again
             shutil.rmtree(folder)
         folder.mkdir(parents=True)
         start = time.perf_counter()
-        metrics, epoch = fit_and_evaluate(self.fit_args_of(run), self.select, predict=self.predict)
+        metrics, epoch = fit_and_evaluate(self.fit_args_of(run), self.select, predict=self.predict, log=log)
         if not self.keep_checkpoints:
             for ckpt in folder.rglob("*.ckpt"):
                 ckpt.unlink()
@@ -407,9 +406,13 @@ class SuiteRunner:
         return archive
 
 
-def fit_and_evaluate(argv: list[str], select: str, *, predict: bool) -> tuple[dict[str, float], int]:
+def fit_and_evaluate(
+    argv: list[str], select: str, *, predict: bool, log=print
+) -> tuple[dict[str, float], int]:
     """`gpt-ft fit argv` in this process; the validation metrics of the last (or best) epoch, and
-    that epoch. With `predict`, the same model writes its test predictions."""
+    that epoch. With `predict`, the same model writes its test predictions; a test split that
+    cannot be read (e.g. MNLI's diagnostic file not downloaded) is named in a warning and left out,
+    so the run's scores still count."""
     from lightning.pytorch.callbacks import Callback
 
     from gpt_ft.cli import lightning_main
@@ -427,11 +430,7 @@ def fit_and_evaluate(argv: list[str], select: str, *, predict: bool) -> tuple[di
             }
             self.evaluations.append((trainer.current_epoch, metrics))
 
-    shell_argv, sys.argv = sys.argv, sys.argv[:1]  # the suite's own arguments are not the run's
-    try:
-        cli = lightning_main(argv, run=False)
-    finally:
-        sys.argv = shell_argv
+    cli = lightning_main(argv, run=False)
     if cli.model.task is None:
         raise ValueError("A suite fine-tunes task cards; this run has no task.")
     history = History()
@@ -444,10 +443,26 @@ def fit_and_evaluate(argv: list[str], select: str, *, predict: bool) -> tuple[di
         epoch, metrics = max(history.evaluations, key=lambda e: e[1].get(main, -math.inf))
     else:
         epoch, metrics = history.evaluations[-1]
-    if predict:
+    if predict and _readable_test_splits(cli.datamodule, log):
         ckpt = "best" if select == "best" and cli.trainer.checkpoint_callback is not None else None
         cli.trainer.predict(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt, return_predictions=False)
     return metrics, epoch
+
+
+def _readable_test_splits(data, log) -> list[str]:
+    """Keeps in the task's test splits (the data module's and the model's task are one object)
+    those that load; warns about the others."""
+    from gpt_ft.adapters import TaskDataError
+
+    task, readable = data.task, []
+    for split in task.test_splits:
+        try:
+            data.encoded(split, labelled=False)
+            readable.append(split)
+        except TaskDataError as exc:
+            log(f"warning: no {task.name} predictions for split {split!r}: {exc}")
+    task.test_splits[:] = readable
+    return readable
 
 
 def mean_std(values: list[float | None]) -> dict[str, float | None]:

@@ -60,11 +60,11 @@ submission: {{archive: sub.zip, files: [SENT.tsv, STS-B.tsv, AX.tsv]}}
     calls = []
     real_fit = suites.fit_and_evaluate
 
-    def interrupted_after_one(args, select, *, predict):
+    def interrupted_after_one(args, select, **kwargs):
         calls.append(args)
         if len(calls) == 2:
             raise KeyboardInterrupt  # the user stops the suite during the second run
-        return real_fit(args, select, predict=predict)
+        return real_fit(args, select, **kwargs)
 
     monkeypatch.setattr(suites, "fit_and_evaluate", interrupted_after_one)
     with pytest.raises(KeyboardInterrupt):
@@ -249,12 +249,13 @@ def test_transfer_layers_keeps_the_first_k_blocks(tmp_path, tokenizer_dir):
         GPTModule(preset="gpt-micro", transfer_layers=1)
 
 
-def test_suite_zero_shot_and_transfer_sweep(tmp_path, tokenizer_dir):
+def test_suite_zero_shot_and_transfer_sweep(tmp_path, tokenizer_dir, capsys):
     tok = load_tokenizer(tokenizer_dir)
     config = GPTConfig.from_name("gpt-micro", vocab_size=len(tok), n_positions=64, n_embd=32, n_layer=2)
     GPT(config).to_hf().save_pretrained(tmp_path / "pre")
     tok.save_pretrained(tmp_path / "pre")  # the weights carry their tokenizer
     card = make_task("choice", tmp_path / "c")
+    (tmp_path / "c" / "d" / "test.csv").unlink()  # no test file: the runs still count, with a warning
     suite = write_suite(tmp_path, f"name: mc\nseeds: [0]\ntasks:\n  - card: {card}\n")
     out = tmp_path / "out"
     fit = [a for a in FIT if not a.startswith(("--model.preset", "--model.overrides"))]
@@ -266,7 +267,7 @@ def test_suite_zero_shot_and_transfer_sweep(tmp_path, tokenizer_dir):
             f"--init_from={tmp_path / 'pre'}",
             f"--data_dir={tmp_path / 'c'}",
         ]
-        + ["--zero_shot=true", "--transfer_layers", "0", "2", "--", *fit]
+        + ["--zero_shot=true", "--transfer_layers", "0", "2", "--predict=true", "--", *fit]
     )
     results = json.loads((out / "results.json").read_text())
     metrics = results["tasks"]["mc"]["metrics"]
@@ -276,6 +277,10 @@ def test_suite_zero_shot_and_transfer_sweep(tmp_path, tokenizer_dir):
     for k in ("0", "2"):
         assert (out / "runs" / "mc" / f"layers-{k}" / "seed-0" / "result.json").is_file()
     assert (out / "transfer.png").read_bytes()[:4] == b"\x89PNG"
+    printed = capsys.readouterr().out
+    missing = tmp_path / "c" / "d" / "test.csv"
+    warning = f"warning: no mc predictions for split 'test': {missing}: file not found"
+    assert printed.count(warning) == 2  # one per run
     assert "| mc | " in (out / "results.md").read_text() and "2 layers" in (out / "results.md").read_text()
     assert not list(out.rglob("*.ckpt"))  # checkpoints are not kept by default
 
