@@ -194,7 +194,7 @@ def suite(argv: list[str]) -> None:
         "--predict",
         type=bool | None,
         default=None,
-        help="write test predictions; default: if the suite has a submission",
+        help="write test predictions; default: if the suite has a submission (a sweep: no)",
     )
     parser.add_argument("--keep_checkpoints", type=bool, default=False, help="keep every run's checkpoints")
     cfg = parser.parse_args(_repeatable(argv, ("--data_dir", "--tasks", "--seeds", "--transfer_layers")))

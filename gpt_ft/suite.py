@@ -117,15 +117,17 @@ def load_suite(path: str | Path) -> SuiteSpec:
     try:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
-        raise ValueError(f"Suite file {path} is not valid YAML: {exc}") from None
+        raise ValueError(f"Suite file {path} is not valid YAML: {_yaml_problem(exc)}") from None
     if not isinstance(raw, dict):
         raise ValueError(f"Suite file {path} must hold a mapping with `name` and `tasks`.")
     try:
         cfg = parser.parse_object({"suite": raw})
         spec = parser.instantiate_classes(cfg).suite
     except Exception as exc:  # jsonargparse's validation errors
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"Suite file {path}: {first}") from None
+        from gpt_ft.cli import parse_error_message
+
+        reason = parse_error_message(str(exc)).replace("--suite.", "", 1)
+        raise ValueError(f"Suite file {path}: {reason}") from None
     if not spec.tasks:
         raise ValueError(f"Suite file {path} lists no tasks.")
     base = path.parent
@@ -146,13 +148,30 @@ def _find(name: str, base: Path, what: str) -> Path:
 
 def load_card(path: str):
     """The TaskAdapter of a card file."""
+    import yaml
     from jsonargparse import ArgumentParser
 
     from gpt_ft.adapters import TaskAdapter
+    from gpt_ft.cli import parse_error_message
 
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as exc:
+        raise ValueError(f"Task card {path} is not valid YAML: {_yaml_problem(exc)}") from None
     parser = ArgumentParser(exit_on_error=False)
-    parser.add_argument("--task", type=TaskAdapter, sub_configs=True)
-    return parser.instantiate(parser.parse_args(["--task", path])).task
+    parser.add_argument("--task", type=TaskAdapter)
+    try:
+        return parser.instantiate_classes(parser.parse_object({"task": raw})).task
+    except Exception as exc:  # jsonargparse's validation errors
+        reason = parse_error_message(str(exc)).removeprefix("--task: ")
+        raise ValueError(f"Task card {path}: {reason}") from None
+
+
+def _yaml_problem(exc) -> str:
+    """A YAML parse error in one line: where and what."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return where + (getattr(exc, "problem", None) or str(exc).splitlines()[0])
 
 
 class SuiteRunner:
@@ -191,7 +210,9 @@ class SuiteRunner:
             raise ValueError("--zero_shot and --transfer_layers need pretrained weights: give --init_from.")
         if not fine_tune and not zero_shot:
             raise ValueError("Nothing to do: --fine_tune false needs --zero_shot true.")
-        self.predict = spec.submission is not None if predict is None else predict
+        # A transfer-depth sweep scores partial models: no submission from it unless asked.
+        default = spec.submission is not None and not transfer_layers
+        self.predict = default if predict is None else predict
         self.keep_checkpoints = keep_checkpoints
         self.cards = {}
         for entry in spec.tasks:
@@ -294,6 +315,7 @@ class SuiteRunner:
         path = self.out / "runs" / name / "zero-shot" / RESULT
         if path.is_file():
             return
+        import torch
         from tqdm.auto import tqdm
 
         from gpt_ft import zeroshot
@@ -306,7 +328,7 @@ class SuiteRunner:
         tokenizer_dir = self.tokenizer or checkpoint_tokenizer(self.init_from)
         if tokenizer_dir is None:
             raise ValueError(f"{self.init_from} carries no tokenizer; give --tokenizer DIR.")
-        gpt = load_weights(self.init_from)
+        gpt = load_weights(self.init_from).to("cuda" if torch.cuda.is_available() else "cpu")
         scorer = zeroshot.ZeroShotScorer(
             gpt,
             load_tokenizer(tokenizer_dir, add_specials=False),
@@ -440,13 +462,18 @@ def fit_and_evaluate(
         raise ValueError("The run ended without a validation: check --trainer.limit_val_batches.")
     main = _main_key(cli.model.task)
     if select == "best":
-        epoch, metrics = max(history.evaluations, key=lambda e: e[1].get(main, -math.inf))
+        # an undefined score (None: e.g. a correlation of constant predictions) ranks last
+        epoch, metrics = max(history.evaluations, key=lambda e: _or(e[1].get(main), -math.inf))
     else:
         epoch, metrics = history.evaluations[-1]
     if predict and _readable_test_splits(cli.datamodule, log):
         ckpt = "best" if select == "best" and cli.trainer.checkpoint_callback is not None else None
         cli.trainer.predict(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt, return_predictions=False)
     return metrics, epoch
+
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value
 
 
 def _readable_test_splits(data, log) -> list[str]:

@@ -119,7 +119,9 @@ class ZeroShotScorer:
             start = len(requests)
             for choice in choices:
                 requests.append((self.prefix + self.ids(context), self.ids(" " + choice.strip())))
-            spans.append((start, len(choices), [max(1, len(c.strip()) + 1) for c in choices]))
+            # acc_norm divides by the choice's length in characters, not counting the space before
+            # it (lm-evaluation-harness: `completion_len = len(choice)`).
+            spans.append((start, len(choices), [max(1, len(c.strip())) for c in choices]))
             labels.append(_label(task, row))
         scores = self.logprobs(requests)
         right = right_norm = 0

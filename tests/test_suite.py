@@ -144,8 +144,45 @@ def test_suite_file_errors_name_the_file(tmp_path):
     with pytest.raises(ValueError, match="lists no tasks"):
         suites.load_suite(bad)
     bad.write_text("name: x\nseeds: one\ntasks: []\n")
-    with pytest.raises(ValueError, match=r"suite.yaml: "):
+    with pytest.raises(ValueError, match=r"suite.yaml: seeds: expected"):
         suites.load_suite(bad)
+    card = tmp_path / "card.yaml"
+    card.write_text("class_path: gpt_ft.adapters.SingleText\ninit_args: {name: x, txt: s}\n")
+    bad.write_text("name: x\ntasks:\n  - card: card.yaml\n    zero_shot: {verbalizer: [' a', ' b']}\n")
+    with pytest.raises(
+        ValueError, match=r"^Suite file \S+suite.yaml: tasks.zero_shot: Option 'verbalizer' is not"
+    ):
+        suites.load_suite(bad)
+    bad.write_text("name: x\ntasks: [\n")
+    with pytest.raises(
+        ValueError, match=r"suite.yaml is not valid YAML: line 3, column 1: expected the node"
+    ):
+        suites.load_suite(bad)
+    with pytest.raises(ValueError, match=r"^Task card \S+card.yaml: Option 'txt' is not accepted.$"):
+        suites.load_card(card)
+    card.write_text("class_path: [\n")
+    with pytest.raises(ValueError, match=r"^Task card \S+card.yaml is not valid YAML: line 2, column 1: "):
+        suites.load_card(card)
+
+
+def test_best_epoch_ranks_an_undefined_score_last(monkeypatch):
+    from types import SimpleNamespace
+
+    task = SimpleNamespace(validation_splits=["validation"], test_splits=[], name="sts")
+    evaluations = [(0, {"validation/pearson": None}), (1, {"validation/pearson": 0.25}), (2, {})]
+    monkeypatch.setattr(suites, "_main_key", lambda task: "validation/pearson")
+
+    class Trainer:
+        callbacks, sanity_checking = [], False
+
+        def fit(self, model, datamodule):
+            history = self.callbacks[-1]
+            history.evaluations.extend(evaluations)
+
+    cli = SimpleNamespace(model=SimpleNamespace(task=task), datamodule=None, trainer=Trainer())
+    monkeypatch.setattr("gpt_ft.cli.lightning_main", lambda argv, run: cli)
+    assert suites.fit_and_evaluate([], "best", predict=False) == ({"validation/pearson": 0.25}, 1)
+    assert suites.fit_and_evaluate([], "last", predict=False) == ({}, 2)
 
 
 # ---- zero-shot ----
@@ -182,7 +219,7 @@ def test_multiple_choice_zero_shot_matches_hand_computed_likelihoods(tokenizer_d
     assert got == pytest.approx([expected[short], expected[long]], abs=1e-4)
     # Summed, the one-token answer wins; per character, the long one does.
     assert expected[short] > expected[long]
-    assert expected[short] / (len(short) + 1) < expected[long] / (len(long) + 1)
+    assert expected[short] / len(short) < expected[long] / len(long)
 
     from gpt_ft.adapters import MultipleChoice
 
