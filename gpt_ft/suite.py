@@ -225,6 +225,7 @@ class SuiteRunner:
             raise ValueError(
                 f"--data_dir names task(s) {sorted(unknown)} that suite {spec.name!r} does not list."
             )
+        self.all_cards = self.cards  # a `--tasks` subset still reports earlier runs of the others
         if tasks:
             unknown = [t for t in tasks if t not in self.cards]
             if unknown:
@@ -349,9 +350,12 @@ class SuiteRunner:
     # ---- results ----
 
     def collect(self) -> dict[str, Any]:
-        """Every finished run's metrics gathered into the results (percent)."""
+        """Every finished run's metrics gathered into the results (percent): the tasks of this
+        invocation and those of earlier ones into the same folder (`--tasks` subsets)."""
         tasks: dict[str, Any] = {}
-        for name, (entry, task) in self.cards.items():
+        for name, (entry, task) in self.all_cards.items():
+            if name not in self.cards and not any((self.out / "runs" / name).glob(f"**/{RESULT}")):
+                continue
             item: dict[str, Any] = {"card": entry.card, "main_metric": _main_key(task), "metrics": {}}
             rows = item["metrics"]
             for seed in self.seeds if self.fine_tune else []:

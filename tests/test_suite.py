@@ -119,6 +119,13 @@ submission: {{archive: sub.zip, files: [SENT.tsv, STS-B.tsv, AX.tsv]}}
     assert rows[0] == "index\tprediction" and [r.split("\t")[0] for r in rows[1:]] == ["0", "1", "2"]
     assert {r.split("\t")[1] for r in rows[1:]} <= {"negative", "positive"}
 
+    # Rerunning one task of the folder redoes nothing and keeps the other task's results and files.
+    calls.clear()
+    main([*argv[:4], "--tasks", "sts", *argv[4:]])
+    assert calls == [] and json.loads((out / "results.json").read_text())["tasks"] == results["tasks"]
+    with zipfile.ZipFile(out / "sub.zip") as zf:
+        assert sorted(zf.namelist()) == ["SENT.tsv", "STS-B.tsv"]
+
 
 def test_glue_suite_names_the_servers_files_and_labels():
     spec = suites.load_suite(ROOT / "configs/suites/glue.yaml")
