@@ -648,10 +648,11 @@ def _data_dirs(values: list[str]) -> dict[str | None, str]:
     out: dict[str | None, str] = {}
     for value in values:
         name, sep, path = value.partition("=")
-        if sep and name and "/" not in name:
-            out[name] = path
-        else:
-            out[None] = value
+        key = name if sep and name and "/" not in name else None
+        if key in out:
+            what = f"{key}=DIR" if key else "a DIR for every task"
+            raise ValueError(f"--data_dir gives {what} twice ({out[key]} and {path if key else value}).")
+        out[key] = path if key else value
     return out
 
 

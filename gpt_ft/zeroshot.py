@@ -51,6 +51,12 @@ class ZeroShot:
             )
 
 
+def scored_tokens(context: int, continuation: int, n_ctx: int) -> int:
+    """How many continuation tokens `continuation_logprobs` scores: all, unless the input is longer
+    than the model's context and loses its earliest tokens."""
+    return min(continuation, min(context + continuation, n_ctx + 1) - 1)
+
+
 @torch.no_grad()
 def continuation_logprobs(
     gpt: GPT,
@@ -72,8 +78,7 @@ def continuation_logprobs(
         if not continuation:
             raise ValueError("A continuation to score has no tokens.")
         tokens = (list(context) + list(continuation))[-(n_ctx + 1) :]
-        scored = min(len(continuation), len(tokens) - 1)
-        rows.append((tokens[:-1], tokens[1:], scored))
+        rows.append((tokens[:-1], tokens[1:], scored_tokens(len(context), len(continuation), n_ctx)))
     # Longest first: batches of similar length waste little on padding.
     order = sorted(range(len(rows)), key=lambda i: -len(rows[i][0]))
     out = [0.0] * len(rows)
@@ -153,8 +158,9 @@ class ZeroShotScorer:
             ids = self.ids(" ".join(task.texts(row)).strip())
             if not self.prefix and len(ids) < 2:
                 raise TaskDataError(f"task {task.name!r}: a text of {len(ids)} token(s) cannot be scored.")
-            requests.append((self.prefix, ids) if self.prefix else (ids[:1], ids[1:]))
-            lengths.append(len(requests[-1][1]))
+            context, continuation = (self.prefix, ids) if self.prefix else (ids[:1], ids[1:])
+            requests.append((context, continuation))
+            lengths.append(scored_tokens(len(context), len(continuation), self.gpt.config.n_positions))
         return torch.tensor(self.logprobs(requests)) / torch.tensor(lengths, dtype=torch.float)
 
 

@@ -4,6 +4,7 @@ zero-shot scoring; transferring the first k layers."""
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import zipfile
 from pathlib import Path
@@ -336,6 +337,12 @@ def test_a_subset_of_a_suites_tasks(tmp_path):
     assert [str(r) for r in runner.runs()][:3] == ["sst2 seed 0", "sst2 seed 1", "rte seed 0"]
     with pytest.raises(ValueError, match=r"--tasks \['sts2'\]: suite 'GLUE' has"):
         suites.SuiteRunner(spec, tmp_path, tasks=["sts2"])
+    assert suites._data_dirs(["glue", "rte=r"]) == {None: "glue", "rte": "r"}
+    assert suites._data_dirs(["x/y=z"]) == {None: "x/y=z"}  # a path with "=" in it
+    with pytest.raises(ValueError, match=r"^--data_dir gives a DIR for every task twice \(a and b\)\.$"):
+        suites._data_dirs(["a", "b"])
+    with pytest.raises(ValueError, match=r"^--data_dir gives rte=DIR twice \(a and b\)\.$"):
+        suites._data_dirs(["rte=a", "rte=b"])
 
 
 def test_zero_shot_only_skips_tasks_without_a_method(tmp_path, tokenizer_dir, capsys):
@@ -354,3 +361,17 @@ def test_zero_shot_only_skips_tasks_without_a_method(tmp_path, tokenizer_dir, ca
     results = json.loads((out / "results.json").read_text())
     assert results["tasks"]["sent"]["metrics"] == {}
     assert set(results["tasks"]["mc"]["metrics"]) == {"validation/accuracy", "validation/accuracy_norm"}
+
+
+def test_average_logprob_of_a_text_longer_than_the_context(tokenizer_dir):
+    from gpt_ft.adapters import SingleText
+
+    tok = load_tokenizer(tokenizer_dir, add_specials=False)
+    logits = torch.zeros(len(tok))
+    gpt = unigram_gpt(len(tok), logits)  # uniform: every token's log-probability is -log(V)
+    text = " ".join(["dogs"] * 300)
+    assert len(tok(text, add_special_tokens=False)["input_ids"]) > gpt.config.n_positions
+    task = SingleText(name="s", labels=["neg", "pos"], metrics=["accuracy"])
+    averages = ZeroShotScorer(gpt, tok).average_logprobs(task, [{"sentence": text, "label": "neg"}])
+    # The earliest tokens fall out of the context unscored; the average is over the scored ones.
+    assert averages.tolist() == pytest.approx([-math.log(len(tok))], abs=1e-4)
