@@ -30,6 +30,12 @@ from typing import Any, Literal
 from gpt_ft.zeroshot import ZeroShot
 
 RESULT = "result.json"
+# Fit arguments that say where a run writes, not what it computes.
+_OUTPUT_ARGS = (
+    "--trainer.default_root_dir=",
+    "--trainer.logger.init_args.save_dir=",
+    "--model.predictions_dir=",
+)
 
 
 @dataclass
@@ -248,7 +254,7 @@ class SuiteRunner:
                     continue
                 self._zero_shot(name, log)
         runs = self.runs() if self.fine_tune else []
-        todo = [r for r in runs if not (self.out / "runs" / r.folder / RESULT).is_file()]
+        todo = [r for r in runs if not self._finished(r, log)]
         if runs:
             done = len(runs) - len(todo)
             log(f"suite {self.spec.name}: {len(runs)} runs, {done} finished before, {len(todo)} to go")
@@ -290,6 +296,22 @@ class SuiteRunner:
         ]
         return args + self.spec.args + entry.args + self.fit_args
 
+    def _recorded_args(self, run: Run) -> list[str]:
+        """The run's fit arguments, less those naming where it writes (a moved folder still counts)."""
+        return [a for a in self.fit_args_of(run) if not a.startswith(_OUTPUT_ARGS)]
+
+    def _finished(self, run: Run, log) -> bool:
+        """Whether the run's result is on disk and came from the same fit arguments."""
+        result = _read(self.out / "runs" / run.folder / RESULT)
+        if result is None:
+            return False
+        recorded, now = result.get("args"), self._recorded_args(run)
+        if recorded is not None and recorded != now:
+            changed = [a for a in now if a not in recorded] + [f"not {a}" for a in recorded if a not in now]
+            log(f"{run}: its arguments changed since it ran ({', '.join(changed)}): running it again")
+            return False
+        return True
+
     def fit(self, run: Run, log=print) -> dict[str, Any]:
         """One fine-tuning run: fit, the chosen epoch's validation metrics, test predictions."""
         folder = self.out / "runs" / run.folder
@@ -308,6 +330,7 @@ class SuiteRunner:
             "epoch": epoch,
             "metrics": metrics,
             "seconds": round(time.perf_counter() - start, 1),
+            "args": self._recorded_args(run),
         }
         _write_json(folder / RESULT, result)
         return result
@@ -413,7 +436,10 @@ class SuiteRunner:
             scored = {seed: v for seed, v in stats["seeds"].items() if v is not None}
             best = max(scored, key=scored.get) if scored else next(iter(stats["seeds"]))
             predictions = self.out / "runs" / Run(name, int(best)).folder / "predictions"
-            for file in sorted(predictions.glob("*.tsv")) if predictions.is_dir() else []:
+            files = sorted(predictions.glob("*.tsv")) if predictions.is_dir() else []
+            if not files:
+                log(f"warning: {Run(name, int(best))} (the best seed) wrote no test predictions")
+            for file in files:
                 shutil.copy(file, folder / file.name)
         present = {p.name for p in folder.iterdir()}
         missing = [f for f in spec.files if f not in present]

@@ -127,6 +127,13 @@ submission: {{archive: sub.zip, files: [SENT.tsv, STS-B.tsv, AX.tsv]}}
     with zipfile.ZipFile(out / "sub.zip") as zf:
         assert sorted(zf.namelist()) == ["SENT.tsv", "STS-B.tsv"]
 
+    # A run whose fit arguments changed is not read back but run again.
+    capsys.readouterr()
+    main([*argv[:4], "--tasks", "sts", *argv[4:], "--data.batch_size=2"])
+    printed = capsys.readouterr().out
+    assert len(calls) == 2 and "2 runs, 0 finished before, 2 to go" in printed
+    assert "sts seed 0: its arguments changed since it ran (--data.batch_size=2): running it again" in printed
+
 
 def test_glue_suite_names_the_servers_files_and_labels():
     spec = suites.load_suite(ROOT / "configs/suites/glue.yaml")
