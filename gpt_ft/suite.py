@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from gpt_ft.results import benchmark_score, mean_std, write_json, write_results
 from gpt_ft.zeroshot import ZeroShot
 
 RESULT = "result.json"
@@ -332,7 +333,7 @@ class SuiteRunner:
             "seconds": round(time.perf_counter() - start, 1),
             "args": self._recorded_args(run),
         }
-        _write_json(folder / RESULT, result)
+        write_json(folder / RESULT, result)
         return result
 
     def _zero_shot(self, name: str, log) -> None:
@@ -368,7 +369,7 @@ class SuiteRunner:
         metrics = zeroshot.evaluate(task, scorer, rows, entry.zero_shot)
         metrics = {k: _finite(v) for k, v in metrics.items()}
         result = {"task": name, "metrics": metrics, "seconds": round(time.perf_counter() - start, 1)}
-        _write_json(path, result)
+        write_json(path, result)
 
     # ---- results ----
 
@@ -493,17 +494,15 @@ def fit_and_evaluate(
     main = _main_key(cli.model.task)
     if select == "best":
         # an undefined score (None: e.g. a correlation of constant predictions) ranks last
-        epoch, metrics = max(history.evaluations, key=lambda e: _or(e[1].get(main), -math.inf))
+        epoch, metrics = max(
+            history.evaluations, key=lambda e: -math.inf if e[1].get(main) is None else e[1][main]
+        )
     else:
         epoch, metrics = history.evaluations[-1]
     if predict and _readable_test_splits(cli.datamodule, log):
         ckpt = "best" if select == "best" and cli.trainer.checkpoint_callback is not None else None
         cli.trainer.predict(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt, return_predictions=False)
     return metrics, epoch
-
-
-def _or(value: float | None, default: float) -> float:
-    return default if value is None else value
 
 
 def _readable_test_splits(data, log) -> list[str]:
@@ -520,149 +519,6 @@ def _readable_test_splits(data, log) -> list[str]:
             log(f"warning: no {task.name} predictions for split {split!r}: {exc}")
     task.test_splits[:] = readable
     return readable
-
-
-def mean_std(values: list[float | None]) -> dict[str, float | None]:
-    """Mean and sample standard deviation (n - 1; 0 for one value) of the defined values (a
-    correlation is undefined, None, when predictions are constant); None for no values."""
-    values = [v for v in values if v is not None]
-    if not values:
-        return {"mean": None, "std": None}
-    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0}
-
-
-def benchmark_score(score: Score, tasks: dict[str, Any]) -> dict[str, Any]:
-    """The mean over the score's tasks of each task's mean over its metrics (fine-tuned means)."""
-    per_task = {}
-    for name in score.tasks:
-        means = [
-            s["mean"] for s in tasks.get(name, {}).get("metrics", {}).values() if s.get("mean") is not None
-        ]
-        if means:
-            per_task[name] = statistics.fmean(means)
-    return {
-        "name": score.name,
-        "value": statistics.fmean(per_task.values()) if per_task else None,
-        "tasks": per_task,
-        "missing": [t for t in score.tasks if t not in per_task],
-        "paper": score.paper,
-    }
-
-
-# ---- writing ----
-
-
-def write_results(out: Path, results: dict[str, Any]) -> None:
-    _write_json(out / "results.json", results)
-    (out / "results.md").write_text(results_markdown(results))
-    plot_results(results, out / "results.png")
-    if any("transfer" in item for item in results["tasks"].values()):
-        plot_transfer(results, out / "transfer.png")
-
-
-def results_markdown(results: dict[str, Any]) -> str:
-    config = results["config"]
-    seeds = config["seeds"]
-    start = f"`{config['init_from']}`" if config["init_from"] else "scratch"
-    lines = [
-        f"# {results['suite']}",
-        "",
-        f"Fine-tuned from {start}, {len(seeds)} seed(s) ({', '.join(map(str, seeds))}), scores in percent on "
-        f"the validation splits, the model at the {config['select']} epoch; mean ± sample std over seeds. "
-        "The GPT-1 paper's values are test-set scores (Radford et al., 2018).",
-        "",
-        "| task | metric | fine-tuned | zero-shot | GPT-1 paper |",
-        "|---|---|---|---|---|",
-    ]
-    for name, item in results["tasks"].items():
-        for key, stats in item["metrics"].items():
-            zero, paper = _num(stats.get("zero_shot")), _num(stats.get("paper"))
-            lines.append(f"| {name} | {key} | {_pm(stats)} | {zero} | {paper} |")
-    score = results.get("score")
-    if score is not None:
-        covered = len(score["tasks"])
-        of = covered + len(score["missing"])
-        note = f" ({covered} of {of} tasks" + (
-            f"; missing {', '.join(score['missing'])})" if score["missing"] else ")"
-        )
-        lines.append(
-            f"| **{score['name']}**{note} | mean | {_num(score['value'])} | | {_num(score['paper'])} |"
-        )
-    transfer = {n: item["transfer"] for n, item in results["tasks"].items() if "transfer" in item}
-    if transfer:
-        ks = config["transfer_layers"]
-        lines += [
-            "",
-            "Main metric by number of pretrained layers transferred (GPT-1 Fig. 2 left):",
-            "",
-            "| task | " + " | ".join(f"{k} layers" for k in ks) + " |",
-            "|---|" + "---|" * len(ks),
-        ]
-        for name, by_k in transfer.items():
-            lines.append(f"| {name} | " + " | ".join(_pm(by_k[str(k)]) for k in ks) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def plot_results(results: dict[str, Any], path: Path) -> None:
-    """Horizontal bars per task and metric: ours (mean ± std), zero-shot, and the paper's."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = [
-        (f"{n} {k.split('/')[-1]}", s)
-        for n, item in results["tasks"].items()
-        for k, s in item["metrics"].items()
-    ]
-    series = [
-        ("fine-tuned", "mean", "#1f77b4"),
-        ("zero-shot", "zero_shot", "#2ca02c"),
-        ("GPT-1 paper", "paper", "#aaaaaa"),
-    ]
-    series = [s for s in series if any(stats.get(s[1]) is not None for _, stats in rows)]
-    height = 0.8 / max(1, len(series))
-    fig, ax = plt.subplots(figsize=(7, 1 + 0.5 * len(rows) * max(1, len(series)) / 2))
-    for j, (label, key, color) in enumerate(series):
-        ys = [i + (j - (len(series) - 1) / 2) * height for i in range(len(rows))]
-        values = [stats.get(key) or 0.0 for _, stats in rows]
-        errors = [stats.get("std") or 0.0 for _, stats in rows] if key == "mean" else None
-        ax.barh(ys, values, height=height, xerr=errors, color=color, label=label, capsize=2)
-    ax.set_yticks(range(len(rows)), [label for label, _ in rows])
-    ax.invert_yaxis()
-    ax.set_xlabel("score (%)")
-    ax.set_title(results["suite"])
-    ax.legend(loc="lower right", fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
-def plot_transfer(results: dict[str, Any], path: Path) -> None:
-    """Main metric vs number of layers transferred, one line per task (GPT-1 Fig. 2 left)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for name, item in results["tasks"].items():
-        if "transfer" not in item:
-            continue
-        ks = sorted(int(k) for k in item["transfer"])
-        means = [item["transfer"][str(k)]["mean"] for k in ks]
-        ax.plot(
-            ks,
-            [m if m is not None else math.nan for m in means],
-            marker="o",
-            label=f"{name} {item['main_metric']}",
-        )
-    ax.set_xlabel("pretrained layers transferred")
-    ax.set_ylabel("score (%)")
-    ax.legend(fontsize="small")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
 
 
 def _main_key(task) -> str:
@@ -686,32 +542,12 @@ def _read(path: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def _write_json(path: Path, value: Any) -> None:
-    """Written whole or not at all: a crash never leaves half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(value, indent=2) + "\n")
-    tmp.replace(path)
-
-
 def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
 def _percent(value: float | None) -> float | None:
     return None if value is None or not math.isfinite(value) else 100 * value
-
-
-def _num(value: float | None) -> str:
-    return "" if value is None else f"{value:.1f}"
-
-
-def _pm(stats: dict[str, Any]) -> str:
-    if stats.get("mean") is None:
-        return ""
-    if len(stats.get("seeds") or []) > 1:
-        return f"{stats['mean']:.1f} ± {stats['std']:.1f}"
-    return f"{stats['mean']:.1f}"
 
 
 def _minutes(seconds: float) -> str:
