@@ -22,7 +22,7 @@ def child(args) -> None:
     import datasets
 
     from gpt_ft.adapters import LocalFiles, SingleText
-    from gpt_ft.task_data import TaskDataModule
+    from gpt_ft.data.task_data import TaskDataModule
 
     datasets.disable_progress_bars()
     task = SingleText(

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from gpt_ft import GPT, GPTConfig
-from gpt_ft.throughput import counted_parameters, dense_peak_tflops, flops_per_token
+from gpt_ft.training.throughput import counted_parameters, dense_peak_tflops, flops_per_token
 
 
 def synchronize(device: str) -> None:

@@ -25,9 +25,9 @@ import time
 import torch
 
 from gpt_ft.adapters import MultipleChoice
-from gpt_ft.module import GPTModule
-from gpt_ft.task_data import collate, collate_shared
-from gpt_ft.tokenizer import SpecialTokenIds
+from gpt_ft.data.batches import collate, collate_shared
+from gpt_ft.data.tokenizer import SpecialTokenIds
+from gpt_ft.training.module import GPTModule
 
 VOCAB = 40478  # GPT-1's BPE, plus the 4 special tokens below
 

@@ -22,8 +22,9 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from gpt_ft.cli import main as gpt_ft
-from gpt_ft.lm_data import LMDataModule
-from gpt_ft.module import GPTModule, lr_lambda
+from gpt_ft.data.lm_data import LMDataModule
+from gpt_ft.training.module import GPTModule
+from gpt_ft.training.optim import lr_lambda
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMES: list[float] = []  # seconds per step of the last timed `gpt-ft fit`
@@ -76,7 +77,7 @@ def lightning_fit(args, overrides: str, out: Path) -> float:
     gpt_ft(
         [
             "fit",
-            "--data.class_path=gpt_ft.lm_data.LMDataModule",
+            "--data.class_path=gpt_ft.data.lm_data.LMDataModule",
             f"--data.token_dir={args.tokens}",
             f"--data.block_size={args.block}",
             f"--data.batch_size={args.batch}",

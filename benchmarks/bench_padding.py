@@ -21,7 +21,7 @@ from jsonargparse import ArgumentParser
 
 from gpt_ft.adapters import TaskAdapter
 from gpt_ft.cli import main as gpt_ft
-from gpt_ft.task_data import TaskDataModule
+from gpt_ft.data.task_data import TaskDataModule
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,8 +44,8 @@ def padding_share(args, length_grouped: bool) -> tuple[float, int]:
     data.setup("fit")
     real = total = batches = 0
     for batch in data.train_dataloader():
-        real += int(batch["attention_mask"].sum())
-        total += batch["attention_mask"].numel()
+        real += int(batch.attention_mask.sum())
+        total += batch.attention_mask.numel()
         batches += 1
     return 1 - real / total, batches
 

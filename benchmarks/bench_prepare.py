@@ -23,7 +23,7 @@ def run_prepare(inputs: list[str], tokenizer: str, workers: int, workdir: Path) 
     out = workdir / f"tokens-{workers}-{time.monotonic_ns()}"
     code = (
         "import json, resource, sys\n"
-        "from gpt_ft.prepare import prepare\n"
+        "from gpt_ft.data.prepare import prepare\n"
         f"meta = prepare({str(out)!r}, {tokenizer!r}, files={inputs!r}, workers={workers},\n"
         "               progress=False)\n"
         "self_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"

@@ -1,4 +1,4 @@
-"""Check gpt_ft.tokenizer against OpenAI's original GPT-1 and GPT-2 BPE files.
+"""Check gpt_ft.data.tokenizer against OpenAI's original GPT-1 and GPT-2 BPE files.
 
 Loads both folders with `load_tokenizer`, checks known ids and where the fine-tuning special
 tokens land, and compares GPT-1 encodings with a small independent implementation of the
@@ -22,7 +22,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from transformers import AutoTokenizer, GPT2TokenizerFast, OpenAIGPTTokenizerFast  # noqa: E402
 
-from gpt_ft.tokenizer import SPECIAL_TOKENS, SpecialTokenIds, load_tokenizer, special_token_ids  # noqa: E402
+from gpt_ft.data.tokenizer import SPECIAL_TOKENS, SpecialTokenIds, load_tokenizer, special_token_ids  # noqa: E402
 
 DEFAULT_DIR = REPO_ROOT.parent / "shared" / "data" / "tokenizers"
 

@@ -1,6 +1,6 @@
 import pytest
 
-from gpt_ft.tokenizer import train_tokenizer
+from gpt_ft.data.tokenizer import train_tokenizer
 
 CORPUS = """The quick brown fox jumps over the lazy dog. A man is playing a guitar.
 It is a charming and often affecting journey. Weapons of mass destruction were not found.

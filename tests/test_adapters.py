@@ -1,9 +1,18 @@
 import pytest
 import torch
 
-from gpt_ft.adapters import MultipleChoice, Similarity, SingleText, TaskDataError, TextPair, fit_lengths
-from gpt_ft.task_data import IGNORE_INDEX, collate
-from gpt_ft.tokenizer import SpecialTokenIds
+from gpt_ft.adapters import (
+    ChoiceHead,
+    MultipleChoice,
+    RegressionHead,
+    Similarity,
+    SingleText,
+    TaskDataError,
+    TextPair,
+    fit_lengths,
+)
+from gpt_ft.data.batches import IGNORE_INDEX, collate
+from gpt_ft.data.tokenizer import SpecialTokenIds
 
 SPECIALS = SpecialTokenIds(start=100, delim=101, extract=102, pad=103, eos=None)
 START, DELIM, EXTRACT, PAD = 100, 101, 102, 103
@@ -36,7 +45,7 @@ def test_similarity_gives_both_orders():
     assert enc.sequences == [[START, 1, 2, DELIM, 3, EXTRACT], [START, 3, DELIM, 1, 2, EXTRACT]]
     assert enc.extract_index == [5, 5]
     assert enc.label == pytest.approx(3.8)
-    assert sim.num_sequences == 2 and sim.head_kind == "regression" and sim.num_labels == 1
+    assert sim.num_sequences == 2 and isinstance(sim.head(8, dropout=0.0, init_std=0.02), RegressionHead)
 
 
 def test_multiple_choice_layout_and_shared_truncated_context():
@@ -45,7 +54,7 @@ def test_multiple_choice_layout_and_shared_truncated_context():
     enc = mc.encode(example, [[1, 2, 3], [7], [8, 9]], SPECIALS, 512)
     assert enc.sequences == [[START, 1, 2, 3, DELIM, 7, EXTRACT], [START, 1, 2, 3, DELIM, 8, 9, EXTRACT]]
     assert enc.extract_index == [6, 7] and enc.label == 1
-    assert mc.num_sequences == 2 and mc.head_kind == "multiple_choice" and mc.num_labels == 1
+    assert mc.num_sequences == 2 and isinstance(mc.head(8, dropout=0.0, init_std=0.02), ChoiceHead)
     # Context 20 and longest answer 4 into a budget of 7: context 4, answers at most 3, the same
     # context tokens in every choice.
     enc = mc.encode(example, [list(range(1, 21)), [7], [8, 9, 10, 11]], SPECIALS, 10)
@@ -112,13 +121,13 @@ def test_collate_right_padding_hand_checked():
     ]
     batch = collate(examples, PAD)
     X = IGNORE_INDEX
-    assert batch["input_ids"].tolist() == [[[START, 5, 6, EXTRACT]], [[START, 7, EXTRACT, PAD]]]
-    assert batch["attention_mask"].tolist() == [[[1, 1, 1, 1]], [[1, 1, 1, 0]]]
-    assert batch["lm_targets"].tolist() == [[[5, 6, EXTRACT, X]], [[7, EXTRACT, X, X]]]
-    assert batch["extract_index"].tolist() == [[3], [2]]
-    assert batch["labels"].tolist() == [1, 0] and batch["labels"].dtype == torch.long
-    assert batch["index"].tolist() == [7, 9]
-    assert batch["choice_mask"].tolist() == [[True], [True]]
+    assert batch.input_ids.tolist() == [[[START, 5, 6, EXTRACT]], [[START, 7, EXTRACT, PAD]]]
+    assert batch.attention_mask.tolist() == [[[1, 1, 1, 1]], [[1, 1, 1, 0]]]
+    assert batch.lm_targets.tolist() == [[[5, 6, EXTRACT, X]], [[7, EXTRACT, X, X]]]
+    assert batch.extract_index.tolist() == [[3], [2]]
+    assert batch.labels.tolist() == [1, 0] and batch.labels.dtype == torch.long
+    assert batch.index.tolist() == [7, 9]
+    assert batch.choice_mask.tolist() == [[True], [True]]
 
 
 def test_collate_left_padding_moves_the_extract_index():
@@ -128,12 +137,12 @@ def test_collate_left_padding_moves_the_extract_index():
     ]
     batch = collate(examples, PAD, padding_side="left")
     X = IGNORE_INDEX
-    assert batch["input_ids"].tolist() == [[[START, 5, 6, EXTRACT]], [[PAD, START, 7, EXTRACT]]]
-    assert batch["lm_targets"].tolist() == [[[5, 6, EXTRACT, X]], [[X, 7, EXTRACT, X]]]
-    assert batch["extract_index"].tolist() == [[3], [3]]
-    ids = batch["input_ids"]
-    assert all(ids[b, 0, batch["extract_index"][b, 0]] == EXTRACT for b in range(2))
-    assert batch["labels"].dtype == torch.float
+    assert batch.input_ids.tolist() == [[[START, 5, 6, EXTRACT]], [[PAD, START, 7, EXTRACT]]]
+    assert batch.lm_targets.tolist() == [[[5, 6, EXTRACT, X]], [[X, 7, EXTRACT, X]]]
+    assert batch.extract_index.tolist() == [[3], [3]]
+    ids = batch.input_ids
+    assert all(ids[b, 0, batch.extract_index[b, 0]] == EXTRACT for b in range(2))
+    assert batch.labels.dtype == torch.float
 
 
 def test_collate_multiple_choice_with_a_missing_choice():
@@ -152,13 +161,13 @@ def test_collate_multiple_choice_with_a_missing_choice():
         },
     ]
     batch = collate(examples, PAD)
-    assert batch["input_ids"].shape == (2, 3, 4)
-    assert batch["choice_mask"].tolist() == [[True, True, True], [True, True, False]]
-    assert batch["input_ids"][1, 2].tolist() == [PAD] * 4
-    assert batch["lm_targets"][1, 2].tolist() == [IGNORE_INDEX] * 4
-    assert batch["extract_index"].tolist() == [[2, 2, 2], [2, 3, 0]]
+    assert batch.input_ids.shape == (2, 3, 4)
+    assert batch.choice_mask.tolist() == [[True, True, True], [True, True, False]]
+    assert batch.input_ids[1, 2].tolist() == [PAD] * 4
+    assert batch.lm_targets[1, 2].tolist() == [IGNORE_INDEX] * 4
+    assert batch.extract_index.tolist() == [[2, 2, 2], [2, 3, 0]]
 
 
 def test_collate_without_labels_has_no_labels_key():
     batch = collate([{"input_ids": [[START, EXTRACT]], "extract_index": [1], "label": None, "index": 0}], PAD)
-    assert "labels" not in batch
+    assert batch.labels is None

@@ -6,11 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_cli import MICRO, common_args, make_task
+from helpers import MICRO, common_args
+from test_cli import make_task
 
 from gpt_ft.cli import main
+from gpt_ft.data.tokenizer import load_tokenizer
 from gpt_ft.model import GPT, GPTConfig
-from gpt_ft.tokenizer import load_tokenizer
 
 
 @pytest.fixture

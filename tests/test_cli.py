@@ -1,15 +1,12 @@
-import csv
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import MICRO, ROOT, common_args, write_rows  # noqa: F401
 
 from gpt_ft.cli import main
-
-ROOT = Path(__file__).resolve().parents[1]
-MICRO = "{n_positions: 64, n_embd: 32, n_layer: 1, n_head: 2}"
 
 CARDS = {
     "single": """class_path: gpt_ft.adapters.SingleText
@@ -46,17 +43,6 @@ init_args:
 }
 
 
-def write_rows(path: Path, header: list[str], rows: list[list]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    delimiter = "\t" if path.suffix == ".tsv" else ","
-    with path.open("w", newline="") as f:
-        writer = csv.writer(
-            f, delimiter=delimiter, quoting=csv.QUOTE_MINIMAL if delimiter == "," else csv.QUOTE_NONE
-        )
-        writer.writerow(header)
-        writer.writerows(rows)
-
-
 def make_task(kind: str, root: Path) -> Path:
     good, bad = "the cat sat on the mat .", "two dogs run in a park ."
     for split, n in (("train", 6), ("dev", 5), ("test", 3)):
@@ -79,22 +65,6 @@ def make_task(kind: str, root: Path) -> Path:
     card = root / f"{kind}.yaml"
     card.write_text(CARDS[kind])
     return card
-
-
-def common_args(card: Path, tokenizer_dir: str, root: Path) -> list[str]:
-    return [
-        f"--data.task={card}",
-        f"--data.tokenizer={tokenizer_dir}",
-        f"--data.data_dir={root}",
-        "--data.batch_size=4",
-        "--data.max_length=64",
-        "--model.preset=gpt-micro",
-        f"--model.overrides={MICRO}",
-        f"--trainer.default_root_dir={root}",
-        f"--trainer.logger.init_args.save_dir={root / 'runs'}",
-        "--trainer.enable_progress_bar=false",
-        "--trainer.enable_model_summary=false",
-    ]
 
 
 @pytest.mark.parametrize("kind", ["single", "pair", "similarity", "choice"])
@@ -152,7 +122,7 @@ FIT_CONFIGS = [p.relative_to(ROOT) for p in (ROOT / "configs").rglob("*.yaml") i
 def test_every_config_parses(config, tokenizer_dir):
     """Pretraining configs with a token folder, the others with a task card (suites: test_suite.py)."""
     if config.parts[1] == "pretrain":
-        data, expected = ["--data.token_dir", "tokens"], "class_path: gpt_ft.lm_data.LMDataModule"
+        data, expected = ["--data.token_dir", "tokens"], "class_path: gpt_ft.data.lm_data.LMDataModule"
     else:
         data = ["--data.task", "tasks/glue/rte.yaml", "--data.tokenizer", tokenizer_dir]
         expected = "class_path: gpt_ft.adapters.TextPair"
@@ -249,7 +219,7 @@ def test_init_from_a_finetuned_checkpoint(tmp_path, tokenizer_dir):
     card = make_task("single", tmp_path)
     main(["fit", *common_args(card, tokenizer_dir, tmp_path), "--trainer.max_epochs=1"])
     ckpt = next((tmp_path / "runs").rglob("last.ckpt"))
-    from gpt_ft.module import load_weights
+    from gpt_ft.model.weights import load_weights
 
     gpt = load_weights(ckpt)
     state = torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"]

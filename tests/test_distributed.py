@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from gpt_ft.adapters import LocalFiles, TextPair
+from gpt_ft.data.samplers import LengthGroupedSampler
+from gpt_ft.data.task_data import TaskDataModule
 from gpt_ft.model import GPT, Block, GPTConfig
-from gpt_ft.samplers import LengthGroupedSampler
-from gpt_ft.strategies import BlockFSDP
-from gpt_ft.task_data import TaskDataModule
+from gpt_ft.training.strategies import BlockFSDP
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_DROPOUT = "embd_pdrop: 0.0, attn_pdrop: 0.0, resid_pdrop: 0.0"
@@ -215,8 +215,8 @@ def test_length_grouping_cuts_padding(tmp_path, tokenizer_dir):
         data.setup("fit")
         real = total = 0
         for batch in data.train_dataloader():
-            real += int(batch["attention_mask"].sum())
-            total += batch["attention_mask"].numel()
+            real += int(batch.attention_mask.sum())
+            total += batch.attention_mask.numel()
         return 1 - real / total
 
     plain, grouped = padded_share(False), padded_share(True)

@@ -14,7 +14,7 @@ from transformers import (
 )
 
 from gpt_ft import GPT, GPTConfig
-from gpt_ft.generation import _filter_logits, beam_search
+from gpt_ft.model.generation import _filter_logits, beam_search
 
 TINY = dict(vocab_size=101, n_positions=64, n_embd=32, n_layer=2, n_head=4)
 FAMILIES = {
@@ -398,7 +398,7 @@ def test_beam_search_with_stop_token_and_length_penalty_equals_transformers(fami
 
 @pytest.mark.parametrize("padded", [False, True])
 def test_blocked_attention_equals_sdpa(padded):
-    from gpt_ft.model import blocked_causal_attention
+    from gpt_ft.model.gpt import blocked_causal_attention
 
     q, k, v = (torch.randn(2, 3, 300, 8) for _ in range(3))  # 300: the last block is partial
     mask = None
@@ -414,7 +414,7 @@ def test_blocked_attention_equals_sdpa(padded):
 
 
 def test_blocked_attention_dropout_is_unbiased():
-    from gpt_ft.model import blocked_causal_attention
+    from gpt_ft.model.gpt import blocked_causal_attention
 
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 1, 20, 4) for _ in range(3))

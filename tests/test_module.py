@@ -6,9 +6,10 @@ import torch
 import torch.nn.functional as F
 
 from gpt_ft.adapters import MultipleChoice, Similarity, SingleText, TextPair
-from gpt_ft.metrics import EvalMetrics
-from gpt_ft.module import GPTModule, lr_lambda
-from gpt_ft.task_data import collate
+from gpt_ft.data.batches import collate
+from gpt_ft.training.eval_metrics import EvalMetrics
+from gpt_ft.training.module import GPTModule
+from gpt_ft.training.optim import lr_lambda
 
 MICRO = dict(n_positions=32, n_embd=16, n_layer=1, n_head=2, embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)
 START, DELIM, EXTRACT, PAD = 20, 21, 22, 23
@@ -19,6 +20,11 @@ def module(task, **kw) -> GPTModule:
     return GPTModule(
         preset="gpt-micro", overrides=MICRO, vocab_size=24, task=task, classifier_dropout=0.0, **kw
     ).eval()
+
+
+def linear(head, x):
+    """The head's linear layer alone (no dropout, no pooling)."""
+    return F.linear(x, head.weight, head.bias)
 
 
 def example(seqs, label):
@@ -32,11 +38,11 @@ def test_combined_loss_is_task_plus_lm_coef_times_lm():
     )
     m = module(task, lm_coef=0.5)
     loss, parts = m.losses(batch)
-    logits = m(batch)[0]
+    logits = m(batch)
     # By hand: each sequence alone (no padding), its extract row through the head, CE; LM CE on real tokens.
     seqs = [[START, 1, 2, DELIM, 3, EXTRACT], [START, 4, DELIM, 5, EXTRACT]]
     hidden = [m.gpt(torch.tensor([s]))[0] for s in seqs]
-    task_logits = torch.stack([m.head(h[-1]) for h in hidden])
+    task_logits = torch.stack([linear(m.head, h[-1]) for h in hidden])
     task_loss = F.cross_entropy(task_logits, torch.tensor([2, 0]))
     lm_logits = torch.cat([m.gpt.lm_logits(h[:-1]) for h in hidden])
     lm_loss = F.cross_entropy(lm_logits, torch.tensor([1, 2, DELIM, 3, EXTRACT, 4, DELIM, 5, EXTRACT]))
@@ -53,9 +59,9 @@ def test_similarity_adds_the_two_orders_before_the_head():
     m = module(task)
     ab, ba = [START, 1, DELIM, 2, 3, EXTRACT], [START, 2, 3, DELIM, 1, EXTRACT]
     batch = collate([example([ab, ba], 3.5)], PAD)
-    logits, _, _ = m(batch)
+    logits = m(batch)
     h_ab, h_ba = m.gpt(torch.tensor([ab]))[0, -1], m.gpt(torch.tensor([ba]))[0, -1]
-    torch.testing.assert_close(logits[0], m.head(h_ab + h_ba))
+    torch.testing.assert_close(logits[0], linear(m.head, h_ab + h_ba))
     loss, parts = m.losses(batch)
     torch.testing.assert_close(parts["task_loss"], (logits[0, 0] - 3.5) ** 2)
 
@@ -67,8 +73,8 @@ def test_multiple_choice_softmax_ignores_masked_choices():
     batch = collate([example(rows, 1), example(rows[:2], 0)], PAD)  # the second row lacks choice 3
     with torch.no_grad():
         m.head.bias.fill_(0.0)
-        logits, _, _ = m(batch)
-    scores = torch.stack([m.head(m.gpt(torch.tensor([r]))[0, -1])[0] for r in rows])
+        logits = m(batch)
+    scores = torch.stack([linear(m.head, m.gpt(torch.tensor([r]))[0, -1])[0] for r in rows])
     torch.testing.assert_close(logits[0], scores)
     assert logits[1, 2] == torch.finfo(logits.dtype).min
     loss, parts = m.losses(batch)
@@ -81,16 +87,15 @@ def test_multiple_choice_softmax_ignores_masked_choices():
     with torch.no_grad():
         m.head.bias.fill_(0.0)
         m.head.weight.copy_(m.gpt(torch.tensor([rows[2]]))[0, -1][None] * 10)
-    assert m(batch)[0][1].argmax().item() in (0, 1)
+    assert m(batch)[1].argmax().item() in (0, 1)
 
 
 def test_language_model_without_task():
     m = module(None)
     batch = collate([example([[START, 1, 2, 3]], None)], PAD)
     loss, parts = m.losses(batch)
-    logits = m(batch)[0]
-    assert logits is None and set(parts) == {"lm_loss"}
-    assert not hasattr(m, "head")
+    assert set(parts) == {"lm_loss"} and set(m.terms(batch)) == {"lm_sum", "lm_count"}
+    assert m.head is None and not any(n.startswith("head") for n, _ in m.named_parameters())
 
 
 def test_weight_decay_only_on_matrices_and_the_schedule():
@@ -176,8 +181,8 @@ def test_left_and_right_padding_give_the_same_task_logits():
     task = TextPair(name="t", labels=["a", "b"])
     examples = [example([[START, 1, 2, DELIM, 3, EXTRACT]], 1), example([[START, 4, DELIM, EXTRACT]], 0)]
     m = module(task)
-    right, _, _ = m(collate(examples, PAD))
-    left, _, _ = m(collate(examples, PAD, padding_side="left"))
+    right = m(collate(examples, PAD))
+    left = m(collate(examples, PAD, padding_side="left"))
     torch.testing.assert_close(left, right, rtol=0, atol=1e-5)
 
 

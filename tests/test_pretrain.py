@@ -9,9 +9,9 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from gpt_ft.cli import main
-from gpt_ft.lm_data import LMDataModule, TokenBlocks
-from gpt_ft.prepare import is_validation, pieces, prepare, read_meta
-from gpt_ft.tokenizer import EOS_TOKEN, load_tokenizer
+from gpt_ft.data.lm_data import LMDataModule, TokenBlocks
+from gpt_ft.data.prepare import is_validation, pieces, prepare, read_meta
+from gpt_ft.data.tokenizer import EOS_TOKEN, load_tokenizer
 
 SENTENCES = [
     "The cat sat on the mat.",

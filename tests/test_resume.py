@@ -60,7 +60,10 @@ def test_sigkill_mid_epoch_then_resume_gives_the_same_weights(tmp_path, tokenize
     args = finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "cut")
     # A checkpoint every 2 steps; killed outright after batch 5 (epoch 1, batch 2 of 3): the last
     # checkpoint is step 4, mid-epoch 1.
-    every = ["--trainer.callbacks+=gpt_ft.checkpointing.SaveLast", "--trainer.callbacks.every_n_steps=2"]
+    every = [
+        "--trainer.callbacks+=gpt_ft.training.checkpointing.SaveLast",
+        "--trainer.callbacks.every_n_steps=2",
+    ]
     env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     killed = subprocess.run(
         [sys.executable, "-m", "gpt_ft", "fit", *args, *every, *interrupt(5, signal.SIGKILL)],
@@ -140,7 +143,7 @@ def test_checkpoints_stand_alone_for_validate_and_predict(tmp_path, tokenizer_di
 
 
 def test_a_crash_while_saving_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
-    from gpt_ft.checkpointing import AtomicCheckpointIO
+    from gpt_ft.training.checkpointing import AtomicCheckpointIO
 
     io, path = AtomicCheckpointIO(), tmp_path / "last.ckpt"
     io.save_checkpoint({"step": 1, "w": torch.ones(3)}, path)
@@ -160,7 +163,7 @@ def test_a_crash_while_saving_keeps_the_previous_checkpoint(tmp_path, monkeypatc
 def test_a_nonfinite_loss_stops_with_the_step_and_keeps_the_last_good_state(
     tmp_path, tokenizer_dir, monkeypatch, capsys
 ):
-    from gpt_ft.module import GPTModule
+    from gpt_ft.training.module import GPTModule
 
     losses = GPTModule.losses
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from gpt_ft.adapters import MultipleChoice
-from gpt_ft.module import GPTModule
-from gpt_ft.task_data import collate, collate_shared
-from gpt_ft.tokenizer import load_tokenizer, special_token_ids
+from gpt_ft.data.batches import collate, collate_shared
+from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
+from gpt_ft.training.module import GPTModule
 
 NO_DROPOUT = {"embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0}
 
@@ -52,7 +52,7 @@ def test_shared_context_equals_the_plain_path(tokenizer_dir, lm_coef):
     module.train()
     plain = collate(rows, specials.pad)
     shared = collate_shared(rows, specials.pad, specials.delim)
-    assert shared is not None and shared["context_ids"].shape[0] == len(rows)
+    assert shared is not None and shared.context_ids.shape[0] == len(rows)
 
     results = []
     for batch in (plain, shared):
@@ -64,8 +64,8 @@ def test_shared_context_equals_the_plain_path(tokenizer_dir, lm_coef):
         results.append((terms, loss.detach(), grads))
     (a, loss_a, grads_a), (b, loss_b, grads_b) = results
 
-    real = plain["choice_mask"]
-    assert torch.equal(real, shared["choice_mask"])
+    real = plain.choice_mask
+    assert torch.equal(real, shared.choice_mask)
     assert torch.allclose(a["logits"][real], b["logits"][real], atol=1e-5, rtol=0)
     assert torch.equal(a["logits"][~real], b["logits"][~real])  # masked choices: the same floor
     assert torch.allclose(a["task_loss"], b["task_loss"], atol=1e-5, rtol=0)

@@ -13,12 +13,16 @@ import pytest
 import torch
 from test_cli import MICRO, make_task
 
-from gpt_ft import suite as suites
+from gpt_ft.adapters.cards import load_card
 from gpt_ft.cli import main
+from gpt_ft.cli.lightning import build_fit
+from gpt_ft.data.tokenizer import load_tokenizer
+from gpt_ft.eval import finetune
+from gpt_ft.eval import suite as suites
+from gpt_ft.eval.suite_file import load_suite
+from gpt_ft.eval.zeroshot import ZeroShot, ZeroShotScorer, best_threshold, continuation_logprobs, evaluate
 from gpt_ft.model import GPT, GPTConfig
-from gpt_ft.module import GPTModule
-from gpt_ft.tokenizer import load_tokenizer
-from gpt_ft.zeroshot import ZeroShot, ZeroShotScorer, best_threshold, continuation_logprobs, evaluate
+from gpt_ft.training.module import GPTModule
 
 ROOT = Path(__file__).resolve().parents[1]
 FIT = [
@@ -61,11 +65,11 @@ submission: {{archive: sub.zip, files: [SENT.tsv, STS-B.tsv, AX.tsv]}}
     calls = []
     real_fit = suites.fit_and_evaluate
 
-    def interrupted_after_one(args, select, **kwargs):
+    def interrupted_after_one(build, args, select, **kwargs):
         calls.append(args)
         if len(calls) == 2:
             raise KeyboardInterrupt  # the user stops the suite during the second run
-        return real_fit(args, select, **kwargs)
+        return real_fit(build, args, select, **kwargs)
 
     monkeypatch.setattr(suites, "fit_and_evaluate", interrupted_after_one)
     with pytest.raises(KeyboardInterrupt):
@@ -82,7 +86,7 @@ submission: {{archive: sub.zip, files: [SENT.tsv, STS-B.tsv, AX.tsv]}}
     assert len(calls) == 3  # sent seed 1, sts seeds 0 and 1; the finished run is read back
     assert first.stat().st_mtime_ns == stamp
     assert "4 runs, 1 finished before, 3 to go" in printed and "[3/3] sts seed 1" in printed
-    assert all("--seed_everything=1" in c[0] for c in calls[::2])
+    assert all("--seed_everything=1" in c[1] for c in calls[::2])
 
     results = json.loads((out / "results.json").read_text())
     assert results["config"]["seeds"] == [0, 1] and results["config"]["fit_args"] == FIT
@@ -136,8 +140,8 @@ submission: {{archive: sub.zip, files: [SENT.tsv, STS-B.tsv, AX.tsv]}}
 
 
 def test_glue_suite_names_the_servers_files_and_labels():
-    spec = suites.load_suite(ROOT / "configs/suites/glue.yaml")
-    cards = {t.name: t for t in (suites.load_card(e.card) for e in spec.tasks)}
+    spec = load_suite(ROOT / "configs/suites/glue.yaml")
+    cards = {t.name: t for t in (load_card(e.card) for e in spec.tasks)}
     written = {f for t in cards.values() for f in t.submission_files.values()}
     assert written == set(spec.submission.files) and len(spec.submission.files) == 11
     labels = {name: [t.submission_label(i) for i in range(t.num_labels)] for name, t in cards.items()}
@@ -147,37 +151,37 @@ def test_glue_suite_names_the_servers_files_and_labels():
     assert labels["rte"] == labels["qnli"] == ["entailment", "not_entailment"]
     assert cards["mnli"].submission_files["test_ax"] == "AX.tsv"
     assert set(spec.score.tasks) == set(cards) and spec.score.paper == 72.8
-    gpt1 = suites.load_suite(ROOT / "configs/suites/gpt1.yaml")
+    gpt1 = load_suite(ROOT / "configs/suites/gpt1.yaml")
     assert len(gpt1.tasks) == 12 and all(task.paper for task in gpt1.tasks)
 
 
 def test_suite_file_errors_name_the_file(tmp_path):
     bad = write_suite(tmp_path, "name: x\ntasks:\n  - card: nowhere.yaml\n")
     with pytest.raises(FileNotFoundError, match="suite.yaml: task card nowhere.yaml does not exist"):
-        suites.load_suite(bad)
+        load_suite(bad)
     bad.write_text("name: x\ntasks: []\n")
     with pytest.raises(ValueError, match="lists no tasks"):
-        suites.load_suite(bad)
+        load_suite(bad)
     bad.write_text("name: x\nseeds: one\ntasks: []\n")
     with pytest.raises(ValueError, match=r"suite.yaml: seeds: expected"):
-        suites.load_suite(bad)
+        load_suite(bad)
     card = tmp_path / "card.yaml"
     card.write_text("class_path: gpt_ft.adapters.SingleText\ninit_args: {name: x, txt: s}\n")
     bad.write_text("name: x\ntasks:\n  - card: card.yaml\n    zero_shot: {verbalizer: [' a', ' b']}\n")
     with pytest.raises(
         ValueError, match=r"^Suite file \S+suite.yaml: tasks.zero_shot: Option 'verbalizer' is not"
     ):
-        suites.load_suite(bad)
+        load_suite(bad)
     bad.write_text("name: x\ntasks: [\n")
     with pytest.raises(
         ValueError, match=r"suite.yaml is not valid YAML: line 3, column 1: expected the node"
     ):
-        suites.load_suite(bad)
+        load_suite(bad)
     with pytest.raises(ValueError, match=r"^Task card \S+card.yaml: Option 'txt' is not accepted.$"):
-        suites.load_card(card)
+        load_card(card)
     card.write_text("class_path: [\n")
     with pytest.raises(ValueError, match=r"^Task card \S+card.yaml is not valid YAML: line 2, column 1: "):
-        suites.load_card(card)
+        load_card(card)
 
 
 def test_best_epoch_ranks_an_undefined_score_last(monkeypatch):
@@ -185,7 +189,7 @@ def test_best_epoch_ranks_an_undefined_score_last(monkeypatch):
 
     task = SimpleNamespace(validation_splits=["validation"], test_splits=[], name="sts")
     evaluations = [(0, {"validation/pearson": None}), (1, {"validation/pearson": 0.25}), (2, {})]
-    monkeypatch.setattr(suites, "_main_key", lambda task: "validation/pearson")
+    monkeypatch.setattr(finetune, "main_key", lambda task: "validation/pearson")
 
     class Trainer:
         callbacks, sanity_checking = [], False
@@ -194,10 +198,9 @@ def test_best_epoch_ranks_an_undefined_score_last(monkeypatch):
             history = self.callbacks[-1]
             history.evaluations.extend(evaluations)
 
-    cli = SimpleNamespace(model=SimpleNamespace(task=task), datamodule=None, trainer=Trainer())
-    monkeypatch.setattr("gpt_ft.cli.lightning_main", lambda argv, run: cli)
-    assert suites.fit_and_evaluate([], "best", predict=False) == ({"validation/pearson": 0.25}, 1)
-    assert suites.fit_and_evaluate([], "last", predict=False) == ({}, 2)
+    build = lambda argv: (SimpleNamespace(task=task), None, Trainer())  # noqa: E731
+    assert finetune.fit_and_evaluate(build, [], "best", predict=False) == ({"validation/pearson": 0.25}, 1)
+    assert finetune.fit_and_evaluate(build, [], "last", predict=False) == ({}, 2)
 
 
 # ---- zero-shot ----
@@ -338,12 +341,14 @@ def test_suite_zero_shot_and_transfer_sweep(tmp_path, tokenizer_dir, capsys):
 
 
 def test_a_subset_of_a_suites_tasks(tmp_path):
-    spec = suites.load_suite(ROOT / "configs/suites/glue.yaml")
-    runner = suites.SuiteRunner(spec, tmp_path, tasks=["sst2", "rte", "stsb"], seeds=[0, 1])
+    spec = load_suite(ROOT / "configs/suites/glue.yaml")
+    runner = suites.SuiteRunner(
+        spec, tmp_path, build_run=build_fit, tasks=["sst2", "rte", "stsb"], seeds=[0, 1]
+    )
     assert list(runner.cards) == ["sst2", "rte", "stsb"]
     assert [str(r) for r in runner.runs()][:3] == ["sst2 seed 0", "sst2 seed 1", "rte seed 0"]
     with pytest.raises(ValueError, match=r"--tasks \['sts2'\]: suite 'GLUE' has"):
-        suites.SuiteRunner(spec, tmp_path, tasks=["sts2"])
+        suites.SuiteRunner(spec, tmp_path, build_run=build_fit, tasks=["sts2"])
     assert suites._data_dirs(["glue", "rte=r"]) == {None: "glue", "rte": "r"}
     assert suites._data_dirs(["x/y=z"]) == {None: "x/y=z"}  # a path with "=" in it
     with pytest.raises(ValueError, match=r"^--data_dir gives a DIR for every task twice \(a and b\)\.$"):

@@ -16,7 +16,8 @@ import pytest
 from jsonargparse import ArgumentParser
 
 from gpt_ft.adapters import TaskAdapter
-from gpt_ft.task_data import _SLICE, TaskDataModule
+from gpt_ft.data.files import SLICE
+from gpt_ft.data.task_data import TaskDataModule
 
 TASKS = Path(__file__).resolve().parents[1] / "tasks"
 CARDS = sorted(p.relative_to(TASKS).with_suffix("").as_posix() for p in TASKS.rglob("*.yaml"))
@@ -249,7 +250,7 @@ def test_card_reads_native_files(card, tokenizer_dir, tmp_path):
     task = dm.task
     assert set(fixture) == set(task.local.splits)
     for split, (text, *_) in fixture.items():
-        path = tmp_path / _SLICE.match(task.local.splits[split])["file"]
+        path = tmp_path / SLICE.match(task.local.splits[split])["file"]
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
 
@@ -267,7 +268,7 @@ def test_card_reads_native_files(card, tokenizer_dir, tmp_path):
         if extra:
             assert ds["index"] == extra[0]["index"], split
         for example in ds:
-            assert len(example["input_ids"]) == task.num_sequences == dm.num_sequences
+            assert len(example["input_ids"]) == task.num_sequences
             for ids, k in zip(example["input_ids"], example["extract_index"]):
                 assert ids[0] == specials.start and ids[k] == specials.extract and k == len(ids) - 1
 
@@ -276,5 +277,5 @@ def test_card_reads_native_files(card, tokenizer_dir, tmp_path):
     ids = shown["sequences"][0]["ids"]
     end = ids.index(specials.delim) if specials.delim in ids else shown["sequences"][0]["extract_index"]
     assert dm.tokenizer.decode(ids[1:end]).startswith(Q)
-    if task.head_kind == "classification":
+    if task.class_names:
         assert shown["label"] == task.labels[fixture["train"][1][0]]

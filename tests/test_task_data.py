@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from gpt_ft.adapters import LocalFiles, Similarity, TaskDataError, TextPair
-from gpt_ft.task_data import TaskDataModule
-from gpt_ft.tokenizer import load_tokenizer, special_token_ids
+from gpt_ft.data.task_data import TaskDataModule
+from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
 
 ROWS = {
     "train.tsv": "index\tsentence1\tsentence2\tlabel\n0\tThe cat sat.\tA cat sat.\tentailment\n"
@@ -51,12 +51,7 @@ def test_encodes_local_tsv_exactly(data_dir, tokenizer_dir):
     dm = TaskDataModule(pair_task(), tokenizer_dir, data_dir=str(data_dir), max_length=64)
     tok = load_tokenizer(tokenizer_dir)
     ids = special_token_ids(tok)
-    assert (dm.vocab_size, dm.num_labels, dm.head_kind, dm.num_sequences) == (
-        len(tok),
-        2,
-        "classification",
-        1,
-    )
+    assert (dm.vocab_size, dm.task.num_labels, dm.task.num_sequences) == (len(tok), 2, 1)
     train = dm.encoded("train", labelled=True)
     assert len(train) == 3 and train["label"] == [0, 1, 0] and train["index"] == [0, 1, 2]
     enc = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
@@ -76,10 +71,10 @@ def test_batches_from_the_loaders(data_dir, tokenizer_dir):
     dm = TaskDataModule(pair_task(), tokenizer_dir, data_dir=str(data_dir), batch_size=2, max_length=64)
     dm.setup("fit")
     batch = next(iter(dm.val_dataloader()[0]))
-    assert batch["input_ids"].shape[:2] == (1, 1) and batch["labels"].tolist() == [0]
+    assert batch.input_ids.shape[:2] == (1, 1) and batch.labels.tolist() == [0]
     dm.setup("predict")
     batch = next(iter(dm.predict_dataloader()[0]))
-    assert batch["index"].tolist() == [5, 6] and "labels" not in batch
+    assert batch.index.tolist() == [5, 6] and batch.labels is None
 
 
 def test_similarity_encodes_two_sequences(data_dir, tokenizer_dir):

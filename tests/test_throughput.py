@@ -1,7 +1,7 @@
 import pytest
 
 from gpt_ft import GPT, GPTConfig
-from gpt_ft.throughput import counted_parameters, dense_peak_tflops, flops_per_token
+from gpt_ft.training.throughput import counted_parameters, dense_peak_tflops, flops_per_token
 
 
 def test_dense_peaks_not_sparse_ones():

@@ -1,4 +1,4 @@
-"""Tests for gpt_ft.tokenizer, offline: every tokenizer is built by hand or trained in tmp_path."""
+"""Tests for gpt_ft.data.tokenizer, offline: every tokenizer is built by hand or trained in tmp_path."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer, GPT2TokenizerFast, OpenAIGPTTokenizerFast
 
-from gpt_ft.tokenizer import (
+from gpt_ft.data.tokenizer import (
     EOS_TOKEN,
     SPECIAL_TOKENS,
     SpecialTokenIds,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from gpt_ft.tokenizer import train_tokenizer
+from gpt_ft.data.tokenizer import train_tokenizer
 
 HERE = Path(__file__).parent
 SUBJECTS = [

@@ -23,12 +23,18 @@ import shutil
 import statistics
 import time
 import zipfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from gpt_ft.results import benchmark_score, mean_std, write_json, write_results
-from gpt_ft.zeroshot import ZeroShot
+from gpt_ft.adapters.cards import load_card
+from gpt_ft.data.files import load_split
+from gpt_ft.data.tokenizer import load_tokenizer
+from gpt_ft.eval import zeroshot
+from gpt_ft.eval.finetune import BuildRun, finite, fit_and_evaluate, main_key
+from gpt_ft.eval.results import benchmark_score, mean_std, write_json, write_results
+from gpt_ft.eval.suite_file import SuiteSpec
+from gpt_ft.model.weights import load_weights, resolve_tokenizer
 
 RESULT = "result.json"
 # Fit arguments that say where a run writes, not what it computes.
@@ -37,57 +43,6 @@ _OUTPUT_ARGS = (
     "--trainer.logger.init_args.save_dir=",
     "--model.predictions_dir=",
 )
-
-
-@dataclass
-class SuiteTask:
-    """One task of a suite."""
-
-    card: str
-    """Task card path (relative to the working directory or to the suite file)."""
-    paper: dict[str, float] = field(default_factory=dict)
-    """The GPT-1 paper's score (percent) per metric: `accuracy`, or `split/metric` for a task with
-    several validation splits (MNLI's `validation_matched/accuracy`)."""
-    args: list[str] = field(default_factory=list)
-    """`gpt-ft fit` arguments for this task only (after the suite's own)."""
-    zero_shot: ZeroShot | None = None
-    """How to score the task zero-shot when it is not multiple choice (see gpt_ft/zeroshot.py)."""
-
-
-@dataclass
-class Score:
-    """A benchmark's overall score: the mean over its tasks, each task's metrics averaged first."""
-
-    name: str
-    tasks: list[str]
-    """Task names (the cards' `name`)."""
-    paper: float | None = None
-    """The GPT-1 paper's value."""
-
-
-@dataclass
-class Submission:
-    """Leaderboard files gathered from the tasks' predictions and zipped."""
-
-    archive: str
-    """Zip file name, written in the output folder."""
-    files: list[str]
-    """Every file the leaderboard expects; one missing from the run is named in a warning."""
-
-
-@dataclass
-class SuiteSpec:
-    """A suite file."""
-
-    name: str
-    tasks: list[SuiteTask]
-    config: str | None = None
-    """The `gpt-ft fit` config every task starts from (e.g. configs/finetune/gpt1.yaml)."""
-    args: list[str] = field(default_factory=list)
-    """`gpt-ft fit` arguments for every task."""
-    seeds: list[int] = field(default_factory=lambda: [0])
-    score: Score | None = None
-    submission: Submission | None = None
 
 
 @dataclass
@@ -110,77 +65,6 @@ class Run:
         return f"{self.task} seed {self.seed}" + ("" if self.layers is None else f" ({self.layers} layers)")
 
 
-def load_suite(path: str | Path) -> SuiteSpec:
-    """Parse and check a suite file; errors name the file and the field at fault."""
-    from jsonargparse import ArgumentParser
-
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(f"Suite file {path} does not exist.")
-    parser = ArgumentParser(exit_on_error=False)
-    parser.add_class_arguments(SuiteSpec, "suite")
-    import yaml
-
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ValueError(f"Suite file {path} is not valid YAML: {_yaml_problem(exc)}") from None
-    if not isinstance(raw, dict):
-        raise ValueError(f"Suite file {path} must hold a mapping with `name` and `tasks`.")
-    try:
-        cfg = parser.parse_object({"suite": raw})
-        spec = parser.instantiate_classes(cfg).suite
-    except Exception as exc:  # jsonargparse's validation errors
-        from gpt_ft.cli import parse_error_message
-
-        reason = parse_error_message(str(exc)).replace("--suite.", "", 1)
-        raise ValueError(f"Suite file {path}: {reason}") from None
-    if not spec.tasks:
-        raise ValueError(f"Suite file {path} lists no tasks.")
-    base = path.parent
-    for task in spec.tasks:
-        task.card = str(_find(task.card, base, f"{path}: task card"))
-    if spec.config:
-        spec.config = str(_find(spec.config, base, f"{path}: config"))
-    return spec
-
-
-def _find(name: str, base: Path, what: str) -> Path:
-    """A path as given (relative to the working directory), else relative to `base` or its parent."""
-    for candidate in (Path(name).expanduser(), base / name, base.parent / name, base.parent.parent / name):
-        if candidate.exists():
-            return candidate
-    raise FileNotFoundError(f"{what} {name} does not exist.")
-
-
-def load_card(path: str):
-    """The TaskAdapter of a card file."""
-    import yaml
-    from jsonargparse import ArgumentParser
-
-    from gpt_ft.adapters import TaskAdapter
-    from gpt_ft.cli import parse_error_message
-
-    try:
-        raw = yaml.safe_load(Path(path).read_text())
-    except yaml.YAMLError as exc:
-        raise ValueError(f"Task card {path} is not valid YAML: {_yaml_problem(exc)}") from None
-    parser = ArgumentParser(exit_on_error=False)
-    parser.add_argument("--task", type=TaskAdapter)
-    try:
-        return parser.instantiate_classes(parser.parse_object({"task": raw})).task
-    except Exception as exc:  # jsonargparse's validation errors
-        reason = parse_error_message(str(exc)).removeprefix("--task: ")
-        raise ValueError(f"Task card {path}: {reason}") from None
-
-
-def _yaml_problem(exc) -> str:
-    """A YAML parse error in one line: where and what."""
-    mark = getattr(exc, "problem_mark", None)
-    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-    return where + (getattr(exc, "problem", None) or str(exc).splitlines()[0])
-
-
 class SuiteRunner:
     """Runs a suite into an output folder (see the module docstring)."""
 
@@ -189,6 +73,7 @@ class SuiteRunner:
         spec: SuiteSpec,
         out_dir: str | Path,
         *,
+        build_run: BuildRun,
         init_from: str | None = None,
         tokenizer: str | None = None,
         data_dir: list[str] | None = None,
@@ -203,6 +88,7 @@ class SuiteRunner:
         keep_checkpoints: bool = False,
     ) -> None:
         self.spec = spec
+        self.build_run = build_run
         self.out = Path(out_dir).expanduser()
         self.init_from, self.tokenizer = init_from, tokenizer
         self.data_dirs = _data_dirs(data_dir or [])
@@ -250,7 +136,7 @@ class SuiteRunner:
         start = time.perf_counter()
         if self.zero_shot:
             for name, (entry, task) in self.cards.items():
-                if entry.zero_shot is None and task.head_kind != "multiple_choice":
+                if entry.zero_shot is None and not task.choices_in_examples:
                     log(f"zero-shot: {name} has no method (a `zero_shot` entry in the suite file): skipped")
                     continue
                 self._zero_shot(name, log)
@@ -320,7 +206,9 @@ class SuiteRunner:
             shutil.rmtree(folder)
         folder.mkdir(parents=True)
         start = time.perf_counter()
-        metrics, epoch = fit_and_evaluate(self.fit_args_of(run), self.select, predict=self.predict, log=log)
+        metrics, epoch = fit_and_evaluate(
+            self.build_run, self.fit_args_of(run), self.select, predict=self.predict, log=log
+        )
         if not self.keep_checkpoints:
             for ckpt in folder.rglob("*.ckpt"):
                 ckpt.unlink()
@@ -343,16 +231,9 @@ class SuiteRunner:
         import torch
         from tqdm.auto import tqdm
 
-        from gpt_ft import zeroshot
-        from gpt_ft.module import checkpoint_tokenizer, load_weights
-        from gpt_ft.task_data import load_split
-        from gpt_ft.tokenizer import load_tokenizer
-
         entry, task = self.cards[name]
         log(f"zero-shot {name}")
-        tokenizer_dir = self.tokenizer or checkpoint_tokenizer(self.init_from)
-        if tokenizer_dir is None:
-            raise ValueError(f"{self.init_from} carries no tokenizer; give --tokenizer DIR.")
+        tokenizer_dir = resolve_tokenizer(self.tokenizer, self.init_from)
         gpt = load_weights(self.init_from).to("cuda" if torch.cuda.is_available() else "cpu")
         scorer = zeroshot.ZeroShotScorer(
             gpt,
@@ -367,7 +248,7 @@ class SuiteRunner:
 
         start = time.perf_counter()
         metrics = zeroshot.evaluate(task, scorer, rows, entry.zero_shot)
-        metrics = {k: _finite(v) for k, v in metrics.items()}
+        metrics = {k: finite(v) for k, v in metrics.items()}
         result = {"task": name, "metrics": metrics, "seconds": round(time.perf_counter() - start, 1)}
         write_json(path, result)
 
@@ -380,7 +261,7 @@ class SuiteRunner:
         for name, (entry, task) in self.all_cards.items():
             if name not in self.cards and not any((self.out / "runs" / name).glob(f"**/{RESULT}")):
                 continue
-            item: dict[str, Any] = {"card": entry.card, "main_metric": _main_key(task), "metrics": {}}
+            item: dict[str, Any] = {"card": entry.card, "main_metric": main_key(task), "metrics": {}}
             rows = item["metrics"]
             for seed in self.seeds if self.fine_tune else []:
                 result = _read(self.out / "runs" / Run(name, seed).folder / RESULT)
@@ -459,72 +340,6 @@ class SuiteRunner:
         return archive
 
 
-def fit_and_evaluate(
-    argv: list[str], select: str, *, predict: bool, log=print
-) -> tuple[dict[str, float], int]:
-    """`gpt-ft fit argv` in this process; the validation metrics of the last (or best) epoch, and
-    that epoch. With `predict`, the same model writes its test predictions; a test split that
-    cannot be read (e.g. MNLI's diagnostic file not downloaded) is named in a warning and left out,
-    so the run's scores still count."""
-    from lightning.pytorch.callbacks import Callback
-
-    from gpt_ft.cli import lightning_main
-
-    class History(Callback):
-        def __init__(self) -> None:
-            self.evaluations: list[tuple[int, dict[str, float]]] = []
-
-        def on_validation_end(self, trainer, pl_module) -> None:
-            if trainer.sanity_checking:
-                return
-            splits = pl_module.task.validation_splits
-            metrics = {
-                k: _finite(float(v)) for k, v in trainer.callback_metrics.items() if k.split("/")[0] in splits
-            }
-            self.evaluations.append((trainer.current_epoch, metrics))
-
-    cli = lightning_main(argv, run=False)
-    if cli.model.task is None:
-        raise ValueError("A suite fine-tunes task cards; this run has no task.")
-    history = History()
-    cli.trainer.callbacks.append(history)
-    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    if not history.evaluations:
-        raise ValueError("The run ended without a validation: check --trainer.limit_val_batches.")
-    main = _main_key(cli.model.task)
-    if select == "best":
-        # an undefined score (None: e.g. a correlation of constant predictions) ranks last
-        epoch, metrics = max(
-            history.evaluations, key=lambda e: -math.inf if e[1].get(main) is None else e[1][main]
-        )
-    else:
-        epoch, metrics = history.evaluations[-1]
-    if predict and _readable_test_splits(cli.datamodule, log):
-        ckpt = "best" if select == "best" and cli.trainer.checkpoint_callback is not None else None
-        cli.trainer.predict(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt, return_predictions=False)
-    return metrics, epoch
-
-
-def _readable_test_splits(data, log) -> list[str]:
-    """Keeps in the task's test splits (the data module's and the model's task are one object)
-    those that load; warns about the others."""
-    from gpt_ft.adapters import TaskDataError
-
-    task, readable = data.task, []
-    for split in task.test_splits:
-        try:
-            data.encoded(split, labelled=False)
-            readable.append(split)
-        except TaskDataError as exc:
-            log(f"warning: no {task.name} predictions for split {split!r}: {exc}")
-    task.test_splits[:] = readable
-    return readable
-
-
-def _main_key(task) -> str:
-    return f"{task.validation_splits[0]}/{task.main_metric}"
-
-
 def _data_dirs(values: list[str]) -> dict[str | None, str]:
     """`DIR` (every task) and `TASK=DIR` (one task) entries."""
     out: dict[str | None, str] = {}
@@ -540,10 +355,6 @@ def _data_dirs(values: list[str]) -> dict[str | None, str]:
 
 def _read(path: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.is_file() else None
-
-
-def _finite(value: float) -> float | None:
-    return value if math.isfinite(value) else None
 
 
 def _percent(value: float | None) -> float | None:

@@ -31,7 +31,7 @@ from typing import Literal
 
 import numpy as np
 
-from gpt_ft.tokenizer import EOS_TOKEN, load_tokenizer
+from gpt_ft.data.tokenizer import EOS_TOKEN, load_tokenizer
 
 META = "meta.json"
 SPLIT_FILES = {"train": "train.bin", "validation": "validation.bin"}

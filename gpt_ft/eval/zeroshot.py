@@ -24,8 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gpt_ft.adapters import MultipleChoice, TaskAdapter, TaskDataError
-from gpt_ft.metrics import metric_value
+from gpt_ft.adapters import TaskAdapter, TaskDataError, metric_value
 from gpt_ft.model import GPT
 
 
@@ -116,7 +115,7 @@ class ZeroShotScorer:
     def logprobs(self, requests: list[tuple[list[int], list[int]]]) -> list[float]:
         return continuation_logprobs(self.gpt, requests, batch_size=self.batch_size, progress=self.progress)
 
-    def multiple_choice(self, task: MultipleChoice, rows: list[dict[str, Any]]) -> dict[str, float]:
+    def multiple_choice(self, task: TaskAdapter, rows: list[dict[str, Any]]) -> dict[str, float]:
         """accuracy (summed log-likelihood) and accuracy_norm (per character of the choice)."""
         requests, spans, labels = [], [], []
         for row in rows:
@@ -183,18 +182,18 @@ def evaluate(
     spec: ZeroShot | None = None,
 ) -> dict[str, float]:
     """Zero-shot metrics on every validation split, keyed `split/metric` like fine-tuning's."""
-    if spec is None and not isinstance(task, MultipleChoice):
+    if spec is None and not task.choices_in_examples:
         raise ValueError(
             f"Task {task.name!r} has no zero-shot method: multiple choice is scored as is, other tasks "
             "need a `zero_shot` entry (verbalizers or threshold) in the suite file."
         )
-    if spec is not None and task.head_kind != "classification":
+    if spec is not None and not task.class_names:
         raise ValueError(f"zero_shot of task {task.name!r}: verbalizers and thresholds need class labels.")
     threshold = None
     if spec is not None and spec.threshold:
-        if task.num_labels != 2:
+        if len(task.class_names) != 2:
             raise ValueError(
-                f"zero_shot.threshold of task {task.name!r} needs 2 labels, not {task.num_labels}."
+                f"zero_shot.threshold of task {task.name!r} needs 2 labels, not {len(task.class_names)}."
             )
         rows = load_rows(spec.calibration_split)[: spec.calibration_examples]
         labels = torch.tensor([_label(task, row) for row in rows])
@@ -205,7 +204,7 @@ def evaluate(
     results = {}
     for split in task.validation_splits:
         rows = load_rows(split)
-        if isinstance(task, MultipleChoice):
+        if spec is None:  # the examples' own answer choices
             results.update({f"{split}/{k}": v for k, v in scorer.multiple_choice(task, rows).items()})
             continue
         labels = torch.tensor([_label(task, row) for row in rows])
@@ -213,8 +212,7 @@ def evaluate(
             predictions = (scorer.average_logprobs(task, rows) > threshold).long()
         else:
             predictions = scorer.verbalizers(task, spec, rows)
-        for name in task.metrics:
-            value = metric_value(name, predictions, labels, task.num_labels)
+        for name, value in task.metric_values(predictions, labels).items():
             results[f"{split}/{name}"] = float(value)
     return results
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gpt_ft.suite import Score
+    from gpt_ft.eval.suite_file import Score
 
 
 def mean_std(values: list[float | None]) -> dict[str, float | None]:

@@ -1,15 +1,11 @@
-"""Task adapters: a labelled example in, GPT-1's delimited token sequences out (paper §3.3).
+"""`TaskAdapter`: what every input shape shares (labels, metrics, data sources, truncation), and
+the contract a shape fulfils for the rest of the toolkit.
 
-One concrete class per input transform:
-
-- `SingleText`:     [start] text [extract]                               (CoLA, SST-2)
-- `TextPair`:       [start] premise [delim] hypothesis [extract]         (MNLI, QNLI, RTE, SNLI, ...)
-- `Similarity`:     both orders [start] a [delim] b [extract], summed    (MRPC, STS-B, QQP)
-- `MultipleChoice`: [start] context [delim] answer_k [extract] per k     (Story Cloze, RACE, SWAG)
-
-A task card (tasks/*.yaml) is a `class_path` + `init_args` value for a `TaskAdapter`-typed
-argument, so a user's own adapter class works with nothing registered. Nothing here branches on
-a task's name: what differs between tasks is in the card.
+A shape says, in its own class, how an example becomes token sequences (`texts`, `encode`), which
+head turns the sequences' extract states into outputs, loss and predictions (`head`), how its
+predictions are scored (`metric_values`) and written (`format_prediction`). Nothing outside the
+adapters branches on a shape, and nothing here branches on a task's name: what differs between
+tasks of one shape is in their card.
 """
 
 from __future__ import annotations
@@ -18,8 +14,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-HeadKind = Literal["classification", "regression", "multiple_choice"]
-METRICS = ("accuracy", "f1", "matthews", "pearson", "spearman")
+from torch import Tensor
+
+from gpt_ft.adapters.heads import ClassificationHead, RegressionHead, TaskHead
+from gpt_ft.adapters.metrics import METRICS, metric_value
 
 
 class TaskDataError(ValueError):
@@ -95,7 +93,7 @@ def fit_lengths(lengths: list[int], budget: int) -> list[int]:
     return out
 
 
-def _text(value: Any) -> str:
+def field_text(value: Any) -> str:
     """A field's text; a missing value is an empty text (encoded as just the special tokens)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
@@ -110,6 +108,16 @@ class TaskAdapter:
 
     num_sequences: ClassVar[int] = 1
     """Sequences per example (S): 1 for single texts and pairs, 2 for similarity, C for multiple choice."""
+    allowed_metrics: ClassVar[tuple[str, ...]] = METRICS
+    """Metric names a card of this shape may list."""
+    needs_label_names: ClassVar[bool] = True
+    """A classification card must name its classes (`labels`); multiple choice needs none."""
+    shares_context: ClassVar[bool] = False
+    """An example's sequences start with the same `[start] context [delim]` (multiple choice), so
+    the context can run once for all of them (`--data.shared_context`)."""
+    choices_in_examples: ClassVar[bool] = False
+    """Each example carries its own answer choices (multiple choice): zero-shot scoring ranks them
+    by likelihood; other shapes need a verbalizer or threshold method from the suite file."""
 
     def __init__(
         self,
@@ -157,9 +165,11 @@ class TaskAdapter:
         self.metrics = (
             list(metrics) if metrics else ["accuracy"] if not regression else ["pearson", "spearman"]
         )
-        unknown = [m for m in self.metrics if m not in METRICS]
+        unknown = [m for m in self.metrics if m not in self.allowed_metrics]
         if unknown:
-            raise ValueError(f"Task {name!r}: unknown metric(s) {unknown}; allowed: {', '.join(METRICS)}.")
+            raise ValueError(
+                f"Task {name!r}: unknown metric(s) {unknown}; allowed: {', '.join(self.allowed_metrics)}."
+            )
         self.main_metric = main_metric or self.metrics[0]
         if self.main_metric not in self.metrics:
             raise ValueError(
@@ -180,21 +190,41 @@ class TaskAdapter:
             )
         if regression and labels:
             raise ValueError(f"Task {name!r}: a regression task takes no `labels`.")
-        if not regression and self.head_kind == "classification" and not labels:
+        if not regression and self.needs_label_names and not labels:
             raise ValueError(
                 f"Task {name!r}: a classification task needs `labels` (class names in id order)."
             )
 
-    # ---- what the model needs to know (linked in cli.py) ----
+    # ---- the head, its metrics and its written predictions ----
 
-    @property
-    def head_kind(self) -> HeadKind:
-        return "regression" if self.regression else "classification"
+    def head(self, n_embd: int, *, dropout: float, init_std: float) -> TaskHead:
+        """The layer that turns an example's extract states into this task's outputs (GPT-1 §3.3)."""
+        if self.regression:
+            return RegressionHead(n_embd, score_range=self.score_range, dropout=dropout, init_std=init_std)
+        return ClassificationHead(n_embd, len(self.labels), dropout=dropout, init_std=init_std)
 
     @property
     def num_labels(self) -> int:
         """Outputs of the task head: classes, 1 for regression, 1 score per choice for multiple choice."""
-        return len(self.labels) if self.head_kind == "classification" else 1
+        return 1 if self.regression else len(self.labels)
+
+    @property
+    def class_names(self) -> list[str] | None:
+        """The classes when one of them is predicted per example; None for scores and choices."""
+        return None if self.regression else self.labels
+
+    def metric_values(self, predictions: Tensor, labels: Tensor) -> dict[str, Tensor]:
+        """The card's metrics over a whole split's predictions and labels."""
+        return {name: metric_value(name, predictions, labels, self.num_labels) for name in self.metrics}
+
+    def format_prediction(self, prediction: Tensor) -> str:
+        """One prediction as a submission file writes it: a score, or the class's name."""
+        value = prediction.item()
+        return f"{value:.3f}" if self.regression else self.submission_label(int(value))
+
+    def label_text(self, label: Any) -> Any:
+        """An encoded label as `gpt-ft explain` shows it: the class's name, or the value."""
+        return self.label_name(label) if label is not None and not self.regression else label
 
     # ---- encoding ----
 
@@ -207,7 +237,7 @@ class TaskAdapter:
 
     def texts(self, example: dict[str, Any]) -> list[str]:
         """The texts of one example to tokenize, in the order `encode` reads their tokens."""
-        return [_text(example[f]) for f in self.text_fields()]
+        return [field_text(example[f]) for f in self.text_fields()]
 
     def encode(self, example: dict[str, Any], tokens: list[list[int]], specials, max_length: int) -> Encoded:
         """Build the token sequences of one example.
@@ -275,154 +305,3 @@ class TaskAdapter:
             ids.extend(part)
         ids.append(specials.extract)
         return ids, len(ids) - 1
-
-
-class SingleText(TaskAdapter):
-    """[start] text [extract] (GPT-1 §3.3, classification)."""
-
-    def __init__(self, *, text: str = "sentence", **kwargs) -> None:
-        """
-        Args:
-            text: Field holding the text.
-        """
-        super().__init__(**kwargs)
-        self.text = text
-
-    def text_fields(self) -> list[str]:
-        return [self.text]
-
-    def encode(self, example, tokens, specials, max_length):
-        (text,) = tokens
-        (n,) = fit_lengths([len(text)], max_length - 2)
-        ids, extract = self._sequence(specials, text[:n])
-        return Encoded([ids], [extract], self.example_label(example))
-
-
-class TextPair(TaskAdapter):
-    """[start] premise [delim] hypothesis [extract] (GPT-1 §3.3, textual entailment)."""
-
-    def __init__(self, *, premise: str = "premise", hypothesis: str = "hypothesis", **kwargs) -> None:
-        """
-        Args:
-            premise: Field holding the first text.
-            hypothesis: Field holding the second text.
-        """
-        super().__init__(**kwargs)
-        self.premise, self.hypothesis = premise, hypothesis
-
-    def text_fields(self) -> list[str]:
-        return [self.premise, self.hypothesis]
-
-    def encode(self, example, tokens, specials, max_length):
-        a, b = tokens
-        na, nb = fit_lengths([len(a), len(b)], max_length - 3)
-        ids, extract = self._sequence(specials, a[:na], b[:nb])
-        return Encoded([ids], [extract], self.example_label(example))
-
-
-class Similarity(TextPair):
-    """Both orders, [start] a [delim] b [extract] and [start] b [delim] a [extract] (GPT-1 §3.3).
-
-    The model adds the two extract representations element-wise before the head, since a
-    similarity has no inherent order.
-    """
-
-    num_sequences = 2
-
-    def __init__(self, *, first: str = "sentence1", second: str = "sentence2", **kwargs) -> None:
-        """
-        Args:
-            first: Field holding one text.
-            second: Field holding the other.
-        """
-        super().__init__(premise=first, hypothesis=second, **kwargs)
-
-    def encode(self, example, tokens, specials, max_length):
-        a, b = tokens
-        na, nb = fit_lengths([len(a), len(b)], max_length - 3)
-        ab, extract_ab = self._sequence(specials, a[:na], b[:nb])
-        ba, extract_ba = self._sequence(specials, b[:nb], a[:na])
-        return Encoded([ab, ba], [extract_ab, extract_ba], self.example_label(example))
-
-
-class MultipleChoice(TaskAdapter):
-    """One sequence [start] context [delim] answer_k [extract] per choice; softmax over choices (GPT-1 §3.3).
-
-    Rows may have different numbers of choices (a list field): the batch carries a choice mask.
-    The context is cut the same way for every choice, so all choices share it token for token.
-    """
-
-    def __init__(
-        self,
-        *,
-        context: list[str],
-        choices: list[str] | str,
-        num_choices: int | None = None,
-        **kwargs,
-    ) -> None:
-        """
-        Args:
-            context: Fields whose texts, joined by spaces, make the context (e.g. [article, question]).
-            choices: One field per choice, or one field holding a list of choices.
-            num_choices: The most choices a row has (required when `choices` is a list field).
-            label: Field with the right choice: its index, or a name in `labels` (e.g. '1', '2').
-        """
-        super().__init__(**kwargs)
-        self.context = [context] if isinstance(context, str) else list(context)
-        self.choices = choices
-        if isinstance(choices, str):
-            if not num_choices:
-                raise ValueError(
-                    f"Task {self.name!r}: `num_choices` is required when `choices` is a list field."
-                )
-            self.max_choices = num_choices
-        else:
-            self.max_choices = len(choices)
-            if num_choices not in (None, len(choices)):
-                raise ValueError(
-                    f"Task {self.name!r}: num_choices={num_choices} but {len(choices)} choice fields."
-                )
-
-    @property
-    def num_sequences(self) -> int:  # type: ignore[override]
-        return self.max_choices
-
-    @property
-    def head_kind(self) -> HeadKind:
-        return "multiple_choice"
-
-    def num_classes_for_labels(self) -> int:
-        return len(self.labels) if self.labels else self.max_choices
-
-    def text_fields(self) -> list[str]:
-        return self.context + ([self.choices] if isinstance(self.choices, str) else list(self.choices))
-
-    def texts(self, example: dict[str, Any]) -> list[str]:
-        """[context, choice_1, ..., choice_k]: the context fields joined by spaces, then each choice."""
-        context = " ".join(t for t in (_text(example[f]) for f in self.context) if t)
-        if isinstance(self.choices, str):
-            choices = example[self.choices]
-            if not isinstance(choices, (list, tuple)) or not 1 <= len(choices) <= self.max_choices:
-                raise TaskDataError(
-                    f"field {self.choices!r} must hold a list of 1 to {self.max_choices} choices, "
-                    f"got {choices!r}."
-                )
-        else:
-            choices = [example[c] for c in self.choices]
-        return [context, *(_text(c) for c in choices)]
-
-    def encode(self, example, tokens, specials, max_length):
-        context, *answers = tokens
-        # Cut the context once for all choices (longest first against the longest answer), so
-        # every choice sees the same context tokens.
-        n_context, n_answer = fit_lengths([len(context), max(len(a) for a in answers)], max_length - 3)
-        sequences, extract = [], []
-        for answer in answers:
-            ids, k = self._sequence(specials, context[:n_context], answer[:n_answer])
-            sequences.append(ids)
-            extract.append(k)
-        label = self.example_label(example)
-        if label is not None and label >= len(answers):
-            value = example.get(self.label)
-            raise TaskDataError(f"label {value!r} points past the row's {len(answers)} choices.")
-        return Encoded(sequences, extract, label)

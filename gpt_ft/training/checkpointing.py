@@ -3,7 +3,7 @@
 - `SaveLast`: `last.ckpt`, the newest state: after every validation, every N steps if asked, at
   the end, and on SIGTERM (at the next optimizer step, so no accumulated gradient is lost).
 - `ResumeState`: the random number generators' states, so that dropout after a resume draws what
-  it would have drawn. (The data's position is saved by the data modules, see gpt_ft/samplers.py;
+  it would have drawn. (The data's position is saved by the data modules, see gpt_ft/data/samplers.py;
   model, optimizer, scheduler and loop counters by Lightning.)
 - `Provenance`: the tokenizer (saved beside), the run's data section (task card included) and the
   toolkit's version and commit, recorded inside every checkpoint: `validate`, `test` and
@@ -27,8 +27,10 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from torch import Tensor
 
 import gpt_ft
+from gpt_ft.model.weights import UNSAFE_CHECKPOINT
 
 LAST = f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}.ckpt"
 
@@ -141,7 +143,7 @@ class Provenance(Callback):
     def on_fit_start(self, trainer, pl_module) -> None:
         tokenizer, ckpt = pl_module.hparams.get("tokenizer"), trainer.checkpoint_callback
         if tokenizer and ckpt is not None and ckpt.dirpath and trainer.is_global_zero:
-            from gpt_ft.tokenizer import load_tokenizer
+            from gpt_ft.data.tokenizer import load_tokenizer
 
             load_tokenizer(tokenizer).save_pretrained(Path(ckpt.dirpath) / "tokenizer")
 
@@ -176,7 +178,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         try:
             return super().load_checkpoint(path, map_location, weights_only=weights_only is not False)
         except pickle.UnpicklingError:
-            raise ValueError(_UNSAFE.format(path=path)) from None
+            raise ValueError(UNSAFE_CHECKPOINT.format(path=path)) from None
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options=None) -> None:
         path = Path(path)
@@ -192,21 +194,22 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             tmp.unlink(missing_ok=True)
 
 
-_UNSAFE = (
-    "{path} holds objects other than tensors and plain values; checkpoints are read with "
-    "torch.load(weights_only=True), which never runs code from a file."
-)
-
-
-def safe_load(path: str | Path) -> dict[str, Any]:
-    """A checkpoint read with `torch.load(weights_only=True)`, on the CPU."""
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        raise ValueError(_UNSAFE.format(path=path)) from None
-
-
 def find_last_checkpoint(root: str | Path) -> Path | None:
     """The newest `last.ckpt` of a logger's runs (`ROOT/version_*/checkpoints/last.ckpt`)."""
     found = [p for p in Path(root).glob(f"*/checkpoints/{LAST}") if p.is_file()]
     return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None
+
+
+def stop_on_nonfinite(trainer, loss: Tensor) -> None:
+    """Keep the last good state (this step has not updated the weights yet), then stop."""
+    kept = ""
+    ckpt = trainer.checkpoint_callback
+    if ckpt is not None and ckpt.dirpath:
+        path = Path(ckpt.dirpath) / LAST
+        trainer.save_checkpoint(path, weights_only=False)
+        kept = f"; the last good state (step {trainer.global_step}) is in {path}"
+    raise FloatingPointError(
+        f"The training loss became {float(loss)} at step {trainer.global_step} (epoch "
+        f"{trainer.current_epoch}, batch {trainer.fit_loop.epoch_loop.batch_idx + 1}){kept}. "
+        "Try a lower --model.lr, gradient clipping (--trainer.gradient_clip_val 1.0) or fp32."
+    )

@@ -16,8 +16,9 @@ from lightning import LightningDataModule
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from gpt_ft.prepare import SPLIT_FILES, read_meta
-from gpt_ft.samplers import EpochSampler, ResumableTrainData
+from gpt_ft.data.batches import collate_blocks
+from gpt_ft.data.prepare import SPLIT_FILES, read_meta
+from gpt_ft.data.samplers import EpochSampler, ResumableTrainData
 
 
 class TokenBlocks(Dataset):
@@ -42,13 +43,6 @@ class TokenBlocks(Dataset):
             self._tokens = np.memmap(self.path, dtype=self.dtype, mode="r")
         start = i * self.block_size
         return i, torch.from_numpy(self._tokens[start : start + self.block_size + 1].astype(np.int64))
-
-
-def collate_blocks(blocks: list[tuple[int, Tensor]]) -> dict[str, Tensor]:
-    """Inputs (B, 1, T), next-token targets (B, 1, T) and block numbers (B,), as GPTModule takes them."""
-    stacked = torch.stack([tokens for _, tokens in blocks])  # (B, T + 1)
-    index = torch.tensor([i for i, _ in blocks], dtype=torch.long)
-    return {"input_ids": stacked[:, None, :-1], "lm_targets": stacked[:, None, 1:], "index": index}
 
 
 class LMDataModule(ResumableTrainData, LightningDataModule):

@@ -1,14 +1,9 @@
-"""The `gpt-ft` command line.
-
-`fit`, `validate`, `test`, `predict` are LightningCLI subcommands; this is the only place where
-arguments are linked (data -> model). The other commands live in `gpt_ft/commands.py`.
-"""
+"""The LightningCLI behind `gpt-ft fit|validate|test|predict`: the only place where arguments
+are linked (data -> model), and the callbacks every run gets."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import re
 import sys
 import time
 from pathlib import Path
@@ -16,33 +11,16 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ProgressBar, TQDMProgressBar
 from lightning.pytorch.cli import LightningCLI
-from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-import gpt_ft
-from gpt_ft.checkpointing import (
+from gpt_ft.model.weights import resolve_tokenizer, safe_load
+from gpt_ft.training.checkpointing import (
     AtomicCheckpointIO,
     Provenance,
     ResumeState,
     SaveLast,
     find_last_checkpoint,
 )
-from gpt_ft.throughput import Throughput
-
-LIGHTNING_COMMANDS = {
-    "fit": "train (fine-tune or pretrain) a model",
-    "validate": "evaluate on the validation splits",
-    "test": "evaluate on the test splits",
-    "predict": "write predictions for the test splits (GLUE submission files)",
-}
-COMMANDS = {
-    **LIGHTNING_COMMANDS,
-    "explain": "print one example of a task split as the model sees it",
-    "prepare": "tokenize a text corpus into token files for pretraining",
-    "tokenizer": "train a byte-level BPE tokenizer on text files",
-    "generate": "continue a prompt with a trained model",
-    "suite": "fine-tune and evaluate many tasks over seeds: results table, chart, GLUE submission",
-}
-USER_ERRORS = (ValueError, FileNotFoundError, KeyError, FloatingPointError)
+from gpt_ft.training.throughput import Throughput
 
 
 class PrintMetrics(Callback):
@@ -87,18 +65,19 @@ class GPTCLI(LightningCLI):
         parser.link_arguments(
             "data", "model.tokenizer", compute_fn=lambda data: data.tokenizer_path, apply_on="instantiate"
         )
-        parser.set_defaults({"data": {"class_path": "gpt_ft.task_data.TaskDataModule"}})
+        parser.set_defaults({"data": {"class_path": "gpt_ft.data.task_data.TaskDataModule"}})
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         data = config.data.init_args
         # Fine-tuning from a checkpoint needs no tokenizer argument: the one saved with it is used.
-        init_from = config.model.get("init_from")
-        if "tokenizer" in data and data.tokenizer is None and init_from:
-            from gpt_ft.module import checkpoint_tokenizer
-
-            data.tokenizer = checkpoint_tokenizer(init_from)
+        if "tokenizer" in data:
+            data.tokenizer = resolve_tokenizer(data.tokenizer, config.model.get("init_from"), option=None)
         self.data_config = _plain(config.data.as_dict())
+
+    def instantiate_classes(self) -> None:
+        super().instantiate_classes()
+        check_context(self.datamodule, self.model.gpt.config.n_positions)
 
     def _parse_ckpt_path(self) -> None:
         # Lightning would apply the checkpoint's hyperparameters over the command line's; here the
@@ -143,6 +122,24 @@ class GPTCLI(LightningCLI):
         return super().instantiate_trainer(**kwargs, callbacks=callbacks)
 
 
+def check_context(data, n_positions: int) -> None:
+    """Sequences longer than the model's context would fail only when the first long one comes:
+    say so before anything runs."""
+    for field in ("max_length", "block_size"):  # TaskDataModule, LMDataModule
+        length = getattr(data, field, None)
+        if length is not None and length > n_positions:
+            raise ValueError(
+                f"--data.{field} {length} is longer than the model's context of {n_positions} tokens "
+                f"(n_positions); use at most {n_positions}."
+            )
+
+
+def build_fit(argv: list[str]):
+    """Model, data module and trainer of `gpt-ft fit ARGV`, built but not run (`gpt-ft suite`)."""
+    cli = lightning_main(argv, run=False)
+    return cli.model, cli.datamodule, cli.trainer
+
+
 def _plain(value: Any) -> Any:
     """A parsed config as plain dicts, lists and scalars (what a weights-only checkpoint may hold)."""
     if isinstance(value, dict):
@@ -166,9 +163,9 @@ def lightning_main(argv: list[str] | None, *, run: bool = True) -> GPTCLI:
     warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before")
     warnings.filterwarnings("ignore", message="The dirpath has changed from")
 
-    import gpt_ft.lm_data  # noqa: F401  (the data classes a config may name)
-    import gpt_ft.task_data  # noqa: F401
-    from gpt_ft.module import GPTModule
+    import gpt_ft.data.lm_data  # noqa: F401  (the data classes a config may name)
+    import gpt_ft.data.task_data  # noqa: F401
+    from gpt_ft.training.module import GPTModule
 
     shell_argv = sys.argv
     if argv is not None:  # called from Python: the process's own arguments are not this run's
@@ -211,9 +208,6 @@ def checkpoint_data(argv: list[str]):
 
     import yaml
 
-    from gpt_ft.checkpointing import safe_load
-    from gpt_ft.module import checkpoint_tokenizer
-
     stored = safe_load(ckpt)
     if "gpt_config" not in stored:
         yield argv
@@ -226,98 +220,9 @@ def checkpoint_data(argv: list[str]):
     data = stored.get("data_config")
     if data:
         if "tokenizer" in data.get("init_args", {}):
-            data["init_args"]["tokenizer"] = checkpoint_tokenizer(ckpt)  # the copy beside it
+            data["init_args"]["tokenizer"] = resolve_tokenizer(None, ckpt, option=None)  # the copy beside it
         config["data"] = data
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "checkpoint_config.yaml"
         path.write_text(yaml.safe_dump(config))
         yield [command, f"--config={path}", *argv[1:]]
-
-
-def user_message(exc: BaseException) -> str:
-    """The sentence for the user: the innermost cause (jsonargparse wraps errors raised in __init__)."""
-    while isinstance(exc.__cause__, USER_ERRORS):
-        exc = exc.__cause__
-    text = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
-    return str(text).strip()
-
-
-def parse_error_message(text: str) -> str:
-    """jsonargparse's nested report of a bad argument as one sentence: the argument and the reason."""
-    keys = list(dict.fromkeys(re.findall(r'Parser key "([^"]+)"', text)))
-    lines = [line.strip(" -") for line in text.splitlines() if line.strip(" -")]
-    values = [line.split(":", 1)[1].strip() for line in lines if line.startswith("Given value:")]
-    nested = re.search(r"NestedArg\(key='[^']*', val='([^']*)'\)", text)
-    value = nested[1] if nested else values[0] if values else None
-    where = f"--{'.'.join(keys)}: " if keys else ""
-    unaccepted = [line for line in lines if "is not accepted" in line or "is not expected" in line]
-    bad_class = [
-        f"{line.removeprefix('Problem with given ').rstrip(':')}: {lines[i + 1]}"
-        for i, line in enumerate(lines[:-1])
-        if line.startswith("Problem with given class_path") and not lines[i + 1].startswith("Parser key")
-    ]
-    expected = [line for line in lines if line.startswith("Expected a ") and "NoneType" not in line]
-    if unaccepted:
-        reason = unaccepted[0]
-    elif any(line.startswith("Expected a path but") for line in lines):
-        reason = f"{value} is not a file that can be read"
-    elif bad_class:
-        reason = bad_class[-1] + (f" (in {value})" if value and value.endswith((".yaml", ".yml")) else "")
-    elif expected:
-        match = re.match(r"Expected a (.+?)(?:\. Got value: (.*))?$", expected[0])
-        kind = re.sub(r"<class '([^']+)'>", r"\1", match[1])
-        reason = f"expected {kind}, got {match[2] if match[2] is not None else value!r}"
-    else:
-        noise = ("Parser key", "Does not validate", "Subtypes:", "Errors:", "Given value")
-        reasons = [line for line in lines if not line.startswith(noise)]
-        reason = reasons[0] if reasons else lines[0] if lines else "invalid arguments"
-    return f"{where}{reason.rstrip('.:')}."
-
-
-def fail(message: str) -> None:
-    print(f"gpt-ft: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-def main(argv: list[str] | None = None) -> None:
-    from_shell = argv is None
-    argv = sys.argv[1:] if argv is None else list(argv)
-    debug = "--debug" in argv
-    argv = [a for a in argv if a != "--debug"]
-    if not argv or argv[0] in ("-h", "--help"):
-        print("usage: gpt-ft {" + ",".join(COMMANDS) + "} ... [--debug]\n")
-        for name, text in COMMANDS.items():
-            print(f"  {name:<10} {text}")
-        print("\n`gpt-ft COMMAND --help` lists a command's arguments.")
-        return
-    if argv[0] == "--version":
-        print(f"gpt-ft {gpt_ft.__version__}")
-        return
-    command = argv[0]
-    if command not in COMMANDS:
-        fail(f"unknown command {command!r}; choose from {', '.join(COMMANDS)}.")
-    try:
-        if command in LIGHTNING_COMMANDS:
-            if debug and from_shell:
-                sys.argv.remove("--debug")
-            with checkpoint_data(argv) as extended:
-                if from_shell:
-                    sys.argv = [sys.argv[0], *extended]
-                    lightning_main(None)
-                else:
-                    lightning_main(extended)
-        else:
-            from gpt_ft import commands
-
-            getattr(commands, command)(argv[1:])
-    except USER_ERRORS as exc:
-        if debug:
-            raise
-        fail(user_message(exc))
-    except argparse.ArgumentError as exc:
-        if debug:
-            raise
-        fail(parse_error_message(str(exc)))
-    except SIGTERMException:
-        print("gpt-ft: stopped by SIGTERM", file=sys.stderr)
-        raise SystemExit(128 + 15) from None

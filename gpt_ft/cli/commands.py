@@ -1,4 +1,4 @@
-"""The `gpt-ft` commands that are not LightningCLI's: explain, prepare, tokenizer, generate.
+"""The `gpt-ft` commands that are not LightningCLI's: explain, prepare, tokenizer, generate, suite.
 
 Each parses its own arguments with jsonargparse (signatures are the schema) and raises ValueError
 or FileNotFoundError for bad input; `gpt_ft.cli.main` turns those into one line and exit code 2.
@@ -11,17 +11,19 @@ from typing import Any
 
 from jsonargparse import ActionConfigFile, ArgumentParser
 
+from gpt_ft.model.weights import load_weights, resolve_tokenizer
+
 
 def explain(argv: list[str]) -> None:
     """Print example `--index` of `--split` as the model sees it."""
-    from gpt_ft.task_data import TaskDataModule
+    from gpt_ft.data.task_data import TaskDataModule
 
     parser = ArgumentParser(prog="gpt-ft explain", description="Print one example as the model sees it.")
     parser.add_argument(
         "--config", action=ActionConfigFile, help="a fit config; only its data section is used"
     )
     parser.add_subclass_arguments(TaskDataModule, "data", required=True)
-    parser.set_defaults({"data": {"class_path": "gpt_ft.task_data.TaskDataModule"}})
+    parser.set_defaults({"data": {"class_path": "gpt_ft.data.task_data.TaskDataModule"}})
     # The rest of a fit config is accepted and ignored, so `explain` takes the very same files.
     for section in ("model", "trainer", "optimizer", "lr_scheduler", "seed_everything", "ckpt_path"):
         parser.add_argument(f"--{section}", type=Any, default=None, help="(ignored)")
@@ -30,10 +32,7 @@ def explain(argv: list[str]) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     cfg = parser.parse_args(argv)
     init_from = (cfg.model or {}).get("init_from")
-    if cfg.data.init_args.tokenizer is None and init_from:
-        from gpt_ft.module import checkpoint_tokenizer
-
-        cfg.data.init_args.tokenizer = checkpoint_tokenizer(init_from)
+    cfg.data.init_args.tokenizer = resolve_tokenizer(cfg.data.init_args.tokenizer, init_from, option=None)
     data = parser.instantiate(cfg).data
     shown = data.explain(cfg.split, cfg.index)
     if cfg.json:
@@ -48,8 +47,8 @@ def explain(argv: list[str]) -> None:
 
 
 def prepare(argv: list[str]) -> None:
-    """Tokenize a corpus into train/validation token files (see gpt_ft/prepare.py)."""
-    from gpt_ft import prepare as prep
+    """Tokenize a corpus into train/validation token files (see gpt_ft/data/prepare.py)."""
+    from gpt_ft.data import prepare as prep
 
     parser = ArgumentParser(prog="gpt-ft prepare", description=prep.__doc__.split("\n\n")[0])
     parser.add_argument("inputs", nargs="*", help="text files or folders of them")
@@ -67,8 +66,8 @@ def prepare(argv: list[str]) -> None:
 
 def tokenizer(argv: list[str]) -> None:
     """Train a byte-level BPE tokenizer (with the GPT-1 special tokens) on text files."""
-    from gpt_ft.prepare import find_files
-    from gpt_ft.tokenizer import train_tokenizer
+    from gpt_ft.data.prepare import find_files
+    from gpt_ft.data.tokenizer import train_tokenizer
 
     parser = ArgumentParser(
         prog="gpt-ft tokenizer", description="Train a byte-level BPE tokenizer on text files."
@@ -92,8 +91,7 @@ def generate(argv: list[str]) -> None:
 
     import torch
 
-    from gpt_ft.module import checkpoint_tokenizer, load_weights
-    from gpt_ft.tokenizer import load_tokenizer
+    from gpt_ft.data.tokenizer import load_tokenizer
 
     parser = ArgumentParser(prog="gpt-ft generate", description="Continue a prompt with a trained model.")
     parser.add_argument("--ckpt_path", required=True, help="a gpt_ft .ckpt or a transformers directory")
@@ -109,10 +107,7 @@ def generate(argv: list[str]) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     cfg = parser.parse_args(argv)
-    tokenizer_dir = cfg.tokenizer or checkpoint_tokenizer(cfg.ckpt_path)
-    if tokenizer_dir is None:
-        raise ValueError(f"{cfg.ckpt_path} carries no tokenizer; give --tokenizer DIR.")
-    tok = load_tokenizer(tokenizer_dir)
+    tok = load_tokenizer(resolve_tokenizer(cfg.tokenizer, cfg.ckpt_path))
     gpt = load_weights(cfg.ckpt_path).to(cfg.device).eval()
     ids = tok(cfg.prompt, add_special_tokens=False)["input_ids"]
     if not ids:
@@ -155,8 +150,10 @@ def generate(argv: list[str]) -> None:
 
 
 def suite(argv: list[str]) -> None:
-    """Fine-tune and evaluate a suite's task cards over seeds (see gpt_ft/suite.py)."""
-    from gpt_ft import suite as suites
+    """Fine-tune and evaluate a suite's task cards over seeds (see gpt_ft/eval/suite.py)."""
+    from gpt_ft.cli.lightning import build_fit
+    from gpt_ft.eval.suite import SuiteRunner
+    from gpt_ft.eval.suite_file import load_suite
 
     fit_args: list[str] = []
     if "--" in argv:  # everything after `--` goes to every `gpt-ft fit`
@@ -198,9 +195,10 @@ def suite(argv: list[str]) -> None:
     )
     parser.add_argument("--keep_checkpoints", type=bool, default=False, help="keep every run's checkpoints")
     cfg = parser.parse_args(_repeatable(argv, ("--data_dir", "--tasks", "--seeds", "--transfer_layers")))
-    runner = suites.SuiteRunner(
-        suites.load_suite(cfg.suite),
+    runner = SuiteRunner(
+        load_suite(cfg.suite),
         cfg.out_dir,
+        build_run=build_fit,
         init_from=cfg.init_from,
         tokenizer=cfg.tokenizer,
         data_dir=cfg.data_dir,

@@ -3,188 +3,26 @@
 One config switch picks the block layout: GPT-1 is post-LN with no final LayerNorm, GPT-2 is
 pre-LN with a final LayerNorm. Module names follow the Hugging Face GPT-2 checkpoint keys
 (`wte`, `wpe`, `h.N.attn.c_attn`, ...), so converting weights in either direction is a name map
-plus a transpose list (see `gpt_ft/hf.py`).
+plus a transpose list (see `gpt_ft/model/hf.py`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gpt_ft import generation
+from gpt_ft.model import generation
+from gpt_ft.model.cache import Cache, KVCache, SharedPrefix
+from gpt_ft.model.config import ACTIVATIONS, GPTConfig
 
 if TYPE_CHECKING:
     import os
 
-Activation = Literal["gelu_tanh", "gelu", "relu", "silu"]
-
-_ACTIVATIONS = {
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # GPT-1 and GPT-2 both use the tanh form
-    "gelu": F.gelu,
-    "relu": F.relu,
-    "silu": F.silu,
-}
-
-
-@dataclass
-class GPTConfig:
-    """Shape and regularisation of a GPT. The defaults are GPT-1 (Radford et al. 2018)."""
-
-    vocab_size: int = 40478
-    """Number of token embeddings: the BPE vocabulary plus any special tokens."""
-    n_positions: int = 512
-    """Context length: the number of learned position embeddings."""
-    n_embd: int = 768
-    """Width of the residual stream."""
-    n_layer: int = 12
-    """Number of transformer blocks."""
-    n_head: int = 12
-    """Number of attention heads; must divide n_embd."""
-    n_inner: int | None = None
-    """Width of the feed-forward layer; None means 4 * n_embd."""
-    pre_ln: bool = False
-    """False: GPT-1's post-LN blocks, no final LayerNorm. True: GPT-2's pre-LN blocks plus a final LN."""
-    activation: Activation = "gelu_tanh"
-    """Feed-forward nonlinearity; GPT-1 and GPT-2 use GELU in its tanh form."""
-    embd_pdrop: float = 0.1
-    """Dropout on the sum of token and position embeddings."""
-    attn_pdrop: float = 0.1
-    """Dropout on the attention probabilities."""
-    resid_pdrop: float = 0.1
-    """Dropout on the output of each attention and feed-forward sublayer."""
-    layer_norm_epsilon: float = 1e-5
-    """Epsilon of every LayerNorm."""
-    initializer_range: float = 0.02
-    """Standard deviation of the normal initialisation of weights and embeddings."""
-    vocab_multiple: int = 64
-    """The token embedding gets a multiple of this many rows, for faster kernels; the extra rows
-    are never looked up, predicted, sampled or counted in the loss (1: no padding)."""
-
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "n_positions", "n_embd", "n_head", "vocab_multiple"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"GPTConfig.{name} must be a positive integer, got {getattr(self, name)}.")
-        if self.n_layer < 0:
-            raise ValueError(f"GPTConfig.n_layer must be >= 0, got {self.n_layer}.")
-        if self.n_embd % self.n_head:
-            raise ValueError(
-                f"GPTConfig.n_embd={self.n_embd} is not divisible by n_head={self.n_head}; "
-                f"choose n_head among the divisors of {self.n_embd}."
-            )
-        if self.n_inner is not None and self.n_inner < 1:
-            raise ValueError(f"GPTConfig.n_inner must be a positive integer or None, got {self.n_inner}.")
-        if self.activation not in _ACTIVATIONS:
-            raise ValueError(
-                f"GPTConfig.activation={self.activation!r} is not supported; allowed: {sorted(_ACTIVATIONS)}."
-            )
-        for name in ("embd_pdrop", "attn_pdrop", "resid_pdrop"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"GPTConfig.{name} must be in [0, 1), got {getattr(self, name)}.")
-
-    @property
-    def padded_vocab_size(self) -> int:
-        """Rows of the token embedding: vocab_size rounded up to a multiple of vocab_multiple."""
-        return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
-
-    @property
-    def head_dim(self) -> int:
-        return self.n_embd // self.n_head
-
-    @property
-    def ffn_dim(self) -> int:
-        return self.n_inner if self.n_inner is not None else 4 * self.n_embd
-
-    @classmethod
-    def from_name(cls, name: str, **overrides) -> GPTConfig:
-        """A preset by name (see `PRESETS`), with any field overridden."""
-        if name not in PRESETS:
-            raise ValueError(f"Unknown GPT preset {name!r}; available presets: {', '.join(PRESETS)}.")
-        unknown = set(overrides) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ValueError(f"Unknown GPTConfig field(s) {sorted(unknown)} given to from_name({name!r}).")
-        return cls(**{**PRESETS[name], **overrides})
-
-
-_GPT2 = dict(vocab_size=50257, n_positions=1024, pre_ln=True)
-
-PRESETS: dict[str, dict] = {
-    # GPT-1 (paper §4.1): 12 layers, 768 wide, 12 heads, FFN 3072, context 512, BPE vocab 40,478.
-    "gpt1": {},
-    # GPT-2 (Radford et al. 2019), the four released sizes.
-    "gpt2": dict(_GPT2),
-    "gpt2-medium": dict(_GPT2, n_embd=1024, n_layer=24, n_head=16),
-    "gpt2-large": dict(_GPT2, n_embd=1280, n_layer=36, n_head=20),
-    "gpt2-xl": dict(_GPT2, n_embd=1600, n_layer=48, n_head=25),
-    # GPT-1-shaped models small enough to train on a laptop CPU.
-    "gpt-mini": dict(n_embd=256, n_layer=4, n_head=4),
-    "gpt-micro": dict(n_positions=128, n_embd=64, n_layer=2, n_head=2),
-}
-
-
-class KVCache:
-    """Keys and values of the positions seen so far, preallocated for `max_len` positions.
-
-    `gpt(new_ids, kv_cache=cache)` attends to everything in the cache and appends its own keys
-    and values; `length` is the number of cached positions.
-    """
-
-    def __init__(self, config: GPTConfig, batch_size: int, max_len: int, *, dtype, device) -> None:
-        shape = (config.n_layer, batch_size, config.n_head, max_len, config.head_dim)
-        self.k = torch.empty(shape, dtype=dtype, device=device)
-        self.v = torch.empty(shape, dtype=dtype, device=device)
-        self.length = 0
-
-    @property
-    def max_len(self) -> int:
-        return self.k.shape[3]
-
-    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Store this layer's new keys/values (B, nh, T, hs); return all of them so far."""
-        end = self.length + k.shape[2]
-        self.k[layer, :, :, self.length : end] = k
-        self.v[layer, :, :, self.length : end] = v
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
-
-    def reorder(self, index: Tensor) -> None:
-        """Keep the batch rows `index` (beam search follows its surviving beams with this)."""
-        self.k = self.k.index_select(1, index)
-        self.v = self.v.index_select(1, index)
-
-
-class SharedPrefix:
-    """Keys and values of shared prefixes, attended to by several continuations each; differentiable.
-
-    `gpt(prefix_ids, kv_cache=shared)` records every layer's keys and values of the prefixes
-    (B rows); then `shared.repeats = S` and `gpt(continuation_ids, mask, position_ids=...,
-    kv_cache=shared)` runs B * S continuations (row b * S + s continues prefix b), each attending
-    to its prefix's keys and values and to itself. Gradients from all continuations flow into the
-    one prefix computation. The mask covers prefix and continuation keys, (B * S, T_prefix + T).
-    """
-
-    def __init__(self) -> None:
-        self.k: dict[int, Tensor] = {}
-        self.v: dict[int, Tensor] = {}
-        self.length = 0
-        self.repeats: int | None = None
-
-    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        if self.repeats is None:  # the prefixes' own pass
-            self.k[layer], self.v[layer] = k, v
-            return k, v
-        return self._with_prefix(self.k[layer], k), self._with_prefix(self.v[layer], v)
-
-    def _with_prefix(self, prefix: Tensor, new: Tensor) -> Tensor:
-        B, nh, Tp, hs = prefix.shape
-        repeated = prefix[:, None].expand(B, self.repeats, nh, Tp, hs).reshape(B * self.repeats, nh, Tp, hs)
-        return torch.cat([repeated, new], dim=2)
-
-
-Cache = KVCache | SharedPrefix
+__all__ = ["GPT", "GPTConfig", "Block", "KVCache", "SharedPrefix"]
 
 
 def blocked_causal_attention(
@@ -253,7 +91,7 @@ class MLP(nn.Module):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, config.ffn_dim)
         self.c_proj = nn.Linear(config.ffn_dim, config.n_embd)
-        self.act = _ACTIVATIONS[config.activation]
+        self.act = ACTIVATIONS[config.activation]
         self.dropout = nn.Dropout(config.resid_pdrop)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -446,19 +284,19 @@ class GPT(nn.Module):
     @classmethod
     def from_hf(cls, hf_model) -> GPT:
         """A GPT with the weights of a transformers OpenAIGPT* or GPT2* model (LM-head or base)."""
-        from gpt_ft import hf
+        from gpt_ft.model import hf
 
         return hf.from_hf(hf_model)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> GPT:
         """Load a local transformers directory (a `save_pretrained` output of openai-gpt or gpt2)."""
-        from gpt_ft import hf
+        from gpt_ft.model import hf
 
         return hf.from_pretrained(path)
 
     def to_hf(self):
         """The matching transformers LM-head model (OpenAIGPTLMHeadModel or GPT2LMHeadModel)."""
-        from gpt_ft import hf
+        from gpt_ft.model import hf
 
         return hf.to_hf(self)

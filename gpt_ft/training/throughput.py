@@ -14,6 +14,8 @@ import time
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from gpt_ft.data.batches import SharedContextBatch
+
 # Dense (not 2:4 sparse) bf16 tensor-core peaks in TFLOP/s, from NVIDIA's datasheets; longest
 # names first so that "H100 NVL" is not read as "H100".
 DENSE_BF16_TFLOPS = {
@@ -62,11 +64,11 @@ class Throughput(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         # Padded positions included: they cost compute too. (tokens, attention span) per pass.
-        if "context_ids" in batch:  # shared-context multiple choice: contexts once, then the choices
-            ids, answers = batch["context_ids"], batch["answer_ids"]
+        if isinstance(batch, SharedContextBatch):  # contexts once, then the choices
+            ids, answers = batch.context_ids, batch.answer_ids
             passes = [(ids.numel(), ids.shape[-1]), (answers.numel(), ids.shape[-1] + answers.shape[-1])]
         else:
-            ids = batch["input_ids"]
+            ids = batch.input_ids
             passes = [(ids.numel(), ids.shape[-1])]
         config = pl_module.gpt.config
         for tokens, span in passes:

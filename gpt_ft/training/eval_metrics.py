@@ -13,35 +13,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 from torchmetrics import Metric
-from torchmetrics.functional import (
-    accuracy,
-    f1_score,
-    matthews_corrcoef,
-    pearson_corrcoef,
-    spearman_corrcoef,
-)
 
-from gpt_ft.adapters import METRICS, TaskAdapter
-
-
-def metric_value(name: str, predictions: Tensor, labels: Tensor, num_classes: int) -> Tensor:
-    """One benchmark metric; F1 and MCC are binary (positive class 1) for two classes, as GLUE reports."""
-    binary = num_classes == 2
-    if name == "accuracy":
-        return accuracy(predictions, labels, task="multiclass", num_classes=num_classes, average="micro")
-    if name == "f1":
-        if binary:
-            return f1_score(predictions, labels, task="binary")
-        return f1_score(predictions, labels, task="multiclass", num_classes=num_classes, average="macro")
-    if name == "matthews":
-        if binary:
-            return matthews_corrcoef(predictions, labels, task="binary")
-        return matthews_corrcoef(predictions, labels, task="multiclass", num_classes=num_classes)
-    if name == "pearson":
-        return pearson_corrcoef(predictions.double(), labels.double())
-    if name == "spearman":
-        return spearman_corrcoef(predictions.double(), labels.double())
-    raise ValueError(f"Unknown metric {name!r}; allowed: {', '.join(METRICS)}.")
+from gpt_ft.adapters import TaskAdapter
+from gpt_ft.training.terms import combined_loss
 
 
 def first_occurrences(index: Tensor) -> Tensor:
@@ -102,12 +76,8 @@ class EvalMetrics(Metric):
         if self.task is None:
             return {"loss": lm_loss.float(), "perplexity": torch.exp(lm_loss).float()}
         task_loss = cat(self.task_loss)[keep].mean()
-        loss = task_loss + self.lm_coef * lm_loss if self.lm_coef > 0 else task_loss
-        out["loss"] = loss.float()
+        out["loss"] = combined_loss(task_loss, lm_loss, self.lm_coef).float()
         predictions, labels = cat(self.predictions)[keep], cat(self.labels)[keep]
-        classes = (
-            self.task.num_sequences if self.task.head_kind == "multiple_choice" else self.task.num_labels
-        )
-        for name in self.task.metrics:
-            out[name] = metric_value(name, predictions, labels, classes).float()
+        for name, value in self.task.metric_values(predictions, labels).items():
+            out[name] = value.float()
         return out

@@ -1,0 +1,89 @@
+"""Task heads: how an example's extract states become the task's outputs, loss and predictions.
+
+A head is a linear layer on the final state of the extract token (GPT-1 §3.3), with dropout
+before it (GPT-1: 0.1). Each adapter chooses its head (`TaskAdapter.head`), so that a new input
+shape brings its own and the training code stays the same for every shape. Heads subclass
+`nn.Linear`, so that their parameters are `head.weight` and `head.bias` in every checkpoint.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class TaskHead(nn.Linear):
+    """Dropout, the S sequences' extract states added (one sequence: itself), a linear layer.
+
+    Subclasses give the loss and the predictions; `forward` is shared by those whose example is
+    one point (classes, a score, several labels).
+    """
+
+    def __init__(self, n_embd: int, outputs: int, *, dropout: float = 0.1, init_std: float = 0.02) -> None:
+        super().__init__(n_embd, outputs)
+        nn.init.normal_(self.weight, std=init_std)
+        nn.init.zeros_(self.bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, extract: Tensor, choice_mask: Tensor | None = None) -> Tensor:
+        """Outputs (B, outputs) from extract states (B, S, C).
+
+        Similarity (GPT-1 §3.3): the two orders' states are added before the linear layer.
+        """
+        return F.linear(self.dropout(extract).sum(dim=1), self.weight, self.bias)
+
+    def losses(self, outputs: Tensor, labels: Tensor) -> Tensor:
+        """Each example's task loss, (B,)."""
+        raise NotImplementedError
+
+    def predictions(self, outputs: Tensor) -> Tensor:
+        """What the task predicts for each example, (B, ...)."""
+        raise NotImplementedError
+
+
+class ClassificationHead(TaskHead):
+    """One logit per class; cross-entropy; the likeliest class."""
+
+    def losses(self, outputs: Tensor, labels: Tensor) -> Tensor:
+        return F.cross_entropy(outputs.float(), labels, reduction="none")
+
+    def predictions(self, outputs: Tensor) -> Tensor:
+        return outputs.argmax(dim=-1)
+
+
+class RegressionHead(TaskHead):
+    """One score; squared error; the score, clipped to the task's range."""
+
+    def __init__(
+        self,
+        n_embd: int,
+        *,
+        score_range: tuple[float, float] | None = None,
+        dropout: float = 0.1,
+        init_std: float = 0.02,
+    ) -> None:
+        super().__init__(n_embd, 1, dropout=dropout, init_std=init_std)
+        self.score_range = score_range
+
+    def losses(self, outputs: Tensor, labels: Tensor) -> Tensor:
+        return F.mse_loss(outputs.squeeze(-1).float(), labels.float(), reduction="none")
+
+    def predictions(self, outputs: Tensor) -> Tensor:
+        scores = outputs.squeeze(-1).float()
+        return scores.clamp(*self.score_range) if self.score_range is not None else scores
+
+
+class ChoiceHead(ClassificationHead):
+    """One scalar per choice from the same linear layer, softmax over a row's choices; a choice the
+    row does not have is masked out (GPT-1 §3.3, multiple choice)."""
+
+    def __init__(self, n_embd: int, *, dropout: float = 0.1, init_std: float = 0.02) -> None:
+        super().__init__(n_embd, 1, dropout=dropout, init_std=init_std)
+
+    def forward(self, extract: Tensor, choice_mask: Tensor | None = None) -> Tensor:
+        """Scores (B, S), one per choice, from extract states (B, S, C)."""
+        scores = F.linear(self.dropout(extract), self.weight, self.bias).squeeze(-1)  # (B, S)
+        if choice_mask is None:
+            return scores
+        return scores.masked_fill(~choice_mask, torch.finfo(scores.dtype).min)

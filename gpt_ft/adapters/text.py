@@ -1,0 +1,73 @@
+"""Texts and pairs of texts: one classification or score per example (GPT-1 §3.3)."""
+
+from __future__ import annotations
+
+from gpt_ft.adapters.base import Encoded, TaskAdapter, fit_lengths
+
+
+class SingleText(TaskAdapter):
+    """[start] text [extract] (GPT-1 §3.3, classification)."""
+
+    def __init__(self, *, text: str = "sentence", **kwargs) -> None:
+        """
+        Args:
+            text: Field holding the text.
+        """
+        super().__init__(**kwargs)
+        self.text = text
+
+    def text_fields(self) -> list[str]:
+        return [self.text]
+
+    def encode(self, example, tokens, specials, max_length):
+        (text,) = tokens
+        (n,) = fit_lengths([len(text)], max_length - 2)
+        ids, extract = self._sequence(specials, text[:n])
+        return Encoded([ids], [extract], self.example_label(example))
+
+
+class TextPair(TaskAdapter):
+    """[start] premise [delim] hypothesis [extract] (GPT-1 §3.3, textual entailment)."""
+
+    def __init__(self, *, premise: str = "premise", hypothesis: str = "hypothesis", **kwargs) -> None:
+        """
+        Args:
+            premise: Field holding the first text.
+            hypothesis: Field holding the second text.
+        """
+        super().__init__(**kwargs)
+        self.premise, self.hypothesis = premise, hypothesis
+
+    def text_fields(self) -> list[str]:
+        return [self.premise, self.hypothesis]
+
+    def encode(self, example, tokens, specials, max_length):
+        a, b = tokens
+        na, nb = fit_lengths([len(a), len(b)], max_length - 3)
+        ids, extract = self._sequence(specials, a[:na], b[:nb])
+        return Encoded([ids], [extract], self.example_label(example))
+
+
+class Similarity(TextPair):
+    """Both orders, [start] a [delim] b [extract] and [start] b [delim] a [extract] (GPT-1 §3.3).
+
+    The model adds the two extract representations element-wise before the head, since a
+    similarity has no inherent order.
+    """
+
+    num_sequences = 2
+
+    def __init__(self, *, first: str = "sentence1", second: str = "sentence2", **kwargs) -> None:
+        """
+        Args:
+            first: Field holding one text.
+            second: Field holding the other.
+        """
+        super().__init__(premise=first, hypothesis=second, **kwargs)
+
+    def encode(self, example, tokens, specials, max_length):
+        a, b = tokens
+        na, nb = fit_lengths([len(a), len(b)], max_length - 3)
+        ab, extract_ab = self._sequence(specials, a[:na], b[:nb])
+        ba, extract_ba = self._sequence(specials, b[:nb], a[:na])
+        return Encoded([ab, ba], [extract_ab, extract_ba], self.example_label(example))

@@ -1,0 +1,201 @@
+"""Batches, typed: the one contract between the data modules and the model.
+
+- `TokenBatch`: S token sequences per example, (B, S, T), and their next-token targets
+  (pretraining blocks: S = 1, no padding).
+- `TaskBatch`: a task's examples, padded, with where to read each sequence's extract token.
+- `SharedContextBatch`: multiple-choice examples as one `[start] context [delim]` per example and
+  each choice's continuation, so that the context runs once (`--data.shared_context`).
+
+Lightning moves dataclass batches to the device field by field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+IGNORE_INDEX = -100  # targets the LM loss skips (padding)
+
+
+@dataclass
+class TokenBatch:
+    """Token sequences and their next-token targets."""
+
+    input_ids: Tensor
+    """(B, S, T) token ids."""
+    lm_targets: Tensor
+    """(B, S, T) the next token, or -100 where there is nothing to predict."""
+    index: Tensor
+    """(B,) example (or block) ids: evaluation counts each once, predictions are written by them."""
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+
+@dataclass
+class TaskBatch(TokenBatch):
+    """A task's examples, each as S sequences `[start] ... [extract]`, padded to T tokens."""
+
+    attention_mask: Tensor
+    """(B, S, T) 1 for real tokens, 0 for padding."""
+    extract_index: Tensor
+    """(B, S) position of each sequence's extract token."""
+    choice_mask: Tensor
+    """(B, S) False for choices a row does not have (multiple choice with rows of fewer choices)."""
+    labels: Tensor | None = None
+    """(B,) class ids, choice indices or float scores, (B, L) label rows; None when unlabelled."""
+    left_padded: bool = False
+    """Padding on the left: the model then needs the attention mask and position ids."""
+    split: str = ""
+    """The split the examples come from (evaluation and predictions are kept per split)."""
+
+
+@dataclass
+class SharedContextBatch:
+    """Multiple-choice examples as one shared context and the choices' continuations.
+
+    The LM targets add up to `TaskBatch`'s: the context's, counted once per choice, plus the choices'.
+    """
+
+    context_ids: Tensor
+    """(B, Tc) `[start] context [delim]`, right-padded."""
+    context_length: Tensor
+    """(B,) real tokens of each context."""
+    context_targets: Tensor
+    """(B, Tc) the next context token; -100 at the delim and at padding."""
+    answer_ids: Tensor
+    """(B, S, Ta) `answer_k [extract]`, right-padded."""
+    answer_targets: Tensor
+    """(B, S, Ta) the next answer token; -100 at the extract and at padding."""
+    delim_targets: Tensor
+    """(B, S) each choice's first token, which the delim's state predicts (-100: no such choice)."""
+    answer_extract: Tensor
+    """(B, S) position of each choice's extract token within its continuation."""
+    choice_mask: Tensor
+    """(B, S) False for choices a row does not have."""
+    index: Tensor
+    """(B,) example ids."""
+    labels: Tensor | None = None
+    """(B,) the right choice; None when unlabelled."""
+    split: str = ""
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+
+Batch = TokenBatch | TaskBatch | SharedContextBatch
+
+
+def _labels(examples: list[dict[str, Any]]) -> Tensor | None:
+    """The examples' labels as one tensor when every example has one: long for class ids, choice
+    indices and label rows, float for scores."""
+    labels = [e["label"] for e in examples]
+    if any(label is None for label in labels):
+        return None
+    is_float = any(isinstance(label, float) for label in labels)
+    return torch.tensor(labels, dtype=torch.float if is_float else torch.long)
+
+
+def collate(
+    examples: list[dict[str, Any]],
+    pad_id: int,
+    padding_side: Literal["right", "left"] = "right",
+    split: str = "",
+) -> TaskBatch:
+    """Pad a list of encoded examples into a batch; lm_targets hold -100 at padding and at each
+    sequence's last token."""
+    B = len(examples)
+    S = max(len(e["input_ids"]) for e in examples)
+    T = max(len(seq) for e in examples for seq in e["input_ids"])
+    input_ids = torch.full((B, S, T), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((B, S, T), dtype=torch.long)
+    lm_targets = torch.full((B, S, T), IGNORE_INDEX, dtype=torch.long)
+    extract_index = torch.zeros((B, S), dtype=torch.long)
+    choice_mask = torch.zeros((B, S), dtype=torch.bool)
+    for b, example in enumerate(examples):
+        for s, seq in enumerate(example["input_ids"]):
+            n = len(seq)
+            offset = T - n if padding_side == "left" else 0
+            ids = torch.tensor(seq, dtype=torch.long)
+            input_ids[b, s, offset : offset + n] = ids
+            attention_mask[b, s, offset : offset + n] = 1
+            lm_targets[b, s, offset : offset + n - 1] = ids[1:]
+            extract_index[b, s] = offset + example["extract_index"][s]
+            choice_mask[b, s] = True
+        if S > len(
+            example["input_ids"]
+        ):  # missing choices: one pad token each, never attended from real ones
+            attention_mask[b, len(example["input_ids"]) :, -1 if padding_side == "left" else 0] = 1
+    return TaskBatch(
+        input_ids=input_ids,
+        lm_targets=lm_targets,
+        index=torch.tensor([e["index"] for e in examples], dtype=torch.long),
+        attention_mask=attention_mask,
+        extract_index=extract_index,
+        choice_mask=choice_mask,
+        labels=_labels(examples),
+        left_padded=padding_side == "left",
+        split=split,
+    )
+
+
+def collate_shared(
+    examples: list[dict[str, Any]], pad_id: int, delim_id: int, split: str = ""
+) -> SharedContextBatch | None:
+    """Examples whose sequences share `[start] context [delim]` as a `SharedContextBatch`, or None
+    when some example's sequences do not all start with the same context."""
+    prefixes, answers = [], []
+    for example in examples:
+        first = example["input_ids"][0]
+        if delim_id not in first:
+            return None
+        n = first.index(delim_id) + 1
+        if any(seq[:n] != first[:n] for seq in example["input_ids"]):
+            return None
+        prefixes.append(first[:n])
+        answers.append([seq[n:] for seq in example["input_ids"]])
+    B = len(examples)
+    S = max(len(a) for a in answers)
+    Tc = max(len(p) for p in prefixes)
+    Ta = max(len(seq) for a in answers for seq in a)
+    context_ids = torch.full((B, Tc), pad_id, dtype=torch.long)
+    context_targets = torch.full((B, Tc), IGNORE_INDEX, dtype=torch.long)
+    answer_ids = torch.full((B, S, Ta), pad_id, dtype=torch.long)
+    answer_targets = torch.full((B, S, Ta), IGNORE_INDEX, dtype=torch.long)
+    delim_targets = torch.full((B, S), IGNORE_INDEX, dtype=torch.long)
+    answer_extract = torch.zeros((B, S), dtype=torch.long)
+    choice_mask = torch.zeros((B, S), dtype=torch.bool)
+    for b, (prefix, choices) in enumerate(zip(prefixes, answers)):
+        ids = torch.tensor(prefix, dtype=torch.long)
+        context_ids[b, : len(prefix)] = ids
+        context_targets[b, : len(prefix) - 1] = ids[1:]
+        for k, seq in enumerate(choices):
+            ids = torch.tensor(seq, dtype=torch.long)
+            answer_ids[b, k, : len(seq)] = ids
+            answer_targets[b, k, : len(seq) - 1] = ids[1:]
+            delim_targets[b, k] = ids[0]
+            answer_extract[b, k] = len(seq) - 1
+            choice_mask[b, k] = True
+    return SharedContextBatch(
+        context_ids=context_ids,
+        context_length=torch.tensor([len(p) for p in prefixes], dtype=torch.long),
+        context_targets=context_targets,
+        answer_ids=answer_ids,
+        answer_targets=answer_targets,
+        delim_targets=delim_targets,
+        answer_extract=answer_extract,
+        choice_mask=choice_mask,
+        index=torch.tensor([e["index"] for e in examples], dtype=torch.long),
+        labels=_labels(examples),
+        split=split,
+    )
+
+
+def collate_blocks(blocks: list[tuple[int, Tensor]]) -> TokenBatch:
+    """Pretraining blocks of T + 1 tokens as inputs (B, 1, T), next-token targets and block numbers."""
+    stacked = torch.stack([tokens for _, tokens in blocks])  # (B, T + 1)
+    index = torch.tensor([i for i, _ in blocks], dtype=torch.long)
+    return TokenBatch(input_ids=stacked[:, None, :-1], lm_targets=stacked[:, None, 1:], index=index)

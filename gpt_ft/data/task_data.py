@@ -1,0 +1,257 @@
+"""TaskDataModule: a task card's splits -> GPT-1 inputs -> padded (B, S, T) batches.
+
+datasets -> adapter.texts -> tokenizer (batched) -> adapter.encode -> cached Arrow -> collate.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import partial
+from typing import Any, Literal
+
+import torch
+from lightning import LightningDataModule
+from torch.utils.data import DataLoader
+
+from gpt_ft.adapters import TaskAdapter, TaskDataError
+from gpt_ft.data.batches import SharedContextBatch, TaskBatch, collate, collate_shared
+from gpt_ft.data.files import load_split, split_file
+from gpt_ft.data.samplers import EpochSampler, LengthGroupedSampler, ResumableTrainData
+from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
+
+
+def _example_id(example: dict[str, Any], index_field: str | None, row: int) -> int:
+    """The example's integer id from the card's index field (GLUE test files), else its row number."""
+    value = example.get(index_field) if index_field else None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return row
+
+
+class TaskDataModule(ResumableTrainData, LightningDataModule):
+    """Batches of GPT-1 inputs for one task card.
+
+    Right after construction it exposes what the model needs (linked by the command line):
+    `task`, `vocab_size`, `tokenizer_path`.
+    """
+
+    def __init__(
+        self,
+        task: TaskAdapter | None = None,
+        tokenizer: str | None = None,
+        *,
+        data_dir: str | None = None,
+        max_length: int = 512,
+        batch_size: int = 32,
+        eval_batch_size: int | None = None,
+        num_workers: int = 0,
+        num_proc: int | None = None,
+        padding_side: Literal["right", "left"] = "right",
+        shuffle: bool = True,
+        length_grouped: bool = False,
+        shared_context: bool = True,
+        seed: int | None = None,
+    ) -> None:
+        """
+        Args:
+            task: The task card (a TaskAdapter): a YAML file path or class_path + init_args. May be
+                left out by validate/test/predict with a fine-tuned --ckpt_path (it records its card).
+            tokenizer: Tokenizer directory (or hub name); the GPT-1 special tokens are added. May be
+                left out when --model.init_from names weights that carry their tokenizer.
+            data_dir: Folder with the task's local files (e.g. a GLUE download); None: the hub.
+            max_length: Longest sequence, special tokens included; longer texts are cut, longest first.
+            batch_size: Training examples per batch.
+            eval_batch_size: Examples per evaluation batch; default batch_size.
+            num_workers: DataLoader worker processes.
+            num_proc: Processes for encoding (datasets' map); None encodes in this process.
+            padding_side: Pad sequences on the right (default) or the left.
+            shuffle: Shuffle the training examples every epoch; False keeps the file's order.
+            length_grouped: Batch training examples of similar length (batches shuffled between
+                themselves), which cuts padding.
+            shared_context: Multiple choice: run each example's `[start] context [delim]` once and
+                its choices against the context's keys and values, instead of the whole sequence
+                once per choice (same results, a fraction of the compute for long contexts).
+            seed: Seed of the training order; default the run's seed_everything.
+        """
+        super().__init__()
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
+        if max_length < 4:
+            raise ValueError(f"max_length must be >= 4 (room for the special tokens), got {max_length}.")
+        self.task = task
+        self.data_dir = data_dir
+        self.max_length = max_length
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size or batch_size
+        self.num_workers = num_workers
+        self.num_proc = num_proc
+        self.padding_side = padding_side
+        self.shuffle, self.length_grouped = shuffle, length_grouped
+        self.shared_context = shared_context
+        self.seed = seed if seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
+        if task is None:
+            raise ValueError("No task: give --data.task CARD (e.g. tasks/glue/rte.yaml).")
+        if tokenizer is None:
+            raise ValueError(
+                "No tokenizer: give --data.tokenizer DIR, or --model.init_from weights that carry one."
+            )
+        self.tokenizer_path = tokenizer
+        self.tokenizer = load_tokenizer(tokenizer)
+        self.special_ids = special_token_ids(self.tokenizer)
+        self.vocab_size = len(self.tokenizer)
+        self.datasets: dict[str, Any] = {}
+
+    # ---- loading and encoding ----
+
+    def encoded(self, split: str, *, labelled: bool):
+        """The encoded split (cached); `labelled` demands a label on every example."""
+        if split not in self.datasets:
+            self.datasets[split] = self._encode_split(split)
+        ds = self.datasets[split]
+        if labelled and ds.data.column("label").null_count:
+            raise TaskDataError(
+                f"{self._source(split)}: split {split!r} has examples without a label (field "
+                f"{self.task.label!r}); it cannot be used for training or validation."
+            )
+        return ds
+
+    def _source(self, split: str) -> str:
+        if self.data_dir is None:
+            return f"hub dataset {self.task.hub.path if self.task.hub else '?'} split {split}"
+        return str(split_file(self.task, split, self.data_dir))
+
+    def _encode_split(self, split: str):
+        raw = load_split(self.task, split, self.data_dir)
+        source = self._source(split)
+        if len(raw) == 0:
+            raise TaskDataError(f"{source}: split {split!r} has no examples.")
+        missing = [f for f in self.task.text_fields() if f not in raw.column_names]
+        if missing:
+            raise TaskDataError(
+                f"{source}: missing column(s) {missing} needed by task {self.task.name!r}; "
+                f"the file has {raw.column_names}."
+            )
+        index_field = self.task.index if self.task.index in raw.column_names else None
+        if self.task.ignore_labels and self.task.label in raw.column_names:
+            ignored = set(self.task.ignore_labels)
+            raw = raw.filter(lambda row: str(row[self.task.label]) not in ignored, desc="Dropping rows")
+
+        def encode_batch(batch: dict[str, list], rows: list[int]) -> dict[str, list]:
+            examples = [dict(zip(batch, values)) for values in zip(*batch.values())]
+            texts = []
+            for row, example in zip(rows, examples):
+                try:
+                    texts.append(self.task.texts(example))
+                except TaskDataError as exc:
+                    raise TaskDataError(f"{source}, row {row}: {exc}") from None
+            flat = [t for example_texts in texts for t in example_texts]
+            ids = self.tokenizer(flat, add_special_tokens=False)["input_ids"] if flat else []
+            out: dict[str, list] = {k: [] for k in ("input_ids", "extract_index", "label", "index", "length")}
+            start = 0
+            for row, example, example_texts in zip(rows, examples, texts):
+                tokens, start = ids[start : start + len(example_texts)], start + len(example_texts)
+                try:
+                    enc = self.task.encode(example, tokens, self.special_ids, self.max_length)
+                except TaskDataError as exc:
+                    raise TaskDataError(f"{source}, row {row}: {exc}") from None
+                out["input_ids"].append(enc.sequences)
+                out["extract_index"].append(enc.extract_index)
+                out["label"].append(enc.label)
+                out["index"].append(_example_id(example, index_field, row))
+                out["length"].append(max(len(seq) for seq in enc.sequences))
+            return out
+
+        return raw.map(
+            encode_batch,
+            batched=True,
+            with_indices=True,
+            remove_columns=raw.column_names,
+            num_proc=self.num_proc,
+            desc=f"Encoding {self.task.name} {split}",
+        )
+
+    def setup(self, stage: str) -> None:
+        if stage == "fit":
+            self.encoded("train", labelled=True)
+        if stage in ("fit", "validate"):
+            for split in self.task.validation_splits:
+                self.encoded(split, labelled=True)
+        if stage == "test":
+            for split in self.task.test_splits:
+                self.encoded(split, labelled=True)
+        if stage == "predict":
+            for split in self.task.test_splits:
+                self.encoded(split, labelled=False)
+
+    # ---- loaders ----
+
+    def _loader(self, split: str, *, train: bool, labelled: bool) -> DataLoader:
+        dataset = self.encoded(split, labelled=labelled).with_format(None)
+        batch_size = self.batch_size if train else self.eval_batch_size
+        sampler = self._resumed(self._train_sampler(dataset), batch_size) if train else None
+        return DataLoader(
+            dataset,
+            batch_size=batch_size,
+            sampler=sampler,
+            num_workers=self.num_workers,
+            collate_fn=partial(self.collate, split=split),
+            # Loader seeds from its own generator, not the global RNG that a resumed run restores.
+            generator=torch.Generator().manual_seed(self.seed),
+        )
+
+    def _train_sampler(self, dataset) -> EpochSampler:
+        """Our own sampler, in one process too: the order depends on (seed, epoch) only, so that a
+        resumed run sees the same batches, and on DDP each rank takes its share of it.
+
+        Evaluation keeps Lightning's: under DDP it repeats a few examples to even out the ranks,
+        and the metrics drop the repeats by example index.
+        """
+        trainer = getattr(self, "trainer", None)
+        world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        if self.length_grouped:
+            return LengthGroupedSampler(
+                dataset["length"],
+                self.batch_size,
+                num_replicas=world,
+                rank=rank,
+                shuffle=self.shuffle,
+                seed=self.seed,
+            )
+        return EpochSampler(dataset, num_replicas=world, rank=rank, shuffle=self.shuffle, seed=self.seed)
+
+    def collate(self, examples: list[dict[str, Any]], split: str = "") -> TaskBatch | SharedContextBatch:
+        if self.shared_context and self.task.shares_context and self.padding_side == "right":
+            batch = collate_shared(examples, self.special_ids.pad, self.special_ids.delim, split)
+            if batch is not None:
+                return batch
+        return collate(examples, self.special_ids.pad, self.padding_side, split)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", train=True, labelled=True)
+
+    def val_dataloader(self) -> list[DataLoader]:
+        return [self._loader(s, train=False, labelled=True) for s in self.task.validation_splits]
+
+    def test_dataloader(self) -> list[DataLoader]:
+        return [self._loader(s, train=False, labelled=True) for s in self.task.test_splits]
+
+    def predict_dataloader(self, splits: list[str] | None = None) -> list[DataLoader]:
+        """Loaders of the test splits (or of `splits`), whose predictions `predict` writes."""
+        splits = self.task.test_splits if splits is None else splits
+        return [self._loader(s, train=False, labelled=False) for s in splits]
+
+    # ---- inspection ----
+
+    def explain(self, split: str, index: int) -> dict[str, Any]:
+        """Example `index` of `split` as the model sees it: tokens (specials visible), ids, extract index."""
+        ds = self.encoded(split, labelled=False)
+        if not 0 <= index < len(ds):
+            raise TaskDataError(f"--index {index} is out of range: split {split!r} has {len(ds)} examples.")
+        example = ds[index]
+        label = self.task.label_text(example["label"])
+        sequences = [
+            {"tokens": self.tokenizer.convert_ids_to_tokens(ids), "ids": ids, "extract_index": k}
+            for ids, k in zip(example["input_ids"], example["extract_index"])
+        ]
+        return {"label": label, "sequences": sequences}

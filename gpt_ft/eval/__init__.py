@@ -1,0 +1,1 @@
+"""The evaluation layer: suites of tasks over seeds, zero-shot scoring, and their results."""

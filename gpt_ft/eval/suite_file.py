@@ -1,0 +1,102 @@
+"""Suite files (configs/suites/*.yaml): the task cards, seeds, shared fit arguments, the GPT-1
+paper's values, the benchmark score and the leaderboard submission of a `gpt-ft suite` run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from jsonargparse import ArgumentParser
+
+from gpt_ft.errors import parse_error_message, yaml_problem
+from gpt_ft.eval.zeroshot import ZeroShot
+
+
+@dataclass
+class SuiteTask:
+    """One task of a suite."""
+
+    card: str
+    """Task card path (relative to the working directory or to the suite file)."""
+    paper: dict[str, float] = field(default_factory=dict)
+    """The GPT-1 paper's score (percent) per metric: `accuracy`, or `split/metric` for a task with
+    several validation splits (MNLI's `validation_matched/accuracy`)."""
+    args: list[str] = field(default_factory=list)
+    """`gpt-ft fit` arguments for this task only (after the suite's own)."""
+    zero_shot: ZeroShot | None = None
+    """How to score the task zero-shot when it is not multiple choice (see gpt_ft/zeroshot.py)."""
+
+
+@dataclass
+class Score:
+    """A benchmark's overall score: the mean over its tasks, each task's metrics averaged first."""
+
+    name: str
+    tasks: list[str]
+    """Task names (the cards' `name`)."""
+    paper: float | None = None
+    """The GPT-1 paper's value."""
+
+
+@dataclass
+class Submission:
+    """Leaderboard files gathered from the tasks' predictions and zipped."""
+
+    archive: str
+    """Zip file name, written in the output folder."""
+    files: list[str]
+    """Every file the leaderboard expects; one missing from the run is named in a warning."""
+
+
+@dataclass
+class SuiteSpec:
+    """A suite file."""
+
+    name: str
+    tasks: list[SuiteTask]
+    config: str | None = None
+    """The `gpt-ft fit` config every task starts from (e.g. configs/finetune/gpt1.yaml)."""
+    args: list[str] = field(default_factory=list)
+    """`gpt-ft fit` arguments for every task."""
+    seeds: list[int] = field(default_factory=lambda: [0])
+    score: Score | None = None
+    submission: Submission | None = None
+
+
+def load_suite(path: str | Path) -> SuiteSpec:
+    """Parse and check a suite file; errors name the file and the field at fault."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"Suite file {path} does not exist.")
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(SuiteSpec, "suite")
+
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ValueError(f"Suite file {path} is not valid YAML: {yaml_problem(exc)}") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"Suite file {path} must hold a mapping with `name` and `tasks`.")
+    try:
+        cfg = parser.parse_object({"suite": raw})
+        spec = parser.instantiate_classes(cfg).suite
+    except Exception as exc:  # jsonargparse's validation errors
+        reason = parse_error_message(str(exc)).replace("--suite.", "", 1)
+        raise ValueError(f"Suite file {path}: {reason}") from None
+    if not spec.tasks:
+        raise ValueError(f"Suite file {path} lists no tasks.")
+    base = path.parent
+    for task in spec.tasks:
+        task.card = str(_find(task.card, base, f"{path}: task card"))
+    if spec.config:
+        spec.config = str(_find(spec.config, base, f"{path}: config"))
+    return spec
+
+
+def _find(name: str, base: Path, what: str) -> Path:
+    """A path as given (relative to the working directory), else relative to `base` or its parent."""
+    for candidate in (Path(name).expanduser(), base / name, base.parent / name, base.parent.parent / name):
+        if candidate.exists():
+            return candidate
+    raise FileNotFoundError(f"{what} {name} does not exist.")

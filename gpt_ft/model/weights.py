@@ -1,0 +1,133 @@
+"""Weights from disk, and the tokenizer that goes with them: the one place both are resolved.
+
+Anything that names weights (`--model.init_from`, `gpt-ft generate --ckpt_path`, `gpt-ft suite
+--init_from`) takes a gpt_ft `.ckpt` or a local transformers directory; the tokenizer saved with
+them is used unless one is given.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpt_ft.model.config import GPTConfig
+from gpt_ft.model.gpt import GPT
+
+SPECIAL_TOKEN_ROOM = 8  # start, delim, extract and pad (GPT-1 §3.3), with room to spare
+UNSAFE_CHECKPOINT = (
+    "{path} holds objects other than tensors and plain values; checkpoints are read with "
+    "torch.load(weights_only=True), which never runs code from a file."
+)
+
+
+def safe_load(path: str | Path) -> dict[str, Any]:
+    """A checkpoint read with `torch.load(weights_only=True)`, on the CPU."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise ValueError(UNSAFE_CHECKPOINT.format(path=path)) from None
+
+
+def load_weights(path: str | Path) -> GPT:
+    """A GPT from a checkpoint of this toolkit (.ckpt) or a local transformers directory."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        return GPT.from_pretrained(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"Checkpoint {path} does not exist.")
+    checkpoint = safe_load(path)
+    config = checkpoint.get("gpt_config")
+    if config is None:
+        raise ValueError(f"{path} is not a gpt_ft checkpoint: it records no model config (gpt_config).")
+    gpt = GPT(GPTConfig(**config))
+    state = {k.removeprefix("gpt."): v for k, v in checkpoint["state_dict"].items() if k.startswith("gpt.")}
+    gpt.load_state_dict(state)
+    return gpt
+
+
+def weights_tokenizer(path: str | Path) -> str | None:
+    """The tokenizer of these weights: saved beside a gpt_ft checkpoint, or in a transformers dir."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        has_tokenizer = any(
+            (path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")
+        )
+        return str(path) if has_tokenizer else None
+    if not path.is_file():
+        raise FileNotFoundError(f"Checkpoint {path} does not exist.")
+    recorded = safe_load(path).get("tokenizer")
+    return str(path.parent / recorded) if recorded else None
+
+
+def resolve_tokenizer(
+    tokenizer: str | None, weights: str | None, *, option: str | None = "--tokenizer"
+) -> str | None:
+    """The tokenizer to use: the one given, else the one saved with `weights`.
+
+    When neither has one, the error names `option` (the argument that gives a tokenizer); with
+    `option=None` the answer is then None and the caller decides.
+    """
+    if tokenizer is None and weights:
+        tokenizer = weights_tokenizer(weights)
+    if tokenizer is None and option is not None:
+        carries = f"{weights} carries no tokenizer" if weights else "no tokenizer"
+        raise ValueError(f"{carries}; give {option} DIR.")
+    return tokenizer
+
+
+def build_gpt(
+    *,
+    preset: str,
+    overrides: dict[str, Any] | None,
+    init_from: str | None,
+    transfer_layers: int | None,
+    vocab_size: int | None,
+) -> GPT:
+    """The GPT a run starts from: loaded weights (only dropouts may change, the first
+    `transfer_layers` blocks kept) or a fresh preset, grown to fit the tokenizer's special tokens."""
+    if init_from:
+        gpt = load_weights(init_from)
+        if overrides:
+            for key, value in overrides.items():
+                if key.endswith("pdrop"):
+                    setattr(gpt.config, key, value)
+                elif getattr(gpt.config, key, None) != value:
+                    raise ValueError(
+                        f"overrides.{key} cannot change a loaded model (it has {key}="
+                        f"{getattr(gpt.config, key, None)}); only dropouts can."
+                    )
+            gpt = with_dropout(gpt)
+        if transfer_layers is not None:
+            gpt.reset_blocks(transfer_layers)
+    else:
+        if transfer_layers is not None:
+            raise ValueError("transfer_layers needs pretrained weights: give --model.init_from.")
+        gpt = GPT(GPTConfig.from_name(preset, **{**(overrides or {}), "vocab_size": vocab_size or 40478}))
+    if init_from and vocab_size is not None:
+        check_tokenizer_fits(vocab_size, gpt.config.vocab_size, init_from)
+    if vocab_size is not None and vocab_size > gpt.config.vocab_size:
+        gpt.resize_token_embeddings(vocab_size)  # the special tokens the weights lack (GPT-1 §3.3)
+    return gpt
+
+
+def check_tokenizer_fits(vocab_size: int, weights_vocab: int, init_from: str) -> None:
+    """The tokenizer may add the few special tokens the weights lack, nothing else."""
+    if not weights_vocab <= vocab_size <= weights_vocab + SPECIAL_TOKEN_ROOM:
+        raise ValueError(
+            f"The tokenizer has {vocab_size} tokens but the weights in {init_from} have {weights_vocab}: "
+            "they were not made for each other; use the tokenizer saved with the weights."
+        )
+
+
+def with_dropout(gpt: GPT) -> GPT:
+    """Apply the config's dropout rates to an existing model's modules."""
+    c = gpt.config
+    gpt.drop.p = c.embd_pdrop
+    for block in gpt.h:
+        block.attn.attn_pdrop = c.attn_pdrop
+        block.attn.resid_dropout.p = c.resid_pdrop
+        block.mlp.dropout.p = c.resid_pdrop
+    return gpt

@@ -1,0 +1,251 @@
+"""GPTModule: the GPT with its tied LM head and the task's head, as a LightningModule.
+
+Fine-tuning loss (GPT-1 §3.2): L3 = L2 (task) + lm_coef * L1 (language modelling on the inputs).
+With no task the module is a plain language model, which pretraining uses. The task's adapter
+chooses the head (outputs, loss, predictions); this module is the same for every input shape.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from lightning import LightningModule
+from torch import Tensor, nn
+
+from gpt_ft.adapters import TaskAdapter
+from gpt_ft.data.batches import TokenBatch
+from gpt_ft.model.weights import build_gpt
+from gpt_ft.training.checkpointing import stop_on_nonfinite
+from gpt_ft.training.eval_metrics import EvalMetrics
+from gpt_ft.training.optim import adamw, lr_lambda
+from gpt_ft.training.predictions import write_predictions
+from gpt_ft.training.ranks import finite_everywhere, gather, mean_over_ranks
+from gpt_ft.training.terms import batch_terms, combined_loss
+
+SHAPE_FIELDS = ("n_layer", "n_embd", "n_head", "n_positions", "vocab_size", "pre_ln")
+
+
+class GPTModule(LightningModule):
+    """A GPT with its tied LM head and, given a task, the task's head on the extract token's state."""
+
+    def __init__(
+        self,
+        *,
+        preset: str = "gpt1",
+        overrides: dict[str, Any] | None = None,
+        init_from: str | None = None,
+        transfer_layers: int | None = None,
+        vocab_size: int | None = None,
+        tokenizer: str | None = None,
+        task: TaskAdapter | None = None,
+        lm_coef: float = 0.5,
+        classifier_dropout: float = 0.1,
+        lr: float = 6.25e-5,
+        weight_decay: float = 0.01,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        schedule: Literal["linear", "cosine", "constant"] = "linear",
+        warmup_fraction: float = 0.002,
+        warmup_steps: int | None = None,
+        predictions_dir: str = "predictions",
+        compile: bool | str = False,
+    ) -> None:
+        """
+        Args:
+            preset: Model shape when starting from scratch (gpt1, gpt2, gpt-mini, gpt-micro, ...).
+            overrides: GPTConfig fields to change, e.g. {n_layer: 4, attn_pdrop: 0.0}.
+            init_from: Start from these weights: a gpt_ft .ckpt or a local transformers directory.
+            transfer_layers: Keep only the first k transformer blocks of init_from (and the
+                embeddings); the others start fresh (GPT-1 §5, Fig. 2 left). None keeps all.
+            vocab_size: Tokenizer size (linked from the data); the embedding grows to fit it.
+            tokenizer: The data's tokenizer (linked); checkpoints save it beside them.
+            task: The task card (linked from the data); None makes a plain language model.
+            lm_coef: Weight of the auxiliary LM loss (GPT-1: 0.5; 0 turns it off).
+            classifier_dropout: Dropout before the task head (GPT-1: 0.1).
+            lr: Peak learning rate of AdamW (GPT-1 fine-tuning: 6.25e-5).
+            weight_decay: Decoupled weight decay on weight matrices (not biases or LayerNorm gains).
+            betas: AdamW betas.
+            eps: AdamW epsilon.
+            schedule: After warmup: linear to 0 (GPT-1 fine-tuning), cosine to 0 (pretraining), constant.
+            warmup_fraction: Linear warmup over this fraction of all steps (GPT-1: 0.2%).
+            warmup_steps: Linear warmup over this many steps instead (GPT-1 pretraining: 2000).
+            predictions_dir: Where `predict` writes one submission file per test split.
+            compile: torch.compile the GPT (True: the inductor backend; or a backend's name).
+        """
+        super().__init__()
+        if lm_coef < 0:
+            raise ValueError(f"lm_coef must be >= 0, got {lm_coef}.")
+        if lr <= 0:
+            raise ValueError(f"lr must be > 0, got {lr}.")
+        if not 0 <= warmup_fraction < 1:
+            raise ValueError(f"warmup_fraction must be in [0, 1), got {warmup_fraction}.")
+        self.gpt = build_gpt(
+            preset=preset,
+            overrides=overrides,
+            init_from=init_from,
+            transfer_layers=transfer_layers,
+            vocab_size=vocab_size,
+        )
+        self.task = task
+        self.lm_coef = lm_coef
+        config = self.gpt.config
+        self.head = (
+            task.head(config.n_embd, dropout=classifier_dropout, init_std=config.initializer_range)
+            if task is not None
+            else None
+        )
+        splits = task.validation_splits + task.test_splits if task else ["validation", "test"]
+        self.metrics = nn.ModuleDict({_key(split): EvalMetrics(task, lm_coef) for split in splits})
+        self.optim = dict(lr=lr, weight_decay=weight_decay, betas=tuple(betas), eps=eps)
+        self.schedule, self.warmup_fraction, self.warmup_steps = schedule, warmup_fraction, warmup_steps
+        self.predictions_dir = predictions_dir
+        self.compile_backend = ("inductor" if compile is True else compile) or None
+        self._predictions: dict[str, list[tuple[Tensor, Tensor]]] = {}
+        self.save_hyperparameters(ignore=["task"])
+
+    def configure_model(self) -> None:
+        # Called by the Trainer once the device and strategy are set, before the optimizer exists.
+        if self.compile_backend and not getattr(self.gpt, "_compiled_call_impl", None):
+            self.gpt.compile(backend=self.compile_backend)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # The model's own shape, so that the weights load without the run's arguments.
+        checkpoint["gpt_config"] = dict(vars(self.gpt.config))
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """A checkpoint of another shape is named in one sentence, not a page of size mismatches."""
+        stored, config = checkpoint.get("gpt_config"), self.gpt.config
+        where = getattr(self._trainer, "ckpt_path", None) or "The checkpoint"
+        differ = [k for k in SHAPE_FIELDS if stored and k in stored and stored[k] != getattr(config, k)]
+        if differ:
+            theirs = ", ".join(f"{k}={stored[k]}" for k in differ)
+            ours = ", ".join(f"{k}={getattr(config, k)}" for k in differ)
+            raise ValueError(
+                f"{where} holds a model with {theirs} but this run builds {ours}: give the same "
+                "--model.preset/--model.overrides, or start anew from it with --model.init_from."
+            )
+        head = checkpoint.get("state_dict", {}).get("head.weight")
+        if head is not None and self.head is not None and head.shape[0] != self.head.out_features:
+            raise ValueError(
+                f"{where} has a task head of {head.shape[0]} outputs but task {self.task.name!r} needs "
+                f"{self.head.out_features}: fine-tune it anew with --model.init_from."
+            )
+
+    # ---- forward and losses ----
+
+    def forward(self, batch: TokenBatch) -> Tensor:
+        """The task head's outputs for a batch: (B, classes), (B, 1), (B, choices), (B, labels)."""
+        return self.terms(batch, with_lm=False)["logits"]
+
+    def terms(self, batch: TokenBatch, with_lm: bool = True) -> dict[str, Tensor]:
+        """Per-example terms: lm_sum and lm_count, and with a task logits and task_loss."""
+        lm = with_lm and (self.head is None or self.lm_coef > 0)
+        return batch_terms(self.gpt, self.head, batch, lm=lm)
+
+    def losses(self, batch: TokenBatch) -> tuple[Tensor, dict[str, Tensor]]:
+        """The training loss and its parts, normalised so that DDP's gradient average is exact.
+
+        Each rank divides its sums by the mean count over ranks (examples for the task loss,
+        target tokens for the LM loss): averaging the ranks' gradients then gives the gradient of
+        the loss over the global batch, as one process with the whole batch would compute it.
+        """
+        terms = self.terms(batch)
+        world = self.trainer.world_size if self._trainer is not None else 1
+        parts = {}
+        if "lm_sum" in terms:
+            parts["lm_loss"] = terms["lm_sum"].sum() / mean_over_ranks(terms["lm_count"].sum(), world)
+        if "task_loss" in terms:
+            examples = torch.tensor(float(len(terms["task_loss"])), device=terms["task_loss"].device)
+            parts["task_loss"] = terms["task_loss"].sum() / mean_over_ranks(examples, world)
+        return combined_loss(parts.get("task_loss"), parts.get("lm_loss"), self.lm_coef), parts
+
+    # ---- steps ----
+
+    def training_step(self, batch: TokenBatch, batch_idx: int) -> Tensor:
+        loss, parts = self.losses(batch)
+        if not finite_everywhere(loss, self.trainer.world_size):
+            stop_on_nonfinite(self.trainer, loss)
+        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch))
+        for name, value in parts.items():
+            self.log(f"train/{name}", value, batch_size=len(batch))
+        return loss
+
+    def validation_step(self, batch: TokenBatch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._evaluate(batch, "validation")
+
+    def test_step(self, batch: TokenBatch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._evaluate(batch, "test")
+
+    def _evaluate(self, batch: TokenBatch, stage: str) -> None:
+        terms = self.terms(batch)
+        B = len(batch)
+        extra = {}
+        if self.head is not None:
+            predictions = self.head.predictions(terms["logits"])
+            extra = dict(task_loss=terms["task_loss"], predictions=predictions, labels=batch.labels)
+        lm_sum = terms.get("lm_sum", torch.zeros(B, device=self.device))
+        lm_count = terms.get("lm_count", torch.ones(B, device=self.device))
+        split = getattr(batch, "split", "") or stage
+        self.metrics[_key(split)].update(batch.index, lm_sum, lm_count, **extra)
+
+    def _eval_splits(self, stage: str) -> list[str]:
+        if self.task is None:
+            return [stage]
+        return self.task.validation_splits if stage == "validation" else self.task.test_splits
+
+    def _log_metrics(self, stage: str) -> None:
+        """Every split's metrics, computed once over all ranks' examples, repeats dropped."""
+        for split in self._eval_splits(stage):
+            metric = self.metrics[_key(split)]
+            if not metric.update_called:
+                continue
+            for name, value in metric.compute().items():
+                self.log(f"{split}/{name}", value, prog_bar=name != "loss", sync_dist=False)
+            metric.reset()
+
+    def on_validation_epoch_start(self) -> None:
+        for split in self._eval_splits("validation"):
+            self.metrics[_key(split)].reset()
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_metrics("validation")
+
+    def on_test_epoch_start(self) -> None:
+        for split in self._eval_splits("test"):
+            self.metrics[_key(split)].reset()
+
+    def on_test_epoch_end(self) -> None:
+        self._log_metrics("test")
+
+    def predict_step(self, batch: TokenBatch, batch_idx: int, dataloader_idx: int = 0) -> Tensor:
+        if self.head is None:
+            raise ValueError("predict needs a task: give --data a task card.")
+        predictions = self.head.predictions(self(batch))
+        self._predictions.setdefault(batch.split, []).append((batch.index.cpu(), predictions.cpu()))
+        return predictions
+
+    def on_predict_epoch_end(self) -> None:
+        # Every rank sees every split (the distributed sampler pads), so the gathers line up.
+        for split, chunks in sorted(self._predictions.items()):
+            index = torch.cat([i for i, _ in chunks])
+            predictions = torch.cat([p for _, p in chunks])
+            world = self.trainer.world_size
+            index, predictions = gather(index, world, self.device), gather(predictions, world, self.device)
+            if self.trainer.is_global_zero:
+                write_predictions(self.task, split, index, predictions, Path(self.predictions_dir))
+        self._predictions = {}
+
+    # ---- optimisation ----
+
+    def configure_optimizers(self):
+        optimizer = adamw(self.parameters(), **self.optim, fused=self.device.type == "cuda")
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        warmup = self.warmup_steps if self.warmup_steps is not None else round(self.warmup_fraction * total)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(self.schedule, warmup, total))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def _key(split: str) -> str:
+    return split.replace(".", "_")

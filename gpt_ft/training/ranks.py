@@ -1,0 +1,38 @@
+"""Collectives over the DDP ranks that are the identity in one process."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def _distributed(world_size: int) -> bool:
+    return world_size > 1 and torch.distributed.is_initialized()
+
+
+def mean_over_ranks(value: Tensor, world_size: int) -> Tensor:
+    """Mean of a scalar over the ranks; no gradient flows through."""
+    value = value.detach().float()
+    if not _distributed(world_size):
+        return value
+    total = value.clone()
+    torch.distributed.all_reduce(total)
+    return total / world_size
+
+
+def finite_everywhere(loss: Tensor, world_size: int) -> bool:
+    """Whether the loss is finite on every rank (one scalar read per step)."""
+    finite = torch.isfinite(loss.detach()).float()
+    if _distributed(world_size):
+        torch.distributed.all_reduce(finite, op=torch.distributed.ReduceOp.MIN)
+    return bool(finite)
+
+
+def gather(values: Tensor, world_size: int, device: torch.device) -> Tensor:
+    """All ranks' tensors (of any lengths along dim 0) concatenated, on the CPU; the collective
+    runs on `device` (NCCL needs GPU tensors)."""
+    if not _distributed(world_size):
+        return values.cpu()
+    from torchmetrics.utilities.distributed import gather_all_tensors
+
+    return torch.cat([t.cpu() for t in gather_all_tensors(values.to(device))])

@@ -1,0 +1,111 @@
+"""Per-example loss terms of a batch, and the one formula that combines them.
+
+`batch_terms` runs the GPT over a batch and returns, per example, the summed next-token
+cross-entropy and its number of targets (`lm_sum`, `lm_count`) and, with a task head, the head's
+outputs (`logits`) and task loss (`task_loss`). Sums and counts, not means, so that evaluation can
+weigh every example and token exactly once however the batches fall (see `eval_metrics.py`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from gpt_ft.adapters import TaskHead
+from gpt_ft.data.batches import IGNORE_INDEX, SharedContextBatch, TaskBatch, TokenBatch
+from gpt_ft.model import GPT, SharedPrefix
+
+
+def combined_loss(task_loss: Tensor | None, lm_loss: Tensor | None, lm_coef: float) -> Tensor:
+    """GPT-1 §3.2, L3 = L2 + λ·L1: the task loss plus `lm_coef` times the LM loss (the LM loss
+    alone for a language model; the task loss alone when λ = 0)."""
+    if task_loss is None:
+        return lm_loss
+    return task_loss + lm_coef * lm_loss if lm_coef > 0 else task_loss
+
+
+def row_lm_terms(gpt: GPT, hidden: Tensor, targets: Tensor, *, padded: bool = True) -> tuple[Tensor, Tensor]:
+    """Summed next-token cross-entropy and number of targets of each row, (rows,) each.
+
+    `hidden` is (rows, T, C) and `targets` (rows, T) with -100 where there is nothing to predict;
+    with `padded`, logits are computed for the positions with a target only.
+    """
+    rows, T = targets.shape
+    keep = targets != IGNORE_INDEX
+    if not padded:  # pretraining blocks: every position has a target, no gather needed
+        logits = gpt.lm_logits(hidden).flatten(0, 1).float()
+        sums = F.cross_entropy(logits, targets.flatten(), reduction="none").view(rows, T).sum(dim=1)
+    else:
+        losses = F.cross_entropy(gpt.lm_logits(hidden[keep]).float(), targets[keep], reduction="none")
+        row_of = torch.arange(rows, device=hidden.device)[:, None].expand(rows, T)[keep]
+        sums = torch.zeros(rows, device=hidden.device).index_add_(0, row_of, losses)
+    return sums, keep.sum(dim=1)
+
+
+def batch_terms(gpt: GPT, head: TaskHead | None, batch: TokenBatch, *, lm: bool) -> dict[str, Tensor]:
+    """Per-example terms of any batch (see the module docstring); `lm` asks for the LM terms."""
+    if isinstance(batch, SharedContextBatch):
+        return shared_context_terms(gpt, head, batch, lm=lm)
+    ids = batch.input_ids
+    B, S, T = ids.shape
+    # Right padding needs no mask: causal attention already keeps real tokens off later pads.
+    mask = positions = None
+    if isinstance(batch, TaskBatch) and batch.left_padded:
+        mask = batch.attention_mask.view(B * S, T)
+        positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)  # real tokens start at position 0
+    hidden = gpt(ids.view(B * S, T), mask, position_ids=positions)  # (B*S, T, C)
+    out = {}
+    if lm:
+        sums, counts = row_lm_terms(gpt, hidden, batch.lm_targets.view(B * S, T), padded=head is not None)
+        out["lm_sum"], out["lm_count"] = sums.view(B, S).sum(dim=1), counts.view(B, S).sum(dim=1)
+    if head is not None:
+        rows = torch.arange(B * S, device=ids.device)
+        extract = hidden[rows, batch.extract_index.view(B * S)].view(B, S, -1)  # (B, S, C)
+        out.update(_task_terms(head, extract, batch))
+    return out
+
+
+def shared_context_terms(
+    gpt: GPT, head: TaskHead, batch: SharedContextBatch, *, lm: bool
+) -> dict[str, Tensor]:
+    """`batch_terms` of a `SharedContextBatch`: each `[start] context [delim]` runs once, each
+    choice against its keys and values; the results equal those of the plain layout."""
+    context, context_length, answers = batch.context_ids, batch.context_length, batch.answer_ids
+    B, S, Ta = answers.shape
+    Tc = context.shape[1]
+    shared = SharedPrefix()
+    hidden_context = gpt(context, kv_cache=shared)  # (B, Tc, C); right padding needs no mask
+    shared.repeats = S
+    device = answers.device
+    # Each choice's positions go on from its own context's length (padding past the table: clamped).
+    positions = context_length[:, None] + torch.arange(Ta, device=device)  # (B, Ta)
+    positions = positions.clamp(max=gpt.config.n_positions - 1).repeat_interleave(S, dim=0)
+    context_keys = torch.arange(Tc, device=device)[None] < context_length[:, None]  # (B, Tc)
+    keys = torch.cat([context_keys.repeat_interleave(S, dim=0), context_keys.new_ones(B * S, Ta)], 1)
+    hidden = gpt(answers.view(B * S, Ta), keys, position_ids=positions, kv_cache=shared)
+    rows = torch.arange(B * S, device=device)
+    extract = hidden[rows, batch.answer_extract.view(B * S)].view(B, S, -1)  # (B, S, C)
+    out = _task_terms(head, extract, batch)
+    if lm:
+        # The plain layout predicts the context's tokens once per choice: count them so.
+        choices = batch.choice_mask.sum(dim=1)
+        context_sum, context_count = row_lm_terms(gpt, hidden_context, batch.context_targets)
+        answer_sum, answer_count = row_lm_terms(gpt, hidden, batch.answer_targets.view(B * S, Ta))
+        # The delim's state (shared) predicts each choice's first token.
+        delim = hidden_context[torch.arange(B, device=device), context_length - 1]  # (B, C)
+        logprobs = F.log_softmax(gpt.lm_logits(delim).float(), dim=-1)  # (B, V)
+        targets = batch.delim_targets
+        has = targets != IGNORE_INDEX
+        delim_losses = -logprobs.gather(1, targets.clamp(min=0)) * has  # (B, S)
+        out["lm_sum"] = context_sum * choices + answer_sum.view(B, S).sum(1) + delim_losses.sum(1)
+        out["lm_count"] = context_count * choices + answer_count.view(B, S).sum(1) + has.sum(1)
+    return out
+
+
+def _task_terms(head: TaskHead, extract: Tensor, batch: TaskBatch | SharedContextBatch) -> dict[str, Tensor]:
+    """The head's outputs and, for a labelled batch, each example's task loss."""
+    out = {"logits": head(extract, batch.choice_mask)}
+    if batch.labels is not None:
+        out["task_loss"] = head.losses(out["logits"], batch.labels)
+    return out
