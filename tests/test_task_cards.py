@@ -50,6 +50,11 @@ SWAG = ["", "video-id", "fold-ind", "startphrase", "sent1", "sent2", "gold-sourc
 SWAG += ["ending0", "ending1", "ending2", "ending3"]
 
 
+def emotions(*ids: int) -> list[int]:
+    """GoEmotions' 28 labels as a 0/1 row."""
+    return [int(i in ids) for i in range(28)]
+
+
 def mnli_row(i, a, b, *labels):
     return [i, 1, f"{i}e", "fiction", "(a)", "(b)", "(S a)", "(S b)", a, b, *labels]
 
@@ -196,6 +201,14 @@ FIXTURES = {
         "train": (jsonl(race_row("A"), race_row("D")), [0, 3]),
         "validation": (jsonl(race_row("B")), [1]),
         "test": (jsonl(race_row("C"), race_row("A", "Who ran?")), [2, 0]),
+    },
+    "go_emotions": {  # headerless TSVs: text, comma-joined label ids, comment id; an empty text: no label
+        "train": (
+            tsv([Q, "2,14", "eebbqej"], ["I love it", "18", "ed00q6i"]),
+            [emotions(2, 14), emotions(18)],
+        ),
+        "validation": (tsv(["Thanks!", "15,27", "eczazk4"]), [emotions(15, 27)]),
+        "test": (tsv(["ok then", "27", "ed4b0hs"], ["so what", "", "ee6pagw"]), [emotions(27), emotions()]),
     },
     "swag": {  # test has no label column
         "train": (csvs([*SWAG, "label"], swag_row(0, 2), swag_row(1, 0)), [2, 0]),
