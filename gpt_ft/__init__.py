@@ -2,5 +2,14 @@
 
 from gpt_ft.model import GPT, GPTConfig
 
-__all__ = ["GPT", "GPTConfig"]
+__all__ = ["GPT", "GPTConfig", "Classifier"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # `Classifier` brings Lightning and datasets with it: imported on first use only.
+    if name == "Classifier":
+        from gpt_ft.eval.classifier import Classifier
+
+        return Classifier
+    raise AttributeError(f"module 'gpt_ft' has no attribute {name!r}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 
 def parse_error_message(text: str) -> str:
@@ -23,7 +24,7 @@ def parse_error_message(text: str) -> str:
     if unaccepted:
         reason = unaccepted[0]
     elif any(line.startswith("Expected a path but") for line in lines):
-        reason = f"{value} is not a file that can be read"
+        reason = yaml_file_problem(value) or f"{value} is not a file that can be read"
     elif bad_class:
         reason = bad_class[-1] + (f" (in {value})" if value and value.endswith((".yaml", ".yml")) else "")
     elif expected:
@@ -35,6 +36,22 @@ def parse_error_message(text: str) -> str:
         reasons = [line for line in lines if not line.startswith(noise)]
         reason = reasons[0] if reasons else lines[0] if lines else "invalid arguments"
     return f"{where}{reason.rstrip('.:')}."
+
+
+def yaml_file_problem(path: str | None) -> str | None:
+    """What is wrong with a YAML file that exists but does not parse; None if it parses (or is not
+    there)."""
+    import yaml
+
+    if not path or not Path(path).expanduser().is_file():
+        return None
+    try:
+        yaml.safe_load(Path(path).expanduser().read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        return f"{path} is not valid YAML: {yaml_problem(exc)}"
+    except (OSError, UnicodeDecodeError):
+        return None
+    return None
 
 
 def yaml_problem(exc) -> str:

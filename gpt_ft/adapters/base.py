@@ -217,14 +217,26 @@ class TaskAdapter:
         """The card's metrics over a whole split's predictions and labels."""
         return {name: metric_value(name, predictions, labels, self.num_labels) for name in self.metrics}
 
-    def format_prediction(self, prediction: Tensor) -> str:
-        """One prediction as a submission file writes it: a score, or the class's name."""
+    def format_prediction(self, prediction: Tensor, *, submission: bool = True) -> str:
+        """One prediction as text: a score, or the class's name (as the leaderboard names it, or,
+        with `submission=False`, as the card does)."""
         value = prediction.item()
-        return f"{value:.3f}" if self.regression else self.submission_label(int(value))
+        if self.regression:
+            return f"{value:.3f}"
+        return self.submission_label(int(value)) if submission else self.label_name(int(value))
 
     def label_text(self, label: Any) -> Any:
         """An encoded label as `gpt-ft explain` shows it: the class's name, or the value."""
         return self.label_name(label) if label is not None and not self.regression else label
+
+    def outcome(self, prediction: Tensor, probabilities: Tensor) -> dict[str, Any]:
+        """One example's prediction as `Classifier.predict` returns it: the label's name and the
+        probability of each label (for a score: the score, twice)."""
+        if self.regression:
+            value = float(prediction)
+            return {"label": value, "scores": value}
+        names = [self.label_name(i) for i in range(len(probabilities))]
+        return {"label": self.label_name(int(prediction)), "scores": dict(zip(names, probabilities.tolist()))}
 
     # ---- encoding ----
 

@@ -41,6 +41,10 @@ class TaskHead(nn.Linear):
         """What the task predicts for each example, (B, ...)."""
         raise NotImplementedError
 
+    def probabilities(self, outputs: Tensor) -> Tensor:
+        """Each example's probability per class, choice or label (for a score: the score)."""
+        raise NotImplementedError
+
 
 class ClassificationHead(TaskHead):
     """One logit per class; cross-entropy; the likeliest class."""
@@ -50,6 +54,9 @@ class ClassificationHead(TaskHead):
 
     def predictions(self, outputs: Tensor) -> Tensor:
         return outputs.argmax(dim=-1)
+
+    def probabilities(self, outputs: Tensor) -> Tensor:
+        return outputs.float().softmax(dim=-1)  # a masked choice (score: the dtype's minimum) gets 0
 
 
 class RegressionHead(TaskHead):
@@ -72,6 +79,9 @@ class RegressionHead(TaskHead):
     def predictions(self, outputs: Tensor) -> Tensor:
         scores = outputs.squeeze(-1).float()
         return scores.clamp(*self.score_range) if self.score_range is not None else scores
+
+    def probabilities(self, outputs: Tensor) -> Tensor:
+        return self.predictions(outputs)
 
 
 class ChoiceHead(ClassificationHead):

@@ -37,7 +37,10 @@ class MultiLabelHead(TaskHead):
         return bce.mean(dim=-1)
 
     def predictions(self, outputs: Tensor) -> Tensor:
-        return (outputs.float().sigmoid() > self.threshold).long()
+        return (self.probabilities(outputs) > self.threshold).long()
+
+    def probabilities(self, outputs: Tensor) -> Tensor:
+        return outputs.float().sigmoid()
 
 
 class MultiLabel(SingleText):
@@ -115,10 +118,15 @@ class MultiLabel(SingleText):
             for name in self.metrics
         }
 
-    def format_prediction(self, prediction: Tensor) -> str:
-        return self.label_separator.join(
-            self.submission_label(i) for i in prediction.nonzero().flatten().tolist()
-        )
+    def format_prediction(self, prediction: Tensor, *, submission: bool = True) -> str:
+        name = self.submission_label if submission else self.label_name
+        return self.label_separator.join(name(i) for i in prediction.nonzero().flatten().tolist())
 
     def label_text(self, label: Any) -> Any:
         return None if label is None else [self.labels[i] for i, on in enumerate(label) if on]
+
+    def outcome(self, prediction: Tensor, probabilities: Tensor) -> dict[str, Any]:
+        return {
+            "label": self.label_text(prediction.tolist()),
+            "scores": dict(zip(self.labels, probabilities.tolist())),
+        }

@@ -149,6 +149,62 @@ def generate(argv: list[str]) -> None:
     print()
 
 
+def label(argv: list[str]) -> None:
+    """Label the examples of a csv/tsv/jsonl file with a fine-tuned checkpoint."""
+    from pathlib import Path
+
+    from gpt_ft.data.files import read_table
+    from gpt_ft.eval.classifier import Classifier
+
+    parser = ArgumentParser(
+        prog="gpt-ft label",
+        description="Write each example of a file again with the fine-tuned model's prediction beside it.",
+    )
+    parser.add_argument("--ckpt_path", required=True, help="a fine-tuned checkpoint of gpt-ft fit")
+    parser.add_argument(
+        "--input", required=True, help="csv, tsv, json/jsonl or parquet; columns named as the card's fields"
+    )
+    parser.add_argument("--output", required=True, help="csv, tsv or jsonl (by extension); a new file")
+    parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--device", default=None, help="default: cuda when there is one")
+    cfg = parser.parse_args(argv)
+    source, target = Path(cfg.input).expanduser(), Path(cfg.output).expanduser()
+    if not source.is_file():
+        raise FileNotFoundError(f"--input {source} does not exist.")
+    if target.suffix.lower() not in (".csv", ".tsv", ".jsonl", ".json"):
+        raise ValueError(f"--output {target}: write .csv, .tsv or .jsonl.")
+    if target.exists() and target.resolve() == source.resolve():
+        raise ValueError(f"--output {target} is the input file: give another name, the input is kept.")
+    clf = Classifier.from_checkpoint(cfg.ckpt_path, device=cfg.device)
+    rows = read_table(source).to_list()
+    labelled = clf.run(rows, batch_size=cfg.batch_size)
+    write_labelled(target, rows, labelled)
+    print(f"labelled {len(rows):,} examples of {source} into {target}")
+
+
+def write_labelled(path, rows: list[dict[str, Any]], labelled: list[tuple[dict[str, Any], str]]) -> None:
+    """The rows with a `prediction` column (jsonl: and the `scores`), written whole or not at all."""
+    import csv
+
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w", encoding="utf-8", newline="") as f:
+        if path.suffix.lower() in (".jsonl", ".json"):
+            for row, (outcome, text) in zip(rows, labelled):
+                record = {**row, "prediction": outcome["label"], "scores": outcome["scores"]}
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        else:
+            tsv = path.suffix.lower() == ".tsv"
+            writer = csv.writer(
+                f, delimiter="\t" if tsv else ",", quoting=csv.QUOTE_NONE if tsv else csv.QUOTE_MINIMAL,
+                escapechar="\\" if tsv else None,
+            )  # fmt: skip
+            columns = list(rows[0]) if rows else []
+            writer.writerow([*columns, "prediction"])
+            for row, (_, text) in zip(rows, labelled):
+                writer.writerow([*(row[c] for c in columns), text])
+    tmp.replace(path)
+
+
 def suite(argv: list[str]) -> None:
     """Fine-tune and evaluate a suite's task cards over seeds (see gpt_ft/eval/suite.py)."""
     from gpt_ft.cli.lightning import build_fit

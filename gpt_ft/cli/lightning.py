@@ -9,7 +9,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint, ProgressBar, TQDMProgressBar
+from lightning.pytorch.callbacks import (
+    Callback,
+    ModelCheckpoint,
+    ModelSummary,
+    ProgressBar,
+    TQDMProgressBar,
+)
 from lightning.pytorch.cli import LightningCLI
 
 from gpt_ft.model.weights import resolve_tokenizer, safe_load
@@ -20,7 +26,10 @@ from gpt_ft.training.checkpointing import (
     SaveLast,
     find_last_checkpoint,
 )
-from gpt_ft.training.throughput import Throughput
+from gpt_ft.training.throughput import ParameterSummary, Throughput
+
+# Logs and checkpoints go to runs/lightning_logs/version_N, or under --trainer.default_root_dir.
+DEFAULT_LOGGER = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "runs"}}
 
 
 class PrintMetrics(Callback):
@@ -39,7 +48,12 @@ class PrintMetrics(Callback):
         if shown:
             text = ", ".join(f"{k} {v:.4f}" for k, v in sorted(shown.items()))
             took = f" ({time.perf_counter() - self.epoch_start:.1f} s)" if self.epoch_start else ""
-            print(f"epoch {trainer.current_epoch} step {trainer.global_step}: {text}{took}", flush=True)
+            line = f"epoch {trainer.current_epoch} step {trainer.global_step}: {text}{took}"
+            bar = trainer.progress_bar_callback
+            if isinstance(bar, TQDMProgressBar) and bar.is_enabled:
+                bar.print(line)  # on its own line, above the bars
+            else:
+                print(line, flush=True)
 
 
 def best_checkpoint(model) -> ModelCheckpoint:
@@ -69,6 +83,14 @@ class GPTCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
+        if self.subcommand in ("validate", "test", "predict") and not (
+            config.get("ckpt_path") or config.model.get("init_from")
+        ):
+            raise ValueError(
+                f"gpt-ft {self.subcommand} needs trained weights: give --ckpt_path CKPT (a checkpoint of "
+                "gpt-ft fit) or --model.init_from WEIGHTS; it does not score a randomly initialised model."
+            )
+        _logs_follow_root_dir(config.trainer)
         data = config.data.init_args
         # Fine-tuning from a checkpoint needs no tokenizer argument: the one saved with it is used.
         if "tokenizer" in data:
@@ -116,10 +138,27 @@ class GPTCLI(LightningCLI):
             callbacks.append(TQDMProgressBar(refresh_rate=10))
         if not any(isinstance(c, SaveLast) for c in callbacks):
             callbacks.append(SaveLast())
+        if trainer_config.get("enable_model_summary") is not False and not any(
+            isinstance(c, ModelSummary) for c in callbacks
+        ):
+            callbacks.append(ParameterSummary())
         callbacks += [PrintMetrics(), Provenance(getattr(self, "data_config", None)), ResumeState()]
         if not trainer_config.get("plugins"):
             kwargs["plugins"] = [AtomicCheckpointIO()]
         return super().instantiate_trainer(**kwargs, callbacks=callbacks)
+
+
+def _logs_follow_root_dir(trainer) -> None:
+    """`--trainer.default_root_dir D` moves the default logger (and so the checkpoints) under D;
+    a logger `save_dir` given explicitly still wins."""
+    logger, root = trainer.get("logger"), trainer.get("default_root_dir")
+    if not root or not hasattr(logger, "init_args"):
+        return
+    if (
+        logger.get("class_path") == DEFAULT_LOGGER["class_path"]
+        and logger.init_args.get("save_dir") == "runs"
+    ):
+        logger.init_args.save_dir = root
 
 
 def check_context(data, n_positions: int) -> None:
@@ -177,12 +216,7 @@ def lightning_main(argv: list[str] | None, *, run: bool = True) -> GPTCLI:
             subclass_mode_data=True,
             args=argv,
             run=run,
-            trainer_defaults={
-                "logger": {
-                    "class_path": "lightning.pytorch.loggers.CSVLogger",
-                    "init_args": {"save_dir": "runs"},
-                },
-            },
+            trainer_defaults={"logger": DEFAULT_LOGGER},
             save_config_kwargs={"overwrite": True},
             parser_kwargs={"prog": "gpt-ft", "exit_on_error": False},
         )

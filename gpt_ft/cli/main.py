@@ -7,12 +7,13 @@ commands live in gpt_ft/cli/commands.py.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 import gpt_ft
-from gpt_ft.errors import parse_error_message
+from gpt_ft.errors import parse_error_message, yaml_file_problem
 
 LIGHTNING_COMMANDS = {
     "fit": "train (fine-tune or pretrain) a model",
@@ -26,9 +27,11 @@ COMMANDS = {
     "prepare": "tokenize a text corpus into token files for pretraining",
     "tokenizer": "train a byte-level BPE tokenizer on text files",
     "generate": "continue a prompt with a trained model",
+    "label": "write a file's examples again with a fine-tuned model's predictions beside them",
     "suite": "fine-tune and evaluate many tasks over seeds: results table, chart, GLUE submission",
 }
 USER_ERRORS = (ValueError, FileNotFoundError, KeyError, FloatingPointError)
+LOST_PEER = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")  # gloo's words
 
 
 def user_message(exc: BaseException) -> str:
@@ -37,6 +40,32 @@ def user_message(exc: BaseException) -> str:
         exc = exc.__cause__
     text = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
     return str(text).strip()
+
+
+def reset_before_cards(argv: list[str]) -> list[str]:
+    """A card given on the command line replaces any earlier one wholly.
+
+    jsonargparse keeps an earlier card's fields that the new card's class also takes (an SST-2
+    config's `submission_labels` would reach a 3-label card): resetting the argument to null just
+    before each card given whole leaves nothing to carry over. `--data.task.init_args.X` still
+    changes one field of the card before it.
+    """
+    out = []
+    for i, arg in enumerate(argv):
+        if arg.startswith("--data.task=") or (arg == "--data.task" and i + 1 < len(argv)):
+            out.append("--data.task=null")
+        out.append(arg)
+    return out
+
+
+def _yaml_arguments(argv: list[str]) -> list[str]:
+    """The values of --config and --data.task: files jsonargparse reads as YAML."""
+    values = []
+    for i, arg in enumerate(argv):
+        name, eq, value = arg.partition("=")
+        if name in ("--config", "--data.task"):
+            values.append(value if eq else argv[i + 1] if i + 1 < len(argv) else "")
+    return values
 
 
 def fail(message: str) -> None:
@@ -61,6 +90,12 @@ def main(argv: list[str] | None = None) -> None:
     command = argv[0]
     if command not in COMMANDS:
         fail(f"unknown command {command!r}; choose from {', '.join(COMMANDS)}.")
+    if command in LIGHTNING_COMMANDS or command == "explain":
+        argv = reset_before_cards(argv)
+        for value in _yaml_arguments(argv):  # a file that does not parse: say where, before anything
+            problem = yaml_file_problem(value)
+            if problem:
+                fail(problem + ".")
     try:
         if command in LIGHTNING_COMMANDS:
             if debug and from_shell:
@@ -85,6 +120,15 @@ def main(argv: list[str] | None = None) -> None:
         if debug:
             raise
         fail(parse_error_message(str(exc)))
+    except RuntimeError as exc:  # a collective that lost its peer: another process of a DDP run died
+        if debug or not any(m in str(exc) for m in LOST_PEER):
+            raise
+        rank = os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))
+        reason = next(m for m in LOST_PEER if m in str(exc))
+        fail(
+            f"rank {rank} lost another process of this distributed run ({reason}: it stopped or was "
+            "killed); every process stops now, and `--ckpt_path last` resumes from the last checkpoint."
+        )
     except SIGTERMException:
         print("gpt-ft: stopped by SIGTERM", file=sys.stderr)
         raise SystemExit(128 + 15) from None

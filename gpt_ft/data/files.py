@@ -38,8 +38,6 @@ def load_split(task: TaskAdapter, split: str, data_dir: str | Path | None):
 
 
 def _load_local(task: TaskAdapter, split: str, data_dir: Path):
-    import datasets
-
     spec = task.local
     if spec is None:
         raise TaskDataError(
@@ -55,18 +53,43 @@ def _load_local(task: TaskAdapter, split: str, data_dir: Path):
         raise TaskDataError(f"{path}: file not found (split {split!r} of task {task.name!r}).")
     if path.stat().st_size == 0:
         raise TaskDataError(f"{path}: file is empty (split {split!r} of task {task.name!r}).")
-    fmt = spec.format or _FORMATS.get(path.suffix.lower())
+    headerless = spec.column_names is not None and (
+        spec.headerless_splits is None or split in spec.headerless_splits
+    )
+    ds = read_table(
+        path,
+        fmt=spec.format,
+        column_names=spec.column_names if headerless else None,
+        selection=selection,
+        split=split,
+    )
+    return _rename(ds, spec.columns, str(path))
+
+
+def read_table(
+    path: Path,
+    *,
+    fmt: str | None = None,
+    column_names: list[str] | None = None,
+    selection: str = "",
+    split: str = "data",
+):
+    """A csv, tsv, json/jsonl or parquet file as a `datasets.Dataset`, every csv/tsv cell as text.
+
+    `column_names` names the columns of a file without a header row; `selection` is a slice such
+    as `[:1497]`. Problems are one `TaskDataError` sentence naming the file.
+    """
+    import datasets
+
+    fmt = fmt or _FORMATS.get(path.suffix.lower())
     if fmt is None:
         raise TaskDataError(
             f"{path}: unknown file format; set `format` (tsv, csv, json, parquet) in the card."
         )
     if fmt in ("tsv", "csv"):
-        headerless = spec.column_names is not None and (
-            spec.headerless_splits is None or split in spec.headerless_splits
-        )
         sep = "\t" if fmt == "tsv" else ","
         try:
-            columns = list(spec.column_names) if headerless else _header(path, sep)
+            columns = list(column_names) if column_names is not None else _header(path, sep)
         except UnicodeDecodeError as exc:
             raise TaskDataError(f"{path}: not UTF-8 text ({exc.reason}); save it as UTF-8.") from None
         except OSError as exc:
@@ -83,19 +106,18 @@ def _load_local(task: TaskAdapter, split: str, data_dir: Path):
             features=features,
         )
         # Names always given: pandas would rename an empty header cell (SWAG's CSVs start with one).
-        kwargs.update(header=None if headerless else 0, column_names=columns)
+        kwargs.update(header=None if column_names is not None else 0, column_names=columns)
         builder = "csv"
     else:
         builder, kwargs = fmt, {}
     try:
         files = {"data": str(path)}
-        ds = datasets.load_dataset(builder, data_files=files, split="data" + selection, **kwargs)
+        return datasets.load_dataset(builder, data_files=files, split="data" + selection, **kwargs)
     except Exception as exc:  # pandas/pyarrow parse errors, an empty selection
         if "corresponds to no data" in str(exc):
             raise TaskDataError(f"{path}: split {split!r} has no examples.") from None
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise TaskDataError(f"{path}: cannot be read as {fmt} ({reason}).") from exc
-    return _rename(ds, spec.columns, str(path))
 
 
 def _header(path: Path, sep: str) -> list[str]:

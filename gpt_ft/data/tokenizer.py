@@ -37,6 +37,8 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from gpt_ft.model import hub
+
 __all__ = [
     "EOS_TOKEN",
     "SPECIAL_TOKENS",
@@ -103,15 +105,8 @@ def load_tokenizer(path: str | os.PathLike, *, add_specials: bool = True) -> Pre
         raise ValueError(f"Tokenizer path {local} is a file; expected a tokenizer directory.")
     elif _looks_like_local_path(name):
         raise FileNotFoundError(f"Tokenizer directory {local} does not exist.")
-    else:
-        try:
-            # Never trust_remote_code: a tokenizer name must not be able to run arbitrary code.
-            tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=False)
-        except OSError as exc:
-            raise FileNotFoundError(
-                f"Tokenizer {name!r} is not a local directory and could not be loaded from the Hugging Face "
-                "Hub; expected a tokenizer directory or an available Hub name."
-            ) from exc
+    else:  # a hub id: its tokenizer files, fetched into (or found in) the hub cache
+        tokenizer = _load_local_dir(hub.snapshot(name))
     if add_specials:
         add_special_tokens(tokenizer)
     return tokenizer

@@ -7,7 +7,6 @@ differently) plus a transpose list (transformers keeps these layers as `Conv1D`,
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -192,13 +191,16 @@ def to_hf(gpt: GPT):
 
 
 def from_pretrained(path: str | os.PathLike) -> GPT:
-    """Load a local transformers directory (config.json plus model.safetensors or pytorch_model.bin).
+    """Load a transformers directory (config.json plus model.safetensors or pytorch_model.bin), or
+    a hub id's snapshot (`ORG/NAME[@revision]`).
 
     Weights are read with safetensors or `torch.load(weights_only=True)`; no code is executed.
     """
     from transformers import AutoConfig
 
-    path = Path(path).expanduser()
+    from gpt_ft.model import hub
+
+    path = hub.local(path)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} is not a transformers model directory: it has no config.json.")
     hf_config = AutoConfig.from_pretrained(path, trust_remote_code=False)

@@ -1,8 +1,10 @@
-"""Weights from disk, and the tokenizer that goes with them: the one place both are resolved.
+"""Weights from disk or the hub, and the tokenizer that goes with them: the one place both are
+resolved.
 
 Anything that names weights (`--model.init_from`, `gpt-ft generate --ckpt_path`, `gpt-ft suite
---init_from`) takes a gpt_ft `.ckpt` or a local transformers directory; the tokenizer saved with
-them is used unless one is given.
+--init_from`, `GPT.from_pretrained`) takes a gpt_ft `.ckpt`, a local transformers directory or a
+hub id (`ORG/NAME[@revision]`, see `hub.py`); the tokenizer saved with them is used unless one is
+given.
 """
 
 from __future__ import annotations
@@ -13,27 +15,43 @@ from typing import Any
 
 import torch
 
+from gpt_ft.model import hub
 from gpt_ft.model.config import GPTConfig
 from gpt_ft.model.gpt import GPT
 
 SPECIAL_TOKEN_ROOM = 8  # start, delim, extract and pad (GPT-1 §3.3), with room to spare
+UNREADABLE_CHECKPOINT = (
+    "{path} is not a readable checkpoint: the file is truncated, corrupt or of another kind."
+)
 UNSAFE_CHECKPOINT = (
     "{path} holds objects other than tensors and plain values; checkpoints are read with "
     "torch.load(weights_only=True), which never runs code from a file."
 )
 
 
-def safe_load(path: str | Path) -> dict[str, Any]:
-    """A checkpoint read with `torch.load(weights_only=True)`, on the CPU."""
+def safe_load(path: str | Path, load=None) -> dict[str, Any]:
+    """A checkpoint read with `torch.load(weights_only=True)`, on the CPU (or with `load(path)`).
+
+    A file that would run code, or that is truncated, empty or not a checkpoint at all, is one
+    sentence naming it.
+    """
     try:
+        if load is not None:
+            return load(path)
         return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        raise ValueError(UNSAFE_CHECKPOINT.format(path=path)) from None
+    except pickle.UnpicklingError as exc:
+        if "Weights only load failed" in str(exc):
+            raise ValueError(UNSAFE_CHECKPOINT.format(path=path)) from None
+        raise ValueError(UNREADABLE_CHECKPOINT.format(path=path)) from None
+    except (RuntimeError, EOFError, KeyError, ValueError, OSError) as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise FileNotFoundError(f"Checkpoint {path} does not exist.") from None
+        raise ValueError(UNREADABLE_CHECKPOINT.format(path=path)) from None
 
 
 def load_weights(path: str | Path) -> GPT:
-    """A GPT from a checkpoint of this toolkit (.ckpt) or a local transformers directory."""
-    path = Path(path).expanduser()
+    """A GPT from a checkpoint of this toolkit (.ckpt), a transformers directory or a hub id."""
+    path = hub.local(path)
     if path.is_dir():
         return GPT.from_pretrained(path)
     if not path.is_file():
@@ -49,8 +67,9 @@ def load_weights(path: str | Path) -> GPT:
 
 
 def weights_tokenizer(path: str | Path) -> str | None:
-    """The tokenizer of these weights: saved beside a gpt_ft checkpoint, or in a transformers dir."""
-    path = Path(path).expanduser()
+    """The tokenizer of these weights: saved beside a gpt_ft checkpoint, or in a transformers
+    directory or hub snapshot."""
+    path = hub.local(path)
     if path.is_dir():
         has_tokenizer = any(
             (path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")

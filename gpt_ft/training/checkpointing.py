@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import os
-import pickle
 import random
 import subprocess
 from pathlib import Path
@@ -27,10 +26,11 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 
 import gpt_ft
-from gpt_ft.model.weights import UNSAFE_CHECKPOINT
+from gpt_ft.model.weights import safe_load
 
 LAST = f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}.ckpt"
 
@@ -101,36 +101,67 @@ class SaveLast(Callback):
 
 
 class ResumeState(Callback):
-    """The global random number generators' states in every checkpoint, restored on resume.
+    """Every process's random number generators' states in every checkpoint, each restored on its
+    own rank when the run resumes.
 
     Data loaders draw their seeds from their own generators, so between a checkpoint and the next
     training step nothing else draws from these: the resumed run's dropout masks are the
-    uninterrupted run's.
+    uninterrupted run's, on every rank.
     """
 
+    def __init__(self) -> None:
+        self.trainer = None
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        self.trainer = trainer
+
     def state_dict(self) -> dict[str, Any]:
-        _, keys, pos, has_gauss, gauss = np.random.get_state()
-        state = {
-            "torch": torch.get_rng_state(),
-            "python": random.getstate(),
-            "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos)}
-            | {"has_gauss": int(has_gauss), "gauss": float(gauss)},
-        }
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            state["cuda"] = torch.cuda.get_rng_state_all()
-        return state
+        # Called on every rank as a checkpoint is made (rank 0 writes it): gather them all.
+        state = rng_state()
+        trainer = self.trainer
+        if trainer is None or trainer.world_size == 1 or not torch.distributed.is_initialized():
+            return {"ranks": [state]}
+        states: list[Any] = [None] * trainer.world_size
+        torch.distributed.all_gather_object(states, state)
+        return {"ranks": states}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if not state:
             return
-        torch.set_rng_state(state["torch"])
-        version, internal, gauss = state["python"]
-        random.setstate((version, tuple(internal), gauss))
-        n = state["numpy"]
-        keys = n["keys"].numpy().astype(np.uint32)
-        np.random.set_state(("MT19937", keys, n["pos"], n["has_gauss"], n["gauss"]))
-        if "cuda" in state and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda"])
+        states = state.get("ranks", [state])  # a checkpoint of one state for all ranks: as saved
+        world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
+        if len(states) != world and "ranks" in state:
+            rank_zero_warn(
+                f"The checkpoint holds the random states of {len(states)} processes and this run has "
+                f"{world}: weights, optimizer and step are restored, but the data order and dropout masks "
+                "differ from those of the uninterrupted run."
+            )
+        set_rng_state(states[rank] if rank < len(states) else states[0])
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's Python, NumPy, torch CPU (and CUDA) random states, as plain values and tensors."""
+    _, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos)}
+        | {"has_gauss": int(has_gauss), "gauss": float(gauss)},
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    n = state["numpy"]
+    keys = n["keys"].numpy().astype(np.uint32)
+    np.random.set_state(("MT19937", keys, n["pos"], n["has_gauss"], n["gauss"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 class Provenance(Callback):
@@ -175,10 +206,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     and plain values)."""
 
     def load_checkpoint(self, path, map_location=lambda storage, loc: storage, weights_only=None):
-        try:
-            return super().load_checkpoint(path, map_location, weights_only=weights_only is not False)
-        except pickle.UnpicklingError:
-            raise ValueError(UNSAFE_CHECKPOINT.format(path=path)) from None
+        load = super().load_checkpoint
+        return safe_load(path, lambda p: load(p, map_location, weights_only=weights_only is not False))
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options=None) -> None:
         path = Path(path)

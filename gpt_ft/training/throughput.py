@@ -12,7 +12,9 @@ from __future__ import annotations
 import time
 
 import torch
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, ModelSummary
+from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from gpt_ft.data.batches import SharedContextBatch
 
@@ -85,3 +87,20 @@ class Throughput(Callback):
                 pl_module.log("perf/mfu", self._flops / seconds / (peak * 1e12), rank_zero_only=True)
         self._start, self._tokens, self._flops = time.perf_counter(), 0, 0.0
         self._last_step = trainer.global_step
+
+
+class ParameterSummary(ModelSummary):
+    """Lightning's model summary without its FLOPs, which it counts only for a module with an
+    `example_input_array` (a task's batches are not one tensor): a column of zeros would mislead.
+    Tokens/s and MFU are logged instead (`Throughput`)."""
+
+    @staticmethod
+    def summarize(summary_data, total_parameters, trainable_parameters, model_size, total_training_modes,
+                  total_flops, **kwargs) -> None:  # fmt: skip
+        columns = [(name, values) for name, values in summary_data if name != "FLOPs" or total_flops]
+        table = _format_summary_table(
+            total_parameters, trainable_parameters, model_size, total_training_modes, total_flops, *columns
+        )
+        if not total_flops:
+            table = table.rsplit("\n", 1)[0]  # the "0 Total Flops" line
+        rank_zero_info("\n" + table)

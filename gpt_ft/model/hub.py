@@ -1,0 +1,68 @@
+"""Weights and tokenizers named by a Hugging Face Hub id, `ORG/NAME` or `ORG/NAME@REVISION`.
+
+Only the files a model or tokenizer needs are fetched (its config, safetensors weights, or the
+`.bin` ones when a repository has no safetensors, and the tokenizer files), into the standard
+hub cache (`HF_HUB_CACHE`, by default ~/.cache/huggingface/hub). With `HF_HUB_OFFLINE=1` a cached
+snapshot is used and nothing is asked of the network.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+WANTED = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken"]  # configs, weights, vocabularies
+BIN_WEIGHTS = ["pytorch_model*.bin"]
+
+
+def is_hub_id(name: str | os.PathLike) -> bool:
+    """Whether `name` can name a hub repository: not an existing local path, and `ORG/NAME` (or a
+    legacy `NAME`) with an optional `@revision`."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    text = os.fspath(name)
+    if Path(text).expanduser().exists() or text.startswith((".", "~", "/")) or text.endswith(".ckpt"):
+        return False
+    try:
+        validate_repo_id(text.partition("@")[0])
+    except HFValidationError:
+        return False
+    return True
+
+
+def snapshot(name: str) -> Path:
+    """The local folder holding hub repository `name`'s model and tokenizer files, fetched if need be.
+
+    Raises:
+        FileNotFoundError: in one sentence, when the name is neither cached nor reachable.
+    """
+    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub.errors import (
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    repo, _, revision = name.partition("@")
+    try:
+        folder = Path(snapshot_download(repo, revision=revision or None, allow_patterns=WANTED))
+        if not any(folder.glob("*.safetensors")) and not constants.HF_HUB_OFFLINE:
+            folder = Path(
+                snapshot_download(repo, revision=revision or None, allow_patterns=WANTED + BIN_WEIGHTS)
+            )
+    except (RepositoryNotFoundError, RevisionNotFoundError) as exc:
+        what = "revision" if isinstance(exc, RevisionNotFoundError) else "repository"
+        raise FileNotFoundError(f"{name} is not a local path, and the hub has no such {what}.") from None
+    except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as exc:
+        why = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else f"the hub did not answer: {exc}"
+        raise FileNotFoundError(
+            f"{name} is not a local path and not in the hub cache {constants.HF_HUB_CACHE}, and cannot be "
+            f"downloaded ({why})."
+        ) from None
+    return folder
+
+
+def local(name: str | os.PathLike) -> Path:
+    """A local path as given, or the snapshot folder of a hub id."""
+    return snapshot(os.fspath(name)) if is_hub_id(name) else Path(name).expanduser()
