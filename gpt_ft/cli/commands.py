@@ -192,13 +192,15 @@ def write_labelled(path, rows: list[dict[str, Any]], labelled: list[tuple[dict[s
             for row, (outcome, text) in zip(rows, labelled):
                 record = {**row, "prediction": outcome["label"], "scores": outcome["scores"]}
                 f.write(json.dumps(record, ensure_ascii=False) + "\n")
-        else:
-            tsv = path.suffix.lower() == ".tsv"
-            writer = csv.writer(
-                f, delimiter="\t" if tsv else ",", quoting=csv.QUOTE_NONE if tsv else csv.QUOTE_MINIMAL,
-                escapechar="\\" if tsv else None,
-            )  # fmt: skip
+        elif path.suffix.lower() == ".tsv":  # read back without quoting, as GLUE's files are
             columns = list(rows[0]) if rows else []
+            f.write("\t".join([*columns, "prediction"]) + "\n")
+            for row, (_, text) in zip(rows, labelled):
+                cells = [str(row[c]) for c in columns] + [text]
+                f.write("\t".join(c.replace("\t", " ").replace("\n", " ") for c in cells) + "\n")
+        else:
+            columns = list(rows[0]) if rows else []
+            writer = csv.writer(f)
             writer.writerow([*columns, "prediction"])
             for row, (_, text) in zip(rows, labelled):
                 writer.writerow([*(row[c] for c in columns), text])

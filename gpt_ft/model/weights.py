@@ -40,7 +40,7 @@ def safe_load(path: str | Path, load=None) -> dict[str, Any]:
             return load(path)
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        if "Weights only load failed" in str(exc):
+        if "GLOBAL" in str(exc):  # the weights-only unpickler refused to import something
             raise ValueError(UNSAFE_CHECKPOINT.format(path=path)) from None
         raise ValueError(UNREADABLE_CHECKPOINT.format(path=path)) from None
     except (RuntimeError, EOFError, KeyError, ValueError, OSError) as exc:
