@@ -1,6 +1,16 @@
+"""Fixtures shared across the test folders: a trained tokenizer and a fine-tuned checkpoint, each
+made once per session; the commands that run in the background (tests/background.py)."""
+
+import inspect
+from pathlib import Path
+from types import SimpleNamespace
+
 import pytest
+import torch
 
 from gpt_ft.data.tokenizer import train_tokenizer
+from tests.background import Background
+from tests.helpers import PAIR_ROWS, finetune_args, make_task
 
 CORPUS = """The quick brown fox jumps over the lazy dog. A man is playing a guitar.
 It is a charming and often affecting journey. Weapons of mass destruction were not found.
@@ -18,3 +28,74 @@ def tokenizer_dir(tmp_path_factory):
     out = root / "tok"
     train_tokenizer([corpus], vocab_size=400, out_dir=out, show_progress=False)
     return str(out)
+
+
+@pytest.fixture(scope="session")
+def finetuned(tmp_path_factory, tokenizer_dir):
+    """The single-text task of `make_task` fine-tuned in-process with `finetune_args` (3 epochs of 3
+    batches, seed 3): root (its data), card, logs and the run's last.ckpt. Read it, never write it."""
+    from gpt_ft.cli import main
+
+    root = tmp_path_factory.mktemp("finetuned")
+    card = make_task("single", root)
+    logs = root / "logs"
+    main(["fit", *finetune_args(card, tokenizer_dir, root, logs)])
+    ckpt = logs / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    assert ckpt.is_file()
+    return SimpleNamespace(root=root, card=card, logs=logs, ckpt=ckpt)
+
+
+@pytest.fixture
+def pairs_dir(tmp_path) -> Path:
+    """PAIR_ROWS written as tmp_path/PAIRS/{train,dev,test}.tsv; returns tmp_path."""
+    (tmp_path / "PAIRS").mkdir()
+    for name, text in PAIR_ROWS.items():
+        (tmp_path / "PAIRS" / name).write_text(text)
+    return tmp_path
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "background(start=fn): the test checks the commands that fn(root, **fixtures) returns, run in "
+        "processes of their own in the background from the start of the session (tests/background.py)",
+    )
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The tests that wait on background commands run last, in their order: the others fill the wait."""
+    items.sort(key=lambda item: item.get_closest_marker("background") is not None)  # stable
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _background(request, tmp_path_factory):
+    """Starts the background commands of every selected test, in test order, at the first test.
+    The session's own tests compute on one thread: the other core is the background's."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    jobs = Background()
+    for item in request.session.items:
+        marker = item.get_closest_marker("background")
+        if marker is None or marker.kwargs["start"] in jobs:
+            continue
+        start = marker.kwargs["start"]
+        root = tmp_path_factory.mktemp(start.__name__)
+        try:
+            names = [name for name in inspect.signature(start).parameters if name != "root"]
+            commands = start(root, **{name: request.getfixturevalue(name) for name in names})
+        except Exception as exc:  # the marked test fails with it; the others go on
+            jobs.fail(start, root, exc)
+        else:
+            jobs.submit(start, root, commands)
+    yield jobs
+    jobs.close()
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def background(request, _background):
+    """This test's background commands, finished: `root` (the folder `start` was given) and `runs`
+    (their `subprocess.CompletedProcess`es, in order)."""
+    start = request.node.get_closest_marker("background").kwargs["start"]
+    root, runs = _background.result(start)
+    return SimpleNamespace(root=root, runs=runs)

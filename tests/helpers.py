@@ -1,11 +1,17 @@
-"""Helpers shared by the tests: a micro model's shape, data files, the arguments of a quick run."""
+"""Helpers shared by the tests: a micro model's shape, data files and task cards, the arguments of a
+quick run, tiny models, corpora and suite files."""
 
 from __future__ import annotations
 
 import csv
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
+TASKS = ROOT / "tasks"
+TASK_CARDS = sorted(p.relative_to(TASKS).with_suffix("").as_posix() for p in TASKS.rglob("*.yaml"))
+"""Every task card under tasks/, e.g. glue/rte."""
 MICRO = "{n_positions: 64, n_embd: 32, n_layer: 1, n_head: 2}"
 
 
@@ -34,3 +40,257 @@ def common_args(card: Path, tokenizer_dir: str, root: Path) -> list[str]:
         "--trainer.enable_progress_bar=false",
         "--trainer.enable_model_summary=false",
     ]
+
+
+# ---- small tasks of each kind, in files (tsv; csv for multiple choice) ----
+
+SMALL_CARDS = {
+    "single": """class_path: gpt_ft.adapters.SingleText
+init_args:
+  name: sent
+  labels: [negative, positive]
+  local: {splits: {train: d/train.tsv, validation: d/dev.tsv, test: d/test.tsv}, columns: {index: idx}}
+  submission_files: {test: SENT.tsv}
+""",
+    "pair": """class_path: gpt_ft.adapters.TextPair
+init_args:
+  name: pair
+  premise: sentence1
+  hypothesis: sentence2
+  labels: [entailment, not_entailment]
+  local: {splits: {train: d/train.tsv, validation: d/dev.tsv, test: d/test.tsv}, columns: {index: idx}}
+""",
+    "similarity": """class_path: gpt_ft.adapters.Similarity
+init_args:
+  name: sts
+  regression: true
+  score_range: [0, 5]
+  local: {splits: {train: d/train.tsv, validation: d/dev.tsv, test: d/test.tsv}, columns: {index: idx}}
+  submission_files: {test: STS-B.tsv}
+""",
+    "choice": """class_path: gpt_ft.adapters.MultipleChoice
+init_args:
+  name: mc
+  context: [story]
+  choices: [end1, end2]
+  labels: ['1', '2']
+  local: {splits: {train: d/train.csv, validation: d/dev.csv, test: d/test.csv}}
+""",
+}
+
+
+def make_task(kind: str, root: Path) -> Path:
+    """A task of `kind` (SMALL_CARDS) under `root`: 6 train, 5 dev and 3 unlabelled test rows; its card."""
+    good, bad = "the cat sat on the mat .", "two dogs run in a park ."
+    for split, n in (("train", 6), ("dev", 5), ("test", 3)):
+        labelled = split != "test"
+        if kind == "single":
+            rows = [[i, good if i % 2 else bad, i % 2] for i in range(n)]
+            header = ["index", "sentence", "label"]
+        elif kind == "pair":
+            rows = [[i, good, bad, ["entailment", "not_entailment"][i % 2]] for i in range(n)]
+            header = ["index", "sentence1", "sentence2", "label"]
+        elif kind == "similarity":
+            rows = [[i, good, bad, f"{i % 5}.5"] for i in range(n)]
+            header = ["index", "sentence1", "sentence2", "label"]
+        else:
+            rows = [[good, "He is happy now.", "He joined a gang.", 1 + i % 2] for i in range(n)]
+            header = ["story", "end1", "end2", "label"]
+        if not labelled:
+            header, rows = header[:-1], [r[:-1] for r in rows]
+        write_rows(root / "d" / f"{split}.{'csv' if kind == 'choice' else 'tsv'}", header, rows)
+    card = root / f"{kind}.yaml"
+    card.write_text(SMALL_CARDS[kind])
+    return card
+
+
+def finetune_args(card: Path, tokenizer_dir: str, root: Path, logs: Path) -> list[str]:
+    """A 3-epoch fine-tuning run of make_task's 6 examples, 2 a batch (3 batches an epoch), seeded."""
+    return [
+        f"--data.task={card}",
+        f"--data.tokenizer={tokenizer_dir}",
+        f"--data.data_dir={root}",
+        "--data.batch_size=2",  # 6 examples: 3 batches an epoch
+        "--data.max_length=64",
+        "--model.preset=gpt-micro",
+        f"--model.overrides={MICRO}",  # dropout 0.1: the resumed run must redraw the same masks
+        "--trainer.max_epochs=3",
+        "--seed_everything=3",
+        f"--trainer.logger.init_args.save_dir={logs}",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+    ]
+
+
+# ---- a text pair task in local TSVs (a quote, an empty premise, an unlabelled test split) ----
+
+PAIR_ROWS = {
+    "train.tsv": "index\tsentence1\tsentence2\tlabel\n0\tThe cat sat.\tA cat sat.\tentailment\n"
+    '1\tHe said "yes.\tNo dogs.\tnot_entailment\n2\t\tEmpty premise.\tentailment\n',
+    "dev.tsv": "index\tsentence1\tsentence2\tlabel\n0\tTwo dogs run.\tDogs run.\tentailment\n",
+    "test.tsv": "index\tsentence1\tsentence2\n5\tIs it true?\tYes.\n6\tNo.\tIt is.\n",
+}
+
+PAIR_CARD = """class_path: gpt_ft.adapters.TextPair
+init_args:
+  name: pairs
+  premise: sentence1
+  hypothesis: sentence2
+  labels: [entailment, not_entailment]
+  local:
+    splits: {train: PAIRS/train.tsv, validation: PAIRS/dev.tsv, test: PAIRS/test.tsv}
+    columns: {index: idx}
+"""
+
+
+# ---- a text pair task whose sentences vary in length (2 to 10 words) ----
+
+WORDS = "the cat sat on a mat two dogs run in park he is happy now she bakes brownies".split()
+VARIED_PAIR_CARD = """class_path: gpt_ft.adapters.TextPair
+init_args:
+  name: pair
+  premise: sentence1
+  hypothesis: sentence2
+  labels: [entailment, not_entailment]
+  local: {splits: {train: train.tsv, validation: dev.tsv, test: test.tsv}, columns: {index: idx}}
+"""
+
+
+def sentence(i: int) -> str:
+    return " ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(2 + i % 9))  # 2 to 10 words
+
+
+def write_varied_pairs(root: Path) -> Path:
+    """16 training examples (2 steps of 8 per epoch); 7 validation and 5 test examples, which
+    2 ranks cannot split evenly. Returns the card."""
+    for split, n in (("train", 16), ("dev", 7), ("test", 5)):
+        rows = [
+            [str(i), sentence(i), sentence(i + 3), ["entailment", "not_entailment"][i % 3 % 2]]
+            for i in range(n)
+        ]
+        header = ["index", "sentence1", "sentence2", "label"]
+        if split == "test":
+            header, rows = header[:-1], [r[:-1] for r in rows]
+        (root / f"{split}.tsv").write_text("\n".join("\t".join(r) for r in [header, *rows]) + "\n")
+    card = root / "pair.yaml"
+    card.write_text(VARIED_PAIR_CARD)
+    return card
+
+
+# ---- a text corpus for pretraining ----
+
+SENTENCES = [
+    "The cat sat on the mat.",
+    "A man is playing a guitar.",
+    "Two dogs run in a park.",
+    "She decides to bake a batch of brownies for the party.",
+    "He is happy now.",
+]
+
+
+def write_corpus(root: Path, n_files: int = 4, lines: int = 30) -> Path:
+    corpus = root / "corpus"
+    corpus.mkdir()
+    for i in range(n_files):
+        text = "\n".join(SENTENCES[(i + j) % len(SENTENCES)] for j in range(lines)) + "\n"
+        (corpus / f"book{i}.txt").write_text(text)
+    return corpus
+
+
+# ---- multiple choice rows of random tokens ----
+
+
+def random_choice_examples(specials, vocab: int, n: int = 6, seed: int = 0) -> tuple[list[dict], object]:
+    """Encoded rows of random tokens: contexts of 1-40 tokens, 1-4 choices of 0-9 tokens."""
+    from gpt_ft.adapters import MultipleChoice
+
+    g = torch.Generator().manual_seed(seed)
+    task = MultipleChoice(name="mc", context=["story"], choices="endings", num_choices=4)
+    rows = []
+    for i in range(n):
+        randint = lambda lo, hi: int(torch.randint(lo, hi + 1, (), generator=g))  # noqa: E731
+        context = torch.randint(0, vocab, (randint(1, 40),), generator=g).tolist()
+        choices = [
+            torch.randint(0, vocab, (randint(0, 9),), generator=g).tolist() for _ in range(randint(1, 4))
+        ]
+        label = randint(0, len(choices) - 1)
+        enc = task.encode({"label": label}, [context, *choices], specials, max_length=64)
+        rows.append(
+            {"input_ids": enc.sequences, "extract_index": enc.extract_index, "label": enc.label, "index": i}
+        )
+    assert {len(r["input_ids"]) for r in rows} != {4}  # some rows have fewer choices
+    return rows, task
+
+
+# ---- suites ----
+
+
+def write_suite(root: Path, body: str) -> Path:
+    path = root / "suite.yaml"
+    path.write_text(body)
+    return path
+
+
+# ---- tiny models, ours and transformers' ----
+
+TINY = dict(vocab_size=101, n_positions=64, n_embd=32, n_layer=2, n_head=4)
+
+
+def hf_families() -> dict:
+    from transformers import (
+        GPT2Config,
+        GPT2LMHeadModel,
+        GPT2Model,
+        OpenAIGPTConfig,
+        OpenAIGPTLMHeadModel,
+        OpenAIGPTModel,
+    )
+
+    return {
+        "openai-gpt": (OpenAIGPTConfig, OpenAIGPTLMHeadModel, OpenAIGPTModel),
+        "gpt2": (GPT2Config, GPT2LMHeadModel, GPT2Model),
+    }
+
+
+FAMILIES = ["openai-gpt", "gpt2"]
+
+
+def tiny_hf(family: str, base: bool = False, **overrides):
+    config_cls, lm_cls, base_cls = hf_families()[family]
+    torch.manual_seed(0)
+    config = config_cls(**{**TINY, **overrides}, bos_token_id=0, eos_token_id=0)
+    return (base_cls if base else lm_cls)(config).eval()
+
+
+def tiny_gpt(**overrides):
+    from gpt_ft import GPT, GPTConfig
+
+    torch.manual_seed(0)
+    return GPT(GPTConfig(**{**TINY, **overrides})).eval()
+
+
+def assert_classifier_agrees(ckpt: Path, root: Path, predictions: Path) -> None:
+    """`Classifier.from_checkpoint(ckpt)` on the test rows of `make_task`'s data in `root`: the labels
+    of `gpt-ft predict`'s file `predictions`, and the probabilities of the data module's own batches
+    (its encoding and collation) to 1e-5."""
+    import torch
+
+    from gpt_ft import Classifier
+    from gpt_ft.data.files import read_table
+    from gpt_ft.data.task_data import TaskDataModule
+
+    clf = Classifier.from_checkpoint(ckpt, device="cpu")
+    task = clf.task
+    results = clf.predict(read_table(next((root / "d").glob("test.*"))).to_list(), batch_size=2)
+    predicted = [line.split("\t")[1] for line in predictions.read_text().splitlines()[1:]]
+    # The small cards write label names (no submission_labels), scores with 3 decimals.
+    assert [f"{r['label']:.3f}" if task.regression else r["label"] for r in results] == predicted
+    tokenizer = str(ckpt.parent / "tokenizer")
+    data = TaskDataModule(task, tokenizer, data_dir=str(root), max_length=64, eval_batch_size=len(results))
+    data.setup("predict")
+    with torch.inference_mode():
+        expected = clf.module.head.probabilities(clf.module(next(iter(data.predict_dataloader()[0]))))
+    for result, row in zip(results, expected):
+        scores = result["scores"]
+        got = torch.tensor([scores] if task.regression else list(scores.values()))
+        torch.testing.assert_close(got, row.reshape(-1)[: len(got)], rtol=0, atol=1e-5)

@@ -1,11 +1,10 @@
 import re
-import subprocess
-import sys
-from pathlib import Path
+
+import pytest
 
 import gpt_ft
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.background import gpt_ft as gpt_ft_command
+from tests.helpers import ROOT
 
 
 def readme_test_command() -> str:
@@ -20,7 +19,13 @@ def test_ci_runs_exactly_the_readme_test_command():
     assert ci[-1].strip() == readme_test_command()
 
 
-def test_module_entry_point_reports_version():
-    cmd = [sys.executable, "-m", "gpt_ft", "--version"]
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+def start_version(root):
+    return [gpt_ft_command("--version")]
+
+
+@pytest.mark.background(start=start_version)
+def test_module_entry_point_reports_version(background):
+    """`python -m gpt_ft --version`, in a process of its own."""
+    (out,) = background.runs
+    assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == f"gpt-ft {gpt_ft.__version__}"

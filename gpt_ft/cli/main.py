@@ -10,8 +10,6 @@ import argparse
 import os
 import sys
 
-from lightning.pytorch.utilities.exceptions import SIGTERMException
-
 import gpt_ft
 from gpt_ft.errors import parse_error_message, yaml_file_problem
 
@@ -129,6 +127,8 @@ def main(argv: list[str] | None = None) -> None:
             f"rank {rank} lost another process of this distributed run ({reason}: it stopped or was "
             "killed); every process stops now, and `--ckpt_path last` resumes from the last checkpoint."
         )
-    except SIGTERMException:
+    except SystemExit as exc:
+        if type(exc).__name__ != "SIGTERMException":  # Lightning's, raised at the step after SIGTERM
+            raise
         print("gpt-ft: stopped by SIGTERM", file=sys.stderr)
         raise SystemExit(128 + 15) from None

@@ -5,6 +5,7 @@ datasets -> adapter.texts -> tokenizer (batched) -> adapter.encode -> cached Arr
 
 from __future__ import annotations
 
+import hashlib
 import os
 from functools import partial
 from typing import Any, Literal
@@ -169,7 +170,26 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
             remove_columns=raw.column_names,
             num_proc=self.num_proc,
             desc=f"Encoding {self.task.name} {split}",
+            new_fingerprint=self._fingerprint(raw, split),
         )
+
+    def _fingerprint(self, raw, split: str) -> str:
+        """What the encoded split depends on: the raw rows, the card, the tokenizer, the length, the
+        toolkit's version. (Left to datasets, the fingerprint would hash the whole data module, its
+        trainer and model included: most of a small run's setup time.)"""
+        import gpt_ft
+
+        parts = [
+            raw._fingerprint,
+            split,
+            repr(sorted(vars(self.task).items(), key=lambda kv: kv[0])),
+            type(self.task).__qualname__,
+            self.tokenizer.backend_tokenizer.to_str() if self.tokenizer.is_fast else repr(self.tokenizer),
+            repr(self.special_ids),
+            str(self.max_length),
+            gpt_ft.__version__,
+        ]
+        return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:32]
 
     def setup(self, stage: str) -> None:
         if stage == "fit":

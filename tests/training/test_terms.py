@@ -7,39 +7,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpt_ft.adapters import MultipleChoice
 from gpt_ft.data.batches import collate, collate_shared
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
 from gpt_ft.training.module import GPTModule
+from tests.helpers import random_choice_examples
 
 NO_DROPOUT = {"embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0}
-
-
-def examples(specials, vocab: int, n: int = 6, seed: int = 0) -> list[dict]:
-    """Encoded rows of random tokens: contexts of 1-40 tokens, 1-4 choices of 0-9 tokens."""
-    g = torch.Generator().manual_seed(seed)
-    task = MultipleChoice(name="mc", context=["story"], choices="endings", num_choices=4)
-    rows = []
-    for i in range(n):
-        randint = lambda lo, hi: int(torch.randint(lo, hi + 1, (), generator=g))  # noqa: E731
-        context = torch.randint(0, vocab, (randint(1, 40),), generator=g).tolist()
-        choices = [
-            torch.randint(0, vocab, (randint(0, 9),), generator=g).tolist() for _ in range(randint(1, 4))
-        ]
-        label = randint(0, len(choices) - 1)
-        enc = task.encode({"label": label}, [context, *choices], specials, max_length=64)
-        rows.append(
-            {"input_ids": enc.sequences, "extract_index": enc.extract_index, "label": enc.label, "index": i}
-        )
-    assert {len(r["input_ids"]) for r in rows} != {4}  # some rows have fewer choices
-    return rows, task
 
 
 @pytest.mark.parametrize("lm_coef", [0.5, 0.0])
 def test_shared_context_equals_the_plain_path(tokenizer_dir, lm_coef):
     tok = load_tokenizer(tokenizer_dir)
     specials = special_token_ids(tok)
-    rows, task = examples(specials, vocab=len(tok) - 5)
+    rows, task = random_choice_examples(specials, vocab=len(tok) - 5)
     torch.manual_seed(0)
     module = GPTModule(
         preset="gpt-micro",
@@ -76,10 +56,3 @@ def test_shared_context_equals_the_plain_path(tokenizer_dir, lm_coef):
     assert grads_a.keys() == grads_b.keys()
     for name in grads_a:
         assert torch.allclose(grads_a[name], grads_b[name], atol=1e-5, rtol=0), name
-
-
-def test_choices_that_do_not_share_their_context_fall_back_to_the_plain_layout(tokenizer_dir):
-    specials = special_token_ids(load_tokenizer(tokenizer_dir))
-    rows, _ = examples(specials, vocab=300, n=2)
-    rows[1]["input_ids"].append([specials.start, 5, specials.delim, 7, specials.extract])  # another context
-    assert collate_shared(rows, specials.pad, specials.delim) is None

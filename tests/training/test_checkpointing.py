@@ -6,35 +6,14 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from test_cli import MICRO, make_task
-from test_pretrain import write_corpus
 
 from gpt_ft.cli import main
-
-TESTS = Path(__file__).resolve().parent
-
-
-def finetune_args(card: Path, tokenizer_dir: str, root: Path, logs: Path) -> list[str]:
-    return [
-        f"--data.task={card}",
-        f"--data.tokenizer={tokenizer_dir}",
-        f"--data.data_dir={root}",
-        "--data.batch_size=2",  # 6 examples: 3 batches an epoch
-        "--data.max_length=64",
-        "--model.preset=gpt-micro",
-        f"--model.overrides={MICRO}",  # dropout 0.1: the resumed run must redraw the same masks
-        "--trainer.max_epochs=3",
-        "--seed_everything=3",
-        f"--trainer.logger.init_args.save_dir={logs}",
-        "--trainer.enable_progress_bar=false",
-        "--trainer.enable_model_summary=false",
-    ]
+from tests.background import gpt_ft
+from tests.helpers import MICRO, ROOT, finetune_args, make_task, write_corpus
 
 
 def last_state(logs: Path, version: int) -> dict:
@@ -49,32 +28,35 @@ def assert_same_weights(a: dict, b: dict) -> None:
 
 
 def interrupt(batch: int, signum: int) -> list[str]:
-    return ["--trainer.callbacks+=interrupt.InterruptAt", f"--trainer.callbacks.batch={batch}"] + [
+    return ["--trainer.callbacks+=tests.interrupt.InterruptAt", f"--trainer.callbacks.batch={batch}"] + [
         f"--trainer.callbacks.signum={signum}"
     ]
 
 
-def test_sigkill_mid_epoch_then_resume_gives_the_same_weights(tmp_path, tokenizer_dir):
-    card = make_task("single", tmp_path)
-    main(["fit", *finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "whole")])
-    args = finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "cut")
-    # A checkpoint every 2 steps; killed outright after batch 5 (epoch 1, batch 2 of 3): the last
-    # checkpoint is step 4, mid-epoch 1.
-    every = [
-        "--trainer.callbacks+=gpt_ft.training.checkpointing.SaveLast",
-        "--trainer.callbacks.every_n_steps=2",
-    ]
-    env = {**os.environ, "PYTHONPATH": f"{TESTS}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    killed = subprocess.run(
-        [sys.executable, "-m", "gpt_ft", "fit", *args, *every, *interrupt(5, signal.SIGKILL)],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+# A checkpoint every 2 steps; killed outright after batch 5 (epoch 1, batch 2 of 3): the last
+# checkpoint is step 4, mid-epoch 1.
+EVERY_2_STEPS = [
+    "--trainer.callbacks+=gpt_ft.training.checkpointing.SaveLast",
+    "--trainer.callbacks.every_n_steps=2",
+]
+
+
+def start_sigkill(root, tokenizer_dir, finetuned):
+    """`finetuned`'s run (the uninterrupted one) into root/cut, killed by SIGKILL after batch 5."""
+    args = finetune_args(finetuned.card, tokenizer_dir, finetuned.root, root / "cut")
+    pythonpath = f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"  # finds tests.interrupt
+    env = {**os.environ, "PYTHONPATH": pythonpath}
+    return [gpt_ft("fit", *args, *EVERY_2_STEPS, *interrupt(5, signal.SIGKILL), env=env)]
+
+
+@pytest.mark.background(start=start_sigkill)
+def test_sigkill_mid_epoch_then_resume_gives_the_same_weights(background, tokenizer_dir, finetuned):
+    (killed,) = background.runs
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
-    assert last_state(tmp_path / "cut", 0)["global_step"] == 4
-    main(["fit", *args, "--ckpt_path=last"])
-    assert_same_weights(last_state(tmp_path / "whole", 0), last_state(tmp_path / "cut", 1))
+    cut = background.root / "cut"
+    assert last_state(cut, 0)["global_step"] == 4
+    main(["fit", *finetune_args(finetuned.card, tokenizer_dir, finetuned.root, cut), "--ckpt_path=last"])
+    assert_same_weights(last_state(finetuned.logs, 0), last_state(cut, 1))
 
 
 def test_sigterm_mid_accumulation_saves_at_the_step_and_resumes_exactly(tmp_path, tokenizer_dir, capsys):
@@ -101,7 +83,7 @@ def test_pretraining_resumes_mid_epoch_exactly(tmp_path, tokenizer_dir):
     def args(logs: str) -> list[str]:
         return [
             "--config",
-            str(TESTS.parent / "configs/pretrain/cpu.yaml"),
+            str(ROOT / "configs/pretrain/cpu.yaml"),
             f"--data.token_dir={tmp_path / 'tokens'}",
             "--data.block_size=32",
             "--data.batch_size=4",
@@ -122,10 +104,8 @@ def test_pretraining_resumes_mid_epoch_exactly(tmp_path, tokenizer_dir):
     assert_same_weights(last_state(tmp_path / "whole", 0), last_state(tmp_path / "cut", 1))
 
 
-def test_checkpoints_stand_alone_for_validate_and_predict(tmp_path, tokenizer_dir, capsys):
-    card = make_task("single", tmp_path)
-    main(["fit", *finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "logs")])
-    ckpt = tmp_path / "logs" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+def test_checkpoints_stand_alone_for_validate_and_predict(tmp_path, finetuned, capsys):
+    ckpt = finetuned.ckpt  # a run of finetune_args
     stored = torch.load(ckpt, map_location="cpu", weights_only=True)
     assert stored["gpt_ft"]["version"] and stored["tokenizer"] == "tokenizer"
     card_args = stored["data_config"]["init_args"]["task"]
@@ -182,3 +162,82 @@ def test_a_nonfinite_loss_stops_with_the_step_and_keeps_the_last_good_state(
     state = last_state(tmp_path / "logs", 0)
     assert state["global_step"] == 4
     assert all(torch.isfinite(v).all() for v in state["state_dict"].values() if v.is_floating_point())
+
+
+def test_the_newest_last_checkpoint_of_a_loggers_runs(tmp_path):
+    from gpt_ft.training.checkpointing import find_last_checkpoint
+
+    assert find_last_checkpoint(tmp_path) is None
+    paths = [tmp_path / f"version_{v}" / "checkpoints" / "last.ckpt" for v in (0, 1, 2)]
+    for i, path in enumerate(paths):
+        path.parent.mkdir(parents=True)
+        path.write_bytes(b"x")
+        os.utime(path, ns=(10**9 * (10 - i), 10**9 * [5, 9, 7][i]))
+    (tmp_path / "version_3" / "checkpoints" / "last.ckpt").mkdir(parents=True)  # not a file
+    assert find_last_checkpoint(tmp_path) == paths[1]
+
+
+# ---- DDP: every rank's random states come back on their own rank ----
+
+DDP_CARD = """class_path: gpt_ft.adapters.SingleText
+init_args:
+  name: sent
+  labels: [negative, positive]
+  local: {splits: {train: d/train.tsv, validation: d/dev.tsv}, columns: {index: idx}}
+"""
+
+
+def ddp_fit_args(root: Path, tokenizer_dir: str, logs: str) -> list[str]:
+    return [
+        "fit",
+        f"--data.task={root / 'card.yaml'}",
+        f"--data.tokenizer={tokenizer_dir}",
+        f"--data.data_dir={root}",
+        "--data.batch_size=2",  # 16 examples on 2 ranks: 4 steps an epoch
+        "--data.max_length=32",
+        "--model.preset=gpt-micro",
+        "--model.overrides={n_positions: 32, n_embd: 32, n_layer: 1, n_head: 2}",  # dropout 0.1
+        "--trainer.max_epochs=2",
+        "--seed_everything=3",
+        f"--trainer.logger.init_args.save_dir={root / logs}",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+        "--trainer.accelerator=cpu",
+        "--trainer.devices=2",
+        "--trainer.strategy=ddp",
+    ]
+
+
+def start_ddp_kill(root, tokenizer_dir):
+    """A 2-process run with dropout; the same run with rank 1 killed after batch 5 (a periodic
+    last.ckpt at step 4); then resumed with --ckpt_path last."""
+    (root / "d").mkdir()
+    good, bad = "the cat sat on the mat .", "two dogs run in a park ."
+    for split, n in (("train", 16), ("dev", 4)):
+        rows = "".join(f"{i}\t{good if i % 2 else bad}\t{i % 2}\n" for i in range(n))
+        (root / "d" / f"{split}.tsv").write_text("index\tsentence\tlabel\n" + rows)
+    (root / "card.yaml").write_text(DDP_CARD)
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    kill = ["--trainer.callbacks+=tests.interrupt.InterruptAt", "--trainer.callbacks.batch=5"]
+    kill += [f"--trainer.callbacks.signum={int(signal.SIGKILL)}", "--trainer.callbacks.rank=1"]
+    return [
+        gpt_ft(*ddp_fit_args(root, tokenizer_dir, "whole"), cwd=root, env=env),
+        gpt_ft(*ddp_fit_args(root, tokenizer_dir, "cut"), *EVERY_2_STEPS, *kill, cwd=root, env=env),
+        gpt_ft(*ddp_fit_args(root, tokenizer_dir, "cut"), "--ckpt_path=last", cwd=root, env=env),
+    ]
+
+
+@pytest.mark.background(start=start_ddp_kill)
+def test_a_killed_ddp_rank_resumes_to_the_uninterrupted_weights(background):
+    whole, killed, resumed = background.runs
+    root = background.root
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    assert killed.returncode != 0
+    lost = [line for line in killed.stderr.splitlines() if line.startswith("gpt-ft: error: rank 0 lost")]
+    assert lost, killed.stderr[-3000:]  # the other rank stops at once, in one sentence
+    cut = last_state(root / "cut", 0)
+    assert cut["global_step"] == 4 and len(cut["callbacks"]["ResumeState"]["ranks"]) == 2
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    a, b = last_state(root / "whole", 0), last_state(root / "cut", 1)
+    assert a["global_step"] == b["global_step"] == 8
+    assert_same_weights(a, b)

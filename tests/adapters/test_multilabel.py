@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import common_args, write_rows
 
 from gpt_ft.adapters import MultiLabel, TaskDataError
 from gpt_ft.cli import main
 from gpt_ft.data.tokenizer import SpecialTokenIds
 from gpt_ft.training.eval_metrics import EvalMetrics
+from tests.helpers import common_args, write_rows
 
 SPECIALS = SpecialTokenIds(start=100, delim=101, extract=102, pad=103, eos=None)
 LABELS = ["joy", "anger", "fear"]

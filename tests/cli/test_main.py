@@ -1,17 +1,21 @@
 """README's bad-input table, one test per row: through the CLI, one sentence naming the culprit,
-exit code 2, no traceback (unless --debug), and what is already on disk left as it was."""
+exit code 2, no traceback (unless --debug), and what is already on disk left as it was. Also the
+entry point's own bad input (an unknown command) and bad pretraining input."""
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 
 import pytest
-from helpers import MICRO, common_args
-from test_cli import make_task
 
+import gpt_ft
 from gpt_ft.cli import main
+from gpt_ft.data.prepare import prepare
 from gpt_ft.data.tokenizer import load_tokenizer
 from gpt_ft.model import GPT, GPTConfig
+from tests.helpers import MICRO, ROOT, common_args, make_task, write_corpus
 
 
 @pytest.fixture
@@ -117,11 +121,8 @@ def test_unknown_adapter(run):
     assert "--data.task: class_path 'gpt_ft.adapters.SingleTxt': module 'gpt_ft.adapters' has no" in run()
 
 
-def test_checkpoint_of_another_model_shape(run, tokenizer_dir, tmp_path):
-    card = run.root / "single.yaml"
-    args = common_args(card, tokenizer_dir, tmp_path)
-    main(["fit", *args, "--trainer.max_steps=1", f"--trainer.logger.init_args.save_dir={tmp_path / 'small'}"])
-    small = next((tmp_path / "small").rglob("last.ckpt"))
+def test_checkpoint_of_another_model_shape(run, finetuned):
+    small = finetuned.ckpt  # a run of MICRO's shape, n_embd 32
     wider = MICRO.replace("n_embd: 32", "n_embd: 64")
     message = run(f"--model.overrides={wider}", f"--ckpt_path={small}")
     assert f"{small} holds a model with n_embd=32 but this run builds n_embd=64" in message
@@ -172,3 +173,66 @@ def test_a_checkpoint_that_would_run_code_is_refused(run):
     assert "weights_only=True" in run(f"--model.init_from={evil}")
     assert "weights_only=True" in run(f"--ckpt_path={evil}")  # resuming reads it the same way
     assert not marker.exists()
+
+
+def test_bad_hyperparameter_exits_with_one_sentence(tmp_path, tokenizer_dir, monkeypatch, capsys):
+    """As from the shell: `main()` reads sys.argv."""
+    card = make_task("single", tmp_path)
+    argv = ["gpt-ft", "fit", *common_args(card, tokenizer_dir, tmp_path), "--model.lm_coef=-1"]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as stopped:
+        main()
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == "gpt-ft: error: lm_coef must be >= 0, got -1.0."
+    assert "Traceback" not in err
+
+
+def last_error(capsys, *argv: str) -> str:
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        main(list(argv))
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2, err[-2000:]
+    assert "Traceback" not in err
+    return err.strip().splitlines()[-1]
+
+
+def test_bad_pretraining_input(tmp_path, tokenizer_dir, monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "a.txt").write_text("  \n")
+    empty = [
+        "prepare",
+        str(tmp_path / "empty"),
+        "--tokenizer",
+        tokenizer_dir,
+        "--out_dir",
+        str(tmp_path / "t0"),
+    ]
+    assert "holds no text" in last_error(capsys, *empty)
+    assert not (tmp_path / "t0" / "train.bin").exists()
+
+    corpus = write_corpus(tmp_path, n_files=1, lines=10)
+    assert prepare(
+        tmp_path / "tokens", tokenizer_dir, files=[str(corpus)], validation_fraction=0, progress=False
+    )
+    n = json.loads((tmp_path / "tokens" / "meta.json").read_text())["tokens"]["train"]
+    fit = ["fit", "--config", "configs/pretrain/cpu.yaml", f"--data.token_dir={tmp_path / 'tokens'}"]
+    message = last_error(capsys, *fit, f"--data.block_size={n}")
+    assert f"holds {n} tokens, fewer than one block of block_size + 1 = {n + 1}" in message
+
+
+def test_unknown_command_and_usage(capsys):
+    assert last_error(capsys, "fitt") == (
+        "gpt-ft: error: unknown command 'fitt'; choose from fit, validate, test, predict, explain, prepare, "
+        "tokenizer, generate, label, suite."
+    )
+    main([])
+    usage = capsys.readouterr().out
+    assert usage.startswith(
+        "usage: gpt-ft {fit,validate,test,predict,explain,prepare,tokenizer,generate,label,suite}"
+    )
+    assert "  suite      fine-tune and evaluate many tasks over seeds" in usage
+    main(["--version"])
+    assert capsys.readouterr().out == f"gpt-ft {gpt_ft.__version__}\n"

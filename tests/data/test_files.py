@@ -1,4 +1,5 @@
-"""Every task card under tasks/ parses, and reads tiny fixtures written in its task's native local format.
+"""Local files as each task card reads them: every card under tasks/ reads tiny fixtures written in its
+task's native local format; slices, formats and file errors of `load_split`.
 
 Offline: the fixtures are hand-written in tmp_path (GLUE's traps included: an unbalanced `"` in a
 TSV sentence, MRPC's BOM, headerless CoLA train/dev, unlabelled test files with an `index` column).
@@ -9,18 +10,17 @@ from __future__ import annotations
 import csv
 import io
 import json
-from pathlib import Path
 
 import datasets
 import pytest
 from jsonargparse import ArgumentParser
 
-from gpt_ft.adapters import TaskAdapter
-from gpt_ft.data.files import SLICE
+from gpt_ft.adapters import LocalFiles, SingleText, TaskDataError
+from gpt_ft.data.files import SLICE, load_split, split_file
 from gpt_ft.data.task_data import TaskDataModule
+from tests.helpers import TASK_CARDS, TASKS
 
-TASKS = Path(__file__).resolve().parents[1] / "tasks"
-CARDS = sorted(p.relative_to(TASKS).with_suffix("").as_posix() for p in TASKS.rglob("*.yaml"))
+CARDS = TASK_CARDS
 
 Q = 'He said "hi to the cat.'  # an unbalanced quote: with CSV quoting it would swallow the next rows
 
@@ -218,35 +218,10 @@ FIXTURES = {
 }
 
 
-def parse_card(card: str) -> TaskAdapter:
-    parser = ArgumentParser()
-    parser.add_argument("--task", type=TaskAdapter, sub_configs=True)
-    cfg = parser.parse_args(["--task", str(TASKS / f"{card}.yaml")])
-    return parser.instantiate(cfg).task
-
-
 @pytest.fixture(autouse=True)
 def datasets_cache(tmp_path, monkeypatch):
     """Keep datasets' Arrow cache of the fixtures out of the user's cache."""
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
-
-
-def test_cards_found():
-    assert {"glue/rte", "glue/mnli", "snli", "race"} <= set(CARDS)
-
-
-@pytest.mark.parametrize("card", CARDS)
-def test_card_parses(card):
-    task = parse_card(card)
-    assert isinstance(task, TaskAdapter)
-    assert task.name == Path(card).name
-    assert task.hub is not None and task.local is not None
-    splits = set(task.local.splits)
-    assert "train" in splits and {*task.validation_splits, *task.test_splits} <= splits
-    assert set(task.submission_files) <= set(task.test_splits)
-    assert task.main_metric in task.metrics
-    first_line = (TASKS / f"{card}.yaml").read_text().splitlines()[0]
-    assert first_line.startswith("# "), "each card opens with a one-line comment on the task"
 
 
 @pytest.mark.parametrize("card", CARDS)
@@ -292,3 +267,23 @@ def test_card_reads_native_files(card, tokenizer_dir, tmp_path):
     assert dm.tokenizer.decode(ids[1:end]).startswith(Q)
     if task.class_names:
         assert shown["label"] == task.labels[fixture["train"][1][0]]
+
+
+def test_slices_formats_and_file_errors(tmp_path):
+    lines = "".join(f"{i}\tsentence {i}\t{i % 2}\n" for i in range(5))
+    (tmp_path / "all.tsv").write_text("idx\tsentence\tlabel\n" + lines)
+    (tmp_path / "notes.txt").write_text("sentence\n")
+    splits = {"train": "all.tsv[:3]", "validation": "all.tsv[3:]", "test": "notes.txt"}
+    task = SingleText(name="s", labels=["a", "b"], local=LocalFiles(splits=splits, columns={"idx": "index"}))
+    assert SLICE.match("all.tsv[:3]").group("file", "slice") == ("all.tsv", "[:3]")
+    assert SLICE.match("dir/all.tsv").group("file", "slice") == ("dir/all.tsv", None)
+    assert split_file(task, "train", tmp_path) == tmp_path / "all.tsv"
+    train, validation = load_split(task, "train", tmp_path), load_split(task, "validation", tmp_path)
+    assert train["index"] == ["0", "1", "2"] and validation["sentence"] == ["sentence 3", "sentence 4"]
+    assert set(train.column_names) == {"index", "sentence", "label"}  # idx renamed, all read as text
+    with pytest.raises(TaskDataError, match=r"notes.txt: unknown file format; set `format`"):
+        load_split(task, "test", tmp_path)
+    with pytest.raises(
+        TaskDataError, match=r"Task 's' has no hub dataset; pass its files with --data.data_dir"
+    ):
+        load_split(task, "train", None)

@@ -1,15 +1,10 @@
-import math
-from types import SimpleNamespace
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 from gpt_ft.adapters import MultipleChoice, Similarity, SingleText, TextPair
 from gpt_ft.data.batches import collate
-from gpt_ft.training.eval_metrics import EvalMetrics
 from gpt_ft.training.module import GPTModule
-from gpt_ft.training.optim import lr_lambda
 
 MICRO = dict(n_positions=32, n_embd=16, n_layer=1, n_head=2, embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)
 START, DELIM, EXTRACT, PAD = 20, 21, 22, 23
@@ -98,64 +93,6 @@ def test_language_model_without_task():
     assert m.head is None and not any(n.startswith("head") for n, _ in m.named_parameters())
 
 
-def test_weight_decay_only_on_matrices_and_the_schedule():
-    m = module(SingleText(name="t", labels=["a", "b"]), lr=1e-3, warmup_fraction=0.01)
-    m._trainer = SimpleNamespace(estimated_stepping_batches=1000)
-    config = m.configure_optimizers()
-    decay, no_decay = config["optimizer"].param_groups
-    assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
-    names = {id(p): n for n, p in m.named_parameters()}
-    assert {names[id(p)] for p in no_decay["params"]} == {n for n, p in m.named_parameters() if p.ndim == 1}
-    assert all(
-        n.endswith(("bias", "ln_1.weight", "ln_2.weight")) for n in (names[id(p)] for p in no_decay["params"])
-    )
-    assert {"gpt.wte.weight", "head.weight", "gpt.h.0.attn.c_attn.weight"} <= {
-        names[id(p)] for p in decay["params"]
-    }
-    scheduler = config["lr_scheduler"]["scheduler"]
-    lrs = []
-    for _ in range(1000):
-        lrs.append(scheduler.get_last_lr()[0])
-        config["optimizer"].step()
-        scheduler.step()
-    assert lrs[0] == 0.0  # warmup over 0.01 * 1000 = 10 steps
-    assert lrs[10] == pytest.approx(1e-3)
-    assert lrs[5] == pytest.approx(0.5e-3)
-    assert lrs[999] == pytest.approx(1e-3 / 990)  # linear to 0 at step 1000
-    assert scheduler.get_last_lr()[0] == 0.0
-
-
-def test_lr_lambda_shapes():
-    linear, cosine = lr_lambda("linear", 2000, 10000), lr_lambda("cosine", 2000, 10000)
-    assert [linear(s) for s in (0, 1000, 2000, 6000, 10000)] == [0.0, 0.5, 1.0, 0.5, 0.0]
-    assert cosine(2000) == 1.0 and cosine(6000) == pytest.approx(0.5) and cosine(10000) == pytest.approx(0.0)
-    assert lr_lambda("constant", 10, 100)(50) == 1.0
-
-
-def metric_values(task, predictions, labels):
-    metrics = EvalMetrics(task)
-    n = len(labels)
-    zeros = torch.zeros(n)
-    metrics.update(torch.arange(n), zeros, zeros + 1, zeros, torch.tensor(predictions), torch.tensor(labels))
-    return {k: float(v) for k, v in metrics.compute().items()}
-
-
-def test_metrics_on_hand_computed_cases():
-    # TP=2, FP=1, TN=2, FN=0: MCC = (2*2 - 1*0) / sqrt(3*2*3*2) = 2/3; F1 = 2 / (2 + (1 + 0)/2) = 0.8.
-    cls = SingleText(name="t", labels=["neg", "pos"], metrics=["matthews", "f1", "accuracy"])
-    values = metric_values(cls, [1, 1, 0, 0, 1], [1, 0, 0, 0, 1])
-    assert values["matthews"] == pytest.approx(2 / 3)
-    assert values["f1"] == pytest.approx(0.8)
-    assert values["accuracy"] == pytest.approx(0.8)
-    # x = [1, 2, 3, 4], y = [2, 4, 5, 4]: Pearson 3.5 / sqrt(5 * 4.75); Spearman on ranks [1, 2.5, 4, 2.5].
-    reg = Similarity(name="s", regression=True)
-    values = metric_values(reg, [1.0, 2.0, 3.0, 4.0], [2.0, 4.0, 5.0, 4.0])
-    assert values["pearson"] == pytest.approx(3.5 / math.sqrt(23.75), abs=1e-6)
-    assert values["spearman"] == pytest.approx(3.0 / math.sqrt(22.5), abs=1e-6)
-    mc = MultipleChoice(name="mc", context=["c"], choices=["a", "b", "c2", "d"])
-    assert metric_values(mc, [0, 3, 2, 1], [0, 3, 1, 1])["accuracy"] == pytest.approx(0.75)
-
-
 def test_init_from_transformers_directory_adds_special_token_rows(tmp_path):
     from transformers import OpenAIGPTConfig, OpenAIGPTLMHeadModel
 
@@ -186,19 +123,15 @@ def test_left_and_right_padding_give_the_same_task_logits():
     torch.testing.assert_close(left, right, rtol=0, atol=1e-5)
 
 
-def test_eval_metrics_count_each_example_once_and_weigh_lm_loss_by_tokens():
-    task = SingleText(name="t", labels=["a", "b"], metrics=["accuracy"])
-    metrics = EvalMetrics(task, lm_coef=0.5)
-    t = torch.tensor
-    metrics.update(
-        t([0, 1, 2]), t([2.0, 6.0, 1.0]), t([1, 3, 1]), t([0.5, 1.0, 1.5]), t([1, 0, 1]), t([1, 1, 1])
-    )
-    # A distributed sampler's repeat of example 0 (here with other values, to show it is ignored).
-    metrics.update(t([3, 0]), t([3.0, 100.0]), t([1, 1]), t([2.0, 9.0]), t([0, 0]), t([0, 1]))
-    values = metrics.compute()
-    lm = (2 + 6 + 1 + 3) / (1 + 3 + 1 + 1)  # token-weighted over examples 0-3
-    assert float(values["loss"]) == pytest.approx((0.5 + 1.0 + 1.5 + 2.0) / 4 + 0.5 * lm)
-    assert float(values["accuracy"]) == pytest.approx(3 / 4)
-    lm_only = EvalMetrics(None)
-    lm_only.update(t([5, 6, 5]), t([4.0, 8.0, 4.0]), t([2, 2, 2]))
-    assert float(lm_only.compute()["perplexity"]) == pytest.approx(math.exp(12 / 4))
+def test_a_checkpoint_of_another_shape_or_head_is_named_in_one_sentence():
+    m = module(SingleText(name="t", labels=["a", "b"]))
+    config = dict(vars(m.gpt.config))
+    m.on_load_checkpoint({"gpt_config": config, "state_dict": {"head.weight": torch.zeros(2, 16)}})
+    with pytest.raises(
+        ValueError,
+        match=r"^The checkpoint holds a model with n_layer=2, n_embd=64 but this run builds n_layer=1, "
+        r"n_embd=16: ",
+    ):
+        m.on_load_checkpoint({"gpt_config": {**config, "n_embd": 64, "n_layer": 2}})
+    with pytest.raises(ValueError, match=r"has a task head of 3 outputs but task 't' needs 2"):
+        m.on_load_checkpoint({"gpt_config": config, "state_dict": {"head.weight": torch.zeros(3, 16)}})

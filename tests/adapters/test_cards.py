@@ -1,0 +1,119 @@
+"""Task cards: every card under tasks/ parses; a card's errors name the file; an adapter defined
+outside gpt_ft works through its card."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from jsonargparse import ArgumentParser
+
+from gpt_ft.adapters import TaskAdapter
+from gpt_ft.adapters.cards import load_card
+from tests.background import gpt_ft
+from tests.helpers import TASK_CARDS, TASKS, common_args, write_rows
+
+CARDS = TASK_CARDS
+
+
+def parse_card(card: str) -> TaskAdapter:
+    parser = ArgumentParser()
+    parser.add_argument("--task", type=TaskAdapter, sub_configs=True)
+    cfg = parser.parse_args(["--task", str(TASKS / f"{card}.yaml")])
+    return parser.instantiate(cfg).task
+
+
+def test_cards_found():
+    assert {"glue/rte", "glue/mnli", "snli", "race"} <= set(CARDS)
+
+
+@pytest.mark.parametrize("card", CARDS)
+def test_card_parses(card):
+    task = parse_card(card)
+    assert isinstance(task, TaskAdapter)
+    assert task.name == Path(card).name
+    assert task.hub is not None and task.local is not None
+    splits = set(task.local.splits)
+    assert "train" in splits and {*task.validation_splits, *task.test_splits} <= splits
+    assert set(task.submission_files) <= set(task.test_splits)
+    assert task.main_metric in task.metrics
+    first_line = (TASKS / f"{card}.yaml").read_text().splitlines()[0]
+    assert first_line.startswith("# "), "each card opens with a one-line comment on the task"
+
+
+def test_card_errors_name_the_file(tmp_path):
+    card = tmp_path / "card.yaml"
+    card.write_text("class_path: gpt_ft.adapters.SingleText\ninit_args: {name: x, txt: s}\n")
+    with pytest.raises(ValueError, match=r"^Task card \S+card.yaml: Option 'txt' is not accepted.$"):
+        load_card(card)
+    card.write_text("class_path: [\n")
+    with pytest.raises(ValueError, match=r"^Task card \S+card.yaml is not valid YAML: line 2, column 1: "):
+        load_card(card)
+
+
+ADAPTER = '''
+from gpt_ft.adapters import Encoded, TaskAdapter
+
+
+class TripleText(TaskAdapter):
+    """[start] a [delim] b [delim] c [extract]: an input shape gpt_ft does not ship."""
+
+    def __init__(self, *, fields: list[str], **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.fields = fields
+
+    def text_fields(self):
+        return self.fields
+
+    def encode(self, example, tokens, specials, max_length):
+        ids, extract = self._sequence(specials, *(t[: (max_length - 4) // 3] for t in tokens))
+        return Encoded([ids], [extract], self.example_label(example))
+'''
+
+
+def start_external_adapter(root, tokenizer_dir):
+    """A card naming `my_tasks.TripleText` from root/my_tasks.py; `fit` finds it through PYTHONPATH alone."""
+    (root / "my_tasks.py").write_text(ADAPTER)
+    write_rows(
+        root / "d/train.tsv", ["a", "b", "c", "label"], [["one", "two", "three", i % 2] for i in range(4)]
+    )
+    write_rows(root / "d/dev.tsv", ["a", "b", "c", "label"], [["one", "two", "three", 1]])
+    card = root / "triple.yaml"
+    card.write_text(
+        "class_path: my_tasks.TripleText\ninit_args:\n  name: triple\n  fields: [a, b, c]\n"
+        "  labels: ['no', 'yes']\n  local: {splits: {train: d/train.tsv, validation: d/dev.tsv}}\n"
+    )
+    env = {"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"}
+    return [
+        gpt_ft("fit", *common_args(card, tokenizer_dir, root), "--trainer.max_epochs=1", cwd=root, env=env)
+    ]
+
+
+@pytest.mark.background(start=start_external_adapter)
+def test_an_adapter_defined_outside_gpt_ft_works_through_its_card(
+    background, tokenizer_dir, monkeypatch, capsys
+):
+    """`fit` in a process of its own (PYTHONPATH names the adapter's folder); `explain` in this process
+    with that folder on sys.path."""
+    from gpt_ft.cli import main
+
+    root = background.root
+    monkeypatch.syspath_prepend(str(root))
+    monkeypatch.chdir(root)
+    capsys.readouterr()
+    main(
+        [
+            "explain",
+            f"--data.task={root / 'triple.yaml'}",
+            f"--data.tokenizer={tokenizer_dir}",
+            f"--data.data_dir={root}",
+            "--json",
+        ]
+    )
+    shown = capsys.readouterr().out
+    sys.modules.pop("my_tasks", None)  # this process forgets the adapter module again
+    assert '"<|delim|>"' in shown and shown.count("<|delim|>") == 2
+    (fit,) = background.runs
+    assert fit.returncode == 0, fit.stderr[-2000:]
+    assert "validation/accuracy" in fit.stdout

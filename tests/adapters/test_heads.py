@@ -1,0 +1,52 @@
+"""The heads' outputs, losses and predictions, by hand."""
+
+import torch
+import torch.nn.functional as F
+
+from gpt_ft.adapters import ChoiceHead, ClassificationHead, RegressionHead
+
+
+def test_classification_head_adds_the_sequences_then_cross_entropy_and_argmax():
+    torch.manual_seed(0)
+    head = ClassificationHead(4, 3, dropout=0.0)
+    assert head.weight.shape == (3, 4) and not head.bias.any()
+    extract = torch.randn(2, 2, 4)  # two sequences per example (similarity's two orders)
+    outputs = head(extract)
+    torch.testing.assert_close(outputs, (extract[:, 0] + extract[:, 1]) @ head.weight.T + head.bias)
+    labels = torch.tensor([2, 0])
+    torch.testing.assert_close(
+        head.losses(outputs, labels), F.cross_entropy(outputs, labels, reduction="none")
+    )
+    assert head.predictions(torch.tensor([[0.1, 2.0, -1.0], [3.0, 0.0, 2.9]])).tolist() == [1, 0]
+
+
+def test_regression_head_squared_error_and_clipped_scores():
+    head = RegressionHead(4, score_range=(0.0, 5.0), dropout=0.0)
+    outputs = torch.tensor([[-1.0], [2.5], [7.0]])
+    labels = torch.tensor([0.0, 3.0, 5.0])
+    assert head.losses(outputs, labels).tolist() == [1.0, 0.25, 4.0]
+    assert head.predictions(outputs).tolist() == [0.0, 2.5, 5.0]
+    assert RegressionHead(4).predictions(outputs).tolist() == [-1.0, 2.5, 7.0]  # no range: unclipped
+
+
+def test_choice_head_scores_each_choice_and_masks_the_missing_ones():
+    torch.manual_seed(0)
+    head = ChoiceHead(4, dropout=0.0)
+    extract = torch.randn(2, 3, 4)
+    scores = head(extract)
+    torch.testing.assert_close(scores, (extract @ head.weight.T + head.bias).squeeze(-1))
+    mask = torch.tensor([[True, True, True], [True, False, True]])
+    masked = head(extract, mask)
+    assert masked[1, 1] == torch.finfo(masked.dtype).min
+    torch.testing.assert_close(masked[mask], scores[mask])
+    assert head.predictions(
+        torch.tensor([[0.0, 1.0, 0.5], [2.0, torch.finfo(torch.float).min, 1.0]])
+    ).tolist() == [
+        1,
+        0,
+    ]
+
+
+def test_heads_keep_the_checkpoint_keys_of_a_linear_layer():
+    for head in (ClassificationHead(8, 2), RegressionHead(8), ChoiceHead(8)):
+        assert set(head.state_dict()) == {"weight", "bias"}

@@ -1,0 +1,49 @@
+import math
+
+import pytest
+import torch
+
+from gpt_ft.adapters import METRICS, MultipleChoice, Similarity, SingleText, metric_value
+from gpt_ft.training.eval_metrics import EvalMetrics
+
+
+def metric_values(task, predictions, labels):
+    metrics = EvalMetrics(task)
+    n = len(labels)
+    zeros = torch.zeros(n)
+    metrics.update(torch.arange(n), zeros, zeros + 1, zeros, torch.tensor(predictions), torch.tensor(labels))
+    return {k: float(v) for k, v in metrics.compute().items()}
+
+
+def test_metrics_on_hand_computed_cases():
+    # TP=2, FP=1, TN=2, FN=0: MCC = (2*2 - 1*0) / sqrt(3*2*3*2) = 2/3; F1 = 2 / (2 + (1 + 0)/2) = 0.8.
+    cls = SingleText(name="t", labels=["neg", "pos"], metrics=["matthews", "f1", "accuracy"])
+    values = metric_values(cls, [1, 1, 0, 0, 1], [1, 0, 0, 0, 1])
+    assert values["matthews"] == pytest.approx(2 / 3)
+    assert values["f1"] == pytest.approx(0.8)
+    assert values["accuracy"] == pytest.approx(0.8)
+    # x = [1, 2, 3, 4], y = [2, 4, 5, 4]: Pearson 3.5 / sqrt(5 * 4.75); Spearman on ranks [1, 2.5, 4, 2.5].
+    reg = Similarity(name="s", regression=True)
+    values = metric_values(reg, [1.0, 2.0, 3.0, 4.0], [2.0, 4.0, 5.0, 4.0])
+    assert values["pearson"] == pytest.approx(3.5 / math.sqrt(23.75), abs=1e-6)
+    assert values["spearman"] == pytest.approx(3.0 / math.sqrt(22.5), abs=1e-6)
+    mc = MultipleChoice(name="mc", context=["c"], choices=["a", "b", "c2", "d"])
+    assert metric_values(mc, [0, 3, 2, 1], [0, 3, 1, 1])["accuracy"] == pytest.approx(0.75)
+
+
+def test_three_classes_take_macro_f1_and_multiclass_mcc():
+    predictions, labels = torch.tensor([0, 1, 2, 2, 1, 0]), torch.tensor([0, 1, 2, 1, 1, 2])
+    # class 0: TP 1 FP 1 FN 0 -> 2/3; class 1: TP 2 FP 0 FN 1 -> 4/5; class 2: TP 1 FP 1 FN 1 -> 1/2.
+    f1 = metric_value("f1", predictions, labels, num_classes=3)
+    assert float(f1) == pytest.approx((2 / 3 + 0.8 + 0.5) / 3)
+    assert float(metric_value("accuracy", predictions, labels, num_classes=3)) == pytest.approx(4 / 6)
+    # Gorodkin's multiclass MCC: (c * s - sum_k p_k t_k) / sqrt((s^2 - sum p_k^2) (s^2 - sum t_k^2)),
+    # c = 4 right of s = 6; predicted counts p = (2, 2, 2), true counts t = (1, 3, 2).
+    expected = (4 * 6 - (2 * 1 + 2 * 3 + 2 * 2)) / math.sqrt((36 - 12) * (36 - 14))
+    assert float(metric_value("matthews", predictions, labels, num_classes=3)) == pytest.approx(expected)
+
+
+def test_unknown_metric():
+    assert METRICS == ("accuracy", "f1", "matthews", "pearson", "spearman")
+    with pytest.raises(ValueError, match="Unknown metric 'bleu'; allowed: accuracy, f1, matthews"):
+        metric_value("bleu", torch.tensor([1]), torch.tensor([1]), num_classes=2)

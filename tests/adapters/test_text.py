@@ -1,0 +1,44 @@
+import pytest
+
+from gpt_ft.adapters import RegressionHead, Similarity, SingleText, TextPair
+from gpt_ft.data.tokenizer import SpecialTokenIds
+
+SPECIALS = SpecialTokenIds(start=100, delim=101, extract=102, pad=103, eos=None)
+START, DELIM, EXTRACT, PAD = 100, 101, 102, 103
+
+
+def single(**kw):
+    return SingleText(name="t", labels=["neg", "pos"], **kw)
+
+
+def test_single_text_layout():
+    enc = single().encode({"label": "pos"}, [[5, 6, 7]], SPECIALS, 512)
+    assert enc.sequences == [[START, 5, 6, 7, EXTRACT]]
+    assert enc.extract_index == [4]
+    assert enc.label == 1
+
+
+def test_text_pair_layout_and_truncation_keeps_specials():
+    pair = TextPair(name="t", labels=["entailment", "not_entailment"])
+    enc = pair.encode({"label": "not_entailment"}, [[1, 2], [3]], SPECIALS, 512)
+    assert enc.sequences == [[START, 1, 2, DELIM, 3, EXTRACT]] and enc.extract_index == [5] and enc.label == 1
+    # 10 + 3 text tokens into a budget of 10 - 3 specials = 7: the longer premise is cut to 4.
+    enc = pair.encode({"label": 0}, [list(range(1, 11)), [20, 21, 22]], SPECIALS, 10)
+    assert enc.sequences == [[START, 1, 2, 3, 4, DELIM, 20, 21, 22, EXTRACT]]
+    assert enc.extract_index == [9]
+
+
+def test_similarity_gives_both_orders():
+    sim = Similarity(name="t", regression=True, score_range=(0, 5))
+    enc = sim.encode({"label": "3.800"}, [[1, 2], [3]], SPECIALS, 512)
+    assert enc.sequences == [[START, 1, 2, DELIM, 3, EXTRACT], [START, 3, DELIM, 1, 2, EXTRACT]]
+    assert enc.extract_index == [5, 5]
+    assert enc.label == pytest.approx(3.8)
+    assert sim.num_sequences == 2 and isinstance(sim.head(8, dropout=0.0, init_std=0.02), RegressionHead)
+
+
+def test_empty_texts_are_just_the_special_tokens():
+    assert single().texts({"sentence": None}) == [""]
+    assert single().encode({"label": 0}, [[]], SPECIALS, 512).sequences == [[START, EXTRACT]]
+    pair = TextPair(name="t", labels=["a", "b"]).encode({}, [[], []], SPECIALS, 512)
+    assert pair.sequences == [[START, DELIM, EXTRACT]] and pair.label is None

@@ -1,0 +1,67 @@
+"""Checkpoints that are not readable and YAML that does not parse: one sentence naming the file
+(and the line and column), exit code 2, nothing on disk changed."""
+
+import pytest
+
+from gpt_ft.cli import main
+from tests.helpers import common_args, make_task
+
+
+@pytest.fixture
+def broken(tmp_path):
+    import torch
+
+    torch.save({"state_dict": {"w": torch.ones(64)}, "gpt_config": {}}, tmp_path / "good.ckpt")
+    data = (tmp_path / "good.ckpt").read_bytes()
+    files = {"truncated.ckpt": data[: len(data) // 2], "empty.ckpt": b"", "text.ckpt": b"not a checkpoint"}
+    for name, content in files.items():
+        (tmp_path / name).write_bytes(content)
+    return tmp_path
+
+
+def error_of(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("name", ["truncated.ckpt", "empty.ckpt", "text.ckpt"])
+def test_an_unreadable_checkpoint_anywhere(name, broken, tokenizer_dir, capsys):
+    path = broken / name
+    before = path.read_bytes()
+    sentence = (
+        f"gpt-ft: error: {path} is not a readable checkpoint: the file is truncated, corrupt or of another "
+    )
+    sentence += "kind."
+    card = make_task("single", broken)
+    args = common_args(card, tokenizer_dir, broken)
+    assert error_of(["validate", *args, f"--ckpt_path={path}"], capsys) == sentence
+    assert error_of(["fit", *args, f"--model.init_from={path}"], capsys) == sentence
+    assert (
+        error_of(["generate", f"--ckpt_path={path}", "--prompt=hi", f"--tokenizer={tokenizer_dir}"], capsys)
+        == sentence
+    )
+    assert path.read_bytes() == before
+
+
+def test_yaml_that_does_not_parse_names_file_line_and_column(tmp_path, tokenizer_dir, capsys):
+    card = tmp_path / "card.yaml"
+    card.write_text(
+        "class_path: gpt_ft.adapters.SingleText\ninit_args:\n  name: x\n  labels: [a, b\n  text: s\n"
+    )
+    problem = f"{card} is not valid YAML: line 5, column 7: expected ',' or ']', but got ':'."
+    assert (
+        error_of(["fit", f"--data.task={card}", f"--data.tokenizer={tokenizer_dir}"], capsys)
+        == f"gpt-ft: error: {problem}"
+    )
+    assert error_of(["fit", f"--config={card}"], capsys) == f"gpt-ft: error: {problem}"
+    assert (
+        error_of(["explain", "--data.task", str(card), f"--data.tokenizer={tokenizer_dir}"], capsys)
+        == f"gpt-ft: error: {problem}"
+    )
+    config = tmp_path / "config.yaml"
+    config.write_text(f"data:\n  task: {card}\n")  # a card named inside a config
+    assert error_of(["fit", f"--config={config}", f"--data.tokenizer={tokenizer_dir}"], capsys) == (
+        f"gpt-ft: error: --data.task: {problem}"
+    )

@@ -1,0 +1,234 @@
+"""The commands that are not LightningCLI's, in this process: explain, prepare, tokenizer and generate
+(suite: tests/eval/test_suite.py)."""
+
+import json
+
+import pytest
+import torch
+
+from gpt_ft.cli import main
+from gpt_ft.cli.commands import _repeatable
+from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
+from tests.helpers import PAIR_CARD, ROOT, SENTENCES, write_corpus
+
+PRETRAIN_MICRO = (
+    "{n_positions: 64, n_embd: 32, n_layer: 2, n_head: 2, embd_pdrop: 0.0, attn_pdrop: 0.0, resid_pdrop: 0.0}"
+)
+
+
+def gpt_ft(capsys, *argv: str) -> str:
+    """`gpt-ft ARGV` in this process; what it printed."""
+    capsys.readouterr()
+    main(list(argv))
+    return capsys.readouterr().out
+
+
+# ---- explain ----
+
+
+def test_explain_json(pairs_dir, tokenizer_dir, capsys):
+    card = pairs_dir / "pairs.yaml"
+    card.write_text(PAIR_CARD)
+    out = gpt_ft(
+        capsys,
+        "explain",
+        "--data.task",
+        str(card),
+        "--data.tokenizer",
+        tokenizer_dir,
+        "--data.data_dir",
+        str(pairs_dir),
+        "--split",
+        "train",
+        "--index",
+        "1",
+        "--json",
+    )
+    shown = json.loads(out)
+    tok = load_tokenizer(tokenizer_dir)
+    ids = special_token_ids(tok)
+    expected_ids = [
+        ids.start,
+        *tok('He said "yes.', add_special_tokens=False)["input_ids"],
+        ids.delim,
+        *tok("No dogs.", add_special_tokens=False)["input_ids"],
+        ids.extract,
+    ]
+    assert shown == {
+        "label": "not_entailment",
+        "sequences": [
+            {
+                "tokens": tok.convert_ids_to_tokens(expected_ids),
+                "ids": expected_ids,
+                "extract_index": len(expected_ids) - 1,
+            }
+        ],
+    }
+    assert (
+        shown["sequences"][0]["tokens"][0] == "<|start|>"
+        and shown["sequences"][0]["tokens"][-1] == "<|extract|>"
+    )
+
+
+def test_explain_text_and_fit_config(pairs_dir, tokenizer_dir, capsys):
+    card = pairs_dir / "pairs.yaml"
+    card.write_text(PAIR_CARD)
+    config = pairs_dir / "fit.yaml"
+    config.write_text(
+        f"trainer: {{max_epochs: 3}}\nmodel: {{lm_coef: 0.5}}\n"
+        f"data: {{task: {card}, tokenizer: {tokenizer_dir}, data_dir: {pairs_dir}}}\n"
+    )
+    out = gpt_ft(capsys, "explain", "--config", str(config), "--split", "validation")
+    assert "label 'entailment'" in out and "<|start|>" in out and "extract at" in out
+
+
+def test_explain_bad_input_exits_nonzero_with_one_sentence(pairs_dir, tokenizer_dir, capsys):
+    card = pairs_dir / "pairs.yaml"
+    card.write_text(PAIR_CARD)
+    (pairs_dir / "PAIRS/train.tsv").write_text("index\tsentence1\tsentence2\tlabel\n0\ta\tb\tmaybe\n")
+    args = ["--data.task", str(card), "--data.tokenizer", tokenizer_dir, "--data.data_dir", str(pairs_dir)]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        main(["explain", *args])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1:] == [  # above it, only progress bars
+        f"gpt-ft: error: {pairs_dir}/PAIRS/train.tsv, row 0: label 'maybe' in field 'label' is not among the "
+        "labels ['entailment', 'not_entailment']."
+    ]
+    with pytest.raises(SystemExit) as stopped:
+        main(["explain", *args, "--index", "7"])
+    assert stopped.value.code == 2 and "Traceback" not in capsys.readouterr().err
+
+
+# ---- tokenizer, prepare, fit, generate ----
+
+
+def test_tokenizer_command(tmp_path, capsys):
+    corpus = write_corpus(tmp_path)
+    out = gpt_ft(capsys, "tokenizer", str(corpus), "--vocab_size", "300", "--out_dir", str(tmp_path / "tok"))
+    assert out.startswith("trained a 300-token byte-level BPE tokenizer into ")
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tmp_path / "tok")
+    assert len(tok) == 300 and tok.convert_tokens_to_ids("<|extract|>") == 3
+
+
+def test_pretrain_then_finetune_with_only_the_checkpoint_then_generate(
+    tmp_path, tokenizer_dir, monkeypatch, capsys
+):
+    monkeypatch.chdir(ROOT)
+    corpus = write_corpus(tmp_path, n_files=6, lines=60)
+    out = gpt_ft(
+        capsys,
+        "prepare",
+        str(corpus),
+        "--tokenizer",
+        tokenizer_dir,
+        "--out_dir",
+        str(tmp_path / "tokens"),
+        "--validation_fraction",
+        "0.2",
+        "--piece_chars",
+        "400",
+    )
+    assert "train and" in out and "tokens/s" in out
+    logs = tmp_path / "runs"
+    main(
+        [
+            "fit",
+            "--config",
+            "configs/pretrain/cpu.yaml",
+            f"--data.token_dir={tmp_path / 'tokens'}",
+            "--data.block_size=32",
+            "--data.batch_size=8",
+            f"--model.overrides={PRETRAIN_MICRO}",
+            "--trainer.max_steps=60",
+            "--trainer.val_check_interval=20",
+            "--model.warmup_steps=5",
+            f"--trainer.logger.init_args.save_dir={logs}",
+            "--trainer.enable_progress_bar=false",
+            "--trainer.enable_model_summary=false",
+        ]
+    )
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("epoch ")]
+    losses = [float(ln.split("validation/loss ")[1].split(",")[0].split(" ")[0]) for ln in lines]
+    assert len(losses) >= 3 and losses[-1] < losses[0] - 0.5, lines
+    ckpt = next(logs.rglob("last.ckpt"))
+    assert "perf/tokens_per_s" in next(logs.rglob("metrics.csv")).read_text().splitlines()[0]
+    assert (ckpt.parent / "tokenizer" / "tokenizer.json").is_file()
+    assert torch.load(ckpt, weights_only=True)["tokenizer"] == "tokenizer"
+
+    # Fine-tune from the checkpoint alone: model shape and tokenizer come with it.
+    data = tmp_path / "d"
+    data.mkdir()
+    (data / "train.tsv").write_text(
+        "sentence\tlabel\n" + "".join(f"{s}\t{i % 2}\n" for i, s in enumerate(SENTENCES))
+    )
+    (data / "dev.tsv").write_text("sentence\tlabel\nThe cat sat on the mat.\t0\n")
+    card = tmp_path / "card.yaml"
+    card.write_text(
+        "class_path: gpt_ft.adapters.SingleText\ninit_args:\n  name: s\n  labels: [a, b]\n"
+        "  local: {splits: {train: d/train.tsv, validation: d/dev.tsv}}\n"
+    )
+    main(
+        [
+            "fit",
+            f"--model.init_from={ckpt}",
+            f"--data.task={card}",
+            f"--data.data_dir={tmp_path}",
+            "--data.max_length=32",
+            "--trainer.max_epochs=1",
+            f"--trainer.logger.init_args.save_dir={tmp_path / 'ft'}",
+            "--trainer.enable_progress_bar=false",
+            "--trainer.enable_model_summary=false",
+        ]
+    )
+    assert "validation/accuracy" in capsys.readouterr().out
+    finetuned = next((tmp_path / "ft").rglob("last.ckpt"))
+    pre, post = (torch.load(p, weights_only=True)["state_dict"]["gpt.wpe.weight"] for p in (ckpt, finetuned))
+    assert pre.shape == post.shape == (64, 32)
+
+    for weights in (ckpt, finetuned):
+        out = gpt_ft(
+            capsys, "generate", "--ckpt_path", str(weights), "--prompt", "The cat", "--max_new_tokens", "12"
+        )
+        # A continuation follows the prompt (a micro model may well continue with newlines).
+        assert out.startswith("The cat") and len(out) > len("The cat\n")
+    beam = ["--max_new_tokens", "8", "--num_beams", "3"]
+    assert gpt_ft(capsys, "generate", "--ckpt_path", str(ckpt), "--prompt", "The cat", *beam).startswith(
+        "The cat"
+    )
+    sampled = ["--max_new_tokens", "8", "--do_sample", "true", "--top_k", "5", "--temperature", "0.8"]
+    assert gpt_ft(capsys, "generate", "--ckpt_path", str(ckpt), "--prompt", "The cat", *sampled).startswith(
+        "The cat"
+    )
+
+
+def test_generate_bad_input(tmp_path, capsys):
+    (tmp_path / "no-tokenizer").mkdir()
+    with pytest.raises(SystemExit) as stopped:
+        main(["generate", "--ckpt_path", str(tmp_path / "no-tokenizer"), "--prompt", "hi"])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == f"gpt-ft: error: {tmp_path / 'no-tokenizer'} carries no tokenizer; give --tokenizer DIR."
+
+
+def test_repeatable_options_become_json_lists():
+    argv = [
+        "suite.yaml",
+        "--seeds",
+        "0",
+        "1",
+        "--data_dir",
+        "glue",
+        "--data_dir=rte=r",
+        "--tasks=[a, b]",
+        "--x",
+    ]
+    assert _repeatable(argv, ("--data_dir", "--tasks", "--seeds")) == [
+        "suite.yaml",
+        "--x",
+        '--seeds=["0", "1"]',
+        '--data_dir=["glue", "rte=r"]',
+        "--tasks=[a, b]",
+    ]

@@ -1,0 +1,94 @@
+"""What Lightning and transformers users expect of the command line: a card given later replaces
+the earlier one wholly, `--trainer.default_root_dir` moves a run, weights are required to evaluate,
+bad checkpoints and YAML are one sentence, the metrics line stands on its own line."""
+
+import logging
+
+import pytest
+
+from gpt_ft.cli import main
+from tests.helpers import ROOT, common_args, make_task
+
+NLI_CARD = """class_path: gpt_ft.adapters.TextPair
+init_args:
+  name: my_nli
+  premise: claim
+  hypothesis: evidence
+  label: verdict
+  labels: [supported, refuted, unknown]
+  local:
+    splits: {train: train.jsonl, validation: dev.jsonl}
+"""
+
+
+def test_a_card_on_the_command_line_replaces_the_configs_card(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    (tmp_path / "my_nli.yaml").write_text(NLI_CARD)
+    rows = '{"claim": "the cat sat", "evidence": "a cat", "verdict": "unknown"}\n'
+    (tmp_path / "train.jsonl").write_text(rows)
+    (tmp_path / "dev.jsonl").write_text(rows)
+    base = ["explain", "--config=configs/quickstart.yaml"]
+    main([*base, f"--data.task={tmp_path / 'my_nli.yaml'}", f"--data.data_dir={tmp_path}"])
+    out = capsys.readouterr().out
+    assert out.startswith("task my_nli, split train, example 0: label 'unknown'")
+    # One field of the card before it still changes on the command line.
+    main([*base, "--data.task.init_args.name=renamed", "--split=validation"])
+    assert capsys.readouterr().out.startswith("task renamed, split validation")
+
+
+def test_default_root_dir_moves_logs_and_checkpoints(tmp_path, monkeypatch):
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    card = make_task("single", tmp_path)
+    args = [
+        a
+        for a in common_args(card, str(ROOT / "examples/quickstart/tokenizer"), tmp_path)
+        if "save_dir" not in a
+    ]
+    main(["fit", *args, f"--trainer.default_root_dir={tmp_path / 'D'}", "--trainer.max_steps=3"])
+    assert list((tmp_path / "D").rglob("last.ckpt")) and not (work / "runs").exists()
+    # An explicit logger folder still wins.
+    main(
+        [
+            "fit",
+            *args,
+            f"--trainer.default_root_dir={tmp_path / 'D2'}",
+            f"--trainer.logger.init_args.save_dir={tmp_path / 'L'}",
+            "--trainer.max_steps=1",
+        ]
+    )
+    assert list((tmp_path / "L").rglob("last.ckpt"))
+
+
+@pytest.mark.parametrize("command", ["validate", "test", "predict"])
+def test_evaluating_needs_trained_weights(command, tmp_path, tokenizer_dir, capsys):
+    card = make_task("single", tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, *common_args(card, tokenizer_dir, tmp_path)])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"gpt-ft: error: gpt-ft {command} needs trained weights: give --ckpt_path CKPT (a checkpoint of "
+        "gpt-ft fit) or --model.init_from WEIGHTS; it does not score a randomly initialised model."
+    )
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_metrics_line_is_printed_through_the_progress_bar_and_the_summary_has_no_flops(
+    tmp_path, tokenizer_dir, capsys, caplog, monkeypatch
+):
+    from lightning.pytorch.callbacks import TQDMProgressBar
+
+    printed = []
+    monkeypatch.setattr(TQDMProgressBar, "print", lambda self, *a, **k: printed.append(a[0]))
+    card = make_task("single", tmp_path)
+    args = [
+        a
+        for a in common_args(card, tokenizer_dir, tmp_path)
+        if "progress_bar" not in a and "summary" not in a
+    ]
+    with caplog.at_level(logging.INFO):
+        main(["fit", *args, "--trainer.max_epochs=1"])
+    assert len(printed) == 1 and printed[0].startswith("epoch 0 step 2: ")
+    summary = [r.getMessage() for r in caplog.records if "Trainable params" in r.getMessage()]
+    assert summary and "FLOPs" not in summary[0] and "Flops" not in summary[0] and "| head " in summary[0]

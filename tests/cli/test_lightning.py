@@ -1,0 +1,73 @@
+"""`gpt-ft fit|validate|predict` (LightningCLI) in this process, for each adapter kind."""
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from gpt_ft.cli import main
+from gpt_ft.cli.lightning import _plain, check_context
+from tests.helpers import assert_classifier_agrees, common_args, make_task
+
+
+@pytest.mark.parametrize("kind", ["single", "pair", "similarity", "choice"])
+def test_fit_validate_predict_for_each_adapter_kind(kind, tmp_path, tokenizer_dir, capsys):
+    card = make_task(kind, tmp_path)
+    args = common_args(card, tokenizer_dir, tmp_path)
+    main(["fit", *args, "--trainer.max_epochs=2", f"--model.predictions_dir={tmp_path / 'pred'}"])
+    out = capsys.readouterr().out
+    metric = {"similarity": "validation/pearson"}.get(kind, "validation/accuracy")
+    assert "epoch 1 step 4: " in out and metric in out
+    best = list((tmp_path / "runs").rglob("best-*.ckpt"))
+    last = list((tmp_path / "runs").rglob("last.ckpt"))
+    assert len(best) == 1 and len(last) == 1
+    main(["validate", *args, f"--ckpt_path={last[0]}"])
+    main(["predict", *args, f"--ckpt_path={last[0]}", f"--model.predictions_dir={tmp_path / 'pred'}"])
+    files = list((tmp_path / "pred").iterdir())
+    assert len(files) == 1
+    lines = files[0].read_text().splitlines()
+    assert lines[0] == "index\tprediction" and [line.split("\t")[0] for line in lines[1:]] == ["0", "1", "2"]
+    values = [line.split("\t")[1] for line in lines[1:]]
+    expected_name, allowed = {
+        "single": ("SENT.tsv", {"negative", "positive"}),
+        "pair": ("pair-test.tsv", {"entailment", "not_entailment"}),
+        "choice": ("mc-test.tsv", {"1", "2"}),
+    }.get(kind, ("STS-B.tsv", None))
+    assert files[0].name == expected_name
+    if allowed:
+        assert set(values) <= allowed
+    else:
+        assert all(0.0 <= float(v) <= 5.0 and len(v.split(".")[1]) == 3 for v in values)
+    # The Python classifier gives the same labels, and the probabilities of the data's own batches.
+    assert_classifier_agrees(last[0], tmp_path, files[0])
+
+
+def test_fit_without_checkpointing_writes_no_checkpoint(tmp_path, tokenizer_dir):
+    card = make_task("single", tmp_path)
+    args = common_args(card, tokenizer_dir, tmp_path)
+    main(["fit", *args, "--trainer.max_epochs=1", "--trainer.enable_checkpointing=false"])
+    assert not list((tmp_path / "runs").rglob("*.ckpt"))
+
+
+def test_sequences_longer_than_the_context_are_refused_before_anything_runs():
+    check_context(SimpleNamespace(max_length=64), 64)
+    check_context(SimpleNamespace(block_size=32), 64)
+    with pytest.raises(
+        ValueError, match=r"^--data.max_length 100 is longer than the model's context of 64 tokens"
+    ):
+        check_context(SimpleNamespace(max_length=100), 64)
+    with pytest.raises(
+        ValueError, match=r"^--data.block_size 65 is longer than the model's context of 64 tokens"
+    ):
+        check_context(SimpleNamespace(block_size=65), 64)
+
+
+def test_a_parsed_config_is_stored_as_plain_values():
+    config = {"task": {"class_path": "x.Y", "init_args": {"labels": ("a", "b")}}, "__path__": "c.yaml"}
+    config["dir"], config["n"], config["off"] = Path("data"), 3, None
+    assert _plain(config) == {
+        "task": {"class_path": "x.Y", "init_args": {"labels": ["a", "b"]}},
+        "dir": "data",
+        "n": 3,
+        "off": None,
+    }

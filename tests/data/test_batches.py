@@ -1,0 +1,104 @@
+import torch
+
+from gpt_ft.data.batches import IGNORE_INDEX, collate, collate_blocks, collate_shared
+from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
+from tests.helpers import random_choice_examples
+
+START, DELIM, EXTRACT, PAD = 100, 101, 102, 103
+
+
+def test_collate_right_padding_hand_checked():
+    examples = [
+        {"input_ids": [[START, 5, 6, EXTRACT]], "extract_index": [3], "label": 1, "index": 7},
+        {"input_ids": [[START, 7, EXTRACT]], "extract_index": [2], "label": 0, "index": 9},
+    ]
+    batch = collate(examples, PAD)
+    X = IGNORE_INDEX
+    assert batch.input_ids.tolist() == [[[START, 5, 6, EXTRACT]], [[START, 7, EXTRACT, PAD]]]
+    assert batch.attention_mask.tolist() == [[[1, 1, 1, 1]], [[1, 1, 1, 0]]]
+    assert batch.lm_targets.tolist() == [[[5, 6, EXTRACT, X]], [[7, EXTRACT, X, X]]]
+    assert batch.extract_index.tolist() == [[3], [2]]
+    assert batch.labels.tolist() == [1, 0] and batch.labels.dtype == torch.long
+    assert batch.index.tolist() == [7, 9]
+    assert batch.choice_mask.tolist() == [[True], [True]]
+
+
+def test_collate_left_padding_moves_the_extract_index():
+    examples = [
+        {"input_ids": [[START, 5, 6, EXTRACT]], "extract_index": [3], "label": 0.5, "index": 0},
+        {"input_ids": [[START, 7, EXTRACT]], "extract_index": [2], "label": 2.0, "index": 1},
+    ]
+    batch = collate(examples, PAD, padding_side="left")
+    X = IGNORE_INDEX
+    assert batch.input_ids.tolist() == [[[START, 5, 6, EXTRACT]], [[PAD, START, 7, EXTRACT]]]
+    assert batch.lm_targets.tolist() == [[[5, 6, EXTRACT, X]], [[X, 7, EXTRACT, X]]]
+    assert batch.extract_index.tolist() == [[3], [3]]
+    ids = batch.input_ids
+    assert all(ids[b, 0, batch.extract_index[b, 0]] == EXTRACT for b in range(2))
+    assert batch.labels.dtype == torch.float
+
+
+def test_collate_multiple_choice_with_a_missing_choice():
+    examples = [
+        {
+            "input_ids": [[START, 1, EXTRACT], [START, 2, EXTRACT], [START, 3, EXTRACT]],
+            "extract_index": [2, 2, 2],
+            "label": 2,
+            "index": 0,
+        },
+        {
+            "input_ids": [[START, 4, EXTRACT], [START, 5, 6, EXTRACT]],
+            "extract_index": [2, 3],
+            "label": 0,
+            "index": 1,
+        },
+    ]
+    batch = collate(examples, PAD)
+    assert batch.input_ids.shape == (2, 3, 4)
+    assert batch.choice_mask.tolist() == [[True, True, True], [True, True, False]]
+    assert batch.input_ids[1, 2].tolist() == [PAD] * 4
+    assert batch.lm_targets[1, 2].tolist() == [IGNORE_INDEX] * 4
+    assert batch.extract_index.tolist() == [[2, 2, 2], [2, 3, 0]]
+
+
+def test_collate_without_labels_has_no_labels_key():
+    batch = collate([{"input_ids": [[START, EXTRACT]], "extract_index": [1], "label": None, "index": 0}], PAD)
+    assert batch.labels is None
+
+
+def test_choices_that_do_not_share_their_context_fall_back_to_the_plain_layout(tokenizer_dir):
+    specials = special_token_ids(load_tokenizer(tokenizer_dir))
+    rows, _ = random_choice_examples(specials, vocab=300, n=2)
+    rows[1]["input_ids"].append([specials.start, 5, specials.delim, 7, specials.extract])  # another context
+    assert collate_shared(rows, specials.pad, specials.delim) is None
+
+
+def test_collate_shared_hand_checked():
+    examples = [
+        {
+            "input_ids": [[START, 1, DELIM, 7, EXTRACT], [START, 1, DELIM, 8, 9, EXTRACT]],
+            "extract_index": [4, 5],
+            "label": 1,
+            "index": 3,
+        },
+        {"input_ids": [[START, 2, 3, DELIM, 5, EXTRACT]], "extract_index": [5], "label": 0, "index": 4},
+    ]
+    batch = collate_shared(examples, PAD, DELIM, split="validation")
+    X = IGNORE_INDEX
+    assert batch.context_ids.tolist() == [[START, 1, DELIM, PAD], [START, 2, 3, DELIM]]
+    assert batch.context_length.tolist() == [3, 4]
+    assert batch.context_targets.tolist() == [[1, DELIM, X, X], [2, 3, DELIM, X]]
+    assert batch.answer_ids.tolist() == [[[7, EXTRACT, PAD], [8, 9, EXTRACT]], [[5, EXTRACT, PAD], [PAD] * 3]]
+    assert batch.answer_targets.tolist() == [[[EXTRACT, X, X], [9, EXTRACT, X]], [[EXTRACT, X, X], [X] * 3]]
+    assert batch.delim_targets.tolist() == [[7, 8], [5, X]]
+    assert batch.answer_extract.tolist() == [[1, 2], [1, 0]]
+    assert batch.choice_mask.tolist() == [[True, True], [True, False]]
+    assert batch.labels.tolist() == [1, 0] and batch.index.tolist() == [3, 4] and len(batch) == 2
+    assert batch.split == "validation"
+
+
+def test_collate_blocks_shifts_the_targets_by_one():
+    batch = collate_blocks([(0, torch.tensor([1, 2, 3, 4])), (5, torch.tensor([5, 6, 7, 8]))])
+    assert batch.input_ids.tolist() == [[[1, 2, 3]], [[5, 6, 7]]]
+    assert batch.lm_targets.tolist() == [[[2, 3, 4]], [[6, 7, 8]]]
+    assert batch.index.tolist() == [0, 5] and len(batch) == 2

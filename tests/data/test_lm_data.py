@@ -1,0 +1,48 @@
+import json
+
+import numpy as np
+import pytest
+from torch.utils.data import DistributedSampler
+
+from gpt_ft.data.lm_data import LMDataModule, TokenBlocks
+from gpt_ft.data.prepare import prepare
+from tests.helpers import write_corpus
+
+
+def test_sampler_ranks_read_disjoint_blocks_covering_the_epoch(tmp_path):
+    path = tmp_path / "t.bin"
+    np.arange(8 * 10 + 1, dtype=np.uint16).tofile(path)
+    blocks = TokenBlocks(path, "uint16", block_size=8)
+    assert len(blocks) == 10
+    i, tokens = blocks[3]
+    assert i == 3 and tokens.tolist() == list(range(24, 33))  # block_size + 1 tokens: inputs and targets
+    for epoch in (0, 1):
+        seen = []
+        for rank in (0, 1):
+            sampler = DistributedSampler(
+                blocks, num_replicas=2, rank=rank, shuffle=True, seed=0, drop_last=True
+            )
+            sampler.set_epoch(epoch)
+            seen.append(list(sampler))
+        assert not set(seen[0]) & set(seen[1]) and sorted(seen[0] + seen[1]) == list(range(10))
+    orders = []
+    for epoch in (0, 1):
+        sampler = DistributedSampler(blocks, num_replicas=1, rank=0, shuffle=True, seed=0)
+        sampler.set_epoch(epoch)
+        orders.append(list(sampler))
+    assert orders[0] != orders[1]  # a fresh permutation every epoch
+
+
+def test_a_token_file_shorter_than_one_block(tmp_path, tokenizer_dir):
+    corpus = write_corpus(tmp_path, n_files=1, lines=10)
+    assert prepare(
+        tmp_path / "tokens", tokenizer_dir, files=[str(corpus)], validation_fraction=0, progress=False
+    )
+    n = json.loads((tmp_path / "tokens" / "meta.json").read_text())["tokens"]["train"]
+    with pytest.raises(ValueError, match="fewer than one block"):
+        LMDataModule(str(tmp_path / "tokens"), block_size=n)
+    data = LMDataModule(str(tmp_path / "tokens"), block_size=n - 1, batch_size=4)
+    assert len(data.blocks["train"]) == 1 and "validation" not in data.blocks
+    assert data.tokenizer_path == str(tmp_path / "tokens" / "tokenizer") and data.val_dataloader() == []
+    (batch,) = list(data.train_dataloader())
+    assert batch.input_ids.shape == (1, 1, n - 1) and batch.index.tolist() == [0]

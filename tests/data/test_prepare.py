@@ -1,0 +1,113 @@
+import json
+
+import numpy as np
+import pytest
+
+from gpt_ft.data.prepare import is_validation, pieces, prepare, read_meta, token_dtype
+from gpt_ft.data.tokenizer import EOS_TOKEN, load_tokenizer
+from tests.helpers import SENTENCES, write_corpus
+
+
+def test_token_file_holds_exactly_the_documents_and_separators(tmp_path, tokenizer_dir):
+    corpus = write_corpus(tmp_path)
+    (corpus / "empty.txt").write_text("\n\n")  # a document with no text gets no separator
+    meta = prepare(
+        tmp_path / "tokens", tokenizer_dir, files=[str(corpus)], validation_fraction=0.0, progress=False
+    )
+    tok = load_tokenizer(tmp_path / "tokens" / "tokenizer")
+    eos = tok.convert_tokens_to_ids(EOS_TOKEN)
+    expected = []
+    for path in sorted(p for p in corpus.iterdir() if p.read_text().strip()):
+        expected += tok(path.read_text(), add_special_tokens=False)["input_ids"] + [eos]
+    tokens = np.fromfile(tmp_path / "tokens" / "train.bin", dtype=meta["dtype"])
+    assert tokens.tolist() == expected
+    assert meta["dtype"] == "uint16" and meta["documents"] == 4 and meta["eos_token_id"] == eos
+    assert meta["tokens"] == {"train": len(expected), "validation": 0}
+    assert read_meta(tmp_path / "tokens")["vocab_size"] == len(tok)
+
+
+def test_pieces_cut_where_the_tokenizer_splits_so_tokens_are_exact(tmp_path, tokenizer_dir):
+    # Runs of blank lines, indented and trailing spaces, and one long line with no line break:
+    # cut into ~40-character pieces, the token file still equals the whole document's tokens.
+    text = (
+        "The cat sat on the mat.\n\n\nA man is  playing a guitar.  \n    Two dogs run.\n"
+        + " ".join(SENTENCES * 6)
+        + "\n\nHe is happy now.\n \nShe decides to bake a batch of brownies for the party.\n"
+    ) * 3
+    (tmp_path / "doc.txt").write_text(text)
+    meta = prepare(
+        tmp_path / "tokens",
+        tokenizer_dir,
+        files=[str(tmp_path / "doc.txt")],
+        piece_chars=40,
+        validation_fraction=0.0,
+        progress=False,
+    )
+    tok = load_tokenizer(tmp_path / "tokens" / "tokenizer")
+    expected = tok(text, add_special_tokens=False)["input_ids"] + [meta["eos_token_id"]]
+    assert np.fromfile(tmp_path / "tokens" / "train.bin", dtype=meta["dtype"]).tolist() == expected
+    pieces_made = list(pieces(iter([text]), 40))
+    assert len(pieces_made) > len(text) // 40 and "".join(p.text for p in pieces_made) == text
+
+
+def test_parallel_pieces_and_validation_split(tmp_path, tokenizer_dir):
+    corpus = write_corpus(tmp_path, n_files=3, lines=200)
+    one = prepare(
+        tmp_path / "one",
+        tokenizer_dir,
+        files=[str(corpus)],
+        piece_chars=500,
+        validation_fraction=0.3,
+        workers=1,
+        progress=False,
+    )
+    two = prepare(
+        tmp_path / "two",
+        tokenizer_dir,
+        files=[str(corpus)],
+        piece_chars=500,
+        validation_fraction=0.3,
+        workers=2,
+        progress=False,
+    )
+    for split in ("train", "validation"):
+        name = f"{split}.bin"
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()
+    assert one["tokens"] == two["tokens"] and one["tokens"]["validation"] > 0 and one["documents"] == 3
+    assert sum(is_validation(i, 0.3) for i in range(10_000)) == pytest.approx(3000, abs=150)
+
+
+def test_read_meta_checks_the_token_folder(tmp_path, tokenizer_dir):
+    corpus = write_corpus(tmp_path, n_files=1, lines=10)
+    assert prepare(
+        tmp_path / "tokens", tokenizer_dir, files=[str(corpus)], validation_fraction=0, progress=False
+    )
+    meta_path = tmp_path / "tokens" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    n = meta["tokens"]["train"]
+    meta_path.write_text(json.dumps({**meta, "tokens": {"train": n + 5, "validation": 0}}))
+    with pytest.raises(ValueError, match=r"train.bin holds \d+ bytes but meta.json says"):
+        read_meta(tmp_path / "tokens")
+    meta_path.write_text(json.dumps({**meta, "vocab_size": 70_000}))
+    with pytest.raises(ValueError, match="a vocabulary of 70000 does not fit dtype uint16"):
+        read_meta(tmp_path / "tokens")
+    with pytest.raises(FileNotFoundError, match="holds no meta.json"):
+        read_meta(tmp_path)
+
+
+def test_bad_prepare_arguments(tmp_path, tokenizer_dir):
+    corpus = [str(write_corpus(tmp_path, n_files=1, lines=2))]
+    with pytest.raises(
+        ValueError, match="Give either text files/folders or --dataset, not both and not neither"
+    ):
+        prepare(tmp_path / "t", tokenizer_dir, progress=False)
+    with pytest.raises(ValueError, match=r"validation_fraction must be in \[0, 1\), got 1"):
+        prepare(tmp_path / "t", tokenizer_dir, files=corpus, validation_fraction=1, progress=False)
+    with pytest.raises(ValueError, match="workers must be >= 1, got 0"):
+        prepare(tmp_path / "t", tokenizer_dir, files=corpus, workers=0, progress=False)
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="is not empty and holds no token files"):
+        prepare(tmp_path / "full", tokenizer_dir, files=corpus, progress=False)
+    assert [p.name for p in (tmp_path / "full").iterdir()] == ["notes.txt"]
+    assert (token_dtype(2**16), token_dtype(2**16 + 1)) == ("uint16", "uint32")

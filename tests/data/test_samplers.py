@@ -1,0 +1,83 @@
+from gpt_ft.adapters import LocalFiles, TextPair
+from gpt_ft.data.samplers import EpochSampler, LengthGroupedSampler, ResumableTrainData
+from gpt_ft.data.task_data import TaskDataModule
+from tests.helpers import write_varied_pairs
+
+
+def test_length_grouped_sampler_splits_equal_similar_length_batches_over_ranks():
+    lengths = [(i * 37) % 103 for i in range(103)]  # all different
+    batch, world = 4, 2
+    samplers = [
+        LengthGroupedSampler(lengths, batch, num_replicas=world, rank=r, seed=1, window=1000)
+        for r in range(world)
+    ]
+    shares = [list(s) for s in samplers]
+    assert [len(s) for s in shares] == [len(samplers[0])] * world == [52, 52]  # ceil(103 / 2) each
+    assert set(shares[0]) | set(shares[1]) == set(range(103))  # every example, one repeated
+    # One step's 8 examples (4 per rank) are 8 neighbours in length order; the steps come shuffled.
+    steps = [
+        sorted((lengths[i] for s in shares for i in s[k : k + batch]), reverse=True)
+        for k in range(0, 52, batch)
+    ]
+    everything = sorted((lengths[i] for s in shares for i in s), reverse=True)
+    neighbours = [everything[k : k + batch * world] for k in range(0, 104, batch * world)]
+    assert sorted(steps) == sorted(neighbours) and steps != neighbours
+    for s in samplers:
+        s.set_epoch(1)
+    assert [list(s) for s in samplers] != shares  # a new order every epoch
+    ordered = LengthGroupedSampler(lengths, batch, shuffle=False, window=1000)
+    assert [lengths[i] for i in ordered] == sorted(lengths, reverse=True)
+
+
+def test_length_grouping_cuts_padding(tmp_path, tokenizer_dir):
+    write_varied_pairs(tmp_path)
+    task = TextPair(
+        name="pair",
+        premise="sentence1",
+        hypothesis="sentence2",
+        labels=["entailment", "not_entailment"],
+        local=LocalFiles(splits={"train": "train.tsv", "validation": "dev.tsv"}, columns={"index": "idx"}),
+    )
+
+    def padded_share(length_grouped: bool) -> float:
+        data = TaskDataModule(
+            task, tokenizer_dir, data_dir=str(tmp_path), batch_size=4, length_grouped=length_grouped
+        )
+        data.setup("fit")
+        real = total = 0
+        for batch in data.train_dataloader():
+            real += int(batch.attention_mask.sum())
+            total += batch.attention_mask.numel()
+        return 1 - real / total
+
+    plain, grouped = padded_share(False), padded_share(True)
+    assert grouped < plain / 2, (plain, grouped)
+
+
+def test_epoch_sampler_order_depends_on_seed_and_epoch_and_a_resumed_epoch_skips_ahead():
+    def sampler() -> EpochSampler:
+        return EpochSampler(range(10), num_replicas=1, rank=0, shuffle=True, seed=5)
+
+    s = sampler()
+    first = list(s)
+    assert sorted(first) == list(range(10)) and list(s) == first and list(sampler()) == first
+    s.skip(1, 4)  # a run resumed in epoch 1 after 4 samples
+    assert list(s) == first  # epoch 0 is untouched
+    s.set_epoch(1)
+    whole = list(s.indices())
+    assert whole != first and sorted(whole) == list(range(10))
+    assert list(s) == whole[4:]
+    assert list(s) == whole  # skipped once only
+    s.skip(1, 0)
+    assert list(s) == whole
+
+
+def test_resumable_train_data_hands_its_position_to_the_sampler_once():
+    data = ResumableTrainData()
+    assert data.state_dict() == {}  # no trainer: nothing to save
+    data.load_state_dict({})
+    sampler = EpochSampler(range(12), num_replicas=1, rank=0, shuffle=False)
+    assert list(data._resumed(sampler, batch_size=3)) == list(range(12))
+    data.load_state_dict({"epoch": 0, "batches": 2})
+    assert list(data._resumed(sampler, batch_size=3)) == list(range(6, 12))  # 2 batches of 3 skipped
+    assert list(data._resumed(sampler, batch_size=3)) == list(range(12))

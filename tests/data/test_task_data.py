@@ -1,0 +1,113 @@
+import pytest
+
+from gpt_ft.adapters import LocalFiles, Similarity, TaskDataError, TextPair
+from gpt_ft.data.task_data import TaskDataModule
+from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
+
+
+def pair_task(**local) -> TextPair:
+    files = dict(splits={"train": "PAIRS/train.tsv", "validation": "PAIRS/dev.tsv", "test": "PAIRS/test.tsv"})
+    return TextPair(
+        name="pairs",
+        premise="sentence1",
+        hypothesis="sentence2",
+        labels=["entailment", "not_entailment"],
+        local=LocalFiles(**{**files, "columns": {"index": "idx"}, **local}),
+    )
+
+
+def test_encodes_local_tsv_exactly(pairs_dir, tokenizer_dir):
+    dm = TaskDataModule(pair_task(), tokenizer_dir, data_dir=str(pairs_dir), max_length=64)
+    tok = load_tokenizer(tokenizer_dir)
+    ids = special_token_ids(tok)
+    assert (dm.vocab_size, dm.task.num_labels, dm.task.num_sequences) == (len(tok), 2, 1)
+    train = dm.encoded("train", labelled=True)
+    assert len(train) == 3 and train["label"] == [0, 1, 0] and train["index"] == [0, 1, 2]
+    enc = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    # The unbalanced quote stays part of the sentence (TSVs are read without quoting).
+    assert train[1]["input_ids"] == [
+        [ids.start, *enc('He said "yes.'), ids.delim, *enc("No dogs."), ids.extract]
+    ]
+    assert train[2]["input_ids"] == [[ids.start, ids.delim, *enc("Empty premise."), ids.extract]]
+    for example in train:
+        (seq,), (k,) = example["input_ids"], example["extract_index"]
+        assert seq[k] == ids.extract and k == len(seq) - 1
+    test = dm.encoded("test", labelled=False)
+    assert test["label"] == [None, None] and test["index"] == [5, 6]
+
+
+def test_batches_from_the_loaders(pairs_dir, tokenizer_dir):
+    dm = TaskDataModule(pair_task(), tokenizer_dir, data_dir=str(pairs_dir), batch_size=2, max_length=64)
+    dm.setup("fit")
+    batch = next(iter(dm.val_dataloader()[0]))
+    assert batch.input_ids.shape[:2] == (1, 1) and batch.labels.tolist() == [0]
+    dm.setup("predict")
+    batch = next(iter(dm.predict_dataloader()[0]))
+    assert batch.index.tolist() == [5, 6] and batch.labels is None
+
+
+def test_similarity_encodes_two_sequences(pairs_dir, tokenizer_dir):
+    task = Similarity(
+        name="sim",
+        labels=["entailment", "not_entailment"],
+        local=LocalFiles(splits={"train": "PAIRS/train.tsv"}, columns={"index": "idx"}),
+    )
+    dm = TaskDataModule(task, tokenizer_dir, data_dir=str(pairs_dir), max_length=64)
+    row = dm.encoded("train", labelled=True)[0]
+    a, b = row["input_ids"]
+    assert len(a) == len(b) and a != b and row["extract_index"] == [len(a) - 1] * 2
+
+
+@pytest.mark.parametrize(
+    ("setup", "split", "message"),
+    [
+        (
+            lambda d: (d / "PAIRS/dev.tsv").unlink(),
+            "validation",
+            r"PAIRS/dev.tsv: file not found \(split 'validation'",
+        ),
+        (lambda d: (d / "PAIRS/dev.tsv").write_text(""), "validation", r"PAIRS/dev.tsv: file is empty"),
+        (
+            lambda d: (d / "PAIRS/dev.tsv").write_text("index\tsentence1\tsentence2\tlabel\n"),
+            "validation",
+            r"split 'validation' has no examples",
+        ),
+        (
+            lambda d: (d / "PAIRS/dev.tsv").write_text("index\tsentence1\tlabel\n0\ta\tentailment\n"),
+            "validation",
+            r"PAIRS/dev.tsv: missing column\(s\) \['sentence2'\] needed by task 'pairs'",
+        ),
+        (
+            lambda d: (d / "PAIRS/dev.tsv").write_text(
+                "index\tsentence1\tsentence2\tlabel\n0\ta\tb\tmaybe\n"
+            ),
+            "validation",
+            r"PAIRS/dev.tsv, row 0: label 'maybe' in field 'label' is not among the labels",
+        ),
+        (lambda d: None, "test", r"PAIRS/test.tsv: split 'test' has examples without a label"),
+        (lambda d: None, "dev", r"no local split 'dev'; its card defines \['test', 'train', 'validation'\]"),
+    ],
+)
+def test_bad_data_is_one_clear_sentence(pairs_dir, tokenizer_dir, setup, split, message):
+    setup(pairs_dir)
+    dm = TaskDataModule(pair_task(), tokenizer_dir, data_dir=str(pairs_dir), max_length=64)
+    with pytest.raises(TaskDataError, match=message):
+        dm.encoded(split, labelled=True)
+
+
+def test_non_numeric_regression_score(tmp_path, tokenizer_dir):
+    (tmp_path / "s.tsv").write_text("sentence1\tsentence2\tscore\na\tb\t4.2\nc\td\thigh\n")
+    task = Similarity(name="sts", regression=True, label="score", local=LocalFiles(splits={"train": "s.tsv"}))
+    dm = TaskDataModule(task, tokenizer_dir, data_dir=str(tmp_path), max_length=32)
+    with pytest.raises(
+        TaskDataError, match=r"s.tsv, row 1: regression score 'high' in field 'score' is not a number"
+    ):
+        dm.encoded("train", labelled=True)
+
+
+def test_truncation_to_max_length_keeps_specials(pairs_dir, tokenizer_dir):
+    dm = TaskDataModule(pair_task(), tokenizer_dir, data_dir=str(pairs_dir), max_length=5)
+    ids = dm.special_ids
+    for row in dm.encoded("train", labelled=True):
+        (seq,) = row["input_ids"]
+        assert len(seq) <= 5 and seq[0] == ids.start and seq[-1] == ids.extract and ids.delim in seq

@@ -1,0 +1,50 @@
+"""`Classifier` and `gpt-ft label`: a fine-tuned checkpoint used from Python and on a file.
+
+That the classifier agrees with `gpt-ft predict` and the data module's batches for every input
+shape is checked where each shape is fine-tuned (tests/cli/test_lightning.py,
+`assert_classifier_agrees`)."""
+
+import csv
+
+import pytest
+
+from gpt_ft import Classifier
+from gpt_ft.cli import main
+from gpt_ft.data.files import read_table
+
+
+def test_examples_name_the_cards_fields(finetuned):
+    clf = Classifier.from_checkpoint(finetuned.ckpt, device="cpu")
+    [result] = clf.predict([{"sentence": "the cat sat on the mat ."}])
+    assert result["label"] in ("negative", "positive")
+    assert set(result["scores"]) == {"negative", "positive"}
+    assert sum(result["scores"].values()) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match=r"example 0 has no field 'sentence'"):
+        clf.predict([{"text": "another field"}])
+
+
+def test_label_writes_each_row_with_its_prediction(finetuned, tmp_path, capsys):
+    ckpt = finetuned.ckpt
+    source = tmp_path / "mine.tsv"
+    source.write_text('sentence\tnote\nthe cat sat on the mat .\tx\ntwo dogs "run" in a park .\ty\n')
+    before = source.read_bytes()
+    main(["label", f"--ckpt_path={ckpt}", f"--input={source}", f"--output={tmp_path / 'out.tsv'}"])
+    with (tmp_path / "out.tsv").open() as f:
+        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    clf = Classifier.from_checkpoint(ckpt, device="cpu")
+    expected = [r["label"] for r in clf.predict(read_table(source).to_list())]
+    assert rows[0] == ["sentence", "note", "prediction"]
+    assert [r[:2] for r in rows[1:]] == [
+        ["the cat sat on the mat .", "x"],
+        ['two dogs "run" in a park .', "y"],
+    ]
+    assert [r[2] for r in rows[1:]] == expected
+    main(["label", f"--ckpt_path={ckpt}", f"--input={source}", f"--output={tmp_path / 'out.jsonl'}"])
+    assert '"prediction": ' in (tmp_path / "out.jsonl").read_text()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["label", f"--ckpt_path={ckpt}", f"--input={source}", f"--output={source}"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"gpt-ft: error: --output {source} is the input file: give another name, the input is kept."
+    )
+    assert source.read_bytes() == before

@@ -1,0 +1,50 @@
+from types import SimpleNamespace
+
+import pytest
+
+from gpt_ft.eval import finetune
+
+
+def test_best_epoch_ranks_an_undefined_score_last(monkeypatch):
+    task = SimpleNamespace(validation_splits=["validation"], test_splits=[], name="sts")
+    evaluations = [(0, {"validation/pearson": None}), (1, {"validation/pearson": 0.25}), (2, {})]
+    monkeypatch.setattr(finetune, "main_key", lambda task: "validation/pearson")
+
+    class Trainer:
+        callbacks, sanity_checking = [], False
+
+        def fit(self, model, datamodule):
+            history = self.callbacks[-1]
+            history.evaluations.extend(evaluations)
+
+    build = lambda argv: (SimpleNamespace(task=task), None, Trainer())  # noqa: E731
+    assert finetune.fit_and_evaluate(build, [], "best", predict=False) == ({"validation/pearson": 0.25}, 1)
+    assert finetune.fit_and_evaluate(build, [], "last", predict=False) == ({}, 2)
+
+
+def test_a_run_without_a_task_or_a_validation_is_refused():
+    class Trainer:
+        def __init__(self) -> None:
+            self.callbacks, self.sanity_checking = [], False
+
+        def fit(self, model, datamodule):
+            pass
+
+    no_task = lambda argv: (SimpleNamespace(task=None), None, Trainer())  # noqa: E731
+    with pytest.raises(ValueError, match=r"^A suite fine-tunes task cards; this run has no task\.$"):
+        finetune.fit_and_evaluate(no_task, [], "last", predict=False)
+    task = SimpleNamespace(validation_splits=["validation"], main_metric="accuracy")
+    never_validated = lambda argv: (SimpleNamespace(task=task), None, Trainer())  # noqa: E731
+    with pytest.raises(
+        ValueError, match="The run ended without a validation: check --trainer.limit_val_batches"
+    ):
+        finetune.fit_and_evaluate(never_validated, [], "last", predict=False)
+
+
+def test_main_key_and_finite():
+    task = SimpleNamespace(
+        validation_splits=["validation_matched", "validation_mismatched"], main_metric="f1"
+    )
+    assert finetune.main_key(task) == "validation_matched/f1"
+    assert finetune.finite(0.25) == 0.25 and finetune.finite(0.0) == 0.0
+    assert finetune.finite(float("nan")) is None and finetune.finite(float("-inf")) is None

@@ -1,0 +1,102 @@
+"""A suite's results by hand: mean and sample std, the benchmark score, the markdown table, files."""
+
+import json
+import math
+
+import pytest
+
+from gpt_ft.eval.results import benchmark_score, mean_std, results_markdown, write_json, write_results
+from gpt_ft.eval.suite_file import Score
+
+
+def test_mean_and_sample_std_of_the_defined_values():
+    assert mean_std([80.0, 90.0, None, 70.0]) == {"mean": 80.0, "std": 10.0}  # sqrt(200 / 2)
+    assert mean_std([75.5]) == {"mean": 75.5, "std": 0.0}
+    assert mean_std([None, None]) == {"mean": None, "std": None}
+    assert mean_std([]) == {"mean": None, "std": None}
+
+
+def test_benchmark_score_averages_each_tasks_metrics_first():
+    tasks = {
+        "mrpc": {"metrics": {"validation/f1": {"mean": 90.0}, "validation/accuracy": {"mean": 80.0}}},
+        "rte": {"metrics": {"validation/accuracy": {"mean": 60.0}}},
+        "stsb": {"metrics": {"validation/pearson": {"mean": None}}},  # undefined: the task is missing
+    }
+    score = benchmark_score(Score(name="GLUE", tasks=["mrpc", "rte", "stsb", "cola"], paper=72.8), tasks)
+    assert score == {
+        "name": "GLUE",
+        "value": 72.5,  # (85 + 60) / 2
+        "tasks": {"mrpc": 85.0, "rte": 60.0},
+        "missing": ["stsb", "cola"],
+        "paper": 72.8,
+    }
+
+
+RESULTS = {
+    "suite": "Tiny",
+    "config": {"seeds": [0, 1], "init_from": None, "select": "last", "transfer_layers": [0, 2]},
+    "tasks": {
+        "sent": {
+            "main_metric": "validation/accuracy",
+            "metrics": {
+                "validation/accuracy": {
+                    "seeds": {"0": 80.0, "1": 90.0},
+                    "mean": 85.0,
+                    "std": 7.0711,
+                    "paper": 91.3,
+                    "zero_shot": 55.25,
+                }
+            },
+            "transfer": {"0": {"seeds": {"0": 60.0}, "mean": 60.0, "std": 0.0}, "2": {"mean": None}},
+        },
+        "sts": {"main_metric": "validation/pearson", "metrics": {"validation/pearson": {"mean": None}}},
+    },
+    "score": {
+        "name": "Tiny score",
+        "value": 85.0,
+        "tasks": {"sent": 85.0},
+        "missing": ["sts"],
+        "paper": 70.0,
+    },
+}
+
+
+def test_results_markdown_by_hand():
+    assert results_markdown(RESULTS).splitlines() == [
+        "# Tiny",
+        "",
+        "Fine-tuned from scratch, 2 seed(s) (0, 1), scores in percent on the validation splits, the model "
+        "at the last epoch; mean ± sample std over seeds. The GPT-1 paper's values are test-set scores "
+        "(Radford et al., 2018).",
+        "",
+        "| task | metric | fine-tuned | zero-shot | GPT-1 paper |",
+        "|---|---|---|---|---|",
+        "| sent | validation/accuracy | 85.0 ± 7.1 | 55.2 | 91.3 |",
+        "| sts | validation/pearson |  |  |  |",
+        "| **Tiny score** (1 of 2 tasks; missing sts) | mean | 85.0 | | 70.0 |",
+        "",
+        "Main metric by number of pretrained layers transferred (GPT-1 Fig. 2 left):",
+        "",
+        "| task | 0 layers | 2 layers |",
+        "|---|---|---|",
+        "| sent | 60.0 |  |",
+    ]
+    one_seed = {**RESULTS, "config": {**RESULTS["config"], "init_from": "pre"}, "score": None}
+    one_seed["tasks"] = {"sent": {"metrics": {"acc": {"seeds": {"0": 50.0}, "mean": 50.0, "std": 0.0}}}}
+    table = results_markdown(one_seed)
+    assert "Fine-tuned from `pre`, 2 seed(s)" in table and "| sent | acc | 50.0 |  |  |" in table
+    assert "**" not in table and "layers transferred" not in table
+
+
+def test_results_are_written_whole(tmp_path):
+    write_results(tmp_path, RESULTS)
+    assert json.loads((tmp_path / "results.json").read_text()) == RESULTS
+    assert (tmp_path / "results.md").read_text() == results_markdown(RESULTS)
+    for chart in ("results.png", "transfer.png"):
+        assert (tmp_path / chart).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    write_json(tmp_path / "sub" / "x.json", {"nan": None, "pi": math.pi})
+    assert json.loads((tmp_path / "sub" / "x.json").read_text()) == {
+        "nan": None,
+        "pi": pytest.approx(math.pi),
+    }
+    assert sorted(p.name for p in (tmp_path / "sub").iterdir()) == ["x.json"]  # no temporary file left

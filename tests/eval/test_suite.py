@@ -1,0 +1,196 @@
+"""`gpt-ft suite`: runs over cards x seeds, resumes, aggregates, writes the table, chart and submission;
+zero-shot scoring and the transfer sweep through the suite."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import zipfile
+
+import pytest
+
+from gpt_ft.cli import main
+from gpt_ft.cli.lightning import build_fit
+from gpt_ft.data.tokenizer import load_tokenizer
+from gpt_ft.eval import suite as suites
+from gpt_ft.eval.suite_file import load_suite
+from gpt_ft.model import GPT, GPTConfig
+from tests.helpers import MICRO, ROOT, make_task, write_suite
+
+FIT = [
+    "--data.batch_size=4",
+    "--data.max_length=64",
+    "--model.preset=gpt-micro",
+    f"--model.overrides={MICRO}",
+    "--trainer.max_epochs=1",
+    "--trainer.enable_progress_bar=false",
+    "--trainer.enable_model_summary=false",
+]
+
+
+def test_suite_runs_resumes_and_writes_results(tmp_path, tokenizer_dir, monkeypatch, capsys):
+    single = make_task("single", tmp_path / "a")
+    similarity = make_task("similarity", tmp_path / "b")
+    suite = write_suite(
+        tmp_path,
+        f"""name: tiny
+seeds: [0, 1]
+tasks:
+  - card: {single}
+    paper: {{accuracy: 91.3}}
+  - card: {similarity}
+    paper: {{pearson: 82.0}}
+score: {{name: Tiny score, tasks: [sent, sts, absent], paper: 70.0}}
+submission: {{archive: sub.zip, files: [SENT.tsv, STS-B.tsv, AX.tsv]}}
+""",
+    )
+    out = tmp_path / "out"
+    argv = ["suite", str(suite), f"--out_dir={out}", f"--tokenizer={tokenizer_dir}"]
+    argv += ["--data_dir", f"sent={tmp_path / 'a'}", f"sts={tmp_path / 'b'}", "--", *FIT]
+
+    calls = []
+    real_fit = suites.fit_and_evaluate
+
+    def interrupted_after_one(build, args, select, **kwargs):
+        calls.append(args)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the user stops the suite during the second run
+        return real_fit(build, args, select, **kwargs)
+
+    monkeypatch.setattr(suites, "fit_and_evaluate", interrupted_after_one)
+    with pytest.raises(KeyboardInterrupt):
+        main(argv)
+    first = out / "runs" / "sent" / "seed-0" / "result.json"
+    assert first.is_file() and not (out / "runs" / "sent" / "seed-1" / "result.json").exists()
+    stamp = first.stat().st_mtime_ns
+
+    calls.clear()
+    monkeypatch.setattr(suites, "fit_and_evaluate", lambda *a, **k: calls.append(a) or real_fit(*a, **k))
+    capsys.readouterr()
+    main(argv)
+    printed = capsys.readouterr().out
+    assert len(calls) == 3  # sent seed 1, sts seeds 0 and 1; the finished run is read back
+    assert first.stat().st_mtime_ns == stamp
+    assert "4 runs, 1 finished before, 3 to go" in printed and "[3/3] sts seed 1" in printed
+    assert all("--seed_everything=1" in c[1] for c in calls[::2])
+
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["seeds"] == [0, 1] and results["config"]["fit_args"] == FIT
+    for name in ("sent", "sts"):
+        for key, stats in results["tasks"][name]["metrics"].items():
+            per_seed = []
+            for seed in (0, 1):
+                run = json.loads((out / "runs" / name / f"seed-{seed}" / "result.json").read_text())
+                value = run["metrics"][key]
+                assert stats["seeds"].get(str(seed)) == (None if value is None else 100 * value)
+                per_seed.append(stats["seeds"].get(str(seed)))
+            defined = [v for v in per_seed if v is not None]
+            if len(defined) == 2:
+                assert stats["mean"] == pytest.approx(statistics.fmean(defined))
+                assert stats["std"] == pytest.approx(statistics.stdev(defined))
+    sent = results["tasks"]["sent"]["metrics"]["validation/accuracy"]
+    assert set(sent["seeds"]) == {"0", "1"} and sent["paper"] == 91.3
+    assert set(results["tasks"]["sts"]["metrics"]) == {"validation/pearson", "validation/spearman"}
+    score = results["score"]
+    assert score["missing"] == ["absent"] and set(score["tasks"]) == {"sent", "sts"}
+    sts_means = [s["mean"] for s in results["tasks"]["sts"]["metrics"].values() if s["mean"] is not None]
+    assert score["tasks"]["sent"] == pytest.approx(sent["mean"])
+    assert score["tasks"]["sts"] == pytest.approx(statistics.fmean(sts_means))
+    assert score["value"] == pytest.approx(statistics.fmean(score["tasks"].values()))
+
+    table = (out / "results.md").read_text()
+    assert f"| sent | validation/accuracy | {sent['mean']:.1f} ± {sent['std']:.1f} |  | 91.3 |" in table
+    assert "| **Tiny score** (2 of 3 tasks; missing absent) | mean |" in table
+    assert (out / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    assert "warning: the submission lacks AX.tsv" in printed
+    with zipfile.ZipFile(out / "sub.zip") as zf:
+        assert sorted(zf.namelist()) == ["SENT.tsv", "STS-B.tsv"]
+        rows = zf.read("SENT.tsv").decode().splitlines()
+    assert rows[0] == "index\tprediction" and [r.split("\t")[0] for r in rows[1:]] == ["0", "1", "2"]
+    assert {r.split("\t")[1] for r in rows[1:]} <= {"negative", "positive"}
+
+    # Rerunning one task of the folder redoes nothing and keeps the other task's results and files.
+    calls.clear()
+    main([*argv[:4], "--tasks", "sts", *argv[4:]])
+    assert calls == [] and json.loads((out / "results.json").read_text())["tasks"] == results["tasks"]
+    with zipfile.ZipFile(out / "sub.zip") as zf:
+        assert sorted(zf.namelist()) == ["SENT.tsv", "STS-B.tsv"]
+
+    # A run whose fit arguments changed is not read back but run again.
+    capsys.readouterr()
+    main([*argv[:4], "--tasks", "sts", *argv[4:], "--data.batch_size=2"])
+    printed = capsys.readouterr().out
+    assert len(calls) == 2 and "2 runs, 0 finished before, 2 to go" in printed
+    assert "sts seed 0: its arguments changed since it ran (--data.batch_size=2): running it again" in printed
+
+
+def test_suite_zero_shot_and_transfer_sweep(tmp_path, tokenizer_dir, capsys):
+    tok = load_tokenizer(tokenizer_dir)
+    config = GPTConfig.from_name("gpt-micro", vocab_size=len(tok), n_positions=64, n_embd=32, n_layer=2)
+    GPT(config).to_hf().save_pretrained(tmp_path / "pre")
+    tok.save_pretrained(tmp_path / "pre")  # the weights carry their tokenizer
+    card = make_task("choice", tmp_path / "c")
+    (tmp_path / "c" / "d" / "test.csv").unlink()  # no test file: the runs still count, with a warning
+    suite = write_suite(tmp_path, f"name: mc\nseeds: [0]\ntasks:\n  - card: {card}\n")
+    out = tmp_path / "out"
+    fit = [a for a in FIT if not a.startswith(("--model.preset", "--model.overrides"))]
+    main(
+        [
+            "suite",
+            str(suite),
+            f"--out_dir={out}",
+            f"--init_from={tmp_path / 'pre'}",
+            f"--data_dir={tmp_path / 'c'}",
+        ]
+        + ["--zero_shot=true", "--transfer_layers", "0", "2", "--predict=true", "--", *fit]
+    )
+    results = json.loads((out / "results.json").read_text())
+    metrics = results["tasks"]["mc"]["metrics"]
+    assert 0 <= metrics["validation/accuracy"]["zero_shot"] <= 100
+    assert "zero_shot" in metrics["validation/accuracy_norm"]
+    assert set(results["tasks"]["mc"]["transfer"]) == {"0", "2"}
+    for k in ("0", "2"):
+        assert (out / "runs" / "mc" / f"layers-{k}" / "seed-0" / "result.json").is_file()
+    assert (out / "transfer.png").read_bytes()[:4] == b"\x89PNG"
+    printed = capsys.readouterr().out
+    missing = tmp_path / "c" / "d" / "test.csv"
+    warning = f"warning: no mc predictions for split 'test': {missing}: file not found"
+    assert printed.count(warning) == 2  # one per run
+    assert "| mc | " in (out / "results.md").read_text() and "2 layers" in (out / "results.md").read_text()
+    assert not list(out.rglob("*.ckpt"))  # checkpoints are not kept by default
+
+
+def test_a_subset_of_a_suites_tasks(tmp_path):
+    spec = load_suite(ROOT / "configs/suites/glue.yaml")
+    runner = suites.SuiteRunner(
+        spec, tmp_path, build_run=build_fit, tasks=["sst2", "rte", "stsb"], seeds=[0, 1]
+    )
+    assert list(runner.cards) == ["sst2", "rte", "stsb"]
+    assert [str(r) for r in runner.runs()][:3] == ["sst2 seed 0", "sst2 seed 1", "rte seed 0"]
+    with pytest.raises(ValueError, match=r"--tasks \['sts2'\]: suite 'GLUE' has"):
+        suites.SuiteRunner(spec, tmp_path, build_run=build_fit, tasks=["sts2"])
+    assert suites._data_dirs(["glue", "rte=r"]) == {None: "glue", "rte": "r"}
+    assert suites._data_dirs(["x/y=z"]) == {None: "x/y=z"}  # a path with "=" in it
+    with pytest.raises(ValueError, match=r"^--data_dir gives a DIR for every task twice \(a and b\)\.$"):
+        suites._data_dirs(["a", "b"])
+    with pytest.raises(ValueError, match=r"^--data_dir gives rte=DIR twice \(a and b\)\.$"):
+        suites._data_dirs(["rte=a", "rte=b"])
+
+
+def test_zero_shot_only_skips_tasks_without_a_method(tmp_path, tokenizer_dir, capsys):
+    tok = load_tokenizer(tokenizer_dir)
+    config = GPTConfig.from_name("gpt-micro", vocab_size=len(tok), n_positions=64, n_embd=32, n_layer=1)
+    GPT(config).to_hf().save_pretrained(tmp_path / "pre")
+    tok.save_pretrained(tmp_path / "pre")
+    single, choice = make_task("single", tmp_path / "a"), make_task("choice", tmp_path / "c")
+    suite = write_suite(tmp_path, f"name: z\ntasks:\n  - card: {single}\n  - card: {choice}\n")
+    out = tmp_path / "out"
+    main(
+        ["suite", str(suite), f"--out_dir={out}", f"--init_from={tmp_path / 'pre'}", "--fine_tune=false"]
+        + ["--zero_shot=true", "--data_dir", f"sent={tmp_path / 'a'}", f"mc={tmp_path / 'c'}"]
+    )
+    assert "zero-shot: sent has no method" in capsys.readouterr().out
+    results = json.loads((out / "results.json").read_text())
+    assert results["tasks"]["sent"]["metrics"] == {}
+    assert set(results["tasks"]["mc"]["metrics"]) == {"validation/accuracy", "validation/accuracy_norm"}

@@ -1,0 +1,45 @@
+import pytest
+
+from gpt_ft.adapters.cards import load_card
+from gpt_ft.eval.suite_file import load_suite
+from tests.helpers import ROOT, write_suite
+
+
+def test_glue_suite_names_the_servers_files_and_labels():
+    spec = load_suite(ROOT / "configs/suites/glue.yaml")
+    cards = {t.name: t for t in (load_card(e.card) for e in spec.tasks)}
+    written = {f for t in cards.values() for f in t.submission_files.values()}
+    assert written == set(spec.submission.files) and len(spec.submission.files) == 11
+    labels = {name: [t.submission_label(i) for i in range(t.num_labels)] for name, t in cards.items()}
+    for binary in ("cola", "sst2", "mrpc", "qqp", "wnli"):
+        assert labels[binary] == ["0", "1"]
+    assert labels["mnli"] == ["entailment", "neutral", "contradiction"]
+    assert labels["rte"] == labels["qnli"] == ["entailment", "not_entailment"]
+    assert cards["mnli"].submission_files["test_ax"] == "AX.tsv"
+    assert set(spec.score.tasks) == set(cards) and spec.score.paper == 72.8
+    gpt1 = load_suite(ROOT / "configs/suites/gpt1.yaml")
+    assert len(gpt1.tasks) == 12 and all(task.paper for task in gpt1.tasks)
+
+
+def test_suite_file_errors_name_the_file(tmp_path):
+    bad = write_suite(tmp_path, "name: x\ntasks:\n  - card: nowhere.yaml\n")
+    with pytest.raises(FileNotFoundError, match="suite.yaml: task card nowhere.yaml does not exist"):
+        load_suite(bad)
+    bad.write_text("name: x\ntasks: []\n")
+    with pytest.raises(ValueError, match="lists no tasks"):
+        load_suite(bad)
+    bad.write_text("name: x\nseeds: one\ntasks: []\n")
+    with pytest.raises(ValueError, match=r"suite.yaml: seeds: expected"):
+        load_suite(bad)
+    card = tmp_path / "card.yaml"
+    card.write_text("class_path: gpt_ft.adapters.SingleText\ninit_args: {name: x, txt: s}\n")
+    bad.write_text("name: x\ntasks:\n  - card: card.yaml\n    zero_shot: {verbalizer: [' a', ' b']}\n")
+    with pytest.raises(
+        ValueError, match=r"^Suite file \S+suite.yaml: tasks.zero_shot: Option 'verbalizer' is not"
+    ):
+        load_suite(bad)
+    bad.write_text("name: x\ntasks: [\n")
+    with pytest.raises(
+        ValueError, match=r"suite.yaml is not valid YAML: line 3, column 1: expected the node"
+    ):
+        load_suite(bad)

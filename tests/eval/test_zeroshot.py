@@ -1,0 +1,109 @@
+"""Zero-shot scoring by hand-built models: choices' likelihoods, verbalizers, the threshold heuristic."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from gpt_ft.data.tokenizer import load_tokenizer
+from gpt_ft.eval.zeroshot import ZeroShot, ZeroShotScorer, best_threshold, continuation_logprobs, evaluate
+from gpt_ft.model import GPT, GPTConfig
+
+
+def unigram_gpt(vocab_size: int, logits: torch.Tensor) -> GPT:
+    """A GPT-1 whose next-token distribution is softmax(logits) at every position: the last block's
+    LayerNorm outputs a constant unit vector e_0, and the tied head reads column 0 of the embedding."""
+    config = GPTConfig.from_name("gpt-micro", vocab_size=vocab_size, n_embd=16, n_layer=1, n_head=2)
+    gpt = GPT(config).eval()
+    with torch.no_grad():
+        gpt.h[-1].ln_2.weight.zero_()
+        gpt.h[-1].ln_2.bias.zero_()
+        gpt.h[-1].ln_2.bias[0] = 1.0
+        gpt.wte.weight[: len(logits), 0] = logits
+    return gpt
+
+
+def test_multiple_choice_zero_shot_matches_hand_computed_likelihoods(tokenizer_dir):
+    tok = load_tokenizer(tokenizer_dir, add_specials=False)
+    ids = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    short, long = "happy", "the cat sat on the mat"
+    assert not set(ids(" " + short)) & set(ids(" " + long))
+    logits = torch.zeros(len(tok))
+    logits[ids(" " + long)] = 8.0
+    logits[ids(" " + short)] = 7.0
+    gpt = unigram_gpt(len(tok), logits)
+    logp = torch.log_softmax(logits, dim=0)
+    expected = {c: float(logp[ids(" " + c)].sum()) for c in (short, long)}
+    # The context does not matter to a unigram model; the sums are the choices' token log-probs.
+    got = continuation_logprobs(
+        gpt, [(ids("a story ."), ids(" " + short)), (ids("a story ."), ids(" " + long))]
+    )
+    assert got == pytest.approx([expected[short], expected[long]], abs=1e-4)
+    # Summed, the one-token answer wins; per character, the long one does.
+    assert expected[short] > expected[long]
+    assert expected[short] / len(short) < expected[long] / len(long)
+
+    from gpt_ft.adapters import MultipleChoice
+
+    task = MultipleChoice(name="mc", context=["story"], choices=["a", "b"], labels=["1", "2"])
+    rows = [{"story": "a story .", "a": short, "b": long, "label": "1"}]
+    scorer = ZeroShotScorer(gpt, tok)
+    assert evaluate(task, scorer, lambda split: rows) == {
+        "validation/accuracy": 1.0,
+        "validation/accuracy_norm": 0.0,
+    }
+
+
+def test_verbalizers_and_threshold_heuristics(tokenizer_dir):
+    from gpt_ft.adapters import SingleText
+
+    tok = load_tokenizer(tokenizer_dir, add_specials=False)
+    ids = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    logits = torch.zeros(len(tok))
+    logits[ids(" dogs")] = 3.0  # the model likes " dogs" more than " cat"
+    gpt = unigram_gpt(len(tok), logits)
+    task = SingleText(name="s", labels=["neg", "pos"], metrics=["accuracy"])
+    rows = [{"sentence": "the mat", "label": "pos"}, {"sentence": "a man", "label": "neg"}]
+    spec = ZeroShot(suffix=" very", verbalizers=[" cat", " dogs"])
+    scorer = ZeroShotScorer(gpt, tok)
+    assert scorer.verbalizers(task, spec, rows).tolist() == [1, 1]
+    assert evaluate(task, scorer, lambda split: rows, spec) == {"validation/accuracy": 0.5}
+
+    # Threshold: the cut that maximises the metric on calibration scores, above it is label 1.
+    scores = torch.tensor([-3.0, -1.0, -2.0, -0.5])
+    labels = torch.tensor([0, 1, 0, 1])
+    accuracy = lambda p, y: float((p == y).float().mean())  # noqa: E731
+    assert best_threshold(scores, labels, accuracy) == pytest.approx(-1.5)
+    # Average log-probability of " dogs dogs" beats " cat cat" under this model: with the
+    # threshold learnt on these two, each is classified right.
+    calibration = [{"sentence": "dogs dogs", "label": "pos"}, {"sentence": "cat cat", "label": "neg"}]
+    average = scorer.average_logprobs(task, calibration)
+    assert average[0] > average[1]
+    result = evaluate(task, scorer, lambda split: calibration, ZeroShot(threshold=True))
+    assert result == {"validation/accuracy": 1.0}
+    with pytest.raises(ValueError, match="`verbalizers` or `threshold: true`"):
+        ZeroShot()
+
+
+def test_average_logprob_of_a_text_longer_than_the_context(tokenizer_dir):
+    from gpt_ft.adapters import SingleText
+
+    tok = load_tokenizer(tokenizer_dir, add_specials=False)
+    logits = torch.zeros(len(tok))
+    gpt = unigram_gpt(len(tok), logits)  # uniform: every token's log-probability is -log(V)
+    text = " ".join(["dogs"] * 300)
+    assert len(tok(text, add_special_tokens=False)["input_ids"]) > gpt.config.n_positions
+    task = SingleText(name="s", labels=["neg", "pos"], metrics=["accuracy"])
+    averages = ZeroShotScorer(gpt, tok).average_logprobs(task, [{"sentence": text, "label": "neg"}])
+    # The earliest tokens fall out of the context unscored; the average is over the scored ones.
+    assert averages.tolist() == pytest.approx([-math.log(len(tok))], abs=1e-4)
+
+
+def test_scored_tokens_are_all_the_continuations_unless_it_outgrows_the_context():
+    from gpt_ft.eval.zeroshot import scored_tokens
+
+    assert scored_tokens(5, 3, 64) == 3
+    assert scored_tokens(100, 10, 64) == 10  # the context loses its earliest tokens
+    assert scored_tokens(0, 100, 64) == 64 and scored_tokens(1, 70, 64) == 64

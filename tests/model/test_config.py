@@ -1,0 +1,44 @@
+import pytest
+import torch
+
+from gpt_ft import GPT, GPTConfig
+
+
+def test_gpt1_preset_is_the_paper_model():
+    c = GPTConfig.from_name("gpt1")
+    assert (c.n_layer, c.n_embd, c.n_head, c.ffn_dim, c.n_positions, c.vocab_size) == (
+        12,
+        768,
+        12,
+        3072,
+        512,
+        40478,
+    )
+    assert (
+        not c.pre_ln and c.activation == "gelu_tanh" and c.embd_pdrop == c.attn_pdrop == c.resid_pdrop == 0.1
+    )
+    gpt2 = GPTConfig.from_name("gpt2")
+    assert gpt2.pre_ln and (gpt2.n_positions, gpt2.vocab_size) == (1024, 50257)
+    assert GPT(GPTConfig.from_name("gpt-micro", vocab_size=50)).ln_f is None
+    assert isinstance(
+        GPT(GPTConfig.from_name("gpt-micro", vocab_size=50, pre_ln=True)).ln_f, torch.nn.LayerNorm
+    )
+
+
+def test_bad_config_errors():
+    with pytest.raises(ValueError, match="Unknown GPT preset 'gpt3'.*gpt1, gpt2"):
+        GPTConfig.from_name("gpt3")
+    with pytest.raises(ValueError, match="n_embd=100 is not divisible by n_head=3"):
+        GPTConfig(n_embd=100, n_head=3)
+    with pytest.raises(ValueError, match=r"Unknown GPTConfig field\(s\) \['n_embed'\]"):
+        GPTConfig.from_name("gpt1", n_embed=10)
+    with pytest.raises(ValueError, match="activation='swiglu' is not supported"):
+        GPTConfig(activation="swiglu")
+
+
+def test_padded_vocab_size_rounds_up_to_the_multiple():
+    assert GPTConfig(vocab_size=100).padded_vocab_size == 128
+    assert GPTConfig(vocab_size=128).padded_vocab_size == 128
+    assert GPTConfig(vocab_size=100, vocab_multiple=1).padded_vocab_size == 100
+    assert GPTConfig(n_embd=256, n_head=4, n_inner=100).ffn_dim == 100
+    assert GPTConfig(n_embd=256, n_head=4).head_dim == 64

@@ -1,0 +1,183 @@
+import math
+
+import pytest
+import torch
+
+from gpt_ft import GPT, GPTConfig
+from gpt_ft.model.generation import _filter_logits, beam_search
+from tests.helpers import FAMILIES, TINY, tiny_gpt, tiny_hf
+
+
+@pytest.mark.parametrize("pre_ln", [False, True])
+def test_greedy_50_tokens_identical_with_and_without_cache(pre_ln):
+    gpt = tiny_gpt(pre_ln=pre_ln)
+    prompt = torch.randint(0, TINY["vocab_size"], (3, 7))
+    cached = gpt.generate(prompt, max_new_tokens=50)
+    uncached = gpt.generate(prompt, max_new_tokens=50, use_cache=False)
+    assert cached.shape == (3, 57)
+    assert torch.equal(cached, uncached)
+    assert torch.equal(cached[:, :7], prompt)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_and_beam_search_equal_transformers_generate(family):
+    hf = tiny_hf(family)
+    gpt = GPT.from_hf(hf).eval()
+    prompt = torch.randint(1, TINY["vocab_size"], (1, 6))
+    ours = gpt.generate(prompt, max_new_tokens=30)
+    theirs = hf.generate(prompt, max_new_tokens=30, min_new_tokens=30, do_sample=False, pad_token_id=0)
+    assert torch.equal(ours, theirs)
+    ours = gpt.generate(prompt, max_new_tokens=12, num_beams=4, length_penalty=0.0)
+    theirs = hf.generate(
+        prompt,
+        max_new_tokens=12,
+        min_new_tokens=12,
+        num_beams=4,
+        length_penalty=0.0,
+        do_sample=False,
+        pad_token_id=0,
+    )
+    assert torch.equal(ours, theirs)
+
+
+def test_stop_token_ends_generation_and_pads():
+    gpt = tiny_gpt()
+    prompt = torch.randint(0, TINY["vocab_size"], (2, 5))
+    free = gpt.generate(prompt, max_new_tokens=20)
+    eos = int(free[0, 8])  # the 4th generated token of row 0 becomes the stop token
+    out = gpt.generate(prompt, max_new_tokens=20, eos_token_id=eos)
+    first = (free[0, 5:] == eos).nonzero()[0].item()
+    assert torch.equal(out[0, : 5 + first + 1], free[0, : 5 + first + 1])
+    assert torch.all(out[0, 5 + first :] == eos)
+    for row in range(2):  # stopped rows are padded with eos; generation ends once all rows stopped
+        hit = (out[row, 5:] == eos).nonzero()
+        if len(hit):
+            assert torch.all(out[row, 5 + hit[0].item() :] == eos)
+    assert out.shape[1] <= 25
+
+
+def test_beam_search_with_one_beam_equals_greedy():
+    gpt = tiny_gpt()
+    prompt = torch.randint(0, TINY["vocab_size"], (2, 4))
+    greedy = gpt.generate(prompt, max_new_tokens=25)
+    assert torch.equal(beam_search(gpt, prompt, num_beams=1, max_new_tokens=25), greedy)
+    eos = int(greedy[0, 10])
+    assert torch.equal(
+        beam_search(gpt, prompt[:1], num_beams=1, max_new_tokens=25, eos_token_id=eos, length_penalty=0.0),
+        gpt.generate(prompt[:1], max_new_tokens=25, eos_token_id=eos),
+    )
+
+
+def lookahead_model() -> GPT:
+    """A 0-layer GPT whose next-token distribution is set by hand.
+
+    With no blocks, logits = (wte[x] + wpe[pos]) @ wte.T. From the prompt [0]: p(A=1) = 0.6,
+    p(B=2) = 0.4. After A (a tiny embedding) the next token is ~uniform; after B it is B again
+    with p ~ 1. Greedy takes A (joint probability 0.6 * 0.25); beam search finds B, B (~0.4).
+    """
+    gpt = GPT(
+        GPTConfig(
+            vocab_size=4, n_positions=4, n_embd=4, n_layer=0, n_head=1, embd_pdrop=0.0, vocab_multiple=1
+        )
+    ).eval()
+    scale = torch.tensor([1.0, 0.1, 3.0, 1.0])
+    wanted = torch.tensor([-20.0, math.log(0.6), math.log(0.4), -20.0])  # logits at position 0 from token 0
+    with torch.no_grad():
+        gpt.wte.weight.copy_(torch.diag(scale))
+        gpt.wpe.weight.zero_()
+        # (wte[0] + wpe[0]) @ diag(scale) = wanted  =>  wpe[0] = wanted / scale - wte[0]
+        gpt.wpe.weight[0] = wanted / scale - gpt.wte.weight[0]
+    return gpt
+
+
+def test_beam_search_finds_a_sequence_greedy_misses():
+    gpt = lookahead_model()
+    prompt = torch.tensor([[0]])
+    probs = gpt.lm_logits(gpt(prompt))[0, -1].softmax(-1)
+    torch.testing.assert_close(probs[1:3], torch.tensor([0.6, 0.4]), rtol=0, atol=1e-6)
+    greedy = gpt.generate(prompt, max_new_tokens=2)
+    beam = gpt.generate(prompt, max_new_tokens=2, num_beams=2)
+    assert greedy[0, 1].item() == 1
+    assert beam[0, 1:].tolist() == [2, 2]
+
+    def joint(seq):
+        logp = gpt.lm_logits(gpt(seq[:, :-1]))[0].log_softmax(-1)
+        return logp[torch.arange(seq.shape[1] - 1), seq[0, 1:]].sum().item()
+
+    assert joint(beam) > joint(greedy) + 0.5
+
+
+def test_sampling_filters():
+    logits = torch.tensor([[math.log(0.5), math.log(0.3), math.log(0.15), math.log(0.05)]])
+    kept = lambda out: torch.isfinite(out[0]).tolist()  # noqa: E731
+    assert kept(_filter_logits(logits, 1.0, 2, None)) == [True, True, False, False]
+    assert kept(_filter_logits(logits, 1.0, None, 0.5)) == [True, False, False, False]
+    assert kept(_filter_logits(logits, 1.0, None, 0.7)) == [True, True, False, False]
+    assert kept(_filter_logits(logits, 1.0, None, 0.81)) == [True, True, True, False]
+    # temperature: q ∝ p^(1/T)
+    q = _filter_logits(logits, 0.5, None, None).softmax(-1)
+    p2 = torch.tensor([0.5, 0.3, 0.15, 0.05]) ** 2
+    torch.testing.assert_close(q[0], p2 / p2.sum())
+
+
+def test_sampling_is_seeded_and_top_k_1_is_greedy():
+    gpt = tiny_gpt()
+    prompt = torch.randint(0, TINY["vocab_size"], (2, 4))
+    greedy = gpt.generate(prompt, max_new_tokens=15)
+    assert torch.equal(gpt.generate(prompt, max_new_tokens=15, do_sample=True, top_k=1), greedy)
+    a = gpt.generate(prompt, max_new_tokens=15, do_sample=True, generator=torch.Generator().manual_seed(1))
+    b = gpt.generate(prompt, max_new_tokens=15, do_sample=True, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(a, b)
+    assert not torch.equal(a, greedy)
+
+
+def test_stream_yields_the_generated_tokens():
+    gpt = tiny_gpt()
+    prompt = torch.randint(0, TINY["vocab_size"], (1, 4))
+    streamed = torch.stack(list(gpt.stream(prompt, max_new_tokens=10)), dim=1)
+    assert torch.equal(streamed, gpt.generate(prompt, max_new_tokens=10)[:, 4:])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_beam_search_with_stop_token_and_length_penalty_equals_transformers(family):
+    hf = tiny_hf(family, vocab_size=8)  # a small vocabulary, so hypotheses do end in eos (id 0)
+    gpt = GPT.from_hf(hf).eval()
+    ended = 0
+    for seed in range(6):
+        torch.manual_seed(seed)
+        prompt = torch.randint(1, 8, (1, 4))
+        for length_penalty in (1.0, 0.5, 0.0):
+            ours = gpt.generate(
+                prompt, max_new_tokens=15, num_beams=3, length_penalty=length_penalty, eos_token_id=0
+            )
+            theirs = hf.generate(
+                prompt,
+                max_new_tokens=15,
+                num_beams=3,
+                length_penalty=length_penalty,
+                do_sample=False,
+                pad_token_id=0,
+                eos_token_id=0,
+            )
+            assert torch.equal(ours, theirs), (seed, length_penalty)
+            ended += int((ours[0, 4:] == 0).any())
+    assert ended >= 3
+
+
+def test_bad_generation_arguments():
+    gpt = tiny_gpt()
+    with pytest.raises(ValueError, match="exceeds the model's context of 64"):
+        gpt.generate(torch.zeros(1, 60, dtype=torch.long), max_new_tokens=5)
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        gpt.generate(torch.zeros(1, 2, dtype=torch.long), max_new_tokens=2, do_sample=True, temperature=0)
+    prompt = torch.zeros(1, 2, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"top_k must be >= 1, got 0\."):
+        gpt.generate(prompt, max_new_tokens=2, do_sample=True, top_k=0)
+    with pytest.raises(ValueError, match=r"top_p must be in \(0, 1\], got 1.5\."):
+        gpt.generate(prompt, max_new_tokens=2, do_sample=True, top_p=1.5)
+    with pytest.raises(ValueError, match=r"num_beams must be >= 1, got 0\."):
+        gpt.generate(prompt, max_new_tokens=2, num_beams=0)
+    with pytest.raises(ValueError, match="Beam search is deterministic"):
+        gpt.generate(prompt, max_new_tokens=2, num_beams=2, do_sample=True)
+    with pytest.raises(ValueError, match=r"input_ids must be a non-empty \(batch, length\) tensor"):
+        gpt.generate(torch.zeros(1, 0, dtype=torch.long), max_new_tokens=2)

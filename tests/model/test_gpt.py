@@ -1,0 +1,129 @@
+import pytest
+import torch
+
+from gpt_ft import GPT, GPTConfig
+from tests.helpers import TINY, tiny_gpt
+
+
+@pytest.mark.parametrize("preset", ["gpt1", "gpt2"])
+def test_presets_have_the_parameter_count_of_transformers(preset):
+    from transformers import GPT2Config, GPT2LMHeadModel, OpenAIGPTConfig, OpenAIGPTLMHeadModel
+
+    hf_config = OpenAIGPTConfig() if preset == "gpt1" else GPT2Config()
+    config = GPTConfig.from_name(preset)
+    with torch.device("meta"):
+        ours = GPT(config)
+        theirs = (OpenAIGPTLMHeadModel if preset == "gpt1" else GPT2LMHeadModel)(hf_config)
+    assert ours.num_parameters() == sum(p.numel() for p in theirs.parameters())
+    assert ours.num_parameters() == {"gpt1": 116_534_784, "gpt2": 124_439_808}[preset]
+
+
+def test_init_is_normal_0_02():
+    gpt = GPT(GPTConfig(vocab_size=4000, n_positions=256, n_embd=128, n_layer=1, n_head=4))
+    for p in (gpt.wte.weight, gpt.wpe.weight, gpt.h[0].attn.c_attn.weight, gpt.h[0].mlp.c_proj.weight):
+        assert abs(p.mean().item()) < 2e-3
+        assert p.std().item() == pytest.approx(0.02, rel=0.05)
+    assert torch.all(gpt.h[0].attn.c_attn.bias == 0)
+    assert torch.all(gpt.h[0].ln_1.weight == 1) and torch.all(gpt.h[0].ln_1.bias == 0)
+
+
+@pytest.mark.parametrize("pre_ln", [False, True])
+def test_causality(pre_ln):
+    gpt = tiny_gpt(pre_ln=pre_ln)
+    ids = torch.randint(0, TINY["vocab_size"], (2, 40))
+    changed = ids.clone()
+    t = 17
+    changed[:, t + 1 :] = torch.randint(0, TINY["vocab_size"], (2, 40 - t - 1))
+    with torch.no_grad():
+        a, b = gpt(ids), gpt(changed)
+    assert torch.equal(a[:, : t + 1], b[:, : t + 1])
+    assert not torch.allclose(a[:, t + 1 :], b[:, t + 1 :])
+
+
+def test_left_padding_gives_finite_states():
+    gpt = tiny_gpt()
+    ids = torch.randint(0, TINY["vocab_size"], (2, 10))
+    mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1, 1, 1], [1] * 10])
+    with torch.no_grad():
+        assert torch.isfinite(gpt(ids, mask)).all()
+
+
+def test_dropout_is_active_in_training_only():
+    gpt = tiny_gpt()
+    ids = torch.randint(0, TINY["vocab_size"], (2, 10))
+    with torch.no_grad():
+        assert torch.equal(gpt(ids), gpt(ids))
+        gpt.train()
+        assert not torch.equal(gpt(ids), gpt(ids))
+
+
+def test_resize_token_embeddings_keeps_rows_and_inits_new_ones():
+    gpt = GPT(GPTConfig(vocab_size=10, n_positions=8, n_embd=512, n_layer=1, n_head=8))
+    old = gpt.wte.weight.detach().clone()
+    gpt.resize_token_embeddings(13)  # the new rows come out of the padding: the table keeps its 64 rows
+    assert gpt.wte.weight.shape == (64, 512) and gpt.config.vocab_size == 13
+    assert torch.equal(gpt.wte.weight[:10], old[:10])
+    assert gpt.wte.weight[10:13].std().item() == pytest.approx(0.02, rel=0.1)
+    assert not gpt.wte.weight[13:].any()
+    assert gpt.lm_logits(gpt(torch.tensor([[12]]))).shape == (1, 1, 13)
+    assert gpt.wte.weight.requires_grad
+    kept = gpt.wte.weight.detach().clone()
+    gpt.resize_token_embeddings(70)  # past the padding: the table grows to the next multiple of 64
+    assert gpt.wte.weight.shape == (128, 512) and torch.equal(gpt.wte.weight[:13], kept[:13])
+    with pytest.raises(ValueError, match="can only grow"):
+        gpt.resize_token_embeddings(5)
+
+
+def test_input_longer_than_the_context_errors():
+    gpt = tiny_gpt()
+    with pytest.raises(ValueError, match="Input of 65 tokens is longer than the model's context of 64"):
+        gpt(torch.zeros(1, 65, dtype=torch.long))
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_blocked_attention_equals_sdpa(padded):
+    from gpt_ft.model.gpt import blocked_causal_attention
+
+    q, k, v = (torch.randn(2, 3, 300, 8) for _ in range(3))  # 300: the last block is partial
+    mask = None
+    if padded:
+        keys = torch.ones(2, 300, dtype=torch.bool)
+        keys[1, 200:] = False
+        pos = torch.arange(300)
+        mask = ((pos[None, :] <= pos[:, None]) & keys[:, None, None, :]) | (pos[None, :] == pos[:, None])
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    expected = sdpa(q, k, v, attn_mask=mask, is_causal=mask is None)
+    got = blocked_causal_attention(q, k, v, mask, dropout_p=0.0, block=128)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
+
+
+def test_blocked_attention_dropout_is_unbiased():
+    from gpt_ft.model.gpt import blocked_causal_attention
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 20, 4) for _ in range(3))
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    samples = torch.stack([blocked_causal_attention(q, k, v, None, 0.3, block=8) for _ in range(4000)])
+    assert not torch.allclose(samples[0], expected, atol=1e-3)  # dropout does change each sample
+    torch.testing.assert_close(samples.mean(0), expected, rtol=0, atol=0.06)
+
+
+def test_padded_embedding_rows_are_never_predicted_counted_or_exported():
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=100, n_positions=16, n_embd=32, n_layer=1, n_head=2)
+    gpt = GPT(config).eval()
+    assert config.padded_vocab_size == 128 and gpt.wte.weight.shape == (128, 32)
+    unpadded = GPT(GPTConfig(**{**vars(config), "vocab_multiple": 1})).eval()
+    assert unpadded.wte.weight.shape == (100, 32)
+    assert gpt.num_parameters() == unpadded.num_parameters()  # padding rows are not parameters of the model
+    ids = torch.randint(0, 100, (2, 8))
+    logits = gpt.lm_logits(gpt(ids))
+    assert logits.shape == (2, 8, 100)  # no logit for a padding id, so none is sampled or in the loss
+    # Weights without padding (transformers', older checkpoints) load into the padded table, and back.
+    unpadded.load_state_dict(gpt.state_dict())
+    torch.testing.assert_close(unpadded.lm_logits(unpadded(ids)), logits)
+    gpt.load_state_dict(unpadded.state_dict())
+    torch.testing.assert_close(gpt.lm_logits(gpt(ids)), logits)
+    hf = gpt.to_hf()
+    assert hf.transformer.tokens_embed.weight.shape == (100, 32)
+    torch.testing.assert_close(hf(ids).logits, logits)

@@ -1,0 +1,115 @@
+import pytest
+import torch
+
+from gpt_ft import GPT
+from tests.helpers import FAMILIES, TINY, tiny_gpt, tiny_hf
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("activation", ["gelu", "relu"])
+def test_logits_equal_transformers(family, activation):
+    key = "afn" if family == "openai-gpt" else "activation_function"
+    hf = tiny_hf(family, **{key: activation})
+    gpt = GPT.from_hf(hf).eval()
+    ids = torch.randint(0, TINY["vocab_size"], (3, 40))
+    with torch.no_grad():
+        torch.testing.assert_close(gpt.lm_logits(gpt(ids)), hf(ids).logits, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_logits_equal_transformers_with_right_padding(family):
+    hf = tiny_hf(family)
+    gpt = GPT.from_hf(hf).eval()
+    ids = torch.randint(0, TINY["vocab_size"], (3, 30))
+    lengths = [30, 17, 5]
+    mask = torch.tensor([[1] * n + [0] * (30 - n) for n in lengths])
+    with torch.no_grad():
+        ours, theirs = gpt.lm_logits(gpt(ids, mask)), hf(ids, attention_mask=mask).logits
+    for b, n in enumerate(lengths):
+        torch.testing.assert_close(ours[b, :n], theirs[b, :n], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_base_model_hidden_states_equal_transformers(family):
+    hf = tiny_hf(family, base=True)
+    gpt = GPT.from_hf(hf).eval()
+    ids = torch.randint(0, TINY["vocab_size"], (2, 25))
+    with torch.no_grad():
+        torch.testing.assert_close(gpt(ids), hf(ids).last_hidden_state, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_to_hf_round_trips_every_tensor(family):
+    hf = tiny_hf(family)
+    back = GPT.from_hf(hf).to_hf()
+    assert type(back) is type(hf)
+    theirs, ours = hf.state_dict(), back.state_dict()
+    assert theirs.keys() == ours.keys()
+    for key in theirs:
+        assert torch.equal(theirs[key], ours[key]), key
+    assert back.lm_head.weight.data_ptr() == back.transformer.get_input_embeddings().weight.data_ptr()
+
+
+def test_to_hf_from_scratch_model_matches_logits():
+    for pre_ln in (False, True):
+        gpt = tiny_gpt(pre_ln=pre_ln)
+        hf = gpt.to_hf().eval()
+        ids = torch.randint(0, TINY["vocab_size"], (2, 33))
+        with torch.no_grad():
+            torch.testing.assert_close(gpt.lm_logits(gpt(ids)), hf(ids).logits, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("safe", [True, False])
+def test_from_pretrained_local_directory(tmp_path, family, safe):
+    hf = tiny_hf(family)
+    hf.save_pretrained(tmp_path, safe_serialization=safe)
+    gpt = GPT.from_pretrained(tmp_path).eval()
+    ids = torch.randint(0, TINY["vocab_size"], (2, 20))
+    with torch.no_grad():
+        torch.testing.assert_close(gpt.lm_logits(gpt(ids)), hf(ids).logits, rtol=0, atol=1e-5)
+
+
+def test_from_pretrained_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        GPT.from_pretrained(tmp_path)
+    tiny_hf("gpt2").config.save_pretrained(tmp_path)
+    with pytest.raises(FileNotFoundError, match="no model.safetensors or pytorch_model.bin"):
+        GPT.from_pretrained(tmp_path)
+
+
+def test_models_that_cannot_be_converted():
+    from transformers import BertConfig, BertModel, OpenAIGPTConfig
+
+    from gpt_ft.model.hf import config_from_hf
+
+    bert = BertModel(
+        BertConfig(
+            vocab_size=20, hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8
+        )
+    )
+    with pytest.raises(ValueError, match="type 'bert'.*allowed: 'openai-gpt'.*'gpt2'"):
+        GPT.from_hf(bert)
+    with pytest.raises(ValueError, match="scale_attn_by_inverse_layer_idx"):
+        GPT.from_hf(tiny_hf("gpt2", scale_attn_by_inverse_layer_idx=True))
+    with pytest.raises(ValueError, match=r"OpenAIGPTConfig.afn='tanh' is not supported"):
+        config_from_hf(OpenAIGPTConfig(afn="tanh"))
+
+
+@pytest.mark.parametrize(
+    ("family", "activation", "ours"),
+    [("openai-gpt", "gelu", "gelu_tanh"), ("gpt2", "gelu_new", "gelu_tanh"), ("gpt2", "gelu", "gelu")],
+)
+def test_config_from_hf_maps_the_shape_and_the_activation(family, activation, ours):
+    from gpt_ft.model.hf import config_from_hf
+
+    key = "afn" if family == "openai-gpt" else "activation_function"
+    config = config_from_hf(tiny_hf(family, **{key: activation}).config)
+    assert (config.vocab_size, config.n_positions, config.n_embd, config.n_layer, config.n_head) == (
+        101,
+        64,
+        32,
+        2,
+        4,
+    )
+    assert config.activation == ours and config.pre_ln == (family == "gpt2")

@@ -1,0 +1,98 @@
+"""Hub ids (`ORG/NAME[@revision]`) wherever weights or a tokenizer are named, from a hub cache
+folder built here (no network): the standard layout, `HF_HUB_OFFLINE=1`."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from huggingface_hub import constants
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from gpt_ft import GPT
+from gpt_ft.cli import main
+from gpt_ft.data.tokenizer import load_tokenizer
+from gpt_ft.model import hub
+from gpt_ft.model.weights import load_weights, weights_tokenizer
+from tests.helpers import common_args, make_task
+
+REVISION = "0123456789abcdef0123456789abcdef01234567"
+
+
+def cache_model(cache: Path, repo: str, model, tokenizer) -> Path:
+    """`repo` laid out in a hub cache as `snapshot_download` leaves it: models--ORG--NAME with
+    snapshots/REVISION and refs/main."""
+    root = cache / f"models--{repo.replace('/', '--')}"
+    snapshot = root / "snapshots" / REVISION
+    model.save_pretrained(snapshot)
+    tokenizer.save_pretrained(snapshot)
+    (root / "refs").mkdir(parents=True)
+    (root / "refs" / "main").write_text(REVISION)
+    return snapshot
+
+
+@pytest.fixture
+def offline_cache(tmp_path, tokenizer_dir, monkeypatch):
+    cache = tmp_path / "hub"
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    tokenizer = load_tokenizer(tokenizer_dir, add_specials=False)
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(
+        GPT2Config(vocab_size=len(tokenizer), n_positions=64, n_embd=32, n_layer=1, n_head=2)
+    )
+    cache_model(cache, "tiny-org/tiny-gpt2", model, tokenizer)
+    return model.eval()
+
+
+def test_hub_ids_are_told_from_local_paths(tmp_path):
+    assert (
+        hub.is_hub_id("openai-community/openai-gpt") and hub.is_hub_id("gpt2") and hub.is_hub_id("a/b@v1.0")
+    )
+    assert not hub.is_hub_id(str(tmp_path)) and not hub.is_hub_id("./model") and not hub.is_hub_id("x.ckpt")
+    assert not hub.is_hub_id("a/b/c")
+
+
+def test_weights_and_tokenizer_from_a_cached_snapshot(offline_cache):
+    gpt = GPT.from_pretrained("tiny-org/tiny-gpt2").eval()
+    ids = torch.randint(0, 100, (2, 10))
+    torch.testing.assert_close(gpt.lm_logits(gpt(ids)), offline_cache(ids).logits, rtol=0, atol=1e-4)
+    assert load_weights(f"tiny-org/tiny-gpt2@{REVISION}").config.n_embd == 32
+    assert Path(weights_tokenizer("tiny-org/tiny-gpt2")).name == REVISION
+    assert len(load_tokenizer("tiny-org/tiny-gpt2", add_specials=False)) == offline_cache.config.vocab_size
+
+
+def test_an_uncached_name_offline_is_one_sentence(offline_cache, tmp_path, tokenizer_dir, capsys):
+    with pytest.raises(
+        FileNotFoundError, match=r"^tiny-org/absent is not a local path and not in the hub cache"
+    ):
+        load_weights("tiny-org/absent")
+    card = make_task("single", tmp_path)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", *common_args(card, tokenizer_dir, tmp_path), "--model.init_from=tiny-org/absent"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (
+        f"gpt-ft: error: tiny-org/absent is not a local path and not in the hub cache {tmp_path / 'hub'}, "
+        "and cannot be downloaded (HF_HUB_OFFLINE is set)."
+    )
+
+
+def test_fine_tune_from_a_hub_id_offline(offline_cache, tmp_path, capsys):
+    card = make_task("pair", tmp_path)
+    args = [
+        a
+        for a in common_args(card, "tiny-org/tiny-gpt2", tmp_path)
+        if not a.startswith(("--model.preset", "--model.overrides"))
+    ]
+    main(
+        [
+            "fit",
+            "--config=configs/finetune/gpt1.yaml",
+            *args,
+            "--model.init_from=tiny-org/tiny-gpt2",
+            "--trainer.max_epochs=1",
+        ]
+    )
+    assert "validation/accuracy" in capsys.readouterr().out
+    assert list((tmp_path / "runs").rglob("last.ckpt"))

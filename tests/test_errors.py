@@ -1,0 +1,50 @@
+"""gpt_ft.errors: jsonargparse's nested reports and YAML errors as one sentence."""
+
+import pytest
+import yaml
+
+from gpt_ft.errors import parse_error_message, yaml_problem
+
+
+@pytest.mark.parametrize(
+    ("report", "sentence"),
+    [
+        (
+            "Parser key \"max_epochs\":\n  Expected a <class 'int'>. Got value: x",
+            "--max_epochs: expected int, got 'x'.",
+        ),
+        (
+            "Parser key \"task\":\n  Problem with given class_path 'gpt_ft.adapters.SingleText':\n"
+            "    Option 'txt' is not accepted",
+            "--task: Option 'txt' is not accepted.",
+        ),
+        (
+            "Parser key \"task\":\n  Problem with given class_path 'gpt_ft.adapters.SingleTxt':\n"
+            "    module 'gpt_ft.adapters' has no attribute 'SingleTxt'",
+            "--task: class_path 'gpt_ft.adapters.SingleTxt': module 'gpt_ft.adapters' has no attribute "
+            "'SingleTxt'.",
+        ),
+        (
+            'Parser key "data":\n  Parser key "tokenizer":\n    Expected a path but nowhere does not exist\n'
+            "  Given value: nowhere",
+            "--data.tokenizer: nowhere is not a file that can be read.",
+        ),
+        (
+            'Parser key "data":\n  Does not validate against any of the types in typing.Union:\n'
+            "    - Expected a <class 'NoneType'>\n    - Expected a <class 'int'>\n"
+            "  Given value type: <class 'str'>\n  Given value: abc",
+            "--data: expected int, got 'abc'.",
+        ),
+        ("invalid choice: 'x' (choose from 'a', 'b')", "invalid choice: 'x' (choose from 'a', 'b')."),
+        ("", "invalid arguments."),
+    ],
+)
+def test_parse_error_message_is_one_sentence(report, sentence):
+    assert parse_error_message(report) == sentence
+
+
+def test_yaml_problem_says_where_and_what():
+    with pytest.raises(yaml.YAMLError) as bad:
+        yaml.safe_load("a: [\n")
+    assert yaml_problem(bad.value) == "line 2, column 1: expected the node content, but found '<stream end>'"
+    assert yaml_problem(ValueError("no mark here\nsecond line")) == "no mark here"

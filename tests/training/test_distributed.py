@@ -1,0 +1,169 @@
+"""DDP on CPU (gloo, 2 processes) through the CLI: same weights and exact metrics as one process.
+
+The 2-process runs are `python -m gpt_ft ... --trainer.strategy=ddp` in processes of their own (run in
+the background from the start of the session, tests/background.py); the 1-process reference runs go
+through `gpt_ft.cli.main` in this process."""
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from gpt_ft.cli import main
+from tests.background import gpt_ft
+from tests.helpers import ROOT, sentence, write_varied_pairs
+
+NO_DROPOUT = "embd_pdrop: 0.0, attn_pdrop: 0.0, resid_pdrop: 0.0"
+MICRO = f"{{n_positions: 64, n_embd: 32, n_layer: 2, n_head: 2, {NO_DROPOUT}}}"
+
+
+def ddp_args(devices: int) -> list[str]:
+    if devices == 1:
+        return ["--trainer.accelerator=cpu", "--trainer.devices=1"]
+    return ["--trainer.accelerator=cpu", f"--trainer.devices={devices}", "--trainer.strategy=ddp"]
+
+
+def run_dir(root: Path) -> Path:
+    versions = list((root / "runs" / "lightning_logs").iterdir())
+    assert [v.name for v in versions] == ["version_0"]  # one logger: only rank 0 writes
+    return versions[0]
+
+
+def weights(run: Path) -> dict[str, torch.Tensor]:
+    return torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
+
+
+def validation_rows(run: Path) -> list[dict[str, float]]:
+    with (run / "metrics.csv").open() as f:
+        rows = [r for r in csv.DictReader(f) if r.get("validation/loss")]
+    return [{k: float(v) for k, v in r.items() if k.startswith("validation/") and v} for r in rows]
+
+
+def assert_same_weights(a: dict, b: dict, atol: float = 1e-5) -> None:
+    assert a.keys() == b.keys()
+    worst = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+    assert worst <= atol, f"max abs difference {worst}"
+
+
+def finetune_runs(card: Path, tokenizer_dir: str, root: Path, devices: int, batch: int) -> list[list[str]]:
+    """`fit` and `predict` arguments of the fine-tuning run on `devices` processes, into root/x{devices}."""
+    out = root / f"x{devices}"
+    common = [
+        f"--data.task={card}",
+        f"--data.tokenizer={tokenizer_dir}",
+        f"--data.data_dir={root}",
+        "--data.eval_batch_size=2",  # 5 test examples: 2 batches on rank 0, 1 on rank 1
+        "--data.max_length=32",
+        "--model.preset=gpt-micro",
+        f"--model.overrides={MICRO}",
+        "--model.classifier_dropout=0.0",
+        f"--model.predictions_dir={out / 'pred'}",
+        f"--trainer.logger.init_args.save_dir={out / 'runs'}",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+        *ddp_args(devices),
+    ]
+    fit = [
+        "--config",
+        str(ROOT / "configs/finetune/gpt1.yaml"),
+        f"--data.batch_size={batch}",
+        "--data.shuffle=false",
+        "--model.lr=1e-3",
+        "--trainer.max_epochs=3",
+    ]
+    last = out / "runs" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    return [["fit", *fit, *common], ["predict", *common, f"--ckpt_path={last}"]]
+
+
+def start_ddp_finetuning(root, tokenizer_dir):
+    card = write_varied_pairs(root)
+    fit, predict = finetune_runs(card, tokenizer_dir, root, devices=2, batch=4)
+    logs = root / "x2" / "runs" / "lightning_logs"
+    # The version folders after fit (predict, with the same logger, adds its own).
+    return [
+        gpt_ft(*fit, cwd=root, after=lambda: sorted(v.name for v in logs.iterdir())),
+        gpt_ft(*predict, cwd=root),
+    ]
+
+
+@pytest.mark.background(start=start_ddp_finetuning)
+def test_finetuning_on_two_processes_equals_one_with_the_double_batch(background, tokenizer_dir, monkeypatch):
+    root = background.root
+    fit2, predict2 = background.runs  # on 2 processes
+    assert fit2.returncode == 0, fit2.stderr[-3000:]
+    assert fit2.after == ["version_0"]  # one logger: only rank 0 writes
+    assert predict2.returncode == 0, predict2.stderr[-3000:]
+    monkeypatch.chdir(root)
+    fit1, predict1 = finetune_runs(root / "pair.yaml", tokenizer_dir, root, devices=1, batch=8)
+    main(fit1)
+    runs = {2: root / "x2" / "runs" / "lightning_logs" / "version_0", 1: run_dir(root / "x1")}
+    main(predict1)
+    for devices, run in runs.items():
+        ckpt = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+        assert ckpt["global_step"] == 6
+    predictions2, predictions1 = ((root / f"x{d}" / "pred" / "pair-test.tsv").read_text() for d in (2, 1))
+    two, one = runs[2], runs[1]
+    assert_same_weights(weights(two), weights(one))
+    # Validation on 7 examples: rank 1's repeated example is dropped, so every figure is the same.
+    rows2, rows1 = validation_rows(two), validation_rows(one)
+    assert len(rows1) == 3 and rows2[0].keys() == rows1[0].keys() >= {
+        "validation/loss",
+        "validation/accuracy",
+    }
+    for a, b in zip(rows2, rows1):
+        assert a == pytest.approx(b, rel=1e-6, abs=1e-5)
+    # One predictions file with every test example once, in order, as from one process.
+    assert predictions2 == predictions1 and len(predictions1.splitlines()) == 6
+
+
+def pretraining_run(tokens: Path, root: Path, devices: int, batch: int, compile: str) -> list[str]:
+    n_validation = json.loads((tokens / "meta.json").read_text())["tokens"]["validation"]
+    # An odd number of validation blocks, so that one rank repeats one.
+    block = next(b for b in range(16, 8, -1) if (n_validation - 1) // b % 2)
+    return [
+        "fit",
+        "--config",
+        str(ROOT / "configs/pretrain/cpu.yaml"),
+        f"--data.token_dir={tokens}",
+        f"--data.block_size={block}",
+        f"--data.batch_size={batch}",
+        "--data.eval_batch_size=2",
+        "--data.shuffle=false",
+        "--model.preset=gpt-micro",
+        f"--model.overrides={MICRO}",
+        f"--model.compile={compile}",  # the compiled model must train exactly like the eager one
+        "--model.warmup_steps=1",
+        "--trainer.max_steps=4",
+        "--trainer.val_check_interval=2",
+        f"--trainer.logger.init_args.save_dir={root / f'x{devices}' / 'runs'}",
+        "--trainer.enable_progress_bar=false",
+        "--trainer.enable_model_summary=false",
+        *ddp_args(devices),
+    ]
+
+
+def start_ddp_pretraining(root, tokenizer_dir):
+    corpus = root / "corpus.txt"
+    corpus.write_text("\n\n".join(" ".join(sentence(i + j) for j in range(20)) for i in range(12)) + "\n")
+    main(["prepare", str(corpus), "--tokenizer", tokenizer_dir, "--out_dir", str(root / "tokens"),
+          "--validation_fraction", "0.3", "--split_on", "blank_line"])  # fmt: skip
+    return [
+        gpt_ft(*pretraining_run(root / "tokens", root, devices=2, batch=2, compile="aot_eager"), cwd=root)
+    ]
+
+
+@pytest.mark.background(start=start_ddp_pretraining)
+def test_pretraining_on_two_processes_equals_one_with_the_double_batch(background, monkeypatch):
+    root = background.root
+    (done,) = background.runs  # on 2 processes, compiled
+    assert done.returncode == 0, done.stderr[-3000:]
+    monkeypatch.chdir(root)
+    main(pretraining_run(root / "tokens", root, devices=1, batch=4, compile="false"))
+    runs = {devices: run_dir(root / f"x{devices}") for devices in (2, 1)}
+    assert_same_weights(weights(runs[2]), weights(runs[1]))
+    rows2, rows1 = validation_rows(runs[2]), validation_rows(runs[1])
+    assert len(rows1) == 2 and set(rows1[0]) == {"validation/loss", "validation/perplexity"}
+    for a, b in zip(rows2, rows1):
+        assert a == pytest.approx(b, rel=1e-6, abs=1e-5)

@@ -1,0 +1,30 @@
+import math
+
+import pytest
+import torch
+
+from gpt_ft.adapters import SingleText
+from gpt_ft.training.eval_metrics import EvalMetrics, first_occurrences
+
+
+def test_eval_metrics_count_each_example_once_and_weigh_lm_loss_by_tokens():
+    task = SingleText(name="t", labels=["a", "b"], metrics=["accuracy"])
+    metrics = EvalMetrics(task, lm_coef=0.5)
+    t = torch.tensor
+    metrics.update(
+        t([0, 1, 2]), t([2.0, 6.0, 1.0]), t([1, 3, 1]), t([0.5, 1.0, 1.5]), t([1, 0, 1]), t([1, 1, 1])
+    )
+    # A distributed sampler's repeat of example 0 (here with other values, to show it is ignored).
+    metrics.update(t([3, 0]), t([3.0, 100.0]), t([1, 1]), t([2.0, 9.0]), t([0, 0]), t([0, 1]))
+    values = metrics.compute()
+    lm = (2 + 6 + 1 + 3) / (1 + 3 + 1 + 1)  # token-weighted over examples 0-3
+    assert float(values["loss"]) == pytest.approx((0.5 + 1.0 + 1.5 + 2.0) / 4 + 0.5 * lm)
+    assert float(values["accuracy"]) == pytest.approx(3 / 4)
+    lm_only = EvalMetrics(None)
+    lm_only.update(t([5, 6, 5]), t([4.0, 8.0, 4.0]), t([2, 2, 2]))
+    assert float(lm_only.compute()["perplexity"]) == pytest.approx(math.exp(12 / 4))
+
+
+def test_first_occurrences_keeps_the_first_of_each_index():
+    index = torch.tensor([4, 2, 4, 7, 2, 2, 9])
+    assert first_occurrences(index).tolist() == [True, True, False, True, False, False, True]

@@ -1,0 +1,23 @@
+"""Prediction files: index<TAB>prediction, in example order, each example once, written whole."""
+
+import torch
+
+from gpt_ft.adapters import Similarity, SingleText
+from gpt_ft.training.predictions import write_predictions
+
+
+def test_rows_in_example_order_each_once_in_the_leaderboards_file(tmp_path):
+    task = SingleText(name="sst2", labels=["negative", "positive"], submission_files={"test": "SST-2.tsv"})
+    index = torch.tensor([2, 0, 3, 1, 0])  # a distributed sampler repeated example 0
+    predictions = torch.tensor([1, 0, 1, 1, 1])
+    path = write_predictions(task, "test", index, predictions, tmp_path / "pred")
+    assert path == tmp_path / "pred" / "SST-2.tsv"
+    assert path.read_text() == "index\tprediction\n0\tnegative\n1\tpositive\n2\tpositive\n3\tpositive\n"
+    assert [p.name for p in path.parent.iterdir()] == ["SST-2.tsv"]  # no temporary file left
+
+
+def test_a_split_without_a_submission_file_and_scores(tmp_path):
+    task = Similarity(name="sts", regression=True, score_range=(0, 5))
+    path = write_predictions(task, "validation", torch.tensor([1, 0]), torch.tensor([4.25, 0.5]), tmp_path)
+    assert path.name == "sts-validation.tsv"
+    assert path.read_text().splitlines() == ["index\tprediction", "0\t0.500", "1\t4.250"]

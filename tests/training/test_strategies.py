@@ -1,0 +1,42 @@
+import pytest
+import torch
+
+from gpt_ft.model import GPT, Block, GPTConfig
+from gpt_ft.training.strategies import BlockFSDP
+from tests.helpers import ROOT, write_varied_pairs
+
+
+def test_fsdp_wraps_every_block():
+    strategy = BlockFSDP(activation_checkpointing=True, sharding_strategy="SHARD_GRAD_OP")
+    gpt = GPT(GPTConfig.from_name("gpt-micro"))
+    policy = strategy.kwargs["auto_wrap_policy"]
+    wrapped = [m for m in gpt.modules() if type(m) in policy._module_classes]
+    assert len(wrapped) == gpt.config.n_layer and all(isinstance(m, Block) for m in wrapped)
+    assert strategy._activation_checkpointing_kwargs and strategy.sharding_strategy.name == "SHARD_GRAD_OP"
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="FSDP needs 2 CUDA devices")
+def test_fsdp_finetuning_on_two_gpus(tmp_path, tokenizer_dir):
+    import subprocess
+    import sys
+
+    card = write_varied_pairs(tmp_path)
+    args = [
+        "fit",
+        "--config",
+        str(ROOT / "configs/trainer/fsdp.yaml"),
+        f"--data.task={card}",
+        f"--data.tokenizer={tokenizer_dir}",
+        f"--data.data_dir={tmp_path}",
+        "--model.preset=gpt-micro",
+        "--trainer.devices=2",
+        "--trainer.max_epochs=1",
+        f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
+    ]
+    out = subprocess.run(
+        [sys.executable, "-m", "gpt_ft", *args], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    versions = list((tmp_path / "runs" / "lightning_logs").iterdir())
+    assert [v.name for v in versions] == ["version_0"]  # one logger: only rank 0 writes
+    assert (versions[0] / "checkpoints" / "last.ckpt").exists()
