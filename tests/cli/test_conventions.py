@@ -37,17 +37,19 @@ def test_a_card_on_the_command_line_replaces_the_configs_card(tmp_path, capsys, 
 
 
 def test_default_root_dir_moves_logs_and_checkpoints(tmp_path, monkeypatch):
-    work = tmp_path / "work"
-    work.mkdir()
-    monkeypatch.chdir(work)
+    monkeypatch.chdir(ROOT)  # the quickstart's paths are relative to the repository
+    before = sorted((ROOT / "runs").rglob("*")) if (ROOT / "runs").exists() else None
+    quickstart = ["fit", "--config=configs/quickstart.yaml", "--trainer.enable_progress_bar=false"]
+    main([*quickstart, f"--trainer.default_root_dir={tmp_path / 'D'}", "--trainer.max_steps=3"])
+    assert list((tmp_path / "D" / "lightning_logs" / "version_0" / "checkpoints").glob("last.ckpt"))
+    after = sorted((ROOT / "runs").rglob("*")) if (ROOT / "runs").exists() else None
+    assert after == before  # nothing new under ./runs
     card = make_task("single", tmp_path)
     args = [
         a
         for a in common_args(card, str(ROOT / "examples/quickstart/tokenizer"), tmp_path)
         if "save_dir" not in a
     ]
-    main(["fit", *args, f"--trainer.default_root_dir={tmp_path / 'D'}", "--trainer.max_steps=3"])
-    assert list((tmp_path / "D").rglob("last.ckpt")) and not (work / "runs").exists()
     # An explicit logger folder still wins.
     main(
         [
