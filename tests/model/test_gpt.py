@@ -127,3 +127,33 @@ def test_padded_embedding_rows_are_never_predicted_counted_or_exported():
     hf = gpt.to_hf()
     assert hf.transformer.tokens_embed.weight.shape == (100, 32)
     torch.testing.assert_close(hf(ids).logits, logits)
+
+
+@pytest.mark.parametrize("pre_ln", [False, True])
+def test_right_padding_without_a_mask_equals_the_masked_reference_at_real_positions(pre_ln):
+    """Right-padded batches run mask-free (`is_causal`, the flash kernel's case): causal attention
+    already keeps real tokens off the pads after them. Outputs at real positions, the loss over
+    real targets and every gradient equal those of an explicit padding mask."""
+    torch.manual_seed(0)
+    gpt = tiny_gpt(pre_ln=pre_ln, embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)
+    lengths = torch.tensor([12, 7, 3])
+    ids = torch.randint(0, TINY["vocab_size"], (3, 12))
+    real = torch.arange(12)[None] < lengths[:, None]  # (B, T)
+    ids = ids.masked_fill(~real, 0)  # pad id 0 after each sequence
+
+    def run(mask):
+        gpt.zero_grad()
+        hidden = gpt(ids, mask)
+        logits = gpt.lm_logits(hidden)
+        targets = ids[:, 1:].masked_fill(~real[:, 1:], -100)
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), targets.flatten())
+        loss.backward()
+        grads = {n: p.grad.clone() for n, p in gpt.named_parameters() if p.grad is not None}
+        return hidden[real], loss.detach(), grads
+
+    free, masked = run(None), run(real.long())
+    torch.testing.assert_close(free[0], masked[0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(free[1], masked[1], rtol=0, atol=1e-5)
+    assert free[2].keys() == masked[2].keys() and len(free[2]) > 0
+    for name in free[2]:
+        torch.testing.assert_close(free[2][name], masked[2][name], rtol=0, atol=1e-5, msg=name)
