@@ -173,9 +173,25 @@ def check_context(data, n_positions: int) -> None:
             )
 
 
+def reset_before_cards(argv: list[str]) -> list[str]:
+    """A card given on the command line replaces any earlier one wholly.
+
+    jsonargparse keeps an earlier card's fields that the new card's class also takes (an SST-2
+    config's `submission_labels` would reach a 3-label card): resetting the argument to null just
+    before each card given whole leaves nothing to carry over. `--data.task.init_args.X` still
+    changes one field of the card before it.
+    """
+    out = []
+    for i, arg in enumerate(argv):
+        if arg.startswith("--data.task=") or (arg == "--data.task" and i + 1 < len(argv)):
+            out.append("--data.task=null")
+        out.append(arg)
+    return out
+
+
 def build_fit(argv: list[str]):
     """Model, data module and trainer of `gpt-ft fit ARGV`, built but not run (`gpt-ft suite`)."""
-    cli = lightning_main(argv, run=False)
+    cli = lightning_main(reset_before_cards(argv), run=False)
     return cli.model, cli.datamodule, cli.trainer
 
 

@@ -40,22 +40,6 @@ def user_message(exc: BaseException) -> str:
     return str(text).strip()
 
 
-def reset_before_cards(argv: list[str]) -> list[str]:
-    """A card given on the command line replaces any earlier one wholly.
-
-    jsonargparse keeps an earlier card's fields that the new card's class also takes (an SST-2
-    config's `submission_labels` would reach a 3-label card): resetting the argument to null just
-    before each card given whole leaves nothing to carry over. `--data.task.init_args.X` still
-    changes one field of the card before it.
-    """
-    out = []
-    for i, arg in enumerate(argv):
-        if arg.startswith("--data.task=") or (arg == "--data.task" and i + 1 < len(argv)):
-            out.append("--data.task=null")
-        out.append(arg)
-    return out
-
-
 def _yaml_arguments(argv: list[str]) -> list[str]:
     """The values of --config and --data.task: files jsonargparse reads as YAML."""
     values = []
@@ -89,6 +73,8 @@ def main(argv: list[str] | None = None) -> None:
     if command not in COMMANDS:
         fail(f"unknown command {command!r}; choose from {', '.join(COMMANDS)}.")
     if command in LIGHTNING_COMMANDS or command == "explain":
+        from gpt_ft.cli.lightning import reset_before_cards
+
         argv = reset_before_cards(argv)
         for value in _yaml_arguments(argv):  # a file that does not parse: say where, before anything
             problem = yaml_file_problem(value)
