@@ -289,7 +289,7 @@ def assert_classifier_agrees(ckpt: Path, root: Path, predictions: Path) -> None:
     data = TaskDataModule(task, tokenizer, data_dir=str(root), max_length=64, eval_batch_size=len(results))
     data.setup("predict")
     with torch.inference_mode():
-        expected = clf.module.head.probabilities(clf.module(next(iter(data.predict_dataloader()[0]))))
+        expected = clf.head.probabilities(clf.outputs(next(iter(data.predict_dataloader()[0]))))
     for result, row in zip(results, expected):
         scores = result["scores"]
         got = torch.tensor([scores] if task.regression else list(scores.values()))

@@ -16,27 +16,30 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from jsonargparse import ArgumentParser
+from lightning.fabric.utilities.apply_func import move_data_to_device
+from torch import Tensor
 
-from gpt_ft.adapters import TaskAdapter, TaskDataError
-from gpt_ft.data.batches import collate, collate_shared
+from gpt_ft.adapters import TaskAdapter, TaskDataError, TaskHead
+from gpt_ft.adapters.cards import card_from_value
+from gpt_ft.data.batches import SharedContextBatch, TaskBatch, collate, collate_shared
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
-from gpt_ft.model.weights import safe_load, weights_tokenizer
-from gpt_ft.training.module import GPTModule
+from gpt_ft.model import GPT
+from gpt_ft.model.weights import gpt_from_checkpoint, resolve_tokenizer, safe_load, submodule_state
+from gpt_ft.training.terms import batch_terms
 
 
 class Classifier:
     """A fine-tuned GPT with its task head, tokenizer and task card."""
 
-    def __init__(self, module: GPTModule, tokenizer, *, max_length: int, device: str | torch.device) -> None:
-        if module.task is None:
-            raise ValueError("A Classifier needs a fine-tuned model: this one has no task.")
-        self.module = module.to(device).eval()
-        self.task: TaskAdapter = module.task
+    def __init__(
+        self, gpt: GPT, head: TaskHead, task: TaskAdapter, tokenizer, *, max_length: int, device: str
+    ) -> None:
+        self.device = torch.device(device)
+        self.gpt, self.head = gpt.to(self.device).eval(), head.to(self.device).eval()
+        self.task = task
         self.tokenizer = tokenizer
         self.specials = special_token_ids(tokenizer)
-        self.max_length = min(max_length, module.gpt.config.n_positions)
-        self.device = torch.device(device)
+        self.max_length = min(max_length, gpt.config.n_positions)
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, *, device: str | None = None) -> Classifier:
@@ -45,24 +48,22 @@ class Classifier:
         data = (stored.get("data_config") or {}).get("init_args", {})
         if "gpt_config" not in stored or not data.get("task"):
             raise ValueError(f"{path} is not a fine-tuned gpt_ft checkpoint: it records no task card.")
-        parser = ArgumentParser(exit_on_error=False)
-        parser.add_argument("--task", type=TaskAdapter)
-        task = parser.instantiate_classes(parser.parse_object({"task": data["task"]})).task
-        tokenizer_dir = weights_tokenizer(path)
+        task = card_from_value(data["task"], f"The task card recorded in {path}")
+        tokenizer_dir = resolve_tokenizer(None, path, option=None)
         if tokenizer_dir is None:
             raise ValueError(f"{path} carries no tokenizer.")
         tokenizer = load_tokenizer(tokenizer_dir)
-        hparams = stored.get("hyper_parameters", {})
-        module = GPTModule(
-            init_from=str(path),
-            vocab_size=len(tokenizer),
-            task=task,
-            classifier_dropout=hparams.get("classifier_dropout", 0.1),
-        )
-        head = {k.removeprefix("head."): v for k, v in stored["state_dict"].items() if k.startswith("head.")}
-        module.head.load_state_dict(head)
+        gpt = gpt_from_checkpoint(stored, path)
+        config = gpt.config
+        head = task.head(config.n_embd, dropout=0.0, init_std=config.initializer_range)
+        head.load_state_dict(submodule_state(stored, "head"))
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        return cls(module, tokenizer, max_length=data.get("max_length", 512), device=device)
+        return cls(gpt, head, task, tokenizer, max_length=data.get("max_length", 512), device=device)
+
+    def outputs(self, batch: TaskBatch | SharedContextBatch) -> Tensor:
+        """The task head's outputs for a batch (on the classifier's device)."""
+        batch = move_data_to_device(batch, self.device)
+        return batch_terms(self.gpt, self.head, batch, lm=False)["logits"]
 
     def encode(self, examples: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The examples as the model sees them (as `TaskDataModule` encodes a split)."""
@@ -108,10 +109,9 @@ class Classifier:
                 batch = collate_shared(chunk, self.specials.pad, self.specials.delim)
             if batch is None:
                 batch = collate(chunk, self.specials.pad)
-            batch = self.module.transfer_batch_to_device(batch, self.device, 0)
-            outputs = self.module(batch)
-            head = self.module.head
-            predictions, probabilities = head.predictions(outputs).cpu(), head.probabilities(outputs).cpu()
+            outputs = self.outputs(batch)
+            predictions = self.head.predictions(outputs).cpu()
+            probabilities = self.head.probabilities(outputs).cpu()
             for row, example in enumerate(chunk):
                 text = self.task.format_prediction(predictions[row], submission=False)
                 out[example["index"]] = (self.task.outcome(predictions[row], probabilities[row]), text)

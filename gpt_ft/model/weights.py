@@ -56,14 +56,23 @@ def load_weights(path: str | Path) -> GPT:
         return GPT.from_pretrained(path)
     if not path.is_file():
         raise FileNotFoundError(f"Checkpoint {path} does not exist.")
-    checkpoint = safe_load(path)
+    return gpt_from_checkpoint(safe_load(path), path)
+
+
+def gpt_from_checkpoint(checkpoint: dict[str, Any], path: str | Path) -> GPT:
+    """The GPT of a gpt_ft checkpoint already read (`safe_load`)."""
     config = checkpoint.get("gpt_config")
     if config is None:
         raise ValueError(f"{path} is not a gpt_ft checkpoint: it records no model config (gpt_config).")
     gpt = GPT(GPTConfig(**config))
-    state = {k.removeprefix("gpt."): v for k, v in checkpoint["state_dict"].items() if k.startswith("gpt.")}
-    gpt.load_state_dict(state)
+    gpt.load_state_dict(submodule_state(checkpoint, "gpt"))
     return gpt
+
+
+def submodule_state(checkpoint: dict[str, Any], name: str) -> dict[str, Any]:
+    """The weights of the LightningModule's submodule `name` (gpt, head), their prefix dropped."""
+    prefix = name + "."
+    return {k.removeprefix(prefix): v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
 
 
 def weights_tokenizer(path: str | Path) -> str | None:

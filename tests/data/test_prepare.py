@@ -52,23 +52,17 @@ def test_pieces_cut_where_the_tokenizer_splits_so_tokens_are_exact(tmp_path, tok
 
 def test_parallel_pieces_and_validation_split(tmp_path, tokenizer_dir):
     corpus = write_corpus(tmp_path, n_files=3, lines=200)
-    one = prepare(
-        tmp_path / "one",
-        tokenizer_dir,
-        files=[str(corpus)],
-        piece_chars=500,
-        validation_fraction=0.3,
-        workers=1,
-        progress=False,
-    )
-    two = prepare(
-        tmp_path / "two",
-        tokenizer_dir,
-        files=[str(corpus)],
-        piece_chars=500,
-        validation_fraction=0.3,
-        workers=2,
-        progress=False,
+    one, two = (
+        prepare(
+            tmp_path / name,
+            tokenizer_dir,
+            files=[str(corpus)],
+            piece_chars=500,
+            validation_fraction=0.3,
+            workers=workers,
+            progress=False,
+        )
+        for name, workers in (("one", 1), ("two", 2))
     )
     for split in ("train", "validation"):
         name = f"{split}.bin"
