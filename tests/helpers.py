@@ -200,8 +200,11 @@ def write_corpus(root: Path, n_files: int = 4, lines: int = 30) -> Path:
 # ---- multiple choice rows of random tokens ----
 
 
-def random_choice_examples(specials, vocab: int, n: int = 6, seed: int = 0) -> tuple[list[dict], object]:
-    """Encoded rows of random tokens: contexts of 1-40 tokens, 1-4 choices of 0-9 tokens."""
+def random_choice_examples(
+    specials, vocab: int, n: int = 6, seed: int = 0, context_length: int | None = None
+) -> tuple[list[dict], object]:
+    """Encoded rows of random tokens: contexts of 1-40 tokens (or all of `context_length`), 1-4
+    choices of 0-9 tokens."""
     from gpt_ft.adapters import MultipleChoice
 
     g = torch.Generator().manual_seed(seed)
@@ -209,7 +212,8 @@ def random_choice_examples(specials, vocab: int, n: int = 6, seed: int = 0) -> t
     rows = []
     for i in range(n):
         randint = lambda lo, hi: int(torch.randint(lo, hi + 1, (), generator=g))  # noqa: E731
-        context = torch.randint(0, vocab, (randint(1, 40),), generator=g).tolist()
+        length = randint(1, 40) if context_length is None else context_length
+        context = torch.randint(0, vocab, (length,), generator=g).tolist()
         choices = [
             torch.randint(0, vocab, (randint(0, 9),), generator=g).tolist() for _ in range(randint(1, 4))
         ]

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention.bias import causal_lower_right
 
 from gpt_ft.model import generation
 from gpt_ft.model.cache import Cache, KVCache, SharedPrefix
@@ -201,23 +202,27 @@ class GPT(nn.Module):
     def _attention_mask(
         attention_mask: Tensor | None, T: int, past: int, device: torch.device
     ) -> tuple[Tensor | None, bool]:
-        """(mask, is_causal) for scaled_dot_product_attention; a boolean mask is True where allowed."""
+        """(mask, is_causal) for scaled_dot_product_attention; a boolean mask is True where allowed.
+
+        Without padding no mask is built, so that SDPA may pick its flash or memory-efficient
+        kernels: plain causal, one new token over the cache, or T new tokens over T_past cached
+        ones (causal aligned to the lower right: query i sees keys up to T_past + i).
+        """
         if attention_mask is None:
             if past == 0:
-                return None, True  # plain causal: lets SDPA pick its flash/memory-efficient kernels
+                return None, True
             if T == 1:
-                return None, False  # one new token may attend to every cached one
+                return None, False
+            return causal_lower_right(T, past + T), False
+        if attention_mask.shape[-1] != past + T:
+            raise ValueError(
+                f"attention_mask covers {attention_mask.shape[-1]} positions but the keys are {past + T}."
+            )
         q_pos = torch.arange(past, past + T, device=device)[:, None]  # (T, 1)
         k_pos = torch.arange(past + T, device=device)[None, :]  # (1, T_k)
-        mask = (k_pos <= q_pos)[None, None]  # (1, 1, T, T_k)
-        if attention_mask is not None:
-            if attention_mask.shape[-1] != past + T:
-                raise ValueError(
-                    f"attention_mask covers {attention_mask.shape[-1]} positions but the keys are {past + T}."
-                )
-            keys = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T_k)
-            # A padding query may see no real key at all; letting it see itself keeps softmax finite.
-            mask = (mask & keys) | (k_pos == q_pos)[None, None]  # (B, 1, T, T_k)
+        keys = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T_k)
+        # A padding query may see no real key at all; letting it see itself keeps softmax finite.
+        mask = ((k_pos <= q_pos) & keys) | (k_pos == q_pos)  # (B, 1, T, T_k)
         return mask, False
 
     def lm_logits(self, hidden: Tensor) -> Tensor:

@@ -8,6 +8,8 @@ weigh every example and token exactly once however the batches fall (see `eval_m
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -47,14 +49,13 @@ def batch_terms(gpt: GPT, head: TaskHead | None, batch: TokenBatch, *, lm: bool)
     """Per-example terms of any batch (see the module docstring); `lm` asks for the LM terms."""
     if isinstance(batch, SharedContextBatch):
         return shared_context_terms(gpt, head, batch, lm=lm)
+    if isinstance(batch, TaskBatch) and batch.left_padded:
+        batch = right_padded(batch)
     ids = batch.input_ids
     B, S, T = ids.shape
-    # Right padding needs no mask: causal attention already keeps real tokens off later pads.
-    mask = positions = None
-    if isinstance(batch, TaskBatch) and batch.left_padded:
-        mask = batch.attention_mask.view(B * S, T)
-        positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)  # real tokens start at position 0
-    hidden = gpt(ids.view(B * S, T), mask, position_ids=positions)  # (B*S, T, C)
+    # Right padding needs no mask (so SDPA may use its flash kernel): causal attention already
+    # keeps real tokens off the pads after them.
+    hidden = gpt(ids.view(B * S, T))  # (B*S, T, C)
     out = {}
     if lm:
         sums, counts = row_lm_terms(gpt, hidden, batch.lm_targets.view(B * S, T), padded=head is not None)
@@ -64,6 +65,25 @@ def batch_terms(gpt: GPT, head: TaskHead | None, batch: TokenBatch, *, lm: bool)
         extract = hidden[rows, batch.extract_index.view(B * S)].view(B, S, -1)  # (B, S, C)
         out.update(_task_terms(head, extract, batch))
     return out
+
+
+def right_padded(batch: TaskBatch) -> TaskBatch:
+    """A left-padded batch with each sequence rotated so that its padding comes last.
+
+    Real tokens then sit at positions 0, 1, ... with no pad before them: the same states as under
+    a padding mask with positions starting at each sequence's first real token, computed mask-free.
+    """
+    B, S, T = batch.input_ids.shape
+    pads = T - batch.attention_mask.sum(dim=-1, keepdim=True)  # (B, S, 1)
+    order = (torch.arange(T, device=pads.device) + pads) % T  # (B, S, T): new position -> old
+    return replace(
+        batch,
+        input_ids=batch.input_ids.gather(-1, order),
+        lm_targets=batch.lm_targets.gather(-1, order),
+        attention_mask=batch.attention_mask.gather(-1, order),
+        extract_index=batch.extract_index - pads.squeeze(-1),
+        left_padded=False,
+    )
 
 
 def shared_context_terms(
@@ -81,8 +101,10 @@ def shared_context_terms(
     # Each choice's positions go on from its own context's length (padding past the table: clamped).
     positions = context_length[:, None] + torch.arange(Ta, device=device)  # (B, Ta)
     positions = positions.clamp(max=gpt.config.n_positions - 1).repeat_interleave(S, dim=0)
-    context_keys = torch.arange(Tc, device=device)[None] < context_length[:, None]  # (B, Tc)
-    keys = torch.cat([context_keys.repeat_interleave(S, dim=0), context_keys.new_ones(B * S, Ta)], 1)
+    keys = None  # contexts of one length: no mask, causal aligned to the lower right
+    if bool((context_length < Tc).any()):  # padded contexts: their pads are masked
+        context_keys = torch.arange(Tc, device=device)[None] < context_length[:, None]  # (B, Tc)
+        keys = torch.cat([context_keys.repeat_interleave(S, dim=0), context_keys.new_ones(B * S, Ta)], 1)
     hidden = gpt(answers.view(B * S, Ta), keys, position_ids=positions, kv_cache=shared)
     rows = torch.arange(B * S, device=device)
     extract = hidden[rows, batch.answer_extract.view(B * S)].view(B, S, -1)  # (B, S, C)

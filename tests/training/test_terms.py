@@ -6,20 +6,26 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch.nn.attention.bias import CausalBias
 
-from gpt_ft.data.batches import collate, collate_shared
+from gpt_ft.data.batches import collate, collate_blocks, collate_shared
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
 from gpt_ft.training.module import GPTModule
+from gpt_ft.training.terms import batch_terms
 from tests.helpers import random_choice_examples
 
 NO_DROPOUT = {"embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0}
 
 
-@pytest.mark.parametrize("lm_coef", [0.5, 0.0])
-def test_shared_context_equals_the_plain_path(tokenizer_dir, lm_coef):
+@pytest.mark.parametrize(
+    ("lm_coef", "context_length"), [(0.5, None), (0.0, None), (0.5, 12)], ids=["lm", "no-lm", "one-length"]
+)
+def test_shared_context_equals_the_plain_path(tokenizer_dir, lm_coef, context_length):
+    """Contexts of one length take the mask-free path (causal aligned to the lower right)."""
     tok = load_tokenizer(tokenizer_dir)
     specials = special_token_ids(tok)
-    rows, task = random_choice_examples(specials, vocab=len(tok) - 5)
+    rows, task = random_choice_examples(specials, vocab=len(tok) - 5, context_length=context_length)
     torch.manual_seed(0)
     module = GPTModule(
         preset="gpt-micro",
@@ -56,3 +62,99 @@ def test_shared_context_equals_the_plain_path(tokenizer_dir, lm_coef):
     assert grads_a.keys() == grads_b.keys()
     for name in grads_a:
         assert torch.allclose(grads_a[name], grads_b[name], atol=1e-5, rtol=0), name
+
+
+def left_padded_module(tokenizer_dir):
+    tok = load_tokenizer(tokenizer_dir)
+    specials = special_token_ids(tok)
+    rows, task = random_choice_examples(specials, vocab=len(tok) - 5)
+    torch.manual_seed(0)
+    module = GPTModule(
+        preset="gpt-micro",
+        overrides={"n_positions": 64, **NO_DROPOUT},
+        vocab_size=len(tok),
+        task=task,
+        classifier_dropout=0.0,
+    )
+    return module, collate(rows, specials.pad, padding_side="left"), collate(rows, specials.pad)
+
+
+def test_left_padding_runs_mask_free_and_equals_the_masked_reference(tokenizer_dir):
+    """Left-padded batches are rotated to right padding: no mask, and the same task logits, LM
+    sums and gradients as attending under the padding mask with positions from the first real
+    token, to 1e-5."""
+    module, left, right = left_padded_module(tokenizer_dir)
+    gpt, head = module.gpt, module.head
+    B, S, T = left.input_ids.shape
+    mask = left.attention_mask.view(B * S, T)
+
+    def masked_reference():
+        positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
+        hidden = gpt(left.input_ids.view(B * S, T), mask, position_ids=positions)
+        logits = gpt.lm_logits(hidden).float()
+        targets = left.lm_targets.view(B * S, T)
+        keep = targets != -100
+        losses = F.cross_entropy(logits[keep], targets[keep], reduction="none")
+        row = torch.arange(B * S)[:, None].expand(B * S, T)[keep] // S
+        lm_sum = torch.zeros(B).index_add_(0, row, losses)
+        extract = hidden[torch.arange(B * S), left.extract_index.view(-1)].view(B, S, -1)
+        return {"logits": head(extract, left.choice_mask), "lm_sum": lm_sum}
+
+    results = []
+    for run in (masked_reference, lambda: batch_terms(gpt, head, left, lm=True)):
+        module.zero_grad()
+        terms = run()
+        (terms["logits"][left.choice_mask].sum() + terms["lm_sum"].sum()).backward()
+        grads = {n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None}
+        results.append(({k: terms[k].detach() for k in ("logits", "lm_sum")}, grads))
+    (ref, ref_grads), (ours, our_grads) = results
+    real = left.choice_mask
+    torch.testing.assert_close(ours["logits"][real], ref["logits"][real], rtol=0, atol=1e-5)
+    torch.testing.assert_close(ours["lm_sum"], ref["lm_sum"], rtol=1e-6, atol=1e-4)
+    assert ref_grads.keys() == our_grads.keys() and len(ref_grads) > 0
+    for name in ref_grads:
+        torch.testing.assert_close(our_grads[name], ref_grads[name], rtol=1e-5, atol=1e-5, msg=name)
+    # The rotated batch is the right-padded one, token for token.
+    with torch.no_grad():
+        torch.testing.assert_close(batch_terms(gpt, head, right, lm=True)["logits"], ours["logits"])
+
+
+def attention_calls(monkeypatch) -> list[str]:
+    """Records how each scaled_dot_product_attention call is masked: 'causal', 'none',
+    'lower-right' (a CausalBias) or 'mask' (a materialised mask, which rules out flash)."""
+    calls, sdpa = [], F.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, **kwargs):
+        if isinstance(attn_mask, CausalBias):
+            calls.append("lower-right")
+        else:
+            calls.append("mask" if attn_mask is not None else "causal" if is_causal else "none")
+        return sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    return calls
+
+
+def test_every_batch_kind_but_padded_shared_contexts_runs_without_a_mask(tokenizer_dir, monkeypatch):
+    module, left, right = left_padded_module(tokenizer_dir)
+    module.eval()
+    tok = load_tokenizer(tokenizer_dir)
+    specials = special_token_ids(tok)
+    n_layer = module.gpt.config.n_layer
+
+    def kinds(batch, head=module.head) -> set[str]:
+        calls = attention_calls(monkeypatch)
+        with torch.no_grad():
+            batch_terms(module.gpt, head, batch, lm=True)
+        monkeypatch.undo()
+        assert len(calls) % n_layer == 0 and calls
+        return set(calls)
+
+    blocks = collate_blocks([(i, torch.randint(0, 100, (33,))) for i in range(2)])
+    assert kinds(blocks, head=None) == {"causal"}
+    assert kinds(right) == {"causal"}
+    assert kinds(left) == {"causal"}
+    rows, _ = random_choice_examples(specials, vocab=len(tok) - 5, context_length=9)
+    assert kinds(collate_shared(rows, specials.pad, specials.delim)) == {"causal", "lower-right"}
+    rows, _ = random_choice_examples(specials, vocab=len(tok) - 5)
+    assert kinds(collate_shared(rows, specials.pad, specials.delim)) == {"causal", "mask"}
