@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -236,6 +237,9 @@ def write_suite(root: Path, body: str) -> Path:
 
 
 # ---- tiny models, ours and transformers' ----
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+"""Marks a test that runs on a GPU (its name says cuda: `pytest -k cuda` selects them)."""
 
 TINY = dict(vocab_size=101, n_positions=64, n_embd=32, n_layer=2, n_head=4)
 

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from gpt_ft import GPT, GPTConfig
-from tests.helpers import TINY, tiny_gpt
+from tests.helpers import TINY, cuda, tiny_gpt
 
 
 @pytest.mark.parametrize("preset", ["gpt1", "gpt2"])
@@ -157,3 +157,28 @@ def test_right_padding_without_a_mask_equals_the_masked_reference_at_real_positi
     assert free[2].keys() == masked[2].keys() and len(free[2]) > 0
     for name in free[2]:
         torch.testing.assert_close(free[2][name], masked[2][name], rtol=0, atol=1e-5, msg=name)
+
+
+@cuda
+@pytest.mark.parametrize("pre_ln", [False, True])
+def test_cuda_states_equal_the_cpu_and_bf16_stays_close(pre_ln):
+    torch.manual_seed(0)
+    gpt = tiny_gpt(pre_ln=pre_ln).eval()
+    ids = torch.randint(0, TINY["vocab_size"], (3, 40))
+    with torch.no_grad():
+        expected = gpt.lm_logits(gpt(ids))
+        gpt.cuda()
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.testing.assert_close(gpt.lm_logits(gpt(ids.cuda())).cpu(), expected, rtol=0, atol=1e-4)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            bf16 = gpt.lm_logits(gpt(ids.cuda())).float().cpu()
+    assert (bf16 - expected).abs().max() < 0.1 * expected.abs().max()
+
+
+@cuda
+def test_cuda_cached_generation_equals_uncached():
+    torch.manual_seed(0)
+    gpt = tiny_gpt().cuda().eval()
+    prompt = torch.randint(0, TINY["vocab_size"], (2, 5), device="cuda")
+    cached = gpt.generate(prompt, max_new_tokens=20)
+    assert torch.equal(cached, gpt.generate(prompt, max_new_tokens=20, use_cache=False))

@@ -13,7 +13,7 @@ from gpt_ft.data.batches import collate, collate_blocks, collate_shared
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
 from gpt_ft.training.module import GPTModule
 from gpt_ft.training.terms import batch_terms
-from tests.helpers import random_choice_examples
+from tests.helpers import cuda, random_choice_examples
 
 NO_DROPOUT = {"embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0}
 
@@ -158,3 +158,22 @@ def test_every_batch_kind_but_padded_shared_contexts_runs_without_a_mask(tokeniz
     assert kinds(collate_shared(rows, specials.pad, specials.delim)) == {"causal", "lower-right"}
     rows, _ = random_choice_examples(specials, vocab=len(tok) - 5)
     assert kinds(collate_shared(rows, specials.pad, specials.delim)) == {"causal", "mask"}
+
+
+@cuda
+def test_cuda_every_batch_layout_equals_the_plain_one(tokenizer_dir):
+    """On the GPU (fp32, no TF32): left-padded and shared-context batches equal the plain layout."""
+    module, left, right = left_padded_module(tokenizer_dir)
+    tok = load_tokenizer(tokenizer_dir)
+    specials = special_token_ids(tok)
+    rows, _ = random_choice_examples(specials, vocab=len(tok) - 5)
+    shared = collate_shared(rows, specials.pad, specials.delim)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    module.cuda().eval()
+    with torch.no_grad():
+        logits = [module.terms(b.__class__(**{k: v.cuda() if torch.is_tensor(v) else v
+                                              for k, v in vars(b).items()}))["logits"].cpu()
+                  for b in (right, left, shared)]  # fmt: skip
+    real = right.choice_mask
+    for other in logits[1:]:
+        torch.testing.assert_close(other[real], logits[0][real], rtol=0, atol=1e-5)
