@@ -92,6 +92,7 @@ def generate(argv: list[str]) -> None:
     import torch
 
     from gpt_ft.data.tokenizer import load_tokenizer
+    from gpt_ft.training.precision import cpu_precision
 
     parser = ArgumentParser(prog="gpt-ft generate", description="Continue a prompt with a trained model.")
     parser.add_argument("--ckpt_path", required=True, help="a gpt_ft .ckpt or a transformers directory")
@@ -106,9 +107,34 @@ def generate(argv: list[str]) -> None:
     parser.add_argument("--length_penalty", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--precision",
+        choices=["32-true", "bf16-mixed", "bf16-true"],
+        default="32-true",
+        help="bf16-mixed: fp32 weights, bf16 matrix products; bf16-true: bf16 weights and KV cache",
+    )
     cfg = parser.parse_args(argv)
+    precision = cfg.precision
+    if torch.device(cfg.device).type == "cpu":
+        precision, why = cpu_precision(precision)
+        if why:
+            print(why, file=sys.stderr, flush=True)
     tok = load_tokenizer(resolve_tokenizer(cfg.tokenizer, cfg.ckpt_path))
     gpt = load_weights(cfg.ckpt_path).to(cfg.device).eval()
+    if precision == "bf16-true":
+        gpt = gpt.to(torch.bfloat16)
+    autocast = torch.autocast(
+        torch.device(cfg.device).type, torch.bfloat16, enabled=precision == "bf16-mixed"
+    )
+    with autocast:
+        _generate(cfg, tok, gpt)
+
+
+def _generate(cfg, tok, gpt) -> None:
+    import sys
+
+    import torch
+
     ids = tok(cfg.prompt, add_special_tokens=False)["input_ids"]
     if not ids:
         raise ValueError("--prompt is empty: give some text to continue.")

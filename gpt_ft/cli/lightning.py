@@ -17,6 +17,7 @@ from lightning.pytorch.callbacks import (
     TQDMProgressBar,
 )
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from gpt_ft.model.weights import resolve_tokenizer, safe_load
 from gpt_ft.training.checkpointing import (
@@ -26,6 +27,7 @@ from gpt_ft.training.checkpointing import (
     SaveLast,
     find_last_checkpoint,
 )
+from gpt_ft.training.precision import cpu_precision, runs_on_cpu
 from gpt_ft.training.throughput import ParameterSummary, Throughput
 
 # Logs and checkpoints go to runs/lightning_logs/version_N, or under --trainer.default_root_dir.
@@ -91,6 +93,10 @@ class GPTCLI(LightningCLI):
                 "gpt-ft fit) or --model.init_from WEIGHTS; it does not score a randomly initialised model."
             )
         _logs_follow_root_dir(config.trainer)
+        if runs_on_cpu(config.trainer.get("accelerator", "auto")):
+            config.trainer.precision, why = cpu_precision(config.trainer.get("precision"))
+            if why:
+                rank_zero_info(why)
         data = config.data.init_args
         # Fine-tuning from a checkpoint needs no tokenizer argument: the one saved with it is used.
         if "tokenizer" in data:

@@ -1,0 +1,70 @@
+"""bf16 on the CPU, where it pays.
+
+`precision: bf16-mixed` runs the matrix products in bf16 under `torch.autocast("cpu")`. Whether
+that is faster than fp32 depends on the processor: on CPUs whose bf16 instructions double the
+fp32 rate (AVX-512 BF16 on AMD Zen 4, AMX on Intel Sapphire Rapids) a training step runs up to
+several times faster; on CPUs without them bf16 is emulated, and on some with them oneDNN's bf16
+kernels still lose to fp32. So on a CPU a bf16 precision is kept only where a short matmul probe
+(about 0.1 s) shows bf16 faster, and otherwise falls back to 32-true with one line saying why.
+`GPT_FT_CPU_BF16=always` keeps bf16 regardless (for example to test the bf16 path itself).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import statistics
+import time
+
+import torch
+
+BF16 = ("bf16-mixed", "bf16-true", "bf16")
+FORCE = "GPT_FT_CPU_BF16"
+
+
+def cpu_has_bf16() -> bool:
+    """Whether oneDNN has bf16 matrix instructions on this CPU (AVX-512 BF16 or AMX)."""
+    try:
+        return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+@functools.cache
+def bf16_matmul_speedup(n: int = 1024, repeats: int = 5) -> float:
+    """How many times faster an n x n x n matrix product runs in bf16 than in fp32 on this CPU
+    (median of `repeats` interleaved timings, after a warm-up)."""
+    g = torch.Generator().manual_seed(0)
+    a32, b32 = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
+    a16, b16 = a32.bfloat16(), b32.bfloat16()
+    ratios = []
+    for i in range(repeats + 1):
+        times = []
+        for a, b in ((a32, b32), (a16, b16)):
+            start = time.perf_counter()
+            torch.mm(a, b)
+            times.append(time.perf_counter() - start)
+        if i:  # the first round warms oneDNN's kernels up
+            ratios.append(times[0] / times[1])
+    return statistics.median(ratios)
+
+
+def cpu_precision(precision: str | int | None) -> tuple[str | int | None, str | None]:
+    """The precision to train with on a CPU when `precision` was asked for, and the line that says
+    why it changed (None when it did not)."""
+    if str(precision) not in BF16 or os.environ.get(FORCE) == "always":
+        return precision, None
+    if not cpu_has_bf16():
+        why = "This CPU has no bf16 matrix instructions (AVX-512 BF16 or AMX)"
+    else:
+        speedup = bf16_matmul_speedup()
+        if speedup >= 1.1:
+            return precision, None
+        why = f"On this CPU bf16 matrix products run at {speedup:.2f}x the speed of fp32"
+    return "32-true", f"{why}: running in 32-true instead of {precision} ({FORCE}=always keeps bf16)."
+
+
+def runs_on_cpu(accelerator: object) -> bool:
+    """Whether a Trainer with this `accelerator` setting computes on the CPU."""
+    name = accelerator if isinstance(accelerator, str) else type(accelerator).__name__.lower()
+    return name == "cpu" or "cpu" in name or (name == "auto" and not torch.cuda.is_available())

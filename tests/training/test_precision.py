@@ -1,0 +1,165 @@
+"""bf16 on the CPU: kept where it is faster, otherwise 32-true with one line saying why; forced
+(GPT_FT_CPU_BF16=always), every path runs in bf16-mixed with losses close to fp32's."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from gpt_ft.cli import main
+from gpt_ft.data.batches import collate, collate_shared
+from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
+from gpt_ft.model.gpt import blocked_causal_attention
+from gpt_ft.training import precision
+from gpt_ft.training.module import GPTModule
+from tests.helpers import TINY, random_choice_examples, tiny_gpt
+
+BF16_REL = 2e-2  # bf16-mixed losses stay within 2% of fp32's (bf16 keeps 8 bits of mantissa)
+
+
+def test_bf16_falls_back_to_fp32_where_it_is_slower_or_missing(monkeypatch):
+    monkeypatch.delenv(precision.FORCE, raising=False)
+    monkeypatch.setattr(precision, "cpu_has_bf16", lambda: False)
+    chosen, why = precision.cpu_precision("bf16-mixed")
+    assert chosen == "32-true"
+    assert why == (
+        "This CPU has no bf16 matrix instructions (AVX-512 BF16 or AMX): running in 32-true instead of "
+        "bf16-mixed (GPT_FT_CPU_BF16=always keeps bf16)."
+    )
+    monkeypatch.setattr(precision, "cpu_has_bf16", lambda: True)
+    monkeypatch.setattr(precision, "bf16_matmul_speedup", lambda: 0.53)
+    chosen, why = precision.cpu_precision("bf16-true")
+    assert chosen == "32-true" and why.startswith("On this CPU bf16 matrix products run at 0.53x the speed")
+    monkeypatch.setattr(precision, "bf16_matmul_speedup", lambda: 3.9)
+    assert precision.cpu_precision("bf16-mixed") == ("bf16-mixed", None)
+    assert precision.cpu_precision("32-true") == ("32-true", None)
+    monkeypatch.setattr(precision, "bf16_matmul_speedup", lambda: 0.53)
+    monkeypatch.setenv(precision.FORCE, "always")
+    assert precision.cpu_precision("bf16-mixed") == ("bf16-mixed", None)
+
+
+def test_the_probe_measures_a_ratio():
+    assert 0.05 < precision.bf16_matmul_speedup(n=128, repeats=1) < 50
+
+
+def lm_loss(gpt, ids, bf16: bool) -> torch.Tensor:
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        logits = gpt.lm_logits(gpt(ids[:, :-1]))
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten())
+
+
+@pytest.mark.parametrize("pre_ln", [False, True])
+def test_bf16_mixed_loss_and_gradients_stay_close_to_fp32(pre_ln):
+    torch.manual_seed(0)
+    gpt = tiny_gpt(pre_ln=pre_ln, embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)
+    # A few steps of training first, so that the loss is not just log(vocab) of a random model.
+    opt = torch.optim.AdamW(gpt.parameters(), lr=1e-2)
+    ids = torch.randint(0, TINY["vocab_size"] // 4, (4, 33))
+    for _ in range(20):
+        lm_loss(gpt, ids, False).backward()
+        opt.step()
+        opt.zero_grad()
+    grads = []
+    for bf16 in (False, True):
+        loss = lm_loss(gpt, ids, bf16)
+        loss.backward()
+        grads.append((loss.detach(), torch.cat([p.grad.flatten() for p in gpt.parameters()])))
+        gpt.zero_grad()
+    (fp32, g32), (bf16, g16) = grads
+    assert fp32 < 3.0  # trained well below log(101) = 4.6
+    assert abs(bf16 - fp32) / fp32 < BF16_REL
+    assert torch.nn.functional.cosine_similarity(g32, g16, dim=0) > 0.99
+
+
+def test_blocked_attention_in_bf16_equals_sdpa():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 300, 16) for _ in range(3))
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        blocked = blocked_causal_attention(q, k, v, None, dropout_p=0.0, block=128)
+    assert blocked.dtype == torch.bfloat16
+    torch.testing.assert_close(blocked.float(), expected, rtol=0, atol=3e-2)
+
+
+def test_shared_context_in_bf16_matches_the_plain_layout(tokenizer_dir):
+    tok = load_tokenizer(tokenizer_dir)
+    specials = special_token_ids(tok)
+    rows, task = random_choice_examples(specials, vocab=len(tok) - 5)
+    torch.manual_seed(0)
+    module = GPTModule(preset="gpt-micro", overrides={"n_positions": 64}, vocab_size=len(tok), task=task)
+    module.eval()
+    losses = {}
+    for name, batch in (
+        ("plain", collate(rows, specials.pad)),
+        ("shared", collate_shared(rows, specials.pad, specials.delim)),
+    ):
+        for bf16 in (False, True):
+            with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                losses[name, bf16] = module.losses(batch)[0].float()
+    assert abs(losses["shared", True] - losses["plain", True]) / losses["plain", False] < BF16_REL
+    assert abs(losses["shared", True] - losses["shared", False]) / losses["shared", False] < BF16_REL
+
+
+def printed_metrics(out: str) -> dict[str, float]:
+    line = [ln for ln in out.splitlines() if ln.startswith("epoch ")][-1]
+    return {k: float(v) for k, v in re.findall(r"(validation/\w+) ([-\d.]+)", line)}
+
+
+def test_fit_validate_predict_and_generate_in_bf16_mixed(tmp_path, finetuned, monkeypatch, capsys):
+    """Forced bf16-mixed through the CLI: the fp32 checkpoint validates to the same metrics within
+    the tolerance, predicts, fine-tunes on (weights stay fp32), and generates."""
+    monkeypatch.setenv(precision.FORCE, "always")
+    quiet = [
+        "--trainer.logger=false",
+        f"--trainer.default_root_dir={tmp_path}",
+        "--trainer.enable_progress_bar=false",
+    ]
+    metrics = {}
+    for p in ("32-true", "bf16-mixed"):
+        capsys.readouterr()
+        main(["validate", f"--ckpt_path={finetuned.ckpt}", f"--trainer.precision={p}", *quiet])
+        metrics[p] = printed_metrics(capsys.readouterr().out)
+    assert metrics["32-true"]["validation/accuracy"] == metrics["bf16-mixed"]["validation/accuracy"]
+    fp32, bf16 = metrics["32-true"]["validation/loss"], metrics["bf16-mixed"]["validation/loss"]
+    assert bf16 != fp32 and abs(bf16 - fp32) / fp32 < BF16_REL  # bf16 did run, and stays close
+    out = tmp_path / "pred"
+    main(["predict", f"--ckpt_path={finetuned.ckpt}", "--trainer.precision=bf16-mixed",
+          f"--model.predictions_dir={out}", *quiet])  # fmt: skip
+    assert (out / "SENT.tsv").read_text().splitlines()[0] == "index\tprediction"
+    logs = tmp_path / "logs"
+    data = [f"--data.task={finetuned.card}", f"--data.data_dir={finetuned.root}", "--data.max_length=64"]
+    main(["fit", f"--model.init_from={finetuned.ckpt}", *data, "--trainer.max_steps=2",
+          "--trainer.precision=bf16-mixed", f"--trainer.default_root_dir={logs}",
+          "--trainer.enable_progress_bar=false"])  # fmt: skip
+    (last,) = logs.rglob("last.ckpt")
+    state = torch.load(last, map_location="cpu", weights_only=True)["state_dict"]
+    assert {t.dtype for t in state.values() if t.is_floating_point()} == {torch.float32}
+    capsys.readouterr()
+    for p in ("bf16-mixed", "bf16-true"):
+        main(
+            [
+                "generate",
+                f"--ckpt_path={finetuned.ckpt}",
+                "--prompt=the cat",
+                "--max_new_tokens=5",
+                f"--precision={p}",
+            ]
+        )
+        assert capsys.readouterr().out.startswith("the cat")
+
+
+def test_generate_says_when_it_falls_back(finetuned, monkeypatch, capsys):
+    monkeypatch.delenv(precision.FORCE, raising=False)
+    monkeypatch.setattr(precision, "cpu_has_bf16", lambda: False)
+    main(
+        [
+            "generate",
+            f"--ckpt_path={finetuned.ckpt}",
+            "--prompt=the",
+            "--max_new_tokens=2",
+            "--precision=bf16-mixed",
+        ]
+    )
+    assert "running in 32-true instead of bf16-mixed" in capsys.readouterr().err
