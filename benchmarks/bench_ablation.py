@@ -14,24 +14,101 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from gpt_ft.training.checkpointing import find_last_checkpoint
+
 ROOT = Path(__file__).resolve().parents[1]
 DROPOUT = "embd_pdrop: {p}, attn_pdrop: {p}, resid_pdrop: {p}"
 
 
-def gpt_ft(*args: str, log: Path | None = None) -> None:
+def gpt_ft(*args: str, log: Path | None = None) -> str:
+    """Runs `gpt-ft ARGS` in the project root, printing its output as it comes (its stderr goes to
+    `log`), and returns that output."""
     cmd = [sys.executable, "-m", "gpt_ft", *args]
     print(f"$ gpt-ft {' '.join(args)}", flush=True)
-    with open(log, "w") if log else open("/dev/null", "w") as sink:
-        out = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=sink, text=True)
-    for line in out.stdout.splitlines():
-        print("  " + line, flush=True)
-    if out.returncode != 0:
-        raise SystemExit(f"gpt-ft {args[0]} failed (exit {out.returncode}); see {log}")
+    lines = []
+    with open(log, "w") if log else open(os.devnull, "w") as sink:
+        with subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=sink, text=True) as proc:
+            for line in proc.stdout:
+                lines.append(line)
+                print("  " + line.rstrip("\n"), flush=True)
+    if proc.returncode != 0:
+        where = f"; see {log}" if log else ""
+        raise SystemExit(f"gpt-ft {args[0]} failed (exit {proc.returncode}){where}")
+    return "".join(lines)
+
+
+def train_tokenizer(out: Path, books: str, vocab_size: int = 8192) -> str:
+    """Step 1: a byte-level BPE trained on the books into OUT/tokenizer (kept if already there)."""
+    tokenizer = str(out / "tokenizer")
+    if not (out / "tokenizer" / "tokenizer.json").exists():
+        gpt_ft("tokenizer", books, "--vocab_size", str(vocab_size), "--out_dir", tokenizer)
+    return tokenizer
+
+
+def prepare_books(
+    out: Path, books: str, tokenizer: str, workers: int = 2, prepare_args: tuple[str, ...] = ()
+) -> Path:
+    """Step 2: the books' tokens in OUT/tokens (kept if already there); `prepare_args` go to
+    `gpt-ft prepare`."""
+    tokens = out / "tokens"
+    if not (tokens / "meta.json").exists():
+        args = ["--tokenizer", tokenizer, "--out_dir", str(tokens), "--workers", str(workers)]
+        gpt_ft("prepare", books, *args, *prepare_args)
+    return tokens
+
+
+def finetune_rows(
+    *,
+    glue: str,
+    storycloze: str,
+    tokenizer: str,
+    context: int,
+    checkpoint: Path,
+    lr: tuple[float, float],
+    epochs_for: list[str],
+    steps_for: list[str],
+    preset: str | None = None,
+    shape: str = "",
+) -> dict[str, list[str]]:
+    """benchmarks/bench_finetune.py's arguments for the two rows: from the pretrained checkpoint
+    (dropout 0.1) and from scratch (the same shape: `preset`, default bench_finetune's, with the
+    context and the `shape` changes, e.g. 'n_layer: 6'). `lr` is (pretrained, scratch)."""
+    common = [
+        f"--glue={glue}",
+        f"--storycloze={storycloze}",
+        f"--tokenizer={tokenizer}",
+        f"--max-length={context}",
+        "--epochs-for",
+        *epochs_for,
+        "--steps-for",
+        *steps_for,
+    ]
+    scratch = [f"--overrides={{n_positions: {context}{', ' + shape if shape else ''}}}", f"--lr={lr[1]}"]
+    if preset:
+        scratch.insert(0, f"--preset={preset}")
+    return {
+        "pretrained": [
+            *common,
+            f"--init-from={checkpoint}",
+            f"--overrides={{{DROPOUT.format(p=0.1)}}}",
+            f"--lr={lr[0]}",
+        ],
+        "from scratch": [*common, *scratch],
+    }
+
+
+def print_table(results: dict[str, dict[str, dict]]) -> None:
+    """Best validation score per task, one line per row (`results`: row -> task -> bench_finetune row)."""
+    tasks = list(next(iter(results.values())))
+    print(f"\n{'best validation score':<22}" + "".join(f"{t:>12}" for t in tasks))
+    for name, by_task in results.items():
+        print(f"{name:<22}" + "".join(f"{100 * by_task[t]['best']:>12.1f}" for t in tasks))
 
 
 def main() -> None:
@@ -63,16 +140,9 @@ def main() -> None:
     out = (ROOT / args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
 
-    tokenizer = args.tokenizer
-    if tokenizer is None:
-        tokenizer = str(out / "tokenizer")
-        if not (out / "tokenizer" / "tokenizer.json").exists():
-            gpt_ft("tokenizer", args.books, "--vocab_size", str(args.vocab_size), "--out_dir", tokenizer)
-    tokens = out / "tokens"
-    if not (tokens / "meta.json").exists():
-        gpt_ft("prepare", args.books, "--tokenizer", tokenizer, "--out_dir", str(tokens), "--workers", "2")
+    tokenizer = args.tokenizer or train_tokenizer(out, args.books, args.vocab_size)
+    tokens = prepare_books(out, args.books, tokenizer)
 
-    checkpoint = out / "pretrain" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
     if not args.skip_pretraining:
         start = time.perf_counter()
         minutes = int(args.minutes)
@@ -96,25 +166,22 @@ def main() -> None:
             log=out / "pretrain.log",
         )
         print(f"pretraining took {(time.perf_counter() - start) / 60:.1f} min", flush=True)
+    checkpoint = find_last_checkpoint(out / "pretrain" / "lightning_logs")  # the newest run's
+    if checkpoint is None:
+        raise SystemExit(
+            f"no last.ckpt under {out / 'pretrain'}: pretrain first (without --skip-pretraining)"
+        )
 
-    common = [
-        f"--glue={args.glue}",
-        f"--storycloze={args.storycloze}",
-        f"--tokenizer={tokenizer}",
-        f"--max-length={args.context}",
-        "--epochs-for",
-        *args.epochs_for,
-        "--steps-for",
-        *args.steps_for,
-    ]
-    rows = {
-        "pretrained": [
-            f"--init-from={checkpoint}",
-            f"--overrides={{{DROPOUT.format(p=0.1)}}}",
-            f"--lr={args.finetune_lr[0]}",
-        ],
-        "from scratch": [f"--overrides={{n_positions: {args.context}}}", f"--lr={args.finetune_lr[1]}"],
-    }
+    rows = finetune_rows(
+        glue=args.glue,
+        storycloze=args.storycloze,
+        tokenizer=tokenizer,
+        context=args.context,
+        checkpoint=checkpoint,
+        lr=tuple(args.finetune_lr),
+        epochs_for=args.epochs_for,
+        steps_for=args.steps_for,
+    )
     results = {}
     for name, extra in rows.items():
         print(f"\n== {name} ==", flush=True)
@@ -122,18 +189,13 @@ def main() -> None:
         cmd = [
             sys.executable,
             "benchmarks/bench_finetune.py",
-            *common,
             *extra,
             f"--out={folder}",
             f"--results={folder / 'results.json'}",
         ]
         subprocess.run(cmd, cwd=ROOT, check=True)
         results[name] = {row["task"]: row for row in json.loads((folder / "results.json").read_text())}
-
-    tasks = list(results["pretrained"])
-    print(f"\n{'best validation score':<22}" + "".join(f"{t:>12}" for t in tasks))
-    for name, by_task in results.items():
-        print(f"{name:<22}" + "".join(f"{100 * by_task[t]['best']:>12.1f}" for t in tasks))
+    print_table(results)
 
 
 if __name__ == "__main__":
