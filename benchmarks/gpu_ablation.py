@@ -20,14 +20,10 @@ the unit of resumption: one that cannot finish before the budget runs out is sto
 whole by the next call. Fine-tuning checkpoints are deleted once a run's scores are recorded, and a
 resumed pretraining's older checkpoints once the newer last.ckpt is written.
 
-On a lent GPU, with `.whl` in the call's `carry` (see benchmarks/README.md) and a 600-second
-limit, the same device call, repeated until DONE (the machine stays warm between calls and keeps
-runs/; the report comes back as $OUT/gpu_ablation.md):
-
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \\
-        --target /tmp/site .whl/*.whl \\
-      && export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 \\
-      && set -o pipefail && python3 benchmarks/gpu_ablation.py 2>&1 | tee $OUT/gpu_ablation.log
+On a lent GPU: the wheels (benchmarks/gpu_wheels.sh) and the data (benchmarks/gpu_data.sh) are
+carried in `.whl` and `.data`, and the same device call, repeated until DONE, unpacks the data and
+goes on (the machine stays warm between calls and keeps runs/; the report comes back as
+$OUT/gpu_ablation.md). The call is in benchmarks/README.md.
 
 Give --books, --glue and --storycloze where the data lies on that machine; add --compile to
 torch.compile the pretraining model, --preset or --shape for a smaller one, --tokens for a longer
