@@ -14,6 +14,7 @@ from lightning.pytorch.callbacks import (
     ModelCheckpoint,
     ModelSummary,
     ProgressBar,
+    Timer,
     TQDMProgressBar,
 )
 from lightning.pytorch.cli import LightningCLI
@@ -25,6 +26,7 @@ from gpt_ft.training.checkpointing import (
     Provenance,
     ResumeState,
     SaveLast,
+    WholeStepTimer,
     find_last_checkpoint,
 )
 from gpt_ft.training.precision import cpu_precision, runs_on_cpu
@@ -144,6 +146,9 @@ class GPTCLI(LightningCLI):
             callbacks.append(TQDMProgressBar(refresh_rate=10))
         if not any(isinstance(c, SaveLast) for c in callbacks):
             callbacks.append(SaveLast())
+        if trainer_config.get("max_time") is not None and not any(isinstance(c, Timer) for c in callbacks):
+            callbacks.append(WholeStepTimer(duration=trainer_config.max_time, interval="step"))
+            trainer_config.max_time = None  # the Timer above is the one
         if trainer_config.get("enable_model_summary") is not False and not any(
             isinstance(c, ModelSummary) for c in callbacks
         ):

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, Timer
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
@@ -33,6 +33,24 @@ import gpt_ft
 from gpt_ft.model.weights import safe_load
 
 LAST = f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}.ckpt"
+
+
+class WholeStepTimer(Timer):
+    """`--trainer.max_time` that stops only between optimizer steps.
+
+    Lightning's Timer may stop inside a gradient-accumulation window, and the checkpoint taken
+    then cannot resume that window exactly (its first micro-batches' gradients are gone). This one
+    lets the window finish first, as `SaveLast` does for SIGTERM. Its state is Lightning's Timer's,
+    under the same key, so the training time already spent carries over on resume.
+    """
+
+    @property
+    def state_key(self) -> str:
+        return "Timer"
+
+    def on_train_batch_end(self, trainer, *args: Any, **kwargs: Any) -> None:
+        if not trainer.fit_loop.epoch_loop._should_accumulate():
+            super().on_train_batch_end(trainer, *args, **kwargs)
 
 
 class SaveLast(Callback):

@@ -74,6 +74,21 @@ def test_sigterm_mid_accumulation_saves_at_the_step_and_resumes_exactly(tmp_path
     assert_same_weights(last_state(tmp_path / "whole", 0), last_state(tmp_path / "cut", 1))
 
 
+def test_max_time_stops_between_optimizer_steps_and_resumes_exactly(tmp_path, tokenizer_dir, capsys):
+    """A time limit that runs out mid-accumulation lets the window finish: the checkpoint is at a
+    whole step (Lightning's own Timer would stop after the first micro-batch, at step 0)."""
+    card = make_task("single", tmp_path)
+    accumulate = ["--trainer.accumulate_grad_batches=2"]
+    main(["fit", *finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "whole"), *accumulate])
+    args = finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "cut") + accumulate
+    main(["fit", *args, "--trainer.max_time={milliseconds: 1}"])  # out of time at the first batch
+    stopped = last_state(tmp_path / "cut", 0)
+    assert stopped["global_step"] == 1
+    assert "time_elapsed" in stopped["callbacks"]["Timer"]  # Lightning's Timer state, under its key
+    main(["fit", *args, "--ckpt_path=last"])
+    assert_same_weights(last_state(tmp_path / "whole", 0), last_state(tmp_path / "cut", 1))
+
+
 def test_pretraining_resumes_mid_epoch_exactly(tmp_path, tokenizer_dir):
     main(
         ["prepare", str(write_corpus(tmp_path)), "--tokenizer", tokenizer_dir]
