@@ -1,0 +1,141 @@
+"""TF-IDF baselines for the ablation's tasks: what a bag of words gets without any pretraining.
+
+Word 1-2-gram TF-IDF fitted on each task's training split, then:
+  SST-2        logistic regression on the sentence's features
+  RTE          logistic regression on [premise, hypothesis, premise * hypothesis]
+  STS-B        ridge regression on [a * b, |a - b|] (Pearson x 100 on dev)
+  Story Cloze  logistic regression scoring (context * ending, ending); the higher-scored ending wins
+               (trained on the first 1497 stories of the 2016 validation file, scored on the other
+               374, as tasks/storycloze.yaml splits it)
+Scores are on the dev / held-out split, in the same units as the fine-tuning tables. Needs
+scikit-learn (`pip install -e ".[bench]"`).
+
+    python benchmarks/tfidf_baseline.py --glue ../shared/data/glue --storycloze ../shared/data/storycloze
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+def read_tsv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+
+
+def vectorizer(texts: list[str]):
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    return TfidfVectorizer(ngram_range=(1, 2), sublinear_tf=True, min_df=2).fit(texts)
+
+
+def logistic():
+    from sklearn.linear_model import LogisticRegression
+
+    return LogisticRegression(C=4.0, max_iter=2000)
+
+
+def sst2(glue: Path) -> float:
+    train, dev = read_tsv(glue / "SST-2" / "train.tsv"), read_tsv(glue / "SST-2" / "dev.tsv")
+    vec = vectorizer([r["sentence"] for r in train])
+    model = logistic().fit(vec.transform([r["sentence"] for r in train]), [int(r["label"]) for r in train])
+    predicted = model.predict(vec.transform([r["sentence"] for r in dev]))
+    return 100 * float(np.mean(predicted == np.array([int(r["label"]) for r in dev])))
+
+
+def pair_features(vec, a: list[str], b: list[str], *, product_and_distance: bool = False):
+    from scipy.sparse import hstack
+
+    x, y = vec.transform(a), vec.transform(b)
+    if product_and_distance:
+        return hstack([x.multiply(y), abs(x - y)]).tocsr()
+    return hstack([x, y, x.multiply(y)]).tocsr()
+
+
+def rte(glue: Path) -> float:
+    train, dev = read_tsv(glue / "RTE" / "train.tsv"), read_tsv(glue / "RTE" / "dev.tsv")
+    vec = vectorizer([r["sentence1"] for r in train] + [r["sentence2"] for r in train])
+
+    def xy(rows):
+        x = pair_features(vec, [r["sentence1"] for r in rows], [r["sentence2"] for r in rows])
+        return x, np.array([r["label"] == "entailment" for r in rows])
+
+    model = logistic().fit(*xy(train))
+    x, y = xy(dev)
+    return 100 * float(np.mean(model.predict(x) == y))
+
+
+def stsb(glue: Path) -> float:
+    from sklearn.linear_model import Ridge
+
+    train, dev = read_tsv(glue / "STS-B" / "train.tsv"), read_tsv(glue / "STS-B" / "dev.tsv")
+    vec = vectorizer([r["sentence1"] for r in train] + [r["sentence2"] for r in train])
+
+    def xy(rows):
+        x = pair_features(vec, [r["sentence1"] for r in rows], [r["sentence2"] for r in rows],
+                          product_and_distance=True)  # fmt: skip
+        return x, np.array([float(r["score"]) for r in rows])
+
+    model = Ridge(alpha=1.0).fit(*xy(train))
+    x, y = xy(dev)
+    return 100 * float(np.corrcoef(model.predict(x), y)[0, 1])
+
+
+def story_cloze(folder: Path) -> float:
+    from scipy.sparse import hstack
+
+    (path,) = folder.glob("*val*.csv")
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    train, held_out = rows[:1497], rows[1497:]
+    context = lambda r: " ".join(r[f"InputSentence{i}"] for i in range(1, 5))  # noqa: E731
+    endings = lambda r: [r["RandomFifthSentenceQuiz1"], r["RandomFifthSentenceQuiz2"]]  # noqa: E731
+    vec = vectorizer([context(r) for r in train] + [e for r in train for e in endings(r)])
+
+    def features(rows):  # one row per (story, ending)
+        c = vec.transform([context(r) for r in rows for _ in range(2)])
+        e = vec.transform([e for r in rows for e in endings(r)])
+        return hstack([c.multiply(e), e]).tocsr()
+
+    right = lambda rows: np.array([int(r["AnswerRightEnding"]) - 1 for r in rows])  # noqa: E731
+    labels = np.zeros(2 * len(train), dtype=bool)
+    labels[2 * np.arange(len(train)) + right(train)] = True
+    model = logistic().fit(features(train), labels)
+    scores = model.decision_function(features(held_out)).reshape(-1, 2)
+    return 100 * float(np.mean(scores.argmax(axis=1) == right(held_out)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--glue", default="../shared/data/glue")
+    parser.add_argument("--storycloze", default="../shared/data/storycloze")
+    parser.add_argument("--json", default=None, help="also write the scores to this file")
+    args = parser.parse_args()
+    try:
+        import sklearn  # noqa: F401
+    except ImportError:
+        sys.exit('tfidf_baseline.py needs scikit-learn: pip install -e ".[bench]"')
+    glue = Path(args.glue)
+    scores = {
+        "SST-2": sst2(glue),
+        "RTE": rte(glue),
+        "STS-B": stsb(glue),
+        "StoryCloze": story_cloze(Path(args.storycloze)),
+    }
+    print("TF-IDF baseline (dev / held-out):")
+    for task, score in scores.items():
+        print(f"  {task:<11} {score:5.1f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(scores, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
