@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import statistics
 import subprocess
 import sys
 import time
@@ -103,14 +105,6 @@ def finetune_rows(
     }
 
 
-def print_table(results: dict[str, dict[str, dict]]) -> None:
-    """Best validation score per task, one line per row (`results`: row -> task -> bench_finetune row)."""
-    tasks = list(next(iter(results.values())))
-    print(f"\n{'best validation score':<22}" + "".join(f"{t:>12}" for t in tasks))
-    for name, by_task in results.items():
-        print(f"{name:<22}" + "".join(f"{100 * by_task[t]['best']:>12.1f}" for t in tasks))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -136,6 +130,11 @@ def main() -> None:
     )
     parser.add_argument("--out", default="runs/ablation")
     parser.add_argument("--skip-pretraining", action="store_true", help="reuse OUT/pretrain/.../last.ckpt")
+    parser.add_argument("--shape", default="", help="GPTConfig changes of both rows, e.g. 'pre_ln: true'")
+    parser.add_argument("--warmup-steps", type=int, default=None, help="pretraining warmup (default 10%%)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="fine-tuning seeds of each row")
+    parser.add_argument("--tfidf", action="store_true", help="add benchmarks/tfidf_baseline.py's row")
+    parser.add_argument("--report", default=None, help="write the table as Markdown (and a .png chart)")
     args = parser.parse_args()
     out = (ROOT / args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -146,7 +145,7 @@ def main() -> None:
     if not args.skip_pretraining:
         start = time.perf_counter()
         minutes = int(args.minutes)
-        gpt_ft(
+        printed = gpt_ft(
             "fit",
             "--config",
             "configs/pretrain/cpu.yaml",
@@ -154,17 +153,19 @@ def main() -> None:
             f"--data.block_size={args.context}",
             f"--data.batch_size={args.batch_size}",
             # Less than one pass over the books: no dropout while pretraining.
-            f"--model.overrides={{n_positions: {args.context}, {DROPOUT.format(p=0.0)}}}",
+            f"--model.overrides={{n_positions: {args.context}, {DROPOUT.format(p=0.0)}"
+            f"{', ' + args.shape if args.shape else ''}}}",
             f"--trainer.max_steps={args.steps}",
             f"--trainer.max_time=00:{minutes // 60:02d}:{minutes % 60:02d}:00",
             "--trainer.val_check_interval=250",
             "--trainer.limit_val_batches=50",
             f"--model.lr={args.pretrain_lr}",
-            f"--model.warmup_steps={max(1, args.steps // 10)}",
+            f"--model.warmup_steps={args.warmup_steps or max(1, args.steps // 10)}",
             f"--trainer.logger.init_args.save_dir={out / 'pretrain'}",
             "--trainer.enable_progress_bar=false",
             log=out / "pretrain.log",
         )
+        (out / "pretrain.out").write_text(printed)
         print(f"pretraining took {(time.perf_counter() - start) / 60:.1f} min", flush=True)
     checkpoint = find_last_checkpoint(out / "pretrain" / "lightning_logs")  # the newest run's
     if checkpoint is None:
@@ -181,21 +182,92 @@ def main() -> None:
         lr=tuple(args.finetune_lr),
         epochs_for=args.epochs_for,
         steps_for=args.steps_for,
+        shape=args.shape,
     )
-    results = {}
-    for name, extra in rows.items():
-        print(f"\n== {name} ==", flush=True)
-        folder = out / name.replace(" ", "-")
-        cmd = [
-            sys.executable,
-            "benchmarks/bench_finetune.py",
-            *extra,
-            f"--out={folder}",
-            f"--results={folder / 'results.json'}",
-        ]
+    results: dict[str, dict[str, list[float]]] = {}  # row -> task -> best score of each seed
+    for seed in args.seeds:
+        for name, extra in rows.items():
+            print(f"\n== {name}, seed {seed} ==", flush=True)
+            folder = out / name.replace(" ", "-") / f"seed-{seed}"
+            if not (folder / "results.json").exists():  # a finished run is kept: rerun to go on
+                cmd = [sys.executable, "benchmarks/bench_finetune.py", *extra, f"--out={folder}",
+                       f"--results={folder / 'results.json.tmp'}", f"--seed_everything={seed}"]  # fmt: skip
+                subprocess.run(cmd, cwd=ROOT, check=True)
+                (folder / "results.json.tmp").replace(folder / "results.json")
+            for row in json.loads((folder / "results.json").read_text()):
+                results.setdefault(name, {}).setdefault(row["task"], []).append(100 * row["best"])
+    if args.tfidf:
+        scores = out / "tfidf.json"
+        cmd = [sys.executable, "benchmarks/tfidf_baseline.py", f"--glue={args.glue}",
+               f"--storycloze={args.storycloze}", f"--json={scores}"]  # fmt: skip
         subprocess.run(cmd, cwd=ROOT, check=True)
-        results[name] = {row["task"]: row for row in json.loads((folder / "results.json").read_text())}
-    print_table(results)
+        results["TF-IDF + linear"] = {t: [v] for t, v in json.loads(scores.read_text()).items()}
+    table = summary(results, perplexity=last_perplexity(out / "pretrain.out"))
+    print("\n" + table)
+    if args.report:
+        Path(args.report).write_text(table)
+        chart(results, Path(args.report).with_suffix(".png"))
+        print(f"report: {args.report} (chart beside it)")
+
+
+# GPT-1 (Radford et al. 2018), Table 5 (dev sets; Story Cloze: Table 3, test set).
+PAPER = {
+    "GPT-1 paper: pretrained": {"SST-2": 91.3, "RTE": 56.0, "STS-B": 82.0, "StoryCloze": 86.5},
+    "GPT-1 paper: no pretraining": {"SST-2": 84.0, "RTE": 53.8, "STS-B": 30.9},
+}
+
+
+def last_perplexity(log: Path) -> float | None:
+    values = re.findall(r"validation/perplexity ([\d.]+)", log.read_text()) if log.exists() else []
+    return float(values[-1]) if values else None
+
+
+def mean_std(values: list[float]) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.1f}"
+    return f"{statistics.fmean(values):.1f} ± {statistics.stdev(values):.1f}"
+
+
+def summary(results: dict[str, dict[str, list[float]]], perplexity: float | None) -> str:
+    """Markdown: best validation score per task (mean ± std over seeds), the gain of pretraining,
+    and the paper's figures."""
+    tasks = list(next(iter(results.values())))
+    lines = ["| row | " + " | ".join(tasks) + " |", "|---" * (len(tasks) + 1) + "|"]
+    for name, by_task in results.items():
+        lines.append(f"| {name} | " + " | ".join(mean_std(by_task[t]) for t in tasks) + " |")
+    if "pretrained" in results and "from scratch" in results:
+        gains = [statistics.fmean(results["pretrained"][t]) - statistics.fmean(results["from scratch"][t])
+                 for t in tasks]  # fmt: skip
+        lines.append("| gain of pretraining | " + " | ".join(f"{g:+.1f}" for g in gains) + " |")
+    for name, by_task in PAPER.items():
+        lines.append(
+            f"| {name} | " + " | ".join(f"{by_task[t]:.1f}" if t in by_task else "" for t in tasks) + " |"
+        )
+    seeds = max(len(v) for by_task in results.values() for v in by_task.values())
+    note = f"Best validation epoch, {seeds} seed(s); STS-B: Pearson x 100."
+    if perplexity:
+        note += f" Pretraining's last validation perplexity: {perplexity:.1f}."
+    return "\n".join(lines) + "\n\n" + note + "\n"
+
+
+def chart(results: dict[str, dict[str, list[float]]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = {**{k: {t: statistics.fmean(v) for t, v in r.items()} for k, r in results.items()}, **PAPER}
+    tasks = list(next(iter(results.values())))
+    width = 0.8 / len(rows)
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for i, (name, by_task) in enumerate(rows.items()):
+        xs = [j + i * width for j, t in enumerate(tasks) if t in by_task]
+        ax.bar(xs, [by_task[t] for t in tasks if t in by_task], width, label=name)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(tasks))], tasks)
+    ax.set_ylabel("best validation score")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
 
 
 if __name__ == "__main__":
