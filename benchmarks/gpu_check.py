@@ -541,7 +541,7 @@ def fit_vs_loop(setup: Setup, tmp: Path) -> Iterator[Row]:
     overrides = {"n_positions": c.n_positions, "n_layer": c.n_layer, "n_embd": c.n_embd, "n_head": c.n_head}
     text = "{" + ", ".join(f"{k}: {v}" for k, v in overrides.items()) + "}"
     loop_times, fit_times = [], []
-    rounds = 2 if setup.cuda else 1
+    rounds = 2 if setup.cuda and not setup.compile else 1  # compiling twice more would cost minutes
     for r in range(rounds):
         runs = [
             lambda: loop_times.append(bench_overhead.raw_loop(args, overrides)),
