@@ -19,7 +19,7 @@ from gpt_ft.data.batches import TokenBatch
 from gpt_ft.model.weights import build_gpt
 from gpt_ft.training.checkpointing import stop_on_nonfinite
 from gpt_ft.training.eval_metrics import EvalMetrics
-from gpt_ft.training.optim import adamw, lr_lambda
+from gpt_ft.training.optim import MuonAdamW, adamw, lr_lambda
 from gpt_ft.training.predictions import write_predictions
 from gpt_ft.training.ranks import finite_everywhere, gather, mean_over_ranks
 from gpt_ft.training.terms import batch_terms, combined_loss
@@ -46,6 +46,7 @@ class GPTModule(LightningModule):
         weight_decay: float = 0.01,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
+        optimizer: Literal["adamw", "muon"] = "adamw",
         schedule: Literal["linear", "cosine", "constant"] = "linear",
         warmup_fraction: float = 0.002,
         warmup_steps: int | None = None,
@@ -68,6 +69,8 @@ class GPTModule(LightningModule):
             weight_decay: Decoupled weight decay on weight matrices (not biases or LayerNorm gains).
             betas: AdamW betas.
             eps: AdamW epsilon.
+            optimizer: adamw (GPT-1), or muon: Muon on the blocks' weight matrices and AdamW on the
+                rest, at the same learning rate and weight decay (see `MuonAdamW`).
             schedule: After warmup: linear to 0 (GPT-1 fine-tuning), cosine to 0 (pretraining), constant.
             warmup_fraction: Linear warmup over this fraction of all steps (GPT-1: 0.2%).
             warmup_steps: Linear warmup over this many steps instead (GPT-1 pretraining: 2000).
@@ -99,6 +102,7 @@ class GPTModule(LightningModule):
         splits = task.validation_splits + task.test_splits if task else ["validation", "test"]
         self.metrics = nn.ModuleDict({_key(split): EvalMetrics(task, lm_coef) for split in splits})
         self.optim = dict(lr=lr, weight_decay=weight_decay, betas=tuple(betas), eps=eps)
+        self.optimizer_name = optimizer
         self.schedule, self.warmup_fraction, self.warmup_steps = schedule, warmup_fraction, warmup_steps
         self.predictions_dir = predictions_dir
         self.compile_backend = ("inductor" if compile is True else compile) or None
@@ -240,7 +244,11 @@ class GPTModule(LightningModule):
     # ---- optimisation ----
 
     def configure_optimizers(self):
-        optimizer = adamw(self.parameters(), **self.optim, fused=self.device.type == "cuda")
+        fused = self.device.type == "cuda"
+        if self.optimizer_name == "muon":
+            optimizer = MuonAdamW(self.named_parameters(), **self.optim, fused=fused)
+        else:
+            optimizer = adamw(self.parameters(), **self.optim, fused=fused)
         total = max(1, int(self.trainer.estimated_stepping_batches))
         warmup = self.warmup_steps if self.warmup_steps is not None else round(self.warmup_fraction * total)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(self.schedule, warmup, total))

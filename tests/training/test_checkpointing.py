@@ -74,11 +74,13 @@ def test_sigterm_mid_accumulation_saves_at_the_step_and_resumes_exactly(tmp_path
     assert_same_weights(last_state(tmp_path / "whole", 0), last_state(tmp_path / "cut", 1))
 
 
-def test_max_time_stops_between_optimizer_steps_and_resumes_exactly(tmp_path, tokenizer_dir, capsys):
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_max_time_stops_between_optimizer_steps_and_resumes_exactly(tmp_path, tokenizer_dir, optimizer):
     """A time limit that runs out mid-accumulation lets the window finish: the checkpoint is at a
-    whole step (Lightning's own Timer would stop after the first micro-batch, at step 0)."""
+    whole step (Lightning's own Timer would stop after the first micro-batch, at step 0). With
+    either optimizer the resumed run ends with the uninterrupted run's weights."""
     card = make_task("single", tmp_path)
-    accumulate = ["--trainer.accumulate_grad_batches=2"]
+    accumulate = ["--trainer.accumulate_grad_batches=2", f"--model.optimizer={optimizer}"]
     main(["fit", *finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "whole"), *accumulate])
     args = finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "cut") + accumulate
     main(["fit", *args, "--trainer.max_time={milliseconds: 1}"])  # out of time at the first batch

@@ -1,3 +1,4 @@
+import copy
 from types import SimpleNamespace
 
 import pytest
@@ -59,3 +60,68 @@ def test_adamw_leaves_frozen_parameters_out():
     assert decay["params"] == [matrix] and no_decay["params"] == [bias]
     assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.5, 0.0)
     assert decay["lr"] == 0.1 and decay["betas"] == (0.9, 0.99) and decay["eps"] == 1e-6
+
+
+def test_muon_takes_the_block_matrices_and_adamw_the_rest():
+    m = module(SingleText(name="t", labels=["a", "b"]), lr=1e-3, optimizer="muon")
+    m._trainer = SimpleNamespace(estimated_stepping_batches=100)
+    config = m.configure_optimizers()
+    optimizer = config["optimizer"]
+    names = {id(p): n for n, p in m.named_parameters()}
+    muon = [names[id(p)] for g in optimizer.muon.param_groups for p in g["params"]]
+    rest = [names[id(p)] for g in optimizer.adamw.param_groups for p in g["params"]]
+    assert sorted(muon) == sorted(
+        n for n, p in m.named_parameters() if n.startswith("gpt.h.") and p.ndim == 2
+    )
+    assert sorted(muon + rest) == sorted(names.values())  # every parameter, once
+    assert {"gpt.wte.weight", "gpt.wpe.weight", "head.weight"} <= set(rest)
+    # The schedule's learning rate reaches both optimizers' groups.
+    config["lr_scheduler"]["scheduler"].step()
+    lrs = {g["lr"] for o in (optimizer.muon, optimizer.adamw) for g in o.param_groups}
+    assert len(lrs) == 1 and 0 < lrs.pop() < 1e-3
+
+
+def muon_steps(m, optimizer, batches) -> None:
+    for ids in batches:
+        loss = m.gpt.lm_logits(m.gpt(ids)).logsumexp(-1).mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+
+def test_muon_adamw_steps_as_its_two_optimizers_and_resumes_from_its_state_dict():
+    from gpt_ft.training.optim import MuonAdamW
+
+    batches = [torch.randint(0, 24, (2, 8), generator=torch.Generator().manual_seed(i)) for i in range(4)]
+    a, b = module(None), module(None)
+    opt_a = MuonAdamW(a.named_parameters(), lr=1e-2, weight_decay=0.01, betas=(0.9, 0.99), eps=1e-8)
+    # The same updates by hand: torch's Muon on the block matrices, adamw on the rest.
+    matrices = [p for n, p in b.named_parameters() if n.startswith("gpt.h.") and p.ndim == 2]
+    others = [p for n, p in b.named_parameters() if not (n.startswith("gpt.h.") and p.ndim == 2)]
+    muon = torch.optim.Muon(matrices, lr=1e-2, weight_decay=0.01, adjust_lr_fn="match_rms_adamw")
+    rest = adamw(others, lr=1e-2, weight_decay=0.01, betas=(0.9, 0.99), eps=1e-8)
+
+    class Both:
+        def step(self):
+            muon.step()
+            rest.step()
+
+        def zero_grad(self):
+            muon.zero_grad()
+            rest.zero_grad()
+
+    muon_steps(a, opt_a, batches[:2])
+    muon_steps(b, Both(), batches[:2])
+    for (name, p), q in zip(a.named_parameters(), b.parameters()):
+        assert torch.equal(p, q), name
+    # Resume: a fresh optimizer loaded from the state dict continues exactly.
+    state = copy.deepcopy(opt_a.state_dict())  # as a checkpoint holds it (torch shares buffers otherwise)
+    c = module(None)
+    c.load_state_dict(a.state_dict())
+    opt_c = MuonAdamW(c.named_parameters(), lr=1e-2, weight_decay=0.01, betas=(0.9, 0.99), eps=1e-8)
+    opt_c.load_state_dict(state)
+    assert opt_c.param_groups[0] is opt_c.muon.param_groups[0]  # still shared after loading
+    muon_steps(a, opt_a, batches[2:])
+    muon_steps(c, opt_c, batches[2:])
+    for (name, p), q in zip(a.named_parameters(), c.parameters()):
+        assert torch.equal(p, q), name
