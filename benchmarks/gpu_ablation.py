@@ -48,7 +48,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench_ablation import DROPOUT, ROOT, finetune_rows, gpt_ft, prepare_books, train_tokenizer
+from bench_ablation import DROPOUT, PAPER, ROOT, finetune_rows, gpt_ft, prepare_books, train_tokenizer
 from bench_finetune import TASKS
 
 PHASES = ["tokenizer", "prepare", "pretrain", "finetune-pretrained", "finetune-scratch", "report"]
@@ -97,10 +97,6 @@ METRICS = {"SST-2": "acc", "RTE": "acc", "STS-B": "Pearson", "StoryCloze": "acc"
 CPU_SCALE = {  # README, Benchmarks: bench_ablation.py, gpt-mini pretrained 45 min on the books
     "pretrained": {"SST-2": 75.9, "RTE": 52.3, "STS-B": 20.0, "StoryCloze": 68.2},
     "from scratch": {"SST-2": 73.2, "RTE": 47.3, "STS-B": 19.8, "StoryCloze": 51.1},
-}
-PAPER = {  # Radford et al. 2018: Tables 2-4 (the full model, test sets) and Table 5 (w/o pre-training)
-    "pretrained": {"SST-2": 91.3, "RTE": 56.0, "STS-B": 82.0, "StoryCloze": 86.5},
-    "from scratch": {"SST-2": 84.0, "RTE": 53.8, "STS-B": 30.9},
 }
 # Settings a started pretraining cannot change, and those whose change restarts the fine-tuning.
 PRETRAIN_KEYS = [
