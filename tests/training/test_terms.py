@@ -23,18 +23,7 @@ NO_DROPOUT = {"embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0}
 )
 def test_shared_context_equals_the_plain_path(tokenizer_dir, lm_coef, context_length):
     """Contexts of one length take the mask-free path (causal aligned to the lower right)."""
-    tok = load_tokenizer(tokenizer_dir)
-    specials = special_token_ids(tok)
-    rows, task = random_choice_examples(specials, vocab=len(tok) - 5, context_length=context_length)
-    torch.manual_seed(0)
-    module = GPTModule(
-        preset="gpt-micro",
-        overrides={"n_positions": 64, **NO_DROPOUT},
-        vocab_size=len(tok),
-        task=task,
-        lm_coef=lm_coef,
-        classifier_dropout=0.0,
-    )
+    module, rows, specials = choice_module(tokenizer_dir, lm_coef=lm_coef, context_length=context_length)
     module.train()
     plain = collate(rows, specials.pad)
     shared = collate_shared(rows, specials.pad, specials.delim)
@@ -64,18 +53,25 @@ def test_shared_context_equals_the_plain_path(tokenizer_dir, lm_coef, context_le
         assert torch.allclose(grads_a[name], grads_b[name], atol=1e-5, rtol=0), name
 
 
-def left_padded_module(tokenizer_dir):
+def choice_module(tokenizer_dir, lm_coef: float = 0.5, context_length: int | None = None):
+    """A micro GPTModule without dropout for random multiple-choice rows, the rows and the specials."""
     tok = load_tokenizer(tokenizer_dir)
     specials = special_token_ids(tok)
-    rows, task = random_choice_examples(specials, vocab=len(tok) - 5)
+    rows, task = random_choice_examples(specials, vocab=len(tok) - 5, context_length=context_length)
     torch.manual_seed(0)
     module = GPTModule(
         preset="gpt-micro",
         overrides={"n_positions": 64, **NO_DROPOUT},
         vocab_size=len(tok),
         task=task,
+        lm_coef=lm_coef,
         classifier_dropout=0.0,
     )
+    return module, rows, specials
+
+
+def left_padded_module(tokenizer_dir):
+    module, rows, specials = choice_module(tokenizer_dir)
     return module, collate(rows, specials.pad, padding_side="left"), collate(rows, specials.pad)
 
 
