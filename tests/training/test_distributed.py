@@ -134,6 +134,7 @@ def pretraining_run(tokens: Path, root: Path, devices: int, batch: int, compile:
         "--model.preset=gpt-micro",
         f"--model.overrides={MICRO}",
         f"--model.compile={compile}",  # the compiled model must train exactly like the eager one
+        "--trainer.precision=32-true",  # exact sums: not the recipe's bf16, where the CPU keeps it
         "--model.warmup_steps=1",
         "--trainer.max_steps=4",
         "--trainer.val_check_interval=2",
