@@ -270,6 +270,26 @@ def tiny_hf(family: str, base: bool = False, **overrides):
     return (base_cls if base else lm_cls)(config).eval()
 
 
+LLAMA_FAMILIES = ["llama", "qwen2", "mistral"]
+TINY_LLAMA = dict(vocab_size=101, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
+
+
+def tiny_llama(model_type: str, base: bool = False, **overrides):
+    """A random transformers Llama, Qwen2 or Mistral model (grouped-query attention: 4 heads, 2 for
+    keys/values), its weights drawn wider than the default init so that differences show."""
+    import transformers
+
+    prefix = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral"}[model_type]
+    config = getattr(transformers, prefix + "Config")(**{**TINY_LLAMA, **overrides})
+    torch.manual_seed(0)
+    model = getattr(transformers, prefix + ("Model" if base else "ForCausalLM"))(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.2)
+    return model
+
+
 def tiny_gpt(**overrides):
     from gpt_ft import GPT, GPTConfig
 

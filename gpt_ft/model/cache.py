@@ -16,7 +16,7 @@ class KVCache:
     """
 
     def __init__(self, config: GPTConfig, batch_size: int, max_len: int, *, dtype, device) -> None:
-        shape = (config.n_layer, batch_size, config.n_head, max_len, config.head_dim)
+        shape = (config.n_layer, batch_size, config.kv_heads, max_len, config.head_dim)
         self.k = torch.empty(shape, dtype=dtype, device=device)
         self.v = torch.empty(shape, dtype=dtype, device=device)
         self.length = 0

@@ -1,4 +1,9 @@
-"""GPTConfig: the shape and regularisation of a GPT, and the named presets."""
+"""GPTConfig: the shape and regularisation of a GPT, and the named presets.
+
+One config describes three families of blocks: GPT-1 (post-LN, learned positions, GELU), GPT-2
+(pre-LN with a final LayerNorm) and Llama-style blocks (RMSNorm, rotary positions, SwiGLU,
+grouped-query attention, no biases, an untied LM head), which also covers Qwen2 and Mistral.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,9 @@ from typing import Literal
 import torch.nn.functional as F
 
 Activation = Literal["gelu_tanh", "gelu", "relu", "silu"]
+Norm = Literal["layernorm", "rmsnorm"]
+Positions = Literal["learned", "rope"]
+ROPE_TYPES = ("default", "linear", "llama3")
 
 ACTIVATIONS = {
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # GPT-1 and GPT-2 both use the tanh form
@@ -50,6 +58,29 @@ class GPTConfig:
     vocab_multiple: int = 64
     """The token embedding gets a multiple of this many rows, for faster kernels; the extra rows
     are never looked up, predicted, sampled or counted in the loss (1: no padding)."""
+    norm: Norm = "layernorm"
+    """LayerNorm (GPT-1, GPT-2) or RMSNorm (Llama, Qwen2, Mistral), with epsilon layer_norm_epsilon."""
+    positions: Positions = "learned"
+    """Learned position embeddings added to the tokens' (GPT) or rotary positions in attention (Llama)."""
+    rope_theta: float = 10000.0
+    """Base wavelength of the rotary position frequencies."""
+    rope_scaling: dict | None = None
+    """Rotary frequency scaling as transformers writes it: {"rope_type": "linear", "factor": F} or
+    Llama 3's {"rope_type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
+    "original_max_position_embeddings"}; None: unscaled."""
+    gated_mlp: bool = False
+    """False: `proj(act(fc(x)))`. True: `proj(act(gate(x)) * up(x))`, SwiGLU with activation silu;
+    `c_fc` then holds gate and up stacked."""
+    n_kv_head: int | None = None
+    """Key/value heads (grouped-query attention), a divisor of n_head; None: n_head."""
+    bias: bool = True
+    """Biases on every linear layer (GPT) or on none (Llama)."""
+    qkv_bias: bool | None = None
+    """Biases on the query/key/value projection alone (Qwen2: True with bias=False); None: as bias."""
+    tie_embeddings: bool = True
+    """The LM head is the token embedding (GPT, small Llamas) or a matrix of its own (`lm_head`)."""
+    hf_model_type: str | None = None
+    """The transformers model type `to_hf` writes (llama, qwen2, mistral); None: read from the shape."""
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "n_positions", "n_embd", "n_head", "vocab_multiple"):
@@ -68,6 +99,26 @@ class GPTConfig:
             raise ValueError(
                 f"GPTConfig.activation={self.activation!r} is not supported; allowed: {sorted(ACTIVATIONS)}."
             )
+        if self.norm not in ("layernorm", "rmsnorm"):
+            raise ValueError(
+                f"GPTConfig.norm={self.norm!r} is not supported; allowed: 'layernorm', 'rmsnorm'."
+            )
+        if self.positions not in ("learned", "rope"):
+            raise ValueError(
+                f"GPTConfig.positions={self.positions!r} is not supported; allowed: 'learned', 'rope'."
+            )
+        if self.positions == "rope" and self.head_dim % 2:
+            raise ValueError(f"Rotary positions need an even head size; n_embd / n_head = {self.head_dim}.")
+        if self.rope_type not in ROPE_TYPES:
+            raise ValueError(
+                f"GPTConfig.rope_scaling type {self.rope_type!r} is not supported; "
+                f"allowed: {', '.join(ROPE_TYPES)}."
+            )
+        if self.n_kv_head is not None and (self.n_kv_head < 1 or self.n_head % self.n_kv_head):
+            raise ValueError(
+                f"GPTConfig.n_kv_head={self.n_kv_head} must divide n_head={self.n_head} "
+                "(grouped-query attention)."
+            )
         for name in ("embd_pdrop", "attn_pdrop", "resid_pdrop"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"GPTConfig.{name} must be in [0, 1), got {getattr(self, name)}.")
@@ -80,6 +131,15 @@ class GPTConfig:
     @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
+
+    @property
+    def rope_type(self) -> str:
+        scaling = self.rope_scaling or {}
+        return scaling.get("rope_type", scaling.get("type", "default"))
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_head or self.n_head
 
     @property
     def ffn_dim(self) -> int:
@@ -97,6 +157,9 @@ class GPTConfig:
 
 
 _GPT2 = dict(vocab_size=50257, n_positions=1024, pre_ln=True)
+# Llama-family blocks: pre-norm RMSNorm, rotary positions, SwiGLU, no biases, no dropout.
+_LLAMA = dict(pre_ln=True, norm="rmsnorm", positions="rope", activation="silu", gated_mlp=True, bias=False,
+              layer_norm_epsilon=1e-5, embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)  # fmt: skip
 
 PRESETS: dict[str, dict] = {
     # GPT-1 (paper §4.1): 12 layers, 768 wide, 12 heads, FFN 3072, context 512, BPE vocab 40,478.
@@ -109,4 +172,17 @@ PRESETS: dict[str, dict] = {
     # GPT-1-shaped models small enough to train on a laptop CPU.
     "gpt-mini": dict(n_embd=256, n_layer=4, n_head=4),
     "gpt-micro": dict(n_positions=128, n_embd=64, n_layer=2, n_head=2),
-}
+    # Today's small decoders (their config.json on the hub), for fine-tuning from their weights.
+    "smollm2-135m": dict(_LLAMA, vocab_size=49152, n_positions=8192, n_embd=576, n_layer=30, n_head=9,
+                         n_kv_head=3, n_inner=1536, rope_theta=100000.0, hf_model_type="llama"),
+    "qwen2.5-0.5b": dict(_LLAMA, vocab_size=151936, n_positions=32768, n_embd=896, n_layer=24, n_head=14,
+                         n_kv_head=2, n_inner=4864, rope_theta=1000000.0, layer_norm_epsilon=1e-6,
+                         qkv_bias=True, hf_model_type="qwen2"),
+    "llama-3.2-1b": dict(_LLAMA, vocab_size=128256, n_positions=131072, n_embd=2048, n_layer=16, n_head=32,
+                         n_kv_head=8, n_inner=8192, rope_theta=500000.0, hf_model_type="llama",
+                         rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0,
+                                           high_freq_factor=4.0, original_max_position_embeddings=8192)),
+    # Llama-shaped models small enough to train on a laptop CPU.
+    "llama-mini": dict(_LLAMA, n_positions=512, n_embd=256, n_layer=4, n_head=4, n_kv_head=2, n_inner=688),
+    "llama-micro": dict(_LLAMA, n_positions=128, n_embd=64, n_layer=2, n_head=4, n_kv_head=2, n_inner=176),
+}  # fmt: skip

@@ -1,14 +1,17 @@
-"""GPT-1 and GPT-2 in pure PyTorch.
+"""GPT-1, GPT-2 and Llama-style decoders in pure PyTorch.
 
 One config switch picks the block layout: GPT-1 is post-LN with no final LayerNorm, GPT-2 is
-pre-LN with a final LayerNorm. Module names follow the Hugging Face GPT-2 checkpoint keys
-(`wte`, `wpe`, `h.N.attn.c_attn`, ...), so converting weights in either direction is a name map
-plus a transpose list (see `gpt_ft/model/hf.py`).
+pre-LN with a final LayerNorm. A few more make Llama-family blocks of the same modules: RMSNorm
+for LayerNorm, rotary positions for learned ones, SwiGLU, fewer key/value heads, no biases, an
+untied head. Module names follow the Hugging Face GPT-2 checkpoint keys (`wte`, `wpe`,
+`h.N.attn.c_attn`, ...), so converting GPT weights in either direction is a name map plus a
+transpose list; Llama's separate q/k/v and gate/up matrices are stacked (see `gpt_ft/model/hf.py`).
 """
 
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
@@ -16,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention.bias import causal_lower_right
 
-from gpt_ft.model import generation
+from gpt_ft.model import generation, rope
 from gpt_ft.model.cache import Cache, KVCache, SharedPrefix
 from gpt_ft.model.config import ACTIVATIONS, GPTConfig
 
@@ -57,25 +60,64 @@ def blocked_causal_attention(
     return torch.cat(out, dim=2)
 
 
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x²) + eps) * weight, computed in fp32 (Llama's LayerNorm without mean or bias)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+def norm(config: GPTConfig) -> nn.Module:
+    if config.norm == "rmsnorm":
+        return RMSNorm(config.n_embd, config.layer_norm_epsilon)
+    return nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+
+
+Rotary = tuple[Tensor, Tensor]  # cos, sin (1 or B, 1, T, hs) of rotary positions
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        self.n_head = config.n_head
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd)  # q, k, v for all heads at once
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd)
+        self.n_head, self.n_kv_head, hs = config.n_head, config.kv_heads, config.head_dim
+        qkv_bias = config.bias if config.qkv_bias is None else config.qkv_bias
+        # q for all heads, then k and v for the key/value heads, in one matrix
+        self.c_attn = nn.Linear(config.n_embd, (self.n_head + 2 * self.n_kv_head) * hs, bias=qkv_bias)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.attn_pdrop = config.attn_pdrop
         self.resid_dropout = nn.Dropout(config.resid_pdrop)
 
     def forward(
-        self, x: Tensor, mask: Tensor | None, is_causal: bool, cache: Cache | None, layer: int
+        self,
+        x: Tensor,
+        mask: Tensor | None,
+        is_causal: bool,
+        cache: Cache | None,
+        layer: int,
+        rotary: Rotary | None = None,
     ) -> Tensor:
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        nh, nkv, hs = self.n_head, self.n_kv_head, C // self.n_head
+        q, k, v = self.c_attn(x).split([nh * hs, nkv * hs, nkv * hs], dim=2)
+        q = q.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, nkv, hs).transpose(1, 2)  # (B, nkv, T, hs)
+        v = v.view(B, T, nkv, hs).transpose(1, 2)  # (B, nkv, T, hs)
+        if rotary is not None:
+            q, k = rope.rotate(q, *rotary), rope.rotate(k, *rotary)
         if cache is not None:
-            k, v = cache.update(layer, k, v)  # (B, nh, T_past + T, hs)
+            k, v = cache.update(layer, k, v)  # (B, nkv, T_past + T, hs)
+        if nkv != nh:  # grouped-query attention: each key/value head serves nh / nkv query heads
+            k, v = k.repeat_interleave(nh // nkv, dim=1), v.repeat_interleave(nh // nkv, dim=1)
         dropout_p = self.attn_pdrop if self.training else 0.0
         if dropout_p > 0 and x.device.type == "cpu" and cache is None:
             y = blocked_causal_attention(q, k, v, mask, dropout_p)
@@ -90,49 +132,63 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, config.ffn_dim)
-        self.c_proj = nn.Linear(config.ffn_dim, config.n_embd)
+        self.gated = config.gated_mlp  # c_fc then computes gate and up, stacked
+        self.c_fc = nn.Linear(config.n_embd, (2 if self.gated else 1) * config.ffn_dim, bias=config.bias)
+        self.c_proj = nn.Linear(config.ffn_dim, config.n_embd, bias=config.bias)
         self.act = ACTIVATIONS[config.activation]
         self.dropout = nn.Dropout(config.resid_pdrop)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.dropout(self.c_proj(self.act(self.c_fc(x))))
+        h = self.c_fc(x)
+        if self.gated:  # SwiGLU (Shazeer 2020): act(gate) * up
+            gate, up = h.chunk(2, dim=-1)
+            return self.dropout(self.c_proj(self.act(gate) * up))
+        return self.dropout(self.c_proj(self.act(h)))
 
 
 class Block(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.pre_ln = config.pre_ln
-        self.ln_1 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.ln_1 = norm(config)
         self.attn = CausalSelfAttention(config)
-        self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
+        self.ln_2 = norm(config)
         self.mlp = MLP(config)
 
     def forward(
-        self, x: Tensor, mask: Tensor | None, is_causal: bool, cache: Cache | None, layer: int
+        self,
+        x: Tensor,
+        mask: Tensor | None,
+        is_causal: bool,
+        cache: Cache | None,
+        layer: int,
+        rotary: Rotary | None = None,
     ) -> Tensor:
-        if self.pre_ln:  # GPT-2
-            x = x + self.attn(self.ln_1(x), mask, is_causal, cache, layer)
+        if self.pre_ln:  # GPT-2, Llama
+            x = x + self.attn(self.ln_1(x), mask, is_causal, cache, layer, rotary)
             return x + self.mlp(self.ln_2(x))
-        x = self.ln_1(x + self.attn(x, mask, is_causal, cache, layer))  # GPT-1
+        x = self.ln_1(x + self.attn(x, mask, is_causal, cache, layer, rotary))  # GPT-1
         return self.ln_2(x + self.mlp(x))
 
 
 class GPT(nn.Module):
-    """A decoder-only transformer: GPT-1 or GPT-2 depending on `config.pre_ln`.
+    """A decoder-only transformer: GPT-1, GPT-2 or Llama-style, as `config` says.
 
     `gpt(input_ids)` returns the final hidden states; `gpt.lm_logits(hidden)` the next-token
-    logits through the token embedding (the LM head is tied to it).
+    logits through the token embedding (tied) or `lm_head` (untied).
     """
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = config
         self.wte = nn.Embedding(config.padded_vocab_size, config.n_embd)
-        self.wpe = nn.Embedding(config.n_positions, config.n_embd)
+        learned = config.positions == "learned"
+        self.wpe = nn.Embedding(config.n_positions, config.n_embd) if learned else None
         self.drop = nn.Dropout(config.embd_pdrop)
         self.h = nn.ModuleList(Block(config) for _ in range(config.n_layer))
-        self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon) if config.pre_ln else None
+        self.ln_f = norm(config) if config.pre_ln else None
+        untied = not config.tie_embeddings
+        self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False) if untied else None
         self._initialize(self)
         self._register_load_state_dict_pre_hook(self._fit_embedding_rows)
 
@@ -152,7 +208,7 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
-        if isinstance(module, nn.LayerNorm):
+        if isinstance(module, nn.LayerNorm | RMSNorm):
             module.reset_parameters()
 
     def reset_blocks(self, start: int) -> None:
@@ -190,10 +246,14 @@ class GPT(nn.Module):
             )
         if position_ids is None:
             position_ids = torch.arange(past, past + T, device=input_ids.device)  # (T,)
-        x = self.drop(self.wte(input_ids) + self.wpe(position_ids))  # (B, T, C)
+        x = self.wte(input_ids)  # (B, T, C)
+        if self.wpe is not None:
+            x = x + self.wpe(position_ids)
+        x = self.drop(x)
+        rotary = rope.cos_sin(self.config, position_ids, x.dtype) if self.wpe is None else None
         mask, is_causal = self._attention_mask(attention_mask, T, past, input_ids.device)
         for i, block in enumerate(self.h):
-            x = block(x, mask, is_causal, kv_cache, i)
+            x = block(x, mask, is_causal, kv_cache, i, rotary)
         if kv_cache is not None:
             kv_cache.length += T
         return self.ln_f(x) if self.ln_f is not None else x
@@ -226,22 +286,24 @@ class GPT(nn.Module):
         return mask, False
 
     def lm_logits(self, hidden: Tensor) -> Tensor:
-        """Next-token logits (..., vocab) from hidden states (..., C): `hidden @ wte.T` (tied head).
+        """Next-token logits (..., vocab) from hidden states (..., C): `hidden @ wte.T` (tied head)
+        or `lm_head(hidden)`.
 
         Only the vocabulary's rows: padding rows never get a logit.
         """
-        return F.linear(hidden, self.wte.weight[: self.config.vocab_size])
+        head = self.wte if self.lm_head is None else self.lm_head
+        return F.linear(hidden, head.weight[: self.config.vocab_size])
 
     def _fit_embedding_rows(self, state: dict, prefix: str, *args) -> None:
         """Loads weights saved with another padding (or none, as transformers saves them)."""
-        key = prefix + "wte.weight"
-        weight = state.get(key)
         vocab, rows = self.config.vocab_size, self.config.padded_vocab_size
-        if weight is None or weight.shape[0] == rows or weight.shape[0] < vocab:
-            return  # nothing to do, or a real mismatch that load_state_dict reports
-        fitted = weight.new_zeros(rows, weight.shape[1])
-        fitted[:vocab] = weight[:vocab]
-        state[key] = fitted
+        for key in (prefix + "wte.weight", prefix + "lm_head.weight"):
+            weight = state.get(key)
+            if weight is None or weight.shape[0] == rows or weight.shape[0] < vocab:
+                continue  # nothing to do, or a real mismatch that load_state_dict reports
+            fitted = weight.new_zeros(rows, weight.shape[1])
+            fitted[:vocab] = weight[:vocab]
+            state[key] = fitted
 
     def new_kv_cache(self, batch_size: int, max_len: int | None = None) -> KVCache:
         """An empty KV cache for `batch_size` sequences of up to `max_len` (default n_positions) tokens."""
@@ -255,30 +317,38 @@ class GPT(nn.Module):
         GPT-1 §3.3: only the special tokens' embeddings (and the task head) are new at fine-tuning.
         New tokens take padding rows first; the table grows only when those run out.
         """
-        old_vocab, old = self.config.vocab_size, self.wte.weight
+        old_vocab = self.config.vocab_size
         if vocab_size < old_vocab:
             raise ValueError(
                 f"resize_token_embeddings can only grow the vocabulary: {vocab_size} < {old_vocab}."
             )
         self.config.vocab_size = vocab_size
-        new_rows = torch.empty(vocab_size - old_vocab, old.shape[1], dtype=old.dtype, device=old.device)
-        new_rows.normal_(0.0, self.config.initializer_range, generator=generator)
-        rows = self.config.padded_vocab_size
-        if rows != old.shape[0]:
-            self.wte = nn.Embedding(rows, old.shape[1], device=old.device, dtype=old.dtype)
-            self.wte.weight.requires_grad_(old.requires_grad)
-        with torch.no_grad():
-            weight = self.wte.weight
-            weight[:old_vocab] = old[:old_vocab]
-            weight[old_vocab:vocab_size] = new_rows
-            weight[vocab_size:] = 0.0
+        for name in ("wte", "lm_head"):
+            module = getattr(self, name)
+            if module is None:
+                continue
+            old = module.weight
+            new_rows = torch.empty(vocab_size - old_vocab, old.shape[1], dtype=old.dtype, device=old.device)
+            new_rows.normal_(0.0, self.config.initializer_range, generator=generator)
+            rows = self.config.padded_vocab_size
+            if rows != old.shape[0]:
+                cls = nn.Embedding if name == "wte" else partial(nn.Linear, bias=False)
+                setattr(self, name, cls(rows, old.shape[1], device=old.device, dtype=old.dtype))
+                getattr(self, name).weight.requires_grad_(old.requires_grad)
+            with torch.no_grad():
+                weight = getattr(self, name).weight
+                weight[:old_vocab] = old[:old_vocab]
+                weight[old_vocab:vocab_size] = new_rows
+                weight[vocab_size:] = 0.0
 
     def num_parameters(self, *, exclude_embeddings: bool = False) -> int:
         """Trainable numbers in the model; the embedding's padding rows are not counted."""
         n = sum(p.numel() for p in self.parameters())
-        n -= (self.config.padded_vocab_size - self.config.vocab_size) * self.config.n_embd
+        padding = (self.config.padded_vocab_size - self.config.vocab_size) * self.config.n_embd
+        n -= padding * (1 if self.lm_head is None else 2)
         if exclude_embeddings:
-            n -= self.config.vocab_size * self.config.n_embd + self.wpe.weight.numel()
+            n -= self.config.vocab_size * self.config.n_embd
+            n -= self.wpe.weight.numel() if self.wpe is not None else 0
         return n
 
     # Generation: gpt.generate(input_ids, max_new_tokens=..., ...) and gpt.stream(...);

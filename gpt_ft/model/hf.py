@@ -1,6 +1,7 @@
-"""Weights to and from `transformers`: OpenAIGPT* (GPT-1) and GPT2* models and local directories.
+"""Weights to and from `transformers`: OpenAIGPT* (GPT-1), GPT2*, and the Llama family (Llama,
+Qwen2, Mistral; see `hf_llama.py`), as model instances or local directories.
 
-Our module names are GPT-2's, so conversion is a name map (GPT-1 spells two embeddings
+Our module names are GPT-2's, so GPT conversion is a name map (GPT-1 spells two embeddings
 differently) plus a transpose list (transformers keeps these layers as `Conv1D`, weight (in, out)).
 """
 
@@ -11,7 +12,7 @@ import os
 import torch
 from torch import Tensor
 
-from gpt_ft.model import GPT, GPTConfig
+from gpt_ft.model import GPT, GPTConfig, hf_llama
 
 # HF name -> ours, for the GPT-1 family (GPT-2's names are ours already).
 _OPENAI_NAMES = {"tokens_embed.": "wte.", "positions_embed.": "wpe."}
@@ -32,17 +33,21 @@ _GPT2_ACTIVATIONS = {
 
 def _family(hf_config) -> str:
     model_type = getattr(hf_config, "model_type", None)
-    if model_type not in ("openai-gpt", "gpt2"):
+    if model_type not in ("openai-gpt", "gpt2", *hf_llama.MODEL_TYPES):
         raise ValueError(
             f"Cannot convert a transformers model of type {model_type!r}; allowed: 'openai-gpt' "
-            "(OpenAIGPTModel, OpenAIGPTLMHeadModel) and 'gpt2' (GPT2Model, GPT2LMHeadModel)."
+            "(OpenAIGPTModel, OpenAIGPTLMHeadModel), 'gpt2' (GPT2Model, GPT2LMHeadModel), and "
+            "'llama', 'qwen2', 'mistral' (their *Model and *ForCausalLM)."
         )
     return model_type
 
 
 def config_from_hf(hf_config) -> GPTConfig:
-    """Our GPTConfig for a transformers OpenAIGPTConfig or GPT2Config."""
+    """Our GPTConfig for a transformers OpenAIGPTConfig, GPT2Config, LlamaConfig, Qwen2Config or
+    MistralConfig."""
     family = _family(hf_config)
+    if family in hf_llama.MODEL_TYPES:
+        return hf_llama.config_from_hf(hf_config)
     if family == "openai-gpt":
         activation = _OPENAI_ACTIVATIONS.get(hf_config.afn)
         if activation is None:
@@ -86,8 +91,18 @@ def config_from_hf(hf_config) -> GPTConfig:
 
 
 def config_to_hf(config: GPTConfig):
-    """The transformers config of the same family: OpenAIGPTConfig (post-LN) or GPT2Config (pre-LN)."""
+    """The transformers config of the same family: OpenAIGPTConfig (post-LN), GPT2Config (pre-LN),
+    or for Llama-style blocks LlamaConfig, Qwen2Config or MistralConfig."""
     from transformers import GPT2Config, OpenAIGPTConfig
+
+    if hf_llama.is_llama_style(config):
+        return hf_llama.config_to_hf(config)
+    if not (config.bias and config.tie_embeddings and config.kv_heads == config.n_head):
+        raise ValueError(
+            "transformers' GPT-1 and GPT-2 have biases, a tied head and one key/value head per head; "
+            f"this model has bias={config.bias}, tie_embeddings={config.tie_embeddings}, "
+            f"n_kv_head={config.n_kv_head}."
+        )
 
     common = dict(
         vocab_size=config.vocab_size,
@@ -170,22 +185,36 @@ def from_hf(hf_model) -> GPT:
     config = getattr(hf_model, "config", None)
     if config is None:
         raise ValueError(f"Expected a transformers model instance, got {type(hf_model).__name__}.")
-    family = _family(config)
     state = {k: v.detach().clone() for k, v in hf_model.state_dict().items()}
-    return _load(config_from_hf(config), state_dict_from_hf(state, family), type(hf_model).__name__)
+    return _convert(config, state, type(hf_model).__name__)
+
+
+def _convert(hf_config, state: dict[str, Tensor], source: str) -> GPT:
+    family = _family(hf_config)
+    config = config_from_hf(hf_config)
+    if family in hf_llama.MODEL_TYPES:
+        return _load(config, hf_llama.state_dict_from_hf(state, config), source)
+    return _load(config, state_dict_from_hf(state, family), source)
 
 
 def to_hf(gpt: GPT):
-    """The matching transformers LM-head model (OpenAIGPTLMHeadModel or GPT2LMHeadModel), same weights."""
+    """The matching transformers LM-head model (OpenAIGPTLMHeadModel, GPT2LMHeadModel,
+    LlamaForCausalLM, Qwen2ForCausalLM or MistralForCausalLM), same weights."""
     from transformers import GPT2LMHeadModel, OpenAIGPTLMHeadModel
 
     hf_config = config_to_hf(gpt.config)
-    cls = GPT2LMHeadModel if gpt.config.pre_ln else OpenAIGPTLMHeadModel
     family = hf_config.model_type
-    hf_model = cls(hf_config).to(dtype=gpt.wte.weight.dtype, device=gpt.wte.weight.device)
     state = {k: v.detach().clone() for k, v in gpt.state_dict().items()}
-    state["wte.weight"] = state["wte.weight"][: gpt.config.vocab_size]  # no padding rows
-    hf_model.load_state_dict(state_dict_to_hf(state, family), strict=True)
+    for key in ("wte.weight", "lm_head.weight"):
+        if key in state:
+            state[key] = state[key][: gpt.config.vocab_size]  # no padding rows
+    if family in hf_llama.MODEL_TYPES:
+        cls, hf_state = hf_llama.causal_lm_class(family), hf_llama.state_dict_to_hf(state, gpt.config)
+    else:
+        cls = GPT2LMHeadModel if gpt.config.pre_ln else OpenAIGPTLMHeadModel
+        hf_state = state_dict_to_hf(state, family)
+    hf_model = cls(hf_config).to(dtype=gpt.wte.weight.dtype, device=gpt.wte.weight.device)
+    hf_model.load_state_dict(hf_state, strict=True)
     hf_model.tie_weights()
     return hf_model.eval() if not gpt.training else hf_model
 
@@ -204,7 +233,7 @@ def from_pretrained(path: str | os.PathLike) -> GPT:
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} is not a transformers model directory: it has no config.json.")
     hf_config = AutoConfig.from_pretrained(path, trust_remote_code=False)
-    family = _family(hf_config)
+    _family(hf_config)
     state: dict[str, Tensor] = {}
     shards = sorted(path.glob("model*.safetensors"))
     if shards:
@@ -216,4 +245,4 @@ def from_pretrained(path: str | os.PathLike) -> GPT:
         state = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
     else:
         raise FileNotFoundError(f"{path} has no model.safetensors or pytorch_model.bin weights file.")
-    return _load(config_from_hf(hf_config), state_dict_from_hf(state, family), str(path))
+    return _convert(hf_config, state, str(path))

@@ -24,7 +24,8 @@ from gpt_ft.training.predictions import write_predictions
 from gpt_ft.training.ranks import finite_everywhere, gather, mean_over_ranks
 from gpt_ft.training.terms import batch_terms, combined_loss
 
-SHAPE_FIELDS = ("n_layer", "n_embd", "n_head", "n_positions", "vocab_size", "pre_ln")
+SHAPE_FIELDS = ("n_layer", "n_embd", "n_head", "n_positions", "vocab_size", "pre_ln", "norm", "positions",
+                "gated_mlp", "n_kv_head", "tie_embeddings")  # fmt: skip
 
 
 class GPTModule(LightningModule):

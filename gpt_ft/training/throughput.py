@@ -43,7 +43,7 @@ def flops_per_token(config, n_params: int, seq_len: int) -> float:
 
 def counted_parameters(gpt) -> int:
     """N of the estimate: every parameter but the position embeddings (nanoGPT's convention)."""
-    return gpt.num_parameters() - gpt.wpe.weight.numel()
+    return gpt.num_parameters() - (gpt.wpe.weight.numel() if gpt.wpe is not None else 0)
 
 
 class Throughput(Callback):

@@ -236,3 +236,30 @@ def test_unknown_command_and_usage(capsys):
     assert "  suite      fine-tune and evaluate many tasks over seeds" in usage
     main(["--version"])
     assert capsys.readouterr().out == f"gpt-ft {gpt_ft.__version__}\n"
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_fine_tunes_a_llama_family_checkpoint(tmp_path, tokenizer_dir, family, monkeypatch):
+    """GPT-1's recipe from a transformers Llama/Qwen2 directory: the special tokens grow its
+    embedding and untied head, it trains and validates, and the Classifier reads the checkpoint."""
+    from gpt_ft import Classifier
+    from tests.helpers import tiny_llama
+
+    weights = tmp_path / "weights"
+    tiny_llama(family, vocab_size=len(load_tokenizer(tokenizer_dir)) - 4).save_pretrained(weights)
+    card = make_task("pair", tmp_path)
+    monkeypatch.chdir(ROOT)
+    main(["fit", "--config", "configs/finetune/gpt1.yaml", f"--model.init_from={weights}",
+          f"--data.tokenizer={tokenizer_dir}", f"--data.task={card}", f"--data.data_dir={tmp_path}",
+          "--data.batch_size=2", "--data.max_length=64", "--trainer.max_epochs=1", "--model.lr=1e-3",
+          f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}", "--trainer.enable_progress_bar=false",
+          "--trainer.enable_model_summary=false"])  # fmt: skip
+    (metrics,) = (tmp_path / "runs").rglob("metrics.csv")
+    assert "validation/accuracy" in metrics.read_text().splitlines()[0]
+    (ckpt,) = (tmp_path / "runs").rglob("last.ckpt")
+    clf = Classifier.from_checkpoint(ckpt, device="cpu")
+    assert clf.gpt.config.hf_model_type == family and clf.gpt.lm_head is not None
+    (pred,) = clf.predict([{"sentence1": "the cat sat on the mat .", "sentence2": "a cat sat ."}])
+    assert pred["label"] in ("entailment", "not_entailment") and sum(
+        pred["scores"].values()
+    ) == pytest.approx(1)

@@ -19,11 +19,17 @@ NO_DROPOUT = {"embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0}
 
 
 @pytest.mark.parametrize(
-    ("lm_coef", "context_length"), [(0.5, None), (0.0, None), (0.5, 12)], ids=["lm", "no-lm", "one-length"]
-)
-def test_shared_context_equals_the_plain_path(tokenizer_dir, lm_coef, context_length):
-    """Contexts of one length take the mask-free path (causal aligned to the lower right)."""
-    module, rows, specials = choice_module(tokenizer_dir, lm_coef=lm_coef, context_length=context_length)
+    ("lm_coef", "context_length", "preset"),
+    [(0.5, None, "gpt-micro"), (0.0, None, "gpt-micro"), (0.5, 12, "gpt-micro"), (0.5, None, "llama-micro"),
+     (0.5, 12, "llama-micro")],
+    ids=["lm", "no-lm", "one-length", "llama-lm", "llama-one-length"],
+)  # fmt: skip
+def test_shared_context_equals_the_plain_path(tokenizer_dir, lm_coef, context_length, preset):
+    """Contexts of one length take the mask-free path (causal aligned to the lower right). With
+    rotary positions (llama-micro) the answers' positions continue from their context's length."""
+    module, rows, specials = choice_module(
+        tokenizer_dir, lm_coef=lm_coef, context_length=context_length, preset=preset
+    )
     module.train()
     plain = collate(rows, specials.pad)
     shared = collate_shared(rows, specials.pad, specials.delim)
@@ -53,14 +59,16 @@ def test_shared_context_equals_the_plain_path(tokenizer_dir, lm_coef, context_le
         assert torch.allclose(grads_a[name], grads_b[name], atol=1e-5, rtol=0), name
 
 
-def choice_module(tokenizer_dir, lm_coef: float = 0.5, context_length: int | None = None):
+def choice_module(
+    tokenizer_dir, lm_coef: float = 0.5, context_length: int | None = None, preset: str = "gpt-micro"
+):
     """A micro GPTModule without dropout for random multiple-choice rows, the rows and the specials."""
     tok = load_tokenizer(tokenizer_dir)
     specials = special_token_ids(tok)
     rows, task = random_choice_examples(specials, vocab=len(tok) - 5, context_length=context_length)
     torch.manual_seed(0)
     module = GPTModule(
-        preset="gpt-micro",
+        preset=preset,
         overrides={"n_positions": 64, **NO_DROPOUT},
         vocab_size=len(tok),
         task=task,
@@ -70,16 +78,17 @@ def choice_module(tokenizer_dir, lm_coef: float = 0.5, context_length: int | Non
     return module, rows, specials
 
 
-def left_padded_module(tokenizer_dir):
-    module, rows, specials = choice_module(tokenizer_dir)
+def left_padded_module(tokenizer_dir, preset: str = "gpt-micro"):
+    module, rows, specials = choice_module(tokenizer_dir, preset=preset)
     return module, collate(rows, specials.pad, padding_side="left"), collate(rows, specials.pad)
 
 
-def test_left_padding_runs_mask_free_and_equals_the_masked_reference(tokenizer_dir):
+@pytest.mark.parametrize("preset", ["gpt-micro", "llama-micro"])
+def test_left_padding_runs_mask_free_and_equals_the_masked_reference(tokenizer_dir, preset):
     """Left-padded batches are rotated to right padding: no mask, and the same task logits, LM
     sums and gradients as attending under the padding mask with positions from the first real
     token, to 1e-5."""
-    module, left, right = left_padded_module(tokenizer_dir)
+    module, left, right = left_padded_module(tokenizer_dir, preset)
     gpt, head = module.gpt, module.head
     B, S, T = left.input_ids.shape
     mask = left.attention_mask.view(B * S, T)
