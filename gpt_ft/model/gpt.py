@@ -292,6 +292,8 @@ class GPT(nn.Module):
         Only the vocabulary's rows: padding rows never get a logit.
         """
         head = self.wte if self.lm_head is None else self.lm_head
+        if hasattr(head, "logits"):  # LoRA's TokenRows: frozen rows and trained ones (lora.py)
+            return head.logits(hidden)
         return F.linear(hidden, head.weight[: self.config.vocab_size])
 
     def _fit_embedding_rows(self, state: dict, prefix: str, *args) -> None:
@@ -307,7 +309,7 @@ class GPT(nn.Module):
 
     def new_kv_cache(self, batch_size: int, max_len: int | None = None) -> KVCache:
         """An empty KV cache for `batch_size` sequences of up to `max_len` (default n_positions) tokens."""
-        p = self.wte.weight
+        p = next(self.parameters())
         max_len = self.config.n_positions if max_len is None else max_len
         return KVCache(self.config, batch_size, max_len, dtype=p.dtype, device=p.device)
 

@@ -18,6 +18,7 @@ import torch
 from gpt_ft.model import hub
 from gpt_ft.model.config import GPTConfig
 from gpt_ft.model.gpt import GPT
+from gpt_ft.model.lora import LoRA, add_lora, merge_lora
 
 SPECIAL_TOKEN_ROOM = 8  # start, delim, extract and pad (GPT-1 §3.3), with room to spare
 UNREADABLE_CHECKPOINT = (
@@ -60,13 +61,35 @@ def load_weights(path: str | Path) -> GPT:
 
 
 def gpt_from_checkpoint(checkpoint: dict[str, Any], path: str | Path) -> GPT:
-    """The GPT of a gpt_ft checkpoint already read (`safe_load`)."""
+    """The GPT of a gpt_ft checkpoint already read (`safe_load`); LoRA adapters are loaded onto
+    their base weights and merged."""
     config = checkpoint.get("gpt_config")
     if config is None:
         raise ValueError(f"{path} is not a gpt_ft checkpoint: it records no model config (gpt_config).")
-    gpt = GPT(GPTConfig(**config))
-    gpt.load_state_dict(submodule_state(checkpoint, "gpt"))
-    return gpt
+    adapters = checkpoint.get("lora")
+    if adapters is None:
+        gpt = GPT(GPTConfig(**config))
+        gpt.load_state_dict(submodule_state(checkpoint, "gpt"))
+        return gpt
+    settings = {k: v for k, v in adapters.items() if k not in ("base", "new_tokens_from")}
+    gpt = load_weights(adapters["base"])
+    if config["vocab_size"] > gpt.config.vocab_size:
+        gpt.resize_token_embeddings(config["vocab_size"])
+    add_lora(gpt, LoRA(**settings), new_tokens_from=adapters["new_tokens_from"])
+    trained = submodule_state(checkpoint, "gpt")
+    missing = sorted({n for n, p in gpt.named_parameters() if p.requires_grad} - set(trained))
+    if missing:
+        raise ValueError(
+            f"{path} lacks LoRA weights {missing[:3]}: the file is not a complete LoRA checkpoint."
+        )
+    gpt.load_state_dict(trained, strict=False)
+    return merge_lora(gpt)
+
+
+def base_reference(init_from: str) -> str:
+    """How a LoRA checkpoint names its base weights: an absolute path, or the hub id as given."""
+    local = Path(init_from).expanduser()
+    return str(local.resolve()) if local.exists() else init_from
 
 
 def submodule_state(checkpoint: dict[str, Any], name: str) -> dict[str, Any]:
@@ -113,9 +136,11 @@ def build_gpt(
     init_from: str | None,
     transfer_layers: int | None,
     vocab_size: int | None,
+    lora: LoRA | None = None,
 ) -> GPT:
     """The GPT a run starts from: loaded weights (only dropouts may change, the first
-    `transfer_layers` blocks kept) or a fresh preset, grown to fit the tokenizer's special tokens."""
+    `transfer_layers` blocks kept) or a fresh preset, grown to fit the tokenizer's special tokens;
+    with `lora`, the loaded weights frozen and adapters added (only the new tokens' rows train)."""
     if init_from:
         gpt = load_weights(init_from)
         if overrides:
@@ -136,8 +161,13 @@ def build_gpt(
         gpt = GPT(GPTConfig.from_name(preset, **{**(overrides or {}), "vocab_size": vocab_size or 40478}))
     if init_from and vocab_size is not None:
         check_tokenizer_fits(vocab_size, gpt.config.vocab_size, init_from)
+    loaded_vocab = gpt.config.vocab_size
     if vocab_size is not None and vocab_size > gpt.config.vocab_size:
         gpt.resize_token_embeddings(vocab_size)  # the special tokens the weights lack (GPT-1 §3.3)
+    if lora is not None:
+        if not init_from:
+            raise ValueError("lora adapts pretrained weights: give --model.init_from.")
+        add_lora(gpt, lora, new_tokens_from=loaded_vocab)
     return gpt
 
 

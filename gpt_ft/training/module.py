@@ -16,7 +16,9 @@ from torch import Tensor, nn
 
 from gpt_ft.adapters import TaskAdapter
 from gpt_ft.data.batches import TokenBatch
-from gpt_ft.model.weights import build_gpt
+from gpt_ft.model import lora as lora_layers
+from gpt_ft.model.lora import LoRA
+from gpt_ft.model.weights import base_reference, build_gpt
 from gpt_ft.training.checkpointing import stop_on_nonfinite
 from gpt_ft.training.eval_metrics import EvalMetrics
 from gpt_ft.training.optim import MuonAdamW, adamw, lr_lambda
@@ -53,6 +55,7 @@ class GPTModule(LightningModule):
         warmup_steps: int | None = None,
         predictions_dir: str = "predictions",
         compile: bool | str = False,
+        lora: LoRA | None = None,
     ) -> None:
         """
         Args:
@@ -77,6 +80,8 @@ class GPTModule(LightningModule):
             warmup_steps: Linear warmup over this many steps instead (GPT-1 pretraining: 2000).
             predictions_dir: Where `predict` writes one submission file per test split.
             compile: torch.compile the GPT (True: the inductor backend; or a backend's name).
+            lora: Fine-tune low-rank adapters of init_from's frozen weights (plus the new special
+                tokens' rows and the task head) instead of every weight; see `gpt_ft.model.lora`.
         """
         super().__init__()
         if lm_coef < 0:
@@ -85,13 +90,19 @@ class GPTModule(LightningModule):
             raise ValueError(f"lr must be > 0, got {lr}.")
         if not 0 <= warmup_fraction < 1:
             raise ValueError(f"warmup_fraction must be in [0, 1), got {warmup_fraction}.")
+        if isinstance(lora, dict):  # as the checkpoint's hyperparameters hold it
+            lora = LoRA(**lora)
         self.gpt = build_gpt(
             preset=preset,
             overrides=overrides,
             init_from=init_from,
             transfer_layers=transfer_layers,
             vocab_size=vocab_size,
+            lora=lora,
         )
+        self.lora, self.init_from = lora, init_from
+        # A LoRA checkpoint holds the trained weights only; the frozen ones come from init_from.
+        self.strict_loading = lora is None
         self.task = task
         self.lm_coef = lm_coef
         config = self.gpt.config
@@ -108,7 +119,8 @@ class GPTModule(LightningModule):
         self.predictions_dir = predictions_dir
         self.compile_backend = ("inductor" if compile is True else compile) or None
         self._predictions: dict[str, list[tuple[Tensor, Tensor]]] = {}
-        self.save_hyperparameters(ignore=["task"])
+        self.save_hyperparameters(ignore=["task", "lora"])
+        self.hparams["lora"] = vars(lora) if lora is not None else None  # plain values: weights-only loads
 
     def configure_model(self) -> None:
         # Called by the Trainer once the device and strategy are set, before the optimizer exists.
@@ -118,11 +130,39 @@ class GPTModule(LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # The model's own shape, so that the weights load without the run's arguments.
         checkpoint["gpt_config"] = dict(vars(self.gpt.config))
+        if self.lora is None:
+            return
+        state = checkpoint["state_dict"]
+        frozen = {"gpt." + n for n, p in self.gpt.named_parameters() if not p.requires_grad}
+        if self.lora.checkpoint == "merged":  # a plain checkpoint of the merged model
+            merged = lora_layers.merged_state_dict(self.gpt)
+            checkpoint["state_dict"] = {
+                **{k: v for k, v in state.items() if not k.startswith("gpt.")},
+                **{"gpt." + k: v for k, v in merged.items()},
+            }
+            checkpoint["lora_merged"] = True
+        else:  # the trained weights, and where the frozen ones come from
+            checkpoint["state_dict"] = {k: v for k, v in state.items() if k not in frozen}
+            checkpoint["lora"] = {
+                "base": base_reference(self.init_from),
+                "new_tokens_from": self.gpt.wte.frozen,
+                **vars(self.lora),
+            }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """A checkpoint of another shape is named in one sentence, not a page of size mismatches."""
         stored, config = checkpoint.get("gpt_config"), self.gpt.config
         where = getattr(self._trainer, "ckpt_path", None) or "The checkpoint"
+        if self.lora is not None and "lora" not in checkpoint:
+            raise ValueError(
+                f"{where} holds no LoRA adapters (a merged or plain model) and a LoRA run resumes only "
+                "from adapters: start anew from it with --model.init_from."
+            )
+        if self.lora is None and "lora" in checkpoint:
+            raise ValueError(
+                f"{where} holds LoRA adapters: resume it with the same --model.lora, or load it with "
+                "Classifier.from_checkpoint or --model.init_from."
+            )
         differ = [k for k in SHAPE_FIELDS if stored and k in stored and stored[k] != getattr(config, k)]
         if differ:
             theirs = ", ".join(f"{k}={stored[k]}" for k in differ)

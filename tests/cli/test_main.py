@@ -238,28 +238,69 @@ def test_unknown_command_and_usage(capsys):
     assert capsys.readouterr().out == f"gpt-ft {gpt_ft.__version__}\n"
 
 
+def fit_llama_family(root: Path, tokenizer_dir: str, family: str, *args: str) -> Path:
+    """`gpt-ft fit` of GPT-1's recipe from a tiny transformers model of `family` on a pair task
+    for 1 epoch, plus `args`; returns the run's last.ckpt."""
+    from tests.helpers import tiny_llama
+
+    weights = root / "weights"
+    if not weights.exists():
+        tiny_llama(family, vocab_size=len(load_tokenizer(tokenizer_dir)) - 4).save_pretrained(weights)
+    card = make_task("pair", root)
+    logs = root / "runs" / "-".join([family, *args]).replace("/", "_")
+    main(["fit", "--config", str(ROOT / "configs/finetune/gpt1.yaml"), f"--model.init_from={weights}",
+          f"--data.tokenizer={tokenizer_dir}", f"--data.task={card}", f"--data.data_dir={root}",
+          "--data.batch_size=2", "--data.max_length=64", "--trainer.max_epochs=1", "--model.lr=1e-3",
+          f"--trainer.logger.init_args.save_dir={logs}", "--trainer.enable_progress_bar=false",
+          "--trainer.enable_model_summary=false", *args])  # fmt: skip
+    (metrics,) = logs.rglob("metrics.csv")
+    assert "validation/accuracy" in metrics.read_text().splitlines()[0]
+    (ckpt,) = logs.rglob("last.ckpt")
+    return ckpt
+
+
+PAIR = {"sentence1": "the cat sat on the mat .", "sentence2": "a cat sat ."}
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_fine_tunes_a_llama_family_checkpoint(tmp_path, tokenizer_dir, family, monkeypatch):
+def test_fine_tunes_a_llama_family_checkpoint(tmp_path, tokenizer_dir, family):
     """GPT-1's recipe from a transformers Llama/Qwen2 directory: the special tokens grow its
     embedding and untied head, it trains and validates, and the Classifier reads the checkpoint."""
     from gpt_ft import Classifier
-    from tests.helpers import tiny_llama
 
-    weights = tmp_path / "weights"
-    tiny_llama(family, vocab_size=len(load_tokenizer(tokenizer_dir)) - 4).save_pretrained(weights)
-    card = make_task("pair", tmp_path)
-    monkeypatch.chdir(ROOT)
-    main(["fit", "--config", "configs/finetune/gpt1.yaml", f"--model.init_from={weights}",
-          f"--data.tokenizer={tokenizer_dir}", f"--data.task={card}", f"--data.data_dir={tmp_path}",
-          "--data.batch_size=2", "--data.max_length=64", "--trainer.max_epochs=1", "--model.lr=1e-3",
-          f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}", "--trainer.enable_progress_bar=false",
-          "--trainer.enable_model_summary=false"])  # fmt: skip
-    (metrics,) = (tmp_path / "runs").rglob("metrics.csv")
-    assert "validation/accuracy" in metrics.read_text().splitlines()[0]
-    (ckpt,) = (tmp_path / "runs").rglob("last.ckpt")
+    ckpt = fit_llama_family(tmp_path, tokenizer_dir, family)
     clf = Classifier.from_checkpoint(ckpt, device="cpu")
     assert clf.gpt.config.hf_model_type == family and clf.gpt.lm_head is not None
-    (pred,) = clf.predict([{"sentence1": "the cat sat on the mat .", "sentence2": "a cat sat ."}])
+    (pred,) = clf.predict([PAIR])
     assert pred["label"] in ("entailment", "not_entailment") and sum(
         pred["scores"].values()
     ) == pytest.approx(1)
+
+
+def test_lora_checkpoints_hold_the_adapters_or_the_merged_model(tmp_path, tokenizer_dir, capsys):
+    """--model.lora: checkpoints of the trained weights only (plus the base's name) resume and
+    load; with lora.checkpoint=merged the same run's checkpoint is a plain model that predicts
+    the same probabilities."""
+    from gpt_ft import Classifier
+    from gpt_ft.model.weights import safe_load
+
+    adapters = fit_llama_family(tmp_path, tokenizer_dir, "llama", "--model.lora.rank=4")
+    stored = safe_load(adapters)
+    assert stored["lora"]["base"] == str((tmp_path / "weights").resolve()) and stored["lora"]["rank"] == 4
+    keys = set(stored["state_dict"])
+    assert keys and all(k.endswith(("lora_A", "lora_B", "new_rows")) or k.startswith("head.") for k in keys)
+    assert adapters.stat().st_size < (tmp_path / "weights" / "model.safetensors").stat().st_size / 2
+    merged = fit_llama_family(tmp_path, tokenizer_dir, "llama", "--model.lora.rank=4",
+                              "--model.lora.checkpoint=merged")  # fmt: skip
+    assert "lora" not in safe_load(merged)
+    (a,), (b,) = (Classifier.from_checkpoint(c, device="cpu").predict([PAIR]) for c in (adapters, merged))
+    assert a["label"] == b["label"]
+    for label, p in a["scores"].items():
+        assert b["scores"][label] == pytest.approx(p, abs=1e-5)
+    # resuming: from the adapters, and the merged file named in one sentence
+    fit_llama_family(tmp_path, tokenizer_dir, "llama", "--model.lora.rank=4", f"--ckpt_path={adapters}",
+                     "--trainer.max_epochs=2")  # fmt: skip
+    with pytest.raises(SystemExit):
+        fit_llama_family(tmp_path, tokenizer_dir, "llama", "--model.lora.rank=4", f"--ckpt_path={merged}",
+                         "--trainer.max_epochs=2")  # fmt: skip
+    assert f"{merged} holds no LoRA adapters (a merged or plain model)" in capsys.readouterr().err

@@ -1,0 +1,158 @@
+"""Low-rank adapters (LoRA, Hu et al. 2021) for fine-tuning a large model on little memory.
+
+`add_lora(gpt, lora, new_tokens_from=n)` freezes the model and gives each chosen linear layer of
+the blocks a trainable update `(alpha / rank) * B A` (A: rank x in, B: out x rank, B zero at
+first, so the model starts exactly as loaded). The token embedding (and an untied LM head) keep
+their first `n` rows frozen and train the rows after them: the special tokens fine-tuning adds
+(GPT-1 §3.3). The task head is outside the GPT and trains in full. `merge_lora(gpt)` folds every
+update back into plain layers: the same model, no adapters, as fast as the original.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+TARGETS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+
+
+@dataclass
+class LoRA:
+    """Which layers get adapters and their shape."""
+
+    rank: int = 8
+    """Rank r of each update B A."""
+    alpha: float = 16.0
+    """The update is scaled by alpha / rank."""
+    dropout: float = 0.05
+    """Dropout on the adapters' input."""
+    targets: list[str] = field(default_factory=lambda: list(TARGETS))
+    """Layers of every block that get an adapter: attn.c_attn (q, k, v), attn.c_proj, mlp.c_fc, mlp.c_proj."""
+    checkpoint: Literal["adapters", "merged"] = "adapters"
+    """What checkpoints hold: the trained weights only, beside the base weights' name (small files
+    that resume), or the whole merged model (a plain checkpoint, for use elsewhere)."""
+
+    def __post_init__(self) -> None:
+        if self.rank < 1:
+            raise ValueError(f"lora.rank must be a positive integer, got {self.rank}.")
+        if self.alpha <= 0:
+            raise ValueError(f"lora.alpha must be > 0, got {self.alpha}.")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"lora.dropout must be in [0, 1), got {self.dropout}.")
+        unknown = sorted(set(self.targets) - set(TARGETS))
+        if unknown or not self.targets:
+            raise ValueError(f"lora.targets {unknown or '[]'} not allowed; choose among {list(TARGETS)}.")
+        if self.checkpoint not in ("adapters", "merged"):
+            raise ValueError(f"lora.checkpoint={self.checkpoint!r}; allowed: 'adapters', 'merged'.")
+
+
+class LoRALinear(nn.Module):
+    """A frozen linear layer plus a trainable low-rank update: base(x) + s * B(A(dropout(x)))."""
+
+    def __init__(self, base: nn.Linear, rank: int, alpha: float, dropout: float) -> None:
+        super().__init__()
+        self.base = base.requires_grad_(False)
+        kwargs = dict(device=base.weight.device, dtype=base.weight.dtype)
+        self.lora_A = nn.Parameter(torch.empty(rank, base.in_features, **kwargs))
+        self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank, **kwargs))
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # nn.Linear's init, as the paper's code
+        self.scaling = alpha / rank
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.base(x) + F.linear(F.linear(self.dropout(x), self.lora_A), self.lora_B) * self.scaling
+
+    def merged(self) -> nn.Linear:
+        with torch.no_grad():
+            self.base.weight += (self.lora_B @ self.lora_A) * self.scaling
+        return self.base.requires_grad_(True)
+
+
+class TokenRows(nn.Module):
+    """A token matrix (embedding or untied LM head) whose first `frozen` rows are fixed and whose
+    other rows, up to the vocabulary's size, train: two parameters, so that the optimizer holds
+    state for the new rows only and no gradient of the frozen rows is ever computed."""
+
+    def __init__(self, weight: Tensor, frozen: int, vocab: int) -> None:
+        super().__init__()
+        self.frozen, self.rows = frozen, weight.shape[0]
+        self.frozen_rows = nn.Parameter(weight[:frozen].detach(), requires_grad=False)
+        self.new_rows = nn.Parameter(weight[frozen:vocab].detach().clone())
+
+    def forward(self, ids: Tensor) -> Tensor:
+        """Embeddings of `ids`."""
+        old = F.embedding(ids.clamp(max=self.frozen - 1), self.frozen_rows)
+        if not len(self.new_rows):
+            return old
+        new = F.embedding((ids - self.frozen).clamp(0, len(self.new_rows) - 1), self.new_rows)
+        return torch.where((ids >= self.frozen)[..., None], new, old)
+
+    def logits(self, hidden: Tensor) -> Tensor:
+        """hidden @ [frozen; new].T: a logit for each row of the vocabulary."""
+        return torch.cat([F.linear(hidden, self.frozen_rows), F.linear(hidden, self.new_rows)], dim=-1)
+
+    @property
+    def weight(self) -> Tensor:
+        """The whole matrix, padding rows (zeros) included."""
+        padding = self.frozen_rows.new_zeros(
+            self.rows - self.frozen - len(self.new_rows), self.frozen_rows.shape[1]
+        )
+        return torch.cat([self.frozen_rows, self.new_rows, padding])
+
+
+def add_lora(gpt: nn.Module, lora: LoRA, *, new_tokens_from: int) -> nn.Module:
+    """Freeze `gpt`, add adapters to `lora.targets` of every block, and train the token rows from
+    `new_tokens_from` on (the special tokens the loaded weights lack). In place; returns `gpt`."""
+    gpt.requires_grad_(False)
+    for block in gpt.h:
+        for target in lora.targets:
+            parent, name = target.split(".")
+            module = getattr(getattr(block, parent), name)
+            setattr(getattr(block, parent), name, LoRALinear(module, lora.rank, lora.alpha, lora.dropout))
+    vocab = gpt.config.vocab_size
+    gpt.wte = TokenRows(gpt.wte.weight, new_tokens_from, vocab)
+    if gpt.lm_head is not None:
+        gpt.lm_head = TokenRows(gpt.lm_head.weight, new_tokens_from, vocab)
+    return gpt
+
+
+def merge_lora(gpt: nn.Module) -> nn.Module:
+    """Fold every adapter into its layer and the token rows into plain matrices: a plain GPT with
+    the same outputs, every parameter trainable again. In place; returns `gpt`."""
+    for block in gpt.h:
+        for parent in (block.attn, block.mlp):
+            for name, module in list(parent.named_children()):
+                if isinstance(module, LoRALinear):
+                    setattr(parent, name, module.merged())
+    for name, cls in (("wte", nn.Embedding), ("lm_head", nn.Linear)):
+        rows = getattr(gpt, name)
+        if isinstance(rows, TokenRows):
+            weight = rows.weight.detach()
+            with torch.device("meta"):  # no init of a matrix about to be replaced
+                plain = cls(*weight.shape) if cls is nn.Embedding else cls(*weight.shape[::-1], bias=False)
+            plain.weight = nn.Parameter(weight.clone())
+            setattr(gpt, name, plain)
+    return gpt.requires_grad_(True)
+
+
+def merged_state_dict(gpt: nn.Module) -> dict[str, Tensor]:
+    """The state dict `merge_lora(gpt)` would have, computed without changing `gpt`."""
+    out = {}
+    for key, value in gpt.state_dict().items():
+        for suffix in (".lora_A", ".lora_B", ".frozen_rows", ".new_rows"):
+            if key.endswith(suffix):
+                break
+        else:
+            out[key.replace(".base.", ".")] = value
+    for name, module in gpt.named_modules():
+        if isinstance(module, LoRALinear):
+            update = (module.lora_B @ module.lora_A) * module.scaling
+            out[f"{name}.weight"] = (module.base.weight + update).detach()
+        elif isinstance(module, TokenRows):
+            out[f"{name}.weight"] = module.weight.detach()
+    return out
