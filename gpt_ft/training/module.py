@@ -16,10 +16,9 @@ from torch import Tensor, nn
 
 from gpt_ft.adapters import TaskAdapter
 from gpt_ft.data.batches import TokenBatch
-from gpt_ft.model import lora as lora_layers
 from gpt_ft.model.lora import LoRA
-from gpt_ft.model.weights import base_reference, build_gpt
-from gpt_ft.training.checkpointing import stop_on_nonfinite
+from gpt_ft.model.weights import build_gpt
+from gpt_ft.training.checkpointing import check_lora_resume, lora_checkpoint, stop_on_nonfinite
 from gpt_ft.training.eval_metrics import EvalMetrics
 from gpt_ft.training.optim import MuonAdamW, adamw, lr_lambda
 from gpt_ft.training.predictions import write_predictions
@@ -130,39 +129,14 @@ class GPTModule(LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # The model's own shape, so that the weights load without the run's arguments.
         checkpoint["gpt_config"] = dict(vars(self.gpt.config))
-        if self.lora is None:
-            return
-        state = checkpoint["state_dict"]
-        frozen = {"gpt." + n for n, p in self.gpt.named_parameters() if not p.requires_grad}
-        if self.lora.checkpoint == "merged":  # a plain checkpoint of the merged model
-            merged = lora_layers.merged_state_dict(self.gpt)
-            checkpoint["state_dict"] = {
-                **{k: v for k, v in state.items() if not k.startswith("gpt.")},
-                **{"gpt." + k: v for k, v in merged.items()},
-            }
-            checkpoint["lora_merged"] = True
-        else:  # the trained weights, and where the frozen ones come from
-            checkpoint["state_dict"] = {k: v for k, v in state.items() if k not in frozen}
-            checkpoint["lora"] = {
-                "base": base_reference(self.init_from),
-                "new_tokens_from": self.gpt.wte.frozen,
-                **vars(self.lora),
-            }
+        if self.lora is not None:
+            lora_checkpoint(checkpoint, self.gpt, self.lora, self.init_from)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """A checkpoint of another shape is named in one sentence, not a page of size mismatches."""
         stored, config = checkpoint.get("gpt_config"), self.gpt.config
         where = getattr(self._trainer, "ckpt_path", None) or "The checkpoint"
-        if self.lora is not None and "lora" not in checkpoint:
-            raise ValueError(
-                f"{where} holds no LoRA adapters (a merged or plain model) and a LoRA run resumes only "
-                "from adapters: start anew from it with --model.init_from."
-            )
-        if self.lora is None and "lora" in checkpoint:
-            raise ValueError(
-                f"{where} holds LoRA adapters: resume it with the same --model.lora, or load it with "
-                "Classifier.from_checkpoint or --model.init_from."
-            )
+        check_lora_resume(checkpoint, self.lora, where)
         differ = [k for k in SHAPE_FIELDS if stored and k in stored and stored[k] != getattr(config, k)]
         if differ:
             theirs = ", ".join(f"{k}={stored[k]}" for k in differ)
