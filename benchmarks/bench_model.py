@@ -1,4 +1,6 @@
-"""Training-step throughput and memory of our GPT vs transformers' OpenAIGPTLMHeadModel, and KV-cache speedup.
+"""Training-step throughput and memory of our GPT vs transformers' model of the same family
+(OpenAIGPTLMHeadModel for gpt1, GPT2LMHeadModel, LlamaForCausalLM for llama-mini or
+smollm2-135m, Qwen2ForCausalLM for qwen2.5-0.5b), and KV-cache speedup.
 
 Both models hold the same weights (ours converted with `to_hf`), run in training mode with their
 dropout, in one process, interleaved run by run, so machine noise hits both alike. Prints
@@ -7,6 +9,7 @@ and cached vs uncached greedy generation. On CUDA it also prints MFU (nanoGPT's 
 6N + 12·L·H·Q·T per token against the dense bf16 peak of the GPU).
 
     python benchmarks/bench_model.py --preset gpt1 --batch 1 2 4 8 --seq 512 --runs 3 --skip memory generation
+    python benchmarks/bench_model.py --preset smollm2-135m --batch 2 --seq 256 --skip memory generation
     python benchmarks/bench_model.py --device cuda --dtype bf16 --batch 16
 """
 
