@@ -275,8 +275,10 @@ def checkpoint_data(argv: list[str]):
         return
     linked = ("vocab_size", "tokenizer", "task", "_instantiator", "_class_path")
     model = {k: v for k, v in stored.get("hyper_parameters", {}).items() if k not in linked}
-    # The weights are the checkpoint's whatever the shape: no preset, overrides or transfer.
-    model.update(init_from=str(ckpt), overrides=None, transfer_layers=None)
+    # The weights are the checkpoint's whatever the shape: no preset, overrides or transfer. LoRA
+    # adapters go on their base weights again, as when they were trained.
+    base = stored["lora"]["base"] if "lora" in stored else str(ckpt)
+    model.update(init_from=base, overrides=None, transfer_layers=None)
     config = {"model": _plain(model)}
     data = stored.get("data_config")
     if data:

@@ -290,6 +290,14 @@ def test_lora_checkpoints_hold_the_adapters_or_the_merged_model(tmp_path, tokeni
     keys = set(stored["state_dict"])
     assert keys and all(k.endswith(("lora_A", "lora_B", "new_rows")) or k.startswith("head.") for k in keys)
     assert adapters.stat().st_size < (tmp_path / "weights" / "model.safetensors").stat().st_size / 2
+    capsys.readouterr()
+    quiet = [
+        "--trainer.logger=false",
+        f"--trainer.default_root_dir={tmp_path}",
+        "--trainer.enable_progress_bar=false",
+    ]
+    main(["validate", f"--ckpt_path={adapters}", *quiet])  # the base weights and adapters, nothing else given
+    assert "validation/accuracy" in capsys.readouterr().out
     merged = fit_llama_family(tmp_path, tokenizer_dir, "llama", "--model.lora.rank=4",
                               "--model.lora.checkpoint=merged")  # fmt: skip
     assert "lora" not in safe_load(merged)
