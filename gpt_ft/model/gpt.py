@@ -360,20 +360,23 @@ class GPT(nn.Module):
 
     @classmethod
     def from_hf(cls, hf_model) -> GPT:
-        """A GPT with the weights of a transformers OpenAIGPT* or GPT2* model (LM-head or base)."""
+        """A GPT with the weights of a transformers OpenAIGPT*, GPT2*, Llama*, Qwen2* or Mistral*
+        model (LM-head or base)."""
         from gpt_ft.model import hf
 
         return hf.from_hf(hf_model)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> GPT:
-        """Load a local transformers directory (a `save_pretrained` output of openai-gpt or gpt2)."""
+        """Load a transformers directory (a `save_pretrained` output of openai-gpt, gpt2, llama,
+        qwen2 or mistral) or a hub id."""
         from gpt_ft.model import hf
 
         return hf.from_pretrained(path)
 
     def to_hf(self):
-        """The matching transformers LM-head model (OpenAIGPTLMHeadModel or GPT2LMHeadModel)."""
+        """The matching transformers LM-head model (OpenAIGPTLMHeadModel, GPT2LMHeadModel,
+        LlamaForCausalLM, Qwen2ForCausalLM or MistralForCausalLM)."""
         from gpt_ft.model import hf
 
         return hf.to_hf(self)
