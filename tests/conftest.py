@@ -5,6 +5,7 @@ import inspect
 from pathlib import Path
 from types import SimpleNamespace
 
+import lightning  # noqa: F401  (its log handler takes sys.stderr at import: the session's, not a test's capsys)
 import pytest
 import torch
 

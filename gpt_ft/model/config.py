@@ -7,6 +7,7 @@ grouped-query attention, no biases, an untied LM head), which also covers Qwen2 
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, fields
 from typing import Literal
 
@@ -153,7 +154,7 @@ class GPTConfig:
         unknown = set(overrides) - {f.name for f in fields(cls)}
         if unknown:
             raise ValueError(f"Unknown GPTConfig field(s) {sorted(unknown)} given to from_name({name!r}).")
-        return cls(**{**PRESETS[name], **overrides})
+        return cls(**{**copy.deepcopy(PRESETS[name]), **overrides})
 
 
 _GPT2 = dict(vocab_size=50257, n_positions=1024, pre_ln=True)

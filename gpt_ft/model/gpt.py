@@ -11,7 +11,6 @@ transpose list; Llama's separate q/k/v and gate/up matrices are stacked (see `gp
 from __future__ import annotations
 
 import math
-from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
@@ -334,8 +333,11 @@ class GPT(nn.Module):
             new_rows.normal_(0.0, self.config.initializer_range, generator=generator)
             rows = self.config.padded_vocab_size
             if rows != old.shape[0]:
-                cls = nn.Embedding if name == "wte" else partial(nn.Linear, bias=False)
-                setattr(self, name, cls(rows, old.shape[1], device=old.device, dtype=old.dtype))
+                kwargs = dict(device=old.device, dtype=old.dtype)
+                if name == "wte":
+                    setattr(self, name, nn.Embedding(rows, old.shape[1], **kwargs))
+                else:
+                    setattr(self, name, nn.Linear(old.shape[1], rows, bias=False, **kwargs))
                 getattr(self, name).weight.requires_grad_(old.requires_grad)
             with torch.no_grad():
                 weight = getattr(self, name).weight
@@ -344,10 +346,11 @@ class GPT(nn.Module):
                 weight[vocab_size:] = 0.0
 
     def num_parameters(self, *, exclude_embeddings: bool = False) -> int:
-        """Trainable numbers in the model; the embedding's padding rows are not counted."""
+        """Numbers in the model (frozen ones too); the embedding's padding rows are not counted."""
         n = sum(p.numel() for p in self.parameters())
         padding = (self.config.padded_vocab_size - self.config.vocab_size) * self.config.n_embd
-        n -= padding * (1 if self.lm_head is None else 2)
+        tables = (self.wte, self.lm_head)  # LoRA's TokenRows hold no padding rows
+        n -= padding * sum(isinstance(t, nn.Embedding | nn.Linear) for t in tables)
         if exclude_embeddings:
             n -= self.config.vocab_size * self.config.n_embd
             n -= self.wpe.weight.numel() if self.wpe is not None else 0

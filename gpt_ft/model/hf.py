@@ -202,6 +202,10 @@ def to_hf(gpt: GPT):
     LlamaForCausalLM, Qwen2ForCausalLM or MistralForCausalLM), same weights."""
     from transformers import GPT2LMHeadModel, OpenAIGPTLMHeadModel
 
+    if any(name.endswith("lora_A") for name, _ in gpt.named_parameters()):
+        raise ValueError(
+            "This model has LoRA adapters: fold them in with gpt_ft.model.lora.merge_lora(gpt) first."
+        )
     hf_config = config_to_hf(gpt.config)
     family = hf_config.model_type
     state = {k: v.detach().clone() for k, v in gpt.state_dict().items()}

@@ -130,7 +130,7 @@ def config_to_hf(config: GPTConfig):
         tie_word_embeddings=config.tie_embeddings,
         attention_dropout=config.attn_pdrop,
         rope_theta=config.rope_theta,
-        rope_scaling=config.rope_scaling,
+        rope_scaling=dict(config.rope_scaling) if config.rope_scaling else None,  # transformers edits it
     )
     if model_type == "llama":
         return LlamaConfig(**common, attention_bias=config.bias, mlp_bias=config.bias)
@@ -169,7 +169,9 @@ def state_dict_from_hf(hf_state: dict[str, Tensor], config: GPTConfig) -> dict[s
             out[key] = value  # unknown: load_state_dict names it
     if not config.tie_embeddings and "lm_head.weight" not in out and "wte.weight" in out:
         # a base model (LlamaModel, ...): a fresh head, as transformers gives its *ForCausalLM
-        out["lm_head.weight"] = torch.randn_like(out["wte.weight"]) * config.initializer_range
+        seeded = torch.Generator().manual_seed(0)
+        head = torch.randn(out["wte.weight"].shape, generator=seeded, dtype=out["wte.weight"].dtype)
+        out["lm_head.weight"] = head * config.initializer_range
     for key, parts in stacked.items():
         group = key.split(".", 2)[2].rsplit(".", 1)[0]
         names = _STACKED[group]

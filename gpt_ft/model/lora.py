@@ -80,6 +80,10 @@ class TokenRows(nn.Module):
 
     def __init__(self, weight: Tensor, frozen: int, vocab: int) -> None:
         super().__init__()
+        if not 0 < frozen <= vocab <= weight.shape[0]:
+            raise ValueError(
+                f"TokenRows needs 0 < frozen <= vocab <= rows, got {frozen}, {vocab}, {weight.shape[0]}."
+            )
         self.frozen, self.rows = frozen, weight.shape[0]
         self.frozen_rows = nn.Parameter(weight[:frozen].detach(), requires_grad=False)
         self.new_rows = nn.Parameter(weight[frozen:vocab].detach().clone())

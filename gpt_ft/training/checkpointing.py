@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import random
 import subprocess
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -273,10 +274,15 @@ def lora_checkpoint(checkpoint: dict[str, Any], gpt: nn.Module, lora: LoRA, init
         merged = merged_state_dict(gpt)
         others = {k: v for k, v in state.items() if not k.startswith("gpt.")}
         checkpoint["state_dict"] = {**others, **{"gpt." + k: v for k, v in merged.items()}}
+        checkpoint.setdefault("hyper_parameters", {})["lora"] = None  # a plain model from now on
         return
     frozen = {"gpt." + n for n, p in gpt.named_parameters() if not p.requires_grad}
     checkpoint["state_dict"] = {k: v for k, v in state.items() if k not in frozen}
-    checkpoint["lora"] = {"base": base_reference(init_from), "new_tokens_from": gpt.wte.frozen, **vars(lora)}
+    checkpoint["lora"] = {
+        "base": base_reference(init_from),
+        "new_tokens_from": gpt.wte.frozen,
+        **asdict(lora),
+    }
 
 
 def check_lora_resume(checkpoint: dict[str, Any], lora: LoRA | None, where: str) -> None:

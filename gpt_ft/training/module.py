@@ -7,6 +7,7 @@ chooses the head (outputs, loss, predictions); this module is the same for every
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,7 +27,7 @@ from gpt_ft.training.ranks import finite_everywhere, gather, mean_over_ranks
 from gpt_ft.training.terms import batch_terms, combined_loss
 
 SHAPE_FIELDS = ("n_layer", "n_embd", "n_head", "n_positions", "vocab_size", "pre_ln", "norm", "positions",
-                "gated_mlp", "n_kv_head", "tie_embeddings")  # fmt: skip
+                "gated_mlp", "n_kv_head", "tie_embeddings", "bias", "qkv_bias", "n_inner")  # fmt: skip
 
 
 class GPTModule(LightningModule):
@@ -119,7 +120,7 @@ class GPTModule(LightningModule):
         self.compile_backend = ("inductor" if compile is True else compile) or None
         self._predictions: dict[str, list[tuple[Tensor, Tensor]]] = {}
         self.save_hyperparameters(ignore=["task", "lora"])
-        self.hparams["lora"] = vars(lora) if lora is not None else None  # plain values: weights-only loads
+        self.hparams["lora"] = asdict(lora) if lora is not None else None  # plain values: weights-only loads
 
     def configure_model(self) -> None:
         # Called by the Trainer once the device and strategy are set, before the optimizer exists.

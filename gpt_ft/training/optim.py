@@ -74,7 +74,10 @@ class MuonAdamW(torch.optim.Optimizer):
                 f"optimizer muon needs torch.optim.Muon (torch >= 2.9); this is torch {torch.__version__}."
             )
         named = [(name, p) for name, p in named_parameters if p.requires_grad]
-        matrices = [p for name, p in named if p.ndim == 2 and BLOCK_MATRIX.search(name)]
+        # (LoRA's low-rank factors stay with AdamW: orthogonalising a rank-8 factor is not Muon's case)
+        matrices = [
+            p for name, p in named if p.ndim == 2 and BLOCK_MATRIX.search(name) and "lora_" not in name
+        ]
         if not matrices:
             raise ValueError("optimizer muon found no transformer block weight matrices to train.")
         chosen = {id(p) for p in matrices}

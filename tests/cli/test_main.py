@@ -301,6 +301,8 @@ def test_lora_checkpoints_hold_the_adapters_or_the_merged_model(tmp_path, tokeni
     merged = fit_llama_family(tmp_path, tokenizer_dir, "llama", "--model.lora.rank=4",
                               "--model.lora.checkpoint=merged")  # fmt: skip
     assert "lora" not in safe_load(merged)
+    main(["validate", f"--ckpt_path={merged}", *quiet])  # a plain model now
+    assert "validation/accuracy" in capsys.readouterr().out
     (a,), (b,) = (Classifier.from_checkpoint(c, device="cpu").predict([PAIR]) for c in (adapters, merged))
     assert a["label"] == b["label"]
     for label, p in a["scores"].items():

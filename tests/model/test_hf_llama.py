@@ -129,18 +129,23 @@ def test_presets_count_the_parameters_transformers_does(preset):
     assert ours == theirs
     expected = {"smollm2-135m": 134_515_008, "qwen2.5-0.5b": 494_032_768, "llama-3.2-1b": 1_235_814_400}
     assert ours == expected[preset]
+    assert GPTConfig.from_name(preset).rope_scaling == config.rope_scaling  # exporting changed no preset
+    if preset == "llama-3.2-1b":
+        assert "rope_theta" not in config.rope_scaling
 
 
-def test_untied_head_grows_with_the_vocabulary():
-    gpt = GPT.from_hf(tiny_llama("llama")).eval()
-    ids = torch.randint(0, VOCAB, (1, 9))
+@pytest.mark.parametrize("vocab", [VOCAB, 128], ids=["into-padding", "past-the-padding"])
+def test_untied_head_grows_with_the_vocabulary(vocab):
+    gpt = GPT.from_hf(tiny_llama("llama", vocab_size=vocab)).eval()
+    ids = torch.randint(0, vocab, (1, 9))
     with torch.no_grad():
         before = gpt.lm_logits(gpt(ids))
-        gpt.resize_token_embeddings(VOCAB + 3)
+        gpt.resize_token_embeddings(vocab + 3)  # 128 + 3: the padded table grows to 192 rows
         after = gpt.lm_logits(gpt(ids))
-    assert after.shape[-1] == VOCAB + 3 and gpt.lm_head.weight.shape[0] == gpt.config.padded_vocab_size
-    torch.testing.assert_close(after[..., :VOCAB], before, rtol=0, atol=0)
-    assert gpt.lm_head.weight[VOCAB : VOCAB + 3].abs().sum() > 0  # new rows drawn, not zeros
+    assert after.shape[-1] == vocab + 3 and gpt.lm_head.weight.shape == (gpt.config.padded_vocab_size, 32)
+    assert gpt.wte.weight.shape == gpt.lm_head.weight.shape
+    torch.testing.assert_close(after[..., :vocab], before, rtol=0, atol=0)
+    assert gpt.lm_head.weight[vocab : vocab + 3].abs().sum() > 0  # new rows drawn, not zeros
 
 
 @pytest.mark.parametrize(
@@ -169,5 +174,9 @@ def test_unsupported_transformers_configs_are_one_sentence():
         config_from_hf(LlamaConfig(**{**TINY_LLAMA, "head_dim": 16}))
     with pytest.raises(ValueError, match="attention_bias=True and mlp_bias=False"):
         config_from_hf(LlamaConfig(**TINY_LLAMA, attention_bias=True))
+    with pytest.raises(ValueError, match="fold them in with gpt_ft.model.lora.merge_lora"):
+        from gpt_ft.model.lora import LoRA, add_lora
+
+        add_lora(GPT.from_hf(tiny_llama("llama")), LoRA(), new_tokens_from=VOCAB).to_hf()
     with pytest.raises(ValueError, match="GPT-1 and GPT-2 have biases"):
         GPT(GPTConfig(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=4, bias=False)).to_hf()

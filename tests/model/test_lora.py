@@ -32,6 +32,9 @@ def test_adapters_start_as_the_loaded_model():
 @pytest.mark.parametrize("tied", [False, True])
 def test_only_adapters_and_new_token_rows_train(tied):
     gpt, _ = adapted(tied=tied)
+    assert gpt.num_parameters() == GPT(gpt.config).num_parameters() + sum(
+        p.numel() for n, p in gpt.named_parameters() if "lora_" in n
+    )  # the frozen weights, the new rows, the adapters: no padding rows subtracted twice
     trainable = {n for n, p in gpt.named_parameters() if p.requires_grad}
     rows = {"wte.new_rows"} | ({"lm_head.new_rows"} if not tied else set())
     adapters = {f"h.{i}.{t}.lora_{m}" for i in range(2) for t in ("attn.c_attn", "attn.c_proj", "mlp.c_fc",
@@ -55,6 +58,9 @@ def test_token_rows_look_up_and_score_like_the_whole_matrix():
     torch.testing.assert_close(rows.logits(hidden), hidden @ weight[:7].T, rtol=0, atol=1e-6)
     torch.testing.assert_close(rows.weight[:7], weight[:7], rtol=0, atol=0)
     assert rows.weight[7].abs().sum() == 0
+    for frozen, vocab in ((0, 7), (8, 7), (5, 9)):
+        with pytest.raises(ValueError, match="TokenRows needs 0 < frozen <= vocab <= rows"):
+            TokenRows(weight, frozen=frozen, vocab=vocab)
 
 
 @pytest.mark.parametrize("targets", [None, ["attn.c_attn"]])
