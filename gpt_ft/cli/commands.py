@@ -1,7 +1,8 @@
-"""The `gpt-ft` commands that are not LightningCLI's: explain, prepare, tokenizer, generate, suite.
+"""The functions behind `gpt-ft`'s commands (the table is `gpt_ft.cli.main.COMMANDS`).
 
-Each parses its own arguments with jsonargparse (signatures are the schema) and raises ValueError
-or FileNotFoundError for bad input; `gpt_ft.cli.main` turns those into one line and exit code 2.
+`fit`, `validate`, `test` and `predict` go to the LightningCLI (gpt_ft/cli/lightning.py); the others
+parse their own arguments with jsonargparse (signatures are the schema). Each raises ValueError or
+FileNotFoundError for bad input; `gpt_ft.cli.main` turns those into one line and exit code 2.
 """
 
 from __future__ import annotations
@@ -11,7 +12,23 @@ from typing import Any
 
 from jsonargparse import ActionConfigFile, ArgumentParser
 
+from gpt_ft.cli.cards import cards_replace_cards
 from gpt_ft.model.weights import load_weights, resolve_tokenizer
+
+
+def command_parser(name: str, description: str) -> ArgumentParser:
+    """A command's parser; `--config FILE` takes its arguments from YAML and `--print_config`
+    shows them parsed, running nothing."""
+    parser = ArgumentParser(prog=f"gpt-ft {name}", description=description)
+    parser.add_argument("--config", action=ActionConfigFile, help="arguments from a YAML file")
+    return parser
+
+
+def lightning(subcommand: str, argv: list[str]) -> None:
+    """`gpt-ft fit|validate|test|predict ARGV`: LightningCLI's subcommand."""
+    from gpt_ft.cli.lightning import lightning_main
+
+    lightning_main([subcommand, *argv])
 
 
 def explain(argv: list[str]) -> None:
@@ -30,7 +47,7 @@ def explain(argv: list[str]) -> None:
     parser.add_argument("--split", default="train", help="split name, e.g. train, validation")
     parser.add_argument("--index", type=int, default=0, help="example number within the split")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
-    cfg = parser.parse_args(argv)
+    cfg = parser.parse_args(cards_replace_cards(argv))
     init_from = (cfg.model or {}).get("init_from")
     cfg.data.init_args.tokenizer = resolve_tokenizer(cfg.data.init_args.tokenizer, init_from, option=None)
     data = parser.instantiate(cfg).data
@@ -50,7 +67,7 @@ def prepare(argv: list[str]) -> None:
     """Tokenize a corpus into train/validation token files (see gpt_ft/data/prepare.py)."""
     from gpt_ft.data import prepare as prep
 
-    parser = ArgumentParser(prog="gpt-ft prepare", description=prep.__doc__.split("\n\n")[0])
+    parser = command_parser("prepare", prep.__doc__.split("\n\n")[0])
     parser.add_argument("inputs", nargs="*", help="text files or folders of them")
     parser.add_function_arguments(prep.prepare, skip={"files", "progress"})
     cfg = parser.parse_args(argv)
@@ -69,9 +86,7 @@ def tokenizer(argv: list[str]) -> None:
     from gpt_ft.data.prepare import find_files
     from gpt_ft.data.tokenizer import train_tokenizer
 
-    parser = ArgumentParser(
-        prog="gpt-ft tokenizer", description="Train a byte-level BPE tokenizer on text files."
-    )
+    parser = command_parser("tokenizer", "Train a byte-level BPE tokenizer on text files.")
     parser.add_argument("inputs", nargs="+", help="text files or folders of them")
     parser.add_argument(
         "--vocab_size", type=int, required=True, help="vocabulary size, special tokens included"
@@ -94,7 +109,7 @@ def generate(argv: list[str]) -> None:
     from gpt_ft.data.tokenizer import load_tokenizer
     from gpt_ft.training.precision import cpu_precision
 
-    parser = ArgumentParser(prog="gpt-ft generate", description="Continue a prompt with a trained model.")
+    parser = command_parser("generate", "Continue a prompt with a trained model.")
     parser.add_argument("--ckpt_path", required=True, help="a gpt_ft .ckpt or a transformers directory")
     parser.add_argument("--prompt", required=True)
     parser.add_argument("--tokenizer", default=None, help="default: the one saved with the checkpoint")
@@ -182,9 +197,8 @@ def label(argv: list[str]) -> None:
     from gpt_ft.data.files import read_table
     from gpt_ft.eval.classifier import Classifier
 
-    parser = ArgumentParser(
-        prog="gpt-ft label",
-        description="Write each example of a file again with the fine-tuned model's prediction beside it.",
+    parser = command_parser(
+        "label", "Write each example of a file again with the fine-tuned model's prediction beside it."
     )
     parser.add_argument("--ckpt_path", required=True, help="a fine-tuned checkpoint of gpt-ft fit")
     parser.add_argument(
@@ -243,9 +257,9 @@ def suite(argv: list[str]) -> None:
     if "--" in argv:  # everything after `--` goes to every `gpt-ft fit`
         cut = argv.index("--")
         argv, fit_args = argv[:cut], argv[cut + 1 :]
-    parser = ArgumentParser(
-        prog="gpt-ft suite",
-        description="Fine-tune and evaluate every task of a suite file over seeds; "
+    parser = command_parser(
+        "suite",
+        "Fine-tune and evaluate every task of a suite file over seeds; "
         "arguments after `--` go to every `gpt-ft fit`.",
     )
     parser.add_argument("suite", help="suite file, e.g. configs/suites/glue.yaml")

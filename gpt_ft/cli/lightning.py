@@ -3,9 +3,9 @@ are linked (data -> model), and the callbacks every run gets."""
 
 from __future__ import annotations
 
-import contextlib
-import sys
+import argparse
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from lightning.pytorch.callbacks import (
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
+from gpt_ft.cli.cards import cards_replace_cards
 from gpt_ft.model.weights import resolve_tokenizer, safe_load
 from gpt_ft.training.checkpointing import (
     AtomicCheckpointIO,
@@ -85,6 +86,24 @@ class GPTCLI(LightningCLI):
         )
         parser.set_defaults({"data": {"class_path": "gpt_ft.data.task_data.TaskDataModule"}})
 
+    def parse_arguments(self, parser, args) -> None:
+        # A checkpoint of this toolkit given to validate/test/predict brings the configuration it
+        # records as the parser's defaults: the command needs no other argument, and every
+        # argument given (config files included) still wins.
+        args = cards_replace_cards(list(args))
+        subcommand, ckpt = args[0] if args else None, checkpoint_argument(args)
+        if subcommand in ("validate", "test", "predict") and ckpt:
+            recorded = recorded_configuration(ckpt)
+            parser.set_defaults({f"{subcommand}.{key}": value for key, value in recorded.items()})
+        super().parse_arguments(parser, args)
+
+    def _parse_ckpt_path(self) -> None:
+        # The one override of a private Lightning method. LightningCLI applies a checkpoint's
+        # hyper-parameters over the command line's (Lightning-AI/pytorch-lightning#20801; the fix,
+        # #21455, makes them defaults as parse_arguments above does, and is not released): here the
+        # recorded configuration is the parser's defaults already, so there is nothing left to do.
+        return
+
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         if self.subcommand in ("validate", "test", "predict") and not (
@@ -108,11 +127,6 @@ class GPTCLI(LightningCLI):
     def instantiate_classes(self) -> None:
         super().instantiate_classes()
         check_context(self.datamodule, self.model.gpt.config.n_positions)
-
-    def _parse_ckpt_path(self) -> None:
-        # Lightning would apply the checkpoint's hyperparameters over the command line's; here the
-        # checkpoint's configuration goes first instead, and the command line wins (see main).
-        return
 
     def before_fit(self) -> None:
         # `--ckpt_path last`: the newest last.ckpt of this logger's runs (each run has its own
@@ -184,25 +198,9 @@ def check_context(data, n_positions: int) -> None:
             )
 
 
-def reset_before_cards(argv: list[str]) -> list[str]:
-    """A card given on the command line replaces any earlier one wholly.
-
-    jsonargparse keeps an earlier card's fields that the new card's class also takes (an SST-2
-    config's `submission_labels` would reach a 3-label card): resetting the argument to null just
-    before each card given whole leaves nothing to carry over. `--data.task.init_args.X` still
-    changes one field of the card before it.
-    """
-    out = []
-    for i, arg in enumerate(argv):
-        if arg.startswith("--data.task=") or (arg == "--data.task" and i + 1 < len(argv)):
-            out.append("--data.task=null")
-        out.append(arg)
-    return out
-
-
 def build_fit(argv: list[str]):
     """Model, data module and trainer of `gpt-ft fit ARGV`, built but not run (`gpt-ft suite`)."""
-    cli = lightning_main(reset_before_cards(argv), run=False)
+    cli = lightning_main(argv, run=False)
     return cli.model, cli.datamodule, cli.trainer
 
 
@@ -220,8 +218,6 @@ def _plain(value: Any) -> Any:
 def lightning_main(argv: list[str] | None, *, run: bool = True) -> GPTCLI:
     """The LightningCLI: runs `fit ...` etc.; with run=False, builds model, data and trainer from
     `fit`'s arguments (no subcommand) and returns them unrun (`gpt-ft suite` uses this)."""
-    import warnings
-
     from lightning import LightningDataModule
 
     # Our data modules resume mid-epoch themselves (gpt_ft/samplers.py), and a resumed run writes
@@ -233,59 +229,47 @@ def lightning_main(argv: list[str] | None, *, run: bool = True) -> GPTCLI:
     import gpt_ft.data.task_data  # noqa: F401
     from gpt_ft.training.module import GPTModule
 
-    shell_argv = sys.argv
-    if argv is not None:  # called from Python: the process's own arguments are not this run's
-        sys.argv = sys.argv[:1]
-    try:
-        return GPTCLI(
-            GPTModule,
-            LightningDataModule,
-            subclass_mode_data=True,
-            args=argv,
-            run=run,
-            trainer_defaults={"logger": DEFAULT_LOGGER},
-            save_config_kwargs={"overwrite": True},
-            parser_kwargs={"prog": "gpt-ft", "exit_on_error": False},
-        )
-    finally:
-        sys.argv = shell_argv
+    # Arguments always come as `args`; the process's own sys.argv is left as it is (DDP launches its
+    # other processes with it), so Lightning's warning about having both would only mislead.
+    warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
+    return GPTCLI(
+        GPTModule,
+        LightningDataModule,
+        subclass_mode_data=True,
+        args=argv,
+        run=run,
+        trainer_defaults={"logger": DEFAULT_LOGGER},
+        save_config_kwargs={"overwrite": True},
+        parser_kwargs={"prog": "gpt-ft", "exit_on_error": False},
+    )
 
 
-@contextlib.contextmanager
-def checkpoint_data(argv: list[str]):
-    """validate/test/predict with a checkpoint of this toolkit: the configuration it records (its
-    model, its data section and task card, the tokenizer saved beside it) goes first, so that the
-    command needs no other argument and every argument given still wins."""
-    command, ckpt = argv[0], None
-    for i, arg in enumerate(argv):
-        if arg.startswith("--ckpt_path="):
-            ckpt = arg.split("=", 1)[1]
-        elif arg == "--ckpt_path" and i + 1 < len(argv):
-            ckpt = argv[i + 1]
-    if command not in ("validate", "test", "predict") or not ckpt or not Path(ckpt).is_file():
-        yield argv
-        return
-    import tempfile
+def checkpoint_argument(args: list[str]) -> str | None:
+    """The `--ckpt_path` among `args`, read ahead of the LightningCLI's parse because the defaults
+    it brings must be on the parser before it parses."""
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    pre.add_argument("--ckpt_path")
+    return pre.parse_known_args(args)[0].ckpt_path
 
-    import yaml
 
+def recorded_configuration(ckpt: str) -> dict[str, Any]:
+    """The configuration a gpt_ft checkpoint records (its model, its data section and task card,
+    the tokenizer saved beside it), as parser defaults; nothing for a file that is not one."""
+    if not Path(ckpt).is_file():
+        return {}
     stored = safe_load(ckpt)
     if "gpt_config" not in stored:
-        yield argv
-        return
+        return {}
     linked = ("vocab_size", "tokenizer", "task", "_instantiator", "_class_path")
     model = {k: v for k, v in stored.get("hyper_parameters", {}).items() if k not in linked}
     # The weights are the checkpoint's whatever the shape: no preset, overrides or transfer. LoRA
     # adapters go on their base weights again, as when they were trained.
     base = stored["lora"]["base"] if "lora" in stored else str(ckpt)
     model.update(init_from=base, overrides=None, transfer_layers=None)
-    config = {"model": _plain(model)}
+    recorded = {f"model.{key}": value for key, value in _plain(model).items()}
     data = stored.get("data_config")
     if data:
         if "tokenizer" in data.get("init_args", {}):
             data["init_args"]["tokenizer"] = resolve_tokenizer(None, ckpt, option=None)  # the copy beside it
-        config["data"] = data
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "checkpoint_config.yaml"
-        path.write_text(yaml.safe_dump(config))
-        yield [command, f"--config={path}", *argv[1:]]
+        recorded["data"] = data
+    return recorded

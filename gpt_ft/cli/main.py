@@ -1,7 +1,8 @@
 """`gpt-ft`: one entry point for every command; bad input ends in one sentence and exit code 2.
 
-`fit`, `validate`, `test`, `predict` are LightningCLI's (gpt_ft/cli/lightning.py); the other
-commands live in gpt_ft/cli/commands.py.
+`COMMANDS` is the command table: each name's help line and the function that runs it with the
+arguments after the name. `fit`, `validate`, `test`, `predict` are LightningCLI's
+(gpt_ft/cli/lightning.py); the others are in gpt_ft/cli/commands.py.
 """
 
 from __future__ import annotations
@@ -9,24 +10,45 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
+from functools import partial
+from importlib.metadata import version
+from typing import NamedTuple
 
-import gpt_ft
+from gpt_ft.cli import commands
 from gpt_ft.errors import parse_error_message, yaml_file_problem
 
-LIGHTNING_COMMANDS = {
-    "fit": "train (fine-tune or pretrain) a model",
-    "validate": "evaluate on the validation splits",
-    "test": "evaluate on the test splits",
-    "predict": "write predictions for the test splits (GLUE submission files)",
-}
+
+class Command(NamedTuple):
+    help: str
+    run: Callable[[list[str]], None]
+    yaml_options: tuple[str, ...] = ()
+    """Options whose values are YAML files, checked before anything runs so a file that does not
+    parse is named with its line and column."""
+
+
+FIT_FILES = ("--config", "--data.task")
 COMMANDS = {
-    **LIGHTNING_COMMANDS,
-    "explain": "print one example of a task split as the model sees it",
-    "prepare": "tokenize a text corpus into token files for pretraining",
-    "tokenizer": "train a byte-level BPE tokenizer on text files",
-    "generate": "continue a prompt with a trained model",
-    "label": "write a file's examples again with a fine-tuned model's predictions beside them",
-    "suite": "fine-tune and evaluate many tasks over seeds: results table, chart, GLUE submission",
+    "fit": Command("train (fine-tune or pretrain) a model", partial(commands.lightning, "fit"), FIT_FILES),
+    "validate": Command(
+        "evaluate on the validation splits", partial(commands.lightning, "validate"), FIT_FILES
+    ),
+    "test": Command("evaluate on the test splits", partial(commands.lightning, "test"), FIT_FILES),
+    "predict": Command(
+        "write predictions for the test splits (GLUE submission files)",
+        partial(commands.lightning, "predict"),
+        FIT_FILES,
+    ),
+    "explain": Command("print one example of a task split as the model sees it", commands.explain, FIT_FILES),
+    "prepare": Command("tokenize a text corpus into token files for pretraining", commands.prepare),
+    "tokenizer": Command("train a byte-level BPE tokenizer on text files", commands.tokenizer),
+    "generate": Command("continue a prompt with a trained model", commands.generate),
+    "label": Command(
+        "write a file's examples again with a fine-tuned model's predictions beside them", commands.label
+    ),
+    "suite": Command(
+        "fine-tune and evaluate many tasks over seeds: results table, chart, GLUE submission", commands.suite
+    ),
 }
 USER_ERRORS = (ValueError, FileNotFoundError, KeyError, FloatingPointError)
 LOST_PEER = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")  # gloo's words
@@ -40,12 +62,12 @@ def user_message(exc: BaseException) -> str:
     return str(text).strip()
 
 
-def _yaml_arguments(argv: list[str]) -> list[str]:
-    """The values of --config and --data.task: files jsonargparse reads as YAML."""
+def yaml_values(argv: list[str], options: tuple[str, ...]) -> list[str]:
+    """The values of `options` in argv (`--config F` or `--config=F`)."""
     values = []
     for i, arg in enumerate(argv):
         name, eq, value = arg.partition("=")
-        if name in ("--config", "--data.task"):
+        if name in options:
             values.append(value if eq else argv[i + 1] if i + 1 < len(argv) else "")
     return values
 
@@ -55,47 +77,31 @@ def fail(message: str) -> None:
     raise SystemExit(2)
 
 
+def usage() -> None:
+    print("usage: gpt-ft {" + ",".join(COMMANDS) + "} ... [--debug]\n")
+    for name, command in COMMANDS.items():
+        print(f"  {name:<10} {command.help}")
+    print("\n`gpt-ft COMMAND --help` lists a command's arguments.")
+
+
 def main(argv: list[str] | None = None) -> None:
-    from_shell = argv is None
     argv = sys.argv[1:] if argv is None else list(argv)
     debug = "--debug" in argv
     argv = [a for a in argv if a != "--debug"]
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: gpt-ft {" + ",".join(COMMANDS) + "} ... [--debug]\n")
-        for name, text in COMMANDS.items():
-            print(f"  {name:<10} {text}")
-        print("\n`gpt-ft COMMAND --help` lists a command's arguments.")
-        return
+        return usage()
     if argv[0] == "--version":
-        print(f"gpt-ft {gpt_ft.__version__}")
-        return
-    command = argv[0]
-    if command not in COMMANDS:
-        fail(f"unknown command {command!r}; choose from {', '.join(COMMANDS)}.")
-    if command in LIGHTNING_COMMANDS or command == "explain":
-        from gpt_ft.cli.lightning import reset_before_cards
-
-        argv = reset_before_cards(argv)
-        for value in _yaml_arguments(argv):  # a file that does not parse: say where, before anything
-            problem = yaml_file_problem(value)
-            if problem:
-                fail(problem + ".")
+        return print(f"gpt-ft {version('gpt_ft')}")
+    name, args = argv[0], argv[1:]
+    if name not in COMMANDS:
+        fail(f"unknown command {name!r}; choose from {', '.join(COMMANDS)}.")
+    command = COMMANDS[name]
+    for value in yaml_values(args, command.yaml_options):  # a file that does not parse: say where, first
+        problem = yaml_file_problem(value)
+        if problem:
+            fail(problem + ".")
     try:
-        if command in LIGHTNING_COMMANDS:
-            if debug and from_shell:
-                sys.argv.remove("--debug")
-            from gpt_ft.cli.lightning import checkpoint_data, lightning_main
-
-            with checkpoint_data(argv) as extended:
-                if from_shell:
-                    sys.argv = [sys.argv[0], *extended]
-                    lightning_main(None)
-                else:
-                    lightning_main(extended)
-        else:
-            from gpt_ft.cli import commands
-
-            getattr(commands, command)(argv[1:])
+        command.run(args)
     except USER_ERRORS as exc:
         if debug:
             raise
