@@ -128,3 +128,32 @@ def test_shown_commands_include_the_quickstart():
     assert ["fit", "--config", "configs/quickstart.yaml"] in commands
     assert all(argv and not argv[0].startswith("#") for argv in commands)
     assert any("\\" not in " ".join(argv) and len(argv) > 8 for argv in commands)  # continuations joined
+
+
+def print_config(argv: list[str]) -> list[str]:
+    """`argv` asking the parser to show what it parsed and stop (before a suite's `--`)."""
+    cut = argv.index("--") if "--" in argv else len(argv)
+    return [*argv[:cut], "--print_config", *argv[cut:]]
+
+
+def test_every_shown_command_parses(capsys, monkeypatch):
+    """Each `gpt-ft` line of README.md and docs/ goes through its command's parser as shown (with
+    `--print_config`, so nothing runs): command names, options and values the parser accepts, and
+    the repository files they name (configs, cards) read. Lines naming the reader's own files
+    (`my_...`) are left out."""
+    from gpt_ft.cli import main
+
+    monkeypatch.chdir(ROOT)  # paths in the pages are relative to the repository root
+    shown = [argv for argv in shown_commands() if not any(PLACEHOLDER.search(a) for a in argv)]
+    assert len(shown) >= 20
+    broken = []
+    for argv in shown:
+        capsys.readouterr()
+        try:
+            main(print_config(argv))
+            code = 0
+        except SystemExit as stop:
+            code = stop.code
+        if code != 0:
+            broken.append(f"gpt-ft {shlex.join(argv)}: {capsys.readouterr().err.strip()[-300:]}")
+    assert not broken, "\n".join(broken)
