@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from importlib.metadata import version
 
-import gpt_ft
 from gpt_ft.errors import parse_error_message, yaml_file_problem
 
 LIGHTNING_COMMANDS = {
@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
         print("\n`gpt-ft COMMAND --help` lists a command's arguments.")
         return
     if argv[0] == "--version":
-        print(f"gpt-ft {gpt_ft.__version__}")
+        print(f"gpt-ft {version('gpt_ft')}")
         return
     command = argv[0]
     if command not in COMMANDS:
