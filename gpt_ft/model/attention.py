@@ -17,65 +17,6 @@ from gpt_ft.model import rope
 from gpt_ft.model.cache import Cache
 from gpt_ft.model.config import GPTConfig
 
-
-def blocked_causal_attention(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float, block: int = 128
-) -> Tensor:
-    """Causal self-attention with dropout, one block of queries at a time; (B, nh, T, hs) in and out.
-
-    PyTorch's CPU flash kernel has no dropout, so SDPA with dropout on a CPU materialises the whole
-    (T, T) score matrix, masked half included. A block of queries only needs the keys up to its
-    last position, which skips most of that half (at T = 512: 62.5% of the work, about half the
-    time). `mask` is None (plain causal) or a boolean (B or 1, 1, T, T) mask, True where allowed.
-    """
-    B, nh, T, hs = q.shape
-    q = q * hs**-0.5
-    if mask is None:
-        bias = torch.full((T, T), float("-inf"), dtype=q.dtype, device=q.device).triu(1)  # (T, T)
-    out = []
-    for start in range(0, T, block):
-        end = min(start + block, T)
-        if mask is None:  # baddbmm adds the causal bias inside the matmul
-            att = torch.baddbmm(
-                bias[start:end, :end],
-                q[:, :, start:end].reshape(B * nh, end - start, hs),
-                k[:, :, :end].reshape(B * nh, end, hs).transpose(1, 2),
-            ).view(B, nh, end - start, end)  # (B, nh, block, end)
-        else:
-            att = q[:, :, start:end] @ k[:, :, :end].transpose(-1, -2)  # (B, nh, block, end)
-            att = att.masked_fill(~mask[:, :, start:end, :end], float("-inf"))
-        att = F.dropout(att.softmax(dim=-1), dropout_p, training=True)
-        out.append(att @ v[:, :, :end])  # (B, nh, block, hs)
-    return torch.cat(out, dim=2)
-
-
-def causal_mask(
-    attention_mask: Tensor | None, T: int, past: int, device: torch.device
-) -> tuple[Tensor | None, bool]:
-    """(mask, is_causal) for scaled_dot_product_attention; a boolean mask is True where allowed.
-
-    Without padding no mask is built, so that SDPA may pick its flash or memory-efficient
-    kernels: plain causal, one new token over the cache, or T new tokens over T_past cached
-    ones (causal aligned to the lower right: query i sees keys up to T_past + i).
-    """
-    if attention_mask is None:
-        if past == 0:
-            return None, True
-        if T == 1:
-            return None, False
-        return causal_lower_right(T, past + T), False
-    if attention_mask.shape[-1] != past + T:
-        raise ValueError(
-            f"attention_mask covers {attention_mask.shape[-1]} positions but the keys are {past + T}."
-        )
-    q_pos = torch.arange(past, past + T, device=device)[:, None]  # (T, 1)
-    k_pos = torch.arange(past + T, device=device)[None, :]  # (1, T_k)
-    keys = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T_k)
-    # A padding query may see no real key at all; letting it see itself keeps softmax finite.
-    mask = ((k_pos <= q_pos) & keys) | (k_pos == q_pos)  # (B, 1, T, T_k)
-    return mask, False
-
-
 Rotary = tuple[Tensor, Tensor]  # cos, sin (1 or B, 1, T, hs) of rotary positions
 
 
@@ -120,3 +61,61 @@ class CausalSelfAttention(nn.Module):
             )
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
         return self.resid_dropout(self.c_proj(y))
+
+
+def causal_mask(
+    attention_mask: Tensor | None, T: int, past: int, device: torch.device
+) -> tuple[Tensor | None, bool]:
+    """(mask, is_causal) for scaled_dot_product_attention; a boolean mask is True where allowed.
+
+    Without padding no mask is built, so that SDPA may pick its flash or memory-efficient
+    kernels: plain causal, one new token over the cache, or T new tokens over T_past cached
+    ones (causal aligned to the lower right: query i sees keys up to T_past + i).
+    """
+    if attention_mask is None:
+        if past == 0:
+            return None, True
+        if T == 1:
+            return None, False
+        return causal_lower_right(T, past + T), False
+    if attention_mask.shape[-1] != past + T:
+        raise ValueError(
+            f"attention_mask covers {attention_mask.shape[-1]} positions but the keys are {past + T}."
+        )
+    q_pos = torch.arange(past, past + T, device=device)[:, None]  # (T, 1)
+    k_pos = torch.arange(past + T, device=device)[None, :]  # (1, T_k)
+    keys = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T_k)
+    # A padding query may see no real key at all; letting it see itself keeps softmax finite.
+    mask = ((k_pos <= q_pos) & keys) | (k_pos == q_pos)  # (B, 1, T, T_k)
+    return mask, False
+
+
+def blocked_causal_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float, block: int = 128
+) -> Tensor:
+    """Causal self-attention with dropout, one block of queries at a time; (B, nh, T, hs) in and out.
+
+    PyTorch's CPU flash kernel has no dropout, so SDPA with dropout on a CPU materialises the whole
+    (T, T) score matrix, masked half included. A block of queries only needs the keys up to its
+    last position, which skips most of that half (at T = 512: 62.5% of the work, about half the
+    time). `mask` is None (plain causal) or a boolean (B or 1, 1, T, T) mask, True where allowed.
+    """
+    B, nh, T, hs = q.shape
+    q = q * hs**-0.5
+    if mask is None:
+        bias = torch.full((T, T), float("-inf"), dtype=q.dtype, device=q.device).triu(1)  # (T, T)
+    out = []
+    for start in range(0, T, block):
+        end = min(start + block, T)
+        if mask is None:  # baddbmm adds the causal bias inside the matmul
+            att = torch.baddbmm(
+                bias[start:end, :end],
+                q[:, :, start:end].reshape(B * nh, end - start, hs),
+                k[:, :, :end].reshape(B * nh, end, hs).transpose(1, 2),
+            ).view(B, nh, end - start, end)  # (B, nh, block, end)
+        else:
+            att = q[:, :, start:end] @ k[:, :, :end].transpose(-1, -2)  # (B, nh, block, end)
+            att = att.masked_fill(~mask[:, :, start:end, :end], float("-inf"))
+        att = F.dropout(att.softmax(dim=-1), dropout_p, training=True)
+        out.append(att @ v[:, :, :end])  # (B, nh, block, hs)
+    return torch.cat(out, dim=2)

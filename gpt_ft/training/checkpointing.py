@@ -12,7 +12,7 @@
   so a crash while saving never leaves a truncated file where the last good checkpoint was; and
   read with `weights_only=True`.
 
-What a checkpoint holds besides these, and the LoRA runs' checkpoints, are in saved.py.
+The checkpoint's layout (the model's config and weights, a LoRA run's adapters) is in saved.py.
 """
 
 from __future__ import annotations
