@@ -1,9 +1,11 @@
 """gpt_ft: pretrain a from-scratch GPT and fine-tune it the way GPT-1 did."""
 
+from importlib.metadata import version as _version
+
 from gpt_ft.model import GPT, GPTConfig
 
 __all__ = ["GPT", "GPTConfig", "Classifier"]
-__version__ = "0.1.0"
+__version__ = _version("gpt_ft")  # pyproject.toml's, as installed
 
 
 def __getattr__(name: str):

@@ -9,8 +9,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "gpt_ft"
-# Lower layers never import higher ones; `errors` is shared by all.
-LAYERS = {"errors": 0, "model": 1, "adapters": 1, "data": 2, "training": 3, "eval": 4, "cli": 5}
+# Lower layers never import higher ones; `errors` is shared by all. The package's root (its
+# `__init__` and `__main__`: the public face and the console script) stands above every layer.
+LAYERS = {"errors": 0, "model": 1, "adapters": 1, "data": 2, "training": 3, "eval": 4, "cli": 5, "gpt_ft": 6}
 SHAPES = "MultipleChoice|Similarity|TextPair|SingleText|MultiLabel"
 
 
@@ -18,9 +19,19 @@ def modules() -> list[Path]:
     return sorted(p for p in PACKAGE.rglob("*.py"))
 
 
-def layer(path: Path) -> str | None:
+def layer(path: Path) -> str:
+    """The layer of a module: its folder's, or for the root's files `errors` or the root itself."""
     parts = path.relative_to(PACKAGE).with_suffix("").parts
-    return parts[0] if parts[0] in LAYERS else None
+    if parts in {("__init__",), ("__main__",)}:
+        return "gpt_ft"
+    return parts[0]
+
+
+def target(name: str) -> str:
+    """The layer an imported name lives in: `gpt_ft.data.x` in data, `gpt_ft` and its attributes
+    (`from gpt_ft import GPT`) in the root."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in LAYERS else "gpt_ft"
 
 
 def gpt_ft_imports(path: Path) -> list[tuple[int, str]]:
@@ -52,18 +63,42 @@ def test_the_layers_exist_and_every_module_is_in_one():
     assert loose == {"__init__.py", "__main__.py", "errors.py"}
 
 
+def test_every_module_is_in_a_layer():
+    assert {str(p.relative_to(ROOT)) for p in modules() if layer(p) not in LAYERS} == set()
+
+
 def test_imports_point_down_the_layers():
     wrong = []
     for path in modules():
         own = layer(path)
-        if own is None:
-            continue
         for line, name in gpt_ft_imports(path):
-            target = name.split(".")[1] if "." in name else None
-            if target not in LAYERS:
-                continue
-            if LAYERS[target] > LAYERS[own] or (LAYERS[target] == LAYERS[own] and target != own):
+            theirs = target(name)
+            if LAYERS[theirs] > LAYERS[own] or (LAYERS[theirs] == LAYERS[own] and theirs != own):
                 wrong.append(f"{path.relative_to(ROOT)}:{line} imports {name}")
+    assert wrong == []
+
+
+def test_no_module_below_the_root_uses_it():
+    """The root is the public face: below it, a module imports what it needs from its own layer or
+    a lower one (the version from the package's metadata), never `gpt_ft` itself."""
+    wrong = []
+    for path in modules():
+        if layer(path) == "gpt_ft":
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            uses_root = (
+                (isinstance(node, ast.Import) and any(a.name == "gpt_ft" for a in node.names))
+                or (isinstance(node, ast.ImportFrom) and node.module == "gpt_ft")
+                or (  # `gpt_ft.X` after `import gpt_ft.data.files`, X not a layer
+                    isinstance(node, ast.Attribute)
+                    and isinstance(node.value, ast.Name)
+                    and node.value.id == "gpt_ft"
+                    and node.attr not in LAYERS
+                )
+            )
+            if uses_root:
+                wrong.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
     assert wrong == []
 
 
@@ -72,8 +107,9 @@ def test_no_import_cycles_between_modules():
     for path in modules():
         name = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
         graph[name] = {m for _, m in gpt_ft_imports(path)}
-    # The model's facade (GPT.from_hf / from_pretrained / to_hf) imports the converter lazily.
-    graph["gpt_ft.model.gpt"] -= {"gpt_ft.model.hf"}
+    # The model's facade (GPT.from_hf / from_pretrained / to_hf) imports the converter and the
+    # weights' reader lazily.
+    graph["gpt_ft.model.gpt"] -= {"gpt_ft.model.hf", "gpt_ft.model.weights"}
 
     def resolve(name: str) -> str | None:
         while name and name not in graph:

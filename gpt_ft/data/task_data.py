@@ -177,7 +177,7 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         """What the encoded split depends on: the raw rows, the card, the tokenizer, the length, the
         toolkit's version. (Left to datasets, the fingerprint would hash the whole data module, its
         trainer and model included: most of a small run's setup time.)"""
-        import gpt_ft
+        from importlib.metadata import version
 
         parts = [
             raw._fingerprint,
@@ -187,7 +187,7 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
             self.tokenizer.backend_tokenizer.to_str() if self.tokenizer.is_fast else repr(self.tokenizer),
             repr(self.special_ids),
             str(self.max_length),
-            gpt_ft.__version__,
+            version("gpt_ft"),
         ]
         return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:32]
 

@@ -38,6 +38,7 @@ from transformers import (
 )
 
 from gpt_ft.model import hub
+from gpt_ft.model.weights import BPE_FILES, TOKENIZER_FILES, is_tokenizer_dir
 
 __all__ = [
     "EOS_TOKEN",
@@ -62,9 +63,6 @@ EOS_TOKEN = "<|endoftext|>"
 
 # The three framing tokens, in the order their ids are assigned.
 _FRAMING = ("start", "delim", "extract")
-# Files whose presence makes a directory a `save_pretrained` tokenizer that AutoTokenizer can load.
-_HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-_BPE_FILES = ("vocab.json", "merges.txt")
 # Byte-level BPE turns a space into this character, so every GPT-2 style vocabulary contains it.
 _BYTE_LEVEL_SPACE = "Ġ"
 _GPT1_END_OF_WORD = "</w>"
@@ -220,7 +218,7 @@ def train_tokenizer(
     out = Path(out_dir).expanduser()
     if out.exists() and not out.is_dir():
         raise ValueError(f"Output path {out} is a file; expected a directory for the tokenizer.")
-    if out.is_dir() and any(out.iterdir()) and not _is_tokenizer_dir(out):
+    if out.is_dir() and any(out.iterdir()) and not is_tokenizer_dir(out):
         raise ValueError(
             f"Output directory {out} is not empty and holds no tokenizer; "
             "expected an empty directory or a tokenizer directory."
@@ -255,9 +253,9 @@ def train_tokenizer(
 
 def _load_local_dir(directory: Path) -> PreTrainedTokenizerBase:
     """Load a tokenizer directory: a ``save_pretrained`` output or OpenAI's vocab/merges files."""
-    if any((directory / f).is_file() for f in _HF_TOKENIZER_FILES):
+    if any((directory / f).is_file() for f in TOKENIZER_FILES):
         return AutoTokenizer.from_pretrained(str(directory), trust_remote_code=False)
-    if all((directory / f).is_file() for f in _BPE_FILES):
+    if all((directory / f).is_file() for f in BPE_FILES):
         # AutoTokenizer cannot pick a class without a config, so name it from the vocab's format.
         if _bpe_format(directory / "vocab.json") == "gpt1":
             return OpenAIGPTTokenizerFast.from_pretrained(str(directory))
@@ -305,12 +303,6 @@ def _looks_like_local_path(name: str) -> bool:
     except HFValidationError:
         return True
     return False
-
-
-def _is_tokenizer_dir(directory: Path) -> bool:
-    return any((directory / f).is_file() for f in _HF_TOKENIZER_FILES) or all(
-        (directory / f).is_file() for f in _BPE_FILES
-    )
 
 
 def _has_text(path: Path, chunk_chars: int = 1 << 20) -> bool:

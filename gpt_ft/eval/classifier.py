@@ -24,7 +24,8 @@ from gpt_ft.adapters.cards import card_from_value
 from gpt_ft.data.batches import SharedContextBatch, TaskBatch, collate, collate_shared
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
 from gpt_ft.model import GPT
-from gpt_ft.model.weights import gpt_from_checkpoint, resolve_tokenizer, safe_load, submodule_state
+from gpt_ft.model.weights import gpt_from_checkpoint, resolve_tokenizer, safe_load
+from gpt_ft.training.saved import submodule_state
 from gpt_ft.training.terms import batch_terms
 
 

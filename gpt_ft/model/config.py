@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, fields
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch.nn.functional as F
 
@@ -82,6 +82,14 @@ class GPTConfig:
     """The LM head is the token embedding (GPT, small Llamas) or a matrix of its own (`lm_head`)."""
     hf_model_type: str | None = None
     """The transformers model type `to_hf` writes (llama, qwen2, mistral); None: read from the shape."""
+
+    SHAPE_FIELDS: ClassVar[tuple[str, ...]] = (
+        "n_layer", "n_embd", "n_head", "n_positions", "vocab_size", "pre_ln", "norm", "positions",
+        "gated_mlp", "n_kv_head", "tie_embeddings", "bias", "qkv_bias", "n_inner",
+    )  # fmt: skip
+    """The fields that make the weights what they are (their tensors, their shapes, how the heads
+    split them): weights load only into a model whose values are equal. A new field that changes
+    the weights belongs here; the others (dropouts, epsilon, rotary frequencies, ...) may differ."""
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "n_positions", "n_embd", "n_head", "vocab_multiple"):

@@ -11,14 +11,15 @@ transpose list; Llama's separate q/k/v and gate/up matrices are stacked (see `gp
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.attention.bias import causal_lower_right
 
 from gpt_ft.model import generation, rope
+from gpt_ft.model.attention import CausalSelfAttention, Rotary, causal_mask
 from gpt_ft.model.cache import Cache, KVCache, SharedPrefix
 from gpt_ft.model.config import ACTIVATIONS, GPTConfig
 
@@ -26,37 +27,6 @@ if TYPE_CHECKING:
     import os
 
 __all__ = ["GPT", "GPTConfig", "Block", "KVCache", "SharedPrefix"]
-
-
-def blocked_causal_attention(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float, block: int = 128
-) -> Tensor:
-    """Causal self-attention with dropout, one block of queries at a time; (B, nh, T, hs) in and out.
-
-    PyTorch's CPU flash kernel has no dropout, so SDPA with dropout on a CPU materialises the whole
-    (T, T) score matrix, masked half included. A block of queries only needs the keys up to its
-    last position, which skips most of that half (at T = 512: 62.5% of the work, about half the
-    time). `mask` is None (plain causal) or a boolean (B or 1, 1, T, T) mask, True where allowed.
-    """
-    B, nh, T, hs = q.shape
-    q = q * hs**-0.5
-    if mask is None:
-        bias = torch.full((T, T), float("-inf"), dtype=q.dtype, device=q.device).triu(1)  # (T, T)
-    out = []
-    for start in range(0, T, block):
-        end = min(start + block, T)
-        if mask is None:  # baddbmm adds the causal bias inside the matmul
-            att = torch.baddbmm(
-                bias[start:end, :end],
-                q[:, :, start:end].reshape(B * nh, end - start, hs),
-                k[:, :, :end].reshape(B * nh, end, hs).transpose(1, 2),
-            ).view(B, nh, end - start, end)  # (B, nh, block, end)
-        else:
-            att = q[:, :, start:end] @ k[:, :, :end].transpose(-1, -2)  # (B, nh, block, end)
-            att = att.masked_fill(~mask[:, :, start:end, :end], float("-inf"))
-        att = F.dropout(att.softmax(dim=-1), dropout_p, training=True)
-        out.append(att @ v[:, :, :end])  # (B, nh, block, hs)
-    return torch.cat(out, dim=2)
 
 
 class RMSNorm(nn.Module):
@@ -80,52 +50,6 @@ def norm(config: GPTConfig) -> nn.Module:
     if config.norm == "rmsnorm":
         return RMSNorm(config.n_embd, config.layer_norm_epsilon)
     return nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
-
-
-Rotary = tuple[Tensor, Tensor]  # cos, sin (1 or B, 1, T, hs) of rotary positions
-
-
-class CausalSelfAttention(nn.Module):
-    def __init__(self, config: GPTConfig) -> None:
-        super().__init__()
-        self.n_head, self.n_kv_head, hs = config.n_head, config.kv_heads, config.head_dim
-        qkv_bias = config.bias if config.qkv_bias is None else config.qkv_bias
-        # q for all heads, then k and v for the key/value heads, in one matrix
-        self.c_attn = nn.Linear(config.n_embd, (self.n_head + 2 * self.n_kv_head) * hs, bias=qkv_bias)
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
-        self.attn_pdrop = config.attn_pdrop
-        self.resid_dropout = nn.Dropout(config.resid_pdrop)
-
-    def forward(
-        self,
-        x: Tensor,
-        mask: Tensor | None,
-        is_causal: bool,
-        cache: Cache | None,
-        layer: int,
-        rotary: Rotary | None = None,
-    ) -> Tensor:
-        B, T, C = x.shape
-        nh, nkv, hs = self.n_head, self.n_kv_head, C // self.n_head
-        q, k, v = self.c_attn(x).split([nh * hs, nkv * hs, nkv * hs], dim=2)
-        q = q.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, nkv, hs).transpose(1, 2)  # (B, nkv, T, hs)
-        v = v.view(B, T, nkv, hs).transpose(1, 2)  # (B, nkv, T, hs)
-        if rotary is not None:
-            q, k = rope.rotate(q, *rotary), rope.rotate(k, *rotary)
-        if cache is not None:
-            k, v = cache.update(layer, k, v)  # (B, nkv, T_past + T, hs)
-        if nkv != nh:  # grouped-query attention: each key/value head serves nh / nkv query heads
-            k, v = k.repeat_interleave(nh // nkv, dim=1), v.repeat_interleave(nh // nkv, dim=1)
-        dropout_p = self.attn_pdrop if self.training else 0.0
-        if dropout_p > 0 and x.device.type == "cpu" and cache is None:
-            y = blocked_causal_attention(q, k, v, mask, dropout_p)
-        else:
-            y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
-            )
-        y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
-        return self.resid_dropout(self.c_proj(y))
 
 
 class MLP(nn.Module):
@@ -250,39 +174,12 @@ class GPT(nn.Module):
             x = x + self.wpe(position_ids)
         x = self.drop(x)
         rotary = rope.cos_sin(self.config, position_ids, x.dtype) if self.wpe is None else None
-        mask, is_causal = self._attention_mask(attention_mask, T, past, input_ids.device)
+        mask, is_causal = causal_mask(attention_mask, T, past, input_ids.device)
         for i, block in enumerate(self.h):
             x = block(x, mask, is_causal, kv_cache, i, rotary)
         if kv_cache is not None:
             kv_cache.length += T
         return self.ln_f(x) if self.ln_f is not None else x
-
-    @staticmethod
-    def _attention_mask(
-        attention_mask: Tensor | None, T: int, past: int, device: torch.device
-    ) -> tuple[Tensor | None, bool]:
-        """(mask, is_causal) for scaled_dot_product_attention; a boolean mask is True where allowed.
-
-        Without padding no mask is built, so that SDPA may pick its flash or memory-efficient
-        kernels: plain causal, one new token over the cache, or T new tokens over T_past cached
-        ones (causal aligned to the lower right: query i sees keys up to T_past + i).
-        """
-        if attention_mask is None:
-            if past == 0:
-                return None, True
-            if T == 1:
-                return None, False
-            return causal_lower_right(T, past + T), False
-        if attention_mask.shape[-1] != past + T:
-            raise ValueError(
-                f"attention_mask covers {attention_mask.shape[-1]} positions but the keys are {past + T}."
-            )
-        q_pos = torch.arange(past, past + T, device=device)[:, None]  # (T, 1)
-        k_pos = torch.arange(past + T, device=device)[None, :]  # (1, T_k)
-        keys = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T_k)
-        # A padding query may see no real key at all; letting it see itself keeps softmax finite.
-        mask = ((k_pos <= q_pos) & keys) | (k_pos == q_pos)  # (B, 1, T, T_k)
-        return mask, False
 
     def lm_logits(self, hidden: Tensor) -> Tensor:
         """Next-token logits (..., vocab) from hidden states (..., C): `hidden @ wte.T` (tied head)
@@ -357,7 +254,7 @@ class GPT(nn.Module):
         return n
 
     # Generation: gpt.generate(input_ids, max_new_tokens=..., ...) and gpt.stream(...);
-    # see gpt_ft/generation.py.
+    # see gpt_ft/model/generation.py.
     generate = generation.generate
     stream = generation.stream
 
@@ -372,9 +269,12 @@ class GPT(nn.Module):
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> GPT:
         """Load a transformers directory (a `save_pretrained` output of openai-gpt, gpt2, llama,
-        qwen2 or mistral) or a hub id."""
-        from gpt_ft.model import hf
+        qwen2 or mistral), a hub id, or a gpt_ft checkpoint file (see `gpt_ft.model.weights`)."""
+        from gpt_ft.model import hf, weights
 
+        local = Path(path).expanduser()
+        if local.is_file() or local.suffix == ".ckpt":
+            return weights.load_weights(local)
         return hf.from_pretrained(path)
 
     def to_hf(self):
@@ -383,3 +283,14 @@ class GPT(nn.Module):
         from gpt_ft.model import hf
 
         return hf.to_hf(self)
+
+
+def with_dropout(gpt: GPT) -> GPT:
+    """Apply the config's dropout rates to an existing model's modules."""
+    c = gpt.config
+    gpt.drop.p = c.embd_pdrop
+    for block in gpt.h:
+        block.attn.attn_pdrop = c.attn_pdrop
+        block.attn.resid_dropout.p = c.resid_pdrop
+        block.mlp.dropout.p = c.resid_pdrop
+    return gpt

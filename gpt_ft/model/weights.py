@@ -1,15 +1,28 @@
 """Weights from disk or the hub, and the tokenizer that goes with them: the one place both are
 resolved.
 
-Anything that names weights (`--model.init_from`, `gpt-ft generate --ckpt_path`, `gpt-ft suite
---init_from`, `GPT.from_pretrained`) takes a gpt_ft `.ckpt`, a local transformers directory or a
-hub id (`ORG/NAME[@revision]`, see `hub.py`); the tokenizer saved with them is used unless one is
-given.
+Anything that names weights (`GPT.from_pretrained`, and every option of the toolkit that names
+weights) takes a gpt_ft checkpoint file, a local transformers directory or a hub id
+(`ORG/NAME[@revision]`, see `hub.py`); the tokenizer saved with them is used unless one is given.
+
+A gpt_ft checkpoint file is a dict saved with `torch.save`, read with `weights_only=True`:
+
+- `CONFIG` ("gpt_config"): the `GPTConfig`'s fields, as plain values;
+- `STATE` ("state_dict"): tensors; the GPT's are those named `PREFIX` ("gpt.") followed by their
+  name in `GPT.state_dict()`;
+- `ADAPTERS` ("lora"), optional: the file then holds only the GPT's trained tensors (LoRA's
+  adapters and the new tokens' rows), to be loaded onto the weights it names as `base` (any name
+  this module loads) and merged; see `adapters_entry`;
+- `TOKENIZER` ("tokenizer"), optional: the tokenizer's folder, relative to the file's.
+
+Anything else in the file is not the model's business: a training run's checkpoint is such a file
+with more in it (see `gpt_ft/training/saved.py`).
 """
 
 from __future__ import annotations
 
 import pickle
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +33,16 @@ from gpt_ft.model.config import GPTConfig
 from gpt_ft.model.gpt import GPT
 from gpt_ft.model.lora import LoRA, add_lora, merge_lora
 
-SPECIAL_TOKEN_ROOM = 8  # start, delim, extract and pad (GPT-1 §3.3), with room to spare
+CONFIG = "gpt_config"
+STATE = "state_dict"
+PREFIX = "gpt."
+ADAPTERS = "lora"
+TOKENIZER = "tokenizer"
+# What makes a folder a tokenizer: any one of a `save_pretrained` output's files, or both files of
+# a BPE as OpenAI published it.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+BPE_FILES = ("vocab.json", "merges.txt")
+
 UNREADABLE_CHECKPOINT = (
     "{path} is not a readable checkpoint: the file is truncated, corrupt or of another kind."
 )
@@ -51,10 +73,12 @@ def safe_load(path: str | Path, load=None) -> dict[str, Any]:
 
 
 def load_weights(path: str | Path) -> GPT:
-    """A GPT from a checkpoint of this toolkit (.ckpt), a transformers directory or a hub id."""
+    """A GPT from a gpt_ft checkpoint file, a transformers directory or a hub id."""
     path = hub.local(path)
     if path.is_dir():
-        return GPT.from_pretrained(path)
+        from gpt_ft.model import hf
+
+        return hf.from_pretrained(path)
     if not path.is_file():
         raise FileNotFoundError(f"Checkpoint {path} does not exist.")
     return gpt_from_checkpoint(safe_load(path), path)
@@ -63,20 +87,20 @@ def load_weights(path: str | Path) -> GPT:
 def gpt_from_checkpoint(checkpoint: dict[str, Any], path: str | Path) -> GPT:
     """The GPT of a gpt_ft checkpoint already read (`safe_load`); LoRA adapters are loaded onto
     their base weights and merged."""
-    config = checkpoint.get("gpt_config")
+    config = checkpoint.get(CONFIG)
     if config is None:
-        raise ValueError(f"{path} is not a gpt_ft checkpoint: it records no model config (gpt_config).")
-    adapters = checkpoint.get("lora")
+        raise ValueError(f"{path} is not a gpt_ft checkpoint: it records no model config ({CONFIG}).")
+    adapters = checkpoint.get(ADAPTERS)
     if adapters is None:
         gpt = GPT(GPTConfig(**config))
-        gpt.load_state_dict(submodule_state(checkpoint, "gpt"))
+        gpt.load_state_dict(gpt_state(checkpoint))
         return gpt
     settings = {k: v for k, v in adapters.items() if k not in ("base", "new_tokens_from")}
     gpt = load_weights(adapters["base"])
     if config["vocab_size"] > gpt.config.vocab_size:
         gpt.resize_token_embeddings(config["vocab_size"])
     add_lora(gpt, LoRA(**settings), new_tokens_from=adapters["new_tokens_from"])
-    trained = submodule_state(checkpoint, "gpt")
+    trained = gpt_state(checkpoint)
     missing = sorted({n for n, p in gpt.named_parameters() if p.requires_grad} - set(trained))
     if missing:
         raise ValueError(
@@ -86,16 +110,22 @@ def gpt_from_checkpoint(checkpoint: dict[str, Any], path: str | Path) -> GPT:
     return merge_lora(gpt)
 
 
-def base_reference(init_from: str) -> str:
-    """How a LoRA checkpoint names its base weights: an absolute path, or the hub id as given."""
-    local = Path(init_from).expanduser()
-    return str(local.resolve()) if local.exists() else init_from
+def gpt_state(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """The GPT's tensors of a checkpoint, under their names in `GPT.state_dict()`."""
+    return {k.removeprefix(PREFIX): v for k, v in checkpoint[STATE].items() if k.startswith(PREFIX)}
 
 
-def submodule_state(checkpoint: dict[str, Any], name: str) -> dict[str, Any]:
-    """The weights of the LightningModule's submodule `name` (gpt, head), their prefix dropped."""
-    prefix = name + "."
-    return {k.removeprefix(prefix): v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
+def adapters_entry(lora: LoRA, *, base: str, new_tokens_from: int) -> dict[str, Any]:
+    """The `ADAPTERS` entry of a file holding `lora`'s trained tensors: the weights they adapt
+    (`base`), the first token row they train (`new_tokens_from`) and the adapters' settings."""
+    return {"base": base, "new_tokens_from": new_tokens_from, **asdict(lora)}
+
+
+def is_tokenizer_dir(directory: Path) -> bool:
+    """Whether `directory` holds a tokenizer (see `TOKENIZER_FILES`, `BPE_FILES`)."""
+    return any((directory / f).is_file() for f in TOKENIZER_FILES) or all(
+        (directory / f).is_file() for f in BPE_FILES
+    )
 
 
 def weights_tokenizer(path: str | Path) -> str | None:
@@ -103,13 +133,10 @@ def weights_tokenizer(path: str | Path) -> str | None:
     directory or hub snapshot."""
     path = hub.local(path)
     if path.is_dir():
-        has_tokenizer = any(
-            (path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json")
-        )
-        return str(path) if has_tokenizer else None
+        return str(path) if is_tokenizer_dir(path) else None
     if not path.is_file():
         raise FileNotFoundError(f"Checkpoint {path} does not exist.")
-    recorded = safe_load(path).get("tokenizer")
+    recorded = safe_load(path).get(TOKENIZER)
     return str(path.parent / recorded) if recorded else None
 
 
@@ -127,65 +154,3 @@ def resolve_tokenizer(
         carries = f"{weights} carries no tokenizer" if weights else "no tokenizer"
         raise ValueError(f"{carries}; give {option} DIR.")
     return tokenizer
-
-
-def build_gpt(
-    *,
-    preset: str,
-    overrides: dict[str, Any] | None,
-    init_from: str | None,
-    transfer_layers: int | None,
-    vocab_size: int | None,
-    lora: LoRA | None = None,
-) -> GPT:
-    """The GPT a run starts from: loaded weights (only dropouts may change, the first
-    `transfer_layers` blocks kept) or a fresh preset, grown to fit the tokenizer's special tokens;
-    with `lora`, the loaded weights frozen and adapters added (only the new tokens' rows train)."""
-    if init_from:
-        gpt = load_weights(init_from)
-        if overrides:
-            for key, value in overrides.items():
-                if key.endswith("pdrop"):
-                    setattr(gpt.config, key, value)
-                elif getattr(gpt.config, key, None) != value:
-                    raise ValueError(
-                        f"overrides.{key} cannot change a loaded model (it has {key}="
-                        f"{getattr(gpt.config, key, None)}); only dropouts can."
-                    )
-            gpt = with_dropout(gpt)
-        if transfer_layers is not None:
-            gpt.reset_blocks(transfer_layers)
-    else:
-        if transfer_layers is not None:
-            raise ValueError("transfer_layers needs pretrained weights: give --model.init_from.")
-        gpt = GPT(GPTConfig.from_name(preset, **{**(overrides or {}), "vocab_size": vocab_size or 40478}))
-    if init_from and vocab_size is not None:
-        check_tokenizer_fits(vocab_size, gpt.config.vocab_size, init_from)
-    loaded_vocab = gpt.config.vocab_size
-    if vocab_size is not None and vocab_size > gpt.config.vocab_size:
-        gpt.resize_token_embeddings(vocab_size)  # the special tokens the weights lack (GPT-1 §3.3)
-    if lora is not None:
-        if not init_from:
-            raise ValueError("lora adapts pretrained weights: give --model.init_from.")
-        add_lora(gpt, lora, new_tokens_from=loaded_vocab)
-    return gpt
-
-
-def check_tokenizer_fits(vocab_size: int, weights_vocab: int, init_from: str) -> None:
-    """The tokenizer may add the few special tokens the weights lack, nothing else."""
-    if not weights_vocab <= vocab_size <= weights_vocab + SPECIAL_TOKEN_ROOM:
-        raise ValueError(
-            f"The tokenizer has {vocab_size} tokens but the weights in {init_from} have {weights_vocab}: "
-            "they were not made for each other; use the tokenizer saved with the weights."
-        )
-
-
-def with_dropout(gpt: GPT) -> GPT:
-    """Apply the config's dropout rates to an existing model's modules."""
-    c = gpt.config
-    gpt.drop.p = c.embd_pdrop
-    for block in gpt.h:
-        block.attn.attn_pdrop = c.attn_pdrop
-        block.attn.resid_dropout.p = c.resid_pdrop
-        block.mlp.dropout.p = c.resid_pdrop
-    return gpt

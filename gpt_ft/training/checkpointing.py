@@ -11,8 +11,8 @@
 - `AtomicCheckpointIO`: every checkpoint is written to a temporary file and renamed into place,
   so a crash while saving never leaves a truncated file where the last good checkpoint was; and
   read with `weights_only=True`.
-- `lora_checkpoint`, `check_lora_resume`: a LoRA run's checkpoints hold its trained weights and
-  the base weights' name (or the merged model), and resume only a LoRA run.
+
+The checkpoint's layout (the model's config and weights, a LoRA run's adapters) is in saved.py.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import random
 import subprocess
-from dataclasses import asdict
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +30,9 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint, Timer
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
-from torch import Tensor, nn
+from torch import Tensor
 
-import gpt_ft
-from gpt_ft.model.lora import LoRA, merged_state_dict
-from gpt_ft.model.weights import base_reference, safe_load
+from gpt_ft.model.weights import TOKENIZER, safe_load
 
 LAST = f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}.ckpt"
 
@@ -202,15 +200,15 @@ class Provenance(Callback):
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
         if pl_module.hparams.get("tokenizer"):
-            checkpoint["tokenizer"] = "tokenizer"  # a folder beside the checkpoint file
+            checkpoint[TOKENIZER] = "tokenizer"  # a folder beside the checkpoint file
         if self.data_config is not None:
             checkpoint["data_config"] = self.data_config
-        checkpoint["gpt_ft"] = {"version": gpt_ft.__version__, "commit": source_commit()}
+        checkpoint["gpt_ft"] = {"version": version("gpt_ft"), "commit": source_commit()}
 
 
 def source_commit() -> str | None:
     """The git commit of the toolkit's source, when it runs from a checkout."""
-    root = Path(gpt_ft.__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]  # gpt_ft/training/checkpointing.py
     if not (root / ".git").exists():
         return None
     try:
@@ -264,36 +262,3 @@ def stop_on_nonfinite(trainer, loss: Tensor) -> None:
         f"{trainer.current_epoch}, batch {trainer.fit_loop.epoch_loop.batch_idx + 1}){kept}. "
         "Try a lower --model.lr, gradient clipping (--trainer.gradient_clip_val 1.0) or fp32."
     )
-
-
-def lora_checkpoint(checkpoint: dict[str, Any], gpt: nn.Module, lora: LoRA, init_from: str) -> None:
-    """A LoRA run's checkpoint: the trained weights and the base weights' name (the frozen weights
-    come from there), or with `lora.checkpoint == "merged"` the merged model as a plain checkpoint."""
-    state = checkpoint["state_dict"]
-    if lora.checkpoint == "merged":
-        merged = merged_state_dict(gpt)
-        others = {k: v for k, v in state.items() if not k.startswith("gpt.")}
-        checkpoint["state_dict"] = {**others, **{"gpt." + k: v for k, v in merged.items()}}
-        checkpoint.setdefault("hyper_parameters", {})["lora"] = None  # a plain model from now on
-        return
-    frozen = {"gpt." + n for n, p in gpt.named_parameters() if not p.requires_grad}
-    checkpoint["state_dict"] = {k: v for k, v in state.items() if k not in frozen}
-    checkpoint["lora"] = {
-        "base": base_reference(init_from),
-        "new_tokens_from": gpt.wte.frozen,
-        **asdict(lora),
-    }
-
-
-def check_lora_resume(checkpoint: dict[str, Any], lora: LoRA | None, where: str) -> None:
-    """A LoRA run resumes from adapters only, and adapters only resume a LoRA run: one sentence."""
-    if lora is not None and "lora" not in checkpoint:
-        raise ValueError(
-            f"{where} holds no LoRA adapters (a merged or plain model) and a LoRA run resumes only "
-            "from adapters: start anew from it with --model.init_from."
-        )
-    if lora is None and "lora" in checkpoint:
-        raise ValueError(
-            f"{where} holds LoRA adapters: resume it with the same --model.lora, or load it with "
-            "Classifier.from_checkpoint or --model.init_from."
-        )

@@ -18,16 +18,14 @@ from torch import Tensor, nn
 from gpt_ft.adapters import TaskAdapter
 from gpt_ft.data.batches import TokenBatch
 from gpt_ft.model.lora import LoRA
-from gpt_ft.model.weights import build_gpt
-from gpt_ft.training.checkpointing import check_lora_resume, lora_checkpoint, stop_on_nonfinite
+from gpt_ft.model.weights import CONFIG
+from gpt_ft.training.checkpointing import stop_on_nonfinite
 from gpt_ft.training.eval_metrics import EvalMetrics
 from gpt_ft.training.optim import MuonAdamW, adamw, lr_lambda
 from gpt_ft.training.predictions import write_predictions
 from gpt_ft.training.ranks import finite_everywhere, gather, mean_over_ranks
+from gpt_ft.training.saved import build_gpt, check_lora_resume, lora_checkpoint
 from gpt_ft.training.terms import batch_terms, combined_loss
-
-SHAPE_FIELDS = ("n_layer", "n_embd", "n_head", "n_positions", "vocab_size", "pre_ln", "norm", "positions",
-                "gated_mlp", "n_kv_head", "tie_embeddings", "bias", "qkv_bias", "n_inner")  # fmt: skip
 
 
 class GPTModule(LightningModule):
@@ -129,16 +127,16 @@ class GPTModule(LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # The model's own shape, so that the weights load without the run's arguments.
-        checkpoint["gpt_config"] = dict(vars(self.gpt.config))
+        checkpoint[CONFIG] = dict(vars(self.gpt.config))
         if self.lora is not None:
             lora_checkpoint(checkpoint, self.gpt, self.lora, self.init_from)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """A checkpoint of another shape is named in one sentence, not a page of size mismatches."""
-        stored, config = checkpoint.get("gpt_config"), self.gpt.config
+        stored, config = checkpoint.get(CONFIG), self.gpt.config
         where = getattr(self._trainer, "ckpt_path", None) or "The checkpoint"
         check_lora_resume(checkpoint, self.lora, where)
-        differ = [k for k in SHAPE_FIELDS if stored and k in stored and stored[k] != getattr(config, k)]
+        differ = [k for k in config.SHAPE_FIELDS if k in (stored or {}) and stored[k] != getattr(config, k)]
         if differ:
             theirs = ", ".join(f"{k}={stored[k]}" for k in differ)
             ours = ", ".join(f"{k}={getattr(config, k)}" for k in differ)

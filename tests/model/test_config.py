@@ -42,3 +42,23 @@ def test_padded_vocab_size_rounds_up_to_the_multiple():
     assert GPTConfig(vocab_size=100, vocab_multiple=1).padded_vocab_size == 100
     assert GPTConfig(n_embd=256, n_head=4, n_inner=100).ffn_dim == 100
     assert GPTConfig(n_embd=256, n_head=4).head_dim == 64
+
+
+def test_the_shape_fields_are_those_that_make_the_weights():
+    from dataclasses import fields, replace
+
+    base = GPTConfig.from_name("gpt-micro", vocab_size=100)
+    names = {f.name for f in fields(GPTConfig)}
+    assert set(GPTConfig.SHAPE_FIELDS) <= names
+    # Every other field may differ between a checkpoint and the model it loads into: none changes a
+    # tensor's name or shape (vocab_multiple changes only padding rows, which loading fits).
+    others = dict(activation="relu", embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0, layer_norm_epsilon=1e-6,
+                  initializer_range=0.01, rope_theta=500.0, hf_model_type="llama",
+                  rope_scaling={"rope_type": "linear", "factor": 2.0})  # fmt: skip
+    assert set(others) == names - set(GPTConfig.SHAPE_FIELDS) - {"vocab_multiple"}
+
+    def shapes(config):
+        return {k: v.shape for k, v in GPT(config).state_dict().items()}
+
+    for name, value in others.items():
+        assert shapes(replace(base, **{name: value})) == shapes(base), name

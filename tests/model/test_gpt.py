@@ -82,7 +82,7 @@ def test_input_longer_than_the_context_errors():
 
 @pytest.mark.parametrize("padded", [False, True])
 def test_blocked_attention_equals_sdpa(padded):
-    from gpt_ft.model.gpt import blocked_causal_attention
+    from gpt_ft.model.attention import blocked_causal_attention
 
     q, k, v = (torch.randn(2, 3, 300, 8) for _ in range(3))  # 300: the last block is partial
     mask = None
@@ -98,7 +98,7 @@ def test_blocked_attention_equals_sdpa(padded):
 
 
 def test_blocked_attention_dropout_is_unbiased():
-    from gpt_ft.model.gpt import blocked_causal_attention
+    from gpt_ft.model.attention import blocked_causal_attention
 
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 1, 20, 4) for _ in range(3))

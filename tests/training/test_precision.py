@@ -11,7 +11,7 @@ import torch
 from gpt_ft.cli import main
 from gpt_ft.data.batches import collate, collate_shared
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
-from gpt_ft.model.gpt import blocked_causal_attention
+from gpt_ft.model.attention import blocked_causal_attention
 from gpt_ft.training import precision
 from gpt_ft.training.module import GPTModule
 from tests.helpers import TINY, random_choice_examples, tiny_gpt

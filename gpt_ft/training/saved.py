@@ -1,0 +1,122 @@
+"""What a run's checkpoint holds beyond the model, and the GPT a run starts from.
+
+A `GPTModule` checkpoint is Lightning's: the module's `state_dict` under "state_dict", with its
+submodules' names as prefixes (`gpt.`, `head.`), and its arguments under "hyper_parameters". The
+module's GPT is the attribute `gpt` and `on_save_checkpoint` adds the GPT's config, so that the
+file is also a gpt_ft checkpoint as the model layer reads it (`gpt_ft.model.weights`: weights load
+with no run's arguments). `Provenance` (checkpointing.py) adds the tokenizer, the data section and
+the version.
+
+- `build_gpt`: the GPT a run starts from: loaded weights or a preset, grown to fit the tokenizer.
+- `submodule_state`: a submodule's weights (the task head's) from a checkpoint.
+- `lora_checkpoint`, `check_lora_resume`: a LoRA run's checkpoints hold its trained weights and
+  the base weights' name (or the merged model), and resume only a LoRA run.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from gpt_ft.model import GPT, GPTConfig
+from gpt_ft.model.gpt import with_dropout
+from gpt_ft.model.lora import LoRA, add_lora, merged_state_dict
+from gpt_ft.model.weights import ADAPTERS, PREFIX, STATE, adapters_entry, load_weights
+
+SPECIAL_TOKEN_ROOM = 8  # start, delim, extract and pad (GPT-1 §3.3), with room to spare
+
+
+def build_gpt(
+    *,
+    preset: str,
+    overrides: dict[str, Any] | None,
+    init_from: str | None,
+    transfer_layers: int | None,
+    vocab_size: int | None,
+    lora: LoRA | None = None,
+) -> GPT:
+    """The GPT a run starts from: loaded weights (only dropouts may change, the first
+    `transfer_layers` blocks kept) or a fresh preset, grown to fit the tokenizer's special tokens;
+    with `lora`, the loaded weights frozen and adapters added (only the new tokens' rows train)."""
+    if init_from:
+        gpt = load_weights(init_from)
+        if overrides:
+            for key, value in overrides.items():
+                if key.endswith("pdrop"):
+                    setattr(gpt.config, key, value)
+                elif getattr(gpt.config, key, None) != value:
+                    raise ValueError(
+                        f"overrides.{key} cannot change a loaded model (it has {key}="
+                        f"{getattr(gpt.config, key, None)}); only dropouts can."
+                    )
+            gpt = with_dropout(gpt)
+        if transfer_layers is not None:
+            gpt.reset_blocks(transfer_layers)
+    else:
+        if transfer_layers is not None:
+            raise ValueError("transfer_layers needs pretrained weights: give --model.init_from.")
+        gpt = GPT(GPTConfig.from_name(preset, **{**(overrides or {}), "vocab_size": vocab_size or 40478}))
+    if init_from and vocab_size is not None:
+        check_tokenizer_fits(vocab_size, gpt.config.vocab_size, init_from)
+    loaded_vocab = gpt.config.vocab_size
+    if vocab_size is not None and vocab_size > gpt.config.vocab_size:
+        gpt.resize_token_embeddings(vocab_size)  # the special tokens the weights lack (GPT-1 §3.3)
+    if lora is not None:
+        if not init_from:
+            raise ValueError("lora adapts pretrained weights: give --model.init_from.")
+        add_lora(gpt, lora, new_tokens_from=loaded_vocab)
+    return gpt
+
+
+def check_tokenizer_fits(vocab_size: int, weights_vocab: int, init_from: str) -> None:
+    """The tokenizer may add the few special tokens the weights lack, nothing else."""
+    if not weights_vocab <= vocab_size <= weights_vocab + SPECIAL_TOKEN_ROOM:
+        raise ValueError(
+            f"The tokenizer has {vocab_size} tokens but the weights in {init_from} have {weights_vocab}: "
+            "they were not made for each other; use the tokenizer saved with the weights."
+        )
+
+
+def submodule_state(checkpoint: dict[str, Any], name: str) -> dict[str, Any]:
+    """The weights of the LightningModule's submodule `name` (gpt, head), their prefix dropped."""
+    prefix = name + "."
+    return {k.removeprefix(prefix): v for k, v in checkpoint[STATE].items() if k.startswith(prefix)}
+
+
+def base_reference(init_from: str) -> str:
+    """How a LoRA checkpoint names its base weights: an absolute path, or the hub id as given."""
+    local = Path(init_from).expanduser()
+    return str(local.resolve()) if local.exists() else init_from
+
+
+def lora_checkpoint(checkpoint: dict[str, Any], gpt: nn.Module, lora: LoRA, init_from: str) -> None:
+    """A LoRA run's checkpoint: the trained weights and the base weights' name (the frozen weights
+    come from there), or with `lora.checkpoint == "merged"` the merged model as a plain checkpoint."""
+    state = checkpoint[STATE]
+    if lora.checkpoint == "merged":
+        merged = merged_state_dict(gpt)
+        others = {k: v for k, v in state.items() if not k.startswith(PREFIX)}
+        checkpoint[STATE] = {**others, **{PREFIX + k: v for k, v in merged.items()}}
+        checkpoint.setdefault("hyper_parameters", {})["lora"] = None  # a plain model from now on
+        return
+    frozen = {PREFIX + n for n, p in gpt.named_parameters() if not p.requires_grad}
+    checkpoint[STATE] = {k: v for k, v in state.items() if k not in frozen}
+    checkpoint[ADAPTERS] = adapters_entry(
+        lora, base=base_reference(init_from), new_tokens_from=gpt.wte.frozen
+    )
+
+
+def check_lora_resume(checkpoint: dict[str, Any], lora: LoRA | None, where: str) -> None:
+    """A LoRA run resumes from adapters only, and adapters only resume a LoRA run: one sentence."""
+    if lora is not None and ADAPTERS not in checkpoint:
+        raise ValueError(
+            f"{where} holds no LoRA adapters (a merged or plain model) and a LoRA run resumes only "
+            "from adapters: start anew from it with --model.init_from."
+        )
+    if lora is None and ADAPTERS in checkpoint:
+        raise ValueError(
+            f"{where} holds LoRA adapters: resume it with the same --model.lora, or load it with "
+            "Classifier.from_checkpoint or --model.init_from."
+        )
