@@ -71,7 +71,7 @@ def prepare(argv: list[str]) -> None:
     parser.add_argument("inputs", nargs="*", help="text files or folders of them")
     parser.add_function_arguments(prep.prepare, skip={"files", "progress"})
     cfg = parser.parse_args(argv)
-    kwargs = {k: v for k, v in vars(cfg).items() if k not in ("inputs", "__path__")}
+    kwargs = {k: v for k, v in vars(cfg).items() if k not in ("inputs", "config", "__path__")}
     meta = prep.prepare(files=cfg.inputs, **kwargs)
     t = meta["tokens"]
     rate = (t["train"] + t["validation"]) / max(meta["seconds"], 1e-9)

@@ -31,6 +31,7 @@ from gpt_ft.training.checkpointing import (
     find_last_checkpoint,
 )
 from gpt_ft.training.precision import cpu_precision, runs_on_cpu
+from gpt_ft.training.saved import recorded_run
 from gpt_ft.training.throughput import ParameterSummary, Throughput
 
 # Logs and checkpoints go to runs/lightning_logs/version_N, or under --trainer.default_root_dir.
@@ -253,23 +254,15 @@ def checkpoint_argument(args: list[str]) -> str | None:
 
 
 def recorded_configuration(ckpt: str) -> dict[str, Any]:
-    """The configuration a gpt_ft checkpoint records (its model, its data section and task card,
-    the tokenizer saved beside it), as parser defaults; nothing for a file that is not one."""
+    """What a gpt_ft checkpoint records of its run (its model, its data section and task card, the
+    tokenizer saved beside it), as parser defaults; nothing for a file that is not one."""
     if not Path(ckpt).is_file():
         return {}
-    stored = safe_load(ckpt)
-    if "gpt_config" not in stored:
-        return {}
-    linked = ("vocab_size", "tokenizer", "task", "_instantiator", "_class_path")
-    model = {k: v for k, v in stored.get("hyper_parameters", {}).items() if k not in linked}
-    # The weights are the checkpoint's whatever the shape: no preset, overrides or transfer. LoRA
-    # adapters go on their base weights again, as when they were trained.
-    base = stored["lora"]["base"] if "lora" in stored else str(ckpt)
-    model.update(init_from=base, overrides=None, transfer_layers=None)
-    recorded = {f"model.{key}": value for key, value in _plain(model).items()}
-    data = stored.get("data_config")
+    recorded = recorded_run(safe_load(ckpt), ckpt)
+    defaults = {f"model.{key}": value for key, value in _plain(recorded.get("model", {})).items()}
+    data = recorded.get("data")
     if data:
         if "tokenizer" in data.get("init_args", {}):
             data["init_args"]["tokenizer"] = resolve_tokenizer(None, ckpt, option=None)  # the copy beside it
-        recorded["data"] = data
-    return recorded
+        defaults["data"] = data
+    return defaults

@@ -11,6 +11,7 @@ the version.
 - `submodule_state`: a submodule's weights (the task head's) from a checkpoint.
 - `lora_checkpoint`, `check_lora_resume`: a LoRA run's checkpoints hold its trained weights and
   the base weights' name (or the merged model), and resume only a LoRA run.
+- `recorded_run`: the model and data arguments a checkpoint records (`gpt-ft validate --ckpt_path`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from torch import nn
 from gpt_ft.model import GPT, GPTConfig
 from gpt_ft.model.gpt import with_dropout
 from gpt_ft.model.lora import LoRA, add_lora, merged_state_dict
-from gpt_ft.model.weights import ADAPTERS, PREFIX, STATE, adapters_entry, load_weights
+from gpt_ft.model.weights import ADAPTERS, CONFIG, PREFIX, STATE, adapters_entry, load_weights
 
 SPECIAL_TOKEN_ROOM = 8  # start, delim, extract and pad (GPT-1 §3.3), with room to spare
 
@@ -120,3 +121,20 @@ def check_lora_resume(checkpoint: dict[str, Any], lora: LoRA | None, where: str)
             f"{where} holds LoRA adapters: resume it with the same --model.lora, or load it with "
             "Classifier.from_checkpoint or --model.init_from."
         )
+
+
+def recorded_run(checkpoint: dict[str, Any], path: str) -> dict[str, Any]:
+    """The arguments a run's checkpoint records, to evaluate it with no others: `model` (built
+    from the checkpoint's own weights whatever the run's preset, overrides or transfer; LoRA
+    adapters on their base weights again) and `data` (the data section, task card included).
+    Empty for a file that is not a gpt_ft checkpoint."""
+    if CONFIG not in checkpoint:
+        return {}
+    linked = ("vocab_size", "tokenizer", "task", "_instantiator", "_class_path")  # set from the data
+    model = {k: v for k, v in checkpoint.get("hyper_parameters", {}).items() if k not in linked}
+    base = checkpoint[ADAPTERS]["base"] if ADAPTERS in checkpoint else str(path)
+    model.update(init_from=base, overrides=None, transfer_layers=None)
+    recorded = {"model": model}
+    if checkpoint.get("data_config"):
+        recorded["data"] = checkpoint["data_config"]
+    return recorded
