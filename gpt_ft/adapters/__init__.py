@@ -9,24 +9,29 @@ One class per input shape:
 - `MultipleChoice`: [start] context [delim] answer_k [extract] per k     (Story Cloze, RACE, SWAG)
 - `MultiLabel`:     [start] text [extract], one sigmoid per label        (GoEmotions)
 
+What a task predicts per example is its output kind (`outputs.py`): `ClassificationOutput`,
+`RegressionOutput` (`regression: true`), `ChoiceOutput` (multiple choice) or `MultiLabelOutput`.
+Each brings its head (`heads.py`), label reading, metrics and written predictions.
+
 A task card (tasks/*.yaml) is a `class_path` + `init_args` value for a `TaskAdapter`-typed
 argument, so a user's own adapter class works with nothing registered; shipped cards name
 `gpt_ft.adapters.X`.
 """
 
-from gpt_ft.adapters.base import (
-    Encoded,
-    HubDataset,
-    LocalFiles,
-    TaskAdapter,
-    TaskDataError,
-    field_text,
-    fit_lengths,
-)
+from gpt_ft.adapters.base import Encoded, Submission, TaskAdapter, field_text, fit_lengths
 from gpt_ft.adapters.choice import MultipleChoice
 from gpt_ft.adapters.heads import ChoiceHead, ClassificationHead, RegressionHead, TaskHead
-from gpt_ft.adapters.metrics import METRICS, metric_value
-from gpt_ft.adapters.multilabel import MultiLabel
+from gpt_ft.adapters.metrics import METRICS, Scoring, metric_value
+from gpt_ft.adapters.multilabel import MultiLabel, MultiLabelHead, MultiLabelOutput
+from gpt_ft.adapters.outputs import (
+    ChoiceOutput,
+    ClassificationOutput,
+    LabelSpec,
+    RegressionOutput,
+    TaskDataError,
+    TaskOutput,
+)
+from gpt_ft.adapters.sources import HubDataset, LocalFiles, Sources
 from gpt_ft.adapters.text import Similarity, SingleText, TextPair
 
 __all__ = [
@@ -36,14 +41,24 @@ __all__ = [
     "Similarity",
     "MultipleChoice",
     "MultiLabel",
+    "Sources",
     "HubDataset",
     "LocalFiles",
+    "LabelSpec",
+    "Scoring",
+    "Submission",
     "Encoded",
     "TaskDataError",
+    "TaskOutput",
+    "ClassificationOutput",
+    "RegressionOutput",
+    "ChoiceOutput",
+    "MultiLabelOutput",
     "TaskHead",
     "ClassificationHead",
     "RegressionHead",
     "ChoiceHead",
+    "MultiLabelHead",
     "METRICS",
     "metric_value",
     "field_text",

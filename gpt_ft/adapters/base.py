@@ -1,10 +1,11 @@
-"""`TaskAdapter`: what every input shape shares (labels, metrics, data sources, truncation), and
-the contract a shape fulfils for the rest of the toolkit.
+"""`TaskAdapter`: a task card read into what it says (data sources, labels, metrics, submission),
+and the contract an input shape fulfils for the rest of the toolkit.
 
-A shape says, in its own class, how an example becomes token sequences (`texts`, `encode`), which
-head turns the sequences' extract states into outputs, loss and predictions (`head`), how its
-predictions are scored (`metric_values`) and written (`format_prediction`). Nothing outside the
-adapters branches on a shape, and nothing here branches on a task's name: what differs between
+A shape says, in its own class, how an example becomes token sequences (`texts`, `encode`). What a
+task predicts per example (one class, a score, one of its choices, several labels) is its output
+kind (`outputs.py`), chosen once, in `TaskAdapter.__init__`; the head, its loss and predictions,
+label reading, metrics and written predictions come from it. Nothing outside the adapters branches
+on a shape or an output kind, and nothing here branches on a task's name: what differs between
 tasks of one shape is in their card.
 """
 
@@ -12,48 +13,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from operator import attrgetter
+from typing import Any, ClassVar
 
 from torch import Tensor
 
-from gpt_ft.adapters.heads import ClassificationHead, RegressionHead, TaskHead
-from gpt_ft.adapters.metrics import METRICS, metric_value
-
-
-class TaskDataError(ValueError):
-    """Bad task data: one sentence naming the file, field or value at fault."""
-
-
-@dataclass
-class HubDataset:
-    """A dataset on the Hugging Face Hub, loaded with `datasets.load_dataset(path, name)`."""
-
-    path: str
-    """Dataset id, e.g. nyu-mll/glue."""
-    name: str | None = None
-    """Configuration (subset) name, e.g. rte."""
-    columns: dict[str, str] | None = None
-    """Renames: dataset column -> the field name the adapter reads."""
-    splits: dict[str, str] | None = None
-    """Our split name -> the dataset's split (slices such as 'train[:90%]' allowed); default: same names."""
-    configs: dict[str, str] | None = None
-    """Our split name -> the configuration it comes from when not `name` (GLUE's diagnostic set: ax)."""
-
-
-@dataclass
-class LocalFiles:
-    """A task's files under `--data.data_dir`, and how to read them."""
-
-    splits: dict[str, str]
-    """Split name -> file path relative to data_dir; a slice may follow, e.g. 'val.csv[:1497]'."""
-    format: Literal["tsv", "csv", "json", "parquet"] | None = None
-    """File format; by default from the extension (.tsv, .csv, .json/.jsonl, .parquet)."""
-    column_names: list[str] | None = None
-    """Column names of files without a header row (e.g. GLUE's CoLA train/dev)."""
-    headerless_splits: list[str] | None = None
-    """Splits whose files have no header row (they use column_names); default: every split if column_names."""
-    columns: dict[str, str] | None = None
-    """Renames: file column -> the field name the adapter reads."""
+from gpt_ft.adapters.heads import TaskHead
+from gpt_ft.adapters.metrics import Scoring
+from gpt_ft.adapters.outputs import ClassificationOutput, LabelSpec, RegressionOutput, TaskOutput
+from gpt_ft.adapters.sources import HubDataset, LocalFiles, Sources
 
 
 @dataclass
@@ -100,18 +68,39 @@ def field_text(value: Any) -> str:
     return str(value)
 
 
-class TaskAdapter:
-    """Base class: labels, metrics, data sources and truncation shared by every input transform.
+@dataclass
+class Submission:
+    """How predictions are written for a leaderboard: a file name per split, each class's name there."""
 
-    Subclasses name their text fields and implement `encode`.
+    files: dict[str, str]
+    labels: list[str] | None = None
+
+    @classmethod
+    def from_card(
+        cls,
+        task_name: str,
+        files: dict[str, str] | None,
+        labels: list[str] | None,
+        *,
+        class_names: list[str] | None,
+    ) -> Submission:
+        if labels is not None and len(labels) != len(class_names or []):
+            raise ValueError(
+                f"Task {task_name!r}: submission_labels {labels} must name each of the "
+                f"{len(class_names or [])} labels {class_names}."
+            )
+        return cls(dict(files or {}), list(labels) if labels is not None else None)
+
+
+class TaskAdapter:
+    """Base class: a task's card, read into its parts, and what every input transform shares.
+
+    Subclasses name their text fields and implement `encode`; a shape whose outputs are its own
+    (several labels, one of its choices) returns its output kind from `own_output`.
     """
 
     num_sequences: ClassVar[int] = 1
     """Sequences per example (S): 1 for single texts and pairs, 2 for similarity, C for multiple choice."""
-    allowed_metrics: ClassVar[tuple[str, ...]] = METRICS
-    """Metric names a card of this shape may list."""
-    needs_label_names: ClassVar[bool] = True
-    """A classification card must name its classes (`labels`); multiple choice needs none."""
     shares_context: ClassVar[bool] = False
     """An example's sequences start with the same `[start] context [delim]` (multiple choice), so
     the context can run once for all of them (`--data.shared_context`)."""
@@ -127,9 +116,9 @@ class TaskAdapter:
         labels: list[str] | None = None,
         regression: bool = False,
         score_range: tuple[float, float] | None = None,
+        ignore_labels: list[str] | None = None,
         metrics: list[str] | None = None,
         main_metric: str | None = None,
-        ignore_labels: list[str] | None = None,
         index: str | None = "idx",
         hub: HubDataset | None = None,
         local: LocalFiles | None = None,
@@ -145,9 +134,9 @@ class TaskAdapter:
             labels: Class names in id order. A label value matches a name, or else is an integer id.
             regression: Predict one real number (STS-B) instead of a class.
             score_range: (low, high) of regression scores; predictions are clipped to it.
+            ignore_labels: Label values that mark rows to drop (e.g. SNLI's '-': no gold label).
             metrics: Metric names among accuracy, f1, matthews, pearson, spearman.
             main_metric: The metric that picks the best checkpoint; default the first of `metrics`.
-            ignore_labels: Label values that mark rows to drop (e.g. SNLI's '-': no gold label).
             index: Field with the example's id in test files (for submission files); None: row number.
             hub: Where the dataset lives on the Hugging Face Hub.
             local: Where its files live under `--data.data_dir`, and how to read them.
@@ -158,94 +147,123 @@ class TaskAdapter:
                 leaderboard wants other names than `labels` (GLUE: '0', '1' for SST-2).
         """
         self.name = name
-        self.label = label
-        self.labels = list(labels) if labels is not None else None
-        self.regression = regression
-        self.score_range = tuple(score_range) if score_range is not None else None
-        self.metrics = (
-            list(metrics) if metrics else ["accuracy"] if not regression else ["pearson", "spearman"]
+        spec = LabelSpec(
+            field=label,
+            names=list(labels) if labels is not None else None,
+            regression=regression,
+            score_range=tuple(score_range) if score_range is not None else None,
+            ignore=[str(v) for v in ignore_labels or []],
         )
-        unknown = [m for m in self.metrics if m not in self.allowed_metrics]
-        if unknown:
-            raise ValueError(
-                f"Task {name!r}: unknown metric(s) {unknown}; allowed: {', '.join(self.allowed_metrics)}."
-            )
-        self.main_metric = main_metric or self.metrics[0]
-        if self.main_metric not in self.metrics:
-            raise ValueError(
-                f"Task {name!r}: main_metric {self.main_metric!r} is not among metrics {self.metrics}."
-            )
-        self.ignore_labels = [str(v) for v in ignore_labels or []]
-        self.index = index
-        self.hub = hub
-        self.local = local
-        self.validation_splits = list(validation_splits or ["validation"])
-        self.test_splits = list(test_splits or ["test"])
-        self.submission_files = dict(submission_files or {})
-        self.submission_labels = list(submission_labels) if submission_labels is not None else None
-        if self.submission_labels is not None and len(self.submission_labels) != len(self.labels or []):
-            raise ValueError(
-                f"Task {name!r}: submission_labels {self.submission_labels} must name each of the "
-                f"{len(self.labels or [])} labels {self.labels}."
-            )
-        if regression and labels:
-            raise ValueError(f"Task {name!r}: a regression task takes no `labels`.")
-        if not regression and self.needs_label_names and not labels:
-            raise ValueError(
-                f"Task {name!r}: a classification task needs `labels` (class names in id order)."
-            )
+        self.output = self._output_kind(spec)
+        self.scoring = Scoring.from_card(
+            name,
+            metrics,
+            main_metric,
+            allowed=self.output.allowed_metrics,
+            default=self.output.default_metrics,
+        )
+        self.sources = Sources(
+            hub=hub,
+            local=local,
+            validation_splits=list(validation_splits or ["validation"]),
+            test_splits=list(test_splits or ["test"]),
+            index=index,
+        )
+        self.submission = Submission.from_card(
+            name, submission_files, submission_labels, class_names=spec.names
+        )
 
-    # ---- the head, its metrics and its written predictions ----
+    def own_output(self, spec: LabelSpec) -> TaskOutput | None:
+        """The output kind this shape always has (e.g. `MultiLabelOutput`); None lets the card choose.
+
+        Called from `TaskAdapter.__init__` once `name` is set: a subclass sets what its output
+        kind needs before calling `super().__init__`.
+        """
+        return None
+
+    def _output_kind(self, spec: LabelSpec) -> TaskOutput:
+        """The one place a task's output kind is chosen: the shape's own, or else as the card says,
+        a score (`regression: true`) or one class per example."""
+        own = self.own_output(spec)
+        if not spec.regression:
+            return own if own is not None else ClassificationOutput(self.name, spec)
+        if own is not None:
+            raise ValueError(f"Task {self.name!r}: a {own.kind} task cannot be a regression.")
+        return RegressionOutput(self.name, spec)
+
+    # The card's fields under the card's names, as the data, training and evaluation code reads them.
+    label = property(attrgetter("output.spec.field"))
+    labels = property(attrgetter("output.spec.names"))
+    regression = property(attrgetter("output.spec.regression"))
+    score_range = property(attrgetter("output.spec.score_range"))
+    ignore_labels = property(attrgetter("output.spec.ignore"))
+    metrics = property(attrgetter("scoring.metrics"))
+    main_metric = property(attrgetter("scoring.main_metric"))
+    index = property(attrgetter("sources.index"))
+    hub = property(attrgetter("sources.hub"))
+    local = property(attrgetter("sources.local"))
+    validation_splits = property(attrgetter("sources.validation_splits"))
+    test_splits = property(attrgetter("sources.test_splits"))
+    submission_files = property(attrgetter("submission.files"))
+    submission_labels = property(attrgetter("submission.labels"))
+
+    # ---- what the output kind says: the head, labels, metrics, written predictions ----
 
     def head(self, n_embd: int, *, dropout: float, init_std: float) -> TaskHead:
         """The layer that turns an example's extract states into this task's outputs (GPT-1 §3.3)."""
-        if self.regression:
-            return RegressionHead(n_embd, score_range=self.score_range, dropout=dropout, init_std=init_std)
-        return ClassificationHead(n_embd, len(self.labels), dropout=dropout, init_std=init_std)
+        return self.output.head(n_embd, dropout=dropout, init_std=init_std)
 
     @property
     def num_labels(self) -> int:
         """Outputs of the task head: classes, 1 for regression, 1 score per choice for multiple choice."""
-        return 1 if self.regression else len(self.labels)
+        return self.output.num_outputs
 
     @property
     def class_names(self) -> list[str] | None:
         """The classes when one of them is predicted per example; None for scores and choices."""
-        return None if self.regression else self.labels
+        return self.output.class_names
 
     def metric_values(self, predictions: Tensor, labels: Tensor) -> dict[str, Tensor]:
         """The card's metrics over a whole split's predictions and labels."""
-        return {name: metric_value(name, predictions, labels, self.num_labels) for name in self.metrics}
+        return self.output.metric_values(predictions, labels, self.metrics)
 
     def format_prediction(self, prediction: Tensor, *, submission: bool = True) -> str:
         """One prediction as text: a score, or the class's name (as the leaderboard names it, or,
         with `submission=False`, as the card does)."""
-        value = prediction.item()
-        if self.regression:
-            return f"{value:.3f}"
-        return self.submission_label(int(value)) if submission else self.label_name(int(value))
+        return self.output.format_prediction(
+            prediction, self.submission_label if submission else self.label_name
+        )
 
     def label_text(self, label: Any) -> Any:
         """An encoded label as `gpt-ft explain` shows it: the class's name, or the value."""
-        return self.label_name(label) if label is not None and not self.regression else label
+        return self.output.label_text(label)
 
     def outcome(self, prediction: Tensor, probabilities: Tensor) -> dict[str, Any]:
         """One example's prediction as `Classifier.predict` returns it: the label's name and the
         probability of each label (for a score: the score, twice)."""
-        if self.regression:
-            value = float(prediction)
-            return {"label": value, "scores": value}
-        names = [self.label_name(i) for i in range(len(probabilities))]
-        return {"label": self.label_name(int(prediction)), "scores": dict(zip(names, probabilities.tolist()))}
+        return self.output.outcome(prediction, probabilities)
+
+    def example_label(self, example: dict[str, Any]) -> Any:
+        """The example's label id, score or labels; None when unlabelled (no field, or -1 as in hub
+        test splits)."""
+        return self.output.example_label(example)
+
+    def label_id(self, value: Any) -> Any:
+        """The label of a raw value: a class id, a float score, or a choice index."""
+        return self.output.label_id(value)
+
+    def label_name(self, label_id: int) -> str:
+        return self.output.label_name(label_id)
+
+    def submission_label(self, label_id: int) -> str:
+        """The class as a submission file writes it."""
+        return self.submission.labels[label_id] if self.submission.labels else self.label_name(label_id)
 
     # ---- encoding ----
 
     def text_fields(self) -> list[str]:
         """Every field the adapter reads text from (checked to exist in the data)."""
         raise NotImplementedError
-
-    def required_fields(self, with_label: bool) -> list[str]:
-        return self.text_fields() + ([self.label] if with_label else [])
 
     def texts(self, example: dict[str, Any]) -> list[str]:
         """The texts of one example to tokenize, in the order `encode` reads their tokens."""
@@ -261,51 +279,6 @@ class TaskAdapter:
             max_length: Longest sequence allowed, special tokens included.
         """
         raise NotImplementedError
-
-    def example_label(self, example: dict[str, Any]) -> int | float | None:
-        """The example's label id or score; None when unlabelled (no field, or -1 as in hub test splits)."""
-        value = example.get(self.label)
-        if value is None or value == -1 or value == "-1":
-            return None
-        return self.label_id(value)
-
-    def label_id(self, value: Any) -> int | float:
-        """The label of a raw value: a class id, a float score, or a choice index."""
-        if value is None or (isinstance(value, float) and math.isnan(value)):
-            raise TaskDataError(f"missing value in label field {self.label!r}.")
-        if self.regression:
-            try:
-                score = float(value)
-            except (TypeError, ValueError):
-                raise TaskDataError(
-                    f"regression score {value!r} in field {self.label!r} is not a number."
-                ) from None
-            if math.isnan(score):
-                raise TaskDataError(f"regression score in field {self.label!r} is NaN.")
-            return score
-        names = self.labels or []
-        text = str(value).strip()
-        if text in names:
-            return names.index(text)
-        try:
-            as_int = int(text)
-        except ValueError:
-            as_int = None
-        n = self.num_classes_for_labels()
-        if as_int is not None and 0 <= as_int < n:
-            return as_int
-        allowed = names if names else list(range(n))
-        raise TaskDataError(f"label {value!r} in field {self.label!r} is not among the labels {allowed}.")
-
-    def num_classes_for_labels(self) -> int:
-        return len(self.labels or [])
-
-    def label_name(self, label_id: int) -> str:
-        return self.labels[label_id] if self.labels else str(label_id)
-
-    def submission_label(self, label_id: int) -> str:
-        """The class as a submission file writes it."""
-        return self.submission_labels[label_id] if self.submission_labels else self.label_name(label_id)
 
     @staticmethod
     def _sequence(specials, *parts: list[int]) -> tuple[list[int], int]:

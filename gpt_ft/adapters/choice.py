@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpt_ft.adapters.base import Encoded, TaskAdapter, TaskDataError, field_text, fit_lengths
-from gpt_ft.adapters.heads import ChoiceHead, TaskHead
-from gpt_ft.adapters.metrics import metric_value
+from gpt_ft.adapters.base import Encoded, TaskAdapter, field_text, fit_lengths
+from gpt_ft.adapters.outputs import ChoiceOutput, LabelSpec, TaskDataError, TaskOutput
 
 
 class MultipleChoice(TaskAdapter):
@@ -16,7 +15,6 @@ class MultipleChoice(TaskAdapter):
     The context is cut the same way for every choice, so all choices share it token for token.
     """
 
-    needs_label_names = False
     shares_context = True
     choices_in_examples = True
 
@@ -35,46 +33,27 @@ class MultipleChoice(TaskAdapter):
             num_choices: The most choices a row has (required when `choices` is a list field).
             label: Field with the right choice: its index, or a name in `labels` (e.g. '1', '2').
         """
-        super().__init__(**kwargs)
+        name = kwargs.get("name")
         self.context = [context] if isinstance(context, str) else list(context)
         self.choices = choices
         if isinstance(choices, str):
             if not num_choices:
-                raise ValueError(
-                    f"Task {self.name!r}: `num_choices` is required when `choices` is a list field."
-                )
+                raise ValueError(f"Task {name!r}: `num_choices` is required when `choices` is a list field.")
             self.max_choices = num_choices
         else:
             self.max_choices = len(choices)
             if num_choices not in (None, len(choices)):
                 raise ValueError(
-                    f"Task {self.name!r}: num_choices={num_choices} but {len(choices)} choice fields."
+                    f"Task {name!r}: num_choices={num_choices} but {len(choices)} choice fields."
                 )
+        super().__init__(**kwargs)
 
     @property
     def num_sequences(self) -> int:  # type: ignore[override]
         return self.max_choices
 
-    def head(self, n_embd: int, *, dropout: float, init_std: float) -> TaskHead:
-        return ChoiceHead(n_embd, dropout=dropout, init_std=init_std)
-
-    @property
-    def num_labels(self) -> int:
-        return 1
-
-    @property
-    def class_names(self) -> list[str] | None:
-        return None
-
-    def metric_values(self, predictions, labels):
-        # A prediction is the index of a choice: as many classes as a row has choices at most.
-        return {name: metric_value(name, predictions, labels, self.max_choices) for name in self.metrics}
-
-    def label_text(self, label: Any) -> Any:
-        return label
-
-    def num_classes_for_labels(self) -> int:
-        return len(self.labels) if self.labels else self.max_choices
+    def own_output(self, spec: LabelSpec) -> TaskOutput:
+        return ChoiceOutput(self.name, spec, choices=self.max_choices)
 
     def text_fields(self) -> list[str]:
         return self.context + ([self.choices] if isinstance(self.choices, str) else list(self.choices))

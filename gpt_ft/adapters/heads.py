@@ -1,8 +1,8 @@
 """Task heads: how an example's extract states become the task's outputs, loss and predictions.
 
 A head is a linear layer on the final state of the extract token (GPT-1 §3.3), with dropout
-before it (GPT-1: 0.1). Each adapter chooses its head (`TaskAdapter.head`), so that a new input
-shape brings its own and the training code stays the same for every shape. Heads subclass
+before it (GPT-1: 0.1). Each output kind builds its head (`TaskOutput.head` in `outputs.py`), so
+that a new kind brings its own and the training code stays the same for every task. Heads subclass
 `nn.Linear`, so that their parameters are `head.weight` and `head.bias` in every checkpoint.
 """
 

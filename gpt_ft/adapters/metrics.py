@@ -1,6 +1,9 @@
-"""Benchmark metrics of single-label tasks (GLUE's conventions), from torchmetrics."""
+"""Benchmark metrics of single-label tasks (GLUE's conventions), from torchmetrics, and the card's
+choice of them."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from torch import Tensor
 from torchmetrics.functional import (
@@ -32,3 +35,36 @@ def metric_value(name: str, predictions: Tensor, labels: Tensor, num_classes: in
     if name == "spearman":
         return spearman_corrcoef(predictions.double(), labels.double())
     raise ValueError(f"Unknown metric {name!r}; allowed: {', '.join(METRICS)}.")
+
+
+@dataclass
+class Scoring:
+    """A card's metrics, and the one that picks the best checkpoint."""
+
+    metrics: list[str]
+    main_metric: str
+
+    @classmethod
+    def from_card(
+        cls,
+        task_name: str,
+        metrics: list[str] | None,
+        main_metric: str | None,
+        *,
+        allowed: tuple[str, ...],
+        default: tuple[str, ...],
+    ) -> Scoring:
+        """The card's `metrics` (default: `default`), each among `allowed`, and its `main_metric`
+        (default: the first) among them."""
+        metrics = list(metrics) if metrics else list(default)
+        unknown = [m for m in metrics if m not in allowed]
+        if unknown:
+            raise ValueError(
+                f"Task {task_name!r}: unknown metric(s) {unknown}; allowed: {', '.join(allowed)}."
+            )
+        main_metric = main_metric or metrics[0]
+        if main_metric not in metrics:
+            raise ValueError(
+                f"Task {task_name!r}: main_metric {main_metric!r} is not among metrics {metrics}."
+            )
+        return cls(metrics, main_metric)

@@ -9,17 +9,16 @@ F1, written as the predicted names joined by the card's separator.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics.functional import f1_score
 
-from gpt_ft.adapters.base import TaskDataError
 from gpt_ft.adapters.heads import TaskHead
+from gpt_ft.adapters.outputs import LabelSpec, TaskDataError, TaskOutput
 from gpt_ft.adapters.text import SingleText
-
-MULTILABEL_METRICS = ("micro_f1", "macro_f1")
 
 
 class MultiLabelHead(TaskHead):
@@ -43,10 +42,79 @@ class MultiLabelHead(TaskHead):
         return outputs.float().sigmoid()
 
 
+class MultiLabelOutput(TaskOutput):
+    """Any number of the card's labels per example: a 0/1 row over `labels`, read from a list or
+    from names joined by `separator`, predicted above `threshold`, scored by micro and macro F1."""
+
+    kind = "multi-label"
+    allowed_metrics = default_metrics = ("micro_f1", "macro_f1")
+    needs_names = True
+
+    def __init__(self, task_name: str, spec: LabelSpec, *, separator: str, threshold: float) -> None:
+        super().__init__(task_name, spec)
+        if not separator:
+            raise ValueError(f"Task {task_name!r}: label_separator must not be empty.")
+        if not 0 < threshold < 1:
+            raise ValueError(f"Task {task_name!r}: threshold must be in (0, 1), got {threshold}.")
+        self.separator, self.threshold = separator, threshold
+
+    @property
+    def num_outputs(self) -> int:
+        return len(self.spec.names)
+
+    def head(self, n_embd: int, *, dropout: float, init_std: float) -> TaskHead:
+        return MultiLabelHead(
+            n_embd, self.num_outputs, threshold=self.threshold, dropout=dropout, init_std=init_std
+        )
+
+    def metric_values(self, predictions: Tensor, labels: Tensor, metrics: list[str]) -> dict[str, Tensor]:
+        n = self.num_outputs
+        return {
+            name: f1_score(predictions, labels, task="multilabel", num_labels=n, average=name.split("_")[0])
+            for name in metrics
+        }
+
+    def format_prediction(self, prediction: Tensor, name: Callable[[int], str]) -> str:
+        return self.separator.join(name(i) for i in prediction.nonzero().flatten().tolist())
+
+    def label_text(self, label: Any) -> Any:
+        return None if label is None else [self.spec.names[i] for i, on in enumerate(label) if on]
+
+    def outcome(self, prediction: Tensor, probabilities: Tensor) -> dict[str, Any]:
+        return {
+            "label": self.label_text(prediction.tolist()),
+            "scores": dict(zip(self.spec.names, probabilities.tolist())),
+        }
+
+    def example_label(self, example: dict[str, Any]) -> list[int] | None:
+        """The example's labels as a 0/1 row over `labels`; None when unlabelled (no field, -1)."""
+        value = example.get(self.spec.field)
+        if value is None or value == -1 or value == "-1":
+            return None
+        if isinstance(value, float) and math.isnan(value):
+            return None
+        if isinstance(value, str):
+            value = [name for name in value.split(self.separator) if name.strip()]
+        elif not isinstance(value, list | tuple):
+            value = [value]
+        row = [0] * len(self.spec.names)
+        for name in value:
+            row[self.label_id(name)] = 1
+        return row
+
+    def label_id(self, value: Any) -> int:
+        """A label's id: its name in `labels`, or an integer id (hub datasets store ids)."""
+        names = self.spec.names
+        text = str(value).strip()
+        if text in names:
+            return names.index(text)
+        if text.isdigit() and int(text) < len(names):
+            return int(text)
+        raise TaskDataError(f"label {text!r} in field {self.spec.field!r} is not among the labels {names}.")
+
+
 class MultiLabel(SingleText):
     """[start] text [extract] with any number of labels per example, each a yes/no of its own."""
-
-    allowed_metrics = MULTILABEL_METRICS
 
     def __init__(
         self,
@@ -68,65 +136,8 @@ class MultiLabel(SingleText):
             metrics: Among micro_f1 and macro_f1 (F1 over all label decisions, or the mean of the
                 labels' F1).
         """
-        if kwargs.get("regression"):
-            raise ValueError(f"Task {kwargs.get('name')!r}: a multi-label task cannot be a regression.")
-        super().__init__(text=text, labels=labels, metrics=metrics or list(MULTILABEL_METRICS), **kwargs)
-        if not label_separator:
-            raise ValueError(f"Task {self.name!r}: label_separator must not be empty.")
-        if not 0 < threshold < 1:
-            raise ValueError(f"Task {self.name!r}: threshold must be in (0, 1), got {threshold}.")
-        self.label_separator, self.threshold = label_separator, threshold
+        self.label_separator, self.threshold = label_separator, threshold  # for own_output
+        super().__init__(text=text, labels=labels, metrics=metrics, **kwargs)
 
-    def head(self, n_embd: int, *, dropout: float, init_std: float) -> TaskHead:
-        return MultiLabelHead(
-            n_embd, len(self.labels), threshold=self.threshold, dropout=dropout, init_std=init_std
-        )
-
-    @property
-    def class_names(self) -> list[str] | None:
-        return None  # several labels per example: no single class to pick zero-shot
-
-    def example_label(self, example: dict[str, Any]) -> list[int] | None:
-        """The example's labels as a 0/1 row over `labels`; None when unlabelled (no field, -1)."""
-        value = example.get(self.label)
-        if value is None or value == -1 or value == "-1":
-            return None
-        if isinstance(value, float) and math.isnan(value):
-            return None
-        if isinstance(value, str):
-            value = [name for name in value.split(self.label_separator) if name.strip()]
-        elif not isinstance(value, list | tuple):
-            value = [value]
-        row = [0] * len(self.labels)
-        for name in value:
-            row[self.label_id(name)] = 1
-        return row
-
-    def label_id(self, value: Any) -> int:
-        """A label's id: its name in `labels`, or an integer id (hub datasets store ids)."""
-        text = str(value).strip()
-        if text in self.labels:
-            return self.labels.index(text)
-        if text.isdigit() and int(text) < len(self.labels):
-            return int(text)
-        raise TaskDataError(f"label {text!r} in field {self.label!r} is not among the labels {self.labels}.")
-
-    def metric_values(self, predictions: Tensor, labels: Tensor) -> dict[str, Tensor]:
-        n = len(self.labels)
-        return {
-            name: f1_score(predictions, labels, task="multilabel", num_labels=n, average=name.split("_")[0])
-            for name in self.metrics
-        }
-
-    def format_prediction(self, prediction: Tensor, *, submission: bool = True) -> str:
-        name = self.submission_label if submission else self.label_name
-        return self.label_separator.join(name(i) for i in prediction.nonzero().flatten().tolist())
-
-    def label_text(self, label: Any) -> Any:
-        return None if label is None else [self.labels[i] for i, on in enumerate(label) if on]
-
-    def outcome(self, prediction: Tensor, probabilities: Tensor) -> dict[str, Any]:
-        return {
-            "label": self.label_text(prediction.tolist()),
-            "scores": dict(zip(self.labels, probabilities.tolist())),
-        }
+    def own_output(self, spec: LabelSpec) -> TaskOutput:
+        return MultiLabelOutput(self.name, spec, separator=self.label_separator, threshold=self.threshold)

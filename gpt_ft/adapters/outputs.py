@@ -1,0 +1,240 @@
+"""Output kinds: what a task predicts for each example, one class per kind.
+
+An output kind owns everything that differs between one class, one score, one of several choices
+and several labels per example: the head layer it builds (with its loss and predictions, see
+`heads.py`), how labels are read and checked, which metrics apply and how they are computed, and
+how a prediction is written. The adapter picks its output kind once, when it reads its card
+(`TaskAdapter.__init__`); everything else asks the kind. Multi-label is in `multilabel.py`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from torch import Tensor
+
+from gpt_ft.adapters.heads import ChoiceHead, ClassificationHead, RegressionHead, TaskHead
+from gpt_ft.adapters.metrics import METRICS, metric_value
+
+
+class TaskDataError(ValueError):
+    """Bad task data: one sentence naming the file, field or value at fault."""
+
+
+@dataclasses.dataclass
+class LabelSpec:
+    """What a card says about its labels: the field holding them, the class names, whether they are
+    scores (`regression`) and in what range, and the label values whose rows are dropped."""
+
+    field: str = "label"
+    names: list[str] | None = None
+    regression: bool = False
+    score_range: tuple[float, float] | None = None
+    ignore: list[str] = dataclasses.field(default_factory=list)
+
+
+class TaskOutput:
+    """One output kind: a task's head, labels, metrics and written predictions.
+
+    Subclasses (a user's own kind included, returned from `TaskAdapter.own_output`) name their
+    `kind` and say how a label value becomes the model's target (`label_id`), which head predicts
+    it (`num_outputs`, `head`), and how predictions are scored (`metric_values`), written
+    (`format_prediction`) and returned by `Classifier.predict` (`outcome`).
+    """
+
+    kind: ClassVar[str]
+    """The kind as error messages name it, e.g. 'multi-label'."""
+    allowed_metrics: ClassVar[tuple[str, ...]] = METRICS
+    """Metric names a card of this kind may list."""
+    default_metrics: ClassVar[tuple[str, ...]] = ("accuracy",)
+    """The metrics of a card that lists none."""
+    needs_names: ClassVar[bool] = False
+    """A card of this kind must name its classes (`labels`)."""
+
+    def __init__(self, task_name: str, spec: LabelSpec) -> None:
+        self.task_name, self.spec = task_name, spec
+        if self.needs_names and not spec.names:
+            raise ValueError(
+                f"Task {task_name!r}: a classification task needs `labels` (class names in id order)."
+            )
+
+    @property
+    def num_outputs(self) -> int:
+        """The head's outputs: one per class or label, 1 for a score, 1 per choice (its score)."""
+        raise NotImplementedError
+
+    @property
+    def class_names(self) -> list[str] | None:
+        """The classes when one of them is predicted per example; None for scores, choices, label sets."""
+        return None
+
+    def head(self, n_embd: int, *, dropout: float, init_std: float) -> TaskHead:
+        """The layer that turns an example's extract states into these outputs (GPT-1 §3.3)."""
+        raise NotImplementedError
+
+    def metric_values(self, predictions: Tensor, labels: Tensor, metrics: list[str]) -> dict[str, Tensor]:
+        """`metrics` over a whole split's predictions and labels."""
+        raise NotImplementedError
+
+    def format_prediction(self, prediction: Tensor, name: Callable[[int], str]) -> str:
+        """One prediction as text; `name` writes a class id."""
+        raise NotImplementedError
+
+    def label_text(self, label: Any) -> Any:
+        """An encoded label as `gpt-ft explain` shows it."""
+        return label
+
+    def outcome(self, prediction: Tensor, probabilities: Tensor) -> dict[str, Any]:
+        """One example's prediction as `Classifier.predict` returns it."""
+        raise NotImplementedError
+
+    def example_label(self, example: dict[str, Any]) -> Any:
+        """The example's label; None when unlabelled (no field, or -1 as in hub test splits)."""
+        value = example.get(self.spec.field)
+        if value is None or value == -1 or value == "-1":
+            return None
+        return self.label_id(value)
+
+    def label_id(self, value: Any) -> Any:
+        """The model's target for one raw label value."""
+        raise NotImplementedError
+
+    def label_name(self, label_id: int) -> str:
+        return self.spec.names[label_id] if self.spec.names else str(label_id)
+
+    def _missing(self, value: Any) -> None:
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            raise TaskDataError(f"missing value in label field {self.spec.field!r}.")
+
+
+class ClassificationOutput(TaskOutput):
+    """One class per example: a logit per class, cross-entropy, the likeliest class."""
+
+    kind = "classification"
+    needs_names = True
+
+    @property
+    def num_outputs(self) -> int:
+        return len(self.spec.names)
+
+    @property
+    def num_classes(self) -> int:
+        """Classes a prediction is among, for the metrics."""
+        return len(self.spec.names)
+
+    @property
+    def class_names(self) -> list[str] | None:
+        return self.spec.names
+
+    def head(self, n_embd: int, *, dropout: float, init_std: float) -> TaskHead:
+        return ClassificationHead(n_embd, self.num_outputs, dropout=dropout, init_std=init_std)
+
+    def metric_values(self, predictions: Tensor, labels: Tensor, metrics: list[str]) -> dict[str, Tensor]:
+        return {name: metric_value(name, predictions, labels, self.num_classes) for name in metrics}
+
+    def format_prediction(self, prediction: Tensor, name: Callable[[int], str]) -> str:
+        return name(int(prediction.item()))
+
+    def label_text(self, label: Any) -> Any:
+        return None if label is None else self.label_name(label)
+
+    def outcome(self, prediction: Tensor, probabilities: Tensor) -> dict[str, Any]:
+        names = [self.label_name(i) for i in range(len(probabilities))]
+        return {"label": self.label_name(int(prediction)), "scores": dict(zip(names, probabilities.tolist()))}
+
+    def label_id(self, value: Any) -> int:
+        """A class id: the value is a name in `labels`, or else an integer id."""
+        self._missing(value)
+        names = self.spec.names or []
+        text = str(value).strip()
+        if text in names:
+            return names.index(text)
+        try:
+            as_int = int(text)
+        except ValueError:
+            as_int = None
+        n = len(names) if names else self.num_classes
+        if as_int is not None and 0 <= as_int < n:
+            return as_int
+        allowed = names if names else list(range(n))
+        raise TaskDataError(
+            f"label {value!r} in field {self.spec.field!r} is not among the labels {allowed}."
+        )
+
+
+class ChoiceOutput(ClassificationOutput):
+    """One of a row's answer choices: a score per choice, softmax over the row's choices (GPT-1 §3.3).
+
+    A label is the right choice's index, or its name in `labels` (e.g. '1', '2').
+    """
+
+    kind = "multiple-choice"
+    needs_names = False
+
+    def __init__(self, task_name: str, spec: LabelSpec, *, choices: int) -> None:
+        super().__init__(task_name, spec)
+        self.choices = choices
+
+    @property
+    def num_outputs(self) -> int:
+        return 1
+
+    @property
+    def num_classes(self) -> int:
+        # A prediction is the index of a choice: as many classes as a row has choices at most.
+        return self.choices
+
+    @property
+    def class_names(self) -> list[str] | None:
+        return None
+
+    def head(self, n_embd: int, *, dropout: float, init_std: float) -> TaskHead:
+        return ChoiceHead(n_embd, dropout=dropout, init_std=init_std)
+
+    def label_text(self, label: Any) -> Any:
+        return label
+
+
+class RegressionOutput(TaskOutput):
+    """One real number per example (STS-B): squared error, the score clipped to the card's range."""
+
+    kind = "regression"
+    default_metrics = ("pearson", "spearman")
+
+    def __init__(self, task_name: str, spec: LabelSpec) -> None:
+        super().__init__(task_name, spec)
+        if spec.names:
+            raise ValueError(f"Task {task_name!r}: a regression task takes no `labels`.")
+
+    @property
+    def num_outputs(self) -> int:
+        return 1
+
+    def head(self, n_embd: int, *, dropout: float, init_std: float) -> TaskHead:
+        return RegressionHead(n_embd, score_range=self.spec.score_range, dropout=dropout, init_std=init_std)
+
+    def metric_values(self, predictions: Tensor, labels: Tensor, metrics: list[str]) -> dict[str, Tensor]:
+        return {name: metric_value(name, predictions, labels, 1) for name in metrics}
+
+    def format_prediction(self, prediction: Tensor, name: Callable[[int], str]) -> str:
+        return f"{prediction.item():.3f}"
+
+    def outcome(self, prediction: Tensor, probabilities: Tensor) -> dict[str, Any]:
+        value = float(prediction)
+        return {"label": value, "scores": value}  # a score: the score, twice
+
+    def label_id(self, value: Any) -> float:
+        """A score: the value as a number."""
+        self._missing(value)
+        try:
+            score = float(value)
+        except (TypeError, ValueError):
+            raise TaskDataError(
+                f"regression score {value!r} in field {self.spec.field!r} is not a number."
+            ) from None
+        if math.isnan(score):
+            raise TaskDataError(f"regression score in field {self.spec.field!r} is NaN.")
+        return score

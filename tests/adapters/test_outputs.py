@@ -1,0 +1,167 @@
+"""Output kinds: chosen once from the card (a shape's own kind, else `regression` picks a score or a
+class), each with its head, labels, metrics and written predictions; a card read into its parts;
+and a user's adapter bringing an output kind of its own."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from gpt_ft.adapters import (
+    ChoiceHead,
+    ChoiceOutput,
+    ClassificationHead,
+    ClassificationOutput,
+    HubDataset,
+    LabelSpec,
+    LocalFiles,
+    MultiLabel,
+    MultiLabelHead,
+    MultiLabelOutput,
+    MultipleChoice,
+    RegressionHead,
+    RegressionOutput,
+    Similarity,
+    SingleText,
+    TaskHead,
+    TaskOutput,
+    TextPair,
+)
+from gpt_ft.adapters.cards import load_card
+from tests.helpers import TASK_CARDS, TASKS
+
+
+def test_the_card_chooses_the_output_kind_and_the_kind_its_head():
+    cases = [
+        (SingleText(name="t", labels=["neg", "pos"]), ClassificationOutput, ClassificationHead, 2),
+        (Similarity(name="s", regression=True), RegressionOutput, RegressionHead, 1),
+        (MultipleChoice(name="m", context=["c"], choices=["a", "b"]), ChoiceOutput, ChoiceHead, 1),
+        (MultiLabel(name="e", labels=["a", "b", "c"]), MultiLabelOutput, MultiLabelHead, 3),
+    ]
+    for task, kind, head, outputs in cases:
+        assert type(task.output) is kind and task.num_labels == outputs
+        built = task.head(8, dropout=0.0, init_std=0.02)
+        assert type(built) is head and built.out_features == outputs
+
+
+@pytest.mark.parametrize("card", TASK_CARDS)
+def test_every_shipped_card_keeps_its_output_kind(card):
+    task = load_card(TASKS / f"{card}.yaml")
+    expected = {"glue/stsb": RegressionOutput, "go_emotions": MultiLabelOutput}
+    expected |= dict.fromkeys(["race", "storycloze", "swag"], ChoiceOutput)
+    assert type(task.output) is expected.get(card, ClassificationOutput)
+
+
+def test_a_shape_with_outputs_of_its_own_cannot_be_a_regression():
+    with pytest.raises(ValueError, match=r"^Task 'm': a multiple-choice task cannot be a regression.$"):
+        MultipleChoice(name="m", context=["c"], choices=["a", "b"], regression=True)
+    with pytest.raises(ValueError, match=r"^Task 'e': a multi-label task cannot be a regression.$"):
+        MultiLabel(name="e", labels=["a"], regression=True)
+
+
+def test_metric_defaults_and_choices_come_from_the_kind():
+    assert SingleText(name="t", labels=["a", "b"]).metrics == ["accuracy"]
+    assert Similarity(name="s", regression=True).metrics == ["pearson", "spearman"]
+    assert MultiLabel(name="e", labels=["a"]).metrics == ["micro_f1", "macro_f1"]
+    assert MultiLabel(name="e", labels=["a"]).main_metric == "micro_f1"
+    with pytest.raises(ValueError, match=r"unknown metric\(s\) \['micro_f1'\]; allowed: accuracy, f1"):
+        TextPair(name="p", labels=["a", "b"], metrics=["micro_f1"])
+
+
+def test_written_predictions_and_shown_labels_by_kind():
+    cls = SingleText(name="t", labels=["neg", "pos"], submission_labels=["0", "1"])
+    assert cls.format_prediction(torch.tensor(1)) == "1"
+    assert cls.format_prediction(torch.tensor(1), submission=False) == "pos"
+    assert cls.label_text(0) == "neg" and cls.label_text(None) is None
+    assert cls.outcome(torch.tensor(1), torch.tensor([0.25, 0.75])) == {
+        "label": "pos",
+        "scores": {"neg": 0.25, "pos": 0.75},
+    }
+    reg = Similarity(name="s", regression=True, score_range=(0, 5))
+    assert reg.format_prediction(torch.tensor(3.14159)) == "3.142" and reg.label_text(2.5) == 2.5
+    assert reg.outcome(torch.tensor(1.5), torch.tensor(1.5)) == {"label": 1.5, "scores": 1.5}
+    mc = MultipleChoice(name="m", context=["c"], choices=["a", "b"], labels=["1", "2"])
+    assert mc.format_prediction(torch.tensor(1)) == "2" and mc.label_text(1) == 1
+    assert mc.class_names is None and cls.class_names == ["neg", "pos"] and reg.class_names is None
+
+
+def test_a_card_is_read_into_its_parts_under_the_card_names():
+    task = TextPair(
+        name="nli",
+        label="gold",
+        labels=["yes", "no"],
+        ignore_labels=["-"],
+        metrics=["accuracy", "f1"],
+        main_metric="f1",
+        index=None,
+        hub=HubDataset(path="org/nli"),
+        local=LocalFiles(splits={"train": "t.tsv", "dev": "d.tsv"}),
+        validation_splits=["dev"],
+        submission_files={"test": "NLI.tsv"},
+        submission_labels=["1", "0"],
+    )
+    assert task.output.spec == LabelSpec(field="gold", names=["yes", "no"], ignore=["-"])
+    assert (task.scoring.metrics, task.scoring.main_metric) == (["accuracy", "f1"], "f1")
+    assert task.sources.hub == HubDataset(path="org/nli") and task.sources.local.splits["dev"] == "d.tsv"
+    assert (task.sources.validation_splits, task.sources.test_splits, task.sources.index) == (
+        ["dev"],
+        ["test"],
+        None,
+    )
+    assert (task.submission.files, task.submission.labels) == ({"test": "NLI.tsv"}, ["1", "0"])
+    # What the data, training and evaluation code reads, by the card's own names.
+    assert (task.label, task.labels, task.ignore_labels, task.main_metric) == (
+        "gold",
+        ["yes", "no"],
+        ["-"],
+        "f1",
+    )
+    assert (task.validation_splits, task.index, task.submission_files) == (["dev"], None, {"test": "NLI.tsv"})
+    assert task.submission_label(0) == "1" and task.regression is False
+
+
+class HingeHead(TaskHead):
+    """One score; hinge loss on labels ±1; its sign."""
+
+    def losses(self, outputs: Tensor, labels: Tensor) -> Tensor:
+        return F.relu(1 - outputs.squeeze(-1) * labels)
+
+    def predictions(self, outputs: Tensor) -> Tensor:
+        return (outputs.squeeze(-1) > 0).long() * 2 - 1
+
+
+class Sign(TaskOutput):
+    """A user's output kind: +1 or -1 per example, scored by accuracy, written as a sign."""
+
+    kind = "sign"
+
+    @property
+    def num_outputs(self) -> int:
+        return 1
+
+    def head(self, n_embd, *, dropout, init_std):
+        return HingeHead(n_embd, 1, dropout=dropout, init_std=init_std)
+
+    def metric_values(self, predictions, labels, metrics):
+        return {name: (predictions == labels).float().mean() for name in metrics}
+
+    def format_prediction(self, prediction, name):
+        return "+" if prediction > 0 else "-"
+
+    def label_id(self, value):
+        return 1 if str(value) == "+" else -1
+
+
+class SignedText(SingleText):
+    def own_output(self, spec: LabelSpec) -> TaskOutput:
+        return Sign(self.name, spec)
+
+
+def test_a_users_adapter_brings_its_own_output_kind():
+    task = SignedText(name="signs", text="t")
+    assert isinstance(task.head(4, dropout=0.0, init_std=0.02), HingeHead)
+    assert [task.example_label({"label": v}) for v in ("+", "-", None)] == [1, -1, None]
+    assert task.metric_values(torch.tensor([1, -1]), torch.tensor([1, 1])) == {"accuracy": 0.5}
+    assert task.format_prediction(torch.tensor(-1)) == "-" and task.class_names is None
+    with pytest.raises(ValueError, match="a sign task cannot be a regression"):
+        SignedText(name="signs", regression=True)
