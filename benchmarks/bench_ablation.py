@@ -93,7 +93,7 @@ def pretrain(args, out: Path, tokens: Path, steps: int) -> None:
         return
     model = f"n_positions: {args.context}, {DROPOUT.format(p=args.pretrain_dropout)}"
     model += f", {args.shape}" if args.shape else ""
-    m = int(args.minutes)
+    t = int(args.minutes * 60)
     fit = [
         f"--config={args.config}",
         *trainer_args(args),
@@ -107,7 +107,7 @@ def pretrain(args, out: Path, tokens: Path, steps: int) -> None:
         f"--model.compile={str(args.compile).lower()}",
         f"--trainer.max_steps={steps}",
         "--trainer.max_epochs=-1",
-        f"--trainer.max_time={m // 1440:02d}:{m // 60 % 24:02d}:{m % 60:02d}:00",  # DD:HH:MM:SS
+        f"--trainer.max_time={t // 86400:02d}:{t // 3600 % 24:02d}:{t // 60 % 60:02d}:{t % 60:02d}",
         f"--trainer.val_check_interval={args.val_every}",
         "--trainer.limit_val_batches=50",
         f"--trainer.logger.init_args.save_dir={out / 'pretrain'}",

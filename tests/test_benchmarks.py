@@ -33,13 +33,17 @@ ROWS = {
     "training step, ours, batch 4 x 128": f"{RATE} tokens/s",
     "training step, transformers, batch 4 x 128": f"{RATE} tokens/s",
     "training step, ours / transformers, batch 4": r"[\d.]+x",
-    "fine-tuning step (head + λ=0.5 LM loss), batch 8": rf"{RATE} real tokens/s; padding \d+% of \(8, 1, \d+\)",
+    "fine-tuning step (head + λ=0.5 LM loss), batch 8": (
+        rf"{RATE} real tokens/s; padding \d+% of \(8, 1, \d+\)"
+    ),
     "`gpt-ft fit` quickstart, 6 steps on the CPU": r"\d+ s, validation accuracy 0\.\d{3}",
     "`gpt-ft fit` vs raw loop, 30 pretraining steps of 4 x 128": (
         r"fit [\d,]+ tokens/s, loop [\d,]+: fit [+-][\d.]+%"
     ),
     "`gpt-ft fit` logged throughput": r"perf/tokens_per_s [\d,]+",
-    "greedy generation, 64 tokens after 16": f"cached {RATE} tokens/s, uncached {RATE}; identical tokens: True",
+    "greedy generation, 64 tokens after 16": (
+        f"cached {RATE} tokens/s, uncached {RATE}; identical tokens: True"
+    ),
 }
 
 
