@@ -20,38 +20,12 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 
 import torch
-import torch.nn.functional as F
+from harness import interleaved, lm_step, measure, synchronize
 
 from gpt_ft import GPT, GPTConfig
 from gpt_ft.training.throughput import counted_parameters, dense_peak_tflops, flops_per_token
-
-
-def synchronize(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def make_step(model, logits_fn, optimizer, ids, autocast_dtype):
-    def step() -> None:
-        with torch.autocast(ids.device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-            logits = logits_fn(model, ids[:, :-1])
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten())
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    return step
-
-
-def ours_logits(model, ids):
-    return model.lm_logits(model(ids))
-
-
-def hf_logits(model, ids):
-    return model(ids).logits
 
 
 def build(args, which: str):
@@ -86,7 +60,7 @@ def memory_child(args) -> None:
     config, models, optimizers = build(args, args.memory_child)
     (name, model), optimizer = next(iter(models.items())), next(iter(optimizers.values()))
     ids = torch.randint(0, config.vocab_size, (args.batch[0], args.seq + 1), device=args.device)
-    step = make_step(model, ours_logits if name == "ours" else hf_logits, optimizer, ids, autocast(args))
+    step = lm_step(model, optimizer, ids, autocast(args), hf=name == "hf")
     step()  # the optimizer state exists after the first step
     synchronize(args.device)
     base = rss_mb("VmRSS")
@@ -133,29 +107,19 @@ def bench_training(args, batch: int) -> tuple[float, float, float]:
     n_params = counted_parameters(models["ours"])
     ids = torch.randint(0, config.vocab_size, (batch, args.seq + 1), device=args.device)
     steps = {
-        "ours": make_step(models["ours"], ours_logits, optimizers["ours"], ids, autocast(args)),
-        "hf": make_step(models["hf"], hf_logits, optimizers["hf"], ids, autocast(args)),
+        "ours": lm_step(models["ours"], optimizers["ours"], ids, autocast(args)),
+        "hf": lm_step(models["hf"], optimizers["hf"], ids, autocast(args), hf=True),
     }
     tokens = batch * args.seq
-    for _ in range(args.warmup):
-        for step in steps.values():
-            step()
-    synchronize(args.device)
-    rates: dict[str, list[float]] = {"ours": [], "hf": []}
     print(
         f"\n{args.preset}, batch {batch} x {args.seq} tokens, {args.dtype}, {args.device}, "
         f"{torch.get_num_threads()} threads, training mode (dropout {config.resid_pdrop})"
     )
+    # Interleaved run by run, the order alternating, so that machine noise hits both alike.
+    stats = interleaved(steps, runs=args.runs, number=args.steps_per_run, warmup=args.warmup)
+    rates = {name: [tokens / t for t in s.times] for name, s in stats.items()}
     print(f"{'run':>4} {'ours tok/s':>12} {'hf tok/s':>12} {'ratio':>7}")
-    for run in range(args.runs):
-        for name in ("ours", "hf") if run % 2 == 0 else ("hf", "ours"):  # alternate who goes first
-            synchronize(args.device)
-            start = time.perf_counter()
-            for _ in range(args.steps_per_run):
-                steps[name]()
-            synchronize(args.device)
-            rates[name].append(tokens * args.steps_per_run / (time.perf_counter() - start))
-        ours, hf = rates["ours"][-1], rates["hf"][-1]
+    for run, (ours, hf) in enumerate(zip(rates["ours"], rates["hf"])):
         print(f"{run:>4} {ours:>12.0f} {hf:>12.0f} {ours / hf:>7.3f}")
     ratios = [o / h for o, h in zip(rates["ours"], rates["hf"])]
     med_ours, med_hf = statistics.median(rates["ours"]), statistics.median(rates["hf"])
@@ -182,15 +146,16 @@ def bench_generation(args) -> None:
     torch.manual_seed(0)
     gpt = GPT(config).to(args.device).eval()
     prompt = torch.randint(0, config.vocab_size, (1, args.prompt_len), device=args.device)
-    times = {}
     outputs = {}
+
+    def generate(use_cache: bool):
+        return lambda: outputs.__setitem__(
+            use_cache, gpt.generate(prompt, max_new_tokens=args.gen_tokens, use_cache=use_cache)
+        )
+
     for use_cache in (True, False):
         gpt.generate(prompt, max_new_tokens=4, use_cache=use_cache)  # warm-up
-        synchronize(args.device)
-        start = time.perf_counter()
-        outputs[use_cache] = gpt.generate(prompt, max_new_tokens=args.gen_tokens, use_cache=use_cache)
-        synchronize(args.device)
-        times[use_cache] = time.perf_counter() - start
+    times = {use_cache: measure(generate(use_cache)) for use_cache in (True, False)}
     same = torch.equal(outputs[True], outputs[False])
     print(f"\ngreedy generation of {args.gen_tokens} tokens, {args.prompt_len}-token prompt ({args.preset}):")
     print(

@@ -16,13 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import threading
 import time
 
 import torch
+from harness import interleaved
 
 from gpt_ft.adapters import MultipleChoice
 from gpt_ft.data.batches import collate, collate_shared
@@ -77,16 +77,6 @@ def steps(args, module: GPTModule, batch: dict):
         module.train()
 
     return train, evaluate
-
-
-def timed(fn, device: str) -> float:
-    if device == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    fn()
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
 
 
 def memory_child(args, preset: str, path: str) -> None:
@@ -160,15 +150,11 @@ def main() -> None:
         plain, shared, task = batches(args)
         plain, shared = to(plain, args.device), to(shared, args.device)
         module = build(args, preset, task)
-        fns = {name: steps(args, module, batch) for name, batch in (("plain", plain), ("shared", shared))}
-        times = {(name, kind): [] for name in fns for kind in ("train", "eval")}
-        for run in range(args.warmup + args.runs):
-            for name, (train, evaluate) in fns.items():  # interleaved: noise hits both alike
-                t_train, t_eval = timed(train, args.device), timed(evaluate, args.device)
-                if run >= args.warmup:
-                    times[(name, "train")].append(t_train)
-                    times[(name, "eval")].append(t_eval)
-        med = {key: statistics.median(values) for key, values in times.items()}
+        fns = {}
+        for name, batch in (("plain", plain), ("shared", shared)):
+            fns[(name, "train")], fns[(name, "eval")] = steps(args, module, batch)
+        stats = interleaved(fns, runs=args.runs, warmup=args.warmup)  # noise hits both alike
+        med = {key: s.median for key, s in stats.items()}
         row = {
             "preset": preset,
             "train_plain_s": med[("plain", "train")],

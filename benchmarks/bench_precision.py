@@ -14,25 +14,12 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
-import time
 
 import torch
 import torch.nn.functional as F
+from harness import interleaved, lm_step
 
 from gpt_ft import GPT, GPTConfig
-
-
-def step_fn(model: GPT, optimizer, ids: torch.Tensor, bf16: bool):
-    def step() -> float:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            logits = model.lm_logits(model(ids[:, :-1]))
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten())
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss.item()
-
-    return step
 
 
 def bench(preset: str, batch: int, seq: int, vocab: int | None, runs: int) -> tuple[float, float]:
@@ -53,21 +40,17 @@ def bench(preset: str, batch: int, seq: int, vocab: int | None, runs: int) -> tu
             eval_losses[name] = F.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten()).item()
             model.train()
     steps = {
-        name: step_fn(m, torch.optim.AdamW(m.parameters(), lr=1e-4), ids, name != "fp32")
+        name: lm_step(
+            m, torch.optim.AdamW(m.parameters(), lr=1e-4), ids, None if name == "fp32" else torch.bfloat16
+        )
         for name, m in models.items()
     }
-    for step in steps.values():
-        step()  # warm-up
-    rates: dict[str, list[float]] = {name: [] for name in steps}
     print(f"\n{preset} (vocab {config.vocab_size}), batch {batch} x {seq}, {torch.get_num_threads()} threads")
+    stats = interleaved(steps, runs=runs)  # run by run in alternating order: noise hits both alike
+    rates = {name: [batch * seq / t for t in s.times] for name, s in stats.items()}
     print(f"{'run':>4} {'fp32 tok/s':>11} {'bf16 tok/s':>11} {'ratio':>6}")
-    for run in range(runs):
-        for name in steps if run % 2 == 0 else list(steps)[::-1]:
-            start = time.perf_counter()
-            steps[name]()
-            rates[name].append(batch * seq / (time.perf_counter() - start))
-        print(f"{run:>4} {rates['fp32'][-1]:>11.0f} {rates['bf16-mixed'][-1]:>11.0f} "
-              f"{rates['bf16-mixed'][-1] / rates['fp32'][-1]:>6.2f}")  # fmt: skip
+    for run, (f, b) in enumerate(zip(rates["fp32"], rates["bf16-mixed"])):
+        print(f"{run:>4} {f:>11.0f} {b:>11.0f} {b / f:>6.2f}")
     ratio = statistics.median(b / f for f, b in zip(rates["fp32"], rates["bf16-mixed"]))
     fp32, bf16 = eval_losses["fp32"], eval_losses["bf16-mixed"]
     print(f"median tokens/s fp32 {statistics.median(rates['fp32']):.0f}, bf16-mixed "

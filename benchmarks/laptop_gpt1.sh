@@ -16,9 +16,10 @@ data=${1:-../shared/data}
 cd "$(dirname "$0")/.."
 pip_extra=$(python -c "import sklearn" 2>/dev/null && echo "" || echo "(scikit-learn missing: pip install -e '.[bench]' for the TF-IDF row)")
 [ -n "$pip_extra" ] && echo "$pip_extra"
-recipe=(--out runs/laptop --books "$data/lm/books" --glue "$data/glue" --storycloze "$data/storycloze"
+# --tokens: 3400 steps of 16 x 256
+recipe=(--device cpu --out runs/laptop --books "$data/lm/books" --glue "$data/glue" --storycloze "$data/storycloze"
     --vocab-size 8192 --context 256 --batch-size 16 --shape "pre_ln: true" --pretrain-lr 1e-3
-    --warmup-steps 200 --steps 3400 --minutes 60 --finetune-lr 2.5e-4 1e-3 --seeds 0 1 2)
+    --warmup-steps 200 --tokens 13926400 --minutes 60 --finetune-lr 2.5e-4 1e-3 --seeds 0 1 2)
 # 1. tokenizer, tokens, pretraining (skipped when a pretrained model is there)
 if ! ls runs/laptop/pretrain/lightning_logs/*/checkpoints/last.ckpt >/dev/null 2>&1; then
     python benchmarks/bench_ablation.py "${recipe[@]}" --rows

@@ -1,0 +1,107 @@
+"""The GPU checklist's correctness checks (benchmarks/gpu_check.py runs them with `pytest -k cuda`):
+transformers' logits in fp32, the bf16-mixed loss, the flash kernel on the batches that should get
+it, and `fit` logging tokens/s and MFU. The layouts, cached generation and the quickstart through
+configs/trainer/gpu.yaml have their CUDA tests beside their code (`-k cuda` selects them all)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gpt_ft import GPT, GPTConfig
+from gpt_ft.cli import main
+from gpt_ft.data.batches import collate, collate_blocks
+from gpt_ft.data.tokenizer import SpecialTokenIds
+from gpt_ft.training.module import GPTModule
+from gpt_ft.training.terms import batch_terms
+from gpt_ft.training.throughput import dense_peak_tflops
+from tests.helpers import ROOT, cuda, random_choice_examples, write_corpus
+
+# gpt-mini's shape with a realistic vocabulary and context: big enough for the kernels a GPU picks.
+SHAPE = dict(vocab_size=8192, n_positions=128)
+
+
+@pytest.fixture
+def exact_fp32():
+    """Plain fp32 matmuls (no TF32) for the equality checks."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+@cuda
+@pytest.mark.parametrize("pre_ln", [False, True], ids=["gpt1", "gpt2"])
+def test_cuda_logits_equal_transformers_in_fp32(pre_ln, exact_fp32):
+    """OpenAIGPTLMHeadModel (post-LN) and GPT2LMHeadModel (pre-LN) on the same weights."""
+    torch.manual_seed(0)
+    gpt = GPT(GPTConfig.from_name("gpt-mini", pre_ln=pre_ln, **SHAPE)).cuda().eval()
+    hf = gpt.to_hf().cuda().eval()
+    ids = torch.randint(0, SHAPE["vocab_size"], (2, SHAPE["n_positions"]), device="cuda")
+    with torch.no_grad():
+        torch.testing.assert_close(gpt.lm_logits(gpt(ids)), hf(ids).logits, rtol=0, atol=1e-4)
+
+
+@cuda
+def test_cuda_bf16_mixed_loss_stays_within_one_percent_of_fp32(exact_fp32):
+    torch.manual_seed(0)
+    gpt = GPT(GPTConfig.from_name("gpt-mini", **SHAPE)).cuda().eval()
+    ids = torch.randint(0, SHAPE["vocab_size"], (2, SHAPE["n_positions"]), device="cuda")
+    targets = torch.roll(ids, -1, dims=1).flatten()
+    with torch.no_grad():
+        fp32 = F.cross_entropy(gpt.lm_logits(gpt(ids)).flatten(0, 1), targets).item()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            bf16 = F.cross_entropy(gpt.lm_logits(gpt(ids)).flatten(0, 1).float(), targets).item()
+    assert abs(bf16 - fp32) / fp32 <= 0.01, (bf16, fp32)
+
+
+@cuda
+def test_cuda_pretraining_and_right_padded_batches_train_on_the_flash_kernel():
+    from torch.profiler import ProfilerActivity, profile
+
+    v = SHAPE["vocab_size"] - 4
+    specials = SpecialTokenIds(start=v, delim=v + 1, extract=v + 2, pad=v + 3, eos=None)
+    rows, task = random_choice_examples(specials, vocab=v, n=8)
+    torch.manual_seed(0)
+    module = GPTModule(
+        preset="gpt-mini", overrides={"n_positions": 128}, vocab_size=SHAPE["vocab_size"], task=task
+    )
+    module.cuda().train()
+    blocks = collate_blocks([(i, torch.randint(0, v, (129,))) for i in range(4)])
+    for kind, batch, head in [
+        ("pretraining", blocks, None),
+        ("right-padded", collate(rows, specials.pad), module.head),
+    ]:
+        batch = batch.__class__(**{k: x.cuda() if torch.is_tensor(x) else x for k, x in vars(batch).items()})
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                terms = batch_terms(module.gpt, head, batch, lm=True)
+                loss = terms["lm_sum"].sum() + (terms["logits"].float().sum() if "logits" in terms else 0)
+            loss.backward()
+        ops = {event.name for event in prof.events()}
+        flash = {"aten::_scaled_dot_product_flash_attention", "aten::_flash_attention_forward"}
+        assert ops & flash, f"{kind}: no flash attention among {sorted(o for o in ops if 'attention' in o)}"
+        module.zero_grad(set_to_none=True)
+
+
+@cuda
+def test_cuda_fit_logs_tokens_per_second_and_mfu(tmp_path, tokenizer_dir, monkeypatch):
+    import csv
+
+    monkeypatch.chdir(ROOT)
+    corpus = write_corpus(tmp_path, n_files=6, lines=60)
+    main(["prepare", str(corpus), "--tokenizer", tokenizer_dir, "--out_dir", str(tmp_path / "tokens"),
+          "--validation_fraction", "0.2", "--piece_chars", "400"])  # fmt: skip
+    peak = dense_peak_tflops(torch.cuda.get_device_name()) or 100.0  # any peak: MFU is then logged
+    main(["fit", "--config", "configs/pretrain/cpu.yaml", "--config", "configs/trainer/gpu.yaml",
+          f"--data.token_dir={tmp_path / 'tokens'}", "--data.block_size=32", "--data.batch_size=8",
+          "--model.overrides={n_positions: 32, n_embd: 64, n_layer: 2, n_head: 2}", "--trainer.max_steps=40",
+          "--trainer.limit_val_batches=0", "--trainer.callbacks+=gpt_ft.training.throughput.Throughput",
+          "--trainer.callbacks.every_n_steps=10", f"--trainer.callbacks.peak_tflops={peak}",
+          f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
+          "--trainer.enable_progress_bar=false"])  # fmt: skip
+    with open(next((tmp_path / "runs").rglob("metrics.csv"))) as f:
+        rows = list(csv.DictReader(f))
+    tokens_per_s = [float(r["perf/tokens_per_s"]) for r in rows if r.get("perf/tokens_per_s")]
+    mfu = [float(r["perf/mfu"]) for r in rows if r.get("perf/mfu")]
+    assert len(tokens_per_s) >= 3 and min(tokens_per_s) > 0
+    assert len(mfu) == len(tokens_per_s) and all(0 < m < 1 for m in mfu)
