@@ -13,9 +13,8 @@ pretraining resumes from its last.ckpt as `gpt-ft fit --ckpt_path last` does, Li
 `--trainer.max_time` counting every run's training (raise --minutes to train longer). Arguments
 after `--` go to every fine-tuning `gpt-ft fit`.
 
-    python benchmarks/bench_ablation.py --device cpu --minutes 45
-    python benchmarks/bench_ablation.py --device cuda --compile --report runs/ablation-cuda/report.md
-    python benchmarks/bench_ablation.py --tiny
+    python benchmarks/bench_ablation.py --device cpu --minutes 45 $DATA  # --books --glue --storycloze
+    python benchmarks/bench_ablation.py --device cuda --compile --report runs/ablation-cuda/report.md $DATA
 """
 
 from __future__ import annotations
@@ -176,9 +175,9 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--tiny", action="store_true", help="a tiny model on a slice of the data (on the CPU)")
-    p.add_argument("--books", default="../shared/data/lm/books", help="folder of .txt books to pretrain on")
-    p.add_argument("--glue", default="../shared/data/glue", help="folder holding SST-2, RTE, STS-B")
-    p.add_argument("--storycloze", default="../shared/data/storycloze", help="the Story Cloze 2016 folder")
+    p.add_argument("--books", required=True, help="folder of .txt books to pretrain on")
+    p.add_argument("--glue", required=True, help="folder holding SST-2, RTE, STS-B")
+    p.add_argument("--storycloze", required=True, help="the Story Cloze 2016 folder")
     p.add_argument("--tokenizer", default=None, help="a tokenizer folder; default: train one on the books")
     p.add_argument("--out", default=None, help="everything the run writes (default runs/ablation-SCALE)")
     g = p.add_argument_group("pretraining (defaults: the scale's, see SCALES)")

@@ -3,8 +3,8 @@
 Each setting runs in a fresh child process with an empty datasets cache, so nothing is read back
 from an earlier run; the child reports examples/s and its peak RSS (children included).
 
-    python benchmarks/bench_encoding.py --glue ../shared/data/glue \\
-        --tokenizer ../shared/data/tokenizers/openai-gpt
+    python benchmarks/bench_encoding.py --glue GLUE_DIR \\
+        --tokenizer OPENAI_GPT_DIR
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--glue", default="../shared/data/glue", help="folder holding SST-2/train.tsv")
-    parser.add_argument("--tokenizer", default="../shared/data/tokenizers/openai-gpt")
+    parser.add_argument("--glue", required=True, help="folder holding SST-2/train.tsv")
+    parser.add_argument("--tokenizer", required=True)
     parser.add_argument("--procs", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--num-proc", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)

@@ -4,8 +4,8 @@ With no --init-from this is the "no pre-training" baseline (GPT-1 Table 5): the 
 model from scratch. Each task runs as its own `gpt-ft fit` process; the printed line per epoch
 holds the validation metrics and the epoch's wall time (training and validation).
 
-    python benchmarks/bench_finetune.py --glue ../shared/data/glue --storycloze ../shared/data/storycloze \\
-        --tokenizer ../shared/data/tokenizers/openai-gpt --epochs 3
+    python benchmarks/bench_finetune.py --glue GLUE_DIR --storycloze STORYCLOZE_DIR \\
+        --tokenizer OPENAI_GPT_DIR --epochs 3
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--glue", default="../shared/data/glue")
-    parser.add_argument("--storycloze", default="../shared/data/storycloze")
-    parser.add_argument("--tokenizer", default="../shared/data/tokenizers/openai-gpt")
+    parser.add_argument("--glue", required=True)
+    parser.add_argument("--storycloze", required=True)
+    parser.add_argument("--tokenizer", required=True)
     parser.add_argument("--init-from", default=None, help="pretrained weights; none: from scratch")
     parser.add_argument("--preset", default="gpt-mini")
     parser.add_argument("--overrides", default="{}", help="GPTConfig changes, e.g. '{n_positions: 256}'")

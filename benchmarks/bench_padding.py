@@ -5,8 +5,8 @@ module's batches) and the epoch's training time through `gpt-ft fit`, measured o
 batches after a warm-up and scaled to the epoch's number of batches (batches come in random
 order in both modes, so a stretch of them stands for the epoch). Runs alternate plain/grouped.
 
-    python benchmarks/bench_padding.py --glue ../shared/data/glue \\
-        --tokenizer ../shared/data/tokenizers/openai-gpt
+    python benchmarks/bench_padding.py --glue GLUE_DIR \\
+        --tokenizer OPENAI_GPT_DIR
 """
 
 from __future__ import annotations
@@ -81,8 +81,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--glue", default="../shared/data/glue")
-    parser.add_argument("--tokenizer", default="../shared/data/tokenizers/openai-gpt")
+    parser.add_argument("--glue", required=True)
+    parser.add_argument("--tokenizer", required=True)
     parser.add_argument("--preset", default="gpt-mini")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--batches", type=int, default=100, help="timed batches per run")

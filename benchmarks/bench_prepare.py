@@ -3,8 +3,8 @@
 Each run is a fresh process (tokenizing threads run inside it); peak memory is its largest
 resident set (getrusage), which includes the interpreter and the imported libraries.
 
-    python benchmarks/bench_prepare.py --corpus ../shared/data/lm/books \\
-        --tokenizer ../shared/data/tokenizers/gpt2
+    python benchmarks/bench_prepare.py --corpus BOOKS_DIR \\
+        --tokenizer GPT2_DIR
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--corpus", default="../shared/data/lm/books")
-    parser.add_argument("--tokenizer", default="../shared/data/tokenizers/gpt2")
+    parser.add_argument("--corpus", required=True)
+    parser.add_argument("--tokenizer", required=True)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--big-gb", type=float, default=1.05, help="size of the generated corpus; 0 skips it")
     args = parser.parse_args()

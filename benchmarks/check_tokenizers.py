@@ -24,8 +24,6 @@ from transformers import AutoTokenizer, GPT2TokenizerFast, OpenAIGPTTokenizerFas
 
 from gpt_ft.data.tokenizer import SPECIAL_TOKENS, SpecialTokenIds, load_tokenizer, special_token_ids  # noqa: E402
 
-DEFAULT_DIR = REPO_ROOT.parent / "shared" / "data" / "tokenizers"
-
 # ASCII on purpose: the reference below splits words the way BERT's pre-tokenizer does for ASCII
 # (runs of letters/digits, every other symbol alone); accents and spaCy's contraction rules, which
 # the original GPT-1 pipeline used, are out of its scope.
@@ -108,10 +106,8 @@ def _check_round_trip(check: Checker, label: str, tokenizer, text: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run all checks; return the process exit code."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--gpt1", type=Path, default=DEFAULT_DIR / "openai-gpt", help="GPT-1 vocab/merges dir"
-    )
-    parser.add_argument("--gpt2", type=Path, default=DEFAULT_DIR / "gpt2", help="GPT-2 vocab/merges dir")
+    parser.add_argument("--gpt1", type=Path, required=True, help="GPT-1 vocab/merges dir")
+    parser.add_argument("--gpt2", type=Path, required=True, help="GPT-2 vocab/merges dir")
     args = parser.parse_args(argv)
     check = Checker()
     framed = f"{SPECIAL_TOKENS['start']}Is it true?{SPECIAL_TOKENS['delim']}Yes.{SPECIAL_TOKENS['extract']}"

@@ -2,7 +2,7 @@
 # GPT-1's thesis on a laptop: pretrain a small GPT on the books for an hour on the CPU, then fine-tune
 # it and the same model from scratch on SST-2, RTE, STS-B and Story Cloze (3 seeds each), beside a
 # TF-IDF baseline and the paper's figures. Writes runs/laptop/report.md and report.png.
-#   bash benchmarks/laptop_gpt1.sh [DATA]     # DATA holds lm/books, glue/ and storycloze/ (default ../shared/data)
+#   bash benchmarks/laptop_gpt1.sh [DATA]     # DATA holds lm/books, glue/ and storycloze/
 # The recipe (measured on 2 cores; see the README's "GPT-1 on a laptop"): a byte-level BPE of 8192
 # tokens; gpt-mini's shape (4 layers, 256 wide, 4 heads) with pre-LN blocks (GPT-1's post-LN stalls
 # at the unigram loss for hundreds of steps at this size); context 256, 16 sequences a step, no
@@ -12,7 +12,7 @@
 # fine-tuning runs already done (delete runs/laptop/pretrain to pretrain again). The two rows
 # fine-tune side by side, one core each; their output goes to runs/laptop/<row>.log.
 set -euo pipefail
-data=${1:-../shared/data}
+data=${1:?usage: bash benchmarks/laptop_gpt1.sh DATA (a folder holding lm/books, glue/ and storycloze/)}
 cd "$(dirname "$0")/.."
 pip_extra=$(python -c "import sklearn" 2>/dev/null && echo "" || echo "(scikit-learn missing: pip install -e '.[bench]' for the TF-IDF row)")
 [ -n "$pip_extra" ] && echo "$pip_extra"

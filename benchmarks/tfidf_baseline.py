@@ -10,7 +10,7 @@ Word 1-2-gram TF-IDF fitted on each task's training split, then:
 Scores are on the dev / held-out split, in the same units as the fine-tuning tables. Needs
 scikit-learn (`pip install -e ".[bench]"`).
 
-    python benchmarks/tfidf_baseline.py --glue ../shared/data/glue --storycloze ../shared/data/storycloze
+    python benchmarks/tfidf_baseline.py --glue GLUE_DIR --storycloze STORYCLOZE_DIR
 """
 
 from __future__ import annotations
@@ -115,8 +115,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--glue", default="../shared/data/glue")
-    parser.add_argument("--storycloze", default="../shared/data/storycloze")
+    parser.add_argument("--glue", required=True)
+    parser.add_argument("--storycloze", required=True)
     parser.add_argument("--json", default=None, help="also write the scores to this file")
     args = parser.parse_args()
     try:
