@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -59,3 +62,66 @@ def yaml_problem(exc) -> str:
     mark = getattr(exc, "problem_mark", None)
     where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
     return where + (getattr(exc, "problem", None) or str(exc).splitlines()[0])
+
+
+def os_error_message(exc: OSError) -> str:
+    """An OSError that names its file as one sentence: the file, then what went wrong."""
+    reason = exc.strerror or (exc.args[-1] if exc.args else "cannot be used")
+    return f"{exc.filename}: {str(reason).rstrip('.')}."
+
+
+@contextmanager
+def writing(path: str | os.PathLike) -> Iterator[None]:
+    """Turns an OSError while writing `path` (no space left, permission denied, read-only file
+    system) into one that names `path` and says what became of the file there. The writers write a
+    temporary file and rename it into place, so a failed write leaves the previous file as it was."""
+    try:
+        yield
+    except WriteError:
+        raise
+    except OSError as exc:
+        raise WriteError(path, exc) from exc
+
+
+class WriteError(OSError):
+    """A file that could not be written, named, with the previous one kept."""
+
+    def __init__(self, path: str | os.PathLike, cause: OSError) -> None:
+        kept = "the previous file is kept" if Path(path).is_file() else "nothing was written there"
+        why = cause.strerror or str(cause)
+        super().__init__(cause.errno, f"could not be written ({why}); {kept}", str(path))
+
+
+def check_output_dir(path: str | os.PathLike, option: str) -> Path:
+    """An output folder, checked before any work starts: not a file, and under a folder (not a
+    file) that can be written."""
+    out = Path(path).expanduser()
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{option} {out} is a file, not a folder: give a folder's name (the file is kept).")
+    _check_parent(out, option)
+    return out
+
+
+def check_output_file(path: str | os.PathLike, option: str, *, overwrite: bool = False) -> Path:
+    """An output file, checked before any work starts: not a folder, not an existing file unless
+    `overwrite`, and under a folder (not a file) that can be written."""
+    out = Path(path).expanduser()
+    if out.is_dir():
+        raise ValueError(f"{option} {out} is a folder: give a file's name.")
+    if out.exists() and not overwrite:
+        raise ValueError(
+            f"{option} {out} already exists: give another name, or --overwrite to replace it (it is kept)."
+        )
+    _check_parent(out, option)
+    return out
+
+
+def _check_parent(out: Path, option: str) -> None:
+    """The nearest existing folder above `out` is a folder and can be written."""
+    above = out.parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        raise ValueError(f"{option} {out}: {above} is a file, not a folder.")
+    if not out.exists() and not os.access(above, os.W_OK | os.X_OK):
+        raise ValueError(f"{option} {out}: the folder {above} cannot be written (permission denied).")

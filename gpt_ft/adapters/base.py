@@ -161,6 +161,7 @@ class TaskAdapter:
             main_metric,
             allowed=self.output.allowed_metrics,
             default=self.output.default_metrics,
+            kind=getattr(self.output, "kind", None),
         )
         self.sources = Sources(
             hub=hub,

@@ -53,14 +53,17 @@ class Scoring:
         *,
         allowed: tuple[str, ...],
         default: tuple[str, ...],
+        kind: str | None = None,
     ) -> Scoring:
-        """The card's `metrics` (default: `default`), each among `allowed`, and its `main_metric`
-        (default: the first) among them."""
+        """The card's `metrics` (default: `default`), each among `allowed` (those of the output
+        `kind`: a correlation does not score classes), and its `main_metric` (default: the first)
+        among them."""
         metrics = list(metrics) if metrics else list(default)
         unknown = [m for m in metrics if m not in allowed]
         if unknown:
+            of_kind = f" (the metrics of a {kind} task)" if kind else ""
             raise ValueError(
-                f"Task {task_name!r}: unknown metric(s) {unknown}; allowed: {', '.join(allowed)}."
+                f"Task {task_name!r}: unknown metric(s) {unknown}; allowed: {', '.join(allowed)}{of_kind}."
             )
         main_metric = main_metric or metrics[0]
         if main_metric not in metrics:

@@ -56,6 +56,11 @@ class TaskOutput:
 
     def __init__(self, task_name: str, spec: LabelSpec) -> None:
         self.task_name, self.spec = task_name, spec
+        repeated = sorted({n for n in spec.names or [] if spec.names.count(n) > 1})
+        if repeated:
+            raise ValueError(
+                f"Task {task_name!r}: label name(s) {repeated} appear more than once in `labels`."
+            )
         if self.needs_names and not spec.names:
             raise ValueError(
                 f"Task {task_name!r}: a classification task needs `labels` (class names in id order)."
@@ -115,6 +120,7 @@ class ClassificationOutput(TaskOutput):
 
     kind = "classification"
     needs_names = True
+    allowed_metrics = ("accuracy", "f1", "matthews")  # scores of classes; correlations are a regression's
 
     @property
     def num_outputs(self) -> int:
@@ -202,7 +208,7 @@ class RegressionOutput(TaskOutput):
     """One real number per example (STS-B): squared error, the score clipped to the card's range."""
 
     kind = "regression"
-    default_metrics = ("pearson", "spearman")
+    allowed_metrics = default_metrics = ("pearson", "spearman")
 
     def __init__(self, task_name: str, spec: LabelSpec) -> None:
         super().__init__(task_name, spec)

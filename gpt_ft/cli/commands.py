@@ -13,6 +13,7 @@ from typing import Any
 from jsonargparse import ActionConfigFile, ArgumentParser
 
 from gpt_ft.cli.cards import cards_replace_cards
+from gpt_ft.errors import check_output_dir, check_output_file, writing
 from gpt_ft.model.weights import load_weights, resolve_tokenizer
 
 
@@ -71,6 +72,7 @@ def prepare(argv: list[str]) -> None:
     parser.add_argument("inputs", nargs="*", help="text files or folders of them")
     parser.add_function_arguments(prep.prepare, skip={"files", "progress"})
     cfg = parser.parse_args(argv)
+    check_output_dir(cfg.out_dir, "--out_dir")
     kwargs = {k: v for k, v in vars(cfg).items() if k not in ("inputs", "config", "__path__")}
     meta = prep.prepare(files=cfg.inputs, **kwargs)
     t = meta["tokens"]
@@ -94,6 +96,7 @@ def tokenizer(argv: list[str]) -> None:
     parser.add_argument("--out_dir", required=True, help="folder for the tokenizer (AutoTokenizer loads it)")
     parser.add_argument("--min_frequency", type=int, default=2, help="least count of a pair to merge")
     cfg = parser.parse_args(argv)
+    check_output_dir(cfg.out_dir, "--out_dir")
     tok = train_tokenizer(
         find_files(cfg.inputs), cfg.vocab_size, cfg.out_dir, min_frequency=cfg.min_frequency
     )
@@ -129,6 +132,8 @@ def generate(argv: list[str]) -> None:
         help="bf16-mixed: fp32 weights, bf16 matrix products; bf16-true: bf16 weights and KV cache",
     )
     cfg = parser.parse_args(argv)
+    if cfg.max_new_tokens < 1:
+        raise ValueError(f"--max_new_tokens must be >= 1, got {cfg.max_new_tokens}.")
     precision = cfg.precision
     if torch.device(cfg.device).type == "cpu":
         precision, why = cpu_precision(precision)
@@ -153,8 +158,14 @@ def _generate(cfg, tok, gpt) -> None:
     ids = tok(cfg.prompt, add_special_tokens=False)["input_ids"]
     if not ids:
         raise ValueError("--prompt is empty: give some text to continue.")
+    context = gpt.config.n_positions
+    if len(ids) >= context:  # refused rather than cut: what the model continues is what was typed
+        raise ValueError(
+            f"--prompt is {len(ids)} tokens and the model's context is {context} (n_positions), leaving "
+            f"no room for a new token: shorten it by at least {len(ids) - context + 1} tokens."
+        )
     prompt = torch.tensor([ids], device=cfg.device)
-    max_new = min(cfg.max_new_tokens, gpt.config.n_positions - len(ids))
+    max_new = min(cfg.max_new_tokens, context - len(ids))
     eos = tok.eos_token_id
     print(cfg.prompt, end="", flush=True)
     if cfg.num_beams > 1:
@@ -205,6 +216,7 @@ def label(argv: list[str]) -> None:
         "--input", required=True, help="csv, tsv, json/jsonl or parquet; columns named as the card's fields"
     )
     parser.add_argument("--output", required=True, help="csv, tsv or jsonl (by extension); a new file")
+    parser.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--device", default=None, help="default: cuda when there is one")
     cfg = parser.parse_args(argv)
@@ -215,6 +227,7 @@ def label(argv: list[str]) -> None:
         raise ValueError(f"--output {target}: write .csv, .tsv or .jsonl.")
     if target.exists() and target.resolve() == source.resolve():
         raise ValueError(f"--output {target} is the input file: give another name, the input is kept.")
+    check_output_file(target, "--output", overwrite=cfg.overwrite)
     clf = Classifier.from_checkpoint(cfg.ckpt_path, device=cfg.device)
     rows = read_table(source).to_list()
     labelled = clf.run(rows, batch_size=cfg.batch_size)
@@ -224,15 +237,25 @@ def label(argv: list[str]) -> None:
 
 def write_labelled(path, rows: list[dict[str, Any]], labelled: list[tuple[dict[str, Any], str]]) -> None:
     """The rows with a `prediction` column (jsonl: and the `scores`), written whole or not at all."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with writing(path):  # no space left, permission denied: one sentence, the previous file kept
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _write_rows(tmp, path.suffix.lower(), rows, labelled)
+            tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+
+def _write_rows(tmp, suffix: str, rows: list[dict[str, Any]], labelled) -> None:
     import csv
 
-    tmp = path.with_name(f".{path.name}.tmp")
     with tmp.open("w", encoding="utf-8", newline="") as f:
-        if path.suffix.lower() in (".jsonl", ".json"):
+        if suffix in (".jsonl", ".json"):
             for row, (outcome, text) in zip(rows, labelled):
                 record = {**row, "prediction": outcome["label"], "scores": outcome["scores"]}
                 f.write(json.dumps(record, ensure_ascii=False) + "\n")
-        elif path.suffix.lower() == ".tsv":  # read back without quoting, as GLUE's files are
+        elif suffix == ".tsv":  # read back without quoting, as GLUE's files are
             columns = list(rows[0]) if rows else []
             f.write("\t".join([*columns, "prediction"]) + "\n")
             for row, (_, text) in zip(rows, labelled):
@@ -244,7 +267,6 @@ def write_labelled(path, rows: list[dict[str, Any]], labelled: list[tuple[dict[s
             writer.writerow([*columns, "prediction"])
             for row, (_, text) in zip(rows, labelled):
                 writer.writerow([*(row[c] for c in columns), text])
-    tmp.replace(path)
 
 
 def suite(argv: list[str]) -> None:
@@ -293,6 +315,7 @@ def suite(argv: list[str]) -> None:
     )
     parser.add_argument("--keep_checkpoints", type=bool, default=False, help="keep every run's checkpoints")
     cfg = parser.parse_args(_repeatable(argv, ("--data_dir", "--tasks", "--seeds", "--transfer_layers")))
+    check_output_dir(cfg.out_dir, "--out_dir")
     runner = SuiteRunner(
         load_suite(cfg.suite),
         cfg.out_dir,

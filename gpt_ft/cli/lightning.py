@@ -21,6 +21,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from gpt_ft.cli.cards import cards_replace_cards
+from gpt_ft.errors import check_output_dir
 from gpt_ft.model.weights import resolve_tokenizer, safe_load
 from gpt_ft.training.checkpointing import (
     AtomicCheckpointIO,
@@ -114,6 +115,8 @@ class GPTCLI(LightningCLI):
                 f"gpt-ft {self.subcommand} needs trained weights: give --ckpt_path CKPT (a checkpoint of "
                 "gpt-ft fit) or --model.init_from WEIGHTS; it does not score a randomly initialised model."
             )
+        if self.subcommand == "predict":  # where it writes, checked before the weights load
+            check_output_dir(config.model.predictions_dir, "--model.predictions_dir")
         _logs_follow_root_dir(config.trainer)
         if runs_on_cpu(config.trainer.get("accelerator", "auto")):
             config.trainer.precision, why = cpu_precision(config.trainer.get("precision"))

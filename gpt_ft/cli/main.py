@@ -16,7 +16,7 @@ from importlib.metadata import version
 from typing import NamedTuple
 
 from gpt_ft.cli import commands
-from gpt_ft.errors import parse_error_message, yaml_file_problem
+from gpt_ft.errors import os_error_message, parse_error_message, yaml_file_problem
 
 
 class Command(NamedTuple):
@@ -58,6 +58,8 @@ def user_message(exc: BaseException) -> str:
     """The sentence for the user: the innermost cause (jsonargparse wraps errors raised in __init__)."""
     while isinstance(exc.__cause__, USER_ERRORS):
         exc = exc.__cause__
+    if isinstance(exc, OSError) and exc.filename is not None:  # the system's error: its file, its reason
+        return os_error_message(exc)
     text = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
     return str(text).strip()
 
@@ -110,6 +112,10 @@ def main(argv: list[str] | None = None) -> None:
         if debug:
             raise
         fail(parse_error_message(str(exc)))
+    except OSError as exc:  # a file that cannot be read or written (no space, permission, read-only)
+        if debug or exc.filename is None:
+            raise
+        fail(os_error_message(exc))
     except RuntimeError as exc:  # a collective that lost its peer: another process of a DDP run died
         if debug or not any(m in str(exc) for m in LOST_PEER):
             raise

@@ -6,8 +6,11 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from gpt_ft.errors import writing
 
 if TYPE_CHECKING:
     from gpt_ft.eval.suite_file import Score
@@ -41,11 +44,12 @@ def benchmark_score(score: Score, tasks: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_results(out: Path, results: dict[str, Any]) -> None:
+    """The report's files, each written whole or not at all (a failed write keeps the previous one)."""
     write_json(out / "results.json", results)
-    (out / "results.md").write_text(results_markdown(results))
-    plot_results(results, out / "results.png")
+    write_atomic(out / "results.md", lambda tmp: tmp.write_text(results_markdown(results)))
+    write_atomic(out / "results.png", lambda tmp: plot_results(results, tmp))
     if any("transfer" in item for item in results["tasks"].values()):
-        plot_transfer(results, out / "transfer.png")
+        write_atomic(out / "transfer.png", lambda tmp: plot_transfer(results, tmp))
 
 
 def results_markdown(results: dict[str, Any]) -> str:
@@ -155,10 +159,20 @@ def plot_transfer(results: dict[str, Any], path: Path) -> None:
 
 def write_json(path: Path, value: Any) -> None:
     """Written whole or not at all: a crash never leaves half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(value, indent=2) + "\n")
-    tmp.replace(path)
+    write_atomic(path, lambda tmp: tmp.write_text(json.dumps(value, indent=2) + "\n"))
+
+
+def write_atomic(path: Path, write: Callable[[Path], Any]) -> None:
+    """`write(tmp)` to a temporary file beside `path`, renamed into place: a crash or a full disk
+    never leaves half a file, and a failed write is one sentence naming `path`."""
+    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")  # the suffix tells matplotlib the format
+    with writing(path):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write(tmp)
+            tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)
 
 
 def _num(value: float | None) -> str:

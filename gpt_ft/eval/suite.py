@@ -32,7 +32,7 @@ from gpt_ft.data.files import load_split
 from gpt_ft.data.tokenizer import load_tokenizer
 from gpt_ft.eval import zeroshot
 from gpt_ft.eval.finetune import BuildRun, finite, fit_and_evaluate, main_key
-from gpt_ft.eval.results import benchmark_score, mean_std, write_json, write_results
+from gpt_ft.eval.results import benchmark_score, mean_std, write_atomic, write_json, write_results
 from gpt_ft.eval.suite_file import SuiteSpec
 from gpt_ft.model.weights import load_weights, resolve_tokenizer
 
@@ -331,11 +331,13 @@ class SuiteRunner:
             )
             log(f"warning: {message}")
         archive = self.out / spec.archive
-        tmp = archive.with_suffix(archive.suffix + ".tmp")
-        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
-            for name in sorted(present):
-                zf.write(folder / name, name)
-        tmp.replace(archive)
+
+        def zip_to(tmp: Path) -> None:
+            with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
+                for name in sorted(present):
+                    zf.write(folder / name, name)
+
+        write_atomic(archive, zip_to)
         log(f"wrote {archive} ({len(present)} files)")
         return archive
 

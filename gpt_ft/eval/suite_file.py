@@ -78,6 +78,8 @@ def load_suite(path: str | Path) -> SuiteSpec:
         raise ValueError(f"Suite file {path} is not valid YAML: {yaml_problem(exc)}") from None
     if not isinstance(raw, dict):
         raise ValueError(f"Suite file {path} must hold a mapping with `name` and `tasks`.")
+    if isinstance(raw.get("tasks"), list):  # `- tasks/glue/rte.yaml` is short for `- card: ...`
+        raw["tasks"] = [{"card": t} if isinstance(t, str) else t for t in raw["tasks"]]
     try:
         cfg = parser.parse_object({"suite": raw})
         spec = parser.instantiate_classes(cfg).suite
@@ -97,6 +99,6 @@ def load_suite(path: str | Path) -> SuiteSpec:
 def _find(name: str, base: Path, what: str) -> Path:
     """A path as given (relative to the working directory), else relative to `base` or its parent."""
     for candidate in (Path(name).expanduser(), base / name, base.parent / name, base.parent.parent / name):
-        if candidate.exists():
+        if candidate.is_file():
             return candidate
     raise FileNotFoundError(f"{what} {name} does not exist.")

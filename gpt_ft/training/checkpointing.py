@@ -17,6 +17,7 @@ The checkpoint's layout (the model's config and weights, a LoRA run's adapters) 
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import subprocess
@@ -32,6 +33,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 
+from gpt_ft.errors import writing
 from gpt_ft.model.weights import TOKENIZER, safe_load
 
 LAST = f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}.ckpt"
@@ -231,16 +233,29 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options=None) -> None:
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.tmp")
-        try:
-            with open(tmp, "wb") as f:
-                torch.save(checkpoint, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        with writing(path):  # no space left, permission denied: one sentence, the previous file kept
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                with open(tmp, "wb") as f:
+                    _save(checkpoint, f)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+            finally:
+                tmp.unlink(missing_ok=True)
+
+
+def _save(checkpoint: dict[str, Any], f) -> None:
+    """torch.save, whose zip writer may report a failed write (a full disk) as a RuntimeError about
+    its stream position: as the OSError it is."""
+    try:
+        torch.save(checkpoint, f)
+    except RuntimeError as exc:
+        if "inline_container" not in str(exc) and "PytorchStreamWriter" not in str(exc):
+            raise
+        cause = exc.__context__ if isinstance(exc.__context__, OSError) else None
+        raise cause or OSError(errno.EIO, "the checkpoint writer failed; is the disk full?") from exc
 
 
 def find_last_checkpoint(root: str | Path) -> Path | None:

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 
 from gpt_ft.adapters import TaskAdapter
+from gpt_ft.errors import writing
 
 
 def write_predictions(
@@ -15,7 +16,6 @@ def write_predictions(
 ) -> Path:
     """Rows in example order, each example once, in the file the leaderboard expects
     (`submission_files`, else TASK-SPLIT.tsv); the task writes each prediction."""
-    out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / task.submission_files.get(split, f"{task.name}-{split}.tsv")
     order = torch.argsort(index)
     seen = set()
@@ -27,6 +27,11 @@ def write_predictions(
         seen.add(row)
         lines.append(f"{row}\t{task.format_prediction(predictions[i])}")
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    tmp.replace(path)  # atomic: a crash never leaves half a file
+    with writing(path):  # no space left, permission denied: one sentence, the previous file kept
+        try:
+            out_dir.mkdir(parents=True, exist_ok=True)
+            tmp.write_text("\n".join(lines) + "\n")
+            tmp.replace(path)  # atomic: a crash never leaves half a file
+        finally:
+            tmp.unlink(missing_ok=True)
     return path

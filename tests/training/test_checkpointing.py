@@ -4,6 +4,7 @@ checkpoints are written atomically and stand alone; a non-finite loss stops trai
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 from pathlib import Path
@@ -155,6 +156,45 @@ def test_a_crash_while_saving_keeps_the_previous_checkpoint(tmp_path, monkeypatc
     monkeypatch.undo()
     assert torch.load(path, weights_only=True)["step"] == 1
     assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # no temporary file left
+
+
+def test_a_disk_that_fills_while_fit_saves_stops_in_one_sentence_and_resumes(
+    tmp_path, tokenizer_dir, capsys, monkeypatch
+):
+    """The second `last.ckpt` (after epoch 1) meets a full disk halfway: exit 2, one sentence naming
+    the file, the first one (step 3) kept whole; `--ckpt_path last` resumes from it to the weights
+    of an uninterrupted run."""
+    card = make_task("single", tmp_path)
+    main(["fit", *finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "whole")])
+    logs = tmp_path / "full"
+    args = finetune_args(card, tokenizer_dir, tmp_path, logs)
+    last = logs / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    save, steps = torch.save, []
+
+    def disk_fills_at_the_second_last(obj, f, *more, **kwargs):
+        if Path(f.name).name == ".last.ckpt.tmp":
+            steps.append(obj["global_step"])
+            if len(steps) == 2:
+                f.write(b"half a checkpoint")
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return save(obj, f, *more, **kwargs)
+
+    monkeypatch.setattr(torch, "save", disk_fills_at_the_second_last)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        main(["fit", *args])
+    monkeypatch.undo()
+    assert stopped.value.code == 2 and steps == [3, 6]
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == (
+        f"gpt-ft: error: {last}: could not be written (No space left on device); the previous file is kept."
+    )
+    assert last_state(logs, 0)["global_step"] == 3
+    assert not [p.name for p in last.parent.iterdir() if p.name.endswith(".tmp")]
+    main(["fit", *args, "--ckpt_path=last"])
+    assert f"resuming from {last}" in capsys.readouterr().out
+    assert_same_weights(last_state(tmp_path / "whole", 0), last_state(logs, 1))
 
 
 def test_a_nonfinite_loss_stops_with_the_step_and_keeps_the_last_good_state(

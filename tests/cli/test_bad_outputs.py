@@ -1,0 +1,248 @@
+"""The bad-input table's rows about where gpt-ft writes, and the cards, prompts and suite files it
+reads: through the CLI, one sentence naming the option or file, exit code 2, no traceback, and
+every file already on disk left as it was. (A disk that fills while a checkpoint is saved during
+`fit`: tests/training/test_checkpointing.py.)"""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from gpt_ft.cli import main
+from gpt_ft.data.tokenizer import load_tokenizer
+from gpt_ft.errors import WriteError, os_error_message
+from tests.helpers import common_args, make_task
+
+QUIET = ["--trainer.logger=false", "--trainer.enable_progress_bar=false"]
+ENOSPC = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def files(root: Path) -> dict[str, bytes]:
+    """Every file under `root` with its bytes: what "nothing on disk changed" compares."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def error(capsys, *argv: str) -> str:
+    """`gpt-ft ARGV`, which must stop with exit code 2 and one sentence and no traceback: the sentence."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        main(list(argv))
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2, err[-2000:]
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("gpt-ft: error: ") and last.endswith(".")
+    return last.removeprefix("gpt-ft: error: ")
+
+
+@pytest.fixture
+def labelling(tmp_path, finetuned):
+    """A file to label, with the finetuned checkpoint: `label(*args)` gives the command's argv."""
+    source = tmp_path / "mine.tsv"
+    source.write_text("sentence\nthe cat sat on the mat .\ntwo dogs run in a park .\n")
+    return lambda *args: ["label", f"--ckpt_path={finetuned.ckpt}", f"--input={source}", *args]
+
+
+# ---- output locations, checked before any work starts ----
+
+
+def test_predictions_dir_that_is_a_file(tmp_path, finetuned, capsys):
+    taken = tmp_path / "predictions"
+    taken.write_text("a file of the user's")
+    before = files(tmp_path)
+    ckpt, where = f"--ckpt_path={finetuned.ckpt}", f"--model.predictions_dir={taken}"
+    assert error(capsys, "predict", ckpt, where, *QUIET, f"--trainer.default_root_dir={tmp_path}") == (
+        f"--model.predictions_dir {taken} is a file, not a folder: give a folder's name (the file is kept)."
+    )
+    assert files(tmp_path) == before
+
+
+@pytest.mark.parametrize("command", ["suite", "prepare", "tokenizer"])
+def test_out_dir_that_is_a_file(command, tmp_path, tokenizer_dir, capsys):
+    corpus, taken = tmp_path / "corpus.txt", tmp_path / "out"
+    corpus.write_text("the cat sat on the mat .\n" * 50)
+    taken.write_text("a file of the user's")
+    before = files(tmp_path)
+    argv = {
+        "suite": ["suite", str(tmp_path / "suite.yaml")],
+        "prepare": ["prepare", str(corpus), f"--tokenizer={tokenizer_dir}"],
+        "tokenizer": ["tokenizer", str(corpus), "--vocab_size=300"],
+    }[command]
+    assert error(capsys, *argv, f"--out_dir={taken}") == (
+        f"--out_dir {taken} is a file, not a folder: give a folder's name (the file is kept)."
+    )
+    under = taken / "sub"
+    assert (
+        error(capsys, *argv, f"--out_dir={under}") == f"--out_dir {under}: {taken} is a file, not a folder."
+    )
+    assert files(tmp_path) == before
+
+
+def test_label_output_that_is_a_folder_or_under_a_file(tmp_path, labelling, capsys):
+    folder, taken = tmp_path / "out.tsv", tmp_path / "taken"
+    folder.mkdir()
+    taken.write_text("a file of the user's")
+    before = files(tmp_path)
+    assert (
+        error(capsys, *labelling(f"--output={folder}"))
+        == f"--output {folder} is a folder: give a file's name."
+    )
+    under = taken / "out.tsv"
+    assert (
+        error(capsys, *labelling(f"--output={under}"))
+        == f"--output {under}: {taken} is a file, not a folder."
+    )
+    assert files(tmp_path) == before
+
+
+def test_out_dir_in_a_folder_that_cannot_be_written(tmp_path, capsys, monkeypatch):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    out = locked / "out"
+    if os.geteuid() == 0:  # root may write anywhere: the folder's mode is not enough to refuse it
+        monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != locked)
+    assert error(capsys, "suite", "suite.yaml", f"--out_dir={out}") == (
+        f"--out_dir {out}: the folder {locked} cannot be written (permission denied)."
+    )
+
+
+# ---- gpt-ft label refuses an existing output unless --overwrite ----
+
+
+def test_label_refuses_an_existing_output_unless_overwrite(tmp_path, labelling, capsys):
+    out = tmp_path / "out.tsv"
+    out.write_text("an earlier result\n")
+    before = files(tmp_path)
+    assert error(capsys, *labelling(f"--output={out}")) == (
+        f"--output {out} already exists: give another name, or --overwrite to replace it (it is kept)."
+    )
+    assert files(tmp_path) == before
+    main(labelling(f"--output={out}", "--overwrite"))
+    assert out.read_text().splitlines()[0] == "sentence\tprediction"
+
+
+# ---- a write that fails (no space left): one sentence naming the file, the previous one kept ----
+
+
+def test_a_full_disk_while_writing_predictions(tmp_path, finetuned, capsys, monkeypatch):
+    out = tmp_path / "pred"
+    out.mkdir()
+    (out / "SENT.tsv").write_text("index\tprediction\n0\tearlier\n")
+    before = files(out)
+
+    def full(self, *args, **kwargs):
+        raise ENOSPC
+
+    monkeypatch.setattr(Path, "write_text", full)
+    argv = ["predict", f"--ckpt_path={finetuned.ckpt}", f"--model.predictions_dir={out}", *QUIET]
+    assert error(capsys, *argv, f"--trainer.default_root_dir={tmp_path / 'run'}") == (
+        f"{out / 'SENT.tsv'}: could not be written (No space left on device); the previous file is kept."
+    )
+    assert files(out) == before  # no temporary file left either
+
+
+def test_a_full_disk_while_writing_labels(tmp_path, labelling, capsys, monkeypatch):
+    from gpt_ft.cli import commands
+
+    out = tmp_path / "out.jsonl"
+    out.write_text('{"earlier": 1}\n')
+    before = files(tmp_path)
+
+    def half_then_full(tmp, *args):
+        tmp.write_text('{"sentence": "the cat')
+        raise ENOSPC
+
+    monkeypatch.setattr(commands, "_write_rows", half_then_full)
+    assert error(capsys, *labelling(f"--output={out}", "--overwrite")) == (
+        f"{out}: could not be written (No space left on device); the previous file is kept."
+    )
+    assert files(tmp_path) == before
+
+
+def test_a_full_disk_while_writing_a_suite_report(tmp_path, monkeypatch):
+    from gpt_ft.eval import results
+
+    (tmp_path / "results.md").write_text("# earlier results\n")
+    before = files(tmp_path)
+
+    def full(*args, **kwargs):
+        raise ENOSPC
+
+    monkeypatch.setattr(results, "results_markdown", full)
+    report = {"tasks": {}, "config": {"seeds": [0], "init_from": None, "select": "last"}, "suite": "s"}
+    with pytest.raises(WriteError) as failed:
+        results.write_results(tmp_path, report)
+    kept = "could not be written (No space left on device); the previous file is kept."
+    assert os_error_message(failed.value) == f"{tmp_path / 'results.md'}: {kept}"
+    assert files(tmp_path) == {**before, "results.json": (tmp_path / "results.json").read_bytes()}
+
+
+# ---- cards checked when they load ----
+
+
+@pytest.mark.parametrize(
+    ("kind", "arg", "message"),
+    [
+        (
+            "single",
+            "--data.task.init_args.metrics=[accuracy, pearson]",
+            "Task 'sent': unknown metric(s) ['pearson']; allowed: accuracy, f1, matthews "
+            "(the metrics of a classification task).",
+        ),
+        (
+            "similarity",
+            "--data.task.init_args.metrics=[accuracy]",
+            "Task 'sts': unknown metric(s) ['accuracy']; allowed: pearson, spearman "
+            "(the metrics of a regression task).",
+        ),
+        (
+            "single",
+            "--data.task.init_args.labels=[negative, positive, negative]",
+            "Task 'sent': label name(s) ['negative'] appear more than once in `labels`.",
+        ),
+        (
+            "single",
+            "--data.task.init_args.main_metric=f1",
+            "Task 'sent': main_metric 'f1' is not among metrics ['accuracy'].",
+        ),
+    ],
+)
+def test_cards_are_checked_when_they_load(kind, arg, message, tmp_path, tokenizer_dir, capsys):
+    card = make_task(kind, tmp_path)
+    before = files(tmp_path)
+    assert error(capsys, "fit", *common_args(card, tokenizer_dir, tmp_path), arg) == message
+    assert files(tmp_path) == before
+
+
+# ---- a prompt longer than the model's context ----
+
+
+def test_generate_refuses_a_prompt_longer_than_the_context(finetuned, capsys):
+    prompt = "the cat sat on the mat . " * 12
+    n = len(
+        load_tokenizer(str(finetuned.ckpt.parent / "tokenizer"))(prompt, add_special_tokens=False)[
+            "input_ids"
+        ]
+    )
+    assert n > 64  # the micro model's context
+    assert error(capsys, "generate", f"--ckpt_path={finetuned.ckpt}", f"--prompt={prompt}") == (
+        f"--prompt is {n} tokens and the model's context is 64 (n_positions), leaving no room for a new "
+        f"token: shorten it by at least {n - 63} tokens."
+    )
+
+
+# ---- a suite file naming a card that does not exist ----
+
+
+@pytest.mark.parametrize("entry", ["- tasks/glue/nope.yaml", "- card: tasks/glue/nope.yaml"])
+def test_a_suite_file_naming_a_missing_card(entry, tmp_path, capsys):
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(f"name: s\ntasks:\n  {entry}\n")
+    before = files(tmp_path)
+    assert error(capsys, "suite", str(suite), f"--out_dir={tmp_path / 'out'}") == (
+        f"{suite}: task card tasks/glue/nope.yaml does not exist."
+    )
+    assert files(tmp_path) == before and not (tmp_path / "out").exists()
