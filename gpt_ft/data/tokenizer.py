@@ -321,20 +321,21 @@ def check_text_file(path: Path, what: str = "File", chunk_bytes: int = 1 << 20) 
     try:
         with path.open("rb") as f:
             while chunk := f.read(chunk_bytes):
-                # A NUL first: it says more of binary files and UTF-16 than their first invalid byte.
-                if (nul := chunk.find(b"\x00")) >= 0:
+                nul = chunk.find(b"\x00")  # valid UTF-8, but no text holds it
+                pending = len(decoder.getstate()[0])  # bytes of a character split between chunks
+                try:
+                    text = decoder.decode(chunk)
+                except UnicodeDecodeError as exc:  # named unless a NUL comes first
+                    at = offset - pending + exc.start
+                    if nul < 0 or at < offset + nul:
+                        raise ValueError(
+                            f"{what} {path} is not UTF-8 text (byte offset {at}: {exc.reason}); {remedy}."
+                        ) from None
+                if nul >= 0:
                     raise ValueError(
                         f"{what} {path} is not text (a NUL byte at byte offset {offset + nul}, as in binary "
                         f"data or UTF-16 text); {remedy}."
                     )
-                pending = len(decoder.getstate()[0])  # bytes of a character split between chunks
-                try:
-                    text = decoder.decode(chunk)
-                except UnicodeDecodeError as exc:
-                    at = offset - pending + exc.start
-                    raise ValueError(
-                        f"{what} {path} is not UTF-8 text (byte offset {at}: {exc.reason}); {remedy}."
-                    ) from None
                 has_text = has_text or not text.isspace() and text != ""
                 offset += len(chunk)
             decoder.decode(b"", final=True)

@@ -28,7 +28,7 @@ NOT_TEXT = {  # file name, bytes, what the sentence says
     "utf-16": (
         "notes.md",
         "Two dogs run in a park.\n".encode("utf-16"),
-        "is not text (a NUL byte at byte offset 3",
+        "is not UTF-8 text (byte offset 0: invalid start byte)",
     ),
     "NUL bytes": ("dump.raw", b"header\x00\x00\x01\x02 data\n", "is not text (a NUL byte at byte offset 6"),
 }
