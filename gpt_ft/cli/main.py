@@ -137,5 +137,6 @@ def main(argv: list[str] | None = None) -> None:
 def stopped_by(signum: signal.Signals) -> None:
     """One line and the shell's exit code for a process ended by a signal (128 + its number)."""
     name = "Ctrl-C (SIGINT)" if signum == signal.SIGINT else signum.name
-    print(f"gpt-ft: stopped by {name}", file=sys.stderr)
+    if os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")) == "0":  # a DDP run says it once
+        print(f"gpt-ft: stopped by {name}", file=sys.stderr)
     raise SystemExit(128 + signum) from None

@@ -73,7 +73,7 @@ def file_documents(files: Sequence[Path], split_on: Literal["file", "blank_line"
             yield from _documents(path, split_on)
         except UnicodeDecodeError as exc:  # changed since `check_text_file` read it
             raise ValueError(
-                f"Corpus file {path} is not UTF-8 text ({exc.reason}); save it as UTF-8."
+                f"Corpus file {path} is not UTF-8 text ({exc.reason}); save it as UTF-8 or leave it out."
             ) from None
 
 
