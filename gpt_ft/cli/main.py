@@ -120,17 +120,13 @@ def main(argv: list[str] | None = None) -> None:
             f"rank {rank} lost another process of this distributed run ({reason}: it stopped or was "
             "killed); every process stops now, and `--ckpt_path last` resumes from the last checkpoint."
         )
-    except KeyboardInterrupt:  # Ctrl-C outside training (fit's own is SaveLast's, below)
-        if debug:
-            raise
-        stopped_by(signal.SIGINT)
     except SystemExit as exc:
         if type(exc).__name__ == "SIGTERMException":  # Lightning's, raised at the step after the signal
             # SaveLast sets the code to 128 + the signal's number: SIGTERM, or SIGINT for Ctrl-C.
             code = exc.code if isinstance(exc.code, int) and exc.code > 128 else 128 + signal.SIGTERM
             stopped_by(signal.Signals(code - 128))
         if isinstance(exc.__context__, KeyboardInterrupt) and not debug:
-            stopped_by(signal.SIGINT)  # Lightning's exit(1) after a Ctrl-C (a second one, in fit)
+            stopped_by(signal.SIGINT)  # Lightning's exit(1) after a KeyboardInterrupt (a second Ctrl-C)
         raise
 
 

@@ -111,12 +111,16 @@ class SaveLast(Callback):
 
     def on_train_start(self, trainer, pl_module) -> None:
         # After Lightning's own handlers (it restores every signal's previous handler at teardown).
+        self._stop_signal = None
         if threading.current_thread() is not threading.main_thread():
             return  # signal handlers can only be set there
-        self._stop_signal = None
-        self._previous_sigint = signal.signal(signal.SIGINT, lambda signum, frame: self._on_sigint(trainer))
+        pid = os.getpid()
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: self._on_sigint(trainer, pid))
+        self._previous_sigint = signal.SIG_DFL if previous is None else previous  # None: set outside Python
 
-    def _on_sigint(self, trainer) -> None:
+    def _on_sigint(self, trainer, pid: int) -> None:
+        if os.getpid() != pid:
+            return  # a data loader's worker (forked with this handler): the main process stops it
         if self._stop_signal is not None:  # the second Ctrl-C: stop now, as Python would
             self._restore_sigint()
             raise KeyboardInterrupt

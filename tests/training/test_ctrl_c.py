@@ -4,7 +4,6 @@ then ends with the uninterrupted run's weights. A second Ctrl-C stops at once.""
 
 from __future__ import annotations
 
-import importlib
 import os
 import signal
 
@@ -55,16 +54,3 @@ def test_a_second_ctrl_c_stops_at_once_and_gives_the_handler_back(tmp_path, toke
     assert err.rstrip().endswith("gpt-ft: stopped by Ctrl-C (SIGINT)") and "Traceback" not in err
     assert last_state(tmp_path / "logs", 0)["global_step"] == 3  # the epoch-0 validation's, not step 4's
     assert signal.getsignal(signal.SIGINT) is before
-
-
-def test_ctrl_c_outside_training_is_one_line_and_exit_130(monkeypatch, capsys):
-    cli = importlib.import_module("gpt_ft.cli.main")  # the module (gpt_ft.cli.main is also the function)
-
-    def interrupted(argv: list[str]) -> None:
-        raise KeyboardInterrupt
-
-    monkeypatch.setitem(cli.COMMANDS, "prepare", cli.COMMANDS["prepare"]._replace(run=interrupted))
-    with pytest.raises(SystemExit) as stopped:
-        main(["prepare", "corpus"])
-    assert stopped.value.code == 128 + signal.SIGINT
-    assert capsys.readouterr().err == "gpt-ft: stopped by Ctrl-C (SIGINT)\n"
