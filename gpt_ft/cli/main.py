@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Callable
 from functools import partial
@@ -126,7 +127,18 @@ def main(argv: list[str] | None = None) -> None:
             "killed); every process stops now, and `--ckpt_path last` resumes from the last checkpoint."
         )
     except SystemExit as exc:
-        if type(exc).__name__ != "SIGTERMException":  # Lightning's, raised at the step after SIGTERM
-            raise
-        print("gpt-ft: stopped by SIGTERM", file=sys.stderr)
-        raise SystemExit(128 + 15) from None
+        if type(exc).__name__ == "SIGTERMException":  # Lightning's, raised at the step after the signal
+            # SaveLast sets the code to 128 + the signal's number: SIGTERM, or SIGINT for Ctrl-C.
+            code = exc.code if isinstance(exc.code, int) and exc.code > 128 else 128 + signal.SIGTERM
+            stopped_by(signal.Signals(code - 128))
+        if isinstance(exc.__context__, KeyboardInterrupt) and not debug:
+            stopped_by(signal.SIGINT)  # Lightning's exit(1) after a KeyboardInterrupt (a second Ctrl-C)
+        raise
+
+
+def stopped_by(signum: signal.Signals) -> None:
+    """One line and the shell's exit code for a process ended by a signal (128 + its number)."""
+    name = "Ctrl-C (SIGINT)" if signum == signal.SIGINT else signum.name
+    if os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")) == "0":  # a DDP run says it once
+        print(f"gpt-ft: stopped by {name}", file=sys.stderr)
+    raise SystemExit(128 + signum) from None

@@ -8,6 +8,10 @@ appended in order to `train.bin` or `validation.bin` (a deterministic hash of th
 picks the split). Each document ends with the end-of-text token. Memory stays bounded whatever
 the corpus size: three batches are held at most, and token files are written as they come.
 
+Corpus files must be UTF-8 text: each is read through once before anything is written, and one
+that is not (an invalid byte, a NUL byte as in binary files or UTF-16) is refused with its name;
+a file is never tokenized as garbage, and a refused or interrupted run leaves nothing behind.
+
 Output folder:
     train.bin, validation.bin   flat arrays of token ids (uint16 if the vocabulary fits, else uint32)
     meta.json                   dtype, token counts, tokenizer, sources
@@ -31,7 +35,7 @@ from typing import Literal
 
 import numpy as np
 
-from gpt_ft.data.tokenizer import EOS_TOKEN, load_tokenizer
+from gpt_ft.data.tokenizer import EOS_TOKEN, check_text_file, load_tokenizer
 
 META = "meta.json"
 SPLIT_FILES = {"train": "train.bin", "validation": "validation.bin"}
@@ -65,22 +69,31 @@ def find_files(inputs: Sequence[str | os.PathLike]) -> list[Path]:
 def file_documents(files: Sequence[Path], split_on: Literal["file", "blank_line", "line"]) -> Iterator[str]:
     """Documents from text files, streamed: a file, a blank-line-separated block, or a line each."""
     for path in files:
-        with path.open(encoding="utf-8", errors="replace") as f:
-            if split_on == "file":
-                yield from _file_as_one_document(f)
-                continue
-            block: list[str] = []
-            for line in f:
-                if split_on == "line":
-                    if line.strip():
-                        yield line.rstrip("\n")
-                elif line.strip():
-                    block.append(line)
-                elif block:
-                    yield "".join(block).rstrip("\n")
-                    block = []
-            if block:
+        try:
+            yield from _documents(path, split_on)
+        except UnicodeDecodeError as exc:  # changed since `check_text_file` read it
+            raise ValueError(
+                f"Corpus file {path} is not UTF-8 text ({exc.reason}); save it as UTF-8 or leave it out."
+            ) from None
+
+
+def _documents(path: Path, split_on: Literal["file", "blank_line", "line"]) -> Iterator[str]:
+    with path.open(encoding="utf-8-sig") as f:  # a byte-order mark is not part of the text
+        if split_on == "file":
+            yield from _file_as_one_document(f)
+            return
+        block: list[str] = []
+        for line in f:
+            if split_on == "line":
+                if line.strip():
+                    yield line.rstrip("\n")
+            elif line.strip():
+                block.append(line)
+            elif block:
                 yield "".join(block).rstrip("\n")
+                block = []
+        if block:
+            yield "".join(block).rstrip("\n")
 
 
 def _file_as_one_document(f) -> Iterator[str]:
@@ -257,14 +270,16 @@ def prepare(
     dtype = token_dtype(len(tok))
     if files:
         paths = find_files(files)
+        for path in paths:  # all of them, before anything is written
+            check_text_file(path, "Corpus file")
         documents, sources = file_documents(paths, split_on), [str(p) for p in paths]
     else:
         documents, sources = (
             dataset_documents(dataset, dataset_split, text_field),
             [f"{dataset}:{dataset_split}"],
         )
+    created = _missing_folders(out)
     out.mkdir(parents=True, exist_ok=True)
-    tok.save_pretrained(out / "tokenizer")
     counts = {"train": 0, "validation": 0}
     n_docs = 0
     tmp = {split: out / (name + ".tmp") for split, name in SPLIT_FILES.items()}
@@ -272,6 +287,7 @@ def prepare(
     start = time.perf_counter()
     bar = tqdm(unit=" tok", unit_scale=True, desc="Tokenizing", disable=not progress)
     backend = tok.backend_tokenizer
+    done = False
     try:
         with tokenizer_threads(workers), ThreadPoolExecutor(1) as executor:
             # One batch is encoded (outside the GIL) while the next is read and the last written.
@@ -287,16 +303,22 @@ def prepare(
                         n_docs += piece.ends_document
                         bar.update(len(ids))
                 pending = submitted
+        done = counts["train"] > 0
     finally:
         bar.close()
         for f in handles.values():
             f.close()
-    if counts["train"] == 0:
-        for path in tmp.values():
-            path.unlink(missing_ok=True)
+        if not done:  # refused or interrupted: leave nothing behind
+            for path in tmp.values():
+                path.unlink(missing_ok=True)
+            for folder in created:
+                if folder.is_dir() and not any(folder.iterdir()):
+                    folder.rmdir()
+    if not done:
         raise ValueError(
             f"The corpus ({', '.join(sources[:3])}{', ...' if len(sources) > 3 else ''}) holds no text."
         )
+    tok.save_pretrained(out / "tokenizer")
     for split, path in tmp.items():
         path.replace(out / SPLIT_FILES[split])
     seconds = time.perf_counter() - start
@@ -312,6 +334,15 @@ def prepare(
     }
     (out / META).write_text(json.dumps(meta, indent=2) + "\n")
     return meta
+
+
+def _missing_folders(folder: Path) -> list[Path]:
+    """`folder` and those of its parents that do not exist yet, innermost first."""
+    missing = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return missing
 
 
 def read_meta(token_dir: str | os.PathLike) -> dict:

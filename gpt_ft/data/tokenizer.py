@@ -19,6 +19,7 @@ Three kinds of source are understood:
 
 from __future__ import annotations
 
+import codecs
 import inspect
 import json
 import os
@@ -45,6 +46,7 @@ __all__ = [
     "SPECIAL_TOKENS",
     "SpecialTokenIds",
     "add_special_tokens",
+    "check_text_file",
     "load_tokenizer",
     "special_token_ids",
     "train_tokenizer",
@@ -178,7 +180,8 @@ def train_tokenizer(
     alphabet, so any text encodes without unknown tokens.
 
     Args:
-        files: UTF-8 text files to train on.
+        files: UTF-8 text files to train on (each checked whole first: a file that is not text is
+            refused, naming it, before anything is written).
         vocab_size: Final vocabulary size, special tokens included.
         out_dir: Directory for ``save_pretrained``; reload it with :func:`load_tokenizer` or
             ``AutoTokenizer.from_pretrained``.
@@ -208,7 +211,7 @@ def train_tokenizer(
     for p in paths:
         if not p.is_file():
             raise FileNotFoundError(f"Training file {p} does not exist or is not a file.")
-    if not any(_has_text(p) for p in paths):
+    if not any([check_text_file(p, "Training file") for p in paths]):  # every file checked
         what = (
             f"Training file {paths[0]} contains no text"
             if len(paths) == 1
@@ -305,16 +308,44 @@ def _looks_like_local_path(name: str) -> bool:
     return False
 
 
-def _has_text(path: Path, chunk_chars: int = 1 << 20) -> bool:
-    """Whether a file holds any non-whitespace text; reads only until the first such character."""
+def check_text_file(path: Path, what: str = "File", chunk_bytes: int = 1 << 20) -> bool:
+    """Whether a file holds any non-whitespace text, after checking all of it is text.
+
+    Raises:
+        ValueError: The file is not UTF-8 text (an invalid byte, or a NUL byte: binary data or
+            UTF-16), or cannot be read; one sentence naming it, `what` first (e.g. "Corpus file").
+    """
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset, has_text = 0, False
+    remedy = "save it as UTF-8 or leave it out"
     try:
-        with path.open(encoding="utf-8") as f:
-            while chunk := f.read(chunk_chars):
-                if not chunk.isspace():
-                    return True
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"Training file {path} is not UTF-8; expected UTF-8 text.") from exc
-    return False
+        with path.open("rb") as f:
+            while chunk := f.read(chunk_bytes):
+                nul = chunk.find(b"\x00")  # valid UTF-8, but no text holds it
+                pending = len(decoder.getstate()[0])  # bytes of a character split between chunks
+                try:
+                    text = decoder.decode(chunk)
+                except UnicodeDecodeError as exc:  # named unless a NUL comes first
+                    at = offset - pending + exc.start
+                    if nul < 0 or at < offset + nul:
+                        raise ValueError(
+                            f"{what} {path} is not UTF-8 text (byte offset {at}: {exc.reason}); {remedy}."
+                        ) from None
+                if nul >= 0:
+                    raise ValueError(
+                        f"{what} {path} is not text (a NUL byte at byte offset {offset + nul}, as in binary "
+                        f"data or UTF-16 text); {remedy}."
+                    )
+                has_text = has_text or not text.isspace() and text != ""
+                offset += len(chunk)
+            decoder.decode(b"", final=True)
+    except UnicodeDecodeError as exc:  # the file ends inside a character
+        raise ValueError(
+            f"{what} {path} is not UTF-8 text (it ends mid-character: {exc.reason}); {remedy}."
+        ) from None
+    except OSError as exc:
+        raise ValueError(f"{what} {path} cannot be read ({exc.strerror or exc}).") from None
+    return has_text
 
 
 def _extra_special_tokens(tokenizer: PreTrainedTokenizerBase) -> list[str]:

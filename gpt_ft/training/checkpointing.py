@@ -1,7 +1,8 @@
 """Checkpoints that stand alone, are written atomically, and resume a run exactly.
 
 - `SaveLast`: `last.ckpt`, the newest state: after every validation, every N steps if asked, at
-  the end, and on SIGTERM (at the next optimizer step, so no accumulated gradient is lost).
+  the end, and on SIGTERM or Ctrl-C (at the next optimizer step, so no accumulated gradient is
+  lost; a second Ctrl-C stops at once).
 - `ResumeState`: the random number generators' states, so that dropout after a resume draws what
   it would have drawn. (The data's position is saved by the data modules, see gpt_ft/data/samplers.py;
   model, optimizer, scheduler and loop counters by Lightning.)
@@ -20,7 +21,10 @@ from __future__ import annotations
 import errno
 import os
 import random
+import signal
 import subprocess
+import sys
+import threading
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -63,19 +67,28 @@ class SaveLast(Callback):
     Lightning's own `save_last` follows the monitored checkpoint's saves; this one always holds
     the newest weights, so `--ckpt_path last` resumes and `init_from` starts from where training
     stopped, on every rank count.
+
+    SIGTERM and Ctrl-C (SIGINT) stop training the same way: the optimizer step under way finishes,
+    `last.ckpt` is saved and Lightning's `SIGTERMException` ends the run; its exit code tells the
+    signal apart (128 + its number, set in `on_exception`). Lightning notices SIGTERM itself; for
+    SIGINT this callback installs a handler while training runs that raises the same flag (so a
+    DDP run's ranks stop together, as for SIGTERM), and on a second Ctrl-C gives the previous
+    handler back and stops at once with `KeyboardInterrupt`.
     """
 
     def __init__(self, every_n_steps: int | None = None) -> None:
         """
         Args:
             every_n_steps: Also save every this many optimizer steps (besides after each
-                validation, at the end, and on SIGTERM).
+                validation, at the end, and on SIGTERM or Ctrl-C).
         """
         if every_n_steps is not None and every_n_steps < 1:
             raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}.")
         self.every_n_steps = every_n_steps
         self._saved_step = -1
         self._sigterm_pending = False
+        self._stop_signal: signal.Signals | None = None  # SIGINT once Ctrl-C was pressed
+        self._previous_sigint: Any = None
 
     def path(self, trainer) -> Path | None:
         ckpt = trainer.checkpoint_callback
@@ -89,6 +102,48 @@ class SaveLast(Callback):
         self._saved_step = trainer.global_step
         return path
 
+    def _saved_message(self, trainer, path: Path | None) -> None:
+        if trainer.is_global_zero:
+            name = (self._stop_signal or signal.SIGTERM).name
+            print(
+                f"{name}: saved step {trainer.global_step} to {path}; resume with the same "
+                "`gpt-ft fit` command and --ckpt_path last",
+                flush=True,
+            )
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        # After Lightning's own handlers (it restores every signal's previous handler at teardown).
+        self._stop_signal = None
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers can only be set there
+        pid = os.getpid()
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: self._on_sigint(trainer, pid))
+        self._previous_sigint = signal.SIG_DFL if previous is None else previous  # None: set outside Python
+
+    def _on_sigint(self, trainer, pid: int) -> None:
+        if os.getpid() != pid:
+            return  # a data loader's worker (forked with this handler): the main process stops it
+        if self._stop_signal is not None:  # the second Ctrl-C: stop now, as Python would
+            self._restore_sigint()
+            raise KeyboardInterrupt
+        self._stop_signal = signal.SIGINT
+        trainer._signal_connector.received_sigterm = True  # the flag Lightning's SIGTERM handler sets
+        if trainer.is_global_zero:
+            # os.write, not print: the handler may interrupt a print to the same stream.
+            note = (
+                "\nCtrl-C: stopping after the optimizer step under way and saving last.ckpt; "
+                "press Ctrl-C again to stop at once.\n"
+            )
+            try:
+                os.write(sys.__stderr__.fileno(), note.encode())
+            except (OSError, ValueError, AttributeError):
+                pass
+
+    def _restore_sigint(self) -> None:
+        if self._previous_sigint is not None:
+            signal.signal(signal.SIGINT, self._previous_sigint)
+            self._previous_sigint = None
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         accumulating = trainer.fit_loop.epoch_loop._should_accumulate()
         if self.every_n_steps and not accumulating and trainer.global_step % self.every_n_steps == 0:
@@ -99,26 +154,26 @@ class SaveLast(Callback):
                 self._sigterm_pending, signals.received_sigterm = True, False
                 return
             self._sigterm_pending, signals.received_sigterm = False, True  # Lightning stops after this hook
-            path = self._save(trainer) or self.path(trainer)
-            if trainer.is_global_zero:
-                print(
-                    f"SIGTERM: saved step {trainer.global_step} to {path}; resume with --ckpt_path last",
-                    flush=True,
-                )
+            self._saved_message(trainer, self._save(trainer) or self.path(trainer))
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if trainer.state.fn == "fit" and not trainer.sanity_checking:
             self._save(trainer)
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
-        # SIGTERM noticed by Lightning after this callback's batch hook (or during validation).
-        if isinstance(exception, SIGTERMException) and not trainer.fit_loop.epoch_loop._should_accumulate():
+        self._restore_sigint()
+        if not isinstance(exception, SIGTERMException):
+            return
+        # The exit code that names the signal: gpt-ft's CLI exits with it (130 for Ctrl-C).
+        exception.code = 128 + (self._stop_signal or signal.SIGTERM)
+        # The signal noticed by Lightning after this callback's batch hook (or during validation).
+        if not trainer.fit_loop.epoch_loop._should_accumulate():
             path = self._save(trainer)
-            if path is not None and trainer.is_global_zero:
-                step = trainer.global_step
-                print(f"SIGTERM: saved step {step} to {path}; resume with --ckpt_path last", flush=True)
+            if path is not None:
+                self._saved_message(trainer, path)
 
     def on_train_end(self, trainer, pl_module) -> None:
+        self._restore_sigint()
         self._save(trainer)
 
 

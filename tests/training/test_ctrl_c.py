@@ -1,0 +1,56 @@
+"""Ctrl-C (SIGINT) during `gpt-ft fit` stops like SIGTERM: the optimizer step under way finishes,
+`last.ckpt` is saved, the resume command is printed and the exit code is 130; `--ckpt_path last`
+then ends with the uninterrupted run's weights. A second Ctrl-C stops at once."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from gpt_ft.cli import main
+from tests.background import gpt_ft
+from tests.helpers import ROOT, finetune_args, make_task
+from tests.training.test_checkpointing import assert_same_weights, interrupt, last_state
+
+
+def start_sigint(root, tokenizer_dir, finetuned):
+    """`finetuned`'s run (the uninterrupted one) into root/cut, sent SIGINT after batch 5 (epoch 1,
+    batch 2 of 3)."""
+    args = finetune_args(finetuned.card, tokenizer_dir, finetuned.root, root / "cut")
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    return [gpt_ft("fit", *args, *interrupt(5, signal.SIGINT), env=env)]
+
+
+@pytest.mark.background(start=start_sigint)
+def test_ctrl_c_saves_the_step_says_how_to_resume_and_resumes_exactly(background, tokenizer_dir, finetuned):
+    (stopped,) = background.runs
+    assert stopped.returncode == 128 + signal.SIGINT, stopped.stderr[-3000:]
+    cut = background.root / "cut"
+    ckpt = cut / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    assert (
+        f"SIGINT: saved step 5 to {ckpt}; resume with the same `gpt-ft fit` command and --ckpt_path last"
+        in (stopped.stdout)
+    )
+    assert "press Ctrl-C again to stop at once" in stopped.stderr
+    assert stopped.stderr.rstrip().endswith("gpt-ft: stopped by Ctrl-C (SIGINT)")
+    assert "Traceback" not in stopped.stderr
+    assert last_state(cut, 0)["global_step"] == 5
+    main(["fit", *finetune_args(finetuned.card, tokenizer_dir, finetuned.root, cut), "--ckpt_path=last"])
+    assert_same_weights(last_state(finetuned.logs, 0), last_state(cut, 1))
+
+
+def test_a_second_ctrl_c_stops_at_once_and_gives_the_handler_back(tmp_path, tokenizer_dir, capfd):
+    card = make_task("single", tmp_path)
+    before = signal.getsignal(signal.SIGINT)
+    # Two presses after batch 4 (the first of epoch 1), before its step's checkpoint is written.
+    twice = interrupt(4, signal.SIGINT) * 2
+    with pytest.raises(SystemExit) as stopped:
+        main(["fit", *finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "logs"), *twice])
+    assert stopped.value.code == 128 + signal.SIGINT
+    err = capfd.readouterr().err
+    assert "press Ctrl-C again to stop at once" in err  # the first press was gpt_ft's, not Python's
+    assert err.rstrip().endswith("gpt-ft: stopped by Ctrl-C (SIGINT)") and "Traceback" not in err
+    assert last_state(tmp_path / "logs", 0)["global_step"] == 3  # the epoch-0 validation's, not step 4's
+    assert signal.getsignal(signal.SIGINT) is before
