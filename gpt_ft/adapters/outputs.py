@@ -19,6 +19,8 @@ from torch import Tensor
 from gpt_ft.adapters.heads import ChoiceHead, ClassificationHead, RegressionHead, TaskHead
 from gpt_ft.adapters.metrics import METRICS, metric_value
 
+FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max: scores are trained in fp32
+
 
 class TaskDataError(ValueError):
     """Bad task data: one sentence naming the file, field or value at fault."""
@@ -214,6 +216,10 @@ class RegressionOutput(TaskOutput):
         super().__init__(task_name, spec)
         if spec.names:
             raise ValueError(f"Task {task_name!r}: a regression task takes no `labels`.")
+        if spec.score_range is not None and not spec.score_range[0] < spec.score_range[1]:
+            raise ValueError(
+                f"Task {task_name!r}: score_range {list(spec.score_range)} must be [low, high] with low < high."
+            )
 
     @property
     def num_outputs(self) -> int:
@@ -241,6 +247,15 @@ class RegressionOutput(TaskOutput):
             raise TaskDataError(
                 f"regression score {value!r} in field {self.spec.field!r} is not a number."
             ) from None
-        if math.isnan(score):
-            raise TaskDataError(f"regression score in field {self.spec.field!r} is NaN.")
+        if not math.isfinite(score) or abs(score) > FLOAT32_MAX:  # the loss would be inf or NaN
+            raise TaskDataError(
+                f"regression score {value!r} in field {self.spec.field!r} is not a finite number "
+                "a 32-bit float holds."
+            )
+        low, high = self.spec.score_range or (-math.inf, math.inf)
+        if not low <= score <= high:
+            raise TaskDataError(
+                f"regression score {value!r} in field {self.spec.field!r} is outside the card's "
+                f"score_range [{low:g}, {high:g}]."
+            )
         return score

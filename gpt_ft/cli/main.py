@@ -16,6 +16,7 @@ from functools import partial
 from importlib.metadata import version
 from typing import NamedTuple
 
+from gpt_ft.adapters import TaskDataError
 from gpt_ft.cli import commands
 from gpt_ft.errors import os_error_message, parse_error_message, yaml_file_problem
 
@@ -56,8 +57,9 @@ LOST_PEER = ("Connection reset by peer", "Connection closed by peer", "Broken pi
 
 
 def user_message(exc: BaseException) -> str:
-    """The sentence for the user: the innermost cause (jsonargparse wraps errors raised in __init__)."""
-    while isinstance(exc.__cause__, USER_ERRORS):
+    """The sentence for the user: the innermost cause (jsonargparse wraps errors raised in __init__),
+    down to a sentence of ours about task data (whose causes are the readers' own words)."""
+    while isinstance(exc.__cause__, USER_ERRORS) and not isinstance(exc, TaskDataError):
         exc = exc.__cause__
     if isinstance(exc, OSError) and exc.filename is not None:  # the system's error: its file, its reason
         return os_error_message(exc)

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import csv
+import json
 import re
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gpt_ft.adapters import TaskAdapter, TaskDataError
@@ -47,20 +49,17 @@ def _load_local(task: TaskAdapter, split: str, data_dir: Path):
         raise TaskDataError(
             f"Task {task.name!r} has no local split {split!r}; its card defines {sorted(spec.splits)}."
         )
-    match = SLICE.match(spec.splits[split])
-    path, selection = data_dir / match["file"], match["slice"] or ""
+    origin = split_origin(task, split, data_dir)
+    path = origin.path
     if not path.is_file():
         raise TaskDataError(f"{path}: file not found (split {split!r} of task {task.name!r}).")
     if path.stat().st_size == 0:
         raise TaskDataError(f"{path}: file is empty (split {split!r} of task {task.name!r}).")
-    headerless = spec.column_names is not None and (
-        spec.headerless_splits is None or split in spec.headerless_splits
-    )
     ds = read_table(
         path,
         fmt=spec.format,
-        column_names=spec.column_names if headerless else None,
-        selection=selection,
+        column_names=None if origin.header else spec.column_names,
+        selection=origin.selection,
         split=split,
     )
     return _rename(ds, spec.columns, str(path))
@@ -91,7 +90,7 @@ def read_table(
         try:
             columns = list(column_names) if column_names is not None else _header(path, sep)
         except UnicodeDecodeError as exc:
-            raise TaskDataError(f"{path}: not UTF-8 text ({exc.reason}); save it as UTF-8.") from None
+            raise TaskDataError(f"{path}{parse_problem(path, fmt, None, exc)}.") from None
         except OSError as exc:
             raise TaskDataError(f"{path}: cannot be read ({exc.strerror or exc}).") from None
         # Everything is read as text (labels and scores are parsed by the adapter). GLUE's TSVs
@@ -116,16 +115,184 @@ def read_table(
     except Exception as exc:  # pandas/pyarrow parse errors, an empty selection
         if "corresponds to no data" in str(exc):
             raise TaskDataError(f"{path}: split {split!r} has no examples.") from None
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise TaskDataError(f"{path}: cannot be read as {fmt} ({reason}).") from exc
+        problem = parse_problem(path, fmt, columns if fmt in ("tsv", "csv") else None, exc)
+        raise TaskDataError(f"{path}{problem}.") from exc
 
 
 def _header(path: Path, sep: str) -> list[str]:
     with path.open(encoding="utf-8-sig", newline="") as f:
         line = f.readline()
-    if sep == "\t":
-        return line.rstrip("\r\n").split("\t")
-    return next(csv.reader([line]))
+    columns = line.rstrip("\r\n").split("\t") if sep == "\t" else next(csv.reader([line]), [])
+    repeated = sorted({c for c in columns if columns.count(c) > 1})
+    if repeated:
+        raise TaskDataError(
+            f"{path}, line 1: column name(s) {repeated} appear more than once in the header; "
+            "give each column its own name."
+        )
+    return columns
+
+
+# ---- naming the line of a file at fault ----
+
+
+def _reader(f, fmt: str, *, strict: bool = False):
+    """Python's csv reader, reading as the file was loaded (tsv: no quoting)."""
+    if fmt == "tsv":
+        return csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE, strict=strict)
+    return csv.reader(f, delimiter=",", quoting=csv.QUOTE_MINIMAL, strict=strict)
+
+
+def _blank(record: list[str]) -> bool:
+    """A line the loader skips: nothing on it but spaces (pandas' skip_blank_lines)."""
+    return not record or (len(record) == 1 and not record[0].strip(" \t"))
+
+
+def record_lines(path: Path, fmt: str, *, header: bool = True) -> list[int] | None:
+    """The line, as an editor counts them (from 1, the header included), on which each record of a
+    csv, tsv or JSON-lines file starts; None for files whose records are not lines (parquet, a
+    JSON document)."""
+    if fmt in ("tsv", "csv"):
+        starts, line = [], 1
+        with path.open(encoding="utf-8-sig", newline="") as f:
+            reader = _reader(f, fmt)
+            for record in reader:
+                if not _blank(record):
+                    starts.append(line)
+                line = reader.line_num + 1
+        return starts[1:] if header else starts
+    if fmt == "json":
+        lines = path.read_text(encoding="utf-8-sig").split("\n")
+        filled = [n for n, text in enumerate(lines, 1) if text.strip()]
+        if not filled or not _json_object(lines[filled[0] - 1]):
+            return None  # one JSON document (an array of records): its records are not lines
+        return filled
+    return None
+
+
+def _json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
+
+
+def parse_problem(path: Path, fmt: str, columns: list[str] | None, exc: BaseException) -> str:
+    """Why a file could not be loaded, as `: ...` or `, line N: ...` to follow its path: the line at
+    fault found again with Python's own readers, else the loader's innermost reason."""
+    data = path.read_bytes()
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as bad:
+        line = data[: bad.start].count(b"\n") + 1
+        return f", line {line}: not UTF-8 text (byte {data[bad.start]:#04x}: {bad.reason}); save it as UTF-8"
+    if fmt in ("tsv", "csv") and columns is not None:
+        found = _csv_problem(path, fmt, len(columns))
+    elif fmt == "json":
+        found = _json_problem(path, _innermost(exc))
+    else:
+        found = None
+    return found or f": cannot be read as {fmt} ({_innermost(exc)})"
+
+
+def _innermost(exc: BaseException) -> str:
+    """The first line of the deepest cause that says something (pandas' or pyarrow's reason)."""
+    reasons = []
+    while exc is not None:
+        text = str(exc).strip()
+        if text and "An error occurred while generating the dataset" not in text:
+            reasons.append(text.splitlines()[0].rstrip("."))
+        exc = exc.__cause__ or exc.__context__
+    return reasons[0] if reasons else "unreadable"
+
+
+def _csv_problem(path: Path, fmt: str, width: int) -> str | None:
+    """The first line with more fields than the header (or the card's column names), or the line
+    where a quoted field opens and never closes."""
+    with path.open(encoding="utf-8-sig", newline="") as f:
+        reader, line = _reader(f, fmt), 1
+        for record in reader:
+            if len(record) > width:
+                sep = "tabs" if fmt == "tsv" else "commas"
+                return (
+                    f", line {line}: {len(record)} fields where there are {width} columns "
+                    f"(a text with {sep} in it{' needs quotes' if fmt == 'csv' else ''}?)"
+                )
+            line = reader.line_num + 1
+    with path.open(encoding="utf-8-sig", newline="") as f:
+        reader, line = _reader(f, fmt, strict=True), 1
+        try:
+            for _ in reader:
+                line = reader.line_num + 1
+        except csv.Error as error:
+            if "unexpected end of data" in str(error):
+                return f", line {line}: a quoted field opens here and never closes"
+            return f", line {line}: {error}"
+    return None
+
+
+def _json_problem(path: Path, reason: str) -> str | None:
+    """The line (and column) where a JSON or JSON-lines file stops being valid JSON, or the line of
+    the record the loader refused."""
+    text = path.read_text(encoding="utf-8-sig")
+    starts = record_lines(path, "json")
+    if starts is None:  # one document
+        try:
+            json.loads(text)
+        except json.JSONDecodeError as bad:
+            return f", line {bad.lineno}, column {bad.colno}: not valid JSON ({bad.msg})"
+        return None
+    lines = text.split("\n")
+    for n in starts:
+        try:
+            record = json.loads(lines[n - 1])
+        except json.JSONDecodeError as bad:
+            return f", line {n}, column {bad.colno}: not valid JSON ({bad.msg})"
+        if not isinstance(record, dict):
+            return f", line {n}: a JSON object ({{...}}) is expected on each line, not {type(record).__name__}"
+    row = re.search(r"^(.*?)\.? in row (\d+)$", reason)
+    if row and int(row[2]) < len(starts):  # pyarrow counts the records from 0
+        return f", line {starts[int(row[2])]}: cannot be read as json ({row[1].removeprefix('JSON parse error: ')})"
+    return None
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where the rows of a loaded split come from, to point at one of them in a message: its file
+    and the line an editor shows (header = line 1), or its record in a file without lines."""
+
+    source: str
+    """The file's path, or the hub dataset and split."""
+    path: Path | None = None
+    fmt: str | None = None
+    header: bool = True
+    selection: str = ""
+    """The card's slice of the file, e.g. '[:1497]'."""
+    kept: tuple[int, ...] | None = None
+    """The rows left after some were dropped (`ignore_labels`), by their number before."""
+
+    def keep(self, kept: list[int]) -> Origin:
+        """The origin of the rows `kept` of this one's."""
+        rows = tuple(kept) if self.kept is None else tuple(self.kept[i] for i in kept)
+        return replace(self, kept=rows)
+
+    def of(self, row: int) -> str:
+        """'FILE, line 7' (or 'FILE, record 7', 'hub dataset ..., row 7') for row `row` of the split."""
+        if self.kept is not None:
+            row = self.kept[row]
+        if self.path is None:
+            return f"{self.source}, row {row + 1}"
+        import datasets
+
+        starts = record_lines(self.path, self.fmt, header=self.header)
+        if self.selection:
+            total = len(starts) if starts is not None else None
+            if total is None:
+                total = len(read_table(self.path, fmt=self.fmt))
+            spec = datasets.ReadInstruction.from_spec("data" + self.selection)
+            row += spec.to_absolute({"data": total})[0].from_
+        if starts is not None and row < len(starts):
+            return f"{self.source}, line {starts[row]}"
+        return f"{self.source}, record {row + 1}"
 
 
 def _rename(ds, columns: dict[str, str] | None, source: str):
@@ -136,3 +303,17 @@ def _rename(ds, columns: dict[str, str] | None, source: str):
 def split_file(task: TaskAdapter, split: str, data_dir: str | Path) -> Path:
     """The local file of a split (without its slice)."""
     return Path(data_dir).expanduser() / SLICE.match(task.local.splits[split])["file"]
+
+
+def split_origin(task: TaskAdapter, split: str, data_dir: str | Path | None) -> Origin:
+    """Where the rows of `load_split(task, split, data_dir)` come from."""
+    if data_dir is None:
+        return Origin(f"hub dataset {task.hub.path if task.hub else '?'} split {split}")
+    spec = task.local
+    match = SLICE.match(spec.splits[split])
+    path = Path(data_dir).expanduser() / match["file"]
+    headerless = spec.column_names is not None and (
+        spec.headerless_splits is None or split in spec.headerless_splits
+    )
+    fmt = spec.format or _FORMATS.get(path.suffix.lower())
+    return Origin(str(path), path, fmt, header=not headerless, selection=match["slice"] or "")

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 
 from gpt_ft.adapters import TaskAdapter, TaskDataError
 from gpt_ft.data.batches import SharedContextBatch, TaskBatch, collate, collate_shared
-from gpt_ft.data.files import load_split, split_file
+from gpt_ft.data.files import Origin, load_split, split_file, split_origin
 from gpt_ft.data.samplers import EpochSampler, LengthGroupedSampler, ResumableTrainData
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
 
@@ -102,18 +102,20 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         self.special_ids = special_token_ids(self.tokenizer)
         self.vocab_size = len(self.tokenizer)
         self.datasets: dict[str, Any] = {}
+        self.origins: dict[str, Origin] = {}  # where each split's rows come from, for messages
 
     # ---- loading and encoding ----
 
     def encoded(self, split: str, *, labelled: bool):
         """The encoded split (cached); `labelled` demands a label on every example."""
         if split not in self.datasets:
-            self.datasets[split] = self._encode_split(split)
+            self.datasets[split], self.origins[split] = self._encode_split(split)
         ds = self.datasets[split]
         if labelled and ds.data.column("label").null_count:
+            first = ds.data.column("label").to_pylist().index(None)
             raise TaskDataError(
-                f"{self._source(split)}: split {split!r} has examples without a label (field "
-                f"{self.task.label!r}); it cannot be used for training or validation."
+                f"{self.origins[split].of(first)}: no label (field {self.task.label!r}); split {split!r} is used "
+                "for training or evaluation, so every example needs one."
             )
         return ds
 
@@ -123,8 +125,9 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         return str(split_file(self.task, split, self.data_dir))
 
     def _encode_split(self, split: str):
+        """The split encoded, and where its rows come from (to name one in a message)."""
         raw = load_split(self.task, split, self.data_dir)
-        source = self._source(split)
+        source, origin = self._source(split), split_origin(self.task, split, self.data_dir)
         if len(raw) == 0:
             raise TaskDataError(f"{source}: split {split!r} has no examples.")
         missing = [f for f in self.task.text_fields() if f not in raw.column_names]
@@ -136,7 +139,8 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         index_field = self.task.index if self.task.index in raw.column_names else None
         if self.task.ignore_labels and self.task.label in raw.column_names:
             ignored = set(self.task.ignore_labels)
-            raw = raw.filter(lambda row: str(row[self.task.label]) not in ignored, desc="Dropping rows")
+            kept = [i for i, value in enumerate(raw[self.task.label]) if str(value) not in ignored]
+            raw, origin = raw.select(kept), origin.keep(kept)
 
         def encode_batch(batch: dict[str, list], rows: list[int]) -> dict[str, list]:
             examples = [dict(zip(batch, values)) for values in zip(*batch.values())]
@@ -145,7 +149,7 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
                 try:
                     texts.append(self.task.texts(example))
                 except TaskDataError as exc:
-                    raise TaskDataError(f"{source}, row {row}: {exc}") from None
+                    raise TaskDataError(f"{origin.of(row)}: {exc}") from None
             flat = [t for example_texts in texts for t in example_texts]
             ids = self.tokenizer(flat, add_special_tokens=False)["input_ids"] if flat else []
             out: dict[str, list] = {k: [] for k in ("input_ids", "extract_index", "label", "index", "length")}
@@ -155,7 +159,7 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
                 try:
                     enc = self.task.encode(example, tokens, self.special_ids, self.max_length)
                 except TaskDataError as exc:
-                    raise TaskDataError(f"{source}, row {row}: {exc}") from None
+                    raise TaskDataError(f"{origin.of(row)}: {exc}") from None
                 out["input_ids"].append(enc.sequences)
                 out["extract_index"].append(enc.extract_index)
                 out["label"].append(enc.label)
@@ -163,7 +167,7 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
                 out["length"].append(max(len(seq) for seq in enc.sequences))
             return out
 
-        return raw.map(
+        encoded = raw.map(
             encode_batch,
             batched=True,
             with_indices=True,
@@ -172,6 +176,7 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
             desc=f"Encoding {self.task.name} {split}",
             new_fingerprint=self._fingerprint(raw, split),
         )
+        return encoded, origin
 
     def _fingerprint(self, raw, split: str) -> str:
         """What the encoded split depends on: the raw rows, the card, the tokenizer, the length, the

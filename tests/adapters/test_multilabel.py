@@ -142,7 +142,7 @@ def test_fit_prints_micro_and_macro_f1_and_predict_writes_label_names(ext, tmp_p
         assert set(filter(None, names.split(","))) <= {"animal", "place", "food"}
 
 
-def test_an_unknown_label_names_file_row_and_value(tmp_path, tokenizer_dir, capsys):
+def test_an_unknown_label_names_file_line_and_value(tmp_path, tokenizer_dir, capsys):
     card = write_tagged(tmp_path, "tsv")
     write_rows(tmp_path / "train.tsv", ["text", "tags"], [["a cat .", "animal"], ["a dog .", "animal,plant"]])
     before = (tmp_path / "train.tsv").read_bytes()
@@ -151,7 +151,7 @@ def test_an_unknown_label_names_file_row_and_value(tmp_path, tokenizer_dir, caps
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]  # after the datasets progress bars
     assert err == (
-        f"gpt-ft: error: {tmp_path / 'train.tsv'}, row 1: label 'plant' in field 'tags' is not among the "
+        f"gpt-ft: error: {tmp_path / 'train.tsv'}, line 3: label 'plant' in field 'tags' is not among the "
         "labels ['animal', 'place', 'food']."
     )
     assert (tmp_path / "train.tsv").read_bytes() == before

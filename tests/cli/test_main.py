@@ -55,7 +55,7 @@ def test_missing_data_file(run):
 
 def test_unreadable_data_file(run):
     dev(run.root).write_bytes(b"index\tsentence\tlabel\n0\t\xff\xfe\t1\n")
-    assert "d/dev.tsv: not UTF-8 text" in run()
+    assert "d/dev.tsv, line 2: not UTF-8 text (byte 0xff: invalid start byte); save it as UTF-8." in run()
 
 
 def test_wrong_columns(run):
@@ -65,7 +65,7 @@ def test_wrong_columns(run):
 
 def test_label_outside_the_label_set(run):
     dev(run.root).write_text("index\tsentence\tlabel\n0\ta cat\t1\n1\ta dog\tneutral\n")
-    assert "d/dev.tsv, row 1: label 'neutral' in field 'label' is not among the labels" in run()
+    assert "d/dev.tsv, line 3: label 'neutral' in field 'label' is not among the labels" in run()
 
 
 def test_non_numeric_score(tmp_path, tokenizer_dir, capsys):

@@ -82,9 +82,9 @@ def test_similarity_encodes_two_sequences(pairs_dir, tokenizer_dir):
                 "index\tsentence1\tsentence2\tlabel\n0\ta\tb\tmaybe\n"
             ),
             "validation",
-            r"PAIRS/dev.tsv, row 0: label 'maybe' in field 'label' is not among the labels",
+            r"PAIRS/dev.tsv, line 2: label 'maybe' in field 'label' is not among the labels",
         ),
-        (lambda d: None, "test", r"PAIRS/test.tsv: split 'test' has examples without a label"),
+        (lambda d: None, "test", r"PAIRS/test.tsv, line 2: no label \(field .label.\); split .test. is used"),
         (lambda d: None, "dev", r"no local split 'dev'; its card defines \['test', 'train', 'validation'\]"),
     ],
 )
@@ -100,7 +100,7 @@ def test_non_numeric_regression_score(tmp_path, tokenizer_dir):
     task = Similarity(name="sts", regression=True, label="score", local=LocalFiles(splits={"train": "s.tsv"}))
     dm = TaskDataModule(task, tokenizer_dir, data_dir=str(tmp_path), max_length=32)
     with pytest.raises(
-        TaskDataError, match=r"s.tsv, row 1: regression score 'high' in field 'score' is not a number"
+        TaskDataError, match=r"s.tsv, line 3: regression score 'high' in field 'score' is not a number"
     ):
         dm.encoded("train", labelled=True)
 
