@@ -218,7 +218,7 @@ class RegressionOutput(TaskOutput):
             raise ValueError(f"Task {task_name!r}: a regression task takes no `labels`.")
         if spec.score_range is not None and not spec.score_range[0] < spec.score_range[1]:
             raise ValueError(
-                f"Task {task_name!r}: score_range {list(spec.score_range)} must be [low, high] with low < high."
+                f"Task {task_name!r}: score_range {list(spec.score_range)} must be [low, high], low < high."
             )
 
     @property

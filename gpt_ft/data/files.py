@@ -248,10 +248,12 @@ def _json_problem(path: Path, reason: str) -> str | None:
         except json.JSONDecodeError as bad:
             return f", line {n}, column {bad.colno}: not valid JSON ({bad.msg})"
         if not isinstance(record, dict):
-            return f", line {n}: a JSON object ({{...}}) is expected on each line, not {type(record).__name__}"
+            kind = type(record).__name__
+            return f", line {n}: a JSON object ({{...}}) is expected on each line, not a {kind}"
     row = re.search(r"^(.*?)\.? in row (\d+)$", reason)
     if row and int(row[2]) < len(starts):  # pyarrow counts the records from 0
-        return f", line {starts[int(row[2])]}: cannot be read as json ({row[1].removeprefix('JSON parse error: ')})"
+        why = row[1].removeprefix("JSON parse error: ")
+        return f", line {starts[int(row[2])]}: cannot be read as json ({why})"
     return None
 
 

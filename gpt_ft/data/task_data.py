@@ -112,9 +112,9 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
             self.datasets[split], self.origins[split] = self._encode_split(split)
         ds = self.datasets[split]
         if labelled and ds.data.column("label").null_count:
-            first = ds.data.column("label").to_pylist().index(None)
+            first = self.origins[split].of(ds.data.column("label").to_pylist().index(None))
             raise TaskDataError(
-                f"{self.origins[split].of(first)}: no label (field {self.task.label!r}); split {split!r} is used "
+                f"{first}: no label (field {self.task.label!r}); split {split!r} is used "
                 "for training or evaluation, so every example needs one."
             )
         return ds

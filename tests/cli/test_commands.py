@@ -92,8 +92,8 @@ def test_explain_bad_input_exits_nonzero_with_one_sentence(pairs_dir, tokenizer_
         main(["explain", *args])
     assert stopped.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1:] == [  # above it, only progress bars
-        f"gpt-ft: error: {pairs_dir}/PAIRS/train.tsv, line 2: label 'maybe' in field 'label' is not among the "
-        "labels ['entailment', 'not_entailment']."
+        f"gpt-ft: error: {pairs_dir}/PAIRS/train.tsv, line 2: label 'maybe' in field 'label' is not among "
+        "the labels ['entailment', 'not_entailment']."
     ]
     with pytest.raises(SystemExit) as stopped:
         main(["explain", *args, "--index", "7"])
