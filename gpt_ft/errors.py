@@ -9,6 +9,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
+class TaskDataError(ValueError):
+    """Bad task data: one sentence naming the file, field or value at fault."""
+
+
+class CardError(TaskDataError):
+    """A task card that cannot work, in one sentence naming the field at fault (the command line
+    puts the card's file in front)."""
+
+
 def parse_error_message(text: str) -> str:
     """jsonargparse's nested report of a bad argument as one sentence: the argument and the reason."""
     keys = list(dict.fromkeys(re.findall(r'Parser key "([^"]+)"', text)))
@@ -29,7 +38,7 @@ def parse_error_message(text: str) -> str:
     elif any(line.startswith("Expected a path but") for line in lines):
         reason = yaml_file_problem(value) or f"{value} is not a file that can be read"
     elif bad_class:
-        reason = bad_class[-1] + (f" (in {value})" if value and value.endswith((".yaml", ".yml")) else "")
+        reason = bad_class[-1]
     elif expected:
         match = re.match(r"Expected a (.+?)(?:\. Got value: (.*))?$", expected[0])
         kind = re.sub(r"<class '([^']+)'>", r"\1", match[1])
@@ -38,7 +47,10 @@ def parse_error_message(text: str) -> str:
         noise = ("Parser key", "Does not validate", "Subtypes:", "Errors:", "Given value")
         reasons = [line for line in lines if not line.startswith(noise)]
         reason = reasons[0] if reasons else lines[0] if lines else "invalid arguments"
-    return f"{where}{reason.rstrip('.:')}."
+    reason = reason.rstrip(".:")
+    if value and value.endswith((".yaml", ".yml")) and value not in reason:  # a card or config file
+        reason += f" (in {value})"
+    return f"{where}{reason}."
 
 
 def yaml_file_problem(path: str | None) -> str | None:
@@ -125,3 +137,34 @@ def _check_parent(out: Path, option: str) -> None:
         raise ValueError(f"{option} {out}: {above} is a file, not a folder.")
     if not out.exists() and not os.access(above, os.W_OK | os.X_OK):
         raise ValueError(f"{option} {out}: the folder {above} cannot be written (permission denied).")
+
+
+def check_not_null(values: dict, cls: type, option: str) -> None:
+    """A null in a YAML file reaches `cls` only where its signature admits None.
+
+    jsonargparse takes `null` from a config file for an argument of any type (on the command line
+    it refuses one), and the class would then fail on it with a TypeError: say which option instead.
+    """
+    import inspect
+    import types
+    import typing
+
+    def admits_none(hint) -> bool:
+        if hint is typing.Any or hint is type(None) or hint is None:
+            return True
+        if typing.get_origin(hint) in (typing.Union, types.UnionType):
+            return any(admits_none(arg) for arg in typing.get_args(hint))
+        return False
+
+    try:
+        hints = typing.get_type_hints(cls.__init__)
+        parameters = inspect.signature(cls.__init__).parameters
+    except (NameError, TypeError, ValueError):  # a signature that cannot be read: nothing to check
+        return
+    for name, value in values.items():
+        if value is not None or name not in hints or name not in parameters:
+            continue
+        if parameters[name].default is None or admits_none(hints[name]):
+            continue
+        kind = getattr(hints[name], "__name__", None) or str(hints[name]).replace("typing.", "")
+        raise ValueError(f"{option}.{name}: expected {kind}, got null.")

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from gpt_ft.adapters.heads import TaskHead
 from gpt_ft.adapters.metrics import Scoring
-from gpt_ft.adapters.outputs import ClassificationOutput, LabelSpec, RegressionOutput, TaskOutput
+from gpt_ft.adapters.outputs import CardError, ClassificationOutput, LabelSpec, RegressionOutput, TaskOutput
 from gpt_ft.adapters.sources import HubDataset, LocalFiles, Sources
 
 
@@ -85,7 +85,7 @@ class Submission:
         class_names: list[str] | None,
     ) -> Submission:
         if labels is not None and len(labels) != len(class_names or []):
-            raise ValueError(
+            raise CardError(
                 f"Task {task_name!r}: submission_labels {labels} must name each of the "
                 f"{len(class_names or [])} labels {class_names}."
             )
@@ -189,7 +189,7 @@ class TaskAdapter:
         if not spec.regression:
             return own if own is not None else ClassificationOutput(self.name, spec)
         if own is not None:
-            raise ValueError(f"Task {self.name!r}: a {own.kind} task cannot be a regression.")
+            raise CardError(f"Task {self.name!r}: a {own.kind} task cannot be a regression.")
         return RegressionOutput(self.name, spec)
 
     # The card's fields under the card's names, as the data, training and evaluation code reads them.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpt_ft.adapters.base import Encoded, TaskAdapter, field_text, fit_lengths
-from gpt_ft.adapters.outputs import ChoiceOutput, LabelSpec, TaskDataError, TaskOutput
+from gpt_ft.adapters.outputs import CardError, ChoiceOutput, LabelSpec, TaskDataError, TaskOutput
 
 
 class MultipleChoice(TaskAdapter):
@@ -38,14 +38,12 @@ class MultipleChoice(TaskAdapter):
         self.choices = choices
         if isinstance(choices, str):
             if not num_choices:
-                raise ValueError(f"Task {name!r}: `num_choices` is required when `choices` is a list field.")
+                raise CardError(f"Task {name!r}: `num_choices` is required when `choices` is a list field.")
             self.max_choices = num_choices
         else:
             self.max_choices = len(choices)
             if num_choices not in (None, len(choices)):
-                raise ValueError(
-                    f"Task {name!r}: num_choices={num_choices} but {len(choices)} choice fields."
-                )
+                raise CardError(f"Task {name!r}: num_choices={num_choices} but {len(choices)} choice fields.")
         super().__init__(**kwargs)
 
     @property

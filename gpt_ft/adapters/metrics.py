@@ -14,6 +14,8 @@ from torchmetrics.functional import (
     spearman_corrcoef,
 )
 
+from gpt_ft.errors import CardError
+
 METRICS = ("accuracy", "f1", "matthews", "pearson", "spearman")
 
 
@@ -62,12 +64,12 @@ class Scoring:
         unknown = [m for m in metrics if m not in allowed]
         if unknown:
             of_kind = f" (the metrics of a {kind} task)" if kind else ""
-            raise ValueError(
+            raise CardError(
                 f"Task {task_name!r}: unknown metric(s) {unknown}; allowed: {', '.join(allowed)}{of_kind}."
             )
         main_metric = main_metric or metrics[0]
         if main_metric not in metrics:
-            raise ValueError(
+            raise CardError(
                 f"Task {task_name!r}: main_metric {main_metric!r} is not among metrics {metrics}."
             )
         return cls(metrics, main_metric)

@@ -17,7 +17,7 @@ from torch import Tensor
 from torchmetrics.functional import f1_score
 
 from gpt_ft.adapters.heads import TaskHead
-from gpt_ft.adapters.outputs import LabelSpec, TaskDataError, TaskOutput
+from gpt_ft.adapters.outputs import CardError, LabelSpec, TaskDataError, TaskOutput
 from gpt_ft.adapters.text import SingleText
 
 
@@ -53,9 +53,9 @@ class MultiLabelOutput(TaskOutput):
     def __init__(self, task_name: str, spec: LabelSpec, *, separator: str, threshold: float) -> None:
         super().__init__(task_name, spec)
         if not separator:
-            raise ValueError(f"Task {task_name!r}: label_separator must not be empty.")
+            raise CardError(f"Task {task_name!r}: label_separator must not be empty.")
         if not 0 < threshold < 1:
-            raise ValueError(f"Task {task_name!r}: threshold must be in (0, 1), got {threshold}.")
+            raise CardError(f"Task {task_name!r}: threshold must be in (0, 1), got {threshold}.")
         self.separator, self.threshold = separator, threshold
 
     @property

@@ -18,12 +18,9 @@ from torch import Tensor
 
 from gpt_ft.adapters.heads import ChoiceHead, ClassificationHead, RegressionHead, TaskHead
 from gpt_ft.adapters.metrics import METRICS, metric_value
+from gpt_ft.errors import CardError, TaskDataError
 
 FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max: scores are trained in fp32
-
-
-class TaskDataError(ValueError):
-    """Bad task data: one sentence naming the file, field or value at fault."""
 
 
 @dataclasses.dataclass
@@ -60,11 +57,11 @@ class TaskOutput:
         self.task_name, self.spec = task_name, spec
         repeated = sorted({n for n in spec.names or [] if spec.names.count(n) > 1})
         if repeated:
-            raise ValueError(
+            raise CardError(
                 f"Task {task_name!r}: label name(s) {repeated} appear more than once in `labels`."
             )
         if self.needs_names and not spec.names:
-            raise ValueError(
+            raise CardError(
                 f"Task {task_name!r}: a classification task needs `labels` (class names in id order)."
             )
 
@@ -215,9 +212,9 @@ class RegressionOutput(TaskOutput):
     def __init__(self, task_name: str, spec: LabelSpec) -> None:
         super().__init__(task_name, spec)
         if spec.names:
-            raise ValueError(f"Task {task_name!r}: a regression task takes no `labels`.")
+            raise CardError(f"Task {task_name!r}: a regression task takes no `labels`.")
         if spec.score_range is not None and not spec.score_range[0] < spec.score_range[1]:
-            raise ValueError(
+            raise CardError(
                 f"Task {task_name!r}: score_range {list(spec.score_range)} must be [low, high], low < high."
             )
 

@@ -20,7 +20,7 @@ from gpt_ft.model.weights import load_weights, resolve_tokenizer
 def command_parser(name: str, description: str) -> ArgumentParser:
     """A command's parser; `--config FILE` takes its arguments from YAML and `--print_config`
     shows them parsed, running nothing."""
-    parser = ArgumentParser(prog=f"gpt-ft {name}", description=description)
+    parser = ArgumentParser(prog=f"gpt-ft {name}", description=description, exit_on_error=False)
     parser.add_argument("--config", action=ActionConfigFile, help="arguments from a YAML file")
     return parser
 
@@ -34,12 +34,10 @@ def lightning(subcommand: str, argv: list[str]) -> None:
 
 def explain(argv: list[str]) -> None:
     """Print example `--index` of `--split` as the model sees it."""
+    from gpt_ft.cli.lightning import refuse_nulls
     from gpt_ft.data.task_data import TaskDataModule
 
-    parser = ArgumentParser(prog="gpt-ft explain", description="Print one example as the model sees it.")
-    parser.add_argument(
-        "--config", action=ActionConfigFile, help="a fit config; only its data section is used"
-    )
+    parser = command_parser("explain", "Print one example as the model sees it.")
     parser.add_subclass_arguments(TaskDataModule, "data", required=True)
     parser.set_defaults({"data": {"class_path": "gpt_ft.data.task_data.TaskDataModule"}})
     # The rest of a fit config is accepted and ignored, so `explain` takes the very same files.
@@ -49,6 +47,7 @@ def explain(argv: list[str]) -> None:
     parser.add_argument("--index", type=int, default=0, help="example number within the split")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     cfg = parser.parse_args(cards_replace_cards(argv))
+    refuse_nulls(cfg)
     init_from = (cfg.model or {}).get("init_from")
     cfg.data.init_args.tokenizer = resolve_tokenizer(cfg.data.init_args.tokenizer, init_from, option=None)
     data = parser.instantiate(cfg).data

@@ -21,7 +21,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from gpt_ft.cli.cards import cards_replace_cards
-from gpt_ft.errors import check_output_dir
+from gpt_ft.errors import check_not_null, check_output_dir
 from gpt_ft.model.weights import resolve_tokenizer, safe_load
 from gpt_ft.training.checkpointing import (
     AtomicCheckpointIO,
@@ -35,6 +35,7 @@ from gpt_ft.training.precision import cpu_precision, runs_on_cpu
 from gpt_ft.training.saved import recorded_run
 from gpt_ft.training.throughput import ParameterSummary, Throughput
 
+COMMANDS = ("fit", "validate", "test", "predict")
 # Logs and checkpoints go to runs/lightning_logs/version_N, or under --trainer.default_root_dir.
 DEFAULT_LOGGER = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "runs"}}
 
@@ -98,6 +99,11 @@ class GPTCLI(LightningCLI):
             recorded = recorded_configuration(ckpt)
             parser.set_defaults({f"{subcommand}.{key}": value for key, value in recorded.items()})
         super().parse_arguments(parser, args)
+        config = self.config[subcommand] if subcommand in COMMANDS else self.config
+        seed = config.get("seed_everything")
+        if isinstance(seed, int) and not isinstance(seed, bool) and not 0 <= seed < 2**32:
+            # numpy would refuse it later, without naming the option
+            raise ValueError(f"--seed_everything must be in [0, {2**32 - 1}], got {seed}.")
 
     def _parse_ckpt_path(self) -> None:
         # The one override of a private Lightning method. LightningCLI applies a checkpoint's
@@ -108,6 +114,7 @@ class GPTCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
+        refuse_nulls(config, self.model_class)
         if self.subcommand in ("validate", "test", "predict") and not (
             config.get("ckpt_path") or config.model.get("init_from")
         ):
@@ -175,6 +182,35 @@ class GPTCLI(LightningCLI):
         if not trainer_config.get("plugins"):
             kwargs["plugins"] = [AtomicCheckpointIO()]
         return super().instantiate_trainer(**kwargs, callbacks=callbacks)
+
+
+def refuse_nulls(config, model_class: type | None = None) -> None:
+    """No null from a config file where the model, the data module, its task card or the trainer
+    takes none (see `check_not_null`)."""
+    from importlib import import_module
+
+    from lightning import Trainer
+
+    def plain(section) -> dict:
+        return section.as_dict() if hasattr(section, "as_dict") else dict(section or {})
+
+    def of(path: str) -> type | None:
+        module, _, name = path.rpartition(".")
+        try:
+            return getattr(import_module(module), name)
+        except (ImportError, AttributeError, ValueError):
+            return None  # the parser names a class that cannot be found
+
+    sections = [("--trainer", config.get("trainer"), Trainer), ("--model", config.get("model"), model_class)]
+    data = config.get("data")
+    if data is not None and data.get("class_path"):
+        sections.append(("--data", data.get("init_args"), of(data.class_path)))
+        task = (data.get("init_args") or {}).get("task")
+        if task is not None and hasattr(task, "get") and task.get("class_path"):
+            sections.append(("--data.task", task.get("init_args"), of(task.class_path)))
+    for option, values, cls in sections:
+        if values is not None and cls is not None:
+            check_not_null(plain(values), cls, option)
 
 
 def _logs_follow_root_dir(trainer) -> None:

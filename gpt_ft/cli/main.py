@@ -14,11 +14,11 @@ import sys
 from collections.abc import Callable
 from functools import partial
 from importlib.metadata import version
+from pathlib import Path
 from typing import NamedTuple
 
-from gpt_ft.adapters import TaskDataError
 from gpt_ft.cli import commands
-from gpt_ft.errors import os_error_message, parse_error_message, yaml_file_problem
+from gpt_ft.errors import CardError, TaskDataError, os_error_message, parse_error_message, yaml_file_problem
 
 
 class Command(NamedTuple):
@@ -56,15 +56,35 @@ USER_ERRORS = (ValueError, FileNotFoundError, KeyError, FloatingPointError)
 LOST_PEER = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")  # gloo's words
 
 
-def user_message(exc: BaseException) -> str:
+def user_message(exc: BaseException, card: str | None = None) -> str:
     """The sentence for the user: the innermost cause (jsonargparse wraps errors raised in __init__),
-    down to a sentence of ours about task data (whose causes are the readers' own words)."""
+    down to a sentence of ours about task data (whose causes are the readers' own words); a card's
+    problem after the card's file, when one was given."""
     while isinstance(exc.__cause__, USER_ERRORS) and not isinstance(exc, TaskDataError):
         exc = exc.__cause__
     if isinstance(exc, OSError) and exc.filename is not None:  # the system's error: its file, its reason
         return os_error_message(exc)
-    text = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
-    return str(text).strip()
+    text = str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc).strip()
+    return f"{card}: {text}" if isinstance(exc, CardError) and card else text
+
+
+def card_file(argv: list[str]) -> str | None:
+    """The task card file a command line names: the last `--data.task FILE`, else the one named in
+    the last `--config` file that names one."""
+    import yaml
+
+    for value in reversed(yaml_values(argv, ("--data.task",))):
+        if Path(value).expanduser().is_file():
+            return value
+    for config in reversed(yaml_values(argv, ("--config",))):
+        try:
+            text = Path(config).expanduser().read_text(encoding="utf-8")
+            task = (yaml.safe_load(text) or {})["data"]["task"]
+        except (OSError, ValueError, yaml.YAMLError, KeyError, TypeError):
+            continue
+        if isinstance(task, str) and Path(task).expanduser().is_file():
+            return task
+    return None
 
 
 def yaml_values(argv: list[str], options: tuple[str, ...]) -> list[str]:
@@ -75,6 +95,30 @@ def yaml_values(argv: list[str], options: tuple[str, ...]) -> list[str]:
         if name in options:
             values.append(value if eq else argv[i + 1] if i + 1 < len(argv) else "")
     return values
+
+
+def in_card(message: str, card: str | None) -> str:
+    """A message about a field of the task card (`--data.task...`) names the card's file too."""
+    if card is None or not message.startswith("--data.task") or card in message:
+        return message
+    return f"{message.removesuffix('.')} (in {card})."
+
+
+def card_file_problem(value: str) -> str | None:
+    """A card file that parses but holds no card (empty, a list, a lone value)."""
+    import yaml
+
+    path = Path(value).expanduser()
+    if not path.is_file() or path.suffix.lower() not in (".yaml", ".yml"):
+        return None
+    try:
+        card = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, yaml.YAMLError):
+        return None  # named by yaml_file_problem, or by the parser
+    if not isinstance(card, dict):
+        what = "empty" if card is None else f"a {type(card).__name__}, not a mapping"
+        return f"{value} is {what}: a task card is a mapping with class_path and init_args (see tasks/)."
+    return None
 
 
 def fail(message: str) -> None:
@@ -105,16 +149,20 @@ def main(argv: list[str] | None = None) -> None:
         problem = yaml_file_problem(value)
         if problem:
             fail(problem + ".")
+    for value in yaml_values(args, ("--data.task",) if "--data.task" in command.yaml_options else ()):
+        problem = card_file_problem(value)
+        if problem:
+            fail(problem)
     try:
         command.run(args)
     except USER_ERRORS as exc:
         if debug:
             raise
-        fail(user_message(exc))
+        fail(in_card(user_message(exc, card_file(args)), card_file(args)))
     except argparse.ArgumentError as exc:
         if debug:
             raise
-        fail(parse_error_message(str(exc)))
+        fail(in_card(parse_error_message(str(exc)), card_file(args)))
     except OSError as exc:  # a file that cannot be read or written (no space, permission, read-only)
         if debug or exc.filename is None:
             raise

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gpt_ft.adapters import TaskAdapter, TaskDataError
+from gpt_ft.errors import CardError
 
 SLICE = re.compile(r"^(?P<file>.*?)(?P<slice>\[[^\[\]]*\])?$")
 _FORMATS = {".tsv": "tsv", ".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
@@ -25,9 +26,7 @@ def load_split(task: TaskAdapter, split: str, data_dir: str | Path | None):
     if data_dir is not None:
         return _load_local(task, split, Path(data_dir).expanduser())
     if task.hub is None:
-        raise TaskDataError(
-            f"Task {task.name!r} has no hub dataset; pass its files with --data.data_dir DIR."
-        )
+        raise CardError(f"Task {task.name!r} has no hub dataset; pass its files with --data.data_dir DIR.")
     hub_split = (task.hub.splits or {}).get(split, split)
     config = (task.hub.configs or {}).get(split, task.hub.name)
     try:
@@ -42,11 +41,11 @@ def load_split(task: TaskAdapter, split: str, data_dir: str | Path | None):
 def _load_local(task: TaskAdapter, split: str, data_dir: Path):
     spec = task.local
     if spec is None:
-        raise TaskDataError(
+        raise CardError(
             f"Task {task.name!r} defines no local file layout; drop --data.data_dir to use the hub."
         )
     if split not in spec.splits:
-        raise TaskDataError(
+        raise CardError(
             f"Task {task.name!r} has no local split {split!r}; its card defines {sorted(spec.splits)}."
         )
     origin = split_origin(task, split, data_dir)
@@ -161,12 +160,32 @@ def record_lines(path: Path, fmt: str, *, header: bool = True) -> list[int] | No
                 line = reader.line_num + 1
         return starts[1:] if header else starts
     if fmt == "json":
-        lines = path.read_text(encoding="utf-8-sig").split("\n")
-        filled = [n for n, text in enumerate(lines, 1) if text.strip()]
-        if not filled or not _json_object(lines[filled[0] - 1]):
-            return None  # one JSON document (an array of records): its records are not lines
-        return filled
+        text = path.read_text(encoding="utf-8-sig")
+        lines = text.split("\n")
+        filled = [n for n, line in enumerate(lines, 1) if line.strip()]
+        if filled and _json_object(lines[filled[0] - 1]):
+            return filled  # JSON lines
+        return _array_lines(text)
     return None
+
+
+def _array_lines(text: str) -> list[int] | None:
+    """The line on which each record of a JSON array starts; None for any other document."""
+    space, decoder = re.compile(r"[ \t\r\n]*"), json.JSONDecoder()
+    at = space.match(text).end()
+    if not text.startswith("[", at):
+        return None
+    at, seen, line, starts = space.match(text, at + 1).end(), 0, 1, []
+    try:
+        while at < len(text) and text[at] != "]":
+            line, seen = line + text.count("\n", seen, at), at
+            starts.append(line)
+            at = space.match(text, decoder.raw_decode(text, at)[1]).end()
+            if text.startswith(",", at):
+                at = space.match(text, at + 1).end()
+    except ValueError:
+        return None
+    return starts
 
 
 def _json_object(text: str) -> bool:

@@ -270,4 +270,7 @@ class GPTModule(LightningModule):
 
 
 def _key(split: str) -> str:
-    return split.replace(".", "_")
+    """A split's name as a key of `nn.ModuleDict`, which takes no dots, nor a name of a Module's own
+    attributes (a validation split named `train`)."""
+    key = split.replace(".", "_")
+    return f"{key}_" if hasattr(nn.Module, key) or not key else key

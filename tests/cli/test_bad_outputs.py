@@ -213,7 +213,7 @@ def test_a_full_disk_while_writing_a_suite_report(tmp_path, monkeypatch):
 def test_cards_are_checked_when_they_load(kind, arg, message, tmp_path, tokenizer_dir, capsys):
     card = make_task(kind, tmp_path)
     before = files(tmp_path)
-    assert error(capsys, "fit", *common_args(card, tokenizer_dir, tmp_path), arg) == message
+    assert error(capsys, "fit", *common_args(card, tokenizer_dir, tmp_path), arg) == f"{card}: {message}"
     assert files(tmp_path) == before
 
 
