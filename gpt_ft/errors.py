@@ -24,7 +24,8 @@ def parse_error_message(text: str) -> str:
     lines = [line.strip(" -") for line in text.splitlines() if line.strip(" -")]
     values = [line.split(":", 1)[1].strip() for line in lines if line.startswith("Given value:")]
     nested = re.search(r"NestedArg\(key='[^']*', val='([^']*)'\)", text)
-    value = nested[1] if nested else values[0] if values else None
+    value = nested[1] if nested else values[0] if values else None  # as typed: a file, or the value
+    given = values[0] if values else value  # the innermost value, the one at fault
     where = f"--{'.'.join(keys)}: " if keys else ""
     unaccepted = [line for line in lines if "is not accepted" in line or "is not expected" in line]
     bad_class = [
@@ -33,8 +34,17 @@ def parse_error_message(text: str) -> str:
         if line.startswith("Problem with given class_path") and not lines[i + 1].startswith("Parser key")
     ]
     expected = [line for line in lines if line.startswith("Expected a ") and "NoneType" not in line]
+    not_a_class = [
+        f"class_path {m[1]!r} is not a subclass of {m[2]}"
+        for m in re.finditer(r"Import path (\S+) does not correspond to a subclass of (\w+)", text)
+    ] + [
+        f"class_path {m[1]!r} is not an import path (module.Class)"
+        for m in re.finditer(r"Expected a dot import path string: (\S*)", text)
+    ]
     if unaccepted:
         reason = unaccepted[0]
+    elif not_a_class:
+        reason = not_a_class[0]
     elif any(line.startswith("Expected a path but") for line in lines):
         reason = yaml_file_problem(value) or f"{value} is not a file that can be read"
     elif bad_class:
@@ -42,7 +52,7 @@ def parse_error_message(text: str) -> str:
     elif expected:
         match = re.match(r"Expected a (.+?)(?:\. Got value: (.*))?$", expected[0])
         kind = re.sub(r"<class '([^']+)'>", r"\1", match[1])
-        reason = f"expected {kind}, got {match[2] if match[2] is not None else value!r}"
+        reason = f"expected {kind}, got {match[2] if match[2] is not None else given!r}"
     else:
         noise = ("Parser key", "Does not validate", "Subtypes:", "Errors:", "Given value")
         reasons = [line for line in lines if not line.startswith(noise)]

@@ -336,6 +336,12 @@ def configs(draw) -> dict[str, Any]:
         ("trainer", "accumulate_grad_batches"): st.sampled_from([0, -1, 2, "x"]),
         ("trainer", "gradient_clip_val"): st.sampled_from([-1.0, 1.0, "x"]),
         ("trainer", "nonsense"): any_value,
+        ("trainer", "limit_train_batches"): st.sampled_from([-1, 0, 1, 1.5, "x"]),
+        ("trainer", "val_check_interval"): st.sampled_from([0, -1, 0.5, 2.0, 10**6]),
+        ("trainer", "log_every_n_steps"): st.sampled_from([-1, 0, 1]),
+        ("trainer", "max_steps"): st.sampled_from([-5, -1, 0, 1]),
+        ("trainer", "devices"): st.sampled_from([0, 1, 3, "auto", "x", -2]),
+        ("trainer", "accelerator"): st.sampled_from(["cpu", "tpu", "gpu", "nope"]),
         ("seed_everything", None): st.sampled_from([-1, 2**40, "x", None]),
         ("unknown_section", None): any_value,
     }

@@ -4,6 +4,7 @@ are linked (data -> model), and the callbacks every run gets."""
 from __future__ import annotations
 
 import argparse
+import re
 import time
 import warnings
 from pathlib import Path
@@ -115,6 +116,10 @@ class GPTCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         refuse_nulls(config, self.model_class)
+        accumulate = config.trainer.get("accumulate_grad_batches")
+        if isinstance(accumulate, int) and accumulate < 1:  # Lightning would divide by it
+            raise ValueError(f"--trainer.accumulate_grad_batches must be >= 1, got {accumulate}.")
+        check_devices(config.trainer.get("devices", "auto"))
         if self.subcommand in ("validate", "test", "predict") and not (
             config.get("ckpt_path") or config.model.get("init_from")
         ):
@@ -182,6 +187,18 @@ class GPTCLI(LightningCLI):
         if not trainer_config.get("plugins"):
             kwargs["plugins"] = [AtomicCheckpointIO()]
         return super().instantiate_trainer(**kwargs, callbacks=callbacks)
+
+
+def check_devices(devices) -> None:
+    """`--trainer.devices` as Lightning reads it (a count, -1 for all, 'auto', or device indices),
+    checked where Lightning would raise a TypeError of its own."""
+    text = str(devices).strip()
+    if isinstance(devices, list) or text == "auto" or re.fullmatch(r"-1|[1-9]\d*|\d+(\s*,\s*\d+)*,?", text):
+        return
+    raise ValueError(
+        f"--trainer.devices {devices!r}: give a count (1, 2, ...), -1 for every device, 'auto', "
+        "or device indices such as '0,1'."
+    )
 
 
 def refuse_nulls(config, model_class: type | None = None) -> None:

@@ -176,6 +176,10 @@ def main(argv: list[str] | None = None) -> None:
             f"rank {rank} lost another process of this distributed run ({reason}: it stopped or was "
             "killed); every process stops now, and `--ckpt_path last` resumes from the last checkpoint."
         )
+    except Exception as exc:
+        if debug or type(exc).__name__ != "MisconfigurationException":  # Lightning's own bad-value check
+            raise
+        fail(user_message(exc).rstrip(".!") + ".")
     except SystemExit as exc:
         if type(exc).__name__ == "SIGTERMException":  # Lightning's, raised at the step after the signal
             # SaveLast sets the code to 128 + the signal's number: SIGTERM, or SIGINT for Ctrl-C.

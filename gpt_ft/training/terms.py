@@ -41,7 +41,8 @@ def row_lm_terms(gpt: GPT, hidden: Tensor, targets: Tensor, *, padded: bool = Tr
     else:
         losses = F.cross_entropy(gpt.lm_logits(hidden[keep]).float(), targets[keep], reduction="none")
         row_of = torch.arange(rows, device=hidden.device)[:, None].expand(rows, T)[keep]
-        sums = torch.zeros(rows, device=hidden.device).index_add_(0, row_of, losses)
+        # The losses' own dtype: under 64-true or 16-true the default dtype is another.
+        sums = torch.zeros(rows, device=hidden.device, dtype=losses.dtype).index_add_(0, row_of, losses)
     return sums, keep.sum(dim=1)
 
 
