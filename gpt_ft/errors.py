@@ -166,11 +166,15 @@ def check_not_null(values: dict, cls: type, option: str) -> None:
             return any(admits_none(arg) for arg in typing.get_args(hint))
         return False
 
-    try:
-        hints = typing.get_type_hints(cls.__init__)
-        parameters = inspect.signature(cls.__init__).parameters
-    except (NameError, TypeError, ValueError):  # a signature that cannot be read: nothing to check
-        return
+    hints, parameters = {}, {}
+    for owner in reversed(cls.__mro__):  # a subclass passes its card's fields up as **kwargs
+        if "__init__" not in vars(owner) or owner is object:
+            continue
+        try:
+            hints.update(typing.get_type_hints(owner.__init__))
+            parameters.update(inspect.signature(owner.__init__).parameters)
+        except (NameError, TypeError, ValueError):  # a signature that cannot be read: not checked
+            continue
     for name, value in values.items():
         if value is not None or name not in hints or name not in parameters:
             continue

@@ -119,7 +119,8 @@ class GPTCLI(LightningCLI):
         accumulate = config.trainer.get("accumulate_grad_batches")
         if isinstance(accumulate, int) and accumulate < 1:  # Lightning would divide by it
             raise ValueError(f"--trainer.accumulate_grad_batches must be >= 1, got {accumulate}.")
-        check_devices(config.trainer.get("devices", "auto"))
+        on_cpu = runs_on_cpu(config.trainer.get("accelerator", "auto"))
+        check_devices(config.trainer.get("devices", "auto"), on_cpu=on_cpu)
         if self.subcommand in ("validate", "test", "predict") and not (
             config.get("ckpt_path") or config.model.get("init_from")
         ):
@@ -189,11 +190,17 @@ class GPTCLI(LightningCLI):
         return super().instantiate_trainer(**kwargs, callbacks=callbacks)
 
 
-def check_devices(devices) -> None:
-    """`--trainer.devices` as Lightning reads it (a count, -1 for all, 'auto', or device indices),
-    checked where Lightning would raise a TypeError of its own."""
+def check_devices(devices, *, on_cpu: bool) -> None:
+    """`--trainer.devices` as Lightning reads it, checked where Lightning would raise a TypeError of
+    its own: on the CPU a count of processes or 'auto'; on GPUs also -1 (every one) or indices."""
     text = str(devices).strip()
-    if isinstance(devices, list) or text == "auto" or re.fullmatch(r"-1|[1-9]\d*|\d+(\s*,\s*\d+)*,?", text):
+    if text == "auto" or re.fullmatch(r"[1-9]\d*", text):
+        return
+    if on_cpu:
+        raise ValueError(
+            f"--trainer.devices {devices!r}: on the CPU, give a count of processes (1, 2, ...) or 'auto'."
+        )
+    if isinstance(devices, list) or re.fullmatch(r"-1|\d+(\s*,\s*\d+)*,?", text):
         return
     raise ValueError(
         f"--trainer.devices {devices!r}: give a count (1, 2, ...), -1 for every device, 'auto', "

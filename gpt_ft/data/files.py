@@ -108,6 +108,9 @@ def read_table(
         builder = "csv"
     else:
         builder, kwargs = fmt, {}
+    verbosity = datasets.logging.get_verbosity()
+    # datasets logs a file that does not parse before raising; the sentence below says it instead.
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)
     try:
         files = {"data": str(path)}
         return datasets.load_dataset(builder, data_files=files, split="data" + selection, **kwargs)
@@ -116,6 +119,8 @@ def read_table(
             raise TaskDataError(f"{path}: split {split!r} has no examples.") from None
         problem = parse_problem(path, fmt, columns if fmt in ("tsv", "csv") else None, exc)
         raise TaskDataError(f"{path}{problem}.") from exc
+    finally:
+        datasets.logging.set_verbosity(verbosity)
 
 
 def _header(path: Path, sep: str) -> list[str]:
@@ -198,7 +203,7 @@ def _json_object(text: str) -> bool:
 def parse_problem(path: Path, fmt: str, columns: list[str] | None, exc: BaseException) -> str:
     """Why a file could not be loaded, as `: ...` or `, line N: ...` to follow its path: the line at
     fault found again with Python's own readers, else the loader's innermost reason."""
-    data = path.read_bytes()
+    data = path.read_bytes() if fmt in ("tsv", "csv", "json") else b""
     try:
         data.decode("utf-8")
     except UnicodeDecodeError as bad:

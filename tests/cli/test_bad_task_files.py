@@ -1,0 +1,197 @@
+"""The bad-input table's rows about task files that do not parse, cards that cannot work and
+config values the parser lets through: through the CLI, one sentence naming the file (and the line
+as an editor counts it, header = line 1) or the option, exit code 2, nothing on disk changed.
+(The same paths tried by generated inputs: tests/test_generated_inputs.py.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.cli.test_bad_outputs import error, files
+from tests.helpers import common_args, make_task
+
+CARD = """class_path: gpt_ft.adapters.{adapter}
+init_args:
+  name: sent
+  labels: [negative, positive]
+  local: {{splits: {{train: d/{file}, validation: d/{file}}}}}
+"""
+
+
+@pytest.fixture
+def explain(tmp_path, tokenizer_dir, capsys):
+    """`explain(file_name, data, card=None)`: writes a task file (and its card) and returns the
+    error sentence of `gpt-ft explain` on it, checking nothing on disk changed."""
+
+    def run(name: str, data: bytes, card: str | None = None) -> str:
+        (tmp_path / "d").mkdir(exist_ok=True)
+        (tmp_path / "d" / name).write_bytes(data)
+        path = tmp_path / "card.yaml"
+        path.write_text(card if card is not None else CARD.format(adapter="SingleText", file=name))
+        before = files(tmp_path)
+        args = [f"--data.task={path}", f"--data.tokenizer={tokenizer_dir}", f"--data.data_dir={tmp_path}"]
+        message = error(capsys, "explain", *args)
+        assert files(tmp_path) == before
+        return message
+
+    run.root = tmp_path
+    return run
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "problem"),
+    [
+        (  # a ragged row: a comma in an unquoted text
+            "t.csv",
+            b"sentence,label\na cat,positive\nyes, a dog,negative\n",
+            ", line 3: 3 fields where there are 2 columns (a text with commas in it needs quotes?)",
+        ),
+        (
+            "t.tsv",
+            b"sentence\tlabel\na\tpositive\nb\tc\tnegative\n",
+            ", line 3: 3 fields where there are 2 columns (a text with tabs in it?)",
+        ),
+        (  # a stray quote opens a field that swallows the rest of the file
+            "t.csv",
+            b'sentence,label\na,positive\n"b,negative\nc,positive\n',
+            ", line 3: a quoted field opens here and never closes",
+        ),
+        (  # one broken JSON line, after a blank one
+            "t.jsonl",
+            b'{"sentence": "a", "label": "positive"}\n\n{"sentence": "b" "label": "negative"}\n',
+            ", line 3, column 18: not valid JSON (Expecting ',' delimiter)",
+        ),
+        ("t.jsonl", b'{"sentence": "a", "label": "positive"}\n[1, 2]\n', ", line 2: a JSON object"),
+        (
+            "t.json",
+            b'[\n {"sentence": "a", "label": "positive"},\n {"sentence": "b" "label": "x"}\n]',
+            ", line 3, column 19: not valid JSON (Expecting ',' delimiter)",
+        ),
+        (  # Latin-1 on the third line
+            "t.tsv",
+            "sentence\tlabel\na\tpositive\ncafé\tnegative\n".encode("latin-1"),
+            ", line 3: not UTF-8 text (byte 0xe9: invalid continuation byte); save it as UTF-8",
+        ),
+        (
+            "t.csv",
+            b"sentence,label,sentence\na,positive,b\n",
+            ", line 1: column name(s) ['sentence'] appear more than once in the header",
+        ),
+        ("t.parquet", b"PAR1 not really", ": cannot be read as parquet (Parquet magic bytes not found"),
+    ],
+)
+def test_a_task_file_that_does_not_parse_names_the_line(explain, name, data, problem):
+    assert explain(name, data).startswith(f"{explain.root / 'd' / name}{problem}")
+
+
+@pytest.mark.parametrize(
+    ("name", "data", "where"),
+    [
+        # header, 2 rows, a blank line, then the bad row: line 5
+        ("t.tsv", b"sentence\tlabel\na\tpositive\nb\tnegative\n\nc\tmaybe\n", "line 5"),
+        # a quoted text over two lines moves the bad row to line 4
+        ("t.csv", b'sentence,label\n"two\nlines",positive\nc,maybe\n', "line 4"),
+        ("t.csv", b"\xef\xbb\xbfsentence,label\r\na,positive\r\nc,maybe\r\n", "line 3"),
+        (
+            "t.jsonl",
+            b'{"sentence": "a", "label": "positive"}\n\n{"sentence": "c", "label": "maybe"}\n',
+            "line 3",
+        ),
+        (
+            "t.json",
+            b'[{"sentence": "a", "label": "positive"},\n\n {"sentence": "c", "label": "maybe"}]',
+            "line 3",
+        ),
+    ],
+)
+def test_a_bad_label_names_its_line_as_an_editor_counts_it(explain, name, data, where):
+    assert explain(name, data) == (
+        f"{explain.root / 'd' / name}, {where}: label 'maybe' in field 'label' is not among the labels "
+        "['negative', 'positive']."
+    )
+
+
+def test_a_slice_and_dropped_rows_still_name_the_right_line(explain):
+    data = b"sentence\tlabel\na\tpositive\nb\t-\nc\tnegative\nd\tmaybe\n"
+    card = CARD.format(adapter="SingleText", file="t.tsv").replace("d/t.tsv", "'d/t.tsv[1:]'")
+    card += "  ignore_labels: ['-']\n"
+    assert explain("t.tsv", data, card).startswith(f"{explain.root / 'd' / 't.tsv'}, line 5: label 'maybe'")
+
+
+@pytest.mark.parametrize(
+    ("score", "problem"),
+    [
+        ("inf", "regression score 'inf' in field 'label' is not a finite number a 32-bit float holds."),
+        ("1e39", "regression score '1e39' in field 'label' is not a finite number a 32-bit float holds."),
+        ("7.5", "regression score '7.5' in field 'label' is outside the card's score_range [0, 5]."),
+    ],
+)
+def test_a_score_that_cannot_be_trained_on(explain, score, problem):
+    card = """class_path: gpt_ft.adapters.Similarity
+init_args: {name: sts, regression: true, score_range: [0, 5], local: {splits: {train: d/s.tsv}}}
+"""
+    data = f"sentence1\tsentence2\tlabel\na\tb\t1.0\nc\td\t{score}\n".encode()
+    assert explain("s.tsv", data, card) == f"{explain.root / 'd' / 's.tsv'}, line 3: {problem}"
+
+
+@pytest.mark.parametrize(
+    ("card", "problem"),
+    [
+        ("", "{card} is empty: a task card is a mapping with class_path and init_args (see tasks/)."),
+        ("- a\n- b\n", "{card} is a list, not a mapping: a task card is a mapping with class_path"),
+        (
+            CARD.format(adapter="SingleText", file="t.tsv").replace("SingleText", "TaskDataError"),
+            "--data.task: class_path 'gpt_ft.adapters.TaskDataError' is not a subclass of TaskAdapter",
+        ),
+        (
+            CARD.format(adapter="SingleText", file="t.tsv") + "  regression: [1]\n",
+            "--data.task.regression: expected bool, got '[1]' (in {card}).",
+        ),
+        (
+            CARD.format(adapter="SingleText", file="t.tsv") + "  metrics: [pearson]\n",
+            "{card}: Task 'sent': unknown metric(s) ['pearson']; allowed: accuracy, f1, matthews",
+        ),
+        (
+            CARD.format(adapter="SingleText", file="t.tsv") + "  label: null\n",
+            "--data.task.label: expected str, got null (in {card}).",
+        ),
+    ],
+)
+def test_a_card_that_cannot_work_is_named(explain, card, problem):
+    message = explain("t.tsv", b"sentence\tlabel\na\tpositive\n", card)
+    assert message.startswith(problem.format(card=explain.root / "card.yaml"))
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ("model:\n  lm_coef: null\n", "--model.lm_coef: expected float, got null."),
+        (
+            "trainer:\n  accumulate_grad_batches: 0\n",
+            "--trainer.accumulate_grad_batches must be >= 1, got 0.",
+        ),
+        ("trainer:\n  devices: -2\n", "--trainer.devices -2: on the CPU, give a count of processes (1, 2, ...) or 'auto'."),
+        (
+            "trainer:\n  limit_train_batches: -1\n",
+            "invalid value -1 for limit_train_batches, it has to be in [0.0, 1.0] or an int.",
+        ),
+        ("seed_everything: -1\n", "--seed_everything must be in [0, 4294967295], got -1."),
+    ],
+)
+def test_a_config_value_the_parser_lets_through(setting, message, tmp_path, tokenizer_dir, capsys):
+    card = make_task("single", tmp_path)
+    config = tmp_path / "config.yaml"
+    config.write_text(setting)
+    before = files(tmp_path)
+    args = [*common_args(card, tokenizer_dir, tmp_path), f"--config={config}", "--trainer.max_epochs=1"]
+    assert message in error(capsys, "fit", *args)
+    assert files(tmp_path) == before
+
+
+def test_a_validation_split_named_train(tmp_path, tokenizer_dir):
+    from gpt_ft.cli import main
+
+    card = make_task("single", tmp_path)
+    args = [*common_args(card, tokenizer_dir, tmp_path), "--data.task.init_args.validation_splits=[train]"]
+    main(["fit", *args, "--trainer.max_epochs=1"])  # the split's metrics under a key of their own
+    assert list(tmp_path.glob("runs/lightning_logs/version_0/checkpoints/best-0-*.ckpt"))
