@@ -148,10 +148,10 @@ def task_files(draw) -> TaskFile:
         change = draw(st.sampled_from(changes))
         if change == "bom":
             data = b"\xef\xbb\xbf" + data
-        elif change == "utf-16":
-            data = data.decode("utf-8").encode("utf-16")
+        elif change == "utf-16":  # (a parquet file's bytes: garbled, as any binary file re-encoded)
+            data = data.decode("utf-8", errors="replace").encode("utf-16")
         elif change == "latin-1":
-            data = data.decode("utf-8").encode("latin-1", errors="replace") + "é".encode("latin-1")
+            data = data.decode("utf-8", errors="replace").encode("latin-1", errors="replace") + b"\xe9"
         elif change == "truncate":
             data = data[: draw(st.integers(0, max(len(data) - 1, 0)))]
         elif change == "crlf":
@@ -550,6 +550,7 @@ def run_many(name: str, tokenizer: str, examples: int, *, seed: int | None = Non
             problem = check(Path(tmp), tokenizer, value)
         if problem is not None:
             failures.append(f"{name}: {value!r}\n  {problem}")
+            print(f"\n{failures[-1]}\n", flush=True)
 
     if seed is not None:
         one = __import__("hypothesis").seed(seed)(one)

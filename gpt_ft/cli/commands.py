@@ -200,6 +200,25 @@ def _generate(cfg, tok, gpt) -> None:
     print()
 
 
+def export(argv: list[str]) -> None:
+    """Write a fine-tuned checkpoint as a transformers `*ForSequenceClassification` folder."""
+    from gpt_ft.eval.export import check_new_folder, export_checkpoint
+
+    parser = command_parser("export", "Write a fine-tuned classifier as a standard transformers folder.")
+    parser.add_argument("--ckpt_path", required=True, help="a fine-tuned checkpoint of gpt-ft fit")
+    parser.add_argument("--out", required=True, help="a new (or empty) folder")
+    parser.add_argument(
+        "--format",
+        choices=["transformers"],
+        default="transformers",
+        help="what to write: a transformers folder",
+    )
+    cfg = parser.parse_args(argv)
+    check_new_folder(cfg.out, "--out")  # before the weights load
+    out = export_checkpoint(cfg.ckpt_path, cfg.out)
+    print(f"wrote {out}: load it with transformers' pipeline('text-classification', model='{out}')")
+
+
 def label(argv: list[str]) -> None:
     """Label the examples of a csv/tsv/jsonl file with a fine-tuned checkpoint."""
     from pathlib import Path

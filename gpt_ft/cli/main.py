@@ -51,6 +51,9 @@ COMMANDS = {
     "suite": Command(
         "fine-tune and evaluate many tasks over seeds: results table, chart, GLUE submission", commands.suite
     ),
+    "export": Command(
+        "write a fine-tuned classifier as a transformers folder (pipelines, serving)", commands.export
+    ),
 }
 USER_ERRORS = (ValueError, FileNotFoundError, KeyError, FloatingPointError)
 LOST_PEER = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")  # gloo's words

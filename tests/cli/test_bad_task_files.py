@@ -170,7 +170,10 @@ def test_a_card_that_cannot_work_is_named(explain, card, problem):
             "trainer:\n  accumulate_grad_batches: 0\n",
             "--trainer.accumulate_grad_batches must be >= 1, got 0.",
         ),
-        ("trainer:\n  devices: -2\n", "--trainer.devices -2: on the CPU, give a count of processes (1, 2, ...) or 'auto'."),
+        (
+            "trainer:\n  devices: -2\n",
+            "--trainer.devices -2: on the CPU, give a count of processes (1, 2, ...) or 'auto'.",
+        ),
         (
             "trainer:\n  limit_train_batches: -1\n",
             "invalid value -1 for limit_train_batches, it has to be in [0.0, 1.0] or an int.",

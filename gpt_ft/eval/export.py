@@ -1,0 +1,126 @@
+"""A fine-tuned classifier as a standard transformers folder, for any serving stack.
+
+    gpt-ft export --ckpt_path runs/.../last.ckpt --out my-classifier
+    # elsewhere, without gpt_ft:
+    pipeline("text-classification", model="my-classifier")("a gripping, funny film", top_k=None)
+
+The folder holds an `OpenAIGPTForSequenceClassification` (GPT-1) or `GPT2ForSequenceClassification`
+(GPT-2) with `id2label`, `label2id`, `problem_type` and `pad_token_id` set, and the tokenizer with
+GPT-1's input transform as its post-processor: `[start] text [extract]` and
+`[start] premise [delim] hypothesis [extract]` (truncation leaves the special tokens). transformers
+reads the score at the last token that is not padding: the extract token, as gpt_ft does.
+
+transformers' score layer has no bias, and the task head's bias is not zero. The final state goes
+through a normalisation whose bias nothing else reads (GPT-2's `ln_f`; GPT-1's last `ln_2`, which
+ends the network): the exported model adds δ to that bias, with W δ = b for the head's weight W and
+bias b (δ = W⁺ b, exact while the head has no more outputs than the model is wide). The scores are
+then those of gpt_ft, to float rounding; the language-model head is not exported.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from gpt_ft.errors import check_output_dir, writing
+from gpt_ft.eval.classifier import Classifier
+from gpt_ft.model.hf import to_hf
+
+_PROBLEM_TYPES = {
+    "classification": "single_label_classification",
+    "regression": "regression",
+    "multi-label": "multi_label_classification",
+}
+
+
+def export_checkpoint(ckpt: str | Path, out: str | Path) -> Path:
+    """`gpt-ft export`: the fine-tuned checkpoint `ckpt` as a transformers folder `out`."""
+    out = check_new_folder(out, "--out")
+    return export_classifier(Classifier.from_checkpoint(ckpt, device="cpu"), out)
+
+
+def check_new_folder(path: str | Path, option: str) -> Path:
+    """An output folder that does not exist or is empty (nothing in it is replaced)."""
+    out = check_output_dir(path, option)
+    if out.is_dir() and any(out.iterdir()):
+        raise ValueError(f"{option} {out} is not empty: give a new or empty folder (nothing was written).")
+    return out
+
+
+def export_classifier(clf: Classifier, out: str | Path) -> Path:
+    """Writes `clf` (weights, head, card and tokenizer) as a transformers sequence classifier."""
+    task = clf.task
+    kind = getattr(task.output, "kind", None)
+    if task.num_sequences != 1 or kind not in _PROBLEM_TYPES:
+        raise ValueError(
+            f"Task {task.name!r} ({type(task).__name__}, {kind}) has no transformers class to export to: "
+            "a similarity task adds two orders' states and multiple choice scores each choice; use "
+            "gpt_ft's Classifier or `gpt-ft label` for it."
+        )
+    model = sequence_classifier(clf)
+    tokenizer = framed_tokenizer(clf)
+    out = Path(out).expanduser()
+    with writing(out):  # written beside `out`, then moved in: a failed write leaves no half folder
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+            out.mkdir(exist_ok=True)
+            for item in Path(tmp).iterdir():
+                shutil.move(str(item), out / item.name)
+    return out
+
+
+def sequence_classifier(clf: Classifier):
+    """The transformers `*ForSequenceClassification` with `clf`'s weights and its head folded in."""
+    from transformers import GPT2ForSequenceClassification, OpenAIGPTForSequenceClassification
+
+    lm = to_hf(clf.gpt).float().cpu()
+    family = lm.config.model_type
+    if family not in ("openai-gpt", "gpt2"):
+        raise ValueError(
+            f"Exporting a {family} classifier is not supported yet: its final RMSNorm has no bias to "
+            "carry the task head's; use gpt_ft's Classifier or `gpt-ft label`."
+        )
+    task, head = clf.task, clf.head
+    config = lm.config
+    names = task.class_names or task.labels or [task.label]
+    config.num_labels = head.out_features
+    config.id2label = {i: str(name) for i, name in enumerate(names[: head.out_features])}
+    config.label2id = {name: i for i, name in config.id2label.items()}
+    config.problem_type = _PROBLEM_TYPES[task.output.kind]
+    config.pad_token_id = clf.specials.pad
+    config.bos_token_id = config.eos_token_id = clf.specials.eos  # the tokenizer's, not GPT-2's 50256
+    config.architectures = None
+    cls = OpenAIGPTForSequenceClassification if family == "openai-gpt" else GPT2ForSequenceClassification
+    model = cls(config).eval()
+    model.transformer.load_state_dict(lm.transformer.state_dict())
+    weight, bias = head.weight.detach().double(), head.bias.detach().double()
+    with torch.no_grad():
+        model.score.weight.copy_(head.weight.detach())
+        final = model.transformer.ln_f if family == "gpt2" else model.transformer.h[-1].ln_2
+        shift = torch.linalg.pinv(weight) @ bias  # W δ = b
+        final.bias.copy_((final.bias.double() + shift).float())
+    return model
+
+
+def framed_tokenizer(clf: Classifier):
+    """`clf`'s tokenizer with GPT-1's input transform as its post-processor (a copy)."""
+    import copy
+
+    from tokenizers.processors import TemplateProcessing
+
+    tokenizer = copy.deepcopy(clf.tokenizer)
+    s = clf.specials
+    start, delim, extract = (tokenizer.convert_ids_to_tokens(i) for i in (s.start, s.delim, s.extract))
+    tokenizer.backend_tokenizer.post_processor = TemplateProcessing(
+        single=f"{start} $A {extract}",
+        pair=f"{start} $A {delim} $B {extract}",
+        special_tokens=[(start, s.start), (delim, s.delim), (extract, s.extract)],
+    )
+    tokenizer.model_max_length = clf.max_length
+    tokenizer.padding_side = "right"
+    return tokenizer

@@ -1,0 +1,126 @@
+"""`gpt-ft export`: a fine-tuned classifier as a transformers folder. In a process that never
+imports gpt_ft, transformers' pipeline and AutoModelForSequenceClassification give the labels and
+probabilities of `Classifier`, for each exportable kind on GPT-1- and GPT-2-shaped models."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from gpt_ft.adapters import MultiLabel, Similarity, SingleText, TextPair
+from gpt_ft.data.tokenizer import load_tokenizer
+from gpt_ft.eval.classifier import Classifier
+from gpt_ft.eval.export import export_classifier
+from gpt_ft.model import GPT, GPTConfig
+from tests.cli.test_bad_outputs import error, files
+
+TEXTS = ["the cat sat on the mat .", "it is not good", "two dogs run in a park . " * 3, "a"]
+KINDS = {
+    "single": (SingleText(name="s", labels=["negative", "positive"]), lambda a, b: {"sentence": a}),
+    "pair": (
+        TextPair(name="p", premise="a", hypothesis="b", labels=["yes", "maybe", "no"]),
+        lambda a, b: {"a": a, "b": b},
+    ),
+    "regression": (SingleText(name="r", regression=True), lambda a, b: {"sentence": a}),
+    "multi-label": (MultiLabel(name="m", labels=["x", "y", "z"]), lambda a, b: {"text": a}),
+}
+
+# Run with a python that has transformers but never imports gpt_ft: what a serving stack sees.
+READER = """
+import json, sys
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline
+
+results = {}
+for name, folder, pairs in json.loads(sys.argv[1]):
+    classify = pipeline("text-classification", model=folder)
+    inputs = [{"text": a, "text_pair": b} if b is not None else a for a, b in pairs]
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    logits = []
+    for a, b in pairs:
+        with torch.no_grad():
+            logits.append(model(**tokenizer(a, b, return_tensors="pt")).logits[0].tolist())
+    results[name] = {"pipeline": classify(inputs, top_k=None), "logits": logits,
+                     "class": type(model).__name__, "problem_type": model.config.problem_type}
+print(json.dumps({"results": results, "imported_gpt_ft": "gpt_ft" in sys.modules}))
+"""
+
+
+def classifier(kind: str, pre_ln: bool, tokenizer_dir: str) -> Classifier:
+    """A GPT-1- (post-LN) or GPT-2-shaped (pre-LN) micro model with a random head whose bias is not zero."""
+    torch.manual_seed(1 + pre_ln)
+    tokenizer = load_tokenizer(tokenizer_dir)
+    config = GPTConfig.from_name(
+        "gpt-micro", n_positions=48, n_embd=32, vocab_size=len(tokenizer), pre_ln=pre_ln
+    )
+    task = KINDS[kind][0]
+    head = task.head(config.n_embd, dropout=0.0, init_std=0.3)
+    torch.nn.init.normal_(head.bias, std=1.0)
+    return Classifier(GPT(config).eval(), head, task, tokenizer, max_length=48, device="cpu")
+
+
+def test_exported_classifiers_give_the_classifiers_labels_and_probabilities(tmp_path, tokenizer_dir):
+    jobs, expected = [], {}
+    for kind, (task, example) in KINDS.items():
+        for pre_ln in (False, True):
+            name = f"{kind}-{'gpt2' if pre_ln else 'gpt1'}"
+            clf = classifier(kind, pre_ln, tokenizer_dir)
+            pairs = [(a, TEXTS[-1 - i] if kind == "pair" else None) for i, a in enumerate(TEXTS)]
+            expected[name] = (clf.predict([example(a, b) for a, b in pairs]), clf.head)
+            jobs.append((name, str(export_classifier(clf, tmp_path / name)), pairs))
+    run = subprocess.run(
+        [sys.executable, "-c", READER, json.dumps(jobs)], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["imported_gpt_ft"] is False
+    for name, (outcomes, head) in expected.items():
+        result = got["results"][name]
+        family, kind = name.rsplit("-", 1)[1], name.rsplit("-", 1)[0]
+        assert result["class"] == f"{'GPT2' if family == 'gpt2' else 'OpenAIGPT'}ForSequenceClassification"
+        for outcome, ranked, logits in zip(outcomes, result["pipeline"], result["logits"]):
+            scores = {r["label"]: r["score"] for r in ranked}
+            if kind == "regression":  # the score itself, as the label's score
+                assert result["problem_type"] == "regression"
+                assert scores["label"] == pytest.approx(outcome["scores"], abs=1e-4)
+                assert logits[0] == pytest.approx(outcome["scores"], abs=1e-4)
+                continue
+            assert scores.keys() == outcome["scores"].keys()
+            for label, probability in outcome["scores"].items():
+                assert scores[label] == pytest.approx(probability, abs=1e-4)
+            if kind != "multi-label":  # the pipeline's first label is the Classifier's
+                assert ranked[0]["label"] == outcome["label"]
+            else:
+                assert [n for n in outcome["scores"] if scores[n] > 0.5] == outcome["label"]
+
+
+def test_a_similarity_or_multiple_choice_task_is_not_exported(tmp_path, tokenizer_dir):
+    clf = classifier("single", True, tokenizer_dir)
+    clf.task = Similarity(name="sts", regression=True)
+    with pytest.raises(ValueError, match="'sts' \\(Similarity, regression\\) has no transformers class"):
+        export_classifier(clf, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_export_command(tmp_path, finetuned, capsys):
+    from gpt_ft.cli import main
+
+    out = tmp_path / "exported"
+    main(["export", f"--ckpt_path={finetuned.ckpt}", f"--out={out}"])
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in out.iterdir()}
+    config = json.loads((out / "config.json").read_text())
+    assert config["id2label"] == {"0": "negative", "1": "positive"}
+    assert config["problem_type"] == "single_label_classification"
+    before = files(tmp_path)
+    assert error(capsys, "export", f"--ckpt_path={finetuned.ckpt}", f"--out={out}") == (
+        f"--out {out} is not empty: give a new or empty folder (nothing was written)."
+    )
+    assert "--format: " in error(
+        capsys, "export", f"--ckpt_path={finetuned.ckpt}", "--out=x", "--format=tflite"
+    )
+    assert files(tmp_path) == before
