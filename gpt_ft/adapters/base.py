@@ -210,9 +210,9 @@ class TaskAdapter:
 
     # ---- what the output kind says: the head, labels, metrics, written predictions ----
 
-    def head(self, n_embd: int, *, dropout: float, init_std: float) -> TaskHead:
+    def head(self, n_embd: int, *, dropout: float, init_std: float, bias: bool = True) -> TaskHead:
         """The layer that turns an example's extract states into this task's outputs (GPT-1 §3.3)."""
-        return self.output.head(n_embd, dropout=dropout, init_std=init_std)
+        return self.output.head(n_embd, dropout=dropout, init_std=init_std, bias=bias)
 
     @property
     def num_labels(self) -> int:

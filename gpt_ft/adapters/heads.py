@@ -3,7 +3,9 @@
 A head is a linear layer on the final state of the extract token (GPT-1 §3.3), with dropout
 before it (GPT-1: 0.1). Each output kind builds its head (`TaskOutput.head` in `outputs.py`), so
 that a new kind brings its own and the training code stays the same for every task. Heads subclass
-`nn.Linear`, so that their parameters are `head.weight` and `head.bias` in every checkpoint.
+`nn.Linear`, so that their parameters are `head.weight` and `head.bias` in every checkpoint. A
+model without biases (the Llama family) gets a head without one, as its transformers
+`*ForSequenceClassification` has (GPT-1's equation 3, `softmax(h W_y)`, has none either).
 """
 
 from __future__ import annotations
@@ -20,10 +22,13 @@ class TaskHead(nn.Linear):
     one point (classes, a score, several labels).
     """
 
-    def __init__(self, n_embd: int, outputs: int, *, dropout: float = 0.1, init_std: float = 0.02) -> None:
-        super().__init__(n_embd, outputs)
+    def __init__(
+        self, n_embd: int, outputs: int, *, dropout: float = 0.1, init_std: float = 0.02, bias: bool = True
+    ) -> None:
+        super().__init__(n_embd, outputs, bias=bias)
         nn.init.normal_(self.weight, std=init_std)
-        nn.init.zeros_(self.bias)
+        if bias:
+            nn.init.zeros_(self.bias)
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, extract: Tensor, choice_mask: Tensor | None = None) -> Tensor:
@@ -69,8 +74,9 @@ class RegressionHead(TaskHead):
         score_range: tuple[float, float] | None = None,
         dropout: float = 0.1,
         init_std: float = 0.02,
+        bias: bool = True,
     ) -> None:
-        super().__init__(n_embd, 1, dropout=dropout, init_std=init_std)
+        super().__init__(n_embd, 1, dropout=dropout, init_std=init_std, bias=bias)
         self.score_range = score_range
 
     def losses(self, outputs: Tensor, labels: Tensor) -> Tensor:
@@ -88,8 +94,10 @@ class ChoiceHead(ClassificationHead):
     """One scalar per choice from the same linear layer, softmax over a row's choices; a choice the
     row does not have is masked out (GPT-1 §3.3, multiple choice)."""
 
-    def __init__(self, n_embd: int, *, dropout: float = 0.1, init_std: float = 0.02) -> None:
-        super().__init__(n_embd, 1, dropout=dropout, init_std=init_std)
+    def __init__(
+        self, n_embd: int, *, dropout: float = 0.1, init_std: float = 0.02, bias: bool = True
+    ) -> None:
+        super().__init__(n_embd, 1, dropout=dropout, init_std=init_std, bias=bias)
 
     def forward(self, extract: Tensor, choice_mask: Tensor | None = None) -> Tensor:
         """Scores (B, S), one per choice, from extract states (B, S, C)."""

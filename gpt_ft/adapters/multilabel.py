@@ -26,9 +26,16 @@ class MultiLabelHead(TaskHead):
     probability is above `threshold`, as a 0/1 row."""
 
     def __init__(
-        self, n_embd: int, labels: int, *, threshold: float, dropout: float = 0.1, init_std: float = 0.02
+        self,
+        n_embd: int,
+        labels: int,
+        *,
+        threshold: float,
+        dropout: float = 0.1,
+        init_std: float = 0.02,
+        bias: bool = True,
     ) -> None:
-        super().__init__(n_embd, labels, dropout=dropout, init_std=init_std)
+        super().__init__(n_embd, labels, dropout=dropout, init_std=init_std, bias=bias)
         self.threshold = threshold
 
     def losses(self, outputs: Tensor, labels: Tensor) -> Tensor:
@@ -62,9 +69,9 @@ class MultiLabelOutput(TaskOutput):
     def num_outputs(self) -> int:
         return len(self.spec.names)
 
-    def head(self, n_embd: int, *, dropout: float, init_std: float) -> TaskHead:
+    def head(self, n_embd: int, *, dropout: float, init_std: float, bias: bool = True) -> TaskHead:
         return MultiLabelHead(
-            n_embd, self.num_outputs, threshold=self.threshold, dropout=dropout, init_std=init_std
+            n_embd, self.num_outputs, threshold=self.threshold, dropout=dropout, init_std=init_std, bias=bias
         )
 
     def metric_values(self, predictions: Tensor, labels: Tensor, metrics: list[str]) -> dict[str, Tensor]:

@@ -75,7 +75,7 @@ class TaskOutput:
         """The classes when one of them is predicted per example; None for scores, choices, label sets."""
         return None
 
-    def head(self, n_embd: int, *, dropout: float, init_std: float) -> TaskHead:
+    def head(self, n_embd: int, *, dropout: float, init_std: float, bias: bool = True) -> TaskHead:
         """The layer that turns an example's extract states into these outputs (GPT-1 §3.3)."""
         raise NotImplementedError
 
@@ -134,8 +134,8 @@ class ClassificationOutput(TaskOutput):
     def class_names(self) -> list[str] | None:
         return self.spec.names
 
-    def head(self, n_embd: int, *, dropout: float, init_std: float) -> TaskHead:
-        return ClassificationHead(n_embd, self.num_outputs, dropout=dropout, init_std=init_std)
+    def head(self, n_embd: int, *, dropout: float, init_std: float, bias: bool = True) -> TaskHead:
+        return ClassificationHead(n_embd, self.num_outputs, dropout=dropout, init_std=init_std, bias=bias)
 
     def metric_values(self, predictions: Tensor, labels: Tensor, metrics: list[str]) -> dict[str, Tensor]:
         return {name: metric_value(name, predictions, labels, self.num_classes) for name in metrics}
@@ -196,8 +196,8 @@ class ChoiceOutput(ClassificationOutput):
     def class_names(self) -> list[str] | None:
         return None
 
-    def head(self, n_embd: int, *, dropout: float, init_std: float) -> TaskHead:
-        return ChoiceHead(n_embd, dropout=dropout, init_std=init_std)
+    def head(self, n_embd: int, *, dropout: float, init_std: float, bias: bool = True) -> TaskHead:
+        return ChoiceHead(n_embd, dropout=dropout, init_std=init_std, bias=bias)
 
     def label_text(self, label: Any) -> Any:
         return label
@@ -222,8 +222,10 @@ class RegressionOutput(TaskOutput):
     def num_outputs(self) -> int:
         return 1
 
-    def head(self, n_embd: int, *, dropout: float, init_std: float) -> TaskHead:
-        return RegressionHead(n_embd, score_range=self.spec.score_range, dropout=dropout, init_std=init_std)
+    def head(self, n_embd: int, *, dropout: float, init_std: float, bias: bool = True) -> TaskHead:
+        return RegressionHead(
+            n_embd, score_range=self.spec.score_range, dropout=dropout, init_std=init_std, bias=bias
+        )
 
     def metric_values(self, predictions: Tensor, labels: Tensor, metrics: list[str]) -> dict[str, Tensor]:
         return {name: metric_value(name, predictions, labels, 1) for name in metrics}

@@ -179,6 +179,10 @@ def main(argv: list[str] | None = None) -> None:
             f"rank {rank} lost another process of this distributed run ({reason}: it stopped or was "
             "killed); every process stops now, and `--ckpt_path last` resumes from the last checkpoint."
         )
+    except ModuleNotFoundError as exc:  # a package the settings need (--trainer.accelerator tpu: torch_xla)
+        if debug:
+            raise
+        fail(f"a package this run needs is not installed: {str(exc).rstrip('.!')}.")
     except Exception as exc:
         if debug or type(exc).__name__ != "MisconfigurationException":  # Lightning's own bad-value check
             raise

@@ -56,7 +56,7 @@ class Classifier:
         tokenizer = load_tokenizer(tokenizer_dir)
         gpt = gpt_from_checkpoint(stored, path)
         config = gpt.config
-        head = task.head(config.n_embd, dropout=0.0, init_std=config.initializer_range)
+        head = task.head(config.n_embd, dropout=0.0, init_std=config.initializer_range, bias=config.bias)
         head.load_state_dict(submodule_state(stored, "head"))
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         return cls(gpt, head, task, tokenizer, max_length=data.get("max_length", 512), device=device)

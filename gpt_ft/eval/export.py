@@ -4,13 +4,16 @@
     # elsewhere, without gpt_ft:
     pipeline("text-classification", model="my-classifier")("a gripping, funny film", top_k=None)
 
-The folder holds an `OpenAIGPTForSequenceClassification` (GPT-1) or `GPT2ForSequenceClassification`
-(GPT-2) with `id2label`, `label2id`, `problem_type` and `pad_token_id` set, and the tokenizer with
-GPT-1's input transform as its post-processor: `[start] text [extract]` and
-`[start] premise [delim] hypothesis [extract]` (truncation leaves the special tokens). transformers
-reads the score at the last token that is not padding: the extract token, as gpt_ft does.
+The folder holds an `OpenAIGPTForSequenceClassification` (GPT-1), `GPT2ForSequenceClassification`
+(GPT-2), `LlamaForSequenceClassification`, `Qwen2ForSequenceClassification` or
+`MistralForSequenceClassification` with `id2label`, `label2id`, `problem_type` and `pad_token_id`
+set, and the tokenizer with GPT-1's input transform as its post-processor: `[start] text [extract]`
+and `[start] premise [delim] hypothesis [extract]` (truncation leaves the special tokens).
+transformers reads the score at the last token that is not padding: the extract token, as gpt_ft
+does.
 
-transformers' score layer has no bias, and the task head's bias is not zero. The final state goes
+transformers' score layer has no bias. Models without biases (the Llama family) train heads without
+one, so their export is the head as it is. GPT-1's and GPT-2's heads have a bias. The final state goes
 through a normalisation whose bias nothing else reads (GPT-2's `ln_f`; GPT-1's last `ln_2`, which
 ends the network): the exported model adds δ to that bias, with W δ = b for the head's weight W and
 bias b (δ = W⁺ b, exact while the head has no more outputs than the model is wide). The scores are
@@ -76,17 +79,11 @@ def export_classifier(clf: Classifier, out: str | Path) -> Path:
 
 def sequence_classifier(clf: Classifier):
     """The transformers `*ForSequenceClassification` with `clf`'s weights and its head folded in."""
-    from transformers import GPT2ForSequenceClassification, OpenAIGPTForSequenceClassification
+    from transformers import AutoModelForSequenceClassification
 
     lm = to_hf(clf.gpt).float().cpu()
-    family = lm.config.model_type
-    if family not in ("openai-gpt", "gpt2"):
-        raise ValueError(
-            f"Exporting a {family} classifier is not supported yet: its final RMSNorm has no bias to "
-            "carry the task head's; use gpt_ft's Classifier or `gpt-ft label`."
-        )
-    task, head = clf.task, clf.head
-    config = lm.config
+    config, task, head = lm.config, clf.task, clf.head
+    family = config.model_type
     names = task.class_names or task.labels or [task.label]
     config.num_labels = head.out_features
     config.id2label = {i: str(name) for i, name in enumerate(names[: head.out_features])}
@@ -95,14 +92,20 @@ def sequence_classifier(clf: Classifier):
     config.pad_token_id = clf.specials.pad
     config.bos_token_id = config.eos_token_id = clf.specials.eos  # the tokenizer's, not GPT-2's 50256
     config.architectures = None
-    cls = OpenAIGPTForSequenceClassification if family == "openai-gpt" else GPT2ForSequenceClassification
-    model = cls(config).eval()
-    model.transformer.load_state_dict(lm.transformer.state_dict())
-    weight, bias = head.weight.detach().double(), head.bias.detach().double()
+    model = AutoModelForSequenceClassification.from_config(config).eval()
+    base = getattr(model, model.base_model_prefix)
+    base.load_state_dict(getattr(lm, lm.base_model_prefix).state_dict())
     with torch.no_grad():
         model.score.weight.copy_(head.weight.detach())
-        final = model.transformer.ln_f if family == "gpt2" else model.transformer.h[-1].ln_2
-        shift = torch.linalg.pinv(weight) @ bias  # W δ = b
+        if head.bias is None:  # a model without biases: its head has none either
+            return model
+        if family not in ("openai-gpt", "gpt2"):
+            raise ValueError(
+                f"This {family} classifier's head has a bias, which its final RMSNorm cannot carry; "
+                "heads of models without biases are trained without one since gpt_ft 0.1: fine-tune again."
+            )
+        final = base.ln_f if family == "gpt2" else base.h[-1].ln_2
+        shift = torch.linalg.pinv(head.weight.detach().double()) @ head.bias.detach().double()  # W δ = b
         final.bias.copy_((final.bias.double() + shift).float())
     return model
 

@@ -105,7 +105,9 @@ class GPTModule(LightningModule):
         self.lm_coef = lm_coef
         config = self.gpt.config
         self.head = (
-            task.head(config.n_embd, dropout=classifier_dropout, init_std=config.initializer_range)
+            task.head(
+                config.n_embd, dropout=classifier_dropout, init_std=config.initializer_range, bias=config.bias
+            )
             if task is not None
             else None
         )

@@ -1,6 +1,6 @@
 """`gpt-ft export`: a fine-tuned classifier as a transformers folder. In a process that never
 imports gpt_ft, transformers' pipeline and AutoModelForSequenceClassification give the labels and
-probabilities of `Classifier`, for each exportable kind on GPT-1- and GPT-2-shaped models."""
+probabilities of `Classifier`, for each exportable kind on GPT-1-, GPT-2- and Llama-shaped models."""
 
 from __future__ import annotations
 
@@ -51,25 +51,32 @@ print(json.dumps({"results": results, "imported_gpt_ft": "gpt_ft" in sys.modules
 """
 
 
-def classifier(kind: str, pre_ln: bool, tokenizer_dir: str) -> Classifier:
-    """A GPT-1- (post-LN) or GPT-2-shaped (pre-LN) micro model with a random head whose bias is not zero."""
-    torch.manual_seed(1 + pre_ln)
+SHAPES = {
+    "gpt1": ("gpt-micro", dict(n_embd=32, pre_ln=False), "OpenAIGPT"),  # post-LN
+    "gpt2": ("gpt-micro", dict(n_embd=32, pre_ln=True), "GPT2"),  # pre-LN, a final LN
+    "llama": ("llama-micro", {}, "Llama"),  # RMSNorm, rotary, SwiGLU, GQA; no biases
+}
+
+
+def classifier(kind: str, shape: str, tokenizer_dir: str) -> Classifier:
+    """A micro model of `shape` with a random head (whose bias, where it has one, is not zero)."""
+    torch.manual_seed(len(kind) + len(shape))
     tokenizer = load_tokenizer(tokenizer_dir)
-    config = GPTConfig.from_name(
-        "gpt-micro", n_positions=48, n_embd=32, vocab_size=len(tokenizer), pre_ln=pre_ln
-    )
+    preset, overrides, _ = SHAPES[shape]
+    config = GPTConfig.from_name(preset, n_positions=48, vocab_size=len(tokenizer), **overrides)
     task = KINDS[kind][0]
-    head = task.head(config.n_embd, dropout=0.0, init_std=0.3)
-    torch.nn.init.normal_(head.bias, std=1.0)
+    head = task.head(config.n_embd, dropout=0.0, init_std=0.3, bias=config.bias)
+    if head.bias is not None:
+        torch.nn.init.normal_(head.bias, std=1.0)
     return Classifier(GPT(config).eval(), head, task, tokenizer, max_length=48, device="cpu")
 
 
 def test_exported_classifiers_give_the_classifiers_labels_and_probabilities(tmp_path, tokenizer_dir):
     jobs, expected = [], {}
     for kind, (task, example) in KINDS.items():
-        for pre_ln in (False, True):
-            name = f"{kind}-{'gpt2' if pre_ln else 'gpt1'}"
-            clf = classifier(kind, pre_ln, tokenizer_dir)
+        for shape in SHAPES:
+            name = f"{kind}-{shape}"
+            clf = classifier(kind, shape, tokenizer_dir)
             pairs = [(a, TEXTS[-1 - i] if kind == "pair" else None) for i, a in enumerate(TEXTS)]
             expected[name] = (clf.predict([example(a, b) for a, b in pairs]), clf.head)
             jobs.append((name, str(export_classifier(clf, tmp_path / name)), pairs))
@@ -81,8 +88,8 @@ def test_exported_classifiers_give_the_classifiers_labels_and_probabilities(tmp_
     assert got["imported_gpt_ft"] is False
     for name, (outcomes, head) in expected.items():
         result = got["results"][name]
-        family, kind = name.rsplit("-", 1)[1], name.rsplit("-", 1)[0]
-        assert result["class"] == f"{'GPT2' if family == 'gpt2' else 'OpenAIGPT'}ForSequenceClassification"
+        kind, shape = name.rsplit("-", 1)
+        assert result["class"] == f"{SHAPES[shape][2]}ForSequenceClassification"
         for outcome, ranked, logits in zip(outcomes, result["pipeline"], result["logits"]):
             scores = {r["label"]: r["score"] for r in ranked}
             if kind == "regression":  # the score itself, as the label's score
@@ -100,7 +107,7 @@ def test_exported_classifiers_give_the_classifiers_labels_and_probabilities(tmp_
 
 
 def test_a_similarity_or_multiple_choice_task_is_not_exported(tmp_path, tokenizer_dir):
-    clf = classifier("single", True, tokenizer_dir)
+    clf = classifier("single", "gpt2", tokenizer_dir)
     clf.task = Similarity(name="sts", regression=True)
     with pytest.raises(ValueError, match="'sts' \\(Similarity, regression\\) has no transformers class"):
         export_classifier(clf, tmp_path / "out")
