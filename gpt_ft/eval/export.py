@@ -30,7 +30,7 @@ import torch
 
 from gpt_ft.errors import check_output_dir, writing
 from gpt_ft.eval.classifier import Classifier
-from gpt_ft.model.hf import to_hf
+from gpt_ft.model.hf import config_to_hf, to_hf
 
 _PROBLEM_TYPES = {
     "classification": "single_label_classification",
@@ -57,13 +57,17 @@ def export_classifier(clf: Classifier, out: str | Path) -> Path:
     """Writes `clf` (weights, head, card and tokenizer) as a transformers sequence classifier."""
     task = clf.task
     kind = getattr(task.output, "kind", None)
-    if task.num_sequences != 1 or kind not in _PROBLEM_TYPES:
+    family = config_to_hf(clf.gpt.config).model_type
+    if kind == "multiple-choice" and family in ("openai-gpt", "gpt2"):
+        model = double_heads_model(clf)
+    elif task.num_sequences == 1 and kind in _PROBLEM_TYPES:
+        model = sequence_classifier(clf)
+    else:
         raise ValueError(
             f"Task {task.name!r} ({type(task).__name__}, {kind}) has no transformers class to export to: "
-            "a similarity task adds two orders' states and multiple choice scores each choice; use "
-            "gpt_ft's Classifier or `gpt-ft label` for it."
+            "a similarity task adds two orders' states, and transformers has multiple-choice models of "
+            "GPT-1 and GPT-2 only; use gpt_ft's Classifier or `gpt-ft label` for it."
         )
-    model = sequence_classifier(clf)
     tokenizer = framed_tokenizer(clf)
     out = Path(out).expanduser()
     with writing(out):  # written beside `out`, then moved in: a failed write leaves no half folder
@@ -107,6 +111,38 @@ def sequence_classifier(clf: Classifier):
         final = base.ln_f if family == "gpt2" else base.h[-1].ln_2
         shift = torch.linalg.pinv(head.weight.detach().double()) @ head.bias.detach().double()  # W δ = b
         final.bias.copy_((final.bias.double() + shift).float())
+    return model
+
+
+def double_heads_model(clf: Classifier):
+    """GPT-1's or GPT-2's `*DoubleHeadsModel`: the language model and the choice head read at each
+    choice's extract token (`mc_token_ids`), one score per choice (GPT-1 §3.3)."""
+    from transformers import GPT2DoubleHeadsModel, OpenAIGPTDoubleHeadsModel
+
+    lm = to_hf(clf.gpt).float().cpu()
+    config = lm.config
+    config.update(
+        dict(
+            summary_type="cls_index",
+            summary_use_proj=True,
+            summary_proj_to_labels=True,
+            summary_activation=None,
+            num_labels=1,
+            pad_token_id=clf.specials.pad,
+            bos_token_id=clf.specials.eos,
+            eos_token_id=clf.specials.eos,
+            architectures=None,
+        )
+    )
+    cls = GPT2DoubleHeadsModel if config.model_type == "gpt2" else OpenAIGPTDoubleHeadsModel
+    model = cls(config).eval()
+    loaded = model.load_state_dict(lm.state_dict(), strict=False)
+    assert all(k.startswith("multiple_choice_head.") for k in loaded.missing_keys), loaded
+    with torch.no_grad():
+        model.multiple_choice_head.summary.weight.copy_(clf.head.weight.detach())
+        if clf.head.bias is not None:
+            model.multiple_choice_head.summary.bias.copy_(clf.head.bias.detach())
+    model.tie_weights()
     return model
 
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from gpt_ft.adapters import MultiLabel, Similarity, SingleText, TextPair
+from gpt_ft.adapters import MultiLabel, MultipleChoice, Similarity, SingleText, TextPair
 from gpt_ft.data.tokenizer import load_tokenizer
 from gpt_ft.eval.classifier import Classifier
 from gpt_ft.eval.export import export_classifier
@@ -131,3 +131,51 @@ def test_export_command(tmp_path, finetuned, capsys):
         capsys, "export", f"--ckpt_path={finetuned.ckpt}", "--out=x", "--format=tflite"
     )
     assert files(tmp_path) == before
+
+
+CHOICE_READER = """
+import json, sys
+import torch
+from transformers import AutoTokenizer, GPT2DoubleHeadsModel, OpenAIGPTDoubleHeadsModel
+
+results = {}
+for name, folder, rows in json.loads(sys.argv[1]):
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    cls = GPT2DoubleHeadsModel if "gpt2" in name else OpenAIGPTDoubleHeadsModel
+    model = cls.from_pretrained(folder).eval()
+    scores = []
+    for context, choices in rows:
+        encoded = tokenizer([context] * len(choices), choices, padding=True, return_tensors="pt")
+        extract = encoded["attention_mask"].sum(dim=1) - 1  # the last token of each choice
+        with torch.no_grad():
+            # Padding on the right comes after each extract token: causal attention never reads it.
+            out = model(input_ids=encoded["input_ids"][None], mc_token_ids=extract[None])
+        scores.append(out.mc_logits[0].softmax(-1).tolist())
+    results[name] = {"scores": scores, "class": type(model).__name__}
+print(json.dumps({"results": results, "imported_gpt_ft": "gpt_ft" in sys.modules}))
+"""
+
+
+def test_gpt_multiple_choice_exports_to_double_heads_models(tmp_path, tokenizer_dir):
+    task = MultipleChoice(name="mc", context=["story"], choices=["end1", "end2", "end3"])
+    short = [t for t in TEXTS if len(t) < 30]  # each choice fits: no truncation to match
+    rows = [(a, [short[1], short[-1], b]) for a, b in zip(short, reversed(short))]
+    jobs, expected = [], {}
+    for shape in ("gpt1", "gpt2"):
+        clf = classifier("single", shape, tokenizer_dir)
+        clf.task = task
+        clf.head = task.head(clf.gpt.config.n_embd, dropout=0.0, init_std=0.3)
+        torch.nn.init.normal_(clf.head.bias, std=1.0)
+        examples = [{"story": a, "end1": c[0], "end2": c[1], "end3": c[2]} for a, c in rows]
+        expected[shape] = clf.predict(examples)
+        jobs.append((shape, str(export_classifier(clf, tmp_path / shape)), rows))
+    run = subprocess.run(
+        [sys.executable, "-c", CHOICE_READER, json.dumps(jobs)], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["imported_gpt_ft"] is False
+    for shape, outcomes in expected.items():
+        assert got["results"][shape]["class"] == f"{SHAPES[shape][2]}DoubleHeadsModel"
+        for outcome, probabilities in zip(outcomes, got["results"][shape]["scores"]):
+            assert probabilities == pytest.approx(list(outcome["scores"].values()), abs=1e-4)
