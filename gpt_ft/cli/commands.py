@@ -201,22 +201,26 @@ def _generate(cfg, tok, gpt) -> None:
 
 
 def export(argv: list[str]) -> None:
-    """Write a fine-tuned checkpoint as a transformers `*ForSequenceClassification` folder."""
-    from gpt_ft.eval.export import check_new_folder, export_checkpoint
+    """Write a fine-tuned checkpoint as a transformers folder, or as ONNX."""
+    from gpt_ft.eval.export import FORMATS, check_format, check_new_folder, export_checkpoint
 
     parser = command_parser("export", "Write a fine-tuned classifier as a standard transformers folder.")
     parser.add_argument("--ckpt_path", required=True, help="a fine-tuned checkpoint of gpt-ft fit")
     parser.add_argument("--out", required=True, help="a new (or empty) folder")
     parser.add_argument(
         "--format",
-        choices=["transformers"],
+        choices=list(FORMATS),
         default="transformers",
-        help="what to write: a transformers folder",
+        help="transformers (a folder for pipelines) or onnx (config, tokenizer and model.onnx)",
     )
     cfg = parser.parse_args(argv)
     check_new_folder(cfg.out, "--out")  # before the weights load
-    out = export_checkpoint(cfg.ckpt_path, cfg.out)
-    print(f"wrote {out}: load it with transformers' pipeline('text-classification', model='{out}')")
+    check_format(cfg.format)
+    out = export_checkpoint(cfg.ckpt_path, cfg.out, format=cfg.format)
+    if cfg.format == "onnx":
+        print(f"wrote {out}/model.onnx with its config and tokenizer (onnxruntime, optimum)")
+    else:
+        print(f"wrote {out}: load it with transformers' pipeline('text-classification', model='{out}')")
 
 
 def label(argv: list[str]) -> None:

@@ -39,10 +39,25 @@ _PROBLEM_TYPES = {
 }
 
 
-def export_checkpoint(ckpt: str | Path, out: str | Path) -> Path:
-    """`gpt-ft export`: the fine-tuned checkpoint `ckpt` as a transformers folder `out`."""
+FORMATS = ("transformers", "onnx")
+
+
+def export_checkpoint(ckpt: str | Path, out: str | Path, *, format: str = "transformers") -> Path:
+    """`gpt-ft export`: the fine-tuned checkpoint `ckpt` as a transformers folder `out` (or its
+    config, tokenizer and `model.onnx`)."""
     out = check_new_folder(out, "--out")
-    return export_classifier(Classifier.from_checkpoint(ckpt, device="cpu"), out)
+    check_format(format)
+    return export_classifier(Classifier.from_checkpoint(ckpt, device="cpu"), out, format=format)
+
+
+def check_format(format: str) -> None:
+    if format not in FORMATS:
+        raise ValueError(f"--format {format!r}: choose transformers or onnx.")
+    if format == "onnx":
+        try:
+            import onnxscript  # noqa: F401  (torch.onnx's exporter needs it)
+        except ImportError:
+            raise ValueError("--format onnx needs the onnx packages: pip install 'gpt_ft[onnx]'.") from None
 
 
 def check_new_folder(path: str | Path, option: str) -> Path:
@@ -53,8 +68,10 @@ def check_new_folder(path: str | Path, option: str) -> Path:
     return out
 
 
-def export_classifier(clf: Classifier, out: str | Path) -> Path:
-    """Writes `clf` (weights, head, card and tokenizer) as a transformers sequence classifier."""
+def export_classifier(clf: Classifier, out: str | Path, *, format: str = "transformers") -> Path:
+    """Writes `clf` (weights, head, card and tokenizer) as a transformers sequence classifier, or
+    with `format="onnx"` its config, tokenizer and `model.onnx` (dynamic batch and length)."""
+    check_format(format)
     task = clf.task
     kind = getattr(task.output, "kind", None)
     family = config_to_hf(clf.gpt.config).model_type
@@ -73,7 +90,11 @@ def export_classifier(clf: Classifier, out: str | Path) -> Path:
     with writing(out):  # written beside `out`, then moved in: a failed write leaves no half folder
         out.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp:
-            model.save_pretrained(tmp)
+            if format == "onnx":
+                model.config.save_pretrained(tmp)
+                write_onnx(model, tokenizer, Path(tmp) / "model.onnx")
+            else:
+                model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
             out.mkdir(exist_ok=True)
             for item in Path(tmp).iterdir():
@@ -144,6 +165,48 @@ def double_heads_model(clf: Classifier):
             model.multiple_choice_head.summary.bias.copy_(clf.head.bias.detach())
     model.tie_weights()
     return model
+
+
+def write_onnx(model, tokenizer, path: Path) -> None:
+    """`model` through torch.onnx's exporter, batch and length (and choices) dynamic: inputs `input_ids` and
+    `attention_mask` (multiple choice: `input_ids` of (batch, choices, length) and `mc_token_ids`),
+    output `logits` (multiple choice: `mc_logits`)."""
+    import warnings
+
+    choices = hasattr(model, "multiple_choice_head")
+    pairs = tokenizer(["a b c d", "a"], ["e", "f g"], padding=True, return_tensors="pt")
+    batch, length = torch.export.Dim("batch"), torch.export.Dim("length")
+    if choices:
+        wrapper = _ChoiceScores(model)
+        ids = pairs["input_ids"][None]  # (1 example, 2 choices, length)
+        inputs = (ids, pairs["attention_mask"].sum(dim=1)[None] - 1)
+        names, output = ["input_ids", "mc_token_ids"], "mc_logits"
+        k = torch.export.Dim("choices")
+        shapes = {"input_ids": {0: batch, 1: k, 2: length}, "mc_token_ids": {0: batch, 1: k}}
+    else:
+        wrapper, inputs = _Logits(model), (pairs["input_ids"], pairs["attention_mask"])
+        names, output = ["input_ids", "attention_mask"], "logits"
+        shapes = {"input_ids": {0: batch, 1: length}, "attention_mask": {0: batch, 1: length}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the exporter's notes on its own internals
+        torch.onnx.export(
+            wrapper, inputs, str(path), dynamo=True, input_names=names, output_names=[output],
+            dynamic_shapes=shapes, verbose=False,
+        )  # fmt: skip
+
+
+class _Logits(torch.nn.Module):
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+
+
+class _ChoiceScores(_Logits):
+    def forward(self, input_ids, mc_token_ids):
+        return self.model(input_ids=input_ids, mc_token_ids=mc_token_ids).mc_logits
 
 
 def framed_tokenizer(clf: Classifier):

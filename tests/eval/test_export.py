@@ -179,3 +179,46 @@ def test_gpt_multiple_choice_exports_to_double_heads_models(tmp_path, tokenizer_
         assert got["results"][shape]["class"] == f"{SHAPES[shape][2]}DoubleHeadsModel"
         for outcome, probabilities in zip(outcomes, got["results"][shape]["scores"]):
             assert probabilities == pytest.approx(list(outcome["scores"].values()), abs=1e-4)
+
+
+ONNX_READER = """
+import json, sys
+import numpy as np
+import onnxruntime
+from transformers import AutoTokenizer
+
+results = {}
+for name, folder, pairs in json.loads(sys.argv[1]):
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    session = onnxruntime.InferenceSession(folder + "/model.onnx")
+    a, b = [p[0] for p in pairs], [p[1] for p in pairs]
+    encoded = tokenizer(a, b if b[0] is not None else None, padding=True, return_tensors="np")
+    feed = {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
+    results[name] = session.run(None, feed)[0].tolist()  # one padded batch: dynamic batch and length
+print(json.dumps({"results": results, "imported_gpt_ft": "gpt_ft" in sys.modules}))
+"""
+
+
+def test_onnx_export_gives_the_classifiers_outputs_in_onnxruntime(tmp_path, tokenizer_dir):
+    pytest.importorskip("onnxscript")
+    jobs, expected = [], {}
+    for kind, shape in (("pair", "gpt1"), ("multi-label", "llama")):
+        clf = classifier(kind, shape, tokenizer_dir)
+        pairs = [(a, TEXTS[-1 - i] if kind == "pair" else None) for i, a in enumerate(TEXTS[:3])]
+        example = KINDS[kind][1]
+        expected[kind] = clf.predict([example(a, b) for a, b in pairs])
+        jobs.append((kind, str(export_classifier(clf, tmp_path / kind, format="onnx")), pairs))
+        assert (tmp_path / kind / "model.onnx").is_file() and not (
+            tmp_path / kind / "model.safetensors"
+        ).exists()
+    run = subprocess.run(
+        [sys.executable, "-c", ONNX_READER, json.dumps(jobs)], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["imported_gpt_ft"] is False
+    for kind, outcomes in expected.items():
+        for outcome, logits in zip(outcomes, got["results"][kind]):
+            logits = torch.tensor(logits)
+            probabilities = logits.softmax(-1) if kind == "pair" else logits.sigmoid()
+            assert probabilities.tolist() == pytest.approx(list(outcome["scores"].values()), abs=1e-4)
