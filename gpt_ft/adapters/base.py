@@ -228,6 +228,18 @@ class TaskAdapter:
         """The card's metrics over a whole split's predictions and labels."""
         return self.output.metric_values(predictions, labels, self.metrics)
 
+    def calibration(self, probabilities: Tensor, labels: Tensor) -> dict[str, Tensor]:
+        """How well the probabilities match the outcomes (classes: expected calibration error)."""
+        return self.output.calibration(probabilities, labels)
+
+    def per_class(self, predictions: Tensor, labels: Tensor) -> dict[str, dict[str, float]] | None:
+        """Precision, recall, F1 and support of each class or label; None for scores and choices."""
+        return self.output.per_class(predictions, labels)
+
+    def confusion(self, predictions: Tensor, labels: Tensor) -> Tensor | None:
+        """The confusion matrix (true x predicted) of a task with classes, else None."""
+        return self.output.confusion(predictions, labels)
+
     def format_prediction(self, prediction: Tensor, *, submission: bool = True) -> str:
         """One prediction as text: a score, or the class's name (as the leaderboard names it, or,
         with `submission=False`, as the card does)."""

@@ -81,6 +81,26 @@ class MultiLabelOutput(TaskOutput):
             for name in metrics
         }
 
+    def per_class(self, predictions: Tensor, labels: Tensor) -> dict[str, dict[str, float]] | None:
+        """Each label's precision, recall, F1 and support (the examples that have it)."""
+        from torchmetrics.functional.classification import (
+            multilabel_f1_score,
+            multilabel_precision,
+            multilabel_recall,
+        )
+
+        kwargs = dict(num_labels=self.num_outputs, average=None, zero_division=0)
+        columns = {
+            "precision": multilabel_precision(predictions, labels, **kwargs),
+            "recall": multilabel_recall(predictions, labels, **kwargs),
+            "f1": multilabel_f1_score(predictions, labels, **kwargs),
+            "support": labels.sum(dim=0),
+        }
+        return {
+            name: {column: float(values[i]) for column, values in columns.items()}
+            for i, name in enumerate(self.spec.names)
+        }
+
     def format_prediction(self, prediction: Tensor, name: Callable[[int], str]) -> str:
         return self.separator.join(name(i) for i in prediction.nonzero().flatten().tolist())
 

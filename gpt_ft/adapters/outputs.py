@@ -83,6 +83,19 @@ class TaskOutput:
         """`metrics` over a whole split's predictions and labels."""
         raise NotImplementedError
 
+    def calibration(self, probabilities: Tensor, labels: Tensor) -> dict[str, Tensor]:
+        """Metrics of how well the probabilities match the outcomes (classes: `ece`); none by default."""
+        return {}
+
+    def per_class(self, predictions: Tensor, labels: Tensor) -> dict[str, dict[str, float]] | None:
+        """Precision, recall, F1 and support of each class or label, by name; None where a task has
+        no classes (a score, choices)."""
+        return None
+
+    def confusion(self, predictions: Tensor, labels: Tensor) -> Tensor | None:
+        """The confusion matrix (true class x predicted class), or None."""
+        return None
+
     def format_prediction(self, prediction: Tensor, name: Callable[[int], str]) -> str:
         """One prediction as text; `name` writes a class id."""
         raise NotImplementedError
@@ -139,6 +152,46 @@ class ClassificationOutput(TaskOutput):
 
     def metric_values(self, predictions: Tensor, labels: Tensor, metrics: list[str]) -> dict[str, Tensor]:
         return {name: metric_value(name, predictions, labels, self.num_classes) for name in metrics}
+
+    def calibration(self, probabilities: Tensor, labels: Tensor) -> dict[str, Tensor]:
+        """Expected calibration error: |accuracy - confidence| over 15 equal-width bins of
+        confidence, weighted by each bin's share of examples (Guo et al. 2017)."""
+        from torchmetrics.functional.classification import multiclass_calibration_error
+
+        probabilities = probabilities.float()
+        ece = multiclass_calibration_error(
+            probabilities, labels, probabilities.shape[-1], n_bins=15, norm="l1"
+        )
+        return {"ece": ece}
+
+    def per_class(self, predictions: Tensor, labels: Tensor) -> dict[str, dict[str, float]] | None:
+        if self.class_names is None:
+            return None
+        from torchmetrics.functional.classification import (
+            multiclass_f1_score,
+            multiclass_precision,
+            multiclass_recall,
+        )
+
+        n = self.num_classes
+        kwargs = dict(num_classes=n, average=None, zero_division=0)
+        columns = {
+            "precision": multiclass_precision(predictions, labels, **kwargs),
+            "recall": multiclass_recall(predictions, labels, **kwargs),
+            "f1": multiclass_f1_score(predictions, labels, **kwargs),
+            "support": labels.bincount(minlength=n),
+        }
+        return {
+            name: {column: float(values[i]) for column, values in columns.items()}
+            for i, name in enumerate(self.class_names)
+        }
+
+    def confusion(self, predictions: Tensor, labels: Tensor) -> Tensor | None:
+        if self.class_names is None:
+            return None
+        from torchmetrics.functional.classification import multiclass_confusion_matrix
+
+        return multiclass_confusion_matrix(predictions, labels, num_classes=self.num_classes)
 
     def format_prediction(self, prediction: Tensor, name: Callable[[int], str]) -> str:
         return name(int(prediction.item()))

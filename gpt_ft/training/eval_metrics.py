@@ -45,7 +45,7 @@ class EvalMetrics(Metric):
         self.task, self.lm_coef = task, lm_coef
         names = ["index", "lm_sum", "lm_count"]
         if task is not None:
-            names += ["task_loss", "predictions", "labels"]
+            names += ["task_loss", "predictions", "labels", "probabilities"]
         for name in names:
             self.add_state(name, default=[], dist_reduce_fx="cat")
 
@@ -57,6 +57,7 @@ class EvalMetrics(Metric):
         task_loss: Tensor | None = None,
         predictions: Tensor | None = None,
         labels: Tensor | None = None,
+        probabilities: Tensor | None = None,
     ) -> None:
         self.index.append(index.detach().long())
         self.lm_sum.append(lm_sum.detach().double())
@@ -65,19 +66,32 @@ class EvalMetrics(Metric):
             self.task_loss.append(task_loss.detach().double())
             self.predictions.append(predictions.detach())
             self.labels.append(labels.detach())
+            if probabilities is not None:
+                self.probabilities.append(probabilities.detach().float())
+
+    def _cat(self, name: str) -> Tensor:
+        state = getattr(self, name)
+        return torch.cat(state) if isinstance(state, list) else state
+
+    def examples(self) -> tuple[Tensor, Tensor]:
+        """The split's predictions and labels, each example once (for a per-class report)."""
+        keep = first_occurrences(self._cat("index"))
+        return self._cat("predictions")[keep], self._cat("labels")[keep]
 
     def compute(self) -> dict[str, Tensor]:
-        def cat(state) -> Tensor:
-            return torch.cat(state) if isinstance(state, list) else state
-
-        keep = first_occurrences(cat(self.index))
+        cat = self._cat
+        keep = first_occurrences(cat("index"))
         out = {}
-        lm_loss = cat(self.lm_sum)[keep].sum() / cat(self.lm_count)[keep].sum().clamp(min=1)
+        lm_loss = cat("lm_sum")[keep].sum() / cat("lm_count")[keep].sum().clamp(min=1)
         if self.task is None:
             return {"loss": lm_loss.float(), "perplexity": torch.exp(lm_loss).float()}
-        task_loss = cat(self.task_loss)[keep].mean()
+        task_loss = cat("task_loss")[keep].mean()
         out["loss"] = combined_loss(task_loss, lm_loss, self.lm_coef).float()
-        predictions, labels = cat(self.predictions)[keep], cat(self.labels)[keep]
+        predictions, labels = cat("predictions")[keep], cat("labels")[keep]
         for name, value in self.task.metric_values(predictions, labels).items():
             out[name] = value.float()
+        probabilities = cat("probabilities") if len(self.probabilities) else None
+        if probabilities is not None and len(probabilities) == len(keep):  # given with every batch
+            for name, value in self.task.calibration(probabilities[keep], labels).items():
+                out[name] = value.float()
         return out

@@ -24,6 +24,7 @@ from gpt_ft.training.eval_metrics import EvalMetrics
 from gpt_ft.training.optim import MuonAdamW, adamw, lr_lambda
 from gpt_ft.training.predictions import write_predictions
 from gpt_ft.training.ranks import finite_everywhere, gather, mean_over_ranks
+from gpt_ft.training.reports import write_report
 from gpt_ft.training.saved import build_gpt, check_lora_resume, lora_checkpoint
 from gpt_ft.training.terms import batch_terms, combined_loss
 
@@ -203,8 +204,13 @@ class GPTModule(LightningModule):
         B = len(batch)
         extra = {}
         if self.head is not None:
-            predictions = self.head.predictions(terms["logits"])
-            extra = dict(task_loss=terms["task_loss"], predictions=predictions, labels=batch.labels)
+            logits = terms["logits"]
+            extra = dict(
+                task_loss=terms["task_loss"],
+                predictions=self.head.predictions(logits),
+                labels=batch.labels,
+                probabilities=self.head.probabilities(logits),
+            )
         lm_sum = terms.get("lm_sum", torch.zeros(B, device=self.device))
         lm_count = terms.get("lm_count", torch.ones(B, device=self.device))
         split = getattr(batch, "split", "") or stage
@@ -223,6 +229,12 @@ class GPTModule(LightningModule):
                 continue
             for name, value in metric.compute().items():
                 self.log(f"{split}/{name}", value, prog_bar=name != "loss", sync_dist=False)
+            if self.task is not None and self.trainer.state.fn in ("validate", "test"):
+                predictions, labels = metric.examples()
+                if self.trainer.is_global_zero and self.trainer.log_dir:
+                    write_report(
+                        self.task, split, predictions, labels, Path(self.trainer.log_dir) / "reports"
+                    )
             metric.reset()
 
     def on_validation_epoch_start(self) -> None:
