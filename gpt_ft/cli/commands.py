@@ -223,6 +223,29 @@ def export(argv: list[str]) -> None:
         print(f"wrote {out}: load it with transformers' pipeline('text-classification', model='{out}')")
 
 
+def calibrate(argv: list[str]) -> None:
+    """Fit a fine-tuned classifier's temperature on a validation split; write a new checkpoint."""
+    from pathlib import Path
+
+    from gpt_ft.eval import calibration
+
+    parser = command_parser("calibrate", calibration.__doc__.split("\n\n")[0].replace("\n", " "))
+    parser.add_argument("--ckpt_path", required=True, help="a fine-tuned checkpoint of gpt-ft fit")
+    parser.add_argument("--output", required=True, help="the calibrated checkpoint (a new file)")
+    parser.add_argument("--split", default=None, help="default: the card's first validation split")
+    parser.add_argument("--data_dir", default=None, help="default: the one the checkpoint was trained on")
+    parser.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
+    cfg = parser.parse_args(argv)
+    if Path(cfg.output).expanduser().resolve() == Path(cfg.ckpt_path).expanduser().resolve():
+        raise ValueError(f"--output {cfg.output} is the checkpoint itself: give another name, it is kept.")
+    check_output_file(cfg.output, "--output", overwrite=cfg.overwrite)
+    found = calibration.calibrate(cfg.ckpt_path, cfg.output, split=cfg.split, data_dir=cfg.data_dir)
+    print(
+        f"temperature {found['temperature']:.4f}: expected calibration error {found['ece_before']:.4f} -> "
+        f"{found['ece_after']:.4f}; wrote {cfg.output}"
+    )
+
+
 def label(argv: list[str]) -> None:
     """Label the examples of a csv/tsv/jsonl file with a fine-tuned checkpoint."""
     from pathlib import Path

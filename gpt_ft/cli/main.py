@@ -51,6 +51,9 @@ COMMANDS = {
     "suite": Command(
         "fine-tune and evaluate many tasks over seeds: results table, chart, GLUE submission", commands.suite
     ),
+    "calibrate": Command(
+        "fit a classifier's temperature on a validation split (its probabilities)", commands.calibrate
+    ),
     "export": Command(
         "write a fine-tuned classifier as a transformers folder (pipelines, serving)", commands.export
     ),

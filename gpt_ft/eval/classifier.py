@@ -33,9 +33,19 @@ class Classifier:
     """A fine-tuned GPT with its task head, tokenizer and task card."""
 
     def __init__(
-        self, gpt: GPT, head: TaskHead, task: TaskAdapter, tokenizer, *, max_length: int, device: str
+        self,
+        gpt: GPT,
+        head: TaskHead,
+        task: TaskAdapter,
+        tokenizer,
+        *,
+        max_length: int,
+        device: str,
+        temperature: float = 1.0,
     ) -> None:
         self.device = torch.device(device)
+        self.temperature = temperature
+        """Divides the head's outputs before probabilities (`gpt-ft calibrate`); 1: as trained."""
         self.gpt, self.head = gpt.to(self.device).eval(), head.to(self.device).eval()
         self.task = task
         self.tokenizer = tokenizer
@@ -59,12 +69,45 @@ class Classifier:
         head = task.head(config.n_embd, dropout=0.0, init_std=config.initializer_range, bias=config.bias)
         head.load_state_dict(submodule_state(stored, "head"))
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        return cls(gpt, head, task, tokenizer, max_length=data.get("max_length", 512), device=device)
+        return cls(
+            gpt,
+            head,
+            task,
+            tokenizer,
+            max_length=data.get("max_length", 512),
+            device=device,
+            temperature=float(stored.get("temperature", 1.0)),
+        )
 
     def outputs(self, batch: TaskBatch | SharedContextBatch) -> Tensor:
-        """The task head's outputs for a batch (on the classifier's device)."""
+        """The task head's outputs for a batch (on the classifier's device), divided by the
+        temperature."""
         batch = move_data_to_device(batch, self.device)
-        return batch_terms(self.gpt, self.head, batch, lm=False)["logits"]
+        return batch_terms(self.gpt, self.head, batch, lm=False)["logits"] / self.temperature
+
+    @torch.inference_mode()
+    def raw_outputs(self, examples: list[dict[str, Any]], *, batch_size: int = 32) -> Tensor:
+        """The head's outputs for `examples` in order, at temperature 1 (what calibration fits)."""
+        encoded = self.encode(list(examples))
+        temperature, self.temperature = self.temperature, 1.0
+        try:
+            chunks = [
+                self.outputs(self._batch(encoded[i : i + batch_size]))
+                for i in range(0, len(encoded), batch_size)
+            ]
+        finally:
+            self.temperature = temperature
+        width = max(c.shape[-1] for c in chunks) if chunks[0].dim() > 1 else None
+        if width is not None:  # multiple choice: rows of fewer choices padded with the lowest score
+            low = torch.finfo(chunks[0].dtype).min
+            chunks = [torch.nn.functional.pad(c, (0, width - c.shape[-1]), value=low) for c in chunks]
+        return torch.cat(chunks).cpu()
+
+    def _batch(self, chunk: list[dict[str, Any]]) -> TaskBatch | SharedContextBatch:
+        batch = None
+        if self.task.shares_context:
+            batch = collate_shared(chunk, self.specials.pad, self.specials.delim)
+        return batch if batch is not None else collate(chunk, self.specials.pad)
 
     def encode(self, examples: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The examples as the model sees them (as `TaskDataModule` encodes a split)."""
@@ -105,12 +148,7 @@ class Classifier:
         out: list[tuple[dict[str, Any], str] | None] = [None] * len(encoded)
         for start in range(0, len(order), batch_size):
             chunk = [encoded[i] for i in order[start : start + batch_size]]
-            batch = None
-            if self.task.shares_context:
-                batch = collate_shared(chunk, self.specials.pad, self.specials.delim)
-            if batch is None:
-                batch = collate(chunk, self.specials.pad)
-            outputs = self.outputs(batch)
+            outputs = self.outputs(self._batch(chunk))
             predictions = self.head.predictions(outputs).cpu()
             probabilities = self.head.probabilities(outputs).cpu()
             for row, example in enumerate(chunk):

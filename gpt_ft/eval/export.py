@@ -120,9 +120,12 @@ def sequence_classifier(clf: Classifier):
     model = AutoModelForSequenceClassification.from_config(config).eval()
     base = getattr(model, model.base_model_prefix)
     base.load_state_dict(getattr(lm, lm.base_model_prefix).state_dict())
+    t = clf.temperature  # a calibrated classifier's scores divided by its temperature
+    weight = head.weight.detach() / t
+    bias = head.bias.detach() / t if head.bias is not None else None
     with torch.no_grad():
-        model.score.weight.copy_(head.weight.detach())
-        if head.bias is None:  # a model without biases: its head has none either
+        model.score.weight.copy_(weight)
+        if bias is None:  # a model without biases: its head has none either
             return model
         if family not in ("openai-gpt", "gpt2"):
             raise ValueError(
@@ -130,7 +133,7 @@ def sequence_classifier(clf: Classifier):
                 "heads of models without biases are trained without one since gpt_ft 0.1: fine-tune again."
             )
         final = base.ln_f if family == "gpt2" else base.h[-1].ln_2
-        shift = torch.linalg.pinv(head.weight.detach().double()) @ head.bias.detach().double()  # W δ = b
+        shift = torch.linalg.pinv(weight.double()) @ bias.double()  # W δ = b
         final.bias.copy_((final.bias.double() + shift).float())
     return model
 
@@ -160,9 +163,9 @@ def double_heads_model(clf: Classifier):
     loaded = model.load_state_dict(lm.state_dict(), strict=False)
     assert all(k.startswith("multiple_choice_head.") for k in loaded.missing_keys), loaded
     with torch.no_grad():
-        model.multiple_choice_head.summary.weight.copy_(clf.head.weight.detach())
+        model.multiple_choice_head.summary.weight.copy_(clf.head.weight.detach() / clf.temperature)
         if clf.head.bias is not None:
-            model.multiple_choice_head.summary.bias.copy_(clf.head.bias.detach())
+            model.multiple_choice_head.summary.bias.copy_(clf.head.bias.detach() / clf.temperature)
     model.tie_weights()
     return model
 

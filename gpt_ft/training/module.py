@@ -104,6 +104,9 @@ class GPTModule(LightningModule):
         self.strict_loading = lora is None
         self.task = task
         self.lm_coef = lm_coef
+        self.temperature = (
+            1.0  # a calibrated checkpoint's (gpt-ft calibrate): divides the logits' probabilities
+        )
         config = self.gpt.config
         self.head = (
             task.head(
@@ -133,12 +136,15 @@ class GPTModule(LightningModule):
         checkpoint[CONFIG] = dict(vars(self.gpt.config))
         if self.lora is not None:
             lora_checkpoint(checkpoint, self.gpt, self.lora, self.init_from)
+        if self.temperature != 1.0:
+            checkpoint["temperature"] = self.temperature
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """A checkpoint of another shape is named in one sentence, not a page of size mismatches."""
         stored, config = checkpoint.get(CONFIG), self.gpt.config
         where = getattr(self._trainer, "ckpt_path", None) or "The checkpoint"
         check_lora_resume(checkpoint, self.lora, where)
+        self.temperature = float(checkpoint.get("temperature", 1.0))
         differ = [k for k in config.SHAPE_FIELDS if k in (stored or {}) and stored[k] != getattr(config, k)]
         if differ:
             theirs = ", ".join(f"{k}={stored[k]}" for k in differ)
@@ -209,7 +215,7 @@ class GPTModule(LightningModule):
                 task_loss=terms["task_loss"],
                 predictions=self.head.predictions(logits),
                 labels=batch.labels,
-                probabilities=self.head.probabilities(logits),
+                probabilities=self.head.probabilities(logits / self.temperature),
             )
         lm_sum = terms.get("lm_sum", torch.zeros(B, device=self.device))
         lm_count = terms.get("lm_count", torch.ones(B, device=self.device))

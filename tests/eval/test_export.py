@@ -77,6 +77,8 @@ def test_exported_classifiers_give_the_classifiers_labels_and_probabilities(tmp_
         for shape in SHAPES:
             name = f"{kind}-{shape}"
             clf = classifier(kind, shape, tokenizer_dir)
+            if shape == "gpt1" and kind != "regression":
+                clf.temperature = 2.5  # as `gpt-ft calibrate` leaves it: the exported scores are divided too
             pairs = [(a, TEXTS[-1 - i] if kind == "pair" else None) for i, a in enumerate(TEXTS)]
             expected[name] = (clf.predict([example(a, b) for a, b in pairs]), clf.head)
             jobs.append((name, str(export_classifier(clf, tmp_path / name)), pairs))

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import re
+import shutil
+
 import pytest
 import torch
 
@@ -62,3 +65,39 @@ def test_validate_writes_the_report_beside_its_logs(finetuned, tmp_path, capsys)
     assert text.startswith("# sent: validation\n\n| class | precision | recall | F1 | support |")
     assert "validation: precision / recall / F1 / support per class" in out
     assert "validation/ece" in out
+
+
+def test_calibration_lowers_the_ece_of_an_over_confident_model_and_keeps_its_predictions(
+    finetuned, tmp_path, capsys
+):
+    from gpt_ft.cli import main
+    from gpt_ft.eval.classifier import Classifier
+    from gpt_ft.model.weights import safe_load
+
+    stored = safe_load(finetuned.ckpt)
+    for key in ("head.weight", "head.bias"):  # 30 times as sure of everything
+        stored["state_dict"][key] = stored["state_dict"][key] * 30
+    sure = tmp_path / "sure" / "sure.ckpt"  # beside a copy of the run's tokenizer, as fit leaves them
+    shutil.copytree(finetuned.ckpt.parent / "tokenizer", sure.parent / "tokenizer")
+    torch.save(stored, sure)
+    # Labels the model cannot know: half of each sentence's rows say one thing, half the other.
+    rows = [
+        f"{i}\t{text}\t{i % 2}" for i, text in enumerate(["the cat sat on the mat ."] * 4 + ["a dog ."] * 4)
+    ]
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "dev.tsv").write_text("index\tsentence\tlabel\n" + "\n".join(rows) + "\n")
+    calibrated = tmp_path / "calibrated.ckpt"
+    main(["calibrate", f"--ckpt_path={sure}", f"--output={calibrated}", f"--data_dir={tmp_path}"])
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    t, before, after = (float(x) for x in re.findall(r"\d+\.\d+", line)[:3])
+    assert t > 5 and after < before - 0.2, line
+    examples = [{"sentence": r.split("\t")[1]} for r in rows]
+    hot, cool = (
+        Classifier.from_checkpoint(sure, device="cpu"),
+        Classifier.from_checkpoint(calibrated, device="cpu"),
+    )
+    assert cool.temperature == pytest.approx(t, rel=1e-3)
+    hot_out, cool_out = hot.predict(examples), cool.predict(examples)
+    assert [o["label"] for o in hot_out] == [o["label"] for o in cool_out]
+    assert max(max(o["scores"].values()) for o in cool_out) < max(max(o["scores"].values()) for o in hot_out)
+    assert torch.load(sure, weights_only=True).get("temperature") is None  # the input is kept as it was

@@ -1,0 +1,87 @@
+"""Temperature scaling (Guo et al. 2017): one number T that divides a classifier's logits, fitted
+on a validation split to minimise the negative log-likelihood. The likeliest class stays the
+same; the probabilities come closer to how often the model is right.
+
+    gpt-ft calibrate --ckpt_path runs/.../best.ckpt --output runs/.../calibrated.ckpt
+
+The calibrated checkpoint carries T (`temperature`), and `Classifier`, `gpt-ft label`, `predict`
+(its probabilities) and `export` (the score layer divided by T) use it.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gpt_ft.adapters import TaskDataError
+from gpt_ft.data.files import load_split
+from gpt_ft.errors import writing
+from gpt_ft.eval.classifier import Classifier
+from gpt_ft.model.weights import TOKENIZER, resolve_tokenizer, safe_load
+from gpt_ft.training.checkpointing import AtomicCheckpointIO
+
+
+def fit_temperature(outputs: Tensor, labels: Tensor, losses) -> float:
+    """The T > 0 that minimises the mean of `losses(outputs / T, labels)` (L-BFGS on log T)."""
+    log_t = torch.zeros((), dtype=torch.float64, requires_grad=True)
+    outputs = outputs.double()
+    optimizer = torch.optim.LBFGS([log_t], lr=0.1, max_iter=200, line_search_fn="strong_wolfe")
+
+    def closure() -> Tensor:
+        optimizer.zero_grad()
+        loss = losses(outputs / log_t.exp(), labels).mean()
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    return float(log_t.exp())
+
+
+def split_outputs(
+    clf: Classifier, rows: list[dict[str, Any]], *, batch_size: int = 32
+) -> tuple[Tensor, Tensor]:
+    """The head's outputs (temperature 1) and the labels of labelled `rows`."""
+    labels = [clf.task.example_label(row) for row in rows]
+    kept = [i for i, label in enumerate(labels) if label is not None]
+    if not kept:
+        raise TaskDataError("the calibration split has no labelled examples.")
+    rows, labels = [rows[i] for i in kept], [labels[i] for i in kept]
+    outputs = clf.raw_outputs(rows, batch_size=batch_size).clone()  # out of inference mode: fitted on
+    return outputs, torch.tensor(labels)
+
+
+def calibrate(
+    ckpt: str | Path, output: str | Path, *, split: str | None = None, data_dir: str | None = None
+) -> dict[str, float]:
+    """Fits the temperature of `ckpt` on `split` (default the card's first validation split) and
+    writes `output`: the same checkpoint with `temperature`. Returns T and the split's expected
+    calibration error before and after."""
+    clf = Classifier.from_checkpoint(ckpt, device="cpu")
+    task = clf.task
+    if task.regression:
+        raise ValueError(f"Task {task.name!r} predicts a score: there are no probabilities to calibrate.")
+    stored = safe_load(ckpt)
+    recorded = (stored.get("data_config") or {}).get("init_args", {})
+    split = split or task.validation_splits[0]
+    rows = load_split(task, split, data_dir or recorded.get("data_dir")).to_list()
+    outputs, labels = split_outputs(clf, rows)
+    head = clf.head.float()
+    temperature = fit_temperature(outputs, labels.to(outputs.device), head.losses)
+
+    def ece(t: float) -> float:
+        probabilities = head.probabilities(outputs.float() / t)
+        return float(task.calibration(probabilities, labels).get("ece", float("nan")))
+
+    stored["temperature"] = temperature
+    output = Path(output).expanduser()
+    with writing(output):
+        if output.parent.resolve() != Path(ckpt).expanduser().parent.resolve():  # the tokenizer goes along
+            tokenizer = output.parent / f"{output.stem}.tokenizer"
+            shutil.copytree(resolve_tokenizer(None, str(ckpt), option=None), tokenizer, dirs_exist_ok=True)
+            stored[TOKENIZER] = tokenizer.name
+        AtomicCheckpointIO().save_checkpoint(stored, output)
+    return {"temperature": temperature, "ece_before": ece(1.0), "ece_after": ece(temperature)}
