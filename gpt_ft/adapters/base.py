@@ -240,6 +240,15 @@ class TaskAdapter:
         """The confusion matrix (true x predicted) of a task with classes, else None."""
         return self.output.confusion(predictions, labels)
 
+    def balanced_weights(self, labels: Tensor) -> Tensor:
+        """Class weights (multi-label: `pos_weight`) that balance the training labels."""
+        return self.output.balanced_weights(labels)
+
+    @property
+    def class_weight_count(self) -> int | None:
+        """How many class weights the task loss takes (its classes or labels); None: none."""
+        return self.output.class_weight_count
+
     def format_prediction(self, prediction: Tensor, *, submission: bool = True) -> str:
         """One prediction as text: a score, or the class's name (as the leaderboard names it, or,
         with `submission=False`, as the card does)."""

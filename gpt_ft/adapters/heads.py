@@ -30,6 +30,8 @@ class TaskHead(nn.Linear):
         if bias:
             nn.init.zeros_(self.bias)
         self.dropout = nn.Dropout(dropout)
+        self.register_buffer("class_weights", None, persistent=False)
+        """Each class's weight in the loss (multi-label: each label's positives'), or None."""
 
     def forward(self, extract: Tensor, choice_mask: Tensor | None = None) -> Tensor:
         """Outputs (B, outputs) from extract states (B, S, C).
@@ -55,7 +57,8 @@ class ClassificationHead(TaskHead):
     """One logit per class; cross-entropy; the likeliest class."""
 
     def losses(self, outputs: Tensor, labels: Tensor) -> Tensor:
-        return F.cross_entropy(outputs.float(), labels, reduction="none")
+        # With class weights, each example's cross-entropy times its class's weight.
+        return F.cross_entropy(outputs.float(), labels, weight=self.class_weights, reduction="none")
 
     def predictions(self, outputs: Tensor) -> Tensor:
         return outputs.argmax(dim=-1)

@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics.functional import f1_score
@@ -39,7 +40,9 @@ class MultiLabelHead(TaskHead):
         self.threshold = threshold
 
     def losses(self, outputs: Tensor, labels: Tensor) -> Tensor:
-        bce = F.binary_cross_entropy_with_logits(outputs.float(), labels.float(), reduction="none")
+        bce = F.binary_cross_entropy_with_logits(
+            outputs.float(), labels.float(), pos_weight=self.class_weights, reduction="none"
+        )
         return bce.mean(dim=-1)
 
     def predictions(self, outputs: Tensor) -> Tensor:
@@ -80,6 +83,18 @@ class MultiLabelOutput(TaskOutput):
             name: f1_score(predictions, labels, task="multilabel", num_labels=n, average=name.split("_")[0])
             for name in metrics
         }
+
+    @property
+    def class_weight_count(self) -> int | None:
+        return self.num_outputs
+
+    def balanced_weights(self, labels: Tensor) -> Tensor:
+        """Each label's `pos_weight`: its negatives over its positives (1 for a label never seen)."""
+        positives = labels.double().sum(dim=0)
+        negatives = len(labels) - positives
+        return torch.where(
+            positives > 0, negatives / positives.clamp(min=1), torch.ones_like(positives)
+        ).float()
 
     def per_class(self, predictions: Tensor, labels: Tensor) -> dict[str, dict[str, float]] | None:
         """Each label's precision, recall, F1 and support (the examples that have it)."""

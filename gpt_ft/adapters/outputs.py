@@ -14,6 +14,7 @@ import math
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+import torch
 from torch import Tensor
 
 from gpt_ft.adapters.heads import ChoiceHead, ClassificationHead, RegressionHead, TaskHead
@@ -95,6 +96,17 @@ class TaskOutput:
     def confusion(self, predictions: Tensor, labels: Tensor) -> Tensor | None:
         """The confusion matrix (true class x predicted class), or None."""
         return None
+
+    @property
+    def class_weight_count(self) -> int | None:
+        """How many class weights the loss takes (classes, labels); None: it takes none."""
+        return None
+
+    def balanced_weights(self, labels: Tensor) -> Tensor:
+        """Loss weights that give every class the same total weight, from the training labels."""
+        raise ValueError(
+            f"Task {self.task_name!r}: class weights apply to classification and multi-label tasks."
+        )
 
     def format_prediction(self, prediction: Tensor, name: Callable[[int], str]) -> str:
         """One prediction as text; `name` writes a class id."""
@@ -185,6 +197,18 @@ class ClassificationOutput(TaskOutput):
             name: {column: float(values[i]) for column, values in columns.items()}
             for i, name in enumerate(self.class_names)
         }
+
+    @property
+    def class_weight_count(self) -> int | None:
+        return self.num_classes if self.class_names is not None else None
+
+    def balanced_weights(self, labels: Tensor) -> Tensor:
+        """n / (classes x n_k) for class k (scikit-learn's "balanced"); a class with no example: 0."""
+        if self.class_names is None:
+            return super().balanced_weights(labels)
+        counts = labels.bincount(minlength=self.num_classes).double()
+        weights = len(labels) / (self.num_classes * counts)
+        return torch.where(counts > 0, weights, torch.zeros_like(weights)).float()
 
     def confusion(self, predictions: Tensor, labels: Tensor) -> Tensor | None:
         if self.class_names is None:

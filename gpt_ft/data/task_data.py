@@ -209,6 +209,10 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
             for split in self.task.test_splits:
                 self.encoded(split, labelled=False)
 
+    def train_labels(self) -> torch.Tensor:
+        """Every training example's label (multi-label: a row of 0/1 per example)."""
+        return torch.tensor(self.encoded("train", labelled=True)["label"])
+
     # ---- loaders ----
 
     def _loader(self, split: str, *, train: bool, labelled: bool) -> DataLoader:

@@ -55,6 +55,7 @@ class GPTModule(LightningModule):
         predictions_dir: str = "predictions",
         compile: bool | str = False,
         lora: LoRA | None = None,
+        class_weights: Literal["balanced"] | list[float] | None = None,
     ) -> None:
         """
         Args:
@@ -79,6 +80,10 @@ class GPTModule(LightningModule):
             warmup_steps: Linear warmup over this many steps instead (GPT-1 pretraining: 2000).
             predictions_dir: Where `predict` writes one submission file per test split.
             compile: torch.compile the GPT (True: the inductor backend; or a backend's name).
+            class_weights: Weigh each class in the task loss (an example's loss times its class's
+                weight), against class imbalance: one weight per class in id order, or `balanced`
+                (n / (classes x n_k) from the training labels); multi-label: each label's
+                positives (BCE's pos_weight; `balanced`: negatives / positives).
             lora: Fine-tune low-rank adapters of init_from's frozen weights (plus the new special
                 tokens' rows and the task head) instead of every weight; see `gpt_ft.model.lora`.
         """
@@ -104,9 +109,7 @@ class GPTModule(LightningModule):
         self.strict_loading = lora is None
         self.task = task
         self.lm_coef = lm_coef
-        self.temperature = (
-            1.0  # a calibrated checkpoint's (gpt-ft calibrate): divides the logits' probabilities
-        )
+        self.temperature = 1.0  # gpt-ft calibrate's: divides the logits before probabilities
         config = self.gpt.config
         self.head = (
             task.head(
@@ -117,6 +120,9 @@ class GPTModule(LightningModule):
         )
         splits = task.validation_splits + task.test_splits if task else ["validation", "test"]
         self.metrics = nn.ModuleDict({_key(split): EvalMetrics(task, lm_coef) for split in splits})
+        self.class_weights = class_weights
+        if isinstance(class_weights, list):
+            self.set_class_weights(torch.tensor(class_weights, dtype=torch.float32))
         self.optim = dict(lr=lr, weight_decay=weight_decay, betas=tuple(betas), eps=eps)
         self.optimizer_name = optimizer
         self.schedule, self.warmup_fraction, self.warmup_steps = schedule, warmup_fraction, warmup_steps
@@ -131,6 +137,18 @@ class GPTModule(LightningModule):
         if self.compile_backend and not getattr(self.gpt, "_compiled_call_impl", None):
             self.gpt.compile(backend=self.compile_backend)
 
+    def set_class_weights(self, weights: Tensor) -> None:
+        """The task loss's class weights (`class_weights`; `balanced` ones come from the data)."""
+        count = self.task.class_weight_count if self.task is not None else None
+        if count is None:
+            raise ValueError("--model.class_weights applies to classification and multi-label tasks only.")
+        if weights.shape != (count,) or not bool((weights >= 0).all()):
+            raise ValueError(
+                f"--model.class_weights {weights.tolist()}: give each of the task's {count} classes a "
+                "weight >= 0, in id order, or `balanced`."
+            )
+        self.head.class_weights = weights.to(self.head.weight.device)
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # The model's own shape, so that the weights load without the run's arguments.
         checkpoint[CONFIG] = dict(vars(self.gpt.config))
@@ -138,6 +156,8 @@ class GPTModule(LightningModule):
             lora_checkpoint(checkpoint, self.gpt, self.lora, self.init_from)
         if self.temperature != 1.0:
             checkpoint["temperature"] = self.temperature
+        if self.head is not None and self.head.class_weights is not None:
+            checkpoint["class_weights"] = self.head.class_weights.tolist()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """A checkpoint of another shape is named in one sentence, not a page of size mismatches."""
@@ -145,6 +165,10 @@ class GPTModule(LightningModule):
         where = getattr(self._trainer, "ckpt_path", None) or "The checkpoint"
         check_lora_resume(checkpoint, self.lora, where)
         self.temperature = float(checkpoint.get("temperature", 1.0))
+        if checkpoint.get("class_weights") is not None and self.head is not None:
+            self.head.class_weights = torch.tensor(
+                checkpoint["class_weights"], device=self.head.weight.device
+            )
         differ = [k for k in config.SHAPE_FIELDS if k in (stored or {}) and stored[k] != getattr(config, k)]
         if differ:
             theirs = ", ".join(f"{k}={stored[k]}" for k in differ)

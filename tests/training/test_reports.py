@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import shutil
 
@@ -101,3 +102,52 @@ def test_calibration_lowers_the_ece_of_an_over_confident_model_and_keeps_its_pre
     assert [o["label"] for o in hot_out] == [o["label"] for o in cool_out]
     assert max(max(o["scores"].values()) for o in cool_out) < max(max(o["scores"].values()) for o in hot_out)
     assert torch.load(sure, weights_only=True).get("temperature") is None  # the input is kept as it was
+
+
+def test_class_weights_change_the_loss_as_computed_by_hand():
+    from gpt_ft.adapters import ClassificationHead, MultiLabelHead
+
+    head = ClassificationHead(4, 2, dropout=0.0)
+    outputs, labels = torch.tensor([[2.0, 0.0], [0.0, 1.0], [1.0, 1.0]]), torch.tensor([0, 1, 1])
+    plain = head.losses(outputs, labels)
+    head.class_weights = torch.tensor([1.0, 3.0])
+    # Each example's cross-entropy times its class's weight: -log softmax, by hand.
+    by_hand = [
+        1.0 * -math.log(math.exp(2) / (math.exp(2) + 1)),
+        3.0 * -math.log(math.exp(1) / (1 + math.exp(1))),
+        3.0 * math.log(2),
+    ]
+    assert head.losses(outputs, labels).tolist() == pytest.approx(by_hand, rel=1e-6)
+    assert plain.tolist() == pytest.approx([by_hand[0], by_hand[1] / 3, by_hand[2] / 3], rel=1e-6)
+    multi = MultiLabelHead(4, 2, threshold=0.5, dropout=0.0)
+    multi.class_weights = torch.tensor([4.0, 1.0])  # positives of label 0 count 4 times
+    got = multi.losses(torch.tensor([[0.0, 0.0]]), torch.tensor([[1, 0]]))
+    assert got.tolist() == pytest.approx([(4 * math.log(2) + math.log(2)) / 2], rel=1e-6)
+
+
+def test_balanced_weights_from_the_labels():
+    task = SingleText(name="t", labels=["a", "b", "c"])
+    # n / (classes x n_k): 6 / (3 x 3), 6 / (3 x 2), 6 / (3 x 1)
+    assert task.balanced_weights(torch.tensor([0, 0, 0, 1, 1, 2])).tolist() == pytest.approx([2 / 3, 1, 2])
+    multi = MultiLabel(name="m", labels=["x", "y"])
+    assert multi.balanced_weights(torch.tensor([[1, 0], [1, 1], [0, 0], [0, 0]])).tolist() == [1.0, 3.0]
+    with pytest.raises(ValueError, match="class weights apply to classification and multi-label tasks"):
+        SingleText(name="r", regression=True).balanced_weights(torch.tensor([1.0]))
+
+
+def test_fit_with_balanced_and_listed_class_weights(tmp_path, tokenizer_dir, capsys):
+    from gpt_ft.cli import main
+    from tests.cli.test_bad_outputs import error
+    from tests.helpers import common_args, make_task
+
+    card = make_task("single", tmp_path)
+    args = [*common_args(card, tokenizer_dir, tmp_path), "--trainer.max_epochs=1"]
+    main(["fit", *args, "--model.class_weights=balanced"])
+    stored = torch.load(
+        next(tmp_path.glob("runs/lightning_logs/version_0/checkpoints/last.ckpt")), weights_only=True
+    )
+    assert stored["class_weights"] == [1.0, 1.0]  # make_task's 6 rows: 3 of each class
+    assert error(capsys, "fit", *args, "--model.class_weights=[1, 2, 3]") == (
+        "--model.class_weights [1.0, 2.0, 3.0]: give each of the task's 2 classes a weight >= 0, in id "
+        "order, or `balanced`."
+    )
