@@ -34,6 +34,7 @@ from gpt_ft.training.checkpointing import (
 )
 from gpt_ft.training.precision import cpu_precision, runs_on_cpu
 from gpt_ft.training.saved import recorded_run
+from gpt_ft.training.stopping import main_monitor
 from gpt_ft.training.throughput import ParameterSummary, Throughput
 
 COMMANDS = ("fit", "validate", "test", "predict")
@@ -67,10 +68,7 @@ class PrintMetrics(Callback):
 
 def best_checkpoint(model) -> ModelCheckpoint:
     """Keep the best checkpoint by the task's main metric (or the validation loss)."""
-    if model.task is not None:
-        monitor, mode = f"{model.task.validation_splits[0]}/{model.task.main_metric}", "max"
-    else:
-        monitor, mode = "validation/loss", "min"
+    monitor, mode = main_monitor(model)
     return ModelCheckpoint(
         monitor=monitor,
         mode=mode,

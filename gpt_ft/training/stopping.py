@@ -1,0 +1,57 @@
+"""Early stopping on the task's own main metric (the one its best checkpoint is chosen by), so a
+config can switch it on without naming the metric of each task:
+
+    trainer:
+      callbacks:
+        - class_path: gpt_ft.training.stopping.EarlyStopping
+          init_args: {patience: 2}
+"""
+
+from __future__ import annotations
+
+import torch
+from lightning.pytorch.callbacks import early_stopping
+
+
+def main_monitor(model) -> tuple[str, str]:
+    """What a run is judged by, and which way is better: the first validation split's main metric
+    (max) for a task, the validation loss (min) for a language model."""
+    task = getattr(model, "task", None)
+    if task is not None:
+        return f"{task.validation_splits[0]}/{task.main_metric}", "max"
+    return "validation/loss", "min"
+
+
+class EarlyStopping(early_stopping.EarlyStopping):
+    """Lightning's EarlyStopping, watching `main_monitor(model)` unless `monitor` is given."""
+
+    def __init__(
+        self,
+        monitor: str | None = None,
+        *,
+        patience: int = 3,
+        min_delta: float = 0.0,
+        mode: str | None = None,
+        verbose: bool = True,
+    ) -> None:
+        """
+        Args:
+            monitor: The logged metric to watch; default the task's main metric on its first
+                validation split (a language model: validation/loss).
+            patience: Evaluations without improvement before the run stops.
+            min_delta: The least change that counts as an improvement.
+            mode: max or min; default the direction of the watched metric.
+            verbose: Say when and why the run stops.
+        """
+        super().__init__(
+            monitor=monitor or "", patience=patience, min_delta=min_delta, mode=mode or "max", verbose=verbose
+        )
+        self._given = (monitor, mode)
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        monitor, mode = self._given
+        found, direction = main_monitor(pl_module)
+        self.monitor, self.mode = monitor or found, mode or (direction if monitor is None else "min")
+        self.min_delta = abs(self.min_delta) * (1 if self.mode == "max" else -1)
+        self.best_score = torch.tensor(-torch.inf if self.mode == "max" else torch.inf)
+        super().setup(trainer, pl_module, stage)

@@ -1,0 +1,75 @@
+"""The shipped trainer configs beyond CSV: early stopping on the task's main metric, and MLflow
+(a local file store) and Weights & Biases (offline) recording a run's metrics."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpt_ft.cli import main
+from tests.helpers import ROOT, common_args, make_task
+
+
+def fit_args(tmp_path, tokenizer_dir, *extra: str) -> list[str]:
+    card = make_task("single", tmp_path)
+    args = [a for a in common_args(card, tokenizer_dir, tmp_path) if not a.startswith("--trainer.logger")]
+    return ["fit", *args, *extra]
+
+
+def test_early_stopping_stops_a_run_whose_main_metric_stalls(tmp_path, tokenizer_dir):
+    # A learning rate too small to move the accuracy: it stalls from the first evaluation on.
+    main(
+        fit_args(
+            tmp_path,
+            tokenizer_dir,
+            f"--config={ROOT / 'configs/trainer/early_stopping.yaml'}",
+            "--model.lr=1e-12",
+            "--trainer.max_epochs=20",
+            f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
+        )
+    )
+    last = torch.load(
+        next(tmp_path.glob("runs/lightning_logs/version_0/checkpoints/last.ckpt")), weights_only=True
+    )
+    assert last["epoch"] == 2  # epoch 0 sets the best; 1 and 2 do not improve it (patience 2)
+
+
+def test_mlflow_records_the_metrics(tmp_path, tokenizer_dir, monkeypatch):
+    pytest.importorskip("mlflow")
+    monkeypatch.chdir(tmp_path)  # the config's store: runs/mlflow.db under the working folder
+    main(
+        fit_args(
+            tmp_path,
+            tokenizer_dir,
+            f"--config={ROOT / 'configs/trainer/mlflow.yaml'}",
+            "--trainer.max_epochs=2",
+        )
+    )
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri="sqlite:///runs/mlflow.db")
+    (run,) = client.search_runs([client.get_experiment_by_name("gpt_ft").experiment_id])
+    history = client.get_metric_history(run.info.run_id, "validation/accuracy")
+    assert len(history) == 2  # one evaluation after each of the 2 epochs
+    assert 0 <= history[-1].value <= 1
+
+
+def test_wandb_offline_records_the_metrics(tmp_path, tokenizer_dir, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    main(
+        fit_args(
+            tmp_path,
+            tokenizer_dir,
+            f"--config={ROOT / 'configs/trainer/wandb.yaml'}",
+            "--trainer.max_epochs=2",
+        )
+    )
+    import wandb
+
+    recorded = dict(wandb.run.summary)  # the run's last values, as the offline files will hold them
+    wandb.finish()  # what the process's exit does: the offline run written out
+    assert 0 <= recorded["validation/accuracy"] <= 1 and recorded["epoch"] == 1
+    (run,) = tmp_path.glob("runs/wandb/wandb/offline-run-*/run-*.wandb")
+    assert run.stat().st_size > 0
