@@ -224,3 +224,19 @@ def test_onnx_export_gives_the_classifiers_outputs_in_onnxruntime(tmp_path, toke
             logits = torch.tensor(logits)
             probabilities = logits.softmax(-1) if kind == "pair" else logits.sigmoid()
             assert probabilities.tolist() == pytest.approx(list(outcome["scores"].values()), abs=1e-4)
+
+
+def test_exporting_a_similarity_model_is_one_sentence(tmp_path, tokenizer_dir, capsys):
+    from gpt_ft.cli import main
+    from tests.helpers import common_args, make_task
+
+    card = make_task("similarity", tmp_path)
+    main(["fit", *common_args(card, tokenizer_dir, tmp_path), "--trainer.max_epochs=1"])
+    ckpt = next(tmp_path.glob("runs/lightning_logs/version_0/checkpoints/last.ckpt"))
+    before = files(tmp_path)
+    assert error(capsys, "export", f"--ckpt_path={ckpt}", f"--out={tmp_path / 'out'}") == (
+        "Task 'sts' (Similarity, regression) has no transformers class to export to: a similarity task "
+        "adds two orders' states, and transformers has multiple-choice models of GPT-1 and GPT-2 only; "
+        "use gpt_ft's Classifier or `gpt-ft label` for it."
+    )
+    assert files(tmp_path) == before
