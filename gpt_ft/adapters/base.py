@@ -212,7 +212,15 @@ class TaskAdapter:
 
     def head(self, n_embd: int, *, dropout: float, init_std: float, bias: bool = True) -> TaskHead:
         """The layer that turns an example's extract states into this task's outputs (GPT-1 §3.3)."""
-        return self.output.head(n_embd, dropout=dropout, init_std=init_std, bias=bias)
+        # `bias` only where it is False: an output kind of a user's own may not take it.
+        return self.output.head(
+            n_embd, dropout=dropout, init_std=init_std, **({} if bias else {"bias": False})
+        )
+
+    @property
+    def has_probabilities(self) -> bool:
+        """The task predicts classes, choices or labels with probabilities (not a score)."""
+        return self.output.has_probabilities
 
     @property
     def num_labels(self) -> int:

@@ -53,6 +53,8 @@ class TaskOutput:
     """The metrics of a card that lists none."""
     needs_names: ClassVar[bool] = False
     """A card of this kind must name its classes (`labels`)."""
+    has_probabilities: ClassVar[bool] = True
+    """Its outputs become probabilities (of classes, choices, labels), which calibration fits."""
 
     def __init__(self, task_name: str, spec: LabelSpec) -> None:
         self.task_name, self.spec = task_name, spec
@@ -284,6 +286,7 @@ class RegressionOutput(TaskOutput):
     """One real number per example (STS-B): squared error, the score clipped to the card's range."""
 
     kind = "regression"
+    has_probabilities = False
     allowed_metrics = default_metrics = ("pearson", "spearman")
 
     def __init__(self, task_name: str, spec: LabelSpec) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 from jsonargparse import ActionConfigFile, ArgumentParser
 
 from gpt_ft.cli.cards import cards_replace_cards
-from gpt_ft.errors import check_output_dir, check_output_file, writing
+from gpt_ft.errors import check_output_dir, check_output_file
 from gpt_ft.model.weights import load_weights, resolve_tokenizer
 
 
@@ -217,10 +217,10 @@ def export(argv: list[str]) -> None:
     check_new_folder(cfg.out, "--out")  # before the weights load
     check_format(cfg.format)
     out = export_checkpoint(cfg.ckpt_path, cfg.out, format=cfg.format)
-    if cfg.format == "onnx":
-        print(f"wrote {out}/model.onnx with its config and tokenizer (onnxruntime, optimum)")
-    else:
-        print(f"wrote {out}: load it with transformers' pipeline('text-classification', model='{out}')")
+    loads = (
+        "onnxruntime loads model.onnx" if cfg.format == "onnx" else "pipeline('text-classification') loads it"
+    )
+    print(f"wrote {out}: {loads}")
 
 
 def calibrate(argv: list[str]) -> None:
@@ -229,7 +229,7 @@ def calibrate(argv: list[str]) -> None:
 
     from gpt_ft.eval import calibration
 
-    parser = command_parser("calibrate", calibration.__doc__.split("\n\n")[0].replace("\n", " "))
+    parser = command_parser("calibrate", "Fit a classifier's temperature on a validation split.")
     parser.add_argument("--ckpt_path", required=True, help="a fine-tuned checkpoint of gpt-ft fit")
     parser.add_argument("--output", required=True, help="the calibrated checkpoint (a new file)")
     parser.add_argument("--split", default=None, help="default: the card's first validation split")
@@ -238,7 +238,7 @@ def calibrate(argv: list[str]) -> None:
     cfg = parser.parse_args(argv)
     if Path(cfg.output).expanduser().resolve() == Path(cfg.ckpt_path).expanduser().resolve():
         raise ValueError(f"--output {cfg.output} is the checkpoint itself: give another name, it is kept.")
-    check_output_file(cfg.output, "--output", overwrite=cfg.overwrite)
+    check_output_file(cfg.output, "--output", overwrite=cfg.overwrite)  # before any work
     found = calibration.calibrate(cfg.ckpt_path, cfg.output, split=cfg.split, data_dir=cfg.data_dir)
     print(
         f"temperature {found['temperature']:.4f}: expected calibration error {found['ece_before']:.4f} -> "
@@ -251,7 +251,7 @@ def label(argv: list[str]) -> None:
     from pathlib import Path
 
     from gpt_ft.data.files import read_table
-    from gpt_ft.eval.classifier import Classifier
+    from gpt_ft.eval.classifier import Classifier, write_labelled
 
     parser = command_parser(
         "label", "Write each example of a file again with the fine-tuned model's prediction beside it."
@@ -278,40 +278,6 @@ def label(argv: list[str]) -> None:
     labelled = clf.run(rows, batch_size=cfg.batch_size)
     write_labelled(target, rows, labelled)
     print(f"labelled {len(rows):,} examples of {source} into {target}")
-
-
-def write_labelled(path, rows: list[dict[str, Any]], labelled: list[tuple[dict[str, Any], str]]) -> None:
-    """The rows with a `prediction` column (jsonl: and the `scores`), written whole or not at all."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with writing(path):  # no space left, permission denied: one sentence, the previous file kept
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            _write_rows(tmp, path.suffix.lower(), rows, labelled)
-            tmp.replace(path)
-        finally:
-            tmp.unlink(missing_ok=True)
-
-
-def _write_rows(tmp, suffix: str, rows: list[dict[str, Any]], labelled) -> None:
-    import csv
-
-    with tmp.open("w", encoding="utf-8", newline="") as f:
-        if suffix in (".jsonl", ".json"):
-            for row, (outcome, text) in zip(rows, labelled):
-                record = {**row, "prediction": outcome["label"], "scores": outcome["scores"]}
-                f.write(json.dumps(record, ensure_ascii=False) + "\n")
-        elif suffix == ".tsv":  # read back without quoting, as GLUE's files are
-            columns = list(rows[0]) if rows else []
-            f.write("\t".join([*columns, "prediction"]) + "\n")
-            for row, (_, text) in zip(rows, labelled):
-                cells = [str(row[c]) for c in columns] + [text]
-                f.write("\t".join(c.replace("\t", " ").replace("\n", " ") for c in cells) + "\n")
-        else:
-            columns = list(rows[0]) if rows else []
-            writer = csv.writer(f)
-            writer.writerow([*columns, "prediction"])
-            for row, (_, text) in zip(rows, labelled):
-                writer.writerow([*(row[c] for c in columns), text])
 
 
 def suite(argv: list[str]) -> None:

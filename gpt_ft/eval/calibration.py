@@ -62,7 +62,7 @@ def calibrate(
     calibration error before and after."""
     clf = Classifier.from_checkpoint(ckpt, device="cpu")
     task = clf.task
-    if task.regression:
+    if not task.has_probabilities:
         raise ValueError(f"Task {task.name!r} predicts a score: there are no probabilities to calibrate.")
     stored = safe_load(ckpt)
     recorded = (stored.get("data_config") or {}).get("init_args", {})

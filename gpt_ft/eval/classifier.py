@@ -12,6 +12,8 @@ those `gpt-ft predict` computes.
 
 from __future__ import annotations
 
+import csv
+import json
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,7 @@ from gpt_ft.adapters import TaskAdapter, TaskDataError, TaskHead
 from gpt_ft.adapters.cards import card_from_value
 from gpt_ft.data.batches import SharedContextBatch, TaskBatch, collate, collate_shared
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
+from gpt_ft.errors import writing
 from gpt_ft.model import GPT
 from gpt_ft.model.weights import gpt_from_checkpoint, resolve_tokenizer, safe_load
 from gpt_ft.training.saved import submodule_state
@@ -155,3 +158,35 @@ class Classifier:
                 text = self.task.format_prediction(predictions[row], submission=False)
                 out[example["index"]] = (self.task.outcome(predictions[row], probabilities[row]), text)
         return out
+
+
+def write_labelled(path, rows: list[dict[str, Any]], labelled: list[tuple[dict[str, Any], str]]) -> None:
+    """The rows with a `prediction` column (jsonl: and the `scores`), written whole or not at all."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with writing(path):  # no space left, permission denied: one sentence, the previous file kept
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _write_rows(tmp, path.suffix.lower(), rows, labelled)
+            tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+
+def _write_rows(tmp, suffix: str, rows: list[dict[str, Any]], labelled) -> None:
+    with tmp.open("w", encoding="utf-8", newline="") as f:
+        if suffix in (".jsonl", ".json"):
+            for row, (outcome, text) in zip(rows, labelled):
+                record = {**row, "prediction": outcome["label"], "scores": outcome["scores"]}
+                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        elif suffix == ".tsv":  # read back without quoting, as GLUE's files are
+            columns = list(rows[0]) if rows else []
+            f.write("\t".join([*columns, "prediction"]) + "\n")
+            for row, (_, text) in zip(rows, labelled):
+                cells = [str(row[c]) for c in columns] + [text]
+                f.write("\t".join(c.replace("\t", " ").replace("\n", " ") for c in cells) + "\n")
+        else:
+            columns = list(rows[0]) if rows else []
+            writer = csv.writer(f)
+            writer.writerow([*columns, "prediction"])
+            for row, (_, text) in zip(rows, labelled):
+                writer.writerow([*(row[c] for c in columns), text])

@@ -10,11 +10,15 @@ are computed once over the whole split, as one process would.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from torchmetrics import Metric
 
 from gpt_ft.adapters import TaskAdapter
+from gpt_ft.data.batches import TokenBatch
+from gpt_ft.training.reports import write_report
 from gpt_ft.training.terms import combined_loss
 
 
@@ -95,3 +99,74 @@ class EvalMetrics(Metric):
             for name, value in self.task.calibration(probabilities[keep], labels).items():
                 out[name] = value.float()
         return out
+
+
+class Evaluation:
+    """The evaluation steps of `GPTModule`: each batch's per-example terms into its split's
+    `EvalMetrics`; at the epoch's end every split's metrics logged and, for `validate` and `test`,
+    its per-class report written beside the logs (`reports.py`)."""
+
+    def validation_step(self, batch: TokenBatch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._evaluate(batch, "validation")
+
+    def test_step(self, batch: TokenBatch, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._evaluate(batch, "test")
+
+    def _evaluate(self, batch: TokenBatch, stage: str) -> None:
+        terms = self.terms(batch)
+        B = len(batch)
+        extra = {}
+        if self.head is not None:
+            logits = terms["logits"]
+            extra = dict(
+                task_loss=terms["task_loss"],
+                predictions=self.head.predictions(logits),
+                labels=batch.labels,
+                probabilities=self.head.probabilities(logits / self.temperature),
+            )
+        lm_sum = terms.get("lm_sum", torch.zeros(B, device=self.device))
+        lm_count = terms.get("lm_count", torch.ones(B, device=self.device))
+        split = getattr(batch, "split", "") or stage
+        self.metrics[split_key(split)].update(batch.index, lm_sum, lm_count, **extra)
+
+    def _eval_splits(self, stage: str) -> list[str]:
+        if self.task is None:
+            return [stage]
+        return self.task.validation_splits if stage == "validation" else self.task.test_splits
+
+    def _log_metrics(self, stage: str) -> None:
+        """Every split's metrics, computed once over all ranks' examples, repeats dropped."""
+        for split in self._eval_splits(stage):
+            metric = self.metrics[split_key(split)]
+            if not metric.update_called:
+                continue
+            for name, value in metric.compute().items():
+                self.log(f"{split}/{name}", value, prog_bar=name != "loss", sync_dist=False)
+            if self.task is not None and self.trainer.state.fn in ("validate", "test"):
+                predictions, labels = metric.examples()
+                if self.trainer.is_global_zero and self.trainer.log_dir:
+                    write_report(
+                        self.task, split, predictions, labels, Path(self.trainer.log_dir) / "reports"
+                    )
+            metric.reset()
+
+    def on_validation_epoch_start(self) -> None:
+        for split in self._eval_splits("validation"):
+            self.metrics[split_key(split)].reset()
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_metrics("validation")
+
+    def on_test_epoch_start(self) -> None:
+        for split in self._eval_splits("test"):
+            self.metrics[split_key(split)].reset()
+
+    def on_test_epoch_end(self) -> None:
+        self._log_metrics("test")
+
+
+def split_key(split: str) -> str:
+    """A split's name as a key of `nn.ModuleDict`, which takes no dots, nor a name of a Module's own
+    attributes (a validation split named `train`)."""
+    key = split.replace(".", "_")
+    return f"{key}_" if hasattr(nn.Module, key) or not key else key

@@ -20,16 +20,15 @@ from gpt_ft.data.batches import TokenBatch
 from gpt_ft.model.lora import LoRA
 from gpt_ft.model.weights import CONFIG
 from gpt_ft.training.checkpointing import stop_on_nonfinite
-from gpt_ft.training.eval_metrics import EvalMetrics
+from gpt_ft.training.eval_metrics import EvalMetrics, Evaluation, split_key
 from gpt_ft.training.optim import MuonAdamW, adamw, lr_lambda
 from gpt_ft.training.predictions import write_predictions
 from gpt_ft.training.ranks import finite_everywhere, gather, mean_over_ranks
-from gpt_ft.training.reports import write_report
 from gpt_ft.training.saved import build_gpt, check_lora_resume, lora_checkpoint
 from gpt_ft.training.terms import batch_terms, combined_loss
 
 
-class GPTModule(LightningModule):
+class GPTModule(Evaluation, LightningModule):
     """A GPT with its tied LM head and, given a task, the task's head on the extract token's state."""
 
     def __init__(
@@ -119,7 +118,7 @@ class GPTModule(LightningModule):
             else None
         )
         splits = task.validation_splits + task.test_splits if task else ["validation", "test"]
-        self.metrics = nn.ModuleDict({_key(split): EvalMetrics(task, lm_coef) for split in splits})
+        self.metrics = nn.ModuleDict({split_key(split): EvalMetrics(task, lm_coef) for split in splits})
         self.class_weights = class_weights
         if isinstance(class_weights, list):
             self.set_class_weights(torch.tensor(class_weights, dtype=torch.float32))
@@ -223,64 +222,6 @@ class GPTModule(LightningModule):
             self.log(f"train/{name}", value, batch_size=len(batch))
         return loss
 
-    def validation_step(self, batch: TokenBatch, batch_idx: int, dataloader_idx: int = 0) -> None:
-        self._evaluate(batch, "validation")
-
-    def test_step(self, batch: TokenBatch, batch_idx: int, dataloader_idx: int = 0) -> None:
-        self._evaluate(batch, "test")
-
-    def _evaluate(self, batch: TokenBatch, stage: str) -> None:
-        terms = self.terms(batch)
-        B = len(batch)
-        extra = {}
-        if self.head is not None:
-            logits = terms["logits"]
-            extra = dict(
-                task_loss=terms["task_loss"],
-                predictions=self.head.predictions(logits),
-                labels=batch.labels,
-                probabilities=self.head.probabilities(logits / self.temperature),
-            )
-        lm_sum = terms.get("lm_sum", torch.zeros(B, device=self.device))
-        lm_count = terms.get("lm_count", torch.ones(B, device=self.device))
-        split = getattr(batch, "split", "") or stage
-        self.metrics[_key(split)].update(batch.index, lm_sum, lm_count, **extra)
-
-    def _eval_splits(self, stage: str) -> list[str]:
-        if self.task is None:
-            return [stage]
-        return self.task.validation_splits if stage == "validation" else self.task.test_splits
-
-    def _log_metrics(self, stage: str) -> None:
-        """Every split's metrics, computed once over all ranks' examples, repeats dropped."""
-        for split in self._eval_splits(stage):
-            metric = self.metrics[_key(split)]
-            if not metric.update_called:
-                continue
-            for name, value in metric.compute().items():
-                self.log(f"{split}/{name}", value, prog_bar=name != "loss", sync_dist=False)
-            if self.task is not None and self.trainer.state.fn in ("validate", "test"):
-                predictions, labels = metric.examples()
-                if self.trainer.is_global_zero and self.trainer.log_dir:
-                    write_report(
-                        self.task, split, predictions, labels, Path(self.trainer.log_dir) / "reports"
-                    )
-            metric.reset()
-
-    def on_validation_epoch_start(self) -> None:
-        for split in self._eval_splits("validation"):
-            self.metrics[_key(split)].reset()
-
-    def on_validation_epoch_end(self) -> None:
-        self._log_metrics("validation")
-
-    def on_test_epoch_start(self) -> None:
-        for split in self._eval_splits("test"):
-            self.metrics[_key(split)].reset()
-
-    def on_test_epoch_end(self) -> None:
-        self._log_metrics("test")
-
     def predict_step(self, batch: TokenBatch, batch_idx: int, dataloader_idx: int = 0) -> Tensor:
         if self.head is None:
             raise ValueError("predict needs a task: give --data a task card.")
@@ -311,10 +252,3 @@ class GPTModule(LightningModule):
         warmup = self.warmup_steps if self.warmup_steps is not None else round(self.warmup_fraction * total)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(self.schedule, warmup, total))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-
-def _key(split: str) -> str:
-    """A split's name as a key of `nn.ModuleDict`, which takes no dots, nor a name of a Module's own
-    attributes (a validation split named `train`)."""
-    key = split.replace(".", "_")
-    return f"{key}_" if hasattr(nn.Module, key) or not key else key

@@ -145,7 +145,7 @@ def test_a_full_disk_while_writing_predictions(tmp_path, finetuned, capsys, monk
 
 
 def test_a_full_disk_while_writing_labels(tmp_path, labelling, capsys, monkeypatch):
-    from gpt_ft.cli import commands
+    from gpt_ft.eval import classifier
 
     out = tmp_path / "out.jsonl"
     out.write_text('{"earlier": 1}\n')
@@ -155,7 +155,7 @@ def test_a_full_disk_while_writing_labels(tmp_path, labelling, capsys, monkeypat
         tmp.write_text('{"sentence": "the cat')
         raise ENOSPC
 
-    monkeypatch.setattr(commands, "_write_rows", half_then_full)
+    monkeypatch.setattr(classifier, "_write_rows", half_then_full)
     assert error(capsys, *labelling(f"--output={out}", "--overwrite")) == (
         f"{out}: could not be written (No space left on device); the previous file is kept."
     )
