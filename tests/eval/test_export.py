@@ -58,6 +58,17 @@ SHAPES = {
 }
 
 
+def read_without_gpt_ft(reader: str, jobs: list) -> dict:
+    """`reader`'s JSON over the exported folders `jobs`, from a process that never imports gpt_ft."""
+    run = subprocess.run(
+        [sys.executable, "-c", reader, json.dumps(jobs)], capture_output=True, text=True, timeout=300
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["imported_gpt_ft"] is False
+    return got
+
+
 def classifier(kind: str, shape: str, tokenizer_dir: str) -> Classifier:
     """A micro model of `shape` with a random head (whose bias, where it has one, is not zero)."""
     torch.manual_seed(len(kind) + len(shape))
@@ -82,12 +93,7 @@ def test_exported_classifiers_give_the_classifiers_labels_and_probabilities(tmp_
             pairs = [(a, TEXTS[-1 - i] if kind == "pair" else None) for i, a in enumerate(TEXTS)]
             expected[name] = (clf.predict([example(a, b) for a, b in pairs]), clf.head)
             jobs.append((name, str(export_classifier(clf, tmp_path / name)), pairs))
-    run = subprocess.run(
-        [sys.executable, "-c", READER, json.dumps(jobs)], capture_output=True, text=True, timeout=300
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    got = json.loads(run.stdout.strip().splitlines()[-1])
-    assert got["imported_gpt_ft"] is False
+    got = read_without_gpt_ft(READER, jobs)
     for name, (outcomes, head) in expected.items():
         result = got["results"][name]
         kind, shape = name.rsplit("-", 1)
@@ -171,12 +177,7 @@ def test_gpt_multiple_choice_exports_to_double_heads_models(tmp_path, tokenizer_
         examples = [{"story": a, "end1": c[0], "end2": c[1], "end3": c[2]} for a, c in rows]
         expected[shape] = clf.predict(examples)
         jobs.append((shape, str(export_classifier(clf, tmp_path / shape)), rows))
-    run = subprocess.run(
-        [sys.executable, "-c", CHOICE_READER, json.dumps(jobs)], capture_output=True, text=True, timeout=300
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    got = json.loads(run.stdout.strip().splitlines()[-1])
-    assert got["imported_gpt_ft"] is False
+    got = read_without_gpt_ft(CHOICE_READER, jobs)
     for shape, outcomes in expected.items():
         assert got["results"][shape]["class"] == f"{SHAPES[shape][2]}DoubleHeadsModel"
         for outcome, probabilities in zip(outcomes, got["results"][shape]["scores"]):
@@ -213,12 +214,7 @@ def test_onnx_export_gives_the_classifiers_outputs_in_onnxruntime(tmp_path, toke
         assert (tmp_path / kind / "model.onnx").is_file() and not (
             tmp_path / kind / "model.safetensors"
         ).exists()
-    run = subprocess.run(
-        [sys.executable, "-c", ONNX_READER, json.dumps(jobs)], capture_output=True, text=True, timeout=300
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    got = json.loads(run.stdout.strip().splitlines()[-1])
-    assert got["imported_gpt_ft"] is False
+    got = read_without_gpt_ft(ONNX_READER, jobs)
     for kind, outcomes in expected.items():
         for outcome, logits in zip(outcomes, got["results"][kind]):
             logits = torch.tensor(logits)
