@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from gpt_ft.model import generation, rope
 from gpt_ft.model.attention import CausalSelfAttention, Rotary, causal_mask
@@ -114,6 +115,9 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False) if untied else None
         self._initialize(self)
         self._register_load_state_dict_pre_hook(self._fit_embedding_rows)
+        self.activation_checkpointing = False
+        """In training, keep only each block's input and recompute its activations in the backward
+        pass: memory for about one more forward pass (the dropout masks are replayed)."""
 
     def _initialize(self, root: nn.Module) -> None:
         """Fresh weights for `root` (this model or some of its blocks)."""
@@ -175,8 +179,12 @@ class GPT(nn.Module):
         x = self.drop(x)
         rotary = rope.cos_sin(self.config, position_ids, x.dtype) if self.wpe is None else None
         mask, is_causal = causal_mask(attention_mask, T, past, input_ids.device)
+        recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
         for i, block in enumerate(self.h):
-            x = block(x, mask, is_causal, kv_cache, i, rotary)
+            if recompute:
+                x = checkpoint(block, x, mask, is_causal, kv_cache, i, rotary, use_reentrant=False)
+            else:
+                x = block(x, mask, is_causal, kv_cache, i, rotary)
         if kv_cache is not None:
             kv_cache.length += T
         return self.ln_f(x) if self.ln_f is not None else x

@@ -53,6 +53,7 @@ class GPTModule(Evaluation, LightningModule):
         warmup_steps: int | None = None,
         predictions_dir: str = "predictions",
         compile: bool | str = False,
+        activation_checkpointing: bool = False,
         lora: LoRA | None = None,
         class_weights: Literal["balanced"] | list[float] | None = None,
     ) -> None:
@@ -79,6 +80,8 @@ class GPTModule(Evaluation, LightningModule):
             warmup_steps: Linear warmup over this many steps instead (GPT-1 pretraining: 2000).
             predictions_dir: Where `predict` writes one submission file per test split.
             compile: torch.compile the GPT (True: the inductor backend; or a backend's name).
+            activation_checkpointing: Recompute each block's activations in the backward pass
+                instead of keeping them: less memory, about a third more compute; any strategy.
             class_weights: Weigh each class in the task loss (an example's loss times its class's
                 weight), against class imbalance: one weight per class in id order, or `balanced`
                 (n / (classes x n_k) from the training labels); multi-label: each label's
@@ -127,6 +130,7 @@ class GPTModule(Evaluation, LightningModule):
         self.schedule, self.warmup_fraction, self.warmup_steps = schedule, warmup_fraction, warmup_steps
         self.predictions_dir = predictions_dir
         self.compile_backend = ("inductor" if compile is True else compile) or None
+        self.gpt.activation_checkpointing = activation_checkpointing
         self._predictions: dict[str, list[tuple[Tensor, Tensor]]] = {}
         self.save_hyperparameters(ignore=["task", "lora"])
         self.hparams["lora"] = asdict(lora) if lora is not None else None  # plain values: weights-only loads

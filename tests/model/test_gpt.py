@@ -182,3 +182,40 @@ def test_cuda_cached_generation_equals_uncached():
     prompt = torch.randint(0, TINY["vocab_size"], (2, 5), device="cuda")
     cached = gpt.generate(prompt, max_new_tokens=20)
     assert torch.equal(cached, gpt.generate(prompt, max_new_tokens=20, use_cache=False))
+
+
+@pytest.mark.parametrize("preset", ["gpt-micro", "llama-micro"])
+def test_activation_checkpointing_gives_the_same_loss_and_gradients(preset):
+    """Recomputing each block in the backward pass (dropout masks replayed) changes no number."""
+    config = GPTConfig.from_name(
+        preset, vocab_size=50, n_positions=16, embd_pdrop=0.1, attn_pdrop=0.1, resid_pdrop=0.1
+    )
+    torch.manual_seed(0)
+    gpt = GPT(config).train()
+    ids = torch.randint(0, 50, (3, 16))
+    mask = torch.ones(3, 16, dtype=torch.long)
+    mask[0, 12:] = 0  # a padded row too
+
+    def loss_and_grads(recompute: bool):
+        gpt.activation_checkpointing = recompute
+        gpt.zero_grad(set_to_none=True)
+        torch.manual_seed(1)  # the same dropout masks in both runs
+        loss = gpt.lm_logits(gpt(ids, mask)).float().logsumexp(-1).mean()
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in gpt.named_parameters()}
+
+    plain, recomputed = loss_and_grads(False), loss_and_grads(True)
+    assert plain[0] == recomputed[0]
+    for name, grad in plain[1].items():
+        torch.testing.assert_close(recomputed[1][name], grad, rtol=0, atol=1e-6, msg=name)
+
+
+def test_fit_with_activation_checkpointing(tmp_path, tokenizer_dir):
+    from gpt_ft.cli import main
+    from tests.helpers import common_args, make_task
+
+    card = make_task("single", tmp_path)
+    args = [*common_args(card, tokenizer_dir, tmp_path), "--trainer.max_epochs=1"]
+    main(["fit", *args, "--model.activation_checkpointing=true"])
+    ckpt = tmp_path / "runs" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    assert torch.load(ckpt, weights_only=True)["hyper_parameters"]["activation_checkpointing"] is True
