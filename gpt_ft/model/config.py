@@ -59,6 +59,10 @@ class GPTConfig:
     vocab_multiple: int = 64
     """The token embedding gets a multiple of this many rows, for faster kernels; the extra rows
     are never looked up, predicted, sampled or counted in the loss (1: no padding)."""
+    released_rows: int | None = None
+    """Rows of a released embedding table with more rows than its tokenizer has tokens (Qwen2.5:
+    151,936 for 151,665): the table keeps them (the unused ones as padding) and `to_hf` writes
+    them back; None: none."""
     norm: Norm = "layernorm"
     """LayerNorm (GPT-1, GPT-2) or RMSNorm (Llama, Qwen2, Mistral), with epsilon layer_norm_epsilon."""
     positions: Positions = "learned"
@@ -134,8 +138,14 @@ class GPTConfig:
 
     @property
     def padded_vocab_size(self) -> int:
-        """Rows of the token embedding: vocab_size rounded up to a multiple of vocab_multiple."""
-        return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
+        """Rows of the token embedding: vocab_size rounded up to a multiple of vocab_multiple (at
+        least a released table's rows)."""
+        return max(-(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple, self.released_rows or 0)
+
+    @property
+    def hf_vocab_size(self) -> int:
+        """The rows a transformers config names: the released table's, or the vocabulary."""
+        return max(self.vocab_size, self.released_rows or 0)
 
     @property
     def head_dim(self) -> int:

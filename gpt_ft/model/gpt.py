@@ -248,7 +248,8 @@ class GPT(nn.Module):
                 weight = getattr(self, name).weight
                 weight[:old_vocab] = old[:old_vocab]
                 weight[old_vocab:vocab_size] = new_rows
-                weight[vocab_size:] = 0.0
+                if not self.config.released_rows:  # a released table's unused rows stay as released
+                    weight[vocab_size:] = 0.0
 
     def num_parameters(self, *, exclude_embeddings: bool = False) -> int:
         """Numbers in the model (frozen ones too); the embedding's padding rows are not counted."""

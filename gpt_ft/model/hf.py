@@ -105,7 +105,7 @@ def config_to_hf(config: GPTConfig):
         )
 
     common = dict(
-        vocab_size=config.vocab_size,
+        vocab_size=config.hf_vocab_size,
         n_positions=config.n_positions,
         n_embd=config.n_embd,
         n_layer=config.n_layer,
@@ -211,7 +211,7 @@ def to_hf(gpt: GPT):
     state = {k: v.detach().clone() for k, v in gpt.state_dict().items()}
     for key in ("wte.weight", "lm_head.weight"):
         if key in state:
-            state[key] = state[key][: gpt.config.vocab_size]  # no padding rows
+            state[key] = state[key][: gpt.config.hf_vocab_size]  # no padding rows but a released table's
     if family in hf_llama.MODEL_TYPES:
         cls, hf_state = hf_llama.causal_lm_class(family), hf_llama.state_dict_to_hf(state, gpt.config)
     else:

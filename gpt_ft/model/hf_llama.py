@@ -117,7 +117,7 @@ def config_to_hf(config: GPTConfig):
         )
     activation = {v: k for k, v in reversed(_ACTIVATIONS.items())}[config.activation]
     common = dict(
-        vocab_size=config.vocab_size,
+        vocab_size=config.hf_vocab_size,
         hidden_size=config.n_embd,
         intermediate_size=config.ffn_dim,
         num_hidden_layers=config.n_layer,

@@ -28,6 +28,16 @@ from gpt_ft.training.saved import build_gpt, check_lora_resume, lora_checkpoint
 from gpt_ft.training.terms import batch_terms, combined_loss
 
 
+def new_token_ids(tokenizer: str | None) -> list[int] | None:
+    """The ids of gpt_ft's special tokens (GPT-1's start, delim, extract, and its pad) in the tokenizer."""
+    if tokenizer is None:
+        return None
+    from gpt_ft.data.tokenizer import SPECIAL_TOKENS, load_tokenizer
+
+    vocab = load_tokenizer(tokenizer).get_vocab()
+    return sorted(vocab[token] for token in SPECIAL_TOKENS.values() if token in vocab)
+
+
 class GPTModule(Evaluation, LightningModule):
     """A GPT with its tied LM head and, given a task, the task's head on the extract token's state."""
 
@@ -105,6 +115,7 @@ class GPTModule(Evaluation, LightningModule):
             transfer_layers=transfer_layers,
             vocab_size=vocab_size,
             lora=lora,
+            new_token_ids=new_token_ids(tokenizer) if init_from else None,
         )
         self.lora, self.init_from = lora, init_from
         # A LoRA checkpoint holds the trained weights only; the frozen ones come from init_from.

@@ -19,6 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from gpt_ft.model import GPT, GPTConfig
@@ -27,6 +28,9 @@ from gpt_ft.model.lora import LoRA, add_lora, merged_state_dict
 from gpt_ft.model.weights import ADAPTERS, CONFIG, PREFIX, STATE, adapters_entry, load_weights
 
 SPECIAL_TOKEN_ROOM = 8  # start, delim, extract and pad (GPT-1 §3.3), with room to spare
+# Released tables round their rows up to a multiple of 64, leaving rows no token uses: Qwen2.5
+# 271 (151,936 for 151,665 tokens), Phi-3 53 (32,064), Pythia 27 (50,304).
+RELEASED_PADDING = 1024
 
 
 def build_gpt(
@@ -37,10 +41,15 @@ def build_gpt(
     transfer_layers: int | None,
     vocab_size: int | None,
     lora: LoRA | None = None,
+    new_token_ids: list[int] | None = None,
 ) -> GPT:
     """The GPT a run starts from: loaded weights (only dropouts may change, the first
     `transfer_layers` blocks kept) or a fresh preset, grown to fit the tokenizer's special tokens;
-    with `lora`, the loaded weights frozen and adapters added (only the new tokens' rows train)."""
+    with `lora`, the loaded weights frozen and adapters added (only the new tokens' rows train).
+
+    Released weights may have more rows than their tokenizer has tokens: GPT-1's special tokens
+    (`new_token_ids`) then take unused rows, re-initialised as new tokens are, and the table keeps
+    its released size."""
     if init_from:
         gpt = load_weights(init_from)
         if overrides:
@@ -61,7 +70,14 @@ def build_gpt(
         gpt = GPT(GPTConfig.from_name(preset, **{**(overrides or {}), "vocab_size": vocab_size or 40478}))
     if init_from and vocab_size is not None:
         check_tokenizer_fits(vocab_size, gpt.config.vocab_size, init_from)
+        if vocab_size < gpt.config.vocab_size:  # a released table with unused rows (checked above)
+            gpt.config.released_rows = gpt.config.vocab_size
+            gpt.config.vocab_size = vocab_size
+            reinitialise_rows(gpt, new_token_ids or [])
+
     loaded_vocab = gpt.config.vocab_size
+    if gpt.config.released_rows and new_token_ids:  # LoRA trains the new tokens' rows: the tail
+        loaded_vocab = min(new_token_ids)
     if vocab_size is not None and vocab_size > gpt.config.vocab_size:
         gpt.resize_token_embeddings(vocab_size)  # the special tokens the weights lack (GPT-1 §3.3)
     if lora is not None:
@@ -71,9 +87,20 @@ def build_gpt(
     return gpt
 
 
+def reinitialise_rows(gpt: GPT, ids: list[int]) -> None:
+    """Rows `ids` of the token embedding (and an untied head) drawn anew, N(0, initializer_range)."""
+    with torch.no_grad():
+        for table in (gpt.wte, gpt.lm_head):
+            if table is not None and ids:
+                rows = table.weight[ids]
+                table.weight[ids] = rows.normal_(0.0, gpt.config.initializer_range)
+
+
 def check_tokenizer_fits(vocab_size: int, weights_vocab: int, init_from: str) -> None:
-    """The tokenizer may add the few special tokens the weights lack, nothing else."""
-    if not weights_vocab <= vocab_size <= weights_vocab + SPECIAL_TOKEN_ROOM:
+    """The tokenizer may add the few special tokens the weights lack, or have fewer tokens than a
+    released table has rows (padded to a round number), nothing else."""
+    released = weights_vocab % 64 == 0 and 0 < weights_vocab - vocab_size < RELEASED_PADDING
+    if not (released or weights_vocab <= vocab_size <= weights_vocab + SPECIAL_TOKEN_ROOM):
         raise ValueError(
             f"The tokenizer has {vocab_size} tokens but the weights in {init_from} have {weights_vocab}: "
             "they were not made for each other; use the tokenizer saved with the weights."

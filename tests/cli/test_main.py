@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import gpt_ft
 from gpt_ft.cli import main
@@ -315,3 +316,34 @@ def test_lora_checkpoints_hold_the_adapters_or_the_merged_model(tmp_path, tokeni
         fit_llama_family(tmp_path, tokenizer_dir, "llama", "--model.lora.rank=4", f"--ckpt_path={merged}",
                          "--trainer.max_epochs=2")  # fmt: skip
     assert f"{merged} holds no LoRA adapters (a merged or plain model)" in capsys.readouterr().err
+
+
+def test_released_weights_with_more_rows_than_their_tokenizer_has_tokens(tmp_path, tokenizer_dir):
+    """A Qwen2-shaped model saved with its own tokenizer, its rows rounded up to a multiple of 64 (as
+    Qwen2.5's 151,936 for 151,665 tokens): fine-tunes with no --data.tokenizer, and writes the table
+    back whole."""
+    from gpt_ft.eval.classifier import Classifier
+    from tests.helpers import tiny_llama
+
+    tokenizer = load_tokenizer(tokenizer_dir)
+    n = len(tokenizer)
+    weights = tmp_path / "released"
+    rows = (n // 64 + 1) * 64
+    released = tiny_llama("qwen2", vocab_size=rows, tie_word_embeddings=False)
+    released.save_pretrained(weights)
+    tokenizer.save_pretrained(weights)
+    card = make_task("pair", tmp_path)
+    main(["fit", "--config", str(ROOT / "configs/finetune/gpt1.yaml"), f"--model.init_from={weights}",
+          f"--data.task={card}", f"--data.data_dir={tmp_path}", "--data.batch_size=2", "--data.max_length=64",
+          "--trainer.max_epochs=1", f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
+          "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"])  # fmt: skip
+    (ckpt,) = (tmp_path / "runs").rglob("last.ckpt")
+    gpt = Classifier.from_checkpoint(ckpt, device="cpu").gpt
+    assert gpt.config.vocab_size == n and gpt.config.released_rows == rows
+    exported = gpt.to_hf()
+    assert exported.get_input_embeddings().weight.shape[0] == rows == exported.config.vocab_size
+    # The released rows of the model's own tokens are kept (untrained: frozen by nothing, but the
+    # unused rows past the tokenizer are never looked up or predicted, so they stay as released).
+    before = released.get_input_embeddings().weight
+    after = exported.get_input_embeddings().weight
+    torch.testing.assert_close(after[n:], before[n:])
