@@ -17,6 +17,8 @@ from gpt_ft.model import rope
 from gpt_ft.model.cache import Cache
 from gpt_ft.model.config import GPTConfig
 
+# torch >= 2.5: scaled_dot_product_attention groups query heads over shared key/value heads itself.
+SDPA_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
 Rotary = tuple[Tensor, Tensor]  # cos, sin (1 or B, 1, T, hs) of rotary positions
 
 
@@ -50,14 +52,18 @@ class CausalSelfAttention(nn.Module):
             q, k = rope.rotate(q, *rotary), rope.rotate(k, *rotary)
         if cache is not None:
             k, v = cache.update(layer, k, v)  # (B, nkv, T_past + T, hs)
-        if nkv != nh:  # grouped-query attention: each key/value head serves nh / nkv query heads
-            k, v = k.repeat_interleave(nh // nkv, dim=1), v.repeat_interleave(nh // nkv, dim=1)
         dropout_p = self.attn_pdrop if self.training else 0.0
-        if dropout_p > 0 and x.device.type == "cpu" and cache is None:
+        blocked = dropout_p > 0 and x.device.type == "cpu" and cache is None
+        gqa = {}
+        if nkv != nh and (blocked or not SDPA_GQA):  # each key/value head serves nh / nkv query heads
+            k, v = k.repeat_interleave(nh // nkv, dim=1), v.repeat_interleave(nh // nkv, dim=1)
+        elif nkv != nh:
+            gqa = {"enable_gqa": True}  # SDPA reads each key/value head for its group: no copies
+        if blocked:
             y = blocked_causal_attention(q, k, v, mask, dropout_p)
         else:
             y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
+                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, **gqa
             )
         y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
         return self.resid_dropout(self.c_proj(y))
