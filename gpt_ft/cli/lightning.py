@@ -37,7 +37,7 @@ from gpt_ft.training.saved import recorded_run
 from gpt_ft.training.stopping import main_monitor
 from gpt_ft.training.throughput import ParameterSummary, Throughput
 
-COMMANDS = ("fit", "validate", "test", "predict")
+SUBCOMMANDS = ("fit", "validate", "test", "predict")  # LightningCLI's
 # Logs and checkpoints go to runs/lightning_logs/version_N, or under --trainer.default_root_dir.
 DEFAULT_LOGGER = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "runs"}}
 
@@ -98,7 +98,7 @@ class GPTCLI(LightningCLI):
             recorded = recorded_configuration(ckpt)
             parser.set_defaults({f"{subcommand}.{key}": value for key, value in recorded.items()})
         super().parse_arguments(parser, args)
-        config = self.config[subcommand] if subcommand in COMMANDS else self.config
+        config = self.config[subcommand] if subcommand in SUBCOMMANDS else self.config
         seed = config.get("seed_everything")
         if isinstance(seed, int) and not isinstance(seed, bool) and not 0 <= seed < 2**32:
             # numpy would refuse it later, without naming the option

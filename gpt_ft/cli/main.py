@@ -164,7 +164,8 @@ def main(argv: list[str] | None = None) -> None:
     except USER_ERRORS as exc:
         if debug:
             raise
-        fail(in_card(user_message(exc, card_file(args)), card_file(args)))
+        card = card_file(args)
+        fail(in_card(user_message(exc, card), card))
     except argparse.ArgumentError as exc:
         if debug:
             raise

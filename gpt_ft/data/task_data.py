@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 
 from gpt_ft.adapters import TaskAdapter, TaskDataError
 from gpt_ft.data.batches import SharedContextBatch, TaskBatch, collate, collate_shared
-from gpt_ft.data.files import Origin, load_split, split_file, split_origin
+from gpt_ft.data.files import Origin, load_split, split_origin
 from gpt_ft.data.samplers import EpochSampler, LengthGroupedSampler, ResumableTrainData
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
 
@@ -119,15 +119,11 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
             )
         return ds
 
-    def _source(self, split: str) -> str:
-        if self.data_dir is None:
-            return f"hub dataset {self.task.hub.path if self.task.hub else '?'} split {split}"
-        return str(split_file(self.task, split, self.data_dir))
-
     def _encode_split(self, split: str):
         """The split encoded, and where its rows come from (to name one in a message)."""
         raw = load_split(self.task, split, self.data_dir)
-        source, origin = self._source(split), split_origin(self.task, split, self.data_dir)
+        origin = split_origin(self.task, split, self.data_dir)
+        source = origin.source
         if len(raw) == 0:
             raise TaskDataError(f"{source}: split {split!r} has no examples.")
         missing = [f for f in self.task.text_fields() if f not in raw.column_names]

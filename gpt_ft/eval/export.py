@@ -27,6 +27,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from torch import Tensor
 
 from gpt_ft.errors import check_output_dir, writing
 from gpt_ft.eval.classifier import Classifier
@@ -102,11 +103,26 @@ def export_classifier(clf: Classifier, out: str | Path, *, format: str = "transf
     return out
 
 
+def _language_model(clf: Classifier):
+    """`clf`'s GPT as transformers' LM-head model, its config with the tokenizer's special ids."""
+    lm = to_hf(clf.gpt).float().cpu()
+    lm.config.pad_token_id = clf.specials.pad
+    lm.config.bos_token_id = lm.config.eos_token_id = clf.specials.eos  # the tokenizer's, not GPT-2's 50256
+    lm.config.architectures = None
+    return lm
+
+
+def _head(clf: Classifier) -> tuple[Tensor, Tensor | None]:
+    """The task head's weight and bias, divided by a calibrated classifier's temperature."""
+    t, head = clf.temperature, clf.head
+    return head.weight.detach() / t, head.bias.detach() / t if head.bias is not None else None
+
+
 def sequence_classifier(clf: Classifier):
     """The transformers `*ForSequenceClassification` with `clf`'s weights and its head folded in."""
     from transformers import AutoModelForSequenceClassification
 
-    lm = to_hf(clf.gpt).float().cpu()
+    lm = _language_model(clf)
     config, task, head = lm.config, clf.task, clf.head
     family = config.model_type
     names = task.class_names or task.labels or [task.label]
@@ -114,15 +130,10 @@ def sequence_classifier(clf: Classifier):
     config.id2label = {i: str(name) for i, name in enumerate(names[: head.out_features])}
     config.label2id = {name: i for i, name in config.id2label.items()}
     config.problem_type = _PROBLEM_TYPES[task.output.kind]
-    config.pad_token_id = clf.specials.pad
-    config.bos_token_id = config.eos_token_id = clf.specials.eos  # the tokenizer's, not GPT-2's 50256
-    config.architectures = None
     model = AutoModelForSequenceClassification.from_config(config).eval()
     base = getattr(model, model.base_model_prefix)
     base.load_state_dict(getattr(lm, lm.base_model_prefix).state_dict())
-    t = clf.temperature  # a calibrated classifier's scores divided by its temperature
-    weight = head.weight.detach() / t
-    bias = head.bias.detach() / t if head.bias is not None else None
+    weight, bias = _head(clf)
     with torch.no_grad():
         model.score.weight.copy_(weight)
         if bias is None:  # a model without biases: its head has none either
@@ -143,7 +154,7 @@ def double_heads_model(clf: Classifier):
     choice's extract token (`mc_token_ids`), one score per choice (GPT-1 §3.3)."""
     from transformers import GPT2DoubleHeadsModel, OpenAIGPTDoubleHeadsModel
 
-    lm = to_hf(clf.gpt).float().cpu()
+    lm = _language_model(clf)
     config = lm.config
     config.update(
         dict(
@@ -152,20 +163,17 @@ def double_heads_model(clf: Classifier):
             summary_proj_to_labels=True,
             summary_activation=None,
             num_labels=1,
-            pad_token_id=clf.specials.pad,
-            bos_token_id=clf.specials.eos,
-            eos_token_id=clf.specials.eos,
-            architectures=None,
         )
     )
     cls = GPT2DoubleHeadsModel if config.model_type == "gpt2" else OpenAIGPTDoubleHeadsModel
     model = cls(config).eval()
     loaded = model.load_state_dict(lm.state_dict(), strict=False)
     assert all(k.startswith("multiple_choice_head.") for k in loaded.missing_keys), loaded
+    weight, bias = _head(clf)
     with torch.no_grad():
-        model.multiple_choice_head.summary.weight.copy_(clf.head.weight.detach() / clf.temperature)
-        if clf.head.bias is not None:
-            model.multiple_choice_head.summary.bias.copy_(clf.head.bias.detach() / clf.temperature)
+        model.multiple_choice_head.summary.weight.copy_(weight)
+        if bias is not None:
+            model.multiple_choice_head.summary.bias.copy_(bias)
     model.tie_weights()
     return model
 
