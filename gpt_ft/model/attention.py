@@ -1,9 +1,11 @@
 """Causal self-attention: the attention module of every block, its kernels and its masks.
 
 `CausalSelfAttention` (a block's `attn`, module names as in the Hugging Face GPT-2 checkpoint:
-`c_attn` holds q, k and v stacked, `c_proj` the output projection) runs PyTorch's
+`c_attn` holds q, k and v stacked, `c_proj` the output projection, `q_norm`/`k_norm` Qwen3's and
+Gemma 3's per-head norms) runs PyTorch's
 `scaled_dot_product_attention`, or `blocked_causal_attention` where SDPA would be slow (dropout on
-a CPU). `causal_mask` builds the mask SDPA needs only when padding or a KV cache calls for one.
+a CPU). `causal_mask` builds the mask SDPA needs only when padding, a KV cache or a sliding window
+calls for one.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from torch.nn.attention.bias import causal_lower_right
 from gpt_ft.model import rope
 from gpt_ft.model.cache import Cache
 from gpt_ft.model.config import GPTConfig
+from gpt_ft.model.norms import norm
 
 # torch >= 2.5: scaled_dot_product_attention groups query heads over shared key/value heads itself.
 SDPA_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
@@ -25,11 +28,16 @@ Rotary = tuple[Tensor, Tensor]  # cos, sin (1 or B, 1, T, hs) of rotary position
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        self.n_head, self.n_kv_head, hs = config.n_head, config.kv_heads, config.head_dim
+        self.n_head, self.n_kv_head, self.head_size = config.n_head, config.kv_heads, config.head_dim
+        hs, width = config.head_dim, config.n_head * config.head_dim
         qkv_bias = config.bias if config.qkv_bias is None else config.qkv_bias
         # q for all heads, then k and v for the key/value heads, in one matrix
         self.c_attn = nn.Linear(config.n_embd, (self.n_head + 2 * self.n_kv_head) * hs, bias=qkv_bias)
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(width, config.n_embd, bias=config.bias)
+        # Qwen3, Gemma 3: each head's queries and keys normalised over the head size
+        self.q_norm = norm(config, hs) if config.qk_norm else None
+        self.k_norm = norm(config, hs) if config.qk_norm else None
+        self.scale = config.query_pre_attn_scalar**-0.5 if config.query_pre_attn_scalar else None
         self.attn_pdrop = config.attn_pdrop
         self.resid_dropout = nn.Dropout(config.resid_pdrop)
 
@@ -42,12 +50,13 @@ class CausalSelfAttention(nn.Module):
         layer: int,
         rotary: Rotary | None = None,
     ) -> Tensor:
-        B, T, C = x.shape
-        nh, nkv, hs = self.n_head, self.n_kv_head, C // self.n_head
+        B, T, _ = x.shape
+        nh, nkv, hs = self.n_head, self.n_kv_head, self.head_size
         q, k, v = self.c_attn(x).split([nh * hs, nkv * hs, nkv * hs], dim=2)
-        q = q.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, nkv, hs).transpose(1, 2)  # (B, nkv, T, hs)
-        v = v.view(B, T, nkv, hs).transpose(1, 2)  # (B, nkv, T, hs)
+        q, k, v = q.view(B, T, nh, hs), k.view(B, T, nkv, hs), v.view(B, T, nkv, hs)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, hs)
         if rotary is not None:
             q, k = rope.rotate(q, *rotary), rope.rotate(k, *rotary)
         if cache is not None:
@@ -60,54 +69,80 @@ class CausalSelfAttention(nn.Module):
         elif nkv != nh:
             gqa = {"enable_gqa": True}  # SDPA reads each key/value head for its group: no copies
         if blocked:
-            y = blocked_causal_attention(q, k, v, mask, dropout_p)
+            y = blocked_causal_attention(q, k, v, mask, dropout_p, scale=self.scale)
         else:
             y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, **gqa
+                q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal, scale=self.scale, **gqa
             )
-        y = y.transpose(1, 2).reshape(B, T, C)  # (B, T, C)
+        y = y.transpose(1, 2).reshape(B, T, nh * hs)  # (B, T, nh * hs)
         return self.resid_dropout(self.c_proj(y))
 
 
 def causal_mask(
-    attention_mask: Tensor | None, T: int, past: int, device: torch.device
+    attention_mask: Tensor | None,
+    T: int,
+    past: int,
+    device: torch.device,
+    window: int | None = None,
+    positions: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor | None, bool]:
     """(mask, is_causal) for scaled_dot_product_attention; a boolean mask is True where allowed.
 
-    Without padding no mask is built, so that SDPA may pick its flash or memory-efficient
-    kernels: plain causal, one new token over the cache, or T new tokens over T_past cached
-    ones (causal aligned to the lower right: query i sees keys up to T_past + i).
+    Without padding or a window no mask is built, so that SDPA may pick its flash or
+    memory-efficient kernels: plain causal, one new token over the cache, or T new tokens over
+    T_past cached ones (causal aligned to the lower right: query i sees keys up to T_past + i).
+    `window`: each query sees only the keys fewer than `window` positions before it (a sliding
+    window), counted in `positions` (queries (B, T), keys (B, T_k)) where those are not the
+    indices: a shared prefix's continuations.
     """
-    if attention_mask is None:
+    if window is not None and past + T <= window:
+        window = None  # nothing is that far back
+    if attention_mask is None and window is None:
         if past == 0:
             return None, True
         if T == 1:
             return None, False
         return causal_lower_right(T, past + T), False
-    if attention_mask.shape[-1] != past + T:
+    if attention_mask is not None and attention_mask.shape[-1] != past + T:
         raise ValueError(
             f"attention_mask covers {attention_mask.shape[-1]} positions but the keys are {past + T}."
         )
-    q_pos = torch.arange(past, past + T, device=device)[:, None]  # (T, 1)
-    k_pos = torch.arange(past + T, device=device)[None, :]  # (1, T_k)
-    keys = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T_k)
+    q_index = torch.arange(past, past + T, device=device)[:, None]  # (T, 1)
+    k_index = torch.arange(past + T, device=device)[None, :]  # (1, T_k)
+    allowed = k_index <= q_index  # (T, T_k)
+    if attention_mask is not None:
+        allowed = allowed & attention_mask.bool()[:, None, None, :]  # (B, 1, T, T_k)
+    if window is not None:
+        q_pos, k_pos = (
+            (q_index, k_index)
+            if positions is None
+            else (positions[0][:, None, :, None], positions[1][:, None, None, :])
+        )
+        allowed = allowed & (q_pos - k_pos < window)
     # A padding query may see no real key at all; letting it see itself keeps softmax finite.
-    mask = ((k_pos <= q_pos) & keys) | (k_pos == q_pos)  # (B, 1, T, T_k)
-    return mask, False
+    mask = allowed | (k_index == q_index)
+    return mask if mask.ndim == 4 else mask[None, None], False
 
 
 def blocked_causal_attention(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float, block: int = 128
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    dropout_p: float,
+    block: int = 128,
+    scale: float | None = None,
 ) -> Tensor:
     """Causal self-attention with dropout, one block of queries at a time; (B, nh, T, hs) in and out.
 
     PyTorch's CPU flash kernel has no dropout, so SDPA with dropout on a CPU materialises the whole
     (T, T) score matrix, masked half included. A block of queries only needs the keys up to its
     last position, which skips most of that half (at T = 512: 62.5% of the work, about half the
-    time). `mask` is None (plain causal) or a boolean (B or 1, 1, T, T) mask, True where allowed.
+    time). `mask` is None (plain causal) or a boolean (B or 1, 1, T, T) mask, True where allowed;
+    `scale` multiplies the scores (default 1 / sqrt(hs)).
     """
     B, nh, T, hs = q.shape
-    q = q * hs**-0.5
+    q = q * (hs**-0.5 if scale is None else scale)
     if mask is None:
         bias = torch.full((T, T), float("-inf"), dtype=q.dtype, device=q.device).triu(1)  # (T, T)
     out = []

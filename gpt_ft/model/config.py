@@ -2,7 +2,10 @@
 
 One config describes three families of blocks: GPT-1 (post-LN, learned positions, GELU), GPT-2
 (pre-LN with a final LayerNorm) and Llama-style blocks (RMSNorm, rotary positions, SwiGLU,
-grouped-query attention, no biases, an untied LM head), which also covers Qwen2 and Mistral.
+grouped-query attention, no biases, an untied LM head), which also covers Qwen2, Mistral and
+Phi-3. A few more switches make Qwen3 (a head size of its own, RMSNorm on queries and keys) and
+Gemma 3 (its (1 + w) RMSNorm, scaled embeddings, norms after attention and MLP, GeGLU, local
+sliding-window layers with their own rotary base between global ones).
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from typing import ClassVar, Literal
 import torch.nn.functional as F
 
 Activation = Literal["gelu_tanh", "gelu", "relu", "silu"]
-Norm = Literal["layernorm", "rmsnorm"]
+Norm = Literal["layernorm", "rmsnorm", "gemma_rmsnorm"]
+NORMS = ("layernorm", "rmsnorm", "gemma_rmsnorm")
+LAYER_TYPES = ("full_attention", "sliding_attention")
 Positions = Literal["learned", "rope"]
 ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -39,7 +44,10 @@ class GPTConfig:
     n_layer: int = 12
     """Number of transformer blocks."""
     n_head: int = 12
-    """Number of attention heads; must divide n_embd."""
+    """Number of attention heads; must divide n_embd unless head_size is given."""
+    head_size: int | None = None
+    """Width of each attention head; None: n_embd / n_head. Qwen3 and Gemma 3 choose their own
+    (queries then span n_head * head_size, which the output projection maps back to n_embd)."""
     n_inner: int | None = None
     """Width of the feed-forward layer; None means 4 * n_embd."""
     pre_ln: bool = False
@@ -64,7 +72,27 @@ class GPTConfig:
     151,936 for 151,665): the table keeps them (the unused ones as padding) and `to_hf` writes
     them back; None: none."""
     norm: Norm = "layernorm"
-    """LayerNorm (GPT-1, GPT-2) or RMSNorm (Llama, Qwen2, Mistral), with epsilon layer_norm_epsilon."""
+    """LayerNorm (GPT-1, GPT-2), RMSNorm (Llama, Qwen, Mistral, Phi-3) or Gemma's RMSNorm, which
+    scales by (1 + weight) in fp32; epsilon layer_norm_epsilon."""
+    qk_norm: bool = False
+    """Normalise each head's queries and keys (the norm above, over the head size) before the
+    rotary positions (Qwen3, Gemma 3)."""
+    post_norms: bool = False
+    """Normalise the outputs of attention and MLP too, before they join the residual stream
+    (Gemma 2 and 3: `post_attn_norm`, `post_mlp_norm`)."""
+    scale_embeddings: bool = False
+    """Multiply the token embeddings by sqrt(n_embd) (Gemma) before the first block."""
+    query_pre_attn_scalar: int | None = None
+    """Attention scores are scaled by 1 / sqrt(this) (Gemma 3: 256); None: by 1 / sqrt(head size)."""
+    sliding_window: int | None = None
+    """Sliding-window layers let each token see only the `sliding_window` tokens up to and including
+    itself (Mistral, Phi-3, Gemma 3's local layers); None: every layer sees the whole context."""
+    layer_types: list[str] | None = None
+    """Each layer's attention, "full_attention" or "sliding_attention" (Gemma 3: five local layers
+    per global one); None: all sliding when sliding_window is set, else all full."""
+    rope_local_theta: float | None = None
+    """Rotary base of the sliding-window layers (Gemma 3: 10,000), unscaled; None: rope_theta and
+    rope_scaling, as the full layers."""
     positions: Positions = "learned"
     """Learned position embeddings added to the tokens' (GPT) or rotary positions in attention (Llama)."""
     rope_theta: float = 10000.0
@@ -85,11 +113,13 @@ class GPTConfig:
     tie_embeddings: bool = True
     """The LM head is the token embedding (GPT, small Llamas) or a matrix of its own (`lm_head`)."""
     hf_model_type: str | None = None
-    """The transformers model type `to_hf` writes (llama, qwen2, mistral); None: read from the shape."""
+    """The transformers model type `to_hf` writes (llama, qwen2, qwen3, mistral, phi3, gemma3_text);
+    None: read from the shape."""
 
     SHAPE_FIELDS: ClassVar[tuple[str, ...]] = (
         "n_layer", "n_embd", "n_head", "n_positions", "vocab_size", "pre_ln", "norm", "positions",
-        "gated_mlp", "n_kv_head", "tie_embeddings", "bias", "qkv_bias", "n_inner",
+        "gated_mlp", "n_kv_head", "tie_embeddings", "bias", "qkv_bias", "n_inner", "head_size", "qk_norm",
+        "post_norms", "scale_embeddings",
     )  # fmt: skip
     """The fields that make the weights what they are (their tensors, their shapes, how the heads
     split them): weights load only into a model whose values are equal. A new field that changes
@@ -101,10 +131,12 @@ class GPTConfig:
                 raise ValueError(f"GPTConfig.{name} must be a positive integer, got {getattr(self, name)}.")
         if self.n_layer < 0:
             raise ValueError(f"GPTConfig.n_layer must be >= 0, got {self.n_layer}.")
-        if self.n_embd % self.n_head:
+        if self.head_size is not None and self.head_size < 1:
+            raise ValueError(f"GPTConfig.head_size must be a positive integer or None, got {self.head_size}.")
+        if self.head_size is None and self.n_embd % self.n_head:
             raise ValueError(
                 f"GPTConfig.n_embd={self.n_embd} is not divisible by n_head={self.n_head}; "
-                f"choose n_head among the divisors of {self.n_embd}."
+                f"choose n_head among the divisors of {self.n_embd}, or give head_size."
             )
         if self.n_inner is not None and self.n_inner < 1:
             raise ValueError(f"GPTConfig.n_inner must be a positive integer or None, got {self.n_inner}.")
@@ -112,16 +144,16 @@ class GPTConfig:
             raise ValueError(
                 f"GPTConfig.activation={self.activation!r} is not supported; allowed: {sorted(ACTIVATIONS)}."
             )
-        if self.norm not in ("layernorm", "rmsnorm"):
+        if self.norm not in NORMS:
             raise ValueError(
-                f"GPTConfig.norm={self.norm!r} is not supported; allowed: 'layernorm', 'rmsnorm'."
+                f"GPTConfig.norm={self.norm!r} is not supported; allowed: {', '.join(map(repr, NORMS))}."
             )
         if self.positions not in ("learned", "rope"):
             raise ValueError(
                 f"GPTConfig.positions={self.positions!r} is not supported; allowed: 'learned', 'rope'."
             )
         if self.positions == "rope" and self.head_dim % 2:
-            raise ValueError(f"Rotary positions need an even head size; n_embd / n_head = {self.head_dim}.")
+            raise ValueError(f"Rotary positions need an even head size; this model's is {self.head_dim}.")
         if self.rope_type not in ROPE_TYPES:
             raise ValueError(
                 f"GPTConfig.rope_scaling type {self.rope_type!r} is not supported; "
@@ -132,6 +164,22 @@ class GPTConfig:
                 f"GPTConfig.n_kv_head={self.n_kv_head} must divide n_head={self.n_head} "
                 "(grouped-query attention)."
             )
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(
+                f"GPTConfig.sliding_window must be a positive integer or None, got {self.sliding_window}."
+            )
+        if self.layer_types is not None:
+            self.layer_types = list(self.layer_types)
+            wrong = sorted(set(self.layer_types) - set(LAYER_TYPES))
+            if wrong or len(self.layer_types) != self.n_layer:
+                raise ValueError(
+                    f"GPTConfig.layer_types must name one of {LAYER_TYPES} for each of the {self.n_layer} "
+                    f"layers; got {len(self.layer_types)} entries{f' with {wrong}' if wrong else ''}."
+                )
+            if "sliding_attention" in self.layer_types and self.sliding_window is None:
+                raise ValueError(
+                    "GPTConfig.layer_types has sliding_attention layers but sliding_window is None."
+                )
         for name in ("embd_pdrop", "attn_pdrop", "resid_pdrop"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"GPTConfig.{name} must be in [0, 1), got {getattr(self, name)}.")
@@ -149,7 +197,13 @@ class GPTConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.n_embd // self.n_head
+        return self.head_size if self.head_size is not None else self.n_embd // self.n_head
+
+    def is_sliding(self, layer: int) -> bool:
+        """Whether block `layer` attends through the sliding window."""
+        if self.sliding_window is None:
+            return False
+        return self.layer_types is None or self.layer_types[layer] == "sliding_attention"
 
     @property
     def rope_type(self) -> str:
@@ -180,6 +234,18 @@ _GPT2 = dict(vocab_size=50257, n_positions=1024, pre_ln=True)
 _LLAMA = dict(pre_ln=True, norm="rmsnorm", positions="rope", activation="silu", gated_mlp=True, bias=False,
               layer_norm_epsilon=1e-5, embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)  # fmt: skip
 
+# Gemma 3 (text): Llama's blocks with Gemma's norms, GeGLU, 256-wide heads, one key/value head,
+# and a global layer after every five local ones (1,024-token windows in the 4B and up, 512 here).
+_GEMMA3 = dict(_LLAMA, norm="gemma_rmsnorm", activation="gelu_tanh", qk_norm=True, post_norms=True,
+               scale_embeddings=True, n_positions=32768, n_head=4, n_kv_head=1, head_size=256,
+               query_pre_attn_scalar=256, sliding_window=512, rope_theta=1000000.0,
+               rope_local_theta=10000.0, layer_norm_epsilon=1e-6, hf_model_type="gemma3_text")  # fmt: skip
+
+
+def _gemma3_layers(n: int) -> list[str]:
+    return ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(n)]
+
+
 PRESETS: dict[str, dict] = {
     # GPT-1 (paper §4.1): 12 layers, 768 wide, 12 heads, FFN 3072, context 512, BPE vocab 40,478.
     "gpt1": {},
@@ -201,6 +267,15 @@ PRESETS: dict[str, dict] = {
                          n_kv_head=8, n_inner=8192, rope_theta=500000.0, hf_model_type="llama",
                          rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0,
                                            high_freq_factor=4.0, original_max_position_embeddings=8192)),
+    "qwen3-0.6b": dict(_LLAMA, vocab_size=151936, n_positions=40960, n_embd=1024, n_layer=28, n_head=16,
+                       n_kv_head=8, head_size=128, n_inner=3072, qk_norm=True, rope_theta=1000000.0,
+                       layer_norm_epsilon=1e-6, hf_model_type="qwen3"),
+    "gemma-3-270m": dict(_GEMMA3, vocab_size=262144, n_embd=640, n_layer=18, n_inner=2048,
+                         layer_types=_gemma3_layers(18)),
+    "gemma-3-1b": dict(_GEMMA3, vocab_size=262144, n_embd=1152, n_layer=26, n_inner=6912,
+                       layer_types=_gemma3_layers(26)),
+    "phi-3-mini": dict(_LLAMA, vocab_size=32064, n_positions=4096, n_embd=3072, n_layer=32, n_head=32,
+                       n_inner=8192, sliding_window=2047, tie_embeddings=False, hf_model_type="phi3"),
     # Llama-shaped models small enough to train on a laptop CPU.
     "llama-mini": dict(_LLAMA, n_positions=512, n_embd=256, n_layer=4, n_head=4, n_kv_head=2, n_inner=688),
     "llama-micro": dict(_LLAMA, n_positions=128, n_embd=64, n_layer=2, n_head=4, n_kv_head=2, n_inner=176),

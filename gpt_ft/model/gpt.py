@@ -3,7 +3,9 @@
 One config switch picks the block layout: GPT-1 is post-LN with no final LayerNorm, GPT-2 is
 pre-LN with a final LayerNorm. A few more make Llama-family blocks of the same modules: RMSNorm
 for LayerNorm, rotary positions for learned ones, SwiGLU, fewer key/value heads, no biases, an
-untied head. Module names follow the Hugging Face GPT-2 checkpoint keys (`wte`, `wpe`,
+untied head; and Qwen3's and Gemma 3's (per-head query/key norms, norms after attention and MLP,
+scaled embeddings, sliding-window layers). Attention lives in `attention.py`, the norms in
+`norms.py`. Module names follow the Hugging Face GPT-2 checkpoint keys (`wte`, `wpe`,
 `h.N.attn.c_attn`, ...), so converting GPT weights in either direction is a name map plus a
 transpose list; Llama's separate q/k/v and gate/up matrices are stacked (see `gpt_ft/model/hf.py`).
 """
@@ -23,34 +25,12 @@ from gpt_ft.model import generation, rope
 from gpt_ft.model.attention import CausalSelfAttention, Rotary, causal_mask
 from gpt_ft.model.cache import Cache, KVCache, SharedPrefix
 from gpt_ft.model.config import ACTIVATIONS, GPTConfig
+from gpt_ft.model.norms import RMSNorm, norm
 
 if TYPE_CHECKING:
     import os
 
 __all__ = ["GPT", "GPTConfig", "Block", "KVCache", "SharedPrefix"]
-
-
-class RMSNorm(nn.Module):
-    """x / sqrt(mean(x²) + eps) * weight, computed in fp32 (Llama's LayerNorm without mean or bias)."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def reset_parameters(self) -> None:
-        nn.init.ones_(self.weight)
-
-    def forward(self, x: Tensor) -> Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
-
-
-def norm(config: GPTConfig) -> nn.Module:
-    if config.norm == "rmsnorm":
-        return RMSNorm(config.n_embd, config.layer_norm_epsilon)
-    return nn.LayerNorm(config.n_embd, eps=config.layer_norm_epsilon)
 
 
 class MLP(nn.Module):
@@ -78,6 +58,9 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(config)
         self.ln_2 = norm(config)
         self.mlp = MLP(config)
+        # Gemma 2 and 3: attention's and the MLP's outputs normalised before the residual sum
+        self.post_attn_norm = norm(config) if config.post_norms else None
+        self.post_mlp_norm = norm(config) if config.post_norms else None
 
     def forward(
         self,
@@ -88,11 +71,13 @@ class Block(nn.Module):
         layer: int,
         rotary: Rotary | None = None,
     ) -> Tensor:
-        if self.pre_ln:  # GPT-2, Llama
-            x = x + self.attn(self.ln_1(x), mask, is_causal, cache, layer, rotary)
-            return x + self.mlp(self.ln_2(x))
-        x = self.ln_1(x + self.attn(x, mask, is_causal, cache, layer, rotary))  # GPT-1
-        return self.ln_2(x + self.mlp(x))
+        if not self.pre_ln:  # GPT-1
+            x = self.ln_1(x + self.attn(x, mask, is_causal, cache, layer, rotary))
+            return self.ln_2(x + self.mlp(x))
+        h = self.attn(self.ln_1(x), mask, is_causal, cache, layer, rotary)  # GPT-2, Llama, ...
+        x = x + (h if self.post_attn_norm is None else self.post_attn_norm(h))
+        h = self.mlp(self.ln_2(x))
+        return x + (h if self.post_mlp_norm is None else self.post_mlp_norm(h))
 
 
 class GPT(nn.Module):
@@ -174,20 +159,48 @@ class GPT(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(past, past + T, device=input_ids.device)  # (T,)
         x = self.wte(input_ids)  # (B, T, C)
+        if self.config.scale_embeddings:  # Gemma: sqrt(C), rounded to the weights' dtype as it does
+            x = x * torch.tensor(self.config.n_embd**0.5, dtype=x.dtype).item()
         if self.wpe is not None:
             x = x + self.wpe(position_ids)
         x = self.drop(x)
-        rotary = rope.cos_sin(self.config, position_ids, x.dtype) if self.wpe is None else None
-        mask, is_causal = causal_mask(attention_mask, T, past, input_ids.device)
+        masks, rotaries = self._attention_inputs(attention_mask, position_ids, kv_cache, T, x.dtype)
         recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
         for i, block in enumerate(self.h):
-            if recompute:
-                x = checkpoint(block, x, mask, is_causal, kv_cache, i, rotary, use_reentrant=False)
-            else:
-                x = block(x, mask, is_causal, kv_cache, i, rotary)
+            local = self.config.is_sliding(i)
+            args = (
+                x,
+                *masks[local],
+                kv_cache,
+                i,
+                rotaries[local and self.config.rope_local_theta is not None],
+            )
+            x = checkpoint(block, *args, use_reentrant=False) if recompute else block(*args)
         if kv_cache is not None:
             kv_cache.length += T
         return self.ln_f(x) if self.ln_f is not None else x
+
+    def _attention_inputs(
+        self, attention_mask: Tensor | None, position_ids: Tensor, cache: Cache | None, T: int, dtype
+    ) -> tuple[dict, dict]:
+        """The masks ({sliding: (mask, is_causal)}) and rotary angles ({local: (cos, sin)}) the
+        blocks take: the full layers' and the sliding-window (local) layers'."""
+        c, past, device = self.config, (cache.length if cache is not None else 0), position_ids.device
+        full = causal_mask(attention_mask, T, past, device)
+        masks = {False: full, True: full}
+        if c.sliding_window is not None:
+            positions = None
+            if isinstance(cache, SharedPrefix) and cache.repeats is not None:  # prefix keys at 0, 1, ...
+                queries = position_ids.expand(-1 if position_ids.ndim == 2 else 1, T)
+                keys = torch.arange(past, device=device).expand(queries.shape[0], past)
+                positions = (queries, torch.cat([keys, queries], dim=1))
+            masks[True] = causal_mask(attention_mask, T, past, device, c.sliding_window, positions)
+        rotaries: dict = {False: None, True: None}
+        if self.wpe is None:
+            rotaries[False] = rope.cos_sin(c, position_ids, dtype)
+            if c.rope_local_theta is not None:
+                rotaries[True] = rope.cos_sin(c, position_ids, dtype, local=True)
+        return masks, rotaries
 
     def lm_logits(self, hidden: Tensor) -> Tensor:
         """Next-token logits (..., vocab) from hidden states (..., C): `hidden @ wte.T` (tied head)

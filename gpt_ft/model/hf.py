@@ -1,5 +1,5 @@
 """Weights to and from `transformers`: OpenAIGPT* (GPT-1), GPT2*, and the Llama family (Llama,
-Qwen2, Mistral; see `hf_llama.py`), as model instances or local directories.
+Qwen2, Qwen3, Mistral, Phi-3, Gemma 3; see `hf_llama.py`), as model instances or local directories.
 
 Our module names are GPT-2's, so GPT conversion is a name map (GPT-1 spells two embeddings
 differently) plus a transpose list (transformers keeps these layers as `Conv1D`, weight (in, out)).
@@ -37,14 +37,14 @@ def _family(hf_config) -> str:
         raise ValueError(
             f"Cannot convert a transformers model of type {model_type!r}; allowed: 'openai-gpt' "
             "(OpenAIGPTModel, OpenAIGPTLMHeadModel), 'gpt2' (GPT2Model, GPT2LMHeadModel), and "
-            "'llama', 'qwen2', 'mistral' (their *Model and *ForCausalLM)."
+            f"{', '.join(map(repr, hf_llama.MODEL_TYPES))} (their *Model and *ForCausalLM)."
         )
     return model_type
 
 
 def config_from_hf(hf_config) -> GPTConfig:
-    """Our GPTConfig for a transformers OpenAIGPTConfig, GPT2Config, LlamaConfig, Qwen2Config or
-    MistralConfig."""
+    """Our GPTConfig for a transformers OpenAIGPTConfig, GPT2Config, or a Llama-family config (Llama,
+    Qwen2, Qwen3, Mistral, Phi-3, Gemma 3 text)."""
     family = _family(hf_config)
     if family in hf_llama.MODEL_TYPES:
         return hf_llama.config_from_hf(hf_config)
@@ -92,7 +92,7 @@ def config_from_hf(hf_config) -> GPTConfig:
 
 def config_to_hf(config: GPTConfig):
     """The transformers config of the same family: OpenAIGPTConfig (post-LN), GPT2Config (pre-LN),
-    or for Llama-style blocks LlamaConfig, Qwen2Config or MistralConfig."""
+    or for Llama-style blocks that of their family (see `hf_llama.config_to_hf`)."""
     from transformers import GPT2Config, OpenAIGPTConfig
 
     if hf_llama.is_llama_style(config):
@@ -103,6 +103,17 @@ def config_to_hf(config: GPTConfig):
             f"this model has bias={config.bias}, tie_embeddings={config.tie_embeddings}, "
             f"n_kv_head={config.n_kv_head}."
         )
+    llama_only = dict(
+        head_size=config.head_dim != config.n_embd // config.n_head,
+        qk_norm=config.qk_norm,
+        post_norms=config.post_norms,
+        scale_embeddings=config.scale_embeddings,
+        sliding_window=config.sliding_window,
+        query_pre_attn_scalar=config.query_pre_attn_scalar,
+    )
+    if any(llama_only.values()):
+        on = [name for name, value in llama_only.items() if value]
+        raise ValueError(f"transformers' GPT-1 and GPT-2 have none of {on}; this model sets them.")
 
     common = dict(
         vocab_size=config.hf_vocab_size,
@@ -198,8 +209,8 @@ def _convert(hf_config, state: dict[str, Tensor], source: str) -> GPT:
 
 
 def to_hf(gpt: GPT):
-    """The matching transformers LM-head model (OpenAIGPTLMHeadModel, GPT2LMHeadModel,
-    LlamaForCausalLM, Qwen2ForCausalLM or MistralForCausalLM), same weights."""
+    """The matching transformers LM-head model (OpenAIGPTLMHeadModel, GPT2LMHeadModel or the
+    family's *ForCausalLM: Llama, Qwen2, Qwen3, Mistral, Phi3, Gemma3), same weights."""
     from transformers import GPT2LMHeadModel, OpenAIGPTLMHeadModel
 
     if any(name.endswith("lora_A") for name, _ in gpt.named_parameters()):

@@ -1,8 +1,11 @@
-"""Llama-family weights to and from `transformers`: LlamaForCausalLM, Qwen2ForCausalLM and
-MistralForCausalLM (SmolLM/SmolLM2, TinyLlama, Qwen2.5, Llama 3.x, Mistral checkpoints).
+"""Llama-family weights to and from `transformers`: LlamaForCausalLM, Qwen2ForCausalLM,
+Qwen3ForCausalLM, MistralForCausalLM, Phi3ForCausalLM and Gemma3ForCausalLM (SmolLM/SmolLM2,
+TinyLlama, Qwen2.5, Qwen3, Llama 3.x, Mistral, Phi-3 and Gemma 3 text checkpoints).
 
 Their blocks are ours with Llama's switches on (see `GPTConfig`); the names differ, and two groups
-of their matrices are one of ours: q/k/v stacked into `attn.c_attn`, gate/up into `mlp.c_fc`.
+of their matrices are one of ours: q/k/v stacked into `attn.c_attn`, gate/up into `mlp.c_fc`
+(Phi-3 stores them stacked already). Gemma 3 calls its norm after attention
+`post_attention_layernorm`, the name Llama gives the norm before the MLP.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from torch import Tensor
 
 from gpt_ft.model.config import GPTConfig
 
-MODEL_TYPES = ("llama", "qwen2", "mistral")
+MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma3_text")
+_CLASSES = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral", "phi3": "Phi3",
+            "gemma3_text": "Gemma3"}  # fmt: skip
 _ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh"}
 # theirs (after "model.layers.N.") -> ours (after "h.N.")
 _LAYER_NAMES = {
@@ -22,34 +27,51 @@ _LAYER_NAMES = {
     "post_attention_layernorm": "ln_2",
     "self_attn.o_proj": "attn.c_proj",
     "mlp.down_proj": "mlp.c_proj",
+    "self_attn.q_norm": "attn.q_norm",
+    "self_attn.k_norm": "attn.k_norm",
+    "self_attn.qkv_proj": "attn.c_attn",  # Phi-3
+    "mlp.gate_up_proj": "mlp.c_fc",
+}
+_GEMMA_NAMES = {
+    **_LAYER_NAMES,
+    "post_attention_layernorm": "post_attn_norm",
+    "pre_feedforward_layernorm": "ln_2",
+    "post_feedforward_layernorm": "post_mlp_norm",
 }
 _STACKED = {"attn.c_attn": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
             "mlp.c_fc": ("mlp.gate_proj", "mlp.up_proj")}  # fmt: skip
+
+
+_FUSED = ("self_attn.qkv_proj", "mlp.gate_up_proj")
+
+
+def _layer_names(config: GPTConfig) -> dict[str, str]:
+    return _GEMMA_NAMES if config.post_norms else _LAYER_NAMES
+
+
 _LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
 
 
 def is_llama_style(config: GPTConfig) -> bool:
-    return config.norm == "rmsnorm" or config.positions == "rope" or config.gated_mlp
+    return config.norm != "layernorm" or config.positions == "rope" or config.gated_mlp
 
 
 def config_from_hf(c) -> GPTConfig:
-    """Our GPTConfig for a transformers LlamaConfig, Qwen2Config or MistralConfig."""
-    model_type = c.model_type
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    if head_dim * c.num_attention_heads != c.hidden_size:
-        raise ValueError(
-            f"{type(c).__name__} has head_dim={head_dim} with {c.num_attention_heads} heads of a "
-            f"{c.hidden_size}-wide model; only head_dim = hidden_size / num_attention_heads is supported."
-        )
-    activation = _ACTIVATIONS.get(c.hidden_act)
+    """Our GPTConfig for a transformers Llama, Qwen2, Qwen3, Mistral, Phi-3 or Gemma 3 text config."""
+    model_type, name = c.model_type, type(c).__name__
+    activation_field = "hidden_activation" if model_type == "gemma3_text" else "hidden_act"
+    activation = _ACTIVATIONS.get(getattr(c, activation_field))
     if activation is None:
         raise ValueError(
-            f"{type(c).__name__}.hidden_act={c.hidden_act!r} is not supported; "
+            f"{name}.{activation_field}={getattr(c, activation_field)!r} is not supported; "
             f"allowed: {sorted(_ACTIVATIONS)}."
         )
-    params = dict(getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {})
-    theta = params.pop("rope_theta", getattr(c, "rope_theta", 10000.0))
-    scaling = None if params.get("rope_type", params.get("type", "default")) == "default" else params
+    for field, fine in (("final_logit_softcapping", None), ("attn_logit_softcapping", None),
+                        ("use_bidirectional_attention", False)):  # fmt: skip
+        if getattr(c, field, fine) not in (fine, False):
+            raise ValueError(f"{name}.{field}={getattr(c, field)!r} is not supported; it must be {fine}.")
+    rope_theta, rope_scaling = _rope(c, "full_attention" if model_type == "gemma3_text" else None)
+    local_theta = _rope(c, "sliding_attention")[0] if model_type == "gemma3_text" else None
     if model_type == "qwen2":  # biases on q, k and v only
         bias, qkv_bias = False, True
     elif model_type == "llama":
@@ -61,61 +83,113 @@ def config_from_hf(c) -> GPTConfig:
             )
     else:
         bias, qkv_bias = False, None
-    context = c.max_position_embeddings
+        if getattr(c, "attention_bias", False):
+            raise ValueError(f"{name}.attention_bias=True is not supported; {model_type} has no biases.")
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     window = getattr(c, "sliding_window", None)
-    if window and (model_type == "mistral" or getattr(c, "use_sliding_window", False)):
-        # Within one window, sliding-window attention is full causal attention: the window is the context.
-        context = min(context, window)
+    layer_types = list(getattr(c, "layer_types", None) or []) or None
+    if model_type == "qwen2" and not getattr(c, "use_sliding_window", False):
+        window = None
+    if window is None or (layer_types and "sliding_attention" not in layer_types):
+        window, layer_types = None, None
+    elif layer_types and "full_attention" not in layer_types:
+        layer_types = None  # every layer slides
+    gemma = model_type == "gemma3_text"
     return GPTConfig(
         vocab_size=c.vocab_size,
-        n_positions=context,
+        n_positions=c.max_position_embeddings,
         n_embd=c.hidden_size,
         n_layer=c.num_hidden_layers,
         n_head=c.num_attention_heads,
         n_kv_head=c.num_key_value_heads,
+        head_size=None if head_dim * c.num_attention_heads == c.hidden_size else head_dim,
         n_inner=c.intermediate_size,
         pre_ln=True,
-        norm="rmsnorm",
+        norm="gemma_rmsnorm" if gemma else "rmsnorm",
+        qk_norm=model_type in ("qwen3", "gemma3_text"),
+        post_norms=gemma,
+        scale_embeddings=gemma,
+        query_pre_attn_scalar=int(c.query_pre_attn_scalar) if gemma else None,
         positions="rope",
-        rope_theta=float(theta),
-        rope_scaling=scaling,
+        rope_theta=rope_theta,
+        rope_scaling=rope_scaling,
+        rope_local_theta=local_theta,
+        sliding_window=window,
+        layer_types=layer_types,
         activation=activation,
         gated_mlp=True,
         bias=bias,
         qkv_bias=qkv_bias,
         tie_embeddings=bool(c.tie_word_embeddings),
-        embd_pdrop=0.0,
-        attn_pdrop=float(getattr(c, "attention_dropout", 0.0)),
-        resid_pdrop=0.0,
+        embd_pdrop=float(getattr(c, "embd_pdrop", 0.0)),
+        attn_pdrop=float(getattr(c, "attention_dropout", 0.0) or 0.0),
+        resid_pdrop=float(getattr(c, "resid_pdrop", 0.0)),
         layer_norm_epsilon=c.rms_norm_eps,
         initializer_range=c.initializer_range,
         hf_model_type=model_type,
     )
 
 
+def _rope(c, layer_type: str | None) -> tuple[float, dict | None]:
+    """(rope_theta, rope_scaling or None) of a transformers config, of one layer type's (Gemma 3)."""
+    params = dict(getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {})
+    if layer_type is not None:
+        params = dict(params.get(layer_type) or {})
+    theta = params.pop("rope_theta", getattr(c, "rope_theta", 10000.0))
+    partial = params.pop("partial_rotary_factor", getattr(c, "partial_rotary_factor", 1.0))
+    if partial != 1.0:
+        raise ValueError(
+            f"{type(c).__name__}.partial_rotary_factor={partial} is not supported; only 1.0 (rotary "
+            "positions over the whole head)."
+        )
+    scaling = None if params.get("rope_type", params.get("type", "default")) == "default" else params
+    if scaling is not None and layer_type == "sliding_attention":
+        raise ValueError(
+            f"{type(c).__name__}.rope_parameters['sliding_attention'] with rope_type "
+            f"{scaling.get('rope_type')!r} is not supported; local layers' rotary positions must be unscaled."
+        )
+    return float(theta), scaling
+
+
 def model_type_of(config: GPTConfig) -> str:
     """The transformers model type these weights export to."""
     if config.hf_model_type in MODEL_TYPES:
         return config.hf_model_type
+    if config.post_norms or config.norm == "gemma_rmsnorm":
+        return "gemma3_text"
+    if config.qk_norm:
+        return "qwen3"
     return "qwen2" if config.qkv_bias and not config.bias else "llama"
 
 
 def config_to_hf(config: GPTConfig):
-    """The transformers config of a Llama-style GPTConfig (Llama, Qwen2 or Mistral)."""
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+    """The transformers config of a Llama-style GPTConfig (Llama, Qwen2, Qwen3, Mistral, Phi-3 or
+    Gemma 3)."""
+    import transformers
 
-    wanted = dict(pre_ln=True, norm="rmsnorm", positions="rope", gated_mlp=True)
+    model_type = model_type_of(config)
+    gemma = model_type == "gemma3_text"
+    wanted = dict(pre_ln=True, positions="rope", gated_mlp=True, norm="gemma_rmsnorm" if gemma else "rmsnorm",
+                  qk_norm=model_type in ("qwen3", "gemma3_text"), post_norms=gemma,
+                  scale_embeddings=gemma)  # fmt: skip
     differ = {k: getattr(config, k) for k, v in wanted.items() if getattr(config, k) != v}
     if differ:
-        raise ValueError(f"transformers' Llama-family models need {wanted}; this model has {differ}.")
-    model_type = model_type_of(config)
-    expected_qkv = {"llama": None, "mistral": None, "qwen2": True}[model_type]
+        raise ValueError(f"transformers' {model_type} models need {wanted}; this model has {differ}.")
+    expected_qkv = {"qwen2": True}.get(model_type)
     if config.qkv_bias not in (expected_qkv, config.bias) or (model_type != "llama" and config.bias):
         raise ValueError(
             f"A {model_type} model has {'biases on q/k/v only' if model_type == 'qwen2' else 'no biases'}; "
             f"this model has bias={config.bias}, qkv_bias={config.qkv_bias}."
         )
     activation = {v: k for k, v in reversed(_ACTIVATIONS.items())}[config.activation]
+    if config.rope_local_theta is not None and not gemma:
+        raise ValueError(
+            f"transformers' {model_type} models have one rotary base; rope_local_theta must be None."
+        )
+    if config.query_pre_attn_scalar is not None and not gemma:
+        raise ValueError(f"transformers' {model_type} models scale attention by the head size; "
+                         "query_pre_attn_scalar must be None.")  # fmt: skip
+    rope = dict(config.rope_scaling or {"rope_type": "default"}, rope_theta=config.rope_theta)
     common = dict(
         vocab_size=config.hf_vocab_size,
         hidden_size=config.n_embd,
@@ -123,26 +197,51 @@ def config_to_hf(config: GPTConfig):
         num_hidden_layers=config.n_layer,
         num_attention_heads=config.n_head,
         num_key_value_heads=config.kv_heads,
-        hidden_act=activation,
         max_position_embeddings=config.n_positions,
         rms_norm_eps=config.layer_norm_epsilon,
         initializer_range=config.initializer_range,
         tie_word_embeddings=config.tie_embeddings,
         attention_dropout=config.attn_pdrop,
-        rope_theta=config.rope_theta,
-        rope_scaling=dict(config.rope_scaling) if config.rope_scaling else None,  # transformers edits it
+        rope_parameters=rope,
     )
+    if config.head_size is not None or model_type in ("qwen3", "gemma3_text"):  # else: hidden / heads
+        common["head_dim"] = config.head_dim
+    layers = config.layer_types or [
+        "sliding_attention" if config.is_sliding(i) else "full_attention" for i in range(config.n_layer)
+    ]
+    window = dict(sliding_window=config.sliding_window, layer_types=layers)
+    if model_type in ("llama", "mistral", "phi3") and len(set(layers)) > 1:
+        raise ValueError(f"transformers' {model_type} models slide in every layer or none; layer_types must "
+                         "be all one type.")  # fmt: skip
+    if model_type not in ("mistral", "phi3", "gemma3_text", "qwen2", "qwen3") and config.sliding_window:
+        raise ValueError(
+            f"transformers' {model_type} models have no sliding window; sliding_window must be None."
+        )
+    cls = getattr(transformers, _CLASSES[model_type] + ("TextConfig" if gemma else "Config"))
     if model_type == "llama":
-        return LlamaConfig(**common, attention_bias=config.bias, mlp_bias=config.bias)
-    if model_type == "mistral":
-        return MistralConfig(**common, sliding_window=None)
-    return Qwen2Config(**common)
+        return cls(**common, hidden_act=activation, attention_bias=config.bias, mlp_bias=config.bias)
+    if model_type in ("mistral", "phi3"):
+        extra = dict(resid_pdrop=config.resid_pdrop, embd_pdrop=config.embd_pdrop)
+        extra.update({f"{t}_token_id": None for t in ("bos", "eos", "pad")})  # Phi-3's are 32,000-row ids
+        return cls(**common, hidden_act=activation, sliding_window=config.sliding_window,
+                   **(extra if model_type == "phi3" else {}))  # fmt: skip
+    if gemma:
+        local = {"rope_type": "default", "rope_theta": config.rope_local_theta or config.rope_theta}
+        if config.rope_local_theta is None and config.rope_scaling:
+            raise ValueError("transformers' Gemma 3 leaves its local layers' rotary positions unscaled; "
+                             "give rope_local_theta.")  # fmt: skip
+        common["rope_parameters"] = {"full_attention": rope, "sliding_attention": local}
+        return cls(**common, **window, hidden_activation=activation,
+                   query_pre_attn_scalar=config.query_pre_attn_scalar or config.head_dim)  # fmt: skip
+    use_window = config.sliding_window is not None
+    return cls(**common, **window, hidden_act=activation, use_sliding_window=use_window)
 
 
 def state_dict_from_hf(hf_state: dict[str, Tensor], config: GPTConfig) -> dict[str, Tensor]:
     """Our state dict from a transformers Llama-family one (base or causal-LM model)."""
     out: dict[str, Tensor] = {}
     stacked: dict[str, dict[str, Tensor]] = {}
+    names = _layer_names(config)
     for key, value in hf_state.items():
         if not key.startswith(("model.", "lm_head.")):
             key = "model." + key  # a base model's keys
@@ -158,7 +257,7 @@ def state_dict_from_hf(hf_state: dict[str, Tensor], config: GPTConfig) -> dict[s
             out["ln_f.weight"] = value
         elif m := _LAYER_KEY.match(key):
             layer, name, kind = m.groups()
-            ours = _LAYER_NAMES.get(name)
+            ours = names.get(name)
             for group, parts in _STACKED.items():
                 if name in parts:
                     stacked.setdefault(f"h.{layer}.{group}.{kind}", {})[name] = value
@@ -186,7 +285,8 @@ def state_dict_to_hf(state: dict[str, Tensor], config: GPTConfig) -> dict[str, T
     hs = config.head_dim
     sizes = {"attn.c_attn": [config.n_head * hs, config.kv_heads * hs, config.kv_heads * hs],
              "mlp.c_fc": [config.ffn_dim, config.ffn_dim]}  # fmt: skip
-    ours_to_theirs = {v: k for k, v in _LAYER_NAMES.items()}
+    fused = model_type_of(config) == "phi3"  # q/k/v and gate/up stay stacked, as ours
+    ours_to_theirs = {v: k for k, v in _layer_names(config).items() if fused or k not in _FUSED}
     out: dict[str, Tensor] = {}
     for key, value in state.items():
         if key == "wte.weight":
@@ -199,7 +299,7 @@ def state_dict_to_hf(state: dict[str, Tensor], config: GPTConfig) -> dict[str, T
             _, layer, rest = key.split(".", 2)
             name, kind = rest.rsplit(".", 1)
             prefix = f"model.layers.{layer}."
-            if name in _STACKED:
+            if name in _STACKED and not fused:
                 for part, piece in zip(_STACKED[name], value.split(sizes[name], dim=0), strict=True):
                     out[f"{prefix}{part}.{kind}"] = piece
             else:
@@ -210,6 +310,6 @@ def state_dict_to_hf(state: dict[str, Tensor], config: GPTConfig) -> dict[str, T
 
 
 def causal_lm_class(model_type: str):
-    from transformers import LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
+    import transformers
 
-    return {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM, "mistral": MistralForCausalLM}[model_type]
+    return getattr(transformers, _CLASSES[model_type] + "ForCausalLM")

@@ -1,4 +1,4 @@
-"""Rotary position embeddings (Su et al. 2021) as Llama, Qwen2 and Mistral use them.
+"""Rotary position embeddings (Su et al. 2021) as Llama, Qwen, Mistral, Phi-3 and Gemma 3 use them.
 
 A query or key vector of head size hs is rotated, pair by pair, by angles `position * inv_freq`;
 the pairs are (i, i + hs/2), the "rotate half" layout of the transformers checkpoints, so their
@@ -16,10 +16,14 @@ from torch import Tensor
 from gpt_ft.model.config import GPTConfig
 
 
-def inverse_frequencies(config: GPTConfig, device: torch.device | None = None) -> Tensor:
-    """The hs/2 rotation frequencies (fp32), scaled as `config.rope_scaling` says."""
+def inverse_frequencies(config: GPTConfig, device: torch.device | None = None, local: bool = False) -> Tensor:
+    """The hs/2 rotation frequencies (fp32), scaled as `config.rope_scaling` says; `local`: those
+    of the sliding-window layers, from `config.rope_local_theta` and unscaled."""
     dim = config.head_dim
-    inv_freq = 1.0 / config.rope_theta ** (torch.arange(0, dim, 2, device=device).float() / dim)
+    theta = config.rope_local_theta if local else config.rope_theta
+    inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, device=device).float() / dim)
+    if local:
+        return inv_freq
     scaling = config.rope_scaling or {}
     if config.rope_type == "linear":
         return inv_freq / scaling["factor"]
@@ -35,11 +39,13 @@ def inverse_frequencies(config: GPTConfig, device: torch.device | None = None) -
     return inv_freq
 
 
-def cos_sin(config: GPTConfig, position_ids: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-    """cos and sin of the angles at `position_ids` (T,) or (B, T): (1 or B, 1, T, hs), for every head."""
-    freqs = position_ids[..., None].float() * inverse_frequencies(
-        config, position_ids.device
-    )  # (.., T, hs/2)
+def cos_sin(
+    config: GPTConfig, position_ids: Tensor, dtype: torch.dtype, local: bool = False
+) -> tuple[Tensor, Tensor]:
+    """cos and sin of the angles at `position_ids` (T,) or (B, T): (1 or B, 1, T, hs), for every head
+    (`local`: of the sliding-window layers, see `inverse_frequencies`)."""
+    inv_freq = inverse_frequencies(config, position_ids.device, local)
+    freqs = position_ids[..., None].float() * inv_freq  # (.., T, hs/2)
     angles = torch.cat([freqs, freqs], dim=-1)  # (.., T, hs)
     if angles.ndim == 2:
         angles = angles[None]

@@ -17,6 +17,7 @@ from gpt_ft.eval.classifier import Classifier
 from gpt_ft.eval.export import export_classifier
 from gpt_ft.model import GPT, GPTConfig
 from tests.cli.test_bad_outputs import error, files
+from tests.helpers import GEMMA3_MICRO, QWEN3_MICRO
 
 TEXTS = ["the cat sat on the mat .", "it is not good", "two dogs run in a park . " * 3, "a"]
 KINDS = {
@@ -55,6 +56,9 @@ SHAPES = {
     "gpt1": ("gpt-micro", dict(n_embd=32, pre_ln=False), "OpenAIGPT"),  # post-LN
     "gpt2": ("gpt-micro", dict(n_embd=32, pre_ln=True), "GPT2"),  # pre-LN, a final LN
     "llama": ("llama-micro", {}, "Llama"),  # RMSNorm, rotary, SwiGLU, GQA; no biases
+    "qwen3": ("llama-micro", QWEN3_MICRO, "Qwen3"),  # its own head size, q/k norms
+    "gemma3": ("llama-micro", GEMMA3_MICRO, "Gemma3Text"),  # Gemma's norms, local and global layers
+    "phi3": ("llama-micro", dict(hf_model_type="phi3", sliding_window=6), "Phi3"),  # fused q/k/v
 }
 
 

@@ -1,11 +1,15 @@
 """Llama-family blocks against transformers: LlamaForCausalLM (grouped-query attention, Llama 3
-rotary scaling, biases), Qwen2ForCausalLM (q/k/v biases) and MistralForCausalLM."""
+rotary scaling, biases), Qwen2ForCausalLM (q/k/v biases), MistralForCausalLM and Phi3ForCausalLM
+(sliding windows), Qwen3ForCausalLM (its own head size, q/k norms) and Gemma3ForCausalLM (Gemma's
+norms, scaled embeddings, local and global layers)."""
 
 import pytest
 import torch
 
 from gpt_ft import GPT, GPTConfig
-from tests.helpers import LLAMA_FAMILIES, TINY_LLAMA, tiny_llama
+from tests.helpers import LLAMA_FAMILIES, NEW_FAMILIES, TINY_LLAMA, tiny_llama
+
+ALL_FAMILIES = LLAMA_FAMILIES + NEW_FAMILIES
 
 VOCAB = TINY_LLAMA["vocab_size"]
 LLAMA3 = dict(
@@ -13,8 +17,16 @@ LLAMA3 = dict(
     rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                       original_max_position_embeddings=16),
 )  # fmt: skip
+WINDOW = dict(sliding_window=8)  # inputs of 30 and 40 tokens: every query past the 8th loses keys
 VARIANTS = {
-    **{family: (family, {}) for family in LLAMA_FAMILIES},
+    **{family: (family, {}) for family in ALL_FAMILIES},
+    "mistral-window": ("mistral", WINDOW),
+    "phi3-window": ("phi3", WINDOW),
+    "qwen2-window-last-layer": ("qwen2", dict(WINDOW, use_sliding_window=True, max_window_layers=1)),
+    "qwen3-window-tied": ("qwen3", dict(WINDOW, use_sliding_window=True, tie_word_embeddings=True)),
+    "gemma3-linear-global": ("gemma3_text", dict(rope_parameters={
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}})),
     "llama-tied-biases-llama3": (
         "llama", dict(tie_word_embeddings=True, attention_bias=True, mlp_bias=True, **LLAMA3)
     ),
@@ -50,7 +62,7 @@ def test_logits_equal_transformers_with_padding(pair, side):
     torch.testing.assert_close(ours[real], theirs[real], rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("family", LLAMA_FAMILIES)
+@pytest.mark.parametrize("family", ALL_FAMILIES)
 def test_base_model_hidden_states_equal_transformers(family):
     hf = tiny_llama(family, base=True)
     gpt = GPT.from_hf(hf).eval()
@@ -71,12 +83,16 @@ def test_to_hf_round_trips_every_tensor(pair):
     assert tied == hf.config.tie_word_embeddings
 
 
-@pytest.mark.parametrize("family", LLAMA_FAMILIES)
+@pytest.mark.parametrize("family", ALL_FAMILIES)
 def test_from_pretrained_directory_equals_transformers(family, tmp_path):
     hf = tiny_llama(family)
     hf.save_pretrained(tmp_path)
     gpt = GPT.from_pretrained(tmp_path).eval()
     assert gpt.config.hf_model_type == family and gpt.config.n_kv_head == 2
+    theirs, ours = hf.config.to_dict(), gpt.to_hf().config.to_dict()
+    shape = set(theirs) - {"architectures", "dtype", "transformers_version", "bos_token_id", "eos_token_id",
+                           "pad_token_id"}  # fmt: skip
+    assert {k: ours.get(k) for k in shape} == {k: theirs[k] for k in shape}
     ids = torch.randint(0, VOCAB, (2, 33))
     with torch.no_grad():
         torch.testing.assert_close(gpt.lm_logits(gpt(ids)), hf(ids).logits, rtol=0, atol=1e-5)
@@ -95,19 +111,30 @@ def test_kv_cache_holds_the_key_value_heads_only():
     assert cache.k.shape == (2, 3, 2, 10, 8)  # layers, batch, 2 key/value heads (of 4), positions, head size
 
 
-def test_mistral_sliding_window_becomes_the_context():
-    gpt = GPT.from_hf(tiny_llama("mistral", sliding_window=16))
-    assert gpt.config.n_positions == 16
-    with pytest.raises(ValueError, match="longer than the model's context of 16"):
-        gpt(torch.zeros(1, 17, dtype=torch.long))
+@pytest.mark.parametrize("family", ["mistral", "phi3", "gemma3_text"])
+def test_sliding_windows_apply_over_a_kv_cache(family):
+    """Token by token, each new token's window drops the oldest key once the input is longer."""
+    hf = tiny_llama(family, **({} if family == "gemma3_text" else WINDOW))
+    gpt = GPT.from_hf(hf).eval()
+    assert gpt.config.sliding_window == 8 and gpt.config.n_positions == 64
+    ids = torch.randint(0, VOCAB, (2, 20))
+    cache = gpt.new_kv_cache(batch_size=2)
+    with torch.no_grad():
+        steps = [gpt.lm_logits(gpt(ids[:, :5], kv_cache=cache))]
+        steps += [gpt.lm_logits(gpt(ids[:, t : t + 1], kv_cache=cache)) for t in range(5, 20)]
+        torch.testing.assert_close(torch.cat(steps, dim=1), hf(ids).logits, rtol=0, atol=1e-5)
 
 
 def test_a_model_from_scratch_exports_to_the_family_its_shape_says():
-    cases = [(None, None, "LlamaForCausalLM"), (None, True, "Qwen2ForCausalLM"),
-             ("mistral", None, "MistralForCausalLM")]  # fmt: skip
-    for hf_model_type, qkv_bias, expected in cases:
-        config = GPTConfig.from_name("llama-mini", vocab_size=VOCAB, n_layer=1, qkv_bias=qkv_bias,
-                                     hf_model_type=hf_model_type)  # fmt: skip
+    from tests.helpers import GEMMA3_MICRO, QWEN3_MICRO
+
+    cases = [({}, "LlamaForCausalLM"), (dict(qkv_bias=True), "Qwen2ForCausalLM"),
+             (dict(hf_model_type="mistral", sliding_window=8), "MistralForCausalLM"),
+             (dict(hf_model_type="phi3"), "Phi3ForCausalLM"), (QWEN3_MICRO, "Qwen3ForCausalLM"),
+             (GEMMA3_MICRO, "Gemma3ForCausalLM")]  # fmt: skip
+    for overrides, expected in cases:
+        layers = dict(n_layer=2) if "layer_types" in overrides else dict(n_layer=1)
+        config = GPTConfig.from_name("llama-mini", vocab_size=VOCAB, **layers, **overrides)
         gpt = GPT(config).eval()
         hf = gpt.to_hf()
         assert type(hf).__name__ == expected
@@ -116,7 +143,12 @@ def test_a_model_from_scratch_exports_to_the_family_its_shape_says():
             torch.testing.assert_close(gpt.lm_logits(gpt(ids)), hf(ids).logits, rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("preset", ["smollm2-135m", "qwen2.5-0.5b", "llama-3.2-1b"])
+PRESET_PARAMETERS = {"smollm2-135m": 134_515_008, "qwen2.5-0.5b": 494_032_768, "llama-3.2-1b": 1_235_814_400,
+                     "qwen3-0.6b": 596_049_920, "gemma-3-270m": 268_098_176, "gemma-3-1b": 999_885_952,
+                     "phi-3-mini": 3_821_079_552}  # fmt: skip
+
+
+@pytest.mark.parametrize("preset", list(PRESET_PARAMETERS))
 def test_presets_count_the_parameters_transformers_does(preset):
     from gpt_ft.model.hf import config_to_hf
     from gpt_ft.model.hf_llama import causal_lm_class
@@ -127,8 +159,7 @@ def test_presets_count_the_parameters_transformers_does(preset):
         hf_config = config_to_hf(config)
         theirs = causal_lm_class(hf_config.model_type)(hf_config).num_parameters()
     assert ours == theirs
-    expected = {"smollm2-135m": 134_515_008, "qwen2.5-0.5b": 494_032_768, "llama-3.2-1b": 1_235_814_400}
-    assert ours == expected[preset]
+    assert ours == PRESET_PARAMETERS[preset]  # the model cards' counts
     assert GPTConfig.from_name(preset).rope_scaling == config.rope_scaling  # exporting changed no preset
     if preset == "llama-3.2-1b":
         assert "rope_theta" not in config.rope_scaling
@@ -158,6 +189,10 @@ def test_untied_head_grows_with_the_vocabulary(vocab):
         ),
         (dict(n_embd=20, n_head=4, n_kv_head=None), "Rotary positions need an even head size"),
         (dict(norm="batchnorm"), "GPTConfig.norm='batchnorm' is not supported"),
+        (dict(head_size=0), "GPTConfig.head_size must be a positive integer"),
+        (dict(layer_types=["full_attention"]), "layer_types must name one of .* for each of the 4 layers"),
+        (dict(sliding_window=4, layer_types=["full_attention", "local"] * 2), r"4 entries with \['local'\]"),
+        (dict(layer_types=["sliding_attention"] * 4), "sliding_attention layers but sliding_window is None"),
     ],
 )
 def test_config_errors_name_the_field(overrides, message):
@@ -166,12 +201,20 @@ def test_config_errors_name_the_field(overrides, message):
 
 
 def test_unsupported_transformers_configs_are_one_sentence():
-    from transformers import LlamaConfig
+    from transformers import Gemma3TextConfig, LlamaConfig, Phi3Config, Qwen3Config
 
     from gpt_ft.model.hf import config_from_hf
 
-    with pytest.raises(ValueError, match="only head_dim = hidden_size / num_attention_heads"):
-        config_from_hf(LlamaConfig(**{**TINY_LLAMA, "head_dim": 16}))
+    with pytest.raises(ValueError, match=r"Phi3Config.partial_rotary_factor=0.5 is not supported"):
+        config_from_hf(Phi3Config(**TINY_LLAMA, partial_rotary_factor=0.5))
+    longrope = dict(rope_type="longrope", short_factor=[1.0] * 4, long_factor=[2.0] * 4,
+                    original_max_position_embeddings=32, rope_theta=10000.0)  # fmt: skip
+    with pytest.raises(ValueError, match="rope_scaling type 'longrope' is not supported"):
+        config_from_hf(Phi3Config(**TINY_LLAMA, rope_parameters=longrope))
+    with pytest.raises(ValueError, match=r"Gemma3TextConfig.final_logit_softcapping=30.0 is not supported"):
+        config_from_hf(Gemma3TextConfig(**TINY_LLAMA, final_logit_softcapping=30.0))
+    with pytest.raises(ValueError, match=r"Qwen3Config.attention_bias=True is not supported"):
+        config_from_hf(Qwen3Config(**TINY_LLAMA, attention_bias=True))
     with pytest.raises(ValueError, match="attention_bias=True and mlp_bias=False"):
         config_from_hf(LlamaConfig(**TINY_LLAMA, attention_bias=True))
     with pytest.raises(ValueError, match="fold them in with gpt_ft.model.lora.merge_lora"):
@@ -180,3 +223,40 @@ def test_unsupported_transformers_configs_are_one_sentence():
         add_lora(GPT.from_hf(tiny_llama("llama")), LoRA(), new_tokens_from=VOCAB).to_hf()
     with pytest.raises(ValueError, match="GPT-1 and GPT-2 have biases"):
         GPT(GPTConfig(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=4, bias=False)).to_hf()
+
+
+@pytest.mark.parametrize("family", NEW_FAMILIES)
+def test_lora_merges_back_into_the_family_checkpoint(family):
+    """LoRA on Qwen3, Gemma 3 and Phi-3 (their q/k norms and post-norms frozen with the rest):
+    merged, the model exports with the adapted logits."""
+    from gpt_ft.model.lora import LoRA, add_lora, merge_lora
+
+    gpt = GPT.from_hf(tiny_llama(family)).eval()
+    add_lora(gpt, LoRA(rank=4, dropout=0.0), new_tokens_from=VOCAB)
+    trainable = {n.split(".", 2)[-1] for n, p in gpt.named_parameters() if p.requires_grad and n[:2] == "h."}
+    assert trainable == {f"{t}.lora_{m}" for t in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+                         for m in "AB"}  # fmt: skip
+    with torch.no_grad():
+        for name, p in gpt.named_parameters():
+            if name.endswith("lora_B"):
+                p.normal_(0.0, 0.1)
+        ids = torch.randint(0, VOCAB, (2, 20))
+        adapted = gpt.lm_logits(gpt(ids))
+        hf = merge_lora(gpt).to_hf()
+        torch.testing.assert_close(hf(ids).logits, adapted, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", NEW_FAMILIES)
+def test_activation_checkpointing_gives_the_family_the_same_gradients(family):
+    gpt = GPT.from_hf(tiny_llama(family, **({} if family == "gemma3_text" else WINDOW))).train()
+    ids = torch.randint(0, VOCAB, (2, 24))
+
+    def grads(recompute: bool):
+        gpt.activation_checkpointing = recompute
+        gpt.zero_grad(set_to_none=True)
+        gpt.lm_logits(gpt(ids)).logsumexp(-1).mean().backward()
+        return {n: p.grad.clone() for n, p in gpt.named_parameters()}
+
+    plain, recomputed = grads(False), grads(True)
+    for name, grad in plain.items():
+        torch.testing.assert_close(recomputed[name], grad, rtol=0, atol=1e-6, msg=name)

@@ -13,7 +13,7 @@ from gpt_ft.data.batches import collate, collate_blocks, collate_shared
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
 from gpt_ft.training.module import GPTModule
 from gpt_ft.training.terms import batch_terms
-from tests.helpers import cuda, random_choice_examples
+from tests.helpers import FAMILY_MICRO, cuda, random_choice_examples
 
 NO_DROPOUT = {"embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0}
 
@@ -21,12 +21,15 @@ NO_DROPOUT = {"embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0}
 @pytest.mark.parametrize(
     ("lm_coef", "context_length", "preset"),
     [(0.5, None, "gpt-micro"), (0.0, None, "gpt-micro"), (0.5, 12, "gpt-micro"), (0.5, None, "llama-micro"),
-     (0.5, 12, "llama-micro")],
-    ids=["lm", "no-lm", "one-length", "llama-lm", "llama-one-length"],
+     (0.5, 12, "llama-micro"), (0.5, None, "qwen3-micro"), (0.5, None, "gemma3-micro"),
+     (0.5, 12, "gemma3-micro")],
+    ids=["lm", "no-lm", "one-length", "llama-lm", "llama-one-length", "qwen3-lm", "gemma3-lm",
+         "gemma3-one-length"],
 )  # fmt: skip
 def test_shared_context_equals_the_plain_path(tokenizer_dir, lm_coef, context_length, preset):
     """Contexts of one length take the mask-free path (causal aligned to the lower right). With
-    rotary positions (llama-micro) the answers' positions continue from their context's length."""
+    rotary positions (llama-micro) the answers' positions continue from their context's length;
+    Gemma 3's sliding window (6 tokens) counts positions, not the padded prefix's indices."""
     module, rows, specials = choice_module(
         tokenizer_dir, lm_coef=lm_coef, context_length=context_length, preset=preset
     )
@@ -67,9 +70,10 @@ def choice_module(
     specials = special_token_ids(tok)
     rows, task = random_choice_examples(specials, vocab=len(tok) - 5, context_length=context_length)
     torch.manual_seed(0)
+    preset, family = FAMILY_MICRO.get(preset, (preset, {}))
     module = GPTModule(
         preset=preset,
-        overrides={"n_positions": 64, **NO_DROPOUT},
+        overrides={"n_positions": 64, **NO_DROPOUT, **family},
         vocab_size=len(tok),
         task=task,
         lm_coef=lm_coef,
@@ -83,7 +87,7 @@ def left_padded_module(tokenizer_dir, preset: str = "gpt-micro"):
     return module, collate(rows, specials.pad, padding_side="left"), collate(rows, specials.pad)
 
 
-@pytest.mark.parametrize("preset", ["gpt-micro", "llama-micro"])
+@pytest.mark.parametrize("preset", ["gpt-micro", "llama-micro", "qwen3-micro", "gemma3-micro"])
 def test_left_padding_runs_mask_free_and_equals_the_masked_reference(tokenizer_dir, preset):
     """Left-padded batches are rotated to right padding: no mask, and the same task logits, LM
     sums and gradients as attending under the padding mask with positions from the first real

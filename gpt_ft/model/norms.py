@@ -1,0 +1,41 @@
+"""The normalisations of a block: LayerNorm (GPT-1, GPT-2), RMSNorm (Llama, Qwen, Mistral, Phi-3)
+and Gemma's RMSNorm; `norm(config, dim)` builds the one a config names."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from gpt_ft.model.config import GPTConfig
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x²) + eps) * weight, normalised in fp32 (Llama's LayerNorm without mean or bias).
+
+    `offset`: Gemma's form, x / sqrt(mean(x²) + eps) * (1 + weight), all in fp32 before the cast
+    back; its weight starts at zero.
+    """
+
+    def __init__(self, dim: int, eps: float, offset: bool = False) -> None:
+        super().__init__()
+        self.eps, self.offset = eps, offset
+        self.weight = nn.Parameter(torch.empty(dim))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.constant_(self.weight, 0.0 if self.offset else 1.0)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.offset:
+            return (h * (1.0 + self.weight.float())).to(x.dtype)
+        return self.weight * h.to(x.dtype)
+
+
+def norm(config: GPTConfig, dim: int | None = None) -> nn.Module:
+    """The config's normalisation over `dim` features (default n_embd)."""
+    dim = config.n_embd if dim is None else dim
+    if config.norm == "layernorm":
+        return nn.LayerNorm(dim, eps=config.layer_norm_epsilon)
+    return RMSNorm(dim, config.layer_norm_epsilon, offset=config.norm == "gemma_rmsnorm")
