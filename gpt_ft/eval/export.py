@@ -5,8 +5,8 @@
     pipeline("text-classification", model="my-classifier")("a gripping, funny film", top_k=None)
 
 The folder holds an `OpenAIGPTForSequenceClassification` (GPT-1), `GPT2ForSequenceClassification`
-(GPT-2), `LlamaForSequenceClassification`, `Qwen2ForSequenceClassification` or
-`MistralForSequenceClassification` with `id2label`, `label2id`, `problem_type` and `pad_token_id`
+(GPT-2), or the Llama family's (`LlamaForSequenceClassification`, Qwen2's, Qwen3's, Mistral's, Phi-3's,
+`Gemma3TextForSequenceClassification`) with `id2label`, `label2id`, `problem_type` and `pad_token_id`
 set, and the tokenizer with GPT-1's input transform as its post-processor: `[start] text [extract]`
 and `[start] premise [delim] hypothesis [extract]` (truncation leaves the special tokens).
 transformers reads the score at the last token that is not padding: the extract token, as gpt_ft

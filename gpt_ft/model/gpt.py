@@ -211,7 +211,9 @@ class GPT(nn.Module):
         head = self.wte if self.lm_head is None else self.lm_head
         if hasattr(head, "logits"):  # LoRA's TokenRows: frozen rows and trained ones (lora.py)
             return head.logits(hidden)
-        return F.linear(hidden, head.weight[: self.config.vocab_size])
+        weight, vocab = head.weight, self.config.vocab_size
+        # no slice where there is no padding: its backward would zero and copy a table-sized gradient
+        return F.linear(hidden, weight if weight.shape[0] == vocab else weight[:vocab])
 
     def _fit_embedding_rows(self, state: dict, prefix: str, *args) -> None:
         """Loads weights saved with another padding (or none, as transformers saves them)."""
