@@ -1,5 +1,6 @@
 """The GPU checklist keeps working on machines without a GPU: on the CPU, quick, the CUDA tests are
-skipped and every figure row runs (in a process of its own, in the background)."""
+skipped and every figure row runs (in a process of its own, in the background). So does the
+memory benchmark's table, at a tiny shape."""
 
 import json
 import re
@@ -70,3 +71,24 @@ def test_gpu_checklist_runs_on_the_cpu(background):
         assert status == ("skip" if check == "CUDA tests" else ""), check
     as_json = json.loads((background.root / "gpu_check.json").read_text())
     assert [(r["check"], r["result"], r["status"]) for r in as_json["rows"]] == rows
+
+
+def start_memory_benchmark(root):
+    quick = ["--preset", "llama-micro", "--steps", "1", "--seq-len", "16"]
+    return [Command([sys.executable, "benchmarks/bench_memory.py", *quick])]
+
+
+@pytest.mark.background(start=start_memory_benchmark)
+def test_memory_benchmark_prints_a_row_per_configuration(background):
+    pytest.importorskip("torchao", reason='the "quantize" extra')
+    (out,) = background.runs
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "llama-micro, batch 1 x 16, float32, cpu, 1 threads, LoRA rank 8, AdamW" in out.stdout
+    rows = re.findall(
+        r"^\| (.+?) \| ([\d,]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \| ([\d.]+) \|$", out.stdout, re.M
+    )
+    names = ["every weight trained", "LoRA", "4-bit LoRA", "4-bit LoRA + activation checkpointing"]
+    assert [row[0] for row in rows] == names
+    trainable = [int(row[1].replace(",", "")) for row in rows]
+    assert trainable[0] > trainable[1] == trainable[2] == trainable[3] > 0  # the adapters and new rows
+    assert all(float(row[4]) > 0 for row in rows)

@@ -264,15 +264,23 @@ def fit_llama_family(root: Path, tokenizer_dir: str, family: str, *args: str) ->
 PAIR = {"sentence1": "the cat sat on the mat .", "sentence2": "a cat sat ."}
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "gemma3_text"])
 def test_fine_tunes_a_llama_family_checkpoint(tmp_path, tokenizer_dir, family):
-    """GPT-1's recipe from a transformers Llama/Qwen2 directory: the special tokens grow its
-    embedding and untied head, it trains and validates, and the Classifier reads the checkpoint."""
+    """GPT-1's recipe from a transformers Llama/Qwen2/Qwen3/Gemma 3 directory: the special tokens
+    grow its embedding (and untied head), it trains and validates, the Classifier reads the
+    checkpoint, and the fine-tuned model goes back to transformers with the same logits."""
     from gpt_ft import Classifier
 
     ckpt = fit_llama_family(tmp_path, tokenizer_dir, family)
     clf = Classifier.from_checkpoint(ckpt, device="cpu")
-    assert clf.gpt.config.hf_model_type == family and clf.gpt.lm_head is not None
+    gpt = clf.gpt
+    assert gpt.config.hf_model_type == family and (gpt.lm_head is None) == gpt.config.tie_embeddings
+    exported = gpt.to_hf()
+    assert exported.config.model_type == family and exported.config.vocab_size == gpt.config.vocab_size
+    assert exported.config.tie_word_embeddings == gpt.config.tie_embeddings
+    ids = torch.randint(0, gpt.config.vocab_size, (2, 20))
+    with torch.no_grad():
+        torch.testing.assert_close(exported(ids).logits, gpt.lm_logits(gpt(ids)), rtol=0, atol=1e-5)
     (pred,) = clf.predict([PAIR])
     assert pred["label"] in ("entailment", "not_entailment") and sum(
         pred["scores"].values()
@@ -316,6 +324,38 @@ def test_lora_checkpoints_hold_the_adapters_or_the_merged_model(tmp_path, tokeni
         fit_llama_family(tmp_path, tokenizer_dir, "llama", "--model.lora.rank=4", f"--ckpt_path={merged}",
                          "--trainer.max_epochs=2")  # fmt: skip
     assert f"{merged} holds no LoRA adapters (a merged or plain model)" in capsys.readouterr().err
+
+
+def test_lora_on_4_bit_weights_fine_tunes_and_its_adapters_load(tmp_path, tokenizer_dir, capsys):
+    """--model.lora.quantize nf4: the run trains on the 4-bit base; its checkpoint holds the trained
+    weights only, records the setting, validates and loads (the base quantized anew, then merged)."""
+    pytest.importorskip("torchao", reason='the "quantize" extra')
+    from gpt_ft import Classifier
+    from gpt_ft.model.weights import safe_load
+
+    lora = ["--model.lora.rank=4", "--model.lora.quantize=nf4"]
+    ckpt = fit_llama_family(tmp_path, tokenizer_dir, "llama", *lora)
+    stored = safe_load(ckpt)
+    assert stored["lora"]["quantize"] == "nf4" and stored["hyper_parameters"]["lora"]["quantize"] == "nf4"
+    keys = set(stored["state_dict"])
+    assert keys and all(k.endswith(("lora_A", "lora_B", "new_rows")) or k.startswith("head.") for k in keys)
+    capsys.readouterr()
+    quiet = ["--trainer.logger=false", "--trainer.enable_progress_bar=false"]
+    main(["validate", f"--ckpt_path={ckpt}", f"--trainer.default_root_dir={tmp_path}", *quiet])
+    assert "validation/accuracy" in capsys.readouterr().out
+    (pred,) = Classifier.from_checkpoint(ckpt, device="cpu").predict([PAIR])
+    assert sum(pred["scores"].values()) == pytest.approx(1)
+
+
+def test_an_unknown_quantization_or_a_missing_package_is_named(run, monkeypatch):
+    assert run("--model.lora.quantize=int3") == (
+        "gpt-ft: error: --model.lora.quantize: expected typing.Literal['nf4'], got 'int3'."
+    )
+    for module in ("torchao", "torchao.quantization"):
+        monkeypatch.setitem(sys.modules, module, None)  # as if not installed: `import` raises
+    assert run("--model.lora.quantize=nf4") == (
+        'gpt-ft: error: lora.quantize nf4 needs torchao: pip install "gpt_ft[quantize]".'
+    )
 
 
 def test_released_weights_with_more_rows_than_their_tokenizer_has_tokens(tmp_path, tokenizer_dir):

@@ -95,6 +95,7 @@ def test_merging_gives_the_same_logits(targets):
         (dict(dropout=1.0), r"lora.dropout must be in \[0, 1\)"),
         (dict(targets=["attn.q_proj"]), r"lora.targets \['attn.q_proj'\] not allowed"),
         (dict(checkpoint="both"), "lora.checkpoint='both'"),
+        (dict(quantize="int3"), r"^lora.quantize='int3'; allowed: 'nf4', or null for none.$"),
     ],
 )
 def test_bad_settings_name_the_field(settings, message):
