@@ -21,7 +21,7 @@ from gpt_ft.model.lora import LoRA
 from gpt_ft.model.weights import CONFIG
 from gpt_ft.training.checkpointing import stop_on_nonfinite
 from gpt_ft.training.eval_metrics import EvalMetrics, Evaluation, split_key
-from gpt_ft.training.optim import MuonAdamW, adamw, lr_lambda
+from gpt_ft.training.optim import MuonAdamW, adamw, fused_adamw, lr_lambda
 from gpt_ft.training.predictions import write_predictions
 from gpt_ft.training.ranks import finite_everywhere, gather, mean_over_ranks
 from gpt_ft.training.saved import build_gpt, check_lora_resume, lora_checkpoint
@@ -258,7 +258,7 @@ class GPTModule(Evaluation, LightningModule):
     # ---- optimisation ----
 
     def configure_optimizers(self):
-        fused = self.device.type == "cuda"
+        fused = fused_adamw(self.device)
         if self.optimizer_name == "muon":
             optimizer = MuonAdamW(self.named_parameters(), **self.optim, fused=fused)
         else:

