@@ -70,21 +70,25 @@ def test_merging_gives_the_same_logits(targets):
         for name, p in gpt.named_parameters():
             if p.requires_grad:
                 p.normal_(0.0, 0.3)
-    ids = torch.randint(0, VOCAB + 3, (2, 20))
+    assert_merges_exactly(gpt, torch.randint(0, VOCAB + 3, (2, 20)))
+
+
+def assert_merges_exactly(gpt, ids) -> None:
+    """Merged in place, `gpt` is a plain model (every weight a trainable Parameter) with the adapted
+    model's logits on `ids`, and `merged_state_dict` (taken before) is its state, loading strictly."""
     with torch.no_grad():
         unmerged = gpt.lm_logits(gpt(ids))
     merged_state = merged_state_dict(gpt)
     merge_lora(gpt)
     assert not any(isinstance(m, LoRALinear | TokenRows) for m in gpt.modules())
-    assert all(p.requires_grad for p in gpt.parameters())
+    assert all(type(p) is torch.nn.Parameter and p.requires_grad for p in gpt.parameters())
     with torch.no_grad():
         torch.testing.assert_close(gpt.lm_logits(gpt(ids)), unmerged, rtol=0, atol=1e-5)
     ours = gpt.state_dict()
     assert merged_state.keys() == ours.keys()
     for key in ours:
         torch.testing.assert_close(merged_state[key], ours[key], rtol=0, atol=1e-6, msg=key)
-    plain = GPT(gpt.config)
-    plain.load_state_dict(merged_state)  # a plain model's layout: loads strictly
+    GPT(gpt.config).load_state_dict(merged_state)  # a plain model's layout: loads strictly
 
 
 @pytest.mark.parametrize(

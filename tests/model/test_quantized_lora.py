@@ -10,9 +10,10 @@ import torch
 import torch.nn.functional as F
 
 from gpt_ft import GPT
-from gpt_ft.model.lora import NO_TORCHAO, LoRA, LoRALinear, add_lora, merge_lora, merged_state_dict, to_nf4
+from gpt_ft.model.lora import NO_TORCHAO, LoRA, LoRALinear, add_lora, to_nf4
 from gpt_ft.training.optim import adamw
 from tests.helpers import TINY_LLAMA, tiny_llama
+from tests.model.test_lora import assert_merges_exactly
 
 pytest.importorskip("torchao", reason='the "quantize" extra')
 
@@ -118,16 +119,7 @@ def test_merging_dequantizes_and_gives_the_same_logits_and_exports(family):
     ids = torch.randint(0, VOCAB + 3, (2, 20), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         unmerged = gpt.lm_logits(gpt(ids))
-    merged_state = merged_state_dict(gpt)
-    merge_lora(gpt)
-    assert not layers(gpt) and all(type(p) is torch.nn.Parameter for p in gpt.parameters())
-    with torch.no_grad():
-        torch.testing.assert_close(gpt.lm_logits(gpt(ids)), unmerged, rtol=0, atol=1e-5)
-    ours = gpt.state_dict()
-    assert merged_state.keys() == ours.keys()
-    for key in ours:
-        torch.testing.assert_close(merged_state[key], ours[key], rtol=0, atol=1e-6, msg=key)
-    GPT(gpt.config).load_state_dict(merged_state)  # a plain model's layout: loads strictly
+    assert_merges_exactly(gpt, ids)
     hf = gpt.to_hf().eval()
     with torch.no_grad():
         torch.testing.assert_close(hf(ids).logits, unmerged, rtol=0, atol=1e-4)
