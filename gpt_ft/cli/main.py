@@ -8,6 +8,7 @@ arguments after the name. `fit`, `validate`, `test`, `predict` are LightningCLI'
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
@@ -148,6 +149,10 @@ def main(argv: list[str] | None = None) -> None:
     if argv[0] == "--version":
         return print(f"gpt-ft {version('gpt_ft')}")
     name, args = argv[0], argv[1:]
+    # transformers imports torchao where it is installed (the quantize extra), which then logs about
+    # parts no command uses: CUDA kernels a CPU-only torch cannot load, enums registered with pytree.
+    for logger in ("torchao", "torch.utils._pytree"):
+        logging.getLogger(logger).setLevel(logging.ERROR)
     if name not in COMMANDS:
         fail(f"unknown command {name!r}; choose from {', '.join(COMMANDS)}.")
     command = COMMANDS[name]

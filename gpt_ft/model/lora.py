@@ -71,20 +71,29 @@ class LoRA:
 
 def torchao_to_nf4():
     """torchao's `to_nf4`, or one sentence naming the package to install."""
-    # Importing torchao logs warnings about parts NF4 does not use: its CUDA kernels, which fail to
-    # load under a CPU-only torch, and its registration of an enum with torch's pytree.
+    quantization = import_torchao()
+    if quantization is None:
+        raise ValueError(NO_TORCHAO)
+    return quantization.to_nf4
+
+
+def import_torchao():
+    """`torchao.quantization`, imported without the warnings torchao logs about parts NF4 does not
+    use (its CUDA kernels, which fail to load under a CPU-only torch; an enum registered with
+    torch's pytree); None where torchao is not installed. Once imported, later imports (transformers
+    makes one) are silent too."""
     loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
         logger.setLevel(logging.ERROR)
     try:
-        from torchao.quantization import to_nf4
+        import torchao.quantization
     except ImportError:
-        raise ValueError(NO_TORCHAO) from None
+        return None
     finally:
         for logger, level in zip(loggers, levels):
             logger.setLevel(level)
-    return to_nf4
+    return torchao.quantization
 
 
 def to_nf4(weight: Tensor) -> Tensor:
