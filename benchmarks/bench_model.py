@@ -3,7 +3,11 @@
 smollm2-135m, Qwen2ForCausalLM for qwen2.5-0.5b), and KV-cache speedup.
 
 Both models hold the same weights (ours converted with `to_hf`), run in training mode with their
-dropout, in one process, interleaved run by run, so machine noise hits both alike. Prints
+dropout, in one process, interleaved run by run, so machine noise hits both alike. Each step is the
+library's own training step: ours through gpt_ft's LM loss (`row_lm_terms`, the cross-entropy
+chunked through the head), transformers' through `model(input_ids, labels=...).loss`; both with
+fused AdamW (`torch.optim.AdamW(..., fused=True)`, on the CPU too: transformers' Trainer uses the
+fused one by default from torch 2.8 on). Prints
 tokens/s per run, the median ratio, peak memory of a step (each model in a fresh child process),
 and cached vs uncached greedy generation. On CUDA it also prints MFU (nanoGPT's FLOP count
 6N + 12·L·H·Q·T per token against the dense bf16 peak of the GPU).
@@ -22,7 +26,7 @@ import subprocess
 import sys
 
 import torch
-from harness import interleaved, lm_step, measure, synchronize
+from harness import hf_loss, interleaved, lm_step, measure, ours_loss, synchronize
 
 from gpt_ft import GPT, GPTConfig
 from gpt_ft.training.throughput import counted_parameters, dense_peak_tflops, flops_per_token
@@ -42,9 +46,13 @@ def build(args, which: str):
         del ours
     for m in models.values():
         m.to(device=args.device, dtype=param_dtype).train()
-    fused = args.device == "cuda"
-    optimizers = {k: torch.optim.AdamW(m.parameters(), lr=1e-4, fused=fused) for k, m in models.items()}
+    optimizers = {k: torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True) for k, m in models.items()}
     return config, models, optimizers
+
+
+def own_step(name: str, model, optimizer, ids, args):
+    """A training step of `model` with its own library's LM loss."""
+    return lm_step(model, optimizer, ids, autocast(args), loss_fn=hf_loss if name == "hf" else ours_loss)
 
 
 def rss_mb(field: str) -> float:
@@ -60,7 +68,7 @@ def memory_child(args) -> None:
     config, models, optimizers = build(args, args.memory_child)
     (name, model), optimizer = next(iter(models.items())), next(iter(optimizers.values()))
     ids = torch.randint(0, config.vocab_size, (args.batch[0], args.seq + 1), device=args.device)
-    step = lm_step(model, optimizer, ids, autocast(args), hf=name == "hf")
+    step = own_step(name, model, optimizer, ids, args)
     step()  # the optimizer state exists after the first step
     synchronize(args.device)
     base = rss_mb("VmRSS")
@@ -106,14 +114,12 @@ def bench_training(args, batch: int) -> tuple[float, float, float]:
     config, models, optimizers = build(args, "both")
     n_params = counted_parameters(models["ours"])
     ids = torch.randint(0, config.vocab_size, (batch, args.seq + 1), device=args.device)
-    steps = {
-        "ours": lm_step(models["ours"], optimizers["ours"], ids, autocast(args)),
-        "hf": lm_step(models["hf"], optimizers["hf"], ids, autocast(args), hf=True),
-    }
+    steps = {name: own_step(name, models[name], optimizers[name], ids, args) for name in ("ours", "hf")}
     tokens = batch * args.seq
     print(
         f"\n{args.preset}, batch {batch} x {args.seq} tokens, {args.dtype}, {args.device}, "
-        f"{torch.get_num_threads()} threads, training mode (dropout {config.resid_pdrop})"
+        f"{torch.get_num_threads()} threads, training mode (dropout {config.resid_pdrop}), "
+        "each library's own LM loss, fused AdamW"
     )
     # Interleaved run by run, the order alternating, so that machine noise hits both alike.
     stats = interleaved(steps, runs=args.runs, number=args.steps_per_run, warmup=args.warmup)

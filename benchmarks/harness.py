@@ -98,14 +98,49 @@ def hf_logits(model, ids):
     return model(ids).logits
 
 
-def lm_step(model, optimizer, ids: torch.Tensor, autocast: torch.dtype | None, hf: bool = False):
-    """One language-modelling training step of `model` (ours, or transformers' with `hf`) on `ids`."""
-    logits_fn = hf_logits if hf else ours_logits
+def logits_loss(logits_fn: Callable) -> Callable:
+    """The mean next-token cross-entropy of `ids` through `logits_fn`'s full logits: one formula
+    for both libraries, to compare their models alone."""
+
+    def loss(model, ids: torch.Tensor) -> torch.Tensor:
+        logits = logits_fn(model, ids[:, :-1])
+        return F.cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten())
+
+    return loss
+
+
+def ours_loss(model, ids: torch.Tensor) -> torch.Tensor:
+    """gpt_ft's own LM loss, as its training step computes it: `row_lm_terms` (the cross-entropy
+    chunked through the head, see gpt_ft/training/lm_loss.py), a mean over the tokens."""
+    from gpt_ft.training.terms import row_lm_terms
+
+    sums, counts = row_lm_terms(model, model(ids[:, :-1]), ids[:, 1:], padded=False)
+    return sums.sum() / counts.sum()
+
+
+def hf_loss(model, ids: torch.Tensor) -> torch.Tensor:
+    """transformers' own LM loss, `model(input_ids, labels=...).loss`, on the same tokens as
+    `ours_loss` (`shift_labels`: the targets already shifted, so no extra input position)."""
+    inputs = ids[:, :-1]
+    return model(inputs, labels=inputs, shift_labels=ids[:, 1:].contiguous()).loss
+
+
+def lm_step(
+    model,
+    optimizer,
+    ids: torch.Tensor,
+    autocast: torch.dtype | None,
+    hf: bool = False,
+    loss_fn: Callable | None = None,
+):
+    """One language-modelling training step of `model` (ours, or transformers' with `hf`) on `ids`:
+    `loss_fn(model, ids)` (by default the plain cross-entropy of the model's logits), backward,
+    optimizer step."""
+    loss_fn = loss_fn or logits_loss(hf_logits if hf else ours_logits)
 
     def step() -> None:
         with torch.autocast(ids.device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
-            logits = logits_fn(model, ids[:, :-1])
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten())
+            loss = loss_fn(model, ids)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -17,6 +17,7 @@ from torch import Tensor
 from gpt_ft.adapters import TaskHead
 from gpt_ft.data.batches import IGNORE_INDEX, SharedContextBatch, TaskBatch, TokenBatch
 from gpt_ft.model import GPT, SharedPrefix
+from gpt_ft.training.lm_loss import lm_losses
 
 
 def combined_loss(task_loss: Tensor | None, lm_loss: Tensor | None, lm_coef: float) -> Tensor:
@@ -31,15 +32,15 @@ def row_lm_terms(gpt: GPT, hidden: Tensor, targets: Tensor, *, padded: bool = Tr
     """Summed next-token cross-entropy and number of targets of each row, (rows,) each.
 
     `hidden` is (rows, T, C) and `targets` (rows, T) with -100 where there is nothing to predict;
-    with `padded`, logits are computed for the positions with a target only.
+    with `padded`, logits are computed for the positions with a target only. The cross-entropy runs
+    a chunk of positions at a time through the head, never holding all their logits (`lm_loss.py`).
     """
     rows, T = targets.shape
     keep = targets != IGNORE_INDEX
     if not padded:  # pretraining blocks: every position has a target, no gather needed
-        logits = gpt.lm_logits(hidden).flatten(0, 1).float()
-        sums = F.cross_entropy(logits, targets.flatten(), reduction="none").view(rows, T).sum(dim=1)
+        sums = lm_losses(gpt, hidden.flatten(0, 1), targets.flatten()).view(rows, T).sum(dim=1)
     else:
-        losses = F.cross_entropy(gpt.lm_logits(hidden[keep]).float(), targets[keep], reduction="none")
+        losses = lm_losses(gpt, hidden[keep], targets[keep])
         row_of = torch.arange(rows, device=hidden.device)[:, None].expand(rows, T)[keep]
         # The losses' own dtype: under 64-true or 16-true the default dtype is another.
         sums = torch.zeros(rows, device=hidden.device, dtype=losses.dtype).index_add_(0, row_of, losses)
