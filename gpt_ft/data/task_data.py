@@ -18,6 +18,7 @@ from gpt_ft.adapters import TaskAdapter, TaskDataError
 from gpt_ft.data.batches import SharedContextBatch, TaskBatch, collate, collate_shared
 from gpt_ft.data.files import Origin, load_split, split_origin
 from gpt_ft.data.samplers import EpochSampler, LengthGroupedSampler, ResumableTrainData
+from gpt_ft.data.subsets import stratified_subset
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
 
 
@@ -53,6 +54,7 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         length_grouped: bool = False,
         shared_context: bool = True,
         seed: int | None = None,
+        train_size: int | None = None,
     ) -> None:
         """
         Args:
@@ -74,6 +76,9 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
                 its choices against the context's keys and values, instead of the whole sequence
                 once per choice (same results, a fraction of the compute for long contexts).
             seed: Seed of the training order; default the run's seed_everything.
+            train_size: Fine-tune on this many training examples, a class-stratified subset drawn
+                with `seed` (the same rows for every model at one seed: learning curves); the whole
+                split where it has no more. None: the whole split.
         """
         super().__init__()
         if batch_size < 1:
@@ -91,6 +96,9 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         self.shuffle, self.length_grouped = shuffle, length_grouped
         self.shared_context = shared_context
         self.seed = seed if seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
+        if train_size is not None and train_size < 1:
+            raise ValueError(f"train_size must be a positive number of examples, got {train_size}.")
+        self.train_size = train_size
         if task is None:
             raise ValueError("No task: give --data.task CARD (e.g. tasks/glue/rte.yaml).")
         if tokenizer is None:
@@ -136,6 +144,9 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         if self.task.ignore_labels and self.task.label in raw.column_names:
             ignored = set(self.task.ignore_labels)
             kept = [i for i, value in enumerate(raw[self.task.label]) if str(value) not in ignored]
+            raw, origin = raw.select(kept), origin.keep(kept)
+        if split == "train" and self.train_size is not None and self.task.label in raw.column_names:
+            kept = stratified_subset(raw[self.task.label], self.train_size, self.seed)
             raw, origin = raw.select(kept), origin.keep(kept)
 
         def encode_batch(batch: dict[str, list], rows: list[int]) -> dict[str, list]:

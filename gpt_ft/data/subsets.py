@@ -1,0 +1,54 @@
+"""Class-stratified, seeded subsets of a training split, for learning curves (a score against the
+number of labelled examples): every model compared at one size and seed trains on the same rows."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from typing import Any
+
+QUANTILES = 5  # strata of a real-valued label (regression): its quintiles
+
+
+def stratified_subset(labels: Sequence[Any], size: int, seed: int) -> list[int]:
+    """Indices (in file order) of `size` of the rows whose labels are `labels`: every row where
+    there are no more than `size`.
+
+    Each class keeps its share: it gets floor(size * n_class / n) rows, and the rows left over go
+    to the classes with the largest remainders (ties: the larger class, then the label's order), so
+    that a class of at least n / size rows is never left out. Real-valued labels (regression) are
+    stratified by their quintiles. Within a class the rows are drawn with `random.Random(seed)`:
+    the same labels, size and seed give the same rows, whatever model trains on them.
+    """
+    if size < 1:
+        raise ValueError(f"train_size must be a positive number of examples, got {size}.")
+    n = len(labels)
+    if size >= n:
+        return list(range(n))
+    strata: dict[Any, list[int]] = {}
+    for i, key in enumerate(_strata(labels)):
+        strata.setdefault(key, []).append(i)
+    order = sorted(strata, key=str)
+    quotas = {key: size * len(strata[key]) // n for key in order}
+    left = size - sum(quotas.values())
+    by_remainder = sorted(
+        order, key=lambda k: (-(size * len(strata[k]) % n), -len(strata[k]), order.index(k))
+    )
+    for key in by_remainder[:left]:
+        quotas[key] += 1
+    rng = random.Random(seed)
+    chosen = [i for key in order for i in rng.sample(strata[key], quotas[key])]
+    return sorted(chosen)
+
+
+def _strata(labels: Sequence[Any]) -> list[Any]:
+    """Each row's stratum: its label, or for real-valued labels the quintile it falls in."""
+    real = [isinstance(v, float) and not float(v).is_integer() for v in labels]
+    if not any(real):
+        return [str(v) for v in labels]
+    ranked = sorted(range(len(labels)), key=lambda i: float(labels[i]))
+    strata = [0] * len(labels)
+    for rank, i in enumerate(ranked):
+        strata[i] = math.floor(rank * QUANTILES / len(labels))
+    return strata

@@ -1,0 +1,67 @@
+"""Learning-curve subsets: class-stratified, seeded, the same rows whatever trains on them, drawn
+from the training split only, and the whole split where it has no more rows."""
+
+import pytest
+
+from gpt_ft.data.subsets import stratified_subset
+from gpt_ft.data.task_data import TaskDataModule
+from tests.helpers import write_rows
+
+
+def test_each_class_keeps_its_share():
+    labels = ["a"] * 90 + ["b"] * 10
+    chosen = stratified_subset(labels, 20, seed=0)
+    assert len(chosen) == 20 and sorted(chosen) == chosen
+    assert [labels[i] for i in chosen].count("b") == 2
+    # 50/30/20 at 7 rows: floors 3, 2, 1; the one left goes to the largest remainder (a's 0.5)
+    labels = ["c"] * 20 + ["a"] * 50 + ["b"] * 30
+    picked = [labels[i] for i in stratified_subset(labels, 7, seed=3)]
+    assert (picked.count("a"), picked.count("b"), picked.count("c")) == (4, 2, 1)
+
+
+def test_a_class_of_at_least_n_over_size_rows_is_never_left_out():
+    labels = ["big"] * 95 + ["small"] * 5
+    for seed in range(20):
+        picked = [labels[i] for i in stratified_subset(labels, 20, seed)]
+        assert picked.count("small") == 1
+
+
+def test_seeded_and_larger_sizes_mean_the_whole_split():
+    labels = [i % 3 for i in range(60)]
+    assert stratified_subset(labels, 12, seed=5) == stratified_subset(labels, 12, seed=5)
+    assert stratified_subset(labels, 12, seed=5) != stratified_subset(labels, 12, seed=6)
+    assert stratified_subset(labels, 60, seed=0) == stratified_subset(labels, 600, seed=1) == list(range(60))
+    with pytest.raises(ValueError, match="train_size must be a positive number of examples, got 0"):
+        stratified_subset(labels, 0, seed=0)
+
+
+def test_real_valued_labels_are_stratified_by_quintile():
+    labels = [i / 10 + 0.05 for i in range(50)]  # 0.05 ... 4.95
+    chosen = stratified_subset(labels, 10, seed=0)
+    assert sorted(int(labels[i] * 10) // 10 for i in chosen) == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+
+
+def test_the_data_module_subsets_the_training_split_only_and_alike_for_every_model(tmp_path, tokenizer_dir):
+    """Two data modules that differ in what the model sees (max_length, batch size) draw the same
+    training rows at one seed; the validation split is whole."""
+    from gpt_ft.adapters import SingleText
+    from gpt_ft.adapters.base import LocalFiles
+
+    rows = [[i, f"sentence number {i} .", int(i % 4 == 0)] for i in range(40)]  # 10 positives
+    for split in ("train", "dev"):
+        write_rows(tmp_path / f"{split}.tsv", ["index", "sentence", "label"], rows)
+    task = SingleText(name="t", labels=["0", "1"], local=LocalFiles(splits={"train": "train.tsv",
+                      "validation": "dev.tsv"}))  # fmt: skip
+
+    def module(**kw):
+        return TaskDataModule(task, tokenizer_dir, data_dir=str(tmp_path), train_size=8, seed=1, **kw)
+
+    a, b = module(max_length=64), module(max_length=128, batch_size=2)
+    train_a, train_b = a.encoded("train", labelled=True), b.encoded("train", labelled=True)
+    assert train_a["input_ids"] == train_b["input_ids"] and len(train_a) == 8
+    assert train_a["label"].count(1) == 2  # a quarter positive, as in the split
+    assert len(a.encoded("validation", labelled=True)) == 40
+    other_seed = TaskDataModule(task, tokenizer_dir, data_dir=str(tmp_path), train_size=8, seed=2)
+    assert other_seed.encoded("train", labelled=True)["input_ids"] != train_a["input_ids"]
+    with pytest.raises(ValueError, match="train_size must be a positive number of examples, got -1"):
+        TaskDataModule(task, tokenizer_dir, data_dir=str(tmp_path), train_size=-1)
