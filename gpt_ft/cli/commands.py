@@ -8,7 +8,7 @@ FileNotFoundError for bad input; `gpt_ft.cli.main` turns those into one line and
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 from jsonargparse import ActionConfigFile, ArgumentParser
 
@@ -325,7 +325,15 @@ def suite(argv: list[str]) -> None:
         help="write test predictions; default: if the suite has a submission (a sweep: no)",
     )
     parser.add_argument("--keep_checkpoints", type=bool, default=False, help="keep every run's checkpoints")
-    cfg = parser.parse_args(_repeatable(argv, ("--data_dir", "--tasks", "--seeds", "--transfer_layers")))
+    parser.add_argument(
+        "--train_sizes",
+        type=list[int | Literal["all"]] | None,
+        default=None,
+        help="learning curves: training examples per run (stratified subsets, e.g. 100 300 1000 all); "
+        "default: the suite file's",
+    )
+    repeatable = ("--data_dir", "--tasks", "--seeds", "--transfer_layers", "--train_sizes")
+    cfg = parser.parse_args(_repeatable(argv, repeatable))
     check_output_dir(cfg.out_dir, "--out_dir")
     runner = SuiteRunner(
         load_suite(cfg.suite),
@@ -343,6 +351,7 @@ def suite(argv: list[str]) -> None:
         transfer_layers=cfg.transfer_layers,
         predict=cfg.predict,
         keep_checkpoints=cfg.keep_checkpoints,
+        train_sizes=cfg.train_sizes,
     )
     runner.run()
 

@@ -32,15 +32,22 @@ class History(Callback):
 
 
 def fit_and_evaluate(
-    build: BuildRun, argv: list[str], select: str, *, predict: bool, log=print
+    build: BuildRun, argv: list[str], select: str, *, predict: bool, log=print, min_steps: int | None = None
 ) -> tuple[dict[str, float], int]:
     """`gpt-ft fit argv` in this process; the validation metrics of the last (or best) epoch, and
     that epoch. With `predict`, the same model writes its test predictions; a test split that
     cannot be read (e.g. MNLI's diagnostic file not downloaded) is named in a warning and left out,
-    so the run's scores still count."""
+    so the run's scores still count. With `min_steps`, the epochs are raised where they would give
+    fewer optimizer steps (a small training subset)."""
     model, data, trainer = build(argv)
     if model.task is None:
         raise ValueError("A suite fine-tunes task cards; this run has no task.")
+    if min_steps:
+        batches = math.ceil(len(data.encoded("train", labelled=True)) / data.batch_size)
+        steps = math.ceil(batches / trainer.accumulate_grad_batches)
+        needed = math.ceil(min_steps / steps)
+        if trainer.max_epochs is not None and 0 <= trainer.max_epochs < needed:
+            trainer.fit_loop.max_epochs = needed
     history = History()
     trainer.callbacks.append(history)
     trainer.fit(model, datamodule=data)

@@ -1,5 +1,6 @@
 """A suite's results: per-seed scores aggregated (mean, sample std, the benchmark score) and
-written as results.json, the results.md table and the results.png / transfer.png charts."""
+written as results.json, the results.md table and the results.png / transfer.png /
+learning_curves.png charts."""
 
 from __future__ import annotations
 
@@ -50,6 +51,8 @@ def write_results(out: Path, results: dict[str, Any]) -> None:
     write_atomic(out / "results.png", lambda tmp: plot_results(results, tmp))
     if any("transfer" in item for item in results["tasks"].values()):
         write_atomic(out / "transfer.png", lambda tmp: plot_transfer(results, tmp))
+    if any(item.get("curves") for item in results["tasks"].values()):
+        write_atomic(out / "learning_curves.png", lambda tmp: plot_curves(results["tasks"], tmp))
 
 
 def results_markdown(results: dict[str, Any]) -> str:
@@ -69,7 +72,7 @@ def results_markdown(results: dict[str, Any]) -> str:
     for name, item in results["tasks"].items():
         for key, stats in item["metrics"].items():
             zero, paper = _num(stats.get("zero_shot")), _num(stats.get("paper"))
-            lines.append(f"| {name} | {key} | {_pm(stats)} | {zero} | {paper} |")
+            lines.append(f"| {name} | {key} | {pm(stats)} | {zero} | {paper} |")
     score = results.get("score")
     if score is not None:
         covered = len(score["tasks"])
@@ -91,7 +94,8 @@ def results_markdown(results: dict[str, Any]) -> str:
             "|---|" + "---|" * len(ks),
         ]
         for name, by_k in transfer.items():
-            lines.append(f"| {name} | " + " | ".join(_pm(by_k[str(k)]) for k in ks) + " |")
+            lines.append(f"| {name} | " + " | ".join(pm(by_k[str(k)]) for k in ks) + " |")
+    lines += curves_markdown(results["tasks"])
     return "\n".join(lines) + "\n"
 
 
@@ -157,6 +161,60 @@ def plot_transfer(results: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def curves_markdown(tasks: dict[str, Any]) -> list[str]:
+    """The learning-curve table (one line per task and row) and each task's labels saved."""
+    with_curves = {name: item for name, item in tasks.items() if item.get("curves")}
+    if not with_curves:
+        return []
+    lines = ["", "Main metric by labelled training examples (learning curves; mean ± std over seeds):", ""]
+    for name, item in with_curves.items():
+        sizes = list(next(iter(item["curves"].values())))
+        lines += [f"| {name} | " + " | ".join(sizes) + " |", "|---|" + "---|" * len(sizes)]
+        for row, points in item["curves"].items():
+            cells = [pm(points.get(size)) or "–" for size in sizes]
+            lines.append(f"| {row} | " + " | ".join(cells) + " |")
+        saved = item.get("labels_saved")
+        if saved:
+            target = f"{saved['against']}'s {saved['target']:.1f} at {saved['target_examples']} examples"
+            if saved["examples"] is None:
+                lines += ["", f"{name}: {saved['row']} never reaches {target} in the sizes measured.", ""]
+            else:
+                lines += ["", f"{name}: {saved['row']} reaches {target} with {saved['examples']} "
+                          f"({saved['ratio']:.1f}× fewer labels).", ""]  # fmt: skip
+    return lines
+
+
+def plot_curves(tasks: dict[str, Any], path: Path) -> None:
+    """Score against labelled examples (log scale), one panel per task, one line per row with the
+    seeds' spread (± std) as a band; a row named like TF-IDF is dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with_curves = {name: item for name, item in tasks.items() if item.get("curves")}
+    fig, axes = plt.subplots(1, len(with_curves), figsize=(4.5 * len(with_curves), 3.6), squeeze=False)
+    for ax, (name, item) in zip(axes[0], with_curves.items()):
+        for row, points in item["curves"].items():
+            xs, ys, stds = zip(*[(p["examples"], p["mean"], p["std"] or 0.0) for p in points.values()
+                                 if p["examples"] and p["mean"] is not None]) or ((), (), ())  # fmt: skip
+            if not xs:
+                continue
+            style = "--" if "tf" in row.lower() else "-"
+            ax.plot(xs, ys, style, marker="o", label=row)
+            ax.fill_between(
+                xs, [y - s for y, s in zip(ys, stds)], [y + s for y, s in zip(ys, stds)], alpha=0.2
+            )
+        ax.set_xscale("log")
+        ax.set_title(name)
+        ax.set_xlabel("labelled training examples")
+        ax.set_ylabel(item["main_metric"].split("/")[-1] + " (%)")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def write_json(path: Path, value: Any) -> None:
     """Written whole or not at all: a crash never leaves half a file."""
     write_atomic(path, lambda tmp: tmp.write_text(json.dumps(value, indent=2) + "\n"))
@@ -179,8 +237,9 @@ def _num(value: float | None) -> str:
     return "" if value is None else f"{value:.1f}"
 
 
-def _pm(stats: dict[str, Any]) -> str:
-    if stats.get("mean") is None:
+def pm(stats: dict[str, Any] | None) -> str:
+    """mean ± std (the std where there are several seeds); empty where undefined."""
+    if not stats or stats.get("mean") is None:
         return ""
     if len(stats.get("seeds") or []) > 1:
         return f"{stats['mean']:.1f} ± {stats['std']:.1f}"

@@ -31,9 +31,10 @@ from gpt_ft.adapters.cards import load_card
 from gpt_ft.data.files import load_split
 from gpt_ft.data.tokenizer import load_tokenizer
 from gpt_ft.eval import zeroshot
+from gpt_ft.eval.curves import MISSING, collect_curves, labels_saved
 from gpt_ft.eval.finetune import BuildRun, finite, fit_and_evaluate, main_key
 from gpt_ft.eval.results import benchmark_score, mean_std, write_atomic, write_json, write_results
-from gpt_ft.eval.suite_file import SuiteSpec
+from gpt_ft.eval.suite_file import SuiteSpec, data_dirs
 from gpt_ft.model.weights import load_weights, resolve_tokenizer
 
 RESULT = "result.json"
@@ -52,17 +53,22 @@ class Run:
     task: str
     seed: int
     layers: int | None = None  # transferred layers; None: all
+    row: str | None = None  # the suite file's row (model compared); None: the one row
+    size: int | None = None  # training examples (a stratified subset); None: the whole split
 
     @property
     def folder(self) -> str:
-        return (
-            f"{self.task}/seed-{self.seed}"
-            if self.layers is None
-            else f"{self.task}/layers-{self.layers}/seed-{self.seed}"
-        )
+        parts = [] if self.row is None else [self.row.replace(" ", "-").replace("/", "-")]
+        parts.append(self.task)
+        parts += [] if self.layers is None else [f"layers-{self.layers}"]
+        parts += [] if self.size is None else [f"size-{self.size}"]
+        return "/".join([*parts, f"seed-{self.seed}"])
 
     def __str__(self) -> str:
-        return f"{self.task} seed {self.seed}" + ("" if self.layers is None else f" ({self.layers} layers)")
+        extra = [] if self.row is None else [self.row]
+        extra += [] if self.layers is None else [f"{self.layers} layers"]
+        extra += [] if self.size is None else [f"{self.size} examples"]
+        return f"{self.task} seed {self.seed}" + (f" ({', '.join(extra)})" if extra else "")
 
 
 class SuiteRunner:
@@ -86,12 +92,16 @@ class SuiteRunner:
         transfer_layers: list[int] | None = None,
         predict: bool | None = None,
         keep_checkpoints: bool = False,
+        train_sizes: list[int | str] | None = None,
     ) -> None:
         self.spec = spec
+        sizes = train_sizes if train_sizes is not None else spec.train_sizes
+        self.sizes: list[int | None] = [None if s == "all" else int(s) for s in sizes or ["all"]]
+        self.rows: list[str | None] = list(spec.rows or [None])
         self.build_run = build_run
         self.out = Path(out_dir).expanduser()
         self.init_from, self.tokenizer = init_from, tokenizer
-        self.data_dirs = _data_dirs(data_dir or [])
+        self.data_dirs = data_dirs(data_dir or [])
         self.seeds = list(seeds if seeds is not None else spec.seeds)
         if fine_tune and not self.seeds:
             raise ValueError("--seeds is empty: give at least one seed to fine-tune with.")
@@ -129,7 +139,8 @@ class SuiteRunner:
 
     def runs(self) -> list[Run]:
         layers = self.transfer_layers or [None]
-        return [Run(name, seed, k) for name in self.cards for k in layers for seed in self.seeds]
+        return [Run(name, seed, k, row, size) for row in self.rows for name in self.cards for k in layers
+                for size in self.sizes for seed in self.seeds]  # fmt: skip
 
     def run(self, log=print) -> dict[str, Any]:
         self.out.mkdir(parents=True, exist_ok=True)
@@ -176,12 +187,15 @@ class SuiteRunner:
             args.append(f"--model.init_from={self.init_from}")
         if run.layers is not None:
             args.append(f"--model.transfer_layers={run.layers}")
+        if run.size is not None:
+            args.append(f"--data.train_size={run.size}")
         args += [
             f"--trainer.default_root_dir={folder}",
             f"--trainer.logger.init_args.save_dir={folder}",
             f"--model.predictions_dir={folder / 'predictions'}",
         ]
-        return args + self.spec.args + entry.args + self.fit_args
+        row = self.spec.rows[run.row] if run.row is not None else []
+        return args + self.spec.args + entry.args + row + self.fit_args
 
     def _recorded_args(self, run: Run) -> list[str]:
         """The run's fit arguments, less those naming where it writes (a moved folder still counts)."""
@@ -206,8 +220,14 @@ class SuiteRunner:
             shutil.rmtree(folder)
         folder.mkdir(parents=True)
         start = time.perf_counter()
+        min_steps = self.spec.min_steps if run.size is not None else None
         metrics, epoch = fit_and_evaluate(
-            self.build_run, self.fit_args_of(run), self.select, predict=self.predict, log=log
+            self.build_run,
+            self.fit_args_of(run),
+            self.select,
+            predict=self.predict,
+            log=log,
+            min_steps=min_steps,
         )
         if not self.keep_checkpoints:
             for ckpt in folder.rglob("*.ckpt"):
@@ -216,6 +236,8 @@ class SuiteRunner:
             "task": run.task,
             "seed": run.seed,
             "layers": run.layers,
+            "row": run.row,
+            "size": run.size,
             "epoch": epoch,
             "metrics": metrics,
             "seconds": round(time.perf_counter() - start, 1),
@@ -264,7 +286,7 @@ class SuiteRunner:
             item: dict[str, Any] = {"card": entry.card, "main_metric": main_key(task), "metrics": {}}
             rows = item["metrics"]
             for seed in self.seeds if self.fine_tune else []:
-                result = _read(self.out / "runs" / Run(name, seed).folder / RESULT)
+                result = _read(self.out / "runs" / Run(name, seed, row=self.rows[0]).folder / RESULT)
                 for key, value in (result or {}).get("metrics", {}).items():
                     if key.split("/")[-1] in task.metrics:  # the benchmark's metrics, not the loss
                         rows.setdefault(key, {"seeds": {}})["seeds"][str(seed)] = _percent(value)
@@ -285,6 +307,9 @@ class SuiteRunner:
                         if result and result["metrics"].get(item["main_metric"]) is not None:
                             values.append(100 * result["metrics"][item["main_metric"]])
                     item["transfer"][str(k)] = {"seeds": values, **mean_std(values)}
+            if self.sizes != [None]:
+                item["curves"] = self._curves(name, item["main_metric"])
+                item["labels_saved"] = labels_saved(item["curves"])
             tasks[name] = item
         results = {
             "suite": self.spec.name,
@@ -297,12 +322,28 @@ class SuiteRunner:
                 "select": self.select,
                 "fit_args": self.fit_args,
                 "transfer_layers": self.transfer_layers,
+                "rows": self.spec.rows,
+                "train_sizes": ["all" if s is None else s for s in self.sizes],
+                "min_steps": self.spec.min_steps,
             },
             "tasks": tasks,
         }
         if self.spec.score is not None:
             results["score"] = benchmark_score(self.spec.score, tasks)
         return results
+
+    def _curves(self, name: str, metric: str) -> dict[str, Any]:
+        """Each row's learning curve of task `name` (see `gpt_ft.eval.curves.collect_curves`)."""
+        entry, task = self.all_cards[name]
+
+        def score(row: str | None, size: int | None, seed: int) -> float | None:
+            result = _read(self.out / "runs" / Run(name, seed, row=row, size=size).folder / RESULT)
+            return MISSING if result is None else _percent(result["metrics"].get(metric))
+
+        def whole() -> int:  # rows of the training split, where "all" sits on the curve
+            return len(load_split(task, "train", self.data_dirs.get(name, self.data_dirs.get(None))))
+
+        return collect_curves(score, self.rows, self.sizes, self.seeds, whole)
 
     def write_submission(self, results: dict[str, Any], log=print) -> Path:
         """Each task's predictions from its best seed, gathered and zipped; missing files warned of."""
@@ -340,19 +381,6 @@ class SuiteRunner:
         write_atomic(archive, zip_to)
         log(f"wrote {archive} ({len(present)} files)")
         return archive
-
-
-def _data_dirs(values: list[str]) -> dict[str | None, str]:
-    """`DIR` (every task) and `TASK=DIR` (one task) entries."""
-    out: dict[str | None, str] = {}
-    for value in values:
-        name, sep, path = value.partition("=")
-        key = name if sep and name and "/" not in name else None
-        if key in out:
-            what = f"{key}=DIR" if key else "a DIR for every task"
-            raise ValueError(f"--data_dir gives {what} twice ({out[key]} and {path if key else value}).")
-        out[key] = path if key else value
-    return out
 
 
 def _read(path: Path) -> dict[str, Any] | None:

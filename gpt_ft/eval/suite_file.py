@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from jsonargparse import ArgumentParser
@@ -62,6 +63,16 @@ class SuiteSpec:
     seeds: list[int] = field(default_factory=lambda: [0])
     score: Score | None = None
     submission: Submission | None = None
+    rows: dict[str, list[str]] | None = None
+    """Models compared on every task, size and seed: a name and its `gpt-ft fit` arguments each
+    (e.g. `pretrained: [--model.init_from=CKPT]`, `from scratch: [--model.preset=gpt-mini]`); the
+    first row's labels saved are read against the second's. None: one row, the suite's arguments."""
+    train_sizes: list[int | Literal["all"]] | None = None
+    """Learning curves: fine-tune on class-stratified subsets of this many training examples ("all":
+    the whole split), drawn per seed and the same for every row (`--data.train_size`)."""
+    min_steps: int = 100
+    """Optimizer steps a subset's run takes at least: where the fit config's epochs give fewer, its
+    epochs are raised to ceil(min_steps / steps per epoch), so that small subsets still train."""
 
 
 def load_suite(path: str | Path) -> SuiteSpec:
@@ -88,6 +99,10 @@ def load_suite(path: str | Path) -> SuiteSpec:
         raise ValueError(f"Suite file {path}: {reason}") from None
     if not spec.tasks:
         raise ValueError(f"Suite file {path} lists no tasks.")
+    if any(size != "all" and size < 1 for size in spec.train_sizes or []) or spec.min_steps < 0:
+        raise ValueError(f"Suite file {path}: train_sizes must be positive numbers or 'all', min_steps >= 0.")
+    if spec.rows is not None and not spec.rows:
+        raise ValueError(f"Suite file {path}: rows is empty; name at least one, or leave rows out.")
     base = path.parent
     for task in spec.tasks:
         task.card = str(_find(task.card, base, f"{path}: task card"))
@@ -102,3 +117,16 @@ def _find(name: str, base: Path, what: str) -> Path:
         if candidate.is_file():
             return candidate
     raise FileNotFoundError(f"{what} {name} does not exist.")
+
+
+def data_dirs(values: list[str]) -> dict[str | None, str]:
+    """`DIR` (every task) and `TASK=DIR` (one task) entries."""
+    out: dict[str | None, str] = {}
+    for value in values:
+        name, sep, path = value.partition("=")
+        key = name if sep and name and "/" not in name else None
+        if key in out:
+            what = f"{key}=DIR" if key else "a DIR for every task"
+            raise ValueError(f"--data_dir gives {what} twice ({out[key]} and {path if key else value}).")
+        out[key] = path if key else value
+    return out

@@ -13,7 +13,7 @@ from gpt_ft.cli import main
 from gpt_ft.cli.lightning import build_fit
 from gpt_ft.data.tokenizer import load_tokenizer
 from gpt_ft.eval import suite as suites
-from gpt_ft.eval.suite_file import load_suite
+from gpt_ft.eval.suite_file import data_dirs, load_suite
 from gpt_ft.model import GPT, GPTConfig
 from tests.helpers import MICRO, ROOT, make_task, write_suite
 
@@ -170,12 +170,12 @@ def test_a_subset_of_a_suites_tasks(tmp_path):
     assert [str(r) for r in runner.runs()][:3] == ["sst2 seed 0", "sst2 seed 1", "rte seed 0"]
     with pytest.raises(ValueError, match=r"--tasks \['sts2'\]: suite 'GLUE' has"):
         suites.SuiteRunner(spec, tmp_path, build_run=build_fit, tasks=["sts2"])
-    assert suites._data_dirs(["glue", "rte=r"]) == {None: "glue", "rte": "r"}
-    assert suites._data_dirs(["x/y=z"]) == {None: "x/y=z"}  # a path with "=" in it
+    assert data_dirs(["glue", "rte=r"]) == {None: "glue", "rte": "r"}
+    assert data_dirs(["x/y=z"]) == {None: "x/y=z"}  # a path with "=" in it
     with pytest.raises(ValueError, match=r"^--data_dir gives a DIR for every task twice \(a and b\)\.$"):
-        suites._data_dirs(["a", "b"])
+        data_dirs(["a", "b"])
     with pytest.raises(ValueError, match=r"^--data_dir gives rte=DIR twice \(a and b\)\.$"):
-        suites._data_dirs(["rte=a", "rte=b"])
+        data_dirs(["rte=a", "rte=b"])
 
 
 def test_zero_shot_only_skips_tasks_without_a_method(tmp_path, tokenizer_dir, capsys):
@@ -194,3 +194,81 @@ def test_zero_shot_only_skips_tasks_without_a_method(tmp_path, tokenizer_dir, ca
     results = json.loads((out / "results.json").read_text())
     assert results["tasks"]["sent"]["metrics"] == {}
     assert set(results["tasks"]["mc"]["metrics"]) == {"validation/accuracy", "validation/accuracy_norm"}
+
+
+def test_learning_curves_rows_sizes_and_resume(tmp_path, tokenizer_dir, monkeypatch, capsys):
+    """Two rows x (2 examples, all 6) x one seed: the subset's run is raised to min_steps, every row
+    trains on the same subset at a seed, the results hold each row's curve, the table and chart are
+    written, and a rerun redoes nothing."""
+    single = make_task("single", tmp_path / "a")
+    suite = write_suite(
+        tmp_path,
+        f"""name: curves
+seeds: [0]
+tasks: [{single}]
+rows: {{slow: [--model.lr=1e-4], fast: [--model.lr=1e-3]}}
+train_sizes: [2, 4]
+min_steps: 3
+""",
+    )
+    out = tmp_path / "out"
+    argv = [
+        "suite",
+        str(suite),
+        f"--out_dir={out}",
+        f"--tokenizer={tokenizer_dir}",
+        f"--data_dir={tmp_path / 'a'}",
+    ]
+    argv += ["--train_sizes", "2", "all", "--", *FIT]  # the command line's sizes replace the file's
+    calls = []
+    real_fit = suites.fit_and_evaluate
+    monkeypatch.setattr(
+        suites, "fit_and_evaluate", lambda *a, **k: calls.append((a[1], k)) or real_fit(*a, **k)
+    )
+    main(argv)
+    assert len(calls) == 4
+    subset = [(args, kw) for args, kw in calls if "--data.train_size=2" in args]
+    assert len(subset) == 2 and all(kw["min_steps"] == 3 and "--seed_everything=0" in a for a, kw in subset)
+    assert {a[-len(FIT) - 1] for a, _ in subset} == {"--model.lr=1e-4", "--model.lr=1e-3"}
+    whole = [
+        kw["min_steps"] for args, kw in calls if not any(a.startswith("--data.train_size") for a in args)
+    ]
+    assert whole == [None, None]
+    small = json.loads((out / "runs" / "slow" / "sent" / "size-2" / "seed-0" / "result.json").read_text())
+    assert small["size"] == 2 and small["row"] == "slow" and small["epoch"] == 2  # 1 batch an epoch: 3 epochs
+    full = json.loads((out / "runs" / "slow" / "sent" / "seed-0" / "result.json").read_text())
+    assert full["epoch"] == 0  # the whole split keeps the config's one epoch
+
+    results = json.loads((out / "results.json").read_text())
+    curves = results["tasks"]["sent"]["curves"]
+    assert list(curves) == ["slow", "fast"] and list(curves["slow"]) == ["2", "all"]
+    assert [p["examples"] for p in curves["fast"].values()] == [2, 6]
+    assert curves["slow"]["2"]["seeds"]["0"] == pytest.approx(100 * small["metrics"]["validation/accuracy"])
+    assert (
+        results["tasks"]["sent"]["metrics"]["validation/accuracy"]["seeds"]["0"]
+        == curves["slow"]["all"]["mean"]
+    )
+    saved = results["tasks"]["sent"]["labels_saved"]
+    assert saved["row"] == "slow" and saved["against"] == "fast" and saved["target_examples"] == 6
+    table = (out / "results.md").read_text()
+    assert "| sent | 2 | all |" in table and "| fast | " in table
+    assert (out / "learning_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    calls.clear()
+    main(argv)
+    assert calls == []
+
+
+def test_labels_saved_reads_the_first_rows_curve_against_the_seconds_largest_size():
+    from gpt_ft.eval.curves import curve, labels_saved
+
+    examples = {100: 100, 1000: 1000, None: 67000}
+    pretrained = curve({100: {0: 60.0, 1: 62.0}, 1000: {0: 77.0}, None: {0: 80.0}}, examples)
+    scratch = curve({100: {0: 50.0}, 1000: {0: 66.0}, None: {0: 76.5}}, examples)
+    saved = labels_saved({"pretrained": pretrained, "from scratch": scratch})
+    assert saved == {"row": "pretrained", "against": "from scratch", "target": 76.5, "target_examples": 67000,
+                     "examples": 1000, "ratio": 67.0}  # fmt: skip
+    assert pretrained["100"]["mean"] == 61.0 and list(pretrained) == ["100", "1000", "all"]
+    never = labels_saved({"scratch": scratch, "pretrained": pretrained})
+    assert never["examples"] is None and never["ratio"] is None and never["target"] == 80.0
+    assert labels_saved({"one": pretrained}) is None
