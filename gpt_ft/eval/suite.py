@@ -178,8 +178,11 @@ class SuiteRunner:
         folder = self.out / "runs" / run.folder
         args = ["--config", self.spec.config] if self.spec.config else []
         args += [f"--data.task={entry.card}", f"--seed_everything={run.seed}"]
-        if self.tokenizer:
-            args.append(f"--data.tokenizer={self.tokenizer}")
+        tokenizer = self.tokenizer
+        if tokenizer is None and self.init_from and self.spec.rows:  # a row may drop --init_from
+            tokenizer = self.tokenizer = resolve_tokenizer(None, self.init_from)
+        if tokenizer:
+            args.append(f"--data.tokenizer={tokenizer}")
         data_dir = self.data_dirs.get(run.task, self.data_dirs.get(None))
         if data_dir:
             args.append(f"--data.data_dir={data_dir}")

@@ -197,16 +197,23 @@ def test_zero_shot_only_skips_tasks_without_a_method(tmp_path, tokenizer_dir, ca
 
 
 def test_learning_curves_rows_sizes_and_resume(tmp_path, tokenizer_dir, monkeypatch, capsys):
-    """Two rows x (2 examples, all 6) x one seed: the subset's run is raised to min_steps, every row
-    trains on the same subset at a seed, the results hold each row's curve, the table and chart are
-    written, and a rerun redoes nothing."""
+    """A pretrained row and a from-scratch row x (2 examples, all 6) x one seed: the subset's run is
+    raised to min_steps, both rows train on the same subset, the scratch row drops --init_from, the
+    results hold each row's curve, the table and chart are written, and a rerun redoes nothing."""
+    tok = load_tokenizer(tokenizer_dir)
+    config = GPTConfig.from_name("gpt-micro", vocab_size=len(tok), n_positions=64, n_embd=32, n_layer=2)
+    GPT(config).to_hf().save_pretrained(tmp_path / "pre")
+    tok.save_pretrained(tmp_path / "pre")
     single = make_task("single", tmp_path / "a")
     suite = write_suite(
         tmp_path,
         f"""name: curves
 seeds: [0]
 tasks: [{single}]
-rows: {{slow: [--model.lr=1e-4], fast: [--model.lr=1e-3]}}
+rows:
+  pretrained: [--model.lr=1e-4]
+  from scratch: [--model.init_from=null, --model.preset=gpt-micro, "--model.overrides={MICRO}",
+                 --model.lr=1e-3]
 train_sizes: [2, 4]
 min_steps: 3
 """,
@@ -216,10 +223,11 @@ min_steps: 3
         "suite",
         str(suite),
         f"--out_dir={out}",
-        f"--tokenizer={tokenizer_dir}",
+        f"--init_from={tmp_path / 'pre'}",
         f"--data_dir={tmp_path / 'a'}",
     ]
-    argv += ["--train_sizes", "2", "all", "--", *FIT]  # the command line's sizes replace the file's
+    fit = [a for a in FIT if not a.startswith(("--model.preset", "--model.overrides"))]
+    argv += ["--train_sizes", "2", "all", "--", *fit]  # the command line's sizes replace the file's
     calls = []
     real_fit = suites.fit_and_evaluate
     monkeypatch.setattr(
@@ -229,29 +237,37 @@ min_steps: 3
     assert len(calls) == 4
     subset = [(args, kw) for args, kw in calls if "--data.train_size=2" in args]
     assert len(subset) == 2 and all(kw["min_steps"] == 3 and "--seed_everything=0" in a for a, kw in subset)
-    assert {a[-len(FIT) - 1] for a, _ in subset} == {"--model.lr=1e-4", "--model.lr=1e-3"}
     whole = [
         kw["min_steps"] for args, kw in calls if not any(a.startswith("--data.train_size") for a in args)
     ]
     assert whole == [None, None]
-    small = json.loads((out / "runs" / "slow" / "sent" / "size-2" / "seed-0" / "result.json").read_text())
-    assert small["size"] == 2 and small["row"] == "slow" and small["epoch"] == 2  # 1 batch an epoch: 3 epochs
-    full = json.loads((out / "runs" / "slow" / "sent" / "seed-0" / "result.json").read_text())
+    runs = out / "runs"
+    small = json.loads((runs / "pretrained" / "sent" / "size-2" / "seed-0" / "result.json").read_text())
+    assert small["size"] == 2 and small["row"] == "pretrained" and small["epoch"] == 2  # 1 batch an epoch: 3
+    full = json.loads((runs / "pretrained" / "sent" / "seed-0" / "result.json").read_text())
     assert full["epoch"] == 0  # the whole split keeps the config's one epoch
+    (scratch,) = (runs / "from-scratch" / "sent" / "size-2").rglob("hparams.yaml")
+    (pretrained,) = (runs / "pretrained" / "sent" / "size-2").rglob("hparams.yaml")
+    assert (
+        "init_from: null" in scratch.read_text()
+        and f"init_from: {tmp_path / 'pre'}" in pretrained.read_text()
+    )
 
     results = json.loads((out / "results.json").read_text())
     curves = results["tasks"]["sent"]["curves"]
-    assert list(curves) == ["slow", "fast"] and list(curves["slow"]) == ["2", "all"]
-    assert [p["examples"] for p in curves["fast"].values()] == [2, 6]
-    assert curves["slow"]["2"]["seeds"]["0"] == pytest.approx(100 * small["metrics"]["validation/accuracy"])
-    assert (
-        results["tasks"]["sent"]["metrics"]["validation/accuracy"]["seeds"]["0"]
-        == curves["slow"]["all"]["mean"]
+    assert list(curves) == ["pretrained", "from scratch"] and list(curves["pretrained"]) == ["2", "all"]
+    assert [p["examples"] for p in curves["from scratch"].values()] == [2, 6]
+    assert curves["pretrained"]["2"]["seeds"]["0"] == pytest.approx(
+        100 * small["metrics"]["validation/accuracy"]
     )
+    main_table = results["tasks"]["sent"]["metrics"]["validation/accuracy"]["seeds"]["0"]
+    assert main_table == curves["pretrained"]["all"]["mean"]  # the first row's whole-split runs
     saved = results["tasks"]["sent"]["labels_saved"]
-    assert saved["row"] == "slow" and saved["against"] == "fast" and saved["target_examples"] == 6
+    assert (
+        saved["row"] == "pretrained" and saved["against"] == "from scratch" and saved["target_examples"] == 6
+    )
     table = (out / "results.md").read_text()
-    assert "| sent | 2 | all |" in table and "| fast | " in table
+    assert "| sent | 2 | all |" in table and "| from scratch | " in table
     assert (out / "learning_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     calls.clear()
