@@ -11,6 +11,10 @@ Scores are on the dev / held-out split, in the same units as the fine-tuning tab
 scikit-learn (`pip install -e ".[bench]"`).
 
     python benchmarks/tfidf_baseline.py --glue GLUE_DIR --storycloze STORYCLOZE_DIR
+    python benchmarks/tfidf_baseline.py --glue GLUE_DIR --storycloze DIR --train-sizes 100 300 1000 3000
+
+With --train-sizes each model trains on the class-stratified subsets `gpt-ft suite --train_sizes`
+draws at each seed (the same rows), for the learning curves beside the fine-tuned rows.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -41,8 +46,19 @@ def logistic():
     return LogisticRegression(C=4.0, max_iter=2000)
 
 
-def sst2(glue: Path) -> float:
+def subset(rows: list[dict[str, str]], label: str, size: int | None, seed: int) -> list[dict[str, str]]:
+    """The class-stratified subset `gpt-ft suite --train_sizes` fine-tunes on at this size and seed
+    (the same rows: the same labels in the same order); all rows for None."""
+    if size is None:
+        return rows
+    from gpt_ft.data.subsets import stratified_subset
+
+    return [rows[i] for i in stratified_subset([r[label] for r in rows], size, seed)]
+
+
+def sst2(glue: Path, size: int | None = None, seed: int = 0) -> float:
     train, dev = read_tsv(glue / "SST-2" / "train.tsv"), read_tsv(glue / "SST-2" / "dev.tsv")
+    train = subset(train, "label", size, seed)
     vec = vectorizer([r["sentence"] for r in train])
     model = logistic().fit(vec.transform([r["sentence"] for r in train]), [int(r["label"]) for r in train])
     predicted = model.predict(vec.transform([r["sentence"] for r in dev]))
@@ -58,8 +74,9 @@ def pair_features(vec, a: list[str], b: list[str], *, product_and_distance: bool
     return hstack([x, y, x.multiply(y)]).tocsr()
 
 
-def rte(glue: Path) -> float:
+def rte(glue: Path, size: int | None = None, seed: int = 0) -> float:
     train, dev = read_tsv(glue / "RTE" / "train.tsv"), read_tsv(glue / "RTE" / "dev.tsv")
+    train = subset(train, "label", size, seed)
     vec = vectorizer([r["sentence1"] for r in train] + [r["sentence2"] for r in train])
 
     def xy(rows):
@@ -71,10 +88,11 @@ def rte(glue: Path) -> float:
     return 100 * float(np.mean(model.predict(x) == y))
 
 
-def stsb(glue: Path) -> float:
+def stsb(glue: Path, size: int | None = None, seed: int = 0) -> float:
     from sklearn.linear_model import Ridge
 
     train, dev = read_tsv(glue / "STS-B" / "train.tsv"), read_tsv(glue / "STS-B" / "dev.tsv")
+    train = subset(train, "score", size, seed)
     vec = vectorizer([r["sentence1"] for r in train] + [r["sentence2"] for r in train])
 
     def xy(rows):
@@ -118,12 +136,26 @@ def main() -> None:
     parser.add_argument("--glue", required=True)
     parser.add_argument("--storycloze", required=True)
     parser.add_argument("--json", default=None, help="also write the scores to this file")
+    parser.add_argument("--train-sizes", type=int, nargs="*", default=[],
+                        help="learning curves: SST-2, RTE, STS-B on the suite's subsets")  # fmt: skip
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="the subsets' seeds")
     args = parser.parse_args()
     try:
         import sklearn  # noqa: F401
     except ImportError:
         sys.exit('tfidf_baseline.py needs scikit-learn: pip install -e ".[bench]"')
     glue = Path(args.glue)
+    if args.train_sizes:
+        curves = {}
+        print("TF-IDF by labelled training examples (dev; mean ± std over seeds " + f"{args.seeds}):")
+        for name, score in (("SST-2", sst2), ("RTE", rte), ("STS-B", stsb)):
+            curves[name] = {n: [score(glue, n, seed) for seed in args.seeds] for n in args.train_sizes}
+            cells = [f"{n}: {statistics.fmean(v):.1f} ± {statistics.stdev(v) if len(v) > 1 else 0:.1f}"
+                     for n, v in curves[name].items()]  # fmt: skip
+            print(f"  {name:<6} " + ", ".join(cells))
+        if args.json:
+            Path(args.json).write_text(json.dumps(curves, indent=2) + "\n")
+        return
     scores = {
         "SST-2": sst2(glue),
         "RTE": rte(glue),
