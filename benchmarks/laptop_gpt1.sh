@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPT-1's thesis on a laptop: pretrain a small GPT on the books for an hour on the CPU, then fine-tune
 # it and the same model from scratch on SST-2, RTE, STS-B and Story Cloze (3 seeds each), beside a
-# TF-IDF baseline and the paper's figures. Writes runs/laptop/report.md and report.png.
+# TF-IDF baseline and the paper's figures. Writes runs/laptop/report.md and report.png, then the
+# learning curves (100 to 3000 labels) in runs/laptop/curves.
 #   bash benchmarks/laptop_gpt1.sh [DATA]     # DATA holds lm/books, glue/ and storycloze/
 # The recipe (measured on 2 cores; see the README's "GPT-1 on a laptop"): a byte-level BPE of 8192
 # tokens; gpt-mini's shape (4 layers, 256 wide, 4 heads) with pre-LN blocks (GPT-1's post-LN stalls
@@ -36,3 +37,12 @@ for pid in "${pids[@]}"; do wait "$pid" || { echo "a fine-tuning row failed: see
 # 3. the table and the chart (every run is done now: this only reads them, plus the TF-IDF row)
 python benchmarks/bench_ablation.py "${recipe[@]}" --skip-pretraining $( [ -z "$pip_extra" ] && echo --tfidf ) \
     --report runs/laptop/report.md
+# 4. label efficiency: the same two rows on 100 to 3000 labelled SST-2 and RTE examples (3 seeds; the
+# suite resumes), beside TF-IDF on the same subsets: runs/laptop/curves/results.md, learning_curves.png
+ckpt=$(ls runs/laptop/pretrain/lightning_logs/*/checkpoints/last.ckpt | tail -1)
+gpt-ft suite configs/suites/label_efficiency.yaml --out_dir runs/laptop/curves --init_from "$ckpt" \
+    --tokenizer runs/laptop/tokenizer --data_dir "$data/glue" --select best
+if [ -z "$pip_extra" ]; then
+    python benchmarks/tfidf_baseline.py --glue "$data/glue" --storycloze "$data/storycloze" \
+        --train-sizes 100 300 1000 3000 --json runs/laptop/curves/tfidf.json
+fi
