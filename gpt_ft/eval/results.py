@@ -48,7 +48,8 @@ def write_results(out: Path, results: dict[str, Any]) -> None:
     """The report's files, each written whole or not at all (a failed write keeps the previous one)."""
     write_json(out / "results.json", results)
     write_atomic(out / "results.md", lambda tmp: tmp.write_text(results_markdown(results)))
-    write_atomic(out / "results.png", lambda tmp: plot_results(results, tmp))
+    if any(item["metrics"] for item in results["tasks"].values()):  # (a learning curve alone: none)
+        write_atomic(out / "results.png", lambda tmp: plot_results(results, tmp))
     if any("transfer" in item for item in results["tasks"].values()):
         write_atomic(out / "transfer.png", lambda tmp: plot_transfer(results, tmp))
     if any(item.get("curves") for item in results["tasks"].values()):
@@ -66,9 +67,12 @@ def results_markdown(results: dict[str, Any]) -> str:
         f"the validation splits, the model at the {config['select']} epoch; mean ± sample std over seeds. "
         "The GPT-1 paper's values are test-set scores (Radford et al., 2018).",
         "",
-        "| task | metric | fine-tuned | zero-shot | GPT-1 paper |",
-        "|---|---|---|---|---|",
     ]
+    if config.get("rows"):
+        lines += [f"Rows (each with its own fit arguments, in results.json): {', '.join(config['rows'])}; "
+                  "the table's scores are the first row's.", ""]  # fmt: skip
+    if any(item["metrics"] for item in results["tasks"].values()):
+        lines += ["| task | metric | fine-tuned | zero-shot | GPT-1 paper |", "|---|---|---|---|---|"]
     for name, item in results["tasks"].items():
         for key, stats in item["metrics"].items():
             zero, paper = _num(stats.get("zero_shot")), _num(stats.get("paper"))

@@ -268,6 +268,7 @@ min_steps: 3
     )
     table = (out / "results.md").read_text()
     assert "| sent | 2 | all |" in table and "| from scratch | " in table
+    assert "Rows (each with its own fit arguments, in results.json): pretrained, from scratch" in table
     assert (out / "learning_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     calls.clear()
