@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
 import torch
-from harness import Report, Row, interleaved, kernels_of, report_argument, timed
+from harness import Report, Row, interleaved, report_argument, timed
 from lightning.fabric.utilities.apply_func import move_data_to_device
 
 from gpt_ft import GPTConfig
@@ -84,6 +85,32 @@ class Setup:
                 module.zero_grad(set_to_none=True)
 
         return run
+
+
+KERNELS = {  # aten op -> kernel, most specific first
+    "_scaled_dot_product_flash_attention_for_cpu": "flash (CPU)",
+    "_scaled_dot_product_flash_attention": "flash",
+    "_flash_attention_forward": "flash",
+    "_scaled_dot_product_efficient_attention": "memory-efficient",
+    "_efficient_attention_forward": "memory-efficient",
+    "_scaled_dot_product_cudnn_attention": "cuDNN",
+    "_scaled_dot_product_attention_math": "math",
+}
+
+
+def kernels_of(fn: Callable[[], object]) -> str:
+    """The SDPA kernels one call of `fn` runs, as the profiler sees their aten ops."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    found = []
+    for event in prof.events():
+        for op, kernel in KERNELS.items():
+            if event.name == f"aten::{op}" and kernel not in found:
+                found.append(kernel)
+                break
+    return " + ".join(found) or "none (blocked attention: the CPU's dropout path)"
 
 
 def attention_kernels(setup: Setup) -> list[Row]:

@@ -26,10 +26,26 @@ import subprocess
 import sys
 
 import torch
-from harness import hf_loss, interleaved, lm_step, measure, ours_loss, synchronize
+from harness import interleaved, lm_step, measure, synchronize
 
 from gpt_ft import GPT, GPTConfig
 from gpt_ft.training.throughput import counted_parameters, dense_peak_tflops, flops_per_token
+
+
+def ours_loss(model, ids: torch.Tensor) -> torch.Tensor:
+    """gpt_ft's own LM loss, as its training step computes it: `row_lm_terms` (the cross-entropy
+    chunked through the head, see gpt_ft/training/lm_loss.py), a mean over the tokens."""
+    from gpt_ft.training.terms import row_lm_terms
+
+    sums, counts = row_lm_terms(model, model(ids[:, :-1]), ids[:, 1:], padded=False)
+    return sums.sum() / counts.sum()
+
+
+def hf_loss(model, ids: torch.Tensor) -> torch.Tensor:
+    """transformers' own LM loss, `model(input_ids, labels=...).loss`, on the same tokens as
+    `ours_loss` (`shift_labels`: the targets already shifted, so no extra input position)."""
+    inputs = ids[:, :-1]
+    return model(inputs, labels=inputs, shift_labels=ids[:, 1:].contiguous()).loss
 
 
 def build(args, which: str):

@@ -109,22 +109,6 @@ def logits_loss(logits_fn: Callable) -> Callable:
     return loss
 
 
-def ours_loss(model, ids: torch.Tensor) -> torch.Tensor:
-    """gpt_ft's own LM loss, as its training step computes it: `row_lm_terms` (the cross-entropy
-    chunked through the head, see gpt_ft/training/lm_loss.py), a mean over the tokens."""
-    from gpt_ft.training.terms import row_lm_terms
-
-    sums, counts = row_lm_terms(model, model(ids[:, :-1]), ids[:, 1:], padded=False)
-    return sums.sum() / counts.sum()
-
-
-def hf_loss(model, ids: torch.Tensor) -> torch.Tensor:
-    """transformers' own LM loss, `model(input_ids, labels=...).loss`, on the same tokens as
-    `ours_loss` (`shift_labels`: the targets already shifted, so no extra input position)."""
-    inputs = ids[:, :-1]
-    return model(inputs, labels=inputs, shift_labels=ids[:, 1:].contiguous()).loss
-
-
 def lm_step(
     model,
     optimizer,
@@ -286,32 +270,6 @@ def random_tokens(folder: Path, vocab_size: int, train: int, validation: int) ->
     # Checkpoints keep the data's tokenizer beside them: any small one will do for random tokens.
     shutil.copytree(ROOT / "examples" / "quickstart" / "tokenizer", folder / "tokenizer", dirs_exist_ok=True)
     return folder
-
-
-KERNELS = {  # aten op -> kernel, most specific first
-    "_scaled_dot_product_flash_attention_for_cpu": "flash (CPU)",
-    "_scaled_dot_product_flash_attention": "flash",
-    "_flash_attention_forward": "flash",
-    "_scaled_dot_product_efficient_attention": "memory-efficient",
-    "_efficient_attention_forward": "memory-efficient",
-    "_scaled_dot_product_cudnn_attention": "cuDNN",
-    "_scaled_dot_product_attention_math": "math",
-}
-
-
-def kernels_of(fn: Callable[[], object]) -> str:
-    """The SDPA kernels one call of `fn` runs, as the profiler sees their aten ops."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        fn()
-    found = []
-    for event in prof.events():
-        for op, kernel in KERNELS.items():
-            if event.name == f"aten::{op}" and kernel not in found:
-                found.append(kernel)
-                break
-    return " + ".join(found) or "none (blocked attention: the CPU's dropout path)"
 
 
 def bar_chart(rows: dict[str, dict[str, float]], path: Path, ylabel: str) -> None:
