@@ -20,6 +20,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -141,7 +142,9 @@ def pretrain(args, names: list[str]) -> None:
         )
         jobs = []
         for n in group:
-            rate = last_value(metrics_rows(args.out / slug(n) / "probe"), "perf/tokens_per_s")
+            rates = [float(r["perf/tokens_per_s"]) for r in metrics_rows(args.out / slug(n) / "probe")
+                     if r.get("perf/tokens_per_s")]  # fmt: skip
+            rate = statistics.median(rates[len(rates) // 2 :])  # the warm half of the probe
             v = {**RECIPE, **VARIANTS[n]}
             steps = int(args.minutes * 60 * rate / (v["batch"] * CONTEXT))
             print(f"{n}: {rate:.0f} tokens/s, {steps} steps in {args.minutes:g} min", flush=True)
@@ -224,7 +227,7 @@ def main() -> None:
     p.add_argument(
         "--parallel", type=int, default=1, help="variants at a time, each on its share of the cores"
     )
-    p.add_argument("--probe-steps", type=int, default=40, help="steps of the probe that times a variant")
+    p.add_argument("--probe-steps", type=int, default=80, help="steps of the probe that times a variant")
     p.add_argument("--validation-fraction", type=float, default=0.005, help="of the books (gpt-ft prepare)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--report", help="also write the table as Markdown here")
