@@ -38,11 +38,14 @@ for pid in "${pids[@]}"; do wait "$pid" || { echo "a fine-tuning row failed: see
 python benchmarks/bench_ablation.py "${recipe[@]}" --skip-pretraining $( [ -z "$pip_extra" ] && echo --tfidf ) \
     --report runs/laptop/report.md
 # 4. label efficiency: the same two rows on 100 to 3000 labelled SST-2 and RTE examples (3 seeds; the
-# suite resumes), beside TF-IDF on the same subsets: runs/laptop/curves/results.md, learning_curves.png
+# suite resumes), TF-IDF on the same subsets drawn beside them: runs/laptop/curves/results.md and
+# learning_curves.png
 ckpt=$(ls runs/laptop/pretrain/lightning_logs/*/checkpoints/last.ckpt | tail -1)
-gpt-ft suite configs/suites/label_efficiency.yaml --out_dir runs/laptop/curves --init_from "$ckpt" \
-    --tokenizer runs/laptop/tokenizer --data_dir "$data/glue" --select best
+baselines=()
 if [ -z "$pip_extra" ]; then
     python benchmarks/tfidf_baseline.py --glue "$data/glue" --storycloze "$data/storycloze" \
         --train-sizes 100 300 1000 3000 --json runs/laptop/curves/tfidf.json
+    baselines=(--baselines runs/laptop/curves/tfidf.json)
 fi
+gpt-ft suite configs/suites/label_efficiency.yaml --out_dir runs/laptop/curves --init_from "$ckpt" \
+    --tokenizer runs/laptop/tokenizer --data_dir "$data/glue" --select best "${baselines[@]}"

@@ -14,7 +14,8 @@ scikit-learn (`pip install -e ".[bench]"`).
     python benchmarks/tfidf_baseline.py --glue GLUE_DIR --storycloze DIR --train-sizes 100 300 1000 3000
 
 With --train-sizes each model trains on the class-stratified subsets `gpt-ft suite --train_sizes`
-draws at each seed (the same rows), for the learning curves beside the fine-tuned rows.
+draws at each seed (the same rows); --json then writes the curves `gpt-ft suite --baselines FILE`
+draws beside the fine-tuned rows (by task card: sst2, rte, stsb).
 """
 
 from __future__ import annotations
@@ -140,6 +141,8 @@ def main() -> None:
                         help="learning curves: SST-2, RTE, STS-B on the suite's subsets")  # fmt: skip
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="the subsets' seeds")
     args = parser.parse_args()
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     try:
         import sklearn  # noqa: F401
     except ImportError:
@@ -148,13 +151,15 @@ def main() -> None:
     if args.train_sizes:
         curves = {}
         print("TF-IDF by labelled training examples (dev; mean ± std over seeds " + f"{args.seeds}):")
-        for name, score in (("SST-2", sst2), ("RTE", rte), ("STS-B", stsb)):
-            curves[name] = {n: [score(glue, n, seed) for seed in args.seeds] for n in args.train_sizes}
-            cells = [f"{n}: {statistics.fmean(v):.1f} ± {statistics.stdev(v) if len(v) > 1 else 0:.1f}"
-                     for n, v in curves[name].items()]  # fmt: skip
+        for name, card, score in (("SST-2", "sst2", sst2), ("RTE", "rte", rte), ("STS-B", "stsb", stsb)):
+            curves[card] = {n: {seed: score(glue, n, seed) for seed in args.seeds} for n in args.train_sizes}
+            spread = lambda v: statistics.stdev(v) if len(v) > 1 else 0.0  # noqa: E731
+            cells = [f"{n}: {statistics.fmean(v.values()):.1f} ± {spread(list(v.values())):.1f}"
+                     for n, v in curves[card].items()]  # fmt: skip
             print(f"  {name:<6} " + ", ".join(cells))
-        if args.json:
-            Path(args.json).write_text(json.dumps(curves, indent=2) + "\n")
+        if args.json:  # the file `gpt-ft suite --baselines` draws beside the fine-tuned rows
+            text = json.dumps({"name": "TF-IDF + linear", "tasks": curves}, indent=2)
+            Path(args.json).write_text(text + "\n")
         return
     scores = {
         "SST-2": sst2(glue),

@@ -92,3 +92,22 @@ def test_memory_benchmark_prints_a_row_per_configuration(background):
     trainable = [int(row[1].replace(",", "")) for row in rows]
     assert trainable[0] > trainable[1] == trainable[2] == trainable[3] > 0  # the adapters and new rows
     assert all(float(row[4]) > 0 for row in rows)
+
+
+def test_pretraining_comparison_counts_the_bytes_each_token_decodes_to(tokenizer_dir):
+    """bench_pretrain.py's bits per byte divide by the UTF-8 bytes of the text the tokens stand for,
+    whatever the vocabulary: accents and dashes split across tokens included, special tokens none."""
+    sys.path.insert(0, "benchmarks")
+    try:
+        from bench_pretrain import token_byte_lengths
+    finally:
+        sys.path.remove("benchmarks")
+    from gpt_ft.data.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(tokenizer_dir)
+    text = "The café — naïve 東京 fox.\nA second line, then   spaces."
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    lengths = token_byte_lengths(tok, len(tok))
+    assert tok.decode(ids) == text and len(ids) < len(text.encode())  # merges happened
+    assert int(lengths[ids].sum()) == len(text.encode("utf-8"))
+    assert all(lengths[i] == 0 for i in tok.all_special_ids)

@@ -332,7 +332,14 @@ def suite(argv: list[str]) -> None:
         help="learning curves: training examples per run (stratified subsets, e.g. 100 300 1000 all); "
         "default: the suite file's",
     )
-    repeatable = ("--data_dir", "--tasks", "--seeds", "--transfer_layers", "--train_sizes")
+    parser.add_argument(
+        "--baselines",
+        type=list[str],
+        default=[],
+        help="learning curves measured elsewhere on the same subsets, drawn beside the rows: JSON files "
+        "(benchmarks/tfidf_baseline.py --train-sizes ... --json FILE writes one)",
+    )
+    repeatable = ("--data_dir", "--tasks", "--seeds", "--transfer_layers", "--train_sizes", "--baselines")
     cfg = parser.parse_args(_repeatable(argv, repeatable))
     check_output_dir(cfg.out_dir, "--out_dir")
     runner = SuiteRunner(
@@ -352,6 +359,7 @@ def suite(argv: list[str]) -> None:
         predict=cfg.predict,
         keep_checkpoints=cfg.keep_checkpoints,
         train_sizes=cfg.train_sizes,
+        baselines=cfg.baselines,
     )
     runner.run()
 

@@ -1,6 +1,7 @@
 """Learning curves of a suite: the main metric against the number of labelled training examples,
 one curve per row (say pretrained and from scratch), mean and spread over seeds, and the labels
-pretraining saves (their table and chart, learning_curves.png: `gpt_ft.eval.results`).
+pretraining saves (their table and chart, learning_curves.png: `gpt_ft.eval.results`), and
+reference curves measured elsewhere on the same subsets (a TF-IDF baseline) drawn beside them.
 
 GPT-1's thesis shows where labels are scarce (ULMFiT, Howard & Ruder 2018, Fig. 3): at a few
 hundred examples a pretrained model can match one trained from scratch on many times more.
@@ -8,7 +9,9 @@ hundred examples a pretrained model can match one trained from scratch on many t
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from gpt_ft.eval.results import mean_std
@@ -82,3 +85,40 @@ def labels_saved(curves: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
         "examples": at["examples"] if at else None,
         "ratio": largest["examples"] / at["examples"] if at else None,
     }
+
+
+def read_baselines(paths: list[str | Path]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Reference curves to draw beside a suite's rows (dashed where named like TF-IDF), {name:
+    {task: curve}}, from JSON files of {"name": NAME, "tasks": {TASK: {SIZE: {SEED: SCORE}}}}
+    (scores in percent, as `benchmarks/tfidf_baseline.py --train-sizes ... --json FILE` writes).
+    A file that is not one is named in one sentence."""
+    out = {}
+    for path in paths:
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+            name, tasks = data["name"], data["tasks"]
+            out[str(name)] = {
+                str(task): curve(
+                    {
+                        int(size): {int(seed): None if v is None else float(v) for seed, v in seeds.items()}
+                        for size, seeds in points.items()
+                    },
+                    {int(size): int(size) for size in points},
+                )
+                for task, points in tasks.items()
+            }
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(
+                f"Baseline file {path} cannot be read: {getattr(e, 'strerror', None) or e}."
+            ) from None
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise ValueError(
+                f"Baseline file {path} is not a learning curve: expected "
+                '{"name": NAME, "tasks": {TASK: {SIZE: {SEED: SCORE}}}} (' + f"{type(e).__name__}: {e})."
+            ) from None
+    return out
+
+
+def baseline_curves(baselines: dict[str, dict[str, dict[str, Any]]], task: str) -> dict[str, dict[str, Any]]:
+    """{name: curve} of the baselines that measured `task`."""
+    return {name: tasks[task] for name, tasks in baselines.items() if task in tasks}

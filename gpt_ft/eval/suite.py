@@ -31,7 +31,7 @@ from gpt_ft.adapters.cards import load_card
 from gpt_ft.data.files import load_split
 from gpt_ft.data.tokenizer import load_tokenizer
 from gpt_ft.eval import zeroshot
-from gpt_ft.eval.curves import MISSING, collect_curves, labels_saved
+from gpt_ft.eval.curves import MISSING, baseline_curves, collect_curves, labels_saved, read_baselines
 from gpt_ft.eval.finetune import BuildRun, finite, fit_and_evaluate, main_key
 from gpt_ft.eval.results import benchmark_score, mean_std, write_atomic, write_json, write_results
 from gpt_ft.eval.suite_file import SuiteSpec, data_dirs
@@ -93,8 +93,9 @@ class SuiteRunner:
         predict: bool | None = None,
         keep_checkpoints: bool = False,
         train_sizes: list[int | str] | None = None,
+        baselines: list[str] | None = None,
     ) -> None:
-        self.spec = spec
+        self.spec, self.baselines = spec, read_baselines(baselines or [])
         sizes = train_sizes if train_sizes is not None else spec.train_sizes
         self.sizes: list[int | None] = [None if s == "all" else int(s) for s in sizes or ["all"]]
         self.rows: list[str | None] = list(spec.rows or [None])
@@ -336,7 +337,7 @@ class SuiteRunner:
         return results
 
     def _curves(self, name: str, metric: str) -> dict[str, Any]:
-        """Each row's learning curve of task `name` (see `gpt_ft.eval.curves.collect_curves`)."""
+        """Each row's learning curve of task `name` (`gpt_ft.eval.curves`), then the baselines'."""
         entry, task = self.all_cards[name]
 
         def score(row: str | None, size: int | None, seed: int) -> float | None:
@@ -346,7 +347,8 @@ class SuiteRunner:
         def whole() -> int:  # rows of the training split, where "all" sits on the curve
             return len(load_split(task, "train", self.data_dirs.get(name, self.data_dirs.get(None))))
 
-        return collect_curves(score, self.rows, self.sizes, self.seeds, whole)
+        curves = collect_curves(score, self.rows, self.sizes, self.seeds, whole)
+        return {**curves, **baseline_curves(self.baselines, name)}
 
     def write_submission(self, results: dict[str, Any], log=print) -> Path:
         """Each task's predictions from its best seed, gathered and zipped; missing files warned of."""

@@ -272,8 +272,35 @@ min_steps: 3
     assert (out / "learning_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     calls.clear()
-    main(argv)
-    assert calls == []
+    baseline = tmp_path / "tfidf.json"  # a curve measured elsewhere on the same subsets, drawn beside
+    baseline.write_text(json.dumps({"name": "TF-IDF + linear", "tasks": {"sent": {"2": {"0": 50, "1": 70}}}}))
+    main([*argv[:5], f"--baselines={baseline}", *argv[5:]])
+    assert calls == []  # nothing run again
+    curves = json.loads((out / "results.json").read_text())["tasks"]["sent"]["curves"]
+    assert list(curves) == ["pretrained", "from scratch", "TF-IDF + linear"]
+    assert curves["TF-IDF + linear"]["2"] == {"examples": 2, "seeds": {"0": 50.0, "1": 70.0}, "mean": 60.0,
+                                              "std": pytest.approx(14.1421356)}  # fmt: skip
+    assert "| TF-IDF + linear | 60.0 ± 14.1 | – |" in (out / "results.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("{", "is not a learning curve: expected"),
+        ('{"name": "x", "tasks": {"sent": {"many": {"0": 1}}}}', "ValueError: invalid literal for int()"),
+        ('{"tasks": {}}', "KeyError: 'name'"),
+        (None, "cannot be read: No such file or directory"),
+    ],
+)
+def test_a_baseline_file_that_is_not_a_curve_is_named(tmp_path, text, words):
+    from gpt_ft.eval.curves import read_baselines
+
+    path = tmp_path / "b.json"
+    if text is not None:
+        path.write_text(text)
+    with pytest.raises(ValueError, match=f"^Baseline file {path} ") as e:
+        read_baselines([path])
+    assert words in str(e.value)
 
 
 def test_labels_saved_reads_the_first_rows_curve_against_the_seconds_largest_size():
