@@ -102,6 +102,7 @@ def pretrain(args, out: Path, tokens: Path, steps: int) -> None:
         f"--model.preset={args.preset}",
         f"--model.overrides={{{model}}}",
         f"--model.lr={args.pretrain_lr}",
+        f"--model.optimizer={args.pretrain_optimizer}",
         f"--model.warmup_steps={args.warmup_steps or max(1, steps // 10)}",
         f"--model.compile={str(args.compile).lower()}",
         f"--trainer.max_steps={steps}",
@@ -190,6 +191,7 @@ def parse_args() -> argparse.Namespace:
     g.add_argument("--tokens", type=int, help="pretraining tokens, made max_steps (the cosine's length)")
     g.add_argument("--minutes", type=float, help="pretraining's training-time limit, over every resumed run")
     g.add_argument("--pretrain-lr", type=float, help="peak rate, cosine to 0")
+    g.add_argument("--pretrain-optimizer", choices=["adamw", "muon"], default="adamw")
     g.add_argument("--pretrain-dropout", type=float, help="dropout while pretraining")
     g.add_argument("--warmup-steps", type=int, default=None, help="pretraining warmup (default 10%%)")
     g.add_argument("--val-every", type=int, help="validate (and save last.ckpt) every N steps")
@@ -244,9 +246,7 @@ def main() -> None:
         pretrain(args, out, tokens, steps)
     checkpoint = find_last_checkpoint(out / "pretrain" / "lightning_logs")  # the newest run's
     if checkpoint is None:
-        raise SystemExit(
-            f"no last.ckpt under {out / 'pretrain'}: pretrain first, without --skip-pretraining."
-        )
+        raise SystemExit(f"no last.ckpt under {out / 'pretrain'}: pretrain without --skip-pretraining.")
 
     results: dict[str, dict[str, list[float]]] = {}  # row -> task -> best score of each seed
     runs = []

@@ -177,10 +177,12 @@ def score(args, name: str) -> dict:
         nats += F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum").item()
         n_tokens += targets.numel()
         n_bytes += int(byte_lengths[targets].sum())
-    step = torch.load(checkpoint, map_location="cpu", mmap=True, weights_only=True)["global_step"]
+    saved = torch.load(checkpoint, map_location="cpu", mmap=True, weights_only=True)
+    step, seconds = saved["global_step"], saved["callbacks"]["Timer"]["time_elapsed"]["train"]
     rows = metrics_rows(folder / "run")
     rate = last_value(rows, "perf/tokens_per_s")
-    result = {"variant": name, "steps": step, "tokens": step * v["batch"] * CONTEXT, "tokens_per_s": rate,
+    result = {"variant": name, "minutes": seconds / 60, "steps": step, "tokens": step * v["batch"] * CONTEXT,
+              "tokens_per_s": rate,
               "bits_per_byte": nats / math.log(2) / n_bytes, "perplexity": math.exp(nats / n_tokens),
               "validation_tokens": n_tokens, "validation_bytes": n_bytes}  # fmt: skip
     (folder / "score.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -211,7 +213,8 @@ def table(results: list[dict], minutes: float) -> str:
     for r in results:
         change = 100 * (r["bits_per_byte"] / base["bits_per_byte"] - 1)
         lines.append(
-            f"| {r['variant']} | {r['steps']} | {r['tokens'] / 1e6:.2f}M | {r['tokens_per_s']:.0f} | "
+            f"| {r['variant']} | {r['minutes']:.1f} | {r['steps']} | {r['tokens'] / 1e6:.2f}M "
+            f"| {r['tokens_per_s']:.0f} | "
             f"{r['bits_per_byte']:.4f} | {change:+.1f}% | {r['perplexity']:.1f} |"
         )
     return "\n".join(lines) + "\n"
