@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from harness import ROOT, gpt_ft, last_value, metrics_rows
+from harness import ROOT, gpt_ft, metrics_rows
 
 from gpt_ft.data.lm_data import TokenBlocks
 from gpt_ft.data.prepare import read_meta
@@ -179,10 +179,8 @@ def score(args, name: str) -> dict:
         n_bytes += int(byte_lengths[targets].sum())
     saved = torch.load(checkpoint, map_location="cpu", mmap=True, weights_only=True)
     step, seconds = saved["global_step"], saved["callbacks"]["Timer"]["time_elapsed"]["train"]
-    rows = metrics_rows(folder / "run")
-    rate = last_value(rows, "perf/tokens_per_s")
     result = {"variant": name, "minutes": seconds / 60, "steps": step, "tokens": step * v["batch"] * CONTEXT,
-              "tokens_per_s": rate,
+              "tokens_per_s": step * v["batch"] * CONTEXT / seconds,
               "bits_per_byte": nats / math.log(2) / n_bytes, "perplexity": math.exp(nats / n_tokens),
               "validation_tokens": n_tokens, "validation_bytes": n_bytes}  # fmt: skip
     (folder / "score.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -207,8 +205,9 @@ def slug(name: str) -> str:
 def table(results: list[dict], minutes: float) -> str:
     base = next((r for r in results if r["variant"] == "recipe"), results[0])
     lines = [
-        f"| variant ({minutes:g} min) | steps | tokens | tokens/s | bits per byte | vs recipe | token ppl |",
-        "|---|---|---|---|---|---|---|",
+        f"| variant ({minutes:g} min each) | minutes | steps | tokens | tokens/s | bits per byte | vs recipe "
+        "| token ppl |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         change = 100 * (r["bits_per_byte"] / base["bits_per_byte"] - 1)
