@@ -191,7 +191,7 @@ def parse_args() -> argparse.Namespace:
     g.add_argument("--tokens", type=int, help="pretraining tokens, made max_steps (the cosine's length)")
     g.add_argument("--minutes", type=float, help="pretraining's training-time limit, over every resumed run")
     g.add_argument("--pretrain-lr", type=float, help="peak rate, cosine to 0")
-    g.add_argument("--pretrain-optimizer", choices=["adamw", "muon"], default="adamw")
+    g.add_argument("--pretrain-optimizer", choices=["adamw", "muon"], default="adamw", help="of pretraining")
     g.add_argument("--pretrain-dropout", type=float, help="dropout while pretraining")
     g.add_argument("--warmup-steps", type=int, default=None, help="pretraining warmup (default 10%%)")
     g.add_argument("--val-every", type=int, help="validate (and save last.ckpt) every N steps")

@@ -1,5 +1,6 @@
-"""What buys a small GPT the most quality per CPU-hour of pretraining: the laptop recipe beside one
-change at a time (Muon, a smaller vocabulary, a bigger batch, a deeper and narrower shape).
+"""What buys a small GPT the most quality per CPU-hour of pretraining: the laptop recipe's AdamW
+run beside one change at a time (Muon, a smaller vocabulary, a bigger batch, a deeper and narrower
+shape).
 
 Every variant pretrains on the same books for the same wall-clock --minutes, one at a time on
 every core (or --parallel N at a time, each pinned to its share of the cores). Its cosine ends at
@@ -7,11 +8,13 @@ the budget: a timed probe of its step (--probe-steps) sets max_steps, and `--tra
 stops it should it run slower. Each checkpoint is then scored on the whole validation split in
 bits per byte, the measure that vocabularies of different sizes share (they cut the same text into
 different numbers of tokens): the summed next-token loss in bits over the UTF-8 bytes those tokens
-decode to. Token perplexity is printed beside it (compare it only within one vocabulary). A
-finished variant is kept: the same command again goes on.
+decode to (end-of-document tokens count in the loss, with no bytes: every vocabulary sees the
+same documents). Token perplexity is printed beside it (compare it only within one vocabulary).
+A scored variant is kept, so the same command again runs only the rest (an interrupted variant
+starts over); the runs go to --out, by default runs/pretrain-MINUTESmin.
 
     python benchmarks/bench_pretrain.py --books DATA/lm/books --minutes 15 --report runs/pretrain.md
-    python benchmarks/bench_pretrain.py --books DATA/lm/books --variants recipe Muon --minutes 60
+    python benchmarks/bench_pretrain.py --books DATA/lm/books --variants AdamW Muon --minutes 60
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import argparse
 import json
 import math
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -32,16 +37,18 @@ from harness import ROOT, gpt_ft, metrics_rows
 
 from gpt_ft.data.lm_data import TokenBlocks
 from gpt_ft.data.prepare import read_meta
+from gpt_ft.data.tokenizer import load_tokenizer
 from gpt_ft.model.weights import load_weights
 from gpt_ft.training.checkpointing import find_last_checkpoint
 
-# The laptop recipe (benchmarks/laptop_gpt1.sh): gpt-mini (4 layers, 256 wide) with pre-LN blocks,
-# a byte-level BPE of 8192 tokens, 16 sequences of 256 tokens a step, AdamW at 1e-3, 200 warmup steps.
+# The laptop recipe (benchmarks/laptop_gpt1.sh) as it was before this comparison moved it to Muon:
+# gpt-mini (4 layers, 256 wide) with pre-LN blocks, a byte-level BPE of 8192 tokens, 16 sequences of
+# 256 tokens a step, AdamW at 1e-3, 200 warmup steps.
 RECIPE = dict(
     vocab=8192, batch=16, shape="pre_ln: true", optimizer="adamw", lr=1e-3, warmup_tokens=200 * 16 * 256
 )
 VARIANTS = {
-    "recipe": {},
+    "AdamW": {},
     "Muon": {"optimizer": "muon"},
     "vocabulary 4096": {"vocab": 4096},
     "batch 32": {"batch": 32},
@@ -104,53 +111,62 @@ def fit_args(args, name: str, steps: int, minutes: float, stage: str) -> list[st
     ]
 
 
-def run_together(jobs: list[tuple[list[str], Path]]) -> None:
-    """`gpt-ft ARGS` for each job at once, each on its own share of the cores (pinned where the
-    system allows, one thread per core); every job's output goes to its log."""
-    cores = (
+def cores() -> list[int | None]:
+    return (
         sorted(os.sched_getaffinity(0))
         if hasattr(os, "sched_getaffinity")
         else [None] * (os.cpu_count() or 1)
     )
-    share = max(1, len(cores) // len(jobs))
+
+
+def run_together(jobs: list[tuple[list[str], Path]], parallel: int) -> None:
+    """`gpt-ft ARGS` for each job at once, job i on the i-th 1/`parallel` of the cores (pinned with
+    `taskset` where there is one, one thread per core); every job's output goes to its log."""
+    mine, share = cores(), len(cores()) // parallel
     procs = []
-    for i, (argv, log) in enumerate(jobs):
-        mine = set(cores[i * share : (i + 1) * share])
-        pin = (lambda c=mine: os.sched_setaffinity(0, c)) if None not in mine and len(jobs) > 1 else None
+    for i, (argv, out) in enumerate(jobs):
+        pin = mine[i * share : (i + 1) * share]
+        pinned = parallel > 1 and None not in pin and shutil.which("taskset")
+        taskset = ["taskset", "-c", ",".join(map(str, pin))] if pinned else []
         env = {**os.environ, "OMP_NUM_THREADS": str(share)}
-        with open(log, "w") as f:
-            cmd = [sys.executable, "-m", "gpt_ft", *argv]
-            procs.append(
-                subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, preexec_fn=pin)
-            )
-    for proc, (argv, log) in zip(procs, jobs):
+        with open(out, "w") as f:
+            cmd = [*taskset, sys.executable, "-m", "gpt_ft", *argv]
+            procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT))
+    for proc, (argv, out) in zip(procs, jobs):
         if proc.wait() != 0:
-            raise SystemExit(f"gpt-ft fit failed (exit {proc.returncode}): see {log}")
+            for other in procs:
+                other.terminate()
+            raise SystemExit(f"gpt-ft fit failed (exit {proc.returncode}): see {out}")
 
 
 def pretrain(args, names: list[str]) -> None:
     """Probe each variant's step, then pretrain it for --minutes with its cosine sized to fit."""
     todo = [n for n in names if not (args.out / slug(n) / "score.json").exists()]
+    if any(VARIANTS[n].get("optimizer") == "muon" for n in todo) and not hasattr(torch.optim, "Muon"):
+        raise SystemExit(
+            f"The Muon variants need torch.optim.Muon (torch >= 2.9); this is torch {torch.__version__}."
+        )
     for n in todo:  # the tokens first, one at a time (the tokenizer uses every core)
         tokens_for(args, {**RECIPE, **VARIANTS[n]}["vocab"])
     for i in range(0, len(todo), args.parallel):
         group = todo[i : i + args.parallel]
         for n in group:
             (args.out / slug(n)).mkdir(parents=True, exist_ok=True)
-        run_together(
-            [(fit_args(args, n, args.probe_steps, 10, "probe"), log(args, n, "probe")) for n in group]
-        )
+        probes = [(fit_args(args, n, args.probe_steps, 10, "probe"), log(args, n, "probe")) for n in group]
+        run_together(probes, args.parallel)
         jobs = []
         for n in group:
             rates = [float(r["perf/tokens_per_s"]) for r in metrics_rows(args.out / slug(n) / "probe")
                      if r.get("perf/tokens_per_s")]  # fmt: skip
+            if not rates:
+                raise SystemExit(f"The probe logged no tokens/s: see {log(args, n, 'probe')}.")
             rate = statistics.median(rates[len(rates) // 2 :])  # the warm half of the probe
             v = {**RECIPE, **VARIANTS[n]}
             steps = int(args.minutes * 60 * rate / (v["batch"] * CONTEXT))
             print(f"{n}: {rate:.0f} tokens/s, {steps} steps in {args.minutes:g} min", flush=True)
             # max_time with 10% to spare: the cosine, not the clock, should end the run
             jobs.append((fit_args(args, n, steps, 1.1 * args.minutes, "run"), log(args, n, "run")))
-        run_together(jobs)
+        run_together(jobs, args.parallel)
         for n in group:
             score(args, n)
 
@@ -160,15 +176,15 @@ def score(args, name: str) -> dict:
     """Bits per byte and token perplexity of `name`'s last checkpoint over the whole validation split."""
     folder = args.out / slug(name)
     checkpoint = find_last_checkpoint(folder / "run" / "lightning_logs")
+    if checkpoint is None:
+        raise SystemExit(f"No last.ckpt under {folder / 'run'}: the variant's run did not save one.")
     v = {**RECIPE, **VARIANTS[name]}
     tokens = tokens_for(args, v["vocab"])
     meta = read_meta(tokens)
     gpt = load_weights(checkpoint).eval()
     blocks = TokenBlocks(tokens / "validation.bin", meta["dtype"], CONTEXT)
     nats, n_tokens, n_bytes = 0.0, 0, 0
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(tokens / meta["tokenizer"])
+    tokenizer = load_tokenizer(str(tokens / meta["tokenizer"]))
     byte_lengths = token_byte_lengths(tokenizer, meta["vocab_size"])
     for start in range(0, len(blocks), 32):
         ids = torch.stack([blocks[i][1] for i in range(start, min(start + 32, len(blocks)))])
@@ -179,7 +195,8 @@ def score(args, name: str) -> dict:
         n_bytes += int(byte_lengths[targets].sum())
     saved = torch.load(checkpoint, map_location="cpu", mmap=True, weights_only=True)
     step, seconds = saved["global_step"], saved["callbacks"]["Timer"]["time_elapsed"]["train"]
-    result = {"variant": name, "minutes": seconds / 60, "steps": step, "tokens": step * v["batch"] * CONTEXT,
+    result = {"variant": name, "budget_minutes": args.minutes, "seed": args.seed, "minutes": seconds / 60,
+              "steps": step, "tokens": step * v["batch"] * CONTEXT,
               "tokens_per_s": step * v["batch"] * CONTEXT / seconds,
               "bits_per_byte": nats / math.log(2) / n_bytes, "perplexity": math.exp(nats / n_tokens),
               "validation_tokens": n_tokens, "validation_bytes": n_bytes}  # fmt: skip
@@ -199,14 +216,14 @@ def token_byte_lengths(tokenizer, vocab_size: int) -> torch.Tensor:
 
 
 def slug(name: str) -> str:
-    return "".join(c if c.isalnum() else "-" for c in name.lower()).replace("--", "-")
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
 def table(results: list[dict], minutes: float) -> str:
-    base = next((r for r in results if r["variant"] == "recipe"), results[0])
+    base = results[0]
     lines = [
-        f"| variant ({minutes:g} min each) | minutes | steps | tokens | tokens/s | bits per byte | vs recipe "
-        "| token ppl |",
+        f"| variant ({minutes:g} min each) | minutes | steps | tokens | tokens/s | bits per byte "
+        f"| vs {base['variant']} | token ppl |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
@@ -222,20 +239,35 @@ def table(results: list[dict], minutes: float) -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--books", required=True, help="folder of .txt books to pretrain on")
-    p.add_argument("--out", default="runs/pretrain-compare", help="everything the runs write")
+    p.add_argument("--out", help="everything the runs write (default runs/pretrain-MINUTESmin)")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS), metavar="NAME",
                    help=f"which to run: {', '.join(VARIANTS)}")  # fmt: skip
     p.add_argument("--minutes", type=float, default=15.0, help="training time of each variant")
     p.add_argument(
         "--parallel", type=int, default=1, help="variants at a time, each on its share of the cores"
     )
-    p.add_argument("--probe-steps", type=int, default=80, help="steps of the probe that times a variant")
+    p.add_argument(
+        "--probe-steps", type=int, default=80, help="steps of the probe that times a variant (>= 20)"
+    )
     p.add_argument("--validation-fraction", type=float, default=0.005, help="of the books (gpt-ft prepare)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--report", help="also write the table as Markdown here")
     args = p.parse_args()
-    args.books, args.out = str(Path(args.books).resolve()), Path(args.out).resolve()
+    if not 1 <= args.parallel <= len(cores()):
+        p.error(f"--parallel {args.parallel}: give 1 to {len(cores())}, the cores this process may use")
+    if args.probe_steps < 20:
+        p.error(
+            f"--probe-steps {args.probe_steps}: at least 20 (it times its second half, 10 steps a window)"
+        )
+    args.books = str(Path(args.books).resolve())
+    args.out = Path(args.out or f"runs/pretrain-{args.minutes:g}min").resolve()
     args.out.mkdir(parents=True, exist_ok=True)
+    for n in args.variants:  # a score of another budget or seed is not this comparison's
+        done = args.out / slug(n) / "score.json"
+        kept = json.loads(done.read_text()) if done.exists() else {}
+        if done.exists() and (kept.get("budget_minutes"), kept.get("seed")) != (args.minutes, args.seed):
+            p.error(f"{done} is of another --minutes or --seed ({kept.get('budget_minutes')}, "
+                    f"{kept.get('seed')}): give another --out")  # fmt: skip
     pretrain(args, args.variants)
     results = [json.loads((args.out / slug(n) / "score.json").read_text()) for n in args.variants]
     text = table(results, args.minutes)

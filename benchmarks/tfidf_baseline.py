@@ -130,6 +130,17 @@ def story_cloze(folder: Path) -> float:
     return 100 * float(np.mean(scores.argmax(axis=1) == right(held_out)))
 
 
+def size(text: str) -> int | str:
+    """A training-set size: a positive whole number, or all."""
+    if text != "all" and not (text.isdigit() and int(text) > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number or 'all'")
+    return text if text == "all" else int(text)
+
+
+def mean_std(values: list[float]) -> str:
+    return f"{statistics.fmean(values):.1f} ± {statistics.stdev(values) if len(values) > 1 else 0.0:.1f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -137,7 +148,7 @@ def main() -> None:
     parser.add_argument("--glue", required=True)
     parser.add_argument("--storycloze", required=True)
     parser.add_argument("--json", default=None, help="also write the scores to this file")
-    parser.add_argument("--train-sizes", type=int, nargs="*", default=[],
+    parser.add_argument("--train-sizes", type=size, nargs="*", default=[],
                         help="learning curves: SST-2, RTE, STS-B on the suite's subsets")  # fmt: skip
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="the subsets' seeds")
     args = parser.parse_args()
@@ -152,10 +163,9 @@ def main() -> None:
         curves = {}
         print("TF-IDF by labelled training examples (dev; mean ± std over seeds " + f"{args.seeds}):")
         for name, card, score in (("SST-2", "sst2", sst2), ("RTE", "rte", rte), ("STS-B", "stsb", stsb)):
-            curves[card] = {n: {seed: score(glue, n, seed) for seed in args.seeds} for n in args.train_sizes}
-            spread = lambda v: statistics.stdev(v) if len(v) > 1 else 0.0  # noqa: E731
-            cells = [f"{n}: {statistics.fmean(v.values()):.1f} ± {spread(list(v.values())):.1f}"
-                     for n, v in curves[card].items()]  # fmt: skip
+            curves[card] = {n: {seed: score(glue, None if n == "all" else n, seed) for seed in args.seeds}
+                            for n in args.train_sizes}  # fmt: skip
+            cells = [f"{n}: {mean_std(list(v.values()))}" for n, v in curves[card].items()]
             print(f"  {name:<6} " + ", ".join(cells))
         if args.json:  # the file `gpt-ft suite --baselines` draws beside the fine-tuned rows
             text = json.dumps({"name": "TF-IDF + linear", "tasks": curves}, indent=2)

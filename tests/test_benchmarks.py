@@ -1,10 +1,11 @@
 """The GPU checklist keeps working on machines without a GPU: on the CPU, quick, the CUDA tests are
 skipped and every figure row runs (in a process of its own, in the background). So does the
-memory benchmark's table, at a tiny shape."""
+memory benchmark's table, at a tiny shape; the pretraining comparison counts bytes right."""
 
 import json
 import re
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -97,11 +98,12 @@ def test_memory_benchmark_prints_a_row_per_configuration(background):
 def test_pretraining_comparison_counts_the_bytes_each_token_decodes_to(tokenizer_dir):
     """bench_pretrain.py's bits per byte divide by the UTF-8 bytes of the text the tokens stand for,
     whatever the vocabulary: accents and dashes split across tokens included, special tokens none."""
-    sys.path.insert(0, "benchmarks")
+    benchmarks = str(Path(__file__).parents[1] / "benchmarks")
+    sys.path.insert(0, benchmarks)
     try:
         from bench_pretrain import token_byte_lengths
     finally:
-        sys.path.remove("benchmarks")
+        sys.path.remove(benchmarks)
     from gpt_ft.data.tokenizer import load_tokenizer
 
     tok = load_tokenizer(tokenizer_dir)

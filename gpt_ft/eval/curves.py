@@ -16,6 +16,12 @@ from typing import Any
 
 from gpt_ft.eval.results import mean_std
 
+Values = dict[int | None, dict[int, float | None]]
+"""Scores by training size (None: the whole split) and seed."""
+
+CURVE_FILE = '{"name": NAME, "tasks": {TASK: {SIZE: {SEED: SCORE}}}}'
+"""A baseline's learning curves as a JSON file (`read_baselines`)."""
+
 MISSING = object()
 """What a curve's `score` callback returns for a run that has not finished."""
 
@@ -87,38 +93,67 @@ def labels_saved(curves: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     }
 
 
-def read_baselines(paths: list[str | Path]) -> dict[str, dict[str, dict[str, Any]]]:
+def read_baselines(paths: list[str | Path], rows: list[str | None]) -> dict[str, dict[str, Values]]:
     """Reference curves to draw beside a suite's rows (dashed where named like TF-IDF), {name:
-    {task: curve}}, from JSON files of {"name": NAME, "tasks": {TASK: {SIZE: {SEED: SCORE}}}}
-    (scores in percent, as `benchmarks/tfidf_baseline.py --train-sizes ... --json FILE` writes).
-    A file that is not one is named in one sentence."""
-    out = {}
+    {task: {size (None: all): {seed: score}}}}, from JSON files of {"name": NAME, "tasks": {TASK:
+    {SIZE: {SEED: SCORE}}}} (scores in percent or null, sizes whole numbers or "all"), as
+    `benchmarks/tfidf_baseline.py --train-sizes ... --json FILE` writes. A file that is not one, or
+    a name already taken by a row or another file, is named in one sentence."""
+    out: dict[str, dict[str, Values]] = {}
     for path in paths:
         try:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
-            name, tasks = data["name"], data["tasks"]
-            out[str(name)] = {
-                str(task): curve(
-                    {
-                        int(size): {int(seed): None if v is None else float(v) for seed, v in seeds.items()}
-                        for size, seeds in points.items()
-                    },
-                    {int(size): int(size) for size in points},
-                )
-                for task, points in tasks.items()
-            }
         except (OSError, UnicodeDecodeError) as e:
             raise ValueError(
                 f"Baseline file {path} cannot be read: {getattr(e, 'strerror', None) or e}."
             ) from None
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise ValueError(
-                f"Baseline file {path} is not a learning curve: expected "
-                '{"name": NAME, "tasks": {TASK: {SIZE: {SEED: SCORE}}}} (' + f"{type(e).__name__}: {e})."
-            ) from None
+        except ValueError as e:
+            raise ValueError(f"Baseline file {path} is not JSON: {e}.") from None
+        if (
+            not isinstance(data, dict)
+            or not isinstance(data.get("name"), str)
+            or not isinstance(data.get("tasks"), dict)
+        ):
+            raise ValueError(f"Baseline file {path} is not a learning curve: expected {CURVE_FILE}.")
+        name = data["name"]
+        if name in out or name in rows:
+            raise ValueError(f"Baseline file {path} names its curve {name!r}, as a row or another file does.")
+        out[name] = {task: _points(path, task, points) for task, points in data["tasks"].items()}
     return out
 
 
-def baseline_curves(baselines: dict[str, dict[str, dict[str, Any]]], task: str) -> dict[str, dict[str, Any]]:
-    """{name: curve} of the baselines that measured `task`."""
-    return {name: tasks[task] for name, tasks in baselines.items() if task in tasks}
+def _points(path: str | Path, task: str, points: Any) -> Values:
+    where = f"Baseline file {path}, task {task}"
+    if not isinstance(points, dict):
+        raise ValueError(f"{where}: expected {{SIZE: {{SEED: SCORE}}}}, got {points!r}.")
+    values: Values = {}
+    for size, seeds in points.items():
+        if size != "all" and not (size.isdigit() and int(size) > 0):
+            raise ValueError(f"{where}: size {size!r} is not a positive whole number or 'all'.")
+        if not isinstance(seeds, dict):
+            raise ValueError(f"{where}, size {size}: expected {{SEED: SCORE}}, got {seeds!r}.")
+        for seed, score in seeds.items():
+            if not seed.isdigit() or not (score is None or isinstance(score, (int, float))):
+                raise ValueError(
+                    f"{where}, size {size}: seed {seed!r} with score {score!r} is not SEED: SCORE."
+                )
+        values[None if size == "all" else int(size)] = {int(k): v for k, v in seeds.items()}
+    return values
+
+
+def baseline_curves(
+    baselines: dict[str, dict[str, Values]], task: str, sizes: list[int | None], seeds: list[int]
+) -> dict[str, dict[str, Any]]:
+    """{name: curve} of the baselines that measured `task`, on the suite's sizes and seeds only (the
+    same subsets as its rows)."""
+    out = {}
+    for name, tasks in baselines.items():
+        values = {
+            size: {seed: v for seed, v in by_seed.items() if seed in seeds}
+            for size, by_seed in tasks.get(task, {}).items()
+            if size in sizes
+        }
+        values = {size: by_seed for size, by_seed in values.items() if by_seed}
+        if values:
+            out[name] = curve(values, {size: size for size in values})
+    return out

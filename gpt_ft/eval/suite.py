@@ -95,7 +95,7 @@ class SuiteRunner:
         train_sizes: list[int | str] | None = None,
         baselines: list[str] | None = None,
     ) -> None:
-        self.spec, self.baselines = spec, read_baselines(baselines or [])
+        self.spec, self.baselines = spec, read_baselines(baselines or [], list(spec.rows or []))
         sizes = train_sizes if train_sizes is not None else spec.train_sizes
         self.sizes: list[int | None] = [None if s == "all" else int(s) for s in sizes or ["all"]]
         self.rows: list[str | None] = list(spec.rows or [None])
@@ -348,7 +348,7 @@ class SuiteRunner:
             return len(load_split(task, "train", self.data_dirs.get(name, self.data_dirs.get(None))))
 
         curves = collect_curves(score, self.rows, self.sizes, self.seeds, whole)
-        return {**curves, **baseline_curves(self.baselines, name)}
+        return {**curves, **baseline_curves(self.baselines, name, self.sizes, self.seeds)}
 
     def write_submission(self, results: dict[str, Any], log=print) -> Path:
         """Each task's predictions from its best seed, gathered and zipped; missing files warned of."""

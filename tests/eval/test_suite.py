@@ -4,6 +4,7 @@ zero-shot scoring and the transfer sweep through the suite."""
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import zipfile
 
@@ -273,22 +274,43 @@ min_steps: 3
 
     calls.clear()
     baseline = tmp_path / "tfidf.json"  # a curve measured elsewhere on the same subsets, drawn beside
-    baseline.write_text(json.dumps({"name": "TF-IDF + linear", "tasks": {"sent": {"2": {"0": 50, "1": 70}}}}))
+    points = {
+        "2": {"0": 50, "1": 70},
+        "3": {"0": 55},
+        "all": {"0": 80.5},
+    }  # seed 1 and size 3: not the suite's
+    baseline.write_text(json.dumps({"name": "TF-IDF + linear", "tasks": {"sent": points, "other": {}}}))
     main([*argv[:5], f"--baselines={baseline}", *argv[5:]])
     assert calls == []  # nothing run again
     curves = json.loads((out / "results.json").read_text())["tasks"]["sent"]["curves"]
     assert list(curves) == ["pretrained", "from scratch", "TF-IDF + linear"]
-    assert curves["TF-IDF + linear"]["2"] == {"examples": 2, "seeds": {"0": 50.0, "1": 70.0}, "mean": 60.0,
-                                              "std": pytest.approx(14.1421356)}  # fmt: skip
-    assert "| TF-IDF + linear | 60.0 ± 14.1 | – |" in (out / "results.md").read_text()
+    assert curves["TF-IDF + linear"]["2"] == {"examples": 2, "seeds": {"0": 50.0}, "mean": 50.0, "std": 0.0}
+    assert (
+        list(curves["TF-IDF + linear"]) == ["2", "all"] and curves["TF-IDF + linear"]["all"]["mean"] == 80.5
+    )
+    assert "| TF-IDF + linear | 50.0 | 80.5 |" in (out / "results.md").read_text()
 
 
 @pytest.mark.parametrize(
     "text, words",
     [
-        ("{", "is not a learning curve: expected"),
-        ('{"name": "x", "tasks": {"sent": {"many": {"0": 1}}}}', "ValueError: invalid literal for int()"),
-        ('{"tasks": {}}', "KeyError: 'name'"),
+        ("{", "is not JSON: Expecting property name"),
+        (
+            '{"tasks": {}}',
+            'is not a learning curve: expected {"name": NAME, "tasks": {TASK: {SIZE: {SEED: SCORE}}}}.',
+        ),
+        (
+            '{"name": "x", "tasks": {"sent": {"many": {"0": 1}}}}',
+            "task sent: size 'many' is not a positive whole",
+        ),
+        (
+            '{"name": "x", "tasks": {"sent": {"2": {"0": "high"}}}}',
+            "size 2: seed '0' with score 'high' is not",
+        ),
+        (
+            '{"name": "pretrained", "tasks": {}}',
+            "names its curve 'pretrained', as a row or another file does.",
+        ),
         (None, "cannot be read: No such file or directory"),
     ],
 )
@@ -298,8 +320,8 @@ def test_a_baseline_file_that_is_not_a_curve_is_named(tmp_path, text, words):
     path = tmp_path / "b.json"
     if text is not None:
         path.write_text(text)
-    with pytest.raises(ValueError, match=f"^Baseline file {path} ") as e:
-        read_baselines([path])
+    with pytest.raises(ValueError, match=f"^Baseline file {re.escape(str(path))}") as e:
+        read_baselines([path], ["pretrained", "from scratch"])
     assert words in str(e.value)
 
 
