@@ -41,9 +41,8 @@ from gpt_ft.data.tokenizer import load_tokenizer
 from gpt_ft.model.weights import load_weights
 from gpt_ft.training.checkpointing import find_last_checkpoint
 
-# The laptop recipe (benchmarks/laptop_gpt1.sh) as it was before this comparison moved it to Muon:
-# gpt-mini (4 layers, 256 wide) with pre-LN blocks, a byte-level BPE of 8192 tokens, 16 sequences of
-# 256 tokens a step, AdamW at 1e-3, 200 warmup steps.
+# The laptop recipe (benchmarks/laptop_gpt1.sh): gpt-mini (4 layers, 256 wide) with pre-LN blocks,
+# a byte-level BPE of 8192 tokens, 16 sequences of 256 tokens a step, AdamW at 1e-3, 200 warmup steps.
 RECIPE = dict(
     vocab=8192, batch=16, shape="pre_ln: true", optimizer="adamw", lr=1e-3, warmup_tokens=200 * 16 * 256
 )
