@@ -57,6 +57,11 @@ VARIANTS = {
 CONTEXT = 256
 
 
+def settings(name: str) -> dict:
+    """Variant `name`'s settings: the recipe's, with its changes."""
+    return {**RECIPE, **VARIANTS[name]}
+
+
 def tokens_for(args, vocab: int) -> Path:
     """The books as tokens of a byte-level BPE of `vocab` tokens trained on them (made once)."""
     folder = args.out / f"vocab-{vocab}"
@@ -83,7 +88,7 @@ def log(args, name: str, stage: str) -> Path:
 
 def fit_args(args, name: str, steps: int, minutes: float, stage: str) -> list[str]:
     """`gpt-ft fit`'s arguments for variant `name`, writing under OUT/NAME/STAGE."""
-    v = {**RECIPE, **VARIANTS[name]}
+    v = settings(name)
     t = math.ceil(minutes * 60)
     return [
         "fit",
@@ -121,7 +126,8 @@ def cores() -> list[int | None]:
 def run_together(jobs: list[tuple[list[str], Path]], parallel: int) -> None:
     """`gpt-ft ARGS` for each job at once, job i on the i-th 1/`parallel` of the cores (pinned with
     `taskset` where there is one, one thread per core); every job's output goes to its log."""
-    mine, share = cores(), len(cores()) // parallel
+    mine = cores()
+    share = len(mine) // parallel
     procs = []
     for i, (argv, out) in enumerate(jobs):
         pin = mine[i * share : (i + 1) * share]
@@ -146,7 +152,7 @@ def pretrain(args, names: list[str]) -> None:
             f"The Muon variants need torch.optim.Muon (torch >= 2.9); this is torch {torch.__version__}."
         )
     for n in todo:  # the tokens first, one at a time (the tokenizer uses every core)
-        tokens_for(args, {**RECIPE, **VARIANTS[n]}["vocab"])
+        tokens_for(args, settings(n)["vocab"])
     for i in range(0, len(todo), args.parallel):
         group = todo[i : i + args.parallel]
         for n in group:
@@ -160,7 +166,7 @@ def pretrain(args, names: list[str]) -> None:
             if not rates:
                 raise SystemExit(f"The probe logged no tokens/s: see {log(args, n, 'probe')}.")
             rate = statistics.median(rates[len(rates) // 2 :])  # the warm half of the probe
-            v = {**RECIPE, **VARIANTS[n]}
+            v = settings(n)
             steps = int(args.minutes * 60 * rate / (v["batch"] * CONTEXT))
             print(f"{n}: {rate:.0f} tokens/s, {steps} steps in {args.minutes:g} min", flush=True)
             # max_time with 10% to spare: the cosine, not the clock, should end the run
@@ -177,7 +183,7 @@ def score(args, name: str) -> dict:
     checkpoint = find_last_checkpoint(folder / "run" / "lightning_logs")
     if checkpoint is None:
         raise SystemExit(f"No last.ckpt under {folder / 'run'}: the variant's run did not save one.")
-    v = {**RECIPE, **VARIANTS[name]}
+    v = settings(name)
     tokens = tokens_for(args, v["vocab"])
     meta = read_meta(tokens)
     gpt = load_weights(checkpoint).eval()
