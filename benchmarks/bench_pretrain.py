@@ -38,7 +38,7 @@ from harness import ROOT, gpt_ft, metrics_rows
 from gpt_ft.data.lm_data import TokenBlocks
 from gpt_ft.data.prepare import read_meta
 from gpt_ft.data.tokenizer import load_tokenizer
-from gpt_ft.model.weights import load_weights
+from gpt_ft.model import GPT
 from gpt_ft.training.checkpointing import find_last_checkpoint
 
 # The laptop recipe (benchmarks/laptop_gpt1.sh): gpt-mini (4 layers, 256 wide) with pre-LN blocks,
@@ -186,7 +186,7 @@ def score(args, name: str) -> dict:
     v = settings(name)
     tokens = tokens_for(args, v["vocab"])
     meta = read_meta(tokens)
-    gpt = load_weights(checkpoint).eval()
+    gpt = GPT.from_pretrained(checkpoint).eval()
     blocks = TokenBlocks(tokens / "validation.bin", meta["dtype"], CONTEXT)
     nats, n_tokens, n_bytes = 0.0, 0, 0
     tokenizer = load_tokenizer(str(tokens / meta["tokenizer"]))

@@ -20,7 +20,14 @@ from torch import Tensor
 
 from gpt_ft.adapters.heads import TaskHead
 from gpt_ft.adapters.metrics import Scoring
-from gpt_ft.adapters.outputs import CardError, ClassificationOutput, LabelSpec, RegressionOutput, TaskOutput
+from gpt_ft.adapters.outputs import (
+    CardError,
+    ClassificationOutput,
+    LabelSpec,
+    RegressionOutput,
+    TaskDataError,
+    TaskOutput,
+)
 from gpt_ft.adapters.sources import HubDataset, LocalFiles, Sources
 
 
@@ -34,15 +41,29 @@ class Encoded:
 
 
 def fit_lengths(lengths: list[int], budget: int) -> list[int]:
-    """Shorten the longest texts first until the total fits `budget` tokens.
+    """The lengths texts are cut to so that together they fit `budget` tokens: transformers'
+    `truncation="longest_first"` (the `tokenizers` library's), so that a tokenizer exported with the
+    input transform (`gpt-ft export`) keeps token for token what training kept.
 
-    Returns the new lengths, as if one token at a time were cut from the longest text, ties cutting
-    the later text (as transformers' `longest_first`): [10, 3, 7] with budget 12 gives [5, 3, 4].
+    One text is cut to the budget. Of two, the shorter keeps up to half the budget (rounded down),
+    the other the rest; when both are longer, the first text gets the smaller half: [9, 9] with
+    budget 5 gives [2, 3], [40, 30] with 62 gives [32, 30], [3, 9] with 8 gives [3, 5]. Three or more
+    texts (no tokenizer cuts those) lose one token at a time from the longest, ties cutting the
+    later text: [10, 3, 7] with budget 12 gives [5, 3, 4].
     """
     if budget < 0:
         raise ValueError(f"No room for text: the special tokens alone exceed the maximum length ({budget}).")
     if sum(lengths) <= budget:
         return list(lengths)
+    if len(lengths) == 1:
+        return [budget]
+    if len(lengths) == 2:
+        first, second = lengths
+        if first > second:
+            kept = min(second, budget // 2)
+            return [budget - kept, kept]
+        kept = min(first, budget // 2)
+        return [kept, budget - kept]
     # Find the largest cap c with sum(min(l, c)) <= budget, then hand leftover tokens to the
     # longest texts (earliest first), which is what cutting one token at a time from the longest gives.
     lo, hi = 0, max(lengths)
@@ -104,6 +125,9 @@ class TaskAdapter:
     shares_context: ClassVar[bool] = False
     """An example's sequences start with the same `[start] context [delim]` (multiple choice), so
     the context can run once for all of them (`--data.shared_context`)."""
+    pair_in_both_orders: ClassVar[bool] = False
+    """An example is one pair read in both orders, their states added (similarity): an exported
+    model builds the second order from the first itself."""
     choices_in_examples: ClassVar[bool] = False
     """Each example carries its own answer choices (multiple choice): zero-shot scoring ranks them
     by likelihood; other shapes need a verbalizer or threshold method from the suite file."""
@@ -298,6 +322,43 @@ class TaskAdapter:
     def texts(self, example: dict[str, Any]) -> list[str]:
         """The texts of one example to tokenize, in the order `encode` reads their tokens."""
         return [field_text(example[f]) for f in self.text_fields()]
+
+    def encode_examples(
+        self, examples: list[dict[str, Any]], tokenizer, specials, max_length: int, *, where=None
+    ) -> list[Encoded]:
+        """The one path from examples to tokens, taken by the data module, `Classifier` and export:
+        every example's `texts`, tokenized in one call without special tokens, then each example
+        framed and cut by `encode` (cut as the tokenizer's `longest_first` would: `fit_lengths`).
+
+        A missing field or a bad value is a `TaskDataError` naming the example: `where(i)` (default
+        "example i").
+        """
+        name = where or (lambda i: f"example {i}")
+        texts = []
+        for i, example in enumerate(examples):
+            try:
+                texts.append(self.texts(example))
+            except KeyError as exc:
+                raise TaskDataError(f"{name(i)} has no field {exc.args[0]!r} (task {self.name!r}).") from None
+            except TaskDataError as exc:
+                raise TaskDataError(f"{name(i)}: {exc}") from None
+        flat = [t for example_texts in texts for t in example_texts]
+        ids = tokenizer(flat, add_special_tokens=False)["input_ids"] if flat else []
+        encoded, start = [], 0
+        for i, (example, example_texts) in enumerate(zip(examples, texts)):
+            tokens, start = ids[start : start + len(example_texts)], start + len(example_texts)
+            try:
+                encoded.append(self.encode(example, tokens, specials, max_length))
+            except TaskDataError as exc:
+                raise TaskDataError(f"{name(i)}: {exc}") from None
+        return encoded
+
+    def template(self, specials) -> tuple[str, str]:
+        """GPT-1's input transform as a tokenizer's post-processing templates (single, pair) over
+        the special tokens' names: what `_sequence` builds, for a tokenizer that frames texts
+        itself (`gpt-ft export`)."""
+        start, delim, extract = specials
+        return f"{start} $A {extract}", f"{start} $A {delim} $B {extract}"
 
     def encode(self, example: dict[str, Any], tokens: list[list[int]], specials, max_length: int) -> Encoded:
         """Build the token sequences of one example.

@@ -56,6 +56,7 @@ class Similarity(TextPair):
     """
 
     num_sequences = 2
+    pair_in_both_orders = True
 
     def __init__(self, *, first: str = "sentence1", second: str = "sentence2", **kwargs) -> None:
         """

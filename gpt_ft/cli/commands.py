@@ -1,28 +1,102 @@
 """The functions behind `gpt-ft`'s commands (the table is `gpt_ft.cli.main.COMMANDS`).
 
-`fit`, `validate`, `test` and `predict` go to the LightningCLI (gpt_ft/cli/lightning.py); the others
-parse their own arguments with jsonargparse (signatures are the schema). Each raises ValueError or
+`fit`, `validate`, `test` and `predict` go to the LightningCLI (gpt_ft/cli/lightning.py). Every other
+command is a typed function (here, in gpt_ft/cli/explain.py, or where its work is: `generate` in
+gpt_ft/eval/generation.py), and `run` runs it: jsonargparse builds its parser from the signature and
+the docstring's `Args:` (each option's `--help`, with `--config FILE` and `--print_config`), parses
+the arguments, builds the classes they name and calls it. Each raises ValueError or
 FileNotFoundError for bad input; `gpt_ft.cli.main` turns those into one line and exit code 2.
 """
 
 from __future__ import annotations
 
-import json
+import inspect
+from collections.abc import Callable
+from json import dumps
 from typing import Any, Literal
 
-from jsonargparse import ActionConfigFile, ArgumentParser
+from jsonargparse import Namespace, auto_parser
 
-from gpt_ft.cli.cards import cards_replace_cards
 from gpt_ft.errors import check_output_dir, check_output_file
-from gpt_ft.model.weights import load_weights, resolve_tokenizer
+
+BOOL_WORDS = ("true", "false", "yes", "no", "null")
+NO_VALUE = ("-h", "--help", "--print_config")  # options that take no value after them
 
 
-def command_parser(name: str, description: str) -> ArgumentParser:
-    """A command's parser; `--config FILE` takes its arguments from YAML and `--print_config`
-    shows them parsed, running nothing."""
-    parser = ArgumentParser(prog=f"gpt-ft {name}", description=description, exit_on_error=False)
-    parser.add_argument("--config", action=ActionConfigFile, help="arguments from a YAML file")
-    return parser
+def run(
+    function: Callable[..., None],
+    name: str,
+    argv: list[str],
+    *,
+    defaults: dict[str, Any] | None = None,
+    settle: Callable[[Namespace], None] | None = None,
+    rest: str | None = None,
+) -> None:
+    """`gpt-ft NAME ARGV` of a typed function: its parser comes from its signature and docstring.
+
+    Args:
+        function: The command: typed parameters, a Google-style docstring whose `Args:` are the help.
+        name: The command's name, for its usage line.
+        argv: The arguments after the command's name.
+        defaults: Defaults the signature cannot state (a class_path).
+        settle: Sees the parsed arguments before the classes they name are built.
+        rest: The list parameter that takes what follows `--`.
+    """
+    parser = auto_parser(function, prog=f"gpt-ft {name}", exit_on_error=False, set_defaults=defaults)
+    cfg = parser.parse_args(jsonargparse_syntax(argv, function, rest=rest))
+    if settle is not None:
+        settle(cfg)
+    arguments = parser.instantiate(cfg)
+    arguments.pop("config", None)
+    function(**arguments)
+
+
+def jsonargparse_syntax(argv: list[str], function: Callable, *, rest: str | None = None) -> list[str]:
+    """`argv`, written as for argparse, in the syntax jsonargparse reads for `function`'s parameters.
+
+    The one place a command line is rewritten. jsonargparse builds no `nargs` from a signature
+    (omni-us/jsonargparse#550) and wants a bool's value (omni-us/jsonargparse#355), so a list
+    positional's values (`gpt-ft prepare a.txt books/`; none: `[]`) and a list option's (`--seeds 0 1`)
+    become one JSON list, a bool option given alone (`--json`) becomes `--json=true`, and with
+    `rest`, what follows `--` becomes that list parameter's value.
+    """
+    params = inspect.signature(function).parameters
+    # The annotations as written (`from __future__ import annotations`): "list[int] | None".
+    types = {f"--{name}": {t.strip() for t in str(p.annotation).split("|")} for name, p in params.items()}
+    lists = tuple(option for option, ts in types.items() if any(t.startswith(("list", "tuple")) for t in ts))
+    flags = {option for option, ts in types.items() if "bool" in ts}
+    positional = next(
+        (f"--{n}" for n, p in params.items() if p.kind is p.POSITIONAL_OR_KEYWORD and p.default is p.empty),
+        None,
+    )
+    positional = positional if positional in lists else None  # a positional of one value needs nothing
+    tail: list[str] = []
+    if rest is not None and "--" in argv:
+        cut = argv.index("--")
+        argv, tail = argv[:cut], [f"--{rest}={dumps(argv[cut + 1 :])}"]
+    argv = _repeatable(argv, tuple(option for option in lists if option != positional))
+    out: list[str] = []
+    values: list[str] = []
+    at = 0  # where the positional's values begin: a config file after them overrides them, as in argparse
+    i = 0
+    while i < len(argv):
+        arg, following = argv[i], argv[i + 1] if i + 1 < len(argv) else None
+        if arg in flags and (following is None or following.lower() not in BOOL_WORDS):
+            out.append(f"{arg}=true")
+        elif positional and not arg.startswith("-"):
+            if not values:
+                at = len(out)
+            values.append(arg)
+        elif arg.startswith("--") and "=" not in arg and arg not in NO_VALUE and following is not None:
+            out += [arg, following]  # an option and its value, which may look like a positional
+            i += 1
+        else:
+            out.append(arg)
+        i += 1
+    if positional:
+        given_as_list = len(values) == 1 and values[0].lstrip().startswith("[")
+        out.insert(at, values[0] if given_as_list else dumps(values))
+    return out + tail
 
 
 def lightning(subcommand: str, argv: list[str]) -> None:
@@ -32,334 +106,226 @@ def lightning(subcommand: str, argv: list[str]) -> None:
     lightning_main([subcommand, *argv])
 
 
-def explain(argv: list[str]) -> None:
-    """Print example `--index` of `--split` as the model sees it."""
-    from gpt_ft.cli.lightning import refuse_nulls
-    from gpt_ft.data.task_data import TaskDataModule
+def prepare(
+    inputs: list[str],
+    *,
+    out_dir: str,
+    tokenizer: str,
+    dataset: str | None = None,
+    dataset_split: str = "train",
+    text_field: str = "text",
+    split_on: Literal["file", "blank_line", "line"] = "file",
+    validation_fraction: float = 0.005,
+    piece_chars: int = 1 << 16,
+    workers: int = 1,
+) -> None:
+    """Tokenize a corpus into train/validation token files for pretraining (see gpt_ft/data/prepare.py).
 
-    parser = command_parser("explain", "Print one example as the model sees it.")
-    parser.add_subclass_arguments(TaskDataModule, "data", required=True)
-    parser.set_defaults({"data": {"class_path": "gpt_ft.data.task_data.TaskDataModule"}})
-    # The rest of a fit config is accepted and ignored, so `explain` takes the very same files.
-    for section in ("model", "trainer", "optimizer", "lr_scheduler", "seed_everything", "ckpt_path"):
-        parser.add_argument(f"--{section}", type=Any, default=None, help="(ignored)")
-    parser.add_argument("--split", default="train", help="split name, e.g. train, validation")
-    parser.add_argument("--index", type=int, default=0, help="example number within the split")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
-    cfg = parser.parse_args(cards_replace_cards(argv))
-    refuse_nulls(cfg)
-    init_from = (cfg.model or {}).get("init_from")
-    cfg.data.init_args.tokenizer = resolve_tokenizer(cfg.data.init_args.tokenizer, init_from, option=None)
-    data = parser.instantiate(cfg).data
-    shown = data.explain(cfg.split, cfg.index)
-    if cfg.json:
-        print(json.dumps(shown, ensure_ascii=False))
-        return
-    print(f"task {data.task.name}, split {cfg.split}, example {cfg.index}: label {shown['label']!r}")
-    for i, seq in enumerate(shown["sequences"]):
-        k = seq["extract_index"]
-        print(f"sequence {i} ({len(seq['ids'])} tokens, extract at {k}):")
-        print("  " + " ".join(seq["tokens"]))
-        print("  " + " ".join(str(t) for t in seq["ids"]))
+    Args:
+        inputs: Text files and folders of them (searched recursively), one after another (`a.txt
+            books/`); none with --dataset.
+        out_dir: Output folder (created; must be empty or an earlier output of this command).
+        tokenizer: Tokenizer folder or hub id (e.g. the GPT-1 or GPT-2 BPE folder).
+        dataset: Instead of files, a `datasets` dataset: a local path or, online, a hub id.
+        dataset_split: The dataset's split to read.
+        text_field: The dataset's text column.
+        split_on: What one document is: a `file`, a `blank_line`-separated block, or a `line`.
+        validation_fraction: Share of pieces written to validation.bin.
+        piece_chars: Characters per piece (the unit of the train/validation split).
+        workers: Tokenizer threads (1: tokenize in this thread only).
+    """
+    from gpt_ft.data.prepare import prepare as tokenize_corpus
 
-
-def prepare(argv: list[str]) -> None:
-    """Tokenize a corpus into train/validation token files (see gpt_ft/data/prepare.py)."""
-    from gpt_ft.data import prepare as prep
-
-    parser = command_parser("prepare", prep.__doc__.split("\n\n")[0])
-    parser.add_argument("inputs", nargs="*", help="text files or folders of them")
-    parser.add_function_arguments(prep.prepare, skip={"files", "progress"})
-    cfg = parser.parse_args(argv)
-    check_output_dir(cfg.out_dir, "--out_dir")
-    kwargs = {k: v for k, v in vars(cfg).items() if k not in ("inputs", "config", "__path__")}
-    meta = prep.prepare(files=cfg.inputs, **kwargs)
+    check_output_dir(out_dir, "--out_dir")
+    meta = tokenize_corpus(
+        out_dir,
+        tokenizer,
+        files=inputs,
+        dataset=dataset,
+        dataset_split=dataset_split,
+        text_field=text_field,
+        split_on=split_on,
+        validation_fraction=validation_fraction,
+        piece_chars=piece_chars,
+        workers=workers,
+    )
     t = meta["tokens"]
     rate = (t["train"] + t["validation"]) / max(meta["seconds"], 1e-9)
     print(
         f"wrote {t['train']:,} train and {t['validation']:,} validation tokens ({meta['dtype']}, "
-        f"{meta['documents']:,} documents) to {cfg.out_dir} in {meta['seconds']:.1f} s ({rate:,.0f} tokens/s)"
+        f"{meta['documents']:,} documents) to {out_dir} in {meta['seconds']:.1f} s ({rate:,.0f} tokens/s)"
     )
 
 
-def tokenizer(argv: list[str]) -> None:
-    """Train a byte-level BPE tokenizer (with the GPT-1 special tokens) on text files."""
+def tokenizer(inputs: list[str], *, vocab_size: int, out_dir: str, min_frequency: int = 2) -> None:
+    """Train a byte-level BPE tokenizer (with the GPT-1 special tokens) on text files.
+
+    Args:
+        inputs: Text files and folders of them (searched recursively), one after another (`a.txt
+            books/`).
+        vocab_size: Vocabulary size, special tokens included.
+        out_dir: Folder for the tokenizer (AutoTokenizer loads it).
+        min_frequency: Least count of a pair to merge.
+    """
     from gpt_ft.data.prepare import find_files
     from gpt_ft.data.tokenizer import train_tokenizer
 
-    parser = command_parser("tokenizer", "Train a byte-level BPE tokenizer on text files.")
-    parser.add_argument("inputs", nargs="+", help="text files or folders of them")
-    parser.add_argument(
-        "--vocab_size", type=int, required=True, help="vocabulary size, special tokens included"
-    )
-    parser.add_argument("--out_dir", required=True, help="folder for the tokenizer (AutoTokenizer loads it)")
-    parser.add_argument("--min_frequency", type=int, default=2, help="least count of a pair to merge")
-    cfg = parser.parse_args(argv)
-    check_output_dir(cfg.out_dir, "--out_dir")
-    tok = train_tokenizer(
-        find_files(cfg.inputs), cfg.vocab_size, cfg.out_dir, min_frequency=cfg.min_frequency
-    )
-    print(f"trained a {len(tok)}-token byte-level BPE tokenizer into {cfg.out_dir}")
+    check_output_dir(out_dir, "--out_dir")
+    tok = train_tokenizer(find_files(inputs), vocab_size, out_dir, min_frequency=min_frequency)
+    print(f"trained a {len(tok)}-token byte-level BPE tokenizer into {out_dir}")
 
 
-def generate(argv: list[str]) -> None:
-    """Continue a prompt with a gpt_ft checkpoint or a transformers directory, streaming tokens."""
-    import sys
+def export(*, ckpt_path: str, out: str, format: Literal["transformers", "onnx"] = "transformers") -> None:
+    """Write a fine-tuned classifier as a standard transformers folder, or as ONNX.
 
-    import torch
+    Args:
+        ckpt_path: A fine-tuned checkpoint of gpt-ft fit.
+        out: A new (or empty) folder.
+        format: transformers (a folder for pipelines) or onnx (config, tokenizer and model.onnx).
+    """
+    from gpt_ft.eval.export import export_checkpoint
 
-    from gpt_ft.data.tokenizer import load_tokenizer
-    from gpt_ft.training.precision import cpu_precision
-
-    parser = command_parser("generate", "Continue a prompt with a trained model.")
-    parser.add_argument("--ckpt_path", required=True, help="a gpt_ft .ckpt or a transformers directory")
-    parser.add_argument("--prompt", required=True)
-    parser.add_argument("--tokenizer", default=None, help="default: the one saved with the checkpoint")
-    parser.add_argument("--max_new_tokens", type=int, default=100)
-    parser.add_argument("--do_sample", type=bool, default=False, help="sample instead of greedy decoding")
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--top_k", type=int | None, default=None)
-    parser.add_argument("--top_p", type=float | None, default=None)
-    parser.add_argument("--num_beams", type=int, default=1, help="beam search when > 1 (printed at the end)")
-    parser.add_argument("--length_penalty", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument(
-        "--precision",
-        choices=["32-true", "bf16-mixed", "bf16-true"],
-        default="32-true",
-        help="bf16-mixed: fp32 weights, bf16 matrix products; bf16-true: bf16 weights and KV cache",
-    )
-    cfg = parser.parse_args(argv)
-    if cfg.max_new_tokens < 1:
-        raise ValueError(f"--max_new_tokens must be >= 1, got {cfg.max_new_tokens}.")
-    precision = cfg.precision
-    if torch.device(cfg.device).type == "cpu":
-        precision, why = cpu_precision(precision)
-        if why:
-            print(why, file=sys.stderr, flush=True)
-    tok = load_tokenizer(resolve_tokenizer(cfg.tokenizer, cfg.ckpt_path))
-    gpt = load_weights(cfg.ckpt_path).to(cfg.device).eval()
-    if precision == "bf16-true":
-        gpt = gpt.to(torch.bfloat16)
-    autocast = torch.autocast(
-        torch.device(cfg.device).type, torch.bfloat16, enabled=precision == "bf16-mixed"
-    )
-    with autocast:
-        _generate(cfg, tok, gpt)
+    written = export_checkpoint(ckpt_path, out, format=format)  # the folder checked before the weights load
+    loads = "onnxruntime loads model.onnx" if format == "onnx" else "pipeline('text-classification') loads it"
+    print(f"wrote {written}: {loads}")
 
 
-def _generate(cfg, tok, gpt) -> None:
-    import sys
+def calibrate(
+    *,
+    ckpt_path: str,
+    output: str,
+    split: str | None = None,
+    data_dir: str | None = None,
+    overwrite: bool = False,
+) -> None:
+    """Fit a fine-tuned classifier's temperature on a validation split; write a new checkpoint.
 
-    import torch
-
-    ids = tok(cfg.prompt, add_special_tokens=False)["input_ids"]
-    if not ids:
-        raise ValueError("--prompt is empty: give some text to continue.")
-    context = gpt.config.n_positions
-    if len(ids) >= context:  # refused rather than cut: what the model continues is what was typed
-        raise ValueError(
-            f"--prompt is {len(ids)} tokens and the model's context is {context} (n_positions), leaving "
-            f"no room for a new token: shorten it by at least {len(ids) - context + 1} tokens."
-        )
-    prompt = torch.tensor([ids], device=cfg.device)
-    max_new = min(cfg.max_new_tokens, context - len(ids))
-    eos = tok.eos_token_id
-    print(cfg.prompt, end="", flush=True)
-    if cfg.num_beams > 1:
-        out = gpt.generate(
-            prompt,
-            max_new_tokens=max_new,
-            num_beams=cfg.num_beams,
-            length_penalty=cfg.length_penalty,
-            eos_token_id=eos,
-        )
-        print(tok.decode(out[0, len(ids) :].tolist(), skip_special_tokens=True), flush=True)
-        return
-    generator = torch.Generator(cfg.device).manual_seed(cfg.seed)
-    new: list[int] = []
-    shown = ""
-    for token in gpt.stream(
-        prompt,
-        max_new_tokens=max_new,
-        do_sample=cfg.do_sample,
-        temperature=cfg.temperature,
-        top_k=cfg.top_k,
-        top_p=cfg.top_p,
-        eos_token_id=eos,
-        generator=generator,
-    ):
-        if eos is not None and int(token[0]) == eos:
-            break
-        new.append(int(token[0]))
-        text = tok.decode(new, skip_special_tokens=True)
-        sys.stdout.write(text[len(shown) :])  # print what the new token added, as it comes
-        sys.stdout.flush()
-        shown = text
-    print()
-
-
-def export(argv: list[str]) -> None:
-    """Write a fine-tuned checkpoint as a transformers folder, or as ONNX."""
-    from gpt_ft.eval.export import FORMATS, check_format, check_new_folder, export_checkpoint
-
-    parser = command_parser("export", "Write a fine-tuned classifier as a standard transformers folder.")
-    parser.add_argument("--ckpt_path", required=True, help="a fine-tuned checkpoint of gpt-ft fit")
-    parser.add_argument("--out", required=True, help="a new (or empty) folder")
-    parser.add_argument(
-        "--format",
-        choices=list(FORMATS),
-        default="transformers",
-        help="transformers (a folder for pipelines) or onnx (config, tokenizer and model.onnx)",
-    )
-    cfg = parser.parse_args(argv)
-    check_new_folder(cfg.out, "--out")  # before the weights load
-    check_format(cfg.format)
-    out = export_checkpoint(cfg.ckpt_path, cfg.out, format=cfg.format)
-    loads = (
-        "onnxruntime loads model.onnx" if cfg.format == "onnx" else "pipeline('text-classification') loads it"
-    )
-    print(f"wrote {out}: {loads}")
-
-
-def calibrate(argv: list[str]) -> None:
-    """Fit a fine-tuned classifier's temperature on a validation split; write a new checkpoint."""
+    Args:
+        ckpt_path: A fine-tuned checkpoint of gpt-ft fit.
+        output: The calibrated checkpoint (a new file).
+        split: Default: the card's first validation split.
+        data_dir: Default: the one the checkpoint was trained on.
+        overwrite: Replace --output if it exists.
+    """
     from pathlib import Path
 
     from gpt_ft.eval import calibration
 
-    parser = command_parser("calibrate", "Fit a classifier's temperature on a validation split.")
-    parser.add_argument("--ckpt_path", required=True, help="a fine-tuned checkpoint of gpt-ft fit")
-    parser.add_argument("--output", required=True, help="the calibrated checkpoint (a new file)")
-    parser.add_argument("--split", default=None, help="default: the card's first validation split")
-    parser.add_argument("--data_dir", default=None, help="default: the one the checkpoint was trained on")
-    parser.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
-    cfg = parser.parse_args(argv)
-    if Path(cfg.output).expanduser().resolve() == Path(cfg.ckpt_path).expanduser().resolve():
-        raise ValueError(f"--output {cfg.output} is the checkpoint itself: give another name, it is kept.")
-    check_output_file(cfg.output, "--output", overwrite=cfg.overwrite)  # before any work
-    found = calibration.calibrate(cfg.ckpt_path, cfg.output, split=cfg.split, data_dir=cfg.data_dir)
+    if Path(output).expanduser().resolve() == Path(ckpt_path).expanduser().resolve():
+        raise ValueError(f"--output {output} is the checkpoint itself: give another name, it is kept.")
+    check_output_file(output, "--output", overwrite=overwrite)  # before any work
+    found = calibration.calibrate(ckpt_path, output, split=split, data_dir=data_dir)
     print(
         f"temperature {found['temperature']:.4f}: expected calibration error {found['ece_before']:.4f} -> "
-        f"{found['ece_after']:.4f}; wrote {cfg.output}"
+        f"{found['ece_after']:.4f}; wrote {output}"
     )
 
 
-def label(argv: list[str]) -> None:
-    """Label the examples of a csv/tsv/jsonl file with a fine-tuned checkpoint."""
+def label(
+    *,
+    ckpt_path: str,
+    input: str,
+    output: str,
+    overwrite: bool = False,
+    batch_size: int = 32,
+    device: str | None = None,
+) -> None:
+    """Write each example of a file again with the fine-tuned model's prediction beside it.
+
+    Args:
+        ckpt_path: A fine-tuned checkpoint of gpt-ft fit.
+        input: csv, tsv, json/jsonl or parquet; columns named as the card's fields.
+        output: csv, tsv or jsonl (by extension); a new file.
+        overwrite: Replace --output if it exists.
+        batch_size: Examples per batch.
+        device: Default: cuda when there is one.
+    """
     from pathlib import Path
 
     from gpt_ft.data.files import read_table
     from gpt_ft.eval.classifier import Classifier, write_labelled
 
-    parser = command_parser(
-        "label", "Write each example of a file again with the fine-tuned model's prediction beside it."
-    )
-    parser.add_argument("--ckpt_path", required=True, help="a fine-tuned checkpoint of gpt-ft fit")
-    parser.add_argument(
-        "--input", required=True, help="csv, tsv, json/jsonl or parquet; columns named as the card's fields"
-    )
-    parser.add_argument("--output", required=True, help="csv, tsv or jsonl (by extension); a new file")
-    parser.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
-    parser.add_argument("--batch_size", type=int, default=32)
-    parser.add_argument("--device", default=None, help="default: cuda when there is one")
-    cfg = parser.parse_args(argv)
-    source, target = Path(cfg.input).expanduser(), Path(cfg.output).expanduser()
+    source, target = Path(input).expanduser(), Path(output).expanduser()
     if not source.is_file():
         raise FileNotFoundError(f"--input {source} does not exist.")
     if target.suffix.lower() not in (".csv", ".tsv", ".jsonl", ".json"):
         raise ValueError(f"--output {target}: write .csv, .tsv or .jsonl.")
     if target.exists() and target.resolve() == source.resolve():
         raise ValueError(f"--output {target} is the input file: give another name, the input is kept.")
-    check_output_file(target, "--output", overwrite=cfg.overwrite)
-    clf = Classifier.from_checkpoint(cfg.ckpt_path, device=cfg.device)
+    check_output_file(target, "--output", overwrite=overwrite)
+    clf = Classifier.from_checkpoint(ckpt_path, device=device)
     rows = read_table(source).to_list()
-    labelled = clf.run(rows, batch_size=cfg.batch_size)
+    labelled = clf.run(rows, batch_size=batch_size)
     write_labelled(target, rows, labelled)
     print(f"labelled {len(rows):,} examples of {source} into {target}")
 
 
-def suite(argv: list[str]) -> None:
-    """Fine-tune and evaluate a suite's task cards over seeds (see gpt_ft/eval/suite.py)."""
+def suite(
+    suite: str,
+    *,
+    out_dir: str,
+    init_from: str | None = None,
+    tokenizer: str | None = None,
+    data_dir: tuple[str, ...] = (),
+    tasks: list[str] | None = None,
+    seeds: list[int] | None = None,
+    select: Literal["last", "best"] = "last",
+    fine_tune: bool = True,
+    zero_shot: bool = False,
+    transfer_layers: tuple[int, ...] = (),
+    predict: bool | None = None,
+    keep_checkpoints: bool = False,
+    train_sizes: list[int | Literal["all"]] | None = None,
+    baselines: tuple[str, ...] = (),
+    fit_args: tuple[str, ...] = (),
+) -> None:
+    """Fine-tune and evaluate a suite's tasks over seeds; what follows `--` goes to every `gpt-ft fit`.
+
+    See gpt_ft/eval/suite.py.
+
+    Args:
+        suite: Suite file, e.g. configs/suites/glue.yaml.
+        out_dir: Results folder; rerunning resumes it.
+        init_from: Pretrained weights; default: from scratch.
+        tokenizer: Default: the one saved with --init_from.
+        data_dir: Tasks' local files: DIR for all, or TASK=DIR (repeatable).
+        tasks: Run only these of its tasks.
+        seeds: Default: the suite file's.
+        select: Report the last epoch or the best one.
+        fine_tune: false: zero-shot only.
+        zero_shot: Also score the tasks zero-shot.
+        transfer_layers: Sweep the pretrained layers transferred (e.g. 0 3 6 12), GPT-1 Fig. 2 left.
+        predict: Write test predictions; default: if the suite has a submission (a sweep: no).
+        keep_checkpoints: Keep every run's checkpoints.
+        train_sizes: Learning curves: training examples per run (stratified subsets, e.g. 100 300
+            1000 all); default: the suite file's.
+        baselines: Learning curves measured elsewhere on the same subsets, drawn beside the rows:
+            JSON files (benchmarks/tfidf_baseline.py --train-sizes ... --json FILE writes one).
+        fit_args: Arguments for every `gpt-ft fit` (on the command line, all that follows `--`).
+    """
     from gpt_ft.cli.lightning import build_fit
     from gpt_ft.eval.suite import SuiteRunner
     from gpt_ft.eval.suite_file import load_suite
 
-    fit_args: list[str] = []
-    if "--" in argv:  # everything after `--` goes to every `gpt-ft fit`
-        cut = argv.index("--")
-        argv, fit_args = argv[:cut], argv[cut + 1 :]
-    parser = command_parser(
-        "suite",
-        "Fine-tune and evaluate every task of a suite file over seeds; "
-        "arguments after `--` go to every `gpt-ft fit`.",
-    )
-    parser.add_argument("suite", help="suite file, e.g. configs/suites/glue.yaml")
-    parser.add_argument("--out_dir", required=True, help="results folder; rerunning resumes it")
-    parser.add_argument("--init_from", default=None, help="pretrained weights; default: from scratch")
-    parser.add_argument("--tokenizer", default=None, help="default: the one saved with --init_from")
-    parser.add_argument(
-        "--data_dir",
-        type=list[str],
-        default=[],
-        help="tasks' local files: DIR for all, or TASK=DIR (repeatable)",
-    )
-    parser.add_argument("--tasks", type=list[str] | None, default=None, help="run only these of its tasks")
-    parser.add_argument("--seeds", type=list[int] | None, default=None, help="default: the suite file's")
-    parser.add_argument(
-        "--select", choices=["last", "best"], default="last", help="report the last epoch or the best one"
-    )
-    parser.add_argument("--fine_tune", type=bool, default=True, help="false: zero-shot only")
-    parser.add_argument("--zero_shot", type=bool, default=False, help="also score the tasks zero-shot")
-    parser.add_argument(
-        "--transfer_layers",
-        type=list[int],
-        default=[],
-        help="sweep the pretrained layers transferred (e.g. 0 3 6 12), GPT-1 Fig. 2 left",
-    )
-    parser.add_argument(
-        "--predict",
-        type=bool | None,
-        default=None,
-        help="write test predictions; default: if the suite has a submission (a sweep: no)",
-    )
-    parser.add_argument("--keep_checkpoints", type=bool, default=False, help="keep every run's checkpoints")
-    parser.add_argument(
-        "--train_sizes",
-        type=list[int | Literal["all"]] | None,
-        default=None,
-        help="learning curves: training examples per run (stratified subsets, e.g. 100 300 1000 all); "
-        "default: the suite file's",
-    )
-    parser.add_argument(
-        "--baselines",
-        type=list[str],
-        default=[],
-        help="learning curves measured elsewhere on the same subsets, drawn beside the rows: JSON files "
-        "(benchmarks/tfidf_baseline.py --train-sizes ... --json FILE writes one)",
-    )
-    repeatable = ("--data_dir", "--tasks", "--seeds", "--transfer_layers", "--train_sizes", "--baselines")
-    cfg = parser.parse_args(_repeatable(argv, repeatable))
-    check_output_dir(cfg.out_dir, "--out_dir")
+    check_output_dir(out_dir, "--out_dir")
     runner = SuiteRunner(
-        load_suite(cfg.suite),
-        cfg.out_dir,
+        load_suite(suite),
+        out_dir,
         build_run=build_fit,
-        init_from=cfg.init_from,
-        tokenizer=cfg.tokenizer,
-        data_dir=cfg.data_dir,
-        tasks=cfg.tasks,
-        seeds=cfg.seeds,
-        fit_args=fit_args,
-        select=cfg.select,
-        fine_tune=cfg.fine_tune,
-        zero_shot=cfg.zero_shot,
-        transfer_layers=cfg.transfer_layers,
-        predict=cfg.predict,
-        keep_checkpoints=cfg.keep_checkpoints,
-        train_sizes=cfg.train_sizes,
-        baselines=cfg.baselines,
+        init_from=init_from,
+        tokenizer=tokenizer,
+        data_dir=list(data_dir),
+        tasks=tasks,
+        seeds=seeds,
+        fit_args=list(fit_args),
+        select=select,
+        fine_tune=fine_tune,
+        zero_shot=zero_shot,
+        transfer_layers=list(transfer_layers),
+        predict=predict,
+        keep_checkpoints=keep_checkpoints,
+        train_sizes=train_sizes,
+        baselines=list(baselines),
     )
     runner.run()
 
@@ -385,5 +351,5 @@ def _repeatable(argv: list[str], options: tuple[str, ...]) -> list[str]:
         i += 1
     for name, values in lists.items():
         given_as_list = len(values) == 1 and values[0].lstrip().startswith("[")
-        out.append(f"{name}={values[0] if given_as_list else json.dumps(values)}")
+        out.append(f"{name}={values[0] if given_as_list else dumps(values)}")
     return out

@@ -1,9 +1,9 @@
-"""The LightningCLI behind `gpt-ft fit|validate|test|predict`: the only place where arguments
-are linked (data -> model), and the callbacks every run gets."""
+"""The LightningCLI behind `gpt-ft fit|validate|test|predict` and `gpt-ft suite`'s runs: the only
+place where arguments are linked (data -> model), and the callbacks every run gets."""
 
 from __future__ import annotations
 
-import argparse
+import math
 import re
 import time
 import warnings
@@ -23,7 +23,9 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from gpt_ft.cli.cards import cards_replace_cards
 from gpt_ft.errors import check_not_null, check_output_dir
-from gpt_ft.model.weights import resolve_tokenizer, safe_load
+from gpt_ft.eval.finetune import History
+from gpt_ft.model.checkpoint import Checkpoint
+from gpt_ft.model.weights import resolve_tokenizer
 from gpt_ft.training.checkpointing import (
     AtomicCheckpointIO,
     Provenance,
@@ -36,6 +38,7 @@ from gpt_ft.training.precision import cpu_precision, runs_on_cpu
 from gpt_ft.training.saved import recorded_run
 from gpt_ft.training.stopping import main_monitor
 from gpt_ft.training.throughput import ParameterSummary, Throughput
+from gpt_ft.workarounds import CheckpointHparamsAsDefaults
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")  # LightningCLI's
 # Logs and checkpoints go to runs/lightning_logs/version_N, or under --trainer.default_root_dir.
@@ -78,7 +81,7 @@ def best_checkpoint(model) -> ModelCheckpoint:
     )
 
 
-class GPTCLI(LightningCLI):
+class GPTCLI(CheckpointHparamsAsDefaults, LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         # What the model needs from the data, stated once (DESIGN: links live here only).
         parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
@@ -91,25 +94,21 @@ class GPTCLI(LightningCLI):
     def parse_arguments(self, parser, args) -> None:
         # A checkpoint of this toolkit given to validate/test/predict brings the configuration it
         # records as the parser's defaults: the command needs no other argument, and every
-        # argument given (config files included) still wins.
-        args = cards_replace_cards(list(args))
-        subcommand, ckpt = args[0] if args else None, checkpoint_argument(args)
-        if subcommand in ("validate", "test", "predict") and ckpt:
-            recorded = recorded_configuration(ckpt)
-            parser.set_defaults({f"{subcommand}.{key}": value for key, value in recorded.items()})
+        # argument given (config files included) still wins. (LightningCLI would apply the
+        # checkpoint's hyper-parameters over them; CheckpointHparamsAsDefaults turns that off.)
+        subcommand = None  # a configuration (a dict: `gpt-ft suite`'s runs) is parsed as it is
+        if not isinstance(args, dict):
+            args = cards_replace_cards(list(args))
+            subcommand, ckpt = args[0] if args else None, checkpoint_argument(args)
+            if subcommand in ("validate", "test", "predict") and ckpt:
+                recorded = recorded_configuration(ckpt)
+                parser.set_defaults({f"{subcommand}.{key}": value for key, value in recorded.items()})
         super().parse_arguments(parser, args)
         config = self.config[subcommand] if subcommand in SUBCOMMANDS else self.config
         seed = config.get("seed_everything")
         if isinstance(seed, int) and not isinstance(seed, bool) and not 0 <= seed < 2**32:
             # numpy would refuse it later, without naming the option
             raise ValueError(f"--seed_everything must be in [0, {2**32 - 1}], got {seed}.")
-
-    def _parse_ckpt_path(self) -> None:
-        # The one override of a private Lightning method. LightningCLI applies a checkpoint's
-        # hyper-parameters over the command line's (Lightning-AI/pytorch-lightning#20801; the fix,
-        # #21455, makes them defaults as parse_arguments above does, and is not released): here the
-        # recorded configuration is the parser's defaults already, so there is nothing left to do.
-        return
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -167,7 +166,8 @@ class GPTCLI(LightningCLI):
             config.ckpt_path = str(found)
 
     def instantiate_trainer(self, **kwargs: Any):
-        trainer_config = self._get(self.config_init, "trainer", default={})
+        config = self.config_init[self.subcommand] if self.subcommand else self.config_init
+        trainer_config = config.get("trainer", {})
         callbacks = list(trainer_config.get("callbacks") or [])
         checkpointing = trainer_config.get("enable_checkpointing") is not False
         if checkpointing and not any(isinstance(c, ModelCheckpoint) for c in callbacks):
@@ -192,6 +192,57 @@ class GPTCLI(LightningCLI):
         if not trainer_config.get("plugins"):
             kwargs["plugins"] = [AtomicCheckpointIO()]
         return super().instantiate_trainer(**kwargs, callbacks=callbacks)
+
+
+class ConfigurationOnly(GPTCLI):
+    """`gpt-ft fit`'s arguments parsed into the configuration they resolve to, as plain data in
+    `resolved`; nothing is seeded, checked against the machine or built."""
+
+    def parse_arguments(self, parser, args) -> None:
+        super().parse_arguments(parser, args)
+        resolved = _plain(self.config.as_dict())
+        resolved.pop("config", None)  # the files read: their values are in the sections
+        self.resolved = resolved
+        self.config.seed_everything = False  # LightningCLI seeds next, unless the seed is False
+
+    def before_instantiate_classes(self) -> None:
+        pass  # a build's checks and its machine's choices (CPU precision) are no part of a configuration
+
+    def instantiate_classes(self) -> None:
+        pass
+
+
+class SuiteRunCLI(GPTCLI):
+    """`gpt-ft fit`'s LightningCLI as `gpt-ft suite` builds a run: `trainer.min_steps` is reached even
+    where the epochs would end the run first (Lightning stops at `max_epochs`), the epochs raised to
+    ceil(min_steps / optimizer steps per epoch): whole epochs, each ending in a validation."""
+
+    def instantiate_trainer(self, **kwargs: Any):
+        trainer, data = self.config_init.trainer, self.datamodule
+        min_steps, epochs = trainer.get("min_steps"), trainer.get("max_epochs")
+        if min_steps and epochs is not None and epochs >= 0:
+            batches = math.ceil(len(data.encoded("train", labelled=True)) / data.batch_size)
+            steps = math.ceil(batches / trainer.accumulate_grad_batches)
+            kwargs["max_epochs"] = max(epochs, math.ceil(min_steps / steps))
+        return super().instantiate_trainer(**kwargs)
+
+
+class FitRuns:
+    """How `gpt-ft suite` builds its runs (`gpt_ft.eval.finetune.BuildRun`)."""
+
+    def resolve(self, args: list[str]) -> dict[str, Any]:
+        """The configuration `gpt-ft fit ARGS` resolves to: a fit config's sections (`trainer`, `model`,
+        `data`, ...), the config files read and the defaults filled in."""
+        return lightning_main(args, run=False, cli=ConfigurationOnly).resolved
+
+    def __call__(self, args: list[str]) -> tuple[Any, Any, Any]:
+        """Model, data module and trainer of `gpt-ft fit ARGS`, built from their configuration but not
+        run; the trainer has a `History` of the validations and reaches `--trainer.min_steps`."""
+        cli = lightning_main(self.resolve(args), run=False, cli=SuiteRunCLI, callbacks=[History()])
+        return cli.model, cli.datamodule, cli.trainer
+
+
+build_fit = FitRuns()
 
 
 def check_devices(devices, *, on_cpu: bool) -> None:
@@ -266,12 +317,6 @@ def check_context(data, n_positions: int) -> None:
             )
 
 
-def build_fit(argv: list[str]):
-    """Model, data module and trainer of `gpt-ft fit ARGV`, built but not run (`gpt-ft suite`)."""
-    cli = lightning_main(argv, run=False)
-    return cli.model, cli.datamodule, cli.trainer
-
-
 def _plain(value: Any) -> Any:
     """A parsed config as plain dicts, lists and scalars (what a weights-only checkpoint may hold)."""
     if isinstance(value, dict):
@@ -283,9 +328,16 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
-def lightning_main(argv: list[str] | None, *, run: bool = True) -> GPTCLI:
+def lightning_main(
+    args: list[str] | dict[str, Any] | None,
+    *,
+    run: bool = True,
+    cli: type[GPTCLI] = GPTCLI,
+    callbacks: list[Callback] | None = None,
+) -> GPTCLI:
     """The LightningCLI: runs `fit ...` etc.; with run=False, builds model, data and trainer from
-    `fit`'s arguments (no subcommand) and returns them unrun (`gpt-ft suite` uses this)."""
+    `fit`'s arguments or configuration (no subcommand) and returns them unrun (`gpt-ft suite`: `cli`
+    one of its subclasses, `callbacks` given to the trainer beside its own)."""
     from lightning import LightningDataModule
 
     # Our data modules resume mid-epoch themselves (gpt_ft/samplers.py), and a resumed run writes
@@ -300,13 +352,13 @@ def lightning_main(argv: list[str] | None, *, run: bool = True) -> GPTCLI:
     # Arguments always come as `args`; the process's own sys.argv is left as it is (DDP launches its
     # other processes with it), so Lightning's warning about having both would only mislead.
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
-    return GPTCLI(
+    return cli(
         GPTModule,
         LightningDataModule,
         subclass_mode_data=True,
-        args=argv,
+        args=args,
         run=run,
-        trainer_defaults={"logger": DEFAULT_LOGGER},
+        trainer_defaults={"logger": DEFAULT_LOGGER, "callbacks": callbacks or []},
         save_config_kwargs={"overwrite": True},
         parser_kwargs={"prog": "gpt-ft", "exit_on_error": False},
     )
@@ -315,9 +367,13 @@ def lightning_main(argv: list[str] | None, *, run: bool = True) -> GPTCLI:
 def checkpoint_argument(args: list[str]) -> str | None:
     """The `--ckpt_path` among `args`, read ahead of the LightningCLI's parse because the defaults
     it brings must be on the parser before it parses."""
-    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    pre.add_argument("--ckpt_path")
-    return pre.parse_known_args(args)[0].ckpt_path
+    found = None
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if name == "--ckpt_path":  # the last one given wins, as in the parse
+            following = args[i + 1] if i + 1 < len(args) else None
+            found = value if eq else following if following and not following.startswith("--") else None
+    return found
 
 
 def recorded_configuration(ckpt: str) -> dict[str, Any]:
@@ -325,7 +381,7 @@ def recorded_configuration(ckpt: str) -> dict[str, Any]:
     tokenizer saved beside it), as parser defaults; nothing for a file that is not one."""
     if not Path(ckpt).is_file():
         return {}
-    recorded = recorded_run(safe_load(ckpt), ckpt)
+    recorded = recorded_run(Checkpoint.read(ckpt))
     defaults = {f"model.{key}": value for key, value in _plain(recorded.get("model", {})).items()}
     data = recorded.get("data")
     if data:

@@ -1,8 +1,9 @@
 """`gpt-ft`: one entry point for every command; bad input ends in one sentence and exit code 2.
 
 `COMMANDS` is the command table: each name's help line and the function that runs it with the
-arguments after the name. `fit`, `validate`, `test`, `predict` are LightningCLI's
-(gpt_ft/cli/lightning.py); the others are in gpt_ft/cli/commands.py.
+name and the arguments after it. `fit`, `validate`, `test`, `predict` are LightningCLI's
+(gpt_ft/cli/lightning.py); each other is a typed function, in gpt_ft/cli/ or where its work is,
+whose parser jsonargparse builds from its signature and docstring (`commands.run`).
 """
 
 from __future__ import annotations
@@ -19,12 +20,15 @@ from pathlib import Path
 from typing import NamedTuple
 
 from gpt_ft.cli import commands
+from gpt_ft.cli.explain import run_explain
 from gpt_ft.errors import CardError, TaskDataError, os_error_message, parse_error_message, yaml_file_problem
+from gpt_ft.eval.generation import generate
+from gpt_ft.workarounds import torchao_import_loggers
 
 
 class Command(NamedTuple):
     help: str
-    run: Callable[[list[str]], None]
+    run: Callable[[str, list[str]], None]
     yaml_options: tuple[str, ...] = ()
     """Options whose values are YAML files, checked before anything runs so a file that does not
     parse is named with its line and column."""
@@ -32,31 +36,35 @@ class Command(NamedTuple):
 
 FIT_FILES = ("--config", "--data.task")
 COMMANDS = {
-    "fit": Command("train (fine-tune or pretrain) a model", partial(commands.lightning, "fit"), FIT_FILES),
-    "validate": Command(
-        "evaluate on the validation splits", partial(commands.lightning, "validate"), FIT_FILES
-    ),
-    "test": Command("evaluate on the test splits", partial(commands.lightning, "test"), FIT_FILES),
+    "fit": Command("train (fine-tune or pretrain) a model", commands.lightning, FIT_FILES),
+    "validate": Command("evaluate on the validation splits", commands.lightning, FIT_FILES),
+    "test": Command("evaluate on the test splits", commands.lightning, FIT_FILES),
     "predict": Command(
-        "write predictions for the test splits (GLUE submission files)",
-        partial(commands.lightning, "predict"),
-        FIT_FILES,
+        "write predictions for the test splits (GLUE submission files)", commands.lightning, FIT_FILES
     ),
-    "explain": Command("print one example of a task split as the model sees it", commands.explain, FIT_FILES),
-    "prepare": Command("tokenize a text corpus into token files for pretraining", commands.prepare),
-    "tokenizer": Command("train a byte-level BPE tokenizer on text files", commands.tokenizer),
-    "generate": Command("continue a prompt with a trained model", commands.generate),
+    "explain": Command("print one example of a task split as the model sees it", run_explain, FIT_FILES),
+    "prepare": Command(
+        "tokenize a text corpus into token files for pretraining", partial(commands.run, commands.prepare)
+    ),
+    "tokenizer": Command(
+        "train a byte-level BPE tokenizer on text files", partial(commands.run, commands.tokenizer)
+    ),
+    "generate": Command("continue a prompt with a trained model", partial(commands.run, generate)),
     "label": Command(
-        "write a file's examples again with a fine-tuned model's predictions beside them", commands.label
+        "write a file's examples again with a fine-tuned model's predictions beside them",
+        partial(commands.run, commands.label),
     ),
     "suite": Command(
-        "fine-tune and evaluate many tasks over seeds: results table, chart, GLUE submission", commands.suite
+        "fine-tune and evaluate many tasks over seeds: results table, chart, GLUE submission",
+        partial(commands.run, commands.suite, rest="fit_args"),
     ),
     "calibrate": Command(
-        "fit a classifier's temperature on a validation split (its probabilities)", commands.calibrate
+        "fit a classifier's temperature on a validation split (its probabilities)",
+        partial(commands.run, commands.calibrate),
     ),
     "export": Command(
-        "write a fine-tuned classifier as a transformers folder (pipelines, serving)", commands.export
+        "write a fine-tuned classifier as a transformers folder (pipelines, serving)",
+        partial(commands.run, commands.export),
     ),
 }
 USER_ERRORS = (ValueError, FileNotFoundError, KeyError, FloatingPointError)
@@ -151,8 +159,8 @@ def main(argv: list[str] | None = None) -> None:
     name, args = argv[0], argv[1:]
     # transformers imports torchao where it is installed (the quantize extra), which then logs about
     # parts no command uses: CUDA kernels a CPU-only torch cannot load, enums registered with pytree.
-    for logger in ("torchao", "torch.utils._pytree"):
-        logging.getLogger(logger).setLevel(logging.ERROR)
+    for logger in torchao_import_loggers():
+        logger.setLevel(logging.ERROR)
     if name not in COMMANDS:
         fail(f"unknown command {name!r}; choose from {', '.join(COMMANDS)}.")
     command = COMMANDS[name]
@@ -165,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
         if problem:
             fail(problem)
     try:
-        command.run(args)
+        command.run(name, args)
     except USER_ERRORS as exc:
         if debug:
             raise

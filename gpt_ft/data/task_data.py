@@ -1,6 +1,7 @@
 """TaskDataModule: a task card's splits -> GPT-1 inputs -> padded (B, S, T) batches.
 
-datasets -> adapter.texts -> tokenizer (batched) -> adapter.encode -> cached Arrow -> collate.
+datasets -> adapter.encode_examples (texts, tokenizer, GPT-1's framing and truncation: the one path
+from examples to tokens, which `Classifier` and export take too) -> cached Arrow -> collate.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from gpt_ft.data.files import Origin, load_split, split_origin
 from gpt_ft.data.samplers import EpochSampler, LengthGroupedSampler, ResumableTrainData
 from gpt_ft.data.subsets import stratified_subset
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
+from gpt_ft.workarounds import dataset_fingerprint
 
 
 def _example_id(example: dict[str, Any], index_field: str | None, row: int) -> int:
@@ -151,28 +153,17 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
 
         def encode_batch(batch: dict[str, list], rows: list[int]) -> dict[str, list]:
             examples = [dict(zip(batch, values)) for values in zip(*batch.values())]
-            texts = []
-            for row, example in zip(rows, examples):
-                try:
-                    texts.append(self.task.texts(example))
-                except TaskDataError as exc:
-                    raise TaskDataError(f"{origin.of(row)}: {exc}") from None
-            flat = [t for example_texts in texts for t in example_texts]
-            ids = self.tokenizer(flat, add_special_tokens=False)["input_ids"] if flat else []
-            out: dict[str, list] = {k: [] for k in ("input_ids", "extract_index", "label", "index", "length")}
-            start = 0
-            for row, example, example_texts in zip(rows, examples, texts):
-                tokens, start = ids[start : start + len(example_texts)], start + len(example_texts)
-                try:
-                    enc = self.task.encode(example, tokens, self.special_ids, self.max_length)
-                except TaskDataError as exc:
-                    raise TaskDataError(f"{origin.of(row)}: {exc}") from None
-                out["input_ids"].append(enc.sequences)
-                out["extract_index"].append(enc.extract_index)
-                out["label"].append(enc.label)
-                out["index"].append(_example_id(example, index_field, row))
-                out["length"].append(max(len(seq) for seq in enc.sequences))
-            return out
+            where = lambda i: origin.of(rows[i])  # noqa: E731  (the row's file and line, in messages)
+            encoded = self.task.encode_examples(
+                examples, self.tokenizer, self.special_ids, self.max_length, where=where
+            )
+            return {
+                "input_ids": [enc.sequences for enc in encoded],
+                "extract_index": [enc.extract_index for enc in encoded],
+                "label": [enc.label for enc in encoded],
+                "index": [_example_id(ex, index_field, row) for ex, row in zip(examples, rows)],
+                "length": [max(len(seq) for seq in enc.sequences) for enc in encoded],
+            }
 
         encoded = raw.map(
             encode_batch,
@@ -192,7 +183,7 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         from importlib.metadata import version
 
         parts = [
-            raw._fingerprint,
+            dataset_fingerprint(raw),
             split,
             repr(sorted(vars(self.task).items(), key=lambda kv: kv[0])),
             type(self.task).__qualname__,

@@ -21,8 +21,7 @@ from gpt_ft.adapters import TaskDataError
 from gpt_ft.data.files import load_split
 from gpt_ft.errors import writing
 from gpt_ft.eval.classifier import Classifier
-from gpt_ft.model.weights import TOKENIZER, resolve_tokenizer, safe_load
-from gpt_ft.training.checkpointing import AtomicCheckpointIO
+from gpt_ft.model.checkpoint import Checkpoint
 
 
 def fit_temperature(outputs: Tensor, labels: Tensor, losses) -> float:
@@ -64,10 +63,9 @@ def calibrate(
     task = clf.task
     if not task.has_probabilities:
         raise ValueError(f"Task {task.name!r} predicts a score: there are no probabilities to calibrate.")
-    stored = safe_load(ckpt)
-    recorded = (stored.get("data_config") or {}).get("init_args", {})
+    stored = Checkpoint.read(ckpt)
     split = split or task.validation_splits[0]
-    rows = load_split(task, split, data_dir or recorded.get("data_dir")).to_list()
+    rows = load_split(task, split, data_dir or stored.data_args.get("data_dir")).to_list()
     outputs, labels = split_outputs(clf, rows)
     head = clf.head.float()
     temperature = fit_temperature(outputs, labels.to(outputs.device), head.losses)
@@ -76,12 +74,12 @@ def calibrate(
         probabilities = head.probabilities(outputs.float() / t)
         return float(task.calibration(probabilities, labels).get("ece", float("nan")))
 
-    stored["temperature"] = temperature
+    stored.temperature = temperature
     output = Path(output).expanduser()
     with writing(output):
         if output.parent.resolve() != Path(ckpt).expanduser().parent.resolve():  # the tokenizer goes along
             tokenizer = output.parent / f"{output.stem}.tokenizer"
-            shutil.copytree(resolve_tokenizer(None, str(ckpt), option=None), tokenizer, dirs_exist_ok=True)
-            stored[TOKENIZER] = tokenizer.name
-        AtomicCheckpointIO().save_checkpoint(stored, output)
+            shutil.copytree(stored.tokenizer, tokenizer, dirs_exist_ok=True)
+            stored.tokenizer = tokenizer.name
+        stored.save(output)
     return {"temperature": temperature, "ece_before": ece(1.0), "ece_after": ece(temperature)}

@@ -21,14 +21,13 @@ import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from torch import Tensor
 
-from gpt_ft.adapters import TaskAdapter, TaskDataError, TaskHead
+from gpt_ft.adapters import TaskAdapter, TaskHead
 from gpt_ft.adapters.cards import card_from_value
 from gpt_ft.data.batches import SharedContextBatch, TaskBatch, collate, collate_shared
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
 from gpt_ft.errors import writing
 from gpt_ft.model import GPT
-from gpt_ft.model.weights import gpt_from_checkpoint, resolve_tokenizer, safe_load
-from gpt_ft.training.saved import submodule_state
+from gpt_ft.model.checkpoint import Checkpoint
 from gpt_ft.training.terms import batch_terms
 
 
@@ -58,28 +57,26 @@ class Classifier:
     @classmethod
     def from_checkpoint(cls, path: str | Path, *, device: str | None = None) -> Classifier:
         """A `.ckpt` of `gpt-ft fit` on a task; on the GPU when there is one, unless `device` says."""
-        stored = safe_load(path)
-        data = (stored.get("data_config") or {}).get("init_args", {})
-        if "gpt_config" not in stored or not data.get("task"):
+        stored = Checkpoint.read(path)
+        if not stored.is_gpt_ft or not stored.task_card:
             raise ValueError(f"{path} is not a fine-tuned gpt_ft checkpoint: it records no task card.")
-        task = card_from_value(data["task"], f"The task card recorded in {path}")
-        tokenizer_dir = resolve_tokenizer(None, path, option=None)
-        if tokenizer_dir is None:
+        task = card_from_value(stored.task_card, f"The task card recorded in {path}")
+        if stored.tokenizer is None:
             raise ValueError(f"{path} carries no tokenizer.")
-        tokenizer = load_tokenizer(tokenizer_dir)
-        gpt = gpt_from_checkpoint(stored, path)
+        tokenizer = load_tokenizer(str(stored.tokenizer))
+        gpt = GPT.from_checkpoint(stored)
         config = gpt.config
         head = task.head(config.n_embd, dropout=0.0, init_std=config.initializer_range, bias=config.bias)
-        head.load_state_dict(submodule_state(stored, "head"))
+        head.load_state_dict(stored.submodule_state("head"))
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         return cls(
             gpt,
             head,
             task,
             tokenizer,
-            max_length=data.get("max_length", 512),
+            max_length=stored.data_args.get("max_length", 512),
             device=device,
-            temperature=float(stored.get("temperature", 1.0)),
+            temperature=stored.temperature,
         )
 
     def outputs(self, batch: TaskBatch | SharedContextBatch) -> Tensor:
@@ -113,26 +110,14 @@ class Classifier:
         return batch if batch is not None else collate(chunk, self.specials.pad)
 
     def encode(self, examples: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """The examples as the model sees them (as `TaskDataModule` encodes a split)."""
-        texts = []
-        for i, example in enumerate(examples):
-            try:
-                texts.append(self.task.texts(example))
-            except KeyError as exc:
-                raise TaskDataError(
-                    f"example {i} has no field {exc.args[0]!r} (task {self.task.name!r})."
-                ) from None
-        flat = [t for example_texts in texts for t in example_texts]
-        ids = self.tokenizer(flat, add_special_tokens=False)["input_ids"] if flat else []
-        encoded, start = [], 0
-        for i, (example, example_texts) in enumerate(zip(examples, texts)):
-            tokens, start = ids[start : start + len(example_texts)], start + len(example_texts)
-            unlabelled = {k: v for k, v in example.items() if k != self.task.label}
-            enc = self.task.encode(unlabelled, tokens, self.specials, self.max_length)
-            encoded.append(
-                {"input_ids": enc.sequences, "extract_index": enc.extract_index, "label": None, "index": i}
-            )
-        return encoded
+        """The examples as the model sees them: the task's own path from examples to tokens, which
+        `TaskDataModule` takes in training (labels are not read)."""
+        unlabelled = [{k: v for k, v in example.items() if k != self.task.label} for example in examples]
+        encoded = self.task.encode_examples(unlabelled, self.tokenizer, self.specials, self.max_length)
+        return [
+            {"input_ids": enc.sequences, "extract_index": enc.extract_index, "label": None, "index": i}
+            for i, enc in enumerate(encoded)
+        ]
 
     def predict(self, examples: list[dict[str, Any]], *, batch_size: int = 32) -> list[dict[str, Any]]:
         """One `{"label": ..., "scores": ...}` per example, in order (see `TaskAdapter.outcome`).

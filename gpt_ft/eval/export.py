@@ -23,6 +23,7 @@ then those of gpt_ft, to float rounding; the language-model head is not exported
 from __future__ import annotations
 
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -78,13 +79,15 @@ def export_classifier(clf: Classifier, out: str | Path, *, format: str = "transf
     family = config_to_hf(clf.gpt.config).model_type
     if kind == "multiple-choice" and family in ("openai-gpt", "gpt2"):
         model = double_heads_model(clf)
+    elif task.pair_in_both_orders and kind in _PROBLEM_TYPES:
+        model = similarity_model(clf)
     elif task.num_sequences == 1 and kind in _PROBLEM_TYPES:
         model = sequence_classifier(clf)
     else:
         raise ValueError(
             f"Task {task.name!r} ({type(task).__name__}, {kind}) has no transformers class to export to: "
-            "a similarity task adds two orders' states, and transformers has multiple-choice models of "
-            "GPT-1 and GPT-2 only; use gpt_ft's Classifier or `gpt-ft label` for it."
+            "transformers has multiple-choice models of GPT-1 and GPT-2 only; use gpt_ft's Classifier "
+            "or `gpt-ft label` for it."
         )
     tokenizer = framed_tokenizer(clf)
     out = Path(out).expanduser()
@@ -96,6 +99,8 @@ def export_classifier(clf: Classifier, out: str | Path, *, format: str = "transf
                 write_onnx(model, tokenizer, Path(tmp) / "model.onnx")
             else:
                 model.save_pretrained(tmp)
+            if getattr(model.config, "auto_map", None):  # the model's own class travels with it
+                shutil.copy(Path(sys.modules[type(model).__module__].__file__), tmp)
             tokenizer.save_pretrained(tmp)
             out.mkdir(exist_ok=True)
             for item in Path(tmp).iterdir():
@@ -118,18 +123,24 @@ def _head(clf: Classifier) -> tuple[Tensor, Tensor | None]:
     return head.weight.detach() / t, head.bias.detach() / t if head.bias is not None else None
 
 
-def sequence_classifier(clf: Classifier):
-    """The transformers `*ForSequenceClassification` with `clf`'s weights and its head folded in."""
-    from transformers import AutoModelForSequenceClassification
-
-    lm = _language_model(clf)
-    config, task, head = lm.config, clf.task, clf.head
-    family = config.model_type
+def _label_config(clf: Classifier, config) -> None:
+    """The labels' names, their count and the problem type, on a transformers config."""
+    task, head = clf.task, clf.head
     names = task.class_names or task.labels or [task.label]
     config.num_labels = head.out_features
     config.id2label = {i: str(name) for i, name in enumerate(names[: head.out_features])}
     config.label2id = {name: i for i, name in config.id2label.items()}
     config.problem_type = _PROBLEM_TYPES[task.output.kind]
+
+
+def sequence_classifier(clf: Classifier):
+    """The transformers `*ForSequenceClassification` with `clf`'s weights and its head folded in."""
+    from transformers import AutoModelForSequenceClassification
+
+    lm = _language_model(clf)
+    config = lm.config
+    family = config.model_type
+    _label_config(clf, config)
     model = AutoModelForSequenceClassification.from_config(config).eval()
     base = getattr(model, model.base_model_prefix)
     base.load_state_dict(getattr(lm, lm.base_model_prefix).state_dict())
@@ -146,6 +157,32 @@ def sequence_classifier(clf: Classifier):
         final = base.ln_f if family == "gpt2" else base.h[-1].ln_2
         shift = torch.linalg.pinv(weight.double()) @ bias.double()  # W δ = b
         final.bias.copy_((final.bias.double() + shift).float())
+    return model
+
+
+def similarity_model(clf: Classifier):
+    """GPT-1's similarity classifier (both orders, states added, then the head) as the model class
+    of `modeling_similarity.py`, shipped in the folder: its `config.json` names it for
+    `AutoModelForSequenceClassification` (`auto_map`), loaded with `trust_remote_code=True`."""
+    from gpt_ft.eval import modeling_similarity
+
+    lm = _language_model(clf)
+    config = lm.config
+    _label_config(clf, config)
+    weight, bias = _head(clf)
+    config.delim_token_id = clf.specials.delim
+    config.score_bias = bias is not None
+    config.score_range = list(clf.task.score_range) if clf.task.score_range is not None else None
+    cls = modeling_similarity.CLASSES[config.model_type]
+    config.auto_map = {
+        "AutoModelForSequenceClassification": f"{cls.__module__.rpartition('.')[2]}.{cls.__name__}"
+    }
+    model = cls(config).eval()
+    model.model.load_state_dict(getattr(lm, lm.base_model_prefix).state_dict())
+    with torch.no_grad():
+        model.score.weight.copy_(weight)
+        if bias is not None:
+            model.score.bias.copy_(bias)
     return model
 
 
@@ -228,11 +265,10 @@ def framed_tokenizer(clf: Classifier):
 
     tokenizer = copy.deepcopy(clf.tokenizer)
     s = clf.specials
-    start, delim, extract = (tokenizer.convert_ids_to_tokens(i) for i in (s.start, s.delim, s.extract))
+    names = [tokenizer.convert_ids_to_tokens(i) for i in (s.start, s.delim, s.extract)]
+    single, pair = clf.task.template(names)
     tokenizer.backend_tokenizer.post_processor = TemplateProcessing(
-        single=f"{start} $A {extract}",
-        pair=f"{start} $A {delim} $B {extract}",
-        special_tokens=[(start, s.start), (delim, s.delim), (extract, s.extract)],
+        single=single, pair=pair, special_tokens=list(zip(names, (s.start, s.delim, s.extract)))
     )
     tokenizer.model_max_length = clf.max_length
     tokenizer.padding_side = "right"

@@ -1,18 +1,29 @@
 """One fine-tuning run of a suite, in this process: fit, the chosen epoch's validation metrics,
-and the same model's test predictions."""
+and the same model's test predictions; a run's configuration, and what changed in it."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from lightning.pytorch.callbacks import Callback
 
 from gpt_ft.adapters import TaskDataError
 
-BuildRun = Callable[[list[str]], tuple[Any, Any, Any]]
-"""`gpt-ft fit` arguments -> (model, data module, trainer), built but not run (the command line's)."""
+
+class BuildRun(Protocol):
+    """How the suite builds `gpt-ft fit` runs: the command line's (`gpt_ft.cli.lightning.build_fit`),
+    passed down."""
+
+    def resolve(self, args: list[str]) -> dict[str, Any]:
+        """The configuration `gpt-ft fit ARGS` resolves to: a fit config's sections (`trainer`,
+        `model`, `data`, ...) as plain data, the config files read and the defaults filled in."""
+
+    def __call__(self, args: list[str]) -> tuple[Any, Any, Any]:
+        """Model, data module and trainer of `gpt-ft fit ARGS`, built from their configuration but not
+        run; the trainer has a `History` among its callbacks and reaches `--trainer.min_steps`."""
 
 
 class History(Callback):
@@ -30,26 +41,36 @@ class History(Callback):
         }
         self.evaluations.append((trainer.current_epoch, metrics))
 
+    @classmethod
+    def of(cls, trainer) -> History:
+        """The History the trainer was built with (`BuildRun` gives it one at construction)."""
+        found = [c for c in trainer.callbacks if isinstance(c, cls)]
+        if not found:
+            raise ValueError("A suite run's trainer is built with a History callback; this one has none.")
+        return found[0]
+
 
 def fit_and_evaluate(
-    build: BuildRun, argv: list[str], select: str, *, predict: bool, log=print, min_steps: int | None = None
+    build: Callable[[list[str]], tuple[Any, Any, Any]],
+    args: list[str],
+    select: str,
+    *,
+    predict: bool,
+    log=print,
+    min_steps: int | None = None,
 ) -> tuple[dict[str, float], int]:
-    """`gpt-ft fit argv` in this process; the validation metrics of the last (or best) epoch, and
+    """`gpt-ft fit ARGS` in this process; the validation metrics of the last (or best) epoch, and
     that epoch. With `predict`, the same model writes its test predictions; a test split that
     cannot be read (e.g. MNLI's diagnostic file not downloaded) is named in a warning and left out,
-    so the run's scores still count. With `min_steps`, the epochs are raised where they would give
-    fewer optimizer steps (a small training subset)."""
-    model, data, trainer = build(argv)
+    so the run's scores still count. With `min_steps` (a small training subset), the run takes at
+    least that many optimizer steps: Lightning's `--trainer.min_steps`, which `BuildRun` reaches by
+    raising the epochs where they would give fewer."""
+    if min_steps:
+        args = [*args, f"--trainer.min_steps={min_steps}"]
+    model, data, trainer = build(args)
     if model.task is None:
         raise ValueError("A suite fine-tunes task cards; this run has no task.")
-    if min_steps:
-        batches = math.ceil(len(data.encoded("train", labelled=True)) / data.batch_size)
-        steps = math.ceil(batches / trainer.accumulate_grad_batches)
-        needed = math.ceil(min_steps / steps)
-        if trainer.max_epochs is not None and 0 <= trainer.max_epochs < needed:
-            trainer.fit_loop.max_epochs = needed
-    history = History()
-    trainer.callbacks.append(history)
+    history = History.of(trainer)
     trainer.fit(model, datamodule=data)
     if not history.evaluations:
         raise ValueError("The run ended without a validation: check --trainer.limit_val_batches.")
@@ -87,3 +108,28 @@ def main_key(task) -> str:
 
 def finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
+
+
+def changed_options(before: dict[str, Any], now: dict[str, Any], ignored: tuple[str, ...] = ()) -> list[str]:
+    """What differs between two configurations, as the options that give it now (`--data.batch_size=2`;
+    `not --X=V` for one gone), leaving out the `ignored` options."""
+    old, new = ({k: v for k, v in _options(config).items() if k not in ignored} for config in (before, now))
+    changed = [f"--{k}={_shown(v)}" for k, v in new.items() if k not in old or old[k] != v]
+    return changed + [f"not --{k}={_shown(v)}" for k, v in old.items() if k not in new]
+
+
+def _options(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A configuration's values by option name, as a command line gives them (`data.batch_size`:
+    `init_args` left out)."""
+    options: dict[str, Any] = {}
+    for key, value in config.items():
+        name = prefix if key == "init_args" else f"{prefix}.{key}".lstrip(".")
+        if isinstance(value, dict) and value:
+            options.update(_options(value, name))
+        else:
+            options[name] = value
+    return options
+
+
+def _shown(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value)

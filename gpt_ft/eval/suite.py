@@ -2,9 +2,10 @@
 
 A suite file (configs/suites/*.yaml) lists task cards, the fit config and arguments they share,
 the seeds, the GPT-1 paper's values, the benchmark score to report and the submission's files.
-Every task x seed (x transferred layers) is one `gpt-ft fit` run in this process; its metrics go to
-OUT/runs/TASK/.../result.json, written last, so a rerun reads finished runs back and redoes only
-the rest. At the end OUT holds:
+Every task x seed (x transferred layers) is one `gpt-ft fit` run in this process, built from the
+configuration its arguments resolve to; its metrics and that configuration go to
+OUT/runs/TASK/.../result.json, written last, so a rerun reads finished runs back and redoes the
+rest and those whose configuration changed. At the end OUT holds:
 
 - results.json: per task, per metric, every seed's value, mean and std; the configuration used;
 - results.md:   task, metric, mean ± std, zero-shot, the paper's value, and the benchmark score;
@@ -32,18 +33,15 @@ from gpt_ft.data.files import load_split
 from gpt_ft.data.tokenizer import load_tokenizer
 from gpt_ft.eval import zeroshot
 from gpt_ft.eval.curves import MISSING, baseline_curves, collect_curves, labels_saved, read_baselines
-from gpt_ft.eval.finetune import BuildRun, finite, fit_and_evaluate, main_key
+from gpt_ft.eval.finetune import BuildRun, changed_options, finite, fit_and_evaluate, main_key
 from gpt_ft.eval.results import benchmark_score, mean_std, write_atomic, write_json, write_results
 from gpt_ft.eval.suite_file import SuiteSpec, data_dirs
-from gpt_ft.model.weights import load_weights, resolve_tokenizer
+from gpt_ft.model import GPT
+from gpt_ft.model.weights import resolve_tokenizer
 
 RESULT = "result.json"
-# Fit arguments that say where a run writes, not what it computes.
-_OUTPUT_ARGS = (
-    "--trainer.default_root_dir=",
-    "--trainer.logger.init_args.save_dir=",
-    "--model.predictions_dir=",
-)
+# Options that say where a run writes, not what it computes: a moved folder still holds the same runs.
+_OUTPUTS = ("trainer.default_root_dir", "trainer.logger.save_dir", "model.predictions_dir")
 
 
 @dataclass
@@ -201,18 +199,14 @@ class SuiteRunner:
         row = self.spec.rows[run.row] if run.row is not None else []
         return args + self.spec.args + entry.args + row + self.fit_args
 
-    def _recorded_args(self, run: Run) -> list[str]:
-        """The run's fit arguments, less those naming where it writes (a moved folder still counts)."""
-        return [a for a in self.fit_args_of(run) if not a.startswith(_OUTPUT_ARGS)]
-
     def _finished(self, run: Run, log) -> bool:
-        """Whether the run's result is on disk and came from the same fit arguments."""
+        """Whether the run's result is on disk and came from the configuration its arguments give now."""
         result = _read(self.out / "runs" / run.folder / RESULT)
         if result is None:
             return False
-        recorded, now = result.get("args"), self._recorded_args(run)
-        if recorded is not None and recorded != now:
-            changed = [a for a in now if a not in recorded] + [f"not {a}" for a in recorded if a not in now]
+        recorded, now = result.get("config"), self.build_run.resolve(self.fit_args_of(run))
+        changed = [] if recorded is None else changed_options(recorded, now, ignored=_OUTPUTS)
+        if changed:
             log(f"{run}: its arguments changed since it ran ({', '.join(changed)}): running it again")
             return False
         return True
@@ -223,11 +217,12 @@ class SuiteRunner:
         if folder.exists():  # an interrupted run: start it again
             shutil.rmtree(folder)
         folder.mkdir(parents=True)
-        start = time.perf_counter()
+        start, args = time.perf_counter(), self.fit_args_of(run)
+        config = self.build_run.resolve(args)  # recorded, and compared by a rerun
         min_steps = self.spec.min_steps if run.size is not None else None
         metrics, epoch = fit_and_evaluate(
             self.build_run,
-            self.fit_args_of(run),
+            args,
             self.select,
             predict=self.predict,
             log=log,
@@ -245,7 +240,7 @@ class SuiteRunner:
             "epoch": epoch,
             "metrics": metrics,
             "seconds": round(time.perf_counter() - start, 1),
-            "args": self._recorded_args(run),
+            "config": config,
         }
         write_json(folder / RESULT, result)
         return result
@@ -260,7 +255,7 @@ class SuiteRunner:
         entry, task = self.cards[name]
         log(f"zero-shot {name}")
         tokenizer_dir = resolve_tokenizer(self.tokenizer, self.init_from)
-        gpt = load_weights(self.init_from).to("cuda" if torch.cuda.is_available() else "cpu")
+        gpt = GPT.from_pretrained(self.init_from).to("cuda" if torch.cuda.is_available() else "cpu")
         scorer = zeroshot.ZeroShotScorer(
             gpt,
             load_tokenizer(tokenizer_dir, add_specials=False),

@@ -26,9 +26,12 @@ from gpt_ft.model.attention import CausalSelfAttention, Rotary, causal_mask
 from gpt_ft.model.cache import Cache, KVCache, SharedPrefix
 from gpt_ft.model.config import ACTIVATIONS, GPTConfig
 from gpt_ft.model.norms import RMSNorm, norm
+from gpt_ft.workarounds import register_load_state_dict_pre_hook
 
 if TYPE_CHECKING:
     import os
+
+    from gpt_ft.model.checkpoint import Checkpoint
 
 __all__ = ["GPT", "GPTConfig", "Block", "KVCache", "SharedPrefix"]
 
@@ -99,7 +102,7 @@ class GPT(nn.Module):
         untied = not config.tie_embeddings
         self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False) if untied else None
         self._initialize(self)
-        self._register_load_state_dict_pre_hook(self._fit_embedding_rows)
+        register_load_state_dict_pre_hook(self, GPT._fit_embedding_rows)
         self.activation_checkpointing = False
         """In training, keep only each block's input and recompute its activations in the backward
         pass: memory for about one more forward pass (the dropout masks are replayed)."""
@@ -288,18 +291,24 @@ class GPT(nn.Module):
         model (LM-head or base)."""
         from gpt_ft.model import hf
 
-        return hf.from_hf(hf_model)
+        return hf.from_hf(hf_model, cls)
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> GPT:
         """Load a transformers directory (a `save_pretrained` output of openai-gpt, gpt2, llama,
-        qwen2 or mistral), a hub id, or a gpt_ft checkpoint file (see `gpt_ft.model.weights`)."""
-        from gpt_ft.model import hf, weights
+        qwen2 or mistral), a hub id, or a gpt_ft checkpoint file (see `gpt_ft.model.checkpoint`)."""
+        from gpt_ft.model import weights
 
         local = Path(path).expanduser()
-        if local.is_file() or local.suffix == ".ckpt":
-            return weights.load_weights(local)
-        return hf.from_pretrained(path)
+        return weights.load_weights(local if local.is_file() or local.suffix == ".ckpt" else path, cls)
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: Checkpoint) -> GPT:
+        """The GPT of a gpt_ft checkpoint already read (`Checkpoint.read`); LoRA adapters are loaded
+        onto their base weights and merged."""
+        from gpt_ft.model import weights
+
+        return weights.gpt_from_checkpoint(checkpoint, cls)
 
     def to_hf(self):
         """The matching transformers LM-head model (OpenAIGPTLMHeadModel, GPT2LMHeadModel,

@@ -8,11 +8,16 @@ differently) plus a transpose list (transformers keeps these layers as `Conv1D`,
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from gpt_ft.model import GPT, GPTConfig, hf_llama
+from gpt_ft.model import hf_llama
+from gpt_ft.model.config import GPTConfig
+
+if TYPE_CHECKING:
+    from gpt_ft.model.gpt import GPT
 
 # HF name -> ours, for the GPT-1 family (GPT-2's names are ours already).
 _OPENAI_NAMES = {"tokens_embed.": "wte.", "positions_embed.": "wpe."}
@@ -176,9 +181,9 @@ def state_dict_to_hf(state: dict[str, Tensor], family: str) -> dict[str, Tensor]
     return out
 
 
-def _load(config: GPTConfig, state: dict[str, Tensor], source: str) -> GPT:
+def _load(config: GPTConfig, state: dict[str, Tensor], source: str, cls: type[GPT]) -> GPT:
     with torch.device("meta"):
-        gpt = GPT(config)
+        gpt = cls(config)
     missing, unexpected = gpt.load_state_dict(state, strict=False, assign=True)
     if missing or unexpected:
         raise ValueError(
@@ -191,21 +196,21 @@ def _load(config: GPTConfig, state: dict[str, Tensor], source: str) -> GPT:
     return gpt
 
 
-def from_hf(hf_model) -> GPT:
-    """A GPT with the weights of a transformers OpenAIGPT*/GPT2* model (base or LM-head)."""
+def from_hf(hf_model, cls: type[GPT]) -> GPT:
+    """A `cls` (GPT) with the weights of a transformers OpenAIGPT*/GPT2* model (base or LM-head)."""
     config = getattr(hf_model, "config", None)
     if config is None:
         raise ValueError(f"Expected a transformers model instance, got {type(hf_model).__name__}.")
     state = {k: v.detach().clone() for k, v in hf_model.state_dict().items()}
-    return _convert(config, state, type(hf_model).__name__)
+    return _convert(config, state, type(hf_model).__name__, cls)
 
 
-def _convert(hf_config, state: dict[str, Tensor], source: str) -> GPT:
+def _convert(hf_config, state: dict[str, Tensor], source: str, cls: type[GPT]) -> GPT:
     family = _family(hf_config)
     config = config_from_hf(hf_config)
     if family in hf_llama.MODEL_TYPES:
-        return _load(config, hf_llama.state_dict_from_hf(state, config), source)
-    return _load(config, state_dict_from_hf(state, family), source)
+        return _load(config, hf_llama.state_dict_from_hf(state, config), source, cls)
+    return _load(config, state_dict_from_hf(state, family), source, cls)
 
 
 def to_hf(gpt: GPT):
@@ -234,7 +239,7 @@ def to_hf(gpt: GPT):
     return hf_model.eval() if not gpt.training else hf_model
 
 
-def from_pretrained(path: str | os.PathLike) -> GPT:
+def from_pretrained(path: str | os.PathLike, cls: type[GPT]) -> GPT:
     """Load a transformers directory (config.json plus model.safetensors or pytorch_model.bin), or
     a hub id's snapshot (`ORG/NAME[@revision]`).
 
@@ -260,4 +265,4 @@ def from_pretrained(path: str | os.PathLike) -> GPT:
         state = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
     else:
         raise FileNotFoundError(f"{path} has no model.safetensors or pytorch_model.bin weights file.")
-    return _convert(hf_config, state, str(path))
+    return _convert(hf_config, state, str(path), cls)

@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from gpt_ft.workarounds import torchao_import_loggers
+
 TARGETS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
 QUANTIZE = ("nf4",)
 # QLoRA §3: an absmax constant per block of 64 weights, and those constants in 8 bits per block of
@@ -82,7 +84,7 @@ def import_torchao():
     use (its CUDA kernels, which fail to load under a CPU-only torch; an enum registered with
     torch's pytree); None where torchao is not installed. Once imported, later imports (transformers
     makes one) are silent too."""
-    loggers = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
+    loggers = torchao_import_loggers()
     levels = [logger.level for logger in loggers]
     for logger in loggers:
         logger.setLevel(logging.ERROR)

@@ -13,12 +13,11 @@
   so a crash while saving never leaves a truncated file where the last good checkpoint was; and
   read with `weights_only=True`.
 
-The checkpoint's layout (the model's config and weights, a LoRA run's adapters) is in saved.py.
+The checkpoint's format (its keys, reader and writer) is `gpt_ft/model/checkpoint.py`'s.
 """
 
 from __future__ import annotations
 
-import errno
 import os
 import random
 import signal
@@ -37,8 +36,8 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 
-from gpt_ft.errors import writing
-from gpt_ft.model.weights import TOKENIZER, safe_load
+from gpt_ft.model.checkpoint import Checkpoint, safe_load, save_file
+from gpt_ft.workarounds import clear_graceful_stop, request_graceful_stop, should_accumulate
 
 LAST = f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}.ckpt"
 
@@ -57,7 +56,7 @@ class WholeStepTimer(Timer):
         return "Timer"
 
     def on_train_batch_end(self, trainer, *args: Any, **kwargs: Any) -> None:
-        if not trainer.fit_loop.epoch_loop._should_accumulate():
+        if not should_accumulate(trainer):
             super().on_train_batch_end(trainer, *args, **kwargs)
 
 
@@ -127,7 +126,7 @@ class SaveLast(Callback):
             self._restore_sigint()
             raise KeyboardInterrupt
         self._stop_signal = signal.SIGINT
-        trainer._signal_connector.received_sigterm = True  # the flag Lightning's SIGTERM handler sets
+        request_graceful_stop(trainer)  # as Lightning's SIGTERM handler does
         if trainer.is_global_zero:
             # os.write, not print: the handler may interrupt a print to the same stream.
             note = (
@@ -145,15 +144,16 @@ class SaveLast(Callback):
             self._previous_sigint = None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        accumulating = trainer.fit_loop.epoch_loop._should_accumulate()
+        accumulating = should_accumulate(trainer)
         if self.every_n_steps and not accumulating and trainer.global_step % self.every_n_steps == 0:
             self._save(trainer)
         if trainer.received_sigterm or self._sigterm_pending:
-            signals = trainer._signal_connector
             if accumulating:  # finish the optimizer step first: no accumulated gradient is lost
-                self._sigterm_pending, signals.received_sigterm = True, False
+                self._sigterm_pending = True
+                clear_graceful_stop(trainer)
                 return
-            self._sigterm_pending, signals.received_sigterm = False, True  # Lightning stops after this hook
+            self._sigterm_pending = False
+            request_graceful_stop(trainer)  # Lightning stops after this hook
             self._saved_message(trainer, self._save(trainer) or self.path(trainer))
 
     def on_validation_end(self, trainer, pl_module) -> None:
@@ -167,7 +167,7 @@ class SaveLast(Callback):
         # The exit code that names the signal: gpt-ft's CLI exits with it (130 for Ctrl-C).
         exception.code = 128 + (self._stop_signal or signal.SIGTERM)
         # The signal noticed by Lightning after this callback's batch hook (or during validation).
-        if not trainer.fit_loop.epoch_loop._should_accumulate():
+        if not should_accumulate(trainer):
             path = self._save(trainer)
             if path is not None:
                 self._saved_message(trainer, path)
@@ -256,11 +256,12 @@ class Provenance(Callback):
             load_tokenizer(tokenizer).save_pretrained(Path(ckpt.dirpath) / "tokenizer")
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
+        saved = Checkpoint(checkpoint)
         if pl_module.hparams.get("tokenizer"):
-            checkpoint[TOKENIZER] = "tokenizer"  # a folder beside the checkpoint file
+            saved.tokenizer = "tokenizer"  # a folder beside the checkpoint file
         if self.data_config is not None:
-            checkpoint["data_config"] = self.data_config
-        checkpoint["gpt_ft"] = {"version": version("gpt_ft"), "commit": source_commit()}
+            saved.data = self.data_config
+        saved.provenance = {"version": version("gpt_ft"), "commit": source_commit()}
 
 
 def source_commit() -> str | None:
@@ -287,30 +288,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         return safe_load(path, lambda p: load(p, map_location, weights_only=weights_only is not False))
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options=None) -> None:
-        path = Path(path)
-        tmp = path.with_name(f".{path.name}.tmp")
-        with writing(path):  # no space left, permission denied: one sentence, the previous file kept
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                with open(tmp, "wb") as f:
-                    _save(checkpoint, f)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, path)
-            finally:
-                tmp.unlink(missing_ok=True)
-
-
-def _save(checkpoint: dict[str, Any], f) -> None:
-    """torch.save, whose zip writer may report a failed write (a full disk) as a RuntimeError about
-    its stream position: as the OSError it is."""
-    try:
-        torch.save(checkpoint, f)
-    except RuntimeError as exc:
-        if "inline_container" not in str(exc) and "PytorchStreamWriter" not in str(exc):
-            raise
-        cause = exc.__context__ if isinstance(exc.__context__, OSError) else None
-        raise cause or OSError(errno.EIO, "the checkpoint writer failed; is the disk full?") from exc
+        save_file(checkpoint, path)
 
 
 def find_last_checkpoint(root: str | Path) -> Path | None:

@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from lightning import LightningModule
+from lightning import LightningModule, Trainer
 from torch import Tensor, nn
 
 from gpt_ft.adapters import TaskAdapter
 from gpt_ft.data.batches import TokenBatch
+from gpt_ft.model.checkpoint import Checkpoint
 from gpt_ft.model.lora import LoRA
-from gpt_ft.model.weights import CONFIG
 from gpt_ft.training.checkpointing import stop_on_nonfinite
 from gpt_ft.training.eval_metrics import EvalMetrics, Evaluation, split_key
 from gpt_ft.training.optim import MuonAdamW, adamw, fused_adamw, lr_lambda
@@ -26,6 +26,7 @@ from gpt_ft.training.predictions import write_predictions
 from gpt_ft.training.ranks import finite_everywhere, gather, mean_over_ranks
 from gpt_ft.training.saved import build_gpt, check_lora_resume, lora_checkpoint
 from gpt_ft.training.terms import batch_terms, combined_loss
+from gpt_ft.workarounds import is_compiled
 
 
 def new_token_ids(tokenizer: str | None) -> list[int] | None:
@@ -36,6 +37,15 @@ def new_token_ids(tokenizer: str | None) -> list[int] | None:
 
     vocab = load_tokenizer(tokenizer).get_vocab()
     return sorted(vocab[token] for token in SPECIAL_TOKENS.values() if token in vocab)
+
+
+def attached_trainer(module: LightningModule) -> Trainer | None:
+    """`module`'s Trainer, or None where it has none (`load_from_checkpoint`, a direct call):
+    `LightningModule.trainer` raises there (Lightning-AI/pytorch-lightning#13638)."""
+    try:
+        return module.trainer
+    except RuntimeError:
+        return None
 
 
 class GPTModule(Evaluation, LightningModule):
@@ -148,7 +158,7 @@ class GPTModule(Evaluation, LightningModule):
 
     def configure_model(self) -> None:
         # Called by the Trainer once the device and strategy are set, before the optimizer exists.
-        if self.compile_backend and not getattr(self.gpt, "_compiled_call_impl", None):
+        if self.compile_backend and not is_compiled(self.gpt):
             self.gpt.compile(backend=self.compile_backend)
 
     def set_class_weights(self, weights: Tensor) -> None:
@@ -164,25 +174,24 @@ class GPTModule(Evaluation, LightningModule):
         self.head.class_weights = weights.to(self.head.weight.device)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        saved = Checkpoint(checkpoint)
         # The model's own shape, so that the weights load without the run's arguments.
-        checkpoint[CONFIG] = dict(vars(self.gpt.config))
+        saved.gpt_config = vars(self.gpt.config)
         if self.lora is not None:
-            lora_checkpoint(checkpoint, self.gpt, self.lora, self.init_from)
-        if self.temperature != 1.0:
-            checkpoint["temperature"] = self.temperature
+            lora_checkpoint(saved, self.gpt, self.lora, self.init_from)
+        saved.temperature = self.temperature
         if self.head is not None and self.head.class_weights is not None:
-            checkpoint["class_weights"] = self.head.class_weights.tolist()
+            saved.class_weights = self.head.class_weights.tolist()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """A checkpoint of another shape is named in one sentence, not a page of size mismatches."""
-        stored, config = checkpoint.get(CONFIG), self.gpt.config
-        where = getattr(self._trainer, "ckpt_path", None) or "The checkpoint"
-        check_lora_resume(checkpoint, self.lora, where)
-        self.temperature = float(checkpoint.get("temperature", 1.0))
-        if checkpoint.get("class_weights") is not None and self.head is not None:
-            self.head.class_weights = torch.tensor(
-                checkpoint["class_weights"], device=self.head.weight.device
-            )
+        loaded = Checkpoint(checkpoint)
+        stored, config = loaded.gpt_config, self.gpt.config
+        where = getattr(attached_trainer(self), "ckpt_path", None) or "The checkpoint"
+        check_lora_resume(loaded, self.lora, where)
+        self.temperature = loaded.temperature
+        if loaded.class_weights is not None and self.head is not None:
+            self.head.class_weights = torch.tensor(loaded.class_weights, device=self.head.weight.device)
         differ = [k for k in config.SHAPE_FIELDS if k in (stored or {}) and stored[k] != getattr(config, k)]
         if differ:
             theirs = ", ".join(f"{k}={stored[k]}" for k in differ)
@@ -191,7 +200,7 @@ class GPTModule(Evaluation, LightningModule):
                 f"{where} holds a model with {theirs} but this run builds {ours}: give the same "
                 "--model.preset/--model.overrides, or start anew from it with --model.init_from."
             )
-        head = checkpoint.get("state_dict", {}).get("head.weight")
+        head = loaded.submodule_state("head").get("weight")
         if head is not None and self.head is not None and head.shape[0] != self.head.out_features:
             raise ValueError(
                 f"{where} has a task head of {head.shape[0]} outputs but task {self.task.name!r} needs "
@@ -217,7 +226,8 @@ class GPTModule(Evaluation, LightningModule):
         the loss over the global batch, as one process with the whole batch would compute it.
         """
         terms = self.terms(batch)
-        world = self.trainer.world_size if self._trainer is not None else 1
+        trainer = attached_trainer(self)
+        world = trainer.world_size if trainer is not None else 1
         parts = {}
         if "lm_sum" in terms:
             parts["lm_loss"] = terms["lm_sum"].sum() / mean_over_ranks(terms["lm_count"].sum(), world)

@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 import torch
 from torch import nn
 
+from gpt_ft.workarounds import decline_step_unscaling
+
 
 def adamw(
     parameters: Iterable[nn.Parameter],
@@ -30,7 +32,7 @@ def adamw(
     # The fused kernel offers to unscale fp16 gradients inside its step, and Lightning then refuses
     # to clip them under mixed precision. Declined, the GradScaler unscales them before clipping, as
     # for any optimizer (bf16-mixed has no scaler at all).
-    optimizer._step_supports_amp_scaling = False
+    decline_step_unscaling(optimizer)
     return optimizer
 
 

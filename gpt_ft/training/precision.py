@@ -18,16 +18,15 @@ import time
 
 import torch
 
+from gpt_ft.workarounds import mkldnn_bf16_supported
+
 BF16 = ("bf16-mixed", "bf16-true", "bf16")
 FORCE = "GPT_FT_CPU_BF16"
 
 
 def cpu_has_bf16() -> bool:
     """Whether oneDNN has bf16 matrix instructions on this CPU (AVX-512 BF16 or AMX)."""
-    try:
-        return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
+    return mkldnn_bf16_supported()
 
 
 @functools.cache

@@ -1,14 +1,11 @@
 """What a run's checkpoint holds beyond the model, and the GPT a run starts from.
 
-A `GPTModule` checkpoint is Lightning's: the module's `state_dict` under "state_dict", with its
-submodules' names as prefixes (`gpt.`, `head.`), and its arguments under "hyper_parameters". The
-module's GPT is the attribute `gpt` and `on_save_checkpoint` adds the GPT's config, so that the
-file is also a gpt_ft checkpoint as the model layer reads it (`gpt_ft.model.weights`: weights load
-with no run's arguments). `Provenance` (checkpointing.py) adds the tokenizer, the data section and
-the version.
+A `GPTModule` checkpoint is Lightning's, with gpt_ft's entries added through
+`gpt_ft.model.checkpoint.Checkpoint` (the format's one home): the module's GPT is its attribute
+`gpt`, so its tensors are the "gpt." ones and the file is also a checkpoint the model layer reads
+with no run's arguments.
 
 - `build_gpt`: the GPT a run starts from: loaded weights or a preset, grown to fit the tokenizer.
-- `submodule_state`: a submodule's weights (the task head's) from a checkpoint.
 - `lora_checkpoint`, `check_lora_resume`: a LoRA run's checkpoints hold its trained weights and
   the base weights' name (or the merged model), and resume only a LoRA run.
 - `recorded_run`: the model and data arguments a checkpoint records (`gpt-ft validate --ckpt_path`).
@@ -23,9 +20,10 @@ import torch
 from torch import nn
 
 from gpt_ft.model import GPT, GPTConfig
+from gpt_ft.model.checkpoint import GPT_PREFIX, Adapters, Checkpoint
 from gpt_ft.model.gpt import with_dropout
 from gpt_ft.model.lora import LoRA, add_lora, merged_state_dict
-from gpt_ft.model.weights import ADAPTERS, CONFIG, PREFIX, STATE, adapters_entry, load_weights
+from gpt_ft.workarounds import CLI_HPARAMS
 
 SPECIAL_TOKEN_ROOM = 8  # start, delim, extract and pad (GPT-1 §3.3), with room to spare
 # Released tables round their rows up to a multiple of 64, leaving rows no token uses: Qwen2.5
@@ -51,7 +49,7 @@ def build_gpt(
     (`new_token_ids`) then take unused rows, re-initialised as new tokens are, and the table keeps
     its released size."""
     if init_from:
-        gpt = load_weights(init_from)
+        gpt = GPT.from_pretrained(init_from)
         if overrides:
             for key, value in overrides.items():
                 if key.endswith("pdrop"):
@@ -107,61 +105,55 @@ def check_tokenizer_fits(vocab_size: int, weights_vocab: int, init_from: str) ->
         )
 
 
-def submodule_state(checkpoint: dict[str, Any], name: str) -> dict[str, Any]:
-    """The weights of the LightningModule's submodule `name` (gpt, head), their prefix dropped."""
-    prefix = name + "."
-    return {k.removeprefix(prefix): v for k, v in checkpoint[STATE].items() if k.startswith(prefix)}
-
-
 def base_reference(init_from: str) -> str:
     """How a LoRA checkpoint names its base weights: an absolute path, or the hub id as given."""
     local = Path(init_from).expanduser()
     return str(local.resolve()) if local.exists() else init_from
 
 
-def lora_checkpoint(checkpoint: dict[str, Any], gpt: nn.Module, lora: LoRA, init_from: str) -> None:
+def lora_checkpoint(checkpoint: Checkpoint, gpt: nn.Module, lora: LoRA, init_from: str) -> None:
     """A LoRA run's checkpoint: the trained weights and the base weights' name (the frozen weights
     come from there), or with `lora.checkpoint == "merged"` the merged model as a plain checkpoint."""
-    state = checkpoint[STATE]
+    state = checkpoint.state
     if lora.checkpoint == "merged":
         merged = merged_state_dict(gpt)
-        others = {k: v for k, v in state.items() if not k.startswith(PREFIX)}
-        checkpoint[STATE] = {**others, **{PREFIX + k: v for k, v in merged.items()}}
-        checkpoint.setdefault("hyper_parameters", {})["lora"] = None  # a plain model from now on
+        others = {k: v for k, v in state.items() if not k.startswith(GPT_PREFIX)}
+        checkpoint.state = {**others, **{GPT_PREFIX + k: v for k, v in merged.items()}}
+        checkpoint.hyper_parameters["lora"] = None  # a plain model from now on
         return
-    frozen = {PREFIX + n for n, p in gpt.named_parameters() if not p.requires_grad}
-    checkpoint[STATE] = {k: v for k, v in state.items() if k not in frozen}
-    checkpoint[ADAPTERS] = adapters_entry(
-        lora, base=base_reference(init_from), new_tokens_from=gpt.wte.frozen
-    )
+    frozen = {GPT_PREFIX + n for n, p in gpt.named_parameters() if not p.requires_grad}
+    checkpoint.state = {k: v for k, v in state.items() if k not in frozen}
+    checkpoint.adapters = Adapters.of(lora, base=base_reference(init_from), new_tokens_from=gpt.wte.frozen)
 
 
-def check_lora_resume(checkpoint: dict[str, Any], lora: LoRA | None, where: str) -> None:
+def check_lora_resume(checkpoint: Checkpoint, lora: LoRA | None, where: str) -> None:
     """A LoRA run resumes from adapters only, and adapters only resume a LoRA run: one sentence."""
-    if lora is not None and ADAPTERS not in checkpoint:
+    if lora is not None and checkpoint.adapters is None:
         raise ValueError(
             f"{where} holds no LoRA adapters (a merged or plain model) and a LoRA run resumes only "
             "from adapters: start anew from it with --model.init_from."
         )
-    if lora is None and ADAPTERS in checkpoint:
+    if lora is None and checkpoint.adapters is not None:
         raise ValueError(
             f"{where} holds LoRA adapters: resume it with the same --model.lora, or load it with "
             "Classifier.from_checkpoint or --model.init_from."
         )
 
 
-def recorded_run(checkpoint: dict[str, Any], path: str) -> dict[str, Any]:
+def recorded_run(checkpoint: Checkpoint) -> dict[str, Any]:
     """The arguments a run's checkpoint records, to evaluate it with no others: `model` (built
     from the checkpoint's own weights whatever the run's preset, overrides or transfer; LoRA
     adapters on their base weights again) and `data` (the data section, task card included).
     Empty for a file that is not a gpt_ft checkpoint."""
-    if CONFIG not in checkpoint:
+    if not checkpoint.is_gpt_ft:
         return {}
-    linked = ("vocab_size", "tokenizer", "task", "_instantiator", "_class_path")  # set from the data
-    model = {k: v for k, v in checkpoint.get("hyper_parameters", {}).items() if k not in linked}
-    base = checkpoint[ADAPTERS]["base"] if ADAPTERS in checkpoint else str(path)
-    model.update(init_from=base, overrides=None, transfer_layers=None)
+    linked = ("vocab_size", "tokenizer", "task", *CLI_HPARAMS)  # set from the data, or by LightningCLI
+    model = {k: v for k, v in checkpoint.hyper_parameters.items() if k not in linked}
+    adapters = checkpoint.adapters
+    model.update(
+        init_from=adapters.base if adapters else str(checkpoint.path), overrides=None, transfer_layers=None
+    )
     recorded = {"model": model}
-    if checkpoint.get("data_config"):
-        recorded["data"] = checkpoint["data_config"]
+    if checkpoint.data:
+        recorded["data"] = checkpoint.data
     return recorded

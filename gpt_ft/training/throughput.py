@@ -13,10 +13,10 @@ import time
 
 import torch
 from lightning.pytorch.callbacks import Callback, ModelSummary
-from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from gpt_ft.data.batches import SharedContextBatch
+from gpt_ft.workarounds import summary_table
 
 # Dense (not 2:4 sparse) bf16 tensor-core peaks in TFLOP/s, from NVIDIA's datasheets; longest
 # names first so that "H100 NVL" is not read as "H100".
@@ -98,7 +98,7 @@ class ParameterSummary(ModelSummary):
     def summarize(summary_data, total_parameters, trainable_parameters, model_size, total_training_modes,
                   total_flops, **kwargs) -> None:  # fmt: skip
         columns = [(name, values) for name, values in summary_data if name != "FLOPs" or total_flops]
-        table = _format_summary_table(
+        table = summary_table(
             total_parameters, trainable_parameters, model_size, total_training_modes, total_flops, *columns
         )
         if not total_flops:

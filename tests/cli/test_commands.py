@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from gpt_ft.cli import main
-from gpt_ft.cli.commands import _repeatable
+from gpt_ft.cli.commands import _repeatable, jsonargparse_syntax
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
 from tests.helpers import PAIR_CARD, ROOT, SENTENCES, write_corpus
 
@@ -251,3 +251,44 @@ def test_a_command_that_loads_transformers_models_prints_nothing_of_torchao(tmp_
     )
     assert "none.yaml" in run.stderr  # the command ran (and failed, in one sentence)
     assert "torchao" not in run.stderr and "register_constant" not in run.stderr, run.stderr
+
+
+def test_argparse_habits_become_the_syntax_jsonargparse_reads():
+    from gpt_ft.cli.commands import prepare, suite
+    from gpt_ft.cli.explain import explain
+
+    files = ["--tokenizer", "t", "a.txt", "books", "--out_dir", "o"]
+    assert jsonargparse_syntax(files, prepare) == ["--tokenizer", "t", '["a.txt", "books"]', "--out_dir", "o"]
+    assert jsonargparse_syntax(["--dataset", "wiki"], prepare) == ["[]", "--dataset", "wiki"]
+    assert jsonargparse_syntax(["--json", "--index", "-1", "--split=dev"], explain) == [
+        "--json=true",
+        "--index",
+        "-1",
+        "--split=dev",
+    ]
+    argv = ["s.yaml", "--seeds", "0", "1", "--predict", "--fine_tune", "false", "--", "--data.batch_size=2"]
+    assert jsonargparse_syntax(argv, suite, rest="fit_args") == [
+        "s.yaml",
+        "--predict=true",
+        "--fine_tune",
+        "false",
+        '--seeds=["0", "1"]',
+        '--fit_args=["--data.batch_size=2"]',
+    ]
+
+
+def test_every_parameter_of_a_command_is_documented():
+    """A typed command's `--help` is its docstring: each parameter has its line under `Args:`."""
+    import inspect
+
+    from docstring_parser import parse
+
+    from gpt_ft.cli import commands
+    from gpt_ft.cli.explain import explain
+    from gpt_ft.eval.generation import generate
+
+    functions = [explain, generate, *(getattr(commands, n) for n in ("prepare", "tokenizer", "label"))]
+    functions += [getattr(commands, n) for n in ("suite", "calibrate", "export")]
+    for function in functions:
+        documented = [p.arg_name for p in parse(function.__doc__).params]
+        assert documented == list(inspect.signature(function).parameters), function.__name__

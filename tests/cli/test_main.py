@@ -292,7 +292,7 @@ def test_lora_checkpoints_hold_the_adapters_or_the_merged_model(tmp_path, tokeni
     load; with lora.checkpoint=merged the same run's checkpoint is a plain model that predicts
     the same probabilities."""
     from gpt_ft import Classifier
-    from gpt_ft.model.weights import safe_load
+    from gpt_ft.model.checkpoint import safe_load
 
     adapters = fit_llama_family(tmp_path, tokenizer_dir, "llama", "--model.lora.rank=4")
     stored = safe_load(adapters)
@@ -331,7 +331,7 @@ def test_lora_on_4_bit_weights_fine_tunes_and_its_adapters_load(tmp_path, tokeni
     weights only, records the setting, validates and loads (the base quantized anew, then merged)."""
     pytest.importorskip("torchao", reason='the "quantize" extra')
     from gpt_ft import Classifier
-    from gpt_ft.model.weights import safe_load
+    from gpt_ft.model.checkpoint import safe_load
 
     lora = ["--model.lora.rank=4", "--model.lora.quantize=nf4"]
     ckpt = fit_llama_family(tmp_path, tokenizer_dir, "llama", *lora)

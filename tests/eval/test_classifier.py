@@ -5,6 +5,8 @@ shape is checked where each shape is fine-tuned (tests/cli/test_lightning.py,
 `assert_classifier_agrees`)."""
 
 import csv
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +23,27 @@ def test_examples_name_the_cards_fields(finetuned):
     assert sum(result["scores"].values()) == pytest.approx(1.0)
     with pytest.raises(ValueError, match=r"example 0 has no field 'sentence'"):
         clf.predict([{"text": "another field"}])
+
+
+def test_reading_a_checkpoint_calls_nothing_in_training(finetuned):
+    """The checkpoint's format lives below the training layer: `Classifier.from_checkpoint` reads
+    it, its weights, card and tokenizer without calling a function of gpt_ft/training/."""
+    import gpt_ft
+
+    training = str(Path(gpt_ft.__file__).parent / "training")
+    called = set()
+
+    def profile(frame, event, arg):
+        if event == "call":
+            called.add(frame.f_code.co_filename)
+
+    sys.setprofile(profile)
+    try:
+        clf = Classifier.from_checkpoint(finetuned.ckpt, device="cpu")
+    finally:
+        sys.setprofile(None)
+    assert clf.task.name and any("gpt_ft/model/checkpoint.py" in f for f in called)
+    assert sorted(f for f in called if f.startswith(training)) == []
 
 
 def test_label_writes_each_row_with_its_prediction(finetuned, tmp_path, capsys):

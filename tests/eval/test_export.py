@@ -1,6 +1,7 @@
 """`gpt-ft export`: a fine-tuned classifier as a transformers folder. In a process that never
 imports gpt_ft, transformers' pipeline and AutoModelForSequenceClassification give the labels and
-probabilities of `Classifier`, for each exportable kind on GPT-1-, GPT-2- and Llama-shaped models."""
+probabilities of `Classifier`, for each exportable kind on GPT-1-, GPT-2- and Llama-shaped models,
+from the token ids gpt_ft trains on, truncated texts and pairs included."""
 
 from __future__ import annotations
 
@@ -19,7 +20,15 @@ from gpt_ft.model import GPT, GPTConfig
 from tests.cli.test_bad_outputs import error, files
 from tests.helpers import GEMMA3_MICRO, QWEN3_MICRO
 
-TEXTS = ["the cat sat on the mat .", "it is not good", "two dogs run in a park . " * 3, "a"]
+# Paired with each other in reverse order; the first and last are longer than the models' 48
+# positions, alone and together: the tokenizer's truncation must keep what gpt_ft's keeps.
+TEXTS = [
+    "the quick brown fox jumps over the lazy dog . " * 5,
+    "it is not good",
+    "two dogs run in a park . " * 3,
+    "a",
+    "she decides to bake a batch of brownies for the party . " * 4,
+]
 KINDS = {
     "single": (SingleText(name="s", labels=["negative", "positive"]), lambda a, b: {"sentence": a}),
     "pair": (
@@ -28,7 +37,12 @@ KINDS = {
     ),
     "regression": (SingleText(name="r", regression=True), lambda a, b: {"sentence": a}),
     "multi-label": (MultiLabel(name="m", labels=["x", "y", "z"]), lambda a, b: {"text": a}),
+    "similarity": (
+        Similarity(name="q", labels=["different", "same"]),
+        lambda a, b: {"sentence1": a, "sentence2": b},
+    ),
 }
+PAIRED = ("pair", "similarity")
 
 # Run with a python that has transformers but never imports gpt_ft: what a serving stack sees.
 READER = """
@@ -38,16 +52,19 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipe
 
 results = {}
 for name, folder, pairs in json.loads(sys.argv[1]):
-    classify = pipeline("text-classification", model=folder)
+    # trust_remote_code: a similarity model's class is in its folder (standard ones load the same)
+    classify = pipeline("text-classification", model=folder, trust_remote_code=True)
     inputs = [{"text": a, "text_pair": b} if b is not None else a for a, b in pairs]
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
-    logits = []
+    model = AutoModelForSequenceClassification.from_pretrained(folder, trust_remote_code=True).eval()
+    logits, ids = [], []
     for a, b in pairs:
+        encoded = tokenizer(a, b, truncation=True, return_tensors="pt")
+        ids.append(encoded["input_ids"][0].tolist())
         with torch.no_grad():
-            logits.append(model(**tokenizer(a, b, return_tensors="pt")).logits[0].tolist())
-    results[name] = {"pipeline": classify(inputs, top_k=None), "logits": logits,
-                     "class": type(model).__name__, "problem_type": model.config.problem_type}
+            logits.append(model(**encoded).logits[0].tolist())
+    results[name] = {"pipeline": classify(inputs, top_k=None, truncation=True), "logits": logits,
+                     "ids": ids, "class": type(model).__name__, "problem_type": model.config.problem_type}
 print(json.dumps({"results": results, "imported_gpt_ft": "gpt_ft" in sys.modules}))
 """
 
@@ -95,34 +112,41 @@ def test_exported_classifiers_give_the_classifiers_labels_and_probabilities(tmp_
             clf = classifier(kind, shape, tokenizer_dir)
             if shape == "gpt1" and kind != "regression":
                 clf.temperature = 2.5  # as `gpt-ft calibrate` leaves it: the exported scores are divided too
-            pairs = [(a, TEXTS[-1 - i] if kind == "pair" else None) for i, a in enumerate(TEXTS)]
-            expected[name] = (clf.predict([example(a, b) for a, b in pairs]), clf.head)
+            pairs = [(a, TEXTS[-1 - i] if kind in PAIRED else None) for i, a in enumerate(TEXTS)]
+            examples = [example(a, b) for a, b in pairs]
+            ids = [encoded["input_ids"][0] for encoded in clf.encode(examples)]  # the first order
+            expected[name] = (clf.predict(examples), ids)
             jobs.append((name, str(export_classifier(clf, tmp_path / name)), pairs))
     got = read_without_gpt_ft(READER, jobs)
-    for name, (outcomes, head) in expected.items():
+    for name, (outcomes, ids) in expected.items():
         result = got["results"][name]
         kind, shape = name.rsplit("-", 1)
-        assert result["class"] == f"{SHAPES[shape][2]}ForSequenceClassification"
+        family = SHAPES[shape][2] + ("Similarity" if kind == "similarity" else "")
+        assert result["class"] == f"{family}ForSequenceClassification"
+        assert result["ids"] == ids  # the served model reads the tokens the trained one read
+        assert max(map(len, ids)) == 48  # truncated, alone and in pairs
         for outcome, ranked, logits in zip(outcomes, result["pipeline"], result["logits"]):
             scores = {r["label"]: r["score"] for r in ranked}
             if kind == "regression":  # the score itself, as the label's score
                 assert result["problem_type"] == "regression"
-                assert scores["label"] == pytest.approx(outcome["scores"], abs=1e-4)
-                assert logits[0] == pytest.approx(outcome["scores"], abs=1e-4)
+                assert scores["label"] == pytest.approx(outcome["scores"], abs=1e-5)
+                assert logits[0] == pytest.approx(outcome["scores"], abs=1e-5)
                 continue
             assert scores.keys() == outcome["scores"].keys()
             for label, probability in outcome["scores"].items():
-                assert scores[label] == pytest.approx(probability, abs=1e-4)
+                assert scores[label] == pytest.approx(probability, abs=1e-5)
             if kind != "multi-label":  # the pipeline's first label is the Classifier's
                 assert ranked[0]["label"] == outcome["label"]
             else:
                 assert [n for n in outcome["scores"] if scores[n] > 0.5] == outcome["label"]
 
 
-def test_a_similarity_or_multiple_choice_task_is_not_exported(tmp_path, tokenizer_dir):
-    clf = classifier("single", "gpt2", tokenizer_dir)
-    clf.task = Similarity(name="sts", regression=True)
-    with pytest.raises(ValueError, match="'sts' \\(Similarity, regression\\) has no transformers class"):
+def test_a_llama_multiple_choice_task_is_not_exported(tmp_path, tokenizer_dir):
+    clf = classifier("single", "llama", tokenizer_dir)
+    clf.task = MultipleChoice(name="mc", context=["story"], choices=["end1", "end2"])
+    with pytest.raises(
+        ValueError, match="'mc' \\(MultipleChoice, multiple-choice\\) has no transformers class"
+    ):
         export_classifier(clf, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 
@@ -200,7 +224,8 @@ for name, folder, pairs in json.loads(sys.argv[1]):
     tokenizer = AutoTokenizer.from_pretrained(folder)
     session = onnxruntime.InferenceSession(folder + "/model.onnx")
     a, b = [p[0] for p in pairs], [p[1] for p in pairs]
-    encoded = tokenizer(a, b if b[0] is not None else None, padding=True, return_tensors="np")
+    second = b if b[0] is not None else None
+    encoded = tokenizer(a, second, padding=True, truncation=True, return_tensors="np")
     feed = {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
     results[name] = session.run(None, feed)[0].tolist()  # one padded batch: dynamic batch and length
 print(json.dumps({"results": results, "imported_gpt_ft": "gpt_ft" in sys.modules}))
@@ -210,9 +235,10 @@ print(json.dumps({"results": results, "imported_gpt_ft": "gpt_ft" in sys.modules
 def test_onnx_export_gives_the_classifiers_outputs_in_onnxruntime(tmp_path, tokenizer_dir):
     pytest.importorskip("onnxscript")
     jobs, expected = [], {}
-    for kind, shape in (("pair", "llama"),):  # rotary positions, GQA, a text pair
+    # rotary positions, GQA, a text pair; GPT-1 and a similarity pair: both orders inside the graph
+    for kind, shape in (("pair", "llama"), ("similarity", "gpt1")):
         clf = classifier(kind, shape, tokenizer_dir)
-        pairs = [(a, TEXTS[-1 - i] if kind == "pair" else None) for i, a in enumerate(TEXTS[:3])]
+        pairs = [(a, TEXTS[-1 - i]) for i, a in enumerate(TEXTS[:3])]
         example = KINDS[kind][1]
         expected[kind] = clf.predict([example(a, b) for a, b in pairs])
         jobs.append((kind, str(export_classifier(clf, tmp_path / kind, format="onnx")), pairs))
@@ -223,21 +249,26 @@ def test_onnx_export_gives_the_classifiers_outputs_in_onnxruntime(tmp_path, toke
     for kind, outcomes in expected.items():
         for outcome, logits in zip(outcomes, got["results"][kind]):
             logits = torch.tensor(logits)
-            probabilities = logits.softmax(-1) if kind == "pair" else logits.sigmoid()
-            assert probabilities.tolist() == pytest.approx(list(outcome["scores"].values()), abs=1e-4)
+            assert logits.softmax(-1).tolist() == pytest.approx(list(outcome["scores"].values()), abs=1e-4)
 
 
-def test_exporting_a_similarity_model_is_one_sentence(tmp_path, tokenizer_dir, capsys):
+def test_a_trained_similarity_model_exports_and_serves_its_scores(tmp_path, tokenizer_dir):
+    """`gpt-ft export` of an STS-B-shaped run (both orders, a score clipped to [0, 5]): the folder's
+    own model class gives `Classifier`'s scores, in a process that never imports gpt_ft."""
     from gpt_ft.cli import main
     from tests.helpers import common_args, make_task
 
     card = make_task("similarity", tmp_path)
     main(["fit", *common_args(card, tokenizer_dir, tmp_path), "--trainer.max_epochs=1"])
     ckpt = next(tmp_path.glob("runs/lightning_logs/version_0/checkpoints/last.ckpt"))
-    before = files(tmp_path)
-    assert error(capsys, "export", f"--ckpt_path={ckpt}", f"--out={tmp_path / 'out'}") == (
-        "Task 'sts' (Similarity, regression) has no transformers class to export to: a similarity task "
-        "adds two orders' states, and transformers has multiple-choice models of GPT-1 and GPT-2 only; "
-        "use gpt_ft's Classifier or `gpt-ft label` for it."
+    main(["export", f"--ckpt_path={ckpt}", f"--out={tmp_path / 'sts'}"])
+    pairs = [(TEXTS[0], TEXTS[-1]), ("it is not good", "a"), ("a", "it is not good")]
+    outcomes = Classifier.from_checkpoint(ckpt, device="cpu").predict(
+        [{"sentence1": a, "sentence2": b} for a, b in pairs]
     )
-    assert files(tmp_path) == before
+    result = read_without_gpt_ft(READER, [("sts", str(tmp_path / "sts"), pairs)])["results"]["sts"]
+    assert result["class"] == "OpenAIGPTSimilarityForSequenceClassification"
+    assert result["problem_type"] == "regression"
+    assert [r[0]["score"] for r in result["pipeline"]] == pytest.approx(
+        [o["scores"] for o in outcomes], abs=1e-5
+    )

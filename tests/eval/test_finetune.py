@@ -10,8 +10,9 @@ def test_best_epoch_ranks_an_undefined_score_last(monkeypatch):
     evaluations = [(0, {"validation/pearson": None}), (1, {"validation/pearson": 0.25}), (2, {})]
     monkeypatch.setattr(finetune, "main_key", lambda task: "validation/pearson")
 
-    class Trainer:
-        callbacks, sanity_checking = [], False
+    class Trainer:  # built with its History, as `BuildRun` builds them
+        def __init__(self) -> None:
+            self.callbacks, self.sanity_checking = [finetune.History()], False
 
         def fit(self, model, datamodule):
             history = self.callbacks[-1]
@@ -25,7 +26,7 @@ def test_best_epoch_ranks_an_undefined_score_last(monkeypatch):
 def test_a_run_without_a_task_or_a_validation_is_refused():
     class Trainer:
         def __init__(self) -> None:
-            self.callbacks, self.sanity_checking = [], False
+            self.callbacks, self.sanity_checking = [finetune.History()], False
 
         def fit(self, model, datamodule):
             pass
@@ -48,3 +49,20 @@ def test_main_key_and_finite():
     assert finetune.main_key(task) == "validation_matched/f1"
     assert finetune.finite(0.25) == 0.25 and finetune.finite(0.0) == 0.0
     assert finetune.finite(float("nan")) is None and finetune.finite(float("-inf")) is None
+
+
+def test_changed_options_name_what_differs_as_a_command_line_would():
+    def config(root: str, batch: int, labels: list[str], **task) -> dict:
+        card = {"class_path": "T", "init_args": {"labels": labels, **task}}
+        data = {"class_path": "D", "init_args": {"batch_size": batch, "task": card}}
+        return {"seed_everything": 0, "trainer": {"default_root_dir": root, "max_epochs": 3}, "data": data}
+
+    before, now = config("a", 4, ["x", "y"], hub=None), config("b", 2, ["x", "z"])
+    assert finetune.changed_options(before, now, ignored=("trainer.default_root_dir",)) == [
+        "--data.batch_size=2",
+        '--data.task.labels=["x", "z"]',
+        "not --data.task.hub=null",
+    ]
+    moved = config("c", 4, ["x", "y"], hub=None)
+    assert finetune.changed_options(before, moved) == ["--trainer.default_root_dir=c"]
+    assert finetune.changed_options(now, now) == []

@@ -338,3 +338,43 @@ def test_labels_saved_reads_the_first_rows_curve_against_the_seconds_largest_siz
     never = labels_saved({"scratch": scratch, "pretrained": pretrained})
     assert never["examples"] is None and never["ratio"] is None and never["target"] == 80.0
     assert labels_saved({"one": pretrained}) is None
+
+
+def test_a_suite_run_is_built_from_its_configuration(tmp_path, tokenizer_dir):
+    """The build hands the LightningCLI the configuration its arguments resolve to: the trainer is
+    built with the suite's History and with the epochs `--trainer.min_steps` needs."""
+    from gpt_ft.eval.finetune import History
+
+    card = make_task("single", tmp_path / "a")
+    args = [f"--data.task={card}", f"--data.tokenizer={tokenizer_dir}", f"--data.data_dir={tmp_path / 'a'}"]
+    args += [f"--trainer.default_root_dir={tmp_path / 'run'}", "--seed_everything=0", "--data.train_size=2"]
+    args += ["--trainer.min_steps=3"]
+    config = build_fit.resolve([*args, *FIT])
+    assert config["trainer"]["max_epochs"] == 1 and config["trainer"]["min_steps"] == 3
+    assert config["data"]["init_args"]["train_size"] == 2 and config["model"]["preset"] == "gpt-micro"
+    model, data, trainer = build_fit([*args, *FIT])
+    assert trainer.max_epochs == 3  # 2 examples: one batch, one optimizer step an epoch
+    assert [type(c) for c in trainer.callbacks].count(History) == 1
+    model, data, trainer = build_fit([*args[:-1], *FIT])
+    assert trainer.max_epochs == 1  # no min_steps: the config's epochs
+
+
+def test_a_rerun_compares_configurations_not_spellings(tmp_path, tokenizer_dir, monkeypatch, capsys):
+    single = make_task("single", tmp_path / "a")
+    suite = write_suite(tmp_path, f"name: r\nseeds: [0]\ntasks: [{single}]\n")
+    argv = ["suite", str(suite), f"--out_dir={tmp_path / 'out'}", f"--tokenizer={tokenizer_dir}"]
+    argv += [f"--data_dir={tmp_path / 'a'}", "--", "--model.preset=gpt-micro"]
+    calls = []
+    scored = ({"validation/accuracy": 0.5}, 0)
+    monkeypatch.setattr(suites, "fit_and_evaluate", lambda *a, **k: calls.append(a[1]) or scored)
+    main([*argv, "--data.batch_size=4", "--model.lr=1e-4"])
+    assert len(calls) == 1
+    main([*argv, "--model.lr", "0.0001", "--data.batch_size", "4"])  # the same values, spelled otherwise
+    assert len(calls) == 1
+    capsys.readouterr()
+    main([*argv, "--data.batch_size=4", "--model.lr=2e-4"])
+    assert len(calls) == 2
+    printed = capsys.readouterr().out
+    assert "sent seed 0: its arguments changed since it ran (--model.lr=0.0002): running it again" in printed
+    config = json.loads((tmp_path / "out" / "runs" / "sent" / "seed-0" / "result.json").read_text())["config"]
+    assert config["model"]["lr"] == 0.0002 and config["data"]["init_args"]["batch_size"] == 4

@@ -12,8 +12,10 @@ from gpt_ft import GPT
 from gpt_ft.cli import main
 from gpt_ft.data.tokenizer import load_tokenizer
 from gpt_ft.model import hub
-from gpt_ft.model.weights import load_weights, weights_tokenizer
+from gpt_ft.model.weights import weights_tokenizer
 from tests.helpers import common_args, make_task
+
+load_weights = GPT.from_pretrained
 
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 

@@ -2,7 +2,10 @@ import pytest
 import torch
 
 from gpt_ft.model import GPT, GPTConfig
-from gpt_ft.model.weights import CONFIG, PREFIX, STATE, load_weights, resolve_tokenizer
+from gpt_ft.model.checkpoint import GPT_CONFIG, GPT_PREFIX, STATE
+from gpt_ft.model.weights import resolve_tokenizer
+
+load_weights = GPT.from_pretrained
 
 
 def test_init_from_a_finetuned_checkpoint(finetuned):
@@ -14,8 +17,8 @@ def test_init_from_a_finetuned_checkpoint(finetuned):
 
 def test_a_checkpoint_file_is_the_config_and_the_prefixed_tensors(tmp_path):
     gpt = GPT(GPTConfig.from_name("gpt-micro", vocab_size=100, n_layer=1))
-    state = {PREFIX + k: v for k, v in gpt.state_dict().items()} | {"head.weight": torch.zeros(2, 64)}
-    torch.save({CONFIG: dict(vars(gpt.config)), STATE: state, "other": 1}, tmp_path / "plain.ckpt")
+    state = {GPT_PREFIX + k: v for k, v in gpt.state_dict().items()} | {"head.weight": torch.zeros(2, 64)}
+    torch.save({GPT_CONFIG: dict(vars(gpt.config)), STATE: state, "other": 1}, tmp_path / "plain.ckpt")
     loaded = GPT.from_pretrained(tmp_path / "plain.ckpt")
     assert loaded.config == gpt.config
     for key, value in gpt.state_dict().items():

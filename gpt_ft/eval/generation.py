@@ -1,0 +1,117 @@
+"""`gpt-ft generate`: a prompt continued by a trained model, each new token printed as it comes.
+
+The model is a gpt_ft checkpoint or a transformers folder; decoding is greedy, sampled (temperature,
+top-k, top-p) or a beam search (whose continuation is printed at the end). A prompt that leaves no
+room in the model's context for a new token is refused rather than cut.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from gpt_ft.model import GPT
+from gpt_ft.model.weights import resolve_tokenizer
+from gpt_ft.training.precision import cpu_precision
+
+
+def generate(
+    *,
+    ckpt_path: str,
+    prompt: str,
+    tokenizer: str | None = None,
+    max_new_tokens: int = 100,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    num_beams: int = 1,
+    length_penalty: float = 1.0,
+    seed: int = 0,
+    device: str | None = None,
+    precision: Literal["32-true", "bf16-mixed", "bf16-true"] = "32-true",
+) -> None:
+    """Continue a prompt with a trained model.
+
+    Args:
+        ckpt_path: A gpt_ft .ckpt or a transformers folder.
+        prompt: The text to continue.
+        tokenizer: Default: the one saved with the checkpoint.
+        max_new_tokens: Most tokens to add (fewer where the model's context ends first).
+        do_sample: Sample instead of greedy decoding.
+        temperature: Sampling temperature.
+        top_k: Sample among the k likeliest tokens only.
+        top_p: Sample among the likeliest tokens whose probabilities add up to p only.
+        num_beams: Beam search when > 1 (printed at the end).
+        length_penalty: Beam search: a beam's log-probability is divided by its length to this power.
+        seed: Seed of the sampling.
+        device: Default: cuda when there is one.
+        precision: bf16-mixed: fp32 weights, bf16 matrix products; bf16-true: bf16 weights and KV cache.
+    """
+    from gpt_ft.data.tokenizer import load_tokenizer  # transformers: loaded when the command runs
+
+    if max_new_tokens < 1:
+        raise ValueError(f"--max_new_tokens must be >= 1, got {max_new_tokens}.")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if torch.device(device).type == "cpu":
+        precision, why = cpu_precision(precision)
+        if why:
+            print(why, file=sys.stderr, flush=True)
+    tok = load_tokenizer(resolve_tokenizer(tokenizer, ckpt_path))
+    gpt = GPT.from_pretrained(ckpt_path).to(device).eval()
+    if precision == "bf16-true":
+        gpt = gpt.to(torch.bfloat16)
+    ids = tok(prompt, add_special_tokens=False)["input_ids"]
+    if not ids:
+        raise ValueError("--prompt is empty: give some text to continue.")
+    context = gpt.config.n_positions
+    if len(ids) >= context:  # refused rather than cut: what the model continues is what was typed
+        raise ValueError(
+            f"--prompt is {len(ids)} tokens and the model's context is {context} (n_positions), leaving "
+            f"no room for a new token: shorten it by at least {len(ids) - context + 1} tokens."
+        )
+    start = torch.tensor([ids], device=device)
+    max_new = min(max_new_tokens, context - len(ids))
+    eos = tok.eos_token_id
+    print(prompt, end="", flush=True)
+    with torch.autocast(torch.device(device).type, torch.bfloat16, enabled=precision == "bf16-mixed"):
+        if num_beams > 1:
+            out = gpt.generate(
+                start,
+                max_new_tokens=max_new,
+                num_beams=num_beams,
+                length_penalty=length_penalty,
+                eos_token_id=eos,
+            )
+            print(tok.decode(out[0, len(ids) :].tolist(), skip_special_tokens=True), flush=True)
+            return
+        tokens = gpt.stream(
+            start,
+            max_new_tokens=max_new,
+            do_sample=do_sample,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            eos_token_id=eos,
+            generator=torch.Generator(device).manual_seed(seed),
+        )
+        print_as_they_come(tok, tokens, eos)
+
+
+def print_as_they_come(tok, tokens: Iterator[Tensor], eos: int | None) -> None:
+    """Print the text each new token adds as it comes, up to the end-of-text token."""
+    new: list[int] = []
+    shown = ""
+    for token in tokens:
+        if eos is not None and int(token[0]) == eos:
+            break
+        new.append(int(token[0]))
+        text = tok.decode(new, skip_special_tokens=True)  # a token may complete a character only
+        sys.stdout.write(text[len(shown) :])
+        sys.stdout.flush()
+        shown = text
+    print()

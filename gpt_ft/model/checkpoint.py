@@ -1,0 +1,278 @@
+"""The checkpoint format, in one place: its keys, and a typed view that reads and writes them.
+
+A gpt_ft checkpoint is one file: a dict saved with `torch.save` and read with
+`torch.load(weights_only=True)` (tensors and plain values only, so reading it never runs code). A
+training run's checkpoint is Lightning's dict with gpt_ft's entries added; a file holding only the
+model's entries is a checkpoint too (the model loads from it with no run's arguments).
+
+| key                | `Checkpoint` attribute | what it holds                                            |
+|--------------------|------------------------|----------------------------------------------------------|
+| "gpt_config"       | `gpt_config`           | the `GPTConfig`'s fields, as plain values                |
+| "state_dict"       | `state`                | tensors: the GPT's under "gpt.", the task head's "head." |
+| "lora"             | `adapters`             | a LoRA run's base weights and settings (see below)       |
+| "tokenizer"        | `tokenizer`            | the tokenizer's folder, relative to the file's           |
+| "data_config"      | `data`                 | the run's data section, its task card included           |
+| "hyper_parameters" | `hyper_parameters`     | the model's arguments (Lightning's)                      |
+| "temperature"      | `temperature`          | `gpt-ft calibrate`'s T (absent: 1)                       |
+| "class_weights"    | `class_weights`        | the task loss's class weights, when the run set them     |
+| "gpt_ft"           | `provenance`           | the toolkit's version and commit that wrote it           |
+
+With "lora", "state_dict" holds only the GPT's trained tensors (LoRA's adapters and the new
+tokens' rows): they load onto the weights named by its `base` (any name `GPT.from_pretrained`
+takes) and are merged. Every other module asks this one for an entry; none spells a key.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import pickle
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpt_ft.errors import writing
+
+GPT_CONFIG = "gpt_config"
+STATE = "state_dict"
+ADAPTERS = "lora"
+TOKENIZER = "tokenizer"
+DATA = "data_config"
+HYPER_PARAMETERS = "hyper_parameters"
+TEMPERATURE = "temperature"
+CLASS_WEIGHTS = "class_weights"
+PROVENANCE = "gpt_ft"
+GPT_PREFIX = "gpt."
+"""The GPT's tensors in "state_dict": the training module's attribute `gpt`."""
+
+UNREADABLE = "{path} is not a readable checkpoint: the file is truncated, corrupt or of another kind."
+UNSAFE = (
+    "{path} holds objects other than tensors and plain values; checkpoints are read with "
+    "torch.load(weights_only=True), which never runs code from a file."
+)
+
+
+@dataclass
+class Adapters:
+    """A LoRA checkpoint's "lora" entry: the weights its tensors adapt (`base`), the first token
+    row they train (`new_tokens_from`) and the adapters' settings (`gpt_ft.model.lora.LoRA`'s
+    fields)."""
+
+    base: str
+    new_tokens_from: int
+    settings: dict[str, Any]
+
+    def entry(self) -> dict[str, Any]:
+        return {"base": self.base, "new_tokens_from": self.new_tokens_from, **self.settings}
+
+    @classmethod
+    def of(cls, lora, *, base: str, new_tokens_from: int) -> Adapters:
+        """The entry of `lora` (a `LoRA`) adapting `base`."""
+        return cls(base, new_tokens_from, asdict(lora))
+
+
+def safe_load(path: str | Path, load=None) -> dict[str, Any]:
+    """A checkpoint's dict read with `torch.load(weights_only=True)`, on the CPU (or with `load(path)`).
+
+    A file that would run code, or that is truncated, empty or not a checkpoint at all, is one
+    sentence naming it.
+    """
+    try:
+        if load is not None:
+            return load(path)
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if "GLOBAL" in str(exc):  # the weights-only unpickler refused to import something
+            raise ValueError(UNSAFE.format(path=path)) from None
+        raise ValueError(UNREADABLE.format(path=path)) from None
+    except (RuntimeError, EOFError, KeyError, ValueError, OSError) as exc:
+        if isinstance(exc, FileNotFoundError):
+            raise FileNotFoundError(f"Checkpoint {path} does not exist.") from None
+        raise ValueError(UNREADABLE.format(path=path)) from None
+
+
+def save_file(entries: dict[str, Any], path: str | Path) -> None:
+    """`entries` written to a temporary file in the same folder, synced, then renamed into place: a
+    crash while saving never leaves a truncated file where the last good one was. A failed write
+    (no space left, permission denied) is one sentence, the previous file kept."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with writing(path):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as f:
+                _save(entries, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+
+def _save(entries: dict[str, Any], f) -> None:
+    """torch.save, whose zip writer may report a failed write (a full disk) as a RuntimeError about
+    its stream position: as the OSError it is."""
+    try:
+        torch.save(entries, f)
+    except RuntimeError as exc:
+        if "inline_container" not in str(exc) and "PytorchStreamWriter" not in str(exc):
+            raise
+        cause = exc.__context__ if isinstance(exc.__context__, OSError) else None
+        raise cause or OSError(errno.EIO, "the checkpoint writer failed; is the disk full?") from exc
+
+
+class Checkpoint:
+    """A typed view of a checkpoint's dict: each entry read and written by name.
+
+    `Checkpoint.read(path)` reads a file; `Checkpoint(entries)` views a dict being written (the one
+    Lightning hands to `on_save_checkpoint`), so that writing an attribute writes the entry.
+    """
+
+    def __init__(self, entries: dict[str, Any], path: str | Path | None = None) -> None:
+        self.entries = entries
+        self.path = Path(path) if path is not None else None
+
+    @classmethod
+    def read(cls, path: str | Path) -> Checkpoint:
+        """The checkpoint file at `path` (see `safe_load` for what is refused)."""
+        return cls(safe_load(path), path)
+
+    def save(self, path: str | Path) -> None:
+        """Written atomically to `path` (`save_file`)."""
+        save_file(self.entries, path)
+
+    @property
+    def where(self) -> str:
+        """How messages name this checkpoint."""
+        return str(self.path) if self.path is not None else "The checkpoint"
+
+    # ---- the model ----
+
+    @property
+    def gpt_config(self) -> dict[str, Any] | None:
+        """The GPT's config fields; None for a file that gpt_ft did not write."""
+        return self.entries.get(GPT_CONFIG)
+
+    @gpt_config.setter
+    def gpt_config(self, fields: dict[str, Any]) -> None:
+        self.entries[GPT_CONFIG] = dict(fields)
+
+    @property
+    def is_gpt_ft(self) -> bool:
+        return GPT_CONFIG in self.entries
+
+    def require_gpt_config(self) -> dict[str, Any]:
+        """The GPT's config fields, or one sentence saying the file is not a gpt_ft checkpoint."""
+        if self.gpt_config is None:
+            raise ValueError(
+                f"{self.where} is not a gpt_ft checkpoint: it records no model config ({GPT_CONFIG})."
+            )
+        return self.gpt_config
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """Every tensor, under the training module's names (`gpt.…`, `head.…`)."""
+        return self.entries.get(STATE, {})
+
+    @state.setter
+    def state(self, tensors: dict[str, Any]) -> None:
+        self.entries[STATE] = tensors
+
+    def submodule_state(self, name: str) -> dict[str, Any]:
+        """The tensors of the training module's submodule `name` (gpt, head), that prefix dropped."""
+        prefix = name + "."
+        return {k.removeprefix(prefix): v for k, v in self.state.items() if k.startswith(prefix)}
+
+    @property
+    def gpt_state(self) -> dict[str, Any]:
+        """The GPT's tensors, under their names in `GPT.state_dict()`."""
+        return self.submodule_state(GPT_PREFIX.rstrip("."))
+
+    @property
+    def adapters(self) -> Adapters | None:
+        """A LoRA checkpoint's base weights and settings; None for a whole model."""
+        entry = self.entries.get(ADAPTERS)
+        if entry is None:
+            return None
+        settings = {k: v for k, v in entry.items() if k not in ("base", "new_tokens_from")}
+        return Adapters(entry["base"], entry["new_tokens_from"], settings)
+
+    @adapters.setter
+    def adapters(self, adapters: Adapters | None) -> None:
+        if adapters is None:
+            self.entries.pop(ADAPTERS, None)
+        else:
+            self.entries[ADAPTERS] = adapters.entry()
+
+    # ---- what a run adds ----
+
+    @property
+    def tokenizer(self) -> Path | None:
+        """The tokenizer's folder (saved beside the file); None when the file records none."""
+        recorded = self.entries.get(TOKENIZER)
+        if not recorded:
+            return None
+        return (self.path.parent / recorded) if self.path is not None else Path(recorded)
+
+    @tokenizer.setter
+    def tokenizer(self, folder: str | None) -> None:
+        """`folder`: a name relative to the checkpoint file's folder."""
+        self.entries[TOKENIZER] = folder
+
+    @property
+    def data(self) -> dict[str, Any] | None:
+        """The run's data section (`class_path` and `init_args`, the task card among them)."""
+        return self.entries.get(DATA) or None
+
+    @data.setter
+    def data(self, section: dict[str, Any] | None) -> None:
+        self.entries[DATA] = section
+
+    @property
+    def data_args(self) -> dict[str, Any]:
+        """The data section's arguments (empty when none is recorded)."""
+        return (self.data or {}).get("init_args", {})
+
+    @property
+    def task_card(self) -> Any:
+        """The task card the run trained on (a card value), or None."""
+        return self.data_args.get("task")
+
+    @property
+    def hyper_parameters(self) -> dict[str, Any]:
+        """The training module's arguments as Lightning saved them."""
+        return self.entries.setdefault(HYPER_PARAMETERS, {})
+
+    @property
+    def temperature(self) -> float:
+        """`gpt-ft calibrate`'s temperature: divides the head's outputs before probabilities."""
+        return float(self.entries.get(TEMPERATURE, 1.0))
+
+    @temperature.setter
+    def temperature(self, value: float) -> None:
+        if value == 1.0:
+            self.entries.pop(TEMPERATURE, None)
+        else:
+            self.entries[TEMPERATURE] = float(value)
+
+    @property
+    def class_weights(self) -> list[float] | None:
+        return self.entries.get(CLASS_WEIGHTS)
+
+    @class_weights.setter
+    def class_weights(self, weights: list[float] | None) -> None:
+        if weights is None:
+            self.entries.pop(CLASS_WEIGHTS, None)
+        else:
+            self.entries[CLASS_WEIGHTS] = list(weights)
+
+    @property
+    def provenance(self) -> dict[str, Any]:
+        """The toolkit's `version` and `commit` that wrote the file (empty when unrecorded)."""
+        return self.entries.get(PROVENANCE, {})
+
+    @provenance.setter
+    def provenance(self, value: dict[str, Any]) -> None:
+        self.entries[PROVENANCE] = value

@@ -1,0 +1,179 @@
+"""Every use of another library's private API, each behind one small named function.
+
+Lightning, torch and datasets offer no public way to do a few things this toolkit needs. Each is
+done here and only here, with a comment naming the upstream issue or pull request (or, where there
+is none, the public API missing and the upstream source relied on) and what to do when upstream
+changes. tests/test_workarounds.py fails when a behaviour relied on changes.
+
+Every layer uses this module, the lowest included, so it imports no heavy library at import time.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from datasets import Dataset
+    from lightning.pytorch import Trainer
+    from torch import nn
+    from torch.optim import Optimizer
+
+# Lightning --------------------------------------------------------------------------------------
+
+
+def should_accumulate(trainer: Trainer) -> bool:
+    """Whether the training batch under way only accumulates gradients (no optimizer step follows it).
+
+    Lightning-AI/pytorch-lightning#11688 asks for a callback hook after the optimizer step; until
+    there is one, a callback asks the training epoch loop (`TrainingEpochLoop._should_accumulate`,
+    src/lightning/pytorch/loops/training_epoch_loop.py), which also knows that the epoch's last batch
+    steps and that some strategies accumulate themselves. If it is renamed or removed, move to the
+    hook where there is one; otherwise follow what the loop's `advance` now calls.
+    """
+    return trainer.fit_loop.epoch_loop._should_accumulate()
+
+
+def request_graceful_stop(trainer: Trainer) -> None:
+    """Stop training as Lightning does on SIGTERM: after the batch under way, with `SIGTERMException`.
+
+    No public API sets it: `Trainer.received_sigterm` (Lightning-AI/pytorch-lightning#16501) is a
+    read-only property over the flag that Lightning's SIGTERM handler sets on the trainer's private
+    signal connector (src/lightning/pytorch/trainer/connectors/signal_connector.py). The public
+    `trainer.should_stop` ends `fit` normally instead: no `SIGTERMException` (so no exit code naming
+    the signal) and not before `min_steps`/`min_epochs`. If the connector or its flag changes, set
+    whatever the handler now sets; if Lightning adds a public request to stop, use it.
+    """
+    trainer._signal_connector.received_sigterm = True
+
+
+def clear_graceful_stop(trainer: Trainer) -> None:
+    """Withdraw a stop requested by SIGTERM or `request_graceful_stop` (see there)."""
+    trainer._signal_connector.received_sigterm = False
+
+
+def summary_table(
+    total_parameters: int,
+    trainable_parameters: int,
+    model_size: float,
+    total_training_modes: dict[str, int],
+    total_flops: int,
+    *columns: tuple[str, list[str]],
+) -> str:
+    """Lightning's model summary table of `columns` (each a name and its rows) with its totals.
+
+    `ModelSummary.summarize`, the public hook to override, receives the columns but no public
+    formatter: Lightning's own `summarize` calls the private `_format_summary_table`
+    (src/lightning/pytorch/utilities/model_summary/model_summary.py); we found no upstream issue
+    asking for a public one. If its signature changes, call it as `ModelSummary.summarize` then does
+    (src/lightning/pytorch/callbacks/model_summary.py).
+    """
+    from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
+
+    return _format_summary_table(
+        total_parameters, trainable_parameters, model_size, total_training_modes, total_flops, *columns
+    )
+
+
+class CheckpointHparamsAsDefaults:
+    """LightningCLI mixin for a CLI whose `parse_arguments` already sets a checkpoint's recorded
+    configuration as the parser's defaults: it turns off Lightning's own pass over `--ckpt_path`.
+
+    LightningCLI applies a checkpoint's hyper-parameters over the command line's after parsing
+    (`LightningCLI._parse_ckpt_path`, called from `__init__`; Lightning-AI/pytorch-lightning#20801).
+    The fix, #21455 (open), makes them the parser's defaults, as the subclass does. Once a Lightning
+    release has it and is the minimum, drop this mixin if the defaults Lightning sets agree with the
+    subclass's; if the method is renamed before then, override the new name.
+    """
+
+    def _parse_ckpt_path(self) -> None:
+        return
+
+
+# The keys LightningCLI adds to a module's saved hyper-parameters: `_instantiator` (how to create the
+# module again, Lightning-AI/pytorch-lightning#18105) and `_class_path` (its class where the CLI
+# picks one, src/lightning/pytorch/cli.py); they are not the module's arguments. #20777 (open) adds
+# a public switch to leave them out: once released, use it; if the keys are renamed, rename them here.
+CLI_HPARAMS: tuple[str, ...] = ("_instantiator", "_class_path")
+
+
+# torch ------------------------------------------------------------------------------------------
+
+
+def decline_step_unscaling(optimizer: Optimizer) -> None:
+    """Have a GradScaler unscale `optimizer`'s gradients before its step, as for any optimizer, even
+    where the step (a fused kernel) offers to unscale them itself.
+
+    The flag is torch's contract between `GradScaler.step` and an optimizer
+    (torch/amp/grad_scaler.py), with no public setter; Lightning reads it to refuse gradient clipping
+    under 16-mixed (Lightning-AI/pytorch-lightning#15555, and #21435 for fused AdamW). If torch
+    renames it, set the new name; if Lightning clips after unscaling such optimizers, drop this.
+    """
+    optimizer._step_supports_amp_scaling = False
+
+
+def is_compiled(module: nn.Module) -> bool:
+    """Whether `module.compile()` (torch.compile in place) has been called on `module`.
+
+    `Module.compile` keeps the compiled call in `Module._compiled_call_impl`
+    (torch/nn/modules/module.py) and says so nowhere public; pytorch/pytorch#103553 asked for such a
+    flag. If the attribute goes, record it ourselves where `compile` is called.
+    """
+    return getattr(module, "_compiled_call_impl", None) is not None
+
+
+def register_load_state_dict_pre_hook(module: nn.Module, hook: Callable[..., None]) -> None:
+    """Call `hook(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+    error_msgs)` before `module` loads a state dict.
+
+    `Module.register_load_state_dict_pre_hook` is public since pytorch/pytorch#131690; older torch
+    (the project allows 2.3) has only the private `_register_load_state_dict_pre_hook`. Drop the
+    fallback once the minimum torch has the public method.
+    """
+    public = getattr(module, "register_load_state_dict_pre_hook", None)
+    if public is not None:
+        public(hook)
+    else:
+        module._register_load_state_dict_pre_hook(hook, with_module=True)
+
+
+def mkldnn_bf16_supported() -> bool:
+    """Whether oneDNN has bf16 matrix instructions on this CPU (AVX-512 BF16 or AMX).
+
+    torch has no public check for the CPU (`torch.cuda.is_bf16_supported` is for GPUs); its own
+    inductor and tests call the private op `torch.ops.mkldnn._is_mkldnn_bf16_supported`, registered
+    in aten/src/ATen/native/mkldnn/RegisterMkldnnOpContextClass.cpp. Where it is missing (renamed, or
+    a build without oneDNN) the answer is False, and bf16 falls back to fp32: safe. Use a public
+    check when torch adds one.
+    """
+    import torch
+
+    try:
+        return bool(torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def torchao_import_loggers() -> list[logging.Logger]:
+    """The loggers torchao's import writes to about parts no command uses: torchao's own (CUDA
+    kernels a CPU-only torch cannot load) and that of torch's private pytree module, which warns
+    that torchao registers Enum subclasses as pytree constants (pytorch/ao#4848; the fix, pytorch/ao#4849,
+    is open). Once a torchao with the fix is the minimum, drop the pytree logger; if torch moves the
+    module, follow its new name (the warning's log line names the file).
+    """
+    return [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
+
+
+# datasets ---------------------------------------------------------------------------------------
+
+
+def dataset_fingerprint(dataset: Dataset) -> str:
+    """datasets' fingerprint of `dataset`: a hash of its source and of every transform since, the key
+    of its cache.
+
+    datasets keeps it in `Dataset._fingerprint` with no public accessor; its own documentation of
+    fingerprints reads that attribute (huggingface/datasets#1703). If it goes, hash what the rows
+    come from ourselves (the files' paths, sizes and modification times).
+    """
+    return dataset._fingerprint

@@ -1,0 +1,250 @@
+"""Each workaround in gpt_ft/workarounds.py still finds the private API it relies on, and it still
+behaves as relied on: a failure here means upstream changed it (the workaround's comment says what
+to do then)."""
+
+import enum
+import inspect
+import logging
+
+import pytest
+import torch
+from datasets import Dataset
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.callbacks import ModelSummary
+from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from torch import nn
+from torch.utils.data import DataLoader
+
+from gpt_ft.workarounds import (
+    CLI_HPARAMS,
+    CheckpointHparamsAsDefaults,
+    clear_graceful_stop,
+    dataset_fingerprint,
+    decline_step_unscaling,
+    is_compiled,
+    mkldnn_bf16_supported,
+    register_load_state_dict_pre_hook,
+    request_graceful_stop,
+    should_accumulate,
+    summary_table,
+    torchao_import_loggers,
+)
+
+
+class Tiny(LightningModule):
+    """A linear layer trained on 8 one-row batches."""
+
+    def __init__(self, width: int = 2) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.layer = nn.Linear(width, 1)
+
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    def train_dataloader(self):
+        return DataLoader(torch.randn(8, self.hparams.width), batch_size=1)
+
+
+class OnBatchEnd(Callback):
+    """Calls `fn(trainer, batch_idx)` after each training batch."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.fn(trainer, batch_idx)
+
+
+def make_trainer(callback: Callback, *, accumulate: int = 1, max_steps: int = -1) -> Trainer:
+    return Trainer(
+        max_epochs=1,
+        max_steps=max_steps,
+        accumulate_grad_batches=accumulate,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[callback],
+    )
+
+
+# Lightning
+
+
+def test_should_accumulate_is_true_inside_an_accumulation_window_and_false_where_the_optimizer_steps():
+    seen = []
+    fitted = make_trainer(
+        OnBatchEnd(lambda trainer, i: seen.append(should_accumulate(trainer))), accumulate=3
+    )
+    fitted.fit(Tiny())
+    # 8 batches in windows of 3: steps after the 3rd, the 6th and (the epoch's end) the 8th
+    assert seen == [True, True, False, True, True, False, True, False]
+    assert fitted.global_step == 3
+
+
+def test_a_graceful_stop_ends_fit_after_the_batch_with_lightnings_sigterm_exception():
+    def stop(trainer, i):
+        if i == 2:
+            request_graceful_stop(trainer)
+
+    stopped = make_trainer(OnBatchEnd(stop))
+    with pytest.raises(SIGTERMException):
+        stopped.fit(Tiny())
+    assert stopped.received_sigterm and stopped.global_step == 3
+
+
+def test_a_withdrawn_graceful_stop_lets_fit_run_to_its_end():
+    def stop_then_withdraw(trainer, i):
+        if i == 2:
+            request_graceful_stop(trainer)
+            assert trainer.received_sigterm
+            clear_graceful_stop(trainer)
+
+    fitted = make_trainer(OnBatchEnd(stop_then_withdraw), max_steps=5)
+    fitted.fit(Tiny())
+    assert fitted.global_step == 5 and not fitted.received_sigterm
+
+
+def test_summary_table_formats_columns_as_model_summary_passes_them():
+    # The arguments ModelSummary.summarize receives (ParameterSummary passes them on).
+    assert list(inspect.signature(ModelSummary.summarize).parameters)[:6] == [
+        "summary_data", "total_parameters", "trainable_parameters", "model_size", "total_training_modes",
+        "total_flops",
+    ]  # fmt: skip
+    columns = [
+        (" ", ["0", "1"]),
+        ("Name", ["gpt", "head"]),
+        ("Type", ["GPT", "Linear"]),
+        ("Params", ["10", "2"]),
+    ]
+    table = summary_table(12, 2, 0.00005, {"train": 2, "eval": 0}, 0, *columns)
+    assert isinstance(table, str)
+    for word in ("Name", "gpt", "head", "GPT", "Linear", "Trainable params", "Total params"):
+        assert word in table
+
+
+class Parsed(Exception):
+    """Raised by `ParseOnly` with the configuration LightningCLI parsed."""
+
+
+class ParseOnly(LightningCLI):
+    """A LightningCLI that stops once its configuration is final (before building anything)."""
+
+    def before_instantiate_classes(self) -> None:
+        raise Parsed(self.config)
+
+
+def parsed_width(cli_class: type[LightningCLI], ckpt: str) -> int:
+    args = ["fit", "--ckpt_path", ckpt, "--model.width=3", "--trainer.accelerator=cpu"]
+    with pytest.raises(Parsed) as parsed:
+        cli_class(Tiny, save_config_callback=None, args=args)
+    return parsed.value.args[0].fit.model.width
+
+
+def test_lightning_cli_puts_checkpoint_hparams_over_the_command_line_unless_the_mixin_is_there(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr("sys.argv", ["gpt-ft"])  # the arguments are `args`, not pytest's
+    assert list(inspect.signature(LightningCLI._parse_ckpt_path).parameters) == ["self"]
+    ckpt = tmp_path / "run.ckpt"
+    torch.save({"hyper_parameters": {"width": 5}}, ckpt)
+    # Lightning-AI/pytorch-lightning#20801: the checkpoint's width beats --model.width
+    assert parsed_width(ParseOnly, str(ckpt)) == 5
+
+    class Mixed(CheckpointHparamsAsDefaults, ParseOnly):
+        pass
+
+    assert parsed_width(Mixed, str(ckpt)) == 3
+
+
+def test_lightning_cli_adds_exactly_the_named_keys_to_a_modules_hyperparameters(monkeypatch):
+    monkeypatch.setattr("sys.argv", ["gpt-ft"])  # the arguments are `args`, not pytest's
+    args = ["--model", f"{__name__}.Tiny", "--model.width=3", "--trainer.accelerator=cpu"]
+    args += ["--trainer.logger=false", "--trainer.enable_checkpointing=false"]
+    cli = LightningCLI(Tiny, subclass_mode_model=True, run=False, save_config_callback=None, args=args)
+    assert set(cli.model.hparams) == {"width", *CLI_HPARAMS}
+
+
+# torch
+
+
+def test_a_fused_optimizer_declining_step_unscaling_can_be_clipped_under_16_mixed():
+    precision = MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))
+    layer = nn.Linear(2, 1)
+    layer(torch.randn(3, 2)).sum().backward()
+    optimizer = torch.optim.AdamW(layer.parameters(), fused=True)
+    assert getattr(optimizer, "_step_supports_amp_scaling", False)  # the fused kernel offers to unscale
+    with pytest.raises(RuntimeError, match="does not allow for gradient clipping"):
+        precision.clip_gradients(optimizer, clip_val=1.0)
+    decline_step_unscaling(optimizer)
+    precision.clip_gradients(optimizer, clip_val=1.0)
+
+
+def test_is_compiled_after_module_compile_only():
+    layer = nn.Linear(2, 1)
+    assert not is_compiled(layer)
+    layer.compile()  # lazy: nothing is compiled before the first call
+    assert is_compiled(layer)
+    assert not is_compiled(nn.Linear(2, 1))
+
+
+def test_a_load_state_dict_pre_hook_gets_the_module_and_may_rewrite_the_state():
+    layer, calls = nn.Linear(2, 1, bias=False), []
+
+    def rename(module, state, prefix, *rest):
+        calls.append(module)
+        state[prefix + "weight"] = state.pop(prefix + "old_weight")
+
+    register_load_state_dict_pre_hook(layer, rename)
+    layer.load_state_dict({"old_weight": torch.ones(1, 2)})
+    assert calls == [layer] and torch.equal(layer.weight, torch.ones(1, 2))
+
+
+def test_the_mkldnn_bf16_probe_exists_and_answers_a_bool():
+    if torch.backends.mkldnn.is_available():
+        assert callable(torch.ops.mkldnn._is_mkldnn_bf16_supported)  # not silently False after a rename
+    assert isinstance(mkldnn_bf16_supported(), bool)
+
+
+def test_torch_warns_about_enum_pytree_constants_on_the_named_logger():
+    """The warning torchao's import causes (it registers Enum subclasses) comes from this logger."""
+    import torch.utils._pytree as pytree
+
+    names = [logger.name for logger in torchao_import_loggers()]
+    assert "torch.utils._pytree" in names and "torch.utils._pytree" in logging.root.manager.loggerDict
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("torch.utils._pytree")
+    level = logger.level
+    logger.setLevel(logging.WARNING)  # the CLI may have set ERROR in this process
+    logger.addHandler(handler)
+    try:
+
+        class Precision(str, enum.Enum):
+            BF16 = "bf16"
+
+        pytree.register_constant(Precision)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    assert any("Enum subclass" in record.getMessage() for record in records)
+
+
+# datasets
+
+
+def test_dataset_fingerprint_follows_the_rows():
+    rows = {"text": ["a", "b"], "label": [0, 1]}
+    same = dataset_fingerprint(Dataset.from_dict(rows))
+    assert isinstance(same, str) and same == dataset_fingerprint(Dataset.from_dict(rows))
+    assert same != dataset_fingerprint(Dataset.from_dict({"text": ["a", "c"], "label": [0, 1]}))
+    changed = Dataset.from_dict(rows).map(lambda row: {"label": 1 - row["label"]}, keep_in_memory=True)
+    assert dataset_fingerprint(changed) != same
