@@ -31,33 +31,28 @@ from pathlib import Path
 
 from tests.helpers import ROOT
 
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 WORKERS = 2
 
 
 @dataclass
 class Command:
     """One process: its arguments, working directory and environment (None: the session's, as it was
-    when the session started; OMP_NUM_THREADS=`threads` is added either way); `after`, if given, is
-    called once the process has ended, before the next command starts, and what it returns is the
-    result's `after` (e.g. the files there were)."""
+    when the session started; OMP_NUM_THREADS=1 is added either way); `after`, if given, is called
+    once the process has ended, before the next command starts, and what it returns is the result's
+    `after` (e.g. the files there were)."""
 
     argv: list[str]
     cwd: Path = ROOT
     env: dict[str, str] | None = None
     after: Callable[[], object] | None = None
-    threads: int = 1
-    """1 but for a command whose printed figures depend on how sums are split over threads."""
 
 
 def gpt_ft(
-    *args: str,
-    cwd: Path = ROOT,
-    env: dict[str, str] | None = None,
-    after: Callable[[], object] | None = None,
-    threads: int = 1,
+    *args: str, cwd: Path = ROOT, env: dict[str, str] | None = None, after: Callable[[], object] | None = None
 ) -> Command:
     """`python -m gpt_ft ARGS`."""
-    return Command([sys.executable, "-m", "gpt_ft", *args], cwd, env, after, threads)
+    return Command([sys.executable, "-m", "gpt_ft", *args], cwd, env, after)
 
 
 class Background:
@@ -99,10 +94,7 @@ class Background:
             process = subprocess.Popen(
                 command.argv,
                 cwd=command.cwd,
-                env={
-                    **(command.env if command.env is not None else self._env),
-                    "OMP_NUM_THREADS": str(command.threads),
-                },
+                env={**(command.env if command.env is not None else self._env), **ONE_THREAD},
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,

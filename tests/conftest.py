@@ -2,6 +2,7 @@
 made once per session; the commands that run in the background (tests/background.py)."""
 
 import inspect
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -71,10 +72,12 @@ def pytest_collection_modifyitems(session, config, items):
 @pytest.fixture(scope="session", autouse=True)
 def _background(request, tmp_path_factory):
     """Starts the background commands of every selected test, in test order, at the first test.
-    The session's own tests compute on one thread: the other core is the background's."""
-    threads = torch.get_num_threads()
+    The session's own tests compute on one thread, and so do the processes they start: the other
+    core is the background's."""
+    threads, omp = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
     torch.set_num_threads(1)
-    jobs = Background()
+    jobs = Background()  # its commands' environment is the session's as it was, on one thread
+    os.environ["OMP_NUM_THREADS"] = "1"
     for item in request.session.items:
         marker = item.get_closest_marker("background")
         if marker is None or marker.kwargs["start"] in jobs:
@@ -91,6 +94,10 @@ def _background(request, tmp_path_factory):
     yield jobs
     jobs.close()
     torch.set_num_threads(threads)
+    if omp is None:
+        os.environ.pop("OMP_NUM_THREADS", None)
+    else:
+        os.environ["OMP_NUM_THREADS"] = omp
 
 
 @pytest.fixture

@@ -230,15 +230,23 @@ class SuiteRunCLI(GPTCLI):
 class FitRuns:
     """How `gpt-ft suite` builds its runs (`gpt_ft.eval.finetune.BuildRun`)."""
 
+    def __init__(self) -> None:
+        self._resolved: tuple[list[str], dict[str, Any]] | None = None
+
     def resolve(self, args: list[str]) -> dict[str, Any]:
         """The configuration `gpt-ft fit ARGS` resolves to: a fit config's sections (`trainer`, `model`,
         `data`, ...), the config files read and the defaults filled in."""
-        return lightning_main(args, run=False, cli=ConfigurationOnly).resolved
+        resolved = lightning_main(args, run=False, cli=ConfigurationOnly).resolved
+        self._resolved = (list(args), resolved)
+        return resolved
 
     def __call__(self, args: list[str]) -> tuple[Any, Any, Any]:
         """Model, data module and trainer of `gpt-ft fit ARGS`, built from their configuration but not
-        run; the trainer has a `History` of the validations and reaches `--trainer.min_steps`."""
-        cli = lightning_main(self.resolve(args), run=False, cli=SuiteRunCLI, callbacks=[History()])
+        run; the trainer has a `History` of the validations and reaches `--trainer.min_steps`. The
+        configuration is the one `resolve` gave for these arguments just before, if it did."""
+        last, self._resolved = self._resolved, None
+        config = last[1] if last is not None and last[0] == list(args) else self.resolve(args)
+        cli = lightning_main(config, run=False, cli=SuiteRunCLI, callbacks=[History()])
         return cli.model, cli.datamodule, cli.trainer
 
 

@@ -199,12 +199,20 @@ class SuiteRunner:
         row = self.spec.rows[run.row] if run.row is not None else []
         return args + self.spec.args + entry.args + row + self.fit_args
 
+    def _min_steps(self, run: Run) -> list[str]:
+        """The option `fit_and_evaluate` adds to a run on a training subset (`min_steps`)."""
+        subset = run.size is not None and self.spec.min_steps
+        return [f"--trainer.min_steps={self.spec.min_steps}"] if subset else []
+
     def _finished(self, run: Run, log) -> bool:
         """Whether the run's result is on disk and came from the configuration its arguments give now."""
         result = _read(self.out / "runs" / run.folder / RESULT)
         if result is None:
             return False
-        recorded, now = result.get("config"), self.build_run.resolve(self.fit_args_of(run))
+        recorded, now = (
+            result.get("config"),
+            self.build_run.resolve(self.fit_args_of(run) + self._min_steps(run)),
+        )
         changed = [] if recorded is None else changed_options(recorded, now, ignored=_OUTPUTS)
         if changed:
             log(f"{run}: its arguments changed since it ran ({', '.join(changed)}): running it again")
@@ -218,15 +226,10 @@ class SuiteRunner:
             shutil.rmtree(folder)
         folder.mkdir(parents=True)
         start, args = time.perf_counter(), self.fit_args_of(run)
-        config = self.build_run.resolve(args)  # recorded, and compared by a rerun
+        config = self.build_run.resolve(args + self._min_steps(run))  # recorded, compared by a rerun
         min_steps = self.spec.min_steps if run.size is not None else None
         metrics, epoch = fit_and_evaluate(
-            self.build_run,
-            args,
-            self.select,
-            predict=self.predict,
-            log=log,
-            min_steps=min_steps,
+            self.build_run, args, self.select, predict=self.predict, log=log, min_steps=min_steps
         )
         if not self.keep_checkpoints:
             for ckpt in folder.rglob("*.ckpt"):

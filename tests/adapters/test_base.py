@@ -42,7 +42,7 @@ def word_tokenizer():
 TOKENIZER = word_tokenizer()
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.integers(1, 60), st.integers(1, 60), st.integers(3, 70))
 def test_fit_lengths_is_the_tokenizers_longest_first(n1, n2, max_length):
     """What the tokenizers library keeps of a pair (and of a single text) truncated to

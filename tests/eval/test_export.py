@@ -1,13 +1,15 @@
 """`gpt-ft export`: a fine-tuned classifier as a transformers folder. In a process that never
 imports gpt_ft, transformers' pipeline and AutoModelForSequenceClassification give the labels and
 probabilities of `Classifier`, for each exportable kind on GPT-1-, GPT-2- and Llama-shaped models,
-from the token ids gpt_ft trains on, truncated texts and pairs included."""
+from the token ids gpt_ft trains on, truncated texts and pairs included. The folders are written,
+and read, by processes of their own in the background (tests/background.py)."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
+from importlib.util import find_spec
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +19,7 @@ from gpt_ft.data.tokenizer import load_tokenizer
 from gpt_ft.eval.classifier import Classifier
 from gpt_ft.eval.export import export_classifier
 from gpt_ft.model import GPT, GPTConfig
+from tests.background import Command
 from tests.cli.test_bad_outputs import error, files
 from tests.helpers import GEMMA3_MICRO, QWEN3_MICRO
 
@@ -42,29 +45,64 @@ KINDS = {
         lambda a, b: {"sentence1": a, "sentence2": b},
     ),
 }
-PAIRED = ("pair", "similarity")
+# STS-B's shape: a similarity score, served clipped to the card's range as gpt_ft predicts it (the
+# micro models give scores on both sides of 5)
+KINDS["sts"] = (Similarity(name="sts", regression=True, score_range=(0, 5)), KINDS["similarity"][1])
+PAIRED = ("pair", "similarity", "sts")
+SCORES = ("regression", "sts")
 
-# Run with a python that has transformers but never imports gpt_ft: what a serving stack sees.
+# Run with a python that has transformers but never imports gpt_ft: what a serving stack sees. One
+# process reads every folder the tests export (importing transformers once), listed in the JSON file
+# it is given.
 READER = """
 import json, sys
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline
+from transformers import GPT2DoubleHeadsModel, OpenAIGPTDoubleHeadsModel
 
-results = {}
-for name, folder, pairs in json.loads(sys.argv[1]):
-    # trust_remote_code: a similarity model's class is in its folder (standard ones load the same)
-    classify = pipeline("text-classification", model=folder, trust_remote_code=True)
-    inputs = [{"text": a, "text_pair": b} if b is not None else a for a, b in pairs]
+def sequence(folder, pairs):
     tokenizer = AutoTokenizer.from_pretrained(folder)
+    # trust_remote_code: a similarity model's class is in its folder (standard ones load the same)
     model = AutoModelForSequenceClassification.from_pretrained(folder, trust_remote_code=True).eval()
+    classify = pipeline("text-classification", model=model, tokenizer=tokenizer)
+    inputs = [{"text": a, "text_pair": b} if b is not None else a for a, b in pairs]
     logits, ids = [], []
     for a, b in pairs:
         encoded = tokenizer(a, b, truncation=True, return_tensors="pt")
         ids.append(encoded["input_ids"][0].tolist())
         with torch.no_grad():
             logits.append(model(**encoded).logits[0].tolist())
-    results[name] = {"pipeline": classify(inputs, top_k=None, truncation=True), "logits": logits,
-                     "ids": ids, "class": type(model).__name__, "problem_type": model.config.problem_type}
+    return {"pipeline": classify(inputs, top_k=None, truncation=True), "logits": logits,
+            "ids": ids, "class": type(model).__name__, "problem_type": model.config.problem_type}
+
+def choice(folder, rows):
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    cls = GPT2DoubleHeadsModel if folder.endswith("gpt2") else OpenAIGPTDoubleHeadsModel
+    model = cls.from_pretrained(folder).eval()
+    scores = []
+    for context, choices in rows:
+        encoded = tokenizer([context] * len(choices), choices, padding=True, return_tensors="pt")
+        extract = encoded["attention_mask"].sum(dim=1) - 1  # the last token of each choice
+        with torch.no_grad():
+            # Padding on the right comes after each extract token: causal attention never reads it.
+            out = model(input_ids=encoded["input_ids"][None], mc_token_ids=extract[None])
+        scores.append(out.mc_logits[0].softmax(-1).tolist())
+    return {"scores": scores, "class": type(model).__name__}
+
+def onnx(folder, pairs):
+    import onnxruntime
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    session = onnxruntime.InferenceSession(folder + "/model.onnx")
+    a, b = [p[0] for p in pairs], [p[1] for p in pairs]
+    encoded = tokenizer(a, b, padding=True, truncation=True, return_tensors="np")
+    feed = {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
+    return session.run(None, feed)[0].tolist()  # one padded batch: dynamic batch and length
+
+readers = {"sequence": sequence, "choice": choice, "onnx": onnx}
+with open(sys.argv[1]) as f:
+    jobs = json.load(f)
+results = {name: readers[kind](folder, inputs) for kind, name, folder, inputs in jobs}
 print(json.dumps({"results": results, "imported_gpt_ft": "gpt_ft" in sys.modules}))
 """
 
@@ -77,17 +115,6 @@ SHAPES = {
     "gemma3": ("llama-micro", GEMMA3_MICRO, "Gemma3Text"),  # Gemma's norms, local and global layers
     "phi3": ("llama-micro", dict(hf_model_type="phi3", sliding_window=6), "Phi3"),  # fused q/k/v
 }
-
-
-def read_without_gpt_ft(reader: str, jobs: list) -> dict:
-    """`reader`'s JSON over the exported folders `jobs`, from a process that never imports gpt_ft."""
-    run = subprocess.run(
-        [sys.executable, "-c", reader, json.dumps(jobs)], capture_output=True, text=True, timeout=300
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    got = json.loads(run.stdout.strip().splitlines()[-1])
-    assert got["imported_gpt_ft"] is False
-    return got
 
 
 def classifier(kind: str, shape: str, tokenizer_dir: str) -> Classifier:
@@ -103,31 +130,81 @@ def classifier(kind: str, shape: str, tokenizer_dir: str) -> Classifier:
     return Classifier(GPT(config).eval(), head, task, tokenizer, max_length=48, device="cpu")
 
 
-def test_exported_classifiers_give_the_classifiers_labels_and_probabilities(tmp_path, tokenizer_dir):
+def write_exports(out: str, tokenizer_dir: str) -> None:
+    """Every exported kind, written under `out` in a process of its own (`start_exports`): the
+    folders, what `Classifier` says of their inputs (expected.json) and the reader's jobs (jobs.json)."""
+    out = Path(out)
     jobs, expected = [], {}
     for kind, (task, example) in KINDS.items():
         # every kind on GPT-1's and Llama's layouts, GPT-2's and the newer families' blocks on one kind
         for shape in SHAPES if kind == "single" else ("gpt1", "llama"):
             name = f"{kind}-{shape}"
             clf = classifier(kind, shape, tokenizer_dir)
-            if shape == "gpt1" and kind != "regression":
+            if shape == "gpt1" and kind not in SCORES:
                 clf.temperature = 2.5  # as `gpt-ft calibrate` leaves it: the exported scores are divided too
             pairs = [(a, TEXTS[-1 - i] if kind in PAIRED else None) for i, a in enumerate(TEXTS)]
             examples = [example(a, b) for a, b in pairs]
             ids = [encoded["input_ids"][0] for encoded in clf.encode(examples)]  # the first order
-            expected[name] = (clf.predict(examples), ids)
-            jobs.append((name, str(export_classifier(clf, tmp_path / name)), pairs))
-    got = read_without_gpt_ft(READER, jobs)
-    for name, (outcomes, ids) in expected.items():
-        result = got["results"][name]
+            expected[name] = {"outcomes": clf.predict(examples), "ids": ids}
+            jobs.append(("sequence", name, str(export_classifier(clf, out / name)), pairs))
+    # Multiple choice on GPT-1 and GPT-2: their double-heads models.
+    task = MultipleChoice(name="mc", context=["story"], choices=["end1", "end2", "end3"])
+    short = [t for t in TEXTS if len(t) < 30]  # each choice fits: no truncation to match
+    rows = [(a, [short[1], short[-1], b]) for a, b in zip(short, reversed(short))]
+    for shape in ("gpt1", "gpt2"):
+        clf = classifier("single", shape, tokenizer_dir)
+        clf.task = task
+        clf.head = task.head(clf.gpt.config.n_embd, dropout=0.0, init_std=0.3)
+        torch.nn.init.normal_(clf.head.bias, std=1.0)
+        examples = [{"story": a, "end1": c[0], "end2": c[1], "end3": c[2]} for a, c in rows]
+        expected[f"choice-{shape}"] = {"outcomes": clf.predict(examples)}
+        jobs.append(("choice", f"choice-{shape}", str(export_classifier(clf, out / f"choice-{shape}")), rows))
+    # ONNX: rotary positions, GQA, a text pair; GPT-1 and a similarity pair: both orders in the graph.
+    for kind, shape in (("pair", "llama"), ("similarity", "gpt1")) if find_spec("onnxscript") else ():
+        clf = classifier(kind, shape, tokenizer_dir)
+        pairs = [(a, TEXTS[-1 - i]) for i, a in enumerate(TEXTS[:3])]
+        name = f"onnx-{kind}"
+        expected[name] = {"outcomes": clf.predict([KINDS[kind][1](a, b) for a, b in pairs])}
+        jobs.append(("onnx", name, str(export_classifier(clf, out / name, format="onnx")), pairs))
+    (out / "expected.json").write_text(json.dumps(expected))
+    (out / "jobs.json").write_text(json.dumps(jobs))
+
+
+def start_exports(root, tokenizer_dir):
+    """The folders written by a process that imports gpt_ft, then read by one that never does."""
+    write = (
+        f"from tests.eval.test_export import write_exports; write_exports({str(root)!r}, {tokenizer_dir!r})"
+    )
+    return [
+        Command([sys.executable, "-c", write]),
+        Command([sys.executable, "-c", READER, str(root / "jobs.json")]),
+    ]
+
+
+def served(background) -> tuple[dict, dict]:
+    """What `Classifier` says of each job's inputs, and what its folder gives without gpt_ft."""
+    for run in background.runs:
+        assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(background.runs[1].stdout.strip().splitlines()[-1])
+    assert got["imported_gpt_ft"] is False
+    return json.loads((background.root / "expected.json").read_text()), got["results"]
+
+
+@pytest.mark.background(start=start_exports)
+def test_exported_classifiers_give_the_classifiers_labels_and_probabilities(background):
+    expected, got = served(background)
+    sequences = {n: r for n, r in got.items() if not n.startswith(("choice-", "onnx-"))}
+    assert len(sequences) == len(SHAPES) + 2 * (len(KINDS) - 1)
+    for name, result in sequences.items():
         kind, shape = name.rsplit("-", 1)
-        family = SHAPES[shape][2] + ("Similarity" if kind == "similarity" else "")
+        outcomes, ids = expected[name]["outcomes"], expected[name]["ids"]
+        family = SHAPES[shape][2] + ("Similarity" if kind in ("similarity", "sts") else "")
         assert result["class"] == f"{family}ForSequenceClassification"
         assert result["ids"] == ids  # the served model reads the tokens the trained one read
         assert max(map(len, ids)) == 48  # truncated, alone and in pairs
         for outcome, ranked, logits in zip(outcomes, result["pipeline"], result["logits"]):
             scores = {r["label"]: r["score"] for r in ranked}
-            if kind == "regression":  # the score itself, as the label's score
+            if kind in SCORES:  # the score itself, as the label's score
                 assert result["problem_type"] == "regression"
                 assert scores["label"] == pytest.approx(outcome["scores"], abs=1e-5)
                 assert logits[0] == pytest.approx(outcome["scores"], abs=1e-5)
@@ -170,105 +247,23 @@ def test_export_command(tmp_path, finetuned, capsys):
     assert files(tmp_path) == before
 
 
-CHOICE_READER = """
-import json, sys
-import torch
-from transformers import AutoTokenizer, GPT2DoubleHeadsModel, OpenAIGPTDoubleHeadsModel
-
-results = {}
-for name, folder, rows in json.loads(sys.argv[1]):
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    cls = GPT2DoubleHeadsModel if "gpt2" in name else OpenAIGPTDoubleHeadsModel
-    model = cls.from_pretrained(folder).eval()
-    scores = []
-    for context, choices in rows:
-        encoded = tokenizer([context] * len(choices), choices, padding=True, return_tensors="pt")
-        extract = encoded["attention_mask"].sum(dim=1) - 1  # the last token of each choice
-        with torch.no_grad():
-            # Padding on the right comes after each extract token: causal attention never reads it.
-            out = model(input_ids=encoded["input_ids"][None], mc_token_ids=extract[None])
-        scores.append(out.mc_logits[0].softmax(-1).tolist())
-    results[name] = {"scores": scores, "class": type(model).__name__}
-print(json.dumps({"results": results, "imported_gpt_ft": "gpt_ft" in sys.modules}))
-"""
-
-
-def test_gpt_multiple_choice_exports_to_double_heads_models(tmp_path, tokenizer_dir):
-    task = MultipleChoice(name="mc", context=["story"], choices=["end1", "end2", "end3"])
-    short = [t for t in TEXTS if len(t) < 30]  # each choice fits: no truncation to match
-    rows = [(a, [short[1], short[-1], b]) for a, b in zip(short, reversed(short))]
-    jobs, expected = [], {}
+@pytest.mark.background(start=start_exports)
+def test_gpt_multiple_choice_exports_to_double_heads_models(background):
+    expected, got = served(background)
     for shape in ("gpt1", "gpt2"):
-        clf = classifier("single", shape, tokenizer_dir)
-        clf.task = task
-        clf.head = task.head(clf.gpt.config.n_embd, dropout=0.0, init_std=0.3)
-        torch.nn.init.normal_(clf.head.bias, std=1.0)
-        examples = [{"story": a, "end1": c[0], "end2": c[1], "end3": c[2]} for a, c in rows]
-        expected[shape] = clf.predict(examples)
-        jobs.append((shape, str(export_classifier(clf, tmp_path / shape)), rows))
-    got = read_without_gpt_ft(CHOICE_READER, jobs)
-    for shape, outcomes in expected.items():
-        assert got["results"][shape]["class"] == f"{SHAPES[shape][2]}DoubleHeadsModel"
-        for outcome, probabilities in zip(outcomes, got["results"][shape]["scores"]):
+        result = got[f"choice-{shape}"]
+        assert result["class"] == f"{SHAPES[shape][2]}DoubleHeadsModel"
+        for outcome, probabilities in zip(expected[f"choice-{shape}"]["outcomes"], result["scores"]):
             assert probabilities == pytest.approx(list(outcome["scores"].values()), abs=1e-4)
 
 
-ONNX_READER = """
-import json, sys
-import numpy as np
-import onnxruntime
-from transformers import AutoTokenizer
-
-results = {}
-for name, folder, pairs in json.loads(sys.argv[1]):
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    session = onnxruntime.InferenceSession(folder + "/model.onnx")
-    a, b = [p[0] for p in pairs], [p[1] for p in pairs]
-    second = b if b[0] is not None else None
-    encoded = tokenizer(a, second, padding=True, truncation=True, return_tensors="np")
-    feed = {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
-    results[name] = session.run(None, feed)[0].tolist()  # one padded batch: dynamic batch and length
-print(json.dumps({"results": results, "imported_gpt_ft": "gpt_ft" in sys.modules}))
-"""
-
-
-def test_onnx_export_gives_the_classifiers_outputs_in_onnxruntime(tmp_path, tokenizer_dir):
+@pytest.mark.background(start=start_exports)
+def test_onnx_export_gives_the_classifiers_outputs_in_onnxruntime(background):
     pytest.importorskip("onnxscript")
-    jobs, expected = [], {}
-    # rotary positions, GQA, a text pair; GPT-1 and a similarity pair: both orders inside the graph
-    for kind, shape in (("pair", "llama"), ("similarity", "gpt1")):
-        clf = classifier(kind, shape, tokenizer_dir)
-        pairs = [(a, TEXTS[-1 - i]) for i, a in enumerate(TEXTS[:3])]
-        example = KINDS[kind][1]
-        expected[kind] = clf.predict([example(a, b) for a, b in pairs])
-        jobs.append((kind, str(export_classifier(clf, tmp_path / kind, format="onnx")), pairs))
-        assert (tmp_path / kind / "model.onnx").is_file() and not (
-            tmp_path / kind / "model.safetensors"
-        ).exists()
-    got = read_without_gpt_ft(ONNX_READER, jobs)
-    for kind, outcomes in expected.items():
-        for outcome, logits in zip(outcomes, got["results"][kind]):
-            logits = torch.tensor(logits)
-            assert logits.softmax(-1).tolist() == pytest.approx(list(outcome["scores"].values()), abs=1e-4)
-
-
-def test_a_trained_similarity_model_exports_and_serves_its_scores(tmp_path, tokenizer_dir):
-    """`gpt-ft export` of an STS-B-shaped run (both orders, a score clipped to [0, 5]): the folder's
-    own model class gives `Classifier`'s scores, in a process that never imports gpt_ft."""
-    from gpt_ft.cli import main
-    from tests.helpers import common_args, make_task
-
-    card = make_task("similarity", tmp_path)
-    main(["fit", *common_args(card, tokenizer_dir, tmp_path), "--trainer.max_epochs=1"])
-    ckpt = next(tmp_path.glob("runs/lightning_logs/version_0/checkpoints/last.ckpt"))
-    main(["export", f"--ckpt_path={ckpt}", f"--out={tmp_path / 'sts'}"])
-    pairs = [(TEXTS[0], TEXTS[-1]), ("it is not good", "a"), ("a", "it is not good")]
-    outcomes = Classifier.from_checkpoint(ckpt, device="cpu").predict(
-        [{"sentence1": a, "sentence2": b} for a, b in pairs]
-    )
-    result = read_without_gpt_ft(READER, [("sts", str(tmp_path / "sts"), pairs)])["results"]["sts"]
-    assert result["class"] == "OpenAIGPTSimilarityForSequenceClassification"
-    assert result["problem_type"] == "regression"
-    assert [r[0]["score"] for r in result["pipeline"]] == pytest.approx(
-        [o["scores"] for o in outcomes], abs=1e-5
-    )
+    expected, got = served(background)
+    for kind in ("pair", "similarity"):
+        folder = background.root / f"onnx-{kind}"
+        assert (folder / "model.onnx").is_file() and not (folder / "model.safetensors").exists()
+        for outcome, logits in zip(expected[f"onnx-{kind}"]["outcomes"], got[f"onnx-{kind}"]):
+            probabilities = torch.tensor(logits).softmax(-1).tolist()
+            assert probabilities == pytest.approx(list(outcome["scores"].values()), abs=1e-4)
