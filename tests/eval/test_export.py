@@ -159,11 +159,16 @@ def write_exports(out: str, tokenizer_dir: str) -> None:
         examples = [{"story": a, "end1": c[0], "end2": c[1], "end3": c[2]} for a, c in rows]
         expected[f"choice-{shape}"] = {"outcomes": clf.predict(examples)}
         jobs.append(("choice", f"choice-{shape}", str(export_classifier(clf, out / f"choice-{shape}")), rows))
-    # ONNX: rotary positions, GQA, a text pair; GPT-1 and a similarity pair: both orders in the graph.
-    for kind, shape in (("pair", "llama"), ("similarity", "gpt1")) if find_spec("onnxscript") else ():
+    # ONNX: rotary positions, GQA, a text pair; similarity pairs, both orders inside the graph.
+    onnx = (
+        (("pair", "llama"), ("similarity", "gpt1"), ("similarity", "llama"))
+        if find_spec("onnxscript")
+        else ()
+    )
+    for kind, shape in onnx:
         clf = classifier(kind, shape, tokenizer_dir)
         pairs = [(a, TEXTS[-1 - i]) for i, a in enumerate(TEXTS[:3])]
-        name = f"onnx-{kind}"
+        name = f"onnx-{kind}-{shape}"
         expected[name] = {"outcomes": clf.predict([KINDS[kind][1](a, b) for a, b in pairs])}
         jobs.append(("onnx", name, str(export_classifier(clf, out / name, format="onnx")), pairs))
     (out / "expected.json").write_text(json.dumps(expected))
@@ -261,9 +266,9 @@ def test_gpt_multiple_choice_exports_to_double_heads_models(background):
 def test_onnx_export_gives_the_classifiers_outputs_in_onnxruntime(background):
     pytest.importorskip("onnxscript")
     expected, got = served(background)
-    for kind in ("pair", "similarity"):
-        folder = background.root / f"onnx-{kind}"
+    for name in ("onnx-pair-llama", "onnx-similarity-gpt1", "onnx-similarity-llama"):
+        folder = background.root / name
         assert (folder / "model.onnx").is_file() and not (folder / "model.safetensors").exists()
-        for outcome, logits in zip(expected[f"onnx-{kind}"]["outcomes"], got[f"onnx-{kind}"]):
+        for outcome, logits in zip(expected[name]["outcomes"], got[name]):
             probabilities = torch.tensor(logits).softmax(-1).tolist()
             assert probabilities == pytest.approx(list(outcome["scores"].values()), abs=1e-4)
