@@ -36,6 +36,7 @@ def start_quickstart(root):
             "--config",
             str(ROOT / "configs/quickstart.yaml"),
             f"--trainer.logger.init_args.save_dir={root}",
+            "--trainer.accelerator=cpu",  # the README's figures are the CPU's
             "--trainer.enable_progress_bar=false",
             "--trainer.enable_model_summary=false",
             cwd=ROOT,

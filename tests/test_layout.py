@@ -41,6 +41,12 @@ def target(name: str) -> str:
     return parts[1] if len(parts) > 1 and parts[1] in LAYERS else "gpt_ft"
 
 
+def is_module(name: str) -> bool:
+    """Whether the dotted `name` is a module or package of gpt_ft (not a name inside one)."""
+    path = ROOT.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
 def gpt_ft_imports(path: Path) -> list[tuple[int, str]]:
     """(line, module) of every gpt_ft import, function-level ones included, TYPE_CHECKING ones not."""
     tree = ast.parse(path.read_text())
@@ -53,9 +59,13 @@ def gpt_ft_imports(path: Path) -> list[tuple[int, str]]:
         if id(node) in type_checking:
             continue
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("gpt_ft"):
-            names = (
-                [f"{node.module}.{a.name}" for a in node.names] if node.module == "gpt_ft" else [node.module]
-            )
+            # `from gpt_ft.model import weights` imports the module gpt_ft.model.weights
+            names = [
+                f"{node.module}.{a.name}"
+                if node.module == "gpt_ft" or is_module(f"{node.module}.{a.name}")
+                else node.module
+                for a in node.names
+            ]
             found += [(node.lineno, name) for name in names]
         elif isinstance(node, ast.Import):
             found += [(node.lineno, a.name) for a in node.names if a.name.startswith("gpt_ft")]

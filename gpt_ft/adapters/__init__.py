@@ -18,7 +18,7 @@ argument, so a user's own adapter class works with nothing registered; shipped c
 `gpt_ft.adapters.X`.
 """
 
-from gpt_ft.adapters.base import Encoded, Submission, TaskAdapter, field_text, fit_lengths
+from gpt_ft.adapters.base import ENCODING, Encoded, Submission, TaskAdapter, field_text, fit_lengths
 from gpt_ft.adapters.choice import MultipleChoice
 from gpt_ft.adapters.heads import ChoiceHead, ClassificationHead, RegressionHead, TaskHead
 from gpt_ft.adapters.metrics import METRICS, Scoring, metric_value
@@ -48,6 +48,7 @@ __all__ = [
     "Scoring",
     "Submission",
     "Encoded",
+    "ENCODING",
     "TaskDataError",
     "TaskOutput",
     "ClassificationOutput",

@@ -30,6 +30,10 @@ from gpt_ft.adapters.outputs import (
 )
 from gpt_ft.adapters.sources import HubDataset, LocalFiles, Sources
 
+ENCODING = 2
+"""The version of the path from examples to tokens: cached encodings of another one are not reused
+(2: pairs cut as the tokenizers library's `longest_first` cuts them)."""
+
 
 @dataclass
 class Encoded:
@@ -45,9 +49,9 @@ def fit_lengths(lengths: list[int], budget: int) -> list[int]:
     `truncation="longest_first"` (the `tokenizers` library's), so that a tokenizer exported with the
     input transform (`gpt-ft export`) keeps token for token what training kept.
 
-    One text is cut to the budget. Of two, the shorter keeps up to half the budget (rounded down),
-    the other the rest; when both are longer, the first text gets the smaller half: [9, 9] with
-    budget 5 gives [2, 3], [40, 30] with 62 gives [32, 30], [3, 9] with 8 gives [3, 5]. Three or more
+    One text is cut to the budget. Of two, the shorter (the first, on a tie) keeps up to half the
+    budget, rounded down, and the other the rest: [9, 9] with budget 5 gives [2, 3], [10, 9] gives
+    [3, 2], [40, 30] with 62 gives [32, 30], [3, 9] with 8 gives [3, 5]. Three or more
     texts (no tokenizer cuts those) lose one token at a time from the longest, ties cutting the
     later text: [10, 3, 7] with budget 12 gives [5, 3, 4].
     """

@@ -389,11 +389,12 @@ def recorded_configuration(ckpt: str) -> dict[str, Any]:
     tokenizer saved beside it), as parser defaults; nothing for a file that is not one."""
     if not Path(ckpt).is_file():
         return {}
-    recorded = recorded_run(Checkpoint.read(ckpt))
+    checkpoint = Checkpoint.read(ckpt)
+    recorded = recorded_run(checkpoint)
     defaults = {f"model.{key}": value for key, value in _plain(recorded.get("model", {})).items()}
     data = recorded.get("data")
     if data:
-        if "tokenizer" in data.get("init_args", {}):
-            data["init_args"]["tokenizer"] = resolve_tokenizer(None, ckpt, option=None)  # the copy beside it
+        if "tokenizer" in data.get("init_args", {}):  # the copy beside the checkpoint
+            data["init_args"]["tokenizer"] = str(checkpoint.tokenizer) if checkpoint.tokenizer else None
         defaults["data"] = data
     return defaults

@@ -15,7 +15,7 @@ import torch
 from lightning import LightningDataModule
 from torch.utils.data import DataLoader
 
-from gpt_ft.adapters import TaskAdapter, TaskDataError
+from gpt_ft.adapters import ENCODING, TaskAdapter, TaskDataError
 from gpt_ft.data.batches import SharedContextBatch, TaskBatch, collate, collate_shared
 from gpt_ft.data.files import Origin, load_split, split_origin
 from gpt_ft.data.samplers import EpochSampler, LengthGroupedSampler, ResumableTrainData
@@ -178,7 +178,7 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
 
     def _fingerprint(self, raw, split: str) -> str:
         """What the encoded split depends on: the raw rows, the card, the tokenizer, the length, the
-        toolkit's version. (Left to datasets, the fingerprint would hash the whole data module, its
+        toolkit's version and its way from examples to tokens (`ENCODING`). (Left to datasets, the fingerprint would hash the whole data module, its
         trainer and model included: most of a small run's setup time.)"""
         from importlib.metadata import version
 
@@ -191,6 +191,7 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
             repr(self.special_ids),
             str(self.max_length),
             version("gpt_ft"),
+            f"encoding {ENCODING}",
         ]
         return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:32]
 

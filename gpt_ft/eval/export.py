@@ -272,4 +272,5 @@ def framed_tokenizer(clf: Classifier):
     )
     tokenizer.model_max_length = clf.max_length
     tokenizer.padding_side = "right"
+    tokenizer.truncation_side = "right"  # training keeps the start of each text
     return tokenizer

@@ -45,6 +45,27 @@ def swap_pair(input_ids: torch.Tensor, attention_mask: torch.Tensor, delim: int)
     return input_ids.gather(-1, source)
 
 
+def check_pairs(input_ids: torch.Tensor, attention_mask: torch.Tensor, delim: int) -> None:
+    """Each row one pair, padded on the right (as the folder's tokenizer frames and pads it)."""
+    mask = attention_mask.bool()
+    if bool((mask[:, 1:] & ~mask[:, :-1]).any()):
+        raise ValueError("A similarity model reads rows padded on the right (the tokenizer's padding_side).")
+    delims = ((input_ids == delim) & mask).sum(dim=-1)
+    if bool((delims != 1).any()):
+        row = int((delims != 1).nonzero()[0, 0])
+        raise ValueError(
+            f"Row {row} holds {int(delims[row])} delimiter tokens; a similarity model reads one pair of "
+            "texts (text, text_pair), neither empty: transformers' tokenizer frames a pair whose second "
+            "text is empty as a single text, and a text holding the delimiter token splits wrongly."
+        )
+
+
+def _tracing() -> bool:
+    """Whether the forward is being traced or exported (ONNX): data-dependent checks are left out."""
+    exporting = getattr(torch.compiler, "is_exporting", lambda: False)
+    return torch.jit.is_tracing() or torch.compiler.is_compiling() or exporting()
+
+
 class SimilarityForSequenceClassification(PreTrainedModel):
     """The family's base model, run on both orders of the pair; the sum of the two extract states
     (the last token that is not padding) goes through `score`. Its config adds `delim_token_id`,
@@ -63,6 +84,8 @@ class SimilarityForSequenceClassification(PreTrainedModel):
     def forward(self, input_ids, attention_mask=None, labels=None, **kwargs) -> SequenceClassifierOutput:
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
+        if not _tracing():
+            check_pairs(input_ids, attention_mask, self.config.delim_token_id)
         swapped = swap_pair(input_ids, attention_mask, self.config.delim_token_id)
         hidden = self.model(
             input_ids=torch.cat([input_ids, swapped]),

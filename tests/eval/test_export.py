@@ -223,6 +223,27 @@ def test_exported_classifiers_give_the_classifiers_labels_and_probabilities(back
                 assert [n for n in outcome["scores"] if scores[n] > 0.5] == outcome["label"]
 
 
+def test_the_similarity_model_builds_the_other_order_and_refuses_what_is_not_a_pair():
+    """`[start] a [delim] b [extract]` padded on the right becomes `[start] b [delim] a [extract]`,
+    padding kept; a row without one delimiter (a single text, an empty second text) or padded on the
+    left is one sentence, not a silently wrong score."""
+    from gpt_ft.eval.modeling_similarity import check_pairs, swap_pair
+
+    S, D, E, P = 1, 2, 3, 0
+    ids = torch.tensor([[S, 5, 6, D, 7, E, P], [S, 5, D, 7, 8, E, P], [S, D, 7, 8, 9, 10, E]])
+    mask = (ids != P).long()
+    check_pairs(ids, mask, D)
+    assert swap_pair(ids, mask, D).tolist() == [
+        [S, 7, D, 5, 6, E, P],
+        [S, 7, 8, D, 5, E, P],
+        [S, 7, 8, 9, 10, D, E],
+    ]
+    with pytest.raises(ValueError, match="Row 1 holds 0 delimiter tokens; a similarity model reads one pair"):
+        check_pairs(torch.tensor([[S, 5, D, 6, E], [S, 5, 6, 7, E]]), torch.ones(2, 5), D)
+    with pytest.raises(ValueError, match="padded on the right"):
+        check_pairs(torch.tensor([[P, S, 5, D, 6, E]]), torch.tensor([[0, 1, 1, 1, 1, 1]]), D)
+
+
 def test_a_llama_multiple_choice_task_is_not_exported(tmp_path, tokenizer_dir):
     clf = classifier("single", "llama", tokenizer_dir)
     clf.task = MultipleChoice(name="mc", context=["story"], choices=["end1", "end2"])
