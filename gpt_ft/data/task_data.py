@@ -178,8 +178,9 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
 
     def _fingerprint(self, raw, split: str) -> str:
         """What the encoded split depends on: the raw rows, the card, the tokenizer, the length, the
-        toolkit's version and its way from examples to tokens (`ENCODING`). (Left to datasets, the fingerprint would hash the whole data module, its
-        trainer and model included: most of a small run's setup time.)"""
+        toolkit's version and its way from examples to tokens (`ENCODING`). (Left to datasets, the
+        fingerprint would hash the whole data module, its trainer and model included: most of a
+        small run's setup time.)"""
         from importlib.metadata import version
 
         parts = [
