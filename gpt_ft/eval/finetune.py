@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from argparse import ArgumentError
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -108,6 +109,27 @@ def main_key(task) -> str:
 
 def finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
+
+
+# Options that say where a run writes, not what it computes: a moved folder still holds the same runs.
+OUTPUTS = ("trainer.default_root_dir", "trainer.logger.save_dir", "model.predictions_dir")
+
+
+def config_changes(
+    result: dict[str, Any], now: dict[str, Any], build: BuildRun, extra: list[str]
+) -> list[str]:
+    """What differs between the configuration a finished run recorded (its `result`) and the one
+    its arguments resolve to `now`, as options (`changed_options`), where it writes left out. A
+    result written before runs recorded their configuration holds their arguments (`args`): those
+    are resolved now (with `extra`, the options the suite adds); arguments that no longer resolve (a
+    file gone) cannot be compared: ["(not comparable)"]."""
+    recorded = result.get("config")
+    if recorded is None:
+        try:
+            recorded = build.resolve([*result.get("args", []), *extra])
+        except (ArgumentError, ValueError, FileNotFoundError, KeyError):
+            return ["(not comparable)"]
+    return changed_options(recorded, now, ignored=OUTPUTS)
 
 
 def changed_options(before: dict[str, Any], now: dict[str, Any], ignored: tuple[str, ...] = ()) -> list[str]:

@@ -33,15 +33,13 @@ from gpt_ft.data.files import load_split
 from gpt_ft.data.tokenizer import load_tokenizer
 from gpt_ft.eval import zeroshot
 from gpt_ft.eval.curves import MISSING, baseline_curves, collect_curves, labels_saved, read_baselines
-from gpt_ft.eval.finetune import BuildRun, changed_options, finite, fit_and_evaluate, main_key
+from gpt_ft.eval.finetune import BuildRun, config_changes, finite, fit_and_evaluate, main_key
 from gpt_ft.eval.results import benchmark_score, mean_std, write_atomic, write_json, write_results
 from gpt_ft.eval.suite_file import SuiteSpec, data_dirs
 from gpt_ft.model import GPT
 from gpt_ft.model.weights import resolve_tokenizer
 
 RESULT = "result.json"
-# Options that say where a run writes, not what it computes: a moved folder still holds the same runs.
-_OUTPUTS = ("trainer.default_root_dir", "trainer.logger.save_dir", "model.predictions_dir")
 
 
 @dataclass
@@ -209,11 +207,10 @@ class SuiteRunner:
         result = _read(self.out / "runs" / run.folder / RESULT)
         if result is None:
             return False
-        recorded, now = (
-            result.get("config"),
-            self.build_run.resolve(self.fit_args_of(run) + self._min_steps(run)),
+        extra = self._min_steps(run)
+        changed = config_changes(
+            result, self.build_run.resolve(self.fit_args_of(run) + extra), self.build_run, extra
         )
-        changed = [] if recorded is None else changed_options(recorded, now, ignored=_OUTPUTS)
         if changed:
             log(f"{run}: its arguments changed since it ran ({', '.join(changed)}): running it again")
             return False

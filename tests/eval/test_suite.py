@@ -378,3 +378,17 @@ def test_a_rerun_compares_configurations_not_spellings(tmp_path, tokenizer_dir, 
     assert "sent seed 0: its arguments changed since it ran (--model.lr=0.0002): running it again" in printed
     config = json.loads((tmp_path / "out" / "runs" / "sent" / "seed-0" / "result.json").read_text())["config"]
     assert config["model"]["lr"] == 0.0002 and config["data"]["init_args"]["batch_size"] == 4
+    # A result written before runs recorded their configuration holds their arguments: resolved now.
+    result_file = tmp_path / "out" / "runs" / "sent" / "seed-0" / "result.json"
+    result = json.loads(result_file.read_text())
+    result["args"] = calls[-1]
+    del result["config"]
+    result_file.write_text(json.dumps(result))
+    main([*argv, "--data.batch_size=4", "--model.lr=2e-4"])
+    assert len(calls) == 2  # the same arguments: finished
+    result["args"] = [*calls[-1][:-1], "--data.task=gone.yaml"]  # no longer resolves
+    result_file.write_text(json.dumps(result))
+    main([*argv, "--data.batch_size=4", "--model.lr=2e-4"])
+    assert (
+        len(calls) == 3 and "its arguments changed since it ran ((not comparable))" in capsys.readouterr().out
+    )
