@@ -59,11 +59,11 @@ def calibrate(
     """Fits the temperature of `ckpt` on `split` (default the card's first validation split) and
     writes `output`: the same checkpoint with `temperature`. Returns T and the split's expected
     calibration error before and after."""
-    clf = Classifier.from_checkpoint(ckpt, device="cpu")
+    stored = Checkpoint.read(ckpt)
+    clf = Classifier.from_checkpoint(stored, device="cpu")
     task = clf.task
     if not task.has_probabilities:
         raise ValueError(f"Task {task.name!r} predicts a score: there are no probabilities to calibrate.")
-    stored = Checkpoint.read(ckpt)
     split = split or task.validation_splits[0]
     rows = load_split(task, split, data_dir or stored.data_args.get("data_dir")).to_list()
     outputs, labels = split_outputs(clf, rows)

@@ -55,9 +55,11 @@ class Classifier:
         self.max_length = min(max_length, gpt.config.n_positions)
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, *, device: str | None = None) -> Classifier:
-        """A `.ckpt` of `gpt-ft fit` on a task; on the GPU when there is one, unless `device` says."""
-        stored = Checkpoint.read(path)
+    def from_checkpoint(cls, path: str | Path | Checkpoint, *, device: str | None = None) -> Classifier:
+        """A `.ckpt` of `gpt-ft fit` on a task (or one already read); on the GPU when there is one,
+        unless `device` says."""
+        stored = path if isinstance(path, Checkpoint) else Checkpoint.read(path)
+        path = stored.where
         if not stored.is_gpt_ft or not stored.task_card:
             raise ValueError(f"{path} is not a fine-tuned gpt_ft checkpoint: it records no task card.")
         task = card_from_value(stored.task_card, f"The task card recorded in {path}")
