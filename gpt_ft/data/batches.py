@@ -5,6 +5,8 @@
 - `TaskBatch`: a task's examples, padded, with where to read each sequence's extract token.
 - `SharedContextBatch`: multiple-choice examples as one `[start] context [delim]` per example and
   each choice's continuation, so that the context runs once (`--data.shared_context`).
+- `PackedBatch`: a task's examples laid end to end in rows, without padding (`--data.packing`,
+  the default): positions restart at each sequence and attention stays inside it.
 
 Lightning moves dataclass batches to the device field by field.
 """
@@ -51,6 +53,8 @@ class TaskBatch(TokenBatch):
     """Padding on the left: the model then needs the attention mask and position ids."""
     split: str = ""
     """The split the examples come from (evaluation and predictions are kept per split)."""
+    real_tokens: int = 0
+    """Tokens that are not padding (a host count: throughput logs it without a device sync)."""
 
 
 @dataclass
@@ -81,12 +85,59 @@ class SharedContextBatch:
     labels: Tensor | None = None
     """(B,) the right choice; None when unlabelled."""
     split: str = ""
+    real_tokens: int = 0
+    """Tokens that are not padding, contexts counted once (a host count)."""
 
     def __len__(self) -> int:
         return len(self.index)
 
 
-Batch = TokenBatch | TaskBatch | SharedContextBatch
+@dataclass
+class PackedBatch:
+    """A task's examples laid end to end in rows of L tokens, without padding between them.
+
+    Each example's sequences (or, for choices that share a context, the context and then every
+    choice's continuation) form one unit; units are packed first-fit, longest first, into rows as
+    long as the longest unit, and only a row's tail is padding. Every sequence's positions start
+    at 0; a token attends to the earlier tokens of its own sequence only (`documents`), and a
+    choice's continuation to its shared context and itself (`branches`). The model's results equal
+    those of the padded batch of the same examples.
+    """
+
+    input_ids: Tensor
+    """(R, L) token ids, the pad id in each row's tail."""
+    position_ids: Tensor
+    """(R, L) each token's position within its sequence (a continuation: after its context)."""
+    documents: Tensor
+    """(R, L) the unit each token belongs to, numbered within the row; -1 at the tail."""
+    branches: Tensor | None
+    """(R, L) 0 for a shared context (and whole sequences), k for the k-th choice's continuation;
+    None when no unit shares a context."""
+    lm_positions: Tensor
+    """(M,) positions (into the flattened rows) whose next token is predicted."""
+    lm_targets: Tensor
+    """(M,) the token each of them predicts."""
+    lm_examples: Tensor
+    """(M,) the example (batch row) each prediction belongs to."""
+    lm_weights: Tensor | None
+    """(M,) how many sequences of the padded layout make each prediction (a shared context's
+    tokens: one per choice); None: each counts once."""
+    extract_index: Tensor
+    """(B, S) each sequence's extract token, a position into the flattened rows."""
+    choice_mask: Tensor
+    """(B, S) False for choices a row does not have."""
+    index: Tensor
+    """(B,) example ids."""
+    labels: Tensor | None = None
+    split: str = ""
+    real_tokens: int = 0
+    """Tokens that are not padding (a host count)."""
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+
+Batch = TokenBatch | TaskBatch | SharedContextBatch | PackedBatch
 
 
 def _labels(examples: list[dict[str, Any]]) -> Tensor | None:
@@ -139,6 +190,7 @@ def collate(
         labels=_labels(examples),
         left_padded=padding_side == "left",
         split=split,
+        real_tokens=sum(len(seq) for e in examples for seq in e["input_ids"]),
     )
 
 
@@ -149,13 +201,10 @@ def collate_shared(
     when some example's sequences do not all start with the same context."""
     prefixes, answers = [], []
     for example in examples:
-        first = example["input_ids"][0]
-        if delim_id not in first:
+        n = shared_prefix(example["input_ids"], delim_id)
+        if n is None:
             return None
-        n = first.index(delim_id) + 1
-        if any(seq[:n] != first[:n] for seq in example["input_ids"]):
-            return None
-        prefixes.append(first[:n])
+        prefixes.append(example["input_ids"][0][:n])
         answers.append([seq[n:] for seq in example["input_ids"]])
     B = len(examples)
     S = max(len(a) for a in answers)
@@ -191,6 +240,96 @@ def collate_shared(
         index=torch.tensor([e["index"] for e in examples], dtype=torch.long),
         labels=_labels(examples),
         split=split,
+        real_tokens=sum(len(p) + sum(len(a) for a in c) for p, c in zip(prefixes, answers)),
+    )
+
+
+def shared_prefix(sequences: list[list[int]], delim_id: int) -> int | None:
+    """The length of `[start] context [delim]` when every sequence starts with it, else None."""
+    first = sequences[0]
+    if delim_id not in first:
+        return None
+    n = first.index(delim_id) + 1
+    return n if all(seq[:n] == first[:n] for seq in sequences) else None
+
+
+def collate_packed(
+    examples: list[dict[str, Any]], pad_id: int, delim_id: int | None = None, split: str = ""
+) -> PackedBatch:
+    """Encoded examples packed into rows (see `PackedBatch`); with `delim_id`, an example whose
+    sequences all start with the same `[start] context [delim]` runs its context once."""
+    units = []  # per example: (tokens, positions, branches, lm (offset, target, weight), extracts)
+    for b, example in enumerate(examples):
+        sequences = example["input_ids"]
+        n = shared_prefix(sequences, delim_id) if delim_id is not None and len(sequences) > 1 else None
+        if n is None:  # each sequence its own unit
+            for s, seq in enumerate(sequences):
+                lm = [(i, seq[i + 1], 1) for i in range(len(seq) - 1)]
+                extract = [(s, example["extract_index"][s])]
+                units.append((b, seq, list(range(len(seq))), [0] * len(seq), lm, extract))
+            continue
+        context, k = sequences[0][:n], len(sequences)
+        tokens, positions, branches = list(context), list(range(n)), [0] * n
+        lm = [(i, context[i + 1], k) for i in range(n - 1)]  # the padded layout: once per choice
+        extract = []
+        for s, seq in enumerate(sequences):
+            start, answer = len(tokens), seq[n:]
+            lm.append((n - 1, answer[0], 1))  # the delim predicts each choice's first token
+            lm += [(start + i, answer[i + 1], 1) for i in range(len(answer) - 1)]
+            extract.append((s, start + example["extract_index"][s] - n))
+            tokens += answer
+            positions += range(n, n + len(answer))
+            branches += [s + 1] * len(answer)
+        units.append((b, tokens, positions, branches, lm, extract))
+    L = max(len(unit[1]) for unit in units)
+    rows: list[list] = []  # first fit, longest first
+    for unit in sorted(units, key=lambda u: -len(u[1])):
+        row = next((r for r in rows if r[0] + len(unit[1]) <= L), None)
+        if row is None:
+            row = [0, []]
+            rows.append(row)
+        row[1].append((row[0], unit))
+        row[0] += len(unit[1])
+    R, B = len(rows), len(examples)
+    S = max(len(e["input_ids"]) for e in examples)
+    input_ids = [[pad_id] * L for _ in range(R)]
+    position_ids = [[0] * L for _ in range(R)]
+    documents = [[-1] * L for _ in range(R)]
+    branches = [[0] * L for _ in range(R)]
+    lm_positions, lm_targets, lm_examples, lm_weights = [], [], [], []
+    extract_index = [[0] * S for _ in range(B)]
+    choice_mask = [[False] * S for _ in range(B)]
+    for r, (_, placed) in enumerate(rows):
+        for d, (offset, (b, tokens, positions, branch, lm, extract)) in enumerate(placed):
+            end = offset + len(tokens)
+            input_ids[r][offset:end], position_ids[r][offset:end] = tokens, positions
+            documents[r][offset:end], branches[r][offset:end] = [d] * len(tokens), branch
+            base = r * L + offset
+            for i, target, weight in lm:
+                lm_positions.append(base + i)
+                lm_targets.append(target)
+                lm_examples.append(b)
+                lm_weights.append(weight)
+            for s, i in extract:
+                extract_index[b][s], choice_mask[b][s] = base + i, True
+    shared = any(max(u[3]) > 0 for u in units)
+    weighted = any(w != 1 for w in lm_weights)
+    long = dict(dtype=torch.long)
+    return PackedBatch(
+        input_ids=torch.tensor(input_ids, **long),
+        position_ids=torch.tensor(position_ids, **long),
+        documents=torch.tensor(documents, **long),
+        branches=torch.tensor(branches, **long) if shared else None,
+        lm_positions=torch.tensor(lm_positions, **long),
+        lm_targets=torch.tensor(lm_targets, **long),
+        lm_examples=torch.tensor(lm_examples, **long),
+        lm_weights=torch.tensor(lm_weights, **long) if weighted else None,
+        extract_index=torch.tensor(extract_index, **long),
+        choice_mask=torch.tensor(choice_mask, dtype=torch.bool),
+        index=torch.tensor([e["index"] for e in examples], **long),
+        labels=_labels(examples),
+        split=split,
+        real_tokens=sum(len(u[1]) for u in units),
     )
 
 

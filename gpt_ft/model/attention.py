@@ -5,7 +5,7 @@
 Gemma 3's per-head norms) runs PyTorch's
 `scaled_dot_product_attention`, or `blocked_causal_attention` where SDPA would be slow (dropout on
 a CPU). `causal_mask` builds the mask SDPA needs only when padding, a KV cache or a sliding window
-calls for one.
+calls for one; `packed_mask` the block-diagonal one of rows of packed sequences.
 """
 
 from __future__ import annotations
@@ -122,6 +122,26 @@ def causal_mask(
     # A padding query may see no real key at all; letting it see itself keeps softmax finite.
     mask = allowed | (k_index == q_index)
     return mask if mask.ndim == 4 else mask[None, None], False
+
+
+def packed_mask(
+    documents: Tensor, branches: Tensor | None, positions: Tensor, window: int | None = None
+) -> Tensor:
+    """The boolean mask (R, 1, L, L), True where allowed, of rows of packed sequences: a token
+    attends to the tokens before it in its own sequence only (`documents` (R, L), the sequence of
+    each token), and with `branches` (R, L) a choice's continuation (k > 0) to its shared context
+    (0) and itself, never to another choice. `window`: only keys fewer than `window` positions
+    (`positions` (R, L)) back. Every token sees itself, a row's padded tail included.
+    """
+    L = documents.shape[1]
+    index = torch.arange(L, device=documents.device)
+    allowed = (documents[:, :, None] == documents[:, None, :]) & (index[None, :] <= index[:, None])
+    if branches is not None:
+        key = branches[:, None, :]
+        allowed &= (key == 0) | (key == branches[:, :, None])
+    if window is not None:
+        allowed &= positions[:, :, None] - positions[:, None, :] < window
+    return allowed[:, None]
 
 
 def blocked_causal_attention(

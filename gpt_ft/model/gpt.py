@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from gpt_ft.model import generation, rope
-from gpt_ft.model.attention import CausalSelfAttention, Rotary, causal_mask
+from gpt_ft.model.attention import CausalSelfAttention, Rotary, causal_mask, packed_mask
 from gpt_ft.model.cache import Cache, KVCache, SharedPrefix
 from gpt_ft.model.config import ACTIVATIONS, GPTConfig
 from gpt_ft.model.norms import RMSNorm, norm
@@ -142,6 +142,8 @@ class GPT(nn.Module):
         *,
         position_ids: Tensor | None = None,
         kv_cache: Cache | None = None,
+        documents: Tensor | None = None,
+        branches: Tensor | None = None,
     ) -> Tensor:
         """Final hidden states (B, T, C) of `input_ids` (B, T).
 
@@ -151,6 +153,10 @@ class GPT(nn.Module):
                 (B, T), or (B, T_cached + T) with a KV cache. Padded keys are never attended to.
             position_ids: positions (B, T) or (T,); by default T_cached, ..., T_cached + T - 1.
             kv_cache: past keys/values to attend to (see `new_kv_cache`); this call appends to it.
+            documents: rows of packed sequences (B, T): the sequence each token belongs to, which
+                alone it attends to (with `position_ids` restarting at each; see `packed_mask`).
+            branches: with `documents`, (B, T): 0 for a shared context, k > 0 for the k-th
+                continuation of it, which attends to the context and itself only.
         """
         B, T = input_ids.shape
         past = kv_cache.length if kv_cache is not None else 0
@@ -167,7 +173,17 @@ class GPT(nn.Module):
         if self.wpe is not None:
             x = x + self.wpe(position_ids)
         x = self.drop(x)
-        masks, rotaries = self._attention_inputs(attention_mask, position_ids, kv_cache, T, x.dtype)
+        if documents is not None:
+            if kv_cache is not None or position_ids.shape != documents.shape:
+                raise ValueError("Packed rows (documents) take their position_ids, and no KV cache.")
+            window = self.config.sliding_window
+            full = (packed_mask(documents, branches, position_ids), False)
+            local = (
+                full if window is None else (packed_mask(documents, branches, position_ids, window), False)
+            )
+            masks, rotaries = {False: full, True: local}, self._rotaries(position_ids, x.dtype)
+        else:
+            masks, rotaries = self._attention_inputs(attention_mask, position_ids, kv_cache, T, x.dtype)
         recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
         for i, block in enumerate(self.h):
             local = self.config.is_sliding(i)
@@ -198,12 +214,16 @@ class GPT(nn.Module):
                 keys = torch.arange(past, device=device).expand(queries.shape[0], past)
                 positions = (queries, torch.cat([keys, queries], dim=1))
             masks[True] = causal_mask(attention_mask, T, past, device, c.sliding_window, positions)
-        rotaries: dict = {False: None, True: None}
+        return masks, self._rotaries(position_ids, dtype)
+
+    def _rotaries(self, position_ids: Tensor, dtype) -> dict:
+        """The rotary angles ({local: (cos, sin)}) at `position_ids`; None for learned positions."""
+        c, rotaries = self.config, {False: None, True: None}
         if self.wpe is None:
             rotaries[False] = rope.cos_sin(c, position_ids, dtype)
             if c.rope_local_theta is not None:
                 rotaries[True] = rope.cos_sin(c, position_ids, dtype, local=True)
-        return masks, rotaries
+        return rotaries
 
     def lm_logits(self, hidden: Tensor) -> Tensor:
         """Next-token logits (..., vocab) from hidden states (..., C): `hidden @ wte.T` (tied head)

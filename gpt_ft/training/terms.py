@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gpt_ft.adapters import TaskHead
-from gpt_ft.data.batches import IGNORE_INDEX, SharedContextBatch, TaskBatch, TokenBatch
+from gpt_ft.data.batches import IGNORE_INDEX, PackedBatch, SharedContextBatch, TaskBatch, TokenBatch
 from gpt_ft.model import GPT, SharedPrefix
 from gpt_ft.training.lm_loss import lm_losses
 
@@ -51,6 +51,8 @@ def batch_terms(gpt: GPT, head: TaskHead | None, batch: TokenBatch, *, lm: bool)
     """Per-example terms of any batch (see the module docstring); `lm` asks for the LM terms."""
     if isinstance(batch, SharedContextBatch):
         return shared_context_terms(gpt, head, batch, lm=lm)
+    if isinstance(batch, PackedBatch):
+        return packed_terms(gpt, head, batch, lm=lm)
     if isinstance(batch, TaskBatch) and batch.left_padded:
         batch = right_padded(batch)
     ids = batch.input_ids
@@ -127,7 +129,36 @@ def shared_context_terms(
     return out
 
 
-def _task_terms(head: TaskHead, extract: Tensor, batch: TaskBatch | SharedContextBatch) -> dict[str, Tensor]:
+def packed_terms(gpt: GPT, head: TaskHead | None, batch: PackedBatch, *, lm: bool) -> dict[str, Tensor]:
+    """`batch_terms` of a `PackedBatch`: the rows run once, each sequence attending to itself only;
+    the results equal those of the padded batch of the same examples."""
+    hidden = gpt(
+        batch.input_ids,
+        position_ids=batch.position_ids,
+        documents=batch.documents,
+        branches=batch.branches,
+    ).flatten(0, 1)  # (R * L, C)
+    B, out = len(batch), {}
+    if lm:
+        losses = lm_losses(gpt, hidden[batch.lm_positions], batch.lm_targets)
+        weights = batch.lm_weights
+        if weights is not None:  # a shared context's tokens, once per choice as the padded layout has them
+            losses = losses * weights
+        sums = torch.zeros(B, device=hidden.device, dtype=losses.dtype)
+        out["lm_sum"] = sums.index_add_(0, batch.lm_examples, losses)
+        counts = torch.zeros(B, device=hidden.device, dtype=torch.long)
+        ones = torch.ones_like(batch.lm_examples) if weights is None else weights
+        out["lm_count"] = counts.index_add_(0, batch.lm_examples, ones)
+    if head is not None:
+        S = batch.extract_index.shape[1]
+        extract = hidden[batch.extract_index.view(B * S)].view(B, S, -1)  # (B, S, C)
+        out.update(_task_terms(head, extract, batch))
+    return out
+
+
+def _task_terms(
+    head: TaskHead, extract: Tensor, batch: TaskBatch | SharedContextBatch | PackedBatch
+) -> dict[str, Tensor]:
     """The head's outputs and, for a labelled batch, each example's task loss."""
     out = {"logits": head(extract, batch.choice_mask)}
     if batch.labels is not None:

@@ -1,0 +1,198 @@
+"""Packed batches (examples end to end in rows, no padding between them) give the padded batch's
+losses, gradients and predictions, for every input shape and model family; attention never crosses
+from one example into another."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpt_ft.adapters import MultiLabel, MultipleChoice, Similarity, SingleText, TextPair
+from gpt_ft.data.batches import collate, collate_packed, collate_shared
+from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
+from gpt_ft.model import attention
+from gpt_ft.training.module import GPTModule
+from tests.helpers import FAMILY_MICRO
+
+NO_DROPOUT = {"embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0}
+FAMILIES = {**FAMILY_MICRO, "gpt1-micro": ("gpt-micro", {}), "gpt2-micro": ("gpt-micro", {"pre_ln": True})}
+
+SHAPES = {
+    "single": lambda: SingleText(name="single", labels=["no", "yes"]),
+    "pair": lambda: TextPair(name="pair", labels=["a", "b", "c"]),
+    "similarity": lambda: Similarity(name="similarity", regression=True, score_range=(0.0, 5.0)),
+    "choice": lambda: MultipleChoice(name="choice", context=["story"], choices="endings", num_choices=4),
+    "multi-label": lambda: MultiLabel(name="labels", labels=["x", "y", "z"]),
+}
+TEXTS = {"single": 1, "pair": 2, "similarity": 2, "multi-label": 1}
+
+
+def examples(task, shape: str, specials, vocab: int, n: int = 7, seed: int = 0) -> list[dict]:
+    """`n` encoded examples of random tokens and lengths (texts of 0-18 tokens, contexts of 1-30, 1-4 choices), labelled."""
+    g = torch.Generator().manual_seed(seed)
+    randint = lambda lo, hi: int(torch.randint(lo, hi + 1, (), generator=g))  # noqa: E731
+    tokens = lambda k: torch.randint(0, vocab, (k,), generator=g).tolist()  # noqa: E731
+    rows = []
+    for i in range(n):
+        if shape == "choice":
+            texts = [tokens(randint(1, 30)), *(tokens(randint(0, 9)) for _ in range(randint(1, 4)))]
+            label = randint(0, len(texts) - 2)
+        else:
+            texts = [tokens(randint(0, 18)) for _ in range(TEXTS[shape])]
+            label = {"single": randint(0, 1), "pair": randint(0, 2), "similarity": randint(0, 50) / 10}.get(
+                shape, [randint(0, 1) for _ in range(3)]
+            )
+        enc = task.encode({"label": label}, texts, specials, max_length=40)
+        rows.append({"input_ids": enc.sequences, "extract_index": enc.extract_index, "label": enc.label,
+                     "index": i})  # fmt: skip
+    return rows
+
+
+def module_for(tokenizer_dir, shape: str, family: str):
+    tok = load_tokenizer(tokenizer_dir)
+    specials = special_token_ids(tok)
+    task = SHAPES[shape]()
+    preset, overrides = FAMILIES[family]
+    torch.manual_seed(0)
+    module = GPTModule(
+        preset=preset,
+        overrides={"n_positions": 64, **NO_DROPOUT, **overrides},
+        vocab_size=len(tok),
+        task=task,
+        classifier_dropout=0.0,
+    )
+    return module, examples(task, shape, specials, vocab=len(tok) - 5), specials
+
+
+def run(module, batch) -> tuple[dict, torch.Tensor, dict]:
+    """Terms, loss and gradients of one batch."""
+    module.zero_grad()
+    terms = module.terms(batch)
+    loss, _ = module.losses(batch)
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None}
+    return {k: v.detach() for k, v in terms.items()}, loss.detach(), grads
+
+
+def assert_same(a, b, choice_mask) -> None:
+    (terms_a, loss_a, grads_a), (terms_b, loss_b, grads_b) = a, b
+    logits_a, logits_b = terms_a["logits"], terms_b["logits"]
+    if logits_a.shape == choice_mask.shape:  # choices: masked ones carry the same floor
+        assert torch.equal(logits_a[~choice_mask], logits_b[~choice_mask])
+        logits_a, logits_b = logits_a[choice_mask], logits_b[choice_mask]
+    torch.testing.assert_close(logits_b, logits_a, rtol=0, atol=1e-5)
+    torch.testing.assert_close(terms_b["task_loss"], terms_a["task_loss"], rtol=0, atol=1e-5)
+    assert torch.equal(terms_a["lm_count"], terms_b["lm_count"])
+    torch.testing.assert_close(terms_b["lm_sum"], terms_a["lm_sum"], rtol=1e-6, atol=1e-4)
+    torch.testing.assert_close(loss_b, loss_a, rtol=0, atol=1e-5)
+    assert grads_a.keys() == grads_b.keys() and grads_a
+    for name in grads_a:
+        torch.testing.assert_close(grads_b[name], grads_a[name], rtol=0, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_a_packed_batch_equals_the_padded_one(tokenizer_dir, shape, family):
+    """Losses (task and LM, per example), gradients and predictions to 1e-5. Multiple choice runs
+    its shared context once, in the same row as its choices; Gemma 3's sliding window (6 tokens)
+    counts positions within each example."""
+    module, rows, specials = module_for(tokenizer_dir, shape, family)
+    module.train()
+    padded = collate(rows, specials.pad)
+    delim = specials.delim if module.task.shares_context else None
+    packed = collate_packed(rows, specials.pad, delim)
+    if shape != "choice":  # the same tokens (multiple choice: each context once), in fewer positions
+        assert packed.real_tokens == padded.real_tokens
+    assert packed.input_ids.numel() <= padded.input_ids.numel()
+    assert (packed.branches is not None) == (shape == "choice")
+    assert_same(run(module, padded), run(module, packed), padded.choice_mask)
+    module.eval()
+    with torch.no_grad():
+        outputs = [module(batch) for batch in (padded, packed)]
+    probabilities = [module.head.probabilities(o) for o in outputs]
+    torch.testing.assert_close(probabilities[1], probabilities[0], rtol=0, atol=1e-5)
+    predictions = [module.head.predictions(o) for o in outputs]
+    if shape in ("single", "pair", "choice"):  # one class: the same unless two were within 1e-4
+        top2 = probabilities[0].topk(2, dim=-1).values
+        clear = top2[:, 0] - top2[:, 1] > 1e-4
+        predictions = [p[clear] for p in predictions]
+    assert torch.equal(predictions[1], predictions[0])
+
+
+def test_shared_contexts_pack_as_the_shared_context_batch_runs_them(tokenizer_dir):
+    """Multiple choice: the packed rows hold each context once, and equal `collate_shared`'s batch."""
+    module, rows, specials = module_for(tokenizer_dir, "choice", "llama-micro")
+    shared = collate_shared(rows, specials.pad, specials.delim)
+    packed = collate_packed(rows, specials.pad, specials.delim)
+    contexts = int(shared.context_length.sum())
+    answers = sum(len(seq) - shared_length for row, shared_length in
+                  zip(rows, shared.context_length.tolist()) for seq in row["input_ids"])  # fmt: skip
+    assert packed.real_tokens == contexts + answers == int((packed.documents >= 0).sum())
+    module.train()
+    assert_same(run(module, shared), run(module, packed), shared.choice_mask)
+
+
+def test_literal_layout_of_a_packed_batch():
+    """Three single texts and a two-choice example: positions restart, the context is laid once,
+    extract indices point into the flattened rows, the LM reads skip each sequence's last token."""
+    S, D, E, P = 90, 91, 92, 0  # start, delim, extract, pad
+    rows = [
+        {"input_ids": [[S, 1, 2, 3, E]], "extract_index": [4], "label": 0, "index": 10},
+        {"input_ids": [[S, 4, E]], "extract_index": [2], "label": 1, "index": 11},
+        {"input_ids": [[S, 5, D, 6, E], [S, 5, D, 7, 8, E]], "extract_index": [4, 5], "label": 1, "index": 12},
+    ]
+    batch = collate_packed(rows, P, D)
+    # units: [S 5 D | 6 E | 7 8 E] (8 tokens), [S 1 2 3 E] (5), [S 4 E] (3): rows of 8
+    assert batch.input_ids.tolist() == [[S, 5, D, 6, E, 7, 8, E], [S, 1, 2, 3, E, S, 4, E]]
+    assert batch.position_ids.tolist() == [[0, 1, 2, 3, 4, 3, 4, 5], [0, 1, 2, 3, 4, 0, 1, 2]]
+    assert batch.documents.tolist() == [[0] * 8, [0] * 5 + [1] * 3]
+    assert batch.branches.tolist() == [[0, 0, 0, 1, 1, 2, 2, 2], [0] * 8]
+    assert batch.extract_index.tolist() == [[12, 0], [15, 0], [4, 7]]
+    assert batch.choice_mask.tolist() == [[True, False], [True, False], [True, True]]
+    reads = list(zip(batch.lm_positions.tolist(), batch.lm_targets.tolist(), batch.lm_examples.tolist(),
+                     batch.lm_weights.tolist()))  # fmt: skip
+    assert reads == [
+        (0, 5, 2, 2), (1, D, 2, 2),  # the context, once per choice
+        (2, 6, 2, 1), (3, E, 2, 1), (2, 7, 2, 1), (5, 8, 2, 1), (6, E, 2, 1),  # the delim, then each choice
+        (8, 1, 0, 1), (9, 2, 0, 1), (10, 3, 0, 1), (11, E, 0, 1),
+        (13, 4, 1, 1), (14, E, 1, 1),
+    ]  # fmt: skip
+    assert batch.real_tokens == 16 and batch.index.tolist() == [10, 11, 12]
+    mask = attention.packed_mask(batch.documents, batch.branches, batch.position_ids)[:, 0]
+    # the second choice's first token (position 5 of row 0) sees the context and itself, not choice 1
+    assert mask[0, 5].tolist() == [True, True, True, False, False, True, False, False]
+    assert mask[1, 6].tolist() == [False] * 5 + [True, True, False]  # row 1: its own example only
+
+
+def leaked(tokenizer_dir, family: str) -> float:
+    """How far one example's outputs move when the other examples of its rows change."""
+    module, _, specials = module_for(tokenizer_dir, "pair", family)
+    g = torch.Generator().manual_seed(1)
+
+    def pair(a: int, b: int, index: int) -> dict:
+        texts = [torch.randint(0, 50, (n,), generator=g).tolist() for n in (a, b)]
+        enc = module.task.encode({"label": 0}, texts, specials, max_length=40)
+        return {"input_ids": enc.sequences, "extract_index": enc.extract_index, "label": 0, "index": index}
+
+    subject = pair(5, 5, 0)  # 13 tokens: it shares a row of 39 with the 19 or 23 of the second
+    module.eval()
+    outputs = []
+    with torch.no_grad():
+        for others in ([pair(18, 18, 1), pair(8, 8, 2)], [pair(18, 18, 1), pair(10, 10, 2)]):
+            batch = collate_packed([subject, *others], specials.pad)
+            row = int(batch.extract_index[0, 0]) // batch.input_ids.shape[1]
+            assert batch.documents[row].max() > 0  # it shares its row with another example
+            outputs.append(module(batch)[0])
+    return float((outputs[0] - outputs[1]).abs().max())
+
+
+@pytest.mark.parametrize("family", ["gpt1-micro", "llama-micro"])
+def test_attention_stays_inside_each_example(tokenizer_dir, family, monkeypatch):
+    """Changing every other example leaves one example's outputs as they were; with the mask
+    broken (plain causal over the whole row) they move, so this test sees a leak."""
+    assert leaked(tokenizer_dir, family) < 1e-6  # the head's outputs: about 1e-3 at this size
+    whole_row = lambda documents, branches, positions, window=None: attention.packed_mask(  # noqa: E731
+        torch.zeros_like(documents), None, positions, window
+    )
+    monkeypatch.setattr("gpt_ft.model.gpt.packed_mask", whole_row)
+    assert leaked(tokenizer_dir, family) > 1e-4
