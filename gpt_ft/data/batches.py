@@ -253,6 +253,42 @@ def shared_prefix(sequences: list[list[int]], delim_id: int) -> int | None:
     return n if all(seq[:n] == first[:n] for seq in sequences) else None
 
 
+ROW_TOKENS = 256
+"""Rows are as long as the longest unit, or up to this many tokens where that packs them tighter."""
+ATTENTION_COST = 1 / 4096
+"""A row position's attention work per key, relative to the rest of its work (~1/(6·width))."""
+
+
+def pack_rows(items: list, lengths: list[int]) -> tuple[int, list[list]]:
+    """The row length L and the rows, each `[used, [(offset, item), ...]]`, that pack `items` of
+    `lengths` tokens first fit, longest first, at the least estimated cost.
+
+    A row of L positions costs L·(1 + L·ATTENTION_COST): every position's matmuls, and attention
+    over the row's L keys (masked or not, a dense kernel computes them). L is the longest item, or
+    up to `ROW_TOKENS` where fewer, fuller rows cost less: R·L² (attention's memory) stays within
+    max(longest, ROW_TOKENS) per token.
+    """
+    order = sorted(range(len(items)), key=lambda i: -lengths[i])
+    longest, total = lengths[order[0]], sum(lengths)
+    best = None
+    for R in range(1, -(-total // longest) + 1):  # as few rows as the tokens allow, up to one per item
+        L = max(longest, -(-total // R))
+        if L > max(longest, ROW_TOKENS):
+            continue
+        rows: list[list] = []
+        for i in order:
+            row = next((r for r in rows if r[0] + lengths[i] <= L), None)
+            if row is None:
+                row = [0, []]
+                rows.append(row)
+            row[1].append((row[0], items[i]))
+            row[0] += lengths[i]
+        cost = len(rows) * L * (1 + L * ATTENTION_COST)
+        if best is None or cost < best[0]:
+            best = (cost, L, rows)
+    return best[1], best[2]
+
+
 def collate_packed(
     examples: list[dict[str, Any]], pad_id: int, delim_id: int | None = None, split: str = ""
 ) -> PackedBatch:
@@ -281,15 +317,7 @@ def collate_packed(
             positions += range(n, n + len(answer))
             branches += [s + 1] * len(answer)
         units.append((b, tokens, positions, branches, lm, extract))
-    L = max(len(unit[1]) for unit in units)
-    rows: list[list] = []  # first fit, longest first
-    for unit in sorted(units, key=lambda u: -len(u[1])):
-        row = next((r for r in rows if r[0] + len(unit[1]) <= L), None)
-        if row is None:
-            row = [0, []]
-            rows.append(row)
-        row[1].append((row[0], unit))
-        row[0] += len(unit[1])
+    L, rows = pack_rows(units, [len(unit[1]) for unit in units])
     R, B = len(rows), len(examples)
     S = max(len(e["input_ids"]) for e in examples)
     input_ids = [[pad_id] * L for _ in range(R)]
@@ -331,6 +359,18 @@ def collate_packed(
         split=split,
         real_tokens=sum(len(u[1]) for u in units),
     )
+
+
+def collate_batch(
+    examples: list[dict[str, Any]], specials, *, packing: bool = True, shared: bool = False, split: str = ""
+) -> PackedBatch | TaskBatch | SharedContextBatch:
+    """A task's batch as training, evaluation and `Classifier` take it: packed rows, or padded
+    (B, S, T), with `shared` (multiple choice) each example's context once where its choices share
+    one. `specials`: the tokenizer's special token ids (pad, delim)."""
+    if packing:
+        return collate_packed(examples, specials.pad, specials.delim if shared else None, split)
+    batch = collate_shared(examples, specials.pad, specials.delim, split) if shared else None
+    return batch if batch is not None else collate(examples, specials.pad, split=split)
 
 
 def collate_blocks(blocks: list[tuple[int, Tensor]]) -> TokenBatch:

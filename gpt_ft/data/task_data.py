@@ -1,4 +1,4 @@
-"""TaskDataModule: a task card's splits -> GPT-1 inputs -> padded (B, S, T) batches.
+"""TaskDataModule: a task card's splits -> GPT-1 inputs -> packed rows (or padded (B, S, T) batches).
 
 datasets -> adapter.encode_examples (texts, tokenizer, GPT-1's framing and truncation: the one path
 from examples to tokens, which `Classifier` and export take too) -> cached Arrow -> collate.
@@ -16,7 +16,7 @@ from lightning import LightningDataModule
 from torch.utils.data import DataLoader
 
 from gpt_ft.adapters import ENCODING, TaskAdapter, TaskDataError
-from gpt_ft.data.batches import SharedContextBatch, TaskBatch, collate, collate_shared
+from gpt_ft.data.batches import PackedBatch, SharedContextBatch, TaskBatch, collate, collate_batch
 from gpt_ft.data.files import Origin, load_split, split_origin
 from gpt_ft.data.samplers import EpochSampler, LengthGroupedSampler, ResumableTrainData
 from gpt_ft.data.subsets import stratified_subset
@@ -51,6 +51,7 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         eval_batch_size: int | None = None,
         num_workers: int = 0,
         num_proc: int | None = None,
+        packing: bool = True,
         padding_side: Literal["right", "left"] = "right",
         shuffle: bool = True,
         length_grouped: bool = False,
@@ -70,7 +71,10 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
             eval_batch_size: Examples per evaluation batch; default batch_size.
             num_workers: DataLoader worker processes.
             num_proc: Processes for encoding (datasets' map); None encodes in this process.
-            padding_side: Pad sequences on the right (default) or the left.
+            packing: Lay a batch's examples end to end in rows, without padding between them
+                (positions restart at each example, attention stays inside it): the same results
+                as padded batches, without computing the padding. False: padded (B, S, T) batches.
+            padding_side: With packing false: pad sequences on the right (default) or the left.
             shuffle: Shuffle the training examples every epoch; False keeps the file's order.
             length_grouped: Batch training examples of similar length (batches shuffled between
                 themselves), which cuts padding.
@@ -94,7 +98,7 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         self.eval_batch_size = eval_batch_size or batch_size
         self.num_workers = num_workers
         self.num_proc = num_proc
-        self.padding_side = padding_side
+        self.packing, self.padding_side = packing, padding_side
         self.shuffle, self.length_grouped = shuffle, length_grouped
         self.shared_context = shared_context
         self.seed = seed if seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
@@ -249,12 +253,13 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
             )
         return EpochSampler(dataset, num_replicas=world, rank=rank, shuffle=self.shuffle, seed=self.seed)
 
-    def collate(self, examples: list[dict[str, Any]], split: str = "") -> TaskBatch | SharedContextBatch:
-        if self.shared_context and self.task.shares_context and self.padding_side == "right":
-            batch = collate_shared(examples, self.special_ids.pad, self.special_ids.delim, split)
-            if batch is not None:
-                return batch
-        return collate(examples, self.special_ids.pad, self.padding_side, split)
+    def collate(
+        self, examples: list[dict[str, Any]], split: str = ""
+    ) -> PackedBatch | TaskBatch | SharedContextBatch:
+        shared = self.shared_context and self.task.shares_context
+        if not self.packing and self.padding_side == "left":
+            return collate(examples, self.special_ids.pad, "left", split)
+        return collate_batch(examples, self.special_ids, packing=self.packing, shared=shared, split=split)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", train=True, labelled=True)

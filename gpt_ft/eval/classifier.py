@@ -23,7 +23,7 @@ from torch import Tensor
 
 from gpt_ft.adapters import TaskAdapter, TaskHead
 from gpt_ft.adapters.cards import card_from_value
-from gpt_ft.data.batches import SharedContextBatch, TaskBatch, collate, collate_shared
+from gpt_ft.data.batches import PackedBatch, SharedContextBatch, TaskBatch, collate_batch
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
 from gpt_ft.errors import writing
 from gpt_ft.model import GPT
@@ -44,8 +44,11 @@ class Classifier:
         max_length: int,
         device: str,
         temperature: float = 1.0,
+        packing: bool = True,
     ) -> None:
         self.device = torch.device(device)
+        self.packing = packing
+        """Run a batch's examples end to end in packed rows (as `--data.packing`); False: padded."""
         self.temperature = temperature
         """Divides the head's outputs before probabilities (`gpt-ft calibrate`); 1: as trained."""
         self.gpt, self.head = gpt.to(self.device).eval(), head.to(self.device).eval()
@@ -79,9 +82,10 @@ class Classifier:
             max_length=stored.data_args.get("max_length", 512),
             device=device,
             temperature=stored.temperature,
+            packing=stored.data_args.get("packing", True),
         )
 
-    def outputs(self, batch: TaskBatch | SharedContextBatch) -> Tensor:
+    def outputs(self, batch: PackedBatch | TaskBatch | SharedContextBatch) -> Tensor:
         """The task head's outputs for a batch (on the classifier's device), divided by the
         temperature."""
         batch = move_data_to_device(batch, self.device)
@@ -105,11 +109,8 @@ class Classifier:
             chunks = [torch.nn.functional.pad(c, (0, width - c.shape[-1]), value=low) for c in chunks]
         return torch.cat(chunks).cpu()
 
-    def _batch(self, chunk: list[dict[str, Any]]) -> TaskBatch | SharedContextBatch:
-        batch = None
-        if self.task.shares_context:
-            batch = collate_shared(chunk, self.specials.pad, self.specials.delim)
-        return batch if batch is not None else collate(chunk, self.specials.pad)
+    def _batch(self, chunk: list[dict[str, Any]]) -> PackedBatch | TaskBatch | SharedContextBatch:
+        return collate_batch(chunk, self.specials, packing=self.packing, shared=self.task.shares_context)
 
     def encode(self, examples: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The examples as the model sees them: the task's own path from examples to tokens, which
@@ -124,7 +125,8 @@ class Classifier:
     def predict(self, examples: list[dict[str, Any]], *, batch_size: int = 32) -> list[dict[str, Any]]:
         """One `{"label": ..., "scores": ...}` per example, in order (see `TaskAdapter.outcome`).
 
-        Examples of similar length are batched together, so little is spent on padding.
+        Batches are packed rows (no padding between examples), or with `packing` off, batches of
+        examples of similar length, so that little is spent on padding.
         """
         return [outcome for outcome, _ in self.run(examples, batch_size=batch_size)]
 

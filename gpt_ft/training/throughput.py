@@ -1,7 +1,10 @@
-"""Training throughput in the logs: tokens/s and, on GPUs, model FLOPs utilisation (MFU).
+"""Training throughput in the logs: tokens/s, the share of padding and, on GPUs, model FLOPs
+utilisation (MFU).
 
-Counts come from batch shapes (host metadata) and time from the host clock over a window of
-steps, so logging never forces a device sync. FLOPs per token follow nanoGPT's estimate
+Tokens are the batch's real ones, padding never counted (a task batch's `real_tokens`, counted on
+the host when it was collated); `perf/padding` is the share of computed positions that held
+padding. Counts come from host metadata and time from the host clock over a window of steps, so
+logging never forces a device sync. FLOPs per token follow nanoGPT's estimate
 (6N + 12·L·H·Q·T, N the parameters less the position embeddings); the peak is the GPU's dense
 bf16 tensor-core figure. Lightning's own table gives some GPUs (H100 NVL, H200) their sparse
 figures; ours is dense, and `peak_tflops` overrides it.
@@ -46,13 +49,26 @@ def counted_parameters(gpt) -> int:
     return gpt.num_parameters() - (gpt.wpe.weight.numel() if gpt.wpe is not None else 0)
 
 
+def batch_tokens(batch) -> tuple[int, int, int]:
+    """A batch's real tokens, the positions the model computes for them (padding included) and the
+    longest span a token attends over, all from host metadata."""
+    if isinstance(batch, SharedContextBatch):  # contexts once, then the choices
+        ids, answers = batch.context_ids, batch.answer_ids
+        return batch.real_tokens, ids.numel() + answers.numel(), ids.shape[-1] + answers.shape[-1]
+    ids = batch.input_ids
+    # Pretraining blocks have no padding; a packed row's token attends within its example only.
+    return getattr(batch, "real_tokens", 0) or ids.numel(), ids.numel(), ids.shape[-1]
+
+
 class Throughput(Callback):
-    """Logs perf/tokens_per_s (all devices) and perf/mfu every `every_n_steps` optimizer steps."""
+    """Logs perf/tokens_per_s (real tokens, all devices), perf/padding and perf/mfu every
+    `every_n_steps` optimizer steps."""
 
     def __init__(self, every_n_steps: int = 50, peak_tflops: float | None = None) -> None:
         self.every_n_steps, self.peak_tflops = every_n_steps, peak_tflops
         self._start: float | None = None
         self._tokens = 0
+        self._positions = 0
         self._flops = 0.0
         self._last_step = 0
         self._n_params = 0
@@ -65,27 +81,23 @@ class Throughput(Callback):
             self._start, self._last_step = time.perf_counter(), trainer.global_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        # Padded positions included: they cost compute too. (tokens, attention span) per pass.
-        if isinstance(batch, SharedContextBatch):  # contexts once, then the choices
-            ids, answers = batch.context_ids, batch.answer_ids
-            passes = [(ids.numel(), ids.shape[-1]), (answers.numel(), ids.shape[-1] + answers.shape[-1])]
-        else:
-            ids = batch.input_ids
-            passes = [(ids.numel(), ids.shape[-1])]
-        config = pl_module.gpt.config
-        for tokens, span in passes:
-            self._tokens += tokens
-            self._flops += tokens * flops_per_token(config, self._n_params, span)
+        tokens, positions, span = batch_tokens(batch)
+        self._tokens += tokens
+        self._positions += positions
+        self._flops += tokens * flops_per_token(pl_module.gpt.config, self._n_params, span)
         if trainer.global_step - self._last_step < self.every_n_steps:
             return
         seconds = time.perf_counter() - self._start
         world = trainer.world_size
         pl_module.log("perf/tokens_per_s", self._tokens * world / seconds, rank_zero_only=True)
-        if ids.device.type == "cuda":
-            peak = self.peak_tflops or dense_peak_tflops(torch.cuda.get_device_name(ids.device))
+        padding = 1 - self._tokens / self._positions if self._positions else 0.0
+        pl_module.log("perf/padding", padding, rank_zero_only=True)
+        device = batch.index.device
+        if device.type == "cuda":
+            peak = self.peak_tflops or dense_peak_tflops(torch.cuda.get_device_name(device))
             if peak:
                 pl_module.log("perf/mfu", self._flops / seconds / (peak * 1e12), rank_zero_only=True)
-        self._start, self._tokens, self._flops = time.perf_counter(), 0, 0.0
+        self._start, self._tokens, self._positions, self._flops = time.perf_counter(), 0, 0, 0.0
         self._last_step = trainer.global_step
 
 

@@ -39,19 +39,28 @@ def test_length_grouping_cuts_padding(tmp_path, tokenizer_dir):
         local=LocalFiles(splits={"train": "train.tsv", "validation": "dev.tsv"}, columns={"index": "idx"}),
     )
 
-    def padded_share(length_grouped: bool) -> float:
+    def padded_share(length_grouped: bool, packing: bool = False) -> float:
         data = TaskDataModule(
-            task, tokenizer_dir, data_dir=str(tmp_path), batch_size=4, length_grouped=length_grouped
+            task,
+            tokenizer_dir,
+            data_dir=str(tmp_path),
+            batch_size=4,
+            length_grouped=length_grouped,
+            packing=packing,
         )
         data.setup("fit")
         real = total = 0
         for batch in data.train_dataloader():
-            real += int(batch.attention_mask.sum())
-            total += batch.attention_mask.numel()
+            if not packing:
+                assert batch.real_tokens == int(batch.attention_mask.sum())
+            real += batch.real_tokens
+            total += batch.input_ids.numel()
         return 1 - real / total
 
     plain, grouped = padded_share(False), padded_share(True)
     assert grouped < plain / 2, (plain, grouped)
+    packed = padded_share(False, packing=True)  # the default
+    assert packed < plain / 2, (plain, packed)
 
 
 def test_epoch_sampler_order_depends_on_seed_and_epoch_and_a_resumed_epoch_skips_ahead():

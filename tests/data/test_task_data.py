@@ -40,7 +40,7 @@ def test_batches_from_the_loaders(pairs_dir, tokenizer_dir):
     dm = TaskDataModule(pair_task(), tokenizer_dir, data_dir=str(pairs_dir), batch_size=2, max_length=64)
     dm.setup("fit")
     batch = next(iter(dm.val_dataloader()[0]))
-    assert batch.input_ids.shape[:2] == (1, 1) and batch.labels.tolist() == [0]
+    assert batch.extract_index.shape == (1, 1) and batch.labels.tolist() == [0]
     dm.setup("predict")
     batch = next(iter(dm.predict_dataloader()[0]))
     assert batch.index.tolist() == [5, 6] and batch.labels is None
