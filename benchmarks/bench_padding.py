@@ -1,9 +1,10 @@
-"""Padding: SST-2 fine-tuning with length-grouped batches vs plain shuffled batches.
+"""Padding: SST-2 fine-tuning with packed batches (the default), padded shuffled batches and
+padded length-grouped batches.
 
 Prints, for each, the share of padded positions over a whole training epoch (from the data
 module's batches) and the epoch's training time through `gpt-ft fit`, measured over --batches
 batches after a warm-up and scaled to the epoch's number of batches (batches come in random
-order in both modes, so a stretch of them stands for the epoch). Runs alternate plain/grouped.
+order in every mode, so a stretch of them stands for the epoch). The modes take turns.
 
     python benchmarks/bench_padding.py --glue GLUE_DIR \\
         --tokenizer OPENAI_GPT_DIR
@@ -32,25 +33,35 @@ def load_card(path: Path) -> TaskAdapter:
     return parser.instantiate(parser.parse_args(["--task", str(path)])).task
 
 
-def padding_share(args, length_grouped: bool) -> tuple[float, int]:
+MODES = {  # name: (length_grouped, packing)
+    "plain shuffled": (False, False),
+    "length-grouped": (True, False),
+    "packed": (False, True),
+}
+
+
+def padding_share(args, mode: str) -> tuple[float, int]:
     """Share of padded positions over one training epoch, and its number of batches."""
+    length_grouped, packing = MODES[mode]
     data = TaskDataModule(
         load_card(ROOT / "tasks/glue/sst2.yaml"),
         args.tokenizer,
         data_dir=args.glue,
         batch_size=args.batch_size,
         length_grouped=length_grouped,
+        packing=packing,
     )
     data.setup("fit")
     real = total = batches = 0
     for batch in data.train_dataloader():
-        real += int(batch.attention_mask.sum())
-        total += batch.attention_mask.numel()
+        real += batch.real_tokens
+        total += batch.input_ids.numel()
         batches += 1
     return 1 - real / total, batches
 
 
-def seconds_per_batch(args, length_grouped: bool, out: Path) -> float:
+def seconds_per_batch(args, mode: str, out: Path) -> float:
+    length_grouped, packing = MODES[mode]
     gpt_ft(
         [
             "fit",
@@ -59,6 +70,7 @@ def seconds_per_batch(args, length_grouped: bool, out: Path) -> float:
             f"--data.tokenizer={args.tokenizer}",
             f"--data.batch_size={args.batch_size}",
             f"--data.length_grouped={str(length_grouped).lower()}",
+            f"--data.packing={str(packing).lower()}",
             "--seed_everything=0",
             f"--model.preset={args.preset}",
             "--trainer.max_epochs=1",
@@ -90,20 +102,21 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     print(f"SST-2, {args.preset}, batch {args.batch_size}, {torch.get_num_threads()} threads")
-    shares = {mode: padding_share(args, mode) for mode in (False, True)}
-    times: dict[bool, list[float]] = {False: [], True: []}
+    shares = {mode: padding_share(args, mode) for mode in MODES}
+    times: dict[str, list[float]] = {mode: [] for mode in MODES}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            for mode in (False, True) if r % 2 == 0 else (True, False):
-                times[mode].append(seconds_per_batch(args, mode, Path(tmp) / f"{r}-{mode}"))
+            for mode in list(MODES)[:: 1 if r % 2 == 0 else -1]:
+                times[mode].append(seconds_per_batch(args, mode, Path(tmp) / f"{r}-{mode.replace(' ', '-')}"))
     print(f"\n{'batches':<14} {'padding':>8} {'s/batch':>8} {'epoch s':>8}")
     epoch = {}
-    for mode, name in ((False, "plain shuffled"), (True, "length-grouped")):
+    for mode in MODES:
         share, n = shares[mode]
         per_batch = statistics.median(times[mode])
         epoch[mode] = per_batch * n
-        print(f"{name:<14} {share:>8.1%} {per_batch:>8.3f} {epoch[mode]:>8.0f}")
-    print(f"length-grouped epoch is {epoch[False] / epoch[True]:.2f}x faster")
+        print(f"{mode:<14} {share:>8.1%} {per_batch:>8.3f} {epoch[mode]:>8.0f}")
+    for mode in ("length-grouped", "packed"):
+        print(f"{mode} epoch is {epoch['plain shuffled'] / epoch[mode]:.2f}x faster than plain shuffled")
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 
 from gpt_ft import GPT, GPTConfig
 from gpt_ft.adapters import SingleText
-from gpt_ft.data.batches import collate
+from gpt_ft.data.batches import collate, collate_packed
 from gpt_ft.data.tokenizer import SpecialTokenIds
 from gpt_ft.training.module import GPTModule
 from gpt_ft.training.optim import adamw
@@ -175,19 +175,21 @@ def finetune_step(setup: Setup, tmp: Path) -> Iterator[Row]:
         examples.append(
             {"input_ids": enc.sequences, "extract_index": enc.extract_index, "label": enc.label, "index": i}
         )
-    batch = move_data_to_device(collate(examples, specials.pad), setup.device)
-    real = int(batch.attention_mask.sum())
+    padded = move_data_to_device(collate(examples, specials.pad), setup.device)
+    packed = move_data_to_device(collate_packed(examples, specials.pad), setup.device)
+    for name, batch in (("padded", padded), ("packed", packed)):
 
-    def step() -> None:
-        with setup.amp():
-            loss, _ = module.losses(batch)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        def step(batch=batch) -> None:
+            with setup.amp():
+                loss, _ = module.losses(batch)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
 
-    rate, padding = timed(step, repeat=5).rate(real), 1 - real / batch.input_ids.numel()
-    figure = f"{rate} real tokens/s; padding {padding:.0%} of {tuple(batch.input_ids.shape)}"
-    yield Row(f"fine-tuning step (head + λ=0.5 LM loss), batch {B}", figure)
+        real = batch.real_tokens
+        rate, padding = timed(step, repeat=5).rate(real), 1 - real / batch.input_ids.numel()
+        figure = f"{rate} real tokens/s; padding {padding:.0%} of {tuple(batch.input_ids.shape)}"
+        yield Row(f"fine-tuning step (head + λ=0.5 LM loss), batch {B}, {name}", figure)
 
 
 def fit_quickstart(setup: Setup, tmp: Path) -> Iterator[Row]:

@@ -1,0 +1,287 @@
+"""`gpt-ft fit` against transformers' `Trainer`, end to end, on the same weights, tokens and schedule.
+
+For each task (SST-2: its first --train-size training sentences by a class-stratified draw; RTE:
+all of its pairs) and each model shape (GPT-1's blocks, or the Llama family's, at --layers x
+--width), one random initialisation is saved as a transformers folder with the tokenizer. Then,
+one whole process each, in turns:
+
+- `ours`: `gpt-ft fit --model.init_from BASE` (packed batches, GPT-1's auxiliary LM loss λ = 0.5,
+  the defaults), validating once at the end of the epoch;
+- `ours, λ=0`: the same with `--model.lm_coef 0`, the Trainer's objective (the task loss alone);
+- `ours, padded`: the same as `ours` with `--data.packing false`;
+- `Trainer`: transformers' `Trainer` with `*ForSequenceClassification` from the same folder and its
+  default collator (`DataCollatorWithPadding`), then `Trainer.predict` on the dev split;
+- `Trainer, group_by_length`: the same with length-grouped batches (`group_by_length=True`;
+  `train_sampling_strategy="group_by_length"` in transformers 5).
+
+Both read the same token ids (gpt_ft's GPT-1 inputs, written to jsonl for the Trainer before the
+clock starts; gpt_ft's own encodings are cached by then too), the same batch size, learning rate,
+linear schedule with --warmup of the steps, weight decay 0.01, gradient clipping at 1.0, epochs and
+seed. Neither saves a checkpoint. The wall time is each process's, start to exit; the dev metric
+is accuracy. A row's ratio divides the Trainer's time by ours.
+
+    python benchmarks/bench_vs_trainer.py --glue GLUE_DIR --tokenizer GPT2_BPE_DIR
+
+`pip install -e .[bench]` brings `accelerate`, which the Trainer needs. `--device cuda` runs bf16
+(`bf16-mixed` for gpt_ft, `bf16=True` for the Trainer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TASKS = {"SST-2": "tasks/glue/sst2.yaml", "RTE": "tasks/glue/rte.yaml"}
+SHAPES = {  # preset and the changes that give it --layers x --width with 64-wide heads
+    "gpt1": ("gpt1", {}),
+    "llama": ("smollm2-135m", {"n_positions": 2048}),
+}
+CONTENDERS = ["ours", "ours, λ=0", "ours, padded", "Trainer", "Trainer, group_by_length"]
+
+
+def base_folder(args, shape: str, out: Path) -> Path:
+    """One random initialisation of `shape` as a transformers folder, with the tokenizer."""
+    import torch
+
+    from gpt_ft import GPT, GPTConfig
+    from gpt_ft.data.tokenizer import load_tokenizer
+
+    folder = out / f"base-{shape}"
+    if (folder / "config.json").exists():
+        return folder
+    tokenizer = load_tokenizer(args.tokenizer)
+    preset, changes = SHAPES[shape]
+    heads = args.width // 64  # SmolLM2's 9 heads, 3 of them for keys and values, at 576
+    config = GPTConfig.from_name(
+        preset,
+        **changes,
+        n_layer=args.layers,
+        n_embd=args.width,
+        n_head=heads,
+        **({"n_kv_head": heads // 3 if heads % 3 == 0 else heads} if shape == "llama" else {}),
+        **({"n_inner": args.width * 8 // 3 // 64 * 64} if shape == "llama" else {}),
+        vocab_size=len(tokenizer),
+    )
+    torch.manual_seed(0)
+    GPT(config).to_hf().save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def encoded_splits(args, task: str, base: Path, out: Path) -> dict[str, Path]:
+    """The train and dev splits as gpt_ft encodes them (which also fills its cache), as jsonl."""
+    from jsonargparse import ArgumentParser
+
+    from gpt_ft.adapters import TaskAdapter
+    from gpt_ft.data.task_data import TaskDataModule
+
+    parser = ArgumentParser()
+    parser.add_subclass_arguments(TaskAdapter, "task")
+    card = parser.instantiate(parser.parse_args(["--task", str(ROOT / TASKS[task])])).task
+    data = TaskDataModule(
+        card, str(base), data_dir=args.glue, max_length=args.max_length, train_size=train_size(args, task)
+    )
+    files = {}
+    for split in ("train", "validation"):
+        path = files[split] = out / f"{task}-{base.name}-{split}.jsonl"
+        rows = data.encoded(split, labelled=True)
+        with path.open("w") as f:
+            for ids, label in zip(rows["input_ids"], rows["label"]):
+                f.write(json.dumps({"input_ids": ids[0], "labels": label}) + "\n")
+    return files
+
+
+def train_size(args, task: str) -> int | None:
+    return args.train_size if task == "SST-2" else None
+
+
+def ours(args, task: str, base: Path, out: Path, packing: bool = True, lm_coef: float = 0.5) -> list[str]:
+    precision = "bf16-mixed" if args.device == "cuda" else "32-true"
+    size = train_size(args, task)
+    return [
+        sys.executable, "-m", "gpt_ft", "fit",
+        f"--data.task={ROOT / TASKS[task]}", f"--data.data_dir={args.glue}", f"--data.tokenizer={base}",
+        f"--data.max_length={args.max_length}", f"--data.batch_size={args.batch_size}",
+        f"--data.packing={str(packing).lower()}", *([f"--data.train_size={size}"] if size else []),
+        f"--model.init_from={base}", f"--model.lm_coef={lm_coef}", f"--model.lr={args.lr}",
+        f"--model.warmup_fraction={args.warmup}", "--model.weight_decay=0.01", "--seed_everything=0",
+        f"--trainer.max_epochs={args.epochs}", "--trainer.gradient_clip_val=1.0",
+        f"--trainer.precision={precision}", f"--trainer.accelerator={args.device}",
+        "--trainer.enable_checkpointing=false", "--trainer.enable_progress_bar=false",
+        f"--trainer.default_root_dir={out}",
+    ]  # fmt: skip
+
+
+def trainer(args, base: Path, files: dict[str, Path], out: Path, grouped: bool) -> list[str]:
+    return [
+        sys.executable, __file__, "trainer", f"--base={base}", f"--train={files['train']}",
+        f"--dev={files['validation']}", f"--out={out}", f"--device={args.device}",
+        f"--batch-size={args.batch_size}", f"--lr={args.lr}", f"--warmup={args.warmup}",
+        f"--epochs={args.epochs}", *(["--group-by-length"] if grouped else []),
+    ]  # fmt: skip
+
+
+def run_trainer(argv: list[str]) -> None:
+    """The Trainer's side, in its own process: trains, predicts the dev split, prints its accuracy."""
+    parser = argparse.ArgumentParser()
+    for name in ("--base", "--train", "--dev", "--out", "--device"):
+        parser.add_argument(name, required=True)
+    parser.add_argument("--batch-size", type=int, required=True)
+    parser.add_argument("--lr", type=float, required=True)
+    parser.add_argument("--warmup", type=float, required=True)
+    parser.add_argument("--epochs", type=int, required=True)
+    parser.add_argument("--group-by-length", action="store_true")
+    args = parser.parse_args(argv)
+
+    from datasets import load_dataset
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, Trainer, TrainingArguments
+
+    tokenizer = AutoTokenizer.from_pretrained(args.base)
+    data = load_dataset("json", data_files={"train": args.train, "dev": args.dev})
+    labels = len(set(data["train"]["labels"]))
+    model = AutoModelForSequenceClassification.from_pretrained(
+        args.base, num_labels=labels, pad_token_id=tokenizer.pad_token_id
+    )
+    cuda = args.device == "cuda"
+    steps = -(-len(data["train"]) // args.batch_size) * args.epochs
+    training = TrainingArguments(
+        output_dir=args.out,
+        per_device_train_batch_size=args.batch_size,
+        per_device_eval_batch_size=args.batch_size,
+        learning_rate=args.lr,
+        lr_scheduler_type="linear",
+        warmup_steps=round(args.warmup * steps),  # as gpt_ft rounds its warmup_fraction
+        weight_decay=0.01,
+        max_grad_norm=1.0,
+        num_train_epochs=args.epochs,
+        seed=0,
+        **grouping(args.group_by_length),
+        save_strategy="no",
+        eval_strategy="no",
+        report_to=[],
+        disable_tqdm=True,
+        logging_steps=50,
+        use_cpu=not cuda,
+        bf16=cuda,
+    )
+    run = Trainer(model=model, args=training, train_dataset=data["train"], processing_class=tokenizer)
+    run.train()
+    predicted = run.predict(data["dev"])
+    accuracy = float((predicted.predictions.argmax(-1) == predicted.label_ids).mean())
+    print(json.dumps({"accuracy": accuracy}))
+
+
+def grouping(grouped: bool) -> dict:
+    """`TrainingArguments` for length-grouped batches: `train_sampling_strategy` in transformers 5,
+    `group_by_length` before."""
+    import inspect
+
+    from transformers import TrainingArguments
+
+    if "train_sampling_strategy" in inspect.signature(TrainingArguments.__init__).parameters:
+        return {"train_sampling_strategy": "group_by_length" if grouped else "random"}
+    return {"group_by_length": grouped}
+
+
+def timed(cmd: list[str], log: Path) -> float:
+    start = time.perf_counter()
+    with log.open("w") as sink:
+        done = subprocess.run(cmd, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd[:4])} ... failed (exit {done.returncode}); see {log}")
+    return seconds
+
+
+def ours_accuracy(out: Path) -> float:
+    sys.path.insert(0, str(Path(__file__).parent))
+    import harness
+
+    return harness.last_value(harness.metrics_rows(out), "validation/accuracy")
+
+
+def trainer_accuracy(log: Path) -> float:
+    lines = [line for line in log.read_text().splitlines() if line.startswith('{"accuracy"')]
+    return json.loads(lines[-1])["accuracy"]
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["trainer"]:
+        return run_trainer(sys.argv[2:])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--glue", required=True, help="folder with SST-2/ and RTE/ (GLUE's TSVs)")
+    parser.add_argument(
+        "--tokenizer", required=True, help="GPT-2's BPE (a folder with vocab.json, merges.txt)"
+    )
+    parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--contenders", nargs="+", default=[c for c in CONTENDERS if c != "ours, padded"],
+                        choices=CONTENDERS, metavar="CONTENDER", help=f"among {CONTENDERS}")  # fmt: skip
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--width", type=int, default=576)
+    parser.add_argument("--train-size", type=int, default=8192, help="SST-2's training sentences")
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--max-length", type=int, default=128)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--warmup", type=float, default=0.06, help="share of the steps")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--out", default="runs/bench_vs_trainer")
+    parser.add_argument("--json", default=None, help="also write the rows to this file")
+    args = parser.parse_args()
+    out = (ROOT / args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import torch
+
+    setup = f"batch {args.batch_size}, max length {args.max_length}, {args.epochs} epoch(s), lr {args.lr}"
+    print(f"{args.layers} layers x {args.width}, {setup}, {args.device}, {torch.get_num_threads()} threads")
+    rows = []
+    for task in args.tasks:
+        for shape in args.shapes:
+            base = base_folder(args, shape, out)
+            files = encoded_splits(args, task, base, out)
+            results = {}
+            for contender in args.contenders:
+                slug = contender.replace(", ", "-").replace(" ", "-").replace("λ=0", "task-loss-only")
+                run_dir = out / f"{task}-{shape}-{slug}"
+                log = run_dir.with_suffix(".log")
+                if contender.startswith("ours"):
+                    lm_coef = 0.0 if "λ=0" in contender else 0.5
+                    cmd = ours(args, task, base, run_dir, packing="padded" not in contender, lm_coef=lm_coef)
+                    seconds = timed(cmd, log)
+                    accuracy = ours_accuracy(run_dir)
+                else:
+                    cmd = trainer(args, base, files, run_dir, grouped="group_by_length" in contender)
+                    seconds = timed(cmd, log)
+                    accuracy = trainer_accuracy(log)
+                results[contender] = (seconds, accuracy)
+                print(
+                    f"{task:6} {shape:6} {contender:26} {seconds:7.1f} s  dev accuracy {accuracy:.4f}",
+                    flush=True,
+                )
+            mine = results.get("ours", (None,))[0]
+            for contender, (seconds, accuracy) in results.items():
+                ratio = seconds / mine if mine else None
+                rows.append(dict(task=task, shape=shape, contender=contender, seconds=round(seconds, 1),
+                                 accuracy=accuracy, vs_ours=round(ratio, 2) if ratio else None))  # fmt: skip
+    print("\n| task | shape | contender | wall s | dev accuracy | its time / ours |")
+    print("|---|---|---|---:|---:|---:|")
+    for r in rows:
+        ratio = f"{r['vs_ours']:.2f}x" if r["vs_ours"] else ""
+        cells = [r["task"], r["shape"], r["contender"], f"{r['seconds']:.0f}", f"{r['accuracy']:.4f}", ratio]
+        print("| " + " | ".join(cells) + " |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
