@@ -44,15 +44,15 @@ def start_quickstart(root):
     ]
 
 
-# How far the quickstart's accuracy may move from the README's figures: 0.03, 15 of its 500
+# How far the quickstart's accuracy may move from the README's figures: 0.05, 25 of its 500
 # validation sentences. The run is deterministic for one CPU and thread count (seed 0: the same
 # figures in two runs), but the thread count splits sums differently: the README's figures are 2
 # threads' (2 cores), this test runs on one thread (the suite's background processes do), and the
-# two differ by up to 0.026 (0.7780 / 0.9400 / 0.9980 on one thread in bf16), most in the first
-# epoch, where most sentences sit near the decision boundary. A change that moves the accuracy by
-# more than that is a change the README must be told of (the old figures, 0.7820 / 0.9980 / 1.0000,
-# were 0.06 off in the second epoch).
-QUICKSTART_TOLERANCE = 0.03
+# two differ by up to 0.04 (packed batches, bf16: 0.7760 / 1.0000 / 1.0000 on one thread, 0.7720 /
+# 0.9600 / 1.0000 on two). A change that moves the accuracy by more than that is a change the
+# README must be told of (the padded batches' figures, 0.7520 / 0.9380 / 0.9940, are 0.06 off in
+# the second epoch).
+QUICKSTART_TOLERANCE = 0.05
 
 
 def readme_quickstart(fp32: bool) -> list[float]:
