@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from gpt_ft import Classifier
 from gpt_ft.cli import main
@@ -23,6 +24,16 @@ def test_examples_name_the_cards_fields(finetuned):
     assert sum(result["scores"].values()) == pytest.approx(1.0)
     with pytest.raises(ValueError, match=r"example 0 has no field 'sentence'"):
         clf.predict([{"text": "another field"}])
+
+
+def test_packed_and_padded_batches_give_the_same_probabilities(finetuned):
+    """`Classifier` packs its batches by default; padded ones (`packing=False`) agree to 1e-5."""
+    clf = Classifier.from_checkpoint(finetuned.ckpt, device="cpu")
+    assert clf.packing
+    sentences = [{"sentence": " ".join(["word"] * n) + " ."} for n in (1, 7, 3, 12, 2, 5)]
+    packed = clf.raw_outputs(sentences, batch_size=4)
+    clf.packing = False
+    torch.testing.assert_close(clf.raw_outputs(sentences, batch_size=4), packed, rtol=0, atol=1e-5)
 
 
 def test_reading_a_checkpoint_calls_nothing_in_training(finetuned):
