@@ -35,8 +35,11 @@ ROWS = {
     "training step, ours, batch 4 x 128": f"{RATE} tokens/s",
     "training step, transformers, batch 4 x 128": f"{RATE} tokens/s",
     "training step, ours / transformers, batch 4": r"[\d.]+x",
-    "fine-tuning step (head + λ=0.5 LM loss), batch 8": (
+    "fine-tuning step (head + λ=0.5 LM loss), batch 8, padded": (
         rf"{RATE} real tokens/s; padding \d+% of \(8, 1, \d+\)"
+    ),
+    "fine-tuning step (head + λ=0.5 LM loss), batch 8, packed": (
+        rf"{RATE} real tokens/s; padding \d+% of \(\d+, \d+\)"
     ),
     "`gpt-ft fit` quickstart, 6 steps on the CPU": r"\d+ s, validation accuracy 0\.\d{3}",
     "`gpt-ft fit` vs raw loop, 30 pretraining steps of 4 x 128": (
