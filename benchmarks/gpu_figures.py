@@ -162,9 +162,8 @@ def finetune_step(setup: Setup, tmp: Path) -> Iterator[Row]:
     c = setup.config
     shape = {"n_positions": c.n_positions, "n_layer": c.n_layer, "n_embd": c.n_embd, "n_head": c.n_head}
     module = GPTModule(overrides=shape, vocab_size=c.vocab_size, task=task, lm_coef=0.5).to(setup.device)
-    optimizer = adamw(
-        module.parameters(), lr=1e-5, weight_decay=0.01, betas=(0.9, 0.999), eps=1e-8, fused=setup.cuda
-    )
+    hyper = dict(lr=1e-5, weight_decay=0.01, betas=(0.9, 0.999), eps=1e-8)
+    optimizer = adamw(module.parameters(), **hyper, fused=setup.cuda)
     v = c.vocab_size - 4  # start, delim, extract, pad: the vocabulary's last 4 ids
     specials = SpecialTokenIds(start=v, delim=v + 1, extract=v + 2, pad=v + 3, eos=None)
     g, B, examples = torch.Generator().manual_seed(0), (32 if setup.cuda else 8), []
@@ -175,9 +174,8 @@ def finetune_step(setup: Setup, tmp: Path) -> Iterator[Row]:
         examples.append(
             {"input_ids": enc.sequences, "extract_index": enc.extract_index, "label": enc.label, "index": i}
         )
-    padded = move_data_to_device(collate(examples, specials.pad), setup.device)
-    packed = move_data_to_device(collate_packed(examples, specials.pad), setup.device)
-    for name, batch in (("padded", padded), ("packed", packed)):
+    for name, collated in (("padded", collate), ("packed", collate_packed)):
+        batch = move_data_to_device(collated(examples, specials.pad), setup.device)
 
         def step(batch=batch) -> None:
             with setup.amp():
@@ -186,8 +184,8 @@ def finetune_step(setup: Setup, tmp: Path) -> Iterator[Row]:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
-        real = batch.real_tokens
-        rate, padding = timed(step, repeat=5).rate(real), 1 - real / batch.input_ids.numel()
+        rate = timed(step, repeat=5).rate(batch.real_tokens)
+        padding = 1 - batch.real_tokens / batch.input_ids.numel()
         figure = f"{rate} real tokens/s; padding {padding:.0%} of {tuple(batch.input_ids.shape)}"
         yield Row(f"fine-tuning step (head + λ=0.5 LM loss), batch {B}, {name}", figure)
 
