@@ -8,9 +8,12 @@ One class per input shape:
 - `Similarity`:     both orders [start] a [delim] b [extract], summed    (MRPC, STS-B, QQP)
 - `MultipleChoice`: [start] context [delim] answer_k [extract] per k     (Story Cloze, RACE, SWAG)
 - `MultiLabel`:     [start] text [extract], one sigmoid per label        (GoEmotions)
+- `Preference`:     [start] prompt [delim] reply [extract] per reply,    (HH-RLHF: reward models)
+                    chosen first, Bradley-Terry's loss on two rewards
 
 What a task predicts per example is its output kind (`outputs.py`): `ClassificationOutput`,
-`RegressionOutput` (`regression: true`), `ChoiceOutput` (multiple choice) or `MultiLabelOutput`.
+`RegressionOutput` (`regression: true`), `ChoiceOutput` (multiple choice), `MultiLabelOutput` or
+`PreferenceOutput`.
 Each brings its head (`heads.py`), label reading, metrics and written predictions.
 
 A task card (tasks/*.yaml) is a `class_path` + `init_args` value for a `TaskAdapter`-typed
@@ -31,6 +34,7 @@ from gpt_ft.adapters.outputs import (
     TaskDataError,
     TaskOutput,
 )
+from gpt_ft.adapters.preference import Preference, PreferenceOutput, RewardHead
 from gpt_ft.adapters.sources import HubDataset, LocalFiles, Sources
 from gpt_ft.adapters.text import Similarity, SingleText, TextPair
 
@@ -41,6 +45,7 @@ __all__ = [
     "Similarity",
     "MultipleChoice",
     "MultiLabel",
+    "Preference",
     "Sources",
     "HubDataset",
     "LocalFiles",
@@ -55,11 +60,13 @@ __all__ = [
     "RegressionOutput",
     "ChoiceOutput",
     "MultiLabelOutput",
+    "PreferenceOutput",
     "TaskHead",
     "ClassificationHead",
     "RegressionHead",
     "ChoiceHead",
     "MultiLabelHead",
+    "RewardHead",
     "METRICS",
     "metric_value",
     "field_text",

@@ -246,6 +246,11 @@ class TaskAdapter:
         )
 
     @property
+    def default_lm_coef(self) -> float:
+        """The auxiliary LM loss's weight when the run gives none (GPT-1: 0.5; preference: 0)."""
+        return self.output.default_lm_coef
+
+    @property
     def has_probabilities(self) -> bool:
         """The task predicts classes, choices or labels with probabilities (not a score)."""
         return self.output.has_probabilities

@@ -55,6 +55,8 @@ class TaskOutput:
     """A card of this kind must name its classes (`labels`)."""
     has_probabilities: ClassVar[bool] = True
     """Its outputs become probabilities (of classes, choices, labels), which calibration fits."""
+    default_lm_coef: ClassVar[float] = 0.5
+    """The auxiliary LM loss's weight λ when the run does not give one (GPT-1 §3.2: 0.5)."""
 
     def __init__(self, task_name: str, spec: LabelSpec) -> None:
         self.task_name, self.spec = task_name, spec

@@ -20,6 +20,8 @@ class HubDataset:
     """Our split name -> the dataset's split (slices such as 'train[:90%]' allowed); default: same names."""
     configs: dict[str, str] | None = None
     """Our split name -> the configuration it comes from when not `name` (GLUE's diagnostic set: ax)."""
+    data_dir: str | None = None
+    """The folder of the dataset's repository to load (Anthropic/hh-rlhf: a subset, e.g. helpful-base)."""
 
 
 @dataclass

@@ -1,9 +1,12 @@
-"""A task's split as a `datasets.Dataset`: from local files (csv, tsv, json/jsonl, parquet) under
-`--data.data_dir` laid out as the card's `local` says, or from the Hugging Face Hub."""
+"""A task's split as a `datasets.Dataset`: from local files (csv, tsv, json/jsonl, parquet; text
+files may be gzipped, e.g. `train.jsonl.gz`) under `--data.data_dir` laid out as the card's `local`
+says, or from the Hugging Face Hub."""
 
 from __future__ import annotations
 
 import csv
+import gzip
+import io
 import json
 import re
 from dataclasses import dataclass, replace
@@ -14,6 +17,31 @@ from gpt_ft.errors import CardError
 
 SLICE = re.compile(r"^(?P<file>.*?)(?P<slice>\[[^\[\]]*\])?$")
 _FORMATS = {".tsv": "tsv", ".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+
+
+def file_format(path: Path) -> str | None:
+    """The format a file's extension names (`.jsonl.gz`: json), or None."""
+    suffixes = [s.lower() for s in path.suffixes]
+    if suffixes[-1:] == [".gz"]:
+        suffixes.pop()
+    return _FORMATS.get(suffixes[-1]) if suffixes else None
+
+
+def _bytes(path: Path) -> bytes:
+    """A file's bytes, gunzipped when its name ends in .gz."""
+    data = path.read_bytes()
+    return gzip.decompress(data) if path.suffix.lower() == ".gz" else data
+
+
+def _open_text(path: Path, **kwargs):
+    """A file opened as text (utf-8, a byte-order mark dropped), gunzipped when it ends in .gz."""
+    if path.suffix.lower() == ".gz":
+        return io.TextIOWrapper(gzip.open(path), encoding="utf-8-sig", **kwargs)
+    return path.open(encoding="utf-8-sig", **kwargs)
+
+
+def _text(path: Path) -> str:
+    return _bytes(path).decode("utf-8-sig")
 
 
 def load_split(task: TaskAdapter, split: str, data_dir: str | Path | None):
@@ -30,7 +58,7 @@ def load_split(task: TaskAdapter, split: str, data_dir: str | Path | None):
     hub_split = (task.hub.splits or {}).get(split, split)
     config = (task.hub.configs or {}).get(split, task.hub.name)
     try:
-        ds = datasets.load_dataset(task.hub.path, config, split=hub_split)
+        ds = datasets.load_dataset(task.hub.path, config, split=hub_split, data_dir=task.hub.data_dir)
     except ValueError as exc:  # unknown split
         raise TaskDataError(
             f"Hub dataset {task.hub.path} ({config}) has no split {hub_split!r}: {exc}"
@@ -79,7 +107,7 @@ def read_table(
     """
     import datasets
 
-    fmt = fmt or _FORMATS.get(path.suffix.lower())
+    fmt = fmt or file_format(path)
     if fmt is None:
         raise TaskDataError(
             f"{path}: unknown file format; set `format` (tsv, csv, json, parquet) in the card."
@@ -124,7 +152,7 @@ def read_table(
 
 
 def _header(path: Path, sep: str) -> list[str]:
-    with path.open(encoding="utf-8-sig", newline="") as f:
+    with _open_text(path, newline="") as f:
         line = f.readline()
     columns = line.rstrip("\r\n").split("\t") if sep == "\t" else next(csv.reader([line]), [])
     repeated = sorted({c for c in columns if columns.count(c) > 1})
@@ -157,7 +185,7 @@ def record_lines(path: Path, fmt: str, *, header: bool = True) -> list[int] | No
     JSON document)."""
     if fmt in ("tsv", "csv"):
         starts, line = [], 1
-        with path.open(encoding="utf-8-sig", newline="") as f:
+        with _open_text(path, newline="") as f:
             reader = _reader(f, fmt)
             for record in reader:
                 if not _blank(record):
@@ -165,7 +193,7 @@ def record_lines(path: Path, fmt: str, *, header: bool = True) -> list[int] | No
                 line = reader.line_num + 1
         return starts[1:] if header else starts
     if fmt == "json":
-        text = path.read_text(encoding="utf-8-sig")
+        text = _text(path)
         lines = text.split("\n")
         filled = [n for n, line in enumerate(lines, 1) if line.strip()]
         if filled and _json_object(lines[filled[0] - 1]):
@@ -203,7 +231,7 @@ def _json_object(text: str) -> bool:
 def parse_problem(path: Path, fmt: str, columns: list[str] | None, exc: BaseException) -> str:
     """Why a file could not be loaded, as `: ...` or `, line N: ...` to follow its path: the line at
     fault found again with Python's own readers, else the loader's innermost reason."""
-    data = path.read_bytes() if fmt in ("tsv", "csv", "json") else b""
+    data = _bytes(path) if fmt in ("tsv", "csv", "json") else b""
     try:
         data.decode("utf-8")
     except UnicodeDecodeError as bad:
@@ -232,7 +260,7 @@ def _innermost(exc: BaseException) -> str:
 def _csv_problem(path: Path, fmt: str, width: int) -> str | None:
     """The first line with more fields than the header (or the card's column names), or the line
     where a quoted field opens and never closes."""
-    with path.open(encoding="utf-8-sig", newline="") as f:
+    with _open_text(path, newline="") as f:
         reader, line = _reader(f, fmt), 1
         for record in reader:
             if len(record) > width:
@@ -242,7 +270,7 @@ def _csv_problem(path: Path, fmt: str, width: int) -> str | None:
                     f"(a text with {sep} in it{' needs quotes' if fmt == 'csv' else ''}?)"
                 )
             line = reader.line_num + 1
-    with path.open(encoding="utf-8-sig", newline="") as f:
+    with _open_text(path, newline="") as f:
         reader, line = _reader(f, fmt, strict=True), 1
         try:
             for _ in reader:
@@ -257,7 +285,7 @@ def _csv_problem(path: Path, fmt: str, width: int) -> str | None:
 def _json_problem(path: Path, reason: str) -> str | None:
     """The line (and column) where a JSON or JSON-lines file stops being valid JSON, or the line of
     the record the loader refused."""
-    text = path.read_text(encoding="utf-8-sig")
+    text = _text(path)
     starts = record_lines(path, "json")
     if starts is None:  # one document
         try:
@@ -341,5 +369,5 @@ def split_origin(task: TaskAdapter, split: str, data_dir: str | Path | None) -> 
     headerless = spec.column_names is not None and (
         spec.headerless_splits is None or split in spec.headerless_splits
     )
-    fmt = spec.format or _FORMATS.get(path.suffix.lower())
+    fmt = spec.format or file_format(path)
     return Origin(str(path), path, fmt, header=not headerless, selection=match["slice"] or "")

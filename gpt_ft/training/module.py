@@ -61,7 +61,7 @@ class GPTModule(Evaluation, LightningModule):
         vocab_size: int | None = None,
         tokenizer: str | None = None,
         task: TaskAdapter | None = None,
-        lm_coef: float = 0.5,
+        lm_coef: float | None = None,
         classifier_dropout: float = 0.1,
         lr: float = 6.25e-5,
         weight_decay: float = 0.01,
@@ -87,7 +87,8 @@ class GPTModule(Evaluation, LightningModule):
             vocab_size: Tokenizer size (linked from the data); the embedding grows to fit it.
             tokenizer: The data's tokenizer (linked); checkpoints save it beside them.
             task: The task card (linked from the data); None makes a plain language model.
-            lm_coef: Weight of the auxiliary LM loss (GPT-1: 0.5; 0 turns it off).
+            lm_coef: Weight of the auxiliary LM loss (0 turns it off); None: the task's default,
+                GPT-1's 0.5, or 0 for preference pairs (a reward model; see `Preference`).
             classifier_dropout: Dropout before the task head (GPT-1: 0.1).
             lr: Peak learning rate of AdamW (GPT-1 fine-tuning: 6.25e-5).
             weight_decay: Decoupled weight decay on weight matrices (not biases or LayerNorm gains).
@@ -110,6 +111,8 @@ class GPTModule(Evaluation, LightningModule):
                 tokens' rows and the task head) instead of every weight; see `gpt_ft.model.lora`.
         """
         super().__init__()
+        if lm_coef is None:
+            lm_coef = task.default_lm_coef if task is not None else 0.5
         if lm_coef < 0:
             raise ValueError(f"lm_coef must be >= 0, got {lm_coef}.")
         if lr <= 0:

@@ -134,6 +134,32 @@ init_args: {name: sts, regression: true, score_range: [0, 5], local: {splits: {t
     assert explain("s.tsv", data, card) == f"{explain.root / 'd' / 's.tsv'}, line 3: {problem}"
 
 
+PREFERENCE_CARD = """class_path: gpt_ft.adapters.Preference
+init_args: {name: prefs, prompt: prompt, local: {splits: {train: d/p.jsonl.gz, validation: d/p.jsonl.gz}}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("lines", "problem"),
+    [
+        ('{"prompt": "a", "chosen": "b"}', "line 3: field 'rejected' has no value (a pair needs both replies)."),
+        (
+            '{"prompt": "a", "chosen": [{"role": "user", "content": "b"}], "rejected": "c"}',
+            "line 3: field 'chosen' holds list [{'role': 'user', 'content': 'b'}], not a text.",
+        ),
+        ('{"prompt": "a", "chosen": "b", "rejected": }', "line 3, column 44: not valid JSON (Expecting value)."),
+    ],
+)
+def test_a_bad_preference_pair_names_its_line_in_a_gzipped_file(explain, lines, problem):
+    import gzip
+
+    good = '{"prompt": "a", "chosen": "b", "rejected": "c"}'
+    data = gzip.compress("\n".join([good, good, lines, good]).encode() + b"\n")
+    message = explain("p.jsonl.gz", data, PREFERENCE_CARD)
+    assert message.startswith(f"{explain.root / 'd' / 'p.jsonl.gz'}"), message
+    assert message.endswith(problem), message
+
+
 @pytest.mark.parametrize(
     ("card", "problem"),
     [
@@ -165,7 +191,7 @@ def test_a_card_that_cannot_work_is_named(explain, card, problem):
 @pytest.mark.parametrize(
     ("setting", "message"),
     [
-        ("model:\n  lm_coef: null\n", "--model.lm_coef: expected float, got null."),
+        ("model:\n  lr: null\n", "--model.lr: expected float, got null."),
         (
             "trainer:\n  accumulate_grad_batches: 0\n",
             "--trainer.accumulate_grad_batches must be >= 1, got 0.",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpt_ft.adapters import MultiLabel, MultipleChoice, Similarity, SingleText, TextPair
+from gpt_ft.adapters import MultiLabel, MultipleChoice, Preference, Similarity, SingleText, TextPair
 from gpt_ft.data.batches import collate, collate_packed, collate_shared
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
 from gpt_ft.model import attention
@@ -23,12 +23,14 @@ SHAPES = {
     "similarity": lambda: Similarity(name="similarity", regression=True, score_range=(0.0, 5.0)),
     "choice": lambda: MultipleChoice(name="choice", context=["story"], choices="endings", num_choices=4),
     "multi-label": lambda: MultiLabel(name="labels", labels=["x", "y", "z"]),
+    "preference": lambda: Preference(name="preference", margin="margin", center_rewards=0.01),
 }
 TEXTS = {"single": 1, "pair": 2, "similarity": 2, "multi-label": 1}
 
 
 def examples(task, shape: str, specials, vocab: int, n: int = 7, seed: int = 0) -> list[dict]:
-    """`n` labelled examples of random tokens: texts of 0-18 tokens, contexts of 1-30, 1-4 choices."""
+    """`n` labelled examples of random tokens: texts of 0-18 tokens, contexts of 1-30, 1-4 choices;
+    preference pairs with prompts of 0-30 tokens, replies of 0-9 and margins of 0-1."""
     g = torch.Generator().manual_seed(seed)
     randint = lambda lo, hi: int(torch.randint(lo, hi + 1, (), generator=g))  # noqa: E731
     tokens = lambda k: torch.randint(0, vocab, (k,), generator=g).tolist()  # noqa: E731
@@ -37,12 +39,14 @@ def examples(task, shape: str, specials, vocab: int, n: int = 7, seed: int = 0) 
         if shape == "choice":
             texts = [tokens(randint(1, 30)), *(tokens(randint(0, 9)) for _ in range(randint(1, 4)))]
             label = randint(0, len(texts) - 2)
+        elif shape == "preference":
+            texts, label = [tokens(randint(0, 30)), tokens(randint(0, 9)), tokens(randint(0, 9))], randint(0, 2) / 2
         else:
             texts = [tokens(randint(0, 18)) for _ in range(TEXTS[shape])]
             label = {"single": randint(0, 1), "pair": randint(0, 2), "similarity": randint(0, 50) / 10}.get(
                 shape, [randint(0, 1) for _ in range(3)]
             )
-        enc = task.encode({"label": label}, texts, specials, max_length=40)
+        enc = task.encode({"label": label, "margin": label}, texts, specials, max_length=40)
         rows.append({"input_ids": enc.sequences, "extract_index": enc.extract_index, "label": enc.label,
                      "index": i})  # fmt: skip
     return rows
@@ -59,6 +63,7 @@ def module_for(tokenizer_dir, shape: str, family: str):
         overrides={"n_positions": 64, **NO_DROPOUT, **overrides},
         vocab_size=len(tok),
         task=task,
+        lm_coef=0.5,  # the LM terms compared too (a preference task's default is 0)
         classifier_dropout=0.0,
     )
     return module, examples(task, shape, specials, vocab=len(tok) - 5), specials
@@ -101,10 +106,10 @@ def test_a_packed_batch_equals_the_padded_one(tokenizer_dir, shape, family):
     padded = collate(rows, specials.pad)
     delim = specials.delim if module.task.shares_context else None
     packed = collate_packed(rows, specials.pad, delim)
-    if shape != "choice":  # the same tokens (multiple choice: each context once), in fewer positions
+    if not module.task.shares_context:  # the same tokens (multiple choice: each context once), in fewer positions
         assert packed.real_tokens == padded.real_tokens
     assert packed.input_ids.numel() <= padded.input_ids.numel()
-    assert (packed.branches is not None) == (shape == "choice")
+    assert (packed.branches is not None) == module.task.shares_context
     assert_same(run(module, padded), run(module, packed), padded.choice_mask)
     module.eval()
     with torch.no_grad():

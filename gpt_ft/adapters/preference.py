@@ -1,0 +1,266 @@
+"""Preference pairs: a prompt and two replies, the chosen one first; one reward per reply.
+
+A reward model is GPT-1's multiple choice with two choices (§3.3): [start] prompt [delim] reply
+[extract] per reply, the prompt encoded once (`--data.shared_context`, packed batches alike). One
+linear layer scores each extract state; the loss is Bradley-Terry's,
+
+    -log σ(r_chosen - r_rejected - margin),
+
+which is the cross-entropy of a softmax over the two scores with the chosen one right (margin 0).
+An optional margin field asks for a wider gap on some pairs (Llama 2's margin loss), and
+`center_rewards` adds c·(r_chosen + r_rejected)² per pair, which keeps the rewards near zero
+(TRL's `center_rewards_coefficient`).
+
+A row holds `chosen` and `rejected` (and `prompt`, where the data has one). Where the dialogue and
+the reply come in one text (Anthropic's HH-RLHF), the card names the turn marker before each reply
+and the shared dialogue is split off at the last marker both texts share (`split_dialogue`). A row
+with a `reply` field instead is one reply to score (`Classifier`, `gpt-ft label`).
+
+Scored by pairwise accuracy (the share of pairs whose chosen reply gets the higher reward, a tie
+counting half) and the mean margin r_chosen - r_rejected over the pairs.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from gpt_ft.adapters.base import Encoded, TaskAdapter, field_text
+from gpt_ft.adapters.choice import encode_choices
+from gpt_ft.adapters.heads import ChoiceHead
+from gpt_ft.adapters.outputs import FLOAT32_MAX, CardError, LabelSpec, TaskDataError, TaskOutput
+
+
+def split_dialogue(chosen: str, rejected: str, marker: str) -> tuple[str, str, str]:
+    """(prompt, chosen reply, rejected reply): the two texts' shared dialogue up to and including
+    the last `marker` inside their common prefix, and what follows it in each.
+
+    Only a marker both texts share counts, so a reply that itself holds the marker (a reply that
+    writes the next turn) is not cut there. Identical texts split at their last marker. Texts that
+    share no marker have an empty prompt: each reply is its whole text.
+    """
+    common = len(os.path.commonprefix([chosen, rejected]))
+    at = chosen.rfind(marker, 0, common)
+    cut = at + len(marker) if at >= 0 else 0
+    return chosen[:cut], chosen[cut:], rejected[cut:]
+
+
+def split_reply(text: str, marker: str) -> tuple[str, str]:
+    """(prompt, reply) of one dialogue: split after its last `marker` (no marker: no prompt)."""
+    at = text.rfind(marker)
+    cut = at + len(marker) if at >= 0 else 0
+    return text[:cut], text[cut:]
+
+
+class RewardHead(ChoiceHead):
+    """One reward per reply from one linear layer; Bradley-Terry's loss on a pair, chosen first."""
+
+    def __init__(
+        self,
+        n_embd: int,
+        *,
+        center_rewards: float = 0.0,
+        dropout: float = 0.1,
+        init_std: float = 0.02,
+        bias: bool = True,
+    ) -> None:
+        super().__init__(n_embd, dropout=dropout, init_std=init_std, bias=bias)
+        self.center_rewards = center_rewards
+
+    def losses(self, outputs: Tensor, labels: Tensor) -> Tensor:
+        """-log σ(r_chosen - r_rejected - margin) per pair, `labels` the margins (B,), plus
+        `center_rewards`·(r_chosen + r_rejected)²."""
+        rewards = outputs.float()
+        gap = rewards[:, 0] - rewards[:, 1]
+        losses = F.softplus(labels.float() - gap)  # -log σ(x) = softplus(-x), exact in both tails
+        if self.center_rewards:
+            losses = losses + self.center_rewards * (rewards[:, 0] + rewards[:, 1]) ** 2
+        return losses
+
+    def predictions(self, outputs: Tensor) -> Tensor:
+        """The rewards (B, 2), fp32; NaN for a reply the row does not have (one to score)."""
+        missing = outputs == torch.finfo(outputs.dtype).min  # ChoiceHead's mask
+        rewards = outputs.float().masked_fill(missing, math.nan)
+        return F.pad(rewards, (0, 2 - rewards.shape[1]), value=math.nan)  # a batch of single replies
+
+    def probabilities(self, outputs: Tensor) -> Tensor:
+        return self.predictions(outputs)
+
+
+class PreferenceOutput(TaskOutput):
+    """A pair's two rewards, the chosen reply first: Bradley-Terry's loss, scored by pairwise
+    accuracy (`accuracy`) and the mean margin (`margin`). The label is the pair's margin (0 unless
+    the card names a margin field)."""
+
+    kind = "preference"
+    has_probabilities = False
+    allowed_metrics = default_metrics = ("accuracy", "margin")
+    default_lm_coef = 0.0
+
+    def __init__(
+        self, task_name: str, spec: LabelSpec, *, center_rewards: float, sides: tuple[str, str]
+    ) -> None:
+        super().__init__(task_name, spec)
+        if spec.names:
+            raise CardError(f"Task {task_name!r}: a preference task takes no `labels`.")
+        if not (center_rewards >= 0 and math.isfinite(center_rewards)):
+            raise CardError(f"Task {task_name!r}: center_rewards must be >= 0, got {center_rewards}.")
+        self.center_rewards, self.sides = center_rewards, sides
+
+    @property
+    def num_outputs(self) -> int:
+        return 1
+
+    def head(self, n_embd: int, *, dropout: float, init_std: float, bias: bool = True) -> RewardHead:
+        return RewardHead(
+            n_embd, center_rewards=self.center_rewards, dropout=dropout, init_std=init_std, bias=bias
+        )
+
+    def metric_values(self, predictions: Tensor, labels: Tensor, metrics: list[str]) -> dict[str, Tensor]:
+        """Pairwise accuracy (a tie counts half) and the mean of r_chosen - r_rejected."""
+        gap = (predictions[:, 0] - predictions[:, 1]).double()
+        values = {
+            "accuracy": ((gap > 0).double() + 0.5 * (gap == 0).double()).mean(),
+            "margin": gap.mean(),
+        }
+        return {name: values[name].float() for name in metrics}
+
+    def format_prediction(self, prediction: Tensor, name: Callable[[int], str]) -> str:
+        """A pair: its margin r_chosen - r_rejected; one reply: its reward."""
+        first, second = prediction.tolist()
+        return f"{first:.4f}" if math.isnan(second) else f"{first - second:.4f}"
+
+    def outcome(self, prediction: Tensor, probabilities: Tensor) -> dict[str, Any]:
+        """One reply: its reward (as `label` and `scores`). A pair: the preferred side's field name
+        (the first on a tie), both rewards, and P(first ≻ second) = σ(r_first - r_second)."""
+        first, second = prediction.tolist()
+        if math.isnan(second):
+            return {"label": first, "scores": first}
+        return {
+            "label": self.sides[0] if first >= second else self.sides[1],
+            "scores": dict(zip(self.sides, (first, second))),
+            "probability": 1 / (1 + math.exp(min(second - first, 700.0))),
+        }
+
+    def label_id(self, value: Any) -> float:
+        """A margin: a finite number."""
+        self._missing(value)
+        try:
+            margin = float(value)
+        except (TypeError, ValueError):
+            raise TaskDataError(f"margin {value!r} in field {self.spec.field!r} is not a number.") from None
+        if not math.isfinite(margin) or abs(margin) > FLOAT32_MAX:
+            raise TaskDataError(f"margin {value!r} in field {self.spec.field!r} is not a finite number.")
+        return margin
+
+
+class Preference(TaskAdapter):
+    """Two replies to one prompt, the chosen one first: [start] prompt [delim] reply [extract] each,
+    one reward per reply, Bradley-Terry's loss (see the module docstring)."""
+
+    shares_context = True
+    num_sequences = 2
+
+    def __init__(
+        self,
+        *,
+        chosen: str = "chosen",
+        rejected: str = "rejected",
+        prompt: str | None = None,
+        turn_marker: str | None = None,
+        reply: str = "reply",
+        margin: str | None = None,
+        center_rewards: float = 0.0,
+        **kwargs,
+    ) -> None:
+        """
+        Args:
+            chosen: Field holding the preferred reply (or, with `turn_marker`, the whole dialogue
+                ending in it).
+            rejected: Field holding the other reply (or dialogue).
+            prompt: Field holding the prompt the replies answer; None: the replies hold it
+                (`turn_marker`), or there is none.
+            turn_marker: The text before each reply in a dialogue (HH-RLHF: "\\n\\nAssistant:"):
+                the prompt is the dialogue up to the last marker that `chosen` and `rejected`
+                share, the replies what follows it.
+            reply: Field of a row that holds one reply to score instead of a pair (with the
+                prompt, or as a dialogue split at its last `turn_marker`).
+            margin: Field with each pair's margin in the loss; None: 0 for every pair.
+            center_rewards: Weight c of c·(r_chosen + r_rejected)² added to each pair's loss
+                (TRL's `center_rewards_coefficient`; 0.01 is its suggestion), 0 for none.
+        """
+        name = kwargs.get("name")
+        if prompt is not None and turn_marker is not None:
+            raise CardError(f"Task {name!r}: give `prompt` (a field) or `turn_marker`, not both.")
+        if turn_marker == "":
+            raise CardError(f"Task {name!r}: turn_marker must not be empty.")
+        # The base class's label arguments, at their defaults where the card leaves them out.
+        defaults = {"label": "label", "labels": None, "regression": False, "score_range": None}
+        for taken, default in {**defaults, "ignore_labels": None}.items():
+            if kwargs.pop(taken, default) not in (default, []):
+                raise CardError(
+                    f"Task {name!r}: a preference task takes no `{taken}` (the chosen reply is the "
+                    "right one; `margin` names a field with each pair's margin)."
+                )
+        self.chosen, self.rejected, self.prompt, self.reply = chosen, rejected, prompt, reply
+        self.turn_marker, self.margin, self.center_rewards = turn_marker, margin, center_rewards
+        super().__init__(label=margin or "margin", **kwargs)
+
+    def own_output(self, spec: LabelSpec) -> TaskOutput:
+        return PreferenceOutput(
+            self.name, spec, center_rewards=self.center_rewards, sides=(self.chosen, self.rejected)
+        )
+
+    def text_fields(self) -> list[str]:
+        return ([self.prompt] if self.prompt else []) + [self.chosen, self.rejected]
+
+    def _pair(self, example: dict[str, Any]) -> bool:
+        """A pair to compare, or else (a `reply` field and no `chosen`) one reply to score."""
+        return not (self.reply in example and self.chosen not in example)
+
+    def texts(self, example: dict[str, Any]) -> list[str]:
+        """[prompt, chosen, rejected], or [prompt, reply] for one reply."""
+        prompt = field_text(example[self.prompt]) if self.prompt else ""  # missing: no prompt
+        if not self._pair(example):
+            reply = _text(example, self.reply)
+            if self.turn_marker is not None:
+                prompt, reply = split_reply(reply, self.turn_marker)
+            return [prompt, reply]
+        chosen, rejected = _text(example, self.chosen), _text(example, self.rejected)
+        if self.turn_marker is not None:
+            return list(split_dialogue(chosen, rejected, self.turn_marker))
+        return [prompt, chosen, rejected]
+
+    def example_label(self, example: dict[str, Any]) -> float | None:
+        """A pair's margin (0 without a margin field or value); None for one reply."""
+        if not self._pair(example):
+            return None
+        if self.margin is None or example.get(self.margin) is None:
+            return 0.0
+        return self.output.label_id(example[self.margin])
+
+    def encode(self, example, tokens, specials, max_length):
+        prompt, *replies = tokens
+        sequences, extract = encode_choices(self, specials, prompt, replies, max_length)
+        return Encoded(sequences, extract, self.example_label(example))
+
+
+def _text(example: dict[str, Any], field: str) -> str:
+    """A reply's text: a value that is missing or not a text (chat messages) is named."""
+    value = example[field]
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        raise TaskDataError(f"field {field!r} has no value (a pair needs both replies).")
+    if isinstance(value, (list, tuple, dict)):
+        raise TaskDataError(f"field {field!r} holds {type(value).__name__} {_short(value)}, not a text.")
+    return field_text(value)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
