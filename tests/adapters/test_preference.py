@@ -30,7 +30,8 @@ def test_a_reply_that_holds_the_marker_is_not_cut_there():
     """The chosen reply writes a further turn: the prompt still ends at the shared marker."""
     chosen = H + " Boil it.\n\nHuman: Thanks\n\nAssistant: You're welcome."
     prompt, c, r = split_dialogue(chosen, H + " No idea.", MARKER)
-    assert prompt == H and c == " Boil it.\n\nHuman: Thanks\n\nAssistant: You're welcome." and r == " No idea."
+    assert (prompt, r) == (H, " No idea.")
+    assert c == " Boil it.\n\nHuman: Thanks\n\nAssistant: You're welcome."
     # Both replies start alike, past the marker: the shared words stay in the replies.
     prompt, c, r = split_dialogue(H + " Boil it for 8.", H + " Boil it for 3.", MARKER)
     assert (prompt, c, r) == (H, " Boil it for 8.", " Boil it for 3.")
@@ -67,7 +68,8 @@ def test_rows_read_as_pairs_or_one_reply():
     with pytest.raises(TaskDataError, match="field 'chosen' holds list"):
         task.texts({"chosen": [{"role": "user", "content": "hi"}], "rejected": "b"})
     with pytest.raises(TaskDataError, match="margin 'wide' in field 'margin' is not a number"):
-        Preference(name="p", margin="margin").example_label({"chosen": "a", "rejected": "b", "margin": "wide"})
+        pair = {"chosen": "a", "rejected": "b", "margin": "wide"}
+        Preference(name="p", margin="margin").example_label(pair)
 
 
 def test_bradley_terry_loss_and_centering_by_hand():
@@ -157,7 +159,8 @@ def write_dialogues(folder, n: int, seed: int) -> None:
             dialogue = f"\n\nHuman: {say(rng.randint(2, 8))}{MARKER}"
             good, bad = say(rng.randint(1, 4)).split(), say(rng.randint(1, 5))
             good.insert(rng.randint(0, len(good)), "happy")
-            f.write(json.dumps({"chosen": f"{dialogue} {' '.join(good)}", "rejected": f"{dialogue} {bad}"}) + "\n")
+            pair = {"chosen": f"{dialogue} {' '.join(good)}", "rejected": f"{dialogue} {bad}"}
+            f.write(json.dumps(pair) + "\n")
 
 
 def test_gpt_ft_fit_learns_a_synthetic_preference(tmp_path, tokenizer_dir):
@@ -202,7 +205,8 @@ def check_rewards_from_the_checkpoint(root, accuracy: float) -> None:
     assert ((gaps > 0).float() + 0.5 * (gaps == 0).float()).mean().item() == pytest.approx(accuracy, abs=1e-6)
     singles = clf.predict([{"reply": p[side]} for p in pairs[:6] for side in ("chosen", "rejected")])
     expected = [o["scores"][side] for o in outcomes[:6] for side in ("chosen", "rejected")]
-    torch.testing.assert_close(torch.tensor([o["label"] for o in singles]), torch.tensor(expected), rtol=0, atol=1e-5)
+    scored = torch.tensor([o["label"] for o in singles])
+    torch.testing.assert_close(scored, torch.tensor(expected), rtol=0, atol=1e-5)
     for o in outcomes[:6]:
         gap = o["scores"]["chosen"] - o["scores"]["rejected"]
         assert o["label"] == ("chosen" if gap >= 0 else "rejected")

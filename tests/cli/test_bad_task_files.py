@@ -142,12 +142,18 @@ init_args: {name: prefs, prompt: prompt, local: {splits: {train: d/p.jsonl.gz, v
 @pytest.mark.parametrize(
     ("lines", "problem"),
     [
-        ('{"prompt": "a", "chosen": "b"}', "line 3: field 'rejected' has no value (a pair needs both replies)."),
+        (
+            '{"prompt": "a", "chosen": "b"}',
+            "line 3: field 'rejected' has no value (a pair needs both replies).",
+        ),
         (
             '{"prompt": "a", "chosen": [{"role": "user", "content": "b"}], "rejected": "c"}',
             "line 3: field 'chosen' holds list [{'role': 'user', 'content': 'b'}], not a text.",
         ),
-        ('{"prompt": "a", "chosen": "b", "rejected": }', "line 3, column 44: not valid JSON (Expecting value)."),
+        (
+            '{"prompt": "a", "chosen": "b", "rejected": }',
+            "line 3, column 44: not valid JSON (Expecting value).",
+        ),
     ],
 )
 def test_a_bad_preference_pair_names_its_line_in_a_gzipped_file(explain, lines, problem):

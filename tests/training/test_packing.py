@@ -40,7 +40,8 @@ def examples(task, shape: str, specials, vocab: int, n: int = 7, seed: int = 0) 
             texts = [tokens(randint(1, 30)), *(tokens(randint(0, 9)) for _ in range(randint(1, 4)))]
             label = randint(0, len(texts) - 2)
         elif shape == "preference":
-            texts, label = [tokens(randint(0, 30)), tokens(randint(0, 9)), tokens(randint(0, 9))], randint(0, 2) / 2
+            texts = [tokens(randint(0, 30)), tokens(randint(0, 9)), tokens(randint(0, 9))]
+            label = randint(0, 2) / 2
         else:
             texts = [tokens(randint(0, 18)) for _ in range(TEXTS[shape])]
             label = {"single": randint(0, 1), "pair": randint(0, 2), "similarity": randint(0, 50) / 10}.get(
@@ -106,7 +107,7 @@ def test_a_packed_batch_equals_the_padded_one(tokenizer_dir, shape, family):
     padded = collate(rows, specials.pad)
     delim = specials.delim if module.task.shares_context else None
     packed = collate_packed(rows, specials.pad, delim)
-    if not module.task.shares_context:  # the same tokens (multiple choice: each context once), in fewer positions
+    if not module.task.shares_context:  # the same tokens (shared contexts: each once), in fewer positions
         assert packed.real_tokens == padded.real_tokens
     assert packed.input_ids.numel() <= padded.input_ids.numel()
     assert (packed.branches is not None) == module.task.shares_context
