@@ -8,7 +8,9 @@ The folder holds an `OpenAIGPTForSequenceClassification` (GPT-1), `GPT2ForSequen
 (GPT-2), or the Llama family's (`LlamaForSequenceClassification`, Qwen2's, Qwen3's, Mistral's, Phi-3's,
 `Gemma3TextForSequenceClassification`) with `id2label`, `label2id`, `problem_type` and `pad_token_id`
 set, and the tokenizer with GPT-1's input transform as its post-processor: `[start] text [extract]`
-and `[start] premise [delim] hypothesis [extract]` (truncation leaves the special tokens).
+and `[start] premise [delim] hypothesis [extract]` (truncation leaves the special tokens). A reward
+model (preference pairs) is one with `num_labels: 1`, the reward of `tokenizer(prompt, reply)`, as
+TRL's trainers and vLLM's scoring load them.
 transformers reads the score at the last token that is not padding: the extract token, as gpt_ft
 does.
 
@@ -38,6 +40,7 @@ _PROBLEM_TYPES = {
     "classification": "single_label_classification",
     "regression": "regression",
     "multi-label": "multi_label_classification",
+    "preference": "regression",  # one reward per sequence: num_labels 1, as reward models are served
 }
 
 
@@ -81,8 +84,8 @@ def export_classifier(clf: Classifier, out: str | Path, *, format: str = "transf
         model = double_heads_model(clf)
     elif task.pair_in_both_orders and kind in _PROBLEM_TYPES:
         model = similarity_model(clf)
-    elif task.num_sequences == 1 and kind in _PROBLEM_TYPES:
-        model = sequence_classifier(clf)
+    elif (task.num_sequences == 1 or kind == "preference") and kind in _PROBLEM_TYPES:
+        model = sequence_classifier(clf)  # a reward model scores one [start] prompt [delim] reply [extract]
     else:
         raise ValueError(
             f"Task {task.name!r} ({type(task).__name__}, {kind}) has no transformers class to export to: "
@@ -126,7 +129,9 @@ def _head(clf: Classifier) -> tuple[Tensor, Tensor | None]:
 def _label_config(clf: Classifier, config) -> None:
     """The labels' names, their count and the problem type, on a transformers config."""
     task, head = clf.task, clf.head
-    names = task.class_names or task.labels or [task.label]
+    names = (
+        ["reward"] if task.output.kind == "preference" else task.class_names or task.labels or [task.label]
+    )
     config.num_labels = head.out_features
     config.id2label = {i: str(name) for i, name in enumerate(names[: head.out_features])}
     config.label2id = {name: i for i, name in config.id2label.items()}

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpt_ft.adapters import MultiLabel, MultipleChoice, Similarity, SingleText, TextPair
+from gpt_ft.adapters import MultiLabel, MultipleChoice, Preference, Similarity, SingleText, TextPair
 from gpt_ft.data.tokenizer import load_tokenizer
 from gpt_ft.eval.classifier import Classifier
 from gpt_ft.eval.export import export_classifier
@@ -45,11 +45,13 @@ KINDS = {
         lambda a, b: {"sentence1": a, "sentence2": b},
     ),
 }
+# A reward model: one reply to a prompt, [start] prompt [delim] reply [extract], its reward
+KINDS["reward"] = (Preference(name="rm", prompt="prompt"), lambda a, b: {"prompt": a, "reply": b})
 # STS-B's shape: a similarity score, served clipped to the card's range as gpt_ft predicts it (the
 # micro models give scores on both sides of 5)
 KINDS["sts"] = (Similarity(name="sts", regression=True, score_range=(0, 5)), KINDS["similarity"][1])
-PAIRED = ("pair", "similarity", "sts")
-SCORES = ("regression", "sts")
+PAIRED = ("pair", "similarity", "sts", "reward")
+SCORES = ("regression", "sts", "reward")
 
 # Run with a python that has transformers but never imports gpt_ft: what a serving stack sees. One
 # process reads every folder the tests export (importing transformers once), listed in the JSON file
@@ -211,7 +213,9 @@ def test_exported_classifiers_give_the_classifiers_labels_and_probabilities(back
             scores = {r["label"]: r["score"] for r in ranked}
             if kind in SCORES:  # the score itself, as the label's score
                 assert result["problem_type"] == "regression"
-                assert scores["label"] == pytest.approx(outcome["scores"], abs=1e-5)
+                assert scores == {
+                    "reward" if kind == "reward" else "label": pytest.approx(outcome["scores"], abs=1e-5)
+                }
                 assert logits[0] == pytest.approx(outcome["scores"], abs=1e-5)
                 continue
             assert scores.keys() == outcome["scores"].keys()
