@@ -163,6 +163,95 @@ def task_files(draw) -> TaskFile:
     return task_file
 
 
+# ---- preference pairs (reward models): JSON lines, gzipped or not ----
+
+MARKER = "\n\nAssistant:"
+replies = st.one_of(
+    texts,
+    texts.map(lambda t: f"\n\nHuman: hi{MARKER} {t}"),
+    st.none(),
+    st.integers(-3, 3),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from(
+        [[{"role": "user", "content": "hi"}], [{"role": "user"}], {"content": "x"}, ["a", 1], []]
+    ),
+)
+margins = st.one_of(
+    st.none(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from(["0.5", "wide", "", "1e400", 2]),
+)
+
+
+@dataclass
+class PreferenceFile:
+    """Preference pairs as drawn: the rows (fields may be missing), the card's way of finding the
+    prompt, and the changes made to the bytes."""
+
+    rows: list[dict[str, Any]]
+    card: dict[str, Any]
+    gzipped: bool
+    damage: list[str] = field(default_factory=list)
+    raw: bytes | None = None
+
+    @property
+    def name(self) -> str:
+        return "train.jsonl.gz" if self.gzipped else "train.jsonl"
+
+    def to_bytes(self) -> bytes:
+        import gzip
+
+        data = self.raw
+        if data is None:
+            data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in self.rows).encode("utf-8")
+        return gzip.compress(data, mtime=0) if self.gzipped else data
+
+
+@st.composite
+def preference_files(draw) -> PreferenceFile:
+    """A file of preference pairs, as often broken as not, and a card that reads it."""
+    row = st.fixed_dictionaries(
+        {"prompt": texts, "chosen": replies, "rejected": replies},
+        optional={"margin": margins, "extra": texts},
+    )
+    rows = draw(st.lists(row, min_size=0, max_size=5))
+    for r in rows:
+        if draw(st.sampled_from([False] * 6 + [True])):
+            r.pop(draw(st.sampled_from(["prompt", "chosen", "rejected"])))
+    card = draw(
+        st.sampled_from(
+            [{"prompt": "prompt"}, {"turn_marker": MARKER}, {"prompt": "prompt", "margin": "margin"}, {}]
+        )
+    )
+    case = PreferenceFile(rows, card, gzipped=draw(st.booleans()))
+    change = draw(st.sampled_from(["none"] * 5 + ["truncate", "garbage line", "not gzip", "empty"]))
+    if change != "none":
+        data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode("utf-8")
+        if change == "truncate":
+            data = data[: draw(st.integers(0, max(len(data) - 1, 0)))]
+        elif change == "garbage line":
+            lines = data.split(b"\n")
+            lines.insert(
+                draw(st.integers(0, len(lines))), draw(st.sampled_from([b"{", b"[1]", b"null", b"x"]))
+            )
+            data = b"\n".join(lines)
+        elif change == "empty":
+            data = b""
+        case.raw, case.damage = data, [change]
+        if change == "not gzip":  # a plain file named .gz
+            case.raw, case.gzipped = data, False
+            case.damage = ["not gzip: named .gz"]
+    return case
+
+
+def check_preference_file(root: Path, tokenizer: str, case: PreferenceFile) -> str | None:
+    """A drawn preference file through the data module and `gpt-ft explain`: the property."""
+    name = "train.jsonl.gz" if case.gzipped or case.damage == ["not gzip: named .gz"] else case.name
+    args = {"name": "prefs", **case.card, "local": {"splits": {"train": f"d/{name}"}}}
+    card = {"class_path": "gpt_ft.adapters.Preference", "init_args": args}
+    return check_file(root, tokenizer, name, case.to_bytes(), yaml.safe_dump(card))
+
+
 def card_text(file_name: str, **init_args: Any) -> str:
     args = {"name": "sent", "labels": LABELS, "local": {"splits": {"train": f"d/{file_name}"}}, **init_args}
     return yaml.safe_dump({"class_path": "gpt_ft.adapters.SingleText", "init_args": args})
@@ -248,7 +337,14 @@ def _records(lines: list[str], fmt: str) -> list[str]:
 
 # ---- cards and configs ----
 
-ADAPTERS = ["gpt_ft.adapters.SingleText", "gpt_ft.adapters.TextPair", "gpt_ft.adapters.Nope", "os.path", "x"]
+ADAPTERS = [
+    "gpt_ft.adapters.SingleText",
+    "gpt_ft.adapters.TextPair",
+    "gpt_ft.adapters.Preference",
+    "gpt_ft.adapters.Nope",
+    "os.path",
+    "x",
+]
 any_value = st.one_of(
     st.none(),
     st.booleans(),
@@ -295,6 +391,12 @@ def cards(draw) -> str:
         ),
         "unknown_field": any_value,
         "name": any_value,
+        # a preference card's own (on another shape's card: unknown fields)
+        "turn_marker": st.one_of(st.sampled_from(["\n\nAssistant:", ""]), any_value),
+        "prompt": st.one_of(st.sampled_from(["sentence", "nope"]), any_value),
+        "chosen": st.one_of(st.sampled_from(["sentence", "nope"]), any_value),
+        "center_rewards": st.one_of(st.sampled_from([0.01, -1.0]), any_value),
+        "margin": st.one_of(st.sampled_from(["label", "nope"]), any_value),
     }
     for name in draw(st.lists(st.sampled_from(sorted(fields)), max_size=3, unique=True)):
         args[name] = draw(fields[name])
@@ -404,18 +506,29 @@ def editor_lines(data: bytes) -> int:
 
 def check_task_file(root: Path, tokenizer: str, task_file: TaskFile) -> str | None:
     """A drawn task file through the data module and through `gpt-ft explain`: the property."""
+    name = "train" + task_file.suffix
+    return check_file(root, tokenizer, name, task_file.to_bytes(), card_text(name))
+
+
+def check_file(root: Path, tokenizer: str, name: str, data: bytes, card_yaml: str) -> str | None:
+    """A task file `d/NAME` holding `data`, read by the card, through the data module and through
+    `gpt-ft explain`: the property."""
     from gpt_ft.adapters import TaskDataError
     from gpt_ft.adapters.cards import load_card
     from gpt_ft.data.task_data import TaskDataModule
 
-    name = "train" + task_file.suffix
     path = root / "d" / name
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = task_file.to_bytes()
     path.write_bytes(data)
     card = root / "card.yaml"
-    card.write_text(card_text(name))
+    card.write_text(card_yaml)
     before = snapshot(root)
+    if name.endswith(".gz") and data[:2] == b"\x1f\x8b":  # lines are counted in the text
+        import gzip
+        import zlib
+
+        with contextlib.suppress(OSError, EOFError, zlib.error):
+            data = gzip.decompress(data)
     problem = None
     try:
         module = TaskDataModule(load_card(card), tokenizer, data_dir=str(root), max_length=32)
@@ -513,6 +626,7 @@ def check_config(root: Path, tokenizer: str, config: dict[str, Any]) -> str | No
 CHECKS = {
     "task files": (task_files(), check_task_file),
     "one bad row": (one_bad_row(), check_one_bad_row),
+    "preference files": (preference_files(), check_preference_file),
     "cards": (cards(), check_card),
     "configs": (configs(), check_config),
 }

@@ -9,6 +9,7 @@ import gzip
 import io
 import json
 import re
+import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -28,9 +29,15 @@ def file_format(path: Path) -> str | None:
 
 
 def _bytes(path: Path) -> bytes:
-    """A file's bytes, gunzipped when its name ends in .gz."""
+    """A file's bytes, gunzipped when its name ends in .gz (a file that does not gunzip: one
+    `TaskDataError` sentence)."""
     data = path.read_bytes()
-    return gzip.decompress(data) if path.suffix.lower() == ".gz" else data
+    if path.suffix.lower() != ".gz":
+        return data
+    try:
+        return gzip.decompress(data)
+    except (OSError, EOFError, zlib.error) as exc:  # BadGzipFile is an OSError
+        raise TaskDataError(f"{path}: cannot be gunzipped ({exc}); its name ends in .gz.") from None
 
 
 def _open_text(path: Path, **kwargs):
@@ -112,6 +119,8 @@ def read_table(
         raise TaskDataError(
             f"{path}: unknown file format; set `format` (tsv, csv, json, parquet) in the card."
         )
+    if path.suffix.lower() == ".gz":
+        _bytes(path)  # a file that does not gunzip is named here, not deep in the loader
     if fmt in ("tsv", "csv"):
         sep = "\t" if fmt == "tsv" else ","
         try:
@@ -136,6 +145,8 @@ def read_table(
         builder = "csv"
     else:
         builder, kwargs = fmt, {}
+        if fmt == "json" and (problem := _json_lines_problem(path)) is not None:
+            raise TaskDataError(f"{path}{problem}.")
     verbosity = datasets.logging.get_verbosity()
     # datasets logs a file that does not parse before raising; the sentence below says it instead.
     datasets.logging.set_verbosity(datasets.logging.CRITICAL)
@@ -282,6 +293,43 @@ def _csv_problem(path: Path, fmt: str, width: int) -> str | None:
     return None
 
 
+def _json_kind(value) -> str:
+    """What a JSON value is, as JSON names it: 'null', 'an array', 'a string', ..."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    kinds = {list: "an array", str: "a string", int: "a number", float: "a number"}
+    return kinds.get(type(value), type(value).__name__)
+
+
+def _json_lines_problem(path: Path) -> str | None:
+    """The first line of a JSON-lines file that is not one JSON object, as `, line N: ...`; None
+    for a good file or one JSON document. Found before loading: the loader is never handed such a
+    line (a `null` line beside records with lists of objects crashes the process)."""
+    try:
+        text = _text(path)
+    except UnicodeDecodeError:
+        return None  # the loader's failure names the line
+    try:
+        json.loads(text)
+        return None  # one document (or one line)
+    except json.JSONDecodeError:
+        pass
+    if text.lstrip(" \t\r\n").startswith("["):
+        return None  # a JSON array that does not parse: named after the loader fails
+    for n, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as bad:
+            return f", line {n}, column {bad.colno}: not valid JSON ({bad.msg})"
+        if not isinstance(record, dict):
+            return f", line {n}: a JSON object ({{...}}) is expected on each line, not {_json_kind(record)}"
+    return None
+
+
 def _json_problem(path: Path, reason: str) -> str | None:
     """The line (and column) where a JSON or JSON-lines file stops being valid JSON, or the line of
     the record the loader refused."""
@@ -300,8 +348,7 @@ def _json_problem(path: Path, reason: str) -> str | None:
         except json.JSONDecodeError as bad:
             return f", line {n}, column {bad.colno}: not valid JSON ({bad.msg})"
         if not isinstance(record, dict):
-            kind = type(record).__name__
-            return f", line {n}: a JSON object ({{...}}) is expected on each line, not a {kind}"
+            return f", line {n}: a JSON object ({{...}}) is expected on each line, not {_json_kind(record)}"
     row = re.search(r"^(.*?)\.? in row (\d+)$", reason)
     if row and int(row[2]) < len(starts):  # pyarrow counts the records from 0
         why = row[1].removeprefix("JSON parse error: ")
