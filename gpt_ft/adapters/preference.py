@@ -13,8 +13,11 @@ An optional margin field asks for a wider gap on some pairs (Llama 2's margin lo
 
 A row holds `chosen` and `rejected` (and `prompt`, where the data has one). Where the dialogue and
 the reply come in one text (Anthropic's HH-RLHF), the card names the turn marker before each reply
-and the shared dialogue is split off at the last marker both texts share (`split_dialogue`). A row
-with a `reply` field instead is one reply to score (`Classifier`, `gpt-ft label`).
+and the shared dialogue is split off at the last marker both texts share (`split_dialogue`). Where
+they are chat messages ([{role, content}, ...], as UltraFeedback's), the messages both lists start
+with are the prompt and the rest the reply, rendered through the tokenizer's chat template where it
+has one (`render_messages`). A row with a `reply` field instead is one reply to score
+(`Classifier`, `gpt-ft label`).
 
 Scored by pairwise accuracy (the share of pairs whose chosen reply gets the higher reward, a tie
 counting half) and the mean margin r_chosen - r_rejected over the pairs.
@@ -56,6 +59,49 @@ def split_reply(text: str, marker: str) -> tuple[str, str]:
     at = text.rfind(marker)
     cut = at + len(marker) if at >= 0 else 0
     return text[:cut], text[cut:]
+
+
+def chat_messages(value: Any, field: str) -> list[dict[str, str]] | None:
+    """A field's value as chat messages ({role, content} each), None for a text; another list is
+    named in one sentence."""
+    if not isinstance(value, (list, tuple)):
+        return None
+    well_formed = all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+        for m in value
+    )
+    if not value or not well_formed:
+        raise TaskDataError(
+            f"field {field!r} holds {_short(value)}, not a text or chat messages "
+            "([{'role': ..., 'content': ...}, ...])."
+        )
+    return [{"role": m["role"], "content": m["content"]} for m in value]
+
+
+def render_messages(
+    prompt: list[dict[str, str]], reply: list[dict[str, str]], tokenizer=None
+) -> tuple[str, str]:
+    """(prompt, reply) as texts. With a tokenizer that has a chat template: the prompt rendered with
+    its generation prompt, and the reply what the whole dialogue adds to that. Otherwise each
+    message on its own paragraph, "\n\nUser: ..." (HH-RLHF's layout, with the roles' names), the
+    prompt ending in "\n\nAssistant:" where the reply is the assistant's."""
+    if tokenizer is not None and getattr(tokenizer, "chat_template", None):
+        head = (
+            tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+            if prompt
+            else ""
+        )
+        whole = tokenizer.apply_chat_template(prompt + reply, tokenize=False)
+        if not whole.startswith(head):
+            raise TaskDataError(
+                "the tokenizer's chat template does not render the dialogue as its prompt, then the reply."
+            )
+        return head, whole[len(head) :]
+    turn = lambda m: f"\n\n{m['role'].capitalize()}: {m['content']}"  # noqa: E731
+    text = "".join(turn(m) for m in prompt)
+    if prompt and reply[0]["role"] == "assistant":
+        return text + "\n\nAssistant:", " " + reply[0]["content"] + "".join(turn(m) for m in reply[1:])
+    return text, "".join(turn(m) for m in reply)
 
 
 class RewardHead(ChoiceHead):
@@ -182,7 +228,7 @@ class Preference(TaskAdapter):
         """
         Args:
             chosen: Field holding the preferred reply (or, with `turn_marker`, the whole dialogue
-                ending in it).
+                ending in it; or the dialogue as chat messages, the prompt field then not read).
             rejected: Field holding the other reply (or dialogue).
             prompt: Field holding the prompt the replies answer; None: the replies hold it
                 (`turn_marker`), or there is none.
@@ -224,8 +270,22 @@ class Preference(TaskAdapter):
         """A pair to compare, or else (a `reply` field and no `chosen`) one reply to score."""
         return not (self.reply in example and self.chosen not in example)
 
+    _chat = None
+    """The tokenizer whose chat template renders message lists, while `encode_examples` runs."""
+
+    def encode_examples(self, examples, tokenizer, specials, max_length: int, *, where=None):
+        self._chat = tokenizer if getattr(tokenizer, "chat_template", None) else None
+        try:
+            return super().encode_examples(examples, tokenizer, specials, max_length, where=where)
+        finally:
+            self._chat = None
+
     def texts(self, example: dict[str, Any]) -> list[str]:
         """[prompt, chosen, rejected], or [prompt, reply] for one reply."""
+        sides = [self.chosen, self.rejected] if self._pair(example) else [self.reply]
+        messages = [chat_messages(example[f], f) if f in example else None for f in sides]
+        if any(m is not None for m in messages):
+            return self._message_texts(messages, sides)
         prompt = field_text(example[self.prompt]) if self.prompt else ""  # missing: no prompt
         if not self._pair(example):
             reply = _text(example, self.reply)
@@ -236,6 +296,17 @@ class Preference(TaskAdapter):
         if self.turn_marker is not None:
             return list(split_dialogue(chosen, rejected, self.turn_marker))
         return [prompt, chosen, rejected]
+
+    def _message_texts(self, messages: list, sides: list[str]) -> list[str]:
+        """[prompt, reply, ...] of chat messages: the messages every side starts with (all but the
+        last one at most) are the prompt."""
+        for side, m in zip(sides, messages):
+            if m is None:
+                raise TaskDataError(f"field {side!r} holds a text where {sides[0]!r} holds chat messages.")
+        n = min(len(m) - 1 for m in messages)
+        shared = next((i for i in range(n) if any(m[i] != messages[0][i] for m in messages)), n)
+        rendered = [render_messages(messages[0][:shared], m[shared:], self._chat) for m in messages]
+        return [rendered[0][0], *(reply for _, reply in rendered)]
 
     def example_label(self, example: dict[str, Any]) -> float | None:
         """A pair's margin (0 without a margin field or value); None for one reply."""
@@ -252,7 +323,7 @@ class Preference(TaskAdapter):
 
 
 def _text(example: dict[str, Any], field: str) -> str:
-    """A reply's text: a value that is missing or not a text (chat messages) is named."""
+    """A reply's text: a value that is missing or not a text is named."""
     value = example[field]
     if value is None or (isinstance(value, float) and math.isnan(value)):
         raise TaskDataError(f"field {field!r} has no value (a pair needs both replies).")

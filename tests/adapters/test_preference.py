@@ -65,11 +65,55 @@ def test_rows_read_as_pairs_or_one_reply():
     assert task.example_label({"chosen": "a", "rejected": "b"}) == 0.0
     assert task.texts({"reply": H + " A."}) == [H, " A."]  # one reply to score
     assert task.example_label({"reply": "a"}) is None
-    with pytest.raises(TaskDataError, match="field 'chosen' holds list"):
+    with pytest.raises(
+        TaskDataError, match="field 'rejected' holds a text where 'chosen' holds chat messages"
+    ):
         task.texts({"chosen": [{"role": "user", "content": "hi"}], "rejected": "b"})
+    with pytest.raises(
+        TaskDataError, match="field 'chosen' holds \\[\\{'role': 'user'\\}\\], not a text or chat"
+    ):
+        task.texts({"chosen": [{"role": "user"}], "rejected": "b"})
     with pytest.raises(TaskDataError, match="margin 'wide' in field 'margin' is not a number"):
         pair = {"chosen": "a", "rejected": "b", "margin": "wide"}
         Preference(name="p", margin="margin").example_label(pair)
+
+
+USER = {"role": "user", "content": "How do I boil an egg?"}
+
+
+def test_chat_messages_split_at_the_messages_both_sides_start_with():
+    """UltraFeedback's rows: the user's turn in both lists is the prompt. Without a chat template,
+    HH-RLHF's layout with the roles' names."""
+    task = Preference(name="p")
+    row = {
+        "chosen": [USER, {"role": "assistant", "content": "Boil it."}],
+        "rejected": [USER, {"role": "assistant", "content": "No idea."}],
+    }
+    assert task.texts(row) == ["\n\nUser: How do I boil an egg?\n\nAssistant:", " Boil it.", " No idea."]
+    assert task.texts({"reply": row["chosen"]}) == task.texts(row)[:2]  # one reply: all but its last message
+    more = {**row, "rejected": [*row["rejected"], {"role": "user", "content": "?"}]}
+    assert task.texts(more)[2] == " No idea.\n\nUser: ?"
+
+
+def test_chat_messages_through_the_tokenizers_chat_template(tokenizer_dir):
+    from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
+
+    tokenizer = load_tokenizer(tokenizer_dir)
+    tokenizer.chat_template = (
+        "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</s>{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
+    task = Preference(name="p")
+    row = {
+        "chosen": [USER, {"role": "assistant", "content": "Boil it."}],
+        "rejected": [USER, {"role": "assistant", "content": "No."}],
+    }
+    (enc,) = task.encode_examples([row], tokenizer, special_token_ids(tokenizer), max_length=64)
+    texts = [tokenizer.decode(seq[1:-1]) for seq in enc.sequences]
+    delim = tokenizer.decode([special_token_ids(tokenizer).delim])
+    assert texts == [f"<user>How do I boil an egg?</s><assistant>{delim}Boil it.</s>",
+                     f"<user>How do I boil an egg?</s><assistant>{delim}No.</s>"]  # fmt: skip
+    assert task._chat is None  # bound only while encoding
 
 
 def test_bradley_terry_loss_and_centering_by_hand():
@@ -128,6 +172,8 @@ def test_shipped_cards_read():
     assert hh.turn_marker == MARKER and hh.prompt is None and hh.hub.data_dir == "helpful-base"
     pairs = load_card(TASKS / "preference" / "pairs.yaml")
     assert pairs.prompt == "prompt" and pairs.metrics == ["accuracy", "margin"]
+    ultra = load_card(TASKS / "preference" / "ultrafeedback_binarized.yaml")
+    assert ultra.hub.splits == {"train": "train_prefs", "validation": "test_prefs"} and ultra.prompt is None
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

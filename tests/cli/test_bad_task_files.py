@@ -147,8 +147,9 @@ init_args: {name: prefs, prompt: prompt, local: {splits: {train: d/p.jsonl.gz, v
             "line 3: field 'rejected' has no value (a pair needs both replies).",
         ),
         (
-            '{"prompt": "a", "chosen": [{"role": "user", "content": "b"}], "rejected": "c"}',
-            "line 3: field 'chosen' holds list [{'role': 'user', 'content': 'b'}], not a text.",
+            '{"prompt": "a", "chosen": [{"role": "user", "text": "b"}], "rejected": "c"}',
+            "line 3: field 'chosen' holds [{'role': 'user', 'text': 'b'}], not a text or chat messages "
+            "([{'role': ..., 'content': ...}, ...]).",
         ),
         (
             '{"prompt": "a", "chosen": "b", "rejected": }',
