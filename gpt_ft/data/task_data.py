@@ -151,8 +151,10 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
             ignored = set(self.task.ignore_labels)
             kept = [i for i, value in enumerate(raw[self.task.label]) if str(value) not in ignored]
             raw, origin = raw.select(kept), origin.keep(kept)
-        if split == "train" and self.train_size is not None and self.task.label in raw.column_names:
-            kept = stratified_subset(raw[self.task.label], self.train_size, self.seed)
+        if split == "train" and self.train_size is not None:
+            # Rows without a label column (preference pairs: the chosen reply is the label) are one stratum.
+            labels = raw[self.task.label] if self.task.label in raw.column_names else [None] * len(raw)
+            kept = stratified_subset(labels, self.train_size, self.seed)
             raw, origin = raw.select(kept), origin.keep(kept)
 
         def encode_batch(batch: dict[str, list], rows: list[int]) -> dict[str, list]:
@@ -193,6 +195,7 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
             repr(sorted(vars(self.task).items(), key=lambda kv: kv[0])),
             type(self.task).__qualname__,
             self.tokenizer.backend_tokenizer.to_str() if self.tokenizer.is_fast else repr(self.tokenizer),
+            getattr(self.tokenizer, "chat_template", None) or "",  # renders chat messages (preference)
             repr(self.special_ids),
             str(self.max_length),
             version("gpt_ft"),

@@ -264,3 +264,29 @@ def check_rewards_from_the_checkpoint(root, accuracy: float) -> None:
     assert [w["prediction"] for w in written] == [o["label"] for o in outcomes[:3]]
     rewards = lambda rows: [r["scores"][side] for r in rows for side in ("chosen", "rejected")]  # noqa: E731
     assert rewards(written) == pytest.approx(rewards(outcomes[:3]), abs=1e-5)
+
+
+def test_suite_and_learning_curves_take_a_preference_card(tmp_path, tokenizer_dir):
+    """`gpt-ft suite` on HH-RLHF's card: pairwise accuracy is the main metric, and a training-size
+    curve draws its subsets from pairs (which have no label column)."""
+    import json
+
+    from gpt_ft.cli import main
+    from tests.helpers import MICRO, write_suite
+
+    data = tmp_path / "hh"
+    data.mkdir()
+    write_dialogues(data, 24, seed=0)
+    write_dialogues(data, 8, seed=1)
+    suite = write_suite(tmp_path, f"name: rm\nseeds: [0]\ntasks: [{TASKS / 'preference' / 'hh_rlhf.yaml'}]\n")
+    out = tmp_path / "out"
+    main(["suite", str(suite), f"--out_dir={out}", f"--tokenizer={tokenizer_dir}", f"--data_dir={data}",
+          "--train_sizes", "8", "all", "--", "--data.batch_size=4", "--data.max_length=48",
+          "--model.preset=gpt-micro", f"--model.overrides={MICRO}", "--trainer.max_epochs=1",
+          "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"])  # fmt: skip
+    task = json.loads((out / "results.json").read_text())["tasks"]["hh_rlhf"]
+    assert task["main_metric"] == "validation/accuracy"
+    assert {"validation/accuracy", "validation/margin"} <= set(task["metrics"])
+    curve = next(iter(task["curves"].values()))
+    assert [p["examples"] for p in curve.values()] == [8, 24]
+    assert "| hh_rlhf | validation/accuracy |" in (out / "results.md").read_text()
