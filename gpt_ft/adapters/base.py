@@ -246,11 +246,6 @@ class TaskAdapter:
         )
 
     @property
-    def default_lm_coef(self) -> float:
-        """The auxiliary LM loss's weight when the run gives none (GPT-1: 0.5; preference: 0)."""
-        return self.output.default_lm_coef
-
-    @property
     def has_probabilities(self) -> bool:
         """The task predicts classes, choices or labels with probabilities (not a score)."""
         return self.output.has_probabilities
@@ -379,6 +374,15 @@ class TaskAdapter:
             max_length: Longest sequence allowed, special tokens included.
         """
         raise NotImplementedError
+
+    def _choice_sequences(
+        self, specials, context: list[int], answers: list[list[int]], max_length: int
+    ) -> tuple[list[list[int]], list[int]]:
+        """[start] context [delim] answer [extract] per answer, and each extract index; the context
+        cut once for all (longest first against the longest answer), so all share its tokens."""
+        n_context, n_answer = fit_lengths([len(context), max(len(a) for a in answers)], max_length - 3)
+        built = [self._sequence(specials, context[:n_context], answer[:n_answer]) for answer in answers]
+        return [ids for ids, _ in built], [k for _, k in built]
 
     @staticmethod
     def _sequence(specials, *parts: list[int]) -> tuple[list[int], int]:

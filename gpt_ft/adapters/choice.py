@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpt_ft.adapters.base import Encoded, TaskAdapter, field_text, fit_lengths
+from gpt_ft.adapters.base import Encoded, TaskAdapter, field_text
 from gpt_ft.adapters.outputs import CardError, ChoiceOutput, LabelSpec, TaskDataError, TaskOutput
 
 
@@ -72,24 +72,9 @@ class MultipleChoice(TaskAdapter):
 
     def encode(self, example, tokens, specials, max_length):
         context, *answers = tokens
-        sequences, extract = encode_choices(self, specials, context, answers, max_length)
+        sequences, extract = self._choice_sequences(specials, context, answers, max_length)
         label = self.example_label(example)
         if label is not None and label >= len(answers):
             value = example.get(self.label)
             raise TaskDataError(f"label {value!r} points past the row's {len(answers)} choices.")
         return Encoded(sequences, extract, label)
-
-
-def encode_choices(
-    adapter: TaskAdapter, specials, context: list[int], answers: list[list[int]], max_length: int
-) -> tuple[list[list[int]], list[int]]:
-    """[start] context [delim] answer [extract] per answer, and each extract index. The context is
-    cut once for all answers (longest first against the longest answer), so every sequence starts
-    with the same context tokens."""
-    n_context, n_answer = fit_lengths([len(context), max(len(a) for a in answers)], max_length - 3)
-    sequences, extract = [], []
-    for answer in answers:
-        ids, k = adapter._sequence(specials, context[:n_context], answer[:n_answer])
-        sequences.append(ids)
-        extract.append(k)
-    return sequences, extract

@@ -35,7 +35,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gpt_ft.adapters.base import Encoded, TaskAdapter, field_text
-from gpt_ft.adapters.choice import encode_choices
 from gpt_ft.adapters.heads import ChoiceHead
 from gpt_ft.adapters.outputs import FLOAT32_MAX, CardError, LabelSpec, TaskDataError, TaskOutput
 
@@ -318,7 +317,7 @@ class Preference(TaskAdapter):
 
     def encode(self, example, tokens, specials, max_length):
         prompt, *replies = tokens
-        sequences, extract = encode_choices(self, specials, prompt, replies, max_length)
+        sequences, extract = self._choice_sequences(specials, prompt, replies, max_length)
         return Encoded(sequences, extract, self.example_label(example))
 
 

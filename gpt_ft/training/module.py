@@ -112,7 +112,7 @@ class GPTModule(Evaluation, LightningModule):
         """
         super().__init__()
         if lm_coef is None:
-            lm_coef = task.default_lm_coef if task is not None else 0.5
+            lm_coef = task.output.default_lm_coef if task is not None else 0.5
         if lm_coef < 0:
             raise ValueError(f"lm_coef must be >= 0, got {lm_coef}.")
         if lr <= 0:

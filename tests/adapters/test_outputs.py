@@ -19,6 +19,7 @@ from gpt_ft.adapters import (
     MultiLabelHead,
     MultiLabelOutput,
     MultipleChoice,
+    PreferenceOutput,
     RegressionHead,
     RegressionOutput,
     Similarity,
@@ -49,6 +50,8 @@ def test_every_shipped_card_keeps_its_output_kind(card):
     task = load_card(TASKS / f"{card}.yaml")
     expected = {"glue/stsb": RegressionOutput, "go_emotions": MultiLabelOutput}
     expected |= dict.fromkeys(["race", "storycloze", "swag"], ChoiceOutput)
+    preference = ["preference/hh_rlhf", "preference/pairs", "preference/ultrafeedback_binarized"]
+    expected |= dict.fromkeys(preference, PreferenceOutput)
     assert type(task.output) is expected.get(card, ClassificationOutput)
 
 

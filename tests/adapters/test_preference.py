@@ -138,7 +138,7 @@ def test_pairwise_accuracy_and_margin_by_hand():
     values = task.metric_values(rewards, torch.zeros(4))
     assert values["accuracy"].item() == pytest.approx(2.5 / 4)  # two right, one tie (half), one wrong
     assert values["margin"].item() == pytest.approx((1 + 0 - 3 + 2) / 4)
-    assert task.main_metric == "accuracy" and task.default_lm_coef == 0.0
+    assert task.main_metric == "accuracy" and task.output.default_lm_coef == 0.0
 
 
 def test_predictions_and_outcomes_of_a_pair_and_of_one_reply():
@@ -173,7 +173,8 @@ def test_shipped_cards_read():
     pairs = load_card(TASKS / "preference" / "pairs.yaml")
     assert pairs.prompt == "prompt" and pairs.metrics == ["accuracy", "margin"]
     ultra = load_card(TASKS / "preference" / "ultrafeedback_binarized.yaml")
-    assert ultra.hub.splits == {"train": "train_prefs", "validation": "test_prefs"} and ultra.prompt is None
+    assert ultra.hub.splits == {"train": "train_prefs", "validation": "test_prefs", "test": "test_prefs"}
+    assert ultra.prompt is None
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))

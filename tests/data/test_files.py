@@ -8,6 +8,7 @@ TSV sentence, MRPC's BOM, headerless CoLA train/dev, unlabelled test files with 
 from __future__ import annotations
 
 import csv
+import gzip
 import io
 import json
 
@@ -37,6 +38,29 @@ def csvs(*rows) -> str:
 
 def jsonl(*rows) -> str:
     return "".join(json.dumps(row) + "\n" for row in rows)
+
+
+def parquet(*rows: dict) -> bytes:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    sink = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(list(rows)), sink)
+    return sink.getvalue()
+
+
+def dialogue(start: str, reply: str) -> str:
+    return f"{start}\n\nAssistant: {reply}"
+
+
+def messages(question: str, reply: str) -> list[dict]:
+    return [{"role": "user", "content": question}, {"role": "assistant", "content": reply}]
+
+
+HH_HELD_OUT = jsonl({"chosen": dialogue("Hi?", "Hello."), "rejected": dialogue("Hi?", "Go away.")})
+UF_HELD_OUT = parquet(
+    {"prompt": "Hi?", "chosen": messages("Hi?", "Hello."), "rejected": messages("Hi?", "No.")}
+)
 
 
 # Headers of the GLUE files (standard download script).
@@ -210,6 +234,30 @@ FIXTURES = {
         "validation": (tsv(["Thanks!", "15,27", "eczazk4"]), [emotions(15, 27)]),
         "test": (tsv(["ok then", "27", "ed4b0hs"], ["so what", "", "ee6pagw"]), [emotions(27), emotions()]),
     },
+    "preference/hh_rlhf": {  # gzipped JSON lines of whole dialogues; validation and test: one file
+        "train": (
+            jsonl(
+                {"chosen": dialogue(Q, "Yes."), "rejected": dialogue(Q, "No.")},
+                {"chosen": dialogue("Why?", "Because."), "rejected": dialogue("Why?", "?")},
+            ),
+            [0.0, 0.0],
+        ),  # fmt: skip
+        "validation": (HH_HELD_OUT, [0.0]),
+        "test": (HH_HELD_OUT, [0.0]),
+    },
+    "preference/ultrafeedback_binarized": {  # parquet, the replies as chat messages
+        "train": (
+            parquet({"prompt": Q, "chosen": messages(Q, "Yes."), "rejected": messages(Q, "No.")}),
+            [0.0],
+        ),
+        "validation": (UF_HELD_OUT, [0.0]),
+        "test": (UF_HELD_OUT, [0.0]),
+    },
+    "preference/pairs": {
+        "train": (jsonl({"prompt": Q, "chosen": "Yes.", "rejected": "No."}), [0.0]),
+        "validation": (jsonl({"prompt": "Hi?", "chosen": "Hello.", "rejected": "No."}), [0.0]),
+        "test": (jsonl({"prompt": "Hi?", "chosen": "Hello.", "rejected": "Bye."}), [0.0]),
+    },
     "swag": {  # test has no label column
         "train": (csvs([*SWAG, "label"], swag_row(0, 2), swag_row(1, 0)), [2, 0]),
         "validation": (csvs([*SWAG, "label"], swag_row(0, 3)), [3]),
@@ -240,7 +288,8 @@ def test_card_reads_native_files(card, tokenizer_dir, tmp_path):
     for split, (text, *_) in fixture.items():
         path = tmp_path / SLICE.match(task.local.splits[split])["file"]
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+        data = text if isinstance(text, bytes) else text.encode("utf-8")
+        path.write_bytes(gzip.compress(data) if path.suffix == ".gz" else data)
 
     specials = dm.special_ids
     for split, (_, labels, *extra) in fixture.items():
@@ -264,7 +313,9 @@ def test_card_reads_native_files(card, tokenizer_dir, tmp_path):
     shown = dm.explain("train", 0)
     ids = shown["sequences"][0]["ids"]
     end = ids.index(specials.delim) if specials.delim in ids else shown["sequences"][0]["extract_index"]
-    assert dm.tokenizer.decode(ids[1:end]).startswith(Q)
+    assert (
+        dm.tokenizer.decode(ids[1:end]).removeprefix("\n\nUser: ").startswith(Q)
+    )  # messages: the role first
     if task.class_names:
         assert shown["label"] == task.labels[fixture["train"][1][0]]
 

@@ -1,0 +1,226 @@
+"""Reading a task file's text (gzipped or not) and, when it does not load, where it is at fault:
+the line (as an editor counts them, header = line 1) on which each record starts, and the first
+line that does not parse, in one sentence to follow the file's path."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import re
+import zlib
+from pathlib import Path
+
+from gpt_ft.adapters import TaskDataError
+
+_FORMATS = {".tsv": "tsv", ".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+
+
+def file_format(path: Path) -> str | None:
+    """The format a file's extension names (`.jsonl.gz`: json), or None."""
+    suffixes = [s.lower() for s in path.suffixes]
+    if suffixes[-1:] == [".gz"]:
+        suffixes.pop()
+    return _FORMATS.get(suffixes[-1]) if suffixes else None
+
+
+def file_bytes(path: Path) -> bytes:
+    """A file's bytes, gunzipped when its name ends in .gz (a file that does not gunzip: one
+    `TaskDataError` sentence)."""
+    data = path.read_bytes()
+    if path.suffix.lower() != ".gz":
+        return data
+    try:
+        return gzip.decompress(data)
+    except (OSError, EOFError, zlib.error) as exc:  # BadGzipFile is an OSError
+        raise TaskDataError(f"{path}: cannot be gunzipped ({exc}); its name ends in .gz.") from None
+
+
+def open_text(path: Path, **kwargs):
+    """A file opened as text (utf-8, a byte-order mark dropped), gunzipped when it ends in .gz."""
+    if path.suffix.lower() == ".gz":
+        return io.TextIOWrapper(gzip.open(path), encoding="utf-8-sig", **kwargs)
+    return path.open(encoding="utf-8-sig", **kwargs)
+
+
+def _text(path: Path) -> str:
+    return file_bytes(path).decode("utf-8-sig")
+
+
+def _reader(f, fmt: str, *, strict: bool = False):
+    """Python's csv reader, reading as the file was loaded (tsv: no quoting)."""
+    if fmt == "tsv":
+        return csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE, strict=strict)
+    return csv.reader(f, delimiter=",", quoting=csv.QUOTE_MINIMAL, strict=strict)
+
+
+def _blank(record: list[str]) -> bool:
+    """A line the loader skips: nothing on it but spaces (pandas' skip_blank_lines)."""
+    return not record or (len(record) == 1 and not record[0].strip(" \t"))
+
+
+def record_lines(path: Path, fmt: str, *, header: bool = True) -> list[int] | None:
+    """The line, as an editor counts them (from 1, the header included), on which each record of a
+    csv, tsv or JSON-lines file starts; None for files whose records are not lines (parquet, a
+    JSON document)."""
+    if fmt in ("tsv", "csv"):
+        starts, line = [], 1
+        with open_text(path, newline="") as f:
+            reader = _reader(f, fmt)
+            for record in reader:
+                if not _blank(record):
+                    starts.append(line)
+                line = reader.line_num + 1
+        return starts[1:] if header else starts
+    if fmt == "json":
+        text = _text(path)
+        lines = text.split("\n")
+        filled = [n for n, line in enumerate(lines, 1) if line.strip()]
+        if filled and _json_object(lines[filled[0] - 1]):
+            return filled  # JSON lines
+        return _array_lines(text)
+    return None
+
+
+def _array_lines(text: str) -> list[int] | None:
+    """The line on which each record of a JSON array starts; None for any other document."""
+    space, decoder = re.compile(r"[ \t\r\n]*"), json.JSONDecoder()
+    at = space.match(text).end()
+    if not text.startswith("[", at):
+        return None
+    at, seen, line, starts = space.match(text, at + 1).end(), 0, 1, []
+    try:
+        while at < len(text) and text[at] != "]":
+            line, seen = line + text.count("\n", seen, at), at
+            starts.append(line)
+            at = space.match(text, decoder.raw_decode(text, at)[1]).end()
+            if text.startswith(",", at):
+                at = space.match(text, at + 1).end()
+    except ValueError:
+        return None
+    return starts
+
+
+def _json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
+
+
+def parse_problem(path: Path, fmt: str, columns: list[str] | None, exc: BaseException) -> str:
+    """Why a file could not be loaded, as `: ...` or `, line N: ...` to follow its path: the line at
+    fault found again with Python's own readers, else the loader's innermost reason."""
+    data = file_bytes(path) if fmt in ("tsv", "csv", "json") else b""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as bad:
+        line = data[: bad.start].count(b"\n") + 1
+        return f", line {line}: not UTF-8 text (byte {data[bad.start]:#04x}: {bad.reason}); save it as UTF-8"
+    if fmt in ("tsv", "csv") and columns is not None:
+        found = _csv_problem(path, fmt, len(columns))
+    elif fmt == "json":
+        found = _json_problem(path, _innermost(exc))
+    else:
+        found = None
+    return found or f": cannot be read as {fmt} ({_innermost(exc)})"
+
+
+def _innermost(exc: BaseException) -> str:
+    """The first line of the deepest cause that says something (pandas' or pyarrow's reason)."""
+    reasons = []
+    while exc is not None:
+        text = str(exc).strip()
+        if text and "An error occurred while generating the dataset" not in text:
+            reasons.append(text.splitlines()[0].rstrip("."))
+        exc = exc.__cause__ or exc.__context__
+    return reasons[0] if reasons else "unreadable"
+
+
+def _csv_problem(path: Path, fmt: str, width: int) -> str | None:
+    """The first line with more fields than the header (or the card's column names), or the line
+    where a quoted field opens and never closes."""
+    with open_text(path, newline="") as f:
+        reader, line = _reader(f, fmt), 1
+        for record in reader:
+            if len(record) > width:
+                sep = "tabs" if fmt == "tsv" else "commas"
+                return (
+                    f", line {line}: {len(record)} fields where there are {width} columns "
+                    f"(a text with {sep} in it{' needs quotes' if fmt == 'csv' else ''}?)"
+                )
+            line = reader.line_num + 1
+    with open_text(path, newline="") as f:
+        reader, line = _reader(f, fmt, strict=True), 1
+        try:
+            for _ in reader:
+                line = reader.line_num + 1
+        except csv.Error as error:
+            if "unexpected end of data" in str(error):
+                return f", line {line}: a quoted field opens here and never closes"
+            return f", line {line}: {error}"
+    return None
+
+
+def _json_kind(value) -> str:
+    """What a JSON value is, as JSON names it: 'null', 'an array', 'a string', ..."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    kinds = {list: "an array", str: "a string", int: "a number", float: "a number"}
+    return kinds.get(type(value), type(value).__name__)
+
+
+def json_lines_problem(path: Path) -> str | None:
+    """The first line of a JSON-lines file that is not one JSON object, as `, line N: ...`; None
+    for a good file or one JSON document. Found before loading: the loader is never handed such a
+    line (a `null` line beside records with lists of objects crashes the process)."""
+    try:
+        text = _text(path)
+    except UnicodeDecodeError:
+        return None  # the loader's failure names the line
+    try:
+        json.loads(text)
+        return None  # one document (or one line)
+    except json.JSONDecodeError:
+        pass
+    if text.lstrip(" \t\r\n").startswith("["):
+        return None  # a JSON array that does not parse: named after the loader fails
+    for n, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as bad:
+            return f", line {n}, column {bad.colno}: not valid JSON ({bad.msg})"
+        if not isinstance(record, dict):
+            return f", line {n}: a JSON object ({{...}}) is expected on each line, not {_json_kind(record)}"
+    return None
+
+
+def _json_problem(path: Path, reason: str) -> str | None:
+    """The line (and column) where a JSON or JSON-lines file stops being valid JSON, or the line of
+    the record the loader refused."""
+    text = _text(path)
+    starts = record_lines(path, "json")
+    if starts is None:  # one document
+        try:
+            json.loads(text)
+        except json.JSONDecodeError as bad:
+            return f", line {bad.lineno}, column {bad.colno}: not valid JSON ({bad.msg})"
+        return None
+    lines = text.split("\n")
+    for n in starts:
+        try:
+            record = json.loads(lines[n - 1])
+        except json.JSONDecodeError as bad:
+            return f", line {n}, column {bad.colno}: not valid JSON ({bad.msg})"
+        if not isinstance(record, dict):
+            return f", line {n}: a JSON object ({{...}}) is expected on each line, not {_json_kind(record)}"
+    row = re.search(r"^(.*?)\.? in row (\d+)$", reason)
+    if row and int(row[2]) < len(starts):  # pyarrow counts the records from 0
+        why = row[1].removeprefix("JSON parse error: ")
+        return f", line {starts[int(row[2])]}: cannot be read as json ({why})"
+    return None
