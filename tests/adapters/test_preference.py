@@ -282,12 +282,14 @@ def test_suite_and_learning_curves_take_a_preference_card(tmp_path, tokenizer_di
     suite = write_suite(tmp_path, f"name: rm\nseeds: [0]\ntasks: [{TASKS / 'preference' / 'hh_rlhf.yaml'}]\n")
     out = tmp_path / "out"
     main(["suite", str(suite), f"--out_dir={out}", f"--tokenizer={tokenizer_dir}", f"--data_dir={data}",
-          "--train_sizes", "8", "all", "--", "--data.batch_size=4", "--data.max_length=48",
+          "--train_sizes", "8", "--", "--data.batch_size=4", "--data.max_length=48",
           "--model.preset=gpt-micro", f"--model.overrides={MICRO}", "--trainer.max_epochs=1",
           "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"])  # fmt: skip
     task = json.loads((out / "results.json").read_text())["tasks"]["hh_rlhf"]
     assert task["main_metric"] == "validation/accuracy"
-    assert {"validation/accuracy", "validation/margin"} <= set(task["metrics"])
-    curve = next(iter(task["curves"].values()))
-    assert [p["examples"] for p in curve.values()] == [8, 24]
-    assert "| hh_rlhf | validation/accuracy |" in (out / "results.md").read_text()
+    (point,) = next(iter(task["curves"].values())).values()
+    assert point["examples"] == 8  # of 24 pairs
+    (run,) = (out / "runs").rglob("result.json")
+    metrics = json.loads(run.read_text())["metrics"]
+    assert point["mean"] == pytest.approx(100 * metrics["validation/accuracy"])  # pairwise accuracy, percent
+    assert {"validation/accuracy", "validation/margin"} <= set(metrics)
