@@ -277,12 +277,12 @@ class Preference(TaskAdapter):
         try:
             return super().encode_examples(examples, tokenizer, specials, max_length, where=where)
         finally:
-            self._chat = None
+            del self._chat  # the card's fields alone stay in vars(self) (the encodings' fingerprint)
 
     def texts(self, example: dict[str, Any]) -> list[str]:
         """[prompt, chosen, rejected], or [prompt, reply] for one reply."""
         sides = [self.chosen, self.rejected] if self._pair(example) else [self.reply]
-        messages = [chat_messages(example[f], f) if f in example else None for f in sides]
+        messages = [chat_messages(example[f], f) for f in sides]  # a missing field: its name
         if any(m is not None for m in messages):
             return self._message_texts(messages, sides)
         prompt = field_text(example[self.prompt]) if self.prompt else ""  # missing: no prompt
