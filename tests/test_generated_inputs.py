@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, seed, settings
 
 from tests.generated import CHECKS, quiet
 
-EXAMPLES = {"task files": 45, "one bad row": 30, "preference files": 20, "cards": 50, "configs": 6}
+EXAMPLES = {"task files": 40, "one bad row": 25, "preference files": 15, "cards": 45, "configs": 6}
 
 
 @pytest.fixture(scope="module", autouse=True)
