@@ -15,7 +15,8 @@ held out. One random initialisation of a Llama-shaped (or GPT-1-shaped) model at
 
 Both take the same batch of pairs, learning rate, linear schedule with --warmup of the steps,
 weight decay 0.01, gradient clipping at 1.0, epochs and seed; dropout as the model has it (TRL's
-`disable_dropout` off). Neither saves a checkpoint. The wall time is each process's, start to exit;
+`disable_dropout` off) and no activation checkpointing (TRL's default turns it on, a third more
+compute for less memory). Neither saves a checkpoint. The wall time is each process's, start to exit;
 the held-out metric is pairwise accuracy (a tie counts half). A row's ratio divides its time by ours.
 
     python benchmarks/bench_reward.py --pairs HH_RLHF/helpful-base/test.jsonl.gz --tokenizer GPT2_BPE_DIR
@@ -131,6 +132,7 @@ def run_trl(argv: list[str]) -> None:
         seed=0,
         max_length=None,  # the pairs are cut as gpt_ft cuts them: none is dropped
         disable_dropout=False,
+        gradient_checkpointing=False,  # TRL's default is on; gpt_ft recomputes nothing either
         save_strategy="no",
         eval_strategy="no",
         report_to=[],
