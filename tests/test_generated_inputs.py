@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, seed, settings
 
 from tests.generated import CHECKS, quiet
 
-EXAMPLES = {"task files": 40, "one bad row": 25, "preference files": 15, "cards": 45, "configs": 6}
+EXAMPLES = {"task files": 25, "one bad row": 15, "preference files": 10, "cards": 30, "configs": 6}
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -14,7 +14,8 @@ from gpt_ft.adapters.preference import split_dialogue, split_reply
 from gpt_ft.data.batches import collate, collate_shared
 from gpt_ft.data.tokenizer import SpecialTokenIds
 from gpt_ft.errors import CardError
-from tests.helpers import TASKS
+from tests.background import gpt_ft
+from tests.helpers import MICRO, TASKS
 from tests.training.test_packing import FAMILIES, assert_same, module_for, run
 
 MARKER = "\n\nAssistant:"
@@ -210,29 +211,47 @@ def write_dialogues(folder, n: int, seed: int) -> None:
             f.write(json.dumps(pair) + "\n")
 
 
-def test_gpt_ft_fit_learns_a_synthetic_preference(tmp_path, tokenizer_dir):
-    """HH-RLHF's card on gzipped dialogues: a micro model reaches pairwise accuracy >= 0.9."""
+def start_preference_fit(root, tokenizer_dir):
+    """HH-RLHF's card on gzipped dialogues, a micro model, 6 epochs: in a process of its own."""
+    write_dialogues(root, 96, seed=0)
+    write_dialogues(root, 40, seed=1)
+    return [
+        gpt_ft(
+            "fit",
+            f"--data.task={TASKS / 'preference' / 'hh_rlhf.yaml'}",
+            f"--data.tokenizer={tokenizer_dir}",
+            f"--data.data_dir={root}",
+            "--data.batch_size=8",
+            "--data.max_length=48",
+            "--model.preset=gpt-micro",
+            f"--model.overrides={MICRO}",
+            "--model.lr=3e-3",
+            "--model.warmup_fraction=0.1",
+            "--trainer.max_epochs=6",
+            "--seed_everything=0",
+            f"--trainer.default_root_dir={root}",
+            "--trainer.enable_progress_bar=false",
+            "--trainer.enable_model_summary=false",
+        )  # fmt: skip
+    ]
+
+
+@pytest.mark.background(start=start_preference_fit)
+def test_gpt_ft_fit_learns_a_synthetic_preference(background):
+    """A micro model reaches pairwise accuracy >= 0.9 on pairs whose chosen reply says "happy"."""
     import csv
 
-    from gpt_ft.cli import main
-    from tests.helpers import MICRO
-
-    write_dialogues(tmp_path, 96, seed=0)
-    write_dialogues(tmp_path, 40, seed=1)
-    main(["fit", f"--data.task={TASKS / 'preference' / 'hh_rlhf.yaml'}", f"--data.tokenizer={tokenizer_dir}",
-          f"--data.data_dir={tmp_path}", "--data.batch_size=8", "--data.max_length=48",
-          "--model.preset=gpt-micro", f"--model.overrides={MICRO}", "--model.lr=3e-3",
-          "--model.warmup_fraction=0.1", "--trainer.max_epochs=6", "--seed_everything=0",
-          f"--trainer.default_root_dir={tmp_path}", "--trainer.enable_progress_bar=false",
-          "--trainer.enable_model_summary=false"])  # fmt: skip
-    (metrics,) = tmp_path.rglob("metrics.csv")
+    (run,) = background.runs
+    assert run.returncode == 0, run.stderr[-3000:]
+    (metrics,) = background.root.rglob("metrics.csv")
     with open(metrics) as f:
-        rows = [r for r in csv.DictReader(f) if r.get("validation/accuracy")]
-    accuracy = [float(r["validation/accuracy"]) for r in rows]
+        rows = list(csv.DictReader(f))
+    validation = [r for r in rows if r.get("validation/accuracy")]
+    accuracy = [float(r["validation/accuracy"]) for r in validation]
     assert len(accuracy) == 6 and accuracy[0] < 0.9 <= accuracy[-1], accuracy
-    assert float(rows[-1]["validation/margin"]) > 0
-    assert not any(r.get("train/lm_loss") for r in csv.DictReader(open(metrics)))  # λ = 0 by default
-    check_rewards_from_the_checkpoint(tmp_path, float(rows[-1]["validation/accuracy"]))
+    assert float(validation[-1]["validation/margin"]) > 0
+    assert not any(r.get("train/lm_loss") for r in rows)  # λ = 0 by default
+    check_rewards_from_the_checkpoint(background.root, accuracy[-1])
 
 
 def check_rewards_from_the_checkpoint(root, accuracy: float) -> None:
@@ -267,29 +286,48 @@ def check_rewards_from_the_checkpoint(root, accuracy: float) -> None:
     assert rewards(written) == pytest.approx(rewards(outcomes[:3]), abs=1e-5)
 
 
-def test_suite_and_learning_curves_take_a_preference_card(tmp_path, tokenizer_dir):
+def start_preference_suite(root, tokenizer_dir):
+    data = root / "hh"
+    data.mkdir()
+    write_dialogues(data, 24, seed=0)
+    write_dialogues(data, 8, seed=1)
+    suite = root / "suite.yaml"
+    suite.write_text(f"name: rm\nseeds: [0]\ntasks: [{TASKS / 'preference' / 'hh_rlhf.yaml'}]\n")
+    return [
+        gpt_ft(
+            "suite",
+            str(suite),
+            f"--out_dir={root / 'out'}",
+            f"--tokenizer={tokenizer_dir}",
+            f"--data_dir={data}",
+            "--train_sizes",
+            "8",
+            "--",
+            "--data.batch_size=4",
+            "--data.max_length=48",
+            "--model.preset=gpt-micro",
+            f"--model.overrides={MICRO}",
+            "--trainer.max_epochs=1",
+            "--trainer.enable_progress_bar=false",
+            "--trainer.enable_model_summary=false",
+        )  # fmt: skip
+    ]
+
+
+@pytest.mark.background(start=start_preference_suite)
+def test_suite_and_learning_curves_take_a_preference_card(background):
     """`gpt-ft suite` on HH-RLHF's card: pairwise accuracy is the main metric, and a training-size
     curve draws its subsets from pairs (which have no label column)."""
     import json
 
-    from gpt_ft.cli import main
-    from tests.helpers import MICRO, write_suite
-
-    data = tmp_path / "hh"
-    data.mkdir()
-    write_dialogues(data, 24, seed=0)
-    write_dialogues(data, 8, seed=1)
-    suite = write_suite(tmp_path, f"name: rm\nseeds: [0]\ntasks: [{TASKS / 'preference' / 'hh_rlhf.yaml'}]\n")
-    out = tmp_path / "out"
-    main(["suite", str(suite), f"--out_dir={out}", f"--tokenizer={tokenizer_dir}", f"--data_dir={data}",
-          "--train_sizes", "8", "--", "--data.batch_size=4", "--data.max_length=48",
-          "--model.preset=gpt-micro", f"--model.overrides={MICRO}", "--trainer.max_epochs=1",
-          "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"])  # fmt: skip
+    (run,) = background.runs
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = background.root / "out"
     task = json.loads((out / "results.json").read_text())["tasks"]["hh_rlhf"]
     assert task["main_metric"] == "validation/accuracy"
     (point,) = next(iter(task["curves"].values())).values()
     assert point["examples"] == 8  # of 24 pairs
-    (run,) = (out / "runs").rglob("result.json")
-    metrics = json.loads(run.read_text())["metrics"]
+    (result,) = (out / "runs").rglob("result.json")
+    metrics = json.loads(result.read_text())["metrics"]
     assert point["mean"] == pytest.approx(100 * metrics["validation/accuracy"])  # pairwise accuracy, percent
     assert {"validation/accuracy", "validation/margin"} <= set(metrics)
