@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, seed, settings
 
 from tests.generated import CHECKS, quiet
 
-EXAMPLES = {"task files": 25, "one bad row": 15, "preference files": 10, "cards": 30, "configs": 6}
+EXAMPLES = {"task files": 20, "one bad row": 12, "preference files": 10, "cards": 25, "configs": 6}
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -2,6 +2,7 @@
 (suite: tests/eval/test_suite.py)."""
 
 import json
+import sys
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ import torch
 from gpt_ft.cli import main
 from gpt_ft.cli.commands import _repeatable, jsonargparse_syntax
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
+from tests.background import Command
 from tests.helpers import PAIR_CARD, ROOT, SENTENCES, write_corpus
 
 PRETRAIN_MICRO = (
@@ -234,21 +236,25 @@ def test_repeatable_options_become_json_lists():
     ]
 
 
-def test_a_command_that_loads_transformers_models_prints_nothing_of_torchao(tmp_path):
+TORCHAO_SCRIPT = (
+    "from gpt_ft.cli import main\n"
+    "try:\n    main(['explain', '--card', 'none.yaml'])\nexcept SystemExit:\n    pass\n"
+    "import torchao.prototype.mx_formats.config\n"  # what transformers imports of it
+)
+
+
+def start_torchao_import(root):
+    from importlib.util import find_spec
+
+    return [Command([sys.executable, "-c", TORCHAO_SCRIPT], cwd=root)] if find_spec("torchao") else []
+
+
+@pytest.mark.background(start=start_torchao_import)
+def test_a_command_that_loads_transformers_models_prints_nothing_of_torchao(background):
     """transformers imports torchao (the quantize extra) where it is installed; under a CPU-only
     torch its import logs kernels it cannot load and deprecated registrations: no command shows them."""
-    import subprocess
-    import sys
-
     pytest.importorskip("torchao")
-    script = (
-        "from gpt_ft.cli import main\n"
-        "try:\n    main(['explain', '--card', 'none.yaml'])\nexcept SystemExit:\n    pass\n"
-        "import torchao.prototype.mx_formats.config\n"  # what transformers imports of it
-    )
-    run = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=120
-    )
+    (run,) = background.runs
     assert "none.yaml" in run.stderr  # the command ran (and failed, in one sentence)
     assert "torchao" not in run.stderr and "register_constant" not in run.stderr, run.stderr
 
