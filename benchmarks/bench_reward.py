@@ -99,14 +99,7 @@ def trl(args, base: Path, files: dict[str, Path], out: Path) -> list[str]:
 
 def run_trl(argv: list[str]) -> None:
     """TRL's side, in its own process: trains, scores the held-out pairs, prints the accuracy."""
-    parser = argparse.ArgumentParser()
-    for name in ("--base", "--train", "--dev", "--out", "--device"):
-        parser.add_argument(name, required=True)
-    parser.add_argument("--batch-size", type=int, required=True)
-    parser.add_argument("--lr", type=float, required=True)
-    parser.add_argument("--warmup", type=float, required=True)
-    parser.add_argument("--epochs", type=int, required=True)
-    args = parser.parse_args(argv)
+    args = bench_vs_trainer.runner_parser().parse_args(argv)
 
     import torch
     from datasets import load_dataset
@@ -118,28 +111,11 @@ def run_trl(argv: list[str]) -> None:
     model = AutoModelForSequenceClassification.from_pretrained(
         args.base, num_labels=1, pad_token_id=tokenizer.pad_token_id
     )
-    cuda = args.device == "cuda"
-    steps = -(-len(data["train"]) // args.batch_size) * args.epochs
     config = RewardConfig(
-        output_dir=args.out,
-        per_device_train_batch_size=args.batch_size,
-        learning_rate=args.lr,
-        lr_scheduler_type="linear",
-        warmup_steps=round(args.warmup * steps),  # as gpt_ft rounds its warmup_fraction
-        weight_decay=0.01,
-        max_grad_norm=1.0,
-        num_train_epochs=args.epochs,
-        seed=0,
+        **bench_vs_trainer.schedule(args, len(data["train"])),
         max_length=None,  # the pairs are cut as gpt_ft cuts them: none is dropped
         disable_dropout=False,
         gradient_checkpointing=False,  # TRL's default is on; gpt_ft recomputes nothing either
-        save_strategy="no",
-        eval_strategy="no",
-        report_to=[],
-        disable_tqdm=True,
-        logging_steps=50,
-        use_cpu=not cuda,
-        bf16=cuda,
     )
     run = RewardTrainer(model=model, args=config, train_dataset=data["train"], processing_class=tokenizer)
     run.train()

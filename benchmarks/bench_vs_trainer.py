@@ -127,8 +127,9 @@ def trainer(args, base: Path, files: dict[str, Path], out: Path, grouped: bool) 
     ]  # fmt: skip
 
 
-def run_trainer(argv: list[str]) -> None:
-    """The Trainer's side, in its own process: trains, predicts the dev split, prints its accuracy."""
+def runner_parser() -> argparse.ArgumentParser:
+    """The arguments of a peer's side run in its own process (the Trainer's here, TRL's in
+    bench_reward.py): its folders and files, device, batch, learning rate, warmup and epochs."""
     parser = argparse.ArgumentParser()
     for name in ("--base", "--train", "--dev", "--out", "--device"):
         parser.add_argument(name, required=True)
@@ -136,6 +137,12 @@ def run_trainer(argv: list[str]) -> None:
     parser.add_argument("--lr", type=float, required=True)
     parser.add_argument("--warmup", type=float, required=True)
     parser.add_argument("--epochs", type=int, required=True)
+    return parser
+
+
+def run_trainer(argv: list[str]) -> None:
+    """The Trainer's side, in its own process: trains, predicts the dev split, prints its accuracy."""
+    parser = runner_parser()
     parser.add_argument("--group-by-length", action="store_true")
     args = parser.parse_args(argv)
 
@@ -148,12 +155,26 @@ def run_trainer(argv: list[str]) -> None:
     model = AutoModelForSequenceClassification.from_pretrained(
         args.base, num_labels=labels, pad_token_id=tokenizer.pad_token_id
     )
-    cuda = args.device == "cuda"
-    steps = -(-len(data["train"]) // args.batch_size) * args.epochs
     training = TrainingArguments(
+        **schedule(args, len(data["train"])),
+        per_device_eval_batch_size=args.batch_size,
+        **grouping(args.group_by_length),
+    )
+    run = Trainer(model=model, args=training, train_dataset=data["train"], processing_class=tokenizer)
+    run.train()
+    predicted = run.predict(data["dev"])
+    accuracy = float((predicted.predictions.argmax(-1) == predicted.label_ids).mean())
+    print(json.dumps({"accuracy": accuracy}))
+
+
+def schedule(args, examples: int) -> dict:
+    """`TrainingArguments` (or a subclass's) of gpt_ft's schedule: batch, linear decay after the same
+    warmup steps, weight decay, clipping, epochs and seed; no checkpoints, evaluation or reports."""
+    cuda = args.device == "cuda"
+    steps = -(-examples // args.batch_size) * args.epochs
+    return dict(
         output_dir=args.out,
         per_device_train_batch_size=args.batch_size,
-        per_device_eval_batch_size=args.batch_size,
         learning_rate=args.lr,
         lr_scheduler_type="linear",
         warmup_steps=round(args.warmup * steps),  # as gpt_ft rounds its warmup_fraction
@@ -161,7 +182,6 @@ def run_trainer(argv: list[str]) -> None:
         max_grad_norm=1.0,
         num_train_epochs=args.epochs,
         seed=0,
-        **grouping(args.group_by_length),
         save_strategy="no",
         eval_strategy="no",
         report_to=[],
@@ -170,11 +190,6 @@ def run_trainer(argv: list[str]) -> None:
         use_cpu=not cuda,
         bf16=cuda,
     )
-    run = Trainer(model=model, args=training, train_dataset=data["train"], processing_class=tokenizer)
-    run.train()
-    predicted = run.predict(data["dev"])
-    accuracy = float((predicted.predictions.argmax(-1) == predicted.label_ids).mean())
-    print(json.dumps({"accuracy": accuracy}))
 
 
 def grouping(grouped: bool) -> dict:
