@@ -36,6 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 import bench_vs_trainer  # noqa: E402  (the model folders and the timing of whole processes)
+import peers  # noqa: E402  (TRL's side: its arguments and schedule)
 
 ROOT = Path(__file__).resolve().parents[1]
 CARD = ROOT / "tasks" / "preference" / "hh_rlhf.yaml"
@@ -99,7 +100,7 @@ def trl(args, base: Path, files: dict[str, Path], out: Path) -> list[str]:
 
 def run_trl(argv: list[str]) -> None:
     """TRL's side, in its own process: trains, scores the held-out pairs, prints the accuracy."""
-    args = bench_vs_trainer.runner_parser().parse_args(argv)
+    args = peers.peer_parser().parse_args(argv)
 
     import torch
     from datasets import load_dataset
@@ -112,7 +113,7 @@ def run_trl(argv: list[str]) -> None:
         args.base, num_labels=1, pad_token_id=tokenizer.pad_token_id
     )
     config = RewardConfig(
-        **bench_vs_trainer.schedule(args, len(data["train"])),
+        **peers.peer_schedule(args, len(data["train"])),
         max_length=None,  # the pairs are cut as gpt_ft cuts them: none is dropped
         disable_dropout=False,
         gradient_checkpointing=False,  # TRL's default is on; gpt_ft recomputes nothing either

@@ -36,6 +36,10 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).parent))
+import harness  # noqa: E402  (the benchmarks' shared pieces)
+import peers  # noqa: E402  (the Trainer's side: its arguments and schedule)
+
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = {"SST-2": "tasks/glue/sst2.yaml", "RTE": "tasks/glue/rte.yaml"}
 SHAPES = {  # preset and the changes that give it --layers x --width with 64-wide heads
@@ -127,22 +131,9 @@ def trainer(args, base: Path, files: dict[str, Path], out: Path, grouped: bool) 
     ]  # fmt: skip
 
 
-def runner_parser() -> argparse.ArgumentParser:
-    """The arguments of a peer's side run in its own process (the Trainer's here, TRL's in
-    bench_reward.py): its folders and files, device, batch, learning rate, warmup and epochs."""
-    parser = argparse.ArgumentParser()
-    for name in ("--base", "--train", "--dev", "--out", "--device"):
-        parser.add_argument(name, required=True)
-    parser.add_argument("--batch-size", type=int, required=True)
-    parser.add_argument("--lr", type=float, required=True)
-    parser.add_argument("--warmup", type=float, required=True)
-    parser.add_argument("--epochs", type=int, required=True)
-    return parser
-
-
 def run_trainer(argv: list[str]) -> None:
     """The Trainer's side, in its own process: trains, predicts the dev split, prints its accuracy."""
-    parser = runner_parser()
+    parser = peers.peer_parser()
     parser.add_argument("--group-by-length", action="store_true")
     args = parser.parse_args(argv)
 
@@ -156,7 +147,7 @@ def run_trainer(argv: list[str]) -> None:
         args.base, num_labels=labels, pad_token_id=tokenizer.pad_token_id
     )
     training = TrainingArguments(
-        **schedule(args, len(data["train"])),
+        **peers.peer_schedule(args, len(data["train"])),
         per_device_eval_batch_size=args.batch_size,
         **grouping(args.group_by_length),
     )
@@ -165,31 +156,6 @@ def run_trainer(argv: list[str]) -> None:
     predicted = run.predict(data["dev"])
     accuracy = float((predicted.predictions.argmax(-1) == predicted.label_ids).mean())
     print(json.dumps({"accuracy": accuracy}))
-
-
-def schedule(args, examples: int) -> dict:
-    """`TrainingArguments` (or a subclass's) of gpt_ft's schedule: batch, linear decay after the same
-    warmup steps, weight decay, clipping, epochs and seed; no checkpoints, evaluation or reports."""
-    cuda = args.device == "cuda"
-    steps = -(-examples // args.batch_size) * args.epochs
-    return dict(
-        output_dir=args.out,
-        per_device_train_batch_size=args.batch_size,
-        learning_rate=args.lr,
-        lr_scheduler_type="linear",
-        warmup_steps=round(args.warmup * steps),  # as gpt_ft rounds its warmup_fraction
-        weight_decay=0.01,
-        max_grad_norm=1.0,
-        num_train_epochs=args.epochs,
-        seed=0,
-        save_strategy="no",
-        eval_strategy="no",
-        report_to=[],
-        disable_tqdm=True,
-        logging_steps=50,
-        use_cpu=not cuda,
-        bf16=cuda,
-    )
 
 
 def grouping(grouped: bool) -> dict:
@@ -215,9 +181,6 @@ def timed(cmd: list[str], log: Path) -> float:
 
 
 def ours_accuracy(out: Path) -> float:
-    sys.path.insert(0, str(Path(__file__).parent))
-    import harness
-
     return harness.last_value(harness.metrics_rows(out), "validation/accuracy")
 
 

@@ -1,0 +1,44 @@
+"""A peer's side of a benchmark, run in a process of its own: transformers' Trainer
+(bench_vs_trainer.py) or TRL's RewardTrainer (bench_reward.py), on gpt_ft's schedule."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def peer_parser() -> argparse.ArgumentParser:
+    """The arguments of a peer's side, run in a process of its own: its folders and files, device,
+    batch, learning rate, warmup and epochs."""
+    parser = argparse.ArgumentParser()
+    for name in ("--base", "--train", "--dev", "--out", "--device"):
+        parser.add_argument(name, required=True)
+    parser.add_argument("--batch-size", type=int, required=True)
+    parser.add_argument("--lr", type=float, required=True)
+    parser.add_argument("--warmup", type=float, required=True)
+    parser.add_argument("--epochs", type=int, required=True)
+    return parser
+
+
+def peer_schedule(args, examples: int) -> dict:
+    """`TrainingArguments` (or a subclass's) of gpt_ft's schedule: batch, linear decay after the same
+    warmup steps, weight decay, clipping, epochs and seed; no checkpoints, evaluation or reports."""
+    cuda = args.device == "cuda"
+    steps = -(-examples // args.batch_size) * args.epochs
+    return dict(
+        output_dir=args.out,
+        per_device_train_batch_size=args.batch_size,
+        learning_rate=args.lr,
+        lr_scheduler_type="linear",
+        warmup_steps=round(args.warmup * steps),  # as gpt_ft rounds its warmup_fraction
+        weight_decay=0.01,
+        max_grad_norm=1.0,
+        num_train_epochs=args.epochs,
+        seed=0,
+        save_strategy="no",
+        eval_strategy="no",
+        report_to=[],
+        disable_tqdm=True,
+        logging_steps=50,
+        use_cpu=not cuda,
+        bf16=cuda,
+    )
