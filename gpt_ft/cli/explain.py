@@ -29,7 +29,8 @@ def _tokenizer_of_the_weights(cfg: Namespace) -> None:
     from gpt_ft.cli.lightning import refuse_nulls
 
     refuse_nulls(cfg)
-    init_from = (cfg.model or {}).get("init_from")
+    model = cfg.model or {}
+    init_from = model.get("init_from") or (model.get("init_args") or {}).get("init_from")
     cfg.data.init_args.tokenizer = resolve_tokenizer(cfg.data.init_args.tokenizer, init_from, option=None)
 
 
@@ -39,7 +40,7 @@ def explain(
     split: str = "train",
     index: int = 0,
     json: bool = False,
-    model: Any = None,
+    model: dict[str, Any] | None = None,
     trainer: Any = None,
     optimizer: Any = None,
     lr_scheduler: Any = None,

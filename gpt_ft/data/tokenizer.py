@@ -12,6 +12,7 @@ Three kinds of source are understood:
 * a directory holding only ``vocab.json`` + ``merges.txt`` as OpenAI published them, either the
   GPT-1 BPE (lowercased words, ``</w>`` end-of-word suffix) or the GPT-2 byte-level BPE
   (``Ġ`` marks a leading space); which one is read from the vocabulary itself;
+* a GGUF file (or a folder holding one): the tokenizer it carries, chat template included;
 * a Hugging Face Hub name, when online.
 
 :func:`train_tokenizer` trains a fresh byte-level BPE for pretraining from scratch.
@@ -38,7 +39,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from gpt_ft.model import hub
+from gpt_ft.model import gguf_file, hub
 from gpt_ft.model.weights import BPE_FILES, TOKENIZER_FILES, is_tokenizer_dir
 
 __all__ = [
@@ -87,7 +88,7 @@ def load_tokenizer(path: str | os.PathLike, *, add_specials: bool = True) -> Pre
 
     Args:
         path: A ``save_pretrained`` directory, a directory with OpenAI's GPT-1 or GPT-2
-            ``vocab.json`` + ``merges.txt``, or a Hub name.
+            ``vocab.json`` + ``merges.txt``, a GGUF file (or a folder holding one), or a Hub name.
         add_specials: Append the fine-tuning special tokens (see :func:`add_special_tokens`).
 
     Returns:
@@ -99,10 +100,13 @@ def load_tokenizer(path: str | os.PathLike, *, add_specials: bool = True) -> Pre
     """
     name = os.fspath(path)
     local = Path(name).expanduser()
-    if local.is_dir():
+    gguf = gguf_file.find(local)
+    if gguf is not None:
+        tokenizer = gguf_file.load_tokenizer(gguf)
+    elif local.is_dir():
         tokenizer = _load_local_dir(local)
     elif local.exists():
-        raise ValueError(f"Tokenizer path {local} is a file; expected a tokenizer directory.")
+        raise ValueError(f"Tokenizer path {local} is a file; expected a tokenizer directory or a GGUF file.")
     elif _looks_like_local_path(name):
         raise FileNotFoundError(f"Tokenizer directory {local} does not exist.")
     else:  # a hub id: its tokenizer files, fetched into (or found in) the hub cache

@@ -202,10 +202,11 @@ def from_hf(hf_model, cls: type[GPT]) -> GPT:
     if config is None:
         raise ValueError(f"Expected a transformers model instance, got {type(hf_model).__name__}.")
     state = {k: v.detach().clone() for k, v in hf_model.state_dict().items()}
-    return _convert(config, state, type(hf_model).__name__, cls)
+    return convert(config, state, type(hf_model).__name__, cls)
 
 
-def _convert(hf_config, state: dict[str, Tensor], source: str, cls: type[GPT]) -> GPT:
+def convert(hf_config, state: dict[str, Tensor], source: str, cls: type[GPT]) -> GPT:
+    """A `cls` (GPT) from a transformers config and its model's state dict, read from `source`."""
     family = _family(hf_config)
     config = config_from_hf(hf_config)
     if family in hf_llama.MODEL_TYPES:
@@ -265,4 +266,4 @@ def from_pretrained(path: str | os.PathLike, cls: type[GPT]) -> GPT:
         state = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
     else:
         raise FileNotFoundError(f"{path} has no model.safetensors or pytorch_model.bin weights file.")
-    return _convert(hf_config, state, str(path), cls)
+    return convert(hf_config, state, str(path), cls)

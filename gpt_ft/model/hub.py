@@ -21,7 +21,11 @@ def is_hub_id(name: str | os.PathLike) -> bool:
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     text = os.fspath(name)
-    if Path(text).expanduser().exists() or text.startswith((".", "~", "/")) or text.endswith(".ckpt"):
+    if (
+        Path(text).expanduser().exists()
+        or text.startswith((".", "~", "/"))
+        or text.endswith((".ckpt", ".gguf"))
+    ):
         return False
     try:
         validate_repo_id(text.partition("@")[0])

@@ -3,8 +3,9 @@ resolved.
 
 Anything that names weights (`GPT.from_pretrained`, and every option of the toolkit that names
 weights) takes a gpt_ft checkpoint file (its format: `checkpoint.py`), a local transformers
-directory or a hub id (`ORG/NAME[@revision]`, see `hub.py`); the tokenizer saved with them is used
-unless one is given.
+directory, a GGUF file or a folder holding one (`gguf_file.py`), or a hub id (`ORG/NAME[@revision]`,
+see `hub.py`); the tokenizer saved with them (or carried in the GGUF file) is used unless one is
+given.
 
 The model class is a parameter (`GPT.from_pretrained` passes itself), so that this module does not
 import the model it loads.
@@ -15,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpt_ft.model import hub
+from gpt_ft.model import gguf_file, hub
 from gpt_ft.model.checkpoint import Checkpoint
 from gpt_ft.model.config import GPTConfig
 from gpt_ft.model.lora import LoRA, add_lora, merge_lora
@@ -30,8 +31,12 @@ BPE_FILES = ("vocab.json", "merges.txt")
 
 
 def load_weights(path: str | Path, cls: type[GPT]) -> GPT:
-    """A `cls` (GPT) from a gpt_ft checkpoint file, a transformers directory or a hub id."""
+    """A `cls` (GPT) from a gpt_ft checkpoint file, a transformers directory, a GGUF file (or a
+    folder holding one) or a hub id."""
     path = hub.local(path)
+    gguf = gguf_file.find(path)
+    if gguf is not None:
+        return gguf_file.load(gguf, cls)
     if path.is_dir():
         from gpt_ft.model import hf
 
@@ -72,9 +77,12 @@ def is_tokenizer_dir(directory: Path) -> bool:
 
 
 def weights_tokenizer(path: str | Path) -> str | None:
-    """The tokenizer of these weights: saved beside a gpt_ft checkpoint, or in a transformers
-    directory or hub snapshot."""
+    """The tokenizer of these weights: saved beside a gpt_ft checkpoint, in a transformers
+    directory or hub snapshot, or carried in a GGUF file."""
     path = hub.local(path)
+    gguf = gguf_file.find(path)
+    if gguf is not None:
+        return str(gguf)
     if path.is_dir():
         return str(path) if is_tokenizer_dir(path) else None
     if not path.is_file():

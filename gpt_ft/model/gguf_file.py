@@ -1,0 +1,173 @@
+"""GGUF files (llama.cpp's format, the one Ollama and LM Studio keep models in): their config, their
+weights dequantized to float32, and their tokenizer.
+
+They are read through transformers' own GGUF loader, which already knows each architecture's
+metadata keys, renames GGUF's tensors to its own (undoing llama.cpp's rotary permutation of q and k,
+and Gemma's +1 on its norm weights) and builds the tokenizer with its chat template and special
+tokens; its tensors then take the same path into a GPT as a transformers folder's (`hf.py`). What
+this module adds is finding the file and the checks that turn a file gpt_ft cannot read into one
+sentence: not GGUF, cut short, an architecture gpt_ft lacks, or a type it cannot dequantize.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gpt_ft.model.gpt import GPT
+
+MAGIC = b"GGUF"
+SUFFIX = ".gguf"
+# GGUF's `general.architecture` for the families gpt_ft has (a llama file named "mistral" is one).
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "gpt2")
+CONFIG_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")  # a transformers folder's
+
+
+def find(path: str | os.PathLike) -> Path | None:
+    """The GGUF file `path` names: the file itself (named `*.gguf`, or starting with GGUF's magic),
+    or the one `*.gguf` in a folder that is not a transformers folder; None for anything else.
+
+    Raises:
+        ValueError: in one sentence, for a folder holding several GGUF files.
+    """
+    path = Path(path).expanduser()
+    if path.is_file():
+        return path if path.suffix == SUFFIX or _starts_with_magic(path) else None
+    if not path.is_dir() or any((path / name).is_file() for name in CONFIG_FILES):
+        return None
+    files = sorted(path.glob(f"*{SUFFIX}"))
+    if len(files) > 1:
+        names = ", ".join(f.name for f in files)
+        raise ValueError(f"{path} holds several GGUF files ({names}); name the one to read.")
+    return files[0] if files else None
+
+
+def _starts_with_magic(path: Path) -> bool:
+    with path.open("rb") as f:
+        return f.read(len(MAGIC)) == MAGIC
+
+
+def _gguf():
+    try:
+        import gguf
+    except ImportError:
+        raise ImportError("Reading a GGUF file needs the gguf package: pip install gguf.") from None
+    return gguf
+
+
+def open_checked(path: Path):
+    """A `gguf.GGUFReader` over `path`, once the file is known to be one gpt_ft can read.
+
+    Raises:
+        ValueError: in one sentence naming the file, when it is not GGUF, is cut short, holds an
+            architecture gpt_ft lacks or a tensor type it cannot dequantize.
+    """
+    gguf = _gguf()
+    if not _starts_with_magic(path):
+        raise ValueError(f"{path} is not a GGUF file: it does not start with GGUF's magic bytes {MAGIC!r}.")
+    try:
+        reader = gguf.GGUFReader(path)
+    except ValueError as exc:
+        if "GGMLQuantizationType" in str(exc):
+            raise ValueError(
+                f"{path} uses a tensor type unknown to gguf {_version(gguf)} ({exc}); "
+                "a newer gguf may read it."
+            ) from None
+        raise ValueError(
+            f"{path} is cut short or corrupt: its tensors do not fit in the file ({exc})."
+        ) from None
+    except (IndexError, OSError) as exc:
+        raise ValueError(f"{path} is cut short or corrupt: its header cannot be read ({exc}).") from None
+    architecture = _field(reader, "general.architecture")
+    if architecture not in ARCHITECTURES:
+        raise ValueError(
+            f"{path} holds a {architecture!r} model; gpt_ft reads GGUF files of {', '.join(ARCHITECTURES)}."
+        )
+    _check_types(path, reader, gguf)
+    return reader
+
+
+def _field(reader, key: str):
+    field = reader.fields.get(key)
+    return None if field is None else field.contents()
+
+
+def _version(gguf) -> str:
+    return getattr(gguf, "__version__", None) or __import__("importlib.metadata").metadata.version("gguf")
+
+
+def _check_types(path: Path, reader, gguf) -> None:
+    """Dequantize one row of each tensor type the file uses, so that a type the gguf library
+    cannot dequantize is named before anything is loaded."""
+    import numpy as np
+
+    seen = set()
+    for tensor in reader.tensors:
+        kind = tensor.tensor_type
+        if kind in seen:
+            continue
+        seen.add(kind)
+        try:
+            gguf.quants.dequantize(np.asarray(tensor.data)[:1], kind)
+        except NotImplementedError:
+            raise ValueError(
+                f"{path}: tensor {tensor.name} is stored as {kind.name}, which gguf {_version(gguf)} cannot "
+                "dequantize; readable types include F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 and the "
+                "K-quants Q2_K to Q6_K."
+            ) from None
+
+
+def hf_config(path: Path):
+    """The transformers config of the model in GGUF file `path` (checked first)."""
+    from transformers import AutoConfig
+
+    reader = open_checked(path)
+    config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    embedding = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if embedding is not None:  # a file may say its vocabulary's size nowhere else
+        config.vocab_size = int(embedding.data.shape[0])
+    if (getattr(config, "pad_token_id", None) or 0) >= config.vocab_size:  # a config class's default
+        config.pad_token_id = None
+    if config.model_type == "gpt2":  # GGUF's context_length is the position table's size
+        config.n_positions = config.n_ctx
+    return config
+
+
+def read(path: Path):
+    """(transformers config, transformers-named state dict in float32) of GGUF file `path`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+    from transformers.utils import logging
+
+    config = hf_config(path)
+    with torch.device("meta"):  # only its parameters' names, for transformers' GGUF name map
+        names = AutoModelForCausalLM.from_config(config)
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity_error()  # its per-tensor progress bar and notes on unused metadata
+    try:
+        parsed = load_gguf_checkpoint(
+            str(path), return_tensors=True, model_to_load=names, torch_dtype=torch.float32
+        )
+    finally:
+        logging.set_verbosity(verbosity)
+    return config, parsed["tensors"]
+
+
+def load(path: Path, cls: type[GPT]) -> GPT:
+    """A `cls` (GPT) with the weights of GGUF file `path`, dequantized to float32."""
+    from gpt_ft.model import hf
+
+    config, state = read(path)
+    return hf.convert(config, state, str(path), cls)
+
+
+def load_tokenizer(path: Path):
+    """The tokenizer GGUF file `path` carries (its vocabulary, merges, special tokens and chat
+    template), as transformers builds it."""
+    from transformers import AutoTokenizer
+
+    open_checked(path)
+    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)

@@ -1,0 +1,241 @@
+"""GGUF files in: tiny files of each family and several tensor types, written here, read by gpt_ft
+and by transformers' own GGUF loading; the values of each type checked against what was written;
+the tokenizer's ids; and the sentence for each file gpt_ft cannot read."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from gpt_ft import GPT
+from gpt_ft.data.tokenizer import SPECIAL_TOKENS, load_tokenizer
+from gpt_ft.model import weights
+from tests.helpers import tiny_hf, tiny_llama
+from tests.model.gguf_files import CHAT_TEMPLATE, K_QUANTS, k_quant, tiny_tokenizer, write_gguf
+
+pytest.importorskip("gguf")
+
+VOCAB = 320  # the tiny tokenizer's
+GGUF_TRAITS = {  # what GGUF files say of each family (the rest: transformers' defaults, as on load)
+    "gemma3_text": dict(head_dim=16, sliding_window=8, query_pre_attn_scalar=256, layer_types=None,
+                        rope_parameters=None),
+    "qwen3": dict(head_dim=128),  # transformers' GGUF loading takes Qwen3Config's default
+    "phi3": dict(pad_token_id=None, bos_token_id=None, eos_token_id=None),
+}  # fmt: skip
+
+
+def tiny(family: str, **overrides):
+    if family == "gpt2":  # GPT-2's own table sizes: transformers' GGUF loading takes GPT2Config's defaults
+        overrides.pop("intermediate_size", None)
+        return tiny_hf("gpt2", vocab_size=50257, n_positions=1024, **overrides)
+    from tests.helpers import _TRAITS  # the tiny family's traits, GGUF's replacing what GGUF cannot say
+
+    traits = {**_TRAITS.get(family, {}), **GGUF_TRAITS.get(family, {}), "intermediate_size": 64}
+    model = tiny_llama(family, vocab_size=VOCAB, **{**traits, **overrides})
+    with torch.no_grad():  # norms near one, as trained models have them, so values stay in range
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1 + 0.1 * torch.randn_like(p)) if family != "gemma3_text" else p.mul_(0.5)
+    return model
+
+
+def transformers_gguf(path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+
+
+def logits(gpt, ids):
+    with torch.no_grad():
+        return gpt.lm_logits(gpt(ids))
+
+
+FAMILIES = ["llama", "qwen2", "qwen3", "gemma3_text", "phi3", "gpt2"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_f32_file_gives_the_models_own_logits(tmp_path, family):
+    hf = tiny(family)
+    path = write_gguf(tmp_path / f"{family}.gguf", hf)
+    gpt = GPT.from_pretrained(path).eval()
+    ids = torch.randint(0, VOCAB, (2, 24))
+    with torch.no_grad():
+        expected = hf(ids).logits
+    torch.testing.assert_close(logits(gpt, ids), expected, rtol=0, atol=1e-5)
+    torch.testing.assert_close(logits(gpt, ids), transformers_gguf(path)(ids).logits, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "family, qtype",
+    [("llama", "Q4_1"), ("llama", "Q8_0"), ("qwen2", "Q4_0"), ("qwen3", "F16"), ("gemma3_text", "Q8_0"),
+     ("phi3", "Q5_0"), ("gpt2", "BF16"), ("llama", "Q4_K"), ("qwen2", "Q5_K"), ("gemma3_text", "Q6_K")],
+)  # fmt: skip
+def test_quantized_file_equals_transformers_gguf_loading(tmp_path, family, qtype):
+    # K-quants need rows of 256 values: the down projection's (intermediate_size 256) is stored so.
+    k = qtype in K_QUANTS
+    hf = tiny(family, intermediate_size=256) if k else tiny(family)
+    path = write_gguf(
+        tmp_path / "m.gguf",
+        hf,
+        qtype="F32" if k else qtype,
+        quantize={"down_proj.weight": qtype} if k else None,
+    )
+    gpt = GPT.from_pretrained(path).eval()
+    ids = torch.randint(0, VOCAB, (2, 24))
+    torch.testing.assert_close(logits(gpt, ids), transformers_gguf(path)(ids).logits, rtol=0, atol=1e-5)
+
+
+# The most a value may move: F16 and BF16 round each value (relative); the block types round to half
+# a step of their block's largest magnitude m (Q4_1 and Q5_1 span max - min, at most 2m), but Q4_0
+# and Q5_0 clip the end opposite to their largest value by a whole step; their scale d is an F16.
+ROUNDING = {"F16": lambda w, m: w.abs() * 2**-11, "BF16": lambda w, m: w.abs() * 2**-8,
+            "Q8_0": lambda w, m: m / 127 / 2, "Q4_0": lambda w, m: m / 8, "Q4_1": lambda w, m: 2 * m / 15 / 2,
+            "Q5_0": lambda w, m: m / 16, "Q5_1": lambda w, m: 2 * m / 31 / 2}  # fmt: skip
+F16_SCALE = 2**-10
+
+
+@pytest.mark.parametrize("qtype", list(ROUNDING))
+def test_dequantized_weights_are_the_written_ones_within_rounding(tmp_path, qtype):
+    """Written from known floats by gguf's quantizer; each value read back lies within its type's
+    rounding of the float it stands for: a wrong dequantization does not."""
+    hf = tiny("qwen2")
+    path = write_gguf(tmp_path / "m.gguf", hf, qtype=qtype)
+    gpt = GPT.from_pretrained(path)
+    written = hf.model.layers[0].mlp.down_proj.weight.detach()
+    read = gpt.h[0].mlp.c_proj.weight.detach()
+    rows, cols = written.shape
+    block_max = written.reshape(rows, cols // 32, 32).abs().amax(-1, keepdim=True).expand(-1, -1, 32)
+    m = block_max.reshape(rows, cols)
+    bound = ROUNDING[qtype](written, m) + (0 if qtype in ("F16", "BF16") else m * F16_SCALE)
+    assert ((read - written).abs() <= bound + 1e-7).all()
+    assert (read != written).any() and (read != 0).any()
+
+
+@pytest.mark.parametrize("qtype", K_QUANTS)
+def test_k_quant_values_are_the_packed_integers_times_their_scales(tmp_path, qtype):
+    """K-quant blocks packed by hand from chosen integers and scales: the weights read are exactly
+    d·scale·q − dmin·min (Q6_K: d·scale·(q − 32)), computed here without any dequantizer."""
+    hf = tiny("qwen2", intermediate_size=256)
+    path = write_gguf(tmp_path / "m.gguf", hf, quantize={"down_proj.weight": qtype})
+    gpt = GPT.from_pretrained(path)
+    written = hf.model.layers[1].mlp.down_proj.weight.detach().numpy()
+    _, values = k_quant(qtype, written)
+    torch.testing.assert_close(gpt.h[1].mlp.c_proj.weight.detach(), torch.from_numpy(values), rtol=0, atol=0)
+
+
+def test_tokenizer_ids_equal_the_written_tokenizer_and_transformers_gguf(tmp_path):
+    from transformers import AutoTokenizer
+
+    original = tiny_tokenizer()
+    path = write_gguf(tmp_path / "m.gguf", tiny("llama"), tokenizer=original)
+    ours = load_tokenizer(path)
+    theirs = AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
+    texts = ["The quick brown fox jumps over the lazy dog.", "  stocks fell; 2024!\nNew line", "zebra émigré"]
+    for text in texts:
+        expected = original(text, add_special_tokens=False).input_ids
+        assert ours(text, add_special_tokens=False).input_ids == expected
+        assert theirs(text, add_special_tokens=False).input_ids == expected
+    # The base vocabulary keeps its ids; GPT-1's framing tokens come right after it.
+    assert ours.convert_tokens_to_ids(SPECIAL_TOKENS["start"]) == VOCAB
+    assert ours.eos_token == "<|im_end|>" and ours.bos_token == "<|im_start|>"
+    assert ours.chat_template == CHAT_TEMPLATE
+    chat = ours.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    assert chat == "<|im_start|>user\nhi<|im_end|>\n"
+
+
+def test_the_weights_name_their_tokenizer_and_a_folder_holding_one_file_is_read(tmp_path):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    path = write_gguf(folder / "m-Q8_0.gguf", tiny("llama"), tokenizer=tiny_tokenizer(), qtype="Q8_0")
+    assert weights.weights_tokenizer(path) == str(path)
+    assert weights.weights_tokenizer(folder) == str(path)
+    a, b = GPT.from_pretrained(path).eval(), GPT.from_pretrained(folder).eval()
+    ids = torch.randint(0, VOCAB, (1, 12))
+    assert torch.equal(logits(a, ids), logits(b, ids))
+    assert len(load_tokenizer(folder)) == VOCAB + 3  # start, delim, extract (its pad token is its own)
+    write_gguf(folder / "m-F32.gguf", tiny("llama"))
+    with pytest.raises(
+        ValueError, match=r"holds several GGUF files \(m-F32.gguf, m-Q8_0.gguf\); name the one"
+    ):
+        GPT.from_pretrained(folder)
+
+
+def test_not_gguf_cut_short_foreign_architecture_and_unreadable_type_are_one_sentence(tmp_path):
+    good = write_gguf(tmp_path / "m.gguf", tiny("llama"), qtype="Q8_0")
+    data = good.read_bytes()
+
+    not_gguf = tmp_path / "model.gguf"
+    not_gguf.write_bytes(b"PK\x03\x04 a zip file, not a model")
+    with pytest.raises(
+        ValueError, match=r"model.gguf is not a GGUF file: it does not start with GGUF's magic"
+    ):
+        GPT.from_pretrained(not_gguf)
+
+    for cut in (len(data) - 1000, 40):
+        short = tmp_path / f"short{cut}.gguf"
+        short.write_bytes(data[:cut])
+        with pytest.raises(ValueError, match=rf"short{cut}.gguf is cut short or corrupt"):
+            GPT.from_pretrained(short)
+        with pytest.raises(ValueError, match=rf"short{cut}.gguf is cut short or corrupt"):
+            load_tokenizer(short)
+
+    foreign = tmp_path / "mamba.gguf"
+    foreign.write_bytes(data.replace(b"llama", b"mamba", 1))
+    with pytest.raises(ValueError, match=r"holds a 'mamba' model; gpt_ft reads GGUF files of llama, qwen2"):
+        GPT.from_pretrained(foreign)
+
+
+def test_a_type_gguf_cannot_dequantize_is_named(tmp_path, monkeypatch):
+    import gguf
+
+    path = write_gguf(tmp_path / "m.gguf", tiny("llama"), qtype="Q4_0")
+
+    def cannot(data, qtype):
+        if qtype == gguf.GGMLQuantizationType.Q4_0:
+            raise NotImplementedError("Dequantization for Q4_0 is not yet implemented")
+        return np.asarray(data)
+
+    monkeypatch.setattr(gguf.quants, "dequantize", cannot)
+    with pytest.raises(ValueError, match=r"tensor \S+ is stored as Q4_0, which gguf \S+ cannot dequantize"):
+        GPT.from_pretrained(path)
+
+
+def test_commands_take_a_gguf_file_fit_explain_and_the_classifier(tmp_path, capsys):
+    """`gpt-ft explain` and `gpt-ft fit` take `--model.init_from FILE.gguf` (the tokenizer is the
+    file's); the checkpoint keeps that tokenizer beside it, and `Classifier` loads it."""
+    from gpt_ft import Classifier
+    from gpt_ft.cli import main
+    from tests.helpers import make_task
+
+    path = write_gguf(tmp_path / "m.gguf", tiny("llama"), tokenizer=tiny_tokenizer(), qtype="Q8_0")
+    card = make_task("single", tmp_path)
+    data = [
+        f"--data.task={card}",
+        f"--data.data_dir={tmp_path}",
+        "--data.batch_size=2",
+        "--data.max_length=64",
+    ]
+
+    capsys.readouterr()
+    main(["explain", "--model.lr=1e-4", f"--model.init_from={path}", *data, "--json"])
+    shown = json.loads(capsys.readouterr().out)
+    tok = load_tokenizer(path)
+    ids = tok("two dogs run in a park .", add_special_tokens=False).input_ids
+    assert shown["sequences"][0]["ids"] == [VOCAB, *ids, VOCAB + 2]  # start, the text, extract
+
+    logs = tmp_path / "logs"
+    main(["fit", f"--model.init_from={path}", *data, "--trainer.max_epochs=1", "--seed_everything=0",
+          f"--trainer.default_root_dir={logs}", "--trainer.enable_progress_bar=false",
+          "--trainer.enable_model_summary=false", f"--trainer.logger.init_args.save_dir={logs}"])  # fmt: skip
+    ckpt = next(logs.rglob("*.ckpt"))
+    clf = Classifier.from_checkpoint(ckpt, device="cpu")
+    assert (
+        clf.tokenizer("two dogs run", add_special_tokens=False).input_ids
+        == tok("two dogs run", add_special_tokens=False).input_ids
+    )
+    (outcome,) = clf.predict([{"sentence": "the cat sat on the mat ."}])
+    assert outcome["label"] in ("negative", "positive")
+    assert sum(outcome["scores"].values()) == pytest.approx(1.0)
