@@ -21,7 +21,12 @@ the held-out metric is pairwise accuracy (a tie counts half). A row's ratio divi
 
     python benchmarks/bench_reward.py --pairs HH_RLHF/helpful-base/test.jsonl.gz --tokenizer GPT2_BPE_DIR
 
-`pip install -e .[bench]` brings `trl`. `--device cuda` runs bf16 (`bf16-mixed` / `bf16=True`).
+`pip install -e .[bench]` brings `trl`. `--device cuda` runs bf16 (`bf16-mixed` / `bf16=True`), as
+`--bf16` does on a CPU. `--init-from WEIGHTS` (a `.gguf`, a folder, a hub id) starts both from
+pretrained weights instead of random ones:
+
+    python benchmarks/bench_reward.py --pairs HH/helpful-base/test.jsonl.gz \
+        --init-from weights/SmolLM2-135M-Instruct.Q4_1.gguf --bf16
 """
 
 from __future__ import annotations
@@ -75,7 +80,7 @@ def encoded_pairs(args, base: Path, pairs: Path, out: Path) -> dict[str, Path]:
 
 
 def ours(args, base: Path, pairs: Path, out: Path) -> list[str]:
-    precision = "bf16-mixed" if args.device == "cuda" else "32-true"
+    precision = "bf16-mixed" if args.device == "cuda" or args.bf16 else "32-true"
     return [
         sys.executable, "-m", "gpt_ft", "fit",
         f"--data.task={CARD}", f"--data.data_dir={pairs}", f"--data.tokenizer={base}",
@@ -94,7 +99,7 @@ def trl(args, base: Path, files: dict[str, Path], out: Path) -> list[str]:
         sys.executable, __file__, "trl", f"--base={base}", f"--train={files['train']}",
         f"--dev={files['validation']}", f"--out={out}", f"--device={args.device}",
         f"--batch-size={args.batch_size}", f"--lr={args.lr}", f"--warmup={args.warmup}",
-        f"--epochs={args.epochs}",
+        f"--epochs={args.epochs}", *(["--bf16"] if args.bf16 else []),
     ]  # fmt: skip
 
 
@@ -142,7 +147,7 @@ def main() -> None:
     )
     parser.add_argument("--pairs", required=True, help="HH-RLHF pairs: a .jsonl.gz of {chosen, rejected}")
     parser.add_argument(
-        "--tokenizer", required=True, help="GPT-2's BPE (a folder with vocab.json, merges.txt)"
+        "--tokenizer", help="GPT-2's BPE (a folder with vocab.json, merges.txt); not with --init-from"
     )
     parser.add_argument("--shapes", nargs="+", default=["llama"], choices=list(bench_vs_trainer.SHAPES))
     parser.add_argument("--contenders", nargs="+", default=CONTENDERS, choices=CONTENDERS)
@@ -155,9 +160,14 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--warmup", type=float, default=0.06, help="share of the steps")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--bf16", action="store_true", help="bf16 on the CPU too (bf16-mixed; TRL's bf16)")
+    parser.add_argument("--init-from", default=None, help="pretrained weights (a .gguf, a folder, a hub id) "
+                        "instead of random ones at --layers x --width; --shapes is then ignored")  # fmt: skip
     parser.add_argument("--out", default="runs/bench_reward")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     args = parser.parse_args()
+    if not (args.tokenizer or args.init_from):
+        parser.error("give --tokenizer (random weights) or --init-from (pretrained ones)")
     out = (ROOT / args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -166,7 +176,11 @@ def main() -> None:
     setup = (
         f"{args.batch_size} pairs a batch, max length {args.max_length}, {args.epochs} epoch(s), lr {args.lr}"
     )
-    print(f"{args.layers} layers x {args.width}, {setup}, {args.device}, {torch.get_num_threads()} threads")
+    model = args.init_from or f"{args.layers} layers x {args.width}"
+    precision = "bf16" if args.bf16 or args.device == "cuda" else "fp32"
+    print(f"{model}, {setup}, {args.device}, {precision}, {torch.get_num_threads()} threads")
+    if args.init_from:
+        args.shapes = ["pretrained"]
     pairs = split_pairs(args, out)
     rows = []
     for shape in args.shapes:

@@ -23,7 +23,12 @@ is accuracy. A row's ratio divides the Trainer's time by ours.
     python benchmarks/bench_vs_trainer.py --glue GLUE_DIR --tokenizer GPT2_BPE_DIR
 
 `pip install -e .[bench]` brings `accelerate`, which the Trainer needs. `--device cuda` runs bf16
-(`bf16-mixed` for gpt_ft, `bf16=True` for the Trainer).
+(`bf16-mixed` for gpt_ft, `bf16=True` for the Trainer), as `--bf16` does on a CPU.
+`--init-from WEIGHTS` (a `.gguf`, a folder, a hub id) starts both from pretrained weights instead
+of random ones (their tokenizer replaces --tokenizer):
+
+    python benchmarks/bench_vs_trainer.py --glue GLUE_DIR \
+        --init-from weights/SmolLM2-135M-Instruct.Q4_1.gguf --contenders "ours, λ=0" Trainer
 """
 
 from __future__ import annotations
@@ -50,7 +55,8 @@ CONTENDERS = ["ours", "ours, λ=0", "ours, padded", "Trainer", "Trainer, group_b
 
 
 def base_folder(args, shape: str, out: Path) -> Path:
-    """One random initialisation of `shape` as a transformers folder, with the tokenizer."""
+    """One random initialisation of `shape` as a transformers folder, with the tokenizer; with
+    --init-from, those weights (and their tokenizer) instead."""
     import torch
 
     from gpt_ft import GPT, GPTConfig
@@ -59,6 +65,8 @@ def base_folder(args, shape: str, out: Path) -> Path:
     folder = out / f"base-{shape}"
     if (folder / "config.json").exists():
         return folder
+    if args.init_from:
+        return pretrained_folder(args.init_from, folder)
     tokenizer = load_tokenizer(args.tokenizer)
     preset, changes = SHAPES[shape]
     heads = args.width // 64  # SmolLM2's 9 heads, 3 of them for keys and values, at 576
@@ -74,6 +82,26 @@ def base_folder(args, shape: str, out: Path) -> Path:
     )
     torch.manual_seed(0)
     GPT(config).to_hf().save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def pretrained_folder(weights: str, folder: Path) -> Path:
+    """`weights` (a GGUF file, a transformers folder, a hub id) as a transformers folder whose table
+    already holds GPT-1's framing tokens, their rows started as `gpt-ft fit` starts them (copied
+    from the tokenizer's own for the Llama family): both sides then start from the same weights."""
+    from gpt_ft import GPT
+    from gpt_ft.data.tokenizer import load_tokenizer, own_framing_rows
+    from gpt_ft.model.hf_llama import MODEL_TYPES
+    from gpt_ft.training.saved import copy_token_rows
+
+    tokenizer = load_tokenizer(weights)
+    gpt = GPT.from_pretrained(weights)
+    lacked = gpt.config.vocab_size
+    gpt.resize_token_embeddings(len(tokenizer))
+    if gpt.config.hf_model_type in MODEL_TYPES:
+        copy_token_rows(gpt, {row: own for row, own in own_framing_rows(tokenizer).items() if row >= lacked})
+    gpt.to_hf().save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
 
@@ -106,7 +134,7 @@ def train_size(args, task: str) -> int | None:
 
 
 def ours(args, task: str, base: Path, out: Path, packing: bool = True, lm_coef: float = 0.5) -> list[str]:
-    precision = "bf16-mixed" if args.device == "cuda" else "32-true"
+    precision = "bf16-mixed" if args.device == "cuda" or args.bf16 else "32-true"
     size = train_size(args, task)
     return [
         sys.executable, "-m", "gpt_ft", "fit",
@@ -128,6 +156,7 @@ def trainer(args, base: Path, files: dict[str, Path], out: Path, grouped: bool) 
         f"--dev={files['validation']}", f"--out={out}", f"--device={args.device}",
         f"--batch-size={args.batch_size}", f"--lr={args.lr}", f"--warmup={args.warmup}",
         f"--epochs={args.epochs}", *(["--group-by-length"] if grouped else []),
+        *(["--bf16"] if args.bf16 else []),
     ]  # fmt: skip
 
 
@@ -197,7 +226,7 @@ def main() -> None:
     )
     parser.add_argument("--glue", required=True, help="folder with SST-2/ and RTE/ (GLUE's TSVs)")
     parser.add_argument(
-        "--tokenizer", required=True, help="GPT-2's BPE (a folder with vocab.json, merges.txt)"
+        "--tokenizer", help="GPT-2's BPE (a folder with vocab.json, merges.txt); not with --init-from"
     )
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
@@ -212,16 +241,27 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--warmup", type=float, default=0.06, help="share of the steps")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument(
+        "--bf16", action="store_true", help="bf16 on the CPU too (bf16-mixed; the Trainer's bf16)"
+    )
+    parser.add_argument("--init-from", default=None, help="pretrained weights (a .gguf, a folder, a hub id) "
+                        "instead of random ones at --layers x --width; --shapes is then ignored")  # fmt: skip
     parser.add_argument("--out", default="runs/bench_vs_trainer")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     args = parser.parse_args()
+    if not (args.tokenizer or args.init_from):
+        parser.error("give --tokenizer (random weights) or --init-from (pretrained ones)")
     out = (ROOT / args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
 
     setup = f"batch {args.batch_size}, max length {args.max_length}, {args.epochs} epoch(s), lr {args.lr}"
-    print(f"{args.layers} layers x {args.width}, {setup}, {args.device}, {torch.get_num_threads()} threads")
+    model = args.init_from or f"{args.layers} layers x {args.width}"
+    precision = "bf16" if args.bf16 or args.device == "cuda" else "fp32"
+    print(f"{model}, {setup}, {args.device}, {precision}, {torch.get_num_threads()} threads")
+    if args.init_from:
+        args.shapes = ["pretrained"]
     rows = []
     for task in args.tasks:
         for shape in args.shapes:

@@ -16,6 +16,7 @@ def peer_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lr", type=float, required=True)
     parser.add_argument("--warmup", type=float, required=True)
     parser.add_argument("--epochs", type=int, required=True)
+    parser.add_argument("--bf16", action="store_true", help="bf16 on the CPU too")
     return parser
 
 
@@ -40,5 +41,5 @@ def peer_schedule(args, examples: int) -> dict:
         disable_tqdm=True,
         logging_steps=50,
         use_cpu=not cuda,
-        bf16=cuda,
+        bf16=cuda or args.bf16,
     )

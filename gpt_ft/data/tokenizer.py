@@ -49,6 +49,8 @@ __all__ = [
     "add_special_tokens",
     "check_text_file",
     "load_tokenizer",
+    "own_framing_rows",
+    "own_framing_tokens",
     "special_token_ids",
     "train_tokenizer",
 ]
@@ -168,6 +170,33 @@ def special_token_ids(tokenizer: PreTrainedTokenizerBase) -> SpecialTokenIds:
         raise ValueError("Tokenizer has no pad token; expected one to be added with add_special_tokens().")
     eos = tokenizer.eos_token_id if tokenizer.eos_token is not None else vocab.get(EOS_TOKEN)
     return SpecialTokenIds(pad=tokenizer.pad_token_id, eos=eos, **ids)
+
+
+def own_framing_tokens(tokenizer: PreTrainedTokenizerBase) -> dict[str, int] | None:
+    """The tokens of the tokenizer's own that play GPT-1's framing roles in its pretraining text:
+    ``start``: its beginning-of-text token (else its end-of-text one); ``delim``: its newline token,
+    when a newline is one token (else end-of-text); ``extract``: its end-of-text token. None when
+    it has no end-of-text token (GPT-1's BPE).
+    """
+    vocab = tokenizer.get_vocab()
+    eos = tokenizer.eos_token_id if tokenizer.eos_token is not None else vocab.get(EOS_TOKEN)
+    if eos is None:
+        return None
+    newline = tokenizer("\n", add_special_tokens=False)["input_ids"]
+    bos = tokenizer.bos_token_id if tokenizer.bos_token is not None else None
+    return {
+        "start": bos if bos is not None else eos,
+        "delim": newline[0] if len(newline) == 1 else eos,
+        "extract": eos,
+    }
+
+
+def own_framing_rows(tokenizer: PreTrainedTokenizerBase) -> dict[int, int]:
+    """GPT-1's framing tokens by id, each with the id of the tokenizer's own token in that role
+    (:func:`own_framing_tokens`); empty where it has none."""
+    own = own_framing_tokens(tokenizer)
+    ids = special_token_ids(tokenizer)
+    return {getattr(ids, role): source for role, source in own.items()} if own else {}
 
 
 def train_tokenizer(

@@ -39,6 +39,15 @@ def new_token_ids(tokenizer: str | None) -> list[int] | None:
     return sorted(vocab[token] for token in SPECIAL_TOKENS.values() if token in vocab)
 
 
+def framing_copies(tokenizer: str | None) -> dict[int, int]:
+    """GPT-1's framing tokens by id, each with the id of the tokenizer's own token in that role."""
+    if tokenizer is None:
+        return {}
+    from gpt_ft.data.tokenizer import load_tokenizer, own_framing_rows
+
+    return own_framing_rows(load_tokenizer(tokenizer))
+
+
 def attached_trainer(module: LightningModule) -> Trainer | None:
     """`module`'s Trainer, or None where it has none (`load_from_checkpoint`, a direct call):
     `LightningModule.trainer` raises there (Lightning-AI/pytorch-lightning#13638)."""
@@ -76,6 +85,7 @@ class GPTModule(Evaluation, LightningModule):
         activation_checkpointing: bool = False,
         lora: LoRA | None = None,
         class_weights: Literal["balanced"] | list[float] | None = None,
+        new_tokens: Literal["random", "copied"] | None = None,
     ) -> None:
         """
         Args:
@@ -109,6 +119,11 @@ class GPTModule(Evaluation, LightningModule):
                 positives (BCE's pos_weight; `balanced`: negatives / positives).
             lora: Fine-tune low-rank adapters of init_from's frozen weights (plus the new special
                 tokens' rows and the task head) instead of every weight; see `gpt_ft.model.lora`.
+            new_tokens: How the framing tokens' new embedding rows start, with init_from: "random"
+                (GPT-1 §3.3: N(0, initializer_range)) or "copied" from the tokenizer's own tokens in
+                those roles (start: its beginning-of-text token, delim: its newline, extract: its
+                end-of-text token). Default: "copied" for the Llama family's weights, "random" for
+                GPT-1's and GPT-2's.
         """
         super().__init__()
         if lm_coef is None:
@@ -129,6 +144,8 @@ class GPTModule(Evaluation, LightningModule):
             vocab_size=vocab_size,
             lora=lora,
             new_token_ids=new_token_ids(tokenizer) if init_from else None,
+            new_tokens=new_tokens,
+            own_tokens=framing_copies(tokenizer) if init_from and new_tokens != "random" else None,
         )
         self.lora, self.init_from = lora, init_from
         # A LoRA checkpoint holds the trained weights only; the frozen ones come from init_from.

@@ -14,7 +14,7 @@ with no run's arguments.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -22,6 +22,7 @@ from torch import nn
 from gpt_ft.model import GPT, GPTConfig
 from gpt_ft.model.checkpoint import GPT_PREFIX, Adapters, Checkpoint
 from gpt_ft.model.gpt import with_dropout
+from gpt_ft.model.hf_llama import MODEL_TYPES as LLAMA_TYPES
 from gpt_ft.model.lora import LoRA, add_lora, merged_state_dict
 from gpt_ft.workarounds import CLI_HPARAMS
 
@@ -40,6 +41,8 @@ def build_gpt(
     vocab_size: int | None,
     lora: LoRA | None = None,
     new_token_ids: list[int] | None = None,
+    new_tokens: Literal["random", "copied"] | None = None,
+    own_tokens: dict[int, int] | None = None,
 ) -> GPT:
     """The GPT a run starts from: loaded weights (only dropouts may change, the first
     `transfer_layers` blocks kept) or a fresh preset, grown to fit the tokenizer's special tokens;
@@ -47,7 +50,9 @@ def build_gpt(
 
     Released weights may have more rows than their tokenizer has tokens: GPT-1's special tokens
     (`new_token_ids`) then take unused rows, re-initialised as new tokens are, and the table keeps
-    its released size."""
+    its released size. The framing tokens' rows start random (GPT-1 §3.3), or copied from the
+    tokenizer's own tokens in those roles (`own_tokens`: {row: source}); `new_tokens=None` copies
+    for the Llama family's weights only."""
     if init_from:
         gpt = GPT.from_pretrained(init_from)
         if overrides:
@@ -78,6 +83,12 @@ def build_gpt(
         loaded_vocab = min(new_token_ids)
     if vocab_size is not None and vocab_size > gpt.config.vocab_size:
         gpt.resize_token_embeddings(vocab_size)  # the special tokens the weights lack (GPT-1 §3.3)
+    if new_tokens is None:
+        new_tokens = "copied" if gpt.config.hf_model_type in LLAMA_TYPES else "random"
+    if init_from and new_tokens == "copied":  # only rows the weights lacked: theirs stay as trained
+        copy_token_rows(
+            gpt, {row: source for row, source in (own_tokens or {}).items() if row >= loaded_vocab}
+        )
     if lora is not None:
         if not init_from:
             raise ValueError("lora adapts pretrained weights: give --model.init_from.")
@@ -92,6 +103,14 @@ def reinitialise_rows(gpt: GPT, ids: list[int]) -> None:
             if table is not None and ids:
                 rows = table.weight[ids]
                 table.weight[ids] = rows.normal_(0.0, gpt.config.initializer_range)
+
+
+def copy_token_rows(gpt: GPT, copies: dict[int, int]) -> None:
+    """Rows of the token embedding (and an untied head) set to copies of others: `{row: source}`."""
+    with torch.no_grad():
+        for table in (gpt.wte, gpt.lm_head):
+            if table is not None and copies:
+                table.weight[list(copies)] = table.weight[list(copies.values())].clone()
 
 
 def check_tokenizer_fits(vocab_size: int, weights_vocab: int, init_from: str) -> None:

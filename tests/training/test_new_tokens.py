@@ -1,0 +1,62 @@
+"""How the framing tokens' new rows start: random (GPT-1 §3.3), or copied from the tokenizer's own
+tokens in those roles (start: beginning of text, delim: newline, extract: end of text), the default
+for the Llama family's weights."""
+
+import pytest
+import torch
+
+from gpt_ft.adapters import SingleText
+from gpt_ft.data.tokenizer import load_tokenizer, own_framing_tokens, special_token_ids
+from gpt_ft.model.lora import LoRA
+from gpt_ft.training.module import GPTModule
+from tests.helpers import tiny_hf
+from tests.model.gguf_files import tiny_tokenizer, write_gguf
+from tests.model.test_gguf import tiny
+
+pytest.importorskip("gguf")
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("new_tokens")
+    gpt2 = tiny_hf("gpt2", vocab_size=320, n_positions=64)  # the tiny tokenizer's 320 tokens
+    return {
+        "llama": write_gguf(folder / "llama.gguf", tiny("llama"), tokenizer=tiny_tokenizer()),
+        "gpt2": write_gguf(folder / "gpt2.gguf", gpt2, tokenizer=tiny_tokenizer()),
+    }
+
+
+def module(path, **kwargs) -> GPTModule:
+    tok = load_tokenizer(path)
+    task = SingleText(name="t", labels=["a", "b"])
+    return GPTModule(init_from=str(path), tokenizer=str(path), vocab_size=len(tok), task=task, **kwargs)
+
+
+@pytest.mark.parametrize("lora", [None, LoRA(rank=2)])
+def test_llama_weights_start_the_framing_tokens_from_their_own(weights, lora):
+    path = weights["llama"]
+    tok = load_tokenizer(path)
+    own = own_framing_tokens(tok)
+    assert own == {
+        "start": tok.convert_tokens_to_ids("<|im_start|>"),
+        "delim": tok("\n", add_special_tokens=False).input_ids[0],
+        "extract": tok.convert_tokens_to_ids("<|im_end|>"),
+    }
+    ids = special_token_ids(tok)
+    framing = [ids.start, ids.delim, ids.extract]
+    sources = [own["start"], own["delim"], own["extract"]]
+    embed = lambda m, i: m.gpt.wte.weight[i].detach()  # noqa: E731 (plain or LoRA's TokenRows)
+    copied, drawn = module(path, lora=lora), module(path, lora=lora, new_tokens="random")
+    torch.testing.assert_close(embed(copied, framing), embed(copied, sources), rtol=0, atol=0)
+    assert not torch.equal(embed(drawn, framing), embed(drawn, sources))
+    assert embed(drawn, framing).std() < 0.05  # N(0, 0.02)
+
+
+def test_gpt2_weights_keep_gpt1s_random_rows_unless_told(weights):
+    path = weights["gpt2"]
+    tok = load_tokenizer(path)
+    ids, own = special_token_ids(tok), own_framing_tokens(tok)
+    embed = lambda m, i: m.gpt.wte.weight[i].detach()  # noqa: E731
+    assert not torch.equal(embed(module(path), [ids.extract]), embed(module(path), [own["extract"]]))
+    m = module(path, new_tokens="copied")
+    torch.testing.assert_close(embed(m, [ids.start, ids.extract]), embed(m, [own["start"], own["extract"]]))
