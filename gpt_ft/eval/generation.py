@@ -1,8 +1,8 @@
 """`gpt-ft generate`: a prompt continued by a trained model, each new token printed as it comes.
 
-The model is a gpt_ft checkpoint or a transformers folder; decoding is greedy, sampled (temperature,
-top-k, top-p) or a beam search (whose continuation is printed at the end). A prompt that leaves no
-room in the model's context for a new token is refused rather than cut.
+The model is a gpt_ft checkpoint, a transformers folder or a GGUF file; decoding is greedy,
+sampled (temperature, top-k, top-p) or a beam search (whose continuation is printed at the end). A
+prompt that leaves no room in the model's context for a new token is refused rather than cut.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def generate(
     """Continue a prompt with a trained model.
 
     Args:
-        ckpt_path: A gpt_ft .ckpt or a transformers folder.
+        ckpt_path: A gpt_ft .ckpt, a transformers folder, a .gguf file or a hub id.
         prompt: The text to continue.
         tokenizer: Default: the one saved with the checkpoint.
         max_new_tokens: Most tokens to add (fewer where the model's context ends first).

@@ -316,7 +316,8 @@ class GPT(nn.Module):
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> GPT:
         """Load a transformers directory (a `save_pretrained` output of openai-gpt, gpt2, llama,
-        qwen2 or mistral), a hub id, or a gpt_ft checkpoint file (see `gpt_ft.model.checkpoint`)."""
+        qwen2 or mistral), a GGUF file (dequantized; see `gpt_ft.model.gguf_file`), a hub id, or a
+        gpt_ft checkpoint file (see `gpt_ft.model.checkpoint`)."""
         from gpt_ft.model import weights
 
         local = Path(path).expanduser()

@@ -91,7 +91,8 @@ class GPTModule(Evaluation, LightningModule):
         Args:
             preset: Model shape when starting from scratch (gpt1, gpt2, gpt-mini, gpt-micro, ...).
             overrides: GPTConfig fields to change, e.g. {n_layer: 4, attn_pdrop: 0.0}.
-            init_from: Start from these weights: a gpt_ft .ckpt or a local transformers directory.
+            init_from: Start from these weights: a gpt_ft .ckpt, a transformers directory, a .gguf
+                file or a hub id.
             transfer_layers: Keep only the first k transformer blocks of init_from (and the
                 embeddings); the others start fresh (GPT-1 §5, Fig. 2 left). None keeps all.
             vocab_size: Tokenizer size (linked from the data); the embedding grows to fit it.

@@ -204,10 +204,12 @@ def test_a_type_gguf_cannot_dequantize_is_named(tmp_path, monkeypatch):
 
 
 def test_commands_take_a_gguf_file_fit_explain_and_the_classifier(tmp_path, capsys):
-    """`gpt-ft explain` and `gpt-ft fit` take `--model.init_from FILE.gguf` (the tokenizer is the
-    file's); the checkpoint keeps that tokenizer beside it, and `Classifier` loads it."""
+    """`gpt-ft explain`, `gpt-ft fit` (LoRA too) and `gpt-ft generate` take a `.gguf` file (the
+    tokenizer is the file's); the checkpoint keeps that tokenizer beside it, and `Classifier` loads
+    it (a LoRA checkpoint's base weights from the file)."""
     from gpt_ft import Classifier
     from gpt_ft.cli import main
+    from gpt_ft.model.checkpoint import safe_load
     from tests.helpers import make_task
 
     path = write_gguf(tmp_path / "m.gguf", tiny("llama"), tokenizer=tiny_tokenizer(), qtype="Q8_0")
@@ -239,3 +241,17 @@ def test_commands_take_a_gguf_file_fit_explain_and_the_classifier(tmp_path, caps
     (outcome,) = clf.predict([{"sentence": "the cat sat on the mat ."}])
     assert outcome["label"] in ("negative", "positive")
     assert sum(outcome["scores"].values()) == pytest.approx(1.0)
+
+    # LoRA on the file's weights: the checkpoint names the file as its base, and loads from it.
+    lora = tmp_path / "lora"
+    main(["fit", f"--model.init_from={path}", "--model.lora.rank=2", *data, "--trainer.max_epochs=1",
+          f"--trainer.default_root_dir={lora}", "--trainer.enable_progress_bar=false",
+          "--trainer.enable_model_summary=false", f"--trainer.logger.init_args.save_dir={lora}"])  # fmt: skip
+    adapters = next(lora.rglob("last.ckpt"))
+    assert safe_load(adapters)["lora"]["base"] == str(path.resolve())
+    (outcome,) = Classifier.from_checkpoint(adapters, device="cpu").predict([{"sentence": "the cat sat ."}])
+    assert outcome["label"] in ("negative", "positive")
+
+    capsys.readouterr()
+    main(["generate", f"--ckpt_path={path}", "--prompt=The quick brown", "--max_new_tokens=3"])
+    assert capsys.readouterr().out.startswith("The quick brown")

@@ -41,7 +41,7 @@ def test_bf16_falls_back_to_fp32_where_it_is_slower_or_missing(monkeypatch):
 
 
 def test_the_probe_measures_a_ratio():
-    assert 0.05 < precision.bf16_matmul_speedup(n=128, repeats=1) < 50
+    assert 0 < precision.bf16_matmul_speedup(n=128, repeats=1) < 100  # emulated bf16 can be 100x slower
 
 
 def lm_loss(gpt, ids, bf16: bool) -> torch.Tensor:
