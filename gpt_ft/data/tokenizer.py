@@ -332,6 +332,8 @@ def _looks_like_local_path(name: str) -> bool:
     """Whether a missing ``name`` can only have meant a local path, not a Hub name."""
     if name.startswith((".", "~")) or os.path.isabs(name) or (os.altsep and os.altsep in name):
         return True
+    if name.lower().endswith(".gguf"):  # a file, never a hub id
+        return True
     # Hub ids are "name" or "owner/name"; a relative path such as "data/tok" also fits that
     # pattern, so it goes to the Hub and a failure there reports both possibilities.
     try:

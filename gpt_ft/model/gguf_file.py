@@ -11,6 +11,8 @@ sentence: not GGUF, cut short, an architecture gpt_ft lacks, or a type it cannot
 
 from __future__ import annotations
 
+import copy
+import functools
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,22 +24,23 @@ MAGIC = b"GGUF"
 SUFFIX = ".gguf"
 # GGUF's `general.architecture` for the families gpt_ft has (a llama file named "mistral" is one).
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "gpt2")
-CONFIG_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")  # a transformers folder's
+SPLIT_COUNT = "split.count"  # llama.cpp's split files: each part names how many there are
 
 
 def find(path: str | os.PathLike) -> Path | None:
     """The GGUF file `path` names: the file itself (named `*.gguf`, or starting with GGUF's magic),
-    or the one `*.gguf` in a folder that is not a transformers folder; None for anything else.
+    or the one `*.gguf` in a folder without a `config.json` (which makes it a transformers folder);
+    None for anything else.
 
     Raises:
         ValueError: in one sentence, for a folder holding several GGUF files.
     """
     path = Path(path).expanduser()
     if path.is_file():
-        return path if path.suffix == SUFFIX or _starts_with_magic(path) else None
-    if not path.is_dir() or any((path / name).is_file() for name in CONFIG_FILES):
+        return path if path.suffix.lower() == SUFFIX or _starts_with_magic(path) else None
+    if not path.is_dir() or (path / "config.json").is_file():
         return None
-    files = sorted(path.glob(f"*{SUFFIX}"))
+    files = sorted(f for f in path.iterdir() if f.suffix.lower() == SUFFIX and f.is_file())
     if len(files) > 1:
         names = ", ".join(f.name for f in files)
         raise ValueError(f"{path} holds several GGUF files ({names}); name the one to read.")
@@ -57,35 +60,48 @@ def _gguf():
     return gguf
 
 
-def open_checked(path: Path):
-    """A `gguf.GGUFReader` over `path`, once the file is known to be one gpt_ft can read.
+def open_checked(path: Path, *, weights: bool = True):
+    """A `gguf.GGUFReader` over `path`, once the file is known to be one gpt_ft can read (with
+    `weights=False`, only its metadata: for its tokenizer).
 
     Raises:
-        ValueError: in one sentence naming the file, when it is not GGUF, is cut short, holds an
-            architecture gpt_ft lacks or a tensor type it cannot dequantize.
+        ValueError: in one sentence naming the file, when it is not GGUF, cannot be read (cut
+            short, corrupt, a version the gguf library does not read), is one part of a split
+            model, or (for its weights) holds an architecture gpt_ft lacks or a tensor type it
+            cannot dequantize.
     """
     gguf = _gguf()
     if not _starts_with_magic(path):
         raise ValueError(f"{path} is not a GGUF file: it does not start with GGUF's magic bytes {MAGIC!r}.")
     try:
         reader = gguf.GGUFReader(path)
+        architecture = _field(reader, "general.architecture")
+        parts = _field(reader, SPLIT_COUNT)
     except ValueError as exc:
         if "GGMLQuantizationType" in str(exc):
             raise ValueError(
                 f"{path} uses a tensor type unknown to gguf {_version(gguf)} ({exc}); "
                 "a newer gguf may read it."
             ) from None
+        if "version" in str(exc):
+            raise ValueError(
+                f"{path} is a GGUF version gguf {_version(gguf)} does not read ({exc})."
+            ) from None
         raise ValueError(
-            f"{path} is cut short or corrupt: its tensors do not fit in the file ({exc})."
+            f"{path} is cut short or corrupt: its contents do not fit in the file ({exc})."
         ) from None
-    except (IndexError, OSError) as exc:
+    except (IndexError, KeyError, OSError, UnicodeDecodeError, RecursionError) as exc:
         raise ValueError(f"{path} is cut short or corrupt: its header cannot be read ({exc}).") from None
-    architecture = _field(reader, "general.architecture")
-    if architecture not in ARCHITECTURES:
+    if parts and parts > 1:
         raise ValueError(
-            f"{path} holds a {architecture!r} model; gpt_ft reads GGUF files of {', '.join(ARCHITECTURES)}."
+            f"{path} is one of {parts} parts of a split model; merge them into one file first "
+            "(llama.cpp's llama-gguf-split --merge)."
         )
-    _check_types(path, reader, gguf)
+    if weights and architecture not in ARCHITECTURES:
+        held = f"a {architecture!r} model" if architecture else "no architecture (general.architecture)"
+        raise ValueError(f"{path} holds {held}; gpt_ft reads GGUF files of {', '.join(ARCHITECTURES)}.")
+    if weights:
+        _check_types(path, reader, gguf)
     return reader
 
 
@@ -99,8 +115,8 @@ def _version(gguf) -> str:
 
 
 def _check_types(path: Path, reader, gguf) -> None:
-    """Dequantize one row of each tensor type the file uses, so that a type the gguf library
-    cannot dequantize is named before anything is loaded."""
+    """Dequantize the first row of one tensor of each type the file uses, so that a type the gguf
+    library cannot dequantize is named before anything is loaded."""
     import numpy as np
 
     seen = set()
@@ -109,8 +125,9 @@ def _check_types(path: Path, reader, gguf) -> None:
         if kind in seen:
             continue
         seen.add(kind)
+        data = np.asarray(tensor.data)
         try:
-            gguf.quants.dequantize(np.asarray(tensor.data)[:1], kind)
+            gguf.quants.dequantize(data.reshape(-1, data.shape[-1])[:1], kind)
         except NotImplementedError:
             raise ValueError(
                 f"{path}: tensor {tensor.name} is stored as {kind.name}, which gguf {_version(gguf)} cannot "
@@ -166,8 +183,15 @@ def load(path: Path, cls: type[GPT]) -> GPT:
 
 def load_tokenizer(path: Path):
     """The tokenizer GGUF file `path` carries (its vocabulary, merges, special tokens and chat
-    template), as transformers builds it."""
+    template), as transformers builds it; a copy of the one built before from the same file (a
+    vocabulary of 262k tokens takes a while to convert)."""
+    stat = path.stat()
+    return copy.deepcopy(_tokenizer(path.resolve(), stat.st_size, stat.st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer(path: Path, size: int, mtime: int):
     from transformers import AutoTokenizer
 
-    open_checked(path)
+    open_checked(path, weights=False)
     return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)

@@ -71,24 +71,25 @@ def build_gpt(
         if transfer_layers is not None:
             raise ValueError("transfer_layers needs pretrained weights: give --model.init_from.")
         gpt = GPT(GPTConfig.from_name(preset, **{**(overrides or {}), "vocab_size": vocab_size or 40478}))
+    drawn: set[int] = set()  # the rows this call starts: the special tokens the weights lack
     if init_from and vocab_size is not None:
         check_tokenizer_fits(vocab_size, gpt.config.vocab_size, init_from)
         if vocab_size < gpt.config.vocab_size:  # a released table with unused rows (checked above)
             gpt.config.released_rows = gpt.config.vocab_size
             gpt.config.vocab_size = vocab_size
             reinitialise_rows(gpt, new_token_ids or [])
+            drawn.update(new_token_ids or [])
 
     loaded_vocab = gpt.config.vocab_size
     if gpt.config.released_rows and new_token_ids:  # LoRA trains the new tokens' rows: the tail
         loaded_vocab = min(new_token_ids)
     if vocab_size is not None and vocab_size > gpt.config.vocab_size:
+        drawn.update(range(gpt.config.vocab_size, vocab_size))
         gpt.resize_token_embeddings(vocab_size)  # the special tokens the weights lack (GPT-1 §3.3)
     if new_tokens is None:
         new_tokens = "copied" if gpt.config.hf_model_type in LLAMA_TYPES else "random"
-    if init_from and new_tokens == "copied":  # only rows the weights lacked: theirs stay as trained
-        copy_token_rows(
-            gpt, {row: source for row, source in (own_tokens or {}).items() if row >= loaded_vocab}
-        )
+    if init_from and new_tokens == "copied":  # only rows drawn here: the weights' own stay as trained
+        copy_token_rows(gpt, {row: source for row, source in (own_tokens or {}).items() if row in drawn})
     if lora is not None:
         if not init_from:
             raise ValueError("lora adapts pretrained weights: give --model.init_from.")

@@ -11,6 +11,7 @@ scales, so that the dequantized values are known without any dequantizer.
 from __future__ import annotations
 
 import json
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -30,15 +31,16 @@ CORPUS = [
 ]
 
 
-def tiny_tokenizer():
-    """A byte-level BPE (GPT-2's pre-tokenizer) with three special tokens first, as a fast tokenizer."""
+def tiny_tokenizer(extra: tuple[str, ...] = ()):
+    """A byte-level BPE (GPT-2's pre-tokenizer) with three special tokens first (and `extra` after
+    them), as a fast tokenizer."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=SPECIALS,
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=SPECIALS + list(extra),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
     tok.train_from_iterator(CORPUS * 4, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=SPECIALS[1], eos_token=SPECIALS[2],
@@ -50,9 +52,10 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _metadata(writer, config, model_type: str) -> None:
+def _metadata(writer, config, model_type: str, sizes: bool) -> None:
     c = config
-    writer.add_vocab_size(config.vocab_size)
+    if sizes:
+        writer.add_vocab_size(config.vocab_size)
     if model_type == "gpt2":
         writer.add_context_length(c.n_positions)
         writer.add_embedding_length(c.n_embd)
@@ -97,10 +100,11 @@ def _tokenizer_metadata(writer, tokenizer) -> None:
 
 
 def write_gguf(path: Path, hf_model, tokenizer=None, qtype: str = "F32", name: str = "tiny",
-               quantize: dict | None = None) -> Path:  # fmt: skip
+               quantize: dict | None = None, sizes: bool = True) -> Path:  # fmt: skip
     """`hf_model` (a transformers *ForCausalLM) as a GGUF file: its matrices stored as `qtype`, the
     rest (norms, biases, 1-D tensors) as F32, llama.cpp's habit; `quantize` may give a type per
-    tensor name suffix instead. With `tokenizer`, the file carries it."""
+    tensor name suffix instead. With `tokenizer`, the file carries it. `sizes=False` leaves out the
+    vocabulary's size and the padding id, which some files lack."""
     import gguf
 
     config = hf_model.config
@@ -111,10 +115,10 @@ def write_gguf(path: Path, hf_model, tokenizer=None, qtype: str = "F32", name: s
     names = gguf.get_tensor_name_map(arch_id, n_layer)
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(name)
-    _metadata(writer, config, model_type)
+    _metadata(writer, config, model_type, sizes)
     if tokenizer is not None:
         _tokenizer_metadata(writer, tokenizer)
-    else:
+    elif sizes:
         writer.add_pad_token_id(0)  # as real files say (else a config class's default may lie outside)
     state = hf_model.state_dict()
     for hf_name, tensor in state.items():
@@ -142,7 +146,7 @@ def write_gguf(path: Path, hf_model, tokenizer=None, qtype: str = "F32", name: s
             w = w + 1
         kind = next((t for end, t in (quantize or {}).items() if hf_name.endswith(end)), None)
         kind = kind or (qtype if w.ndim == 2 else "F32")
-        _add(writer, f"{gguf_name}.{suffix}", w, kind)
+        _add(writer, f"{gguf_name}.{suffix}", w, kind, seed_of(hf_name))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -150,7 +154,12 @@ def write_gguf(path: Path, hf_model, tokenizer=None, qtype: str = "F32", name: s
     return path
 
 
-def _add(writer, name: str, w: np.ndarray, kind: str) -> None:
+def seed_of(name: str) -> int:
+    """The seed of a hand-packed K-quant tensor: its transformers name's, so that each differs."""
+    return zlib.crc32(name.encode())
+
+
+def _add(writer, name: str, w: np.ndarray, kind: str, seed: int) -> None:
     import gguf
 
     qtype = gguf.GGMLQuantizationType[kind]
@@ -159,7 +168,7 @@ def _add(writer, name: str, w: np.ndarray, kind: str) -> None:
     elif kind == "F16":
         writer.add_tensor(name, w.astype(np.float16))
     elif kind in K_QUANTS:
-        blocks, _ = k_quant(kind, w)
+        blocks, _ = k_quant(kind, w, seed)
         writer.add_tensor(name, blocks, raw_shape=blocks.shape, raw_dtype=qtype)
     else:
         writer.add_tensor(name, gguf.quants.quantize(w, qtype), raw_shape=None, raw_dtype=qtype)
@@ -196,7 +205,8 @@ def k_quant(kind: str, w: np.ndarray, seed: int = 0) -> tuple[np.ndarray, np.nda
     rows, cols = w.shape
     assert cols % QK == 0, "K-quants need rows of a multiple of 256 values"
     rng = np.random.default_rng(seed)
-    step = 2.0 ** np.floor(np.log2(max(np.abs(w).max(), 1e-3) / 64))
+    # Scales and mins over all 6 bits: the largest value is about 63 * 31 steps (Q6_K: 32 * 32).
+    step = 2.0 ** np.floor(np.log2(max(np.abs(w).max(), 1e-3) / (1024 if kind == "Q6_K" else 2048)))
     blocks, values = [], []
     for _ in range(rows * cols // QK):
         if kind in ("Q4_K", "Q5_K"):
@@ -221,7 +231,7 @@ def k_quant(kind: str, w: np.ndarray, seed: int = 0) -> tuple[np.ndarray, np.nda
             blocks.append(np.concatenate([*head, qs.astype(np.uint8)]))
         else:  # Q6_K: 6-bit q - 32, a signed 8-bit scale per 16 values, d last
             q = rng.integers(0, 64, QK).astype(np.uint8)
-            sc = rng.integers(-3, 4, 16).astype(np.int8)
+            sc = rng.integers(-32, 32, 16).astype(np.int8)
             d = step
             values.append(
                 (d * np.repeat(sc.astype(np.float32), 16) * (q.astype(np.float32) - 32)).astype(np.float32)

@@ -14,7 +14,7 @@ from gpt_ft import GPT
 from gpt_ft.data.tokenizer import SPECIAL_TOKENS, load_tokenizer
 from gpt_ft.model import weights
 from tests.helpers import tiny_hf, tiny_llama
-from tests.model.gguf_files import CHAT_TEMPLATE, K_QUANTS, k_quant, tiny_tokenizer, write_gguf
+from tests.model.gguf_files import CHAT_TEMPLATE, K_QUANTS, k_quant, seed_of, tiny_tokenizer, write_gguf
 
 pytest.importorskip("gguf")
 
@@ -68,6 +68,19 @@ def test_f32_file_gives_the_models_own_logits(tmp_path, family):
     torch.testing.assert_close(logits(gpt, ids), transformers_gguf(path)(ids).logits, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("family", ["gpt2", "phi3"])
+def test_sizes_the_metadata_leaves_out_come_from_the_tensors(tmp_path, family):
+    """No vocabulary size, no padding id, and for GPT-2 a position table other than 1024: what
+    transformers' GGUF loading would take from its config class's defaults is read from the
+    tensors (the token embedding's rows, the position table's)."""
+    hf = tiny_hf("gpt2", vocab_size=VOCAB, n_positions=64) if family == "gpt2" else tiny(family)
+    gpt = GPT.from_pretrained(write_gguf(tmp_path / "m.gguf", hf, sizes=False)).eval()
+    assert gpt.config.vocab_size == VOCAB
+    ids = torch.randint(0, VOCAB, (2, 24))
+    with torch.no_grad():
+        torch.testing.assert_close(logits(gpt, ids), hf(ids).logits, rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize(
     "family, qtype",
     [("llama", "Q4_1"), ("llama", "Q8_0"), ("qwen2", "Q4_0"), ("qwen3", "F16"), ("gemma3_text", "Q8_0"),
@@ -94,7 +107,7 @@ def test_quantized_file_equals_transformers_gguf_loading(tmp_path, family, qtype
 ROUNDING = {"F16": lambda w, m: w.abs() * 2**-11, "BF16": lambda w, m: w.abs() * 2**-8,
             "Q8_0": lambda w, m: m / 127 / 2, "Q4_0": lambda w, m: m / 8, "Q4_1": lambda w, m: 2 * m / 15 / 2,
             "Q5_0": lambda w, m: m / 16, "Q5_1": lambda w, m: 2 * m / 31 / 2}  # fmt: skip
-F16_SCALE = 2**-10
+F16_SCALE = 2**-9  # d's (and Q4_1's min's) F16 rounding, times the 15 (31) steps of a block
 
 
 @pytest.mark.parametrize("qtype", list(ROUNDING))
@@ -121,8 +134,8 @@ def test_k_quant_values_are_the_packed_integers_times_their_scales(tmp_path, qty
     hf = tiny("qwen2", intermediate_size=256)
     path = write_gguf(tmp_path / "m.gguf", hf, quantize={"down_proj.weight": qtype})
     gpt = GPT.from_pretrained(path)
-    written = hf.model.layers[1].mlp.down_proj.weight.detach().numpy()
-    _, values = k_quant(qtype, written)
+    name = "model.layers.1.mlp.down_proj.weight"
+    _, values = k_quant(qtype, hf.state_dict()[name].numpy(), seed_of(name))
     torch.testing.assert_close(gpt.h[1].mlp.c_proj.weight.detach(), torch.from_numpy(values), rtol=0, atol=0)
 
 

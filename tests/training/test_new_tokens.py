@@ -5,6 +5,7 @@ for the Llama family's weights."""
 import pytest
 import torch
 
+from gpt_ft import GPT
 from gpt_ft.adapters import SingleText
 from gpt_ft.data.tokenizer import load_tokenizer, own_framing_tokens, special_token_ids
 from gpt_ft.model.lora import LoRA
@@ -60,3 +61,20 @@ def test_gpt2_weights_keep_gpt1s_random_rows_unless_told(weights):
     assert not torch.equal(embed(module(path), [ids.extract]), embed(module(path), [own["extract"]]))
     m = module(path, new_tokens="copied")
     torch.testing.assert_close(embed(m, [ids.start, ids.extract]), embed(m, [own["start"], own["extract"]]))
+
+
+def test_rows_the_weights_already_have_stay_as_trained(tmp_path):
+    """A tokenizer that holds GPT-1's framing tokens already (a model fine-tuned or pretrained with
+    them): their rows are the weights', copied or not."""
+    from gpt_ft.data.tokenizer import SPECIAL_TOKENS
+
+    framing = tuple(SPECIAL_TOKENS[k] for k in ("start", "delim", "extract"))
+    path = write_gguf(tmp_path / "m.gguf", tiny("llama"), tokenizer=tiny_tokenizer(framing))
+    tok = load_tokenizer(path)
+    assert len(tok) == 320  # nothing added
+    ids = special_token_ids(tok)
+    rows = [ids.start, ids.delim, ids.extract]
+    loaded = GPT.from_pretrained(path).wte.weight[rows].detach()
+    for new_tokens in ("copied", "random"):
+        m = module(path, new_tokens=new_tokens)
+        torch.testing.assert_close(m.gpt.wte.weight[rows].detach(), loaded, rtol=0, atol=0)
