@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -66,6 +67,7 @@ class Background:
         self._lock = threading.Lock()
         self._closed = False
         self._env = dict(os.environ)  # before any test changes it
+        self.seconds: list[tuple[float, str]] = []  # each command's wall time, for the summary
 
     def __contains__(self, start: Callable) -> bool:
         return start in self._jobs
@@ -88,6 +90,7 @@ class Background:
         return [self._run(command) for command in commands]
 
     def _run(self, command: Command) -> subprocess.CompletedProcess:
+        start = time.perf_counter()
         with self._lock:
             if self._closed:
                 raise RuntimeError("the test session ended before this command ran")
@@ -108,6 +111,7 @@ class Background:
                 self._live.discard(process)
         done = subprocess.CompletedProcess(command.argv, process.returncode, out, err)
         done.after = command.after() if command.after is not None else None
+        self.seconds.append((time.perf_counter() - start, " ".join(Path(a).name for a in command.argv[1:5])))
         return done
 
     def close(self) -> None:

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gpt_ft.data.tokenizer import train_tokenizer
-from tests.background import Background
+from tests.background import WORKERS, Background
 from tests.helpers import PAIR_ROWS, finetune_args, make_task
 
 CORPUS = """The quick brown fox jumps over the lazy dog. A man is playing a guitar.
@@ -91,6 +91,7 @@ def _background(request, tmp_path_factory):
             jobs.fail(start, root, exc)
         else:
             jobs.submit(start, root, commands)
+    request.config.stash[BACKGROUND] = jobs
     yield jobs
     jobs.close()
     torch.set_num_threads(threads)
@@ -98,6 +99,22 @@ def _background(request, tmp_path_factory):
         os.environ.pop("OMP_NUM_THREADS", None)
     else:
         os.environ["OMP_NUM_THREADS"] = omp
+
+
+BACKGROUND = pytest.StashKey[Background]()
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """The background commands' wall time: where the session waits on them, they set its length."""
+    jobs = config.stash.get(BACKGROUND, None)
+    if jobs is None or not jobs.seconds:
+        return
+    seconds = sorted(jobs.seconds, reverse=True)
+    total = sum(t for t, _ in seconds)
+    longest = ", ".join(f"{what} {t:.1f}s" for t, what in seconds[:5])
+    terminalreporter.write_line(
+        f"background: {len(seconds)} commands, {total:.1f}s in all on {WORKERS} workers; longest: {longest}"
+    )
 
 
 @pytest.fixture
