@@ -3,6 +3,7 @@ made once per session; the commands that run in the background (tests/background
 
 import inspect
 import os
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from gpt_ft.data.tokenizer import train_tokenizer
+from gpt_ft.model import gguf_file
 from tests.background import WORKERS, Background
 from tests.helpers import PAIR_ROWS, finetune_args, make_task
 
@@ -57,6 +59,9 @@ def pairs_dir(tmp_path) -> Path:
 
 
 def pytest_configure(config):
+    # Converted GGUF tokenizers go to the session's own cache, never the user's (before the
+    # background commands copy the environment).
+    os.environ[gguf_file.CACHE] = tempfile.mkdtemp(prefix="gpt_ft-cache-")
     config.addinivalue_line(
         "markers",
         "background(start=fn): the test checks the commands that fn(root, **fixtures) returns, run in "

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import copy
 import functools
+import hashlib
 import os
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +26,7 @@ MAGIC = b"GGUF"
 SUFFIX = ".gguf"
 # GGUF's `general.architecture` for the families gpt_ft has (a llama file named "mistral" is one).
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "gpt2")
+CACHE = "GPT_FT_CACHE"  # the folder for converted GGUF tokenizers (default ~/.cache/gpt_ft)
 SPLIT_COUNT = "split.count"  # llama.cpp's split files: each part names how many there are
 
 
@@ -183,15 +186,40 @@ def load(path: Path, cls: type[GPT]) -> GPT:
 
 def load_tokenizer(path: Path):
     """The tokenizer GGUF file `path` carries (its vocabulary, merges, special tokens and chat
-    template), as transformers builds it; a copy of the one built before from the same file (a
-    vocabulary of 262k tokens takes a while to convert)."""
+    template), as transformers builds it. Converting a large vocabulary takes minutes (Gemma 3's
+    262k tokens: about 4 on 2 CPU cores), so the result is kept, as a `save_pretrained` folder, in
+    the cache (`$GPT_FT_CACHE`, by default ~/.cache/gpt_ft) under the file's path, size and time,
+    and within a process in memory (each caller gets its own copy)."""
     stat = path.stat()
     return copy.deepcopy(_tokenizer(path.resolve(), stat.st_size, stat.st_mtime_ns))
+
+
+def cache_dir() -> Path:
+    """Where converted GGUF tokenizers are kept."""
+    root = (
+        os.environ.get(CACHE) or Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "gpt_ft"
+    )
+    return Path(root) / "gguf-tokenizers"
 
 
 @functools.lru_cache(maxsize=4)
 def _tokenizer(path: Path, size: int, mtime: int):
     from transformers import AutoTokenizer
 
+    key = hashlib.sha256(f"{path}\0{size}\0{mtime}".encode()).hexdigest()[:16]
+    saved = cache_dir() / f"{path.stem}-{key}"
+    if (saved / "tokenizer.json").is_file():
+        try:
+            return AutoTokenizer.from_pretrained(saved)
+        except (OSError, ValueError):  # a damaged entry: converted again below
+            pass
     open_checked(path, weights=False)
-    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    partial = saved.with_name(f"{saved.name}.{os.getpid()}.partial")
+    try:
+        tokenizer.save_pretrained(partial)
+        shutil.rmtree(saved, ignore_errors=True)
+        os.replace(partial, saved)
+    except OSError:  # a read-only or full cache: the next process converts again
+        shutil.rmtree(partial, ignore_errors=True)
+    return tokenizer

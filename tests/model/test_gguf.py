@@ -159,6 +159,28 @@ def test_tokenizer_ids_equal_the_written_tokenizer_and_transformers_gguf(tmp_pat
     assert chat == "<|im_start|>user\nhi<|im_end|>\n"
 
 
+def test_a_converted_tokenizer_is_kept_in_the_cache(tmp_path, monkeypatch):
+    """The second process reads the tokenizer from the cache: the file is not opened again."""
+    from gpt_ft.model import gguf_file
+
+    monkeypatch.setenv(gguf_file.CACHE, str(tmp_path / "cache"))
+    path = write_gguf(tmp_path / "m.gguf", tiny("llama"), tokenizer=tiny_tokenizer())
+    first = load_tokenizer(path)
+    (entry,) = (tmp_path / "cache" / "gguf-tokenizers").iterdir()
+    assert entry.name.startswith("m-") and (entry / "tokenizer.json").is_file()
+    gguf_file._tokenizer.cache_clear()  # as in a new process
+
+    def not_again(*args, **kwargs):
+        raise AssertionError("the GGUF file was read again")
+
+    monkeypatch.setattr(gguf_file, "open_checked", not_again)
+    again = load_tokenizer(path)
+    text = "The quick brown fox, 2024!\n"
+    assert again(text).input_ids == first(text).input_ids and len(again) == len(first)
+    assert again.chat_template == CHAT_TEMPLATE and again.eos_token == first.eos_token
+    gguf_file._tokenizer.cache_clear()
+
+
 def test_the_weights_name_their_tokenizer_and_a_folder_holding_one_file_is_read(tmp_path):
     folder = tmp_path / "model"
     folder.mkdir()
