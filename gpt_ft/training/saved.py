@@ -22,7 +22,7 @@ from torch import nn
 from gpt_ft.model import GPT, GPTConfig
 from gpt_ft.model.checkpoint import GPT_PREFIX, Adapters, Checkpoint
 from gpt_ft.model.gpt import with_dropout
-from gpt_ft.model.hf_llama import MODEL_TYPES as LLAMA_TYPES
+from gpt_ft.model.hf_llama import is_llama_style
 from gpt_ft.model.lora import LoRA, add_lora, merged_state_dict
 from gpt_ft.workarounds import CLI_HPARAMS
 
@@ -87,7 +87,7 @@ def build_gpt(
         drawn.update(range(gpt.config.vocab_size, vocab_size))
         gpt.resize_token_embeddings(vocab_size)  # the special tokens the weights lack (GPT-1 §3.3)
     if new_tokens is None:
-        new_tokens = "copied" if gpt.config.hf_model_type in LLAMA_TYPES else "random"
+        new_tokens = "copied" if is_llama_style(gpt.config) else "random"
     if init_from and new_tokens == "copied":  # only rows drawn here: the weights' own stay as trained
         copy_token_rows(gpt, {row: source for row, source in (own_tokens or {}).items() if row in drawn})
     if lora is not None:
