@@ -9,6 +9,9 @@ one whole process each, in turns:
   the defaults), validating once at the end of the epoch;
 - `ours, λ=0`: the same with `--model.lm_coef 0`, the Trainer's objective (the task loss alone);
 - `ours, padded`: the same as `ours` with `--data.packing false`;
+- `ours, λ=0, LoRA` and `ours, λ=0, 4-bit LoRA`: `ours, λ=0` training rank-8 adapters of every
+  matrix (`--model.lora.rank 8`), the base weights frozen in full precision or in 4-bit NF4
+  (`--model.lora.quantize nf4`, which needs torchao);
 - `Trainer`: transformers' `Trainer` with `*ForSequenceClassification` from the same folder and its
   default collator (`DataCollatorWithPadding`), then `Trainer.predict` on the dev split;
 - `Trainer, group_by_length`: the same with length-grouped batches (`group_by_length=True`;
@@ -18,7 +21,8 @@ Both read the same token ids (gpt_ft's GPT-1 inputs, written to jsonl for the Tr
 clock starts; gpt_ft's own encodings are cached by then too), the same batch size, learning rate,
 linear schedule with --warmup of the steps, weight decay 0.01, gradient clipping at 1.0, epochs and
 seed. Neither saves a checkpoint. The wall time is each process's, start to exit; the dev metric
-is accuracy. A row's ratio divides the Trainer's time by ours.
+is accuracy; the peak resident memory is each process's own (`ru_maxrss`). A row's ratio divides
+its time by that of the first of `ours` / `ours, λ=0` run.
 
     python benchmarks/bench_vs_trainer.py --glue GLUE_DIR --tokenizer GPT2_BPE_DIR
 
@@ -51,7 +55,11 @@ SHAPES = {  # preset and the changes that give it --layers x --width with 64-wid
     "gpt1": ("gpt1", {}),
     "llama": ("smollm2-135m", {"n_positions": 2048}),
 }
-CONTENDERS = ["ours", "ours, λ=0", "ours, padded", "Trainer", "Trainer, group_by_length"]
+CONTENDERS = [
+    "ours", "ours, λ=0", "ours, padded", "ours, λ=0, LoRA", "ours, λ=0, 4-bit LoRA",
+    "Trainer", "Trainer, group_by_length",
+]  # fmt: skip
+LORA = {"LoRA": ["--model.lora.rank=8"], "4-bit LoRA": ["--model.lora.rank=8", "--model.lora.quantize=nf4"]}
 
 
 def base_folder(args, shape: str, out: Path) -> Path:
@@ -113,15 +121,17 @@ def train_size(args, task: str) -> int | None:
     return args.train_size if task == "SST-2" else None
 
 
-def ours(args, task: str, base: Path, out: Path, packing: bool = True, lm_coef: float = 0.5) -> list[str]:
+def ours(args, task: str, base: Path, out: Path, contender: str) -> list[str]:
     precision = "bf16-mixed" if args.device == "cuda" or args.bf16 else "32-true"
     size = train_size(args, task)
     return [
         sys.executable, "-m", "gpt_ft", "fit",
         f"--data.task={ROOT / TASKS[task]}", f"--data.data_dir={args.glue}", f"--data.tokenizer={base}",
         f"--data.max_length={args.max_length}", f"--data.batch_size={args.batch_size}",
-        f"--data.packing={str(packing).lower()}", *([f"--data.train_size={size}"] if size else []),
-        f"--model.init_from={base}", f"--model.lm_coef={lm_coef}", f"--model.lr={args.lr}",
+        f"--data.packing={str('padded' not in contender).lower()}",
+        *([f"--data.train_size={size}"] if size else []), *LORA.get(contender.partition("λ=0, ")[2], []),
+        f"--model.init_from={base}", f"--model.lm_coef={0.0 if 'λ=0' in contender else 0.5}",
+        f"--model.lr={args.lr}",
         f"--model.warmup_fraction={args.warmup}", "--model.weight_decay=0.01", "--seed_everything=0",
         f"--trainer.max_epochs={args.epochs}", "--trainer.gradient_clip_val=1.0",
         f"--trainer.precision={precision}", f"--trainer.accelerator={args.device}",
@@ -179,14 +189,17 @@ def grouping(grouped: bool) -> dict:
     return {"group_by_length": grouped}
 
 
-def timed(cmd: list[str], log: Path) -> float:
+def timed(cmd: list[str], log: Path) -> tuple[float, float]:
+    """The process's wall time in seconds and its peak resident memory in GiB."""
     start = time.perf_counter()
     with log.open("w") as sink:
-        done = subprocess.run(cmd, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(proc.pid, 0)
     seconds = time.perf_counter() - start
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd[:4])} ... failed (exit {done.returncode}); see {log}")
-    return seconds
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd[:4])} ... failed (exit {proc.returncode}); see {log}")
+    return seconds, usage.ru_maxrss / 1024**2  # KiB on Linux
 
 
 def ours_accuracy(out: Path) -> float:
@@ -253,29 +266,27 @@ def main() -> None:
                 run_dir = out / f"{task}-{shape}-{slug}"
                 log = run_dir.with_suffix(".log")
                 if contender.startswith("ours"):
-                    lm_coef = 0.0 if "λ=0" in contender else 0.5
-                    cmd = ours(args, task, base, run_dir, packing="padded" not in contender, lm_coef=lm_coef)
-                    seconds = timed(cmd, log)
+                    seconds, rss = timed(ours(args, task, base, run_dir, contender), log)
                     accuracy = ours_accuracy(run_dir)
                 else:
                     cmd = trainer(args, base, files, run_dir, grouped="group_by_length" in contender)
-                    seconds = timed(cmd, log)
+                    seconds, rss = timed(cmd, log)
                     accuracy = trainer_accuracy(log)
-                results[contender] = (seconds, accuracy)
-                print(
-                    f"{task:6} {shape:6} {contender:26} {seconds:7.1f} s  dev accuracy {accuracy:.4f}",
-                    flush=True,
-                )
-            mine = results.get("ours", (None,))[0]
-            for contender, (seconds, accuracy) in results.items():
+                results[contender] = (seconds, accuracy, rss)
+                print(f"{task:6} {shape:6} {contender:26} {seconds:7.1f} s  dev accuracy {accuracy:.4f}  "
+                      f"peak RSS {rss:.2f} GiB", flush=True)  # fmt: skip
+            mine = next((results[c][0] for c in ("ours", "ours, λ=0") if c in results), None)
+            for contender, (seconds, accuracy, rss) in results.items():
                 ratio = seconds / mine if mine else None
                 rows.append(dict(task=task, shape=shape, contender=contender, seconds=round(seconds, 1),
-                                 accuracy=accuracy, vs_ours=round(ratio, 2) if ratio else None))  # fmt: skip
-    print("\n| task | shape | contender | wall s | dev accuracy | its time / ours |")
-    print("|---|---|---|---:|---:|---:|")
+                                 accuracy=accuracy, peak_rss_gib=round(rss, 2),
+                                 vs_ours=round(ratio, 2) if ratio else None))  # fmt: skip
+    print("\n| task | shape | contender | wall s | dev accuracy | peak RSS GiB | its time / ours |")
+    print("|---|---|---|---:|---:|---:|---:|")
     for r in rows:
         ratio = f"{r['vs_ours']:.2f}x" if r["vs_ours"] else ""
-        cells = [r["task"], r["shape"], r["contender"], f"{r['seconds']:.0f}", f"{r['accuracy']:.4f}", ratio]
+        cells = [r["task"], r["shape"], r["contender"], f"{r['seconds']:.0f}", f"{r['accuracy']:.4f}",
+                 f"{r['peak_rss_gib']:.2f}", ratio]  # fmt: skip
         print("| " + " | ".join(cells) + " |")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
