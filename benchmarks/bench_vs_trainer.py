@@ -22,7 +22,9 @@ clock starts; gpt_ft's own encodings are cached by then too), the same batch siz
 linear schedule with --warmup of the steps, weight decay 0.01, gradient clipping at 1.0, epochs and
 seed. Neither saves a checkpoint. The wall time is each process's, start to exit; the dev metric
 is accuracy; the peak resident memory is each process's own (`ru_maxrss`). A row's ratio divides
-its time by that of the first of `ours` / `ours, λ=0` run.
+its time by that of the first of `ours` / `ours, λ=0` run. Each task first prints how many
+positions shuffled padded batches compute per real token: the most that padding-free batches can
+save, the ceiling of the Trainer's time over ours at λ = 0.
 
     python benchmarks/bench_vs_trainer.py --glue GLUE_DIR --tokenizer GPT2_BPE_DIR
 
@@ -115,6 +117,21 @@ def encoded_splits(args, task: str, base: Path, out: Path) -> dict[str, Path]:
             for ids, label in zip(rows["input_ids"], rows["label"]):
                 f.write(json.dumps({"input_ids": ids[0], "labels": label}) + "\n")
     return files
+
+
+def padding_ceiling(train: Path, batch_size: int, epochs: int = 20) -> float:
+    """Positions per real token that shuffled padded batches compute over the training split (the
+    mean of `epochs` shuffles): what padding-free batches can save at most, as a ratio of work."""
+    import random
+
+    lengths = [len(json.loads(line)["input_ids"]) for line in train.open()]
+    draw, padded = random.Random(0), 0
+    for _ in range(epochs):
+        order = draw.sample(lengths, len(lengths))
+        padded += sum(
+            max(b) * len(b) for b in (order[i : i + batch_size] for i in range(0, len(order), batch_size))
+        )
+    return padded / (epochs * sum(lengths))
 
 
 def train_size(args, task: str) -> int | None:
@@ -260,6 +277,10 @@ def main() -> None:
         for shape in args.shapes:
             base = base_folder(args, shape, out)
             files = encoded_splits(args, task, base, out)
+            ceiling = padding_ceiling(files["train"], args.batch_size)
+            print(
+                f"{task}: shuffled padded batches compute {ceiling:.2f} positions per real token", flush=True
+            )
             results = {}
             for contender in args.contenders:
                 slug = contender.replace(", ", "-").replace(" ", "-").replace("λ=0", "task-loss-only")
