@@ -68,6 +68,9 @@ class Background:
         self._closed = False
         self._env = dict(os.environ)  # before any test changes it
         self.seconds: list[tuple[float, str]] = []  # each command's wall time, for the summary
+        self.started = time.perf_counter()
+        self.ended: float | None = None  # when the last command ended
+        self.waited_from: float | None = None  # when the first marked test asked for its commands
 
     def __contains__(self, start: Callable) -> bool:
         return start in self._jobs
@@ -84,6 +87,7 @@ class Background:
     def result(self, start: Callable, timeout: float = 900) -> tuple[Path, list[subprocess.CompletedProcess]]:
         """The finished commands of `start`'s job, waiting for them (a hung command fails its test)."""
         root, future = self._jobs[start]
+        self.waited_from = self.waited_from or time.perf_counter()
         return root, future.result(timeout=timeout)
 
     def _run_all(self, commands: list[Command]) -> list[subprocess.CompletedProcess]:
@@ -111,7 +115,8 @@ class Background:
                 self._live.discard(process)
         done = subprocess.CompletedProcess(command.argv, process.returncode, out, err)
         done.after = command.after() if command.after is not None else None
-        self.seconds.append((time.perf_counter() - start, " ".join(Path(a).name for a in command.argv[1:5])))
+        self.ended = time.perf_counter()
+        self.seconds.append((self.ended - start, " ".join(Path(a).name for a in command.argv[1:5])))
         return done
 
     def close(self) -> None:

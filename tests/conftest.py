@@ -120,6 +120,11 @@ def pytest_terminal_summary(terminalreporter, config):
     terminalreporter.write_line(
         f"background: {len(seconds)} commands, {total:.1f}s in all on {WORKERS} workers; longest: {longest}"
     )
+    if jobs.waited_from is not None and jobs.ended is not None:
+        tests, done = jobs.waited_from - jobs.started, jobs.ended - jobs.started
+        terminalreporter.write_line(
+            f"background: the in-process tests ended at {tests:.0f}s, the background at {done:.0f}s"
+        )
 
 
 @pytest.fixture
