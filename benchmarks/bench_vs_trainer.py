@@ -119,21 +119,6 @@ def encoded_splits(args, task: str, base: Path, out: Path) -> dict[str, Path]:
     return files
 
 
-def padding_ceiling(train: Path, batch_size: int, epochs: int = 20) -> float:
-    """Positions per real token that shuffled padded batches compute over the training split (the
-    mean of `epochs` shuffles): what padding-free batches can save at most, as a ratio of work."""
-    import random
-
-    lengths = [len(json.loads(line)["input_ids"]) for line in train.open()]
-    draw, padded = random.Random(0), 0
-    for _ in range(epochs):
-        order = draw.sample(lengths, len(lengths))
-        padded += sum(
-            max(b) * len(b) for b in (order[i : i + batch_size] for i in range(0, len(order), batch_size))
-        )
-    return padded / (epochs * sum(lengths))
-
-
 def train_size(args, task: str) -> int | None:
     return args.train_size if task == "SST-2" else None
 
@@ -277,10 +262,8 @@ def main() -> None:
         for shape in args.shapes:
             base = base_folder(args, shape, out)
             files = encoded_splits(args, task, base, out)
-            ceiling = padding_ceiling(files["train"], args.batch_size)
-            print(
-                f"{task}: shuffled padded batches compute {ceiling:.2f} positions per real token", flush=True
-            )
+            ceiling = harness.padding_ceiling(files["train"], args.batch_size)
+            print(f"{task}: shuffled padded batches compute {ceiling:.2f} positions a real token", flush=True)
             results = {}
             for contender in args.contenders:
                 slug = contender.replace(", ", "-").replace(" ", "-").replace("λ=0", "task-loss-only")

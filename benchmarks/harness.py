@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import random
 import shutil
 import statistics
 import subprocess
@@ -290,3 +291,16 @@ def bar_chart(rows: dict[str, dict[str, float]], path: Path, ylabel: str) -> Non
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+
+def padding_ceiling(train: Path, batch_size: int, epochs: int = 20) -> float:
+    """Positions per real token that shuffled padded batches compute over the training split (the
+    mean of `epochs` shuffles): what padding-free batches can save at most, as a ratio of work."""
+    lengths = [len(json.loads(line)["input_ids"]) for line in train.open()]  # jsonl rows
+    draw, padded = random.Random(0), 0
+    for _ in range(epochs):
+        order = draw.sample(lengths, len(lengths))
+        padded += sum(
+            max(b) * len(b) for b in (order[i : i + batch_size] for i in range(0, len(order), batch_size))
+        )
+    return padded / (epochs * sum(lengths))
