@@ -172,7 +172,7 @@ def shared_context(setup: Setup, runs: int) -> list[Row]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    p.add_argument("--preset", default="gpt1", help="the GPU's model (the CPU uses a small one)")
+    p.add_argument("--preset", default=None, help="the model (default: gpt1; on the CPU gpt-mini)")
     p.add_argument("--seq", type=int, default=None, help="context (default: the preset's; CPU 128)")
     p.add_argument("--runs", type=int, default=3, help="interleaved runs of the shared-context step")
     p.add_argument("--bf16", action="store_true", help="bf16-mixed on the CPU too (always on a GPU)")
@@ -181,10 +181,10 @@ def main() -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("no CUDA device here: run on a GPU, or pass --device cpu")
     if args.device == "cuda":
-        config = GPTConfig.from_name(args.preset)
+        config = GPTConfig.from_name(args.preset or "gpt1")
         torch.backends.cuda.matmul.allow_tf32 = True
     else:  # a small shape, so that the CPU rows take seconds
-        config = GPTConfig.from_name("gpt-mini", vocab_size=8192, n_positions=128)
+        config = GPTConfig.from_name(args.preset or "gpt-mini", vocab_size=8192, n_positions=128)
     bf16 = args.device == "cuda" or args.bf16
     setup = Setup(args.device, config, args.seq or config.n_positions, torch.bfloat16 if bf16 else None)
     report = Report("Attention kernels and shared contexts")

@@ -8,7 +8,7 @@
    shared contexts, with the speed goals checked.
 
 Exit status 1 when a test fails or a goal is missed. With `--device cpu` the tests are skipped and
-the figures run on a small model (`--quick`: in about a minute; the test suite runs it).
+the figures run on a small model (`--quick`: a tiny one, in about half a minute; the test suite runs it).
 
     python benchmarks/gpu_check.py                          # on a GPU, with the project installed
     python benchmarks/gpu_check.py --device cpu --quick     # on a CPU

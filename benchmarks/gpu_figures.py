@@ -8,8 +8,8 @@ cached vs uncached generation.
 
 On a GPU the speed goals are checked (exit status 1 when one is missed): MFU >= 40% compiled,
 >= 2.5x transformers' step, `fit` within 3% of the raw loop. Correctness is the CUDA tests' job;
-benchmarks/gpu_check.py runs both. `--device cpu --quick` runs every row on a small model in about
-a minute (the test suite does).
+benchmarks/gpu_check.py runs both. `--device cpu --quick` runs every row on a tiny model, to check
+that they run (the test suite does), in about half a minute.
 
     python benchmarks/gpu_figures.py
     python benchmarks/gpu_figures.py --device cpu --quick
@@ -79,20 +79,23 @@ class Setup:
 def make_setup(args) -> Setup:
     cuda = args.device == "cuda"
     if cuda:
-        config = GPTConfig.from_name(args.preset)
+        preset = args.preset or "gpt1"
+        config = GPTConfig.from_name(preset)
         seq, batches = args.seq or config.n_positions, args.batch or ([16] if args.quick else [8, 16])
-    else:  # a small shape, so that the CPU rows take seconds
-        config = GPTConfig.from_name("gpt-mini", vocab_size=8192, n_positions=128)
+    else:  # a small shape, so that the CPU rows take seconds (--quick: a tiny one, to check they run)
+        preset = args.preset or ("gpt-micro" if args.quick else "gpt-mini")
+        config = GPTConfig.from_name(preset, vocab_size=8192, n_positions=128)
         seq, batches = args.seq or 128, args.batch or [4]
     return Setup(
         device=args.device,
-        preset=args.preset,
+        preset=preset,
         config=config,
         seq=seq,
         batches=batches,
         runs=args.runs or (2 if args.quick else 3),
         compile=cuda and not args.no_compile,
-        pretrain_steps=args.pretrain_steps or (30 if args.quick or not cuda else 120),
+        pretrain_steps=args.pretrain_steps
+        or ((30 if args.quick else 120) if cuda else (10 if args.quick else 30)),
         gen_tokens=64 if args.quick else 256,
         autocast=torch.bfloat16 if cuda or args.bf16 else None,
         peak_tflops=args.peak_tflops or (dense_peak_tflops(torch.cuda.get_device_name()) if cuda else None),
@@ -208,12 +211,12 @@ def fit_vs_loop(setup: Setup, tmp: Path) -> Iterator[Row]:
     rounds = 2 if setup.cuda and not setup.compile else 1  # compiling twice more would cost minutes
     setup.script(
         "bench_overhead.py",
-        f"--preset={'gpt1' if setup.cuda else 'gpt-mini'}",
+        f"--preset={setup.preset}",
         f"--vocab-size={setup.config.vocab_size}",
         f"--block={setup.seq}",
         f"--batch={batch}",
         "--lr=1e-4",
-        "--warmup=10",
+        f"--warmup={min(10, max(3, steps // 3))}",  # untimed steps
         f"--steps={steps}",
         f"--rounds={rounds}",
         f"--precision={'bf16-mixed' if setup.autocast else '32-true'}",
@@ -259,7 +262,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--quick", action="store_true", help="fewer runs and steps")
-    p.add_argument("--preset", default="gpt1", help="the GPU rows' model (the CPU uses a small one)")
+    p.add_argument(
+        "--preset", default=None, help="the model (default gpt1; on the CPU gpt-mini, with --quick gpt-micro)"
+    )
     p.add_argument("--seq", type=int, default=None, help="context of the speed rows (default: the preset's)")
     p.add_argument("--batch", type=int, nargs="+", default=None, help="batch sizes (GPU default: 8 16)")
     p.add_argument("--runs", type=int, default=None, help="interleaved timing runs (default 3; quick 2)")

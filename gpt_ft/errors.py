@@ -182,3 +182,33 @@ def check_not_null(values: dict, cls: type, option: str) -> None:
             continue
         kind = getattr(hints[name], "__name__", None) or str(hints[name]).replace("typing.", "")
         raise ValueError(f"{option}.{name}: expected {kind}, got null.")
+
+
+def check_devices(devices, *, on_cpu: bool) -> None:
+    """`--trainer.devices` as Lightning reads it, checked where Lightning would raise a TypeError of
+    its own: on the CPU a count of processes or 'auto'; on GPUs also -1 (every one) or indices."""
+    text = str(devices).strip()
+    if text == "auto" or re.fullmatch(r"[1-9]\d*", text):
+        return
+    if on_cpu:
+        raise ValueError(
+            f"--trainer.devices {devices!r}: on the CPU, give a count of processes (1, 2, ...) or 'auto'."
+        )
+    if isinstance(devices, list) or re.fullmatch(r"-1|\d+(\s*,\s*\d+)*,?", text):
+        return
+    raise ValueError(
+        f"--trainer.devices {devices!r}: give a count (1, 2, ...), -1 for every device, 'auto', "
+        "or device indices such as '0,1'."
+    )
+
+
+def check_context(data, n_positions: int) -> None:
+    """Sequences longer than the model's context would fail only when the first long one comes:
+    say so before anything runs."""
+    for field in ("max_length", "block_size"):  # TaskDataModule, LMDataModule
+        length = getattr(data, field, None)
+        if length is not None and length > n_positions:
+            raise ValueError(
+                f"--data.{field} {length} is longer than the model's context of {n_positions} tokens "
+                f"(n_positions); use at most {n_positions}."
+            )

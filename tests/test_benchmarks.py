@@ -19,11 +19,11 @@ KINDS = [
     "shared contexts of one length",
     "shared contexts, padded (masked)",
 ]
-# The rows of `--device cpu --quick` (gpt-mini at context 128, batch 4), in order, and their results.
+# The rows of `--device cpu --quick` (gpt-micro at context 128, batch 4), in order, and their results.
 ROWS = {
     "CUDA tests": r"need a GPU",
     "environment": r"CPU \(.+\); torch .+, CUDA None, lightning .+, transformers .+, \d+ threads",
-    "model": r"4 layers x 256 wide, 4 heads, vocab 8192, context 128; fp32",
+    "model": r"2 layers x 64 wide, 2 heads, vocab 8192, context 128; fp32",
     # Evaluation runs SDPA mask-free or with a boolean mask: the CPU's flash kernel either way.
     **{
         f"attention, {kind}": r"training: .+, fwd\+bwd [\d.]+ ms; evaluation: flash \(CPU\)" for kind in KINDS
@@ -42,7 +42,7 @@ ROWS = {
         rf"{RATE} real tokens/s; padding \d+% of \(\d+, \d+\)"
     ),
     "`gpt-ft fit` quickstart, 6 steps on the CPU": r"\d+ s, validation accuracy 0\.\d{3}",
-    "`gpt-ft fit` vs raw loop, 30 pretraining steps of 4 x 128": (
+    "`gpt-ft fit` vs raw loop, 10 pretraining steps of 4 x 128": (
         r"fit [\d,]+ tokens/s, loop [\d,]+: fit [+-][\d.]+%"
     ),
     "`gpt-ft fit` logged throughput": r"perf/tokens_per_s [\d,]+",

@@ -4,7 +4,6 @@ place where arguments are linked (data -> model), and the callbacks every run ge
 from __future__ import annotations
 
 import math
-import re
 import time
 import warnings
 from pathlib import Path
@@ -22,7 +21,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from gpt_ft.cli.cards import cards_replace_cards
-from gpt_ft.errors import check_not_null, check_output_dir
+from gpt_ft.errors import check_context, check_devices, check_not_null, check_output_dir
 from gpt_ft.eval.finetune import History
 from gpt_ft.model.checkpoint import Checkpoint
 from gpt_ft.model.weights import resolve_tokenizer
@@ -82,6 +81,16 @@ def best_checkpoint(model) -> ModelCheckpoint:
 
 
 class GPTCLI(CheckpointHparamsAsDefaults, LightningCLI):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Only the subcommand given gets its parser built: each of the four costs a third of a second.
+        given = kwargs.get("args")
+        self._only = given[0] if isinstance(given, list) and given and given[0] in SUBCOMMANDS else None
+        super().__init__(*args, **kwargs)
+
+    def subcommands(self) -> dict[str, set[str]]:  # an instance's, no longer LightningCLI's static one
+        every = LightningCLI.subcommands()
+        return {self._only: every[self._only]} if self._only else every
+
     def add_arguments_to_parser(self, parser) -> None:
         # What the model needs from the data, stated once (DESIGN: links live here only).
         parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
@@ -253,24 +262,6 @@ class FitRuns:
 build_fit = FitRuns()
 
 
-def check_devices(devices, *, on_cpu: bool) -> None:
-    """`--trainer.devices` as Lightning reads it, checked where Lightning would raise a TypeError of
-    its own: on the CPU a count of processes or 'auto'; on GPUs also -1 (every one) or indices."""
-    text = str(devices).strip()
-    if text == "auto" or re.fullmatch(r"[1-9]\d*", text):
-        return
-    if on_cpu:
-        raise ValueError(
-            f"--trainer.devices {devices!r}: on the CPU, give a count of processes (1, 2, ...) or 'auto'."
-        )
-    if isinstance(devices, list) or re.fullmatch(r"-1|\d+(\s*,\s*\d+)*,?", text):
-        return
-    raise ValueError(
-        f"--trainer.devices {devices!r}: give a count (1, 2, ...), -1 for every device, 'auto', "
-        "or device indices such as '0,1'."
-    )
-
-
 def refuse_nulls(config, model_class: type | None = None) -> None:
     """No null from a config file where the model, the data module, its task card or the trainer
     takes none (see `check_not_null`)."""
@@ -311,18 +302,6 @@ def _logs_follow_root_dir(trainer) -> None:
         and logger.init_args.get("save_dir") == "runs"
     ):
         logger.init_args.save_dir = root
-
-
-def check_context(data, n_positions: int) -> None:
-    """Sequences longer than the model's context would fail only when the first long one comes:
-    say so before anything runs."""
-    for field in ("max_length", "block_size"):  # TaskDataModule, LMDataModule
-        length = getattr(data, field, None)
-        if length is not None and length > n_positions:
-            raise ValueError(
-                f"--data.{field} {length} is longer than the model's context of {n_positions} tokens "
-                f"(n_positions); use at most {n_positions}."
-            )
 
 
 def _plain(value: Any) -> Any:
