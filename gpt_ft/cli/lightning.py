@@ -137,6 +137,7 @@ class GPTCLI(CheckpointHparamsAsDefaults, LightningCLI):
         if self.subcommand == "predict":  # where it writes, checked before the weights load
             check_output_dir(config.model.predictions_dir, "--model.predictions_dir")
         _logs_follow_root_dir(config.trainer)
+        _recipe_length(config)
         if runs_on_cpu(config.trainer.get("accelerator", "auto")):
             config.trainer.precision, why = cpu_precision(config.trainer.get("precision"))
             if why:
@@ -289,6 +290,22 @@ def refuse_nulls(config, model_class: type | None = None) -> None:
     for option, values, cls in sections:
         if values is not None and cls is not None:
             check_not_null(plain(values), cls, option)
+
+
+FINE_TUNING_EPOCHS = 3  # GPT-1's recipe
+
+
+def _recipe_length(config) -> None:
+    """Fine-tuning given no length (epochs, steps or time) runs the recipe's 3 epochs and says so,
+    not Lightning's default of 1,000."""
+    trainer, data = config.trainer, config.get("data") or {}
+    fine_tuning = "task" in (data.get("init_args") or {})  # TaskDataModule; pretraining has no task
+    unset = trainer.get("max_steps") in (None, -1) and trainer.get("max_time") is None
+    if fine_tuning and trainer.get("max_epochs") is None and unset:
+        trainer.max_epochs = FINE_TUNING_EPOCHS
+        rank_zero_info(
+            f"no --trainer.max_epochs given: fine-tuning runs the recipe's {FINE_TUNING_EPOCHS} epochs"
+        )
 
 
 def _logs_follow_root_dir(trainer) -> None:

@@ -72,3 +72,19 @@ def test_a_parsed_config_is_stored_as_plain_values():
         "n": 3,
         "off": None,
     }
+
+
+def test_fine_tuning_given_no_length_runs_the_recipes_3_epochs_and_says_so(
+    tmp_path, tokenizer_dir, capsys, caplog
+):
+    """Not Lightning's default of 1,000 epochs: GPT-1's 3, said at start; a length given still wins."""
+    card = make_task("single", tmp_path)
+    args = common_args(card, tokenizer_dir, tmp_path)
+    with caplog.at_level("INFO"):
+        main(["fit", *args, "--trainer.enable_checkpointing=false"])
+    epochs = [line.split()[1] for line in capsys.readouterr().out.splitlines() if line.startswith("epoch ")]
+    assert epochs == ["0", "1", "2"]
+    assert "no --trainer.max_epochs given: fine-tuning runs the recipe's 3 epochs" in caplog.text
+    caplog.clear()
+    main(["fit", *args, "--trainer.max_steps=2", "--trainer.enable_checkpointing=false"])
+    assert "recipe's 3 epochs" not in caplog.text
