@@ -35,10 +35,10 @@ import torch
 import torch.nn.functional as F
 from harness import ROOT, gpt_ft, metrics_rows
 
+from gpt_ft import GPT
 from gpt_ft.data.lm_data import TokenBlocks
 from gpt_ft.data.prepare import read_meta
 from gpt_ft.data.tokenizer import load_tokenizer
-from gpt_ft.model import GPT
 from gpt_ft.training.checkpointing import find_last_checkpoint
 
 # The laptop recipe (benchmarks/laptop_gpt1.sh): gpt-mini (4 layers, 256 wide) with pre-LN blocks,

@@ -52,8 +52,8 @@ def pretrained_folder(weights: str, folder: Path) -> Path:
     from the tokenizer's own for the Llama family): both sides then start from the same weights."""
     from gpt_ft import GPT
     from gpt_ft.data.tokenizer import load_tokenizer, own_framing_rows
-    from gpt_ft.model.hf_llama import is_llama_style
     from gpt_ft.training.saved import copy_token_rows
+    from gpt_ft.weights.hf_llama import is_llama_style
 
     tokenizer = load_tokenizer(weights)
     gpt = GPT.from_pretrained(weights)

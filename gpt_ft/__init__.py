@@ -2,7 +2,8 @@
 
 from importlib.metadata import version as _version
 
-from gpt_ft.model import GPT, GPTConfig
+from gpt_ft.model import GPTConfig
+from gpt_ft.weights.pretrained import GPT  # the model's, with weights in and out
 
 __all__ = ["GPT", "GPTConfig", "Classifier"]
 __version__ = _version("gpt_ft")  # pyproject.toml's, as installed

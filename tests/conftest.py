@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gpt_ft.data.tokenizer import train_tokenizer
-from gpt_ft.model import gguf_file
+from gpt_ft.weights import gguf_file
 from tests.background import WORKERS, Background
 from tests.helpers import PAIR_ROWS, finetune_args, make_task
 

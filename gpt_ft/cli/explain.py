@@ -10,7 +10,7 @@ from jsonargparse import Namespace
 
 from gpt_ft.cli.cards import cards_replace_cards
 from gpt_ft.cli.commands import run
-from gpt_ft.model.weights import resolve_tokenizer
+from gpt_ft.weights.pretrained import resolve_tokenizer
 
 if TYPE_CHECKING:  # jsonargparse reads the annotation; the module loads when the command runs
     from gpt_ft.data.task_data import TaskDataModule

@@ -23,8 +23,6 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from gpt_ft.cli.cards import cards_replace_cards
 from gpt_ft.errors import check_context, check_devices, check_not_null, check_output_dir
 from gpt_ft.eval.finetune import History
-from gpt_ft.model.checkpoint import Checkpoint
-from gpt_ft.model.weights import resolve_tokenizer
 from gpt_ft.training.checkpointing import (
     AtomicCheckpointIO,
     Provenance,
@@ -37,6 +35,8 @@ from gpt_ft.training.precision import cpu_precision, runs_on_cpu
 from gpt_ft.training.saved import recorded_run
 from gpt_ft.training.stopping import main_monitor
 from gpt_ft.training.throughput import ParameterSummary, Throughput
+from gpt_ft.weights.checkpoint import Checkpoint
+from gpt_ft.weights.pretrained import resolve_tokenizer
 from gpt_ft.workarounds import CheckpointHparamsAsDefaults
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")  # LightningCLI's

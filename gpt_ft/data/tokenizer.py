@@ -39,8 +39,8 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from gpt_ft.model import gguf_file, hub
-from gpt_ft.model.weights import BPE_FILES, TOKENIZER_FILES, is_tokenizer_dir
+from gpt_ft.weights import gguf_file, hub
+from gpt_ft.weights.pretrained import BPE_FILES, TOKENIZER_FILES, is_tokenizer_dir
 
 __all__ = [
     "EOS_TOKEN",

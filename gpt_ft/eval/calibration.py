@@ -21,7 +21,7 @@ from gpt_ft.adapters import TaskDataError
 from gpt_ft.data.files import load_split
 from gpt_ft.errors import writing
 from gpt_ft.eval.classifier import Classifier
-from gpt_ft.model.checkpoint import Checkpoint
+from gpt_ft.weights.checkpoint import Checkpoint
 
 
 def fit_temperature(outputs: Tensor, labels: Tensor, losses) -> float:

@@ -26,9 +26,9 @@ from gpt_ft.adapters.cards import card_from_value
 from gpt_ft.data.batches import PackedBatch, SharedContextBatch, TaskBatch, collate_batch
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
 from gpt_ft.errors import writing
-from gpt_ft.model import GPT
-from gpt_ft.model.checkpoint import Checkpoint
 from gpt_ft.training.terms import batch_terms
+from gpt_ft.weights.checkpoint import Checkpoint
+from gpt_ft.weights.pretrained import GPT
 
 
 class Classifier:

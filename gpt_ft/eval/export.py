@@ -34,7 +34,7 @@ from torch import Tensor
 
 from gpt_ft.errors import check_output_dir, writing
 from gpt_ft.eval.classifier import Classifier
-from gpt_ft.model.hf import config_to_hf, to_hf
+from gpt_ft.weights.hf import config_to_hf, to_hf
 
 _PROBLEM_TYPES = {
     "classification": "single_label_classification",

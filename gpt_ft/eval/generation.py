@@ -14,9 +14,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from gpt_ft.model import GPT
-from gpt_ft.model.weights import resolve_tokenizer
 from gpt_ft.training.precision import cpu_precision
+from gpt_ft.weights.pretrained import GPT, resolve_tokenizer
 
 
 def generate(

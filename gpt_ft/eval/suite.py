@@ -36,8 +36,7 @@ from gpt_ft.eval.curves import MISSING, baseline_curves, collect_curves, labels_
 from gpt_ft.eval.finetune import BuildRun, config_changes, finite, fit_and_evaluate, main_key
 from gpt_ft.eval.results import benchmark_score, mean_std, write_atomic, write_json, write_results
 from gpt_ft.eval.suite_file import SuiteSpec, data_dirs
-from gpt_ft.model import GPT
-from gpt_ft.model.weights import resolve_tokenizer
+from gpt_ft.weights.pretrained import GPT, resolve_tokenizer
 
 RESULT = "result.json"
 

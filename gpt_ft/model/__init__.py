@@ -1,5 +1,5 @@
-"""The model layer: a GPT in pure PyTorch (no Lightning, no datasets), its caches, generation,
-weight conversion to and from transformers, and loading weights from disk."""
+"""The model layer: a GPT in pure PyTorch (no Lightning, no datasets, no files, no hub), its
+caches, LoRA and generation. Weights in and out live beside it, in `gpt_ft.weights`."""
 
 from gpt_ft.model.cache import KVCache, SharedPrefix
 from gpt_ft.model.config import PRESETS, GPTConfig

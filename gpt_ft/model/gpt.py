@@ -7,14 +7,12 @@ untied head; and Qwen3's and Gemma 3's (per-head query/key norms, norms after at
 scaled embeddings, sliding-window layers). Attention lives in `attention.py`, the norms in
 `norms.py`. Module names follow the Hugging Face GPT-2 checkpoint keys (`wte`, `wpe`,
 `h.N.attn.c_attn`, ...), so converting GPT weights in either direction is a name map plus a
-transpose list; Llama's separate q/k/v and gate/up matrices are stacked (see `gpt_ft/model/hf.py`).
+transpose list; Llama's separate q/k/v and gate/up matrices are stacked (see `gpt_ft/weights/hf.py`).
 """
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -27,11 +25,6 @@ from gpt_ft.model.cache import Cache, KVCache, SharedPrefix
 from gpt_ft.model.config import ACTIVATIONS, GPTConfig
 from gpt_ft.model.norms import RMSNorm, norm
 from gpt_ft.workarounds import register_load_state_dict_pre_hook
-
-if TYPE_CHECKING:
-    import os
-
-    from gpt_ft.model.checkpoint import Checkpoint
 
 __all__ = ["GPT", "GPTConfig", "Block", "KVCache", "SharedPrefix"]
 
@@ -304,39 +297,6 @@ class GPT(nn.Module):
     # see gpt_ft/model/generation.py.
     generate = generation.generate
     stream = generation.stream
-
-    @classmethod
-    def from_hf(cls, hf_model) -> GPT:
-        """A GPT with the weights of a transformers OpenAIGPT*, GPT2*, Llama*, Qwen2* or Mistral*
-        model (LM-head or base)."""
-        from gpt_ft.model import hf
-
-        return hf.from_hf(hf_model, cls)
-
-    @classmethod
-    def from_pretrained(cls, path: str | os.PathLike) -> GPT:
-        """Load a transformers directory (a `save_pretrained` output of openai-gpt, gpt2, llama,
-        qwen2 or mistral), a GGUF file (dequantized; see `gpt_ft.model.gguf_file`), a hub id, or a
-        gpt_ft checkpoint file (see `gpt_ft.model.checkpoint`)."""
-        from gpt_ft.model import weights
-
-        local = Path(path).expanduser()
-        return weights.load_weights(local if local.is_file() or local.suffix == ".ckpt" else path, cls)
-
-    @classmethod
-    def from_checkpoint(cls, checkpoint: Checkpoint) -> GPT:
-        """The GPT of a gpt_ft checkpoint already read (`Checkpoint.read`); LoRA adapters are loaded
-        onto their base weights and merged."""
-        from gpt_ft.model import weights
-
-        return weights.gpt_from_checkpoint(checkpoint, cls)
-
-    def to_hf(self):
-        """The matching transformers LM-head model (OpenAIGPTLMHeadModel, GPT2LMHeadModel,
-        LlamaForCausalLM, Qwen2ForCausalLM or MistralForCausalLM)."""
-        from gpt_ft.model import hf
-
-        return hf.to_hf(self)
 
 
 def with_dropout(gpt: GPT) -> GPT:

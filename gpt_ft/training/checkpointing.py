@@ -13,7 +13,7 @@
   so a crash while saving never leaves a truncated file where the last good checkpoint was; and
   read with `weights_only=True`.
 
-The checkpoint's format (its keys, reader and writer) is `gpt_ft/model/checkpoint.py`'s.
+The checkpoint's format (its keys, reader and writer) is `gpt_ft/weights/checkpoint.py`'s.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 
-from gpt_ft.model.checkpoint import Checkpoint, safe_load, save_file
+from gpt_ft.weights.checkpoint import Checkpoint, safe_load, save_file
 from gpt_ft.workarounds import clear_graceful_stop, request_graceful_stop, should_accumulate
 
 LAST = f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}.ckpt"

@@ -17,7 +17,6 @@ from torch import Tensor, nn
 
 from gpt_ft.adapters import TaskAdapter
 from gpt_ft.data.batches import TokenBatch
-from gpt_ft.model.checkpoint import Checkpoint
 from gpt_ft.model.lora import LoRA
 from gpt_ft.training.checkpointing import stop_on_nonfinite
 from gpt_ft.training.eval_metrics import EvalMetrics, Evaluation, split_key
@@ -26,6 +25,7 @@ from gpt_ft.training.predictions import write_predictions
 from gpt_ft.training.ranks import finite_everywhere, gather, mean_over_ranks
 from gpt_ft.training.saved import build_gpt, check_lora_resume, lora_checkpoint
 from gpt_ft.training.terms import batch_terms, combined_loss
+from gpt_ft.weights.checkpoint import Checkpoint
 from gpt_ft.workarounds import is_compiled
 
 

@@ -1,7 +1,7 @@
 """What a run's checkpoint holds beyond the model, and the GPT a run starts from.
 
 A `GPTModule` checkpoint is Lightning's, with gpt_ft's entries added through
-`gpt_ft.model.checkpoint.Checkpoint` (the format's one home): the module's GPT is its attribute
+`gpt_ft.weights.checkpoint.Checkpoint` (the format's one home): the module's GPT is its attribute
 `gpt`, so its tensors are the "gpt." ones and the file is also a checkpoint the model layer reads
 with no run's arguments.
 
@@ -19,11 +19,12 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from gpt_ft.model import GPT, GPTConfig
-from gpt_ft.model.checkpoint import GPT_PREFIX, Adapters, Checkpoint
+from gpt_ft.model import GPTConfig
 from gpt_ft.model.gpt import with_dropout
-from gpt_ft.model.hf_llama import is_llama_style
 from gpt_ft.model.lora import LoRA, add_lora, merged_state_dict
+from gpt_ft.weights.checkpoint import GPT_PREFIX, Adapters, Checkpoint
+from gpt_ft.weights.hf_llama import is_llama_style
+from gpt_ft.weights.pretrained import GPT
 from gpt_ft.workarounds import CLI_HPARAMS
 
 SPECIAL_TOKEN_ROOM = 8  # start, delim, extract and pad (GPT-1 §3.3), with room to spare

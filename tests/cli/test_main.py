@@ -12,10 +12,10 @@ import pytest
 import torch
 
 import gpt_ft
+from gpt_ft import GPT, GPTConfig
 from gpt_ft.cli import main
 from gpt_ft.data.prepare import prepare
 from gpt_ft.data.tokenizer import load_tokenizer
-from gpt_ft.model import GPT, GPTConfig
 from tests.helpers import MICRO, ROOT, common_args, make_task, write_corpus
 
 
@@ -292,7 +292,7 @@ def test_lora_checkpoints_hold_the_adapters_or_the_merged_model(tmp_path, tokeni
     load; with lora.checkpoint=merged the same run's checkpoint is a plain model that predicts
     the same probabilities."""
     from gpt_ft import Classifier
-    from gpt_ft.model.checkpoint import safe_load
+    from gpt_ft.weights.checkpoint import safe_load
 
     adapters = fit_llama_family(tmp_path, tokenizer_dir, "llama", "--model.lora.rank=4")
     stored = safe_load(adapters)
@@ -331,7 +331,7 @@ def test_lora_on_4_bit_weights_fine_tunes_and_its_adapters_load(tmp_path, tokeni
     weights only, records the setting, validates and loads (the base quantized anew, then merged)."""
     pytest.importorskip("torchao", reason='the "quantize" extra')
     from gpt_ft import Classifier
-    from gpt_ft.model.checkpoint import safe_load
+    from gpt_ft.weights.checkpoint import safe_load
 
     lora = ["--model.lora.rank=4", "--model.lora.quantize=nf4"]
     ckpt = fit_llama_family(tmp_path, tokenizer_dir, "llama", *lora)

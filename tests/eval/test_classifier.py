@@ -53,7 +53,7 @@ def test_reading_a_checkpoint_calls_nothing_in_training(finetuned):
         clf = Classifier.from_checkpoint(finetuned.ckpt, device="cpu")
     finally:
         sys.setprofile(None)
-    assert clf.task.name and any("gpt_ft/model/checkpoint.py" in f for f in called)
+    assert clf.task.name and any("gpt_ft/weights/checkpoint.py" in f for f in called)
     assert sorted(f for f in called if f.startswith(training)) == []
 
 

@@ -10,12 +10,12 @@ import zipfile
 
 import pytest
 
+from gpt_ft import GPT, GPTConfig
 from gpt_ft.cli import main
 from gpt_ft.cli.lightning import build_fit
 from gpt_ft.data.tokenizer import load_tokenizer
 from gpt_ft.eval import suite as suites
 from gpt_ft.eval.suite_file import data_dirs, load_suite
-from gpt_ft.model import GPT, GPTConfig
 from tests.helpers import MICRO, ROOT, make_task, write_suite
 
 FIT = [

@@ -73,7 +73,7 @@ def test_calibration_lowers_the_ece_of_an_over_confident_model_and_keeps_its_pre
 ):
     from gpt_ft.cli import main
     from gpt_ft.eval.classifier import Classifier
-    from gpt_ft.model.checkpoint import safe_load
+    from gpt_ft.weights.checkpoint import safe_load
 
     stored = safe_load(finetuned.ckpt)
     for key in ("head.weight", "head.bias"):  # 30 times as sure of everything

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
+from gpt_ft import GPT, GPTConfig
 from gpt_ft.data.tokenizer import load_tokenizer
-from gpt_ft.model import GPT, GPTConfig
 from gpt_ft.training.module import GPTModule
 from gpt_ft.training.saved import build_gpt, check_tokenizer_fits
 

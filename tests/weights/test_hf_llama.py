@@ -150,8 +150,8 @@ PRESET_PARAMETERS = {"smollm2-135m": 134_515_008, "qwen2.5-0.5b": 494_032_768, "
 
 @pytest.mark.parametrize("preset", list(PRESET_PARAMETERS))
 def test_presets_count_the_parameters_transformers_does(preset):
-    from gpt_ft.model.hf import config_to_hf
-    from gpt_ft.model.hf_llama import causal_lm_class
+    from gpt_ft.weights.hf import config_to_hf
+    from gpt_ft.weights.hf_llama import causal_lm_class
 
     config = GPTConfig.from_name(preset)
     with torch.device("meta"):
@@ -203,7 +203,7 @@ def test_config_errors_name_the_field(overrides, message):
 def test_unsupported_transformers_configs_are_one_sentence():
     from transformers import Gemma3TextConfig, LlamaConfig, Phi3Config, Qwen3Config
 
-    from gpt_ft.model.hf import config_from_hf
+    from gpt_ft.weights.hf import config_from_hf
 
     with pytest.raises(ValueError, match=r"Phi3Config.partial_rotary_factor=0.5 is not supported"):
         config_from_hf(Phi3Config(**TINY_LLAMA, partial_rotary_factor=0.5))

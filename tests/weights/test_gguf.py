@@ -12,9 +12,9 @@ import torch
 
 from gpt_ft import GPT
 from gpt_ft.data.tokenizer import SPECIAL_TOKENS, load_tokenizer
-from gpt_ft.model import weights
+from gpt_ft.weights import pretrained as weights
 from tests.helpers import tiny_hf, tiny_llama
-from tests.model.gguf_files import CHAT_TEMPLATE, K_QUANTS, k_quant, seed_of, tiny_tokenizer, write_gguf
+from tests.weights.gguf_files import CHAT_TEMPLATE, K_QUANTS, k_quant, seed_of, tiny_tokenizer, write_gguf
 
 pytest.importorskip("gguf")
 
@@ -161,7 +161,7 @@ def test_tokenizer_ids_equal_the_written_tokenizer_and_transformers_gguf(tmp_pat
 
 def test_a_converted_tokenizer_is_kept_in_the_cache(tmp_path, monkeypatch):
     """The second process reads the tokenizer from the cache: the file is not opened again."""
-    from gpt_ft.model import gguf_file
+    from gpt_ft.weights import gguf_file
 
     monkeypatch.setenv(gguf_file.CACHE, str(tmp_path / "cache"))
     path = write_gguf(tmp_path / "m.gguf", tiny("llama"), tokenizer=tiny_tokenizer())
@@ -244,7 +244,7 @@ def test_commands_take_a_gguf_file_fit_explain_and_the_classifier(tmp_path, caps
     it (a LoRA checkpoint's base weights from the file)."""
     from gpt_ft import Classifier
     from gpt_ft.cli import main
-    from gpt_ft.model.checkpoint import safe_load
+    from gpt_ft.weights.checkpoint import safe_load
     from tests.helpers import make_task
 
     path = write_gguf(tmp_path / "m.gguf", tiny("llama"), tokenizer=tiny_tokenizer(), qtype="Q8_0")

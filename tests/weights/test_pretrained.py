@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from gpt_ft.model import GPT, GPTConfig
-from gpt_ft.model.checkpoint import GPT_CONFIG, GPT_PREFIX, STATE
-from gpt_ft.model.weights import resolve_tokenizer
+from gpt_ft import GPT, GPTConfig
+from gpt_ft.weights.checkpoint import GPT_CONFIG, GPT_PREFIX, STATE
+from gpt_ft.weights.pretrained import resolve_tokenizer
 
 load_weights = GPT.from_pretrained
 

@@ -81,7 +81,7 @@ def test_from_pretrained_errors(tmp_path):
 def test_models_that_cannot_be_converted():
     from transformers import BertConfig, BertModel, OpenAIGPTConfig
 
-    from gpt_ft.model.hf import config_from_hf
+    from gpt_ft.weights.hf import config_from_hf
 
     bert = BertModel(
         BertConfig(
@@ -101,7 +101,7 @@ def test_models_that_cannot_be_converted():
     [("openai-gpt", "gelu", "gelu_tanh"), ("gpt2", "gelu_new", "gelu_tanh"), ("gpt2", "gelu", "gelu")],
 )
 def test_config_from_hf_maps_the_shape_and_the_activation(family, activation, ours):
-    from gpt_ft.model.hf import config_from_hf
+    from gpt_ft.weights.hf import config_from_hf
 
     key = "afn" if family == "openai-gpt" else "activation_function"
     config = config_from_hf(tiny_hf(family, **{key: activation}).config)

@@ -17,10 +17,6 @@ import hashlib
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from gpt_ft.model.gpt import GPT
 
 MAGIC = b"GGUF"
 SUFFIX = ".gguf"
@@ -176,12 +172,11 @@ def read(path: Path):
     return config, parsed["tensors"]
 
 
-def load(path: Path, cls: type[GPT]) -> GPT:
-    """A `cls` (GPT) with the weights of GGUF file `path`, dequantized to float32."""
-    from gpt_ft.model import hf
+def read_weights(path: Path):
+    """(config, state dict in gpt_ft's names, float32) of GGUF file `path`."""
+    from gpt_ft.weights import hf
 
-    config, state = read(path)
-    return hf.convert(config, state, str(path), cls)
+    return hf.convert(*read(path))
 
 
 def load_tokenizer(path: Path):

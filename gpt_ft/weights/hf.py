@@ -7,17 +7,14 @@ differently) plus a transpose list (transformers keeps these layers as `Conv1D`,
 
 from __future__ import annotations
 
-import os
-from typing import TYPE_CHECKING
+from pathlib import Path
 
 import torch
 from torch import Tensor
 
-from gpt_ft.model import hf_llama
 from gpt_ft.model.config import GPTConfig
-
-if TYPE_CHECKING:
-    from gpt_ft.model.gpt import GPT
+from gpt_ft.model.gpt import GPT
+from gpt_ft.weights import hf_llama
 
 # HF name -> ours, for the GPT-1 family (GPT-2's names are ours already).
 _OPENAI_NAMES = {"tokens_embed.": "wte.", "positions_embed.": "wpe."}
@@ -181,37 +178,23 @@ def state_dict_to_hf(state: dict[str, Tensor], family: str) -> dict[str, Tensor]
     return out
 
 
-def _load(config: GPTConfig, state: dict[str, Tensor], source: str, cls: type[GPT]) -> GPT:
-    with torch.device("meta"):
-        gpt = cls(config)
-    missing, unexpected = gpt.load_state_dict(state, strict=False, assign=True)
-    if missing or unexpected:
-        raise ValueError(
-            f"{source} does not match a {config} model: missing {missing}, unexpected {unexpected}."
-        )
-    # Transposed views from the conversion become contiguous tensors (faster matmuls, clean saves).
-    for module in gpt.modules():
-        for name, p in module.named_parameters(recurse=False):
-            setattr(module, name, torch.nn.Parameter(p.detach().contiguous()))
-    return gpt
-
-
-def from_hf(hf_model, cls: type[GPT]) -> GPT:
-    """A `cls` (GPT) with the weights of a transformers OpenAIGPT*/GPT2* model (base or LM-head)."""
+def from_hf(hf_model) -> tuple[GPTConfig, dict[str, Tensor], str]:
+    """(config, state dict in gpt_ft's names, source) of a transformers model instance of a family
+    gpt_ft has (base or LM-head)."""
     config = getattr(hf_model, "config", None)
     if config is None:
         raise ValueError(f"Expected a transformers model instance, got {type(hf_model).__name__}.")
     state = {k: v.detach().clone() for k, v in hf_model.state_dict().items()}
-    return convert(config, state, type(hf_model).__name__, cls)
+    return (*convert(config, state), type(hf_model).__name__)
 
 
-def convert(hf_config, state: dict[str, Tensor], source: str, cls: type[GPT]) -> GPT:
-    """A `cls` (GPT) from a transformers config and its model's state dict, read from `source`."""
+def convert(hf_config, state: dict[str, Tensor]) -> tuple[GPTConfig, dict[str, Tensor]]:
+    """A transformers config and its model's state dict in gpt_ft's terms."""
     family = _family(hf_config)
     config = config_from_hf(hf_config)
     if family in hf_llama.MODEL_TYPES:
-        return _load(config, hf_llama.state_dict_from_hf(state, config), source, cls)
-    return _load(config, state_dict_from_hf(state, family), source, cls)
+        return config, hf_llama.state_dict_from_hf(state, config)
+    return config, state_dict_from_hf(state, family)
 
 
 def to_hf(gpt: GPT):
@@ -240,17 +223,14 @@ def to_hf(gpt: GPT):
     return hf_model.eval() if not gpt.training else hf_model
 
 
-def from_pretrained(path: str | os.PathLike, cls: type[GPT]) -> GPT:
-    """Load a transformers directory (config.json plus model.safetensors or pytorch_model.bin), or
-    a hub id's snapshot (`ORG/NAME[@revision]`).
+def read_folder(path: Path) -> tuple[GPTConfig, dict[str, Tensor], str]:
+    """(config, state dict in gpt_ft's names, source) of a transformers directory (config.json plus
+    model.safetensors or pytorch_model.bin), such as a hub id's snapshot.
 
     Weights are read with safetensors or `torch.load(weights_only=True)`; no code is executed.
     """
     from transformers import AutoConfig
 
-    from gpt_ft.model import hub
-
-    path = hub.local(path)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} is not a transformers model directory: it has no config.json.")
     hf_config = AutoConfig.from_pretrained(path, trust_remote_code=False)
@@ -266,4 +246,4 @@ def from_pretrained(path: str | os.PathLike, cls: type[GPT]) -> GPT:
         state = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
     else:
         raise FileNotFoundError(f"{path} has no model.safetensors or pytorch_model.bin weights file.")
-    return convert(hf_config, state, str(path), cls)
+    return (*convert(hf_config, state), str(path))

@@ -11,8 +11,8 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from gpt_ft import GPT
 from gpt_ft.cli import main
 from gpt_ft.data.tokenizer import load_tokenizer
-from gpt_ft.model import hub
-from gpt_ft.model.weights import weights_tokenizer
+from gpt_ft.weights import hub
+from gpt_ft.weights.pretrained import weights_tokenizer
 from tests.helpers import common_args, make_task
 
 load_weights = GPT.from_pretrained

@@ -1,0 +1,159 @@
+"""Weights from disk or the hub, and the tokenizer that goes with them: the one place a name of
+weights is resolved, and the public `GPT` (the model's, with weights in and out).
+
+Anything that names weights (`GPT.from_pretrained`, `--model.init_from`, `Classifier`) takes a
+gpt_ft checkpoint file (its format: `checkpoint.py`), a local transformers directory, a GGUF file
+or a folder holding one (`gguf_file.py`), or a hub id (`ORG/NAME[@revision]`, see `hub.py`):
+`locate` says which. The tokenizer saved with them (or carried in the GGUF file) is used unless one
+is given. The readers (`hf.py`, `gguf_file.py`, `checkpoint.py`) return configs and tensors; the
+models are built here.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from gpt_ft.model import gpt as model
+from gpt_ft.model.config import GPTConfig
+from gpt_ft.model.lora import LoRA, add_lora, merge_lora
+from gpt_ft.weights import gguf_file, hf, hub
+from gpt_ft.weights.checkpoint import Checkpoint
+
+# What makes a folder a tokenizer: any one of a `save_pretrained` output's files, or both files of
+# a BPE as OpenAI published it.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+BPE_FILES = ("vocab.json", "merges.txt")
+
+Kind = Literal["checkpoint", "transformers", "gguf"]
+
+
+class GPT(model.GPT):
+    """`gpt_ft.model.GPT` with weights in and out: from a transformers model or any name of weights
+    (`from_pretrained`), from a checkpoint already read, and to transformers (`to_hf`)."""
+
+    @classmethod
+    def from_hf(cls, hf_model) -> GPT:
+        """A GPT with the weights of a transformers OpenAIGPT*, GPT2* or Llama-family model
+        (LM-head or base)."""
+        return build(*hf.from_hf(hf_model))
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike) -> GPT:
+        """A GPT from a gpt_ft checkpoint, a transformers directory, a GGUF file or a hub id."""
+        return load_gpt(path)
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: Checkpoint) -> GPT:
+        """The GPT of a gpt_ft checkpoint already read (`Checkpoint.read`); LoRA adapters are loaded
+        onto their base weights and merged."""
+        return gpt_from_checkpoint(checkpoint)
+
+    def to_hf(self):
+        """The matching transformers LM-head model (OpenAIGPTLMHeadModel, GPT2LMHeadModel or the
+        family's *ForCausalLM), same weights."""
+        return hf.to_hf(self)
+
+
+def locate(name: str | os.PathLike) -> tuple[Kind, Path]:
+    """What a name of weights is, and where: a `.ckpt` (or any other file) is a gpt_ft checkpoint,
+    a `.gguf` file (or a folder holding one) GGUF, a folder a transformers directory; a hub id is
+    its snapshot's folder."""
+    given = Path(name).expanduser()
+    path = given if given.is_file() or given.suffix == ".ckpt" else hub.local(name)
+    gguf = gguf_file.find(path)
+    if gguf is not None:
+        return "gguf", gguf
+    if path.is_dir():
+        return "transformers", path
+    if not path.is_file():
+        raise FileNotFoundError(f"Checkpoint {path} does not exist.")
+    return "checkpoint", path
+
+
+def load_gpt(name: str | os.PathLike) -> GPT:
+    """A GPT from any name of weights (see `locate`)."""
+    kind, path = locate(name)
+    if kind == "gguf":
+        return build(*gguf_file.read_weights(path), str(path))
+    if kind == "transformers":
+        return build(*hf.read_folder(path))
+    return gpt_from_checkpoint(Checkpoint.read(path))
+
+
+def build(config: GPTConfig, state: dict[str, Tensor], source: str) -> GPT:
+    """A GPT of `config` holding `state` (read from `source`, named in the error)."""
+    with torch.device("meta"):
+        gpt = GPT(config)
+    missing, unexpected = gpt.load_state_dict(state, strict=False, assign=True)
+    if missing or unexpected:
+        raise ValueError(
+            f"{source} does not match a {config} model: missing {missing}, unexpected {unexpected}."
+        )
+    # Transposed views from the conversion become contiguous tensors (faster matmuls, clean saves).
+    for module in gpt.modules():
+        for name, p in module.named_parameters(recurse=False):
+            setattr(module, name, torch.nn.Parameter(p.detach().contiguous()))
+    return gpt
+
+
+def gpt_from_checkpoint(checkpoint: Checkpoint) -> GPT:
+    """The GPT of a gpt_ft checkpoint already read; LoRA adapters are loaded onto their base
+    weights and merged."""
+    config = checkpoint.require_gpt_config()
+    adapters = checkpoint.adapters
+    if adapters is None:
+        gpt = GPT(GPTConfig(**config))
+        gpt.load_state_dict(checkpoint.gpt_state)
+        return gpt
+    gpt = load_gpt(adapters.base)
+    if config["vocab_size"] > gpt.config.vocab_size:
+        gpt.resize_token_embeddings(config["vocab_size"])
+    add_lora(gpt, LoRA(**adapters.settings), new_tokens_from=adapters.new_tokens_from)
+    trained = checkpoint.gpt_state
+    missing = sorted({n for n, p in gpt.named_parameters() if p.requires_grad} - set(trained))
+    if missing:
+        raise ValueError(
+            f"{checkpoint.where} lacks LoRA weights {missing[:3]}: it is not a complete LoRA checkpoint."
+        )
+    gpt.load_state_dict(trained, strict=False)
+    return merge_lora(gpt)
+
+
+def is_tokenizer_dir(directory: Path) -> bool:
+    """Whether `directory` holds a tokenizer (see `TOKENIZER_FILES`, `BPE_FILES`)."""
+    return any((directory / f).is_file() for f in TOKENIZER_FILES) or all(
+        (directory / f).is_file() for f in BPE_FILES
+    )
+
+
+def weights_tokenizer(path: str | os.PathLike) -> str | None:
+    """The tokenizer of these weights: saved beside a gpt_ft checkpoint, in a transformers
+    directory or hub snapshot, or carried in a GGUF file."""
+    kind, found = locate(path)
+    if kind == "gguf":
+        return str(found)
+    if kind == "transformers":
+        return str(found) if is_tokenizer_dir(found) else None
+    recorded = Checkpoint.read(found).tokenizer
+    return str(recorded) if recorded else None
+
+
+def resolve_tokenizer(
+    tokenizer: str | None, weights: str | None, *, option: str | None = "--tokenizer"
+) -> str | None:
+    """The tokenizer to use: the one given, else the one saved with `weights`.
+
+    When neither has one, the error names `option` (the argument that gives a tokenizer); with
+    `option=None` the answer is then None and the caller decides.
+    """
+    if tokenizer is None and weights:
+        tokenizer = weights_tokenizer(weights)
+    if tokenizer is None and option is not None:
+        carries = f"{weights} carries no tokenizer" if weights else "no tokenizer"
+        raise ValueError(f"{carries}; give {option} DIR.")
+    return tokenizer

@@ -1,0 +1,111 @@
+"""The checkpoint format (gpt_ft/weights/checkpoint.py): its literal keys, each typed entry written
+and read back, atomic saves, and one sentence for a file that is not a readable checkpoint."""
+
+import errno
+from pathlib import Path
+
+import pytest
+import torch
+
+from gpt_ft.weights import checkpoint as fmt
+from gpt_ft.weights.checkpoint import Adapters, Checkpoint, safe_load, save_file
+
+
+def test_the_keys_are_the_documented_ones():
+    """Files written by earlier versions must stay readable: the keys are part of the format."""
+    keys = [fmt.GPT_CONFIG, fmt.STATE, fmt.ADAPTERS, fmt.TOKENIZER, fmt.DATA, fmt.HYPER_PARAMETERS]
+    keys += [fmt.TEMPERATURE, fmt.CLASS_WEIGHTS, fmt.PROVENANCE]
+    assert keys == [
+        "gpt_config", "state_dict", "lora", "tokenizer", "data_config", "hyper_parameters",
+        "temperature", "class_weights", "gpt_ft",
+    ]  # fmt: skip
+    for key in keys:  # the module's table names each of them
+        assert f'| "{key}"' in fmt.__doc__
+
+
+def test_every_entry_round_trips_through_a_file(tmp_path):
+    written = Checkpoint({})
+    written.gpt_config = {"n_layer": 1, "n_embd": 8}
+    written.state = {"gpt.wte.weight": torch.arange(6.0).view(3, 2), "head.weight": torch.ones(2, 2)}
+    written.adapters = Adapters(base="org/base", new_tokens_from=40478, settings={"rank": 8, "alpha": 16})
+    written.tokenizer = "tokenizer"
+    written.data = {"class_path": "gpt_ft.data.task_data.TaskDataModule", "init_args": {"task": "card"}}
+    written.temperature = 2.5
+    written.class_weights = [0.25, 0.75]
+    written.provenance = {"version": "0.1.0", "commit": "abc"}
+    written.hyper_parameters["lr"] = 1e-3
+    path = tmp_path / "sub" / "run.ckpt"  # the folder is made
+    written.save(path)
+
+    read = Checkpoint.read(path)
+    assert read.entries.keys() == written.entries.keys()
+    assert read.is_gpt_ft and read.require_gpt_config() == {"n_layer": 1, "n_embd": 8}
+    assert read.gpt_state.keys() == {"wte.weight"} and torch.equal(
+        read.gpt_state["wte.weight"], torch.arange(6.0).view(3, 2)
+    )
+    assert read.submodule_state("head").keys() == {"weight"}
+    assert read.adapters == Adapters("org/base", 40478, {"rank": 8, "alpha": 16})
+    assert read.entries["lora"] == {"base": "org/base", "new_tokens_from": 40478, "rank": 8, "alpha": 16}
+    assert read.tokenizer == tmp_path / "sub" / "tokenizer"  # relative to the file's folder
+    assert read.task_card == "card" and read.data_args == {"task": "card"}
+    assert read.temperature == 2.5 and read.class_weights == [0.25, 0.75]
+    assert read.provenance == {"version": "0.1.0", "commit": "abc"}
+    assert read.hyper_parameters == {"lr": 1e-3}
+    assert read.where == str(path)
+
+
+def test_defaults_leave_no_entry_behind():
+    c = Checkpoint(
+        {fmt.TEMPERATURE: 2.0, fmt.CLASS_WEIGHTS: [1.0], fmt.ADAPTERS: {"base": "b", "new_tokens_from": 1}}
+    )
+    c.temperature, c.class_weights, c.adapters = 1.0, None, None
+    assert c.entries == {}
+    assert c.temperature == 1.0 and c.adapters is None and c.tokenizer is None and c.data is None
+    assert c.where == "The checkpoint" and not c.is_gpt_ft
+    with pytest.raises(
+        ValueError,
+        match=r"^The checkpoint is not a gpt_ft checkpoint: it records no model config \(gpt_config\)\.$",
+    ):
+        c.require_gpt_config()
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"", "is not a readable checkpoint: the file is truncated, corrupt or of another kind."),
+        (b"hello, world", "is not a readable checkpoint"),
+    ],
+    ids=["empty", "text"],
+)
+def test_a_file_that_is_not_a_checkpoint_is_one_sentence(tmp_path, content, message):
+    path = tmp_path / "bad.ckpt"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=message) as error:
+        Checkpoint.read(path)
+    assert str(error.value).startswith(str(path))
+    with pytest.raises(FileNotFoundError, match=r"^Checkpoint .*nowhere.ckpt does not exist\.$"):
+        safe_load(tmp_path / "nowhere.ckpt")
+
+
+def test_a_file_that_would_run_code_is_refused(tmp_path):
+    path = tmp_path / "code.ckpt"
+    torch.save({"state_dict": {}, "payload": Path("x")}, path)  # any object but tensors and plain values
+    with pytest.raises(ValueError, match=r"holds objects other than tensors and plain values") as error:
+        safe_load(path)
+    assert str(error.value).startswith(str(path))
+
+
+def test_a_failed_save_keeps_the_previous_file_and_leaves_no_temporary(tmp_path, monkeypatch):
+    path = tmp_path / "last.ckpt"
+    save_file({"gpt_config": {"n_layer": 1}}, path)
+    before = path.read_bytes()
+
+    def full_disk(entries, f):
+        f.write(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(fmt, "_save", full_disk)
+    with pytest.raises(OSError):
+        save_file({"gpt_config": {"n_layer": 2}}, path)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in Path(tmp_path).iterdir()) == ["last.ckpt"]
