@@ -223,3 +223,39 @@ def test_other_libraries_private_apis_are_used_in_workarounds_only():
             names = private_names(node, own, classes) + overridden_private_methods(node, referenced, classes)
             found += [f"{path.relative_to(ROOT)}:{node.lineno}: {name}" for name in names]
     assert found == []
+
+
+OUTPUT_KINDS = {"classification", "multiple-choice", "regression", "multi-label", "preference"}
+FAMILIES = {"openai-gpt", "gpt2", "llama", "qwen2", "qwen3", "mistral", "phi3", "gemma3_text"}
+
+
+def string_comparisons(path: Path) -> list[tuple[int, set[str], str]]:
+    """(line, strings, source) of each comparison in `path` with string constants on a side."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Compare):
+            strings = {
+                c.value
+                for side in [node.left, *node.comparators]
+                for c in ast.walk(side)
+                if isinstance(c, ast.Constant) and isinstance(c.value, str)
+            }
+            found.append((node.lineno, strings, ast.unparse(node)))
+    return found
+
+
+def test_output_kinds_and_model_families_are_compared_in_their_own_places_only():
+    """What an output kind means (its head, loss, metrics, export) is the kind's, in the adapters;
+    a model family's specifics are the conversions', in the weights floor: nowhere else compares
+    a kind (`.kind`, its name) or a family (`model_type`, its name) as a string."""
+    wrong = []
+    for path in modules():
+        own = layer(path)
+        for line, strings, source in string_comparisons(path):
+            if "problem_type" in source:  # transformers' own field, in a class that runs without gpt_ft
+                continue
+            kind = own != "adapters" and (strings & OUTPUT_KINDS or (".kind" in source and strings))
+            family = own not in ("adapters", "weights") and (strings & FAMILIES or "model_type" in source)
+            if kind or family:
+                wrong.append(f"{path.relative_to(ROOT)}:{line}: {source}")
+    assert wrong == []

@@ -57,6 +57,7 @@ class MultiLabelOutput(TaskOutput):
     from names joined by `separator`, predicted above `threshold`, scored by micro and macro F1."""
 
     kind = "multi-label"
+    problem_type = "multi_label_classification"
     allowed_metrics = default_metrics = ("micro_f1", "macro_f1")
     needs_names = True
 

@@ -57,6 +57,15 @@ class TaskOutput:
     """Its outputs become probabilities (of classes, choices, labels), which calibration fits."""
     default_lm_coef: ClassVar[float] = 0.5
     """The auxiliary LM loss's weight λ when the run does not give one (GPT-1 §3.2: 0.5)."""
+    problem_type: ClassVar[str | None] = None
+    """transformers' `problem_type` of its `*ForSequenceClassification` export; None: the kind
+    exports to no sequence classifier (multiple choice: GPT-1's and GPT-2's `*DoubleHeadsModel`)."""
+    served_per_sequence: ClassVar[bool] = False
+    """Its export scores one sequence of an example at a time (a reward model: one reply)."""
+
+    def served_labels(self) -> list[str]:
+        """The names an export gives its outputs (`id2label`), in order."""
+        return self.class_names or self.spec.names or [self.spec.field]
 
     def __init__(self, task_name: str, spec: LabelSpec) -> None:
         self.task_name, self.spec = task_name, spec
@@ -147,6 +156,7 @@ class ClassificationOutput(TaskOutput):
     """One class per example: a logit per class, cross-entropy, the likeliest class."""
 
     kind = "classification"
+    problem_type = "single_label_classification"
     needs_names = True
     allowed_metrics = ("accuracy", "f1", "matthews")  # scores of classes; correlations are a regression's
 
@@ -258,6 +268,7 @@ class ChoiceOutput(ClassificationOutput):
     """
 
     kind = "multiple-choice"
+    problem_type = None  # one score per choice: exported as GPT-1's and GPT-2's *DoubleHeadsModel
     needs_names = False
 
     def __init__(self, task_name: str, spec: LabelSpec, *, choices: int) -> None:
@@ -288,6 +299,7 @@ class RegressionOutput(TaskOutput):
     """One real number per example (STS-B): squared error, the score clipped to the card's range."""
 
     kind = "regression"
+    problem_type = "regression"
     has_probabilities = False
     allowed_metrics = default_metrics = ("pearson", "spearman")
 

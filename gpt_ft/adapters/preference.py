@@ -144,6 +144,8 @@ class PreferenceOutput(TaskOutput):
     the card names a margin field)."""
 
     kind = "preference"
+    problem_type = "regression"  # one reward per sequence: num_labels 1, as reward models are served
+    served_per_sequence = True  # [start] prompt [delim] reply [extract]: one reply's reward
     has_probabilities = False
     allowed_metrics = default_metrics = ("accuracy", "margin")
     default_lm_coef = 0.0
@@ -161,6 +163,9 @@ class PreferenceOutput(TaskOutput):
     @property
     def num_outputs(self) -> int:
         return 1
+
+    def served_labels(self) -> list[str]:
+        return ["reward"]
 
     def head(self, n_embd: int, *, dropout: float, init_std: float, bias: bool = True) -> RewardHead:
         return RewardHead(

@@ -34,15 +34,7 @@ from torch import Tensor
 
 from gpt_ft.errors import check_output_dir, writing
 from gpt_ft.eval.classifier import Classifier
-from gpt_ft.weights.hf import config_to_hf, to_hf
-
-_PROBLEM_TYPES = {
-    "classification": "single_label_classification",
-    "regression": "regression",
-    "multi-label": "multi_label_classification",
-    "preference": "regression",  # one reward per sequence: num_labels 1, as reward models are served
-}
-
+from gpt_ft.weights.hf import has_double_heads, to_hf
 
 FORMATS = ("transformers", "onnx")
 
@@ -77,19 +69,17 @@ def export_classifier(clf: Classifier, out: str | Path, *, format: str = "transf
     """Writes `clf` (weights, head, card and tokenizer) as a transformers sequence classifier, or
     with `format="onnx"` its config, tokenizer and `model.onnx` (dynamic batch and length)."""
     check_format(format)
-    task = clf.task
-    kind = getattr(task.output, "kind", None)
-    family = config_to_hf(clf.gpt.config).model_type
-    if kind == "multiple-choice" and family in ("openai-gpt", "gpt2"):
+    task, output = clf.task, clf.task.output
+    if output.problem_type is None and has_double_heads(clf.gpt.config):
         model = double_heads_model(clf)
-    elif task.pair_in_both_orders and kind in _PROBLEM_TYPES:
+    elif task.pair_in_both_orders and output.problem_type is not None:
         model = similarity_model(clf)
-    elif (task.num_sequences == 1 or kind == "preference") and kind in _PROBLEM_TYPES:
-        model = sequence_classifier(clf)  # a reward model scores one [start] prompt [delim] reply [extract]
+    elif (task.num_sequences == 1 or output.served_per_sequence) and output.problem_type is not None:
+        model = sequence_classifier(clf)
     else:
         raise ValueError(
-            f"Task {task.name!r} ({type(task).__name__}, {kind}) has no transformers class to export to: "
-            "transformers has multiple-choice models of GPT-1 and GPT-2 only; use gpt_ft's Classifier "
+            f"Task {task.name!r} ({type(task).__name__}, {output.kind}) has no transformers class to export "
+            "to: transformers has multiple-choice models of GPT-1 and GPT-2 only; use gpt_ft's Classifier "
             "or `gpt-ft label` for it."
         )
     tokenizer = framed_tokenizer(clf)
@@ -128,14 +118,12 @@ def _head(clf: Classifier) -> tuple[Tensor, Tensor | None]:
 
 def _label_config(clf: Classifier, config) -> None:
     """The labels' names, their count and the problem type, on a transformers config."""
-    task, head = clf.task, clf.head
-    names = (
-        ["reward"] if task.output.kind == "preference" else task.class_names or task.labels or [task.label]
-    )
+    output, head = clf.task.output, clf.head
+    names = output.served_labels()
     config.num_labels = head.out_features
     config.id2label = {i: str(name) for i, name in enumerate(names[: head.out_features])}
     config.label2id = {name: i for i, name in config.id2label.items()}
-    config.problem_type = _PROBLEM_TYPES[task.output.kind]
+    config.problem_type = output.problem_type
 
 
 def sequence_classifier(clf: Classifier):
@@ -144,7 +132,6 @@ def sequence_classifier(clf: Classifier):
 
     lm = _language_model(clf)
     config = lm.config
-    family = config.model_type
     _label_config(clf, config)
     model = AutoModelForSequenceClassification.from_config(config).eval()
     base = getattr(model, model.base_model_prefix)
@@ -154,12 +141,13 @@ def sequence_classifier(clf: Classifier):
         model.score.weight.copy_(weight)
         if bias is None:  # a model without biases: its head has none either
             return model
-        if family not in ("openai-gpt", "gpt2"):
+        if not has_double_heads(clf.gpt.config):  # a Llama-family model: RMSNorm, no bias to shift
             raise ValueError(
-                f"This {family} classifier's head has a bias, which its final RMSNorm cannot carry; "
-                "heads of models without biases are trained without one since gpt_ft 0.1: fine-tune again."
+                f"This {config.model_type} classifier's head has a bias, which its final RMSNorm cannot "
+                "carry; heads of models without biases are trained without one since gpt_ft 0.1: "
+                "fine-tune again."
             )
-        final = base.ln_f if family == "gpt2" else base.h[-1].ln_2
+        final = base.ln_f if clf.gpt.config.pre_ln else base.h[-1].ln_2  # GPT-2's final LN; GPT-1's last
         shift = torch.linalg.pinv(weight.double()) @ bias.double()  # W δ = b
         final.bias.copy_((final.bias.double() + shift).float())
     return model
@@ -207,7 +195,7 @@ def double_heads_model(clf: Classifier):
             num_labels=1,
         )
     )
-    cls = GPT2DoubleHeadsModel if config.model_type == "gpt2" else OpenAIGPTDoubleHeadsModel
+    cls = GPT2DoubleHeadsModel if clf.gpt.config.pre_ln else OpenAIGPTDoubleHeadsModel  # GPT-2; GPT-1
     model = cls(config).eval()
     loaded = model.load_state_dict(lm.state_dict(), strict=False)
     assert all(k.startswith("multiple_choice_head.") for k in loaded.missing_keys), loaded

@@ -92,6 +92,12 @@ def config_from_hf(hf_config) -> GPTConfig:
     )
 
 
+def has_double_heads(config: GPTConfig) -> bool:
+    """Whether transformers has a `*DoubleHeadsModel` (a choice head beside the LM) for this
+    model: GPT-1's and GPT-2's layout, not the Llama family's."""
+    return not hf_llama.is_llama_style(config)
+
+
 def config_to_hf(config: GPTConfig):
     """The transformers config of the same family: OpenAIGPTConfig (post-LN), GPT2Config (pre-LN),
     or for Llama-style blocks that of their family (see `hf_llama.config_to_hf`)."""

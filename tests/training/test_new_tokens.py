@@ -11,8 +11,8 @@ from gpt_ft.data.tokenizer import load_tokenizer, own_framing_tokens, special_to
 from gpt_ft.model.lora import LoRA
 from gpt_ft.training.module import GPTModule
 from tests.helpers import tiny_hf
-from tests.weights.test_gguf import tiny
 from tests.weights.gguf_files import tiny_tokenizer, write_gguf
+from tests.weights.test_gguf import tiny
 
 pytest.importorskip("gguf")
 
