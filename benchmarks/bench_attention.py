@@ -1,6 +1,6 @@
 """The SDPA kernel each batch kind runs, and shared-context multiple choice vs the plain layout.
 
-Batch kinds: pretraining blocks, right- and left-padded fine-tuning batches, shared contexts of one
+Batch kinds: pretraining blocks, right-padded fine-tuning batches, shared contexts of one
 length and padded ones, cached decoding; for each, the kernel of a training step (forward and
 backward) and its time, and the kernel of evaluation. Then a fine-tuning step on Story-Cloze-like
 examples (contexts of about half the context, 4 endings of 8-24 tokens) in the plain layout (one
@@ -123,7 +123,6 @@ def attention_kernels(setup: Setup) -> list[Row]:
     kinds = {
         "pretraining blocks": (blocks, None),
         "right-padded fine-tuning batch": (collate(varied, pad), module.head),
-        "left-padded batch (rotated to right padding)": (collate(varied, pad, "left"), module.head),
         "shared contexts of one length": (collate_shared(one_length, pad, delim), module.head),
         "shared contexts, padded (masked)": (collate_shared(varied, pad, delim), module.head),
     }

@@ -431,7 +431,6 @@ def configs(draw) -> dict[str, Any]:
         ("model", "warmup"): any_value,
         ("data", "batch_size"): st.one_of(st.sampled_from([0, -2, 2, 10**9, "two"]), any_value),
         ("data", "max_length"): st.sampled_from([0, 3, 4, 33, 10**6, "long", None]),
-        ("data", "padding_side"): st.sampled_from(["left", "middle", 1]),
         ("data", "data_dir"): st.sampled_from(["nowhere", "", None]),
         ("trainer", "max_epochs"): st.sampled_from([-2, 0, 1, "x", 1.5]),
         ("trainer", "precision"): st.sampled_from(["32-true", "bf16-mixed", "16-true", "fp7", 64]),

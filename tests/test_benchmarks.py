@@ -15,7 +15,6 @@ RATE = r"[\d,]+ \([\d,]+-[\d,]+\)"  # median tokens/s (slowest-fastest run)
 KINDS = [
     "pretraining blocks",
     "right-padded fine-tuning batch",
-    "left-padded batch (rotated to right padding)",
     "shared contexts of one length",
     "shared contexts, padded (masked)",
 ]

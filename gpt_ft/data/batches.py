@@ -14,7 +14,7 @@ Lightning moves dataclass batches to the device field by field.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -49,8 +49,6 @@ class TaskBatch(TokenBatch):
     """(B, S) False for choices a row does not have (multiple choice with rows of fewer choices)."""
     labels: Tensor | None = None
     """(B,) class ids, choice indices or float scores, (B, L) label rows; None when unlabelled."""
-    left_padded: bool = False
-    """Padding on the left: the model then needs the attention mask and position ids."""
     split: str = ""
     """The split the examples come from (evaluation and predictions are kept per split)."""
     real_tokens: int = 0
@@ -153,11 +151,10 @@ def _labels(examples: list[dict[str, Any]]) -> Tensor | None:
 def collate(
     examples: list[dict[str, Any]],
     pad_id: int,
-    padding_side: Literal["right", "left"] = "right",
     split: str = "",
 ) -> TaskBatch:
-    """Pad a list of encoded examples into a batch; lm_targets hold -100 at padding and at each
-    sequence's last token."""
+    """Pad a list of encoded examples on the right into a batch; lm_targets hold -100 at padding
+    and at each sequence's last token."""
     B = len(examples)
     S = max(len(e["input_ids"]) for e in examples)
     T = max(len(seq) for e in examples for seq in e["input_ids"])
@@ -169,17 +166,14 @@ def collate(
     for b, example in enumerate(examples):
         for s, seq in enumerate(example["input_ids"]):
             n = len(seq)
-            offset = T - n if padding_side == "left" else 0
             ids = torch.tensor(seq, dtype=torch.long)
-            input_ids[b, s, offset : offset + n] = ids
-            attention_mask[b, s, offset : offset + n] = 1
-            lm_targets[b, s, offset : offset + n - 1] = ids[1:]
-            extract_index[b, s] = offset + example["extract_index"][s]
+            input_ids[b, s, :n] = ids
+            attention_mask[b, s, :n] = 1
+            lm_targets[b, s, : n - 1] = ids[1:]
+            extract_index[b, s] = example["extract_index"][s]
             choice_mask[b, s] = True
-        if S > len(
-            example["input_ids"]
-        ):  # missing choices: one pad token each, never attended from real ones
-            attention_mask[b, len(example["input_ids"]) :, -1 if padding_side == "left" else 0] = 1
+        # Missing choices: one pad token each, never attended from real ones.
+        attention_mask[b, len(example["input_ids"]) :, 0] = 1
     return TaskBatch(
         input_ids=input_ids,
         lm_targets=lm_targets,
@@ -188,7 +182,6 @@ def collate(
         extract_index=extract_index,
         choice_mask=choice_mask,
         labels=_labels(examples),
-        left_padded=padding_side == "left",
         split=split,
         real_tokens=sum(len(seq) for e in examples for seq in e["input_ids"]),
     )

@@ -9,14 +9,14 @@ from __future__ import annotations
 import hashlib
 import os
 from functools import partial
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from lightning import LightningDataModule
 from torch.utils.data import DataLoader
 
 from gpt_ft.adapters import ENCODING, TaskAdapter, TaskDataError
-from gpt_ft.data.batches import PackedBatch, SharedContextBatch, TaskBatch, collate, collate_batch
+from gpt_ft.data.batches import PackedBatch, SharedContextBatch, TaskBatch, collate_batch
 from gpt_ft.data.files import Origin, load_split, split_origin
 from gpt_ft.data.samplers import EpochSampler, LengthGroupedSampler, ResumableTrainData
 from gpt_ft.data.subsets import stratified_subset
@@ -52,7 +52,6 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         num_workers: int = 0,
         num_proc: int | None = None,
         packing: bool = True,
-        padding_side: Literal["right", "left"] = "right",
         shuffle: bool = True,
         length_grouped: bool = False,
         shared_context: bool = True,
@@ -74,7 +73,6 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
             packing: Lay a batch's examples end to end in rows, without padding between them
                 (positions restart at each example, attention stays inside it): the same results
                 as padded batches, without computing the padding. False: padded (B, S, T) batches.
-            padding_side: With packing false: pad sequences on the right (default) or the left.
             shuffle: Shuffle the training examples every epoch; False keeps the file's order.
             length_grouped: Batch training examples of similar length (batches shuffled between
                 themselves), which cuts padding.
@@ -98,7 +96,7 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         self.eval_batch_size = eval_batch_size or batch_size
         self.num_workers = num_workers
         self.num_proc = num_proc
-        self.packing, self.padding_side = packing, padding_side
+        self.packing = packing
         self.shuffle, self.length_grouped = shuffle, length_grouped
         self.shared_context = shared_context
         self.seed = seed if seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
@@ -260,8 +258,6 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         self, examples: list[dict[str, Any]], split: str = ""
     ) -> PackedBatch | TaskBatch | SharedContextBatch:
         shared = self.shared_context and self.task.shares_context
-        if not self.packing and self.padding_side == "left":
-            return collate(examples, self.special_ids.pad, "left", split)
         return collate_batch(examples, self.special_ids, packing=self.packing, shared=shared, split=split)
 
     def train_dataloader(self) -> DataLoader:

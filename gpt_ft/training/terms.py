@@ -8,8 +8,6 @@ weigh every example and token exactly once however the batches fall (see `eval_m
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -53,8 +51,6 @@ def batch_terms(gpt: GPT, head: TaskHead | None, batch: TokenBatch, *, lm: bool)
         return shared_context_terms(gpt, head, batch, lm=lm)
     if isinstance(batch, PackedBatch):
         return packed_terms(gpt, head, batch, lm=lm)
-    if isinstance(batch, TaskBatch) and batch.left_padded:
-        batch = right_padded(batch)
     ids = batch.input_ids
     B, S, T = ids.shape
     # Right padding needs no mask (so SDPA may use its flash kernel): causal attention already
@@ -69,25 +65,6 @@ def batch_terms(gpt: GPT, head: TaskHead | None, batch: TokenBatch, *, lm: bool)
         extract = hidden[rows, batch.extract_index.view(B * S)].view(B, S, -1)  # (B, S, C)
         out.update(_task_terms(head, extract, batch))
     return out
-
-
-def right_padded(batch: TaskBatch) -> TaskBatch:
-    """A left-padded batch with each sequence rotated so that its padding comes last.
-
-    Real tokens then sit at positions 0, 1, ... with no pad before them: the same states as under
-    a padding mask with positions starting at each sequence's first real token, computed mask-free.
-    """
-    B, S, T = batch.input_ids.shape
-    pads = T - batch.attention_mask.sum(dim=-1, keepdim=True)  # (B, S, 1)
-    order = (torch.arange(T, device=pads.device) + pads) % T  # (B, S, T): new position -> old
-    return replace(
-        batch,
-        input_ids=batch.input_ids.gather(-1, order),
-        lm_targets=batch.lm_targets.gather(-1, order),
-        attention_mask=batch.attention_mask.gather(-1, order),
-        extract_index=batch.extract_index - pads.squeeze(-1),
-        left_padded=False,
-    )
 
 
 def shared_context_terms(

@@ -23,21 +23,6 @@ def test_collate_right_padding_hand_checked():
     assert batch.choice_mask.tolist() == [[True], [True]]
 
 
-def test_collate_left_padding_moves_the_extract_index():
-    examples = [
-        {"input_ids": [[START, 5, 6, EXTRACT]], "extract_index": [3], "label": 0.5, "index": 0},
-        {"input_ids": [[START, 7, EXTRACT]], "extract_index": [2], "label": 2.0, "index": 1},
-    ]
-    batch = collate(examples, PAD, padding_side="left")
-    X = IGNORE_INDEX
-    assert batch.input_ids.tolist() == [[[START, 5, 6, EXTRACT]], [[PAD, START, 7, EXTRACT]]]
-    assert batch.lm_targets.tolist() == [[[5, 6, EXTRACT, X]], [[X, 7, EXTRACT, X]]]
-    assert batch.extract_index.tolist() == [[3], [3]]
-    ids = batch.input_ids
-    assert all(ids[b, 0, batch.extract_index[b, 0]] == EXTRACT for b in range(2))
-    assert batch.labels.dtype == torch.float
-
-
 def test_collate_multiple_choice_with_a_missing_choice():
     examples = [
         {

@@ -82,50 +82,9 @@ def choice_module(
     return module, rows, specials
 
 
-def left_padded_module(tokenizer_dir, preset: str = "gpt-micro"):
+def padded_module(tokenizer_dir, preset: str = "gpt-micro"):
     module, rows, specials = choice_module(tokenizer_dir, preset=preset)
-    return module, collate(rows, specials.pad, padding_side="left"), collate(rows, specials.pad)
-
-
-@pytest.mark.parametrize("preset", ["gpt-micro", "llama-micro", "qwen3-micro", "gemma3-micro"])
-def test_left_padding_runs_mask_free_and_equals_the_masked_reference(tokenizer_dir, preset):
-    """Left-padded batches are rotated to right padding: no mask, and the same task logits, LM
-    sums and gradients as attending under the padding mask with positions from the first real
-    token, to 1e-5."""
-    module, left, right = left_padded_module(tokenizer_dir, preset)
-    gpt, head = module.gpt, module.head
-    B, S, T = left.input_ids.shape
-    mask = left.attention_mask.view(B * S, T)
-
-    def masked_reference():
-        positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
-        hidden = gpt(left.input_ids.view(B * S, T), mask, position_ids=positions)
-        logits = gpt.lm_logits(hidden).float()
-        targets = left.lm_targets.view(B * S, T)
-        keep = targets != -100
-        losses = F.cross_entropy(logits[keep], targets[keep], reduction="none")
-        row = torch.arange(B * S)[:, None].expand(B * S, T)[keep] // S
-        lm_sum = torch.zeros(B).index_add_(0, row, losses)
-        extract = hidden[torch.arange(B * S), left.extract_index.view(-1)].view(B, S, -1)
-        return {"logits": head(extract, left.choice_mask), "lm_sum": lm_sum}
-
-    results = []
-    for run in (masked_reference, lambda: batch_terms(gpt, head, left, lm=True)):
-        module.zero_grad()
-        terms = run()
-        (terms["logits"][left.choice_mask].sum() + terms["lm_sum"].sum()).backward()
-        grads = {n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None}
-        results.append(({k: terms[k].detach() for k in ("logits", "lm_sum")}, grads))
-    (ref, ref_grads), (ours, our_grads) = results
-    real = left.choice_mask
-    torch.testing.assert_close(ours["logits"][real], ref["logits"][real], rtol=0, atol=1e-5)
-    torch.testing.assert_close(ours["lm_sum"], ref["lm_sum"], rtol=1e-6, atol=1e-4)
-    assert ref_grads.keys() == our_grads.keys() and len(ref_grads) > 0
-    for name in ref_grads:
-        torch.testing.assert_close(our_grads[name], ref_grads[name], rtol=1e-5, atol=1e-5, msg=name)
-    # The rotated batch is the right-padded one, token for token.
-    with torch.no_grad():
-        torch.testing.assert_close(batch_terms(gpt, head, right, lm=True)["logits"], ours["logits"])
+    return module, collate(rows, specials.pad)
 
 
 def attention_calls(monkeypatch) -> list[str]:
@@ -145,7 +104,7 @@ def attention_calls(monkeypatch) -> list[str]:
 
 
 def test_every_batch_kind_but_padded_shared_contexts_runs_without_a_mask(tokenizer_dir, monkeypatch):
-    module, left, right = left_padded_module(tokenizer_dir)
+    module, right = padded_module(tokenizer_dir)
     module.eval()
     tok = load_tokenizer(tokenizer_dir)
     specials = special_token_ids(tok)
@@ -162,7 +121,6 @@ def test_every_batch_kind_but_padded_shared_contexts_runs_without_a_mask(tokeniz
     blocks = collate_blocks([(i, torch.randint(0, 100, (33,))) for i in range(2)])
     assert kinds(blocks, head=None) == {"causal"}
     assert kinds(right) == {"causal"}
-    assert kinds(left) == {"causal"}
     rows, _ = random_choice_examples(specials, vocab=len(tok) - 5, context_length=9)
     assert kinds(collate_shared(rows, specials.pad, specials.delim)) == {"causal", "lower-right"}
     rows, _ = random_choice_examples(specials, vocab=len(tok) - 5)
@@ -171,8 +129,8 @@ def test_every_batch_kind_but_padded_shared_contexts_runs_without_a_mask(tokeniz
 
 @cuda
 def test_cuda_every_batch_layout_equals_the_plain_one(tokenizer_dir):
-    """On the GPU (fp32, no TF32): left-padded and shared-context batches equal the plain layout."""
-    module, left, right = left_padded_module(tokenizer_dir)
+    """On the GPU (fp32, no TF32): shared-context batches equal the plain layout."""
+    module, right = padded_module(tokenizer_dir)
     tok = load_tokenizer(tokenizer_dir)
     specials = special_token_ids(tok)
     rows, _ = random_choice_examples(specials, vocab=len(tok) - 5)
@@ -182,7 +140,7 @@ def test_cuda_every_batch_layout_equals_the_plain_one(tokenizer_dir):
     with torch.no_grad():
         logits = [module.terms(b.__class__(**{k: v.cuda() if torch.is_tensor(v) else v
                                               for k, v in vars(b).items()}))["logits"].cpu()
-                  for b in (right, left, shared)]  # fmt: skip
+                  for b in (right, shared)]  # fmt: skip
     real = right.choice_mask
     for other in logits[1:]:
         torch.testing.assert_close(other[real], logits[0][real], rtol=0, atol=1e-5)
