@@ -45,10 +45,13 @@ class Classifier:
         device: str,
         temperature: float = 1.0,
         packing: bool = True,
+        shared_context: bool = True,
     ) -> None:
         self.device = torch.device(device)
         self.packing = packing
         """Run a batch's examples end to end in packed rows (as `--data.packing`); False: padded."""
+        self.shared_context = shared_context
+        """Run a multiple-choice example's shared context once (as `--data.shared_context`)."""
         self.temperature = temperature
         """Divides the head's outputs before probabilities (`gpt-ft calibrate`); 1: as trained."""
         self.gpt, self.head = gpt.to(self.device).eval(), head.to(self.device).eval()
@@ -83,6 +86,7 @@ class Classifier:
             device=device,
             temperature=stored.temperature,
             packing=stored.data_args.get("packing", True),
+            shared_context=stored.data_args.get("shared_context", True),
         )
 
     def outputs(self, batch: PackedBatch | TaskBatch | SharedContextBatch) -> Tensor:
@@ -110,7 +114,8 @@ class Classifier:
         return torch.cat(chunks).cpu()
 
     def _batch(self, chunk: list[dict[str, Any]]) -> PackedBatch | TaskBatch | SharedContextBatch:
-        return collate_batch(chunk, self.specials, packing=self.packing, shared=self.task.shares_context)
+        shared = self.shared_context and self.task.shares_context  # as TaskDataModule.collate decides
+        return collate_batch(chunk, self.specials, packing=self.packing, shared=shared)
 
     def encode(self, examples: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The examples as the model sees them: the task's own path from examples to tokens, which

@@ -82,3 +82,27 @@ def test_label_writes_each_row_with_its_prediction(finetuned, tmp_path, capsys):
         f"gpt-ft: error: --output {source} is the input file: give another name, the input is kept."
     )
     assert source.read_bytes() == before
+
+
+def test_the_classifier_batches_choices_as_the_run_did(tokenizer_dir):
+    """A run with `--data.shared_context false` is served with one whole sequence per choice, as it
+    was trained and evaluated; by default each context runs once (`TaskDataModule.collate`'s choice)."""
+    from gpt_ft.adapters import MultipleChoice
+    from gpt_ft.data.batches import SharedContextBatch, TaskBatch
+    from gpt_ft.data.tokenizer import load_tokenizer
+    from gpt_ft.model import GPT, GPTConfig
+
+    task = MultipleChoice(name="mc", context=["story"], choices=["a", "b"])
+    tokenizer = load_tokenizer(tokenizer_dir)
+    gpt = GPT(GPTConfig.from_name("gpt-micro", vocab_size=len(tokenizer), n_positions=64))
+    head = task.head(gpt.config.n_embd, dropout=0.0, init_std=0.02)
+    rows = [{"story": "The cat sat on the mat.", "a": "It slept.", "b": "It flew away."}]
+
+    def batch(shared_context: bool):
+        clf = Classifier(gpt, head, task, tokenizer, max_length=64, device="cpu", packing=False,
+                         shared_context=shared_context)  # fmt: skip
+        return clf._batch(clf.encode(rows)), clf.raw_outputs(rows)
+
+    (shared, shared_out), (plain, plain_out) = batch(True), batch(False)
+    assert isinstance(shared, SharedContextBatch) and type(plain) is TaskBatch
+    torch.testing.assert_close(shared_out, plain_out, rtol=0, atol=1e-5)  # the same scores either way
