@@ -359,7 +359,7 @@ class TaskAdapter:
 
     def template(self, specials) -> tuple[str, str]:
         """GPT-1's input transform as a tokenizer's post-processing templates (single, pair) over
-        the special tokens' names: what `_sequence` builds, for a tokenizer that frames texts
+        the special tokens' names: what `frame` builds, for a tokenizer that frames texts
         itself (`gpt-ft export`)."""
         start, delim, extract = specials
         return f"{start} $A {extract}", f"{start} $A {delim} $B {extract}"
@@ -370,22 +370,22 @@ class TaskAdapter:
         Args:
             example: The raw row (fields by name), for the label.
             tokens: Token ids of each of `texts(example)`, without special tokens.
-            specials: `gpt_ft.tokenizer.SpecialTokenIds`.
+            specials: `gpt_ft.data.tokenizer.SpecialTokenIds`.
             max_length: Longest sequence allowed, special tokens included.
         """
         raise NotImplementedError
 
-    def _choice_sequences(
+    def choice_sequences(
         self, specials, context: list[int], answers: list[list[int]], max_length: int
     ) -> tuple[list[list[int]], list[int]]:
         """[start] context [delim] answer [extract] per answer, and each extract index; the context
         cut once for all (longest first against the longest answer), so all share its tokens."""
         n_context, n_answer = fit_lengths([len(context), max(len(a) for a in answers)], max_length - 3)
-        built = [self._sequence(specials, context[:n_context], answer[:n_answer]) for answer in answers]
+        built = [self.frame(specials, context[:n_context], answer[:n_answer]) for answer in answers]
         return [ids for ids, _ in built], [k for _, k in built]
 
     @staticmethod
-    def _sequence(specials, *parts: list[int]) -> tuple[list[int], int]:
+    def frame(specials, *parts: list[int]) -> tuple[list[int], int]:
         """[start] part1 [delim] part2 ... [extract], and the extract token's index."""
         ids = [specials.start]
         for i, part in enumerate(parts):

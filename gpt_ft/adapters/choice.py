@@ -72,7 +72,7 @@ class MultipleChoice(TaskAdapter):
 
     def encode(self, example, tokens, specials, max_length):
         context, *answers = tokens
-        sequences, extract = self._choice_sequences(specials, context, answers, max_length)
+        sequences, extract = self.choice_sequences(specials, context, answers, max_length)
         label = self.example_label(example)
         if label is not None and label >= len(answers):
             value = example.get(self.label)

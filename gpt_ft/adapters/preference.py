@@ -322,7 +322,7 @@ class Preference(TaskAdapter):
 
     def encode(self, example, tokens, specials, max_length):
         prompt, *replies = tokens
-        sequences, extract = self._choice_sequences(specials, prompt, replies, max_length)
+        sequences, extract = self.choice_sequences(specials, prompt, replies, max_length)
         return Encoded(sequences, extract, self.example_label(example))
 
 

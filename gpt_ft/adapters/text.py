@@ -22,7 +22,7 @@ class SingleText(TaskAdapter):
     def encode(self, example, tokens, specials, max_length):
         (text,) = tokens
         (n,) = fit_lengths([len(text)], max_length - 2)
-        ids, extract = self._sequence(specials, text[:n])
+        ids, extract = self.frame(specials, text[:n])
         return Encoded([ids], [extract], self.example_label(example))
 
 
@@ -44,7 +44,7 @@ class TextPair(TaskAdapter):
     def encode(self, example, tokens, specials, max_length):
         a, b = tokens
         na, nb = fit_lengths([len(a), len(b)], max_length - 3)
-        ids, extract = self._sequence(specials, a[:na], b[:nb])
+        ids, extract = self.frame(specials, a[:na], b[:nb])
         return Encoded([ids], [extract], self.example_label(example))
 
 
@@ -69,6 +69,6 @@ class Similarity(TextPair):
     def encode(self, example, tokens, specials, max_length):
         a, b = tokens
         na, nb = fit_lengths([len(a), len(b)], max_length - 3)
-        ab, extract_ab = self._sequence(specials, a[:na], b[:nb])
-        ba, extract_ba = self._sequence(specials, b[:nb], a[:na])
+        ab, extract_ab = self.frame(specials, a[:na], b[:nb])
+        ba, extract_ba = self.frame(specials, b[:nb], a[:na])
         return Encoded([ab, ba], [extract_ab, extract_ba], self.example_label(example))

@@ -344,7 +344,7 @@ def lightning_main(
     one of its subclasses, `callbacks` given to the trainer beside its own)."""
     from lightning import LightningDataModule
 
-    # Our data modules resume mid-epoch themselves (gpt_ft/samplers.py), and a resumed run writes
+    # Our data modules resume mid-epoch themselves (gpt_ft/data/samplers.py), and a resumed run writes
     # its checkpoints into its own version folder: both of Lightning's warnings would mislead.
     warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before")
     warnings.filterwarnings("ignore", message="The dirpath has changed from")

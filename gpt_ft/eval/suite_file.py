@@ -26,7 +26,7 @@ class SuiteTask:
     args: list[str] = field(default_factory=list)
     """`gpt-ft fit` arguments for this task only (after the suite's own)."""
     zero_shot: ZeroShot | None = None
-    """How to score the task zero-shot when it is not multiple choice (see gpt_ft/zeroshot.py)."""
+    """How to score the task zero-shot when it is not multiple choice (see gpt_ft/eval/zeroshot.py)."""
 
 
 @dataclass

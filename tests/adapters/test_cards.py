@@ -68,7 +68,7 @@ class TripleText(TaskAdapter):
         return self.fields
 
     def encode(self, example, tokens, specials, max_length):
-        ids, extract = self._sequence(specials, *(t[: (max_length - 4) // 3] for t in tokens))
+        ids, extract = self.frame(specials, *(t[: (max_length - 4) // 3] for t in tokens))
         return Encoded([ids], [extract], self.example_label(example))
 '''
 
