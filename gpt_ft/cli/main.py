@@ -201,17 +201,24 @@ def main(argv: list[str] | None = None) -> None:
             raise
         fail(f"a package this run needs is not installed: {str(exc).rstrip('.!')}.")
     except Exception as exc:
-        if debug or type(exc).__name__ != "MisconfigurationException":  # Lightning's own bad-value check
+        if debug or not raised_by_lightning(exc, "fabric", "MisconfigurationException"):  # a bad value
             raise
         fail(user_message(exc).rstrip(".!") + ".")
     except SystemExit as exc:
-        if type(exc).__name__ == "SIGTERMException":  # Lightning's, raised at the step after the signal
+        if raised_by_lightning(exc, "pytorch", "SIGTERMException"):  # at the step after the signal
             # SaveLast sets the code to 128 + the signal's number: SIGTERM, or SIGINT for Ctrl-C.
             code = exc.code if isinstance(exc.code, int) and exc.code > 128 else 128 + signal.SIGTERM
             stopped_by(signal.Signals(code - 128))
         if isinstance(exc.__context__, KeyboardInterrupt) and not debug:
             stopped_by(signal.SIGINT)  # Lightning's exit(1) after a KeyboardInterrupt (a second Ctrl-C)
         raise
+
+
+def raised_by_lightning(exc: BaseException, package: str, name: str) -> bool:
+    """Whether `exc` is Lightning's exception class `name` (of lightning.fabric or .pytorch); only a
+    command that imported Lightning can raise one, so the others never import it to ask."""
+    cls = getattr(sys.modules.get(f"lightning.{package}.utilities.exceptions"), name, None)
+    return isinstance(cls, type) and isinstance(exc, cls)
 
 
 def stopped_by(signum: signal.Signals) -> None:
