@@ -387,3 +387,15 @@ def test_released_weights_with_more_rows_than_their_tokenizer_has_tokens(tmp_pat
     before = released.get_input_embeddings().weight
     after = exported.get_input_embeddings().weight
     torch.testing.assert_close(after[n:], before[n:])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CUDA accelerator is available here")
+def test_a_setting_lightning_refuses_is_one_sentence(tmp_path, tokenizer_dir, capsys):
+    """Lightning's MisconfigurationException (here: a CUDA accelerator on a machine without one)
+    ends in its own sentence and exit code 2, not a traceback."""
+    card = make_task("single", tmp_path)
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", *common_args(card, tokenizer_dir, tmp_path), "--trainer.accelerator=cuda"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "gpt-ft: error: `CUDAAccelerator` can not run on your system" in err and "Traceback" not in err
