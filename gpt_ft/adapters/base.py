@@ -236,7 +236,7 @@ class TaskAdapter:
     submission_files = property(attrgetter("submission.files"))
     submission_labels = property(attrgetter("submission.labels"))
 
-    # ---- what the output kind says: the head, labels, metrics, written predictions ----
+    # ---- where the card's fields meet the output kind (everything else: `task.output`) ----
 
     def head(self, n_embd: int, *, dropout: float, init_std: float, bias: bool = True) -> TaskHead:
         """The layer that turns an example's extract states into this task's outputs (GPT-1 §3.3)."""
@@ -245,77 +245,22 @@ class TaskAdapter:
             n_embd, dropout=dropout, init_std=init_std, **({} if bias else {"bias": False})
         )
 
-    @property
-    def has_probabilities(self) -> bool:
-        """The task predicts classes, choices or labels with probabilities (not a score)."""
-        return self.output.has_probabilities
-
-    @property
-    def num_labels(self) -> int:
-        """Outputs of the task head: classes, 1 for regression, 1 score per choice for multiple choice."""
-        return self.output.num_outputs
-
-    @property
-    def class_names(self) -> list[str] | None:
-        """The classes when one of them is predicted per example; None for scores and choices."""
-        return self.output.class_names
-
     def metric_values(self, predictions: Tensor, labels: Tensor) -> dict[str, Tensor]:
         """The card's metrics over a whole split's predictions and labels."""
         return self.output.metric_values(predictions, labels, self.metrics)
-
-    def calibration(self, probabilities: Tensor, labels: Tensor) -> dict[str, Tensor]:
-        """How well the probabilities match the outcomes (classes: expected calibration error)."""
-        return self.output.calibration(probabilities, labels)
-
-    def per_class(self, predictions: Tensor, labels: Tensor) -> dict[str, dict[str, float]] | None:
-        """Precision, recall, F1 and support of each class or label; None for scores and choices."""
-        return self.output.per_class(predictions, labels)
-
-    def confusion(self, predictions: Tensor, labels: Tensor) -> Tensor | None:
-        """The confusion matrix (true x predicted) of a task with classes, else None."""
-        return self.output.confusion(predictions, labels)
-
-    def balanced_weights(self, labels: Tensor) -> Tensor:
-        """Class weights (multi-label: `pos_weight`) that balance the training labels."""
-        return self.output.balanced_weights(labels)
-
-    @property
-    def class_weight_count(self) -> int | None:
-        """How many class weights the task loss takes (its classes or labels); None: none."""
-        return self.output.class_weight_count
 
     def format_prediction(self, prediction: Tensor, *, submission: bool = True) -> str:
         """One prediction as text: a score, or the class's name (as the leaderboard names it, or,
         with `submission=False`, as the card does)."""
         return self.output.format_prediction(
-            prediction, self.submission_label if submission else self.label_name
+            prediction, self.submission_label if submission else self.output.label_name
         )
-
-    def label_text(self, label: Any) -> Any:
-        """An encoded label as `gpt-ft explain` shows it: the class's name, or the value."""
-        return self.output.label_text(label)
-
-    def outcome(self, prediction: Tensor, probabilities: Tensor) -> dict[str, Any]:
-        """One example's prediction as `Classifier.predict` returns it: the label's name and the
-        probability of each label (for a score: the score, twice)."""
-        return self.output.outcome(prediction, probabilities)
-
-    def example_label(self, example: dict[str, Any]) -> Any:
-        """The example's label id, score or labels; None when unlabelled (no field, or -1 as in hub
-        test splits)."""
-        return self.output.example_label(example)
-
-    def label_id(self, value: Any) -> Any:
-        """The label of a raw value: a class id, a float score, or a choice index."""
-        return self.output.label_id(value)
-
-    def label_name(self, label_id: int) -> str:
-        return self.output.label_name(label_id)
 
     def submission_label(self, label_id: int) -> str:
         """The class as a submission file writes it."""
-        return self.submission.labels[label_id] if self.submission.labels else self.label_name(label_id)
+        return (
+            self.submission.labels[label_id] if self.submission.labels else self.output.label_name(label_id)
+        )
 
     # ---- encoding ----
 

@@ -73,7 +73,7 @@ class MultipleChoice(TaskAdapter):
     def encode(self, example, tokens, specials, max_length):
         context, *answers = tokens
         sequences, extract = self.choice_sequences(specials, context, answers, max_length)
-        label = self.example_label(example)
+        label = self.output.example_label(example)
         if label is not None and label >= len(answers):
             value = example.get(self.label)
             raise TaskDataError(f"label {value!r} points past the row's {len(answers)} choices.")

@@ -151,7 +151,14 @@ class PreferenceOutput(TaskOutput):
     default_lm_coef = 0.0
 
     def __init__(
-        self, task_name: str, spec: LabelSpec, *, center_rewards: float, sides: tuple[str, str]
+        self,
+        task_name: str,
+        spec: LabelSpec,
+        *,
+        center_rewards: float,
+        sides: tuple[str, str],
+        reply: str = "reply",
+        margin: str | None = None,
     ) -> None:
         super().__init__(task_name, spec)
         if spec.names:
@@ -159,6 +166,7 @@ class PreferenceOutput(TaskOutput):
         if not (center_rewards >= 0 and math.isfinite(center_rewards)):
             raise CardError(f"Task {task_name!r}: center_rewards must be >= 0, got {center_rewards}.")
         self.center_rewards, self.sides = center_rewards, sides
+        self.reply, self.margin = reply, margin
 
     @property
     def num_outputs(self) -> int:
@@ -197,6 +205,15 @@ class PreferenceOutput(TaskOutput):
             "scores": dict(zip(self.sides, (first, second))),
             "probability": 1 / (1 + math.exp(min(second - first, 700.0))),
         }
+
+    def example_label(self, example: dict[str, Any]) -> float | None:
+        """A pair's margin (0 without a margin field or value); None for one reply (a `reply`
+        field and no chosen one)."""
+        if self.reply in example and self.sides[0] not in example:
+            return None
+        if self.margin is None or example.get(self.margin) is None:
+            return 0.0
+        return self.label_id(example[self.margin])
 
     def label_id(self, value: Any) -> float:
         """A margin: a finite number."""
@@ -263,8 +280,14 @@ class Preference(TaskAdapter):
         super().__init__(label=margin or "margin", **kwargs)
 
     def own_output(self, spec: LabelSpec) -> TaskOutput:
+        sides = (self.chosen, self.rejected)
         return PreferenceOutput(
-            self.name, spec, center_rewards=self.center_rewards, sides=(self.chosen, self.rejected)
+            self.name,
+            spec,
+            center_rewards=self.center_rewards,
+            sides=sides,
+            reply=self.reply,
+            margin=self.margin,
         )
 
     def text_fields(self) -> list[str]:
@@ -312,18 +335,10 @@ class Preference(TaskAdapter):
         rendered = [render_messages(messages[0][:shared], m[shared:], self._chat) for m in messages]
         return [rendered[0][0], *(reply for _, reply in rendered)]
 
-    def example_label(self, example: dict[str, Any]) -> float | None:
-        """A pair's margin (0 without a margin field or value); None for one reply."""
-        if not self._pair(example):
-            return None
-        if self.margin is None or example.get(self.margin) is None:
-            return 0.0
-        return self.output.label_id(example[self.margin])
-
     def encode(self, example, tokens, specials, max_length):
         prompt, *replies = tokens
         sequences, extract = self.choice_sequences(specials, prompt, replies, max_length)
-        return Encoded(sequences, extract, self.example_label(example))
+        return Encoded(sequences, extract, self.output.example_label(example))
 
 
 def _text(example: dict[str, Any], field: str) -> str:

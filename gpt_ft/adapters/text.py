@@ -23,7 +23,7 @@ class SingleText(TaskAdapter):
         (text,) = tokens
         (n,) = fit_lengths([len(text)], max_length - 2)
         ids, extract = self.frame(specials, text[:n])
-        return Encoded([ids], [extract], self.example_label(example))
+        return Encoded([ids], [extract], self.output.example_label(example))
 
 
 class TextPair(TaskAdapter):
@@ -45,7 +45,7 @@ class TextPair(TaskAdapter):
         a, b = tokens
         na, nb = fit_lengths([len(a), len(b)], max_length - 3)
         ids, extract = self.frame(specials, a[:na], b[:nb])
-        return Encoded([ids], [extract], self.example_label(example))
+        return Encoded([ids], [extract], self.output.example_label(example))
 
 
 class Similarity(TextPair):
@@ -71,4 +71,4 @@ class Similarity(TextPair):
         na, nb = fit_lengths([len(a), len(b)], max_length - 3)
         ab, extract_ab = self.frame(specials, a[:na], b[:nb])
         ba, extract_ba = self.frame(specials, b[:nb], a[:na])
-        return Encoded([ab, ba], [extract_ab, extract_ba], self.example_label(example))
+        return Encoded([ab, ba], [extract_ab, extract_ba], self.output.example_label(example))

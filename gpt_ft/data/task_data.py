@@ -282,7 +282,7 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         if not 0 <= index < len(ds):
             raise TaskDataError(f"--index {index} is out of range: split {split!r} has {len(ds)} examples.")
         example = ds[index]
-        label = self.task.label_text(example["label"])
+        label = self.task.output.label_text(example["label"])
         sequences = [
             {"tokens": self.tokenizer.convert_ids_to_tokens(ids), "ids": ids, "extract_index": k}
             for ids, k in zip(example["input_ids"], example["extract_index"])

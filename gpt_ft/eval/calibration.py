@@ -44,7 +44,7 @@ def split_outputs(
     clf: Classifier, rows: list[dict[str, Any]], *, batch_size: int = 32
 ) -> tuple[Tensor, Tensor]:
     """The head's outputs (temperature 1) and the labels of labelled `rows`."""
-    labels = [clf.task.example_label(row) for row in rows]
+    labels = [clf.task.output.example_label(row) for row in rows]
     kept = [i for i, label in enumerate(labels) if label is not None]
     if not kept:
         raise TaskDataError("the calibration split has no labelled examples.")
@@ -62,7 +62,7 @@ def calibrate(
     stored = Checkpoint.read(ckpt)
     clf = Classifier.from_checkpoint(stored, device="cpu")
     task = clf.task
-    if not task.has_probabilities:
+    if not task.output.has_probabilities:
         raise ValueError(f"Task {task.name!r} predicts a score: there are no probabilities to calibrate.")
     split = split or task.validation_splits[0]
     rows = load_split(task, split, data_dir or stored.data_args.get("data_dir")).to_list()
@@ -72,7 +72,7 @@ def calibrate(
 
     def ece(t: float) -> float:
         probabilities = head.probabilities(outputs.float() / t)
-        return float(task.calibration(probabilities, labels).get("ece", float("nan")))
+        return float(task.output.calibration(probabilities, labels).get("ece", float("nan")))
 
     stored.temperature = temperature
     output = Path(output).expanduser()

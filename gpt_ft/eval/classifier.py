@@ -128,7 +128,7 @@ class Classifier:
         ]
 
     def predict(self, examples: list[dict[str, Any]], *, batch_size: int = 32) -> list[dict[str, Any]]:
-        """One `{"label": ..., "scores": ...}` per example, in order (see `TaskAdapter.outcome`).
+        """One `{"label": ..., "scores": ...}` per example, in order (see `TaskOutput.outcome`).
 
         Batches are packed rows (no padding between examples), or with `packing` off, batches of
         examples of similar length, so that little is spent on padding.
@@ -150,7 +150,7 @@ class Classifier:
             probabilities = self.head.probabilities(outputs).cpu()
             for row, example in enumerate(chunk):
                 text = self.task.format_prediction(predictions[row], submission=False)
-                out[example["index"]] = (self.task.outcome(predictions[row], probabilities[row]), text)
+                out[example["index"]] = (self.task.output.outcome(predictions[row], probabilities[row]), text)
         return out
 
 

@@ -187,14 +187,12 @@ def evaluate(
             f"Task {task.name!r} has no zero-shot method: multiple choice is scored as is, other tasks "
             "need a `zero_shot` entry (verbalizers or threshold) in the suite file."
         )
-    if spec is not None and not task.class_names:
+    if spec is not None and not task.output.class_names:
         raise ValueError(f"zero_shot of task {task.name!r}: verbalizers and thresholds need class labels.")
     threshold = None
     if spec is not None and spec.threshold:
-        if len(task.class_names) != 2:
-            raise ValueError(
-                f"zero_shot.threshold of task {task.name!r} needs 2 labels, not {len(task.class_names)}."
-            )
+        if len(names := task.output.class_names) != 2:
+            raise ValueError(f"zero_shot.threshold of task {task.name!r} needs 2 labels, not {len(names)}.")
         rows = load_rows(spec.calibration_split)[: spec.calibration_examples]
         labels = torch.tensor([_label(task, row) for row in rows])
         main = task.main_metric
@@ -218,7 +216,7 @@ def evaluate(
 
 
 def _label(task: TaskAdapter, row: dict[str, Any]) -> int:
-    label = task.example_label(row)
+    label = task.output.example_label(row)
     if label is None:
         raise TaskDataError(f"task {task.name!r}: zero-shot evaluation needs labelled examples.")
     return int(label)

@@ -96,7 +96,7 @@ class EvalMetrics(Metric):
             out[name] = value.float()
         probabilities = cat("probabilities") if len(self.probabilities) else None
         if probabilities is not None and len(probabilities) == len(keep):  # given with every batch
-            for name, value in self.task.calibration(probabilities[keep], labels).items():
+            for name, value in self.task.output.calibration(probabilities[keep], labels).items():
                 out[name] = value.float()
         return out
 

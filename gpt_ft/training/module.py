@@ -184,7 +184,7 @@ class GPTModule(Evaluation, LightningModule):
 
     def set_class_weights(self, weights: Tensor) -> None:
         """The task loss's class weights (`class_weights`; `balanced` ones come from the data)."""
-        count = self.task.class_weight_count if self.task is not None else None
+        count = self.task.output.class_weight_count if self.task is not None else None
         if count is None:
             raise ValueError("--model.class_weights applies to classification and multi-label tasks only.")
         if weights.shape != (count,) or not bool((weights >= 0).all()):

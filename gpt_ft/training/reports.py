@@ -14,10 +14,10 @@ from gpt_ft.errors import writing
 
 def write_report(task: TaskAdapter, split: str, predictions: Tensor, labels: Tensor, folder: Path) -> None:
     """`folder/{split}.md` (and `{split}_confusion.png` for classes); one line printed per class."""
-    rows = task.per_class(predictions.cpu(), labels.cpu())
+    rows = task.output.per_class(predictions.cpu(), labels.cpu())
     if rows is None:
         return
-    confusion = task.confusion(predictions.cpu(), labels.cpu())
+    confusion = task.output.confusion(predictions.cpu(), labels.cpu())
     text = report_text(task, split, rows, confusion)
     path = folder / f"{split}.md"
     with writing(path):

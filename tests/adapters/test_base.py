@@ -58,17 +58,17 @@ def test_fit_lengths_is_the_tokenizers_longest_first(n1, n2, max_length):
 
 def test_labels_accept_names_and_integer_ids():
     task = single()
-    assert [task.label_id(v) for v in ("neg", "pos", 0, 1, "1", " pos ")] == [0, 1, 0, 1, 1, 1]
+    assert [task.output.label_id(v) for v in ("neg", "pos", 0, 1, "1", " pos ")] == [0, 1, 0, 1, 1, 1]
     with pytest.raises(
         TaskDataError, match=r"label 'maybe' in field 'label' is not among the labels \['neg', 'pos'\]"
     ):
-        task.label_id("maybe")
+        task.output.label_id("maybe")
     with pytest.raises(TaskDataError, match="label 2 in field 'label'"):
-        task.label_id(2)
+        task.output.label_id(2)
     reg = SingleText(name="t", regression=True)
     with pytest.raises(TaskDataError, match="regression score 'high' in field 'label' is not a number"):
-        reg.label_id("high")
-    assert task.example_label({"label": -1}) is None and task.example_label({}) is None
+        reg.output.label_id("high")
+    assert task.output.example_label({"label": -1}) is None and task.output.example_label({}) is None
 
 
 def test_bad_cards():

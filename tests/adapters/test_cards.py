@@ -69,7 +69,7 @@ class TripleText(TaskAdapter):
 
     def encode(self, example, tokens, specials, max_length):
         ids, extract = self.frame(specials, *(t[: (max_length - 4) // 3] for t in tokens))
-        return Encoded([ids], [extract], self.example_label(example))
+        return Encoded([ids], [extract], self.output.example_label(example))
 '''
 
 

@@ -25,15 +25,15 @@ def task(**kw) -> MultiLabel:
 
 def test_labels_from_lists_joined_names_and_ids():
     t = task()
-    assert t.example_label({"tags": ["fear", "joy"]}) == [1, 0, 1]
-    assert t.example_label({"tags": "anger, fear"}) == [0, 1, 1]
-    assert t.example_label({"tags": ""}) == [0, 0, 0]  # an empty text: no label
-    assert t.example_label({"tags": [2]}) == [0, 0, 1]  # hub datasets store ids
-    assert t.example_label({"tags": "0,2"}) == [1, 0, 1]
-    assert t.example_label({"text": "no tags field"}) is None
-    assert task(label_separator="|").example_label({"tags": "joy|fear"}) == [1, 0, 1]
+    assert t.output.example_label({"tags": ["fear", "joy"]}) == [1, 0, 1]
+    assert t.output.example_label({"tags": "anger, fear"}) == [0, 1, 1]
+    assert t.output.example_label({"tags": ""}) == [0, 0, 0]  # an empty text: no label
+    assert t.output.example_label({"tags": [2]}) == [0, 0, 1]  # hub datasets store ids
+    assert t.output.example_label({"tags": "0,2"}) == [1, 0, 1]
+    assert t.output.example_label({"text": "no tags field"}) is None
+    assert task(label_separator="|").output.example_label({"tags": "joy|fear"}) == [1, 0, 1]
     with pytest.raises(TaskDataError, match=r"label 'surprise' in field 'tags' is not among the labels"):
-        t.example_label({"tags": "joy,surprise"})
+        t.output.example_label({"tags": "joy,surprise"})
 
 
 def test_layout_is_start_text_extract():
@@ -64,7 +64,7 @@ def test_head_loss_predictions_and_written_form_by_hand():
     assert head.predictions(logits).tolist() == [[1, 0, 1], [0, 0, 1]]
     assert t.format_prediction(torch.tensor([1, 0, 1])) == "joy,fear"
     assert t.format_prediction(torch.tensor([0, 0, 0])) == ""
-    assert t.label_text([0, 1, 1]) == ["anger", "fear"]
+    assert t.output.label_text([0, 1, 1]) == ["anger", "fear"]
 
 
 def test_micro_and_macro_f1_by_hand_counting_each_example_once():

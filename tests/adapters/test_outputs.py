@@ -40,7 +40,7 @@ def test_the_card_chooses_the_output_kind_and_the_kind_its_head():
         (MultiLabel(name="e", labels=["a", "b", "c"]), MultiLabelOutput, MultiLabelHead, 3),
     ]
     for task, kind, head, outputs in cases:
-        assert type(task.output) is kind and task.num_labels == outputs
+        assert type(task.output) is kind and task.output.num_outputs == outputs
         built = task.head(8, dropout=0.0, init_std=0.02)
         assert type(built) is head and built.out_features == outputs
 
@@ -75,17 +75,21 @@ def test_written_predictions_and_shown_labels_by_kind():
     cls = SingleText(name="t", labels=["neg", "pos"], submission_labels=["0", "1"])
     assert cls.format_prediction(torch.tensor(1)) == "1"
     assert cls.format_prediction(torch.tensor(1), submission=False) == "pos"
-    assert cls.label_text(0) == "neg" and cls.label_text(None) is None
-    assert cls.outcome(torch.tensor(1), torch.tensor([0.25, 0.75])) == {
+    assert cls.output.label_text(0) == "neg" and cls.output.label_text(None) is None
+    assert cls.output.outcome(torch.tensor(1), torch.tensor([0.25, 0.75])) == {
         "label": "pos",
         "scores": {"neg": 0.25, "pos": 0.75},
     }
     reg = Similarity(name="s", regression=True, score_range=(0, 5))
-    assert reg.format_prediction(torch.tensor(3.14159)) == "3.142" and reg.label_text(2.5) == 2.5
-    assert reg.outcome(torch.tensor(1.5), torch.tensor(1.5)) == {"label": 1.5, "scores": 1.5}
+    assert reg.format_prediction(torch.tensor(3.14159)) == "3.142" and reg.output.label_text(2.5) == 2.5
+    assert reg.output.outcome(torch.tensor(1.5), torch.tensor(1.5)) == {"label": 1.5, "scores": 1.5}
     mc = MultipleChoice(name="m", context=["c"], choices=["a", "b"], labels=["1", "2"])
-    assert mc.format_prediction(torch.tensor(1)) == "2" and mc.label_text(1) == 1
-    assert mc.class_names is None and cls.class_names == ["neg", "pos"] and reg.class_names is None
+    assert mc.format_prediction(torch.tensor(1)) == "2" and mc.output.label_text(1) == 1
+    assert (
+        mc.output.class_names is None
+        and cls.output.class_names == ["neg", "pos"]
+        and reg.output.class_names is None
+    )
 
 
 def test_a_card_is_read_into_its_parts_under_the_card_names():
@@ -163,8 +167,8 @@ class SignedText(SingleText):
 def test_a_users_adapter_brings_its_own_output_kind():
     task = SignedText(name="signs", text="t")
     assert isinstance(task.head(4, dropout=0.0, init_std=0.02), HingeHead)
-    assert [task.example_label({"label": v}) for v in ("+", "-", None)] == [1, -1, None]
+    assert [task.output.example_label({"label": v}) for v in ("+", "-", None)] == [1, -1, None]
     assert task.metric_values(torch.tensor([1, -1]), torch.tensor([1, 1])) == {"accuracy": 0.5}
-    assert task.format_prediction(torch.tensor(-1)) == "-" and task.class_names is None
+    assert task.format_prediction(torch.tensor(-1)) == "-" and task.output.class_names is None
     with pytest.raises(ValueError, match="a sign task cannot be a regression"):
         SignedText(name="signs", regression=True)

@@ -63,9 +63,9 @@ def test_literal_layout_prompt_once_per_reply_chosen_first():
 def test_rows_read_as_pairs_or_one_reply():
     task = Preference(name="p", turn_marker=MARKER)
     assert task.texts({"chosen": H + " A.", "rejected": H + " B."}) == [H, " A.", " B."]
-    assert task.example_label({"chosen": "a", "rejected": "b"}) == 0.0
+    assert task.output.example_label({"chosen": "a", "rejected": "b"}) == 0.0
     assert task.texts({"reply": H + " A."}) == [H, " A."]  # one reply to score
-    assert task.example_label({"reply": "a"}) is None
+    assert task.output.example_label({"reply": "a"}) is None
     with pytest.raises(
         TaskDataError, match="field 'rejected' holds a text where 'chosen' holds chat messages"
     ):
@@ -76,7 +76,7 @@ def test_rows_read_as_pairs_or_one_reply():
         task.texts({"chosen": [{"role": "user"}], "rejected": "b"})
     with pytest.raises(TaskDataError, match="margin 'wide' in field 'margin' is not a number"):
         pair = {"chosen": "a", "rejected": "b", "margin": "wide"}
-        Preference(name="p", margin="margin").example_label(pair)
+        Preference(name="p", margin="margin").output.example_label(pair)
 
 
 USER = {"role": "user", "content": "How do I boil an egg?"}
@@ -148,7 +148,10 @@ def test_predictions_and_outcomes_of_a_pair_and_of_one_reply():
     outputs = head(torch.randn(2, 2, 4), torch.tensor([[True, True], [True, False]]))
     predictions = head.predictions(outputs)
     assert not predictions[0].isnan().any() and predictions[1, 1].isnan()
-    pair, one = task.outcome(predictions[0], predictions[0]), task.outcome(predictions[1], predictions[1])
+    pair, one = (
+        task.output.outcome(predictions[0], predictions[0]),
+        task.output.outcome(predictions[1], predictions[1]),
+    )
     r0, r1 = predictions[0].tolist()
     assert pair["label"] == ("chosen" if r0 >= r1 else "rejected")
     assert pair["scores"] == {"chosen": r0, "rejected": r1}

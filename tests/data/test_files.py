@@ -316,7 +316,7 @@ def test_card_reads_native_files(card, tokenizer_dir, tmp_path):
     assert (
         dm.tokenizer.decode(ids[1:end]).removeprefix("\n\nUser: ").startswith(Q)
     )  # messages: the role first
-    if task.class_names:
+    if task.output.class_names:
         assert shown["label"] == task.labels[fixture["train"][1][0]]
 
 

@@ -20,7 +20,7 @@ def test_encodes_local_tsv_exactly(pairs_dir, tokenizer_dir):
     dm = TaskDataModule(pair_task(), tokenizer_dir, data_dir=str(pairs_dir), max_length=64)
     tok = load_tokenizer(tokenizer_dir)
     ids = special_token_ids(tok)
-    assert (dm.vocab_size, dm.task.num_labels, dm.task.num_sequences) == (len(tok), 2, 1)
+    assert (dm.vocab_size, dm.task.output.num_outputs, dm.task.num_sequences) == (len(tok), 2, 1)
     train = dm.encoded("train", labelled=True)
     assert len(train) == 3 and train["label"] == [0, 1, 0] and train["index"] == [0, 1, 2]
     enc = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731

@@ -10,7 +10,7 @@ def test_glue_suite_names_the_servers_files_and_labels():
     cards = {t.name: t for t in (load_card(e.card) for e in spec.tasks)}
     written = {f for t in cards.values() for f in t.submission_files.values()}
     assert written == set(spec.submission.files) and len(spec.submission.files) == 11
-    labels = {name: [t.submission_label(i) for i in range(t.num_labels)] for name, t in cards.items()}
+    labels = {name: [t.submission_label(i) for i in range(t.output.num_outputs)] for name, t in cards.items()}
     for binary in ("cola", "sst2", "mrpc", "qqp", "wnli"):
         assert labels[binary] == ["0", "1"]
     assert labels["mnli"] == ["entailment", "neutral", "contradiction"]

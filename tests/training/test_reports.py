@@ -17,12 +17,12 @@ from gpt_ft.training.reports import report_text
 def test_per_class_report_and_confusion_matrix_by_hand():
     task = SingleText(name="t", labels=["a", "b", "c"])
     predictions, labels = torch.tensor([0, 0, 1, 1, 2]), torch.tensor([0, 1, 1, 1, 2])
-    rows = task.per_class(predictions, labels)
+    rows = task.output.per_class(predictions, labels)
     # a: 1 right of 2 predicted, 1 of 1 true; b: 2 of 2 predicted, 2 of 3 true; c: 1 of 1, 1 of 1.
     assert rows["a"] == pytest.approx({"precision": 0.5, "recall": 1.0, "f1": 2 / 3, "support": 1})
     assert rows["b"] == pytest.approx({"precision": 1.0, "recall": 2 / 3, "f1": 0.8, "support": 3})
     assert rows["c"] == pytest.approx({"precision": 1.0, "recall": 1.0, "f1": 1.0, "support": 1})
-    confusion = task.confusion(predictions, labels)
+    confusion = task.output.confusion(predictions, labels)
     assert confusion.tolist() == [[1, 0, 0], [1, 2, 0], [0, 0, 1]]
     text = report_text(task, "validation", rows, confusion)
     assert "| b | 1.0000 | 0.6667 | 0.8000 | 3 |" in text
@@ -33,10 +33,10 @@ def test_per_label_report_of_a_multi_label_task():
     task = MultiLabel(name="m", labels=["x", "y"])
     predictions = torch.tensor([[1, 0], [1, 1], [0, 1]])
     labels = torch.tensor([[1, 0], [0, 1], [0, 1]])
-    rows = task.per_class(predictions, labels)
+    rows = task.output.per_class(predictions, labels)
     assert rows["x"] == pytest.approx({"precision": 0.5, "recall": 1.0, "f1": 2 / 3, "support": 1})
     assert rows["y"] == pytest.approx({"precision": 1.0, "recall": 1.0, "f1": 1.0, "support": 2})
-    assert task.confusion(predictions, labels) is None
+    assert task.output.confusion(predictions, labels) is None
 
 
 def test_expected_calibration_error_by_hand():
@@ -45,7 +45,7 @@ def test_expected_calibration_error_by_hand():
     labels = torch.tensor([0, 1, 1, 0])
     # Each confidence in a bin of its own: right at 0.9, wrong at 0.8, right at 0.7 and at 0.6.
     expected = (abs(1 - 0.9) + abs(0 - 0.8) + abs(1 - 0.7) + abs(1 - 0.6)) / 4
-    assert float(task.calibration(probabilities, labels)["ece"]) == pytest.approx(expected, abs=1e-6)
+    assert float(task.output.calibration(probabilities, labels)["ece"]) == pytest.approx(expected, abs=1e-6)
 
 
 def test_validate_writes_the_report_beside_its_logs(finetuned, tmp_path, capsys):
@@ -128,11 +128,16 @@ def test_class_weights_change_the_loss_as_computed_by_hand():
 def test_balanced_weights_from_the_labels():
     task = SingleText(name="t", labels=["a", "b", "c"])
     # n / (classes x n_k): 6 / (3 x 3), 6 / (3 x 2), 6 / (3 x 1)
-    assert task.balanced_weights(torch.tensor([0, 0, 0, 1, 1, 2])).tolist() == pytest.approx([2 / 3, 1, 2])
+    assert task.output.balanced_weights(torch.tensor([0, 0, 0, 1, 1, 2])).tolist() == pytest.approx(
+        [2 / 3, 1, 2]
+    )
     multi = MultiLabel(name="m", labels=["x", "y"])
-    assert multi.balanced_weights(torch.tensor([[1, 0], [1, 1], [0, 0], [0, 0]])).tolist() == [1.0, 3.0]
+    assert multi.output.balanced_weights(torch.tensor([[1, 0], [1, 1], [0, 0], [0, 0]])).tolist() == [
+        1.0,
+        3.0,
+    ]
     with pytest.raises(ValueError, match="class weights apply to classification and multi-label tasks"):
-        SingleText(name="r", regression=True).balanced_weights(torch.tensor([1.0]))
+        SingleText(name="r", regression=True).output.balanced_weights(torch.tensor([1.0]))
 
 
 def test_fit_with_balanced_and_listed_class_weights(tmp_path, tokenizer_dir, capsys):
