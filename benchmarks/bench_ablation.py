@@ -235,12 +235,26 @@ def main() -> None:
     if args.tokenizer is None:
         args.tokenizer = str(out / "tokenizer")
         if not (out / "tokenizer" / "tokenizer.json").exists():
-            gpt_ft("tokenizer", args.books, f"--vocab_size={args.vocab_size}", f"--out_dir={args.tokenizer}")
+            gpt_ft(
+                "tokenizer",
+                "--inputs",
+                args.books,
+                f"--vocab_size={args.vocab_size}",
+                f"--out_dir={args.tokenizer}",
+            )
     tokens = out / "tokens"
     if not (tokens / "meta.json").exists():
         small = ["--piece_chars=8192", "--validation_fraction=0.05"] if args.tiny else []
         workers = f"--workers={min(8, os.cpu_count() or 1)}"
-        gpt_ft("prepare", args.books, f"--tokenizer={args.tokenizer}", f"--out_dir={tokens}", workers, *small)
+        gpt_ft(
+            "prepare",
+            "--inputs",
+            args.books,
+            f"--tokenizer={args.tokenizer}",
+            f"--out_dir={tokens}",
+            workers,
+            *small,
+        )
     steps = math.ceil(args.tokens / (args.batch_size * args.context))
     if not args.skip_pretraining:
         pretrain(args, out, tokens, steps)

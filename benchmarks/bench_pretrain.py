@@ -68,11 +68,12 @@ def tokens_for(args, vocab: int) -> Path:
     if not (folder / "tokens" / "meta.json").exists():
         tokenizer = folder / "tokenizer"
         if not (tokenizer / "tokenizer.json").exists():
-            gpt_ft("tokenizer", args.books, f"--vocab_size={vocab}", f"--out_dir={tokenizer}")
+            gpt_ft("tokenizer", "--inputs", args.books, f"--vocab_size={vocab}", f"--out_dir={tokenizer}")
         workers = f"--workers={min(8, os.cpu_count() or 1)}"
         split = f"--validation_fraction={args.validation_fraction}"
         gpt_ft(
             "prepare",
+            "--inputs",
             args.books,
             f"--tokenizer={tokenizer}",
             f"--out_dir={folder / 'tokens'}",

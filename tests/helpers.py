@@ -4,6 +4,7 @@ quick run, tiny models, corpora and suite files."""
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import pytest
@@ -228,6 +229,16 @@ def random_choice_examples(
 
 
 # ---- suites ----
+
+
+def as_list(*values: str) -> str:
+    """Values as one list argument in jsonargparse's syntax (`--data_dir [a, t=b]`)."""
+    return json.dumps(list(values))
+
+
+def fit_args(*args: str) -> list[str]:
+    """`gpt-ft suite`'s arguments for every fit: `--fit_args [ARG, ...]`."""
+    return ["--fit_args", as_list(*args)]
 
 
 def write_suite(root: Path, body: str) -> Path:

@@ -89,7 +89,8 @@ def test_cuda_fit_logs_tokens_per_second_and_mfu(tmp_path, tokenizer_dir, monkey
 
     monkeypatch.chdir(ROOT)
     corpus = write_corpus(tmp_path, n_files=6, lines=60)
-    main(["prepare", str(corpus), "--tokenizer", tokenizer_dir, "--out_dir", str(tmp_path / "tokens"),
+    main(["prepare", "--inputs", str(corpus), "--tokenizer", tokenizer_dir,
+          "--out_dir", str(tmp_path / "tokens"),
           "--validation_fraction", "0.2", "--piece_chars", "400"])  # fmt: skip
     peak = dense_peak_tflops(torch.cuda.get_device_name()) or 100.0  # any peak: MFU is then logged
     main(["fit", "--config", "configs/pretrain/cpu.yaml", "--config", "configs/trainer/gpu.yaml",

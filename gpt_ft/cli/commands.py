@@ -10,17 +10,12 @@ FileNotFoundError for bad input; `gpt_ft.cli.main` turns those into one line and
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
-from json import dumps
 from typing import Any, Literal
 
 from jsonargparse import Namespace, auto_parser
 
 from gpt_ft.errors import check_output_dir, check_output_file
-
-BOOL_WORDS = ("true", "false", "yes", "no", "null")
-NO_VALUE = ("-h", "--help", "--print_config")  # options that take no value after them
 
 
 def run(
@@ -30,9 +25,9 @@ def run(
     *,
     defaults: dict[str, Any] | None = None,
     settle: Callable[[Namespace], None] | None = None,
-    rest: str | None = None,
 ) -> None:
-    """`gpt-ft NAME ARGV` of a typed function: its parser comes from its signature and docstring.
+    """`gpt-ft NAME ARGV` of a typed function: its parser comes from its signature and docstring,
+    and reads jsonargparse's own syntax (lists `[a, b]` or `--x+=a`, booleans `--x true`).
 
     Args:
         function: The command: typed parameters, a Google-style docstring whose `Args:` are the help.
@@ -40,10 +35,9 @@ def run(
         argv: The arguments after the command's name.
         defaults: Defaults the signature cannot state (a class_path).
         settle: Sees the parsed arguments before the classes they name are built.
-        rest: The list parameter that takes what follows `--`.
     """
     parser = auto_parser(function, prog=f"gpt-ft {name}", exit_on_error=False, set_defaults=defaults)
-    cfg = parser.parse_args(jsonargparse_syntax(argv, function, rest=rest))
+    cfg = parser.parse_args(argv)
     if settle is not None:
         settle(cfg)
     arguments = parser.instantiate(cfg)
@@ -51,52 +45,11 @@ def run(
     function(**arguments)
 
 
-def jsonargparse_syntax(argv: list[str], function: Callable, *, rest: str | None = None) -> list[str]:
-    """`argv`, written as for argparse, in the syntax jsonargparse reads for `function`'s parameters.
-
-    The one place a command line is rewritten. jsonargparse builds no `nargs` from a signature
-    (omni-us/jsonargparse#550) and wants a bool's value (omni-us/jsonargparse#355), so a list
-    positional's values (`gpt-ft prepare a.txt books/`; none: `[]`) and a list option's (`--seeds 0 1`)
-    become one JSON list, a bool option given alone (`--json`) becomes `--json=true`, and with
-    `rest`, what follows `--` becomes that list parameter's value.
-    """
-    params = inspect.signature(function).parameters
-    # The annotations as written (`from __future__ import annotations`): "list[int] | None".
-    types = {f"--{name}": {t.strip() for t in str(p.annotation).split("|")} for name, p in params.items()}
-    lists = tuple(option for option, ts in types.items() if any(t.startswith(("list", "tuple")) for t in ts))
-    flags = {option for option, ts in types.items() if "bool" in ts}
-    positional = next(
-        (f"--{n}" for n, p in params.items() if p.kind is p.POSITIONAL_OR_KEYWORD and p.default is p.empty),
-        None,
-    )
-    positional = positional if positional in lists else None  # a positional of one value needs nothing
-    tail: list[str] = []
-    if rest is not None and "--" in argv:
-        cut = argv.index("--")
-        argv, tail = argv[:cut], [f"--{rest}={dumps(argv[cut + 1 :])}"]
-    argv = _repeatable(argv, tuple(option for option in lists if option != positional))
-    out: list[str] = []
-    values: list[str] = []
-    at = 0  # where the positional's values begin: a config file after them overrides them, as in argparse
-    i = 0
-    while i < len(argv):
-        arg, following = argv[i], argv[i + 1] if i + 1 < len(argv) else None
-        if arg in flags and (following is None or following.lower() not in BOOL_WORDS):
-            out.append(f"{arg}=true")
-        elif positional and not arg.startswith("-"):
-            if not values:
-                at = len(out)
-            values.append(arg)
-        elif arg.startswith("--") and "=" not in arg and arg not in NO_VALUE and following is not None:
-            out += [arg, following]  # an option and its value, which may look like a positional
-            i += 1
-        else:
-            out.append(arg)
-        i += 1
-    if positional:
-        given_as_list = len(values) == 1 and values[0].lstrip().startswith("[")
-        out.insert(at, values[0] if given_as_list else dumps(values))
-    return out + tail
+def as_list(value: Any) -> list:
+    """A list option given as one value (`--data_dir DIR`) or as a list (`--data_dir [A, t=B]`)."""
+    if value is None:
+        return []
+    return list(value) if isinstance(value, list | tuple) else [value]
 
 
 def lightning(subcommand: str, argv: list[str]) -> None:
@@ -107,8 +60,8 @@ def lightning(subcommand: str, argv: list[str]) -> None:
 
 
 def prepare(
-    inputs: list[str],
     *,
+    inputs: list[str] | str | None = None,
     out_dir: str,
     tokenizer: str,
     dataset: str | None = None,
@@ -122,8 +75,8 @@ def prepare(
     """Tokenize a corpus into train/validation token files for pretraining (see gpt_ft/data/prepare.py).
 
     Args:
-        inputs: Text files and folders of them (searched recursively), one after another (`a.txt
-            books/`); none with --dataset.
+        inputs: A text file or a folder of them (searched recursively), or a list of both
+            (`[a.txt, books/]`); none with --dataset.
         out_dir: Output folder (created; must be empty or an earlier output of this command).
         tokenizer: Tokenizer folder or hub id (e.g. the GPT-1 or GPT-2 BPE folder).
         dataset: Instead of files, a `datasets` dataset: a local path or, online, a hub id.
@@ -140,7 +93,7 @@ def prepare(
     meta = tokenize_corpus(
         out_dir,
         tokenizer,
-        files=inputs,
+        files=as_list(inputs),
         dataset=dataset,
         dataset_split=dataset_split,
         text_field=text_field,
@@ -157,12 +110,12 @@ def prepare(
     )
 
 
-def tokenizer(inputs: list[str], *, vocab_size: int, out_dir: str, min_frequency: int = 2) -> None:
+def tokenizer(*, inputs: list[str] | str, vocab_size: int, out_dir: str, min_frequency: int = 2) -> None:
     """Train a byte-level BPE tokenizer (with the GPT-1 special tokens) on text files.
 
     Args:
-        inputs: Text files and folders of them (searched recursively), one after another (`a.txt
-            books/`).
+        inputs: A text file or a folder of them (searched recursively), or a list of both
+            (`[a.txt, books/]`).
         vocab_size: Vocabulary size, special tokens included.
         out_dir: Folder for the tokenizer (AutoTokenizer loads it).
         min_frequency: Least count of a pair to merge.
@@ -171,7 +124,7 @@ def tokenizer(inputs: list[str], *, vocab_size: int, out_dir: str, min_frequency
     from gpt_ft.data.tokenizer import train_tokenizer
 
     check_output_dir(out_dir, "--out_dir")
-    tok = train_tokenizer(find_files(inputs), vocab_size, out_dir, min_frequency=min_frequency)
+    tok = train_tokenizer(find_files(as_list(inputs)), vocab_size, out_dir, min_frequency=min_frequency)
     print(f"trained a {len(tok)}-token byte-level BPE tokenizer into {out_dir}")
 
 
@@ -266,20 +219,20 @@ def suite(
     out_dir: str,
     init_from: str | None = None,
     tokenizer: str | None = None,
-    data_dir: tuple[str, ...] = (),
-    tasks: list[str] | None = None,
+    data_dir: list[str] | str = (),
+    tasks: list[str] | str | None = None,
     seeds: list[int] | None = None,
     select: Literal["last", "best"] = "last",
     fine_tune: bool = True,
     zero_shot: bool = False,
-    transfer_layers: tuple[int, ...] = (),
+    transfer_layers: list[int] = (),
     predict: bool | None = None,
     keep_checkpoints: bool = False,
     train_sizes: list[int | Literal["all"]] | None = None,
-    baselines: tuple[str, ...] = (),
-    fit_args: tuple[str, ...] = (),
+    baselines: list[str] | str = (),
+    fit_args: list[str] = (),
 ) -> None:
-    """Fine-tune and evaluate a suite's tasks over seeds; what follows `--` goes to every `gpt-ft fit`.
+    """Fine-tune and evaluate a suite's tasks over seeds; --fit_args go to every `gpt-ft fit`.
 
     See gpt_ft/eval/suite.py.
 
@@ -288,20 +241,21 @@ def suite(
         out_dir: Results folder; rerunning resumes it.
         init_from: Pretrained weights; default: from scratch.
         tokenizer: Default: the one saved with --init_from.
-        data_dir: Tasks' local files: DIR for all, or TASK=DIR (repeatable).
-        tasks: Run only these of its tasks.
-        seeds: Default: the suite file's.
+        data_dir: Tasks' local files: DIR for all, TASK=DIR for one, or a list of both
+            (`[~/glue, storycloze=~/storycloze]`).
+        tasks: Run only these of its tasks (one, or a list).
+        seeds: A list (`[0, 1, 2]`); default: the suite file's.
         select: Report the last epoch or the best one.
         fine_tune: false: zero-shot only.
         zero_shot: Also score the tasks zero-shot.
-        transfer_layers: Sweep the pretrained layers transferred (e.g. 0 3 6 12), GPT-1 Fig. 2 left.
+        transfer_layers: Sweep the pretrained layers transferred (e.g. `[0, 3, 6, 12]`), GPT-1 Fig. 2 left.
         predict: Write test predictions; default: if the suite has a submission (a sweep: no).
         keep_checkpoints: Keep every run's checkpoints.
-        train_sizes: Learning curves: training examples per run (stratified subsets, e.g. 100 300
-            1000 all); default: the suite file's.
+        train_sizes: Learning curves: training examples per run (stratified subsets, e.g. `[100,
+            300, 1000, all]`); default: the suite file's.
         baselines: Learning curves measured elsewhere on the same subsets, drawn beside the rows:
-            JSON files (benchmarks/tfidf_baseline.py --train-sizes ... --json FILE writes one).
-        fit_args: Arguments for every `gpt-ft fit` (on the command line, all that follows `--`).
+            a JSON file or a list (benchmarks/tfidf_baseline.py --train-sizes ... --json FILE writes one).
+        fit_args: Arguments for every `gpt-ft fit`, as a list (`[--trainer.max_epochs=2]`).
     """
     from gpt_ft.cli.lightning import build_fit
     from gpt_ft.eval.suite import SuiteRunner
@@ -314,8 +268,8 @@ def suite(
         build_run=build_fit,
         init_from=init_from,
         tokenizer=tokenizer,
-        data_dir=list(data_dir),
-        tasks=tasks,
+        data_dir=as_list(data_dir),
+        tasks=as_list(tasks) if tasks is not None else None,
         seeds=seeds,
         fit_args=list(fit_args),
         select=select,
@@ -325,31 +279,6 @@ def suite(
         predict=predict,
         keep_checkpoints=keep_checkpoints,
         train_sizes=train_sizes,
-        baselines=list(baselines),
+        baselines=as_list(baselines),
     )
     runner.run()
-
-
-def _repeatable(argv: list[str], options: tuple[str, ...]) -> list[str]:
-    """`--seeds 0 1 2` and `--data_dir A --data_dir t=B` as the JSON lists jsonargparse reads."""
-    out: list[str] = []
-    lists: dict[str, list[str]] = {}
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        name, eq, value = arg.partition("=")
-        if name in options:
-            values = lists.setdefault(name, [])
-            if eq:
-                values.append(value)
-            i += 1
-            while i < len(argv) and not argv[i].startswith("--"):
-                values.append(argv[i])
-                i += 1
-            continue
-        out.append(arg)
-        i += 1
-    for name, values in lists.items():
-        given_as_list = len(values) == 1 and values[0].lstrip().startswith("[")
-        out.append(f"{name}={values[0] if given_as_list else dumps(values)}")
-    return out

@@ -56,7 +56,7 @@ COMMANDS = {
     ),
     "suite": Command(
         "fine-tune and evaluate many tasks over seeds: results table, chart, GLUE submission",
-        partial(commands.run, commands.suite, rest="fit_args"),
+        partial(commands.run, commands.suite),
     ),
     "calibrate": Command(
         "fit a classifier's temperature on a validation split (its probabilities)",
@@ -67,6 +67,7 @@ COMMANDS = {
         partial(commands.run, commands.export),
     ),
 }
+DEBUG = "GPT_FT_DEBUG"  # set (not 0): errors show their traceback instead of one sentence
 USER_ERRORS = (ValueError, FileNotFoundError, KeyError, FloatingPointError)
 LOST_PEER = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")  # gloo's words
 
@@ -142,16 +143,15 @@ def fail(message: str) -> None:
 
 
 def usage() -> None:
-    print("usage: gpt-ft {" + ",".join(COMMANDS) + "} ... [--debug]\n")
+    print("usage: gpt-ft {" + ",".join(COMMANDS) + "} ...\n")
     for name, command in COMMANDS.items():
         print(f"  {name:<10} {command.help}")
-    print("\n`gpt-ft COMMAND --help` lists a command's arguments.")
+    print(f"\n`gpt-ft COMMAND --help` lists a command's arguments; {DEBUG}=1 shows an error's traceback.")
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
-    debug = "--debug" in argv
-    argv = [a for a in argv if a != "--debug"]
+    debug = os.environ.get(DEBUG, "") not in ("", "0")
     if not argv or argv[0] in ("-h", "--help"):
         return usage()
     if argv[0] == "--version":

@@ -109,7 +109,7 @@ def test_an_adapter_defined_outside_gpt_ft_works_through_its_card(
             f"--data.task={root / 'triple.yaml'}",
             f"--data.tokenizer={tokenizer_dir}",
             f"--data.data_dir={root}",
-            "--json",
+            "--json=true",
         ]
     )
     shown = capsys.readouterr().out

@@ -15,7 +15,7 @@ from gpt_ft.data.batches import collate, collate_shared
 from gpt_ft.data.tokenizer import SpecialTokenIds
 from gpt_ft.errors import CardError
 from tests.background import gpt_ft
-from tests.helpers import MICRO, TASKS
+from tests.helpers import MICRO, TASKS, fit_args
 from tests.training.test_packing import FAMILIES, assert_same, module_for, run
 
 MARKER = "\n\nAssistant:"
@@ -304,15 +304,16 @@ def start_preference_suite(root, tokenizer_dir):
             f"--tokenizer={tokenizer_dir}",
             f"--data_dir={data}",
             "--train_sizes",
-            "8",
-            "--",
-            "--data.batch_size=4",
-            "--data.max_length=48",
-            "--model.preset=gpt-micro",
-            f"--model.overrides={MICRO}",
-            "--trainer.max_epochs=1",
-            "--trainer.enable_progress_bar=false",
-            "--trainer.enable_model_summary=false",
+            "[8]",
+            *fit_args(
+                "--data.batch_size=4",
+                "--data.max_length=48",
+                "--model.preset=gpt-micro",
+                f"--model.overrides={MICRO}",
+                "--trainer.max_epochs=1",
+                "--trainer.enable_progress_bar=false",
+                "--trainer.enable_model_summary=false",
+            ),
         )  # fmt: skip
     ]
 

@@ -68,8 +68,8 @@ def test_out_dir_that_is_a_file(command, tmp_path, tokenizer_dir, capsys):
     before = files(tmp_path)
     argv = {
         "suite": ["suite", str(tmp_path / "suite.yaml")],
-        "prepare": ["prepare", str(corpus), f"--tokenizer={tokenizer_dir}"],
-        "tokenizer": ["tokenizer", str(corpus), "--vocab_size=300"],
+        "prepare": ["prepare", "--inputs", str(corpus), f"--tokenizer={tokenizer_dir}"],
+        "tokenizer": ["tokenizer", "--inputs", str(corpus), "--vocab_size=300"],
     }[command]
     assert error(capsys, *argv, f"--out_dir={taken}") == (
         f"--out_dir {taken} is a file, not a folder: give a folder's name (the file is kept)."
@@ -120,7 +120,7 @@ def test_label_refuses_an_existing_output_unless_overwrite(tmp_path, labelling, 
         f"--output {out} already exists: give another name, or --overwrite to replace it (it is kept)."
     )
     assert files(tmp_path) == before
-    main(labelling(f"--output={out}", "--overwrite"))
+    main(labelling(f"--output={out}", "--overwrite=true"))
     assert out.read_text().splitlines()[0] == "sentence\tprediction"
 
 
@@ -156,7 +156,7 @@ def test_a_full_disk_while_writing_labels(tmp_path, labelling, capsys, monkeypat
         raise ENOSPC
 
     monkeypatch.setattr(classifier, "_write_rows", half_then_full)
-    assert error(capsys, *labelling(f"--output={out}", "--overwrite")) == (
+    assert error(capsys, *labelling(f"--output={out}", "--overwrite=true")) == (
         f"{out}: could not be written (No space left on device); the previous file is kept."
     )
     assert files(tmp_path) == before

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from gpt_ft.cli import main
-from gpt_ft.cli.commands import _repeatable, jsonargparse_syntax
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
 from tests.background import Command
 from tests.helpers import PAIR_CARD, ROOT, SENTENCES, write_corpus
@@ -44,7 +43,7 @@ def test_explain_json(pairs_dir, tokenizer_dir, capsys):
         "train",
         "--index",
         "1",
-        "--json",
+        "--json=true",
     )
     shown = json.loads(out)
     tok = load_tokenizer(tokenizer_dir)
@@ -107,7 +106,16 @@ def test_explain_bad_input_exits_nonzero_with_one_sentence(pairs_dir, tokenizer_
 
 def test_tokenizer_command(tmp_path, capsys):
     corpus = write_corpus(tmp_path)
-    out = gpt_ft(capsys, "tokenizer", str(corpus), "--vocab_size", "300", "--out_dir", str(tmp_path / "tok"))
+    out = gpt_ft(
+        capsys,
+        "tokenizer",
+        "--inputs",
+        str(corpus),
+        "--vocab_size",
+        "300",
+        "--out_dir",
+        str(tmp_path / "tok"),
+    )
     assert out.startswith("trained a 300-token byte-level BPE tokenizer into ")
     from transformers import AutoTokenizer
 
@@ -123,6 +131,7 @@ def test_pretrain_then_finetune_with_only_the_checkpoint_then_generate(
     out = gpt_ft(
         capsys,
         "prepare",
+        "--inputs",
         str(corpus),
         "--tokenizer",
         tokenizer_dir,
@@ -215,27 +224,6 @@ def test_generate_bad_input(tmp_path, capsys):
     assert err == f"gpt-ft: error: {tmp_path / 'no-tokenizer'} carries no tokenizer; give --tokenizer DIR."
 
 
-def test_repeatable_options_become_json_lists():
-    argv = [
-        "suite.yaml",
-        "--seeds",
-        "0",
-        "1",
-        "--data_dir",
-        "glue",
-        "--data_dir=rte=r",
-        "--tasks=[a, b]",
-        "--x",
-    ]
-    assert _repeatable(argv, ("--data_dir", "--tasks", "--seeds")) == [
-        "suite.yaml",
-        "--x",
-        '--seeds=["0", "1"]',
-        '--data_dir=["glue", "rte=r"]',
-        "--tasks=[a, b]",
-    ]
-
-
 TORCHAO_SCRIPT = (
     "from gpt_ft.cli import main\n"
     "try:\n    main(['explain', '--card', 'none.yaml'])\nexcept SystemExit:\n    pass\n"
@@ -259,28 +247,43 @@ def test_a_command_that_loads_transformers_models_prints_nothing_of_torchao(back
     assert "torchao" not in run.stderr and "register_constant" not in run.stderr, run.stderr
 
 
-def test_argparse_habits_become_the_syntax_jsonargparse_reads():
-    from gpt_ft.cli.commands import prepare, suite
-    from gpt_ft.cli.explain import explain
+def shown(argv: list[str], capsys) -> dict:
+    """What `gpt-ft ARGV --print_config` says the parser read."""
+    import yaml
 
-    files = ["--tokenizer", "t", "a.txt", "books", "--out_dir", "o"]
-    assert jsonargparse_syntax(files, prepare) == ["--tokenizer", "t", '["a.txt", "books"]', "--out_dir", "o"]
-    assert jsonargparse_syntax(["--dataset", "wiki"], prepare) == ["[]", "--dataset", "wiki"]
-    assert jsonargparse_syntax(["--json", "--index", "-1", "--split=dev"], explain) == [
-        "--json=true",
-        "--index",
-        "-1",
-        "--split=dev",
-    ]
-    argv = ["s.yaml", "--seeds", "0", "1", "--predict", "--fine_tune", "false", "--", "--data.batch_size=2"]
-    assert jsonargparse_syntax(argv, suite, rest="fit_args") == [
-        "s.yaml",
-        "--predict=true",
+    with pytest.raises(SystemExit) as stop:
+        main([*argv, "--print_config"])
+    assert stop.value.code in (0, None)
+    return yaml.safe_load(capsys.readouterr().out)
+
+
+def test_typed_commands_read_jsonargparse_syntax_as_given(capsys):
+    """Nothing rewrites a command line: lists are `[a, b]` (a list of paths or names also takes one
+    value), booleans `true`/`false`, and a suite's arguments for every fit are a list."""
+    argv = ["suite", "s.yaml", "--out_dir", "o", "--seeds", "[0, 1]", "--data_dir", "glue"]
+    argv += [
+        "--tasks",
+        "[a, b]",
+        "--predict",
+        "true",
         "--fine_tune",
         "false",
-        '--seeds=["0", "1"]',
-        '--fit_args=["--data.batch_size=2"]',
+        "--fit_args",
+        "[--data.batch_size=2]",
     ]
+    got = shown(argv, capsys)
+    assert (got["seeds"], got["data_dir"], got["tasks"]) == ([0, 1], "glue", ["a", "b"])
+    assert (got["predict"], got["fine_tune"], got["fit_args"]) == (True, False, ["--data.batch_size=2"])
+    got = shown(["suite", "s.yaml", "--out_dir", "o", "--data_dir", "[glue, rte=r]"], capsys)
+    assert got["data_dir"] == ["glue", "rte=r"]
+    got = shown(["prepare", "--inputs", "[a.txt, books]", "--tokenizer", "t", "--out_dir", "o"], capsys)
+    assert got["inputs"] == ["a.txt", "books"]
+    dataset = ["prepare", "--dataset", "wiki", "--tokenizer", "t", "--out_dir", "o"]
+    assert shown(dataset, capsys)["inputs"] is None
+    with pytest.raises(SystemExit) as stop:  # a boolean takes its value
+        main(["explain", "--config", "configs/quickstart.yaml", "--json"])
+    assert stop.value.code == 2
+    assert "--json" in capsys.readouterr().err
 
 
 def test_every_parameter_of_a_command_is_documented():

@@ -60,7 +60,7 @@ def test_a_corpus_file_that_is_not_text_is_named_and_nothing_is_written(
     out = tmp_path / "new" / "out"
     args = ["--tokenizer", tokenizer_dir] if command == "prepare" else ["--vocab_size", "300"]
     before = snapshot(tmp_path)
-    line = refused(capsys, [command, str(corpus), *args, "--out_dir", str(out)])
+    line = refused(capsys, [command, "--inputs", str(corpus), *args, "--out_dir", str(out)])
     role = "Corpus file" if command == "prepare" else "Training file"
     assert line.startswith(f"gpt-ft: error: {role} {corpus / name} {says}"), line
     assert line.endswith("; save it as UTF-8 or leave it out.")
@@ -70,10 +70,12 @@ def test_a_corpus_file_that_is_not_text_is_named_and_nothing_is_written(
 def test_an_earlier_output_is_left_as_it_was(tmp_path, tokenizer_dir, capsys):
     corpus = write_corpus(tmp_path, n_files=2, lines=10)
     out = tmp_path / "tokens"
-    main(["prepare", str(corpus), "--tokenizer", tokenizer_dir, "--out_dir", str(out)])
+    main(["prepare", "--inputs", str(corpus), "--tokenizer", tokenizer_dir, "--out_dir", str(out)])
     before = snapshot(out)
     (corpus / "z.txt").write_bytes("naïve\n".encode("latin-1"))
-    line = refused(capsys, ["prepare", str(corpus), "--tokenizer", tokenizer_dir, "--out_dir", str(out)])
+    line = refused(
+        capsys, ["prepare", "--inputs", str(corpus), "--tokenizer", tokenizer_dir, "--out_dir", str(out)]
+    )
     assert f"Corpus file {corpus / 'z.txt'} is not UTF-8 text" in line
     assert snapshot(out) == before
 
@@ -83,8 +85,8 @@ def test_a_byte_order_mark_is_not_tokenized(tmp_path, tokenizer_dir):
     text = "The cat sat on the mat. Two dogs run in a park.\n"
     (tmp_path / "c" / "bom.txt").write_bytes(b"\xef\xbb\xbf" + text.encode())
     out = tmp_path / "tokens"
-    main(["prepare", str(tmp_path / "c"), "--tokenizer", tokenizer_dir, "--out_dir", str(out)])
-    main(["prepare", str(tmp_path / "c"), "--tokenizer", tokenizer_dir, "--out_dir", str(out)])
+    main(["prepare", "--inputs", str(tmp_path / "c"), "--tokenizer", tokenizer_dir, "--out_dir", str(out)])
+    main(["prepare", "--inputs", str(tmp_path / "c"), "--tokenizer", tokenizer_dir, "--out_dir", str(out)])
     tok = load_tokenizer(out / "tokenizer")
     tokens = [np.fromfile(out / f, dtype="uint16").tolist() for f in ("train.bin", "validation.bin")]
     assert sum(tokens, [])[:-1] == tok(text, add_special_tokens=False)["input_ids"]

@@ -1,5 +1,5 @@
 """README's bad-input table, one test per row: through the CLI, one sentence naming the culprit,
-exit code 2, no traceback (unless --debug), and what is already on disk left as it was. Also the
+exit code 2, no traceback (unless GPT_FT_DEBUG is set), and what is already on disk left as it was. Also the
 entry point's own bad input (an unknown command) and bad pretraining input."""
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def test_text_longer_than_the_context_is_cut_and_a_context_longer_than_the_model
     dev(run.root).write_text(f"index\tsentence\tlabel\n0\t{long}\t1\n")
     card = run.root / "single.yaml"
     args = [f"--data.task={card}", f"--data.tokenizer={tokenizer_dir}", f"--data.data_dir={run.root}"]
-    main(["explain", *args, "--data.max_length=16", "--split=validation", "--json"])
+    main(["explain", *args, "--data.max_length=16", "--split=validation", "--json=true"])
     assert '"extract_index": 15' in capsys.readouterr().out  # cut to 16 tokens, specials kept
     assert "--data.max_length 100 is longer than the model's context of 64 tokens" in run(
         "--data.max_length=100"
@@ -142,16 +142,10 @@ def test_out_of_range_hyperparameters(run, arg, message):
     assert message in run(arg)
 
 
-def test_debug_shows_the_traceback(run):
+def test_debug_shows_the_traceback(run, monkeypatch):
+    monkeypatch.setenv("GPT_FT_DEBUG", "1")
     with pytest.raises(Exception, match="lr must be > 0"):
-        main(
-            [
-                "fit",
-                *common_args(run.root / "single.yaml", run.tokenizer_dir, run.root),
-                "--model.lr=0",
-                "--debug",
-            ]
-        )
+        main(["fit", *common_args(run.root / "single.yaml", run.tokenizer_dir, run.root), "--model.lr=0"])
 
 
 class RunsCode:
@@ -205,6 +199,7 @@ def test_bad_pretraining_input(tmp_path, tokenizer_dir, monkeypatch, capsys):
     (tmp_path / "empty" / "a.txt").write_text("  \n")
     empty = [
         "prepare",
+        "--inputs",
         str(tmp_path / "empty"),
         "--tokenizer",
         tokenizer_dir,

@@ -16,7 +16,7 @@ from gpt_ft.cli.lightning import build_fit
 from gpt_ft.data.tokenizer import load_tokenizer
 from gpt_ft.eval import suite as suites
 from gpt_ft.eval.suite_file import data_dirs, load_suite
-from tests.helpers import MICRO, ROOT, make_task, write_suite
+from tests.helpers import MICRO, ROOT, as_list, fit_args, make_task, write_suite
 
 FIT = [
     "--data.batch_size=4",
@@ -47,7 +47,7 @@ submission: {{archive: sub.zip, files: [SENT.tsv, STS-B.tsv, AX.tsv]}}
     )
     out = tmp_path / "out"
     argv = ["suite", str(suite), f"--out_dir={out}", f"--tokenizer={tokenizer_dir}"]
-    argv += ["--data_dir", f"sent={tmp_path / 'a'}", f"sts={tmp_path / 'b'}", "--", *FIT]
+    argv += ["--data_dir", as_list(f"sent={tmp_path / 'a'}", f"sts={tmp_path / 'b'}"), *fit_args(*FIT)]
 
     calls = []
     real_fit = suites.fit_and_evaluate
@@ -113,14 +113,14 @@ submission: {{archive: sub.zip, files: [SENT.tsv, STS-B.tsv, AX.tsv]}}
 
     # Rerunning one task of the folder redoes nothing and keeps the other task's results and files.
     calls.clear()
-    main([*argv[:4], "--tasks", "sts", *argv[4:]])
+    main([*argv, "--tasks", "sts"])
     assert calls == [] and json.loads((out / "results.json").read_text())["tasks"] == results["tasks"]
     with zipfile.ZipFile(out / "sub.zip") as zf:
         assert sorted(zf.namelist()) == ["SENT.tsv", "STS-B.tsv"]
 
     # A run whose fit arguments changed is not read back but run again.
     capsys.readouterr()
-    main([*argv[:4], "--tasks", "sts", *argv[4:], "--data.batch_size=2"])
+    main([*argv, "--tasks", "sts", *fit_args(*FIT, "--data.batch_size=2")])
     printed = capsys.readouterr().out
     assert len(calls) == 2 and "2 runs, 0 finished before, 2 to go" in printed
     assert "sts seed 0: its arguments changed since it ran (--data.batch_size=2): running it again" in printed
@@ -144,7 +144,7 @@ def test_suite_zero_shot_and_transfer_sweep(tmp_path, tokenizer_dir, capsys):
             f"--init_from={tmp_path / 'pre'}",
             f"--data_dir={tmp_path / 'c'}",
         ]
-        + ["--zero_shot=true", "--transfer_layers", "0", "2", "--predict=true", "--", *fit]
+        + ["--zero_shot=true", "--transfer_layers", "[0, 2]", "--predict=true", *fit_args(*fit)]
     )
     results = json.loads((out / "results.json").read_text())
     metrics = results["tasks"]["mc"]["metrics"]
@@ -189,7 +189,7 @@ def test_zero_shot_only_skips_tasks_without_a_method(tmp_path, tokenizer_dir, ca
     out = tmp_path / "out"
     main(
         ["suite", str(suite), f"--out_dir={out}", f"--init_from={tmp_path / 'pre'}", "--fine_tune=false"]
-        + ["--zero_shot=true", "--data_dir", f"sent={tmp_path / 'a'}", f"mc={tmp_path / 'c'}"]
+        + ["--zero_shot=true", "--data_dir", as_list(f"sent={tmp_path / 'a'}", f"mc={tmp_path / 'c'}")]
     )
     assert "zero-shot: sent has no method" in capsys.readouterr().out
     results = json.loads((out / "results.json").read_text())
@@ -228,7 +228,7 @@ min_steps: 3
         f"--data_dir={tmp_path / 'a'}",
     ]
     fit = [a for a in FIT if not a.startswith(("--model.preset", "--model.overrides"))]
-    argv += ["--train_sizes", "2", "all", "--", *fit]  # the command line's sizes replace the file's
+    argv += ["--train_sizes", "[2, all]", *fit_args(*fit)]  # the command line's sizes replace the file's
     calls = []
     real_fit = suites.fit_and_evaluate
     monkeypatch.setattr(
@@ -363,16 +363,17 @@ def test_a_rerun_compares_configurations_not_spellings(tmp_path, tokenizer_dir, 
     single = make_task("single", tmp_path / "a")
     suite = write_suite(tmp_path, f"name: r\nseeds: [0]\ntasks: [{single}]\n")
     argv = ["suite", str(suite), f"--out_dir={tmp_path / 'out'}", f"--tokenizer={tokenizer_dir}"]
-    argv += [f"--data_dir={tmp_path / 'a'}", "--", "--model.preset=gpt-micro"]
+    argv += [f"--data_dir={tmp_path / 'a'}"]
+    fit = ["--model.preset=gpt-micro"]
     calls = []
     scored = ({"validation/accuracy": 0.5}, 0)
     monkeypatch.setattr(suites, "fit_and_evaluate", lambda *a, **k: calls.append(a[1]) or scored)
-    main([*argv, "--data.batch_size=4", "--model.lr=1e-4"])
+    main([*argv, *fit_args(*fit, "--data.batch_size=4", "--model.lr=1e-4")])
     assert len(calls) == 1
-    main([*argv, "--model.lr", "0.0001", "--data.batch_size", "4"])  # the same values, spelled otherwise
+    main([*argv, *fit_args(*fit, "--model.lr", "0.0001", "--data.batch_size", "4")])  # spelled otherwise
     assert len(calls) == 1
     capsys.readouterr()
-    main([*argv, "--data.batch_size=4", "--model.lr=2e-4"])
+    main([*argv, *fit_args(*fit, "--data.batch_size=4", "--model.lr=2e-4")])
     assert len(calls) == 2
     printed = capsys.readouterr().out
     assert "sent seed 0: its arguments changed since it ran (--model.lr=0.0002): running it again" in printed
@@ -384,11 +385,11 @@ def test_a_rerun_compares_configurations_not_spellings(tmp_path, tokenizer_dir, 
     result["args"] = calls[-1]
     del result["config"]
     result_file.write_text(json.dumps(result))
-    main([*argv, "--data.batch_size=4", "--model.lr=2e-4"])
+    main([*argv, *fit_args(*fit, "--data.batch_size=4", "--model.lr=2e-4")])
     assert len(calls) == 2  # the same arguments: finished
     result["args"] = [*calls[-1][:-1], "--data.task=gone.yaml"]  # no longer resolves
     result_file.write_text(json.dumps(result))
-    main([*argv, "--data.batch_size=4", "--model.lr=2e-4"])
+    main([*argv, *fit_args(*fit, "--data.batch_size=4", "--model.lr=2e-4")])
     assert (
         len(calls) == 3 and "its arguments changed since it ran ((not comparable))" in capsys.readouterr().out
     )

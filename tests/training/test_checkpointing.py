@@ -94,7 +94,7 @@ def test_max_time_stops_between_optimizer_steps_and_resumes_exactly(tmp_path, to
 
 def test_pretraining_resumes_mid_epoch_exactly(tmp_path, tokenizer_dir):
     main(
-        ["prepare", str(write_corpus(tmp_path)), "--tokenizer", tokenizer_dir]
+        ["prepare", "--inputs", str(write_corpus(tmp_path)), "--tokenizer", tokenizer_dir]
         + ["--out_dir", str(tmp_path / "tokens"), "--validation_fraction", "0.2"]
     )
 

@@ -148,7 +148,7 @@ def pretraining_run(tokens: Path, root: Path, devices: int, batch: int, compile:
 def start_ddp_pretraining(root, tokenizer_dir):
     corpus = root / "corpus.txt"
     corpus.write_text("\n\n".join(" ".join(sentence(i + j) for j in range(20)) for i in range(12)) + "\n")
-    main(["prepare", str(corpus), "--tokenizer", tokenizer_dir, "--out_dir", str(root / "tokens"),
+    main(["prepare", "--inputs", str(corpus), "--tokenizer", tokenizer_dir, "--out_dir", str(root / "tokens"),
           "--validation_fraction", "0.3", "--split_on", "blank_line"])  # fmt: skip
     return [
         gpt_ft(*pretraining_run(root / "tokens", root, devices=2, batch=2, compile="aot_eager"), cwd=root)

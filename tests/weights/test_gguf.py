@@ -257,7 +257,7 @@ def test_commands_take_a_gguf_file_fit_explain_and_the_classifier(tmp_path, caps
     ]
 
     capsys.readouterr()
-    main(["explain", "--model.lr=1e-4", f"--model.init_from={path}", *data, "--json"])
+    main(["explain", "--model.lr=1e-4", f"--model.init_from={path}", *data, "--json=true"])
     shown = json.loads(capsys.readouterr().out)
     tok = load_tokenizer(path)
     ids = tok("two dogs run in a park .", add_special_tokens=False).input_ids
