@@ -338,6 +338,7 @@ def lightning_main(
     run: bool = True,
     cli: type[GPTCLI] = GPTCLI,
     callbacks: list[Callback] | None = None,
+    prog: str = "gpt-ft",
 ) -> GPTCLI:
     """The LightningCLI: runs `fit ...` etc.; with run=False, builds model, data and trainer from
     `fit`'s arguments or configuration (no subcommand) and returns them unrun (`gpt-ft suite`: `cli`
@@ -364,7 +365,7 @@ def lightning_main(
         run=run,
         trainer_defaults={"logger": DEFAULT_LOGGER, "callbacks": callbacks or []},
         save_config_kwargs={"overwrite": True},
-        parser_kwargs={"prog": "gpt-ft", "exit_on_error": False},
+        parser_kwargs={"prog": prog, "exit_on_error": False},
     )
 
 

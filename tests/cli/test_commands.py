@@ -293,11 +293,37 @@ def test_every_parameter_of_a_command_is_documented():
     from docstring_parser import parse
 
     from gpt_ft.cli import commands
-    from gpt_ft.cli.explain import explain
     from gpt_ft.eval.generation import generate
 
-    functions = [explain, generate, *(getattr(commands, n) for n in ("prepare", "tokenizer", "label"))]
+    functions = [generate, *(getattr(commands, n) for n in ("prepare", "tokenizer", "label"))]
     functions += [getattr(commands, n) for n in ("suite", "calibrate", "export")]
     for function in functions:
         documented = [p.arg_name for p in parse(function.__doc__).params]
         assert documented == list(inspect.signature(function).parameters), function.__name__
+
+
+def test_every_command_lists_its_options_with_their_help(capsys):
+    """`gpt-ft X --help` for each command of the table: its usage line, and its options with their
+    documentation (explain: fit's options, --model.init_from among them, and its own three)."""
+    from gpt_ft.cli.main import COMMANDS
+
+    for name in COMMANDS:
+        with pytest.raises(SystemExit) as stop:
+            main([name, "--help"])
+        assert stop.value.code in (0, None), name
+        out = capsys.readouterr().out
+        usage = out.splitlines()[0]  # LightningCLI's commands: "usage: gpt-ft [options] fit ..."
+        assert usage.startswith("usage: gpt-ft") and f" {name} " in f"{usage} ", name
+        assert "--config" in out, name
+    main_help = {
+        "explain": ["--model.init_from", "--split SPLIT", "Split name, e.g. train, validation.",
+                    "Example number within the split.", "Print JSON instead of text."],
+        "prepare": ["--inputs", "A text file or a folder of them"],
+        "suite": ["--fit_args", "Arguments for every `gpt-ft fit`, as a list"],
+    }  # fmt: skip
+    for name, expected in main_help.items():
+        with pytest.raises(SystemExit):
+            main([name, "--help"])
+        out = " ".join(capsys.readouterr().out.split())  # help text wraps
+        for text in expected:
+            assert text in out, (name, text)
