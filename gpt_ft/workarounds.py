@@ -11,7 +11,8 @@ Every layer uses this module, the lowest included, so it imports no heavy librar
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -177,3 +178,25 @@ def dataset_fingerprint(dataset: Dataset) -> str:
     come from ourselves (the files' paths, sizes and modification times).
     """
     return dataset._fingerprint
+
+
+@contextmanager
+def no_download_count() -> Iterator[None]:
+    """datasets' loading of local files, without the request that counts a download.
+
+    `datasets.load_dataset("csv", data_files=...)` first sends a HEAD request to the Hub to count a
+    download of the packaged builder (`datasets.load.increase_load_count`, a 3 s timeout). On a
+    machine without a network it waits on DNS instead: about 5 s, once per process, before a local
+    file is read. A local file is no download, so the count is switched off for the call, through
+    the module-level switch that datasets' own `HF_UPDATE_DOWNLOAD_COUNTS` environment variable
+    sets (`datasets.config.HF_UPDATE_DOWNLOAD_COUNTS`, read at each call). If datasets moves or
+    renames it, the request costs time again but nothing breaks.
+    """
+    import datasets
+
+    saved = datasets.config.HF_UPDATE_DOWNLOAD_COUNTS
+    datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = False
+    try:
+        yield
+    finally:
+        datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = saved

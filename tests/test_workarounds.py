@@ -25,6 +25,7 @@ from gpt_ft.workarounds import (
     decline_step_unscaling,
     is_compiled,
     mkldnn_bf16_supported,
+    no_download_count,
     register_load_state_dict_pre_hook,
     request_graceful_stop,
     should_accumulate,
@@ -248,3 +249,32 @@ def test_dataset_fingerprint_follows_the_rows():
     assert same != dataset_fingerprint(Dataset.from_dict({"text": ["a", "c"], "label": [0, 1]}))
     changed = Dataset.from_dict(rows).map(lambda row: {"label": 1 - row["label"]}, keep_in_memory=True)
     assert dataset_fingerprint(changed) != same
+
+
+def test_reading_a_local_file_asks_nothing_of_the_hub(tmp_path, monkeypatch):
+    """datasets counts a download of its csv builder with a HEAD request to the Hub (which waits on
+    DNS without a network); inside `no_download_count` it sends none, and gpt_ft reads local files
+    inside it. The switch is a module attribute of datasets, read at each call."""
+    import datasets
+    import datasets.load
+
+    from gpt_ft.data.files import read_table
+
+    requests = []
+
+    class Session:
+        def head(self, url, **kwargs):
+            requests.append(url)
+
+    monkeypatch.setattr(datasets.load, "get_session", lambda: Session())
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_UPDATE_DOWNLOAD_COUNTS", True)
+    path = tmp_path / "rows.csv"
+    path.write_text("sentence,label\nthe cat sat .,1\n")
+    datasets.load_dataset("csv", data_files={"data": str(path)}, split="data")
+    assert requests and all("csv" in url for url in requests)  # what the workaround stops
+    requests.clear()
+    with no_download_count():
+        datasets.load_dataset("csv", data_files={"data": str(path)}, split="data")
+    assert requests == [] and datasets.config.HF_UPDATE_DOWNLOAD_COUNTS is True  # restored after
+    assert read_table(path)["sentence"] == ["the cat sat ."] and requests == []

@@ -19,6 +19,7 @@ from gpt_ft.data.file_faults import (
     record_lines,
 )
 from gpt_ft.errors import CardError
+from gpt_ft.workarounds import no_download_count
 
 SLICE = re.compile(r"^(?P<file>.*?)(?P<slice>\[[^\[\]]*\])?$")
 
@@ -124,7 +125,8 @@ def read_table(
     datasets.logging.set_verbosity(datasets.logging.CRITICAL)
     try:
         files = {"data": str(path)}
-        return datasets.load_dataset(builder, data_files=files, split="data" + selection, **kwargs)
+        with no_download_count():  # a local file: nothing to count on the Hub, no request
+            return datasets.load_dataset(builder, data_files=files, split="data" + selection, **kwargs)
     except Exception as exc:  # pandas/pyarrow parse errors, an empty selection
         if "corresponds to no data" in str(exc):
             raise TaskDataError(f"{path}: split {split!r} has no examples.") from None
