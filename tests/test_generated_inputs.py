@@ -2,8 +2,8 @@
 a bad label at a known line, malformed cards and fit configs. Each ends in success, or in exit
 code 2 and one sentence naming the file (and the line); never a traceback; nothing on disk changed.
 
-A fixed seed and a bounded number of inputs here; `python -m tests.generated --examples 10000`
-draws many more at random.
+A fixed seed and a bounded number of inputs here (sized to the suite's time: each input runs a
+command); `python -m tests.generated --examples 10000` draws many more at random.
 """
 
 import tempfile
@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, seed, settings
 
 from tests.generated import CHECKS, quiet
 
-EXAMPLES = {"task files": 20, "one bad row": 12, "preference files": 10, "cards": 25, "configs": 6}
+EXAMPLES = {"task files": 14, "one bad row": 9, "preference files": 8, "cards": 18, "configs": 6}
 
 
 @pytest.fixture(scope="module", autouse=True)
