@@ -228,33 +228,20 @@ def main() -> None:
     args = parse_args()
     if args.tiny and "OMP_NUM_THREADS" not in os.environ:
         os.environ["OMP_NUM_THREADS"] = "1"  # a tiny model runs fastest on one thread
-    out = args.out
-    out.mkdir(parents=True, exist_ok=True)
+    (out := args.out).mkdir(parents=True, exist_ok=True)
     if args.tiny:
         tiny_data(args, out)
     if args.tokenizer is None:
         args.tokenizer = str(out / "tokenizer")
         if not (out / "tokenizer" / "tokenizer.json").exists():
-            gpt_ft(
-                "tokenizer",
-                "--inputs",
-                args.books,
-                f"--vocab_size={args.vocab_size}",
-                f"--out_dir={args.tokenizer}",
-            )
+            tok = [f"--vocab_size={args.vocab_size}", f"--out_dir={args.tokenizer}"]
+            gpt_ft("tokenizer", "--inputs", args.books, *tok)
     tokens = out / "tokens"
     if not (tokens / "meta.json").exists():
         small = ["--piece_chars=8192", "--validation_fraction=0.05"] if args.tiny else []
         workers = f"--workers={min(8, os.cpu_count() or 1)}"
-        gpt_ft(
-            "prepare",
-            "--inputs",
-            args.books,
-            f"--tokenizer={args.tokenizer}",
-            f"--out_dir={tokens}",
-            workers,
-            *small,
-        )
+        where = [f"--tokenizer={args.tokenizer}", f"--out_dir={tokens}"]
+        gpt_ft("prepare", "--inputs", args.books, *where, workers, *small)
     steps = math.ceil(args.tokens / (args.batch_size * args.context))
     if not args.skip_pretraining:
         pretrain(args, out, tokens, steps)

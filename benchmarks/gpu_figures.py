@@ -79,8 +79,7 @@ class Setup:
 def make_setup(args) -> Setup:
     cuda = args.device == "cuda"
     if cuda:
-        preset = args.preset or "gpt1"
-        config = GPTConfig.from_name(preset)
+        config = GPTConfig.from_name(preset := args.preset or "gpt1")
         seq, batches = args.seq or config.n_positions, args.batch or ([16] if args.quick else [8, 16])
     else:  # a small shape, so that the CPU rows take seconds (--quick: a tiny one, to check they run)
         preset = args.preset or ("gpt-micro" if args.quick else "gpt-mini")
@@ -94,8 +93,7 @@ def make_setup(args) -> Setup:
         batches=batches,
         runs=args.runs or (2 if args.quick else 3),
         compile=cuda and not args.no_compile,
-        pretrain_steps=args.pretrain_steps
-        or ((30 if args.quick else 120) if cuda else (10 if args.quick else 30)),
+        pretrain_steps=args.pretrain_steps or ([120, 30] if cuda else [30, 10])[args.quick],
         gen_tokens=64 if args.quick else 256,
         autocast=torch.bfloat16 if cuda or args.bf16 else None,
         peak_tflops=args.peak_tflops or (dense_peak_tflops(torch.cuda.get_device_name()) if cuda else None),
@@ -262,9 +260,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--quick", action="store_true", help="fewer runs and steps")
-    p.add_argument(
-        "--preset", default=None, help="the model (default gpt1; on the CPU gpt-mini, with --quick gpt-micro)"
-    )
+    p.add_argument("--preset", help="the model (default gpt1; on the CPU gpt-mini, --quick gpt-micro)")
     p.add_argument("--seq", type=int, default=None, help="context of the speed rows (default: the preset's)")
     p.add_argument("--batch", type=int, nargs="+", default=None, help="batch sizes (GPU default: 8 16)")
     p.add_argument("--runs", type=int, default=None, help="interleaved timing runs (default 3; quick 2)")
@@ -277,8 +273,7 @@ def main() -> int:
     args = p.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("no CUDA device here: run on a GPU, or pass --device cpu --quick")
-    if args.device == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cuda.matmul.allow_tf32 = args.device == "cuda"  # TF32 matmuls on a GPU
     setup, start = make_setup(args), time.perf_counter()
     report = Report("gpt_ft GPU figures")
     with tempfile.TemporaryDirectory() as tmp:

@@ -91,20 +91,12 @@ def timed(fn: Callable[[], object], repeat: int = 3) -> Stats:
     return interleaved({"fn": fn}, runs=repeat)["fn"]
 
 
-def ours_logits(model, ids):
-    return model.lm_logits(model(ids))
-
-
-def hf_logits(model, ids):
-    return model(ids).logits
-
-
-def logits_loss(logits_fn: Callable) -> Callable:
-    """The mean next-token cross-entropy of `ids` through `logits_fn`'s full logits: one formula
-    for both libraries, to compare their models alone."""
+def logits_loss(hf: bool) -> Callable:
+    """The mean next-token cross-entropy of `ids` through the full logits of ours (or, with `hf`,
+    of a transformers model): one formula for both libraries, to compare their models alone."""
 
     def loss(model, ids: torch.Tensor) -> torch.Tensor:
-        logits = logits_fn(model, ids[:, :-1])
+        logits = model(ids[:, :-1]).logits if hf else model.lm_logits(model(ids[:, :-1]))
         return F.cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten())
 
     return loss
@@ -121,7 +113,7 @@ def lm_step(
     """One language-modelling training step of `model` (ours, or transformers' with `hf`) on `ids`:
     `loss_fn(model, ids)` (by default the plain cross-entropy of the model's logits), backward,
     optimizer step."""
-    loss_fn = loss_fn or logits_loss(hf_logits if hf else ours_logits)
+    loss_fn = loss_fn or logits_loss(hf)
 
     def step() -> None:
         with torch.autocast(ids.device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
@@ -300,7 +292,6 @@ def padding_ceiling(train: Path, batch_size: int, epochs: int = 20) -> float:
     draw, padded = random.Random(0), 0
     for _ in range(epochs):
         order = draw.sample(lengths, len(lengths))
-        padded += sum(
-            max(b) * len(b) for b in (order[i : i + batch_size] for i in range(0, len(order), batch_size))
-        )
+        batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+        padded += sum(max(b) * len(b) for b in batches)
     return padded / (epochs * sum(lengths))
