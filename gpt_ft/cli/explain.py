@@ -7,8 +7,7 @@ from __future__ import annotations
 from json import dumps
 from typing import Any
 
-from gpt_ft.cli.lightning import GPTCLI, lightning_main, refuse_nulls
-from gpt_ft.weights.pretrained import resolve_tokenizer
+from gpt_ft.cli.lightning import GPTCLI, lightning_main, refuse_nulls, tokenizer_of_the_weights
 
 
 class ExplainCLI(GPTCLI):
@@ -23,8 +22,7 @@ class ExplainCLI(GPTCLI):
 
     def before_instantiate_classes(self) -> None:
         refuse_nulls(self.config, self.model_class)
-        data = self.config.data.init_args  # the tokenizer saved with --model.init_from's weights
-        data.tokenizer = resolve_tokenizer(data.tokenizer, self.config.model.get("init_from"), option=None)
+        tokenizer_of_the_weights(self.config)
 
     def instantiate_classes(self) -> None:
         """The data module alone: the model and the trainer are not built."""

@@ -142,10 +142,7 @@ class GPTCLI(CheckpointHparamsAsDefaults, LightningCLI):
             config.trainer.precision, why = cpu_precision(config.trainer.get("precision"))
             if why:
                 rank_zero_info(why)
-        data = config.data.init_args
-        # Fine-tuning from a checkpoint needs no tokenizer argument: the one saved with it is used.
-        if "tokenizer" in data:
-            data.tokenizer = resolve_tokenizer(data.tokenizer, config.model.get("init_from"), option=None)
+        tokenizer_of_the_weights(config)
         self.data_config = _plain(config.data.as_dict())
 
     def instantiate_classes(self) -> None:
@@ -306,6 +303,12 @@ def _recipe_length(config) -> None:
         rank_zero_info(
             f"no --trainer.max_epochs given: fine-tuning runs the recipe's {FINE_TUNING_EPOCHS} epochs"
         )
+
+
+def tokenizer_of_the_weights(config) -> None:
+    """`--data.tokenizer`, where not given, is the one saved with `--model.init_from`'s weights."""
+    if "tokenizer" in (data := config.data.init_args):
+        data.tokenizer = resolve_tokenizer(data.tokenizer, config.model.get("init_from"), option=None)
 
 
 def _logs_follow_root_dir(trainer) -> None:
