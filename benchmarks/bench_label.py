@@ -54,7 +54,9 @@ def main() -> None:
     tokenizer_dir = args.tokenizer
     if tokenizer_dir is None:
         (work / "corpus.txt").write_text("\n".join(texts))
-        train_tokenizer([work / "corpus.txt"], vocab_size=2000, out_dir=work / "tok", show_progress=False)
+        train_tokenizer(
+            inputs=[work / "corpus.txt"], vocab_size=2000, out_dir=work / "tok", show_progress=False
+        )
         tokenizer_dir = str(work / "tok")
     tokenizer = load_tokenizer(tokenizer_dir)
     torch.manual_seed(0)

@@ -24,8 +24,8 @@ def run_prepare(inputs: list[str], tokenizer: str, workers: int, workdir: Path) 
     code = (
         "import json, resource, sys\n"
         "from gpt_ft.data.prepare import prepare\n"
-        f"meta = prepare({str(out)!r}, {tokenizer!r}, files={inputs!r}, workers={workers},\n"
-        "               progress=False)\n"
+        f"meta = prepare(out_dir={str(out)!r}, tokenizer={tokenizer!r}, inputs={inputs!r},\n"
+        f"               workers={workers}, progress=False)\n"
         "self_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
         "print(json.dumps({**meta, 'peak_mb': self_kb / 1024}))\n"
     )

@@ -18,6 +18,10 @@ class CardError(TaskDataError):
     puts the card's file in front)."""
 
 
+class FileProblem(ValueError):
+    """A file named on the command line that cannot be used, in one sentence naming it."""
+
+
 def parse_error_message(text: str) -> str:
     """jsonargparse's nested report of a bad argument as one sentence: the argument and the reason."""
     keys = list(dict.fromkeys(re.findall(r'Parser key "([^"]+)"', text)))
@@ -212,3 +216,10 @@ def check_context(data, n_positions: int) -> None:
                 f"--data.{field} {length} is longer than the model's context of {n_positions} tokens "
                 f"(n_positions); use at most {n_positions}."
             )
+
+
+def causes(exc: BaseException | None) -> Iterator[BaseException]:
+    """`exc` and the exceptions it was raised from or during, innermost last."""
+    while exc is not None:
+        yield exc
+        exc = exc.__cause__ or exc.__context__

@@ -200,3 +200,41 @@ def no_download_count() -> Iterator[None]:
         yield
     finally:
         datasets.config.HF_UPDATE_DOWNLOAD_COUNTS = saved
+
+
+# jsonargparse -----------------------------------------------------------------------------------
+
+
+def config_file_being_read(text: str) -> str | None:
+    """The config file (as named, where that is relative to here) whose whole text jsonargparse is
+    loading as `text`, if it is loading one: a sub-config file (a card given as a path), a `--config`.
+
+    jsonargparse keeps the files it is reading on a private context stack (`_util.config_load_stack`,
+    for its loop check), and calls the loader with the text alone; it has no public way to ask. If the
+    stack is renamed or changes shape, this answers None and a file's problem is named by the parser
+    (without its line) instead."""
+    from pathlib import Path
+
+    try:
+        from jsonargparse._util import config_load_stack
+
+        real, shown = config_load_stack.get()[-1]
+        if Path(real).read_text(encoding="utf-8") != text:
+            return None
+        return shown if Path(shown).resolve() == Path(real) else real  # as named, where that is here
+    except (ImportError, LookupError, IndexError, ValueError, TypeError, OSError):
+        return None
+
+
+def parse_unchecked(parser, args: list[str]):
+    """`args` parsed without checking required values or validating: to read one option ahead of
+    the full parse. jsonargparse's `_skip_validation` keyword is private (its own parse_env and dump
+    use it); if it goes, drop the keyword and catch the parse's error instead."""
+    return parser.parse_args(args, _skip_validation=True)
+
+
+def required_arguments(parser) -> tuple[str, ...]:
+    """The destinations a jsonargparse parser requires. argparse keeps its actions in the private
+    `_actions` list and has no public accessor for them; jsonargparse's `get_defaults` lists the
+    required ones too, with None. If `_actions` goes, read the class's signature instead."""
+    return tuple(a.dest for a in parser._actions if a.required)

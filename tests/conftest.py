@@ -30,7 +30,7 @@ def tokenizer_dir(tmp_path_factory):
     corpus = root / "corpus.txt"
     corpus.write_text(CORPUS * 20)
     out = root / "tok"
-    train_tokenizer([corpus], vocab_size=400, out_dir=out, show_progress=False)
+    train_tokenizer(inputs=[corpus], vocab_size=400, out_dir=out, show_progress=False)
     return str(out)
 
 

@@ -676,7 +676,7 @@ def tiny_tokenizer(root: Path) -> str:
 
     corpus = root / "corpus.txt"
     corpus.write_text("the cat sat on the mat . a dog runs in a park . it is not good .\n" * 40)
-    train_tokenizer([corpus], vocab_size=300, out_dir=root / "tok", show_progress=False)
+    train_tokenizer(inputs=[corpus], vocab_size=300, out_dir=root / "tok", show_progress=False)
     return str(root / "tok")
 
 

@@ -1,14 +1,20 @@
-"""Task cards: YAML files naming a TaskAdapter class and its arguments (tasks/*.yaml)."""
+"""Task cards: YAML files naming a TaskAdapter class and its arguments (tasks/*.yaml); and YAML as
+every `gpt-ft` parser reads it (`PARSER_MODE`): a file that cannot be used named with its line and
+column, and every task card in a value taken whole."""
 
 from __future__ import annotations
 
+from functools import cache
+from importlib import import_module
 from pathlib import Path
+from typing import Any
 
 import yaml
-from jsonargparse import ArgumentParser
+from jsonargparse import ArgumentParser, get_loader, set_loader
 
 from gpt_ft.adapters.base import TaskAdapter
-from gpt_ft.errors import parse_error_message, yaml_problem
+from gpt_ft.errors import FileProblem, parse_error_message, yaml_file_problem, yaml_problem
+from gpt_ft.workarounds import config_file_being_read, required_arguments
 
 
 def load_card(path: str | Path) -> TaskAdapter:
@@ -30,3 +36,74 @@ def card_from_value(value, where: str) -> TaskAdapter:
     except Exception as exc:  # jsonargparse's validation errors
         reason = parse_error_message(str(exc)).removeprefix("--task: ")
         raise ValueError(f"{where}: {reason}") from None
+
+
+def complete_card(value: Any) -> Any:
+    """`value` with every task card in it whole: each field a card leaves out set to the field's
+    default, so a card given over an earlier one replaces it instead of inheriting its fields.
+
+    jsonargparse keeps the fields of an earlier value of the same class that a newly given one
+    leaves out, by design (omni-us/jsonargparse#460: "only what gets specified is changed"): an
+    SST-2 config's `submission_labels` would reach a 3-label card given after it. The command line's
+    YAML loader passes every value it reads through here; `--data.task.init_args.FIELD VALUE` still
+    changes one field of the card before it.
+    """
+    if isinstance(value, list):
+        return [complete_card(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    value = {k: complete_card(v) for k, v in value.items()}
+    cls = _adapter_class(value.get("class_path"))
+    if cls is not None and isinstance(value.get("init_args", {}), dict):
+        value["init_args"] = {**card_fields(cls)[0], **value.get("init_args", {})}
+    return value
+
+
+@cache
+def card_fields(cls: type[TaskAdapter]) -> tuple[dict[str, Any], tuple[str, ...]]:
+    """The fields of an adapter class, as jsonargparse reads the class (its base's fields too where
+    it passes **kwargs up): those with defaults, with them; and those a card must give."""
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_class_arguments(cls)
+    required = required_arguments(parser)
+    defaults = parser.get_defaults().as_dict()
+    return {k: v for k, v in defaults.items() if k != "__path__" and k not in required}, required
+
+
+def _adapter_class(class_path: Any) -> type[TaskAdapter] | None:
+    if not isinstance(class_path, str):
+        return None
+    module, _, name = class_path.rpartition(".")
+    try:
+        cls = getattr(import_module(module or "gpt_ft.adapters"), name)
+    except (ImportError, AttributeError, ValueError):
+        return None
+    return cls if isinstance(cls, type) and issubclass(cls, TaskAdapter) else None
+
+
+PARSER_MODE = "gpt_ft"
+
+
+def load_yaml(text: str, path: str = "") -> object:
+    """A value, or a file's text (`path`: a `--config` file), as jsonargparse's YAML loader reads it,
+    with its task cards complete (`complete_card`)."""
+    file = config_file_being_read(text) or path
+    try:
+        value = get_loader("yaml")(text)
+    except yaml.YAMLError as exc:
+        if not file:
+            raise
+        raise FileProblem(f"{yaml_file_problem(file) or f'{file} is not valid YAML'}.") from exc
+    if file and not isinstance(value, dict):
+        what = "empty" if value is None or value == "" else f"a {type(value).__name__}, not a mapping"
+        holds = "sections (trainer, model, data, ...)" if path else "class_path and init_args (see tasks/)"
+        kind = "a config file" if path else "a task card"
+        raise FileProblem(f"{file} is {what}: {kind} is a mapping with {holds}.")
+    cls = _adapter_class(value.get("class_path")) if file and not path and isinstance(value, dict) else None
+    missing = [f for f in card_fields(cls)[1] if f not in (value.get("init_args") or {})] if cls else []
+    if missing:
+        raise FileProblem(f"{file}: the card names no {', '.join(missing)}; {cls.__name__} needs it.")
+    return complete_card(value)
+
+
+set_loader(PARSER_MODE, load_yaml, exceptions=(yaml.YAMLError, FileProblem))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from json import dumps
 from typing import Any
 
-from gpt_ft.cli.lightning import GPTCLI, lightning_main, refuse_nulls, tokenizer_of_the_weights
+from gpt_ft.training.runs import GPTCLI, card_named, lightning_main, refuse_nulls, tokenizer_of_the_weights
 
 
 class ExplainCLI(GPTCLI):
@@ -21,12 +21,14 @@ class ExplainCLI(GPTCLI):
         parser.add_argument("--json", type=bool, default=False, help="Print JSON instead of text.")
 
     def before_instantiate_classes(self) -> None:
-        refuse_nulls(self.config, self.model_class)
+        with card_named(self.config):
+            refuse_nulls(self.config, self.model_class)
         tokenizer_of_the_weights(self.config)
 
     def instantiate_classes(self) -> None:
         """The data module alone: the model and the trainer are not built."""
-        self.datamodule = self.parser.instantiate(self.config, instantiate_groups=False).data
+        with card_named(self.config):
+            self.datamodule = self.parser.instantiate(self.config, instantiate_groups=False).data
 
 
 def run_explain(name: str, argv: list[str]) -> None:

@@ -1,9 +1,9 @@
 """`gpt-ft`: one entry point for every command; bad input ends in one sentence and exit code 2.
 
-`COMMANDS` is the command table: each name's help line and the function that runs it with the
-name and the arguments after it. `fit`, `validate`, `test`, `predict` are LightningCLI's
-(gpt_ft/cli/lightning.py); each other is a typed function, in gpt_ft/cli/ or where its work is,
-whose parser jsonargparse builds from its signature and docstring (`commands.run`).
+`COMMANDS` is the command table: each name's help line and what runs it with the name and the
+arguments after it. `fit`, `validate`, `test`, `predict` are LightningCLI's
+(gpt_ft/training/runs.py); each other is a typed function or class where its work is, whose
+parser jsonargparse builds from its signature and docstring (`commands.run`).
 """
 
 from __future__ import annotations
@@ -14,57 +14,49 @@ import os
 import signal
 import sys
 from collections.abc import Callable
-from functools import partial
 from importlib.metadata import version
-from pathlib import Path
 from typing import NamedTuple
 
 from gpt_ft.cli import commands
+from gpt_ft.cli.commands import lazy
 from gpt_ft.cli.explain import run_explain
-from gpt_ft.errors import CardError, TaskDataError, os_error_message, parse_error_message, yaml_file_problem
-from gpt_ft.eval.generation import generate
+from gpt_ft.errors import FileProblem, TaskDataError, causes, os_error_message, parse_error_message
 from gpt_ft.workarounds import torchao_import_loggers
 
 
 class Command(NamedTuple):
     help: str
     run: Callable[[str, list[str]], None]
-    yaml_options: tuple[str, ...] = ()
-    """Options whose values are YAML files, checked before anything runs so a file that does not
-    parse is named with its line and column."""
 
 
-FIT_FILES = ("--config", "--data.task")
 COMMANDS = {
-    "fit": Command("train (fine-tune or pretrain) a model", commands.lightning, FIT_FILES),
-    "validate": Command("evaluate on the validation splits", commands.lightning, FIT_FILES),
-    "test": Command("evaluate on the test splits", commands.lightning, FIT_FILES),
-    "predict": Command(
-        "write predictions for the test splits (GLUE submission files)", commands.lightning, FIT_FILES
-    ),
-    "explain": Command("print one example of a task split as the model sees it", run_explain, FIT_FILES),
+    "fit": Command("train (fine-tune or pretrain) a model", commands.lightning),
+    "validate": Command("evaluate on the validation splits", commands.lightning),
+    "test": Command("evaluate on the test splits", commands.lightning),
+    "predict": Command("write predictions for the test splits (GLUE submission files)", commands.lightning),
+    "explain": Command("print one example of a task split as the model sees it", run_explain),
     "prepare": Command(
-        "tokenize a text corpus into token files for pretraining", partial(commands.run, commands.prepare)
+        "tokenize a text corpus into token files for pretraining", lazy("gpt_ft.data.prepare:prepare")
     ),
     "tokenizer": Command(
-        "train a byte-level BPE tokenizer on text files", partial(commands.run, commands.tokenizer)
+        "train a byte-level BPE tokenizer on text files", lazy("gpt_ft.data.tokenizer:train_tokenizer")
     ),
-    "generate": Command("continue a prompt with a trained model", partial(commands.run, generate)),
+    "generate": Command("continue a prompt with a trained model", lazy("gpt_ft.eval.generation:generate")),
     "label": Command(
         "write a file's examples again with a fine-tuned model's predictions beside them",
-        partial(commands.run, commands.label),
+        lazy("gpt_ft.eval.classifier:label"),
     ),
     "suite": Command(
         "fine-tune and evaluate many tasks over seeds: results table, chart, GLUE submission",
-        partial(commands.run, commands.suite),
+        lazy("gpt_ft.eval.suite:SuiteRunner"),
     ),
     "calibrate": Command(
         "fit a classifier's temperature on a validation split (its probabilities)",
-        partial(commands.run, commands.calibrate),
+        lazy("gpt_ft.eval.calibration:calibrate"),
     ),
     "export": Command(
         "write a fine-tuned classifier as a transformers folder (pipelines, serving)",
-        partial(commands.run, commands.export),
+        lazy("gpt_ft.eval.export:export_checkpoint"),
     ),
 }
 DEBUG = "GPT_FT_DEBUG"  # set (not 0): errors show their traceback instead of one sentence
@@ -72,69 +64,15 @@ USER_ERRORS = (ValueError, FileNotFoundError, KeyError, FloatingPointError)
 LOST_PEER = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")  # gloo's words
 
 
-def user_message(exc: BaseException, card: str | None = None) -> str:
+def user_message(exc: BaseException) -> str:
     """The sentence for the user: the innermost cause (jsonargparse wraps errors raised in __init__),
-    down to a sentence of ours about task data (whose causes are the readers' own words); a card's
-    problem after the card's file, when one was given."""
+    down to a sentence of ours about task data (whose causes are the readers' own words)."""
     while isinstance(exc.__cause__, USER_ERRORS) and not isinstance(exc, TaskDataError):
         exc = exc.__cause__
     if isinstance(exc, OSError) and exc.filename is not None:  # the system's error: its file, its reason
         return os_error_message(exc)
     text = str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc).strip()
-    return f"{card}: {text}" if isinstance(exc, CardError) and card else text
-
-
-def card_file(argv: list[str]) -> str | None:
-    """The task card file a command line names: the last `--data.task FILE`, else the one named in
-    the last `--config` file that names one."""
-    import yaml
-
-    for value in reversed(yaml_values(argv, ("--data.task",))):
-        if Path(value).expanduser().is_file():
-            return value
-    for config in reversed(yaml_values(argv, ("--config",))):
-        try:
-            text = Path(config).expanduser().read_text(encoding="utf-8")
-            task = (yaml.safe_load(text) or {})["data"]["task"]
-        except (OSError, ValueError, yaml.YAMLError, KeyError, TypeError):
-            continue
-        if isinstance(task, str) and Path(task).expanduser().is_file():
-            return task
-    return None
-
-
-def yaml_values(argv: list[str], options: tuple[str, ...]) -> list[str]:
-    """The values of `options` in argv (`--config F` or `--config=F`)."""
-    values = []
-    for i, arg in enumerate(argv):
-        name, eq, value = arg.partition("=")
-        if name in options:
-            values.append(value if eq else argv[i + 1] if i + 1 < len(argv) else "")
-    return values
-
-
-def in_card(message: str, card: str | None) -> str:
-    """A message about a field of the task card (`--data.task...`) names the card's file too."""
-    if card is None or not message.startswith("--data.task") or card in message:
-        return message
-    return f"{message.removesuffix('.')} (in {card})."
-
-
-def card_file_problem(value: str) -> str | None:
-    """A card file that parses but holds no card (empty, a list, a lone value)."""
-    import yaml
-
-    path = Path(value).expanduser()
-    if not path.is_file() or path.suffix.lower() not in (".yaml", ".yml"):
-        return None
-    try:
-        card = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, yaml.YAMLError):
-        return None  # named by yaml_file_problem, or by the parser
-    if not isinstance(card, dict):
-        what = "empty" if card is None else f"a {type(card).__name__}, not a mapping"
-        return f"{value} is {what}: a task card is a mapping with class_path and init_args (see tasks/)."
-    return None
+    return text
 
 
 def fail(message: str) -> None:
@@ -164,25 +102,17 @@ def main(argv: list[str] | None = None) -> None:
     if name not in COMMANDS:
         fail(f"unknown command {name!r}; choose from {', '.join(COMMANDS)}.")
     command = COMMANDS[name]
-    for value in yaml_values(args, command.yaml_options):  # a file that does not parse: say where, first
-        problem = yaml_file_problem(value)
-        if problem:
-            fail(problem + ".")
-    for value in yaml_values(args, ("--data.task",) if "--data.task" in command.yaml_options else ()):
-        problem = card_file_problem(value)
-        if problem:
-            fail(problem)
     try:
         command.run(name, args)
     except USER_ERRORS as exc:
         if debug:
             raise
-        card = card_file(args)
-        fail(in_card(user_message(exc, card), card))
+        fail(user_message(exc))
     except argparse.ArgumentError as exc:
         if debug:
             raise
-        fail(in_card(parse_error_message(str(exc)), card_file(args)))
+        problem = next((e for e in causes(exc) if isinstance(e, FileProblem)), None)
+        fail(str(problem) if problem else parse_error_message(str(exc)))
     except OSError as exc:  # a file that cannot be read or written (no space, permission, read-only)
         if debug or exc.filename is None:
             raise

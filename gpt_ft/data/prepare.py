@@ -35,11 +35,12 @@ from typing import Literal
 
 import numpy as np
 
+from gpt_ft.data.corpus import find_files
 from gpt_ft.data.tokenizer import EOS_TOKEN, check_text_file, load_tokenizer
+from gpt_ft.errors import check_output_dir
 
 META = "meta.json"
 SPLIT_FILES = {"train": "train.bin", "validation": "validation.bin"}
-TEXT_SUFFIXES = (".txt", ".text", ".md", ".raw", ".tokens")
 
 
 @dataclass
@@ -47,23 +48,6 @@ class Piece:
     number: int
     text: str
     ends_document: bool
-
-
-def find_files(inputs: Sequence[str | os.PathLike]) -> list[Path]:
-    """Text files named directly, or found (recursively, sorted) in the folders named."""
-    files: list[Path] = []
-    for item in inputs:
-        path = Path(item).expanduser()
-        if path.is_dir():
-            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
-            if not found:
-                raise ValueError(f"Folder {path} holds no text files ({', '.join(TEXT_SUFFIXES)}).")
-            files.extend(found)
-        elif path.is_file():
-            files.append(path)
-        else:
-            raise FileNotFoundError(f"Corpus input {path} does not exist.")
-    return files
 
 
 def file_documents(files: Sequence[Path], split_on: Literal["file", "blank_line", "line"]) -> Iterator[str]:
@@ -221,10 +205,10 @@ def token_dtype(vocab_size: int) -> str:
 
 
 def prepare(
-    out_dir: str | os.PathLike,
-    tokenizer: str,
     *,
-    files: Sequence[str] = (),
+    inputs: list[str] | str | None = None,
+    out_dir: str,
+    tokenizer: str,
     dataset: str | None = None,
     dataset_split: str = "train",
     text_field: str = "text",
@@ -234,12 +218,14 @@ def prepare(
     workers: int = 1,
     progress: bool = True,
 ) -> dict:
-    """Tokenize a corpus into train/validation token files; returns the metadata written to meta.json.
+    """Tokenize a corpus into train/validation token files for pretraining (`gpt-ft prepare`);
+    returns the metadata written to meta.json.
 
     Args:
+        inputs: A text file or a folder of them (searched recursively), or a list of both
+            (`[a.txt, books/]`); none with --dataset.
         out_dir: Output folder (created; must be empty or an earlier output of this command).
         tokenizer: Tokenizer folder or hub id (e.g. the GPT-1 or GPT-2 BPE folder).
-        files: Text files and folders of them (searched recursively).
         dataset: Instead of files, a `datasets` dataset: a local path or, online, a hub id.
         dataset_split: The dataset's split to read.
         text_field: The dataset's text column.
@@ -247,9 +233,12 @@ def prepare(
         validation_fraction: Share of pieces written to validation.bin.
         piece_chars: Characters per piece (the unit of the train/validation split).
         workers: Tokenizer threads (1: tokenize in this thread only).
+        progress: Show a progress bar and the closing line.
     """
     from tqdm import tqdm
 
+    check_output_dir(out_dir, "--out_dir")
+    files = [inputs] if isinstance(inputs, str | os.PathLike) else list(inputs or [])
     if bool(files) == bool(dataset):
         raise ValueError("Give either text files/folders or --dataset, not both and not neither.")
     if not 0 <= validation_fraction < 1:
@@ -333,6 +322,12 @@ def prepare(
         "seconds": round(seconds, 2),
     }
     (out / META).write_text(json.dumps(meta, indent=2) + "\n")
+    if progress:
+        t, rate = counts, (counts["train"] + counts["validation"]) / max(seconds, 1e-9)
+        print(
+            f"wrote {t['train']:,} train and {t['validation']:,} validation tokens ({dtype}, "
+            f"{n_docs:,} documents) to {out_dir} in {seconds:.1f} s ({rate:,.0f} tokens/s)"
+        )
     return meta
 
 

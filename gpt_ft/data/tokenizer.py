@@ -24,7 +24,6 @@ import codecs
 import inspect
 import json
 import os
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -39,6 +38,8 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from gpt_ft.data.corpus import find_files
+from gpt_ft.errors import check_output_dir
 from gpt_ft.weights import gguf_file, hub
 from gpt_ft.weights.pretrained import BPE_FILES, TOKENIZER_FILES, is_tokenizer_dir
 
@@ -200,33 +201,31 @@ def own_framing_rows(tokenizer: PreTrainedTokenizerBase) -> dict[int, int]:
 
 
 def train_tokenizer(
-    files: Sequence[str | os.PathLike],
-    vocab_size: int,
-    out_dir: str | os.PathLike,
     *,
+    inputs: list[str] | str,
+    vocab_size: int,
+    out_dir: str,
     min_frequency: int = 2,
     show_progress: bool = True,
 ) -> PreTrainedTokenizerFast:
-    """Train a GPT-2 style byte-level BPE on text files and save it to ``out_dir``.
+    """Train a GPT-2 style byte-level BPE on text files and save it to ``out_dir`` (`gpt-ft tokenizer`).
 
     Ids 0-4 are ``<|endoftext|>``, start, delim, extract and pad. Every byte is in the initial
     alphabet, so any text encodes without unknown tokens.
 
     Args:
-        files: UTF-8 text files to train on (each checked whole first: a file that is not text is
-            refused, naming it, before anything is written).
-        vocab_size: Final vocabulary size, special tokens included.
-        out_dir: Directory for ``save_pretrained``; reload it with :func:`load_tokenizer` or
-            ``AutoTokenizer.from_pretrained``.
-        min_frequency: Minimum count for a pair to be merged.
-        show_progress: Show the trainer's progress bar.
+        inputs: A UTF-8 text file or a folder of them (searched recursively), or a list of both
+            (`[a.txt, books/]`); each file is checked whole first: one that is not text is refused,
+            naming it, before anything is written.
+        vocab_size: Vocabulary size, special tokens included.
+        out_dir: Folder for the tokenizer (AutoTokenizer loads it).
+        min_frequency: Least count of a pair to merge.
+        show_progress: Show the trainer's progress bar and the closing line.
 
-    Returns:
-        The trained tokenizer, with eos/bos ``<|endoftext|>`` and pad ``<|pad|>``.
+    Returns the trained tokenizer, with eos/bos ``<|endoftext|>`` and pad ``<|pad|>``.
 
-    Raises:
-        FileNotFoundError: A training file does not exist.
-        ValueError: Bad ``vocab_size``, no files, no text, or ``out_dir`` holds something else.
+    Raises FileNotFoundError for a missing file, ValueError for a bad ``vocab_size``, no files or no
+    text, or an ``out_dir`` that holds something else.
     """
     specials = [EOS_TOKEN, *(SPECIAL_TOKENS[key] for key in (*_FRAMING, "pad"))]
     alphabet = pre_tokenizers.ByteLevel.alphabet()
@@ -236,9 +235,12 @@ def train_tokenizer(
             f"vocab_size={vocab_size} is too small; expected at least {min_vocab} "
             f"({len(alphabet)} bytes + {len(specials)} special tokens)."
         )
-    if isinstance(files, (str, os.PathLike)):  # a lone path is a Sequence of characters; take it as one file
-        files = [files]
-    paths = [Path(f).expanduser() for f in files]
+    if isinstance(inputs, str | os.PathLike):  # a lone path is a Sequence of characters; take it as one file
+        inputs = [inputs]
+    paths: list[Path] = []
+    for item in inputs:  # a folder: the text files in it
+        path = Path(item).expanduser()
+        paths += find_files([path]) if path.is_dir() else [path]
     if not paths:
         raise ValueError("No training files given; expected at least one text file.")
     for p in paths:
@@ -251,9 +253,7 @@ def train_tokenizer(
             else f"None of the {len(paths)} training files contains any text"
         )
         raise ValueError(f"{what}; expected non-empty UTF-8 text.")
-    out = Path(out_dir).expanduser()
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"Output path {out} is a file; expected a directory for the tokenizer.")
+    out = check_output_dir(out_dir, "--out_dir")
     if out.is_dir() and any(out.iterdir()) and not is_tokenizer_dir(out):
         raise ValueError(
             f"Output directory {out} is not empty and holds no tokenizer; "
@@ -284,6 +284,8 @@ def train_tokenizer(
     )
     out.mkdir(parents=True, exist_ok=True)
     tokenizer.save_pretrained(str(out))
+    if show_progress:
+        print(f"trained a {len(tokenizer)}-token byte-level BPE tokenizer into {out_dir}")
     return tokenizer
 
 

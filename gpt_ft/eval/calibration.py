@@ -19,7 +19,7 @@ from torch import Tensor
 
 from gpt_ft.adapters import TaskDataError
 from gpt_ft.data.files import load_split
-from gpt_ft.errors import writing
+from gpt_ft.errors import check_output_file, writing
 from gpt_ft.eval.classifier import Classifier
 from gpt_ft.weights.checkpoint import Checkpoint
 
@@ -54,11 +54,27 @@ def split_outputs(
 
 
 def calibrate(
-    ckpt: str | Path, output: str | Path, *, split: str | None = None, data_dir: str | None = None
+    *,
+    ckpt_path: str,
+    output: str,
+    split: str | None = None,
+    data_dir: str | None = None,
+    overwrite: bool = False,
 ) -> dict[str, float]:
-    """Fits the temperature of `ckpt` on `split` (default the card's first validation split) and
-    writes `output`: the same checkpoint with `temperature`. Returns T and the split's expected
-    calibration error before and after."""
+    """Fit a fine-tuned classifier's temperature on a validation split; write a new checkpoint
+    (`gpt-ft calibrate`). Returns T and the split's expected calibration error before and after.
+
+    Args:
+        ckpt_path: A fine-tuned checkpoint of gpt-ft fit.
+        output: The calibrated checkpoint (a new file).
+        split: Default: the card's first validation split.
+        data_dir: Default: the one the checkpoint was trained on.
+        overwrite: Replace --output if it exists.
+    """
+    ckpt = ckpt_path
+    if Path(output).expanduser().resolve() == Path(ckpt).expanduser().resolve():
+        raise ValueError(f"--output {output} is the checkpoint itself: give another name, it is kept.")
+    check_output_file(output, "--output", overwrite=overwrite)  # before any work
     stored = Checkpoint.read(ckpt)
     clf = Classifier.from_checkpoint(stored, device="cpu")
     task = clf.task
@@ -82,4 +98,9 @@ def calibrate(
             shutil.copytree(stored.tokenizer, tokenizer, dirs_exist_ok=True)
             stored.tokenizer = tokenizer.name
         stored.save(output)
-    return {"temperature": temperature, "ece_before": ece(1.0), "ece_after": ece(temperature)}
+    found = {"temperature": temperature, "ece_before": ece(1.0), "ece_after": ece(temperature)}
+    print(
+        f"temperature {temperature:.4f}: expected calibration error {found['ece_before']:.4f} -> "
+        f"{found['ece_after']:.4f}; wrote {output}"
+    )
+    return found

@@ -24,8 +24,9 @@ from torch import Tensor
 from gpt_ft.adapters import TaskAdapter, TaskHead
 from gpt_ft.adapters.cards import card_from_value
 from gpt_ft.data.batches import PackedBatch, SharedContextBatch, TaskBatch, collate_batch
+from gpt_ft.data.files import read_table
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
-from gpt_ft.errors import writing
+from gpt_ft.errors import check_output_file, writing
 from gpt_ft.training.terms import batch_terms
 from gpt_ft.weights.checkpoint import Checkpoint
 from gpt_ft.weights.pretrained import GPT
@@ -152,6 +153,40 @@ class Classifier:
                 text = self.task.format_prediction(predictions[row], submission=False)
                 out[example["index"]] = (self.task.output.outcome(predictions[row], probabilities[row]), text)
         return out
+
+
+def label(
+    *,
+    ckpt_path: str,
+    input: str,
+    output: str,
+    overwrite: bool = False,
+    batch_size: int = 32,
+    device: str | None = None,
+) -> None:
+    """Write each example of a file again with the fine-tuned model's prediction beside it
+    (`gpt-ft label`).
+
+    Args:
+        ckpt_path: A fine-tuned checkpoint of gpt-ft fit.
+        input: csv, tsv, json/jsonl or parquet; columns named as the card's fields.
+        output: csv, tsv or jsonl (by extension); a new file.
+        overwrite: Replace --output if it exists.
+        batch_size: Examples per batch.
+        device: Default: cuda when there is one.
+    """
+    source, target = Path(input).expanduser(), Path(output).expanduser()
+    if not source.is_file():
+        raise FileNotFoundError(f"--input {source} does not exist.")
+    if target.suffix.lower() not in (".csv", ".tsv", ".jsonl", ".json"):
+        raise ValueError(f"--output {target}: write .csv, .tsv or .jsonl.")
+    if target.exists() and target.resolve() == source.resolve():
+        raise ValueError(f"--output {target} is the input file: give another name, the input is kept.")
+    check_output_file(target, "--output", overwrite=overwrite)
+    clf = Classifier.from_checkpoint(ckpt_path, device=device)
+    rows = read_table(source).to_list()
+    write_labelled(target, rows, clf.run(rows, batch_size=batch_size))
+    print(f"labelled {len(rows):,} examples of {source} into {target}")
 
 
 def write_labelled(path, rows: list[dict[str, Any]], labelled: list[tuple[dict[str, Any], str]]) -> None:

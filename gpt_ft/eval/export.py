@@ -28,6 +28,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -39,12 +40,22 @@ from gpt_ft.weights.hf import has_double_heads, to_hf
 FORMATS = ("transformers", "onnx")
 
 
-def export_checkpoint(ckpt: str | Path, out: str | Path, *, format: str = "transformers") -> Path:
-    """`gpt-ft export`: the fine-tuned checkpoint `ckpt` as a transformers folder `out` (or its
-    config, tokenizer and `model.onnx`)."""
-    out = check_new_folder(out, "--out")
+def export_checkpoint(
+    *, ckpt_path: str | Path, out: str | Path, format: Literal["transformers", "onnx"] = "transformers"
+) -> Path:
+    """Write a fine-tuned classifier as a standard transformers folder, or as ONNX (`gpt-ft export`).
+
+    Args:
+        ckpt_path: A fine-tuned checkpoint of gpt-ft fit.
+        out: A new (or empty) folder.
+        format: transformers (a folder for pipelines) or onnx (config, tokenizer and model.onnx).
+    """
+    out = check_new_folder(out, "--out")  # the folder checked before the weights load
     check_format(format)
-    return export_classifier(Classifier.from_checkpoint(ckpt, device="cpu"), out, format=format)
+    written = export_classifier(Classifier.from_checkpoint(ckpt_path, device="cpu"), out, format=format)
+    loads = "onnxruntime loads model.onnx" if format == "onnx" else "pipeline('text-classification') loads it"
+    print(f"wrote {written}: {loads}")
+    return written
 
 
 def check_format(format: str) -> None:

@@ -7,48 +7,13 @@ import json
 import math
 from argparse import ArgumentError
 from collections.abc import Callable
-from typing import Any, Protocol
-
-from lightning.pytorch.callbacks import Callback
+from typing import TYPE_CHECKING, Any
 
 from gpt_ft.adapters import TaskDataError
+from gpt_ft.training.callbacks import History
 
-
-class BuildRun(Protocol):
-    """How the suite builds `gpt-ft fit` runs: the command line's (`gpt_ft.cli.lightning.build_fit`),
-    passed down."""
-
-    def resolve(self, args: list[str]) -> dict[str, Any]:
-        """The configuration `gpt-ft fit ARGS` resolves to: a fit config's sections (`trainer`,
-        `model`, `data`, ...) as plain data, the config files read and the defaults filled in."""
-
-    def __call__(self, args: list[str]) -> tuple[Any, Any, Any]:
-        """Model, data module and trainer of `gpt-ft fit ARGS`, built from their configuration but not
-        run; the trainer has a `History` among its callbacks and reaches `--trainer.min_steps`."""
-
-
-class History(Callback):
-    """Every validation's metrics of the task's validation splits, with its epoch."""
-
-    def __init__(self) -> None:
-        self.evaluations: list[tuple[int, dict[str, float | None]]] = []
-
-    def on_validation_end(self, trainer, pl_module) -> None:
-        if trainer.sanity_checking:
-            return
-        splits = pl_module.task.validation_splits
-        metrics = {
-            k: finite(float(v)) for k, v in trainer.callback_metrics.items() if k.split("/")[0] in splits
-        }
-        self.evaluations.append((trainer.current_epoch, metrics))
-
-    @classmethod
-    def of(cls, trainer) -> History:
-        """The History the trainer was built with (`BuildRun` gives it one at construction)."""
-        found = [c for c in trainer.callbacks if isinstance(c, cls)]
-        if not found:
-            raise ValueError("A suite run's trainer is built with a History callback; this one has none.")
-        return found[0]
+if TYPE_CHECKING:
+    from gpt_ft.training.runs import FitRuns
 
 
 def fit_and_evaluate(
@@ -64,7 +29,7 @@ def fit_and_evaluate(
     that epoch. With `predict`, the same model writes its test predictions; a test split that
     cannot be read (e.g. MNLI's diagnostic file not downloaded) is named in a warning and left out,
     so the run's scores still count. With `min_steps` (a small training subset), the run takes at
-    least that many optimizer steps: Lightning's `--trainer.min_steps`, which `BuildRun` reaches by
+    least that many optimizer steps: Lightning's `--trainer.min_steps`, which `FitRuns` reaches by
     raising the epochs where they would give fewer."""
     if min_steps:
         args = [*args, f"--trainer.min_steps={min_steps}"]
@@ -107,16 +72,12 @@ def main_key(task) -> str:
     return f"{task.validation_splits[0]}/{task.main_metric}"
 
 
-def finite(value: float) -> float | None:
-    return value if math.isfinite(value) else None
-
-
 # Options that say where a run writes, not what it computes: a moved folder still holds the same runs.
 OUTPUTS = ("trainer.default_root_dir", "trainer.logger.save_dir", "model.predictions_dir")
 
 
 def config_changes(
-    result: dict[str, Any], now: dict[str, Any], build: BuildRun, extra: list[str]
+    result: dict[str, Any], now: dict[str, Any], build: FitRuns, extra: list[str]
 ) -> list[str]:
     """What differs between the configuration a finished run recorded (its `result`) and the one
     its arguments resolve to `now`, as options (`changed_options`), where it writes left out. A

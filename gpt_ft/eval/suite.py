@@ -24,77 +24,81 @@ import shutil
 import statistics
 import time
 import zipfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Literal
 
 from gpt_ft.adapters.cards import load_card
 from gpt_ft.data.files import load_split
 from gpt_ft.data.tokenizer import load_tokenizer
+from gpt_ft.errors import check_output_dir
 from gpt_ft.eval import zeroshot
 from gpt_ft.eval.curves import MISSING, baseline_curves, collect_curves, labels_saved, read_baselines
-from gpt_ft.eval.finetune import BuildRun, config_changes, finite, fit_and_evaluate, main_key
+from gpt_ft.eval.finetune import config_changes, fit_and_evaluate, main_key
 from gpt_ft.eval.results import benchmark_score, mean_std, write_atomic, write_json, write_results
-from gpt_ft.eval.suite_file import SuiteSpec, data_dirs
+from gpt_ft.eval.suite_file import Run, SuiteSpec, as_list, data_dirs, load_suite
+from gpt_ft.training.callbacks import finite
+from gpt_ft.training.runs import build_fit
 from gpt_ft.weights.pretrained import GPT, resolve_tokenizer
 
 RESULT = "result.json"
 
 
-@dataclass
-class Run:
-    """One fine-tuning run of the suite."""
-
-    task: str
-    seed: int
-    layers: int | None = None  # transferred layers; None: all
-    row: str | None = None  # the suite file's row (model compared); None: the one row
-    size: int | None = None  # training examples (a stratified subset); None: the whole split
-
-    @property
-    def folder(self) -> str:
-        parts = [] if self.row is None else [self.row.replace(" ", "-").replace("/", "-")]
-        parts.append(self.task)
-        parts += [] if self.layers is None else [f"layers-{self.layers}"]
-        parts += [] if self.size is None else [f"size-{self.size}"]
-        return "/".join([*parts, f"seed-{self.seed}"])
-
-    def __str__(self) -> str:
-        extra = [] if self.row is None else [self.row]
-        extra += [] if self.layers is None else [f"{self.layers} layers"]
-        extra += [] if self.size is None else [f"{self.size} examples"]
-        return f"{self.task} seed {self.seed}" + (f" ({', '.join(extra)})" if extra else "")
-
-
 class SuiteRunner:
-    """Runs a suite into an output folder (see the module docstring)."""
+    """Runs a suite into an output folder (see the module docstring); `gpt-ft suite` is this class,
+    run."""
 
     def __init__(
         self,
-        spec: SuiteSpec,
-        out_dir: str | Path,
+        suite: str,
         *,
-        build_run: BuildRun,
+        out_dir: str,
         init_from: str | None = None,
         tokenizer: str | None = None,
-        data_dir: list[str] | None = None,
-        tasks: list[str] | None = None,
+        data_dir: list[str] | str = (),
+        tasks: list[str] | str | None = None,
         seeds: list[int] | None = None,
-        fit_args: list[str] | None = None,
         select: Literal["last", "best"] = "last",
         fine_tune: bool = True,
         zero_shot: bool = False,
-        transfer_layers: list[int] | None = None,
+        transfer_layers: list[int] = (),
         predict: bool | None = None,
         keep_checkpoints: bool = False,
-        train_sizes: list[int | str] | None = None,
-        baselines: list[str] | None = None,
+        train_sizes: list[int | Literal["all"]] | None = None,
+        baselines: list[str] | str = (),
+        fit_args: list[str] = (),
     ) -> None:
+        """Fine-tune and evaluate a suite's tasks over seeds; --fit_args go to every `gpt-ft fit`.
+
+        Args:
+            suite: Suite file, e.g. configs/suites/glue.yaml (or a SuiteSpec already read).
+            out_dir: Results folder; rerunning resumes it.
+            init_from: Pretrained weights; default: from scratch.
+            tokenizer: Default: the one saved with --init_from.
+            data_dir: Tasks' local files: DIR for all, TASK=DIR for one, or a list of both
+                (`[~/glue, storycloze=~/storycloze]`).
+            tasks: Run only these of its tasks (one, or a list).
+            seeds: A list (`[0, 1, 2]`); default: the suite file's.
+            select: Report the last epoch or the best one.
+            fine_tune: false: zero-shot only.
+            zero_shot: Also score the tasks zero-shot.
+            transfer_layers: Sweep the pretrained layers transferred (e.g. `[0, 3, 6, 12]`), GPT-1
+                Fig. 2 left.
+            predict: Write test predictions; default: if the suite has a submission (a sweep: no).
+            keep_checkpoints: Keep every run's checkpoints.
+            train_sizes: Learning curves: training examples per run (stratified subsets, e.g. `[100,
+                300, 1000, all]`); default: the suite file's.
+            baselines: Learning curves measured elsewhere on the same subsets, drawn beside the rows:
+                a JSON file or a list (benchmarks/tfidf_baseline.py --train-sizes ... --json FILE writes one).
+            fit_args: Arguments for every `gpt-ft fit`, as a list (`[--trainer.max_epochs=2]`).
+        """
+        check_output_dir(out_dir, "--out_dir")
+        spec = suite if isinstance(suite, SuiteSpec) else load_suite(suite)
+        data_dir, tasks, baselines = as_list(data_dir), as_list(tasks) or None, as_list(baselines)
         self.spec, self.baselines = spec, read_baselines(baselines or [], list(spec.rows or []))
         sizes = train_sizes if train_sizes is not None else spec.train_sizes
         self.sizes: list[int | None] = [None if s == "all" else int(s) for s in sizes or ["all"]]
         self.rows: list[str | None] = list(spec.rows or [None])
-        self.build_run = build_run
         self.out = Path(out_dir).expanduser()
         self.init_from, self.tokenizer = init_from, tokenizer
         self.data_dirs = data_dirs(data_dir or [])
@@ -207,9 +211,7 @@ class SuiteRunner:
         if result is None:
             return False
         extra = self._min_steps(run)
-        changed = config_changes(
-            result, self.build_run.resolve(self.fit_args_of(run) + extra), self.build_run, extra
-        )
+        changed = config_changes(result, build_fit.resolve(self.fit_args_of(run) + extra), build_fit, extra)
         if changed:
             log(f"{run}: its arguments changed since it ran ({', '.join(changed)}): running it again")
             return False
@@ -222,10 +224,10 @@ class SuiteRunner:
             shutil.rmtree(folder)
         folder.mkdir(parents=True)
         start, args = time.perf_counter(), self.fit_args_of(run)
-        config = self.build_run.resolve(args + self._min_steps(run))  # recorded, compared by a rerun
+        config = build_fit.resolve(args + self._min_steps(run))  # recorded, compared by a rerun
         min_steps = self.spec.min_steps if run.size is not None else None
         metrics, epoch = fit_and_evaluate(
-            self.build_run, args, self.select, predict=self.predict, log=log, min_steps=min_steps
+            build_fit, args, self.select, predict=self.predict, log=log, min_steps=min_steps
         )
         if not self.keep_checkpoints:
             for ckpt in folder.rglob("*.ckpt"):

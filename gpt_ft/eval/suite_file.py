@@ -75,6 +75,38 @@ class SuiteSpec:
     epochs are raised to ceil(min_steps / steps per epoch), so that small subsets still train."""
 
 
+@dataclass
+class Run:
+    """One fine-tuning run of the suite."""
+
+    task: str
+    seed: int
+    layers: int | None = None  # transferred layers; None: all
+    row: str | None = None  # the suite file's row (model compared); None: the one row
+    size: int | None = None  # training examples (a stratified subset); None: the whole split
+
+    @property
+    def folder(self) -> str:
+        parts = [] if self.row is None else [self.row.replace(" ", "-").replace("/", "-")]
+        parts.append(self.task)
+        parts += [] if self.layers is None else [f"layers-{self.layers}"]
+        parts += [] if self.size is None else [f"size-{self.size}"]
+        return "/".join([*parts, f"seed-{self.seed}"])
+
+    def __str__(self) -> str:
+        extra = [] if self.row is None else [self.row]
+        extra += [] if self.layers is None else [f"{self.layers} layers"]
+        extra += [] if self.size is None else [f"{self.size} examples"]
+        return f"{self.task} seed {self.seed}" + (f" ({', '.join(extra)})" if extra else "")
+
+
+def as_list(value) -> list:
+    """A list option given as one value (`--data_dir DIR`) or as a list (`--data_dir [A, t=B]`)."""
+    if value is None:
+        return []
+    return list(value) if isinstance(value, list | tuple) else [value]
+
+
 def load_suite(path: str | Path) -> SuiteSpec:
     """Parse and check a suite file; errors name the file and the field at fault."""
     path = Path(path).expanduser()

@@ -63,5 +63,5 @@ def test_yaml_that_does_not_parse_names_file_line_and_column(tmp_path, tokenizer
     config = tmp_path / "config.yaml"
     config.write_text(f"data:\n  task: {card}\n")  # a card named inside a config
     assert error_of(["fit", f"--config={config}", f"--data.tokenizer={tokenizer_dir}"], capsys) == (
-        f"gpt-ft: error: --data.task: {problem}"
+        f"gpt-ft: error: {problem}"
     )

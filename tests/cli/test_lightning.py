@@ -6,8 +6,8 @@ from types import SimpleNamespace
 import pytest
 
 from gpt_ft.cli import main
-from gpt_ft.cli.lightning import _plain
 from gpt_ft.errors import check_context
+from gpt_ft.training.runs import _plain
 from tests.helpers import assert_classifier_agrees, common_args, make_task
 
 

@@ -211,7 +211,11 @@ def test_bad_pretraining_input(tmp_path, tokenizer_dir, monkeypatch, capsys):
 
     corpus = write_corpus(tmp_path, n_files=1, lines=10)
     assert prepare(
-        tmp_path / "tokens", tokenizer_dir, files=[str(corpus)], validation_fraction=0, progress=False
+        out_dir=tmp_path / "tokens",
+        tokenizer=tokenizer_dir,
+        inputs=[str(corpus)],
+        validation_fraction=0,
+        progress=False,
     )
     n = json.loads((tmp_path / "tokens" / "meta.json").read_text())["tokens"]["train"]
     fit = ["fit", "--config", "configs/pretrain/cpu.yaml", f"--data.token_dir={tmp_path / 'tokens'}"]

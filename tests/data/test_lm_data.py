@@ -36,7 +36,11 @@ def test_sampler_ranks_read_disjoint_blocks_covering_the_epoch(tmp_path):
 def test_a_token_file_shorter_than_one_block(tmp_path, tokenizer_dir):
     corpus = write_corpus(tmp_path, n_files=1, lines=10)
     assert prepare(
-        tmp_path / "tokens", tokenizer_dir, files=[str(corpus)], validation_fraction=0, progress=False
+        out_dir=tmp_path / "tokens",
+        tokenizer=tokenizer_dir,
+        inputs=[str(corpus)],
+        validation_fraction=0,
+        progress=False,
     )
     n = json.loads((tmp_path / "tokens" / "meta.json").read_text())["tokens"]["train"]
     with pytest.raises(ValueError, match="fewer than one block"):

@@ -12,7 +12,11 @@ def test_token_file_holds_exactly_the_documents_and_separators(tmp_path, tokeniz
     corpus = write_corpus(tmp_path)
     (corpus / "empty.txt").write_text("\n\n")  # a document with no text gets no separator
     meta = prepare(
-        tmp_path / "tokens", tokenizer_dir, files=[str(corpus)], validation_fraction=0.0, progress=False
+        out_dir=tmp_path / "tokens",
+        tokenizer=tokenizer_dir,
+        inputs=[str(corpus)],
+        validation_fraction=0.0,
+        progress=False,
     )
     tok = load_tokenizer(tmp_path / "tokens" / "tokenizer")
     eos = tok.convert_tokens_to_ids(EOS_TOKEN)
@@ -36,9 +40,9 @@ def test_pieces_cut_where_the_tokenizer_splits_so_tokens_are_exact(tmp_path, tok
     ) * 3
     (tmp_path / "doc.txt").write_text(text)
     meta = prepare(
-        tmp_path / "tokens",
-        tokenizer_dir,
-        files=[str(tmp_path / "doc.txt")],
+        out_dir=tmp_path / "tokens",
+        tokenizer=tokenizer_dir,
+        inputs=[str(tmp_path / "doc.txt")],
         piece_chars=40,
         validation_fraction=0.0,
         progress=False,
@@ -54,9 +58,9 @@ def test_parallel_pieces_and_validation_split(tmp_path, tokenizer_dir):
     corpus = write_corpus(tmp_path, n_files=3, lines=200)
     one, two = (
         prepare(
-            tmp_path / name,
-            tokenizer_dir,
-            files=[str(corpus)],
+            out_dir=tmp_path / name,
+            tokenizer=tokenizer_dir,
+            inputs=[str(corpus)],
             piece_chars=500,
             validation_fraction=0.3,
             workers=workers,
@@ -74,7 +78,11 @@ def test_parallel_pieces_and_validation_split(tmp_path, tokenizer_dir):
 def test_read_meta_checks_the_token_folder(tmp_path, tokenizer_dir):
     corpus = write_corpus(tmp_path, n_files=1, lines=10)
     assert prepare(
-        tmp_path / "tokens", tokenizer_dir, files=[str(corpus)], validation_fraction=0, progress=False
+        out_dir=tmp_path / "tokens",
+        tokenizer=tokenizer_dir,
+        inputs=[str(corpus)],
+        validation_fraction=0,
+        progress=False,
     )
     meta_path = tmp_path / "tokens" / "meta.json"
     meta = json.loads(meta_path.read_text())
@@ -94,14 +102,20 @@ def test_bad_prepare_arguments(tmp_path, tokenizer_dir):
     with pytest.raises(
         ValueError, match="Give either text files/folders or --dataset, not both and not neither"
     ):
-        prepare(tmp_path / "t", tokenizer_dir, progress=False)
+        prepare(out_dir=tmp_path / "t", tokenizer=tokenizer_dir, progress=False)
     with pytest.raises(ValueError, match=r"validation_fraction must be in \[0, 1\), got 1"):
-        prepare(tmp_path / "t", tokenizer_dir, files=corpus, validation_fraction=1, progress=False)
+        prepare(
+            out_dir=tmp_path / "t",
+            tokenizer=tokenizer_dir,
+            inputs=corpus,
+            validation_fraction=1,
+            progress=False,
+        )
     with pytest.raises(ValueError, match="workers must be >= 1, got 0"):
-        prepare(tmp_path / "t", tokenizer_dir, files=corpus, workers=0, progress=False)
+        prepare(out_dir=tmp_path / "t", tokenizer=tokenizer_dir, inputs=corpus, workers=0, progress=False)
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "notes.txt").write_text("mine")
     with pytest.raises(ValueError, match="is not empty and holds no token files"):
-        prepare(tmp_path / "full", tokenizer_dir, files=corpus, progress=False)
+        prepare(out_dir=tmp_path / "full", tokenizer=tokenizer_dir, inputs=corpus, progress=False)
     assert [p.name for p in (tmp_path / "full").iterdir()] == ["notes.txt"]
     assert (token_dtype(2**16), token_dtype(2**16 + 1)) == ("uint16", "uint32")

@@ -77,7 +77,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 @pytest.fixture(scope="module")
 def trained_dir(corpus: list[Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("trained") / "tok"
-    train_tokenizer(corpus, 320, out, show_progress=False)
+    train_tokenizer(inputs=corpus, vocab_size=320, out_dir=out, show_progress=False)
     return out
 
 
@@ -204,7 +204,7 @@ def test_trained_tokenizer_layout(trained_dir: Path) -> None:
 
 
 def test_trained_tokenizer_reloads_identically(corpus: list[Path], tmp_path: Path) -> None:
-    trained = train_tokenizer(corpus, 300, tmp_path / "tok", show_progress=False)
+    trained = train_tokenizer(inputs=corpus, vocab_size=300, out_dir=tmp_path / "tok", show_progress=False)
     reloaded = AutoTokenizer.from_pretrained(tmp_path / "tok")
     assert len(reloaded) == len(trained)
     for text in [*SENTENCES, TEXT_WITH_SPECIALS, f"one{EOS_TOKEN}two"]:
@@ -229,8 +229,8 @@ def test_trained_tokenizer_round_trips_any_text(trained_dir: Path, text: str) ->
 
 
 def test_training_into_existing_tokenizer_dir_overwrites_it(corpus: list[Path], tmp_path: Path) -> None:
-    train_tokenizer(corpus, 280, tmp_path / "tok", show_progress=False)
-    again = train_tokenizer(corpus, 300, tmp_path / "tok", show_progress=False)
+    train_tokenizer(inputs=corpus, vocab_size=280, out_dir=tmp_path / "tok", show_progress=False)
+    again = train_tokenizer(inputs=corpus, vocab_size=300, out_dir=tmp_path / "tok", show_progress=False)
     assert len(AutoTokenizer.from_pretrained(tmp_path / "tok")) == len(again) > 280
 
 
@@ -280,18 +280,18 @@ def test_special_token_ids_without_pad(gpt2_dir: Path) -> None:
 
 def test_train_rejects_small_vocab(corpus: list[Path], tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"vocab_size=260 is too small; expected at least 261"):
-        train_tokenizer(corpus, 260, tmp_path / "tok")
+        train_tokenizer(inputs=corpus, vocab_size=260, out_dir=tmp_path / "tok")
 
 
 def test_train_rejects_no_files(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="No training files given"):
-        train_tokenizer([], 300, tmp_path / "tok")
+        train_tokenizer(inputs=[], vocab_size=300, out_dir=tmp_path / "tok")
 
 
 def test_train_rejects_missing_file(corpus: list[Path], tmp_path: Path) -> None:
     missing = tmp_path / "nope.txt"
     with pytest.raises(FileNotFoundError, match=re.escape(f"Training file {missing} does not exist")):
-        train_tokenizer([*corpus, missing], 300, tmp_path / "tok")
+        train_tokenizer(inputs=[*corpus, missing], vocab_size=300, out_dir=tmp_path / "tok")
 
 
 def test_train_rejects_files_without_text(tmp_path: Path) -> None:
@@ -299,16 +299,16 @@ def test_train_rejects_files_without_text(tmp_path: Path) -> None:
     empty.write_text("")
     blank.write_text(" \n\t\n")
     with pytest.raises(ValueError, match=re.escape(f"Training file {blank} contains no text")):
-        train_tokenizer([blank], 300, tmp_path / "tok")
+        train_tokenizer(inputs=[blank], vocab_size=300, out_dir=tmp_path / "tok")
     with pytest.raises(ValueError, match="None of the 2 training files contains any text"):
-        train_tokenizer([empty, blank], 300, tmp_path / "tok")
+        train_tokenizer(inputs=[empty, blank], vocab_size=300, out_dir=tmp_path / "tok")
 
 
 def test_train_rejects_binary_file(tmp_path: Path) -> None:
     binary = tmp_path / "data.bin"
     binary.write_bytes(b"\xff\xfe\x00\x81" * 10)
     with pytest.raises(ValueError, match=re.escape(f"Training file {binary} is not UTF-8")):
-        train_tokenizer([binary], 300, tmp_path / "tok")
+        train_tokenizer(inputs=[binary], vocab_size=300, out_dir=tmp_path / "tok")
 
 
 def test_train_refuses_to_overwrite_other_directory(corpus: list[Path], tmp_path: Path) -> None:
@@ -318,7 +318,9 @@ def test_train_refuses_to_overwrite_other_directory(corpus: list[Path], tmp_path
     with pytest.raises(
         ValueError, match=re.escape(f"Output directory {out} is not empty and holds no tokenizer")
     ):
-        train_tokenizer(corpus, 300, out)
+        train_tokenizer(inputs=corpus, vocab_size=300, out_dir=out)
     assert [p.name for p in out.iterdir()] == ["model.ckpt"]
-    with pytest.raises(ValueError, match=re.escape(f"Output path {out / 'model.ckpt'} is a file")):
-        train_tokenizer(corpus, 300, out / "model.ckpt")
+    with pytest.raises(
+        ValueError, match=re.escape(f"--out_dir {out / 'model.ckpt'} is a file, not a folder")
+    ):
+        train_tokenizer(inputs=corpus, vocab_size=300, out_dir=out / "model.ckpt")

@@ -3,6 +3,7 @@ from types import SimpleNamespace
 import pytest
 
 from gpt_ft.eval import finetune
+from gpt_ft.training import callbacks
 
 
 def test_best_epoch_ranks_an_undefined_score_last(monkeypatch):
@@ -12,7 +13,7 @@ def test_best_epoch_ranks_an_undefined_score_last(monkeypatch):
 
     class Trainer:  # built with its History, as `BuildRun` builds them
         def __init__(self) -> None:
-            self.callbacks, self.sanity_checking = [finetune.History()], False
+            self.callbacks, self.sanity_checking = [callbacks.History()], False
 
         def fit(self, model, datamodule):
             history = self.callbacks[-1]
@@ -26,7 +27,7 @@ def test_best_epoch_ranks_an_undefined_score_last(monkeypatch):
 def test_a_run_without_a_task_or_a_validation_is_refused():
     class Trainer:
         def __init__(self) -> None:
-            self.callbacks, self.sanity_checking = [finetune.History()], False
+            self.callbacks, self.sanity_checking = [callbacks.History()], False
 
         def fit(self, model, datamodule):
             pass
@@ -47,8 +48,8 @@ def test_main_key_and_finite():
         validation_splits=["validation_matched", "validation_mismatched"], main_metric="f1"
     )
     assert finetune.main_key(task) == "validation_matched/f1"
-    assert finetune.finite(0.25) == 0.25 and finetune.finite(0.0) == 0.0
-    assert finetune.finite(float("nan")) is None and finetune.finite(float("-inf")) is None
+    assert callbacks.finite(0.25) == 0.25 and callbacks.finite(0.0) == 0.0
+    assert callbacks.finite(float("nan")) is None and callbacks.finite(float("-inf")) is None
 
 
 def test_changed_options_name_what_differs_as_a_command_line_would():

@@ -12,10 +12,10 @@ import pytest
 
 from gpt_ft import GPT, GPTConfig
 from gpt_ft.cli import main
-from gpt_ft.cli.lightning import build_fit
 from gpt_ft.data.tokenizer import load_tokenizer
 from gpt_ft.eval import suite as suites
 from gpt_ft.eval.suite_file import data_dirs, load_suite
+from gpt_ft.training.runs import build_fit
 from tests.helpers import MICRO, ROOT, as_list, fit_args, make_task, write_suite
 
 FIT = [
@@ -164,13 +164,11 @@ def test_suite_zero_shot_and_transfer_sweep(tmp_path, tokenizer_dir, capsys):
 
 def test_a_subset_of_a_suites_tasks(tmp_path):
     spec = load_suite(ROOT / "configs/suites/glue.yaml")
-    runner = suites.SuiteRunner(
-        spec, tmp_path, build_run=build_fit, tasks=["sst2", "rte", "stsb"], seeds=[0, 1]
-    )
+    runner = suites.SuiteRunner(spec, out_dir=tmp_path, tasks=["sst2", "rte", "stsb"], seeds=[0, 1])
     assert list(runner.cards) == ["sst2", "rte", "stsb"]
     assert [str(r) for r in runner.runs()][:3] == ["sst2 seed 0", "sst2 seed 1", "rte seed 0"]
     with pytest.raises(ValueError, match=r"--tasks \['sts2'\]: suite 'GLUE' has"):
-        suites.SuiteRunner(spec, tmp_path, build_run=build_fit, tasks=["sts2"])
+        suites.SuiteRunner(spec, out_dir=tmp_path, tasks=["sts2"])
     assert data_dirs(["glue", "rte=r"]) == {None: "glue", "rte": "r"}
     assert data_dirs(["x/y=z"]) == {None: "x/y=z"}  # a path with "=" in it
     with pytest.raises(ValueError, match=r"^--data_dir gives a DIR for every task twice \(a and b\)\.$"):
@@ -343,7 +341,7 @@ def test_labels_saved_reads_the_first_rows_curve_against_the_seconds_largest_siz
 def test_a_suite_run_is_built_from_its_configuration(tmp_path, tokenizer_dir):
     """The build hands the LightningCLI the configuration its arguments resolve to: the trainer is
     built with the suite's History and with the epochs `--trainer.min_steps` needs."""
-    from gpt_ft.eval.finetune import History
+    from gpt_ft.training.callbacks import History
 
     card = make_task("single", tmp_path / "a")
     args = [f"--data.task={card}", f"--data.tokenizer={tokenizer_dir}", f"--data.data_dir={tmp_path / 'a'}"]

@@ -1,83 +1,33 @@
-"""The LightningCLI behind `gpt-ft fit|validate|test|predict` and `gpt-ft suite`'s runs: the only
-place where arguments are linked (data -> model), and the callbacks every run gets."""
+"""A run from its configuration: the LightningCLI that `gpt-ft fit|validate|test|predict` is, and
+that `gpt-ft suite` builds its runs with (so it sits below both). The only place where arguments
+are linked (data -> model); the callbacks every run gets are in gpt_ft/training/callbacks.py."""
 
 from __future__ import annotations
 
 import math
-import time
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.callbacks import (
-    Callback,
-    ModelCheckpoint,
-    ModelSummary,
-    ProgressBar,
-    Timer,
-    TQDMProgressBar,
-)
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from gpt_ft.cli.cards import cards_replace_cards
-from gpt_ft.errors import check_context, check_devices, check_not_null, check_output_dir
-from gpt_ft.eval.finetune import History
-from gpt_ft.training.checkpointing import (
-    AtomicCheckpointIO,
-    Provenance,
-    ResumeState,
-    SaveLast,
-    WholeStepTimer,
-    find_last_checkpoint,
-)
+from gpt_ft.adapters.cards import PARSER_MODE
+from gpt_ft.errors import CardError, causes, check_context, check_devices, check_not_null, check_output_dir
+from gpt_ft.training.callbacks import History, run_callbacks
+from gpt_ft.training.checkpointing import AtomicCheckpointIO, find_last_checkpoint
 from gpt_ft.training.precision import cpu_precision, runs_on_cpu
 from gpt_ft.training.saved import recorded_run
-from gpt_ft.training.stopping import main_monitor
-from gpt_ft.training.throughput import ParameterSummary, Throughput
 from gpt_ft.weights.checkpoint import Checkpoint
 from gpt_ft.weights.pretrained import resolve_tokenizer
-from gpt_ft.workarounds import CheckpointHparamsAsDefaults
+from gpt_ft.workarounds import CheckpointHparamsAsDefaults, parse_unchecked
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")  # LightningCLI's
 # Logs and checkpoints go to runs/lightning_logs/version_N, or under --trainer.default_root_dir.
 DEFAULT_LOGGER = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "runs"}}
-
-
-class PrintMetrics(Callback):
-    """One line of validation metrics per evaluation, so a run's result is visible without a logger."""
-
-    def __init__(self) -> None:
-        self.epoch_start = None
-
-    def on_train_epoch_start(self, trainer, pl_module) -> None:
-        self.epoch_start = time.perf_counter()
-
-    def on_validation_end(self, trainer, pl_module) -> None:
-        if trainer.sanity_checking or not trainer.is_global_zero:
-            return
-        shown = {k: float(v) for k, v in trainer.callback_metrics.items() if not k.startswith("train/")}
-        if shown:
-            text = ", ".join(f"{k} {v:.4f}" for k, v in sorted(shown.items()))
-            took = f" ({time.perf_counter() - self.epoch_start:.1f} s)" if self.epoch_start else ""
-            line = f"epoch {trainer.current_epoch} step {trainer.global_step}: {text}{took}"
-            bar = trainer.progress_bar_callback
-            if isinstance(bar, TQDMProgressBar) and bar.is_enabled:
-                bar.print(line)  # on its own line, above the bars
-            else:
-                print(line, flush=True)
-
-
-def best_checkpoint(model) -> ModelCheckpoint:
-    """Keep the best checkpoint by the task's main metric (or the validation loss)."""
-    monitor, mode = main_monitor(model)
-    return ModelCheckpoint(
-        monitor=monitor,
-        mode=mode,
-        save_top_k=1,
-        filename="best-{epoch}-{step}",
-        auto_insert_metric_name=False,
-    )
 
 
 class GPTCLI(CheckpointHparamsAsDefaults, LightningCLI):
@@ -86,6 +36,9 @@ class GPTCLI(CheckpointHparamsAsDefaults, LightningCLI):
         given = kwargs.get("args")
         self._only = given[0] if isinstance(given, list) and given and given[0] in SUBCOMMANDS else None
         super().__init__(*args, **kwargs)
+
+    def init_parser(self, **kwargs: Any):
+        return super().init_parser(**kwargs, parser_mode=PARSER_MODE)
 
     def subcommands(self) -> dict[str, set[str]]:  # an instance's, no longer LightningCLI's static one
         every = LightningCLI.subcommands()
@@ -107,10 +60,10 @@ class GPTCLI(CheckpointHparamsAsDefaults, LightningCLI):
         # checkpoint's hyper-parameters over them; CheckpointHparamsAsDefaults turns that off.)
         subcommand = None  # a configuration (a dict: `gpt-ft suite`'s runs) is parsed as it is
         if not isinstance(args, dict):
-            args = cards_replace_cards(list(args))
-            subcommand, ckpt = args[0] if args else None, checkpoint_argument(args)
-            if subcommand in ("validate", "test", "predict") and ckpt:
-                recorded = recorded_configuration(ckpt)
+            subcommand = self._only
+            if subcommand in ("validate", "test", "predict"):
+                ckpt = parse_unchecked(parser, args)[subcommand].get("ckpt_path")
+                recorded = recorded_configuration(ckpt) if ckpt else {}
                 parser.set_defaults({f"{subcommand}.{key}": value for key, value in recorded.items()})
         super().parse_arguments(parser, args)
         config = self.config[subcommand] if subcommand in SUBCOMMANDS else self.config
@@ -121,7 +74,8 @@ class GPTCLI(CheckpointHparamsAsDefaults, LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
-        refuse_nulls(config, self.model_class)
+        with card_named(config):
+            refuse_nulls(config, self.model_class)
         accumulate = config.trainer.get("accumulate_grad_batches")
         if isinstance(accumulate, int) and accumulate < 1:  # Lightning would divide by it
             raise ValueError(f"--trainer.accumulate_grad_batches must be >= 1, got {accumulate}.")
@@ -146,7 +100,8 @@ class GPTCLI(CheckpointHparamsAsDefaults, LightningCLI):
         self.data_config = _plain(config.data.as_dict())
 
     def instantiate_classes(self) -> None:
-        super().instantiate_classes()
+        with card_named(self.config[self.subcommand] if self.subcommand else self.config):
+            super().instantiate_classes()
         check_context(self.datamodule, self.model.gpt.config.n_positions)
 
     def before_fit(self) -> None:
@@ -175,27 +130,7 @@ class GPTCLI(CheckpointHparamsAsDefaults, LightningCLI):
     def instantiate_trainer(self, **kwargs: Any):
         config = self.config_init[self.subcommand] if self.subcommand else self.config_init
         trainer_config = config.get("trainer", {})
-        callbacks = list(trainer_config.get("callbacks") or [])
-        checkpointing = trainer_config.get("enable_checkpointing") is not False
-        if checkpointing and not any(isinstance(c, ModelCheckpoint) for c in callbacks):
-            callbacks.append(best_checkpoint(self.model))
-        if not any(isinstance(c, Throughput) for c in callbacks):
-            callbacks.append(Throughput())
-        if trainer_config.get("enable_progress_bar") is not False and not any(
-            isinstance(c, ProgressBar) for c in callbacks
-        ):
-            # Refreshing reads the logged loss back from the device: every 10 steps, not every step.
-            callbacks.append(TQDMProgressBar(refresh_rate=10))
-        if not any(isinstance(c, SaveLast) for c in callbacks):
-            callbacks.append(SaveLast())
-        if trainer_config.get("max_time") is not None and not any(isinstance(c, Timer) for c in callbacks):
-            callbacks.append(WholeStepTimer(duration=trainer_config.max_time, interval="step"))
-            trainer_config.max_time = None  # the Timer above is the one
-        if trainer_config.get("enable_model_summary") is not False and not any(
-            isinstance(c, ModelSummary) for c in callbacks
-        ):
-            callbacks.append(ParameterSummary())
-        callbacks += [PrintMetrics(), Provenance(getattr(self, "data_config", None)), ResumeState()]
+        callbacks = run_callbacks(trainer_config, self.model, getattr(self, "data_config", None))
         if not trainer_config.get("plugins"):
             kwargs["plugins"] = [AtomicCheckpointIO()]
         return super().instantiate_trainer(**kwargs, callbacks=callbacks)
@@ -235,7 +170,7 @@ class SuiteRunCLI(GPTCLI):
 
 
 class FitRuns:
-    """How `gpt-ft suite` builds its runs (`gpt_ft.eval.finetune.BuildRun`)."""
+    """How `gpt-ft suite` builds its runs: each as `gpt-ft fit ARGS` would, unrun."""
 
     def __init__(self) -> None:
         self._resolved: tuple[list[str], dict[str, Any]] | None = None
@@ -372,18 +307,6 @@ def lightning_main(
     )
 
 
-def checkpoint_argument(args: list[str]) -> str | None:
-    """The `--ckpt_path` among `args`, read ahead of the LightningCLI's parse because the defaults
-    it brings must be on the parser before it parses."""
-    found = None
-    for i, arg in enumerate(args):
-        name, eq, value = arg.partition("=")
-        if name == "--ckpt_path":  # the last one given wins, as in the parse
-            following = args[i + 1] if i + 1 < len(args) else None
-            found = value if eq else following if following and not following.startswith("--") else None
-    return found
-
-
 def recorded_configuration(ckpt: str) -> dict[str, Any]:
     """What a gpt_ft checkpoint records of its run (its model, its data section and task card, the
     tokenizer saved beside it), as parser defaults; nothing for a file that is not one."""
@@ -398,3 +321,22 @@ def recorded_configuration(ckpt: str) -> dict[str, Any]:
             data["init_args"]["tokenizer"] = str(checkpoint.tokenizer) if checkpoint.tokenizer else None
         defaults["data"] = data
     return defaults
+
+
+@contextmanager
+def card_named(config) -> Iterator[None]:
+    """Errors about the task card, while `config`'s classes are checked and built, name the card's
+    file (where the card came from one)."""
+    task = ((config.get("data") or {}).get("init_args") or {}).get("task")
+    card = task.get("__path__") if hasattr(task, "get") else None
+    try:
+        yield
+    except (ValueError, TypeError) as exc:
+        if card is None:
+            raise
+        inner = next((e for e in causes(exc) if isinstance(e, CardError)), None)
+        if inner is not None:
+            raise CardError(f"{card}: {inner}") from None
+        if str(exc).startswith("--data.task") and str(card) not in str(exc):
+            raise ValueError(f"{str(exc).removesuffix('.')} (in {card}).") from None
+        raise

@@ -1,0 +1,26 @@
+"""A text corpus as files: those named, and those found in the folders named."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+TEXT_SUFFIXES = (".txt", ".text", ".md", ".raw", ".tokens")
+
+
+def find_files(inputs: Sequence[str | os.PathLike]) -> list[Path]:
+    """Text files named directly, or found (recursively, sorted) in the folders named."""
+    files: list[Path] = []
+    for item in inputs:
+        path = Path(item).expanduser()
+        if path.is_dir():
+            found = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
+            if not found:
+                raise ValueError(f"Folder {path} holds no text files ({', '.join(TEXT_SUFFIXES)}).")
+            files.extend(found)
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise FileNotFoundError(f"Corpus input {path} does not exist.")
+    return files

@@ -1,0 +1,113 @@
+"""The callbacks every `gpt-ft fit|validate|test|predict` run gets beside those its configuration
+names, and the suite's record of a run's validations."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+from lightning.pytorch.callbacks import (
+    Callback,
+    ModelCheckpoint,
+    ModelSummary,
+    ProgressBar,
+    Timer,
+    TQDMProgressBar,
+)
+
+from gpt_ft.training.checkpointing import Provenance, ResumeState, SaveLast, WholeStepTimer
+from gpt_ft.training.stopping import main_monitor
+from gpt_ft.training.throughput import ParameterSummary, Throughput
+
+
+def run_callbacks(trainer_config, model, data_config: dict[str, Any] | None) -> list[Callback]:
+    """The configuration's callbacks, and each of ours it does not replace or turn off: the best
+    checkpoint by the task's main metric, throughput, a progress bar, last.ckpt, a whole-step timer
+    for `--trainer.max_time`, the parameter summary, the metrics line, the run's provenance and the
+    resume state."""
+    callbacks = list(trainer_config.get("callbacks") or [])
+
+    def lacks(kind: type) -> bool:
+        return not any(isinstance(c, kind) for c in callbacks)
+
+    if trainer_config.get("enable_checkpointing") is not False and lacks(ModelCheckpoint):
+        callbacks.append(best_checkpoint(model))
+    if lacks(Throughput):
+        callbacks.append(Throughput())
+    if trainer_config.get("enable_progress_bar") is not False and lacks(ProgressBar):
+        # Refreshing reads the logged loss back from the device: every 10 steps, not every step.
+        callbacks.append(TQDMProgressBar(refresh_rate=10))
+    if lacks(SaveLast):
+        callbacks.append(SaveLast())
+    if trainer_config.get("max_time") is not None and lacks(Timer):
+        callbacks.append(WholeStepTimer(duration=trainer_config.max_time, interval="step"))
+        trainer_config.max_time = None  # the Timer above is the one
+    if trainer_config.get("enable_model_summary") is not False and lacks(ModelSummary):
+        callbacks.append(ParameterSummary())
+    return [*callbacks, PrintMetrics(), Provenance(data_config), ResumeState()]
+
+
+class PrintMetrics(Callback):
+    """One line of validation metrics per evaluation, so a run's result is visible without a logger."""
+
+    def __init__(self) -> None:
+        self.epoch_start = None
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self.epoch_start = time.perf_counter()
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking or not trainer.is_global_zero:
+            return
+        shown = {k: float(v) for k, v in trainer.callback_metrics.items() if not k.startswith("train/")}
+        if shown:
+            text = ", ".join(f"{k} {v:.4f}" for k, v in sorted(shown.items()))
+            took = f" ({time.perf_counter() - self.epoch_start:.1f} s)" if self.epoch_start else ""
+            line = f"epoch {trainer.current_epoch} step {trainer.global_step}: {text}{took}"
+            bar = trainer.progress_bar_callback
+            if isinstance(bar, TQDMProgressBar) and bar.is_enabled:
+                bar.print(line)  # on its own line, above the bars
+            else:
+                print(line, flush=True)
+
+
+def best_checkpoint(model) -> ModelCheckpoint:
+    """Keep the best checkpoint by the task's main metric (or the validation loss)."""
+    monitor, mode = main_monitor(model)
+    return ModelCheckpoint(
+        monitor=monitor,
+        mode=mode,
+        save_top_k=1,
+        filename="best-{epoch}-{step}",
+        auto_insert_metric_name=False,
+    )
+
+
+class History(Callback):
+    """Every validation's metrics of the task's validation splits, with its epoch."""
+
+    def __init__(self) -> None:
+        self.evaluations: list[tuple[int, dict[str, float | None]]] = []
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking:
+            return
+        splits = pl_module.task.validation_splits
+        metrics = {
+            k: finite(float(v)) for k, v in trainer.callback_metrics.items() if k.split("/")[0] in splits
+        }
+        self.evaluations.append((trainer.current_epoch, metrics))
+
+    @classmethod
+    def of(cls, trainer) -> History:
+        """The History the trainer was built with (`gpt_ft.training.runs.build_fit` gives it one)."""
+        found = [c for c in trainer.callbacks if isinstance(c, cls)]
+        if not found:
+            raise ValueError("A suite run's trainer is built with a History callback; this one has none.")
+        return found[0]
+
+
+def finite(value: float) -> float | None:
+    """A metric as a number, or None where it is undefined (NaN, inf)."""
+    return value if math.isfinite(value) else None
