@@ -259,3 +259,21 @@ def test_output_kinds_and_model_families_are_compared_in_their_own_places_only()
             if kind or family:
                 wrong.append(f"{path.relative_to(ROOT)}:{line}: {source}")
     assert wrong == []
+
+
+def test_the_command_line_is_small_and_reads_its_arguments_only_through_parsers():
+    """gpt_ft/cli/ stays about 500 lines, and nothing in it or in the run's LightningCLI walks,
+    indexes or rewrites the arguments: jsonargparse reads them."""
+    files = [*sorted((PACKAGE / "cli").glob("*.py")), PACKAGE / "training" / "runs.py"]
+    assert sum(len(p.read_text().splitlines()) for p in files[:-1]) <= 500
+    walks = re.compile(
+        r"for .* in (enumerate\()?(sys\.)?(argv|args)\b"  # walks the arguments
+        r"|(argv|args)\[(i|-?\d+)\s*[+:]|\.insert\(|argv\.(append|remove)"  # indexes or rewrites them
+    )
+    found = [
+        f"{p.relative_to(ROOT)}:{i}"
+        for p in files
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if walks.search(line)
+    ]
+    assert found == []

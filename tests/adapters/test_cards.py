@@ -10,7 +10,7 @@ import pytest
 from jsonargparse import ArgumentParser
 
 from gpt_ft.adapters import TaskAdapter
-from gpt_ft.adapters.cards import load_card
+from gpt_ft.adapters.cards import complete_card, load_card
 from tests.background import gpt_ft
 from tests.helpers import TASK_CARDS, TASKS, common_args, write_rows
 
@@ -118,3 +118,22 @@ def test_an_adapter_defined_outside_gpt_ft_works_through_its_card(
     (fit,) = background.runs
     assert fit.returncode == 0, fit.stderr[-2000:]
     assert "validation/accuracy" in fit.stdout
+
+
+def test_a_card_given_whole_names_every_field():
+    """The command line's YAML loader completes each card it reads, so a card given over an earlier
+    one replaces it: each field left out is the field's default, not the earlier card's."""
+    card = {"class_path": "gpt_ft.adapters.SingleText", "init_args": {"name": "t", "labels": ["a", "b"]}}
+    whole = complete_card({"data": {"init_args": {"task": card}}, "seeds": [0, 1]})
+    fields = whole["data"]["init_args"]["task"]["init_args"]
+    assert (fields["name"], fields["labels"], fields["label"], fields["text"]) == (
+        "t",
+        ["a", "b"],
+        "label",
+        "sentence",
+    )
+    assert fields["submission_labels"] is None and fields["regression"] is False
+    assert whole["seeds"] == [0, 1]
+    assert complete_card({"class_path": "lightning.pytorch.loggers.CSVLogger"}) == {
+        "class_path": "lightning.pytorch.loggers.CSVLogger"
+    }
