@@ -10,10 +10,12 @@ One class per input shape:
 - `MultiLabel`:     [start] text [extract], one sigmoid per label        (GoEmotions)
 - `Preference`:     [start] prompt [delim] reply [extract] per reply,    (HH-RLHF: reward models)
                     chosen first, Bradley-Terry's loss on two rewards
+- `Embedding`:      [start] text [extract] per text: anchor, positive,   (STS-B, retrieval pairs)
+                    hard negatives; one vector each, InfoNCE or CoSENT
 
 What a task predicts per example is its output kind (`outputs.py`): `ClassificationOutput`,
 `RegressionOutput` (`regression: true`), `ChoiceOutput` (multiple choice), `MultiLabelOutput` or
-`PreferenceOutput`.
+`PreferenceOutput` or `EmbeddingOutput`.
 Each brings its head (`heads.py`), label reading, metrics and written predictions.
 
 A task card (tasks/*.yaml) is a `class_path` + `init_args` value for a `TaskAdapter`-typed
@@ -23,6 +25,7 @@ argument, so a user's own adapter class works with nothing registered; shipped c
 
 from gpt_ft.adapters.base import ENCODING, Encoded, Submission, TaskAdapter, field_text, fit_lengths
 from gpt_ft.adapters.choice import MultipleChoice
+from gpt_ft.adapters.embedding import Embedding, EmbeddingHead, EmbeddingOutput
 from gpt_ft.adapters.heads import ChoiceHead, ClassificationHead, RegressionHead, TaskHead
 from gpt_ft.adapters.metrics import METRICS, Scoring, metric_value
 from gpt_ft.adapters.multilabel import MultiLabel, MultiLabelHead, MultiLabelOutput
@@ -46,6 +49,9 @@ __all__ = [
     "MultipleChoice",
     "MultiLabel",
     "Preference",
+    "Embedding",
+    "EmbeddingOutput",
+    "EmbeddingHead",
     "Sources",
     "HubDataset",
     "LocalFiles",

@@ -1,0 +1,359 @@
+"""Embeddings: a text's extract state as its vector (last-token pooling), trained contrastively.
+
+Each text alone is `[start] text [extract]` (an instruction prefix, where the card gives one, before
+the text: E5's "query: ", Qwen3-Embedding's "Instruct: ...\\nQuery:"). Its embedding is the extract
+token's final state, through a linear projection where the card asks for one, normalised to unit
+length. An example is an anchor, its positive and, where the data has them, hard negatives.
+
+Losses, over the whole batch (every process's under DDP, gathered with their gradients, so that
+two processes compute the loss of one with both halves):
+
+- InfoNCE (van den Oord et al. 2018; SimCSE, E5, sentence-transformers'
+  `MultipleNegativesRankingLoss`): each anchor against every positive and hard negative of the
+  batch, cross-entropy over cos/τ with its own positive right. τ = 0.05 by default: SimCSE's and
+  E5's value, sentence-transformers' scale of 20. `symmetric` adds each positive against every
+  anchor and averages the two directions (for pairs whose sides play the same part).
+- CoSENT (Su 2022; sentence-transformers' `CoSENTLoss`), for pairs with a gold similarity score:
+  log(1 + Σ exp(λ(cos_j - cos_i))) over the batch's pairs (i, j) whose gold scores rank i above j,
+  λ = 20.
+
+Scored as people judge embeddings: Spearman (and Pearson) of cos(anchor, positive) against gold
+scores (MTEB's STS), and retrieval, each anchor a query against the split's positives with its own
+positive the relevant one: MRR@10, nDCG@10, recall@1 and recall@10.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor
+
+from gpt_ft.adapters.base import Encoded, TaskAdapter, field_text
+from gpt_ft.adapters.heads import TaskHead
+from gpt_ft.adapters.metrics import metric_value
+from gpt_ft.adapters.outputs import FLOAT32_MAX, CardError, LabelSpec, TaskDataError, TaskOutput
+
+RETRIEVAL = ("mrr@10", "ndcg@10", "recall@1", "recall@10")
+CORRELATIONS = ("spearman", "pearson")
+TEMPERATURE = 0.05  # SimCSE's and E5's; sentence-transformers' MultipleNegativesRankingLoss: scale 20
+COSENT_SCALE = 20.0  # CoSENT's λ, as sentence-transformers' CoSENTLoss
+
+
+def info_nce(
+    anchors: Tensor, candidates: Tensor, positive: Tensor, temperature: float = TEMPERATURE
+) -> Tensor:
+    """Each anchor's cross-entropy over its cosines with every candidate, divided by τ, its own
+    positive (`positive[i]`, an index into `candidates`) right; (A,). Vectors are unit length; a
+    zero vector is a candidate that is not there (masked out)."""
+    logits = anchors.float() @ candidates.float().T / temperature  # (A, N)
+    absent = candidates.float().norm(dim=-1) == 0
+    logits = logits.masked_fill(absent[None, :], -math.inf)
+    return F.cross_entropy(logits, positive, reduction="none")
+
+
+def cosent(cosines: Tensor, scores: Tensor, scale: float = COSENT_SCALE) -> Tensor:
+    """CoSENT's loss of a batch: log(1 + Σ_{s_i > s_j} exp(λ(cos_j - cos_i)))."""
+    gaps = scale * (cosines.float()[None, :] - cosines.float()[:, None])  # [i, j]: λ(cos_j - cos_i)
+    ranked = scores[:, None] > scores[None, :]
+    gaps = gaps.masked_fill(~ranked, -math.inf).flatten()
+    return torch.logsumexp(torch.cat([gaps.new_zeros(1), gaps]), dim=0)
+
+
+def gather_rows(x: Tensor) -> tuple[Tensor, int]:
+    """`x` (rows, ...) of every process, in rank order, with their gradients (each process's
+    backward reaches the rows of the others), and where this process's rows start. One process:
+    `x` itself and 0."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return x, 0
+    world, rank = dist.get_world_size(), dist.get_rank()
+    sizes = [torch.zeros(1, dtype=torch.long, device=x.device) for _ in range(world)]
+    dist.all_gather(sizes, torch.tensor([len(x)], device=x.device))
+    counts = [int(s) for s in sizes]
+    padded = F.pad(x, (0, 0) * (x.dim() - 1) + (0, max(counts) - len(x)))
+    parts = _GatherRows.apply(padded).split(max(counts))
+    return torch.cat([p[:n] for p, n in zip(parts, counts)]), sum(counts[:rank])
+
+
+class _GatherRows(torch.autograd.Function):
+    """All processes' rows (of one count) stacked; backward: the gradient every process's loss
+    sends to this process's rows (summed over processes), as DDP's averaging then expects."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, x.contiguous())
+        ctx.rows = slice(dist.get_rank() * len(x), (dist.get_rank() + 1) * len(x))
+        return torch.cat(parts)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad)
+        return grad[ctx.rows]
+
+
+def retrieval_metrics(queries: Tensor, corpus: Tensor, metrics: list[str]) -> dict[str, Tensor]:
+    """Query i against every document, document i the relevant one: MRR@10, nDCG@10 (one relevant
+    document: 1/log2(rank + 1)), recall@k. A tie ranks the earlier document first."""
+    scores = queries.double() @ corpus.double().T  # (Q, Q)
+    own = scores.diagonal()[:, None]
+    earlier = torch.ones_like(scores, dtype=torch.bool).tril(-1)
+    rank = 1 + ((scores > own) | ((scores == own) & earlier)).sum(dim=1).double()
+    values = {
+        "mrr@10": torch.where(rank <= 10, 1 / rank, 0.0),
+        "ndcg@10": torch.where(rank <= 10, 1 / torch.log2(rank + 1), 0.0),
+        "recall@1": (rank <= 1).double(),
+        "recall@10": (rank <= 10).double(),
+    }
+    return {name: values[name].mean().float() for name in metrics}
+
+
+class EmbeddingHead(TaskHead):
+    """Dropout, a linear projection where asked (else none), unit length: one vector per text,
+    (B, S, D); a text an example does not have is a zero vector. The loss is InfoNCE or CoSENT."""
+
+    def __init__(
+        self,
+        n_embd: int,
+        *,
+        dimensions: int | None = None,
+        loss: Literal["infonce", "cosent"] = "infonce",
+        temperature: float = TEMPERATURE,
+        symmetric: bool = False,
+        candidates: int = 1,
+        dropout: float = 0.1,
+        init_std: float = 0.02,
+        bias: bool = True,
+    ) -> None:
+        super().__init__(n_embd, dimensions or n_embd, dropout=dropout, init_std=init_std, bias=bias)
+        self.projects = dimensions is not None
+        if not self.projects:  # the extract state itself: an identity kept out of training
+            with torch.no_grad():
+                self.weight.copy_(torch.eye(n_embd))
+            self.requires_grad_(False)
+        self.loss, self.temperature, self.symmetric = loss, temperature, symmetric
+        self.candidates = candidates  # texts after the anchor: the positive and the most negatives
+
+    def forward(self, extract: Tensor, choice_mask: Tensor | None = None) -> Tensor:
+        x = self.dropout(extract)
+        if self.projects:
+            x = F.linear(x, self.weight, self.bias)
+        x = F.normalize(x.float(), dim=-1)
+        return x if choice_mask is None else x * choice_mask[..., None]
+
+    def losses(self, outputs: Tensor, labels: Tensor) -> Tensor:
+        """Each example's loss against the whole batch (see the module docstring), (B,)."""
+        anchors, positives = outputs[:, 0], outputs[:, 1]
+        if self.loss == "cosent":
+            cosines, _ = gather_rows((anchors * positives).sum(dim=-1))
+            scores, _ = gather_rows(labels.float())
+            return cosent(cosines, scores).expand(len(outputs))  # the batch's loss, on every example
+        B, C = len(outputs), self.candidates
+        candidates = F.pad(outputs[:, 1:], (0, 0, 0, C - (outputs.shape[1] - 1)))  # (B, C, D)
+        every, offset = gather_rows(candidates)
+        own = (offset + torch.arange(B, device=outputs.device)) * C
+        losses = info_nce(anchors, every.flatten(0, 1), own, self.temperature)
+        if self.symmetric:
+            every_anchor, _ = gather_rows(anchors)
+            back = info_nce(positives, every_anchor, offset + torch.arange(B, device=outputs.device))
+            losses = (losses + back) / 2
+        return losses
+
+    def predictions(self, outputs: Tensor) -> Tensor:
+        """The anchor's and the positive's vectors, (B, 2, D), fp32."""
+        return outputs[:, :2].float()
+
+    def probabilities(self, outputs: Tensor) -> Tensor:
+        return self.predictions(outputs)
+
+
+class EmbeddingOutput(TaskOutput):
+    """Vectors, one per text: trained by InfoNCE or CoSENT, scored by correlations with gold scores
+    and by retrieval (module docstring). The label is the pair's gold score (1 where it has none)."""
+
+    kind = "embedding"
+    has_probabilities = False
+    allowed_metrics = (*CORRELATIONS, *RETRIEVAL)
+    default_lm_coef = 0.0  # sentence embedding training has no language-model term
+
+    def __init__(
+        self,
+        task_name: str,
+        spec: LabelSpec,
+        *,
+        scored: bool,
+        loss: Literal["infonce", "cosent"],
+        temperature: float,
+        symmetric: bool,
+        dimensions: int | None,
+        candidates: int,
+    ) -> None:
+        super().__init__(task_name, spec)
+        if not (temperature > 0 and math.isfinite(temperature)):
+            raise CardError(f"Task {task_name!r}: temperature must be > 0, got {temperature}.")
+        if loss == "cosent" and not scored:
+            raise CardError(f"Task {task_name!r}: the cosent loss needs `score`, a field of gold scores.")
+        if dimensions is not None and dimensions < 1:
+            raise CardError(f"Task {task_name!r}: dimensions must be >= 1, got {dimensions}.")
+        self.scored, self.loss, self.temperature, self.symmetric = scored, loss, temperature, symmetric
+        self.dimensions, self.candidates = dimensions, candidates
+        self.default_metrics = CORRELATIONS if scored else RETRIEVAL
+
+    @property
+    def num_outputs(self) -> int:
+        return self.dimensions or 0
+
+    def served_labels(self) -> list[str]:
+        return []
+
+    def head(self, n_embd: int, *, dropout: float, init_std: float, bias: bool = True) -> EmbeddingHead:
+        return EmbeddingHead(
+            n_embd,
+            dimensions=self.dimensions,
+            loss=self.loss,
+            temperature=self.temperature,
+            symmetric=self.symmetric,
+            candidates=self.candidates,
+            dropout=dropout,
+            init_std=init_std,
+            bias=bias,
+        )
+
+    def metric_values(self, predictions: Tensor, labels: Tensor, metrics: list[str]) -> dict[str, Tensor]:
+        anchors, positives = predictions[:, 0], predictions[:, 1]
+        values = retrieval_metrics(anchors, positives, [m for m in metrics if m in RETRIEVAL])
+        cosines = (anchors.double() * positives.double()).sum(dim=-1)
+        for name in (m for m in metrics if m in CORRELATIONS):
+            values[name] = metric_value(name, cosines, labels, 0).float()
+        return {name: values[name] for name in metrics}
+
+    def format_prediction(self, prediction: Tensor, name: Callable[[int], str]) -> str:
+        """The cosine of the anchor and the positive."""
+        return f"{float(prediction[0] @ prediction[1]):.4f}"
+
+    def outcome(self, prediction: Tensor, probabilities: Tensor) -> dict[str, Any]:
+        cosine = float(prediction[0] @ prediction[1])
+        return {"label": cosine, "scores": cosine}
+
+    def example_label(self, example: dict[str, Any]) -> float | None:
+        """The gold score; 1 for a pair that has none (a positive is a match)."""
+        if not self.scored:
+            return 1.0
+        return super().example_label(example)
+
+    def label_id(self, value: Any) -> float:
+        """A gold score: a finite number."""
+        self._missing(value)
+        try:
+            score = float(value)
+        except (TypeError, ValueError):
+            raise TaskDataError(f"score {value!r} in field {self.spec.field!r} is not a number.") from None
+        if not math.isfinite(score) or abs(score) > FLOAT32_MAX:
+            raise TaskDataError(f"score {value!r} in field {self.spec.field!r} is not a finite number.")
+        return score
+
+
+class Embedding(TaskAdapter):
+    """An anchor, its positive and optional hard negatives, each `[start] text [extract]` alone,
+    one vector per text (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        anchor: str = "anchor",
+        positive: str = "positive",
+        negatives: str | list[str] | None = None,
+        num_negatives: int | None = None,
+        score: str | None = None,
+        loss: Literal["infonce", "cosent"] | None = None,
+        temperature: float = TEMPERATURE,
+        symmetric: bool = False,
+        dimensions: int | None = None,
+        query_prompt: str = "",
+        document_prompt: str = "",
+        **kwargs,
+    ) -> None:
+        """
+        Args:
+            anchor: Field holding the anchor (a query, or a pair's first text).
+            positive: Field holding the text that matches it.
+            negatives: Hard negatives: one field holding a text or a list of texts, or a list of
+                fields holding one text each; None: the batch's other texts only.
+            num_negatives: The most hard negatives a row has (a field holding a list; default 1).
+            score: Field with the pair's gold similarity (STS-B's 0-5): CoSENT trains on it and
+                Spearman scores against it; None: every pair is a match.
+            loss: infonce (default without a score) or cosent (default with one).
+            temperature: InfoNCE's τ (0.05: SimCSE's and E5's).
+            symmetric: InfoNCE in both directions, averaged (pairs whose two sides play one part).
+            dimensions: Project the extract state to this many dimensions (a trained linear
+                layer); None: the state itself.
+            query_prompt: Text put before each anchor (E5: "query: "); kept with the model.
+            document_prompt: Text put before each positive and negative (E5: "passage: ").
+        """
+        name = kwargs.get("name")
+        for taken, default in {"labels": None, "regression": False, "ignore_labels": None}.items():
+            if kwargs.pop(taken, default) not in (default, []):
+                raise CardError(f"Task {name!r}: an embedding task takes no `{taken}` (see `score`).")
+        kwargs.pop("label", None)
+        if num_negatives is not None and num_negatives < 1:
+            raise CardError(f"Task {name!r}: num_negatives must be >= 1, got {num_negatives}.")
+        if isinstance(negatives, list):
+            if num_negatives not in (None, len(negatives)):
+                raise CardError(f"Task {name!r}: num_negatives={num_negatives} but {len(negatives)} fields.")
+            num_negatives = len(negatives)
+        elif negatives is not None:
+            num_negatives = num_negatives or 1
+        self.anchor, self.positive, self.negatives = anchor, positive, negatives
+        self.num_negatives, self.score = num_negatives or 0, score
+        self.loss = loss or ("cosent" if score else "infonce")
+        self.temperature, self.symmetric, self.dimensions = temperature, symmetric, dimensions
+        self.query_prompt, self.document_prompt = query_prompt, document_prompt
+        super().__init__(label=score or "score", **kwargs)
+
+    @property
+    def num_sequences(self) -> int:  # type: ignore[override]
+        return 2 + self.num_negatives
+
+    def own_output(self, spec: LabelSpec) -> TaskOutput:
+        return EmbeddingOutput(
+            self.name,
+            spec,
+            scored=self.score is not None,
+            loss=self.loss,
+            temperature=self.temperature,
+            symmetric=self.symmetric,
+            dimensions=self.dimensions,
+            candidates=1 + self.num_negatives,
+        )
+
+    def text_fields(self) -> list[str]:
+        negatives = [self.negatives] if isinstance(self.negatives, str) else list(self.negatives or [])
+        return [self.anchor, self.positive, *negatives]
+
+    def texts(self, example: dict[str, Any]) -> list[str]:
+        """[anchor, positive, negative, ...], each with its prompt."""
+        if isinstance(self.negatives, list):
+            negatives = [example[f] for f in self.negatives]
+        elif self.negatives is not None:
+            value = example[self.negatives]
+            negatives = list(value) if isinstance(value, (list, tuple)) else [value]
+            if len(negatives) > self.num_negatives:
+                raise TaskDataError(
+                    f"field {self.negatives!r} holds {len(negatives)} negatives; the card allows "
+                    f"{self.num_negatives} (num_negatives)."
+                )
+        else:
+            negatives = []
+        documents = [example[self.positive], *(n for n in negatives if n is not None)]
+        return [self.query_prompt + field_text(example[self.anchor])] + [
+            self.document_prompt + field_text(d) for d in documents
+        ]
+
+    def encode(self, example, tokens, specials, max_length):
+        built = [self.frame(specials, text[: max_length - 2]) for text in tokens]
+        return Encoded([ids for ids, _ in built], [k for _, k in built], self.output.example_label(example))

@@ -1,0 +1,203 @@
+"""Embeddings: InfoNCE and CoSENT on hand-computed cases, retrieval metrics by hand, the card's
+texts and errors, a packed text's vector equal to the text alone in every family, and the loss of
+two processes equal to one process with the whole batch."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gpt_ft.adapters import Embedding, TaskDataError
+from gpt_ft.adapters.embedding import cosent, info_nce, retrieval_metrics
+from gpt_ft.data.batches import collate_packed
+from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
+from gpt_ft.errors import CardError
+from gpt_ft.training.module import GPTModule
+from tests.helpers import FAMILY_MICRO
+
+FAMILIES = {**FAMILY_MICRO, "gpt1-micro": ("gpt-micro", {}), "gpt2-micro": ("gpt-micro", {"pre_ln": True})}
+NO_DROPOUT = {"embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0}
+
+
+def test_info_nce_on_a_hand_computed_case():
+    anchors = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    candidates = torch.tensor([[1.0, 0.0], [0.6, 0.8]])
+    # τ = 1: anchor 0's cosines are [1, 0.6], its positive the first: -log(e/(e + e^0.6)) = log(1 + e^-0.4);
+    # anchor 1's are [0, 0.8], its positive the second: log(1 + e^-0.8).
+    losses = info_nce(anchors, candidates, torch.tensor([0, 1]), temperature=1.0)
+    assert losses.tolist() == pytest.approx(
+        [math.log1p(math.exp(-0.4)), math.log1p(math.exp(-0.8))], abs=1e-6
+    )
+    # A missing candidate (a zero vector) is out of the softmax: anchor 0 alone with its positive.
+    absent = torch.tensor([[1.0, 0.0], [0.0, 0.0]])
+    assert info_nce(anchors[:1], absent, torch.tensor([0]), temperature=1.0).item() == pytest.approx(0.0)
+
+
+def test_info_nce_is_cross_entropy_over_the_similarity_matrix():
+    g = torch.Generator().manual_seed(0)
+    anchors = F.normalize(torch.randn(5, 8, generator=g), dim=-1)
+    candidates = F.normalize(torch.randn(10, 8, generator=g), dim=-1)
+    positive = torch.tensor([0, 2, 4, 6, 8])
+    expected = F.cross_entropy(anchors @ candidates.T / 0.05, positive, reduction="none")
+    torch.testing.assert_close(info_nce(anchors, candidates, positive), expected)
+
+
+def test_cosent_on_hand_computed_cases():
+    # One ranked pair (gold 5 > 1): log(1 + exp(20 (cos_1 - cos_0))) = log(1 + e^-2) when right...
+    assert cosent(torch.tensor([0.6, 0.5]), torch.tensor([5.0, 1.0])).item() == pytest.approx(
+        math.log1p(math.exp(-2)), rel=1e-6
+    )
+    # ... and log(1 + e^2) when the cosines rank the pair the wrong way round.
+    assert cosent(torch.tensor([0.6, 0.5]), torch.tensor([1.0, 5.0])).item() == pytest.approx(
+        math.log1p(math.exp(2)), rel=1e-6
+    )
+    # Equal gold scores rank nothing: log(1 + 0) = 0.
+    assert cosent(torch.tensor([0.9, 0.1]), torch.tensor([2.0, 2.0])).item() == 0.0
+    # Three pairs, gold 3 > 2 > 1, cosines 0.5, 0.7, 0.1: the ranked (i, j) are (0,1), (0,2), (1,2).
+    terms = [20 * (0.7 - 0.5), 20 * (0.1 - 0.5), 20 * (0.1 - 0.7)]
+    expected = math.log(1 + sum(math.exp(t) for t in terms))
+    assert cosent(torch.tensor([0.5, 0.7, 0.1]), torch.tensor([3.0, 2.0, 1.0])).item() == pytest.approx(
+        expected, rel=1e-5
+    )
+
+
+def test_retrieval_metrics_by_hand():
+    # Query i scores document j by corpus[j][i]: q0 ranks its own document 1st (1.0 over 0, 0),
+    # q1 2nd (0.5 under d0's 0.9), q2 3rd (0.1 under 0.5 and 0.4).
+    queries = torch.eye(3)
+    corpus = torch.tensor([[1.0, 0.9, 0.5], [0.0, 0.5, 0.4], [0.0, 0.0, 0.1]])
+    got = retrieval_metrics(queries, corpus, ["mrr@10", "ndcg@10", "recall@1", "recall@10"])
+    assert got["mrr@10"].item() == pytest.approx((1 + 1 / 2 + 1 / 3) / 3)
+    assert got["ndcg@10"].item() == pytest.approx((1 + 1 / math.log2(3) + 1 / math.log2(4)) / 3)
+    assert got["recall@1"].item() == pytest.approx(1 / 3)
+    assert got["recall@10"].item() == 1.0
+    # A tie ranks the earlier document first: q1 ties d0 and its own d1, so its own is 2nd.
+    tied = retrieval_metrics(torch.eye(2), torch.tensor([[1.0, 0.5], [0.0, 0.5]]), ["mrr@10"])
+    assert tied["mrr@10"].item() == pytest.approx((1 + 1 / 2) / 2)
+
+
+def test_a_card_frames_each_text_alone_with_its_prompt(tokenizer_dir):
+    tok = load_tokenizer(tokenizer_dir)
+    specials = special_token_ids(tok)
+    task = Embedding(name="e", negatives="hard", num_negatives=2, query_prompt="query: ")
+    row = {"anchor": "a cat", "positive": "the cat", "hard": ["a dog", "the mat"]}
+    texts = task.texts(row)
+    assert texts == ["query: a cat", "the cat", "a dog", "the mat"]
+    tokens = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    encoded = task.encode(row, tokens, specials, max_length=64)
+    assert encoded.sequences == [[specials.start, *t, specials.extract] for t in tokens]
+    assert encoded.extract_index == [len(t) + 1 for t in tokens]
+    assert encoded.label == 1.0  # no score: a match
+    assert task.num_sequences == 4 and task.output.default_metrics == (
+        "mrr@10",
+        "ndcg@10",
+        "recall@1",
+        "recall@10",
+    )
+    scored = Embedding(name="sts", anchor="sentence1", positive="sentence2", score="label")
+    assert scored.loss == "cosent" and scored.output.default_metrics == ("spearman", "pearson")
+    assert scored.output.example_label({"label": "3.5"}) == 3.5
+    assert scored.output.example_label({}) is None  # a test row
+
+
+@pytest.mark.parametrize(
+    ("card", "message"),
+    [
+        (dict(loss="cosent"), "the cosent loss needs `score`"),
+        (dict(labels=["a", "b"]), "an embedding task takes no `labels`"),
+        (dict(temperature=0.0), "temperature must be > 0"),
+        (dict(negatives=["n1", "n2"], num_negatives=3), "num_negatives=3 but 2 fields"),
+    ],
+)
+def test_a_card_that_cannot_work_is_one_sentence(card, message):
+    with pytest.raises(CardError, match=message):
+        Embedding(name="e", **card)
+
+
+def test_too_many_negatives_in_a_row_are_named():
+    task = Embedding(name="e", negatives="hard", num_negatives=1)
+    with pytest.raises(TaskDataError, match=r"field 'hard' holds 2 negatives; the card allows 1"):
+        task.texts({"anchor": "a", "positive": "b", "hard": ["c", "d"]})
+
+
+def embedding_examples(task, specials, vocab: int, n: int = 6, seed: int = 0) -> list[dict]:
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for i in range(n):
+        lengths = torch.randint(0, 15, (2 + i % 3,), generator=g).tolist()  # 0 to 2 negatives
+        texts = [torch.randint(0, vocab, (k,), generator=g).tolist() for k in lengths]
+        enc = task.encode({}, texts, specials, max_length=40)
+        rows.append(
+            {"input_ids": enc.sequences, "extract_index": enc.extract_index, "label": enc.label, "index": i}
+        )
+    return rows
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_a_packed_texts_vector_equals_the_text_alone(family, tokenizer_dir):
+    tok = load_tokenizer(tokenizer_dir)
+    specials = special_token_ids(tok)
+    task = Embedding(name="e", negatives="hard", num_negatives=2, dimensions=16)
+    preset, overrides = FAMILIES[family]
+    torch.manual_seed(0)
+    module = GPTModule(
+        preset=preset,
+        overrides={"n_positions": 64, **NO_DROPOUT, **overrides},
+        vocab_size=len(tok),
+        task=task,
+    ).eval()
+    rows = embedding_examples(task, specials, vocab=len(tok) - 5)
+    with torch.no_grad():
+        packed = module(collate_packed(rows, specials.pad, None))  # (B, S, D)
+        for b, row in enumerate(rows):
+            for s, (seq, k) in enumerate(zip(row["input_ids"], row["extract_index"])):
+                alone = {"input_ids": [seq], "extract_index": [k], "label": None, "index": 0}
+                vector = module(collate_packed([alone], specials.pad, None))[0, 0]
+                torch.testing.assert_close(packed[b, s], vector, atol=1e-5, rtol=0)
+            assert (packed[b, len(row["input_ids"]) :] == 0).all()  # the negatives it has not: zero
+
+
+def _two_process_loss(rank: int, path: str, anchors, candidates, result) -> None:
+    import torch.distributed as dist
+
+    from gpt_ft.adapters.embedding import EmbeddingHead
+
+    dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=2)
+    head = EmbeddingHead(8, dimensions=8, symmetric=True, candidates=2, dropout=0.0)
+    head.load_state_dict(result["state"])
+    half = slice(rank * 3, rank * 3 + 3)
+    extract = torch.cat([anchors[half, None], candidates[half]], dim=1)  # (3, 3, 8)
+    losses = head.losses(head(extract), torch.ones(3))
+    losses.mean().backward()  # each rank's mean; DDP averages the gradients
+    grad = head.weight.grad.clone()
+    dist.all_reduce(grad)
+    loss = losses.mean().detach()
+    dist.all_reduce(loss)
+    if rank == 0:
+        result["loss"], result["grad"] = loss / 2, grad / 2
+    dist.destroy_process_group()
+
+
+def test_two_processes_give_the_loss_and_gradient_of_one_with_the_whole_batch(tmp_path):
+    import torch.multiprocessing as mp
+
+    from gpt_ft.adapters.embedding import EmbeddingHead
+
+    g = torch.Generator().manual_seed(0)
+    anchors, candidates = torch.randn(6, 8, generator=g), torch.randn(6, 2, 8, generator=g)
+    head = EmbeddingHead(8, dimensions=8, symmetric=True, candidates=2, dropout=0.0)
+    extract = torch.cat([anchors[:, None], candidates], dim=1)
+    whole = head.losses(head(extract), torch.ones(6)).mean()
+    whole.backward()
+    with mp.Manager() as manager:
+        result = manager.dict(state=head.state_dict())
+        mp.spawn(
+            _two_process_loss, args=(str(tmp_path / "rendezvous"), anchors, candidates, result), nprocs=2
+        )
+        loss, grad = result["loss"], result["grad"]
+    torch.testing.assert_close(loss, whole.detach(), atol=1e-6, rtol=1e-6)
+    # fp32, summed in another order: equal to its rounding (cosines / 0.05 magnify it 20 times)
+    torch.testing.assert_close(grad, head.weight.grad, atol=1e-5, rtol=1e-4)
