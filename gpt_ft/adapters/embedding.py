@@ -177,6 +177,7 @@ class EmbeddingOutput(TaskOutput):
     and by retrieval (module docstring). The label is the pair's gold score (1 where it has none)."""
 
     kind = "embedding"
+    embeds = True
     has_probabilities = False
     allowed_metrics = (*CORRELATIONS, *RETRIEVAL)
     default_lm_coef = 0.0  # sentence embedding training has no language-model term

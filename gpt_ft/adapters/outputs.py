@@ -62,6 +62,8 @@ class TaskOutput:
     exports to no sequence classifier (multiple choice: GPT-1's and GPT-2's `*DoubleHeadsModel`)."""
     served_per_sequence: ClassVar[bool] = False
     """Its export scores one sequence of an example at a time (a reward model: one reply)."""
+    embeds: ClassVar[bool] = False
+    """Its outputs are vectors, one per text (`Encoder`, a sentence-transformers export)."""
 
     def served_labels(self) -> list[str]:
         """The names an export gives its outputs (`id2label`), in order."""

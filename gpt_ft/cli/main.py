@@ -46,6 +46,9 @@ COMMANDS = {
         "write a file's examples again with a fine-tuned model's predictions beside them",
         lazy("gpt_ft.eval.classifier:label"),
     ),
+    "embed": Command(
+        "write a file's texts as vectors with a fine-tuned embedding model", lazy("gpt_ft.eval.encoder:embed")
+    ),
     "suite": Command(
         "fine-tune and evaluate many tasks over seeds: results table, chart, GLUE submission",
         lazy("gpt_ft.eval.suite:SuiteRunner"),

@@ -103,7 +103,7 @@ class Classifier:
         temperature, self.temperature = self.temperature, 1.0
         try:
             chunks = [
-                self.outputs(self._batch(encoded[i : i + batch_size]))
+                self.outputs(self.batch(encoded[i : i + batch_size]))
                 for i in range(0, len(encoded), batch_size)
             ]
         finally:
@@ -114,7 +114,7 @@ class Classifier:
             chunks = [torch.nn.functional.pad(c, (0, width - c.shape[-1]), value=low) for c in chunks]
         return torch.cat(chunks).cpu()
 
-    def _batch(self, chunk: list[dict[str, Any]]) -> PackedBatch | TaskBatch | SharedContextBatch:
+    def batch(self, chunk: list[dict[str, Any]]) -> PackedBatch | TaskBatch | SharedContextBatch:
         shared = self.shared_context and self.task.shares_context  # as TaskDataModule.collate decides
         return collate_batch(chunk, self.specials, packing=self.packing, shared=shared)
 
@@ -146,7 +146,7 @@ class Classifier:
         out: list[tuple[dict[str, Any], str] | None] = [None] * len(encoded)
         for start in range(0, len(order), batch_size):
             chunk = [encoded[i] for i in order[start : start + batch_size]]
-            outputs = self.outputs(self._batch(chunk))
+            outputs = self.outputs(self.batch(chunk))
             predictions = self.head.predictions(outputs).cpu()
             probabilities = self.head.probabilities(outputs).cpu()
             for row, example in enumerate(chunk):

@@ -34,7 +34,9 @@ def test_card_parses(card):
     assert isinstance(task, TaskAdapter)
     assert task.name == Path(card).name
     # Every card names its hub dataset, but the template for a user's own files.
-    assert (task.hub is not None or card == "preference/pairs") and task.local is not None
+    assert (
+        task.hub is not None or card in ("preference/pairs", "embedding/pairs")
+    ) and task.local is not None
     splits = set(task.local.splits)
     assert "train" in splits and {*task.validation_splits, *task.test_splits} <= splits
     assert set(task.submission_files) <= set(task.test_splits)

@@ -12,6 +12,7 @@ from gpt_ft.adapters import (
     ChoiceOutput,
     ClassificationHead,
     ClassificationOutput,
+    EmbeddingOutput,
     HubDataset,
     LabelSpec,
     LocalFiles,
@@ -52,6 +53,7 @@ def test_every_shipped_card_keeps_its_output_kind(card):
     expected |= dict.fromkeys(["race", "storycloze", "swag"], ChoiceOutput)
     preference = ["preference/hh_rlhf", "preference/pairs", "preference/ultrafeedback_binarized"]
     expected |= dict.fromkeys(preference, PreferenceOutput)
+    expected |= dict.fromkeys(["embedding/pairs", "embedding/stsb"], EmbeddingOutput)
     assert type(task.output) is expected.get(card, ClassificationOutput)
 
 

@@ -226,12 +226,12 @@ def test_bad_pretraining_input(tmp_path, tokenizer_dir, monkeypatch, capsys):
 def test_unknown_command_and_usage(capsys):
     assert last_error(capsys, "fitt") == (
         "gpt-ft: error: unknown command 'fitt'; choose from fit, validate, test, predict, explain, prepare, "
-        "tokenizer, generate, label, suite, calibrate, export."
+        "tokenizer, generate, label, embed, suite, calibrate, export."
     )
     main([])
     usage = capsys.readouterr().out
     assert usage.startswith(
-        "usage: gpt-ft {fit,validate,test,predict,explain,prepare,tokenizer,generate,label,suite,"
+        "usage: gpt-ft {fit,validate,test,predict,explain,prepare,tokenizer,generate,label,embed,suite,"
         "calibrate,export}"
     )
     assert "  suite      fine-tune and evaluate many tasks over seeds" in usage

@@ -101,7 +101,7 @@ def test_the_classifier_batches_choices_as_the_run_did(tokenizer_dir):
     def batch(shared_context: bool):
         clf = Classifier(gpt, head, task, tokenizer, max_length=64, device="cpu", packing=False,
                          shared_context=shared_context)  # fmt: skip
-        return clf._batch(clf.encode(rows)), clf.raw_outputs(rows)
+        return clf.batch(clf.encode(rows)), clf.raw_outputs(rows)
 
     (shared, shared_out), (plain, plain_out) = batch(True), batch(False)
     assert isinstance(shared, SharedContextBatch) and type(plain) is TaskBatch

@@ -1,0 +1,143 @@
+"""`Encoder`: a fine-tuned embedding model (an `Embedding` card's checkpoint) as a function from
+texts to unit vectors, and `gpt-ft embed`, which writes a file's vectors.
+
+Each text is encoded alone, `[start] prompt text [extract]`, as in training (the card's
+`query_prompt` or `document_prompt` before it), and its vector is the extract state through the
+head: packed batches, the training path's own collation and forward.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from gpt_ft.data.file_faults import file_format, record_lines
+from gpt_ft.data.files import read_table
+from gpt_ft.errors import TaskDataError, check_output_file, writing
+from gpt_ft.eval.classifier import Classifier
+from gpt_ft.weights.checkpoint import Checkpoint
+
+
+class Encoder:
+    """Texts in, unit vectors out, with a fine-tuned embedding checkpoint's GPT, head and tokenizer."""
+
+    def __init__(self, classifier: Classifier) -> None:
+        if not classifier.task.output.embeds:
+            raise ValueError(
+                f"task {classifier.task.name!r} is not an embedding task: use Classifier for its predictions."
+            )
+        self.classifier = classifier
+        self.task = classifier.task
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path | Checkpoint, *, device: str | None = None) -> Encoder:
+        """A `.ckpt` of `gpt-ft fit` on an embedding card; on the GPU when there is one, unless
+        `device` says."""
+        return cls(Classifier.from_checkpoint(path, device=device))
+
+    @property
+    def dimensions(self) -> int:
+        return self.classifier.head.out_features
+
+    def prompt(self, kind: Literal["query", "document"] | None) -> str:
+        """The card's instruction before a text: its `query_prompt` (anchors), `document_prompt`
+        (positives and negatives), or none."""
+        return {"query": self.task.query_prompt, "document": self.task.document_prompt}.get(kind, "")
+
+    @torch.inference_mode()
+    def encode(
+        self,
+        texts: list[str],
+        *,
+        batch_size: int = 32,
+        prompt: Literal["query", "document"] | None = "query",
+        convert_to: Literal["numpy", "torch"] = "numpy",
+    ) -> np.ndarray | Tensor:
+        """Each text's unit vector, (len(texts), dimensions), float32, in order."""
+        clf, prefix = self.classifier, self.prompt(prompt)
+        ids = (
+            clf.tokenizer([prefix + t for t in texts], add_special_tokens=False)["input_ids"] if texts else []
+        )
+        encoded = []
+        for i, tokens in enumerate(ids):
+            sequence, extract = clf.task.frame(clf.specials, tokens[: clf.max_length - 2])
+            encoded.append({"input_ids": [sequence], "extract_index": [extract], "label": None, "index": i})
+        order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i]["input_ids"][0]))
+        vectors = torch.zeros(len(encoded), self.dimensions)
+        for start in range(0, len(order), batch_size):
+            chunk = [encoded[i] for i in order[start : start + batch_size]]
+            out = clf.outputs(clf.batch(chunk))[:, 0].float().cpu()
+            vectors[[e["index"] for e in chunk]] = out
+        return vectors.numpy() if convert_to == "numpy" else vectors
+
+
+def embed(
+    *,
+    ckpt_path: str,
+    input: str,
+    output: str,
+    field: str = "text",
+    prompt: Literal["query", "document", "none"] = "query",
+    overwrite: bool = False,
+    batch_size: int = 32,
+    device: str | None = None,
+) -> None:
+    """Write each text's vector with a fine-tuned embedding model (`gpt-ft embed`).
+
+    Args:
+        ckpt_path: A checkpoint of gpt-ft fit on an embedding card.
+        input: A .txt file (one text per line), or csv, tsv, json/jsonl or parquet with the texts in --field.
+        output: .npy (the vectors, one row per text) or .jsonl (each row with its `embedding`); a new file.
+        field: The column holding the texts (tables only).
+        prompt: The card's prompt put before each text: query, document or none.
+        overwrite: Replace --output if it exists.
+        batch_size: Texts per batch.
+        device: Default: cuda when there is one.
+    """
+    source, target = Path(input).expanduser(), Path(output).expanduser()
+    if not source.is_file():
+        raise FileNotFoundError(f"--input {source} does not exist.")
+    if target.suffix.lower() not in (".npy", ".jsonl"):
+        raise ValueError(f"--output {target}: write .npy or .jsonl.")
+    check_output_file(target, "--output", overwrite=overwrite)
+    rows, texts = read_texts(source, field)
+    encoder = Encoder.from_checkpoint(ckpt_path, device=device)
+    vectors = encoder.encode(texts, batch_size=batch_size, prompt=None if prompt == "none" else prompt)
+    tmp = target.with_name(f".{target.name}.tmp")
+    with writing(target):
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if target.suffix.lower() == ".npy":
+                with tmp.open("wb") as f:
+                    np.save(f, vectors)
+            else:
+                with tmp.open("w", encoding="utf-8") as f:
+                    for row, vector in zip(rows, vectors.tolist()):
+                        f.write(json.dumps({**row, "embedding": vector}, ensure_ascii=False) + "\n")
+            tmp.replace(target)
+        finally:
+            tmp.unlink(missing_ok=True)
+    print(f"embedded {len(texts):,} texts of {source} into {target} ({encoder.dimensions} dimensions)")
+
+
+def read_texts(path: Path, field: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """The rows of a file and their texts: a .txt file's lines, or a table's `field`; a row without
+    a text is named by its line."""
+    if path.suffix.lower() == ".txt":
+        lines = path.read_text(encoding="utf-8").splitlines()
+        return [{"text": line} for line in lines], lines
+    rows = read_table(path).to_list()
+    lines = record_lines(path, file_format(path) or "") or list(range(1, len(rows) + 1))
+    texts = []
+    for i, row in enumerate(rows):
+        value = row.get(field)
+        if not isinstance(value, str):
+            what = "has no field" if value is None else f"holds {type(value).__name__} in field"
+            raise TaskDataError(f"{path}, line {lines[i]}: the row {what} {field!r} (a text to embed).")
+        texts.append(value)
+    return rows, texts

@@ -1,0 +1,139 @@
+"""`Encoder` and `gpt-ft embed`: a fine-tuned embedding checkpoint's vectors are the training path's
+own (the data module's batches through the module), in order, unit length; `gpt-ft embed` writes
+them as .npy or beside the rows; a row without a text is named by its file and line."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from gpt_ft.cli import main
+from tests.helpers import MICRO, sentence
+
+CARD = """class_path: gpt_ft.adapters.Embedding
+init_args:
+  name: pairs
+  negatives: negatives
+  num_negatives: 2
+  query_prompt: "query: "
+  document_prompt: "passage: "
+  index: null
+  local:
+    splits: {train: train.jsonl, validation: validation.jsonl, test: test.jsonl}
+"""
+
+
+@pytest.fixture(scope="module")
+def embedded(tmp_path_factory, tokenizer_dir):
+    root = tmp_path_factory.mktemp("embedding")
+    for split, n in (("train", 16), ("validation", 8), ("test", 8)):
+        with (root / f"{split}.jsonl").open("w") as f:
+            for i in range(n):
+                row = {
+                    "anchor": sentence(i),
+                    "positive": sentence(i + 1),
+                    "negatives": [sentence(i + 7)][: i % 2],
+                }
+                f.write(json.dumps(row) + "\n")
+    (root / "card.yaml").write_text(CARD)
+    logs = root / "logs"
+    main(
+        [
+            "fit",
+            f"--data.task={root / 'card.yaml'}",
+            f"--data.tokenizer={tokenizer_dir}",
+            f"--data.data_dir={root}",
+            "--data.batch_size=4",
+            "--data.max_length=64",
+            "--model.preset=gpt-micro",
+            f"--model.overrides={MICRO}",
+            "--trainer.max_epochs=1",
+            f"--trainer.default_root_dir={root}",
+            f"--trainer.logger.init_args.save_dir={logs}",
+            "--trainer.enable_progress_bar=false",
+            "--trainer.enable_model_summary=false",
+        ]
+    )
+    return root, logs / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+
+
+def test_the_encoders_vectors_are_the_training_paths_own(embedded):
+    from gpt_ft import Encoder
+    from gpt_ft.data.task_data import TaskDataModule
+    from gpt_ft.weights.checkpoint import Checkpoint
+
+    root, ckpt = embedded
+    encoder = Encoder.from_checkpoint(ckpt, device="cpu")
+    texts = [sentence(i) for i in range(8)]  # the validation anchors, in order
+    vectors = encoder.encode(texts, batch_size=3, convert_to="torch")
+    assert vectors.shape == (8, encoder.dimensions)
+    torch.testing.assert_close(vectors.norm(dim=-1), torch.ones(8))
+    tokenizer = str(Checkpoint.read(ckpt).tokenizer)
+    data = TaskDataModule(
+        task=encoder.task, tokenizer=tokenizer, data_dir=str(root), batch_size=8, max_length=64
+    )
+    data.setup("validate")
+    batch = next(iter(data.val_dataloader()[0]))  # the card's own encoding and collation
+    with torch.no_grad():
+        anchors = encoder.classifier.outputs(batch)[:, 0]
+    torch.testing.assert_close(vectors, anchors, atol=1e-5, rtol=0)
+    # A text as a document gets the card's document prompt: another vector.
+    assert not torch.allclose(encoder.encode(texts[:1], prompt="document", convert_to="torch"), vectors[:1])
+
+
+def test_gpt_ft_embed_writes_vectors_as_npy_or_beside_the_rows(embedded, tmp_path, capsys):
+    from gpt_ft import Encoder
+
+    root, ckpt = embedded
+    texts = [sentence(i) for i in range(5)]
+    (tmp_path / "in.txt").write_text("\n".join(texts) + "\n")
+    main(["embed", f"--ckpt_path={ckpt}", f"--input={tmp_path / 'in.txt'}", f"--output={tmp_path / 'v.npy'}"])
+    assert "embedded 5 texts" in capsys.readouterr().out
+    expected = Encoder.from_checkpoint(ckpt, device="cpu").encode(texts)
+    np.testing.assert_allclose(np.load(tmp_path / "v.npy"), expected, atol=1e-6)
+    rows = [{"id": i, "body": t} for i, t in enumerate(texts)]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out.jsonl"
+    main(
+        [
+            "embed",
+            f"--ckpt_path={ckpt}",
+            f"--input={tmp_path / 'in.jsonl'}",
+            f"--output={out}",
+            "--field=body",
+        ]
+    )
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["id"], r["body"]) for r in written] == [(r["id"], r["body"]) for r in rows]
+    np.testing.assert_allclose(np.array([r["embedding"] for r in written]), expected, atol=1e-6)
+
+
+def test_a_row_without_a_text_is_named_by_its_line(embedded, tmp_path, capsys):
+    _, ckpt = embedded
+    (tmp_path / "in.jsonl").write_text('{"text": "a cat"}\n{"text": "a dog"}\n{"title": "no text"}\n')
+    with pytest.raises(SystemExit) as stop:
+        main(
+            [
+                "embed",
+                f"--ckpt_path={ckpt}",
+                f"--input={tmp_path / 'in.jsonl'}",
+                f"--output={tmp_path / 'o.npy'}",
+            ]
+        )
+    assert stop.value.code == 2
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert (
+        message
+        == f"gpt-ft: error: {tmp_path / 'in.jsonl'}, line 3: the row has no field 'text' (a text to embed)."
+    )
+    assert not (tmp_path / "o.npy").exists()
+
+
+def test_a_classifier_checkpoint_is_not_an_encoder(finetuned):
+    from gpt_ft import Encoder
+
+    with pytest.raises(ValueError, match=r"is not an embedding task: use Classifier"):
+        Encoder.from_checkpoint(finetuned.ckpt, device="cpu")
