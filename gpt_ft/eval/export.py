@@ -52,7 +52,14 @@ def export_checkpoint(
     """
     out = check_new_folder(out, "--out")  # the folder checked before the weights load
     check_format(format)
-    written = export_classifier(Classifier.from_checkpoint(ckpt_path, device="cpu"), out, format=format)
+    clf = Classifier.from_checkpoint(ckpt_path, device="cpu")
+    if clf.task.output.embeds:
+        if format != "transformers":
+            raise ValueError("--format onnx: an embedding model exports as a sentence-transformers folder.")
+        written, loads = export_encoder(clf, out), "SentenceTransformer(folder) loads it"
+        print(f"wrote {written}: {loads}")
+        return written
+    written = export_classifier(clf, out, format=format)
     loads = "onnxruntime loads model.onnx" if format == "onnx" else "pipeline('text-classification') loads it"
     print(f"wrote {written}: {loads}")
     return written
@@ -108,6 +115,53 @@ def export_classifier(clf: Classifier, out: str | Path, *, format: str = "transf
             tokenizer.save_pretrained(tmp)
             out.mkdir(exist_ok=True)
             for item in Path(tmp).iterdir():
+                shutil.move(str(item), out / item.name)
+    return out
+
+
+def export_encoder(clf: Classifier, out: str | Path) -> Path:
+    """Writes an embedding model as a sentence-transformers folder: the transformers base model and
+    the framed tokenizer, last-token pooling (the extract token's state), the projection where the
+    card has one (`Dense`), `Normalize`; the card's prompts in its config, the query's the default."""
+    try:
+        from sentence_transformers import SentenceTransformer
+        from sentence_transformers.models import Dense, Normalize, Pooling, Transformer
+    except ImportError:
+        raise ValueError(
+            "An embedding model exports as a sentence-transformers folder: pip install 'gpt_ft[sentence]'."
+        ) from None
+    from transformers import AutoModel
+
+    lm, head, task = _language_model(clf), clf.head, clf.task
+    base = AutoModel.from_config(lm.config).eval()
+    base.load_state_dict(getattr(lm, lm.base_model_prefix).state_dict())
+    n_embd = clf.gpt.config.n_embd
+    out = Path(out).expanduser()
+    with writing(out):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp:
+            model_dir = Path(tmp) / "model"
+            base.save_pretrained(model_dir)
+            framed_tokenizer(clf).save_pretrained(model_dir)
+            modules = [
+                Transformer(str(model_dir), max_seq_length=clf.max_length),
+                Pooling(n_embd, "lasttoken"),
+            ]
+            if head.projects:
+                bias = head.bias is not None
+                dense = Dense(n_embd, head.out_features, bias=bias, activation_function=torch.nn.Identity())
+                dense.linear.load_state_dict(head.state_dict())
+                modules.append(dense)
+            modules.append(Normalize())
+            prompts = {
+                k: v for k, v in (("query", task.query_prompt), ("document", task.document_prompt)) if v
+            }
+            encoder = SentenceTransformer(
+                modules=modules, prompts=prompts, default_prompt_name="query" if "query" in prompts else None
+            )
+            encoder.save(str(Path(tmp) / "encoder"))
+            out.mkdir(exist_ok=True)
+            for item in (Path(tmp) / "encoder").iterdir():
                 shutil.move(str(item), out / item.name)
     return out
 

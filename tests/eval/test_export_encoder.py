@@ -1,0 +1,88 @@
+"""An embedding model exported as a sentence-transformers folder: in a process that never imports
+gpt_ft, `SentenceTransformer(folder).encode` gives `Encoder.encode`'s vectors (≤ 1e-5), the card's
+query prompt the default, for GPT-1's, GPT-2's and the Llama family's layouts, with and without a
+projection."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.background import Command
+
+TEXTS = ["the cat sat on the mat", "a dog", "she bakes brownies now", "", "he is happy in the park today"]
+LAYOUTS = {  # preset, overrides, projection
+    "gpt1": ("gpt-micro", dict(n_embd=32, pre_ln=False), None),
+    "gpt2": ("gpt-micro", dict(n_embd=32, pre_ln=True), 16),
+    "llama": ("llama-micro", {}, 16),
+}
+
+READER = """
+import json, sys
+from sentence_transformers import SentenceTransformer
+
+jobs = json.load(open(sys.argv[1]))
+results = {}
+for name, folder, texts in jobs:
+    model = SentenceTransformer(folder, device="cpu")
+    document = model.encode(texts, prompt_name="document")
+    results[name] = {"query": model.encode(texts).tolist(), "document": document.tolist()}
+print(json.dumps({"results": results, "imported_gpt_ft": "gpt_ft" in sys.modules}))
+"""
+
+
+def write_encoders(out: str, tokenizer_dir: str) -> None:
+    """Each layout's random encoder exported under `out`, with what `Encoder` says of the texts."""
+    import torch
+
+    from gpt_ft import GPT, GPTConfig
+    from gpt_ft.adapters import Embedding
+    from gpt_ft.data.tokenizer import load_tokenizer
+    from gpt_ft.eval.classifier import Classifier
+    from gpt_ft.eval.encoder import Encoder
+    from gpt_ft.eval.export import export_encoder
+
+    out, tokenizer = Path(out), load_tokenizer(tokenizer_dir)
+    jobs, expected = [], {}
+    for name, (preset, overrides, dimensions) in LAYOUTS.items():
+        torch.manual_seed(len(name))
+        config = GPTConfig.from_name(preset, n_positions=48, vocab_size=len(tokenizer), **overrides)
+        task = Embedding(name="e", dimensions=dimensions, query_prompt="query: ", document_prompt="passage: ")
+        head = task.head(config.n_embd, dropout=0.0, init_std=0.3, bias=config.bias)
+        clf = Classifier(GPT(config).eval(), head, task, tokenizer, max_length=48, device="cpu")
+        encoder = Encoder(clf)
+        expected[name] = {p: encoder.encode(TEXTS, prompt=p).tolist() for p in ("query", "document")}
+        jobs.append((name, str(export_encoder(clf, out / name)), TEXTS))
+    (out / "expected.json").write_text(json.dumps(expected))
+    (out / "jobs.json").write_text(json.dumps(jobs))
+
+
+def start_encoders(root, tokenizer_dir):
+    """The folders written by a process that imports gpt_ft, then read by one that never does."""
+    write = "from tests.eval.test_export_encoder import write_encoders; "
+    write += f"write_encoders({str(root)!r}, {tokenizer_dir!r})"
+    return [
+        Command([sys.executable, "-c", write]),
+        Command([sys.executable, "-c", READER, str(root / "jobs.json")]),
+    ]
+
+
+@pytest.mark.background(start=start_encoders)
+def test_sentence_transformers_loads_the_exported_encoder_without_gpt_ft(background):
+    for run in background.runs:
+        assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(background.runs[1].stdout.strip().splitlines()[-1])
+    assert got["imported_gpt_ft"] is False
+    expected = json.loads((background.root / "expected.json").read_text())
+    assert set(got["results"]) == set(LAYOUTS)
+    for name, vectors in expected.items():
+        for prompt in ("query", "document"):
+            np.testing.assert_allclose(got["results"][name][prompt], vectors[prompt], atol=1e-5, rtol=0)
+    modules = json.loads((background.root / "llama" / "modules.json").read_text())
+    assert [m["path"] for m in modules] == ["", "1_Pooling", "2_Dense", "3_Normalize"]
+    pooling = json.loads((background.root / "llama" / "1_Pooling" / "config.json").read_text())
+    assert pooling["pooling_mode"] == "lasttoken"  # the last token: the extract token
