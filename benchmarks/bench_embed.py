@@ -1,0 +1,222 @@
+"""`gpt-ft fit` of a sentence embedding against sentence-transformers' trainer, end to end, on the
+same weights, STS-B pairs and schedule; and what the same weights give untrained.
+
+GLUE's STS-B train pairs are shuffled once (seed 0) and the first --train-size kept; the dev pairs
+(all 1,500) score both. The weights are one transformers folder (--init-from: pretrained ones,
+e.g. SmolLM2-135M's GGUF; else one random initialisation at --layers x --width with --tokenizer).
+Then, one whole process each, in turns:
+
+- `untrained`: `gpt-ft validate` of tasks/embedding/stsb.yaml from the weights as they are (the
+  extract token's state, no projection);
+- `ours`: `gpt-ft fit` with that card: each sentence alone [start] s [extract] in packed batches,
+  its extract state normalised, --loss over the batch (cosent: CoSENT on the gold scores, the
+  card's default; infonce: the pairs scored >= 4 as positives against the batch's others);
+- `sentence-transformers`: `SentenceTransformerTrainer` with `Transformer` + last-token `Pooling` +
+  `Normalize` from the same folder and its own tokenizer (no framing tokens: the last text token
+  pools), padded batches, `CoSENTLoss` or `MultipleNegativesRankingLoss` (scale 20 = 1/τ for τ 0.05,
+  as ours).
+
+Both take the same batch, learning rate, linear schedule after --warmup of the steps, weight decay
+0.01, gradient clipping at 1.0, epochs and seed; neither saves a checkpoint. The wall time is each
+process's, start to exit (scoring the dev pairs included); the score is the Spearman correlation
+of the dev pairs' cosines with their gold scores (MTEB's STS). A row's ratio divides its time by ours.
+
+    python benchmarks/bench_embed.py --glue GLUE --init-from weights/SmolLM2-135M-Instruct.Q4_1.gguf --bf16
+    python benchmarks/bench_embed.py --glue GLUE --tokenizer GPT2_BPE  # a random Llama-shaped model
+
+`pip install -e .[bench,sentence]` brings sentence-transformers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import random
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+import bench_vs_trainer  # noqa: E402  (the weights folder and the timing of whole processes)
+import harness  # noqa: E402
+import peers  # noqa: E402  (the peer's arguments and schedule)
+
+ROOT = Path(__file__).resolve().parents[1]
+CARD = ROOT / "tasks" / "embedding" / "stsb.yaml"
+CONTENDERS = ["untrained", "ours", "sentence-transformers"]
+
+
+def sts_files(args, out: Path) -> Path:
+    """DIR/STS-B/train.tsv (--train-size pairs, shuffled with seed 0; with --loss infonce those
+    scored >= 4) and DIR/STS-B/dev.tsv (all), in GLUE's layout."""
+    folder = out / "sts" / "STS-B"
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, name in (("train", "train.tsv"), ("dev", "dev.tsv")):
+        with open(Path(args.glue) / "STS-B" / name, encoding="utf-8", newline="") as f:
+            reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+            header, *rows = list(reader)
+        if split == "train":
+            random.Random(0).shuffle(rows)
+            rows = rows[: args.train_size]
+            if args.loss == "infonce":
+                rows = [r for r in rows if float(r[header.index("score")]) >= 4.0]
+        with open(folder / name, "w", encoding="utf-8", newline="") as f:
+            writer = csv.writer(
+                f, delimiter="\t", quoting=csv.QUOTE_NONE, escapechar="\\", lineterminator="\n"
+            )
+            writer.writerows([header, *rows])
+    return folder.parent
+
+
+def ours(args, base: Path, data: Path, out: Path, train: bool) -> list[str]:
+    precision = "bf16-mixed" if args.device == "cuda" or args.bf16 else "32-true"
+    common = [
+        f"--data.task={CARD}", f"--data.data_dir={data}", f"--data.tokenizer={base}",
+        f"--data.max_length={args.max_length}", f"--data.batch_size={args.batch_size}",
+        f"--model.init_from={base}", "--seed_everything=0", f"--trainer.precision={precision}",
+        f"--trainer.accelerator={args.device}", "--trainer.enable_progress_bar=false",
+        f"--trainer.default_root_dir={out}",
+    ]  # fmt: skip
+    if not train:
+        return [sys.executable, "-m", "gpt_ft", "validate", *common]
+    loss = ["--data.task.init_args.loss=infonce", "--data.task.init_args.metrics=[spearman]"]
+    return [
+        sys.executable, "-m", "gpt_ft", "fit", *common, *(loss if args.loss == "infonce" else []),
+        f"--model.lr={args.lr}", f"--model.warmup_fraction={args.warmup}", "--model.weight_decay=0.01",
+        f"--trainer.max_epochs={args.epochs}", "--trainer.gradient_clip_val=1.0",
+        "--trainer.enable_checkpointing=false", "--trainer.num_sanity_val_steps=0",
+    ]  # fmt: skip
+
+
+def peer(args, base: Path, data: Path, out: Path) -> list[str]:
+    return [
+        sys.executable, __file__, "peer", f"--base={base}", f"--train={data / 'STS-B' / 'train.tsv'}",
+        f"--dev={data / 'STS-B' / 'dev.tsv'}", f"--out={out}", f"--device={args.device}",
+        f"--batch-size={args.batch_size}", f"--lr={args.lr}", f"--warmup={args.warmup}",
+        f"--epochs={args.epochs}", f"--loss={args.loss}", f"--max-length={args.max_length}",
+        *(["--bf16"] if args.bf16 else []),
+    ]  # fmt: skip
+
+
+def run_peer(argv: list[str]) -> None:
+    """sentence-transformers' side, in its own process: trains, scores the dev pairs, prints Spearman."""
+    parser = peers.peer_parser()
+    parser.add_argument("--loss", choices=["cosent", "infonce"], required=True)
+    parser.add_argument("--max-length", type=int, required=True)
+    args = parser.parse_args(argv)
+
+    import numpy as np
+    from datasets import Dataset
+    from scipy.stats import spearmanr
+    from sentence_transformers import (
+        SentenceTransformer,
+        SentenceTransformerTrainer,
+        SentenceTransformerTrainingArguments,
+        losses,
+    )
+    from sentence_transformers.models import Normalize, Pooling, Transformer
+
+    def read(path: str) -> dict[str, list]:
+        with open(path, encoding="utf-8", newline="") as f:
+            rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+        return {
+            "sentence1": [r["sentence1"] for r in rows],
+            "sentence2": [r["sentence2"] for r in rows],
+            "score": [float(r["score"]) for r in rows],
+        }
+
+    transformer = Transformer(args.base, max_seq_length=args.max_length)
+    model = SentenceTransformer(
+        modules=[transformer, Pooling(transformer.get_word_embedding_dimension(), "lasttoken"), Normalize()],
+        device="cuda" if args.device == "cuda" else "cpu",
+    )
+    train = read(args.train)
+    if args.loss == "cosent":
+        dataset, loss = Dataset.from_dict(train), losses.CoSENTLoss(model, scale=20.0)
+    else:
+        pairs = {"anchor": train["sentence1"], "positive": train["sentence2"]}
+        dataset, loss = Dataset.from_dict(pairs), losses.MultipleNegativesRankingLoss(model, scale=20.0)
+    config = SentenceTransformerTrainingArguments(**peers.peer_schedule(args, len(dataset)))
+    SentenceTransformerTrainer(model=model, args=config, train_dataset=dataset, loss=loss).train()
+    dev = read(args.dev)
+    a = model.encode(dev["sentence1"], batch_size=args.batch_size)
+    b = model.encode(dev["sentence2"], batch_size=args.batch_size)
+    cosines = (np.asarray(a) * np.asarray(b)).sum(axis=1)
+    print(json.dumps({"spearman": float(spearmanr(cosines, dev["score"]).statistic)}))
+
+
+def spearman_of(contender: str, run_dir: Path, log: Path) -> float:
+    if contender == "sentence-transformers":
+        lines = [line for line in log.read_text().splitlines() if line.startswith('{"spearman"')]
+        return json.loads(lines[-1])["spearman"]
+    return harness.last_value(harness.metrics_rows(run_dir), "validation/spearman")
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["peer"]:
+        return run_peer(sys.argv[2:])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--glue", required=True, help="GLUE's folder (STS-B/train.tsv, STS-B/dev.tsv)")
+    parser.add_argument("--tokenizer", help="a tokenizer for random weights; not with --init-from")
+    parser.add_argument("--init-from", default=None, help="pretrained weights (a .gguf, a folder, a hub id)")
+    parser.add_argument("--contenders", nargs="+", default=CONTENDERS, choices=CONTENDERS)
+    parser.add_argument("--layers", type=int, default=6)
+    parser.add_argument("--width", type=int, default=384)
+    parser.add_argument("--train-size", type=int, default=5749, help="STS-B train pairs (all: 5749)")
+    parser.add_argument("--loss", choices=["cosent", "infonce"], default="cosent")
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--batch-size", type=int, default=16, help="pairs a batch")
+    parser.add_argument("--max-length", type=int, default=128)
+    parser.add_argument("--lr", type=float, default=2e-5)
+    parser.add_argument("--warmup", type=float, default=0.1, help="share of the steps")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument(
+        "--bf16", action="store_true", help="bf16 on the CPU too (bf16-mixed; the peer's bf16)"
+    )
+    parser.add_argument("--out", default="runs/bench_embed")
+    parser.add_argument("--json", default=None, help="also write the rows to this file")
+    args = parser.parse_args()
+    if not (args.tokenizer or args.init_from):
+        parser.error("give --tokenizer (random weights) or --init-from (pretrained ones)")
+    out = (ROOT / args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import torch
+
+    model = args.init_from or f"random, {args.layers} layers x {args.width}"
+    precision = "bf16" if args.bf16 or args.device == "cuda" else "fp32"
+    print(
+        f"{model}; STS-B, {args.train_size} train pairs, {args.loss}, {args.batch_size} pairs a batch, "
+        f"{args.epochs} epoch(s), lr {args.lr}; {args.device}, {precision}, {torch.get_num_threads()} threads"
+    )
+    base = bench_vs_trainer.base_folder(args, "pretrained" if args.init_from else "llama", out)
+    data = sts_files(args, out)
+    results = {}
+    for contender in args.contenders:
+        run_dir = out / contender
+        log = run_dir.with_suffix(".log")
+        if contender == "sentence-transformers":
+            command = peer(args, base, data, run_dir)
+        else:
+            command = ours(args, base, data, run_dir, train=contender == "ours")
+        seconds, _ = bench_vs_trainer.timed(command, log)
+        results[contender] = (seconds, spearman_of(contender, run_dir, log))
+        print(f"{contender:22} {seconds:7.1f} s  dev Spearman {results[contender][1]:.4f}", flush=True)
+    mine = results.get("ours", (None,))[0]
+    rows = [
+        dict(contender=c, seconds=round(s, 1), spearman=r, vs_ours=round(s / mine, 2) if mine else None)
+        for c, (s, r) in results.items()
+    ]
+    print("\n| contender | wall s | STS-B dev Spearman | its time / ours |\n|---|---:|---:|---:|")
+    for r in rows:
+        ratio = f"{r['vs_ours']:.2f}x" if r["vs_ours"] and r["contender"] != "untrained" else ""
+        print(f"| {r['contender']} | {r['seconds']:.0f} | {r['spearman']:.4f} | {ratio} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
