@@ -341,6 +341,8 @@ ADAPTERS = [
     "gpt_ft.adapters.SingleText",
     "gpt_ft.adapters.TextPair",
     "gpt_ft.adapters.Preference",
+    "gpt_ft.adapters.Embedding",
+    "gpt_ft.adapters.Reranker",
     "gpt_ft.adapters.Nope",
     "os.path",
     "x",
@@ -397,6 +399,16 @@ def cards(draw) -> str:
         "chosen": st.one_of(st.sampled_from(["sentence", "nope"]), any_value),
         "center_rewards": st.one_of(st.sampled_from([0.01, -1.0]), any_value),
         "margin": st.one_of(st.sampled_from(["label", "nope"]), any_value),
+        # an embedding's or a reranker's own
+        "anchor": st.one_of(st.sampled_from(["sentence", "nope"]), any_value),
+        "positive": st.one_of(st.sampled_from(["sentence", "label"]), any_value),
+        "query": st.one_of(st.sampled_from(["sentence", "nope"]), any_value),
+        "negatives": st.one_of(st.sampled_from(["label", "nope", ["sentence", "label"]]), any_value),
+        "num_negatives": st.one_of(st.sampled_from([0, 1, 3]), any_value),
+        "score": st.one_of(st.sampled_from(["label", "sentence"]), any_value),
+        "loss": st.one_of(st.sampled_from(["cosent", "infonce", "triplet"]), any_value),
+        "temperature": st.one_of(st.sampled_from([0.05, 0.0, -1.0]), any_value),
+        "dimensions": st.one_of(st.sampled_from([0, 8]), any_value),
     }
     for name in draw(st.lists(st.sampled_from(sorted(fields)), max_size=3, unique=True)):
         args[name] = draw(fields[name])

@@ -12,10 +12,12 @@ One class per input shape:
                     chosen first, Bradley-Terry's loss on two rewards
 - `Embedding`:      [start] text [extract] per text: anchor, positive,   (STS-B, retrieval pairs)
                     hard negatives; one vector each, InfoNCE or CoSENT
+- `Reranker`:       [start] query [delim] text [extract] per candidate,  (reranking)
+                    the positive first; one score each, listwise
 
 What a task predicts per example is its output kind (`outputs.py`): `ClassificationOutput`,
 `RegressionOutput` (`regression: true`), `ChoiceOutput` (multiple choice), `MultiLabelOutput` or
-`PreferenceOutput` or `EmbeddingOutput`.
+`PreferenceOutput`, `EmbeddingOutput` or `RerankOutput`.
 Each brings its head (`heads.py`), label reading, metrics and written predictions.
 
 A task card (tasks/*.yaml) is a `class_path` + `init_args` value for a `TaskAdapter`-typed
@@ -38,6 +40,7 @@ from gpt_ft.adapters.outputs import (
     TaskOutput,
 )
 from gpt_ft.adapters.preference import Preference, PreferenceOutput, RewardHead
+from gpt_ft.adapters.rerank import Reranker, RerankHead, RerankOutput
 from gpt_ft.adapters.sources import HubDataset, LocalFiles, Sources
 from gpt_ft.adapters.text import Similarity, SingleText, TextPair
 
@@ -50,6 +53,9 @@ __all__ = [
     "MultiLabel",
     "Preference",
     "Embedding",
+    "Reranker",
+    "RerankOutput",
+    "RerankHead",
     "EmbeddingOutput",
     "EmbeddingHead",
     "Sources",

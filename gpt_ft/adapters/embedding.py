@@ -98,12 +98,18 @@ class _GatherRows(torch.autograd.Function):
 
 
 def retrieval_metrics(queries: Tensor, corpus: Tensor, metrics: list[str]) -> dict[str, Tensor]:
-    """Query i against every document, document i the relevant one: MRR@10, nDCG@10 (one relevant
-    document: 1/log2(rank + 1)), recall@k. A tie ranks the earlier document first."""
+    """Query i against every document, document i the relevant one (`rank_metrics`). A tie ranks
+    the earlier document first."""
     scores = queries.double() @ corpus.double().T  # (Q, Q)
     own = scores.diagonal()[:, None]
     earlier = torch.ones_like(scores, dtype=torch.bool).tril(-1)
-    rank = 1 + ((scores > own) | ((scores == own) & earlier)).sum(dim=1).double()
+    return rank_metrics(1 + ((scores > own) | ((scores == own) & earlier)).sum(dim=1), metrics)
+
+
+def rank_metrics(rank: Tensor, metrics: list[str]) -> dict[str, Tensor]:
+    """Each query's one relevant document at `rank` (1 the first): MRR@10, nDCG@10
+    (1/log2(rank + 1)), recall@1 and recall@10, means over the queries."""
+    rank = rank.double()
     values = {
         "mrr@10": torch.where(rank <= 10, 1 / rank, 0.0),
         "ndcg@10": torch.where(rank <= 10, 1 / torch.log2(rank + 1), 0.0),
@@ -181,6 +187,7 @@ class EmbeddingOutput(TaskOutput):
     has_probabilities = False
     allowed_metrics = (*CORRELATIONS, *RETRIEVAL)
     default_lm_coef = 0.0  # sentence embedding training has no language-model term
+    default_dropout = 0.0  # the vector is the output: none on it, as sentence-transformers pools
 
     def __init__(
         self,
@@ -283,8 +290,9 @@ class Embedding(TaskAdapter):
         Args:
             anchor: Field holding the anchor (a query, or a pair's first text).
             positive: Field holding the text that matches it.
-            negatives: Hard negatives: one field holding a text or a list of texts, or a list of
-                fields holding one text each; None: the batch's other texts only.
+            negatives: Hard negatives: one field holding a text or a list of texts (a row or a file
+                may lack it), or a list of fields holding one text each; None: the batch's other
+                texts only.
             num_negatives: The most hard negatives a row has (a field holding a list; default 1).
             score: Field with the pair's gold similarity (STS-B's 0-5): CoSENT trains on it and
                 Spearman scores against it; None: every pair is a match.
@@ -333,15 +341,16 @@ class Embedding(TaskAdapter):
         )
 
     def text_fields(self) -> list[str]:
-        negatives = [self.negatives] if isinstance(self.negatives, str) else list(self.negatives or [])
-        return [self.anchor, self.positive, *negatives]
+        """The anchor, the positive, and the negatives' fields where they are several (one field of
+        negatives may be missing from a file or a row: none then)."""
+        return [self.anchor, self.positive, *(self.negatives if isinstance(self.negatives, list) else [])]
 
     def texts(self, example: dict[str, Any]) -> list[str]:
         """[anchor, positive, negative, ...], each with its prompt."""
         if isinstance(self.negatives, list):
             negatives = [example[f] for f in self.negatives]
         elif self.negatives is not None:
-            value = example[self.negatives]
+            value = example.get(self.negatives)
             negatives = list(value) if isinstance(value, (list, tuple)) else [value]
             if len(negatives) > self.num_negatives:
                 raise TaskDataError(

@@ -57,6 +57,8 @@ class TaskOutput:
     """Its outputs become probabilities (of classes, choices, labels), which calibration fits."""
     default_lm_coef: ClassVar[float] = 0.5
     """The auxiliary LM loss's weight λ when the run does not give one (GPT-1 §3.2: 0.5)."""
+    default_dropout: ClassVar[float] = 0.1
+    """Dropout before the head when the run does not give one (GPT-1 §4.1: 0.1)."""
     problem_type: ClassVar[str | None] = None
     """transformers' `problem_type` of its `*ForSequenceClassification` export; None: the kind
     exports to no sequence classifier (multiple choice: GPT-1's and GPT-2's `*DoubleHeadsModel`)."""

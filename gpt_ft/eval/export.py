@@ -198,6 +198,10 @@ def sequence_classifier(clf: Classifier):
     lm = _language_model(clf)
     config = lm.config
     _label_config(clf, config)
+    if (
+        head_outputs(clf) == 1
+    ):  # a reward or a relevance score: sentence-transformers' CrossEncoder reads it raw
+        config.sentence_transformers = {"activation_fn": "torch.nn.modules.linear.Identity"}
     model = AutoModelForSequenceClassification.from_config(config).eval()
     base = getattr(model, model.base_model_prefix)
     base.load_state_dict(getattr(lm, lm.base_model_prefix).state_dict())
@@ -216,6 +220,10 @@ def sequence_classifier(clf: Classifier):
         shift = torch.linalg.pinv(weight.double()) @ bias.double()  # W δ = b
         final.bias.copy_((final.bias.double() + shift).float())
     return model
+
+
+def head_outputs(clf: Classifier) -> int:
+    return clf.head.out_features
 
 
 def similarity_model(clf: Classifier):

@@ -71,7 +71,7 @@ class GPTModule(Evaluation, LightningModule):
         tokenizer: str | None = None,
         task: TaskAdapter | None = None,
         lm_coef: float | None = None,
-        classifier_dropout: float = 0.1,
+        classifier_dropout: float | None = None,
         lr: float = 6.25e-5,
         weight_decay: float = 0.01,
         betas: tuple[float, float] = (0.9, 0.999),
@@ -100,7 +100,8 @@ class GPTModule(Evaluation, LightningModule):
             task: The task card (linked from the data); None makes a plain language model.
             lm_coef: Weight of the auxiliary LM loss (0 turns it off); None: the task's default,
                 GPT-1's 0.5, or 0 for preference pairs (a reward model; see `Preference`).
-            classifier_dropout: Dropout before the task head (GPT-1: 0.1).
+            classifier_dropout: Dropout before the task head; None: the task's default, GPT-1's 0.1,
+                or 0 for an embedding (its vector is the output, as sentence-transformers pools it).
             lr: Peak learning rate of AdamW (GPT-1 fine-tuning: 6.25e-5).
             weight_decay: Decoupled weight decay on weight matrices (not biases or LayerNorm gains).
             betas: AdamW betas.
@@ -129,6 +130,8 @@ class GPTModule(Evaluation, LightningModule):
         super().__init__()
         if lm_coef is None:
             lm_coef = task.output.default_lm_coef if task is not None else 0.5
+        if classifier_dropout is None:
+            classifier_dropout = task.output.default_dropout if task is not None else 0.1
         if lm_coef < 0:
             raise ValueError(f"lm_coef must be >= 0, got {lm_coef}.")
         if lr <= 0:

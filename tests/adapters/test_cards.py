@@ -35,7 +35,7 @@ def test_card_parses(card):
     assert task.name == Path(card).name
     # Every card names its hub dataset, but the template for a user's own files.
     assert (
-        task.hub is not None or card in ("preference/pairs", "embedding/pairs")
+        task.hub is not None or card in ("preference/pairs", "embedding/pairs", "rerank/pairs")
     ) and task.local is not None
     splits = set(task.local.splits)
     assert "train" in splits and {*task.validation_splits, *task.test_splits} <= splits

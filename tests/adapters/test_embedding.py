@@ -5,6 +5,8 @@ two processes equal to one process with the whole batch."""
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +18,7 @@ from gpt_ft.data.batches import collate_packed
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
 from gpt_ft.errors import CardError
 from gpt_ft.training.module import GPTModule
+from tests.background import Command
 from tests.helpers import FAMILY_MICRO
 
 FAMILIES = {**FAMILY_MICRO, "gpt1-micro": ("gpt-micro", {}), "gpt2-micro": ("gpt-micro", {"pre_ln": True})}
@@ -160,17 +163,17 @@ def test_a_packed_texts_vector_equals_the_text_alone(family, tokenizer_dir):
             assert (packed[b, len(row["input_ids"]) :] == 0).all()  # the negatives it has not: zero
 
 
-def _two_process_loss(rank: int, path: str, anchors, candidates, result) -> None:
+def _two_process_loss(rank: int, path: str, anchors, candidates, result, loss: str) -> None:
     import torch.distributed as dist
 
     from gpt_ft.adapters.embedding import EmbeddingHead
 
     dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=2)
-    head = EmbeddingHead(8, dimensions=8, symmetric=True, candidates=2, dropout=0.0)
+    head = EmbeddingHead(8, dimensions=8, loss=loss, symmetric=True, candidates=2, dropout=0.0)
     head.load_state_dict(result["state"])
     half = slice(rank * 3, rank * 3 + 3)
     extract = torch.cat([anchors[half, None], candidates[half]], dim=1)  # (3, 3, 8)
-    losses = head.losses(head(extract), torch.ones(3))
+    losses = head.losses(head(extract), SCORES[half])
     losses.mean().backward()  # each rank's mean; DDP averages the gradients
     grad = head.weight.grad.clone()
     dist.all_reduce(grad)
@@ -181,23 +184,75 @@ def _two_process_loss(rank: int, path: str, anchors, candidates, result) -> None
     dist.destroy_process_group()
 
 
-def test_two_processes_give_the_loss_and_gradient_of_one_with_the_whole_batch(tmp_path):
+SCORES = torch.tensor([4.0, 1.0, 2.5, 0.5, 3.0, 5.0])  # CoSENT's gold scores (InfoNCE reads none)
+
+
+def two_process_losses(out: str) -> None:
+    """Each loss of one process with the whole batch, and of two with half each (their mean loss and
+    averaged gradient, as DDP averages), written to `out` as JSON: run in a process of its own."""
+    import json
+
     import torch.multiprocessing as mp
 
     from gpt_ft.adapters.embedding import EmbeddingHead
 
-    g = torch.Generator().manual_seed(0)
-    anchors, candidates = torch.randn(6, 8, generator=g), torch.randn(6, 2, 8, generator=g)
-    head = EmbeddingHead(8, dimensions=8, symmetric=True, candidates=2, dropout=0.0)
-    extract = torch.cat([anchors[:, None], candidates], dim=1)
-    whole = head.losses(head(extract), torch.ones(6)).mean()
-    whole.backward()
-    with mp.Manager() as manager:
-        result = manager.dict(state=head.state_dict())
-        mp.spawn(
-            _two_process_loss, args=(str(tmp_path / "rendezvous"), anchors, candidates, result), nprocs=2
-        )
-        loss, grad = result["loss"], result["grad"]
-    torch.testing.assert_close(loss, whole.detach(), atol=1e-6, rtol=1e-6)
-    # fp32, summed in another order: equal to its rounding (cosines / 0.05 magnify it 20 times)
-    torch.testing.assert_close(grad, head.weight.grad, atol=1e-5, rtol=1e-4)
+    results = {}
+    for loss in ("infonce", "cosent"):
+        g = torch.Generator().manual_seed(0)
+        anchors, candidates = torch.randn(6, 8, generator=g), torch.randn(6, 2, 8, generator=g)
+        head = EmbeddingHead(8, dimensions=8, loss=loss, symmetric=True, candidates=2, dropout=0.0)
+        extract = torch.cat([anchors[:, None], candidates], dim=1)
+        whole = head.losses(head(extract), SCORES).mean()
+        whole.backward()
+        with mp.Manager() as manager:
+            result = manager.dict(state=head.state_dict())
+            rendezvous = f"{out}.{loss}.rendezvous"
+            mp.spawn(_two_process_loss, args=(rendezvous, anchors, candidates, result, loss), nprocs=2)
+            results[loss] = {
+                "one": [whole.item(), head.weight.grad.tolist()],
+                "two": [result["loss"].item(), result["grad"].tolist()],
+            }
+    Path(out).write_text(json.dumps(results))
+
+
+def start_two_processes(root):
+    write = "from tests.adapters.test_embedding import two_process_losses; "
+    write += f"two_process_losses({str(root / 'r.json')!r})"
+    return [Command([sys.executable, "-c", write])]
+
+
+@pytest.mark.background(start=start_two_processes)
+def test_two_processes_give_the_loss_and_gradient_of_one_with_the_whole_batch(background):
+    import json
+
+    assert background.runs[0].returncode == 0, background.runs[0].stderr[-3000:]
+    results = json.loads((background.root / "r.json").read_text())
+    assert set(results) == {"infonce", "cosent"}
+    for loss, got in results.items():
+        (one, grad_one), (two, grad_two) = got["one"], got["two"]
+        assert two == pytest.approx(one, rel=1e-6, abs=1e-6), loss
+        # fp32, summed in another order: equal to its rounding (cosines / 0.05 magnify it 20 times)
+        torch.testing.assert_close(torch.tensor(grad_two), torch.tensor(grad_one), atol=1e-5, rtol=1e-4)
+
+
+def test_a_reranker_frames_each_candidate_after_the_query_and_ranks_the_positive(tokenizer_dir):
+    from gpt_ft.adapters import Reranker
+
+    tok = load_tokenizer(tokenizer_dir)
+    specials = special_token_ids(tok)
+    task = Reranker(name="r", num_negatives=2)
+    row = {"query": "a cat", "positive": "the cat sat", "negatives": ["a dog"]}
+    assert task.texts(row) == ["a cat", "the cat sat", "a dog"]
+    q, pos, neg = (tok(t, add_special_tokens=False)["input_ids"] for t in task.texts(row))
+    encoded = task.encode(row, [q, pos, neg], specials, max_length=64)
+    head = [specials.start, *q, specials.delim]
+    assert encoded.sequences == [[*head, *pos, specials.extract], [*head, *neg, specials.extract]]
+    assert encoded.label == 0 and task.shares_context and task.num_sequences == 3
+    # Rows ranking their positive 1st, 3rd (below two) and 2nd (a tie ranks it first; NaN: no candidate).
+    nan = float("nan")
+    scores = torch.tensor([[2.0, 1.0, nan], [0.5, 1.0, 0.7], [0.3, 0.3, 0.4]])
+    got = task.output.metric_values(scores, torch.zeros(3), ["mrr@10", "recall@1", "ndcg@10"])
+    assert got["mrr@10"].item() == pytest.approx((1 + 1 / 3 + 1 / 2) / 3)
+    assert got["recall@1"].item() == pytest.approx(1 / 3)
+    assert got["ndcg@10"].item() == pytest.approx((1 + 1 / math.log2(4) + 1 / math.log2(3)) / 3)
+    assert task.output.format_prediction(scores[0], str) == "2.0000 1.0000"

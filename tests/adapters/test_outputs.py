@@ -23,6 +23,7 @@ from gpt_ft.adapters import (
     PreferenceOutput,
     RegressionHead,
     RegressionOutput,
+    RerankOutput,
     Similarity,
     SingleText,
     TaskHead,
@@ -54,6 +55,7 @@ def test_every_shipped_card_keeps_its_output_kind(card):
     preference = ["preference/hh_rlhf", "preference/pairs", "preference/ultrafeedback_binarized"]
     expected |= dict.fromkeys(preference, PreferenceOutput)
     expected |= dict.fromkeys(["embedding/pairs", "embedding/stsb"], EmbeddingOutput)
+    expected["rerank/pairs"] = RerankOutput
     assert type(task.output) is expected.get(card, ClassificationOutput)
 
 

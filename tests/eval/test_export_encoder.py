@@ -1,7 +1,8 @@
-"""An embedding model exported as a sentence-transformers folder: in a process that never imports
-gpt_ft, `SentenceTransformer(folder).encode` gives `Encoder.encode`'s vectors (≤ 1e-5), the card's
-query prompt the default, for GPT-1's, GPT-2's and the Llama family's layouts, with and without a
-projection."""
+"""An embedding model exported as a sentence-transformers folder, and a reranker as a one-output
+sequence classifier: in a process that never imports gpt_ft, `SentenceTransformer(folder).encode`
+gives `Encoder.encode`'s vectors (≤ 1e-5, the card's query prompt the default) for GPT-1's, GPT-2's
+and the Llama family's layouts, with and without a projection, and `CrossEncoder(folder).predict`
+the reranker's scores."""
 
 from __future__ import annotations
 
@@ -23,11 +24,14 @@ LAYOUTS = {  # preset, overrides, projection
 
 READER = """
 import json, sys
-from sentence_transformers import SentenceTransformer
+from sentence_transformers import CrossEncoder, SentenceTransformer
 
 jobs = json.load(open(sys.argv[1]))
 results = {}
 for name, folder, texts in jobs:
+    if name.startswith("rerank"):
+        results[name] = CrossEncoder(folder, device="cpu").predict(texts).tolist()
+        continue
     model = SentenceTransformer(folder, device="cpu")
     document = model.encode(texts, prompt_name="document")
     results[name] = {"query": model.encode(texts).tolist(), "document": document.tolist()}
@@ -40,11 +44,11 @@ def write_encoders(out: str, tokenizer_dir: str) -> None:
     import torch
 
     from gpt_ft import GPT, GPTConfig
-    from gpt_ft.adapters import Embedding
+    from gpt_ft.adapters import Embedding, Reranker
     from gpt_ft.data.tokenizer import load_tokenizer
     from gpt_ft.eval.classifier import Classifier
     from gpt_ft.eval.encoder import Encoder
-    from gpt_ft.eval.export import export_encoder
+    from gpt_ft.eval.export import export_classifier, export_encoder
 
     out, tokenizer = Path(out), load_tokenizer(tokenizer_dir)
     jobs, expected = [], {}
@@ -57,6 +61,17 @@ def write_encoders(out: str, tokenizer_dir: str) -> None:
         encoder = Encoder(clf)
         expected[name] = {p: encoder.encode(TEXTS, prompt=p).tolist() for p in ("query", "document")}
         jobs.append((name, str(export_encoder(clf, out / name)), TEXTS))
+    pairs = [(TEXTS[i], TEXTS[-1 - i]) for i in range(len(TEXTS))]
+    for name in ("gpt1", "llama"):
+        preset, overrides, _ = LAYOUTS[name]
+        torch.manual_seed(7)
+        config = GPTConfig.from_name(preset, n_positions=48, vocab_size=len(tokenizer), **overrides)
+        task = Reranker(name="r", num_negatives=1)
+        head = task.head(config.n_embd, dropout=0.0, init_std=0.3, bias=config.bias)
+        clf = Classifier(GPT(config).eval(), head, task, tokenizer, max_length=48, device="cpu")
+        rows = [{"query": q, "positive": d, "negatives": []} for q, d in pairs]
+        expected[f"rerank-{name}"] = clf.raw_outputs(rows)[:, 0].tolist()
+        jobs.append((f"rerank-{name}", str(export_classifier(clf, out / f"rerank-{name}")), pairs))
     (out / "expected.json").write_text(json.dumps(expected))
     (out / "jobs.json").write_text(json.dumps(jobs))
 
@@ -72,13 +87,15 @@ def start_encoders(root, tokenizer_dir):
 
 
 @pytest.mark.background(start=start_encoders)
-def test_sentence_transformers_loads_the_exported_encoder_without_gpt_ft(background):
+def test_sentence_transformers_loads_the_exported_encoder_and_reranker_without_gpt_ft(background):
     for run in background.runs:
         assert run.returncode == 0, run.stderr[-3000:]
     got = json.loads(background.runs[1].stdout.strip().splitlines()[-1])
     assert got["imported_gpt_ft"] is False
     expected = json.loads((background.root / "expected.json").read_text())
-    assert set(got["results"]) == set(LAYOUTS)
+    assert set(got["results"]) == {*LAYOUTS, "rerank-gpt1", "rerank-llama"}
+    for name in ("rerank-gpt1", "rerank-llama"):  # the reranker's scores, one pair at a time
+        np.testing.assert_allclose(got["results"][name], expected.pop(name), atol=1e-5, rtol=0)
     for name, vectors in expected.items():
         for prompt in ("query", "document"):
             np.testing.assert_allclose(got["results"][name][prompt], vectors[prompt], atol=1e-5, rtol=0)
