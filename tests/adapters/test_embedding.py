@@ -163,24 +163,25 @@ def test_a_packed_texts_vector_equals_the_text_alone(family, tokenizer_dir):
             assert (packed[b, len(row["input_ids"]) :] == 0).all()  # the negatives it has not: zero
 
 
-def _two_process_loss(rank: int, path: str, anchors, candidates, result, loss: str) -> None:
+def _two_process_loss(rank: int, path: str, anchors, candidates, result) -> None:
     import torch.distributed as dist
 
     from gpt_ft.adapters.embedding import EmbeddingHead
 
     dist.init_process_group("gloo", init_method=f"file://{path}", rank=rank, world_size=2)
-    head = EmbeddingHead(8, dimensions=8, loss=loss, symmetric=True, candidates=2, dropout=0.0)
-    head.load_state_dict(result["state"])
-    half = slice(rank * 3, rank * 3 + 3)
-    extract = torch.cat([anchors[half, None], candidates[half]], dim=1)  # (3, 3, 8)
-    losses = head.losses(head(extract), SCORES[half])
-    losses.mean().backward()  # each rank's mean; DDP averages the gradients
-    grad = head.weight.grad.clone()
-    dist.all_reduce(grad)
-    loss = losses.mean().detach()
-    dist.all_reduce(loss)
-    if rank == 0:
-        result["loss"], result["grad"] = loss / 2, grad / 2
+    for loss in ("infonce", "cosent"):
+        head = EmbeddingHead(8, dimensions=8, loss=loss, symmetric=True, candidates=2, dropout=0.0)
+        head.load_state_dict(result["state"])
+        half = slice(rank * 3, rank * 3 + 3)
+        extract = torch.cat([anchors[half, None], candidates[half]], dim=1)  # (3, 3, 8)
+        losses = head.losses(head(extract), SCORES[half])
+        losses.mean().backward()  # each rank's mean; DDP averages the gradients
+        grad = head.weight.grad.clone()
+        dist.all_reduce(grad)
+        mean = losses.mean().detach()
+        dist.all_reduce(mean)
+        if rank == 0:
+            result[loss] = [(mean / 2).item(), (grad / 2).tolist()]
     dist.destroy_process_group()
 
 
@@ -196,22 +197,22 @@ def two_process_losses(out: str) -> None:
 
     from gpt_ft.adapters.embedding import EmbeddingHead
 
+    g = torch.Generator().manual_seed(0)
+    anchors, candidates = torch.randn(6, 8, generator=g), torch.randn(6, 2, 8, generator=g)
+    extract = torch.cat([anchors[:, None], candidates], dim=1)
     results = {}
-    for loss in ("infonce", "cosent"):
-        g = torch.Generator().manual_seed(0)
-        anchors, candidates = torch.randn(6, 8, generator=g), torch.randn(6, 2, 8, generator=g)
-        head = EmbeddingHead(8, dimensions=8, loss=loss, symmetric=True, candidates=2, dropout=0.0)
-        extract = torch.cat([anchors[:, None], candidates], dim=1)
-        whole = head.losses(head(extract), SCORES).mean()
-        whole.backward()
-        with mp.Manager() as manager:
-            result = manager.dict(state=head.state_dict())
-            rendezvous = f"{out}.{loss}.rendezvous"
-            mp.spawn(_two_process_loss, args=(rendezvous, anchors, candidates, result, loss), nprocs=2)
-            results[loss] = {
-                "one": [whole.item(), head.weight.grad.tolist()],
-                "two": [result["loss"].item(), result["grad"].tolist()],
-            }
+    with mp.Manager() as manager:
+        shared = manager.dict()
+        for loss in ("infonce", "cosent"):
+            torch.manual_seed(1)
+            head = EmbeddingHead(8, dimensions=8, loss=loss, symmetric=True, candidates=2, dropout=0.0)
+            shared["state"] = head.state_dict()  # the same weights for both losses
+            whole = head.losses(head(extract), SCORES).mean()
+            whole.backward()
+            results[loss] = {"one": [whole.item(), head.weight.grad.tolist()]}
+        mp.spawn(_two_process_loss, args=(f"{out}.rendezvous", anchors, candidates, shared), nprocs=2)
+        for loss in results:
+            results[loss]["two"] = shared[loss]
     Path(out).write_text(json.dumps(results))
 
 
