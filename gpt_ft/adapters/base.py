@@ -12,6 +12,7 @@ tasks of one shape is in their card.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, ClassVar
@@ -267,6 +268,12 @@ class TaskAdapter:
     def text_fields(self) -> list[str]:
         """Every field the adapter reads text from (checked to exist in the data)."""
         raise NotImplementedError
+
+    def regroup(self, records: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[int]] | None:
+        """Examples that span several records (NLI triplets: a premise's entailed and contradicted
+        hypotheses): the new rows and, for each, the record that names it in messages; None (the
+        default): each record is one example."""
+        return None
 
     def texts(self, example: dict[str, Any]) -> list[str]:
         """The texts of one example to tokenize, in the order `encode` reads their tokens."""

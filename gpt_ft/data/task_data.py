@@ -144,6 +144,16 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
                 f"{source}: missing column(s) {missing} needed by task {self.task.name!r}; "
                 f"the file has {raw.column_names}."
             )
+        grouped = self.task.regroup(raw)  # a datasets.Dataset: records as dicts
+        if grouped is not None:  # examples across records (NLI triplets)
+            import datasets
+
+            rows, records = grouped
+            if not rows:
+                raise TaskDataError(
+                    f"{source}: split {split!r} gives no examples for task {self.task.name!r}."
+                )
+            raw, origin = datasets.Dataset.from_list(rows), origin.keep(records)
         index_field = self.task.index if self.task.index in raw.column_names else None
         if self.task.ignore_labels and self.task.label in raw.column_names:
             ignored = set(self.task.ignore_labels)

@@ -257,3 +257,29 @@ def test_a_reranker_frames_each_candidate_after_the_query_and_ranks_the_positive
     assert got["recall@1"].item() == pytest.approx(1 / 3)
     assert got["ndcg@10"].item() == pytest.approx((1 + 1 / math.log2(4) + 1 / math.log2(3)) / 3)
     assert task.output.format_prediction(scores[0], str) == "2.0000 1.0000"
+
+
+def test_nli_records_become_triplets_as_sbert_and_simcse_build_them():
+    from gpt_ft.adapters import NliTriplets
+
+    task = NliTriplets(name="nli")
+    records = [
+        {"premise": "A man sings.", "hypothesis": "A person sings.", "label": 0},  # the hub's ids
+        {"premise": "A man sings.", "hypothesis": "A woman sleeps.", "label": 2},
+        {"premise": "A man sings.", "hypothesis": "A man sings loudly.", "label": 1},
+        {
+            "premise": "Two dogs run.",
+            "hypothesis": "Animals move.",
+            "label": "entailment",
+        },  # the files' names
+        {"premise": "A cat sits.", "hypothesis": "A cat runs.", "label": "contradiction"},  # no entailment
+        {"premise": "Two dogs run.", "hypothesis": "Dogs are still.", "label": "-"},
+    ]
+    rows, named_by = task.regroup(records)
+    assert rows == [
+        {"anchor": "A man sings.", "positive": "A person sings.", "negatives": ["A woman sleeps."]},
+        {"anchor": "Two dogs run.", "positive": "Animals move.", "negatives": []},
+    ]
+    assert named_by == [0, 3]  # each by its positive's record
+    assert task.texts(rows[0]) == ["A man sings.", "A person sings.", "A woman sleeps."]
+    assert task.text_fields() == ["premise", "hypothesis", "label"] and task.num_sequences == 3

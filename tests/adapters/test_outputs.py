@@ -54,7 +54,8 @@ def test_every_shipped_card_keeps_its_output_kind(card):
     expected |= dict.fromkeys(["race", "storycloze", "swag"], ChoiceOutput)
     preference = ["preference/hh_rlhf", "preference/pairs", "preference/ultrafeedback_binarized"]
     expected |= dict.fromkeys(preference, PreferenceOutput)
-    expected |= dict.fromkeys(["embedding/pairs", "embedding/stsb"], EmbeddingOutput)
+    embeddings = ["embedding/pairs", "embedding/stsb", "embedding/snli", "embedding/mnli"]
+    expected |= dict.fromkeys(embeddings, EmbeddingOutput)
     expected["rerank/pairs"] = RerankOutput
     assert type(task.output) is expected.get(card, ClassificationOutput)
 

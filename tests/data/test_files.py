@@ -263,6 +263,37 @@ FIXTURES = {
         "validation": (tsv([*STSB, "score"], [0, "news", "f", 2012, 1, "s", "s", *AB[0], "0.000"]), [0.0]),
         "test": glue_test(STSB, [["n", "f", 1, 1, "s", "s", *ab] for ab in AB]),
     },
+    "embedding/snli": {  # triplets: a premise's entailed hypothesis, and the one it contradicts
+        "train": (
+            jsonl(
+                snli_row(Q, "He spoke.", "entailment"),
+                snli_row(*AB[0], "-"),
+                snli_row(Q, "He was silent.", "contradiction"),
+                snli_row(*AB[1], "contradiction"),  # no entailment: no example
+            ),
+            [1.0],
+        ),
+        "validation": (jsonl(snli_row(*AB[0], "entailment"), snli_row(*AB[1], "entailment")), [1.0, 1.0]),
+        "test": (jsonl(snli_row(*AB[0], "entailment")), [1.0]),
+    },
+    "embedding/mnli": {  # GLUE's MNLI files as triplets
+        "train": (
+            tsv(
+                [*MNLI, "label1", "gold_label"],
+                mnli_row(0, Q, "He spoke.", "entailment", "entailment"),
+                mnli_row(1, Q, "He was silent.", "contradiction", "contradiction"),
+            ),
+            [1.0],
+        ),
+        "validation": (
+            tsv([*MNLI, "label1", "gold_label"], mnli_row(0, *AB[0], "entailment", "entailment")),
+            [1.0],
+        ),
+        "test": (
+            tsv([*MNLI, "label1", "gold_label"], mnli_row(0, *AB[1], "entailment", "entailment")),
+            [1.0],
+        ),
+    },
     "embedding/pairs": {  # no score: every pair a match; hard negatives optional
         "train": (jsonl({"anchor": Q, "positive": "Yes.", "negatives": ["No.", "Why?"]}), [1.0]),
         "validation": (jsonl({"anchor": "Hi?", "positive": "Hello."}), [1.0]),
