@@ -343,6 +343,7 @@ ADAPTERS = [
     "gpt_ft.adapters.Preference",
     "gpt_ft.adapters.Embedding",
     "gpt_ft.adapters.Reranker",
+    "gpt_ft.adapters.NliTriplets",
     "gpt_ft.adapters.Nope",
     "os.path",
     "x",
