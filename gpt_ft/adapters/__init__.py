@@ -27,10 +27,11 @@ argument, so a user's own adapter class works with nothing registered; shipped c
 
 from gpt_ft.adapters.base import ENCODING, Encoded, Submission, TaskAdapter, field_text, fit_lengths
 from gpt_ft.adapters.choice import MultipleChoice
-from gpt_ft.adapters.embedding import Embedding, EmbeddingHead, EmbeddingOutput, NliTriplets
+from gpt_ft.adapters.embedding import Embedding, EmbeddingHead, EmbeddingOutput
 from gpt_ft.adapters.heads import ChoiceHead, ClassificationHead, RegressionHead, TaskHead
 from gpt_ft.adapters.metrics import METRICS, Scoring, metric_value
 from gpt_ft.adapters.multilabel import MultiLabel, MultiLabelHead, MultiLabelOutput
+from gpt_ft.adapters.nli import NliTriplets
 from gpt_ft.adapters.outputs import (
     ChoiceOutput,
     ClassificationOutput,

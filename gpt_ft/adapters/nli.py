@@ -1,0 +1,66 @@
+"""NLI records as embedding triplets: a premise, a hypothesis it entails, one it contradicts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpt_ft.adapters.base import field_text
+from gpt_ft.adapters.embedding import Embedding
+
+
+class NliTriplets(Embedding):
+    """Natural-language-inference rows (premise, hypothesis, label; SNLI's and MNLI's own layouts) as
+    embedding triplets, as SBERT and SimCSE train: each premise the anchor, a hypothesis it entails
+    the positive, one it contradicts the hard negative. A premise with no entailed hypothesis gives
+    no example; one with no contradiction, a pair without a hard negative."""
+
+    def __init__(
+        self,
+        *,
+        premise: str = "premise",
+        hypothesis: str = "hypothesis",
+        nli_label: str = "label",
+        entailment: list[str] | None = None,
+        contradiction: list[str] | None = None,
+        **kwargs,
+    ) -> None:
+        """
+        Args:
+            premise: Field holding the premise (the anchor).
+            hypothesis: Field holding the hypothesis.
+            nli_label: Field holding the inference label.
+            entailment: The label values that mean entailment (default: entailment, 0: the release
+                files' name and the hub's id).
+            contradiction: The label values that mean contradiction (default: contradiction, 2).
+        """
+        self.premise, self.hypothesis, self.nli_label = premise, hypothesis, nli_label
+        self.entailment = [str(v) for v in (entailment or ["entailment", "0"])]
+        self.contradiction = [str(v) for v in (contradiction or ["contradiction", "2"])]
+        super().__init__(
+            anchor="anchor", positive="positive", negatives="negatives", num_negatives=1, **kwargs
+        )
+
+    def text_fields(self) -> list[str]:
+        return [self.premise, self.hypothesis, self.nli_label]
+
+    def regroup(self, records) -> tuple[list[dict[str, Any]], list[int]]:
+        """One row per premise that entails a hypothesis: {anchor, positive, negatives}, with the
+        record of its positive (for messages); premises in the order they first come."""
+        grouped: dict[str, dict[str, Any]] = {}
+        for i, row in enumerate(records):
+            premise, label = field_text(row[self.premise]), str(row[self.nli_label])
+            group = grouped.setdefault(premise, {"positive": None, "negative": None, "record": None})
+            if label in self.entailment and group["positive"] is None:
+                group["positive"], group["record"] = field_text(row[self.hypothesis]), i
+            elif label in self.contradiction and group["negative"] is None:
+                group["negative"] = field_text(row[self.hypothesis])
+        kept = [(p, g) for p, g in grouped.items() if g["positive"] is not None]
+        triplets = [
+            {
+                "anchor": p,
+                "positive": g["positive"],
+                "negatives": [g["negative"]] if g["negative"] is not None else [],
+            }
+            for p, g in kept
+        ]
+        return triplets, [g["record"] for _, g in kept]
