@@ -137,3 +137,24 @@ def test_a_classifier_checkpoint_is_not_an_encoder(finetuned):
 
     with pytest.raises(ValueError, match=r"is not an embedding task: use Classifier"):
         Encoder.from_checkpoint(finetuned.ckpt, device="cpu")
+
+
+def test_a_suite_runs_an_embedding_card_with_its_learning_curve(embedded, tmp_path, tokenizer_dir):
+    """`gpt-ft suite` on an embedding card: the retrieval metrics per seed, the main one on a
+    learning curve over training sizes (rows with no label column are one stratum)."""
+    root, _ = embedded
+    (tmp_path / "suite.yaml").write_text(
+        f"name: embeddings\nseeds: [0]\ntrain_sizes: [8, all]\ntasks:\n  - card: {root / 'card.yaml'}\n"
+    )
+    fit = "[--model.preset=gpt-micro, --data.max_length=64, --data.batch_size=4, --trainer.max_epochs=1, "
+    fit += "--trainer.enable_progress_bar=false, --trainer.enable_model_summary=false]"
+    out = tmp_path / "out"
+    main(["suite", str(tmp_path / "suite.yaml"), f"--out_dir={out}", f"--data_dir={root}",
+          f"--tokenizer={tokenizer_dir}", f"--fit_args={fit}"])  # fmt: skip
+    task = json.loads((out / "results.json").read_text())["tasks"]["pairs"]
+    assert task["main_metric"] == "validation/mrr@10"
+    assert set(task["metrics"]) == {f"validation/{m}" for m in ("mrr@10", "ndcg@10", "recall@1", "recall@10")}
+    for metric in task["metrics"].values():
+        assert 0 <= metric["seeds"]["0"] <= 100
+    curve = task["curves"]["fine-tuned"]
+    assert (curve["8"]["examples"], curve["all"]["examples"]) == (8, 16)
