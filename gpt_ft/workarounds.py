@@ -219,7 +219,12 @@ def config_file_being_read(text: str) -> str | None:
         from jsonargparse._util import config_load_stack
 
         real, shown = config_load_stack.get()[-1]
-        if Path(real).read_text(encoding="utf-8") != text:
+        # The loader sees every value parsed while a file is open (hundreds a parse): the file's
+        # size rules most out without reading it.
+        if (
+            Path(real).stat().st_size != len(text.encode("utf-8"))
+            or Path(real).read_text(encoding="utf-8") != text
+        ):
             return None
         return shown if Path(shown).resolve() == Path(real) else real  # as named, where that is here
     except (ImportError, LookupError, IndexError, ValueError, TypeError, OSError):

@@ -118,6 +118,14 @@ class Submission:
         return cls(dict(files or {}), list(labels) if labels is not None else None)
 
 
+def refuse_label_fields(kwargs: dict[str, Any], fields: dict[str, Any], why: str) -> None:
+    """Pops from a shape's `kwargs` the base class's label arguments it sets itself (`fields`, each
+    with its default); one given otherwise is a `CardError` naming it, then `why`."""
+    for taken, default in fields.items():
+        if kwargs.pop(taken, default) not in (default, []):
+            raise CardError(f"Task {kwargs.get('name')!r}: {why.format(field=taken)}")
+
+
 class TaskAdapter:
     """Base class: a task's card, read into its parts, and what every input transform shares.
 

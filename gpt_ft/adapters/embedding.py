@@ -33,7 +33,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
-from gpt_ft.adapters.base import Encoded, TaskAdapter, field_text
+from gpt_ft.adapters.base import Encoded, TaskAdapter, field_text, refuse_label_fields
 from gpt_ft.adapters.heads import TaskHead
 from gpt_ft.adapters.metrics import metric_value
 from gpt_ft.adapters.outputs import FLOAT32_MAX, CardError, LabelSpec, TaskDataError, TaskOutput
@@ -117,6 +117,36 @@ def rank_metrics(rank: Tensor, metrics: list[str]) -> dict[str, Tensor]:
         "recall@10": (rank <= 10).double(),
     }
     return {name: values[name].mean().float() for name in metrics}
+
+
+def count_negatives(
+    task_name: str | None, negatives: str | list[str] | None, num_negatives: int | None
+) -> int:
+    """The most hard negatives a row has: one per field of a list of fields; for one field,
+    `num_negatives` (default 1); none without negatives."""
+    if num_negatives is not None and num_negatives < 1:
+        raise CardError(f"Task {task_name!r}: num_negatives must be >= 1, got {num_negatives}.")
+    if isinstance(negatives, list):
+        if num_negatives not in (None, len(negatives)):
+            raise CardError(f"Task {task_name!r}: num_negatives={num_negatives} but {len(negatives)} fields.")
+        return len(negatives)
+    return 0 if negatives is None else num_negatives or 1
+
+
+def negative_texts(example: dict[str, Any], negatives: str | list[str] | None, most: int) -> list[Any]:
+    """A row's hard negatives: each field's of a list of fields, or one field's text or list of
+    texts (the field missing, or a null: none); more than `most` is named in one sentence."""
+    if isinstance(negatives, list):
+        found = [example[f] for f in negatives]
+    else:
+        value = example.get(negatives) if negatives is not None else None
+        found = list(value) if isinstance(value, (list, tuple)) else [value]
+    found = [n for n in found if n is not None]
+    if len(found) > most:
+        raise TaskDataError(
+            f"field {negatives!r} holds {len(found)} negatives; the card allows {most} (num_negatives)."
+        )
+    return found
 
 
 class EmbeddingHead(TaskHead):
@@ -304,21 +334,12 @@ class Embedding(TaskAdapter):
             query_prompt: Text put before each anchor (E5: "query: "); kept with the model.
             document_prompt: Text put before each positive and negative (E5: "passage: ").
         """
-        name = kwargs.get("name")
-        for taken, default in {"labels": None, "regression": False, "ignore_labels": None}.items():
-            if kwargs.pop(taken, default) not in (default, []):
-                raise CardError(f"Task {name!r}: an embedding task takes no `{taken}` (see `score`).")
+        no_labels = {"labels": None, "regression": False, "ignore_labels": None}
+        refuse_label_fields(kwargs, no_labels, "an embedding task takes no `{field}` (see `score`).")
         kwargs.pop("label", None)
-        if num_negatives is not None and num_negatives < 1:
-            raise CardError(f"Task {name!r}: num_negatives must be >= 1, got {num_negatives}.")
-        if isinstance(negatives, list):
-            if num_negatives not in (None, len(negatives)):
-                raise CardError(f"Task {name!r}: num_negatives={num_negatives} but {len(negatives)} fields.")
-            num_negatives = len(negatives)
-        elif negatives is not None:
-            num_negatives = num_negatives or 1
         self.anchor, self.positive, self.negatives = anchor, positive, negatives
-        self.num_negatives, self.score = num_negatives or 0, score
+        self.num_negatives = count_negatives(kwargs.get("name"), negatives, num_negatives)
+        self.score = score
         self.loss = loss or ("cosent" if score else "infonce")
         self.temperature, self.symmetric, self.dimensions = temperature, symmetric, dimensions
         self.query_prompt, self.document_prompt = query_prompt, document_prompt
@@ -347,19 +368,7 @@ class Embedding(TaskAdapter):
 
     def texts(self, example: dict[str, Any]) -> list[str]:
         """[anchor, positive, negative, ...], each with its prompt."""
-        if isinstance(self.negatives, list):
-            negatives = [example[f] for f in self.negatives]
-        elif self.negatives is not None:
-            value = example.get(self.negatives)
-            negatives = list(value) if isinstance(value, (list, tuple)) else [value]
-            if len(negatives) > self.num_negatives:
-                raise TaskDataError(
-                    f"field {self.negatives!r} holds {len(negatives)} negatives; the card allows "
-                    f"{self.num_negatives} (num_negatives)."
-                )
-        else:
-            negatives = []
-        documents = [example[self.positive], *(n for n in negatives if n is not None)]
+        documents = [example[self.positive], *negative_texts(example, self.negatives, self.num_negatives)]
         return [self.query_prompt + field_text(example[self.anchor])] + [
             self.document_prompt + field_text(d) for d in documents
         ]

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gpt_ft.adapters.base import Encoded, TaskAdapter, field_text
+from gpt_ft.adapters.base import Encoded, TaskAdapter, field_text, refuse_label_fields
 from gpt_ft.adapters.heads import ChoiceHead
 from gpt_ft.adapters.outputs import FLOAT32_MAX, CardError, LabelSpec, TaskDataError, TaskOutput
 
@@ -269,12 +269,12 @@ class Preference(TaskAdapter):
             raise CardError(f"Task {name!r}: turn_marker must not be empty.")
         # The base class's label arguments, at their defaults where the card leaves them out.
         defaults = {"label": "label", "labels": None, "regression": False, "score_range": None}
-        for taken, default in {**defaults, "ignore_labels": None}.items():
-            if kwargs.pop(taken, default) not in (default, []):
-                raise CardError(
-                    f"Task {name!r}: a preference task takes no `{taken}` (the chosen reply is the "
-                    "right one; `margin` names a field with each pair's margin)."
-                )
+        refuse_label_fields(
+            kwargs,
+            {**defaults, "ignore_labels": None},
+            "a preference task takes no `{field}` (the chosen reply is the right one; `margin` names a "
+            "field with each pair's margin).",
+        )
         self.chosen, self.rejected, self.prompt, self.reply = chosen, rejected, prompt, reply
         self.turn_marker, self.margin, self.center_rewards = turn_marker, margin, center_rewards
         super().__init__(label=margin or "margin", **kwargs)

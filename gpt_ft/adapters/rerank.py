@@ -21,10 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gpt_ft.adapters.base import Encoded, TaskAdapter, field_text
-from gpt_ft.adapters.embedding import RETRIEVAL, rank_metrics
+from gpt_ft.adapters.base import Encoded, TaskAdapter, field_text, refuse_label_fields
+from gpt_ft.adapters.embedding import RETRIEVAL, count_negatives, negative_texts, rank_metrics
 from gpt_ft.adapters.heads import ChoiceHead
-from gpt_ft.adapters.outputs import CardError, LabelSpec, TaskDataError, TaskOutput
+from gpt_ft.adapters.outputs import LabelSpec, TaskOutput
 
 
 class RerankHead(ChoiceHead):
@@ -113,20 +113,10 @@ class Reranker(TaskAdapter):
                 one text each: the candidates ranked against the positive.
             num_negatives: The most negatives a row has (a field holding a list; default 1).
         """
-        name = kwargs.get("name")
-        for taken, default in {"label": "label", "labels": None, "regression": False}.items():
-            if kwargs.pop(taken, default) not in (default, []):
-                raise CardError(
-                    f"Task {name!r}: a reranking task takes no `{taken}` (the positive is first)."
-                )
-        if isinstance(negatives, list):
-            if num_negatives not in (None, len(negatives)):
-                raise CardError(f"Task {name!r}: num_negatives={num_negatives} but {len(negatives)} fields.")
-            num_negatives = len(negatives)
-        if num_negatives is not None and num_negatives < 1:
-            raise CardError(f"Task {name!r}: num_negatives must be >= 1, got {num_negatives}.")
+        no_labels = {"label": "label", "labels": None, "regression": False}
+        refuse_label_fields(kwargs, no_labels, "a reranking task takes no `{field}` (the positive is first).")
         self.query, self.positive, self.negatives = query, positive, negatives
-        self.num_negatives = num_negatives or 1
+        self.num_negatives = count_negatives(kwargs.get("name"), negatives, num_negatives)
         super().__init__(**kwargs)
 
     @property
@@ -142,20 +132,8 @@ class Reranker(TaskAdapter):
 
     def texts(self, example: dict[str, Any]) -> list[str]:
         """[query, positive, negative, ...]."""
-        if isinstance(self.negatives, list):
-            negatives = [example[f] for f in self.negatives]
-        else:
-            value = example[self.negatives]
-            negatives = list(value) if isinstance(value, (list, tuple)) else [value]
-        negatives = [n for n in negatives if n is not None]
-        if len(negatives) > self.num_negatives:
-            raise TaskDataError(
-                f"field {self.negatives!r} holds {len(negatives)} negatives; the card allows "
-                f"{self.num_negatives} (num_negatives)."
-            )
-        return [field_text(example[self.query]), field_text(example[self.positive])] + [
-            field_text(n) for n in negatives
-        ]
+        candidates = [example[self.positive], *negative_texts(example, self.negatives, self.num_negatives)]
+        return [field_text(example[self.query])] + [field_text(c) for c in candidates]
 
     def encode(self, example, tokens, specials, max_length):
         query, *candidates = tokens
