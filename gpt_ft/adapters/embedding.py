@@ -334,9 +334,8 @@ class Embedding(TaskAdapter):
             query_prompt: Text put before each anchor (E5: "query: "); kept with the model.
             document_prompt: Text put before each positive and negative (E5: "passage: ").
         """
-        no_labels = {"labels": None, "regression": False, "ignore_labels": None}
+        no_labels = {"label": "label", "labels": None, "regression": False, "ignore_labels": None}
         refuse_label_fields(kwargs, no_labels, "an embedding task takes no `{field}` (see `score`).")
-        kwargs.pop("label", None)
         self.anchor, self.positive, self.negatives = anchor, positive, negatives
         self.num_negatives = count_negatives(kwargs.get("name"), negatives, num_negatives)
         self.score = score
