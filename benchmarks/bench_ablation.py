@@ -99,6 +99,7 @@ def pretrain(args, out: Path, tokens: Path, steps: int) -> None:
         f"--data.token_dir={tokens}",
         f"--data.block_size={args.context}",
         f"--data.batch_size={args.batch_size}",
+        "--trainer.accumulate_grad_batches=1",  # --batch-size is the whole step (gpt1.yaml: 8 x 8)
         f"--model.preset={args.preset}",
         f"--model.overrides={{{model}}}",
         f"--model.lr={args.pretrain_lr}",

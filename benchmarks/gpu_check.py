@@ -2,8 +2,8 @@
 
 1. `pytest -k cuda tests`: logits equal transformers' (GPT-1 and GPT-2, fp32), the bf16-mixed loss
    stays near fp32's, every batch layout equals the plain one, cached generation equals uncached,
-   pretraining and right-padded fine-tuning run the flash kernel, `fit` logs tokens/s and MFU, the
-   quickstart learns through configs/trainer/gpu.yaml (eager and compiled);
+   pretraining and right-padded fine-tuning run a fused attention kernel (flash or cuDNN), `fit`
+   logs tokens/s and MFU, the quickstart learns through configs/trainer/gpu.yaml (eager and compiled);
 2. benchmarks/gpu_figures.py: tokens/s, MFU, attention kernels, `fit` vs a raw loop, generation,
    shared contexts, with the speed goals checked.
 

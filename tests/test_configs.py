@@ -80,10 +80,11 @@ def test_quickstart_prints_what_the_readme_says(background):
 @cuda
 @pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
 def test_cuda_quickstart_through_the_gpu_config(tmp_path, monkeypatch, compile):
-    """configs/trainer/gpu.yaml (bf16-mixed, fused AdamW) on the quickstart: one epoch learns."""
+    """configs/trainer/gpu.yaml (bf16-mixed, fused AdamW) on the quickstart: its three epochs learn
+    (one epoch ended at 0.66 on an H200, eager)."""
     monkeypatch.chdir(ROOT)
     main(["fit", "--config", "configs/quickstart.yaml", "--config", "configs/trainer/gpu.yaml",
-          "--trainer.max_epochs=1", f"--trainer.default_root_dir={tmp_path}", f"--model.compile={compile}",
+          f"--trainer.default_root_dir={tmp_path}", f"--model.compile={compile}",
           "--trainer.enable_progress_bar=false"])  # fmt: skip
     (metrics,) = tmp_path.rglob("metrics.csv")
     with open(metrics) as f:

@@ -62,7 +62,7 @@ def batch_tokens(batch) -> tuple[int, int, int]:
 
 class Throughput(Callback):
     """Logs perf/tokens_per_s (real tokens, all devices), perf/padding and perf/mfu every
-    `every_n_steps` optimizer steps."""
+    `every_n_steps` optimizer steps, each window at the optimizer step that closes it."""
 
     def __init__(self, every_n_steps: int = 50, peak_tflops: float | None = None) -> None:
         self.every_n_steps, self.peak_tflops = every_n_steps, peak_tflops
@@ -88,15 +88,22 @@ class Throughput(Callback):
         if trainer.global_step - self._last_step < self.every_n_steps:
             return
         seconds = time.perf_counter() - self._start
-        world = trainer.world_size
-        pl_module.log("perf/tokens_per_s", self._tokens * world / seconds, rank_zero_only=True)
-        padding = 1 - self._tokens / self._positions if self._positions else 0.0
-        pl_module.log("perf/padding", padding, rank_zero_only=True)
+        metrics = {
+            "perf/tokens_per_s": self._tokens * trainer.world_size / seconds,
+            "perf/padding": 1 - self._tokens / self._positions if self._positions else 0.0,
+        }
         device = batch.index.device
         if device.type == "cuda":
             peak = self.peak_tflops or dense_peak_tflops(torch.cuda.get_device_name(device))
             if peak:
-                pl_module.log("perf/mfu", self._flops / seconds / (peak * 1e12), rank_zero_only=True)
+                metrics["perf/mfu"] = self._flops / seconds / (peak * 1e12)
+        # Every window reaches the loggers, whatever the trainer's log_every_n_steps (which would
+        # keep only the windows ending on its multiples); self.log feeds the metrics line.
+        for name, value in metrics.items():
+            pl_module.log(name, value, logger=False, rank_zero_only=True)
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=trainer.global_step)
         self._start, self._tokens, self._positions, self._flops = time.perf_counter(), 0, 0, 0.0
         self._last_step = trainer.global_step
 
