@@ -129,7 +129,7 @@ class PackedBatch:
     labels: Tensor | None = None
     split: str = ""
     real_tokens: int = 0
-    """Tokens that are not padding (a host count)."""
+    """Tokens the rows compute (a host count): no padding, a recurring sequence once."""
 
     def __len__(self) -> int:
         return len(self.index)
@@ -286,31 +286,41 @@ def collate_packed(
     examples: list[dict[str, Any]], pad_id: int, delim_id: int | None = None, split: str = ""
 ) -> PackedBatch:
     """Encoded examples packed into rows (see `PackedBatch`); with `delim_id`, an example whose
-    sequences all start with the same `[start] context [delim]` runs its context once."""
-    units = []  # per example: (tokens, positions, branches, lm (offset, target, weight), extracts)
+    sequences all start with the same `[start] context [delim]` runs its context once.
+
+    A sequence that recurs in the batch (a shared hard negative, a premise with two hypotheses, a
+    document two queries retrieve) runs once: its every occurrence reads the same positions, for
+    its extract state and its LM terms alike, so the losses equal the padded batch's."""
+    units = []  # per computed sequence: [tokens, positions, branches, lm (b, offset, target, weight), extracts]
+    seen: dict[tuple[int, ...], list] = {}  # a lone sequence's tokens -> its unit
     for b, example in enumerate(examples):
         sequences = example["input_ids"]
         n = shared_prefix(sequences, delim_id) if delim_id is not None and len(sequences) > 1 else None
-        if n is None:  # each sequence its own unit
+        if n is None:  # each sequence its own unit, or a read of the same sequence's
             for s, seq in enumerate(sequences):
-                lm = [(i, seq[i + 1], 1) for i in range(len(seq) - 1)]
-                extract = [(s, example["extract_index"][s])]
-                units.append((b, seq, list(range(len(seq))), [0] * len(seq), lm, extract))
+                lm = [(b, i, seq[i + 1], 1) for i in range(len(seq) - 1)]
+                extract = [(b, s, example["extract_index"][s])]
+                if (unit := seen.get(tuple(seq))) is not None:
+                    unit[3] += lm
+                    unit[4] += extract
+                    continue
+                seen[tuple(seq)] = unit = [seq, list(range(len(seq))), [0] * len(seq), lm, extract]
+                units.append(unit)
             continue
         context, k = sequences[0][:n], len(sequences)
         tokens, positions, branches = list(context), list(range(n)), [0] * n
-        lm = [(i, context[i + 1], k) for i in range(n - 1)]  # the padded layout: once per choice
+        lm = [(b, i, context[i + 1], k) for i in range(n - 1)]  # the padded layout: once per choice
         extract = []
         for s, seq in enumerate(sequences):
             start, answer = len(tokens), seq[n:]
-            lm.append((n - 1, answer[0], 1))  # the delim predicts each choice's first token
-            lm += [(start + i, answer[i + 1], 1) for i in range(len(answer) - 1)]
-            extract.append((s, start + example["extract_index"][s] - n))
+            lm.append((b, n - 1, answer[0], 1))  # the delim predicts each choice's first token
+            lm += [(b, start + i, answer[i + 1], 1) for i in range(len(answer) - 1)]
+            extract.append((b, s, start + example["extract_index"][s] - n))
             tokens += answer
             positions += range(n, n + len(answer))
             branches += [s + 1] * len(answer)
-        units.append((b, tokens, positions, branches, lm, extract))
-    L, rows = pack_rows(units, [len(unit[1]) for unit in units])
+        units.append([tokens, positions, branches, lm, extract])
+    L, rows = pack_rows(units, [len(unit[0]) for unit in units])
     R, B = len(rows), len(examples)
     S = max(len(e["input_ids"]) for e in examples)
     input_ids = [[pad_id] * L for _ in range(R)]
@@ -321,19 +331,19 @@ def collate_packed(
     extract_index = [[0] * S for _ in range(B)]
     choice_mask = [[False] * S for _ in range(B)]
     for r, (_, placed) in enumerate(rows):
-        for d, (offset, (b, tokens, positions, branch, lm, extract)) in enumerate(placed):
+        for d, (offset, (tokens, positions, branch, lm, extract)) in enumerate(placed):
             end = offset + len(tokens)
             input_ids[r][offset:end], position_ids[r][offset:end] = tokens, positions
             documents[r][offset:end], branches[r][offset:end] = [d] * len(tokens), branch
             base = r * L + offset
-            for i, target, weight in lm:
+            for b, i, target, weight in lm:
                 lm_positions.append(base + i)
                 lm_targets.append(target)
                 lm_examples.append(b)
                 lm_weights.append(weight)
-            for s, i in extract:
+            for b, s, i in extract:
                 extract_index[b][s], choice_mask[b][s] = base + i, True
-    shared = any(max(u[3]) > 0 for u in units)
+    shared = any(max(u[2]) > 0 for u in units)
     weighted = any(w != 1 for w in lm_weights)
     long = dict(dtype=torch.long)
     return PackedBatch(
@@ -350,7 +360,7 @@ def collate_packed(
         index=torch.tensor([e["index"] for e in examples], **long),
         labels=_labels(examples),
         split=split,
-        real_tokens=sum(len(u[1]) for u in units),
+        real_tokens=sum(len(u[0]) for u in units),
     )
 
 

@@ -127,6 +127,28 @@ def test_a_packed_batch_equals_the_padded_one(tokenizer_dir, shape, family):
     torch.testing.assert_close(predictions[1], predictions[0], rtol=0, atol=1e-5, equal_nan=True)
 
 
+@pytest.mark.parametrize("shape", ["rerank", "pair", "single"])
+def test_a_sequence_that_recurs_in_a_batch_runs_once(tokenizer_dir, shape):
+    """A document two queries share, and a whole example twice, are computed once: fewer tokens,
+    every occurrence reading the same positions, and the padded batch's losses, LM terms (each
+    occurrence counted) and gradients all the same."""
+    module, rows, specials = module_for(tokenizer_dir, shape, "llama-micro")
+    rows = [*rows, {**rows[0], "index": len(rows)}]  # example 0 again
+    if shape == "rerank":  # example 1 and 2 share their last candidate with example 3
+        for b in (1, 2):
+            rows[b]["input_ids"] = [*rows[b]["input_ids"][:-1], rows[3]["input_ids"][-1]]
+            rows[b]["extract_index"] = [*rows[b]["extract_index"][:-1], rows[3]["extract_index"][-1]]
+    padded, packed = collate(rows, specials.pad), collate_packed(rows, specials.pad)
+    every = [seq for row in rows for seq in row["input_ids"]]
+    once = {tuple(seq): len(seq) for seq in every}
+    assert packed.real_tokens == sum(once.values()) < padded.real_tokens == sum(map(len, every))
+    assert int((packed.documents >= 0).sum()) == packed.real_tokens
+    last = len(rows) - 1  # the repeated example reads the first one's extract positions
+    assert packed.extract_index[last].tolist() == packed.extract_index[0].tolist()
+    module.train()
+    assert_same(run(module, padded), run(module, packed), padded.choice_mask)
+
+
 def test_shared_contexts_pack_as_the_shared_context_batch_runs_them(tokenizer_dir):
     """Multiple choice: the packed rows hold each context once, and equal `collate_shared`'s batch."""
     module, rows, specials = module_for(tokenizer_dir, "choice", "llama-micro")
