@@ -291,7 +291,7 @@ def collate_packed(
     A sequence that recurs in the batch (a shared hard negative, a premise with two hypotheses, a
     document two queries retrieve) runs once: its every occurrence reads the same positions, for
     its extract state and its LM terms alike, so the losses equal the padded batch's."""
-    units = []  # per computed sequence: [tokens, positions, branches, lm (b, offset, target, weight), extracts]
+    units = []  # per computed sequence: [tokens, positions, branches, lm (b, i, target, weight), extracts]
     seen: dict[tuple[int, ...], list] = {}  # a lone sequence's tokens -> its unit
     for b, example in enumerate(examples):
         sequences = example["input_ids"]
