@@ -14,7 +14,10 @@ Then, one whole process each, in turns:
 - `sentence-transformers`: `SentenceTransformerTrainer` with `Transformer` + last-token `Pooling` +
   `Normalize` from the same folder and its own tokenizer (no framing tokens: the last text token
   pools), padded batches, `CoSENTLoss` or `MultipleNegativesRankingLoss` (scale 20 = 1/τ for τ 0.05,
-  as ours).
+  as ours);
+- `sentence-transformers-framed`: the same, each text framed as ours is, between the tokenizer's own
+  start and end-of-text tokens (the rows ours copies into its framing tokens), so that both pool the
+  same token: the token ids and the arithmetic are ours, the trainer theirs.
 
 Both take the same batch, learning rate, linear schedule after --warmup of the steps, weight decay
 0.01, gradient clipping at 1.0, epochs and seed; neither saves a checkpoint. The wall time is each
@@ -44,7 +47,7 @@ import peers  # noqa: E402  (the peer's arguments and schedule)
 
 ROOT = Path(__file__).resolve().parents[1]
 CARD = ROOT / "tasks" / "embedding" / "stsb.yaml"
-CONTENDERS = ["untrained", "ours", "sentence-transformers"]
+CONTENDERS = ["untrained", "ours", "sentence-transformers", "sentence-transformers-framed"]
 
 
 def sts_files(args, out: Path) -> Path:
@@ -89,13 +92,13 @@ def ours(args, base: Path, data: Path, out: Path, train: bool) -> list[str]:
     ]  # fmt: skip
 
 
-def peer(args, base: Path, data: Path, out: Path) -> list[str]:
+def peer(args, base: Path, data: Path, out: Path, framed: bool) -> list[str]:
     return [
         sys.executable, __file__, "peer", f"--base={base}", f"--train={data / 'STS-B' / 'train.tsv'}",
         f"--dev={data / 'STS-B' / 'dev.tsv'}", f"--out={out}", f"--device={args.device}",
         f"--batch-size={args.batch_size}", f"--lr={args.lr}", f"--warmup={args.warmup}",
         f"--epochs={args.epochs}", f"--loss={args.loss}", f"--max-length={args.max_length}",
-        *(["--bf16"] if args.bf16 else []),
+        *(["--bf16"] if args.bf16 else []), *(["--framed"] if framed else []),
     ]  # fmt: skip
 
 
@@ -104,6 +107,7 @@ def run_peer(argv: list[str]) -> None:
     parser = peers.peer_parser()
     parser.add_argument("--loss", choices=["cosent", "infonce"], required=True)
     parser.add_argument("--max-length", type=int, required=True)
+    parser.add_argument("--framed", action="store_true", help="each text as ours frames it")
     args = parser.parse_args(argv)
 
     import numpy as np
@@ -121,8 +125,8 @@ def run_peer(argv: list[str]) -> None:
         with open(path, encoding="utf-8", newline="") as f:
             rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
         return {
-            "sentence1": [r["sentence1"] for r in rows],
-            "sentence2": [r["sentence2"] for r in rows],
+            "sentence1": [start + r["sentence1"] + end for r in rows],
+            "sentence2": [start + r["sentence2"] + end for r in rows],
             "score": [float(r["score"]) for r in rows],
         }
 
@@ -131,6 +135,12 @@ def run_peer(argv: list[str]) -> None:
         modules=[transformer, Pooling(transformer.get_word_embedding_dimension(), "lasttoken"), Normalize()],
         device="cuda" if args.device == "cuda" else "cpu",
     )
+    start = end = ""
+    if args.framed:  # the tokenizer parses its own special tokens out of the text: ours' ids exactly
+        from gpt_ft.data.tokenizer import own_framing_tokens
+
+        own = own_framing_tokens(transformer.tokenizer)
+        start, end = transformer.tokenizer.convert_ids_to_tokens([own["start"], own["extract"]])
     train = read(args.train)
     if args.loss == "cosent":
         dataset, loss = Dataset.from_dict(train), losses.CoSENTLoss(model, scale=20.0)
@@ -147,7 +157,7 @@ def run_peer(argv: list[str]) -> None:
 
 
 def spearman_of(contender: str, run_dir: Path, log: Path) -> float:
-    if contender == "sentence-transformers":
+    if contender.startswith("sentence-transformers"):
         lines = [line for line in log.read_text().splitlines() if line.startswith('{"spearman"')]
         return json.loads(lines[-1])["spearman"]
     return harness.last_value(harness.metrics_rows(run_dir), "validation/spearman")
@@ -198,13 +208,13 @@ def main() -> None:
     for contender in args.contenders:
         run_dir = out / contender
         log = run_dir.with_suffix(".log")
-        if contender == "sentence-transformers":
-            command = peer(args, base, data, run_dir)
+        if contender.startswith("sentence-transformers"):
+            command = peer(args, base, data, run_dir, framed=contender.endswith("framed"))
         else:
             command = ours(args, base, data, run_dir, train=contender == "ours")
         seconds, _ = bench_vs_trainer.timed(command, log)
         results[contender] = (seconds, spearman_of(contender, run_dir, log))
-        print(f"{contender:22} {seconds:7.1f} s  dev Spearman {results[contender][1]:.4f}", flush=True)
+        print(f"{contender:30} {seconds:7.1f} s  dev Spearman {results[contender][1]:.4f}", flush=True)
     mine = results.get("ours", (None,))[0]
     rows = [
         dict(contender=c, seconds=round(s, 1), spearman=r, vs_ours=round(s / mine, 2) if mine else None)
