@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import inspect
 import json
 import os
 import random
@@ -130,7 +131,12 @@ def run_peer(argv: list[str]) -> None:
             "score": [float(r["score"]) for r in rows],
         }
 
-    transformer = Transformer(args.base, max_seq_length=args.max_length)
+    # The text as it is: sentence-transformers 6 otherwise renders each text through the tokenizer's
+    # chat template (SmolLM2's: a system prompt and the user turn around it) and pools its last token.
+    plain = {"text": {"method": "forward", "method_output_name": "last_hidden_state"}}
+    text_only = dict(modality_config=plain, module_output_name="token_embeddings")
+    takes = "modality_config" in inspect.signature(Transformer.__init__).parameters
+    transformer = Transformer(args.base, max_seq_length=args.max_length, **(text_only if takes else {}))
     model = SentenceTransformer(
         modules=[transformer, Pooling(transformer.get_word_embedding_dimension(), "lasttoken"), Normalize()],
         device="cuda" if args.device == "cuda" else "cpu",

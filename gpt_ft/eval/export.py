@@ -336,6 +336,9 @@ def framed_tokenizer(clf: Classifier):
     tokenizer.backend_tokenizer.post_processor = TemplateProcessing(
         single=single, pair=pair, special_tokens=list(zip(names, (s.start, s.delim, s.extract)))
     )
+    # The post-processor frames every text; a chat model's template would wrap it again where a
+    # loader applies one (sentence-transformers 6 renders each text through it).
+    tokenizer.chat_template = None
     tokenizer.model_max_length = clf.max_length
     tokenizer.padding_side = "right"
     tokenizer.truncation_side = "right"  # training keeps the start of each text

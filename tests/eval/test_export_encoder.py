@@ -39,6 +39,9 @@ print(json.dumps({"results": results, "imported_gpt_ft": "gpt_ft" in sys.modules
 """
 
 
+CHAT_TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+
+
 def write_encoders(out: str, tokenizer_dir: str) -> None:
     """Each layout's random encoder exported under `out`, with what `Encoder` says of the texts."""
     import torch
@@ -51,6 +54,7 @@ def write_encoders(out: str, tokenizer_dir: str) -> None:
     from gpt_ft.eval.export import export_classifier, export_encoder
 
     out, tokenizer = Path(out), load_tokenizer(tokenizer_dir)
+    tokenizer.chat_template = CHAT_TEMPLATE  # as a released chat model's tokenizer has one
     jobs, expected = [], {}
     for name, (preset, overrides, dimensions) in LAYOUTS.items():
         torch.manual_seed(len(name))
@@ -103,3 +107,7 @@ def test_sentence_transformers_loads_the_exported_encoder_and_reranker_without_g
     assert [m["path"] for m in modules] == ["", "1_Pooling", "2_Dense", "3_Normalize"]
     pooling = json.loads((background.root / "llama" / "1_Pooling" / "config.json").read_text())
     assert pooling["pooling_mode"] == "lasttoken"  # the last token: the extract token
+    # the chat template the tokenizer had is not exported: the post-processor frames each text
+    assert not list(background.root.rglob("chat_template.jinja"))
+    config = json.loads((background.root / "llama" / "tokenizer_config.json").read_text())
+    assert "chat_template" not in config
