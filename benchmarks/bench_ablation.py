@@ -8,10 +8,9 @@ the pretrained checkpoint and from scratch, per seed; 5. prints the table beside
 context 256), --device cuda (configs/pretrain/gpt1.yaml + configs/trainer/gpu.yaml, gpt1 at context
 512 on 200M tokens), --tiny (2 layers on a slice of the data: minutes on a CPU); flags override.
 
-The same command again goes on: the tokenizer, tokens and finished fine-tuning runs are kept, and
-pretraining resumes from its last.ckpt as `gpt-ft fit --ckpt_path last` does, Lightning's
-`--trainer.max_time` counting every run's training (raise --minutes to train longer). Arguments
-after `--` go to every fine-tuning `gpt-ft fit`.
+The same command again goes on: tokenizer, tokens and finished fine-tuning runs are kept, pretraining
+resumes from its last.ckpt as `gpt-ft fit --ckpt_path last` does, `--trainer.max_time` counting every
+run's training (raise --minutes to train longer); arguments after `--` go to every fine-tuning fit.
 
     python benchmarks/bench_ablation.py --device cpu --minutes 45 $DATA  # --books --glue --storycloze
     python benchmarks/bench_ablation.py --device cuda --compile --report runs/ablation-cuda/report.md $DATA
