@@ -110,7 +110,7 @@ def kernels_of(fn: Callable[[], object]) -> str:
             if event.name == f"aten::{op}" and kernel not in found:
                 found.append(kernel)
                 break
-    return " + ".join(found) or "none (blocked attention: the CPU's dropout path)"
+    return " + ".join(found) or "none (blocked attention: the CPU's path in bf16 or with dropout)"
 
 
 def attention_kernels(setup: Setup) -> list[Row]:

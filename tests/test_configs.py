@@ -44,15 +44,15 @@ def start_quickstart(root):
     ]
 
 
-# How far the quickstart's accuracy may move from the README's figures: 0.05, 25 of its 500
-# validation sentences. The run is deterministic for one CPU and thread count (seed 0: the same
-# figures in two runs), but the thread count splits sums differently: the README's figures are 2
-# threads' (2 cores), this test runs on one thread (the suite's background processes do), and the
-# two differ by up to 0.04 (packed batches, bf16: 0.7760 / 1.0000 / 1.0000 on one thread, 0.7720 /
-# 0.9600 / 1.0000 on two). A change that moves the accuracy by more than that is a change the
-# README must be told of (the padded batches' figures, 0.7520 / 0.9380 / 0.9940, are 0.06 off in
-# the second epoch).
-QUICKSTART_TOLERANCE = 0.05
+# How far the quickstart's accuracy may move from the README's figures, epoch by epoch. The run is
+# deterministic for one CPU and thread count (seed 0: the same figures in two runs), but the CPU
+# model and the thread count split sums differently, and the first two epochs, still learning fast,
+# show it: bf16 on two EPYC models and one or two threads gave 0.736 to 0.794 after the first epoch
+# and 0.882 to 1.000 after the second; every run ends within 0.002 of 1.000. The README's figures are
+# 2 threads' (2 cores), this test runs on one thread (the suite's background processes do). A change
+# that moves the last epoch by more than 0.03 (15 of the 500 sentences), or the first two by more
+# than that spread, is a change the README must be told of.
+QUICKSTART_TOLERANCE = [0.15, 0.15, 0.03]
 
 
 def readme_quickstart(fp32: bool) -> list[float]:
@@ -74,7 +74,8 @@ def test_quickstart_prints_what_the_readme_says(background):
     accuracy = [float(ln.split("validation/accuracy ")[1].split(",")[0]) for ln in lines]
     assert len(accuracy) == 3 and accuracy[0] < accuracy[1] <= accuracy[2] and accuracy[2] > 0.9  # chance 0.5
     expected = readme_quickstart(fp32="running in 32-true" in out.stdout + out.stderr)
-    assert accuracy == pytest.approx(expected, abs=QUICKSTART_TOLERANCE), (accuracy, expected)
+    for got, want, tolerance in zip(accuracy, expected, QUICKSTART_TOLERANCE, strict=True):
+        assert got == pytest.approx(want, abs=tolerance), (accuracy, expected)
 
 
 @cuda

@@ -3,8 +3,8 @@
 `CausalSelfAttention` (a block's `attn`, module names as in the Hugging Face GPT-2 checkpoint:
 `c_attn` holds q, k and v stacked, `c_proj` the output projection, `q_norm`/`k_norm` Qwen3's and
 Gemma 3's per-head norms) runs PyTorch's
-`scaled_dot_product_attention`, or `blocked_causal_attention` where SDPA would be slow (dropout on
-a CPU). `causal_mask` builds the mask SDPA needs only when padding, a KV cache or a sliding window
+`scaled_dot_product_attention`, or `blocked_causal_attention` where SDPA would be slow (on a CPU:
+dropout, or bf16/fp16, where plain matmuls beat SDPA's CPU flash kernel 2-4x forward and backward). `causal_mask` builds the mask SDPA needs only when padding, a KV cache or a sliding window
 calls for one; `packed_mask` the block-diagonal one of rows of packed sequences.
 """
 
@@ -62,7 +62,12 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:
             k, v = cache.update(layer, k, v)  # (B, nkv, T_past + T, hs)
         dropout_p = self.attn_pdrop if self.training else 0.0
-        blocked = dropout_p > 0 and x.device.type == "cpu" and cache is None
+        blocked = (
+            x.device.type == "cpu"
+            and cache is None
+            and (mask is not None or is_causal)
+            and (dropout_p > 0 or low_precision(v))
+        )
         gqa = {}
         if nkv != nh and (blocked or not SDPA_GQA):  # each key/value head serves nh / nkv query heads
             k, v = k.repeat_interleave(nh // nkv, dim=1), v.repeat_interleave(nh // nkv, dim=1)
@@ -76,6 +81,14 @@ class CausalSelfAttention(nn.Module):
             )
         y = y.transpose(1, 2).reshape(B, T, nh * hs)  # (B, T, nh * hs)
         return self.resid_dropout(self.c_proj(y))
+
+
+def low_precision(x: Tensor) -> bool:
+    """Whether attention runs in bf16 or fp16 here: x is, or autocast will cast it."""
+    if x.dtype in (torch.bfloat16, torch.float16):
+        return True
+    kind = x.device.type
+    return torch.is_autocast_enabled(kind) and torch.get_autocast_dtype(kind) != torch.float32
 
 
 def causal_mask(
@@ -153,13 +166,15 @@ def blocked_causal_attention(
     block: int = 128,
     scale: float | None = None,
 ) -> Tensor:
-    """Causal self-attention with dropout, one block of queries at a time; (B, nh, T, hs) in and out.
+    """Causal self-attention, one block of queries at a time; (B, nh, T, hs) in and out.
 
     PyTorch's CPU flash kernel has no dropout, so SDPA with dropout on a CPU materialises the whole
     (T, T) score matrix, masked half included. A block of queries only needs the keys up to its
     last position, which skips most of that half (at T = 512: 62.5% of the work, about half the
-    time). `mask` is None (plain causal) or a boolean (B or 1, 1, T, T) mask, True where allowed;
-    `scale` multiplies the scores (default 1 / sqrt(hs)).
+    time). In bf16 the CPU flash kernel is slower still, 2-4x these matmuls forward and backward
+    (most at short rows: packed sentences); the scores are the matmuls' (bf16, as transformers'
+    eager attention), their softmax fp32. `mask` is None (plain causal) or a boolean (B or 1, 1,
+    T, T) mask, True where allowed; `scale` multiplies the scores (default 1 / sqrt(hs)).
     """
     B, nh, T, hs = q.shape
     q = q * (hs**-0.5 if scale is None else scale)
@@ -177,6 +192,6 @@ def blocked_causal_attention(
         else:
             att = q[:, :, start:end] @ k[:, :, :end].transpose(-1, -2)  # (B, nh, block, end)
             att = att.masked_fill(~mask[:, :, start:end, :end], float("-inf"))
-        att = F.dropout(att.softmax(dim=-1), dropout_p, training=True)
+        att = F.dropout(att.softmax(dim=-1, dtype=torch.float32).to(v.dtype), dropout_p, training=True)
         out.append(att @ v[:, :, :end])  # (B, nh, block, hs)
     return torch.cat(out, dim=2)

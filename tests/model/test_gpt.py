@@ -97,6 +97,43 @@ def test_blocked_attention_equals_sdpa(padded):
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("packed", [False, True])
+def test_cpu_bf16_attention_runs_blocked_as_close_to_fp32_as_sdpa(monkeypatch, packed):
+    """In bf16 on a CPU, attention takes blocked_causal_attention (SDPA's CPU flash kernel is 2-4x
+    slower there, forward and backward); its outputs and gradients stay as close to fp32's as
+    SDPA's own bf16 ones. fp32 keeps SDPA."""
+    from gpt_ft.model import attention
+
+    config = GPTConfig(vocab_size=64, n_positions=64, n_embd=64, n_layer=1, n_head=4, n_kv_head=2)
+    torch.manual_seed(0)
+    attn = attention.CausalSelfAttention(config).eval()  # no dropout
+    x0 = torch.randn(3, 40, 64)
+    mask = None
+    if packed:  # three sequences in each row
+        docs = torch.tensor([0] * 15 + [1] * 20 + [2] * 5).expand(3, 40)
+        mask = attention.packed_mask(docs, None, torch.arange(40).expand(3, 40))
+    calls, sdpa = [], torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or sdpa(*a, **k))
+
+    def run(bf16: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        x = x0.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            y = attn(x, mask, mask is None, None, 0)
+        (y.float() * torch.linspace(-1, 1, 64)).sum().backward()
+        return y.float().detach(), x.grad
+
+    reference = run(bf16=False)
+    assert len(calls) == 1
+    blocked = run(bf16=True)
+    assert len(calls) == 1  # bf16: no SDPA call
+    monkeypatch.setattr(attention, "low_precision", lambda x: False)
+    through_sdpa = run(bf16=True)
+    assert len(calls) == 2
+    for ours, theirs, exact in zip(blocked, through_sdpa, reference):
+        error, sdpa_error = (ours - exact).abs().max(), (theirs - exact).abs().max()
+        assert 0 < error <= 2 * sdpa_error, (error, sdpa_error)
+
+
 def test_blocked_attention_dropout_is_unbiased():
     from gpt_ft.model.attention import blocked_causal_attention
 
