@@ -18,11 +18,11 @@ from torch import Tensor, nn
 from gpt_ft.adapters import TaskAdapter
 from gpt_ft.data.batches import TokenBatch
 from gpt_ft.model.lora import LoRA
-from gpt_ft.training.checkpointing import stop_on_nonfinite
+from gpt_ft.training.checkpointing import NonfiniteWatch
 from gpt_ft.training.eval_metrics import EvalMetrics, Evaluation, split_key
 from gpt_ft.training.optim import MuonAdamW, adamw, fused_adamw, lr_lambda
 from gpt_ft.training.predictions import write_predictions
-from gpt_ft.training.ranks import finite_everywhere, gather, mean_over_ranks
+from gpt_ft.training.ranks import gather, mean_over_ranks
 from gpt_ft.training.saved import build_gpt, check_lora_resume, lora_checkpoint
 from gpt_ft.training.terms import batch_terms, combined_loss
 from gpt_ft.weights.checkpoint import Checkpoint
@@ -167,6 +167,7 @@ class GPTModule(Evaluation, LightningModule):
         )
         splits = task.validation_splits + task.test_splits if task else ["validation", "test"]
         self.metrics = nn.ModuleDict({split_key(split): EvalMetrics(task, lm_coef) for split in splits})
+        self.nonfinite = NonfiniteWatch()
         self.class_weights = class_weights
         if isinstance(class_weights, list):
             self.set_class_weights(torch.tensor(class_weights, dtype=torch.float32))
@@ -264,12 +265,14 @@ class GPTModule(Evaluation, LightningModule):
 
     def training_step(self, batch: TokenBatch, batch_idx: int) -> Tensor:
         loss, parts = self.losses(batch)
-        if not finite_everywhere(loss, self.trainer.world_size):
-            stop_on_nonfinite(self.trainer, loss)
+        self.nonfinite.check(self.trainer, loss, batch_idx, self.optimizers(use_pl_optimizer=False))
         self.log("train/loss", loss, prog_bar=True, batch_size=len(batch))
         for name, value in parts.items():
             self.log(f"train/{name}", value, batch_size=len(batch))
         return loss
+
+    def on_train_end(self) -> None:
+        self.nonfinite.poll(self.trainer)  # the last steps' flags
 
     def predict_step(self, batch: TokenBatch, batch_idx: int, dataloader_idx: int = 0) -> Tensor:
         if self.head is None:

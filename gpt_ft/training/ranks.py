@@ -20,12 +20,13 @@ def mean_over_ranks(value: Tensor, world_size: int) -> Tensor:
     return total / world_size
 
 
-def finite_everywhere(loss: Tensor, world_size: int) -> bool:
-    """Whether the loss is finite on every rank (one scalar read per step)."""
+def finite_everywhere(loss: Tensor, world_size: int) -> Tensor:
+    """1.0 where the loss is finite on every rank, else 0.0: a tensor on the loss's device, not
+    read back (the caller chooses when to wait for it)."""
     finite = torch.isfinite(loss.detach()).float()
     if _distributed(world_size):
         torch.distributed.all_reduce(finite, op=torch.distributed.ReduceOp.MIN)
-    return bool(finite)
+    return finite
 
 
 def gather(values: Tensor, world_size: int, device: torch.device) -> Tensor:

@@ -221,6 +221,38 @@ def test_a_nonfinite_loss_stops_with_the_step_and_keeps_the_last_good_state(
     assert all(torch.isfinite(v).all() for v in state["state_dict"].values() if v.is_floating_point())
 
 
+def test_a_nonfinite_loss_read_late_has_its_update_skipped_then_stops(
+    tmp_path, tokenizer_dir, monkeypatch, capsys
+):
+    """As CUDA under fused AdamW runs it (checked here on the CPU's fused AdamW): the finite flag
+    reaches the optimizer as `found_inf`, which skips the bad step's update, and is read a step
+    later, when the run stops with weights and AdamW's moments finite."""
+    from gpt_ft.training import checkpointing
+    from gpt_ft.training.module import GPTModule
+
+    losses = GPTModule.losses
+
+    def nan_at_step_4(self, batch):
+        loss, parts = losses(self, batch)
+        return (loss * float("nan"), parts) if self.training and self.global_step == 4 else (loss, parts)
+
+    monkeypatch.setattr(GPTModule, "losses", nan_at_step_4)
+    monkeypatch.setattr(checkpointing, "defers_nonfinite_check", lambda device, optimizer: True)
+    card = make_task("single", tmp_path)
+    with pytest.raises(SystemExit) as stopped:
+        main(["fit", *finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "logs")])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert "The training loss became nan at step 4 (epoch 1, batch 2); the state with its update skipped" in err
+    state = last_state(tmp_path / "logs", 0)
+    assert state["global_step"] == 5  # read one step later
+    tensors = [v for v in state["state_dict"].values() if v.is_floating_point()]
+    for moments in state["optimizer_states"][0]["state"].values():
+        tensors += [moments["exp_avg"], moments["exp_avg_sq"]]
+        assert int(moments["step"]) == 4  # five steps, one skipped
+    assert all(torch.isfinite(t).all() for t in tensors)
+
+
 def test_the_newest_last_checkpoint_of_a_loggers_runs(tmp_path):
     from gpt_ft.training.checkpointing import find_last_checkpoint
 

@@ -11,7 +11,7 @@ def test_one_process_collectives_are_the_identity():
     assert mean.dtype == torch.float32 and float(mean) == 3.0
     loss = torch.tensor(2.0, requires_grad=True) * 2
     assert not mean_over_ranks(loss, world_size=2).requires_grad  # no process group: itself, detached
-    assert finite_everywhere(loss, 1) and not finite_everywhere(torch.tensor(float("nan")), 1)
-    assert not finite_everywhere(torch.tensor(float("inf")), 2)
+    assert finite_everywhere(loss, 1) == 1 and finite_everywhere(torch.tensor(float("nan")), 1) == 0
+    assert finite_everywhere(torch.tensor(float("inf")), 2) == 0
     values = torch.tensor([[1, 2], [3, 4]])
     assert torch.equal(gather(values, 1, torch.device("cpu")), values)
