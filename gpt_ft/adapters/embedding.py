@@ -49,10 +49,15 @@ def info_nce(
 ) -> Tensor:
     """Each anchor's cross-entropy over its cosines with every candidate, divided by τ, its own
     positive (`positive[i]`, an index into `candidates`) right; (A,). Vectors are unit length; a
-    zero vector is a candidate that is not there (masked out)."""
+    zero vector is a candidate that is not there (masked out), and so is another copy of an
+    anchor's own positive (the same vector: the same text, as packed batches compute a recurring
+    text once), which would otherwise count as a negative identical to the positive."""
     logits = anchors.float() @ candidates.float().T / temperature  # (A, N)
     absent = candidates.float().norm(dim=-1) == 0
-    logits = logits.masked_fill(absent[None, :], -math.inf)
+    _, text = torch.unique(candidates.detach(), dim=0, return_inverse=True)  # equal vectors, one id
+    copy = text[None, :] == text[positive][:, None]  # (A, N)
+    copy[torch.arange(len(positive), device=copy.device), positive] = False
+    logits = logits.masked_fill(absent[None, :] | copy, -math.inf)
     return F.cross_entropy(logits, positive, reduction="none")
 
 
@@ -176,11 +181,22 @@ class EmbeddingHead(TaskHead):
         self.candidates = candidates  # texts after the anchor: the positive and the most negatives
 
     def forward(self, extract: Tensor, choice_mask: Tensor | None = None) -> Tensor:
-        x = self.dropout(extract)
+        x = self.dropout_per_text(extract)
         if self.projects:
             x = F.linear(x, self.weight, self.bias)
         x = F.normalize(x.float(), dim=-1)
         return x if choice_mask is None else x * choice_mask[..., None]
+
+    def dropout_per_text(self, extract: Tensor) -> Tensor:
+        """Dropout with one mask per distinct state: a text that recurs in a packed batch (computed
+        once, every copy the same state) stays one vector, which InfoNCE then recognises."""
+        p = self.dropout.p
+        if not self.training or p == 0:
+            return extract
+        flat = extract.reshape(-1, extract.shape[-1])
+        _, text = torch.unique(flat.detach(), dim=0, return_inverse=True)
+        keep = torch.rand(int(text.max()) + 1, flat.shape[-1], device=flat.device) >= p
+        return (flat * keep[text] / (1 - p)).view_as(extract)
 
     def losses(self, outputs: Tensor, labels: Tensor) -> Tensor:
         """Each example's loss against the whole batch (see the module docstring), (B,)."""

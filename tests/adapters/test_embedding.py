@@ -48,6 +48,42 @@ def test_info_nce_is_cross_entropy_over_the_similarity_matrix():
     torch.testing.assert_close(info_nce(anchors, candidates, positive), expected)
 
 
+def test_info_nce_keeps_a_copy_of_the_positive_out_of_the_negatives():
+    """Two anchors whose positives are the same text (the same vector): for each, the other copy is
+    no negative, so the loss is the cross-entropy over the candidates without it."""
+    g = torch.Generator().manual_seed(0)
+    anchors = F.normalize(torch.randn(3, 8, generator=g), dim=-1)
+    candidates = F.normalize(torch.randn(5, 8, generator=g), dim=-1)
+    candidates[3] = candidates[0]  # anchor 0's positive is 0, anchor 1's is 3: the same text
+    positive = torch.tensor([0, 3, 4])
+    losses = info_nce(anchors, candidates, positive)
+    without = lambda i, drop: F.cross_entropy(  # noqa: E731
+        (anchors[i] @ candidates[[j for j in range(5) if j != drop]].T / 0.05)[None],
+        torch.tensor([int(positive[i]) - int(drop < int(positive[i]))]),
+    )
+    torch.testing.assert_close(losses[0], without(0, 3))
+    torch.testing.assert_close(losses[1], without(1, 0))
+    # anchor 2's positive has no copy: both copies of the shared text stay its negatives
+    expected = F.cross_entropy(anchors[2:] @ candidates.T / 0.05, positive[2:])
+    torch.testing.assert_close(losses[2], expected)
+
+
+def test_the_heads_dropout_gives_a_recurring_text_one_mask():
+    from gpt_ft.adapters.embedding import EmbeddingHead
+
+    torch.manual_seed(0)
+    head = EmbeddingHead(16, dropout=0.5).train()
+    extract = torch.randn(4, 3, 16)
+    extract[2, 1] = extract[0, 0]  # one text twice in the batch: one state
+    dropped = head.dropout_per_text(extract)
+    assert torch.equal(dropped[2, 1], dropped[0, 0])
+    assert not torch.equal(dropped[1, 0] == 0, dropped[0, 0] == 0)  # other texts: their own masks
+    kept = dropped != 0
+    torch.testing.assert_close(dropped[kept], extract[kept] * 2)  # inverted dropout: kept / (1 - p)
+    assert 0.4 < kept.float().mean() < 0.6
+    assert torch.equal(head.eval().dropout_per_text(extract), extract)
+
+
 def test_cosent_on_hand_computed_cases():
     # One ranked pair (gold 5 > 1): log(1 + exp(20 (cos_1 - cos_0))) = log(1 + e^-2) when right...
     assert cosent(torch.tensor([0.6, 0.5]), torch.tensor([5.0, 1.0])).item() == pytest.approx(
