@@ -54,11 +54,22 @@ def info_nce(
     text once), which would otherwise count as a negative identical to the positive."""
     logits = anchors.float() @ candidates.float().T / temperature  # (A, N)
     absent = candidates.float().norm(dim=-1) == 0
-    _, text = torch.unique(candidates.detach(), dim=0, return_inverse=True)  # equal vectors, one id
-    copy = text[None, :] == text[positive][:, None]  # (A, N)
-    copy[torch.arange(len(positive), device=copy.device), positive] = False
+    copy = copies_of_positives(candidates, positive)
     logits = logits.masked_fill(absent[None, :] | copy, -math.inf)
     return F.cross_entropy(logits, positive, reduction="none")
+
+
+@torch.no_grad()
+def copies_of_positives(candidates: Tensor, positive: Tensor) -> Tensor:
+    """(A, N): True where candidate j equals anchor i's positive but is not it. Compared a block of
+    anchors at a time (at most 2**26 elements), with no read back to the host."""
+    own = candidates[positive]  # (A, D)
+    rows = max(1, (1 << 26) // max(1, candidates.numel()))
+    copy = torch.cat(
+        [(candidates[None] == own[k : k + rows, None]).all(dim=-1) for k in range(0, max(1, len(own)), rows)]
+    )
+    copy[torch.arange(len(positive), device=copy.device), positive] = False
+    return copy
 
 
 def cosent(cosines: Tensor, scores: Tensor, scale: float = COSENT_SCALE) -> Tensor:
@@ -195,7 +206,7 @@ class EmbeddingHead(TaskHead):
             return extract
         flat = extract.reshape(-1, extract.shape[-1])
         _, text = torch.unique(flat.detach(), dim=0, return_inverse=True)
-        keep = torch.rand(int(text.max()) + 1, flat.shape[-1], device=flat.device) >= p
+        keep = torch.rand(flat.shape, device=flat.device) >= p  # row k: the mask of text id k
         return (flat * keep[text] / (1 - p)).view_as(extract)
 
     def losses(self, outputs: Tensor, labels: Tensor) -> Tensor:

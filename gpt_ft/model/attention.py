@@ -4,8 +4,9 @@
 `c_attn` holds q, k and v stacked, `c_proj` the output projection, `q_norm`/`k_norm` Qwen3's and
 Gemma 3's per-head norms) runs PyTorch's
 `scaled_dot_product_attention`, or `blocked_causal_attention` where SDPA would be slow (on a CPU:
-dropout, or bf16/fp16, where plain matmuls beat SDPA's CPU flash kernel 2-4x forward and backward). `causal_mask` builds the mask SDPA needs only when padding, a KV cache or a sliding window
-calls for one; `packed_mask` the block-diagonal one of rows of packed sequences.
+dropout, or bf16/fp16, where plain matmuls beat SDPA's CPU flash kernel 2-4x forward and
+backward). `causal_mask` builds the mask SDPA needs only when padding, a KV cache or a sliding
+window calls for one; `packed_mask` the block-diagonal one of rows of packed sequences.
 """
 
 from __future__ import annotations

@@ -113,7 +113,9 @@ def test_cpu_bf16_attention_runs_blocked_as_close_to_fp32_as_sdpa(monkeypatch, p
         docs = torch.tensor([0] * 15 + [1] * 20 + [2] * 5).expand(3, 40)
         mask = attention.packed_mask(docs, None, torch.arange(40).expand(3, 40))
     calls, sdpa = [], torch.nn.functional.scaled_dot_product_attention
-    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or sdpa(*a, **k))
+    monkeypatch.setattr(
+        attention.F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or sdpa(*a, **k)
+    )
 
     def run(bf16: bool) -> tuple[torch.Tensor, torch.Tensor]:
         x = x0.clone().requires_grad_()

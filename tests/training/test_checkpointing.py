@@ -243,7 +243,9 @@ def test_a_nonfinite_loss_read_late_has_its_update_skipped_then_stops(
         main(["fit", *finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "logs")])
     assert stopped.value.code == 2
     err = capsys.readouterr().err
-    assert "The training loss became nan at step 4 (epoch 1, batch 2); the state with its update skipped" in err
+    assert (
+        "The training loss became nan at step 4 (epoch 1, batch 2); the state with its update skipped" in err
+    )
     state = last_state(tmp_path / "logs", 0)
     assert state["global_step"] == 5  # read one step later
     tensors = [v for v in state["state_dict"].values() if v.is_floating_point()]
