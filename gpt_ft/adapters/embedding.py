@@ -54,8 +54,7 @@ def info_nce(
     text once), which would otherwise count as a negative identical to the positive."""
     logits = anchors.float() @ candidates.float().T / temperature  # (A, N)
     absent = candidates.float().norm(dim=-1) == 0
-    copy = copies_of_positives(candidates, positive)
-    logits = logits.masked_fill(absent[None, :] | copy, -math.inf)
+    logits = logits.masked_fill(absent[None, :] | copies_of_positives(candidates, positive), -math.inf)
     return F.cross_entropy(logits, positive, reduction="none")
 
 
@@ -63,11 +62,9 @@ def info_nce(
 def copies_of_positives(candidates: Tensor, positive: Tensor) -> Tensor:
     """(A, N): True where candidate j equals anchor i's positive but is not it. Compared a block of
     anchors at a time (at most 2**26 elements), with no read back to the host."""
-    own = candidates[positive]  # (A, D)
-    rows = max(1, (1 << 26) // max(1, candidates.numel()))
-    copy = torch.cat(
-        [(candidates[None] == own[k : k + rows, None]).all(dim=-1) for k in range(0, max(1, len(own)), rows)]
-    )
+    own, rows = candidates[positive], max(1, (1 << 26) // max(1, candidates.numel()))  # (A, D)
+    blocks = range(0, max(1, len(own)), rows)
+    copy = torch.cat([(candidates[None] == own[k : k + rows, None]).all(dim=-1) for k in blocks])
     copy[torch.arange(len(positive), device=copy.device), positive] = False
     return copy
 
@@ -201,10 +198,9 @@ class EmbeddingHead(TaskHead):
     def dropout_per_text(self, extract: Tensor) -> Tensor:
         """Dropout with one mask per distinct state: a text that recurs in a packed batch (computed
         once, every copy the same state) stays one vector, which InfoNCE then recognises."""
-        p = self.dropout.p
+        p, flat = self.dropout.p, extract.reshape(-1, extract.shape[-1])
         if not self.training or p == 0:
             return extract
-        flat = extract.reshape(-1, extract.shape[-1])
         _, text = torch.unique(flat.detach(), dim=0, return_inverse=True)
         keep = torch.rand(flat.shape, device=flat.device) >= p  # row k: the mask of text id k
         return (flat * keep[text] / (1 - p)).view_as(extract)
