@@ -130,6 +130,11 @@ class PackedBatch:
     split: str = ""
     real_tokens: int = 0
     """Tokens the rows compute (a host count): no padding, a recurring sequence once."""
+    cu_seqlens: Tensor | None = None
+    """(N + 1,) int32: where each unit, and each row's padded tail, starts in the flattened rows,
+    then R * L: a variable-length attention kernel's offsets."""
+    max_seqlen: int = 0
+    """The longest of those segments (a host count, so no step reads it back from the device)."""
 
     def __len__(self) -> int:
         return len(self.index)
@@ -330,7 +335,9 @@ def collate_packed(
     lm_positions, lm_targets, lm_examples, lm_weights = [], [], [], []
     extract_index = [[0] * S for _ in range(B)]
     choice_mask = [[False] * S for _ in range(B)]
-    for r, (_, placed) in enumerate(rows):
+    starts = []  # of each unit and each row's tail, in the flattened rows
+    for r, (used, placed) in enumerate(rows):
+        starts += [r * L + offset for offset, _ in placed] + ([r * L + used] if used < L else [])
         for d, (offset, (tokens, positions, branch, lm, extract)) in enumerate(placed):
             end = offset + len(tokens)
             input_ids[r][offset:end], position_ids[r][offset:end] = tokens, positions
@@ -361,6 +368,8 @@ def collate_packed(
         labels=_labels(examples),
         split=split,
         real_tokens=sum(len(u[0]) for u in units),
+        cu_seqlens=torch.tensor(starts + [R * L], dtype=torch.int32),
+        max_seqlen=max(b - a for a, b in zip(starts, starts[1:] + [R * L])),
     )
 
 

@@ -11,6 +11,8 @@ window calls for one; `packed_mask` the block-diagonal one of rows of packed seq
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -23,6 +25,16 @@ from gpt_ft.model.norms import norm
 
 # torch >= 2.5: scaled_dot_product_attention groups query heads over shared key/value heads itself.
 SDPA_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
+try:  # torch >= 2.9: FlashAttention-2's variable-length kernel (CUDA, bf16/fp16)
+    from torch.nn.attention.varlen import varlen_attn
+
+    VARLEN = set(inspect.signature(varlen_attn).parameters)  # its keywords moved between releases
+except ImportError:
+    varlen_attn, VARLEN = None, set()
+try:  # torch >= 2.5
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+except ImportError:
+    create_block_mask = flex_attention = None
 Rotary = tuple[Tensor, Tensor]  # cos, sin (1 or B, 1, T, hs) of rotary positions
 
 
@@ -63,6 +75,12 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:
             k, v = cache.update(layer, k, v)  # (B, nkv, T_past + T, hs)
         dropout_p = self.attn_pdrop if self.training else 0.0
+        if isinstance(mask, PackedRows):
+            kernel = mask.kernel(q, dropout_p)
+            if kernel != "dense":
+                y = mask.attend(kernel, q, k, v, self.scale)  # (B, nh, T, hs)
+                return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, nh * hs)))
+            mask = mask.dense()
         blocked = (
             x.device.type == "cpu"
             and cache is None
@@ -156,6 +174,137 @@ def packed_mask(
     if window is not None:
         allowed &= positions[:, :, None] - positions[:, None, :] < window
     return allowed[:, None]
+
+
+def segment_offsets(documents: Tensor) -> tuple[Tensor, int]:
+    """(cu_seqlens, max_seqlen) of rows of packed sequences (`documents` (R, L), -1 at a row's
+    tail): where each sequence, and each row's padded tail, starts in the flattened rows, and the
+    longest. The collator computes the same on the host; this serves callers that have only
+    `documents` (reading the longest back from the device)."""
+    R, L = documents.shape
+    starts = torch.ones_like(documents, dtype=torch.bool)
+    starts[:, 1:] = documents[:, 1:] != documents[:, :-1]
+    begins = starts.flatten().nonzero().flatten()
+    ends = torch.cat([begins[1:], begins.new_tensor([R * L])])
+    return torch.cat([begins, ends[-1:]]).int(), int((ends - begins).max())
+
+
+FORCE_KERNEL: str | None = None
+"""Run packed rows on this kernel ("varlen", "flex" or "dense") wherever it runs; tests set it."""
+
+
+class PackedRows:
+    """Attention's view of rows of packed sequences (R, L): a token attends to the earlier tokens
+    of its own sequence (`documents`), a choice's continuation to its shared context and itself
+    (`branches`), within `window` positions when set. `cu_seqlens` / `max_seqlen` (see
+    `segment_offsets`) come from the collator, so no step reads them back from the device.
+
+    On CUDA, with no attention dropout (no fused kernel draws it), rows without shared contexts run
+    `varlen_attn` in bf16/fp16, and the rest FlexAttention with a block mask of the same rule;
+    elsewhere the dense mask (`packed_mask`) goes to SDPA or the blocked matmuls. The dense mask
+    and the block mask are built once per forward pass and shared by the layers.
+    """
+
+    def __init__(
+        self,
+        documents: Tensor,
+        branches: Tensor | None,
+        positions: Tensor,
+        window: int | None = None,
+        cu_seqlens: Tensor | None = None,
+        max_seqlen: int | None = None,
+    ) -> None:
+        self.documents, self.branches, self.positions, self.window = documents, branches, positions, window
+        self.cu_seqlens, self.max_seqlen = cu_seqlens, max_seqlen
+        self._dense: Tensor | None = None
+        self._block = None
+
+    def dense(self) -> Tensor:
+        """The boolean mask (R, 1, L, L), True where allowed (`packed_mask`)."""
+        if self._dense is None:
+            self._dense = packed_mask(self.documents, self.branches, self.positions, self.window)
+        return self._dense
+
+    def kernel(self, q: Tensor, dropout_p: float) -> str:
+        """ "varlen", "flex" or "dense": the kernel for these rows and queries (B, nh, T, hs)."""
+        if FORCE_KERNEL is not None:
+            return FORCE_KERNEL
+        if q.device.type != "cuda" or dropout_p > 0:
+            return "dense"
+        varlen = (
+            varlen_attn is not None
+            and self.branches is None
+            and low_precision(q)
+            and q.shape[-1] % 8 == 0
+            and q.shape[-1] <= 256
+            and (self.window is None or "window_size" in VARLEN)
+        )
+        return "varlen" if varlen else "flex" if flex_attention is not None else "dense"
+
+    def attend(self, kernel: str, q: Tensor, k: Tensor, v: Tensor, scale: float | None) -> Tensor:
+        """Attention of queries (B, nh, T, hs) over keys and values (B, nkv, T, hs) on `kernel`."""
+        return (self._varlen if kernel == "varlen" else self._flex)(q, k, v, scale)
+
+    def _varlen(self, q: Tensor, k: Tensor, v: Tensor, scale: float | None) -> Tensor:
+        B, nh, T, hs = q.shape
+        if self.cu_seqlens is None:
+            self.cu_seqlens, self.max_seqlen = segment_offsets(self.documents)
+        options = {}
+        if "window_size" in VARLEN:  # causal: (-1, 0); a sliding window sees `window` - 1 keys back
+            options["window_size"] = (-1 if self.window is None else self.window - 1, 0)
+        else:
+            options["is_causal"] = True
+        if scale is not None and "scale" not in VARLEN:
+            q, scale = q * (scale * hs**0.5), None
+        if scale is not None:
+            options["scale"] = scale
+        if k.shape[1] != nh and "enable_gqa" in VARLEN:
+            options["enable_gqa"] = True
+        elif k.shape[1] != nh:
+            k, v = k.repeat_interleave(nh // k.shape[1], dim=1), v.repeat_interleave(nh // k.shape[1], dim=1)
+        flat = lambda t: t.transpose(1, 2).reshape(B * T, t.shape[1], hs)  # noqa: E731
+        cu, longest = self.cu_seqlens.to(q.device, torch.int32), self.max_seqlen
+        y = varlen_attn(flat(q), flat(k), flat(v), cu, cu, longest, longest, **options)  # (B * T, nh, hs)
+        return y.view(B, T, nh, hs).transpose(1, 2)
+
+    def block_mask(self):
+        """FlexAttention's `BlockMask` of these rows: `packed_mask`'s rule as a mask_mod."""
+        if self._block is None:
+            documents, branches, positions, window = (
+                self.documents,
+                self.branches,
+                self.positions,
+                self.window,
+            )
+
+            def allowed(b, h, query, key):
+                same = (documents[b, query] == documents[b, key]) & (key <= query)
+                if branches is not None:
+                    same &= (branches[b, key] == 0) | (branches[b, key] == branches[b, query])
+                if window is not None:
+                    same &= positions[b, query] - positions[b, key] < window
+                return same
+
+            R, L = documents.shape
+            self._block = create_block_mask(allowed, R, None, L, L, device=documents.device)
+        return self._block
+
+    def _flex(self, q: Tensor, k: Tensor, v: Tensor, scale: float | None) -> Tensor:
+        gqa = k.shape[1] != q.shape[1]
+        return _flex(q.device)(q, k, v, block_mask=self.block_mask(), scale=scale, enable_gqa=gqa)
+
+
+_compiled_flex = None
+
+
+def _flex(device: torch.device):
+    """FlexAttention as it runs fast: compiled on a GPU (eager it is a reference implementation)."""
+    global _compiled_flex
+    if device.type != "cuda":
+        return flex_attention
+    if _compiled_flex is None:
+        _compiled_flex = torch.compile(flex_attention)
+    return _compiled_flex
 
 
 def blocked_causal_attention(

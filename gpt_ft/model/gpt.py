@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from gpt_ft.model import generation, rope
-from gpt_ft.model.attention import CausalSelfAttention, Rotary, causal_mask, packed_mask
+from gpt_ft.model.attention import CausalSelfAttention, PackedRows, Rotary, causal_mask
 from gpt_ft.model.cache import Cache, KVCache, SharedPrefix
 from gpt_ft.model.config import ACTIVATIONS, GPTConfig
 from gpt_ft.model.norms import RMSNorm, norm
@@ -137,6 +137,8 @@ class GPT(nn.Module):
         kv_cache: Cache | None = None,
         documents: Tensor | None = None,
         branches: Tensor | None = None,
+        cu_seqlens: Tensor | None = None,
+        max_seqlen: int | None = None,
     ) -> Tensor:
         """Final hidden states (B, T, C) of `input_ids` (B, T).
 
@@ -150,6 +152,9 @@ class GPT(nn.Module):
                 alone it attends to (with `position_ids` restarting at each; see `packed_mask`).
             branches: with `documents`, (B, T): 0 for a shared context, k > 0 for the k-th
                 continuation of it, which attends to the context and itself only.
+            cu_seqlens, max_seqlen: with `documents`, where each sequence (and each row's padded
+                tail) starts in the flattened rows, and the longest (see `segment_offsets`): the
+                variable-length kernel's offsets, from the host; computed here when not given.
         """
         B, T = input_ids.shape
         past = kv_cache.length if kv_cache is not None else 0
@@ -169,10 +174,12 @@ class GPT(nn.Module):
         if documents is not None:
             if kv_cache is not None or position_ids.shape != documents.shape:
                 raise ValueError("Packed rows (documents) take their position_ids, and no KV cache.")
-            window = self.config.sliding_window
-            full = (packed_mask(documents, branches, position_ids), False)
+            window, offsets = self.config.sliding_window, (cu_seqlens, max_seqlen)
+            full = (PackedRows(documents, branches, position_ids, None, *offsets), False)
             local = (
-                full if window is None else (packed_mask(documents, branches, position_ids, window), False)
+                full
+                if window is None
+                else (PackedRows(documents, branches, position_ids, window, *offsets), False)
             )
             masks, rotaries = {False: full, True: local}, self._rotaries(position_ids, x.dtype)
         else:

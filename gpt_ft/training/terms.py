@@ -114,6 +114,8 @@ def packed_terms(gpt: GPT, head: TaskHead | None, batch: PackedBatch, *, lm: boo
         position_ids=batch.position_ids,
         documents=batch.documents,
         branches=batch.branches,
+        cu_seqlens=batch.cu_seqlens,
+        max_seqlen=batch.max_seqlen or None,
     ).flatten(0, 1)  # (R * L, C)
     B, out = len(batch), {}
     if lm:

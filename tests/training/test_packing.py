@@ -226,8 +226,9 @@ def test_attention_stays_inside_each_example(tokenizer_dir, family, monkeypatch)
     """Changing every other example leaves one example's outputs as they were; with the mask
     broken (plain causal over the whole row) they move, so this test sees a leak."""
     assert leaked(tokenizer_dir, family) < 1e-6  # the head's outputs: about 1e-3 at this size
-    whole_row = lambda documents, branches, positions, window=None: attention.packed_mask(  # noqa: E731
+    dense = attention.packed_mask
+    whole_row = lambda documents, branches, positions, window=None: dense(  # noqa: E731
         torch.zeros_like(documents), None, positions, window
     )
-    monkeypatch.setattr("gpt_ft.model.gpt.packed_mask", whole_row)
+    monkeypatch.setattr(attention, "packed_mask", whole_row)
     assert leaked(tokenizer_dir, family) > 1e-4

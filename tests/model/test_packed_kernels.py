@@ -1,0 +1,172 @@
+"""Packed rows on the GPU's kernels: the collator's offsets and FlexAttention's block mask equal the
+dense mask position by position, and a whole model run on each kernel (FlexAttention in eager
+mode, the variable-length kernel's contract played by a reference on the CPU) equals the padded
+batch. On CUDA the same runs go through the real kernels, never the math fallback."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gpt_ft.data.batches import collate, collate_packed
+from gpt_ft.model import attention
+from gpt_ft.model.attention import PackedRows, packed_mask, segment_offsets
+from tests.helpers import cuda
+from tests.training.test_packing import assert_same, module_for, run
+
+pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+
+
+def mask_of_offsets(cu_seqlens: torch.Tensor, R: int, L: int) -> torch.Tensor:
+    """The (R, L, L) mask that `varlen_attn` applies causally to segments at `cu_seqlens`."""
+    flat = torch.arange(R * L)
+    segment = torch.searchsorted(cu_seqlens[1:].long(), flat, right=True).view(R, L)
+    index = torch.arange(L)
+    return (segment[:, :, None] == segment[:, None, :]) & (index[None, :] <= index[:, None])
+
+
+@pytest.mark.parametrize("shape", ["single", "pair", "similarity", "rerank", "multi-label"])
+def test_the_collators_offsets_are_the_dense_mask_position_by_position(tokenizer_dir, shape):
+    _, rows, specials = module_for(tokenizer_dir, shape, "gpt1-micro")
+    batch = collate_packed(rows, specials.pad)
+    R, L = batch.input_ids.shape
+    assert batch.cu_seqlens.dtype == torch.int32 and int(batch.cu_seqlens[-1]) == R * L
+    assert batch.max_seqlen == int(batch.cu_seqlens.diff().max())
+    cu, longest = segment_offsets(batch.documents)  # the model's own, from `documents` alone
+    assert torch.equal(cu, batch.cu_seqlens) and longest == batch.max_seqlen
+    dense = packed_mask(batch.documents, None, batch.position_ids)[:, 0]
+    assert torch.equal(mask_of_offsets(batch.cu_seqlens, R, L), dense)
+
+
+def test_literal_offsets_of_packed_rows():
+    """Units of 300, 200, 250, 100 and 40 tokens: rows of 300, the second with a 10-token tail."""
+    rows = [{"input_ids": [list(range(1, n + 1))], "extract_index": [n - 1], "label": 0, "index": i}
+            for i, n in enumerate([300, 200, 250, 100, 40])]  # fmt: skip
+    batch = collate_packed(rows, 0)
+    assert batch.documents.tolist() == [
+        [0] * 300, [0] * 250 + [1] * 40 + [-1] * 10, [0] * 200 + [1] * 100
+    ]  # fmt: skip
+    assert batch.cu_seqlens.tolist() == [0, 300, 550, 590, 600, 800, 900] and batch.max_seqlen == 300
+
+
+@pytest.mark.parametrize("window", [None, 3])
+@pytest.mark.parametrize("shape", ["choice", "preference", "pair"])
+def test_the_block_mask_is_the_dense_mask_position_by_position(tokenizer_dir, shape, window):
+    from torch.nn.attention.flex_attention import create_mask
+
+    module, rows, specials = module_for(tokenizer_dir, shape, "gpt1-micro")
+    delim = specials.delim if module.task.shares_context else None
+    batch = collate_packed(rows, specials.pad, delim)
+    assert (batch.branches is not None) == (shape != "pair")
+    packed = PackedRows(batch.documents, batch.branches, batch.position_ids, window)
+    R, L = batch.input_ids.shape
+    block = create_mask(packed.block_mask().mask_mod, R, 1, L, L, device="cpu")
+    assert torch.equal(block, packed.dense()) and packed.dense().any(-1).all()
+
+
+def forward(module, batch) -> tuple[dict, torch.Tensor, dict]:
+    """`run`'s terms and loss without gradients (`assert_same` then compares no gradients)."""
+    with torch.no_grad():
+        terms = module.terms(batch)
+        loss, _ = module.losses(batch)
+    return terms, loss, {"": torch.zeros(())}
+
+
+def reference_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, window_size=(-1, -1), scale=None, enable_gqa=False,
+                     is_causal=None):  # fmt: skip
+    """`torch.nn.attention.varlen.varlen_attn`'s contract, one segment at a time through SDPA."""
+    assert torch.equal(cu_q, cu_k) and cu_q.dtype == torch.int32 and max_q == max_k == int(cu_q.diff().max())
+    assert q.ndim == 3 and (window_size[1] == 0 or is_causal)
+    out = torch.empty_like(q)
+    for a, b in zip(cu_q[:-1].tolist(), cu_q[1:].tolist()):
+        i = torch.arange(b - a)
+        allowed = i[None, :] <= i[:, None]
+        if window_size[0] >= 0:
+            allowed &= i[:, None] - i[None, :] <= window_size[0]
+        seg = [t[a:b].transpose(0, 1) for t in (q, k, v)]  # (heads, n, hs)
+        y = F.scaled_dot_product_attention(*seg, attn_mask=allowed, scale=scale, enable_gqa=enable_gqa)
+        out[a:b] = y.transpose(0, 1)
+    return out
+
+
+@pytest.mark.parametrize("kernel", ["varlen", "flex"])
+@pytest.mark.parametrize(
+    "shape, family",
+    [
+        ("pair", "gpt1-micro"),
+        ("rerank", "llama-micro"),
+        ("single", "gemma3-micro"),
+        ("choice", "qwen3-micro"),
+    ],  # noqa: E501
+)
+def test_packed_rows_on_each_kernel_equal_the_padded_batch(tokenizer_dir, monkeypatch, kernel, shape, family):
+    """Losses, gradients and outputs to 1e-5 with no dense mask built: grouped key/value heads
+    (Llama, Qwen3), Gemma 3's sliding window and query scale, shared contexts (flex only).
+    FlexAttention has no backward on a CPU: there its forward pass is compared (eval mode)."""
+    module, rows, specials = module_for(tokenizer_dir, shape, family)
+    if kernel == "varlen" and module.task.shares_context:
+        pytest.skip("shared contexts run on FlexAttention")
+    module.train(kernel == "varlen")
+    padded = collate(rows, specials.pad)
+    packed = collate_packed(rows, specials.pad, specials.delim if module.task.shares_context else None)
+    compare = run if kernel == "varlen" else forward
+    expected = compare(module, padded)
+    calls = []
+    monkeypatch.setattr(attention, "FORCE_KERNEL", kernel)
+    spy = lambda *a, **k: calls.append(k) or reference_varlen(*a, **k)  # noqa: E731
+    monkeypatch.setattr(attention, "varlen_attn", spy)
+    monkeypatch.setattr(attention, "VARLEN", {"window_size", "scale", "enable_gqa"})
+    monkeypatch.setattr(PackedRows, "dense", lambda self: pytest.fail("a dense mask was built"))
+    assert_same(expected, compare(module, packed), padded.choice_mask)
+    n_layer = module.gpt.config.n_layer  # run() takes two forward passes: the terms, then the loss
+    assert len(calls) == (2 * n_layer if kernel == "varlen" else 0)
+    if kernel == "varlen" and family == "gemma3-micro":  # its local layers see 6 positions: 5 back
+        assert {c["window_size"] for c in calls} == {(-1, 0), (5, 0)}
+
+
+def test_the_kernel_each_batch_takes():
+    """The dense mask on a CPU and wherever attention dropout is drawn; on CUDA the variable-length
+    kernel for bf16 rows of whole sequences, FlexAttention for shared contexts and fp32."""
+    documents = torch.zeros(1, 4, dtype=torch.long)
+    plain, shared = PackedRows(documents, None, documents), PackedRows(documents, documents, documents)
+    q = torch.zeros(1, 2, 4, 8)
+    assert plain.kernel(q, 0.0) == shared.kernel(q, 0.0) == "dense"
+    fake_cuda = type("Q", (), {"device": torch.device("cuda"), "dtype": torch.bfloat16, "shape": q.shape})()
+    assert plain.kernel(fake_cuda, 0.1) == "dense"
+    assert plain.kernel(fake_cuda, 0.0) == ("varlen" if attention.varlen_attn is not None else "flex")
+    assert shared.kernel(fake_cuda, 0.0) == "flex"
+    fake_cuda.dtype = torch.float32
+    assert plain.kernel(fake_cuda, 0.0) == "flex"
+
+
+@cuda
+@pytest.mark.parametrize("shape", ["pair", "choice", "rerank"])
+def test_cuda_packed_rows_run_varlen_or_flex_and_equal_the_padded_batch(tokenizer_dir, shape):
+    """fp32 (FlexAttention): logits and gradients to 1e-5 of the padded batch; bf16 (varlen for
+    whole sequences): within twice the padded run's own bf16-vs-fp32 error. The profile shows the
+    variable-length or flex kernel and no dense SDPA call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    module, rows, specials = module_for(tokenizer_dir, shape, "llama-micro")
+    module.cuda().train()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    shares = module.task.shares_context
+    padded = collate(rows, specials.pad)
+    packed = collate_packed(rows, specials.pad, specials.delim if shares else None)
+    on = lambda b: b.__class__(**{k: v.cuda() if torch.is_tensor(v) else v for k, v in vars(b).items()})  # noqa: E731
+    padded, packed = on(padded), on(packed)
+    assert_same(run(module, padded), run(module, packed), padded.choice_mask.cuda())
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            bf16_packed = run(module, packed)
+        bf16_padded = run(module, padded)
+    fp32 = run(module, padded)
+    ops = {e.name for e in prof.events()}
+    assert not any("scaled_dot_product" in o for o in ops), sorted(o for o in ops if "attention" in o)
+    assert any(("varlen" in o if not shares else "flex" in o) for o in ops), sorted(ops)[:50]
+    real = padded.choice_mask
+    for name in ("logits",):
+        err_padded = (bf16_padded[0][name][real].float() - fp32[0][name][real]).abs().max()
+        err_packed = (bf16_packed[0][name][real].float() - fp32[0][name][real]).abs().max()
+        assert err_packed <= 2 * err_padded + 1e-3, (float(err_packed), float(err_padded))
