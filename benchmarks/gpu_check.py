@@ -1,14 +1,22 @@
 """The GPU checklist in one command: the CUDA tests, then the GPU figures, as one Markdown report.
 
 1. `pytest -k cuda tests`: logits equal transformers' (GPT-1 and GPT-2, fp32), the bf16-mixed loss
-   stays near fp32's, every batch layout equals the plain one, cached generation equals uncached,
-   pretraining and right-padded fine-tuning run a fused attention kernel (flash or cuDNN), `fit`
-   logs tokens/s and MFU, the quickstart learns through configs/trainer/gpu.yaml (eager and compiled);
-2. benchmarks/gpu_figures.py: tokens/s, MFU, attention kernels, `fit` vs a raw loop, generation,
-   shared contexts, with the speed goals checked.
+   stays near fp32's, every batch layout equals the plain one, packed rows run the variable-length
+   or flex kernel and equal padded ones, cached generation equals uncached and the CUDA-graph
+   decoder equals both, pretraining and right-padded fine-tuning run a fused attention kernel, `fit`
+   logs tokens/s and MFU and waits for the host on no step, the quickstart learns through
+   configs/trainer/gpu.yaml (eager and compiled), DDP and FSDP on one GPU equal the plain run;
+2. benchmarks/gpu_figures.py, one process per group of rows: tokens/s, MFU, attention kernels,
+   `fit` vs a raw loop, generation, with the speed goals checked.
 
-Exit status 1 when a test fails or a goal is missed. With `--device cpu` the tests are skipped and
-the figures run on a small model (`--quick`: a tiny one, in about half a minute; the test suite runs it).
+Every part runs in a process group of its own under a hard limit (killed, not asked: SIGKILL to
+the group) and its row is written whatever happens; a part killed at its limit says how far it got.
+The parts share one budget (`--budget`, default 480 s), so the whole checklist ends within it, and
+torch.compile's on-disk cache, so a graph one part compiled is read back by the next.
+
+Exit status 1 when a test fails, a part is killed or a goal is missed. With `--device cpu` the tests
+are skipped and the figures run, as one part, on a small model (`--quick`: a tiny one, in about
+half a minute; the test suite runs it).
 
     python benchmarks/gpu_check.py                          # on a GPU, with the project installed
     python benchmarks/gpu_check.py --device cpu --quick     # on a CPU
@@ -17,26 +25,49 @@ the figures run on a small model (`--quick`: a tiny one, in about half a minute;
 from __future__ import annotations
 
 import argparse
-import subprocess
+import os
+import re
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from harness import ROOT, Report, Row, report_argument, verdict
+from harness import Part, Report, Row, report_argument, run_part, verdict
+
+FIGURES = ["environment", "attention", "training_throughput", "finetune_step", "fit_quickstart",
+           "fit_vs_loop", "generation"]  # fmt: skip
+"""gpu_figures.py's groups of rows, in its order; each is a part of its own on a GPU."""
+LIMITS = {"tests": 200, "training_throughput": 120, "fit_quickstart": 75, "fit_vs_loop": 75}
+"""Seconds each part may run on a GPU (60 where not named); on a CPU the figures get 240 together."""
+OUTCOME = re.compile(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)", re.M)
 
 
-def cuda_tests() -> Row:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-k", "cuda", "-p", "no:cacheprovider", "tests"]
-    start = time.perf_counter()
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    summary = (out.stdout.strip().splitlines() or ["no output"])[-1].strip("= ")
-    if out.returncode != 0:
-        print(out.stdout[-4000:], out.stderr[-2000:], file=sys.stderr)
-    seconds = time.perf_counter() - start
-    return Row(
-        "CUDA tests (`pytest -k cuda tests`)", f"{summary} ({seconds:.0f} s)", verdict(out.returncode == 0)
-    )
+def tests_row(part: Part, limit: float) -> Row:
+    """The CUDA tests' row: pytest's summary, or, killed, the test it was in and the counts before it."""
+    name = "CUDA tests (`pytest -k cuda tests`)"
+    if part.returncode is not None:
+        summary = (part.stdout.strip().splitlines() or ["no output"])[-1].strip("= ")
+        if part.returncode != 0:
+            print(part.stdout[-4000:], part.stderr[-2000:], file=sys.stderr)
+        return Row(name, f"{summary} ({part.seconds:.0f} s)", verdict(part.returncode == 0))
+    outcomes = OUTCOME.findall(part.stdout)
+    counts = {o: sum(r == o for _, r in outcomes) for o in ("PASSED", "FAILED", "ERROR", "SKIPPED")}
+    started = re.findall(r"^(\S+::\S+)", part.stdout, re.M)
+    running = started[-1] if started and (not outcomes or started[-1] != outcomes[-1][0]) else "collection"
+    done = ", ".join(f"{n} {o.lower()}" for o, n in counts.items() if n) or "none finished"
+    return Row(name, f"killed at its {limit:.0f} s limit in {running}; before it: {done}", "FAIL")
+
+
+def figures_rows(name: str, part: Part, report: Path, limit: float) -> list[Row]:
+    """The rows a figures part wrote (it writes its report after every row), and one for its end
+    when it was killed or failed without a row."""
+    rows = Report.read(report.with_suffix(".json")).rows if report.with_suffix(".json").exists() else []
+    if part.returncode is None:
+        rows.append(Row(name, f"killed at its {limit:.0f} s limit after {len(rows)} rows", "FAIL"))
+    elif not rows:
+        print(part.stderr[-3000:], file=sys.stderr)
+        rows.append(Row(name, f"benchmarks/gpu_figures.py failed (exit {part.returncode})", "FAIL"))
+    return rows
 
 
 def main() -> int:
@@ -44,25 +75,34 @@ def main() -> int:
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--quick", action="store_true", help="fewer runs and steps in the figures")
     p.add_argument("--skip-tests", action="store_true", help="the figures only")
+    p.add_argument("--budget", type=float, default=480, help="seconds for the whole checklist (default 480)")
     report_argument(p, "gpu_check")
     args, figure_args = p.parse_known_args()
     start = time.perf_counter()
+    left = lambda: args.budget - (time.perf_counter() - start)  # noqa: E731
     report = Report("gpt_ft GPU checklist")
+    cache = Path(tempfile.gettempdir()) / "gpt_ft_inductor_cache"
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": os.environ.get("TORCHINDUCTOR_CACHE_DIR", str(cache))}
     if args.device == "cpu" or args.skip_tests:
         report.add(Row("CUDA tests", "need a GPU" if args.device == "cpu" else "--skip-tests", "skip"))
     else:
-        print("running pytest -k cuda tests ...", file=sys.stderr, flush=True)
-        report.add(cuda_tests())
+        limit = min(LIMITS["tests"], left())
+        print(f"[{time.perf_counter() - start:4.0f} s] pytest -k cuda tests ...", file=sys.stderr, flush=True)
+        cmd = [sys.executable, "-m", "pytest", "-v", "-rs", "-k", "cuda", "-p", "no:cacheprovider", "tests"]
+        report.add(tests_row(run_part(cmd, limit, env), limit))
+    parts = [[name] for name in FIGURES] if args.device == "cuda" else [FIGURES]
     with tempfile.TemporaryDirectory() as tmp:
-        figures = Path(tmp) / "gpu_figures.md"
-        cmd = [sys.executable, "benchmarks/gpu_figures.py", f"--device={args.device}", f"--report={figures}"]
-        cmd += ["--quick"] if args.quick else []
-        # The figures' own report is their stdout; ours is printed below.
-        code = subprocess.run(cmd + figure_args, cwd=ROOT, stdout=subprocess.DEVNULL).returncode
-        if figures.with_suffix(".json").exists():
-            report.rows += Report.read(figures.with_suffix(".json")).rows
-        else:
-            report.add(Row("GPU figures", f"benchmarks/gpu_figures.py failed (exit {code})", "FAIL"))
+        for names in parts:
+            name, out = "+".join(names) if len(names) == 1 else "GPU figures", Path(tmp) / f"{names[0]}.md"
+            limit = min(LIMITS.get(name, 60) if args.device == "cuda" else 240, left())
+            if limit < 5:
+                report.add(Row(name, f"not run: the {args.budget:.0f} s budget is spent", "FAIL"))
+                continue
+            print(f"[{time.perf_counter() - start:4.0f} s] {name} ...", file=sys.stderr, flush=True)
+            cmd = [sys.executable, "benchmarks/gpu_figures.py", f"--device={args.device}", f"--report={out}",
+                   "--only", *names, *(["--quick"] if args.quick else []), *figure_args]  # fmt: skip
+            for row in figures_rows(name, run_part(cmd, limit, env), out, limit):
+                report.add(row)
     minutes = (time.perf_counter() - start) / 60
     verdict_text = f"{report.failed} failing" if report.failed else "all checks pass"
     report.note = (

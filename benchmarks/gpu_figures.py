@@ -282,6 +282,7 @@ def main() -> int:
             try:
                 for row in rows(setup, Path(tmp)):
                     report.add(row)
+                    report.write(args.report)  # a part killed later keeps the rows it finished
             except (Exception, SystemExit) as error:  # one broken row must not hide the others
                 traceback.print_exc()
                 message = f"error: {type(error).__name__}: {error}".replace("|", "/")

@@ -115,3 +115,33 @@ def test_pretraining_comparison_counts_the_bytes_each_token_decodes_to(tokenizer
     assert tok.decode(ids) == text and len(ids) < len(text.encode())  # merges happened
     assert int(lengths[ids].sum()) == len(text.encode("utf-8"))
     assert all(lengths[i] == 0 for i in tok.all_special_ids)
+
+
+def test_a_part_past_its_limit_is_killed_with_its_children_and_says_so():
+    """The checklist's parts: a process that ignores SIGTERM and has started a child is killed, child
+    and all, at its limit, with what it printed kept; a part that ends in time returns its status."""
+    import time
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    from gpu_check import tests_row
+    from harness import run_part
+
+    stubborn = (
+        "import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        "print('tests/a.py::test_one PASSED', flush=True); print(child.pid, flush=True); "
+        "print('tests/a.py::test_two ', flush=True); time.sleep(60)"
+    )
+    start = time.perf_counter()
+    part = run_part([sys.executable, "-c", stubborn], limit_s=3)
+    assert part.returncode is None and time.perf_counter() - start < 10
+    child = int(part.stdout.splitlines()[1])
+    time.sleep(0.2)
+    status = Path(f"/proc/{child}/status")  # the child is gone too (or dead, waiting to be reaped)
+    assert not status.exists() or "\nState:\tZ" in status.read_text()
+    row = tests_row(part, 3)
+    assert row.result == "killed at its 3 s limit in tests/a.py::test_two; before it: 1 passed"
+    assert row.status == "FAIL"
+    done = run_part([sys.executable, "-c", "import sys; print('7 passed'); sys.exit(1)"], limit_s=30)
+    assert done.returncode == 1 and done.stdout == "7 passed\n"
+    assert tests_row(done, 30).status == "FAIL" and tests_row(done, 30).result.startswith("7 passed (")

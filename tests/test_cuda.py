@@ -109,3 +109,66 @@ def test_cuda_fit_logs_tokens_per_second_and_mfu(tmp_path, tokenizer_dir, monkey
     mfu = [float(r["perf/mfu"]) for r in rows if r.get("perf/mfu")]
     assert len(tokens_per_s) >= 3 and min(tokens_per_s) > 0
     assert len(mfu) == len(tokens_per_s) and all(0 < m < 1 for m in mfu)
+
+
+class SyncsAreErrors:
+    """Between logging windows, from the end of one step's batch transfer to the start of the next
+    one's, any call that makes the host wait for the GPU raises (`torch.cuda.set_sync_debug_mode`):
+    the step, the backward, the optimizer and every callback. Steps 0-2 (allocations) run free."""
+
+    def __init__(self, monkeypatch, first: int = 3) -> None:
+        from lightning.pytorch.strategies import Strategy
+
+        self.steps, transfer = [], Strategy.batch_to_device
+
+        def checked_transfer(strategy, batch, *args, **kwargs):
+            torch.cuda.set_sync_debug_mode(0)
+            batch = transfer(strategy, batch, *args, **kwargs)
+            step = strategy.lightning_module.trainer.global_step
+            if step >= first:
+                self.steps.append(step)
+                torch.cuda.set_sync_debug_mode("error")
+            return batch
+
+        monkeypatch.setattr(Strategy, "batch_to_device", checked_transfer)
+
+
+@cuda
+def test_cuda_fit_waits_for_the_host_on_no_step(tmp_path, tokenizer_dir, monkeypatch):
+    """Fine-tuning under fused AdamW in bf16-mixed: 30 steps, no logging window among them (every
+    50 steps), the progress bar off (it reads the loss back at each refresh)."""
+    from tests.helpers import finetune_args, make_task
+
+    card = make_task("single", tmp_path)
+    window = SyncsAreErrors(monkeypatch)
+    try:
+        main(["fit", *finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "logs"), "--config",
+              str(ROOT / "configs/trainer/gpu.yaml"), "--trainer.max_epochs=10", "--trainer.max_steps=30",
+              "--trainer.limit_val_batches=0", "--trainer.log_every_n_steps=50",
+              "--trainer.enable_checkpointing=false"])  # fmt: skip
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert window.steps == list(range(3, 30))
+
+
+@cuda
+def test_cuda_ddp_and_fsdp_on_one_gpu_equal_the_plain_run(tmp_path, tokenizer_dir):
+    """NCCL DDP and FSDP with one device: the weights after 9 steps equal the plain run's (fp32)."""
+    from tests.helpers import finetune_args, make_task
+
+    card = make_task("pair", tmp_path)
+    states = {}
+    for strategy in ("auto", "ddp", "fsdp"):
+        logs = tmp_path / strategy
+        main(["fit", *finetune_args(card, tokenizer_dir, tmp_path, logs), "--trainer.accelerator=gpu",
+              "--trainer.devices=1", f"--trainer.strategy={strategy}",
+              "--trainer.precision=32-true"])  # fmt: skip
+        ckpt = logs / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+        states[strategy] = torch.load(ckpt, map_location="cpu", weights_only=True)
+    plain = states.pop("auto")
+    for strategy, state in states.items():
+        assert state["global_step"] == plain["global_step"] == 9, strategy
+        assert state["state_dict"].keys() == plain["state_dict"].keys(), strategy
+        for key, value in plain["state_dict"].items():
+            got = state["state_dict"][key]
+            torch.testing.assert_close(got, value, rtol=0, atol=1e-5, msg=f"{strategy}: {key}")

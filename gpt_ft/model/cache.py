@@ -1,4 +1,5 @@
-"""Key/value caches: `KVCache` for generation, `SharedPrefix` for choices that share a context."""
+"""Key/value caches: `KVCache` for generation, `StaticKVCache` for generation whose decode step
+is captured as a CUDA graph, `SharedPrefix` for choices that share a context."""
 
 from __future__ import annotations
 
@@ -38,6 +39,54 @@ class KVCache:
         self.v = self.v.index_select(1, index)
 
 
+class StaticKVCache:
+    """A `KVCache` at fixed addresses and shapes: every call attends over all `max_len` slots, those
+    not yet written masked out, and the length lives on the device (`position`), so that one decode
+    step is the same kernels on the same memory each time and replays as a CUDA graph.
+
+    `gpt(new_ids, kv_cache=cache)` writes the new keys and values at `position` and advances
+    it, on the device; `masks` gives the attention masks of those positions.
+    """
+
+    def __init__(self, config: GPTConfig, batch_size: int, max_len: int, *, dtype, device) -> None:
+        shape = (config.n_layer, batch_size, config.kv_heads, max_len, config.head_dim)
+        # zeros, not empty: a masked slot's value is still multiplied by its zero weight
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.position = torch.zeros((), dtype=torch.long, device=device)
+        self.slots = torch.arange(max_len, device=device)
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[3]
+
+    @property
+    def length(self) -> int:
+        """The cached positions (read back from the device)."""
+        return int(self.position)
+
+    def positions(self, T: int) -> Tensor:
+        """The positions (T,) of T new tokens: `position`, ..., `position` + T - 1."""
+        return self.position + self.slots[:T]
+
+    def masks(self, positions: Tensor, window: int | None) -> tuple[Tensor, Tensor]:
+        """Boolean masks (1, 1, T, max_len), True where allowed, of queries at `positions` (T,):
+        every layer's (causal over the written slots), and a sliding window's."""
+        allowed = self.slots[None, :] <= positions[:, None]
+        local = allowed if window is None else allowed & (positions[:, None] - self.slots[None, :] < window)
+        return allowed[None, None], local[None, None]
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write this layer's new keys/values (B, nh, T, hs) at `position`; return every slot."""
+        index = self.positions(k.shape[2])
+        self.k[layer].index_copy_(2, index, k)
+        self.v[layer].index_copy_(2, index, v)
+        return self.k[layer], self.v[layer]
+
+    def advance(self, T: int) -> None:
+        self.position += T
+
+
 class SharedPrefix:
     """Keys and values of shared prefixes, attended to by several continuations each; differentiable.
 
@@ -66,4 +115,4 @@ class SharedPrefix:
         return torch.cat([repeated, new], dim=2)
 
 
-Cache = KVCache | SharedPrefix
+Cache = KVCache | StaticKVCache | SharedPrefix

@@ -77,19 +77,30 @@ def stream(
     eos_token_id: int | None = None,
     use_cache: bool = True,
     generator: torch.Generator | None = None,
+    static_cache: bool = False,
 ) -> Iterator[Tensor]:
     """Yield the next token of every sequence, (B,), one step at a time (greedy or sampled).
 
     Sequences that produced `eos_token_id` keep yielding it; the stream ends when all have.
+    `static_cache`: keys and values in a `StaticKVCache`; on CUDA the decode step is then captured
+    once as a CUDA graph and replayed for every token (the same tokens, a fraction of the launches).
     """
     _check_args(model, input_ids, max_new_tokens, temperature, top_k, top_p, 1)
+    if static_cache and not use_cache:
+        raise ValueError("static_cache=True needs use_cache=True.")
     B, T0 = input_ids.shape
-    cache = model.new_kv_cache(B, T0 + max_new_tokens) if use_cache else None
+    cache = model.new_kv_cache(B, T0 + max_new_tokens, static=static_cache) if use_cache else None
     ids, step_input = input_ids, input_ids
     finished = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
-    for _ in range(max_new_tokens):
-        hidden = model(step_input, kv_cache=cache) if use_cache else model(ids)
-        logits = model.lm_logits(hidden[:, -1]).float()  # (B, V)
+    replay = None
+    for i in range(max_new_tokens):
+        if replay is not None:
+            logits = replay(step_input)
+        else:
+            hidden = model(step_input, kv_cache=cache) if use_cache else model(ids)
+            logits = model.lm_logits(hidden[:, -1]).float()  # (B, V)
+            if static_cache and input_ids.is_cuda and i + 1 < max_new_tokens:
+                replay = decode_graph(model, cache, B)
         if do_sample:
             probs = _filter_logits(logits, temperature, top_k, top_p).softmax(dim=-1)
             token = torch.multinomial(probs, 1, generator=generator).squeeze(1)  # (B,)
@@ -104,6 +115,41 @@ def stream(
         step_input = token[:, None]
         if not use_cache:
             ids = torch.cat([ids, step_input], dim=1)
+
+
+def decode_graph(model: GPT, cache, batch_size: int):
+    """The decode step, one token a sequence over a `StaticKVCache`, captured as a CUDA graph:
+    returns `replay(tokens (B, 1)) -> logits (B, V)`, valid until the next replay.
+
+    Two warm-up steps on a side stream first (allocations, library workspaces); they write
+    the slots the next two real steps overwrite before reading, and the cache's position is put
+    back, so the cache is as it was.
+    """
+    device = cache.k.device
+    tokens = torch.zeros(batch_size, 1, dtype=torch.long, device=device)
+
+    def step() -> Tensor:
+        return model.lm_logits(model(tokens, kv_cache=cache)[:, -1]).float()
+
+    position = cache.position.clone()
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream(device).wait_stream(side)
+    cache.position.copy_(position)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        logits = step()
+    cache.position.copy_(position)  # capture records the step's kernels; it runs none
+
+    def replay(new: Tensor) -> Tensor:
+        tokens.copy_(new)
+        graph.replay()
+        return logits
+
+    return replay
 
 
 @torch.no_grad()
@@ -121,15 +167,21 @@ def generate(
     eos_token_id: int | None = None,
     use_cache: bool = True,
     generator: torch.Generator | None = None,
+    static_cache: bool = False,
 ) -> Tensor:
     """Continue `input_ids` (B, T) by up to `max_new_tokens`; returns (B, T + n).
 
     Greedy by default; `do_sample=True` samples with `temperature`, `top_k`, `top_p`;
     `num_beams > 1` runs beam search scored by sum of log-probabilities / length**length_penalty.
-    Sequences that stop early are padded with `eos_token_id`.
+    Sequences that stop early are padded with `eos_token_id`. `static_cache`: see `stream` (on
+    CUDA, the decode step as a CUDA graph).
     """
     _check_args(model, input_ids, max_new_tokens, temperature, top_k, top_p, num_beams)
     if num_beams > 1:
+        if static_cache:
+            raise ValueError(
+                "Beam search reorders its cache each step: use static_cache=False with num_beams > 1."
+            )
         if do_sample:
             raise ValueError("Beam search is deterministic: use num_beams=1 with do_sample=True.")
         return beam_search(
@@ -151,6 +203,7 @@ def generate(
         eos_token_id=eos_token_id,
         use_cache=use_cache,
         generator=generator,
+        static_cache=static_cache,
     )
     return torch.cat([input_ids, *(t[:, None] for t in tokens)], dim=1)
 

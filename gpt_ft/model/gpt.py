@@ -21,12 +21,12 @@ from torch.utils.checkpoint import checkpoint
 
 from gpt_ft.model import generation, rope
 from gpt_ft.model.attention import CausalSelfAttention, PackedRows, Rotary, causal_mask
-from gpt_ft.model.cache import Cache, KVCache, SharedPrefix
+from gpt_ft.model.cache import Cache, KVCache, SharedPrefix, StaticKVCache
 from gpt_ft.model.config import ACTIVATIONS, GPTConfig
 from gpt_ft.model.norms import RMSNorm, norm
 from gpt_ft.workarounds import register_load_state_dict_pre_hook
 
-__all__ = ["GPT", "GPTConfig", "Block", "KVCache", "SharedPrefix"]
+__all__ = ["GPT", "GPTConfig", "Block", "KVCache", "StaticKVCache", "SharedPrefix"]
 
 
 class MLP(nn.Module):
@@ -157,7 +157,10 @@ class GPT(nn.Module):
                 variable-length kernel's offsets, from the host; computed here when not given.
         """
         B, T = input_ids.shape
-        past = kv_cache.length if kv_cache is not None else 0
+        static = isinstance(kv_cache, StaticKVCache)  # its length stays on the device
+        past = kv_cache.length if kv_cache is not None and not static else 0
+        if static and position_ids is None:
+            position_ids = kv_cache.positions(T)
         if position_ids is None and past + T > self.config.n_positions:
             raise ValueError(
                 f"Input of {past + T} tokens is longer than the model's context of "
@@ -182,6 +185,14 @@ class GPT(nn.Module):
                 else (PackedRows(documents, branches, position_ids, window, *offsets), False)
             )
             masks, rotaries = {False: full, True: local}, self._rotaries(position_ids, x.dtype)
+        elif static:
+            if attention_mask is not None:
+                raise ValueError("A StaticKVCache takes no attention_mask: its prompts are unpadded.")
+            full, local = kv_cache.masks(position_ids, self.config.sliding_window)
+            masks, rotaries = (
+                {False: (full, False), True: (local, False)},
+                self._rotaries(position_ids, x.dtype),
+            )
         else:
             masks, rotaries = self._attention_inputs(attention_mask, position_ids, kv_cache, T, x.dtype)
         recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
@@ -195,7 +206,9 @@ class GPT(nn.Module):
                 rotaries[local and self.config.rope_local_theta is not None],
             )
             x = checkpoint(block, *args, use_reentrant=False) if recompute else block(*args)
-        if kv_cache is not None:
+        if static:
+            kv_cache.advance(T)
+        elif kv_cache is not None:
             kv_cache.length += T
         return self.ln_f(x) if self.ln_f is not None else x
 
@@ -249,11 +262,15 @@ class GPT(nn.Module):
             fitted[:vocab] = weight[:vocab]
             state[key] = fitted
 
-    def new_kv_cache(self, batch_size: int, max_len: int | None = None) -> KVCache:
-        """An empty KV cache for `batch_size` sequences of up to `max_len` (default n_positions) tokens."""
+    def new_kv_cache(
+        self, batch_size: int, max_len: int | None = None, *, static: bool = False
+    ) -> KVCache | StaticKVCache:
+        """An empty KV cache for `batch_size` sequences of up to `max_len` (default n_positions)
+        tokens; `static`: a `StaticKVCache`, whose decode step can be captured as a CUDA graph."""
         p = next(self.parameters())
         max_len = self.config.n_positions if max_len is None else max_len
-        return KVCache(self.config, batch_size, max_len, dtype=p.dtype, device=p.device)
+        kind = StaticKVCache if static else KVCache
+        return kind(self.config, batch_size, max_len, dtype=p.dtype, device=p.device)
 
     def resize_token_embeddings(self, vocab_size: int, *, generator: torch.Generator | None = None) -> None:
         """Grow the vocabulary to `vocab_size`: new rows ~ N(0, initializer_range), existing rows untouched.

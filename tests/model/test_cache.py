@@ -1,6 +1,9 @@
+import pytest
 import torch
 
-from tests.helpers import TINY, tiny_gpt
+from gpt_ft import GPT, GPTConfig
+from gpt_ft.model.cache import StaticKVCache
+from tests.helpers import TINY, cuda, tiny_gpt
 
 
 def test_kv_cache_prefill_in_chunks_equals_full_forward():
@@ -16,3 +19,72 @@ def test_kv_cache_prefill_in_chunks_equals_full_forward():
         ]
     assert cache.length == 30
     torch.testing.assert_close(torch.cat(chunks, dim=1), full, rtol=0, atol=1e-5)
+
+
+def test_static_cache_prefill_and_steps_equal_the_full_forward():
+    """Every slot attended to, the unwritten ones masked: the states of the full forward pass, and
+    the position advanced on the device."""
+    gpt = tiny_gpt()
+    ids = torch.randint(0, TINY["vocab_size"], (2, 30))
+    cache = gpt.new_kv_cache(2, 40, static=True)
+    assert isinstance(cache, StaticKVCache) and cache.k.shape[3] == 40
+    with torch.no_grad():
+        full = gpt(ids)
+        steps = [gpt(ids[:, :12], kv_cache=cache)] + [
+            gpt(ids[:, t : t + 1], kv_cache=cache) for t in range(12, 30)
+        ]
+    assert cache.length == 30 and cache.position.device == ids.device
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=1e-5)
+    assert not cache.k[:, :, :, 30:].any()  # nothing written past the tokens
+
+
+@pytest.mark.parametrize("family", ["mistral", "gemma3_text", "qwen3"])
+def test_static_cache_slides_its_windows_as_transformers_does(family):
+    """Llama-family blocks (rotary positions from the device's position, grouped key/value heads,
+    Gemma 3's per-layer windows of 8 over 20 tokens) equal transformers' logits."""
+    from tests.weights.test_hf_llama import VOCAB, WINDOW, tiny_llama
+
+    hf = tiny_llama(family, **(WINDOW if family == "mistral" else {}))
+    gpt = GPT.from_hf(hf).eval()
+    ids = torch.randint(0, VOCAB, (2, 20))
+    cache = gpt.new_kv_cache(batch_size=2, static=True)
+    with torch.no_grad():
+        steps = [gpt.lm_logits(gpt(ids[:, :5], kv_cache=cache))]
+        steps += [gpt.lm_logits(gpt(ids[:, t : t + 1], kv_cache=cache)) for t in range(5, 20)]
+        torch.testing.assert_close(torch.cat(steps, dim=1), hf(ids).logits, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("sample", [False, True])
+def test_generation_on_a_static_cache_gives_the_same_tokens(sample):
+    gpt = tiny_gpt(pre_ln=True)
+    prompt = torch.randint(0, TINY["vocab_size"], (3, 7))
+    kwargs = dict(max_new_tokens=40, do_sample=sample, top_k=20)
+    dynamic = gpt.generate(prompt, **kwargs, generator=torch.Generator().manual_seed(0))
+    static = gpt.generate(prompt, **kwargs, static_cache=True, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(static, dynamic) and static.shape == (3, 47)
+    with pytest.raises(ValueError, match="use static_cache=False with num_beams > 1"):
+        gpt.generate(prompt, max_new_tokens=4, num_beams=2, static_cache=True)
+    with pytest.raises(ValueError, match="takes no attention_mask"):
+        gpt(prompt, torch.ones_like(prompt), kv_cache=gpt.new_kv_cache(3, static=True))
+
+
+@cuda
+@pytest.mark.parametrize("preset", ["gpt-mini", "llama-mini"])
+def test_cuda_decoding_replays_a_cuda_graph_with_the_eager_caches_tokens(preset, monkeypatch):
+    """Greedy and sampled, 100 tokens: the graph is captured once and replayed for the rest."""
+    from gpt_ft.model import generation
+
+    torch.manual_seed(0)
+    gpt = GPT(GPTConfig.from_name(preset, vocab_size=512, n_positions=128)).cuda().eval()
+    prompt = torch.randint(0, 512, (1, 9), device="cuda")
+    captured = []
+    real = generation.decode_graph
+    monkeypatch.setattr(generation, "decode_graph", lambda *a: captured.append(1) or real(*a))
+    for sample in (False, True):
+        kwargs = dict(max_new_tokens=100, do_sample=sample, top_p=0.9)
+        eager = gpt.generate(prompt, **kwargs, generator=torch.Generator("cuda").manual_seed(0))
+        graphed = gpt.generate(
+            prompt, **kwargs, static_cache=True, generator=torch.Generator("cuda").manual_seed(0)
+        )
+        assert torch.equal(graphed, eager)
+    assert len(captured) == 2
