@@ -78,7 +78,7 @@ class CausalSelfAttention(nn.Module):
         if isinstance(mask, PackedRows):
             kernel = mask.kernel(q, dropout_p)
             if kernel != "dense":
-                y = mask.attend(kernel, q, k, v, self.scale)  # (B, nh, T, hs)
+                y = mask.attend(kernel, q, k, v, self.scale, dropout_p)  # (B, nh, T, hs)
                 return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, nh * hs)))
             mask = mask.dense()
         blocked = (
@@ -199,9 +199,11 @@ class PackedRows:
     (`branches`), within `window` positions when set. `cu_seqlens` / `max_seqlen` (see
     `segment_offsets`) come from the collator, so no step reads them back from the device.
 
-    On CUDA, with no attention dropout (no fused kernel draws it), rows without shared contexts run
-    `varlen_attn` in bf16/fp16, and the rest FlexAttention with a block mask of the same rule;
-    elsewhere the dense mask (`packed_mask`) goes to SDPA or the blocked matmuls. The dense mask
+    On CUDA, rows without shared contexts run FlashAttention's variable-length kernel in bf16/fp16
+    (`varlen_attn`; under attention dropout, which it does not draw, `FlashVarlenDropout`), and the
+    rest FlexAttention with a block mask of the same rule, or, under attention dropout (which
+    FlexAttention cannot draw), the dense mask. Elsewhere the dense mask (`packed_mask`) goes to
+    SDPA or the blocked matmuls. The dense mask
     and the block mask are built once per forward pass and shared by the layers.
     """
 
@@ -229,7 +231,7 @@ class PackedRows:
         """ "varlen", "flex" or "dense": the kernel for these rows and queries (B, nh, T, hs)."""
         if FORCE_KERNEL is not None:
             return FORCE_KERNEL
-        if q.device.type != "cuda" or dropout_p > 0:
+        if q.device.type != "cuda":
             return "dense"
         varlen = (
             varlen_attn is not None
@@ -239,16 +241,33 @@ class PackedRows:
             and q.shape[-1] <= 256
             and (self.window is None or "window_size" in VARLEN)
         )
+        if dropout_p > 0:  # FlashAttention draws it; FlexAttention cannot
+            return "varlen" if varlen else "dense"
         return "varlen" if varlen else "flex" if flex_attention is not None else "dense"
 
-    def attend(self, kernel: str, q: Tensor, k: Tensor, v: Tensor, scale: float | None) -> Tensor:
+    def attend(
+        self, kernel: str, q: Tensor, k: Tensor, v: Tensor, scale: float | None, dropout_p: float = 0.0
+    ) -> Tensor:
         """Attention of queries (B, nh, T, hs) over keys and values (B, nkv, T, hs) on `kernel`."""
-        return (self._varlen if kernel == "varlen" else self._flex)(q, k, v, scale)
+        if kernel == "varlen":
+            return self._varlen(q, k, v, scale, dropout_p)
+        return self._flex(q, k, v, scale)
 
-    def _varlen(self, q: Tensor, k: Tensor, v: Tensor, scale: float | None) -> Tensor:
+    def _varlen(self, q: Tensor, k: Tensor, v: Tensor, scale: float | None, dropout_p: float) -> Tensor:
         B, nh, T, hs = q.shape
         if self.cu_seqlens is None:
             self.cu_seqlens, self.max_seqlen = segment_offsets(self.documents)
+        flat = lambda t: t.transpose(1, 2).reshape(B * T, t.shape[1], hs)  # noqa: E731
+        cu, longest = self.cu_seqlens.to(q.device, torch.int32), self.max_seqlen
+        if dropout_p > 0:
+            if k.shape[1] != nh:
+                k, v = (
+                    k.repeat_interleave(nh // k.shape[1], dim=1),
+                    v.repeat_interleave(nh // k.shape[1], dim=1),
+                )
+            left = -1 if self.window is None else self.window - 1
+            y = FlashVarlenDropout.apply(flat(q), flat(k), flat(v), cu, longest, dropout_p, scale, left)
+            return y.view(B, T, nh, hs).transpose(1, 2)
         options = {}
         if "window_size" in VARLEN:  # causal: (-1, 0); a sliding window sees `window` - 1 keys back
             options["window_size"] = (-1 if self.window is None else self.window - 1, 0)
@@ -262,8 +281,6 @@ class PackedRows:
             options["enable_gqa"] = True
         elif k.shape[1] != nh:
             k, v = k.repeat_interleave(nh // k.shape[1], dim=1), v.repeat_interleave(nh // k.shape[1], dim=1)
-        flat = lambda t: t.transpose(1, 2).reshape(B * T, t.shape[1], hs)  # noqa: E731
-        cu, longest = self.cu_seqlens.to(q.device, torch.int32), self.max_seqlen
         y = varlen_attn(flat(q), flat(k), flat(v), cu, cu, longest, longest, **options)  # (B * T, nh, hs)
         return y.view(B, T, nh, hs).transpose(1, 2)
 
@@ -293,6 +310,36 @@ class PackedRows:
         gqa = k.shape[1] != q.shape[1]
         return _flex(q.device)(q, k, v, block_mask=self.block_mask(), scale=scale, enable_gqa=gqa)
 
+
+class FlashVarlenDropout(torch.autograd.Function):
+    """FlashAttention-2's variable-length causal kernel with attention dropout, which `varlen_attn`
+    does not draw: the forward and backward ops SDPA's own flash path runs, on packed (N, heads, hs)
+    queries, keys and values. The forward's random state goes to the backward, which redraws the
+    same mask. `left`: keys a query sees behind it (-1: all)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens, max_seqlen, dropout_p, scale, left):
+        out, lse, rng, unused, _ = FLASH_FORWARD(
+            q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, True, False,
+            scale=scale, window_size_left=left, window_size_right=0,
+        )  # fmt: skip
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens, rng, unused)
+        ctx.options = (max_seqlen, dropout_p, scale, left)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, out, lse, cu_seqlens, rng, unused = ctx.saved_tensors
+        max_seqlen, dropout_p, scale, left = ctx.options
+        dq, dk, dv = FLASH_BACKWARD(
+            grad.contiguous(), q, k, v, out, lse, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+            dropout_p, True, rng, unused, scale=scale, window_size_left=left, window_size_right=0,
+        )  # fmt: skip
+        return dq, dk, dv, None, None, None, None, None
+
+
+FLASH_FORWARD = torch.ops.aten._flash_attention_forward
+FLASH_BACKWARD = torch.ops.aten._flash_attention_backward
 
 _compiled_flex = None
 

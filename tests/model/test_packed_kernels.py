@@ -125,19 +125,58 @@ def test_packed_rows_on_each_kernel_equal_the_padded_batch(tokenizer_dir, monkey
         assert {c["window_size"] for c in calls} == {(-1, 0), (5, 0)}
 
 
+def test_attention_dropout_goes_to_flashs_own_forward_and_backward(tokenizer_dir, monkeypatch):
+    """Under attention dropout packed rows run `FlashVarlenDropout`: the rate, offsets, window and
+    scale reach the flash forward, its saved tensors the backward. Played on the CPU by the reference
+    without dropout, the run equals the padded batch's without attention dropout."""
+    module, rows, specials = module_for(tokenizer_dir, "pair", "gemma3-micro")
+    module.train()
+    padded, packed = collate(rows, specials.pad), collate_packed(rows, specials.pad)
+    expected = run(module, padded)
+    seen = []
+
+    def forward(
+        q, k, v, cu_q, cu_k, max_q, max_k, p, causal, debug, *, scale, window_size_left, window_size_right
+    ):
+        seen.append((p, causal, window_size_left, window_size_right))
+        out = reference_varlen(
+            q, k, v, cu_q, cu_k, max_q, max_k, window_size=(window_size_left, 0), scale=scale
+        )
+        return out, torch.zeros(()), torch.zeros(2), torch.zeros(()), torch.zeros(())
+
+    def backward(grad, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, p, causal, rng, unused, *, scale,
+                 window_size_left, window_size_right):  # fmt: skip
+        with torch.enable_grad():
+            inputs = [t.detach().requires_grad_() for t in (q, k, v)]
+            y = reference_varlen(
+                *inputs, cu_q, cu_k, max_q, max_k, window_size=(window_size_left, 0), scale=scale
+            )
+            return torch.autograd.grad(y, inputs, grad)
+
+    monkeypatch.setattr(attention, "FORCE_KERNEL", "varlen")
+    monkeypatch.setattr(attention, "FLASH_FORWARD", forward)
+    monkeypatch.setattr(attention, "FLASH_BACKWARD", backward)
+    for block in module.gpt.h:
+        block.attn.attn_pdrop = 0.1
+    assert_same(expected, run(module, packed), padded.choice_mask)
+    assert set(seen) == {(0.1, True, -1, 0), (0.1, True, 5, 0)}  # Gemma 3: full and sliding layers
+
+
 def test_the_kernel_each_batch_takes():
-    """The dense mask on a CPU and wherever attention dropout is drawn; on CUDA the variable-length
-    kernel for bf16 rows of whole sequences, FlexAttention for shared contexts and fp32."""
+    """The dense mask on a CPU; on CUDA the variable-length kernel for bf16 rows of whole sequences
+    (with or without attention dropout), FlexAttention for shared contexts and fp32 without
+    attention dropout, and the dense mask for them with it."""
     documents = torch.zeros(1, 4, dtype=torch.long)
     plain, shared = PackedRows(documents, None, documents), PackedRows(documents, documents, documents)
     q = torch.zeros(1, 2, 4, 8)
     assert plain.kernel(q, 0.0) == shared.kernel(q, 0.0) == "dense"
     fake_cuda = type("Q", (), {"device": torch.device("cuda"), "dtype": torch.bfloat16, "shape": q.shape})()
-    assert plain.kernel(fake_cuda, 0.1) == "dense"
-    assert plain.kernel(fake_cuda, 0.0) == ("varlen" if attention.varlen_attn is not None else "flex")
-    assert shared.kernel(fake_cuda, 0.0) == "flex"
+    varlen = attention.varlen_attn is not None
+    assert plain.kernel(fake_cuda, 0.0) == ("varlen" if varlen else "flex")
+    assert plain.kernel(fake_cuda, 0.1) == ("varlen" if varlen else "dense")  # flash draws the dropout
+    assert shared.kernel(fake_cuda, 0.0) == "flex" and shared.kernel(fake_cuda, 0.1) == "dense"
     fake_cuda.dtype = torch.float32
-    assert plain.kernel(fake_cuda, 0.0) == "flex"
+    assert plain.kernel(fake_cuda, 0.0) == "flex" and plain.kernel(fake_cuda, 0.1) == "dense"
 
 
 @cuda
@@ -170,3 +209,37 @@ def test_cuda_packed_rows_run_varlen_or_flex_and_equal_the_padded_batch(tokenize
         err_padded = (bf16_padded[0][name][real].float() - fp32[0][name][real]).abs().max()
         err_packed = (bf16_packed[0][name][real].float() - fp32[0][name][real]).abs().max()
         assert err_packed <= 2 * err_padded + 1e-3, (float(err_packed), float(err_padded))
+
+
+@cuda
+def test_cuda_flash_varlen_dropout_equals_varlen_attn_without_dropout_and_is_unbiased_with_it():
+    """`FlashVarlenDropout` at rate 0: `varlen_attn`'s outputs and gradients; at 0.1: the same draw
+    for the same seed (the backward replays the forward's mask), and the mean of 300 draws within
+    0.02 of the output without dropout."""
+    from gpt_ft.model.attention import FlashVarlenDropout, varlen_attn
+
+    if varlen_attn is None:
+        pytest.skip("torch.nn.attention.varlen needs torch >= 2.9")
+    torch.manual_seed(0)
+    lengths = [37, 5, 90, 1, 64]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    q, k, v = (torch.randn(sum(lengths), 4, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+               for _ in range(3))  # fmt: skip
+    grad = torch.randn(sum(lengths), 4, 64, device="cuda", dtype=torch.bfloat16)
+
+    def run(fn):
+        out = fn()
+        return (out.detach(), *torch.autograd.grad(out, (q, k, v), grad))
+
+    causal = {"window_size": (-1, 0)} if "window_size" in attention.VARLEN else {"is_causal": True}
+    reference = run(lambda: varlen_attn(q, k, v, cu, cu, 90, 90, **causal))
+    for got, want in zip(run(lambda: FlashVarlenDropout.apply(q, k, v, cu, 90, 0.0, None, -1)), reference):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-2)
+    draws = []
+    for seed in (1, 1, *range(2, 300)):
+        torch.manual_seed(seed)
+        draws.append(run(lambda: FlashVarlenDropout.apply(q, k, v, cu, 90, 0.1, None, -1)))
+    assert all(torch.equal(a, b) for a, b in zip(draws[0], draws[1]))
+    assert not torch.equal(draws[0][0], draws[2][0])
+    mean = torch.stack([d[0].float() for d in draws[1:]]).mean(0)
+    assert (mean - reference[0].float()).abs().mean() < 0.02
