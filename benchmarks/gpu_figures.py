@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import platform
 import subprocess
@@ -44,7 +45,7 @@ from gpt_ft.training.module import GPTModule
 from gpt_ft.training.optim import adamw
 from gpt_ft.training.throughput import counted_parameters, dense_peak_tflops, flops_per_token
 
-GOALS = {"mfu": 0.40, "vs_transformers": 2.5, "fit_overhead": 0.03}
+GOALS = {"mfu": 0.40, "vs_transformers": 2.5, "fit_overhead": 0.03, "decode_tokens_per_s": 2000}
 
 
 @dataclass
@@ -132,16 +133,21 @@ def training_throughput(setup: Setup, tmp: Path) -> Iterator[Row]:
     torch.manual_seed(0)
     ours = GPT(copy.deepcopy(setup.config)).to(setup.device).train()
     models = {"ours": ours, "transformers": ours.to_hf().to(setup.device).train()}
+    losses = {}
     if setup.compile:
         models["ours, compiled"] = copy.deepcopy(ours)
         models["ours, compiled"].compile(dynamic=False)  # one static graph per batch size
+        # the head's matmul and the cross-entropy in the same graph as the blocks
+        models["ours, compiled with its loss"] = copy.deepcopy(ours)
+        losses["ours, compiled with its loss"] = torch.compile(harness.logits_loss(hf=False), dynamic=False)
     fpt = flops_per_token(setup.config, counted_parameters(ours), setup.seq)
     for batch in setup.batches:
         ids = torch.randint(0, setup.config.vocab_size, (batch, setup.seq + 1), device=setup.device)
         steps = {}
         for name, m in models.items():
             optimizer = torch.optim.AdamW(m.parameters(), lr=1e-5, fused=setup.cuda)
-            steps[name] = lm_step(m, optimizer, ids, setup.autocast, hf=name == "transformers")
+            hf = name == "transformers"
+            steps[name] = lm_step(m, optimizer, ids, setup.autocast, hf=hf, loss_fn=losses.get(name))
         number, warmup = (2 if setup.cuda else 1), (3 if setup.compile else 1)  # compiling is in the warm-up
         stats = interleaved(steps, runs=setup.runs, number=number, warmup=warmup)
         tokens = batch * setup.seq
@@ -150,7 +156,7 @@ def training_throughput(setup: Setup, tmp: Path) -> Iterator[Row]:
             if setup.peak_tflops:
                 mfu = tokens / s.median * fpt / (setup.peak_tflops * 1e12)
                 figure += f", MFU {mfu:.1%}"
-                status = harness.verdict(mfu >= GOALS["mfu"]) if name == "ours, compiled" else ""
+                status = harness.verdict(mfu >= GOALS["mfu"]) if name.startswith("ours, compiled") else ""
             yield Row(f"training step, {name}, batch {batch} x {setup.seq}", figure, status)
         ratio = stats["transformers"].median / min(s.median for n, s in stats.items() if n != "transformers")
         status = harness.verdict(ratio >= GOALS["vs_transformers"]) if setup.cuda else ""
@@ -175,6 +181,7 @@ def finetune_step(setup: Setup, tmp: Path) -> Iterator[Row]:
         examples.append(
             {"input_ids": enc.sequences, "extract_index": enc.extract_index, "label": enc.label, "index": i}
         )
+    rates = {}
     for name, collated in (("padded", collate), ("packed", collate_packed)):
         batch = move_data_to_device(collated(examples, specials.pad), setup.device)
 
@@ -185,10 +192,14 @@ def finetune_step(setup: Setup, tmp: Path) -> Iterator[Row]:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
-        rate = timed(step, repeat=5).rate(batch.real_tokens)
+        stats = timed(step, repeat=5)
+        rates[name] = batch.real_tokens / stats.median
         padding = 1 - batch.real_tokens / batch.input_ids.numel()
-        figure = f"{rate} real tokens/s; padding {padding:.0%} of {tuple(batch.input_ids.shape)}"
+        shape = tuple(batch.input_ids.shape)
+        figure = f"{stats.rate(batch.real_tokens)} real tokens/s; padding {padding:.0%} of {shape}"
         yield Row(f"fine-tuning step (head + λ=0.5 LM loss), batch {B}, {name}", figure)
+    kernel = "variable-length kernel" if setup.cuda else "dense mask"
+    yield Row(f"fine-tuning step, packed ({kernel}) / padded", f"{rates['packed'] / rates['padded']:.2f}x")
 
 
 def fit_quickstart(setup: Setup, tmp: Path) -> Iterator[Row]:
@@ -237,19 +248,45 @@ def fit_vs_loop(setup: Setup, tmp: Path) -> Iterator[Row]:
 
 
 def generation(setup: Setup, tmp: Path) -> Iterator[Row]:
+    """Greedy decoding at batch 1: our KV cache, the static one (on a GPU its decode step replayed
+    as a CUDA graph) and no cache; then beside transformers' generate on its static cache (which it
+    compiles on a GPU), GPT-2's block order at the same shape (transformers' GPT-1 has no cache)."""
     torch.manual_seed(0)
     gpt = GPT(copy.deepcopy(setup.config)).to(setup.device).eval()
     prompt = torch.randint(0, setup.config.vocab_size, (1, 16), device=setup.device)
     n, out = min(setup.gen_tokens, setup.seq - 16), {}
+    kinds = {"cached": {}, "static": {"static_cache": True}, "uncached": {"use_cache": False}}
 
-    def run(cached: bool):
-        return lambda: out.__setitem__(cached, gpt.generate(prompt, max_new_tokens=n, use_cache=cached))
+    def run(model, kind: str):
+        return lambda: out.__setitem__(kind, model.generate(prompt, max_new_tokens=n, **kinds.get(kind, {})))
 
-    seconds = {cached: timed(run(cached), repeat=1) for cached in (True, False)}
+    seconds = {kind: timed(run(gpt, kind), repeat=2 if kind == "static" else 1) for kind in kinds}
+    same = all(torch.equal(out[kind], out["cached"]) for kind in kinds)
+    static = "static cache + CUDA graph" if setup.cuda else "static cache"
+    rate = seconds["static"].rate(n)
+    status = (
+        harness.verdict(n / seconds["static"].median >= GOALS["decode_tokens_per_s"]) if setup.cuda else ""
+    )
     yield Row(
         f"greedy generation, {n} tokens after 16",
-        f"cached {seconds[True].rate(n)} tokens/s, uncached {seconds[False].rate(n)}; "
-        f"identical tokens: {torch.equal(out[True], out[False])}",
+        f"cached {seconds['cached'].rate(n)} tokens/s, {static} {rate}, "
+        f"uncached {seconds['uncached'].rate(n)}; identical tokens: {same}",
+        status,
+    )
+    ours = GPT(dataclasses.replace(copy.deepcopy(setup.config), pre_ln=True)).to(setup.device).eval()
+    hf = ours.to_hf().to(setup.device).eval()
+    theirs = dict(
+        max_new_tokens=n, min_new_tokens=n, do_sample=False, cache_implementation="static", pad_token_id=0
+    )
+    both = {
+        "ours": lambda: out.__setitem__("ours", ours.generate(prompt, max_new_tokens=n, static_cache=True)),
+        "transformers": lambda: out.__setitem__("transformers", hf.generate(prompt, **theirs)),
+    }
+    stats = interleaved(both, runs=2)  # the untimed first call compiles transformers' step on a GPU
+    yield Row(
+        f"greedy generation beside transformers' static cache (GPT-2 blocks), {n} tokens",
+        f"ours {stats['ours'].rate(n)} tokens/s, transformers {stats['transformers'].rate(n)}; "
+        f"identical tokens: {torch.equal(out['ours'], out['transformers'])}",
     )
 
 

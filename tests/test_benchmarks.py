@@ -40,13 +40,17 @@ ROWS = {
     "fine-tuning step (head + λ=0.5 LM loss), batch 8, packed": (
         rf"{RATE} real tokens/s; padding \d+% of \(\d+, \d+\)"
     ),
+    "fine-tuning step, packed (dense mask) / padded": r"[\d.]+x",
     "`gpt-ft fit` quickstart, 6 steps on the CPU": r"\d+ s, validation accuracy 0\.\d{3}",
     "`gpt-ft fit` vs raw loop, 10 pretraining steps of 4 x 128": (
         r"fit [\d,]+ tokens/s, loop [\d,]+: fit [+-][\d.]+%"
     ),
     "`gpt-ft fit` logged throughput": r"perf/tokens_per_s [\d,]+",
     "greedy generation, 64 tokens after 16": (
-        f"cached {RATE} tokens/s, uncached {RATE}; identical tokens: True"
+        f"cached {RATE} tokens/s, static cache {RATE}, uncached {RATE}; identical tokens: True"
+    ),
+    "greedy generation beside transformers' static cache (GPT-2 blocks), 64 tokens": (
+        f"ours {RATE} tokens/s, transformers {RATE}; identical tokens: True"
     ),
 }
 
@@ -123,8 +127,11 @@ def test_a_part_past_its_limit_is_killed_with_its_children_and_says_so():
     import time
 
     sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
-    from gpu_check import tests_row
+    from gpu_check import FIGURES, tests_row
+    from gpu_figures import ROWS as FIGURE_ROWS
     from harness import run_part
+
+    assert FIGURES == [rows.__name__ for rows in FIGURE_ROWS]  # each group of rows is a part
 
     stubborn = (
         "import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
