@@ -172,3 +172,27 @@ def test_cuda_ddp_and_fsdp_on_one_gpu_equal_the_plain_run(tmp_path, tokenizer_di
         for key, value in plain["state_dict"].items():
             got = state["state_dict"][key]
             torch.testing.assert_close(got, value, rtol=0, atol=1e-5, msg=f"{strategy}: {key}")
+
+
+@cuda
+def test_cuda_a_compiled_models_lm_loss_runs_compiled_and_equals_the_eager_one(exact_fp32):
+    """The head's matmul and the cross-entropy in one compiled graph: losses and gradients of the
+    eager ones (fp32), for a pretraining block and for packed positions of another length."""
+    from gpt_ft.training import lm_loss
+
+    torch.manual_seed(0)
+    gpt = GPT(GPTConfig.from_name("gpt-mini", **SHAPE)).cuda()
+    compiled = GPT(GPTConfig.from_name("gpt-mini", **SHAPE)).cuda()
+    compiled.load_state_dict(gpt.state_dict())
+    compiled.compile()
+    for n in (256, 97):
+        hidden = torch.randn(n, gpt.config.n_embd, device="cuda", requires_grad=True)
+        targets = torch.randint(0, SHAPE["vocab_size"], (n,), device="cuda")
+        targets[::7] = -100
+        results = []
+        for model in (gpt, compiled):
+            losses = lm_loss.lm_losses(model, hidden, targets)
+            results.append((losses.detach(), *torch.autograd.grad(losses.sum(), (hidden, model.wte.weight))))
+        for got, want in zip(results[1], results[0]):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert lm_loss._compiled_plain is not None

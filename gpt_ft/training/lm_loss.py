@@ -30,6 +30,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from gpt_ft.data.batches import IGNORE_INDEX
+from gpt_ft.workarounds import is_compiled
 
 CHUNK_BYTES = 2**27  # a chunk's fp32 logits: 128 MiB (682 tokens at a 49,152-token vocabulary)
 
@@ -39,11 +40,29 @@ def lm_losses(gpt, hidden: Tensor, targets: Tensor) -> Tensor:
     (N,), 0 where a target is -100: `F.cross_entropy(gpt.lm_logits(hidden).float(), targets)`.
 
     LoRA's TokenRows (frozen rows and trained ones, two matrices) take the plain path, and so do
-    GPUs, whose fused kernels and memory bandwidth leave the chunks little to win."""
+    GPUs, whose fused kernels and memory bandwidth leave the chunks little to win. There, when the
+    model is compiled, the head's matmul and the cross-entropy are compiled too: one graph that
+    never writes the (N, vocab) logits out in fp32."""
     head = gpt.wte if gpt.lm_head is None else gpt.lm_head
     if hasattr(head, "logits") or hidden.device.type != "cpu":
-        return F.cross_entropy(gpt.lm_logits(hidden).float(), targets, reduction="none")
+        plain = compiled_plain_losses() if is_compiled(gpt) and hidden.device.type == "cuda" else plain_losses
+        return plain(gpt, hidden, targets)
     return linear_cross_entropy(hidden, head.weight, targets, gpt.config.vocab_size)
+
+
+def plain_losses(gpt, hidden: Tensor, targets: Tensor) -> Tensor:
+    return F.cross_entropy(gpt.lm_logits(hidden).float(), targets, reduction="none")
+
+
+_compiled_plain = None
+
+
+def compiled_plain_losses():
+    """`plain_losses` compiled once per process (dynamic in the number of tokens)."""
+    global _compiled_plain
+    if _compiled_plain is None:
+        _compiled_plain = torch.compile(plain_losses, dynamic=True)
+    return _compiled_plain
 
 
 def linear_cross_entropy(
