@@ -35,11 +35,11 @@ from torch import Tensor
 
 from gpt_ft.adapters.base import Encoded, TaskAdapter, field_text, refuse_label_fields
 from gpt_ft.adapters.heads import TaskHead
-from gpt_ft.adapters.metrics import metric_value
+from gpt_ft.adapters.metrics import RETRIEVAL, metric_value, retrieval_metrics
 from gpt_ft.adapters.outputs import FLOAT32_MAX, CardError, LabelSpec, TaskDataError, TaskOutput
 
-RETRIEVAL = ("mrr@10", "ndcg@10", "recall@1", "recall@10")
 CORRELATIONS = ("spearman", "pearson")
+POOLINGS = ("extract", "last", "mean")
 TEMPERATURE = 0.05  # SimCSE's and E5's; sentence-transformers' MultipleNegativesRankingLoss: scale 20
 COSENT_SCALE = 20.0  # CoSENT's λ, as sentence-transformers' CoSENTLoss
 
@@ -110,28 +110,6 @@ class _GatherRows(torch.autograd.Function):
         return grad[ctx.rows]
 
 
-def retrieval_metrics(queries: Tensor, corpus: Tensor, metrics: list[str]) -> dict[str, Tensor]:
-    """Query i against every document, document i the relevant one (`rank_metrics`). A tie ranks
-    the earlier document first."""
-    scores = queries.double() @ corpus.double().T  # (Q, Q)
-    own = scores.diagonal()[:, None]
-    earlier = torch.ones_like(scores, dtype=torch.bool).tril(-1)
-    return rank_metrics(1 + ((scores > own) | ((scores == own) & earlier)).sum(dim=1), metrics)
-
-
-def rank_metrics(rank: Tensor, metrics: list[str]) -> dict[str, Tensor]:
-    """Each query's one relevant document at `rank` (1 the first): MRR@10, nDCG@10
-    (1/log2(rank + 1)), recall@1 and recall@10, means over the queries."""
-    rank = rank.double()
-    values = {
-        "mrr@10": torch.where(rank <= 10, 1 / rank, 0.0),
-        "ndcg@10": torch.where(rank <= 10, 1 / torch.log2(rank + 1), 0.0),
-        "recall@1": (rank <= 1).double(),
-        "recall@10": (rank <= 10).double(),
-    }
-    return {name: values[name].mean().float() for name in metrics}
-
-
 def count_negatives(
     task_name: str | None, negatives: str | list[str] | None, num_negatives: int | None
 ) -> int:
@@ -175,11 +153,13 @@ class EmbeddingHead(TaskHead):
         temperature: float = TEMPERATURE,
         symmetric: bool = False,
         candidates: int = 1,
+        pooling: str = "extract",
         dropout: float = 0.1,
         init_std: float = 0.02,
         bias: bool = True,
     ) -> None:
         super().__init__(n_embd, dimensions or n_embd, dropout=dropout, init_std=init_std, bias=bias)
+        self.pools_mean = pooling == "mean"
         self.projects = dimensions is not None
         if not self.projects:  # the extract state itself: an identity kept out of training
             with torch.no_grad():
@@ -253,6 +233,7 @@ class EmbeddingOutput(TaskOutput):
         symmetric: bool,
         dimensions: int | None,
         candidates: int,
+        pooling: str = "extract",
     ) -> None:
         super().__init__(task_name, spec)
         if not (temperature > 0 and math.isfinite(temperature)):
@@ -262,7 +243,7 @@ class EmbeddingOutput(TaskOutput):
         if dimensions is not None and dimensions < 1:
             raise CardError(f"Task {task_name!r}: dimensions must be >= 1, got {dimensions}.")
         self.scored, self.loss, self.temperature, self.symmetric = scored, loss, temperature, symmetric
-        self.dimensions, self.candidates = dimensions, candidates
+        self.dimensions, self.candidates, self.pooling = dimensions, candidates, pooling
         self.default_metrics = CORRELATIONS if scored else RETRIEVAL
 
     @property
@@ -280,6 +261,7 @@ class EmbeddingOutput(TaskOutput):
             temperature=self.temperature,
             symmetric=self.symmetric,
             candidates=self.candidates,
+            pooling=self.pooling,
             dropout=dropout,
             init_std=init_std,
             bias=bias,
@@ -335,6 +317,7 @@ class Embedding(TaskAdapter):
         temperature: float = TEMPERATURE,
         symmetric: bool = False,
         dimensions: int | None = None,
+        pooling: Literal["extract", "last", "mean"] = "extract",
         query_prompt: str = "",
         document_prompt: str = "",
         **kwargs,
@@ -352,8 +335,12 @@ class Embedding(TaskAdapter):
             loss: infonce (default without a score) or cosent (default with one).
             temperature: InfoNCE's τ (0.05: SimCSE's and E5's).
             symmetric: InfoNCE in both directions, averaged (pairs whose two sides play one part).
-            dimensions: Project the extract state to this many dimensions (a trained linear
+            dimensions: Project the pooled state to this many dimensions (a trained linear
                 layer); None: the state itself.
+            pooling: What a text's vector is read from. extract: GPT-1's extract token's state,
+                `[start] text [extract]`; last: the text's last token's, `[start] text` (what
+                sentence-transformers' last-token pooling reads from a decoder); mean: the mean of
+                every token's state of `[start] text`. Kept with the model; see docs/tasks.md.
             query_prompt: Text put before each anchor (E5: "query: "); kept with the model.
             document_prompt: Text put before each positive and negative (E5: "passage: ").
         """
@@ -364,6 +351,9 @@ class Embedding(TaskAdapter):
         self.score = score
         self.loss = loss or ("cosent" if score else "infonce")
         self.temperature, self.symmetric, self.dimensions = temperature, symmetric, dimensions
+        if pooling not in POOLINGS:
+            raise CardError(f"Task {kwargs.get('name')!r}: pooling is one of {POOLINGS}, not {pooling!r}.")
+        self.pooling = pooling
         self.query_prompt, self.document_prompt = query_prompt, document_prompt
         super().__init__(label=score or "score", **kwargs)
 
@@ -381,6 +371,7 @@ class Embedding(TaskAdapter):
             symmetric=self.symmetric,
             dimensions=self.dimensions,
             candidates=1 + self.num_negatives,
+            pooling=self.pooling,
         )
 
     def text_fields(self) -> list[str]:
@@ -394,6 +385,15 @@ class Embedding(TaskAdapter):
         return [self.query_prompt + field_text(example[self.anchor])] + [
             self.document_prompt + field_text(d) for d in documents
         ]
+
+    def frame(self, specials, *parts: list[int]) -> tuple[list[int], int]:
+        """`[start] text [extract]`; pooling the text's own tokens (last, mean), `[start] text`."""
+        ids = [specials.start, *parts[0]]
+        return TaskAdapter.frame(specials, *parts) if self.pooling == "extract" else (ids, len(ids) - 1)
+
+    def template(self, specials) -> tuple[str, str]:
+        single, pair = super().template(specials)
+        return (single, pair) if self.pooling == "extract" else (f"{specials[0]} $A", pair)
 
     def encode(self, example, tokens, specials, max_length):
         built = [self.frame(specials, text[: max_length - 2]) for text in tokens]

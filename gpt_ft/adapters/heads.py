@@ -30,6 +30,8 @@ class TaskHead(nn.Linear):
         if bias:
             nn.init.zeros_(self.bias)
         self.dropout = nn.Dropout(dropout)
+        self.pools_mean = False
+        """Read each sequence's mean state over its tokens, not the state at its extract index."""
         self.register_buffer("class_weights", None, persistent=False)
         """Each class's weight in the loss (multi-label: each label's positives'), or None."""
 

@@ -1,10 +1,11 @@
 """Benchmark metrics of single-label tasks (GLUE's conventions), from torchmetrics, and the card's
-choice of them."""
+choice of them; retrieval metrics of ranked candidates."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor
 from torchmetrics.functional import (
     accuracy,
@@ -73,3 +74,28 @@ class Scoring:
                 f"Task {task_name!r}: main_metric {main_metric!r} is not among metrics {metrics}."
             )
         return cls(metrics, main_metric)
+
+
+RETRIEVAL = ("mrr@10", "ndcg@10", "recall@1", "recall@10")
+
+
+def retrieval_metrics(queries: Tensor, corpus: Tensor, metrics: list[str]) -> dict[str, Tensor]:
+    """Query i against every document, document i the relevant one (`rank_metrics`). A tie ranks
+    the earlier document first."""
+    scores = queries.double() @ corpus.double().T  # (Q, Q)
+    own = scores.diagonal()[:, None]
+    earlier = torch.ones_like(scores, dtype=torch.bool).tril(-1)
+    return rank_metrics(1 + ((scores > own) | ((scores == own) & earlier)).sum(dim=1), metrics)
+
+
+def rank_metrics(rank: Tensor, metrics: list[str]) -> dict[str, Tensor]:
+    """Each query's one relevant document at `rank` (1 the first): MRR@10, nDCG@10
+    (1/log2(rank + 1)), recall@1 and recall@10, means over the queries."""
+    rank = rank.double()
+    values = {
+        "mrr@10": torch.where(rank <= 10, 1 / rank, 0.0),
+        "ndcg@10": torch.where(rank <= 10, 1 / torch.log2(rank + 1), 0.0),
+        "recall@1": (rank <= 1).double(),
+        "recall@10": (rank <= 10).double(),
+    }
+    return {name: values[name].mean().float() for name in metrics}

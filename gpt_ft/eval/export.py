@@ -121,8 +121,9 @@ def export_classifier(clf: Classifier, out: str | Path, *, format: str = "transf
 
 def export_encoder(clf: Classifier, out: str | Path) -> Path:
     """Writes an embedding model as a sentence-transformers folder: the transformers base model and
-    the framed tokenizer, last-token pooling (the extract token's state), the projection where the
-    card has one (`Dense`), `Normalize`; the card's prompts in its config, the query's the default."""
+    the framed tokenizer, the card's pooling (last-token: the extract token's state, or the text's
+    last token's; or the mean of `[start] text`), the projection where the card has one (`Dense`),
+    `Normalize`; the card's prompts in its config, the query's the default."""
     try:
         from sentence_transformers import SentenceTransformer
         from sentence_transformers.models import Dense, Normalize, Pooling, Transformer
@@ -145,7 +146,7 @@ def export_encoder(clf: Classifier, out: str | Path) -> Path:
             framed_tokenizer(clf).save_pretrained(model_dir)
             modules = [
                 Transformer(str(model_dir), max_seq_length=clf.max_length),
-                Pooling(n_embd, "lasttoken"),
+                Pooling(n_embd, "mean" if task.pooling == "mean" else "lasttoken"),
             ]
             if head.projects:
                 bias = head.bias is not None

@@ -61,10 +61,23 @@ def batch_terms(gpt: GPT, head: TaskHead | None, batch: TokenBatch, *, lm: bool)
         sums, counts = row_lm_terms(gpt, hidden, batch.lm_targets.view(B * S, T), padded=head is not None)
         out["lm_sum"], out["lm_count"] = sums.view(B, S).sum(dim=1), counts.view(B, S).sum(dim=1)
     if head is not None:
-        rows = torch.arange(B * S, device=ids.device)
-        extract = hidden[rows, batch.extract_index.view(B * S)].view(B, S, -1)  # (B, S, C)
+        index = torch.arange(B * S, device=ids.device) * T + batch.extract_index.view(B * S)
+        positions = torch.arange(T, device=ids.device).repeat(B * S)
+        extract = read_states(head, hidden.flatten(0, 1), index, positions).view(B, S, -1)  # (B, S, C)
         out.update(_task_terms(head, extract, batch))
     return out
+
+
+def read_states(head: TaskHead, hidden: Tensor, index: Tensor, positions: Tensor) -> Tensor:
+    """Each sequence's state (len(index), C) from the flattened states `hidden` (N, C): the one at
+    `index` (its extract token), or, for a head that `pools_mean`, the mean over the sequence's
+    tokens: the `positions[index] + 1` tokens that end at `index` (positions restart at 0 for each
+    sequence, in padded rows and packed ones alike). Summed in fp64: a prefix sum's differences."""
+    if not head.pools_mean:
+        return hidden[index]
+    sums = F.pad(hidden.double().cumsum(dim=0), (0, 0, 1, 0))  # sums[i]: the first i states
+    count = positions[index] + 1
+    return ((sums[index + 1] - sums[index + 1 - count]) / count[:, None]).to(hidden.dtype)
 
 
 def shared_context_terms(
@@ -130,7 +143,8 @@ def packed_terms(gpt: GPT, head: TaskHead | None, batch: PackedBatch, *, lm: boo
         out["lm_count"] = counts.index_add_(0, batch.lm_examples, ones)
     if head is not None:
         S = batch.extract_index.shape[1]
-        extract = hidden[batch.extract_index.view(B * S)].view(B, S, -1)  # (B, S, C)
+        index = batch.extract_index.view(B * S)
+        extract = read_states(head, hidden, index, batch.position_ids.flatten()).view(B, S, -1)  # (B, S, C)
         out.update(_task_terms(head, extract, batch))
     return out
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from gpt_ft.adapters import Embedding, TaskDataError
 from gpt_ft.adapters.embedding import cosent, info_nce, retrieval_metrics
-from gpt_ft.data.batches import collate_packed
+from gpt_ft.data.batches import collate, collate_packed
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
 from gpt_ft.errors import CardError
 from gpt_ft.training.module import GPTModule
@@ -175,11 +175,45 @@ def embedding_examples(task, specials, vocab: int, n: int = 6, seed: int = 0) ->
     return rows
 
 
+def test_each_pooling_frames_its_texts_literally():
+    """extract: [start] text [extract] read at the extract token; last and mean: [start] text, read
+    at (or ending at) its last token, an empty text at the start token. The export's template too."""
+    S, D, E = 90, 91, 92
+    specials = type("Specials", (), {"start": S, "delim": D, "extract": E})()
+    for pooling, sequences, index in [
+        ("extract", [[S, 5, 6, E], [S, E]], [3, 1]),
+        ("last", [[S, 5, 6], [S]], [2, 0]),
+        ("mean", [[S, 5, 6], [S]], [2, 0]),
+    ]:
+        task = Embedding(name="e", pooling=pooling)
+        encoded = task.encode({}, [[5, 6], []], specials, max_length=8)
+        assert (encoded.sequences, encoded.extract_index) == (sequences, index), pooling
+        single = task.template(["<s>", "<d>", "<e>"])[0]
+        assert single == ("<s> $A <e>" if pooling == "extract" else "<s> $A"), pooling
+    with pytest.raises(CardError, match="pooling is one of"):
+        Embedding(name="e", pooling="max")
+
+
+def test_a_checkpoints_card_without_pooling_reads_as_the_extract_token():
+    """Checkpoints written before `pooling` existed hold cards without it: GPT-1's extract token."""
+    from gpt_ft.adapters.cards import card_from_value
+
+    card = {"class_path": "gpt_ft.adapters.Embedding", "init_args": {"name": "old", "dimensions": 8}}
+    task = card_from_value(card, "checkpoint")
+    assert task.pooling == "extract" and not task.output.head(16, dropout=0.0, init_std=0.02).pools_mean
+    card["init_args"]["pooling"] = "mean"
+    assert card_from_value(card, "checkpoint").output.head(16, dropout=0.0, init_std=0.02).pools_mean
+
+
+@pytest.mark.parametrize("pooling", ["extract", "last", "mean"])
 @pytest.mark.parametrize("family", sorted(FAMILIES))
-def test_a_packed_texts_vector_equals_the_text_alone(family, tokenizer_dir):
+def test_a_texts_vector_is_its_pooled_state_packed_padded_or_alone(family, pooling, tokenizer_dir):
+    """Each text's vector, from packed rows and from a padded batch, equals the one computed by hand
+    from the text run alone: the state at the extract token or the last one, or the mean of the
+    sequence's states, projected and normalised."""
     tok = load_tokenizer(tokenizer_dir)
     specials = special_token_ids(tok)
-    task = Embedding(name="e", negatives="hard", num_negatives=2, dimensions=16)
+    task = Embedding(name="e", negatives="hard", num_negatives=2, dimensions=16, pooling=pooling)
     preset, overrides = FAMILIES[family]
     torch.manual_seed(0)
     module = GPTModule(
@@ -191,12 +225,36 @@ def test_a_packed_texts_vector_equals_the_text_alone(family, tokenizer_dir):
     rows = embedding_examples(task, specials, vocab=len(tok) - 5)
     with torch.no_grad():
         packed = module(collate_packed(rows, specials.pad, None))  # (B, S, D)
+        padded = module(collate(rows, specials.pad))
+        torch.testing.assert_close(padded, packed, atol=1e-5, rtol=0)
         for b, row in enumerate(rows):
             for s, (seq, k) in enumerate(zip(row["input_ids"], row["extract_index"])):
-                alone = {"input_ids": [seq], "extract_index": [k], "label": None, "index": 0}
-                vector = module(collate_packed([alone], specials.pad, None))[0, 0]
+                states = module.gpt(torch.tensor([seq]))[0]  # (T, C)
+                state = states.mean(dim=0) if pooling == "mean" else states[k]
+                assert pooling == "extract" or k == len(seq) - 1
+                head = module.head
+                vector = F.normalize(F.linear(state, head.weight, head.bias), dim=-1)
                 torch.testing.assert_close(packed[b, s], vector, atol=1e-5, rtol=0)
             assert (packed[b, len(row["input_ids"]) :] == 0).all()  # the negatives it has not: zero
+
+
+@pytest.mark.parametrize("family", ["gpt1-micro", "llama-micro"])
+def test_mean_pooling_trains_packed_as_padded(family, tokenizer_dir):
+    """The loss and every gradient of a packed batch equal the padded batch's under mean pooling."""
+    from tests.training.test_packing import assert_same, run
+
+    tok = load_tokenizer(tokenizer_dir)
+    specials = special_token_ids(tok)
+    task = Embedding(name="e", negatives="hard", num_negatives=2, pooling="mean")
+    preset, overrides = FAMILIES[family]
+    torch.manual_seed(0)
+    module = GPTModule(preset=preset, overrides={"n_positions": 64, **NO_DROPOUT, **overrides},
+                       vocab_size=len(tok), task=task, lm_coef=0.5).train()  # fmt: skip
+    rows = embedding_examples(task, specials, vocab=len(tok) - 5)
+    padded = collate(rows, specials.pad)
+    assert_same(
+        run(module, padded), run(module, collate_packed(rows, specials.pad, None)), padded.choice_mask
+    )
 
 
 def _two_process_loss(rank: int, path: str, anchors, candidates, result) -> None:

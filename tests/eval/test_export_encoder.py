@@ -1,8 +1,8 @@
 """An embedding model exported as a sentence-transformers folder, and a reranker as a one-output
 sequence classifier: in a process that never imports gpt_ft, `SentenceTransformer(folder).encode`
 gives `Encoder.encode`'s vectors (≤ 1e-5, the card's query prompt the default) for GPT-1's, GPT-2's
-and the Llama family's layouts, with and without a projection, and `CrossEncoder(folder).predict`
-the reranker's scores."""
+and the Llama family's layouts, with and without a projection, for each pooling, and
+`CrossEncoder(folder).predict` the reranker's scores."""
 
 from __future__ import annotations
 
@@ -16,10 +16,14 @@ import pytest
 from tests.background import Command
 
 TEXTS = ["the cat sat on the mat", "a dog", "she bakes brownies now", "", "he is happy in the park today"]
-LAYOUTS = {  # preset, overrides, projection
-    "gpt1": ("gpt-micro", dict(n_embd=32, pre_ln=False), None),
-    "gpt2": ("gpt-micro", dict(n_embd=32, pre_ln=True), 16),
-    "llama": ("llama-micro", {}, 16),
+LAYOUTS = {  # preset, overrides, projection, pooling
+    "gpt1": ("gpt-micro", dict(n_embd=32, pre_ln=False), None, "extract"),
+    "gpt2": ("gpt-micro", dict(n_embd=32, pre_ln=True), 16, "extract"),
+    "llama": ("llama-micro", {}, 16, "extract"),
+    "gpt1-last": ("gpt-micro", dict(n_embd=32, pre_ln=False), None, "last"),
+    "llama-last": ("llama-micro", {}, None, "last"),
+    "gpt2-mean": ("gpt-micro", dict(n_embd=32, pre_ln=True), 16, "mean"),
+    "llama-mean": ("llama-micro", {}, None, "mean"),
 }
 
 READER = """
@@ -56,10 +60,11 @@ def write_encoders(out: str, tokenizer_dir: str) -> None:
     out, tokenizer = Path(out), load_tokenizer(tokenizer_dir)
     tokenizer.chat_template = CHAT_TEMPLATE  # as a released chat model's tokenizer has one
     jobs, expected = [], {}
-    for name, (preset, overrides, dimensions) in LAYOUTS.items():
+    for name, (preset, overrides, dimensions, pooling) in LAYOUTS.items():
         torch.manual_seed(len(name))
         config = GPTConfig.from_name(preset, n_positions=48, vocab_size=len(tokenizer), **overrides)
-        task = Embedding(name="e", dimensions=dimensions, query_prompt="query: ", document_prompt="passage: ")
+        prompts = dict(query_prompt="query: ", document_prompt="passage: ")
+        task = Embedding(name="e", dimensions=dimensions, pooling=pooling, **prompts)
         head = task.head(config.n_embd, dropout=0.0, init_std=0.3, bias=config.bias)
         clf = Classifier(GPT(config).eval(), head, task, tokenizer, max_length=48, device="cpu")
         encoder = Encoder(clf)
@@ -67,7 +72,7 @@ def write_encoders(out: str, tokenizer_dir: str) -> None:
         jobs.append((name, str(export_encoder(clf, out / name)), TEXTS))
     pairs = [(TEXTS[i], TEXTS[-1 - i]) for i in range(len(TEXTS))]
     for name in ("gpt1", "llama"):
-        preset, overrides, _ = LAYOUTS[name]
+        preset, overrides, _, _ = LAYOUTS[name]
         torch.manual_seed(7)
         config = GPTConfig.from_name(preset, n_positions=48, vocab_size=len(tokenizer), **overrides)
         task = Reranker(name="r", num_negatives=1)
@@ -105,8 +110,9 @@ def test_sentence_transformers_loads_the_exported_encoder_and_reranker_without_g
             np.testing.assert_allclose(got["results"][name][prompt], vectors[prompt], atol=1e-5, rtol=0)
     modules = json.loads((background.root / "llama" / "modules.json").read_text())
     assert [m["path"] for m in modules] == ["", "1_Pooling", "2_Dense", "3_Normalize"]
-    pooling = json.loads((background.root / "llama" / "1_Pooling" / "config.json").read_text())
-    assert pooling["pooling_mode"] == "lasttoken"  # the last token: the extract token
+    for name, mode in (("llama", "lasttoken"), ("llama-last", "lasttoken"), ("llama-mean", "mean")):
+        pooling = json.loads((background.root / name / "1_Pooling" / "config.json").read_text())
+        assert pooling["pooling_mode"] == mode, name  # extract, last: the last token the template gives
     # the chat template the tokenizer had is not exported: the post-processor frames each text
     assert not list(background.root.rglob("chat_template.jinja"))
     config = json.loads((background.root / "llama" / "tokenizer_config.json").read_text())
