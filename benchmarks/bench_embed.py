@@ -24,8 +24,19 @@ Both take the same batch, learning rate, linear schedule after --warmup of the s
 process's, start to exit (scoring the dev pairs included); the score is the Spearman correlation
 of the dev pairs' cosines with their gold scores (MTEB's STS). A row's ratio divides its time by ours.
 
+With `--nli SNLI_DEV_JSONL` the training data are NLI triplets instead, as SBERT and SimCSE train:
+each premise with both an entailed and a contradicted hypothesis (SNLI dev: 2,943) the anchor, its
+first entailment the positive, its first contradiction the hard negative; InfoNCE both sides (ours:
+tasks/embedding/pairs.yaml; theirs: `MultipleNegativesRankingLoss`, scale 1/τ), and the trained
+model then scores STS-B dev, which it never saw (ours: `gpt-ft validate` of the STS-B card from the
+run's last.ckpt, its time counted in ours). `ours-last` and `ours-mean` read each vector from the
+text's last token or the mean of its tokens (`pooling`); `--seeds` repeats every contender.
+
     python benchmarks/bench_embed.py --glue GLUE --init-from weights/SmolLM2-135M-Instruct.Q4_1.gguf --bf16
     python benchmarks/bench_embed.py --glue GLUE --tokenizer GPT2_BPE  # a random Llama-shaped model
+    python benchmarks/bench_embed.py --glue GLUE --init-from weights/SmolLM2-135M-Instruct.Q4_1.gguf \
+        --nli ../shared/data/nli/snli/dev.jsonl --batch-size 32 --lr 5e-5 --seeds 0 1 2 \
+        --contenders untrained ours ours-last ours-mean sentence-transformers
 
 `pip install -e .[bench,sentence]` brings sentence-transformers.
 """
@@ -38,6 +49,7 @@ import inspect
 import json
 import os
 import random
+import shutil
 import sys
 from pathlib import Path
 
@@ -48,7 +60,29 @@ import peers  # noqa: E402  (the peer's arguments and schedule)
 
 ROOT = Path(__file__).resolve().parents[1]
 CARD = ROOT / "tasks" / "embedding" / "stsb.yaml"
-CONTENDERS = ["untrained", "ours", "sentence-transformers", "sentence-transformers-framed"]
+CONTENDERS = ["untrained", "ours", "ours-last", "ours-mean", "sentence-transformers",
+              "sentence-transformers-framed"]  # fmt: skip
+PAIRS = ROOT / "tasks" / "embedding" / "pairs.yaml"
+
+
+def nli_triplets(args, out: Path) -> Path:
+    """DIR/{train,validation,test}.jsonl of (anchor, positive, [negative]) from the NLI records:
+    each premise with an entailment and a contradiction, in the file's order (pairs.yaml's layout)."""
+    by_premise: dict[str, dict[str, str]] = {}
+    with open(args.nli, encoding="utf-8") as f:
+        for line in f:
+            r = json.loads(line)
+            by_premise.setdefault(r["premise"], {}).setdefault(r["label"], r["hypothesis"])
+    rows = [
+        {"anchor": p, "positive": h["entailment"], "negatives": [h["contradiction"]]}
+        for p, h in by_premise.items()
+        if "entailment" in h and "contradiction" in h
+    ][: args.train_size]
+    folder = out / "nli"
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, part in (("train", rows), ("validation", rows[:64]), ("test", rows[:64])):
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+    return folder
 
 
 def sts_files(args, out: Path) -> Path:
@@ -73,32 +107,54 @@ def sts_files(args, out: Path) -> Path:
     return folder.parent
 
 
-def ours(args, base: Path, data: Path, out: Path, train: bool) -> list[str]:
+def ours(args, base: Path, data: Path, out: Path, train: bool, pooling: str = "extract", seed: int = 0,
+         nli: Path | None = None) -> list[list[str]]:  # fmt: skip
+    """The `gpt-ft` commands of one contender: validate (untrained), fit (STS-B), or fit on the NLI
+    triplets then validate on STS-B from the run's last.ckpt."""
     precision = "bf16-mixed" if args.device == "cuda" or args.bf16 else "32-true"
     common = [
-        f"--data.task={CARD}", f"--data.data_dir={data}", f"--data.tokenizer={base}",
-        f"--data.max_length={args.max_length}", f"--data.batch_size={args.batch_size}",
-        f"--model.init_from={base}", "--seed_everything=0", f"--trainer.precision={precision}",
+        f"--data.tokenizer={base}", f"--data.max_length={args.max_length}",
+        f"--data.batch_size={args.batch_size}", f"--data.task.init_args.pooling={pooling}",
+        f"--seed_everything={seed}", f"--trainer.precision={precision}",
         f"--trainer.accelerator={args.device}", "--trainer.enable_progress_bar=false",
         f"--trainer.default_root_dir={out}",
     ]  # fmt: skip
+    sts = [f"--data.task={CARD}", f"--data.data_dir={data}", *common]
+    gpt_ft = [sys.executable, "-m", "gpt_ft"]
     if not train:
-        return [sys.executable, "-m", "gpt_ft", "validate", *common]
-    loss = ["--data.task.init_args.loss=infonce", "--data.task.init_args.metrics=[spearman]"]
-    return [
-        sys.executable, "-m", "gpt_ft", "fit", *common, *(loss if args.loss == "infonce" else []),
-        f"--model.lr={args.lr}", f"--model.warmup_fraction={args.warmup}", "--model.weight_decay=0.01",
-        f"--trainer.max_epochs={args.epochs}", "--trainer.gradient_clip_val=1.0",
+        return [[*gpt_ft, "validate", *sts, f"--model.init_from={base}"]]
+    schedule = [
+        f"--model.init_from={base}", f"--model.lr={args.lr}", f"--model.warmup_fraction={args.warmup}",
+        "--model.weight_decay=0.01", f"--trainer.max_epochs={args.epochs}", "--trainer.gradient_clip_val=1.0",
         "--trainer.enable_checkpointing=false", "--trainer.num_sanity_val_steps=0",
     ]  # fmt: skip
+    if nli is not None:  # last.ckpt saved (a cost the peer has not) for the STS-B run to read
+        schedule.remove("--trainer.enable_checkpointing=false")
+        triplets = [
+            f"--data.task={PAIRS}",
+            f"--data.data_dir={nli}",
+            *common,
+            "--trainer.limit_val_batches=0",
+        ]
+        last = out / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+        return [
+            [*gpt_ft, "fit", *triplets, *schedule],
+            [*gpt_ft, "validate", *sts, f"--model.init_from={last}"],
+        ]
+    loss = ["--data.task.init_args.loss=infonce", "--data.task.init_args.metrics=[spearman]"]
+    return [[*gpt_ft, "fit", *sts, *(loss if args.loss == "infonce" else []), *schedule]]
 
 
-def peer(args, base: Path, data: Path, out: Path, framed: bool) -> list[str]:
+def peer(
+    args, base: Path, data: Path, out: Path, framed: bool, seed: int = 0, nli: Path | None = None
+) -> list[str]:
+    train = nli / "train.jsonl" if nli is not None else data / "STS-B" / "train.tsv"
     return [
-        sys.executable, __file__, "peer", f"--base={base}", f"--train={data / 'STS-B' / 'train.tsv'}",
+        sys.executable, __file__, "peer", f"--base={base}", f"--train={train}",
         f"--dev={data / 'STS-B' / 'dev.tsv'}", f"--out={out}", f"--device={args.device}",
         f"--batch-size={args.batch_size}", f"--lr={args.lr}", f"--warmup={args.warmup}",
-        f"--epochs={args.epochs}", f"--loss={args.loss}", f"--max-length={args.max_length}",
+        f"--epochs={args.epochs}", f"--loss={'infonce' if nli else args.loss}",
+        f"--max-length={args.max_length}", f"--seed={seed}",
         *(["--bf16"] if args.bf16 else []), *(["--framed"] if framed else []),
     ]  # fmt: skip
 
@@ -147,8 +203,19 @@ def run_peer(argv: list[str]) -> None:
 
         own = own_framing_tokens(transformer.tokenizer)
         start, end = transformer.tokenizer.convert_ids_to_tokens([own["start"], own["extract"]])
-    train = read(args.train)
-    if args.loss == "cosent":
+    if args.train.endswith(".jsonl"):  # NLI triplets: anchor, positive, hard negative
+        with open(args.train, encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f]
+        triplets = {"anchor": [start + r["anchor"] + end for r in rows],
+                    "positive": [start + r["positive"] + end for r in rows],
+                    "negative": [start + r["negatives"][0] + end for r in rows]}  # fmt: skip
+        dataset, loss = Dataset.from_dict(triplets), losses.MultipleNegativesRankingLoss(model, scale=20.0)
+        train = None
+    else:
+        train = read(args.train)
+    if train is None:
+        pass
+    elif args.loss == "cosent":
         dataset, loss = Dataset.from_dict(train), losses.CoSENTLoss(model, scale=20.0)
     else:
         pairs = {"anchor": train["sentence1"], "positive": train["sentence2"]}
@@ -169,6 +236,9 @@ def spearman_of(contender: str, run_dir: Path, log: Path) -> float:
     return harness.last_value(harness.metrics_rows(run_dir), "validation/spearman")
 
 
+POOLING = {"untrained": "extract", "ours": "extract", "ours-last": "last", "ours-mean": "mean"}
+
+
 def main() -> None:
     if sys.argv[1:2] == ["peer"]:
         return run_peer(sys.argv[2:])
@@ -176,12 +246,18 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--glue", required=True, help="GLUE's folder (STS-B/train.tsv, STS-B/dev.tsv)")
+    parser.add_argument("--nli", default=None, help="NLI records (JSON lines: premise, hypothesis, label) "
+                        "to train on as triplets instead of STS-B's pairs")  # fmt: skip
     parser.add_argument("--tokenizer", help="a tokenizer for random weights; not with --init-from")
     parser.add_argument("--init-from", default=None, help="pretrained weights (a .gguf, a folder, a hub id)")
-    parser.add_argument("--contenders", nargs="+", default=CONTENDERS, choices=CONTENDERS)
+    parser.add_argument(
+        "--contenders", nargs="+", default=CONTENDERS[:3] + CONTENDERS[4:], choices=CONTENDERS
+    )
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="each contender once per seed")
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--width", type=int, default=384)
-    parser.add_argument("--train-size", type=int, default=5749, help="STS-B train pairs (all: 5749)")
+    parser.add_argument("--train-size", type=int, default=5749, help="STS-B train pairs (all: 5749), or "
+                        "the first NLI triplets")  # fmt: skip
     parser.add_argument("--loss", choices=["cosent", "infonce"], default="cosent")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=16, help="pairs a batch")
@@ -204,32 +280,53 @@ def main() -> None:
 
     model = args.init_from or f"random, {args.layers} layers x {args.width}"
     precision = "bf16" if args.bf16 or args.device == "cuda" else "fp32"
-    print(
-        f"{model}; STS-B, {args.train_size} train pairs, {args.loss}, {args.batch_size} pairs a batch, "
-        f"{args.epochs} epoch(s), lr {args.lr}; {args.device}, {precision}, {torch.get_num_threads()} threads"
-    )
     base = bench_vs_trainer.base_folder(args, "pretrained" if args.init_from else "llama", out)
     data = sts_files(args, out)
-    results = {}
-    for contender in args.contenders:
-        run_dir = out / contender
-        log = run_dir.with_suffix(".log")
-        if contender.startswith("sentence-transformers"):
-            command = peer(args, base, data, run_dir, framed=contender.endswith("framed"))
-        else:
-            command = ours(args, base, data, run_dir, train=contender == "ours")
-        seconds, _ = bench_vs_trainer.timed(command, log)
-        results[contender] = (seconds, spearman_of(contender, run_dir, log))
-        print(f"{contender:30} {seconds:7.1f} s  dev Spearman {results[contender][1]:.4f}", flush=True)
-    mine = results.get("ours", (None,))[0]
-    rows = [
-        dict(contender=c, seconds=round(s, 1), spearman=r, vs_ours=round(s / mine, 2) if mine else None)
-        for c, (s, r) in results.items()
-    ]
-    print("\n| contender | wall s | STS-B dev Spearman | its time / ours |\n|---|---:|---:|---:|")
+    nli = nli_triplets(args, out) if args.nli else None
+    trained_on = (
+        f"NLI triplets ({sum(1 for _ in open(nli / 'train.jsonl'))}), infonce"
+        if nli else f"STS-B, {args.train_size} train pairs, {args.loss}"
+    )  # fmt: skip
+    print(
+        f"{model}; {trained_on}, {args.batch_size} a batch, {args.epochs} epoch(s), lr {args.lr}; "
+        f"{args.device}, {precision}, {torch.get_num_threads()} threads; scored on STS-B dev"
+    )
+    results: dict[str, list[tuple[float, float]]] = {}
+    for seed in args.seeds:
+        for contender in args.contenders:
+            if contender == "untrained" and seed != args.seeds[0]:
+                continue  # nothing random in it
+            run_dir = out / f"{contender}-seed{seed}"
+            shutil.rmtree(run_dir, ignore_errors=True)  # a fresh version_0 (NLI: its last.ckpt)
+            log = run_dir.with_suffix(".log")
+            if contender.startswith("sentence-transformers"):
+                commands = [peer(args, base, data, run_dir, contender.endswith("framed"), seed, nli)]
+            else:
+                train = contender != "untrained"
+                commands = ours(args, base, data, run_dir, train, POOLING[contender], seed, nli)
+            seconds = sum(bench_vs_trainer.timed(command, log.with_suffix(f".{i}.log"))[0]
+                          for i, command in enumerate(commands))  # fmt: skip
+            logs = run_dir.with_suffix(f".{len(commands) - 1}.log")
+            spearman = spearman_of(contender, run_dir, logs)
+            results.setdefault(contender, []).append((seconds, spearman))
+            print(f"{contender:30} seed {seed} {seconds:7.1f} s  dev Spearman {spearman:.4f}", flush=True)
+    mean = {c: [sum(x) / len(x) for x in zip(*runs)] for c, runs in results.items()}
+    mine = mean.get("ours", (None,))[0]
+    rows = []
+    for c, runs in results.items():
+        seconds, spearman = mean[c]
+        spread = [r for _, r in runs]
+        rows.append(dict(contender=c, seconds=round(seconds, 1), spearman=spearman, runs=len(runs),
+                         spearman_min=min(spread), spearman_max=max(spread),
+                         vs_ours=round(seconds / mine, 2) if mine else None))  # fmt: skip
+    print("\n| contender | runs | wall s (mean) | STS-B dev Spearman: mean (min-max) | its time / ours |")
+    print("|---|---:|---:|---:|---:|")
     for r in rows:
         ratio = f"{r['vs_ours']:.2f}x" if r["vs_ours"] and r["contender"] != "untrained" else ""
-        print(f"| {r['contender']} | {r['seconds']:.0f} | {r['spearman']:.4f} | {ratio} |")
+        spread = f" ({r['spearman_min']:.4f}-{r['spearman_max']:.4f})" if r["runs"] > 1 else ""
+        print(
+            f"| {r['contender']} | {r['runs']} | {r['seconds']:.0f} | {r['spearman']:.4f}{spread} | {ratio} |"
+        )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 

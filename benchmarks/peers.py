@@ -18,6 +18,7 @@ def peer_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=float, required=True)
     parser.add_argument("--epochs", type=int, required=True)
     parser.add_argument("--bf16", action="store_true", help="bf16 on the CPU too")
+    parser.add_argument("--seed", type=int, default=0)
     return parser
 
 
@@ -35,7 +36,7 @@ def peer_schedule(args, examples: int) -> dict:
         weight_decay=0.01,
         max_grad_norm=1.0,
         num_train_epochs=args.epochs,
-        seed=0,
+        seed=args.seed,
         save_strategy="no",
         eval_strategy="no",
         report_to=[],
