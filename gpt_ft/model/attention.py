@@ -203,8 +203,7 @@ class PackedRows:
     (`varlen_attn`; under attention dropout, which it does not draw, `FlashVarlenDropout`), and the
     rest FlexAttention with a block mask of the same rule, or, under attention dropout (which
     FlexAttention cannot draw), the dense mask. Elsewhere the dense mask (`packed_mask`) goes to
-    SDPA or the blocked matmuls. The dense mask
-    and the block mask are built once per forward pass and shared by the layers.
+    SDPA or the blocked matmuls. Either mask is built once per forward pass, for every layer.
     """
 
     def __init__(
