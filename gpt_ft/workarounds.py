@@ -166,6 +166,33 @@ def torchao_import_loggers() -> list[logging.Logger]:
     return [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
 
 
+def flash_varlen_forward(q, k, v, cu_seqlens, max_seqlen: int, dropout_p: float, scale, left: int):
+    """FlashAttention-2's variable-length causal forward with attention dropout: (out, logsumexp,
+    rng_state, unused). `torch.nn.attention.varlen.varlen_attn` hardcodes a rate of 0
+    (pytorch/pytorch#179382; the pull request adding `dropout_p`, #179390, closed unmerged), so
+    the aten op it wraps (`_flash_attention_forward`, as SDPA's flash path calls it) is called
+    directly. When `varlen_attn` takes a rate, use it and drop this pair."""
+    import torch
+
+    out, lse, rng, unused, _ = torch.ops.aten._flash_attention_forward(
+        q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, True, False,
+        scale=scale, window_size_left=left, window_size_right=0,
+    )  # fmt: skip
+    return out, lse, rng, unused
+
+
+def flash_varlen_backward(grad, q, k, v, out, lse, cu_seqlens, max_seqlen: int, dropout_p: float, rng, unused,
+                          scale, left: int):  # fmt: skip
+    """The backward of `flash_varlen_forward` (aten's `_flash_attention_backward`): (dq, dk, dv),
+    the forward's dropout mask redrawn from its `rng` state."""
+    import torch
+
+    return torch.ops.aten._flash_attention_backward(
+        grad, q, k, v, out, lse, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, True, rng,
+        unused, scale=scale, window_size_left=left, window_size_right=0,
+    )  # fmt: skip
+
+
 # datasets ---------------------------------------------------------------------------------------
 
 

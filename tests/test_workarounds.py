@@ -278,3 +278,19 @@ def test_reading_a_local_file_asks_nothing_of_the_hub(tmp_path, monkeypatch):
         datasets.load_dataset("csv", data_files={"data": str(path)}, split="data")
     assert requests == [] and datasets.config.HF_UPDATE_DOWNLOAD_COUNTS is True  # restored after
     assert read_table(path)["sentence"] == ["the cat sat ."] and requests == []
+
+
+def test_the_flash_ops_take_the_arguments_the_varlen_dropout_pair_passes():
+    """`flash_varlen_forward`/`_backward` call aten's flash ops by position and keyword: their
+    schemas (present in CPU builds too) still read so."""
+    import torch
+
+    forward = str(torch.ops.aten._flash_attention_forward.default._schema)
+    backward = str(torch.ops.aten._flash_attention_backward.default._schema)
+    assert "cum_seq_q, Tensor? cum_seq_k, SymInt max_q, SymInt max_k, float dropout_p, bool is_causal, " \
+           "bool return_debug_mask" in forward  # fmt: skip
+    assert "-> (Tensor output, Tensor softmax_logsumexp, Tensor rng_state, Tensor unused," in forward
+    assert "float dropout_p, bool is_causal, Tensor rng_state, Tensor unused" in backward
+    for schema in (forward, backward):
+        assert "float? scale=None" in schema and "window_size_left=None" in schema
+        assert "window_size_right=None" in schema

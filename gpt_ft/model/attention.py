@@ -22,6 +22,7 @@ from gpt_ft.model import rope
 from gpt_ft.model.cache import Cache
 from gpt_ft.model.config import GPTConfig
 from gpt_ft.model.norms import norm
+from gpt_ft.workarounds import flash_varlen_backward, flash_varlen_forward
 
 # torch >= 2.5: scaled_dot_product_attention groups query heads over shared key/value heads itself.
 SDPA_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
@@ -318,10 +319,7 @@ class FlashVarlenDropout(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, cu_seqlens, max_seqlen, dropout_p, scale, left):
-        out, lse, rng, unused, _ = FLASH_FORWARD(
-            q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, True, False,
-            scale=scale, window_size_left=left, window_size_right=0,
-        )  # fmt: skip
+        out, lse, rng, unused = flash_varlen_forward(q, k, v, cu_seqlens, max_seqlen, dropout_p, scale, left)
         ctx.save_for_backward(q, k, v, out, lse, cu_seqlens, rng, unused)
         ctx.options = (max_seqlen, dropout_p, scale, left)
         return out
@@ -330,15 +328,11 @@ class FlashVarlenDropout(torch.autograd.Function):
     def backward(ctx, grad):
         q, k, v, out, lse, cu_seqlens, rng, unused = ctx.saved_tensors
         max_seqlen, dropout_p, scale, left = ctx.options
-        dq, dk, dv = FLASH_BACKWARD(
-            grad.contiguous(), q, k, v, out, lse, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
-            dropout_p, True, rng, unused, scale=scale, window_size_left=left, window_size_right=0,
-        )  # fmt: skip
+        dq, dk, dv = flash_varlen_backward(
+            grad.contiguous(), q, k, v, out, lse, cu_seqlens, max_seqlen, dropout_p, rng, unused, scale, left
+        )
         return dq, dk, dv, None, None, None, None, None
 
-
-FLASH_FORWARD = torch.ops.aten._flash_attention_forward
-FLASH_BACKWARD = torch.ops.aten._flash_attention_backward
 
 _compiled_flex = None
 
