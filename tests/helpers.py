@@ -359,3 +359,21 @@ def assert_classifier_agrees(ckpt: Path, root: Path, predictions: Path) -> None:
         scores = result["scores"]
         got = torch.tensor([scores] if task.regression else list(scores.values()))
         torch.testing.assert_close(got, row.reshape(-1)[: len(got)], rtol=0, atol=1e-5)
+
+
+def write_solutions(path: Path, n: int, seed: int) -> None:
+    """Solutions of 1-4 steps "add k", right unless a step says "lose"; ProcessBench's layout (a
+    first wrong step counted from 0, -1 for none): a JSON list, or JSON lines for a .jsonl path."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for i in range(n):
+        steps = [
+            f"add {int(torch.randint(1, 9, (), generator=g))} ."
+            for _ in range(int(torch.randint(1, 5, (), generator=g)))
+        ]
+        first = int(torch.randint(-1, len(steps), (), generator=g))
+        if first >= 0:
+            steps[first] = "lose all ."
+        rows.append({"id": f"q{i}", "problem": f"start at {i % 7} .", "steps": steps, "label": first})
+    text = "".join(json.dumps(r) + "\n" for r in rows) if path.suffix == ".jsonl" else json.dumps(rows)
+    path.write_text(text)

@@ -42,7 +42,17 @@ class Encoded:
 
     sequences: list[list[int]]
     extract_index: list[int]
-    label: int | float | None
+    label: int | float | list | None
+    extract_sequence: list[int] | None = None
+    """The sequence each extract index is in, where a sequence has several (one per step); None:
+    index k is sequence k's."""
+
+    def fields(self) -> dict[str, Any]:
+        """The example as the collators read it (besides its label and index)."""
+        out = {"input_ids": self.sequences, "extract_index": self.extract_index}
+        if self.extract_sequence is not None:
+            out["extract_sequence"] = self.extract_sequence
+        return out
 
 
 def fit_lengths(lengths: list[int], budget: int) -> list[int]:

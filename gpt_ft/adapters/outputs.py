@@ -101,6 +101,11 @@ class TaskOutput:
         """`metrics` over a whole split's predictions and labels."""
         raise NotImplementedError
 
+    def choose(self, predictions: Tensor, labels: Tensor) -> dict[str, float]:
+        """Decision values chosen on a validation split (steps: the threshold), each kept by the head
+        as a buffer of that name; none by default."""
+        return {}
+
     def calibration(self, probabilities: Tensor, labels: Tensor) -> dict[str, Tensor]:
         """Metrics of how well the probabilities match the outcomes (classes: `ece`); none by default."""
         return {}

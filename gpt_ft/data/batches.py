@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from gpt_ft.data.packing import pack_rows
+
 IGNORE_INDEX = -100  # targets the LM loss skips (padding)
 
 
@@ -44,15 +46,18 @@ class TaskBatch(TokenBatch):
     attention_mask: Tensor
     """(B, S, T) 1 for real tokens, 0 for padding."""
     extract_index: Tensor
-    """(B, S) position of each sequence's extract token."""
+    """(B, K) position of each read extract token in its sequence: K = S, one per sequence, or
+    one per step where a sequence has several (`extract_sequence`)."""
     choice_mask: Tensor
-    """(B, S) False for choices a row does not have (multiple choice with rows of fewer choices)."""
+    """(B, K) False for reads a row does not have (rows of fewer choices, or fewer steps)."""
     labels: Tensor | None = None
     """(B,) class ids, choice indices or float scores, (B, L) label rows; None when unlabelled."""
     split: str = ""
     """The split the examples come from (evaluation and predictions are kept per split)."""
     real_tokens: int = 0
     """Tokens that are not padding (a host count: throughput logs it without a device sync)."""
+    extract_sequence: Tensor | None = None
+    """(B, K) the sequence each read is in; None: read k is sequence k's extract token."""
 
 
 @dataclass
@@ -121,9 +126,10 @@ class PackedBatch:
     """(M,) how many sequences of the padded layout make each prediction (a shared context's
     tokens: one per choice); None: each counts once."""
     extract_index: Tensor
-    """(B, S) each sequence's extract token, a position into the flattened rows."""
+    """(B, K) each read extract token (one per sequence, or per step), a position into the
+    flattened rows."""
     choice_mask: Tensor
-    """(B, S) False for choices a row does not have."""
+    """(B, K) False for reads a row does not have."""
     index: Tensor
     """(B,) example ids."""
     labels: Tensor | None = None
@@ -149,8 +155,16 @@ def _labels(examples: list[dict[str, Any]]) -> Tensor | None:
     labels = [e["label"] for e in examples]
     if any(label is None for label in labels):
         return None
-    is_float = any(isinstance(label, float) for label in labels)
+    values = [x for label in labels for x in (label if isinstance(label, list) else [label])]
+    is_float = any(isinstance(x, float) for x in values)
     return torch.tensor(labels, dtype=torch.float if is_float else torch.long)
+
+
+def reads(example: dict[str, Any]) -> list[tuple[int, int]]:
+    """(sequence, position) of each extract token an encoded example reads: one per sequence, or
+    where the example names them (`extract_sequence`), several in one sequence."""
+    positions = example["extract_index"]
+    return list(zip(example.get("extract_sequence") or range(len(positions)), positions))
 
 
 def collate(
@@ -163,11 +177,13 @@ def collate(
     B = len(examples)
     S = max(len(e["input_ids"]) for e in examples)
     T = max(len(seq) for e in examples for seq in e["input_ids"])
+    K = max(len(e["extract_index"]) for e in examples)
     input_ids = torch.full((B, S, T), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((B, S, T), dtype=torch.long)
     lm_targets = torch.full((B, S, T), IGNORE_INDEX, dtype=torch.long)
-    extract_index = torch.zeros((B, S), dtype=torch.long)
-    choice_mask = torch.zeros((B, S), dtype=torch.bool)
+    extract_index = torch.zeros((B, K), dtype=torch.long)
+    extract_sequence = torch.zeros((B, K), dtype=torch.long)
+    choice_mask = torch.zeros((B, K), dtype=torch.bool)
     for b, example in enumerate(examples):
         for s, seq in enumerate(example["input_ids"]):
             n = len(seq)
@@ -175,8 +191,8 @@ def collate(
             input_ids[b, s, :n] = ids
             attention_mask[b, s, :n] = 1
             lm_targets[b, s, : n - 1] = ids[1:]
-            extract_index[b, s] = example["extract_index"][s]
-            choice_mask[b, s] = True
+        for k, (s, i) in enumerate(reads(example)):
+            extract_index[b, k], extract_sequence[b, k], choice_mask[b, k] = i, s, True
         # Missing choices: one pad token each, never attended from real ones.
         attention_mask[b, len(example["input_ids"]) :, 0] = 1
     return TaskBatch(
@@ -189,6 +205,7 @@ def collate(
         labels=_labels(examples),
         split=split,
         real_tokens=sum(len(seq) for e in examples for seq in e["input_ids"]),
+        extract_sequence=extract_sequence if any("extract_sequence" in e for e in examples) else None,
     )
 
 
@@ -251,42 +268,6 @@ def shared_prefix(sequences: list[list[int]], delim_id: int) -> int | None:
     return n if all(seq[:n] == first[:n] for seq in sequences) else None
 
 
-ROW_TOKENS = 256
-"""Rows are as long as the longest unit, or up to this many tokens where that packs them tighter."""
-ATTENTION_COST = 1 / 4096
-"""A row position's attention work per key, relative to the rest of its work (~1/(6·width))."""
-
-
-def pack_rows(items: list, lengths: list[int]) -> tuple[int, list[list]]:
-    """The row length L and the rows, each `[used, [(offset, item), ...]]`, that pack `items` of
-    `lengths` tokens first fit, longest first, at the least estimated cost.
-
-    A row of L positions costs L·(1 + L·ATTENTION_COST): every position's matmuls, and attention
-    over the row's L keys (masked or not, a dense kernel computes them). L is the longest item, or
-    up to `ROW_TOKENS` where fewer, fuller rows cost less: R·L² (attention's memory) stays within
-    max(longest, ROW_TOKENS) per token.
-    """
-    order = sorted(range(len(items)), key=lambda i: -lengths[i])
-    longest, total = lengths[order[0]], sum(lengths)
-    best = None
-    for R in range(1, -(-total // longest) + 1):  # as few rows as the tokens allow, up to one per item
-        L = max(longest, -(-total // R))
-        if L > max(longest, ROW_TOKENS):
-            continue
-        rows: list[list] = []
-        for i in order:
-            row = next((r for r in rows if r[0] + lengths[i] <= L), None)
-            if row is None:
-                row = [0, []]
-                rows.append(row)
-            row[1].append((row[0], items[i]))
-            row[0] += lengths[i]
-        cost = len(rows) * L * (1 + L * ATTENTION_COST)
-        if best is None or cost < best[0]:
-            best = (cost, L, rows)
-    return best[1], best[2]
-
-
 def collate_packed(
     examples: list[dict[str, Any]], pad_id: int, delim_id: int | None = None, split: str = ""
 ) -> PackedBatch:
@@ -301,10 +282,11 @@ def collate_packed(
     for b, example in enumerate(examples):
         sequences = example["input_ids"]
         n = shared_prefix(sequences, delim_id) if delim_id is not None and len(sequences) > 1 else None
+        read = reads(example)
         if n is None:  # each sequence its own unit, or a read of the same sequence's
             for s, seq in enumerate(sequences):
                 lm = [(b, i, seq[i + 1], 1) for i in range(len(seq) - 1)]
-                extract = [(b, s, example["extract_index"][s])]
+                extract = [(b, k, i) for k, (of, i) in enumerate(read) if of == s]
                 if (unit := seen.get(tuple(seq))) is not None:
                     unit[3] += lm
                     unit[4] += extract
@@ -320,21 +302,21 @@ def collate_packed(
             start, answer = len(tokens), seq[n:]
             lm.append((b, n - 1, answer[0], 1))  # the delim predicts each choice's first token
             lm += [(b, start + i, answer[i + 1], 1) for i in range(len(answer) - 1)]
-            extract.append((b, s, start + example["extract_index"][s] - n))
+            extract += [(b, k, start + i - n) for k, (of, i) in enumerate(read) if of == s]
             tokens += answer
             positions += range(n, n + len(answer))
             branches += [s + 1] * len(answer)
         units.append([tokens, positions, branches, lm, extract])
     L, rows = pack_rows(units, [len(unit[0]) for unit in units])
     R, B = len(rows), len(examples)
-    S = max(len(e["input_ids"]) for e in examples)
+    K = max(len(e["extract_index"]) for e in examples)
     input_ids = [[pad_id] * L for _ in range(R)]
     position_ids = [[0] * L for _ in range(R)]
     documents = [[-1] * L for _ in range(R)]
     branches = [[0] * L for _ in range(R)]
     lm_positions, lm_targets, lm_examples, lm_weights = [], [], [], []
-    extract_index = [[0] * S for _ in range(B)]
-    choice_mask = [[False] * S for _ in range(B)]
+    extract_index = [[0] * K for _ in range(B)]
+    choice_mask = [[False] * K for _ in range(B)]
     starts = []  # of each unit and each row's tail, in the flattened rows
     for r, (used, placed) in enumerate(rows):
         starts += [r * L + offset for offset, _ in placed] + ([r * L + used] if used < L else [])
@@ -348,8 +330,8 @@ def collate_packed(
                 lm_targets.append(target)
                 lm_examples.append(b)
                 lm_weights.append(weight)
-            for b, s, i in extract:
-                extract_index[b][s], choice_mask[b][s] = base + i, True
+            for b, k, i in extract:
+                extract_index[b][k], choice_mask[b][k] = base + i, True
     shared = any(max(u[2]) > 0 for u in units)
     weighted = any(w != 1 for w in lm_weights)
     long = dict(dtype=torch.long)

@@ -16,7 +16,7 @@ from lightning import LightningDataModule
 from torch.utils.data import DataLoader
 
 from gpt_ft.adapters import ENCODING, TaskAdapter, TaskDataError
-from gpt_ft.data.batches import PackedBatch, SharedContextBatch, TaskBatch, collate_batch
+from gpt_ft.data.batches import PackedBatch, SharedContextBatch, TaskBatch, collate_batch, reads
 from gpt_ft.data.files import Origin, load_split, split_origin
 from gpt_ft.data.samplers import EpochSampler, LengthGroupedSampler, ResumableTrainData
 from gpt_ft.data.subsets import stratified_subset
@@ -171,9 +171,9 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
             encoded = self.task.encode_examples(
                 examples, self.tokenizer, self.special_ids, self.max_length, where=where
             )
+            fields = [enc.fields() for enc in encoded]
             return {
-                "input_ids": [enc.sequences for enc in encoded],
-                "extract_index": [enc.extract_index for enc in encoded],
+                **{name: [f[name] for f in fields] for name in (fields[0] if fields else ["input_ids"])},
                 "label": [enc.label for enc in encoded],
                 "index": [_example_id(ex, index_field, row) for ex, row in zip(examples, rows)],
                 "length": [max(len(seq) for seq in enc.sequences) for enc in encoded],
@@ -293,8 +293,10 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
             raise TaskDataError(f"--index {index} is out of range: split {split!r} has {len(ds)} examples.")
         example = ds[index]
         label = self.task.output.label_text(example["label"])
-        sequences = [
-            {"tokens": self.tokenizer.convert_ids_to_tokens(ids), "ids": ids, "extract_index": k}
-            for ids, k in zip(example["input_ids"], example["extract_index"])
-        ]
+        read = reads(example)
+        sequences = []
+        for s, ids in enumerate(example["input_ids"]):
+            at = [i for of, i in read if of == s]  # one extract token, or one per step
+            tokens = self.tokenizer.convert_ids_to_tokens(ids)
+            sequences.append({"tokens": tokens, "ids": ids, "extract_index": at[0] if len(at) == 1 else at})
         return {"label": label, "sequences": sequences}

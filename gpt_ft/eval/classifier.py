@@ -123,10 +123,7 @@ class Classifier:
         `TaskDataModule` takes in training (labels are not read)."""
         unlabelled = [{k: v for k, v in example.items() if k != self.task.label} for example in examples]
         encoded = self.task.encode_examples(unlabelled, self.tokenizer, self.specials, self.max_length)
-        return [
-            {"input_ids": enc.sequences, "extract_index": enc.extract_index, "label": None, "index": i}
-            for i, enc in enumerate(encoded)
-        ]
+        return [{**enc.fields(), "label": None, "index": i} for i, enc in enumerate(encoded)]
 
     def predict(self, examples: list[dict[str, Any]], *, batch_size: int = 32) -> list[dict[str, Any]]:
         """One `{"label": ..., "scores": ...}` per example, in order (see `TaskOutput.outcome`).

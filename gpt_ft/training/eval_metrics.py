@@ -52,6 +52,10 @@ class EvalMetrics(Metric):
             names += ["task_loss", "predictions", "labels", "probabilities"]
         for name in names:
             self.add_state(name, default=[], dist_reduce_fx="cat")
+        self.chooses = False
+        """Choose the task's decision values (`TaskOutput.choose`) on these examples: they become
+        `decided`, and are logged."""
+        self.decided: dict[str, float] = {}
 
     def update(
         self,
@@ -94,6 +98,8 @@ class EvalMetrics(Metric):
         predictions, labels = cat("predictions")[keep], cat("labels")[keep]
         for name, value in self.task.metric_values(predictions, labels).items():
             out[name] = value.float()
+        self.decided = self.task.output.choose(predictions, labels) if self.chooses else {}
+        out.update({name: torch.tensor(value) for name, value in self.decided.items()})
         probabilities = cat("probabilities") if len(self.probabilities) else None
         if probabilities is not None and len(probabilities) == len(keep):  # given with every batch
             for name, value in self.task.output.calibration(probabilities[keep], labels).items():
@@ -136,12 +142,18 @@ class Evaluation:
 
     def _log_metrics(self, stage: str) -> None:
         """Every split's metrics, computed once over all ranks' examples, repeats dropped."""
+        first = self._eval_splits(stage)[0]
         for split in self._eval_splits(stage):
             metric = self.metrics[split_key(split)]
             if not metric.update_called:
                 continue
+            # During fit, the first validation split chooses what a head decides by (a threshold).
+            fitting = self.trainer.state.fn == "fit" and not self.trainer.sanity_checking
+            metric.chooses = self.task is not None and split == first and fitting
             for name, value in metric.compute().items():
                 self.log(f"{split}/{name}", value, prog_bar=name != "loss", sync_dist=False)
+            for name, value in metric.decided.items():
+                getattr(self.head, name).fill_(value)
             if self.task is not None and self.trainer.state.fn in ("validate", "test"):
                 predictions, labels = metric.examples()
                 if self.trainer.is_global_zero and self.trainer.log_dir:

@@ -61,9 +61,13 @@ def batch_terms(gpt: GPT, head: TaskHead | None, batch: TokenBatch, *, lm: bool)
         sums, counts = row_lm_terms(gpt, hidden, batch.lm_targets.view(B * S, T), padded=head is not None)
         out["lm_sum"], out["lm_count"] = sums.view(B, S).sum(dim=1), counts.view(B, S).sum(dim=1)
     if head is not None:
-        index = torch.arange(B * S, device=ids.device) * T + batch.extract_index.view(B * S)
+        K = batch.extract_index.shape[1]  # reads: one per sequence, or per step
+        rows = batch.extract_sequence
+        if rows is None:
+            rows = torch.arange(K, device=ids.device).expand(B, K)
+        index = ((torch.arange(B, device=ids.device)[:, None] * S + rows) * T + batch.extract_index).view(-1)
         positions = torch.arange(T, device=ids.device).repeat(B * S)
-        extract = read_states(head, hidden.flatten(0, 1), index, positions).view(B, S, -1)  # (B, S, C)
+        extract = read_states(head, hidden.flatten(0, 1), index, positions).view(B, K, -1)  # (B, K, C)
         out.update(_task_terms(head, extract, batch))
     return out
 
@@ -142,9 +146,9 @@ def packed_terms(gpt: GPT, head: TaskHead | None, batch: PackedBatch, *, lm: boo
         ones = torch.ones_like(batch.lm_examples) if weights is None else weights
         out["lm_count"] = counts.index_add_(0, batch.lm_examples, ones)
     if head is not None:
-        S = batch.extract_index.shape[1]
-        index = batch.extract_index.view(B * S)
-        extract = read_states(head, hidden, index, batch.position_ids.flatten()).view(B, S, -1)  # (B, S, C)
+        K = batch.extract_index.shape[1]
+        index = batch.extract_index.view(B * K)
+        extract = read_states(head, hidden, index, batch.position_ids.flatten()).view(B, K, -1)  # (B, K, C)
         out.update(_task_terms(head, extract, batch))
     return out
 

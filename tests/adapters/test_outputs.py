@@ -26,6 +26,7 @@ from gpt_ft.adapters import (
     RerankOutput,
     Similarity,
     SingleText,
+    StepOutput,
     TaskHead,
     TaskOutput,
     TextPair,
@@ -57,6 +58,8 @@ def test_every_shipped_card_keeps_its_output_kind(card):
     embeddings = ["embedding/pairs", "embedding/stsb", "embedding/snli", "embedding/mnli"]
     expected |= dict.fromkeys(embeddings, EmbeddingOutput)
     expected["rerank/pairs"] = RerankOutput
+    steps = ("steps", "prmbench", "processbench", "math_shepherd")
+    expected |= {f"steps/{name}": StepOutput for name in steps}
     assert type(task.output) is expected.get(card, ClassificationOutput)
 
 

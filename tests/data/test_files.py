@@ -11,18 +11,22 @@ import csv
 import gzip
 import io
 import json
+import math
 
 import datasets
 import pytest
+import torch
 from jsonargparse import ArgumentParser
 
 from gpt_ft.adapters import LocalFiles, SingleText, TaskDataError
+from gpt_ft.data.batches import reads
 from gpt_ft.data.files import SLICE, load_split, split_file
 from gpt_ft.data.task_data import TaskDataModule
 from tests.helpers import TASK_CARDS, TASKS
 
 CARDS = TASK_CARDS
 
+NAN = math.nan
 Q = 'He said "hi to the cat.'  # an unbalanced quote: with CSV quoting it would swallow the next rows
 
 
@@ -114,6 +118,27 @@ def glue_test(header, rows, make=None):
 
 # card -> split -> (file contents in the task's native format, expected label ids (None: unlabelled),
 # optional {"index": expected index values}). The file path is the card's own `local.splits` entry.
+def steps(width: int, *labels: float) -> list[float]:
+    """A solution's step labels as encoded: padded with NaN to the card's max_steps."""
+    return [*labels, *[NAN] * (width - len(labels))]
+
+
+def prm_row(question: str, error_steps: list[int]) -> dict:
+    process = ["1. Let x be 2.", "2. Then 2x is 4.", "3. So the answer is 4."]
+    return {"modified_question": question, "modified_process": process, "error_steps": error_steps}
+
+
+def pb_row(i: int, problem: str, label: int) -> dict:
+    return {"id": f"gsm8k-{i}", "problem": problem, "steps": ["Two.", "Four.", "Done."], "label": label}
+
+
+SHEPHERD_ROW = {
+    "input": f"{Q} Step 1: 2+2=4 ки\nStep 2: so 5 ки",
+    "label": f"{Q} Step 1: 2+2=4 +\nStep 2: so 5 -",
+}
+SHEPHERD = jsonl(*[SHEPHERD_ROW] * 50)
+
+
 FIXTURES = {
     "glue/cola": {
         "train": (tsv(["gj04", 1, "", Q], ["gj04", 0, "*", "Him go the park."]), [1, 0]),
@@ -304,6 +329,33 @@ FIXTURES = {
         "validation": (jsonl({"query": "Hi?", "positive": "Hello.", "negatives": ["Bye."]}), [0]),
         "test": (jsonl({"query": "Hi?", "positive": "Hello.", "negatives": "Bye."}), [0]),
     },
+    "steps/steps": {  # a label per step; null: none
+        "train": (jsonl({"problem": Q, "steps": ["a.", "b."], "labels": [True, False]}), [steps(64, 1, 0)]),
+        "validation": (jsonl({"problem": "Hi?", "steps": ["a."], "labels": ["-"]}), [steps(64, 0)]),
+        "test": (
+            jsonl({"problem": "Hi?", "steps": ["a.", "b."], "labels": [0.5, None]}),
+            [steps(64, 0.5, NAN)],
+        ),
+    },
+    "steps/prmbench": {  # the wrong steps, counted from 1
+        "train": (jsonl(prm_row(Q, [2]), prm_row("Hi?", [])), [steps(128, 1, 0, 1), steps(128, 1, 1, 1)]),
+        "validation": (jsonl(prm_row("Hi?", [1, 3])), [steps(128, 0, 1, 0)]),
+        "test": (jsonl(prm_row("Hi?", [3])), [steps(128, 1, 1, 0)]),
+    },
+    "steps/processbench": {  # JSON lists; the first wrong step counted from 0, the rest unlabelled
+        "gsm8k": (
+            json.dumps([pb_row(0, Q, 1), pb_row(1, "Hi?", -1)]),
+            [steps(128, 1, 0, NAN), steps(128, 1, 1, 1)],
+        ),
+        "math": (json.dumps([pb_row(0, "Hi?", 0)]), [steps(128, 0, NAN, NAN)]),
+        "olympiadbench": (json.dumps([pb_row(0, "Hi?", 2)]), [steps(128, 1, 1, 0)]),
+        "omnimath": (json.dumps([pb_row(0, "Hi?", -1)]), [steps(128, 1, 1, 1)]),
+    },
+    "steps/math_shepherd": {  # one file, 2% held out: 49 rows and 1
+        "train": (SHEPHERD, [steps(64, 1, 0)] * 49),
+        "validation": (SHEPHERD, [steps(64, 1, 0)]),
+        "test": (SHEPHERD, [steps(64, 1, 0)]),
+    },
     "swag": {  # test has no label column
         "train": (csvs([*SWAG, "label"], swag_row(0, 2), swag_row(1, 0)), [2, 0]),
         "validation": (csvs([*SWAG, "label"], swag_row(0, 3)), [3]),
@@ -342,7 +394,11 @@ def test_card_reads_native_files(card, tokenizer_dir, tmp_path):
         ds = dm.encoded(split, labelled=False)
         assert len(ds) == len(labels), split
         got = ds["label"]
-        if task.regression:
+        if task.output.kind == "steps":  # NaN: a step without a label
+            torch.testing.assert_close(
+                torch.tensor(got), torch.tensor(labels), rtol=0, atol=0, equal_nan=True
+            )
+        elif task.regression:
             assert got == pytest.approx(labels), split
         else:
             assert got == labels, split
@@ -353,18 +409,25 @@ def test_card_reads_native_files(card, tokenizer_dir, tmp_path):
         for example in ds:
             # the most a row has: rows of fewer hard negatives have fewer
             assert 1 <= len(example["input_ids"]) <= task.num_sequences
-            for ids, k in zip(example["input_ids"], example["extract_index"]):
-                assert ids[0] == specials.start and ids[k] == specials.extract and k == len(ids) - 1
+            read = reads(example)  # one extract token a sequence, or one a step
+            for s, ids in enumerate(example["input_ids"]):
+                at = [k for of, k in read if of == s]
+                assert ids[0] == specials.start and at[-1] == len(ids) - 1
+                assert [ids[k] for k in at] == [specials.extract] * len(at)
+            if task.output.kind == "steps":  # every step's extract token in the one sequence
+                assert ids.count(specials.extract) == len(at) == len(example["extract_index"]) >= 1
 
     # The quote-holding text of train's first row survives intact (no quoting ate the row or its tab).
-    shown = dm.explain("train", 0)
+    first = "train" if "train" in fixture else task.validation_splits[0]  # an evaluation set: no train
+    shown = dm.explain(first, 0)
     ids = shown["sequences"][0]["ids"]
     end = ids.index(specials.delim) if specials.delim in ids else shown["sequences"][0]["extract_index"]
-    assert (
-        dm.tokenizer.decode(ids[1:end]).removeprefix("\n\nUser: ").startswith(Q)
-    )  # messages: the role first
+    text = dm.tokenizer.decode(ids[1:end])
+    if not text:  # no problem field: the first step holds it (Math-Shepherd)
+        text = dm.tokenizer.decode(ids[end + 1 : ids.index(specials.extract)])
+    assert text.removeprefix("\n\nUser: ").startswith(Q)  # messages: the role first
     if task.output.class_names:
-        assert shown["label"] == task.labels[fixture["train"][1][0]]
+        assert shown["label"] == task.labels[fixture[first][1][0]]
 
 
 def test_slices_formats_and_file_errors(tmp_path):

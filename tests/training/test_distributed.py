@@ -13,7 +13,7 @@ import torch
 
 from gpt_ft.cli import main
 from tests.background import gpt_ft
-from tests.helpers import ROOT, sentence, write_varied_pairs
+from tests.helpers import ROOT, sentence, write_solutions, write_varied_pairs
 
 NO_DROPOUT = "embd_pdrop: 0.0, attn_pdrop: 0.0, resid_pdrop: 0.0"
 MICRO = f"{{n_positions: 64, n_embd: 32, n_layer: 2, n_head: 2, {NO_DROPOUT}}}"
@@ -116,6 +116,44 @@ def test_finetuning_on_two_processes_equals_one_with_the_double_batch(background
         assert a == pytest.approx(b, rel=1e-6, abs=1e-5)
     # One predictions file with every test example once, in order, as from one process.
     assert predictions2 == predictions1 and len(predictions1.splitlines()) == 6
+
+
+STEPS_CARD = """class_path: gpt_ft.adapters.Steps
+init_args:
+  name: pair
+  label_form: first_error
+  max_steps: 4
+  index: id
+  local: {splits: {train: train.jsonl, validation: validation.jsonl, test: test.jsonl}}
+"""
+
+
+def start_ddp_steps(root, tokenizer_dir):
+    for split, n, seed in (("train", 16, 1), ("validation", 7, 2), ("test", 5, 3)):
+        write_solutions(root / f"{split}.jsonl", n, seed)
+    (root / "steps.yaml").write_text(STEPS_CARD)
+    fit, _ = finetune_runs(root / "steps.yaml", tokenizer_dir, root, devices=2, batch=4)
+    return [gpt_ft(*fit, cwd=root)]
+
+
+@pytest.mark.background(start=start_ddp_steps)
+def test_step_rewards_on_two_processes_equal_one(background, tokenizer_dir, monkeypatch):
+    """A verdict per step: the same weights, every step metric, and the threshold each validation
+    chooses from all ranks' solutions (7: one repeated on rank 1, dropped) kept in the head."""
+    root = background.root
+    (fit2,) = background.runs
+    assert fit2.returncode == 0, fit2.stderr[-3000:]
+    monkeypatch.chdir(root)
+    fit1, _ = finetune_runs(root / "steps.yaml", tokenizer_dir, root, devices=1, batch=8)
+    main(fit1)
+    two, one = root / "x2" / "runs" / "lightning_logs" / "version_0", run_dir(root / "x1")
+    assert_same_weights(weights(two), weights(one))
+    assert "head.threshold" in weights(one)
+    rows2, rows1 = validation_rows(two), validation_rows(one)
+    assert len(rows1) == 3 and "validation/threshold" in rows1[0] and "validation/processbench_f1" in rows1[0]
+    for a, b in zip(rows2, rows1):
+        assert a == pytest.approx(b, rel=1e-6, abs=1e-5)
+    assert float(weights(one)["head.threshold"]) == pytest.approx(rows1[-1]["validation/threshold"])
 
 
 def pretraining_run(tokens: Path, root: Path, devices: int, batch: int, compile: str) -> list[str]:

@@ -1,0 +1,400 @@
+"""Process rewards: a verdict after every step of a solution.
+
+One sequence a solution, GPT-1's extract token after each step:
+
+    [start] problem [delim] step_1 [extract] step_2 [extract] ... step_n [extract]
+
+One linear layer reads every extract state: the logit that the solution is still right after that
+step (a step reads only itself and what came before it, as the causal mask has it). Trained with
+binary cross-entropy over the labelled steps, a solution's steps averaged, then the solutions.
+
+A step's label is 1 (right), 0 (wrong), a soft score in between (Math-Shepherd's estimates of how
+often a completion from there reaches the answer) or none. The card says how a row gives them
+(`label_form`):
+
+- `per_step`: a list, one value per step (true/false, 1/0, "+"/"-", a number in [0, 1], null);
+- `first_error`: the index of the first wrong step, -1 (or null) for none (ProcessBench): the
+  steps before it right, it wrong, the steps after it unlabelled;
+- `error_steps`: the indices of the wrong steps, the others right (PRMBench);
+- `tagged`: Math-Shepherd's rows: the steps one text, each ended by `step_tag`, and the label the
+  same text with "+" or "-" in each tag's place.
+
+Indices count from 0, or from 1 with `one_based: true`. An index outside the solution's steps is
+named with its row. Scored at the decision threshold (a step is judged wrong below it): step
+accuracy, F1 of the wrong steps, first-error accuracy (the first step judged wrong, or none, equal
+to the first wrong one), and ProcessBench's F1, the harmonic mean of first-error accuracy over the
+solutions with an error and over those without. During `fit`, each validation of the first
+validation split chooses the threshold that maximises ProcessBench's F1 there, for the next
+validation, the test splits and the saved model (its head keeps it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from gpt_ft.adapters.base import Encoded, TaskAdapter, field_text, fit_lengths, refuse_label_fields
+from gpt_ft.adapters.heads import ChoiceHead
+from gpt_ft.adapters.outputs import CardError, LabelSpec, TaskDataError, TaskOutput
+
+STEP_METRICS = ("processbench_f1", "first_error_accuracy", "step_f1", "step_accuracy")
+LABEL_FORMS = ("per_step", "first_error", "error_steps", "tagged")
+THRESHOLDS = torch.linspace(0.01, 0.99, 99, dtype=torch.float64)
+"""The thresholds validation chooses among."""
+
+
+class StepHead(ChoiceHead):
+    """One logit per step from one linear layer; binary cross-entropy over the labelled steps.
+
+    Its `threshold` (a buffer: saved with the model) is the probability below which a step is
+    judged wrong."""
+
+    def __init__(
+        self,
+        n_embd: int,
+        *,
+        max_steps: int,
+        threshold: float,
+        dropout: float = 0.1,
+        init_std: float = 0.02,
+        bias: bool = True,
+    ) -> None:
+        super().__init__(n_embd, dropout=dropout, init_std=init_std, bias=bias)
+        self.max_steps = max_steps
+        self.register_buffer("threshold", torch.tensor(threshold, dtype=torch.float64))
+
+    def losses(self, outputs: Tensor, labels: Tensor) -> Tensor:
+        """Each solution's mean binary cross-entropy over its labelled steps, (B,); `labels` (B,
+        max_steps), NaN where a step has no label or the solution no step."""
+        target = labels[:, : outputs.shape[1]].float()
+        labelled = ~target.isnan()
+        bce = F.binary_cross_entropy_with_logits(outputs.float(), target.nan_to_num(0.0), reduction="none")
+        return torch.where(labelled, bce, 0.0).sum(dim=1) / labelled.sum(dim=1).clamp(min=1)
+
+    def probabilities(self, outputs: Tensor) -> Tensor:
+        """P(right so far) per step, (B, max_steps), NaN past a solution's steps."""
+        missing = outputs == torch.finfo(outputs.dtype).min  # ChoiceHead's mask
+        probabilities = outputs.float().sigmoid().masked_fill(missing, math.nan)
+        return F.pad(probabilities, (0, self.max_steps - probabilities.shape[1]), value=math.nan)
+
+    def predictions(self, outputs: Tensor) -> Tensor:
+        """The probabilities, then the threshold they are judged at: (B, max_steps + 1)."""
+        probabilities = self.probabilities(outputs)
+        threshold = self.threshold.to(probabilities).expand(len(probabilities), 1)
+        return torch.cat([probabilities, threshold], dim=1)
+
+
+def first_below(values: Tensor, threshold: Tensor) -> Tensor:
+    """Each row's first index whose value is below its `threshold` (NaN never is), -1 for none."""
+    below = values < threshold
+    first = below.long().argmax(dim=1)
+    return torch.where(below.any(dim=1), first, -1)
+
+
+def step_metric_values(probabilities: Tensor, threshold: Tensor, labels: Tensor) -> dict[str, Tensor]:
+    """The step metrics (see the module docstring) of solutions' step probabilities (N, W) judged
+    at `threshold` (N, 1), against their labels (N, W), NaN where unlabelled. A label below 0.5 is
+    a wrong step."""
+    labelled = ~labels.isnan()
+    wrong = labelled & (labels < 0.5)
+    judged = probabilities < threshold
+    hits = (judged == wrong)[labelled].double()
+    tp = (judged & wrong).sum().double()
+    predicted, actual = (judged & labelled).sum().double(), wrong.sum().double()
+    first = first_below(probabilities, threshold)
+    true_first = first_below(torch.where(labelled, labels, math.nan), torch.full_like(threshold, 0.5))
+    match = (first == true_first).double()
+    erroneous = true_first >= 0
+    on_errors, on_correct = match[erroneous].mean(), match[~erroneous].mean()
+    return {
+        "step_accuracy": hits.mean(),
+        "step_f1": 2 * tp / (predicted + actual) if predicted + actual > 0 else tp.new_tensor(0.0),
+        "first_error_accuracy": match.mean(),
+        "processbench_f1": 2 * on_errors * on_correct / (on_errors + on_correct)
+        if on_errors + on_correct > 0
+        else on_errors.new_tensor(0.0),
+    }
+
+
+class StepOutput(TaskOutput):
+    """A verdict per step: P(right so far) after each, scored by the step metrics."""
+
+    kind = "steps"
+    problem_type = "single_label_classification"  # a *ForTokenClassification of 2 labels at each step
+    has_probabilities = False
+    allowed_metrics = default_metrics = STEP_METRICS
+    default_lm_coef = 0.0  # a reward model, as preference pairs train one
+
+    def __init__(
+        self,
+        task_name: str,
+        spec: LabelSpec,
+        *,
+        label_form: str,
+        one_based: bool,
+        max_steps: int,
+        threshold: float,
+        count_steps: Callable[[dict[str, Any]], list[str]],
+    ) -> None:
+        super().__init__(task_name, spec)
+        if label_form not in LABEL_FORMS:
+            raise CardError(
+                f"Task {task_name!r}: label_form {label_form!r} is not one of {list(LABEL_FORMS)}."
+            )
+        if not 0 < threshold < 1:
+            raise CardError(f"Task {task_name!r}: threshold must be in (0, 1), got {threshold}.")
+        if max_steps < 1:
+            raise CardError(f"Task {task_name!r}: max_steps must be at least 1, got {max_steps}.")
+        self.label_form, self.base, self.max_steps = label_form, int(one_based), max_steps
+        self.threshold, self.steps_of = threshold, count_steps
+
+    @property
+    def num_outputs(self) -> int:
+        return 1
+
+    def served_labels(self) -> list[str]:
+        return ["wrong", "right"]
+
+    def head(self, n_embd: int, *, dropout: float, init_std: float, bias: bool = True) -> StepHead:
+        return StepHead(
+            n_embd,
+            max_steps=self.max_steps,
+            threshold=self.threshold,
+            dropout=dropout,
+            init_std=init_std,
+            bias=bias,
+        )
+
+    def metric_values(self, predictions: Tensor, labels: Tensor, metrics: list[str]) -> dict[str, Tensor]:
+        values = step_metric_values(
+            predictions[:, :-1].double(), predictions[:, -1:].double(), labels.double()
+        )
+        return {name: values[name].float() for name in metrics}
+
+    def choose(self, predictions: Tensor, labels: Tensor) -> dict[str, float]:
+        """The threshold (of `THRESHOLDS`, the lowest on a tie) with the best ProcessBench F1."""
+        probabilities, labels = predictions[:, :-1].double(), labels.double()
+        scores = [
+            float(step_metric_values(probabilities, t.expand(len(labels), 1), labels)["processbench_f1"])
+            for t in THRESHOLDS
+        ]
+        return {"threshold": float(THRESHOLDS[max(range(len(scores)), key=scores.__getitem__)])}
+
+    def first_error(self, prediction: Tensor) -> int:
+        """The first step judged wrong, numbered as the card numbers steps; -1 for none."""
+        k = int(first_below(prediction[None, :-1], prediction[-1:][None])[0])
+        return k + self.base if k >= 0 else -1
+
+    def format_prediction(self, prediction: Tensor, name: Callable[[int], str]) -> str:
+        return str(self.first_error(prediction))
+
+    def outcome(self, prediction: Tensor, probabilities: Tensor) -> dict[str, Any]:
+        """The first step judged wrong (`label`, -1 for none) and each step's P(right so far)."""
+        steps = [p for p in prediction[:-1].tolist() if not math.isnan(p)]
+        return {"label": self.first_error(prediction), "scores": steps}
+
+    def example_label(self, example: dict[str, Any]) -> list[float] | None:
+        """The steps' labels, NaN for none, padded with NaN to `max_steps`; None: unlabelled."""
+        return self.padded_labels(example.get(self.spec.field), len(self.steps_of(example)))
+
+    def padded_labels(self, value: Any, n: int) -> list[float] | None:
+        """The labels of a solution of `n` steps from its label field's value (None: unlabelled),
+        padded with NaN to `max_steps`."""
+        return None if value is None else self.step_labels(value, n) + [math.nan] * (self.max_steps - n)
+
+    def step_labels(self, value: Any, n: int) -> list[float]:
+        """The labels of a solution of `n` steps from its label field's value."""
+        field, form = self.spec.field, self.label_form
+        if form in ("per_step", "tagged"):  # tagged: the marks `Steps` read from the text
+            if not isinstance(value, (list, tuple)) or len(value) != n:
+                raise TaskDataError(
+                    f"field {field!r} must hold one label per step ({n}), got {_short(value)}."
+                )
+            return [_step_label(v, field) for v in value]
+        if form == "first_error":
+            k = self._index(value, n, allow_none=True)
+            return [1.0] * n if k < 0 else [1.0] * k + [0.0] + [math.nan] * (n - k - 1)
+        if not isinstance(value, (list, tuple)):
+            raise TaskDataError(f"field {field!r} must hold a list of step indices, got {_short(value)}.")
+        wrong = {self._index(v, n) for v in value}
+        return [0.0 if i in wrong else 1.0 for i in range(n)]
+
+    def _index(self, value: Any, n: int, *, allow_none: bool = False) -> int:
+        """A step index counted from `base` as a 0-based one; -1 (none) where `allow_none`."""
+        try:
+            k = int(value)
+            if isinstance(value, bool) or (isinstance(value, float) and k != value):
+                raise ValueError
+        except (TypeError, ValueError):
+            raise TaskDataError(
+                f"step index {value!r} in field {self.spec.field!r} is not an integer."
+            ) from None
+        if allow_none and k == -1:
+            return -1
+        if not self.base <= k < n + self.base:
+            numbered = f"{self.base} to {n - 1 + self.base}"
+            raise TaskDataError(
+                f"step index {value!r} in field {self.spec.field!r} is outside the solution's {n} steps "
+                f"(numbered {numbered})."
+            )
+        return k - self.base
+
+
+def _step_label(value: Any, field: str) -> float:
+    """One step's label as a number in [0, 1], NaN for none."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return math.nan
+    text = str(value).strip().lower()
+    named = {"+": 1.0, "-": 0.0, "true": 1.0, "false": 0.0}
+    if text in named:
+        return named[text]
+    try:
+        score = float(text)
+    except ValueError:
+        score = math.nan
+    if not 0 <= score <= 1:
+        raise TaskDataError(
+            f"step label {value!r} in field {field!r} is not true/false, +/- or a number in [0, 1]."
+        )
+    return score
+
+
+class Steps(TaskAdapter):
+    """A solution's steps, each followed by GPT-1's extract token, a verdict read at each (see the
+    module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        problem: str | None = "problem",
+        steps: str = "steps",
+        label_form: Literal["per_step", "first_error", "error_steps", "tagged"] = "per_step",
+        one_based: bool = False,
+        step_tag: str | None = None,
+        max_steps: int = 64,
+        threshold: float = 0.5,
+        **kwargs,
+    ) -> None:
+        """
+        Args:
+            problem: Field holding the problem the solution answers; None: the steps hold it.
+            steps: Field holding the steps: a list of texts, or (with `step_tag`) one text.
+            label: Field holding the labels, read as `label_form` says.
+            label_form: per_step, first_error, error_steps or tagged (see the module docstring).
+            one_based: Step indices in the label field count from 1 (PRMBench), not 0 (ProcessBench).
+            step_tag: The text that ends each step of a one-text solution (Math-Shepherd: "ки");
+                with `label_form: tagged`, the label field holds "+" or "-" in each tag's place.
+            max_steps: The most steps a solution may have (a longer one is named).
+            threshold: Probability below which a step is judged wrong, until validation chooses.
+        """
+        name = kwargs.get("name")
+        refuse_label_fields(
+            kwargs,
+            {"labels": None, "regression": False, "score_range": None},
+            "a step task takes no `{field}` (a step is right or wrong; `label_form` says how rows say so).",
+        )
+        if (label_form == "tagged") != (step_tag is not None):
+            raise CardError(f"Task {name!r}: `label_form: tagged` and `step_tag` go together.")
+        if step_tag == "":
+            raise CardError(f"Task {name!r}: step_tag must not be empty.")
+        self.problem, self.steps, self.step_tag = problem, steps, step_tag
+        self.label_form, self.one_based, self.max_steps, self.threshold = (
+            label_form,
+            one_based,
+            max_steps,
+            threshold,
+        )
+        super().__init__(**kwargs)
+
+    def own_output(self, spec: LabelSpec) -> TaskOutput:
+        return StepOutput(
+            self.name,
+            spec,
+            label_form=self.label_form,
+            one_based=self.one_based,
+            max_steps=self.max_steps,
+            threshold=self.threshold,
+            count_steps=self.step_texts,
+        )
+
+    def text_fields(self) -> list[str]:
+        return [self.problem, self.steps] if self.problem else [self.steps]
+
+    def step_texts(self, example: dict[str, Any]) -> list[str]:
+        """The solution's steps: the list, or the text cut after each `step_tag`."""
+        value = example[self.steps]
+        if self.step_tag is None:
+            if not isinstance(value, (list, tuple)) or not value:
+                raise TaskDataError(f"field {self.steps!r} must hold a list of steps, got {_short(value)}.")
+            steps = [field_text(v) for v in value]
+        else:
+            steps = _split_tagged(field_text(value), self.step_tag, self.steps)
+        if len(steps) > self.max_steps:
+            raise TaskDataError(
+                f"field {self.steps!r} holds {len(steps)} steps, more than the card's max_steps "
+                f"{self.max_steps}."
+            )
+        return steps
+
+    def texts(self, example: dict[str, Any]) -> list[str]:
+        """[problem, step_1, ..., step_n]."""
+        problem = field_text(example[self.problem]) if self.problem else ""
+        return [problem, *self.step_texts(example)]
+
+    def encode(self, example, tokens, specials, max_length):
+        problem, *steps = tokens
+        n = len(steps)
+        if n + 2 > max_length:
+            raise TaskDataError(
+                f"its {n} steps need {n + 2} special tokens, more than max_length {max_length}."
+            )
+        kept = fit_lengths([len(problem), *(len(s) for s in steps)], max_length - n - 2)
+        ids, extract = [specials.start, *problem[: kept[0]], specials.delim], []
+        for step, k in zip(steps, kept[1:]):
+            ids += step[:k]
+            extract.append(len(ids))
+            ids.append(specials.extract)
+        label = self._label(example, n)
+        return Encoded([ids], extract, label, extract_sequence=[0] * n)
+
+    def _label(self, example: dict[str, Any], n: int) -> list[float] | None:
+        if self.label_form != "tagged" or example.get(self.label) is None:
+            return self.output.padded_labels(example.get(self.label), n)
+        marks = _tag_marks(field_text(example[self.steps]), field_text(example[self.label]), self.step_tag)
+        if len(marks) != n:
+            raise TaskDataError(
+                f"field {self.label!r} does not repeat field {self.steps!r} with + or - in each "
+                f"{self.step_tag!r}'s place."
+            )
+        return self.output.padded_labels(marks, n)
+
+
+def _split_tagged(text: str, tag: str, field: str) -> list[str]:
+    """A one-text solution's steps, each up to its tag (the text after the last tag, if any,
+    is not a step)."""
+    pieces = text.split(tag)
+    if len(pieces) < 2:
+        raise TaskDataError(f"field {field!r} holds no step tag {tag!r}.")
+    return pieces[:-1]
+
+
+def _tag_marks(text: str, labelled: str, tag: str) -> list[str]:
+    """The "+" or "-" standing in `labelled` where each `tag` stands in `text` (Math-Shepherd)."""
+    pieces, marks, at = text.split(tag), [], 0
+    for piece in pieces[:-1]:
+        at += len(piece)
+        if labelled[at : at + 1] not in ("+", "-") or labelled[at - len(piece) : at] != piece:
+            return []
+        marks.append(labelled[at])
+        at += 1
+    return marks if labelled[at:] == pieces[-1] else []
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

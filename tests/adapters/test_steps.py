@@ -1,0 +1,228 @@
+"""Process rewards: the literal layout of a solution's steps, each label form, the loss and the
+step metrics (ProcessBench's F1 included) on hand-computed cases, the threshold chosen, and a
+whole run from a JSON-lines file to `Classifier`."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from gpt_ft.adapters import Steps, TaskDataError
+from gpt_ft.adapters.cards import load_card
+from gpt_ft.adapters.steps import step_metric_values
+from gpt_ft.cli import main
+from gpt_ft.data.tokenizer import SpecialTokenIds
+from gpt_ft.errors import CardError
+from tests.helpers import TASKS, common_args, write_solutions
+
+SPECIALS = SpecialTokenIds(start=1, delim=2, extract=3, pad=0, eos=None)
+NAN = math.nan
+
+
+def same(a: list[float], b: list[float]) -> bool:
+    """Equal lists, NaN equal to NaN."""
+    return len(a) == len(b) and all(x == y or (math.isnan(x) and math.isnan(y)) for x, y in zip(a, b))
+
+
+def test_literal_layout_an_extract_token_after_every_step():
+    task = Steps(name="s", label="labels", max_steps=4)
+    example = {"problem": "p", "steps": ["a", "b", "c"], "labels": [True, "-", 0.25]}
+    enc = task.encode(example, [[10, 11], [20], [30, 31], [40]], SPECIALS, max_length=64)
+    assert enc.sequences == [[1, 10, 11, 2, 20, 3, 30, 31, 3, 40, 3]]
+    assert enc.extract_index == [5, 8, 10] and enc.extract_sequence == [0, 0, 0]
+    assert same(enc.label, [1.0, 0.0, 0.25, NAN])
+    assert enc.fields() == {
+        "input_ids": enc.sequences,
+        "extract_index": [5, 8, 10],
+        "extract_sequence": [0, 0, 0],
+    }
+    # Cut longest first, every special token kept: 9 tokens leave 5 for the texts.
+    enc = task.encode(example | {"labels": [1, 1]}, [list(range(10, 20)), [20, 21], [30]], SPECIALS, 9)
+    assert enc.sequences == [[1, 10, 11, 2, 20, 21, 3, 30, 3]] and enc.extract_index == [6, 8]
+    with pytest.raises(TaskDataError, match="its 3 steps need 5 special tokens, more than max_length 4"):
+        task.encode(example, [[10], [20], [30], [40]], SPECIALS, max_length=4)
+
+
+def test_each_label_form():
+    first = Steps(name="s", label_form="first_error", max_steps=4).output
+    assert same(first.padded_labels(1, 3), [1.0, 0.0, NAN, NAN])  # the steps after it unlabelled
+    assert same(first.padded_labels(-1, 3), [1.0, 1.0, 1.0, NAN])
+    assert first.padded_labels(None, 3) is None
+    errors = Steps(name="s", label_form="error_steps", one_based=True, max_steps=4).output
+    assert same(errors.padded_labels([1, 3], 3), [0.0, 1.0, 0.0, NAN])
+    assert same(errors.padded_labels([], 3), [1.0, 1.0, 1.0, NAN])
+    per_step = Steps(name="s", max_steps=3).output
+    assert same(per_step.padded_labels(["+", False, None], 3), [1.0, 0.0, NAN])
+    tagged = Steps(name="s", problem=None, steps="input", label_form="tagged", step_tag="ки", max_steps=3)
+    row = {"input": "Q? Step 1: a ки\nStep 2: b ки", "label": "Q? Step 1: a +\nStep 2: b -"}
+    assert tagged.texts(row) == ["", "Q? Step 1: a ", "\nStep 2: b "]
+    assert same(tagged.encode(row, [[10], [11], [12]], SPECIALS, 64).label, [1.0, 0.0, NAN])
+
+
+def test_bad_labels_are_named():
+    first = Steps(name="s", label_form="first_error", max_steps=4).output
+    outside = r"step index 3 in field 'label' is outside the solution's 3 steps \(numbered 0 to 2\)"
+    with pytest.raises(TaskDataError, match=outside):
+        first.padded_labels(3, 3)
+    errors = Steps(name="s", label_form="error_steps", one_based=True).output
+    with pytest.raises(TaskDataError, match=r"step index 4 .* \(numbered 1 to 3\)"):
+        errors.padded_labels([4], 3)
+    with pytest.raises(TaskDataError, match="step index 'two' in field 'label' is not an integer"):
+        errors.padded_labels(["two"], 3)
+    with pytest.raises(TaskDataError, match="must hold a list of step indices"):
+        errors.padded_labels(2, 3)
+    per_step = Steps(name="s").output
+    with pytest.raises(TaskDataError, match=r"must hold one label per step \(3\), got \[1, 0\]"):
+        per_step.padded_labels([1, 0], 3)
+    with pytest.raises(TaskDataError, match="step label 'maybe' in field 'label' is not true/false"):
+        per_step.padded_labels(["maybe", 1, 1], 3)
+    with pytest.raises(TaskDataError, match="holds 3 steps, more than the card's max_steps 2"):
+        Steps(name="s", max_steps=2).texts({"problem": "p", "steps": ["a", "b", "c"]})
+    tagged = Steps(name="s", steps="input", label_form="tagged", step_tag="ки")
+    with pytest.raises(TaskDataError, match="does not repeat field 'input' with \\+ or - in each 'ки'"):
+        tagged.encode({"input": "a ки", "label": "b +"}, [[], [10]], SPECIALS, 64)
+
+
+def test_card_mistakes_are_one_sentence():
+    with pytest.raises(CardError, match="`label_form: tagged` and `step_tag` go together"):
+        Steps(name="s", label_form="tagged")
+    with pytest.raises(CardError, match="label_form 'first' is not one of"):
+        Steps(name="s", label_form="first")
+    with pytest.raises(CardError, match="a step task takes no `labels`"):
+        Steps(name="s", labels=["a", "b"])
+    with pytest.raises(CardError, match="threshold must be in \\(0, 1\\)"):
+        Steps(name="s", threshold=1.0)
+
+
+def test_loss_is_each_solutions_mean_over_its_labelled_steps():
+    head = Steps(name="s", max_steps=4).head(8, dropout=0.0, init_std=0.02)
+    low = torch.finfo(torch.float32).min  # a step the solution has not
+    logits = torch.tensor([[2.0, -1.0, low], [0.0, 1.0, -3.0]])
+    labels = torch.tensor([[1.0, 0.0, NAN, NAN], [0.5, 1.0, NAN, NAN]])
+    softplus = lambda x: math.log1p(math.exp(x))  # noqa: E731  BCE(x, y) = softplus(x) - x·y
+    expected = [(softplus(-2.0) + softplus(-1.0)) / 2, (math.log(2.0) + softplus(-1.0)) / 2]
+    torch.testing.assert_close(head.losses(logits, labels), torch.tensor(expected), rtol=0, atol=1e-6)
+
+
+def test_step_metrics_by_hand():
+    """Five solutions at threshold 0.5 (a step below it judged wrong):
+    A: wrong at 2, judged wrong first at 2 (a hit);  B: right, judged wrong at 1 and 2;
+    C: wrong at 1 (the rest unlabelled), judged right;  D and E: right, judged right."""
+    rows = [[0.9, 0.8, 0.3, NAN], [0.9, 0.4, 0.2, 0.6], [0.7, 0.6, NAN, NAN], [0.8, 0.9, NAN, NAN],
+            [0.6, NAN, NAN, NAN]]  # fmt: skip
+    probabilities = torch.tensor(rows, dtype=torch.float64)
+    rows = [[1, 1, 0, NAN], [1, 1, 1, 1], [1, 0, NAN, NAN], [1, 1, NAN, NAN], [1, NAN, NAN, NAN]]
+    labels = torch.tensor(rows, dtype=torch.float64)
+    values = step_metric_values(probabilities, torch.full((5, 1), 0.5, dtype=torch.float64), labels)
+    assert values["step_accuracy"].item() == pytest.approx(9 / 12)  # A 3, B 2 of 4, C 1 of 2, D 2, E 1
+    assert values["step_f1"].item() == pytest.approx(2 * 1 / (3 + 2))  # judged wrong 3, wrong 2, both 1
+    assert values["first_error_accuracy"].item() == pytest.approx(3 / 5)  # A, D, E
+    on_errors, on_correct = 1 / 2, 2 / 3  # A of A, C; D, E of B, D, E
+    assert values["processbench_f1"].item() == pytest.approx(
+        2 * on_errors * on_correct / (on_errors + on_correct)
+    )
+    task = Steps(name="s", max_steps=4)
+    assert task.main_metric == "processbench_f1" and task.output.default_lm_coef == 0.0
+    predictions = torch.cat([probabilities, torch.full((5, 1), 0.5, dtype=torch.float64)], dim=1)
+    assert task.metric_values(predictions, labels)["processbench_f1"].item() == pytest.approx(4 / 7)
+
+
+def test_validation_chooses_the_lowest_threshold_with_the_best_processbench_f1():
+    """The wrong step at 0.345 and the right one at 0.455: any threshold in (0.345, 0.455] gets both."""
+    output = Steps(name="s", max_steps=2).output
+    predictions = torch.tensor([[0.9, 0.345, 0.5], [0.9, 0.455, 0.5]])
+    labels = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
+    assert output.choose(predictions, labels) == {"threshold": pytest.approx(0.35)}
+
+
+def test_predictions_carry_the_threshold_and_outcomes_name_the_first_error():
+    task = Steps(name="s", label_form="error_steps", one_based=True, max_steps=4)
+    head = task.head(8, dropout=0.0, init_std=0.02)
+    head.threshold.fill_(0.6)
+    logits = head(torch.randn(2, 3, 8), torch.tensor([[True, True, True], [True, False, False]])).detach()
+    logits[0], logits[1, 0] = torch.tensor([2.0, 0.0, -2.0]), 1.0  # σ: .88 .5 .12; one step: .73
+    predictions = head.predictions(logits)
+    assert predictions.shape == (2, 5) and predictions[:, -1].tolist() == pytest.approx([0.6, 0.6])
+    assert predictions[1, 1:4].isnan().all()
+    outcome = task.output.outcome(predictions[0], predictions[0])
+    assert outcome["label"] == 2 and outcome["scores"] == pytest.approx([0.8808, 0.5, 0.1192], abs=1e-4)
+    assert task.output.outcome(predictions[1], predictions[1])["label"] == -1  # none below 0.6
+    assert task.format_prediction(predictions[0]) == "2"  # counted from 1, as the card counts
+    assert "threshold" in head.state_dict()  # saved with the model
+
+
+def test_shipped_cards_read():
+    prm = load_card(TASKS / "steps" / "prmbench.yaml")
+    assert (prm.problem, prm.steps, prm.label, prm.one_based) == ("modified_question", "modified_process",
+                                                                  "error_steps", True)  # fmt: skip
+    pb = load_card(TASKS / "steps" / "processbench.yaml")
+    assert pb.label_form == "first_error" and pb.test_splits == ["math", "olympiadbench", "omnimath"]
+    shepherd = load_card(TASKS / "steps" / "math_shepherd.yaml")
+    assert shepherd.step_tag == "ки" and shepherd.problem is None
+    assert load_card(TASKS / "steps" / "steps.yaml").label == "labels"
+
+
+CARD = """class_path: gpt_ft.adapters.Steps
+init_args:
+  name: sums
+  label_form: first_error
+  max_steps: 4
+  index: id
+  local: {splits: {train: train.json, validation: "train.json[:12]", test: "train.json[:12]"}}
+"""
+
+
+def test_fit_chooses_the_threshold_and_classifier_names_each_solutions_first_error(
+    tmp_path, tokenizer_dir, capsys
+):
+    from gpt_ft import Classifier
+
+    write_solutions(tmp_path / "train.json", 24, seed=0)
+    card = tmp_path / "sums.yaml"
+    card.write_text(CARD)
+    main(["fit", *common_args(card, tokenizer_dir, tmp_path), "--trainer.max_epochs=2", "--model.lr=1e-2"])
+    out = capsys.readouterr().out
+    assert "validation/processbench_f1" in out and "validation/threshold" in out
+    last = next((tmp_path / "runs").rglob("last.ckpt"))
+    clf = Classifier.from_checkpoint(last)
+    threshold = float(clf.head.threshold)
+    logged = [
+        line.split(",") for line in next((tmp_path / "runs").rglob("metrics.csv")).read_text().splitlines()
+    ]
+    chosen = [float(row[logged[0].index("validation/threshold")]) for row in logged[1:]
+              if row[logged[0].index("validation/threshold")]]  # fmt: skip
+    assert len(chosen) == 2 and threshold == pytest.approx(chosen[-1])  # the last validation's choice, kept
+    rows = json.loads((tmp_path / "train.json").read_text())[:3]
+    for row, got in zip(rows, clf.predict(rows)):
+        assert len(got["scores"]) == len(row["steps"])
+        below = [i for i, p in enumerate(got["scores"]) if p < threshold]
+        assert got["label"] == (below[0] if below else -1)
+
+
+def test_a_step_index_outside_the_solution_names_file_and_line(tmp_path, tokenizer_dir, capsys):
+    rows = [{"problem": "p", "steps": ["a", "b"], "error_steps": [1]},
+            {"problem": "q", "steps": ["a", "b"], "error_steps": [3]}]  # fmt: skip
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    card = tmp_path / "card.yaml"
+    card.write_text("""class_path: gpt_ft.adapters.Steps
+init_args:
+  name: s
+  label: error_steps
+  label_form: error_steps
+  one_based: true
+  index: null
+  local: {splits: {train: train.jsonl, validation: train.jsonl}}
+""")
+    before = (tmp_path / "train.jsonl").read_bytes()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", *common_args(card, tokenizer_dir, tmp_path)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err == (
+        f"gpt-ft: error: {tmp_path / 'train.jsonl'}, line 2: step index 3 in field 'error_steps' is outside "
+        "the solution's 2 steps (numbered 1 to 2)."
+    )
+    assert (tmp_path / "train.jsonl").read_bytes() == before
