@@ -64,6 +64,8 @@ class TaskOutput:
     exports to no sequence classifier (multiple choice: GPT-1's and GPT-2's `*DoubleHeadsModel`)."""
     served_per_sequence: ClassVar[bool] = False
     """Its export scores one sequence of an example at a time (a reward model: one reply)."""
+    served_per_token: ClassVar[bool] = False
+    """Its export scores tokens, each step's separator (a process reward model)."""
     embeds: ClassVar[bool] = False
     """Its outputs are vectors, one per text (`Encoder`, a sentence-transformers export)."""
 

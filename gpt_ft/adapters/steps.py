@@ -20,12 +20,11 @@ often a completion from there reaches the answer) or none. The card says how a r
   same text with "+" or "-" in each tag's place.
 
 Indices count from 0, or from 1 with `one_based: true`. An index outside the solution's steps is
-named with its row. Scored at the decision threshold (a step is judged wrong below it): step
-accuracy, F1 of the wrong steps, first-error accuracy (the first step judged wrong, or none, equal
-to the first wrong one), and ProcessBench's F1, the harmonic mean of first-error accuracy over the
-solutions with an error and over those without. During `fit`, each validation of the first
-validation split chooses the threshold that maximises ProcessBench's F1 there, for the next
-validation, the test splits and the saved model (its head keeps it).
+named with its row. Scored at the decision threshold (a step below it is judged wrong): step
+accuracy, F1 of the wrong steps, first-error accuracy, and ProcessBench's F1 (the harmonic mean of
+first-error accuracy over the solutions with an error and over those without). During `fit`, each
+validation of the first validation split chooses the threshold with the best ProcessBench F1
+there, for the next validation, the test splits and the saved model (its head keeps it).
 """
 
 from __future__ import annotations
@@ -126,6 +125,7 @@ class StepOutput(TaskOutput):
 
     kind = "steps"
     problem_type = "single_label_classification"  # a *ForTokenClassification of 2 labels at each step
+    served_per_token = True
     has_probabilities = False
     allowed_metrics = default_metrics = STEP_METRICS
     default_lm_coef = 0.0  # a reward model, as preference pairs train one

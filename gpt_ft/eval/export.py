@@ -88,7 +88,9 @@ def export_classifier(clf: Classifier, out: str | Path, *, format: str = "transf
     with `format="onnx"` its config, tokenizer and `model.onnx` (dynamic batch and length)."""
     check_format(format)
     task, output = clf.task, clf.task.output
-    if output.problem_type is None and has_double_heads(clf.gpt.config):
+    if output.served_per_token:
+        model = token_classifier(clf)
+    elif output.problem_type is None and has_double_heads(clf.gpt.config):
         model = double_heads_model(clf)
     elif task.pair_in_both_orders and output.problem_type is not None:
         model = similarity_model(clf)
@@ -220,6 +222,42 @@ def sequence_classifier(clf: Classifier):
         final = base.ln_f if clf.gpt.config.pre_ln else base.h[-1].ln_2  # GPT-2's final LN; GPT-1's last
         shift = torch.linalg.pinv(weight.double()) @ bias.double()  # W δ = b
         final.bias.copy_((final.bias.double() + shift).float())
+    return model
+
+
+def token_classifier(clf: Classifier):
+    """A process reward model as transformers' `*ForTokenClassification` (GPT-2 and the Llama
+    families): logits [0, z] at every token, z gpt_ft's, so that at each step's separator (the
+    extract token, `config.step_separator`) softmax(logits)[1] = σ(z), P(right so far), as TRL's and
+    Qwen's PRMs are read; `config.threshold` is the one validation chose."""
+    from transformers import AutoModelForTokenClassification
+
+    lm = _language_model(clf)
+    config = lm.config
+    config.num_labels, config.problem_type = 2, clf.task.output.problem_type
+    config.id2label = dict(enumerate(clf.task.output.served_labels()))
+    config.label2id = {name: i for i, name in config.id2label.items()}
+    config.step_separator_token_id = clf.specials.extract
+    config.step_separator = clf.tokenizer.convert_ids_to_tokens(clf.specials.extract)
+    config.threshold = float(clf.head.threshold)
+    try:
+        model = AutoModelForTokenClassification.from_config(config).eval()
+    except ValueError:
+        raise ValueError(
+            f"transformers has no token classifier of {config.model_type} models (GPT-1 among them): use "
+            "gpt_ft's Classifier or `gpt-ft label` for this process reward model."
+        ) from None
+    getattr(model, model.base_model_prefix).load_state_dict(getattr(lm, lm.base_model_prefix).state_dict())
+    layer = model.score if hasattr(model, "score") else model.classifier
+    weight, bias = _head(clf)
+    with torch.no_grad():
+        layer.weight.zero_()
+        layer.weight[1] = weight[0]
+        if layer.bias is not None:
+            layer.bias.zero_()
+            layer.bias[1] = bias[0] if bias is not None else 0.0
+        elif bias is not None:
+            raise ValueError(f"{type(model).__name__}'s score layer has no bias for this head's.")
     return model
 
 

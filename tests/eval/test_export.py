@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpt_ft.adapters import MultiLabel, MultipleChoice, Preference, Similarity, SingleText, TextPair
+from gpt_ft.adapters import MultiLabel, MultipleChoice, Preference, Similarity, SingleText, Steps, TextPair
 from gpt_ft.data.tokenizer import load_tokenizer
 from gpt_ft.eval.classifier import Classifier
 from gpt_ft.eval.export import export_classifier
@@ -101,7 +101,23 @@ def onnx(folder, pairs):
     feed = {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
     return session.run(None, feed)[0].tolist()  # one padded batch: dynamic batch and length
 
-readers = {"sequence": sequence, "choice": choice, "onnx": onnx}
+def steps(folder, rows):
+    from transformers import AutoModelForTokenClassification
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForTokenClassification.from_pretrained(folder).eval()
+    config, out = model.config, []
+    for problem, steps in rows:
+        # [start] problem [delim] step_1 [extract] ... step_n [extract]: the template ends the last step
+        encoded = tokenizer(problem, config.step_separator.join(steps), return_tensors="pt")
+        at = encoded["input_ids"][0] == config.step_separator_token_id
+        with torch.no_grad():
+            logits = model(**encoded).logits[0]
+        out.append(logits[at].softmax(-1)[:, 1].tolist())
+    return {"scores": out, "class": type(model).__name__, "threshold": config.threshold,
+            "labels": config.id2label}
+
+readers = {"sequence": sequence, "choice": choice, "onnx": onnx, "steps": steps}
 with open(sys.argv[1]) as f:
     jobs = json.load(f)
 results = {name: readers[kind](folder, inputs) for kind, name, folder, inputs in jobs}
@@ -161,6 +177,18 @@ def write_exports(out: str, tokenizer_dir: str) -> None:
         examples = [{"story": a, "end1": c[0], "end2": c[1], "end3": c[2]} for a, c in rows]
         expected[f"choice-{shape}"] = {"outcomes": clf.predict(examples)}
         jobs.append(("choice", f"choice-{shape}", str(export_classifier(clf, out / f"choice-{shape}")), rows))
+    # Process rewards: GPT-2's and Llama's token classifiers, read at each step's separator.
+    task = Steps(name="prm", max_steps=4)
+    rows = [
+        (a, [b, "so it is 4 .", "done"][: 1 + i % 3]) for i, (a, b) in enumerate(zip(short, reversed(short)))
+    ]
+    for shape in ("gpt2", "llama"):
+        clf = classifier("single", shape, tokenizer_dir)
+        clf.task = task
+        clf.head = task.head(clf.gpt.config.n_embd, dropout=0.0, init_std=0.3, bias=clf.gpt.config.bias)
+        clf.head.threshold.fill_(0.4)
+        expected[f"steps-{shape}"] = {"outcomes": clf.predict([{"problem": a, "steps": s} for a, s in rows])}
+        jobs.append(("steps", f"steps-{shape}", str(export_classifier(clf, out / f"steps-{shape}")), rows))
     # ONNX: rotary positions, GQA, a text pair; similarity pairs, both orders inside the graph.
     onnx = (
         (("pair", "llama"), ("similarity", "gpt1"), ("similarity", "llama"))
@@ -200,7 +228,7 @@ def served(background) -> tuple[dict, dict]:
 @pytest.mark.background(start=start_exports)
 def test_exported_classifiers_give_the_classifiers_labels_and_probabilities(background):
     expected, got = served(background)
-    sequences = {n: r for n, r in got.items() if not n.startswith(("choice-", "onnx-"))}
+    sequences = {n: r for n, r in got.items() if not n.startswith(("choice-", "onnx-", "steps-"))}
     assert len(sequences) == len(SHAPES) + 2 * (len(KINDS) - 1)
     for name, result in sequences.items():
         kind, shape = name.rsplit("-", 1)
@@ -285,6 +313,29 @@ def test_gpt_multiple_choice_exports_to_double_heads_models(background):
         assert result["class"] == f"{SHAPES[shape][2]}DoubleHeadsModel"
         for outcome, probabilities in zip(expected[f"choice-{shape}"]["outcomes"], result["scores"]):
             assert probabilities == pytest.approx(list(outcome["scores"].values()), abs=1e-4)
+
+
+@pytest.mark.background(start=start_exports)
+def test_process_reward_models_export_to_token_classifiers_read_at_each_step(background):
+    """P(right so far) at each step's separator equals `Classifier`'s, and the threshold travels."""
+    expected, got = served(background)
+    for shape in ("gpt2", "llama"):
+        result = got[f"steps-{shape}"]
+        assert result["class"] == f"{SHAPES[shape][2]}ForTokenClassification"
+        assert result["threshold"] == pytest.approx(0.4) and result["labels"] == {"0": "wrong", "1": "right"}
+        outcomes = expected[f"steps-{shape}"]["outcomes"]
+        assert [len(o["scores"]) for o in outcomes] == [1, 2, 3, 1, 2][: len(outcomes)]
+        for outcome, scores in zip(outcomes, result["scores"]):
+            assert scores == pytest.approx(outcome["scores"], abs=1e-5)
+
+
+def test_gpt1_process_reward_models_are_not_exported(tmp_path, tokenizer_dir):
+    clf = classifier("single", "gpt1", tokenizer_dir)
+    clf.task = Steps(name="prm")
+    clf.head = clf.task.head(clf.gpt.config.n_embd, dropout=0.0, init_std=0.3)
+    with pytest.raises(ValueError, match="transformers has no token classifier of openai-gpt models"):
+        export_classifier(clf, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.background(start=start_exports)
