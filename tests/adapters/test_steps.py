@@ -196,10 +196,25 @@ def test_fit_chooses_the_threshold_and_classifier_names_each_solutions_first_err
               if row[logged[0].index("validation/threshold")]]  # fmt: skip
     assert len(chosen) == 2 and threshold == pytest.approx(chosen[-1])  # the last validation's choice, kept
     rows = json.loads((tmp_path / "train.json").read_text())[:3]
-    for row, got in zip(rows, clf.predict(rows)):
+    predicted = clf.predict(rows)
+    for row, got in zip(rows, predicted):
         assert len(got["scores"]) == len(row["steps"])
         below = [i for i, p in enumerate(got["scores"]) if p < threshold]
         assert got["label"] == (below[0] if below else -1)
+    # gpt-ft label: each row again, with its first error and its steps' scores
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    main(
+        [
+            "label",
+            f"--ckpt_path={last}",
+            f"--input={tmp_path / 'in.jsonl'}",
+            f"--output={tmp_path / 'out.jsonl'}",
+        ]
+    )
+    labelled = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [r["prediction"] for r in labelled] == [p["label"] for p in predicted]
+    for r, p in zip(labelled, predicted):
+        assert r["scores"] == pytest.approx(p["scores"])
 
 
 def test_a_step_index_outside_the_solution_names_file_and_line(tmp_path, tokenizer_dir, capsys):
