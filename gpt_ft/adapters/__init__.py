@@ -14,12 +14,14 @@ One class per input shape:
                     hard negatives; one vector each, InfoNCE or CoSENT
 - `Reranker`:       [start] query [delim] text [extract] per candidate,  (reranking)
                     the positive first; one score each, listwise
+- `Ranking`:        [start] prompt [delim] reply [extract] per reply     (RewardBench 2, UltraFeedback:
+                    of N; a listwise loss over their rewards              rankings, best-of-N)
 - `Steps`:          [start] problem [delim] step_1 [extract] step_2      (process rewards: PRMBench,
                     [extract] ...; a verdict read after every step        ProcessBench, Math-Shepherd)
 
 What a task predicts per example is its output kind (`outputs.py`): `ClassificationOutput`,
 `RegressionOutput` (`regression: true`), `ChoiceOutput` (multiple choice), `MultiLabelOutput` or
-`PreferenceOutput`, `EmbeddingOutput`, `RerankOutput` or `StepOutput`.
+`PreferenceOutput`, `EmbeddingOutput`, `RerankOutput`, `RankingOutput` or `StepOutput`.
 Each brings its head (`heads.py`), label reading, metrics and written predictions.
 
 A task card (tasks/*.yaml) is a `class_path` + `init_args` value for a `TaskAdapter`-typed
@@ -43,6 +45,7 @@ from gpt_ft.adapters.outputs import (
     TaskOutput,
 )
 from gpt_ft.adapters.preference import Preference, PreferenceOutput, RewardHead
+from gpt_ft.adapters.ranking import Ranking, RankingHead, RankingOutput
 from gpt_ft.adapters.rerank import Reranker, RerankHead, RerankOutput
 from gpt_ft.adapters.sources import HubDataset, LocalFiles, Sources
 from gpt_ft.adapters.steps import StepHead, StepOutput, Steps
@@ -60,6 +63,9 @@ __all__ = [
     "NliTriplets",
     "Reranker",
     "Steps",
+    "Ranking",
+    "RankingOutput",
+    "RankingHead",
     "StepOutput",
     "StepHead",
     "RerankOutput",

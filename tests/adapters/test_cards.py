@@ -35,10 +35,14 @@ def test_card_parses(card):
     assert task.name == Path(card).name
     # Every card names its hub dataset, but the template for a user's own files.
     assert (
-        task.hub is not None or card in ("preference/pairs", "embedding/pairs", "rerank/pairs", "steps/steps")
+        task.hub is not None
+        or card in ("preference/pairs", "embedding/pairs", "rerank/pairs", "steps/steps", "ranking/replies")
     ) and task.local is not None
     splits = set(task.local.splits)
-    evaluation_only = card == "steps/processbench"  # a benchmark without training data
+    evaluation_only = card in (
+        "steps/processbench",
+        "ranking/rewardbench2",
+    )  # benchmarks without training data
     assert ("train" in splits) != evaluation_only and {*task.validation_splits, *task.test_splits} <= splits
     assert set(task.submission_files) <= set(task.test_splits)
     assert task.main_metric in task.metrics

@@ -21,6 +21,7 @@ from gpt_ft.adapters import (
     MultiLabelOutput,
     MultipleChoice,
     PreferenceOutput,
+    RankingOutput,
     RegressionHead,
     RegressionOutput,
     RerankOutput,
@@ -60,6 +61,8 @@ def test_every_shipped_card_keeps_its_output_kind(card):
     expected["rerank/pairs"] = RerankOutput
     steps = ("steps", "prmbench", "processbench", "math_shepherd")
     expected |= {f"steps/{name}": StepOutput for name in steps}
+    rankings = ("replies", "rewardbench2", "ultrafeedback", "prmbench")
+    expected |= {f"ranking/{name}": RankingOutput for name in rankings}
     assert type(task.output) is expected.get(card, ClassificationOutput)
 
 

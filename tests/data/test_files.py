@@ -123,15 +123,27 @@ def steps(width: int, *labels: float) -> list[float]:
     return [*labels, *[NAN] * (width - len(labels))]
 
 
-def prm_row(question: str, error_steps: list[int]) -> dict:
+def prm_row(question: str, error_steps: list[int], modified: list[str] | None = None) -> dict:
     process = ["1. Let x be 2.", "2. Then 2x is 4.", "3. So the answer is 4."]
-    return {"modified_question": question, "modified_process": process, "error_steps": error_steps}
+    wrong = modified or ["1. Let x be 2.", "2. Then 2x is 5.", "3. So the answer is 5."]
+    return {"modified_question": question, "modified_process": wrong, "error_steps": error_steps,
+            "original_question": question, "original_process": process}  # fmt: skip
 
 
 def pb_row(i: int, problem: str, label: int) -> dict:
     return {"id": f"gsm8k-{i}", "problem": problem, "steps": ["Two.", "Four.", "Done."], "label": label}
 
 
+def replies(width: int, *scores: float) -> list[float]:
+    """A row's reply scores as encoded: padded with NaN to the card's max_replies."""
+    return [*scores, *[NAN] * (width - len(scores))]
+
+
+ULTRA_ROW = {
+    "instruction": Q,
+    "completions": [{"response": "Yes.", "overall_score": 7}, {"response": "No.", "overall_score": 3.5}],
+}
+ULTRA = jsonl(*[ULTRA_ROW] * 50)
 SHEPHERD_ROW = {
     "input": f"{Q} Step 1: 2+2=4 ки\nStep 2: so 5 ки",
     "label": f"{Q} Step 1: 2+2=4 +\nStep 2: so 5 -",
@@ -356,6 +368,33 @@ FIXTURES = {
         "validation": (SHEPHERD, [steps(64, 1, 0)]),
         "test": (SHEPHERD, [steps(64, 1, 0)]),
     },
+    "ranking/replies": {  # scores, higher better; null: unranked
+        "train": (
+            jsonl({"prompt": Q, "replies": ["a", "b", "c"], "scores": [1, 3, None]}),
+            [replies(4, 1, 3, NAN)],
+        ),
+        "validation": (jsonl({"prompt": "Hi?", "replies": ["a", "b"], "scores": [0, 0]}), [replies(4, 0, 0)]),
+        "test": (jsonl({"prompt": "Hi?", "replies": ["a"]}), [None]),  # one reply to score
+    },
+    "ranking/rewardbench2": {  # one chosen against three rejected
+        "test": (
+            jsonl({"id": "7", "prompt": Q, "chosen": ["a"], "rejected": ["b", "c", "d"]}),
+            [replies(64, 1, 0, 0, 0)],
+        ),
+    },
+    "ranking/ultrafeedback": {  # one file, 2% held out: 49 rows and 1
+        "train": (ULTRA, [replies(4, 7, 3.5)] * 49),
+        "validation": (ULTRA, [replies(4, 7, 3.5)]),
+        "test": (ULTRA, [replies(4, 7, 3.5)]),
+    },
+    "ranking/prmbench": {  # grouped by question: the original solution above its modified ones, each once
+        "train": (
+            jsonl(prm_row(Q, [2]), prm_row(Q, [3], modified=["1. Let x be 3.", "2. So 6."])),
+            [replies(20, 1, 0, 0)],
+        ),
+        "validation": (jsonl(prm_row("Hi?", [1])), [replies(20, 1, 0)]),
+        "test": (jsonl(prm_row("Hi?", [1])), [replies(20, 1, 0)]),
+    },
     "swag": {  # test has no label column
         "train": (csvs([*SWAG, "label"], swag_row(0, 2), swag_row(1, 0)), [2, 0]),
         "validation": (csvs([*SWAG, "label"], swag_row(0, 3)), [3]),
@@ -394,7 +433,7 @@ def test_card_reads_native_files(card, tokenizer_dir, tmp_path):
         ds = dm.encoded(split, labelled=False)
         assert len(ds) == len(labels), split
         got = ds["label"]
-        if task.output.kind == "steps":  # NaN: a step without a label
+        if task.output.kind in ("steps", "ranking") and None not in got:  # NaN: no label, no reply
             torch.testing.assert_close(
                 torch.tensor(got), torch.tensor(labels), rtol=0, atol=0, equal_nan=True
             )

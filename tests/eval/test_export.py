@@ -14,7 +14,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpt_ft.adapters import MultiLabel, MultipleChoice, Preference, Similarity, SingleText, Steps, TextPair
+from gpt_ft.adapters import (
+    MultiLabel,
+    MultipleChoice,
+    Preference,
+    Ranking,
+    Similarity,
+    SingleText,
+    Steps,
+    TextPair,
+)
 from gpt_ft.data.tokenizer import load_tokenizer
 from gpt_ft.eval.classifier import Classifier
 from gpt_ft.eval.export import export_classifier
@@ -47,11 +56,13 @@ KINDS = {
 }
 # A reward model: one reply to a prompt, [start] prompt [delim] reply [extract], its reward
 KINDS["reward"] = (Preference(name="rm", prompt="prompt"), lambda a, b: {"prompt": a, "reply": b})
+# A ranking's reward model: one reply scored as a pair's is
+KINDS["ranking"] = (Ranking(name="rk", max_replies=3), lambda a, b: {"prompt": a, "replies": [b]})
 # STS-B's shape: a similarity score, served clipped to the card's range as gpt_ft predicts it (the
 # micro models give scores on both sides of 5)
 KINDS["sts"] = (Similarity(name="sts", regression=True, score_range=(0, 5)), KINDS["similarity"][1])
-PAIRED = ("pair", "similarity", "sts", "reward")
-SCORES = ("regression", "sts", "reward")
+PAIRED = ("pair", "similarity", "sts", "reward", "ranking")
+SCORES = ("regression", "sts", "reward", "ranking")
 
 # Run with a python that has transformers but never imports gpt_ft: what a serving stack sees. One
 # process reads every folder the tests export (importing transformers once), listed in the JSON file
@@ -242,7 +253,9 @@ def test_exported_classifiers_give_the_classifiers_labels_and_probabilities(back
             if kind in SCORES:  # the score itself, as the label's score
                 assert result["problem_type"] == "regression"
                 assert scores == {
-                    "reward" if kind == "reward" else "label": pytest.approx(outcome["scores"], abs=1e-5)
+                    "reward" if kind in ("reward", "ranking") else "label": pytest.approx(
+                        outcome["scores"], abs=1e-5
+                    )
                 }
                 assert logits[0] == pytest.approx(outcome["scores"], abs=1e-5)
                 continue

@@ -11,6 +11,7 @@ from gpt_ft.adapters import (
     MultiLabel,
     MultipleChoice,
     Preference,
+    Ranking,
     Reranker,
     Similarity,
     SingleText,
@@ -35,6 +36,7 @@ SHAPES = {
     "preference": lambda: Preference(name="preference", margin="margin", center_rewards=0.01),
     "rerank": lambda: Reranker(name="rerank", num_negatives=3),
     "steps": lambda: Steps(name="steps", max_steps=6),
+    "ranking": lambda: Ranking(name="ranking", loss="plackett_luce", max_replies=4, center_rewards=0.01),
 }
 TEXTS = {"single": 1, "pair": 2, "similarity": 2, "multi-label": 1}
 
@@ -48,7 +50,15 @@ def examples(task, shape: str, specials, vocab: int, n: int = 7, seed: int = 0) 
     tokens = lambda k: torch.randint(0, vocab, (k,), generator=g).tolist()  # noqa: E731
     rows = []
     for i in range(n):
-        if shape in ("choice", "rerank"):
+        if shape == "ranking":  # scores of 0-2 (ties), some unranked
+            texts = [tokens(randint(0, 30)), *(tokens(randint(0, 9)) for _ in range(randint(2, 4)))]
+            label = {
+                "scores": [[0, 1, 2, None][randint(0, 3)] for _ in texts[1:]],
+                "prompt": "",
+                "replies": ["x"] * (len(texts) - 1),  # the tokens are `texts`
+            }
+            label["scores"][0] = 2  # at least one ranked
+        elif shape in ("choice", "rerank"):
             texts = [tokens(randint(1, 30)), *(tokens(randint(0, 9)) for _ in range(randint(1, 4)))]
             label = randint(0, len(texts) - 2) if shape == "choice" else 0
         elif shape == "steps":
@@ -62,7 +72,8 @@ def examples(task, shape: str, specials, vocab: int, n: int = 7, seed: int = 0) 
             label = {"single": randint(0, 1), "pair": randint(0, 2), "similarity": randint(0, 50) / 10}.get(
                 shape, [randint(0, 1) for _ in range(3)]
             )
-        enc = task.encode({"label": label, "margin": label}, texts, specials, max_length=40)
+        row = label if shape == "ranking" else {"label": label, "margin": label}
+        enc = task.encode(row, texts, specials, max_length=40)
         rows.append({**enc.fields(), "label": enc.label, "index": i})
     return rows
 

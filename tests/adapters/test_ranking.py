@@ -1,0 +1,193 @@
+"""Rankings of N replies: the literal layout, each row layout (scores, ranks, chosen and rejected
+lists, records, PRMBench grouped by question), the three listwise losses and the ranking metrics on
+hand-computed cases, Bradley-Terry's pair as the N = 2 case, and a whole run."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from gpt_ft.adapters import Preference, Ranking, TaskDataError
+from gpt_ft.adapters.cards import load_card
+from gpt_ft.adapters.ranking import rank_metric_values, ranking_losses
+from gpt_ft.cli import main
+from gpt_ft.data.tokenizer import SpecialTokenIds
+from gpt_ft.errors import CardError
+from tests.helpers import TASKS, common_args
+
+SPECIALS = SpecialTokenIds(start=1, delim=2, extract=3, pad=0, eos=None)
+NAN = math.nan
+
+
+def same(a, b) -> bool:
+    return len(a) == len(b) and all(x == y or (math.isnan(x) and math.isnan(y)) for x, y in zip(a, b))
+
+
+def test_literal_layout_the_prompt_once_per_reply():
+    task = Ranking(name="r", max_replies=4)
+    example = {"prompt": "p", "replies": ["a", "b", "c"], "scores": [2, None, 7.5]}
+    enc = task.encode(example, [[10, 11], [20], [30, 31], [40]], SPECIALS, max_length=64)
+    assert enc.sequences == [[1, 10, 11, 2, 20, 3], [1, 10, 11, 2, 30, 31, 3], [1, 10, 11, 2, 40, 3]]
+    assert enc.extract_index == [5, 6, 5] and same(enc.label, [2.0, NAN, 7.5, NAN])
+    assert task.texts(example) == ["p", "a", "b", "c"]
+    assert (
+        task.encode({"prompt": "p", "replies": ["a"]}, [[10], [20]], SPECIALS, 64).label is None
+    )  # one to score
+
+
+def test_each_row_layout():
+    ranks = Ranking(name="r", scores=None, ranks="ranks", max_replies=3)
+    enc = ranks.encode(
+        {"prompt": "p", "replies": ["a", "b"], "ranks": [2, 1]}, [[9], [10], [11]], SPECIALS, 64
+    )
+    assert same(enc.label, [-2.0, -1.0, NAN])  # rank 1 the best: the highest
+    bench = Ranking(name="r", chosen="chosen", rejected="rejected")  # RewardBench 2
+    row = {"prompt": "p", "chosen": ["good"], "rejected": ["bad", "worse", "worst"]}
+    assert bench.texts(row) == ["p", "good", "bad", "worse", "worst"]
+    assert same(bench.encode(row, [[9]] * 5, SPECIALS, 64).label, [1.0, 0.0, 0.0, 0.0])
+    ultra = Ranking(name="r", prompt="instruction", replies="completions", reply_text="response",
+                    reply_score="overall_score")  # fmt: skip
+    row = {
+        "instruction": "p",
+        "completions": [{"response": "x", "overall_score": 7}, {"response": "y", "overall_score": 3.5}],
+    }
+    assert ultra.texts(row) == ["p", "x", "y"]
+    assert same(ultra.encode(row, [[9]] * 3, SPECIALS, 64).label, [7.0, 3.5, NAN, NAN])
+
+
+def test_prmbench_grouped_by_question_the_original_above_its_modified_solutions():
+    task = Ranking(name="r", group_by="q", chosen="original", rejected="modified")
+    records = [
+        {"q": "Q1", "original": ["1. a", "2. b"], "modified": ["1. a", "2. c"]},
+        {"q": "Q2", "original": ["1. x"], "modified": ["1. y"]},
+        {"q": "Q1", "original": ["1. a", "2. b"], "modified": ["1. d"]},
+        {"q": "Q1", "original": ["1. a", "2. b"], "modified": ["1. a", "2. c"]},  # a duplicate: once
+    ]
+    rows, first = task.regroup(records)
+    assert first == [0, 1]
+    assert rows[0] == {"q": "Q1", "original": ["1. a\n2. b"], "modified": ["1. a\n2. c", "1. d"]}
+    assert task.texts(rows[0]) == ["Q1", "1. a\n2. b", "1. a\n2. c", "1. d"]
+
+
+def test_bad_rows_and_cards_are_one_sentence():
+    task = Ranking(name="r", max_replies=3)
+    with pytest.raises(TaskDataError, match="field 'scores' holds 1 values for 2 replies"):
+        task.texts({"prompt": "p", "replies": ["a", "b"], "scores": [1]})
+    with pytest.raises(TaskDataError, match="the row has 4 replies; the card takes 1 to max_replies 3"):
+        task.texts({"prompt": "p", "replies": ["a", "b", "c", "d"]})
+    with pytest.raises(TaskDataError, match="score 'high' in field 'scores' is not a number"):
+        task.texts({"prompt": "p", "replies": ["a", "b"], "scores": ["high", 1]})
+    with pytest.raises(TaskDataError, match="holds a reply without 'response'"):
+        Ranking(name="r", reply_text="response", reply_score="s").texts(
+            {"prompt": "p", "replies": [{"s": 1}]}
+        )
+    with pytest.raises(CardError, match="give `chosen` and `rejected` together"):
+        Ranking(name="r", chosen="c")
+    with pytest.raises(CardError, match="loss 'listnet' is not one of"):
+        Ranking(name="r", loss="listnet")
+    with pytest.raises(CardError, match="a ranking task takes no `labels`"):
+        Ranking(name="r", labels=["a"])
+
+
+def lse(*x: float) -> float:
+    return math.log(sum(math.exp(v) for v in x))
+
+
+def softplus(x: float) -> float:
+    return math.log1p(math.exp(x))
+
+
+def test_the_three_losses_by_hand():
+    """Rewards (0.5, -1, 2) against scores (2, 0, 1): reply 0 above reply 2 above reply 1; then a tie
+    at the top, (1, 1, 0); then the middle reply unranked, (1, NaN, 0)."""
+    r0, r1, r2 = 0.5, -1.0, 2.0
+    rewards = torch.tensor([[r0, r1, r2]] * 3, dtype=torch.float64)
+    scores = torch.tensor([[2, 0, 1], [1, 1, 0], [1, NAN, 0]], dtype=torch.float64)
+    expected = {
+        "plackett_luce": [lse(r0, r1, r2) - r0 + lse(r1, r2) - r2,
+                          lse(r0, r1, r2) - r0 + lse(r0, r1, r2) - r1,  # a tie's replies share their rivals
+                          lse(r0, r1, r2) - r0 + lse(r1, r2) - r2],  # the unranked reply a rival of both
+        "softmax": [lse(r0, r1, r2) - r0, lse(r0, r1, r2) - lse(r0, r1), lse(r0, r1, r2) - r0],
+        "pairwise": [(softplus(r1 - r0) + softplus(r2 - r0) + softplus(r1 - r2)) / 3,
+                     (softplus(r2 - r0) + softplus(r2 - r1)) / 2, softplus(r2 - r0)],
+    }  # fmt: skip
+    for loss, values in expected.items():
+        got = ranking_losses(rewards, scores, loss)
+        torch.testing.assert_close(
+            got, torch.tensor(values, dtype=torch.float64), rtol=0, atol=1e-12, msg=loss
+        )
+
+
+@pytest.mark.parametrize("loss", ["plackett_luce", "softmax", "pairwise"])
+def test_two_replies_are_the_pairwise_reward_models_bradley_terry(loss):
+    outputs = torch.tensor([[1.0, 0.0], [0.0, 0.0], [-1.0, 2.0]])
+    ranking = Ranking(name="r", loss=loss, max_replies=3).head(4, dropout=0.0, init_std=0.02)
+    pair = Preference(name="p").head(4, dropout=0.0, init_std=0.02)
+    scores = torch.tensor([[1.0, 0.0, NAN]] * 3)
+    torch.testing.assert_close(ranking.losses(outputs, scores), pair.losses(outputs, torch.zeros(3)))
+
+
+def test_ranking_metrics_by_hand():
+    """A: rewards order the replies as the scores do. B: one chosen reply below two rejected ones
+    that tie. C: two replies of equal reward, the first the better: half a hit, no τ."""
+    rewards = torch.tensor([[3, 1, 2], [1, 2, 2], [5, 5, NAN]], dtype=torch.float64)
+    scores = torch.tensor([[2, 0, 1], [1, 0, 0], [1, 0, NAN]], dtype=torch.float64)
+    values = rank_metric_values(rewards, scores)
+    assert values["best_of_n"].item() == pytest.approx((1 + 0 + 0.5) / 3)
+    assert values["pairwise_accuracy"].item() == pytest.approx((1 + 0 + 0.5) / 3)
+    assert values["kendall_tau"].item() == pytest.approx((1 + -1) / 2)  # B: (0 - 2) / sqrt(2 · 2)
+    task = Ranking(name="r")
+    assert task.main_metric == "best_of_n" and task.output.default_lm_coef == 0.0
+
+
+def test_outcomes_name_the_best_reply():
+    task = Ranking(name="r", max_replies=3)
+    head = task.head(4, dropout=0.0, init_std=0.02)
+    outputs = torch.tensor(
+        [[0.5, 2.0, -1.0], [1.5, torch.finfo(torch.float32).min, torch.finfo(torch.float32).min]]
+    )
+    predictions = head.predictions(outputs)
+    assert predictions.shape == (2, 3) and predictions[1, 1:].isnan().all()
+    assert task.output.outcome(predictions[0], predictions[0]) == {"label": 1, "scores": [0.5, 2.0, -1.0]}
+    assert task.output.outcome(predictions[1], predictions[1]) == {"label": 1.5, "scores": 1.5}  # one reply
+    assert task.format_prediction(predictions[0]) == "1"
+
+
+def test_shipped_cards_read():
+    bench = load_card(TASKS / "ranking" / "rewardbench2.yaml")
+    assert (bench.chosen, bench.rejected, bench.loss) == ("chosen", "rejected", "plackett_luce")
+    ultra = load_card(TASKS / "ranking" / "ultrafeedback.yaml")
+    assert (ultra.reply_text, ultra.reply_score) == ("response", "overall_score")
+    prm = load_card(TASKS / "ranking" / "prmbench.yaml")
+    assert (prm.group_by, prm.chosen, prm.rejected) == (
+        "original_question",
+        "original_process",
+        "modified_process",
+    )
+    assert load_card(TASKS / "ranking" / "replies.yaml").scores == "scores"
+
+
+def test_fit_and_classifier_rank_replies(tmp_path, tokenizer_dir, capsys):
+    from gpt_ft import Classifier
+
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    for i in range(24):  # the better reply says "good" more often
+        n = int(torch.randint(2, 5, (), generator=g))
+        goods = torch.randint(0, 4, (n,), generator=g).tolist()
+        replies = [" ".join(["good"] * k + ["bad"]) for k in goods]
+        rows.append({"prompt": f"rate {i % 5} .", "replies": replies, "scores": goods})
+    for split, part in (("train", rows), ("validation", rows[:9]), ("test", rows[:5])):
+        (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+    card = tmp_path / "replies.yaml"
+    card.write_text((TASKS / "ranking" / "replies.yaml").read_text())
+    main(["fit", *common_args(card, tokenizer_dir, tmp_path), "--trainer.max_epochs=2", "--model.lr=1e-2"])
+    out = capsys.readouterr().out
+    assert all(f"validation/{m}" in out for m in ("best_of_n", "pairwise_accuracy", "kendall_tau"))
+    clf = Classifier.from_checkpoint(next((tmp_path / "runs").rglob("last.ckpt")))
+    for row, got in zip(rows[:3], clf.predict(rows[:3])):
+        assert len(got["scores"]) == len(row["replies"])
+        assert got["label"] == max(range(len(got["scores"])), key=got["scores"].__getitem__)
