@@ -191,10 +191,10 @@ def main() -> None:
             run_dir = out / f"{shape}-{contender.lower()}"
             log = run_dir.with_suffix(".log")
             if contender == "ours":
-                seconds = bench_vs_trainer.timed(ours(args, base, pairs, run_dir), log)
+                seconds = bench_vs_trainer.timed(ours(args, base, pairs, run_dir), log)[0]
                 accuracy = bench_vs_trainer.ours_accuracy(run_dir)
             else:
-                seconds = bench_vs_trainer.timed(trl(args, base, files, run_dir), log)
+                seconds = bench_vs_trainer.timed(trl(args, base, files, run_dir), log)[0]
                 accuracy = bench_vs_trainer.trainer_accuracy(log)
             results[contender] = (seconds, accuracy)
             print(
