@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gpt_ft.data.packing import pack_rows
+from gpt_ft.data.packing import pack_rows, row_cost
 
 IGNORE_INDEX = -100  # targets the LM loss skips (padding)
 
@@ -268,6 +268,12 @@ def shared_prefix(sequences: list[list[int]], delim_id: int) -> int | None:
     return n if all(seq[:n] == first[:n] for seq in sequences) else None
 
 
+def sharing_pays(sequences: list[list[int]], n: int) -> bool:
+    """Whether one unit of the shared `n`-token context and every continuation costs less than the
+    sequences apart, a row's attention counted dense (`packing.row_cost`); the losses are the same."""
+    return row_cost(n + sum(len(s) - n for s in sequences)) <= sum(row_cost(len(s)) for s in sequences)
+
+
 def collate_packed(
     examples: list[dict[str, Any]], pad_id: int, delim_id: int | None = None, split: str = ""
 ) -> PackedBatch:
@@ -282,6 +288,8 @@ def collate_packed(
     for b, example in enumerate(examples):
         sequences = example["input_ids"]
         n = shared_prefix(sequences, delim_id) if delim_id is not None and len(sequences) > 1 else None
+        if n is not None and not sharing_pays(sequences, n):
+            n = None  # many long continuations: apart, each attends over its own length only
         read = reads(example)
         if n is None:  # each sequence its own unit, or a read of the same sequence's
             for s, seq in enumerate(sequences):

@@ -9,6 +9,12 @@ ATTENTION_COST = 1 / 4096
 """A row position's attention work per key, relative to the rest of its work (~1/(6·width))."""
 
 
+def row_cost(length: int) -> float:
+    """A row of `length` positions: every position's matmuls, and attention over its keys (masked or
+    not, a dense kernel computes them)."""
+    return length * (1 + length * ATTENTION_COST)
+
+
 def pack_rows(items: list, lengths: list[int]) -> tuple[int, list[list]]:
     """The row length L and the rows, each `[used, [(offset, item), ...]]`, that pack `items` of
     `lengths` tokens first fit, longest first, at the least estimated cost.
@@ -33,7 +39,7 @@ def pack_rows(items: list, lengths: list[int]) -> tuple[int, list[list]]:
                 rows.append(row)
             row[1].append((row[0], items[i]))
             row[0] += lengths[i]
-        cost = len(rows) * L * (1 + L * ATTENTION_COST)
+        cost = len(rows) * row_cost(L)
         if best is None or cost < best[0]:
             best = (cost, L, rows)
     return best[1], best[2]

@@ -390,10 +390,10 @@ FIXTURES = {
     "ranking/prmbench": {  # grouped by question: the original solution above its modified ones, each once
         "train": (
             jsonl(prm_row(Q, [2]), prm_row(Q, [3], modified=["1. Let x be 3.", "2. So 6."])),
-            [replies(20, 1, 0, 0)],
+            [replies(32, 1, 0, 0)],
         ),
-        "validation": (jsonl(prm_row("Hi?", [1])), [replies(20, 1, 0)]),
-        "test": (jsonl(prm_row("Hi?", [1])), [replies(20, 1, 0)]),
+        "validation": (jsonl(prm_row("Hi?", [1])), [replies(32, 1, 0)]),
+        "test": (jsonl(prm_row("Hi?", [1])), [replies(32, 1, 0)]),
     },
     "swag": {  # test has no label column
         "train": (csvs([*SWAG, "label"], swag_row(0, 2), swag_row(1, 0)), [2, 0]),

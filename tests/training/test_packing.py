@@ -4,6 +4,8 @@ from one example into another."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -257,3 +259,22 @@ def test_attention_stays_inside_each_example(tokenizer_dir, family, monkeypatch)
     )
     monkeypatch.setattr(attention, "packed_mask", whole_row)
     assert leaked(tokenizer_dir, family) > 1e-4
+
+
+def test_a_short_context_before_many_long_continuations_is_laid_once_per_sequence(tokenizer_dir):
+    """Sharing an empty prompt (`[start] [delim]`) among three 62-token replies would cost more
+    attention than it saves (`sharing_pays`): the sequences pack apart, each a unit, and still equal
+    the padded batch."""
+    from gpt_ft.data.batches import sharing_pays
+
+    S, D, E = 1, 2, 3
+    long = [[S, D, *range(10, 71), E], [S, D, *range(20, 81), E], [S, D, *range(30, 91), E]]
+    assert not sharing_pays(long, 2) and sharing_pays([[S, *range(10, 40), D, 5, E]] * 2, 32)
+    module, _, specials = module_for(tokenizer_dir, "ranking", "llama-micro")
+    rows = [
+        {"input_ids": long, "extract_index": [63, 63, 63], "label": [2.0, 0.0, 1.0, math.nan], "index": 0}
+    ]
+    packed = collate_packed(rows, specials.pad, specials.delim)
+    assert packed.branches is None and packed.real_tokens == 3 * 64
+    module.train()
+    assert_same(run(module, collate(rows, specials.pad)), run(module, packed), packed.choice_mask)
