@@ -69,6 +69,12 @@ class TaskOutput:
     embeds: ClassVar[bool] = False
     """Its outputs are vectors, one per text (`Encoder`, a sentence-transformers export)."""
 
+    def __repr__(self) -> str:
+        """The kind and what the card set in it (no object's address: this is part of the cached
+        encodings' fingerprint, which must be the same in the next process)."""
+        fields = {k: v for k, v in vars(self).items() if not callable(v)}
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in sorted(fields.items()))})"
+
     def served_labels(self) -> list[str]:
         """The names an export gives its outputs (`id2label`), in order."""
         return self.class_names or self.spec.names or [self.spec.field]

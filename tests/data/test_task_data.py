@@ -1,3 +1,4 @@
+import datasets
 import pytest
 
 from gpt_ft.adapters import LocalFiles, Similarity, TaskDataError, TextPair
@@ -111,3 +112,17 @@ def test_truncation_to_max_length_keeps_specials(pairs_dir, tokenizer_dir):
     for row in dm.encoded("train", labelled=True):
         (seq,) = row["input_ids"]
         assert len(seq) <= 5 and seq[0] == ids.start and seq[-1] == ids.extract and ids.delim in seq
+
+
+def test_encodings_are_cached_for_the_next_process(pairs_dir, tokenizer_dir):
+    """The fingerprint of a split's encodings names the card's values, never an object's address:
+    two readings of one card (as two processes make) find the same cache."""
+    from gpt_ft.adapters.cards import load_card
+    from tests.helpers import TASKS
+
+    for card in ("glue/rte.yaml", "steps/prmbench.yaml", "ranking/ultrafeedback.yaml"):
+        tasks = [load_card(TASKS / card) for _ in range(2)]
+        assert repr(tasks[0].output) == repr(tasks[1].output) and " at 0x" not in repr(tasks[0].output)
+    modules = [TaskDataModule(load_card(TASKS / "glue/rte.yaml"), tokenizer_dir) for _ in range(2)]
+    raw = datasets.Dataset.from_dict({"sentence1": ["a"], "sentence2": ["b"], "label": [0]})
+    assert modules[0]._fingerprint(raw, "train") == modules[1]._fingerprint(raw, "train")
