@@ -30,7 +30,9 @@ first entailment the positive, its first contradiction the hard negative; InfoNC
 tasks/embedding/pairs.yaml; theirs: `MultipleNegativesRankingLoss`, scale 1/τ), and the trained
 model then scores STS-B dev, which it never saw (ours: `gpt-ft validate` of the STS-B card from the
 run's last.ckpt, its time counted in ours). `ours-last` and `ours-mean` read each vector from the
-text's last token or the mean of its tokens (`pooling`); `--seeds` repeats every contender.
+text's last token or the mean of its tokens (`pooling`); `ours-mean-row` reads the extract token
+whose new row starts at the mean of the vocabulary's rows (`--model.new_tokens mean`), not a copy
+of the tokenizer's end-of-text token's; `--seeds` repeats every contender.
 
     python benchmarks/bench_embed.py --glue GLUE --init-from weights/SmolLM2-135M-Instruct.Q4_1.gguf --bf16
     python benchmarks/bench_embed.py --glue GLUE --tokenizer GPT2_BPE  # a random Llama-shaped model
@@ -48,7 +50,6 @@ import csv
 import inspect
 import json
 import os
-import random
 import shutil
 import sys
 from pathlib import Path
@@ -57,54 +58,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 import bench_vs_trainer  # noqa: E402  (the weights folder and the timing of whole processes)
 import harness  # noqa: E402
 import peers  # noqa: E402  (the peer's arguments and schedule)
+from embed_data import nli_triplets, sts_files  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CARD = ROOT / "tasks" / "embedding" / "stsb.yaml"
-CONTENDERS = ["untrained", "ours", "ours-last", "ours-mean", "sentence-transformers",
+CONTENDERS = ["untrained", "ours", "ours-last", "ours-mean", "ours-mean-row", "sentence-transformers",
               "sentence-transformers-framed"]  # fmt: skip
 PAIRS = ROOT / "tasks" / "embedding" / "pairs.yaml"
-
-
-def nli_triplets(args, out: Path) -> Path:
-    """DIR/{train,validation,test}.jsonl of (anchor, positive, [negative]) from the NLI records:
-    each premise with an entailment and a contradiction, in the file's order (pairs.yaml's layout)."""
-    by_premise: dict[str, dict[str, str]] = {}
-    with open(args.nli, encoding="utf-8") as f:
-        for line in f:
-            r = json.loads(line)
-            by_premise.setdefault(r["premise"], {}).setdefault(r["label"], r["hypothesis"])
-    rows = [
-        {"anchor": p, "positive": h["entailment"], "negatives": [h["contradiction"]]}
-        for p, h in by_premise.items()
-        if "entailment" in h and "contradiction" in h
-    ][: args.train_size]
-    folder = out / "nli"
-    folder.mkdir(parents=True, exist_ok=True)
-    for split, part in (("train", rows), ("validation", rows[:64]), ("test", rows[:64])):
-        (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
-    return folder
-
-
-def sts_files(args, out: Path) -> Path:
-    """DIR/STS-B/train.tsv (--train-size pairs, shuffled with seed 0; with --loss infonce those
-    scored >= 4) and DIR/STS-B/dev.tsv (all), in GLUE's layout."""
-    folder = out / "sts" / "STS-B"
-    folder.mkdir(parents=True, exist_ok=True)
-    for split, name in (("train", "train.tsv"), ("dev", "dev.tsv")):
-        with open(Path(args.glue) / "STS-B" / name, encoding="utf-8", newline="") as f:
-            reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-            header, *rows = list(reader)
-        if split == "train":
-            random.Random(0).shuffle(rows)
-            rows = rows[: args.train_size]
-            if args.loss == "infonce":
-                rows = [r for r in rows if float(r[header.index("score")]) >= 4.0]
-        with open(folder / name, "w", encoding="utf-8", newline="") as f:
-            writer = csv.writer(
-                f, delimiter="\t", quoting=csv.QUOTE_NONE, escapechar="\\", lineterminator="\n"
-            )
-            writer.writerows([header, *rows])
-    return folder.parent
 
 
 def ours(args, base: Path, data: Path, out: Path, train: bool, pooling: str = "extract", seed: int = 0,
@@ -236,7 +196,8 @@ def spearman_of(contender: str, run_dir: Path, log: Path) -> float:
     return harness.last_value(harness.metrics_rows(run_dir), "validation/spearman")
 
 
-POOLING = {"untrained": "extract", "ours": "extract", "ours-last": "last", "ours-mean": "mean"}
+POOLING = {"untrained": "extract", "ours": "extract", "ours-last": "last", "ours-mean": "mean",
+           "ours-mean-row": "extract"}  # fmt: skip
 
 
 def main() -> None:
@@ -304,6 +265,8 @@ def main() -> None:
             else:
                 train = contender != "untrained"
                 commands = ours(args, base, data, run_dir, train, POOLING[contender], seed, nli)
+                if contender == "ours-mean-row":  # the extract row starts at the mean input row
+                    commands[0].append("--model.new_tokens=mean")
             seconds = sum(bench_vs_trainer.timed(command, log.with_suffix(f".{i}.log"))[0]
                           for i, command in enumerate(commands))  # fmt: skip
             logs = run_dir.with_suffix(f".{len(commands) - 1}.log")

@@ -85,7 +85,7 @@ class GPTModule(Evaluation, LightningModule):
         activation_checkpointing: bool = False,
         lora: LoRA | None = None,
         class_weights: Literal["balanced"] | list[float] | None = None,
-        new_tokens: Literal["random", "copied"] | None = None,
+        new_tokens: Literal["random", "copied", "mean"] | None = None,
     ) -> None:
         """
         Args:
@@ -124,8 +124,8 @@ class GPTModule(Evaluation, LightningModule):
             new_tokens: How the framing tokens' new embedding rows start, with init_from: "random"
                 (GPT-1 §3.3: N(0, initializer_range)) or "copied" from the tokenizer's own tokens in
                 those roles (start: its beginning-of-text token, delim: its newline, extract: its
-                end-of-text token). Default: "copied" for the Llama family's weights, "random" for
-                GPT-1's and GPT-2's.
+                end-of-text token), or "mean": the mean of the loaded rows. Default: "copied" for
+                the Llama family's weights, "random" for GPT-1's and GPT-2's.
         """
         super().__init__()
         if lm_coef is None:

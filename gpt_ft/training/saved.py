@@ -42,7 +42,7 @@ def build_gpt(
     vocab_size: int | None,
     lora: LoRA | None = None,
     new_token_ids: list[int] | None = None,
-    new_tokens: Literal["random", "copied"] | None = None,
+    new_tokens: Literal["random", "copied", "mean"] | None = None,
     own_tokens: dict[int, int] | None = None,
 ) -> GPT:
     """The GPT a run starts from: loaded weights (only dropouts may change, the first
@@ -51,9 +51,9 @@ def build_gpt(
 
     Released weights may have more rows than their tokenizer has tokens: GPT-1's special tokens
     (`new_token_ids`) then take unused rows, re-initialised as new tokens are, and the table keeps
-    its released size. The framing tokens' rows start random (GPT-1 §3.3), or copied from the
-    tokenizer's own tokens in those roles (`own_tokens`: {row: source}); `new_tokens=None` copies
-    for the Llama family's weights only."""
+    its released size. The framing tokens' rows start random (GPT-1 §3.3), copied from the
+    tokenizer's own tokens in those roles (`own_tokens`: {row: source}), or at the mean of the
+    loaded rows (`mean`); `new_tokens=None` copies for the Llama family's weights only."""
     if init_from:
         gpt = GPT.from_pretrained(init_from)
         if overrides:
@@ -91,6 +91,8 @@ def build_gpt(
         new_tokens = "copied" if is_llama_style(gpt.config) else "random"
     if init_from and new_tokens == "copied":  # only rows drawn here: the weights' own stay as trained
         copy_token_rows(gpt, {row: source for row, source in (own_tokens or {}).items() if row in drawn})
+    if init_from and new_tokens == "mean":
+        mean_token_rows(gpt, sorted(drawn))
     if lora is not None:
         if not init_from:
             raise ValueError("lora adapts pretrained weights: give --model.init_from.")
@@ -113,6 +115,18 @@ def copy_token_rows(gpt: GPT, copies: dict[int, int]) -> None:
         for table in (gpt.wte, gpt.lm_head):
             if table is not None and copies:
                 table.weight[list(copies)] = table.weight[list(copies.values())].clone()
+
+
+def mean_token_rows(gpt: GPT, rows: list[int]) -> None:
+    """Rows of the token embedding (and an untied head) set to the mean of the vocabulary's other
+    rows (not the table's padding), the average input a new token starts from (Hewitt 2021)."""
+    with torch.no_grad():
+        for table in (gpt.wte, gpt.lm_head):
+            if table is not None and rows:
+                keep = torch.zeros(len(table.weight), dtype=torch.bool, device=table.weight.device)
+                keep[: gpt.config.vocab_size] = True
+                keep[rows] = False
+                table.weight[rows] = table.weight[keep].double().mean(dim=0).to(table.weight.dtype)
 
 
 def check_tokenizer_fits(vocab_size: int, weights_vocab: int, init_from: str) -> None:

@@ -78,3 +78,17 @@ def test_rows_the_weights_already_have_stay_as_trained(tmp_path):
     for new_tokens in ("copied", "random"):
         m = module(path, new_tokens=new_tokens)
         torch.testing.assert_close(m.gpt.wte.weight[rows].detach(), loaded, rtol=0, atol=0)
+
+
+def test_mean_starts_the_new_rows_at_the_mean_of_the_loaded_ones(weights):
+    path = weights["llama"]
+    tok = load_tokenizer(path)
+    ids = special_token_ids(tok)
+    framing = [ids.start, ids.delim, ids.extract]
+    loaded = GPT.from_pretrained(path).wte.weight.detach()
+    mean = loaded.double().mean(dim=0).float()  # the weights' rows: the new ones are beyond them
+    m = module(path, new_tokens="mean")
+    assert min(framing) >= len(loaded)
+    for row in framing:
+        torch.testing.assert_close(m.gpt.wte.weight[row].detach(), mean, rtol=0, atol=1e-7)
+    torch.testing.assert_close(m.gpt.wte.weight[: len(loaded)].detach(), loaded, rtol=0, atol=0)
