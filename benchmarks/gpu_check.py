@@ -32,7 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import Part, Report, Row, report_argument, run_part, verdict
+from harness import Report, Row, report_argument, verdict
+from parts import Part, run_part
 
 FIGURES = ["environment", "attention", "training_throughput", "finetune_step", "fit_quickstart",
            "fit_vs_loop", "generation"]  # fmt: skip

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import dataclasses
 import json
 import platform
 import subprocess
@@ -34,6 +33,7 @@ from pathlib import Path
 import harness
 import numpy as np
 import torch
+from gpu_decoding import DECODE_GOAL, generation
 from harness import ROOT, Report, Row, gpt_ft, interleaved, last_value, lm_step, metrics_rows, timed
 from lightning.fabric.utilities.apply_func import move_data_to_device
 
@@ -45,7 +45,7 @@ from gpt_ft.training.module import GPTModule
 from gpt_ft.training.optim import adamw
 from gpt_ft.training.throughput import counted_parameters, dense_peak_tflops, flops_per_token
 
-GOALS = {"mfu": 0.40, "vs_transformers": 2.5, "fit_overhead": 0.03, "decode_tokens_per_s": 2000}
+GOALS = {"mfu": 0.40, "vs_transformers": 2.5, "fit_overhead": 0.03, "decode_tokens_per_s": DECODE_GOAL}
 
 
 @dataclass
@@ -245,49 +245,6 @@ def fit_vs_loop(setup: Setup, tmp: Path) -> Iterator[Row]:
     if setup.cuda:
         logged += f", perf/mfu {mfu:.1%}" if mfu else ", no perf/mfu logged"
     yield Row("`gpt-ft fit` logged throughput", logged)
-
-
-def generation(setup: Setup, tmp: Path) -> Iterator[Row]:
-    """Greedy decoding at batch 1: our KV cache, the static one (on a GPU its decode step replayed
-    as a CUDA graph) and no cache; then beside transformers' generate on its static cache (which it
-    compiles on a GPU), GPT-2's block order at the same shape (transformers' GPT-1 has no cache)."""
-    torch.manual_seed(0)
-    gpt = GPT(copy.deepcopy(setup.config)).to(setup.device).eval()
-    prompt = torch.randint(0, setup.config.vocab_size, (1, 16), device=setup.device)
-    n, out = min(setup.gen_tokens, setup.seq - 16), {}
-    kinds = {"cached": {}, "static": {"static_cache": True}, "uncached": {"use_cache": False}}
-
-    def run(model, kind: str):
-        return lambda: out.__setitem__(kind, model.generate(prompt, max_new_tokens=n, **kinds.get(kind, {})))
-
-    seconds = {kind: timed(run(gpt, kind), repeat=2 if kind == "static" else 1) for kind in kinds}
-    same = all(torch.equal(out[kind], out["cached"]) for kind in kinds)
-    static = "static cache + CUDA graph" if setup.cuda else "static cache"
-    rate = seconds["static"].rate(n)
-    status = (
-        harness.verdict(n / seconds["static"].median >= GOALS["decode_tokens_per_s"]) if setup.cuda else ""
-    )
-    yield Row(
-        f"greedy generation, {n} tokens after 16",
-        f"cached {seconds['cached'].rate(n)} tokens/s, {static} {rate}, "
-        f"uncached {seconds['uncached'].rate(n)}; identical tokens: {same}",
-        status,
-    )
-    ours = GPT(dataclasses.replace(copy.deepcopy(setup.config), pre_ln=True)).to(setup.device).eval()
-    hf = ours.to_hf().to(setup.device).eval()
-    theirs = dict(
-        max_new_tokens=n, min_new_tokens=n, do_sample=False, cache_implementation="static", pad_token_id=0
-    )
-    both = {
-        "ours": lambda: out.__setitem__("ours", ours.generate(prompt, max_new_tokens=n, static_cache=True)),
-        "transformers": lambda: out.__setitem__("transformers", hf.generate(prompt, **theirs)),
-    }
-    stats = interleaved(both, runs=2)  # the untimed first call compiles transformers' step on a GPU
-    yield Row(
-        f"greedy generation beside transformers' static cache (GPT-2 blocks), {n} tokens",
-        f"ours {stats['ours'].rate(n)} tokens/s, transformers {stats['transformers'].rate(n)}; "
-        f"identical tokens: {torch.equal(out['ours'], out['transformers'])}",
-    )
 
 
 ROWS = [environment, attention, training_throughput, finetune_step, fit_quickstart, fit_vs_loop, generation]

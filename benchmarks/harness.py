@@ -10,14 +10,11 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import random
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import asdict, dataclass, field
@@ -181,39 +178,6 @@ def report_argument(parser: argparse.ArgumentParser, name: str) -> None:
     parser.add_argument(
         "--report", type=Path, default=RUNS / f"{name}.md", help=f"Markdown report (default runs/{name}.md)"
     )
-
-
-# ---- parts under a hard limit ----
-
-
-@dataclass
-class Part:
-    returncode: int | None
-    """None: killed at its limit."""
-    seconds: float
-    stdout: str
-    stderr: str
-
-
-def run_part(cmd: list[str], limit_s: float, env: dict[str, str] | None = None) -> Part:
-    """Runs `cmd` in the project root in a process group of its own, its output kept in files (no
-    pipe to fill). At `limit_s` the whole group is killed with SIGKILL: neither a process that
-    catches SIGTERM (Lightning's trainer does) nor its children outlive the limit. Children left
-    behind by a process that exited are killed too."""
-    start = time.perf_counter()
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=err, start_new_session=True)
-        try:
-            code = proc.wait(timeout=max(limit_s, 0.1))
-        except subprocess.TimeoutExpired:
-            code = None
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass  # the group is gone already
-        proc.wait()
-        out.seek(0), err.seek(0)
-        return Part(code, time.perf_counter() - start, out.read(), err.read())
 
 
 # ---- gpt-ft ----

@@ -129,7 +129,7 @@ def test_a_part_past_its_limit_is_killed_with_its_children_and_says_so():
     sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
     from gpu_check import FIGURES, tests_row
     from gpu_figures import ROWS as FIGURE_ROWS
-    from harness import run_part
+    from parts import run_part
 
     assert FIGURES == [rows.__name__ for rows in FIGURE_ROWS]  # each group of rows is a part
 

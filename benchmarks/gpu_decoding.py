@@ -1,0 +1,63 @@
+"""The GPU checklist's decoding rows (benchmarks/gpu_figures.py): greedy decoding at batch 1 on our
+caches, and beside transformers' static cache."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import harness
+import torch
+from harness import Row, interleaved, timed
+
+from gpt_ft import GPT
+
+if TYPE_CHECKING:
+    from gpu_figures import Setup
+
+DECODE_GOAL = 2000
+"""Batch-1 greedy tokens/s of the preset on one GPU, on the static cache and its CUDA graph."""
+
+
+def generation(setup: Setup, tmp: Path) -> Iterator[Row]:
+    """Greedy decoding at batch 1: our KV cache, the static one (on a GPU its decode step replayed
+    as a CUDA graph) and no cache; then beside transformers' generate on its static cache (which it
+    compiles on a GPU), GPT-2's block order at the same shape (transformers' GPT-1 has no cache)."""
+    torch.manual_seed(0)
+    gpt = GPT(copy.deepcopy(setup.config)).to(setup.device).eval()
+    prompt = torch.randint(0, setup.config.vocab_size, (1, 16), device=setup.device)
+    n, out = min(setup.gen_tokens, setup.seq - 16), {}
+    kinds = {"cached": {}, "static": {"static_cache": True}, "uncached": {"use_cache": False}}
+
+    def run(model, kind: str):
+        return lambda: out.__setitem__(kind, model.generate(prompt, max_new_tokens=n, **kinds.get(kind, {})))
+
+    seconds = {kind: timed(run(gpt, kind), repeat=2 if kind == "static" else 1) for kind in kinds}
+    same = all(torch.equal(out[kind], out["cached"]) for kind in kinds)
+    static = "static cache + CUDA graph" if setup.cuda else "static cache"
+    rate = seconds["static"].rate(n)
+    status = harness.verdict(n / seconds["static"].median >= DECODE_GOAL) if setup.cuda else ""
+    yield Row(
+        f"greedy generation, {n} tokens after 16",
+        f"cached {seconds['cached'].rate(n)} tokens/s, {static} {rate}, "
+        f"uncached {seconds['uncached'].rate(n)}; identical tokens: {same}",
+        status,
+    )
+    ours = GPT(dataclasses.replace(copy.deepcopy(setup.config), pre_ln=True)).to(setup.device).eval()
+    hf = ours.to_hf().to(setup.device).eval()
+    theirs = dict(
+        max_new_tokens=n, min_new_tokens=n, do_sample=False, cache_implementation="static", pad_token_id=0
+    )
+    both = {
+        "ours": lambda: out.__setitem__("ours", ours.generate(prompt, max_new_tokens=n, static_cache=True)),
+        "transformers": lambda: out.__setitem__("transformers", hf.generate(prompt, **theirs)),
+    }
+    stats = interleaved(both, runs=2)  # the untimed first call compiles transformers' step on a GPU
+    yield Row(
+        f"greedy generation beside transformers' static cache (GPT-2 blocks), {n} tokens",
+        f"ours {stats['ours'].rate(n)} tokens/s, transformers {stats['transformers'].rate(n)}; "
+        f"identical tokens: {torch.equal(out['ours'], out['transformers'])}",
+    )

@@ -1,0 +1,44 @@
+"""Parts of a checklist under a hard limit: a command in a process group of its own, killed whole
+at its limit, its output kept."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Part:
+    returncode: int | None
+    """None: killed at its limit."""
+    seconds: float
+    stdout: str
+    stderr: str
+
+
+def run_part(cmd: list[str], limit_s: float, env: dict[str, str] | None = None) -> Part:
+    """Runs `cmd` in the project root in a process group of its own, its output kept in files (no
+    pipe to fill). At `limit_s` the whole group is killed with SIGKILL: neither a process that
+    catches SIGTERM (Lightning's trainer does) nor its children outlive the limit. Children left
+    behind by a process that exited are killed too."""
+    start = time.perf_counter()
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=err, start_new_session=True)
+        try:
+            code = proc.wait(timeout=max(limit_s, 0.1))
+        except subprocess.TimeoutExpired:
+            code = None
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # the group is gone already
+        proc.wait()
+        out.seek(0), err.seek(0)
+        return Part(code, time.perf_counter() - start, out.read(), err.read())
