@@ -43,7 +43,10 @@ def stratified_subset(labels: Sequence[Any], size: int, seed: int) -> list[int]:
 
 
 def _strata(labels: Sequence[Any]) -> list[Any]:
-    """Each row's stratum: its label, or for real-valued labels the quintile it falls in."""
+    """Each row's stratum: its label, or for real-valued labels the quintile it falls in; labels
+    that are lists (a step's each, a ranking's scores) make one stratum, drawn at random."""
+    if any(isinstance(v, (list, tuple)) for v in labels):
+        return [0] * len(labels)
     real = [isinstance(v, float) and not float(v).is_integer() for v in labels]
     if not any(real):
         return [str(v) for v in labels]

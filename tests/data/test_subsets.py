@@ -1,6 +1,8 @@
 """Learning-curve subsets: class-stratified, seeded, the same rows whatever trains on them, drawn
 from the training split only, and the whole split where it has no more rows."""
 
+import random
+
 import pytest
 
 from gpt_ft.data.subsets import stratified_subset
@@ -39,6 +41,14 @@ def test_real_valued_labels_are_stratified_by_quintile():
     labels = [i / 10 + 0.05 for i in range(50)]  # 0.05 ... 4.95
     chosen = stratified_subset(labels, 10, seed=0)
     assert sorted(int(labels[i] * 10) // 10 for i in chosen) == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+
+
+def test_labels_that_are_lists_are_drawn_at_random_not_in_their_texts_order():
+    """A step's labels or a ranking's scores: one stratum, a seeded draw (ordered by their texts,
+    the first rows would all be "[0, ...]")."""
+    labels = [[i % 2, 1] for i in range(100)]
+    chosen = stratified_subset(labels, 10, seed=0)
+    assert chosen == sorted(random.Random(0).sample(range(100), 10))
 
 
 def test_the_data_module_subsets_the_training_split_only_and_alike_for_every_model(tmp_path, tokenizer_dir):
