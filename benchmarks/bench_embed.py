@@ -30,9 +30,8 @@ first entailment the positive, its first contradiction the hard negative; InfoNC
 tasks/embedding/pairs.yaml; theirs: `MultipleNegativesRankingLoss`, scale 1/τ), and the trained
 model then scores STS-B dev, which it never saw (ours: `gpt-ft validate` of the STS-B card from the
 run's last.ckpt, its time counted in ours). `ours-last` and `ours-mean` read each vector from the
-text's last token or the mean of its tokens (`pooling`); `ours-mean-row` reads the extract token
-whose new row starts at the mean of the vocabulary's rows (`--model.new_tokens mean`), not a copy
-of the tokenizer's end-of-text token's; `--seeds` repeats every contender.
+text's last token or the mean of its tokens (`pooling`); `ours-mean-row`, the extract token whose
+row starts at the vocabulary's mean (`--model.new_tokens mean`); `--seeds` repeats each contender.
 
     python benchmarks/bench_embed.py --glue GLUE --init-from weights/SmolLM2-135M-Instruct.Q4_1.gguf --bf16
     python benchmarks/bench_embed.py --glue GLUE --tokenizer GPT2_BPE  # a random Llama-shaped model
@@ -265,7 +264,9 @@ def main() -> None:
             else:
                 train = contender != "untrained"
                 commands = ours(args, base, data, run_dir, train, POOLING[contender], seed, nli)
-                if contender == "ours-mean-row":  # the extract row starts at the mean input row
+                if contender == "ours-mean-row":  # the weights as given: new framing rows, at the mean
+                    start = f"--model.init_from={args.init_from or base}"
+                    commands[0] = [start if a.startswith("--model.init_from") else a for a in commands[0]]
                     commands[0].append("--model.new_tokens=mean")
             seconds = sum(bench_vs_trainer.timed(command, log.with_suffix(f".{i}.log"))[0]
                           for i, command in enumerate(commands))  # fmt: skip
