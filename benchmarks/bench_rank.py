@@ -27,9 +27,7 @@ brings `trl`.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -145,31 +143,8 @@ def run_trl(argv: list[str]) -> None:
 def main() -> None:
     if sys.argv[1:2] == ["trl"]:
         return run_trl(sys.argv[2:])
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--prmbench", required=True, help="PRMBench's folder of JSON-lines files")
-    parser.add_argument("--init-from", default=None, help="pretrained weights (a .gguf, a folder, a hub id)")
-    parser.add_argument("--tokenizer", help="a tokenizer for random weights; not with --init-from")
-    parser.add_argument("--layers", type=int, default=6)
-    parser.add_argument("--width", type=int, default=384)
-    parser.add_argument("--contenders", nargs="+", default=CONTENDERS, choices=CONTENDERS)
-    parser.add_argument("--train-size", type=int, default=None, help="the first N training records")
-    parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--batch-size", type=int, default=4, help="lists a batch")
-    parser.add_argument("--max-length", type=int, default=1024)
-    parser.add_argument("--lr", type=float, default=5e-5)
-    parser.add_argument("--warmup", type=float, default=0.06, help="share of the steps")
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--bf16", action="store_true", help="bf16 on the CPU too")
-    parser.add_argument("--out", default="runs/bench_rank")
-    parser.add_argument("--json", default=None, help="also write the rows to this file")
-    args = parser.parse_args()
-    if not (args.tokenizer or args.init_from):
-        parser.error("give --tokenizer (random weights) or --init-from (pretrained ones)")
-    out = (ROOT / args.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    args = bench_steps.prmbench_arguments(__doc__, CONTENDERS, batch=4, unit="lists", out="runs/bench_rank")
+    out = args.out
     import torch
 
     data, dropped = bench_steps.split_prmbench(args, out)

@@ -200,34 +200,41 @@ def baselines(data: Path) -> dict[str, dict[str, float]]:
     }
 
 
-def main() -> None:
-    if sys.argv[1:2] == ["trainer"]:
-        return run_trainer(sys.argv[2:])
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def prmbench_arguments(
+    doc: str, contenders: list[str], *, batch: int, unit: str, out: str
+) -> argparse.Namespace:
+    """The arguments of a PRMBench benchmark (this one and bench_rank.py), parsed; OUT made."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prmbench", required=True, help="PRMBench's folder of JSON-lines files")
     parser.add_argument("--init-from", default=None, help="pretrained weights (a .gguf, a folder, a hub id)")
     parser.add_argument("--tokenizer", help="a tokenizer for random weights; not with --init-from")
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--width", type=int, default=384)
-    parser.add_argument("--contenders", nargs="+", default=CONTENDERS, choices=CONTENDERS)
-    parser.add_argument("--train-size", type=int, default=None, help="the first N training solutions")
+    parser.add_argument("--contenders", nargs="+", default=contenders, choices=contenders)
+    parser.add_argument("--train-size", type=int, default=None, help="the first N training records")
     parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--batch-size", type=int, default=8, help="solutions a batch")
+    parser.add_argument("--batch-size", type=int, default=batch, help=f"{unit} a batch")
     parser.add_argument("--max-length", type=int, default=1024)
     parser.add_argument("--lr", type=float, default=5e-5)
     parser.add_argument("--warmup", type=float, default=0.06, help="share of the steps")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--bf16", action="store_true", help="bf16 on the CPU too")
-    parser.add_argument("--out", default="runs/bench_steps")
+    parser.add_argument("--out", default=out)
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     args = parser.parse_args()
     if not (args.tokenizer or args.init_from):
         parser.error("give --tokenizer (random weights) or --init-from (pretrained ones)")
-    out = (ROOT / args.out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
+    args.out = (ROOT / args.out).resolve()
+    args.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return args
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["trainer"]:
+        return run_trainer(sys.argv[2:])
+    args = prmbench_arguments(__doc__, CONTENDERS, batch=8, unit="solutions", out="runs/bench_steps")
+    out = args.out
     import torch
 
     from gpt_ft import GPT
