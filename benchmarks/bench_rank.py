@@ -67,24 +67,6 @@ def encoded_lists(args, base: Path, data: Path, out: Path) -> tuple[dict[str, Pa
     return files, pairs / len(train)
 
 
-def ours(args, base: Path, data: Path, out: Path) -> list[list[str]]:
-    precision = "bf16-mixed" if args.device == "cuda" or args.bf16 else "32-true"
-    common = [
-        f"--data.task={CARD}", f"--data.data_dir={data}", f"--data.tokenizer={base}",
-        f"--data.max_length={args.max_length}", f"--data.batch_size={args.batch_size}",
-        f"--trainer.precision={precision}", f"--trainer.accelerator={args.device}",
-        "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={out}",
-    ]  # fmt: skip
-    fit = [
-        sys.executable, "-m", "gpt_ft", "fit", *common, f"--model.init_from={base}", f"--model.lr={args.lr}",
-        f"--model.warmup_fraction={args.warmup}", "--model.weight_decay=0.01", "--seed_everything=0",
-        f"--trainer.max_epochs={args.epochs}", "--trainer.gradient_clip_val=1.0",
-        "--trainer.limit_val_batches=0",  # as TRL's side: train, then score the test lists
-    ]  # fmt: skip
-    last = out / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
-    return [fit, [sys.executable, "-m", "gpt_ft", "test", *common, f"--ckpt_path={last}"]]
-
-
 def trl(args, base: Path, files: dict[str, Path], out: Path, pair_batch: int) -> list[str]:
     return [
         sys.executable, __file__, "trl", f"--base={base}", f"--train={files['train']}",
@@ -160,7 +142,8 @@ def main() -> None:
         run_dir = out / contender.lower()
         log = run_dir.with_suffix(".log")
         if contender == "ours":
-            commands = ours(args, base, data, run_dir)
+            # as TRL's side: train without validating, then score the test lists
+            commands = bench_steps.ours(args, base, data, run_dir, card=CARD, validate=False)
             seconds = sum(
                 bench_vs_trainer.timed(c, log.with_suffix(f".{i}.log"))[0] for i, c in enumerate(commands)
             )

@@ -96,12 +96,22 @@ def encoded_steps(args, base: Path, data: Path, out: Path) -> dict[str, Path]:
     return files
 
 
-def ours(args, base: Path, data: Path, out: Path, scratch: bool) -> list[list[str]]:
+def ours(
+    args,
+    base: Path,
+    data: Path,
+    out: Path,
+    *,
+    card: Path = CARD,
+    scratch: bool = False,
+    validate: bool = True,
+) -> list[list[str]]:
+    """`gpt-ft fit` of `card` (from `base`, or at its shape from scratch), then `gpt-ft test`."""
     precision = "bf16-mixed" if args.device == "cuda" or args.bf16 else "32-true"
     start = [f"--model.preset={args.preset}", f"--model.overrides={json.dumps(args.overrides)}"] if scratch \
         else [f"--model.init_from={base}"]  # fmt: skip
     common = [
-        f"--data.task={CARD}", f"--data.data_dir={data}", f"--data.tokenizer={base}",
+        f"--data.task={card}", f"--data.data_dir={data}", f"--data.tokenizer={base}",
         f"--data.max_length={args.max_length}", f"--data.batch_size={args.batch_size}",
         f"--trainer.precision={precision}", f"--trainer.accelerator={args.device}",
         "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={out}",
@@ -110,6 +120,7 @@ def ours(args, base: Path, data: Path, out: Path, scratch: bool) -> list[list[st
         sys.executable, "-m", "gpt_ft", "fit", *common, *start, f"--model.lr={args.lr}",
         f"--model.warmup_fraction={args.warmup}", "--model.weight_decay=0.01", "--seed_everything=0",
         f"--trainer.max_epochs={args.epochs}", "--trainer.gradient_clip_val=1.0",
+        *([] if validate else ["--trainer.limit_val_batches=0"]),
     ]  # fmt: skip
     last = out / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
     return [fit, [sys.executable, "-m", "gpt_ft", "test", *common, f"--ckpt_path={last}"]]

@@ -24,6 +24,12 @@ from gpt_ft.errors import CardError, TaskDataError
 FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max: scores are trained in fp32
 
 
+def short_repr(value: Any) -> str:
+    """A value as a message quotes it: its repr, cut to 60 characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 @dataclasses.dataclass
 class LabelSpec:
     """What a card says about its labels: the field holding them, the class names, whether they are

@@ -36,7 +36,7 @@ from torch import Tensor
 
 from gpt_ft.adapters.base import Encoded, TaskAdapter, field_text, refuse_label_fields
 from gpt_ft.adapters.heads import ChoiceHead
-from gpt_ft.adapters.outputs import FLOAT32_MAX, CardError, LabelSpec, TaskDataError, TaskOutput
+from gpt_ft.adapters.outputs import FLOAT32_MAX, CardError, LabelSpec, TaskDataError, TaskOutput, short_repr
 
 
 def split_dialogue(chosen: str, rejected: str, marker: str) -> tuple[str, str, str]:
@@ -71,7 +71,7 @@ def chat_messages(value: Any, field: str) -> list[dict[str, str]] | None:
     )
     if not value or not well_formed:
         raise TaskDataError(
-            f"field {field!r} holds {_short(value)}, not a text or chat messages "
+            f"field {field!r} holds {short_repr(value)}, not a text or chat messages "
             "([{'role': ..., 'content': ...}, ...])."
         )
     return [{"role": m["role"], "content": m["content"]} for m in value]
@@ -347,10 +347,5 @@ def _text(example: dict[str, Any], field: str) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         raise TaskDataError(f"field {field!r} has no value (a pair needs both replies).")
     if isinstance(value, (list, tuple, dict)):
-        raise TaskDataError(f"field {field!r} holds {type(value).__name__} {_short(value)}, not a text.")
+        raise TaskDataError(f"field {field!r} holds {type(value).__name__} {short_repr(value)}, not a text.")
     return field_text(value)
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."

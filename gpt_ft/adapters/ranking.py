@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gpt_ft.adapters.base import Encoded, TaskAdapter, field_text, refuse_label_fields
-from gpt_ft.adapters.outputs import CardError, LabelSpec, TaskDataError, TaskOutput
+from gpt_ft.adapters.outputs import CardError, LabelSpec, TaskDataError, TaskOutput, short_repr
 from gpt_ft.adapters.preference import RewardHead
 
 LOSSES = ("plackett_luce", "softmax", "pairwise")
@@ -313,13 +313,13 @@ def _reply_text(value: Any, field: str) -> str:
     if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
         return "\n".join(value)
     if value is None or isinstance(value, (list, tuple, dict)):
-        raise TaskDataError(f"field {field!r} holds a reply that is not a text: {str(value)[:60]!r}.")
+        raise TaskDataError(f"field {field!r} holds a reply that is not a text: {short_repr(value)}.")
     return field_text(value)
 
 
 def _key(record: Any, key: str, field: str) -> Any:
     if not isinstance(record, dict) or key not in record:
-        raise TaskDataError(f"field {field!r} holds a reply without {key!r}: {str(record)[:60]!r}.")
+        raise TaskDataError(f"field {field!r} holds a reply without {key!r}: {short_repr(record)}.")
     return record[key]
 
 

@@ -39,7 +39,7 @@ from torch import Tensor
 
 from gpt_ft.adapters.base import Encoded, TaskAdapter, field_text, fit_lengths, refuse_label_fields
 from gpt_ft.adapters.heads import ChoiceHead
-from gpt_ft.adapters.outputs import CardError, LabelSpec, TaskDataError, TaskOutput
+from gpt_ft.adapters.outputs import CardError, LabelSpec, TaskDataError, TaskOutput, short_repr
 
 STEP_METRICS = ("processbench_f1", "first_error_accuracy", "step_f1", "step_accuracy")
 LABEL_FORMS = ("per_step", "first_error", "error_steps", "tagged")
@@ -213,14 +213,14 @@ class StepOutput(TaskOutput):
         if form in ("per_step", "tagged"):  # tagged: the marks `Steps` read from the text
             if not isinstance(value, (list, tuple)) or len(value) != n:
                 raise TaskDataError(
-                    f"field {field!r} must hold one label per step ({n}), got {_short(value)}."
+                    f"field {field!r} must hold one label per step ({n}), got {short_repr(value)}."
                 )
             return [_step_label(v, field) for v in value]
         if form == "first_error":
             k = self._index(value, n, allow_none=True)
             return [1.0] * n if k < 0 else [1.0] * k + [0.0] + [math.nan] * (n - k - 1)
         if not isinstance(value, (list, tuple)):
-            raise TaskDataError(f"field {field!r} must hold a list of step indices, got {_short(value)}.")
+            raise TaskDataError(f"field {field!r} must hold a list of step indices, got {short_repr(value)}.")
         wrong = {self._index(v, n) for v in value}
         return [0.0 if i in wrong else 1.0 for i in range(n)]
 
@@ -330,7 +330,9 @@ class Steps(TaskAdapter):
         value = example[self.steps]
         if self.step_tag is None:
             if not isinstance(value, (list, tuple)) or not value:
-                raise TaskDataError(f"field {self.steps!r} must hold a list of steps, got {_short(value)}.")
+                raise TaskDataError(
+                    f"field {self.steps!r} must hold a list of steps, got {short_repr(value)}."
+                )
             steps = [field_text(v) for v in value]
         else:
             steps = _split_tagged(field_text(value), self.step_tag, self.steps)
@@ -393,8 +395,3 @@ def _tag_marks(text: str, labelled: str, tag: str) -> list[str]:
         marks.append(labelled[at])
         at += 1
     return marks if labelled[at:] == pieces[-1] else []
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
