@@ -4,8 +4,9 @@ classifier, end to end, on the same weights, solutions and schedule; the trivial
 PRMBench's rows (its 25 JSON-lines files: PRM800K solutions with planted errors, `error_steps`
 counted from 1) are split by question (seed 0; 80/10/10 of the questions, so that no question is in
 two splits) into OUT/{train,validation,test}.jsonl, which tasks/steps/prmbench.yaml reads. A row
-whose error step lies outside its solution is dropped and counted (PRMBench has 100). Then, one
-whole process each, in turns:
+whose error step lies outside its solution is dropped and counted (PRMBench has 100). `--train-size`
+and `--eval-size` keep the first records of the questions in that order. Then, one whole process
+each, in turns:
 
 - `ours`: `gpt-ft fit` on tasks/steps/prmbench.yaml (`[start] question [delim] step_1 [extract] ...`,
   packed batches, binary cross-entropy at every step's extract token, no auxiliary LM loss: the
@@ -24,8 +25,8 @@ baselines need no model: "no error" judges every step right, "the last step" the
     python benchmarks/bench_steps.py --prmbench PRMBENCH_DIR \
         --init-from weights/SmolLM2-135M-Instruct.Q4_1.gguf
 
-`--tokenizer DIR --layers L --width W` starts from random weights instead; `--train-size N` keeps
-the first N training solutions. `pip install -e .[bench]` brings `accelerate`, which the Trainer needs.
+`--tokenizer DIR --layers L --width W` starts from random weights instead. `pip install -e .[bench]`
+brings `accelerate`, which the Trainer needs.
 """
 
 from __future__ import annotations
@@ -62,16 +63,13 @@ def split_prmbench(args, out: Path) -> tuple[Path, int]:
                 dropped += 1
     questions = sorted({r["original_question"] for r in rows})
     random.Random(0).shuffle(questions)
-    cut = [round(len(questions) * f) for f in (0.8, 0.9)]
-    split_of = {
-        q: ("train" if i < cut[0] else "validation" if i < cut[1] else "test")
-        for i, q in enumerate(questions)
-    }
+    cut = [0, round(len(questions) * 0.8), round(len(questions) * 0.9), len(questions)]
+    order = {q: i for i, q in enumerate(questions)}
+    rows.sort(key=lambda r: order[r["original_question"]])  # a question's rows together, questions shuffled
     data.mkdir(parents=True, exist_ok=True)
-    for split in ("train", "validation", "test"):
-        kept = [r for r in rows if split_of[r["original_question"]] == split]
-        if split == "train" and args.train_size:
-            kept = kept[: args.train_size]
+    for k, split in enumerate(("train", "validation", "test")):
+        kept = [r for r in rows if cut[k] <= order[r["original_question"]] < cut[k + 1]]
+        kept = kept[: args.train_size if split == "train" else args.eval_size]
         (data / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
     return data, dropped
 
@@ -223,6 +221,7 @@ def prmbench_arguments(
     parser.add_argument("--width", type=int, default=384)
     parser.add_argument("--contenders", nargs="+", default=contenders, choices=contenders)
     parser.add_argument("--train-size", type=int, default=None, help="the first N training records")
+    parser.add_argument("--eval-size", type=int, default=None, help="the first N validation and test records")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=batch, help=f"{unit} a batch")
     parser.add_argument("--max-length", type=int, default=1024)
