@@ -36,7 +36,7 @@ row starts at the vocabulary's mean (`--model.new_tokens mean`); `--seeds` repea
     python benchmarks/bench_embed.py --glue GLUE --init-from weights/SmolLM2-135M-Instruct.Q4_1.gguf --bf16
     python benchmarks/bench_embed.py --glue GLUE --tokenizer GPT2_BPE  # a random Llama-shaped model
     python benchmarks/bench_embed.py --glue GLUE --init-from weights/SmolLM2-135M-Instruct.Q4_1.gguf \
-        --nli ../shared/data/nli/snli/dev.jsonl --batch-size 32 --lr 5e-5 --seeds 0 1 2 \
+        --nli SNLI_DIR/dev.jsonl --batch-size 32 --lr 5e-5 --seeds 0 1 2 \
         --contenders untrained ours ours-last ours-mean sentence-transformers
 
 `pip install -e .[bench,sentence]` brings sentence-transformers.

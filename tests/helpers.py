@@ -377,3 +377,13 @@ def write_solutions(path: Path, n: int, seed: int) -> None:
         rows.append({"id": f"q{i}", "problem": f"start at {i % 7} .", "steps": steps, "label": first})
     text = "".join(json.dumps(r) + "\n" for r in rows) if path.suffix == ".jsonl" else json.dumps(rows)
     path.write_text(text)
+
+
+def write_rankings(path: Path, n: int, seed: int) -> None:
+    """Lists of 2-4 replies "add k ." to a prompt, scored k (ties where k repeats), JSON lines."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for i in range(n):
+        ks = torch.randint(1, 6, (int(torch.randint(2, 5, (), generator=g)),), generator=g).tolist()
+        rows.append({"prompt": f"start at {i % 7} .", "replies": [f"add {k} ." for k in ks], "scores": ks})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))

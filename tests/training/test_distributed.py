@@ -13,7 +13,7 @@ import torch
 
 from gpt_ft.cli import main
 from tests.background import gpt_ft
-from tests.helpers import ROOT, sentence, write_solutions, write_varied_pairs
+from tests.helpers import ROOT, sentence, write_rankings, write_solutions, write_varied_pairs
 
 NO_DROPOUT = "embd_pdrop: 0.0, attn_pdrop: 0.0, resid_pdrop: 0.0"
 MICRO = f"{{n_positions: 64, n_embd: 32, n_layer: 2, n_head: 2, {NO_DROPOUT}}}"
@@ -154,6 +154,45 @@ def test_step_rewards_on_two_processes_equal_one(background, tokenizer_dir, monk
     for a, b in zip(rows2, rows1):
         assert a == pytest.approx(b, rel=1e-6, abs=1e-5)
     assert float(weights(one)["head.threshold"]) == pytest.approx(rows1[-1]["validation/threshold"])
+
+
+RANKING_CARD = """class_path: gpt_ft.adapters.Ranking
+init_args:
+  name: pair
+  max_replies: 4
+  index: null
+  local: {splits: {train: train.jsonl, validation: validation.jsonl, test: test.jsonl}}
+"""
+
+
+def start_ddp_ranking(root, tokenizer_dir):
+    for split, n, seed in (("train", 16, 1), ("validation", 7, 2), ("test", 5, 3)):
+        write_rankings(root / f"{split}.jsonl", n, seed)
+    (root / "ranking.yaml").write_text(RANKING_CARD)
+    fit, _ = finetune_runs(root / "ranking.yaml", tokenizer_dir, root, devices=2, batch=4)
+    return [gpt_ft(*fit, cwd=root)]
+
+
+@pytest.mark.background(start=start_ddp_ranking)
+def test_rankings_on_two_processes_equal_one(background, tokenizer_dir, monkeypatch):
+    """Lists of 2-4 replies, the prompt shared where that pays: the same weights and the same
+    best-of-N, pairwise accuracy and Kendall's tau over all ranks' lists (7: one repeated on rank 1,
+    dropped)."""
+    root = background.root
+    (fit2,) = background.runs
+    assert fit2.returncode == 0, fit2.stderr[-3000:]
+    monkeypatch.chdir(root)
+    fit1, _ = finetune_runs(root / "ranking.yaml", tokenizer_dir, root, devices=1, batch=8)
+    main(fit1)
+    two, one = root / "x2" / "runs" / "lightning_logs" / "version_0", run_dir(root / "x1")
+    # A ranking's loss does not change when every reward shifts: the head's bias gets no gradient but
+    # rounding noise, which Adam scales to steps of the learning rate; the bias changes no ranking.
+    (w2 := weights(two)).pop("head.bias"), (w1 := weights(one)).pop("head.bias")
+    assert_same_weights(w2, w1)
+    rows2, rows1 = validation_rows(two), validation_rows(one)
+    assert len(rows1) == 3 and {"validation/best_of_n", "validation/kendall_tau"} <= rows1[0].keys()
+    for a, b in zip(rows2, rows1):
+        assert a == pytest.approx(b, rel=1e-6, abs=1e-5)
 
 
 def pretraining_run(tokens: Path, root: Path, devices: int, batch: int, compile: str) -> list[str]:
