@@ -118,35 +118,45 @@ def test_finetuning_on_two_processes_equals_one_with_the_double_batch(background
     assert predictions2 == predictions1 and len(predictions1.splitlines()) == 6
 
 
-STEPS_CARD = """class_path: gpt_ft.adapters.Steps
-init_args:
-  name: pair
-  label_form: first_error
-  max_steps: 4
-  index: id
-  local: {splits: {train: train.jsonl, validation: validation.jsonl, test: test.jsonl}}
-"""
+CARDS = {
+    "steps": (write_solutions, "gpt_ft.adapters.Steps", "label_form: first_error, max_steps: 4, index: id"),
+    "ranking": (write_rankings, "gpt_ft.adapters.Ranking", "max_replies: 4, index: null"),
+}
 
 
-def start_ddp_steps(root, tokenizer_dir):
-    for split, n, seed in (("train", 16, 1), ("validation", 7, 2), ("test", 5, 3)):
-        write_solutions(root / f"{split}.jsonl", n, seed)
-    (root / "steps.yaml").write_text(STEPS_CARD)
-    fit, _ = finetune_runs(root / "steps.yaml", tokenizer_dir, root, devices=2, batch=4)
-    return [gpt_ft(*fit, cwd=root)]
+def start_ddp_task(shape: str):
+    """The background start of a 2-process fit of the `shape` card on 16/7/5 generated examples."""
+
+    def start(root, tokenizer_dir):
+        write, class_path, fields = CARDS[shape]
+        for split, n, seed in (("train", 16, 1), ("validation", 7, 2), ("test", 5, 3)):
+            write(root / f"{split}.jsonl", n, seed)
+        splits = "{train: train.jsonl, validation: validation.jsonl, test: test.jsonl}"
+        card = f"class_path: {class_path}\ninit_args: {{name: pair, {fields}, local: {{splits: {splits}}}}}\n"
+        (root / f"{shape}.yaml").write_text(card)
+        fit, _ = finetune_runs(root / f"{shape}.yaml", tokenizer_dir, root, devices=2, batch=4)
+        return [gpt_ft(*fit, cwd=root)]
+
+    start.__name__ = f"start_ddp_{shape}"  # its folder's name
+    return start
 
 
-@pytest.mark.background(start=start_ddp_steps)
-def test_step_rewards_on_two_processes_equal_one(background, tokenizer_dir, monkeypatch):
-    """A verdict per step: the same weights, every step metric, and the threshold each validation
-    chooses from all ranks' solutions (7: one repeated on rank 1, dropped) kept in the head."""
+def fit_on_one_process(background, shape: str, tokenizer_dir: str) -> tuple[Path, Path]:
+    """After the 2-process fit of `shape`, the same on one process: both runs' folders."""
     root = background.root
     (fit2,) = background.runs
     assert fit2.returncode == 0, fit2.stderr[-3000:]
-    monkeypatch.chdir(root)
-    fit1, _ = finetune_runs(root / "steps.yaml", tokenizer_dir, root, devices=1, batch=8)
+    fit1, _ = finetune_runs(root / f"{shape}.yaml", tokenizer_dir, root, devices=1, batch=8)
     main(fit1)
-    two, one = root / "x2" / "runs" / "lightning_logs" / "version_0", run_dir(root / "x1")
+    return root / "x2" / "runs" / "lightning_logs" / "version_0", run_dir(root / "x1")
+
+
+@pytest.mark.background(start=start_ddp_task("steps"))
+def test_step_rewards_on_two_processes_equal_one(background, tokenizer_dir, monkeypatch):
+    """A verdict per step: the same weights, every step metric, and the threshold each validation
+    chooses from all ranks' solutions (7: one repeated on rank 1, dropped) kept in the head."""
+    monkeypatch.chdir(background.root)
+    two, one = fit_on_one_process(background, "steps", tokenizer_dir)
     assert_same_weights(weights(two), weights(one))
     assert "head.threshold" in weights(one)
     rows2, rows1 = validation_rows(two), validation_rows(one)
@@ -156,35 +166,13 @@ def test_step_rewards_on_two_processes_equal_one(background, tokenizer_dir, monk
     assert float(weights(one)["head.threshold"]) == pytest.approx(rows1[-1]["validation/threshold"])
 
 
-RANKING_CARD = """class_path: gpt_ft.adapters.Ranking
-init_args:
-  name: pair
-  max_replies: 4
-  index: null
-  local: {splits: {train: train.jsonl, validation: validation.jsonl, test: test.jsonl}}
-"""
-
-
-def start_ddp_ranking(root, tokenizer_dir):
-    for split, n, seed in (("train", 16, 1), ("validation", 7, 2), ("test", 5, 3)):
-        write_rankings(root / f"{split}.jsonl", n, seed)
-    (root / "ranking.yaml").write_text(RANKING_CARD)
-    fit, _ = finetune_runs(root / "ranking.yaml", tokenizer_dir, root, devices=2, batch=4)
-    return [gpt_ft(*fit, cwd=root)]
-
-
-@pytest.mark.background(start=start_ddp_ranking)
+@pytest.mark.background(start=start_ddp_task("ranking"))
 def test_rankings_on_two_processes_equal_one(background, tokenizer_dir, monkeypatch):
     """Lists of 2-4 replies, the prompt shared where that pays: the same weights and the same
     best-of-N, pairwise accuracy and Kendall's tau over all ranks' lists (7: one repeated on rank 1,
     dropped)."""
-    root = background.root
-    (fit2,) = background.runs
-    assert fit2.returncode == 0, fit2.stderr[-3000:]
-    monkeypatch.chdir(root)
-    fit1, _ = finetune_runs(root / "ranking.yaml", tokenizer_dir, root, devices=1, batch=8)
-    main(fit1)
-    two, one = root / "x2" / "runs" / "lightning_logs" / "version_0", run_dir(root / "x1")
+    monkeypatch.chdir(background.root)
+    two, one = fit_on_one_process(background, "ranking", tokenizer_dir)
     # A ranking's loss does not change when every reward shifts: the head's bias gets no gradient but
     # rounding noise, which Adam scales to steps of the learning rate; the bias changes no ranking.
     (w2 := weights(two)).pop("head.bias"), (w1 := weights(one)).pop("head.bias")
