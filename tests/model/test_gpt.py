@@ -136,6 +136,23 @@ def test_cpu_bf16_attention_runs_blocked_as_close_to_fp32_as_sdpa(monkeypatch, p
         assert 0 < error <= 2 * sdpa_error, (error, sdpa_error)
 
 
+def test_cpu_bf16_attention_of_long_rows_runs_sdpa(monkeypatch):
+    """Past BLOCKED_ROWS positions, bf16 attention on a CPU is SDPA's flash kernel, as fp32's is."""
+    from gpt_ft.model import attention
+
+    config = GPTConfig(vocab_size=64, n_positions=512, n_embd=64, n_layer=1, n_head=4, n_kv_head=2)
+    torch.manual_seed(0)
+    attn = attention.CausalSelfAttention(config).eval()
+    calls, sdpa = [], torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(
+        attention.F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or sdpa(*a, **k)
+    )
+    for T, expected in ((attention.BLOCKED_ROWS, 0), (attention.BLOCKED_ROWS + 1, 1)):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            attn(torch.randn(2, T, 64), None, True, None, 0)
+        assert len(calls) == expected, T
+
+
 def test_blocked_attention_dropout_is_unbiased():
     from gpt_ft.model.attention import blocked_causal_attention
 
