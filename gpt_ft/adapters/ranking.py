@@ -7,7 +7,8 @@ best), or come as chosen and rejected lists (RewardBench 2's layout: each chosen
 rejected one). The loss (`loss`), over the replies a row ranks:
 
 - `plackett_luce`: the negative log-likelihood of the ranking, Σ_i [log Σ_{j ranked no higher
-  than i, or unranked} e^{r_j} - r_i] (a tie's replies share their rivals, Breslow's way);
+  than i, or unranked} e^{r_j} - r_i] (a tie's replies share their rivals, Breslow's way; replies
+  tied at the bottom, last in any order, add no term);
 - `softmax`: softmax cross-entropy with the best replies (every tied best one) as the target;
 - `pairwise`: Bradley-Terry over all pairs of different scores, -log σ(r_better - r_worse), averaged.
 
@@ -53,7 +54,10 @@ def ranking_losses(rewards: Tensor, scores: Tensor, loss: str) -> Tensor:
     # Plackett-Luce: reply i against every present reply j not ranked above it
     rivals = present[:, None, :] & ~better.transpose(1, 2) & (ranked[:, :, None])
     terms = torch.logsumexp(r[:, None, :].expand_as(rivals).masked_fill(~rivals, low), dim=2) - r
-    return torch.where(ranked & present, terms, 0.0).sum(dim=1)
+    # replies tied at the bottom are last in any order (likelihood 1): only a reply with a rival
+    # below it (ranked lower, or unranked) has a term
+    counted = ranked & present & (rivals & (better | ~ranked[:, None, :])).any(dim=2)
+    return torch.where(counted, terms, 0.0).sum(dim=1)
 
 
 def rank_metric_values(rewards: Tensor, scores: Tensor) -> dict[str, Tensor]:

@@ -102,17 +102,21 @@ def softplus(x: float) -> float:
 
 def test_the_three_losses_by_hand():
     """Rewards (0.5, -1, 2) against scores (2, 0, 1): reply 0 above reply 2 above reply 1; then a tie
-    at the top, (1, 1, 0); then the middle reply unranked, (1, NaN, 0)."""
+    at the top, (1, 1, 0); then the middle reply unranked, (1, NaN, 0); then one chosen reply above
+    two rejected ones that tie, (1, 0, 0), which are last in either order."""
     r0, r1, r2 = 0.5, -1.0, 2.0
-    rewards = torch.tensor([[r0, r1, r2]] * 3, dtype=torch.float64)
-    scores = torch.tensor([[2, 0, 1], [1, 1, 0], [1, NAN, 0]], dtype=torch.float64)
+    rewards = torch.tensor([[r0, r1, r2]] * 4, dtype=torch.float64)
+    scores = torch.tensor([[2, 0, 1], [1, 1, 0], [1, NAN, 0], [1, 0, 0]], dtype=torch.float64)
     expected = {
         "plackett_luce": [lse(r0, r1, r2) - r0 + lse(r1, r2) - r2,
                           lse(r0, r1, r2) - r0 + lse(r0, r1, r2) - r1,  # a tie's replies share their rivals
-                          lse(r0, r1, r2) - r0 + lse(r1, r2) - r2],  # the unranked reply a rival of both
-        "softmax": [lse(r0, r1, r2) - r0, lse(r0, r1, r2) - lse(r0, r1), lse(r0, r1, r2) - r0],
+                          lse(r0, r1, r2) - r0 + lse(r1, r2) - r2,  # the unranked reply a rival of both
+                          lse(r0, r1, r2) - r0],  # the tied rejected replies: no term
+        "softmax": [lse(r0, r1, r2) - r0, lse(r0, r1, r2) - lse(r0, r1), lse(r0, r1, r2) - r0,
+                    lse(r0, r1, r2) - r0],
         "pairwise": [(softplus(r1 - r0) + softplus(r2 - r0) + softplus(r1 - r2)) / 3,
-                     (softplus(r2 - r0) + softplus(r2 - r1)) / 2, softplus(r2 - r0)],
+                     (softplus(r2 - r0) + softplus(r2 - r1)) / 2, softplus(r2 - r0),
+                     (softplus(r1 - r0) + softplus(r2 - r0)) / 2],
     }  # fmt: skip
     for loss, values in expected.items():
         got = ranking_losses(rewards, scores, loss)
