@@ -90,9 +90,7 @@ def run_trl(argv: list[str]) -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(args.base)
     train = load_dataset("json", data_files={"train": args.train})["train"]
-    model = AutoModelForSequenceClassification.from_pretrained(
-        args.base, num_labels=1, pad_token_id=tokenizer.pad_token_id
-    )
+    model = peers.peer_model(AutoModelForSequenceClassification, args, tokenizer, num_labels=1)
     config = RewardConfig(
         **peers.peer_schedule(args, len(train)),
         max_length=None,  # cut as gpt_ft cuts them: none is dropped

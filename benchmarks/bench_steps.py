@@ -155,9 +155,7 @@ def run_trainer(argv: list[str]) -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(args.base)
     data = load_dataset("json", data_files={"train": args.train, "dev": args.dev, "test": args.test})
-    model = AutoModelForTokenClassification.from_pretrained(
-        args.base, num_labels=2, pad_token_id=tokenizer.pad_token_id
-    )
+    model = peers.peer_model(AutoModelForTokenClassification, args, tokenizer, num_labels=2)
     training = TrainingArguments(
         **peers.peer_schedule(args, len(data["train"])), per_device_eval_batch_size=args.batch_size
     )

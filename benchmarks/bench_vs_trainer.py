@@ -164,9 +164,7 @@ def run_trainer(argv: list[str]) -> None:
     tokenizer = AutoTokenizer.from_pretrained(args.base)
     data = load_dataset("json", data_files={"train": args.train, "dev": args.dev})
     labels = len(set(data["train"]["labels"]))
-    model = AutoModelForSequenceClassification.from_pretrained(
-        args.base, num_labels=labels, pad_token_id=tokenizer.pad_token_id
-    )
+    model = peers.peer_model(AutoModelForSequenceClassification, args, tokenizer, num_labels=labels)
     training = TrainingArguments(
         **peers.peer_schedule(args, len(data["train"])),
         per_device_eval_batch_size=args.batch_size,

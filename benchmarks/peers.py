@@ -22,6 +22,15 @@ def peer_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def peer_model(auto_class, args, tokenizer, **kwargs):
+    """`auto_class` from the folder --base, its new head drawn from --seed: the `Trainer` seeds its
+    own run only, so a model built before it would draw a different head every run."""
+    from transformers import set_seed
+
+    set_seed(args.seed)
+    return auto_class.from_pretrained(args.base, pad_token_id=tokenizer.pad_token_id, **kwargs)
+
+
 def peer_schedule(args, examples: int) -> dict:
     """`TrainingArguments` (or a subclass's) of gpt_ft's schedule: batch, linear decay after the same
     warmup steps, weight decay, clipping, epochs and seed; no checkpoints, evaluation or reports."""
