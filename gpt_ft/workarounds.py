@@ -193,6 +193,27 @@ def flash_varlen_backward(grad, q, k, v, out, lse, cu_seqlens, max_seqlen: int, 
     )  # fmt: skip
 
 
+def cpu_flash_forward(q, k, v, scale):
+    """SDPA's CPU flash kernel, causal, on queries (1, nh, n, hs) and keys/values (1, nkv, n, hs),
+    nh a multiple of nkv: (out, logsumexp (1, nh, n), fp32 or fp64). SDPA returns no logsumexp and
+    has no public backward, and running it under autograd on each sequence of a flat row costs a
+    zeroed row-sized gradient per sequence (its slice's backward); so the aten op SDPA's CPU flash
+    path calls (`_scaled_dot_product_flash_attention_for_cpu`) is called directly. Should it be
+    renamed, follow what `scaled_dot_product_attention` calls on a CPU; if it goes, the dense mask
+    remains (`PackedRows`)."""
+    import torch
+
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, True, scale=scale)
+
+
+def cpu_flash_backward(grad, q, k, v, out, lse, scale):
+    """The backward of `cpu_flash_forward` (aten's `..._for_cpu_backward`): (dq, dk, dv)."""
+    import torch
+
+    op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+    return op(grad, q, k, v, out, lse, 0.0, True, scale=scale)
+
+
 # datasets ---------------------------------------------------------------------------------------
 
 

@@ -294,3 +294,27 @@ def test_the_flash_ops_take_the_arguments_the_varlen_dropout_pair_passes():
     for schema in (forward, backward):
         assert "float? scale=None" in schema and "window_size_left=None" in schema
         assert "window_size_right=None" in schema
+
+
+def test_the_cpu_flash_pair_is_causal_attention_and_its_gradients():
+    """`cpu_flash_forward`/`_backward` on grouped heads (6 query heads over 2 key/value heads) in
+    fp64: SDPA's causal output and autograd's gradients to 1e-12, the logsumexp per query head."""
+    import torch
+    import torch.nn.functional as F
+
+    from gpt_ft.workarounds import cpu_flash_backward, cpu_flash_forward
+
+    torch.manual_seed(0)
+    q = torch.randn(1, 6, 19, 8, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(1, 2, 19, 8, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    grad = torch.randn(1, 6, 19, 8, dtype=torch.float64)
+    want = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3, enable_gqa=True)
+    out, lse = cpu_flash_forward(q.detach(), k.detach(), v.detach(), 0.3)
+    torch.testing.assert_close(out, want.detach(), rtol=0, atol=1e-12)
+    scores = (q @ k.repeat_interleave(3, 1).transpose(-1, -2) * 0.3).masked_fill(
+        torch.ones(19, 19, dtype=torch.bool).triu(1), float("-inf")
+    )
+    torch.testing.assert_close(lse, scores.logsumexp(-1).detach(), rtol=0, atol=1e-12)
+    got = cpu_flash_backward(grad, q.detach(), k.detach(), v.detach(), out, lse, 0.3)
+    for g, w in zip(got, torch.autograd.grad(want, (q, k, v), grad)):
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-12)

@@ -19,11 +19,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from gpt_ft.model import generation, rope
+from gpt_ft.model import attention, generation, rope
 from gpt_ft.model.attention import CausalSelfAttention, PackedRows, Rotary, causal_mask
 from gpt_ft.model.cache import Cache, KVCache, SharedPrefix, StaticKVCache
 from gpt_ft.model.config import ACTIVATIONS, GPTConfig
 from gpt_ft.model.norms import RMSNorm, norm
+from gpt_ft.model.sequences import FlatRows, flat_rows
 from gpt_ft.workarounds import register_load_state_dict_pre_hook
 
 __all__ = ["GPT", "GPTConfig", "Block", "KVCache", "StaticKVCache", "SharedPrefix"]
@@ -174,11 +175,16 @@ class GPT(nn.Module):
         if self.wpe is not None:
             x = x + self.wpe(position_ids)
         x = self.drop(x)
+        flat = None
         if documents is not None:
             if kv_cache is not None or position_ids.shape != documents.shape:
                 raise ValueError("Packed rows (documents) take their position_ids, and no KV cache.")
+            flat = self._flat_rows(documents, branches, cu_seqlens, position_ids)
+            if flat is not None:  # on a CPU: the real tokens in one row, each sequence on its own
+                x, position_ids, documents, branches = flat.flatten(x), flat.positions, flat.documents, None
             window, offsets = self.config.sliding_window, (cu_seqlens, max_seqlen)
-            full = (PackedRows(documents, branches, position_ids, None, *offsets), False)
+            rows = flat if flat is not None else PackedRows(documents, branches, position_ids, None, *offsets)
+            full = (rows, False)
             local = (
                 full
                 if window is None
@@ -210,7 +216,22 @@ class GPT(nn.Module):
             kv_cache.advance(T)
         elif kv_cache is not None:
             kv_cache.length += T
-        return self.ln_f(x) if self.ln_f is not None else x
+        x = self.ln_f(x) if self.ln_f is not None else x
+        return x if flat is None else flat.unflatten(x)
+
+    def _flat_rows(
+        self, documents: Tensor, branches: Tensor | None, cu_seqlens: Tensor | None, positions: Tensor
+    ) -> FlatRows | None:
+        """Packed rows laid flat (`sequences.flat_rows`) where they can be and that costs less: on a
+        CPU, without shared contexts, attention dropout or a sliding window."""
+        force = attention.FORCE_KERNEL
+        dropout = self.training and any(block.attn.attn_pdrop > 0 for block in self.h)
+        window = self.config.sliding_window is not None
+        if documents.device.type != "cpu" or branches is not None or dropout or window:
+            return None
+        if force not in (None, "sequences"):
+            return None
+        return flat_rows(documents, cu_seqlens, positions, force=force == "sequences")
 
     def _attention_inputs(
         self, attention_mask: Tensor | None, position_ids: Tensor, cache: Cache | None, T: int, dtype

@@ -1,7 +1,8 @@
-"""Packed rows on the GPU's kernels: the collator's offsets and FlexAttention's block mask equal the
-dense mask position by position, and a whole model run on each kernel (FlexAttention in eager
-mode, the variable-length kernel's contract played by a reference on the CPU) equals the padded
-batch. On CUDA the same runs go through the real kernels, never the math fallback."""
+"""Packed rows on each kernel: the collator's offsets and FlexAttention's block mask equal the dense
+mask position by position, and a whole model run on each kernel (FlexAttention in eager mode, the
+variable-length kernel's contract played by a reference on the CPU; on a CPU, rows laid flat with
+each sequence on its own flash calls) equals the padded batch. On CUDA the same runs go through the
+real kernels, never the math fallback."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import torch
 import torch.nn.functional as F
 
 from gpt_ft.data.batches import collate, collate_packed
-from gpt_ft.model import attention
+from gpt_ft.model import attention, sequences
 from gpt_ft.model.attention import PackedRows, packed_mask, segment_offsets
+from gpt_ft.model.sequences import flat_rows
+from gpt_ft.workarounds import cpu_flash_forward
 from tests.helpers import cuda
-from tests.training.test_packing import assert_same, module_for, run
+from tests.training.test_packing import assert_same, examples, module_for, run
 
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 
@@ -39,11 +42,15 @@ def test_the_collators_offsets_are_the_dense_mask_position_by_position(tokenizer
     assert torch.equal(mask_of_offsets(batch.cu_seqlens, R, L), dense)
 
 
+def literal_rows(lengths: list[int]):
+    rows = [{"input_ids": [list(range(1, n + 1))], "extract_index": [n - 1], "label": 0, "index": i}
+            for i, n in enumerate(lengths)]  # fmt: skip
+    return collate_packed(rows, 0)
+
+
 def test_literal_offsets_of_packed_rows():
     """Units of 300, 200, 250, 100 and 40 tokens: rows of 300, the second with a 10-token tail."""
-    rows = [{"input_ids": [list(range(1, n + 1))], "extract_index": [n - 1], "label": 0, "index": i}
-            for i, n in enumerate([300, 200, 250, 100, 40])]  # fmt: skip
-    batch = collate_packed(rows, 0)
+    batch = literal_rows([300, 200, 250, 100, 40])
     assert batch.documents.tolist() == [
         [0] * 300, [0] * 250 + [1] * 40 + [-1] * 10, [0] * 200 + [1] * 100
     ]  # fmt: skip
@@ -123,6 +130,72 @@ def test_packed_rows_on_each_kernel_equal_the_padded_batch(tokenizer_dir, monkey
     assert len(calls) == (2 * n_layer if kernel == "varlen" else 0)
     if kernel == "varlen" and family == "gemma3-micro":  # its local layers see 6 positions: 5 back
         assert {c["window_size"] for c in calls} == {(-1, 0), (5, 0)}
+
+
+def test_rows_are_laid_flat_where_that_costs_less():
+    """Rows of 300 (sequences of 300, 200, 250, 100, 40) cost 965.8 positions on the dense mask and
+    1,259.9 laid flat (890 + 49.9 of attention + 5 · 64): they stay. Rows of 700 (sequences of 700,
+    600, 500, 400 and 300; tails of 100 and 200) cost 3,278.5 dense and 3,149.6 flat: laid flat,
+    the tails dropped, the sequences in order."""
+    short = literal_rows([300, 200, 250, 100, 40])
+    assert flat_rows(short.documents, short.cu_seqlens, short.position_ids) is None
+    long = literal_rows([700, 600, 500, 400, 300])
+    assert long.documents.shape == (4, 700)
+    flat = flat_rows(long.documents, long.cu_seqlens, long.position_ids)
+    assert flat.bounds == [(0, 700), (700, 1300), (1300, 1800), (1800, 2200), (2200, 2500)]
+    assert flat.keep.tolist() == [*range(700), *range(700, 1300), *range(1400, 1900), *range(2100, 2800)]
+    assert flat.positions.tolist() == [[*range(700), *range(600), *range(500), *range(400), *range(300)]]
+    forced = flat_rows(short.documents, None, short.position_ids, force=True)  # offsets from documents
+    assert forced.bounds == [(0, 300), (300, 550), (550, 590), (590, 790), (790, 890)]
+    rows = forced.unflatten(torch.arange(890.0)[None, :, None])  # back in the rows, zero in the tail
+    assert rows[..., 0].tolist() == [[*range(300)], [*range(300, 590), *[0] * 10], [*range(590, 890)]]
+
+
+@pytest.mark.parametrize(
+    "shape, family",
+    [
+        ("pair", "gpt1-micro"),
+        ("similarity", "gpt2-micro"),
+        ("rerank", "llama-micro"),
+        ("steps", "qwen3-micro"),
+        ("ranking", "llama-micro"),
+    ],
+)
+def test_packed_rows_laid_flat_equal_the_padded_batch(tokenizer_dir, monkeypatch, shape, family):
+    """On a CPU, rows laid flat (the tails dropped, each sequence's attention on its own flash
+    calls): losses, gradients and outputs to 1e-5 of the padded batch, with no dense mask built and
+    one flash forward per sequence and layer. GPT-1's learned positions and post-LN, grouped
+    key/value heads (Llama), Qwen3's per-head norms."""
+    module, _, specials = module_for(tokenizer_dir, shape, family)
+    rows = examples(module.task, shape, specials, vocab=module.gpt.config.vocab_size - 5, n=40)
+    module.train()
+    padded, packed = collate(rows, specials.pad), collate_packed(rows, specials.pad)
+    assert (packed.documents < 0).any()  # some row has a tail to drop
+    expected = run(module, padded)
+    calls = []
+    flash = lambda q, *rest: calls.append(q.shape[2]) or cpu_flash_forward(q, *rest)  # noqa: E731
+    monkeypatch.setattr(sequences, "cpu_flash_forward", flash)
+    monkeypatch.setattr(attention, "FORCE_KERNEL", "sequences")
+    monkeypatch.setattr(PackedRows, "dense", lambda self: pytest.fail("a dense mask was built"))
+    assert_same(expected, run(module, packed), padded.choice_mask)
+    cu = packed.cu_seqlens.tolist()
+    lengths = [b - a for a, b in zip(cu, cu[1:]) if packed.documents.flatten()[a] >= 0]
+    assert calls == 2 * module.gpt.config.n_layer * lengths  # run() takes two forward passes
+
+
+def test_which_rows_are_laid_flat(tokenizer_dir, monkeypatch):
+    """Rows that cost less flat are laid flat on a CPU, except with shared contexts, attention
+    dropout while training, a sliding window (Gemma 3) or another kernel forced."""
+    long = literal_rows([700, 600, 500, 400, 300])
+    gpt = module_for(tokenizer_dir, "pair", "llama-micro")[0].gpt.eval()
+    flat = lambda model, branches=None: model._flat_rows(long.documents, branches, long.cu_seqlens,  # noqa: E731
+                                                         long.position_ids)  # fmt: skip
+    assert flat(gpt) is not None and flat(gpt, branches=torch.zeros_like(long.documents)) is None
+    gpt.h[0].attn.attn_pdrop = 0.1
+    assert flat(gpt) is not None and flat(gpt.train()) is None
+    assert flat(module_for(tokenizer_dir, "pair", "gemma3-micro")[0].gpt.eval()) is None
+    monkeypatch.setattr(attention, "FORCE_KERNEL", "dense")
+    assert flat(gpt.eval()) is None
 
 
 def test_attention_dropout_goes_to_flashs_own_forward_and_backward(tokenizer_dir, monkeypatch):
