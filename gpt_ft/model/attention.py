@@ -209,7 +209,8 @@ class PackedRows:
     (`varlen_attn`; under attention dropout, which it does not draw, `FlashVarlenDropout`), and the
     rest FlexAttention with a block mask of the same rule, or, under attention dropout (which
     FlexAttention cannot draw), the dense mask. Elsewhere the dense mask (`packed_mask`) goes to
-    SDPA or the blocked matmuls. Either mask is built once per forward pass, for every layer.
+    SDPA or the blocked matmuls, or, on a CPU, long sequences are laid flat (`sequences.FlatRows`).
+    Either mask is built once per forward pass, for every layer.
     """
 
     def __init__(

@@ -198,6 +198,23 @@ def test_which_rows_are_laid_flat(tokenizer_dir, monkeypatch):
     assert flat(gpt.eval()) is None
 
 
+def test_long_rows_laid_flat_under_inference_mode_equal_the_dense_mask(tokenizer_dir, monkeypatch):
+    """Rows of 700 laid flat by the model's own choice, as `Classifier` and evaluation run them
+    (inference mode, Llama's grouped heads): the hidden states of real tokens to 1e-5 of the dense
+    mask's; the tails' are zero."""
+    long = literal_rows([700, 600, 500, 400, 300])
+    gpt = module_for(tokenizer_dir, "pair", "llama-micro")[0].gpt.eval()
+    ids = long.input_ids % gpt.config.vocab_size
+    inputs = dict(position_ids=long.position_ids, documents=long.documents, cu_seqlens=long.cu_seqlens)
+    with torch.inference_mode():
+        flat = gpt(ids, **inputs)
+        monkeypatch.setattr(attention, "FORCE_KERNEL", "dense")
+        dense = gpt(ids, **inputs)
+    real = long.documents >= 0
+    torch.testing.assert_close(flat[real], dense[real], rtol=0, atol=1e-5)
+    assert not flat[~real].any() and dense[~real].any()
+
+
 def test_attention_dropout_goes_to_flashs_own_forward_and_backward(tokenizer_dir, monkeypatch):
     """Under attention dropout packed rows run `FlashVarlenDropout`: the rate, offsets, window and
     scale reach the flash forward, its saved tensors the backward. Played on the CPU by the reference
