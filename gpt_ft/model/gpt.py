@@ -181,7 +181,7 @@ class GPT(nn.Module):
                 raise ValueError("Packed rows (documents) take their position_ids, and no KV cache.")
             flat = self._flat_rows(documents, branches, cu_seqlens, position_ids)
             if flat is not None:  # on a CPU: the real tokens in one row, each sequence on its own
-                x, position_ids, documents, branches = flat.flatten(x), flat.positions, flat.documents, None
+                x, position_ids = flat.flatten(x), flat.positions
             window, offsets = self.config.sliding_window, (cu_seqlens, max_seqlen)
             rows = flat if flat is not None else PackedRows(documents, branches, position_ids, None, *offsets)
             full = (rows, False)
