@@ -135,42 +135,20 @@ def main() -> None:
     print(f"PRMBench lists by question ({dropped} rows dropped), {per_list:.1f} pairs a list: TRL takes "
           f"{pair_batch} pairs a batch, ours {args.batch_size} lists; {weights}, {args.epochs} epoch(s), "
           f"lr {args.lr}, {args.device}, {threads} threads")  # fmt: skip
-    results = {}
-    for contender in args.contenders:
-        run_dir = out / contender.lower()
+
+    def run(contender: str, run_dir: Path) -> tuple[float, dict]:
         log = run_dir.with_suffix(".log")
-        if contender == "ours":
-            # as TRL's side: train without validating, then score the test lists
+        if contender == "ours":  # as TRL's side: train without validating, then score the test lists
             commands = bench_steps.ours(args, base, data, run_dir, card=CARD, validate=False)
-            seconds = sum(
-                bench_vs_trainer.timed(c, log.with_suffix(f".{i}.log"))[0] for i, c in enumerate(commands)
-            )
+            seconds = bench_steps.timed_commands(commands, log)
             rows = harness.metrics_rows(run_dir)
-            values = {m: harness.last_value(rows, f"test/{m}") for m in METRICS}
-        else:
-            seconds = bench_vs_trainer.timed(trl(args, base, files, run_dir, pair_batch), log)[0]
-            values = json.loads([x for x in log.read_text().splitlines() if x.startswith('{"best_of_n"')][-1])
-        results[contender] = (seconds, values)
-        print(
-            f"{contender:5} {seconds:7.1f} s  " + "  ".join(f"{m} {values[m]:.4f}" for m in METRICS),
-            flush=True,
+            return seconds, {m: harness.last_value(rows, f"test/{m}") for m in METRICS}
+        seconds = bench_vs_trainer.timed(trl(args, base, files, run_dir, pair_batch), log)[0]
+        return seconds, json.loads(
+            [x for x in log.read_text().splitlines() if x.startswith('{"best_of_n"')][-1]
         )
-    mine = results.get("ours", (None,))[0]
-    print(
-        "\n| contender | wall s | best-of-N accuracy | pairwise accuracy | Kendall's τ-b | its time / ours |"
-    )
-    print("|---|---:|---:|---:|---:|---:|")
-    for contender, (seconds, values) in results.items():
-        ratio = f"{seconds / mine:.2f}x" if mine else ""
-        print(
-            f"| {contender} | {seconds:.0f} | "
-            + " | ".join(f"{values[m]:.4f}" for m in METRICS)
-            + f" | {ratio} |"
-        )
-    if args.json:
-        Path(args.json).write_text(
-            json.dumps({k: {"seconds": s, **v} for k, (s, v) in results.items()}, indent=1)
-        )
+
+    peers.in_rounds(args, run, METRICS, "best-of-N accuracy | pairwise accuracy | Kendall's τ-b")
 
 
 if __name__ == "__main__":

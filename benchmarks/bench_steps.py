@@ -25,8 +25,9 @@ baselines need no model: "no error" judges every step right, "the last step" the
     python benchmarks/bench_steps.py --prmbench PRMBENCH_DIR \
         --init-from weights/SmolLM2-135M-Instruct.Q4_1.gguf
 
-`--tokenizer DIR --layers L --width W` starts from random weights instead. `pip install -e .[bench]`
-brings `accelerate`, which the Trainer needs.
+`--rounds R` runs every contender R times in turns and keeps its fastest run (a busy machine only
+ever slows a run), printing every run's time. `--tokenizer DIR --layers L --width W` starts from
+random weights instead. `pip install -e .[bench]` brings `accelerate`, which the Trainer needs.
 """
 
 from __future__ import annotations
@@ -228,6 +229,7 @@ def prmbench_arguments(
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--bf16", action="store_true", help="bf16 on the CPU too")
     parser.add_argument("--out", default=out)
+    parser.add_argument("--rounds", type=int, default=1, help="run every contender this many times, in turns")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     args = parser.parse_args()
     if not (args.tokenizer or args.init_from):
@@ -236,6 +238,11 @@ def prmbench_arguments(
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     return args
+
+
+def timed_commands(commands: list[list[str]], log: Path) -> float:
+    """The commands run one after the other, each logged to its own file: their wall seconds."""
+    return sum(bench_vs_trainer.timed(c, log.with_suffix(f".{i}.log"))[0] for i, c in enumerate(commands))
 
 
 def main() -> None:
@@ -256,41 +263,20 @@ def main() -> None:
     shape = vars(GPT.from_pretrained(str(base)).config)  # from scratch: the same shape, random weights
     args.preset, args.overrides = "gpt1", {k: v for k, v in shape.items() if k != "vocab_size"}
     files = encoded_steps(args, base, data, out) if "Trainer" in args.contenders else {}
-    results = {}
-    for contender in args.contenders:
-        run_dir = out / contender.replace(", ", "-").replace(" ", "-")
+
+    def run(contender: str, run_dir: Path) -> tuple[float, dict]:
         log = run_dir.with_suffix(".log")
         if contender.startswith("ours"):
-            commands = ours(args, base, data, run_dir, scratch="scratch" in contender)
-            seconds = sum(
-                bench_vs_trainer.timed(c, log.with_suffix(f".{i}.log"))[0] for i, c in enumerate(commands)
-            )
+            seconds = timed_commands(ours(args, base, data, run_dir, scratch="scratch" in contender), log)
             rows = harness.metrics_rows(run_dir)
-            values = {m: harness.last_value(rows, f"test/{m}") for m in METRICS}
-        else:
-            seconds = bench_vs_trainer.timed(trainer(args, base, files, run_dir), log)[0]
-            lines = [line for line in log.read_text().splitlines() if line.startswith('{"threshold"')]
-            values = json.loads(lines[-1])
-        results[contender] = (seconds, values)
-        print(
-            f"{contender:20} {seconds:7.1f} s  " + "  ".join(f"{m} {values[m]:.4f}" for m in METRICS),
-            flush=True,
+            return seconds, {m: harness.last_value(rows, f"test/{m}") for m in METRICS}
+        seconds = bench_vs_trainer.timed(trainer(args, base, files, run_dir), log)[0]
+        return seconds, json.loads(
+            [x for x in log.read_text().splitlines() if x.startswith('{"threshold"')][-1]
         )
-    for name, values in baselines(data).items():
-        results[name] = (None, {m: float(values[m]) for m in METRICS})
-    mine = results.get("ours", (None,))[0]
-    print("\n| contender | wall s | step F1 (wrong) | first error | ProcessBench F1 | its time / ours |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for contender, (seconds, values) in results.items():
-        ratio = f"{seconds / mine:.2f}x" if seconds and mine else ""
-        wall = f"{seconds:.0f}" if seconds else ""
-        print(
-            f"| {contender} | {wall} | " + " | ".join(f"{values[m]:.4f}" for m in METRICS) + f" | {ratio} |"
-        )
-    if args.json:
-        Path(args.json).write_text(
-            json.dumps({k: {"seconds": s, **v} for k, (s, v) in results.items()}, indent=1)
-        )
+
+    trivial = {name: {m: float(v[m]) for m in METRICS} for name, v in baselines(data).items()}
+    peers.in_rounds(args, run, METRICS, "step F1 (wrong) | first error | ProcessBench F1", trivial)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 """A peer's side of a benchmark, run in a process of its own: transformers' Trainer
-(bench_vs_trainer.py) or TRL's RewardTrainer (bench_reward.py), on gpt_ft's schedule."""
+(bench_vs_trainer.py) or TRL's RewardTrainer (bench_reward.py), on gpt_ft's schedule; and the
+contenders run in turns (`in_rounds`)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 
@@ -74,3 +76,32 @@ def pretrained_folder(weights: str, folder: Path) -> Path:
     gpt.to_hf().save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def in_rounds(args, run, metrics: tuple[str, ...], header: str, extra: dict | None = None) -> None:
+    """`run(contender, run_dir)` -> (seconds, metrics) for each contender in turns, --rounds times
+    (round r in OUT/round-r): its fastest time and the last round's metrics, printed as a table with
+    every round's times and the `extra` rows (name: metrics, untimed); the rows go to --json too.
+    A busy machine slows a run, never speeds one up: the fastest of runs in turns is the fair one."""
+    times, results = {c: [] for c in args.contenders}, {}
+    for r in range(args.rounds):
+        for contender in args.contenders:
+            slug = contender.replace(", ", "-").replace(" ", "-")
+            (folder := args.out / (f"round-{r}" if args.rounds > 1 else "")).mkdir(exist_ok=True)
+            seconds, values = run(contender, folder / slug)
+            times[contender].append(seconds)
+            results[contender] = (min(times[contender]), values)
+            shown = "  ".join(f"{m} {values[m]:.4f}" for m in metrics)
+            print(f"{contender:20} {seconds:7.1f} s  {shown}", flush=True)
+    results.update({name: (None, values) for name, values in (extra or {}).items()})
+    mine = results.get("ours", (None,))[0]
+    print(f"\n| contender | wall s (fastest of {args.rounds}) | {header} | its time / ours | every run, s |")
+    print("|---|---:|" + "---:|" * len(metrics) + "---:|---|")
+    for contender, (seconds, values) in results.items():
+        ratio = f"{seconds / mine:.2f}x" if seconds and mine else ""
+        cells = [f"{seconds:.0f}" if seconds else "", *(f"{values[m]:.4f}" for m in metrics), ratio]
+        every = ", ".join(f"{t:.0f}" for t in times.get(contender, []))
+        print(f"| {contender} | " + " | ".join(cells) + f" | {every} |")
+    if args.json:
+        rows = {k: {"seconds": s, "every_run": times.get(k), **v} for k, (s, v) in results.items()}
+        Path(args.json).write_text(json.dumps(rows, indent=1))
