@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention.bias import causal_lower_right
 
-from gpt_ft.model import rope
+from gpt_ft.model import fused, rope
 from gpt_ft.model.cache import Cache
 from gpt_ft.model.config import GPTConfig
 from gpt_ft.model.norms import norm
@@ -71,7 +71,13 @@ class CausalSelfAttention(nn.Module):
     ) -> Tensor:
         B, T, _ = x.shape
         nh, nkv, hs = self.n_head, self.n_kv_head, self.head_size
-        q, k, v = self.c_attn(x).split([nh * hs, nkv * hs, nkv * hs], dim=2)
+        qkv = self.c_attn(x)
+        dropout_p = self.attn_pdrop if self.training else 0.0
+        if getattr(mask, "fused_inputs", False) and rotary and self.q_norm is None and fused.wanted(qkv):
+            q, k, v = fused.attention_inputs(qkv, (nh, nkv, hs), rotary)
+            y = mask.attend(mask.kernel(q, dropout_p), q, k, v, self.scale, dropout_p)
+            return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, nh * hs)))
+        q, k, v = qkv.split([nh * hs, nkv * hs, nkv * hs], dim=2)
         q, k, v = q.view(B, T, nh, hs), k.view(B, T, nkv, hs), v.view(B, T, nkv, hs)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
@@ -80,7 +86,6 @@ class CausalSelfAttention(nn.Module):
             q, k = rope.rotate(q, *rotary), rope.rotate(k, *rotary)
         if cache is not None:
             k, v = cache.update(layer, k, v)  # (B, nkv, T_past + T, hs)
-        dropout_p = self.attn_pdrop if self.training else 0.0
         if isinstance(mask, PackedRows):
             kernel = mask.kernel(q, dropout_p)
             if kernel != "dense":
@@ -212,6 +217,8 @@ class PackedRows:
     SDPA or the blocked matmuls, or, on a CPU, long sequences are laid flat (`sequences.FlatRows`).
     Either mask is built once per forward pass, for every layer.
     """
+
+    fused_inputs = False  # whether `attend` takes `fused.attention_inputs`' queries, keys, values
 
     def __init__(
         self,

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from gpt_ft.model import attention, generation, rope
+from gpt_ft.model import attention, fused, generation, rope
 from gpt_ft.model.attention import CausalSelfAttention, PackedRows, Rotary, causal_mask
 from gpt_ft.model.cache import Cache, KVCache, SharedPrefix, StaticKVCache
 from gpt_ft.model.config import ACTIVATIONS, GPTConfig
@@ -36,11 +36,14 @@ class MLP(nn.Module):
         self.gated = config.gated_mlp  # c_fc then computes gate and up, stacked
         self.c_fc = nn.Linear(config.n_embd, (2 if self.gated else 1) * config.ffn_dim, bias=config.bias)
         self.c_proj = nn.Linear(config.ffn_dim, config.n_embd, bias=config.bias)
-        self.act = ACTIVATIONS[config.activation]
+        self.act, self.activation = ACTIVATIONS[config.activation], config.activation
         self.dropout = nn.Dropout(config.resid_pdrop)
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.c_fc(x)
+        if self.gated and fused.wanted(h):
+            swiglu = fused.compiled(f"swiglu-{self.activation}", fused.gated(self.act))
+            return self.dropout(self.c_proj(swiglu(h)))
         if self.gated:  # SwiGLU (Shazeer 2020): act(gate) * up
             gate, up = h.chunk(2, dim=-1)
             return self.dropout(self.c_proj(self.act(gate) * up))
@@ -54,6 +57,8 @@ class Block(nn.Module):
         self.ln_1 = norm(config)
         self.attn = CausalSelfAttention(config)
         self.ln_2 = norm(config)
+        for ln in (self.ln_1, self.ln_2) if config.pre_ln else ():
+            ln.feeds_matmul = True  # into attn.c_attn, mlp.c_fc only (see RMSNorm)
         self.mlp = MLP(config)
         # Gemma 2 and 3: attention's and the MLP's outputs normalised before the residual sum
         self.post_attn_norm = norm(config) if config.post_norms else None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from gpt_ft.model import fused
 from gpt_ft.model.config import GPTConfig
 
 
@@ -14,11 +15,15 @@ class RMSNorm(nn.Module):
 
     `offset`: Gemma's form, x / sqrt(mean(x²) + eps) * (1 + weight), all in fp32 before the cast
     back; its weight starts at zero.
+
+    `feeds_matmul`: its output only goes into a matmul (a block's ln_1, ln_2), so under autocast
+    the fused form (`fused.rms_norm`) may hand it over already cast, as the matmul would cast it.
     """
 
     def __init__(self, dim: int, eps: float, offset: bool = False) -> None:
         super().__init__()
         self.eps, self.offset = eps, offset
+        self.feeds_matmul = False
         self.weight = nn.Parameter(torch.empty(dim))
         self.reset_parameters()
 
@@ -26,6 +31,13 @@ class RMSNorm(nn.Module):
         nn.init.constant_(self.weight, 0.0 if self.offset else 1.0)
 
     def forward(self, x: Tensor) -> Tensor:
+        if fused.wanted(x):
+            kind = x.device.type
+            dtype = x.dtype if self.offset else torch.promote_types(self.weight.dtype, x.dtype)
+            if self.feeds_matmul and torch.is_autocast_enabled(kind):
+                dtype = torch.get_autocast_dtype(kind)
+            norm = fused.compiled("rms_norm", fused.rms_norm)
+            return norm(x, self.weight, self.eps, self.offset, dtype)
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         if self.offset:

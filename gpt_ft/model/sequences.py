@@ -67,6 +67,8 @@ class FlatRows(PackedRows):
     each sequence on its own (`SequenceAttention`). `flatten` lays a row-shaped tensor flat,
     `unflatten` puts hidden states back in the rows (zero in the tails)."""
 
+    fused_inputs = True
+
     def __init__(self, documents: Tensor, keep: Tensor, bounds: list[tuple[int, int]], positions: Tensor):
         self.rows, self.keep, self.bounds = documents.shape, keep, bounds
         flat = documents.flatten()[keep][None]
