@@ -1,12 +1,16 @@
-"""Packed rows laid flat on a CPU against the dense mask: training steps on PRMBench's solutions.
+"""Packed rows laid flat on a CPU against the dense mask, and the fused elementwise work against
+the eager ops: training steps on PRMBench's solutions.
 
 The same packed batches of `tasks/steps/prmbench.yaml` (PRMBench split by question as
 bench_steps.py splits it; the first --train-size training solutions, --batch-size a batch) run a
-training step (forward, backward, AdamW) two ways, in turns: the model's choice (rows of long
-solutions laid flat, each solution's attention on its own flash calls, the rows' tails dropped;
-`gpt_ft/model/sequences.py`) and the dense block-diagonal mask over whole rows. Prints each
-batch's rows, tokens and seconds both ways, the total, and the largest difference between the
-two ways' losses on a batch (the same model before any step, without dropout).
+training step (forward, backward, AdamW) three ways, in turns: the model's choice (rows of long
+solutions laid flat, each solution's attention on its own flash calls, the rows' tails dropped,
+`gpt_ft/model/sequences.py`; the blocks' elementwise work fused, `gpt_ft/model/fused.py`), the
+same with the eager ops (`fused.ENABLED = False`), and the dense block-diagonal mask over whole
+rows (fused). One untimed step of each way on the first batch compiles the fused kernels first.
+Prints each batch's rows, tokens and seconds each way (the faster of two runs), the totals, and
+the largest difference between the flat and dense losses on a batch (the same model before any
+step, without dropout).
 
     python benchmarks/bench_flat_rows.py --prmbench PRMBENCH_DIR \\
         --init-from weights/SmolLM2-135M-Instruct.Q4_1.gguf --train-size 64 --bf16
@@ -26,10 +30,11 @@ from harness import interleaved  # noqa: E402
 
 from gpt_ft.adapters.cards import load_card  # noqa: E402
 from gpt_ft.data.task_data import TaskDataModule  # noqa: E402
-from gpt_ft.model import attention  # noqa: E402
+from gpt_ft.model import attention, fused  # noqa: E402
 from gpt_ft.training.module import GPTModule  # noqa: E402
 
-WAYS = {"flat": None, "dense": "dense"}  # attention.FORCE_KERNEL for each
+WAYS = {"flat": (None, True), "flat, eager": (None, False), "dense": ("dense", True)}
+"""attention.FORCE_KERNEL and fused.ENABLED for each way."""
 
 
 def main() -> None:
@@ -50,12 +55,12 @@ def main() -> None:
     amp = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16)
 
     def loss(batch, way: str) -> torch.Tensor:
-        attention.FORCE_KERNEL = WAYS[way]
+        attention.FORCE_KERNEL, fused.ENABLED = WAYS[way]
         try:
             with amp:
                 return model.losses(batch)[0]
         finally:
-            attention.FORCE_KERNEL = None
+            attention.FORCE_KERNEL, fused.ENABLED = None, True
 
     with torch.no_grad():  # without dropout, which draws differently over differently shaped rows
         gap = max(abs(float(loss(b, "flat")) - float(loss(b, "dense"))) for b in batches)
@@ -66,18 +71,21 @@ def main() -> None:
 
     print(f"{len(batches)} batches of {args.batch_size} solutions, {'bf16' if args.bf16 else 'fp32'}, "
           f"{torch.get_num_threads()} threads")  # fmt: skip
-    print(f"{'rows x length':>14} {'tokens':>7} {'flat s':>7} {'dense s':>8}")
+    names = {"flat": "flat s", "flat, eager": "eager s", "dense": "dense s"}
+    print(f"{'rows x length':>14} {'tokens':>7} " + " ".join(f"{n:>8}" for n in names.values()))
+    for way in WAYS:  # the fused kernels compiled before any timing
+        step(batches[0], way)()
     total = dict.fromkeys(WAYS, 0.0)
     for batch in batches:
         times = interleaved({way: step(batch, way) for way in WAYS}, runs=2, warmup=0)
         R, L = batch.input_ids.shape
         for way in WAYS:
             total[way] += times[way].min
-        flat, dense = times["flat"].min, times["dense"].min
-        print(f"{f'{R} x {L}':>14} {batch.real_tokens:>7} {flat:>7.2f} {dense:>8.2f}")
-    ratio = total["dense"] / total["flat"]
-    print(f"\ntotal: flat {total['flat']:.1f} s, dense {total['dense']:.1f} s: the dense mask takes "
-          f"{ratio:.2f}x; the losses differ by at most {gap:.2e}")  # fmt: skip
+        print(f"{f'{R} x {L}':>14} {batch.real_tokens:>7} " + " ".join(f"{times[w].min:>8.2f}" for w in WAYS))
+    flat, eager, dense = total.values()
+    print(f"\ntotal: flat {flat:.1f} s, flat with the eager ops {eager:.1f} s ({eager / flat:.2f}x), "
+          f"dense {dense:.1f} s ({dense / flat:.2f}x); the flat and dense losses differ by at most "
+          f"{gap:.2e}")  # fmt: skip
 
 
 if __name__ == "__main__":
