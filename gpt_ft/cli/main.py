@@ -90,6 +90,16 @@ def usage() -> None:
     print(f"\n`gpt-ft COMMAND --help` lists a command's arguments; {DEBUG}=1 shows an error's traceback.")
 
 
+def show_notes() -> None:
+    """gpt_ft's own notes (INFO: a one-time compile's wait, ...) on stderr, as Lightning shows its."""
+    log = logging.getLogger("gpt_ft")
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     debug = os.environ.get(DEBUG, "") not in ("", "0")
@@ -102,6 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     # parts no command uses: CUDA kernels a CPU-only torch cannot load, enums registered with pytree.
     for logger in torchao_import_loggers():
         logger.setLevel(logging.ERROR)
+    show_notes()
     if name not in COMMANDS:
         fail(f"unknown command {name!r}; choose from {', '.join(COMMANDS)}.")
     command = COMMANDS[name]

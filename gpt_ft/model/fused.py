@@ -15,8 +15,8 @@ width of hundreds), and not inside a graph being compiled already. Compiling cos
 function on first use (dynamic in the number of tokens, so once per process; TorchInductor's
 on-disk cache serves later processes), so smaller work, inference and tests' tiny models keep the
 eager ops. The fused outputs equal the eager ones in fp32 to rounding (tests/model/test_fused.py),
-and in bf16 their gradients are as close to fp32's as the eager ones. `ENABLED = False` turns
-fusion off.
+and in bf16 their gradients are as close to fp32's as the eager ones. `GPT_FT_FUSED=0` in the
+environment (or `ENABLED = False`) turns fusion off.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from functools import cache
 import torch
 from torch import Tensor
 
-ENABLED = True
+ENABLED = os.environ.get("GPT_FT_FUSED", "1") != "0"
 """Fuse elementwise work where `wanted` says it pays; False: always the eager ops."""
 MIN_ELEMENTS = 1 << 20
 """The smallest tensor (elements) whose elementwise work is fused."""
@@ -63,7 +63,7 @@ def compiled(key: str, fn: Callable) -> Callable:
     """`fn` compiled once per process (dynamic shapes) on `BACKEND`."""
     if (key, BACKEND) not in _compiled:
         if not _compiled:
-            log.info("Compiling the blocks' elementwise work into fused kernels (once, about a minute).")
+            log.info("Compiling fused kernels for the blocks' elementwise ops (about a minute, once).")
         _compiled[key, BACKEND] = torch.compile(fn, dynamic=True, backend=BACKEND)
     return _compiled[key, BACKEND]
 

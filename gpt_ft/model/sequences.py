@@ -75,8 +75,9 @@ class FlatRows(PackedRows):
         super().__init__(flat, None, self.flatten(positions), None, None, max(e - s for s, e in bounds))
 
     def flatten(self, t: Tensor) -> Tensor:
-        """(R, L, ...) -> (1, N, ...): the real tokens' entries, in order."""
-        return t.flatten(0, 1).index_select(0, self.keep)[None]
+        """(R, L, ...) -> (1, N, ...): the real tokens' entries, in order (a new tensor, not a view:
+        compiled functions see the same kind of input at every layer)."""
+        return t.flatten(0, 1)[None].index_select(1, self.keep)
 
     def unflatten(self, x: Tensor) -> Tensor:
         """(1, N, C) -> (R, L, C), zeros in the rows' tails."""

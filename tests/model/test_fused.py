@@ -21,6 +21,10 @@ def forced(monkeypatch):
     """Fusion on every tensor, traced by AOTAutograd without a C++ compiler."""
     monkeypatch.setattr(fused, "MIN_ELEMENTS", 0)
     monkeypatch.setattr(fused, "BACKEND", "aot_eager")
+    monkeypatch.setattr(fused, "_compiled", {})
+    torch.compiler.reset()  # each test's graphs its own
+    yield
+    torch.compiler.reset()
 
 
 @pytest.mark.parametrize("shape, family", [("steps", "llama-micro"), ("pair", "gemma3-micro")])
@@ -90,3 +94,22 @@ def test_fusion_is_off_where_it_does_not_pay(monkeypatch):
     monkeypatch.setattr(fused, "ENABLED", True)
     monkeypatch.setattr(fused, "has_compiler", lambda: False)
     assert not fused.wanted(big)
+
+
+def test_each_fused_function_compiles_once_for_every_batch_shape(tokenizer_dir, monkeypatch, forced):
+    """Rows laid flat (a batch of one row), whole rows, batches of other sizes: one graph each for
+    a batch of one row and for more (dynamic sizes, except a size of 1, which compiles its own)."""
+    graphs = []
+
+    def counting(graph, inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    monkeypatch.setattr(fused, "BACKEND", counting)
+    module, _, specials = module_for(tokenizer_dir, "steps", "llama-micro")
+    module.train()
+    for n, kernel in [(12, "sequences"), (7, "sequences"), (12, "dense"), (5, "dense")]:
+        monkeypatch.setattr(attention, "FORCE_KERNEL", kernel)
+        rows = examples(module.task, "steps", specials, vocab=module.gpt.config.vocab_size - 5, n=n)
+        module.losses(collate_packed(rows, specials.pad))[0].backward()
+    assert len(graphs) == 5  # rms_norm and swiglu flat and dense, split_heads (flat rows only)
