@@ -37,6 +37,7 @@ def main() -> None:
     )
     if not args.init_from:
         sys.exit("give --init-from: both sides start from the same pretrained weights")
+    args.seed = 0  # the Trainer's new head, drawn as bench_steps.py draws it
     from transformers import (
         AutoModelForTokenClassification,
         AutoTokenizer,
@@ -49,7 +50,7 @@ def main() -> None:
     from gpt_ft.training.optim import adamw, fused_adamw
 
     data, _ = bench_steps.split_prmbench(args, args.out)
-    base = bench_vs_trainer.base_folder(args, "pretrained", args.out)
+    args.base = base = bench_vs_trainer.base_folder(args, "pretrained", args.out)
     rows = [
         json.loads(line) for line in bench_steps.encoded_steps(args, base, data, args.out)["train"].open()
     ]
