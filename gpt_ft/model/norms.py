@@ -31,18 +31,14 @@ class RMSNorm(nn.Module):
         nn.init.constant_(self.weight, 0.0 if self.offset else 1.0)
 
     def forward(self, x: Tensor) -> Tensor:
-        if fused.wanted(x):
-            kind = x.device.type
-            dtype = x.dtype if self.offset else torch.promote_types(self.weight.dtype, x.dtype)
-            if self.feeds_matmul and torch.is_autocast_enabled(kind):
-                dtype = torch.get_autocast_dtype(kind)
-            norm = fused.compiled("rms_norm", fused.rms_norm)
-            return norm(x, self.weight, self.eps, self.offset, dtype)
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        if self.offset:
-            return (h * (1.0 + self.weight.float())).to(x.dtype)
-        return self.weight * h.to(x.dtype)
+        kind = x.device.type
+        dtype = x.dtype if self.offset else torch.promote_types(self.weight.dtype, x.dtype)
+        if not fused.wanted(x):
+            return fused.rms_norm(x, self.weight, self.eps, self.offset, dtype)
+        if self.feeds_matmul and torch.is_autocast_enabled(kind):
+            dtype = torch.get_autocast_dtype(kind)
+        norm = fused.compiled("rms_norm", fused.rms_norm)
+        return norm(x, self.weight, self.eps, self.offset, dtype)
 
 
 def norm(config: GPTConfig, dim: int | None = None) -> nn.Module:
