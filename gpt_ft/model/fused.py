@@ -2,7 +2,7 @@
 
 In a training step on a CPU, a Llama-family block's matmuls run near the chip's speed, while its
 elementwise work (RMSNorm's powers, means and products; rotary positions, casts to bf16, grouped
-key/value heads repeated; SwiGLU's product) runs as one pass over memory per op, forward and
+SwiGLU's product) runs as one pass over memory per op, forward and
 backward, each op writing a fresh activation-sized tensor. Compiled (`torch.compile`, TorchInductor),
 each group is one kernel forward and one backward, with the same arithmetic: in a training step of
 SmolLM2-135M on PRMBench's solutions (2 cores, bf16-mixed), RMSNorm's forward and backward take
@@ -100,7 +100,7 @@ def split_heads(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Queries, keys and values (B, nh, T, hs), each contiguous in `dtype`, from `c_attn`'s output
     (B, T, (nh + 2 nkv) hs): queries and keys rotated (`rope.rotate`'s arithmetic, in fp32 as the
-    eager ops under autocast), each key/value head repeated for the nh / nkv query heads it serves."""
+    eager ops under autocast); keys and values (B, nkv, T, hs), grouped as they are."""
     nh, nkv, hs = heads
     B, T, _ = qkv.shape
     q, k, v = qkv.split([nh * hs, nkv * hs, nkv * hs], dim=2)
@@ -112,6 +112,4 @@ def split_heads(
         return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
     q, k, v = rotate(q).to(dtype), rotate(k).to(dtype), v.to(dtype)
-    if nkv != nh:
-        k, v = (t[:, :, None].expand(B, nkv, nh // nkv, T, hs).reshape(B, nh, T, hs) for t in (k, v))
     return q.contiguous(), k.contiguous(), v.contiguous()

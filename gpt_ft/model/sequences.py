@@ -16,13 +16,16 @@ training step of SmolLM2-135M in bf16 is 1.29x faster than on the dense mask
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from functools import cache
 from itertools import accumulate
 
 import torch
 from torch import Tensor
 
+from gpt_ft.model import fused
 from gpt_ft.model.attention import PackedRows, segment_offsets
-from gpt_ft.workarounds import cpu_flash_backward, cpu_flash_forward
+from gpt_ft.workarounds import cpu_flash_backward, cpu_flash_forward, mkldnn_bf16_supported
 
 ATTENTION_COST = 1 / 4096
 """A position's attention work per key, relative to the rest of its work in a layer (the dense
@@ -30,36 +33,114 @@ mask's kernel computes all L keys of a row; the flash kernel's backward, ~all n 
 SEQUENCE_COST = 64
 """A sequence's fixed cost on its own kernel calls, in positions of work (~2 ms a layer, forward
 and backward, against ~70 µs a position at SmolLM2-135M's width on 2 cores)."""
+SCORES_LONGEST = 640
+"""bf16 sequences up to this long take their attention backward as matmuls over their whole scores
+(`scores_backward`), longer ones SDPA's CPU flash backward (at 9 heads of 64 on 2 cores with AMX:
+1.5-2.5x faster up to 410 positions, 1.1-1.4x from 550 to 700, slower at 1,024)."""
+_causal_bias: dict[torch.device, Tensor] = {}
 
 
 class SequenceAttention(torch.autograd.Function):
     """Causal attention of each sequence of a flat row on its own: queries (1, nh, N, hs), keys and
-    values (1, nkv, N, hs), `bounds` the sequences' (start, end), which cover the row. Grouped
-    key/value heads are repeated for the kernel (its backward is ~15% faster so than grouped)."""
+    values (1, nkv, N, hs), `bounds` the sequences' (start, end), which cover the row. Forward on
+    SDPA's CPU flash kernel (grouped key/value heads as they are); backward on `scores_backward`
+    where it is faster, else on the flash kernel's backward (key/value heads repeated for it: ~15%
+    faster so than grouped)."""
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, bounds: list[tuple[int, int]], scale: float | None):
-        groups = q.shape[1] // k.shape[1]
-        if groups > 1:
-            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()  # each head's sequence in one piece
         parts = [cpu_flash_forward(q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], scale) for s, e in bounds]
         ctx.save_for_backward(q, k, v, *(t for part in parts for t in part))
-        ctx.bounds, ctx.scale, ctx.groups = bounds, scale, groups
+        ctx.bounds, ctx.scale = bounds, q.shape[-1] ** -0.5 if scale is None else scale
         return torch.cat([out for out, _ in parts], dim=2)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         q, k, v, *saved = ctx.saved_tensors
+        scores = scores_backward_runs(q)
+        groups = q.shape[1] // k.shape[1]
         grads = []
         for (s, e), out, lse in zip(ctx.bounds, saved[::2], saved[1::2]):
-            part = lambda t: t[:, :, s:e]  # noqa: E731
-            grads.append(cpu_flash_backward(part(grad), part(q), part(k), part(v), out, lse, ctx.scale))
+            part = [t[:, :, s:e] for t in (grad, q, k, v)]
+            if scores and e - s <= SCORES_LONGEST:
+                grads.append(scores_backward(*part, out, lse, ctx.scale))
+                continue
+            g, q_i, k_i, v_i = part
+            if groups > 1:
+                k_i, v_i = k_i.repeat_interleave(groups, dim=1), v_i.repeat_interleave(groups, dim=1)
+            dq, dk, dv = cpu_flash_backward(g, q_i, k_i, v_i, out, lse, ctx.scale)
+            if groups > 1:  # each key/value head's gradient: the sum over the query heads it served
+                dk, dv = (t.unflatten(1, (-1, groups)).sum(2) for t in (dk, dv))
+            grads.append((dq, dk, dv))
         dq, dk, dv = (torch.cat(g, dim=2) for g in zip(*grads))
-        if ctx.groups > 1:  # each key/value head's gradient: the sum over the query heads it served
-            B, nh, N, hs = dk.shape
-            dk, dv = (t.view(B, nh // ctx.groups, ctx.groups, N, hs).sum(2) for t in (dk, dv))
         return dq, dk, dv, None, None
+
+
+def scores_backward_runs(q: Tensor) -> bool:
+    """Whether `scores_backward` takes the backward of bf16 queries `q`: with fused kernels (a C++
+    compiler), bf16 matmul units (AVX-512 BF16 or AMX) and oneDNN's fp32 matmuls on them."""
+    return (
+        q.dtype == torch.bfloat16
+        and fused.ENABLED
+        and fused.has_compiler()
+        and not torch.compiler.is_compiling()
+        and hasattr(getattr(torch.backends.mkldnn, "matmul", None), "fp32_precision")
+        and bf16_units()
+    )
+
+
+@cache
+def bf16_units() -> bool:
+    return mkldnn_bf16_supported()
+
+
+@contextmanager
+def bf16_products():
+    """fp32 matmuls on oneDNN's bf16 units (bf16 products, fp32 sums): exact for bf16 inputs."""
+    settings = torch.backends.mkldnn.matmul
+    before, settings.fp32_precision = settings.fp32_precision, "bf16"
+    try:
+        yield
+    finally:
+        settings.fp32_precision = before
+
+
+def scores_backward(grad, q, k, v, out, lse, scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    """The flash backward of one causal sequence as five batched matmuls: queries (1, nh, n, hs),
+    keys and values (1, nkv, n, hs), bf16; `out` and `lse` the flash forward's. Each key/value head
+    with its query heads in one matmul (nh / nkv · n rows). The scores and the gradient of the
+    probabilities are recomputed in fp32 (bf16 products summed in fp32, as the flash kernel's), the
+    probabilities and the scores' gradient rounded to bf16 for the other three (as FlashAttention-2's
+    backward); dk and dv summed over each group in fp32. Gradients as close to fp64's as the flash
+    kernel's or closer (tests/model/test_fused.py)."""
+    _, nh, n, hs = q.shape
+    nkv = k.shape[1]
+    rows = lambda t: t.reshape(nkv, nh // nkv * n, -1)  # noqa: E731  (nkv, g n, ...)
+    q, do, k, v = rows(q), rows(grad), k[0], v[0]
+    delta = (do.float() * rows(out).float()).sum(-1, keepdim=True)
+    with bf16_products():
+        s = torch.bmm(q.float(), k.float().transpose(1, 2))  # (nkv, g n, n)
+        dp = torch.bmm(do.float(), v.float().transpose(1, 2))
+    if (bias := _causal_bias.get(q.device)) is None or len(bias) < n:
+        side = max(n, SCORES_LONGEST)
+        bias = _causal_bias[q.device] = torch.full((side, side), float("-inf"), device=q.device).triu_(1)
+    groups = lambda t: t.unflatten(1, (-1, n))  # noqa: E731  (nkv, g, n, ...)
+    p, ds = fused.compiled("score_grads", score_grads)(
+        groups(s), bias[:n, :n], groups(rows(lse[..., None])), groups(dp), groups(delta), scale
+    )
+    p, ds = p.flatten(1, 2), ds.flatten(1, 2)
+    dq = torch.bmm(ds, k).view(1, nh, n, hs)
+    dk, dv = torch.bmm(ds.transpose(1, 2), q), torch.bmm(p.transpose(1, 2), do)
+    return dq, dk[None], dv[None]
+
+
+def score_grads(s: Tensor, bias: Tensor, lse: Tensor, dp: Tensor, delta: Tensor, scale: float):
+    """The probabilities exp(scale s + bias - lse) and the scores' gradient p (dp - delta) scale,
+    both bf16, of fp32 scores s and their probabilities' gradient dp (nkv, g, n, n); `bias` the
+    causal mask (n, n: 0 or -inf), `lse` and `delta` (nkv, g, n, 1)."""
+    p = torch.exp(s * scale + bias - lse)
+    return p.to(torch.bfloat16), (p * (dp - delta) * scale).to(torch.bfloat16)
 
 
 class FlatRows(PackedRows):

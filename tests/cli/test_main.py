@@ -4,6 +4,7 @@ entry point's own bad input (an unknown command) and bad pretraining input."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -398,3 +399,27 @@ def test_a_setting_lightning_refuses_is_one_sentence(tmp_path, tokenizer_dir, ca
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert "gpt-ft: error: `CUDAAccelerator` can not run on your system" in err and "Traceback" not in err
+
+
+def test_the_cli_keeps_freed_memory_unless_malloc_was_tuned_already(monkeypatch):
+    """On Linux, every command first raises glibc's mmap threshold to 1 GiB and its trim threshold
+    to 2 GiB (`mallopt`); not where the user set malloc's thresholds in the environment."""
+    entry = importlib.import_module("gpt_ft.cli.main")  # the module (the package's `main` is its function)
+
+    calls = []
+
+    class Libc:
+        def mallopt(self, param: int, value: int) -> int:
+            calls.append((param, value))
+            return 1
+
+    monkeypatch.setattr(entry.ctypes, "CDLL", lambda name: Libc())
+    monkeypatch.setattr(entry.sys, "platform", "linux")
+    for name in entry.GLIBC_MALLOC_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    entry.keep_freed_memory()
+    assert calls == [(-3, 1 << 30), (-1, (1 << 31) - 1)]  # M_MMAP_THRESHOLD, M_TRIM_THRESHOLD
+    calls.clear()
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "0")
+    entry.keep_freed_memory()
+    assert calls == []
