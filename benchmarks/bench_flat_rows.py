@@ -20,7 +20,8 @@ step, without dropout).
 
 `--backward` instead times one sequence's attention backward at SmolLM2-135M's heads (9 query
 heads of 64, 3 key/value heads, bf16) at lengths from 64 to 1,024: the flash kernel's backward
-against `scores_backward`, and each one's error against fp64 (no PRMBench needed).
+against `scores_backward`, and each one's error against fp64 (no PRMBench needed), with freed
+memory kept as `gpt-ft` keeps it (`keep_freed_memory`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import bench_vs_trainer  # noqa: E402  (the model folder)
 from harness import interleaved  # noqa: E402
 
 from gpt_ft.adapters.cards import load_card  # noqa: E402
+from gpt_ft.cli.main import keep_freed_memory  # noqa: E402
 from gpt_ft.data.task_data import TaskDataModule  # noqa: E402
 from gpt_ft.model import attention, fused, sequences  # noqa: E402
 from gpt_ft.training.module import GPTModule  # noqa: E402
@@ -53,6 +55,7 @@ WAYS = {
 
 def backward_lengths(lengths=(64, 128, 256, 410, 550, 700, 1024), heads=(9, 3), hs=64) -> None:
     """One sequence's attention backward, the flash kernel's against `scores_backward`."""
+    keep_freed_memory()
     nh, nkv = heads
     print(f"{'positions':>9} {'flash ms':>9} {'scores ms':>9} {'ratio':>6}   error vs fp64: flash | scores")
     for n in lengths:

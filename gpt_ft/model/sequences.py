@@ -36,7 +36,8 @@ and backward, against ~70 µs a position at SmolLM2-135M's width on 2 cores)."""
 SCORES_LONGEST = 640
 """bf16 sequences up to this long take their attention backward as matmuls over their whole scores
 (`scores_backward`), longer ones SDPA's CPU flash backward (at 9 heads of 64 on 2 cores with AMX:
-1.5-2.5x faster up to 410 positions, 1.1-1.4x from 550 to 700, slower at 1,024)."""
+1.3-2.1x faster up to 410 positions, about even from 550 to 700, slower at 1,024:
+benchmarks/bench_flat_rows.py --backward)."""
 _causal_bias: dict[torch.device, Tensor] = {}
 
 
