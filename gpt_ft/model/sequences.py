@@ -114,7 +114,7 @@ def scores_backward(grad, q, k, v, out, lse, scale: float) -> tuple[Tensor, Tens
     probabilities are recomputed in fp32 (bf16 products summed in fp32, as the flash kernel's), the
     probabilities and the scores' gradient rounded to bf16 for the other three (as FlashAttention-2's
     backward); dk and dv summed over each group in fp32. Gradients as close to fp64's as the flash
-    kernel's or closer (tests/model/test_fused.py)."""
+    kernel's or closer (tests/model/test_packed_kernels.py)."""
     _, nh, n, hs = q.shape
     nkv = k.shape[1]
     rows = lambda t: t.reshape(nkv, nh // nkv * n, -1)  # noqa: E731  (nkv, g n, ...)
