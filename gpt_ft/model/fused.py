@@ -1,13 +1,13 @@
 """A block's elementwise work fused into compiled kernels, where it costs more than its matmuls.
 
 In a training step on a CPU, a Llama-family block's matmuls run near the chip's speed, while its
-elementwise work (RMSNorm's powers, means and products; rotary positions, casts to bf16, grouped
-SwiGLU's product) runs as one pass over memory per op, forward and
-backward, each op writing a fresh activation-sized tensor. Compiled (`torch.compile`, TorchInductor),
-each group is one kernel forward and one backward, with the same arithmetic: in a training step of
-SmolLM2-135M on PRMBench's solutions (2 cores, bf16-mixed), RMSNorm's forward and backward take
-4-5 ms a call instead of 21, the attention's inputs 11-14 ms a layer instead of 46, and a whole
-step is 1.22x faster (benchmarks/bench_flat_rows.py).
+elementwise work (RMSNorm's powers, means and products; rotary positions, casts to bf16; SwiGLU's
+product) runs as one pass over memory per op, forward and backward, each op writing a fresh
+activation-sized tensor. Compiled (`torch.compile`, TorchInductor), each group is one kernel forward
+and one backward, with the same arithmetic: in a training step of SmolLM2-135M on PRMBench's
+solutions (2 cores, bf16-mixed), RMSNorm's forward and backward take 4-5 ms a call instead of 21,
+the attention's inputs 11-14 ms a layer instead of 46, and a whole step is 1.22x faster
+(benchmarks/bench_flat_rows.py).
 
 Fused only where it pays: on a CPU with a C++ compiler (TorchInductor's CPU kernels are C++),
 with gradients (training), tensors of `MIN_ELEMENTS` or more (a batch's thousands of tokens at a

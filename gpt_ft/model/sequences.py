@@ -93,6 +93,7 @@ def scores_backward_runs(q: Tensor) -> bool:
 
 @cache
 def bf16_units() -> bool:
+    """Whether this CPU has bf16 matrix units (asked once a process)."""
     return mkldnn_bf16_supported()
 
 
