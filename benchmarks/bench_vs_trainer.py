@@ -21,8 +21,11 @@ Both read the same token ids (gpt_ft's GPT-1 inputs, written to jsonl for the Tr
 clock starts; gpt_ft's own encodings are cached by then too), the same batch size, learning rate,
 linear schedule with --warmup of the steps, weight decay 0.01, gradient clipping at 1.0, epochs and
 seed. Neither saves a checkpoint. The wall time is each process's, start to exit; the dev metric
-is accuracy; the peak resident memory is each process's own (`ru_maxrss`). A row's ratio divides
-its time by that of the first of `ours` / `ours, λ=0` run. Each task first prints how many
+is accuracy; the peak resident memory is each process's own (`ru_maxrss`); the speed in steady state
+is real tokens (padding never counted) a second of training after its first window: ours the median
+of `perf/tokens_per_s` as `fit` logs it every 50 steps, the Trainer's over its steps from a tenth of
+the way in (`peers.RealTokenRate`). A row's ratio divides its time by that of the first of `ours` /
+`ours, λ=0` run. Each task first prints how many
 positions shuffled padded batches compute per real token: the most that padding-free batches can
 save, the ceiling of the Trainer's time over ours at λ = 0.
 
@@ -42,6 +45,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -153,40 +157,31 @@ def trainer(args, base: Path, files: dict[str, Path], out: Path, grouped: bool) 
 
 
 def run_trainer(argv: list[str]) -> None:
-    """The Trainer's side, in its own process: trains, predicts the dev split, prints its accuracy."""
+    """The Trainer's side, in its own process: trains, predicts the dev split, prints its accuracy and
+    real tokens/s."""
     parser = peers.peer_parser()
     parser.add_argument("--group-by-length", action="store_true")
     args = parser.parse_args(argv)
 
+    import transformers as hf
     from datasets import load_dataset
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer, Trainer, TrainingArguments
 
-    tokenizer = AutoTokenizer.from_pretrained(args.base)
+    tokenizer, speed = hf.AutoTokenizer.from_pretrained(args.base), peers.RealTokenRate()
     data = load_dataset("json", data_files={"train": args.train, "dev": args.dev})
     labels = len(set(data["train"]["labels"]))
-    model = peers.peer_model(AutoModelForSequenceClassification, args, tokenizer, num_labels=labels)
-    training = TrainingArguments(
+    model = peers.peer_model(hf.AutoModelForSequenceClassification, args, tokenizer, num_labels=labels)
+    training = hf.TrainingArguments(
         **peers.peer_schedule(args, len(data["train"])),
         per_device_eval_batch_size=args.batch_size,
-        **grouping(args.group_by_length),
+        **peers.grouping(args.group_by_length),
     )
-    run = Trainer(model=model, args=training, train_dataset=data["train"], processing_class=tokenizer)
+    run = hf.Trainer(model=model, args=training, train_dataset=data["train"], processing_class=tokenizer,
+                     data_collator=speed.collator(hf.DataCollatorWithPadding(tokenizer)),  # the default
+                     callbacks=[speed.callback()])  # fmt: skip
     run.train()
     predicted = run.predict(data["dev"])
     accuracy = float((predicted.predictions.argmax(-1) == predicted.label_ids).mean())
-    print(json.dumps({"accuracy": accuracy}))
-
-
-def grouping(grouped: bool) -> dict:
-    """`TrainingArguments` for length-grouped batches: `train_sampling_strategy` in transformers 5,
-    `group_by_length` before."""
-    import inspect
-
-    from transformers import TrainingArguments
-
-    if "train_sampling_strategy" in inspect.signature(TrainingArguments.__init__).parameters:
-        return {"train_sampling_strategy": "group_by_length" if grouped else "random"}
-    return {"group_by_length": grouped}
+    print(json.dumps({"accuracy": accuracy, "tokens_per_s": speed.rate()}))
 
 
 def timed(cmd: list[str], log: Path) -> tuple[float, float]:
@@ -202,13 +197,16 @@ def timed(cmd: list[str], log: Path) -> tuple[float, float]:
     return seconds, usage.ru_maxrss / 1024**2  # KiB on Linux
 
 
-def ours_accuracy(out: Path) -> float:
-    return harness.last_value(harness.metrics_rows(out), "validation/accuracy")
+def ours_results(out: Path) -> tuple[float, float | None]:
+    """Dev accuracy, and real tokens/s in steady state: the median of the windows after the first."""
+    rows = harness.metrics_rows(out)
+    rates = [float(r["perf/tokens_per_s"]) for r in rows if r.get("perf/tokens_per_s")][1:]
+    return harness.last_value(rows, "validation/accuracy"), statistics.median(rates) if rates else None
 
 
-def trainer_accuracy(log: Path) -> float:
+def trainer_results(log: Path) -> tuple[float, float | None]:
     lines = [line for line in log.read_text().splitlines() if line.startswith('{"accuracy"')]
-    return json.loads(lines[-1])["accuracy"]
+    return json.loads(lines[-1])["accuracy"], json.loads(lines[-1])["tokens_per_s"]
 
 
 def main() -> None:
@@ -269,26 +267,27 @@ def main() -> None:
                 log = run_dir.with_suffix(".log")
                 if contender.startswith("ours"):
                     seconds, rss = timed(ours(args, task, base, run_dir, contender), log)
-                    accuracy = ours_accuracy(run_dir)
+                    accuracy, rate = ours_results(run_dir)
                 else:
                     cmd = trainer(args, base, files, run_dir, grouped="group_by_length" in contender)
                     seconds, rss = timed(cmd, log)
-                    accuracy = trainer_accuracy(log)
-                results[contender] = (seconds, accuracy, rss)
+                    accuracy, rate = trainer_results(log)
+                results[contender] = (seconds, accuracy, rss, rate)
                 print(f"{task:6} {shape:6} {contender:26} {seconds:7.1f} s  dev accuracy {accuracy:.4f}  "
-                      f"peak RSS {rss:.2f} GiB", flush=True)  # fmt: skip
+                      f"peak RSS {rss:.2f} GiB  real tokens/s {rate or 0:,.0f}", flush=True)  # fmt: skip
             mine = next((results[c][0] for c in ("ours", "ours, λ=0") if c in results), None)
-            for contender, (seconds, accuracy, rss) in results.items():
+            for contender, (seconds, accuracy, rss, rate) in results.items():
                 ratio = seconds / mine if mine else None
                 rows.append(dict(task=task, shape=shape, contender=contender, seconds=round(seconds, 1),
-                                 accuracy=accuracy, peak_rss_gib=round(rss, 2),
+                                 accuracy=accuracy, peak_rss_gib=round(rss, 2), tokens_per_s=rate,
                                  vs_ours=round(ratio, 2) if ratio else None))  # fmt: skip
-    print("\n| task | shape | contender | wall s | dev accuracy | peak RSS GiB | its time / ours |")
-    print("|---|---|---|---:|---:|---:|---:|")
+    print("\n| task | shape | contender | wall s | dev accuracy | peak RSS GiB | real tokens/s "
+          "| its time / ours |")  # fmt: skip
+    print("|---|---|---|---:|---:|---:|---:|---:|")
     for r in rows:
-        ratio = f"{r['vs_ours']:.2f}x" if r["vs_ours"] else ""
+        ratio, rate = f"{r['vs_ours']:.2f}x" if r["vs_ours"] else "", r["tokens_per_s"]
         cells = [r["task"], r["shape"], r["contender"], f"{r['seconds']:.0f}", f"{r['accuracy']:.4f}",
-                 f"{r['peak_rss_gib']:.2f}", ratio]  # fmt: skip
+                 f"{r['peak_rss_gib']:.2f}", f"{rate:,.0f}" if rate else "", ratio]  # fmt: skip
         print("| " + " | ".join(cells) + " |")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

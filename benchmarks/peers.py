@@ -1,11 +1,12 @@
 """A peer's side of a benchmark, run in a process of its own: transformers' Trainer
-(bench_vs_trainer.py) or TRL's RewardTrainer (bench_reward.py), on gpt_ft's schedule; and the
-contenders run in turns (`in_rounds`)."""
+(bench_vs_trainer.py) or TRL's RewardTrainer (bench_reward.py), on gpt_ft's schedule, with its
+speed in steady state (`RealTokenRate`); and the contenders run in turns (`in_rounds`)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 
@@ -56,6 +57,53 @@ def peer_schedule(args, examples: int) -> dict:
         use_cpu=not cuda,
         bf16=cuda or args.bf16,
     )
+
+
+class RealTokenRate:
+    """A peer's training speed in steady state: the real tokens (the ones of its batches' attention
+    masks) it trains on a second, from the step `skip` of the way in to the last. Wrap its collator
+    with `collator`, hand `callback()` to its Trainer, read `rate()` after training. The collator
+    may run a batch ahead of the step that ends, by the same batch at both ends of the span."""
+
+    def __init__(self, skip: float = 0.1) -> None:
+        self.skip, self.tokens, self.marks = skip, 0, []  # marks: (seconds, tokens) at each step's end
+
+    def collator(self, collate):
+        def counting(features):
+            batch = collate(features)
+            self.tokens += int(batch["attention_mask"].sum())
+            return batch
+
+        return counting
+
+    def callback(self):
+        from transformers import TrainerCallback
+
+        rate = self
+
+        class StepEnds(TrainerCallback):
+            def on_step_end(self, args, state, control, **kwargs):
+                rate.marks.append((time.perf_counter(), rate.tokens))
+
+        return StepEnds()
+
+    def rate(self) -> float | None:
+        if len(self.marks) < 3:
+            return None
+        (t0, n0), (t1, n1) = self.marks[int(len(self.marks) * self.skip)], self.marks[-1]
+        return (n1 - n0) / (t1 - t0)
+
+
+def grouping(grouped: bool) -> dict:
+    """`TrainingArguments` for length-grouped batches: `train_sampling_strategy` in transformers 5,
+    `group_by_length` before."""
+    import inspect
+
+    from transformers import TrainingArguments
+
+    if "train_sampling_strategy" in inspect.signature(TrainingArguments.__init__).parameters:
+        return {"train_sampling_strategy": "group_by_length" if grouped else "random"}
+    return {"group_by_length": grouped}
 
 
 def pretrained_folder(weights: str, folder: Path) -> Path:
