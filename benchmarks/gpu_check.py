@@ -6,8 +6,13 @@
    decoder equals both, pretraining and right-padded fine-tuning run a fused attention kernel, `fit`
    logs tokens/s and MFU and waits for the host on no step, the quickstart learns through
    configs/trainer/gpu.yaml (eager and compiled), DDP and FSDP on one GPU equal the plain run;
-2. benchmarks/gpu_figures.py, one process per group of rows: tokens/s, MFU, attention kernels,
-   `fit` vs a raw loop, generation, with the speed goals checked.
+2. benchmarks/gpu_figures.py, one process per group of rows: tokens/s, MFU, where a step's time
+   goes, attention kernels, `fit` vs a raw loop, generation, with the speed goals checked;
+3. with --glue, `gpt-ft fit` against transformers' Trainer end to end on all of SST-2 (one epoch,
+   batch 32, bf16; benchmarks/bench_vs_trainer.py): wall time, dev accuracy and real tokens/s of
+   ours, the default Trainer and the Trainer with `group_by_length`; goal: the default Trainer takes
+   2x ours or more, at dev accuracy within a point. It starts from --init-from's weights or, with
+   --tokenizer, from random ones of SmolLM2-135M's shape, and adds 300 s to the default budget.
 
 Every part runs in a process group of its own under a hard limit (killed, not asked: SIGKILL to
 the group) and its row is written whatever happens; a part killed at its limit says how far it got.
@@ -20,11 +25,13 @@ half a minute; the test suite runs it).
 
     python benchmarks/gpu_check.py                          # on a GPU, with the project installed
     python benchmarks/gpu_check.py --device cpu --quick     # on a CPU
+    python benchmarks/gpu_check.py --glue GLUE_DIR --init-from weights/SmolLM2-135M-Instruct.Q4_1.gguf
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import sys
@@ -35,10 +42,12 @@ from pathlib import Path
 from harness import Report, Row, report_argument, verdict
 from parts import Part, run_part
 
-FIGURES = ["environment", "attention", "training_throughput", "finetune_step", "fit_quickstart",
-           "fit_vs_loop", "generation"]  # fmt: skip
-"""gpu_figures.py's groups of rows, in its order; each is a part of its own on a GPU."""
-LIMITS = {"tests": 200, "training_throughput": 120, "fit_quickstart": 75, "fit_vs_loop": 75}
+FIGURES = ["environment", "training_throughput", "fit_vs_loop", "generation", "finetune_step", "profile",
+           "shapes", "attention", "fit_quickstart"]  # fmt: skip
+"""gpu_figures.py's groups of rows, those with a goal first (a spent budget cuts the last); each is a
+part of its own on a GPU."""
+LIMITS = {"tests": 200, "training_throughput": 120, "fit_quickstart": 75, "fit_vs_loop": 75, "shapes": 150,
+          "vs_trainer": 300}  # fmt: skip
 """Seconds each part may run on a GPU (60 where not named); on a CPU the figures get 240 together."""
 OUTCOME = re.compile(r"^(\S+::\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)", re.M)
 
@@ -71,14 +80,64 @@ def figures_rows(name: str, part: Part, report: Path, limit: float) -> list[Row]
     return rows
 
 
+def trainer_rows(part: Part, figures: Path, limit: float, goal: bool) -> list[Row]:
+    """bench_vs_trainer.py's rows and, with `goal`, the goal checked: the default Trainer's wall time
+    over ours, at dev accuracy within a point of its."""
+    name = "SST-2 end to end, `gpt-ft fit` vs the Trainer"
+    if part.returncode is None:
+        return [Row(name, f"killed at its {limit:.0f} s limit", "FAIL")]
+    if part.returncode != 0 or not figures.exists():
+        print(part.stdout[-3000:], part.stderr[-3000:], file=sys.stderr)
+        return [Row(name, f"benchmarks/bench_vs_trainer.py failed (exit {part.returncode})", "FAIL")]
+    runs = {r["contender"]: r for r in json.loads(figures.read_text())}
+    rows = []
+    for contender, r in runs.items():
+        rate = f"{r['tokens_per_s']:,.0f} real tokens/s in steady state" if r["tokens_per_s"] else "no rate"
+        result = f"{r['seconds']:.0f} s, dev accuracy {r['accuracy']:.4f}, {rate}"
+        rows.append(Row(f"SST-2 end to end, {contender}", result))
+    ours, theirs = runs["ours"], runs["Trainer"]
+    ratio, gap = theirs["seconds"] / ours["seconds"], abs(theirs["accuracy"] - ours["accuracy"])
+    result = f"{ratio:.2f}x, dev accuracy {ours['accuracy']:.4f} against {theirs['accuracy']:.4f}"
+    status = verdict(ratio >= 2 and gap <= 0.01) if goal else ""
+    return [*rows, Row("SST-2 end to end, the Trainer's wall time / ours", result, status)]
+
+
+def vs_trainer(args, env: dict[str, str], tmp: Path, left: float) -> list[Row]:
+    """The third part: bench_vs_trainer.py on all of SST-2 (--quick: 512 sentences, 2 layers x 128)."""
+    limit = min(LIMITS["vs_trainer"], left)
+    if limit < 5:
+        return [Row("SST-2 end to end", f"not run: the {args.budget:.0f} s budget is spent", "FAIL")]
+    started = f"[{args.budget - left:4.0f} s]"
+    print(f"{started} SST-2 end to end, `gpt-ft fit` vs the Trainer ...", file=sys.stderr, flush=True)
+    figures = tmp / "vs_trainer.json"
+    shape = ["--layers=2", "--width=128"] if args.quick else ["--layers=30"]  # SmolLM2-135M's: 30 x 576
+    weights = (
+        [f"--init-from={args.init_from}"] if args.init_from else [f"--tokenizer={args.tokenizer}", *shape]
+    )
+    cmd = [sys.executable, "benchmarks/bench_vs_trainer.py", f"--glue={args.glue}", "--tasks=SST-2",
+           f"--train-size={512 if args.quick else 67349}", f"--device={args.device}", "--batch-size=32",
+           "--contenders", "ours", "Trainer", "Trainer, group_by_length", *weights,
+           f"--out={tmp / 'vs_trainer'}", f"--json={figures}"]  # fmt: skip
+    return trainer_rows(run_part(cmd, limit, env), figures, limit, goal=args.device == "cuda")
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--quick", action="store_true", help="fewer runs and steps in the figures")
     p.add_argument("--skip-tests", action="store_true", help="the figures only")
-    p.add_argument("--budget", type=float, default=480, help="seconds for the whole checklist (default 480)")
+    p.add_argument("--budget", type=float, default=None, help="seconds for the whole checklist (default 480; "
+                   "780 with --glue)")  # fmt: skip
+    p.add_argument("--glue", help="GLUE's folder (SST-2/ in it): adds `gpt-ft fit` against the Trainer")
+    p.add_argument("--init-from", help="with --glue: the weights both start from (a .gguf, a folder)")
+    p.add_argument(
+        "--tokenizer", help="with --glue: a tokenizer folder, for random weights of SmolLM2's shape"
+    )
     report_argument(p, "gpu_check")
     args, figure_args = p.parse_known_args()
+    if args.glue and not (args.init_from or args.tokenizer):
+        p.error("--glue needs --init-from (pretrained weights) or --tokenizer (random ones)")
+    args.budget = args.budget or 480 + (LIMITS["vs_trainer"] if args.glue else 0)
     start = time.perf_counter()
     left = lambda: args.budget - (time.perf_counter() - start)  # noqa: E731
     report = Report("gpt_ft GPU checklist")
@@ -104,6 +163,8 @@ def main() -> int:
                    "--only", *names, *(["--quick"] if args.quick else []), *figure_args]  # fmt: skip
             for row in figures_rows(name, run_part(cmd, limit, env), out, limit):
                 report.add(row)
+        for row in vs_trainer(args, env, Path(tmp), left()) if args.glue else []:
+            report.add(row)
     minutes = (time.perf_counter() - start) / 60
     verdict_text = f"{report.failed} failing" if report.failed else "all checks pass"
     report.note = (

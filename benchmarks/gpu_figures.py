@@ -2,7 +2,8 @@
 MFU is measured against; the SDPA kernel per batch kind and shared contexts (bench_attention.py);
 training tokens/s and MFU of the preset (gpt1 at context 512) in bf16-mixed, eager and compiled, at
 two batch sizes, beside transformers' OpenAIGPTLMHeadModel on the same step (median of interleaved
-runs, their range in brackets); a fine-tuning step (head + auxiliary LM loss) on padded batches;
+runs, their range in brackets); where that step's time goes, and its speed on SmolLM2-135M's and
+Qwen3-0.6B's shapes (gpu_profile.py); a fine-tuning step (head + auxiliary LM loss) on padded batches;
 `gpt-ft fit` on the quickstart, and vs a raw loop (bench_overhead.py) with the perf/* it logs;
 cached vs uncached generation.
 
@@ -34,6 +35,7 @@ import harness
 import numpy as np
 import torch
 from gpu_decoding import DECODE_GOAL, generation
+from gpu_profile import profile, shapes
 from harness import ROOT, Report, Row, gpt_ft, interleaved, last_value, lm_step, metrics_rows, timed
 from lightning.fabric.utilities.apply_func import move_data_to_device
 
@@ -247,7 +249,8 @@ def fit_vs_loop(setup: Setup, tmp: Path) -> Iterator[Row]:
     yield Row("`gpt-ft fit` logged throughput", logged)
 
 
-ROWS = [environment, attention, training_throughput, finetune_step, fit_quickstart, fit_vs_loop, generation]
+ROWS = [environment, attention, training_throughput, profile, shapes, finetune_step, fit_quickstart,
+        fit_vs_loop, generation]  # fmt: skip
 
 
 def main() -> int:

@@ -18,6 +18,10 @@ KINDS = [
     "shared contexts of one length",
     "shared contexts, padded (masked)",
 ]
+PROFILE_KINDS = [
+    "attention", "matmuls", "optimizer", "communication", "the loss (log-softmax, NLL)", "norms", "dropout",
+    "copies, casts and fills", "other elementwise and reductions", "other",
+]  # fmt: skip
 # The rows of `--device cpu --quick` (gpt-micro at context 128, batch 4), in order, and their results.
 ROWS = {
     "CUDA tests": r"need a GPU",
@@ -34,6 +38,11 @@ ROWS = {
     "training step, ours, batch 4 x 128": f"{RATE} tokens/s",
     "training step, transformers, batch 4 x 128": f"{RATE} tokens/s",
     "training step, ours / transformers, batch 4": r"[\d.]+x",
+    "profile, training step 4 x 128": r"[\d.]+ ms a step; the CPU's operators \(self time\) busy \d+% of it",
+    **{f"profile, {kind}": r"[\d.]+% \([\d.]+ ms a step\)" for kind in PROFILE_KINDS},
+    "profile, outside the operators": r"[\d.]+%",
+    "profile, longest operators": r"[\w:]+ \d+%(, [\w:]+ \d+%){4}",
+    "training step, llama-micro shape, batch 4 x 128, eager": f"{RATE} tokens/s",
     "fine-tuning step (head + λ=0.5 LM loss), batch 8, padded": (
         rf"{RATE} real tokens/s; padding \d+% of \(8, 1, \d+\)"
     ),
@@ -131,7 +140,8 @@ def test_a_part_past_its_limit_is_killed_with_its_children_and_says_so():
     from gpu_figures import ROWS as FIGURE_ROWS
     from parts import run_part
 
-    assert FIGURES == [rows.__name__ for rows in FIGURE_ROWS]  # each group of rows is a part
+    names = [rows.__name__ for rows in FIGURE_ROWS]
+    assert sorted(FIGURES) == sorted(names) and len(FIGURES) == len(names)  # each group of rows is a part
 
     stubborn = (
         "import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
@@ -152,3 +162,36 @@ def test_a_part_past_its_limit_is_killed_with_its_children_and_says_so():
     done = run_part([sys.executable, "-c", "import sys; print('7 passed'); sys.exit(1)"], limit_s=30)
     assert done.returncode == 1 and done.stdout == "7 passed\n"
     assert tests_row(done, 30).status == "FAIL" and tests_row(done, 30).result.startswith("7 passed (")
+
+
+def test_the_trainer_part_checks_twice_the_speed_at_equal_accuracy(tmp_path):
+    """gpu_check.py's SST-2 part: a row per contender, and the goal met only where the default
+    Trainer takes at least twice ours at dev accuracy within a point; a killed part says so."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    from gpu_check import trainer_rows
+    from parts import Part
+
+    figures, done = tmp_path / "vs_trainer.json", Part(0, 1.0, "", "")
+
+    def rows(seconds: float, accuracy: float, goal: bool = True):
+        runs = [
+            {"contender": "ours", "seconds": 100.0, "accuracy": 0.9000, "tokens_per_s": 52345.6},
+            {"contender": "Trainer", "seconds": seconds, "accuracy": accuracy, "tokens_per_s": None},
+        ]
+        figures.write_text(json.dumps(runs))
+        return [(r.check, r.result, r.status) for r in trainer_rows(done, figures, 300, goal)]
+
+    assert rows(200.0, 0.9099) == [
+        ("SST-2 end to end, ours", "100 s, dev accuracy 0.9000, 52,346 real tokens/s in steady state", ""),
+        ("SST-2 end to end, Trainer", "200 s, dev accuracy 0.9099, no rate", ""),
+        (
+            "SST-2 end to end, the Trainer's wall time / ours",
+            "2.00x, dev accuracy 0.9000 against 0.9099",
+            "pass",
+        ),  # fmt: skip
+    ]
+    assert rows(199.0, 0.9)[-1][2] == "FAIL"  # not twice
+    assert rows(300.0, 0.9101)[-1][2] == "FAIL"  # faster, but not at equal accuracy
+    assert rows(300.0, 0.8, goal=False)[-1][2] == ""  # on a CPU the goal is not checked
+    killed = trainer_rows(Part(None, 300.0, "", ""), figures, 300, True)
+    assert [(r.result, r.status) for r in killed] == [("killed at its 300 s limit", "FAIL")]
