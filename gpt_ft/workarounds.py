@@ -36,6 +36,19 @@ def should_accumulate(trainer: Trainer) -> bool:
     return trainer.fit_loop.epoch_loop._should_accumulate()
 
 
+def loggers_write_this_step(trainer: Trainer) -> bool:
+    """Whether the loggers write the values logged in the training step under way.
+
+    Lightning decides it in `_LoggerConnector.should_update_logs` (every `log_every_n_steps` optimizer
+    steps, counted by the epoch loop's `_batches_that_stepped`, or when the trainer should stop;
+    src/lightning/pytorch/trainer/connectors/logger_connector/logger_connector.py), on a private
+    connector, and again after the step with the same answer (the count moves after it). No public
+    API says it ahead. If the connector or the property changes, ask whatever `update_train_step_metrics`
+    now asks; were it gone, compute `(trainer.global_step + 1) % trainer.log_every_n_steps == 0`.
+    """
+    return bool(trainer._logger_connector.should_update_logs or trainer.fast_dev_run)
+
+
 def request_graceful_stop(trainer: Trainer) -> None:
     """Stop training as Lightning does on SIGTERM: after the batch under way, with `SIGTERMException`.
 

@@ -24,6 +24,7 @@ from gpt_ft.workarounds import (
     dataset_fingerprint,
     decline_step_unscaling,
     is_compiled,
+    loggers_write_this_step,
     mkldnn_bf16_supported,
     no_download_count,
     register_load_state_dict_pre_hook,
@@ -88,6 +89,39 @@ def test_should_accumulate_is_true_inside_an_accumulation_window_and_false_where
     # 8 batches in windows of 3: steps after the 3rd, the 6th and (the epoch's end) the 8th
     assert seen == [True, True, False, True, True, False, True, False]
     assert fitted.global_step == 3
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_loggers_write_this_step_says_ahead_which_steps_values_reach_the_loggers(accumulate):
+    from lightning.pytorch.loggers import Logger
+
+    class Steps(Logger):
+        name, version, written = "steps", 0, []
+
+        def log_metrics(self, metrics, step=None):
+            if "x" in metrics:
+                self.written.append(step)
+
+        def log_hyperparams(self, *args, **kwargs):
+            pass
+
+    class Logs(Tiny):
+        said: list[int] = []
+
+        def training_step(self, batch, batch_idx):
+            if loggers_write_this_step(self.trainer):
+                self.said.append(self.trainer.global_step)
+            self.log("x", float(batch_idx))
+            return super().training_step(batch, batch_idx)
+
+    logger, module = Steps(), Logs()
+    trainer = Trainer(max_epochs=2, accumulate_grad_batches=accumulate, log_every_n_steps=3, logger=logger,
+                      accelerator="cpu", enable_checkpointing=False, enable_progress_bar=False,
+                      enable_model_summary=False)  # fmt: skip
+    trainer.fit(module)
+    # every micro-batch of an optimizer step the loggers write after says so; they write at its count
+    assert sorted(set(module.said)) == logger.written and len(module.said) == accumulate * len(logger.written)
+    assert logger.written == ([2, 5, 8, 11, 14] if accumulate == 1 else [2, 5])
 
 
 def test_a_graceful_stop_ends_fit_after_the_batch_with_lightnings_sigterm_exception():

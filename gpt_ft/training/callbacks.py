@@ -19,6 +19,7 @@ from lightning.pytorch.callbacks import (
 from gpt_ft.training.checkpointing import Provenance, ResumeState, SaveLast, WholeStepTimer
 from gpt_ft.training.stopping import main_monitor
 from gpt_ft.training.throughput import ParameterSummary, Throughput
+from gpt_ft.workarounds import loggers_write_this_step
 
 
 def run_callbacks(trainer_config, model, data_config: dict[str, Any] | None) -> list[Callback]:
@@ -70,6 +71,23 @@ class PrintMetrics(Callback):
                 bar.print(line)  # on its own line, above the bars
             else:
                 print(line, flush=True)
+
+
+def step_values_read(trainer, batch_idx: int) -> bool:
+    """Whether anything reads the values a training step logs: the loggers write them after it, the
+    progress bar refreshes after it, or it ends the epoch (callbacks that monitor a training value
+    read the last one there). Lightning's `log` costs about a millisecond of host time a value (its
+    result collection moves and copies the value's record), a step's whole overhead over a hand-written
+    loop on a small model; the other steps skip it. A bar of another kind than Lightning's two (no
+    `refresh_rate`) is taken to read every step."""
+    if trainer is None or loggers_write_this_step(trainer):
+        return True
+    step = batch_idx + 1
+    if step >= trainer.num_training_batches:  # the epoch's last (inf for an iterable dataset)
+        return True
+    bar = trainer.progress_bar_callback
+    refresh = getattr(bar, "refresh_rate", 1) if bar is not None and bar.is_enabled else 0
+    return refresh == 1 or (refresh > 1 and step % refresh == 0)
 
 
 def best_checkpoint(model) -> ModelCheckpoint:

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from gpt_ft.adapters import TaskAdapter
 from gpt_ft.data.batches import TokenBatch
 from gpt_ft.model.lora import LoRA
+from gpt_ft.training.callbacks import step_values_read
 from gpt_ft.training.checkpointing import NonfiniteWatch
 from gpt_ft.training.eval_metrics import EvalMetrics, Evaluation, split_key
 from gpt_ft.training.optim import MuonAdamW, adamw, fused_adamw, lr_lambda
@@ -266,9 +267,10 @@ class GPTModule(Evaluation, LightningModule):
     def training_step(self, batch: TokenBatch, batch_idx: int) -> Tensor:
         loss, parts = self.losses(batch)
         self.nonfinite.check(self.trainer, loss, batch_idx, self.optimizers(use_pl_optimizer=False))
-        self.log("train/loss", loss, prog_bar=True, batch_size=len(batch))
-        for name, value in parts.items():
-            self.log(f"train/{name}", value, batch_size=len(batch))
+        if step_values_read(attached_trainer(self), batch_idx):
+            self.log("train/loss", loss, prog_bar=True, batch_size=len(batch))
+            for name, value in parts.items():
+                self.log(f"train/{name}", value, batch_size=len(batch))
         return loss
 
     def on_train_end(self) -> None:

@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from gpt_ft.cli import main
-from tests.helpers import ROOT, common_args, make_task
+from tests.helpers import ROOT, common_args, finetune_args, make_task
 
 NLI_CARD = """class_path: gpt_ft.adapters.TextPair
 init_args:
@@ -94,3 +94,40 @@ def test_the_metrics_line_is_printed_through_the_progress_bar_and_the_summary_ha
     assert len(printed) == 1 and printed[0].startswith("epoch 0 step 2: ")
     summary = [r.getMessage() for r in caplog.records if "Trainable params" in r.getMessage()]
     assert summary and "FLOPs" not in summary[0] and "Flops" not in summary[0] and "| head " in summary[0]
+
+
+@pytest.mark.parametrize("refresh", [None, 2], ids=["no bar", "bar refreshing every 2"])
+def test_training_values_are_logged_on_the_steps_something_reads_them(
+    tmp_path, tokenizer_dir, monkeypatch, refresh
+):
+    """`train/*` goes through Lightning's `log` (about a millisecond of host time a value) only on
+    the steps whose values are read: the loggers' (every `log_every_n_steps`), the bar's refreshes and
+    each epoch's last; the logger's rows are those it wrote when every step logged."""
+    import csv
+
+    from gpt_ft.training.module import GPTModule
+
+    logged, log = [], GPTModule.log
+
+    def spy(self, name, *args, **kwargs):
+        if name == "train/loss":
+            logged.append(self.trainer.global_step)
+        return log(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(GPTModule, "log", spy)
+    card = make_task("single", tmp_path)
+    args = [
+        a for a in finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "runs") if "progress_bar" not in a
+    ]
+    bar = ["--trainer.enable_progress_bar=false"]
+    if refresh:
+        bar = ["--trainer.callbacks+=TQDMProgressBar", f"--trainer.callbacks.refresh_rate={refresh}"]
+    main(["fit", *args, *bar, "--trainer.log_every_n_steps=2", "--trainer.enable_checkpointing=false"])
+    # 3 epochs of 3 batches: the logger writes after steps 2, 4, 6, 8 (global steps 1, 3, 5, 7 under
+    # way), the epochs end at 2, 5, 8, and a bar of every 2 batches refreshes after each epoch's 2nd.
+    expected = {1, 3, 5, 7} | {2, 5, 8} | ({1, 4, 7} if refresh else set())
+    assert logged == sorted(expected)
+    (metrics,) = (tmp_path / "runs").rglob("metrics.csv")
+    with open(metrics) as f:
+        rows = [r for r in csv.DictReader(f) if r.get("train/loss")]
+    assert [int(r["step"]) for r in rows] == [1, 3, 5, 7] and all(float(r["train/loss"]) > 0 for r in rows)
