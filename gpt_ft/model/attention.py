@@ -94,6 +94,7 @@ class CausalSelfAttention(nn.Module):
             mask = mask.dense()
         blocked = (
             x.device.type == "cpu"
+            and not torch.compiler.is_compiling()  # compiled, its loop would fix T: a graph per length
             and cache is None
             and (mask is not None or is_causal)
             and (dropout_p > 0 or (low_precision(v) and T <= BLOCKED_ROWS))
@@ -300,12 +301,8 @@ class PackedRows:
     def block_mask(self):
         """FlexAttention's `BlockMask` of these rows: `packed_mask`'s rule as a mask_mod."""
         if self._block is None:
-            documents, branches, positions, window = (
-                self.documents,
-                self.branches,
-                self.positions,
-                self.window,
-            )
+            documents, branches = self.documents, self.branches
+            positions, window = self.positions, self.window
 
             def allowed(b, h, query, key):
                 same = (documents[b, query] == documents[b, key]) & (key <= query)

@@ -228,11 +228,13 @@ class GPT(nn.Module):
         self, documents: Tensor, branches: Tensor | None, cu_seqlens: Tensor | None, positions: Tensor
     ) -> FlatRows | None:
         """Packed rows laid flat (`sequences.flat_rows`) where they can be and that costs less: on a
-        CPU, without shared contexts, attention dropout or a sliding window."""
+        CPU, without shared contexts, attention dropout or a sliding window, and not under
+        torch.compile (laying them flat reads the offsets back: a graph break every step)."""
         force = attention.FORCE_KERNEL
         dropout = self.training and any(block.attn.attn_pdrop > 0 for block in self.h)
         window = self.config.sliding_window is not None
-        if documents.device.type != "cpu" or branches is not None or dropout or window:
+        compiling = torch.compiler.is_compiling()
+        if documents.device.type != "cpu" or branches is not None or dropout or window or compiling:
             return None
         if force not in (None, "sequences"):
             return None

@@ -278,3 +278,30 @@ def test_a_short_context_before_many_long_continuations_is_laid_once_per_sequenc
     assert packed.branches is None and packed.real_tokens == 3 * 64
     module.train()
     assert_same(run(module, collate(rows, specials.pad)), run(module, packed), packed.choice_mask)
+
+
+def test_compiled_packed_batches_of_new_shapes_reuse_one_dynamic_graph(tokenizer_dir):
+    """`--model.compile` on packed batches, whose rows and lengths change every step: a static graph
+    for the first shape and one dynamic graph for every later one (on a CPU the blocked attention's
+    loop over query blocks, which would fix the length, stays out of the graph), with the eager
+    model's losses (bf16: the compiled graph runs SDPA where eager runs the blocked matmuls)."""
+    from torch._dynamo.utils import counters
+
+    module, _, specials = module_for(tokenizer_dir, "single", "llama-micro")
+    task, vocab = module.task, module.gpt.config.vocab_size - 8
+    batches = [collate_packed(examples(task, "single", specials, vocab, n=5 + s, seed=s), specials.pad)
+               for s in range(5)]  # fmt: skip
+    assert len({tuple(b.input_ids.shape) for b in batches}) == 5
+    module.eval()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        eager = [module.losses(b)[0].float() for b in batches]
+        torch._dynamo.reset()
+        counters.clear()
+        module.gpt.compile(backend="eager")
+        try:
+            compiled = [module.losses(b)[0].float() for b in batches]
+        finally:
+            torch._dynamo.reset()
+    assert counters["stats"]["unique_graphs"] == 2
+    for a, b in zip(compiled, eager):
+        assert a.item() == pytest.approx(b.item(), rel=2e-2)
