@@ -111,9 +111,9 @@ def vs_trainer(args, env: dict[str, str], tmp: Path, left: float) -> list[Row]:
     print(f"{started} SST-2 end to end, `gpt-ft fit` vs the Trainer ...", file=sys.stderr, flush=True)
     figures = tmp / "vs_trainer.json"
     shape = ["--layers=2", "--width=128"] if args.quick else ["--layers=30"]  # SmolLM2-135M's: 30 x 576
-    weights = (
-        [f"--init-from={args.init_from}"] if args.init_from else [f"--tokenizer={args.tokenizer}", *shape]
-    )
+    weights = [f"--init-from={args.init_from}"]
+    if not args.init_from:
+        weights = [f"--tokenizer={args.tokenizer}", "--shapes=llama", *shape]
     cmd = [sys.executable, "benchmarks/bench_vs_trainer.py", f"--glue={args.glue}", "--tasks=SST-2",
            f"--train-size={512 if args.quick else 67349}", f"--device={args.device}", "--batch-size=32",
            "--contenders", "ours", "Trainer", "Trainer, group_by_length", *weights,
@@ -139,6 +139,7 @@ def main() -> int:
         p.error("--glue needs --init-from (pretrained weights) or --tokenizer (random ones)")
     args.budget = args.budget or 480 + (LIMITS["vs_trainer"] if args.glue else 0)
     start = time.perf_counter()
+    reserved = LIMITS["vs_trainer"] if args.glue else 0  # the Trainer part's, kept from the parts before it
     left = lambda: args.budget - (time.perf_counter() - start)  # noqa: E731
     report = Report("gpt_ft GPU checklist")
     cache = Path(tempfile.gettempdir()) / "gpt_ft_inductor_cache"
@@ -146,7 +147,7 @@ def main() -> int:
     if args.device == "cpu" or args.skip_tests:
         report.add(Row("CUDA tests", "need a GPU" if args.device == "cpu" else "--skip-tests", "skip"))
     else:
-        limit = min(LIMITS["tests"], left())
+        limit = min(LIMITS["tests"], left() - reserved)
         print(f"[{time.perf_counter() - start:4.0f} s] pytest -k cuda tests ...", file=sys.stderr, flush=True)
         cmd = [sys.executable, "-m", "pytest", "-v", "-rs", "-k", "cuda", "-p", "no:cacheprovider", "tests"]
         report.add(tests_row(run_part(cmd, limit, env), limit))
@@ -154,7 +155,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for names in parts:
             name, out = "+".join(names) if len(names) == 1 else "GPU figures", Path(tmp) / f"{names[0]}.md"
-            limit = min(LIMITS.get(name, 60) if args.device == "cuda" else 240, left())
+            limit = min(LIMITS.get(name, 60) if args.device == "cuda" else 240, left() - reserved)
             if limit < 5:
                 report.add(Row(name, f"not run: the {args.budget:.0f} s budget is spent", "FAIL"))
                 continue

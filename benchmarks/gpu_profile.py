@@ -28,8 +28,8 @@ from gpt_ft import GPT, GPTConfig
 from gpt_ft.training.throughput import counted_parameters, flops_per_token
 
 KINDS = [  # (kind, pattern on a kernel's or an operator's name, lower case); the first match wins
-    ("attention", r"flash|fmha|attention|sdpa|scaled_dot_product|cudnn"),
-    ("matmuls", r"gemm|matmul|\bmm\b|addmm|bmm|linear|cutlass|xmma|nvjet|cublas|sm\d+_"),
+    ("attention", r"flash|fmha|attention|sdpa|scaled_dot_product|cudnn|(?<!log)(?<!log_)softmax"),
+    ("matmuls", r"gemm|matmul|(?<![a-z])mm(?![a-z])|addmm|bmm|linear|cutlass|xmma|nvjet|cublas|sm\d+_"),
     ("optimizer", r"adam|foreach|multi_tensor"),
     ("communication", r"nccl|all_?reduce|all_?gather|reduce_?scatter"),
     ("the loss (log-softmax, NLL)", r"softmax|nll|cross_entropy"),

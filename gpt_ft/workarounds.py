@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from datasets import Dataset
-    from lightning.pytorch import Trainer
+    from lightning.pytorch import LightningModule, Trainer
     from torch import nn
     from torch.optim import Optimizer
 
@@ -47,6 +47,25 @@ def loggers_write_this_step(trainer: Trainer) -> bool:
     now asks; were it gone, compute `(trainer.global_step + 1) % trainer.log_every_n_steps == 0`.
     """
     return bool(trainer._logger_connector.should_update_logs or trainer.fast_dev_run)
+
+
+@contextmanager
+def logging_as(module: LightningModule, hook: str) -> Iterator[None]:
+    """`module.log` calls inside are recorded as made in `hook` (e.g. a training step's values logged
+    from `on_train_batch_end`, once a callback's decision shows they will be read).
+
+    `LightningModule.log` files a value under the hook running (`_current_fx_name`, which
+    src/lightning/pytorch/trainer/call.py sets around each hook); the same name logged from two
+    hooks would be two records, the stale one shadowing the fresh one. No public API logs on behalf
+    of another hook. If the attribute is renamed, set whatever `call._call_lightning_module_hook`
+    now sets; if logging ever takes the hook as an argument, pass it instead.
+    """
+    previous = module._current_fx_name
+    module._current_fx_name = hook
+    try:
+        yield
+    finally:
+        module._current_fx_name = previous
 
 
 def request_graceful_stop(trainer: Trainer) -> None:

@@ -25,6 +25,7 @@ from gpt_ft.workarounds import (
     decline_step_unscaling,
     is_compiled,
     loggers_write_this_step,
+    logging_as,
     mkldnn_bf16_supported,
     no_download_count,
     register_load_state_dict_pre_hook,
@@ -122,6 +123,37 @@ def test_loggers_write_this_step_says_ahead_which_steps_values_reach_the_loggers
     # every micro-batch of an optimizer step the loggers write after says so; they write at its count
     assert sorted(set(module.said)) == logger.written and len(module.said) == accumulate * len(logger.written)
     assert logger.written == ([2, 5, 8, 11, 14] if accumulate == 1 else [2, 5])
+
+
+def test_values_logged_as_the_training_step_from_a_later_hook_are_the_steps_own():
+    from lightning.pytorch.loggers import Logger
+
+    class Rows(Logger):
+        name, version, rows = "rows", 0, []
+
+        def log_metrics(self, metrics, step=None):
+            self.rows.append((step, metrics.get("x")))
+
+        def log_hyperparams(self, *args, **kwargs):
+            pass
+
+    class Late(Tiny):
+        def training_step(self, batch, batch_idx):
+            if batch_idx % 2 == 0:  # even steps log in the step, odd ones after it, as the step
+                self.log("x", float(batch_idx))
+            return super().training_step(batch, batch_idx)
+
+        def on_train_batch_end(self, outputs, batch, batch_idx):
+            if batch_idx % 2 == 1:
+                with logging_as(self, "training_step"):
+                    self.log("x", float(batch_idx))
+            assert self._current_fx_name == "on_train_batch_end"
+
+    logger = Rows()
+    quiet = dict(enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = Trainer(max_epochs=1, log_every_n_steps=1, logger=logger, accelerator="cpu", **quiet)
+    trainer.fit(Late())
+    assert logger.rows == [(i, float(i)) for i in range(8)]  # one record, each step's own value
 
 
 def test_a_graceful_stop_ends_fit_after_the_batch_with_lightnings_sigterm_exception():

@@ -74,20 +74,23 @@ class PrintMetrics(Callback):
 
 
 def step_values_read(trainer, batch_idx: int) -> bool:
-    """Whether anything reads the values a training step logs: the loggers write them after it, the
-    progress bar refreshes after it, or it ends the epoch (callbacks that monitor a training value
-    read the last one there). Lightning's `log` costs about a millisecond of host time a value (its
-    result collection moves and copies the value's record), a step's whole overhead over a hand-written
-    loop on a small model; the other steps skip it. A bar of another kind than Lightning's two (no
-    `refresh_rate`) is taken to read every step."""
+    """Whether anything is known, during a training step, to read the values it logs: the loggers
+    write after it, it is the epoch's last batch or the run's last step (callbacks monitoring a
+    training value read it there), or a progress bar shows it. Lightning's `log` costs about a
+    millisecond of host time a value (its result collection moves and copies the value's record),
+    a step's whole overhead over a hand-written loop on a small model; the other steps skip it.
+    Lightning's TQDM bar reads every `refresh_rate` batches; any other bar is taken to read every
+    step. A stop decided after the step (a time limit) is the module's to catch."""
     if trainer is None or loggers_write_this_step(trainer):
         return True
-    step = batch_idx + 1
-    if step >= trainer.num_training_batches:  # the epoch's last (inf for an iterable dataset)
+    if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:  # known ahead, iterable data too
+        return True
+    if trainer.max_steps > 0 and trainer.global_step + 1 >= trainer.max_steps:
         return True
     bar = trainer.progress_bar_callback
-    refresh = getattr(bar, "refresh_rate", 1) if bar is not None and bar.is_enabled else 0
-    return refresh == 1 or (refresh > 1 and step % refresh == 0)
+    if bar is None or not bar.is_enabled:
+        return False
+    return not isinstance(bar, TQDMProgressBar) or (batch_idx + 1) % bar.refresh_rate == 0
 
 
 def best_checkpoint(model) -> ModelCheckpoint:

@@ -5,6 +5,7 @@ bad checkpoints and YAML are one sentence, the metrics line stands on its own li
 import logging
 
 import pytest
+from lightning.pytorch import Callback
 
 from gpt_ft.cli import main
 from tests.helpers import ROOT, common_args, finetune_args, make_task
@@ -96,38 +97,70 @@ def test_the_metrics_line_is_printed_through_the_progress_bar_and_the_summary_ha
     assert summary and "FLOPs" not in summary[0] and "Flops" not in summary[0] and "| head " in summary[0]
 
 
-@pytest.mark.parametrize("refresh", [None, 2], ids=["no bar", "bar refreshing every 2"])
-def test_training_values_are_logged_on_the_steps_something_reads_them(
-    tmp_path, tokenizer_dir, monkeypatch, refresh
+class StopAfter(Callback):
+    """Stops the run after the training step with this index (0-based), as a time limit does."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        trainer.should_stop = trainer.should_stop or trainer.global_step == self.index + 1
+
+
+# 3 epochs of 3 batches, log_every_n_steps 2: the loggers write after steps 1, 3, 5, 7 (0-based), the
+# epochs end at 2, 5, 8; a bar of every 2 batches refreshes after each epoch's 2nd (1, 4, 7).
+LOGGED_STEPS = {
+    "no bar": ([], {1, 3, 5, 7, 2, 8}, [1, 3, 5, 7]),
+    "bar every 2": (["--trainer.callbacks+=TQDMProgressBar", "--trainer.callbacks.refresh_rate=2"],
+                    {1, 3, 5, 7, 2, 8, 4}, [1, 3, 5, 7]),
+    "max_steps 7": (["--trainer.max_steps=7"], {1, 3, 5, 2, 6}, [1, 3, 5]),  # 6: the run's last
+    "stopped after step 4": ([], {1, 3, 2, 4}, [1, 3, 4]),  # the stop makes the loggers write 4
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(LOGGED_STEPS))
+def test_training_values_are_logged_fresh_on_the_steps_something_reads_them(
+    tmp_path, tokenizer_dir, monkeypatch, case
 ):
     """`train/*` goes through Lightning's `log` (about a millisecond of host time a value) only on
-    the steps whose values are read: the loggers' (every `log_every_n_steps`), the bar's refreshes and
-    each epoch's last; the logger's rows are those it wrote when every step logged."""
+    the steps whose values are read: the loggers' (every `log_every_n_steps`, and a stop), the bar's
+    refreshes, each epoch's last and the run's last; whatever reads them gets the step's own value."""
     import csv
 
+    from gpt_ft.training import runs
     from gpt_ft.training.module import GPTModule
 
-    logged, log = [], GPTModule.log
+    extra, expected, rows_expected = LOGGED_STEPS[case]
+    losses, logged, step, log = [], [], GPTModule.training_step, GPTModule.log
 
-    def spy(self, name, *args, **kwargs):
+    def training_step(self, batch, batch_idx):
+        loss = step(self, batch, batch_idx)
+        losses.append(float(loss))
+        return loss
+
+    def spy(self, name, value, *args, **kwargs):
         if name == "train/loss":
-            logged.append(self.trainer.global_step)
-        return log(self, name, *args, **kwargs)
+            logged.append(float(value))
+        return log(self, name, value, *args, **kwargs)
 
+    monkeypatch.setattr(GPTModule, "training_step", training_step)
     monkeypatch.setattr(GPTModule, "log", spy)
+    if case.startswith("stopped"):
+        callbacks = runs.run_callbacks
+        monkeypatch.setattr(runs, "run_callbacks", lambda *a, **k: [StopAfter(4), *callbacks(*a, **k)])
     card = make_task("single", tmp_path)
     args = [
         a for a in finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "runs") if "progress_bar" not in a
     ]
-    bar = ["--trainer.enable_progress_bar=false"]
-    if refresh:
-        bar = ["--trainer.callbacks+=TQDMProgressBar", f"--trainer.callbacks.refresh_rate={refresh}"]
-    main(["fit", *args, *bar, "--trainer.log_every_n_steps=2", "--trainer.enable_checkpointing=false"])
-    # 3 epochs of 3 batches: the logger writes after steps 2, 4, 6, 8 (global steps 1, 3, 5, 7 under
-    # way), the epochs end at 2, 5, 8, and a bar of every 2 batches refreshes after each epoch's 2nd.
-    expected = {1, 3, 5, 7} | {2, 5, 8} | ({1, 4, 7} if refresh else set())
-    assert logged == sorted(expected)
+    bar = [] if "bar" in case and "no" not in case else ["--trainer.enable_progress_bar=false"]
+    main(
+        ["fit", *args, *bar, *extra, "--trainer.log_every_n_steps=2", "--trainer.enable_checkpointing=false"]
+    )
+    assert logged == [losses[i] for i in sorted(expected)]  # each step's own loss, on those steps only
     (metrics,) = (tmp_path / "runs").rglob("metrics.csv")
     with open(metrics) as f:
         rows = [r for r in csv.DictReader(f) if r.get("train/loss")]
-    assert [int(r["step"]) for r in rows] == [1, 3, 5, 7] and all(float(r["train/loss"]) > 0 for r in rows)
+    assert [int(r["step"]) for r in rows] == rows_expected
+    assert [float(r["train/loss"]) for r in rows] == pytest.approx(
+        [losses[i] for i in rows_expected], rel=1e-6
+    )
