@@ -19,7 +19,7 @@ from lightning.pytorch.callbacks import (
 from gpt_ft.training.checkpointing import Provenance, ResumeState, SaveLast, WholeStepTimer
 from gpt_ft.training.stopping import main_monitor
 from gpt_ft.training.throughput import ParameterSummary, Throughput
-from gpt_ft.workarounds import loggers_write_this_step
+from gpt_ft.workarounds import loggers_write_this_step, logging_as
 
 
 def run_callbacks(trainer_config, model, data_config: dict[str, Any] | None) -> list[Callback]:
@@ -91,6 +91,33 @@ def step_values_read(trainer, batch_idx: int) -> bool:
     if bar is None or not bar.is_enabled:
         return False
     return not isinstance(bar, TQDMProgressBar) or (batch_idx + 1) % bar.refresh_rate == 0
+
+
+class StepValues:
+    """A training step's values for Lightning's `log` (`train/loss` on the progress bar): logged in
+    the step where `step_values_read` says they are read, or after it (`after_step`, from the
+    module's `on_train_batch_end`, which runs after every callback's) when a callback stopped the
+    run there, as the step's own values, so that the loggers' last row is the last step's."""
+
+    def __init__(self) -> None:
+        self.values: dict = {}
+        self.batch_size, self.logged = 0, True
+
+    def step(self, module, trainer, batch_idx: int, values: dict, batch_size: int) -> None:
+        """`values`: the loss and its parts by name, logged as `train/NAME`."""
+        self.values, self.batch_size = {f"train/{name}": value for name, value in values.items()}, batch_size
+        self.logged = step_values_read(trainer, batch_idx)
+        if self.logged:
+            self.log(module)
+
+    def after_step(self, module) -> None:
+        if not self.logged and module.trainer.should_stop:
+            with logging_as(module, "training_step"):
+                self.log(module)
+
+    def log(self, module) -> None:
+        for name, value in self.values.items():
+            module.log(name, value, prog_bar=name == "train/loss", batch_size=self.batch_size)
 
 
 def best_checkpoint(model) -> ModelCheckpoint:

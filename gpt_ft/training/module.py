@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from gpt_ft.adapters import TaskAdapter
 from gpt_ft.data.batches import TokenBatch
 from gpt_ft.model.lora import LoRA
-from gpt_ft.training.callbacks import step_values_read
+from gpt_ft.training.callbacks import StepValues
 from gpt_ft.training.checkpointing import NonfiniteWatch
 from gpt_ft.training.eval_metrics import EvalMetrics, Evaluation, split_key
 from gpt_ft.training.optim import MuonAdamW, adamw, fused_adamw, lr_lambda
@@ -27,7 +27,7 @@ from gpt_ft.training.ranks import gather, mean_over_ranks
 from gpt_ft.training.saved import build_gpt, check_lora_resume, lora_checkpoint
 from gpt_ft.training.terms import batch_terms, combined_loss
 from gpt_ft.weights.checkpoint import Checkpoint
-from gpt_ft.workarounds import is_compiled, logging_as
+from gpt_ft.workarounds import is_compiled
 
 
 def new_token_ids(tokenizer: str | None) -> list[int] | None:
@@ -179,7 +179,7 @@ class GPTModule(Evaluation, LightningModule):
         self.compile_backend = ("inductor" if compile is True else compile) or None
         self.gpt.activation_checkpointing = activation_checkpointing
         self._predictions: dict[str, list[tuple[Tensor, Tensor]]] = {}
-        self._step_values, self._step_logged = None, True  # a training step's values, and whether logged
+        self.step_values = StepValues()  # logs a training step's losses where something reads them
         self.save_hyperparameters(ignore=["task", "lora"])
         self.hparams["lora"] = asdict(lora) if lora is not None else None  # plain values: weights-only loads
 
@@ -268,22 +268,11 @@ class GPTModule(Evaluation, LightningModule):
     def training_step(self, batch: TokenBatch, batch_idx: int) -> Tensor:
         loss, parts = self.losses(batch)
         self.nonfinite.check(self.trainer, loss, batch_idx, self.optimizers(use_pl_optimizer=False))
-        self._step_values = {"train/loss": loss, **{f"train/{n}": v for n, v in parts.items()}}, len(batch)
-        self._step_logged = step_values_read(attached_trainer(self), batch_idx)
-        if self._step_logged:
-            self._log_step_values()
+        self.step_values.step(self, attached_trainer(self), batch_idx, {"loss": loss, **parts}, len(batch))
         return loss
 
-    def _log_step_values(self) -> None:
-        values, batch_size = self._step_values
-        for name, value in values.items():
-            self.log(name, value, prog_bar=name == "train/loss", batch_size=batch_size)
-
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
-        # A callback stopped the run after the step (a time limit): the loggers write this step.
-        if not self._step_logged and self.trainer.should_stop:
-            with logging_as(self, "training_step"):
-                self._log_step_values()
+        self.step_values.after_step(self)
 
     def on_train_end(self) -> None:
         self.nonfinite.poll(self.trainer)  # the last steps' flags
