@@ -41,7 +41,7 @@ ROWS = {
     "profile, training step 4 x 128": r"[\d.]+ ms a step; the CPU's operators \(self time\) busy \d+% of it",
     **{f"profile, {kind}": r"[\d.]+% \([\d.]+ ms a step\)" for kind in PROFILE_KINDS},
     "profile, outside the operators": r"[\d.]+%",
-    "profile, longest operators": r"[\w:]+ \d+%(, [\w:]+ \d+%){4}",
+    "profile, longest operators": r"[^,]+ \d+%(, [^,]+ \d+%){4}",  # aten::mm, Optimizer.step#AdamW.step, ...
     "training step, llama-micro shape, batch 4 x 128, eager": f"{RATE} tokens/s",
     "fine-tuning step (head + λ=0.5 LM loss), batch 8, padded": (
         rf"{RATE} real tokens/s; padding \d+% of \(8, 1, \d+\)"
