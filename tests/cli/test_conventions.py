@@ -122,7 +122,7 @@ LOGGED_STEPS = {
 def test_training_values_are_logged_fresh_on_the_steps_something_reads_them(
     tmp_path, tokenizer_dir, monkeypatch, case
 ):
-    """`train/*` goes through Lightning's `log` (about a millisecond of host time a value) only on
+    """`train/*` goes through Lightning's `log` (0.5-1 ms of host time a value) only on
     the steps whose values are read: the loggers' (every `log_every_n_steps`, and a stop), the bar's
     refreshes, each epoch's last and the run's last; whatever reads them gets the step's own value."""
     import csv
