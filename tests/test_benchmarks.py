@@ -179,19 +179,18 @@ def test_the_trainer_part_checks_twice_the_speed_at_equal_accuracy(tmp_path):
             {"contender": "Trainer", "seconds": seconds, "accuracy": accuracy, "tokens_per_s": None},
         ]
         figures.write_text(json.dumps(runs))
-        return [(r.check, r.result, r.status) for r in trainer_rows(done, figures, 300, goal)]
+        return [(r.check, r.result, r.status) for r in trainer_rows(done, figures, 300, goal, batch=256)]
 
+    name = "SST-2 end to end, batch 256"
     assert rows(200.0, 0.9099) == [
-        ("SST-2 end to end, ours", "100 s, dev accuracy 0.9000, 52,346 real tokens/s in steady state", ""),
-        ("SST-2 end to end, Trainer", "200 s, dev accuracy 0.9099, no rate", ""),
-        (
-            "SST-2 end to end, the Trainer's wall time / ours",
-            "2.00x, dev accuracy 0.9000 against 0.9099",
-            "pass",
-        ),  # fmt: skip
+        (f"{name}, ours", "100 s, dev accuracy 0.9000, 52,346 real tokens/s in steady state", ""),
+        (f"{name}, Trainer", "200 s, dev accuracy 0.9099, no rate", ""),
+        (f"{name}, the Trainer's wall time / ours", "2.00x, dev accuracy 0.9000 against 0.9099", "pass"),
     ]
     assert rows(199.0, 0.9)[-1][2] == "FAIL"  # not twice
     assert rows(300.0, 0.9101)[-1][2] == "FAIL"  # faster, but not at equal accuracy
     assert rows(300.0, 0.8, goal=False)[-1][2] == ""  # on a CPU the goal is not checked
     killed = trainer_rows(Part(None, 300.0, "", ""), figures, 300, True)
-    assert [(r.result, r.status) for r in killed] == [("killed at its 300 s limit", "FAIL")]
+    assert [(r.check, r.result, r.status) for r in killed] == [
+        ("SST-2 end to end, batch 32, `gpt-ft fit` vs the Trainer", "killed at its 300 s limit", "FAIL")
+    ]
