@@ -25,7 +25,7 @@ PROFILE_KINDS = [
 # The rows of `--device cpu --quick` (gpt-micro at context 128, batch 4), in order, and their results.
 ROWS = {
     "CUDA tests": r"need a GPU",
-    "environment": r"CPU \(.+\); torch .+, CUDA None, lightning .+, transformers .+, \d+ threads",
+    "environment": r"CPU \(.+\); torch .+, CUDA \S+, lightning .+, transformers .+, \d+ threads",
     "model": r"2 layers x 64 wide, 2 heads, vocab 8192, context 128; fp32",
     # Evaluation runs SDPA mask-free or with a boolean mask: the CPU's flash kernel either way.
     **{

@@ -14,6 +14,7 @@ from lightning.pytorch.callbacks import ModelSummary
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from packaging.version import Version
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -281,7 +282,8 @@ def test_the_mkldnn_bf16_probe_exists_and_answers_a_bool():
 
 
 def test_torch_warns_about_enum_pytree_constants_on_the_named_logger():
-    """The warning torchao's import causes (it registers Enum subclasses) comes from this logger."""
+    """The warning torchao's import causes (it registers Enum subclasses) comes from this logger
+    (torch 2.13 warns; 2.11 did not)."""
     import torch.utils._pytree as pytree
 
     names = [logger.name for logger in torchao_import_loggers()]
@@ -292,7 +294,9 @@ def test_torch_warns_about_enum_pytree_constants_on_the_named_logger():
     logger = logging.getLogger("torch.utils._pytree")
     level = logger.level
     logger.setLevel(logging.WARNING)  # the CLI may have set ERROR in this process
-    logger.addHandler(handler)
+    watched = [logging.root, logging.getLogger("torch")]  # any logger's record (torch's do not reach root)
+    for each in watched:
+        each.addHandler(handler)
     try:
 
         class Precision(str, enum.Enum):
@@ -300,9 +304,12 @@ def test_torch_warns_about_enum_pytree_constants_on_the_named_logger():
 
         pytree.register_constant(Precision)
     finally:
-        logger.removeHandler(handler)
+        for each in watched:
+            each.removeHandler(handler)
         logger.setLevel(level)
-    assert any("Enum subclass" in record.getMessage() for record in records)
+    warned = {record.name for record in records if "Enum subclass" in record.getMessage()}
+    assert warned <= {"torch.utils._pytree"}
+    assert warned or Version(torch.__version__).release < (2, 13)
 
 
 # datasets

@@ -24,6 +24,14 @@ SUFFIX = ".gguf"
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "gpt2")
 CACHE = "GPT_FT_CACHE"  # the folder for converted GGUF tokenizers (default ~/.cache/gpt_ft)
 SPLIT_COUNT = "split.count"  # llama.cpp's split files: each part names how many there are
+# The special tokens a file names by id, as a tokenizer's attributes.
+SPECIAL_IDS = {
+    "bos_token": "tokenizer.ggml.bos_token_id",
+    "eos_token": "tokenizer.ggml.eos_token_id",
+    "unk_token": "tokenizer.ggml.unknown_token_id",
+    "pad_token": "tokenizer.ggml.padding_token_id",
+}
+CONVERSION = 2  # in the cache's keys: entries converted before the special tokens were the file's own
 
 
 def find(path: str | os.PathLike) -> Path | None:
@@ -201,15 +209,16 @@ def cache_dir() -> Path:
 def _tokenizer(path: Path, size: int, mtime: int):
     from transformers import AutoTokenizer
 
-    key = hashlib.sha256(f"{path}\0{size}\0{mtime}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{CONVERSION}\0{path}\0{size}\0{mtime}".encode()).hexdigest()[:16]
     saved = cache_dir() / f"{path.stem}-{key}"
     if (saved / "tokenizer.json").is_file():
         try:
             return AutoTokenizer.from_pretrained(saved)
         except (OSError, ValueError):  # a damaged entry: converted again below
             pass
-    open_checked(path, weights=False)
+    reader = open_checked(path, weights=False)
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    _own_special_tokens(tokenizer, reader)
     partial = saved.with_name(f"{saved.name}.{os.getpid()}.partial")
     try:
         tokenizer.save_pretrained(partial)
@@ -218,3 +227,15 @@ def _tokenizer(path: Path, size: int, mtime: int):
     except OSError:  # a read-only or full cache: the next process converts again
         shutil.rmtree(partial, ignore_errors=True)
     return tokenizer
+
+
+def _own_special_tokens(tokenizer, reader) -> None:
+    """Make the tokenizer's bos, eos, unknown and padding tokens the ones the file names by id,
+    whatever transformers' conversion made of them: transformers 5.17, for one, takes the eos
+    token from the bos id and drops the padding token, so generation would stop at the wrong token."""
+    for name, key in SPECIAL_IDS.items():
+        index = _field(reader, key)
+        if index is not None and 0 <= int(index) < len(tokenizer):
+            token = tokenizer.convert_ids_to_tokens(int(index))
+            if getattr(tokenizer, name) != token:
+                setattr(tokenizer, name, token)

@@ -49,9 +49,14 @@ def snapshot(name: str) -> Path:
     )
 
     repo, _, revision = name.partition("@")
+    offline = constants.HF_HUB_OFFLINE  # the cache alone: huggingface_hub 1.x would ask for a commit's files
     try:
-        folder = Path(snapshot_download(repo, revision=revision or None, allow_patterns=WANTED))
-        if not any(folder.glob("*.safetensors")) and not constants.HF_HUB_OFFLINE:
+        folder = Path(
+            snapshot_download(
+                repo, revision=revision or None, allow_patterns=WANTED, local_files_only=offline
+            )
+        )
+        if not any(folder.glob("*.safetensors")) and not offline:
             folder = Path(
                 snapshot_download(repo, revision=revision or None, allow_patterns=WANTED + BIN_WEIGHTS)
             )
@@ -59,7 +64,7 @@ def snapshot(name: str) -> Path:
         what = "revision" if isinstance(exc, RevisionNotFoundError) else "repository"
         raise FileNotFoundError(f"{name} is not a local path, and the hub has no such {what}.") from None
     except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as exc:
-        why = "HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else f"the hub did not answer: {exc}"
+        why = "HF_HUB_OFFLINE is set" if offline else f"the hub did not answer: {exc}"
         raise FileNotFoundError(
             f"{name} is not a local path and not in the hub cache {constants.HF_HUB_CACHE}, and cannot be "
             f"downloaded ({why})."

@@ -209,7 +209,7 @@ def test_a_card_that_cannot_work_is_named(explain, card, problem):
         ),
         (
             "trainer:\n  limit_train_batches: -1\n",
-            "invalid value -1 for limit_train_batches, it has to be in [0.0, 1.0] or an int.",
+            "for limit_train_batches, it has to be in [0.0, 1.0] or an int.",  # -1 or -1.0 before it
         ),
         ("seed_everything: -1\n", "--seed_everything must be in [0, 4294967295], got -1."),
     ],

@@ -159,6 +159,34 @@ def test_tokenizer_ids_equal_the_written_tokenizer_and_transformers_gguf(tmp_pat
     assert chat == "<|im_start|>user\nhi<|im_end|>\n"
 
 
+def test_the_special_tokens_are_the_ones_the_file_names_whatever_the_conversion_made_of_them(
+    tmp_path, monkeypatch
+):
+    """transformers 5.17's conversion takes the eos token from the bos id and drops the padding
+    token; the ids the file names win, so nothing is added and generation stops where it should."""
+    from transformers import AutoTokenizer
+
+    from gpt_ft.weights import gguf_file
+
+    monkeypatch.setenv(gguf_file.CACHE, str(tmp_path / "cache"))
+    path = write_gguf(tmp_path / "m.gguf", tiny("llama"), tokenizer=tiny_tokenizer())
+    convert = AutoTokenizer.from_pretrained
+
+    def as_transformers_5_17(*args, **kwargs):
+        tokenizer = convert(*args, **kwargs)
+        tokenizer.eos_token, tokenizer.pad_token = tokenizer.bos_token, None
+        return tokenizer
+
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", as_transformers_5_17)
+    gguf_file._tokenizer.cache_clear()
+    try:
+        tok = load_tokenizer(path)
+    finally:
+        gguf_file._tokenizer.cache_clear()
+    assert (tok.bos_token, tok.eos_token, tok.pad_token) == ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
+    assert len(tok) == VOCAB + 3  # start, delim, extract: the file's padding token is kept
+
+
 def test_a_converted_tokenizer_is_kept_in_the_cache(tmp_path, monkeypatch):
     """The second process reads the tokenizer from the cache: the file is not opened again."""
     from gpt_ft.weights import gguf_file
