@@ -148,10 +148,6 @@ def run_together(jobs: list[tuple[list[str], Path]], parallel: int) -> None:
 def pretrain(args, names: list[str]) -> None:
     """Probe each variant's step, then pretrain it for --minutes with its cosine sized to fit."""
     todo = [n for n in names if not (args.out / slug(n) / "score.json").exists()]
-    if any(VARIANTS[n].get("optimizer") == "muon" for n in todo) and not hasattr(torch.optim, "Muon"):
-        raise SystemExit(
-            f"The Muon variants need torch.optim.Muon (torch >= 2.9); this is torch {torch.__version__}."
-        )
     for n in todo:  # the tokens first, one at a time (the tokenizer uses every core)
         tokens_for(args, settings(n)["vocab"])
     for i in range(0, len(todo), args.parallel):

@@ -11,7 +11,7 @@ Every layer uses this module, the lowest included, so it imports no heavy librar
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -154,21 +154,6 @@ def is_compiled(module: nn.Module) -> bool:
     flag. If the attribute goes, record it ourselves where `compile` is called.
     """
     return getattr(module, "_compiled_call_impl", None) is not None
-
-
-def register_load_state_dict_pre_hook(module: nn.Module, hook: Callable[..., None]) -> None:
-    """Call `hook(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-    error_msgs)` before `module` loads a state dict.
-
-    `Module.register_load_state_dict_pre_hook` is public since pytorch/pytorch#131690; older torch
-    (the project allows 2.3) has only the private `_register_load_state_dict_pre_hook`. Drop the
-    fallback once the minimum torch has the public method.
-    """
-    public = getattr(module, "register_load_state_dict_pre_hook", None)
-    if public is not None:
-        public(hook)
-    else:
-        module._register_load_state_dict_pre_hook(hook, with_module=True)
 
 
 def mkldnn_bf16_supported() -> bool:

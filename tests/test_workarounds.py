@@ -29,7 +29,6 @@ from gpt_ft.workarounds import (
     logging_as,
     mkldnn_bf16_supported,
     no_download_count,
-    register_load_state_dict_pre_hook,
     request_graceful_stop,
     should_accumulate,
     summary_table,
@@ -261,18 +260,6 @@ def test_is_compiled_after_module_compile_only():
     layer.compile()  # lazy: nothing is compiled before the first call
     assert is_compiled(layer)
     assert not is_compiled(nn.Linear(2, 1))
-
-
-def test_a_load_state_dict_pre_hook_gets_the_module_and_may_rewrite_the_state():
-    layer, calls = nn.Linear(2, 1, bias=False), []
-
-    def rename(module, state, prefix, *rest):
-        calls.append(module)
-        state[prefix + "weight"] = state.pop(prefix + "old_weight")
-
-    register_load_state_dict_pre_hook(layer, rename)
-    layer.load_state_dict({"old_weight": torch.ones(1, 2)})
-    assert calls == [layer] and torch.equal(layer.weight, torch.ones(1, 2))
 
 
 def test_the_mkldnn_bf16_probe_exists_and_answers_a_bool():

@@ -21,7 +21,6 @@ Three kinds of source are understood:
 from __future__ import annotations
 
 import codecs
-import inspect
 import json
 import os
 from dataclasses import dataclass
@@ -136,9 +135,7 @@ def add_special_tokens(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenize
     if new:
         # Extend rather than replace the tokenizer's own extra special tokens: replacing would
         # silently demote them to ordinary tokens that `skip_special_tokens` no longer drops.
-        tokenizer.add_special_tokens(
-            {"additional_special_tokens": new}, **{_replace_extras_kwarg(tokenizer): False}
-        )
+        tokenizer.add_special_tokens({"additional_special_tokens": new}, replace_extra_special_tokens=False)
     if tokenizer.pad_token is None:
         tokenizer.add_special_tokens({"pad_token": SPECIAL_TOKENS["pad"]})
     return tokenizer
@@ -386,15 +383,5 @@ def check_text_file(path: Path, what: str = "File", chunk_bytes: int = 1 << 20) 
 
 
 def _extra_special_tokens(tokenizer: PreTrainedTokenizerBase) -> list[str]:
-    """The tokenizer's extra special tokens (transformers 5 name) or additional ones (transformers 4)."""
-    extras = getattr(tokenizer, "extra_special_tokens", None)
-    if not isinstance(extras, (list, tuple)):  # transformers 4 uses this name for a dict of named tokens
-        extras = getattr(tokenizer, "additional_special_tokens", None) or []
-    return [str(t) for t in extras]
-
-
-def _replace_extras_kwarg(tokenizer: PreTrainedTokenizerBase) -> str:
-    """Name of add_special_tokens' "replace the extra special tokens" flag, which transformers 5 renamed."""
-    params = inspect.signature(tokenizer.add_special_tokens).parameters
-    new_name = "replace_extra_special_tokens"
-    return new_name if new_name in params else "replace_additional_special_tokens"
+    """The tokenizer's extra special tokens."""
+    return [str(t) for t in getattr(tokenizer, "extra_special_tokens", None) or []]

@@ -25,7 +25,6 @@ from gpt_ft.model.cache import Cache, KVCache, SharedPrefix, StaticKVCache
 from gpt_ft.model.config import ACTIVATIONS, GPTConfig
 from gpt_ft.model.norms import RMSNorm, norm
 from gpt_ft.model.sequences import FlatRows, flat_rows
-from gpt_ft.workarounds import register_load_state_dict_pre_hook
 
 __all__ = ["GPT", "GPTConfig", "Block", "KVCache", "StaticKVCache", "SharedPrefix"]
 
@@ -101,7 +100,7 @@ class GPT(nn.Module):
         untied = not config.tie_embeddings
         self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False) if untied else None
         self._initialize(self)
-        register_load_state_dict_pre_hook(self, GPT._fit_embedding_rows)
+        self.register_load_state_dict_pre_hook(GPT._fit_embedding_rows)
         self.activation_checkpointing = False
         """In training, keep only each block's input and recompute its activations in the backward
         pass: memory for about one more forward pass (the dropout masks are replayed)."""
