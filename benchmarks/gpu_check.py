@@ -20,7 +20,8 @@ the group) and its row is written whatever happens; a part killed at its limit s
 The parts share one budget (`--budget`, default 480 s), so the whole checklist ends within it, and
 torch.compile's on-disk cache, so a graph one part compiled is read back by the next.
 
-Exit status 1 when a test fails, a part is killed or a goal is missed. With `--device cpu` the tests
+Exit status 1 when an installed package is older than gpt_ft's floor for it, a test fails, a part
+is killed or a goal is missed. With `--device cpu` the tests
 are skipped and the figures run, as one part, on a small model (`--quick`: a tiny one, in about
 half a minute; the test suite runs it).
 
@@ -41,7 +42,7 @@ import time
 from pathlib import Path
 
 from harness import Report, Row, report_argument, verdict
-from parts import Part, run_part
+from parts import Part, floors_missed, run_part
 
 FIGURES = ["environment", "training_throughput", "fit_vs_loop", "generation", "finetune_step", "profile",
            "shapes", "attention", "fit_quickstart"]  # fmt: skip
@@ -154,6 +155,8 @@ def main() -> int:
     reserved = LIMITS["vs_trainer"] if args.glue else 0  # the Trainer part's, kept from the parts before it
     left = lambda: args.budget - (time.perf_counter() - start)  # noqa: E731
     report = Report("gpt_ft GPU checklist")
+    missed = floors_missed()
+    report.add(Row("dependencies", "; ".join(missed) or "every floor met", "FAIL" if missed else ""))
     cache = Path(tempfile.gettempdir()) / "gpt_ft_inductor_cache"
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": os.environ.get("TORCHINDUCTOR_CACHE_DIR", str(cache))}
     if args.device == "cpu" or args.skip_tests:

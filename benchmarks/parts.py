@@ -42,3 +42,27 @@ def run_part(cmd: list[str], limit_s: float, env: dict[str, str] | None = None) 
         proc.wait()
         out.seek(0), err.seek(0)
         return Part(code, time.perf_counter() - start, out.read(), err.read())
+
+
+def floors_missed(version=None) -> list[str]:
+    """gpt_ft's requirements the installed packages miss ("tokenizers 0.23.2 (needs >=0.23.3)"),
+    read from its installed metadata; `version(name)` gives a package's version (importlib's by
+    default). Figures measured below the floors (docs/command-line.md#versions) are not gpt_ft's."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    version = version or metadata.version
+    missed = []
+    for text in metadata.requires("gpt_ft") or []:
+        need = Requirement(text)
+        if need.marker is not None and not need.marker.evaluate({"extra": ""}):
+            continue  # an extra's
+        try:
+            have = version(need.name)
+        except metadata.PackageNotFoundError:
+            missed.append(f"{need.name} (needs {need.specifier or 'it'})")
+            continue
+        if not need.specifier.contains(have, prereleases=True):
+            missed.append(f"{need.name} {have} (needs {need.specifier})")
+    return missed

@@ -24,6 +24,7 @@ PROFILE_KINDS = [
 ]  # fmt: skip
 # The rows of `--device cpu --quick` (gpt-micro at context 128, batch 4), in order, and their results.
 ROWS = {
+    "dependencies": r"every floor met",
     "CUDA tests": r"need a GPU",
     "environment": r"CPU \(.+\); torch .+, CUDA \S+, lightning .+, transformers .+, \d+ threads",
     "model": r"2 layers x 64 wide, 2 heads, vocab 8192, context 128; fp32",
@@ -162,6 +163,26 @@ def test_a_part_past_its_limit_is_killed_with_its_children_and_says_so():
     done = run_part([sys.executable, "-c", "import sys; print('7 passed'); sys.exit(1)"], limit_s=30)
     assert done.returncode == 1 and done.stdout == "7 passed\n"
     assert tests_row(done, 30).status == "FAIL" and tests_row(done, 30).result.startswith("7 passed (")
+
+
+def test_the_checklist_names_each_installed_package_older_than_its_floor():
+    """A stack installed beforehand (a CUDA image) may sit below gpt_ft's floors: the checklist's
+    first row names each such package, and is met here, where pip installed them."""
+    from importlib.metadata import requires, version
+
+    from packaging.requirements import Requirement
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    from parts import floors_missed
+
+    assert floors_missed() == []
+    floors = {need.name: need.specifier for need in map(Requirement, requires("gpt_ft"))}
+    old = {"tokenizers": "0.10.0", "torch": "2.0.1+cu118"}
+    missed = floors_missed(lambda name: old.get(name) or version(name))
+    assert missed == [
+        f"torch 2.0.1+cu118 (needs {floors['torch']})",
+        f"tokenizers 0.10.0 (needs {floors['tokenizers']})",
+    ]
 
 
 def test_the_trainer_part_checks_twice_the_speed_at_equal_accuracy(tmp_path):
