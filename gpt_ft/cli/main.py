@@ -146,6 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     keep_freed_memory()
     try:
         command.run(name, args)
+        release_process_group()
     except USER_ERRORS as exc:
         if debug:
             raise
@@ -184,6 +185,15 @@ def main(argv: list[str] | None = None) -> None:
         if isinstance(exc.__context__, KeyboardInterrupt) and not debug:
             stopped_by(signal.SIGINT)  # Lightning's exit(1) after a KeyboardInterrupt (a second Ctrl-C)
         raise
+
+
+def release_process_group() -> None:
+    """Destroys the process group a distributed run joined while the interpreter is still whole: a
+    gloo group left to the interpreter's exit can abort a process whose work is done ("terminate
+    called without an active exception", exit -6; pytorch/pytorch#190489)."""
+    dist = sys.modules.get("torch.distributed")  # a command that never imported it joined no group
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def raised_by_lightning(exc: BaseException, package: str, name: str) -> bool:

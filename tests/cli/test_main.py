@@ -401,6 +401,23 @@ def test_a_setting_lightning_refuses_is_one_sentence(tmp_path, tokenizer_dir, ca
     assert "gpt-ft: error: `CUDAAccelerator` can not run on your system" in err and "Traceback" not in err
 
 
+def test_a_command_that_joined_a_process_group_destroys_it_before_exiting(monkeypatch, tmp_path):
+    """A gloo group left to the interpreter's exit can abort a finished DDP process (exit -6, seen
+    once under load in `gpt-ft predict` on 2 processes): every command destroys its group."""
+    import torch.distributed as dist
+
+    entry = importlib.import_module("gpt_ft.cli.main")
+
+    def joins(name, args):
+        store = dist.FileStore(str(tmp_path / "store"), 1)
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+        dist.all_reduce(torch.ones(2))
+
+    monkeypatch.setitem(entry.COMMANDS, "joins", entry.Command("a run on one process", joins))
+    entry.main(["joins"])
+    assert not dist.is_initialized()
+
+
 def test_the_cli_keeps_freed_memory_unless_malloc_was_tuned_already(monkeypatch):
     """On Linux, every command first raises glibc's mmap threshold to 1 GiB and its trim threshold
     to 2 GiB (`mallopt`); not where the user set malloc's thresholds in the environment."""
