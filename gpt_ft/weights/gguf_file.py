@@ -5,8 +5,9 @@ They are read through transformers' own GGUF loader, which already knows each ar
 metadata keys, renames GGUF's tensors to its own (undoing llama.cpp's rotary permutation of q and k,
 and Gemma's +1 on its norm weights) and builds the tokenizer with its chat template and special
 tokens; its tensors then take the same path into a GPT as a transformers folder's (`hf.py`). What
-this module adds is finding the file and the checks that turn a file gpt_ft cannot read into one
-sentence: not GGUF, cut short, an architecture gpt_ft lacks, or a type it cannot dequantize.
+this module adds is finding the file, the special tokens the file names (by id) over whatever the
+conversion made of them, and the checks that turn a file gpt_ft cannot read into one sentence: not
+GGUF, cut short, an architecture gpt_ft lacks, or a type it cannot dequantize.
 """
 
 from __future__ import annotations
