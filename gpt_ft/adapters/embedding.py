@@ -199,7 +199,9 @@ class EmbeddingHead(TaskHead):
         losses = info_nce(anchors, every.flatten(0, 1), own, self.temperature)
         if self.symmetric:
             every_anchor, _ = gather_rows(anchors)
-            back = info_nce(positives, every_anchor, offset + torch.arange(B, device=outputs.device))
+            back = info_nce(
+                positives, every_anchor, offset + torch.arange(B, device=outputs.device), self.temperature
+            )
             losses = (losses + back) / 2
         return losses
 

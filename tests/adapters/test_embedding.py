@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from gpt_ft.adapters import Embedding, TaskDataError
-from gpt_ft.adapters.embedding import cosent, info_nce, retrieval_metrics
+from gpt_ft.adapters.embedding import EmbeddingHead, cosent, info_nce, retrieval_metrics
 from gpt_ft.data.batches import collate, collate_packed
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
 from gpt_ft.errors import CardError
@@ -46,6 +46,18 @@ def test_info_nce_is_cross_entropy_over_the_similarity_matrix():
     positive = torch.tensor([0, 2, 4, 6, 8])
     expected = F.cross_entropy(anchors @ candidates.T / 0.05, positive, reduction="none")
     torch.testing.assert_close(info_nce(anchors, candidates, positive), expected)
+
+
+@pytest.mark.parametrize("temperature", [0.05, 0.5])
+def test_symmetric_info_nce_divides_both_directions_by_the_cards_temperature(temperature):
+    """The mean of anchor→positives and positive→anchors, each over the batch, at the card's τ."""
+    torch.manual_seed(0)
+    head = EmbeddingHead(8, temperature=temperature, symmetric=True, candidates=1, dropout=0.0).eval()
+    outputs = F.normalize(torch.randn(4, 2, 8), dim=-1)
+    anchors, positives, own = outputs[:, 0], outputs[:, 1], torch.arange(4)
+    forward = F.cross_entropy(anchors @ positives.T / temperature, own, reduction="none")
+    back = F.cross_entropy(positives @ anchors.T / temperature, own, reduction="none")
+    torch.testing.assert_close(head.losses(outputs, torch.ones(4)), (forward + back) / 2)
 
 
 def test_info_nce_keeps_a_copy_of_the_positive_out_of_the_negatives():
