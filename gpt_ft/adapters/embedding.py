@@ -397,6 +397,12 @@ class Embedding(TaskAdapter):
         single, pair = super().template(specials)
         return (single, pair) if self.pooling == "extract" else (f"{specials[0]} $A", pair)
 
+    def text_room(self, max_length: int) -> int:
+        """The most tokens of one text (its prompt included) that fit `max_length` with its frame's
+        special tokens: two around an extract token, one (the start) otherwise, as the exported
+        tokenizer cuts it."""
+        return max_length - (2 if self.pooling == "extract" else 1)
+
     def encode(self, example, tokens, specials, max_length):
-        built = [self.frame(specials, text[: max_length - 2]) for text in tokens]
+        built = [self.frame(specials, text[: self.text_room(max_length)]) for text in tokens]
         return Encoded([ids for ids, _ in built], [k for _, k in built], self.output.example_label(example))

@@ -65,7 +65,7 @@ class Encoder:
         )
         encoded = []
         for i, tokens in enumerate(ids):
-            sequence, extract = clf.task.frame(clf.specials, tokens[: clf.max_length - 2])
+            sequence, extract = clf.task.frame(clf.specials, tokens[: self.task.text_room(clf.max_length)])
             encoded.append({"input_ids": [sequence], "extract_index": [extract], "label": None, "index": i})
         order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i]["input_ids"][0]))
         vectors = torch.zeros(len(encoded), self.dimensions)

@@ -1,8 +1,8 @@
 """An embedding model exported as a sentence-transformers folder, and a reranker as a one-output
 sequence classifier: in a process that never imports gpt_ft, `SentenceTransformer(folder).encode`
-gives `Encoder.encode`'s vectors (≤ 1e-5, the card's query prompt the default) for GPT-1's, GPT-2's
-and the Llama family's layouts, with and without a projection, for each pooling, and
-`CrossEncoder(folder).predict` the reranker's scores."""
+gives `Encoder.encode`'s vectors (≤ 1e-5, the card's query prompt the default; a text longer
+than the context cut alike) for GPT-1's, GPT-2's and the Llama family's layouts, with and without
+a projection, for each pooling, and `CrossEncoder(folder).predict` the reranker's scores."""
 
 from __future__ import annotations
 
@@ -15,7 +15,14 @@ import pytest
 
 from tests.background import Command
 
-TEXTS = ["the cat sat on the mat", "a dog", "she bakes brownies now", "", "he is happy in the park today"]
+TEXTS = [
+    "the cat sat on the mat",
+    "a dog",
+    "she bakes brownies now",
+    "",
+    "he is happy in the park today",
+    "the cat sat on the mat and the dog sat on the log " * 6,
+]  # the last is cut to the context
 LAYOUTS = {  # preset, overrides, projection, pooling
     "gpt1": ("gpt-micro", dict(n_embd=32, pre_ln=False), None, "extract"),
     "gpt2": ("gpt-micro", dict(n_embd=32, pre_ln=True), 16, "extract"),
