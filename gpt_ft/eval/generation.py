@@ -102,15 +102,19 @@ def generate(
 
 
 def print_as_they_come(tok, tokens: Iterator[Tensor], eos: int | None) -> None:
-    """Print the text each new token adds as it comes, up to the end-of-text token."""
+    """Print the text each new token adds as it comes, up to the end-of-text token. A token that
+    holds only the first bytes of a character (byte-level BPE) decodes to U+FFFD: the text waits
+    for the tokens that complete it, and what never completes is printed at the end."""
     new: list[int] = []
-    shown = ""
+    shown = text = ""
     for token in tokens:
         if eos is not None and int(token[0]) == eos:
             break
         new.append(int(token[0]))
-        text = tok.decode(new, skip_special_tokens=True)  # a token may complete a character only
+        text = tok.decode(new, skip_special_tokens=True)
+        if text.endswith("\ufffd"):
+            continue
         sys.stdout.write(text[len(shown) :])
         sys.stdout.flush()
         shown = text
-    print()
+    print(text[len(shown) :])

@@ -77,10 +77,11 @@ class StaticKVCache:
         return allowed[None, None], local[None, None]
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Write this layer's new keys/values (B, nh, T, hs) at `position`; return every slot."""
+        """Write this layer's new keys/values (B, nh, T, hs) at `position`; return every slot. Under
+        autocast they come in its dtype and are kept in the cache's, as `KVCache` keeps them."""
         index = self.positions(k.shape[2])
-        self.k[layer].index_copy_(2, index, k)
-        self.v[layer].index_copy_(2, index, v)
+        self.k[layer].index_copy_(2, index, k.to(self.k.dtype))
+        self.v[layer].index_copy_(2, index, v.to(self.v.dtype))
         return self.k[layer], self.v[layer]
 
     def advance(self, T: int) -> None:

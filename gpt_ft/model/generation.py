@@ -23,6 +23,7 @@ def _check_args(
     top_k: int | None,
     top_p: float | None,
     num_beams: int,
+    do_sample: bool,
 ) -> None:
     if input_ids.ndim != 2 or input_ids.shape[1] == 0:
         raise ValueError(
@@ -36,13 +37,13 @@ def _check_args(
             f"A prompt of {input_ids.shape[1]} tokens plus max_new_tokens={max_new_tokens} exceeds the "
             f"model's context of {n_ctx} tokens."
         )
-    if temperature <= 0:
+    if do_sample and temperature <= 0:  # greedy decoding reads none of the three, as transformers'
         raise ValueError(
             f"temperature must be > 0, got {temperature}; use do_sample=False for greedy decoding."
         )
-    if top_k is not None and top_k < 1:
+    if do_sample and top_k is not None and top_k < 1:
         raise ValueError(f"top_k must be >= 1, got {top_k}.")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
+    if do_sample and top_p is not None and not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}.")
     if num_beams < 1:
         raise ValueError(f"num_beams must be >= 1, got {num_beams}.")
@@ -85,7 +86,7 @@ def stream(
     `static_cache`: keys and values in a `StaticKVCache`; on CUDA the decode step is then captured
     once as a CUDA graph and replayed for every token (the same tokens, a fraction of the launches).
     """
-    _check_args(model, input_ids, max_new_tokens, temperature, top_k, top_p, 1)
+    _check_args(model, input_ids, max_new_tokens, temperature, top_k, top_p, 1, do_sample)
     if static_cache and not use_cache:
         raise ValueError("static_cache=True needs use_cache=True.")
     B, T0 = input_ids.shape
@@ -176,7 +177,7 @@ def generate(
     Sequences that stop early are padded with `eos_token_id`. `static_cache`: see `stream` (on
     CUDA, the decode step as a CUDA graph).
     """
-    _check_args(model, input_ids, max_new_tokens, temperature, top_k, top_p, num_beams)
+    _check_args(model, input_ids, max_new_tokens, temperature, top_k, top_p, num_beams, do_sample)
     if num_beams > 1:
         if static_cache:
             raise ValueError(
@@ -224,7 +225,7 @@ def beam_search(
     A prompt is done once it has `num_beams` finished hypotheses and no running beam can beat the
     worst of them at the current length (the usual heuristic, as in transformers).
     """
-    _check_args(model, input_ids, max_new_tokens, 1.0, None, None, num_beams)
+    _check_args(model, input_ids, max_new_tokens, 1.0, None, None, num_beams, False)
     B, T0 = input_ids.shape
     K, device = num_beams, input_ids.device
     if max_new_tokens == 0:

@@ -62,6 +62,10 @@ def test_generation_on_a_static_cache_gives_the_same_tokens(sample):
     dynamic = gpt.generate(prompt, **kwargs, generator=torch.Generator().manual_seed(0))
     static = gpt.generate(prompt, **kwargs, static_cache=True, generator=torch.Generator().manual_seed(0))
     assert torch.equal(static, dynamic) and static.shape == (3, 47)
+    with torch.autocast("cpu", torch.bfloat16):  # bf16 keys and values into the fp32 caches
+        dynamic = gpt.generate(prompt, **kwargs, generator=torch.Generator().manual_seed(0))
+        static = gpt.generate(prompt, **kwargs, static_cache=True, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(static, dynamic)
     with pytest.raises(ValueError, match="use static_cache=False with num_beams > 1"):
         gpt.generate(prompt, max_new_tokens=4, num_beams=2, static_cache=True)
     with pytest.raises(ValueError, match="takes no attention_mask"):

@@ -175,6 +175,8 @@ def test_bad_generation_arguments():
         gpt.generate(prompt, max_new_tokens=2, do_sample=True, top_k=0)
     with pytest.raises(ValueError, match=r"top_p must be in \(0, 1\], got 1.5\."):
         gpt.generate(prompt, max_new_tokens=2, do_sample=True, top_p=1.5)
+    greedy = gpt.generate(prompt, max_new_tokens=2)  # greedy decoding reads no sampling option
+    assert torch.equal(gpt.generate(prompt, max_new_tokens=2, temperature=0, top_k=0, top_p=1.5), greedy)
     with pytest.raises(ValueError, match=r"num_beams must be >= 1, got 0\."):
         gpt.generate(prompt, max_new_tokens=2, num_beams=0)
     with pytest.raises(ValueError, match="Beam search is deterministic"):

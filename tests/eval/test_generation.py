@@ -1,0 +1,33 @@
+"""`gpt-ft generate`'s printing of tokens as they come."""
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from gpt_ft.eval.generation import print_as_they_come
+
+
+def byte_tokenizer() -> PreTrainedTokenizerFast:
+    """Byte-level BPE without merges: one token per UTF-8 byte, so most characters span tokens."""
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=backend)
+
+
+def printed(tok, ids: list[int], eos: int | None, capsys) -> str:
+    print_as_they_come(tok, iter(torch.tensor([[i]]) for i in ids), eos)
+    return capsys.readouterr().out
+
+
+def test_characters_split_across_tokens_are_printed_whole(capsys):
+    tok = byte_tokenizer()
+    text = "café 日本 🙂!"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert len(ids) == len(text.encode())
+    assert printed(tok, ids, None, capsys) == text + "\n"
+    cut = tok("日本", add_special_tokens=False)["input_ids"][:4]  # 本's first byte, never completed
+    assert printed(tok, cut, None, capsys) == "日\ufffd\n"
+    end = tok("!", add_special_tokens=False)["input_ids"][0]
+    assert printed(tok, [*ids[:5], end, *ids[5:]], end, capsys) == "café\n"  # nothing after the end token
