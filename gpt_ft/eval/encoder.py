@@ -128,8 +128,10 @@ def embed(
 def read_texts(path: Path, field: str) -> tuple[list[dict[str, Any]], list[str]]:
     """The rows of a file and their texts: a .txt file's lines, or a table's `field`; a row without
     a text is named by its line."""
-    if path.suffix.lower() == ".txt":
-        lines = path.read_text(encoding="utf-8").splitlines()
+    if path.suffix.lower() == ".txt":  # lines end at \n (or \r\n) alone, not at str.splitlines' others
+        with path.open(encoding="utf-8", newline="") as f:
+            lines = f.read().replace("\r\n", "\n").split("\n")
+        lines = lines[:-1] if lines[-1] == "" else lines
         return [{"text": line} for line in lines], lines
     rows = read_table(path).to_list()
     lines = record_lines(path, file_format(path) or "") or list(range(1, len(rows) + 1))

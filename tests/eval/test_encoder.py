@@ -84,6 +84,18 @@ def test_the_encoders_vectors_are_the_training_paths_own(embedded):
     assert not torch.allclose(encoder.encode(texts[:1], prompt="document", convert_to="torch"), vectors[:1])
 
 
+def test_a_text_files_lines_end_at_newlines_only(tmp_path):
+    """U+2028, a form feed or a lone carriage return stays inside its line (one vector a line)."""
+    from gpt_ft.eval.encoder import read_texts
+
+    path = tmp_path / "in.txt"
+    path.write_bytes("a\u2028b\nc\x0cd\r\ne\rf\n\nlast".encode())
+    rows, texts = read_texts(path, "text")
+    assert texts == ["a\u2028b", "c\x0cd", "e\rf", "", "last"] and rows[0] == {"text": "a\u2028b"}
+    path.write_text("")
+    assert read_texts(path, "text") == ([], [])
+
+
 def test_gpt_ft_embed_writes_vectors_as_npy_or_beside_the_rows(embedded, tmp_path, capsys):
     from gpt_ft import Encoder
 
