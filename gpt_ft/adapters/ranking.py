@@ -14,8 +14,9 @@ rejected one). The loss (`loss`), over the replies a row ranks:
 
 Each is Bradley-Terry's -log σ(r_chosen - r_rejected) on two replies, the pairwise reward model's
 (`Preference`). Scored by best-of-N accuracy (the top reward on a best reply; RewardBench 2's form
-with one chosen reply; a tie at the top counts its share), pairwise accuracy over all pairs of
-different scores (a tie counting half) and Kendall's τ-b, each row's, averaged.
+with one chosen reply; a tie at the top counts its share; unranked replies below the ranked ones;
+over the rows with a reply worse than the best), pairwise accuracy over all pairs of different
+scores (a tie counting half) and Kendall's τ-b, each row's, averaged.
 """
 
 from __future__ import annotations
@@ -63,11 +64,15 @@ def ranking_losses(rewards: Tensor, scores: Tensor, loss: str) -> Tensor:
 def rank_metric_values(rewards: Tensor, scores: Tensor) -> dict[str, Tensor]:
     """Best-of-N accuracy, pairwise accuracy and Kendall's τ-b (see the module docstring) of rows of
     rewards (N, K) against their scores (N, K), NaN where there is no reply or no score."""
-    ranked = ~scores.isnan() & ~rewards.isnan()
+    present = ~rewards.isnan()
+    ranked = ~scores.isnan() & present
     s, r = scores.masked_fill(~ranked, math.nan), rewards.masked_fill(~ranked, math.nan)
-    top = ranked & (r == r.nan_to_num(-math.inf).amax(dim=1, keepdim=True))
+    # best-of-N over every reply (an unranked one below each ranked one), in rows with a reply worse
+    # than the best: a row of one reply, of replies all tied or none ranked has no wrong pick to avoid
+    top = present & (rewards == rewards.nan_to_num(-math.inf).amax(dim=1, keepdim=True))
     best = ranked & (s == s.nan_to_num(-math.inf).amax(dim=1, keepdim=True))
     best_of_n = (top & best).sum(dim=1) / top.sum(dim=1).clamp(min=1)
+    best_of_n = best_of_n.masked_fill(~best.any(dim=1) | ~(present & ~best).any(dim=1), math.nan)
     ds, dr = s[:, :, None] - s[:, None, :], r[:, :, None] - r[:, None, :]  # [b, i, j], i < j counted
     upper = torch.ones_like(ds, dtype=torch.bool).triu(1) & ranked[:, :, None] & ranked[:, None, :]
     differ = upper & (ds != 0)
@@ -78,7 +83,7 @@ def rank_metric_values(rewards: Tensor, scores: Tensor) -> dict[str, Tensor]:
     untied = ((upper & (ds != 0)).sum(dim=(1, 2)) * (upper & (dr != 0)).sum(dim=(1, 2))).double()
     tau = (concordant - discordant) / untied.sqrt()
     return {
-        "best_of_n": best_of_n.double().mean(),
+        "best_of_n": best_of_n[~best_of_n.isnan()].double().mean(),
         "pairwise_accuracy": pairwise[~pairwise.isnan()].double().mean(),
         "kendall_tau": tau[~tau.isnan()].mean(),
     }

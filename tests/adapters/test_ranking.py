@@ -143,6 +143,13 @@ def test_ranking_metrics_by_hand():
     assert values["best_of_n"].item() == pytest.approx((1 + 0 + 0.5) / 3)
     assert values["pairwise_accuracy"].item() == pytest.approx((1 + 0 + 0.5) / 3)
     assert values["kendall_tau"].item() == pytest.approx((1 + -1) / 2)  # B: (0 - 2) / sqrt(2 · 2)
+    # D: the top reward on an unranked reply, below the one ranked: a miss. E: one reply, F: all
+    # tied, G: nothing ranked: no wrong pick to avoid, so no best-of-N (nor pairs, nor τ).
+    rewards = torch.cat([rewards, torch.tensor([[0, 3, 4], [7, NAN, NAN], [1, 2, 3], [1, 2, NAN]])])
+    scores = torch.cat([scores, torch.tensor([[5, NAN, NAN], [1, NAN, NAN], [7, 7, 7], [NAN, NAN, NAN]])])
+    values = rank_metric_values(rewards, scores)
+    assert values["best_of_n"].item() == pytest.approx((1 + 0 + 0.5 + 0) / 4)
+    assert values["pairwise_accuracy"].item() == pytest.approx((1 + 0 + 0.5) / 3)
     task = Ranking(name="r")
     assert task.main_metric == "best_of_n" and task.output.default_lm_coef == 0.0
 
