@@ -293,6 +293,16 @@ class TaskAdapter:
         default): each record is one example."""
         return None
 
+    def to_predict(self, record: dict[str, Any]) -> dict[str, Any]:
+        """One record of a file or a caller as the example to predict (`Classifier`, `gpt-ft label`):
+        as `regroup` makes a split's examples, but alone, and without its label."""
+        grouped = self.regroup([record])
+        if grouped is not None:
+            if len(grouped[0]) != 1:
+                raise TaskDataError(f"the record makes no example for task {self.name!r} on its own.")
+            record = grouped[0][0]
+        return {k: v for k, v in record.items() if k != self.label}
+
     def texts(self, example: dict[str, Any]) -> list[str]:
         """The texts of one example to tokenize, in the order `encode` reads their tokens."""
         return [field_text(example[f]) for f in self.text_fields()]

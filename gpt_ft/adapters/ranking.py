@@ -263,6 +263,16 @@ class Ranking(TaskAdapter):
         ]
         return rows, [first for _, first in groups.values()]
 
+    def to_predict(self, record: dict[str, Any]) -> dict[str, Any]:
+        """The record without its scores, those of a list of records (`reply_score`) included."""
+        example = super().to_predict(record)
+        replies = example.get(self.replies) if self.reply_text else None
+        if isinstance(replies, (list, tuple)):
+            example[self.replies] = [
+                {**v, self.reply_score: None} if isinstance(v, dict) else v for v in replies
+            ]
+        return example
+
     def texts(self, example: dict[str, Any]) -> list[str]:
         """[prompt, reply_1, ..., reply_n]."""
         prompt = field_text(example[self.group_by or self.prompt]) if self.group_by or self.prompt else ""

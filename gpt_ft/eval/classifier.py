@@ -120,8 +120,9 @@ class Classifier:
 
     def encode(self, examples: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The examples as the model sees them: the task's own path from examples to tokens, which
-        `TaskDataModule` takes in training (labels are not read)."""
-        unlabelled = [{k: v for k, v in example.items() if k != self.task.label} for example in examples]
+        `TaskDataModule` takes in training (labels are not read; a card that groups records, each
+        record alone)."""
+        unlabelled = [self.task.to_predict(example) for example in examples]
         encoded = self.task.encode_examples(unlabelled, self.tokenizer, self.specials, self.max_length)
         return [{**enc.fields(), "label": None, "index": i} for i, enc in enumerate(encoded)]
 

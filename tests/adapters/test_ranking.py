@@ -72,6 +72,36 @@ def test_prmbench_grouped_by_question_the_original_above_its_modified_solutions(
     assert task.texts(rows[0]) == ["Q1", "1. a\n2. b", "1. a\n2. c", "1. d"]
 
 
+def test_classifier_scores_a_record_as_training_reads_it(tokenizer_dir):
+    """`Classifier` (and `gpt-ft label`) take a file's records: PRMBench's, its steps joined into one
+    reply per solution as `regroup` joins them, and records of replies whose scores are missing."""
+    from gpt_ft import GPT, GPTConfig
+    from gpt_ft.data.tokenizer import load_tokenizer
+    from gpt_ft.eval.classifier import Classifier
+
+    tokenizer = load_tokenizer(tokenizer_dir)
+    config = GPTConfig.from_name("gpt-micro", n_positions=48, vocab_size=len(tokenizer), n_embd=32)
+    prm = Ranking(name="r", group_by="q", chosen="original", rejected="modified")
+    ultra = Ranking(name="u", prompt="instruction", replies="completions", reply_text="response",
+                    reply_score="overall_score")  # fmt: skip
+    record = {"q": "Q1", "original": ["1. a", "2. b", "3. c"], "modified": ["1. a", "2. x", "3. y"]}
+    rated = {"instruction": "p", "completions": [{"response": "x", "overall_score": 7}, {"response": "y"}]}
+    for task, row, replies in (
+        (prm, record, ["1. a\n2. b\n3. c", "1. a\n2. x\n3. y"]),
+        (ultra, rated, ["x", "y"]),
+    ):
+        torch.manual_seed(0)
+        head = task.head(config.n_embd, dropout=0.0, init_std=0.3, bias=config.bias)
+        clf = Classifier(GPT(config).eval(), head, task, tokenizer, max_length=48, device="cpu")
+        (got,) = clf.predict([row])
+        prompt = row.get("q") or row["instruction"]
+        (alone,) = Ranking(name="plain", max_replies=4).encode_examples(
+            [{"prompt": prompt, "replies": replies}], tokenizer, clf.specials, 48
+        )
+        assert clf.encode([row])[0]["input_ids"] == alone.fields()["input_ids"]
+        assert len(got["scores"]) == 2
+
+
 def test_bad_rows_and_cards_are_one_sentence():
     task = Ranking(name="r", max_replies=3)
     with pytest.raises(TaskDataError, match="field 'scores' holds 1 values for 2 replies"):
