@@ -74,6 +74,9 @@ class TaskOutput:
     """Its export scores tokens, each step's separator (a process reward model)."""
     embeds: ClassVar[bool] = False
     """Its outputs are vectors, one per text (`Encoder`, a sentence-transformers export)."""
+    stratified: ClassVar[bool] = True
+    """`--data.train_size` keeps each value of its label column's share; False: the column is no
+    class (a solution's tagged steps) and the subset is one seeded draw."""
 
     def __repr__(self) -> str:
         """The kind and what the card set in it (no object's address: this is part of the cached

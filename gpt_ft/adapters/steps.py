@@ -126,6 +126,7 @@ class StepOutput(TaskOutput):
     kind = "steps"
     problem_type = "single_label_classification"  # a *ForTokenClassification of 2 labels at each step
     served_per_token = True
+    stratified = False  # a label is a solution's verdicts (a list, or a text with its steps tagged)
     has_probabilities = False
     allowed_metrics = default_metrics = STEP_METRICS
     default_lm_coef = 0.0  # a reward model, as preference pairs train one

@@ -160,8 +160,10 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
             kept = [i for i, value in enumerate(raw[self.task.label]) if str(value) not in ignored]
             raw, origin = raw.select(kept), origin.keep(kept)
         if split == "train" and self.train_size is not None:
-            # Rows without a label column (preference pairs: the chosen reply is the label) are one stratum.
-            labels = raw[self.task.label] if self.task.label in raw.column_names else [None] * len(raw)
+            # Rows without a label column (preference pairs: the chosen reply is the label), or whose
+            # label is no class (a solution's tagged steps), are one stratum.
+            stratified = self.task.output.stratified and self.task.label in raw.column_names
+            labels = raw[self.task.label] if stratified else [None] * len(raw)
             kept = stratified_subset(labels, self.train_size, self.seed)
             raw, origin = raw.select(kept), origin.keep(kept)
 

@@ -1,13 +1,14 @@
 """Learning-curve subsets: class-stratified, seeded, the same rows whatever trains on them, drawn
 from the training split only, and the whole split where it has no more rows."""
 
+import json
 import random
 
 import pytest
 
 from gpt_ft.data.subsets import stratified_subset
 from gpt_ft.data.task_data import TaskDataModule
-from tests.helpers import write_rows
+from tests.helpers import TASKS, write_rows
 
 
 def test_each_class_keeps_its_share():
@@ -49,6 +50,27 @@ def test_labels_that_are_lists_are_drawn_at_random_not_in_their_texts_order():
     labels = [[i % 2, 1] for i in range(100)]
     chosen = stratified_subset(labels, 10, seed=0)
     assert chosen == sorted(random.Random(0).sample(range(100), 10))
+
+
+def test_a_solutions_tagged_steps_are_no_class_and_their_subset_is_one_seeded_draw(tmp_path, tokenizer_dir):
+    """Math-Shepherd's label is the solution again with each step tagged: a text per row, no class.
+    Taken for classes, every row was a stratum of its own and the rows whose texts sort first were
+    kept, whatever the seed."""
+    from gpt_ft.adapters.cards import load_card
+
+    words = ["zebra", "apple", "mango", "kiwi", "banana"] * 10
+    rows = [
+        {"input": f"{w} {i} ? Step 1: a ки\nStep 2: b ки", "label": f"{w} {i} ? Step 1: a +\nStep 2: b -"}
+        for i, w in enumerate(words)
+    ]
+    (tmp_path / "math-shepherd.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    card = load_card(TASKS / "steps" / "math_shepherd.yaml")
+    whole = TaskDataModule(card, tokenizer_dir, data_dir=str(tmp_path)).encoded("train", labelled=True)
+    assert len(whole) == 49  # the card's first 98%
+    for seed in (0, 1):
+        module = TaskDataModule(card, tokenizer_dir, data_dir=str(tmp_path), train_size=6, seed=seed)
+        drawn = sorted(random.Random(seed).sample(range(49), 6))
+        assert module.encoded("train", labelled=True)["input_ids"] == [whole["input_ids"][i] for i in drawn]
 
 
 def test_the_data_module_subsets_the_training_split_only_and_alike_for_every_model(tmp_path, tokenizer_dir):
