@@ -387,3 +387,25 @@ def write_rankings(path: Path, n: int, seed: int) -> None:
         ks = torch.randint(1, 6, (int(torch.randint(2, 5, (), generator=g)),), generator=g).tolist()
         rows.append({"prompt": f"start at {i % 7} .", "replies": [f"add {k} ." for k in ks], "scores": ks})
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+class HostReads(torch.overrides.TorchFunctionMode):
+    """Records the calls that, on a GPU, make the host wait for the device: a value read back
+    (`.item()`, `bool(t)`, `.tolist()`, `.cpu()`) or an output whose size depends on the values
+    (`nonzero`, `unique`, `masked_select`, `t[mask]`). On a CPU they cost nothing, so this is how a test there
+    keeps them out of a training step's path."""
+
+    NAMES = frozenset("item tolist cpu numpy __bool__ __int__ __float__ nonzero argwhere unique "
+                      "unique_consecutive masked_select".split())  # fmt: skip
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", "")
+        index = args[1] if name == "__getitem__" and len(args) > 1 else None
+        indices = index if isinstance(index, tuple) else (index,)
+        if name in self.NAMES or any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices):
+            self.calls.append(name)
+        return func(*args, **(kwargs or {}))

@@ -59,12 +59,22 @@ def info_nce(
 
 
 @torch.no_grad()
+def first_copies(rows: Tensor) -> Tensor:
+    """(N,): for each of `rows` (N, D), the index of the first row equal to it (its own, where none
+    comes before). Compared a block of rows at a time (at most 2**26 elements), with no read back
+    to the host (`torch.unique` waits for the device to learn its output's size)."""
+    block = max(1, (1 << 26) // max(1, rows.numel()))
+    if len(rows) == 0:
+        return torch.zeros(0, dtype=torch.long, device=rows.device)
+    equal = ((rows[None] == rows[k : k + block, None]).all(dim=-1) for k in range(0, len(rows), block))
+    return torch.cat([e.int().argmax(dim=1) for e in equal])  # argmax: the first of the ties
+
+
+@torch.no_grad()
 def copies_of_positives(candidates: Tensor, positive: Tensor) -> Tensor:
-    """(A, N): True where candidate j equals anchor i's positive but is not it. Compared a block of
-    anchors at a time (at most 2**26 elements), with no read back to the host."""
-    own, rows = candidates[positive], max(1, (1 << 26) // max(1, candidates.numel()))  # (A, D)
-    blocks = range(0, max(1, len(own)), rows)
-    copy = torch.cat([(candidates[None] == own[k : k + rows, None]).all(dim=-1) for k in blocks])
+    """(A, N): True where candidate j equals anchor i's positive but is not it."""
+    first = first_copies(candidates)
+    copy = first[None, :] == first[positive][:, None]
     copy[torch.arange(len(positive), device=copy.device), positive] = False
     return copy
 
@@ -181,8 +191,8 @@ class EmbeddingHead(TaskHead):
         p, flat = self.dropout.p, extract.reshape(-1, extract.shape[-1])
         if not self.training or p == 0:
             return extract
-        _, text = torch.unique(flat.detach(), dim=0, return_inverse=True)
-        keep = torch.rand(flat.shape, device=flat.device) >= p  # row k: the mask of text id k
+        text = first_copies(flat.detach())  # each state's first copy, whose row of `keep` it takes
+        keep = torch.rand(flat.shape, device=flat.device) >= p
         return (flat * keep[text] / (1 - p)).view_as(extract)
 
     def losses(self, outputs: Tensor, labels: Tensor) -> Tensor:

@@ -19,7 +19,7 @@ from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
 from gpt_ft.errors import CardError
 from gpt_ft.training.module import GPTModule
 from tests.background import Command
-from tests.helpers import FAMILY_MICRO
+from tests.helpers import FAMILY_MICRO, HostReads
 
 FAMILIES = {**FAMILY_MICRO, "gpt1-micro": ("gpt-micro", {}), "gpt2-micro": ("gpt-micro", {"pre_ln": True})}
 NO_DROPOUT = {"embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0}
@@ -94,6 +94,19 @@ def test_the_heads_dropout_gives_a_recurring_text_one_mask():
     torch.testing.assert_close(dropped[kept], extract[kept] * 2)  # inverted dropout: kept / (1 - p)
     assert 0.4 < kept.float().mean() < 0.6
     assert torch.equal(head.eval().dropout_per_text(extract), extract)
+
+
+def test_the_heads_training_pass_reads_nothing_back_to_the_host():
+    """Dropout per text and symmetric InfoNCE with a recurring text, forward and backward: nothing
+    that would make a GPU wait for the host (`torch.unique` did, to learn its output's size)."""
+    torch.manual_seed(0)
+    head = EmbeddingHead(16, dimensions=8, dropout=0.5, symmetric=True, candidates=2).train()
+    extract = torch.randn(4, 3, 16)
+    extract[2, 1] = extract[0, 1]  # two anchors with one positive
+    extract.requires_grad_(True)
+    with HostReads() as reads:
+        head.losses(head(extract), torch.ones(4)).sum().backward()
+    assert reads.calls == [] and extract.grad is not None
 
 
 def test_cosent_on_hand_computed_cases():
