@@ -116,8 +116,12 @@ class StepValues:
                 self.log(module)
 
     def log(self, module) -> None:
+        # On the bar only where one shows it: Lightning turns a bar's values into Python numbers
+        # after every step that logs them, a read back that makes the host wait for a GPU.
+        bar = module.trainer.progress_bar_callback
+        shown = bar is not None and bar.is_enabled
         for name, value in self.values.items():
-            module.log(name, value, prog_bar=name == "train/loss", batch_size=self.batch_size)
+            module.log(name, value, prog_bar=shown and name == "train/loss", batch_size=self.batch_size)
 
 
 def best_checkpoint(model) -> ModelCheckpoint:

@@ -8,7 +8,7 @@ import pytest
 from lightning.pytorch import Callback
 
 from gpt_ft.cli import main
-from tests.helpers import ROOT, common_args, finetune_args, make_task
+from tests.helpers import ROOT, HostReads, common_args, finetune_args, make_task
 
 NLI_CARD = """class_path: gpt_ft.adapters.TextPair
 init_args:
@@ -124,14 +124,24 @@ def test_training_values_are_logged_fresh_on_the_steps_something_reads_them(
 ):
     """`train/*` goes through Lightning's `log` (0.5-1 ms of host time a value) only on
     the steps whose values are read: the loggers' (every `log_every_n_steps`, and a stop), the bar's
-    refreshes, each epoch's last and the run's last; whatever reads them gets the step's own value."""
+    refreshes, each epoch's last and the run's last; whatever reads them gets the step's own value.
+    Without a bar, no step's end reads a value back (Lightning turns a bar's values into numbers)."""
     import csv
+
+    from lightning.pytorch.trainer.connectors.logger_connector import _LoggerConnector
 
     from gpt_ft.training import runs
     from gpt_ft.training.module import GPTModule
 
     extra, expected, rows_expected = LOGGED_STEPS[case]
     losses, logged, step, log = [], [], GPTModule.training_step, GPTModule.log
+    batch_end, reads = _LoggerConnector.on_batch_end, HostReads()
+
+    def on_batch_end(self):
+        with reads:
+            batch_end(self)
+
+    monkeypatch.setattr(_LoggerConnector, "on_batch_end", on_batch_end)
 
     def training_step(self, batch, batch_idx):
         loss = step(self, batch, batch_idx)
@@ -157,6 +167,7 @@ def test_training_values_are_logged_fresh_on_the_steps_something_reads_them(
         ["fit", *args, *bar, *extra, "--trainer.log_every_n_steps=2", "--trainer.enable_checkpointing=false"]
     )
     assert logged == [losses[i] for i in sorted(expected)]  # each step's own loss, on those steps only
+    assert reads.calls == ([] if "--trainer.enable_progress_bar=false" in bar else ["item"] * len(expected))
     (metrics,) = (tmp_path / "runs").rglob("metrics.csv")
     with open(metrics) as f:
         rows = [r for r in csv.DictReader(f) if r.get("train/loss")]
