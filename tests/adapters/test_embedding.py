@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from gpt_ft.adapters import Embedding, TaskDataError
-from gpt_ft.adapters.embedding import EmbeddingHead, cosent, info_nce, retrieval_metrics
+from gpt_ft.adapters.contrastive import cosent, info_nce
+from gpt_ft.adapters.embedding import EmbeddingHead, retrieval_metrics
 from gpt_ft.data.batches import collate, collate_packed
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
 from gpt_ft.errors import CardError
