@@ -25,6 +25,7 @@ from gpt_ft.training.optim import MuonAdamW, adamw, fused_adamw, lr_lambda
 from gpt_ft.training.predictions import write_predictions
 from gpt_ft.training.ranks import gather, mean_over_ranks
 from gpt_ft.training.saved import build_gpt, check_lora_resume, lora_checkpoint
+from gpt_ft.training.strategies import clip_gradients
 from gpt_ft.training.terms import batch_terms, combined_loss
 from gpt_ft.weights.checkpoint import Checkpoint
 from gpt_ft.workarounds import is_compiled
@@ -155,17 +156,11 @@ class GPTModule(Evaluation, LightningModule):
         self.lora, self.init_from = lora, init_from
         # A LoRA checkpoint holds the trained weights only; the frozen ones come from init_from.
         self.strict_loading = lora is None
-        self.task = task
-        self.lm_coef = lm_coef
+        self.task, self.lm_coef = task, lm_coef
         self.temperature = 1.0  # gpt-ft calibrate's: divides the logits before probabilities
         config = self.gpt.config
-        self.head = (
-            task.head(
-                config.n_embd, dropout=classifier_dropout, init_std=config.initializer_range, bias=config.bias
-            )
-            if task is not None
-            else None
-        )
+        head = dict(dropout=classifier_dropout, init_std=config.initializer_range, bias=config.bias)
+        self.head = task.head(config.n_embd, **head) if task is not None else None
         splits = task.validation_splits + task.test_splits if task else ["validation", "test"]
         self.metrics = nn.ModuleDict({split_key(split): EvalMetrics(task, lm_coef) for split in splits})
         self.nonfinite = NonfiniteWatch()
@@ -184,9 +179,11 @@ class GPTModule(Evaluation, LightningModule):
         self.hparams["lora"] = asdict(lora) if lora is not None else None  # plain values: weights-only loads
 
     def configure_model(self) -> None:
-        # Called by the Trainer once the device and strategy are set, before the optimizer exists.
+        # Called by the Trainer once the device and strategy are set, before the optimizer exists
+        # and before FSDP flattens the parameters (the optimizer's groups go by their built shapes).
         if self.compile_backend and not is_compiled(self.gpt):
             self.gpt.compile(backend=self.compile_backend)
+        self.built_ndims = {id(p): p.ndim for p in self.parameters()}
 
     def set_class_weights(self, weights: Tensor) -> None:
         """The task loss's class weights (`class_weights`; `balanced` ones come from the data)."""
@@ -297,12 +294,14 @@ class GPTModule(Evaluation, LightningModule):
 
     # ---- optimisation ----
 
+    configure_gradient_clipping = clip_gradients  # by FSDP's own norm under FSDP
+
     def configure_optimizers(self):
-        fused = fused_adamw(self.device)
+        fused, built = fused_adamw(self.device), getattr(self, "built_ndims", None)
         if self.optimizer_name == "muon":
-            optimizer = MuonAdamW(self.named_parameters(), **self.optim, fused=fused)
+            optimizer = MuonAdamW(self.named_parameters(), **self.optim, fused=fused, built=built)
         else:
-            optimizer = adamw(self.parameters(), **self.optim, fused=fused)
+            optimizer = adamw(self.parameters(), **self.optim, fused=fused, built=built)
         total = max(1, int(self.trainer.estimated_stepping_batches))
         warmup = self.warmup_steps if self.warmup_steps is not None else round(self.warmup_fraction * total)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(self.schedule, warmup, total))

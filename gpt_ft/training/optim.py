@@ -21,12 +21,15 @@ def adamw(
     betas: tuple[float, float],
     eps: float,
     fused: bool = False,
+    built: Mapping[int, int] | None = None,
 ) -> torch.optim.AdamW:
-    """AdamW decaying weight matrices only: not biases or LayerNorm gains (GPT-1: 0.01)."""
+    """AdamW decaying weight matrices only: not biases or LayerNorm gains (GPT-1: 0.01). `built`:
+    each parameter's number of dimensions as built, by `id`, where a strategy has since flattened
+    it (FSDP shards each parameter as a 1-D view of the same object)."""
     decay, no_decay = [], []
     for p in parameters:
         if p.requires_grad:
-            (decay if p.ndim >= 2 else no_decay).append(p)
+            (decay if (built or {}).get(id(p), p.ndim) >= 2 else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     optimizer = torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, fused=fused)
     # The fused kernel offers to unscale fp16 gradients inside its step, and Lightning then refuses
@@ -82,8 +85,14 @@ class MuonAdamW(torch.optim.Optimizer):
         betas: tuple[float, float],
         eps: float,
         fused: bool = False,
+        built: Mapping[int, int] | None = None,
     ) -> None:
         named = [(name, p) for name, p in named_parameters if p.requires_grad]
+        if any((built or {}).get(id(p), p.ndim) != p.ndim for _, p in named):
+            raise ValueError(
+                "--model.optimizer muon orthogonalises whole weight matrices, which FSDP has cut into "
+                "flat shards: train with DDP (configs/trainer/ddp.yaml), or with AdamW."
+            )
         # (LoRA's low-rank factors stay with AdamW: orthogonalising a rank-8 factor is not Muon's case)
         matrices = [
             p for name, p in named if p.ndim == 2 and BLOCK_MATRIX.search(name) and "lora_" not in name

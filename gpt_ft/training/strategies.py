@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from lightning.pytorch import LightningModule
 from lightning.pytorch.strategies import FSDPStrategy
 
 from gpt_ft.model import Block
@@ -47,3 +48,14 @@ class BlockFSDP(FSDPStrategy):
             cpu_offload=cpu_offload,
             **kwargs,
         )
+
+
+def clip_gradients(module: LightningModule, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+    """`configure_gradient_clipping` of the module: Lightning's clipping, but under FSDP, whose
+    precision plugin refuses to clip by norm, the wrapped model's own `clip_grad_norm_` (the norm
+    over every rank's shards, as Lightning advises)."""
+    strategy = module.trainer.strategy
+    if gradient_clip_val and isinstance(strategy, FSDPStrategy) and gradient_clip_algorithm in (None, "norm"):
+        strategy.model.clip_grad_norm_(gradient_clip_val)
+    else:
+        module.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)

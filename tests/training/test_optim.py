@@ -45,6 +45,27 @@ def test_weight_decay_only_on_matrices_and_the_schedule():
     assert scheduler.get_last_lr()[0] == 0.0
 
 
+def test_the_groups_go_by_the_shapes_as_built_once_fsdp_has_flattened_the_parameters():
+    """FSDP (use_orig_params, as Lightning wraps) makes each parameter a 1-D shard view of the same
+    object before `configure_optimizers` runs: the matrices keep their weight decay, and Muon, which
+    needs whole matrices, says so."""
+
+    def groups(m):
+        m._trainer = SimpleNamespace(estimated_stepping_batches=10)
+        return [{id(p) for p in g["params"]} for g in m.configure_optimizers()["optimizer"].param_groups]
+
+    m = module(SingleText(name="t", labels=["a", "b"]))
+    m.configure_model()  # the Trainer calls it before the strategy wraps the model
+    whole = groups(m)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.data = p.data.flatten()[: max(1, p.numel() // 2)]  # this rank's shard
+    assert groups(m) == whole and len(whole[0]) > 0
+    m.optimizer_name = "muon"
+    with pytest.raises(ValueError, match=r"^--model.optimizer muon orthogonalises whole weight matrices"):
+        groups(m)
+
+
 def test_lr_lambda_shapes():
     linear, cosine = lr_lambda("linear", 2000, 10000), lr_lambda("cosine", 2000, 10000)
     assert [linear(s) for s in (0, 1000, 2000, 6000, 10000)] == [0.0, 0.5, 1.0, 0.5, 0.0]

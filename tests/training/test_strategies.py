@@ -15,6 +15,26 @@ def test_fsdp_wraps_every_block():
     assert strategy._activation_checkpointing_kwargs and strategy.sharding_strategy.name == "SHARD_GRAD_OP"
 
 
+def test_under_fsdp_gradients_are_clipped_by_the_wrapped_models_own_norm():
+    """FSDP's precision plugin refuses to clip by norm (the recipes clip at 1.0): the module asks the
+    wrapped model, whose norm spans every rank's shards; elsewhere Lightning's clipping runs."""
+    from types import SimpleNamespace
+
+    from gpt_ft.adapters import SingleText
+    from gpt_ft.training.module import GPTModule
+
+    module = GPTModule(preset="gpt-micro", vocab_size=24, task=SingleText(name="t", labels=["a", "b"]))
+    asked, optimizer = [], torch.optim.SGD(module.parameters())
+    fsdp = BlockFSDP()
+    fsdp.model = SimpleNamespace(clip_grad_norm_=lambda value: asked.append(("fsdp", value)))
+    module.clip_gradients = lambda opt, value, algorithm: asked.append(("lightning", value, algorithm))
+    for strategy in (fsdp, SimpleNamespace()):
+        module._trainer = SimpleNamespace(strategy=strategy)
+        module.configure_gradient_clipping(optimizer, 1.0, "norm")
+    module.configure_gradient_clipping(optimizer, 0.5, "value")  # by value: not FSDP's to refuse
+    assert asked == [("fsdp", 1.0), ("lightning", 1.0, "norm"), ("lightning", 0.5, "value")]
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="FSDP needs 2 CUDA devices")
 def test_fsdp_finetuning_on_two_gpus(tmp_path, tokenizer_dir):
     import subprocess
@@ -31,6 +51,7 @@ def test_fsdp_finetuning_on_two_gpus(tmp_path, tokenizer_dir):
         "--model.preset=gpt-micro",
         "--trainer.devices=2",
         "--trainer.max_epochs=1",
+        "--trainer.gradient_clip_val=1.0",  # the recipes'
         f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
     ]
     out = subprocess.run(
