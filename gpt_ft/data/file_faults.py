@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import gzip
 import io
+import itertools
 import json
 import re
 import zlib
@@ -161,6 +162,16 @@ def _csv_problem(path: Path, fmt: str, width: int) -> str | None:
                 return f", line {line}: a quoted field opens here and never closes"
             return f", line {line}: {error}"
     return None
+
+
+def wide_first_row(path: Path, fmt: str, width: int, *, header: bool) -> str | None:
+    """`_csv_problem`'s sentence where the first data row has more fields than the header: the
+    loader takes such a row for one led by a row index and shifts every column by one, silently
+    (a wider row further down makes it fail, and is named then)."""
+    with open_text(path, newline="") as f:
+        records = (record for record in _reader(f, fmt) if not _blank(record))
+        first = next(itertools.islice(records, int(header), None), None)
+    return _csv_problem(path, fmt, width) if first is not None and len(first) > width else None
 
 
 def _json_kind(value) -> str:

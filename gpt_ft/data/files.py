@@ -17,6 +17,7 @@ from gpt_ft.data.file_faults import (
     open_text,
     parse_problem,
     record_lines,
+    wide_first_row,
 )
 from gpt_ft.errors import CardError
 from gpt_ft.workarounds import no_download_count
@@ -102,6 +103,8 @@ def read_table(
             raise TaskDataError(f"{path}{parse_problem(path, fmt, None, exc)}.") from None
         except OSError as exc:
             raise TaskDataError(f"{path}: cannot be read ({exc.strerror or exc}).") from None
+        if (problem := wide_first_row(path, fmt, len(columns), header=column_names is None)) is not None:
+            raise TaskDataError(f"{path}{problem}.")
         # Everything is read as text (labels and scores are parsed by the adapter). GLUE's TSVs
         # hold unbalanced quote characters, so TSVs are read with no quoting; BOMs are dropped.
         features = datasets.Features({c: datasets.Value("string") for c in columns})

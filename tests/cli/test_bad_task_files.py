@@ -51,6 +51,16 @@ def explain(tmp_path, tokenizer_dir, capsys):
             b"sentence\tlabel\na\tpositive\nb\tc\tnegative\n",
             ", line 3: 3 fields where there are 2 columns (a text with tabs in it?)",
         ),
+        (  # the first row wider: the loader would take its first field for a row index, silently
+            "t.tsv",
+            b"sentence\tlabel\na cat\tsat\tpositive\nb\tnegative\n",
+            ", line 2: 3 fields where there are 2 columns (a text with tabs in it?)",
+        ),
+        (  # a tab at the end of every line: each row one field wider than the header
+            "t.tsv",
+            b"sentence\tlabel\na\tpositive\t\nb\tnegative\t\n",
+            ", line 2: 3 fields where there are 2 columns (a text with tabs in it?)",
+        ),
         (  # a stray quote opens a field that swallows the rest of the file
             "t.csv",
             b'sentence,label\na,positive\n"b,negative\nc,positive\n',
