@@ -43,15 +43,27 @@ def stratified_subset(labels: Sequence[Any], size: int, seed: int) -> list[int]:
 
 
 def _strata(labels: Sequence[Any]) -> list[Any]:
-    """Each row's stratum: its label, or for real-valued labels the quintile it falls in; labels
-    that are lists (a step's each, a ranking's scores) make one stratum, drawn at random."""
+    """Each row's stratum: its label, or for real-valued labels (numbers, or their text as a TSV
+    cell holds them) the quintile it falls in, a row without one a stratum of its own; labels that
+    are lists (a step's each, a ranking's scores) make one stratum, drawn at random."""
     if any(isinstance(v, (list, tuple)) for v in labels):
         return [0] * len(labels)
-    real = [isinstance(v, float) and not float(v).is_integer() for v in labels]
-    if not any(real):
+    numbers = [_number(v) for v in labels]
+    if not any(x is not None and not x.is_integer() for x in numbers):
         return [str(v) for v in labels]
-    ranked = sorted(range(len(labels)), key=lambda i: float(labels[i]))
-    strata = [0] * len(labels)
+    ranked = sorted((i for i, x in enumerate(numbers) if x is not None), key=lambda i: numbers[i])
+    strata = [-1] * len(labels)
     for rank, i in enumerate(ranked):
-        strata[i] = math.floor(rank * QUANTILES / len(labels))
+        strata[i] = math.floor(rank * QUANTILES / len(ranked))
     return strata
+
+
+def _number(value: Any) -> float | None:
+    """A label as a finite number, or None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None

@@ -42,6 +42,15 @@ def test_real_valued_labels_are_stratified_by_quintile():
     labels = [i / 10 + 0.05 for i in range(50)]  # 0.05 ... 4.95
     chosen = stratified_subset(labels, 10, seed=0)
     assert sorted(int(labels[i] * 10) // 10 for i in chosen) == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+    # Scores as a TSV cell holds them (STS-B's "3.800"): the same quintiles, the same rows; a row
+    # without a score is a stratum of its own. As texts they were each a class of one, and the
+    # lowest scores were kept whatever the seed.
+    texts = [f"{x:.3f}" for x in labels]
+    for seed in (0, 1):
+        assert stratified_subset(texts, 10, seed) == stratified_subset(labels, 10, seed)
+    assert stratified_subset(texts, 10, 0) != stratified_subset(texts, 10, 1)
+    chosen = stratified_subset([*texts, ""], 10, seed=0)
+    assert sorted(int(float(texts[i]) * 10) // 10 for i in chosen) == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
 
 
 def test_labels_that_are_lists_are_drawn_at_random_not_in_their_texts_order():
