@@ -46,6 +46,23 @@ def fused_adamw(device: torch.device) -> bool:
     return device.type in ("cuda", "cpu")
 
 
+def schedule_steps(module) -> tuple[int, int]:
+    """The optimizer steps a module's schedule spans and its warmup's: the Trainer's estimate, which
+    is infinite when only `max_time` bounds the run (a schedule that needs the length then says
+    what to give), and `warmup_steps` or `warmup_fraction` of it."""
+    estimated, schedule = module.trainer.estimated_stepping_batches, module.schedule
+    reads_length = schedule != "constant" or (module.warmup_steps is None and module.warmup_fraction > 0)
+    if not math.isfinite(estimated) and reads_length:
+        raise ValueError(
+            f"--model.schedule {schedule} spans the run's steps, and --trainer.max_time alone gives "
+            "no number of them: add --trainer.max_steps or --trainer.max_epochs (max_time still "
+            "stops it first), or use --model.schedule constant with --model.warmup_steps."
+        )
+    total = max(1, int(estimated)) if math.isfinite(estimated) else 1
+    warmup = module.warmup_steps if module.warmup_steps is not None else round(module.warmup_fraction * total)
+    return total, warmup
+
+
 def lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:
     """Multiplier of the peak learning rate at each step: linear warmup from 0, then the decay."""
 

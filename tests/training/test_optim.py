@@ -66,6 +66,21 @@ def test_the_groups_go_by_the_shapes_as_built_once_fsdp_has_flattened_the_parame
         groups(m)
 
 
+def test_a_run_bounded_by_max_time_alone_needs_a_schedule_that_reads_no_length():
+    """Only `max_time`: Lightning estimates infinite steps, which a decaying schedule (or a warmup
+    by fraction) cannot span; a constant one with its warmup in steps runs."""
+    m = module(SingleText(name="t", labels=["a", "b"]), lr=1e-3)
+    m._trainer = SimpleNamespace(estimated_stepping_batches=float("inf"))
+    with pytest.raises(
+        ValueError, match=r"^--model.schedule linear spans the run's steps, and --trainer.max_time"
+    ):
+        m.configure_optimizers()
+    m = module(SingleText(name="t", labels=["a", "b"]), lr=1e-3, schedule="constant", warmup_steps=4)
+    m._trainer = SimpleNamespace(estimated_stepping_batches=float("inf"))
+    scheduler = m.configure_optimizers()["lr_scheduler"]["scheduler"]
+    assert [scheduler.lr_lambdas[0](step) for step in (0, 2, 4, 10**9)] == [0.0, 0.5, 1.0, 1.0]
+
+
 def test_lr_lambda_shapes():
     linear, cosine = lr_lambda("linear", 2000, 10000), lr_lambda("cosine", 2000, 10000)
     assert [linear(s) for s in (0, 1000, 2000, 6000, 10000)] == [0.0, 0.5, 1.0, 0.5, 0.0]
