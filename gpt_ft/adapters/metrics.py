@@ -1,5 +1,5 @@
-"""Benchmark metrics of single-label tasks (GLUE's conventions), from torchmetrics, and the card's
-choice of them; retrieval metrics of ranked candidates."""
+"""Benchmark metrics of single-label tasks (GLUE's conventions), from torchmetrics but for Matthews'
+correlation, and the card's choice of them; retrieval metrics of ranked candidates."""
 
 from __future__ import annotations
 
@@ -7,13 +7,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from torchmetrics.functional import (
-    accuracy,
-    f1_score,
-    matthews_corrcoef,
-    pearson_corrcoef,
-    spearman_corrcoef,
-)
+from torchmetrics.functional import accuracy, f1_score, pearson_corrcoef, spearman_corrcoef
 
 from gpt_ft.errors import CardError
 
@@ -30,14 +24,24 @@ def metric_value(name: str, predictions: Tensor, labels: Tensor, num_classes: in
             return f1_score(predictions, labels, task="binary")
         return f1_score(predictions, labels, task="multiclass", num_classes=num_classes, average="macro")
     if name == "matthews":
-        if binary:
-            return matthews_corrcoef(predictions, labels, task="binary")
-        return matthews_corrcoef(predictions, labels, task="multiclass", num_classes=num_classes)
+        return matthews(predictions, labels, num_classes)
     if name == "pearson":
         return pearson_corrcoef(predictions.double(), labels.double())
     if name == "spearman":
         return spearman_corrcoef(predictions.double(), labels.double())
     raise ValueError(f"Unknown metric {name!r}; allowed: {', '.join(METRICS)}.")
+
+
+def matthews(predictions: Tensor, labels: Tensor, num_classes: int) -> Tensor:
+    """Matthews' correlation, Gorodkin's K-class form (the binary one at K = 2): 0 where the labels
+    or the predictions are all one class, as GLUE's scorer (scikit-learn) has it; torchmetrics
+    gives such a split 1 when every prediction is right, and values between on the others."""
+    confusion = torch.bincount(labels.long() * num_classes + predictions.long(), minlength=num_classes**2)
+    confusion = confusion.view(num_classes, num_classes).double()
+    true, predicted, total = confusion.sum(dim=1), confusion.sum(dim=0), confusion.sum()
+    covariance = confusion.trace() * total - (true * predicted).sum()
+    spread = (total**2 - (predicted**2).sum()) * (total**2 - (true**2).sum())
+    return torch.where(spread > 0, covariance / spread.clamp(min=1).sqrt(), 0.0).float()
 
 
 @dataclass

@@ -43,6 +43,23 @@ def test_three_classes_take_macro_f1_and_multiclass_mcc():
     assert float(metric_value("matthews", predictions, labels, num_classes=3)) == pytest.approx(expected)
 
 
+@pytest.mark.parametrize(
+    ("predictions", "labels"),
+    [
+        ([1, 1, 1, 1], [1, 1, 1, 1]),
+        ([0, 0, 0], [0, 0, 0]),
+        ([1, 0, 1], [1, 1, 1]),
+        ([1, 1, 1], [0, 0, 0]),
+        ([0, 0, 0, 0], [0, 1, 0, 1]),
+    ],  # fmt: skip
+)
+def test_matthews_is_0_where_the_labels_or_the_predictions_are_one_class(predictions, labels):
+    """GLUE's scorer (scikit-learn) has 0 there; torchmetrics gave 1, 1, 0.41 and -1 to the first four."""
+    for classes in (2, 3):
+        value = metric_value("matthews", torch.tensor(predictions), torch.tensor(labels), num_classes=classes)
+        assert float(value) == 0.0
+
+
 def test_unknown_metric():
     assert METRICS == ("accuracy", "f1", "matthews", "pearson", "spearman")
     with pytest.raises(ValueError, match="Unknown metric 'bleu'; allowed: accuracy, f1, matthews"):
