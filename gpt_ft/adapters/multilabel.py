@@ -132,7 +132,7 @@ class MultiLabelOutput(TaskOutput):
     def example_label(self, example: dict[str, Any]) -> list[int] | None:
         """The example's labels as a 0/1 row over `labels`; None when unlabelled (no field, -1)."""
         value = example.get(self.spec.field)
-        if value is None or value == -1 or value == "-1":
+        if value is None or (value in (-1, "-1") and not self.takes_minus_one()):
             return None
         if isinstance(value, float) and math.isnan(value):
             return None

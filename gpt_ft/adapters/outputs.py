@@ -160,11 +160,18 @@ class TaskOutput:
         raise NotImplementedError
 
     def example_label(self, example: dict[str, Any]) -> Any:
-        """The example's label; None when unlabelled (no field, or -1 as in hub test splits)."""
+        """The example's label; None when unlabelled (no field, or -1 as in hub test splits, where
+        the card has no class or score -1 of its own)."""
         value = example.get(self.spec.field)
-        if value is None or value == -1 or value == "-1":
+        if value is None or (value in (-1, "-1") and not self.takes_minus_one()):
             return None
         return self.label_id(value)
+
+    def takes_minus_one(self) -> bool:
+        """Whether -1 is one of the card's labels: a class named "-1", or a score in the card's
+        `score_range` (without one, -1 stays the hub's mark of an unlabelled row)."""
+        low, high = self.spec.score_range or (0.0, -1.0)
+        return "-1" in (self.spec.names or []) or (self.spec.regression and low <= -1 <= high)
 
     def label_id(self, value: Any) -> Any:
         """The model's target for one raw label value."""

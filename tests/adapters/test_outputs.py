@@ -103,6 +103,21 @@ def test_written_predictions_and_shown_labels_by_kind():
     )
 
 
+def test_minus_one_marks_an_unlabelled_row_unless_the_card_has_it_as_a_label():
+    """The hub's test splits mark a missing label -1; a card with a class "-1" (negative of three
+    sentiments) or a score range that holds -1 reads it as that label."""
+    plain = SingleText(name="t", labels=["neg", "pos"]).output
+    three = SingleText(name="t", labels=["-1", "0", "1"]).output
+    ranged = Similarity(name="s", regression=True, score_range=[-1.0, 1.0]).output
+    unranged = Similarity(name="s", regression=True).output
+    assert [plain.example_label({"label": v}) for v in (-1, "-1", 1)] == [None, None, 1]
+    assert [three.example_label({"label": v}) for v in (-1, "-1", "1")] == [0, 0, 2]
+    assert [ranged.example_label({"label": v}) for v in (-1, "-1", "0.5")] == [-1.0, -1.0, 0.5]
+    assert [unranged.example_label({"label": v}) for v in (-1, "-1", "0.5")] == [None, None, 0.5]
+    multi = MultiLabel(name="m", labels=["-1", "a"]).output
+    assert multi.example_label({"label": "-1"}) == [1, 0]
+
+
 def test_a_card_is_read_into_its_parts_under_the_card_names():
     task = TextPair(
         name="nli",
