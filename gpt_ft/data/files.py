@@ -172,10 +172,13 @@ class Origin:
         rows = tuple(kept) if self.kept is None else tuple(self.kept[i] for i in kept)
         return replace(self, kept=rows)
 
+    def row(self, row: int) -> int:
+        """Row `row` of the rows kept, by its number among those loaded."""
+        return row if self.kept is None else self.kept[row]
+
     def of(self, row: int) -> str:
         """'FILE, line 7' (or 'FILE, record 7', 'hub dataset ..., row 7') for row `row` of the split."""
-        if self.kept is not None:
-            row = self.kept[row]
+        row = self.row(row)
         if self.path is None:
             return f"{self.source}, row {row + 1}"
         import datasets

@@ -25,7 +25,8 @@ from gpt_ft.workarounds import dataset_fingerprint
 
 
 def _example_id(example: dict[str, Any], index_field: str | None, row: int) -> int:
-    """The example's integer id from the card's index field (GLUE test files), else its row number."""
+    """The example's integer id from the card's index field (GLUE test files), else its row number
+    in the split as loaded (rows dropped by `ignore_labels` keep their numbers)."""
     value = example.get(index_field) if index_field else None
     try:
         return int(value)
@@ -177,7 +178,7 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
             return {
                 **{name: [f[name] for f in fields] for name in (fields[0] if fields else ["input_ids"])},
                 "label": [enc.label for enc in encoded],
-                "index": [_example_id(ex, index_field, row) for ex, row in zip(examples, rows)],
+                "index": [_example_id(ex, index_field, origin.row(row)) for ex, row in zip(examples, rows)],
                 "length": [max(len(seq) for seq in enc.sequences) for enc in encoded],
             }
 

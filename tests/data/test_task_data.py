@@ -126,3 +126,22 @@ def test_encodings_are_cached_for_the_next_process(pairs_dir, tokenizer_dir):
     modules = [TaskDataModule(load_card(TASKS / "glue/rte.yaml"), tokenizer_dir) for _ in range(2)]
     raw = datasets.Dataset.from_dict({"sentence1": ["a"], "sentence2": ["b"], "label": [0]})
     assert modules[0]._fingerprint(raw, "train") == modules[1]._fingerprint(raw, "train")
+
+
+def test_rows_dropped_by_ignore_labels_keep_the_others_numbers(tmp_path, tokenizer_dir):
+    """A card numbering examples by row (SNLI's: no index field): the ids written beside predictions
+    stay the file's rows when the rows labelled '-' before them are dropped."""
+    rows = [
+        "premise\thypothesis\tlabel",
+        "a\tb\tentailment",
+        "c\td\t-",
+        "e\tf\tneutral",
+        "g\th\t-",
+        "i\tj\tneutral",
+    ]
+    (tmp_path / "test.tsv").write_text("\n".join(rows) + "\n")
+    local, labels = LocalFiles(splits={"test": "test.tsv"}), ["entailment", "neutral"]
+    task = TextPair(name="p", premise="premise", hypothesis="hypothesis", labels=labels, index=None,
+                    ignore_labels=["-"], local=local)  # fmt: skip
+    encoded = TaskDataModule(task, tokenizer_dir, data_dir=str(tmp_path)).encoded("test", labelled=True)
+    assert encoded["index"] == [0, 2, 4] and encoded["label"] == [0, 1, 1]
