@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 from torchmetrics.functional import accuracy, f1_score, pearson_corrcoef, spearman_corrcoef
 
+from gpt_ft.adapters.contrastive import first_copies
 from gpt_ft.errors import CardError
 
 METRICS = ("accuracy", "f1", "matthews", "pearson", "spearman")
@@ -85,11 +86,14 @@ RETRIEVAL = ("mrr@10", "ndcg@10", "recall@1", "recall@10")
 
 def retrieval_metrics(queries: Tensor, corpus: Tensor, metrics: list[str]) -> dict[str, Tensor]:
     """Query i against every document, document i the relevant one (`rank_metrics`). A tie ranks
-    the earlier document first."""
+    the earlier document first; another copy of document i (the same vector: the same text, as two
+    rows may share a positive) is no rival, as InfoNCE leaves it out of the negatives."""
     scores = queries.double() @ corpus.double().T  # (Q, Q)
     own = scores.diagonal()[:, None]
     earlier = torch.ones_like(scores, dtype=torch.bool).tril(-1)
-    return rank_metrics(1 + ((scores > own) | ((scores == own) & earlier)).sum(dim=1), metrics)
+    first = first_copies(corpus)
+    rivals = ((scores > own) | ((scores == own) & earlier)) & (first[None, :] != first[:, None])
+    return rank_metrics(1 + rivals.sum(dim=1), metrics)
 
 
 def rank_metrics(rank: Tensor, metrics: list[str]) -> dict[str, Tensor]:

@@ -142,6 +142,9 @@ def test_retrieval_metrics_by_hand():
     # A tie ranks the earlier document first: q1 ties d0 and its own d1, so its own is 2nd.
     tied = retrieval_metrics(torch.eye(2), torch.tensor([[1.0, 0.5], [0.0, 0.5]]), ["mrr@10"])
     assert tied["mrr@10"].item() == pytest.approx((1 + 1 / 2) / 2)
+    # Two rows sharing a positive (d0 = d1): the other copy is no rival, so each query finds its own first.
+    shared = torch.tensor([[0.6, 0.8], [0.6, 0.8], [1.0, 0.0]])
+    assert retrieval_metrics(shared, shared, ["recall@1"])["recall@1"].item() == 1.0
 
 
 def test_a_card_frames_each_text_alone_with_its_prompt(tokenizer_dir):
