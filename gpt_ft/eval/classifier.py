@@ -209,7 +209,7 @@ def _write_rows(tmp, suffix: str, rows: list[dict[str, Any]], labelled) -> None:
             columns = list(rows[0]) if rows else []
             f.write("\t".join([*columns, "prediction"]) + "\n")
             for row, (_, text) in zip(rows, labelled):
-                cells = [str(row[c]) for c in columns] + [text]
+                cells = ["" if row[c] is None else str(row[c]) for c in columns] + [text]  # None: as csv
                 f.write("\t".join(c.replace("\t", " ").replace("\n", " ") for c in cells) + "\n")
         else:
             columns = list(rows[0]) if rows else []

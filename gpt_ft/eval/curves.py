@@ -44,12 +44,12 @@ def collect_curves(
                 value = score(row, size, seed)
                 if value is not MISSING:
                     values.setdefault(size, {})[seed] = value
-        examples: dict[int | None, int | None] = {size: size for size in values if size is not None}
-        if None in values:
-            try:
-                examples[None] = whole()
-            except Exception:  # noqa: BLE001  (the split is not readable here: "all" is left off the chart)
-                examples[None] = None
+        try:
+            total = whole() if values else None
+        except Exception:  # noqa: BLE001  (the split is not readable here: "all" is left off the chart)
+            total = None
+        # a size beyond the split trains on the whole split (`stratified_subset`)
+        examples = {size: total if size is None else min(size, total or size) for size in values}
         out[row or "fine-tuned"] = curve(values, examples)
     return out
 

@@ -359,10 +359,11 @@ class SuiteRunner:
                 continue
             scored = {seed: v for seed, v in stats["seeds"].items() if v is not None}
             best = max(scored, key=scored.get) if scored else next(iter(stats["seeds"]))
-            predictions = self.out / "runs" / Run(name, int(best)).folder / "predictions"
+            run = Run(name, int(best), row=self.rows[0])  # the first row's: the main table's
+            predictions = self.out / "runs" / run.folder / "predictions"
             files = sorted(predictions.glob("*.tsv")) if predictions.is_dir() else []
             if not files:
-                log(f"warning: {Run(name, int(best))} (the best seed) wrote no test predictions")
+                log(f"warning: {run} (the best seed) wrote no test predictions")
             for file in files:
                 shutil.copy(file, folder / file.name)
         present = {p.name for p in folder.iterdir()}

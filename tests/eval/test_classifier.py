@@ -75,6 +75,15 @@ def test_label_writes_each_row_with_its_prediction(finetuned, tmp_path, capsys):
     assert [r[2] for r in rows[1:]] == expected
     main(["label", f"--ckpt_path={ckpt}", f"--input={source}", f"--output={tmp_path / 'out.jsonl'}"])
     assert '"prediction": ' in (tmp_path / "out.jsonl").read_text()
+    records = tmp_path / "mine.jsonl"  # a record without a note, and a null one: empty cells, as csv writes
+    records.write_text('{"sentence": "a cat .", "note": null}\n{"sentence": "a dog ."}\n')
+    main(["label", f"--ckpt_path={ckpt}", f"--input={records}", f"--output={tmp_path / 'notes.tsv'}"])
+    lines = (tmp_path / "notes.tsv").read_text().splitlines()
+    assert [line.split("\t")[:2] for line in lines] == [
+        ["sentence", "note"],
+        ["a cat .", ""],
+        ["a dog .", ""],
+    ]
     with pytest.raises(SystemExit) as exit_info:
         main(["label", f"--ckpt_path={ckpt}", f"--input={source}", f"--output={source}"])
     assert exit_info.value.code == 2

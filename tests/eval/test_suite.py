@@ -215,6 +215,7 @@ rows:
                  --model.lr=1e-3]
 train_sizes: [2, 4]
 min_steps: 3
+submission: {{archive: sub.zip, files: [SENT.tsv]}}
 """,
     )
     out = tmp_path / "out"
@@ -269,6 +270,8 @@ min_steps: 3
     assert "| sent | 2 | all |" in table and "| from scratch | " in table
     assert "Rows (each with its own fit arguments, in results.json): pretrained, from scratch" in table
     assert (out / "learning_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with zipfile.ZipFile(out / "sub.zip") as zf:  # the first row's predictions, from under its folder
+        assert zf.namelist() == ["SENT.tsv"]
 
     calls.clear()
     baseline = tmp_path / "tfidf.json"  # a curve measured elsewhere on the same subsets, drawn beside
@@ -321,6 +324,18 @@ def test_a_baseline_file_that_is_not_a_curve_is_named(tmp_path, text, words):
     with pytest.raises(ValueError, match=f"^Baseline file {re.escape(str(path))}") as e:
         read_baselines([path], ["pretrained", "from scratch"])
     assert words in str(e.value)
+
+
+def test_a_size_beyond_the_split_counts_the_examples_it_trained_on():
+    """RTE's 2,490 training rows at a size of 3,000: the run trains on the whole split, and the curve
+    (which the labels saved read) counts 2,490 examples, not 3,000."""
+    from gpt_ft.eval.curves import collect_curves
+
+    scores = {(None, 2): 60.0, (None, 30): 80.0, (None, None): 80.0, ("scratch", 30): 80.0}
+    curves = collect_curves(lambda row, size, seed: scores.get((row, size)), [None, "scratch"], [2, 30, None],
+                            [0], whole=lambda: 6)  # fmt: skip
+    for curve in curves.values():
+        assert [p["examples"] for p in curve.values()] == [2, 6, 6]
 
 
 def test_labels_saved_reads_the_first_rows_curve_against_the_seconds_largest_size():
