@@ -284,8 +284,8 @@ def prepare(
             for batch in chain(batches(pieces(documents, piece_chars), 16 * piece_chars), [None]):
                 submitted = batch and (batch, executor.submit(encode_batch, backend, batch, eos, dtype))
                 if pending is not None:
-                    done, result = pending
-                    for piece, ids in zip(done, result.result()):
+                    encoded, result = pending
+                    for piece, ids in zip(encoded, result.result()):
                         split = "validation" if is_validation(piece.number, validation_fraction) else "train"
                         handles[split].write(ids.tobytes())
                         counts[split] += len(ids)

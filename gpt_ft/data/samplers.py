@@ -28,8 +28,11 @@ class EpochSampler(DistributedSampler):
     _skip: tuple[int, int] | None = None
 
     def skip(self, epoch: int, samples: int) -> None:
-        """In epoch `epoch`, leave out this rank's first `samples` indices (trained on already)."""
+        """In epoch `epoch`, leave out this rank's first `samples` indices (trained on already). The
+        epoch is set here too: with worker processes, Lightning draws the indices before it calls
+        `set_epoch`, which would give the resumed epoch the first epoch's order."""
         self._skip = (epoch, samples) if samples > 0 else None
+        self.set_epoch(epoch)
 
     def indices(self) -> Iterator[int]:
         """This rank's indices for the current epoch, in order."""

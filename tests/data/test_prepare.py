@@ -119,3 +119,31 @@ def test_bad_prepare_arguments(tmp_path, tokenizer_dir):
         prepare(out_dir=tmp_path / "full", tokenizer=tokenizer_dir, inputs=corpus, progress=False)
     assert [p.name for p in (tmp_path / "full").iterdir()] == ["notes.txt"]
     assert (token_dtype(2**16), token_dtype(2**16 + 1)) == ("uint16", "uint32")
+
+
+def test_an_interrupted_prepare_leaves_nothing_behind_and_runs_again(tmp_path, tokenizer_dir, monkeypatch):
+    """Ctrl-C while the fifth file is read, after batches were written: no partial token files, so
+    the same command runs again."""
+    import gpt_ft.data.prepare as preparing
+
+    corpus, out, real = (
+        write_corpus(tmp_path, n_files=6, lines=200),
+        tmp_path / "tokens",
+        preparing.file_documents,
+    )
+
+    def interrupted(paths, split_on):
+        for i, document in enumerate(real(paths, split_on)):
+            if i == 4:
+                raise KeyboardInterrupt
+            yield document
+
+    monkeypatch.setattr(preparing, "file_documents", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        prepare(
+            inputs=[str(corpus)], out_dir=str(out), tokenizer=tokenizer_dir, piece_chars=200, progress=False
+        )
+    assert not out.exists() or not any(out.iterdir())
+    monkeypatch.setattr(preparing, "file_documents", real)
+    prepare(inputs=[str(corpus)], out_dir=str(out), tokenizer=tokenizer_dir, piece_chars=200, progress=False)
+    assert read_meta(out)["documents"] > 0
