@@ -67,6 +67,11 @@ def build_gpt(
                     )
             gpt = with_dropout(gpt)
         if transfer_layers is not None:
+            if lora is not None:  # LoRA would freeze the fresh blocks, and its checkpoint not hold them
+                raise ValueError(
+                    "--model.transfer_layers starts blocks afresh, which --model.lora would freeze "
+                    "untrained: fine-tune every weight (no lora) to transfer only some layers."
+                )
             gpt.reset_blocks(transfer_layers)
     else:
         if transfer_layers is not None:

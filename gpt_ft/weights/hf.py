@@ -248,8 +248,9 @@ def read_folder(path: Path) -> tuple[GPTConfig, dict[str, Tensor], str]:
 
         for shard in shards:
             state.update(load_file(shard))
-    elif (path / "pytorch_model.bin").is_file():
-        state = torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    elif bins := sorted(path.glob("pytorch_model*.bin")):  # one file, or shards with their index
+        for shard in bins:
+            state.update(torch.load(shard, map_location="cpu", weights_only=True))
     else:
         raise FileNotFoundError(f"{path} has no model.safetensors or pytorch_model.bin weights file.")
     return (*convert(hf_config, state), str(path))

@@ -3,6 +3,7 @@ import torch
 
 from gpt_ft import GPT, GPTConfig
 from gpt_ft.data.tokenizer import load_tokenizer
+from gpt_ft.model.lora import LoRA
 from gpt_ft.training.module import GPTModule
 from gpt_ft.training.saved import build_gpt, check_tokenizer_fits
 
@@ -48,3 +49,5 @@ def test_transfer_layers_keeps_the_first_k_blocks(tmp_path, tokenizer_dir):
         GPTModule(init_from=str(tmp_path / "pre"), transfer_layers=4)
     with pytest.raises(ValueError, match="transfer_layers needs pretrained weights"):
         GPTModule(preset="gpt-micro", transfer_layers=1)
+    with pytest.raises(ValueError, match="^--model.transfer_layers starts blocks afresh, which --model.lora"):
+        GPTModule(init_from=str(tmp_path / "pre"), transfer_layers=1, lora=LoRA())

@@ -70,6 +70,22 @@ def test_from_pretrained_local_directory(tmp_path, family, safe):
         torch.testing.assert_close(gpt.lm_logits(gpt(ids)), hf(ids).logits, rtol=0, atol=1e-5)
 
 
+def test_from_pretrained_reads_pytorch_bin_shards(tmp_path):
+    """A hub repo with its weights only as `pytorch_model-0000K-of-0000N.bin` shards."""
+    hf = tiny_hf("gpt2")
+    hf.config.save_pretrained(
+        tmp_path
+    )  # transformers 5 writes safetensors only: shards as older repos hold them
+    state = hf.state_dict()
+    keys = sorted(state)
+    for k, part in enumerate((keys[: len(keys) // 2], keys[len(keys) // 2 :])):
+        torch.save({key: state[key] for key in part}, tmp_path / f"pytorch_model-0000{k + 1}-of-00002.bin")
+    gpt = GPT.from_pretrained(tmp_path).eval()
+    ids = torch.randint(0, TINY["vocab_size"], (2, 20))
+    with torch.no_grad():
+        torch.testing.assert_close(gpt.lm_logits(gpt(ids)), hf(ids).logits, rtol=0, atol=1e-5)
+
+
 def test_from_pretrained_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="no config.json"):
         GPT.from_pretrained(tmp_path)
