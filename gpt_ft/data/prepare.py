@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+from tokenizers import Tokenizer
 
 from gpt_ft.data.corpus import find_files
 from gpt_ft.data.tokenizer import EOS_TOKEN, check_text_file, load_tokenizer
@@ -275,7 +276,10 @@ def prepare(
     handles = {split: open(path, "wb") for split, path in tmp.items()}
     start = time.perf_counter()
     bar = tqdm(unit=" tok", unit_scale=True, desc="Tokenizing", disable=not progress)
-    backend = tok.backend_tokenizer
+    # The corpus's own text is text: a page that writes "<|endoftext|>" gets no document boundary
+    # (nor "<|extract|>" a fine-tuning token); the one boundary is the end-of-text token added here.
+    backend = Tokenizer.from_str(tok.backend_tokenizer.to_str())
+    backend.encode_special_tokens = True
     done = False
     try:
         with tokenizer_threads(workers), ThreadPoolExecutor(1) as executor:

@@ -147,3 +147,18 @@ def test_an_interrupted_prepare_leaves_nothing_behind_and_runs_again(tmp_path, t
     monkeypatch.setattr(preparing, "file_documents", real)
     prepare(inputs=[str(corpus)], out_dir=str(out), tokenizer=tokenizer_dir, piece_chars=200, progress=False)
     assert read_meta(out)["documents"] > 0
+
+
+def test_special_tokens_written_in_the_corpus_are_text(tmp_path, tokenizer_dir):
+    """A page about GPT-2 that writes "<|endoftext|>" and "<|extract|>": one document, one end-of-text
+    token (the one after it), no fine-tuning token; the strings' own characters are encoded."""
+    (tmp_path / "c").mkdir()
+    text = "GPT-2 separates documents with <|endoftext|> and GPT-1 reads <|extract|> last.\n"
+    (tmp_path / "c" / "a.txt").write_text(text)
+    meta = prepare(inputs=[str(tmp_path / "c")], out_dir=str(tmp_path / "tokens"), tokenizer=tokenizer_dir,
+                   validation_fraction=0.0, progress=False)  # fmt: skip
+    tok = load_tokenizer(tmp_path / "tokens" / "tokenizer")
+    tokens = np.fromfile(tmp_path / "tokens" / "train.bin", dtype=meta["dtype"]).tolist()
+    assert meta["documents"] == 1 and tokens[-1] == meta["eos_token_id"]
+    assert tokens.count(meta["eos_token_id"]) == 1 and tok.convert_tokens_to_ids("<|extract|>") not in tokens
+    assert tok.decode(tokens[:-1]) == text
