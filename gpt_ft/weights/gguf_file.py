@@ -157,7 +157,30 @@ def hf_config(path: Path):
         config.pad_token_id = None
     if config.model_type == "gpt2":  # GGUF's context_length is the position table's size
         config.n_positions = config.n_ctx
+    arch = _field(reader, "general.architecture")
+    window = _field(reader, f"{arch}.attention.sliding_window")
+    if window and hasattr(config, "sliding_window") and config.sliding_window is None:  # Phi-3's
+        config.sliding_window = int(window)
+    _check_rope(path, reader, arch, config)
     return config
+
+
+def _check_rope(path: Path, reader, arch: str, config) -> None:
+    """Refuses a file whose rotary frequencies are scaled where transformers' reading of it left
+    them plain: llama.cpp keeps Llama 3.x's scaling as a `rope_freqs` tensor and linear scaling
+    (Gemma 3 4B and larger) as metadata, and a model read without them computes other logits."""
+    scaling = _field(reader, f"{arch}.rope.scaling.type")
+    stored = "a rope_freqs tensor" if any(t.name == "rope_freqs.weight" for t in reader.tensors) else None
+    stored = stored or (f"rope scaling {scaling!r}" if scaling not in (None, "none") else None)
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    kinds = {p.get("rope_type") for p in ([params] if "rope_type" in params else params.values())
+             if isinstance(p, dict)}  # fmt: skip
+    if stored and not kinds - {None, "default"}:
+        raise ValueError(
+            f"{path}: its rotary frequencies are scaled ({stored}), which transformers' GGUF reader "
+            "leaves out, so the model read from it would compute other logits: load its transformers "
+            "weights (a hub id or folder) instead."
+        )
 
 
 def read(path: Path):

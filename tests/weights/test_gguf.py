@@ -81,6 +81,44 @@ def test_sizes_the_metadata_leaves_out_come_from_the_tensors(tmp_path, family):
         torch.testing.assert_close(logits(gpt, ids), hf(ids).logits, rtol=0, atol=1e-5)
 
 
+def test_phi3s_window_is_read_and_scaled_rotary_frequencies_are_refused(tmp_path, monkeypatch):
+    """llama.cpp writes Phi-3's sliding window, Llama 3.x's rotary scaling (a `rope_freqs` tensor)
+    and Gemma 3's linear scaling (metadata) where transformers' GGUF reading does not look: the
+    window is read, and a scaling it would drop is refused rather than computing other logits."""
+    import gguf
+
+    from tests.weights import gguf_files
+
+    written = gguf_files._metadata
+
+    def with_extra(extra):
+        def metadata(writer, config, model_type, sizes):
+            written(writer, config, model_type, sizes)
+            extra(writer, config)
+
+        monkeypatch.setattr(gguf_files, "_metadata", metadata)
+
+    hf = tiny("phi3", sliding_window=8)
+    with_extra(lambda writer, config: writer.add_sliding_window(8))
+    gpt = GPT.from_pretrained(write_gguf(tmp_path / "phi3.gguf", hf)).eval()
+    ids = torch.randint(0, VOCAB, (2, 24))  # past the window
+    with torch.no_grad():
+        assert gpt.config.sliding_window == 8
+        torch.testing.assert_close(logits(gpt, ids), hf(ids).logits, rtol=0, atol=1e-5)
+    rows = lambda c: np.ones(c.hidden_size // c.num_attention_heads // 2, dtype=np.float32)  # noqa: E731
+    with_extra(lambda writer, config: writer.add_tensor("rope_freqs.weight", rows(config)))
+    with pytest.raises(ValueError, match=r"rotary frequencies are scaled \(a rope_freqs tensor\)"):
+        GPT.from_pretrained(write_gguf(tmp_path / "llama3.gguf", tiny("llama")))
+
+    def linear(writer, config):
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(8.0)
+
+    with_extra(linear)
+    with pytest.raises(ValueError, match=r"rotary frequencies are scaled \(rope scaling 'linear'\)"):
+        GPT.from_pretrained(write_gguf(tmp_path / "gemma3.gguf", tiny("gemma3_text")))
+
+
 @pytest.mark.parametrize(
     "family, qtype",
     [("llama", "Q4_1"), ("llama", "Q8_0"), ("qwen2", "Q4_0"), ("qwen3", "F16"), ("gemma3_text", "Q8_0"),
