@@ -43,7 +43,10 @@ def fit_temperature(outputs: Tensor, labels: Tensor, losses) -> float:
 def split_outputs(
     clf: Classifier, rows: list[dict[str, Any]], *, batch_size: int = 32
 ) -> tuple[Tensor, Tensor]:
-    """The head's outputs (temperature 1) and the labels of labelled `rows`."""
+    """The head's outputs (temperature 1) and the labels of labelled `rows` (those whose label the
+    card ignores left out, as the data module leaves them out of the split `validate` scores)."""
+    ignored = set(clf.task.ignore_labels or [])
+    rows = [row for row in rows if str(row.get(clf.task.label)) not in ignored]
     labels = [clf.task.output.example_label(row) for row in rows]
     kept = [i for i, label in enumerate(labels) if label is not None]
     if not kept:

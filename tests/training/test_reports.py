@@ -104,6 +104,25 @@ def test_calibration_lowers_the_ece_of_an_over_confident_model_and_keeps_its_pre
     assert torch.load(sure, weights_only=True).get("temperature") is None  # the input is kept as it was
 
 
+def test_calibration_leaves_out_the_rows_whose_label_the_card_ignores(tokenizer_dir):
+    """SNLI's '-' rows: out of the split `validate` scores, and of the one calibration fits on."""
+    from gpt_ft import GPT, GPTConfig
+    from gpt_ft.adapters import SingleText
+    from gpt_ft.data.tokenizer import load_tokenizer
+    from gpt_ft.eval.calibration import split_outputs
+    from gpt_ft.eval.classifier import Classifier
+
+    task = SingleText(name="t", labels=["negative", "positive"], ignore_labels=["-"])
+    tokenizer = load_tokenizer(tokenizer_dir)
+    gpt = GPT(GPTConfig.from_name("gpt-micro", vocab_size=len(tokenizer), n_positions=64)).eval()
+    head = task.head(gpt.config.n_embd, dropout=0.0, init_std=0.02)
+    clf = Classifier(gpt, head, task, tokenizer, max_length=64, device="cpu")
+    rows = [{"sentence": "a cat .", "label": "positive"}, {"sentence": "a dog .", "label": "-"},
+            {"sentence": "two dogs .", "label": "negative"}]  # fmt: skip
+    outputs, labels = split_outputs(clf, rows)
+    assert labels.tolist() == [1, 0] and outputs.shape == (2, 2)
+
+
 def test_class_weights_change_the_loss_as_computed_by_hand():
     from gpt_ft.adapters import ClassificationHead, MultiLabelHead
 
