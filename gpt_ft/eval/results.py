@@ -248,3 +248,16 @@ def pm(stats: dict[str, Any] | None) -> str:
     if len(stats.get("seeds") or []) > 1:
         return f"{stats['mean']:.1f} ± {stats['std']:.1f}"
     return f"{stats['mean']:.1f}"
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A result file's contents, or None where there is none."""
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def percent(value: float | None) -> float | None:
+    return None if value is None or not math.isfinite(value) else 100 * value
+
+
+def minutes(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"

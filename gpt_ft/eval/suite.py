@@ -18,8 +18,6 @@ validation scores.
 
 from __future__ import annotations
 
-import json
-import math
 import shutil
 import statistics
 import time
@@ -35,7 +33,16 @@ from gpt_ft.errors import check_output_dir
 from gpt_ft.eval import zeroshot
 from gpt_ft.eval.curves import MISSING, baseline_curves, collect_curves, labels_saved, read_baselines
 from gpt_ft.eval.finetune import config_changes, fit_and_evaluate, main_key
-from gpt_ft.eval.results import benchmark_score, mean_std, write_atomic, write_json, write_results
+from gpt_ft.eval.results import (
+    benchmark_score,
+    mean_std,
+    minutes,
+    percent,
+    read_json,
+    write_atomic,
+    write_json,  # fmt: skip
+    write_results,
+)
 from gpt_ft.eval.suite_file import Run, SuiteSpec, as_list, data_dirs, load_suite
 from gpt_ft.training.callbacks import finite
 from gpt_ft.training.runs import build_fit
@@ -160,7 +167,7 @@ class SuiteRunner:
         for i, run in enumerate(todo, 1):
             left = ""
             if took:
-                left = f", about {_minutes(statistics.fmean(took) * (len(todo) - i + 1))} left"
+                left = f", about {minutes(statistics.fmean(took) * (len(todo) - i + 1))} left"
             log(f"[{i}/{len(todo)}] {run}{left}")
             t = time.perf_counter()
             self.fit(run, log)
@@ -169,7 +176,7 @@ class SuiteRunner:
         write_results(self.out, results)
         if self.predict and self.spec.submission is not None and self.fine_tune:
             self.write_submission(results, log)
-        took_all = _minutes(time.perf_counter() - start)
+        took_all = minutes(time.perf_counter() - start)
         log(f"suite {self.spec.name}: done in {took_all}; see {self.out / 'results.md'}")
         return results
 
@@ -207,11 +214,15 @@ class SuiteRunner:
 
     def _finished(self, run: Run, log) -> bool:
         """Whether the run's result is on disk and came from the configuration its arguments give now."""
-        result = _read(self.out / "runs" / run.folder / RESULT)
+        result = read_json(self.out / "runs" / run.folder / RESULT)
         if result is None:
             return False
         extra = self._min_steps(run)
         changed = config_changes(result, build_fit.resolve(self.fit_args_of(run) + extra), build_fit, extra)
+        if result.get("select", self.select) != self.select:  # (a result from before it was recorded: kept)
+            changed.append(f"--select {self.select}")
+        if self.predict and result.get("predict") is False:
+            changed.append("--predict true")
         if changed:
             log(f"{run}: its arguments changed since it ran ({', '.join(changed)}): running it again")
             return False
@@ -242,18 +253,26 @@ class SuiteRunner:
             "metrics": metrics,
             "seconds": round(time.perf_counter() - start, 1),
             "config": config,
+            "select": self.select,
+            "predict": bool(self.predict),
         }
         write_json(folder / RESULT, result)
         return result
 
     def _zero_shot(self, name: str, log) -> None:
         path = self.out / "runs" / name / "zero-shot" / RESULT
-        if path.is_file():
+        entry, task = self.cards[name]
+        data_dir = self.data_dirs.get(name, self.data_dirs.get(None))
+        inputs = {k: str(v) for k, v in (("init_from", self.init_from), ("tokenizer", self.tokenizer),
+                                         ("data_dir", data_dir), ("method", entry.zero_shot))}  # fmt: skip
+        done = read_json(path)
+        if done is not None and done.get("inputs", inputs) == inputs:  # (one from before inputs were kept)
             return
+        if done is not None:
+            log(f"zero-shot {name}: its model, data or method changed since it ran: scoring it again")
         import torch
         from tqdm.auto import tqdm
 
-        entry, task = self.cards[name]
         log(f"zero-shot {name}")
         tokenizer_dir = resolve_tokenizer(self.tokenizer, self.init_from)
         gpt = GPT.from_pretrained(self.init_from).to("cuda" if torch.cuda.is_available() else "cpu")
@@ -262,7 +281,6 @@ class SuiteRunner:
             load_tokenizer(tokenizer_dir, add_specials=False),
             progress=lambda it: tqdm(it, leave=False, desc=f"zero-shot {name}", unit="batch"),
         )
-        data_dir = self.data_dirs.get(name, self.data_dirs.get(None))
         ignored = set(task.ignore_labels)
 
         def rows(split: str) -> list[dict[str, Any]]:
@@ -271,8 +289,8 @@ class SuiteRunner:
         start = time.perf_counter()
         metrics = zeroshot.evaluate(task, scorer, rows, entry.zero_shot)
         metrics = {k: finite(v) for k, v in metrics.items()}
-        result = {"task": name, "metrics": metrics, "seconds": round(time.perf_counter() - start, 1)}
-        write_json(path, result)
+        seconds = round(time.perf_counter() - start, 1)
+        write_json(path, {"task": name, "metrics": metrics, "seconds": seconds, "inputs": inputs})
 
     # ---- results ----
 
@@ -286,15 +304,15 @@ class SuiteRunner:
             item: dict[str, Any] = {"card": entry.card, "main_metric": main_key(task), "metrics": {}}
             rows = item["metrics"]
             for seed in self.seeds if self.fine_tune else []:
-                result = _read(self.out / "runs" / Run(name, seed, row=self.rows[0]).folder / RESULT)
+                result = read_json(self.out / "runs" / Run(name, seed, row=self.rows[0]).folder / RESULT)
                 for key, value in (result or {}).get("metrics", {}).items():
                     if key.split("/")[-1] in task.metrics:  # the benchmark's metrics, not the loss
-                        rows.setdefault(key, {"seeds": {}})["seeds"][str(seed)] = _percent(value)
+                        rows.setdefault(key, {"seeds": {}})["seeds"][str(seed)] = percent(value)
             for stats in rows.values():
                 stats.update(mean_std(list(stats["seeds"].values())))
-            zero = _read(self.out / "runs" / name / "zero-shot" / RESULT)
+            zero = read_json(self.out / "runs" / name / "zero-shot" / RESULT)
             for key, value in (zero or {}).get("metrics", {}).items():
-                rows.setdefault(key, {"seeds": {}})["zero_shot"] = _percent(value)
+                rows.setdefault(key, {"seeds": {}})["zero_shot"] = percent(value)
             for key, value in entry.paper.items():
                 full = key if "/" in key else f"{task.validation_splits[0]}/{key}"
                 rows.setdefault(full, {"seeds": {}})["paper"] = value
@@ -303,7 +321,7 @@ class SuiteRunner:
                 for k in self.transfer_layers:
                     values = []
                     for seed in self.seeds:
-                        result = _read(self.out / "runs" / Run(name, seed, k).folder / RESULT)
+                        result = read_json(self.out / "runs" / Run(name, seed, k).folder / RESULT)
                         if result and result["metrics"].get(item["main_metric"]) is not None:
                             values.append(100 * result["metrics"][item["main_metric"]])
                     item["transfer"][str(k)] = {"seeds": values, **mean_std(values)}
@@ -337,8 +355,8 @@ class SuiteRunner:
         entry, task = self.all_cards[name]
 
         def score(row: str | None, size: int | None, seed: int) -> float | None:
-            result = _read(self.out / "runs" / Run(name, seed, row=row, size=size).folder / RESULT)
-            return MISSING if result is None else _percent(result["metrics"].get(metric))
+            result = read_json(self.out / "runs" / Run(name, seed, row=row, size=size).folder / RESULT)
+            return MISSING if result is None else percent(result["metrics"].get(metric))
 
         def whole() -> int:  # rows of the training split, where "all" sits on the curve
             return len(load_split(task, "train", self.data_dirs.get(name, self.data_dirs.get(None))))
@@ -350,8 +368,7 @@ class SuiteRunner:
         """Each task's predictions from its best seed, gathered and zipped; missing files warned of."""
         spec = self.spec.submission
         folder = self.out / "submission"
-        if folder.exists():
-            shutil.rmtree(folder)
+        shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir()
         for name, item in results["tasks"].items():
             stats = item["metrics"].get(item["main_metric"])
@@ -367,12 +384,9 @@ class SuiteRunner:
             for file in files:
                 shutil.copy(file, folder / file.name)
         present = {p.name for p in folder.iterdir()}
-        missing = [f for f in spec.files if f not in present]
-        if missing:
-            message = (
-                f"the submission lacks {', '.join(missing)} (tasks not in this run or without test files)"
-            )
-            log(f"warning: {message}")
+        lacks = ", ".join(f for f in spec.files if f not in present)
+        if lacks:
+            log(f"warning: the submission lacks {lacks} (tasks not in this run or without test files)")
         archive = self.out / spec.archive
 
         def zip_to(tmp: Path) -> None:
@@ -383,15 +397,3 @@ class SuiteRunner:
         write_atomic(archive, zip_to)
         log(f"wrote {archive} ({len(present)} files)")
         return archive
-
-
-def _read(path: Path) -> dict[str, Any] | None:
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
-def _percent(value: float | None) -> float | None:
-    return None if value is None or not math.isfinite(value) else 100 * value
-
-
-def _minutes(seconds: float) -> str:
-    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"

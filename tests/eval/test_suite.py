@@ -9,6 +9,7 @@ import statistics
 import zipfile
 
 import pytest
+import torch
 
 from gpt_ft import GPT, GPTConfig
 from gpt_ft.cli import main
@@ -160,6 +161,15 @@ def test_suite_zero_shot_and_transfer_sweep(tmp_path, tokenizer_dir, capsys):
     assert printed.count(warning) == 2  # one per run
     assert "| mc | " in (out / "results.md").read_text() and "2 layers" in (out / "results.md").read_text()
     assert not list(out.rglob("*.ckpt"))  # checkpoints are not kept by default
+    # Other weights into the same folder: the zero-shot scores are not the first model's.
+    torch.manual_seed(1)
+    GPT(config).to_hf().save_pretrained(tmp_path / "other")
+    tok.save_pretrained(tmp_path / "other")
+    argv = ["suite", str(suite), f"--out_dir={out}", f"--init_from={tmp_path / 'other'}"]
+    main([*argv, f"--data_dir={tmp_path / 'c'}", "--fine_tune=false", "--zero_shot=true"])
+    assert "zero-shot mc: its model, data or method changed since it ran: scoring it again" in (
+        capsys.readouterr().out
+    )
 
 
 def test_a_subset_of_a_suites_tasks(tmp_path):
@@ -406,3 +416,11 @@ def test_a_rerun_compares_configurations_not_spellings(tmp_path, tokenizer_dir, 
     assert (
         len(calls) == 3 and "its arguments changed since it ran ((not comparable))" in capsys.readouterr().out
     )
+    # Another epoch reported, or test predictions asked of a run that wrote none: run again.
+    same = fit_args(*fit, "--data.batch_size=4", "--model.lr=2e-4")
+    main([*argv, "--select=best", *same])
+    assert len(calls) == 4 and "(--select best): running it again" in capsys.readouterr().out
+    main([*argv, "--select=best", "--predict=true", *same])
+    assert len(calls) == 5 and "(--predict true): running it again" in capsys.readouterr().out
+    main([*argv, "--select=best", "--predict=true", *same])
+    assert len(calls) == 5
