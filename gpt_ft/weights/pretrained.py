@@ -111,7 +111,9 @@ def gpt_from_checkpoint(checkpoint: Checkpoint) -> GPT:
         gpt.load_state_dict(checkpoint.gpt_state)
         return gpt
     gpt = load_gpt(adapters.base)
-    if config["vocab_size"] > gpt.config.vocab_size:
+    if config.get("released_rows"):  # a released table with unused rows, as `build_gpt` reads it
+        gpt.config.released_rows, gpt.config.vocab_size = config["released_rows"], config["vocab_size"]
+    elif config["vocab_size"] > gpt.config.vocab_size:
         gpt.resize_token_embeddings(config["vocab_size"])
     add_lora(gpt, LoRA(**adapters.settings), new_tokens_from=adapters.new_tokens_from)
     trained = checkpoint.gpt_state

@@ -51,3 +51,30 @@ def test_transfer_layers_keeps_the_first_k_blocks(tmp_path, tokenizer_dir):
         GPTModule(preset="gpt-micro", transfer_layers=1)
     with pytest.raises(ValueError, match="^--model.transfer_layers starts blocks afresh, which --model.lora"):
         GPTModule(init_from=str(tmp_path / "pre"), transfer_layers=1, lora=LoRA())
+
+
+def test_a_lora_checkpoint_on_a_released_table_with_unused_rows_loads_as_it_trained(tmp_path):
+    """Qwen2.5's table has rows its tokenizer does not use, and GPT-1's special tokens take three of
+    them: the adapters' checkpoint loads back onto the base with the run's vocabulary in the table."""
+    from gpt_ft.training.saved import lora_checkpoint
+    from gpt_ft.weights.checkpoint import Checkpoint
+    from tests.helpers import tiny_llama
+
+    tiny_llama("qwen2", vocab_size=128, tie_word_embeddings=False).save_pretrained(tmp_path / "released")
+    base = str(tmp_path / "released")
+    gpt = build_gpt(preset="gpt1", overrides=None, init_from=base, transfer_layers=None, vocab_size=100,
+                    lora=LoRA(rank=4), new_token_ids=[97, 98, 99])  # fmt: skip
+    assert (gpt.config.vocab_size, gpt.config.released_rows) == (100, 128)
+    with torch.no_grad():
+        for p in gpt.parameters():
+            if p.requires_grad:
+                p.add_(0.1)  # as if trained
+    ids = torch.randint(0, 100, (2, 10))
+    with torch.no_grad():
+        trained = gpt.eval().lm_logits(gpt(ids))
+    stored = Checkpoint({"state_dict": {f"gpt.{k}": v for k, v in gpt.state_dict().items()}})
+    stored.gpt_config = vars(gpt.config)
+    lora_checkpoint(stored, gpt, LoRA(rank=4), base)
+    back = GPT.from_checkpoint(stored).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(back.lm_logits(back(ids)), trained, rtol=0, atol=1e-5)
