@@ -24,6 +24,7 @@ from torch import Tensor
 from gpt_ft.adapters import TaskAdapter, TaskHead
 from gpt_ft.adapters.cards import card_from_value
 from gpt_ft.data.batches import PackedBatch, SharedContextBatch, TaskBatch, collate_batch
+from gpt_ft.data.file_faults import file_format, record_lines
 from gpt_ft.data.files import read_table
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
 from gpt_ft.errors import check_output_file, writing
@@ -118,12 +119,14 @@ class Classifier:
         shared = self.shared_context and self.task.shares_context  # as TaskDataModule.collate decides
         return collate_batch(chunk, self.specials, packing=self.packing, shared=shared)
 
-    def encode(self, examples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def encode(self, examples: list[dict[str, Any]], *, where=None) -> list[dict[str, Any]]:
         """The examples as the model sees them: the task's own path from examples to tokens, which
         `TaskDataModule` takes in training (labels are not read; a card that groups records, each
-        record alone)."""
+        record alone). `where(i)` names example i in an error (default: 'example i')."""
         unlabelled = [self.task.to_predict(example) for example in examples]
-        encoded = self.task.encode_examples(unlabelled, self.tokenizer, self.specials, self.max_length)
+        encoded = self.task.encode_examples(
+            unlabelled, self.tokenizer, self.specials, self.max_length, where=where
+        )
         return [{**enc.fields(), "label": None, "index": i} for i, enc in enumerate(encoded)]
 
     def predict(self, examples: list[dict[str, Any]], *, batch_size: int = 32) -> list[dict[str, Any]]:
@@ -136,10 +139,10 @@ class Classifier:
 
     @torch.inference_mode()
     def run(
-        self, examples: list[dict[str, Any]], *, batch_size: int = 32
+        self, examples: list[dict[str, Any]], *, batch_size: int = 32, where=None
     ) -> list[tuple[dict[str, Any], str]]:
         """Each example's outcome and its prediction written as text (label names, a score)."""
-        encoded = self.encode(list(examples))
+        encoded = self.encode(list(examples), where=where)
         order = sorted(range(len(encoded)), key=lambda i: -max(len(s) for s in encoded[i]["input_ids"]))
         out: list[tuple[dict[str, Any], str] | None] = [None] * len(encoded)
         for start in range(0, len(order), batch_size):
@@ -183,7 +186,9 @@ def label(
     check_output_file(target, "--output", overwrite=overwrite)
     clf = Classifier.from_checkpoint(ckpt_path, device=device)
     rows = read_table(source).to_list()
-    write_labelled(target, rows, clf.run(rows, batch_size=batch_size))
+    lines = record_lines(source, file_format(source) or "") or list(range(1, len(rows) + 1))
+    where = lambda i: f"{source}, line {lines[i]}"  # noqa: E731  (the row a message names)
+    write_labelled(target, rows, clf.run(rows, batch_size=batch_size, where=where))
     print(f"labelled {len(rows):,} examples of {source} into {target}")
 
 

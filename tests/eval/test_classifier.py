@@ -84,6 +84,13 @@ def test_label_writes_each_row_with_its_prediction(finetuned, tmp_path, capsys):
         ["a cat .", ""],
         ["a dog .", ""],
     ]
+    broken = tmp_path / "broken.csv"  # the card's `sentence` column missing: named with its file and line
+    broken.write_text("text,note\na cat .,x\n")
+    with pytest.raises(SystemExit):
+        main(["label", f"--ckpt_path={ckpt}", f"--input={broken}", f"--output={tmp_path / 'b.tsv'}"])
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"gpt-ft: error: {broken}, line 2 has no field 'sentence' (task 'sent')."
+    )
     with pytest.raises(SystemExit) as exit_info:
         main(["label", f"--ckpt_path={ckpt}", f"--input={source}", f"--output={source}"])
     assert exit_info.value.code == 2
