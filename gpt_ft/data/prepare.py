@@ -157,6 +157,14 @@ def is_validation(number: int, fraction: float) -> bool:
     return int.from_bytes(digest, "little") / 2**64 < fraction
 
 
+def continues_elsewhere(piece: Piece, fraction: float) -> bool:
+    """Whether the piece's document goes on in the other split: its part in this one then ends with
+    an end-of-text token as a document does, so no two documents' texts run together in a split."""
+    if piece.ends_document:
+        return False
+    return is_validation(piece.number + 1, fraction) != is_validation(piece.number, fraction)
+
+
 def batches(items: Iterator[Piece], max_chars: int) -> Iterator[list[Piece]]:
     """Consecutive pieces grouped into lists of about `max_chars` characters."""
     batch: list[Piece] = []
@@ -291,6 +299,8 @@ def prepare(
                     encoded, result = pending
                     for piece, ids in zip(encoded, result.result()):
                         split = "validation" if is_validation(piece.number, validation_fraction) else "train"
+                        if continues_elsewhere(piece, validation_fraction):
+                            ids = np.append(ids, np.asarray(eos, dtype=dtype))
                         handles[split].write(ids.tobytes())
                         counts[split] += len(ids)
                         n_docs += piece.ends_document

@@ -162,3 +162,19 @@ def test_special_tokens_written_in_the_corpus_are_text(tmp_path, tokenizer_dir):
     assert meta["documents"] == 1 and tokens[-1] == meta["eos_token_id"]
     assert tokens.count(meta["eos_token_id"]) == 1 and tok.convert_tokens_to_ids("<|extract|>") not in tokens
     assert tok.decode(tokens[:-1]) == text
+
+
+def test_a_document_cut_into_pieces_across_both_splits_never_runs_into_another(tmp_path, tokenizer_dir):
+    """Pieces go to a split each; where a document goes on in the other split, its part here ends
+    with end-of-text, so each stretch between end-of-text tokens is one document's text."""
+    (tmp_path / "c").mkdir()
+    words = ["cat", "dog", "man", "mat", "park", "gang"]
+    for i, word in enumerate(words):  # one word per document, many pieces each
+        (tmp_path / "c" / f"doc{i}.txt").write_text(" ".join([word] * 400) + "\n")
+    meta = prepare(inputs=[str(tmp_path / "c")], out_dir=str(tmp_path / "tokens"), tokenizer=tokenizer_dir,
+                   piece_chars=300, validation_fraction=0.3, progress=False)  # fmt: skip
+    tok = load_tokenizer(tmp_path / "tokens" / "tokenizer")
+    for split in ("train", "validation"):
+        ids = np.fromfile(tmp_path / "tokens" / f"{split}.bin", dtype=meta["dtype"]).tolist()
+        stretches = [s.split() for s in tok.decode(ids).split(EOS_TOKEN) if s.strip()]
+        assert len(stretches) > len(words) / 2 and all(len(set(s)) == 1 for s in stretches), split
