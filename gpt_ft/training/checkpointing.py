@@ -88,6 +88,7 @@ class SaveLast(Callback):
         self.every_n_steps = every_n_steps
         self._saved_step = -1
         self._sigterm_pending = False
+        self._save_pending = False  # a validation inside an accumulation window: saved at its end
         self._stop_signal: signal.Signals | None = None  # SIGINT once Ctrl-C was pressed
         self._previous_sigint: Any = None
 
@@ -147,7 +148,9 @@ class SaveLast(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         accumulating = should_accumulate(trainer)
-        if self.every_n_steps and not accumulating and trainer.global_step % self.every_n_steps == 0:
+        every = self.every_n_steps and trainer.global_step % self.every_n_steps == 0
+        if not accumulating and (every or self._save_pending):
+            self._save_pending = False
             self._save(trainer)
         if trainer.received_sigterm or self._sigterm_pending:
             if accumulating:  # finish the optimizer step first: no accumulated gradient is lost
@@ -159,8 +162,13 @@ class SaveLast(Callback):
             self._saved_message(trainer, self._save(trainer) or self.path(trainer))
 
     def on_validation_end(self, trainer, pl_module) -> None:
+        # Inside an accumulation window the gradients gathered so far are in no checkpoint, while
+        # the data position counts their batches as trained: the save waits for the window's end.
         if trainer.state.fn == "fit" and not trainer.sanity_checking:
-            self._save(trainer)
+            if should_accumulate(trainer):
+                self._save_pending = True
+            else:
+                self._save(trainer)
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         self._restore_sigint()

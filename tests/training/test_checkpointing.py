@@ -332,3 +332,31 @@ def test_a_killed_ddp_rank_resumes_to_the_uninterrupted_weights(background):
     a, b = last_state(root / "whole", 0), last_state(root / "cut", 1)
     assert a["global_step"] == b["global_step"] == 8
     assert_same_weights(a, b)
+
+
+def test_a_validation_inside_an_accumulation_window_saves_last_at_the_windows_end(monkeypatch, tmp_path):
+    """Validating every N batches across epochs can land inside an accumulation window (epochs whose
+    length is no multiple of it): the gradients gathered so far are in no checkpoint, while the
+    data position would count their batches as trained; so last.ckpt waits for the optimizer step."""
+    from types import SimpleNamespace
+
+    from gpt_ft.training import checkpointing
+
+    saved, accumulating = [], [True]
+    monkeypatch.setattr(checkpointing, "should_accumulate", lambda trainer: accumulating[0])
+    trainer = SimpleNamespace(state=SimpleNamespace(fn="fit"), sanity_checking=False, global_step=4,
+                              received_sigterm=False)  # fmt: skip
+    trainer.checkpoint_callback = SimpleNamespace(dirpath=tmp_path)
+    trainer.save_checkpoint = lambda path, weights_only: saved.append(trainer.global_step)
+    callback = checkpointing.SaveLast()
+    callback.on_validation_end(trainer, None)
+    callback.on_train_batch_end(trainer, None, None, None, 9)  # still accumulating
+    assert saved == []
+    accumulating[0], trainer.global_step = False, 5
+    callback.on_train_batch_end(trainer, None, None, None, 10)  # the window's optimizer step
+    callback.on_train_batch_end(trainer, None, None, None, 11)
+    accumulating[0] = False
+    callback.on_validation_end(trainer, None)  # a validation at a step's end saves at once (step 5: done)
+    trainer.global_step = 6
+    callback.on_validation_end(trainer, None)
+    assert saved == [5, 6]
