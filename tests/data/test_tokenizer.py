@@ -228,6 +228,20 @@ def test_trained_tokenizer_round_trips_any_text(trained_dir: Path, text: str) ->
     assert tok.decode(ids) == text
 
 
+def test_training_reads_the_text_as_prepare_does(corpus: list[Path], tmp_path: Path) -> None:
+    """A corpus saved with a byte-order mark and Windows line ends trains the tokenizer its plain
+    copy trains, as `gpt-ft prepare` encodes both to the same tokens: no merge of "\\r\\n", no
+    token for the mark's bytes."""
+    windows = []
+    for i, path in enumerate(corpus):
+        windows.append(tmp_path / f"windows{i}.txt")
+        windows[-1].write_bytes(b"\xef\xbb\xbf" + path.read_bytes().replace(b"\n", b"\r\n"))
+    plain = train_tokenizer(inputs=corpus, vocab_size=300, out_dir=tmp_path / "plain", show_progress=False)
+    saved = train_tokenizer(inputs=windows, vocab_size=300, out_dir=tmp_path / "win", show_progress=False)
+    assert saved.get_vocab() == plain.get_vocab()
+    assert (tmp_path / "win/tokenizer.json").read_text() == (tmp_path / "plain/tokenizer.json").read_text()
+
+
 def test_training_into_existing_tokenizer_dir_overwrites_it(corpus: list[Path], tmp_path: Path) -> None:
     train_tokenizer(inputs=corpus, vocab_size=280, out_dir=tmp_path / "tok", show_progress=False)
     again = train_tokenizer(inputs=corpus, vocab_size=300, out_dir=tmp_path / "tok", show_progress=False)
