@@ -337,8 +337,7 @@ class GPT(nn.Module):
         """Numbers in the model (frozen ones too); the embedding's padding rows are not counted."""
         n = sum(p.numel() for p in self.parameters())
         padding = (self.config.padded_vocab_size - self.config.vocab_size) * self.config.n_embd
-        tables = (self.wte, self.lm_head)  # LoRA's TokenRows hold no padding rows
-        n -= padding * sum(isinstance(t, nn.Embedding | nn.Linear) for t in tables)
+        n -= padding * sum(table is not None for table in (self.wte, self.lm_head))
         if exclude_embeddings:
             n -= self.config.vocab_size * self.config.n_embd
             n -= self.wpe.weight.numel() if self.wpe is not None else 0

@@ -157,7 +157,8 @@ class LoRALinear(nn.Module):
 class TokenRows(nn.Module):
     """A token matrix (embedding or untied LM head) whose first `frozen` rows are fixed and whose
     other rows, up to the vocabulary's size, train: two parameters, so that the optimizer holds
-    state for the new rows only and no gradient of the frozen rows is ever computed."""
+    state for the new rows only and no gradient of the frozen rows is ever computed. The rows past
+    the vocabulary (a released table's unused ones, or padding) are kept, frozen, as they were."""
 
     def __init__(self, weight: Tensor, frozen: int, vocab: int) -> None:
         super().__init__()
@@ -165,9 +166,10 @@ class TokenRows(nn.Module):
             raise ValueError(
                 f"TokenRows needs 0 < frozen <= vocab <= rows, got {frozen}, {vocab}, {weight.shape[0]}."
             )
-        self.frozen, self.rows = frozen, weight.shape[0]
+        self.frozen = frozen
         self.frozen_rows = nn.Parameter(weight[:frozen].detach(), requires_grad=False)
         self.new_rows = nn.Parameter(weight[frozen:vocab].detach().clone())
+        self.unused_rows = nn.Parameter(weight[vocab:].detach(), requires_grad=False)
 
     def forward(self, ids: Tensor) -> Tensor:
         """Embeddings of `ids`."""
@@ -183,11 +185,8 @@ class TokenRows(nn.Module):
 
     @property
     def weight(self) -> Tensor:
-        """The whole matrix, padding rows (zeros) included."""
-        padding = self.frozen_rows.new_zeros(
-            self.rows - self.frozen - len(self.new_rows), self.frozen_rows.shape[1]
-        )
-        return torch.cat([self.frozen_rows, self.new_rows, padding])
+        """The whole matrix, the rows past the vocabulary included."""
+        return torch.cat([self.frozen_rows, self.new_rows, self.unused_rows])
 
 
 def add_lora(gpt: nn.Module, lora: LoRA, *, new_tokens_from: int) -> nn.Module:
@@ -232,7 +231,7 @@ def merged_state_dict(gpt: nn.Module) -> dict[str, Tensor]:
     """The state dict `merge_lora(gpt)` would have, computed without changing `gpt`."""
     out = {}
     for key, value in gpt.state_dict().items():
-        for suffix in (".lora_A", ".lora_B", ".frozen_rows", ".new_rows"):
+        for suffix in (".lora_A", ".lora_B", ".frozen_rows", ".new_rows", ".unused_rows"):
             if key.endswith(suffix):
                 break
         else:

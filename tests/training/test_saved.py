@@ -78,3 +78,29 @@ def test_a_lora_checkpoint_on_a_released_table_with_unused_rows_loads_as_it_trai
     back = GPT.from_checkpoint(stored).eval()
     with torch.no_grad():
         torch.testing.assert_close(back.lm_logits(back(ids)), trained, rtol=0, atol=1e-5)
+
+
+def test_a_merged_lora_model_on_a_released_table_keeps_its_unused_rows_as_released(tmp_path):
+    """The merged checkpoint (and `merge_lora`) of such a run writes the table whole: the rows past
+    the run's vocabulary as the weights released them, not zeros."""
+    from gpt_ft.model.lora import merge_lora
+    from gpt_ft.training.saved import lora_checkpoint
+    from gpt_ft.weights.checkpoint import Checkpoint
+    from tests.helpers import tiny_llama
+
+    released = tiny_llama("qwen2", vocab_size=128, tie_word_embeddings=False)
+    released.save_pretrained(tmp_path / "released")
+    base = str(tmp_path / "released")
+    gpt = build_gpt(preset="gpt1", overrides=None, init_from=base, transfer_layers=None, vocab_size=100,
+                    lora=LoRA(rank=4, checkpoint="merged"), new_token_ids=[97, 98, 99])  # fmt: skip
+    stored = Checkpoint({"state_dict": {f"gpt.{k}": v for k, v in gpt.state_dict().items()}})
+    lora_checkpoint(stored, gpt, LoRA(rank=4, checkpoint="merged"), base)
+    tables = {"wte": released.get_input_embeddings(), "lm_head": released.get_output_embeddings()}
+    tables = {name: module.weight for name, module in tables.items()}
+    for name, table in tables.items():
+        merged = stored.state[f"gpt.{name}.weight"]
+        assert merged.shape == table.shape
+        assert torch.equal(merged[100:], table[100:].detach())
+    merge_lora(gpt)
+    for name, table in tables.items():
+        assert torch.equal(getattr(gpt, name).weight[100:], table[100:].detach())
