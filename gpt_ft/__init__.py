@@ -1,22 +1,29 @@
 """gpt_ft: pretrain a from-scratch GPT and fine-tune it the way GPT-1 did."""
 
+from importlib import import_module
 from importlib.metadata import version as _version
+from typing import TYPE_CHECKING
 
-from gpt_ft.model import GPTConfig
-from gpt_ft.weights.pretrained import GPT  # the model's, with weights in and out
+if TYPE_CHECKING:
+    from gpt_ft.eval.classifier import Classifier
+    from gpt_ft.eval.encoder import Encoder
+    from gpt_ft.model import GPTConfig
+    from gpt_ft.weights.pretrained import GPT
 
 __all__ = ["GPT", "GPTConfig", "Classifier", "Encoder"]
 __version__ = _version("gpt_ft")  # pyproject.toml's, as installed
 
+# Each public name is imported on first use: torch for the model, and Lightning and datasets with
+# `Classifier` and `Encoder`; `gpt-ft --help` and `--version` need none of them.
+_HOMES = {
+    "GPT": "gpt_ft.weights.pretrained",  # the model's, with weights in and out
+    "GPTConfig": "gpt_ft.model",
+    "Classifier": "gpt_ft.eval.classifier",
+    "Encoder": "gpt_ft.eval.encoder",
+}
+
 
 def __getattr__(name: str):
-    # `Classifier` and `Encoder` bring Lightning and datasets with them: imported on first use only.
-    if name == "Classifier":
-        from gpt_ft.eval.classifier import Classifier
-
-        return Classifier
-    if name == "Encoder":
-        from gpt_ft.eval.encoder import Encoder
-
-        return Encoder
+    if name in _HOMES:
+        return getattr(import_module(_HOMES[name]), name)
     raise AttributeError(f"module 'gpt_ft' has no attribute {name!r}")

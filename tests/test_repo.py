@@ -1,8 +1,10 @@
 import re
+import sys
 
 import pytest
 
 import gpt_ft
+from tests.background import Command
 from tests.background import gpt_ft as gpt_ft_command
 from tests.helpers import ROOT
 
@@ -19,13 +21,23 @@ def test_ci_runs_exactly_the_readme_test_command():
     assert ci[-1].strip() == readme_test_command()
 
 
+HEAVY = ("torch", "lightning", "transformers", "jsonargparse", "datasets")
+HELP_IMPORTS = (
+    "import runpy, sys; sys.argv = ['gpt-ft', '--help']; runpy.run_module('gpt_ft', run_name='__main__'); "
+    f"print([name for name in {HEAVY!r} if name in sys.modules])"
+)
+
+
 def start_version(root):
-    return [gpt_ft_command("--version")]
+    return [gpt_ft_command("--version"), Command([sys.executable, "-c", HELP_IMPORTS])]
 
 
 @pytest.mark.background(start=start_version)
 def test_module_entry_point_reports_version(background):
-    """`python -m gpt_ft --version`, in a process of its own."""
-    (out,) = background.runs
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == f"gpt-ft {gpt_ft.__version__}"
+    """`python -m gpt_ft --version`, in a process of its own; `gpt-ft --help` lists the commands
+    without importing torch or any other heavy package (each command imports what it uses)."""
+    version, help = background.runs
+    assert version.returncode == 0, version.stderr[-2000:]
+    assert version.stdout.strip() == f"gpt-ft {gpt_ft.__version__}"
+    assert help.returncode == 0, help.stderr[-2000:]
+    assert "  fit        train" in help.stdout and help.stdout.splitlines()[-1] == "[]"

@@ -14,10 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from jsonargparse import auto_parser
-
-from gpt_ft.adapters.cards import PARSER_MODE
-
 
 def run(function: Callable[..., Any], name: str, argv: list[str]) -> None:
     """`gpt-ft NAME ARGV` of a typed function or class: its parser comes from its signature and
@@ -28,6 +24,10 @@ def run(function: Callable[..., Any], name: str, argv: list[str]) -> None:
         name: The command's name, for its usage line.
         argv: The arguments after the command's name.
     """
+    from jsonargparse import auto_parser
+
+    from gpt_ft.adapters.cards import PARSER_MODE  # the cards' YAML reading, registered on import
+
     parser = auto_parser(
         function, prog=f"gpt-ft {name}", exit_on_error=False, parser_mode=PARSER_MODE, return_instance=True
     )
@@ -45,14 +45,19 @@ def lightning(subcommand: str, argv: list[str]) -> None:
     lightning_main([subcommand, *argv])
 
 
-def lazy(path: str) -> Callable[[str, list[str]], None]:
+def lazy(path: str, *, typed: bool = True) -> Callable[[str, list[str]], None]:
     """The command `module:function` (or a class), imported when it runs: `gpt-ft --help` and each
-    command import only what they use."""
+    command import only what they use. `typed=False`: the function is called with the command's
+    name and arguments as they are (it parses them itself)."""
 
     def command(name: str, argv: list[str]) -> None:
         from importlib import import_module
 
         module, _, attribute = path.partition(":")
-        run(getattr(import_module(module), attribute), name, argv)
+        function = getattr(import_module(module), attribute)
+        if typed:
+            run(function, name, argv)
+        else:
+            function(name, argv)
 
     return command

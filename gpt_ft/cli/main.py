@@ -18,9 +18,7 @@ from collections.abc import Callable
 from importlib.metadata import version
 from typing import NamedTuple
 
-from gpt_ft.cli import commands
-from gpt_ft.cli.commands import lazy
-from gpt_ft.cli.explain import run_explain
+from gpt_ft.cli.commands import lazy, lightning
 from gpt_ft.errors import FileProblem, TaskDataError, causes, os_error_message, parse_error_message
 from gpt_ft.workarounds import torchao_import_loggers
 
@@ -31,11 +29,14 @@ class Command(NamedTuple):
 
 
 COMMANDS = {
-    "fit": Command("train (fine-tune or pretrain) a model", commands.lightning),
-    "validate": Command("evaluate on the validation splits", commands.lightning),
-    "test": Command("evaluate on the test splits", commands.lightning),
-    "predict": Command("write predictions for the test splits (GLUE submission files)", commands.lightning),
-    "explain": Command("print one example of a task split as the model sees it", run_explain),
+    "fit": Command("train (fine-tune or pretrain) a model", lightning),
+    "validate": Command("evaluate on the validation splits", lightning),
+    "test": Command("evaluate on the test splits", lightning),
+    "predict": Command("write predictions for the test splits (GLUE submission files)", lightning),
+    "explain": Command(
+        "print one example of a task split as the model sees it",
+        lazy("gpt_ft.cli.explain:run_explain", typed=False),
+    ),
     "prepare": Command(
         "tokenize a text corpus into token files for pretraining", lazy("gpt_ft.data.prepare:prepare")
     ),

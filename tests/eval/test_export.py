@@ -200,12 +200,9 @@ def write_exports(out: str, tokenizer_dir: str) -> None:
         clf.head.threshold.fill_(0.4)
         expected[f"steps-{shape}"] = {"outcomes": clf.predict([{"problem": a, "steps": s} for a, s in rows])}
         jobs.append(("steps", f"steps-{shape}", str(export_classifier(clf, out / f"steps-{shape}")), rows))
-    # ONNX: rotary positions, GQA, a text pair; similarity pairs, both orders inside the graph.
-    onnx = (
-        (("pair", "llama"), ("similarity", "gpt1"), ("similarity", "llama"))
-        if find_spec("onnxscript")
-        else ()
-    )
+    # ONNX: GPT-1's layout, and Llama's (rotary positions, GQA); similarity pairs, both orders
+    # inside the graph, each order the plain pair classifier's.
+    onnx = (("similarity", "gpt1"), ("similarity", "llama")) if find_spec("onnxscript") else ()
     for kind, shape in onnx:
         clf = classifier(kind, shape, tokenizer_dir)
         pairs = [(a, TEXTS[-1 - i]) for i, a in enumerate(TEXTS[:3])]
@@ -355,7 +352,7 @@ def test_gpt1_process_reward_models_are_not_exported(tmp_path, tokenizer_dir):
 def test_onnx_export_gives_the_classifiers_outputs_in_onnxruntime(background):
     pytest.importorskip("onnxscript")
     expected, got = served(background)
-    for name in ("onnx-pair-llama", "onnx-similarity-gpt1", "onnx-similarity-llama"):
+    for name in ("onnx-similarity-gpt1", "onnx-similarity-llama"):
         folder = background.root / name
         assert (folder / "model.onnx").is_file() and not (folder / "model.safetensors").exists()
         for outcome, logits in zip(expected[name]["outcomes"], got[name]):
