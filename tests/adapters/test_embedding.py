@@ -333,7 +333,9 @@ def two_process_losses(out: str) -> None:
             whole = head.losses(head(extract), SCORES).mean()
             whole.backward()
             results[loss] = {"one": [whole.item(), head.weight.grad.tolist()]}
-        mp.spawn(_two_process_loss, args=(f"{out}.rendezvous", anchors, candidates, shared), nprocs=2)
+        # forked: the children have this process's imports (spawned, each imported the toolkit anew)
+        args = (f"{out}.rendezvous", anchors, candidates, shared)
+        mp.start_processes(_two_process_loss, args=args, nprocs=2, start_method="fork")
         for loss in results:
             results[loss]["two"] = shared[loss]
     Path(out).write_text(json.dumps(results))
