@@ -26,11 +26,29 @@ from pathlib import Path
 import torch
 from harness import last_value, metrics_rows, random_tokens, synchronize
 from lightning.fabric.utilities.apply_func import move_data_to_device
+from lightning.pytorch.callbacks import Callback
 
 from gpt_ft.cli import main as gpt_ft_main
 from gpt_ft.data.lm_data import LMDataModule
 from gpt_ft.training.module import GPTModule
 from gpt_ft.training.optim import adamw, lr_lambda
+
+
+class StepTimer(Callback):
+    """Writes the seconds per optimizer step after `warmup` steps to the file `out`."""
+
+    def __init__(self, out: str, warmup: int = 5) -> None:
+        self.out, self.warmup, self.start, self.first = out, warmup, None, 0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.warmup and self.start is None:
+            synchronize(pl_module.device.type)
+            self.start, self.first = time.perf_counter(), trainer.global_step
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        synchronize(pl_module.device.type)
+        seconds = (time.perf_counter() - self.start) / (trainer.global_step - self.first)
+        Path(self.out).write_text(json.dumps(seconds))
 
 
 @dataclass
@@ -123,7 +141,7 @@ class PretrainSteps:
                 f"--trainer.log_every_n_steps={self.log_every}",
                 "--trainer.callbacks+=gpt_ft.training.throughput.Throughput",
                 f"--trainer.callbacks.every_n_steps={self.log_every}",
-                "--trainer.callbacks+=harness.StepTimer",
+                "--trainer.callbacks+=bench_overhead.StepTimer",
                 f"--trainer.callbacks.out={timing}",
                 f"--trainer.callbacks.warmup={self.warmup}",
             ]

@@ -1,6 +1,6 @@
 """What the benchmark scripts share: interleaved timing, training steps, a Markdown/JSON report,
-commands under a hard limit, `gpt-ft` as a subprocess, its logged metrics, a step timer, random
-tokens, the attention kernel a step runs.
+commands under a hard limit, `gpt-ft` as a subprocess, its logged metrics, random tokens, the
+attention kernel a step runs. It imports no Lightning: the GPU checklist starts at once.
 
 Scripts import this module as `harness` (Python puts the script's folder first on its path).
 """
@@ -22,7 +22,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from lightning.pytorch.callbacks import Callback
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "runs"
@@ -227,23 +226,6 @@ def last_value(rows: list[dict[str, str]], key: str) -> float | None:
 
 
 # ---- pieces of runs ----
-
-
-class StepTimer(Callback):
-    """Writes the seconds per optimizer step after `warmup` steps to the file `out`."""
-
-    def __init__(self, out: str, warmup: int = 5) -> None:
-        self.out, self.warmup, self.start, self.first = out, warmup, None, 0
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if trainer.global_step == self.warmup and self.start is None:
-            synchronize(pl_module.device.type)
-            self.start, self.first = time.perf_counter(), trainer.global_step
-
-    def on_train_end(self, trainer, pl_module) -> None:
-        synchronize(pl_module.device.type)
-        seconds = (time.perf_counter() - self.start) / (trainer.global_step - self.first)
-        Path(self.out).write_text(json.dumps(seconds))
 
 
 def random_tokens(folder: Path, vocab_size: int, train: int, validation: int) -> Path:

@@ -131,6 +131,37 @@ def test_pretraining_comparison_counts_the_bytes_each_token_decodes_to(tokenizer
     assert all(lengths[i] == 0 for i in tok.all_special_ids)
 
 
+def test_the_callbacks_the_benchmarks_give_fit_exist_and_take_the_arguments_given():
+    """Each `--trainer.callbacks+=MODULE.CLASS` in benchmarks/ names a Lightning callback that imports
+    (the scripts' folder first on the path, as when they run) and whose constructor takes every
+    `--trainer.callbacks.KEY` given after it, and is given each argument it needs."""
+    import importlib
+    import inspect
+
+    from lightning.pytorch.callbacks import Callback
+
+    benchmarks = Path(__file__).parents[1] / "benchmarks"
+    given: list[tuple[str, str, set[str]]] = []  # (script, class path, keys)
+    for script in sorted(benchmarks.glob("*.py")):
+        for match in re.finditer(r"--trainer\.callbacks(?:\+=([\w.]+)|\.(\w+)=)", script.read_text()):
+            if match[1]:
+                given.append((script.name, match[1], set()))
+            else:
+                given[-1][2].add(match[2])
+    assert {path for _, path, _ in given} >= {"bench_overhead.StepTimer"}
+    sys.path.insert(0, str(benchmarks))
+    try:
+        for script, path, keys in given:
+            module, _, name = path.rpartition(".")
+            callback = getattr(importlib.import_module(module), name, None)
+            assert isinstance(callback, type) and issubclass(callback, Callback), (script, path)
+            parameters = inspect.signature(callback).parameters
+            required = {key for key, p in parameters.items() if p.default is inspect.Parameter.empty}
+            assert required <= keys <= set(parameters), (script, path, keys)
+    finally:
+        sys.path.remove(str(benchmarks))
+
+
 def test_a_part_past_its_limit_is_killed_with_its_children_and_says_so():
     """The checklist's parts: a process that ignores SIGTERM and has started a child is killed, child
     and all, at its limit, with what it printed kept; a part that ends in time returns its status."""
