@@ -190,10 +190,10 @@ def main() -> None:
             log = run_dir.with_suffix(".log")
             if contender == "ours":
                 seconds = bench_vs_trainer.timed(ours(args, base, pairs, run_dir), log)[0]
-                accuracy = bench_vs_trainer.ours_accuracy(run_dir)
+                accuracy = bench_vs_trainer.ours_results(run_dir)[0]
             else:
                 seconds = bench_vs_trainer.timed(trl(args, base, files, run_dir), log)[0]
-                accuracy = bench_vs_trainer.trainer_accuracy(log)
+                accuracy = bench_vs_trainer.trainer_results(log)[0]
             results[contender] = (seconds, accuracy)
             print(
                 f"{shape:6} {contender:5} {seconds:7.1f} s  held-out pairwise accuracy {accuracy:.4f}",

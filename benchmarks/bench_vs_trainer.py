@@ -205,8 +205,10 @@ def ours_results(out: Path) -> tuple[float, float | None]:
 
 
 def trainer_results(log: Path) -> tuple[float, float | None]:
+    """Accuracy, and real tokens/s where the runner counted them (TRL's, bench_reward.py, does not)."""
     lines = [line for line in log.read_text().splitlines() if line.startswith('{"accuracy"')]
-    return json.loads(lines[-1])["accuracy"], json.loads(lines[-1])["tokens_per_s"]
+    result = json.loads(lines[-1])
+    return result["accuracy"], result.get("tokens_per_s")
 
 
 def main() -> None:

@@ -162,6 +162,28 @@ def test_the_callbacks_the_benchmarks_give_fit_exist_and_take_the_arguments_give
         sys.path.remove(str(benchmarks))
 
 
+def test_what_a_benchmark_script_uses_of_another_is_there():
+    """Each `module.name` one script of benchmarks/ reads from another (`harness.gpt_ft`,
+    `bench_vs_trainer.ours_results`, ...) exists: a renamed helper breaks no script unseen."""
+    import ast
+    import importlib
+
+    benchmarks = Path(__file__).parents[1] / "benchmarks"
+    scripts = {p.stem: p for p in benchmarks.glob("*.py")}
+    used = set()
+    for script in scripts.values():
+        for node in ast.walk(ast.parse(script.read_text())):
+            if isinstance(node, ast.Attribute) and getattr(node.value, "id", None) in scripts:
+                used.add((script.name, node.value.id, node.attr))
+    assert ("bench_reward.py", "bench_vs_trainer", "timed") in used
+    sys.path.insert(0, str(benchmarks))
+    try:
+        missing = [use for use in sorted(used) if not hasattr(importlib.import_module(use[1]), use[2])]
+    finally:
+        sys.path.remove(str(benchmarks))
+    assert not missing
+
+
 def test_a_part_past_its_limit_is_killed_with_its_children_and_says_so():
     """The checklist's parts: a process that ignores SIGTERM and has started a child is killed, child
     and all, at its limit, with what it printed kept; a part that ends in time returns its status."""
