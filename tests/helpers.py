@@ -391,9 +391,10 @@ def write_rankings(path: Path, n: int, seed: int) -> None:
 
 class HostReads(torch.overrides.TorchFunctionMode):
     """Records the calls that, on a GPU, make the host wait for the device: a value read back
-    (`.item()`, `bool(t)`, `.tolist()`, `.cpu()`) or an output whose size depends on the values
-    (`nonzero`, `unique`, `masked_select`, `t[mask]`). On a CPU they cost nothing, so this is how a test there
-    keeps them out of a training step's path."""
+    (`.item()`, `bool(t)`, `.tolist()`, `.cpu()`), an output whose size depends on the values
+    (`nonzero`, `unique`, `masked_select`, `t[mask]`), or a tensor made from host values on a device
+    (`torch.tensor(x, device=d)`: its copy waits for the device's queue). On a CPU they cost
+    nothing, so this is how a test there keeps them out of a training step's path."""
 
     NAMES = frozenset("item tolist cpu numpy __bool__ __int__ __float__ nonzero argwhere unique "
                       "unique_consecutive masked_select".split())  # fmt: skip
@@ -406,6 +407,11 @@ class HostReads(torch.overrides.TorchFunctionMode):
         name = getattr(func, "__name__", "")
         index = args[1] if name == "__getitem__" and len(args) > 1 else None
         indices = index if isinstance(index, tuple) else (index,)
-        if name in self.NAMES or any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices):
+        made_on_device = name in ("tensor", "as_tensor") and (kwargs or {}).get("device") is not None
+        if (
+            name in self.NAMES
+            or made_on_device
+            or any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in indices)
+        ):
             self.calls.append(name)
         return func(*args, **(kwargs or {}))

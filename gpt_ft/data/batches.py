@@ -58,6 +58,9 @@ class TaskBatch(TokenBatch):
     """Tokens that are not padding (a host count: throughput logs it without a device sync)."""
     extract_sequence: Tensor | None = None
     """(B, K) the sequence each read is in; None: read k is sequence k's extract token."""
+    lm_positions: Tensor | None = None
+    """(N,) where `lm_targets.flatten()` has a target, found by the collator (on the host, where a
+    GPU would have to report the count back); None: found from `lm_targets` when needed."""
 
 
 @dataclass
@@ -90,6 +93,12 @@ class SharedContextBatch:
     split: str = ""
     real_tokens: int = 0
     """Tokens that are not padding, contexts counted once (a host count)."""
+    context_positions: Tensor | None = None
+    """Where `context_targets.flatten()` has a target (as `TaskBatch.lm_positions`)."""
+    answer_positions: Tensor | None = None
+    """Where `answer_targets.flatten()` has a target."""
+    padded_contexts: bool = True
+    """Whether some context is shorter than the longest (their pads are then masked; a host fact)."""
 
     def __len__(self) -> int:
         return len(self.index)
@@ -160,6 +169,11 @@ def _labels(examples: list[dict[str, Any]]) -> Tensor | None:
     return torch.tensor(labels, dtype=torch.float if is_float else torch.long)
 
 
+def target_positions(targets: Tensor) -> Tensor:
+    """(N,) the flat positions of `targets` (on the host) that hold a target, in order."""
+    return (targets.flatten() != IGNORE_INDEX).nonzero().flatten()
+
+
 def reads(example: dict[str, Any]) -> list[tuple[int, int]]:
     """(sequence, position) of each extract token an encoded example reads: one per sequence, or
     where the example names them (`extract_sequence`), several in one sequence."""
@@ -206,6 +220,7 @@ def collate(
         split=split,
         real_tokens=sum(len(seq) for e in examples for seq in e["input_ids"]),
         extract_sequence=extract_sequence if any("extract_sequence" in e for e in examples) else None,
+        lm_positions=target_positions(lm_targets),
     )
 
 
@@ -256,6 +271,9 @@ def collate_shared(
         labels=_labels(examples),
         split=split,
         real_tokens=sum(len(p) + sum(len(a) for a in c) for p, c in zip(prefixes, answers)),
+        context_positions=target_positions(context_targets),
+        answer_positions=target_positions(answer_targets),
+        padded_contexts=any(len(p) < Tc for p in prefixes),
     )
 
 

@@ -256,7 +256,8 @@ class GPTModule(Evaluation, LightningModule):
         if "lm_sum" in terms:
             parts["lm_loss"] = terms["lm_sum"].sum() / mean_over_ranks(terms["lm_count"].sum(), world)
         if "task_loss" in terms:
-            examples = torch.tensor(float(len(terms["task_loss"])), device=terms["task_loss"].device)
+            # filled on the device: a tensor made from a host value would wait for the device
+            examples = torch.full((), float(len(terms["task_loss"])), device=terms["task_loss"].device)
             parts["task_loss"] = terms["task_loss"].sum() / mean_over_ranks(examples, world)
         return combined_loss(parts.get("task_loss"), parts.get("lm_loss"), self.lm_coef), parts
 

@@ -26,22 +26,29 @@ def combined_loss(task_loss: Tensor | None, lm_loss: Tensor | None, lm_coef: flo
     return task_loss + lm_coef * lm_loss if lm_coef > 0 else task_loss
 
 
-def row_lm_terms(gpt: GPT, hidden: Tensor, targets: Tensor, *, padded: bool = True) -> tuple[Tensor, Tensor]:
+def row_lm_terms(
+    gpt: GPT, hidden: Tensor, targets: Tensor, *, padded: bool = True, positions: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """Summed next-token cross-entropy and number of targets of each row, (rows,) each.
 
     `hidden` is (rows, T, C) and `targets` (rows, T) with -100 where there is nothing to predict;
-    with `padded`, logits are computed for the positions with a target only. The cross-entropy runs
-    a chunk of positions at a time through the head, never holding all their logits (`lm_loss.py`).
+    with `padded`, logits are computed for the positions with a target only: `positions` (the flat
+    positions of those targets, from the collator; found here when None, which on a GPU waits for
+    their count). The cross-entropy runs a chunk of positions at a time through the head, never
+    holding all their logits (`lm_loss.py`).
     """
     rows, T = targets.shape
     keep = targets != IGNORE_INDEX
     if not padded:  # pretraining blocks: every position has a target, no gather needed
         sums = lm_losses(gpt, hidden.flatten(0, 1), targets.flatten()).view(rows, T).sum(dim=1)
     else:
-        losses = lm_losses(gpt, hidden[keep], targets[keep])
-        row_of = torch.arange(rows, device=hidden.device)[:, None].expand(rows, T)[keep]
+        if positions is None:
+            positions = keep.flatten().nonzero().flatten()
+        positions = positions.to(hidden.device, non_blocking=True)
+        losses = lm_losses(gpt, hidden.flatten(0, 1)[positions], targets.flatten()[positions])
         # The losses' own dtype: under 64-true or 16-true the default dtype is another.
-        sums = torch.zeros(rows, device=hidden.device, dtype=losses.dtype).index_add_(0, row_of, losses)
+        sums = torch.zeros(rows, device=hidden.device, dtype=losses.dtype)
+        sums.index_add_(0, torch.div(positions, T, rounding_mode="floor"), losses)
     return sums, keep.sum(dim=1)
 
 
@@ -58,7 +65,8 @@ def batch_terms(gpt: GPT, head: TaskHead | None, batch: TokenBatch, *, lm: bool)
     hidden = gpt(ids.view(B * S, T))  # (B*S, T, C)
     out = {}
     if lm:
-        sums, counts = row_lm_terms(gpt, hidden, batch.lm_targets.view(B * S, T), padded=head is not None)
+        targets, positions = batch.lm_targets.view(B * S, T), getattr(batch, "lm_positions", None)
+        sums, counts = row_lm_terms(gpt, hidden, targets, padded=head is not None, positions=positions)
         out["lm_sum"], out["lm_count"] = sums.view(B, S).sum(dim=1), counts.view(B, S).sum(dim=1)
     if head is not None:
         K = batch.extract_index.shape[1]  # reads: one per sequence, or per step
@@ -100,7 +108,7 @@ def shared_context_terms(
     positions = context_length[:, None] + torch.arange(Ta, device=device)  # (B, Ta)
     positions = positions.clamp(max=gpt.config.n_positions - 1).repeat_interleave(S, dim=0)
     keys = None  # contexts of one length: no mask, causal aligned to the lower right
-    if bool((context_length < Tc).any()):  # padded contexts: their pads are masked
+    if batch.padded_contexts:  # their pads are masked
         context_keys = torch.arange(Tc, device=device)[None] < context_length[:, None]  # (B, Tc)
         keys = torch.cat([context_keys.repeat_interleave(S, dim=0), context_keys.new_ones(B * S, Ta)], 1)
     hidden = gpt(answers.view(B * S, Ta), keys, position_ids=positions, kv_cache=shared)
@@ -110,8 +118,11 @@ def shared_context_terms(
     if lm:
         # The plain layout predicts the context's tokens once per choice: count them so.
         choices = batch.choice_mask.sum(dim=1)
-        context_sum, context_count = row_lm_terms(gpt, hidden_context, batch.context_targets)
-        answer_sum, answer_count = row_lm_terms(gpt, hidden, batch.answer_targets.view(B * S, Ta))
+        context_sum, context_count = row_lm_terms(
+            gpt, hidden_context, batch.context_targets, positions=batch.context_positions
+        )
+        answer_targets = batch.answer_targets.view(B * S, Ta)
+        answer_sum, answer_count = row_lm_terms(gpt, hidden, answer_targets, positions=batch.answer_positions)
         # The delim's state (shared) predicts each choice's first token.
         delim = hidden_context[torch.arange(B, device=device), context_length - 1]  # (B, C)
         logprobs = F.log_softmax(gpt.lm_logits(delim).float(), dim=-1)  # (B, V)

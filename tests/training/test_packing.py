@@ -24,7 +24,7 @@ from gpt_ft.data.batches import collate, collate_packed, collate_shared
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
 from gpt_ft.model import attention
 from gpt_ft.training.module import GPTModule
-from tests.helpers import FAMILY_MICRO
+from tests.helpers import FAMILY_MICRO, HostReads
 
 NO_DROPOUT = {"embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0}
 FAMILIES = {**FAMILY_MICRO, "gpt1-micro": ("gpt-micro", {}), "gpt2-micro": ("gpt-micro", {"pre_ln": True})}
@@ -305,3 +305,24 @@ def test_compiled_packed_batches_of_new_shapes_reuse_one_dynamic_graph(tokenizer
     assert counters["stats"]["unique_graphs"] == 2
     for a, b in zip(compiled, eager):
         assert a.item() == pytest.approx(b.item(), rel=2e-2)
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_a_training_pass_reads_nothing_back_to_the_host(tokenizer_dir, monkeypatch, shape):
+    """Each shape's loss and backward pass, on packed rows, padded rows and (multiple choice) shared
+    contexts, makes none of the calls that would hold a GPU's host (`tests.helpers.HostReads`): the
+    target positions and the padded contexts come from the collator. (Rows laid flat, a CPU's path
+    alone, read their offsets back: the dense mask stands in for the GPU's kernels here.)"""
+    monkeypatch.setattr(attention, "FORCE_KERNEL", "dense")
+    module, _, specials = module_for(tokenizer_dir, shape, "llama-micro")
+    rows = examples(module.task, shape, specials, vocab=module.gpt.config.vocab_size - 5, n=6)
+    batches = {"packed": collate_packed(rows, specials.pad), "padded": collate(rows, specials.pad)}
+    if shape == "choice":
+        batches["shared"] = collate_shared(rows, specials.pad, specials.delim)
+        assert batches["shared"].padded_contexts
+    module.train()
+    for kind, batch in batches.items():
+        with HostReads() as reads:
+            loss, _ = module.losses(batch)
+            loss.backward()
+        assert reads.calls == [], kind
