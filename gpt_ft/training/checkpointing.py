@@ -313,6 +313,8 @@ def stop_on_nonfinite(trainer, loss: float, where: tuple[int, int, int], skipped
     kept = ""
     ckpt = trainer.checkpoint_callback
     if ckpt is not None and ckpt.dirpath:
+        if not skipped:
+            rewind_window(trainer)
         path = Path(ckpt.dirpath) / LAST
         trainer.save_checkpoint(path, weights_only=False)
         good = "the state with its update skipped" if skipped else "the last good state"
@@ -322,6 +324,17 @@ def stop_on_nonfinite(trainer, loss: float, where: tuple[int, int, int], skipped
         f"The training loss became {loss} at step {step} (epoch {epoch}, batch {batch}){kept}. "
         "Try a lower --model.lr, gradient clipping (--trainer.gradient_clip_val 1.0) or fp32."
     )
+
+
+def rewind_window(trainer) -> None:
+    """Inside a gradient-accumulation window, the loop's position back to the window's start (the
+    run stops next): its earlier micro-batches' gradients reach no checkpoint, so a run resumed
+    from it trains them again instead of skipping them."""
+    progress = trainer.fit_loop.epoch_loop.batch_progress
+    done = progress.current.completed % trainer.accumulate_grad_batches
+    for counts in (progress.current, progress.total) if done else ():
+        counts.ready, counts.started = counts.ready - done, counts.started - done
+        counts.processed, counts.completed = counts.processed - done, counts.completed - done
 
 
 def defers_nonfinite_check(device: torch.device, optimizer: Any) -> bool:

@@ -221,6 +221,39 @@ def test_a_nonfinite_loss_stops_with_the_step_and_keeps_the_last_good_state(
     assert all(torch.isfinite(v).all() for v in state["state_dict"].values() if v.is_floating_point())
 
 
+def test_a_nonfinite_loss_inside_an_accumulation_window_resumes_at_the_windows_start(
+    tmp_path, tokenizer_dir, monkeypatch, capsys
+):
+    """Two micro-batches a step: a non-finite loss at the window's second one keeps the state with
+    the data at the window's start (its first micro-batch's gradient reached no checkpoint), and
+    the resumed run trains that micro-batch again, to the uninterrupted run's step count."""
+    from gpt_ft.training.module import GPTModule
+
+    losses = GPTModule.losses
+
+    def nan_in_epoch_1_batch_1(self, batch):
+        loss, parts = losses(self, batch)
+        at = (self.current_epoch, self.trainer.fit_loop.epoch_loop.batch_idx)
+        bad = self.training and at == (1, 1)
+        return (loss * float("nan"), parts) if bad else (loss, parts)
+
+    card = make_task("single", tmp_path)
+    args = [*finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "logs")]
+    args.append("--trainer.accumulate_grad_batches=2")
+    with monkeypatch.context() as patch:
+        patch.setattr(GPTModule, "losses", nan_in_epoch_1_batch_1)
+        with pytest.raises(SystemExit):
+            main(["fit", *args])
+    assert "(epoch 1, batch 2)" in capsys.readouterr().err
+    state = last_state(tmp_path / "logs", 0)  # 3 batches an epoch: steps after batches 2, 3 and 5
+    assert state["global_step"] == 2
+    assert state["TaskDataModule"] == {"epoch": 1, "batches": 0}  # was batches 1: skipped on resume
+    progress = state["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]
+    assert progress["completed"] == progress["processed"] == 0
+    main(["fit", *args, "--ckpt_path=last"])
+    assert last_state(tmp_path / "logs", 1)["global_step"] == 6  # 2 a epoch, 3 epochs
+
+
 def test_a_nonfinite_loss_read_late_has_its_update_skipped_then_stops(
     tmp_path, tokenizer_dir, monkeypatch, capsys
 ):
