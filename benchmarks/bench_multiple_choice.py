@@ -23,16 +23,17 @@ import time
 
 import torch
 from harness import interleaved
+from lightning.fabric.utilities.apply_func import move_data_to_device
 
 from gpt_ft.adapters import MultipleChoice
-from gpt_ft.data.batches import collate, collate_shared
+from gpt_ft.data.batches import SharedContextBatch, TaskBatch, collate, collate_shared
 from gpt_ft.data.tokenizer import SpecialTokenIds
 from gpt_ft.training.module import GPTModule
 
 VOCAB = 40478  # GPT-1's BPE, plus the 4 special tokens below
 
 
-def batches(args) -> tuple[dict, dict, MultipleChoice]:
+def batches(args) -> tuple[TaskBatch, SharedContextBatch, MultipleChoice]:
     """The same random examples in both layouts."""
     specials = SpecialTokenIds(start=VOCAB, delim=VOCAB + 1, extract=VOCAB + 2, pad=VOCAB + 3, eos=None)
     task = MultipleChoice(name="race", context=["article"], choices="options", num_choices=args.choices)
@@ -54,11 +55,12 @@ def build(args, preset: str, task) -> GPTModule:
     return module.train()
 
 
-def to(batch: dict, device: str) -> dict:
-    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+def to(batch, device: str):
+    """A collated batch (`TaskBatch`, `SharedContextBatch`) with its tensors on `device`."""
+    return move_data_to_device(batch, torch.device(device))
 
 
-def steps(args, module: GPTModule, batch: dict):
+def steps(args, module: GPTModule, batch):
     optimizer = torch.optim.AdamW(module.parameters(), lr=1e-5, fused=args.device == "cuda")
     dtype = {"bf16": torch.bfloat16, "fp32": None}[args.dtype]
 

@@ -36,6 +36,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import sys
 from pathlib import Path
 
@@ -121,6 +122,7 @@ def ours(
         f"--trainer.max_epochs={args.epochs}", "--trainer.gradient_clip_val=1.0",
         *([] if validate else ["--trainer.limit_val_batches=0"]),
     ]  # fmt: skip
+    shutil.rmtree(out / "lightning_logs", ignore_errors=True)  # a rerun's test reads its own version_0
     last = out / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
     return [fit, [sys.executable, "-m", "gpt_ft", "test", *common, f"--ckpt_path={last}"]]
 

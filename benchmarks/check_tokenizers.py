@@ -4,7 +4,7 @@ Loads both folders with `load_tokenizer`, checks known ids and where the fine-tu
 tokens land, and compares GPT-1 encodings with a small independent implementation of the
 original BPE algorithm. Prints "OK" and exits 0 when everything matches, exits 1 otherwise.
 
-    python benchmarks/check_tokenizers.py [--gpt1 DIR] [--gpt2 DIR]
+    python benchmarks/check_tokenizers.py --gpt1 DIR --gpt2 DIR
 """
 
 from __future__ import annotations
