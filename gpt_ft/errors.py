@@ -223,3 +223,41 @@ def causes(exc: BaseException | None) -> Iterator[BaseException]:
     while exc is not None:
         yield exc
         exc = exc.__cause__ or exc.__context__
+
+
+def input_file(path: str | os.PathLike, option: str) -> Path:
+    """`path`, a file to read: one sentence naming `option` where it is missing or a folder."""
+    source = Path(path).expanduser()
+    if source.is_dir():
+        raise ValueError(f"{option} {source} is a folder; give a file.")
+    if not source.is_file():
+        raise FileNotFoundError(f"{option} {source} does not exist.")
+    return source
+
+
+def at_least_one(value: int, option: str) -> int:
+    """`value` (a count: batch size, beams), refused in one sentence below 1."""
+    if value < 1:
+        raise ValueError(f"{option} must be >= 1, got {value}.")
+    return value
+
+
+def device_named(device: str | None, option: str = "--device") -> str:
+    """The device to run on, as given, after checking that torch knows it and (CUDA) sees it;
+    None: cuda where there is one, else cpu."""
+    import torch
+
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        named = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"{option} {device!r} is not a device: give cpu, cuda or cuda:N.") from None
+    if named.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(f"{option} {device}: torch sees no CUDA device here; give --device cpu.")
+        if named.index is not None and named.index >= count:
+            seen = f"cuda:0 to cuda:{count - 1}" if count > 1 else "cuda:0"
+            raise ValueError(f"{option} {device}: torch sees {count} CUDA device(s), {seen}.")
+    return device

@@ -318,9 +318,14 @@ def prepare(
                 if folder.is_dir() and not any(folder.iterdir()):
                     folder.rmdir()
     if not done:
-        raise ValueError(
-            f"The corpus ({', '.join(sources[:3])}{', ...' if len(sources) > 3 else ''}) holds no text."
-        )
+        corpus = f"The corpus ({', '.join(sources[:3])}{', ...' if len(sources) > 3 else ''})"
+        if counts["validation"]:  # every piece drawn for validation: too little text for the split
+            raise ValueError(
+                f"{corpus} gave all its {counts['validation']:,} tokens to the validation split and none "
+                f"to train: lower --validation_fraction ({validation_fraction}) or --piece_chars "
+                f"({piece_chars:,}), or give more text."
+            )
+        raise ValueError(f"{corpus} holds no text.")
     tok.save_pretrained(out / "tokenizer")
     for split, path in tmp.items():
         path.replace(out / SPLIT_FILES[split])

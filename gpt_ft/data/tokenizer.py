@@ -234,6 +234,8 @@ def train_tokenizer(
             f"vocab_size={vocab_size} is too small; expected at least {min_vocab} "
             f"({len(alphabet)} bytes + {len(specials)} special tokens)."
         )
+    if min_frequency < 0:
+        raise ValueError(f"--min_frequency must be >= 0, got {min_frequency}.")
     if isinstance(inputs, str | os.PathLike):  # a lone path is a Sequence of characters; take it as one file
         inputs = [inputs]
     paths: list[Path] = []

@@ -27,7 +27,7 @@ from gpt_ft.data.batches import PackedBatch, SharedContextBatch, TaskBatch, coll
 from gpt_ft.data.file_faults import file_format, record_lines
 from gpt_ft.data.files import read_table
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
-from gpt_ft.errors import check_output_file, writing
+from gpt_ft.errors import at_least_one, check_output_file, device_named, input_file, writing
 from gpt_ft.training.terms import batch_terms
 from gpt_ft.weights.checkpoint import Checkpoint
 from gpt_ft.weights.pretrained import GPT
@@ -66,6 +66,7 @@ class Classifier:
     def from_checkpoint(cls, path: str | Path | Checkpoint, *, device: str | None = None) -> Classifier:
         """A `.ckpt` of `gpt-ft fit` on a task (or one already read); on the GPU when there is one,
         unless `device` says."""
+        device = device_named(device)
         stored = path if isinstance(path, Checkpoint) else Checkpoint.read(path)
         path = stored.where
         if not stored.is_gpt_ft or not stored.task_card:
@@ -78,7 +79,6 @@ class Classifier:
         config = gpt.config
         head = task.head(config.n_embd, dropout=0.0, init_std=config.initializer_range, bias=config.bias)
         head.load_state_dict(stored.submodule_state("head"))
-        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         return cls(
             gpt,
             head,
@@ -176,9 +176,8 @@ def label(
         batch_size: Examples per batch.
         device: Default: cuda when there is one.
     """
-    source, target = Path(input).expanduser(), Path(output).expanduser()
-    if not source.is_file():
-        raise FileNotFoundError(f"--input {source} does not exist.")
+    source, target = input_file(input, "--input"), Path(output).expanduser()
+    at_least_one(batch_size, "--batch_size")
     if target.suffix.lower() not in (".csv", ".tsv", ".jsonl", ".json"):
         raise ValueError(f"--output {target}: write .csv, .tsv or .jsonl.")
     if target.exists() and target.resolve() == source.resolve():

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from gpt_ft.data.file_faults import file_format, record_lines
 from gpt_ft.data.files import read_table
-from gpt_ft.errors import TaskDataError, check_output_file, writing
+from gpt_ft.errors import TaskDataError, at_least_one, check_output_file, input_file, writing
 from gpt_ft.eval.classifier import Classifier
 from gpt_ft.weights.checkpoint import Checkpoint
 
@@ -99,13 +99,14 @@ def embed(
         batch_size: Texts per batch.
         device: Default: cuda when there is one.
     """
-    source, target = Path(input).expanduser(), Path(output).expanduser()
-    if not source.is_file():
-        raise FileNotFoundError(f"--input {source} does not exist.")
+    source, target = input_file(input, "--input"), Path(output).expanduser()
+    at_least_one(batch_size, "--batch_size")
     if target.suffix.lower() not in (".npy", ".jsonl"):
         raise ValueError(f"--output {target}: write .npy or .jsonl.")
     check_output_file(target, "--output", overwrite=overwrite)
     rows, texts = read_texts(source, field)
+    if not texts:
+        raise ValueError(f"--input {source} holds no texts.")
     encoder = Encoder.from_checkpoint(ckpt_path, device=device)
     vectors = encoder.encode(texts, batch_size=batch_size, prompt=None if prompt == "none" else prompt)
     tmp = target.with_name(f".{target.name}.tmp")
@@ -129,8 +130,14 @@ def read_texts(path: Path, field: str) -> tuple[list[dict[str, Any]], list[str]]
     """The rows of a file and their texts: a .txt file's lines, or a table's `field`; a row without
     a text is named by its line."""
     if path.suffix.lower() == ".txt":  # lines end at \n (or \r\n) alone, not at str.splitlines' others
-        with path.open(encoding="utf-8", newline="") as f:
-            lines = f.read().replace("\r\n", "\n").split("\n")
+        data = path.read_bytes()
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = data[: exc.start].count(b"\n") + 1
+            reason = f"is not UTF-8 text ({exc.reason}); save it as UTF-8"
+            raise ValueError(f"{path}, line {line} {reason}.") from None
+        lines = text.replace("\r\n", "\n").split("\n")
         lines = lines[:-1] if lines[-1] == "" else lines
         return [{"text": line} for line in lines], lines
     rows = read_table(path).to_list()

@@ -14,6 +14,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from gpt_ft.errors import at_least_one, device_named
 from gpt_ft.training.precision import cpu_precision
 from gpt_ft.weights.pretrained import GPT, resolve_tokenizer
 
@@ -53,9 +54,9 @@ def generate(
     """
     from gpt_ft.data.tokenizer import load_tokenizer  # transformers: loaded when the command runs
 
-    if max_new_tokens < 1:
-        raise ValueError(f"--max_new_tokens must be >= 1, got {max_new_tokens}.")
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    at_least_one(max_new_tokens, "--max_new_tokens")
+    at_least_one(num_beams, "--num_beams")
+    device = device_named(device)
     if torch.device(device).type == "cpu":
         precision, why = cpu_precision(precision)
         if why:

@@ -246,3 +246,59 @@ def test_a_suite_file_naming_a_missing_card(entry, tmp_path, capsys):
         f"{suite}: task card tasks/glue/nope.yaml does not exist."
     )
     assert files(tmp_path) == before and not (tmp_path / "out").exists()
+
+
+# ---- the typed commands' own mistakes ----
+
+NOT_A_DEVICE = "--device 'gpu7' is not a device: give cpu, cuda or cuda:N."
+
+
+@pytest.mark.parametrize(
+    "command, args, message",
+    [
+        ("label", ["--input={folder}", "--output={out}.tsv"], "--input {folder} is a folder; give a file."),
+        ("label", ["--input={text}", "--output={out}.tsv", "--batch_size=0"],
+         "--batch_size must be >= 1, got 0."),
+        ("label", ["--input={text}", "--output={out}.tsv", "--device=gpu7"], NOT_A_DEVICE),
+        ("embed", ["--input={latin1}", "--output={out}.npy"],
+         "{latin1}, line 2 is not UTF-8 text (invalid continuation byte); save it as UTF-8."),
+        ("embed", ["--input={empty}", "--output={out}.npy"], "--input {empty} holds no texts."),
+        ("embed", ["--input={folder}", "--output={out}.npy"], "--input {folder} is a folder; give a file."),
+        ("generate", ["--prompt=the cat", "--num_beams=0"], "--num_beams must be >= 1, got 0."),
+        ("generate", ["--prompt=the cat", "--device=gpu7"], NOT_A_DEVICE),
+    ],
+)  # fmt: skip
+def test_a_typed_commands_bad_value_is_one_sentence_naming_it(
+    command, args, message, tmp_path, finetuned, capsys
+):
+    """A folder for a file, a zero count, a device torch has no name for, a text file that is not
+    UTF-8 (its line), an empty one: one sentence, before any work, nothing written."""
+    paths = {"folder": tmp_path / "texts", "text": tmp_path / "mine.txt", "latin1": tmp_path / "latin1.txt",
+             "empty": tmp_path / "empty.txt", "out": tmp_path / "out"}  # fmt: skip
+    paths["folder"].mkdir()
+    paths["text"].write_text("the cat sat on the mat .\n")
+    paths["latin1"].write_bytes(b"the cat sat .\ncaf\xe9 au lait\n")
+    paths["empty"].write_bytes(b"")
+    before = files(tmp_path)
+    argv = [command, f"--ckpt_path={finetuned.ckpt}", *(a.format(**paths) for a in args)]
+    assert error(capsys, *argv) == message.format(**paths)
+    assert files(tmp_path) == before
+
+
+def test_cuda_asked_for_where_torch_sees_none_is_one_sentence(monkeypatch):
+    import torch
+
+    from gpt_ft.errors import device_named
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(
+        ValueError, match=r"^--device cuda: torch sees no CUDA device here; give --device cpu"
+    ):
+        device_named("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(
+        ValueError, match=r"^--device cuda:2: torch sees 2 CUDA device\(s\), cuda:0 to cuda:1"
+    ):
+        device_named("cuda:2")
+    assert device_named("cuda:1") == "cuda:1" and device_named("cpu") == "cpu"

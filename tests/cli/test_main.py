@@ -209,6 +209,16 @@ def test_bad_pretraining_input(tmp_path, tokenizer_dir, monkeypatch, capsys):
     ]
     assert "holds no text" in last_error(capsys, *empty)
     assert not (tmp_path / "t0" / "train.bin").exists()
+    (tmp_path / "small.txt").write_text("the cat sat on the mat . " * 40)  # one piece, drawn for validation
+    small = ["prepare", "--inputs", str(tmp_path / "small.txt"), "--tokenizer", tokenizer_dir,
+             "--out_dir", str(tmp_path / "t1"), "--validation_fraction", "0.99"]  # fmt: skip
+    message = last_error(capsys, *small)
+    assert "to the validation split and none to train: lower --validation_fraction (0.99)" in message
+    assert not (tmp_path / "t1" / "train.bin").exists()
+    assert last_error(capsys, "tokenizer", "--inputs", str(tmp_path / "small.txt"), "--vocab_size", "300",
+                      "--min_frequency", "-1", "--out_dir", str(tmp_path / "tok")) == (
+        "gpt-ft: error: --min_frequency must be >= 0, got -1."
+    )  # fmt: skip
 
     corpus = write_corpus(tmp_path, n_files=1, lines=10)
     assert prepare(
