@@ -50,7 +50,7 @@ def split_outputs(
     labels = [clf.task.output.example_label(row) for row in rows]
     kept = [i for i, label in enumerate(labels) if label is not None]
     if not kept:
-        raise TaskDataError("the calibration split has no labelled examples.")
+        raise TaskDataError("it holds no labelled examples.")
     rows, labels = [rows[i] for i in kept], [labels[i] for i in kept]
     outputs = clf.raw_outputs(rows, batch_size=batch_size).clone()  # out of inference mode: fitted on
     return outputs, torch.tensor(labels)
@@ -85,7 +85,12 @@ def calibrate(
         raise ValueError(f"Task {task.name!r} predicts a score: there are no probabilities to calibrate.")
     split = split or task.validation_splits[0]
     rows = load_split(task, split, data_dir or stored.data_args.get("data_dir")).to_list()
-    outputs, labels = split_outputs(clf, rows)
+    if not rows:
+        raise ValueError(f"Split {split!r} of task {task.name!r} has no examples to calibrate on.")
+    try:
+        outputs, labels = split_outputs(clf, rows)
+    except TaskDataError as exc:  # which split: --split names one without labels (a test split)
+        raise TaskDataError(f"Split {split!r} of task {task.name!r}: {exc}") from None
     head = clf.head.float()
     temperature = fit_temperature(outputs, labels.to(outputs.device), head.losses)
 

@@ -38,7 +38,14 @@ class Encoder:
     def from_checkpoint(cls, path: str | Path | Checkpoint, *, device: str | None = None) -> Encoder:
         """A `.ckpt` of `gpt-ft fit` on an embedding card; on the GPU when there is one, unless
         `device` says."""
-        return cls(Classifier.from_checkpoint(path, device=device))
+        classifier = Classifier.from_checkpoint(path, device=device)
+        if not classifier.task.output.embeds:
+            where = path.where if isinstance(path, Checkpoint) else path
+            raise ValueError(
+                f"{where} is a model of task {classifier.task.name!r}, not an embedding model: "
+                "`gpt-ft label` (or Classifier) gives its predictions."
+            )
+        return cls(classifier)
 
     @property
     def dimensions(self) -> int:

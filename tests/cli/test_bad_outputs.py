@@ -273,16 +273,30 @@ def test_a_typed_commands_bad_value_is_one_sentence_naming_it(
 ):
     """A folder for a file, a zero count, a device torch has no name for, a text file that is not
     UTF-8 (its line), an empty one: one sentence, before any work, nothing written."""
-    paths = {"folder": tmp_path / "texts", "text": tmp_path / "mine.txt", "latin1": tmp_path / "latin1.txt",
+    paths = {"folder": tmp_path / "texts", "text": tmp_path / "mine.tsv", "latin1": tmp_path / "latin1.txt",
              "empty": tmp_path / "empty.txt", "out": tmp_path / "out"}  # fmt: skip
     paths["folder"].mkdir()
-    paths["text"].write_text("the cat sat on the mat .\n")
+    paths["text"].write_text("sentence\nthe cat sat on the mat .\n")
     paths["latin1"].write_bytes(b"the cat sat .\ncaf\xe9 au lait\n")
     paths["empty"].write_bytes(b"")
     before = files(tmp_path)
     argv = [command, f"--ckpt_path={finetuned.ckpt}", *(a.format(**paths) for a in args)]
     assert error(capsys, *argv) == message.format(**paths)
     assert files(tmp_path) == before
+
+
+def test_label_of_a_plain_text_file_and_calibrate_on_a_split_without_labels(tmp_path, finetuned, capsys):
+    text = tmp_path / "mine.txt"
+    text.write_text("the cat sat on the mat .\n")
+    out = tmp_path / "out.tsv"
+    assert error(capsys, "label", f"--ckpt_path={finetuned.ckpt}", f"--input={text}", f"--output={out}") == (
+        f"--input {text}: give a .csv, .tsv, .json/.jsonl or .parquet file (by its extension)."
+    )  # the card's `format` field, which the message named, is no option of label
+    ckpt, calibrated = f"--ckpt_path={finetuned.ckpt}", f"--output={tmp_path / 'c.ckpt'}"
+    assert error(capsys, "calibrate", ckpt, calibrated, "--split=test") == (
+        "Split 'test' of task 'sent': it holds no labelled examples."
+    )
+    assert not out.exists() and not (tmp_path / "c.ckpt").exists()
 
 
 def test_cuda_asked_for_where_torch_sees_none_is_one_sentence(monkeypatch):

@@ -144,11 +144,29 @@ def test_a_row_without_a_text_is_named_by_its_line(embedded, tmp_path, capsys):
     assert not (tmp_path / "o.npy").exists()
 
 
-def test_a_classifier_checkpoint_is_not_an_encoder(finetuned):
+def test_a_classifier_checkpoint_is_not_an_encoder_nor_an_encoder_a_classifier(
+    finetuned, embedded, tmp_path, capsys
+):
+    """Each command named with the other kind of checkpoint says which it is and which command
+    serves it, naming the checkpoint (label used to blame the input's missing fields)."""
     from gpt_ft import Encoder
 
-    with pytest.raises(ValueError, match=r"is not an embedding task: use Classifier"):
+    with pytest.raises(ValueError, match=r"is a model of task '\w+', not an embedding model: `gpt-ft label`"):
         Encoder.from_checkpoint(finetuned.ckpt, device="cpu")
+    _, ckpt = embedded
+    (tmp_path / "in.tsv").write_text("sentence\nthe cat sat .\n")
+    with pytest.raises(SystemExit):
+        main(
+            [
+                "label",
+                f"--ckpt_path={ckpt}",
+                f"--input={tmp_path / 'in.tsv'}",
+                f"--output={tmp_path / 'o.tsv'}",
+            ]
+        )
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert message.startswith(f"gpt-ft: error: {ckpt} is an embedding model (task ")
+    assert message.endswith("`gpt-ft embed` writes its vectors.") and not (tmp_path / "o.tsv").exists()
 
 
 def test_a_suite_runs_an_embedding_card_with_its_learning_curve(embedded, tmp_path, tokenizer_dir):
