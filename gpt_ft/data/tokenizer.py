@@ -302,7 +302,11 @@ def _lines(paths: list[Path], batch: int = 1000) -> Iterator[list[str]]:
 def _load_local_dir(directory: Path) -> PreTrainedTokenizerBase:
     """Load a tokenizer directory: a ``save_pretrained`` output or OpenAI's vocab/merges files."""
     if any((directory / f).is_file() for f in TOKENIZER_FILES):
-        return AutoTokenizer.from_pretrained(str(directory), trust_remote_code=False)
+        try:
+            return AutoTokenizer.from_pretrained(str(directory), trust_remote_code=False)
+        except ValueError:  # a JSON parser's bare words: the broken file named instead
+            _check_json_files(directory)
+            raise
     if all((directory / f).is_file() for f in BPE_FILES):
         # AutoTokenizer cannot pick a class without a config, so name it from the vocab's format.
         if _bpe_format(directory / "vocab.json") == "gpt1":
@@ -312,6 +316,17 @@ def _load_local_dir(directory: Path) -> PreTrainedTokenizerBase:
         f"Directory {directory} holds no tokenizer; expected tokenizer.json or tokenizer_config.json "
         "(a save_pretrained output) or vocab.json + merges.txt (an OpenAI GPT-1/GPT-2 BPE)."
     )
+
+
+def _check_json_files(directory: Path) -> None:
+    """The first JSON file of `directory` that does not parse, named with its line."""
+    for path in sorted(directory.glob("*.json")):
+        try:
+            json.loads(path.read_bytes().decode("utf-8"))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}, line {exc.lineno} is not valid JSON ({exc.msg}).") from None
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{path} is not UTF-8 text ({exc.reason}).") from None
 
 
 def _bpe_format(vocab_file: Path) -> Literal["gpt1", "gpt2"]:

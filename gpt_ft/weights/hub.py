@@ -64,7 +64,8 @@ def snapshot(name: str) -> Path:
         what = "revision" if isinstance(exc, RevisionNotFoundError) else "repository"
         raise FileNotFoundError(f"{name} is not a local path, and the hub has no such {what}.") from None
     except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as exc:
-        why = "HF_HUB_OFFLINE is set" if offline else f"the hub did not answer: {exc}"
+        said = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        why = "HF_HUB_OFFLINE is set" if offline else f"the hub did not answer: {said.rstrip('.')}"
         raise FileNotFoundError(
             f"{name} is not a local path and not in the hub cache {constants.HF_HUB_CACHE}, and cannot be "
             f"downloaded ({why})."

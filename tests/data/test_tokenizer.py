@@ -251,6 +251,17 @@ def test_training_into_existing_tokenizer_dir_overwrites_it(corpus: list[Path], 
 # --- bad input ------------------------------------------------------------------------------------
 
 
+def test_a_tokenizer_folder_with_a_broken_json_file_names_it(trained_dir: Path, tmp_path: Path) -> None:
+    import shutil
+
+    broken = tmp_path / "tok"
+    shutil.copytree(trained_dir, broken)
+    (broken / "tokenizer.json").write_text('{"model": \n')
+    named = re.escape(str(broken / "tokenizer.json"))
+    with pytest.raises(ValueError, match=rf"^{named}, line 2 is not valid JSON"):
+        load_tokenizer(broken)
+
+
 @pytest.mark.parametrize("name", ["missing", "./missing-tokenizer", "~/missing-tokenizer-9f3a1c"])
 def test_missing_local_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     monkeypatch.chdir(tmp_path)

@@ -98,3 +98,22 @@ def test_fine_tune_from_a_hub_id_offline(offline_cache, tmp_path, capsys):
     )
     assert "validation/accuracy" in capsys.readouterr().out
     assert list((tmp_path / "runs").rglob("last.ckpt"))
+
+
+def test_a_hub_that_does_not_answer_is_one_line(monkeypatch):
+    """The download's error (several lines, from the HTTP client) is cut to its first line."""
+
+    def no_network(*args, **kwargs):
+        raise OSError("Got: ConnectError: [Errno -2] Name or service not known\n\nAn error happened.")
+
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", no_network)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with pytest.raises(FileNotFoundError) as error:
+        hub.snapshot("tiny-org/nowhere")
+    assert "\n" not in str(error.value)
+    assert str(error.value).endswith(
+        "(the hub did not answer: Got: ConnectError: [Errno -2] Name or service not known)."
+    )
