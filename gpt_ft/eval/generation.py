@@ -61,8 +61,8 @@ def generate(
         precision, why = cpu_precision(precision)
         if why:
             print(why, file=sys.stderr, flush=True)
+    gpt = GPT.from_pretrained(ckpt_path).to(device).eval()  # first: a path that holds no model says so
     tok = load_tokenizer(resolve_tokenizer(tokenizer, ckpt_path))
-    gpt = GPT.from_pretrained(ckpt_path).to(device).eval()
     if precision == "bf16-true":
         gpt = gpt.to(torch.bfloat16)
     ids = tok(prompt, add_special_tokens=False)["input_ids"]

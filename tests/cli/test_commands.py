@@ -216,12 +216,22 @@ def test_pretrain_then_finetune_with_only_the_checkpoint_then_generate(
 
 
 def test_generate_bad_input(tmp_path, capsys):
-    (tmp_path / "no-tokenizer").mkdir()
-    with pytest.raises(SystemExit) as stopped:
-        main(["generate", "--ckpt_path", str(tmp_path / "no-tokenizer"), "--prompt", "hi"])
-    assert stopped.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err == f"gpt-ft: error: {tmp_path / 'no-tokenizer'} carries no tokenizer; give --tokenizer DIR."
+    """A folder that holds no model says so (before asking for a tokenizer it would not need); a
+    model's folder without a tokenizer asks for one."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    (tmp_path / "empty").mkdir()
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50))
+    model.save_pretrained(tmp_path / "model")
+    expected = {
+        "empty": f"{tmp_path / 'empty'} is not a transformers model directory: it has no config.json.",
+        "model": f"{tmp_path / 'model'} carries no tokenizer; give --tokenizer DIR.",
+    }
+    for name, message in expected.items():
+        with pytest.raises(SystemExit) as stopped:
+            main(["generate", "--ckpt_path", str(tmp_path / name), "--prompt", "hi"])
+        assert stopped.value.code == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1] == f"gpt-ft: error: {message}"
 
 
 TORCHAO_SCRIPT = (
