@@ -11,6 +11,7 @@ The calibrated checkpoint carries T (`temperature`), and `Classifier`, `gpt-ft l
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ import torch
 from torch import Tensor
 
 from gpt_ft.adapters import TaskDataError
-from gpt_ft.data.files import load_split
+from gpt_ft.data.files import load_split, split_origin
 from gpt_ft.errors import check_output_file, writing
 from gpt_ft.eval.classifier import Classifier
 from gpt_ft.weights.checkpoint import Checkpoint
@@ -41,16 +42,28 @@ def fit_temperature(outputs: Tensor, labels: Tensor, losses) -> float:
 
 
 def split_outputs(
-    clf: Classifier, rows: list[dict[str, Any]], *, batch_size: int = 32
+    clf: Classifier,
+    rows: list[dict[str, Any]],
+    *,
+    batch_size: int = 32,
+    name: str = "The calibration split",
+    where: Callable[[int], str] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The head's outputs (temperature 1) and the labels of labelled `rows` (those whose label the
-    card ignores left out, as the data module leaves them out of the split `validate` scores)."""
+    card ignores left out, as the data module leaves them out of the split `validate` scores).
+    A bad label is named by `where(row)` ('FILE, line N'); `name` is the split's, in messages."""
     ignored = set(clf.task.ignore_labels or [])
-    rows = [row for row in rows if str(row.get(clf.task.label)) not in ignored]
-    labels = [clf.task.output.example_label(row) for row in rows]
+    rows = [(i, row) for i, row in enumerate(rows) if str(row.get(clf.task.label)) not in ignored]
+    labels = []
+    for i, row in rows:
+        try:
+            labels.append(clf.task.output.example_label(row))
+        except TaskDataError as exc:
+            raise TaskDataError(f"{where(i)}: {exc}" if where else str(exc)) from None
+    rows = [row for _, row in rows]
     kept = [i for i, label in enumerate(labels) if label is not None]
     if not kept:
-        raise TaskDataError("it holds no labelled examples.")
+        raise TaskDataError(f"{name} holds no labelled examples.")
     rows, labels = [rows[i] for i in kept], [labels[i] for i in kept]
     outputs = clf.raw_outputs(rows, batch_size=batch_size).clone()  # out of inference mode: fitted on
     return outputs, torch.tensor(labels)
@@ -84,13 +97,10 @@ def calibrate(
     if not task.output.has_probabilities:
         raise ValueError(f"Task {task.name!r} predicts a score: there are no probabilities to calibrate.")
     split = split or task.validation_splits[0]
-    rows = load_split(task, split, data_dir or stored.data_args.get("data_dir")).to_list()
-    if not rows:
-        raise ValueError(f"Split {split!r} of task {task.name!r} has no examples to calibrate on.")
-    try:
-        outputs, labels = split_outputs(clf, rows)
-    except TaskDataError as exc:  # which split: --split names one without labels (a test split)
-        raise TaskDataError(f"Split {split!r} of task {task.name!r}: {exc}") from None
+    data_dir = data_dir or stored.data_args.get("data_dir")
+    rows = load_split(task, split, data_dir).to_list()
+    where = split_origin(task, split, data_dir).of
+    outputs, labels = split_outputs(clf, rows, name=f"Split {split!r} of task {task.name!r}", where=where)
     head = clf.head.float()
     temperature = fit_temperature(outputs, labels.to(outputs.device), head.losses)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -294,9 +295,14 @@ def test_label_of_a_plain_text_file_and_calibrate_on_a_split_without_labels(tmp_
     )  # the card's `format` field, which the message named, is no option of label
     ckpt, calibrated = f"--ckpt_path={finetuned.ckpt}", f"--output={tmp_path / 'c.ckpt'}"
     assert error(capsys, "calibrate", ckpt, calibrated, "--split=test") == (
-        "Split 'test' of task 'sent': it holds no labelled examples."
+        "Split 'test' of task 'sent' holds no labelled examples."
     )
     assert not out.exists() and not (tmp_path / "c.ckpt").exists()
+    shutil.copytree(finetuned.root / "d", tmp_path / "d")
+    with (tmp_path / "d" / "dev.tsv").open("a") as f:
+        f.write("9\ta fine film .\tmaybe\n")  # line 7: the header, 5 rows, then this one
+    message = error(capsys, "calibrate", ckpt, calibrated, f"--data_dir={tmp_path}")
+    assert message.startswith(f"{tmp_path / 'd' / 'dev.tsv'}, line 7: ") and "'maybe'" in message
 
 
 def test_cuda_asked_for_where_torch_sees_none_is_one_sentence(monkeypatch):
