@@ -50,7 +50,12 @@ def main() -> None:
     args = parser.parse_args()
 
     texts = texts_from(args.texts, args.examples)
-    work = Path(tempfile.mkdtemp(dir=harness.RUNS if harness.RUNS.exists() else None))
+    with tempfile.TemporaryDirectory(dir=harness.RUNS if harness.RUNS.exists() else None) as work:
+        measure(args, texts, Path(work))
+
+
+def measure(args, texts: list[str], work: Path) -> None:
+    """The model, its export into `work` and the two contenders' timings, printed."""
     tokenizer_dir = args.tokenizer
     if tokenizer_dir is None:
         (work / "corpus.txt").write_text("\n".join(texts))

@@ -56,7 +56,7 @@ def main() -> None:
     parser.add_argument("--big-gb", type=float, default=1.05, help="size of the generated corpus; 0 skips it")
     args = parser.parse_args()
     print(f"{'run':<28} {'tokens':>10} {'seconds':>8} {'tok/s':>9} {'peak MB':>8}")
-    with tempfile.TemporaryDirectory(dir=".") as tmp:
+    with tempfile.TemporaryDirectory() as tmp:  # the system's temporary folder, never the repository
         work = Path(tmp)
         for n in args.workers:
             report(
