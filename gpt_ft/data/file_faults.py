@@ -235,3 +235,14 @@ def _json_problem(path: Path, reason: str) -> str | None:
         why = row[1].removeprefix("JSON parse error: ")
         return f", line {starts[int(row[2])]}: cannot be read as json ({why})"
     return None
+
+
+def check_json_files(directory: Path) -> None:
+    """The first JSON file of `directory` that does not parse, named with its line."""
+    for path in sorted(directory.glob("*.json")):
+        try:
+            json.loads(path.read_bytes().decode("utf-8"))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}, line {exc.lineno} is not valid JSON ({exc.msg}).") from None
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{path} is not UTF-8 text ({exc.reason}).") from None

@@ -23,9 +23,7 @@ from __future__ import annotations
 import codecs
 import json
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
-from itertools import islice
 from pathlib import Path
 from typing import Literal
 
@@ -39,7 +37,8 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
-from gpt_ft.data.corpus import find_files
+from gpt_ft.data.corpus import file_lines, find_files
+from gpt_ft.data.file_faults import check_json_files
 from gpt_ft.errors import check_output_dir
 from gpt_ft.weights import gguf_file, hub
 from gpt_ft.weights.pretrained import BPE_FILES, TOKENIZER_FILES, is_tokenizer_dir
@@ -274,7 +273,7 @@ def train_tokenizer(
         initial_alphabet=alphabet,
         show_progress=show_progress,
     )
-    backend.train_from_iterator(_lines(paths), trainer)
+    backend.train_from_iterator(file_lines(paths), trainer)
 
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
@@ -290,22 +289,13 @@ def train_tokenizer(
     return tokenizer
 
 
-def _lines(paths: list[Path], batch: int = 1000) -> Iterator[list[str]]:
-    """The files' lines in batches, read as `gpt-ft prepare` reads them: a byte-order mark dropped and
-    Windows line ends made \\n, so that the merges learned are those of the text prepare encodes."""
-    for path in paths:
-        with path.open(encoding="utf-8-sig") as f:
-            while lines := list(islice(f, batch)):
-                yield lines
-
-
 def _load_local_dir(directory: Path) -> PreTrainedTokenizerBase:
     """Load a tokenizer directory: a ``save_pretrained`` output or OpenAI's vocab/merges files."""
     if any((directory / f).is_file() for f in TOKENIZER_FILES):
         try:
             return AutoTokenizer.from_pretrained(str(directory), trust_remote_code=False)
         except ValueError:  # a JSON parser's bare words: the broken file named instead
-            _check_json_files(directory)
+            check_json_files(directory)
             raise
     if all((directory / f).is_file() for f in BPE_FILES):
         # AutoTokenizer cannot pick a class without a config, so name it from the vocab's format.
@@ -316,17 +306,6 @@ def _load_local_dir(directory: Path) -> PreTrainedTokenizerBase:
         f"Directory {directory} holds no tokenizer; expected tokenizer.json or tokenizer_config.json "
         "(a save_pretrained output) or vocab.json + merges.txt (an OpenAI GPT-1/GPT-2 BPE)."
     )
-
-
-def _check_json_files(directory: Path) -> None:
-    """The first JSON file of `directory` that does not parse, named with its line."""
-    for path in sorted(directory.glob("*.json")):
-        try:
-            json.loads(path.read_bytes().decode("utf-8"))
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}, line {exc.lineno} is not valid JSON ({exc.msg}).") from None
-        except UnicodeDecodeError as exc:
-            raise ValueError(f"{path} is not UTF-8 text ({exc.reason}).") from None
 
 
 def _bpe_format(vocab_file: Path) -> Literal["gpt1", "gpt2"]:
