@@ -129,7 +129,7 @@ def main() -> None:
         "dense": "dense s",
         "flat, flash backward": "flash s",
     }
-    print(f"{'rows x length':>14} {'tokens':>7} " + " ".join(f"{n:>8}" for n in names))
+    print(f"{'rows x length':>14} {'tokens':>7} " + " ".join(f"{n:>8}" for n in names.values()))
     for way in WAYS:  # the fused kernels compiled before any timing
         step(batches[0], way)()
     total = dict.fromkeys(WAYS, 0.0)
