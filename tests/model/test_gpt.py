@@ -275,3 +275,26 @@ def test_fit_with_activation_checkpointing(tmp_path, tokenizer_dir):
     main(["fit", *args, "--model.activation_checkpointing=true"])
     ckpt = tmp_path / "runs" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
     assert torch.load(ckpt, weights_only=True)["hyper_parameters"]["activation_checkpointing"] is True
+
+
+def test_gemmas_scaled_embeddings_compile_as_one_graph():
+    """Gemma multiplies its embeddings by sqrt(C) rounded to their dtype: a tensor on their device,
+    so the forward pass compiles whole (read back as a Python number, it broke the graph)."""
+    from tests.helpers import FAMILY_MICRO
+
+    preset, overrides = FAMILY_MICRO["gemma3-micro"]
+    torch.manual_seed(0)
+    gpt = GPT(GPTConfig.from_name(preset, **overrides)).eval()
+    assert gpt.config.scale_embeddings
+    ids = torch.randint(0, gpt.config.vocab_size, (2, 8))
+    graphs = []
+
+    def counted(graph, inputs):  # a backend that runs each graph as it is, counting them
+        graphs.append(graph)
+        return graph.forward
+
+    with torch.no_grad():
+        eager = gpt(ids)
+        compiled = torch.compile(gpt, backend=counted)(ids)
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
+    assert len(graphs) == 1
