@@ -307,13 +307,16 @@ def find_last_checkpoint(root: str | Path) -> Path | None:
     return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None
 
 
-def stop_on_nonfinite(trainer, loss: float, where: tuple[int, int, int], skipped: bool = False) -> None:
+def stop_on_nonfinite(
+    trainer, loss: float, where: tuple[int, int, int], skipped: bool = False, rewind: bool = True
+) -> None:
     """Keep the last good state, then stop: the bad step's update has not reached the weights
-    (the step has not run, or, `skipped`, fused AdamW skipped it). `where`: step, epoch, batch."""
+    (the step has not run, or, `skipped`, fused AdamW skipped it). `where`: step, epoch, batch.
+    `rewind`: stopped inside a training step, whose window goes back to its start."""
     kept = ""
     ckpt = trainer.checkpoint_callback
     if ckpt is not None and ckpt.dirpath:
-        if not skipped:
+        if rewind:
             rewind_window(trainer)
         path = Path(ckpt.dirpath) / LAST
         trainer.save_checkpoint(path, weights_only=False)
@@ -389,4 +392,5 @@ class NonfiniteWatch:
             self.pending.popleft()
             if host[0] == 0:
                 self.pending.clear()
-                stop_on_nonfinite(trainer, float(host[1]), where, skipped=True)
+                # from a training step (keep > 0) inside a window; at the run's end, after its last step
+                stop_on_nonfinite(trainer, float(host[1]), where, skipped=True, rewind=keep > 0)

@@ -221,12 +221,15 @@ def test_a_nonfinite_loss_stops_with_the_step_and_keeps_the_last_good_state(
     assert all(torch.isfinite(v).all() for v in state["state_dict"].values() if v.is_floating_point())
 
 
+@pytest.mark.parametrize("late", [False, True], ids=["read-at-once", "read-late"])
 def test_a_nonfinite_loss_inside_an_accumulation_window_resumes_at_the_windows_start(
-    tmp_path, tokenizer_dir, monkeypatch, capsys
+    tmp_path, tokenizer_dir, monkeypatch, capsys, late
 ):
-    """Two micro-batches a step: a non-finite loss at the window's second one keeps the state with
-    the data at the window's start (its first micro-batch's gradient reached no checkpoint), and
-    the resumed run trains that micro-batch again, to the uninterrupted run's step count."""
+    """Four micro-batches a step: a non-finite loss at a window's second one keeps the state with
+    the data at the window's start (the gradients of the micro-batches before the stop reached no
+    checkpoint), and the resumed run trains them again, to the uninterrupted run's step count;
+    also where the flag is read late (CUDA under fused AdamW: here the CPU's), a micro-batch on."""
+    from gpt_ft.training import checkpointing
     from gpt_ft.training.module import GPTModule
 
     losses = GPTModule.losses
@@ -239,15 +242,17 @@ def test_a_nonfinite_loss_inside_an_accumulation_window_resumes_at_the_windows_s
 
     card = make_task("single", tmp_path)
     args = [*finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "logs")]
-    args.append("--trainer.accumulate_grad_batches=2")
+    args += ["--data.batch_size=1", "--trainer.accumulate_grad_batches=4"]  # 6 batches: steps after 4 and 6
     with monkeypatch.context() as patch:
         patch.setattr(GPTModule, "losses", nan_in_epoch_1_batch_1)
+        if late:
+            patch.setattr(checkpointing, "defers_nonfinite_check", lambda device, optimizer: True)
         with pytest.raises(SystemExit):
             main(["fit", *args])
     assert "(epoch 1, batch 2)" in capsys.readouterr().err
-    state = last_state(tmp_path / "logs", 0)  # 3 batches an epoch: steps after batches 2, 3 and 5
+    state = last_state(tmp_path / "logs", 0)
     assert state["global_step"] == 2
-    assert state["TaskDataModule"] == {"epoch": 1, "batches": 0}  # was batches 1: skipped on resume
+    assert state["TaskDataModule"] == {"epoch": 1, "batches": 0}  # was 1 (2 read late): skipped on resume
     progress = state["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]
     assert progress["completed"] == progress["processed"] == 0
     main(["fit", *args, "--ckpt_path=last"])
