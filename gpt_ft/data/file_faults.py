@@ -114,11 +114,8 @@ def parse_problem(path: Path, fmt: str, columns: list[str] | None, exc: BaseExce
     """Why a file could not be loaded, as `: ...` or `, line N: ...` to follow its path: the line at
     fault found again with Python's own readers, else the loader's innermost reason."""
     data = file_bytes(path) if fmt in ("tsv", "csv", "json") else b""
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError as bad:
-        line = data[: bad.start].count(b"\n") + 1
-        return f", line {line}: not UTF-8 text (byte {data[bad.start]:#04x}: {bad.reason}); save it as UTF-8"
+    if (problem := utf8_problem(data)) is not None:
+        return problem
     if fmt in ("tsv", "csv") and columns is not None:
         found = _csv_problem(path, fmt, len(columns))
     elif fmt == "json":
@@ -126,6 +123,16 @@ def parse_problem(path: Path, fmt: str, columns: list[str] | None, exc: BaseExce
     else:
         found = None
     return found or f": cannot be read as {fmt} ({_innermost(exc)})"
+
+
+def utf8_problem(data: bytes) -> str | None:
+    """`, line N: not UTF-8 text (...)` for a file's bytes that do not decode, to follow its path."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as bad:
+        line = data[: bad.start].count(b"\n") + 1
+        return f", line {line}: not UTF-8 text (byte {data[bad.start]:#04x}: {bad.reason}); save it as UTF-8"
+    return None
 
 
 def _innermost(exc: BaseException) -> str:
@@ -240,9 +247,10 @@ def _json_problem(path: Path, reason: str) -> str | None:
 def check_json_files(directory: Path) -> None:
     """The first JSON file of `directory` that does not parse, named with its line."""
     for path in sorted(directory.glob("*.json")):
+        data = path.read_bytes()
+        if (problem := utf8_problem(data)) is not None:
+            raise ValueError(f"{path}{problem}.")
         try:
-            json.loads(path.read_bytes().decode("utf-8"))
+            json.loads(data)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}, line {exc.lineno} is not valid JSON ({exc.msg}).") from None
-        except UnicodeDecodeError as exc:
-            raise ValueError(f"{path} is not UTF-8 text ({exc.reason}).") from None

@@ -183,7 +183,8 @@ def label(
     if target.exists() and target.resolve() == source.resolve():
         raise ValueError(f"--output {target} is the input file: give another name, the input is kept.")
     check_output_file(target, "--output", overwrite=overwrite)
-    if file_format(source) is None:
+    fmt = file_format(source)
+    if fmt is None:
         raise ValueError(
             f"--input {source}: give a .csv, .tsv, .json/.jsonl or .parquet file (by its extension)."
         )
@@ -193,7 +194,7 @@ def label(
             f"{ckpt_path} is an embedding model (task {clf.task.name!r}): `gpt-ft embed` writes its vectors."
         )
     rows = read_table(source).to_list()
-    lines = record_lines(source, file_format(source) or "") or list(range(1, len(rows) + 1))
+    lines = record_lines(source, fmt) or list(range(1, len(rows) + 1))
     where = lambda i: f"{source}, line {lines[i]}"  # noqa: E731  (the row a message names)
     write_labelled(target, rows, clf.run(rows, batch_size=batch_size, where=where))
     print(f"labelled {len(rows):,} examples of {source} into {target}")

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gpt_ft.data.file_faults import file_format, record_lines
+from gpt_ft.data.file_faults import file_format, record_lines, utf8_problem
 from gpt_ft.data.files import read_table
 from gpt_ft.errors import TaskDataError, at_least_one, check_output_file, input_file, writing
 from gpt_ft.eval.classifier import Classifier
@@ -138,13 +138,9 @@ def read_texts(path: Path, field: str) -> tuple[list[dict[str, Any]], list[str]]
     a text is named by its line."""
     if path.suffix.lower() == ".txt":  # lines end at \n (or \r\n) alone, not at str.splitlines' others
         data = path.read_bytes()
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            line = data[: exc.start].count(b"\n") + 1
-            reason = f"is not UTF-8 text ({exc.reason}); save it as UTF-8"
-            raise ValueError(f"{path}, line {line} {reason}.") from None
-        lines = text.replace("\r\n", "\n").split("\n")
+        if (problem := utf8_problem(data)) is not None:
+            raise ValueError(f"{path}{problem}.")
+        lines = data.decode("utf-8").replace("\r\n", "\n").split("\n")
         lines = lines[:-1] if lines[-1] == "" else lines
         return [{"text": line} for line in lines], lines
     rows = read_table(path).to_list()

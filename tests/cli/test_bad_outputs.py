@@ -262,7 +262,7 @@ NOT_A_DEVICE = "--device 'gpu7' is not a device: give cpu, cuda or cuda:N."
          "--batch_size must be >= 1, got 0."),
         ("label", ["--input={text}", "--output={out}.tsv", "--device=gpu7"], NOT_A_DEVICE),
         ("embed", ["--input={latin1}", "--output={out}.npy"],
-         "{latin1}, line 2 is not UTF-8 text (invalid continuation byte); save it as UTF-8."),
+         "{latin1}, line 2: not UTF-8 text (byte 0xe9: invalid continuation byte); save it as UTF-8."),
         ("embed", ["--input={empty}", "--output={out}.npy"], "--input {empty} holds no texts."),
         ("embed", ["--input={folder}", "--output={out}.npy"], "--input {folder} is a folder; give a file."),
         ("generate", ["--prompt=the cat", "--num_beams=0"], "--num_beams must be >= 1, got 0."),
