@@ -252,6 +252,15 @@ def write_suite(root: Path, body: str) -> Path:
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 """Marks a test that runs on a GPU (its name says cuda: `pytest -k cuda` selects them)."""
 
+
+def trainer_on(device: str):
+    """The parts of a trainer on `device` that a data module's loaders read."""
+    from types import SimpleNamespace
+
+    strategy = SimpleNamespace(root_device=torch.device(device))
+    return SimpleNamespace(strategy=strategy, world_size=1, global_rank=0)
+
+
 TINY = dict(vocab_size=101, n_positions=64, n_embd=32, n_layer=2, n_head=4)
 
 

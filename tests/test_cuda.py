@@ -114,15 +114,20 @@ def test_cuda_fit_logs_tokens_per_second_and_mfu(tmp_path, tokenizer_dir, monkey
 class SyncsAreErrors:
     """Between logging windows, from the end of one step's batch transfer to the start of the next
     one's, any call that makes the host wait for the GPU raises (`torch.cuda.set_sync_debug_mode`):
-    the step, the backward, the optimizer and every callback. Steps 0-2 (allocations) run free."""
+    the step, the backward, the optimizer and every callback. Steps 0-2 (allocations) run free.
+    `pinned`: whether each batch came from page-locked memory (its copy then waits for nothing)."""
 
     def __init__(self, monkeypatch, first: int = 3) -> None:
+        import dataclasses
+
         from lightning.pytorch.strategies import Strategy
 
-        self.steps, transfer = [], Strategy.batch_to_device
+        self.steps, self.pinned, transfer = [], [], Strategy.batch_to_device
 
         def checked_transfer(strategy, batch, *args, **kwargs):
             torch.cuda.set_sync_debug_mode(0)
+            tensors = [getattr(batch, f.name) for f in dataclasses.fields(batch)]
+            self.pinned.append(all(t.is_pinned() for t in tensors if isinstance(t, torch.Tensor)))
             batch = transfer(strategy, batch, *args, **kwargs)
             step = strategy.lightning_module.trainer.global_step
             if step >= first:
@@ -148,7 +153,7 @@ def test_cuda_fit_waits_for_the_host_on_no_step(tmp_path, tokenizer_dir, monkeyp
               "--trainer.enable_checkpointing=false"])  # fmt: skip
     finally:
         torch.cuda.set_sync_debug_mode(0)
-    assert window.steps == list(range(3, 30))
+    assert window.steps == list(range(3, 30)) and all(window.pinned)
 
 
 @cuda

@@ -8,7 +8,8 @@
 - `PackedBatch`: a task's examples laid end to end in rows, without padding (`--data.packing`,
   the default): positions restart at each sequence and attention stays inside it.
 
-Lightning moves dataclass batches to the device field by field.
+Lightning moves dataclass batches to the device field by field, on CUDA from page-locked memory
+(`pinning`).
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ import torch
 from torch import Tensor
 
 from gpt_ft.data.packing import pack_rows, row_cost
+from gpt_ft.data.pinning import Pinnable
 
 IGNORE_INDEX = -100  # targets the LM loss skips (padding)
 
 
 @dataclass
-class TokenBatch:
+class TokenBatch(Pinnable):
     """Token sequences and their next-token targets."""
 
     input_ids: Tensor
@@ -64,7 +66,7 @@ class TaskBatch(TokenBatch):
 
 
 @dataclass
-class SharedContextBatch:
+class SharedContextBatch(Pinnable):
     """Multiple-choice examples as one shared context and the choices' continuations.
 
     The LM targets add up to `TaskBatch`'s: the context's, counted once per choice, plus the choices'.
@@ -105,7 +107,7 @@ class SharedContextBatch:
 
 
 @dataclass
-class PackedBatch:
+class PackedBatch(Pinnable):
     """A task's examples laid end to end in rows of L tokens, without padding between them.
 
     Each example's sequences (or, for choices that share a context, the context and then every
@@ -181,11 +183,7 @@ def reads(example: dict[str, Any]) -> list[tuple[int, int]]:
     return list(zip(example.get("extract_sequence") or range(len(positions)), positions))
 
 
-def collate(
-    examples: list[dict[str, Any]],
-    pad_id: int,
-    split: str = "",
-) -> TaskBatch:
+def collate(examples: list[dict[str, Any]], pad_id: int, split: str = "") -> TaskBatch:
     """Pad a list of encoded examples on the right into a batch; lm_targets hold -100 at padding
     and at each sequence's last token."""
     B = len(examples)

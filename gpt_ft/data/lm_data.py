@@ -17,6 +17,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from gpt_ft.data.batches import collate_blocks
+from gpt_ft.data.pinning import pins
 from gpt_ft.data.prepare import SPLIT_FILES, read_meta
 from gpt_ft.data.samplers import EpochSampler, ResumableTrainData
 
@@ -114,6 +115,7 @@ class LMDataModule(ResumableTrainData, LightningDataModule):
             sampler=self._resumed(self._sampler(blocks, train=True), self.batch_size),
             num_workers=self.num_workers,
             collate_fn=collate_blocks,
+            pin_memory=pins(self),
             generator=self._generator(),
         )
 
@@ -133,6 +135,7 @@ class LMDataModule(ResumableTrainData, LightningDataModule):
                 sampler=self._sampler(blocks, train=False),
                 num_workers=self.num_workers,
                 collate_fn=collate_blocks,
+                pin_memory=pins(self),
                 generator=self._generator(),
             )
         ]

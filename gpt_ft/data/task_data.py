@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader
 from gpt_ft.adapters import ENCODING, TaskAdapter, TaskDataError
 from gpt_ft.data.batches import PackedBatch, SharedContextBatch, TaskBatch, collate_batch, reads
 from gpt_ft.data.files import Origin, load_split, split_origin
+from gpt_ft.data.pinning import pins
 from gpt_ft.data.samplers import EpochSampler, LengthGroupedSampler, ResumableTrainData
 from gpt_ft.data.subsets import stratified_subset
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
@@ -243,6 +244,7 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
             sampler=sampler,
             num_workers=self.num_workers,
             collate_fn=partial(self.collate, split=split),
+            pin_memory=pins(self),
             # Loader seeds from its own generator, not the global RNG that a resumed run restores.
             generator=torch.Generator().manual_seed(self.seed),
         )

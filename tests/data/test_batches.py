@@ -1,6 +1,8 @@
+import dataclasses
+
 import torch
 
-from gpt_ft.data.batches import IGNORE_INDEX, collate, collate_blocks, collate_shared
+from gpt_ft.data.batches import IGNORE_INDEX, collate, collate_blocks, collate_packed, collate_shared
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
 from tests.helpers import random_choice_examples
 
@@ -87,3 +89,37 @@ def test_collate_blocks_shifts_the_targets_by_one():
     assert batch.input_ids.tolist() == [[[1, 2, 3]], [[5, 6, 7]]]
     assert batch.lm_targets.tolist() == [[[2, 3, 4]], [[6, 7, 8]]]
     assert batch.index.tolist() == [0, 5] and len(batch) == 2
+
+
+def test_every_batch_kind_pins_each_of_its_tensors_and_keeps_the_rest(tokenizer_dir, monkeypatch):
+    """What a loader with `pin_memory=True` calls on each batch (a CPU build cannot page-lock
+    memory: a recorded copy stands in for the pinned tensor)."""
+    pinned = []
+
+    def pin(tensor):
+        pinned.append(tensor.clone())
+        return pinned[-1]
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin)
+    specials = special_token_ids(load_tokenizer(tokenizer_dir))
+    rows, _ = random_choice_examples(specials, vocab=300, n=4)
+    blocks = [(i, torch.arange(i, i + 9)) for i in range(3)]
+    batches = [
+        collate(rows, specials.pad),
+        collate_shared(rows, specials.pad, specials.delim),
+        collate_packed(rows, specials.pad, specials.delim),
+        collate_blocks(blocks),
+    ]
+    for batch in batches:
+        pinned.clear()
+        out = batch.pin_memory()
+        assert type(out) is type(batch)
+        tensors = 0
+        for field in dataclasses.fields(batch):
+            before, after = getattr(batch, field.name), getattr(out, field.name)
+            if isinstance(before, torch.Tensor):
+                tensors += 1
+                assert any(after is p for p in pinned) and torch.equal(after, before), field.name
+            else:
+                assert after == before, field.name
+        assert tensors == len(pinned) >= 3

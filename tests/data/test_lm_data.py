@@ -6,7 +6,7 @@ from torch.utils.data import DistributedSampler
 
 from gpt_ft.data.lm_data import LMDataModule, TokenBlocks
 from gpt_ft.data.prepare import prepare
-from tests.helpers import write_corpus
+from tests.helpers import trainer_on, write_corpus
 
 
 def test_sampler_ranks_read_disjoint_blocks_covering_the_epoch(tmp_path):
@@ -50,3 +50,5 @@ def test_a_token_file_shorter_than_one_block(tmp_path, tokenizer_dir):
     assert data.tokenizer_path == str(tmp_path / "tokens" / "tokenizer") and data.val_dataloader() == []
     (batch,) = list(data.train_dataloader())
     assert batch.input_ids.shape == (1, 1, n - 1) and batch.index.tolist() == [0]
+    data.trainer = trainer_on("cuda")  # a GPU's loaders page-lock their batches
+    assert data.train_dataloader().pin_memory

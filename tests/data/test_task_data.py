@@ -4,6 +4,7 @@ import pytest
 from gpt_ft.adapters import LocalFiles, Similarity, TaskDataError, TextPair
 from gpt_ft.data.task_data import TaskDataModule
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
+from tests.helpers import trainer_on
 
 
 def pair_task(**local) -> TextPair:
@@ -45,6 +46,16 @@ def test_batches_from_the_loaders(pairs_dir, tokenizer_dir):
     dm.setup("predict")
     batch = next(iter(dm.predict_dataloader()[0]))
     assert batch.index.tolist() == [5, 6] and batch.labels is None
+
+
+def test_the_loaders_pin_their_batches_for_a_gpu_only(pairs_dir, tokenizer_dir):
+    dm = TaskDataModule(pair_task(), tokenizer_dir, data_dir=str(pairs_dir), batch_size=2, max_length=64)
+    dm.setup("fit")
+    dm.setup("predict")
+    for device, pinned in [("cpu", False), ("cuda", True)]:
+        dm.trainer = trainer_on(device)
+        loaders = [dm.train_dataloader(), *dm.val_dataloader(), *dm.predict_dataloader()]
+        assert [loader.pin_memory for loader in loaders] == [pinned] * 3
 
 
 def test_similarity_encodes_two_sequences(pairs_dir, tokenizer_dir):

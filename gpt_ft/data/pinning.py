@@ -1,0 +1,33 @@
+"""Batches in page-locked memory on CUDA.
+
+Lightning copies a batch to the GPU with `non_blocking=True`. From ordinary (pageable) host memory
+CUDA stages such a copy through a buffer of its own, and the host waits for it; from page-locked
+memory the copy runs on the device's queue while the host goes on to the next step. The loaders
+ask for it (`DataLoader(pin_memory=True)`) when the run's device is a GPU, and the loader's
+worker calls each batch's `pin_memory`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from torch import Tensor
+
+
+class Pinnable:
+    """Mixin for dataclass batches: `pin_memory()` gives the batch with every tensor page-locked."""
+
+    def pin_memory(self):
+        pinned = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, Tensor):
+                pinned[field.name] = value.pin_memory()
+        return dataclasses.replace(self, **pinned)
+
+
+def pins(data: Any) -> bool:
+    """Whether a data module's loaders should pin their batches: when its trainer's device is a GPU."""
+    trainer = getattr(data, "trainer", None)
+    return trainer is not None and trainer.strategy.root_device.type == "cuda"
