@@ -1,8 +1,9 @@
 """Batches in page-locked memory on CUDA.
 
 Lightning copies a batch to the GPU with `non_blocking=True`. From ordinary (pageable) host memory
-CUDA stages such a copy through a buffer of its own, and the host waits for it; from page-locked
-memory the copy runs on the device's queue while the host goes on to the next step. The loaders
+the CUDA driver may first wait for the device's queue and stages the copy through a buffer of its
+own while the host waits; from page-locked memory the copy joins the device's queue and the host
+goes on to the next step. The loaders
 ask for it (`DataLoader(pin_memory=True)`) when the run's device is a GPU, and the loader's
 worker calls each batch's `pin_memory`.
 """
