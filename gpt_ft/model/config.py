@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, fields
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch.nn.functional as F
 
@@ -21,7 +21,11 @@ Norm = Literal["layernorm", "rmsnorm", "gemma_rmsnorm"]
 NORMS = ("layernorm", "rmsnorm", "gemma_rmsnorm")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 Positions = Literal["learned", "rope"]
-ROPE_TYPES = ("default", "linear", "llama3")
+ROPE_TYPES = {  # each scaling's keys
+    "default": (),
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+}
 
 ACTIVATIONS = {
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # GPT-1 and GPT-2 both use the tanh form
@@ -115,6 +119,10 @@ class GPTConfig:
     hf_model_type: str | None = None
     """The transformers model type `to_hf` writes (llama, qwen2, qwen3, mistral, phi3, gemma3_text);
     None: read from the shape."""
+    hf_token_ids: dict[str, Any] | None = None
+    """The bos/eos/pad token ids of the transformers config (or GGUF file) the weights came from,
+    {"bos": 1, "eos": [2, 7], "pad": None}, which `to_hf` writes back; None: it writes none (a
+    config class's defaults are some other model's ids)."""
 
     SHAPE_FIELDS: ClassVar[tuple[str, ...]] = (
         "n_layer", "n_embd", "n_head", "n_positions", "vocab_size", "pre_ln", "norm", "positions",
@@ -159,6 +167,9 @@ class GPTConfig:
                 f"GPTConfig.rope_scaling type {self.rope_type!r} is not supported; "
                 f"allowed: {', '.join(ROPE_TYPES)}."
             )
+        missing = [key for key in ROPE_TYPES[self.rope_type] if key not in (self.rope_scaling or {})]
+        if missing:
+            raise ValueError(f"GPTConfig.rope_scaling of type {self.rope_type!r} needs {', '.join(missing)}.")
         if self.n_kv_head is not None and (self.n_kv_head < 1 or self.n_head % self.n_kv_head):
             raise ValueError(
                 f"GPTConfig.n_kv_head={self.n_kv_head} must divide n_head={self.n_head} "

@@ -89,6 +89,7 @@ def config_from_hf(hf_config) -> GPTConfig:
         resid_pdrop=hf_config.resid_pdrop,
         layer_norm_epsilon=hf_config.layer_norm_epsilon,
         initializer_range=hf_config.initializer_range,
+        hf_token_ids=hf_llama.token_ids_from_hf(hf_config),
     )
 
 
@@ -105,11 +106,12 @@ def config_to_hf(config: GPTConfig):
 
     if hf_llama.is_llama_style(config):
         return hf_llama.config_to_hf(config)
-    if not (config.bias and config.tie_embeddings and config.kv_heads == config.n_head):
+    if not (config.bias and config.qkv_bias in (None, True) and config.tie_embeddings
+            and config.kv_heads == config.n_head):  # fmt: skip
         raise ValueError(
             "transformers' GPT-1 and GPT-2 have biases, a tied head and one key/value head per head; "
-            f"this model has bias={config.bias}, tie_embeddings={config.tie_embeddings}, "
-            f"n_kv_head={config.n_kv_head}."
+            f"this model has bias={config.bias}, qkv_bias={config.qkv_bias}, "
+            f"tie_embeddings={config.tie_embeddings}, n_kv_head={config.n_kv_head}."
         )
     llama_only = dict(
         head_size=config.head_dim != config.n_embd // config.n_head,
@@ -134,6 +136,7 @@ def config_to_hf(config: GPTConfig):
         resid_pdrop=config.resid_pdrop,
         layer_norm_epsilon=config.layer_norm_epsilon,
         initializer_range=config.initializer_range,
+        **hf_llama.token_ids_to_hf(config),
     )
     if config.pre_ln:
         afn = {v: k for k, v in reversed(_GPT2_ACTIVATIONS.items())}[config.activation]

@@ -20,7 +20,8 @@ from gpt_ft.model.config import GPTConfig
 MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma3_text")
 _CLASSES = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral", "phi3": "Phi3",
             "gemma3_text": "Gemma3"}  # fmt: skip
-_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh"}
+_ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
+                "relu": "relu"}  # fmt: skip
 # theirs (after "model.layers.N.") -> ours (after "h.N.")
 _LAYER_NAMES = {
     "input_layernorm": "ln_1",
@@ -50,6 +51,18 @@ def _layer_names(config: GPTConfig) -> dict[str, str]:
 
 
 _LAYER_KEY = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
+
+
+def token_ids_from_hf(c) -> dict | None:
+    """A transformers config's bos/eos/pad ids (`GPTConfig.hf_token_ids`); None when it has none."""
+    ids = {kind: getattr(c, f"{kind}_token_id", None) for kind in ("bos", "eos", "pad")}
+    return ids if any(i is not None for i in ids.values()) else None
+
+
+def token_ids_to_hf(config: GPTConfig) -> dict:
+    """The `*_token_id` arguments of a transformers config: the source's ids, or None each."""
+    ids = config.hf_token_ids or {}
+    return {f"{kind}_token_id": ids.get(kind) for kind in ("bos", "eos", "pad")}
 
 
 def is_llama_style(config: GPTConfig) -> bool:
@@ -127,6 +140,7 @@ def config_from_hf(c) -> GPTConfig:
         layer_norm_epsilon=c.rms_norm_eps,
         initializer_range=c.initializer_range,
         hf_model_type=model_type,
+        hf_token_ids=token_ids_from_hf(c),
     )
 
 
@@ -203,13 +217,16 @@ def config_to_hf(config: GPTConfig):
         tie_word_embeddings=config.tie_embeddings,
         attention_dropout=config.attn_pdrop,
         rope_parameters=rope,
+        **token_ids_to_hf(config),
     )
     if config.head_size is not None or model_type in ("qwen3", "gemma3_text"):  # else: hidden / heads
         common["head_dim"] = config.head_dim
     layers = config.layer_types or [
         "sliding_attention" if config.is_sliding(i) else "full_attention" for i in range(config.n_layer)
     ]
-    window = dict(sliding_window=config.sliding_window, layer_types=layers)
+    # transformers' Gemma 3 needs a window even where no layer slides (none then reads it).
+    window = dict(sliding_window=config.sliding_window or (config.n_positions if gemma else None),
+                  layer_types=layers)  # fmt: skip
     if model_type in ("llama", "mistral", "phi3") and len(set(layers)) > 1:
         raise ValueError(f"transformers' {model_type} models slide in every layer or none; layer_types must "
                          "be all one type.")  # fmt: skip
@@ -222,7 +239,9 @@ def config_to_hf(config: GPTConfig):
         return cls(**common, hidden_act=activation, attention_bias=config.bias, mlp_bias=config.bias)
     if model_type in ("mistral", "phi3"):
         extra = dict(resid_pdrop=config.resid_pdrop, embd_pdrop=config.embd_pdrop)
-        extra.update({f"{t}_token_id": None for t in ("bos", "eos", "pad")})  # Phi-3's are 32,000-row ids
+        if model_type == "phi3" and config.rope_scaling:
+            raise ValueError("transformers' Phi-3 scales its rotary positions by LongRoPE alone, which "
+                             "gpt_ft does not have; rope_scaling must be None.")  # fmt: skip
         return cls(**common, hidden_act=activation, sliding_window=config.sliding_window,
                    **(extra if model_type == "phi3" else {}))  # fmt: skip
     if gemma:

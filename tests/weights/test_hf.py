@@ -48,12 +48,14 @@ def test_to_hf_round_trips_every_tensor(family):
     for key in theirs:
         assert torch.equal(theirs[key], ours[key]), key
     assert back.lm_head.weight.data_ptr() == back.transformer.get_input_embeddings().weight.data_ptr()
+    assert (back.config.bos_token_id, back.config.eos_token_id) == (0, 0)  # the source's, not 50,256
 
 
 def test_to_hf_from_scratch_model_matches_logits():
     for pre_ln in (False, True):
         gpt = tiny_gpt(pre_ln=pre_ln)
         hf = gpt.to_hf().eval()
+        assert (hf.config.bos_token_id, hf.config.eos_token_id) == (None, None)  # no vocabulary's ids
         ids = torch.randint(0, TINY["vocab_size"], (2, 33))
         with torch.no_grad():
             torch.testing.assert_close(gpt.lm_logits(gpt(ids)), hf(ids).logits, rtol=0, atol=1e-5)

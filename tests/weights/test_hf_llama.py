@@ -90,8 +90,7 @@ def test_from_pretrained_directory_equals_transformers(family, tmp_path):
     gpt = GPT.from_pretrained(tmp_path).eval()
     assert gpt.config.hf_model_type == family and gpt.config.n_kv_head == 2
     theirs, ours = hf.config.to_dict(), gpt.to_hf().config.to_dict()
-    shape = set(theirs) - {"architectures", "dtype", "transformers_version", "bos_token_id", "eos_token_id",
-                           "pad_token_id"}  # fmt: skip
+    shape = set(theirs) - {"architectures", "dtype", "transformers_version"}
     assert {k: ours.get(k) for k in shape} == {k: theirs[k] for k in shape}
     ids = torch.randint(0, VOCAB, (2, 33))
     with torch.no_grad():
@@ -125,13 +124,31 @@ def test_sliding_windows_apply_over_a_kv_cache(family):
         torch.testing.assert_close(torch.cat(steps, dim=1), hf(ids).logits, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_the_special_token_ids_come_back_from_a_round_trip(family):
+    """Ids unlike the config class's defaults (which are some other model's): `generate` on the
+    exported model stops where the source's does."""
+    hf = tiny_llama(family, bos_token_id=0, eos_token_id=[0, 7], pad_token_id=None)
+    back = GPT.from_hf(hf).to_hf()
+    assert (back.config.bos_token_id, back.config.eos_token_id, back.config.pad_token_id) == (0, [0, 7], None)
+    ids = torch.randint(8, VOCAB, (1, 4), generator=torch.Generator().manual_seed(0))
+    for model in (hf, back):
+        model.generation_config.eos_token_id = [0, 7]  # a token the random model does produce: 7
+    theirs = hf.generate(ids, max_new_tokens=40, do_sample=False)
+    torch.testing.assert_close(back.generate(ids, max_new_tokens=40, do_sample=False), theirs)
+    none = GPT(GPTConfig.from_name("llama-micro", vocab_size=VOCAB)).to_hf().config  # from scratch: none
+    assert (none.bos_token_id, none.eos_token_id, none.pad_token_id) == (None, None, None)
+
+
 def test_a_model_from_scratch_exports_to_the_family_its_shape_says():
     from tests.helpers import GEMMA3_MICRO, QWEN3_MICRO
 
     cases = [({}, "LlamaForCausalLM"), (dict(qkv_bias=True), "Qwen2ForCausalLM"),
              (dict(hf_model_type="mistral", sliding_window=8), "MistralForCausalLM"),
              (dict(hf_model_type="phi3"), "Phi3ForCausalLM"), (QWEN3_MICRO, "Qwen3ForCausalLM"),
-             (GEMMA3_MICRO, "Gemma3ForCausalLM")]  # fmt: skip
+             (GEMMA3_MICRO, "Gemma3ForCausalLM"), (dict(activation="relu"), "LlamaForCausalLM"),
+             ({**GEMMA3_MICRO, "sliding_window": None, "layer_types": None}, "Gemma3ForCausalLM"),
+             ]  # fmt: skip
     for overrides, expected in cases:
         layers = dict(n_layer=2) if "layer_types" in overrides else dict(n_layer=1)
         config = GPTConfig.from_name("llama-mini", vocab_size=VOCAB, **layers, **overrides)
@@ -193,6 +210,11 @@ def test_untied_head_grows_with_the_vocabulary(vocab):
         (dict(layer_types=["full_attention"]), "layer_types must name one of .* for each of the 4 layers"),
         (dict(sliding_window=4, layer_types=["full_attention", "local"] * 2), r"4 entries with \['local'\]"),
         (dict(layer_types=["sliding_attention"] * 4), "sliding_attention layers but sliding_window is None"),
+        (dict(rope_scaling={"rope_type": "linear"}), "rope_scaling of type 'linear' needs factor"),
+        (
+            dict(rope_scaling={"rope_type": "llama3", "factor": 8.0}),
+            "needs low_freq_factor, high_freq_factor, original_max_position_embeddings",
+        ),
     ],
 )
 def test_config_errors_name_the_field(overrides, message):
@@ -221,8 +243,14 @@ def test_unsupported_transformers_configs_are_one_sentence():
         from gpt_ft.model.lora import LoRA, add_lora
 
         add_lora(GPT.from_hf(tiny_llama("llama")), LoRA(), new_tokens_from=VOCAB).to_hf()
-    with pytest.raises(ValueError, match="GPT-1 and GPT-2 have biases"):
-        GPT(GPTConfig(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=4, bias=False)).to_hf()
+    for no_bias in (dict(bias=False), dict(qkv_bias=False)):
+        with pytest.raises(ValueError, match="GPT-1 and GPT-2 have biases"):
+            GPT(GPTConfig(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=4, **no_bias)).to_hf()
+    linear = dict(rope_type="linear", factor=2.0)
+    with pytest.raises(ValueError, match="Phi-3 scales its rotary positions by LongRoPE alone"):
+        GPT(
+            GPTConfig.from_name("llama-micro", vocab_size=VOCAB, hf_model_type="phi3", rope_scaling=linear)
+        ).to_hf()
 
 
 @pytest.mark.parametrize("family", NEW_FAMILIES)
