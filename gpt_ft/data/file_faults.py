@@ -181,6 +181,23 @@ def wide_first_row(path: Path, fmt: str, width: int, *, header: bool) -> str | N
     return _csv_problem(path, fmt, width) if first is not None and len(first) > width else None
 
 
+def short_row(path: Path, fmt: str, width: int) -> str | None:
+    """`, line N: ...` for the first row with fewer fields than the header's `width`, which the
+    loader would fill with empty texts and labels: in a TSV, most often a quoted text with a line
+    break in it (TSVs are read without quoting, so its second line is a row of its own)."""
+    with open_text(path, newline="") as f:
+        reader, line = _reader(f, fmt), 1
+        for record in reader:
+            if len(record) < width and not _blank(record):
+                cause = (
+                    "a text with a line break? TSVs are read a row per line" if fmt == "tsv" else "cut short?"
+                )
+                fields = f"{len(record)} field{'s' * (len(record) != 1)}"
+                return f", line {line}: {fields} where there are {width} columns ({cause})"
+            line = reader.line_num + 1
+    return None
+
+
 def _json_kind(value) -> str:
     """What a JSON value is, as JSON names it: 'null', 'an array', 'a string', ..."""
     if value is None:

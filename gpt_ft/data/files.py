@@ -5,6 +5,8 @@ says, or from the Hugging Face Hub."""
 from __future__ import annotations
 
 import csv
+import glob
+import hashlib
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -17,6 +19,7 @@ from gpt_ft.data.file_faults import (
     open_text,
     parse_problem,
     record_lines,
+    short_row,
     wide_first_row,
 )
 from gpt_ft.errors import CardError
@@ -103,7 +106,9 @@ def read_table(
             raise TaskDataError(f"{path}{parse_problem(path, fmt, None, exc)}.") from None
         except OSError as exc:
             raise TaskDataError(f"{path}: cannot be read ({exc.strerror or exc}).") from None
-        if (problem := wide_first_row(path, fmt, len(columns), header=column_names is None)) is not None:
+        header = column_names is None
+        problem = wide_first_row(path, fmt, len(columns), header=header) or short_row(path, fmt, len(columns))
+        if problem is not None:
             raise TaskDataError(f"{path}{problem}.")
         # Everything is read as text (labels and scores are parsed by the adapter). GLUE's TSVs
         # hold unbalanced quote characters, so TSVs are read with no quoting; BOMs are dropped.
@@ -127,9 +132,11 @@ def read_table(
     # datasets logs a file that does not parse before raising; the sentence below says it instead.
     datasets.logging.set_verbosity(datasets.logging.CRITICAL)
     try:
-        files = {"data": str(path)}
+        files = {"data": glob.escape(str(path))}  # a name, not a pattern: `data [v2]/train[1].tsv`
         with no_download_count():  # a local file: nothing to count on the Hub, no request
-            return datasets.load_dataset(builder, data_files=files, split="data" + selection, **kwargs)
+            return datasets.load_dataset(
+                builder, _stamp(path), data_files=files, split="data" + selection, **kwargs
+            )
     except Exception as exc:  # pandas/pyarrow parse errors, an empty selection
         if "corresponds to no data" in str(exc):
             raise TaskDataError(f"{path}: split {split!r} has no examples.") from None
@@ -193,6 +200,20 @@ class Origin:
         if starts is not None and row < len(starts):
             return f"{self.source}, line {starts[row]}"
         return f"{self.source}, record {row + 1}"
+
+
+def file_stamp(path: Path) -> str:
+    """A file as it is now: its size, modified and changed times, and inode. A copy of another
+    version of a file (`cp -p`, `rsync -a`, an archive) can keep its modification time; its change
+    time or inode differ."""
+    stat = path.stat()
+    return f"{stat.st_size}-{stat.st_mtime_ns}-{stat.st_ctime_ns}-{stat.st_ino}"
+
+
+def _stamp(path: Path) -> str:
+    """The loader's cache key for the file as it is now (datasets' own is the path and the
+    modification time alone)."""
+    return "file-" + hashlib.sha256(file_stamp(path).encode()).hexdigest()[:16]
 
 
 def _rename(ds, columns: dict[str, str] | None, source: str):

@@ -37,6 +37,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from gpt_ft.data.corpus import find_files
+from gpt_ft.data.folders import LOCK, missing_folders, one_writer, save_tokenizer
 from gpt_ft.data.tokenizer import EOS_TOKEN, check_text_file, load_tokenizer
 from gpt_ft.errors import check_output_dir
 
@@ -257,7 +258,8 @@ def prepare(
     if piece_chars < 2:
         raise ValueError(f"piece_chars must be >= 2, got {piece_chars}.")
     out = Path(out_dir).expanduser()
-    if out.exists() and any(out.iterdir()) and not (out / META).exists():
+    ours = {LOCK, *(name + ".tmp" for name in SPLIT_FILES.values())}  # what a killed run leaves
+    if out.exists() and not (out / META).exists() and any(p.name not in ours for p in out.iterdir()):
         raise ValueError(
             f"Output folder {out} is not empty and holds no token files; choose an empty folder."
         )
@@ -276,44 +278,71 @@ def prepare(
             dataset_documents(dataset, dataset_split, text_field),
             [f"{dataset}:{dataset_split}"],
         )
-    created = _missing_folders(out)
+    created = missing_folders(out)
     out.mkdir(parents=True, exist_ok=True)
     counts = {"train": 0, "validation": 0}
     n_docs = 0
     tmp = {split: out / (name + ".tmp") for split, name in SPLIT_FILES.items()}
-    handles = {split: open(path, "wb") for split, path in tmp.items()}
-    start = time.perf_counter()
-    bar = tqdm(unit=" tok", unit_scale=True, desc="Tokenizing", disable=not progress)
     # The corpus's own text is text: a page that writes "<|endoftext|>" gets no document boundary
     # (nor "<|extract|>" a fine-tuning token); the one boundary is the end-of-text token added here.
     backend = Tokenizer.from_str(tok.backend_tokenizer.to_str())
     backend.encode_special_tokens = True
     done = False
     try:
-        with tokenizer_threads(workers), ThreadPoolExecutor(1) as executor:
-            # One batch is encoded (outside the GIL) while the next is read and the last written.
-            pending = None
-            for batch in chain(batches(pieces(documents, piece_chars), 16 * piece_chars), [None]):
-                submitted = batch and (batch, executor.submit(encode_batch, backend, batch, eos, dtype))
-                if pending is not None:
-                    encoded, result = pending
-                    for piece, ids in zip(encoded, result.result()):
-                        split = "validation" if is_validation(piece.number, validation_fraction) else "train"
-                        if continues_elsewhere(piece, validation_fraction):
-                            ids = np.append(ids, np.asarray(eos, dtype=dtype))
-                        handles[split].write(ids.tobytes())
-                        counts[split] += len(ids)
-                        n_docs += piece.ends_document
-                        bar.update(len(ids))
-                pending = submitted
-        done = counts["train"] > 0
+        with one_writer(out, "`gpt-ft prepare`"):
+            handles = {split: open(path, "wb") for split, path in tmp.items()}
+            start = time.perf_counter()
+            bar = tqdm(unit=" tok", unit_scale=True, desc="Tokenizing", disable=not progress)
+            try:
+                with tokenizer_threads(workers), ThreadPoolExecutor(1) as executor:
+                    # One batch is encoded (outside the GIL) while the next is read and the last written.
+                    pending = None
+                    for batch in chain(batches(pieces(documents, piece_chars), 16 * piece_chars), [None]):
+                        submitted = batch and (
+                            batch,
+                            executor.submit(encode_batch, backend, batch, eos, dtype),
+                        )
+                        if pending is not None:
+                            encoded, result = pending
+                            for piece, ids in zip(encoded, result.result()):
+                                split = (
+                                    "validation"
+                                    if is_validation(piece.number, validation_fraction)
+                                    else "train"
+                                )
+                                if continues_elsewhere(piece, validation_fraction):
+                                    ids = np.append(ids, np.asarray(eos, dtype=dtype))
+                                handles[split].write(ids.tobytes())
+                                counts[split] += len(ids)
+                                n_docs += piece.ends_document
+                                bar.update(len(ids))
+                        pending = submitted
+                done = counts["train"] > 0
+            finally:
+                bar.close()
+                for f in handles.values():
+                    f.close()
+                if not done:  # refused or interrupted (Ctrl-C, SIGTERM): leave nothing behind
+                    for path in tmp.values():
+                        path.unlink(missing_ok=True)
+            if done:
+                save_tokenizer(tok, out / "tokenizer")
+                for split, path in tmp.items():
+                    path.replace(out / SPLIT_FILES[split])
+                seconds = time.perf_counter() - start
+                meta = {
+                    "dtype": dtype,
+                    "vocab_size": len(tok),
+                    "eos_token_id": eos,
+                    "tokens": counts,
+                    "documents": n_docs,
+                    "tokenizer": "tokenizer",
+                    "sources": sources,
+                    "seconds": round(seconds, 2),
+                }
+                (out / META).write_text(json.dumps(meta, indent=2) + "\n")
     finally:
-        bar.close()
-        for f in handles.values():
-            f.close()
-        if not done:  # refused or interrupted: leave nothing behind
-            for path in tmp.values():
-                path.unlink(missing_ok=True)
+        if not done:
             for folder in created:
                 if folder.is_dir() and not any(folder.iterdir()):
                     folder.rmdir()
@@ -326,21 +355,6 @@ def prepare(
                 f"({piece_chars:,}), or give more text."
             )
         raise ValueError(f"{corpus} holds no text.")
-    tok.save_pretrained(out / "tokenizer")
-    for split, path in tmp.items():
-        path.replace(out / SPLIT_FILES[split])
-    seconds = time.perf_counter() - start
-    meta = {
-        "dtype": dtype,
-        "vocab_size": len(tok),
-        "eos_token_id": eos,
-        "tokens": counts,
-        "documents": n_docs,
-        "tokenizer": "tokenizer",
-        "sources": sources,
-        "seconds": round(seconds, 2),
-    }
-    (out / META).write_text(json.dumps(meta, indent=2) + "\n")
     if progress:
         t, rate = counts, (counts["train"] + counts["validation"]) / max(seconds, 1e-9)
         print(
@@ -348,15 +362,6 @@ def prepare(
             f"{n_docs:,} documents) to {out_dir} in {seconds:.1f} s ({rate:,.0f} tokens/s)"
         )
     return meta
-
-
-def _missing_folders(folder: Path) -> list[Path]:
-    """`folder` and those of its parents that do not exist yet, innermost first."""
-    missing = []
-    while not folder.exists() and folder != folder.parent:
-        missing.append(folder)
-        folder = folder.parent
-    return missing
 
 
 def read_meta(token_dir: str | os.PathLike) -> dict:

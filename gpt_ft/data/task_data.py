@@ -7,7 +7,9 @@ from examples to tokens, which `Classifier` and export take too) -> cached Arrow
 from __future__ import annotations
 
 import hashlib
+import inspect
 import os
+import sys
 from functools import partial
 from typing import Any
 
@@ -33,6 +35,22 @@ def _example_id(example: dict[str, Any], index_field: str | None, row: int) -> i
         return int(value)
     except (TypeError, ValueError):
         return row
+
+
+def adapter_code(cls: type) -> str:
+    """An adapter class as the encoding cache knows it: its full name and those of its bases, and
+    the source of each that is not the toolkit's or Python's (a user's class, edited, encodes
+    anew; the toolkit's own are covered by its version and `ENCODING`)."""
+    parts = []
+    for base in cls.__mro__:
+        parts.append(f"{base.__module__}.{base.__qualname__}")
+        package = base.__module__.partition(".")[0]
+        if package != "gpt_ft" and package not in sys.stdlib_module_names and package != "builtins":
+            try:
+                parts.append(inspect.getsource(base))
+            except (OSError, TypeError):  # defined where its source cannot be read (a REPL)
+                pass
+    return "\n".join(parts)
 
 
 class TaskDataModule(ResumableTrainData, LightningDataModule):
@@ -205,7 +223,7 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
             dataset_fingerprint(raw),
             split,
             repr(sorted(vars(self.task).items(), key=lambda kv: kv[0])),
-            type(self.task).__qualname__,
+            adapter_code(type(self.task)),
             self.tokenizer.backend_tokenizer.to_str() if self.tokenizer.is_fast else repr(self.tokenizer),
             getattr(self.tokenizer, "chat_template", None) or "",  # renders chat messages (preference)
             repr(self.special_ids),

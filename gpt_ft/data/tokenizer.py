@@ -39,6 +39,7 @@ from transformers import (
 
 from gpt_ft.data.corpus import file_lines, find_files
 from gpt_ft.data.file_faults import check_json_files
+from gpt_ft.data.folders import save_tokenizer
 from gpt_ft.errors import check_output_dir
 from gpt_ft.weights import gguf_file, hub
 from gpt_ft.weights.pretrained import BPE_FILES, TOKENIZER_FILES, is_tokenizer_dir
@@ -282,8 +283,7 @@ def train_tokenizer(
         pad_token=SPECIAL_TOKENS["pad"],
         additional_special_tokens=[SPECIAL_TOKENS[key] for key in _FRAMING],
     )
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer.save_pretrained(str(out))
+    save_tokenizer(tokenizer, out)
     if show_progress:
         print(f"trained a {len(tokenizer)}-token byte-level BPE tokenizer into {out_dir}")
     return tokenizer

@@ -7,13 +7,16 @@ from __future__ import annotations
 import json
 import math
 import statistics
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpt_ft.data.files import file_stamp, split_file
 from gpt_ft.errors import writing
 
 if TYPE_CHECKING:
+    from gpt_ft.adapters import TaskAdapter
     from gpt_ft.eval.suite_file import Score
 
 
@@ -217,6 +220,38 @@ def plot_curves(tasks: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def input_stamps(task: TaskAdapter, data_dir: str | None, *paths: str | None) -> dict[str, str]:
+    """What a result is computed from, as the files are now (`file_stamp`): the task's split files
+    under `data_dir`, and each of `paths` that is a local file, or the files of a local folder (a
+    tokenizer, a transformers model). A rerun whose stamps differ computes the result again."""
+    files = (
+        [split_file(task, split, data_dir) for split in task.local.splits] if data_dir and task.local else []
+    )
+    for path in filter(None, paths):
+        given = Path(path).expanduser()
+        files += sorted(given.iterdir()) if given.is_dir() else [given]
+    return {str(file): file_stamp(file) for file in files if file.is_file()}
+
+
+def changed_files(before: dict[str, str] | None, now: dict[str, str]) -> list[str]:
+    """'the file F' for each file whose stamp differs from the one a result recorded (none recorded:
+    a result from before stamps were kept, taken as it is)."""
+    if before is None:
+        return []
+    return [f"the file {f}" for f in sorted(before.keys() | now.keys()) if before.get(f) != now.get(f)]
+
+
+def write_zip(archive: Path, folder: Path, names: list[str]) -> None:
+    """The files `names` of `folder` zipped into `archive` (written whole or not at all)."""
+
+    def zip_to(tmp: Path) -> None:
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
+            for name in names:
+                zf.write(folder / name, name)
+
+    write_atomic(archive, zip_to)
 
 
 def write_json(path: Path, value: Any) -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import shutil
 import statistics
 import time
-import zipfile
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Literal
@@ -35,13 +34,15 @@ from gpt_ft.eval.curves import MISSING, baseline_curves, collect_curves, labels_
 from gpt_ft.eval.finetune import config_changes, fit_and_evaluate, main_key
 from gpt_ft.eval.results import (
     benchmark_score,
+    changed_files,
+    input_stamps,
     mean_std,
     minutes,
     percent,
     read_json,
-    write_atomic,
-    write_json,  # fmt: skip
+    write_json,
     write_results,
+    write_zip,
 )
 from gpt_ft.eval.suite_file import Run, SuiteSpec, as_list, data_dirs, load_suite
 from gpt_ft.training.callbacks import finite
@@ -165,9 +166,7 @@ class SuiteRunner:
             log(f"suite {self.spec.name}: {len(runs)} runs, {done} finished before, {len(todo)} to go")
         took: list[float] = []
         for i, run in enumerate(todo, 1):
-            left = ""
-            if took:
-                left = f", about {minutes(statistics.fmean(took) * (len(todo) - i + 1))} left"
+            left = f", about {minutes(statistics.fmean(took) * (len(todo) - i + 1))} left" if took else ""
             log(f"[{i}/{len(todo)}] {run}{left}")
             t = time.perf_counter()
             self.fit(run, log)
@@ -223,8 +222,9 @@ class SuiteRunner:
             changed.append(f"--select {self.select}")
         if self.predict and result.get("predict") is False:
             changed.append("--predict true")
+        changed += changed_files(result.get("files"), self._files(run.task))
         if changed:
-            log(f"{run}: its arguments changed since it ran ({', '.join(changed)}): running it again")
+            log(f"{run}: its inputs changed since it ran ({', '.join(changed)}): running it again")
             return False
         return True
 
@@ -255,9 +255,15 @@ class SuiteRunner:
             "config": config,
             "select": self.select,
             "predict": bool(self.predict),
+            "files": self._files(run.task),
         }
         write_json(folder / RESULT, result)
         return result
+
+    def _files(self, name: str) -> dict[str, str]:
+        """The stamps of a task's data files, the tokenizer's and the weights' (`input_stamps`)."""
+        data_dir = self.data_dirs.get(name, self.data_dirs.get(None))
+        return input_stamps(self.cards[name][1], data_dir, self.tokenizer, self.init_from)
 
     def _zero_shot(self, name: str, log) -> None:
         path = self.out / "runs" / name / "zero-shot" / RESULT
@@ -265,6 +271,7 @@ class SuiteRunner:
         data_dir = self.data_dirs.get(name, self.data_dirs.get(None))
         inputs = {k: str(v) for k, v in (("init_from", self.init_from), ("tokenizer", self.tokenizer),
                                          ("data_dir", data_dir), ("method", entry.zero_shot))}  # fmt: skip
+        inputs["files"] = self._files(name)
         done = read_json(path)
         if done is not None and done.get("inputs", inputs) == inputs:  # (one from before inputs were kept)
             return
@@ -388,12 +395,6 @@ class SuiteRunner:
         if lacks:
             log(f"warning: the submission lacks {lacks} (tasks not in this run or without test files)")
         archive = self.out / spec.archive
-
-        def zip_to(tmp: Path) -> None:
-            with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
-                for name in sorted(present):
-                    zf.write(folder / name, name)
-
-        write_atomic(archive, zip_to)
+        write_zip(archive, folder, sorted(present))
         log(f"wrote {archive} ({len(present)} files)")
         return archive

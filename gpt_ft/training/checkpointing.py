@@ -261,9 +261,10 @@ class Provenance(Callback):
     def on_fit_start(self, trainer, pl_module) -> None:
         tokenizer, ckpt = pl_module.hparams.get("tokenizer"), trainer.checkpoint_callback
         if tokenizer and ckpt is not None and ckpt.dirpath and trainer.is_global_zero:
+            from gpt_ft.data.folders import save_tokenizer
             from gpt_ft.data.tokenizer import load_tokenizer
 
-            load_tokenizer(tokenizer).save_pretrained(Path(ckpt.dirpath) / "tokenizer")
+            save_tokenizer(load_tokenizer(tokenizer), Path(ckpt.dirpath) / "tokenizer")
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
         saved = Checkpoint(checkpoint)

@@ -215,10 +215,12 @@ def load_tokenizer(path: Path):
     """The tokenizer GGUF file `path` carries (its vocabulary, merges, special tokens and chat
     template), as transformers builds it. Converting a large vocabulary takes minutes (Gemma 3's
     262k tokens: about 4 on 2 CPU cores), so the result is kept, as a `save_pretrained` folder, in
-    the cache (`$GPT_FT_CACHE`, by default ~/.cache/gpt_ft) under the file's path, size and time,
-    and within a process in memory (each caller gets its own copy)."""
+    the cache (`$GPT_FT_CACHE`, by default ~/.cache/gpt_ft) under the file's path, size, times
+    (modified and changed: a copy that kept the first has a new second) and inode, and within a
+    process in memory (each caller gets its own copy)."""
     stat = path.stat()
-    return copy.deepcopy(_tokenizer(path.resolve(), stat.st_size, stat.st_mtime_ns))
+    stamp = f"{stat.st_size}\0{stat.st_mtime_ns}\0{stat.st_ctime_ns}\0{stat.st_ino}"
+    return copy.deepcopy(_tokenizer(path.resolve(), stamp))
 
 
 def cache_dir() -> Path:
@@ -230,10 +232,10 @@ def cache_dir() -> Path:
 
 
 @functools.lru_cache(maxsize=4)
-def _tokenizer(path: Path, size: int, mtime: int):
+def _tokenizer(path: Path, stamp: str):
     from transformers import AutoTokenizer
 
-    key = hashlib.sha256(f"{CONVERSION}\0{path}\0{size}\0{mtime}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{CONVERSION}\0{path}\0{stamp}".encode()).hexdigest()[:16]
     saved = cache_dir() / f"{path.stem}-{key}"
     if (saved / "tokenizer.json").is_file():
         try:

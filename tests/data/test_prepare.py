@@ -121,9 +121,15 @@ def test_bad_prepare_arguments(tmp_path, tokenizer_dir):
     assert (token_dtype(2**16), token_dtype(2**16 + 1)) == ("uint16", "uint32")
 
 
-def test_an_interrupted_prepare_leaves_nothing_behind_and_runs_again(tmp_path, tokenizer_dir, monkeypatch):
-    """Ctrl-C while the fifth file is read, after batches were written: no partial token files, so
-    the same command runs again."""
+@pytest.mark.parametrize("stop", ["ctrl-c", "sigterm"])
+def test_an_interrupted_prepare_leaves_nothing_behind_and_runs_again(
+    tmp_path, tokenizer_dir, monkeypatch, stop
+):
+    """Ctrl-C, or SIGTERM (`kill`, a job scheduler), while the fifth file is read, after batches
+    were written: no partial token files, so the same command runs again."""
+    import os
+    import signal
+
     import gpt_ft.data.prepare as preparing
 
     corpus, out, real = (
@@ -135,15 +141,18 @@ def test_an_interrupted_prepare_leaves_nothing_behind_and_runs_again(tmp_path, t
     def interrupted(paths, split_on):
         for i, document in enumerate(real(paths, split_on)):
             if i == 4:
+                if stop == "sigterm":
+                    os.kill(os.getpid(), signal.SIGTERM)
                 raise KeyboardInterrupt
             yield document
 
     monkeypatch.setattr(preparing, "file_documents", interrupted)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(SystemExit if stop == "sigterm" else KeyboardInterrupt):
         prepare(
             inputs=[str(corpus)], out_dir=str(out), tokenizer=tokenizer_dir, piece_chars=200, progress=False
         )
-    assert not out.exists() or not any(out.iterdir())
+    assert not out.exists()  # the folder it made, removed
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     monkeypatch.setattr(preparing, "file_documents", real)
     prepare(inputs=[str(corpus)], out_dir=str(out), tokenizer=tokenizer_dir, piece_chars=200, progress=False)
     assert read_meta(out)["documents"] > 0
@@ -178,3 +187,38 @@ def test_a_document_cut_into_pieces_across_both_splits_never_runs_into_another(t
         ids = np.fromfile(tmp_path / "tokens" / f"{split}.bin", dtype=meta["dtype"]).tolist()
         stretches = [s.split() for s in tok.decode(ids).split(EOS_TOKEN) if s.strip()]
         assert len(stretches) > len(words) / 2 and all(len(set(s)) == 1 for s in stretches), split
+
+
+def test_one_prepare_at_a_time_and_a_killed_ones_leftovers(tmp_path, tokenizer_dir):
+    """A second run into a folder being written is refused in one sentence; the files a killed run
+    leaves (SIGKILL: no clean-up) do not stop the next."""
+    from gpt_ft.data.folders import LOCK, one_writer
+
+    corpus, out = write_corpus(tmp_path, n_files=2, lines=20), tmp_path / "tokens"
+    args = dict(inputs=[str(corpus)], out_dir=str(out), tokenizer=tokenizer_dir, progress=False)
+    out.mkdir()
+    with one_writer(out, "`gpt-ft prepare`"):
+        with pytest.raises(ValueError, match=f"Another `gpt-ft prepare` is writing to {out}; wait for it"):
+            prepare(**args)
+        assert (out / LOCK).exists()  # the other writer's lock, left alone
+    assert not (out / LOCK).exists()
+    (out / LOCK).touch()
+    (out / "train.bin.tmp").write_bytes(b"\0" * 10)
+    prepare(**args)
+    assert read_meta(out)["documents"] > 0
+    assert sorted(p.name for p in out.iterdir()) == ["meta.json", "tokenizer", "train.bin", "validation.bin"]
+
+
+def test_a_tokenizer_saved_over_another_leaves_none_of_its_files(tmp_path, tokenizer_dir):
+    """A chat template of the tokenizer saved there before would render the new one's chats."""
+    from gpt_ft.data.folders import save_tokenizer
+
+    folder = tmp_path / "tok"
+    with_template = load_tokenizer(tokenizer_dir)
+    with_template.chat_template = "{{ messages[0]['content'] }}"
+    save_tokenizer(with_template, folder)
+    (folder / "notes.txt").write_text("mine")
+    assert load_tokenizer(folder).chat_template
+    save_tokenizer(load_tokenizer(tokenizer_dir), folder)
+    assert not load_tokenizer(folder).chat_template and (folder / "notes.txt").read_text() == "mine"
+    assert not list(tmp_path.glob(".tok.*"))  # no staging folder left

@@ -1,7 +1,10 @@
+import inspect
+import os
+
 import datasets
 import pytest
 
-from gpt_ft.adapters import LocalFiles, Similarity, TaskDataError, TextPair
+from gpt_ft.adapters import LocalFiles, Similarity, SingleText, TaskDataError, TextPair
 from gpt_ft.data.task_data import TaskDataModule
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
 from tests.helpers import trainer_on
@@ -156,3 +159,66 @@ def test_rows_dropped_by_ignore_labels_keep_the_others_numbers(tmp_path, tokeniz
                     ignore_labels=["-"], local=local)  # fmt: skip
     encoded = TaskDataModule(task, tokenizer_dir, data_dir=str(tmp_path)).encoded("test", labelled=True)
     assert encoded["index"] == [0, 2, 4] and encoded["label"] == [0, 1, 1]
+
+
+class Shouting(SingleText):
+    """A user's own adapter: the built-in one's examples, each token shifted."""
+
+    def encode(self, example, tokens, specials, max_length):
+        return super().encode(example, [[t + 1 for t in tokens[0]]], specials, max_length)
+
+
+def single_file(folder, rows: list[str], name: str = "train.tsv", cls=SingleText) -> SingleText:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text("sentence\tlabel\n" + "".join(f"{row}\t0\n" for row in rows))
+    return cls(name="s", labels=["a", "b"], index=None, local=LocalFiles(splits={"train": name}))
+
+
+def texts(task, folder, tokenizer_dir) -> list[str]:
+    tok = load_tokenizer(tokenizer_dir)
+    encoded = TaskDataModule(task, tokenizer_dir, data_dir=str(folder)).encoded("train", labelled=True)
+    return [tok.decode(seq[1:-1]) for row in encoded for seq in row["input_ids"]]
+
+
+def test_a_users_adapter_and_its_edits_get_encodings_of_their_own(tmp_path, tokenizer_dir):
+    """Not the built-in class's of the same name (its cache would be served), nor its own before an edit."""
+    task = single_file(tmp_path, ["the cat sat"])
+    plain = texts(task, tmp_path, tokenizer_dir)
+    namesake = type("SingleText", (Shouting,), {"__module__": "my_tasks"})  # the built-in class's name
+    for cls in (Shouting, namesake):  # the same file, read once
+        task = cls(name="s", labels=["a", "b"], index=None, local=LocalFiles(splits={"train": "train.tsv"}))
+        assert texts(task, tmp_path, tokenizer_dir) != plain
+    from gpt_ft.data.task_data import adapter_code
+
+    code = adapter_code(Shouting)
+    assert "tests.data.test_task_data.Shouting" in code and "each token shifted" in code  # its source
+    assert "gpt_ft.adapters.text.SingleText" in code and inspect.getsource(SingleText) not in code
+
+
+def test_a_file_rewritten_with_its_size_and_time_kept_is_read_again(tmp_path, tokenizer_dir):
+    """As a copy of another version of it (`cp -p`, `rsync -a`, an archive) leaves it."""
+    task = single_file(tmp_path, ["the cat sat", "the dog ran"])
+    assert texts(task, tmp_path, tokenizer_dir) == ["the cat sat", "the dog ran"]
+    file = tmp_path / "train.tsv"
+    stat = file.stat()
+    file.write_text(file.read_text().replace("cat sat", "cow ate"))
+    os.utime(file, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert texts(task, tmp_path, tokenizer_dir) == ["the cow ate", "the dog ran"]
+
+
+def test_a_path_with_pattern_characters_is_a_name(tmp_path, tokenizer_dir):
+    task = single_file(tmp_path / "data [v2]", ["the real one"], name="train[1].tsv")
+    single_file(tmp_path / "data v", ["a decoy"], name="train1.tsv")  # what the patterns match
+    single_file(tmp_path / "data [v2]", ["a decoy"], name="train1.tsv")
+    assert texts(task, tmp_path / "data [v2]", tokenizer_dir) == ["the real one"]
+
+
+def test_a_tsv_row_with_fewer_fields_than_columns_is_named(tmp_path, tokenizer_dir):
+    """A quoted text with a line break: read a row per line, its second line is a row of its own."""
+    (tmp_path / "train.tsv").write_text('sentence\tlabel\none\t0\n"two\nlines"\t1\n')
+    task = SingleText(
+        name="s", labels=["a", "b"], index=None, local=LocalFiles(splits={"train": "train.tsv"})
+    )
+    message = r"train.tsv, line 3: 1 field where there are 2 columns \(a text with a line break\?"
+    with pytest.raises(TaskDataError, match=message):
+        TaskDataModule(task, tokenizer_dir, data_dir=str(tmp_path)).encoded("train", labelled=True)

@@ -4,6 +4,7 @@ zero-shot scoring and the transfer sweep through the suite."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import statistics
 import zipfile
@@ -124,7 +125,7 @@ submission: {{archive: sub.zip, files: [SENT.tsv, STS-B.tsv, AX.tsv]}}
     main([*argv, "--tasks", "sts", *fit_args(*FIT, "--data.batch_size=2")])
     printed = capsys.readouterr().out
     assert len(calls) == 2 and "2 runs, 0 finished before, 2 to go" in printed
-    assert "sts seed 0: its arguments changed since it ran (--data.batch_size=2): running it again" in printed
+    assert "sts seed 0: its inputs changed since it ran (--data.batch_size=2): running it again" in printed
 
 
 def test_suite_zero_shot_and_transfer_sweep(tmp_path, tokenizer_dir, capsys):
@@ -170,6 +171,11 @@ def test_suite_zero_shot_and_transfer_sweep(tmp_path, tokenizer_dir, capsys):
     assert "zero-shot mc: its model, data or method changed since it ran: scoring it again" in (
         capsys.readouterr().out
     )
+    # Other weights written into the same folder: scored again too.
+    torch.manual_seed(2)
+    GPT(config).to_hf().save_pretrained(tmp_path / "other")
+    main([*argv, f"--data_dir={tmp_path / 'c'}", "--fine_tune=false", "--zero_shot=true"])
+    assert "scoring it again" in capsys.readouterr().out
 
 
 def test_a_subset_of_a_suites_tasks(tmp_path):
@@ -399,7 +405,7 @@ def test_a_rerun_compares_configurations_not_spellings(tmp_path, tokenizer_dir, 
     main([*argv, *fit_args(*fit, "--data.batch_size=4", "--model.lr=2e-4")])
     assert len(calls) == 2
     printed = capsys.readouterr().out
-    assert "sent seed 0: its arguments changed since it ran (--model.lr=0.0002): running it again" in printed
+    assert "sent seed 0: its inputs changed since it ran (--model.lr=0.0002): running it again" in printed
     config = json.loads((tmp_path / "out" / "runs" / "sent" / "seed-0" / "result.json").read_text())["config"]
     assert config["model"]["lr"] == 0.0002 and config["data"]["init_args"]["batch_size"] == 4
     # A result written before runs recorded their configuration holds their arguments: resolved now.
@@ -414,7 +420,7 @@ def test_a_rerun_compares_configurations_not_spellings(tmp_path, tokenizer_dir, 
     result_file.write_text(json.dumps(result))
     main([*argv, *fit_args(*fit, "--data.batch_size=4", "--model.lr=2e-4")])
     assert (
-        len(calls) == 3 and "its arguments changed since it ran ((not comparable))" in capsys.readouterr().out
+        len(calls) == 3 and "its inputs changed since it ran ((not comparable))" in capsys.readouterr().out
     )
     # Another epoch reported, or test predictions asked of a run that wrote none: run again.
     same = fit_args(*fit, "--data.batch_size=4", "--model.lr=2e-4")
@@ -424,3 +430,10 @@ def test_a_rerun_compares_configurations_not_spellings(tmp_path, tokenizer_dir, 
     assert len(calls) == 5 and "(--predict true): running it again" in capsys.readouterr().out
     main([*argv, "--select=best", "--predict=true", *same])
     assert len(calls) == 5
+    # Other rows in the dev file, its size and modification time kept (a copy of another version).
+    dev = tmp_path / "a" / "d" / "dev.tsv"
+    stat, text = dev.stat(), dev.read_text()
+    dev.write_text(text.replace("the cat sat", "the cow ate"))
+    os.utime(dev, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    main([*argv, "--select=best", "--predict=true", *same])
+    assert len(calls) == 6 and f"(the file {dev}): running it again" in capsys.readouterr().out

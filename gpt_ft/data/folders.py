@@ -1,0 +1,91 @@
+"""Output folders written safely: one writer at a time, a stop by SIGTERM cleaned up like any
+other, and tokenizer folders replaced whole."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+# What a tokenizer's `save_pretrained` may write (transformers 4 and 5, fast and slow tokenizers).
+TOKENIZER_SAVES = (
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+    "chat_template.jinja", "chat_template.json", "additional_chat_templates", "vocab.json", "merges.txt",
+    "vocab.txt", "tokenizer.model", "spiece.model",
+)  # fmt: skip
+LOCK = ".gpt_ft.lock"
+
+
+def missing_folders(folder: Path) -> list[Path]:
+    """`folder` and those of its parents that do not exist yet, innermost first."""
+    missing = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return missing
+
+
+@contextmanager
+def one_writer(folder: Path, command: str) -> Iterator[None]:
+    """Holds `folder` for this process: another process asking for it meanwhile is refused in one
+    sentence (the lock goes with the process, however it ends). Inside, SIGTERM (`kill`, a job
+    scheduler's stop) exits as Ctrl-C does, through the writer's own clean-up."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: no advisory locks; one writer is the user's to keep
+        fcntl = None
+    lock = open(folder / LOCK, "a") if fcntl else None
+    if lock is not None:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()  # the file is the other writer's: left as it is
+            raise ValueError(
+                f"Another {command} is writing to {folder}; wait for it to end, or choose another folder."
+            ) from None
+    try:
+        with _sigterm_as_exit():
+            yield
+    finally:
+        if lock is not None:
+            (folder / LOCK).unlink(missing_ok=True)
+            lock.close()
+
+
+@contextmanager
+def _sigterm_as_exit() -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers belong to the main thread
+        return
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def save_tokenizer(tokenizer, folder: str | os.PathLike) -> None:
+    """`tokenizer.save_pretrained(folder)`, leaving no file of an earlier tokenizer there (its chat
+    template would render the new one's chats): the tokenizer is saved beside `folder` first and
+    then replaces the tokenizer files in it; other files stay."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".partial", dir=folder.parent))
+    try:
+        tokenizer.save_pretrained(str(staging))
+        for name in TOKENIZER_SAVES:
+            old = folder / name
+            if old.is_dir() and not old.is_symlink():
+                shutil.rmtree(old)
+            else:
+                old.unlink(missing_ok=True)
+        for item in staging.iterdir():
+            os.replace(item, folder / item.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
