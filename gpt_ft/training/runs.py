@@ -62,7 +62,10 @@ class GPTCLI(CheckpointHparamsAsDefaults, LightningCLI):
         if not isinstance(args, dict):
             subcommand = self._only
             if subcommand in ("validate", "test", "predict"):
-                ckpt = parse_unchecked(parser, args)[subcommand].get("ckpt_path")
+                unchecked = parse_unchecked(parser, args)[subcommand]
+                ckpt = unchecked.get("ckpt_path")
+                if ckpt in ("last", "best", "hpc", "registry"):  # Lightning's names: `last` found here
+                    ckpt = self.resolved_ckpt = newest_last(unchecked.trainer, subcommand, ckpt)
                 recorded = recorded_configuration(ckpt) if ckpt else {}
                 parser.set_defaults({f"{subcommand}.{key}": value for key, value in recorded.items()})
         super().parse_arguments(parser, args)
@@ -88,6 +91,8 @@ class GPTCLI(CheckpointHparamsAsDefaults, LightningCLI):
                 f"gpt-ft {self.subcommand} needs trained weights: give --ckpt_path CKPT (a checkpoint of "
                 "gpt-ft fit) or --model.init_from WEIGHTS; it does not score a randomly initialised model."
             )
+        if getattr(self, "resolved_ckpt", None):
+            config.ckpt_path = self.resolved_ckpt
         if self.subcommand == "predict":  # where it writes, checked before the weights load
             check_output_dir(config.model.predictions_dir, "--model.predictions_dir")
         _logs_follow_root_dir(config.trainer)
@@ -244,6 +249,29 @@ def tokenizer_of_the_weights(config) -> None:
     """`--data.tokenizer`, where not given, is the one saved with `--model.init_from`'s weights."""
     if "tokenizer" in (data := config.data.init_args):
         data.tokenizer = resolve_tokenizer(data.tokenizer, config.model.get("init_from"), option=None)
+
+
+def newest_last(trainer, subcommand: str, name: str) -> str:
+    """`--ckpt_path last` of validate, test or predict: the newest last.ckpt of the logger's runs, as
+    `fit` resumes from (Lightning would look in no run's folder and score a random model)."""
+    logger = trainer.get("logger")
+    init = logger.get("init_args") if hasattr(logger, "get") else None
+    save_dir = init.get("save_dir") if init is not None else None
+    if name != "last" or not save_dir:
+        raise ValueError(
+            f"--ckpt_path {name}: gpt-ft {subcommand} takes a checkpoint's path, or `last` (the newest "
+            "last.ckpt of the default logger's runs)."
+        )
+    if save_dir == DEFAULT_LOGGER["init_args"]["save_dir"] and trainer.get("default_root_dir"):
+        save_dir = trainer.default_root_dir  # as `_logs_follow_root_dir` moves it
+    root = Path(save_dir) / (init.get("name", "lightning_logs") or "")  # CSVLogger's and TensorBoard's
+    found = find_last_checkpoint(root)
+    if found is None:
+        raise ValueError(
+            f"--ckpt_path last: there is no {root}/*/checkpoints/last.ckpt; give the checkpoint's path."
+        )
+    print(f"{subcommand}: {found}", flush=True)
+    return str(found)
 
 
 def _logs_follow_root_dir(trainer) -> None:
