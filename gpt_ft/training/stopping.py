@@ -22,6 +22,19 @@ def main_monitor(model) -> tuple[str, str]:
     return "validation/loss", "min"
 
 
+LOWER_IS_BETTER = ("loss", "perplexity", "ece")
+
+
+def direction_of(metric: str, model) -> str | None:
+    """Which way `metric` improves: min for losses, perplexity and calibration error, max for the
+    task's own metrics; None for a metric of neither kind."""
+    name = metric.rsplit("/", 1)[-1]
+    if name in LOWER_IS_BETTER or name.endswith("_loss"):
+        return "min"
+    task = getattr(model, "task", None)
+    return "max" if task is not None and name in task.metrics else None
+
+
 class EarlyStopping(early_stopping.EarlyStopping):
     """Lightning's EarlyStopping, watching `main_monitor(model)` unless `monitor` is given."""
 
@@ -51,7 +64,14 @@ class EarlyStopping(early_stopping.EarlyStopping):
     def setup(self, trainer, pl_module, stage: str) -> None:
         monitor, mode = self._given
         found, direction = main_monitor(pl_module)
-        self.monitor, self.mode = monitor or found, mode or (direction if monitor is None else "min")
+        if monitor is not None and mode is None:
+            direction = direction_of(monitor, pl_module)
+            if direction is None:
+                raise ValueError(
+                    f"EarlyStopping(monitor={monitor!r}): give its mode (max or min); the direction is known "
+                    "for the task's metrics and for losses, perplexity and ece."
+                )
+        self.monitor, self.mode = monitor or found, mode or direction
         self.min_delta = abs(self.min_delta) * (1 if self.mode == "max" else -1)
         self.best_score = torch.tensor(-torch.inf if self.mode == "max" else torch.inf)
         super().setup(trainer, pl_module, stage)

@@ -34,6 +34,28 @@ def test_early_stopping_stops_a_run_whose_main_metric_stalls(tmp_path, tokenizer
     assert last["epoch"] == 2  # epoch 0 sets the best; 1 and 2 do not improve it (patience 2)
 
 
+@pytest.mark.parametrize(
+    ("monitor", "mode"),
+    [("validation/accuracy", "max"), ("validation/f1", "max"), ("validation/loss", "min"),
+     ("validation/ece", "min"), ("train/lm_loss", "min"), ("perf/tokens_per_s", None)],
+)  # fmt: skip
+def test_early_stopping_watches_a_named_metric_the_way_it_improves(monitor, mode):
+    from types import SimpleNamespace
+
+    from gpt_ft.adapters import SingleText
+    from gpt_ft.training.stopping import EarlyStopping
+
+    model = SimpleNamespace(task=SingleText(name="s", labels=["a", "b"], metrics=["accuracy", "f1"]))
+    trainer = SimpleNamespace(val_check_interval=1.0, check_val_every_n_epoch=1)
+    stop = EarlyStopping(monitor=monitor)
+    if mode is None:  # neither the task's metric nor a loss: the direction must be given
+        with pytest.raises(ValueError, match="EarlyStopping\\(monitor='perf/tokens_per_s'\\): give its mode"):
+            stop.setup(trainer, model, "fit")
+        stop, mode = EarlyStopping(monitor=monitor, mode="max"), "max"
+    stop.setup(trainer, model, "fit")
+    assert stop.mode == mode
+
+
 def test_mlflow_records_the_metrics(tmp_path, tokenizer_dir, monkeypatch):
     pytest.importorskip("mlflow")
     monkeypatch.chdir(tmp_path)  # the config's store: runs/mlflow.db under the working folder
