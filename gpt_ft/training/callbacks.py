@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.callbacks import (
@@ -124,10 +125,25 @@ class StepValues:
             module.log(name, value, prog_bar=shown and name == "train/loss", batch_size=self.batch_size)
 
 
+class BestCheckpoint(ModelCheckpoint):
+    """Lightning's ModelCheckpoint, which a resumed run's best carries on from the run it resumes.
+
+    Each run writes into a version folder of its own, and Lightning restores the best score only
+    when the folder is unchanged: the resumed run would take its first model for the best, however
+    far below the earlier best it scored. The earlier best stays the best (its file where it is)
+    until a better one replaces it."""
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        kept = {p: score for p, score in state_dict.get("best_k_models", {}).items() if Path(p).is_file()}
+        if state_dict.get("dirpath", self.dirpath) != self.dirpath and kept:
+            state_dict = {**state_dict, "dirpath": self.dirpath, "best_k_models": kept}
+        super().load_state_dict(state_dict)
+
+
 def best_checkpoint(model) -> ModelCheckpoint:
     """Keep the best checkpoint by the task's main metric (or the validation loss)."""
     monitor, mode = main_monitor(model)
-    return ModelCheckpoint(
+    return BestCheckpoint(
         monitor=monitor,
         mode=mode,
         save_top_k=1,

@@ -311,10 +311,10 @@ def lightning_main(
     one of its subclasses, `callbacks` given to the trainer beside its own)."""
     from lightning import LightningDataModule
 
-    # Our data modules resume mid-epoch themselves (gpt_ft/data/samplers.py), and a resumed run writes
-    # its checkpoints into its own version folder: both of Lightning's warnings would mislead.
+    # Our data modules resume mid-epoch themselves (gpt_ft/data/samplers.py): Lightning's warning
+    # would mislead. (The best checkpoint carries its best on into a resumed run's own folder:
+    # `callbacks.BestCheckpoint`; Lightning warns of a user's own ModelCheckpoint, which does not.)
     warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before")
-    warnings.filterwarnings("ignore", message="The dirpath has changed from")
 
     import gpt_ft.data.lm_data  # noqa: F401  (the data classes a config may name)
     import gpt_ft.data.task_data  # noqa: F401

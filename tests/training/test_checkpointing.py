@@ -306,6 +306,37 @@ def test_the_newest_last_checkpoint_of_a_loggers_runs(tmp_path):
     assert find_last_checkpoint(tmp_path) == paths[1]
 
 
+def test_a_resumed_runs_best_carries_on_from_the_run_it_resumes(tmp_path):
+    """Into its own version folder: the earlier best stays the best until a better one comes, so the
+    resumed run does not take its first model for the best (Lightning's own ModelCheckpoint does)."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from gpt_ft.adapters import SingleText
+    from gpt_ft.training.callbacks import BestCheckpoint, best_checkpoint
+
+    earlier = best_checkpoint(type("Model", (), {"task": SingleText(name="s", labels=["a", "b"])})())
+    assert isinstance(earlier, BestCheckpoint) and earlier.mode == "max"
+    best = tmp_path / "version_0" / "checkpoints" / "best-epoch=0-step=10.ckpt"
+    best.parent.mkdir(parents=True)
+    best.write_bytes(b"x")
+    earlier.dirpath, earlier.best_model_path = str(best.parent), str(best)
+    earlier.best_model_score = earlier.kth_value = torch.tensor(0.9)
+    earlier.kth_best_model_path, earlier.best_k_models = str(best), {str(best): torch.tensor(0.9)}
+    state = earlier.state_dict()
+    for cls, expected in ((BestCheckpoint, 0.9), (ModelCheckpoint, None)):
+        resumed = cls(
+            dirpath=str(tmp_path / "version_1" / "checkpoints"), monitor=earlier.monitor, mode="max"
+        )
+        resumed.load_state_dict(state)
+        score = resumed.best_model_score
+        assert (None if score is None else float(score)) == pytest.approx(expected), cls
+    assert resumed.best_model_path == str(best)
+    best.unlink()  # the earlier best gone: nothing to carry on from
+    resumed = BestCheckpoint(dirpath=str(tmp_path / "version_1" / "checkpoints"), monitor=earlier.monitor)
+    resumed.load_state_dict(state)
+    assert resumed.best_model_score is None and resumed.best_k_models == {}
+
+
 # ---- DDP: every rank's random states come back on their own rank ----
 
 DDP_CARD = """class_path: gpt_ft.adapters.SingleText
