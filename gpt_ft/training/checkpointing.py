@@ -1,8 +1,8 @@
 """Checkpoints that stand alone, are written atomically, and resume a run exactly.
 
 - `SaveLast`: `last.ckpt`, the newest state: after every validation, every N steps if asked, at
-  the end, and on SIGTERM or Ctrl-C (at the next optimizer step, so no accumulated gradient is
-  lost; a second Ctrl-C stops at once).
+  the end (with stochastic weight averaging's average), and on SIGTERM or Ctrl-C (at the next
+  optimizer step, so no accumulated gradient is lost; a second Ctrl-C stops at once).
 - `ResumeState`: the random number generators' states, so that dropout after a resume draws what
   it would have drawn. (The data's position is saved by the data modules, see gpt_ft/data/samplers.py;
   model, optimizer, scheduler and loop counters by Lightning.)
@@ -12,7 +12,6 @@
 - `AtomicCheckpointIO`: every checkpoint is written to a temporary file and renamed into place,
   so a crash while saving never leaves a truncated file where the last good checkpoint was; and
   read with `weights_only=True`.
-
 The checkpoint's format (its keys, reader and writer) is `gpt_ft/weights/checkpoint.py`'s.
 """
 
@@ -31,7 +30,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint, Timer
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, StochasticWeightAveraging, Timer
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
@@ -184,6 +183,10 @@ class SaveLast(Callback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._restore_sigint()
+        if any(
+            isinstance(c, StochasticWeightAveraging) for c in trainer.callbacks
+        ):  # its average, put in now
+            self._saved_step = -1
         self._save(trainer)
 
 
