@@ -21,7 +21,7 @@ from gpt_ft.model.lora import LoRA
 from gpt_ft.training.callbacks import StepValues
 from gpt_ft.training.checkpointing import NonfiniteWatch
 from gpt_ft.training.eval_metrics import EvalMetrics, Evaluation, split_key
-from gpt_ft.training.optim import MuonAdamW, adamw, fused_adamw, lr_lambda, schedule_steps
+from gpt_ft.training.optim import MuonAdamW, Schedule, adamw, fused_adamw, lr_lambda, schedule_steps
 from gpt_ft.training.predictions import write_predictions
 from gpt_ft.training.ranks import gather, mean_over_ranks
 from gpt_ft.training.saved import build_gpt, check_lora_resume, lora_checkpoint
@@ -304,5 +304,5 @@ class GPTModule(Evaluation, LightningModule):
         else:
             optimizer = adamw(self.parameters(), **self.optim, fused=fused, built=built)
         total, warmup = schedule_steps(self)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(self.schedule, warmup, total))
+        scheduler = Schedule(optimizer, lr_lambda(self.schedule, warmup, total), total)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

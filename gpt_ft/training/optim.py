@@ -8,6 +8,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import torch
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import nn
 
 from gpt_ft.workarounds import decline_step_unscaling
@@ -61,6 +62,27 @@ def schedule_steps(module) -> tuple[int, int]:
     total = max(1, int(estimated)) if math.isfinite(estimated) else 1
     warmup = module.warmup_steps if module.warmup_steps is not None else round(module.warmup_fraction * total)
     return total, warmup
+
+
+class Schedule(torch.optim.lr_scheduler.LambdaLR):
+    """The learning-rate schedule (`lr_lambda`) over `total` optimizer steps. Resumed with another
+    length (`--trainer.max_epochs` or `max_steps` changed), its learning rates follow the new
+    schedule from the restored step on, the first step included (the optimizer's restored rates
+    are the old schedule's), and it says so."""
+
+    def __init__(self, optimizer, factor: Callable[[int], float], total: int) -> None:
+        self.total = total
+        super().__init__(optimizer, factor)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        total = self.total
+        super().load_state_dict(state_dict)
+        if state_dict.get("total", total) != total:
+            rank_zero_info(f"the schedule now spans {total} steps, the checkpoint's {state_dict['total']}: "
+                           f"learning rates follow the new one from step {self.last_epoch}")  # fmt: skip
+        self.total = total
+        for group, base, factor in zip(self.optimizer.param_groups, self.base_lrs, self.lr_lambdas):
+            group["lr"] = base * factor(self.last_epoch)
 
 
 def lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:

@@ -351,6 +351,36 @@ def test_last_holds_the_stochastic_weight_average(tmp_path, tokenizer_dir):
         assert torch.equal(saved[name], value), name
 
 
+def test_a_run_resumed_with_another_length_follows_its_own_schedule_from_the_first_step(
+    tmp_path, tokenizer_dir, caplog
+):
+    """3 epochs of 3 steps, resumed to 6: the restored optimizer's rate is the old schedule's end (0);
+    the first resumed step takes the new schedule's, halfway down its linear decay."""
+    from lightning.pytorch.callbacks import Callback
+
+    from gpt_ft.training.runs import lightning_main
+
+    class Rates(Callback):
+        def __init__(self):
+            self.seen = []
+
+        def on_train_batch_start(self, trainer, *args):
+            self.seen.append(trainer.optimizers[0].param_groups[0]["lr"])
+
+    card = make_task("single", tmp_path)
+    args = [*finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "logs"), "--model.warmup_fraction=0"]
+    main(["fit", *args, "--model.lr=1e-3"])
+    rates = Rates()
+    lightning_main(
+        ["fit", *args, "--model.lr=1e-3", "--trainer.max_epochs=6", "--ckpt_path=last"], callbacks=[rates]
+    )
+    assert rates.seen == pytest.approx([1e-3 * (1 - step / 18) for step in range(9, 18)], rel=1e-6)
+    message = (
+        "the schedule now spans 18 steps, the checkpoint's 9: learning rates follow the new one from step 9"
+    )
+    assert message in caplog.text
+
+
 # ---- DDP: every rank's random states come back on their own rank ----
 
 DDP_CARD = """class_path: gpt_ft.adapters.SingleText
