@@ -55,6 +55,7 @@ class PrintMetrics(Callback):
 
     def __init__(self) -> None:
         self.epoch_start = None
+        self.printed: dict[str, float] = {}
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self.epoch_start = time.perf_counter()
@@ -62,7 +63,10 @@ class PrintMetrics(Callback):
     def on_validation_end(self, trainer, pl_module) -> None:
         if trainer.sanity_checking or not trainer.is_global_zero:
             return
-        shown = {k: float(v) for k, v in trainer.callback_metrics.items() if not k.startswith("train/")}
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if not k.startswith("train/")}
+        # A throughput window's figures once: the trainer keeps them until the next window's.
+        shown = {k: v for k, v in metrics.items() if not k.startswith("perf/") or self.printed.get(k) != v}
+        self.printed = metrics
         if shown:
             text = ", ".join(f"{k} {v:.4f}" for k, v in sorted(shown.items()))
             took = f" ({time.perf_counter() - self.epoch_start:.1f} s)" if self.epoch_start else ""

@@ -62,7 +62,9 @@ def batch_tokens(batch) -> tuple[int, int, int]:
 
 class Throughput(Callback):
     """Logs perf/tokens_per_s (real tokens, all devices), perf/padding and perf/mfu every
-    `every_n_steps` optimizer steps, each window at the optimizer step that closes it."""
+    `every_n_steps` optimizer steps, each window at the optimizer step that closes it (on the
+    loggers' step axis, as the training loss of that step). The clock stops from a validation's
+    start to the next training batch: evaluation and checkpointing are not training time."""
 
     def __init__(self, every_n_steps: int = 50, peak_tflops: float | None = None) -> None:
         self.every_n_steps, self.peak_tflops = every_n_steps, peak_tflops
@@ -72,6 +74,7 @@ class Throughput(Callback):
         self._flops = 0.0
         self._last_step = 0
         self._n_params = 0
+        self._paused: float | None = None
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._n_params = counted_parameters(pl_module.gpt)
@@ -79,6 +82,13 @@ class Throughput(Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self._start is None:
             self._start, self._last_step = time.perf_counter(), trainer.global_step
+        elif self._paused is not None:
+            self._start += time.perf_counter() - self._paused
+        self._paused = None
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        if self._start is not None and self._paused is None:
+            self._paused = time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         tokens, positions, span = batch_tokens(batch)
@@ -103,7 +113,7 @@ class Throughput(Callback):
             pl_module.log(name, value, logger=False, rank_zero_only=True)
         if trainer.is_global_zero:
             for logger in trainer.loggers:
-                logger.log_metrics(metrics, step=trainer.global_step)
+                logger.log_metrics(metrics, step=trainer.global_step - 1)  # the step's own loss's
         self._start, self._tokens, self._positions, self._flops = time.perf_counter(), 0, 0, 0.0
         self._last_step = trainer.global_step
 

@@ -44,5 +44,65 @@ def test_every_window_reaches_the_logger_whatever_log_every_n_steps(tmp_path, to
           "--trainer.enable_progress_bar=false"])  # fmt: skip
     with open(next((tmp_path / "runs").rglob("metrics.csv"))) as f:
         rows = [r for r in csv.DictReader(f) if r.get("perf/tokens_per_s")]
-    assert [int(r["step"]) for r in rows] == [10, 20, 30, 40]
+    assert [int(r["step"]) for r in rows] == [9, 19, 29, 39]  # at optimizer steps 10, ..., 40
+    with open(next((tmp_path / "runs").rglob("metrics.csv"))) as f:
+        losses = [int(r["step"]) for r in csv.DictReader(f) if r.get("train/loss")]
+    assert losses == [19, 39]  # the same steps' losses (every 20), on the same axis
     assert all(float(r["perf/tokens_per_s"]) > 0 and float(r["perf/padding"]) == 0 for r in rows)
+
+
+def test_evaluation_and_checkpointing_are_not_training_time(monkeypatch):
+    """The clock stops from a validation's start to the next training batch: 2 steps of 1 s each,
+    a 10 s validation between them, make 2 s."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from gpt_ft.data.batches import collate_blocks
+    from gpt_ft.training import throughput
+
+    now = [0.0]
+    monkeypatch.setattr(throughput.time, "perf_counter", lambda: now[0])
+    logged = []
+    logger = SimpleNamespace(log_metrics=lambda metrics, step: logged.append((step, metrics)))
+    trainer = SimpleNamespace(global_step=0, world_size=1, is_global_zero=True, loggers=[logger])
+    gpt = GPT(GPTConfig(vocab_size=11, n_positions=8, n_embd=8, n_layer=1, n_head=2))
+    module = SimpleNamespace(gpt=gpt, log=lambda *args, **kwargs: None)
+    batch = collate_blocks([(0, torch.arange(9)), (1, torch.arange(9))])  # 16 tokens
+    callback = throughput.Throughput(every_n_steps=2)
+    callback.on_train_start(trainer, module)
+    for seconds_before in (0.0, 10.0):  # the second step after a validation of 10 s
+        callback.on_train_batch_start(trainer, module, batch, 0)
+        now[0] += 1.0
+        trainer.global_step += 1
+        callback.on_train_batch_end(trainer, module, None, batch, 0)
+        if not seconds_before:
+            callback.on_validation_start(trainer, module)
+            now[0] += 10.0
+    ((step, metrics),) = logged
+    assert step == 1 and metrics["perf/tokens_per_s"] == 32 / 2.0
+
+
+def test_the_metrics_line_shows_a_throughput_window_once(capsys):
+    """The trainer keeps a window's figures until the next window's: a later validation's line
+    would print them again, as if new."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from gpt_ft.training.callbacks import PrintMetrics
+
+    metrics = {"validation/loss": torch.tensor(2.0), "perf/tokens_per_s": torch.tensor(100.0)}
+    trainer = SimpleNamespace(sanity_checking=False, is_global_zero=True, callback_metrics=metrics,
+                              current_epoch=0, global_step=5, progress_bar_callback=None)  # fmt: skip
+    line = PrintMetrics()
+    line.on_validation_end(trainer, None)
+    metrics["validation/loss"] = torch.tensor(1.5)
+    line.on_validation_end(trainer, None)
+    metrics["perf/tokens_per_s"] = torch.tensor(120.0)
+    line.on_validation_end(trainer, None)
+    assert capsys.readouterr().out.splitlines() == [
+        "epoch 0 step 5: perf/tokens_per_s 100.0000, validation/loss 2.0000",
+        "epoch 0 step 5: validation/loss 1.5000",
+        "epoch 0 step 5: perf/tokens_per_s 120.0000, validation/loss 1.5000",
+    ]
