@@ -8,6 +8,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import torch
+from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch import nn
 
@@ -54,10 +55,12 @@ def schedule_steps(module) -> tuple[int, int]:
     estimated, schedule = module.trainer.estimated_stepping_batches, module.schedule
     reads_length = schedule != "constant" or (module.warmup_steps is None and module.warmup_fraction > 0)
     if not math.isfinite(estimated) and reads_length:
+        timed = any(isinstance(c, Timer) for c in module.trainer.callbacks)
+        bound = "--trainer.max_time alone gives" if timed else "--trainer.max_epochs -1 gives"
         raise ValueError(
-            f"--model.schedule {schedule} spans the run's steps, and --trainer.max_time alone gives "
-            "no number of them: add --trainer.max_steps or --trainer.max_epochs (max_time still "
-            "stops it first), or use --model.schedule constant with --model.warmup_steps."
+            f"--model.schedule {schedule} spans the run's steps, and {bound} no number of them: add "
+            "--trainer.max_steps or a finite --trainer.max_epochs (a time limit still stops it first), "
+            "or use --model.schedule constant with --model.warmup_steps."
         )
     total = max(1, int(estimated)) if math.isfinite(estimated) else 1
     warmup = module.warmup_steps if module.warmup_steps is not None else round(module.warmup_fraction * total)

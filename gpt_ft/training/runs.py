@@ -91,6 +91,12 @@ class GPTCLI(CheckpointHparamsAsDefaults, LightningCLI):
                 f"gpt-ft {self.subcommand} needs trained weights: give --ckpt_path CKPT (a checkpoint of "
                 "gpt-ft fit) or --model.init_from WEIGHTS; it does not score a randomly initialised model."
             )
+        data = (config.get("data") or {}).get("init_args") or {}
+        if self.subcommand in ("test", "predict") and "token_dir" in data and "task" not in data:
+            raise ValueError(
+                f"gpt-ft {self.subcommand} reads a task's test split (--data.task CARD); a language model's "
+                "token files have none: score them with gpt-ft validate."
+            )
         if getattr(self, "resolved_ckpt", None):
             config.ckpt_path = self.resolved_ckpt
         if self.subcommand == "predict":  # where it writes, checked before the weights load

@@ -168,6 +168,11 @@ def test_pretrain_then_finetune_with_only_the_checkpoint_then_generate(
     assert "perf/tokens_per_s" in next(logs.rglob("metrics.csv")).read_text().splitlines()[0]
     assert (ckpt.parent / "tokenizer" / "tokenizer.json").is_file()
     assert torch.load(ckpt, weights_only=True)["tokenizer"] == "tokenizer"
+    with pytest.raises(SystemExit):  # a language model's data has no test split
+        main(["test", f"--ckpt_path={ckpt}"])
+    assert "gpt-ft test reads a task's test split (--data.task CARD); a language model's token files" in (
+        capsys.readouterr().err
+    )
 
     # Fine-tune from the checkpoint alone: model shape and tokenizer come with it.
     data = tmp_path / "d"

@@ -69,14 +69,18 @@ def test_the_groups_go_by_the_shapes_as_built_once_fsdp_has_flattened_the_parame
 def test_a_run_bounded_by_max_time_alone_needs_a_schedule_that_reads_no_length():
     """Only `max_time`: Lightning estimates infinite steps, which a decaying schedule (or a warmup
     by fraction) cannot span; a constant one with its warmup in steps runs."""
-    m = module(SingleText(name="t", labels=["a", "b"]), lr=1e-3)
-    m._trainer = SimpleNamespace(estimated_stepping_batches=float("inf"))
-    with pytest.raises(
-        ValueError, match=r"^--model.schedule linear spans the run's steps, and --trainer.max_time"
-    ):
-        m.configure_optimizers()
+    from lightning.pytorch.callbacks import Timer
+
+    for callbacks, bound in (([Timer(duration="00:01:00:00")], "--trainer.max_time alone"),
+                             ([], "--trainer.max_epochs -1")):  # fmt: skip
+        m = module(SingleText(name="t", labels=["a", "b"]), lr=1e-3)
+        m._trainer = SimpleNamespace(estimated_stepping_batches=float("inf"), callbacks=callbacks)
+        with pytest.raises(
+            ValueError, match=f"^--model.schedule linear spans the run's steps, and {bound} gives"
+        ):
+            m.configure_optimizers()
     m = module(SingleText(name="t", labels=["a", "b"]), lr=1e-3, schedule="constant", warmup_steps=4)
-    m._trainer = SimpleNamespace(estimated_stepping_batches=float("inf"))
+    m._trainer = SimpleNamespace(estimated_stepping_batches=float("inf"), callbacks=[])
     scheduler = m.configure_optimizers()["lr_scheduler"]["scheduler"]
     assert [scheduler.lr_lambdas[0](step) for step in (0, 2, 4, 10**9)] == [0.0, 0.5, 1.0, 1.0]
 
