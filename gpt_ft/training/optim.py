@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import torch
 from lightning.pytorch.callbacks import Timer
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch import nn
 
 from gpt_ft.workarounds import decline_step_unscaling
@@ -64,6 +64,9 @@ def schedule_steps(module) -> tuple[int, int]:
         )
     total = max(1, int(estimated)) if math.isfinite(estimated) else 1
     warmup = module.warmup_steps if module.warmup_steps is not None else round(module.warmup_fraction * total)
+    if warmup > total and math.isfinite(estimated):
+        rank_zero_warn(f"--model.warmup_steps {warmup} is longer than the run's {total} optimizer steps: the "
+                       f"learning rate never reaches --model.lr ({module.optim['lr']:g})")  # fmt: skip
     return total, warmup
 
 

@@ -85,6 +85,15 @@ def test_a_run_bounded_by_max_time_alone_needs_a_schedule_that_reads_no_length()
     assert [scheduler.lr_lambdas[0](step) for step in (0, 2, 4, 10**9)] == [0.0, 0.5, 1.0, 1.0]
 
 
+def test_a_warmup_longer_than_the_run_is_warned_of():
+    m = module(SingleText(name="t", labels=["a", "b"]), lr=1e-3, warmup_steps=50)
+    m._trainer = SimpleNamespace(estimated_stepping_batches=30, callbacks=[])
+    with pytest.warns(
+        UserWarning, match=r"warmup_steps 50 is longer than the run's 30 optimizer steps: .* \(0.001\)"
+    ):
+        m.configure_optimizers()
+
+
 def test_lr_lambda_shapes():
     linear, cosine = lr_lambda("linear", 2000, 10000), lr_lambda("cosine", 2000, 10000)
     assert [linear(s) for s in (0, 1000, 2000, 6000, 10000)] == [0.0, 0.5, 1.0, 0.5, 0.0]
