@@ -128,6 +128,8 @@ def main() -> None:
     import torch
 
     data, dropped = bench_steps.split_prmbench(args, out)
+    if args.split_only:
+        return print(f"wrote {data}/train.jsonl, validation.jsonl and test.jsonl")
     base = bench_vs_trainer.base_folder(args, "pretrained" if args.init_from else "llama", out)
     files, per_list = encoded_lists(args, base, data, out)
     pair_batch = max(1, round(args.batch_size * per_list))

@@ -233,8 +233,9 @@ def prmbench_arguments(
     parser.add_argument("--out", default=out)
     parser.add_argument("--rounds", type=int, default=1, help="run every contender this many times, in turns")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
+    parser.add_argument("--split-only", action="store_true", help="write OUT/data/*.jsonl and stop")
     args = parser.parse_args()
-    if not (args.tokenizer or args.init_from):
+    if not (args.tokenizer or args.init_from or args.split_only):
         parser.error("give --tokenizer (random weights) or --init-from (pretrained ones)")
     args.out = (ROOT / args.out).resolve()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -257,6 +258,8 @@ def main() -> None:
     from gpt_ft import GPT
 
     data, dropped = split_prmbench(args, out)
+    if args.split_only:
+        return print(f"wrote {data}/train.jsonl, validation.jsonl and test.jsonl")
     counts = {s: sum(1 for _ in open(data / f"{s}.jsonl")) for s in ("train", "validation", "test")}
     print(f"PRMBench split by question: {counts} solutions; {dropped} rows dropped (an error step outside "
           f"the solution); {args.init_from or 'random weights'}, {args.batch_size} a batch, {args.epochs} "

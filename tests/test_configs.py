@@ -94,3 +94,21 @@ def test_cuda_quickstart_through_the_gpu_config(tmp_path, monkeypatch, compile):
         ]
     assert accuracy and accuracy[-1] > 0.7  # chance is about 0.5; fp32 on a CPU reaches 0.78
     assert next(tmp_path.rglob("last.ckpt")).is_file()
+
+
+def test_the_quickstart_data_is_what_its_script_writes(tmp_path):
+    """examples/quickstart/make_data.py writes the shipped files again, byte for byte."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_data", ROOT / "examples/quickstart/make_data.py")
+    make_data = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_data)
+    make_data.main(tmp_path)
+    shipped = ROOT / "examples/quickstart"
+    for name in (
+        "glue/SST-2/train.tsv",
+        "glue/SST-2/dev.tsv",
+        "glue/SST-2/test.tsv",
+        "tokenizer/tokenizer.json",
+    ):
+        assert (tmp_path / name).read_bytes() == (shipped / name).read_bytes(), name

@@ -79,9 +79,9 @@ def sentence(rng: random.Random) -> tuple[str, int]:
     return f"{text} .", label
 
 
-def main() -> None:
+def main(root: Path = HERE) -> None:
     rng = random.Random(0)
-    out = HERE / "glue" / "SST-2"
+    out = root / "glue" / "SST-2"
     out.mkdir(parents=True, exist_ok=True)
     splits = {"train": 4000, "dev": 500, "test": 500}
     for split, n in splits.items():
@@ -91,7 +91,9 @@ def main() -> None:
         else:
             lines = ["sentence\tlabel", *(f"{text}\t{label}" for text, label in rows)]
         (out / f"{split}.tsv").write_text("\n".join(lines) + "\n")
-    train_tokenizer([out / "train.tsv"], vocab_size=512, out_dir=HERE / "tokenizer", show_progress=False)
+    train_tokenizer(
+        inputs=[out / "train.tsv"], vocab_size=512, out_dir=root / "tokenizer", show_progress=False
+    )
 
 
 if __name__ == "__main__":

@@ -246,7 +246,9 @@ class Ranking(TaskAdapter):
 
     def regroup(self, records) -> tuple[list[dict[str, Any]], list[int]] | None:
         """With `group_by`: one row per value, {prompt, chosen, rejected}, each reply once, with the
-        first record of its group (for messages)."""
+        first record of its group (for messages). A group whose replies are all chosen or all
+        rejected orders nothing and is left out (PRMBench has three questions whose 'modified'
+        solution is the original)."""
         if self.group_by is None:
             return None
         groups: dict[str, tuple[dict[str, list[str]], int]] = {}
@@ -257,11 +259,11 @@ class Ranking(TaskAdapter):
                 text = _reply_text(row[field], field)
                 if text not in group["chosen"] + group["rejected"]:
                     group[side].append(text)
+        kept = [(key, g, first) for key, (g, first) in groups.items() if g["chosen"] and g["rejected"]]
         rows = [
-            {self.group_by: key, self.chosen: g["chosen"], self.rejected: g["rejected"]}
-            for key, (g, _) in groups.items()
+            {self.group_by: key, self.chosen: g["chosen"], self.rejected: g["rejected"]} for key, g, _ in kept
         ]
-        return rows, [first for _, first in groups.values()]
+        return rows, [first for _, _, first in kept]
 
     def to_predict(self, record: dict[str, Any]) -> dict[str, Any]:
         """The record without its scores, those of a list of records (`reply_score`) included."""

@@ -65,9 +65,10 @@ def test_prmbench_grouped_by_question_the_original_above_its_modified_solutions(
         {"q": "Q2", "original": ["1. x"], "modified": ["1. y"]},
         {"q": "Q1", "original": ["1. a", "2. b"], "modified": ["1. d"]},
         {"q": "Q1", "original": ["1. a", "2. b"], "modified": ["1. a", "2. c"]},  # a duplicate: once
+        {"q": "Q3", "original": ["1. z"], "modified": ["1. z"]},  # one solution: it orders nothing, left out
     ]
     rows, first = task.regroup(records)
-    assert first == [0, 1]
+    assert first == [0, 1] and [row["q"] for row in rows] == ["Q1", "Q2"]
     assert rows[0] == {"q": "Q1", "original": ["1. a\n2. b"], "modified": ["1. a\n2. c", "1. d"]}
     assert task.texts(rows[0]) == ["Q1", "1. a\n2. b", "1. a\n2. c", "1. d"]
 

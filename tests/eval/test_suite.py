@@ -419,9 +419,7 @@ def test_a_rerun_compares_configurations_not_spellings(tmp_path, tokenizer_dir, 
     result["args"] = [*calls[-1][:-1], "--data.task=gone.yaml"]  # no longer resolves
     result_file.write_text(json.dumps(result))
     main([*argv, *fit_args(*fit, "--data.batch_size=4", "--model.lr=2e-4")])
-    assert (
-        len(calls) == 3 and "its inputs changed since it ran ((not comparable))" in capsys.readouterr().out
-    )
+    assert len(calls) == 3 and "its inputs changed since it ran ((not comparable))" in capsys.readouterr().out
     # Another epoch reported, or test predictions asked of a run that wrote none: run again.
     same = fit_args(*fit, "--data.batch_size=4", "--model.lr=2e-4")
     main([*argv, "--select=best", *same])
