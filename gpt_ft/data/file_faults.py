@@ -186,15 +186,20 @@ def short_row(path: Path, fmt: str, width: int) -> str | None:
     loader would fill with empty texts and labels: in a TSV, most often a quoted text with a line
     break in it (TSVs are read without quoting, so its second line is a row of its own)."""
     with open_text(path, newline="") as f:
-        reader, line = _reader(f, fmt), 1
-        for record in reader:
-            if len(record) < width and not _blank(record):
-                cause = (
-                    "a text with a line break? TSVs are read a row per line" if fmt == "tsv" else "cut short?"
-                )
-                fields = f"{len(record)} field{'s' * (len(record) != 1)}"
-                return f", line {line}: {fields} where there are {width} columns ({cause})"
-            line = reader.line_num + 1
+        reader, line = _reader(f, fmt, strict=True), 1
+        try:
+            for record in reader:
+                if len(record) < width and not _blank(record):
+                    cause = (
+                        "a text with a line break? TSVs are read a row per line"
+                        if fmt == "tsv"
+                        else "cut short?"
+                    )
+                    fields = f"{len(record)} field{'s' * (len(record) != 1)}"
+                    return f", line {line}: {fields} where there are {width} columns ({cause})"
+                line = reader.line_num + 1
+        except csv.Error:  # a quote that never closes: the loader's own error names it
+            return None
     return None
 
 
