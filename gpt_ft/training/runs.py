@@ -321,6 +321,9 @@ def lightning_main(
     # would mislead. (The best checkpoint carries its best on into a resumed run's own folder:
     # `callbacks.BestCheckpoint`; Lightning warns of a user's own ModelCheckpoint, which does not.)
     warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before")
+    # Evaluation metrics are computed over every rank's examples (torchmetrics gathers them) before
+    # they are logged: Lightning's advice to sync them again under DDP does not apply.
+    warnings.filterwarnings("ignore", message=r"It is recommended to use `self.log\('(validation|test)")
 
     import gpt_ft.data.lm_data  # noqa: F401  (the data classes a config may name)
     import gpt_ft.data.task_data  # noqa: F401

@@ -96,6 +96,7 @@ def test_finetuning_on_two_processes_equals_one_with_the_double_batch(background
     root = background.root
     fit2, predict2 = background.runs  # on 2 processes
     assert fit2.returncode == 0, fit2.stderr[-3000:]
+    assert "sync_dist=True" not in fit2.stderr  # the metrics are gathered before they are logged
     assert fit2.after == ["version_0"]  # one logger: only rank 0 writes
     assert predict2.returncode == 0, predict2.stderr[-3000:]
     monkeypatch.chdir(root)
@@ -230,6 +231,7 @@ def test_pretraining_on_two_processes_equals_one_with_the_double_batch(backgroun
     root = background.root
     (done,) = background.runs  # on 2 processes, compiled
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "sync_dist=True" not in done.stderr  # the losses are gathered before they are logged
     monkeypatch.chdir(root)
     main(pretraining_run(root / "tokens", root, devices=1, batch=4, compile="false"))
     runs = {devices: run_dir(root / f"x{devices}") for devices in (2, 1)}
