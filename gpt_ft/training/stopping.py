@@ -29,7 +29,7 @@ def direction_of(metric: str, model) -> str | None:
     """Which way `metric` improves: min for losses, perplexity and calibration error, max for the
     task's own metrics; None for a metric of neither kind."""
     name = metric.rsplit("/", 1)[-1]
-    if name in LOWER_IS_BETTER or name.endswith("_loss"):
+    if name in LOWER_IS_BETTER or name.endswith("loss"):  # lm_loss, task_loss too
         return "min"
     task = getattr(model, "task", None)
     return "max" if task is not None and name in task.metrics else None

@@ -55,7 +55,8 @@ def test_the_shape_fields_are_those_that_make_the_weights():
     others = dict(activation="relu", embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0, layer_norm_epsilon=1e-6,
                   initializer_range=0.01, rope_theta=500.0, hf_model_type="llama",
                   rope_scaling={"rope_type": "linear", "factor": 2.0}, query_pre_attn_scalar=16,
-                  sliding_window=8, layer_types=["full_attention"] * 2, rope_local_theta=100.0)  # fmt: skip
+                  sliding_window=8, layer_types=["full_attention"] * 2, rope_local_theta=100.0,
+                  hf_token_ids={"bos": 1, "eos": [2, 3], "pad": None})  # fmt: skip
     assert set(others) == names - set(GPTConfig.SHAPE_FIELDS) - {"vocab_multiple", "released_rows"}
 
     def shapes(config):
