@@ -116,8 +116,10 @@ class ZeroShotScorer:
         return continuation_logprobs(self.gpt, requests, batch_size=self.batch_size, progress=self.progress)
 
     def multiple_choice(self, task: TaskAdapter, rows: list[dict[str, Any]]) -> dict[str, float]:
-        """accuracy (summed log-likelihood) and accuracy_norm (per character of the choice)."""
+        """accuracy (summed log-likelihood), accuracy_norm (per character of the choice) and
+        accuracy_token (per token: GPT-1's §5 rule for RACE)."""
         requests, spans, labels = [], [], []
+        n_ctx = self.gpt.config.n_positions
         for row in rows:
             context, *choices = task.texts(row)
             start = len(requests)
@@ -125,15 +127,18 @@ class ZeroShotScorer:
                 requests.append((self.prefix + self.ids(context), self.ids(" " + choice.strip())))
             # acc_norm divides by the choice's length in characters, not counting the space before
             # it (lm-evaluation-harness: `completion_len = len(choice)`).
-            spans.append((start, len(choices), [max(1, len(c.strip())) for c in choices]))
+            chars = [max(1, len(c.strip())) for c in choices]
+            tokens = [scored_tokens(len(c), len(t), n_ctx) for c, t in requests[start:]]
+            spans.append((start, len(choices), chars, tokens))
             labels.append(_label(task, row))
         scores = self.logprobs(requests)
-        right = right_norm = 0
-        for (start, n, lengths), label in zip(spans, labels):
+        right = {"accuracy": 0, "accuracy_norm": 0, "accuracy_token": 0}
+        for (start, n, chars, tokens), label in zip(spans, labels):
             s = scores[start : start + n]
-            right += _argmax(s) == label
-            right_norm += _argmax([v / c for v, c in zip(s, lengths)]) == label
-        return {"accuracy": right / len(rows), "accuracy_norm": right_norm / len(rows)}
+            right["accuracy"] += _argmax(s) == label
+            right["accuracy_norm"] += _argmax([v / c for v, c in zip(s, chars)]) == label
+            right["accuracy_token"] += _argmax([v / t for v, t in zip(s, tokens)]) == label
+        return {name: count / len(rows) for name, count in right.items()}
 
     def verbalizers(self, task: TaskAdapter, spec: ZeroShot, rows: list[dict[str, Any]]) -> Tensor:
         """Predicted label ids: the likeliest verbalizer after text + suffix."""

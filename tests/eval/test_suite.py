@@ -208,7 +208,11 @@ def test_zero_shot_only_skips_tasks_without_a_method(tmp_path, tokenizer_dir, ca
     assert "zero-shot: sent has no method" in capsys.readouterr().out
     results = json.loads((out / "results.json").read_text())
     assert results["tasks"]["sent"]["metrics"] == {}
-    assert set(results["tasks"]["mc"]["metrics"]) == {"validation/accuracy", "validation/accuracy_norm"}
+    assert set(results["tasks"]["mc"]["metrics"]) == {
+        "validation/accuracy",
+        "validation/accuracy_norm",
+        "validation/accuracy_token",
+    }
 
 
 def test_learning_curves_rows_sizes_and_resume(tmp_path, tokenizer_dir, monkeypatch, capsys):

@@ -50,9 +50,12 @@ def test_multiple_choice_zero_shot_matches_hand_computed_likelihoods(tokenizer_d
     task = MultipleChoice(name="mc", context=["story"], choices=["a", "b"], labels=["1", "2"])
     rows = [{"story": "a story .", "a": short, "b": long, "label": "1"}]
     scorer = ZeroShotScorer(gpt, tok)
+    # Per token (GPT-1's rule for RACE), the long answer's tokens are each likelier: it wins too.
+    assert expected[short] / len(ids(" " + short)) < expected[long] / len(ids(" " + long))
     assert evaluate(task, scorer, lambda split: rows) == {
         "validation/accuracy": 1.0,
         "validation/accuracy_norm": 0.0,
+        "validation/accuracy_token": 0.0,
     }
 
 
