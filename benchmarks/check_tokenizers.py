@@ -2,7 +2,10 @@
 
 Loads both folders with `load_tokenizer`, checks known ids and where the fine-tuning special
 tokens land, and compares GPT-1 encodings with a small independent implementation of the
-original BPE algorithm. Prints "OK" and exits 0 when everything matches, exits 1 otherwise.
+original BPE merges, over words split as transformers' GPT-1 tokenizer splits them (BERT's
+pre-tokenizer: lowercase, runs of letters or digits, every other symbol alone). That is not the
+original pipeline's split (ftfy, then spaCy's tokenizer: "isn't" -> "is n't"; docs/models.md
+says what differs). Prints "OK" and exits 0 when everything matches, exits 1 otherwise.
 
     python benchmarks/check_tokenizers.py --gpt1 DIR --gpt2 DIR
 """
@@ -25,8 +28,8 @@ from transformers import AutoTokenizer, GPT2TokenizerFast, OpenAIGPTTokenizerFas
 from gpt_ft.data.tokenizer import SPECIAL_TOKENS, SpecialTokenIds, load_tokenizer, special_token_ids  # noqa: E402
 
 # ASCII on purpose: the reference below splits words the way BERT's pre-tokenizer does for ASCII
-# (runs of letters/digits, every other symbol alone); accents and spaCy's contraction rules, which
-# the original GPT-1 pipeline used, are out of its scope.
+# (runs of letters/digits, every other symbol alone), as transformers' GPT-1 tokenizer does; the
+# original pipeline's spaCy split ("Isn't" -> "is", "n't"; "e.g." whole) is not what it checks.
 PARAGRAPH = (
     "The Transformer uses self-attention; it was introduced in 2017 by Vaswani et al. "
     "Generative pre-training (GPT) then fine-tunes one model on many tasks: entailment, "
@@ -57,7 +60,8 @@ def _short(value: object, limit: int = 200) -> str:
 
 
 def reference_gpt1_encode(text: str, encoder: dict[str, int], ranks: dict[tuple[str, str], int]) -> list[int]:
-    """Encode like OpenAI's GPT-1 text encoder: lowercase, split words, BPE each word, unknown -> 0."""
+    """GPT-1's BPE over BERT-style words: lowercase, split words, BPE each word, unknown -> 0 (OpenAI's
+    encoder applied the same merges to spaCy's words)."""
     ids: list[int] = []
     for word in re.findall(r"[a-z0-9]+|[^\sa-z0-9]", text.lower()):
         ids.extend(encoder.get(symbol, 0) for symbol in _bpe_word(word, ranks))
@@ -85,6 +89,42 @@ def _bpe_word(word: str, ranks: dict[tuple[str, str], int]) -> list[str]:
     return symbols
 
 
+def original_gpt1_encode(text: str, encoder, ranks, nlp, fix_text) -> list[int]:
+    """OpenAI's GPT-1 encoder as the paper's code ran it: ftfy, its text standardisation (dashes,
+    ellipses, runs of punctuation set apart, newlines kept), spaCy's words lowercased, BPE each."""
+    text = fix_text(text)
+    for old, new in (("—", "-"), ("–", "-"), ("―", "-"), ("…", "..."), ("´", "'")):
+        text = text.replace(old, new)
+    text = re.sub(r"""(-+|~+|!+|"+|;+|\?+|\++|,+|\)+|\(+|\\+|\/+|\*+|\[+|\]+|}+|{+|\|+|_+)""", r" \1 ", text)
+    text = re.sub(r"[^\S\n]+", " ", re.sub(r"\s*\n\s*", " \n ", text)).strip()
+    ids: list[int] = []
+    for word in nlp(text):
+        symbols = _bpe_word(word.text.lower(), ranks)
+        ids.extend(encoder.get("\n</w>" if s == "\n  </w>" else s, 0) for s in symbols)
+    return ids
+
+
+def compare_with_the_original(tokenizer, directory: Path, files: list[Path]) -> None:
+    """How many texts (the columns named sentence*, of GLUE TSVs) transformers' GPT-1 tokenizer
+    splits otherwise than OpenAI's encoder; needs ftfy and spaCy."""
+    import csv
+
+    from ftfy import fix_text
+    from spacy.lang.en import English
+
+    encoder, ranks = _read_gpt1_files(directory)
+    nlp = English().tokenizer
+    for path in files:
+        with open(path, encoding="utf-8-sig", newline="") as f:
+            rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+        texts = [row[c] for row in rows for c in row if c and c.startswith("sentence")]
+        ours = tokenizer(texts, add_special_tokens=False)["input_ids"]
+        theirs = [original_gpt1_encode(t, encoder, ranks, nlp, fix_text) for t in texts]
+        differ = sum(a != b for a, b in zip(ours, theirs))
+        print(f"{path}: {differ} of {len(texts)} texts tokenized otherwise than OpenAI's encoder "
+              f"({sum(map(len, ours)):,} tokens against {sum(map(len, theirs)):,})")  # fmt: skip
+
+
 def _read_gpt1_files(directory: Path) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
     encoder = json.loads((directory / "vocab.json").read_text(encoding="utf-8"))
     lines = (directory / "merges.txt").read_text(encoding="utf-8").split("\n")
@@ -108,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpt1", type=Path, required=True, help="GPT-1 vocab/merges dir")
     parser.add_argument("--gpt2", type=Path, required=True, help="GPT-2 vocab/merges dir")
+    parser.add_argument("--against-original", type=Path, nargs="*", default=[], metavar="TSV",
+                        help="also count the texts of these GLUE TSVs that OpenAI's encoder (ftfy, spaCy) "
+                        "splits otherwise")  # fmt: skip
     args = parser.parse_args(argv)
     check = Checker()
     framed = f"{SPECIAL_TOKENS['start']}Is it true?{SPECIAL_TOKENS['delim']}Yes.{SPECIAL_TOKENS['extract']}"
@@ -154,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     n_ids = len(reference_gpt1_encode(PARAGRAPH, encoder, ranks))
     print(f"gpt1 matches the reference BPE on {len(texts)} texts (paragraph: {n_ids} tokens)")
+    if args.against_original:
+        compare_with_the_original(
+            load_tokenizer(args.gpt1, add_specials=False), args.gpt1, args.against_original
+        )
 
     if check.failures:
         print(f"FAILED ({len(check.failures)} mismatches):", *check.failures, sep="\n  ")
