@@ -21,7 +21,15 @@ from gpt_ft.model.lora import LoRA
 from gpt_ft.training.callbacks import StepValues
 from gpt_ft.training.checkpointing import NonfiniteWatch
 from gpt_ft.training.eval_metrics import EvalMetrics, Evaluation, split_key
-from gpt_ft.training.optim import MuonAdamW, Schedule, adamw, fused_adamw, lr_lambda, schedule_steps
+from gpt_ft.training.optim import (
+    MUON_UNDER_LORA,
+    MuonAdamW,
+    Schedule,
+    adamw,
+    fused_adamw,
+    lr_lambda,
+    schedule_steps,
+)
 from gpt_ft.training.predictions import write_predictions
 from gpt_ft.training.ranks import gather, mean_over_ranks
 from gpt_ft.training.saved import build_gpt, check_lora_resume, lora_checkpoint
@@ -142,6 +150,8 @@ class GPTModule(Evaluation, LightningModule):
             raise ValueError(f"warmup_fraction must be in [0, 1), got {warmup_fraction}.")
         if isinstance(lora, dict):  # as the checkpoint's hyperparameters hold it
             lora = LoRA(**lora)
+        if optimizer == "muon" and lora is not None:  # before any weights load
+            raise ValueError(MUON_UNDER_LORA)
         self.gpt = build_gpt(
             preset=preset,
             overrides=overrides,

@@ -110,6 +110,12 @@ def lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:
 BLOCK_MATRIX = re.compile(r"(^|\.)h\.\d+\.")  # a transformer block's parameter: gpt.h.3.attn.c_attn.weight
 
 
+MUON_UNDER_LORA = (
+    "--model.optimizer muon trains the blocks' whole weight matrices, which --model.lora freezes (its "
+    "rank-r factors are not Muon's case): train LoRA with --model.optimizer adamw."
+)
+
+
 class MuonAdamW(torch.optim.Optimizer):
     """Muon on the transformer blocks' weight matrices, AdamW (as `adamw`) on everything else:
     embeddings and the tied LM head, the task head, biases, LayerNorm gains. One optimizer to
@@ -138,11 +144,12 @@ class MuonAdamW(torch.optim.Optimizer):
                 "--model.optimizer muon orthogonalises whole weight matrices, which FSDP has cut into "
                 "flat shards: train with DDP (configs/trainer/ddp.yaml), or with AdamW."
             )
-        # (LoRA's low-rank factors stay with AdamW: orthogonalising a rank-8 factor is not Muon's case)
         matrices = [
             p for name, p in named if p.ndim == 2 and BLOCK_MATRIX.search(name) and "lora_" not in name
         ]
         if not matrices:
+            if any("lora_" in name for name, _ in named):
+                raise ValueError(MUON_UNDER_LORA)
             raise ValueError("optimizer muon found no transformer block weight matrices to train.")
         chosen = {id(p) for p in matrices}
         self.muon = torch.optim.Muon(

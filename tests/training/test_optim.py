@@ -200,3 +200,22 @@ def test_fused_adamw_on_the_cpu_and_its_gradients_clipped_under_mixed_precision(
     plain.step()
     for a, b in zip(m.parameters(), reference.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_muon_and_lora_are_refused_together_before_any_weights_load():
+    """LoRA freezes the block matrices Muon would train: one sentence, before the weights are read."""
+    from gpt_ft import GPT, GPTConfig
+    from gpt_ft.model.lora import LoRA, add_lora
+    from gpt_ft.training.optim import MuonAdamW
+
+    said = "--model.optimizer muon trains the blocks' whole weight matrices, which --model.lora freezes"
+    with pytest.raises(ValueError, match=said):
+        GPTModule(
+            init_from="never-read.ckpt",
+            lora=LoRA(rank=4),
+            optimizer="muon",
+            task=SingleText(name="t", labels=["a", "b"]),
+        )
+    gpt = add_lora(GPT(GPTConfig.from_name("llama-micro", vocab_size=64)), LoRA(rank=4), new_tokens_from=60)
+    with pytest.raises(ValueError, match=said):  # the optimizer alone, as a Python user builds it
+        MuonAdamW(gpt.named_parameters(), lr=1e-3, weight_decay=0.0, betas=(0.9, 0.99), eps=1e-8)
