@@ -244,6 +244,8 @@ class PackedRows:
     def kernel(self, q: Tensor, dropout_p: float) -> str:
         """ "varlen", "flex" or "dense": the kernel for these rows and queries (B, nh, T, hs)."""
         if FORCE_KERNEL is not None:
+            if FORCE_KERNEL == "varlen" and self.branches is not None:  # it would let choices see each other
+                raise ValueError("FORCE_KERNEL 'varlen' cannot run shared contexts (rows with branches).")
             return FORCE_KERNEL
         if q.device.type != "cuda":
             return "dense"

@@ -319,6 +319,15 @@ def test_the_kernel_each_batch_takes():
     assert plain.kernel(fake_cuda, 0.0) == "flex" and plain.kernel(fake_cuda, 0.1) == "dense"
 
 
+def test_a_forced_kernel_that_cannot_run_shared_contexts_says_so(monkeypatch):
+    """The variable-length kernel has no branches: forced onto shared contexts, choices would see
+    each other and a test comparing with the padded batch could pass on the wrong kernel."""
+    monkeypatch.setattr(attention, "FORCE_KERNEL", "varlen")
+    documents = torch.zeros(1, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match="FORCE_KERNEL 'varlen' cannot run shared contexts"):
+        PackedRows(documents, documents, documents).kernel(torch.zeros(1, 2, 4, 8), 0.0)
+
+
 @cuda
 @pytest.mark.parametrize("shape", ["pair", "choice", "rerank"])
 def test_cuda_packed_rows_run_varlen_or_flex_and_equal_the_padded_batch(tokenizer_dir, shape):
