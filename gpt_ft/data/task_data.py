@@ -256,6 +256,8 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         dataset = self.encoded(split, labelled=labelled).with_format(None)
         batch_size = self.batch_size if train else self.eval_batch_size
         sampler = self._resumed(self._train_sampler(dataset), batch_size) if train else None
+        if train:
+            self._windows, self._train_order = {}, sampler
         return DataLoader(
             dataset,
             batch_size=batch_size,
@@ -292,6 +294,24 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
     ) -> PackedBatch | TaskBatch | SharedContextBatch:
         shared = self.shared_context and self.task.shares_context
         return collate_batch(examples, self.special_ids, packing=self.packing, shared=shared, split=split)
+
+    def window_counts(self, batch_idx: int, accumulate: int, batches: int) -> tuple[int, int]:
+        """(examples, LM targets) on this rank in the gradient-accumulation window of `accumulate`
+        training batches that holds batch `batch_idx` of the current epoch (of `batches`). The
+        order is the sampler's, a function of (seed, epoch); a target is every token but each
+        sequence's last, as the collators count them."""
+        order = self._train_order
+        key = (order.epoch, accumulate, batches)
+        if key not in self._windows:
+            if getattr(self, "_targets", None) is None:
+                sequences = self.encoded("train", labelled=True).with_format(None)["input_ids"]
+                self._targets = [sum(len(s) - 1 for s in example) for example in sequences]
+            size, indices = self.batch_size, list(order.indices())
+            chunks = [indices[i : i + size] for i in range(0, len(indices), size)][:batches]
+            counts = [(len(c), sum(self._targets[i] for i in c)) for c in chunks]
+            windows = [counts[i : i + accumulate] for i in range(0, len(counts), accumulate)]
+            self._windows = {key: [tuple(map(sum, zip(*w))) for w in windows]}
+        return self._windows[key][batch_idx // accumulate]
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", train=True, labelled=True)

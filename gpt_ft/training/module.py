@@ -67,6 +67,44 @@ def attached_trainer(module: LightningModule) -> Trainer | None:
         return None
 
 
+def accumulation_window(module: LightningModule, batch_idx: int) -> tuple[int, int, int] | None:
+    """(micro-batches, examples, LM targets) of the gradient-accumulation window that holds training
+    batch `batch_idx` on this rank, where the data module counts them (`window_counts`); None for
+    one batch a step. Lightning divides each micro-batch's loss by the window's length; divided by
+    the window's counts instead of its own, a window's gradient is that of one batch of all its
+    examples (Lightning alone would average the micro-batches' own means)."""
+    trainer = attached_trainer(module)
+    if trainer is None or trainer.accumulate_grad_batches == 1:
+        return None
+    counts = getattr(trainer.datamodule, "window_counts", None)
+    if counts is None:
+        return None
+    k = trainer.accumulate_grad_batches
+    return k, *counts(batch_idx, k, trainer.num_training_batches)
+
+
+def normalised(
+    terms: dict[str, Tensor], world: int, window: tuple[int, int, int] | None, lm_coef: float
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The loss and its parts from a batch's terms, normalised so that DDP's gradient average is
+    exact: each rank divides its sums by the mean count over ranks (examples for the task loss,
+    target tokens for the LM loss), and averaging the ranks' gradients then gives the gradient of
+    the loss over the global batch, as one process with the whole batch would compute it. With an
+    accumulation `window`, the counts are the window's, per micro-batch."""
+    parts, device = {}, next(iter(terms.values())).device
+
+    def count(own: Tensor, of_window: int | None) -> Tensor:  # on the device: a host value would wait
+        value = own if window is None else torch.full((), of_window / window[0], device=device)
+        return mean_over_ranks(value, world)
+
+    if "lm_sum" in terms:
+        parts["lm_loss"] = terms["lm_sum"].sum() / count(terms["lm_count"].sum(), window and window[2])
+    if "task_loss" in terms:
+        examples = torch.full((), float(len(terms["task_loss"])), device=device)
+        parts["task_loss"] = terms["task_loss"].sum() / count(examples, window and window[1])
+    return combined_loss(parts.get("task_loss"), parts.get("lm_loss"), lm_coef), parts
+
+
 class GPTModule(Evaluation, LightningModule):
     """A GPT with its tied LM head and, given a task, the task's head on the extract token's state."""
 
@@ -252,29 +290,16 @@ class GPTModule(Evaluation, LightningModule):
         lm = with_lm and (self.head is None or self.lm_coef > 0)
         return batch_terms(self.gpt, self.head, batch, lm=lm)
 
-    def losses(self, batch: TokenBatch) -> tuple[Tensor, dict[str, Tensor]]:
-        """The training loss and its parts, normalised so that DDP's gradient average is exact.
-
-        Each rank divides its sums by the mean count over ranks (examples for the task loss,
-        target tokens for the LM loss): averaging the ranks' gradients then gives the gradient of
-        the loss over the global batch, as one process with the whole batch would compute it.
-        """
-        terms = self.terms(batch)
+    def losses(self, batch: TokenBatch, window: tuple[int, int, int] | None = None) -> tuple[Tensor, dict]:
+        """The training loss and its parts (`normalised`; `window`: `accumulation_window`'s)."""
         trainer = attached_trainer(self)
         world = trainer.world_size if trainer is not None else 1
-        parts = {}
-        if "lm_sum" in terms:
-            parts["lm_loss"] = terms["lm_sum"].sum() / mean_over_ranks(terms["lm_count"].sum(), world)
-        if "task_loss" in terms:
-            # filled on the device: a tensor made from a host value would wait for the device
-            examples = torch.full((), float(len(terms["task_loss"])), device=terms["task_loss"].device)
-            parts["task_loss"] = terms["task_loss"].sum() / mean_over_ranks(examples, world)
-        return combined_loss(parts.get("task_loss"), parts.get("lm_loss"), self.lm_coef), parts
+        return normalised(self.terms(batch), world, window, self.lm_coef)
 
     # ---- steps ----
 
     def training_step(self, batch: TokenBatch, batch_idx: int) -> Tensor:
-        loss, parts = self.losses(batch)
+        loss, parts = self.losses(batch, accumulation_window(self, batch_idx))
         self.nonfinite.check(self.trainer, loss, batch_idx, self.optimizers(use_pl_optimizer=False))
         self.step_values.step(self, attached_trainer(self), batch_idx, {"loss": loss, **parts}, len(batch))
         return loss

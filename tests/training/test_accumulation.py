@@ -1,0 +1,87 @@
+"""Gradient accumulation weighs every example and target token as one batch of them all would:
+k micro-batches of b examples give the gradient of one batch of k·b, the auxiliary LM loss
+included, though the micro-batches hold different numbers of tokens."""
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from gpt_ft.training.runs import lightning_main
+from tests.helpers import make_task, write_rows
+
+NO_DROPOUT = (
+    "{n_positions: 64, n_embd: 32, n_layer: 1, n_head: 2, embd_pdrop: 0, attn_pdrop: 0, resid_pdrop: 0}"
+)
+
+
+class FirstGradients(Callback):
+    """Every parameter's gradient at the first optimizer step."""
+
+    def __init__(self) -> None:
+        self.grads: dict[str, torch.Tensor] = {}
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        if not self.grads:
+            self.grads = {n: p.grad.clone() for n, p in pl_module.named_parameters() if p.grad is not None}
+
+
+def first_gradients(card, tokenizer_dir, root, batch: int, accumulate: int, *extra: str) -> dict:
+    grads = FirstGradients()
+    args = [
+        f"--data.task={card}", f"--data.tokenizer={tokenizer_dir}", f"--data.data_dir={card.parent}",
+        f"--data.batch_size={batch}", "--data.max_length=64", "--model.preset=gpt-micro",
+        f"--model.overrides={NO_DROPOUT}", "--model.classifier_dropout=0", "--model.lm_coef=0.5",
+        "--trainer.max_steps=1", f"--trainer.accumulate_grad_batches={accumulate}", "--seed_everything=0",
+        f"--trainer.default_root_dir={root}", f"--trainer.logger.init_args.save_dir={root}",
+        "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+        "--trainer.limit_val_batches=0", *extra,
+    ]  # fmt: skip
+    lightning_main(["fit", *args], callbacks=[grads])
+    return grads.grads
+
+
+@pytest.mark.parametrize("kind", ["pair", "choice"])
+@pytest.mark.parametrize("packing", ["true", "false"])
+def test_three_micro_batches_give_the_gradient_of_one_batch_of_them_all(
+    tmp_path, tokenizer_dir, kind, packing
+):
+    card = make_task(kind, tmp_path / "task")
+    # Texts of different lengths: the micro-batches' token counts differ.
+    words = "a b c d e f g h i j k l m n o p q".split()
+    if kind == "pair":
+        rows = [
+            [i, " ".join(words[: 2 + 3 * i]), "the cat .", ["not_entailment", "entailment"][i % 2]]
+            for i in range(6)
+        ]
+        write_rows(card.parent / "d" / "train.tsv", ["index", "sentence1", "sentence2", "label"], rows)
+    else:
+        rows = [[" ".join(words[: 1 + 3 * i]), "He is happy.", "He ran.", 1 + i % 2] for i in range(6)]
+        write_rows(card.parent / "d" / "train.csv", ["story", "end1", "end2", "label"], rows)
+    whole = first_gradients(card, tokenizer_dir, tmp_path / "whole", 6, 1, f"--data.packing={packing}")
+    accumulated = first_gradients(card, tokenizer_dir, tmp_path / "acc", 2, 3, f"--data.packing={packing}")
+    assert whole.keys() == accumulated.keys() and whole
+    for name, grad in whole.items():
+        torch.testing.assert_close(accumulated[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+@pytest.mark.parametrize("kind", ["pair", "choice"])
+def test_the_windows_counts_are_those_of_the_batches_the_loader_gives(tmp_path, tokenizer_dir, kind):
+    """Counted ahead from the sampler's order, as the collators count them (a shared context's
+    tokens once per choice), an epoch's shorter last window and a limited epoch's too."""
+    from gpt_ft.adapters.cards import load_card
+    from gpt_ft.data.task_data import TaskDataModule
+    from tests.helpers import trainer_on
+
+    card = make_task(kind, tmp_path)
+    data = TaskDataModule(load_card(card), tokenizer_dir, data_dir=str(tmp_path), batch_size=2, seed=3)
+    data.setup("fit")
+    data.trainer = trainer_on("cpu")
+    counts = []
+    for batch in data.train_dataloader():
+        weights = batch.lm_weights if batch.lm_weights is not None else torch.ones_like(batch.lm_targets)
+        counts.append((len(batch), int(weights.sum())))
+    assert len(counts) == 3
+    for k, batches, windows in ((2, 3, [[0, 1], [2]]), (3, 3, [[0, 1, 2]]), (2, 2, [[0, 1]])):
+        for window in windows:
+            expected = tuple(sum(counts[i][j] for i in window) for j in (0, 1))
+            assert all(data.window_counts(i, k, batches) == expected for i in window), (k, batches, window)
