@@ -204,8 +204,8 @@ def test_a_nonfinite_loss_stops_with_the_step_and_keeps_the_last_good_state(
 
     losses = GPTModule.losses
 
-    def nan_at_step_4(self, batch):
-        loss, parts = losses(self, batch)
+    def nan_at_step_4(self, batch, window=None):
+        loss, parts = losses(self, batch, window)
         return (loss * float("nan"), parts) if self.training and self.global_step == 4 else (loss, parts)
 
     monkeypatch.setattr(GPTModule, "losses", nan_at_step_4)
@@ -234,8 +234,8 @@ def test_a_nonfinite_loss_inside_an_accumulation_window_resumes_at_the_windows_s
 
     losses = GPTModule.losses
 
-    def nan_in_epoch_1_batch_1(self, batch):
-        loss, parts = losses(self, batch)
+    def nan_in_epoch_1_batch_1(self, batch, window=None):
+        loss, parts = losses(self, batch, window)
         at = (self.current_epoch, self.trainer.fit_loop.epoch_loop.batch_idx)
         bad = self.training and at == (1, 1)
         return (loss * float("nan"), parts) if bad else (loss, parts)
@@ -270,8 +270,8 @@ def test_a_nonfinite_loss_read_late_has_its_update_skipped_then_stops(
 
     losses = GPTModule.losses
 
-    def nan_at_step_4(self, batch):
-        loss, parts = losses(self, batch)
+    def nan_at_step_4(self, batch, window=None):
+        loss, parts = losses(self, batch, window)
         return (loss * float("nan"), parts) if self.training and self.global_step == 4 else (loss, parts)
 
     monkeypatch.setattr(GPTModule, "losses", nan_at_step_4)
