@@ -128,12 +128,17 @@ def check_output_dir(path: str | os.PathLike, option: str) -> Path:
     return out
 
 
-def check_output_file(path: str | os.PathLike, option: str, *, overwrite: bool = False) -> Path:
-    """An output file, checked before any work starts: not a folder, not an existing file unless
-    `overwrite`, and under a folder (not a file) that can be written."""
+def check_output_file(
+    path: str | os.PathLike, option: str, *, overwrite: bool = False, reads: Path | None = None
+) -> Path:
+    """An output file, checked before any work starts: not a folder, not the file the command
+    `reads`, not an existing file unless `overwrite`, and under a folder (not a file) that can be
+    written."""
     out = Path(path).expanduser()
     if out.is_dir():
         raise ValueError(f"{option} {out} is a folder: give a file's name.")
+    if reads is not None and out.exists() and out.resolve() == reads.resolve():
+        raise ValueError(f"{option} {out} is the input file: give another name, the input is kept.")
     if out.exists() and not overwrite:
         raise ValueError(
             f"{option} {out} already exists: give another name, or --overwrite to replace it (it is kept)."

@@ -38,7 +38,7 @@ def fit_temperature(outputs: Tensor, labels: Tensor, losses) -> float:
         return loss
 
     optimizer.step(closure)
-    return float(log_t.exp())
+    return float(log_t.detach().exp())
 
 
 def split_outputs(
@@ -88,14 +88,19 @@ def calibrate(
         overwrite: Replace --output if it exists.
     """
     ckpt = ckpt_path
-    if Path(output).expanduser().resolve() == Path(ckpt).expanduser().resolve():
-        raise ValueError(f"--output {output} is the checkpoint itself: give another name, it is kept.")
-    check_output_file(output, "--output", overwrite=overwrite)  # before any work
+    check_output_file(
+        output, "--output", overwrite=overwrite, reads=Path(ckpt).expanduser()
+    )  # before any work
     stored = Checkpoint.read(ckpt)
     clf = Classifier.from_checkpoint(stored, device="cpu")
     task = clf.task
     if not task.output.has_probabilities:
         raise ValueError(f"Task {task.name!r} predicts a score: there are no probabilities to calibrate.")
+    if task.output.problem_type == "multi_label_classification":
+        raise ValueError(
+            f"Task {task.name!r} decides each label by its own threshold: one temperature over its "
+            "labels is not fitted here (its probabilities are each label's sigmoid)."
+        )
     split = split or task.validation_splits[0]
     data_dir = data_dir or stored.data_args.get("data_dir")
     rows = load_split(task, split, data_dir).to_list()

@@ -91,24 +91,25 @@ class Classifier:
             shared_context=stored.data_args.get("shared_context", True),
         )
 
-    def outputs(self, batch: PackedBatch | TaskBatch | SharedContextBatch) -> Tensor:
+    def outputs(
+        self, batch: PackedBatch | TaskBatch | SharedContextBatch, *, calibrated: bool = True
+    ) -> Tensor:
         """The task head's outputs for a batch (on the classifier's device), divided by the
-        temperature."""
+        temperature (`calibrated`)."""
         batch = move_data_to_device(batch, self.device)
-        return batch_terms(self.gpt, self.head, batch, lm=False)["logits"] / self.temperature
+        logits = batch_terms(self.gpt, self.head, batch, lm=False)["logits"]
+        return logits / self.temperature if calibrated else logits
 
     @torch.inference_mode()
     def raw_outputs(self, examples: list[dict[str, Any]], *, batch_size: int = 32) -> Tensor:
         """The head's outputs for `examples` in order, at temperature 1 (what calibration fits)."""
         encoded = self.encode(list(examples))
-        temperature, self.temperature = self.temperature, 1.0
-        try:
-            chunks = [
-                self.outputs(self.batch(encoded[i : i + batch_size]))
-                for i in range(0, len(encoded), batch_size)
-            ]
-        finally:
-            self.temperature = temperature
+        if not encoded:
+            return torch.empty(0)
+        chunks = [
+            self.outputs(self.batch(encoded[i : i + batch_size]), calibrated=False)
+            for i in range(0, len(encoded), batch_size)
+        ]
         width = max(c.shape[-1] for c in chunks) if chunks[0].dim() > 1 else None
         if width is not None:  # multiple choice: rows of fewer choices padded with the lowest score
             low = torch.finfo(chunks[0].dtype).min
@@ -147,9 +148,11 @@ class Classifier:
         out: list[tuple[dict[str, Any], str] | None] = [None] * len(encoded)
         for start in range(0, len(order), batch_size):
             chunk = [encoded[i] for i in order[start : start + batch_size]]
-            outputs = self.outputs(self.batch(chunk))
-            predictions = self.head.predictions(outputs).cpu()
-            probabilities = self.head.probabilities(outputs).cpu()
+            # Decided on the raw outputs, as training and `gpt-ft predict` decide (a multi-label
+            # head's threshold is the card's, not the calibrated sigmoid's); probabilities calibrated.
+            raw = self.outputs(self.batch(chunk), calibrated=False)
+            predictions = self.head.predictions(raw).cpu()
+            probabilities = self.head.probabilities(raw / self.temperature).cpu()
             for row, example in enumerate(chunk):
                 text = self.task.format_prediction(predictions[row], submission=False)
                 out[example["index"]] = (self.task.output.outcome(predictions[row], probabilities[row]), text)
@@ -180,9 +183,7 @@ def label(
     at_least_one(batch_size, "--batch_size")
     if target.suffix.lower() not in (".csv", ".tsv", ".jsonl", ".json"):
         raise ValueError(f"--output {target}: write .csv, .tsv or .jsonl.")
-    if target.exists() and target.resolve() == source.resolve():
-        raise ValueError(f"--output {target} is the input file: give another name, the input is kept.")
-    check_output_file(target, "--output", overwrite=overwrite)
+    check_output_file(target, "--output", overwrite=overwrite, reads=source)
     fmt = file_format(source)
     if fmt is None:
         raise ValueError(

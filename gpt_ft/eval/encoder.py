@@ -110,7 +110,7 @@ def embed(
     at_least_one(batch_size, "--batch_size")
     if target.suffix.lower() not in (".npy", ".jsonl"):
         raise ValueError(f"--output {target}: write .npy or .jsonl.")
-    check_output_file(target, "--output", overwrite=overwrite)
+    check_output_file(target, "--output", overwrite=overwrite, reads=source)
     rows, texts = read_texts(source, field)
     if not texts:
         raise ValueError(f"--input {source} holds no texts.")

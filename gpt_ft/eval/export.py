@@ -24,6 +24,8 @@ then those of gpt_ft, to float rounding; the language-model head is not exported
 
 from __future__ import annotations
 
+import json
+import math
 import shutil
 import sys
 import tempfile
@@ -60,7 +62,13 @@ def export_checkpoint(
         print(f"wrote {written}: {loads}")
         return written
     written = export_classifier(clf, out, format=format)
-    loads = "onnxruntime loads model.onnx" if format == "onnx" else "pipeline('text-classification') loads it"
+    architecture = (json.loads((written / "config.json").read_text()).get("architectures") or ["?"])[0]
+    if format == "onnx":
+        loads = "onnxruntime loads model.onnx"
+    elif architecture.endswith("ForSequenceClassification"):
+        loads = "pipeline('text-classification') loads it"
+    else:  # multiple choice (a choice's score at its mc_token_ids), process rewards (a score per step)
+        loads = f"transformers' {architecture} loads it"
     print(f"wrote {written}: {loads}")
     return written
 
@@ -192,6 +200,11 @@ def _label_config(clf: Classifier, config) -> None:
     config.id2label = {i: str(name) for i, name in enumerate(names[: head.out_features])}
     config.label2id = {name: i for i, name in config.id2label.items()}
     config.problem_type = output.problem_type
+    threshold = getattr(head, "threshold", None)
+    if output.problem_type == "multi_label_classification" and threshold is not None:
+        # The card's threshold on the sigmoid of the raw outputs, as on the exported (divided by T) ones.
+        logit = math.log(threshold / (1 - threshold))
+        config.threshold = 1 / (1 + math.exp(-logit / clf.temperature))
 
 
 def sequence_classifier(clf: Classifier):

@@ -265,6 +265,8 @@ NOT_A_DEVICE = "--device 'gpu7' is not a device: give cpu, cuda or cuda:N."
          "{latin1}, line 2: not UTF-8 text (byte 0xe9: invalid continuation byte); save it as UTF-8."),
         ("embed", ["--input={empty}", "--output={out}.npy"], "--input {empty} holds no texts."),
         ("embed", ["--input={folder}", "--output={out}.npy"], "--input {folder} is a folder; give a file."),
+        ("embed", ["--input={jsonl}", "--output={jsonl}", "--overwrite=true"],
+         "--output {jsonl} is the input file: give another name, the input is kept."),
         ("generate", ["--prompt=the cat", "--num_beams=0"], "--num_beams must be >= 1, got 0."),
         ("generate", ["--prompt=the cat", "--device=gpu7"], NOT_A_DEVICE),
     ],
@@ -275,11 +277,13 @@ def test_a_typed_commands_bad_value_is_one_sentence_naming_it(
     """A folder for a file, a zero count, a device torch has no name for, a text file that is not
     UTF-8 (its line), an empty one: one sentence, before any work, nothing written."""
     paths = {"folder": tmp_path / "texts", "text": tmp_path / "mine.tsv", "latin1": tmp_path / "latin1.txt",
-             "empty": tmp_path / "empty.txt", "out": tmp_path / "out"}  # fmt: skip
+             "empty": tmp_path / "empty.txt", "out": tmp_path / "out",
+             "jsonl": tmp_path / "mine.jsonl"}  # fmt: skip
     paths["folder"].mkdir()
     paths["text"].write_text("sentence\nthe cat sat on the mat .\n")
     paths["latin1"].write_bytes(b"the cat sat .\ncaf\xe9 au lait\n")
     paths["empty"].write_bytes(b"")
+    paths["jsonl"].write_text('{"text": "the cat sat ."}\n')
     before = files(tmp_path)
     argv = [command, f"--ckpt_path={finetuned.ckpt}", *(a.format(**paths) for a in args)]
     assert error(capsys, *argv) == message.format(**paths)
@@ -298,6 +302,10 @@ def test_label_of_a_plain_text_file_and_calibrate_on_a_split_without_labels(tmp_
         "Split 'test' of task 'sent' holds no labelled examples."
     )
     assert not out.exists() and not (tmp_path / "c.ckpt").exists()
+    own = f"--output={finetuned.ckpt}"  # the checkpoint itself
+    assert error(capsys, "calibrate", ckpt, own, "--overwrite=true") == (
+        f"--output {finetuned.ckpt} is the input file: give another name, the input is kept."
+    )
     shutil.copytree(finetuned.root / "d", tmp_path / "d")
     with (tmp_path / "d" / "dev.tsv").open("a") as f:
         f.write("9\ta fine film .\tmaybe\n")  # line 7: the header, 5 rows, then this one

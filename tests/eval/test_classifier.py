@@ -122,3 +122,38 @@ def test_the_classifier_batches_choices_as_the_run_did(tokenizer_dir):
     (shared, shared_out), (plain, plain_out) = batch(True), batch(False)
     assert isinstance(shared, SharedContextBatch) and type(plain) is TaskBatch
     torch.testing.assert_close(shared_out, plain_out, rtol=0, atol=1e-5)  # the same scores either way
+
+
+def test_a_calibrated_multi_label_classifier_decides_as_the_run_did(tokenizer_dir, tmp_path, monkeypatch):
+    """The card's threshold applies to the raw sigmoids, as in training and `gpt-ft predict`; the
+    temperature changes the probabilities only."""
+    from gpt_ft import GPT, GPTConfig
+    from gpt_ft.adapters import MultiLabel
+    from gpt_ft.data.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(tokenizer_dir)
+    task = MultiLabel(name="m", labels=["x", "y", "z"], threshold=0.3)
+    torch.manual_seed(0)
+    gpt = GPT(GPTConfig.from_name("gpt-micro", vocab_size=len(tok))).eval()
+    clf = Classifier(
+        gpt, task.head(gpt.config.n_embd, dropout=0.0, init_std=0.3), task, tok, max_length=64, device="cpu"
+    )
+    rows = [
+        {"text": t} for t in ["the cat sat on the mat .", "two dogs run in a park .", "he is happy now ."]
+    ]
+    plain = clf.predict(rows)
+    clf.temperature = 3.0
+    calibrated = clf.predict(rows)
+    assert [r["label"] for r in calibrated] == [r["label"] for r in plain]
+    assert len({tuple(r["label"]) for r in plain}) > 1  # the decisions differ between rows: a real check
+    for a, b in zip(plain, calibrated):
+        assert a["scores"] != b["scores"]
+    assert clf.raw_outputs([]).numel() == 0
+
+    # calibrate does not fit one temperature over labels each decided by its own threshold
+    from gpt_ft.eval import calibration
+
+    monkeypatch.setattr(calibration.Checkpoint, "read", lambda path: None)
+    monkeypatch.setattr(calibration.Classifier, "from_checkpoint", lambda stored, device: clf)
+    with pytest.raises(ValueError, match="Task 'm' decides each label by its own threshold"):
+        calibration.calibrate(ckpt_path=str(tmp_path / "m.ckpt"), output=str(tmp_path / "c.ckpt"))

@@ -265,6 +265,32 @@ def test_exported_classifiers_give_the_classifiers_labels_and_probabilities(back
                 assert [n for n in outcome["scores"] if scores[n] > 0.5] == outcome["label"]
 
 
+def test_a_multi_label_export_carries_the_threshold_its_labels_are_decided_by(tmp_path, tokenizer_dir):
+    """The card's threshold on the raw outputs' sigmoids, as the calibrated (divided by T) outputs
+    of the exported folder read it: their labels are the Classifier's."""
+    import math
+
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from gpt_ft.eval.export import export_classifier
+
+    clf = classifier("multi-label", "gpt1", tokenizer_dir)
+    clf.task.output.threshold = clf.head.threshold = 0.3
+    clf.temperature = 2.0
+    rows = [
+        {"text": t} for t in ["the cat sat on the mat .", "two dogs run in a park .", "he is happy now ."]
+    ]
+    folder = export_classifier(clf, tmp_path / "m")
+    model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    assert model.config.threshold == pytest.approx(1 / (1 + math.exp(-math.log(0.3 / 0.7) / 2.0)))
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    for row, outcome in zip(rows, clf.predict(rows)):
+        with torch.no_grad():
+            probabilities = model(**tokenizer(row["text"], return_tensors="pt")).logits[0].sigmoid()
+        names = [model.config.id2label[i] for i, p in enumerate(probabilities) if p > model.config.threshold]
+        assert names == outcome["label"]
+
+
 def test_the_similarity_model_builds_the_other_order_and_refuses_what_is_not_a_pair():
     """`[start] a [delim] b [extract]` padded on the right becomes `[start] b [delim] a [extract]`,
     padding kept; a row without one delimiter (a single text, an empty second text) or padded on the
