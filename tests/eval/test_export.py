@@ -327,6 +327,9 @@ def test_export_command(tmp_path, finetuned, capsys):
 
     out = tmp_path / "exported"
     main(["export", f"--ckpt_path={finetuned.ckpt}", f"--out={out}"])
+    assert (
+        capsys.readouterr().out.splitlines()[-1] == f"wrote {out}: pipeline('text-classification') loads it"
+    )
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in out.iterdir()}
     config = json.loads((out / "config.json").read_text())
     assert config["id2label"] == {"0": "negative", "1": "positive"}
@@ -339,6 +342,26 @@ def test_export_command(tmp_path, finetuned, capsys):
         capsys, "export", f"--ckpt_path={finetuned.ckpt}", "--out=x", "--format=tflite"
     )
     assert files(tmp_path) == before
+
+
+def test_export_names_the_class_that_loads_what_is_no_sequence_classifier(
+    tmp_path, finetuned, capsys, monkeypatch
+):
+    """A multiple-choice folder (a score per choice at its mc_token_ids) or a process reward
+    model's (a score per step): not the text-classification pipeline's."""
+    from gpt_ft.eval import export
+
+    def written(clf, out, format):
+        out.mkdir()
+        (out / "config.json").write_text(json.dumps({"architectures": ["GPT2DoubleHeadsModel"]}))
+        return out
+
+    monkeypatch.setattr(export, "export_classifier", written)
+    export.export_checkpoint(ckpt_path=finetuned.ckpt, out=tmp_path / "mc")
+    assert (
+        capsys.readouterr().out.splitlines()[-1]
+        == f"wrote {tmp_path / 'mc'}: transformers' GPT2DoubleHeadsModel loads it"
+    )
 
 
 @pytest.mark.background(start=start_exports)
