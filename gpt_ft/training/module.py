@@ -261,7 +261,8 @@ class GPTModule(Evaluation, LightningModule):
         stored, config = loaded.gpt_config, self.gpt.config
         where = getattr(attached_trainer(self), "ckpt_path", None) or "The checkpoint"
         check_lora_resume(loaded, self.lora, where)
-        self.temperature = loaded.temperature
+        fitting = getattr(getattr(attached_trainer(self), "state", None), "fn", None) == "fit"
+        self.temperature = 1.0 if fitting else loaded.temperature  # trained on, the weights leave T behind
         if loaded.class_weights is not None and self.head is not None:
             self.head.class_weights = torch.tensor(loaded.class_weights, device=self.head.weight.device)
         differ = [k for k in config.SHAPE_FIELDS if k in (stored or {}) and stored[k] != getattr(config, k)]

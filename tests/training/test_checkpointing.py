@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import signal
 from pathlib import Path
 
@@ -382,6 +383,29 @@ def test_a_run_resumed_with_another_length_follows_its_own_schedule_from_the_fir
         "the schedule now spans 18 steps, the checkpoint's 9: learning rates follow the new one from step 9"
     )
     assert said == [message]
+
+
+def test_training_on_from_a_calibrated_checkpoint_leaves_its_temperature_behind(
+    tmp_path, tokenizer_dir, finetuned
+):
+    """T was fitted to the weights as they were: trained on, they are not those any more. Scoring
+    the calibrated checkpoint keeps it."""
+    from gpt_ft.weights.checkpoint import Checkpoint
+
+    checkpoint = torch.load(finetuned.ckpt, weights_only=True)
+    Checkpoint(checkpoint).temperature = 2.5
+    calibrated = tmp_path / "calibrated.ckpt"
+    torch.save(checkpoint, calibrated)
+    shutil.copytree(
+        finetuned.ckpt.parent / "tokenizer", tmp_path / "tokenizer"
+    )  # saved beside, as calibrate does
+    logs = tmp_path / "logs"
+    args = finetune_args(finetuned.card, tokenizer_dir, finetuned.root, logs)
+    main(["fit", *args, "--trainer.max_epochs=4", f"--ckpt_path={calibrated}"])
+    assert Checkpoint(last_state(logs, 0)).temperature == 1.0
+    from gpt_ft import Classifier
+
+    assert Classifier.from_checkpoint(str(calibrated), device="cpu").temperature == 2.5
 
 
 # ---- DDP: every rank's random states come back on their own rank ----
