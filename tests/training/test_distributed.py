@@ -48,8 +48,9 @@ def assert_same_weights(a: dict, b: dict, atol: float = 1e-5) -> None:
 
 
 def finetune_runs(
-    card: Path, tokenizer_dir: str, root: Path, devices: int, batch: int, precision: str = "32-true"
-) -> list[list[str]]:
+    card: Path, tokenizer_dir: str, root: Path, devices: int, batch: int, precision: str = "32-true",
+    accumulate: int = 1,
+) -> list[list[str]]:  # fmt: skip
     """`fit` and `predict` arguments of the fine-tuning run on `devices` processes, into root/x{devices}."""
     out = root / f"x{devices}"
     common = [
@@ -75,6 +76,7 @@ def finetune_runs(
         "--model.lr=1e-3",
         "--trainer.max_epochs=3",
         f"--trainer.precision={precision}",
+        f"--trainer.accumulate_grad_batches={accumulate}",
     ]
     last = out / "runs" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
     return [["fit", *fit, *common], ["predict", *common, f"--ckpt_path={last}"]]
@@ -82,7 +84,8 @@ def finetune_runs(
 
 def start_ddp_finetuning(root, tokenizer_dir):
     card = write_varied_pairs(root)
-    fit, predict = finetune_runs(card, tokenizer_dir, root, devices=2, batch=4)
+    # 2 processes x 2 micro-batches of 2: a step of 8 examples, as one process's batch of 8
+    fit, predict = finetune_runs(card, tokenizer_dir, root, devices=2, batch=2, accumulate=2)
     logs = root / "x2" / "runs" / "lightning_logs"
     # The version folders after fit (predict, with the same logger, adds its own).
     return [
@@ -92,7 +95,9 @@ def start_ddp_finetuning(root, tokenizer_dir):
 
 
 @pytest.mark.background(start=start_ddp_finetuning)
-def test_finetuning_on_two_processes_equals_one_with_the_double_batch(background, tokenizer_dir, monkeypatch):
+def test_finetuning_on_two_processes_accumulating_equals_one_with_the_whole_batch(
+    background, tokenizer_dir, monkeypatch
+):
     root = background.root
     fit2, predict2 = background.runs  # on 2 processes
     assert fit2.returncode == 0, fit2.stderr[-3000:]
