@@ -174,7 +174,7 @@ def label(
     Args:
         ckpt_path: A fine-tuned checkpoint of gpt-ft fit.
         input: csv, tsv, json/jsonl or parquet; columns named as the card's fields.
-        output: csv, tsv or jsonl (by extension); a new file.
+        output: csv, tsv, json (one array) or jsonl (by extension); a new file.
         overwrite: Replace --output if it exists.
         batch_size: Examples per batch.
         device: Default: cuda when there is one.
@@ -182,7 +182,7 @@ def label(
     source, target = input_file(input, "--input"), Path(output).expanduser()
     at_least_one(batch_size, "--batch_size")
     if target.suffix.lower() not in (".csv", ".tsv", ".jsonl", ".json"):
-        raise ValueError(f"--output {target}: write .csv, .tsv or .jsonl.")
+        raise ValueError(f"--output {target}: write .csv, .tsv, .json or .jsonl.")
     check_output_file(target, "--output", overwrite=overwrite, reads=source)
     fmt = file_format(source)
     if fmt is None:
@@ -213,21 +213,33 @@ def write_labelled(path, rows: list[dict[str, Any]], labelled: list[tuple[dict[s
             tmp.unlink(missing_ok=True)
 
 
+def _cell(value: Any) -> str:
+    """A table cell: a list or mapping (a row's steps, its replies) as JSON, not Python's repr."""
+    if value is None:
+        return ""
+    return json.dumps(value, ensure_ascii=False) if isinstance(value, (list, dict)) else str(value)
+
+
 def _write_rows(tmp, suffix: str, rows: list[dict[str, Any]], labelled) -> None:
     with tmp.open("w", encoding="utf-8", newline="") as f:
         if suffix in (".jsonl", ".json"):
-            for row, (outcome, text) in zip(rows, labelled):
-                record = {**row, "prediction": outcome["label"], "scores": outcome["scores"]}
+            records = [
+                {**row, "prediction": outcome["label"], "scores": outcome["scores"]}
+                for row, (outcome, _) in zip(rows, labelled)
+            ]
+            if suffix == ".json":  # one array, as a .json input is read
+                f.write(json.dumps(records, ensure_ascii=False, indent=1) + "\n")
+            for record in records if suffix == ".jsonl" else []:
                 f.write(json.dumps(record, ensure_ascii=False) + "\n")
         elif suffix == ".tsv":  # read back without quoting, as GLUE's files are
             columns = list(rows[0]) if rows else []
             f.write("\t".join([*columns, "prediction"]) + "\n")
             for row, (_, text) in zip(rows, labelled):
-                cells = ["" if row[c] is None else str(row[c]) for c in columns] + [text]  # None: as csv
+                cells = [_cell(row[c]) for c in columns] + [text]
                 f.write("\t".join(c.replace("\t", " ").replace("\n", " ") for c in cells) + "\n")
         else:
             columns = list(rows[0]) if rows else []
             writer = csv.writer(f)
             writer.writerow([*columns, "prediction"])
             for row, (_, text) in zip(rows, labelled):
-                writer.writerow([*(row[c] for c in columns), text])
+                writer.writerow([*(_cell(row[c]) for c in columns), text])

@@ -84,6 +84,17 @@ def test_label_writes_each_row_with_its_prediction(finetuned, tmp_path, capsys):
         ["a cat .", ""],
         ["a dog .", ""],
     ]
+    # A list in a record is JSON in a table's cell; a .json output is one array, read back as the input is.
+    records = tmp_path / "listed.jsonl"
+    records.write_text('{"sentence": "a cat .", "note": ["x", "ü"]}\n')
+    for name in ("notes.csv", "notes.json"):
+        main(["label", f"--ckpt_path={ckpt}", f"--input={records}", f"--output={tmp_path / name}"])
+    with (tmp_path / "notes.csv").open(newline="") as f:
+        assert list(csv.reader(f))[1][:2] == ["a cat .", '["x", "ü"]']
+    back = read_table(tmp_path / "notes.json").to_list()
+    assert (
+        len(back) == 1 and back[0]["note"] == ["x", "ü"] and back[0]["prediction"] in ("negative", "positive")
+    )
     broken = tmp_path / "broken.csv"  # the card's `sentence` column missing: named with its file and line
     broken.write_text("text,note\na cat .,x\n")
     with pytest.raises(SystemExit):
