@@ -9,6 +9,7 @@ import signal
 import sys
 import tempfile
 import threading
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -49,6 +50,11 @@ def one_writer(folder: Path, command: str) -> Iterator[None]:
             raise ValueError(
                 f"Another {command} is writing to {folder}; wait for it to end, or choose another folder."
             ) from None
+        except OSError as exc:  # a file system without locks (some network ones): written unguarded
+            lock.close()
+            (folder / LOCK).unlink(missing_ok=True)
+            lock = None
+            warnings.warn(f"{folder} cannot be locked ({exc.strerror or exc}): keep other writers away.")
     try:
         with _sigterm_as_exit():
             yield
@@ -66,8 +72,8 @@ def _sigterm_as_exit() -> Iterator[None]:
     previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
         yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    finally:  # None: a handler set outside Python, which Python cannot put back; the default then
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def save_tokenizer(tokenizer, folder: str | os.PathLike) -> None:

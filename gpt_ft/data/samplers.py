@@ -109,7 +109,10 @@ class ResumableTrainData:
             return {}
         loop = trainer.fit_loop
         batches = loop.epoch_loop.batch_progress.current.processed
-        if batches >= trainer.num_training_batches:  # the epoch is over: the next starts afresh
+        epochs = loop.epoch_progress.current
+        # The epoch is over (all its batches, or `max_steps` stopped it: Lightning then counts it as
+        # processed and resumes with the next, from its start): the next starts afresh.
+        if batches >= trainer.num_training_batches or epochs.processed == epochs.started:
             batches = 0
         return {"epoch": loop.epoch_progress.current.processed, "batches": batches}
 

@@ -295,12 +295,15 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         shared = self.shared_context and self.task.shares_context
         return collate_batch(examples, self.special_ids, packing=self.packing, shared=shared, split=split)
 
-    def window_counts(self, batch_idx: int, accumulate: int, batches: int) -> tuple[int, int]:
+    def window_counts(self, batch_idx: int, accumulate: int, batches: int, sampler) -> tuple[int, int] | None:
         """(examples, LM targets) on this rank in the gradient-accumulation window of `accumulate`
         training batches that holds batch `batch_idx` of the current epoch (of `batches`). The
         order is the sampler's, a function of (seed, epoch); a target is every token but each
-        sequence's last, as the collators count them."""
-        order = self._train_order
+        sequence's last, as the collators count them. None where the loader's `sampler` is not
+        ours (`--trainer.overfit_batches` puts its own in)."""
+        order = getattr(self, "_train_order", None)
+        if sampler is not order or order is None:
+            return None
         key = (order.epoch, accumulate, batches)
         if key not in self._windows:
             if getattr(self, "_targets", None) is None:

@@ -47,6 +47,8 @@ def run_callbacks(trainer_config, model, data_config: dict[str, Any] | None) -> 
         trainer_config.max_time = None  # the Timer above is the one
     if trainer_config.get("enable_model_summary") is not False and lacks(ModelSummary):
         callbacks.append(ParameterSummary())
+    # last.ckpt's final save after stochastic weight averaging has put its average in (both at the end)
+    callbacks.sort(key=lambda c: isinstance(c, SaveLast))
     return [*callbacks, PrintMetrics(), Provenance(data_config), ResumeState()]
 
 
@@ -136,6 +138,10 @@ class BestCheckpoint(ModelCheckpoint):
     when the folder is unchanged: the resumed run would take its first model for the best, however
     far below the earlier best it scored. The earlier best stays the best (its file where it is)
     until a better one replaces it."""
+
+    @property
+    def state_key(self) -> str:  # Lightning's own, so that checkpoints from before it still resume
+        return super().state_key.replace(type(self).__qualname__, "ModelCheckpoint", 1)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         kept = {p: score for p, score in state_dict.get("best_k_models", {}).items() if Path(p).is_file()}

@@ -80,7 +80,10 @@ def accumulation_window(module: LightningModule, batch_idx: int) -> tuple[int, i
     if counts is None:
         return None
     k = trainer.accumulate_grad_batches
-    return k, *counts(batch_idx, k, trainer.num_training_batches)
+    found = counts(
+        batch_idx, k, trainer.num_training_batches, getattr(trainer.train_dataloader, "sampler", None)
+    )
+    return None if found is None else (k, *found)
 
 
 def normalised(
@@ -90,19 +93,28 @@ def normalised(
     exact: each rank divides its sums by the mean count over ranks (examples for the task loss,
     target tokens for the LM loss), and averaging the ranks' gradients then gives the gradient of
     the loss over the global batch, as one process with the whole batch would compute it. With an
-    accumulation `window`, the counts are the window's, per micro-batch."""
-    parts, device = {}, next(iter(terms.values())).device
-
-    def count(own: Tensor, of_window: int | None) -> Tensor:  # on the device: a host value would wait
-        value = own if window is None else torch.full((), of_window / window[0], device=device)
-        return mean_over_ranks(value, world)
-
-    if "lm_sum" in terms:
-        parts["lm_loss"] = terms["lm_sum"].sum() / count(terms["lm_count"].sum(), window and window[2])
+    accumulation `window`, the loss divides by the window's counts, per micro-batch; the parts (and
+    `loss` among them), what is logged, stay the batch's own means."""
+    device = next(iter(terms.values())).device
+    sums, counts = {}, {}  # counts filled on the device (a host value would wait), in fp32 whatever
+    if "lm_sum" in terms:  # the default dtype (bf16-true sets it: a count of 4,939 is not one there)
+        sums["lm_loss"], counts["lm_loss"] = terms["lm_sum"].sum(), terms["lm_count"].sum()
     if "task_loss" in terms:
-        examples = torch.full((), float(len(terms["task_loss"])), device=device)
-        parts["task_loss"] = terms["task_loss"].sum() / count(examples, window and window[1])
-    return combined_loss(parts.get("task_loss"), parts.get("lm_loss"), lm_coef), parts
+        sums["task_loss"] = terms["task_loss"].sum()
+        counts["task_loss"] = torch.full(
+            (), float(len(terms["task_loss"])), device=device, dtype=torch.float32
+        )
+    parts = {name: sums[name] / mean_over_ranks(counts[name], world) for name in sums}
+    loss = combined_loss(parts.get("task_loss"), parts.get("lm_loss"), lm_coef)
+    if window is None:
+        return loss, parts
+    k, of_window = window[0], {"task_loss": window[1], "lm_loss": window[2]}
+    full = {
+        name: sums[name]
+        / mean_over_ranks(torch.full((), of_window[name] / k, device=device, dtype=torch.float32), world)
+        for name in sums
+    }
+    return combined_loss(full.get("task_loss"), full.get("lm_loss"), lm_coef), {**parts, "loss": loss}
 
 
 class GPTModule(Evaluation, LightningModule):

@@ -268,7 +268,7 @@ def newest_last(trainer, subcommand: str, name: str) -> str:
             f"--ckpt_path {name}: gpt-ft {subcommand} takes a checkpoint's path, or `last` (the newest "
             "last.ckpt of the default logger's runs)."
         )
-    if save_dir == DEFAULT_LOGGER["init_args"]["save_dir"] and trainer.get("default_root_dir"):
+    if follows_root_dir(logger, trainer):
         save_dir = trainer.default_root_dir  # as `_logs_follow_root_dir` moves it
     root = Path(save_dir) / (init.get("name", "lightning_logs") or "")  # CSVLogger's and TensorBoard's
     found = find_last_checkpoint(root)
@@ -280,17 +280,24 @@ def newest_last(trainer, subcommand: str, name: str) -> str:
     return str(found)
 
 
+def follows_root_dir(logger, trainer) -> bool:
+    """Whether the logger is the default one at its default folder, which `--trainer.default_root_dir`
+    moves; a logger `save_dir` given explicitly, or another logger, stays."""
+    return (
+        bool(trainer.get("default_root_dir"))
+        and hasattr(logger, "init_args")
+        and (
+            logger.get("class_path") == DEFAULT_LOGGER["class_path"]
+            and logger.init_args.get("save_dir") == DEFAULT_LOGGER["init_args"]["save_dir"]
+        )
+    )
+
+
 def _logs_follow_root_dir(trainer) -> None:
-    """`--trainer.default_root_dir D` moves the default logger (and so the checkpoints) under D;
-    a logger `save_dir` given explicitly still wins."""
-    logger, root = trainer.get("logger"), trainer.get("default_root_dir")
-    if not root or not hasattr(logger, "init_args"):
-        return
-    if (
-        logger.get("class_path") == DEFAULT_LOGGER["class_path"]
-        and logger.init_args.get("save_dir") == "runs"
-    ):
-        logger.init_args.save_dir = root
+    """`--trainer.default_root_dir D` moves the default logger (and so the checkpoints) under D."""
+    logger = trainer.get("logger")
+    if follows_root_dir(logger, trainer):
+        logger.init_args.save_dir = trainer.default_root_dir
 
 
 def _plain(value: Any) -> Any:

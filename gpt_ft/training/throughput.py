@@ -64,7 +64,8 @@ class Throughput(Callback):
     """Logs perf/tokens_per_s (real tokens, all devices), perf/padding and perf/mfu every
     `every_n_steps` optimizer steps, each window at the optimizer step that closes it (on the
     loggers' step axis, as the training loss of that step). The clock stops from a validation's
-    start to the next training batch: evaluation and checkpointing are not training time."""
+    start to the next training batch: evaluation, and the checkpoints saved after it, are not
+    training time (`SaveLast`'s saves every N steps still are)."""
 
     def __init__(self, every_n_steps: int = 50, peak_tflops: float | None = None) -> None:
         self.every_n_steps, self.peak_tflops = every_n_steps, peak_tflops

@@ -103,3 +103,23 @@ def test_fine_tuning_given_no_length_runs_the_recipes_3_epochs_and_says_so(
     caplog.clear()
     main(["fit", *args, "--trainer.max_steps=2", "--trainer.enable_checkpointing=false"])
     assert "recipe's 3 epochs" not in caplog.text
+
+
+def test_last_is_looked_for_where_fit_writes_with_another_logger(tmp_path, monkeypatch):
+    """`--trainer.default_root_dir` moves the default CSV logger's folder only: a TensorBoard logger
+    at `runs` keeps writing there, and `--ckpt_path last` looks there too."""
+    from jsonargparse import Namespace
+
+    from gpt_ft.training.runs import newest_last
+
+    monkeypatch.chdir(tmp_path)
+    for folder in ("runs", "root"):
+        last = tmp_path / folder / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+        last.parent.mkdir(parents=True)
+        last.write_bytes(b"x")
+    init = Namespace(save_dir="runs", name="lightning_logs")
+    for logger, expected in (("lightning.pytorch.loggers.TensorBoardLogger", "runs"),
+                             ("lightning.pytorch.loggers.CSVLogger", "root")):  # fmt: skip
+        trainer = Namespace(logger=Namespace(class_path=logger, init_args=init), default_root_dir="root")
+        found = newest_last(trainer, "validate", "last")
+        assert found == str(Path(expected) / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt")

@@ -222,3 +222,32 @@ def test_a_tokenizer_saved_over_another_leaves_none_of_its_files(tmp_path, token
     save_tokenizer(load_tokenizer(tokenizer_dir), folder)
     assert not load_tokenizer(folder).chat_template and (folder / "notes.txt").read_text() == "mine"
     assert not list(tmp_path.glob(".tok.*"))  # no staging folder left
+
+
+def test_a_file_system_without_locks_is_written_unguarded_with_a_warning(tmp_path, monkeypatch):
+    """Some network file systems refuse flock: the writer warns and goes on (it stopped with a bare
+    OSError); a handler of SIGTERM set outside Python comes back as the default."""
+    import errno
+    import fcntl
+    import signal
+
+    from gpt_ft.data import folders
+
+    def refused(*args):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", refused)
+    with pytest.warns(UserWarning, match=f"{tmp_path} cannot be locked \\(No locks available\\)"):
+        with folders.one_writer(tmp_path, "`gpt-ft prepare`"):
+            assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None)
+    assert not (tmp_path / folders.LOCK).exists()
+    real = signal.signal
+
+    def says_none(signum, handler):
+        real(signum, handler)
+        return None
+
+    monkeypatch.setattr(signal, "signal", says_none)
+    with folders._sigterm_as_exit():
+        pass  # `signal.signal` said None (a handler set outside Python): the default goes back
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL

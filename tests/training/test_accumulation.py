@@ -76,12 +76,40 @@ def test_the_windows_counts_are_those_of_the_batches_the_loader_gives(tmp_path, 
     data = TaskDataModule(load_card(card), tokenizer_dir, data_dir=str(tmp_path), batch_size=2, seed=3)
     data.setup("fit")
     data.trainer = trainer_on("cpu")
-    counts = []
-    for batch in data.train_dataloader():
+    counts, loader = [], data.train_dataloader()
+    for batch in loader:
         weights = batch.lm_weights if batch.lm_weights is not None else torch.ones_like(batch.lm_targets)
         counts.append((len(batch), int(weights.sum())))
     assert len(counts) == 3
     for k, batches, windows in ((2, 3, [[0, 1], [2]]), (3, 3, [[0, 1, 2]]), (2, 2, [[0, 1]])):
         for window in windows:
             expected = tuple(sum(counts[i][j] for i in window) for j in (0, 1))
-            assert all(data.window_counts(i, k, batches) == expected for i in window), (k, batches, window)
+            found = [data.window_counts(i, k, batches, loader.sampler) for i in window]
+            assert found == [expected] * len(window), (k, batches, window)
+    # A loader whose sampler is another's (`--trainer.overfit_batches` puts a sequential one in)
+    assert data.window_counts(0, 2, 3, torch.utils.data.SequentialSampler(range(6))) is None
+
+
+def test_the_window_divides_the_loss_and_the_logged_parts_stay_the_batchs_own():
+    """Hand-computed: task sums 4 over 2 examples, LM sums 6 over 8 targets; a window of 2 batches
+    with 6 examples and 10 targets. In bf16-true's default dtype too (counts stay fp32)."""
+    from gpt_ft.training.module import normalised
+
+    terms = {
+        "lm_sum": torch.tensor([2.0, 4.0]),
+        "lm_count": torch.tensor([3, 5]),
+        "task_loss": torch.tensor([1.0, 3.0]),
+    }
+    loss, parts = normalised(terms, 1, None, 0.5)
+    assert (float(loss), float(parts["task_loss"]), float(parts["lm_loss"])) == (2.375, 2.0, 0.75)
+    loss, parts = normalised(terms, 1, (2, 6, 10), 0.5)
+    assert float(loss) == pytest.approx(4 / 3 + 0.5 * 6 / 5)  # what the gradient follows
+    assert (float(parts["loss"]), float(parts["task_loss"]), float(parts["lm_loss"])) == (2.375, 2.0, 0.75)
+    default = torch.get_default_dtype()
+    try:
+        torch.set_default_dtype(torch.bfloat16)
+        big = {"lm_sum": torch.tensor([8800.0], dtype=torch.float32), "lm_count": torch.tensor([4939])}
+        loss, _ = normalised(big, 1, (1, 0, 4939), 0.5)
+    finally:
+        torch.set_default_dtype(default)
+    assert float(loss) == pytest.approx(8800 / 4939, rel=1e-6)  # the LM loss alone: pretraining

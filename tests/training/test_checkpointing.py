@@ -307,6 +307,28 @@ def test_the_newest_last_checkpoint_of_a_loggers_runs(tmp_path):
     assert find_last_checkpoint(tmp_path) == paths[1]
 
 
+def test_a_run_stopped_by_max_steps_mid_epoch_resumes_with_the_next_epoch_whole(tmp_path, tokenizer_dir):
+    """Lightning counts the stopped epoch as done and resumes with the next one from its start: the
+    data position must say so (it said the stopped epoch's batches, which the next then skipped)."""
+    from lightning.pytorch.callbacks import Callback
+
+    from gpt_ft.training.runs import lightning_main
+
+    class Seen(Callback):
+        def __init__(self):
+            self.batches = []
+
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            self.batches.append((trainer.current_epoch, batch_idx, len(batch)))
+
+    card = make_task("single", tmp_path)
+    args = finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "logs")  # 3 batches of 2 an epoch
+    main(["fit", *args, "--trainer.max_steps=4"])  # epoch 1's first batch, then stopped
+    seen = Seen()
+    lightning_main(["fit", *args, "--trainer.max_epochs=3", "--ckpt_path=last"], callbacks=[seen])
+    assert seen.batches == [(2, 0, 2), (2, 1, 2), (2, 2, 2)]
+
+
 def test_a_resumed_runs_best_carries_on_from_the_run_it_resumes(tmp_path):
     """Into its own version folder: the earlier best stays the best until a better one comes, so the
     resumed run does not take its first model for the best (Lightning's own ModelCheckpoint does)."""
@@ -332,19 +354,28 @@ def test_a_resumed_runs_best_carries_on_from_the_run_it_resumes(tmp_path):
         score = resumed.best_model_score
         assert (None if score is None else float(score)) == pytest.approx(expected), cls
     assert resumed.best_model_path == str(best)
+    # Lightning's own state key: checkpoints written by a plain ModelCheckpoint resume into it
+    assert (
+        BestCheckpoint(monitor=earlier.monitor, mode="max").state_key
+        == ModelCheckpoint(monitor=earlier.monitor, mode="max").state_key
+    )
     best.unlink()  # the earlier best gone: nothing to carry on from
     resumed = BestCheckpoint(dirpath=str(tmp_path / "version_1" / "checkpoints"), monitor=earlier.monitor)
     resumed.load_state_dict(state)
     assert resumed.best_model_score is None and resumed.best_k_models == {}
 
 
-def test_last_holds_the_stochastic_weight_average(tmp_path, tokenizer_dir):
-    """The average goes into the model when training ends, after the last step's save."""
+@pytest.mark.parametrize("save_last_first", [False, True])
+def test_last_holds_the_stochastic_weight_average(tmp_path, tokenizer_dir, save_last_first):
+    """The average goes into the model when training ends, after the last step's save; SaveLast
+    named before it too (its `every_n_steps`) saves after it."""
     from gpt_ft.training.runs import lightning_main
 
     card = make_task("single", tmp_path)
     swa = ["--trainer.callbacks+=StochasticWeightAveraging", "--trainer.callbacks.swa_lrs=1e-3",
            "--trainer.callbacks.swa_epoch_start=1"]  # fmt: skip
+    if save_last_first:
+        swa = ["--trainer.callbacks+=gpt_ft.training.checkpointing.SaveLast", *swa]
     cli = lightning_main(["fit", *finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "logs"), *swa])
     (last,) = (tmp_path / "logs").rglob("last.ckpt")
     saved = torch.load(last, weights_only=True)["state_dict"]
