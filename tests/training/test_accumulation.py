@@ -40,8 +40,7 @@ def first_gradients(card, tokenizer_dir, root, batch: int, accumulate: int, *ext
     return grads.grads
 
 
-@pytest.mark.parametrize("kind", ["pair", "choice"])
-@pytest.mark.parametrize("packing", ["true", "false"])
+@pytest.mark.parametrize(("kind", "packing"), [("pair", "true"), ("choice", "false")])
 def test_three_micro_batches_give_the_gradient_of_one_batch_of_them_all(
     tmp_path, tokenizer_dir, kind, packing
 ):

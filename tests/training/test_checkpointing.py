@@ -365,17 +365,15 @@ def test_a_resumed_runs_best_carries_on_from_the_run_it_resumes(tmp_path):
     assert resumed.best_model_score is None and resumed.best_k_models == {}
 
 
-@pytest.mark.parametrize("save_last_first", [False, True])
-def test_last_holds_the_stochastic_weight_average(tmp_path, tokenizer_dir, save_last_first):
-    """The average goes into the model when training ends, after the last step's save; SaveLast
-    named before it too (its `every_n_steps`) saves after it."""
+def test_last_holds_the_stochastic_weight_average(tmp_path, tokenizer_dir):
+    """The average goes into the model when training ends, after the last step's save; SaveLast,
+    named before it here (its `every_n_steps`), saves after it."""
     from gpt_ft.training.runs import lightning_main
 
     card = make_task("single", tmp_path)
     swa = ["--trainer.callbacks+=StochasticWeightAveraging", "--trainer.callbacks.swa_lrs=1e-3",
            "--trainer.callbacks.swa_epoch_start=1"]  # fmt: skip
-    if save_last_first:
-        swa = ["--trainer.callbacks+=gpt_ft.training.checkpointing.SaveLast", *swa]
+    swa = ["--trainer.callbacks+=gpt_ft.training.checkpointing.SaveLast", *swa]
     cli = lightning_main(["fit", *finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "logs"), *swa])
     (last,) = (tmp_path / "logs").rglob("last.ckpt")
     saved = torch.load(last, weights_only=True)["state_dict"]
