@@ -31,9 +31,10 @@ from gpt_ft.adapters.outputs import (
 )
 from gpt_ft.adapters.sources import HubDataset, LocalFiles, Sources
 
-ENCODING = 2
+ENCODING = 3
 """The version of the path from examples to tokens: cached encodings of another one are not reused
-(2: pairs cut as the tokenizers library's `longest_first` cuts them)."""
+(2: pairs cut as the tokenizers library's `longest_first` cuts them; 3: each example's LM targets
+counted, `targets`)."""
 
 
 @dataclass

@@ -199,6 +199,8 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
                 "label": [enc.label for enc in encoded],
                 "index": [_example_id(ex, index_field, origin.row(row)) for ex, row in zip(examples, rows)],
                 "length": [max(len(seq) for seq in enc.sequences) for enc in encoded],
+                # next-token targets: every token but each sequence's last (the accumulation windows')
+                "targets": [sum(len(seq) - 1 for seq in enc.sequences) for enc in encoded],
             }
 
         encoded = raw.map(
@@ -298,20 +300,18 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
     def window_counts(self, batch_idx: int, accumulate: int, batches: int, sampler) -> tuple[int, int] | None:
         """(examples, LM targets) on this rank in the gradient-accumulation window of `accumulate`
         training batches that holds batch `batch_idx` of the current epoch (of `batches`). The
-        order is the sampler's, a function of (seed, epoch); a target is every token but each
-        sequence's last, as the collators count them. None where the loader's `sampler` is not
+        order is the sampler's, a function of (seed, epoch); the targets are each example's, counted
+        when it was encoded as the collators count them. None where the loader's `sampler` is not
         ours (`--trainer.overfit_batches` puts its own in)."""
         order = getattr(self, "_train_order", None)
         if sampler is not order or order is None:
             return None
         key = (order.epoch, accumulate, batches)
         if key not in self._windows:
-            if getattr(self, "_targets", None) is None:
-                sequences = self.encoded("train", labelled=True).with_format(None)["input_ids"]
-                self._targets = [sum(len(s) - 1 for s in example) for example in sequences]
+            targets = self.encoded("train", labelled=True).with_format(None)["targets"]
             size, indices = self.batch_size, list(order.indices())
             chunks = [indices[i : i + size] for i in range(0, len(indices), size)][:batches]
-            counts = [(len(c), sum(self._targets[i] for i in c)) for c in chunks]
+            counts = [(len(c), sum(targets[i] for i in c)) for c in chunks]
             windows = [counts[i : i + accumulate] for i in range(0, len(counts), accumulate)]
             self._windows = {key: [tuple(map(sum, zip(*w))) for w in windows]}
         return self._windows[key][batch_idx // accumulate]
