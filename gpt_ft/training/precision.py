@@ -51,6 +51,9 @@ def bf16_matmul_speedup(n: int = 1024, repeats: int = 5) -> float:
 def cpu_precision(precision: str | int | None) -> tuple[str | int | None, str | None]:
     """The precision to train with on a CPU when `precision` was asked for, and the line that says
     why it changed (None when it did not)."""
+    if str(precision) in ("16-mixed", "16"):  # Lightning runs fp16-mixed as bf16-mixed on a CPU
+        chosen, why = cpu_precision("bf16-mixed")
+        return chosen, why.replace("bf16-mixed", f"{precision} (bf16-mixed on a CPU)", 1) if why else None
     if str(precision) not in BF16 or os.environ.get(FORCE) == "always":
         return precision, None
     if not cpu_has_bf16():

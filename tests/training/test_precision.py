@@ -28,12 +28,18 @@ def test_bf16_falls_back_to_fp32_where_it_is_slower_or_missing(monkeypatch):
         "This CPU has no bf16 matrix instructions (AVX-512 BF16 or AMX): running in 32-true instead of "
         "bf16-mixed (GPT_FT_CPU_BF16=always keeps bf16)."
     )
+    # fp16-mixed, which Lightning runs as bf16-mixed on a CPU, falls back likewise (not emulated)
+    chosen, why = precision.cpu_precision("16-mixed")
+    assert chosen == "32-true" and why.endswith(
+        "running in 32-true instead of 16-mixed (bf16-mixed on a CPU) (GPT_FT_CPU_BF16=always keeps bf16)."
+    )
     monkeypatch.setattr(precision, "cpu_has_bf16", lambda: True)
     monkeypatch.setattr(precision, "bf16_matmul_speedup", lambda: 0.53)
     chosen, why = precision.cpu_precision("bf16-true")
     assert chosen == "32-true" and why.startswith("On this CPU bf16 matrix products run at 0.53x the speed")
     monkeypatch.setattr(precision, "bf16_matmul_speedup", lambda: 3.9)
     assert precision.cpu_precision("bf16-mixed") == ("bf16-mixed", None)
+    assert precision.cpu_precision("16-mixed") == ("bf16-mixed", None)
     assert precision.cpu_precision("32-true") == ("32-true", None)
     monkeypatch.setattr(precision, "bf16_matmul_speedup", lambda: 0.53)
     monkeypatch.setenv(precision.FORCE, "always")
