@@ -5,6 +5,7 @@ the tokenizer's ids; and the sentence for each file gpt_ft cannot read."""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -244,6 +245,17 @@ def test_a_converted_tokenizer_is_kept_in_the_cache(tmp_path, monkeypatch):
     text = "The quick brown fox, 2024!\n"
     assert again(text).input_ids == first(text).input_ids and len(again) == len(first)
     assert again.chat_template == CHAT_TEMPLATE and again.eos_token == first.eos_token
+    gguf_file._tokenizer.cache_clear()
+    # Another file under the same name, size and modification time (a copy that kept the time)
+    # is another entry: its change time and inode differ.
+    monkeypatch.undo()
+    monkeypatch.setenv(gguf_file.CACHE, str(tmp_path / "cache"))
+    stat, data = path.stat(), path.read_bytes()
+    path.unlink()
+    path.write_bytes(data)
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    load_tokenizer(path)
+    assert len(list((tmp_path / "cache" / "gguf-tokenizers").iterdir())) == 2
     gguf_file._tokenizer.cache_clear()
 
 
