@@ -259,7 +259,7 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         batch_size = self.batch_size if train else self.eval_batch_size
         sampler = self._resumed(self._train_sampler(dataset), batch_size) if train else None
         if train:
-            self._windows, self._train_order = {}, sampler
+            self._windows, self._train_order = None, sampler
         return DataLoader(
             dataset,
             batch_size=batch_size,
@@ -307,14 +307,14 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         if sampler is not order or order is None:
             return None
         key = (order.epoch, accumulate, batches)
-        if key not in self._windows:
+        if self._windows is None or self._windows[0] != key:
             targets = self.encoded("train", labelled=True).with_format(None)["targets"]
             size, indices = self.batch_size, list(order.indices())
             chunks = [indices[i : i + size] for i in range(0, len(indices), size)][:batches]
             counts = [(len(c), sum(targets[i] for i in c)) for c in chunks]
             windows = [counts[i : i + accumulate] for i in range(0, len(counts), accumulate)]
-            self._windows = {key: [tuple(map(sum, zip(*w))) for w in windows]}
-        return self._windows[key][batch_idx // accumulate]
+            self._windows = key, [tuple(map(sum, zip(*w))) for w in windows]  # the current epoch's
+        return self._windows[1][batch_idx // accumulate]
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", train=True, labelled=True)
