@@ -153,7 +153,9 @@ def export_encoder(clf: Classifier, out: str | Path) -> Path:
         with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp:
             model_dir = Path(tmp) / "model"
             base.save_pretrained(model_dir)
-            framed_tokenizer(clf).save_pretrained(model_dir)
+            # The post-processor frames every text; sentence-transformers would wrap it again in a
+            # chat template (version 6 renders each text through the tokenizer's).
+            framed_tokenizer(clf, chat_template=False).save_pretrained(model_dir)
             modules = [
                 Transformer(str(model_dir), max_seq_length=clf.max_length),
                 Pooling(n_embd, "mean" if task.pooling == "mean" else "lasttoken"),
@@ -375,8 +377,10 @@ class _ChoiceScores(_Logits):
         return self.model(input_ids=input_ids, mc_token_ids=mc_token_ids).mc_logits
 
 
-def framed_tokenizer(clf: Classifier):
-    """`clf`'s tokenizer with GPT-1's input transform as its post-processor (a copy)."""
+def framed_tokenizer(clf: Classifier, *, chat_template: bool = True):
+    """`clf`'s tokenizer with GPT-1's input transform as its post-processor (a copy). Its chat
+    template stays (a reward model's prompts are rendered through it, as in training) unless
+    `chat_template` is False."""
     import copy
 
     from tokenizers.processors import TemplateProcessing
@@ -388,9 +392,8 @@ def framed_tokenizer(clf: Classifier):
     tokenizer.backend_tokenizer.post_processor = TemplateProcessing(
         single=single, pair=pair, special_tokens=list(zip(names, (s.start, s.delim, s.extract)))
     )
-    # The post-processor frames every text; a chat model's template would wrap it again where a
-    # loader applies one (sentence-transformers 6 renders each text through it).
-    tokenizer.chat_template = None
+    if not chat_template:
+        tokenizer.chat_template = None
     tokenizer.model_max_length = clf.max_length
     tokenizer.padding_side = "right"
     tokenizer.truncation_side = "right"  # training keeps the start of each text

@@ -322,6 +322,45 @@ def test_a_llama_multiple_choice_task_is_not_exported(tmp_path, tokenizer_dir):
     assert not (tmp_path / "out").exists()
 
 
+CHAT = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_a_reward_model_of_chat_messages_exports_the_chat_template_its_prompts_are_rendered_with(
+    tmp_path, tokenizer_dir
+):
+    """The folder renders a dialogue as training did (fine-tuning.md's recipe): its reward equals
+    `Classifier`'s for the same messages."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    clf = classifier("reward", "llama", tokenizer_dir)
+    clf.tokenizer.chat_template = CHAT
+    dialogues = [
+        [{"role": "user", "content": "name a prime ."}, {"role": "assistant", "content": "seven"}],
+        [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello , how can i help ?"},
+            {"role": "user", "content": "a dog ?"},
+            {"role": "assistant", "content": "two dogs run in a park ."},
+        ],
+    ]
+    expected = [outcome["scores"] for outcome in clf.predict([{"reply": d} for d in dialogues])]
+    folder = export_classifier(clf, tmp_path / "rm")
+    tok = AutoTokenizer.from_pretrained(folder)
+    rm = AutoModelForSequenceClassification.from_pretrained(folder)
+    assert tok.chat_template == CHAT
+    rewards = []
+    for messages in dialogues:
+        prompt = tok.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)
+        reply = tok.apply_chat_template(messages, tokenize=False)[len(prompt) :]
+        with torch.no_grad():
+            rewards.append(rm(**tok(prompt, reply, truncation=True, return_tensors="pt")).logits[0, 0].item())
+    assert rewards == pytest.approx(expected, abs=1e-5)
+    assert len(set(rewards)) == 2
+
+
 def test_export_command(tmp_path, finetuned, capsys):
     from gpt_ft.cli import main
 
