@@ -85,14 +85,18 @@ RETRIEVAL = ("mrr@10", "ndcg@10", "recall@1", "recall@10")
 
 
 def retrieval_metrics(queries: Tensor, corpus: Tensor, metrics: list[str]) -> dict[str, Tensor]:
-    """Query i against every document, document i the relevant one (`rank_metrics`). A tie ranks
-    the earlier document first; another copy of document i (the same vector: the same text, as two
-    rows may share a positive) is no rival, as InfoNCE leaves it out of the negatives."""
+    """Query i against the distinct documents of `corpus`, document i the relevant one
+    (`rank_metrics`). Rows with the same vector (the same text, as rows may share a positive) are
+    one document, at its first row: another copy of document i is no rival (as InfoNCE leaves it
+    out of the negatives), and a document several rows hold is one rival. A tie ranks the document
+    whose first row comes earlier first."""
     scores = queries.double() @ corpus.double().T  # (Q, Q)
     own = scores.diagonal()[:, None]
-    earlier = torch.ones_like(scores, dtype=torch.bool).tril(-1)
     first = first_copies(corpus)
-    rivals = ((scores > own) | ((scores == own) & earlier)) & (first[None, :] != first[:, None])
+    n = torch.arange(len(first), device=first.device)
+    documents = (first == n)[None, :] & (first[None, :] != first[:, None])  # each other one, once
+    earlier = n[None, :] < first[:, None]
+    rivals = ((scores > own) | ((scores == own) & earlier)) & documents
     return rank_metrics(1 + rivals.sum(dim=1), metrics)
 
 

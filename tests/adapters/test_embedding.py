@@ -145,6 +145,16 @@ def test_retrieval_metrics_by_hand():
     # Two rows sharing a positive (d0 = d1): the other copy is no rival, so each query finds its own first.
     shared = torch.tensor([[0.6, 0.8], [0.6, 0.8], [1.0, 0.0]])
     assert retrieval_metrics(shared, shared, ["recall@1"])["recall@1"].item() == 1.0
+    # The corpus is of distinct documents: P, the positive of rows 0 and 2, is one rival to q1
+    # (which prefers it to its own Q), not two: ranks 1, 2, 1.
+    P, Q = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])
+    queries = torch.tensor([[1.0, 0.0], [0.8, 0.6], [1.0, 0.0]])
+    got = retrieval_metrics(queries, torch.stack([P, Q, P]), ["mrr@10", "recall@1"])
+    assert got["mrr@10"].item() == pytest.approx((1 + 1 / 2 + 1) / 3)
+    # ... and ties are broken by a document's first row: q2's own P (first at row 0) precedes Q.
+    tie = torch.tensor([[1.0, 1.0], [0.0, 1.0], [1.0, 1.0]])
+    corpus = torch.stack([P, Q, P])
+    assert retrieval_metrics(tie, corpus, ["mrr@10"])["mrr@10"].item() == pytest.approx((1 + 1 + 1) / 3)
 
 
 def test_a_card_frames_each_text_alone_with_its_prompt(tokenizer_dir):
