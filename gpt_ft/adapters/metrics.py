@@ -100,14 +100,19 @@ def retrieval_metrics(queries: Tensor, corpus: Tensor, metrics: list[str]) -> di
     return rank_metrics(1 + rivals.sum(dim=1), metrics)
 
 
-def rank_metrics(rank: Tensor, metrics: list[str]) -> dict[str, Tensor]:
+def rank_metrics(rank: Tensor, metrics: list[str], ties: Tensor | None = None) -> dict[str, Tensor]:
     """Each query's one relevant document at `rank` (1 the first): MRR@10, nDCG@10
-    (1/log2(rank + 1)), recall@1 and recall@10, means over the queries."""
-    rank = rank.double()
+    (1/log2(rank + 1)), recall@1 and recall@10, means over the queries. With `ties` (how many
+    documents score what the relevant one does), each query's figure is its mean over the places
+    rank ... rank + ties, as a random order of the tied documents gives on average."""
+    ties = torch.zeros_like(rank) if ties is None else ties
+    most = int(ties.max()) if len(ties) else 0
+    places = rank.double()[:, None] + torch.arange(most + 1, device=rank.device)
+    share = (places - rank[:, None] <= ties[:, None]) / (ties[:, None] + 1.0)  # (Q, places)
     values = {
-        "mrr@10": torch.where(rank <= 10, 1 / rank, 0.0),
-        "ndcg@10": torch.where(rank <= 10, 1 / torch.log2(rank + 1), 0.0),
-        "recall@1": (rank <= 1).double(),
-        "recall@10": (rank <= 10).double(),
+        "mrr@10": torch.where(places <= 10, 1 / places, 0.0),
+        "ndcg@10": torch.where(places <= 10, 1 / torch.log2(places + 1), 0.0),
+        "recall@1": (places <= 1).double(),
+        "recall@10": (places <= 10).double(),
     }
-    return {name: values[name].mean().float() for name in metrics}
+    return {name: (values[name] * share).sum(dim=1).mean().float() for name in metrics}

@@ -6,9 +6,10 @@ Trained listwise against hard negatives: the softmax cross-entropy over a row's 
 positive (the first) right, InfoNCE over the list (as sentence-transformers' cross-encoder
 `CrossEntropyLoss` over a query's candidates). Pointwise training is the pair shapes' own: a
 `TextPair` card with `regression: true` (a graded relevance) or two classes. Scored by the
-retrieval metrics over each row's candidates (MRR@10, nDCG@10, recall@1, recall@10), a tie ranking
-the positive first. Served one pair at a time: `gpt-ft export` writes a one-output
-`*ForSequenceClassification` that sentence-transformers' `CrossEncoder` loads.
+retrieval metrics over each row's candidates (MRR@10, nDCG@10, recall@1, recall@10), a tie of the
+positive with a negative counting each of their places equally (a random order's mean). Served
+one pair at a time: `gpt-ft export` writes a one-output `*ForSequenceClassification` that
+sentence-transformers' `CrossEncoder` loads.
 """
 
 from __future__ import annotations
@@ -71,9 +72,11 @@ class RerankOutput(TaskOutput):
         return RerankHead(n_embd, candidates=self.candidates, dropout=dropout, init_std=init_std, bias=bias)
 
     def metric_values(self, predictions: Tensor, labels: Tensor, metrics: list[str]) -> dict[str, Tensor]:
-        """The positive's rank among each row's candidates (NaN: a candidate the row has not)."""
-        rank = 1 + (predictions[:, 1:] > predictions[:, :1]).sum(dim=1)
-        return rank_metrics(rank, metrics)
+        """The positive's rank among each row's candidates (NaN: a candidate the row has not), a
+        tie with a negative counting at each of their places in turn."""
+        positive, negatives = predictions[:, :1], predictions[:, 1:]
+        rank = 1 + (negatives > positive).sum(dim=1)
+        return rank_metrics(rank, metrics, ties=(negatives == positive).sum(dim=1))
 
     def format_prediction(self, prediction: Tensor, name: Callable[[int], str]) -> str:
         """The candidates' scores, in the row's order."""

@@ -384,13 +384,19 @@ def test_a_reranker_frames_each_candidate_after_the_query_and_ranks_the_positive
     head = [specials.start, *q, specials.delim]
     assert encoded.sequences == [[*head, *pos, specials.extract], [*head, *neg, specials.extract]]
     assert encoded.label == 0 and task.shares_context and task.num_sequences == 3
-    # Rows ranking their positive 1st, 3rd (below two) and 2nd (a tie ranks it first; NaN: no candidate).
+    # Rows ranking their positive 1st, 3rd (below two), and 2nd or 3rd (below one, tied with one: each
+    # place half the time); NaN: no candidate.
     nan = float("nan")
     scores = torch.tensor([[2.0, 1.0, nan], [0.5, 1.0, 0.7], [0.3, 0.3, 0.4]])
     got = task.output.metric_values(scores, torch.zeros(3), ["mrr@10", "recall@1", "ndcg@10"])
-    assert got["mrr@10"].item() == pytest.approx((1 + 1 / 3 + 1 / 2) / 3)
+    assert got["mrr@10"].item() == pytest.approx((1 + 1 / 3 + (1 / 2 + 1 / 3) / 2) / 3)
     assert got["recall@1"].item() == pytest.approx(1 / 3)
-    assert got["ndcg@10"].item() == pytest.approx((1 + 1 / math.log2(4) + 1 / math.log2(3)) / 3)
+    ndcg = [1 / math.log2(r + 1) for r in (1, 2, 3)]
+    assert got["ndcg@10"].item() == pytest.approx((ndcg[0] + ndcg[2] + (ndcg[1] + ndcg[2]) / 2) / 3)
+    # A scorer that ties everything ranks at random: the mean over the 4 places, not the first.
+    flat = task.output.metric_values(torch.zeros(5, 4), torch.zeros(5), ["mrr@10", "recall@1"])
+    assert flat["mrr@10"].item() == pytest.approx((1 + 1 / 2 + 1 / 3 + 1 / 4) / 4)
+    assert flat["recall@1"].item() == pytest.approx(1 / 4)
     assert task.output.format_prediction(scores[0], str) == "2.0000 1.0000"
 
 
