@@ -179,6 +179,8 @@ class EmbeddingOutput(TaskOutput):
         self.scored, self.loss, self.temperature, self.symmetric = scored, loss, temperature, symmetric
         self.dimensions, self.candidates, self.pooling = dimensions, candidates, pooling
         self.default_metrics = CORRELATIONS if scored else RETRIEVAL
+        if not scored:  # no gold scores to correlate with
+            self.allowed_metrics, self.kind = RETRIEVAL, "embedding without `score`"
 
     @property
     def num_outputs(self) -> int:

@@ -69,7 +69,7 @@ class Scoring:
         metrics = list(metrics) if metrics else list(default)
         unknown = [m for m in metrics if m not in allowed]
         if unknown:
-            of_kind = f" (the metrics of a {kind} task)" if kind else ""
+            of_kind = f" (the metrics of {'an' if kind[0] in 'aeiou' else 'a'} {kind} task)" if kind else ""
             raise CardError(
                 f"Task {task_name!r}: unknown metric(s) {unknown}; allowed: {', '.join(allowed)}{of_kind}."
             )

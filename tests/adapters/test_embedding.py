@@ -129,6 +129,15 @@ def test_cosent_on_hand_computed_cases():
     )
 
 
+def test_correlations_need_gold_scores():
+    from gpt_ft.adapters import Embedding
+    from gpt_ft.adapters.outputs import CardError
+
+    Embedding(name="e", score="score", metrics=["spearman", "mrr@10"])
+    with pytest.raises(CardError, match=r"unknown metric\(s\) \['spearman'\].*embedding without `score`"):
+        Embedding(name="e", metrics=["spearman", "mrr@10"])
+
+
 def test_retrieval_metrics_by_hand():
     # Query i scores document j by corpus[j][i]: q0 ranks its own document 1st (1.0 over 0, 0),
     # q1 2nd (0.5 under d0's 0.9), q2 3rd (0.1 under 0.5 and 0.4).
