@@ -12,9 +12,10 @@ A step's label is 1 (right), 0 (wrong), a soft score in between (Math-Shepherd's
 often a completion from there reaches the answer) or none. The card says how a row gives them
 (`label_form`):
 
-- `per_step`: a list, one value per step (true/false, 1/0, "+"/"-", a number in [0, 1], null);
-- `first_error`: the index of the first wrong step, -1 (or null) for none (ProcessBench): the
-  steps before it right, it wrong, the steps after it unlabelled;
+- `per_step`: a list, one value per step (true/false, 1/0, "+"/"-", a number in [0, 1], null; a
+  row whose steps are all null is unlabelled);
+- `first_error`: the index of the first wrong step, -1 for none (ProcessBench), null for an
+  unlabelled row: the steps before it right, it wrong, the steps after it unlabelled;
 - `error_steps`: the indices of the wrong steps, the others right (PRMBench);
 - `tagged`: Math-Shepherd's rows: the steps one text, each ended by `step_tag`, and the label the
   same text with "+" or "-" in each tag's place.
@@ -178,11 +179,15 @@ class StepOutput(TaskOutput):
         return {name: values[name].float() for name in metrics}
 
     def choose(self, predictions: Tensor, labels: Tensor) -> dict[str, float]:
-        """The threshold (of `THRESHOLDS`, the lowest on a tie) with the best ProcessBench F1."""
+        """The threshold (of `THRESHOLDS`, the lowest on a tie) with the best ProcessBench F1; where
+        the solutions are all erroneous or all right (F1 has one side only), the best first-error
+        accuracy."""
         probabilities, labels = predictions[:, :-1].double(), labels.double()
+        true_first = first_below(labels.nan_to_num(1.0), torch.full_like(labels[:, :1], 0.5))
+        both = bool((true_first >= 0).any() and (true_first < 0).any())
+        by = "processbench_f1" if both else "first_error_accuracy"
         scores = [
-            float(step_metric_values(probabilities, t.expand(len(labels), 1), labels)["processbench_f1"])
-            for t in THRESHOLDS
+            float(step_metric_values(probabilities, t.expand(len(labels), 1), labels)[by]) for t in THRESHOLDS
         ]
         return {"threshold": float(THRESHOLDS[max(range(len(scores)), key=scores.__getitem__)])}
 
@@ -204,9 +209,12 @@ class StepOutput(TaskOutput):
         return self.padded_labels(example.get(self.spec.field), len(self.steps_of(example)))
 
     def padded_labels(self, value: Any, n: int) -> list[float] | None:
-        """The labels of a solution of `n` steps from its label field's value (None: unlabelled),
-        padded with NaN to `max_steps`."""
-        return None if value is None else self.step_labels(value, n) + [math.nan] * (self.max_steps - n)
+        """The labels of a solution of `n` steps from its label field's value, padded with NaN to
+        `max_steps`; None (unlabelled) for no value, or no labelled step (nothing to learn or score)."""
+        if value is None:
+            return None
+        labels = self.step_labels(value, n)
+        return None if all(math.isnan(v) for v in labels) else labels + [math.nan] * (self.max_steps - n)
 
     def step_labels(self, value: Any, n: int) -> list[float]:
         """The labels of a solution of `n` steps from its label field's value."""

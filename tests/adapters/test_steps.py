@@ -56,6 +56,7 @@ def test_each_label_form():
     assert same(errors.padded_labels([], 3), [1.0, 1.0, 1.0, NAN])
     per_step = Steps(name="s", max_steps=3).output
     assert same(per_step.padded_labels(["+", False, None], 3), [1.0, 0.0, NAN])
+    assert per_step.padded_labels([None, None], 2) is None  # no labelled step: an unlabelled row
     tagged = Steps(name="s", problem=None, steps="input", label_form="tagged", step_tag="ки", max_steps=3)
     row = {"input": "Q? Step 1: a ки\nStep 2: b ки", "label": "Q? Step 1: a +\nStep 2: b -"}
     assert tagged.texts(row) == ["", "Q? Step 1: a ", "\nStep 2: b "]
@@ -136,6 +137,11 @@ def test_validation_chooses_the_lowest_threshold_with_the_best_processbench_f1()
     predictions = torch.tensor([[0.9, 0.345, 0.5], [0.9, 0.455, 0.5]])
     labels = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
     assert output.choose(predictions, labels) == {"threshold": pytest.approx(0.35)}
+    # Only erroneous solutions (ProcessBench's F1 is 0 at every threshold): chosen by first-error
+    # accuracy, which finds both wrong steps (at 0.3 and 0.455, after right ones at 0.9) from 0.46 up.
+    predictions = torch.tensor([[0.9, 0.3, 0.5], [0.9, 0.455, 0.5]])
+    labels = torch.tensor([[1.0, 0.0], [1.0, 0.0]])
+    assert output.choose(predictions, labels) == {"threshold": pytest.approx(0.46)}
 
 
 def test_predictions_carry_the_threshold_and_outcomes_name_the_first_error():
