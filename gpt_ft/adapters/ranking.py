@@ -318,7 +318,9 @@ class Ranking(TaskAdapter):
         prompt, *replies = tokens
         sequences, extract = self.choice_sequences(specials, prompt, replies, max_length)
         scores = [s for _, s in self._replies(example)]
-        labelled = any(s is not None for s in scores) and len(scores) > 1
+        labelled = any(s is not None for s in scores)
+        if labelled and len(scores) == 1:
+            raise TaskDataError("the row has 1 reply with a score: a ranking orders 2 or more.")
         label = self.output.padded([math.nan if s is None else s for s in scores]) if labelled else None
         return Encoded(sequences, extract, label)
 

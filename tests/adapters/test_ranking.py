@@ -115,6 +115,13 @@ def test_bad_rows_and_cards_are_one_sentence():
         Ranking(name="r", reply_text="response", reply_score="s").texts(
             {"prompt": "p", "replies": [{"s": 1}]}
         )
+    # One reply with a score: nothing to order (rather than "no label"); unscored, it is one to score.
+    with pytest.raises(TaskDataError, match="the row has 1 reply with a score: a ranking orders 2 or more"):
+        task.encode({"prompt": "p", "replies": ["a"], "scores": [3]}, [[5], [6]], SPECIALS, 32)
+    with pytest.raises(TaskDataError, match="the row has 1 reply with a score"):
+        pairs = Ranking(name="r", chosen="c", rejected="x", max_replies=3)
+        pairs.encode({"prompt": "p", "c": ["a"], "x": []}, [[5], [6]], SPECIALS, 32)
+    assert task.encode({"prompt": "p", "replies": ["a"]}, [[5], [6]], SPECIALS, 32).label is None
     with pytest.raises(CardError, match="give `chosen` and `rejected` together"):
         Ranking(name="r", chosen="c")
     with pytest.raises(CardError, match="loss 'listnet' is not one of"):
