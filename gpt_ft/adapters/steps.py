@@ -179,13 +179,11 @@ class StepOutput(TaskOutput):
         return {name: values[name].float() for name in metrics}
 
     def choose(self, predictions: Tensor, labels: Tensor) -> dict[str, float]:
-        """The threshold (of `THRESHOLDS`, the lowest on a tie) with the best ProcessBench F1; where
-        the solutions are all erroneous or all right (F1 has one side only), the best first-error
-        accuracy."""
+        """The threshold (of `THRESHOLDS`, the lowest on a tie) with the best ProcessBench F1 (with
+        solutions all erroneous or all right, F1's one side: the best first-error accuracy)."""
         probabilities, labels = predictions[:, :-1].double(), labels.double()
-        true_first = first_below(labels.nan_to_num(1.0), torch.full_like(labels[:, :1], 0.5))
-        both = bool((true_first >= 0).any() and (true_first < 0).any())
-        by = "processbench_f1" if both else "first_error_accuracy"
+        erroneous = first_below(labels.nan_to_num(1.0), torch.full_like(labels[:, :1], 0.5)) >= 0
+        by = "processbench_f1" if erroneous.any() and not erroneous.all() else "first_error_accuracy"
         scores = [
             float(step_metric_values(probabilities, t.expand(len(labels), 1), labels)[by]) for t in THRESHOLDS
         ]
@@ -312,12 +310,8 @@ class Steps(TaskAdapter):
         if step_tag == "":
             raise CardError(f"Task {name!r}: step_tag must not be empty.")
         self.problem, self.steps, self.step_tag = problem, steps, step_tag
-        self.label_form, self.one_based, self.max_steps, self.threshold = (
-            label_form,
-            one_based,
-            max_steps,
-            threshold,
-        )
+        self.label_form, self.one_based = label_form, one_based
+        self.max_steps, self.threshold = max_steps, threshold
         super().__init__(**kwargs)
 
     def own_output(self, spec: LabelSpec) -> TaskOutput:

@@ -2,12 +2,12 @@
 
 `CausalSelfAttention` (a block's `attn`, module names as in the Hugging Face GPT-2 checkpoint:
 `c_attn` holds q, k and v stacked, `c_proj` the output projection, `q_norm`/`k_norm` Qwen3's and
-Gemma 3's per-head norms) runs PyTorch's
-`scaled_dot_product_attention`, or `blocked_causal_attention` where SDPA would be slow (on a CPU:
-dropout, or bf16/fp16 rows of up to `BLOCKED_ROWS` positions, where plain matmuls beat SDPA's CPU
-flash kernel 2-4x forward and backward; at longer rows the flash kernel is faster and keeps no
-scores for backward). `causal_mask` builds the mask SDPA needs only when padding, a KV cache or a sliding
-window calls for one; `packed_mask` the block-diagonal one of rows of packed sequences.
+Gemma 3's per-head norms) runs PyTorch's `scaled_dot_product_attention`, or
+`blocked_causal_attention` where SDPA would be slow (on a CPU: dropout, or bf16/fp16 rows of up to
+`BLOCKED_ROWS` positions, where plain matmuls beat SDPA's CPU flash kernel 2-4x forward and
+backward; at longer rows the flash kernel is faster and keeps no scores for backward).
+`causal_mask` builds the mask SDPA needs only when padding, a KV cache or a sliding window calls
+for one; `packed_mask` the block-diagonal one of rows of packed sequences.
 """
 
 from __future__ import annotations
@@ -264,7 +264,11 @@ class PackedRows:
     def attend(
         self, kernel: str, q: Tensor, k: Tensor, v: Tensor, scale: float | None, dropout_p: float = 0.0
     ) -> Tensor:
-        """Attention of queries (B, nh, T, hs) over keys and values (B, nkv, T, hs) on `kernel`."""
+        """Attention of queries (B, nh, T, hs) over keys and values (B, nkv, T, hs) on `kernel`, all
+        three in autocast's dtype as SDPA casts them (rotary positions leave q and k in fp32)."""
+        if torch.is_autocast_enabled(q.device.type):
+            dtype = torch.get_autocast_dtype(q.device.type)
+            q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
         if kernel == "varlen":
             return self._varlen(q, k, v, scale, dropout_p)
         return self._flex(q, k, v, scale)
@@ -274,13 +278,10 @@ class PackedRows:
         if self.cu_seqlens is None:
             self.cu_seqlens, self.max_seqlen = segment_offsets(self.documents)
         flat = lambda t: t.transpose(1, 2).reshape(B * T, t.shape[1], hs)  # noqa: E731
-        cu, longest = self.cu_seqlens.to(q.device, torch.int32), self.max_seqlen
+        cu, longest, groups = self.cu_seqlens.to(q.device, torch.int32), self.max_seqlen, nh // k.shape[1]
         if dropout_p > 0:
-            if k.shape[1] != nh:
-                k, v = (
-                    k.repeat_interleave(nh // k.shape[1], dim=1),
-                    v.repeat_interleave(nh // k.shape[1], dim=1),
-                )
+            if groups > 1:
+                k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
             left = -1 if self.window is None else self.window - 1
             y = FlashVarlenDropout.apply(flat(q), flat(k), flat(v), cu, longest, dropout_p, scale, left)
             return y.view(B, T, nh, hs).transpose(1, 2)
@@ -293,10 +294,10 @@ class PackedRows:
             q, scale = q * (scale * hs**0.5), None
         if scale is not None:
             options["scale"] = scale
-        if k.shape[1] != nh and "enable_gqa" in VARLEN:
+        if groups > 1 and "enable_gqa" in VARLEN:
             options["enable_gqa"] = True
-        elif k.shape[1] != nh:
-            k, v = k.repeat_interleave(nh // k.shape[1], dim=1), v.repeat_interleave(nh // k.shape[1], dim=1)
+        elif groups > 1:
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         y = varlen_attn(flat(q), flat(k), flat(v), cu, cu, longest, longest, **options)  # (B * T, nh, hs)
         return y.view(B, T, nh, hs).transpose(1, 2)
 

@@ -132,6 +132,29 @@ def test_packed_rows_on_each_kernel_equal_the_padded_batch(tokenizer_dir, monkey
         assert {c["window_size"] for c in calls} == {(-1, 0), (5, 0)}
 
 
+@pytest.mark.parametrize("kernel", ["varlen", "flex"])
+def test_the_kernels_get_queries_keys_and_values_of_one_low_precision_dtype_under_autocast(
+    tokenizer_dir, monkeypatch, kernel
+):
+    """Under bf16 autocast rotary positions leave queries and keys in fp32 (cos and sin are), and
+    neither FlashAttention's variable-length kernel nor FlexAttention's backward takes mixed dtypes:
+    they get all three in bf16, as SDPA casts its inputs (and as its padded batch attends)."""
+    module, rows, specials = module_for(tokenizer_dir, "pair", "llama-micro")
+    dtypes = []
+
+    def spy(q, k, v, *args, **kwargs):
+        dtypes.append((q.dtype, k.dtype, v.dtype))
+        return torch.zeros_like(q)  # (N, heads, hs), the kernels' layout
+
+    monkeypatch.setattr(attention, "FORCE_KERNEL", kernel)
+    monkeypatch.setattr(attention, "varlen_attn", spy)
+    monkeypatch.setattr(attention, "VARLEN", {"window_size", "scale", "enable_gqa"})
+    monkeypatch.setattr(attention, "_flex", lambda device: lambda q, k, v, **kw: spy(q, k, v))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        module.terms(collate_packed(rows, specials.pad))
+    assert dtypes and set(dtypes) == {(torch.bfloat16,) * 3}
+
+
 def test_rows_are_laid_flat_where_that_costs_less():
     """Rows of 300 (sequences of 300, 200, 250, 100, 40) cost 965.8 positions on the dense mask and
     1,259.9 laid flat (890 + 49.9 of attention + 5 · 64): they stay. Rows of 700 (sequences of 700,

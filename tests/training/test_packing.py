@@ -46,7 +46,7 @@ TEXTS = {"single": 1, "pair": 2, "similarity": 2, "multi-label": 1}
 def examples(task, shape: str, specials, vocab: int, n: int = 7, seed: int = 0) -> list[dict]:
     """`n` labelled examples of random tokens: texts of 0-18 tokens, contexts of 1-30, 1-4 choices;
     preference pairs with prompts of 0-30 tokens, replies of 0-9 and margins of 0-1; solutions of
-    1-6 steps of 0-8 tokens, labelled right, wrong, half right or not at all."""
+    1-6 steps of 0-8 tokens, labelled right, wrong, half right or not at all (one at least)."""
     g = torch.Generator().manual_seed(seed)
     randint = lambda lo, hi: int(torch.randint(lo, hi + 1, (), generator=g))  # noqa: E731
     tokens = lambda k: torch.randint(0, vocab, (k,), generator=g).tolist()  # noqa: E731
@@ -66,6 +66,8 @@ def examples(task, shape: str, specials, vocab: int, n: int = 7, seed: int = 0) 
         elif shape == "steps":
             texts = [tokens(randint(0, 20)), *(tokens(randint(0, 8)) for _ in range(randint(1, 6)))]
             label = [[True, False, 0.5, None][randint(0, 3)] for _ in texts[1:]]
+            if all(v is None for v in label):  # a solution with no labelled step is unlabelled
+                label[-1] = False
         elif shape == "preference":
             texts = [tokens(randint(0, 30)), tokens(randint(0, 9)), tokens(randint(0, 9))]
             label = randint(0, 2) / 2
