@@ -17,6 +17,8 @@
 
 Every part runs in a process group of its own under a hard limit (killed, not asked: SIGKILL to
 the group) and its row is written whatever happens; a part killed at its limit says how far it got.
+The report is written after every row; on SIGTERM the running part's group is killed and the
+report ends with a row saying where the checklist stopped.
 The parts share one budget (`--budget`, default 480 s), so the whole checklist ends within it, and
 torch.compile's on-disk cache, so a graph one part compiled is read back by the next.
 
@@ -28,6 +30,7 @@ half a minute; the test suite runs it).
     python benchmarks/gpu_check.py                          # on a GPU, with the project installed
     python benchmarks/gpu_check.py --device cpu --quick     # on a CPU
     python benchmarks/gpu_check.py --glue GLUE_DIR --init-from weights/SmolLM2-135M-Instruct.Q4_1.gguf
+    python benchmarks/gpu_check.py --skip-tests --skip-figures --glue GLUE_DIR --init-from ...  # that alone
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import sys
 import tempfile
 import time
@@ -138,7 +142,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--quick", action="store_true", help="fewer runs and steps in the figures")
-    p.add_argument("--skip-tests", action="store_true", help="the figures only")
+    p.add_argument("--skip-tests", action="store_true", help="no CUDA tests")
+    p.add_argument("--skip-figures", action="store_true", help="no figures (with --glue: the Trainer's part)")
     p.add_argument("--budget", type=float, default=None, help="seconds for the whole checklist (default 480; "
                    "780 with --glue)")  # fmt: skip
     p.add_argument("--glue", help="GLUE's folder (SST-2/ in it): adds `gpt-ft fit` against the Trainer")
@@ -152,9 +157,43 @@ def main() -> int:
         p.error("--glue needs --init-from (pretrained weights) or --tokenizer (random ones)")
     args.budget = args.budget or 480 + (LIMITS["vs_trainer"] if args.glue else 0)
     start = time.perf_counter()
-    reserved = LIMITS["vs_trainer"] if args.glue else 0  # the Trainer part's, kept from the parts before it
     left = lambda: args.budget - (time.perf_counter() - start)  # noqa: E731
-    report = Report("gpt_ft GPU checklist")
+    report = Checklist("gpt_ft GPU checklist", path=args.report, started=start)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the running part's group killed (run_part)
+    try:
+        run_checklist(args, figure_args, report, left)
+    except SystemExit:
+        report.add(Row("checklist", f"stopped by SIGTERM after {time.perf_counter() - start:.0f} s", "FAIL"))
+        raise
+    finally:
+        minutes = (time.perf_counter() - start) / 60
+        verdict_text = f"{report.failed} failing" if report.failed else "all checks pass"
+        report.note = (
+            f"{time.strftime('%Y-%m-%d %H:%M')}, device {args.device}, {minutes:.1f} minutes; {verdict_text}."
+        )
+        report.write(args.report)
+    print(report.markdown(), end="")
+    print(f"report written to {args.report}", file=sys.stderr)
+    return 1 if report.failed else 0
+
+
+class Checklist(Report):
+    """The report, written again after every row (a killed checklist leaves the rows it has)."""
+
+    def __init__(self, title: str, *, path: Path, started: float) -> None:
+        super().__init__(title)
+        self.path, self.started = path, started
+
+    def add(self, row: Row) -> None:
+        super().add(row)
+        self.note = f"in progress: {time.perf_counter() - self.started:.0f} s"
+        self.write(self.path)
+
+
+def run_checklist(args, figure_args: list[str], report: Report, left) -> None:
+    """The parts in order (module docstring), each row added to `report` as it comes."""
+    start = report.started
+    reserved = LIMITS["vs_trainer"] if args.glue else 0  # the Trainer part's, kept from the parts before it
     missed = floors_missed()
     report.add(Row("dependencies", "; ".join(missed) or "every floor met", "FAIL" if missed else ""))
     cache = Path(tempfile.gettempdir()) / "gpt_ft_inductor_cache"
@@ -166,7 +205,9 @@ def main() -> int:
         print(f"[{time.perf_counter() - start:4.0f} s] pytest -k cuda tests ...", file=sys.stderr, flush=True)
         cmd = [sys.executable, "-m", "pytest", "-v", "-rs", "-k", "cuda", "-p", "no:cacheprovider", "tests"]
         report.add(tests_row(run_part(cmd, limit, env), limit))
-    parts = [[name] for name in FIGURES] if args.device == "cuda" else [FIGURES]
+    parts = [] if args.skip_figures else [[name] for name in FIGURES] if args.device == "cuda" else [FIGURES]
+    if args.skip_figures:
+        report.add(Row("GPU figures", "--skip-figures", "skip"))
     with tempfile.TemporaryDirectory() as tmp:
         for names in parts:
             name, out = "+".join(names) if len(names) == 1 else "GPU figures", Path(tmp) / f"{names[0]}.md"
@@ -181,15 +222,6 @@ def main() -> int:
                 report.add(row)
         for row in vs_trainer(args, env, Path(tmp), left) if args.glue else []:
             report.add(row)
-    minutes = (time.perf_counter() - start) / 60
-    verdict_text = f"{report.failed} failing" if report.failed else "all checks pass"
-    report.note = (
-        f"{time.strftime('%Y-%m-%d %H:%M')}, device {args.device}, {minutes:.1f} minutes; {verdict_text}."
-    )
-    report.write(args.report)
-    print(report.markdown(), end="")
-    print(f"report written to {args.report}", file=sys.stderr)
-    return 1 if report.failed else 0
 
 
 if __name__ == "__main__":

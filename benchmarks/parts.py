@@ -27,7 +27,8 @@ def run_part(cmd: list[str], limit_s: float, env: dict[str, str] | None = None) 
     """Runs `cmd` in the project root in a process group of its own, its output kept in files (no
     pipe to fill). At `limit_s` the whole group is killed with SIGKILL: neither a process that
     catches SIGTERM (Lightning's trainer does) nor its children outlive the limit. Children left
-    behind by a process that exited are killed too."""
+    behind by a process that exited are killed too, and so is the group when the wait ends in an
+    exception (Ctrl-C, or the caller's SIGTERM handler exiting): no part outlives the checklist."""
     start = time.perf_counter()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=err, start_new_session=True)
@@ -35,11 +36,12 @@ def run_part(cmd: list[str], limit_s: float, env: dict[str, str] | None = None) 
             code = proc.wait(timeout=max(limit_s, 0.1))
         except subprocess.TimeoutExpired:
             code = None
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass  # the group is gone already
-        proc.wait()
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # the group is gone already
+            proc.wait()
         out.seek(0), err.seek(0)
         return Part(code, time.perf_counter() - start, out.read(), err.read())
 

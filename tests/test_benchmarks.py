@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.background import Command
+from tests.helpers import ROOT
 
 RATE = r"[\d,]+ \([\d,]+-[\d,]+\)"  # median tokens/s (slowest-fastest run)
 KINDS = [
@@ -182,6 +183,37 @@ def test_what_a_benchmark_script_uses_of_another_is_there():
     finally:
         sys.path.remove(str(benchmarks))
     assert not missing
+
+
+def test_a_checklist_stopped_by_sigterm_kills_its_part_and_leaves_its_report(tmp_path):
+    """The rows so far are on disk after each one; SIGTERM kills the running part's process group
+    (a part is a session of its own, which a signal to the checklist's group would not reach) and
+    adds a row saying where the checklist stopped."""
+    import signal
+    import subprocess
+    import time
+
+    report = tmp_path / "check.md"
+    argv = [sys.executable, "benchmarks/gpu_check.py", "--device", "cpu", "--quick", "--report", str(report)]
+    checklist = subprocess.Popen(argv, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    for line in checklist.stderr:  # the rows before the figures, then the figures part starting
+        if line.rstrip().endswith("GPU figures ..."):
+            break
+    written = json.loads(report.with_suffix(".json").read_text())
+    assert [r["check"] for r in written["rows"]] == ["dependencies", "CUDA tests"]
+    assert written["note"].startswith("in progress")
+    time.sleep(0.5)
+    part = subprocess.run(["pgrep", "-f", "gpu_figures.py"], capture_output=True, text=True).stdout.split()
+    assert part, "the figures part is running"
+    checklist.send_signal(signal.SIGTERM)
+    assert checklist.wait(timeout=30) == 143
+    rows = json.loads(report.with_suffix(".json").read_text())["rows"]
+    assert rows[-1]["check"] == "checklist" and rows[-1]["result"].startswith("stopped by SIGTERM after")
+    assert rows[-1]["status"] == "FAIL" and "1 failing" in report.read_text()
+    time.sleep(0.2)
+    for pid in part:  # gone, or dead and waiting to be reaped
+        status = Path(f"/proc/{pid}/status")
+        assert not status.exists() or "\nState:\tZ" in status.read_text()
 
 
 def test_a_part_past_its_limit_is_killed_with_its_children_and_says_so():
