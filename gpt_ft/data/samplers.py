@@ -110,11 +110,16 @@ class ResumableTrainData:
         loop = trainer.fit_loop
         batches = loop.epoch_loop.batch_progress.current.processed
         epochs = loop.epoch_progress.current
+        epoch = epochs.processed  # the current one's index, mid-epoch
         # The epoch is over (all its batches, or `max_steps` stopped it: Lightning then counts it as
-        # processed and resumes with the next, from its start): the next starts afresh.
-        if batches >= trainer.num_training_batches or epochs.processed == epochs.started:
+        # processed and resumes with the next, from its start): the next starts afresh. All its
+        # batches done but the epoch not yet counted (a save at its last batch): the next is named
+        # here, as a loader with workers draws its order before Lightning sets the epoch.
+        if batches >= trainer.num_training_batches and epochs.processed < epochs.started:
+            epoch, batches = epoch + 1, 0
+        elif epochs.processed == epochs.started:
             batches = 0
-        return {"epoch": loop.epoch_progress.current.processed, "batches": batches}
+        return {"epoch": epoch, "batches": batches}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         if state:

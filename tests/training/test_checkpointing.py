@@ -93,7 +93,10 @@ def test_max_time_stops_between_optimizer_steps_and_resumes_exactly(tmp_path, to
     assert_same_weights(last_state(tmp_path / "whole", 0), last_state(tmp_path / "cut", 1))
 
 
-def test_pretraining_resumes_mid_epoch_exactly(tmp_path, tokenizer_dir):
+@pytest.mark.parametrize("workers", [0, 1])
+def test_pretraining_resumes_mid_epoch_exactly(tmp_path, tokenizer_dir, workers):
+    """Cut at step 7, an epoch's last batch: the resumed run starts the next epoch in its own order
+    (a loader with workers draws it before Lightning sets the epoch)."""
     main(
         ["prepare", "--inputs", str(write_corpus(tmp_path)), "--tokenizer", tokenizer_dir]
         + ["--out_dir", str(tmp_path / "tokens"), "--validation_fraction", "0.2"]
@@ -106,6 +109,7 @@ def test_pretraining_resumes_mid_epoch_exactly(tmp_path, tokenizer_dir):
             f"--data.token_dir={tmp_path / 'tokens'}",
             "--data.block_size=32",
             "--data.batch_size=4",
+            f"--data.num_workers={workers}",
             f"--model.overrides={MICRO}",
             "--trainer.max_steps=12",
             "--trainer.val_check_interval=5",
