@@ -15,7 +15,9 @@ import torch
 from torch import Tensor
 
 from gpt_ft.errors import at_least_one, device_named
+from gpt_ft.model.generation import check_decoding
 from gpt_ft.training.precision import cpu_precision
+from gpt_ft.training.saved import check_tokenizer_fits
 from gpt_ft.weights.pretrained import GPT, resolve_tokenizer
 
 
@@ -63,6 +65,7 @@ def generate(
             print(why, file=sys.stderr, flush=True)
     gpt = GPT.from_pretrained(ckpt_path).to(device).eval()  # first: a path that holds no model says so
     tok = load_tokenizer(resolve_tokenizer(tokenizer, ckpt_path))
+    check_tokenizer_fits(len(tok), gpt.config.vocab_size, ckpt_path)
     if precision == "bf16-true":
         gpt = gpt.to(torch.bfloat16)
     ids = tok(prompt, add_special_tokens=False)["input_ids"]
@@ -74,9 +77,15 @@ def generate(
             f"--prompt is {len(ids)} tokens and the model's context is {context} (n_positions), leaving "
             f"no room for a new token: shorten it by at least {len(ids) - context + 1} tokens."
         )
+    if max(ids) >= gpt.config.vocab_size:
+        raise ValueError(
+            f"--prompt holds token id {max(ids)}, past the model's {gpt.config.vocab_size} embedding rows: "
+            "use the tokenizer saved with the weights."
+        )
     start = torch.tensor([ids], device=device)
     max_new = min(max_new_tokens, context - len(ids))
     eos = tok.eos_token_id
+    check_decoding(gpt, start, max_new, temperature, top_k, top_p, num_beams, do_sample)  # before printing
     print(prompt, end="", flush=True)
     with torch.autocast(torch.device(device).type, torch.bfloat16, enabled=precision == "bf16-mixed"):
         if num_beams > 1:
@@ -87,7 +96,7 @@ def generate(
                 length_penalty=length_penalty,
                 eos_token_id=eos,
             )
-            print(tok.decode(out[0, len(ids) :].tolist(), skip_special_tokens=True), flush=True)
+            print(continuation(tok, ids, out[0, len(ids) :].tolist()), flush=True)
             return
         tokens = gpt.stream(
             start,
@@ -99,10 +108,18 @@ def generate(
             eos_token_id=eos,
             generator=torch.Generator(device).manual_seed(seed),
         )
-        print_as_they_come(tok, tokens, eos)
+        print_as_they_come(tok, tokens, eos, ids)
 
 
-def print_as_they_come(tok, tokens: Iterator[Tensor], eos: int | None) -> None:
+def continuation(tok, prompt: list[int], new: list[int]) -> str:
+    """The text `new` adds to the prompt's: decoded after the prompt, so that a tokenizer that
+    spaces words when it joins them (GPT-1's, SentencePiece's) puts the space before the first."""
+    before = tok.decode(prompt, skip_special_tokens=True)
+    after = tok.decode(prompt + new, skip_special_tokens=True)
+    return after[len(before) :] if after.startswith(before) else tok.decode(new, skip_special_tokens=True)
+
+
+def print_as_they_come(tok, tokens: Iterator[Tensor], eos: int | None, prompt: list[int]) -> None:
     """Print the text each new token adds as it comes, up to the end-of-text token. A token that
     holds only the first bytes of a character (byte-level BPE) decodes to U+FFFD: the text waits
     for the tokens that complete it, and what never completes is printed at the end."""
@@ -112,7 +129,7 @@ def print_as_they_come(tok, tokens: Iterator[Tensor], eos: int | None) -> None:
         if eos is not None and int(token[0]) == eos:
             break
         new.append(int(token[0]))
-        text = tok.decode(new, skip_special_tokens=True)
+        text = continuation(tok, prompt, new)
         if text.endswith("\ufffd"):
             continue
         sys.stdout.write(text[len(shown) :])

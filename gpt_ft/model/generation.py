@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from gpt_ft.model import GPT
 
 
-def _check_args(
+def check_decoding(
     model: GPT,
     input_ids: Tensor,
     max_new_tokens: int,
@@ -47,6 +47,8 @@ def _check_args(
         raise ValueError(f"top_p must be in (0, 1], got {top_p}.")
     if num_beams < 1:
         raise ValueError(f"num_beams must be >= 1, got {num_beams}.")
+    if num_beams > 1 and do_sample:
+        raise ValueError("Beam search is deterministic: use num_beams=1 with do_sample=True.")
 
 
 def _filter_logits(logits: Tensor, temperature: float, top_k: int | None, top_p: float | None) -> Tensor:
@@ -86,7 +88,7 @@ def stream(
     `static_cache`: keys and values in a `StaticKVCache`; on CUDA the decode step is then captured
     once as a CUDA graph and replayed for every token (the same tokens, a fraction of the launches).
     """
-    _check_args(model, input_ids, max_new_tokens, temperature, top_k, top_p, 1, do_sample)
+    check_decoding(model, input_ids, max_new_tokens, temperature, top_k, top_p, 1, do_sample)
     if static_cache and not use_cache:
         raise ValueError("static_cache=True needs use_cache=True.")
     B, T0 = input_ids.shape
@@ -177,14 +179,12 @@ def generate(
     Sequences that stop early are padded with `eos_token_id`. `static_cache`: see `stream` (on
     CUDA, the decode step as a CUDA graph).
     """
-    _check_args(model, input_ids, max_new_tokens, temperature, top_k, top_p, num_beams, do_sample)
+    check_decoding(model, input_ids, max_new_tokens, temperature, top_k, top_p, num_beams, do_sample)
     if num_beams > 1:
         if static_cache:
             raise ValueError(
                 "Beam search reorders its cache each step: use static_cache=False with num_beams > 1."
             )
-        if do_sample:
-            raise ValueError("Beam search is deterministic: use num_beams=1 with do_sample=True.")
         return beam_search(
             model,
             input_ids,
@@ -225,7 +225,7 @@ def beam_search(
     A prompt is done once it has `num_beams` finished hypotheses and no running beam can beat the
     worst of them at the current length (the usual heuristic, as in transformers).
     """
-    _check_args(model, input_ids, max_new_tokens, 1.0, None, None, num_beams, False)
+    check_decoding(model, input_ids, max_new_tokens, 1.0, None, None, num_beams, False)
     B, T0 = input_ids.shape
     K, device = num_beams, input_ids.device
     if max_new_tokens == 0:

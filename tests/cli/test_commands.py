@@ -220,23 +220,46 @@ def test_pretrain_then_finetune_with_only_the_checkpoint_then_generate(
     )
 
 
-def test_generate_bad_input(tmp_path, capsys):
+def test_generate_bad_input(tmp_path, capsys, tokenizer_dir):
     """A folder that holds no model says so (before asking for a tokenizer it would not need); a
-    model's folder without a tokenizer asks for one."""
+    model's folder without a tokenizer asks for one; a tokenizer not made for the model, and
+    decoding options that do not go together, are refused before anything is printed."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     (tmp_path / "empty").mkdir()
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50))
     model.save_pretrained(tmp_path / "model")
+    fitting = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=400))
+    fitting.save_pretrained(tmp_path / "fits")
+    prompt = ["--prompt", "the cat", f"--tokenizer={tokenizer_dir}"]
     expected = {
-        "empty": f"{tmp_path / 'empty'} is not a transformers model directory: it has no config.json.",
-        "model": f"{tmp_path / 'model'} carries no tokenizer; give --tokenizer DIR.",
+        ("empty",): f"{tmp_path / 'empty'} is not a transformers model directory: it has no config.json.",
+        ("model",): f"{tmp_path / 'model'} carries no tokenizer; give --tokenizer DIR.",
+        ("model", *prompt): f"The tokenizer has 400 tokens but the weights in {tmp_path / 'model'} have 50: "
+        "they were not made for each other; use the tokenizer saved with the weights.",
+        ("fits", *prompt, "--do_sample=true", "--temperature=0"): "temperature must be > 0, got 0.0; use "
+        "do_sample=False for greedy decoding.",
+        ("fits", *prompt, "--do_sample=true", "--num_beams=2"): "Beam search is deterministic: use "
+        "num_beams=1 with do_sample=True.",
     }
-    for name, message in expected.items():
+    for (name, *args), message in expected.items():
         with pytest.raises(SystemExit) as stopped:
-            main(["generate", "--ckpt_path", str(tmp_path / name), "--prompt", "hi"])
+            main(["generate", "--ckpt_path", str(tmp_path / name), *(args or ["--prompt", "hi"])])
         assert stopped.value.code == 2
-        assert capsys.readouterr().err.strip().splitlines()[-1] == f"gpt-ft: error: {message}"
+        out, err = capsys.readouterr()
+        assert err.strip().splitlines()[-1] == f"gpt-ft: error: {message}" and out == ""
+
+
+def test_a_continuation_is_decoded_after_its_prompt(tmp_path):
+    """GPT-1's decoder spaces the words it joins: the first new word is spaced from the prompt."""
+    from gpt_ft.data.tokenizer import load_tokenizer
+    from gpt_ft.eval.generation import continuation
+    from tests.data.test_tokenizer import GPT1_MERGES, GPT1_VOCAB, _write_bpe
+
+    gpt1 = load_tokenizer(_write_bpe(tmp_path / "gpt1", GPT1_VOCAB, GPT1_MERGES))
+    hello, world = (gpt1(w, add_special_tokens=False)["input_ids"] for w in ("hello", "world"))
+    assert gpt1.decode(world) == "world" and continuation(gpt1, hello, world) == " world"
+    assert continuation(gpt1, hello, world + world) == " world world"
 
 
 TORCHAO_SCRIPT = (
