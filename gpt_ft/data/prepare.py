@@ -111,10 +111,11 @@ def dataset_documents(name: str, split: str, text_field: str) -> Iterator[str]:
         yield row[text_field]
 
 
-# Between a non-space character and one space or newline followed by a non-space: byte-level BPE
-# (GPT-2's pattern, no prefix space) and GPT-1's whitespace/punctuation pre-tokenizer both split
-# there, so a cut there changes no token.
-_EXACT_CUT = re.compile(r"(?<=\S)(?=[ \n]\S)")
+# Between a non-space character and one space followed by a non-space, or between a letter or
+# digit and one newline followed by a non-space: GPT-2's split, Llama 3's and Qwen2's (which keep
+# the line breaks after punctuation with it: ".\n" is one piece) and GPT-1's whitespace/punctuation
+# pre-tokenizer all split there, so a cut there changes no token.
+_EXACT_CUT = re.compile(r"(?<=\S)(?= \S)|(?<=[^\W_])(?=\n\S)")
 
 
 def cut_point(text: str, limit: int) -> int:

@@ -30,15 +30,42 @@ def test_token_file_holds_exactly_the_documents_and_separators(tmp_path, tokeniz
     assert read_meta(tmp_path / "tokens")["vocab_size"] == len(tok)
 
 
-def test_pieces_cut_where_the_tokenizer_splits_so_tokens_are_exact(tmp_path, tokenizer_dir):
+# Llama 3's and Qwen2's split: punctuation takes the line breaks after it (".\n" is one piece).
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+def llama3_style_tokenizer(folder, text: str) -> str:
+    """A byte-level BPE with Llama 3's pre-tokenizer split, trained on `text`."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    split = pre_tokenizers.Split(Regex(LLAMA3_SPLIT), "isolated")
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer, bpe.decoder = pre_tokenizers.Sequence([split, byte_level]), decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=[EOS_TOKEN], initial_alphabet=alphabet)
+    bpe.train_from_iterator([text], trainer)
+    PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token=EOS_TOKEN).save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.mark.parametrize("split", ["gpt2", "llama3"])
+def test_pieces_cut_where_the_tokenizer_splits_so_tokens_are_exact(tmp_path, tokenizer_dir, split):
     # Runs of blank lines, indented and trailing spaces, and one long line with no line break:
     # cut into ~40-character pieces, the token file still equals the whole document's tokens.
     text = (
         "The cat sat on the mat.\n\n\nA man is  playing a guitar.  \n    Two dogs run.\n"
         + " ".join(SENTENCES * 6)
         + "\n\nHe is happy now.\n \nShe decides to bake a batch of brownies for the party.\n"
+        + "The cat sat.\nThe dog ran.\nA bird, flying.\n" * 4
     ) * 3
     (tmp_path / "doc.txt").write_text(text)
+    if split == "llama3":
+        tokenizer_dir = llama3_style_tokenizer(tmp_path / "llama3", text)
     meta = prepare(
         out_dir=tmp_path / "tokens",
         tokenizer=tokenizer_dir,
