@@ -47,6 +47,11 @@ def load_split(task: TaskAdapter, split: str, data_dir: str | Path | None):
         raise TaskDataError(
             f"Hub dataset {task.hub.path} ({config}) has no split {hub_split!r}: {exc}"
         ) from exc
+    except OSError as exc:  # offline and not cached, or no such dataset
+        raise TaskDataError(
+            f"Hub dataset {task.hub.path} ({config}) cannot be loaded ({exc}); give the task's files "
+            "with --data.data_dir DIR."
+        ) from None
     return _rename(ds, task.hub.columns, f"hub dataset {task.hub.path}")
 
 

@@ -101,14 +101,23 @@ class _Partial(str):
 
 
 def dataset_documents(name: str, split: str, text_field: str) -> Iterator[str]:
-    """Documents from a `datasets` dataset (a local path or, online, a hub id), streamed."""
+    """Documents from a `datasets` dataset (a local path or, online, a hub id), streamed; a row
+    whose text is null is an empty document."""
     import datasets
 
-    ds = datasets.load_dataset(name, split=split, streaming=True)
-    for row in ds:
+    try:
+        ds = datasets.load_dataset(name, split=split, streaming=True)
+    except OSError as exc:  # no such folder, offline and not cached, or no such dataset
+        raise ValueError(f"--dataset {name} cannot be loaded ({exc}).") from None
+    for i, row in enumerate(ds):
         if text_field not in row:
             raise ValueError(f"Dataset {name} has no field {text_field!r}; it has {sorted(row)}.")
-        yield row[text_field]
+        text = row[text_field]
+        if text is not None and not isinstance(text, str):
+            raise ValueError(
+                f"Dataset {name}, row {i}: field {text_field!r} holds {type(text).__name__}, not text."
+            )
+        yield text or ""
 
 
 # Between a non-space character and one space followed by a non-space, or between a letter or

@@ -278,3 +278,52 @@ def test_a_file_system_without_locks_is_written_unguarded_with_a_warning(tmp_pat
     with folders._sigterm_as_exit():
         pass  # `signal.signal` said None (a handler set outside Python): the default goes back
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_a_dataset_row_without_text_is_an_empty_document_and_an_unreachable_one_is_named(
+    tmp_path, tokenizer_dir, monkeypatch
+):
+    import datasets
+
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    rows = [{"text": "hello world"}, {"text": None}, {"text": "more text"}]
+    (folder / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    meta = prepare(
+        out_dir=tmp_path / "tokens", tokenizer=tokenizer_dir, dataset=str(folder), validation_fraction=0.0,
+        progress=False,
+    )  # fmt: skip
+    tok = load_tokenizer(tmp_path / "tokens" / "tokenizer")
+    eos = meta["eos_token_id"]
+    expected = [*tok("hello world")["input_ids"], eos, *tok("more text")["input_ids"], eos]
+    assert np.fromfile(tmp_path / "tokens" / "train.bin", dtype=meta["dtype"]).tolist() == expected
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'wiki' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(
+        ValueError, match=r"^--dataset wiki cannot be loaded \(Couldn't reach 'wiki' on the Hub"
+    ):
+        prepare(out_dir=tmp_path / "out", tokenizer=tokenizer_dir, dataset="wiki", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_hub_task_that_cannot_be_reached_asks_for_its_files(monkeypatch):
+    import datasets
+
+    from gpt_ft.adapters import TaskDataError
+    from gpt_ft.adapters.cards import load_card
+    from gpt_ft.data.files import load_split
+    from tests.helpers import ROOT
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'nyu-mll/glue' on the Hub (LocalEntryNotFoundError)")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(TaskDataError) as raised:
+        load_split(load_card(ROOT / "tasks/glue/rte.yaml"), "validation", None)
+    assert str(raised.value) == (
+        "Hub dataset nyu-mll/glue (rte) cannot be loaded (Couldn't reach 'nyu-mll/glue' on the Hub "
+        "(LocalEntryNotFoundError)); give the task's files with --data.data_dir DIR."
+    )
