@@ -10,6 +10,7 @@ from typing import Any
 
 from lightning.pytorch.callbacks import (
     Callback,
+    Checkpoint,
     ModelCheckpoint,
     ModelSummary,
     ProgressBar,
@@ -49,7 +50,30 @@ def run_callbacks(trainer_config, model, data_config: dict[str, Any] | None) -> 
         callbacks.append(ParameterSummary())
     # last.ckpt's final save after stochastic weight averaging has put its average in (both at the end)
     callbacks.sort(key=lambda c: isinstance(c, SaveLast))
-    return [*callbacks, PrintMetrics(), Provenance(data_config), ResumeState()]
+    last = [LastAfterBest(c) for c in callbacks if isinstance(c, SaveLast)]
+    after_best = last if trainer_config.get("enable_checkpointing") is not False else []
+    return [*callbacks, PrintMetrics(), Provenance(data_config), ResumeState(), *after_best]
+
+
+class LastAfterBest(Checkpoint):
+    """`SaveLast`'s save after each validation, run where Lightning runs checkpoint callbacks (after
+    every other, in their order): after the best checkpoint's, so that last.ckpt holds the best the
+    validation leaves, and a run resumed from it keeps that best. A validation at an epoch's end is
+    saved at the epoch's end, where ModelCheckpoint records its score then."""
+
+    def __init__(self, last: SaveLast) -> None:
+        self.last, self.at_epoch_end = last, False
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+            self.at_epoch_end = not trainer.sanity_checking
+        else:
+            self.last.after_validation(trainer)
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        if self.at_epoch_end:
+            self.at_epoch_end = False
+            self.last.after_validation(trainer)
 
 
 class PrintMetrics(Callback):

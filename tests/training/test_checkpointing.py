@@ -522,14 +522,41 @@ def test_a_validation_inside_an_accumulation_window_saves_last_at_the_windows_en
     trainer.checkpoint_callback = SimpleNamespace(dirpath=tmp_path)
     trainer.save_checkpoint = lambda path, weights_only: saved.append(trainer.global_step)
     callback = checkpointing.SaveLast()
-    callback.on_validation_end(trainer, None)
+    callback.after_validation(trainer)
     callback.on_train_batch_end(trainer, None, None, None, 9)  # still accumulating
     assert saved == []
     accumulating[0], trainer.global_step = False, 5
     callback.on_train_batch_end(trainer, None, None, None, 10)  # the window's optimizer step
     callback.on_train_batch_end(trainer, None, None, None, 11)
     accumulating[0] = False
-    callback.on_validation_end(trainer, None)  # a validation at a step's end saves at once (step 5: done)
+    callback.after_validation(trainer)  # a validation at a step's end saves at once (step 5: done)
     trainer.global_step = 6
-    callback.on_validation_end(trainer, None)
+    callback.after_validation(trainer)
     assert saved == [5, 6]
+
+
+def test_last_holds_the_best_checkpoint_of_its_own_validation(tmp_path, tokenizer_dir):
+    """last.ckpt, saved after a validation, holds the best as that validation left it: the best of
+    a run whose monitor rises every validation (`step`) is the last one's file, which exists. (The
+    best before it, deleted by then, would be forgotten by a run resumed from there.)"""
+    card = make_task("single", tmp_path)
+    best = [
+        "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
+        "--trainer.callbacks.monitor=step",
+        "--trainer.callbacks.mode=max",
+        "--trainer.callbacks.filename=best-{step}",
+    ]
+    main(
+        [
+            "fit",
+            *finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "logs"),
+            "--trainer.max_epochs=2",
+            *best,
+        ]
+    )
+    state = last_state(tmp_path / "logs", 0)
+    (kept,) = [v for k, v in state["callbacks"].items() if k.startswith("ModelCheckpoint")]
+    assert (
+        Path(kept["best_model_path"]).name == "best-step=6.ckpt" and Path(kept["best_model_path"]).is_file()
+    )
+    assert list(kept["best_k_models"]) == [kept["best_model_path"]]
