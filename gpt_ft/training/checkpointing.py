@@ -161,10 +161,8 @@ class SaveLast(Callback):
             self._saved_message(trainer, self._save(trainer) or self.path(trainer))
 
     def after_validation(self, trainer) -> None:
-        """The save after a validation (`callbacks.LastAfterBest` calls it once the best checkpoint
-        has the validation's score). Inside an accumulation window the gradients gathered so far
-        are in no checkpoint, while the data position counts their batches as trained: the save
-        waits for the window's end."""
+        """The save after a validation (`callbacks.LastAfterBest`'s call); inside an accumulation
+        window (whose gradients no checkpoint holds) at the window's end."""
         if trainer.state.fn == "fit" and not trainer.sanity_checking:
             if should_accumulate(trainer):
                 self._save_pending = True
