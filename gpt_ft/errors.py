@@ -64,6 +64,8 @@ def parse_error_message(text: str) -> str:
     reason = reason.rstrip(".:")
     if value and value.endswith((".yaml", ".yml")) and value not in reason:  # a card or config file
         reason += f" (in {value})"
+    if reason.startswith("unrecognized arguments") and re.search(r"--(optimizer|lr_scheduler)\b", reason):
+        reason += " (the optimizer and its schedule are the model's: --model.optimizer, --model.lr, ...)"
     return f"{where}{reason}."
 
 

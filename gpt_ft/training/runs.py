@@ -348,6 +348,10 @@ def lightning_main(
         trainer_defaults={"logger": DEFAULT_LOGGER, "callbacks": callbacks or []},
         save_config_kwargs={"overwrite": True},
         parser_kwargs={"prog": prog, "exit_on_error": False},
+        # The optimizer and its schedule are the module's (--model.lr, --model.optimizer, ...):
+        # LightningCLI's --optimizer and --lr_scheduler would replace both, weight decay groups,
+        # warmup and the schedule's resume included.
+        auto_configure_optimizers=False,
     )
 
 

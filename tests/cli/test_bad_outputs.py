@@ -15,7 +15,7 @@ import pytest
 from gpt_ft.cli import main
 from gpt_ft.data.tokenizer import load_tokenizer
 from gpt_ft.errors import WriteError, os_error_message
-from tests.helpers import common_args, make_task
+from tests.helpers import ROOT, common_args, make_task
 
 QUIET = ["--trainer.logger=false", "--trainer.enable_progress_bar=false"]
 ENOSPC = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
@@ -288,6 +288,16 @@ def test_a_typed_commands_bad_value_is_one_sentence_naming_it(
     argv = [command, f"--ckpt_path={finetuned.ckpt}", *(a.format(**paths) for a in args)]
     assert error(capsys, *argv) == message.format(**paths)
     assert files(tmp_path) == before
+
+
+def test_lightnings_own_optimizer_options_are_refused_for_the_models(capsys):
+    """LightningCLI's --optimizer and --lr_scheduler would replace the module's optimizer and its
+    schedule (weight decay groups, warmup, Muon, the resume's alignment) without a word."""
+    config = f"--config={ROOT / 'configs/quickstart.yaml'}"
+    assert error(capsys, "fit", config, "--optimizer=SGD", "--optimizer.lr=5") == (
+        "unrecognized arguments: --optimizer=SGD --optimizer.lr=5 (the optimizer and its schedule are "
+        "the model's: --model.optimizer, --model.lr, ...)."
+    )
 
 
 def test_label_of_a_plain_text_file_and_calibrate_on_a_split_without_labels(tmp_path, finetuned, capsys):
