@@ -3,6 +3,7 @@ correlation, and the card's choice of them; retrieval metrics of ranked candidat
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -28,8 +29,9 @@ def metric_value(name: str, predictions: Tensor, labels: Tensor, num_classes: in
         return matthews(predictions, labels, num_classes)
     if name == "pearson":
         return pearson_corrcoef(predictions.double(), labels.double())
-    if name == "spearman":
-        return spearman_corrcoef(predictions.double(), labels.double())
+    if name == "spearman":  # undefined, as Pearson's, where either side is constant (torchmetrics: 0)
+        x, y = predictions.double(), labels.double()
+        return x.new_tensor(math.nan) if x.std() == 0 or y.std() == 0 else spearman_corrcoef(x, y)
     raise ValueError(f"Unknown metric {name!r}; allowed: {', '.join(METRICS)}.")
 
 

@@ -27,6 +27,9 @@ def test_metrics_on_hand_computed_cases():
     values = metric_values(reg, [1.0, 2.0, 3.0, 4.0], [2.0, 4.0, 5.0, 4.0])
     assert values["pearson"] == pytest.approx(3.5 / math.sqrt(23.75), abs=1e-6)
     assert values["spearman"] == pytest.approx(3.0 / math.sqrt(22.5), abs=1e-6)
+    # Constant predictions (every score clamped to one end of the range): both undefined, as scipy's.
+    constant = metric_values(reg, [5.0, 5.0, 5.0, 5.0], [2.0, 4.0, 5.0, 4.0])
+    assert math.isnan(constant["pearson"]) and math.isnan(constant["spearman"])
     mc = MultipleChoice(name="mc", context=["c"], choices=["a", "b", "c2", "d"])
     assert metric_values(mc, [0, 3, 2, 1], [0, 3, 1, 1])["accuracy"] == pytest.approx(0.75)
 
