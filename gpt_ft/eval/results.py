@@ -235,6 +235,14 @@ def input_stamps(task: TaskAdapter, data_dir: str | None, *paths: str | None) ->
     return {str(file): file_stamp(file) for file in files if file.is_file()}
 
 
+def run_stamps(task: TaskAdapter, config: dict[str, Any]) -> dict[str, str]:
+    """The stamps of the files a fit run reads (`input_stamps`): its task's data files, its
+    tokenizer's and its weights', as its resolved configuration names them (a suite's options, its
+    fit_args, a task's or a row's arguments alike)."""
+    data = config["data"].get("init_args", config["data"])
+    return input_stamps(task, data.get("data_dir"), data.get("tokenizer"), config["model"].get("init_from"))
+
+
 def changed_files(before: dict[str, str] | None, now: dict[str, str]) -> list[str]:
     """'the file F' for each file whose stamp differs from the one a result recorded (none recorded:
     a result from before stamps were kept, taken as it is)."""

@@ -13,7 +13,7 @@ rest and those whose configuration changed. At the end OUT holds:
 - the submission folder and archive (GLUE: CoLA.tsv ... AX.tsv zipped), from each task's best seed.
 
 Scores are in percent (GLUE's convention). The paper's values are test-set scores; ours are
-validation scores.
+validation scores. A sweep of transferred layers reports its deepest in the main table.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Literal
+
+import yaml
 
 from gpt_ft.adapters.cards import load_card
 from gpt_ft.data.files import load_split
@@ -40,6 +42,7 @@ from gpt_ft.eval.results import (
     minutes,
     percent,
     read_json,
+    run_stamps,
     write_json,
     write_results,
     write_zip,
@@ -53,8 +56,7 @@ RESULT = "result.json"
 
 
 class SuiteRunner:
-    """Runs a suite into an output folder (see the module docstring); `gpt-ft suite` is this class,
-    run."""
+    """Fine-tune and evaluate a suite's tasks over seeds (`gpt-ft suite`; the module docstring)."""
 
     def __init__(
         self,
@@ -113,8 +115,7 @@ class SuiteRunner:
         self.seeds = list(seeds if seeds is not None else spec.seeds)
         if fine_tune and not self.seeds:
             raise ValueError("--seeds is empty: give at least one seed to fine-tune with.")
-        self.fit_args = list(fit_args or [])
-        self.select = select
+        self.fit_args, self.select = list(fit_args or []), select
         self.fine_tune, self.zero_shot = fine_tune, zero_shot
         self.transfer_layers = list(transfer_layers or [])
         if (zero_shot or self.transfer_layers) and not init_from:
@@ -123,23 +124,22 @@ class SuiteRunner:
             raise ValueError("Nothing to do: --fine_tune false needs --zero_shot true.")
         # A transfer-depth sweep scores partial models: no submission from it unless asked.
         default = spec.submission is not None and not transfer_layers
-        self.predict = default if predict is None else predict
-        self.keep_checkpoints = keep_checkpoints
+        self.predict, self.keep_checkpoints = default if predict is None else predict, keep_checkpoints
+        # The main table and the submission: the runs of every layer transferred, or a sweep's deepest.
+        self.main_layers = max(self.transfer_layers) if self.transfer_layers else None
         self.cards = {}
         for entry in spec.tasks:
             task = load_card(entry.card)
             if task.name in self.cards:
                 raise ValueError(f"Suite {spec.name!r} lists task {task.name!r} twice.")
             self.cards[task.name] = (entry, task)
-        unknown = set(self.data_dirs) - {None, *self.cards}
-        if unknown:
+        if unknown := set(self.data_dirs) - {None, *self.cards}:
             raise ValueError(
                 f"--data_dir names task(s) {sorted(unknown)} that suite {spec.name!r} does not list."
             )
         self.all_cards = self.cards  # a `--tasks` subset still reports earlier runs of the others
         if tasks:
-            unknown = [t for t in tasks if t not in self.cards]
-            if unknown:
+            if unknown := [t for t in tasks if t not in self.cards]:
                 raise ValueError(f"--tasks {unknown}: suite {spec.name!r} has {sorted(self.cards)}.")
             self.cards = {name: self.cards[name] for name in tasks}
 
@@ -217,12 +217,13 @@ class SuiteRunner:
         if result is None:
             return False
         extra = self._min_steps(run)
-        changed = config_changes(result, build_fit.resolve(self.fit_args_of(run) + extra), build_fit, extra)
+        config = build_fit.resolve(self.fit_args_of(run) + extra)
+        changed = config_changes(result, config, build_fit, extra)
         if result.get("select", self.select) != self.select:  # (a result from before it was recorded: kept)
             changed.append(f"--select {self.select}")
         if self.predict and result.get("predict") is False:
             changed.append("--predict true")
-        changed += changed_files(result.get("files"), self._files(run.task))
+        changed += changed_files(result.get("files"), run_stamps(self.cards[run.task][1], config))
         if changed:
             log(f"{run}: its inputs changed since it ran ({', '.join(changed)}): running it again")
             return False
@@ -255,15 +256,10 @@ class SuiteRunner:
             "config": config,
             "select": self.select,
             "predict": bool(self.predict),
-            "files": self._files(run.task),
+            "files": run_stamps(self.cards[run.task][1], config),
         }
         write_json(folder / RESULT, result)
         return result
-
-    def _files(self, name: str) -> dict[str, str]:
-        """The stamps of a task's data files, the tokenizer's and the weights' (`input_stamps`)."""
-        data_dir = self.data_dirs.get(name, self.data_dirs.get(None))
-        return input_stamps(self.cards[name][1], data_dir, self.tokenizer, self.init_from)
 
     def _zero_shot(self, name: str, log) -> None:
         path = self.out / "runs" / name / "zero-shot" / RESULT
@@ -271,7 +267,8 @@ class SuiteRunner:
         data_dir = self.data_dirs.get(name, self.data_dirs.get(None))
         inputs = {k: str(v) for k, v in (("init_from", self.init_from), ("tokenizer", self.tokenizer),
                                          ("data_dir", data_dir), ("method", entry.zero_shot))}  # fmt: skip
-        inputs["files"] = self._files(name)
+        inputs["files"] = input_stamps(task, data_dir, self.tokenizer, self.init_from)
+        inputs["card"] = yaml.safe_load(Path(entry.card).read_text())  # what it says, not its layout
         done = read_json(path)
         if done is not None and done.get("inputs", inputs) == inputs:  # (one from before inputs were kept)
             return
@@ -310,8 +307,9 @@ class SuiteRunner:
                 continue
             item: dict[str, Any] = {"card": entry.card, "main_metric": main_key(task), "metrics": {}}
             rows = item["metrics"]
-            for seed in self.seeds if self.fine_tune else []:
-                result = read_json(self.out / "runs" / Run(name, seed, row=self.rows[0]).folder / RESULT)
+            for seed in self.seeds:  # a zero-shot pass keeps the fine-tuned results already there
+                run = Run(name, seed, self.main_layers, row=self.rows[0])
+                result = read_json(self.out / "runs" / run.folder / RESULT)
                 for key, value in (result or {}).get("metrics", {}).items():
                     if key.split("/")[-1] in task.metrics:  # the benchmark's metrics, not the loss
                         rows.setdefault(key, {"seeds": {}})["seeds"][str(seed)] = percent(value)
@@ -383,7 +381,7 @@ class SuiteRunner:
                 continue
             scored = {seed: v for seed, v in stats["seeds"].items() if v is not None}
             best = max(scored, key=scored.get) if scored else next(iter(stats["seeds"]))
-            run = Run(name, int(best), row=self.rows[0])  # the first row's: the main table's
+            run = Run(name, int(best), self.main_layers, row=self.rows[0])  # the main table's
             predictions = self.out / "runs" / run.folder / "predictions"
             files = sorted(predictions.glob("*.tsv")) if predictions.is_dir() else []
             if not files:

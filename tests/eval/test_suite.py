@@ -34,6 +34,10 @@ FIT = [
 def test_suite_runs_resumes_and_writes_results(tmp_path, tokenizer_dir, monkeypatch, capsys):
     single = make_task("single", tmp_path / "a")
     similarity = make_task("similarity", tmp_path / "b")
+    pairs = ["the cat sat on the mat .", "two dogs run in a park .", "a cat sat .", "the dogs ran ."]
+    rows = [f"{i}\t{pairs[i % 4]}\t{pairs[(i + 1) % 4]}\t{i + 0.5}" for i in range(5)]  # a correlation
+    header = "index\tsentence1\tsentence2\tlabel\n"
+    (tmp_path / "b" / "d" / "dev.tsv").write_text(header + "\n".join(rows) + "\n")
     suite = write_suite(
         tmp_path,
         f"""name: tiny
@@ -161,7 +165,21 @@ def test_suite_zero_shot_and_transfer_sweep(tmp_path, tokenizer_dir, capsys):
     warning = f"warning: no mc predictions for split 'test': {missing}: file not found"
     assert printed.count(warning) == 2  # one per run
     assert "| mc | " in (out / "results.md").read_text() and "2 layers" in (out / "results.md").read_text()
+    # The main table of a sweep is its deepest transfer's (here every layer).
+    deepest = json.loads((out / "runs" / "mc" / "layers-2" / "seed-0" / "result.json").read_text())
+    fine_tuned = metrics["validation/accuracy"]["seeds"]
+    assert fine_tuned == {"0": pytest.approx(100 * deepest["metrics"]["validation/accuracy"])}
     assert not list(out.rglob("*.ckpt"))  # checkpoints are not kept by default
+    # The card changed: its zero-shot score is computed again.
+    card.write_text(card.read_text().replace("  labels:", "  metrics: [accuracy]\n  labels:"))
+    sweep = [f"--init_from={tmp_path / 'pre'}", f"--data_dir={tmp_path / 'c'}", "--transfer_layers", "[0, 2]"]
+    main(["suite", str(suite), f"--out_dir={out}", *sweep, "--fine_tune=false", "--zero_shot=true"])
+    assert "zero-shot mc: its model, data or method changed since it ran: scoring it again" in (
+        capsys.readouterr().out
+    )
+    # A zero-shot pass keeps the fine-tuned scores already there in the results.
+    again = json.loads((out / "results.json").read_text())["tasks"]["mc"]["metrics"]
+    assert again["validation/accuracy"]["seeds"] == fine_tuned
     # Other weights into the same folder: the zero-shot scores are not the first model's.
     torch.manual_seed(1)
     GPT(config).to_hf().save_pretrained(tmp_path / "other")
@@ -176,6 +194,28 @@ def test_suite_zero_shot_and_transfer_sweep(tmp_path, tokenizer_dir, capsys):
     GPT(config).to_hf().save_pretrained(tmp_path / "other")
     main([*argv, f"--data_dir={tmp_path / 'c'}", "--fine_tune=false", "--zero_shot=true"])
     assert "scoring it again" in capsys.readouterr().out
+
+
+def test_weights_given_in_fit_args_that_change_run_again(tmp_path, tokenizer_dir, capsys):
+    """A run's stamps are of the files its own configuration reads: weights named in --fit_args
+    (not the suite's --init_from) rewritten under the same name make it run again."""
+    tok = load_tokenizer(tokenizer_dir)
+    config = GPTConfig.from_name("gpt-micro", vocab_size=len(tok), n_positions=64, n_embd=32, n_layer=2)
+    GPT(config).to_hf().save_pretrained(tmp_path / "pre")
+    tok.save_pretrained(tmp_path / "pre")
+    card = make_task("single", tmp_path / "a")
+    suite = write_suite(tmp_path, f"name: w\nseeds: [0]\ntasks:\n  - card: {card}\n")
+    fit = [a for a in FIT if not a.startswith(("--model.preset", "--model.overrides"))]
+    argv = ["suite", str(suite), f"--out_dir={tmp_path / 'out'}", f"--data_dir={tmp_path / 'a'}"]
+    argv += fit_args(*fit, f"--model.init_from={tmp_path / 'pre'}")
+    main(argv)
+    torch.manual_seed(1)
+    GPT(config).to_hf().save_pretrained(tmp_path / "pre")  # other weights, the same path
+    capsys.readouterr()
+    main(argv)
+    printed = capsys.readouterr().out
+    assert "sent seed 0: its inputs changed since it ran (the file " in printed
+    assert str(tmp_path / "pre" / "model.safetensors") in printed and "0 finished before, 1 to go" in printed
 
 
 def test_a_subset_of_a_suites_tasks(tmp_path):
