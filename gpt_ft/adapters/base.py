@@ -155,6 +155,9 @@ class TaskAdapter:
     choices_in_examples: ClassVar[bool] = False
     """Each example carries its own answer choices (multiple choice): zero-shot scoring ranks them
     by likelihood; other shapes need a verbalizer or threshold method from the suite file."""
+    renders_chats: ClassVar[bool] = False
+    """Chat messages are rendered through the tokenizer's chat template (preference pairs): an
+    exported model's tokenizer keeps the template, which its prompts are rendered with."""
 
     def __init__(
         self,

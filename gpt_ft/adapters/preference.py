@@ -233,6 +233,7 @@ class Preference(TaskAdapter):
 
     shares_context = True
     num_sequences = 2
+    renders_chats = True
 
     def __init__(
         self,

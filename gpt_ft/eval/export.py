@@ -110,7 +110,7 @@ def export_classifier(clf: Classifier, out: str | Path, *, format: str = "transf
             "to: transformers has multiple-choice models of GPT-1 and GPT-2 only; use gpt_ft's Classifier "
             "or `gpt-ft label` for it."
         )
-    tokenizer = framed_tokenizer(clf)
+    tokenizer = framed_tokenizer(clf, chat_template=clf.task.renders_chats)
     out = Path(out).expanduser()
     with writing(out):  # written beside `out`, then moved in: a failed write leaves no half folder
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -153,9 +153,7 @@ def export_encoder(clf: Classifier, out: str | Path) -> Path:
         with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp:
             model_dir = Path(tmp) / "model"
             base.save_pretrained(model_dir)
-            # The post-processor frames every text; sentence-transformers would wrap it again in a
-            # chat template (version 6 renders each text through the tokenizer's).
-            framed_tokenizer(clf, chat_template=False).save_pretrained(model_dir)
+            framed_tokenizer(clf).save_pretrained(model_dir)
             modules = [
                 Transformer(str(model_dir), max_seq_length=clf.max_length),
                 Pooling(n_embd, "mean" if task.pooling == "mean" else "lasttoken"),
@@ -377,10 +375,11 @@ class _ChoiceScores(_Logits):
         return self.model(input_ids=input_ids, mc_token_ids=mc_token_ids).mc_logits
 
 
-def framed_tokenizer(clf: Classifier, *, chat_template: bool = True):
-    """`clf`'s tokenizer with GPT-1's input transform as its post-processor (a copy). Its chat
-    template stays (a reward model's prompts are rendered through it, as in training) unless
-    `chat_template` is False."""
+def framed_tokenizer(clf: Classifier, *, chat_template: bool = False):
+    """`clf`'s tokenizer with GPT-1's input transform as its post-processor (a copy), and with
+    `chat_template` its chat template (a reward model's prompts are rendered through it, as in
+    training; a loader that applies one, as sentence-transformers does, would wrap every framed
+    text in it again)."""
     import copy
 
     from tokenizers.processors import TemplateProcessing

@@ -17,7 +17,7 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def printed(tok, ids: list[int], eos: int | None, capsys) -> str:
-    print_as_they_come(tok, iter(torch.tensor([[i]]) for i in ids), eos)
+    print_as_they_come(tok, iter(torch.tensor([[i]]) for i in ids), eos, prompt=[])
     return capsys.readouterr().out
 
 
