@@ -9,9 +9,8 @@
 - `Provenance`: the tokenizer (saved beside), the run's data section (task card included) and the
   toolkit's version and commit, recorded inside every checkpoint: `validate`, `test` and
   `predict --ckpt_path X` need no other argument.
-- `AtomicCheckpointIO`: every checkpoint is written to a temporary file and renamed into place,
-  so a crash while saving never leaves a truncated file where the last good checkpoint was; and
-  read with `weights_only=True`.
+- `AtomicCheckpointIO`: every checkpoint is written to a temporary file and renamed into place
+  (a crash while saving leaves the last good one whole); read with `weights_only=True`.
 The checkpoint's format (its keys, reader and writer) is `gpt_ft/weights/checkpoint.py`'s.
 """
 
@@ -62,11 +61,8 @@ class WholeStepTimer(Timer):
 
 
 class SaveLast(Callback):
-    """`last.ckpt` beside the best one: the latest state.
-
-    Lightning's own `save_last` follows the monitored checkpoint's saves; this one always holds
-    the newest weights, so `--ckpt_path last` resumes and `init_from` starts from where training
-    stopped, on every rank count.
+    """`last.ckpt` beside the best one: always the newest state (Lightning's `save_last` follows
+    the monitored checkpoint's saves), which `--ckpt_path last` resumes on every rank count.
 
     SIGTERM and Ctrl-C (SIGINT) stop training the same way: the optimizer step under way finishes,
     `last.ckpt` is saved and Lightning's `SIGTERMException` ends the run; its exit code tells the
@@ -84,16 +80,14 @@ class SaveLast(Callback):
         """
         if every_n_steps is not None and every_n_steps < 1:
             raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}.")
-        self.every_n_steps = every_n_steps
-        self._saved_step = -1
-        self._sigterm_pending = False
+        self.every_n_steps, self._saved_step, self._sigterm_pending = every_n_steps, -1, False
         self._save_pending = False  # a validation inside an accumulation window: saved at its end
         self._stop_signal: signal.Signals | None = None  # SIGINT once Ctrl-C was pressed
         self._previous_sigint: Any = None
 
     def path(self, trainer) -> Path | None:
-        ckpt = trainer.checkpoint_callback
-        return None if ckpt is None or ckpt.dirpath is None else Path(ckpt.dirpath) / LAST
+        folder = checkpoint_folder(trainer)
+        return None if folder is None else folder / LAST
 
     def _save(self, trainer) -> Path | None:
         path = self.path(trainer)
@@ -262,12 +256,12 @@ class Provenance(Callback):
         self.data_config = data_config
 
     def on_fit_start(self, trainer, pl_module) -> None:
-        tokenizer, ckpt = pl_module.hparams.get("tokenizer"), trainer.checkpoint_callback
-        if tokenizer and ckpt is not None and ckpt.dirpath and trainer.is_global_zero:
+        tokenizer, folder = pl_module.hparams.get("tokenizer"), checkpoint_folder(trainer)
+        if tokenizer and folder is not None and trainer.is_global_zero:
             from gpt_ft.data.folders import save_tokenizer
             from gpt_ft.data.tokenizer import load_tokenizer
 
-            save_tokenizer(load_tokenizer(tokenizer), Path(ckpt.dirpath) / "tokenizer")
+            save_tokenizer(load_tokenizer(tokenizer), folder / "tokenizer")
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
         saved = Checkpoint(checkpoint)
@@ -276,6 +270,12 @@ class Provenance(Callback):
         if self.data_config is not None:
             saved.data = self.data_config
         saved.provenance = {"version": version("gpt_ft"), "commit": source_commit()}
+
+
+def checkpoint_folder(trainer) -> Path | None:
+    """Where checkpoints go; None where none are saved (no checkpointing, `fast_dev_run`)."""
+    ckpt = trainer.checkpoint_callback
+    return None if ckpt is None or ckpt.dirpath is None or trainer.fast_dev_run else Path(ckpt.dirpath)
 
 
 def source_commit() -> str | None:

@@ -560,3 +560,14 @@ def test_last_holds_the_best_checkpoint_of_its_own_validation(tmp_path, tokenize
         Path(kept["best_model_path"]).name == "best-step=6.ckpt" and Path(kept["best_model_path"]).is_file()
     )
     assert list(kept["best_k_models"]) == [kept["best_model_path"]]
+
+
+def test_fast_dev_run_writes_no_checkpoint(tmp_path, tokenizer_dir, monkeypatch):
+    """Lightning says checkpointing is off under --trainer.fast_dev_run: no last.ckpt nor tokenizer
+    lands in the working folder."""
+    card = make_task("single", tmp_path / "task")
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    args = finetune_args(card, tokenizer_dir, tmp_path / "task", tmp_path / "logs")
+    main(["fit", *args, "--trainer.fast_dev_run=1"])
+    assert not any((tmp_path / "work").iterdir()) and not list((tmp_path / "task").rglob("*.ckpt"))
