@@ -517,8 +517,8 @@ def test_a_validation_inside_an_accumulation_window_saves_last_at_the_windows_en
 
     saved, accumulating = [], [True]
     monkeypatch.setattr(checkpointing, "should_accumulate", lambda trainer: accumulating[0])
-    trainer = SimpleNamespace(state=SimpleNamespace(fn="fit"), sanity_checking=False, global_step=4, fast_dev_run=0,
-                              received_sigterm=False)  # fmt: skip
+    trainer = SimpleNamespace(state=SimpleNamespace(fn="fit"), sanity_checking=False, global_step=4,
+                              fast_dev_run=0, received_sigterm=False)  # fmt: skip
     trainer.checkpoint_callback = SimpleNamespace(dirpath=tmp_path)
     trainer.save_checkpoint = lambda path, weights_only: saved.append(trainer.global_step)
     callback = checkpointing.SaveLast()
