@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from lightning import LightningDataModule
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
@@ -86,7 +87,19 @@ class LMDataModule(ResumableTrainData, LightningDataModule):
         self.num_workers, self.shuffle, self.seed = num_workers, shuffle, seed
         self.vocab_size = self.meta["vocab_size"]
         self.tokenizer_path = str(self.token_dir / self.meta["tokenizer"])
-        self.blocks = {split: self._blocks(split) for split in SPLIT_FILES if self.meta["tokens"][split] > 0}
+        self.blocks = {split: self._blocks(split) for split in SPLIT_FILES if self._has_blocks(split)}
+
+    def _has_blocks(self, split: str) -> bool:
+        """Whether `split` holds a block; a validation split too short for one is left out, said."""
+        n = self.meta["tokens"][split]
+        if split == "validation" and n <= self.block_size:
+            rank_zero_warn(
+                f"{self.token_dir}: the validation split holds {n} tokens, fewer than one block of "
+                f"block_size + 1 = {self.block_size + 1}: training will not validate (prepare the "
+                "corpus with a larger --validation_fraction, or use a smaller block_size)."
+            )
+            return False
+        return n > 0 or split == "train"  # too short a train split is named by `TokenBlocks`
 
     def _blocks(self, split: str) -> TokenBlocks:
         return TokenBlocks(self.token_dir / SPLIT_FILES[split], self.meta["dtype"], self.block_size)

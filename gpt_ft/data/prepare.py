@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import re
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -370,6 +371,13 @@ def prepare(
         print(
             f"wrote {t['train']:,} train and {t['validation']:,} validation tokens ({dtype}, "
             f"{n_docs:,} documents) to {out_dir} in {seconds:.1f} s ({rate:,.0f} tokens/s)"
+        )
+    if validation_fraction > 0 and not counts["validation"]:  # too few pieces for one to be drawn
+        print(
+            f"note: no piece of the corpus went to the validation split, so training will not validate: "
+            f"a smaller --piece_chars ({piece_chars:,}) or larger --validation_fraction "
+            f"({validation_fraction}) gives it some",
+            file=sys.stderr,
         )
     return meta
 

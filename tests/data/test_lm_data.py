@@ -52,3 +52,23 @@ def test_a_token_file_shorter_than_one_block(tmp_path, tokenizer_dir):
     assert batch.input_ids.shape == (1, 1, n - 1) and batch.index.tolist() == [0]
     data.trainer = trainer_on("cuda")  # a GPU's loaders page-lock their batches
     assert data.train_dataloader().pin_memory
+
+
+def test_a_validation_split_too_short_for_a_block_is_left_out_and_said(tmp_path, tokenizer_dir, capsys):
+    corpus = write_corpus(tmp_path, n_files=1, lines=10)
+    meta = prepare(
+        out_dir=tmp_path / "tokens", tokenizer=tokenizer_dir, inputs=[str(corpus)], validation_fraction=0.001
+    )  # one piece: none drawn for validation
+    assert meta["tokens"]["validation"] == 0
+    assert "note: no piece of the corpus went to the validation split" in capsys.readouterr().err
+    tokens = tmp_path / "tokens"
+    with pytest.warns(UserWarning, match="the validation split holds 0 tokens, fewer than one block of"):
+        data = LMDataModule(str(tokens), block_size=8)
+    assert "validation" not in data.blocks and data.val_dataloader() == []
+    # A validation split of 5 tokens: too short for blocks of 8, long enough for blocks of 4.
+    np.array([1, 2, 3, 4, 5], dtype=meta["dtype"]).tofile(tokens / "validation.bin")
+    meta["tokens"]["validation"] = 5
+    (tokens / "meta.json").write_text(json.dumps(meta))
+    with pytest.warns(UserWarning, match=r"holds 5 tokens, fewer than one block of block_size \+ 1 = 9"):
+        assert "validation" not in LMDataModule(str(tokens), block_size=8).blocks
+    assert len(LMDataModule(str(tokens), block_size=4).blocks["validation"]) == 1
