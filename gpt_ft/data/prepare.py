@@ -388,16 +388,23 @@ def read_meta(token_dir: str | os.PathLike) -> dict:
     path = folder / META
     if not path.is_file():
         raise FileNotFoundError(f"{folder} holds no {META}: prepare it with `gpt-ft prepare`.")
-    meta = json.loads(path.read_text())
-    itemsize = np.dtype(meta["dtype"]).itemsize
+    try:
+        meta = json.loads(path.read_text())
+        itemsize = np.dtype(meta["dtype"]).itemsize
+        counts = {split: int(meta["tokens"][split]) for split in SPLIT_FILES}
+        int(meta["vocab_size"])
+    except (ValueError, KeyError, TypeError) as exc:  # not JSON, a field missing or of another type
+        why = f"{type(exc).__name__}: {exc}" if not isinstance(exc, KeyError) else f"it has no field {exc}"
+        raise ValueError(f"{path} is damaged ({why}); prepare the folder again.") from None
     for split, name in SPLIT_FILES.items():
         file = folder / name
-        expected = meta["tokens"][split] * itemsize
-        actual = file.stat().st_size if file.is_file() else None
-        if actual != expected:
+        expected = counts[split] * itemsize
+        if not file.is_file():
+            raise ValueError(f"{file} is missing; the folder is incomplete, prepare it again.")
+        if file.stat().st_size != expected:
             raise ValueError(
-                f"{file} holds {actual} bytes but {META} says {meta['tokens'][split]} {meta['dtype']} tokens "
-                f"({expected} bytes); the folder is inconsistent, prepare it again."
+                f"{file} holds {file.stat().st_size} bytes but {META} says {counts[split]} {meta['dtype']} "
+                f"tokens ({expected} bytes); the folder is inconsistent, prepare it again."
             )
     if meta["vocab_size"] > np.iinfo(meta["dtype"]).max + 1:
         raise ValueError(f"{path}: a vocabulary of {meta['vocab_size']} does not fit dtype {meta['dtype']}.")

@@ -122,6 +122,19 @@ def test_read_meta_checks_the_token_folder(tmp_path, tokenizer_dir):
         read_meta(tmp_path / "tokens")
     with pytest.raises(FileNotFoundError, match="holds no meta.json"):
         read_meta(tmp_path)
+    damaged = {
+        '{"dtype": "uint16", "tokens": {"tr': r"\(JSONDecodeError: Unterminated string",
+        '{"dtype": "uint16"}': "it has no field 'tokens'",
+        json.dumps({**meta, "dtype": "uint99"}): "TypeError: data type 'uint99' not understood",
+    }
+    for text, why in damaged.items():
+        meta_path.write_text(text)
+        with pytest.raises(ValueError, match=f"^{meta_path} is damaged .*{why}.*; prepare the folder again"):
+            read_meta(tmp_path / "tokens")
+    meta_path.write_text(json.dumps(meta))
+    (tmp_path / "tokens" / "validation.bin").unlink()
+    with pytest.raises(ValueError, match=r"validation.bin is missing; the folder is incomplete"):
+        read_meta(tmp_path / "tokens")
 
 
 def test_bad_prepare_arguments(tmp_path, tokenizer_dir):
