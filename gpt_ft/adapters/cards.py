@@ -99,6 +99,11 @@ def load_yaml(text: str, path: str = "") -> object:
         holds = "sections (trainer, model, data, ...)" if path else "class_path and init_args (see tasks/)"
         kind = "a config file" if path else "a task card"
         raise FileProblem(f"{file} is {what}: {kind} is a mapping with {holds}.")
+    if file and not path and isinstance(value, dict) and "init_args" in value and "class_path" not in value:
+        raise FileProblem(
+            f"{file} names no class_path: a task card is class_path (e.g. gpt_ft.adapters.SingleText) "
+            "and init_args (see tasks/)."
+        )
     cls = _adapter_class(value.get("class_path")) if file and not path and isinstance(value, dict) else None
     missing = [f for f in card_fields(cls)[1] if f not in (value.get("init_args") or {})] if cls else []
     if missing:

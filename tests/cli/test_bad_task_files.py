@@ -183,6 +183,11 @@ def test_a_bad_preference_pair_names_its_line_in_a_gzipped_file(explain, lines, 
         ("", "{card} is empty: a task card is a mapping with class_path and init_args (see tasks/)."),
         ("- a\n- b\n", "{card} is a list, not a mapping: a task card is a mapping with class_path"),
         (
+            "init_args:\n  name: s\n",
+            "{card} names no class_path: a task card is class_path (e.g. gpt_ft.adapters.SingleText) and "
+            "init_args (see tasks/).",
+        ),
+        (
             CARD.format(adapter="SingleText", file="t.tsv").replace("SingleText", "TaskDataError"),
             "--data.task: class_path 'gpt_ft.adapters.TaskDataError' is not a subclass of TaskAdapter",
         ),
