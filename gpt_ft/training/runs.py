@@ -66,6 +66,8 @@ class GPTCLI(CheckpointHparamsAsDefaults, LightningCLI):
                 ckpt = unchecked.get("ckpt_path")
                 if ckpt in ("last", "best", "hpc", "registry"):  # Lightning's names: `last` found here
                     ckpt = self.resolved_ckpt = newest_last(unchecked.trainer, subcommand, ckpt)
+                if ckpt and Path(ckpt).expanduser().is_dir():
+                    raise ValueError(f"--ckpt_path {ckpt} is a folder: give a checkpoint file (last.ckpt).")
                 recorded = recorded_configuration(ckpt) if ckpt else {}
                 parser.set_defaults({f"{subcommand}.{key}": value for key, value in recorded.items()})
         super().parse_arguments(parser, args)

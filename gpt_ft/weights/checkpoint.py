@@ -90,6 +90,8 @@ def safe_load(path: str | Path, load=None) -> dict[str, Any]:
     except (RuntimeError, EOFError, KeyError, ValueError, OSError) as exc:
         if isinstance(exc, FileNotFoundError):
             raise FileNotFoundError(f"Checkpoint {path} does not exist.") from None
+        if Path(path).is_dir():
+            raise ValueError(f"{path} is a folder: give a checkpoint file in it (last.ckpt).") from None
         raise ValueError(UNREADABLE.format(path=path)) from None
 
 

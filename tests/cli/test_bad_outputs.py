@@ -290,6 +290,17 @@ def test_a_typed_commands_bad_value_is_one_sentence_naming_it(
     assert files(tmp_path) == before
 
 
+def test_a_checkpoint_folder_for_a_checkpoint_file(tmp_path, finetuned, capsys):
+    folder = finetuned.ckpt.parent
+    assert error(capsys, "validate", f"--ckpt_path={folder}") == (
+        f"--ckpt_path {folder} is a folder: give a checkpoint file (last.ckpt)."
+    )
+    text = tmp_path / "mine.tsv"
+    text.write_text("sentence\nthe cat sat on the mat .\n")
+    label = ["label", f"--ckpt_path={folder}", f"--input={text}", f"--output={tmp_path / 'out.tsv'}"]
+    assert error(capsys, *label) == f"{folder} is a folder: give a checkpoint file in it (last.ckpt)."
+
+
 def test_lightnings_own_optimizer_options_are_refused_for_the_models(capsys):
     """LightningCLI's --optimizer and --lr_scheduler would replace the module's optimizer and its
     schedule (weight decay groups, warmup, Muon, the resume's alignment) without a word."""
