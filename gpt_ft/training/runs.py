@@ -69,6 +69,12 @@ class GPTCLI(CheckpointHparamsAsDefaults, LightningCLI):
                 if ckpt and Path(ckpt).expanduser().is_dir():
                     raise ValueError(f"--ckpt_path {ckpt} is a folder: give a checkpoint file (last.ckpt).")
                 recorded = recorded_configuration(ckpt) if ckpt else {}
+                language_model = "token_dir" in ((recorded.get("data") or {}).get("init_args") or {})
+                if language_model and any(str(a).startswith("--data.task") for a in args):
+                    raise ValueError(
+                        f"{ckpt} is a language model's checkpoint: fine-tune it on the task first "
+                        f"(gpt-ft fit --model.init_from {ckpt} --data.task CARD)."
+                    )
                 parser.set_defaults({f"{subcommand}.{key}": value for key, value in recorded.items()})
         super().parse_arguments(parser, args)
         config = self.config[subcommand] if subcommand in SUBCOMMANDS else self.config

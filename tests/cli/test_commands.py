@@ -173,6 +173,12 @@ def test_pretrain_then_finetune_with_only_the_checkpoint_then_generate(
     assert "gpt-ft test reads a task's test split (--data.task CARD); a language model's token files" in (
         capsys.readouterr().err
     )
+    with pytest.raises(SystemExit):  # a task given to a language model's checkpoint: fine-tune it first
+        main(["validate", f"--ckpt_path={ckpt}", f"--data.task={ROOT / 'tasks/glue/sst2.yaml'}"])
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"gpt-ft: error: {ckpt} is a language model's checkpoint: fine-tune it on the task first "
+        f"(gpt-ft fit --model.init_from {ckpt} --data.task CARD)."
+    )
 
     # Fine-tune from the checkpoint alone: model shape and tokenizer come with it.
     data = tmp_path / "d"
