@@ -14,6 +14,11 @@ class ExplainCLI(GPTCLI):
     """`gpt-ft fit`'s LightningCLI, unrun, with `--split`, `--index` and `--json`; it prints one
     example of the data module the arguments build."""
 
+    def init_parser(self, **kwargs: Any):
+        parser = super().init_parser(**kwargs)
+        parser.description = "Print one example of a task split as the model sees it."
+        return parser
+
     def add_arguments_to_parser(self, parser) -> None:
         super().add_arguments_to_parser(parser)
         parser.add_argument("--split", type=str, default="train", help="Split name, e.g. train, validation.")

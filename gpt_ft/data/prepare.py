@@ -1,16 +1,12 @@
 """`gpt-ft prepare`: a text corpus -> flat token files for pretraining.
 
 Documents (by default one per file) are cut into pieces of about `piece_chars` characters where
-the tokenizer splits anyway (before a single space or newline between words), so the token files
-hold exactly the tokens of the whole documents. Batches of pieces are tokenized by the
-tokenizer's own thread pool (`workers` threads, outside the GIL) while the next batch is read, and
-appended in order to `train.bin` or `validation.bin` (a deterministic hash of the piece number
-picks the split). Each document ends with the end-of-text token. Memory stays bounded whatever
-the corpus size: three batches are held at most, and token files are written as they come.
-
-Corpus files must be UTF-8 text: each is read through once before anything is written, and one
-that is not (an invalid byte, a NUL byte as in binary files or UTF-16) is refused with its name;
-a file is never tokenized as garbage, and a refused or interrupted run leaves nothing behind.
+the tokenizer splits anyway (`_EXACT_CUT`), so the token files hold exactly the tokens of the whole
+documents. Pieces are tokenized in batches by the tokenizer's thread pool (`workers` threads)
+while the next batch is read, and appended in order to `train.bin` or `validation.bin` (a hash of
+the piece number picks the split); each document ends with the end-of-text token. Memory stays
+bounded (three batches at most). Corpus files must be UTF-8 text, all checked before anything is
+written; a refused or interrupted run leaves nothing behind.
 
 Output folder:
     train.bin, validation.bin   flat arrays of token ids (uint16 if the vocabulary fits, else uint32)
@@ -113,11 +109,8 @@ def dataset_documents(name: str, split: str, text_field: str) -> Iterator[str]:
     for i, row in enumerate(ds):
         if text_field not in row:
             raise ValueError(f"Dataset {name} has no field {text_field!r}; it has {sorted(row)}.")
-        text = row[text_field]
-        if text is not None and not isinstance(text, str):
-            raise ValueError(
-                f"Dataset {name}, row {i}: field {text_field!r} holds {type(text).__name__}, not text."
-            )
+        if not isinstance(text := row[text_field], str | None):
+            raise ValueError(f"Dataset {name}, row {i}: field {text_field!r} holds {type(text).__name__}.")
         yield text or ""
 
 
@@ -239,8 +232,9 @@ def prepare(
     workers: int = 1,
     progress: bool = True,
 ) -> dict:
-    """Tokenize a corpus into train/validation token files for pretraining (`gpt-ft prepare`);
-    returns the metadata written to meta.json.
+    """Tokenize a corpus into train and validation token files for pretraining.
+
+    `gpt-ft prepare`; returns the metadata written to meta.json.
 
     Args:
         inputs: A text file or a folder of them (searched recursively), or a list of both
@@ -373,12 +367,8 @@ def prepare(
             f"{n_docs:,} documents) to {out_dir} in {seconds:.1f} s ({rate:,.0f} tokens/s)"
         )
     if validation_fraction > 0 and not counts["validation"]:  # too few pieces for one to be drawn
-        print(
-            f"note: no piece of the corpus went to the validation split, so training will not validate: "
-            f"a smaller --piece_chars ({piece_chars:,}) or larger --validation_fraction "
-            f"({validation_fraction}) gives it some",
-            file=sys.stderr,
-        )
+        note = f"a smaller --piece_chars ({piece_chars:,}) or larger --validation_fraction gives it some"
+        print(f"note: no piece of the corpus went to the validation split: {note}", file=sys.stderr)
     return meta
 
 
@@ -397,11 +387,9 @@ def read_meta(token_dir: str | os.PathLike) -> dict:
         why = f"{type(exc).__name__}: {exc}" if not isinstance(exc, KeyError) else f"it has no field {exc}"
         raise ValueError(f"{path} is damaged ({why}); prepare the folder again.") from None
     for split, name in SPLIT_FILES.items():
-        file = folder / name
-        expected = counts[split] * itemsize
-        if not file.is_file():
+        if not (file := folder / name).is_file():
             raise ValueError(f"{file} is missing; the folder is incomplete, prepare it again.")
-        if file.stat().st_size != expected:
+        if file.stat().st_size != (expected := counts[split] * itemsize):
             raise ValueError(
                 f"{file} holds {file.stat().st_size} bytes but {META} says {counts[split]} {meta['dtype']} "
                 f"tokens ({expected} bytes); the folder is inconsistent, prepare it again."

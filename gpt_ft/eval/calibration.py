@@ -77,8 +77,9 @@ def calibrate(
     data_dir: str | None = None,
     overwrite: bool = False,
 ) -> dict[str, float]:
-    """Fit a fine-tuned classifier's temperature on a validation split; write a new checkpoint
-    (`gpt-ft calibrate`). Returns T and the split's expected calibration error before and after.
+    """Fit a classifier's temperature on a validation split and write it into a new checkpoint.
+
+    `gpt-ft calibrate`; returns T and the split's expected calibration error before and after.
 
     Args:
         ckpt_path: A fine-tuned checkpoint of gpt-ft fit.

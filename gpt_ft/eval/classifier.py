@@ -168,8 +168,9 @@ def label(
     batch_size: int = 32,
     device: str | None = None,
 ) -> None:
-    """Write each example of a file again with the fine-tuned model's prediction beside it
-    (`gpt-ft label`).
+    """Write each example of a file again with the fine-tuned model's prediction beside it.
+
+    `gpt-ft label`.
 
     Args:
         ckpt_path: A fine-tuned checkpoint of gpt-ft fit.

@@ -56,7 +56,7 @@ RESULT = "result.json"
 
 
 class SuiteRunner:
-    """Fine-tune and evaluate a suite's tasks over seeds (`gpt-ft suite`; the module docstring)."""
+    """Fine-tune and evaluate a suite's tasks over seeds: a results table, chart and submission."""
 
     def __init__(
         self,

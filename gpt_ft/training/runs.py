@@ -70,7 +70,7 @@ class GPTCLI(CheckpointHparamsAsDefaults, LightningCLI):
                     raise ValueError(f"--ckpt_path {ckpt} is a folder: give a checkpoint file (last.ckpt).")
                 recorded = recorded_configuration(ckpt) if ckpt else {}
                 language_model = "token_dir" in ((recorded.get("data") or {}).get("init_args") or {})
-                if language_model and any(str(a).startswith("--data.task") for a in args):
+                if language_model and ((unchecked.get("data") or {}).get("init_args") or {}).get("task"):
                     raise ValueError(
                         f"{ckpt} is a language model's checkpoint: fine-tune it on the task first "
                         f"(gpt-ft fit --model.init_from {ckpt} --data.task CARD)."
