@@ -60,7 +60,7 @@ COMMANDS = {
         lazy("gpt_ft.eval.calibration:calibrate"),
     ),
     "export": Command(
-        "write a fine-tuned classifier as a transformers folder (pipelines, serving)",
+        "write a fine-tuned model as a transformers, sentence-transformers or ONNX folder",
         lazy("gpt_ft.eval.export:export_checkpoint"),
     ),
 }
