@@ -39,7 +39,10 @@ def fit_and_evaluate(
     history = History.of(trainer)
     trainer.fit(model, datamodule=data)
     if not history.evaluations:
-        raise ValueError("The run ended without a validation: check --trainer.limit_val_batches.")
+        raise ValueError(
+            "The run ended without a validation: check --trainer.limit_val_batches, and that "
+            "--trainer.max_steps leaves room for one (--trainer.val_check_interval validates sooner)."
+        )
     main = main_key(model.task)
     if select == "best":
         # an undefined score (None: e.g. a correlation of constant predictions) ranks last

@@ -47,7 +47,7 @@ from gpt_ft.eval.results import (
     write_results,
     write_zip,
 )
-from gpt_ft.eval.suite_file import Run, SuiteSpec, as_list, data_dirs, load_suite
+from gpt_ft.eval.suite_file import Run, SuiteSpec, as_list, check_paper, data_dirs, load_suite
 from gpt_ft.training.callbacks import finite
 from gpt_ft.training.runs import build_fit
 from gpt_ft.weights.pretrained import GPT, resolve_tokenizer
@@ -113,8 +113,8 @@ class SuiteRunner:
         self.init_from, self.tokenizer = init_from, tokenizer
         self.data_dirs = data_dirs(data_dir or [])
         self.seeds = list(seeds if seeds is not None else spec.seeds)
-        if fine_tune and not self.seeds:
-            raise ValueError("--seeds is empty: give at least one seed to fine-tune with.")
+        if (fine_tune and not self.seeds) or len(set(self.seeds)) < len(self.seeds):
+            raise ValueError(f"--seeds {self.seeds}: give one or more seeds to fine-tune with, each once.")
         self.fit_args, self.select = list(fit_args or []), select
         self.fine_tune, self.zero_shot = fine_tune, zero_shot
         self.transfer_layers = list(transfer_layers or [])
@@ -132,7 +132,7 @@ class SuiteRunner:
             task = load_card(entry.card)
             if task.name in self.cards:
                 raise ValueError(f"Suite {spec.name!r} lists task {task.name!r} twice.")
-            self.cards[task.name] = (entry, task)
+            self.cards[task.name] = (entry, check_paper(spec.name, entry, task))
         if unknown := set(self.data_dirs) - {None, *self.cards}:
             raise ValueError(
                 f"--data_dir names task(s) {sorted(unknown)} that suite {spec.name!r} does not list."

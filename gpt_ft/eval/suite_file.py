@@ -100,6 +100,18 @@ class Run:
         return f"{self.task} seed {self.seed}" + (f" ({', '.join(extra)})" if extra else "")
 
 
+def check_paper(suite: str, entry: SuiteTask, task):
+    """`task` (the card of `entry`), once the paper's values name its metrics (`accuracy`, or
+    `split/metric` of a validation split): a misspelt key would be a row of its own."""
+    named = {*task.metrics, *(f"{split}/{m}" for split in task.validation_splits for m in task.metrics)}
+    if unknown := sorted(set(entry.paper) - named):
+        raise ValueError(
+            f"Suite {suite!r}, task {task.name!r}: paper names {unknown}, not among its metrics "
+            f"({sorted(named)})."
+        )
+    return task
+
+
 def as_list(value) -> list:
     """A list option given as one value (`--data_dir DIR`) or as a list (`--data_dir [A, t=B]`)."""
     if value is None:

@@ -231,6 +231,11 @@ def test_a_subset_of_a_suites_tasks(tmp_path):
         data_dirs(["a", "b"])
     with pytest.raises(ValueError, match=r"^--data_dir gives rte=DIR twice \(a and b\)\.$"):
         data_dirs(["rte=a", "rte=b"])
+    with pytest.raises(ValueError, match=r"^--seeds \[0, 0\]: give one or more seeds to fine-tune with"):
+        suites.SuiteRunner(spec, out_dir=tmp_path, seeds=[0, 0])
+    card = write_suite(tmp_path, "name: p\ntasks:\n  - card: tasks/glue/rte.yaml\n    paper: {acuracy: 56}\n")
+    with pytest.raises(ValueError, match=r"^Suite 'p', task 'rte': paper names \['acuracy'\], not among its"):
+        suites.SuiteRunner(str(card), out_dir=tmp_path)
 
 
 def test_zero_shot_only_skips_tasks_without_a_method(tmp_path, tokenizer_dir, capsys):
