@@ -106,6 +106,14 @@ def results_markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def bar_label(key: str, metrics: dict[str, Any]) -> str:
+    """A metric's name on the chart: `accuracy`, or with its split where a task has several
+    (MNLI's `validation_matched/accuracy` and `validation_mismatched/accuracy`)."""
+    splits = {k.rpartition("/")[0] for k in metrics}
+    split, _, metric = key.rpartition("/")
+    return f"{split.removeprefix('validation_')} {metric}" if len(splits) > 1 else metric
+
+
 def plot_results(results: dict[str, Any], path: Path) -> None:
     """Horizontal bars per task and metric: ours (mean ± std), zero-shot, and the paper's."""
     import matplotlib
@@ -114,7 +122,7 @@ def plot_results(results: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows = [
-        (f"{n} {k.split('/')[-1]}", s)
+        (f"{n} {bar_label(k, item['metrics'])}", s)
         for n, item in results["tasks"].items()
         for k, s in item["metrics"].items()
     ]

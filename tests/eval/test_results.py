@@ -100,3 +100,12 @@ def test_results_are_written_whole(tmp_path):
         "pi": pytest.approx(math.pi),
     }
     assert sorted(p.name for p in (tmp_path / "sub").iterdir()) == ["x.json"]  # no temporary file left
+
+
+def test_a_chart_bar_names_its_split_where_a_task_has_several():
+    from gpt_ft.eval.results import bar_label
+
+    mnli = {"validation_matched/accuracy": {}, "validation_mismatched/accuracy": {}}
+    assert [bar_label(k, mnli) for k in mnli] == ["matched accuracy", "mismatched accuracy"]
+    stsb = {"validation/pearson": {}, "validation/spearman": {}}
+    assert [bar_label(k, stsb) for k in stsb] == ["pearson", "spearman"]
