@@ -87,7 +87,7 @@ class Run:
 
     @property
     def folder(self) -> str:
-        parts = [] if self.row is None else [self.row.replace(" ", "-").replace("/", "-")]
+        parts = [] if self.row is None else [row_folder(self.row)]
         parts.append(self.task)
         parts += [] if self.layers is None else [f"layers-{self.layers}"]
         parts += [] if self.size is None else [f"size-{self.size}"]
@@ -98,6 +98,11 @@ class Run:
         extra += [] if self.layers is None else [f"{self.layers} layers"]
         extra += [] if self.size is None else [f"{self.size} examples"]
         return f"{self.task} seed {self.seed}" + (f" ({', '.join(extra)})" if extra else "")
+
+
+def row_folder(name: str) -> str:
+    """The folder of a row's runs: its name with spaces and slashes as dashes."""
+    return name.replace(" ", "-").replace("/", "-")
 
 
 def check_paper(suite: str, entry: SuiteTask, task):
@@ -147,6 +152,9 @@ def load_suite(path: str | Path) -> SuiteSpec:
         raise ValueError(f"Suite file {path}: train_sizes must be positive numbers or 'all', min_steps >= 0.")
     if spec.rows is not None and not spec.rows:
         raise ValueError(f"Suite file {path}: rows is empty; name at least one, or leave rows out.")
+    folders = [row_folder(name) for name in spec.rows or []]
+    if clash := sorted({n for n in spec.rows or [] if folders.count(row_folder(n)) > 1}):
+        raise ValueError(f"Suite file {path}: rows {clash} would share a folder; give them names apart.")
     base = path.parent
     for task in spec.tasks:
         task.card = str(_find(task.card, base, f"{path}: task card"))

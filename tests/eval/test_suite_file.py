@@ -43,3 +43,7 @@ def test_suite_file_errors_name_the_file(tmp_path):
         ValueError, match=r"suite.yaml is not valid YAML: line 3, column 1: expected the node"
     ):
         load_suite(bad)
+    card.write_text("class_path: gpt_ft.adapters.SingleText\ninit_args: {name: x}\n")
+    bad.write_text("name: x\ntasks:\n  - card: card.yaml\nrows:\n  a/b: []\n  a-b: []\n  c: []\n")
+    with pytest.raises(ValueError, match=r"rows \['a-b', 'a/b'\] would share a folder; give them names"):
+        load_suite(bad)
