@@ -203,7 +203,8 @@ def test_a_checklist_stopped_by_sigterm_kills_its_part_and_leaves_its_report(tmp
     assert [r["check"] for r in written["rows"]] == ["dependencies", "CUDA tests"]
     assert written["note"].startswith("in progress")
     time.sleep(0.5)
-    part = subprocess.run(["pgrep", "-f", "gpu_figures.py"], capture_output=True, text=True).stdout.split()
+    pgrep = ["pgrep", "-P", str(checklist.pid), "-f", "gpu_figures.py"]  # its own (the suite runs another)
+    part = subprocess.run(pgrep, capture_output=True, text=True).stdout.split()
     assert part, "the figures part is running"
     checklist.send_signal(signal.SIGTERM)
     assert checklist.wait(timeout=30) == 143
