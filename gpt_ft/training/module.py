@@ -338,7 +338,8 @@ class GPTModule(Evaluation, LightningModule):
             world = self.trainer.world_size
             index, predictions = gather(index, world, self.device), gather(predictions, world, self.device)
             if self.trainer.is_global_zero:
-                write_predictions(self.task, split, index, predictions, Path(self.predictions_dir))
+                written = write_predictions(self.task, split, index, predictions, Path(self.predictions_dir))
+                print(f"predictions of split {split!r}: {written}", flush=True)
         self._predictions = {}
 
     # ---- optimisation ----

@@ -38,9 +38,10 @@ def test_fit_validate_predict_for_each_adapter_kind(kind, tmp_path, tokenizer_di
         assert error.startswith(
             f"gpt-ft: error: --ckpt_path last: there is no {tmp_path}/elsewhere/lightning_logs/"
         )
+    capsys.readouterr()
     main(["predict", *args, f"--ckpt_path={last[0]}", f"--model.predictions_dir={tmp_path / 'pred'}"])
     files = list((tmp_path / "pred").iterdir())
-    assert len(files) == 1
+    assert len(files) == 1 and f"predictions of split 'test': {files[0]}\n" in capsys.readouterr().out
     lines = files[0].read_text().splitlines()
     assert lines[0] == "index\tprediction" and [line.split("\t")[0] for line in lines[1:]] == ["0", "1", "2"]
     values = [line.split("\t")[1] for line in lines[1:]]
