@@ -92,6 +92,7 @@ class PretrainSteps:
         total = self.warmup + self.steps
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda("cosine", 1, total))
         loader = data.train_dataloader()
+        loader.pin_memory = self.device == "cuda"  # as fit's loader on a GPU (no trainer here to ask)
         loader.sampler.set_epoch(0)
         start = None
         for step, batch in enumerate(loader):
