@@ -244,8 +244,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
     n = state["numpy"]
     keys = n["keys"].numpy().astype(np.uint32)
     np.random.set_state(("MT19937", keys, n["pos"], n["has_gauss"], n["gauss"]))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if "cuda" in state and torch.cuda.is_available():  # the devices this machine has of those saved
+        torch.cuda.set_rng_state_all(state["cuda"][: torch.cuda.device_count()])
 
 
 class Provenance(Callback):

@@ -26,6 +26,7 @@ from gpt_ft.workarounds import summary_table
 DENSE_BF16_TFLOPS = {
     "H100 NVL": 835.0,
     "H100 PCIe": 756.0,
+    "H200 NVL": 835.0,
     "H200": 989.0,
     "H100": 989.0,
     "A100": 312.0,
@@ -39,14 +40,24 @@ def dense_peak_tflops(device_name: str) -> float | None:
     return None
 
 
-def flops_per_token(config, n_params: int, seq_len: int) -> float:
-    """nanoGPT's estimate: 6N for the matmuls with parameters, 12·L·H·Q·T for attention."""
-    return 6 * n_params + 12 * config.n_layer * config.n_head * config.head_dim * seq_len
+def flops_per_token(config, n_params: float, seq_len: int) -> float:
+    """nanoGPT's estimate: 6N for the matmuls with parameters, 12·L·H·Q·T for attention, where a
+    sliding-window layer's T is at most its window."""
+    spans = (min(seq_len, config.sliding_window or seq_len) if config.is_sliding(i) else seq_len
+             for i in range(config.n_layer))  # fmt: skip
+    return 6 * n_params + 12 * config.n_head * config.head_dim * sum(spans)
 
 
-def counted_parameters(gpt) -> int:
-    """N of the estimate: every parameter but the position embeddings (nanoGPT's convention)."""
-    return gpt.num_parameters() - (gpt.wpe.weight.numel() if gpt.wpe is not None else 0)
+def counted_parameters(gpt) -> float:
+    """N of the estimate: the parameters a token's matmuls use, nanoGPT's convention (not the
+    position embeddings, nor the token embedding where the head has a matrix of its own: lookups);
+    a frozen one (LoRA's base) counts 2/3, its weights taking no gradient (4 FLOPs of 6)."""
+    c, untied = gpt.config, gpt.lm_head is not None
+    lookups = [m for m in (gpt.wpe, gpt.wte if untied else None) if m is not None]
+    skipped = {id(p) for m in lookups for p in m.parameters()}
+    frozen = sum(p.numel() for p in gpt.parameters() if not p.requires_grad and id(p) not in skipped)
+    positions = gpt.wpe.weight.numel() if gpt.wpe is not None else 0
+    return gpt.num_parameters() - positions - (c.vocab_size * c.n_embd if untied else 0) - frozen / 3
 
 
 def batch_tokens(batch) -> tuple[int, int, int]:
@@ -77,7 +88,8 @@ class Throughput(Callback):
         self._n_params = 0
         self._paused: float | None = None
 
-    def on_train_start(self, trainer, pl_module) -> None:
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        # Before the strategy wraps the model: FSDP leaves each rank the parameters of its shard.
         self._n_params = counted_parameters(pl_module.gpt)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:

@@ -571,3 +571,18 @@ def test_fast_dev_run_writes_no_checkpoint(tmp_path, tokenizer_dir, monkeypatch)
     args = finetune_args(card, tokenizer_dir, tmp_path / "task", tmp_path / "logs")
     main(["fit", *args, "--trainer.fast_dev_run=1"])
     assert not any((tmp_path / "work").iterdir()) and not list((tmp_path / "task").rglob("*.ckpt"))
+
+
+def test_a_run_saved_with_more_gpus_visible_resumes_on_fewer(monkeypatch):
+    """CUDA random states are saved for every visible device; a machine with fewer restores those
+    of the devices it has (torch would index past its generators)."""
+    from gpt_ft.training import checkpointing
+
+    state = checkpointing.rng_state()
+    state["cuda"] = [torch.zeros(16, dtype=torch.uint8)] * 2  # saved where two GPUs were visible
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda states: restored.extend(states))
+    checkpointing.set_rng_state(state)
+    assert len(restored) == 1

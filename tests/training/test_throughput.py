@@ -28,6 +28,27 @@ def test_nanogpt_flop_count_for_gpt1():
     assert flops_per_token(gpt.config, n, 512) == 753_472_512
 
 
+def test_the_flop_count_leaves_out_lookups_windows_and_frozen_gradients():
+    """An untied token embedding is a lookup (the head is the matmul); a sliding-window layer
+    attends over its window at most; a frozen weight (LoRA's base) takes 4 FLOPs a token, not 6."""
+
+    from gpt_ft.model.lora import LoRA, add_lora
+
+    tied = GPT(GPTConfig.from_name("llama-micro", vocab_size=128))
+    untied = GPT(GPTConfig.from_name("llama-micro", vocab_size=128, tie_embeddings=False))
+    assert counted_parameters(untied) == counted_parameters(tied) == tied.num_parameters()
+    layers = ["sliding_attention", "full_attention"]
+    c = GPTConfig.from_name("llama-micro", vocab_size=128, sliding_window=6, layer_types=layers)
+    attention = 12 * c.n_head * c.head_dim
+    assert flops_per_token(c, 0, 64) == attention * (6 + 64) and flops_per_token(c, 0, 4) == attention * 8
+    base = GPT(GPTConfig.from_name("llama-micro", vocab_size=128))
+    adapted = add_lora(base, LoRA(rank=2), new_tokens_from=124)
+    trainable = sum(p.numel() for p in adapted.parameters() if p.requires_grad)
+    frozen = adapted.num_parameters() - trainable
+    assert 0 < trainable < frozen and counted_parameters(adapted) == pytest.approx(trainable + frozen * 2 / 3)
+    assert dense_peak_tflops("NVIDIA H200 NVL") == 835.0
+
+
 def test_every_window_reaches_the_logger_whatever_log_every_n_steps(tmp_path, tokenizer_dir, monkeypatch):
     """Throughput(every_n_steps=10) over 40 steps writes 4 rows, though the trainer's logger
     cadence (configs/pretrain/cpu.yaml: 20) alone would keep 2."""
@@ -106,3 +127,14 @@ def test_the_metrics_line_shows_a_throughput_window_once(capsys):
         "epoch 0 step 5: validation/loss 1.5000",
         "epoch 0 step 5: perf/tokens_per_s 120.0000, validation/loss 1.5000",
     ]
+
+
+def test_the_parameters_are_counted_before_the_strategy_wraps_the_model():
+    """FSDP leaves each rank the parameters of its shard: the count is taken at setup, before."""
+    from types import SimpleNamespace
+
+    from gpt_ft.training.throughput import Throughput
+
+    gpt, callback = GPT(GPTConfig.from_name("gpt-micro", vocab_size=64)), Throughput()
+    callback.setup(None, SimpleNamespace(gpt=gpt), "fit")
+    assert callback._n_params == counted_parameters(gpt) > 0
