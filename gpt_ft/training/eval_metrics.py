@@ -156,10 +156,9 @@ class Evaluation:
                 getattr(self.head, name).fill_(value)
             if self.task is not None and self.trainer.state.fn in ("validate", "test"):
                 predictions, labels = metric.examples()
-                if self.trainer.is_global_zero and self.trainer.log_dir:
-                    write_report(
-                        self.task, split, predictions, labels, Path(self.trainer.log_dir) / "reports"
-                    )
+                log_dir = self.trainer.log_dir  # on every rank: Lightning broadcasts it
+                if self.trainer.is_global_zero and log_dir:
+                    write_report(self.task, split, predictions, labels, Path(log_dir) / "reports")
             metric.reset()
 
     def on_validation_epoch_start(self) -> None:

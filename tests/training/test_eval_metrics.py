@@ -28,3 +28,32 @@ def test_eval_metrics_count_each_example_once_and_weigh_lm_loss_by_tokens():
 def test_first_occurrences_keeps_the_first_of_each_index():
     index = torch.tensor([4, 2, 4, 7, 2, 2, 9])
     assert first_occurrences(index).tolist() == [True, True, False, True, False, False, True]
+
+
+def test_every_rank_reads_the_log_dir_lightning_broadcasts(monkeypatch):
+    """`trainer.log_dir` is a broadcast under DDP: a validate or test run reads it on every rank
+    (rank 0 alone would wait for the others, which had left)."""
+    from types import SimpleNamespace
+
+    from gpt_ft.training import eval_metrics
+    from gpt_ft.training.eval_metrics import Evaluation, split_key
+
+    read = []
+
+    class Trainer:
+        state, sanity_checking, is_global_zero = SimpleNamespace(fn="validate"), False, False
+
+        @property
+        def log_dir(self):
+            read.append(True)
+            return "runs"
+
+    task = SingleText(name="t", labels=["a", "b"], metrics=["accuracy"])
+    metric = EvalMetrics(task, lm_coef=0.5)
+    metric.update(*(torch.tensor(v) for v in ([0], [1.0], [1], [0.5], [1], [1])))
+    module = SimpleNamespace(task=task, trainer=Trainer(), metrics={split_key("validation"): metric})
+    module.log, module.head = lambda *a, **k: None, None
+    module._eval_splits = lambda stage: ["validation"]
+    monkeypatch.setattr(eval_metrics, "write_report", lambda *a: pytest.fail("rank 1 wrote the report"))
+    Evaluation._log_metrics(module, "validation")
+    assert read == [True]
