@@ -100,9 +100,22 @@ class ChoiceHead(ClassificationHead):
     row does not have is masked out (GPT-1 §3.3, multiple choice)."""
 
     def __init__(
-        self, n_embd: int, *, dropout: float = 0.1, init_std: float = 0.02, bias: bool = True
+        self,
+        n_embd: int,
+        *,
+        dropout: float = 0.1,
+        init_std: float = 0.02,
+        bias: bool = True,
+        choices: int | None = None,
     ) -> None:
         super().__init__(n_embd, 1, dropout=dropout, init_std=init_std, bias=bias)
+        self.choices = choices
+
+    def probabilities(self, outputs: Tensor) -> Tensor:
+        """(B, `choices`): a batch's rows have as many columns as its widest, then 0s, so that
+        batches of rows with fewer choices line up (a list field's rows differ)."""
+        p = super().probabilities(outputs)
+        return p if self.choices is None else F.pad(p, (0, self.choices - p.shape[1]))
 
     def forward(self, extract: Tensor, choice_mask: Tensor | None = None) -> Tensor:
         """Scores (B, S), one per choice, from extract states (B, S, C)."""

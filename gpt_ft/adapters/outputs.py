@@ -159,6 +159,10 @@ class TaskOutput:
         """One example's prediction as `Classifier.predict` returns it."""
         raise NotImplementedError
 
+    def row_outcome(self, prediction: Tensor, probabilities: Tensor, sequences: int) -> dict[str, Any]:
+        """`outcome` of a row of `sequences` sequences, out of a batch's (`Classifier`)."""
+        return self.outcome(prediction, probabilities)
+
     def example_label(self, example: dict[str, Any]) -> Any:
         """The example's label; None when unlabelled (no field, or -1 as in hub test splits, where
         the card has no class or score -1 of its own)."""
@@ -322,10 +326,14 @@ class ChoiceOutput(ClassificationOutput):
         return None
 
     def head(self, n_embd: int, *, dropout: float, init_std: float, bias: bool = True) -> TaskHead:
-        return ChoiceHead(n_embd, dropout=dropout, init_std=init_std, bias=bias)
+        return ChoiceHead(n_embd, dropout=dropout, init_std=init_std, bias=bias, choices=self.choices)
 
     def label_text(self, label: Any) -> Any:
         return label
+
+    def row_outcome(self, prediction: Tensor, probabilities: Tensor, sequences: int) -> dict[str, Any]:
+        """The row's own choices only (`sequences` of them), whatever its batch's widest row."""
+        return self.outcome(prediction, probabilities[:sequences])
 
 
 class RegressionOutput(TaskOutput):

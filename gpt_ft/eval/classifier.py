@@ -155,7 +155,9 @@ class Classifier:
             probabilities = self.head.probabilities(raw / self.temperature).cpu()
             for row, example in enumerate(chunk):
                 text = self.task.format_prediction(predictions[row], submission=False)
-                out[example["index"]] = (self.task.output.outcome(predictions[row], probabilities[row]), text)
+                sequences = len(example["input_ids"])
+                outcome = self.task.output.row_outcome(predictions[row], probabilities[row], sequences)
+                out[example["index"]] = (outcome, text)
         return out
 
 

@@ -37,3 +37,34 @@ def test_multiple_choice_texts_join_context_fields_and_read_list_fields():
 def test_bad_cards():
     with pytest.raises(ValueError, match="num_choices. is required"):
         MultipleChoice(name="t", context=["c"], choices="options")
+
+
+def test_rows_of_fewer_choices_line_up_across_batches_and_name_their_own(tokenizer_dir):
+    """A list field's rows have 2 to 4 choices: each batch's probabilities have the card's 4
+    columns (validation concatenates batches), and `Classifier` names a row's own choices only,
+    whatever its neighbours."""
+    import torch
+
+    from gpt_ft import GPT, GPTConfig
+    from gpt_ft.data.tokenizer import load_tokenizer
+    from gpt_ft.eval.classifier import Classifier
+    from gpt_ft.training.eval_metrics import EvalMetrics
+
+    task = MultipleChoice(name="mc", context=["story"], choices="endings", num_choices=4)
+    head = task.head(8, dropout=0.0, init_std=0.02)
+    two, three = head.probabilities(torch.zeros(1, 2)), head.probabilities(torch.zeros(2, 3))
+    assert two.shape == (1, 4) and three.shape == (2, 4) and two[0].tolist() == [0.5, 0.5, 0.0, 0.0]
+    metric = EvalMetrics(task, lm_coef=0.0)
+    for p in (two, three):
+        labels = torch.zeros(len(p), dtype=torch.long)
+        metric.update(torch.arange(len(p)), torch.zeros(len(p)), torch.ones(len(p)), torch.zeros(len(p)),
+                      p.argmax(-1), labels, p)  # fmt: skip
+    metric.compute()  # one tensor of every batch's probabilities
+    tok = load_tokenizer(tokenizer_dir)
+    gpt = GPT(GPTConfig.from_name("gpt-micro", vocab_size=len(tok))).eval()
+    head = task.head(gpt.config.n_embd, dropout=0.0, init_std=0.3)
+    clf = Classifier(gpt, head, task, tok, max_length=64, device="cpu")
+    rows = [{"story": "the cat", "endings": ["sat", "ran"]}, {"story": "a dog", "endings": list("abcd")}]
+    alone, together = clf.predict(rows, batch_size=1), clf.predict(rows, batch_size=2)
+    assert [list(o["scores"]) for o in together] == [["0", "1"], ["0", "1", "2", "3"]]
+    assert together[0]["scores"] == pytest.approx(alone[0]["scores"], abs=1e-6)
