@@ -212,6 +212,14 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
             desc=f"Encoding {self.task.name} {split}",
             new_fingerprint=self._fingerprint(raw, split),
         )
+        if index_field is not None:  # an id names its example's prediction and counts it once
+            first: dict[int, int] = {}
+            for i, value in enumerate(encoded.data.column("index").to_pylist()):
+                if (j := first.setdefault(value, i)) != i:
+                    raise TaskDataError(
+                        f"{origin.of(i)} repeats the {index_field} of {origin.of(j)} ({value}): each "
+                        "example needs an id of its own (predictions and metrics count each id once)."
+                    )
         return encoded, origin
 
     def _fingerprint(self, raw, split: str) -> str:

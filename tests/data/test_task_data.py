@@ -99,6 +99,14 @@ def test_similarity_encodes_two_sequences(pairs_dir, tokenizer_dir):
             "validation",
             r"PAIRS/dev.tsv, line 2: label 'maybe' in field 'label' is not among the labels",
         ),
+        (
+            lambda d: (d / "PAIRS/dev.tsv").write_text(
+                "index\tsentence1\tsentence2\tlabel\n7\ta\tb\tentailment\n8\tc\td\tentailment\n"
+                "7\te\tf\tentailment\n"
+            ),
+            "validation",
+            r"PAIRS/dev.tsv, line 4 repeats the idx of \S+PAIRS/dev.tsv, line 2 \(7\): each example needs",
+        ),
         (lambda d: None, "test", r"PAIRS/test.tsv, line 2: no label \(field .label.\); split .test. is used"),
         (lambda d: None, "dev", r"no local split 'dev'; its card defines \['test', 'train', 'validation'\]"),
     ],
