@@ -7,7 +7,7 @@ chooses the head (outputs, loss, predictions); this module is the same for every
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -295,8 +295,9 @@ class GPTModule(Evaluation, LightningModule):
     # ---- forward and losses ----
 
     def forward(self, batch: TokenBatch) -> Tensor:
-        """The task head's outputs for a batch: (B, classes), (B, 1), (B, choices), (B, labels)."""
-        return self.terms(batch, with_lm=False)["logits"]
+        """The task head's outputs for a batch: (B, classes), (B, 1), (B, choices), (B, labels); no
+        loss (an embedding's gathers every rank's rows, and predict's ranks have unequal batches)."""
+        return self.terms(replace(batch, labels=None), with_lm=False)["logits"]
 
     def terms(self, batch: TokenBatch, with_lm: bool = True) -> dict[str, Tensor]:
         """Per-example terms: lm_sum and lm_count, and with a task logits and task_loss."""

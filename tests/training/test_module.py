@@ -126,3 +126,16 @@ def test_a_checkpoint_of_another_shape_or_head_is_named_in_one_sentence():
         m.on_load_checkpoint({"gpt_config": {**config, "n_embd": 64, "n_layer": 2}})
     with pytest.raises(ValueError, match=r"has a task head of 3 outputs but task 't' needs 2"):
         m.on_load_checkpoint({"gpt_config": config, "state_dict": {"head.weight": torch.zeros(3, 16)}})
+
+
+def test_the_forward_pass_computes_no_loss(monkeypatch):
+    """predict runs `forward`: no task loss, which for embeddings gathers every rank's rows, while a
+    predict run's ranks may have unequal numbers of batches (a DDP run waited forever)."""
+    from gpt_ft.adapters import Embedding
+    from gpt_ft.data.batches import collate_packed
+
+    m = module(Embedding(name="e"))
+    monkeypatch.setattr(type(m.head), "losses", lambda *a: pytest.fail("forward computed a loss"))
+    ab = [START, 1, 2, EXTRACT]
+    for collated in (collate([example([ab, ab], 1.0)], PAD), collate_packed([example([ab, ab], 1.0)], PAD)):
+        assert m(collated).shape[0] == 1
