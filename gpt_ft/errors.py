@@ -195,9 +195,12 @@ def check_not_null(values: dict, cls: type, option: str) -> None:
         raise ValueError(f"{option}.{name}: expected {kind}, got null.")
 
 
-def check_devices(devices, *, on_cpu: bool) -> None:
+def check_devices(devices, *, on_cpu: bool, strategy: object = None) -> None:
     """`--trainer.devices` as Lightning reads it, checked where Lightning would raise a TypeError of
-    its own: on the CPU a count of processes or 'auto'; on GPUs also -1 (every one) or indices."""
+    its own: on the CPU a count of processes or 'auto'; on GPUs also -1 (every one) or indices. And
+    no FSDP on the CPU (every rank's traceback, from Lightning)."""
+    if on_cpu and "fsdp" in str(strategy).lower():
+        raise ValueError("--trainer.strategy: FSDP shards a model over GPUs; on the CPU use ddp.")
     text = str(devices).strip()
     if text == "auto" or re.fullmatch(r"[1-9]\d*", text):
         return

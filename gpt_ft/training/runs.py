@@ -91,7 +91,9 @@ class GPTCLI(CheckpointHparamsAsDefaults, LightningCLI):
         if isinstance(accumulate, int) and accumulate < 1:  # Lightning would divide by it
             raise ValueError(f"--trainer.accumulate_grad_batches must be >= 1, got {accumulate}.")
         on_cpu = runs_on_cpu(config.trainer.get("accelerator", "auto"))
-        check_devices(config.trainer.get("devices", "auto"), on_cpu=on_cpu)
+        check_devices(
+            config.trainer.get("devices", "auto"), on_cpu=on_cpu, strategy=config.trainer.get("strategy")
+        )
         if self.subcommand in ("validate", "test", "predict") and not (
             config.get("ckpt_path") or config.model.get("init_from")
         ):

@@ -227,6 +227,10 @@ def test_a_card_that_cannot_work_is_named(explain, card, problem):
             "for limit_train_batches, it has to be in [0.0, 1.0] or an int.",  # -1 or -1.0 before it
         ),
         ("seed_everything: -1\n", "--seed_everything must be in [0, 4294967295], got -1."),
+        (
+            "trainer:\n  accelerator: cpu\n  strategy: gpt_ft.training.strategies.BlockFSDP\n",
+            "--trainer.strategy: FSDP shards a model over GPUs; on the CPU use ddp.",
+        ),
     ],
 )
 def test_a_config_value_the_parser_lets_through(setting, message, tmp_path, tokenizer_dir, capsys):
