@@ -2,18 +2,17 @@
 
 A suite file (configs/suites/*.yaml) lists task cards, the fit config and arguments they share,
 the seeds, the GPT-1 paper's values, the benchmark score to report and the submission's files.
-Every task x seed (x transferred layers) is one `gpt-ft fit` run in this process, built from the
-configuration its arguments resolve to; its metrics and that configuration go to
-OUT/runs/TASK/.../result.json, written last, so a rerun reads finished runs back and redoes the
-rest and those whose configuration changed. At the end OUT holds:
+Every task x seed (x transferred layers) is one `gpt-ft fit` run in this process (in each, under
+DDP), built from the configuration its arguments resolve to; its metrics and that configuration go
+to OUT/runs/TASK/.../result.json, written last: a rerun redoes the rest and the changed. OUT holds:
 
 - results.json: per task, per metric, every seed's value, mean and std; the configuration used;
 - results.md:   task, metric, mean ± std, zero-shot, the paper's value, and the benchmark score;
 - results.png:  our scores beside the paper's; transfer.png when transferred layers are swept;
 - the submission folder and archive (GLUE: CoLA.tsv ... AX.tsv zipped), from each task's best seed.
 
-Scores are in percent (GLUE's convention). The paper's values are test-set scores; ours are
-validation scores. A sweep of transferred layers reports its deepest in the main table.
+Scores are in percent (GLUE's convention): the paper's on test sets, ours on validation splits
+(a sweep of transferred layers: its deepest in the main table).
 """
 
 from __future__ import annotations
@@ -47,7 +46,7 @@ from gpt_ft.eval.results import (
     write_results,
     write_zip,
 )
-from gpt_ft.eval.suite_file import Run, SuiteSpec, as_list, check_paper, data_dirs, load_suite
+from gpt_ft.eval.suite_file import Run, SuiteSpec, as_list, check_paper, data_dirs, first_process, load_suite
 from gpt_ft.training.callbacks import finite
 from gpt_ft.training.runs import build_fit
 from gpt_ft.weights.pretrained import GPT, resolve_tokenizer
@@ -152,8 +151,9 @@ class SuiteRunner:
 
     def run(self, log=print) -> dict[str, Any]:
         self.out.mkdir(parents=True, exist_ok=True)
-        start = time.perf_counter()
-        if self.zero_shot:
+        start, writes = time.perf_counter(), first_process()  # the others of a DDP run fit, silent
+        log = log if writes else (lambda *args, **kwargs: None)
+        if self.zero_shot and writes:
             for name, (entry, task) in self.cards.items():
                 if entry.zero_shot is None and not task.choices_in_examples:
                     log(f"zero-shot: {name} has no method (a `zero_shot` entry in the suite file): skipped")
@@ -172,11 +172,12 @@ class SuiteRunner:
             self.fit(run, log)
             took.append(time.perf_counter() - t)
         results = self.collect()
-        write_results(self.out, results)
-        if self.predict and self.spec.submission is not None and self.fine_tune:
+        if writes:
+            write_results(self.out, results)
+        if writes and self.predict and self.spec.submission is not None and self.fine_tune:
             self.write_submission(results, log)
-        took_all = minutes(time.perf_counter() - start)
-        log(f"suite {self.spec.name}: done in {took_all}; see {self.out / 'results.md'}")
+        spent = minutes(time.perf_counter() - start)
+        log(f"suite {self.spec.name}: done in {spent}; see {self.out / 'results.md'}")
         return results
 
     def fit_args_of(self, run: Run) -> list[str]:
@@ -232,16 +233,16 @@ class SuiteRunner:
     def fit(self, run: Run, log=print) -> dict[str, Any]:
         """One fine-tuning run: fit, the chosen epoch's validation metrics, test predictions."""
         folder = self.out / "runs" / run.folder
-        if folder.exists():  # an interrupted run: start it again
+        if folder.exists() and first_process():  # an interrupted run: start it again
             shutil.rmtree(folder)
-        folder.mkdir(parents=True)
+        folder.mkdir(parents=True, exist_ok=True)
         start, args = time.perf_counter(), self.fit_args_of(run)
         config = build_fit.resolve(args + self._min_steps(run))  # recorded, compared by a rerun
         min_steps = self.spec.min_steps if run.size is not None else None
         metrics, epoch = fit_and_evaluate(
             build_fit, args, self.select, predict=self.predict, log=log, min_steps=min_steps
         )
-        if not self.keep_checkpoints:
+        if not self.keep_checkpoints and first_process():
             for ckpt in folder.rglob("*.ckpt"):
                 ckpt.unlink()
         result = {
@@ -258,7 +259,8 @@ class SuiteRunner:
             "predict": bool(self.predict),
             "files": run_stamps(self.cards[run.task][1], config),
         }
-        write_json(folder / RESULT, result)
+        if first_process():
+            write_json(folder / RESULT, result)
         return result
 
     def _zero_shot(self, name: str, log) -> None:

@@ -218,6 +218,19 @@ def test_weights_given_in_fit_args_that_change_run_again(tmp_path, tokenizer_dir
     assert str(tmp_path / "pre" / "model.safetensors") in printed and "0 finished before, 1 to go" in printed
 
 
+def test_only_the_first_ddp_process_of_a_suite_writes(tmp_path, tokenizer_dir, monkeypatch, capsys):
+    """Under DDP fit arguments every process runs the suite (each fit needs them all): the others
+    neither write results nor delete what the first writes, nor print."""
+    card = make_task("single", tmp_path / "a")
+    suite = write_suite(tmp_path, f"name: d\nseeds: [0]\ntasks:\n  - card: {card}\n")
+    monkeypatch.setattr(suites, "first_process", lambda: False)
+    out = tmp_path / "out"
+    data = f"--data_dir={tmp_path / 'a'}"
+    main(["suite", str(suite), f"--out_dir={out}", f"--tokenizer={tokenizer_dir}", data, *fit_args(*FIT)])
+    assert not list(out.rglob("result*.json")) and not (out / "results.md").exists()
+    assert "suite d" not in capsys.readouterr().out
+
+
 def test_a_subset_of_a_suites_tasks(tmp_path):
     spec = load_suite(ROOT / "configs/suites/glue.yaml")
     runner = suites.SuiteRunner(spec, out_dir=tmp_path, tasks=["sst2", "rte", "stsb"], seeds=[0, 1])
