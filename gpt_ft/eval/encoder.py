@@ -111,10 +111,14 @@ def embed(
     if target.suffix.lower() not in (".npy", ".jsonl"):
         raise ValueError(f"--output {target}: write .npy or .jsonl.")
     check_output_file(target, "--output", overwrite=overwrite, reads=source)
+    if source.suffix.lower() != ".txt" and file_format(source) is None:
+        raise ValueError(
+            f"--input {source}: give a .txt, .csv, .tsv, .json/.jsonl or .parquet file (by its extension)."
+        )
+    encoder = Encoder.from_checkpoint(ckpt_path, device=device)  # a wrong checkpoint before the input's rows
     rows, texts = read_texts(source, field)
     if not texts:
         raise ValueError(f"--input {source} holds no texts.")
-    encoder = Encoder.from_checkpoint(ckpt_path, device=device)
     vectors = encoder.encode(texts, batch_size=batch_size, prompt=None if prompt == "none" else prompt)
     tmp = target.with_name(f".{target.name}.tmp")
     with writing(target):

@@ -167,6 +167,20 @@ def test_a_classifier_checkpoint_is_not_an_encoder_nor_an_encoder_a_classifier(
     message = capsys.readouterr().err.strip().splitlines()[-1]
     assert message.startswith(f"gpt-ft: error: {ckpt} is an embedding model (task ")
     assert message.endswith("`gpt-ft embed` writes its vectors.") and not (tmp_path / "o.tsv").exists()
+    out = tmp_path / "o.npy"
+    with pytest.raises(SystemExit):  # the checkpoint is named, not the input's missing 'text' field
+        main(["embed", f"--ckpt_path={finetuned.ckpt}", f"--input={tmp_path / 'in.tsv'}", f"--output={out}"])
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert message.startswith(f"gpt-ft: error: {finetuned.ckpt} is a model of task ")
+    (tmp_path / "in.doc").write_text("a cat\n")
+    with pytest.raises(SystemExit):  # an unknown extension is the input's fault (there is no card here)
+        main(["embed", f"--ckpt_path={ckpt}", f"--input={tmp_path / 'in.doc'}", f"--output={out}"])
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert message == (
+        f"gpt-ft: error: --input {tmp_path / 'in.doc'}: "
+        "give a .txt, .csv, .tsv, .json/.jsonl or .parquet file (by its extension)."
+    )
+    assert not out.exists()
 
 
 def test_a_suite_runs_an_embedding_card_with_its_learning_curve(embedded, tmp_path, tokenizer_dir):
