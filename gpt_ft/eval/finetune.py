@@ -11,6 +11,11 @@ from typing import TYPE_CHECKING, Any
 
 from gpt_ft.adapters import TaskDataError
 from gpt_ft.training.callbacks import History
+from gpt_ft.training.checkpointing import SaveLast
+
+SUITE_RESUME = (
+    "the same `gpt-ft suite` command runs this run again from its start and keeps the finished ones"
+)
 
 if TYPE_CHECKING:
     from gpt_ft.training.runs import FitRuns
@@ -36,6 +41,9 @@ def fit_and_evaluate(
     model, data, trainer = build(args)
     if model.task is None:
         raise ValueError("A suite fine-tunes task cards; this run has no task.")
+    for callback in trainer.callbacks:  # stopped by SIGTERM or Ctrl-C: the suite, not `fit`, resumes
+        if isinstance(callback, SaveLast):
+            callback.resume = SUITE_RESUME
     history = History.of(trainer)
     trainer.fit(model, datamodule=data)
     if not history.evaluations:

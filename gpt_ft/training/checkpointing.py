@@ -60,6 +60,9 @@ class WholeStepTimer(Timer):
             super().on_train_batch_end(trainer, *args, **kwargs)
 
 
+FIT_RESUME = "resume with the same `gpt-ft fit` command and --ckpt_path last"
+
+
 class SaveLast(Callback):
     """`last.ckpt` beside the best one: always the newest state (Lightning's `save_last` follows
     the monitored checkpoint's saves), which `--ckpt_path last` resumes on every rank count.
@@ -82,6 +85,7 @@ class SaveLast(Callback):
             raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}.")
         self.every_n_steps, self._saved_step, self._sigterm_pending = every_n_steps, -1, False
         self._save_pending = False  # a validation inside an accumulation window: saved at its end
+        self.resume = FIT_RESUME  # the stop message's advice (a suite's is to rerun the suite)
         self._stop_signal: signal.Signals | None = None  # SIGINT once Ctrl-C was pressed
         self._previous_sigint: Any = None
 
@@ -100,11 +104,7 @@ class SaveLast(Callback):
     def _saved_message(self, trainer, path: Path | None) -> None:
         if trainer.is_global_zero:
             name = (self._stop_signal or signal.SIGTERM).name
-            print(
-                f"{name}: saved step {trainer.global_step} to {path}; resume with the same "
-                "`gpt-ft fit` command and --ckpt_path last",
-                flush=True,
-            )
+            print(f"{name}: saved step {trainer.global_step} to {path}; {self.resume}", flush=True)
 
     def on_train_start(self, trainer, pl_module) -> None:
         # After Lightning's own handlers (it restores every signal's previous handler at teardown).

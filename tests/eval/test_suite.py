@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import statistics
 import zipfile
 
@@ -15,10 +16,12 @@ import torch
 from gpt_ft import GPT, GPTConfig
 from gpt_ft.cli import main
 from gpt_ft.data.tokenizer import load_tokenizer
+from gpt_ft.eval import finetune
 from gpt_ft.eval import suite as suites
 from gpt_ft.eval.suite_file import data_dirs, load_suite
 from gpt_ft.training.runs import build_fit
 from tests.helpers import MICRO, ROOT, as_list, fit_args, make_task, write_suite
+from tests.training.test_checkpointing import interrupt
 
 FIT = [
     "--data.batch_size=4",
@@ -229,6 +232,28 @@ def test_only_the_first_ddp_process_of_a_suite_writes(tmp_path, tokenizer_dir, m
     main(["suite", str(suite), f"--out_dir={out}", f"--tokenizer={tokenizer_dir}", data, *fit_args(*FIT)])
     assert not list(out.rglob("result*.json")) and not (out / "results.md").exists()
     assert "suite d" not in capsys.readouterr().out
+
+
+def test_ctrl_c_in_a_suite_says_to_rerun_the_suite(tmp_path, tokenizer_dir, capsys):
+    """A suite's interrupted run starts again when the suite is rerun: the stop message says so,
+    not `gpt-ft fit --ckpt_path last` (which a suite's user never typed)."""
+    card = make_task("single", tmp_path / "a")
+    suite = write_suite(tmp_path, f"name: c\nseeds: [0]\ntasks:\n  - card: {card}\n")
+    out = tmp_path / "out"
+    argv = [
+        "suite",
+        str(suite),
+        f"--out_dir={out}",
+        f"--tokenizer={tokenizer_dir}",
+        f"--data_dir={tmp_path / 'a'}",
+    ]
+    with pytest.raises(SystemExit) as stopped:
+        main([*argv, *fit_args(*FIT, *interrupt(1, signal.SIGINT))])
+    assert stopped.value.code == 128 + signal.SIGINT
+    captured = capsys.readouterr()
+    ckpt = out / "runs" / "sent" / "seed-0" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    assert f"SIGINT: saved step 1 to {ckpt}; {finetune.SUITE_RESUME}" in captured.out
+    assert captured.err.rstrip().endswith("gpt-ft: stopped by Ctrl-C (SIGINT)")
 
 
 def test_a_subset_of_a_suites_tasks(tmp_path):
