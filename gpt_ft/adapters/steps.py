@@ -51,8 +51,9 @@ THRESHOLDS = torch.linspace(0.01, 0.99, 99, dtype=torch.float64)
 class StepHead(ChoiceHead):
     """One logit per step from one linear layer; binary cross-entropy over the labelled steps.
 
-    Its `threshold` (a buffer: saved with the model) is the probability below which a step is
-    judged wrong."""
+    Its `threshold` is the probability below which a step is judged wrong: a Python float, saved
+    in the state dict as a float64 `threshold`, so that no cast of the module's floating tensors
+    (bf16-true, FSDP's buffer dtype) rounds it (bf16 made 0.37 0.3691)."""
 
     def __init__(
         self,
@@ -65,8 +66,9 @@ class StepHead(ChoiceHead):
         bias: bool = True,
     ) -> None:
         super().__init__(n_embd, dropout=dropout, init_std=init_std, bias=bias)
-        self.max_steps = max_steps
-        self.register_buffer("threshold", torch.tensor(threshold, dtype=torch.float64))
+        self.max_steps, self.threshold = max_steps, float(threshold)
+        self.register_state_dict_post_hook(_save_threshold)
+        self.register_load_state_dict_pre_hook(_load_threshold)
 
     def losses(self, outputs: Tensor, labels: Tensor) -> Tensor:
         """Each solution's mean binary cross-entropy over its labelled steps, (B,); `labels` (B,
@@ -85,8 +87,22 @@ class StepHead(ChoiceHead):
     def predictions(self, outputs: Tensor) -> Tensor:
         """The probabilities, then the threshold they are judged at: (B, max_steps + 1)."""
         probabilities = self.probabilities(outputs)
-        threshold = self.threshold.to(probabilities).expand(len(probabilities), 1)
+        threshold = probabilities.new_full((len(probabilities), 1), self.threshold)
         return torch.cat([probabilities, threshold], dim=1)
+
+
+def _save_threshold(head: StepHead, state: dict[str, Any], prefix: str, metadata) -> None:
+    state[prefix + "threshold"] = torch.tensor(head.threshold, dtype=torch.float64)
+
+
+def _load_threshold(
+    head: StepHead, state, prefix: str, metadata, strict, missing, unexpected, errors
+) -> None:
+    saved = state.pop(prefix + "threshold", None)
+    if saved is not None:
+        head.threshold = float(saved)
+    elif strict:
+        missing.append(prefix + "threshold")
 
 
 def first_below(values: Tensor, threshold: Tensor) -> Tensor:

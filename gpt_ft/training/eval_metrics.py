@@ -153,7 +153,7 @@ class Evaluation:
             for name, value in metric.compute().items():
                 self.log(f"{split}/{name}", value, prog_bar=name != "loss", sync_dist=False)
             for name, value in metric.decided.items():
-                getattr(self.head, name).fill_(value)
+                setattr(self.head, name, value)
             if self.task is not None and self.trainer.state.fn in ("validate", "test"):
                 predictions, labels = metric.examples()
                 log_dir = self.trainer.log_dir  # on every rank: Lightning broadcasts it

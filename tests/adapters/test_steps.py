@@ -147,7 +147,7 @@ def test_validation_chooses_the_lowest_threshold_with_the_best_processbench_f1()
 def test_predictions_carry_the_threshold_and_outcomes_name_the_first_error():
     task = Steps(name="s", label_form="error_steps", one_based=True, max_steps=4)
     head = task.head(8, dropout=0.0, init_std=0.02)
-    head.threshold.fill_(0.6)
+    head.threshold = 0.6
     logits = head(torch.randn(2, 3, 8), torch.tensor([[True, True, True], [True, False, False]])).detach()
     logits[0], logits[1, 0] = torch.tensor([2.0, 0.0, -2.0]), 1.0  # σ: .88 .5 .12; one step: .73
     predictions = head.predictions(logits)
@@ -158,6 +158,25 @@ def test_predictions_carry_the_threshold_and_outcomes_name_the_first_error():
     assert task.output.outcome(predictions[1], predictions[1])["label"] == -1  # none below 0.6
     assert task.format_prediction(predictions[0]) == "2"  # counted from 1, as the card counts
     assert "threshold" in head.state_dict()  # saved with the model
+
+
+def test_the_threshold_survives_casts_and_loads_from_the_state_dict():
+    """bf16-true and FSDP's buffer dtype cast a module's floating tensors: the chosen threshold is
+    kept exactly (a bf16 buffer made 0.37 0.369140625), saved as a float64 `threshold`."""
+    task = Steps(name="s", label_form="error_steps", max_steps=4)
+    head = task.head(8, dropout=0.0, init_std=0.02)
+    head.threshold = 0.37
+    head.to(torch.bfloat16)
+    assert head.threshold == 0.37
+    state = head.state_dict()
+    assert state["threshold"].dtype == torch.float64 and float(state["threshold"]) == 0.37
+    other = task.head(8, dropout=0.0, init_std=0.02).to(torch.bfloat16)
+    other.load_state_dict(state)
+    assert other.threshold == 0.37 and float(other.predictions(torch.zeros(1, 2))[0, -1]) == pytest.approx(
+        0.37
+    )
+    with pytest.raises(RuntimeError, match='Missing key.*"threshold"'):
+        other.load_state_dict({k: v for k, v in state.items() if k != "threshold"})
 
 
 def test_shipped_cards_read():

@@ -198,7 +198,7 @@ def write_exports(out: str, tokenizer_dir: str) -> None:
         clf = classifier("single", shape, tokenizer_dir)
         clf.task = task
         clf.head = task.head(clf.gpt.config.n_embd, dropout=0.0, init_std=0.3, bias=clf.gpt.config.bias)
-        clf.head.threshold.fill_(0.4)
+        clf.head.threshold = 0.4
         expected[f"steps-{shape}"] = {"outcomes": clf.predict([{"problem": a, "steps": s} for a, s in rows])}
         jobs.append(("steps", f"steps-{shape}", str(export_classifier(clf, out / f"steps-{shape}")), rows))
     # ONNX: GPT-1's layout, and Llama's (rotary positions, GQA); similarity pairs, both orders
