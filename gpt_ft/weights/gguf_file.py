@@ -161,17 +161,30 @@ def hf_config(path: Path):
     window = _field(reader, f"{arch}.attention.sliding_window")
     if window and hasattr(config, "sliding_window") and config.sliding_window is None:  # Phi-3's
         config.sliding_window = int(window)
+    if config.model_type == "mistral":  # a `llama` file named "mistral": its window is the file's, if any
+        config.sliding_window = int(window) if window else None
+    head_dim = _field(reader, f"{arch}.attention.key_length")  # transformers' qwen3 reading skips it
+    if head_dim and getattr(config, "head_dim", None) is not None:
+        config.head_dim = int(head_dim)
     _check_rope(path, reader, arch, config)
     return config
 
 
+LONGROPE = ("rope_factors_long.weight", "rope_factors_short.weight")  # Phi-3-128k's and Phi-3.5's
+
+
 def _check_rope(path: Path, reader, arch: str, config) -> None:
     """Refuses a file whose rotary frequencies are scaled where transformers' reading of it left
-    them plain: llama.cpp keeps Llama 3.x's scaling as a `rope_freqs` tensor and linear scaling
-    (Gemma 3 4B and larger) as metadata, and a model read without them computes other logits."""
+    them plain: llama.cpp keeps Llama 3.x's scaling as a `rope_freqs` tensor, LongRoPE's (Phi-3
+    128k, Phi-3.5) as `rope_factors_*` tensors and an attention factor, and linear scaling (Gemma 3
+    4B and larger) as metadata; a model read without them computes other logits."""
     scaling = _field(reader, f"{arch}.rope.scaling.type")
-    stored = "a rope_freqs tensor" if any(t.name == "rope_freqs.weight" for t in reader.tensors) else None
+    tensors = {t.name for t in reader.tensors} & {"rope_freqs.weight", *LONGROPE}
+    attention_factor = _field(reader, f"{arch}.rope.scaling.attn_factor")
+    stored = f"a {sorted(tensors)[0].removesuffix('.weight')} tensor" if tensors else None
     stored = stored or (f"rope scaling {scaling!r}" if scaling not in (None, "none") else None)
+    if attention_factor not in (None, 1.0):
+        stored = stored or f"attention factor {attention_factor:g}"
     params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     kinds = {p.get("rope_type") for p in ([params] if "rope_type" in params else params.values())
              if isinstance(p, dict)}  # fmt: skip
@@ -192,7 +205,10 @@ def read(path: Path):
 
     config = hf_config(path)
     with torch.device("meta"):  # only its parameters' names, for transformers' GGUF name map
-        names = AutoModelForCausalLM.from_config(config)
+        # (gguf has no map for "mistral", a `llama` file by its name: Llama's names are the same)
+        names = AutoModelForCausalLM.from_config(
+            _as_llama(config) if config.model_type == "mistral" else config
+        )
     verbosity = logging.get_verbosity()
     logging.set_verbosity_error()  # its per-tensor progress bar and notes on unused metadata
     try:
@@ -202,6 +218,14 @@ def read(path: Path):
     finally:
         logging.set_verbosity(verbosity)
     return config, parsed["tensors"]
+
+
+def _as_llama(config):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        **{k: v for k, v in config.to_dict().items() if k not in ("model_type", "architectures")}
+    )
 
 
 def read_weights(path: Path):
@@ -221,6 +245,14 @@ def load_tokenizer(path: Path):
     stat = path.stat()
     stamp = f"{stat.st_size}\0{stat.st_mtime_ns}\0{stat.st_ctime_ns}\0{stat.st_ino}"
     return copy.deepcopy(_tokenizer(path.resolve(), stamp))
+
+
+TOKENS = "tokenizer.ggml.tokens"
+
+
+def carries_tokenizer(path: Path) -> bool:
+    """Whether GGUF file `path` holds a tokenizer (llama.cpp's converters write one; not every file has)."""
+    return TOKENS in open_checked(path, weights=False).fields
 
 
 def cache_dir() -> Path:
@@ -243,6 +275,8 @@ def _tokenizer(path: Path, stamp: str):
         except (OSError, ValueError):  # a damaged entry: converted again below
             pass
     reader = open_checked(path, weights=False)
+    if TOKENS not in reader.fields:
+        raise ValueError(f"{path} carries no tokenizer (no {TOKENS}): give the tokenizer's folder.")
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     _own_special_tokens(tokenizer, reader)
     partial = saved.with_name(f"{saved.name}.{os.getpid()}.partial")

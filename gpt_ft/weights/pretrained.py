@@ -138,7 +138,7 @@ def weights_tokenizer(path: str | os.PathLike) -> str | None:
     directory or hub snapshot, or carried in a GGUF file."""
     kind, found = locate(path)
     if kind == "gguf":
-        return str(found)
+        return str(found) if gguf_file.carries_tokenizer(found) else None
     if kind == "transformers":
         return str(found) if is_tokenizer_dir(found) else None
     recorded = Checkpoint.read(found).tokenizer

@@ -119,6 +119,31 @@ def test_phi3s_window_is_read_and_scaled_rotary_frequencies_are_refused(tmp_path
     with pytest.raises(ValueError, match=r"rotary frequencies are scaled \(rope scaling 'linear'\)"):
         GPT.from_pretrained(write_gguf(tmp_path / "gemma3.gguf", tiny("gemma3_text")))
 
+    def longrope(writer, config):  # Phi-3-128k's and Phi-3.5's: factor tensors, an attention factor
+        writer.add_rope_scaling_attn_factors(1.19)
+        for kind in ("long", "short"):
+            writer.add_tensor(f"rope_factors_{kind}.weight", rows(config))
+
+    with_extra(longrope)
+    with pytest.raises(ValueError, match=r"rotary frequencies are scaled \(a rope_factors_long tensor\)"):
+        GPT.from_pretrained(write_gguf(tmp_path / "phi35.gguf", tiny("phi3")))
+    with_extra(lambda writer, config: writer.add_rope_scaling_attn_factors(1.19))
+    with pytest.raises(ValueError, match=r"rotary frequencies are scaled \(attention factor 1.19\)"):
+        GPT.from_pretrained(write_gguf(tmp_path / "phi3-factor.gguf", tiny("phi3")))
+
+
+def test_what_transformers_gguf_reading_takes_from_defaults_is_read_from_the_file(tmp_path):
+    """A Qwen3 file's head size (transformers takes Qwen3Config's 128), and a `llama` file named
+    "mistral" (transformers reads it as Mistral, with MistralConfig's 4,096-token window and no
+    tensor names): its window is the file's (none), its names Llama's."""
+    ids = torch.randint(0, VOCAB, (2, 24))
+    for family, name in (("qwen3", "tiny"), ("llama", "mistral")):
+        hf = tiny(family, head_dim=16) if family == "qwen3" else tiny(family)
+        gpt = GPT.from_pretrained(write_gguf(tmp_path / f"{name}.gguf", hf, name=name)).eval()
+        assert gpt.config.head_dim == hf.config.head_dim and gpt.config.sliding_window is None
+        with torch.no_grad():
+            torch.testing.assert_close(logits(gpt, ids), hf(ids).logits, rtol=0, atol=1e-5)
+
 
 @pytest.mark.parametrize(
     "family, qtype",
@@ -269,6 +294,10 @@ def test_the_weights_name_their_tokenizer_and_a_folder_holding_one_file_is_read(
     ids = torch.randint(0, VOCAB, (1, 12))
     assert torch.equal(logits(a, ids), logits(b, ids))
     assert len(load_tokenizer(folder)) == VOCAB + 3  # start, delim, extract (its pad token is its own)
+    bare = write_gguf(tmp_path / "bare.gguf", tiny("llama"))  # no tokenizer in it: the weights name none
+    assert weights.weights_tokenizer(bare) is None
+    with pytest.raises(ValueError, match=r"bare.gguf carries no tokenizer \(no tokenizer.ggml.tokens\)"):
+        load_tokenizer(bare)
     write_gguf(folder / "m-F32.gguf", tiny("llama"))
     with pytest.raises(
         ValueError, match=r"holds several GGUF files \(m-F32.gguf, m-Q8_0.gguf\); name the one"
