@@ -89,6 +89,14 @@ def build(config: GPTConfig, state: dict[str, Tensor], source: str) -> GPT:
     """A GPT of `config` holding `state` (read from `source`, named in the error)."""
     with torch.device("meta"):
         gpt = GPT(config)
+    shapes = {name: tuple(p.shape) for name, p in gpt.state_dict().items()}
+    wrong = [
+        f"{n} {tuple(t.shape)}, not {shapes[n]}"
+        for n, t in state.items()
+        if shapes.get(n, t.shape) != t.shape
+    ]
+    if wrong:
+        raise ValueError(f"{source}'s tensors do not fit the model its config describes: {wrong[0]}.")
     missing, unexpected = gpt.load_state_dict(state, strict=False, assign=True)
     if missing or unexpected:
         raise ValueError(

@@ -58,3 +58,16 @@ def test_resolve_tokenizer_prefers_the_given_one_then_the_weights_own(tmp_path):
     assert resolve_tokenizer(None, str(tmp_path / "plain.ckpt"), option=None) is None
     with pytest.raises(FileNotFoundError, match="does not exist"):
         resolve_tokenizer(None, str(tmp_path / "missing.ckpt"))
+
+
+def test_weights_of_another_shape_than_their_config_says_are_one_sentence():
+    """A file whose config misstates a size (a head size a reader took from a default) is named
+    with the first tensor that does not fit, not PyTorch's size-mismatch traceback."""
+    from gpt_ft.weights.pretrained import build
+
+    config = GPTConfig.from_name("gpt-micro", vocab_size=40, n_positions=16, n_embd=16, n_layer=1)
+    state = GPT(config).state_dict()
+    state["h.0.attn.c_attn.weight"] = state["h.0.attn.c_attn.weight"][:, :8]
+    with pytest.raises(ValueError, match=r"^m.gguf's tensors do not fit the model its config describes: "
+                       r"h.0.attn.c_attn.weight \(16, 8\), not \(16, 48\)\.$"):  # fmt: skip
+        build(config, state, "m.gguf")
