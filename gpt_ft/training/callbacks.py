@@ -18,6 +18,7 @@ from lightning.pytorch.callbacks import (
     TQDMProgressBar,
 )
 
+from gpt_ft.data.samplers import ResumableTrainData
 from gpt_ft.training.checkpointing import Provenance, ResumeState, SaveLast, WholeStepTimer
 from gpt_ft.training.stopping import main_monitor
 from gpt_ft.training.throughput import ParameterSummary, Throughput
@@ -52,7 +53,14 @@ def run_callbacks(trainer_config, model, data_config: dict[str, Any] | None) -> 
     callbacks.sort(key=lambda c: isinstance(c, SaveLast))
     last = [LastAfterBest(c) for c in callbacks if isinstance(c, SaveLast)]
     after_best = last if trainer_config.get("enable_checkpointing") is not False else []
-    return [*callbacks, PrintMetrics(), Provenance(data_config), ResumeState(), *after_best]
+    return [
+        *callbacks,
+        PrintMetrics(),
+        Provenance(data_config),
+        ResumeState(),
+        StoppedEpochResumes(),
+        *after_best,
+    ]
 
 
 class LastAfterBest(Checkpoint):
@@ -74,6 +82,30 @@ class LastAfterBest(Checkpoint):
         if self.at_epoch_end:
             self.at_epoch_end = False
             self.last.after_validation(trainer)
+
+
+class StoppedEpochResumes(Callback):
+    """A run that `max_steps` stopped mid-epoch and is resumed to go further carries on with the rest
+    of that epoch, as the longer run would have.
+
+    Lightning counts the stopped epoch as done, yet restores its batch count: it would start the
+    next epoch at that batch, and train that epoch short. On load, such a checkpoint's loops are
+    made those of a save mid-epoch, and the data resumes at the stopped batch."""
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
+        loops = checkpoint.get("loops", {}).get("fit_loop", {})
+        epochs, batches = loops.get("epoch_progress"), loops.get("epoch_loop.batch_progress")
+        if not epochs or not batches or batches["is_last_batch"] or not batches["current"]["processed"]:
+            return
+        if epochs["current"]["processed"] != epochs["current"]["started"]:
+            return  # a save mid-epoch: resumed as it stands
+        for counts in (epochs["current"], epochs["total"]):
+            counts["processed"] = counts["completed"] = counts["started"] - 1
+        data = trainer.datamodule
+        if isinstance(data, ResumableTrainData):
+            data.load_state_dict(
+                {"epoch": epochs["current"]["processed"], "batches": batches["current"]["processed"]}
+            )
 
 
 class PrintMetrics(Callback):

@@ -311,9 +311,10 @@ def test_the_newest_last_checkpoint_of_a_loggers_runs(tmp_path):
     assert find_last_checkpoint(tmp_path) == paths[1]
 
 
-def test_a_run_stopped_by_max_steps_mid_epoch_resumes_with_the_next_epoch_whole(tmp_path, tokenizer_dir):
-    """Lightning counts the stopped epoch as done and resumes with the next one from its start: the
-    data position must say so (it said the stopped epoch's batches, which the next then skipped)."""
+def test_a_run_stopped_by_max_steps_mid_epoch_and_extended_ends_as_the_longer_run(tmp_path, tokenizer_dir):
+    """Lightning counts an epoch that `max_steps` stopped as done yet restores its batch count: an
+    extended run started the next epoch at that batch and trained it short. It now trains the rest
+    of the stopped epoch, then every epoch whole, and ends with the uninterrupted run's weights."""
     from lightning.pytorch.callbacks import Callback
 
     from gpt_ft.training.runs import lightning_main
@@ -326,11 +327,14 @@ def test_a_run_stopped_by_max_steps_mid_epoch_resumes_with_the_next_epoch_whole(
             self.batches.append((trainer.current_epoch, batch_idx, len(batch)))
 
     card = make_task("single", tmp_path)
-    args = finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "logs")  # 3 batches of 2 an epoch
-    main(["fit", *args, "--trainer.max_steps=4"])  # epoch 1's first batch, then stopped
+    constant = ["--model.schedule=constant", "--model.warmup_steps=0"]  # the same rates, however long
+    args = [*finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "cut"), *constant]  # 3 batches an epoch
+    main(["fit", *args, "--trainer.max_steps=5"])  # epoch 1's batches 0 and 1, then stopped
     seen = Seen()
-    lightning_main(["fit", *args, "--trainer.max_epochs=3", "--ckpt_path=last"], callbacks=[seen])
-    assert seen.batches == [(2, 0, 2), (2, 1, 2), (2, 2, 2)]
+    lightning_main(["fit", *args, "--ckpt_path=last"], callbacks=[seen])  # to the end of epoch 2
+    assert seen.batches == [(1, 2, 2), (2, 0, 2), (2, 1, 2), (2, 2, 2)]
+    main(["fit", *finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "whole"), *constant])
+    assert_same_weights(last_state(tmp_path / "whole", 0), last_state(tmp_path / "cut", 1))
 
 
 def test_a_resumed_runs_best_carries_on_from_the_run_it_resumes(tmp_path):
