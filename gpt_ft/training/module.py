@@ -198,6 +198,8 @@ class GPTModule(Evaluation, LightningModule):
             raise ValueError(f"lr must be > 0, got {lr}.")
         if not 0 <= warmup_fraction < 1:
             raise ValueError(f"warmup_fraction must be in [0, 1), got {warmup_fraction}.")
+        if warmup_steps is not None and warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}.")
         if isinstance(lora, dict):  # as the checkpoint's hyperparameters hold it
             lora = LoRA(**lora)
         if optimizer == "muon" and lora is not None:  # before any weights load

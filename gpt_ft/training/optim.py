@@ -74,21 +74,49 @@ class Schedule(torch.optim.lr_scheduler.LambdaLR):
     """The learning-rate schedule (`lr_lambda`) over `total` optimizer steps. Resumed with another
     length (`--trainer.max_epochs` or `max_steps` changed), its learning rates follow the new
     schedule from the restored step on, the first step included (the optimizer's restored rates
-    are the old schedule's), and it says so."""
+    are the old schedule's), and it says so. So do a new peak learning rate and new optimizer
+    settings (weight decay, betas, eps, momentum): the run's, not the checkpoint's (Lightning
+    restores the optimizer, then the schedule)."""
 
     def __init__(self, optimizer, factor: Callable[[int], float], total: int) -> None:
         self.total = total
+        self.settings = [{k: g[k] for k in SETTINGS if k in g} for g in optimizer.param_groups]
         super().__init__(optimizer, factor)
 
     def load_state_dict(self, state_dict: dict) -> None:
-        total = self.total
-        super().load_state_dict(state_dict)
+        total, base_lrs, configured = self.total, list(self.base_lrs), self.settings
+        super().load_state_dict(state_dict)  # (its attributes: the checkpoint's)
         if state_dict.get("total", total) != total:
             rank_zero_info(f"the schedule now spans {total} steps, the checkpoint's {state_dict['total']}: "
                            f"learning rates follow the new one from step {self.last_epoch}")  # fmt: skip
-        self.total = total
+        changed = {
+            f"lr {new:g} (the checkpoint's {old:g})"
+            for new, old in zip(base_lrs, self.base_lrs)
+            if new != old
+        }
+        for group, settings in zip(self.optimizer.param_groups, configured):
+            changed |= {
+                f"{k} {v} (the checkpoint's {group[k]})"
+                for k, v in settings.items()
+                if _differ(group.get(k), v)
+            }
+            group.update(settings)
+        if changed:
+            rank_zero_info(f"resumed with other optimizer settings than the checkpoint's, which apply from "
+                           f"step {self.last_epoch}: {', '.join(sorted(changed))}")  # fmt: skip
+        self.total, self.base_lrs, self.settings = total, base_lrs, configured
         for group, base, factor in zip(self.optimizer.param_groups, self.base_lrs, self.lr_lambdas):
-            group["lr"] = base * factor(self.last_epoch)
+            group["initial_lr"], group["lr"] = base, base * factor(self.last_epoch)
+
+
+SETTINGS = ("weight_decay", "betas", "eps", "momentum")
+"""An optimizer group's settings a resumed run takes from its own configuration."""
+
+
+def _differ(saved, configured) -> bool:
+    """Whether a restored setting is not the configured one (betas come back as a list or a tuple)."""
+    as_list = lambda v: list(v) if isinstance(v, (tuple, list)) else v  # noqa: E731
+    return as_list(saved) != as_list(configured)
 
 
 def lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:

@@ -413,13 +413,27 @@ def test_a_run_resumed_with_another_length_follows_its_own_schedule_from_the_fir
     monkeypatch.setattr(optim, "rank_zero_info", said.append)
     rates = Rates()
     lightning_main(
-        ["fit", *args, "--model.lr=1e-3", "--trainer.max_epochs=6", "--ckpt_path=last"], callbacks=[rates]
+        [
+            "fit",
+            *args,
+            "--model.lr=2e-3",
+            "--model.weight_decay=0.05",
+            "--trainer.max_epochs=6",
+            "--ckpt_path=last",
+        ],
+        callbacks=[rates],
     )
-    assert rates.seen == pytest.approx([1e-3 * (1 - step / 18) for step in range(9, 18)], rel=1e-6)
-    message = (
-        "the schedule now spans 18 steps, the checkpoint's 9: learning rates follow the new one from step 9"
-    )
-    assert said == [message]
+    assert rates.seen == pytest.approx([2e-3 * (1 - step / 18) for step in range(9, 18)], rel=1e-6)
+    assert said == [
+        "the schedule now spans 18 steps, the checkpoint's 9: learning rates follow the new one from step 9",
+        "resumed with other optimizer settings than the checkpoint's, which apply from step 9: lr 0.002 (the "
+        "checkpoint's 0.001), weight_decay 0.05 (the checkpoint's 0.01)",
+    ]
+    decays = {
+        group["weight_decay"]
+        for group in last_state(tmp_path / "logs", 1)["optimizer_states"][0]["param_groups"]
+    }
+    assert decays == {0.0, 0.05}  # the matrices' new decay; biases and gains none
 
 
 def test_training_on_from_a_calibrated_checkpoint_leaves_its_temperature_behind(

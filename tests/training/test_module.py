@@ -110,6 +110,8 @@ def test_bad_hyperparameters():
         GPTModule(preset="gpt-micro", lm_coef=-1)
     with pytest.raises(ValueError, match="lr must be > 0, got 0"):
         GPTModule(preset="gpt-micro", lr=0)
+    with pytest.raises(ValueError, match="warmup_steps must be >= 0, got -5"):  # it never reached the peak
+        GPTModule(preset="gpt-micro", warmup_steps=-5)
     with pytest.raises(FileNotFoundError, match="Checkpoint nowhere.ckpt does not exist"):
         GPTModule(init_from="nowhere.ckpt")
 
