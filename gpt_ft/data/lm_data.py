@@ -120,12 +120,25 @@ class LMDataModule(ResumableTrainData, LightningDataModule):
             drop_last=train,
         )
 
+    _train_order: EpochSampler | None = None
+
+    def window_counts(self, batch_idx: int, accumulate: int, batches: int, sampler) -> tuple[int, int] | None:
+        """(blocks, LM targets) on this rank in the gradient-accumulation window of `accumulate`
+        training batches that holds batch `batch_idx` of the current epoch (of `batches`): fewer in
+        an epoch's last window, and in its last batch. None where the loader's `sampler` is not ours."""
+        if sampler is None or sampler is not self._train_order:
+            return None
+        n, size, first = len(sampler), self.batch_size, batch_idx // accumulate * accumulate
+        blocks = sum(max(0, min(size, n - i * size)) for i in range(first, min(first + accumulate, batches)))
+        return blocks, blocks * self.block_size
+
     def train_dataloader(self) -> DataLoader:
         blocks = self.blocks["train"]
+        self._train_order = self._sampler(blocks, train=True)
         return DataLoader(
             blocks,
             batch_size=self.batch_size,
-            sampler=self._resumed(self._sampler(blocks, train=True), self.batch_size),
+            sampler=self._resumed(self._train_order, self.batch_size),
             num_workers=self.num_workers,
             collate_fn=collate_blocks,
             pin_memory=pins(self),

@@ -112,3 +112,40 @@ def test_the_window_divides_the_loss_and_the_logged_parts_stay_the_batchs_own():
     finally:
         torch.set_default_dtype(default)
     assert float(loss) == pytest.approx(8800 / 4939, rel=1e-6)  # the LM loss alone: pretraining
+
+
+def test_pretrainings_last_window_of_an_epoch_weighs_its_blocks_as_one_batch(tmp_path, tokenizer_dir):
+    """An epoch of 82 blocks in micro-batches of 4, 2 a step: its last window holds one short batch
+    (2 blocks), whose gradient was divided by the window's length as if it held 8. Every step's
+    gradient equals that of one batch of the window's blocks (the learning rate is ~0)."""
+    from gpt_ft.cli import main
+    from gpt_ft.data.lm_data import TokenBlocks
+    from tests.helpers import write_corpus
+
+    corpus, tokens = write_corpus(tmp_path, n_files=1, lines=60), tmp_path / "tokens"
+    main(["prepare", f"--inputs={corpus}", f"--tokenizer={tokenizer_dir}", f"--out_dir={tokens}"]
+         + ["--validation_fraction=0", "--progress=false"])  # fmt: skip
+    blocks = len(TokenBlocks(tokens / "train.bin", "uint16", 7))
+
+    def gradients(batch: int, accumulate: int) -> list[torch.Tensor]:
+        seen = []
+
+        class Every(Callback):
+            def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+                seen.append(pl_module.gpt.h[0].attn.c_attn.weight.grad.clone())
+
+        logs = tmp_path / str(batch)
+        args = ["--data=gpt_ft.data.lm_data.LMDataModule", f"--data.token_dir={tokens}",
+                "--data.block_size=7", f"--data.batch_size={batch}", "--data.shuffle=false",
+                "--model.preset=gpt-micro", f"--model.overrides={NO_DROPOUT}",
+                "--model.lr=1e-30", "--model.weight_decay=0",
+                "--trainer.max_epochs=1", f"--trainer.accumulate_grad_batches={accumulate}",
+                "--trainer.limit_val_batches=0", f"--trainer.logger.init_args.save_dir={logs}",
+                "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]  # fmt: skip
+        lightning_main(["fit", *args, "--seed_everything=0"], callbacks=[Every()])
+        return seen
+
+    whole, accumulated = gradients(8, 1), gradients(4, 2)
+    assert blocks == 82 and len(whole) == len(accumulated) == 11
+    for step, (a, b) in enumerate(zip(accumulated, whole)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-8, msg=f"step {step}")
