@@ -181,13 +181,13 @@ class SuiteRunCLI(GPTCLI):
     ceil(min_steps / optimizer steps per epoch): whole epochs, each ending in a validation."""
 
     def instantiate_trainer(self, **kwargs: Any):
-        trainer, data = self.config_init.trainer, self.datamodule
-        min_steps, epochs = trainer.get("min_steps"), trainer.get("max_epochs")
-        if min_steps and epochs is not None and epochs >= 0:
-            batches = math.ceil(len(data.encoded("train", labelled=True)) / data.batch_size)
-            steps = math.ceil(batches / trainer.accumulate_grad_batches)
-            kwargs["max_epochs"] = max(epochs, math.ceil(min_steps / steps))
-        return super().instantiate_trainer(**kwargs)
+        trainer, data = super().instantiate_trainer(**kwargs), self.datamodule
+        min_steps, epochs = trainer.min_steps, trainer.max_epochs
+        if min_steps and epochs is not None and epochs >= 0:  # each rank takes its share of the examples
+            examples = math.ceil(len(data.encoded("train", labelled=True)) / trainer.world_size)
+            steps = math.ceil(math.ceil(examples / data.batch_size) / trainer.accumulate_grad_batches)
+            trainer.fit_loop.max_epochs = max(epochs, math.ceil(min_steps / steps))
+        return trainer
 
 
 class FitRuns:

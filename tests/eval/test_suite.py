@@ -473,6 +473,10 @@ def test_a_suite_run_is_built_from_its_configuration(tmp_path, tokenizer_dir):
     assert [type(c) for c in trainer.callbacks].count(History) == 1
     model, data, trainer = build_fit([*args[:-1], *FIT])
     assert trainer.max_epochs == 1  # no min_steps: the config's epochs
+    six = [a for a in args if not a.startswith("--data.train_size")] + FIT  # 6 examples, 4 a batch
+    assert build_fit([*six, "--trainer.min_steps=4"])[2].max_epochs == 2  # 2 steps an epoch
+    ddp = ["--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.strategy=ddp"]
+    assert build_fit([*six, "--trainer.min_steps=4", *ddp])[2].max_epochs == 4  # 3 examples a rank: 1 step
 
 
 def test_a_rerun_compares_configurations_not_spellings(tmp_path, tokenizer_dir, monkeypatch, capsys):
