@@ -17,7 +17,7 @@ import inspect
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.attention.bias import causal_lower_right
+from torch.nn.attention.bias import CausalBias, causal_lower_right
 
 from gpt_ft.model import fused, rope
 from gpt_ft.model.cache import Cache
@@ -38,9 +38,8 @@ try:  # torch >= 2.5
 except ImportError:
     create_block_mask = flex_attention = None
 BLOCKED_ROWS = 256
-"""bf16/fp16 rows up to this long run blocked on a CPU, longer ones on SDPA's flash kernel (on an
-Intel Xeon with AMX, packed rows of 512-1,024 positions forward and backward: 1.5-1.75x faster; a
-training step of rows of up to 860 positions: 13% faster in 37% less memory)."""
+"""bf16/fp16 rows up to this long run blocked on a CPU, longer ones on SDPA's flash kernel (Xeon,
+AMX: rows of 512-1,024 positions 1.5-1.75x faster; a step of rows up to 860: 13% faster, 37% less memory)."""
 Rotary = tuple[Tensor, Tensor]  # cos, sin (1 or B, 1, T, hs) of rotary positions
 
 
@@ -99,6 +98,8 @@ class CausalSelfAttention(nn.Module):
             and (mask is not None or is_causal)
             and (dropout_p > 0 or (low_precision(v) and T <= BLOCKED_ROWS))
         )
+        if isinstance(mask, CausalBias):  # SDPA checks its dtypes before autocast would cast them
+            q, k, v = fused.in_autocast_dtype(q, k, v)
         gqa = {}
         if nkv != nh and (blocked or not SDPA_GQA):  # each key/value head serves nh / nkv query heads
             k, v = k.repeat_interleave(nh // nkv, dim=1), v.repeat_interleave(nh // nkv, dim=1)
@@ -264,11 +265,8 @@ class PackedRows:
     def attend(
         self, kernel: str, q: Tensor, k: Tensor, v: Tensor, scale: float | None, dropout_p: float = 0.0
     ) -> Tensor:
-        """Attention of queries (B, nh, T, hs) over keys and values (B, nkv, T, hs) on `kernel`, all
-        three in autocast's dtype as SDPA casts them (rotary positions leave q and k in fp32)."""
-        if torch.is_autocast_enabled(q.device.type):
-            dtype = torch.get_autocast_dtype(q.device.type)
-            q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+        """Attention of queries (B, nh, T, hs) over keys and values (B, nkv, T, hs) on `kernel`."""
+        q, k, v = fused.in_autocast_dtype(q, k, v)
         if kernel == "varlen":
             return self._varlen(q, k, v, scale, dropout_p)
         return self._flex(q, k, v, scale)

@@ -88,6 +88,15 @@ def gated(act: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
     return swiglu
 
 
+def in_autocast_dtype(*tensors: Tensor) -> tuple[Tensor, ...]:
+    """The tensors in autocast's dtype where it is on, as SDPA casts its inputs (rotary positions
+    leave q and k in fp32, a KV cache keeps its own dtype): for kernels that do not cast them."""
+    kind = tensors[0].device.type
+    if not torch.is_autocast_enabled(kind):
+        return tensors
+    return tuple(t.to(torch.get_autocast_dtype(kind)) for t in tensors)
+
+
 def attention_inputs(qkv: Tensor, heads: tuple[int, int, int], rotary: tuple[Tensor, Tensor]):
     """`split_heads` compiled, in the compute dtype (autocast's, or `qkv`'s)."""
     kind = qkv.device.type

@@ -21,6 +21,28 @@ def test_kv_cache_prefill_in_chunks_equals_full_forward():
     torch.testing.assert_close(torch.cat(chunks, dim=1), full, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("preset", ["gpt-micro", "llama-micro"])
+def test_new_tokens_over_a_cache_run_under_bf16_autocast(preset):
+    """Several new tokens over cached keys take SDPA's lower-right causal bias, which checks the
+    dtypes before autocast casts them: rotary q and k are fp32 there, a cache keeps fp32 keys. A
+    shared context's choices (packing off, bf16-mixed) crashed on it."""
+    from gpt_ft.model import SharedPrefix
+
+    gpt = GPT(GPTConfig.from_name(preset, pre_ln=True)).eval()
+    context, answers = torch.randint(0, 100, (2, 9)), torch.randint(0, 100, (4, 5))
+    with torch.no_grad():
+        full = gpt(torch.cat([context.repeat_interleave(2, dim=0), answers], dim=1))[:, 9:]
+        for cache in (SharedPrefix(), gpt.new_kv_cache(4)):
+            with torch.autocast("cpu", torch.bfloat16):
+                if isinstance(cache, SharedPrefix):
+                    gpt(context, kv_cache=cache)
+                    cache.repeats = 2
+                else:
+                    gpt(context.repeat_interleave(2, dim=0), kv_cache=cache)
+                out = gpt(answers, position_ids=(9 + torch.arange(5)).expand(4, 5), kv_cache=cache)
+            torch.testing.assert_close(out.float(), full, rtol=0, atol=0.05)
+
+
 def test_static_cache_prefill_and_steps_equal_the_full_forward():
     """Every slot attended to, the unwritten ones masked: the states of the full forward pass, and
     the position advanced on the device."""
