@@ -29,6 +29,8 @@ class KVCache:
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store this layer's new keys/values (B, nh, T, hs); return all of them so far."""
         end = self.length + k.shape[2]
+        if end > self.max_len or k.shape[0] != self.k.shape[1]:
+            raise ValueError(misfit(self, k, self.length))
         self.k[layer, :, :, self.length : end] = k
         self.v[layer, :, :, self.length : end] = v
         return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
@@ -79,6 +81,8 @@ class StaticKVCache:
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write this layer's new keys/values (B, nh, T, hs) at `position`; return every slot. Under
         autocast they come in its dtype and are kept in the cache's, as `KVCache` keeps them."""
+        if k.shape[0] != self.k.shape[1] or k.shape[2] > self.max_len:  # (its length is on the device)
+            raise ValueError(misfit(self, k, None))
         index = self.positions(k.shape[2])
         self.k[layer].index_copy_(2, index, k.to(self.k.dtype))
         self.v[layer].index_copy_(2, index, v.to(self.v.dtype))
@@ -86,6 +90,19 @@ class StaticKVCache:
 
     def advance(self, T: int) -> None:
         self.position += T
+
+
+def misfit(cache: KVCache | StaticKVCache, k: Tensor, length: int | None) -> str:
+    """The sentence for new keys (B, nh, T, hs) that do not fit `cache` (`length` positions in it)."""
+    rows, room = cache.k.shape[1], cache.max_len
+    if k.shape[0] != rows:
+        b = k.shape[0]
+        return f"The KV cache was made for a batch of {rows}, not {b}: make one with new_kv_cache({b})."
+    held = "" if length is None else f"{length} are cached and "
+    return (
+        f"The KV cache holds {room} positions; {held}{k.shape[2]} more do not fit: make it with "
+        "new_kv_cache(batch_size, max_len=...)."
+    )
 
 
 class SharedPrefix:

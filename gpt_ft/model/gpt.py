@@ -108,7 +108,7 @@ class GPT(nn.Module):
     def _initialize(self, root: nn.Module) -> None:
         """Fresh weights for `root` (this model or some of its blocks)."""
         root.apply(self._init_weights)
-        if self.config.pre_ln:
+        if self.config.pre_ln and self.config.n_layer:
             # GPT-2 §2.3: scale the init of residual projections by 1/sqrt(N), N residual layers.
             std = self.config.initializer_range / math.sqrt(2 * self.config.n_layer)
             for name, p in root.named_parameters():

@@ -43,6 +43,24 @@ def test_new_tokens_over_a_cache_run_under_bf16_autocast(preset):
             torch.testing.assert_close(out.float(), full, rtol=0, atol=0.05)
 
 
+def test_keys_that_do_not_fit_a_cache_are_one_sentence():
+    gpt = tiny_gpt()
+    for static in (False, True):
+        cache = gpt.new_kv_cache(1, max_len=5, static=static)
+        with torch.no_grad():
+            gpt(torch.ones(1, 4, dtype=torch.long), kv_cache=cache)
+            if not static:  # (a static cache's length is on the device: not read back to check)
+                with pytest.raises(
+                    ValueError, match=r"^The KV cache holds 5 positions; 4 are cached and 3 more"
+                ):
+                    gpt(torch.ones(1, 3, dtype=torch.long), kv_cache=cache)
+            with pytest.raises(
+                ValueError, match=r"^The KV cache was made for a batch of 1, not 2: make one with"
+            ):
+                gpt(torch.ones(2, 1, dtype=torch.long), kv_cache=cache)
+    assert GPT(GPTConfig.from_name("llama-micro", n_layer=0)).config.n_layer == 0  # no blocks to scale
+
+
 def test_static_cache_prefill_and_steps_equal_the_full_forward():
     """Every slot attended to, the unwritten ones masked: the states of the full forward pass, and
     the position advanced on the device."""
