@@ -31,10 +31,10 @@ from gpt_ft.adapters.outputs import (
 )
 from gpt_ft.adapters.sources import HubDataset, LocalFiles, Sources
 
-ENCODING = 3
+ENCODING = 4
 """The version of the path from examples to tokens: cached encodings of another one are not reused
 (2: pairs cut as the tokenizers library's `longest_first` cuts them; 3: each example's LM targets
-counted, `targets`)."""
+counted, `targets`; 4: a text that spells a special token is text)."""
 
 
 @dataclass
@@ -331,7 +331,12 @@ class TaskAdapter:
             except TaskDataError as exc:
                 raise TaskDataError(f"{name(i)}: {exc}") from None
         flat = [t for example_texts in texts for t in example_texts]
-        ids = tokenizer(flat, add_special_tokens=False)["input_ids"] if flat else []
+        # A text that spells a special token (`<|extract|>`, `<|endoftext|>`) is text; a chat's
+        # rendering is markup (`renders_chats`: its template's tokens are meant).
+        split = not self.renders_chats
+        ids = (
+            tokenizer(flat, add_special_tokens=False, split_special_tokens=split)["input_ids"] if flat else []
+        )
         encoded, start = [], 0
         for i, (example, example_texts) in enumerate(zip(examples, texts)):
             tokens, start = ids[start : start + len(example_texts)], start + len(example_texts)

@@ -67,8 +67,11 @@ class Encoder:
     ) -> np.ndarray | Tensor:
         """Each text's unit vector, (len(texts), dimensions), float32, in order."""
         clf, prefix = self.classifier, self.prompt(prompt)
+        texts = [prefix + t for t in texts]  # a text spelling a special token is text, as in training
         ids = (
-            clf.tokenizer([prefix + t for t in texts], add_special_tokens=False)["input_ids"] if texts else []
+            clf.tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+            if texts
+            else []
         )
         encoded = []
         for i, tokens in enumerate(ids):

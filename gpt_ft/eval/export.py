@@ -391,8 +391,9 @@ def framed_tokenizer(clf: Classifier, *, chat_template: bool = False):
     tokenizer.backend_tokenizer.post_processor = TemplateProcessing(
         single=single, pair=pair, special_tokens=list(zip(names, (s.start, s.delim, s.extract)))
     )
-    if not chat_template:
+    if not chat_template:  # and a text spelling a special token is text, as in training
         tokenizer.chat_template = None
+        tokenizer.split_special_tokens = tokenizer.init_kwargs["split_special_tokens"] = True
     tokenizer.model_max_length = clf.max_length
     tokenizer.padding_side = "right"
     tokenizer.truncation_side = "right"  # training keeps the start of each text

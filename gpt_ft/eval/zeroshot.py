@@ -110,7 +110,7 @@ class ZeroShotScorer:
         self.prefix = [eos] if eos is not None else []
 
     def ids(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
 
     def logprobs(self, requests: list[tuple[list[int], list[int]]]) -> list[float]:
         return continuation_logprobs(self.gpt, requests, batch_size=self.batch_size, progress=self.progress)

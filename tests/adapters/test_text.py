@@ -42,3 +42,22 @@ def test_empty_texts_are_just_the_special_tokens():
     assert single().encode({"label": 0}, [[]], SPECIALS, 512).sequences == [[START, EXTRACT]]
     pair = TextPair(name="t", labels=["a", "b"]).encode({}, [[], []], SPECIALS, 512)
     assert pair.sequences == [[START, DELIM, EXTRACT]] and pair.label is None
+
+
+def test_a_text_that_spells_a_special_token_is_text(tokenizer_dir):
+    """`<|extract|>` inside a sentence is not GPT-1's extract token, nor `<|endoftext|>` the end of a
+    text (the tokenizer's default parses them), except in a chat's rendering (preference pairs),
+    whose template's tokens are meant."""
+    from gpt_ft.adapters import Preference
+    from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
+
+    tokenizer = load_tokenizer(tokenizer_dir)
+    specials, eos = special_token_ids(tokenizer), tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    text = "the tag <|extract|> ends <|endoftext|> here"
+    (enc,) = single().encode_examples([{"sentence": text, "label": "pos"}], tokenizer, specials, 64)
+    (sequence,) = enc.sequences
+    assert sequence.count(specials.extract) == 1 and sequence[-1] == specials.extract and eos not in sequence
+    assert tokenizer.decode(sequence[1:-1]) == text
+    row = {"prompt": "say", "chosen": " it <|endoftext|>", "rejected": " no"}
+    (enc,) = Preference(name="p").encode_examples([row], tokenizer, specials, 64)
+    assert eos in enc.sequences[0]

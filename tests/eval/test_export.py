@@ -278,13 +278,13 @@ def test_a_multi_label_export_carries_the_threshold_its_labels_are_decided_by(tm
     clf = classifier("multi-label", "gpt1", tokenizer_dir)
     clf.task.output.threshold = clf.head.threshold = 0.3
     clf.temperature = 2.0
-    rows = [
-        {"text": t} for t in ["the cat sat on the mat .", "two dogs run in a park .", "he is happy now ."]
-    ]
+    texts = ["the cat sat on the mat .", "two dogs run in a park .", "he is happy now .", "a <|extract|> cat"]
+    rows = [{"text": t} for t in texts]  # the last spells a special token: text, as in training
     folder = export_classifier(clf, tmp_path / "m")
     model = AutoModelForSequenceClassification.from_pretrained(folder).eval()
     assert model.config.threshold == pytest.approx(1 / (1 + math.exp(-math.log(0.3 / 0.7) / 2.0)))
     tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert tokenizer(texts[-1])["input_ids"].count(clf.specials.extract) == 1  # the framing's own only
     for row, outcome in zip(rows, clf.predict(rows)):
         with torch.no_grad():
             probabilities = model(**tokenizer(row["text"], return_tensors="pt")).logits[0].sigmoid()
@@ -351,7 +351,7 @@ def test_a_reward_model_of_chat_messages_exports_the_chat_template_its_prompts_a
     folder = export_classifier(clf, tmp_path / "rm")
     tok = AutoTokenizer.from_pretrained(folder)
     rm = AutoModelForSequenceClassification.from_pretrained(folder)
-    assert tok.chat_template == CHAT
+    assert tok.chat_template == CHAT and not tok.split_special_tokens  # a rendering's tokens are meant
     rewards = []
     for messages in dialogues:
         prompt = tok.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)
