@@ -18,8 +18,9 @@ transformers' score layer has no bias. Models without biases (the Llama family) 
 one, so their export is the head as it is. GPT-1's and GPT-2's heads have a bias. The final state goes
 through a normalisation whose bias nothing else reads (GPT-2's `ln_f`; GPT-1's last `ln_2`, which
 ends the network): the exported model adds δ to that bias, with W δ = b for the head's weight W and
-bias b (δ = W⁺ b, exact while the head has no more outputs than the model is wide). The scores are
-then those of gpt_ft, to float rounding; the language-model head is not exported.
+bias b (δ = W⁺ b, exact while the head has no more outputs than the model is wide; a wider one is
+refused). The scores are then those of gpt_ft, to float rounding; the language-model head is not
+exported.
 """
 
 from __future__ import annotations
@@ -234,6 +235,12 @@ def sequence_classifier(clf: Classifier):
             )
         final = base.ln_f if clf.gpt.config.pre_ln else base.h[-1].ln_2  # GPT-2's final LN; GPT-1's last
         shift = torch.linalg.pinv(weight.double()) @ bias.double()  # W δ = b
+        if not torch.allclose(weight.double() @ shift, bias.double(), rtol=1e-6, atol=1e-6):
+            raise ValueError(
+                f"This classifier's head has {weight.shape[0]} outputs, more than the model's width "
+                f"({weight.shape[1]}): transformers' score layer has no bias, and the final LayerNorm's "
+                "cannot carry this one. Use it through Classifier or `gpt-ft label`."
+            )
         final.bias.copy_((final.bias.double() + shift).float())
     return model
 

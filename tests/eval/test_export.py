@@ -323,6 +323,21 @@ def test_a_llama_multiple_choice_task_is_not_exported(tmp_path, tokenizer_dir):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_biased_head_wider_than_the_model_is_not_exported(tmp_path, tokenizer_dir):
+    """transformers' score layer has no bias: the final LayerNorm carries it only where W δ = b has
+    a solution. A head of more labels than the model is wide exported with other probabilities."""
+    clf = classifier("single", "gpt1", tokenizer_dir)
+    width = clf.gpt.config.n_embd
+    clf.task = SingleText(name="many", labels=[f"c{i}" for i in range(width + 8)])
+    clf.head = clf.task.head(width, dropout=0.0, init_std=0.3)
+    torch.nn.init.normal_(clf.head.bias, std=1.0)
+    with pytest.raises(
+        ValueError, match=rf"head has {width + 8} outputs, more than the model's width \({width}\)"
+    ):
+        export_classifier(clf, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 CHAT = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
