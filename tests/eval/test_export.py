@@ -118,13 +118,16 @@ def steps(folder, rows):
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForTokenClassification.from_pretrained(folder).eval()
     config, out = model.config, []
+    sep = config.step_separator_token_id
     for problem, steps in rows:
-        # [start] problem [delim] step_1 [extract] ... step_n [extract]: the template ends the last step
-        encoded = tokenizer(problem, config.step_separator.join(steps), return_tensors="pt")
-        at = encoded["input_ids"][0] == config.step_separator_token_id
+        # [start] problem [delim] step_1 [extract] ... step_n [extract]: fine-tuning.md's recipe
+        ids = tokenizer(problem, steps[0])["input_ids"]
+        for step in steps[1:]:
+            ids += tokenizer(step, add_special_tokens=False)["input_ids"] + [sep]
+        ids = torch.tensor([ids])
         with torch.no_grad():
-            logits = model(**encoded).logits[0]
-        out.append(logits[at].softmax(-1)[:, 1].tolist())
+            logits = model(input_ids=ids).logits[0]
+        out.append(logits[ids[0] == sep].softmax(-1)[:, 1].tolist())
     return {"scores": out, "class": type(model).__name__, "threshold": config.threshold,
             "labels": config.id2label}
 
