@@ -84,6 +84,23 @@ def record_lines(path: Path, fmt: str, *, header: bool = True) -> list[int] | No
     return None
 
 
+def json_records(path: Path, rows: list[dict]) -> list[dict]:
+    """The records of a JSON-lines file or JSON array as written, each with its own keys (a table
+    gives every record every key, None where it had none); `rows`, the table's, for any other file."""
+    if file_format(path) != "json":
+        return rows
+    text = _text(path)
+    try:
+        if record_lines(path, "json") is not None and not text.lstrip().startswith("["):
+            records = [json.loads(line) for line in text.split("\n") if line.strip()]
+        else:
+            records = json.loads(text)
+    except ValueError:
+        return rows
+    ok = isinstance(records, list) and len(records) == len(rows) and all(isinstance(r, dict) for r in records)
+    return records if ok else rows
+
+
 def _array_lines(text: str) -> list[int] | None:
     """The line on which each record of a JSON array starts; None for any other document."""
     space, decoder = re.compile(r"[ \t\r\n]*"), json.JSONDecoder()

@@ -13,6 +13,7 @@ those `gpt-ft predict` computes.
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from torch import Tensor
 from gpt_ft.adapters import TaskAdapter, TaskHead
 from gpt_ft.adapters.cards import card_from_value
 from gpt_ft.data.batches import PackedBatch, SharedContextBatch, TaskBatch, collate_batch
-from gpt_ft.data.file_faults import file_format, record_lines
+from gpt_ft.data.file_faults import file_format, json_records, record_lines
 from gpt_ft.data.files import read_table
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
 from gpt_ft.errors import at_least_one, check_output_file, device_named, input_file, writing
@@ -103,6 +104,7 @@ class Classifier:
     @torch.inference_mode()
     def raw_outputs(self, examples: list[dict[str, Any]], *, batch_size: int = 32) -> Tensor:
         """The head's outputs for `examples` in order, at temperature 1 (what calibration fits)."""
+        at_least_one(batch_size, "batch_size")
         encoded = self.encode(list(examples))
         if not encoded:
             return torch.empty(0)
@@ -143,6 +145,7 @@ class Classifier:
         self, examples: list[dict[str, Any]], *, batch_size: int = 32, where=None
     ) -> list[tuple[dict[str, Any], str]]:
         """Each example's outcome and its prediction written as text (label names, a score)."""
+        at_least_one(batch_size, "batch_size")
         encoded = self.encode(list(examples), where=where)
         order = sorted(range(len(encoded)), key=lambda i: -max(len(s) for s in encoded[i]["input_ids"]))
         out: list[tuple[dict[str, Any], str] | None] = [None] * len(encoded)
@@ -197,52 +200,78 @@ def label(
         raise ValueError(
             f"{ckpt_path} is an embedding model (task {clf.task.name!r}): `gpt-ft embed` writes its vectors."
         )
-    rows = read_table(source).to_list()
+    rows = json_records(source, read_table(source).to_list())  # a record's missing field stays missing
     lines = record_lines(source, fmt) or list(range(1, len(rows) + 1))
     where = lambda i: f"{source}, line {lines[i]}"  # noqa: E731  (the row a message names)
-    write_labelled(target, rows, clf.run(rows, batch_size=batch_size, where=where))
-    print(f"labelled {len(rows):,} examples of {source} into {target}")
+    names = write_labelled(target, rows, clf.run(rows, batch_size=batch_size, where=where))
+    renamed = "" if names == NEW_COLUMNS else f" (as {' and '.join(names)}: it has columns named so already)"
+    print(f"labelled {len(rows):,} examples of {source} into {target}{renamed}")
 
 
-def write_labelled(path, rows: list[dict[str, Any]], labelled: list[tuple[dict[str, Any], str]]) -> None:
-    """The rows with a `prediction` column (jsonl: and the `scores`), written whole or not at all."""
+NEW_COLUMNS = ("prediction", "scores")
+
+
+def write_labelled(
+    path, rows: list[dict[str, Any]], labelled: list[tuple[dict[str, Any], str]]
+) -> tuple[str, str]:
+    """The rows with a `prediction` column (json and jsonl: and the `scores`), written whole or not
+    at all; the names those columns got (`prediction_1`, ... where the rows have their own)."""
+    taken = {key for row in rows for key in row}
+    names = tuple(free_name(name, taken) for name in NEW_COLUMNS)
     tmp = path.with_name(f".{path.name}.tmp")
     with writing(path):  # no space left, permission denied: one sentence, the previous file kept
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            _write_rows(tmp, path.suffix.lower(), rows, labelled)
+            _write_rows(tmp, path.suffix.lower(), rows, labelled, names)
             tmp.replace(path)
         finally:
             tmp.unlink(missing_ok=True)
+    return names
+
+
+def free_name(name: str, taken: set[str]) -> str:
+    """`name`, or the first of name_1, name_2, ... not `taken`."""
+    return next(
+        n for n in itertools.chain([name], (f"{name}_{i}" for i in itertools.count(1))) if n not in taken
+    )
+
+
+def jsonable(value: Any) -> Any:
+    """A value JSON has no type for, written as text: a date or time as ISO 8601 (a parquet column's)."""
+    return value.isoformat() if hasattr(value, "isoformat") else str(value)
 
 
 def _cell(value: Any) -> str:
     """A table cell: a list or mapping (a row's steps, its replies) as JSON, not Python's repr."""
     if value is None:
         return ""
-    return json.dumps(value, ensure_ascii=False) if isinstance(value, (list, dict)) else str(value)
+    return (
+        json.dumps(value, ensure_ascii=False, default=jsonable)
+        if isinstance(value, (list, dict))
+        else str(value)
+    )
 
 
-def _write_rows(tmp, suffix: str, rows: list[dict[str, Any]], labelled) -> None:
+def _write_rows(tmp, suffix: str, rows: list[dict[str, Any]], labelled, names: tuple[str, str]) -> None:
+    prediction, scores = names
+    columns = list(dict.fromkeys(key for row in rows for key in row))  # records may differ in their keys
     with tmp.open("w", encoding="utf-8", newline="") as f:
         if suffix in (".jsonl", ".json"):
             records = [
-                {**row, "prediction": outcome["label"], "scores": outcome["scores"]}
+                {**row, prediction: outcome["label"], scores: outcome["scores"]}
                 for row, (outcome, _) in zip(rows, labelled)
             ]
             if suffix == ".json":  # one array, as a .json input is read
-                f.write(json.dumps(records, ensure_ascii=False, indent=1) + "\n")
+                f.write(json.dumps(records, ensure_ascii=False, indent=1, default=jsonable) + "\n")
             for record in records if suffix == ".jsonl" else []:
-                f.write(json.dumps(record, ensure_ascii=False) + "\n")
+                f.write(json.dumps(record, ensure_ascii=False, default=jsonable) + "\n")
         elif suffix == ".tsv":  # read back without quoting, as GLUE's files are
-            columns = list(rows[0]) if rows else []
-            f.write("\t".join([*columns, "prediction"]) + "\n")
+            f.write("\t".join([*columns, prediction]) + "\n")
             for row, (_, text) in zip(rows, labelled):
-                cells = [_cell(row[c]) for c in columns] + [text]
+                cells = [_cell(row.get(c)) for c in columns] + [text]
                 f.write("\t".join(c.replace("\t", " ").replace("\n", " ") for c in cells) + "\n")
         else:
-            columns = list(rows[0]) if rows else []
             writer = csv.writer(f)
-            writer.writerow([*columns, "prediction"])
+            writer.writerow([*columns, prediction])
             for row, (_, text) in zip(rows, labelled):
-                writer.writerow([*(_cell(row[c]) for c in columns), text])
+                writer.writerow([*(_cell(row.get(c)) for c in columns), text])

@@ -16,10 +16,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gpt_ft.data.file_faults import file_format, record_lines, utf8_problem
+from gpt_ft.data.file_faults import file_format, json_records, record_lines, utf8_problem
 from gpt_ft.data.files import read_table
 from gpt_ft.errors import TaskDataError, at_least_one, check_output_file, input_file, writing
-from gpt_ft.eval.classifier import Classifier
+from gpt_ft.eval.classifier import Classifier, jsonable
 from gpt_ft.weights.checkpoint import Checkpoint
 
 
@@ -66,6 +66,7 @@ class Encoder:
         convert_to: Literal["numpy", "torch"] = "numpy",
     ) -> np.ndarray | Tensor:
         """Each text's unit vector, (len(texts), dimensions), float32, in order."""
+        at_least_one(batch_size, "batch_size")
         clf, prefix = self.classifier, self.prompt(prompt)
         texts = [prefix + t for t in texts]  # a text spelling a special token is text, as in training
         ids = (
@@ -133,7 +134,8 @@ def embed(
             else:
                 with tmp.open("w", encoding="utf-8") as f:
                     for row, vector in zip(rows, vectors.tolist()):
-                        f.write(json.dumps({**row, "embedding": vector}, ensure_ascii=False) + "\n")
+                        record = {**row, "embedding": vector}
+                        f.write(json.dumps(record, ensure_ascii=False, default=jsonable) + "\n")
             tmp.replace(target)
         finally:
             tmp.unlink(missing_ok=True)
@@ -147,10 +149,10 @@ def read_texts(path: Path, field: str) -> tuple[list[dict[str, Any]], list[str]]
         data = path.read_bytes()
         if (problem := utf8_problem(data)) is not None:
             raise ValueError(f"{path}{problem}.")
-        lines = data.decode("utf-8").replace("\r\n", "\n").split("\n")
+        lines = data.decode("utf-8-sig").replace("\r\n", "\n").split("\n")  # a BOM is no text
         lines = lines[:-1] if lines[-1] == "" else lines
         return [{"text": line} for line in lines], lines
-    rows = read_table(path).to_list()
+    rows = json_records(path, read_table(path).to_list())  # a record's missing field stays missing
     lines = record_lines(path, file_format(path) or "") or list(range(1, len(rows) + 1))
     texts = []
     for i, row in enumerate(rows):

@@ -111,6 +111,43 @@ def test_label_writes_each_row_with_its_prediction(finetuned, tmp_path, capsys):
     assert source.read_bytes() == before
 
 
+def test_label_keeps_a_files_own_columns_and_records(finetuned, tmp_path, capsys):
+    """Columns named `prediction` or `scores` (a ranking card's gold scores) are kept and the new
+    ones named beside them; a parquet date is ISO text in JSON; a JSON record without the card's
+    field is named, not labelled as an empty text, and records keep their own keys."""
+    import datetime
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def label(source: Path, output: str) -> Path:
+        main(["label", f"--ckpt_path={finetuned.ckpt}", f"--input={source}", f"--output={tmp_path / output}"])
+        return tmp_path / output
+
+    gold = tmp_path / "gold.jsonl"
+    gold.write_text(
+        '{"sentence": "a cat .", "prediction": "gold", "scores": [3, 1]}\n{"sentence": "a dog ."}\n'
+    )
+    first, second = [json.loads(line) for line in label(gold, "out.jsonl").read_text().splitlines()]
+    assert (first["prediction"], first["scores"]) == ("gold", [3, 1]) and set(second) == set(first) - {
+        "prediction", "scores"}  # fmt: skip
+    assert first["prediction_1"] in ("negative", "positive") and len(first["scores_1"]) == 2
+    assert "(as prediction_1 and scores_1: it has columns named so already)" in capsys.readouterr().out
+    dated = tmp_path / "dated.parquet"
+    pq.write_table(pa.table({"sentence": ["a cat ."], "when": [datetime.date(2024, 1, 2)]}), dated)
+    assert json.loads(label(dated, "dated.jsonl").read_text())["when"] == "2024-01-02"
+    missing = tmp_path / "missing.jsonl"
+    missing.write_text('{"sentence": "a cat ."}\n{"text": "a dog ."}\n')
+    with pytest.raises(SystemExit):
+        label(missing, "missing.out.jsonl")
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"gpt-ft: error: {missing}, line 2 has no field 'sentence' (task 'sent')."
+    )
+    with pytest.raises(ValueError, match="batch_size must be >= 1, got 0"):
+        Classifier.from_checkpoint(finetuned.ckpt, device="cpu").predict([{"sentence": "a"}], batch_size=0)
+
+
 def test_the_classifier_batches_choices_as_the_run_did(tokenizer_dir):
     """A run with `--data.shared_context false` is served with one whole sequence per choice, as it
     was trained and evaluated; by default each context runs once (`TaskDataModule.collate`'s choice)."""

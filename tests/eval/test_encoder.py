@@ -101,7 +101,7 @@ def test_gpt_ft_embed_writes_vectors_as_npy_or_beside_the_rows(embedded, tmp_pat
 
     root, ckpt = embedded
     texts = [sentence(i) for i in range(5)]
-    (tmp_path / "in.txt").write_text("\n".join(texts) + "\n")
+    (tmp_path / "in.txt").write_bytes(b"\xef\xbb\xbf" + "\r\n".join(texts).encode() + b"\r\n")  # BOM, CRLF
     main(["embed", f"--ckpt_path={ckpt}", f"--input={tmp_path / 'in.txt'}", f"--output={tmp_path / 'v.npy'}"])
     assert "embedded 5 texts" in capsys.readouterr().out
     expected = Encoder.from_checkpoint(ckpt, device="cpu").encode(texts)
