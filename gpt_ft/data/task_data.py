@@ -27,14 +27,15 @@ from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
 from gpt_ft.workarounds import dataset_fingerprint
 
 
-def _example_id(example: dict[str, Any], index_field: str | None, row: int) -> int:
-    """The example's integer id from the card's index field (GLUE test files), else its row number
-    in the split as loaded (rows dropped by `ignore_labels` keep their numbers)."""
-    value = example.get(index_field) if index_field else None
+def integer_id(value: Any) -> int | None:
+    """An index field's value as a 64-bit integer id, or None where it is none."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        return None
     try:
-        return int(value)
-    except (TypeError, ValueError):
-        return row
+        number = int(str(value).strip())
+    except ValueError:
+        return None
+    return number if -(2**63) <= number < 2**63 else None
 
 
 def adapter_code(cls: type) -> str:
@@ -175,6 +176,8 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
                 )
             raw, origin = datasets.Dataset.from_list(rows), origin.keep(records)
         index_field = self.task.index if self.task.index in raw.column_names else None
+        if index_field is not None and any(integer_id(v) is None for v in raw[index_field]):
+            index_field = None  # ids that are not all integers (ProcessBench's "gsm8k-0"): rows numbered
         if self.task.ignore_labels and self.task.label in raw.column_names:
             ignored = set(self.task.ignore_labels)
             kept = [i for i, value in enumerate(raw[self.task.label]) if str(value) not in ignored]
@@ -197,7 +200,10 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
             return {
                 **{name: [f[name] for f in fields] for name in (fields[0] if fields else ["input_ids"])},
                 "label": [enc.label for enc in encoded],
-                "index": [_example_id(ex, index_field, origin.row(row)) for ex, row in zip(examples, rows)],
+                "index": [
+                    origin.row(row) if index_field is None else integer_id(ex[index_field])
+                    for ex, row in zip(examples, rows)
+                ],
                 "length": [max(len(seq) for seq in enc.sequences) for enc in encoded],
                 # next-token targets: every token but each sequence's last (the accumulation windows')
                 "targets": [sum(len(seq) - 1 for seq in enc.sequences) for enc in encoded],

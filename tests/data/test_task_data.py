@@ -118,6 +118,21 @@ def test_bad_data_is_one_clear_sentence(pairs_dir, tokenizer_dir, setup, split, 
         dm.encoded(split, labelled=True)
 
 
+@pytest.mark.parametrize("first", ["q-7", "123456789012345678901234"])
+def test_ids_that_are_not_all_integers_number_the_rows(pairs_dir, tokenizer_dir, first):
+    """A text id (ProcessBench's "gsm8k-0") or one past 64 bits: every row is numbered, not that row
+    alone (its number was another row's id, refused as a repeat), and nothing overflows."""
+    rows = "index\tsentence1\tsentence2\tlabel\n" + "".join(
+        f"{i}\t{a}\t{b}\tentailment\n" for i, a, b in ((first, "a", "b"), (0, "c", "d"), (7, "e", "f"))
+    )
+    (pairs_dir / "PAIRS/dev.tsv").write_text(rows)
+    dm = TaskDataModule(pair_task(), tokenizer_dir, data_dir=str(pairs_dir), max_length=64)
+    assert dm.encoded("validation", labelled=True)["index"] == [0, 1, 2]
+    (pairs_dir / "PAIRS/dev.tsv").write_text(rows.replace(first, "5"))
+    dm = TaskDataModule(pair_task(), tokenizer_dir, data_dir=str(pairs_dir), max_length=64)
+    assert dm.encoded("validation", labelled=True)["index"] == [5, 0, 7]
+
+
 def test_non_numeric_regression_score(tmp_path, tokenizer_dir):
     (tmp_path / "s.tsv").write_text("sentence1\tsentence2\tscore\na\tb\t4.2\nc\td\thigh\n")
     task = Similarity(name="sts", regression=True, label="score", local=LocalFiles(splits={"train": "s.tsv"}))
