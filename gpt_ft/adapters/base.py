@@ -31,10 +31,11 @@ from gpt_ft.adapters.outputs import (
 )
 from gpt_ft.adapters.sources import HubDataset, LocalFiles, Sources
 
-ENCODING = 4
+ENCODING = 5
 """The version of the path from examples to tokens: cached encodings of another one are not reused
 (2: pairs cut as the tokenizers library's `longest_first` cuts them; 3: each example's LM targets
-counted, `targets`; 4: a text that spells a special token is text)."""
+counted, `targets`; 4: a text that spells a special token is text; 5: several context fields of
+multiple choice cut earliest first)."""
 
 
 @dataclass
@@ -366,12 +367,19 @@ class TaskAdapter:
         raise NotImplementedError
 
     def choice_sequences(
-        self, specials, context: list[int], answers: list[list[int]], max_length: int
+        self, specials, context: list[int] | list[list[int]], answers: list[list[int]], max_length: int
     ) -> tuple[list[list[int]], list[int]]:
         """[start] context [delim] answer [extract] per answer, and each extract index; the context
-        cut once for all (longest first against the longest answer), so all share its tokens."""
-        n_context, n_answer = fit_lengths([len(context), max(len(a) for a in answers)], max_length - 3)
-        built = [self.frame(specials, context[:n_context], answer[:n_answer]) for answer in answers]
+        cut once for all (longest first against the longest answer), so all share its tokens. A
+        context in parts (several fields) loses its earlier parts' ends first: the later kept whole."""
+        parts = context if context and isinstance(context[0], list) else [context]
+        n_context, n_answer = fit_lengths(
+            [sum(map(len, parts)), max(len(a) for a in answers)], max_length - 3
+        )
+        kept, room = [], n_context
+        for part in reversed(parts):
+            kept[:0], room = part[: max(0, room)], room - len(part)
+        built = [self.frame(specials, kept, answer[:n_answer]) for answer in answers]
         return [ids for ids, _ in built], [k for _, k in built]
 
     @staticmethod

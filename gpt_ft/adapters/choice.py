@@ -12,7 +12,9 @@ class MultipleChoice(TaskAdapter):
     """One sequence [start] context [delim] answer_k [extract] per choice; softmax over choices (GPT-1 §3.3).
 
     Rows may have different numbers of choices (a list field): the batch carries a choice mask.
-    The context is cut the same way for every choice, so all choices share it token for token.
+    The context is cut the same way for every choice, so all choices share it token for token; of
+    several context fields ([article, question]) the earlier ones are cut first, from their ends,
+    so that a long article never costs the question after it.
     """
 
     shares_context = True
@@ -37,9 +39,14 @@ class MultipleChoice(TaskAdapter):
         self.context = [context] if isinstance(context, str) else list(context)
         self.choices = choices
         if isinstance(choices, str):
-            if not num_choices:
-                raise CardError(f"Task {name!r}: `num_choices` is required when `choices` is a list field.")
+            if not num_choices or num_choices < 1:
+                raise CardError(
+                    f"Task {name!r}: `num_choices` (>= 1) is required when `choices` is a list field, got "
+                    f"{num_choices}."
+                )
             self.max_choices = num_choices
+        elif not choices:
+            raise CardError(f"Task {name!r}: `choices` names no field.")
         else:
             self.max_choices = len(choices)
             if num_choices not in (None, len(choices)):
@@ -57,8 +64,12 @@ class MultipleChoice(TaskAdapter):
         return self.context + ([self.choices] if isinstance(self.choices, str) else list(self.choices))
 
     def texts(self, example: dict[str, Any]) -> list[str]:
-        """[context, choice_1, ..., choice_k]: the context fields joined by spaces, then each choice."""
-        context = " ".join(t for t in (field_text(example[f]) for f in self.context) if t)
+        """[context part per context field, choice_1, ..., choice_k]: the parts join into the context
+        text (each after the first non-empty one opens with a space), then each choice."""
+        parts, joined = [], False
+        for text in (field_text(example[f]) for f in self.context):
+            parts.append(f" {text}" if joined and text else text)
+            joined = joined or bool(text)
         if isinstance(self.choices, str):
             choices = example[self.choices]
             if not isinstance(choices, (list, tuple)) or not 1 <= len(choices) <= self.max_choices:
@@ -68,11 +79,16 @@ class MultipleChoice(TaskAdapter):
                 )
         else:
             choices = [example[c] for c in self.choices]
-        return [context, *(field_text(c) for c in choices)]
+        return [*parts, *(field_text(c) for c in choices)]
+
+    def context_and_choices(self, example: dict[str, Any]) -> tuple[str, list[str]]:
+        """The context's text and each choice's (zero-shot scoring's)."""
+        texts = self.texts(example)
+        return "".join(texts[: len(self.context)]), texts[len(self.context) :]
 
     def encode(self, example, tokens, specials, max_length):
-        context, *answers = tokens
-        sequences, extract = self.choice_sequences(specials, context, answers, max_length)
+        parts, answers = tokens[: len(self.context)], tokens[len(self.context) :]
+        sequences, extract = self.choice_sequences(specials, parts, answers, max_length)
         label = self.output.example_label(example)
         if label is not None and label >= len(answers):
             value = example.get(self.label)

@@ -121,7 +121,7 @@ class ZeroShotScorer:
         requests, spans, labels = [], [], []
         n_ctx = self.gpt.config.n_positions
         for row in rows:
-            context, *choices = task.texts(row)
+            context, choices = task.context_and_choices(row)
             start = len(requests)
             for choice in choices:
                 requests.append((self.prefix + self.ids(context), self.ids(" " + choice.strip())))

@@ -27,16 +27,28 @@ def test_multiple_choice_layout_and_shared_truncated_context():
 def test_multiple_choice_texts_join_context_fields_and_read_list_fields():
     mc = MultipleChoice(name="race", context=["article", "question"], choices="options", num_choices=4)
     row = {"article": "A long story.", "question": "Who?", "options": ["Ann", "Bob", "Cy"], "label": 2}
-    assert mc.texts(row) == ["A long story. Who?", "Ann", "Bob", "Cy"]
+    assert mc.texts(row) == ["A long story.", " Who?", "Ann", "Bob", "Cy"]
+    assert mc.context_and_choices(row) == ("A long story. Who?", ["Ann", "Bob", "Cy"])
+    assert mc.context_and_choices({**row, "article": ""})[0] == "Who?"
     with pytest.raises(TaskDataError, match="must hold a list of 1 to 4 choices"):
         mc.texts({**row, "options": "Ann"})
     with pytest.raises(TaskDataError, match="points past the row's 2 choices"):
-        mc.encode({"label": 2}, [[1], [2], [3]], SPECIALS, 64)
+        mc.encode({"label": 2}, [[1], [], [2], [3]], SPECIALS, 64)
+    # An article of 20 and a question of 3 into a context of 7 (budget 10 - 3 specials, answers 1):
+    # the question kept whole, the article cut from its end (the question went first).
+    enc = mc.encode({"label": 0}, [list(range(1, 21)), [30, 31, 32], [7], [8]], SPECIALS, 11)
+    assert enc.sequences[0] == [START, 1, 2, 3, 4, 30, 31, 32, DELIM, 7, EXTRACT]
 
 
 def test_bad_cards():
-    with pytest.raises(ValueError, match="num_choices. is required"):
+    with pytest.raises(ValueError, match="num_choices. \\(>= 1\\) is required"):
         MultipleChoice(name="t", context=["c"], choices="options")
+    with pytest.raises(
+        ValueError, match="num_choices. \\(>= 1\\) is required when .choices. is a list field, got -2"
+    ):
+        MultipleChoice(name="t", context=["c"], choices="options", num_choices=-2)
+    with pytest.raises(ValueError, match="`choices` names no field"):
+        MultipleChoice(name="t", context=["c"], choices=[])
 
 
 def test_rows_of_fewer_choices_line_up_across_batches_and_name_their_own(tokenizer_dir):
