@@ -28,6 +28,7 @@ from gpt_ft.adapters.outputs import (
     RegressionOutput,
     TaskDataError,
     TaskOutput,
+    short_repr,
 )
 from gpt_ft.adapters.sources import HubDataset, LocalFiles, Sources
 
@@ -99,10 +100,14 @@ def fit_lengths(lengths: list[int], budget: int) -> list[int]:
     return out
 
 
-def field_text(value: Any) -> str:
-    """A field's text; a missing value is an empty text (encoded as just the special tokens)."""
+def field_text(value: Any, field: str | None = None) -> str:
+    """A field's text; a missing value is an empty text (encoded as just the special tokens), a
+    number its digits; a list or mapping is refused (its repr would be trained on)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
+    if isinstance(value, (list, tuple, dict)):
+        where = f"field {field!r}" if field else "a field"
+        raise TaskDataError(f"{where} holds a {type(value).__name__} {short_repr(value)}, not a text.")
     return str(value)
 
 
@@ -311,7 +316,7 @@ class TaskAdapter:
 
     def texts(self, example: dict[str, Any]) -> list[str]:
         """The texts of one example to tokenize, in the order `encode` reads their tokens."""
-        return [field_text(example[f]) for f in self.text_fields()]
+        return [field_text(example[f], f) for f in self.text_fields()]
 
     def encode_examples(
         self, examples: list[dict[str, Any]], tokenizer, specials, max_length: int, *, where=None

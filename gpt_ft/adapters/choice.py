@@ -67,7 +67,7 @@ class MultipleChoice(TaskAdapter):
         """[context part per context field, choice_1, ..., choice_k]: the parts join into the context
         text (each after the first non-empty one opens with a space), then each choice."""
         parts, joined = [], False
-        for text in (field_text(example[f]) for f in self.context):
+        for text in (field_text(example[f], f) for f in self.context):
             parts.append(f" {text}" if joined and text else text)
             joined = joined or bool(text)
         if isinstance(self.choices, str):

@@ -318,7 +318,7 @@ class Embedding(TaskAdapter):
     def texts(self, example: dict[str, Any]) -> list[str]:
         """[anchor, positive, negative, ...], each with its prompt."""
         documents = [example[self.positive], *negative_texts(example, self.negatives, self.num_negatives)]
-        return [self.query_prompt + field_text(example[self.anchor])] + [
+        return [self.query_prompt + field_text(example[self.anchor], self.anchor)] + [
             self.document_prompt + field_text(d) for d in documents
         ]
 

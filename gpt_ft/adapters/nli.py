@@ -48,7 +48,7 @@ class NliTriplets(Embedding):
         record of its positive (for messages); premises in the order they first come."""
         grouped: dict[str, dict[str, Any]] = {}
         for i, row in enumerate(records):
-            premise, label = field_text(row[self.premise]), str(row[self.nli_label])
+            premise, label = field_text(row[self.premise], self.premise), str(row[self.nli_label])
             group = grouped.setdefault(premise, {"positive": None, "negative": None, "record": None})
             if label in self.entailment and group["positive"] is None:
                 group["positive"], group["record"] = field_text(row[self.hypothesis]), i

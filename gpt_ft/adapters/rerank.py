@@ -137,7 +137,7 @@ class Reranker(TaskAdapter):
     def texts(self, example: dict[str, Any]) -> list[str]:
         """[query, positive, negative, ...]."""
         candidates = [example[self.positive], *negative_texts(example, self.negatives, self.num_negatives)]
-        return [field_text(example[self.query])] + [field_text(c) for c in candidates]
+        return [field_text(example[self.query], self.query)] + [field_text(c) for c in candidates]
 
     def encode(self, example, tokens, specials, max_length):
         query, *candidates = tokens

@@ -364,7 +364,7 @@ class Steps(TaskAdapter):
 
     def texts(self, example: dict[str, Any]) -> list[str]:
         """[problem, step_1, ..., step_n]."""
-        problem = field_text(example[self.problem]) if self.problem else ""
+        problem = field_text(example[self.problem], self.problem) if self.problem else ""
         return [problem, *self.step_texts(example)]
 
     def encode(self, example, tokens, specials, max_length):

@@ -61,3 +61,19 @@ def test_a_text_that_spells_a_special_token_is_text(tokenizer_dir):
     row = {"prompt": "say", "chosen": " it <|endoftext|>", "rejected": " no"}
     (enc,) = Preference(name="p").encode_examples([row], tokenizer, specials, 64)
     assert eos in enc.sequences[0]
+
+
+def test_a_text_field_holding_a_list_or_mapping_is_refused(tokenizer_dir):
+    """Its repr (`['the', 'cat']`) was trained on without a word; a number is its digits."""
+    from gpt_ft.adapters import TaskDataError
+    from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
+
+    tokenizer = load_tokenizer(tokenizer_dir)
+    specials = special_token_ids(tokenizer)
+    rows = [{"sentence": 7, "label": "pos"}, {"sentence": ["the", "cat"], "label": "pos"}]
+    with pytest.raises(
+        TaskDataError, match=r"^example 1: field 'sentence' holds a list \['the', 'cat'\], not a text\.$"
+    ):
+        single().encode_examples(rows, tokenizer, specials, 64)
+    (enc,) = single().encode_examples(rows[:1], tokenizer, specials, 64)
+    assert tokenizer.decode(enc.sequences[0][1:-1]) == "7"
