@@ -164,10 +164,12 @@ class TaskOutput:
         return self.outcome(prediction, probabilities)
 
     def example_label(self, example: dict[str, Any]) -> Any:
-        """The example's label; None when unlabelled (no field, or -1 as in hub test splits, where
-        the card has no class or score -1 of its own)."""
+        """The example's label; None when unlabelled (no field, an empty cell, or -1 as in hub test
+        splits, where the card has no class or score -1 of its own)."""
         value = example.get(self.spec.field)
-        if value is None or (value in (-1, "-1") and not self.takes_minus_one()):
+        if value is None or (isinstance(value, str) and not value.strip()):
+            return None
+        if value in (-1, "-1") and not self.takes_minus_one():
             return None
         return self.label_id(value)
 

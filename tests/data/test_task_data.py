@@ -133,6 +133,16 @@ def test_ids_that_are_not_all_integers_number_the_rows(pairs_dir, tokenizer_dir,
     assert dm.encoded("validation", labelled=True)["index"] == [5, 0, 7]
 
 
+def test_an_empty_label_cell_is_unlabelled_as_a_null_is(pairs_dir, tokenizer_dir):
+    """A test file with its label column left empty is predicted; training on one is refused."""
+    rows = "index\tsentence1\tsentence2\tlabel\n0\ta\tb\t\n1\tc\td\t \n"
+    (pairs_dir / "PAIRS/test.tsv").write_text(rows)
+    dm = TaskDataModule(pair_task(), tokenizer_dir, data_dir=str(pairs_dir), max_length=64)
+    assert dm.encoded("test", labelled=False)["label"] == [None, None]
+    with pytest.raises(TaskDataError, match=r"PAIRS/test.tsv, line 2: no label \(field .label.\)"):
+        dm.encoded("test", labelled=True)
+
+
 def test_non_numeric_regression_score(tmp_path, tokenizer_dir):
     (tmp_path / "s.tsv").write_text("sentence1\tsentence2\tscore\na\tb\t4.2\nc\td\thigh\n")
     task = Similarity(name="sts", regression=True, label="score", local=LocalFiles(splits={"train": "s.tsv"}))
