@@ -23,6 +23,8 @@ def load_card(path: str | Path) -> TaskAdapter:
         raw = yaml.safe_load(Path(path).read_text())
     except yaml.YAMLError as exc:
         raise ValueError(f"Task card {path} is not valid YAML: {yaml_problem(exc)}") from None
+    if problem := card_problem(raw, f"Task card {path}"):
+        raise ValueError(problem)
     return card_from_value(raw, f"Task card {path}")
 
 
@@ -94,21 +96,33 @@ def load_yaml(text: str, path: str = "") -> object:
         if not file:
             raise
         raise FileProblem(f"{yaml_file_problem(file) or f'{file} is not valid YAML'}.") from exc
-    if file and not isinstance(value, dict):
-        what = "empty" if value is None or value == "" else f"a {type(value).__name__}, not a mapping"
-        holds = "sections (trainer, model, data, ...)" if path else "class_path and init_args (see tasks/)"
-        kind = "a config file" if path else "a task card"
-        raise FileProblem(f"{file} is {what}: {kind} is a mapping with {holds}.")
-    if file and not path and isinstance(value, dict) and "init_args" in value and "class_path" not in value:
-        raise FileProblem(
+    if path and not isinstance(value, dict):
+        holds = "a config file is a mapping with sections (trainer, model, data, ...)"
+        raise FileProblem(f"{file} is {_not_a_mapping(value)}: {holds}.")
+    if file and not path and (problem := card_problem(value, file, init_args_only=True)):
+        raise FileProblem(problem)
+    return complete_card(value)
+
+
+def _not_a_mapping(value) -> str:
+    return "empty" if value is None or value == "" else f"a {type(value).__name__}, not a mapping"
+
+
+def card_problem(value, file, *, init_args_only: bool = False) -> str | None:
+    """What makes a card file's value no card, in one sentence naming `file`: not a mapping, no
+    class_path (where it has init_args, with `init_args_only`: the command line may give the class
+    apart), or a required field missing."""
+    if not isinstance(value, dict):
+        holds = "a task card is a mapping with class_path and init_args (see tasks/)"
+        return f"{file} is {_not_a_mapping(value)}: {holds}."
+    if "class_path" not in value and ("init_args" in value or not init_args_only):
+        return (
             f"{file} names no class_path: a task card is class_path (e.g. gpt_ft.adapters.SingleText) "
             "and init_args (see tasks/)."
         )
-    cls = _adapter_class(value.get("class_path")) if file and not path and isinstance(value, dict) else None
+    cls = _adapter_class(value.get("class_path"))
     missing = [f for f in card_fields(cls)[1] if f not in (value.get("init_args") or {})] if cls else []
-    if missing:
-        raise FileProblem(f"{file}: the card names no {', '.join(missing)}; {cls.__name__} needs it.")
-    return complete_card(value)
+    return f"{file}: the card names no {', '.join(missing)}; {cls.__name__} needs it." if missing else None
 
 
 set_loader(PARSER_MODE, load_yaml, exceptions=(yaml.YAMLError, FileProblem))

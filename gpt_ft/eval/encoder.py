@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from gpt_ft.adapters.cards import card_from_value
 from gpt_ft.data.file_faults import file_format, json_records, record_lines, utf8_problem
 from gpt_ft.data.files import read_table
 from gpt_ft.errors import TaskDataError, at_least_one, check_output_file, input_file, writing
@@ -38,14 +39,9 @@ class Encoder:
     def from_checkpoint(cls, path: str | Path | Checkpoint, *, device: str | None = None) -> Encoder:
         """A `.ckpt` of `gpt-ft fit` on an embedding card; on the GPU when there is one, unless
         `device` says."""
-        classifier = Classifier.from_checkpoint(path, device=device)
-        if not classifier.task.output.embeds:
-            where = path.where if isinstance(path, Checkpoint) else path
-            raise ValueError(
-                f"{where} is a model of task {classifier.task.name!r}, not an embedding model: "
-                "`gpt-ft label` (or Classifier) gives its predictions."
-            )
-        return cls(classifier)
+        stored = path if isinstance(path, Checkpoint) else Checkpoint.read(path)
+        check_embeds(stored)
+        return cls(Classifier.from_checkpoint(stored, device=device))
 
     @property
     def dimensions(self) -> int:
@@ -119,10 +115,12 @@ def embed(
         raise ValueError(
             f"--input {source}: give a .txt, .csv, .tsv, .json/.jsonl or .parquet file (by its extension)."
         )
-    encoder = Encoder.from_checkpoint(ckpt_path, device=device)  # a wrong checkpoint before the input's rows
+    stored = Checkpoint.read(ckpt_path)
+    check_embeds(stored)  # a wrong checkpoint before the input's rows, the input before the model
     rows, texts = read_texts(source, field)
     if not texts:
         raise ValueError(f"--input {source} holds no texts.")
+    encoder = Encoder.from_checkpoint(stored, device=device)
     vectors = encoder.encode(texts, batch_size=batch_size, prompt=None if prompt == "none" else prompt)
     tmp = target.with_name(f".{target.name}.tmp")
     with writing(target):
@@ -140,6 +138,17 @@ def embed(
         finally:
             tmp.unlink(missing_ok=True)
     print(f"embedded {len(texts):,} texts of {source} into {target} ({encoder.dimensions} dimensions)")
+
+
+def check_embeds(stored: Checkpoint) -> None:
+    """Refuses a checkpoint of a task that is no embedding task (one a classifier reads)."""
+    if stored.is_gpt_ft and stored.task_card:
+        task = card_from_value(stored.task_card, f"The task card recorded in {stored.where}")
+        if not task.output.embeds:
+            raise ValueError(
+                f"{stored.where} is a model of task {task.name!r}, not an embedding model: "
+                "`gpt-ft label` (or Classifier) gives its predictions."
+            )
 
 
 def read_texts(path: Path, field: str) -> tuple[list[dict[str, Any]], list[str]]:

@@ -64,6 +64,18 @@ def test_card_errors_name_the_file(tmp_path):
     card.write_text("class_path: [\n")
     with pytest.raises(ValueError, match=r"^Task card \S+card.yaml is not valid YAML: line 2, column 1: "):
         load_card(card)
+    # An empty card, a list, no class_path: a suite read them as no card (a traceback after).
+    for text, problem in (
+        ("", "is empty"),
+        ("- a\n", "is a list, not a mapping"),
+        ("init_args: {name: x}\n", None),
+    ):
+        card.write_text(text)
+        expected = (
+            f"{problem}: a task card is a mapping" if problem else "names no class_path: a task card is"
+        )
+        with pytest.raises(ValueError, match=rf"^Task card \S+card.yaml {expected}"):
+            load_card(card)
 
 
 ADAPTER = '''

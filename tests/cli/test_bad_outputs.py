@@ -261,9 +261,6 @@ NOT_A_DEVICE = "--device 'gpu7' is not a device: give cpu, cuda or cuda:N."
         ("label", ["--input={text}", "--output={out}.tsv", "--batch_size=0"],
          "--batch_size must be >= 1, got 0."),
         ("label", ["--input={text}", "--output={out}.tsv", "--device=gpu7"], NOT_A_DEVICE),
-        ("embed", ["--input={latin1}", "--output={out}.npy"],
-         "{latin1}, line 2: not UTF-8 text (byte 0xe9: invalid continuation byte); save it as UTF-8."),
-        ("embed", ["--input={empty}", "--output={out}.npy"], "--input {empty} holds no texts."),
         ("embed", ["--input={folder}", "--output={out}.npy"], "--input {folder} is a folder; give a file."),
         ("embed", ["--input={jsonl}", "--output={jsonl}", "--overwrite=true"],
          "--output {jsonl} is the input file: give another name, the input is kept."),
@@ -274,8 +271,8 @@ NOT_A_DEVICE = "--device 'gpu7' is not a device: give cpu, cuda or cuda:N."
 def test_a_typed_commands_bad_value_is_one_sentence_naming_it(
     command, args, message, tmp_path, finetuned, capsys
 ):
-    """A folder for a file, a zero count, a device torch has no name for, a text file that is not
-    UTF-8 (its line), an empty one: one sentence, before any work, nothing written."""
+    """A folder for a file, a zero count, a device torch has no name for, the input as the output:
+    one sentence, before any work, nothing written (a text file's contents: tests/eval/test_encoder.py)."""
     paths = {"folder": tmp_path / "texts", "text": tmp_path / "mine.tsv", "latin1": tmp_path / "latin1.txt",
              "empty": tmp_path / "empty.txt", "out": tmp_path / "out",
              "jsonl": tmp_path / "mine.jsonl"}  # fmt: skip

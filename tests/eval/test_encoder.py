@@ -123,6 +123,32 @@ def test_gpt_ft_embed_writes_vectors_as_npy_or_beside_the_rows(embedded, tmp_pat
     np.testing.assert_allclose(np.array([r["embedding"] for r in written]), expected, atol=1e-6)
 
 
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (b"the cat sat .\ncaf\xe9 au lait\n",
+         "{path}, line 2: not UTF-8 text (byte 0xe9: invalid continuation byte); save it as UTF-8."),
+        (b"", "--input {path} holds no texts."),
+    ],
+)  # fmt: skip
+def test_a_text_file_that_is_not_utf8_or_empty_is_one_sentence(embedded, tmp_path, capsys, data, message):
+    _, ckpt = embedded
+    (tmp_path / "in.txt").write_bytes(data)
+    with pytest.raises(SystemExit):
+        main(
+            [
+                "embed",
+                f"--ckpt_path={ckpt}",
+                f"--input={tmp_path / 'in.txt'}",
+                f"--output={tmp_path / 'o.npy'}",
+            ]
+        )
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "gpt-ft: error: " + message.format(
+        path=tmp_path / "in.txt"
+    )
+    assert not (tmp_path / "o.npy").exists()
+
+
 def test_a_row_without_a_text_is_named_by_its_line(embedded, tmp_path, capsys):
     _, ckpt = embedded
     (tmp_path / "in.jsonl").write_text('{"text": "a cat"}\n{"text": "a dog"}\n{"title": "no text"}\n')
