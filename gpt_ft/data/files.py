@@ -223,6 +223,14 @@ def _stamp(path: Path) -> str:
 
 def _rename(ds, columns: dict[str, str] | None, source: str):
     renames = {old: new for old, new in (columns or {}).items() if old in ds.column_names and old != new}
+    kept = [c for c in ds.column_names if c not in renames]
+    for old, new in renames.items():
+        clash = new if new in kept else next((o for o in renames if o != old and renames[o] == new), None)
+        if clash is not None:
+            other = f"its column {new!r} is kept" if clash == new else f"{clash!r} is renamed to it too"
+            raise TaskDataError(
+                f"{source}: `columns` renames {old!r} to {new!r}, but {other}; give each its own name."
+            )
     return ds.rename_columns(renames) if renames else ds
 
 

@@ -487,3 +487,17 @@ def test_slices_formats_and_file_errors(tmp_path):
         TaskDataError, match=r"Task 's' has no hub dataset; pass its files with --data.data_dir"
     ):
         load_split(task, "train", None)
+
+
+def test_columns_renamed_onto_a_kept_column_or_each_other_are_one_sentence(tmp_path):
+    """datasets said `Field "sentence" exists 2 times in schema`, naming no file nor card field."""
+    (tmp_path / "t.tsv").write_text("text\tsentence\tlabel\na\tb\t0\n")
+    for columns, message in (
+        ({"text": "sentence"}, "renames 'text' to 'sentence', but its column 'sentence' is kept"),
+        ({"text": "body", "label": "body"}, "renames 'text' to 'body', but 'label' is renamed to it too"),
+    ):
+        task = SingleText(
+            name="s", labels=["0", "1"], local=LocalFiles(splits={"train": "t.tsv"}, columns=columns)
+        )
+        with pytest.raises(TaskDataError, match=rf"^\S+t.tsv: `columns` {message}; give each its own name.$"):
+            load_split(task, "train", tmp_path)
