@@ -244,6 +244,10 @@ class TaskAdapter:
         """The one place a task's output kind is chosen: the shape's own, or else as the card says,
         a score (`regression: true`) or one class per example."""
         own = self.own_output(spec)
+        if not spec.regression and spec.score_range is not None:
+            raise CardError(
+                f"Task {self.name!r}: score_range bounds a regression's scores; set `regression: true`."
+            )
         if not spec.regression:
             return own if own is not None else ClassificationOutput(self.name, spec)
         if own is not None:

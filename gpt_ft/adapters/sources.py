@@ -39,6 +39,18 @@ class LocalFiles:
     columns: dict[str, str] | None = None
     """Renames: file column -> the field name the adapter reads."""
 
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.headerless_splits or []) - set(self.splits))
+        if unknown:
+            raise ValueError(
+                f"local.headerless_splits names {unknown}, which local.splits does not: "
+                f"it has {sorted(self.splits)}."
+            )
+        if self.headerless_splits and not self.column_names:
+            raise ValueError(
+                "local.headerless_splits needs local.column_names: the names of those files' columns."
+            )
+
 
 @dataclass
 class Sources:

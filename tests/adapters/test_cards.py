@@ -64,6 +64,14 @@ def test_card_errors_name_the_file(tmp_path):
     card.write_text("class_path: [\n")
     with pytest.raises(ValueError, match=r"^Task card \S+card.yaml is not valid YAML: line 2, column 1: "):
         load_card(card)
+    for init_args, message in (
+        ("{name: x, labels: [a, b], score_range: [0, 5]}", "score_range bounds a regression's scores; set"),
+        ("{name: x, local: {splits: {train: t.tsv}, column_names: [sentence], headerless_splits: [trian]}}",
+         r"local.headerless_splits names \['trian'\], which local.splits does not: it has \['train'\]."),
+    ):  # fmt: skip
+        card.write_text(f"class_path: gpt_ft.adapters.SingleText\ninit_args: {init_args}\n")
+        with pytest.raises(ValueError, match=rf"^Task card \S+card.yaml: .*{message}"):
+            load_card(card)
     # An empty card, a list, no class_path: a suite read them as no card (a traceback after).
     for text, problem in (
         ("", "is empty"),
