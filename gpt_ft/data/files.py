@@ -143,8 +143,10 @@ def read_table(
                 builder, _stamp(path), data_files=files, split="data" + selection, **kwargs
             )
     except Exception as exc:  # pandas/pyarrow parse errors, an empty selection
-        if "corresponds to no data" in str(exc):
-            raise TaskDataError(f"{path}: split {split!r} has no examples.") from None
+        if "corresponds to no data" in str(exc):  # (a file read for itself, not a split: `label`)
+            raise TaskDataError(
+                f"{path}: split {split!r} has no examples." if split != "data" else f"{path} holds no rows."
+            ) from None
         problem = parse_problem(path, fmt, columns if fmt in ("tsv", "csv") else None, exc)
         raise TaskDataError(f"{path}{problem}.") from exc
     finally:

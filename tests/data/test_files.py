@@ -501,3 +501,12 @@ def test_columns_renamed_onto_a_kept_column_or_each_other_are_one_sentence(tmp_p
         )
         with pytest.raises(TaskDataError, match=rf"^\S+t.tsv: `columns` {message}; give each its own name.$"):
             load_split(task, "train", tmp_path)
+
+
+def test_a_file_read_for_itself_with_no_rows_says_so(tmp_path):
+    """`gpt-ft label` on a header alone: not "split 'data' has no examples", a split it never named."""
+    from gpt_ft.data.files import read_table
+
+    (tmp_path / "h.tsv").write_text("sentence\n")
+    with pytest.raises(TaskDataError, match=r"^\S+h.tsv holds no rows.$"):
+        read_table(tmp_path / "h.tsv")
