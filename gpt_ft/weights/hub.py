@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-WANTED = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken"]  # configs, weights, vocabularies
+# configs, weights (those `hf.read` reads: not Mistral's second copy, consolidated.safetensors), vocabularies
+WANTED = ["*.json", "model*.safetensors", "*.txt", "*.model", "*.tiktoken"]
 BIN_WEIGHTS = ["pytorch_model*.bin"]
 
 
@@ -56,7 +57,7 @@ def snapshot(name: str) -> Path:
                 repo, revision=revision or None, allow_patterns=WANTED, local_files_only=offline
             )
         )
-        if not any(folder.glob("*.safetensors")) and not offline:
+        if not any(folder.glob("model*.safetensors")) and not offline:
             folder = Path(
                 snapshot_download(repo, revision=revision or None, allow_patterns=WANTED + BIN_WEIGHTS)
             )

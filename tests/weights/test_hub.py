@@ -117,3 +117,16 @@ def test_a_hub_that_does_not_answer_is_one_line(monkeypatch):
     assert str(error.value).endswith(
         "(the hub did not answer: Got: ConnectError: [Errno -2] Name or service not known)."
     )
+
+
+def test_only_the_files_read_are_fetched():
+    """A Mistral repository holds its weights twice (model-*.safetensors and consolidated.safetensors,
+    14 GB more for 7B); `hf.read` reads the first."""
+    from huggingface_hub.utils import filter_repo_objects
+
+    files = ["config.json", "model-00001-of-00002.safetensors", "model.safetensors.index.json",
+             "consolidated.safetensors", "tokenizer.json",
+             "tokenizer.model", "pytorch_model.bin"]  # fmt: skip
+    assert list(filter_repo_objects(files, allow_patterns=hub.WANTED)) == [
+        "config.json", "model-00001-of-00002.safetensors", "model.safetensors.index.json", "tokenizer.json",
+        "tokenizer.model"]  # fmt: skip
