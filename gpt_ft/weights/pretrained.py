@@ -116,7 +116,14 @@ def gpt_from_checkpoint(checkpoint: Checkpoint) -> GPT:
         gpt = GPT(GPTConfig(**config))
         gpt.load_state_dict(checkpoint.gpt_state)
         return gpt
-    gpt = load_gpt(adapters.base)
+    try:
+        gpt = load_gpt(adapters.base)
+    except FileNotFoundError as exc:  # its own sentence named the base alone, not the checkpoint asked for
+        raise FileNotFoundError(
+            f"{checkpoint.where} holds LoRA adapters of base weights that cannot be read "
+            f"({str(exc).rstrip('.')}): put them back at that path (`--model.lora.checkpoint merged` "
+            "saves checkpoints that stand alone)."
+        ) from None
     if config.get("released_rows"):  # a released table with unused rows, as `build_gpt` reads it
         gpt.config.released_rows, gpt.config.vocab_size = config["released_rows"], config["vocab_size"]
     elif config["vocab_size"] > gpt.config.vocab_size:

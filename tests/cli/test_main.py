@@ -334,6 +334,11 @@ def test_lora_checkpoints_hold_the_adapters_or_the_merged_model(tmp_path, tokeni
         fit_llama_family(tmp_path, tokenizer_dir, "llama", "--model.lora.rank=4", f"--ckpt_path={merged}",
                          "--trainer.max_epochs=2")  # fmt: skip
     assert f"{merged} holds no LoRA adapters (a merged or plain model)" in capsys.readouterr().err
+    (tmp_path / "weights").rename(tmp_path / "moved")  # the base named in the adapters' checkpoint
+    with pytest.raises(
+        FileNotFoundError, match=rf"^{adapters} holds LoRA adapters of base weights that cannot be"
+    ):
+        Classifier.from_checkpoint(adapters, device="cpu")
 
 
 def test_lora_on_4_bit_weights_fine_tunes_and_its_adapters_load(tmp_path, tokenizer_dir, capsys):
