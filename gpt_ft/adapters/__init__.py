@@ -32,7 +32,7 @@ argument, so a user's own adapter class works with nothing registered; shipped c
 from gpt_ft.adapters.base import ENCODING, Encoded, Submission, TaskAdapter, field_text, fit_lengths
 from gpt_ft.adapters.choice import MultipleChoice
 from gpt_ft.adapters.embedding import Embedding, EmbeddingHead, EmbeddingOutput
-from gpt_ft.adapters.heads import ChoiceHead, ClassificationHead, RegressionHead, TaskHead
+from gpt_ft.adapters.heads import ChoiceHead, ClassificationHead, RegressionHead, StepHead, TaskHead
 from gpt_ft.adapters.metrics import METRICS, Scoring, metric_value
 from gpt_ft.adapters.multilabel import MultiLabel, MultiLabelHead, MultiLabelOutput
 from gpt_ft.adapters.nli import NliTriplets
@@ -48,7 +48,7 @@ from gpt_ft.adapters.preference import Preference, PreferenceOutput, RewardHead
 from gpt_ft.adapters.ranking import Ranking, RankingHead, RankingOutput
 from gpt_ft.adapters.rerank import Reranker, RerankHead, RerankOutput
 from gpt_ft.adapters.sources import HubDataset, LocalFiles, Sources
-from gpt_ft.adapters.steps import StepHead, StepOutput, Steps
+from gpt_ft.adapters.steps import StepOutput, Steps
 from gpt_ft.adapters.text import Similarity, SingleText, TextPair
 
 __all__ = [

@@ -382,9 +382,8 @@ class TaskAdapter:
         cut once for all (longest first against the longest answer), so all share its tokens. A
         context in parts (several fields) loses its earlier parts' ends first: the later kept whole."""
         parts = context if context and isinstance(context[0], list) else [context]
-        n_context, n_answer = fit_lengths(
-            [sum(map(len, parts)), max(len(a) for a in answers)], max_length - 3
-        )
+        lengths = [sum(map(len, parts)), max(len(a) for a in answers)]
+        n_context, n_answer = fit_lengths(lengths, max_length - 3)
         kept, room = [], n_context
         for part in reversed(parts):
             kept[:0], room = part[: max(0, room)], room - len(part)
@@ -396,8 +395,6 @@ class TaskAdapter:
         """[start] part1 [delim] part2 ... [extract], and the extract token's index."""
         ids = [specials.start]
         for i, part in enumerate(parts):
-            if i:
-                ids.append(specials.delim)
-            ids.extend(part)
+            ids += [specials.delim, *part] if i else part
         ids.append(specials.extract)
         return ids, len(ids) - 1

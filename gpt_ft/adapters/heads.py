@@ -10,6 +10,9 @@ model without biases (the Llama family) gets a head without one, as its transfor
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -123,3 +126,60 @@ class ChoiceHead(ClassificationHead):
         if choice_mask is None:
             return scores
         return scores.masked_fill(~choice_mask, torch.finfo(scores.dtype).min)
+
+
+class StepHead(ChoiceHead):
+    """One logit per step from one linear layer; binary cross-entropy over the labelled steps.
+
+    Its `threshold` is the probability below which a step is judged wrong: a Python float, saved
+    in the state dict as a float64 `threshold`, so that no cast of the module's floating tensors
+    (bf16-true, FSDP's buffer dtype) rounds it (bf16 made 0.37 0.3691)."""
+
+    def __init__(
+        self,
+        n_embd: int,
+        *,
+        max_steps: int,
+        threshold: float,
+        dropout: float = 0.1,
+        init_std: float = 0.02,
+        bias: bool = True,
+    ) -> None:
+        super().__init__(n_embd, dropout=dropout, init_std=init_std, bias=bias)
+        self.max_steps, self.threshold = max_steps, float(threshold)
+        self.register_state_dict_post_hook(_save_threshold)
+        self.register_load_state_dict_pre_hook(_load_threshold)
+
+    def losses(self, outputs: Tensor, labels: Tensor) -> Tensor:
+        """Each solution's mean binary cross-entropy over its labelled steps, (B,); `labels` (B,
+        max_steps), NaN where a step has no label or the solution no step."""
+        target = labels[:, : outputs.shape[1]].float()
+        labelled = ~target.isnan()
+        bce = F.binary_cross_entropy_with_logits(outputs.float(), target.nan_to_num(0.0), reduction="none")
+        return torch.where(labelled, bce, 0.0).sum(dim=1) / labelled.sum(dim=1).clamp(min=1)
+
+    def probabilities(self, outputs: Tensor) -> Tensor:
+        """P(right so far) per step, (B, max_steps), NaN past a solution's steps."""
+        missing = outputs == torch.finfo(outputs.dtype).min  # ChoiceHead's mask
+        probabilities = outputs.float().sigmoid().masked_fill(missing, math.nan)
+        return F.pad(probabilities, (0, self.max_steps - probabilities.shape[1]), value=math.nan)
+
+    def predictions(self, outputs: Tensor) -> Tensor:
+        """The probabilities, then the threshold they are judged at: (B, max_steps + 1)."""
+        probabilities = self.probabilities(outputs)
+        threshold = probabilities.new_full((len(probabilities), 1), self.threshold)
+        return torch.cat([probabilities, threshold], dim=1)
+
+
+def _save_threshold(head: StepHead, state: dict[str, Any], prefix: str, metadata) -> None:
+    state[prefix + "threshold"] = torch.tensor(head.threshold, dtype=torch.float64)
+
+
+def _load_threshold(
+    head: StepHead, state, prefix: str, metadata, strict, missing, unexpected, errors
+) -> None:
+    saved = state.pop(prefix + "threshold", None)
+    if saved is not None:
+        head.threshold = float(saved)
+    elif strict:
+        missing.append(prefix + "threshold")

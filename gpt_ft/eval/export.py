@@ -38,6 +38,7 @@ from torch import Tensor
 
 from gpt_ft.errors import check_output_dir, writing
 from gpt_ft.eval.classifier import Classifier
+from gpt_ft.eval.onnx import write_onnx
 from gpt_ft.weights.hf import has_double_heads, to_hf
 
 FORMATS = ("transformers", "onnx")
@@ -338,48 +339,6 @@ def double_heads_model(clf: Classifier):
             model.multiple_choice_head.summary.bias.copy_(bias)
     model.tie_weights()
     return model
-
-
-def write_onnx(model, tokenizer, path: Path) -> None:
-    """`model` through torch.onnx's exporter, batch and length (and choices) dynamic: inputs `input_ids` and
-    `attention_mask` (multiple choice: `input_ids` of (batch, choices, length) and `mc_token_ids`),
-    output `logits` (multiple choice: `mc_logits`)."""
-    import warnings
-
-    choices = hasattr(model, "multiple_choice_head")
-    pairs = tokenizer(["a b c d", "a"], ["e", "f g"], padding=True, return_tensors="pt")
-    batch, length = torch.export.Dim("batch"), torch.export.Dim("length")
-    if choices:
-        wrapper = _ChoiceScores(model)
-        ids = pairs["input_ids"][None]  # (1 example, 2 choices, length)
-        inputs = (ids, pairs["attention_mask"].sum(dim=1)[None] - 1)
-        names, output = ["input_ids", "mc_token_ids"], "mc_logits"
-        k = torch.export.Dim("choices")
-        shapes = {"input_ids": {0: batch, 1: k, 2: length}, "mc_token_ids": {0: batch, 1: k}}
-    else:
-        wrapper, inputs = _Logits(model), (pairs["input_ids"], pairs["attention_mask"])
-        names, output = ["input_ids", "attention_mask"], "logits"
-        shapes = {"input_ids": {0: batch, 1: length}, "attention_mask": {0: batch, 1: length}}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the exporter's notes on its own internals
-        torch.onnx.export(
-            wrapper, inputs, str(path), dynamo=True, input_names=names, output_names=[output],
-            dynamic_shapes=shapes, verbose=False,
-        )  # fmt: skip
-
-
-class _Logits(torch.nn.Module):
-    def __init__(self, model) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids, attention_mask):
-        return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
-
-
-class _ChoiceScores(_Logits):
-    def forward(self, input_ids, mc_token_ids):
-        return self.model(input_ids=input_ids, mc_token_ids=mc_token_ids).mc_logits
 
 
 def framed_tokenizer(clf: Classifier, *, chat_template: bool = False):

@@ -1,0 +1,49 @@
+"""An exported transformers model as an ONNX graph (`gpt-ft export --format onnx`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+
+def write_onnx(model, tokenizer, path: Path) -> None:
+    """`model` through torch.onnx's exporter, batch and length (and choices) dynamic: inputs `input_ids` and
+    `attention_mask` (multiple choice: `input_ids` of (batch, choices, length) and `mc_token_ids`),
+    output `logits` (multiple choice: `mc_logits`)."""
+    import warnings
+
+    choices = hasattr(model, "multiple_choice_head")
+    pairs = tokenizer(["a b c d", "a"], ["e", "f g"], padding=True, return_tensors="pt")
+    batch, length = torch.export.Dim("batch"), torch.export.Dim("length")
+    if choices:
+        wrapper = _ChoiceScores(model)
+        ids = pairs["input_ids"][None]  # (1 example, 2 choices, length)
+        inputs = (ids, pairs["attention_mask"].sum(dim=1)[None] - 1)
+        names, output = ["input_ids", "mc_token_ids"], "mc_logits"
+        k = torch.export.Dim("choices")
+        shapes = {"input_ids": {0: batch, 1: k, 2: length}, "mc_token_ids": {0: batch, 1: k}}
+    else:
+        wrapper, inputs = _Logits(model), (pairs["input_ids"], pairs["attention_mask"])
+        names, output = ["input_ids", "attention_mask"], "logits"
+        shapes = {"input_ids": {0: batch, 1: length}, "attention_mask": {0: batch, 1: length}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the exporter's notes on its own internals
+        torch.onnx.export(
+            wrapper, inputs, str(path), dynamo=True, input_names=names, output_names=[output],
+            dynamic_shapes=shapes, verbose=False,
+        )  # fmt: skip
+
+
+class _Logits(torch.nn.Module):
+    def __init__(self, model) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+
+
+class _ChoiceScores(_Logits):
+    def forward(self, input_ids, mc_token_ids):
+        return self.model(input_ids=input_ids, mc_token_ids=mc_token_ids).mc_logits
