@@ -510,3 +510,14 @@ def test_a_file_read_for_itself_with_no_rows_says_so(tmp_path):
     (tmp_path / "h.tsv").write_text("sentence\n")
     with pytest.raises(TaskDataError, match=r"^\S+h.tsv holds no rows.$"):
         read_table(tmp_path / "h.tsv")
+
+
+def test_a_json_lines_field_of_two_types_is_named_with_its_lines(tmp_path):
+    """The loaders' fallback failed on it (with a blank line) naming no line: `Expected object or value`."""
+    from gpt_ft.data.files import read_table
+
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"sentence": ["a", "b"], "ok": true}\n\n{"sentence": "c", "ok": false}\n')
+    two = r"line 3: field 'sentence' holds a string where line 1 holds an array.$"
+    with pytest.raises(TaskDataError, match=r"^\S+m.jsonl, " + two):
+        read_table(path)
