@@ -82,9 +82,10 @@ class EvalMetrics(Metric):
         return torch.cat(state) if isinstance(state, list) else state
 
     def examples(self) -> tuple[Tensor, Tensor]:
-        """The split's predictions and labels, each example once (for a per-class report)."""
-        keep = first_occurrences(self._cat("index"))
-        return self._cat("predictions")[keep], self._cat("labels")[keep]
+        """The split's predictions and labels, each example once, over every rank (for a per-class
+        report): as the last `compute` saw them (torchmetrics gathers the ranks' states only inside
+        it, then puts this rank's back)."""
+        return self.computed_examples
 
     def compute(self) -> dict[str, Tensor]:
         cat = self._cat
@@ -96,6 +97,7 @@ class EvalMetrics(Metric):
         task_loss = cat("task_loss")[keep].mean()
         out["loss"] = combined_loss(task_loss, lm_loss, self.lm_coef).float()
         predictions, labels = cat("predictions")[keep], cat("labels")[keep]
+        self.computed_examples = predictions, labels
         for name, value in self.task.metric_values(predictions, labels).items():
             out[name] = value.float()
         self.decided = self.task.output.choose(predictions, labels) if self.chooses else {}

@@ -57,3 +57,26 @@ def test_every_rank_reads_the_log_dir_lightning_broadcasts(monkeypatch):
     monkeypatch.setattr(eval_metrics, "write_report", lambda *a: pytest.fail("rank 1 wrote the report"))
     Evaluation._log_metrics(module, "validation")
     assert read == [True]
+
+
+def test_the_per_class_reports_examples_are_every_ranks():
+    """torchmetrics gathers the ranks' states inside `compute` and then puts this rank's back: the
+    report read them after, and so held rank 0's share of the split alone. Two ranks faked: the
+    gather gives this rank's examples and another's (other ids)."""
+    task = SingleText(name="t", labels=["a", "b"], metrics=["accuracy"])
+    metric = EvalMetrics(task, lm_coef=0.5)
+    t = torch.tensor
+    metric.update(
+        t([0, 2, 4]), t([1.0, 1.0, 1.0]), t([1, 1, 1]), t([0.5, 0.5, 0.5]), t([1, 0, 1]), t([1, 1, 0])
+    )
+    calls = []
+
+    def gather(tensor, group=None):  # the states in the order they were added: `index` first
+        calls.append(tensor)
+        return [tensor, tensor + 1 if len(calls) == 1 else tensor]
+
+    metric.distributed_available_fn, metric.dist_sync_fn = (lambda: True), gather
+    metric.compute()
+    predictions, labels = metric.examples()
+    assert predictions.tolist() == [1, 0, 1, 1, 0, 1] and labels.tolist() == [1, 1, 0, 1, 1, 0]
+    assert len(metric.index) == 1 and len(metric.index[0]) == 3  # this rank's state, put back
