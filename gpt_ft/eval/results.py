@@ -33,8 +33,11 @@ def benchmark_score(score: Score, tasks: dict[str, Any]) -> dict[str, Any]:
     """The mean over the score's tasks of each task's mean over its metrics (fine-tuned means)."""
     per_task = {}
     for name in score.tasks:
+        metrics = tasks.get(name, {}).get("metrics", {})
         means = [
-            s["mean"] for s in tasks.get(name, {}).get("metrics", {}).values() if s.get("mean") is not None
+            s["mean"]
+            for k, s in metrics.items()
+            if s.get("mean") is not None and k.rpartition("/")[2] not in RAW
         ]
         if means:
             per_task[name] = statistics.fmean(means)
@@ -67,7 +70,8 @@ def results_markdown(results: dict[str, Any]) -> str:
         f"# {results['suite']}",
         "",
         f"Fine-tuned from {start}, {len(seeds)} seed(s) ({', '.join(map(str, seeds))}), scores in percent on "
-        f"the validation splits, the model at the {config['select']} epoch; mean ± sample std over seeds. "
+        f"the validation splits (a margin as it is), the model at the {config['select']} epoch; mean ± "
+        "sample std over seeds. "
         "The GPT-1 paper's values are test-set scores (Radford et al., 2018).",
         "",
     ]
@@ -306,8 +310,16 @@ def read_json(path: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def percent(value: float | None) -> float | None:
-    return None if value is None or not math.isfinite(value) else 100 * value
+RAW = ("margin",)
+"""Metrics that are no fraction (a preference's mean reward gap): reported as they are, not in
+percent, and left out of a benchmark score."""
+
+
+def percent(value: float | None, metric: str = "") -> float | None:
+    """A metric's value in percent (`metric`'s name, e.g. validation/margin, among `RAW`: as it is)."""
+    if value is None or not math.isfinite(value):
+        return None
+    return value if metric.rpartition("/")[2] in RAW else 100 * value
 
 
 def minutes(seconds: float) -> str:

@@ -314,12 +314,12 @@ class SuiteRunner:
                 result = read_json(self.out / "runs" / run.folder / RESULT)
                 for key, value in (result or {}).get("metrics", {}).items():
                     if key.split("/")[-1] in task.metrics:  # the benchmark's metrics, not the loss
-                        rows.setdefault(key, {"seeds": {}})["seeds"][str(seed)] = percent(value)
+                        rows.setdefault(key, {"seeds": {}})["seeds"][str(seed)] = percent(value, key)
             for stats in rows.values():
                 stats.update(mean_std(list(stats["seeds"].values())))
             zero = read_json(self.out / "runs" / name / "zero-shot" / RESULT)
             for key, value in (zero or {}).get("metrics", {}).items():
-                rows.setdefault(key, {"seeds": {}})["zero_shot"] = percent(value)
+                rows.setdefault(key, {"seeds": {}})["zero_shot"] = percent(value, key)
             for key, value in entry.paper.items():
                 full = key if "/" in key else f"{task.validation_splits[0]}/{key}"
                 rows.setdefault(full, {"seeds": {}})["paper"] = value
@@ -363,7 +363,7 @@ class SuiteRunner:
 
         def score(row: str | None, size: int | None, seed: int) -> float | None:
             result = read_json(self.out / "runs" / Run(name, seed, row=row, size=size).folder / RESULT)
-            return MISSING if result is None else percent(result["metrics"].get(metric))
+            return MISSING if result is None else percent(result["metrics"].get(metric), metric)
 
         def whole() -> int:  # rows of the training split, where "all" sits on the curve
             return len(load_split(task, "train", self.data_dirs.get(name, self.data_dirs.get(None))))

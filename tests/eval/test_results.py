@@ -65,9 +65,9 @@ def test_results_markdown_by_hand():
     assert results_markdown(RESULTS).splitlines() == [
         "# Tiny",
         "",
-        "Fine-tuned from scratch, 2 seed(s) (0, 1), scores in percent on the validation splits, the model "
-        "at the last epoch; mean ± sample std over seeds. The GPT-1 paper's values are test-set scores "
-        "(Radford et al., 2018).",
+        "Fine-tuned from scratch, 2 seed(s) (0, 1), scores in percent on the validation splits (a margin as "
+        "it is), the model at the last epoch; mean ± sample std over seeds. The GPT-1 paper's values are "
+        "test-set scores (Radford et al., 2018).",
         "",
         "| task | metric | fine-tuned | zero-shot | GPT-1 paper |",
         "|---|---|---|---|---|",
@@ -109,3 +109,15 @@ def test_a_chart_bar_names_its_split_where_a_task_has_several():
     assert [bar_label(k, mnli) for k in mnli] == ["matched accuracy", "mismatched accuracy"]
     stsb = {"validation/pearson": {}, "validation/spearman": {}}
     assert [bar_label(k, stsb) for k in stsb] == ["pearson", "spearman"]
+
+
+def test_a_preference_margin_is_no_percentage_and_no_part_of_a_score():
+    """A mean reward gap of 1.2445 was shown as 124.5 and averaged into the benchmark score."""
+    from gpt_ft.eval.results import benchmark_score, percent
+    from gpt_ft.eval.suite_file import Score
+
+    assert percent(0.25, "validation/accuracy") == 25.0 and percent(1.2445, "validation/margin") == 1.2445
+    tasks = {
+        "pairs": {"metrics": {"validation/accuracy": {"mean": 80.0}, "validation/margin": {"mean": 1.2}}}
+    }
+    assert benchmark_score(Score(name="s", tasks=["pairs"]), tasks)["value"] == 80.0
