@@ -69,13 +69,16 @@ def step_metric_values(probabilities: Tensor, threshold: Tensor, labels: Tensor)
     match = (first == true_first).double()
     erroneous = true_first >= 0
     on_errors, on_correct = match[erroneous].mean(), match[~erroneous].mean()
+    if on_errors.isnan() or on_correct.isnan():  # one side only: its accuracy (as `choose` reads it)
+        processbench = on_correct if on_errors.isnan() else on_errors
+    else:
+        both = on_errors + on_correct
+        processbench = 2 * on_errors * on_correct / both if both > 0 else both
     return {
         "step_accuracy": hits.mean(),
         "step_f1": 2 * tp / (predicted + actual) if predicted + actual > 0 else tp.new_tensor(0.0),
         "first_error_accuracy": match.mean(),
-        "processbench_f1": 2 * on_errors * on_correct / (on_errors + on_correct)
-        if on_errors + on_correct > 0
-        else on_errors.new_tensor(0.0),
+        "processbench_f1": processbench,
     }
 
 
@@ -138,12 +141,11 @@ class StepOutput(TaskOutput):
 
     def choose(self, predictions: Tensor, labels: Tensor) -> dict[str, float]:
         """The threshold (of `THRESHOLDS`, the lowest on a tie) with the best ProcessBench F1 (with
-        solutions all erroneous or all right, F1's one side: the best first-error accuracy)."""
+        solutions all erroneous or all right, its one side: the first-error accuracy)."""
         probabilities, labels = predictions[:, :-1].double(), labels.double()
-        erroneous = first_below(labels.nan_to_num(1.0), torch.full_like(labels[:, :1], 0.5)) >= 0
-        by = "processbench_f1" if erroneous.any() and not erroneous.all() else "first_error_accuracy"
         scores = [
-            float(step_metric_values(probabilities, t.expand(len(labels), 1), labels)[by]) for t in THRESHOLDS
+            float(step_metric_values(probabilities, t.expand(len(labels), 1), labels)["processbench_f1"])
+            for t in THRESHOLDS
         ]
         return {"threshold": float(THRESHOLDS[max(range(len(scores)), key=scores.__getitem__)])}
 
