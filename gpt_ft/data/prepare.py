@@ -377,7 +377,8 @@ def read_meta(token_dir: str | os.PathLike) -> dict:
     folder = Path(token_dir).expanduser()
     path = folder / META
     if not path.is_file():
-        raise FileNotFoundError(f"{folder} holds no {META}: prepare it with `gpt-ft prepare`.")
+        missing = "does not exist" if not folder.is_dir() else f"holds no {META}"
+        raise FileNotFoundError(f"{folder} {missing}: prepare it with `gpt-ft prepare`.")
     try:
         meta = json.loads(path.read_text())
         itemsize = np.dtype(meta["dtype"]).itemsize

@@ -20,7 +20,7 @@ from gpt_ft.errors import CardError, causes, check_context, check_devices, check
 from gpt_ft.training.callbacks import History, run_callbacks
 from gpt_ft.training.checkpointing import AtomicCheckpointIO, find_last_checkpoint
 from gpt_ft.training.precision import cpu_precision, runs_on_cpu
-from gpt_ft.training.saved import recorded_run
+from gpt_ft.training.saved import recorded_run, with_absolute_paths
 from gpt_ft.weights.checkpoint import Checkpoint
 from gpt_ft.weights.pretrained import resolve_tokenizer
 from gpt_ft.workarounds import CheckpointHparamsAsDefaults, parse_unchecked
@@ -118,7 +118,7 @@ class GPTCLI(CheckpointHparamsAsDefaults, LightningCLI):
             if why:
                 rank_zero_info(why)
         tokenizer_of_the_weights(config)
-        self.data_config = _plain(config.data.as_dict())
+        self.data_config = with_absolute_paths(_plain(config.data.as_dict()))
 
     def instantiate_classes(self) -> None:
         with card_named(self.config[self.subcommand] if self.subcommand else self.config):

@@ -180,6 +180,19 @@ def check_lora_resume(checkpoint: Checkpoint, lora: LoRA | None, where: str) -> 
         )
 
 
+LOCAL_PATHS = ("token_dir", "data_dir", "tokenizer")
+
+
+def with_absolute_paths(data: dict[str, Any]) -> dict[str, Any]:
+    """A run's data section as its checkpoints record it: its local folders (`LOCAL_PATHS`) made
+    absolute, so that `--ckpt_path` alone serves from any working folder (a hub id is kept)."""
+    args = data.get("init_args") or {}
+    for key in LOCAL_PATHS:
+        if isinstance(value := args.get(key), str) and Path(value).expanduser().exists():
+            args[key] = str(Path(value).expanduser().resolve())
+    return data
+
+
 def recorded_run(checkpoint: Checkpoint) -> dict[str, Any]:
     """The arguments a run's checkpoint records, to evaluate it with no others: `model` (built
     from the checkpoint's own weights whatever the run's preset, overrides or transfer; LoRA

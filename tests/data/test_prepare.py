@@ -122,6 +122,8 @@ def test_read_meta_checks_the_token_folder(tmp_path, tokenizer_dir):
         read_meta(tmp_path / "tokens")
     with pytest.raises(FileNotFoundError, match="holds no meta.json"):
         read_meta(tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"nowhere does not exist: prepare it with `gpt-ft prepare`."):
+        read_meta(tmp_path / "nowhere")  # it said the folder holds no meta.json
     damaged = {
         '{"dtype": "uint16", "tokens": {"tr': r"\(JSONDecodeError: Unterminated string",
         '{"dtype": "uint16"}': "it has no field 'tokens'",

@@ -104,3 +104,22 @@ def test_a_merged_lora_model_on_a_released_table_keeps_its_unused_rows_as_releas
     merge_lora(gpt)
     for name, table in tables.items():
         assert torch.equal(getattr(gpt, name).weight[100:], table[100:].detach())
+
+
+def test_a_checkpoints_data_folders_are_absolute(tmp_path, monkeypatch):
+    """Recorded as typed (`--data.data_dir glue`), `gpt-ft validate --ckpt_path X` failed from any
+    other working folder; a hub id stays as it is."""
+    from gpt_ft.training.saved import with_absolute_paths
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "glue").mkdir()
+    data = {
+        "class_path": "x",
+        "init_args": {"data_dir": "glue", "tokenizer": "org/tokenizer", "batch_size": 8},
+    }
+    args = with_absolute_paths(data)["init_args"]
+    assert args == {
+        "data_dir": str(tmp_path.resolve() / "glue"),
+        "tokenizer": "org/tokenizer",
+        "batch_size": 8,
+    }
