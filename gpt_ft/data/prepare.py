@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -292,7 +293,8 @@ def prepare(
     # (nor "<|extract|>" a fine-tuning token); the one boundary is the end-of-text token added here.
     backend = Tokenizer.from_str(tok.backend_tokenizer.to_str())
     backend.encode_special_tokens = True
-    done = False
+    done = committed = False  # tokenized; written whole (meta.json last)
+    had_tokenizer = (out / "tokenizer").exists()
     try:
         with one_writer(out, "`gpt-ft prepare`"):
             handles = {split: open(path, "wb") for split, path in tmp.items()}
@@ -310,11 +312,8 @@ def prepare(
                         if pending is not None:
                             encoded, result = pending
                             for piece, ids in zip(encoded, result.result()):
-                                split = (
-                                    "validation"
-                                    if is_validation(piece.number, validation_fraction)
-                                    else "train"
-                                )
+                                drawn = is_validation(piece.number, validation_fraction)
+                                split = "validation" if drawn else "train"
                                 if continues_elsewhere(piece, validation_fraction):
                                     ids = np.append(ids, np.asarray(eos, dtype=dtype))
                                 handles[split].write(ids.tobytes())
@@ -327,27 +326,22 @@ def prepare(
                 bar.close()
                 for f in handles.values():
                     f.close()
-                if not done:  # refused or interrupted (Ctrl-C, SIGTERM): leave nothing behind
-                    for path in tmp.values():
-                        path.unlink(missing_ok=True)
             if done:
                 save_tokenizer(tok, out / "tokenizer")
                 for split, path in tmp.items():
                     path.replace(out / SPLIT_FILES[split])
                 seconds = time.perf_counter() - start
-                meta = {
-                    "dtype": dtype,
-                    "vocab_size": len(tok),
-                    "eos_token_id": eos,
-                    "tokens": counts,
-                    "documents": n_docs,
-                    "tokenizer": "tokenizer",
-                    "sources": sources,
-                    "seconds": round(seconds, 2),
-                }
+                meta = {"dtype": dtype, "vocab_size": len(tok), "eos_token_id": eos, "tokens": counts,
+                        "documents": n_docs, "tokenizer": "tokenizer", "sources": sources,
+                        "seconds": round(seconds, 2)}  # fmt: skip
                 (out / META).write_text(json.dumps(meta, indent=2) + "\n")
+                committed = True
     finally:
-        if not done:
+        if not committed:  # refused or interrupted, even while committing: leave nothing behind
+            for path in tmp.values():
+                path.unlink(missing_ok=True)
+            if not had_tokenizer:
+                shutil.rmtree(out / "tokenizer", ignore_errors=True)
             for folder in created:
                 if folder.is_dir() and not any(folder.iterdir()):
                     folder.rmdir()

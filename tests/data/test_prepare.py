@@ -200,6 +200,32 @@ def test_an_interrupted_prepare_leaves_nothing_behind_and_runs_again(
     assert read_meta(out)["documents"] > 0
 
 
+def test_an_interrupt_while_the_files_are_committed_leaves_nothing_behind(
+    tmp_path, tokenizer_dir, monkeypatch
+):
+    """Ctrl-C after the tokenizer is saved, before meta.json: the token files and the tokenizer go
+    too (they were left, and the rerun was refused: "not empty and holds no token files")."""
+    import gpt_ft.data.prepare as preparing
+
+    corpus, out, real = (
+        write_corpus(tmp_path, n_files=1, lines=20),
+        tmp_path / "tokens",
+        preparing.save_tokenizer,
+    )
+
+    def interrupted(tok, folder):
+        real(tok, folder)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(preparing, "save_tokenizer", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        prepare(inputs=[str(corpus)], out_dir=str(out), tokenizer=tokenizer_dir, progress=False)
+    assert not out.exists()
+    monkeypatch.setattr(preparing, "save_tokenizer", real)
+    prepare(inputs=[str(corpus)], out_dir=str(out), tokenizer=tokenizer_dir, progress=False)
+    assert read_meta(out)["documents"] == 1
+
+
 def test_special_tokens_written_in_the_corpus_are_text(tmp_path, tokenizer_dir):
     """A page about GPT-2 that writes "<|endoftext|>" and "<|extract|>": one document, one end-of-text
     token (the one after it), no fine-tuning token; the strings' own characters are encoded."""
