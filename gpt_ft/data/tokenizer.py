@@ -23,6 +23,7 @@ from __future__ import annotations
 import codecs
 import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -284,6 +285,10 @@ def train_tokenizer(
         additional_special_tokens=[SPECIAL_TOKENS[key] for key in _FRAMING],
     )
     save_tokenizer(tokenizer, out)
+    if len(tokenizer) < vocab_size:  # too little text for so many merges
+        fewer = f"{len(tokenizer)} tokens, fewer than --vocab_size {vocab_size}"
+        why = f"every pair seen {min_frequency} times is merged): give more text or a lower --min_frequency"
+        print(f"note: the corpus gave {fewer} ({why}", file=sys.stderr)
     if show_progress:
         print(f"trained a {len(tokenizer)}-token byte-level BPE tokenizer into {out_dir}")
     return tokenizer

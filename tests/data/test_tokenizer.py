@@ -349,3 +349,11 @@ def test_train_refuses_to_overwrite_other_directory(corpus: list[Path], tmp_path
         ValueError, match=re.escape(f"--out_dir {out / 'model.ckpt'} is a file, not a folder")
     ):
         train_tokenizer(inputs=corpus, vocab_size=300, out_dir=out / "model.ckpt")
+
+
+def test_a_corpus_too_small_for_the_vocabulary_asked_says_so(
+    corpus: list[Path], tmp_path: Path, capsys
+) -> None:
+    tok = train_tokenizer(inputs=corpus, vocab_size=5000, out_dir=tmp_path / "tok", show_progress=False)
+    assert len(tok) < 5000
+    assert f"note: the corpus gave {len(tok)} tokens, fewer than --vocab_size 5000" in capsys.readouterr().err
