@@ -12,26 +12,26 @@ Then, one whole process each, in turns:
   its extract state normalised, --loss over the batch (cosent: CoSENT on the gold scores, the
   card's default; infonce: the pairs scored >= 4 as positives against the batch's others);
 - `sentence-transformers`: `SentenceTransformerTrainer` with `Transformer` + last-token `Pooling` +
-  `Normalize` from the same folder and its own tokenizer (no framing tokens: the last text token
-  pools), padded batches, `CoSENTLoss` or `MultipleNegativesRankingLoss` (scale 20 = 1/τ for τ 0.05,
-  as ours);
+  `Normalize` from the same folder and its own tokenizer (no framing tokens: the last text token pools),
+  padded batches, `CoSENTLoss` or `MultipleNegativesRankingLoss` (scale 20 = 1/τ for τ 0.05, as ours;
+  batches without repeated texts, `NO_DUPLICATES`, as ours leaves repeats out of the negatives);
 - `sentence-transformers-framed`: the same, each text framed as ours is, between the tokenizer's own
   start and end-of-text tokens (the rows ours copies into its framing tokens), so that both pool the
   same token: the token ids and the arithmetic are ours, the trainer theirs.
 
-Both take the same batch, learning rate, linear schedule after --warmup of the steps, weight decay
-0.01, gradient clipping at 1.0, epochs and seed; neither saves a checkpoint. The wall time is each
-process's, start to exit (scoring the dev pairs included); the score is the Spearman correlation
-of the dev pairs' cosines with their gold scores (MTEB's STS). A row's ratio divides its time by ours.
+Both take the same batch, learning rate, linear schedule after --warmup of the steps, weight decay 0.01,
+gradient clipping at 1.0, epochs and seed; neither saves a checkpoint. The wall time is each process's,
+start to exit (scoring the dev pairs included); the score is the Spearman correlation of the dev pairs'
+cosines with their gold scores (MTEB's STS). A row's ratio divides its time by ours.
 
-With `--nli SNLI_DEV_JSONL` the training data are NLI triplets instead, as SBERT and SimCSE train:
-each premise with both an entailed and a contradicted hypothesis (SNLI dev: 2,943) the anchor, its
-first entailment the positive, its first contradiction the hard negative; InfoNCE both sides (ours:
-tasks/embedding/pairs.yaml; theirs: `MultipleNegativesRankingLoss`, scale 1/τ), and the trained
-model then scores STS-B dev, which it never saw (ours: `gpt-ft validate` of the STS-B card from the
-run's last.ckpt, its time counted in ours). `ours-last` and `ours-mean` read each vector from the
-text's last token or the mean of its tokens (`pooling`); `ours-mean-row`, the extract token whose
-row starts at the vocabulary's mean (`--model.new_tokens mean`); `--seeds` repeats each contender.
+With `--nli SNLI_DEV_JSONL` the training data are NLI triplets instead, as SBERT and SimCSE train: each
+premise with both an entailed and a contradicted hypothesis (SNLI dev: 2,943) the anchor, its first
+entailment the positive, its first contradiction the hard negative; InfoNCE both sides (ours:
+tasks/embedding/pairs.yaml; theirs: `MultipleNegativesRankingLoss`, scale 1/τ), and the trained model then
+scores STS-B dev, which it never saw (ours: `gpt-ft validate` of the STS-B card from the run's last.ckpt,
+its time counted in ours). `ours-last` and `ours-mean` read each vector from the text's last token or the
+mean of its tokens (`pooling`); `ours-mean-row`, the extract token whose row starts at the vocabulary's mean
+(`--model.new_tokens mean`); `--seeds` repeats each contender.
 
     python benchmarks/bench_embed.py --glue GLUE --init-from weights/SmolLM2-135M-Instruct.Q4_1.gguf --bf16
     python benchmarks/bench_embed.py --glue GLUE --tokenizer GPT2_BPE  # a random Llama-shaped model
@@ -89,12 +89,8 @@ def ours(args, base: Path, data: Path, out: Path, train: bool, pooling: str = "e
     ]  # fmt: skip
     if nli is not None:  # last.ckpt saved (a cost the peer has not) for the STS-B run to read
         schedule.remove("--trainer.enable_checkpointing=false")
-        triplets = [
-            f"--data.task={PAIRS}",
-            f"--data.data_dir={nli}",
-            *common,
-            "--trainer.limit_val_batches=0",
-        ]
+        triplets = [f"--data.task={PAIRS}", f"--data.data_dir={nli}", *common]
+        triplets.append("--trainer.limit_val_batches=0")  # (the STS-B run validates)
         last = out / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
         return [
             [*gpt_ft, "fit", *triplets, *schedule],
@@ -136,6 +132,7 @@ def run_peer(argv: list[str]) -> None:
         losses,
     )
     from sentence_transformers.models import Normalize, Pooling, Transformer
+    from sentence_transformers.training_args import BatchSamplers
 
     def read(path: str) -> dict[str, list]:
         with open(path, encoding="utf-8", newline="") as f:
@@ -179,7 +176,9 @@ def run_peer(argv: list[str]) -> None:
     else:
         pairs = {"anchor": train["sentence1"], "positive": train["sentence2"]}
         dataset, loss = Dataset.from_dict(pairs), losses.MultipleNegativesRankingLoss(model, scale=20.0)
-    config = SentenceTransformerTrainingArguments(**peers.peer_schedule(args, len(dataset)))
+    negatives = train is None or args.loss != "cosent"  # in-batch: no text twice, as their docs advise
+    sampler = {"batch_sampler": BatchSamplers.NO_DUPLICATES} if negatives else {}
+    config = SentenceTransformerTrainingArguments(**peers.peer_schedule(args, len(dataset)), **sampler)
     SentenceTransformerTrainer(model=model, args=config, train_dataset=dataset, loss=loss).train()
     dev = read(args.dev)
     a = model.encode(dev["sentence1"], batch_size=args.batch_size)

@@ -31,7 +31,7 @@ from lightning.pytorch.callbacks import Callback
 from gpt_ft.cli import main as gpt_ft_main
 from gpt_ft.data.lm_data import LMDataModule
 from gpt_ft.training.module import GPTModule
-from gpt_ft.training.optim import adamw, lr_lambda
+from gpt_ft.training.optim import adamw, fused_adamw, lr_lambda
 
 
 class StepTimer(Callback):
@@ -87,7 +87,7 @@ class PretrainSteps:
             weight_decay=0.01,
             betas=(0.9, 0.999),
             eps=1e-8,
-            fused=self.device == "cuda",
+            fused=fused_adamw(torch.device(self.device)),  # fit's own choice: fused on a CPU too
         )
         total = self.warmup + self.steps
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda("cosine", 1, total))

@@ -3,14 +3,14 @@ classifier's, on the same solutions, in turns in one process, so that a busy mac
 alike (bench_steps.py times whole runs, which a machine's changing load moves by up to 2x).
 
 PRMBench is split as bench_steps.py splits it; `--train-size` keeps the first training solutions.
-Each of gpt_ft's batches of `tasks/steps/prmbench.yaml` (`--batch-size` solutions, packed; on a
-CPU laid flat, the elementwise work fused) and the same solutions as the Trainer's side has them
-(gpt_ft's token ids, labels at each extract token, `DataCollatorForTokenClassification`'s
-padding, `*ForTokenClassification` from the same weights) take one training step each, in turns,
-the order swapped every batch: forward, backward, gradient clipping at 1.0, AdamW (gpt_ft's own
-optimizer; the Trainer's `adamw_torch`). One untimed step of each on the first batch comes first
-(gpt_ft compiles its fused kernels there). Prints each batch's real tokens, the Trainer's padded
-positions, both times and their ratio, and the totals.
+Each of gpt_ft's batches of `tasks/steps/prmbench.yaml` (`--batch-size` solutions, packed; on a CPU
+laid flat, the elementwise work fused) and the same solutions as the Trainer's side has them
+(gpt_ft's token ids, labels at each extract token, `DataCollatorForTokenClassification`'s padding,
+`*ForTokenClassification` from the same weights) take one training step each, in turns, the order
+swapped every batch: forward, backward, gradient clipping at 1.0, AdamW (gpt_ft's own optimizer; the
+Trainer's default, the fused `adamw_torch_fused`, on its decay groups). One untimed step of each on
+the first batch comes first (gpt_ft compiles its fused kernels there). Prints each batch's real
+tokens, the Trainer's padded positions, both times and their ratio, and the totals.
 
     python benchmarks/bench_steps_paired.py --prmbench PRMBENCH_DIR \\
         --init-from weights/SmolLM2-135M-Instruct.Q4_1.gguf --train-size 128 --bf16
@@ -42,6 +42,7 @@ def main() -> None:
         AutoModelForTokenClassification,
         AutoTokenizer,
         DataCollatorForTokenClassification,
+        Trainer,
     )
 
     from gpt_ft.adapters.cards import load_card
@@ -64,7 +65,12 @@ def main() -> None:
     ours_optimizer = adamw(ours.parameters(), **ours.optim, fused=fused_adamw(ours.device))
     tokenizer = AutoTokenizer.from_pretrained(base)
     peer = peers.peer_model(AutoModelForTokenClassification, args, tokenizer, num_labels=2)
-    peer_optimizer = torch.optim.AdamW(peer.parameters(), lr=args.lr, weight_decay=0.01)
+    decay = set(
+        Trainer.get_decay_parameter_names(None, peer)
+    )  # the Trainer's groups: no decay on norms, biases
+    groups = [[p for n, p in peer.named_parameters() if (n in decay) == d] for d in (True, False)]
+    groups = [{"params": groups[0], "weight_decay": 0.01}, {"params": groups[1], "weight_decay": 0.0}]
+    peer_optimizer = torch.optim.AdamW(groups, lr=args.lr, fused=True)  # its default, adamw_torch_fused
     collator = DataCollatorForTokenClassification(tokenizer)
     ours.train(), peer.train()
 

@@ -44,8 +44,9 @@ def sts_files(args, out: Path) -> Path:
             if args.loss == "infonce":
                 rows = [r for r in rows if float(r[header.index("score")]) >= 4.0]
         with open(folder / name, "w", encoding="utf-8", newline="") as f:
+            # the text as it is: no escape character, which both readers (unquoted) would keep as text
             writer = csv.writer(
-                f, delimiter="\t", quoting=csv.QUOTE_NONE, escapechar="\\", lineterminator="\n"
+                f, delimiter="\t", quoting=csv.QUOTE_NONE, quotechar=None, lineterminator="\n"
             )
             writer.writerows([header, *rows])
     return folder.parent
