@@ -152,7 +152,10 @@ class TaskOutput:
         raise NotImplementedError
 
     def label_text(self, label: Any) -> Any:
-        """An encoded label as `gpt-ft explain` shows it."""
+        """An encoded label as `gpt-ft explain` shows it; a list unpadded, NaN None (JSON has no NaN)."""
+        if isinstance(label, list):
+            label = [None if isinstance(v, float) and math.isnan(v) else v for v in label]
+            label = label[: max((i + 1 for i, v in enumerate(label) if v is not None), default=0)]
         return label
 
     def outcome(self, prediction: Tensor, probabilities: Tensor) -> dict[str, Any]:
@@ -330,8 +333,8 @@ class ChoiceOutput(ClassificationOutput):
     def head(self, n_embd: int, *, dropout: float, init_std: float, bias: bool = True) -> TaskHead:
         return ChoiceHead(n_embd, dropout=dropout, init_std=init_std, bias=bias, choices=self.choices)
 
-    def label_text(self, label: Any) -> Any:
-        return label
+    def label_text(self, label: Any) -> Any:  # the card's name of the right choice (Story Cloze's '1')
+        return None if label is None else self.label_name(label) if self.spec.names else label
 
     def row_outcome(self, prediction: Tensor, probabilities: Tensor, sequences: int) -> dict[str, Any]:
         """The row's own choices only (`sequences` of them), whatever its batch's widest row."""

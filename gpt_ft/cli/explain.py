@@ -42,7 +42,7 @@ def run_explain(name: str, argv: list[str]) -> None:
     split, index = cli.config.split, cli.config.index
     shown: dict[str, Any] = cli.datamodule.explain(split, index)
     if cli.config.json:
-        print(dumps(shown, ensure_ascii=False))
+        print(dumps(shown, ensure_ascii=False, allow_nan=False))
         return
     print(f"task {cli.datamodule.task.name}, split {split}, example {index}: label {shown['label']!r}")
     for i, seq in enumerate(shown["sequences"]):

@@ -95,7 +95,7 @@ def test_written_predictions_and_shown_labels_by_kind():
     assert reg.format_prediction(torch.tensor(3.14159)) == "3.142" and reg.output.label_text(2.5) == 2.5
     assert reg.output.outcome(torch.tensor(1.5), torch.tensor(1.5)) == {"label": 1.5, "scores": 1.5}
     mc = MultipleChoice(name="m", context=["c"], choices=["a", "b"], labels=["1", "2"])
-    assert mc.format_prediction(torch.tensor(1)) == "2" and mc.output.label_text(1) == 1
+    assert mc.format_prediction(torch.tensor(1)) == "2" and mc.output.label_text(1) == "2"
     assert (
         mc.output.class_names is None
         and cls.output.class_names == ["neg", "pos"]
@@ -198,3 +198,19 @@ def test_a_users_adapter_brings_its_own_output_kind():
     assert task.format_prediction(torch.tensor(-1)) == "-" and task.output.class_names is None
     with pytest.raises(ValueError, match="a sign task cannot be a regression"):
         SignedText(name="signs", regression=True)
+
+
+def test_explain_shows_labels_as_the_card_writes_them():
+    """Story Cloze's right ending '1' showed as 0 (its index); a step label's padding as NaN, which
+    `--json true` wrote as invalid JSON."""
+    import json
+    import math
+
+    from gpt_ft.adapters import MultipleChoice, Steps
+
+    cloze = MultipleChoice(name="c", context=["story"], choices=["e1", "e2"], labels=["1", "2"])
+    assert cloze.output.label_text(0) == "1" and cloze.output.label_text(None) is None
+    swag = MultipleChoice(name="s", context=["story"], choices=["e1", "e2"])
+    assert swag.output.label_text(1) == 1
+    shown = Steps(name="p", max_steps=4).output.label_text([1.0, math.nan, 0.0, math.nan])
+    assert shown == [1.0, None, 0.0] and json.loads(json.dumps(shown, allow_nan=False)) == shown
