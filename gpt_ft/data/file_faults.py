@@ -91,10 +91,10 @@ def json_records(path: Path, rows: list[dict]) -> list[dict]:
         return rows
     text = _text(path)
     try:
-        if record_lines(path, "json") is not None and not text.lstrip().startswith("["):
-            records = [json.loads(line) for line in text.split("\n") if line.strip()]
-        else:
+        if text.lstrip().startswith("["):  # a JSON array; else JSON lines (one document: not a list)
             records = json.loads(text)
+        else:
+            records = [json.loads(line) for line in text.split("\n") if line.strip()]
     except ValueError:
         return rows
     ok = isinstance(records, list) and len(records) == len(rows) and all(isinstance(r, dict) for r in records)
