@@ -32,11 +32,11 @@ from gpt_ft.adapters.outputs import (
 )
 from gpt_ft.adapters.sources import HubDataset, LocalFiles, Sources
 
-ENCODING = 5
+ENCODING = 6
 """The version of the path from examples to tokens: cached encodings of another one are not reused
-(2: pairs cut as the tokenizers library's `longest_first` cuts them; 3: each example's LM targets
-counted, `targets`; 4: a text that spells a special token is text; 5: several context fields of
-multiple choice cut earliest first)."""
+(2: pairs cut as the `tokenizers` library's `longest_first` does; 3: each example's LM targets
+counted; 4: a text that spells a special token is text; 5: multiple choice's earlier context
+fields cut first; 6: an embedding example's label row says which text each of its texts is)."""
 
 
 @dataclass

@@ -1,11 +1,14 @@
 """The contrastive losses of embedding models, over the whole batch (every process's under DDP,
 gathered with their gradients, so that two processes compute the loss of one with both halves):
-InfoNCE with a recurring text's copies out of its negatives, and CoSENT (`gpt_ft.adapters.embedding`
+InfoNCE with a recurring text's copies out of its negatives, and CoSENT; and `text_key`, which
+says which texts are copies of one (`gpt_ft.adapters.embedding`
 says when each applies)."""
 
 from __future__ import annotations
 
+import hashlib
 import math
+from array import array
 
 import torch
 import torch.distributed as dist
@@ -14,19 +17,29 @@ from torch import Tensor
 
 TEMPERATURE = 0.05  # SimCSE's and E5's; sentence-transformers' MultipleNegativesRankingLoss: scale 20
 COSENT_SCALE = 20.0  # CoSENT's λ, as sentence-transformers' CoSENTLoss
+NO_TEXT = (-1, -1)  # the key of a text a row does not have (fewer hard negatives than others)
+
+
+def text_key(ids: list[int]) -> tuple[int, int]:
+    """Which text a token sequence is, for the losses and metrics that must tell copies of one text
+    from different texts (their vectors cannot: a collapsed model gives every text the same one):
+    48 bits of a BLAKE2b digest of its ids, as two integers below 2**24, which a float32 label
+    row holds exactly. Two different texts share a key about once in 2**48 pairs."""
+    value = int.from_bytes(hashlib.blake2b(array("q", ids).tobytes(), digest_size=6).digest(), "big")
+    return value >> 24, value & 0xFFFFFF
 
 
 def info_nce(
-    anchors: Tensor, candidates: Tensor, positive: Tensor, temperature: float = TEMPERATURE
+    anchors: Tensor, candidates: Tensor, texts: Tensor, positive: Tensor, temperature: float = TEMPERATURE
 ) -> Tensor:
     """Each anchor's cross-entropy over its cosines with every candidate, divided by τ, its own
-    positive (`positive[i]`, an index into `candidates`) right; (A,). Vectors are unit length; a
-    zero vector is a candidate that is not there (masked out), and so is another copy of an
-    anchor's own positive (the same vector: the same text, as packed batches compute a recurring
-    text once), which would otherwise count as a negative identical to the positive."""
+    positive (`positive[i]`, an index into `candidates`) right; (A,). Vectors are unit length;
+    `texts` (N, K) says which text each candidate is (`text_key`; negative: a text its row does not
+    have, out of the softmax). Another copy of an anchor's own positive (the same text: rows may
+    share one) is out of its softmax too, where it would be a negative identical to the positive."""
     logits = anchors.float() @ candidates.float().T / temperature  # (A, N)
-    absent = candidates.float().norm(dim=-1) == 0
-    logits = logits.masked_fill(absent[None, :] | copies_of_positives(candidates, positive), -math.inf)
+    absent = texts[:, 0] < 0
+    logits = logits.masked_fill(absent[None, :] | copies_of_positives(texts, positive), -math.inf)
     return F.cross_entropy(logits, positive, reduction="none")
 
 
@@ -43,9 +56,10 @@ def first_copies(rows: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def copies_of_positives(candidates: Tensor, positive: Tensor) -> Tensor:
-    """(A, N): True where candidate j equals anchor i's positive but is not it."""
-    first = first_copies(candidates)
+def copies_of_positives(texts: Tensor, positive: Tensor) -> Tensor:
+    """(A, N): True where candidate j is the same text (`texts`, (N, K)) as anchor i's positive but
+    is not it."""
+    first = first_copies(texts)
     copy = first[None, :] == first[positive][:, None]
     copy[torch.arange(len(positive), device=copy.device), positive] = False
     return copy

@@ -10,16 +10,17 @@ two processes compute the loss of one with both halves):
 
 - InfoNCE (van den Oord et al. 2018; SimCSE, E5, sentence-transformers'
   `MultipleNegativesRankingLoss`): each anchor against every positive and hard negative of the
-  batch, cross-entropy over cos/τ with its own positive right. τ = 0.05 by default: SimCSE's and
-  E5's value, sentence-transformers' scale of 20. `symmetric` adds each positive against every
-  anchor and averages the two directions (for pairs whose sides play the same part).
+  batch but other copies of its own positive (known by `text_key`), cross-entropy over cos/τ with
+  its own positive right. τ = 0.05 by default: SimCSE's and E5's value, sentence-transformers'
+  scale of 20. `symmetric` adds each positive against every anchor and averages the two
+  directions (for pairs whose sides play the same part).
 - CoSENT (Su 2022; sentence-transformers' `CoSENTLoss`), for pairs with a gold similarity score:
   log(1 + Σ exp(λ(cos_j - cos_i))) over the batch's pairs (i, j) whose gold scores rank i above j,
   λ = 20.
 
 Scored as people judge embeddings: Spearman (and Pearson) of cos(anchor, positive) against gold
 scores (MTEB's STS), and retrieval, each anchor a query against the split's positives with its own
-positive the relevant one: MRR@10, nDCG@10, recall@1 and recall@10.
+positive the relevant one: MRR@10, nDCG@10, recall@1 and recall@10 (`retrieval_metrics`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,15 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gpt_ft.adapters.base import Encoded, TaskAdapter, field_text, refuse_label_fields
-from gpt_ft.adapters.contrastive import TEMPERATURE, cosent, first_copies, gather_rows, info_nce
+from gpt_ft.adapters.contrastive import (
+    NO_TEXT,
+    TEMPERATURE,
+    cosent,
+    first_copies,
+    gather_rows,
+    info_nce,
+    text_key,
+)
 from gpt_ft.adapters.heads import TaskHead
 from gpt_ft.adapters.metrics import RETRIEVAL, metric_value, retrieval_metrics
 from gpt_ft.adapters.outputs import FLOAT32_MAX, CardError, LabelSpec, TaskDataError, TaskOutput
@@ -118,23 +127,23 @@ class EmbeddingHead(TaskHead):
         return (flat * keep[text] / (1 - p)).view_as(extract)
 
     def losses(self, outputs: Tensor, labels: Tensor) -> Tensor:
-        """Each example's loss against the whole batch (see the module docstring), (B,)."""
+        """Each example's loss against the whole batch (see the module docstring), (B,); `labels`
+        are `EmbeddingOutput`'s rows."""
         anchors, positives = outputs[:, 0], outputs[:, 1]
         if self.loss == "cosent":
             cosines, _ = gather_rows((anchors * positives).sum(dim=-1))
-            scores, _ = gather_rows(labels.float())
+            scores, _ = gather_rows(labels[:, 0].float())
             return cosent(cosines, scores).expand(len(outputs))  # the batch's loss, on every example
         B, C = len(outputs), self.candidates
         candidates = F.pad(outputs[:, 1:], (0, 0, 0, C - (outputs.shape[1] - 1)))  # (B, C, D)
         every, offset = gather_rows(candidates)
-        own = (offset + torch.arange(B, device=outputs.device)) * C
-        losses = info_nce(anchors, every.flatten(0, 1), own, self.temperature)
+        texts, _ = gather_rows(text_keys(labels))  # (all B, 1 + C, K)
+        rows = offset + torch.arange(B, device=outputs.device)  # this process's, among all
+        tau = self.temperature
+        losses = info_nce(anchors, every.flatten(0, 1), texts[:, 1:].flatten(0, 1), rows * C, tau)
         if self.symmetric:
             every_anchor, _ = gather_rows(anchors)
-            back = info_nce(
-                positives, every_anchor, offset + torch.arange(B, device=outputs.device), self.temperature
-            )
-            losses = (losses + back) / 2
+            losses = (losses + info_nce(positives, every_anchor, texts[:, 0], rows, tau)) / 2
         return losses
 
     def predictions(self, outputs: Tensor) -> Tensor:
@@ -145,9 +154,16 @@ class EmbeddingHead(TaskHead):
         return self.predictions(outputs)
 
 
+def text_keys(labels: Tensor) -> Tensor:
+    """(B, S, K): which text each of a batch's rows' texts is, from their labels (`EmbeddingOutput`)."""
+    return labels[:, 1:].reshape(len(labels), -1, len(NO_TEXT))
+
+
 class EmbeddingOutput(TaskOutput):
     """Vectors, one per text: trained by InfoNCE or CoSENT, scored by correlations with gold scores
-    and by retrieval (module docstring). The label is the pair's gold score (1 where it has none)."""
+    and by retrieval (module docstring). An example's label is a row: the pair's gold score (1 where
+    it has none), then which text each of its texts is (`text_key`; `NO_TEXT` for a hard negative
+    it lacks), for the loss and the metrics to know copies of one text."""
 
     kind = "embedding"
     embeds = True
@@ -205,10 +221,11 @@ class EmbeddingOutput(TaskOutput):
 
     def metric_values(self, predictions: Tensor, labels: Tensor, metrics: list[str]) -> dict[str, Tensor]:
         anchors, positives = predictions[:, 0], predictions[:, 1]
-        values = retrieval_metrics(anchors, positives, [m for m in metrics if m in RETRIEVAL])
+        documents = text_keys(labels)[:, 1]
+        values = retrieval_metrics(anchors, positives, documents, [m for m in metrics if m in RETRIEVAL])
         cosines = (anchors.double() * positives.double()).sum(dim=-1)
         for name in (m for m in metrics if m in CORRELATIONS):
-            values[name] = metric_value(name, cosines, labels, 0).float()
+            values[name] = metric_value(name, cosines, labels[:, 0], 0).float()
         return {name: values[name] for name in metrics}
 
     def format_prediction(self, prediction: Tensor, name: Callable[[int], str]) -> str:
@@ -218,6 +235,10 @@ class EmbeddingOutput(TaskOutput):
     def outcome(self, prediction: Tensor, probabilities: Tensor) -> dict[str, Any]:
         cosine = float(prediction[0] @ prediction[1])
         return {"label": cosine, "scores": cosine}
+
+    def label_text(self, label: Any) -> Any:
+        """The gold score (the rest of the row says which texts the example's are)."""
+        return None if label is None else label[0]
 
     def example_label(self, example: dict[str, Any]) -> float | None:
         """The gold score; 1 for a pair that has none (a positive is a match)."""
@@ -339,4 +360,7 @@ class Embedding(TaskAdapter):
 
     def encode(self, example, tokens, specials, max_length):
         built = [self.frame(specials, text[: self.text_room(max_length)]) for text in tokens]
-        return Encoded([ids for ids, _ in built], [k for _, k in built], self.output.example_label(example))
+        sequences, score = [ids for ids, _ in built], self.output.example_label(example)
+        texts = [text_key(ids) for ids in sequences] + [NO_TEXT] * (self.num_sequences - len(sequences))
+        label = None if score is None else [score, *(k for key in texts for k in key)]
+        return Encoded(sequences, [k for _, k in built], label)

@@ -86,20 +86,23 @@ class Scoring:
 RETRIEVAL = ("mrr@10", "ndcg@10", "recall@1", "recall@10")
 
 
-def retrieval_metrics(queries: Tensor, corpus: Tensor, metrics: list[str]) -> dict[str, Tensor]:
+def retrieval_metrics(
+    queries: Tensor, corpus: Tensor, documents: Tensor, metrics: list[str]
+) -> dict[str, Tensor]:
     """Query i against the distinct documents of `corpus`, document i the relevant one
-    (`rank_metrics`). Rows with the same vector (the same text, as rows may share a positive) are
-    one document, at its first row: another copy of document i is no rival (as InfoNCE leaves it
-    out of the negatives), and a document several rows hold is one rival. A tie ranks the document
-    whose first row comes earlier first."""
+    (`rank_metrics`, a tie counted as a random order of the tied documents). `documents` (Q, K)
+    says which text each row of `corpus` is (`text_key`): rows of one text (rows may share a
+    positive) are one document, at its first row, so another copy of document i is no rival (as
+    InfoNCE leaves it out of the negatives), and a document several rows hold is one rival. Texts
+    are told apart by their keys, not their vectors: a model that gives every text one vector ties
+    them all, and scores what a random order would."""
     scores = queries.double() @ corpus.double().T  # (Q, Q)
     own = scores.diagonal()[:, None]
-    first = first_copies(corpus)
+    first = first_copies(documents)
     n = torch.arange(len(first), device=first.device)
-    documents = (first == n)[None, :] & (first[None, :] != first[:, None])  # each other one, once
-    earlier = n[None, :] < first[:, None]
-    rivals = ((scores > own) | ((scores == own) & earlier)) & documents
-    return rank_metrics(1 + rivals.sum(dim=1), metrics)
+    others = (first == n)[None, :] & (first[None, :] != first[:, None])  # each other document, once
+    ties = ((scores == own) & others).sum(dim=1)
+    return rank_metrics(1 + ((scores > own) & others).sum(dim=1), metrics, ties)
 
 
 def rank_metrics(rank: Tensor, metrics: list[str], ties: Tensor | None = None) -> dict[str, Tensor]:

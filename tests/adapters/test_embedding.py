@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from gpt_ft.adapters import Embedding, TaskDataError
-from gpt_ft.adapters.contrastive import cosent, info_nce
+from gpt_ft.adapters.contrastive import cosent, info_nce, text_key
 from gpt_ft.adapters.embedding import EmbeddingHead, retrieval_metrics
 from gpt_ft.data.batches import collate, collate_packed
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
@@ -26,18 +27,30 @@ FAMILIES = {**FAMILY_MICRO, "gpt1-micro": ("gpt-micro", {}), "gpt2-micro": ("gpt
 NO_DROPOUT = {"embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0}
 
 
+def distinct(n: int) -> Tensor:
+    """Keys of `n` different texts (`text_key`'s shape: two integers each)."""
+    return torch.stack([torch.arange(n), torch.zeros(n, dtype=torch.long)], dim=1).float()
+
+
+def label_rows(texts: Tensor, scores: Tensor | None = None) -> Tensor:
+    """Embedding labels: each row's gold score (1 by default), then its texts' keys, texts (B, S, 2)."""
+    scores = torch.ones(len(texts)) if scores is None else scores
+    return torch.cat([scores[:, None], texts.flatten(1).float()], dim=1)
+
+
 def test_info_nce_on_a_hand_computed_case():
     anchors = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     candidates = torch.tensor([[1.0, 0.0], [0.6, 0.8]])
     # τ = 1: anchor 0's cosines are [1, 0.6], its positive the first: -log(e/(e + e^0.6)) = log(1 + e^-0.4);
     # anchor 1's are [0, 0.8], its positive the second: log(1 + e^-0.8).
-    losses = info_nce(anchors, candidates, torch.tensor([0, 1]), temperature=1.0)
+    losses = info_nce(anchors, candidates, distinct(2), torch.tensor([0, 1]), temperature=1.0)
     assert losses.tolist() == pytest.approx(
         [math.log1p(math.exp(-0.4)), math.log1p(math.exp(-0.8))], abs=1e-6
     )
-    # A missing candidate (a zero vector) is out of the softmax: anchor 0 alone with its positive.
-    absent = torch.tensor([[1.0, 0.0], [0.0, 0.0]])
-    assert info_nce(anchors[:1], absent, torch.tensor([0]), temperature=1.0).item() == pytest.approx(0.0)
+    # A text the row lacks (NO_TEXT) is out of the softmax: anchor 0 alone with its positive.
+    absent = torch.tensor([[0.0, 0.0], [-1.0, -1.0]])
+    one = info_nce(anchors[:1], candidates, absent, torch.tensor([0]), temperature=1.0)
+    assert one.item() == pytest.approx(0.0)
 
 
 def test_info_nce_is_cross_entropy_over_the_similarity_matrix():
@@ -46,7 +59,7 @@ def test_info_nce_is_cross_entropy_over_the_similarity_matrix():
     candidates = F.normalize(torch.randn(10, 8, generator=g), dim=-1)
     positive = torch.tensor([0, 2, 4, 6, 8])
     expected = F.cross_entropy(anchors @ candidates.T / 0.05, positive, reduction="none")
-    torch.testing.assert_close(info_nce(anchors, candidates, positive), expected)
+    torch.testing.assert_close(info_nce(anchors, candidates, distinct(10), positive), expected)
 
 
 @pytest.mark.parametrize("temperature", [0.05, 0.5])
@@ -58,18 +71,22 @@ def test_symmetric_info_nce_divides_both_directions_by_the_cards_temperature(tem
     anchors, positives, own = outputs[:, 0], outputs[:, 1], torch.arange(4)
     forward = F.cross_entropy(anchors @ positives.T / temperature, own, reduction="none")
     back = F.cross_entropy(positives @ anchors.T / temperature, own, reduction="none")
-    torch.testing.assert_close(head.losses(outputs, torch.ones(4)), (forward + back) / 2)
+    torch.testing.assert_close(
+        head.losses(outputs, label_rows(distinct(8).view(4, 2, 2))), (forward + back) / 2
+    )
 
 
 def test_info_nce_keeps_a_copy_of_the_positive_out_of_the_negatives():
-    """Two anchors whose positives are the same text (the same vector): for each, the other copy is
-    no negative, so the loss is the cross-entropy over the candidates without it."""
+    """Two anchors whose positives are the same text (one key; their vectors differ, as under
+    dropout in a padded batch): for each, the other copy is no negative, so the loss is the
+    cross-entropy over the candidates without it."""
     g = torch.Generator().manual_seed(0)
     anchors = F.normalize(torch.randn(3, 8, generator=g), dim=-1)
     candidates = F.normalize(torch.randn(5, 8, generator=g), dim=-1)
-    candidates[3] = candidates[0]  # anchor 0's positive is 0, anchor 1's is 3: the same text
+    texts = distinct(5)
+    texts[3] = texts[0]  # anchor 0's positive is 0, anchor 1's is 3: the same text
     positive = torch.tensor([0, 3, 4])
-    losses = info_nce(anchors, candidates, positive)
+    losses = info_nce(anchors, candidates, texts, positive)
     without = lambda i, drop: F.cross_entropy(  # noqa: E731
         (anchors[i] @ candidates[[j for j in range(5) if j != drop]].T / 0.05)[None],
         torch.tensor([int(positive[i]) - int(drop < int(positive[i]))]),
@@ -79,6 +96,14 @@ def test_info_nce_keeps_a_copy_of_the_positive_out_of_the_negatives():
     # anchor 2's positive has no copy: both copies of the shared text stay its negatives
     expected = F.cross_entropy(anchors[2:] @ candidates.T / 0.05, positive[2:])
     torch.testing.assert_close(losses[2], expected)
+
+
+def test_a_collapsed_model_keeps_every_other_text_a_negative():
+    """Every text given one vector: the texts differ, so each anchor's softmax is over all N
+    candidates tied, log N (a vector-equality rule took them for copies of the positive: loss 0)."""
+    same = F.normalize(torch.ones(6, 4), dim=-1)
+    losses = info_nce(same[:3], same, distinct(6), torch.tensor([0, 2, 4]))
+    torch.testing.assert_close(losses, torch.full((3,), math.log(6)))
 
 
 def test_the_heads_dropout_gives_a_recurring_text_one_mask():
@@ -104,9 +129,11 @@ def test_the_heads_training_pass_reads_nothing_back_to_the_host():
     head = EmbeddingHead(16, dimensions=8, dropout=0.5, symmetric=True, candidates=2).train()
     extract = torch.randn(4, 3, 16)
     extract[2, 1] = extract[0, 1]  # two anchors with one positive
+    texts = distinct(12).view(4, 3, 2)
+    texts[2, 1] = texts[0, 1]
     extract.requires_grad_(True)
     with HostReads() as reads:
-        head.losses(head(extract), torch.ones(4)).sum().backward()
+        head.losses(head(extract), label_rows(texts)).sum().backward()
     assert reads.calls == [] and extract.grad is not None
 
 
@@ -143,27 +170,37 @@ def test_retrieval_metrics_by_hand():
     # q1 2nd (0.5 under d0's 0.9), q2 3rd (0.1 under 0.5 and 0.4).
     queries = torch.eye(3)
     corpus = torch.tensor([[1.0, 0.9, 0.5], [0.0, 0.5, 0.4], [0.0, 0.0, 0.1]])
-    got = retrieval_metrics(queries, corpus, ["mrr@10", "ndcg@10", "recall@1", "recall@10"])
+    got = retrieval_metrics(queries, corpus, distinct(3), ["mrr@10", "ndcg@10", "recall@1", "recall@10"])
     assert got["mrr@10"].item() == pytest.approx((1 + 1 / 2 + 1 / 3) / 3)
     assert got["ndcg@10"].item() == pytest.approx((1 + 1 / math.log2(3) + 1 / math.log2(4)) / 3)
     assert got["recall@1"].item() == pytest.approx(1 / 3)
     assert got["recall@10"].item() == 1.0
-    # A tie ranks the earlier document first: q1 ties d0 and its own d1, so its own is 2nd.
-    tied = retrieval_metrics(torch.eye(2), torch.tensor([[1.0, 0.5], [0.0, 0.5]]), ["mrr@10"])
-    assert tied["mrr@10"].item() == pytest.approx((1 + 1 / 2) / 2)
+    # A tie is a random order of the tied documents: q1 ties d0 with its own d1, 1st or 2nd.
+    tied = retrieval_metrics(torch.eye(2), torch.tensor([[1.0, 0.5], [0.0, 0.5]]), distinct(2), ["mrr@10"])
+    assert tied["mrr@10"].item() == pytest.approx((1 + (1 + 1 / 2) / 2) / 2)
     # Two rows sharing a positive (d0 = d1): the other copy is no rival, so each query finds its own first.
-    shared = torch.tensor([[0.6, 0.8], [0.6, 0.8], [1.0, 0.0]])
-    assert retrieval_metrics(shared, shared, ["recall@1"])["recall@1"].item() == 1.0
+    shared, texts = torch.tensor([[0.6, 0.8], [0.6, 0.8], [1.0, 0.0]]), distinct(3)
+    texts[1] = texts[0]
+    assert retrieval_metrics(shared, shared, texts, ["recall@1"])["recall@1"].item() == 1.0
+    # ... which the texts' keys say, not their vectors: a model that gives three texts one vector
+    # ties them all (each 1st, 2nd or 3rd); two of them one text: two documents, tied.
+    same = torch.ones(3, 2) / math.sqrt(2)
+    collapsed = retrieval_metrics(same, same, distinct(3), ["recall@1", "mrr@10"])
+    assert collapsed["recall@1"].item() == pytest.approx(1 / 3)
+    assert collapsed["mrr@10"].item() == pytest.approx((1 + 1 / 2 + 1 / 3) / 3)
+    assert retrieval_metrics(same, same, texts, ["recall@1"])["recall@1"].item() == pytest.approx(1 / 2)
     # The corpus is of distinct documents: P, the positive of rows 0 and 2, is one rival to q1
     # (which prefers it to its own Q), not two: ranks 1, 2, 1.
     P, Q = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])
     queries = torch.tensor([[1.0, 0.0], [0.8, 0.6], [1.0, 0.0]])
-    got = retrieval_metrics(queries, torch.stack([P, Q, P]), ["mrr@10", "recall@1"])
+    texts = distinct(3)
+    texts[2] = texts[0]
+    got = retrieval_metrics(queries, torch.stack([P, Q, P]), texts, ["mrr@10", "recall@1"])
     assert got["mrr@10"].item() == pytest.approx((1 + 1 / 2 + 1) / 3)
-    # ... and ties are broken by a document's first row: q2's own P (first at row 0) precedes Q.
+    # ... and a document several rows hold is one in a tie: q0 and q2 tie P with Q (1st or 2nd).
     tie = torch.tensor([[1.0, 1.0], [0.0, 1.0], [1.0, 1.0]])
-    corpus = torch.stack([P, Q, P])
-    assert retrieval_metrics(tie, corpus, ["mrr@10"])["mrr@10"].item() == pytest.approx((1 + 1 + 1) / 3)
+    got = retrieval_metrics(tie, torch.stack([P, Q, P]), texts, ["mrr@10"])
+    assert got["mrr@10"].item() == pytest.approx((0.75 + 1 + 0.75) / 3)
 
 
 def test_a_card_frames_each_text_alone_with_its_prompt(tokenizer_dir):
@@ -177,7 +214,14 @@ def test_a_card_frames_each_text_alone_with_its_prompt(tokenizer_dir):
     encoded = task.encode(row, tokens, specials, max_length=64)
     assert encoded.sequences == [[specials.start, *t, specials.extract] for t in tokens]
     assert encoded.extract_index == [len(t) + 1 for t in tokens]
-    assert encoded.label == 1.0  # no score: a match
+    # the label: no score, a match (1); then which text each one is, `NO_TEXT` for a lacking negative
+    keys = [text_key(ids) for ids in encoded.sequences]
+    assert encoded.label == [1.0, *keys[0], *keys[1], *keys[2], *keys[3]]
+    fewer = task.encode({}, tokens[:3], specials, max_length=64).label
+    assert fewer == [1.0, *keys[0], *keys[1], *keys[2], -1, -1] and task.output.label_text(fewer) == 1.0
+    assert len(set(keys)) == 4 and all(0 <= k < 2**24 for key in keys for k in key)
+    assert text_key(list(encoded.sequences[1])) == keys[1]  # the same tokens, the same key
+    assert torch.tensor(encoded.label)[1:].long().tolist() == encoded.label[1:]  # exact in float32
     assert task.num_sequences == 4 and task.output.default_metrics == (
         "mrr@10",
         "ndcg@10",
@@ -210,16 +254,19 @@ def test_too_many_negatives_in_a_row_are_named():
         task.texts({"anchor": "a", "positive": "b", "hard": ["c", "d"]})
 
 
+def encoded(task, specials, texts: list[list[int]]) -> dict:
+    """One example as the collators read it."""
+    enc = task.encode({}, texts, specials, max_length=40)
+    return {"input_ids": enc.sequences, "extract_index": enc.extract_index, "label": enc.label}
+
+
 def embedding_examples(task, specials, vocab: int, n: int = 6, seed: int = 0) -> list[dict]:
     g = torch.Generator().manual_seed(seed)
     rows = []
     for i in range(n):
         lengths = torch.randint(0, 15, (2 + i % 3,), generator=g).tolist()  # 0 to 2 negatives
         texts = [torch.randint(0, vocab, (k,), generator=g).tolist() for k in lengths]
-        enc = task.encode({}, texts, specials, max_length=40)
-        rows.append(
-            {"input_ids": enc.sequences, "extract_index": enc.extract_index, "label": enc.label, "index": i}
-        )
+        rows.append({**encoded(task, specials, texts), "index": i})
     return rows
 
 
@@ -286,6 +333,42 @@ def test_a_texts_vector_is_its_pooled_state_packed_padded_or_alone(family, pooli
             assert (packed[b, len(row["input_ids"]) :] == 0).all()  # the negatives it has not: zero
 
 
+@pytest.mark.parametrize("packing", [True, False])
+def test_validation_of_a_collapsed_model_scores_a_random_order(packing, tokenizer_dir):
+    """A head that gives every text one vector: validation's retrieval metrics are a random order's
+    of the split's distinct positives, and its loss InfoNCE's log N, not a perfect score (which
+    taking equal vectors for one text gave); a positive two rows share stays one document."""
+    from gpt_ft.training.eval_metrics import EvalMetrics
+
+    tok = load_tokenizer(tokenizer_dir)
+    specials = special_token_ids(tok)
+    task = Embedding(name="e", dimensions=4, metrics=["recall@1", "mrr@10"])
+    torch.manual_seed(0)
+    module = GPTModule(preset="gpt-micro", overrides={"n_positions": 64}, vocab_size=len(tok), task=task)
+    module.eval()
+    with torch.no_grad():
+        module.head.weight.zero_()
+        module.head.bias.fill_(1.0)
+    g = torch.Generator().manual_seed(0)
+    texts = [[torch.randint(5, 200, (3 + i,), generator=g).tolist() for i in range(2)] for _ in range(6)]
+    texts[5][1] = texts[4][1]  # rows 4 and 5 share their positive
+    rows = [{**encoded(task, specials, t), "index": i} for i, t in enumerate(texts)]
+    batch = collate_packed(rows, specials.pad, None) if packing else collate(rows, specials.pad)
+    metric = EvalMetrics(task, lm_coef=0.0)
+    with torch.no_grad():
+        terms = module.terms(batch)
+        no_lm = torch.zeros(6), torch.ones(6)  # an embedding task's LM term is off
+        predictions = module.head.predictions(terms["logits"])
+        metric.update(batch.index, *no_lm, terms["task_loss"], predictions, batch.labels)
+    got = metric.compute()
+    # five documents, all tied: each query's own is any of the five places alike
+    assert got["recall@1"].item() == pytest.approx(1 / 5)
+    assert got["mrr@10"].item() == pytest.approx(sum(1 / k for k in range(1, 6)) / 5)
+    # InfoNCE: each anchor over the six positives, all one cosine, less the other copy of its own (rows 4, 5)
+    expected = (4 * math.log(6) + 2 * math.log(5)) / 6
+    assert got["loss"].item() == pytest.approx(expected, rel=1e-5)
+
+
 @pytest.mark.parametrize("family", ["gpt1-micro", "llama-micro"])
 def test_mean_pooling_trains_packed_as_padded(family, tokenizer_dir):
     """The loss and every gradient of a packed batch equal the padded batch's under mean pooling."""
@@ -316,7 +399,7 @@ def _two_process_loss(rank: int, path: str, anchors, candidates, result) -> None
         head.load_state_dict(result["state"])
         half = slice(rank * 3, rank * 3 + 3)
         extract = torch.cat([anchors[half, None], candidates[half]], dim=1)  # (3, 3, 8)
-        losses = head.losses(head(extract), SCORES[half])
+        losses = head.losses(head(extract), LABELS[half])
         losses.mean().backward()  # each rank's mean; DDP averages the gradients
         grad = head.weight.grad.clone()
         dist.all_reduce(grad)
@@ -328,6 +411,9 @@ def _two_process_loss(rank: int, path: str, anchors, candidates, result) -> None
 
 
 SCORES = torch.tensor([4.0, 1.0, 2.5, 0.5, 3.0, 5.0])  # CoSENT's gold scores (InfoNCE reads none)
+TEXTS = distinct(18).view(6, 3, 2)
+TEXTS[4, 1] = TEXTS[0, 1]  # a positive of each process's rows is one text: InfoNCE knows the copy
+LABELS = label_rows(TEXTS, SCORES)
 
 
 def two_process_losses(out: str) -> None:
@@ -349,7 +435,7 @@ def two_process_losses(out: str) -> None:
             torch.manual_seed(1)
             head = EmbeddingHead(8, dimensions=8, loss=loss, symmetric=True, candidates=2, dropout=0.0)
             shared["state"] = head.state_dict()  # the same weights for both losses
-            whole = head.losses(head(extract), SCORES).mean()
+            whole = head.losses(head(extract), LABELS).mean()
             whole.backward()
             results[loss] = {"one": [whole.item(), head.weight.grad.tolist()]}
         # forked: the children have this process's imports (spawned, each imported the toolkit anew)
