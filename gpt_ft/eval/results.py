@@ -66,15 +66,17 @@ def results_markdown(results: dict[str, Any]) -> str:
     config = results["config"]
     seeds = config["seeds"]
     start = f"`{config['init_from']}`" if config["init_from"] else "scratch"
-    lines = [
-        f"# {results['suite']}",
-        "",
-        f"Fine-tuned from {start}, {len(seeds)} seed(s) ({', '.join(map(str, seeds))}), scores in percent on "
-        f"the validation splits (a margin as it is), the model at the {config['select']} epoch; mean ± "
-        "sample std over seeds. "
-        "The GPT-1 paper's values are test-set scores (Radford et al., 2018).",
-        "",
-    ]
+    scores = [stats for item in results["tasks"].values() for stats in item["metrics"].values()]
+    if any(stats.get("seeds") for stats in scores) or not any("zero_shot" in stats for stats in scores):
+        what = (
+            f"Fine-tuned from {start}, {len(seeds)} seed(s) ({', '.join(map(str, seeds))}), scores in "
+            f"percent on the validation splits (a margin as it is), the model at the {config['select']} "
+            "epoch; mean ± sample std over seeds."
+        )
+    else:  # a zero-shot pass alone
+        what = f"Zero-shot scores of {start}, not fine-tuned, in percent on the validation splits."
+    paper = "The GPT-1 paper's values are test-set scores (Radford et al., 2018)."
+    lines = [f"# {results['suite']}", "", f"{what} {paper}", ""]
     if config.get("rows"):
         lines += [f"Rows (each with its own fit arguments, in results.json): {', '.join(config['rows'])}; "
                   "the table's scores are the first row's.", ""]  # fmt: skip

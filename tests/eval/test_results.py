@@ -86,6 +86,14 @@ def test_results_markdown_by_hand():
     table = results_markdown(one_seed)
     assert "Fine-tuned from `pre`, 2 seed(s)" in table and "| sent | acc | 50.0 |  |  |" in table
     assert "**" not in table and "layers transferred" not in table
+    # A zero-shot pass alone says so, and nothing of seeds or epochs it never had.
+    zero = {**one_seed, "tasks": {"sent": {"metrics": {"acc": {"seeds": {}, "zero_shot": 61.0}}}}}
+    lines = results_markdown(zero).splitlines()
+    assert lines[2] == (
+        "Zero-shot scores of `pre`, not fine-tuned, in percent on the validation splits. The GPT-1 paper's "
+        "values are test-set scores (Radford et al., 2018)."
+    )
+    assert "| sent | acc |  | 61.0 |  |" in lines
 
 
 def test_results_are_written_whole(tmp_path):
