@@ -17,30 +17,51 @@ from torch import Tensor
 
 TEMPERATURE = 0.05  # SimCSE's and E5's; sentence-transformers' MultipleNegativesRankingLoss: scale 20
 COSENT_SCALE = 20.0  # CoSENT's λ, as sentence-transformers' CoSENTLoss
-NO_TEXT = (-1, -1)  # the key of a text a row does not have (fewer hard negatives than others)
+KEY_BYTES = 6
+NO_TEXT = (-1,) * KEY_BYTES  # the key of a text a row does not have (fewer hard negatives than others)
 
 
-def text_key(ids: list[int]) -> tuple[int, int]:
+def text_key(ids: list[int]) -> tuple[int, ...]:
     """Which text a token sequence is, for the losses and metrics that must tell copies of one text
     from different texts (their vectors cannot: a collapsed model gives every text the same one):
-    48 bits of a BLAKE2b digest of its ids, as two integers below 2**24, which a float32 label
-    row holds exactly. Two different texts share a key about once in 2**48 pairs."""
-    value = int.from_bytes(hashlib.blake2b(array("q", ids).tobytes(), digest_size=6).digest(), "big")
-    return value >> 24, value & 0xFFFFFF
+    48 bits of a BLAKE2b digest of its ids, as six bytes, integers below 256 that a label row
+    holds exactly in any float type it may be cast to (bf16 under `bf16-true`, fp16 under
+    `16-true`). Two different texts share a key about once in 2**48 pairs."""
+    return tuple(hashlib.blake2b(array("q", ids).tobytes(), digest_size=KEY_BYTES).digest())
 
 
 def info_nce(
-    anchors: Tensor, candidates: Tensor, texts: Tensor, positive: Tensor, temperature: float = TEMPERATURE
+    anchors: Tensor, candidates: Tensor, positive: Tensor, masked: Tensor, temperature: float = TEMPERATURE
 ) -> Tensor:
     """Each anchor's cross-entropy over its cosines with every candidate, divided by τ, its own
     positive (`positive[i]`, an index into `candidates`) right; (A,). Vectors are unit length;
-    `texts` (N, K) says which text each candidate is (`text_key`; negative: a text its row does not
-    have, out of the softmax). Another copy of an anchor's own positive (the same text: rows may
-    share one) is out of its softmax too, where it would be a negative identical to the positive."""
+    `masked` (A, N) marks the candidates out of anchor i's softmax (`left_out`)."""
     logits = anchors.float() @ candidates.float().T / temperature  # (A, N)
-    absent = texts[:, 0] < 0
-    logits = logits.masked_fill(absent[None, :] | copies_of_positives(texts, positive), -math.inf)
-    return F.cross_entropy(logits, positive, reduction="none")
+    return F.cross_entropy(logits.masked_fill(masked, -math.inf), positive, reduction="none")
+
+
+@torch.no_grad()
+def left_out(texts: Tensor, rows: Tensor) -> tuple[Tensor, Tensor]:
+    """What InfoNCE leaves out of each softmax: the texts that match, which would otherwise be
+    negatives as right as the one counted right. `texts` (N, 1 + C, K) says which text each of the
+    batch's texts is (every process's rows, each its anchor, positive and hard negatives, `NO_TEXT`
+    for one it lacks); `rows` (A,) are this process's. Forward, (A, N * C) over the candidates: a
+    text the row lacks, and every other copy of a positive of row i's anchor's text (its own, or
+    another row's with the same anchor). Backward (positives against anchors), (A, N): every other
+    anchor whose text is an anchor of row i's positive's text."""
+    N, C = texts.shape[0], texts.shape[1] - 1
+    candidate = first_copies(texts[:, 1:].flatten(0, 1))  # each text by its first copy: (N * C,)
+    anchor, positive = first_copies(texts[:, 0]), candidate.view(N, C)[:, 0]
+    positives_of = torch.zeros(N, N * C, dtype=torch.bool, device=texts.device)  # anchor -> positives
+    positives_of[anchor, positive] = True
+    anchors_of = torch.zeros(N * C, N, dtype=torch.bool, device=texts.device)  # positive -> anchors
+    anchors_of[positive, anchor] = True
+    a = torch.arange(len(rows), device=rows.device)
+    forward = positives_of[anchor[rows]][:, candidate] | (texts[:, 1:, 0] < 0).flatten()[None, :]
+    forward[a, rows * C] = False  # the one counted right
+    backward = anchors_of[positive[rows]][:, anchor]
+    backward[a, rows] = False
+    return forward, backward
 
 
 @torch.no_grad()
@@ -53,16 +74,6 @@ def first_copies(rows: Tensor) -> Tensor:
         return torch.zeros(0, dtype=torch.long, device=rows.device)
     equal = ((rows[None] == rows[k : k + block, None]).all(dim=-1) for k in range(0, len(rows), block))
     return torch.cat([e.int().argmax(dim=1) for e in equal])  # argmax: the first of the ties
-
-
-@torch.no_grad()
-def copies_of_positives(texts: Tensor, positive: Tensor) -> Tensor:
-    """(A, N): True where candidate j is the same text (`texts`, (N, K)) as anchor i's positive but
-    is not it."""
-    first = first_copies(texts)
-    copy = first[None, :] == first[positive][:, None]
-    copy[torch.arange(len(positive), device=copy.device), positive] = False
-    return copy
 
 
 def cosent(cosines: Tensor, scores: Tensor, scale: float = COSENT_SCALE) -> Tensor:

@@ -41,6 +41,7 @@ from gpt_ft.adapters.contrastive import (
     first_copies,
     gather_rows,
     info_nce,
+    left_out,
     text_key,
 )
 from gpt_ft.adapters.heads import TaskHead
@@ -139,11 +140,11 @@ class EmbeddingHead(TaskHead):
         every, offset = gather_rows(candidates)
         texts, _ = gather_rows(text_keys(labels))  # (all B, 1 + C, K)
         rows = offset + torch.arange(B, device=outputs.device)  # this process's, among all
-        tau = self.temperature
-        losses = info_nce(anchors, every.flatten(0, 1), texts[:, 1:].flatten(0, 1), rows * C, tau)
+        forward, backward = left_out(texts, rows)
+        losses = info_nce(anchors, every.flatten(0, 1), rows * C, forward, self.temperature)
         if self.symmetric:
             every_anchor, _ = gather_rows(anchors)
-            losses = (losses + info_nce(positives, every_anchor, texts[:, 0], rows, tau)) / 2
+            losses = (losses + info_nce(positives, every_anchor, rows, backward, self.temperature)) / 2
         return losses
 
     def predictions(self, outputs: Tensor) -> Tensor:
@@ -221,8 +222,8 @@ class EmbeddingOutput(TaskOutput):
 
     def metric_values(self, predictions: Tensor, labels: Tensor, metrics: list[str]) -> dict[str, Tensor]:
         anchors, positives = predictions[:, 0], predictions[:, 1]
-        documents = text_keys(labels)[:, 1]
-        values = retrieval_metrics(anchors, positives, documents, [m for m in metrics if m in RETRIEVAL])
+        texts = text_keys(labels)[:, :2]
+        values = retrieval_metrics(anchors, positives, texts, [m for m in metrics if m in RETRIEVAL])
         cosines = (anchors.double() * positives.double()).sum(dim=-1)
         for name in (m for m in metrics if m in CORRELATIONS):
             values[name] = metric_value(name, cosines, labels[:, 0], 0).float()

@@ -87,20 +87,23 @@ RETRIEVAL = ("mrr@10", "ndcg@10", "recall@1", "recall@10")
 
 
 def retrieval_metrics(
-    queries: Tensor, corpus: Tensor, documents: Tensor, metrics: list[str]
+    queries: Tensor, corpus: Tensor, texts: Tensor, metrics: list[str]
 ) -> dict[str, Tensor]:
     """Query i against the distinct documents of `corpus`, document i the relevant one
-    (`rank_metrics`, a tie counted as a random order of the tied documents). `documents` (Q, K)
-    says which text each row of `corpus` is (`text_key`): rows of one text (rows may share a
-    positive) are one document, at its first row, so another copy of document i is no rival (as
-    InfoNCE leaves it out of the negatives), and a document several rows hold is one rival. Texts
+    (`rank_metrics`, a tie counted as a random order of the tied documents). `texts` (Q, 2, K) says
+    which text each query and each row of `corpus` is (`text_key`): rows of one text (rows may share
+    a positive) are one document, at its first row, so another copy of document i is no rival (as
+    InfoNCE leaves it out of the negatives), and a document several rows hold is one rival; the
+    positive of another row whose query is the same text is another match, no rival either. Texts
     are told apart by their keys, not their vectors: a model that gives every text one vector ties
     them all, and scores what a random order would."""
     scores = queries.double() @ corpus.double().T  # (Q, Q)
     own = scores.diagonal()[:, None]
-    first = first_copies(documents)
-    n = torch.arange(len(first), device=first.device)
-    others = (first == n)[None, :] & (first[None, :] != first[:, None])  # each other document, once
+    query, document = first_copies(texts[:, 0]), first_copies(texts[:, 1])
+    n = torch.arange(len(document), device=document.device)
+    matches = torch.zeros_like(scores, dtype=torch.bool)
+    matches[query, document] = True  # each query text's documents
+    others = (document == n)[None, :] & ~matches[query]  # every other document, once
     ties = ((scores == own) & others).sum(dim=1)
     return rank_metrics(1 + ((scores > own) & others).sum(dim=1), metrics, ties)
 

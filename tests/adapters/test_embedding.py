@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gpt_ft.adapters import Embedding, TaskDataError
-from gpt_ft.adapters.contrastive import cosent, info_nce, text_key
+from gpt_ft.adapters.contrastive import NO_TEXT, cosent, info_nce, left_out, text_key
 from gpt_ft.adapters.embedding import EmbeddingHead, retrieval_metrics
 from gpt_ft.data.batches import collate, collate_packed
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
@@ -28,14 +28,21 @@ NO_DROPOUT = {"embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0}
 
 
 def distinct(n: int) -> Tensor:
-    """Keys of `n` different texts (`text_key`'s shape: two integers each)."""
-    return torch.stack([torch.arange(n), torch.zeros(n, dtype=torch.long)], dim=1).float()
+    """Keys of `n` different texts (`text_key`'s shape: six bytes each)."""
+    keys = torch.zeros(n, len(NO_TEXT))
+    keys[:, 0], keys[:, 1] = torch.arange(n) % 256, torch.arange(n) // 256
+    return keys
 
 
 def label_rows(texts: Tensor, scores: Tensor | None = None) -> Tensor:
-    """Embedding labels: each row's gold score (1 by default), then its texts' keys, texts (B, S, 2)."""
+    """Embedding labels: each row's gold score (1 by default), then its texts' keys, texts (B, S, K)."""
     scores = torch.ones(len(texts)) if scores is None else scores
     return torch.cat([scores[:, None], texts.flatten(1).float()], dim=1)
+
+
+def pairs(n: int) -> Tensor:
+    """The keys of `n` rows' anchors and positives, every text different: (n, 2, K)."""
+    return distinct(2 * n).view(n, 2, -1)
 
 
 def test_info_nce_on_a_hand_computed_case():
@@ -43,13 +50,13 @@ def test_info_nce_on_a_hand_computed_case():
     candidates = torch.tensor([[1.0, 0.0], [0.6, 0.8]])
     # τ = 1: anchor 0's cosines are [1, 0.6], its positive the first: -log(e/(e + e^0.6)) = log(1 + e^-0.4);
     # anchor 1's are [0, 0.8], its positive the second: log(1 + e^-0.8).
-    losses = info_nce(anchors, candidates, distinct(2), torch.tensor([0, 1]), temperature=1.0)
+    none = torch.zeros(2, 2, dtype=torch.bool)
+    losses = info_nce(anchors, candidates, torch.tensor([0, 1]), none, temperature=1.0)
     assert losses.tolist() == pytest.approx(
         [math.log1p(math.exp(-0.4)), math.log1p(math.exp(-0.8))], abs=1e-6
     )
-    # A text the row lacks (NO_TEXT) is out of the softmax: anchor 0 alone with its positive.
-    absent = torch.tensor([[0.0, 0.0], [-1.0, -1.0]])
-    one = info_nce(anchors[:1], candidates, absent, torch.tensor([0]), temperature=1.0)
+    # A candidate left out is out of the softmax: anchor 0 alone with its positive.
+    one = info_nce(anchors[:1], candidates, torch.tensor([0]), torch.tensor([[False, True]]), temperature=1.0)
     assert one.item() == pytest.approx(0.0)
 
 
@@ -59,7 +66,8 @@ def test_info_nce_is_cross_entropy_over_the_similarity_matrix():
     candidates = F.normalize(torch.randn(10, 8, generator=g), dim=-1)
     positive = torch.tensor([0, 2, 4, 6, 8])
     expected = F.cross_entropy(anchors @ candidates.T / 0.05, positive, reduction="none")
-    torch.testing.assert_close(info_nce(anchors, candidates, distinct(10), positive), expected)
+    none = torch.zeros(5, 10, dtype=torch.bool)
+    torch.testing.assert_close(info_nce(anchors, candidates, positive, none), expected)
 
 
 @pytest.mark.parametrize("temperature", [0.05, 0.5])
@@ -71,39 +79,71 @@ def test_symmetric_info_nce_divides_both_directions_by_the_cards_temperature(tem
     anchors, positives, own = outputs[:, 0], outputs[:, 1], torch.arange(4)
     forward = F.cross_entropy(anchors @ positives.T / temperature, own, reduction="none")
     back = F.cross_entropy(positives @ anchors.T / temperature, own, reduction="none")
-    torch.testing.assert_close(
-        head.losses(outputs, label_rows(distinct(8).view(4, 2, 2))), (forward + back) / 2
-    )
+    torch.testing.assert_close(head.losses(outputs, label_rows(pairs(4))), (forward + back) / 2)
 
 
-def test_info_nce_keeps_a_copy_of_the_positive_out_of_the_negatives():
-    """Two anchors whose positives are the same text (one key; their vectors differ, as under
-    dropout in a padded batch): for each, the other copy is no negative, so the loss is the
-    cross-entropy over the candidates without it."""
-    g = torch.Generator().manual_seed(0)
-    anchors = F.normalize(torch.randn(3, 8, generator=g), dim=-1)
-    candidates = F.normalize(torch.randn(5, 8, generator=g), dim=-1)
-    texts = distinct(5)
-    texts[3] = texts[0]  # anchor 0's positive is 0, anchor 1's is 3: the same text
-    positive = torch.tensor([0, 3, 4])
-    losses = info_nce(anchors, candidates, texts, positive)
-    without = lambda i, drop: F.cross_entropy(  # noqa: E731
-        (anchors[i] @ candidates[[j for j in range(5) if j != drop]].T / 0.05)[None],
-        torch.tensor([int(positive[i]) - int(drop < int(positive[i]))]),
+def test_info_nce_leaves_out_the_texts_that_match():
+    """By hand, which candidates each softmax leaves out: every other copy of a positive of the
+    row's anchor's text (another row may share the positive, or the anchor with another positive),
+    and a text the row lacks; backward, every other anchor of the positive's text. Known by keys:
+    their vectors may differ (dropout in a padded batch)."""
+    a, b, p, q, n = distinct(5)
+    none = torch.tensor(NO_TEXT, dtype=torch.float)
+    texts = torch.stack(
+        [
+            torch.stack([a, p, n]),  # row 0
+            torch.stack([a, q, none]),  # row 1: row 0's anchor with another positive; no hard negative
+            torch.stack([b, p, q]),  # row 2: row 0's positive; row 1's positive as a hard negative
+        ]
     )
-    torch.testing.assert_close(losses[0], without(0, 3))
-    torch.testing.assert_close(losses[1], without(1, 0))
-    # anchor 2's positive has no copy: both copies of the shared text stay its negatives
-    expected = F.cross_entropy(anchors[2:] @ candidates.T / 0.05, positive[2:])
-    torch.testing.assert_close(losses[2], expected)
+    forward, backward = left_out(texts, torch.arange(3))
+    # candidates: p n | q (none) | p q; a's positives are p and q, b's p alone
+    assert forward.tolist() == [
+        [False, False, True, True, True, True],
+        [True, False, False, True, True, True],
+        [True, False, False, True, False, False],
+    ]
+    # anchors a a b: p's anchors are a and b, q's a alone
+    assert backward.tolist() == [[False, True, True], [True, False, False], [True, True, False]]
+    assert left_out(texts, torch.tensor([2]))[0].tolist() == forward[2:].tolist()  # one process's rows
+    # Two rows sharing a positive, symmetric: nothing left to push apart, each direction's loss 0.
+    a0, a1 = (
+        F.normalize(torch.tensor([1.0, 0.1, 0.0]), dim=0),
+        F.normalize(torch.tensor([1.0, -0.1, 0.0]), dim=0),
+    )
+    P = torch.tensor([1.0, 0.0, 0.0])
+    outputs = torch.stack([torch.stack([a0, P]), torch.stack([a1, P])])
+    shared = pairs(2)
+    shared[1, 1] = shared[0, 1]
+    losses = EmbeddingHead(3, symmetric=True, candidates=1, dropout=0.0).losses(outputs, label_rows(shared))
+    assert losses.tolist() == [0.0, 0.0]
 
 
 def test_a_collapsed_model_keeps_every_other_text_a_negative():
     """Every text given one vector: the texts differ, so each anchor's softmax is over all N
     candidates tied, log N (a vector-equality rule took them for copies of the positive: loss 0)."""
-    same = F.normalize(torch.ones(6, 4), dim=-1)
-    losses = info_nce(same[:3], same, distinct(6), torch.tensor([0, 2, 4]))
-    torch.testing.assert_close(losses, torch.full((3,), math.log(6)))
+    same = F.normalize(torch.ones(3, 2, 4), dim=-1)
+    losses = EmbeddingHead(4, candidates=1, dropout=0.0).losses(same, label_rows(pairs(3)))
+    torch.testing.assert_close(losses, torch.full((3,), math.log(3)))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_labels_cast_to_half_precision_keep_their_texts_apart(dtype, tokenizer_dir):
+    """Under `bf16-true` and `16-true` Lightning casts the labels too: the keys survive, so the
+    loss and the retrieval metrics are float32's (fp16 made most keys inf, bf16 merged some)."""
+    tok = load_tokenizer(tokenizer_dir)
+    specials = special_token_ids(tok)
+    task = Embedding(name="e", negatives="hard", metrics=["mrr@10", "recall@1"])
+    g = torch.Generator().manual_seed(0)
+    texts = (torch.randint(5, 300, (3, 6), generator=g).tolist() for _ in range(400))
+    rows = [{**encoded(task, specials, t), "index": i} for i, t in enumerate(texts)]
+    labels = collate(rows, specials.pad).labels
+    outputs = F.normalize(torch.randn(400, 3, 8, generator=g), dim=-1)
+    head = EmbeddingHead(8, candidates=2, symmetric=True, dropout=0.0)
+    cast = labels.to(dtype).float()
+    torch.testing.assert_close(head.losses(outputs, cast), head.losses(outputs, labels), rtol=0, atol=0)
+    metrics = task.output.metric_values(outputs[:, :2], labels, ["mrr@10", "recall@1"])
+    assert task.output.metric_values(outputs[:, :2], cast, ["mrr@10", "recall@1"]) == metrics
 
 
 def test_the_heads_dropout_gives_a_recurring_text_one_mask():
@@ -129,7 +169,7 @@ def test_the_heads_training_pass_reads_nothing_back_to_the_host():
     head = EmbeddingHead(16, dimensions=8, dropout=0.5, symmetric=True, candidates=2).train()
     extract = torch.randn(4, 3, 16)
     extract[2, 1] = extract[0, 1]  # two anchors with one positive
-    texts = distinct(12).view(4, 3, 2)
+    texts = distinct(12).view(4, 3, -1)
     texts[2, 1] = texts[0, 1]
     extract.requires_grad_(True)
     with HostReads() as reads:
@@ -170,22 +210,22 @@ def test_retrieval_metrics_by_hand():
     # q1 2nd (0.5 under d0's 0.9), q2 3rd (0.1 under 0.5 and 0.4).
     queries = torch.eye(3)
     corpus = torch.tensor([[1.0, 0.9, 0.5], [0.0, 0.5, 0.4], [0.0, 0.0, 0.1]])
-    got = retrieval_metrics(queries, corpus, distinct(3), ["mrr@10", "ndcg@10", "recall@1", "recall@10"])
+    got = retrieval_metrics(queries, corpus, pairs(3), ["mrr@10", "ndcg@10", "recall@1", "recall@10"])
     assert got["mrr@10"].item() == pytest.approx((1 + 1 / 2 + 1 / 3) / 3)
     assert got["ndcg@10"].item() == pytest.approx((1 + 1 / math.log2(3) + 1 / math.log2(4)) / 3)
     assert got["recall@1"].item() == pytest.approx(1 / 3)
     assert got["recall@10"].item() == 1.0
     # A tie is a random order of the tied documents: q1 ties d0 with its own d1, 1st or 2nd.
-    tied = retrieval_metrics(torch.eye(2), torch.tensor([[1.0, 0.5], [0.0, 0.5]]), distinct(2), ["mrr@10"])
+    tied = retrieval_metrics(torch.eye(2), torch.tensor([[1.0, 0.5], [0.0, 0.5]]), pairs(2), ["mrr@10"])
     assert tied["mrr@10"].item() == pytest.approx((1 + (1 + 1 / 2) / 2) / 2)
     # Two rows sharing a positive (d0 = d1): the other copy is no rival, so each query finds its own first.
-    shared, texts = torch.tensor([[0.6, 0.8], [0.6, 0.8], [1.0, 0.0]]), distinct(3)
-    texts[1] = texts[0]
+    shared, texts = torch.tensor([[0.6, 0.8], [0.6, 0.8], [1.0, 0.0]]), pairs(3)
+    texts[1, 1] = texts[0, 1]
     assert retrieval_metrics(shared, shared, texts, ["recall@1"])["recall@1"].item() == 1.0
     # ... which the texts' keys say, not their vectors: a model that gives three texts one vector
     # ties them all (each 1st, 2nd or 3rd); two of them one text: two documents, tied.
     same = torch.ones(3, 2) / math.sqrt(2)
-    collapsed = retrieval_metrics(same, same, distinct(3), ["recall@1", "mrr@10"])
+    collapsed = retrieval_metrics(same, same, pairs(3), ["recall@1", "mrr@10"])
     assert collapsed["recall@1"].item() == pytest.approx(1 / 3)
     assert collapsed["mrr@10"].item() == pytest.approx((1 + 1 / 2 + 1 / 3) / 3)
     assert retrieval_metrics(same, same, texts, ["recall@1"])["recall@1"].item() == pytest.approx(1 / 2)
@@ -193,14 +233,21 @@ def test_retrieval_metrics_by_hand():
     # (which prefers it to its own Q), not two: ranks 1, 2, 1.
     P, Q = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])
     queries = torch.tensor([[1.0, 0.0], [0.8, 0.6], [1.0, 0.0]])
-    texts = distinct(3)
-    texts[2] = texts[0]
+    texts = pairs(3)
+    texts[2, 1] = texts[0, 1]
     got = retrieval_metrics(queries, torch.stack([P, Q, P]), texts, ["mrr@10", "recall@1"])
     assert got["mrr@10"].item() == pytest.approx((1 + 1 / 2 + 1) / 3)
     # ... and a document several rows hold is one in a tie: q0 and q2 tie P with Q (1st or 2nd).
     tie = torch.tensor([[1.0, 1.0], [0.0, 1.0], [1.0, 1.0]])
     got = retrieval_metrics(tie, torch.stack([P, Q, P]), texts, ["mrr@10"])
     assert got["mrr@10"].item() == pytest.approx((0.75 + 1 + 0.75) / 3)
+    # One query text with two positives (rows 0 and 1): the other's positive is a match, no rival;
+    # q1 prefers P to its own Q, and ranks Q 1st all the same.
+    texts = pairs(3)
+    texts[1, 0] = texts[0, 0]
+    queries, R = torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.0, -1.0]]), torch.tensor([0.0, -1.0])
+    got = retrieval_metrics(queries, torch.stack([P, Q, R]), texts, ["recall@1"])
+    assert got["recall@1"].item() == pytest.approx(1.0)  # (P a rival, q1 would rank Q 2nd: 2/3)
 
 
 def test_a_card_frames_each_text_alone_with_its_prompt(tokenizer_dir):
@@ -218,10 +265,11 @@ def test_a_card_frames_each_text_alone_with_its_prompt(tokenizer_dir):
     keys = [text_key(ids) for ids in encoded.sequences]
     assert encoded.label == [1.0, *keys[0], *keys[1], *keys[2], *keys[3]]
     fewer = task.encode({}, tokens[:3], specials, max_length=64).label
-    assert fewer == [1.0, *keys[0], *keys[1], *keys[2], -1, -1] and task.output.label_text(fewer) == 1.0
-    assert len(set(keys)) == 4 and all(0 <= k < 2**24 for key in keys for k in key)
+    assert fewer == [1.0, *keys[0], *keys[1], *keys[2], *NO_TEXT] and task.output.label_text(fewer) == 1.0
+    assert len(set(keys)) == 4 and all(len(key) == 6 and all(0 <= k < 256 for k in key) for key in keys)
     assert text_key(list(encoded.sequences[1])) == keys[1]  # the same tokens, the same key
-    assert torch.tensor(encoded.label)[1:].long().tolist() == encoded.label[1:]  # exact in float32
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):  # exact in any float type
+        assert torch.tensor(encoded.label, dtype=dtype)[1:].long().tolist() == encoded.label[1:]
     assert task.num_sequences == 4 and task.output.default_metrics == (
         "mrr@10",
         "ndcg@10",
@@ -411,7 +459,7 @@ def _two_process_loss(rank: int, path: str, anchors, candidates, result) -> None
 
 
 SCORES = torch.tensor([4.0, 1.0, 2.5, 0.5, 3.0, 5.0])  # CoSENT's gold scores (InfoNCE reads none)
-TEXTS = distinct(18).view(6, 3, 2)
+TEXTS = distinct(18).view(6, 3, -1)
 TEXTS[4, 1] = TEXTS[0, 1]  # a positive of each process's rows is one text: InfoNCE knows the copy
 LABELS = label_rows(TEXTS, SCORES)
 
