@@ -80,8 +80,9 @@ def rank_metric_values(rewards: Tensor, scores: Tensor) -> dict[str, Tensor]:
     pairwise = torch.where(differ, hits, 0.0).sum(dim=(1, 2)) / differ.sum(dim=(1, 2))
     concordant = (upper & (ds * dr > 0)).sum(dim=(1, 2)).double()
     discordant = (upper & (ds * dr < 0)).sum(dim=(1, 2)).double()
-    untied = ((upper & (ds != 0)).sum(dim=(1, 2)) * (upper & (dr != 0)).sum(dim=(1, 2))).double()
-    tau = (concordant - discordant) / untied.sqrt()
+    untied_scores, untied_rewards = (upper & (ds != 0)).sum(dim=(1, 2)), (upper & (dr != 0)).sum(dim=(1, 2))
+    tau = (concordant - discordant) / (untied_scores * untied_rewards).double().sqrt()
+    tau = tau.masked_fill((untied_scores > 0) & (untied_rewards == 0), 0.0)  # rewards all tied: no order
     return {
         "best_of_n": best_of_n[~best_of_n.isnan()].double().mean(),
         "pairwise_accuracy": pairwise[~pairwise.isnan()].double().mean(),

@@ -174,13 +174,15 @@ def test_two_replies_are_the_pairwise_reward_models_bradley_terry(loss):
 
 def test_ranking_metrics_by_hand():
     """A: rewards order the replies as the scores do. B: one chosen reply below two rejected ones
-    that tie. C: two replies of equal reward, the first the better: half a hit, no τ."""
+    that tie. C: two replies of equal reward, the first the better: half a hit, and τ 0 (the rewards
+    order nothing: the row counts, as the pair does)."""
     rewards = torch.tensor([[3, 1, 2], [1, 2, 2], [5, 5, NAN]], dtype=torch.float64)
     scores = torch.tensor([[2, 0, 1], [1, 0, 0], [1, 0, NAN]], dtype=torch.float64)
     values = rank_metric_values(rewards, scores)
     assert values["best_of_n"].item() == pytest.approx((1 + 0 + 0.5) / 3)
     assert values["pairwise_accuracy"].item() == pytest.approx((1 + 0 + 0.5) / 3)
-    assert values["kendall_tau"].item() == pytest.approx((1 + -1) / 2)  # B: (0 - 2) / sqrt(2 · 2)
+    assert values["kendall_tau"].item() == pytest.approx((1 + -1 + 0) / 3)  # B: (0 - 2) / sqrt(2 · 2)
+    assert rank_metric_values(torch.full((2, 3), 0.5), torch.tensor([[3.0, 2, 1]] * 2))["kendall_tau"] == 0
     # D: the top reward on an unranked reply, below the one ranked: a miss. E: one reply, F: all
     # tied, G: nothing ranked: no wrong pick to avoid, so no best-of-N (nor pairs, nor τ).
     rewards = torch.cat([rewards, torch.tensor([[0, 3, 4], [7, NAN, NAN], [1, 2, 3], [1, 2, NAN]])])
