@@ -296,7 +296,7 @@ class Steps(TaskAdapter):
                 raise TaskDataError(
                     f"field {self.steps!r} must hold a list of steps, got {short_repr(value)}."
                 )
-            steps = [field_text(v) for v in value]
+            steps = [field_text(v, self.steps) for v in value]
         else:
             steps = _split_tagged(field_text(value), self.step_tag, self.steps)
         if len(steps) > self.max_steps:

@@ -204,7 +204,9 @@ def label(
     lines = record_lines(source, fmt) or list(range(1, len(rows) + 1))
     where = lambda i: f"{source}, line {lines[i]}"  # noqa: E731  (the row a message names)
     names = write_labelled(target, rows, clf.run(rows, batch_size=batch_size, where=where))
-    renamed = "" if names == NEW_COLUMNS else f" (as {' and '.join(names)}: it has columns named so already)"
+    renamed = (
+        "" if names == NEW_COLUMNS[: len(names)] else f" (as {' and '.join(names)}: it has such columns)"
+    )
     print(f"labelled {len(rows):,} examples of {source} into {target}{renamed}")
 
 
@@ -215,7 +217,7 @@ def write_labelled(
     path, rows: list[dict[str, Any]], labelled: list[tuple[dict[str, Any], str]]
 ) -> tuple[str, str]:
     """The rows with a `prediction` column (json and jsonl: and the `scores`), written whole or not
-    at all; the names those columns got (`prediction_1`, ... where the rows have their own)."""
+    at all; the names the columns written got (`prediction_1`, ... where the rows have their own)."""
     taken = {key for row in rows for key in row}
     names = tuple(free_name(name, taken) for name in NEW_COLUMNS)
     tmp = path.with_name(f".{path.name}.tmp")
@@ -226,7 +228,7 @@ def write_labelled(
             tmp.replace(path)
         finally:
             tmp.unlink(missing_ok=True)
-    return names
+    return names if path.suffix.lower() in (".jsonl", ".json") else names[:1]
 
 
 def free_name(name: str, taken: set[str]) -> str:

@@ -64,15 +64,20 @@ def export_checkpoint(
         print(f"wrote {written}: {loads}")
         return written
     written = export_classifier(clf, out, format=format)
-    architecture = (json.loads((written / "config.json").read_text()).get("architectures") or ["?"])[0]
-    if format == "onnx":
-        loads = "onnxruntime loads model.onnx"
-    elif architecture.endswith("ForSequenceClassification"):
-        loads = "pipeline('text-classification') loads it"
-    else:  # multiple choice (a choice's score at its mc_token_ids), process rewards (a score per step)
-        loads = f"transformers' {architecture} loads it"
-    print(f"wrote {written}: {loads}")
+    print(f"wrote {written}: {what_loads(json.loads((written / 'config.json').read_text()), format)}")
     return written
+
+
+def what_loads(config: dict, format: str) -> str:
+    """What loads an exported folder of this `config.json`, as `gpt-ft export` says it."""
+    architecture = (config.get("architectures") or ["?"])[0]
+    if format == "onnx":
+        return "onnxruntime loads model.onnx"
+    if config.get("auto_map"):  # a similarity model: its class is in the folder, which transformers lacks
+        return f"pipeline('text-classification', trust_remote_code=True) loads it (its {architecture})"
+    if architecture.endswith("ForSequenceClassification"):
+        return "pipeline('text-classification') loads it"
+    return f"transformers' {architecture} loads it"  # multiple choice, process rewards (a score per step)
 
 
 def check_format(format: str) -> None:

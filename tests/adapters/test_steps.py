@@ -75,6 +75,8 @@ def test_bad_labels_are_named():
         errors.padded_labels(["two"], 3)
     with pytest.raises(TaskDataError, match="must hold a list of step indices"):
         errors.padded_labels(2, 3)
+    with pytest.raises(TaskDataError, match=r"^field 'steps' holds a list \['b'\], not a text\.$"):
+        Steps(name="s").step_texts({"problem": "p", "steps": ["a", ["b"]]})
     per_step = Steps(name="s").output
     with pytest.raises(TaskDataError, match=r"must hold one label per step \(3\), got \[1, 0\]"):
         per_step.padded_labels([1, 0], 3)

@@ -133,7 +133,14 @@ def test_label_keeps_a_files_own_columns_and_records(finetuned, tmp_path, capsys
     assert (first["prediction"], first["scores"]) == ("gold", [3, 1]) and set(second) == set(first) - {
         "prediction", "scores"}  # fmt: skip
     assert first["prediction_1"] in ("negative", "positive") and len(first["scores_1"]) == 2
-    assert "(as prediction_1 and scores_1: it has columns named so already)" in capsys.readouterr().out
+    assert "(as prediction_1 and scores_1: it has such columns)" in capsys.readouterr().out
+    table = tmp_path / "gold.tsv"  # a table gets a prediction column alone: only it is named
+    table.write_text("sentence\tprediction\na cat .\tx\n")
+    assert label(table, "out.tsv").read_text().splitlines()[0] == "sentence\tprediction\tprediction_1"
+    assert "(as prediction_1: it has such columns)" in capsys.readouterr().out
+    table.write_text("sentence\tscores\na cat .\tx\n")
+    label(table, "scores.tsv")
+    assert "(as" not in capsys.readouterr().out
     dated = tmp_path / "dated.parquet"
     pq.write_table(pa.table({"sentence": ["a cat ."], "when": [datetime.date(2024, 1, 2)]}), dated)
     assert json.loads(label(dated, "dated.jsonl").read_text())["when"] == "2024-01-02"

@@ -26,7 +26,7 @@ from gpt_ft.adapters import (
 )
 from gpt_ft.data.tokenizer import load_tokenizer
 from gpt_ft.eval.classifier import Classifier
-from gpt_ft.eval.export import export_classifier
+from gpt_ft.eval.export import export_classifier, what_loads
 from gpt_ft.model import GPT, GPTConfig
 from tests.background import Command
 from tests.cli.test_bad_outputs import error, files
@@ -390,6 +390,10 @@ def test_export_command(tmp_path, finetuned, capsys):
     )
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in out.iterdir()}
     config = json.loads((out / "config.json").read_text())
+    similarity = {**config, "architectures": ["X"], "auto_map": {"AutoModelForSequenceClassification": "m.X"}}
+    assert what_loads(similarity, "transformers") == (  # without trust_remote_code: random weights
+        "pipeline('text-classification', trust_remote_code=True) loads it (its X)"
+    )
     assert config["id2label"] == {"0": "negative", "1": "positive"}
     assert config["problem_type"] == "single_label_classification"
     before = files(tmp_path)
