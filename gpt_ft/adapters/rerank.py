@@ -73,10 +73,12 @@ class RerankOutput(TaskOutput):
 
     def metric_values(self, predictions: Tensor, labels: Tensor, metrics: list[str]) -> dict[str, Tensor]:
         """The positive's rank among each row's candidates (NaN: a candidate the row has not), a
-        tie with a negative counting at each of their places in turn."""
+        tie with a negative counting at each of their places in turn; a row without a negative has
+        nothing to rank, and is left out (it would score as perfect)."""
         positive, negatives = predictions[:, :1], predictions[:, 1:]
-        rank = 1 + (negatives > positive).sum(dim=1)
-        return rank_metrics(rank, metrics, ties=(negatives == positive).sum(dim=1))
+        ranks = ~negatives.isnan().all(dim=1)
+        rank, ties = 1 + (negatives > positive).sum(dim=1), (negatives == positive).sum(dim=1)
+        return rank_metrics(rank[ranks], metrics, ties=ties[ranks])
 
     def format_prediction(self, prediction: Tensor, name: Callable[[int], str]) -> str:
         """The candidates' scores, in the row's order."""

@@ -540,6 +540,9 @@ def test_a_reranker_frames_each_candidate_after_the_query_and_ranks_the_positive
     flat = task.output.metric_values(torch.zeros(5, 4), torch.zeros(5), ["mrr@10", "recall@1"])
     assert flat["mrr@10"].item() == pytest.approx((1 + 1 / 2 + 1 / 3 + 1 / 4) / 4)
     assert flat["recall@1"].item() == pytest.approx(1 / 4)
+    # A row without a negative has nothing to rank: left out, not a perfect score.
+    alone = torch.cat([scores, torch.tensor([[0.1, nan, nan]])])
+    assert task.output.metric_values(alone, torch.zeros(4), ["recall@1"]) == {"recall@1": got["recall@1"]}
     assert task.output.format_prediction(scores[0], str) == "2.0000 1.0000"
 
 
