@@ -119,7 +119,7 @@ class EmbeddingHead(TaskHead):
 
     def dropout_per_text(self, extract: Tensor) -> Tensor:
         """Dropout with one mask per distinct state: a text that recurs in a packed batch (computed
-        once, every copy the same state) stays one vector, which InfoNCE then recognises."""
+        once, every copy the same state) stays one vector."""
         p, flat = self.dropout.p, extract.reshape(-1, extract.shape[-1])
         if not self.training or p == 0:
             return extract
