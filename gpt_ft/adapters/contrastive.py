@@ -24,9 +24,9 @@ NO_TEXT = (-1,) * KEY_BYTES  # the key of a text a row does not have (fewer hard
 def text_key(ids: list[int]) -> tuple[int, ...]:
     """Which text a token sequence is, for the losses and metrics that must tell copies of one text
     from different texts (their vectors cannot: a collapsed model gives every text the same one):
-    48 bits of a BLAKE2b digest of its ids, as six bytes, integers below 256 that a label row
-    holds exactly in any float type it may be cast to (bf16 under `bf16-true`, fp16 under
-    `16-true`). Two different texts share a key about once in 2**48 pairs."""
+    48 bits of a BLAKE2b digest of its ids, as six bytes, integers below 256 that a label row of
+    scores holds exactly in float32 and in any narrower float type it may be cast to. Two
+    different texts share a key about once in 2**48 pairs."""
     return tuple(hashlib.blake2b(array("q", ids).tobytes(), digest_size=KEY_BYTES).digest())
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gpt_ft.data.packing import pack_rows, row_cost
+from gpt_ft.data.packing import pack_rows, sharing_pays
 from gpt_ft.data.pinning import Pinnable
 
 IGNORE_INDEX = -100  # targets the LM loss skips (padding)
@@ -53,7 +53,7 @@ class TaskBatch(TokenBatch):
     choice_mask: Tensor
     """(B, K) False for reads a row does not have (rows of fewer choices, or fewer steps)."""
     labels: Tensor | None = None
-    """(B,) class ids, choice indices or float scores, (B, L) label rows; None when unlabelled."""
+    """(B,) class ids, choice indices or scores, (B, L) label rows (scores: see `gold`); None: unlabelled."""
     split: str = ""
     """The split the examples come from (evaluation and predictions are kept per split)."""
     real_tokens: int = 0
@@ -161,14 +161,21 @@ Batch = TokenBatch | TaskBatch | SharedContextBatch | PackedBatch
 
 
 def _labels(examples: list[dict[str, Any]]) -> Tensor | None:
-    """The examples' labels as one tensor when every example has one: long for class ids, choice
-    indices and label rows, float for scores."""
+    """The examples' labels as one tensor when every example has one: long for class ids and choice
+    indices; scores (and rows of them) as their float32 bits in int32, read back by `gold`, since
+    under `bf16-true` Lightning casts a batch's float tensors (a gold 3.8 would read 3.796875)."""
     labels = [e["label"] for e in examples]
     if any(label is None for label in labels):
         return None
     values = [x for label in labels for x in (label if isinstance(label, list) else [label])]
-    is_float = any(isinstance(x, float) for x in values)
-    return torch.tensor(labels, dtype=torch.float if is_float else torch.long)
+    if any(isinstance(x, float) for x in values):
+        return torch.tensor(labels, dtype=torch.float32).view(torch.int32)
+    return torch.tensor(labels, dtype=torch.long)
+
+
+def gold(labels: Tensor | None) -> Tensor | None:
+    """A batch's labels as the heads take them: class ids as they are, scores back as float32."""
+    return labels.view(torch.float32) if labels is not None and labels.dtype == torch.int32 else labels
 
 
 def target_positions(targets: Tensor) -> Tensor:
@@ -282,12 +289,6 @@ def shared_prefix(sequences: list[list[int]], delim_id: int) -> int | None:
         return None
     n = first.index(delim_id) + 1
     return n if all(seq[:n] == first[:n] for seq in sequences) else None
-
-
-def sharing_pays(sequences: list[list[int]], n: int) -> bool:
-    """Whether one unit of the shared `n`-token context and every continuation costs less than the
-    sequences apart, a row's attention counted dense (`packing.row_cost`); the losses are the same."""
-    return row_cost(n + sum(len(s) - n for s in sequences)) <= sum(row_cost(len(s)) for s in sequences)
 
 
 def collate_packed(

@@ -1,5 +1,5 @@
-"""How a batch's units are laid into packed rows: the row length and first-fit placement at the
-least estimated cost."""
+"""How a batch's units are laid into packed rows: whether choices run their shared context once,
+the row length and first-fit placement at the least estimated cost."""
 
 from __future__ import annotations
 
@@ -13,6 +13,12 @@ def row_cost(length: int) -> float:
     """A row of `length` positions: every position's matmuls, and attention over its keys (masked or
     not, a dense kernel computes them)."""
     return length * (1 + length * ATTENTION_COST)
+
+
+def sharing_pays(sequences: list[list[int]], n: int) -> bool:
+    """Whether one unit of the shared `n`-token context and every continuation costs less than the
+    sequences apart, a row's attention counted dense (`row_cost`); the losses are the same."""
+    return row_cost(n + sum(len(s) - n for s in sequences)) <= sum(row_cost(len(s)) for s in sequences)
 
 
 def pack_rows(items: list, lengths: list[int]) -> tuple[int, list[list]]:

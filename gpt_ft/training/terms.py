@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gpt_ft.adapters import TaskHead
-from gpt_ft.data.batches import IGNORE_INDEX, PackedBatch, SharedContextBatch, TaskBatch, TokenBatch
+from gpt_ft.data.batches import IGNORE_INDEX, PackedBatch, SharedContextBatch, TaskBatch, TokenBatch, gold
 from gpt_ft.model import GPT, SharedPrefix
 from gpt_ft.training.lm_loss import lm_losses
 
@@ -170,5 +170,5 @@ def _task_terms(
     """The head's outputs and, for a labelled batch, each example's task loss."""
     out = {"logits": head(extract, batch.choice_mask)}
     if batch.labels is not None:
-        out["task_loss"] = head.losses(out["logits"], batch.labels)
+        out["task_loss"] = head.losses(out["logits"], gold(batch.labels))
     return out

@@ -16,7 +16,7 @@ from torch import Tensor
 from gpt_ft.adapters import Embedding, TaskDataError
 from gpt_ft.adapters.contrastive import NO_TEXT, cosent, info_nce, left_out, text_key
 from gpt_ft.adapters.embedding import EmbeddingHead, retrieval_metrics
-from gpt_ft.data.batches import collate, collate_packed
+from gpt_ft.data.batches import collate, collate_packed, gold
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
 from gpt_ft.errors import CardError
 from gpt_ft.training.module import GPTModule
@@ -127,17 +127,21 @@ def test_a_collapsed_model_keeps_every_other_text_a_negative():
     torch.testing.assert_close(losses, torch.full((3,), math.log(3)))
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_labels_cast_to_half_precision_keep_their_texts_apart(dtype, tokenizer_dir):
-    """Under `bf16-true` and `16-true` Lightning casts the labels too: the keys survive, so the
-    loss and the retrieval metrics are float32's (fp16 made most keys inf, bf16 merged some)."""
+@pytest.mark.parametrize("precision, dtype", [("bf16-true", torch.bfloat16), ("16-true", torch.float16)])
+def test_labels_under_half_precision_keep_their_texts_apart(precision, dtype, tokenizer_dir):
+    """Under `bf16-true` and `16-true` Lightning casts a batch's floating-point tensors: label rows
+    travel as bits, and even cast as floats the keys' bytes survive, so the loss and the retrieval
+    metrics are float32's (keys as wider integers became inf in fp16 and merged in bf16)."""
+    from lightning.pytorch.plugins.precision import HalfPrecision
+
     tok = load_tokenizer(tokenizer_dir)
     specials = special_token_ids(tok)
     task = Embedding(name="e", negatives="hard", metrics=["mrr@10", "recall@1"])
     g = torch.Generator().manual_seed(0)
     texts = (torch.randint(5, 300, (3, 6), generator=g).tolist() for _ in range(400))
-    rows = [{**encoded(task, specials, t), "index": i} for i, t in enumerate(texts)]
-    labels = collate(rows, specials.pad).labels
+    batch = collate([{**encoded(task, specials, t), "index": i} for i, t in enumerate(texts)], specials.pad)
+    labels = gold(batch.labels)
+    assert torch.equal(gold(HalfPrecision(precision).convert_input(batch).labels), labels)
     outputs = F.normalize(torch.randn(400, 3, 8, generator=g), dim=-1)
     head = EmbeddingHead(8, candidates=2, symmetric=True, dropout=0.0)
     cast = labels.to(dtype).float()
@@ -407,7 +411,7 @@ def test_validation_of_a_collapsed_model_scores_a_random_order(packing, tokenize
         terms = module.terms(batch)
         no_lm = torch.zeros(6), torch.ones(6)  # an embedding task's LM term is off
         predictions = module.head.predictions(terms["logits"])
-        metric.update(batch.index, *no_lm, terms["task_loss"], predictions, batch.labels)
+        metric.update(batch.index, *no_lm, terms["task_loss"], predictions, gold(batch.labels))
     got = metric.compute()
     # five documents, all tied: each query's own is any of the five places alike
     assert got["recall@1"].item() == pytest.approx(1 / 5)

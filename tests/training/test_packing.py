@@ -267,7 +267,7 @@ def test_a_short_context_before_many_long_continuations_is_laid_once_per_sequenc
     """Sharing an empty prompt (`[start] [delim]`) among three 62-token replies would cost more
     attention than it saves (`sharing_pays`): the sequences pack apart, each a unit, and still equal
     the padded batch."""
-    from gpt_ft.data.batches import sharing_pays
+    from gpt_ft.data.packing import sharing_pays
 
     S, D, E = 1, 2, 3
     long = [[S, D, *range(10, 71), E], [S, D, *range(20, 81), E], [S, D, *range(30, 91), E]]

@@ -169,3 +169,55 @@ def test_generate_says_when_it_falls_back(finetuned, monkeypatch, capsys):
         ]
     )
     assert "running in 32-true instead of bf16-mixed" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("precision", ["bf16-true", "16-true"])
+def test_gold_scores_reach_the_heads_exact_under_half_precision(precision):
+    """`bf16-true` and `16-true` cast every floating-point tensor of a batch before any hook sees it
+    (3.8 in bf16 is 3.796875): scores and score rows travel as bits and reach the heads as float32,
+    class ids as they were."""
+    from lightning.pytorch.plugins.precision import HalfPrecision
+
+    from gpt_ft.data.batches import collate_packed, gold
+
+    plugin = HalfPrecision(precision)
+    for labels in ([3.8, 0.2, 4.6, 2.5], [[3.8, 1.0], [0.2, 2.0], [4.6, 3.0], [2.5, 4.0]], [0, 1, 1, 0]):
+        examples = [
+            {"input_ids": [[1, 5 + i, 2]], "extract_index": [2], "label": label, "index": i}
+            for i, label in enumerate(labels)
+        ]
+        for batch in (collate(examples, 0), collate_packed(examples, 0)):
+            arrived = gold(plugin.convert_input(batch).labels)
+            expected = torch.tensor(labels, dtype=torch.long if labels[0] == 0 else torch.float32)
+            assert arrived.dtype == expected.dtype and torch.equal(arrived, expected)
+
+
+def test_a_bf16_true_run_scores_against_the_exact_gold(tmp_path, tokenizer_dir):
+    """Validation under `bf16-true`: callbacks see the gold scores as float32 and the Pearson
+    correlation is of them (a gold 3.8 read as 3.796875 would move it)."""
+    import lightning as L
+
+    from gpt_ft.adapters import LocalFiles, Similarity
+    from gpt_ft.data.task_data import TaskDataModule
+
+    golds = [3.8, 0.2, 4.6, 2.3, 1.1, 3.3]  # none exact in bf16
+    rows = "".join(f"the cat {'sat ' * i}\ta dog ran\t{s}\n" for i, s in enumerate(golds))
+    (tmp_path / "dev.tsv").write_text("sentence1\tsentence2\tscore\n" + rows)
+    local = LocalFiles(splits={"validation": "dev.tsv"})
+    task = Similarity(name="sts", regression=True, label="score", metrics=["pearson"], local=local)
+    data = TaskDataModule(task, tokenizer_dir, data_dir=str(tmp_path), batch_size=3, max_length=32)
+    torch.manual_seed(0)
+    module = GPTModule(preset="gpt-micro", vocab_size=data.vocab_size, task=task)
+    seen, predictions = [], []
+
+    class Record(L.Callback):
+        def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0):
+            seen.append(batch.labels)
+            predictions.append(pl_module(batch).squeeze(-1).float())
+
+    trainer = L.Trainer(precision="bf16-true", callbacks=[Record()], logger=False, enable_progress_bar=False)
+    (metrics,) = trainer.validate(module, datamodule=data, verbose=False)
+    labels = torch.cat(seen)
+    assert labels.dtype == torch.float32 and torch.equal(labels, torch.tensor(golds))
+    expected = torch.corrcoef(torch.stack([torch.cat(predictions), labels]))[0, 1]
+    assert metrics["validation/pearson"] == pytest.approx(float(expected), rel=1e-5)
