@@ -35,8 +35,8 @@ mean of its tokens (`pooling`); `ours-mean-row`, the extract token whose row sta
 
     python benchmarks/bench_embed.py --glue GLUE --init-from weights/SmolLM2-135M-Instruct.Q4_1.gguf --bf16
     python benchmarks/bench_embed.py --glue GLUE --tokenizer GPT2_BPE  # a random Llama-shaped model
-    python benchmarks/bench_embed.py --glue GLUE --init-from weights/SmolLM2-135M-Instruct.Q4_1.gguf \
-        --nli SNLI_DIR/dev.jsonl --batch-size 32 --lr 5e-5 --seeds 0 1 2 \
+    python benchmarks/bench_embed.py --glue GLUE --init-from weights/SmolLM2-135M-Instruct.Q4_1.gguf \\
+        --nli SNLI_DIR/dev.jsonl --batch-size 32 --lr 5e-5 --seeds 0 1 2 \\
         --contenders untrained ours ours-last ours-mean sentence-transformers
 
 `pip install -e .[bench,sentence]` brings sentence-transformers.

@@ -18,7 +18,7 @@ clipping at 1.0, epochs and seed; dropout as the model has it and no activation 
 Scored on the test lists: best-of-N accuracy (the top reward on the original solution), pairwise
 accuracy and Kendall's τ-b.
 
-    python benchmarks/bench_rank.py --prmbench PRMBENCH_DIR \
+    python benchmarks/bench_rank.py --prmbench PRMBENCH_DIR \\
         --init-from weights/SmolLM2-135M-Instruct.Q4_1.gguf
 
 `--tokenizer DIR --layers L --width W` starts from random weights instead. `pip install -e .[bench]`

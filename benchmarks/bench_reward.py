@@ -25,7 +25,7 @@ the held-out metric is pairwise accuracy (a tie counts half). A row's ratio divi
 `--bf16` does on a CPU. `--init-from WEIGHTS` (a `.gguf`, a folder, a hub id) starts both from
 pretrained weights instead of random ones:
 
-    python benchmarks/bench_reward.py --pairs HH/helpful-base/test.jsonl.gz \
+    python benchmarks/bench_reward.py --pairs HH/helpful-base/test.jsonl.gz \\
         --init-from weights/SmolLM2-135M-Instruct.Q4_1.gguf --bf16
 """
 

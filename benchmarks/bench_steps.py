@@ -22,7 +22,7 @@ weight decay 0.01, clipping at 1.0, epochs and seed; neither saves more than gpt
 Scored on the test split: F1 of the wrong steps, first-error accuracy and ProcessBench's F1. The
 baselines need no model: "no error" judges every step right, "the last step" the last step wrong.
 
-    python benchmarks/bench_steps.py --prmbench PRMBENCH_DIR \
+    python benchmarks/bench_steps.py --prmbench PRMBENCH_DIR \\
         --init-from weights/SmolLM2-135M-Instruct.Q4_1.gguf
 
 `--rounds R` runs every contender R times in turns and keeps its fastest run (a busy machine only

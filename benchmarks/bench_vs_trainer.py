@@ -36,7 +36,7 @@ save, the ceiling of the Trainer's time over ours at λ = 0.
 `--init-from WEIGHTS` (a `.gguf`, a folder, a hub id) starts both from pretrained weights instead
 of random ones (their tokenizer replaces --tokenizer):
 
-    python benchmarks/bench_vs_trainer.py --glue GLUE_DIR \
+    python benchmarks/bench_vs_trainer.py --glue GLUE_DIR \\
         --init-from weights/SmolLM2-135M-Instruct.Q4_1.gguf --contenders "ours, λ=0" Trainer
 """
 

@@ -185,6 +185,20 @@ def test_what_a_benchmark_script_uses_of_another_is_there():
     assert not missing
 
 
+def test_each_benchmarks_help_shows_its_commands_as_written():
+    """A `\\` ending a line of a script's docstring (its `--help`) is printed, not taken by Python as
+    a line continuation that runs the command's lines together."""
+    import ast
+
+    for script in sorted((Path(__file__).parents[1] / "benchmarks").glob("*.py")):
+        source = script.read_text()
+        module = ast.parse(source)
+        doc = ast.get_docstring(module, clean=False)
+        if doc is not None:
+            written = ast.get_source_segment(source, module.body[0])
+            assert doc.count("\n") == written.count("\n"), script.name
+
+
 def test_a_checklist_stopped_by_sigterm_kills_its_part_and_leaves_its_report(tmp_path):
     """The rows so far are on disk after each one; SIGTERM kills the running part's process group
     (a part is a session of its own, which a signal to the checklist's group would not reach) and
