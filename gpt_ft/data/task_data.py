@@ -10,7 +10,6 @@ import hashlib
 import inspect
 import os
 import sys
-from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -19,7 +18,7 @@ from lightning import LightningDataModule
 from torch.utils.data import DataLoader
 
 from gpt_ft.adapters import ENCODING, TaskAdapter, TaskDataError
-from gpt_ft.data.batches import PackedBatch, SharedContextBatch, TaskBatch, collate_batch, gold, reads
+from gpt_ft.data.batches import PackedBatch, SharedContextBatch, TaskBatch, collate_batch, reads
 from gpt_ft.data.files import Origin, load_split, split_origin
 from gpt_ft.data.pinning import pins
 from gpt_ft.data.samplers import EpochSampler, LengthGroupedSampler, ResumableTrainData
@@ -311,12 +310,6 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
     ) -> PackedBatch | TaskBatch | SharedContextBatch:
         shared = self.shared_context and self.task.shares_context
         return collate_batch(examples, self.special_ids, packing=self.packing, shared=shared, split=split)
-
-    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """Scores back from the bits they crossed Lightning's precision cast in (`batches.gold`), so
-        that the module and every callback see them as float32."""
-        labels = getattr(batch, "labels", None)
-        return batch if labels is None or labels.dtype != torch.int32 else replace(batch, labels=gold(labels))
 
     def window_counts(self, batch_idx: int, accumulate: int, batches: int, sampler) -> tuple[int, int] | None:
         """(examples, LM targets) on this rank in the gradient-accumulation window of `accumulate`

@@ -16,7 +16,7 @@ from lightning import LightningModule, Trainer
 from torch import Tensor, nn
 
 from gpt_ft.adapters import TaskAdapter
-from gpt_ft.data.batches import TokenBatch
+from gpt_ft.data.batches import TokenBatch, gold
 from gpt_ft.model.lora import LoRA
 from gpt_ft.training.callbacks import StepValues
 from gpt_ft.training.checkpointing import NonfiniteWatch
@@ -295,6 +295,12 @@ class GPTModule(Evaluation, LightningModule):
             )
 
     # ---- forward and losses ----
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Scores back from the bits they crossed Lightning's precision cast in (`batches.gold`), so
+        that every step and callback sees them as float32, whatever passed the loaders in."""
+        labels = getattr(batch, "labels", None)
+        return batch if labels is None or labels.dtype != torch.int32 else replace(batch, labels=gold(labels))
 
     def forward(self, batch: TokenBatch) -> Tensor:
         """The task head's outputs for a batch: (B, classes), (B, 1), (B, choices), (B, labels); no

@@ -193,8 +193,8 @@ def test_gold_scores_reach_the_heads_exact_under_half_precision(precision):
 
 
 def test_a_bf16_true_run_scores_against_the_exact_gold(tmp_path, tokenizer_dir):
-    """Validation under `bf16-true`: callbacks see the gold scores as float32 and the Pearson
-    correlation is of them (a gold 3.8 read as 3.796875 would move it)."""
+    """Validation under `bf16-true`, from the data module or its loaders alone: callbacks see the
+    gold scores as float32 and the Pearson correlation is of them (3.8 read as 3.796875 moves it)."""
     import lightning as L
 
     from gpt_ft.adapters import LocalFiles, Similarity
@@ -216,8 +216,11 @@ def test_a_bf16_true_run_scores_against_the_exact_gold(tmp_path, tokenizer_dir):
             predictions.append(pl_module(batch).squeeze(-1).float())
 
     trainer = L.Trainer(precision="bf16-true", callbacks=[Record()], logger=False, enable_progress_bar=False)
-    (metrics,) = trainer.validate(module, datamodule=data, verbose=False)
-    labels = torch.cat(seen)
-    assert labels.dtype == torch.float32 and torch.equal(labels, torch.tensor(golds))
-    expected = torch.corrcoef(torch.stack([torch.cat(predictions), labels]))[0, 1]
-    assert metrics["validation/pearson"] == pytest.approx(float(expected), rel=1e-5)
+    data.setup("validate")
+    for given in ({"datamodule": data}, {"dataloaders": data.val_dataloader()}):  # with its hooks or not
+        seen.clear(), predictions.clear()
+        (metrics,) = trainer.validate(module, **given, verbose=False)
+        labels = torch.cat(seen)
+        assert labels.dtype == torch.float32 and torch.equal(labels, torch.tensor(golds))
+        expected = torch.corrcoef(torch.stack([torch.cat(predictions), labels]))[0, 1]
+        assert metrics["validation/pearson"] == pytest.approx(float(expected), rel=1e-5)
