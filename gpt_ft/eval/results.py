@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import statistics
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -274,6 +276,30 @@ def write_zip(archive: Path, folder: Path, names: list[str]) -> None:
                 zf.write(folder / name, name)
 
     write_atomic(archive, zip_to)
+
+
+@contextmanager
+def set_aside(folder: Path | None, result: str) -> Iterator[None]:
+    """A run written anew into `folder`: a finished run's files there (its `result`) are moved
+    aside while the new one runs, put back if it fails or is interrupted, and deleted once it has
+    succeeded; an unfinished run's files are deleted at once. None: nothing to do (another
+    process's turn)."""
+    previous = folder.with_name(f"{folder.name}.previous") if folder is not None else None
+    if folder is not None and folder.exists():
+        if (folder / result).is_file():
+            shutil.rmtree(previous, ignore_errors=True)
+            folder.rename(previous)
+        else:  # interrupted: a finished run set aside before it (if any) stays aside
+            shutil.rmtree(folder)
+    try:
+        yield
+    except BaseException:
+        if previous is not None and previous.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            previous.rename(folder)
+        raise
+    if previous is not None:
+        shutil.rmtree(previous, ignore_errors=True)
 
 
 def write_json(path: Path, value: Any) -> None:

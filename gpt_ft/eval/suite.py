@@ -42,6 +42,7 @@ from gpt_ft.eval.results import (
     percent,
     read_json,
     run_stamps,
+    set_aside,
     write_json,
     write_results,
     write_zip,
@@ -233,35 +234,34 @@ class SuiteRunner:
     def fit(self, run: Run, log=print) -> dict[str, Any]:
         """One fine-tuning run: fit, the chosen epoch's validation metrics, test predictions."""
         folder = self.out / "runs" / run.folder
-        if folder.exists() and first_process():  # an interrupted run: start it again
-            shutil.rmtree(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        start, args = time.perf_counter(), self.fit_args_of(run)
-        config = build_fit.resolve(args + self._min_steps(run))  # recorded, compared by a rerun
-        min_steps = self.spec.min_steps if run.size is not None else None
-        metrics, epoch = fit_and_evaluate(
-            build_fit, args, self.select, predict=self.predict, log=log, min_steps=min_steps
-        )
-        if not self.keep_checkpoints and first_process():
-            for ckpt in folder.rglob("*.ckpt"):
-                ckpt.unlink()
-        result = {
-            "task": run.task,
-            "seed": run.seed,
-            "layers": run.layers,
-            "row": run.row,
-            "size": run.size,
-            "epoch": epoch,
-            "metrics": metrics,
-            "seconds": round(time.perf_counter() - start, 1),
-            "config": config,
-            "select": self.select,
-            "predict": bool(self.predict),
-            "files": run_stamps(self.cards[run.task][1], config),
-        }
-        if first_process():
-            write_json(folder / RESULT, result)
-        return result
+        with set_aside(folder if first_process() else None, RESULT):  # a failed rerun keeps the last
+            folder.mkdir(parents=True, exist_ok=True)
+            start, args = time.perf_counter(), self.fit_args_of(run)
+            config = build_fit.resolve(args + self._min_steps(run))  # recorded, compared by a rerun
+            min_steps = self.spec.min_steps if run.size is not None else None
+            metrics, epoch = fit_and_evaluate(
+                build_fit, args, self.select, predict=self.predict, log=log, min_steps=min_steps
+            )
+            if not self.keep_checkpoints and first_process():
+                for ckpt in folder.rglob("*.ckpt"):
+                    ckpt.unlink()
+            result = {
+                "task": run.task,
+                "seed": run.seed,
+                "layers": run.layers,
+                "row": run.row,
+                "size": run.size,
+                "epoch": epoch,
+                "metrics": metrics,
+                "seconds": round(time.perf_counter() - start, 1),
+                "config": config,
+                "select": self.select,
+                "predict": bool(self.predict),
+                "files": run_stamps(self.cards[run.task][1], config),
+            }
+            if first_process():
+                write_json(folder / RESULT, result)
+            return result
 
     def _zero_shot(self, name: str, log) -> None:
         path = self.out / "runs" / name / "zero-shot" / RESULT

@@ -134,6 +134,16 @@ submission: {{archive: sub.zip, files: [SENT.tsv, STS-B.tsv, AX.tsv]}}
     assert len(calls) == 2 and "2 runs, 0 finished before, 2 to go" in printed
     assert "sts seed 0: its inputs changed since it ran (--data.batch_size=2): running it again" in printed
 
+    # A rerun that fails (a mistyped data folder changes the inputs) puts the finished files back.
+    runs = out / "runs" / "sts"
+    before = {p: p.read_bytes() for p in runs.rglob("*") if p.is_file()}
+    typo = ["--data_dir", as_list(f"sts={tmp_path / 'bb'}")]
+    with pytest.raises(SystemExit):
+        main([*argv[:4], *typo, "--tasks", "sts", *fit_args(*FIT, "--data.batch_size=2")])
+    assert "its inputs changed" in capsys.readouterr().out
+    assert {p: p.read_bytes() for p in runs.rglob("*") if p.is_file()} == before
+    assert sorted(p.name for p in runs.iterdir()) == ["seed-0", "seed-1"]
+
 
 def test_suite_zero_shot_and_transfer_sweep(tmp_path, tokenizer_dir, capsys):
     tok = load_tokenizer(tokenizer_dir)
