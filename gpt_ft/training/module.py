@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from gpt_ft.adapters import TaskAdapter
 from gpt_ft.data.batches import TokenBatch, gold
+from gpt_ft.model.config import GPTConfig
 from gpt_ft.model.lora import LoRA
 from gpt_ft.training.callbacks import StepValues
 from gpt_ft.training.checkpointing import NonfiniteWatch
@@ -115,6 +116,33 @@ def normalised(
         for name in sums
     }
     return combined_loss(full.get("task_loss"), full.get("lm_loss"), lm_coef), {**parts, "loss": loss}
+
+
+def check_fits(loaded: Checkpoint, config: GPTConfig, head: nn.Module | None, task, where: str) -> None:
+    """A checkpoint of another shape, task head or kind than the run's, named in one sentence (not a
+    page of size mismatches)."""
+    stored = loaded.gpt_config or {}
+    differ = [k for k in config.SHAPE_FIELDS if k in stored and stored[k] != getattr(config, k)]
+    if differ:
+        theirs = ", ".join(f"{k}={stored[k]}" for k in differ)
+        ours = ", ".join(f"{k}={getattr(config, k)}" for k in differ)
+        raise ValueError(
+            f"{where} holds a model with {theirs} but this run builds {ours}: give the same "
+            "--model.preset/--model.overrides, or start anew from it with --model.init_from."
+        )
+    rows = loaded.submodule_state("head").get("weight")
+    if loaded.state and rows is None and head is not None:  # (a sharded checkpoint's tensors load apart)
+        raise ValueError(
+            f"{where} is a language model's checkpoint, not a task's: fine-tuning starts from it "
+            "with --model.init_from, not --ckpt_path."
+        )
+    if rows is not None and head is None:
+        raise ValueError(f"{where} is a task's checkpoint: it resumes fine-tuning, not pretraining.")
+    if rows is not None and rows.shape[0] != head.out_features:
+        raise ValueError(
+            f"{where} has a task head of {rows.shape[0]} outputs but task {task.name!r} needs "
+            f"{head.out_features}: fine-tune it anew with --model.init_from."
+        )
 
 
 class GPTModule(Evaluation, LightningModule):
@@ -271,28 +299,14 @@ class GPTModule(Evaluation, LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """A checkpoint of another shape is named in one sentence, not a page of size mismatches."""
-        loaded = Checkpoint(checkpoint)
-        stored, config = loaded.gpt_config, self.gpt.config
+        loaded, config = Checkpoint(checkpoint), self.gpt.config
         where = getattr(attached_trainer(self), "ckpt_path", None) or "The checkpoint"
         check_lora_resume(loaded, self.lora, where)
         fitting = getattr(getattr(attached_trainer(self), "state", None), "fn", None) == "fit"
         self.temperature = 1.0 if fitting else loaded.temperature  # trained on, the weights leave T behind
         if loaded.class_weights is not None and self.head is not None:
             self.head.class_weights = torch.tensor(loaded.class_weights, device=self.head.weight.device)
-        differ = [k for k in config.SHAPE_FIELDS if k in (stored or {}) and stored[k] != getattr(config, k)]
-        if differ:
-            theirs = ", ".join(f"{k}={stored[k]}" for k in differ)
-            ours = ", ".join(f"{k}={getattr(config, k)}" for k in differ)
-            raise ValueError(
-                f"{where} holds a model with {theirs} but this run builds {ours}: give the same "
-                "--model.preset/--model.overrides, or start anew from it with --model.init_from."
-            )
-        head = loaded.submodule_state("head").get("weight")
-        if head is not None and self.head is not None and head.shape[0] != self.head.out_features:
-            raise ValueError(
-                f"{where} has a task head of {head.shape[0]} outputs but task {self.task.name!r} needs "
-                f"{self.head.out_features}: fine-tune it anew with --model.init_from."
-            )
+        check_fits(loaded, config, self.head, self.task, where)
 
     # ---- forward and losses ----
 

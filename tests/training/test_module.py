@@ -116,7 +116,7 @@ def test_bad_hyperparameters():
         GPTModule(init_from="nowhere.ckpt")
 
 
-def test_a_checkpoint_of_another_shape_or_head_is_named_in_one_sentence():
+def test_a_checkpoint_of_another_shape_head_or_kind_is_named_in_one_sentence():
     m = module(SingleText(name="t", labels=["a", "b"]))
     config = dict(vars(m.gpt.config))
     m.on_load_checkpoint({"gpt_config": config, "state_dict": {"head.weight": torch.zeros(2, 16)}})
@@ -128,6 +128,15 @@ def test_a_checkpoint_of_another_shape_or_head_is_named_in_one_sentence():
         m.on_load_checkpoint({"gpt_config": {**config, "n_embd": 64, "n_layer": 2}})
     with pytest.raises(ValueError, match=r"has a task head of 3 outputs but task 't' needs 2"):
         m.on_load_checkpoint({"gpt_config": config, "state_dict": {"head.weight": torch.zeros(3, 16)}})
+    # A checkpoint of the other kind: a language model's resumed as a task's, and the reverse
+    lm_state = {"gpt.wte.weight": torch.zeros(1)}
+    with pytest.raises(ValueError, match=r"^The checkpoint is a language model's checkpoint, not a task's: "):
+        m.on_load_checkpoint({"gpt_config": config, "state_dict": lm_state})
+    m.on_load_checkpoint({"gpt_config": config})  # a sharded checkpoint: its tensors load apart
+    lm = module(None)
+    lm.on_load_checkpoint({"gpt_config": config, "state_dict": lm_state})
+    with pytest.raises(ValueError, match=r"^The checkpoint is a task.s checkpoint: it resumes fine-tuning"):
+        lm.on_load_checkpoint({"gpt_config": config, "state_dict": {"head.weight": torch.zeros(2, 16)}})
 
 
 def test_the_forward_pass_computes_no_loss(monkeypatch):
