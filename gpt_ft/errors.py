@@ -235,11 +235,11 @@ def causes(exc: BaseException | None) -> Iterator[BaseException]:
         exc = exc.__cause__ or exc.__context__
 
 
-def input_file(path: str | os.PathLike, option: str) -> Path:
+def input_file(path: str | os.PathLike, option: str, give: str = "a file") -> Path:
     """`path`, a file to read: one sentence naming `option` where it is missing or a folder."""
     source = Path(path).expanduser()
     if source.is_dir():
-        raise ValueError(f"{option} {source} is a folder; give a file.")
+        raise ValueError(f"{option} {source} is a folder; give {give}.")
     if not source.is_file():
         raise FileNotFoundError(f"{option} {source} does not exist.")
     return source

@@ -20,8 +20,7 @@ from gpt_ft.errors import CardError, causes, check_context, check_devices, check
 from gpt_ft.training.callbacks import History, run_callbacks
 from gpt_ft.training.checkpointing import AtomicCheckpointIO, find_last_checkpoint
 from gpt_ft.training.precision import cpu_precision, runs_on_cpu
-from gpt_ft.training.saved import recorded_run, with_absolute_paths
-from gpt_ft.weights.checkpoint import Checkpoint
+from gpt_ft.training.saved import plain_config, recorded_configuration, with_absolute_paths
 from gpt_ft.weights.pretrained import resolve_tokenizer
 from gpt_ft.workarounds import CheckpointHparamsAsDefaults, parse_unchecked
 
@@ -66,8 +65,6 @@ class GPTCLI(CheckpointHparamsAsDefaults, LightningCLI):
                 ckpt = unchecked.get("ckpt_path")
                 if ckpt in ("last", "best", "hpc", "registry"):  # Lightning's names: `last` found here
                     ckpt = self.resolved_ckpt = newest_last(unchecked.trainer, subcommand, ckpt)
-                if ckpt and Path(ckpt).expanduser().is_dir():
-                    raise ValueError(f"--ckpt_path {ckpt} is a folder: give a checkpoint file (last.ckpt).")
                 recorded = recorded_configuration(ckpt) if ckpt else {}
                 language_model = "token_dir" in ((recorded.get("data") or {}).get("init_args") or {})
                 if language_model and ((unchecked.get("data") or {}).get("init_args") or {}).get("task"):
@@ -118,7 +115,7 @@ class GPTCLI(CheckpointHparamsAsDefaults, LightningCLI):
             if why:
                 rank_zero_info(why)
         tokenizer_of_the_weights(config)
-        self.data_config = with_absolute_paths(_plain(config.data.as_dict()))
+        self.data_config = with_absolute_paths(plain_config(config.data.as_dict()))
 
     def instantiate_classes(self) -> None:
         with card_named(self.config[self.subcommand] if self.subcommand else self.config):
@@ -163,7 +160,7 @@ class ConfigurationOnly(GPTCLI):
 
     def parse_arguments(self, parser, args) -> None:
         super().parse_arguments(parser, args)
-        resolved = _plain(self.config.as_dict())
+        resolved = plain_config(self.config.as_dict())
         resolved.pop("config", None)  # the files read: their values are in the sections
         self.resolved = resolved
         self.config.seed_everything = False  # LightningCLI seeds next, unless the seed is False
@@ -310,17 +307,6 @@ def _logs_follow_root_dir(trainer) -> None:
         logger.init_args.save_dir = trainer.default_root_dir
 
 
-def _plain(value: Any) -> Any:
-    """A parsed config as plain dicts, lists and scalars (what a weights-only checkpoint may hold)."""
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items() if k != "__path__"}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    return str(value)
-
-
 def lightning_main(
     args: list[str] | dict[str, Any] | None,
     *,
@@ -363,22 +349,6 @@ def lightning_main(
         # warmup and the schedule's resume included.
         auto_configure_optimizers=False,
     )
-
-
-def recorded_configuration(ckpt: str) -> dict[str, Any]:
-    """What a gpt_ft checkpoint records of its run (its model, its data section and task card, the
-    tokenizer saved beside it), as parser defaults; nothing for a file that is not one."""
-    if not Path(ckpt).is_file():
-        return {}
-    checkpoint = Checkpoint.read(ckpt)
-    recorded = recorded_run(checkpoint)
-    defaults = {f"model.{key}": value for key, value in _plain(recorded.get("model", {})).items()}
-    data = recorded.get("data")
-    if data:
-        if "tokenizer" in data.get("init_args", {}):  # the copy beside the checkpoint
-            data["init_args"]["tokenizer"] = str(checkpoint.tokenizer) if checkpoint.tokenizer else None
-        defaults["data"] = data
-    return defaults
 
 
 @contextmanager

@@ -19,6 +19,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from gpt_ft.errors import input_file
 from gpt_ft.model import GPTConfig
 from gpt_ft.model.gpt import with_dropout
 from gpt_ft.model.lora import LoRA, add_lora, merged_state_dict
@@ -210,3 +211,31 @@ def recorded_run(checkpoint: Checkpoint) -> dict[str, Any]:
     if checkpoint.data:
         recorded["data"] = checkpoint.data
     return recorded
+
+
+def plain_config(value: Any) -> Any:
+    """A parsed config as plain dicts, lists and scalars (what a weights-only checkpoint may hold)."""
+    if isinstance(value, dict):
+        return {str(k): plain_config(v) for k, v in value.items() if k != "__path__"}
+    if isinstance(value, list | tuple):
+        return [plain_config(v) for v in value]
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return str(value)
+
+
+def recorded_configuration(ckpt: str) -> dict[str, Any]:
+    """What a gpt_ft checkpoint records of its run (its model, its data section and task card, the
+    tokenizer saved beside it), as parser defaults; nothing for a URL (Lightning's to read) or a
+    file gpt_ft did not write, one sentence for a path that is missing or a folder."""
+    if "://" in str(ckpt):
+        return {}
+    checkpoint = Checkpoint.read(input_file(ckpt, "--ckpt_path", give="a checkpoint file (last.ckpt)"))
+    recorded = recorded_run(checkpoint)
+    defaults = {f"model.{key}": value for key, value in plain_config(recorded.get("model", {})).items()}
+    data = recorded.get("data")
+    if data:
+        if "tokenizer" in data.get("init_args", {}):  # the copy beside the checkpoint
+            data["init_args"]["tokenizer"] = str(checkpoint.tokenizer) if checkpoint.tokenizer else None
+        defaults["data"] = data
+    return defaults

@@ -287,11 +287,14 @@ def test_a_typed_commands_bad_value_is_one_sentence_naming_it(
     assert files(tmp_path) == before
 
 
-def test_a_checkpoint_folder_for_a_checkpoint_file(tmp_path, finetuned, capsys):
+def test_a_checkpoint_folder_or_a_missing_one_for_a_checkpoint_file(tmp_path, finetuned, capsys):
     folder = finetuned.ckpt.parent
     assert error(capsys, "validate", f"--ckpt_path={folder}") == (
-        f"--ckpt_path {folder} is a folder: give a checkpoint file (last.ckpt)."
+        f"--ckpt_path {folder} is a folder; give a checkpoint file (last.ckpt)."
     )
+    typo = folder / "lats.ckpt"  # not "No task: give --data.task", which the checkpoint would have given
+    for command in ("validate", "test", "predict"):
+        assert error(capsys, command, f"--ckpt_path={typo}") == f"--ckpt_path {typo} does not exist."
     text = tmp_path / "mine.tsv"
     text.write_text("sentence\nthe cat sat on the mat .\n")
     label = ["label", f"--ckpt_path={folder}", f"--input={text}", f"--output={tmp_path / 'out.tsv'}"]
