@@ -84,6 +84,10 @@ def _adapter_class(class_path: Any) -> type[TaskAdapter] | None:
 
 
 PARSER_MODE = "gpt_ft"
+NO_CLASS_PATH = (
+    "names no class_path: a task card is class_path (e.g. gpt_ft.adapters.SingleText) "
+    "and init_args (see tasks/)."
+)
 
 
 def load_yaml(text: str, path: str = "") -> object:
@@ -116,10 +120,7 @@ def card_problem(value, file, *, init_args_only: bool = False) -> str | None:
         holds = "a task card is a mapping with class_path and init_args (see tasks/)"
         return f"{file} is {_not_a_mapping(value)}: {holds}."
     if "class_path" not in value and ("init_args" in value or not init_args_only):
-        return (
-            f"{file} names no class_path: a task card is class_path (e.g. gpt_ft.adapters.SingleText) "
-            "and init_args (see tasks/)."
-        )
+        return f"{file} {NO_CLASS_PATH}"
     cls = _adapter_class(value.get("class_path"))
     missing = [f for f in card_fields(cls)[1] if f not in (value.get("init_args") or {})] if cls else []
     return f"{file}: the card names no {', '.join(missing)}; {cls.__name__} needs it." if missing else None

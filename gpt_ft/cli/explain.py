@@ -7,7 +7,13 @@ from __future__ import annotations
 from json import dumps
 from typing import Any
 
-from gpt_ft.training.runs import GPTCLI, card_named, lightning_main, refuse_nulls, tokenizer_of_the_weights
+from gpt_ft.training.runs import (
+    GPTCLI,
+    card_named,
+    lightning_main,
+    refuse_bad_config,
+    tokenizer_of_the_weights,
+)
 
 
 class ExplainCLI(GPTCLI):
@@ -26,8 +32,7 @@ class ExplainCLI(GPTCLI):
         parser.add_argument("--json", type=bool, default=False, help="Print JSON instead of text.")
 
     def before_instantiate_classes(self) -> None:
-        with card_named(self.config):
-            refuse_nulls(self.config, self.model_class)
+        refuse_bad_config(self.config, self.model_class)
         tokenizer_of_the_weights(self.config)
 
     def instantiate_classes(self) -> None:

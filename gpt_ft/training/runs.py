@@ -15,7 +15,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from gpt_ft.adapters.cards import PARSER_MODE
+from gpt_ft.adapters.cards import NO_CLASS_PATH, PARSER_MODE
 from gpt_ft.errors import CardError, causes, check_context, check_devices, check_not_null, check_output_dir
 from gpt_ft.training.callbacks import History, run_callbacks
 from gpt_ft.training.checkpointing import AtomicCheckpointIO, find_last_checkpoint
@@ -82,8 +82,7 @@ class GPTCLI(CheckpointHparamsAsDefaults, LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
-        with card_named(config):
-            refuse_nulls(config, self.model_class)
+        refuse_bad_config(config, self.model_class)
         accumulate = config.trainer.get("accumulate_grad_batches")
         if isinstance(accumulate, int) and accumulate < 1:  # Lightning would divide by it
             raise ValueError(f"--trainer.accumulate_grad_batches must be >= 1, got {accumulate}.")
@@ -240,6 +239,26 @@ def refuse_nulls(config, model_class: type | None = None) -> None:
     for option, values, cls in sections:
         if values is not None and cls is not None:
             check_not_null(plain(values), cls, option)
+
+
+def refuse_bad_config(config, model_class: type | None) -> None:
+    """A null where none is taken, or a task card of fields alone, in one sentence."""
+    with card_named(config):
+        refuse_nulls(config, model_class)
+    refuse_fields_alone(config)
+
+
+def refuse_fields_alone(config) -> None:
+    """A task card of fields alone, without its class_path, in one sentence: the parser would build
+    the abstract `TaskAdapter` from it, which fails deep inside the first example."""
+    from importlib import import_module
+
+    from gpt_ft.adapters import TaskAdapter
+
+    task = ((config.get("data") or {}).get("init_args") or {}).get("task")
+    module, _, name = (task.get("class_path") or "").rpartition(".") if hasattr(task, "get") else ("", "", "")
+    if module and getattr(import_module(module), name, None) is TaskAdapter:
+        raise ValueError(f"{task.get('__path__') or '--data.task'} {NO_CLASS_PATH}")
 
 
 FINE_TUNING_EPOCHS = 3  # GPT-1's recipe

@@ -188,6 +188,10 @@ def test_a_bad_preference_pair_names_its_line_in_a_gzipped_file(explain, lines, 
             "init_args (see tasks/).",
         ),
         (
+            "name: s\nlabels: [a, b]\n",  # the fields alone: the parser would build the abstract TaskAdapter
+            "{card} names no class_path: a task card is class_path",
+        ),
+        (
             CARD.format(adapter="SingleText", file="t.tsv").replace("SingleText", "TaskDataError"),
             "--data.task: class_path 'gpt_ft.adapters.TaskDataError' is not a subclass of TaskAdapter",
         ),
