@@ -354,16 +354,13 @@ def _looks_like_local_path(name: str) -> bool:
     return False
 
 
-def check_text_file(path: Path, what: str = "File", chunk_bytes: int = 1 << 20) -> bool:
-    """Whether a file holds any non-whitespace text, after checking all of it is text.
-
-    Raises:
-        ValueError: The file is not UTF-8 text (an invalid byte, or a NUL byte: binary data or
-            UTF-16), or cannot be read; one sentence naming it, `what` first (e.g. "Corpus file").
-    """
+def check_text_file(path: Path, what: str = "File", chunk_bytes: int = 1 << 20, remedy: str = "") -> bool:
+    """Whether a file holds any non-whitespace text, after checking all of it is text: a ValueError
+    names it in one sentence, `what` first (e.g. "Corpus file"), where it is not UTF-8 text (an
+    invalid byte, or a NUL byte: binary data or UTF-16) or cannot be read, and ends with `remedy`."""
+    remedy = remedy or "save it as UTF-8 or leave it out"
     decoder = codecs.getincrementaldecoder("utf-8")()
     offset, has_text = 0, False
-    remedy = "save it as UTF-8 or leave it out"
     try:
         with path.open("rb") as f:
             while chunk := f.read(chunk_bytes):

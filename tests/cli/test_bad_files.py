@@ -65,3 +65,21 @@ def test_yaml_that_does_not_parse_names_file_line_and_column(tmp_path, tokenizer
     assert error_of(["fit", f"--config={config}", f"--data.tokenizer={tokenizer_dir}"], capsys) == (
         f"gpt-ft: error: {problem}"
     )
+
+
+def test_yaml_that_is_not_utf8_is_named(tmp_path, tokenizer_dir, capsys):
+    """A config, card or suite file saved in Latin-1: its reader's UnicodeDecodeError names no file."""
+    config, card, suite = tmp_path / "config.yaml", tmp_path / "card.yaml", tmp_path / "suite.yaml"
+    config.write_bytes(b"trainer:\n  max_epochs: caf\xe9\n")
+    card.write_bytes(b"class_path: gpt_ft.adapters.SingleText\ninit_args:\n  name: caf\xe9\n  labels: [a]\n")
+    suite.write_bytes(b"name: caf\xe9\nseeds: [0]\ntasks:\n  - card.yaml\n")
+    for argv, path, at in (
+        (["fit", f"--config={config}"], config, 26),
+        (["fit", "--data.task", str(card), f"--data.tokenizer={tokenizer_dir}"], card, 61),
+        (["suite", str(suite), f"--out_dir={tmp_path / 'out'}"], suite, 9),
+    ):
+        assert error_of(argv, capsys) == (
+            f"gpt-ft: error: File {path} is not UTF-8 text (byte offset {at}: invalid continuation byte); "
+            "save it as UTF-8."
+        )
+    assert not (tmp_path / "out").exists()
