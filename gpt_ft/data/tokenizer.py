@@ -207,6 +207,7 @@ def train_tokenizer(
     out_dir: str,
     min_frequency: int = 2,
     show_progress: bool = True,
+    overwrite: bool = False,
 ) -> PreTrainedTokenizerFast:
     """Train a GPT-2 style byte-level BPE on text files and save it to ``out_dir`` (`gpt-ft tokenizer`).
 
@@ -221,11 +222,11 @@ def train_tokenizer(
         out_dir: Folder for the tokenizer (AutoTokenizer loads it).
         min_frequency: Least count of a pair to merge.
         show_progress: Show the trainer's progress bar and the closing line.
+        overwrite: Replace the tokenizer an ``out_dir`` holds (token files prepared with it no longer fit).
 
-    Returns the trained tokenizer, with eos/bos ``<|endoftext|>`` and pad ``<|pad|>``.
-
-    Raises FileNotFoundError for a missing file, ValueError for a bad ``vocab_size``, no files or no
-    text, or an ``out_dir`` that holds something else.
+    Returns the trained tokenizer, with eos/bos ``<|endoftext|>`` and pad ``<|pad|>``. Raises
+    FileNotFoundError for a missing file, ValueError for a bad ``vocab_size``, no files or no text,
+    or an ``out_dir`` that is not empty (a tokenizer: unless ``overwrite``).
     """
     specials = [EOS_TOKEN, *(SPECIAL_TOKENS[key] for key in (*_FRAMING, "pad"))]
     alphabet = pre_tokenizers.ByteLevel.alphabet()
@@ -256,11 +257,12 @@ def train_tokenizer(
         )
         raise ValueError(f"{what}; expected non-empty UTF-8 text.")
     out = check_output_dir(out_dir, "--out_dir")
-    if out.is_dir() and any(out.iterdir()) and not is_tokenizer_dir(out):
-        raise ValueError(
-            f"Output directory {out} is not empty and holds no tokenizer; "
-            "expected an empty directory or a tokenizer directory."
+    if out.is_dir() and any(out.iterdir()) and not (overwrite and is_tokenizer_dir(out)):
+        holds = "holds a tokenizer: give another folder, or --overwrite true to replace it"
+        holds = (
+            holds if is_tokenizer_dir(out) else "is not empty and holds no tokenizer; give an empty folder"
         )
+        raise ValueError(f"--out_dir {out} {holds}.")
 
     backend = Tokenizer(models.BPE())
     # add_prefix_space=False as in GPT-2: the first word of a text is encoded without a space.

@@ -242,10 +242,17 @@ def test_training_reads_the_text_as_prepare_does(corpus: list[Path], tmp_path: P
     assert (tmp_path / "win/tokenizer.json").read_text() == (tmp_path / "plain/tokenizer.json").read_text()
 
 
-def test_training_into_existing_tokenizer_dir_overwrites_it(corpus: list[Path], tmp_path: Path) -> None:
-    train_tokenizer(inputs=corpus, vocab_size=280, out_dir=tmp_path / "tok", show_progress=False)
-    again = train_tokenizer(inputs=corpus, vocab_size=300, out_dir=tmp_path / "tok", show_progress=False)
-    assert len(AutoTokenizer.from_pretrained(tmp_path / "tok")) == len(again) > 280
+def test_training_into_a_tokenizer_dir_replaces_it_if_asked(corpus: list[Path], tmp_path: Path) -> None:
+    out = tmp_path / "tok"
+    train_tokenizer(inputs=corpus, vocab_size=280, out_dir=out, show_progress=False)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(
+        ValueError, match=re.escape(f"--out_dir {out} holds a tokenizer: give another folder, or --overwrite")
+    ):
+        train_tokenizer(inputs=corpus, vocab_size=300, out_dir=out, show_progress=False)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    again = train_tokenizer(inputs=corpus, vocab_size=300, out_dir=out, show_progress=False, overwrite=True)
+    assert len(AutoTokenizer.from_pretrained(out)) == len(again) > 280
 
 
 # --- bad input ------------------------------------------------------------------------------------
@@ -341,7 +348,7 @@ def test_train_refuses_to_overwrite_other_directory(corpus: list[Path], tmp_path
     out.mkdir()
     (out / "model.ckpt").write_text("weights")
     with pytest.raises(
-        ValueError, match=re.escape(f"Output directory {out} is not empty and holds no tokenizer")
+        ValueError, match=re.escape(f"--out_dir {out} is not empty and holds no tokenizer; give an empty")
     ):
         train_tokenizer(inputs=corpus, vocab_size=300, out_dir=out)
     assert [p.name for p in out.iterdir()] == ["model.ckpt"]
