@@ -108,7 +108,8 @@ class GPTCLI(CheckpointHparamsAsDefaults, LightningCLI):
         if self.subcommand == "predict":  # where it writes, checked before the weights load
             check_output_dir(config.model.predictions_dir, "--model.predictions_dir")
         _logs_follow_root_dir(config.trainer)
-        _recipe_length(config)
+        if self.subcommand in (None, "fit"):  # (None: a suite's run)
+            _recipe_length(config)
         if runs_on_cpu(config.trainer.get("accelerator", "auto")):
             config.trainer.precision, why = cpu_precision(config.trainer.get("precision"))
             if why:

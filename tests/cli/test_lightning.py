@@ -7,7 +7,7 @@ import pytest
 
 from gpt_ft.cli import main
 from gpt_ft.errors import check_context
-from gpt_ft.training.runs import _plain
+from gpt_ft.training.saved import plain_config
 from tests.helpers import assert_classifier_agrees, common_args, make_task
 
 
@@ -82,7 +82,7 @@ def test_sequences_longer_than_the_context_are_refused_before_anything_runs():
 def test_a_parsed_config_is_stored_as_plain_values():
     config = {"task": {"class_path": "x.Y", "init_args": {"labels": ("a", "b")}}, "__path__": "c.yaml"}
     config["dir"], config["n"], config["off"] = Path("data"), 3, None
-    assert _plain(config) == {
+    assert plain_config(config) == {
         "task": {"class_path": "x.Y", "init_args": {"labels": ["a", "b"]}},
         "dir": "data",
         "n": 3,
@@ -102,7 +102,10 @@ def test_fine_tuning_given_no_length_runs_the_recipes_3_epochs_and_says_so(
     assert epochs == ["0", "1", "2"]
     assert "no --trainer.max_epochs given: fine-tuning runs the recipe's 3 epochs" in caplog.text
     caplog.clear()
-    main(["fit", *args, "--trainer.max_steps=2", "--trainer.enable_checkpointing=false"])
+    main(["fit", *args, "--trainer.max_steps=2"])
+    assert "recipe's 3 epochs" not in caplog.text
+    (last,) = tmp_path.rglob("last.ckpt")
+    main(["validate", f"--ckpt_path={last}"])  # it trains nothing
     assert "recipe's 3 epochs" not in caplog.text
 
 
