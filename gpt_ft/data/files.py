@@ -68,7 +68,8 @@ def _load_local(task: TaskAdapter, split: str, data_dir: Path):
     origin = split_origin(task, split, data_dir)
     path = origin.path
     if not path.is_file():
-        raise TaskDataError(f"{path}: file not found (split {split!r} of task {task.name!r}).")
+        what = "a folder, not a file" if path.is_dir() else "file not found"
+        raise TaskDataError(f"{path}: {what} (split {split!r} of task {task.name!r}).")
     if path.stat().st_size == 0:
         raise TaskDataError(f"{path}: file is empty (split {split!r} of task {task.name!r}).")
     ds = read_table(

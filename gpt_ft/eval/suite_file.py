@@ -11,7 +11,7 @@ from typing import Literal
 import yaml
 from jsonargparse import ArgumentParser
 
-from gpt_ft.errors import parse_error_message, yaml_problem
+from gpt_ft.errors import input_file, parse_error_message, yaml_problem
 from gpt_ft.eval.zeroshot import ZeroShot
 
 
@@ -134,9 +134,7 @@ def as_list(value) -> list:
 
 def load_suite(path: str | Path) -> SuiteSpec:
     """Parse and check a suite file; errors name the file and the field at fault."""
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(f"Suite file {path} does not exist.")
+    path = input_file(path, "Suite file", give="the suite's YAML file")
     parser = ArgumentParser(exit_on_error=False)
     parser.add_class_arguments(SuiteSpec, "suite")
 

@@ -53,6 +53,8 @@ def dev(root: Path) -> Path:
 def test_missing_data_file(run):
     dev(run.root).unlink()
     assert "d/dev.tsv: file not found (split 'validation' of task 'sent')" in run()
+    dev(run.root).mkdir()
+    assert "d/dev.tsv: a folder, not a file (split 'validation' of task 'sent')" in run()
 
 
 def test_unreadable_data_file(run):
