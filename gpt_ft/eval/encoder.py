@@ -142,13 +142,14 @@ def embed(
 
 def check_embeds(stored: Checkpoint) -> None:
     """Refuses a checkpoint of a task that is no embedding task (one a classifier reads)."""
-    if stored.is_gpt_ft and stored.task_card:
-        task = card_from_value(stored.task_card, f"The task card recorded in {stored.where}")
-        if not task.output.embeds:
-            raise ValueError(
-                f"{stored.where} is a model of task {task.name!r}, not an embedding model: "
-                "`gpt-ft label` (or Classifier) gives its predictions."
-            )
+    if not stored.is_gpt_ft or not stored.task_card:  # a language model's, or not gpt_ft's
+        raise ValueError(f"{stored.where} is not a fine-tuned gpt_ft checkpoint: it records no task card.")
+    task = card_from_value(stored.task_card, f"The task card recorded in {stored.where}")
+    if not task.output.embeds:
+        raise ValueError(
+            f"{stored.where} is a model of task {task.name!r}, not an embedding model: "
+            "`gpt-ft label` (or Classifier) gives its predictions."
+        )
 
 
 def read_texts(path: Path, field: str) -> tuple[list[dict[str, Any]], list[str]]:

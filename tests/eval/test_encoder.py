@@ -198,6 +198,26 @@ def test_a_classifier_checkpoint_is_not_an_encoder_nor_an_encoder_a_classifier(
         main(["embed", f"--ckpt_path={finetuned.ckpt}", f"--input={tmp_path / 'in.tsv'}", f"--output={out}"])
     message = capsys.readouterr().err.strip().splitlines()[-1]
     assert message.startswith(f"gpt-ft: error: {finetuned.ckpt} is a model of task ")
+    from gpt_ft.weights.checkpoint import Checkpoint
+
+    language_model = Checkpoint.read(finetuned.ckpt)
+    del language_model.data_args["task"]  # as a pretraining run records its data: no task card
+    language_model.save(tmp_path / "lm.ckpt")
+    with pytest.raises(SystemExit):  # named before the input's missing 'text' field
+        main(
+            [
+                "embed",
+                f"--ckpt_path={tmp_path / 'lm.ckpt'}",
+                f"--input={tmp_path / 'in.tsv'}",
+                f"--output={out}",
+            ]
+        )
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert (
+        message
+        == f"gpt-ft: error: {tmp_path / 'lm.ckpt'} is not a fine-tuned gpt_ft checkpoint: it records no task "
+        "card."
+    )
     (tmp_path / "in.doc").write_text("a cat\n")
     with pytest.raises(SystemExit):  # an unknown extension is the input's fault (there is no card here)
         main(["embed", f"--ckpt_path={ckpt}", f"--input={tmp_path / 'in.doc'}", f"--output={out}"])
