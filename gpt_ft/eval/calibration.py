@@ -89,9 +89,14 @@ def calibrate(
         overwrite: Replace --output if it exists.
     """
     ckpt = ckpt_path
-    check_output_file(
-        output, "--output", overwrite=overwrite, reads=Path(ckpt).expanduser()
-    )  # before any work
+    output = check_output_file(output, "--output", overwrite=overwrite, reads=Path(ckpt).expanduser())
+    beside = output.parent.resolve() != Path(ckpt).expanduser().parent.resolve()
+    tokenizer = output.parent / f"{output.stem}.tokenizer" if beside else None  # the tokenizer goes along
+    if tokenizer is not None and tokenizer.exists() and not (overwrite and tokenizer.is_dir()):
+        replace = ", or --overwrite to replace it" if tokenizer.is_dir() else ""
+        raise ValueError(
+            f"{tokenizer}, where --output's tokenizer goes, exists: give another --output{replace}."
+        )
     stored = Checkpoint.read(ckpt)
     clf = Classifier.from_checkpoint(stored, device="cpu")
     task = clf.task
@@ -115,11 +120,10 @@ def calibrate(
         return float(task.output.calibration(probabilities, labels).get("ece", float("nan")))
 
     stored.temperature = temperature
-    output = Path(output).expanduser()
     with writing(output):
-        if output.parent.resolve() != Path(ckpt).expanduser().parent.resolve():  # the tokenizer goes along
-            tokenizer = output.parent / f"{output.stem}.tokenizer"
-            shutil.copytree(stored.tokenizer, tokenizer, dirs_exist_ok=True)
+        if tokenizer is not None:
+            shutil.rmtree(tokenizer, ignore_errors=True)  # (one there was asked to be replaced)
+            shutil.copytree(stored.tokenizer, tokenizer)
             stored.tokenizer = tokenizer.name
         stored.save(output)
     found = {"temperature": temperature, "ece_before": ece(1.0), "ece_after": ece(temperature)}

@@ -332,6 +332,19 @@ def test_label_of_a_plain_text_file_and_calibrate_on_a_split_without_labels(tmp_
         f.write("9\ta fine film .\tmaybe\n")  # line 7: the header, 5 rows, then this one
     message = error(capsys, "calibrate", ckpt, calibrated, f"--data_dir={tmp_path}")
     assert message.startswith(f"{tmp_path / 'd' / 'dev.tsv'}, line 7: ") and "'maybe'" in message
+    beside = tmp_path / "c.tokenizer"  # where the tokenizer goes along: a file, then a folder there
+    beside.write_text("mine")
+    assert error(capsys, "calibrate", ckpt, calibrated, "--overwrite=true") == (
+        f"{beside}, where --output's tokenizer goes, exists: give another --output."
+    )
+    beside.unlink()
+    beside.mkdir()
+    (beside / "mine.txt").write_text("mine")
+    assert error(capsys, "calibrate", ckpt, calibrated) == (
+        f"{beside}, where --output's tokenizer goes, exists: give another --output, or --overwrite to "
+        "replace it."
+    )
+    assert (beside / "mine.txt").read_text() == "mine" and not (tmp_path / "c.ckpt").exists()
 
 
 def test_cuda_asked_for_where_torch_sees_none_is_one_sentence(monkeypatch):
