@@ -257,6 +257,10 @@ def prepare(
     files = [inputs] if isinstance(inputs, str | os.PathLike) else list(inputs or [])
     if bool(files) == bool(dataset):
         raise ValueError("Give either text files/folders or --dataset, not both and not neither.")
+    if dataset and Path(dataset).expanduser().is_file():  # datasets would look for it on the hub
+        raise ValueError(
+            f"--dataset {dataset} is a file: give a dataset's folder or hub id, or the file as --inputs."
+        )
     if not 0 <= validation_fraction < 1:
         raise ValueError(f"validation_fraction must be in [0, 1), got {validation_fraction}.")
     if workers < 1:

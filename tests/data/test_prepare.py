@@ -145,6 +145,12 @@ def test_bad_prepare_arguments(tmp_path, tokenizer_dir):
         ValueError, match="Give either text files/folders or --dataset, not both and not neither"
     ):
         prepare(out_dir=tmp_path / "t", tokenizer=tokenizer_dir, progress=False)
+    table = tmp_path / "ok.csv"  # not looked for on the hub (retried for half a minute offline)
+    table.write_text("text\na cat\n")
+    with pytest.raises(
+        ValueError, match=r"^--dataset \S+ok.csv is a file: give a dataset's folder or hub id, or"
+    ):
+        prepare(out_dir=tmp_path / "t", tokenizer=tokenizer_dir, dataset=str(table), progress=False)
     with pytest.raises(ValueError, match=r"validation_fraction must be in \[0, 1\), got 1"):
         prepare(
             out_dir=tmp_path / "t",
