@@ -125,6 +125,13 @@ def test_unknown_adapter(run):
     assert "--data.task: class_path 'gpt_ft.adapters.SingleTxt': module 'gpt_ft.adapters' has no" in run()
 
 
+def test_a_folder_or_a_data_file_for_the_task_card(run):
+    for given, what in ((run.root, "a folder"), (dev(run.root), "not a YAML file")):
+        assert run(f"--data.task={given}") == (
+            f"gpt-ft: error: --data.task {given} is {what}: give a task card (e.g. tasks/glue/rte.yaml)."
+        )
+
+
 def test_checkpoint_of_another_model_shape(run, finetuned):
     small = finetuned.ckpt  # a run of MICRO's shape, n_embd 32
     wider = MICRO.replace("n_embd: 32", "n_embd: 64")
