@@ -27,8 +27,14 @@ def parse_error_message(text: str) -> str:
     keys = list(dict.fromkeys(re.findall(r'Parser key "([^"]+)"', text)))
     lines = [line.strip(" -") for line in text.splitlines() if line.strip(" -")]
     values = [line.split(":", 1)[1].strip() for line in lines if line.startswith("Given value:")]
-    nested = re.search(r"NestedArg\(key='[^']*', val='([^']*)'\)", text)
-    value = nested[1] if nested else values[0] if values else None  # as typed: a file, or the value
+    nested = re.search(r"NestedArg\(key='([^']*)', val='([^']*)'\)", text)
+    value = nested[2] if nested else values[0] if values else None  # as typed: a file, or the value
+    typed = Path(value).expanduser() if nested and nested[1] == "task" else None
+    if typed is not None and (
+        typed.is_dir() or typed.is_file() and typed.suffix not in (".yaml", ".yml", ".json")
+    ):
+        what = "a folder" if typed.is_dir() else "not a YAML file"
+        return f"--data.task {value} is {what}: give a task card (e.g. tasks/glue/rte.yaml)."
     given = values[0] if values else value  # the innermost value, the one at fault
     where = f"--{'.'.join(keys)}: " if keys else ""
     unaccepted = [line for line in lines if "is not accepted" in line or "is not expected" in line]

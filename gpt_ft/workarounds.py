@@ -296,6 +296,22 @@ def config_file_being_read(text: str) -> str | None:
         return None
 
 
+def file_not_decoded(exc: BaseException) -> str | None:
+    """The file jsonargparse was reading (a `--config` file, or a task card given as a path) when
+    `exc` or an exception it was raised from met text that is not UTF-8: the UnicodeDecodeError names
+    none. Read off its traceback, from the innermost frame that holds a `jsonargparse.Path` (its
+    reader's `self`); if jsonargparse comes to name the file itself, drop this. None elsewhere."""
+    import jsonargparse
+
+    while exc is not None and not isinstance(exc, UnicodeDecodeError):
+        exc = exc.__cause__ or exc.__context__
+    tb, found = exc.__traceback__ if exc is not None else None, None
+    while tb is not None:
+        held = [v for v in tb.tb_frame.f_locals.values() if isinstance(v, jsonargparse.Path)]
+        found, tb = str(held[-1]) if held else found, tb.tb_next
+    return found
+
+
 def parse_unchecked(parser, args: list[str]):
     """`args` parsed without checking required values or validating: to read one option ahead of
     the full parse. jsonargparse's `_skip_validation` keyword is private (its own parse_env and dump

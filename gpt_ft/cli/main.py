@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 from gpt_ft.cli.commands import lazy, lightning
 from gpt_ft.errors import FileProblem, TaskDataError, causes, os_error_message, parse_error_message
-from gpt_ft.workarounds import torchao_import_loggers
+from gpt_ft.workarounds import file_not_decoded, torchao_import_loggers
 
 
 class Command(NamedTuple):
@@ -80,23 +80,20 @@ def user_message(exc: BaseException) -> str:
     return text
 
 
-def undecodable_file(exc: BaseException, args: list[str]) -> str | None:
-    """For an error raised by reading text that is not UTF-8: the sentence naming the YAML file
-    among the command's arguments (a config, card or suite file) that holds it, which the readers'
-    own UnicodeDecodeError does not name."""
-    if not any(isinstance(e, UnicodeDecodeError) for e in causes(exc)):
+def undecodable_file(exc: BaseException) -> str | None:
+    """The sentence naming the config file or task card that is not UTF-8, where reading one raised
+    `exc` (the reader's UnicodeDecodeError names no file)."""
+    path = file_not_decoded(exc)
+    if path is None:
         return None
     from pathlib import Path
 
     from gpt_ft.data.tokenizer import check_text_file
 
-    for arg in args:
-        path = Path(arg.split("=", 1)[-1]).expanduser()
-        if path.suffix in (".yaml", ".yml") and path.is_file():
-            try:
-                check_text_file(path, remedy="save it as UTF-8")
-            except ValueError as problem:
-                return str(problem)
+    try:
+        check_text_file(Path(path), remedy="save it as UTF-8")
+    except ValueError as problem:
+        return str(problem)
     return None
 
 
@@ -171,12 +168,12 @@ def main(argv: list[str] | None = None) -> None:
     except USER_ERRORS as exc:
         if debug:
             raise
-        fail(undecodable_file(exc, args) or user_message(exc))
+        fail(undecodable_file(exc) or user_message(exc))
     except argparse.ArgumentError as exc:
         if debug:
             raise
         problem = next((e for e in causes(exc) if isinstance(e, FileProblem)), None)
-        fail(undecodable_file(exc, args) or (str(problem) if problem else parse_error_message(str(exc))))
+        fail(undecodable_file(exc) or (str(problem) if problem else parse_error_message(str(exc))))
     except OSError as exc:  # a file that cannot be read or written (no space, permission, read-only)
         if debug or exc.filename is None:
             raise

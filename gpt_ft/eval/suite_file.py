@@ -139,7 +139,9 @@ def load_suite(path: str | Path) -> SuiteSpec:
     parser.add_class_arguments(SuiteSpec, "suite")
 
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"Suite file {path} is not UTF-8 text ({exc.reason}); save it as UTF-8.") from None
     except yaml.YAMLError as exc:
         raise ValueError(f"Suite file {path} is not valid YAML: {yaml_problem(exc)}") from None
     if not isinstance(raw, dict):

@@ -60,7 +60,6 @@ class GPTCLI(CheckpointHparamsAsDefaults, LightningCLI):
         subcommand = None  # a configuration (a dict: `gpt-ft suite`'s runs) is parsed as it is
         if not isinstance(args, dict):
             subcommand = self._only
-            check_card_path(args)
             if subcommand in ("validate", "test", "predict"):
                 unchecked = parse_unchecked(parser, args)[subcommand]
                 ckpt = unchecked.get("ckpt_path")
@@ -241,22 +240,6 @@ def refuse_nulls(config, model_class: type | None = None) -> None:
     for option, values, cls in sections:
         if values is not None and cls is not None:
             check_not_null(plain(values), cls, option)
-
-
-def check_card_path(args: list[str]) -> None:
-    """A folder or a data file given as `--data.task`, in one sentence (the parser would take its
-    path for a class's import path)."""
-    for i, arg in enumerate(args):
-        given = arg.partition("=")[2] if arg.startswith("--data.task=") else None
-        given = args[i + 1] if arg == "--data.task" and i + 1 < len(args) else given
-        path = Path(given).expanduser() if given else None
-        if (
-            path is not None
-            and path.exists()
-            and (path.is_dir() or path.suffix.lower() not in (".yaml", ".yml", ".json"))
-        ):
-            what = "a folder" if path.is_dir() else "not a YAML file"
-            raise ValueError(f"--data.task {given} is {what}: give a task card (e.g. tasks/glue/rte.yaml).")
 
 
 def refuse_bad_config(config, model_class: type | None) -> None:

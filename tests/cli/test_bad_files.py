@@ -76,10 +76,17 @@ def test_yaml_that_is_not_utf8_is_named(tmp_path, tokenizer_dir, capsys):
     for argv, path, at in (
         (["fit", f"--config={config}"], config, 26),
         (["fit", "--data.task", str(card), f"--data.tokenizer={tokenizer_dir}"], card, 61),
-        (["suite", str(suite), f"--out_dir={tmp_path / 'out'}"], suite, 9),
     ):
         assert error_of(argv, capsys) == (
             f"gpt-ft: error: File {path} is not UTF-8 text (byte offset {at}: invalid continuation byte); "
             "save it as UTF-8."
         )
+    config.write_text(f"data:\n  task: {card}\n")  # a card named inside a config
+    assert error_of(["fit", f"--config={config}", f"--data.tokenizer={tokenizer_dir}"], capsys) == (
+        f"gpt-ft: error: File {card} is not UTF-8 text (byte offset 61: invalid continuation byte); "
+        "save it as UTF-8."
+    )
+    assert error_of(["suite", str(suite), f"--out_dir={tmp_path / 'out'}"], capsys) == (
+        f"gpt-ft: error: Suite file {suite} is not UTF-8 text (invalid continuation byte); save it as UTF-8."
+    )
     assert not (tmp_path / "out").exists()
