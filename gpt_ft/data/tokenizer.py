@@ -258,11 +258,11 @@ def train_tokenizer(
         raise ValueError(f"{what}; expected non-empty UTF-8 text.")
     out = check_output_dir(out_dir, "--out_dir")
     if out.is_dir() and any(out.iterdir()) and not (overwrite and is_tokenizer_dir(out)):
-        holds = "holds a tokenizer: give another folder, or --overwrite true to replace it"
-        holds = (
-            holds if is_tokenizer_dir(out) else "is not empty and holds no tokenizer; give an empty folder"
-        )
-        raise ValueError(f"--out_dir {out} {holds}.")
+        if is_tokenizer_dir(out):
+            raise ValueError(
+                f"--out_dir {out} holds a tokenizer: give another folder, or --overwrite true to replace it."
+            )
+        raise ValueError(f"--out_dir {out} is not empty and holds no tokenizer; give an empty folder.")
 
     backend = Tokenizer(models.BPE())
     # add_prefix_space=False as in GPT-2: the first word of a text is encoded without a space.
