@@ -103,6 +103,15 @@ def load_yaml(text: str, path: str = "") -> object:
     if path and not isinstance(value, dict):
         holds = "a config file is a mapping with sections (trainer, model, data, ...)"
         raise FileProblem(f"{file} is {_not_a_mapping(value)}: {holds}.")
+    if (
+        file
+        and not path
+        and Path(file).suffix.lower() in (".tsv", ".csv", ".jsonl", ".parquet", ".txt", ".gz")
+    ):
+        raise FileProblem(
+            f"{file} is no card file: a card's local files are `local: {{splits: {{train: FILE, ...}}}}` "
+            "(see tasks/), not a file's name."
+        )
     if file and not path and (problem := card_problem(value, file, init_args_only=True)):
         raise FileProblem(problem)
     return complete_card(value)

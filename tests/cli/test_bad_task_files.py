@@ -188,6 +188,10 @@ def test_a_bad_preference_pair_names_its_line_in_a_gzipped_file(explain, lines, 
             "init_args (see tasks/).",
         ),
         (
+            "class_path: gpt_ft.adapters.SingleText\ninit_args: {name: s, labels: [a], local: d/t.tsv}\n",
+            "{card.parent}/d/t.tsv is no card file: a card's local files are `local: {{splits: {{train:",
+        ),
+        (
             "name: s\nlabels: [a, b]\n",  # the fields alone: the parser would build the abstract TaskAdapter
             "{card} names no class_path: a task card is class_path",
         ),
