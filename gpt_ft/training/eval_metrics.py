@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from torchmetrics import Metric
 
 from gpt_ft.adapters import TaskAdapter
-from gpt_ft.data.batches import TokenBatch, gold
+from gpt_ft.data.batches import TokenBatch
 from gpt_ft.training.reports import write_report
 from gpt_ft.training.terms import combined_loss
 
@@ -129,7 +129,7 @@ class Evaluation:
             extra = dict(
                 task_loss=terms["task_loss"],
                 predictions=self.head.predictions(logits),
-                labels=gold(batch.labels),
+                labels=batch.labels,  # float32 scores: the module's on_after_batch_transfer
                 probabilities=self.head.probabilities(logits / self.temperature),
             )
         lm_sum = terms.get("lm_sum", torch.zeros(B, device=self.device))
