@@ -18,16 +18,29 @@ two processes mostly take turns. The background processes run at a lower priorit
 (`lower_priority`): the session's own tests keep a whole core, and the background takes both once
 they are done (shared equally, the three processes gave the tests two thirds of a core, and the
 session ended later).
+
+Most of a command's own work is importing torch, Lightning and transformers (about 5 s of CPU for
+`gpt-ft fit`), so a `preloaded` command is not started afresh: it is a fork of one template process
+that imported the toolkit once at the start of the session (multiprocessing's forkserver), run as
+`python -m gpt_ft ARGS` or `python -c CODE ARGS` would run it, in its own session, working
+directory and environment, its output in files. What a command checks of a fresh interpreter (which
+modules an import pulls in, what `PYTHONPATH` alone finds, an environment read at import) needs
+`fresh` instead. A DDP run's other ranks are fresh processes either way (Lightning starts them).
 """
 
 from __future__ import annotations
 
+import multiprocessing
+import multiprocessing.forkserver
 import os
+import runpy
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -51,24 +64,76 @@ def lower_priority(pid: int) -> None:
         pass
 
 
+def label(argv: list[str]) -> str:
+    """A command in a few words, for the summary: its first arguments, a path's file name, code's
+    first line."""
+    words = (next((line for line in a.splitlines() if line.strip()), "") for a in argv[1:5])
+    return " ".join(Path(w).name if w == a and " " not in a else w for a, w in zip(argv[1:5], words))
+
+
 @dataclass
 class Command:
     """One process: its arguments, working directory and environment (None: the session's, as it was
     when the session started; OMP_NUM_THREADS=1 is added either way); `after`, if given, is called
     once the process has ended, before the next command starts, and what it returns is the result's
-    `after` (e.g. the files there were)."""
+    `after` (e.g. the files there were). `preloaded`: `python -m MODULE ...` or `python -c CODE ...`
+    run in a fork of the template process, which has the toolkit imported already."""
 
     argv: list[str]
     cwd: Path = ROOT
     env: dict[str, str] | None = None
     after: Callable[[], object] | None = None
+    preloaded: bool = False
 
 
 def gpt_ft(
-    *args: str, cwd: Path = ROOT, env: dict[str, str] | None = None, after: Callable[[], object] | None = None
+    *args: str,
+    cwd: Path = ROOT,
+    env: dict[str, str] | None = None,
+    after: Callable[[], object] | None = None,
+    fresh: bool = False,
 ) -> Command:
-    """`python -m gpt_ft ARGS`."""
-    return Command([sys.executable, "-m", "gpt_ft", *args], cwd, env, after)
+    """`python -m gpt_ft ARGS`, preloaded unless `fresh`."""
+    return Command([sys.executable, "-m", "gpt_ft", *args], cwd, env, after, preloaded=not fresh)
+
+
+TEMPLATE = multiprocessing.get_context("forkserver")
+TEMPLATE.set_forkserver_preload(["gpt_ft.cli.main", "gpt_ft.training.runs", "tests.interrupt"])
+
+
+def _preloaded(argv: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> None:
+    """In the forked template: `python ARGV` (`-m MODULE ...` or `-c CODE ...`) as a process of its
+    own would run it, its stdout and stderr written to `out` and `err`; exits with its status."""
+    os.setsid()  # its own process group (killed with its children if need be) and autogroup
+    lower_priority(os.getpid())
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    option, target, *args = argv
+    pythonpath = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:0] = [cwd if option == "-m" else "", *pythonpath]  # as `python -m` or `-c` would have it
+    for fd, path in ((1, out), (2, err)):
+        file = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(file, fd)
+        os.close(file)
+    status = 0
+    try:
+        if option == "-m":
+            sys.argv = [target, *args]
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = ["-c", *args]
+            exec(compile(target, "<string>", "exec"), {"__name__": "__main__"})
+    except SystemExit as stop:
+        if isinstance(stop.code, str):
+            print(stop.code, file=sys.stderr)
+        status = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
+    except BaseException:
+        traceback.print_exc()
+        status = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
 
 
 class Background:
@@ -78,7 +143,7 @@ class Background:
     def __init__(self) -> None:
         self._executor = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="tests-background")
         self._jobs: dict[Callable, tuple[Path, Future]] = {}
-        self._live: set[subprocess.Popen] = set()
+        self._live: set[subprocess.Popen | multiprocessing.process.BaseProcess] = set()
         self._lock = threading.Lock()
         self._closed = False
         self._env = dict(os.environ)  # before any test changes it
@@ -91,6 +156,10 @@ class Background:
         return start in self._jobs
 
     def submit(self, start: Callable, root: Path, commands: list[Command]) -> None:
+        if any(command.preloaded for command in commands):
+            # The template starts (and imports the toolkit while the first tests run) with the
+            # session's environment as it is now, on the main thread: what preloaded imports see.
+            multiprocessing.forkserver.ensure_running()
         self._jobs[start] = (root, self._executor.submit(self._run_all, commands))
 
     def fail(self, start: Callable, root: Path, exc: BaseException) -> None:
@@ -110,13 +179,22 @@ class Background:
 
     def _run(self, command: Command) -> subprocess.CompletedProcess:
         start = time.perf_counter()
+        env = {**(command.env if command.env is not None else self._env), **ONE_THREAD}
+        run = self._run_preloaded if command.preloaded else self._run_fresh
+        done = subprocess.CompletedProcess(command.argv, *run(command, env))
+        done.after = command.after() if command.after is not None else None
+        self.ended = time.perf_counter()
+        self.seconds.append((self.ended - start, label(command.argv)))
+        return done
+
+    def _run_fresh(self, command: Command, env: dict[str, str]) -> tuple[int, str, str]:
         with self._lock:
             if self._closed:
                 raise RuntimeError("the test session ended before this command ran")
             process = subprocess.Popen(
                 command.argv,
                 cwd=command.cwd,
-                env={**(command.env if command.env is not None else self._env), **ONE_THREAD},
+                env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
@@ -129,18 +207,34 @@ class Background:
         finally:
             with self._lock:
                 self._live.discard(process)
-        done = subprocess.CompletedProcess(command.argv, process.returncode, out, err)
-        done.after = command.after() if command.after is not None else None
-        self.ended = time.perf_counter()
-        self.seconds.append((self.ended - start, " ".join(Path(a).name for a in command.argv[1:5])))
-        return done
+        return process.returncode, out, err
+
+    def _run_preloaded(self, command: Command, env: dict[str, str]) -> tuple[int, str, str]:
+        with tempfile.TemporaryDirectory(prefix="gpt_ft-background-") as tmp:
+            out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
+            args = (command.argv[1:], str(command.cwd), env, str(out), str(err))
+            with self._lock:
+                if self._closed:
+                    raise RuntimeError("the test session ended before this command ran")
+                process = TEMPLATE.Process(target=_preloaded, args=args, daemon=False)
+                process.start()
+                self._live.add(process)
+            try:
+                process.join()
+            finally:
+                with self._lock:
+                    self._live.discard(process)
+            return process.exitcode, out.read_text(), err.read_text()
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
             for process in self._live:
-                try:
-                    os.killpg(process.pid, signal.SIGKILL)
+                try:  # its group, once it leads one (a preloaded command makes its own at once)
+                    if os.getpgid(process.pid) == process.pid:
+                        os.killpg(process.pid, signal.SIGKILL)
+                    else:
+                        os.kill(process.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
         self._executor.shutdown(wait=True, cancel_futures=True)

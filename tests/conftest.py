@@ -3,6 +3,7 @@ made once per session; the commands that run in the background (tests/background
 
 import inspect
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from types import SimpleNamespace
@@ -67,6 +68,10 @@ def pytest_configure(config):
         "background(start=fn): the test checks the commands that fn(root, **fixtures) returns, run in "
         "processes of their own in the background from the start of the session (tests/background.py)",
     )
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(os.environ.pop(gguf_file.CACHE, ""), ignore_errors=True)  # (pytest's folders stay)
 
 
 def pytest_collection_modifyitems(session, config, items):

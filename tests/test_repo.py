@@ -29,7 +29,7 @@ HELP_IMPORTS = (
 
 
 def start_version(root):
-    return [gpt_ft_command("--version"), Command([sys.executable, "-c", HELP_IMPORTS])]
+    return [gpt_ft_command("--version", fresh=True), Command([sys.executable, "-c", HELP_IMPORTS])]
 
 
 @pytest.mark.background(start=start_version)

@@ -119,9 +119,8 @@ def start_external_adapter(root, tokenizer_dir):
         "  labels: ['no', 'yes']\n  local: {splits: {train: d/train.tsv, validation: d/dev.tsv}}\n"
     )
     env = {"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"}
-    return [
-        gpt_ft("fit", *common_args(card, tokenizer_dir, root), "--trainer.max_epochs=1", cwd=root, env=env)
-    ]
+    args = [*common_args(card, tokenizer_dir, root), "--trainer.max_epochs=1"]
+    return [gpt_ft("fit", *args, cwd=root, env=env, fresh=True)]  # a fresh process: PYTHONPATH alone
 
 
 @pytest.mark.background(start=start_external_adapter)

@@ -501,7 +501,7 @@ def two_process_losses(out: str) -> None:
 def start_two_processes(root):
     write = "from tests.adapters.test_embedding import two_process_losses; "
     write += f"two_process_losses({str(root / 'r.json')!r})"
-    return [Command([sys.executable, "-c", write])]
+    return [Command([sys.executable, "-c", write], preloaded=True)]
 
 
 @pytest.mark.background(start=start_two_processes)

@@ -223,7 +223,7 @@ def start_exports(root, tokenizer_dir):
         f"from tests.eval.test_export import write_exports; write_exports({str(root)!r}, {tokenizer_dir!r})"
     )
     return [
-        Command([sys.executable, "-c", write]),
+        Command([sys.executable, "-c", write], preloaded=True),
         Command([sys.executable, "-c", READER, str(root / "jobs.json")]),
     ]
 

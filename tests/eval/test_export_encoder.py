@@ -97,7 +97,7 @@ def start_encoders(root, tokenizer_dir):
     write = "from tests.eval.test_export_encoder import write_encoders; "
     write += f"write_encoders({str(root)!r}, {tokenizer_dir!r})"
     return [
-        Command([sys.executable, "-c", write]),
+        Command([sys.executable, "-c", write], preloaded=True),
         Command([sys.executable, "-c", READER, str(root / "jobs.json")]),
     ]
 

@@ -1,0 +1,46 @@
+"""The harness that runs commands in the background (tests/background.py): a preloaded command, a
+fork of the template process, runs as the same command started afresh would run."""
+
+import sys
+
+import pytest
+
+from tests.background import Command
+
+PROBE = """
+import os, sys
+print(os.getcwd(), sys.argv, os.environ.get("PROBE"), os.environ["OMP_NUM_THREADS"], sys.path[0])
+print("own session:", os.getsid(0) == os.getpid())
+print("to stderr", file=sys.stderr)
+print("imported:", "lightning" in sys.modules, file=sys.stderr)
+sys.exit(int(sys.argv[1]))
+"""
+FAILURES = {
+    "raises": "raise ValueError('boom')",
+    "says": "import sys; sys.exit('gpt-ft: error: a sentence')",
+    "ends": "print('done')",
+}
+
+
+def start_probes(root):
+    env = {"PROBE": "seen", "PATH": "/usr/bin:/bin"}
+    probes = [Command([sys.executable, "-c", PROBE, "3"], root, env, preloaded=p) for p in (False, True)]
+    failures = [Command([sys.executable, "-c", code], root, preloaded=True) for code in FAILURES.values()]
+    return [*probes, *failures, Command([sys.executable, "-m", "gpt_ft", "--version"], preloaded=True)]
+
+
+@pytest.mark.background(start=start_probes)
+def test_a_preloaded_command_runs_as_a_fresh_one(background):
+    fresh, preloaded, raises, says, ends, version = background.runs
+    assert fresh.returncode == preloaded.returncode == 3
+    assert preloaded.stdout == fresh.stdout  # working directory, arguments, environment, sys.path
+    assert fresh.stdout.splitlines() == [
+        f"{background.root} ['-c', '3'] seen 1 ",  # sys.path[0]: '' (the working directory)
+        "own session: True",
+    ]
+    assert (fresh.stderr, preloaded.stderr) == ("to stderr\nimported: False\n", "to stderr\nimported: True\n")
+    assert raises.returncode == 1 and raises.stderr.rstrip().endswith("ValueError: boom")
+    assert "Traceback" in raises.stderr
+    assert (says.returncode, says.stderr) == (1, "gpt-ft: error: a sentence\n")
+    assert (ends.returncode, ends.stdout, ends.stderr) == (0, "done\n", "")
+    assert version.returncode == 0 and version.stdout.startswith("gpt-ft ")
