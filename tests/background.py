@@ -97,8 +97,10 @@ def gpt_ft(
     return Command([sys.executable, "-m", "gpt_ft", *args], cwd, env, after, preloaded=not fresh)
 
 
-TEMPLATE = multiprocessing.get_context("forkserver")
-TEMPLATE.set_forkserver_preload(["gpt_ft.cli.main", "gpt_ft.training.runs", "tests.interrupt"])
+TEMPLATE = None  # where there is no forkserver (Windows), preloaded commands start afresh
+if "forkserver" in multiprocessing.get_all_start_methods():
+    TEMPLATE = multiprocessing.get_context("forkserver")
+    TEMPLATE.set_forkserver_preload(["gpt_ft.cli.main", "gpt_ft.training.runs", "tests.interrupt"])
 
 
 def _preloaded(argv: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> None:
@@ -156,7 +158,7 @@ class Background:
         return start in self._jobs
 
     def submit(self, start: Callable, root: Path, commands: list[Command]) -> None:
-        if any(command.preloaded for command in commands):
+        if TEMPLATE and any(command.preloaded for command in commands):
             # The template starts (and imports the toolkit while the first tests run) with the
             # session's environment as it is now, on the main thread: what preloaded imports see.
             multiprocessing.forkserver.ensure_running()
@@ -180,7 +182,7 @@ class Background:
     def _run(self, command: Command) -> subprocess.CompletedProcess:
         start = time.perf_counter()
         env = {**(command.env if command.env is not None else self._env), **ONE_THREAD}
-        run = self._run_preloaded if command.preloaded else self._run_fresh
+        run = self._run_preloaded if command.preloaded and TEMPLATE else self._run_fresh
         done = subprocess.CompletedProcess(command.argv, *run(command, env))
         done.after = command.after() if command.after is not None else None
         self.ended = time.perf_counter()
