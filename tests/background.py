@@ -114,6 +114,8 @@ def _preloaded(argv: list[str], cwd: str, env: dict[str, str], out: str, err: st
     option, target, *args = argv
     pythonpath = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[:0] = [cwd if option == "-m" else "", *pythonpath]  # as `python -m` or `-c` would have it
+    sys.stdout.flush()  # what the template wrote goes where the template writes
+    sys.stderr.flush()
     for fd, path in ((1, out), (2, err)):
         file = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(file, fd)
