@@ -41,14 +41,16 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from tests.helpers import ROOT
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+Process = subprocess.Popen | multiprocessing.process.BaseProcess
 WORKERS = 2
 NICENESS = 5  # weight 335 to the tests' 1024: two background sessions leave them a whole core
 
@@ -147,7 +149,7 @@ class Background:
     def __init__(self) -> None:
         self._executor = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="tests-background")
         self._jobs: dict[Callable, tuple[Path, Future]] = {}
-        self._live: set[subprocess.Popen | multiprocessing.process.BaseProcess] = set()
+        self._live: set[Process] = set()
         self._lock = threading.Lock()
         self._closed = False
         self._env = dict(os.environ)  # before any test changes it
@@ -191,11 +193,23 @@ class Background:
         self.seconds.append((self.ended - start, label(command.argv)))
         return done
 
-    def _run_fresh(self, command: Command, env: dict[str, str]) -> tuple[int, str, str]:
+    @contextmanager
+    def _live_process(self, start: Callable[[], Process]) -> Iterator[Process]:
+        """The process `start()` starts, among the live ones (killed by `close`) while it runs."""
         with self._lock:
             if self._closed:
                 raise RuntimeError("the test session ended before this command ran")
-            process = subprocess.Popen(
+            process = start()
+            self._live.add(process)
+        try:
+            yield process
+        finally:
+            with self._lock:
+                self._live.discard(process)
+
+    def _run_fresh(self, command: Command, env: dict[str, str]) -> tuple[int, str, str]:
+        def start() -> subprocess.Popen:
+            return subprocess.Popen(
                 command.argv,
                 cwd=command.cwd,
                 env=env,
@@ -204,30 +218,24 @@ class Background:
                 text=True,
                 start_new_session=True,  # its own process group: killed with its children if need be
             )
-            self._live.add(process)
-        lower_priority(process.pid)
-        try:
+
+        with self._live_process(start) as process:
+            lower_priority(process.pid)
             out, err = process.communicate()
-        finally:
-            with self._lock:
-                self._live.discard(process)
         return process.returncode, out, err
 
     def _run_preloaded(self, command: Command, env: dict[str, str]) -> tuple[int, str, str]:
         with tempfile.TemporaryDirectory(prefix="gpt_ft-background-") as tmp:
             out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
             args = (command.argv[1:], str(command.cwd), env, str(out), str(err))
-            with self._lock:
-                if self._closed:
-                    raise RuntimeError("the test session ended before this command ran")
+
+            def start() -> multiprocessing.process.BaseProcess:
                 process = TEMPLATE.Process(target=_preloaded, args=args, daemon=False)
                 process.start()
-                self._live.add(process)
-            try:
+                return process
+
+            with self._live_process(start) as process:
                 process.join()
-            finally:
-                with self._lock:
-                    self._live.discard(process)
             return process.exitcode, out.read_text(), err.read_text()
 
     def close(self) -> None:
