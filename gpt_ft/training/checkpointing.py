@@ -22,7 +22,6 @@ import signal
 import subprocess
 import sys
 import threading
-from collections import deque
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -33,9 +32,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint, StochasticWei
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
-from torch import Tensor
 
-from gpt_ft.training.ranks import finite_everywhere
 from gpt_ft.weights.checkpoint import Checkpoint, safe_load, save_file
 from gpt_ft.workarounds import clear_graceful_stop, request_graceful_stop, should_accumulate
 
@@ -69,10 +66,12 @@ class SaveLast(Callback):
 
     SIGTERM and Ctrl-C (SIGINT) stop training the same way: the optimizer step under way finishes,
     `last.ckpt` is saved and Lightning's `SIGTERMException` ends the run; its exit code tells the
-    signal apart (128 + its number, set in `on_exception`). Lightning notices SIGTERM itself; for
-    SIGINT this callback installs a handler while training runs that raises the same flag (so a
-    DDP run's ranks stop together, as for SIGTERM), and on a second Ctrl-C gives the previous
-    handler back and stops at once with `KeyboardInterrupt`.
+    signal apart (128 + its number, set in `on_exception`). A validation due at that step, or under
+    way, runs to its end first (Lightning would cut it short, and the resumed run would not run it
+    again: its scores and best checkpoint would be lost), and `last.ckpt` is saved again after it.
+    Lightning notices SIGTERM itself; for SIGINT this callback installs a handler while training
+    runs that raises the same flag (so a DDP run's ranks stop together, as for SIGTERM), and on a
+    second Ctrl-C gives the previous handler back and stops at once with `KeyboardInterrupt`.
     """
 
     def __init__(self, every_n_steps: int | None = None) -> None:
@@ -85,6 +84,7 @@ class SaveLast(Callback):
             raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}.")
         self.every_n_steps, self._saved_step, self._sigterm_pending = every_n_steps, -1, False
         self._save_pending = False  # a validation inside an accumulation window: saved at its end
+        self._stop_after_validation = self._announce = False  # a stop that waits for a validation
         self.resume = FIT_RESUME  # the stop message's advice (a suite's is to rerun the suite)
         self._stop_signal: signal.Signals | None = None  # SIGINT once Ctrl-C was pressed
         self._previous_sigint: Any = None
@@ -93,9 +93,10 @@ class SaveLast(Callback):
         folder = checkpoint_folder(trainer)
         return None if folder is None else folder / LAST
 
-    def _save(self, trainer) -> Path | None:
+    def _save(self, trainer, again: bool = False) -> Path | None:
+        """Saves last.ckpt unless this step's state is saved already (`again`: it changed since)."""
         path = self.path(trainer)
-        if path is None or trainer.global_step == self._saved_step:
+        if path is None or (trainer.global_step == self._saved_step and not again):
             return None
         trainer.save_checkpoint(path, weights_only=False)
         self._saved_step = trainer.global_step
@@ -108,7 +109,7 @@ class SaveLast(Callback):
 
     def on_train_start(self, trainer, pl_module) -> None:
         # After Lightning's own handlers (it restores every signal's previous handler at teardown).
-        self._stop_signal = None
+        self._stop_signal, self._announce = None, False
         if threading.current_thread() is not threading.main_thread():
             return  # signal handlers can only be set there
         pid = os.getpid()
@@ -126,7 +127,8 @@ class SaveLast(Callback):
         if trainer.is_global_zero:
             # os.write, not print: the handler may interrupt a print to the same stream.
             note = (
-                "\nCtrl-C: stopping after the optimizer step under way and saving last.ckpt; "
+                "\nCtrl-C: stopping after the optimizer step under way (and its validation, if one is "
+                "due) and saving last.ckpt; "
                 "press Ctrl-C again to stop at once.\n"
             )
             try:
@@ -154,14 +156,38 @@ class SaveLast(Callback):
             request_graceful_stop(trainer)  # Lightning stops after this hook
             self._saved_message(trainer, self._save(trainer) or self.path(trainer))
 
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self._validate_before_stopping(trainer)
+
+    def on_validation_batch_end(self, trainer, *args: Any, **kwargs: Any) -> None:
+        self._validate_before_stopping(trainer)  # a signal during the validation
+
+    def _validate_before_stopping(self, trainer) -> None:
+        if trainer.received_sigterm and trainer.state.fn == "fit" and not trainer.sanity_checking:
+            clear_graceful_stop(trainer)  # asked again at the validation's end
+            if not self._stop_after_validation and trainer.is_global_zero:
+                name = (self._stop_signal or signal.SIGTERM).name
+                print(f"{name}: validating step {trainer.global_step} before stopping", flush=True)
+            self._stop_after_validation = True
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if self._stop_after_validation:
+            self._stop_after_validation = False
+            if should_accumulate(trainer):  # stops at the window's end, saving then
+                self._sigterm_pending = True
+            else:  # stops after the checkpoint callbacks, `after_validation`'s save included
+                self._announce = True
+                request_graceful_stop(trainer)
+
     def after_validation(self, trainer) -> None:
-        """The save after a validation (`callbacks.LastAfterBest`'s call); inside an accumulation
-        window (whose gradients no checkpoint holds) at the window's end."""
+        """The save after a validation (`callbacks.LastAfterBest`'s call), again where this step's
+        state was saved before it; inside an accumulation window (whose gradients no checkpoint
+        holds) at the window's end."""
         if trainer.state.fn == "fit" and not trainer.sanity_checking:
             if should_accumulate(trainer):
                 self._save_pending = True
             else:
-                self._save(trainer)
+                self._save(trainer, again=True)
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         self._restore_sigint()
@@ -172,8 +198,8 @@ class SaveLast(Callback):
         # The signal noticed by Lightning after this callback's batch hook (or during validation).
         if not should_accumulate(trainer):
             path = self._save(trainer)
-            if path is not None:
-                self._saved_message(trainer, path)
+            if path is not None or self._announce:  # saved now, or after the validation
+                self._saved_message(trainer, path or self.path(trainer))
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._restore_sigint()
@@ -309,92 +335,3 @@ def find_last_checkpoint(root: str | Path) -> Path | None:
     """The newest `last.ckpt` of a logger's runs (`ROOT/version_*/checkpoints/last.ckpt`)."""
     found = [p for p in Path(root).glob(f"*/checkpoints/{LAST}") if p.is_file()]
     return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None
-
-
-def stop_on_nonfinite(
-    trainer, loss: float, where: tuple[int, int, int], skipped: bool = False, rewind: bool = True
-) -> None:
-    """Keep the last good state, then stop: the bad step's update has not reached the weights
-    (the step has not run, or, `skipped`, fused AdamW skipped it). `where`: step, epoch, batch.
-    `rewind`: stopped inside a training step, whose window goes back to its start."""
-    kept = ""
-    ckpt = trainer.checkpoint_callback
-    if ckpt is not None and ckpt.dirpath:
-        if rewind:
-            rewind_window(trainer)
-        path = Path(ckpt.dirpath) / LAST
-        trainer.save_checkpoint(path, weights_only=False)
-        good = "the state with its update skipped" if skipped else "the last good state"
-        kept = f"; {good} (step {trainer.global_step}) is in {path}"
-    step, epoch, batch = where
-    raise FloatingPointError(
-        f"The training loss became {loss} at step {step} (epoch {epoch}, batch {batch}){kept}. "
-        "Try a lower --model.lr, gradient clipping (--trainer.gradient_clip_val 1.0) or fp32."
-    )
-
-
-def rewind_window(trainer) -> None:
-    """Inside a gradient-accumulation window, the loop's position back to the window's start (the
-    run stops next): its earlier micro-batches' gradients reach no checkpoint, so a run resumed
-    from it trains them again instead of skipping them."""
-    progress = trainer.fit_loop.epoch_loop.batch_progress
-    done = progress.current.completed % trainer.accumulate_grad_batches
-    for counts in (progress.current, progress.total) if done else ():
-        counts.ready, counts.started = counts.ready - done, counts.started - done
-        counts.processed, counts.completed = counts.processed - done, counts.completed - done
-
-
-def defers_nonfinite_check(device: torch.device, optimizer: Any) -> bool:
-    """Whether `NonfiniteWatch` reads the loss back late: on CUDA, under fused AdamW."""
-    fused = isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults.get("fused")
-    return device.type == "cuda" and bool(fused)
-
-
-class NonfiniteWatch:
-    """Stops training at the first non-finite loss (on any rank), the weights untouched by it.
-
-    Where reading the loss back costs nothing (the CPU), each step's is read before its backward
-    and the run stops there. On CUDA that read would hold the host until the GPU has finished the
-    forward, every step, so the backward could not be queued ahead (an idle GPU between the two).
-    There, under fused AdamW, the flag goes to the optimizer as `found_inf`, which skips the update
-    on the device (as under a GradScaler), and comes back to the host without waiting: it is read
-    once the GPU has got that far, at the latest two steps on, when the run stops.
-    """
-
-    def __init__(self) -> None:
-        self.pending: deque[tuple[Tensor, Any, tuple[int, int, int]]] = deque()
-        self.bad: Tensor | None = None  # any non-finite micro-batch of the step being accumulated
-        self.step = -1
-
-    def check(self, trainer, loss: Tensor, batch_idx: int, optimizer: Any) -> None:
-        finite = finite_everywhere(loss, trainer.world_size)
-        where = (trainer.global_step, trainer.current_epoch, batch_idx + 1)
-        if not defers_nonfinite_check(loss.device, optimizer):
-            if not bool(finite):
-                stop_on_nonfinite(trainer, float(loss.detach()), where)
-            return
-        self.poll(trainer, keep=2)
-        first = trainer.global_step != self.step  # the first micro-batch of this optimizer step
-        self.bad = 1.0 - finite if first else torch.maximum(self.bad, 1.0 - finite)
-        self.step = trainer.global_step
-        optimizer.found_inf = self.bad
-        host = torch.stack([finite, loss.detach().float()]).to("cpu", non_blocking=True)
-        event = None
-        if loss.is_cuda:
-            event = torch.cuda.Event()
-            event.record()
-        self.pending.append((host, event, where))
-
-    def poll(self, trainer, keep: int = 0) -> None:
-        """Reads the flags the device has written; waits for those beyond the newest `keep`."""
-        while self.pending:
-            host, event, where = self.pending[0]
-            if event is not None and not event.query():
-                if len(self.pending) <= keep:
-                    return
-                event.synchronize()
-            self.pending.popleft()
-            if host[0] == 0:
-                self.pending.clear()
-                # from a training step (keep > 0) inside a window; at the run's end, after its last step
-                stop_on_nonfinite(trainer, float(host[1]), where, skipped=True, rewind=keep > 0)

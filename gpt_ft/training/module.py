@@ -20,8 +20,8 @@ from gpt_ft.data.batches import TokenBatch, gold
 from gpt_ft.model.config import GPTConfig
 from gpt_ft.model.lora import LoRA
 from gpt_ft.training.callbacks import StepValues
-from gpt_ft.training.checkpointing import NonfiniteWatch
 from gpt_ft.training.eval_metrics import EvalMetrics, Evaluation, split_key
+from gpt_ft.training.nonfinite import NonfiniteWatch
 from gpt_ft.training.optim import (
     MUON_UNDER_LORA,
     MuonAdamW,

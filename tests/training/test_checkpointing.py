@@ -4,6 +4,7 @@ checkpoints are written atomically and stand alone; a non-finite loss stops trai
 
 from __future__ import annotations
 
+import csv
 import errno
 import os
 import shutil
@@ -14,13 +15,17 @@ import pytest
 import torch
 
 from gpt_ft.cli import main
+from gpt_ft.training.checkpointing import FIT_RESUME
 from tests.background import gpt_ft
 from tests.helpers import MICRO, ROOT, finetune_args, make_task, write_corpus
 
 
+def last_path(logs: Path, version: int) -> Path:
+    return logs / "lightning_logs" / f"version_{version}" / "checkpoints" / "last.ckpt"
+
+
 def last_state(logs: Path, version: int) -> dict:
-    ckpt = logs / "lightning_logs" / f"version_{version}" / "checkpoints" / "last.ckpt"
-    return torch.load(ckpt, map_location="cpu", weights_only=True)
+    return torch.load(last_path(logs, version), map_location="cpu", weights_only=True)
 
 
 def assert_same_weights(a: dict, b: dict) -> None:
@@ -74,6 +79,38 @@ def test_sigterm_mid_accumulation_saves_at_the_step_and_resumes_exactly(tmp_path
     assert last_state(tmp_path / "cut", 0)["global_step"] == 3
     main(["fit", *args, "--ckpt_path=last"])
     assert_same_weights(last_state(tmp_path / "whole", 0), last_state(tmp_path / "cut", 1))
+
+
+def validation_rows(logs: Path) -> list[tuple[str, ...]]:
+    """(epoch, step, loss, accuracy) of every validation in the metrics of the logger's runs, in order."""
+    rows = []
+    for path in sorted(logs.rglob("metrics.csv")):
+        with open(path, newline="") as f:
+            rows += [r for r in csv.DictReader(f) if r.get("validation/loss")]
+    return [(r["epoch"], r["step"], r["validation/loss"], r["validation/accuracy"]) for r in rows]
+
+
+@pytest.mark.parametrize("during", [False, True], ids=["at-its-step", "during-it"])
+def test_sigterm_where_a_validation_is_due_stops_after_it(tmp_path, tokenizer_dir, finetuned, capsys, during):
+    """SIGTERM at an epoch's last batch, whose validation is due, or during that validation: the
+    validation runs to its end before the run stops (Lightning would cut it short, and the resumed
+    run would not run it again), so the resumed run has every score and the best checkpoint of the
+    uninterrupted one."""
+    args = finetune_args(finetuned.card, tokenizer_dir, finetuned.root, tmp_path / "cut")
+    during_it = ["--trainer.callbacks.validation=true"] if during else []
+    with pytest.raises(SystemExit) as stopped:
+        main(["fit", *args, *interrupt(3, signal.SIGTERM), *during_it])
+    assert stopped.value.code == 128 + signal.SIGTERM
+    out = capsys.readouterr().out
+    assert "SIGTERM: validating step 3 before stopping" in out
+    assert out.rstrip().endswith(
+        "SIGTERM: saved step 3 to " + str(last_path(tmp_path / "cut", 0)) + f"; {FIT_RESUME}"
+    )
+    main(["fit", *args, "--ckpt_path=last"])
+    assert validation_rows(tmp_path / "cut") == validation_rows(finetuned.logs)
+    assert len(validation_rows(finetuned.logs)) == 3
+    best = [sorted(p.name for p in logs.rglob("best-*.ckpt")) for logs in (tmp_path / "cut", finetuned.logs)]
+    assert best[0] == best[1] and len(best[0]) == 1
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
@@ -234,7 +271,7 @@ def test_a_nonfinite_loss_inside_an_accumulation_window_resumes_at_the_windows_s
     the data at the window's start (the gradients of the micro-batches before the stop reached no
     checkpoint), and the resumed run trains them again, to the uninterrupted run's step count;
     also where the flag is read late (CUDA under fused AdamW: here the CPU's), a micro-batch on."""
-    from gpt_ft.training import checkpointing
+    from gpt_ft.training import nonfinite
     from gpt_ft.training.module import GPTModule
 
     losses = GPTModule.losses
@@ -251,7 +288,7 @@ def test_a_nonfinite_loss_inside_an_accumulation_window_resumes_at_the_windows_s
     with monkeypatch.context() as patch:
         patch.setattr(GPTModule, "losses", nan_in_epoch_1_batch_1)
         if late:
-            patch.setattr(checkpointing, "defers_nonfinite_check", lambda device, optimizer: True)
+            patch.setattr(nonfinite, "defers_nonfinite_check", lambda device, optimizer: True)
         with pytest.raises(SystemExit):
             main(["fit", *args])
     assert "(epoch 1, batch 2)" in capsys.readouterr().err
@@ -270,7 +307,7 @@ def test_a_nonfinite_loss_read_late_has_its_update_skipped_then_stops(
     """As CUDA under fused AdamW runs it (checked here on the CPU's fused AdamW): the finite flag
     reaches the optimizer as `found_inf`, which skips the bad step's update, and is read a step
     later, when the run stops with weights and AdamW's moments finite."""
-    from gpt_ft.training import checkpointing
+    from gpt_ft.training import nonfinite
     from gpt_ft.training.module import GPTModule
 
     losses = GPTModule.losses
@@ -280,7 +317,7 @@ def test_a_nonfinite_loss_read_late_has_its_update_skipped_then_stops(
         return (loss * float("nan"), parts) if self.training and self.global_step == 4 else (loss, parts)
 
     monkeypatch.setattr(GPTModule, "losses", nan_at_step_4)
-    monkeypatch.setattr(checkpointing, "defers_nonfinite_check", lambda device, optimizer: True)
+    monkeypatch.setattr(nonfinite, "defers_nonfinite_check", lambda device, optimizer: True)
     card = make_task("single", tmp_path)
     with pytest.raises(SystemExit) as stopped:
         main(["fit", *finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "logs")])
@@ -536,7 +573,7 @@ def test_a_validation_inside_an_accumulation_window_saves_last_at_the_windows_en
     saved, accumulating = [], [True]
     monkeypatch.setattr(checkpointing, "should_accumulate", lambda trainer: accumulating[0])
     trainer = SimpleNamespace(state=SimpleNamespace(fn="fit"), sanity_checking=False, global_step=4,
-                              fast_dev_run=0, received_sigterm=False)  # fmt: skip
+                              fast_dev_run=0, received_sigterm=False, callbacks=[])  # fmt: skip
     trainer.checkpoint_callback = SimpleNamespace(dirpath=tmp_path)
     trainer.save_checkpoint = lambda path, weights_only: saved.append(trainer.global_step)
     callback = checkpointing.SaveLast()
@@ -547,10 +584,11 @@ def test_a_validation_inside_an_accumulation_window_saves_last_at_the_windows_en
     callback.on_train_batch_end(trainer, None, None, None, 10)  # the window's optimizer step
     callback.on_train_batch_end(trainer, None, None, None, 11)
     accumulating[0] = False
-    callback.after_validation(trainer)  # a validation at a step's end saves at once (step 5: done)
-    trainer.global_step = 6
+    callback.after_validation(trainer)  # a validation at a step's end saves at once, again at step 5
+    trainer.global_step = 6  # (its scores and the best checkpoint are state that last.ckpt must hold)
     callback.after_validation(trainer)
-    assert saved == [5, 6]
+    callback.on_train_end(trainer, None)  # nothing new since
+    assert saved == [5, 5, 6]
 
 
 def test_last_holds_the_best_checkpoint_of_its_own_validation(tmp_path, tokenizer_dir):
