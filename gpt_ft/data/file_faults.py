@@ -231,18 +231,26 @@ def _json_kind(value) -> str:
 
 
 def json_lines_problem(path: Path) -> str | None:
-    """The first line of a JSON-lines file that is not one JSON object, as `, line N: ...`; None
-    for a good file or one JSON document. Found before loading: the loader is never handed such a
-    line (a `null` line beside records with lists of objects crashes the process)."""
+    """The first line of a JSON-lines file that is not one JSON object, as `, line N: ...`, or what
+    a one-document file holds that is not records; None for a good file. Found before loading: the
+    loader is never handed such a line or document (`null` crashes the process)."""
     try:
         text = _text(path)
     except UnicodeDecodeError:
         return None  # the loader's failure names the line
     try:
-        json.loads(text)
-        return None  # one document (or one line)
+        document = json.loads(text)  # one document (or one line)
     except json.JSONDecodeError:
         pass
+    else:
+        if isinstance(document, dict):
+            return None
+        if not isinstance(document, list):
+            records = "records (an array of objects, or an object a line)"
+            return f": a JSON file holds {records}, not {_json_kind(document)}"
+        bad = next((n for n, record in enumerate(document, 1) if not isinstance(record, dict)), None)
+        kind = None if bad is None else _json_kind(document[bad - 1])
+        return None if bad is None else f": record {bad} of its array is {kind}, not a JSON object ({{...}})"
     if text.lstrip(" \t\r\n").startswith("["):
         return None  # a JSON array that does not parse: named after the loader fails
     for n, line in enumerate(text.split("\n"), 1):

@@ -74,6 +74,26 @@ def explain(tmp_path, tokenizer_dir, capsys):
         ("t.jsonl", b'{"sentence": "a", "label": "positive"}\n[1, 2]\n', ", line 2: a JSON object"),
         (
             "t.json",
+            b"null",
+            ": a JSON file holds records (an array of objects, or an object a line), not null",
+        ),
+        (
+            "t.jsonl",
+            b"null\n",
+            ": a JSON file holds records (an array of objects, or an object a line), not null",
+        ),
+        (
+            "t.json",
+            b"5",
+            ": a JSON file holds records (an array of objects, or an object a line), not a number",
+        ),
+        (
+            "t.json",
+            b'[{"sentence": "a", "label": "positive"}, 2]',
+            ": record 2 of its array is a number, not a JSON",
+        ),
+        (
+            "t.json",
             b'[\n {"sentence": "a", "label": "positive"},\n {"sentence": "b" "label": "x"}\n]',
             ", line 3, column 19: not valid JSON (Expecting ',' delimiter)",
         ),
