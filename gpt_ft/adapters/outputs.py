@@ -284,22 +284,20 @@ class ClassificationOutput(TaskOutput):
         return {"label": self.label_name(int(prediction)), "scores": dict(zip(names, probabilities.tolist()))}
 
     def label_id(self, value: Any) -> int:
-        """A class id: the value is a name in `labels`, or else an integer id."""
+        """A class id: the value is a name in `labels`, or else an integer id; where some names are
+        integers (Story Cloze's '1' and '2'), a name only: 0 could be either."""
         self._missing(value)
         names = self.spec.names or []
         text = str(value).strip()
         if text in names:
             return names.index(text)
-        try:
-            as_int = int(text)
-        except ValueError:
-            as_int = None
-        n = len(names) if names else self.num_classes
-        if as_int is not None and 0 <= as_int < n:
-            return as_int
+        numbered, n = any(name.lstrip("-").isdecimal() for name in names), len(names) or self.num_classes
+        if text.lstrip("-").isdecimal() and 0 <= int(text) < n and not numbered:
+            return int(text)
         allowed = names if names else list(range(n))
+        why = " (the labels are numbers: a value is a label, never an index)" if numbered else ""
         raise TaskDataError(
-            f"label {value!r} in field {self.spec.field!r} is not among the labels {allowed}."
+            f"label {value!r} in field {self.spec.field!r} is not among the labels {allowed}{why}."
         )
 
 

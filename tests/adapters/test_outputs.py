@@ -118,6 +118,28 @@ def test_minus_one_marks_an_unlabelled_row_unless_the_card_has_it_as_a_label():
     assert multi.example_label({"label": "-1"}) == [1, 0]
 
 
+def test_where_labels_are_numbers_a_value_is_a_label_never_an_index():
+    """Story Cloze's endings are labelled '1' and '2': a file counting them from 0 is refused, not
+    read with 0 as the first ending and 1 as the first too; names that are words still take ids."""
+    from gpt_ft.adapters import MultipleChoice, TaskDataError
+
+    cloze = MultipleChoice(name="c", context=["story"], choices=["e1", "e2"], labels=["1", "2"]).output
+    assert [cloze.label_id(v) for v in ("1", 2, " 2 ")] == [0, 1, 1]
+    with pytest.raises(
+        TaskDataError, match=r"^label 0 in field 'label' is not among the labels \['1', '2'\] \("
+    ):
+        cloze.label_id(0)
+    three = SingleText(name="t", labels=["-1", "0", "1"]).output
+    with pytest.raises(TaskDataError, match="the labels are numbers"):
+        three.label_id(2)
+    words = SingleText(name="t", labels=["neg", "pos"]).output
+    assert [words.label_id(v) for v in ("pos", 0, "1")] == [1, 0, 1]
+    with pytest.raises(
+        TaskDataError, match=r"^label '²' in field 'label' is not among the labels \['neg', 'pos'\]\.$"
+    ):
+        words.label_id("²")
+
+
 def test_a_card_is_read_into_its_parts_under_the_card_names():
     task = TextPair(
         name="nli",
