@@ -15,6 +15,7 @@ from __future__ import annotations
 import csv
 import itertools
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -271,7 +272,7 @@ def _write_rows(tmp, suffix: str, rows: list[dict[str, Any]], labelled, names: t
             f.write("\t".join([*columns, prediction]) + "\n")
             for row, (_, text) in zip(rows, labelled):
                 cells = [_cell(row.get(c)) for c in columns] + [text]
-                f.write("\t".join(c.replace("\t", " ").replace("\n", " ") for c in cells) + "\n")
+                f.write("\t".join(re.sub(r"[\t\r\n]", " ", c) for c in cells) + "\n")
         else:
             writer = csv.writer(f)
             writer.writerow([*columns, prediction])

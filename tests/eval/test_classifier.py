@@ -77,12 +77,15 @@ def test_label_writes_each_row_with_its_prediction(finetuned, tmp_path, capsys):
     assert '"prediction": ' in (tmp_path / "out.jsonl").read_text()
     records = tmp_path / "mine.jsonl"  # a record without a note, and a null one: empty cells, as csv writes
     records.write_text('{"sentence": "a cat .", "note": null}\n{"sentence": "a dog ."}\n')
+    with records.open("a") as f:  # line breaks and tabs in a text: spaces in a TSV (read a row a line)
+        f.write('{"sentence": "a bird .", "note": "one\\rtwo\\tthree\\r\\nfour"}\n')
     main(["label", f"--ckpt_path={ckpt}", f"--input={records}", f"--output={tmp_path / 'notes.tsv'}"])
     lines = (tmp_path / "notes.tsv").read_text().splitlines()
     assert [line.split("\t")[:2] for line in lines] == [
         ["sentence", "note"],
         ["a cat .", ""],
         ["a dog .", ""],
+        ["a bird .", "one two three  four"],
     ]
     # A list in a record is JSON in a table's cell; a .json output is one array, read back as the input is.
     records = tmp_path / "listed.jsonl"
