@@ -31,6 +31,12 @@ def check_decoding(
         )
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}.")
+    vocab, low, high = model.config.vocab_size, int(input_ids.min()), int(input_ids.max())
+    if low < 0 or high >= vocab:  # a padding row of the embedding, or an index error, otherwise
+        raise ValueError(
+            f"input_ids hold token id {low if low < 0 else high}, outside the model's vocabulary of "
+            f"{vocab} (ids 0 to {vocab - 1}): use the tokenizer saved with the weights."
+        )
     n_ctx = model.config.n_positions
     if input_ids.shape[1] + max_new_tokens > n_ctx:
         raise ValueError(

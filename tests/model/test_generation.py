@@ -183,3 +183,11 @@ def test_bad_generation_arguments():
         gpt.generate(prompt, max_new_tokens=2, num_beams=2, do_sample=True)
     with pytest.raises(ValueError, match=r"input_ids must be a non-empty \(batch, length\) tensor"):
         gpt.generate(torch.zeros(1, 0, dtype=torch.long), max_new_tokens=2)
+    # past the vocabulary: a padding row of the embedding (ids up to a multiple of 64), or an index error
+    vocab = gpt.config.vocab_size
+    assert gpt.wte.weight.shape[0] > vocab + 1
+    for bad in (vocab, -1):
+        with pytest.raises(
+            ValueError, match=rf"^input_ids hold token id {bad}, outside the model's vocabulary"
+        ):
+            gpt.generate(torch.tensor([[1, bad]]), max_new_tokens=2)
