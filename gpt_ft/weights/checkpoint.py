@@ -24,6 +24,7 @@ takes) and are merged. Every other module asks this one for an entry; none spell
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import pickle
@@ -86,13 +87,29 @@ def safe_load(path: str | Path, load=None) -> dict[str, Any]:
     except pickle.UnpicklingError as exc:
         if "GLOBAL" in str(exc):  # the weights-only unpickler refused to import something
             raise ValueError(UNSAFE.format(path=path)) from None
-        raise ValueError(UNREADABLE.format(path=path)) from None
+        raise ValueError(_not_a_checkpoint(Path(path))) from None
     except (RuntimeError, EOFError, KeyError, ValueError, OSError) as exc:
         if isinstance(exc, FileNotFoundError):
             raise FileNotFoundError(f"Checkpoint {path} does not exist.") from None
-        if Path(path).is_dir():
-            raise ValueError(f"{path} is a folder: give a checkpoint file in it (last.ckpt).") from None
-        raise ValueError(UNREADABLE.format(path=path)) from None
+        raise ValueError(_not_a_checkpoint(Path(path))) from None
+
+
+def _not_a_checkpoint(path: Path) -> str:
+    """Why `path` cannot be read as a checkpoint, with what to do where it holds weights of another kind."""
+    weights = None
+    if (path / "config.json").is_file():
+        weights = "a transformers model folder"
+    elif path.is_dir():
+        return f"{path} is a folder: give a checkpoint file in it (last.ckpt)."
+    else:
+        with contextlib.suppress(OSError), open(path, "rb") as f:
+            weights = "a GGUF file" if f.read(4) == b"GGUF" else None
+    if weights is None:
+        return UNREADABLE.format(path=path)
+    return (
+        f"{path} is {weights} of pretrained weights, not a checkpoint of `gpt-ft fit`: start a run "
+        f"from it with --model.init_from {path}."
+    )
 
 
 def save_file(entries: dict[str, Any], path: str | Path) -> None:

@@ -301,6 +301,22 @@ def test_a_checkpoint_folder_or_a_missing_one_for_a_checkpoint_file(tmp_path, fi
     assert error(capsys, *label) == f"{folder} is a folder: give a checkpoint file in it (last.ckpt)."
 
 
+def test_pretrained_weights_given_for_a_checkpoint_say_where_they_go(tmp_path, capsys):
+    """A GGUF file or a transformers folder is not a fine-tuned checkpoint: the sentence says what it
+    is and how to start from it, instead of calling it corrupt or asking for a last.ckpt it lacks."""
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF\x03\x00\x00\x00" + bytes(64))
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    for weights, kind in ((gguf, "a GGUF file"), (hf, "a transformers model folder")):
+        assert error(capsys, "export", f"--ckpt_path={weights}", f"--out={tmp_path / 'out'}") == (
+            f"{weights} is {kind} of pretrained weights, not a checkpoint of `gpt-ft fit`: start a run "
+            f"from it with --model.init_from {weights}."
+        )
+    assert not (tmp_path / "out").exists()
+
+
 def test_lightnings_own_optimizer_options_are_refused_for_the_models(capsys):
     """LightningCLI's --optimizer and --lr_scheduler would replace the module's optimizer and its
     schedule (weight decay groups, warmup, Muon, the resume's alignment) without a word."""
