@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from gpt_ft.errors import CardError
+
 
 @dataclass
 class HubDataset:
@@ -42,12 +44,12 @@ class LocalFiles:
     def __post_init__(self) -> None:
         unknown = sorted(set(self.headerless_splits or []) - set(self.splits))
         if unknown:
-            raise ValueError(
+            raise CardError(
                 f"local.headerless_splits names {unknown}, which local.splits does not: "
                 f"it has {sorted(self.splits)}."
             )
         if self.headerless_splits and not self.column_names:
-            raise ValueError(
+            raise CardError(
                 "local.headerless_splits needs local.column_names: the names of those files' columns."
             )
 

@@ -224,6 +224,12 @@ def test_a_bad_preference_pair_names_its_line_in_a_gzipped_file(explain, lines, 
             "--data.task.regression: expected bool, got '[1]' (in {card}).",
         ),
         (
+            CARD.format(adapter="SingleText", file="t.tsv").replace(
+                "}}\n", "}, headerless_splits: [train]}\n"
+            ),
+            "{card}: local.headerless_splits needs local.column_names: the names of those files' columns.",
+        ),
+        (
             CARD.format(adapter="SingleText", file="t.tsv") + "  metrics: [pearson]\n",
             "{card}: Task 'sent': unknown metric(s) ['pearson']; allowed: accuracy, f1, matthews",
         ),
