@@ -86,6 +86,29 @@ def clear_graceful_stop(trainer: Trainer) -> None:
     trainer._signal_connector.received_sigterm = False
 
 
+def judge_after_every_validation(trainer: Trainer) -> None:
+    """`--trainer.val_check_interval 1` validates after every batch; the best checkpoint and early
+    stopping then judge every validation, not only each epoch's last.
+
+    ModelCheckpoint and EarlyStopping choose between judging at a training epoch's end and after each
+    validation by testing `trainer.val_check_interval == 1.0`, which the int 1 passes too
+    (src/lightning/pytorch/callbacks/model_checkpoint.py, `_should_save_on_train_epoch_end`;
+    early_stopping.py, `setup`): a run validating after every batch kept the best of the epochs'
+    ends alone. Their own arguments (`save_on_train_epoch_end`, `check_on_train_epoch_end`), where
+    left unset, are set here before the callbacks' setup; a public setter does not exist. Once
+    Lightning tells the int apart, drop this.
+    """
+    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+
+    if type(trainer.val_check_interval) is not int or trainer.val_check_interval != 1:
+        return
+    for callback in trainer.callbacks:
+        if isinstance(callback, ModelCheckpoint) and callback._save_on_train_epoch_end is None:
+            callback._save_on_train_epoch_end = False
+        elif isinstance(callback, EarlyStopping) and callback._check_on_train_epoch_end is None:
+            callback._check_on_train_epoch_end = False
+
+
 def summary_table(
     total_parameters: int,
     trainable_parameters: int,

@@ -25,6 +25,7 @@ from gpt_ft.workarounds import (
     dataset_fingerprint,
     decline_step_unscaling,
     is_compiled,
+    judge_after_every_validation,
     loggers_write_this_step,
     logging_as,
     mkldnn_bf16_supported,
@@ -177,6 +178,45 @@ def test_a_withdrawn_graceful_stop_lets_fit_run_to_its_end():
     fitted = make_trainer(OnBatchEnd(stop_then_withdraw), max_steps=5)
     fitted.fit(Tiny())
     assert fitted.global_step == 5 and not fitted.received_sigterm
+
+
+class Validated(Tiny):
+    """Tiny, validated on one batch whose `score` is the number of validations so far."""
+
+    validations = 0
+
+    def validation_step(self, batch, batch_idx):
+        if not self.trainer.sanity_checking:
+            self.validations += 1
+        self.log("score", float(self.validations))
+
+    def val_dataloader(self):
+        return DataLoader(torch.randn(1, self.hparams.width), batch_size=1)
+
+
+@pytest.mark.parametrize("judged", [False, True])
+def test_validating_after_every_batch_the_best_and_early_stopping_judge_every_validation(tmp_path, judged):
+    """The int 1 passes Lightning's `val_check_interval == 1.0`: ModelCheckpoint and EarlyStopping
+    judge at the epoch's end alone unless told otherwise, which the workaround does."""
+    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+
+    kept = ModelCheckpoint(tmp_path, "{step}", monitor="score", mode="max", save_top_k=-1)
+    stopping = EarlyStopping(monitor="score", mode="min", patience=2)  # rises: stops at the third
+    quiet = dict(logger=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+    trainer = Trainer(
+        max_epochs=1, val_check_interval=1, accelerator="cpu", callbacks=[kept, stopping], **quiet
+    )
+    if judged:
+        judge_after_every_validation(trainer)
+    trainer.fit(Validated())
+    if judged:
+        assert trainer.global_step == 3 and sorted(p.name for p in tmp_path.iterdir()) == [
+            "step=1.ckpt",
+            "step=2.ckpt",
+            "step=3.ckpt",
+        ]
+    else:  # Lightning's own: the whole epoch, one checkpoint at its end
+        assert trainer.global_step == 8 and [p.name for p in tmp_path.iterdir()] == ["step=8.ckpt"]
 
 
 def test_summary_table_formats_columns_as_model_summary_passes_them():

@@ -22,7 +22,7 @@ from gpt_ft.training.checkpointing import AtomicCheckpointIO, find_last_checkpoi
 from gpt_ft.training.precision import cpu_precision, runs_on_cpu
 from gpt_ft.training.saved import plain_config, recorded_configuration, with_absolute_paths
 from gpt_ft.weights.pretrained import resolve_tokenizer
-from gpt_ft.workarounds import CheckpointHparamsAsDefaults, parse_unchecked
+from gpt_ft.workarounds import CheckpointHparamsAsDefaults, judge_after_every_validation, parse_unchecked
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")  # LightningCLI's
 # Logs and checkpoints go to runs/lightning_logs/version_N, or under --trainer.default_root_dir.
@@ -120,6 +120,7 @@ class GPTCLI(CheckpointHparamsAsDefaults, LightningCLI):
     def instantiate_classes(self) -> None:
         with card_named(self.config[self.subcommand] if self.subcommand else self.config):
             super().instantiate_classes()
+        judge_after_every_validation(self.trainer)
         check_context(self.datamodule, self.model.gpt.config.n_positions)
 
     def before_fit(self) -> None:

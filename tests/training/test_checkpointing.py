@@ -618,6 +618,30 @@ def test_last_holds_the_best_checkpoint_of_its_own_validation(tmp_path, tokenize
     assert list(kept["best_k_models"]) == [kept["best_model_path"]]
 
 
+def test_validating_after_every_batch_keeps_a_best_by_every_validation(tmp_path, tokenizer_dir):
+    """`--trainer.val_check_interval 1` (the int: after every batch): a checkpoint that keeps every
+    better score keeps one a validation, not one an epoch (tests/test_workarounds.py has why)."""
+    card = make_task("single", tmp_path)
+    every = [
+        "--trainer.val_check_interval=1",
+        "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
+        "--trainer.callbacks.monitor=step",
+        "--trainer.callbacks.mode=max",
+        "--trainer.callbacks.save_top_k=-1",
+        "--trainer.callbacks.filename=best-{step}",
+    ]
+    main(
+        [
+            "fit",
+            *finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "logs"),
+            "--trainer.max_epochs=1",
+            *every,
+        ]
+    )
+    kept = sorted(p.name for p in (tmp_path / "logs").rglob("best-step=*.ckpt"))
+    assert kept == ["best-step=1.ckpt", "best-step=2.ckpt", "best-step=3.ckpt"]
+
+
 def test_fast_dev_run_writes_no_checkpoint(tmp_path, tokenizer_dir, monkeypatch):
     """Lightning says checkpointing is off under --trainer.fast_dev_run: no last.ckpt nor tokenizer
     lands in the working folder."""
