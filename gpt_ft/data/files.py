@@ -248,6 +248,16 @@ def split_origin(task: TaskAdapter, split: str, data_dir: str | Path | None) -> 
         return Origin(f"hub dataset {task.hub.path if task.hub else '?'} split {split}")
     spec = task.local
     match = SLICE.match(spec.splits[split])
+    if match["slice"]:
+        import datasets
+
+        try:
+            datasets.ReadInstruction.from_spec("data" + match["slice"])
+        except ValueError:
+            raise CardError(
+                f"Task {task.name!r}: local split {split!r} ({spec.splits[split]}) ends in {match['slice']}, "
+                "which is no slice of rows: write [start:end], in rows or percentages ([:90%])."
+            ) from None
     path = Path(data_dir).expanduser() / match["file"]
     headerless = spec.column_names is not None and (
         spec.headerless_splits is None or split in spec.headerless_splits

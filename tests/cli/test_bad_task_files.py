@@ -141,6 +141,14 @@ def test_a_bad_label_names_its_line_as_an_editor_counts_it(explain, name, data, 
     )
 
 
+def test_a_slice_that_is_none_names_the_split_not_the_file(explain):
+    card = CARD.format(adapter="SingleText", file="t.tsv").replace("train: d/t.tsv", "train: 'd/t.tsv[a:b]'")
+    assert explain("t.tsv", b"sentence\tlabel\na\tpositive\n", card) == (
+        "Task 'sent': local split 'train' (d/t.tsv[a:b]) ends in [a:b], which is no slice of rows: "
+        "write [start:end], in rows or percentages ([:90%])."
+    )
+
+
 def test_a_slice_and_dropped_rows_still_name_the_right_line(explain):
     data = b"sentence\tlabel\na\tpositive\nb\t-\nc\tnegative\nd\tmaybe\n"
     card = CARD.format(adapter="SingleText", file="t.tsv").replace("d/t.tsv", "'d/t.tsv[1:]'")
