@@ -268,7 +268,8 @@ def prepare(
     if piece_chars < 2:
         raise ValueError(f"piece_chars must be >= 2, got {piece_chars}.")
     out = Path(out_dir).expanduser()
-    ours = {LOCK, *(name + ".tmp" for name in SPLIT_FILES.values())}  # what a killed run leaves
+    # What a killed run leaves: a lock, temporary files; in a folder prepared before, part of its commit.
+    ours = {LOCK, "tokenizer", *SPLIT_FILES.values(), *(name + ".tmp" for name in SPLIT_FILES.values())}
     if out.exists() and not (out / META).exists() and any(p.name not in ours for p in out.iterdir()):
         raise ValueError(
             f"Output folder {out} is not empty and holds no token files; choose an empty folder."
@@ -330,7 +331,8 @@ def prepare(
                 bar.close()
                 for f in handles.values():
                     f.close()
-            if done:
+            if done:  # meta.json first: a folder cut short here reads as unprepared, not as the old one
+                (out / META).unlink(missing_ok=True)
                 save_tokenizer(tok, out / "tokenizer")
                 for split, path in tmp.items():
                     path.replace(out / SPLIT_FILES[split])

@@ -210,7 +210,8 @@ def test_an_interrupt_while_the_files_are_committed_leaves_nothing_behind(
     tmp_path, tokenizer_dir, monkeypatch
 ):
     """Ctrl-C after the tokenizer is saved, before meta.json: the token files and the tokenizer go
-    too (they were left, and the rerun was refused: "not empty and holds no token files")."""
+    too (they were left, and the rerun was refused: "not empty and holds no token files"); in a
+    folder prepared before, its old meta.json too."""
     import gpt_ft.data.prepare as preparing
 
     corpus, out, real = (
@@ -227,6 +228,16 @@ def test_an_interrupt_while_the_files_are_committed_leaves_nothing_behind(
     with pytest.raises(KeyboardInterrupt):
         prepare(inputs=[str(corpus)], out_dir=str(out), tokenizer=tokenizer_dir, progress=False)
     assert not out.exists()
+    monkeypatch.setattr(preparing, "save_tokenizer", real)
+    prepare(inputs=[str(corpus)], out_dir=str(out), tokenizer=tokenizer_dir, progress=False)
+    assert read_meta(out)["documents"] == 1
+    # Into a folder prepared before: its meta.json goes first, so the old token files are never
+    # read with the new tokenizer; the folder reads as unprepared, and prepares again.
+    monkeypatch.setattr(preparing, "save_tokenizer", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        prepare(inputs=[str(corpus)], out_dir=str(out), tokenizer=tokenizer_dir, progress=False)
+    with pytest.raises(FileNotFoundError, match="holds no meta.json: prepare it"):
+        read_meta(out)
     monkeypatch.setattr(preparing, "save_tokenizer", real)
     prepare(inputs=[str(corpus)], out_dir=str(out), tokenizer=tokenizer_dir, progress=False)
     assert read_meta(out)["documents"] == 1
