@@ -1,7 +1,7 @@
 """`gpt-ft prepare`: a text corpus -> flat token files for pretraining.
 
 Documents (by default one per file) are cut into pieces of about `piece_chars` characters where
-the tokenizer splits anyway (`_EXACT_CUT`), so the token files hold exactly the tokens of the whole
+the tokenizer splits anyway (gpt_ft/data/pieces.py), so the token files hold exactly the tokens of the whole
 documents. Pieces are tokenized in batches by the tokenizer's thread pool (`workers` threads)
 while the next batch is read, and appended in order to `train.bin` or `validation.bin` (a hash of
 the piece number picks the split); each document ends with the end-of-text token. Memory stays
@@ -16,17 +16,14 @@ Output folder:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import re
 import shutil
 import sys
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
 from typing import Literal
@@ -36,18 +33,20 @@ from tokenizers import Tokenizer
 
 from gpt_ft.data.corpus import find_files
 from gpt_ft.data.folders import LOCK, missing_folders, one_writer, save_tokenizer
+from gpt_ft.data.pieces import (
+    Partial,
+    Piece,
+    batches,
+    continues_elsewhere,
+    is_validation,
+    pieces,
+    pre_token_ends,
+)
 from gpt_ft.data.tokenizer import EOS_TOKEN, check_text_file, load_tokenizer
 from gpt_ft.errors import check_output_dir
 
 META = "meta.json"
 SPLIT_FILES = {"train": "train.bin", "validation": "validation.bin"}
-
-
-@dataclass
-class Piece:
-    number: int
-    text: str
-    ends_document: bool
 
 
 def file_documents(files: Sequence[Path], split_on: Literal["file", "blank_line", "line"]) -> Iterator[str]:
@@ -89,13 +88,9 @@ def _file_as_one_document(f) -> Iterator[str]:
         chunk.append(line)
         size += len(line)
         if size >= 1 << 20:
-            yield _Partial("".join(chunk))
+            yield Partial("".join(chunk))
             chunk, size = [], 0
     yield "".join(chunk)
-
-
-class _Partial(str):
-    """A chunk of a document that continues in the next chunk."""
 
 
 def dataset_documents(name: str, split: str, text_field: str) -> Iterator[str]:
@@ -113,76 +108,6 @@ def dataset_documents(name: str, split: str, text_field: str) -> Iterator[str]:
         if not isinstance(text := row[text_field], str | None):
             raise ValueError(f"Dataset {name}, row {i}: field {text_field!r} holds {type(text).__name__}.")
         yield text or ""
-
-
-# Between a non-space character and one space followed by a non-space, or between a letter or
-# digit and one newline followed by a non-space: GPT-2's split, Llama 3's and Qwen2's (which keep
-# the line breaks after punctuation with it: ".\n" is one piece) and GPT-1's whitespace/punctuation
-# pre-tokenizer all split there, so a cut there changes no token.
-_EXACT_CUT = re.compile(r"(?<=\S)(?= \S)|(?<=[^\W_])(?=\n\S)")
-
-
-def cut_point(text: str, limit: int) -> int:
-    """Where to end a piece of at most `limit` characters (`limit` < len(text)).
-
-    The last exact cut (see `_EXACT_CUT`) in the second half of the window, searched from its end;
-    else (a stretch with no such break, e.g. unspaced scripts) the last newline, else `limit`.
-    """
-    for width in (256, 8192, limit // 2):
-        last = None
-        for last in _EXACT_CUT.finditer(text, max(limit - width, limit // 2), limit):
-            pass
-        if last is not None:
-            return last.start()
-    return text.rfind("\n", 0, limit) + 1 or limit
-
-
-def pieces(documents: Iterator[str], piece_chars: int) -> Iterator[Piece]:
-    """Cut documents into pieces of about `piece_chars` characters (see `cut_point`)."""
-    number = 0
-    buffer = ""
-    has_text = False  # the current document so far holds more than whitespace
-    for doc in documents:
-        buffer += doc
-        has_text = has_text or not doc.isspace() and doc != ""
-        while len(buffer) > piece_chars:
-            cut = cut_point(buffer, piece_chars)
-            yield Piece(number, buffer[:cut], False)
-            number += 1
-            buffer = buffer[cut:]
-        if not isinstance(doc, _Partial):
-            if has_text:  # the end-of-text token closes every document with text
-                yield Piece(number, buffer, True)
-                number += 1
-            buffer, has_text = "", False
-
-
-def is_validation(number: int, fraction: float) -> bool:
-    """Deterministic split of piece `number`: validation with probability `fraction`."""
-    digest = hashlib.blake2b(number.to_bytes(8, "little"), digest_size=8).digest()
-    return int.from_bytes(digest, "little") / 2**64 < fraction
-
-
-def continues_elsewhere(piece: Piece, fraction: float) -> bool:
-    """Whether the piece's document goes on in the other split: its part in this one then ends with
-    an end-of-text token as a document does, so no two documents' texts run together in a split."""
-    if piece.ends_document:
-        return False
-    return is_validation(piece.number + 1, fraction) != is_validation(piece.number, fraction)
-
-
-def batches(items: Iterator[Piece], max_chars: int) -> Iterator[list[Piece]]:
-    """Consecutive pieces grouped into lists of about `max_chars` characters."""
-    batch: list[Piece] = []
-    size = 0
-    for item in items:
-        batch.append(item)
-        size += len(item.text)
-        if size >= max_chars:
-            yield batch
-            batch, size = [], 0
-    if batch:
-        yield batch
 
 
 def encode_batch(backend, batch: list[Piece], eos: int, dtype: str) -> list[np.ndarray]:
@@ -298,6 +223,7 @@ def prepare(
     # (nor "<|extract|>" a fine-tuning token); the one boundary is the end-of-text token added here.
     backend = Tokenizer.from_str(tok.backend_tokenizer.to_str())
     backend.encode_special_tokens = True
+    ends = pre_token_ends(backend)
     done = committed = False  # tokenized; written whole (meta.json last)
     had_tokenizer = (out / "tokenizer").exists()
     try:
@@ -309,7 +235,9 @@ def prepare(
                 with tokenizer_threads(workers), ThreadPoolExecutor(1) as executor:
                     # One batch is encoded (outside the GIL) while the next is read and the last written.
                     pending = None
-                    for batch in chain(batches(pieces(documents, piece_chars), 16 * piece_chars), [None]):
+                    for batch in chain(
+                        batches(pieces(documents, piece_chars, ends), 16 * piece_chars), [None]
+                    ):
                         submitted = batch and (
                             batch,
                             executor.submit(encode_batch, backend, batch, eos, dtype),

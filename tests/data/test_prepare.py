@@ -3,7 +3,8 @@ import json
 import numpy as np
 import pytest
 
-from gpt_ft.data.prepare import is_validation, pieces, prepare, read_meta, token_dtype
+from gpt_ft.data.pieces import is_validation, pieces
+from gpt_ft.data.prepare import prepare, read_meta, token_dtype
 from gpt_ft.data.tokenizer import EOS_TOKEN, load_tokenizer
 from tests.helpers import SENTENCES, write_corpus
 
@@ -62,6 +63,7 @@ def test_pieces_cut_where_the_tokenizer_splits_so_tokens_are_exact(tmp_path, tok
         + " ".join(SENTENCES * 6)
         + "\n\nHe is happy now.\n \nShe decides to bake a batch of brownies for the party.\n"
         + "The cat sat.\nThe dog ran.\nA bird, flying.\n" * 4
+        + ("这是一个段落，内容很长。" * 8 + "\n\n") * 3  # no space: cut at pre-tokens' ends ("。" | "\n\n")
     ) * 3
     (tmp_path / "doc.txt").write_text(text)
     if split == "llama3":
@@ -79,6 +81,20 @@ def test_pieces_cut_where_the_tokenizer_splits_so_tokens_are_exact(tmp_path, tok
     assert np.fromfile(tmp_path / "tokens" / "train.bin", dtype=meta["dtype"]).tolist() == expected
     pieces_made = list(pieces(iter([text]), 40))
     assert len(pieces_made) > len(text) // 40 and "".join(p.text for p in pieces_made) == text
+
+
+def test_a_long_document_of_whitespace_ends_with_end_of_text_too(tmp_path, tokenizer_dir):
+    """Cut into pieces, a document of whitespace alone is closed like any other (it ran into the
+    next one); a short one is no document."""
+    (tmp_path / "c").mkdir()
+    texts = ["First document.", "\n" * 100 + " " * 100, "Second document.", " \n"]
+    for i, text in enumerate(texts):
+        (tmp_path / "c" / f"{i}.txt").write_text(text)
+    meta = prepare(inputs=[str(tmp_path / "c")], out_dir=str(tmp_path / "tokens"), tokenizer=tokenizer_dir,
+                   piece_chars=64, validation_fraction=0.0, progress=False)  # fmt: skip
+    tok = load_tokenizer(tmp_path / "tokens" / "tokenizer")
+    ids = np.fromfile(tmp_path / "tokens" / "train.bin", dtype=meta["dtype"]).tolist()
+    assert tok.decode(ids).split(EOS_TOKEN) == [*texts[:3], ""] and meta["documents"] == 3
 
 
 def test_parallel_pieces_and_validation_split(tmp_path, tokenizer_dir):

@@ -1,0 +1,114 @@
+"""A corpus's documents cut into pieces where the tokenizer splits anyway, so that tokenizing the
+pieces one by one gives the tokens of the whole documents; each piece drawn for train or validation."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+
+@dataclass
+class Piece:
+    number: int
+    text: str
+    ends_document: bool
+
+
+class Partial(str):
+    """A chunk of a document that continues in the next chunk."""
+
+
+# Between a non-space character and one space followed by a non-space, or between a letter or
+# digit and one newline followed by a non-space: GPT-2's split, Llama 3's and Qwen2's (which keep
+# the line breaks after punctuation with it: ".\n" is one piece) and GPT-1's whitespace/punctuation
+# pre-tokenizer all split there, so a cut there changes no token.
+_EXACT_CUT = re.compile(r"(?<=\S)(?= \S)|(?<=[^\W_])(?=\n\S)")
+
+
+def cut_point(text: str, limit: int, ends: Ends | None = None) -> int:
+    """Where to end a piece of at most `limit` characters (`limit` < len(text)).
+
+    The last exact cut (see `_EXACT_CUT`) in the second half of the window, searched from its end;
+    else (a stretch with no such break, e.g. unspaced scripts) the last end of a pre-token that is
+    no whitespace (`ends`, see `pre_token_ends`), else the last newline, else `limit`.
+    """
+    for width in (256, 8192, limit // 2):
+        last = None
+        for last in _EXACT_CUT.finditer(text, max(limit - width, limit // 2), limit):
+            pass
+        if last is not None:
+            return last.start()
+    exact = (
+        [end for end in ends(text[:limit]) if end >= limit // 2 and not text[end - 1].isspace()]
+        if ends
+        else []
+    )
+    return exact[-1] if exact else text.rfind("\n", 0, limit) + 1 or limit
+
+
+Ends = Callable[[str], list[int]]
+
+
+def pre_token_ends(backend) -> Ends | None:
+    """Where a tokenizer's pre-tokens of a text end, but the last (the text may cut it short, or
+    its last whitespace run: "。\n\n" alone is one pre-token where "。\n\n这" has two).
+
+    The text starts where a document or an exact cut does, so the matches are the whole document's
+    up to the last; a cut after a pre-token ending in no whitespace changes no token: its left part
+    matches as it did (no pre-tokenizer reads past such a match), and its right part starts a match.
+    None where the tokenizer has no pre-tokenizer.
+    """
+    pre = backend.pre_tokenizer
+    if pre is None:
+        return None
+    return lambda text: [end for _, (_, end) in pre.pre_tokenize_str(text)[:-1]]
+
+
+def pieces(documents: Iterator[str], piece_chars: int, ends: Ends | None = None) -> Iterator[Piece]:
+    """Cut documents into pieces of about `piece_chars` characters (see `cut_point`)."""
+    number = 0
+    buffer = ""
+    has_text = cut = False  # the current document so far holds more than whitespace; was cut
+    for doc in documents:
+        buffer += doc
+        has_text = has_text or not doc.isspace() and doc != ""
+        while len(buffer) > piece_chars:
+            cut = cut_point(buffer, piece_chars, ends)
+            yield Piece(number, buffer[:cut], False)
+            number += 1
+            buffer, cut = buffer[cut:], True
+        if not isinstance(doc, Partial):
+            if has_text or cut:  # the end-of-text token closes every document with text, or cut
+                yield Piece(number, buffer, True)
+                number += 1
+            buffer, has_text, cut = "", False, False
+
+
+def is_validation(number: int, fraction: float) -> bool:
+    """Deterministic split of piece `number`: validation with probability `fraction`."""
+    digest = hashlib.blake2b(number.to_bytes(8, "little"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") / 2**64 < fraction
+
+
+def continues_elsewhere(piece: Piece, fraction: float) -> bool:
+    """Whether the piece's document goes on in the other split: its part in this one then ends with
+    an end-of-text token as a document does, so no two documents' texts run together in a split."""
+    if piece.ends_document:
+        return False
+    return is_validation(piece.number + 1, fraction) != is_validation(piece.number, fraction)
+
+
+def batches(items: Iterator[Piece], max_chars: int) -> Iterator[list[Piece]]:
+    """Consecutive pieces grouped into lists of about `max_chars` characters."""
+    batch: list[Piece] = []
+    size = 0
+    for item in items:
+        batch.append(item)
+        size += len(item.text)
+        if size >= max_chars:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
