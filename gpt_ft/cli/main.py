@@ -195,6 +195,10 @@ def main(argv: list[str] | None = None) -> None:
         if debug or not raised_by_lightning(exc, "fabric", "MisconfigurationException"):  # a bad value
             raise
         fail(user_message(exc).rstrip(".!") + ".")
+    except KeyboardInterrupt:  # Ctrl-C in a command that is no Lightning run (`prepare`, `label`, ...)
+        if debug:
+            raise
+        stopped_by(signal.SIGINT)
     except SystemExit as exc:
         if raised_by_lightning(exc, "pytorch", "SIGTERMException"):  # at the step after the signal
             # SaveLast sets the code to 128 + the signal's number: SIGTERM, or SIGINT for Ctrl-C.

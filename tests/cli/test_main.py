@@ -464,3 +464,32 @@ def test_the_cli_keeps_freed_memory_unless_malloc_was_tuned_already(monkeypatch)
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "0")
     entry.keep_freed_memory()
     assert calls == []
+
+
+def test_ctrl_c_in_a_command_without_a_trainer_is_one_line_and_exit_130(
+    tmp_path, tokenizer_dir, monkeypatch, capsys
+):
+    """`gpt-ft prepare` (or any command that is no Lightning run) stopped by Ctrl-C: the shell's
+    exit code and one line, not a traceback; what it was writing is cleaned up as ever."""
+    import gpt_ft.data.prepare as preparing
+
+    def interrupted(paths, split_on):
+        raise KeyboardInterrupt
+        yield
+
+    monkeypatch.setattr(preparing, "file_documents", interrupted)
+    out = tmp_path / "tokens"
+    with pytest.raises(SystemExit) as stopped:
+        main(
+            [
+                "prepare",
+                "--inputs",
+                str(write_corpus(tmp_path)),
+                "--tokenizer",
+                tokenizer_dir,
+                "--out_dir",
+                str(out),
+            ]
+        )
+    assert stopped.value.code == 130 and not out.exists()
+    assert capsys.readouterr().err.endswith("gpt-ft: stopped by Ctrl-C (SIGINT)\n")
