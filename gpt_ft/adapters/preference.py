@@ -209,7 +209,7 @@ class PreferenceOutput(TaskOutput):
     def example_label(self, example: dict[str, Any]) -> float | None:
         """A pair's margin (0 without a margin field or value); None for one reply (a `reply`
         field and no chosen one)."""
-        if self.reply in example and self.sides[0] not in example:
+        if one_reply(example, self.reply, self.sides[0]):
             return None
         if self.margin is None or example.get(self.margin) is None:
             return 0.0
@@ -295,8 +295,8 @@ class Preference(TaskAdapter):
         return ([self.prompt] if self.prompt else []) + [self.chosen, self.rejected]
 
     def _pair(self, example: dict[str, Any]) -> bool:
-        """A pair to compare, or else (a `reply` field and no `chosen`) one reply to score."""
-        return not (self.reply in example and self.chosen not in example)
+        """A pair to compare, or else (a `reply` and no `chosen`) one reply to score."""
+        return not one_reply(example, self.reply, self.chosen)
 
     _chat = None
     """The tokenizer whose chat template renders message lists, while `encode_examples` runs."""
@@ -350,3 +350,10 @@ def _text(example: dict[str, Any], field: str) -> str:
     if isinstance(value, (list, tuple, dict)):
         raise TaskDataError(f"field {field!r} holds {type(value).__name__} {short_repr(value)}, not a text.")
     return field_text(value)
+
+
+def one_reply(example: dict[str, Any], reply: str, chosen: str) -> bool:
+    """Whether a row is one reply to score: its `reply` holds a value and its `chosen` none (absent,
+    null or empty, as in a table whose other rows are pairs)."""
+    blank = ("", None)
+    return example.get(reply, None) not in blank and example.get(chosen, None) in blank

@@ -66,6 +66,11 @@ def test_rows_read_as_pairs_or_one_reply():
     assert task.output.example_label({"chosen": "a", "rejected": "b"}) == 0.0
     assert task.texts({"reply": H + " A."}) == [H, " A."]  # one reply to score
     assert task.output.example_label({"reply": "a"}) is None
+    # A table (CSV, TSV, Parquet) of pairs and single replies: each row has every column.
+    for blank in ("", None):
+        row = {"chosen": blank, "rejected": blank, "reply": H + " A."}
+        assert task.texts(row) == [H, " A."] and task.output.example_label(row) is None
+    assert task.texts({"chosen": H + " A.", "rejected": H + " B.", "reply": ""}) == [H, " A.", " B."]
     with pytest.raises(
         TaskDataError, match="field 'rejected' holds a text where 'chosen' holds chat messages"
     ):
