@@ -133,10 +133,10 @@ class SuiteRunner:
             if task.name in self.cards:
                 raise ValueError(f"Suite {spec.name!r} lists task {task.name!r} twice.")
             self.cards[task.name] = (entry, check_paper(spec.name, entry, task))
-        if unknown := set(self.data_dirs) - {None, *self.cards}:
-            raise ValueError(
-                f"--data_dir names task(s) {sorted(unknown)} that suite {spec.name!r} does not list."
-            )
+        score = spec.score.tasks if spec.score else []  # a score no run could complete, a DIR never read
+        for names, where in ((score, "The suite's score"), (self.data_dirs, "--data_dir")):
+            if unknown := set(names) - {None, *self.cards}:
+                raise ValueError(f"{where} names task(s) {sorted(unknown)} not in suite {spec.name!r}.")
         self.all_cards = self.cards  # a `--tasks` subset still reports earlier runs of the others
         if tasks:
             if unknown := [t for t in tasks if t not in self.cards]:

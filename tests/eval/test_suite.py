@@ -37,6 +37,7 @@ FIT = [
 def test_suite_runs_resumes_and_writes_results(tmp_path, tokenizer_dir, monkeypatch, capsys):
     single = make_task("single", tmp_path / "a")
     similarity = make_task("similarity", tmp_path / "b")
+    pair = make_task("pair", tmp_path / "c")  # listed, never run here: the score lacks it
     pairs = ["the cat sat on the mat .", "two dogs run in a park .", "a cat sat .", "the dogs ran ."]
     rows = [f"{i}\t{pairs[i % 4]}\t{pairs[(i + 1) % 4]}\t{i + 0.5}" for i in range(5)]  # a correlation
     header = "index\tsentence1\tsentence2\tlabel\n"
@@ -50,13 +51,15 @@ tasks:
     paper: {{accuracy: 91.3}}
   - card: {similarity}
     paper: {{pearson: 82.0}}
-score: {{name: Tiny score, tasks: [sent, sts, absent], paper: 70.0}}
+  - card: {pair}
+score: {{name: Tiny score, tasks: [sent, sts, pair], paper: 70.0}}
 submission: {{archive: sub.zip, files: [SENT.tsv, STS-B.tsv, AX.tsv]}}
 """,
     )
     out = tmp_path / "out"
     argv = ["suite", str(suite), f"--out_dir={out}", f"--tokenizer={tokenizer_dir}"]
     argv += ["--data_dir", as_list(f"sent={tmp_path / 'a'}", f"sts={tmp_path / 'b'}"), *fit_args(*FIT)]
+    argv += ["--tasks", as_list("sent", "sts")]
 
     calls = []
     real_fit = suites.fit_and_evaluate
@@ -68,8 +71,9 @@ submission: {{archive: sub.zip, files: [SENT.tsv, STS-B.tsv, AX.tsv]}}
         return real_fit(build, args, select, **kwargs)
 
     monkeypatch.setattr(suites, "fit_and_evaluate", interrupted_after_one)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(SystemExit) as stopped:  # one line, the shell's code for Ctrl-C
         main(argv)
+    assert stopped.value.code == 130
     first = out / "runs" / "sent" / "seed-0" / "result.json"
     assert first.is_file() and not (out / "runs" / "sent" / "seed-1" / "result.json").exists()
     stamp = first.stat().st_mtime_ns
@@ -102,7 +106,7 @@ submission: {{archive: sub.zip, files: [SENT.tsv, STS-B.tsv, AX.tsv]}}
     assert set(sent["seeds"]) == {"0", "1"} and sent["paper"] == 91.3
     assert set(results["tasks"]["sts"]["metrics"]) == {"validation/pearson", "validation/spearman"}
     score = results["score"]
-    assert score["missing"] == ["absent"] and set(score["tasks"]) == {"sent", "sts"}
+    assert score["missing"] == ["pair"] and set(score["tasks"]) == {"sent", "sts"}
     sts_means = [s["mean"] for s in results["tasks"]["sts"]["metrics"].values() if s["mean"] is not None]
     assert score["tasks"]["sent"] == pytest.approx(sent["mean"])
     assert score["tasks"]["sts"] == pytest.approx(statistics.fmean(sts_means))
@@ -110,7 +114,7 @@ submission: {{archive: sub.zip, files: [SENT.tsv, STS-B.tsv, AX.tsv]}}
 
     table = (out / "results.md").read_text()
     assert f"| sent | validation/accuracy | {sent['mean']:.1f} ± {sent['std']:.1f} |  | 91.3 |" in table
-    assert "| **Tiny score** (2 of 3 tasks; missing absent) | mean |" in table
+    assert "| **Tiny score** (2 of 3 tasks; missing pair) | mean |" in table
     assert (out / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     assert "warning: the submission lacks AX.tsv" in printed
@@ -284,6 +288,15 @@ def test_a_subset_of_a_suites_tasks(tmp_path):
     card = write_suite(tmp_path, "name: p\ntasks:\n  - card: tasks/glue/rte.yaml\n    paper: {acuracy: 56}\n")
     with pytest.raises(ValueError, match=r"^Suite 'p', task 'rte': paper names \['acuracy'\], not among its"):
         suites.SuiteRunner(str(card), out_dir=tmp_path)
+    card = write_suite(
+        tmp_path, "name: s\ntasks: [tasks/glue/sst2.yaml]\nscore: {name: x, tasks: [sst2, cola]}\n"
+    )
+    with pytest.raises(
+        ValueError, match=r"^The suite's score names task\(s\) \['cola'\] not in suite 's'\.$"
+    ):
+        suites.SuiteRunner(str(card), out_dir=tmp_path)  # a score that no run could ever complete
+    with pytest.raises(ValueError, match=r"^--data_dir names task\(s\) \['cola2'\] not in suite 'GLUE'\.$"):
+        suites.SuiteRunner(spec, out_dir=tmp_path, data_dir=["cola2=c"])
 
 
 def test_zero_shot_only_skips_tasks_without_a_method(tmp_path, tokenizer_dir, capsys):
