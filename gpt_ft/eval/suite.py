@@ -162,6 +162,8 @@ class SuiteRunner:
                 self._zero_shot(name, log)
         runs = self.runs() if self.fine_tune else []
         todo = [r for r in runs if not self._finished(r, log)]
+        for run in {(r.task, r.row): r for r in todo}.values():  # a bad argument stops it before it trains
+            build_fit.resolve(self.fit_args_of(run) + self._min_steps(run))
         if runs:
             done = len(runs) - len(todo)
             log(f"suite {self.spec.name}: {len(runs)} runs, {done} finished before, {len(todo)} to go")
@@ -191,8 +193,7 @@ class SuiteRunner:
             tokenizer = self.tokenizer = resolve_tokenizer(None, self.init_from)
         if tokenizer:
             args.append(f"--data.tokenizer={tokenizer}")
-        data_dir = self.data_dirs.get(run.task, self.data_dirs.get(None))
-        if data_dir:
+        if data_dir := self.data_dirs.get(run.task, self.data_dirs.get(None)):
             args.append(f"--data.data_dir={data_dir}")
         if self.init_from:
             args.append(f"--model.init_from={self.init_from}")
@@ -391,8 +392,7 @@ class SuiteRunner:
             for file in files:
                 shutil.copy(file, folder / file.name)
         present = {p.name for p in folder.iterdir()}
-        lacks = ", ".join(f for f in spec.files if f not in present)
-        if lacks:
+        if lacks := ", ".join(f for f in spec.files if f not in present):
             log(f"warning: the submission lacks {lacks} (tasks not in this run or without test files)")
         archive = self.out / spec.archive
         write_zip(archive, folder, sorted(present))

@@ -299,6 +299,29 @@ def test_a_subset_of_a_suites_tasks(tmp_path):
         suites.SuiteRunner(spec, out_dir=tmp_path, data_dir=["cola2=c"])
 
 
+def test_a_bad_argument_of_any_task_stops_the_suite_before_it_trains(
+    tmp_path, tokenizer_dir, monkeypatch, capsys
+):
+    """A typo in the last task's `args` is found before the first task trains, not hours later."""
+    single, pair = make_task("single", tmp_path / "a"), make_task("pair", tmp_path / "b")
+    suite = write_suite(
+        tmp_path, f"name: s\ntasks:\n  - {single}\n  - card: {pair}\n    args: [--trainer.bogus=1]\n"
+    )
+    calls = []
+    monkeypatch.setattr(suites, "fit_and_evaluate", lambda *args, **kwargs: calls.append(args))
+    argv = [
+        "suite",
+        str(suite),
+        f"--out_dir={tmp_path / 'out'}",
+        f"--tokenizer={tokenizer_dir}",
+        *fit_args(*FIT),
+    ]
+    with pytest.raises(SystemExit) as stopped:
+        main([*argv, "--data_dir", as_list(f"sent={tmp_path / 'a'}", f"pair={tmp_path / 'b'}")])
+    assert stopped.value.code == 2 and calls == []
+    assert "unrecognized arguments: --trainer.bogus=1" in capsys.readouterr().err
+
+
 def test_zero_shot_only_skips_tasks_without_a_method(tmp_path, tokenizer_dir, capsys):
     tok = load_tokenizer(tokenizer_dir)
     config = GPTConfig.from_name("gpt-micro", vocab_size=len(tok), n_positions=64, n_embd=32, n_layer=1)
