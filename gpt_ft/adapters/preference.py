@@ -355,5 +355,4 @@ def _text(example: dict[str, Any], field: str) -> str:
 def one_reply(example: dict[str, Any], reply: str, chosen: str) -> bool:
     """Whether a row is one reply to score: its `reply` holds a value and its `chosen` none (absent,
     null or empty, as in a table whose other rows are pairs)."""
-    blank = ("", None)
-    return example.get(reply, None) not in blank and example.get(chosen, None) in blank
+    return example.get(reply) not in ("", None) and example.get(chosen) in ("", None)

@@ -248,9 +248,8 @@ def json_lines_problem(path: Path) -> str | None:
         if not isinstance(document, list):
             records = "records (an array of objects, or an object a line)"
             return f": a JSON file holds {records}, not {_json_kind(document)}"
-        bad = next((n for n, record in enumerate(document, 1) if not isinstance(record, dict)), None)
-        kind = None if bad is None else _json_kind(document[bad - 1])
-        return None if bad is None else f": record {bad} of its array is {kind}, not a JSON object ({{...}})"
+        bad = next(((n, r) for n, r in enumerate(document, 1) if not isinstance(r, dict)), None)
+        return bad and f": record {bad[0]} of its array is {_json_kind(bad[1])}, not a JSON object ({{...}})"
     if text.lstrip(" \t\r\n").startswith("["):
         return None  # a JSON array that does not parse: named after the loader fails
     for n, line in enumerate(text.split("\n"), 1):

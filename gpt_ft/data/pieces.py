@@ -70,7 +70,7 @@ def pieces(documents: Iterator[str], piece_chars: int, ends: Ends | None = None)
     """Cut documents into pieces of about `piece_chars` characters (see `cut_point`)."""
     number = 0
     buffer = ""
-    has_text = cut = False  # the current document so far holds more than whitespace; was cut
+    has_text = was_cut = False  # the current document so far holds more than whitespace; was cut
     for doc in documents:
         buffer += doc
         has_text = has_text or not doc.isspace() and doc != ""
@@ -78,12 +78,12 @@ def pieces(documents: Iterator[str], piece_chars: int, ends: Ends | None = None)
             cut = cut_point(buffer, piece_chars, ends)
             yield Piece(number, buffer[:cut], False)
             number += 1
-            buffer, cut = buffer[cut:], True
+            buffer, was_cut = buffer[cut:], True
         if not isinstance(doc, Partial):
-            if has_text or cut:  # the end-of-text token closes every document with text, or cut
+            if has_text or was_cut:  # the end-of-text token closes every document with text, or cut
                 yield Piece(number, buffer, True)
                 number += 1
-            buffer, has_text, cut = "", False, False
+            buffer, has_text, was_cut = "", False, False
 
 
 def is_validation(number: int, fraction: float) -> bool:
