@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import re
 from collections.abc import Iterator
@@ -239,6 +240,17 @@ def causes(exc: BaseException | None) -> Iterator[BaseException]:
     while exc is not None:
         yield exc
         exc = exc.__cause__ or exc.__context__
+
+
+@contextmanager
+def arguments_from(where: str) -> Iterator[None]:
+    """Arguments the command-line parser refuses inside, in one sentence that begins with `where`
+    they came from (a suite file's task): the parser's own names no file."""
+    try:
+        yield
+    except argparse.ArgumentError as exc:
+        problem = next((e for e in causes(exc) if isinstance(e, FileProblem)), None)
+        raise ValueError(f"{where}: {problem or parse_error_message(str(exc))}") from None
 
 
 def input_file(path: str | os.PathLike, option: str, give: str = "a file") -> Path:

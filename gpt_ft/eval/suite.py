@@ -29,7 +29,7 @@ import yaml
 from gpt_ft.adapters.cards import load_card
 from gpt_ft.data.files import load_split
 from gpt_ft.data.tokenizer import load_tokenizer
-from gpt_ft.errors import check_output_dir
+from gpt_ft.errors import arguments_from, check_output_dir
 from gpt_ft.eval import zeroshot
 from gpt_ft.eval.curves import MISSING, baseline_curves, collect_curves, labels_saved, read_baselines
 from gpt_ft.eval.finetune import config_changes, fit_and_evaluate, main_key
@@ -104,6 +104,7 @@ class SuiteRunner:
         """
         check_output_dir(out_dir, "--out_dir")
         spec = suite if isinstance(suite, SuiteSpec) else load_suite(suite)
+        self.source = f"suite {spec.name!r}" if isinstance(suite, SuiteSpec) else f"Suite file {suite}"
         data_dir, tasks, baselines = as_list(data_dir), as_list(tasks) or None, as_list(baselines)
         self.spec, self.baselines = spec, read_baselines(baselines or [], list(spec.rows or []))
         sizes = train_sizes if train_sizes is not None else spec.train_sizes
@@ -163,7 +164,7 @@ class SuiteRunner:
         runs = self.runs() if self.fine_tune else []
         todo = [r for r in runs if not self._finished(r, log)]
         for run in {(r.task, r.row): r for r in todo}.values():  # a bad argument stops it before it trains
-            build_fit.resolve(self.fit_args_of(run) + self._min_steps(run))
+            self._resolve(run)
         if runs:
             done = len(runs) - len(todo)
             log(f"suite {self.spec.name}: {len(runs)} runs, {done} finished before, {len(todo)} to go")
@@ -188,11 +189,10 @@ class SuiteRunner:
         folder = self.out / "runs" / run.folder
         args = ["--config", self.spec.config] if self.spec.config else []
         args += [f"--data.task={entry.card}", f"--seed_everything={run.seed}"]
-        tokenizer = self.tokenizer
-        if tokenizer is None and self.init_from and self.spec.rows:  # a row may drop --init_from
-            tokenizer = self.tokenizer = resolve_tokenizer(None, self.init_from)
-        if tokenizer:
-            args.append(f"--data.tokenizer={tokenizer}")
+        if self.tokenizer is None and self.init_from and self.spec.rows:  # a row may drop --init_from
+            self.tokenizer = resolve_tokenizer(None, self.init_from)
+        if self.tokenizer:
+            args.append(f"--data.tokenizer={self.tokenizer}")
         if data_dir := self.data_dirs.get(run.task, self.data_dirs.get(None)):
             args.append(f"--data.data_dir={data_dir}")
         if self.init_from:
@@ -209,6 +209,11 @@ class SuiteRunner:
         row = self.spec.rows[run.row] if run.row is not None else []
         return args + self.spec.args + entry.args + row + self.fit_args
 
+    def _resolve(self, run: Run) -> dict[str, Any]:
+        """The configuration the run's `gpt-ft fit` arguments resolve to (`FitRuns.resolve`)."""
+        with arguments_from(f"{self.source}, task {run.task!r}" + (f", row {run.row!r}" if run.row else "")):
+            return build_fit.resolve(self.fit_args_of(run) + self._min_steps(run))
+
     def _min_steps(self, run: Run) -> list[str]:
         """The option `fit_and_evaluate` adds to a run on a training subset (`min_steps`)."""
         subset = run.size is not None and self.spec.min_steps
@@ -219,9 +224,8 @@ class SuiteRunner:
         result = read_json(self.out / "runs" / run.folder / RESULT)
         if result is None:
             return False
-        extra = self._min_steps(run)
-        config = build_fit.resolve(self.fit_args_of(run) + extra)
-        changed = config_changes(result, config, build_fit, extra)
+        config = self._resolve(run)
+        changed = config_changes(result, config, build_fit, self._min_steps(run))
         if result.get("select", self.select) != self.select:  # (a result from before it was recorded: kept)
             changed.append(f"--select {self.select}")
         if self.predict and result.get("predict") is False:
@@ -238,7 +242,7 @@ class SuiteRunner:
         with set_aside(folder if first_process() else None, RESULT):  # a failed rerun keeps the last
             folder.mkdir(parents=True, exist_ok=True)
             start, args = time.perf_counter(), self.fit_args_of(run)
-            config = build_fit.resolve(args + self._min_steps(run))  # recorded, compared by a rerun
+            config = self._resolve(run)  # recorded, compared by a rerun
             min_steps = self.spec.min_steps if run.size is not None else None
             metrics, epoch = fit_and_evaluate(
                 build_fit, args, self.select, predict=self.predict, log=log, min_steps=min_steps
@@ -281,11 +285,10 @@ class SuiteRunner:
         from tqdm.auto import tqdm
 
         log(f"zero-shot {name}")
-        tokenizer_dir = resolve_tokenizer(self.tokenizer, self.init_from)
         gpt = GPT.from_pretrained(self.init_from).to("cuda" if torch.cuda.is_available() else "cpu")
         scorer = zeroshot.ZeroShotScorer(
             gpt,
-            load_tokenizer(tokenizer_dir, add_specials=False),
+            load_tokenizer(resolve_tokenizer(self.tokenizer, self.init_from), add_specials=False),
             progress=lambda it: tqdm(it, leave=False, desc=f"zero-shot {name}", unit="batch"),
         )
         ignored = set(task.ignore_labels)
@@ -325,13 +328,10 @@ class SuiteRunner:
                 full = key if "/" in key else f"{task.validation_splits[0]}/{key}"
                 rows.setdefault(full, {"seeds": {}})["paper"] = value
             if self.transfer_layers:
-                item["transfer"] = {}
+                item["transfer"], m = {}, item["main_metric"]
                 for k in self.transfer_layers:
-                    values = []
-                    for seed in self.seeds:
-                        result = read_json(self.out / "runs" / Run(name, seed, k).folder / RESULT)
-                        if result and result["metrics"].get(item["main_metric"]) is not None:
-                            values.append(100 * result["metrics"][item["main_metric"]])
+                    got = [read_json(self.out / "runs" / Run(name, s, k).folder / RESULT) for s in self.seeds]
+                    values = [100 * r["metrics"][m] for r in got if r and r["metrics"].get(m) is not None]
                     item["transfer"][str(k)] = {"seeds": values, **mean_std(values)}
             if self.sizes != [None]:
                 item["curves"] = self._curves(name, item["main_metric"])

@@ -319,7 +319,10 @@ def test_a_bad_argument_of_any_task_stops_the_suite_before_it_trains(
     with pytest.raises(SystemExit) as stopped:
         main([*argv, "--data_dir", as_list(f"sent={tmp_path / 'a'}", f"pair={tmp_path / 'b'}")])
     assert stopped.value.code == 2 and calls == []
-    assert "unrecognized arguments: --trainer.bogus=1" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip()
+    assert (
+        err == f"gpt-ft: error: Suite file {suite}, task 'pair': unrecognized arguments: --trainer.bogus=1."
+    )
 
 
 def test_zero_shot_only_skips_tasks_without_a_method(tmp_path, tokenizer_dir, capsys):
