@@ -33,16 +33,38 @@ def load_split(task: TaskAdapter, split: str, data_dir: str | Path | None):
 
     From local files under `data_dir` when given (the card's `local` layout), else from the Hub.
     """
+    return located_split(task, split, data_dir)[0]
+
+
+def located_split(task: TaskAdapter, split: str, data_dir: str | Path | None):
+    """`load_split`'s dataset and where its rows come from (`Origin`, with the columns renamed)."""
+    if data_dir is not None:
+        ds, origin = _load_local(task, split, Path(data_dir).expanduser())
+        columns = task.local.columns
+    else:
+        ds, origin, columns = _load_hub(task, split), split_origin(task, split, None), task.hub.columns
+    renames = {old: new for old, new in (columns or {}).items() if old in ds.column_names and old != new}
+    kept = [c for c in ds.column_names if c not in renames]
+    for old, new in renames.items():
+        clash = new if new in kept else next((o for o in renames if o != old and renames[o] == new), None)
+        if clash is not None:
+            other = f"its column {new!r} is kept" if clash == new else f"{clash!r} is renamed to it too"
+            raise TaskDataError(
+                f"{origin.source}: `columns` renames {old!r} to {new!r}, but {other}; give each its own name."
+            )
+    ds = ds.rename_columns(renames) if renames else ds
+    return ds, replace(origin, columns=tuple((new, old) for old, new in renames.items()))
+
+
+def _load_hub(task: TaskAdapter, split: str):
     import datasets
 
-    if data_dir is not None:
-        return _load_local(task, split, Path(data_dir).expanduser())
     if task.hub is None:
         raise CardError(f"Task {task.name!r} has no hub dataset; pass its files with --data.data_dir DIR.")
     hub_split = (task.hub.splits or {}).get(split, split)
     config = (task.hub.configs or {}).get(split, task.hub.name)
     try:
-        ds = datasets.load_dataset(task.hub.path, config, split=hub_split, data_dir=task.hub.data_dir)
+        return datasets.load_dataset(task.hub.path, config, split=hub_split, data_dir=task.hub.data_dir)
     except ValueError as exc:  # unknown split
         raise TaskDataError(
             f"Hub dataset {task.hub.path} ({config}) has no split {hub_split!r}: {exc}"
@@ -52,7 +74,6 @@ def load_split(task: TaskAdapter, split: str, data_dir: str | Path | None):
             f"Hub dataset {task.hub.path} ({config}) cannot be loaded ({exc}); give the task's files "
             "with --data.data_dir DIR."
         ) from None
-    return _rename(ds, task.hub.columns, f"hub dataset {task.hub.path}")
 
 
 def _load_local(task: TaskAdapter, split: str, data_dir: Path):
@@ -79,7 +100,7 @@ def _load_local(task: TaskAdapter, split: str, data_dir: Path):
         selection=origin.selection,
         split=split,
     )
-    return _rename(ds, spec.columns, str(path))
+    return ds, origin
 
 
 def read_table(
@@ -181,6 +202,19 @@ class Origin:
     """The card's slice of the file, e.g. '[:1497]'."""
     kept: tuple[int, ...] | None = None
     """The rows left after some were dropped (`ignore_labels`), by their number before."""
+    columns: tuple[tuple[str, str], ...] = ()
+    """Fields read from a column of another name (the card's `columns`): (field, column)."""
+
+    def explain(self, message: str) -> str:
+        """`message`, and where it names a renamed field, the file's column that field is."""
+        notes = [
+            f"{field!r} is the column {column!r}" for field, column in self.columns if repr(field) in message
+        ]
+        return (
+            f"{message.rstrip('.')} ({'; '.join(notes)}, renamed by the card's `columns`)."
+            if notes
+            else message
+        )
 
     def keep(self, kept: list[int]) -> Origin:
         """The origin of the rows `kept` of this one's."""
@@ -222,19 +256,6 @@ def _stamp(path: Path) -> str:
     """The loader's cache key for the file as it is now (datasets' own is the path and the
     modification time alone)."""
     return "file-" + hashlib.sha256(file_stamp(path).encode()).hexdigest()[:16]
-
-
-def _rename(ds, columns: dict[str, str] | None, source: str):
-    renames = {old: new for old, new in (columns or {}).items() if old in ds.column_names and old != new}
-    kept = [c for c in ds.column_names if c not in renames]
-    for old, new in renames.items():
-        clash = new if new in kept else next((o for o in renames if o != old and renames[o] == new), None)
-        if clash is not None:
-            other = f"its column {new!r} is kept" if clash == new else f"{clash!r} is renamed to it too"
-            raise TaskDataError(
-                f"{source}: `columns` renames {old!r} to {new!r}, but {other}; give each its own name."
-            )
-    return ds.rename_columns(renames) if renames else ds
 
 
 def split_file(task: TaskAdapter, split: str, data_dir: str | Path) -> Path:

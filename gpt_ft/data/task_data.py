@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 
 from gpt_ft.adapters import ENCODING, TaskAdapter, TaskDataError
 from gpt_ft.data.batches import PackedBatch, SharedContextBatch, TaskBatch, collate_batch, reads
-from gpt_ft.data.files import Origin, load_split, split_origin
+from gpt_ft.data.files import Origin, located_split
 from gpt_ft.data.pinning import pins
 from gpt_ft.data.samplers import EpochSampler, LengthGroupedSampler, ResumableTrainData
 from gpt_ft.data.subsets import stratified_subset
@@ -147,23 +147,25 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         if labelled and ds.data.column("label").null_count:
             first = self.origins[split].of(ds.data.column("label").to_pylist().index(None))
             raise TaskDataError(
-                f"{first}: no label (field {self.task.label!r}); split {split!r} is used "
-                "for training or evaluation, so every example needs one."
+                self.origins[split].explain(
+                    f"{first}: no label (field {self.task.label!r}); split {split!r} is used "
+                    "for training or evaluation, so every example needs one."
+                )
             )
         return ds
 
     def _encode_split(self, split: str):
         """The split encoded, and where its rows come from (to name one in a message)."""
-        raw = load_split(self.task, split, self.data_dir)
-        origin = split_origin(self.task, split, self.data_dir)
+        raw, origin = located_split(self.task, split, self.data_dir)
         source = origin.source
         if len(raw) == 0:
             raise TaskDataError(f"{source}: split {split!r} has no examples.")
-        missing = [f for f in self.task.text_fields() if f not in raw.column_names]
-        if missing:
+        renamed = (self.task.local if self.data_dir is not None else self.task.hub).columns or {}
+        asked = {field: column for column, field in renamed.items()}  # the file's names, as the card says
+        if missing := [asked.get(f, f) for f in self.task.text_fields() if f not in raw.column_names]:
             raise TaskDataError(
                 f"{source}: missing column(s) {missing} needed by task {self.task.name!r}; "
-                f"the file has {raw.column_names}."
+                f"the file has {[dict(origin.columns).get(c, c) for c in raw.column_names]}."
             )
         grouped = self.task.regroup(raw)  # a datasets.Dataset: records as dicts
         if grouped is not None:  # examples across records (NLI triplets)
@@ -193,9 +195,12 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         def encode_batch(batch: dict[str, list], rows: list[int]) -> dict[str, list]:
             examples = [dict(zip(batch, values)) for values in zip(*batch.values())]
             where = lambda i: origin.of(rows[i])  # noqa: E731  (the row's file and line, in messages)
-            encoded = self.task.encode_examples(
-                examples, self.tokenizer, self.special_ids, self.max_length, where=where
-            )
+            try:
+                encoded = self.task.encode_examples(
+                    examples, self.tokenizer, self.special_ids, self.max_length, where=where
+                )
+            except TaskDataError as exc:
+                raise TaskDataError(origin.explain(str(exc))) from None
             fields = [enc.fields() for enc in encoded]
             return {
                 **{name: [f[name] for f in fields] for name in (fields[0] if fields else ["input_ids"])},

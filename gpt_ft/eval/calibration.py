@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from gpt_ft.adapters import TaskDataError
-from gpt_ft.data.files import load_split, split_origin
+from gpt_ft.data.files import located_split
 from gpt_ft.errors import check_output_file, writing
 from gpt_ft.eval.classifier import Classifier
 from gpt_ft.weights.checkpoint import Checkpoint
@@ -109,9 +109,13 @@ def calibrate(
         )
     split = split or task.validation_splits[0]
     data_dir = data_dir or stored.data_args.get("data_dir")
-    rows = load_split(task, split, data_dir).to_list()
-    where = split_origin(task, split, data_dir).of
-    outputs, labels = split_outputs(clf, rows, name=f"Split {split!r} of task {task.name!r}", where=where)
+    rows, origin = located_split(task, split, data_dir)
+    try:
+        outputs, labels = split_outputs(
+            clf, rows.to_list(), name=f"Split {split!r} of task {task.name!r}", where=origin.of
+        )
+    except TaskDataError as exc:
+        raise TaskDataError(origin.explain(str(exc))) from None
     head = clf.head.float()
     temperature = fit_temperature(outputs, labels.to(outputs.device), head.losses)
 

@@ -118,6 +118,37 @@ def test_bad_data_is_one_clear_sentence(pairs_dir, tokenizer_dir, setup, split, 
         dm.encoded(split, labelled=True)
 
 
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        (
+            "0\ta\tb\tmaybe\n",
+            "PAIRS/dev.tsv, line 2: label 'maybe' in field 'label' is not among the labels ['entailment', "
+            "'not_entailment'] ('label' is the column 'gold', renamed by the card's `columns`).",
+        ),
+        (
+            "0\ta\tb\t\n",
+            "PAIRS/dev.tsv, line 2: no label (field 'label'); split 'validation' is used for training or "
+            "evaluation, so every example needs one ('label' is the column 'gold', renamed by the card's "
+            "`columns`).",
+        ),
+    ],
+)
+def test_errors_name_the_column_a_renamed_field_is_read_from(pairs_dir, tokenizer_dir, rows, message):
+    """Where the card's `columns` reads a field from a column of another name, a message about the
+    field names that column too: the user looks for it in the file."""
+    (pairs_dir / "PAIRS/dev.tsv").write_text("idx\tfirst\tsentence2\tgold\n" + rows)
+    task = pair_task(columns={"idx": "index", "first": "sentence1", "gold": "label"})
+    dm = TaskDataModule(task, tokenizer_dir, data_dir=str(pairs_dir), max_length=64)
+    with pytest.raises(TaskDataError) as raised:
+        dm.encoded("validation", labelled=True)
+    assert str(raised.value) == f"{pairs_dir / message}"
+    (pairs_dir / "PAIRS/dev.tsv").write_text("idx\tsecond\tsentence2\tgold\n" + rows)
+    with pytest.raises(TaskDataError, match=r"missing column\(s\) \['first'\] needed by task 'pairs'; the "
+                       r"file has \['idx', 'second', 'sentence2', 'gold'\]\.$"):  # fmt: skip
+        TaskDataModule(task, tokenizer_dir, data_dir=str(pairs_dir)).encoded("validation", labelled=True)
+
+
 @pytest.mark.parametrize("first", ["q-7", "123456789012345678901234"])
 def test_ids_that_are_not_all_integers_number_the_rows(pairs_dir, tokenizer_dir, first):
     """A text id (ProcessBench's "gsm8k-0") or one past 64 bits: every row is numbered, not that row
