@@ -160,8 +160,15 @@ class Report:
     def write(self, path: Path) -> None:
         """The Markdown at `path`, the JSON beside it (same name, .json)."""
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.markdown())
-        path.with_suffix(".json").write_text(json.dumps(asdict(self), indent=1) + "\n")
+        for file, text in (
+            (path, self.markdown()),
+            (path.with_suffix(".json"), json.dumps(asdict(self), indent=1)),
+        ):
+            partial = file.with_name(
+                f".{file.name}.partial"
+            )  # a process killed while writing leaves the last
+            partial.write_text(text.rstrip("\n") + "\n")
+            partial.replace(file)
 
     @classmethod
     def read(cls, path: Path) -> Report:

@@ -56,7 +56,11 @@ def floors_missed(version=None) -> list[str]:
 
     version = version or metadata.version
     missed = []
-    for text in metadata.requires("gpt_ft") or []:
+    try:
+        requires = metadata.requires("gpt_ft") or []
+    except metadata.PackageNotFoundError:
+        return ["gpt_ft itself (not installed, so its floors are unknown: `pip install -e .`)"]
+    for text in requires:
         need = Requirement(text)
         if need.marker is not None and not need.marker.evaluate({"extra": ""}):
             continue  # an extra's

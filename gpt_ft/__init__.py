@@ -1,6 +1,7 @@
 """gpt_ft: pretrain a from-scratch GPT and fine-tune it the way GPT-1 did."""
 
 from importlib import import_module
+from importlib.metadata import PackageNotFoundError as _NotInstalled
 from importlib.metadata import version as _version
 from typing import TYPE_CHECKING
 
@@ -11,7 +12,10 @@ if TYPE_CHECKING:
     from gpt_ft.weights.pretrained import GPT
 
 __all__ = ["GPT", "GPTConfig", "Classifier", "Encoder"]
-__version__ = _version("gpt_ft")  # pyproject.toml's, as installed
+try:
+    __version__ = _version("gpt_ft")  # pyproject.toml's, as installed
+except _NotInstalled:  # a source tree on the path, not installed: it still imports
+    __version__ = "0+unknown"
 
 # Each public name is imported on first use: torch for the model, and Lightning and datasets with
 # `Classifier` and `Encoder`; `gpt-ft --help` and `--version` need none of them.

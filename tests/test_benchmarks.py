@@ -315,3 +315,60 @@ def test_the_trainer_part_checks_twice_the_speed_at_equal_accuracy(tmp_path):
     assert [(r.check, r.result, r.status) for r in killed] == [
         ("SST-2 end to end, batch 32, `gpt-ft fit` vs the Trainer", "killed at its 300 s limit", "FAIL")
     ]
+
+
+def test_the_checklist_reports_its_own_faults_and_refuses_a_gpu_it_cannot_see(tmp_path, monkeypatch):
+    """A checklist that stops on its own error still writes a failing row saying why (never "all
+    checks pass"); a part's report cut short by its kill counts as no rows; an uninstalled gpt_ft
+    is a missed floor; and `--device cuda` without a visible GPU is refused (its CUDA tests would
+    all skip, and pass)."""
+    import subprocess
+    from importlib import metadata
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    import gpu_check
+    from harness import Report, Row
+    from parts import Part, floors_missed
+
+    def broken():
+        raise RuntimeError("no metadata")
+
+    report = tmp_path / "check.md"
+    monkeypatch.setattr(gpu_check, "floors_missed", broken)
+    argv = ["gpu_check.py", "--device", "cpu", "--skip-figures", "--report", str(report)]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(RuntimeError):
+        gpu_check.main()
+    rows = json.loads(report.with_suffix(".json").read_text())["rows"]
+    assert rows == [
+        {"check": "checklist", "result": "stopped by RuntimeError: no metadata", "status": "FAIL"}
+    ]
+    assert "1 failing" in report.read_text() and sorted(p.name for p in tmp_path.iterdir()) == [
+        "check.json",
+        "check.md",
+    ]
+
+    Report("t", rows=[Row("a", "1")]).write(report)
+    report.with_suffix(".json").write_text('{"title": "t", "no')  # a part killed while writing it
+    rows = gpu_check.figures_rows("attention", Part(1, 2.0, "", "Traceback ..."), report, 60)
+    assert [(r.check, r.result, r.status) for r in rows] == [
+        ("attention", "benchmarks/gpu_figures.py failed (exit 1)", "FAIL")
+    ]
+
+    def not_installed(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "requires", not_installed)
+    assert floors_missed() == ["gpt_ft itself (not installed, so its floors are unknown: `pip install -e .`)"]
+
+    if not torch_sees_cuda():
+        argv = [sys.executable, "benchmarks/gpu_check.py", "--report", str(report)]
+        done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+        assert done.returncode == 2
+        assert done.stderr.strip().endswith("sees no CUDA device; use --device cpu")
+
+
+def torch_sees_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

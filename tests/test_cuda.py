@@ -114,7 +114,9 @@ def test_cuda_fit_logs_tokens_per_second_and_mfu(tmp_path, tokenizer_dir, monkey
 class SyncsAreErrors:
     """Between logging windows, from the end of one step's batch transfer to the start of the next
     one's, any call that makes the host wait for the GPU raises (`torch.cuda.set_sync_debug_mode`):
-    the step, the backward, the optimizer and every callback. Steps 0-2 (allocations) run free.
+    the step, the backward, the optimizer and every callback. Steps 0-2 (allocations) run free, and
+    so does what follows an epoch's last batch (the epoch's end, the run's end and its teardown,
+    which moves the model to the host), from the end of its `on_train_batch_end` hooks.
     `pinned`: whether each batch came from page-locked memory (its copy then waits for nothing)."""
 
     def __init__(self, monkeypatch, first: int = 3) -> None:
@@ -122,7 +124,16 @@ class SyncsAreErrors:
 
         from lightning.pytorch.strategies import Strategy
 
+        from gpt_ft.training.module import GPTModule
+
         self.steps, self.pinned, transfer = [], [], Strategy.batch_to_device
+        batch_end = GPTModule.on_train_batch_end  # the module's hook runs after every callback's
+
+        def checked_batch_end(module, outputs, batch, batch_idx):
+            batch_end(module, outputs, batch, batch_idx)
+            trainer = module.trainer
+            if batch_idx + 1 == trainer.num_training_batches or trainer.global_step >= trainer.max_steps:
+                torch.cuda.set_sync_debug_mode(0)
 
         def checked_transfer(strategy, batch, *args, **kwargs):
             torch.cuda.set_sync_debug_mode(0)
@@ -136,6 +147,7 @@ class SyncsAreErrors:
             return batch
 
         monkeypatch.setattr(Strategy, "batch_to_device", checked_transfer)
+        monkeypatch.setattr(GPTModule, "on_train_batch_end", checked_batch_end)
 
 
 @cuda

@@ -1,4 +1,5 @@
 import re
+import subprocess
 import sys
 
 import pytest
@@ -41,3 +42,19 @@ def test_module_entry_point_reports_version(background):
     assert version.stdout.strip() == f"gpt-ft {gpt_ft.__version__}"
     assert help.returncode == 0, help.stderr[-2000:]
     assert "  fit        train" in help.stdout and help.stdout.splitlines()[-1] == "[]"
+
+
+def test_a_source_tree_not_installed_still_imports():
+    """A copy of the tree on the path without pip's metadata (a machine the tree was copied to):
+    `import gpt_ft` works, its version unknown."""
+    script = (
+        "import importlib.metadata as m; installed = m.version\n"
+        "def version(name):\n"
+        "    if name == 'gpt_ft':\n"
+        "        raise m.PackageNotFoundError(name)\n"
+        "    return installed(name)\n"
+        "m.version = version\n"
+        "import gpt_ft; print(gpt_ft.__version__)"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True)
+    assert (done.returncode, done.stdout) == (0, "0+unknown\n"), done.stderr[-2000:]
