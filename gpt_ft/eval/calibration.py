@@ -10,6 +10,7 @@ The calibrated checkpoint carries T (`temperature`), and `Classifier`, `gpt-ft l
 
 from __future__ import annotations
 
+import math
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gpt_ft.adapters import TaskDataError
+from gpt_ft.adapters import ClassificationHead, TaskDataError
 from gpt_ft.data.files import located_split
 from gpt_ft.errors import check_output_file, writing
 from gpt_ft.eval.classifier import Classifier
@@ -117,6 +118,14 @@ def calibrate(
     except TaskDataError as exc:
         raise TaskDataError(origin.explain(str(exc))) from None
     head = clf.head.float()
+    labelled = outputs.gather(-1, labels.to(outputs.device)[:, None])  # the right class's (choice's) logit
+    others = outputs.scatter(-1, labels.to(outputs.device)[:, None], -math.inf)
+    if isinstance(head, ClassificationHead) and bool((others < labelled).all()):  # a softmax's logits
+        raise ValueError(
+            f"Split {split!r} of task {task.name!r} fits no temperature: the model is right on all its "
+            f"{len(labels)} examples, so their likelihood only grows as T falls to 0 (fully sure of "
+            "every answer); calibrate on a larger split, or one it gets some wrong (--split)."
+        )
     temperature = fit_temperature(outputs, labels.to(outputs.device), head.losses)
 
     def ece(t: float) -> float:

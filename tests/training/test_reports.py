@@ -104,6 +104,37 @@ def test_calibration_lowers_the_ece_of_an_over_confident_model_and_keeps_its_pre
     assert torch.load(sure, weights_only=True).get("temperature") is None  # the input is kept as it was
 
 
+def test_calibration_refuses_a_split_the_model_gets_all_right(finetuned, tmp_path, capsys):
+    """Every example right: the likelihood grows as T falls to 0, and a T fitted there would make
+    every later answer fully sure; refused in one sentence, nothing written. One wrong answer
+    among them and T is finite."""
+    from gpt_ft.cli import main
+    from gpt_ft.eval.classifier import Classifier
+
+    texts = ["the cat sat on the mat .", "a dog .", "two dogs run in a park .", "he is happy now ."]
+    said = [o["label"] for o in Classifier.from_checkpoint(finetuned.ckpt, device="cpu").predict(
+        [{"sentence": t} for t in texts])]  # fmt: skip
+    labels = {"negative": 0, "positive": 1}
+    (tmp_path / "d").mkdir()
+    for wrong in (None, 0):
+        rows = [f"{i}\t{t}\t{labels[p] ^ (i == wrong)}" for i, (t, p) in enumerate(zip(texts, said))]
+        (tmp_path / "d" / "dev.tsv").write_text("index\tsentence\tlabel\n" + "\n".join(rows) + "\n")
+        out = tmp_path / f"calibrated-{wrong}.ckpt"
+        argv = ["calibrate", f"--ckpt_path={finetuned.ckpt}", f"--output={out}", f"--data_dir={tmp_path}"]
+        if wrong is None:
+            with pytest.raises(SystemExit) as stopped:
+                main(argv)
+            assert stopped.value.code == 2 and not out.exists()
+            assert capsys.readouterr().err.strip().splitlines()[-1] == (
+                "gpt-ft: error: Split 'validation' of task 'sent' fits no temperature: the model is right on "
+                "all its 4 examples, so their likelihood only grows as T falls to 0 (fully sure of every "
+                "answer); calibrate on a larger split, or one it gets some wrong (--split)."
+            )
+        else:
+            main(argv)
+            assert 0.01 < Classifier.from_checkpoint(out, device="cpu").temperature < 100
+
+
 def test_calibration_leaves_out_the_rows_whose_label_the_card_ignores(tokenizer_dir):
     """SNLI's '-' rows: out of the split `validate` scores, and of the one calibration fits on."""
     from gpt_ft import GPT, GPTConfig
