@@ -81,7 +81,9 @@ def labels_saved(curves: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     if not measured:
         return None
     largest = max(measured, key=lambda p: p["examples"])
-    reached = [p for p in mine.values() if p["mean"] is not None and p["mean"] >= largest["mean"]]
+    reached = [
+        p for p in mine.values() if p["mean"] is not None and p["examples"] and p["mean"] >= largest["mean"]
+    ]
     at = min(reached, key=lambda p: p["examples"]) if reached else None
     return {
         "row": first,

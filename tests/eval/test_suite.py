@@ -503,6 +503,9 @@ def test_labels_saved_reads_the_first_rows_curve_against_the_seconds_largest_siz
     never = labels_saved({"scratch": scratch, "pretrained": pretrained})
     assert never["examples"] is None and never["ratio"] is None and never["target"] == 80.0
     assert labels_saved({"one": pretrained}) is None
+    unread = {100: 100, 1000: 1000, None: None}  # the training split could not be read: "all" has no size
+    pretrained, scratch = curve({100: {0: 80.0}, None: {0: 90.0}}, unread), curve({100: {0: 60.0}}, unread)
+    assert labels_saved({"pretrained": pretrained, "from scratch": scratch})["examples"] == 100
 
 
 def test_a_suite_run_is_built_from_its_configuration(tmp_path, tokenizer_dir):
