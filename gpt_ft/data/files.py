@@ -125,6 +125,10 @@ def read_table(
         )
     if path.suffix.lower() == ".gz":
         file_bytes(path)  # a file that does not gunzip is named here, not deep in the loader
+    if path.is_file() and path.stat().st_size == 0:  # (each reader would say it differently)
+        raise TaskDataError(
+            f"{path}: split {split!r} has no examples." if split != "data" else f"{path} holds no rows."
+        )
     if fmt in ("tsv", "csv"):
         sep = "\t" if fmt == "tsv" else ","
         try:

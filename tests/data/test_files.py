@@ -512,6 +512,10 @@ def test_a_file_read_for_itself_with_no_rows_says_so(tmp_path):
     (tmp_path / "h.tsv").write_text("sentence\n")
     with pytest.raises(TaskDataError, match=r"^\S+h.tsv holds no rows.$"):
         read_table(tmp_path / "h.tsv")
+    for name in ("e.csv", "e.tsv", "e.json", "e.jsonl", "e.parquet"):  # empty: each reader said it its way
+        (tmp_path / name).write_bytes(b"")
+        with pytest.raises(TaskDataError, match=rf"^\S+{name} holds no rows.$"):
+            read_table(tmp_path / name)
 
 
 def test_a_json_lines_field_of_two_types_is_named_with_its_lines(tmp_path):
