@@ -232,7 +232,11 @@ def read_weights(path: Path):
     """(config, state dict in gpt_ft's names, float32) of GGUF file `path`."""
     from gpt_ft.weights import hf
 
-    return hf.convert(*read(path))
+    hf_config, state = read(path)
+    try:
+        return hf.convert(hf_config, state)
+    except ValueError as exc:  # a setting not converted, a layer's tensor missing
+        raise ValueError(f"{path}: {exc}") from None
 
 
 def load_tokenizer(path: Path):

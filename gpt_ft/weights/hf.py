@@ -7,7 +7,9 @@ differently) plus a transpose list (transformers keeps these layers as `Conv1D`,
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from torch import Tensor
@@ -240,20 +242,38 @@ def read_folder(path: Path) -> tuple[GPTConfig, dict[str, Tensor], str]:
     """
     from transformers import AutoConfig
 
-    if not (path / "config.json").is_file():
+    config_file = path / "config.json"
+    if not config_file.is_file():
         raise FileNotFoundError(f"{path} is not a transformers model directory: it has no config.json.")
+    try:  # transformers' own words name neither the line nor, for a type it lacks, what is read here
+        fields = json.loads(config_file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{config_file} is not valid JSON ({exc}).") from None
+    try:
+        _family(SimpleNamespace(model_type=fields.get("model_type") if isinstance(fields, dict) else None))
+    except ValueError as exc:
+        raise ValueError(f"{config_file}: {exc}") from None
     hf_config = AutoConfig.from_pretrained(path, trust_remote_code=False)
-    _family(hf_config)
     state: dict[str, Tensor] = {}
-    shards = sorted(path.glob("model*.safetensors"))
-    if shards:
-        from safetensors.torch import load_file
-
-        for shard in shards:
-            state.update(load_file(shard))
-    elif bins := sorted(path.glob("pytorch_model*.bin")):  # one file, or shards with their index
-        for shard in bins:
-            state.update(torch.load(shard, map_location="cpu", weights_only=True))
-    else:
+    shards = sorted(path.glob("model*.safetensors")) or sorted(path.glob("pytorch_model*.bin"))
+    if not shards:
         raise FileNotFoundError(f"{path} has no model.safetensors or pytorch_model.bin weights file.")
-    return (*convert(hf_config, state), str(path))
+    for shard in shards:  # one file, or shards with their index
+        try:
+            if shard.suffix == ".safetensors":
+                from safetensors.torch import load_file
+
+                state.update(load_file(shard))
+            else:
+                state.update(torch.load(shard, map_location="cpu", weights_only=True))
+        except Exception as exc:  # safetensors' and torch's errors for a file cut short or not theirs
+            if isinstance(exc, OSError) and exc.filename is not None:
+                raise  # unreadable (permissions): the system's words name it
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ValueError(
+                f"{shard} is not a readable weights file: it is truncated or corrupt ({reason})."
+            ) from None
+    try:
+        return (*convert(hf_config, state), str(path))
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None

@@ -261,9 +261,10 @@ def state_dict_from_hf(hf_state: dict[str, Tensor], config: GPTConfig) -> dict[s
     out: dict[str, Tensor] = {}
     stacked: dict[str, dict[str, Tensor]] = {}
     names = _layer_names(config)
+    base = not any(key.startswith(("model.", "lm_head.")) for key in hf_state)  # LlamaModel's: no head
     for key, value in hf_state.items():
-        if not key.startswith(("model.", "lm_head.")):
-            key = "model." + key  # a base model's keys
+        if base:
+            key = "model." + key
         if key.endswith("rotary_emb.inv_freq"):
             continue  # recomputed from the config
         if key == "lm_head.weight":
@@ -285,6 +286,10 @@ def state_dict_from_hf(hf_state: dict[str, Tensor], config: GPTConfig) -> dict[s
                 out[f"h.{layer}.{ours or name}.{kind}"] = value
         else:
             out[key] = value  # unknown: load_state_dict names it
+    if not config.tie_embeddings and "lm_head.weight" not in out and not base:
+        raise ValueError(
+            "lm_head.weight is missing, and the config says the head is untied (tie_word_embeddings)."
+        )
     if not config.tie_embeddings and "lm_head.weight" not in out and "wte.weight" in out:
         # a base model (LlamaModel, ...): a fresh head, as transformers gives its *ForCausalLM
         seeded = torch.Generator().manual_seed(0)

@@ -85,6 +85,11 @@ def load_gpt(name: str | os.PathLike) -> GPT:
     return gpt_from_checkpoint(Checkpoint.read(path))
 
 
+def _few(names: list[str]) -> str:
+    """How many `names`, and the first three: "5 ['a', 'b', 'c', ...]"."""
+    return f"{len(names)} [{', '.join(map(repr, names[:3]))}{', ...' if len(names) > 3 else ''}]"
+
+
 def build(config: GPTConfig, state: dict[str, Tensor], source: str) -> GPT:
     """A GPT of `config` holding `state` (read from `source`, named in the error)."""
     with torch.device("meta"):
@@ -98,7 +103,8 @@ def build(config: GPTConfig, state: dict[str, Tensor], source: str) -> GPT:
         raise ValueError(f"{source}'s tensors do not fit the model its config describes: {wrong}") from None
     if missing or unexpected:
         raise ValueError(
-            f"{source} does not match a {config} model: missing {missing}, unexpected {unexpected}."
+            f"{source} does not match the model its config describes ({config.n_layer} layers of width "
+            f"{config.n_embd}): tensors missing: {_few(missing)}, unexpected: {_few(unexpected)}."
         )
     # Transposed views from the conversion become contiguous tensors (faster matmuls, clean saves).
     for module in gpt.modules():

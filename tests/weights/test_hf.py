@@ -100,6 +100,75 @@ def test_from_pretrained_errors(tmp_path):
         GPT.from_pretrained(tmp_path)
 
 
+def test_a_broken_folder_is_one_sentence_naming_its_file(tmp_path):
+    """A weights file cut short or not one, a config that is not JSON or of a type not read here,
+    an untied causal LM without its head, a config whose sizes the tensors do not fit: one sentence
+    each, naming the file (transformers', safetensors' and torch's tracebacks named none; the head
+    was drawn at random and the config's whole repr printed)."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from tests.helpers import tiny_llama
+
+    good = tmp_path / "good"
+    tiny_llama("llama").save_pretrained(good)  # untied
+    whole = (good / "model.safetensors").read_bytes()
+
+    def broken(name: str, edit) -> str:
+        folder = tmp_path / name
+        shutil.copytree(good, folder)
+        edit(folder)
+        with pytest.raises(ValueError) as raised:
+            GPT.from_pretrained(folder)
+        return str(raised.value).replace(str(folder), name)
+
+    cut = broken("cut", lambda f: (f / "model.safetensors").write_bytes(whole[: len(whole) // 2]))
+    assert cut.startswith(
+        "cut/model.safetensors is not a readable weights file: it is truncated or corrupt ("
+    )
+    assert "\n" not in cut
+    junk = broken("junk", lambda f: (f / "model.safetensors").write_bytes(b"garbage" * 10))
+    assert junk.startswith("junk/model.safetensors is not a readable weights file")
+
+    def as_bin(f):
+        (f / "model.safetensors").unlink()
+        state = load_file(good / "model.safetensors")
+        torch.save(state, f / "pytorch_model.bin")
+        (f / "pytorch_model.bin").write_bytes((f / "pytorch_model.bin").read_bytes()[:5000])
+
+    assert broken("bin", as_bin).startswith("bin/pytorch_model.bin is not a readable weights file")
+    assert broken("json", lambda f: (f / "config.json").write_text("{not json")) == (
+        "json/config.json is not valid JSON (Expecting property name enclosed in double quotes: line 1 "
+        "column 2 (char 1))."
+    )
+
+    def config(**fields):
+        def edit(f):
+            values = json.loads((f / "config.json").read_text())
+            values.update(fields)
+            (f / "config.json").write_text(json.dumps({k: v for k, v in values.items() if v is not None}))
+
+        return edit
+
+    assert broken("type", config(model_type="frobnicator")).startswith(
+        "type/config.json: Cannot convert a transformers model of type 'frobnicator'; allowed: 'openai-gpt'"
+    )
+
+    def headless(f):
+        state = load_file(f / "model.safetensors")
+        del state["lm_head.weight"]
+        save_file(state, f / "model.safetensors", metadata={"format": "pt"})
+
+    assert broken("head", headless) == (
+        "head: lm_head.weight is missing, and the config says the head is untied (tie_word_embeddings)."
+    )
+    layers = broken("layers", config(num_hidden_layers=None))  # transformers' default: 32 layers
+    assert layers.startswith("layers does not match the model its config describes (32 layers of width 32): ")
+    assert layers.endswith(", ...], unexpected: 0 [].") and len(layers) < 300
+
+
 def test_models_that_cannot_be_converted():
     from transformers import BertConfig, BertModel, OpenAIGPTConfig
 
