@@ -335,6 +335,9 @@ def test_the_checklist_reports_its_own_faults_and_refuses_a_gpu_it_cannot_see(tm
 
     report = tmp_path / "check.md"
     monkeypatch.setattr(gpu_check, "floors_missed", broken)
+    monkeypatch.setattr(
+        gpu_check.signal, "signal", lambda *args: None
+    )  # its SIGTERM handler: not this process's
     argv = ["gpu_check.py", "--device", "cpu", "--skip-figures", "--report", str(report)]
     monkeypatch.setattr(sys, "argv", argv)
     with pytest.raises(RuntimeError):
