@@ -27,11 +27,13 @@ def write_onnx(model, tokenizer, path: Path) -> None:
         wrapper, inputs = _Logits(model), (pairs["input_ids"], pairs["attention_mask"])
         names, output = ["input_ids", "attention_mask"], "logits"
         shapes = {"input_ids": {0: batch, 1: length}, "attention_mask": {0: batch, 1: length}}
+    # One file where protobuf allows it (2 GB); a larger model's weights go beside it, in model.onnx.data.
+    external = sum(t.numel() * t.element_size() for t in model.state_dict().values()) >= 1.5 * 2**30
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the exporter's notes on its own internals
         torch.onnx.export(
             wrapper, inputs, str(path), dynamo=True, input_names=names, output_names=[output],
-            dynamic_shapes=shapes, verbose=False,
+            dynamic_shapes=shapes, verbose=False, external_data=external,
         )  # fmt: skip
 
 
