@@ -4,6 +4,7 @@ column, and every task card in a value taken whole."""
 
 from __future__ import annotations
 
+from dataclasses import MISSING, fields
 from functools import cache
 from importlib import import_module
 from pathlib import Path
@@ -13,6 +14,7 @@ import yaml
 from jsonargparse import ArgumentParser, get_loader, set_loader
 
 from gpt_ft.adapters.base import TaskAdapter
+from gpt_ft.adapters.sources import HubDataset, LocalFiles
 from gpt_ft.errors import FileProblem, parse_error_message, yaml_file_problem, yaml_problem
 from gpt_ft.workarounds import config_file_being_read, required_arguments
 
@@ -57,7 +59,11 @@ def complete_card(value: Any) -> Any:
     value = {k: complete_card(v) for k, v in value.items()}
     cls = _adapter_class(value.get("class_path"))
     if cls is not None and isinstance(value.get("init_args", {}), dict):
-        value["init_args"] = {**card_fields(cls)[0], **value.get("init_args", {})}
+        value["init_args"] = init_args = {**card_fields(cls)[0], **value.get("init_args", {})}
+        for key, source in (("local", LocalFiles), ("hub", HubDataset)):  # whole too: merged field by field
+            if isinstance(init_args.get(key), dict):
+                unset = {f.name: f.default for f in fields(source) if f.default is not MISSING}
+                init_args[key] = {**unset, **init_args[key]}
     return value
 
 

@@ -169,3 +169,27 @@ def test_a_card_given_whole_names_every_field():
     assert complete_card({"class_path": "lightning.pytorch.loggers.CSVLogger"}) == {
         "class_path": "lightning.pytorch.loggers.CSVLogger"
     }
+
+
+def test_a_card_given_over_another_takes_none_of_its_file_layout(tmp_path):
+    """`local` and `hub` are completed too: CoLA's headerless layout, given first, made the next
+    card's files read as headerless (jsonargparse merges a nested dataclass field by field)."""
+    from gpt_ft.training.runs import build_fit
+
+    first, second = tmp_path / "first.yaml", tmp_path / "second.yaml"
+    first.write_text(
+        "class_path: gpt_ft.adapters.SingleText\ninit_args:\n  name: one\n  labels: ['0', '1']\n"
+        "  hub: {path: nyu-mll/glue, name: cola, columns: {sentence: text}, splits: {train: 'train[:9]'}}\n"
+        "  local:\n    splits: {train: a.tsv, validation: b.tsv}\n    columns: {index: idx}\n"
+        "    column_names: [source, label, x, sentence]\n    headerless_splits: [train]\n"
+    )
+    second.write_text(
+        "class_path: gpt_ft.adapters.SingleText\ninit_args:\n  name: two\n  labels: ['0', '1']\n"
+        "  hub: {path: me/mine}\n  local: {splits: {train: c.tsv}}\n"
+    )
+    task = build_fit.resolve([f"--data.task={first}", f"--data.task={second}"])["data"]["init_args"]["task"]
+    assert task["init_args"]["local"] == {"splits": {"train": "c.tsv"}, "format": None, "column_names": None,
+                                          "headerless_splits": None, "columns": None}  # fmt: skip
+    assert task["init_args"]["hub"] == {
+        "path": "me/mine", "name": None, "columns": None, "splits": None, "configs": None, "data_dir": None
+    }  # fmt: skip
