@@ -94,12 +94,22 @@ def _file_as_one_document(f) -> Iterator[str]:
 
 
 def dataset_documents(name: str, split: str, text_field: str) -> Iterator[str]:
-    """Documents from a `datasets` dataset (a local path or, online, a hub id), streamed; a row
-    whose text is null is an empty document."""
+    """Documents from a `datasets` dataset (a folder of data files, one `save_to_disk` wrote, or,
+    online, a hub id), streamed; a row whose text is null is an empty document."""
     import datasets
 
+    folder = Path(name).expanduser()
     try:
-        ds = datasets.load_dataset(name, split=split, streaming=True)
+        if (folder / "dataset_dict.json").is_file() or (folder / "state.json").is_file():  # save_to_disk's
+            ds = datasets.load_from_disk(str(folder))
+            if isinstance(ds, datasets.DatasetDict):
+                if split not in ds:
+                    raise ValueError(
+                        f"--dataset {name} has no split {split!r}; it has {sorted(ds)} (--dataset_split)."
+                    )
+                ds = ds[split]
+        else:
+            ds = datasets.load_dataset(name, split=split, streaming=True)
     except OSError as exc:  # no such folder, offline and not cached, or no such dataset
         raise ValueError(f"--dataset {name} cannot be loaded ({exc}).") from None
     for i, row in enumerate(ds):
@@ -167,7 +177,8 @@ def prepare(
             (`[a.txt, books/]`); none with --dataset.
         out_dir: Output folder (created; must be empty or an earlier output of this command).
         tokenizer: Tokenizer folder or hub id (e.g. the GPT-1 or GPT-2 BPE folder).
-        dataset: Instead of files, a `datasets` dataset: a local path or, online, a hub id.
+        dataset: Instead of files, a `datasets` dataset: a folder of data files or one
+            `save_to_disk` wrote (a DatasetDict's --dataset_split), or, online, a hub id.
         dataset_split: The dataset's split to read.
         text_field: The dataset's text column.
         split_on: What one document is: a `file`, a `blank_line`-separated block, or a `line`.

@@ -383,6 +383,31 @@ def test_a_dataset_row_without_text_is_an_empty_document_and_an_unreachable_one_
     assert not (tmp_path / "out").exists()
 
 
+def test_a_dataset_saved_to_disk_is_read_one_split(tmp_path, tokenizer_dir):
+    """`save_to_disk`'s folders: `load_dataset` refused them, asking for a `load_from_disk` the
+    command line cannot call."""
+    import datasets
+
+    texts = {"train": ["hello world", "more text"], "validation": ["the cat"]}
+    whole = datasets.DatasetDict({k: datasets.Dataset.from_dict({"text": v}) for k, v in texts.items()})
+    whole.save_to_disk(tmp_path / "dict")
+    whole["validation"].save_to_disk(tmp_path / "one")
+    for folder, split in (("dict", "validation"), ("one", "train")):  # a Dataset: its one split, named or not
+        out = tmp_path / f"tokens-{folder}"
+        meta = prepare(out_dir=out, tokenizer=tokenizer_dir, dataset=str(tmp_path / folder),
+                       dataset_split=split, validation_fraction=0.0, progress=False)  # fmt: skip
+        tok = load_tokenizer(out / "tokenizer")
+        assert np.fromfile(out / "train.bin", dtype=meta["dtype"]).tolist() == [
+            *tok("the cat")["input_ids"], meta["eos_token_id"]
+        ]  # fmt: skip
+    with pytest.raises(
+        ValueError, match=r"^--dataset \S+dict has no split 'test'; it has \['train', 'validation'\]"
+    ):
+        prepare(out_dir=tmp_path / "out", tokenizer=tokenizer_dir, dataset=str(tmp_path / "dict"),
+                dataset_split="test", progress=False)  # fmt: skip
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_hub_task_that_cannot_be_reached_asks_for_its_files(monkeypatch):
     import datasets
 
