@@ -33,7 +33,7 @@ from gpt_ft.training.optim import (
 )
 from gpt_ft.training.predictions import write_predictions
 from gpt_ft.training.ranks import gather, mean_over_ranks
-from gpt_ft.training.saved import build_gpt, check_lora_resume, lora_checkpoint
+from gpt_ft.training.saved import build_gpt, check_lora_resume, check_same_tokenizer, lora_checkpoint
 from gpt_ft.training.strategies import clip_gradients
 from gpt_ft.training.terms import batch_terms, combined_loss
 from gpt_ft.weights.checkpoint import Checkpoint
@@ -302,6 +302,7 @@ class GPTModule(Evaluation, LightningModule):
         loaded, config = Checkpoint(checkpoint), self.gpt.config
         where = getattr(attached_trainer(self), "ckpt_path", None) or "The checkpoint"
         check_lora_resume(loaded, self.lora, where)
+        check_same_tokenizer(loaded, getattr(attached_trainer(self), "datamodule", None), where)
         fitting = getattr(getattr(attached_trainer(self), "state", None), "fn", None) == "fit"
         self.temperature = 1.0 if fitting else loaded.temperature  # trained on, the weights leave T behind
         if loaded.class_weights is not None and self.head is not None:

@@ -167,6 +167,25 @@ def lora_checkpoint(checkpoint: Checkpoint, gpt: nn.Module, lora: LoRA, init_fro
     checkpoint.adapters = Adapters.of(lora, base=base_reference(init_from), new_tokens_from=gpt.wte.frozen)
 
 
+def check_same_tokenizer(checkpoint: Checkpoint, data, where: str) -> None:
+    """A run resumed or scored from a checkpoint reads its texts with the tokenizer it was trained
+    with (`data`'s, the data module's): one of the same size but other tokens would turn every text
+    into other ids without a word. The copy saved beside the checkpoint is compared."""
+    tokenizer, path = getattr(data, "tokenizer", None), getattr(data, "tokenizer_path", None)
+    if tokenizer is None or not checkpoint.tokenizer or not Path(where).is_file():
+        return
+    saved = Path(where).parent / checkpoint.tokenizer
+    if not saved.is_dir() or (path is not None and Path(path).expanduser().resolve() == saved.resolve()):
+        return
+    from gpt_ft.data.tokenizer import load_tokenizer
+
+    if load_tokenizer(saved).get_vocab() != tokenizer.get_vocab():
+        raise ValueError(
+            f"--data.tokenizer {path} is not the tokenizer {where} was trained with: the same text would "
+            f"become other tokens. Give the one it was trained with (a copy is saved in {saved})."
+        )
+
+
 def check_lora_resume(checkpoint: Checkpoint, lora: LoRA | None, where: str) -> None:
     """A LoRA run resumes from adapters only, and adapters only resume a LoRA run: one sentence."""
     if lora is not None and checkpoint.adapters is None:

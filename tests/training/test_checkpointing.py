@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import errno
+import json
 import os
 import shutil
 import signal
@@ -180,6 +181,31 @@ def test_checkpoints_stand_alone_for_validate_and_predict(tmp_path, finetuned, c
     out = tmp_path / "pred"
     main(["predict", f"--ckpt_path={ckpt}", f"--model.predictions_dir={out}", *quiet])
     assert (out / "SENT.tsv").read_text().splitlines()[0] == "index\tprediction"
+
+
+def test_a_checkpoint_is_read_with_the_tokenizer_it_was_trained_with(
+    tmp_path, finetuned, tokenizer_dir, capsys
+):
+    """A tokenizer of the same size but other ids for some tokens is refused (it was taken, and every
+    text silently read as other tokens); the one the run was given, from its own folder, is taken."""
+    ckpt, quiet = finetuned.ckpt, ["--trainer.logger=false", f"--trainer.default_root_dir={tmp_path}"]
+    main(["validate", f"--ckpt_path={ckpt}", f"--data.tokenizer={tokenizer_dir}", *quiet])
+    other = tmp_path / "other"
+    shutil.copytree(ckpt.parent / "tokenizer", other)
+    spec = json.loads((other / "tokenizer.json").read_text())
+    vocab = spec["model"]["vocab"]
+    a, b = sorted(vocab, key=vocab.get)[300:302]  # two of its tokens change places
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (other / "tokenizer.json").write_text(json.dumps(spec))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        main(["validate", f"--ckpt_path={ckpt}", f"--data.tokenizer={other}", *quiet])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"gpt-ft: error: --data.tokenizer {other} is not the tokenizer {ckpt} was trained with: the same "
+        f"text would become other tokens. Give the one it was trained with (a copy is saved in "
+        f"{ckpt.parent / 'tokenizer'})."
+    )
 
 
 def test_a_crash_while_saving_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
