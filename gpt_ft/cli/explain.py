@@ -1,6 +1,6 @@
 """`gpt-ft explain`: one example of a task split as the model sees it (tokens, ids, extract index,
 label), from `gpt-ft fit`'s own parser: every argument and config file fit takes, `--model.init_from`
-included, and three of its own. Only the data module is built."""
+included, and four of its own (`--ckpt_path`: a checkpoint's recorded data). Only the data module is built."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from gpt_ft.training.runs import (
     refuse_bad_config,
     tokenizer_of_the_weights,
 )
+from gpt_ft.training.saved import recorded_configuration
+from gpt_ft.workarounds import parse_unchecked
 
 
 class ExplainCLI(GPTCLI):
@@ -30,6 +32,16 @@ class ExplainCLI(GPTCLI):
         parser.add_argument("--split", type=str, default="train", help="Split name, e.g. train, validation.")
         parser.add_argument("--index", type=int, default=0, help="Example number within the split.")
         parser.add_argument("--json", type=bool, default=False, help="Print JSON instead of text.")
+        parser.add_argument(
+            "--ckpt_path", type=str | None, default=None,
+            help="A checkpoint of gpt-ft fit: its task card, data and tokenizer as the defaults.",
+        )  # fmt: skip
+
+    def parse_arguments(self, parser, args) -> None:
+        ckpt = parse_unchecked(parser, args).get("ckpt_path")
+        if ckpt:  # as validate reads one: what the run recorded, every argument given still winning
+            parser.set_defaults(recorded_configuration(ckpt))
+        super().parse_arguments(parser, args)
 
     def before_instantiate_classes(self) -> None:
         refuse_bad_config(self.config, self.model_class)

@@ -83,6 +83,27 @@ def test_explain_text_and_fit_config(pairs_dir, tokenizer_dir, capsys):
     assert "label 'entailment'" in out and "<|start|>" in out and "extract at" in out
 
 
+def test_explain_a_checkpoints_data(finetuned, tokenizer_dir, capsys):
+    """`--ckpt_path`: the task card, data folder and tokenizer the run recorded, as a fit's own
+    arguments give them; an argument given still wins."""
+    own = [
+        "--data.task",
+        str(finetuned.card),
+        "--data.tokenizer",
+        tokenizer_dir,
+        "--data.data_dir",
+        str(finetuned.root),
+    ]
+    for split in ("train", "validation"):
+        expected = gpt_ft(capsys, "explain", *own, "--split", split, "--index", "1", "--json", "true")
+        ckpt = ["--ckpt_path", str(finetuned.ckpt)]
+        shown = gpt_ft(capsys, "explain", *ckpt, "--split", split, "--index", "1", "--json", "true")
+        assert shown.strip().splitlines()[-1] == expected.strip().splitlines()[-1]
+    with pytest.raises(SystemExit):
+        main(["explain", "--ckpt_path", str(finetuned.ckpt), "--data.data_dir", "/nowhere"])
+    assert "/nowhere/d/train.tsv: file not found" in capsys.readouterr().err
+
+
 def test_explain_bad_input_exits_nonzero_with_one_sentence(pairs_dir, tokenizer_dir, capsys):
     card = pairs_dir / "pairs.yaml"
     card.write_text(PAIR_CARD)
