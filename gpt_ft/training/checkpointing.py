@@ -289,6 +289,25 @@ class Provenance(Callback):
 
             save_tokenizer(load_tokenizer(tokenizer), folder / "tokenizer")
 
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
+        """A run resumed with another task card than the one its checkpoint trained on is told what
+        changed (swapped labels would flip what each class means, without an error)."""
+        if getattr(trainer.state, "fn", None) != "fit" or self.data_config is None:
+            return
+        before = (Checkpoint(checkpoint).data_args or {}).get("task") or {}
+        now = (self.data_config.get("init_args") or {}).get("task") or {}
+        if not before or not now:
+            return
+        old, new = {"class": before.get("class_path"), **(before.get("init_args") or {})}, {
+            "class": now.get("class_path"), **(now.get("init_args") or {})}  # fmt: skip
+        changed = [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in dict.fromkeys([*old, *new])
+                   if k != "__path__" and old.get(k) != new.get(k)]  # fmt: skip
+        if changed:
+            rank_zero_warn(
+                f"resuming with another task card than {trainer.ckpt_path} trained on: {'; '.join(changed)}. "
+                "The run goes on with the new one."
+            )
+
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
         saved = Checkpoint(checkpoint)
         if pl_module.hparams.get("tokenizer"):

@@ -692,3 +692,25 @@ def test_a_run_saved_with_more_gpus_visible_resumes_on_fewer(monkeypatch):
     monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda states: restored.extend(states))
     checkpointing.set_rng_state(state)
     assert len(restored) == 1
+
+
+def test_a_run_resumed_with_another_task_card_says_what_changed(tmp_path, tokenizer_dir):
+    """Labels swapped between the run and its resumption flip what each class means: named, not silent."""
+    from tests.helpers import finetune_args, make_task
+
+    card, logs = make_task("single", tmp_path), tmp_path / "logs"
+    main(["fit", *finetune_args(card, tokenizer_dir, tmp_path, logs), "--trainer.max_epochs=1"])
+    swapped = tmp_path / "swapped.yaml"
+    swapped.write_text(card.read_text().replace("[negative, positive]", "[positive, negative]"))
+    resume = [
+        *finetune_args(swapped, tokenizer_dir, tmp_path, logs),
+        "--trainer.max_epochs=2",
+        "--ckpt_path=last",
+    ]
+    with pytest.warns(UserWarning) as warned:
+        main(["fit", *resume])
+    said = [str(w.message) for w in warned if "another task card" in str(w.message)]
+    assert len(said) == 1 and said[0].endswith(
+        "trained on: labels ['negative', 'positive'] -> ['positive', 'negative']. The run goes on with the "
+        "new one."
+    )
