@@ -180,7 +180,8 @@ def label(
 
     Args:
         ckpt_path: A fine-tuned checkpoint of gpt-ft fit.
-        input: csv, tsv, json/jsonl or parquet; columns named as the card's fields.
+        input: csv, tsv, json/jsonl or parquet; columns named as the card's fields, or as its
+            files name them (the card's `columns` renames apply).
         output: csv, tsv, json (one array) or jsonl (by extension); a new file.
         overwrite: Replace --output if it exists.
         batch_size: Examples per batch.
@@ -204,7 +205,12 @@ def label(
     rows = json_records(source, read_table(source).to_list())  # a record's missing field stays missing
     lines = record_lines(source, fmt) or list(range(1, len(rows) + 1))
     where = lambda i: f"{source}, line {lines[i]}"  # noqa: E731  (the row a message names)
-    names = write_labelled(target, rows, clf.run(rows, batch_size=batch_size, where=where))
+    renames = (clf.task.local.columns if clf.task.local else None) or {}  # a file laid out as the card's
+    fields = [
+        {renames[k] if k in renames and renames[k] not in row else k: v for k, v in row.items()}
+        for row in rows
+    ]
+    names = write_labelled(target, rows, clf.run(fields, batch_size=batch_size, where=where))
     renamed = (
         "" if names == NEW_COLUMNS[: len(names)] else f" (as {' and '.join(names)}: it has such columns)"
     )

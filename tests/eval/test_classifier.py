@@ -57,6 +57,32 @@ def test_reading_a_checkpoint_calls_nothing_in_training(finetuned):
     assert sorted(f for f in called if f.startswith(training)) == []
 
 
+def test_label_reads_a_file_laid_out_as_the_cards_own(finetuned, tmp_path):
+    """A card that renames a file's column (`columns: {review: sentence}`, as GLUE's MRPC renames
+    `#1 String`): its own files are labelled as they are, their columns written back unrenamed."""
+    import shutil
+
+    stored = torch.load(finetuned.ckpt, map_location="cpu", weights_only=True)
+    stored["data_config"]["init_args"]["task"]["init_args"]["local"]["columns"]["review"] = "sentence"
+    ckpt = tmp_path / "run" / "renamed.ckpt"
+    shutil.copytree(finetuned.ckpt.parent / "tokenizer", ckpt.parent / "tokenizer")
+    torch.save(stored, ckpt)
+    texts = ["the cat sat on the mat .", "two dogs run in a park ."]
+    (tmp_path / "own.tsv").write_text("review\n" + "\n".join(texts) + "\n")
+    (tmp_path / "fields.tsv").write_text("sentence\n" + "\n".join(texts) + "\n")
+    for name in ("own", "fields"):
+        main(
+            [
+                "label",
+                f"--ckpt_path={ckpt}",
+                f"--input={tmp_path / name}.tsv",
+                f"--output={tmp_path / name}.out.tsv",
+            ]
+        )
+    own, fields = ((tmp_path / f"{n}.out.tsv").read_text().splitlines() for n in ("own", "fields"))
+    assert own[0] == "review\tprediction" and own[1:] == fields[1:]
+
+
 def test_label_writes_each_row_with_its_prediction(finetuned, tmp_path, capsys):
     ckpt = finetuned.ckpt
     source = tmp_path / "mine.tsv"
