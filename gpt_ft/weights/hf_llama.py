@@ -97,7 +97,10 @@ def config_from_hf(c) -> GPTConfig:
     else:
         bias, qkv_bias = False, None
         if getattr(c, "attention_bias", False):
-            raise ValueError(f"{name}.attention_bias=True is not supported; {model_type} has no biases.")
+            raise ValueError(
+                f"{name}.attention_bias=True is not supported: gpt_ft reads {model_type} models without "
+                "biases (as they are released)."
+            )
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     window = getattr(c, "sliding_window", None)
     layer_types = list(getattr(c, "layer_types", None) or []) or None
