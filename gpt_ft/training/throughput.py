@@ -5,13 +5,15 @@ Tokens are the batch's real ones, padding never counted (a task batch's `real_to
 the host when it was collated); `perf/padding` is the share of computed positions that held
 padding. Counts come from host metadata and time from the host clock over a window of steps, so
 logging never forces a device sync. FLOPs per token follow nanoGPT's estimate
-(6N + 12·L·H·Q·T, N the parameters less the position embeddings); the peak is the GPU's dense
+(6N + 12·L·H·Q·T, N the parameters less the position embeddings, and less the LM head where the
+step computes no LM logits: lm_coef 0 with a task head); the peak is the GPU's dense
 bf16 tensor-core figure. Lightning's own table gives some GPUs (H100 NVL, H200) their sparse
 figures; ours is dense, and `peak_tflops` overrides it.
 """
 
 from __future__ import annotations
 
+import re
 import time
 
 import torch
@@ -28,14 +30,17 @@ DENSE_BF16_TFLOPS = {
     "H100 PCIe": 756.0,
     "H200 NVL": 835.0,
     "H200": 989.0,
+    "GH200": 989.0,
     "H100": 989.0,
     "A100": 312.0,
 }
 
 
 def dense_peak_tflops(device_name: str) -> float | None:
+    """The peak of the GPU named, matched by whole words ("NVIDIA H100 80GB HBM3"; an "RTX A1000" is
+    no A100); None for one not in the table."""
     for key, value in DENSE_BF16_TFLOPS.items():
-        if key in device_name:
+        if re.search(rf"(?<![\w-]){re.escape(key)}(?![\w])", device_name):
             return value
     return None
 
@@ -46,6 +51,14 @@ def flops_per_token(config, n_params: float, seq_len: int) -> float:
     spans = (min(seq_len, config.sliding_window or seq_len) if config.is_sliding(i) else seq_len
              for i in range(config.n_layer))  # fmt: skip
     return 6 * n_params + 12 * config.n_head * config.head_dim * sum(spans)
+
+
+def head_parameters(gpt) -> float:
+    """The LM head's part of `counted_parameters`: a step that computes no LM logits (a reward
+    model's, an embedding's: lm_coef 0) does not run it."""
+    head = gpt.lm_head if gpt.lm_head is not None else gpt.wte
+    frozen = not head.weight.requires_grad
+    return gpt.config.vocab_size * gpt.config.n_embd * (2 / 3 if frozen else 1)
 
 
 def counted_parameters(gpt) -> float:
@@ -91,6 +104,8 @@ class Throughput(Callback):
     def setup(self, trainer, pl_module, stage: str) -> None:
         # Before the strategy wraps the model: FSDP leaves each rank the parameters of its shard.
         self._n_params = counted_parameters(pl_module.gpt)
+        if getattr(pl_module, "head", None) is not None and not getattr(pl_module, "lm_coef", 0.5) > 0:
+            self._n_params -= head_parameters(pl_module.gpt)  # no LM logits: the head never runs
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self._start is None:

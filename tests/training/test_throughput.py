@@ -14,6 +14,26 @@ def test_dense_peaks_not_sparse_ones():
     assert dense_peak_tflops("NVIDIA H200") == 989.0
     assert dense_peak_tflops("NVIDIA A100-SXM4-80GB") == 312.0
     assert dense_peak_tflops("Some CPU") is None
+    assert dense_peak_tflops("NVIDIA RTX A1000 Laptop GPU") is None  # no A100, whose name it holds
+    assert dense_peak_tflops("NVIDIA GH200 480GB") == 989.0
+
+
+def test_a_step_without_lm_logits_is_not_charged_the_lm_head():
+    """Reward models, rankers and embeddings (lm_coef 0) never run the LM head: 6·V·d a token less."""
+    from types import SimpleNamespace
+
+    from gpt_ft.training.throughput import Throughput
+
+    gpt = GPT(GPTConfig.from_name("gpt-micro", vocab_size=128))
+    charged = {}
+    for lm_coef in (0.5, 0.0):
+        callback = Throughput()
+        callback.setup(None, SimpleNamespace(gpt=gpt, head=object(), lm_coef=lm_coef), "fit")
+        charged[lm_coef] = callback._n_params
+    assert charged[0.5] == counted_parameters(gpt) and charged[0.5] - charged[0.0] == 128 * gpt.config.n_embd
+    pretraining = Throughput()
+    pretraining.setup(None, SimpleNamespace(gpt=gpt, head=None, lm_coef=0.0), "fit")
+    assert pretraining._n_params == counted_parameters(gpt)
 
 
 def test_nanogpt_flop_count_for_gpt1():
