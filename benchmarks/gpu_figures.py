@@ -8,7 +8,7 @@ Qwen3-0.6B's shapes (gpu_profile.py); a fine-tuning step (head + auxiliary LM lo
 cached vs uncached generation.
 
 On a GPU the speed goals are checked (exit status 1 when one is missed): MFU >= 40% compiled,
->= 2.5x transformers' step, `fit` within 3% of the raw loop. Correctness is the CUDA tests' job;
+>= 2.5x transformers' step (both eager), `fit` within 3% of the raw loop. Correctness is the CUDA tests' job;
 benchmarks/gpu_check.py runs both. `--device cpu --quick` runs every row on a tiny model, to check
 that they run (the test suite does), in about half a minute.
 
@@ -160,9 +160,13 @@ def training_throughput(setup: Setup, tmp: Path) -> Iterator[Row]:
                 figure += f", MFU {mfu:.1%}"
                 status = harness.verdict(mfu >= GOALS["mfu"]) if name.startswith("ours, compiled") else ""
             yield Row(f"training step, {name}, batch {batch} x {setup.seq}", figure, status)
-        ratio = stats["transformers"].median / min(s.median for n, s in stats.items() if n != "transformers")
+        # Like for like: both eager (the goal's); then our compiled best against the same eager step.
+        ratio = stats["transformers"].median / stats["ours"].median
         status = harness.verdict(ratio >= GOALS["vs_transformers"]) if setup.cuda else ""
-        yield Row(f"training step, ours / transformers, batch {batch}", f"{ratio:.2f}x", status)
+        yield Row(f"training step, ours / transformers, both eager, batch {batch}", f"{ratio:.2f}x", status)
+        if compiled := [s.median for n, s in stats.items() if n.startswith("ours, compiled")]:
+            best = stats["transformers"].median / min(compiled)
+            yield Row(f"training step, ours compiled / transformers eager, batch {batch}", f"{best:.2f}x")
 
 
 def finetune_step(setup: Setup, tmp: Path) -> Iterator[Row]:

@@ -39,7 +39,7 @@ ROWS = {
     ),
     "training step, ours, batch 4 x 128": f"{RATE} tokens/s",
     "training step, transformers, batch 4 x 128": f"{RATE} tokens/s",
-    "training step, ours / transformers, batch 4": r"[\d.]+x",
+    "training step, ours / transformers, both eager, batch 4": r"[\d.]+x",
     "profile, training step 4 x 128": r"[\d.]+ ms a step; the CPU's operators \(self time\) busy \d+% of it",
     **{f"profile, {kind}": r"[\d.]+% \([\d.]+ ms a step\)" for kind in PROFILE_KINDS},
     "profile, outside the operators": r"[\d.]+%",
