@@ -81,7 +81,8 @@ def batch_tokens(batch) -> tuple[int, int, int]:
         return batch.real_tokens, ids.numel() + answers.numel(), ids.shape[-1] + answers.shape[-1]
     ids = batch.input_ids
     # Pretraining blocks have no padding; a packed row's token attends within its example only.
-    return getattr(batch, "real_tokens", 0) or ids.numel(), ids.numel(), ids.shape[-1]
+    span = getattr(batch, "max_seqlen", 0) or ids.shape[-1]
+    return getattr(batch, "real_tokens", 0) or ids.numel(), ids.numel(), span
 
 
 class Throughput(Callback):

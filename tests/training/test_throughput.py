@@ -158,3 +158,15 @@ def test_the_parameters_are_counted_before_the_strategy_wraps_the_model():
     gpt, callback = GPT(GPTConfig.from_name("gpt-micro", vocab_size=64)), Throughput()
     callback.setup(None, SimpleNamespace(gpt=gpt), "fit")
     assert callback._n_params == counted_parameters(gpt) > 0
+
+
+def test_a_packed_token_attends_over_its_own_example_not_the_row():
+    """The attention term's span for packed rows is the longest example (host metadata), not the row."""
+    from gpt_ft.data.batches import collate_packed
+    from gpt_ft.training.throughput import batch_tokens
+
+    examples = [{"input_ids": [list(range(1, n + 1))], "extract_index": [n - 1], "label": 0, "index": i}
+                for i, n in enumerate([5, 9, 3, 30, 7, 2])]  # fmt: skip
+    batch = collate_packed(examples, pad_id=0)
+    tokens, positions, span = batch_tokens(batch)
+    assert (tokens, positions, span) == (56, 56, 30)  # one row of 56: the longest example's 30
