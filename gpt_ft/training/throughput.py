@@ -86,7 +86,8 @@ def batch_tokens(batch) -> tuple[int, int, int]:
 
 
 class Throughput(Callback):
-    """Logs perf/tokens_per_s (real tokens, all devices), perf/padding and perf/mfu every
+    """Logs perf/tokens_per_s (real tokens, all devices: rank 0's times the processes, read without a
+    collective, so ranks whose batches hold other counts make it an estimate), perf/padding and perf/mfu every
     `every_n_steps` optimizer steps, each window at the optimizer step that closes it (on the
     loggers' step axis, as the training loss of that step). The clock stops from a validation's
     start to the next training batch: evaluation, and the checkpoints saved after it, are not
