@@ -136,6 +136,7 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         self.vocab_size = len(self.tokenizer)
         self.datasets: dict[str, Any] = {}
         self.origins: dict[str, Origin] = {}  # where each split's rows come from, for messages
+        self.no_label_column: dict[str, str] = {}  # a split whose file has no label column: why, for messages
 
     # ---- loading and encoding ----
 
@@ -145,6 +146,8 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
             self.datasets[split], self.origins[split] = self._encode_split(split)
         ds = self.datasets[split]
         if labelled and ds.data.column("label").null_count:
+            if split in self.no_label_column:
+                raise TaskDataError(self.no_label_column[split])
             first = self.origins[split].of(ds.data.column("label").to_pylist().index(None))
             raise TaskDataError(
                 self.origins[split].explain(
@@ -162,10 +165,17 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
             raise TaskDataError(f"{source}: split {split!r} has no examples.")
         renamed = (self.task.local if self.data_dir is not None else self.task.hub).columns or {}
         asked = {field: column for column, field in renamed.items()}  # the file's names, as the card says
+        has = [dict(origin.columns).get(c, c) for c in raw.column_names]
         if missing := [asked.get(f, f) for f in self.task.text_fields() if f not in raw.column_names]:
             raise TaskDataError(
                 f"{source}: missing column(s) {missing} needed by task {self.task.name!r}; "
-                f"the file has {[dict(origin.columns).get(c, c) for c in raw.column_names]}."
+                f"the file has {has}."
+            )
+        label = self.task.label
+        if label not in raw.column_names:  # a test split's; refused where labels are needed
+            self.no_label_column[split] = (
+                f"{source}: missing column {asked.get(label, label)!r} (the labels); split {split!r} is "
+                f"used for training or evaluation, so every example needs one; the file has {has}."
             )
         grouped = self.task.regroup(raw)  # a datasets.Dataset: records as dicts
         if grouped is not None:  # examples across records (NLI triplets)

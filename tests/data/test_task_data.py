@@ -107,7 +107,17 @@ def test_similarity_encodes_two_sequences(pairs_dir, tokenizer_dir):
             "validation",
             r"PAIRS/dev.tsv, line 4 repeats the idx of \S+PAIRS/dev.tsv, line 2 \(7\): each example needs",
         ),
-        (lambda d: None, "test", r"PAIRS/test.tsv, line 2: no label \(field .label.\); split .test. is used"),
+        (
+            lambda d: None,
+            "test",
+            r"PAIRS/test.tsv: missing column 'label' \(the labels\); split 'test' is used for training or "
+            r"evaluation, so every example needs one; the file has \['index', 'sentence1', 'sentence2'\]\.$",
+        ),
+        (
+            lambda d: (d / "PAIRS/dev.tsv").write_text("index\tsentence1\tsentence2\tlabel\n0\ta\tb\t\n"),
+            "validation",
+            r"PAIRS/dev.tsv, line 2: no label \(field .label.\); split .validation. is used",
+        ),
         (lambda d: None, "dev", r"no local split 'dev'; its card defines \['test', 'train', 'validation'\]"),
     ],
 )
@@ -143,6 +153,10 @@ def test_errors_name_the_column_a_renamed_field_is_read_from(pairs_dir, tokenize
     with pytest.raises(TaskDataError) as raised:
         dm.encoded("validation", labelled=True)
     assert str(raised.value) == f"{pairs_dir / message}"
+    (pairs_dir / "PAIRS/dev.tsv").write_text("idx\tfirst\tsentence2\n" + rows.rsplit("\t", 1)[0] + "\n")
+    with pytest.raises(TaskDataError, match=r"dev.tsv: missing column 'gold' \(the labels\); .* the file has "
+                       r"\['idx', 'first', 'sentence2'\]\.$"):  # fmt: skip
+        TaskDataModule(task, tokenizer_dir, data_dir=str(pairs_dir)).encoded("validation", labelled=True)
     (pairs_dir / "PAIRS/dev.tsv").write_text("idx\tsecond\tsentence2\tgold\n" + rows)
     with pytest.raises(TaskDataError, match=r"missing column\(s\) \['first'\] needed by task 'pairs'; the "
                        r"file has \['idx', 'second', 'sentence2', 'gold'\]\.$"):  # fmt: skip
