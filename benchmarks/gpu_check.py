@@ -171,6 +171,9 @@ def main() -> int:
     except SystemExit:
         report.add(Row("checklist", f"stopped by SIGTERM after {time.perf_counter() - start:.0f} s", "FAIL"))
         raise
+    except KeyboardInterrupt:
+        report.add(Row("checklist", f"stopped by Ctrl-C after {time.perf_counter() - start:.0f} s", "FAIL"))
+        raise
     except Exception as exc:  # the checklist's own fault: the rows so far, and where it stopped
         report.add(Row("checklist", f"stopped by {type(exc).__name__}: {exc}", "FAIL"))
         raise

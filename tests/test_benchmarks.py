@@ -346,6 +346,15 @@ def test_the_checklist_reports_its_own_faults_and_refuses_a_gpu_it_cannot_see(tm
     assert rows == [
         {"check": "checklist", "result": "stopped by RuntimeError: no metadata", "status": "FAIL"}
     ]
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(gpu_check, "floors_missed", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        gpu_check.main()
+    (row,) = json.loads(report.with_suffix(".json").read_text())["rows"]
+    assert row["result"].startswith("stopped by Ctrl-C after") and row["status"] == "FAIL"
     assert "1 failing" in report.read_text() and sorted(p.name for p in tmp_path.iterdir()) == [
         "check.json",
         "check.md",

@@ -42,6 +42,13 @@ def fit_temperature(outputs: Tensor, labels: Tensor, losses) -> float:
     return float(log_t.detach().exp())
 
 
+def separated(logits: Tensor, labels: Tensor) -> bool:
+    """Whether no example has a logit above its right class's (or choice's): then each one's
+    softmax loss at T only falls as T falls (a tie's toward log k), and no T > 0 is the best."""
+    right = logits.gather(-1, labels[:, None])
+    return bool((logits.scatter(-1, labels[:, None], -math.inf) <= right).all())
+
+
 def split_outputs(
     clf: Classifier,
     rows: list[dict[str, Any]],
@@ -118,13 +125,12 @@ def calibrate(
     except TaskDataError as exc:
         raise TaskDataError(origin.explain(str(exc))) from None
     head = clf.head.float()
-    labelled = outputs.gather(-1, labels.to(outputs.device)[:, None])  # the right class's (choice's) logit
-    others = outputs.scatter(-1, labels.to(outputs.device)[:, None], -math.inf)
-    if isinstance(head, ClassificationHead) and bool((others < labelled).all()):  # a softmax's logits
+    if isinstance(head, ClassificationHead) and separated(outputs, labels.to(outputs.device)):
         raise ValueError(
-            f"Split {split!r} of task {task.name!r} fits no temperature: the model is right on all its "
-            f"{len(labels)} examples, so their likelihood only grows as T falls to 0 (fully sure of "
-            "every answer); calibrate on a larger split, or one it gets some wrong (--split)."
+            f"Split {split!r} of task {task.name!r} fits no temperature: the model scores the right "
+            f"answer highest (or tied) on all its {len(labels)} examples, so their likelihood only grows "
+            "as T falls to 0 (fully sure of every answer); calibrate on a larger split, or one it gets "
+            "some wrong (--split)."
         )
     temperature = fit_temperature(outputs, labels.to(outputs.device), head.losses)
 

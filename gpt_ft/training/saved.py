@@ -172,13 +172,14 @@ def check_same_tokenizer(checkpoint: Checkpoint, data, where: str) -> None:
     with (`data`'s, the data module's): one of the same size but other tokens would turn every text
     into other ids without a word. The copy saved beside the checkpoint is compared."""
     tokenizer, path = getattr(data, "tokenizer", None), getattr(data, "tokenizer_path", None)
-    if tokenizer is None or not checkpoint.tokenizer or not Path(where).is_file():
+    if (tokenizer is None and path is None) or not checkpoint.tokenizer or not Path(where).is_file():
         return
     saved = Path(where).parent / checkpoint.tokenizer
     if not saved.is_dir() or (path is not None and Path(path).expanduser().resolve() == saved.resolve()):
         return
     from gpt_ft.data.tokenizer import load_tokenizer
 
+    tokenizer = tokenizer or load_tokenizer(path)  # token files' (pretraining): their folder's tokenizer
     if load_tokenizer(saved).get_vocab() != tokenizer.get_vocab():
         raise ValueError(
             f"--data.tokenizer {path} is not the tokenizer {where} was trained with: the same text would "

@@ -8,6 +8,8 @@ differently) plus a transpose list (transformers keeps these layers as `Conv1D`,
 from __future__ import annotations
 
 import json
+import pickle
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,6 +19,7 @@ from torch import Tensor
 from gpt_ft.model.config import GPTConfig
 from gpt_ft.model.gpt import GPT
 from gpt_ft.weights import hf_llama
+from gpt_ft.weights.checkpoint import UNSAFE
 
 # HF name -> ours, for the GPT-1 family (GPT-2's names are ours already).
 _OPENAI_NAMES = {"tokens_embed.": "wte.", "positions_embed.": "wpe."}
@@ -269,7 +272,14 @@ def read_folder(path: Path) -> tuple[GPTConfig, dict[str, Tensor], str]:
         except Exception as exc:  # safetensors' and torch's errors for a file cut short or not theirs
             if isinstance(exc, OSError) and exc.filename is not None:
                 raise  # unreadable (permissions): the system's words name it
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if isinstance(exc, pickle.UnpicklingError) and "GLOBAL" in str(
+                exc
+            ):  # whole, but not only tensors
+                raise ValueError(UNSAFE.format(path=shard)) from None
+            reason = (
+                re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip().splitlines()[0] if str(exc).strip() else ""
+            )
+            reason = reason or type(exc).__name__
             raise ValueError(
                 f"{shard} is not a readable weights file: it is truncated or corrupt ({reason})."
             ) from None

@@ -694,6 +694,38 @@ def test_a_run_saved_with_more_gpus_visible_resumes_on_fewer(monkeypatch):
     assert len(restored) == 1
 
 
+def test_pretraining_resumed_on_token_files_of_another_tokenizer_is_refused(tmp_path, tokenizer_dir, capsys):
+    """Token files of a tokenizer of the same size but other ids: refused, as a task's tokenizer is."""
+    other = tmp_path / "other"
+    shutil.copytree(tokenizer_dir, other)
+    spec = json.loads((other / "tokenizer.json").read_text())
+    vocab = spec["model"]["vocab"]
+    a, b = sorted(vocab, key=vocab.get)[300:302]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (other / "tokenizer.json").write_text(json.dumps(spec))
+    corpus = write_corpus(tmp_path)
+    for tok, out in ((tokenizer_dir, "tokens"), (other, "tokens2")):
+        main(["prepare", "--inputs", str(corpus), "--tokenizer", str(tok), "--out_dir", str(tmp_path / out),
+              "--validation_fraction", "0.2"])  # fmt: skip
+
+    def args(tokens: str, steps: int) -> list[str]:
+        return ["fit", "--config", str(ROOT / "configs/pretrain/cpu.yaml"),
+                f"--data.token_dir={tmp_path / tokens}", "--data.block_size=32", "--data.batch_size=4",
+                f"--model.overrides={MICRO}", f"--trainer.max_steps={steps}", "--trainer.limit_val_batches=0",
+                "--trainer.enable_progress_bar=false",
+                f"--trainer.logger.init_args.save_dir={tmp_path / 'logs'}"]  # fmt: skip
+
+    main(args("tokens", 2))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        main([*args("tokens2", 4), "--ckpt_path=last"])
+    assert stopped.value.code == 2
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    assert said.startswith(
+        f"gpt-ft: error: --data.tokenizer {tmp_path / 'tokens2' / 'tokenizer'} is not the tokenizer "
+    )
+
+
 def test_a_run_resumed_with_another_task_card_says_what_changed(tmp_path, tokenizer_dir):
     """Labels swapped between the run and its resumption flip what each class means: named, not silent."""
     from tests.helpers import finetune_args, make_task

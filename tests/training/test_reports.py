@@ -126,13 +126,33 @@ def test_calibration_refuses_a_split_the_model_gets_all_right(finetuned, tmp_pat
                 main(argv)
             assert stopped.value.code == 2 and not out.exists()
             assert capsys.readouterr().err.strip().splitlines()[-1] == (
-                "gpt-ft: error: Split 'validation' of task 'sent' fits no temperature: the model is right on "
-                "all its 4 examples, so their likelihood only grows as T falls to 0 (fully sure of every "
-                "answer); calibrate on a larger split, or one it gets some wrong (--split)."
+                "gpt-ft: error: Split 'validation' of task 'sent' fits no temperature: the model scores the "
+                "right answer highest (or tied) on all its 4 examples, so their likelihood only grows as T "
+                "falls to 0 (fully sure of every answer); calibrate on a larger split, or one it gets some "
+                "wrong (--split)."
             )
         else:
             main(argv)
             assert 0.01 < Classifier.from_checkpoint(out, device="cpu").temperature < 100
+
+
+def test_a_split_with_no_wrong_answer_is_separated_ties_included():
+    """A tie (two identical endings, scored alike) still lets the loss fall as T falls."""
+    import torch.nn.functional as F
+
+    from gpt_ft.eval.calibration import fit_temperature, separated
+
+    right = torch.tensor([[2.0, 0.5, -1.0]] * 9)
+    labels = torch.zeros(10, dtype=torch.long)
+    tied, wrong = (
+        torch.cat([right, torch.tensor([[1.0, 1.0, -3.0]])]),
+        torch.cat([right, torch.tensor([[0.0, 1.0, -3.0]])]),
+    )
+    assert separated(tied, labels) and not separated(wrong, labels)
+    masked = torch.tensor([[1.0, torch.finfo(torch.float32).min]])  # a choice the row lacks
+    assert separated(masked, torch.tensor([0])) and not separated(masked, torch.tensor([1]))
+    losses = lambda o, y: F.cross_entropy(o, y, reduction="none")  # noqa: E731
+    assert fit_temperature(tied, labels, losses) < 0.1 < fit_temperature(wrong, labels, losses)
 
 
 def test_calibration_leaves_out_the_rows_whose_label_the_card_ignores(tokenizer_dir):

@@ -139,6 +139,15 @@ def test_a_broken_folder_is_one_sentence_naming_its_file(tmp_path):
         (f / "pytorch_model.bin").write_bytes((f / "pytorch_model.bin").read_bytes()[:5000])
 
     assert broken("bin", as_bin).startswith("bin/pytorch_model.bin is not a readable weights file")
+
+    def with_objects(f):
+        (f / "model.safetensors").unlink()
+        torch.save({**load_file(good / "model.safetensors"), "step": __import__("fractions").Fraction(1, 3)},
+                   f / "pytorch_model.bin")  # fmt: skip
+
+    assert broken("objects", with_objects).startswith(
+        "objects/pytorch_model.bin holds objects other than tensors and plain values; "
+    )
     assert broken("json", lambda f: (f / "config.json").write_text("{not json")) == (
         "json/config.json is not valid JSON (Expecting property name enclosed in double quotes: line 1 "
         "column 2 (char 1))."
