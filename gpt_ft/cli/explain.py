@@ -11,6 +11,7 @@ from gpt_ft.training.runs import (
     GPTCLI,
     card_named,
     lightning_main,
+    newest_last,
     refuse_bad_config,
     tokenizer_of_the_weights,
 )
@@ -38,7 +39,15 @@ class ExplainCLI(GPTCLI):
         )  # fmt: skip
 
     def parse_arguments(self, parser, args) -> None:
-        ckpt = parse_unchecked(parser, args).get("ckpt_path")
+        unchecked = parse_unchecked(parser, args)
+        ckpt = unchecked.get("ckpt_path")
+        if ckpt in (
+            "last",
+            "best",
+            "hpc",
+            "registry",
+        ):  # Lightning's names: `last` found as validate finds it
+            ckpt = newest_last(unchecked.trainer, "explain", ckpt)
         if ckpt:  # as validate reads one: what the run recorded, every argument given still winning
             parser.set_defaults(recorded_configuration(ckpt))
         super().parse_arguments(parser, args)
@@ -57,6 +66,11 @@ def run_explain(name: str, argv: list[str]) -> None:
     """`gpt-ft explain ARGV`."""
     cli = lightning_main(argv, run=False, cli=ExplainCLI, prog=f"gpt-ft {name}")
     split, index = cli.config.split, cli.config.index
+    if not hasattr(cli.datamodule, "explain"):
+        raise ValueError(
+            "gpt-ft explain shows a task's examples (--data.task CARD); a language model's token files "
+            "are one stream of tokens, with none."
+        )
     shown: dict[str, Any] = cli.datamodule.explain(split, index)
     if cli.config.json:
         print(dumps(shown, ensure_ascii=False, allow_nan=False))

@@ -102,6 +102,31 @@ def test_explain_a_checkpoints_data(finetuned, tokenizer_dir, capsys):
     with pytest.raises(SystemExit):
         main(["explain", "--ckpt_path", str(finetuned.ckpt), "--data.data_dir", "/nowhere"])
     assert "/nowhere/d/train.tsv: file not found" in capsys.readouterr().err
+    logs = f"--trainer.logger.init_args.save_dir={finetuned.logs}"  # `last`: found as validate finds it
+    last = gpt_ft(capsys, "explain", "--ckpt_path", "last", logs, "--split", "validation", "--index", "1",
+                  "--json", "true")  # fmt: skip
+    assert last.strip().splitlines()[-1] == shown.strip().splitlines()[-1]
+
+
+def test_explain_refuses_a_language_models_token_files(tmp_path, tokenizer_dir, capsys):
+    from tests.helpers import ROOT, write_corpus
+
+    main(["prepare", "--inputs", str(write_corpus(tmp_path)), "--tokenizer", tokenizer_dir,
+          "--out_dir", str(tmp_path / "tokens")])  # fmt: skip
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        main(
+            [
+                "explain",
+                "--config",
+                str(ROOT / "configs/pretrain/cpu.yaml"),
+                f"--data.token_dir={tmp_path / 'tokens'}",
+            ]
+        )
+    assert stopped.value.code == 2 and capsys.readouterr().err.strip().splitlines()[-1] == (
+        "gpt-ft: error: gpt-ft explain shows a task's examples (--data.task CARD); a language model's token "
+        "files are one stream of tokens, with none."
+    )
 
 
 def test_explain_bad_input_exits_nonzero_with_one_sentence(pairs_dir, tokenizer_dir, capsys):
