@@ -205,7 +205,11 @@ def label(
     rows = json_records(source, read_table(source).to_list())  # a record's missing field stays missing
     lines = record_lines(source, fmt) or list(range(1, len(rows) + 1))
     where = lambda i: f"{source}, line {lines[i]}"  # noqa: E731  (the row a message names)
-    renames = (clf.task.local.columns if clf.task.local else None) or {}  # a file laid out as the card's
+    task = clf.task  # a file laid out as the card's files or hub dataset: their renames apply
+    renames = {
+        **((task.hub.columns if task.hub else None) or {}),
+        **((task.local.columns if task.local else None) or {}),
+    }
     fields = [
         {renames[k] if k in renames and renames[k] not in row else k: v for k, v in row.items()}
         for row in rows
