@@ -317,12 +317,11 @@ def test_the_trainer_part_checks_twice_the_speed_at_equal_accuracy(tmp_path):
     ]
 
 
-def test_the_checklist_reports_its_own_faults_and_refuses_a_gpu_it_cannot_see(tmp_path, monkeypatch):
+def test_the_checklist_reports_its_own_faults_and_refuses_a_gpu_it_cannot_see(tmp_path, monkeypatch, capsys):
     """A checklist that stops on its own error still writes a failing row saying why (never "all
     checks pass"); a part's report cut short by its kill counts as no rows; an uninstalled gpt_ft
     is a missed floor; and `--device cuda` without a visible GPU is refused (its CUDA tests would
     all skip, and pass)."""
-    import subprocess
     from importlib import metadata
 
     sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
@@ -374,10 +373,11 @@ def test_the_checklist_reports_its_own_faults_and_refuses_a_gpu_it_cannot_see(tm
     assert floors_missed() == ["gpt_ft itself (not installed, so its floors are unknown: `pip install -e .`)"]
 
     if not torch_sees_cuda():
-        argv = [sys.executable, "benchmarks/gpu_check.py", "--report", str(report)]
-        done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
-        assert done.returncode == 2
-        assert done.stderr.strip().endswith("sees no CUDA device; use --device cpu")
+        monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--report", str(report)])
+        with pytest.raises(SystemExit) as refused:
+            gpu_check.main()
+        assert refused.value.code == 2
+        assert capsys.readouterr().err.strip().endswith("sees no CUDA device; use --device cpu")
 
 
 def torch_sees_cuda() -> bool:
