@@ -56,9 +56,12 @@ class EarlyStopping(early_stopping.EarlyStopping):
             mode: max or min; default the direction of the watched metric.
             verbose: Say when and why the run stops.
         """
+        # A NaN score (a correlation over constant predictions) counts as no improvement, toward
+        # `patience`: Lightning's check_finite would stop the run at the first one.
         super().__init__(
-            monitor=monitor or "", patience=patience, min_delta=min_delta, mode=mode or "max", verbose=verbose
-        )
+            monitor=monitor or "", patience=patience, min_delta=min_delta, mode=mode or "max",
+            verbose=verbose, check_finite=False,
+        )  # fmt: skip
         self._given = (monitor, mode)
 
     def setup(self, trainer, pl_module, stage: str) -> None:

@@ -56,6 +56,22 @@ def test_early_stopping_watches_a_named_metric_the_way_it_improves(monitor, mode
     assert stop.mode == mode
 
 
+def test_a_nan_score_counts_toward_patience_and_stops_nothing_at_once():
+    """Pearson over constant predictions is NaN: one such validation is no improvement, not the end."""
+    import math
+
+    import torch
+
+    from gpt_ft.training.stopping import EarlyStopping
+
+    stop = EarlyStopping(monitor="validation/pearson", mode="max", patience=2)
+    seen = []
+    for score in (0.1, math.nan, 0.3, math.nan, math.nan):
+        should_stop, _ = stop._evaluate_stopping_criteria(torch.tensor(score))
+        seen.append(should_stop)
+    assert seen == [False, False, False, False, True] and float(stop.best_score) == pytest.approx(0.3)
+
+
 def test_mlflow_records_the_metrics(tmp_path, tokenizer_dir, monkeypatch):
     pytest.importorskip("mlflow")
     monkeypatch.chdir(tmp_path)  # the config's store: runs/mlflow.db under the working folder
