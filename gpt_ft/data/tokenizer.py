@@ -288,9 +288,10 @@ def train_tokenizer(
     )
     save_tokenizer(tokenizer, out)
     if len(tokenizer) < vocab_size:  # too little text for so many merges
-        fewer = f"{len(tokenizer)} tokens, fewer than --vocab_size {vocab_size}"
-        why = f"every pair seen {min_frequency} times is merged): give more text or a lower --min_frequency"
-        print(f"note: the corpus gave {fewer} ({why}", file=sys.stderr)
+        lower = " or a lower --min_frequency" if min_frequency > 1 else ""
+        print(f"note: the corpus gave {len(tokenizer)} tokens, fewer than --vocab_size {vocab_size} (every "
+              f"pair seen at least {min_frequency} times is merged): give more text{lower}",
+              file=sys.stderr)  # fmt: skip
     if show_progress:
         print(f"trained a {len(tokenizer)}-token byte-level BPE tokenizer into {out_dir}")
     return tokenizer
@@ -306,9 +307,11 @@ def _load_local_dir(directory: Path) -> PreTrainedTokenizerBase:
             raise
     if all((directory / f).is_file() for f in BPE_FILES):
         # AutoTokenizer cannot pick a class without a config, so name it from the vocab's format.
-        if _bpe_format(directory / "vocab.json") == "gpt1":
-            return OpenAIGPTTokenizerFast.from_pretrained(str(directory))
-        return GPT2TokenizerFast.from_pretrained(str(directory))
+        cls = OpenAIGPTTokenizerFast if _bpe_format(directory / "vocab.json") == "gpt1" else GPT2TokenizerFast
+        try:
+            return cls.from_pretrained(str(directory))
+        except Exception as exc:  # the BPE builder's bare Exception, which names no file
+            raise ValueError(f"{directory / 'merges.txt'} is not a valid BPE merges file ({exc}).") from None
     raise ValueError(
         f"Directory {directory} holds no tokenizer; expected tokenizer.json or tokenizer_config.json "
         "(a save_pretrained output) or vocab.json + merges.txt (an OpenAI GPT-1/GPT-2 BPE)."
@@ -331,10 +334,8 @@ def _bpe_format(vocab_file: Path) -> Literal["gpt1", "gpt2"]:
     # GPT-1 marks word ends with `</w>` and has no byte-level `Ġ`; GPT-2 is the other way round.
     end_of_word = sum(token.endswith(_GPT1_END_OF_WORD) for token in vocab)
     byte_space = sum(_BYTE_LEVEL_SPACE in token for token in vocab)
-    if end_of_word > byte_space:
-        return "gpt1"
-    if byte_space > end_of_word:
-        return "gpt2"
+    if end_of_word != byte_space:
+        return "gpt1" if end_of_word > byte_space else "gpt2"
     raise ValueError(
         f"Cannot tell the BPE format of {vocab_file}; expected GPT-1 entries ending in '</w>' "
         "or GPT-2 byte-level entries containing 'Ġ'."
@@ -381,7 +382,7 @@ def check_text_file(path: Path, what: str = "File", chunk_bytes: int = 1 << 20, 
                         f"{what} {path} is not text (a NUL byte at byte offset {offset + nul}, as in binary "
                         f"data or UTF-16 text); {remedy}."
                     )
-                has_text = has_text or not text.isspace() and text != ""
+                has_text = has_text or bool((text.removeprefix("\ufeff") if offset == 0 else text).strip())
                 offset += len(chunk)
             decoder.decode(b"", final=True)
     except UnicodeDecodeError as exc:  # the file ends inside a character

@@ -297,6 +297,16 @@ def test_unreadable_vocab(gpt2_dir: Path) -> None:
         load_tokenizer(gpt2_dir)
 
 
+@pytest.mark.parametrize("merges", [b"garbage line with three parts\n", b"#version: 0.2\n\xc4\n"])
+def test_a_broken_merges_file_is_named(gpt2_dir: Path, merges: bytes) -> None:
+    """The BPE builder raised a bare Exception naming no file (a traceback at the command line)."""
+    (gpt2_dir / "merges.txt").write_bytes(merges)
+    with pytest.raises(
+        ValueError, match=re.escape(f"{gpt2_dir / 'merges.txt'} is not a valid BPE merges file (")
+    ):
+        load_tokenizer(gpt2_dir)
+
+
 def test_vocab_of_unknown_format(tmp_path: Path) -> None:
     directory = _write_bpe(tmp_path / "plain", ["a", "b", "ab"], ["a b"])
     with pytest.raises(ValueError, match="Cannot tell the BPE format"):
@@ -334,6 +344,10 @@ def test_train_rejects_files_without_text(tmp_path: Path) -> None:
         train_tokenizer(inputs=[blank], vocab_size=300, out_dir=tmp_path / "tok")
     with pytest.raises(ValueError, match="None of the 2 training files contains any text"):
         train_tokenizer(inputs=[empty, blank], vocab_size=300, out_dir=tmp_path / "tok")
+    marked = tmp_path / "bom.txt"  # an empty file a Windows editor saved as "UTF-8 with BOM"
+    marked.write_bytes(b"\xef\xbb\xbf\r\n  \r\n")
+    with pytest.raises(ValueError, match=re.escape(f"Training file {marked} contains no text")):
+        train_tokenizer(inputs=[marked], vocab_size=300, out_dir=tmp_path / "tok")
 
 
 def test_train_rejects_binary_file(tmp_path: Path) -> None:
@@ -363,4 +377,8 @@ def test_a_corpus_too_small_for_the_vocabulary_asked_says_so(
 ) -> None:
     tok = train_tokenizer(inputs=corpus, vocab_size=5000, out_dir=tmp_path / "tok", show_progress=False)
     assert len(tok) < 5000
-    assert f"note: the corpus gave {len(tok)} tokens, fewer than --vocab_size 5000" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert (
+        f"note: the corpus gave {len(tok)} tokens, fewer than --vocab_size 5000 (every pair seen at least"
+        in said
+    )
