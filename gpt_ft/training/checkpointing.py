@@ -58,6 +58,10 @@ class WholeStepTimer(Timer):
 
 
 FIT_RESUME = "resume with the same `gpt-ft fit` command and --ckpt_path last"
+MERGED_NO_RESUME = (
+    "it holds the merged model (--model.lora.checkpoint merged), which a LoRA run cannot resume from: "
+    "start anew from it with --model.init_from, or keep adapters (the default) to resume"
+)
 
 
 class SaveLast(Callback):
@@ -105,7 +109,9 @@ class SaveLast(Callback):
     def _saved_message(self, trainer, path: Path | None) -> None:
         if trainer.is_global_zero:
             name = (self._stop_signal or signal.SIGTERM).name
-            print(f"{name}: saved step {trainer.global_step} to {path}; {self.resume}", flush=True)
+            lora = getattr(trainer.lightning_module, "lora", None)
+            advice = MERGED_NO_RESUME if lora is not None and lora.checkpoint == "merged" else self.resume
+            print(f"{name}: saved step {trainer.global_step} to {path}; {advice}", flush=True)
 
     def on_train_start(self, trainer, pl_module) -> None:
         # After Lightning's own handlers (it restores every signal's previous handler at teardown).

@@ -56,6 +56,11 @@ def build_gpt(
     tokenizer's own tokens in those roles (`own_tokens`: {row: source}), or at the mean of the
     loaded rows (`mean`); `new_tokens=None` copies for the Llama family's weights only."""
     if init_from:
+        if lora is not None and Path(init_from).is_absolute() and not Path(init_from).exists():
+            raise FileNotFoundError(  # a LoRA checkpoint names its base weights by where they were
+                f"The base weights {init_from} do not exist: LoRA adapters need them; put them back at "
+                "that path, or give their new place with --model.init_from."
+            )
         gpt = GPT.from_pretrained(init_from)
         if overrides:
             for key, value in overrides.items():
@@ -199,6 +204,12 @@ def check_lora_resume(checkpoint: Checkpoint, lora: LoRA | None, where: str) -> 
             f"{where} holds LoRA adapters: resume it with the same --model.lora, or load it with "
             "Classifier.from_checkpoint or --model.init_from."
         )
+    saved = checkpoint.adapters.settings if lora is not None else {}
+    shape = [f"--model.lora.{key} {saved[key]!r} (this run: {getattr(lora, key)!r})"
+             for key in ("rank", "alpha", "targets", "quantize")
+             if key in saved and saved[key] != getattr(lora, key)]  # fmt: skip
+    if shape:  # other adapters: a size mismatch, or the same tensors scaled otherwise without a word
+        raise ValueError(f"{where} holds LoRA adapters trained with {'; '.join(shape)}: resume with those.")
 
 
 LOCAL_PATHS = ("token_dir", "data_dir", "tokenizer")

@@ -343,11 +343,28 @@ def test_lora_checkpoints_hold_the_adapters_or_the_merged_model(tmp_path, tokeni
         fit_llama_family(tmp_path, tokenizer_dir, "llama", "--model.lora.rank=4", f"--ckpt_path={merged}",
                          "--trainer.max_epochs=2")  # fmt: skip
     assert f"{merged} holds no LoRA adapters (a merged or plain model)" in capsys.readouterr().err
+    # other adapter settings: a page of size mismatches, or the same tensors scaled otherwise, silently
+    for other, said in (("--model.lora.rank=2", "--model.lora.rank 4 (this run: 2)"),
+                        ("--model.lora.alpha=64", "--model.lora.alpha 16.0 (this run: 64.0)")):  # fmt: skip
+        with pytest.raises(SystemExit):
+            fit_llama_family(tmp_path, tokenizer_dir, "llama", "--model.lora.rank=4", other,
+                             f"--ckpt_path={adapters}", "--trainer.max_epochs=3")  # fmt: skip
+        assert capsys.readouterr().err.strip().splitlines()[-1] == (
+            f"gpt-ft: error: {adapters} holds LoRA adapters trained with {said}: resume with those."
+        )
     (tmp_path / "weights").rename(tmp_path / "moved")  # the base named in the adapters' checkpoint
     with pytest.raises(
         FileNotFoundError, match=rf"^{adapters} holds LoRA adapters of base weights that cannot be"
     ):
         Classifier.from_checkpoint(adapters, device="cpu")
+    with pytest.raises(SystemExit):
+        main(["validate", f"--ckpt_path={adapters}", *quiet])
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"gpt-ft: error: The base weights {(tmp_path / 'weights').resolve()} do not exist: LoRA adapters "
+        "need them; put them back at that path, or give their new place with --model.init_from."
+    )
+    main(["validate", f"--ckpt_path={adapters}", f"--model.init_from={tmp_path / 'moved'}", *quiet])
+    assert "validation/accuracy" in capsys.readouterr().out
 
 
 def test_lora_on_4_bit_weights_fine_tunes_and_its_adapters_load(tmp_path, tokenizer_dir, capsys):

@@ -746,3 +746,18 @@ def test_a_run_resumed_with_another_task_card_says_what_changed(tmp_path, tokeni
         "trained on: labels ['negative', 'positive'] -> ['positive', 'negative']. The run goes on with the "
         "new one."
     )
+
+
+def test_a_merged_lora_runs_stop_says_it_cannot_resume(capsys):
+    """`--model.lora.checkpoint merged` saves merged weights, which a LoRA run cannot resume from: the
+    stop's line said to resume with --ckpt_path last, which then failed."""
+    from types import SimpleNamespace
+
+    from gpt_ft.model.lora import LoRA
+    from gpt_ft.training.checkpointing import FIT_RESUME, SaveLast
+
+    for kind, advice in (("adapters", FIT_RESUME), ("merged", "it holds the merged model")):
+        module = SimpleNamespace(lora=LoRA(checkpoint=kind))
+        trainer = SimpleNamespace(is_global_zero=True, global_step=4, lightning_module=module)
+        SaveLast()._saved_message(trainer, Path("last.ckpt"))
+        assert capsys.readouterr().out.startswith(f"SIGTERM: saved step 4 to last.ckpt; {advice}")
