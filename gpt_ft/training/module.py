@@ -41,13 +41,17 @@ from gpt_ft.workarounds import is_compiled
 
 
 def new_token_ids(tokenizer: str | None) -> list[int] | None:
-    """The ids of gpt_ft's special tokens (GPT-1's start, delim, extract, and its pad) in the tokenizer."""
+    """The ids of gpt_ft's special tokens (GPT-1's start, delim, extract, and its pad) that loading
+    the tokenizer adds: those its files hold already (a fine-tuned model's) have trained rows."""
     if tokenizer is None:
         return None
     from gpt_ft.data.tokenizer import SPECIAL_TOKENS, load_tokenizer
 
-    vocab = load_tokenizer(tokenizer).get_vocab()
-    return sorted(vocab[token] for token in SPECIAL_TOKENS.values() if token in vocab)
+    vocab, own = (
+        load_tokenizer(tokenizer).get_vocab(),
+        load_tokenizer(tokenizer, add_specials=False).get_vocab(),
+    )
+    return sorted(vocab[token] for token in SPECIAL_TOKENS.values() if token in vocab and token not in own)
 
 
 def framing_copies(tokenizer: str | None) -> dict[int, int]:

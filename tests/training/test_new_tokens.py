@@ -92,3 +92,23 @@ def test_mean_starts_the_new_rows_at_the_mean_of_the_loaded_ones(weights):
     for row in framing:
         torch.testing.assert_close(m.gpt.wte.weight[row].detach(), mean, rtol=0, atol=1e-7)
     torch.testing.assert_close(m.gpt.wte.weight[: len(loaded)].detach(), loaded, rtol=0, atol=0)
+
+
+def test_a_released_tables_rows_the_tokenizer_held_already_stay_as_trained(tmp_path):
+    """A released table (rows past its tokenizer's) whose tokenizer holds GPT-1's framing tokens: a
+    fine-tuned model written back by `to_hf` and fine-tuned again. Their rows are the weights'; only
+    tokens the tokenizer gains start anew (they were all drawn again)."""
+    from gpt_ft.data.tokenizer import SPECIAL_TOKENS
+    from tests.helpers import tiny_llama
+
+    framing = tuple(SPECIAL_TOKENS[k] for k in ("start", "delim", "extract"))
+    tok = tiny_tokenizer(framing)
+    assert len(tok) == 320
+    folder = tmp_path / "released"
+    tiny_llama("qwen2", vocab_size=384, tie_word_embeddings=False).save_pretrained(folder)  # 64 rows unused
+    tok.save_pretrained(folder)
+    loaded = GPT.from_pretrained(folder).wte.weight.detach()
+    rows = tok.convert_tokens_to_ids(list(framing))
+    for new_tokens in ("copied", "random", "mean"):
+        m = module(folder, new_tokens=new_tokens)
+        torch.testing.assert_close(m.gpt.wte.weight[rows].detach(), loaded[rows], rtol=0, atol=0)
