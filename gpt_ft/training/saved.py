@@ -89,12 +89,11 @@ def build_gpt(
         if vocab_size < gpt.config.vocab_size:  # a released table with unused rows (checked above)
             gpt.config.released_rows = gpt.config.vocab_size
             gpt.config.vocab_size = vocab_size
-            reinitialise_rows(gpt, new_token_ids or [])
-            drawn.update(new_token_ids or [])
+        inside = [i for i in new_token_ids or [] if i < gpt.config.vocab_size]  # unused rows a token takes
+        reinitialise_rows(gpt, inside)
+        drawn.update(inside)
 
-    loaded_vocab = gpt.config.vocab_size
-    if gpt.config.released_rows and new_token_ids:  # LoRA trains the new tokens' rows: the tail
-        loaded_vocab = min(new_token_ids)
+    loaded_vocab = min([gpt.config.vocab_size, *(new_token_ids or [])])  # LoRA trains the new tokens' rows
     if vocab_size is not None and vocab_size > gpt.config.vocab_size:
         drawn.update(range(gpt.config.vocab_size, vocab_size))
         gpt.resize_token_embeddings(vocab_size)  # the special tokens the weights lack (GPT-1 §3.3)

@@ -112,3 +112,32 @@ def test_a_released_tables_rows_the_tokenizer_held_already_stay_as_trained(tmp_p
     for new_tokens in ("copied", "random", "mean"):
         m = module(folder, new_tokens=new_tokens)
         torch.testing.assert_close(m.gpt.wte.weight[rows].detach(), loaded[rows], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("new_tokens", ["random", "mean"])
+def test_unused_rows_a_new_token_takes_start_anew_when_the_table_grows_too(tmp_path, new_tokens):
+    """A table two rows past its tokenizer, which gains three tokens: the first two take the unused
+    rows, which start as new rows do (they kept the table's values, and LoRA froze them)."""
+    from tests.helpers import tiny_llama
+
+    tok, folder = tiny_tokenizer(), tmp_path / "table"
+    model = tiny_llama("qwen2", vocab_size=322, tie_word_embeddings=False)
+    with torch.no_grad():
+        model.get_input_embeddings().weight[320:] = 5.0  # the two rows no token uses
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    new = special_token_ids(load_tokenizer(folder))
+    rows = [new.start, new.delim, new.extract]
+    assert rows == [320, 321, 322]
+    loaded = GPT.from_pretrained(folder).wte.weight.detach()
+    for lora in (None, LoRA(rank=2)):
+        m = module(folder, new_tokens=new_tokens, lora=lora)
+        got = m.gpt.wte.weight[rows].detach()
+        if new_tokens == "mean":
+            torch.testing.assert_close(
+                got, loaded[:320].double().mean(0).float().expand(3, -1), rtol=0, atol=1e-6
+            )
+        else:
+            assert got.abs().max() < 1.0  # drawn N(0, 0.02), not the table's 5.0
+        trainable = {n for n, p in m.gpt.named_parameters() if p.requires_grad}
+        assert lora is None or "wte.new_rows" in trainable and m.gpt.wte.frozen == 320
