@@ -169,6 +169,11 @@ def bench_generation(args) -> None:
     gpt = GPT(config).to(args.device).eval()
     prompt = torch.randint(0, config.vocab_size, (1, args.prompt_len), device=args.device)
     outputs = {}
+    if args.prompt_len + args.gen_tokens > config.n_positions:  # a small preset's context: what fits
+        args.gen_tokens = config.n_positions - args.prompt_len
+        print(
+            f"(--gen-tokens cut to {args.gen_tokens}: {args.preset}'s context is {config.n_positions} tokens)"
+        )
 
     def generate(use_cache: bool):
         return lambda: outputs.__setitem__(

@@ -91,7 +91,7 @@ def figures_rows(name: str, part: Part, report: Path, limit: float) -> list[Row]
 
 
 TRAINER_BATCHES = [32, 256]
-"""The Trainer part's batches: GPT-1's 32, then 256 sentences (about 6,000 real tokens of SST-2, a
+"""The Trainer part's batches: GPT-1's 32, then 256 sentences (about 4,000 real tokens of SST-2, a
 size a GPU runs near its speed), each with the time left of the part's."""
 
 
