@@ -344,14 +344,13 @@ def test_lora_checkpoints_hold_the_adapters_or_the_merged_model(tmp_path, tokeni
                          "--trainer.max_epochs=2")  # fmt: skip
     assert f"{merged} holds no LoRA adapters (a merged or plain model)" in capsys.readouterr().err
     # other adapter settings: a page of size mismatches, or the same tensors scaled otherwise, silently
-    for other, said in (("--model.lora.rank=2", "--model.lora.rank 4 (this run: 2)"),
-                        ("--model.lora.alpha=64", "--model.lora.alpha 16.0 (this run: 64.0)")):  # fmt: skip
-        with pytest.raises(SystemExit):
-            fit_llama_family(tmp_path, tokenizer_dir, "llama", "--model.lora.rank=4", other,
-                             f"--ckpt_path={adapters}", "--trainer.max_epochs=3")  # fmt: skip
-        assert capsys.readouterr().err.strip().splitlines()[-1] == (
-            f"gpt-ft: error: {adapters} holds LoRA adapters trained with {said}: resume with those."
-        )
+    with pytest.raises(SystemExit):
+        fit_llama_family(tmp_path, tokenizer_dir, "llama", "--model.lora.rank=2", "--model.lora.alpha=64",
+                         f"--ckpt_path={adapters}", "--trainer.max_epochs=3")  # fmt: skip
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"gpt-ft: error: {adapters} holds LoRA adapters trained with --model.lora.rank 4 (this run: 2); "
+        "--model.lora.alpha 16.0 (this run: 64.0): resume with those."
+    )
     (tmp_path / "weights").rename(tmp_path / "moved")  # the base named in the adapters' checkpoint
     with pytest.raises(
         FileNotFoundError, match=rf"^{adapters} holds LoRA adapters of base weights that cannot be"
