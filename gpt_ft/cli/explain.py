@@ -4,6 +4,8 @@ included, and four of its own (`--ckpt_path`: a checkpoint's recorded data). Onl
 
 from __future__ import annotations
 
+import sys
+from contextlib import redirect_stdout
 from json import dumps
 from typing import Any
 
@@ -41,13 +43,9 @@ class ExplainCLI(GPTCLI):
     def parse_arguments(self, parser, args) -> None:
         unchecked = parse_unchecked(parser, args)
         ckpt = unchecked.get("ckpt_path")
-        if ckpt in (
-            "last",
-            "best",
-            "hpc",
-            "registry",
-        ):  # Lightning's names: `last` found as validate finds it
-            ckpt = newest_last(unchecked.trainer, "explain", ckpt)
+        if ckpt in ("last", "best", "hpc", "registry"):  # Lightning's names: `last` found as validate does
+            with redirect_stdout(sys.stderr):  # its line names the file found; stdout is the example's
+                ckpt = newest_last(unchecked.trainer, "explain", ckpt)
         if ckpt:  # as validate reads one: what the run recorded, every argument given still winning
             parser.set_defaults(recorded_configuration(ckpt))
         super().parse_arguments(parser, args)

@@ -40,16 +40,23 @@ from gpt_ft.weights.checkpoint import Checkpoint
 from gpt_ft.workarounds import is_compiled
 
 
-def new_token_ids(tokenizer: str | None) -> list[int] | None:
-    """The ids of gpt_ft's special tokens (GPT-1's start, delim, extract, and its pad) that loading
-    the tokenizer adds: those its files hold already (a fine-tuned model's) have trained rows."""
+def new_token_ids(tokenizer: str | None, init_from: str | None = None) -> list[int] | None:
+    """The ids of gpt_ft's special tokens (GPT-1's start, delim, extract, and its pad) that the
+    weights' own tokenizer lacks (else the given one's files): those it holds (a fine-tuned model's,
+    written back) have trained rows. The same for a run and for its checkpoint read again, whose
+    tokenizer was saved with the tokens added."""
     if tokenizer is None:
         return None
     from gpt_ft.data.tokenizer import SPECIAL_TOKENS, load_tokenizer
+    from gpt_ft.weights.pretrained import weights_tokenizer
 
+    try:
+        own_tokenizer = (weights_tokenizer(init_from) if init_from else None) or tokenizer
+    except (OSError, ValueError):  # weights that cannot be read: build_gpt says why
+        own_tokenizer = tokenizer
     vocab, own = (
         load_tokenizer(tokenizer).get_vocab(),
-        load_tokenizer(tokenizer, add_specials=False).get_vocab(),
+        load_tokenizer(own_tokenizer, add_specials=False).get_vocab(),
     )
     return sorted(vocab[token] for token in SPECIAL_TOKENS.values() if token in vocab and token not in own)
 
@@ -243,7 +250,7 @@ class GPTModule(Evaluation, LightningModule):
             transfer_layers=transfer_layers,
             vocab_size=vocab_size,
             lora=lora,
-            new_token_ids=new_token_ids(tokenizer) if init_from else None,
+            new_token_ids=new_token_ids(tokenizer, init_from) if init_from else None,
             new_tokens=new_tokens,
             own_tokens=framing_copies(tokenizer) if init_from and new_tokens != "random" else None,
         )

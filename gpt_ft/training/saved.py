@@ -58,8 +58,8 @@ def build_gpt(
     if init_from:
         if lora is not None and Path(init_from).is_absolute() and not Path(init_from).exists():
             raise FileNotFoundError(  # a LoRA checkpoint names its base weights by where they were
-                f"The base weights {init_from} do not exist: LoRA adapters need them; put them back at "
-                "that path, or give their new place with --model.init_from."
+                f"The base weights {init_from} do not exist: LoRA adapters need them (a LoRA checkpoint "
+                "names them by their path); give their place with --model.init_from."
             )
         gpt = GPT.from_pretrained(init_from)
         if overrides:
@@ -204,9 +204,13 @@ def check_lora_resume(checkpoint: Checkpoint, lora: LoRA | None, where: str) -> 
             "Classifier.from_checkpoint or --model.init_from."
         )
     saved = checkpoint.adapters.settings if lora is not None else {}
+
+    def plain(value):  # the order of lora.targets changes no adapter
+        return sorted(value) if isinstance(value, list) else value
+
     shape = [f"--model.lora.{key} {saved[key]!r} (this run: {getattr(lora, key)!r})"
              for key in ("rank", "alpha", "targets", "quantize")
-             if key in saved and saved[key] != getattr(lora, key)]  # fmt: skip
+             if key in saved and plain(saved[key]) != plain(getattr(lora, key))]  # fmt: skip
     if shape:  # other adapters: a size mismatch, or the same tensors scaled otherwise without a word
         raise ValueError(f"{where} holds LoRA adapters trained with {'; '.join(shape)}: resume with those.")
 

@@ -360,7 +360,7 @@ def test_lora_checkpoints_hold_the_adapters_or_the_merged_model(tmp_path, tokeni
         main(["validate", f"--ckpt_path={adapters}", *quiet])
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"gpt-ft: error: The base weights {(tmp_path / 'weights').resolve()} do not exist: LoRA adapters "
-        "need them; put them back at that path, or give their new place with --model.init_from."
+        "need them (a LoRA checkpoint names them by their path); give their place with --model.init_from."
     )
     main(["validate", f"--ckpt_path={adapters}", f"--model.init_from={tmp_path / 'moved'}", *quiet])
     assert "validation/accuracy" in capsys.readouterr().out

@@ -141,3 +141,29 @@ def test_unused_rows_a_new_token_takes_start_anew_when_the_table_grows_too(tmp_p
             assert got.abs().max() < 1.0  # drawn N(0, 0.02), not the table's 5.0
         trainable = {n for n, p in m.gpt.named_parameters() if p.requires_grad}
         assert lora is None or "wte.new_rows" in trainable and m.gpt.wte.frozen == 320
+
+
+def test_a_lora_run_on_a_released_table_is_read_again_from_its_checkpoint(tmp_path, capsys):
+    """The checkpoint's saved tokenizer holds the tokens the run added: read again, the same rows
+    are the new ones (the weights' own tokenizer lacks them), so validate loads its adapters; and
+    their order aside, the same lora.targets resume."""
+    from gpt_ft.cli import main
+    from gpt_ft.model.lora import TARGETS
+    from gpt_ft.training.saved import check_lora_resume
+    from gpt_ft.weights.checkpoint import Adapters, Checkpoint
+    from tests.helpers import make_task, tiny_llama
+
+    card, folder = make_task("single", tmp_path), tmp_path / "released"
+    tiny_llama("qwen2", vocab_size=384, tie_word_embeddings=False).save_pretrained(folder)  # 64 rows unused
+    tiny_tokenizer().save_pretrained(folder)
+    logs = f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}"
+    main(["fit", f"--data.task={card}", f"--data.data_dir={tmp_path}", "--data.batch_size=2",
+          "--data.max_length=32", f"--model.init_from={folder}", "--model.lora.rank=2",
+          "--trainer.max_steps=2", "--trainer.limit_val_batches=1", "--trainer.enable_progress_bar=false",
+          logs])  # fmt: skip
+    capsys.readouterr()
+    main(["validate", "--ckpt_path=last", logs, "--trainer.enable_progress_bar=false"])
+    assert "validation/accuracy" in capsys.readouterr().out
+    saved = Checkpoint({})
+    saved.adapters = Adapters.of(LoRA(rank=2, targets=list(TARGETS)[:2]), base="b", new_tokens_from=0)
+    check_lora_resume(saved, LoRA(rank=2, targets=list(TARGETS)[:2][::-1]), "last.ckpt")
