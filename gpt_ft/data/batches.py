@@ -8,8 +8,7 @@
 - `PackedBatch`: a task's examples laid end to end in rows, without padding (`--data.packing`,
   the default): positions restart at each sequence and attention stays inside it.
 
-Lightning moves dataclass batches to the device field by field, on CUDA from page-locked memory
-(`pinning`).
+Lightning moves dataclass batches to the device field by field, on CUDA from page-locked memory.
 """
 
 from __future__ import annotations
@@ -322,15 +321,17 @@ def collate_packed(
         context, k = sequences[0][:n], len(sequences)
         tokens, positions, branches = list(context), list(range(n)), [0] * n
         lm = [(b, i, context[i + 1], k) for i in range(n - 1)]  # the padded layout: once per choice
-        extract = []
+        extract, laid = [], {}  # an answer given twice (chosen = rejected) runs once: equal scores, a tie
         for s, seq in enumerate(sequences):
-            start, answer = len(tokens), seq[n:]
+            answer = seq[n:]
+            start = laid.setdefault(tuple(answer), len(tokens))
             lm.append((b, n - 1, answer[0], 1))  # the delim predicts each choice's first token
             lm += [(b, start + i, answer[i + 1], 1) for i in range(len(answer) - 1)]
             extract += [(b, k, start + i - n) for k, (of, i) in enumerate(read) if of == s]
-            tokens += answer
-            positions += range(n, n + len(answer))
-            branches += [s + 1] * len(answer)
+            if start == len(tokens):
+                tokens += answer
+                positions += range(n, n + len(answer))
+                branches += [s + 1] * len(answer)
         units.append([tokens, positions, branches, lm, extract])
     L, rows = pack_rows(units, [len(unit[0]) for unit in units])
     R, B = len(rows), len(examples)

@@ -184,8 +184,11 @@ def test_shared_contexts_pack_as_the_shared_context_batch_runs_them(tokenizer_di
     shared = collate_shared(rows, specials.pad, specials.delim)
     packed = collate_packed(rows, specials.pad, specials.delim)
     contexts = int(shared.context_length.sum())
-    answers = sum(len(seq) - shared_length for row, shared_length in
-                  zip(rows, shared.context_length.tolist()) for seq in row["input_ids"])  # fmt: skip
+    answers = sum(
+        len(answer)
+        for row, n in zip(rows, shared.context_length.tolist())
+        for answer in {tuple(seq[n:]) for seq in row["input_ids"]}
+    )  # fmt: skip  (twice: once)
     assert packed.real_tokens == contexts + answers == int((packed.documents >= 0).sum())
     module.train()
     assert_same(run(module, shared), run(module, packed), shared.choice_mask)
@@ -328,3 +331,24 @@ def test_a_training_pass_reads_nothing_back_to_the_host(tokenizer_dir, monkeypat
             loss, _ = module.losses(batch)
             loss.backward()
         assert reads.calls == [], kind
+
+
+@pytest.mark.parametrize("shape", ["preference", "choice"])
+def test_an_answer_given_twice_runs_once_and_scores_a_tie(tokenizer_dir, shape):
+    """Chosen = rejected (two identical endings): laid out twice, the two copies' scores differed by a
+    few ulps and a documented tie counted as a win. Once, they are equal; losses as padded."""
+    module, rows, specials = module_for(tokenizer_dir, shape, "gpt1-micro")
+    module.eval()
+    twice = dict(rows[0])
+    first = twice["input_ids"][0]
+    twice["input_ids"] = [first, list(first), *twice["input_ids"][2:]]
+    reads = twice["extract_index"]
+    twice["extract_index"] = [reads[0], reads[0], *reads[2:]]
+    rows = [twice, *rows[1:]]
+    packed = collate_packed(rows, specials.pad, specials.delim)
+    assert packed.extract_index[0, 0] == packed.extract_index[0, 1]
+    padded = collate(rows, specials.pad)
+    assert_same(run(module, padded), run(module, packed), padded.choice_mask)
+    with torch.no_grad():
+        scores = module(packed)[0]
+    assert scores[0] == scores[1]
