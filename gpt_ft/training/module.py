@@ -41,23 +41,25 @@ from gpt_ft.workarounds import is_compiled
 
 
 def new_token_ids(tokenizer: str | None, init_from: str | None = None) -> list[int] | None:
-    """The ids of gpt_ft's special tokens (GPT-1's start, delim, extract, and its pad) that the
-    weights' own tokenizer lacks (else the given one's files): those it holds (a fine-tuned model's,
-    written back) have trained rows. The same for a run and for its checkpoint read again, whose
-    tokenizer was saved with the tokens added."""
+    """The ids of gpt_ft's special tokens (GPT-1's start, delim, extract, and its pad) the weights
+    lack: those loading the tokenizer adds, or where its files hold some already (a checkpoint's
+    saved tokenizer, a fine-tuned model written back), those the weights' own tokenizer lacks. The
+    same for a run and for its checkpoint read again."""
     if tokenizer is None:
         return None
     from gpt_ft.data.tokenizer import SPECIAL_TOKENS, load_tokenizer
     from gpt_ft.weights.pretrained import weights_tokenizer
 
-    try:
-        own_tokenizer = (weights_tokenizer(init_from) if init_from else None) or tokenizer
-    except (OSError, ValueError):  # weights that cannot be read: build_gpt says why
-        own_tokenizer = tokenizer
     vocab, own = (
         load_tokenizer(tokenizer).get_vocab(),
-        load_tokenizer(own_tokenizer, add_specials=False).get_vocab(),
+        load_tokenizer(tokenizer, add_specials=False).get_vocab(),
     )
+    if init_from and any(token in own for token in SPECIAL_TOKENS.values()):
+        try:
+            weights_own = weights_tokenizer(init_from)
+        except (OSError, ValueError):  # weights that cannot be read: build_gpt says why
+            weights_own = None
+        own = load_tokenizer(weights_own, add_specials=False).get_vocab() if weights_own else own
     return sorted(vocab[token] for token in SPECIAL_TOKENS.values() if token in vocab and token not in own)
 
 
