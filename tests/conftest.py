@@ -1,6 +1,7 @@
 """Fixtures shared across the test folders: a trained tokenizer and a fine-tuned checkpoint, each
 made once per session; the commands that run in the background (tests/background.py)."""
 
+import gc
 import inspect
 import os
 import shutil
@@ -16,6 +17,10 @@ from gpt_ft.data.tokenizer import train_tokenizer
 from gpt_ft.weights import gguf_file
 from tests.background import WORKERS, Background
 from tests.helpers import PAIR_ROWS, finetune_args, make_task
+
+# What the imports above made lives as long as the session: the collector need not walk it again
+# at every full collection (a tenth of a second each, about thirty a session).
+gc.freeze()
 
 CORPUS = """The quick brown fox jumps over the lazy dog. A man is playing a guitar.
 It is a charming and often affecting journey. Weapons of mass destruction were not found.

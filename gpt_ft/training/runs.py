@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from gpt_ft.adapters.cards import NO_CLASS_PATH, PARSER_MODE
@@ -27,6 +27,17 @@ from gpt_ft.workarounds import CheckpointHparamsAsDefaults, judge_after_every_va
 SUBCOMMANDS = ("fit", "validate", "test", "predict")  # LightningCLI's
 # Logs and checkpoints go to runs/lightning_logs/version_N, or under --trainer.default_root_dir.
 DEFAULT_LOGGER = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "runs"}}
+
+
+class ValidatedOnce(LightningArgumentParser):
+    """Writes a configuration (`dump`, `save`) without validating it again unless asked: the parse did,
+    and LightningCLI writes each run's twice (hyper-parameters, config.yaml), each check a parse's cost."""
+
+    def dump(self, namespace, *args: Any, skip_validation: bool = True, **kwargs: Any) -> str:
+        return super().dump(namespace, *args, skip_validation=skip_validation, **kwargs)
+
+    def save(self, namespace, path, *args: Any, skip_validation: bool = True, **kwargs: Any) -> None:
+        super().save(namespace, path, *args, skip_validation=skip_validation, **kwargs)
 
 
 class GPTCLI(CheckpointHparamsAsDefaults, LightningCLI):
@@ -138,9 +149,7 @@ class GPTCLI(CheckpointHparamsAsDefaults, LightningCLI):
         root = Path(self.trainer.logger.root_dir)
         found = find_last_checkpoint(root)
         if found is None:
-            print(
-                f"no {root}/*/checkpoints/last.ckpt to resume from: starting from the beginning", flush=True
-            )
+            print(f"no {root}/*/checkpoints/last.ckpt to resume from: starting afresh", flush=True)
             config.ckpt_path = None
         else:
             print(f"resuming from {found}", flush=True)
@@ -314,10 +323,8 @@ def follows_root_dir(logger, trainer) -> bool:
     return (
         bool(trainer.get("default_root_dir"))
         and hasattr(logger, "init_args")
-        and (
-            logger.get("class_path") == DEFAULT_LOGGER["class_path"]
-            and logger.init_args.get("save_dir") == DEFAULT_LOGGER["init_args"]["save_dir"]
-        )
+        and logger.get("class_path") == DEFAULT_LOGGER["class_path"]
+        and logger.init_args.get("save_dir") == DEFAULT_LOGGER["init_args"]["save_dir"]
     )
 
 
@@ -364,6 +371,7 @@ def lightning_main(
         run=run,
         trainer_defaults={"logger": DEFAULT_LOGGER, "callbacks": callbacks or []},
         save_config_kwargs={"overwrite": True},
+        parser_class=ValidatedOnce,
         parser_kwargs={"prog": prog, "exit_on_error": False},
         # The optimizer and its schedule are the module's (--model.lr, --model.optimizer, ...):
         # LightningCLI's --optimizer and --lr_scheduler would replace both, weight decay groups,

@@ -5,6 +5,7 @@ bad checkpoints and YAML are one sentence, the metrics line stands on its own li
 import logging
 
 import pytest
+import yaml
 from lightning.pytorch import Callback
 
 from gpt_ft.cli import main
@@ -175,3 +176,20 @@ def test_training_values_are_logged_fresh_on_the_steps_something_reads_them(
     assert [float(r["train/loss"]) for r in rows] == pytest.approx(
         [losses[i] for i in rows_expected], rel=1e-6
     )
+
+
+def test_a_runs_configuration_is_written_without_validating_it_again(tmp_path, tokenizer_dir, monkeypatch):
+    """The parse validated the configuration: writing it (the model's hyper-parameters, config.yaml)
+    checks it again only when asked (`--print_config` asks), each check costing a parse's time."""
+    from gpt_ft.training.runs import ValidatedOnce, lightning_main
+
+    card = make_task("single", tmp_path)
+    cli = lightning_main(common_args(card, tokenizer_dir, tmp_path), run=False)  # fit's, unrun
+    assert isinstance(cli.parser, ValidatedOnce)
+    checked = []
+    monkeypatch.setattr(ValidatedOnce, "validate", lambda self, cfg, **kwargs: checked.append(cfg))
+    written = cli.parser.dump(cli.config, format="yaml")
+    cli.parser.save(cli.config, tmp_path / "config.yaml", multifile=False)
+    assert not checked and yaml.safe_load(written)["data"]["init_args"]["batch_size"] == 4
+    cli.parser.dump(cli.config, skip_validation=False)
+    assert checked
