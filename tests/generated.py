@@ -5,7 +5,7 @@ The property: every input ends in success, or in exit code 2 and one sentence th
 (and, where there is one, the line as an editor counts it, header = line 1); never a traceback;
 nothing already on disk changed.
 
-`tests/data/test_generated_inputs.py` runs a bounded number of them in the suite (a fixed seed);
+`tests/test_generated_inputs.py` runs a bounded number of them in the suite (a fixed seed);
 `python -m tests.generated --examples 10000` runs many more, at random, and prints how many were
 tried and how many failed, with each failure's input.
 """

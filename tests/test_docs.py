@@ -4,12 +4,15 @@ show can be collected (`shown_commands`) for checking against the parser."""
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
 
+from tests.background import Command
 from tests.helpers import ROOT
 
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -136,24 +139,39 @@ def print_config(argv: list[str]) -> list[str]:
     return [*argv[:cut], "--print_config", *argv[cut:]]
 
 
-def test_every_shown_command_parses(capsys, monkeypatch):
-    """Each `gpt-ft` line of README.md and docs/ goes through its command's parser as shown (with
-    `--print_config`, so nothing runs): command names, options and values the parser accepts, and
-    the repository files they name (configs, cards) read. Lines naming the reader's own files
-    (`my_...`) are left out."""
-    from gpt_ft.cli import main
+PARSE_SHOWN = """
+import contextlib, io, json, shlex, sys
+from gpt_ft.cli import main
+from tests.test_docs import PLACEHOLDER, print_config, shown_commands
 
-    monkeypatch.chdir(ROOT)  # paths in the pages are relative to the repository root
-    shown = [argv for argv in shown_commands() if not any(PLACEHOLDER.search(a) for a in argv)]
-    assert len(shown) >= 20
-    broken = []
-    for argv in shown:
-        capsys.readouterr()
-        try:
+shown = [argv for argv in shown_commands() if not any(PLACEHOLDER.search(a) for a in argv)]
+broken = []
+for argv in shown:
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
             main(print_config(argv))
-            code = 0
-        except SystemExit as stop:
-            code = stop.code
-        if code != 0:
-            broken.append(f"gpt-ft {shlex.join(argv)}: {capsys.readouterr().err.strip()[-300:]}")
-    assert not broken, "\n".join(broken)
+        code = 0
+    except SystemExit as stop:
+        code = stop.code
+    if code != 0:
+        broken.append(f"gpt-ft {shlex.join(argv)}: {err.getvalue().strip()[-300:]}")
+print(json.dumps({"shown": len(shown), "broken": broken}))
+"""
+
+
+def start_shown_commands(root):
+    return [Command([sys.executable, "-c", PARSE_SHOWN], ROOT, preloaded=True)]  # the pages' paths
+
+
+@pytest.mark.background(start=start_shown_commands)
+def test_every_shown_command_parses(background):
+    """Each `gpt-ft` line of README.md and docs/ goes through its command's parser as shown (with
+    `--print_config`, so nothing runs), from the repository root: command names, options and values
+    the parser accepts, and the repository files they name (configs, cards) read. Lines naming the
+    reader's own files (`my_...`) are left out."""
+    (out,) = background.runs
+    assert out.returncode == 0, out.stderr[-3000:]
+    parsed = json.loads(out.stdout.strip().splitlines()[-1])
+    assert parsed["shown"] >= 20
+    assert not parsed["broken"], "\n".join(parsed["broken"])

@@ -3,44 +3,44 @@ a bad label at a known line, malformed cards and fit configs. Each ends in succe
 code 2 and one sentence naming the file (and the line); never a traceback; nothing on disk changed.
 
 A fixed seed and a bounded number of inputs here (sized to the suite's time: each input runs a
-command); `python -m tests.generated --examples 10000` draws many more at random.
+command), drawn and checked in a background process of their own (tests/background.py);
+`python -m tests.generated --examples 10000` draws many more at random.
 """
 
-import tempfile
-from pathlib import Path
+import json
+import re
+import sys
 
 import pytest
-from hypothesis import HealthCheck, given, seed, settings
 
-from tests.generated import CHECKS, quiet
+from tests.background import Command
 
 EXAMPLES = {"task files": 14, "one bad row": 9, "preference files": 8, "cards": 18, "configs": 6}
+SEED = 20261125
+
+DRAW = """
+import json, sys
+import datasets
+from tests.generated import quiet, run_many
+datasets.config.HF_DATASETS_CACHE = sys.argv[1]  # these one-off files' cache stays in the test's folder
+quiet()
+for kind, examples in json.loads(sys.argv[3]).items():
+    tried, failed = run_many(kind, sys.argv[2], examples, seed=int(sys.argv[4]))
+    print(f"{kind}: {tried} tried, {len(failed)} failed", flush=True)
+"""
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _quiet():
-    quiet()
+def start_generated(root, tokenizer_dir):
+    args = [str(root / "cache"), tokenizer_dir, json.dumps(EXAMPLES), str(SEED)]
+    return [Command([sys.executable, "-c", DRAW, *args], root, preloaded=True)]
 
 
+@pytest.mark.background(start=start_generated)
 @pytest.mark.parametrize("kind", list(EXAMPLES))
-def test_generated_inputs_end_in_success_or_one_sentence(kind, tokenizer_dir, tmp_path_factory, monkeypatch):
-    import datasets
-
-    # The datasets cache of these one-off files stays in this test's folder.
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path_factory.mktemp("cache")))
-    strategy, check = CHECKS[kind]
-
-    @seed(20261125)
-    @settings(
-        max_examples=EXAMPLES[kind],
-        deadline=None,
-        database=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    )
-    @given(strategy)
-    def holds(value):
-        with tempfile.TemporaryDirectory() as tmp:
-            problem = check(Path(tmp), tokenizer_dir, value)
-        assert problem is None, problem
-
-    holds()
+def test_generated_inputs_end_in_success_or_one_sentence(kind, background):
+    (out,) = background.runs
+    counted = re.search(rf"^{kind}: (\d+) tried, (\d+) failed$", out.stdout, re.M)
+    assert counted, out.stdout[-3000:] + out.stderr[-3000:]
+    failures = re.findall(rf"^{kind}: .*\n  .*", out.stdout, re.M)  # each input, then its problem
+    assert int(counted[2]) == 0, "\n".join(failures)
+    assert int(counted[1]) >= min(EXAMPLES[kind], 5)  # drawn, not all rejected
