@@ -32,11 +32,11 @@ from gpt_ft.adapters.outputs import (
 )
 from gpt_ft.adapters.sources import HubDataset, LocalFiles, Sources
 
-ENCODING = 6
+ENCODING = 7
 """The version of the path from examples to tokens: cached encodings of another one are not reused
-(2: pairs cut as the `tokenizers` library's `longest_first` does; 3: each example's LM targets
-counted; 4: a text that spells a special token is text; 5: multiple choice's earlier context
-fields cut first; 6: an embedding example's label row says which text each of its texts is)."""
+(2: pairs cut as `tokenizers`' `longest_first` does; 3: each example's LM targets counted; 4: a
+text that spells a special token is text; 5: multiple choice's earlier context fields cut first; 6:
+an embedding's label row says which text each text is; 7: labels mapped under a name of their own)."""
 
 
 @dataclass
@@ -119,14 +119,8 @@ class Submission:
     labels: list[str] | None = None
 
     @classmethod
-    def from_card(
-        cls,
-        task_name: str,
-        files: dict[str, str] | None,
-        labels: list[str] | None,
-        *,
-        class_names: list[str] | None,
-    ) -> Submission:
+    def from_card(cls, task_name: str, files: dict[str, str] | None, labels: list[str] | None, *,
+                  class_names: list[str] | None) -> Submission:  # fmt: skip
         if labels is not None and len(labels) != len(class_names or []):
             raise CardError(
                 f"Task {task_name!r}: submission_labels {labels} must name each of the "
@@ -136,8 +130,7 @@ class Submission:
 
 
 def refuse_label_fields(kwargs: dict[str, Any], fields: dict[str, Any], why: str) -> None:
-    """Pops from a shape's `kwargs` the base class's label arguments it sets itself (`fields`, each
-    with its default); one given otherwise is a `CardError` naming it, then `why`."""
+    """Pops the base's label arguments a shape sets itself (`fields`: defaults); one given is a CardError."""
     for taken, default in fields.items():
         if kwargs.pop(taken, default) not in (default, []):
             raise CardError(f"Task {kwargs.get('name')!r}: {why.format(field=taken)}")
@@ -269,6 +262,13 @@ class TaskAdapter:
     test_splits = property(attrgetter("sources.test_splits"))
     submission_files = property(attrgetter("submission.files"))
     submission_labels = property(attrgetter("submission.labels"))
+    label_column = label
+    """The column a file holds the labels in; None: a shape makes them of other fields (`label_source`)."""
+
+    @property
+    def label_source(self) -> str:
+        """What gives an example its label, as a message names it."""
+        return f"field {self.label!r}"
 
     # ---- where the card's fields meet the output kind (everything else: `task.output`) ----
 

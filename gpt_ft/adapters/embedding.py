@@ -59,6 +59,8 @@ def count_negatives(
     `num_negatives` (default 1); none without negatives."""
     if num_negatives is not None and num_negatives < 1:
         raise CardError(f"Task {task_name!r}: num_negatives must be >= 1, got {num_negatives}.")
+    if num_negatives is not None and negatives is None:
+        raise CardError(f"Task {task_name!r}: num_negatives needs `negatives`, the field(s) holding them.")
     if isinstance(negatives, list):
         if num_negatives not in (None, len(negatives)):
             raise CardError(f"Task {task_name!r}: num_negatives={num_negatives} but {len(negatives)} fields.")
@@ -68,13 +70,14 @@ def count_negatives(
 
 def negative_texts(example: dict[str, Any], negatives: str | list[str] | None, most: int) -> list[Any]:
     """A row's hard negatives: each field's of a list of fields, or one field's text or list of
-    texts (the field missing, or a null: none); more than `most` is named in one sentence."""
+    texts (the field missing, a null or an empty text, as a table's empty cell reads: none); more
+    than `most` is named in one sentence."""
     if isinstance(negatives, list):
         found = [example[f] for f in negatives]
     else:
         value = example.get(negatives) if negatives is not None else None
         found = list(value) if isinstance(value, (list, tuple)) else [value]
-    found = [n for n in found if n is not None]
+    found = [n for n in found if n is not None and n != ""]
     if len(found) > most:
         raise TaskDataError(
             f"field {negatives!r} holds {len(found)} negatives; the card allows {most} (num_negatives)."

@@ -280,6 +280,15 @@ class Preference(TaskAdapter):
         self.turn_marker, self.margin, self.center_rewards = turn_marker, margin, center_rewards
         super().__init__(label=margin or "margin", **kwargs)
 
+    @property
+    def label_column(self) -> str | None:  # type: ignore[override]
+        return self.margin
+
+    @property
+    def label_source(self) -> str:
+        sides = f"a pair: fields {self.chosen!r} and {self.rejected!r}"
+        return sides + (f", and {self.margin!r}" if self.margin else "")
+
     def own_output(self, spec: LabelSpec) -> TaskOutput:
         sides = (self.chosen, self.rejected)
         return PreferenceOutput(

@@ -236,6 +236,16 @@ class Ranking(TaskAdapter):
     def num_sequences(self) -> int:  # type: ignore[override]
         return self.max_replies
 
+    @property
+    def label_column(self) -> str | None:  # type: ignore[override]
+        return None if self.chosen or self.reply_score else self.label
+
+    @property
+    def label_source(self) -> str:
+        if self.chosen:
+            return f"fields {self.chosen!r} and {self.rejected!r}"
+        return f"each reply's {self.reply_score!r}" if self.reply_score else f"field {self.label!r}"
+
     def own_output(self, spec: LabelSpec) -> TaskOutput:
         return RankingOutput(
             self.name, spec, loss=self.loss, max_replies=self.max_replies, center_rewards=self.center_rewards

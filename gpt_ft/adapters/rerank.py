@@ -15,6 +15,7 @@ sentence-transformers' `CrossEncoder` loads.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -77,6 +78,12 @@ class RerankOutput(TaskOutput):
         nothing to rank, and is left out (it would score as perfect)."""
         positive, negatives = predictions[:, :1], predictions[:, 1:]
         ranks = ~negatives.isnan().all(dim=1)
+        if len(ranks) and not ranks.any():
+            warnings.warn(
+                f"Task {self.task_name!r}: no row scored has a negative to rank its positive against: its "
+                "retrieval metrics are NaN (a row without a negative is left out).",
+                stacklevel=2,
+            )
         rank, ties = 1 + (negatives > positive).sum(dim=1), (negatives == positive).sum(dim=1)
         return rank_metrics(rank[ranks], metrics, ties=ties[ranks])
 

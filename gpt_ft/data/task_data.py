@@ -26,6 +26,10 @@ from gpt_ft.data.subsets import stratified_subset
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
 from gpt_ft.workarounds import dataset_fingerprint
 
+# The encoded labels' column while the split is mapped, named "label" after: a file's own "label"
+# column would give its type (datasets' Json, for ints and strings mixed) to the new one.
+LABEL = "encoded label"
+
 
 def integer_id(value: Any) -> int | None:
     """An index field's value as a 64-bit integer id, or None where it is none."""
@@ -151,7 +155,7 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
             first = self.origins[split].of(ds.data.column("label").to_pylist().index(None))
             raise TaskDataError(
                 self.origins[split].explain(
-                    f"{first}: no label (field {self.task.label!r}); split {split!r} is used "
+                    f"{first}: no label ({self.task.label_source}); split {split!r} is used "
                     "for training or evaluation, so every example needs one."
                 )
             )
@@ -171,8 +175,8 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
                 f"{source}: missing column(s) {missing} needed by task {self.task.name!r}; "
                 f"the file has {has}."
             )
-        label = self.task.label
-        if label not in raw.column_names:  # a test split's; refused where labels are needed
+        label = self.task.label_column
+        if label is not None and label not in raw.column_names:  # a test split's; refused where needed
             self.no_label_column[split] = (
                 f"{source}: missing column {asked.get(label, label)!r} (the labels); split {split!r} is "
                 f"used for training or evaluation, so every example needs one; the file has {has}."
@@ -214,7 +218,7 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
             fields = [enc.fields() for enc in encoded]
             return {
                 **{name: [f[name] for f in fields] for name in (fields[0] if fields else ["input_ids"])},
-                "label": [enc.label for enc in encoded],
+                LABEL: [enc.label for enc in encoded],
                 "index": [
                     origin.row(row) if index_field is None else integer_id(ex[index_field])
                     for ex, row in zip(examples, rows)
@@ -232,7 +236,7 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
             num_proc=self.num_proc,
             desc=f"Encoding {self.task.name} {split}",
             new_fingerprint=self._fingerprint(raw, split),
-        )
+        ).rename_column(LABEL, "label")
         if index_field is not None:  # an id names its example's prediction and counts it once
             first: dict[int, int] = {}
             for i, value in enumerate(encoded.data.column("index").to_pylist()):

@@ -63,6 +63,13 @@ class Encoder:
     ) -> np.ndarray | Tensor:
         """Each text's unit vector, (len(texts), dimensions), float32, in order."""
         at_least_one(batch_size, "batch_size")
+        if isinstance(texts, str):
+            raise TypeError(f"encode takes a list of texts, got the text {texts!r}: put it in a list.")
+        texts = list(texts)
+        if bad := [i for i, t in enumerate(texts) if not isinstance(t, str)]:
+            raise TypeError(f"encode takes texts; item {bad[0]} is {texts[bad[0]]!r}.")
+        if prompt not in ("query", "document", None):
+            raise ValueError(f"prompt must be 'query', 'document' or None, got {prompt!r}.")
         clf, prefix = self.classifier, self.prompt(prompt)
         texts = [prefix + t for t in texts]  # a text spelling a special token is text, as in training
         ids = (

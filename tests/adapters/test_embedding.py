@@ -293,11 +293,20 @@ def test_a_card_frames_each_text_alone_with_its_prompt(tokenizer_dir):
         (dict(labels=["a", "b"]), "an embedding task takes no `labels`"),
         (dict(temperature=0.0), "temperature must be > 0"),
         (dict(negatives=["n1", "n2"], num_negatives=3), "num_negatives=3 but 2 fields"),
+        (dict(num_negatives=2), "num_negatives needs `negatives`, the field"),
     ],
 )
 def test_a_card_that_cannot_work_is_one_sentence(card, message):
     with pytest.raises(CardError, match=message):
         Embedding(name="e", **card)
+
+
+def test_an_empty_cell_among_the_negatives_is_none():
+    """A table's empty cell reads as an empty text: no negative, as a null is."""
+    fields = Embedding(name="e", negatives=["n1", "n2"])
+    assert fields.texts({"anchor": "a", "positive": "b", "n1": "", "n2": "c"}) == ["a", "b", "c"]
+    listed = Embedding(name="e", negatives="hard", num_negatives=2)
+    assert listed.texts({"anchor": "a", "positive": "b", "hard": ["", "c"]}) == ["a", "b", "c"]
 
 
 def test_too_many_negatives_in_a_row_are_named():
@@ -547,6 +556,9 @@ def test_a_reranker_frames_each_candidate_after_the_query_and_ranks_the_positive
     # A row without a negative has nothing to rank: left out, not a perfect score.
     alone = torch.cat([scores, torch.tensor([[0.1, nan, nan]])])
     assert task.output.metric_values(alone, torch.zeros(4), ["recall@1"]) == {"recall@1": got["recall@1"]}
+    with pytest.warns(UserWarning, match=r"^Task 'r': no row scored has a negative to rank its positive"):
+        nothing = task.output.metric_values(alone[3:], torch.zeros(1), ["recall@1"])  # said, not NaN alone
+    assert nothing["recall@1"].isnan()
     assert task.output.format_prediction(scores[0], str) == "2.0000 1.0000"
 
 

@@ -270,3 +270,24 @@ init_args:
         "the solution's 2 steps (numbered 1 to 2)."
     )
     assert (tmp_path / "train.jsonl").read_bytes() == before
+
+
+def test_first_errors_given_as_numbers_and_strings_train(tmp_path, tokenizer_dir):
+    """A label column mixing 2 and "2" (datasets reads it as JSON) still gives each solution's step
+    labels, padded with NaN: the file's column lends the encoded one no type."""
+    from gpt_ft.data.batches import collate, gold
+    from gpt_ft.data.task_data import TaskDataModule
+
+    rows = [
+        {"problem": "p", "steps": ["a", "b"], "label": -1},
+        {"problem": "q", "steps": ["a", "b"], "label": "1"},
+    ]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    card = tmp_path / "card.yaml"
+    card.write_text(CARD.replace("max_steps: 4", "max_steps: 3").replace("index: id", "index: null")
+                    .replace("train.json", "train.jsonl"))  # fmt: skip
+    task = load_card(card)
+    data = TaskDataModule(task, tokenizer_dir, data_dir=str(tmp_path), max_length=64)
+    encoded = data.encoded("train", labelled=True)
+    labels = gold(collate([encoded[0], encoded[1]], pad_id=0).labels)
+    assert same(labels[0].tolist(), [1.0, 1.0, math.nan]) and same(labels[1].tolist(), [1.0, 0.0, math.nan])

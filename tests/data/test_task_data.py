@@ -300,3 +300,42 @@ def test_a_tsv_row_with_fewer_fields_than_columns_is_named(tmp_path, tokenizer_d
     message = r"train.tsv, line 3: 1 field where there are 2 columns \(a text with a line break\?"
     with pytest.raises(TaskDataError, match=message):
         TaskDataModule(task, tokenizer_dir, data_dir=str(tmp_path)).encoded("train", labelled=True)
+
+
+@pytest.mark.parametrize(
+    ("card", "rows", "source"),
+    [
+        (  # UltraFeedback: the scores are in the replies, not a column of their own
+            "ranking/ultrafeedback.yaml",
+            [{"instruction": "say hi", "completions": [{"response": "hi", "overall_score": 9},
+                                                       {"response": "no", "overall_score": 2}]},
+             {"instruction": "say yo", "completions": [{"response": "yo", "overall_score": None},
+                                                       {"response": "no", "overall_score": None}]}],
+            "each reply's 'overall_score'",
+        ),
+        (  # a pair's label is its sides: a row of one reply cannot train
+            "preference/pairs.yaml",
+            [{"prompt": "p", "chosen": "good", "rejected": "bad"}, {"prompt": "q", "reply": "fine"}],
+            "a pair: fields 'chosen' and 'rejected'",
+        ),
+    ],
+    ids=["ranking", "preference"],
+)  # fmt: skip
+def test_a_row_without_a_label_is_named_by_what_gives_it_one(tmp_path, tokenizer_dir, card, rows, source):
+    """A shape whose labels come of other fields than one column names the row that has none, and
+    what it lacks, not a column the card never reads."""
+    import json
+
+    from gpt_ft.adapters.cards import load_card
+    from tests.helpers import TASKS
+
+    task = load_card(TASKS / card)
+    name = "ultrafeedback.jsonl" if "ultrafeedback" in card else "train.jsonl"
+    (tmp_path / name).write_text("".join(json.dumps(r) + "\n" for r in rows * 50))
+    dm = TaskDataModule(task, tokenizer_dir, data_dir=str(tmp_path), max_length=64)
+    with pytest.raises(TaskDataError) as error:
+        dm.encoded("train", labelled=True)
+    assert str(error.value) == (
+        f"{tmp_path / name}, line 2: no label ({source}); split 'train' is used for training or "
+        "evaluation, so every example needs one."
+    )

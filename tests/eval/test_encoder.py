@@ -82,6 +82,16 @@ def test_the_encoders_vectors_are_the_training_paths_own(embedded):
     torch.testing.assert_close(vectors, anchors, atol=1e-5, rtol=0)
     # A text as a document gets the card's document prompt: another vector.
     assert not torch.allclose(encoder.encode(texts[:1], prompt="document", convert_to="torch"), vectors[:1])
+    # A text alone, a row that is no text, a prompt it has not: one sentence each, not vectors.
+    with pytest.raises(
+        TypeError, match=r"^encode takes a list of texts, got the text 'hello': put it in a list"
+    ):
+        encoder.encode("hello")
+    with pytest.raises(TypeError, match=r"^encode takes texts; item 1 is None\.$"):
+        encoder.encode(["a", None])
+    with pytest.raises(ValueError, match=r"^prompt must be 'query', 'document' or None, got 'passage'\.$"):
+        encoder.encode(texts, prompt="passage")
+    assert encoder.encode(iter(texts[:2])).shape == (2, encoder.dimensions)  # any iterable of texts
 
 
 def test_a_text_files_lines_end_at_newlines_only(tmp_path):
