@@ -314,7 +314,7 @@ class GPTModule(Evaluation, LightningModule):
         """A checkpoint of another shape is named in one sentence, not a page of size mismatches."""
         loaded, config = Checkpoint(checkpoint), self.gpt.config
         where = getattr(attached_trainer(self), "ckpt_path", None) or "The checkpoint"
-        check_lora_resume(loaded, self.lora, where)
+        check_lora_resume(loaded, self.lora, where, self.gpt)
         check_same_tokenizer(loaded, getattr(attached_trainer(self), "datamodule", None), where)
         fitting = getattr(getattr(attached_trainer(self), "state", None), "fn", None) == "fit"
         self.temperature = 1.0 if fitting else loaded.temperature  # trained on, the weights leave T behind

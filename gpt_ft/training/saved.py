@@ -23,7 +23,7 @@ from gpt_ft.errors import input_file
 from gpt_ft.model import GPTConfig
 from gpt_ft.model.gpt import with_dropout
 from gpt_ft.model.lora import LoRA, add_lora, merged_state_dict
-from gpt_ft.weights.checkpoint import GPT_PREFIX, Adapters, Checkpoint
+from gpt_ft.weights.checkpoint import GPT_PREFIX, Adapters, Checkpoint, weights_fingerprint
 from gpt_ft.weights.hf_llama import is_llama_style
 from gpt_ft.weights.pretrained import GPT
 from gpt_ft.workarounds import CLI_HPARAMS
@@ -62,6 +62,8 @@ def build_gpt(
                 "names them by their path); give their place with --model.init_from."
             )
         gpt = GPT.from_pretrained(init_from)
+        if lora is not None:  # recorded with the adapters: the base they adapt, as loaded
+            gpt.base_fingerprint = weights_fingerprint(gpt)
         if overrides:
             for key, value in overrides.items():
                 if key.endswith("pdrop"):
@@ -168,7 +170,8 @@ def lora_checkpoint(checkpoint: Checkpoint, gpt: nn.Module, lora: LoRA, init_fro
         return
     frozen = {GPT_PREFIX + n for n, p in gpt.named_parameters() if not p.requires_grad}
     checkpoint.state = {k: v for k, v in state.items() if k not in frozen}
-    checkpoint.adapters = Adapters.of(lora, base=base_reference(init_from), new_tokens_from=gpt.wte.frozen)
+    checkpoint.adapters = Adapters.of(lora, base=base_reference(init_from), new_tokens_from=gpt.wte.frozen,
+                                      fingerprint=getattr(gpt, "base_fingerprint", None))  # fmt: skip
 
 
 def check_same_tokenizer(checkpoint: Checkpoint, data, where: str) -> None:
@@ -191,8 +194,11 @@ def check_same_tokenizer(checkpoint: Checkpoint, data, where: str) -> None:
         )
 
 
-def check_lora_resume(checkpoint: Checkpoint, lora: LoRA | None, where: str) -> None:
-    """A LoRA run resumes from adapters only, and adapters only resume a LoRA run: one sentence."""
+def check_lora_resume(
+    checkpoint: Checkpoint, lora: LoRA | None, where: str, gpt: nn.Module | None = None
+) -> None:
+    """A LoRA run resumes from adapters only, of the same settings and base weights (`gpt`'s, as
+    `build_gpt` loaded them), and adapters only resume a LoRA run: one sentence."""
     if lora is not None and checkpoint.adapters is None:
         raise ValueError(
             f"{where} holds no LoRA adapters (a merged or plain model) and a LoRA run resumes only "
@@ -213,6 +219,8 @@ def check_lora_resume(checkpoint: Checkpoint, lora: LoRA | None, where: str) -> 
              if key in saved and plain(saved[key]) != plain(getattr(lora, key))]  # fmt: skip
     if shape:  # other adapters: a size mismatch, or the same tensors scaled otherwise without a word
         raise ValueError(f"{where} holds LoRA adapters trained with {'; '.join(shape)}: resume with those.")
+    if lora is not None and (loaded := getattr(gpt, "base_fingerprint", None)):
+        checkpoint.adapters.check_base(loaded, where)
 
 
 LOCAL_PATHS = ("token_dir", "data_dir", "tokenizer")

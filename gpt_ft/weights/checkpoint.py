@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import pickle
 from dataclasses import asdict, dataclass
@@ -55,23 +56,47 @@ UNSAFE = (
 )
 
 
+def weights_fingerprint(model: torch.nn.Module) -> str:
+    """A short digest of a model's weights as loaded: each tensor's name, shape and 64 of its values,
+    evenly spaced, as float32. Weights changed since (another fine-tune put in their place) differ."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        flat = tensor.detach().reshape(-1)
+        picked = flat[torch.linspace(0, max(flat.numel() - 1, 0), min(64, flat.numel())).long()]
+        digest.update(f"{name}{tuple(tensor.shape)}".encode())
+        digest.update(picked.float().cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
 @dataclass
 class Adapters:
-    """A LoRA checkpoint's "lora" entry: the weights its tensors adapt (`base`), the first token
-    row they train (`new_tokens_from`) and the adapters' settings (`gpt_ft.model.lora.LoRA`'s
-    fields)."""
+    """A LoRA checkpoint's "lora" entry: the weights its tensors adapt (`base`) and their
+    `weights_fingerprint` as loaded then (None in checkpoints older than it), the first token row
+    they train (`new_tokens_from`) and the adapters' settings (`gpt_ft.model.lora.LoRA`'s fields)."""
 
     base: str
     new_tokens_from: int
     settings: dict[str, Any]
+    fingerprint: str | None = None
 
     def entry(self) -> dict[str, Any]:
-        return {"base": self.base, "new_tokens_from": self.new_tokens_from, **self.settings}
+        fingerprint = {"base_fingerprint": self.fingerprint} if self.fingerprint else {}
+        return {"base": self.base, "new_tokens_from": self.new_tokens_from, **fingerprint, **self.settings}
 
     @classmethod
-    def of(cls, lora, *, base: str, new_tokens_from: int) -> Adapters:
+    def of(cls, lora, *, base: str, new_tokens_from: int, fingerprint: str | None = None) -> Adapters:
         """The entry of `lora` (a `LoRA`) adapting `base`."""
-        return cls(base, new_tokens_from, asdict(lora))
+        return cls(base, new_tokens_from, asdict(lora), fingerprint)
+
+    def check_base(self, now: str, where: str) -> None:
+        """The base weights loaded now (`now`: their fingerprint) are those the adapters were
+        trained on, where the checkpoint records which."""
+        if self.fingerprint and now != self.fingerprint:
+            raise ValueError(
+                f"{where} holds LoRA adapters of other base weights than {self.base} holds now "
+                f"(fingerprint {now}, trained on {self.fingerprint}): give the weights they were trained "
+                "on (--model.init_from), or use a checkpoint saved with --model.lora.checkpoint merged."
+            )
 
 
 def safe_load(path: str | Path, load=None) -> dict[str, Any]:
@@ -215,8 +240,10 @@ class Checkpoint:
         entry = self.entries.get(ADAPTERS)
         if entry is None:
             return None
-        settings = {k: v for k, v in entry.items() if k not in ("base", "new_tokens_from")}
-        return Adapters(entry["base"], entry["new_tokens_from"], settings)
+        settings = {
+            k: v for k, v in entry.items() if k not in ("base", "new_tokens_from", "base_fingerprint")
+        }
+        return Adapters(entry["base"], entry["new_tokens_from"], settings, entry.get("base_fingerprint"))
 
     @adapters.setter
     def adapters(self, adapters: Adapters | None) -> None:

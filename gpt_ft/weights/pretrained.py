@@ -22,7 +22,7 @@ from gpt_ft.model import gpt as model
 from gpt_ft.model.config import GPTConfig
 from gpt_ft.model.lora import LoRA, add_lora, merge_lora
 from gpt_ft.weights import gguf_file, hf, hub
-from gpt_ft.weights.checkpoint import Checkpoint
+from gpt_ft.weights.checkpoint import Checkpoint, weights_fingerprint
 
 # What makes a folder a tokenizer: any one of a `save_pretrained` output's files, or both files of
 # a BPE as OpenAI published it.
@@ -130,6 +130,7 @@ def gpt_from_checkpoint(checkpoint: Checkpoint) -> GPT:
             f"({str(exc).rstrip('.')}): put them back at that path (`--model.lora.checkpoint merged` "
             "saves checkpoints that stand alone)."
         ) from None
+    adapters.check_base(weights_fingerprint(gpt), checkpoint.where)
     if config.get("released_rows"):  # a released table with unused rows, as `build_gpt` reads it
         gpt.config.released_rows, gpt.config.vocab_size = config["released_rows"], config["vocab_size"]
     elif config["vocab_size"] > gpt.config.vocab_size:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -310,6 +311,8 @@ def test_lora_checkpoints_hold_the_adapters_or_the_merged_model(tmp_path, tokeni
     """--model.lora: checkpoints of the trained weights only (plus the base's name) resume and
     load; with lora.checkpoint=merged the same run's checkpoint is a plain model that predicts
     the same probabilities."""
+    from transformers import AutoModelForCausalLM
+
     from gpt_ft import Classifier
     from gpt_ft.weights.checkpoint import safe_load
 
@@ -364,6 +367,21 @@ def test_lora_checkpoints_hold_the_adapters_or_the_merged_model(tmp_path, tokeni
     )
     main(["validate", f"--ckpt_path={adapters}", f"--model.init_from={tmp_path / 'moved'}", *quiet])
     assert "validation/accuracy" in capsys.readouterr().out
+    # Other weights of the same shape where the base was: named by their fingerprints, not adapted.
+    other = AutoModelForCausalLM.from_pretrained(tmp_path / "moved")
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    other.save_pretrained(tmp_path / "weights")
+    trained_on = safe_load(adapters)["lora"]["base_fingerprint"]
+    changed = (
+        rf"holds LoRA adapters of other base weights than {tmp_path / 'weights'} holds now \(fingerprint"
+    )
+    with pytest.raises(ValueError, match=rf"^{adapters} {changed} \w+, trained on {trained_on}\): give"):
+        Classifier.from_checkpoint(adapters, device="cpu")
+    with pytest.raises(SystemExit):
+        main(["validate", f"--ckpt_path={adapters}", *quiet])
+    assert re.search(changed, capsys.readouterr().err)
 
 
 def test_lora_on_4_bit_weights_fine_tunes_and_its_adapters_load(tmp_path, tokenizer_dir, capsys):
