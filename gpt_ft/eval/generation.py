@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from gpt_ft.errors import at_least_one, device_named
-from gpt_ft.model.generation import check_decoding
+from gpt_ft.model.generation import check_decoding, stop_ids
 from gpt_ft.training.precision import cpu_precision
 from gpt_ft.training.saved import check_tokenizer_fits
 from gpt_ft.weights.pretrained import GPT, resolve_tokenizer
@@ -68,7 +68,7 @@ def generate(
     check_tokenizer_fits(len(tok), gpt.config.vocab_size, ckpt_path)
     if precision == "bf16-true":
         gpt = gpt.to(torch.bfloat16)
-    ids = tok(prompt, add_special_tokens=False)["input_ids"]
+    ids = prompt_ids(tok, prompt)
     if not ids:
         raise ValueError("--prompt is empty: give some text to continue.")
     context = gpt.config.n_positions
@@ -84,7 +84,7 @@ def generate(
         )
     start = torch.tensor([ids], device=device)
     max_new = min(max_new_tokens, context - len(ids))
-    eos = tok.eos_token_id
+    eos = stop_tokens(tok, gpt.config)
     check_decoding(gpt, start, max_new, temperature, top_k, top_p, num_beams, do_sample)  # before printing
     print(prompt, end="", flush=True)
     with torch.autocast(torch.device(device).type, torch.bfloat16, enabled=precision == "bf16-mixed"):
@@ -111,6 +111,23 @@ def generate(
         print_as_they_come(tok, tokens, eos, ids)
 
 
+def prompt_ids(tok, prompt: str) -> list[int]:
+    """The prompt's tokens as the model saw texts in training: with the tokenizer's beginning-of-text
+    token where it starts texts with one (Llama, Gemma), never an end-of-text token after."""
+    ids = tok(prompt, add_special_tokens=False)["input_ids"]
+    lead = tok(prompt)["input_ids"][:1]
+    if ids and tok.bos_token_id is not None and lead == [tok.bos_token_id] and ids[:1] != lead:
+        ids = lead + ids
+    return ids
+
+
+def stop_tokens(tok, config) -> list[int]:
+    """Where decoding stops: the tokenizer's end-of-text token, and those the weights' config lists
+    (instruct models end a turn with more than one)."""
+    listed = (config.hf_token_ids or {}).get("eos")
+    return list(dict.fromkeys([*stop_ids(tok.eos_token_id), *stop_ids(listed)]))
+
+
 def continuation(tok, prompt: list[int], new: list[int]) -> str:
     """The text `new` adds to the prompt's: decoded after the prompt, so that a tokenizer that
     spaces words when it joins them (GPT-1's, SentencePiece's) puts the space before the first."""
@@ -119,14 +136,14 @@ def continuation(tok, prompt: list[int], new: list[int]) -> str:
     return after[len(before) :] if after.startswith(before) else tok.decode(new, skip_special_tokens=True)
 
 
-def print_as_they_come(tok, tokens: Iterator[Tensor], eos: int | None, prompt: list[int]) -> None:
+def print_as_they_come(tok, tokens: Iterator[Tensor], eos: list[int], prompt: list[int]) -> None:
     """Print the text each new token adds as it comes, up to the end-of-text token. A token that
     holds only the first bytes of a character (byte-level BPE) decodes to U+FFFD: the text waits
     for the tokens that complete it, and what never completes is printed at the end."""
     new: list[int] = []
     shown = text = ""
     for token in tokens:
-        if eos is not None and int(token[0]) == eos:
+        if int(token[0]) in eos:
             break
         new.append(int(token[0]))
         text = continuation(tok, prompt, new)

@@ -6,6 +6,7 @@ Pure torch. These functions are also methods: `gpt.generate(...)`, `gpt.stream(.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import torch
@@ -73,6 +74,25 @@ def _filter_logits(logits: Tensor, temperature: float, top_k: int | None, top_p:
     return logits
 
 
+def stop_ids(eos_token_id: int | list[int] | None) -> list[int]:
+    """The end-of-text ids decoding stops at: none, one, or several."""
+    if eos_token_id is None:
+        return []
+    return [int(eos_token_id)] if isinstance(eos_token_id, int) else [int(i) for i in eos_token_id]
+
+
+@contextmanager
+def decoding(model: GPT) -> Iterator[None]:
+    """The model in eval mode (no dropout) while it decodes, then back in the mode it was in: a
+    model fresh from `from_pretrained` is in training mode."""
+    training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(training)
+
+
 @torch.no_grad()
 def stream(
     model: GPT,
@@ -83,20 +103,29 @@ def stream(
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
-    eos_token_id: int | None = None,
+    eos_token_id: int | list[int] | None = None,
     use_cache: bool = True,
     generator: torch.Generator | None = None,
     static_cache: bool = False,
 ) -> Iterator[Tensor]:
-    """Yield the next token of every sequence, (B,), one step at a time (greedy or sampled).
+    """Yield the next token of every sequence, (B,), one step at a time (greedy or sampled), with
+    dropout off (the model's mode is restored after).
 
-    Sequences that produced `eos_token_id` keep yielding it; the stream ends when all have.
-    `static_cache`: keys and values in a `StaticKVCache`; on CUDA the decode step is then captured
-    once as a CUDA graph and replayed for every token (the same tokens, a fraction of the launches).
+    Sequences that produced an `eos_token_id` (one id, or several: instruct models end turns with
+    more than one) keep yielding the first; the stream ends when all have. `static_cache`: keys and
+    values in a `StaticKVCache`; on CUDA the decode step is then captured once as a CUDA graph and
+    replayed for every token (the same tokens, a fraction of the launches).
     """
     check_decoding(model, input_ids, max_new_tokens, temperature, top_k, top_p, 1, do_sample)
     if static_cache and not use_cache:
         raise ValueError("static_cache=True needs use_cache=True.")
+    with decoding(model):
+        yield from _stream(model, input_ids, max_new_tokens, do_sample, temperature, top_k, top_p,
+                           stop_ids(eos_token_id), use_cache, generator, static_cache)  # fmt: skip
+
+
+def _stream(model, input_ids, max_new_tokens, do_sample, temperature, top_k, top_p, stops, use_cache,
+            generator, static_cache) -> Iterator[Tensor]:  # fmt: skip
     B, T0 = input_ids.shape
     cache = model.new_kv_cache(B, T0 + max_new_tokens, static=static_cache) if use_cache else None
     ids, step_input = input_ids, input_ids
@@ -115,11 +144,11 @@ def stream(
             token = torch.multinomial(probs, 1, generator=generator).squeeze(1)  # (B,)
         else:
             token = logits.argmax(dim=-1)  # (B,)
-        if eos_token_id is not None:
-            token = token.masked_fill(finished, eos_token_id)
-            finished |= token == eos_token_id
+        if stops:
+            token = token.masked_fill(finished, stops[0])
+            finished |= torch.isin(token, torch.tensor(stops, device=token.device))
         yield token
-        if eos_token_id is not None and bool(finished.all()):
+        if stops and bool(finished.all()):
             return
         step_input = token[:, None]
         if not use_cache:
@@ -173,7 +202,7 @@ def generate(
     top_p: float | None = None,
     num_beams: int = 1,
     length_penalty: float = 1.0,
-    eos_token_id: int | None = None,
+    eos_token_id: int | list[int] | None = None,
     use_cache: bool = True,
     generator: torch.Generator | None = None,
     static_cache: bool = False,
@@ -182,8 +211,8 @@ def generate(
 
     Greedy by default; `do_sample=True` samples with `temperature`, `top_k`, `top_p`;
     `num_beams > 1` runs beam search scored by sum of log-probabilities / length**length_penalty.
-    Sequences that stop early are padded with `eos_token_id`. `static_cache`: see `stream` (on
-    CUDA, the decode step as a CUDA graph).
+    Sequences that stop early are padded with (the first) `eos_token_id`. `static_cache`: see
+    `stream` (on CUDA, the decode step as a CUDA graph). Dropout is off while it decodes.
     """
     check_decoding(model, input_ids, max_new_tokens, temperature, top_k, top_p, num_beams, do_sample)
     if num_beams > 1:
@@ -223,15 +252,23 @@ def beam_search(
     num_beams: int,
     max_new_tokens: int,
     length_penalty: float = 1.0,
-    eos_token_id: int | None = None,
+    eos_token_id: int | list[int] | None = None,
 ) -> Tensor:
-    """Beam search over the KV cache; returns the best hypothesis per prompt, (B, T + n).
+    """Beam search over the KV cache, dropout off; returns the best hypothesis per prompt, (B, T + n).
 
-    A hypothesis ending in `eos_token_id` is scored sum(log p) / (generated length)**length_penalty.
+    A hypothesis ending in an `eos_token_id` is scored sum(log p) / (generated length)**length_penalty.
     A prompt is done once it has `num_beams` finished hypotheses and no running beam can beat the
     worst of them at the current length (the usual heuristic, as in transformers).
     """
     check_decoding(model, input_ids, max_new_tokens, 1.0, None, None, num_beams, False)
+    with decoding(model):
+        return _beam_search(
+            model, input_ids, num_beams, max_new_tokens, length_penalty, stop_ids(eos_token_id)
+        )
+
+
+def _beam_search(model, input_ids, num_beams, max_new_tokens, length_penalty, stops) -> Tensor:
+    pad = stops[0] if stops else 0
     B, T0 = input_ids.shape
     K, device = num_beams, input_ids.device
     if max_new_tokens == 0:
@@ -260,12 +297,12 @@ def beam_search(
         next_scores = torch.full((B, K), float("-inf"))
         for b in range(B):
             if done[b]:  # keep a placeholder beam going; it is never chosen
-                next_token[b] = eos_token_id if eos_token_id is not None else 0
+                next_token[b] = pad
                 continue
             n = 0
             for rank in range(2 * K):
                 s, beam, tok = top_scores[b, rank].item(), src_beam[b, rank].item(), token[b, rank].item()
-                if eos_token_id is not None and tok == eos_token_id:
+                if tok in stops:
                     if rank < K:  # an eos outside the top K would not have survived as a beam
                         hyp = torch.cat([seqs[b * K + beam], seqs.new_tensor([tok])])
                         finished[b].append((score(s, step), hyp))
@@ -293,7 +330,6 @@ def beam_search(
                 finished[b].append((score(beam_scores[b, k].item(), n_gen), seqs[b * K + k]))
     best = [max(finished[b], key=lambda h: h[0])[1] for b in range(B)]
     width = max(len(h) for h in best)
-    pad = eos_token_id if eos_token_id is not None else 0
     out = torch.full((B, width), pad, dtype=input_ids.dtype, device=device)
     for b, hyp in enumerate(best):
         out[b, : len(hyp)] = hyp

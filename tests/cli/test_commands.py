@@ -423,3 +423,30 @@ def test_every_command_lists_its_options_with_their_help(capsys):
         out = " ".join(capsys.readouterr().out.split())  # help text wraps
         for text in expected:
             assert text in out, (name, text)
+
+
+def test_generate_starts_the_prompt_as_the_tokenizer_starts_texts_and_stops_where_the_config_says(
+    tokenizer_dir,
+):
+    """A tokenizer that begins texts with its BOS (Llama's, Gemma's) gets it before the prompt, none
+    gets none, and an end-of-text token after the text is never added; decoding stops at the
+    tokenizer's end of text and at every one the weights' config lists."""
+    from types import SimpleNamespace
+
+    from tokenizers import processors
+
+    from gpt_ft.data.tokenizer import load_tokenizer
+    from gpt_ft.eval.generation import prompt_ids, stop_tokens
+
+    tok = load_tokenizer(tokenizer_dir)
+    bare = tok("the cat", add_special_tokens=False)["input_ids"]
+    assert prompt_ids(tok, "the cat") == bare  # this tokenizer adds nothing to a text
+    bos, eos = tok.convert_tokens_to_ids(["<|start|>", "<|extract|>"])
+    tok.bos_token, tok.eos_token = "<|start|>", "<|extract|>"
+    tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="<|start|> $A <|extract|>", special_tokens=[("<|start|>", bos), ("<|extract|>", eos)]
+    )
+    assert tok("the cat")["input_ids"] == [bos, *bare, eos]
+    assert prompt_ids(tok, "the cat") == [bos, *bare]
+    assert stop_tokens(tok, SimpleNamespace(hf_token_ids=None)) == [eos]
+    assert stop_tokens(tok, SimpleNamespace(hf_token_ids={"eos": [7, eos, 9]})) == [eos, 7, 9]

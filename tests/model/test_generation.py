@@ -56,6 +56,37 @@ def test_stop_token_ends_generation_and_pads():
     assert out.shape[1] <= 25
 
 
+def test_a_model_in_training_mode_decodes_without_dropout_and_stays_in_its_mode():
+    """`from_pretrained` and `from_hf` give a model in training mode, as every nn.Module starts:
+    decoding switches dropout off (as transformers' eval-mode models decode), then back on."""
+    gpt = GPT.from_hf(tiny_hf("gpt2", resid_pdrop=0.5, embd_pdrop=0.5, attn_pdrop=0.5))
+    assert gpt.training
+    prompt = torch.randint(1, TINY["vocab_size"], (2, 6))
+    expected = {beams: gpt.eval().generate(prompt, max_new_tokens=10, num_beams=beams) for beams in (1, 3)}
+    gpt.train()
+    for beams in (1, 3):
+        assert torch.equal(gpt.generate(prompt, max_new_tokens=10, num_beams=beams), expected[beams])
+        assert gpt.training
+    assert torch.equal(torch.stack(list(gpt.stream(prompt, max_new_tokens=10)), 1), expected[1][:, 6:])
+    assert gpt.training
+
+
+def test_several_stop_tokens_end_generation_at_any_and_pad_with_the_first():
+    gpt = tiny_gpt()
+    prompt = torch.randint(0, TINY["vocab_size"], (2, 5))
+    free = gpt.generate(prompt, max_new_tokens=20)
+    stops = [int(free[1, 7]), int(free[0, 9])]  # row 1 stops at its 3rd token, row 0 at its 5th
+    out = gpt.generate(prompt, max_new_tokens=20, eos_token_id=stops)
+    for row, at in ((0, 9), (1, 7)):
+        first = next(i for i in range(5, 25) if int(free[row, i]) in stops)
+        assert first <= at and torch.equal(out[row, : first + 1], free[row, : first + 1])
+        assert torch.all(out[row, first + 1 :] == stops[0])
+    beams = beam_search(
+        gpt, prompt[:1], num_beams=1, max_new_tokens=20, eos_token_id=stops, length_penalty=0.0
+    )
+    assert torch.equal(beams, gpt.generate(prompt[:1], max_new_tokens=20, eos_token_id=stops))
+
+
 def test_beam_search_with_one_beam_equals_greedy():
     gpt = tiny_gpt()
     prompt = torch.randint(0, TINY["vocab_size"], (2, 4))
