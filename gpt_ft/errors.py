@@ -150,7 +150,8 @@ def check_output_file(
         raise ValueError(f"{option} {out} is the input file: give another name, the input is kept.")
     if out.exists() and not overwrite:
         raise ValueError(
-            f"{option} {out} already exists: give another name, or --overwrite to replace it (it is kept)."
+            f"{option} {out} already exists: give another name, or --overwrite true to replace it "
+            "(it is kept)."
         )
     _check_parent(out, option)
     return out
@@ -280,7 +281,10 @@ def device_named(device: str | None, option: str = "--device") -> str:
     try:
         named = torch.device(device)
     except RuntimeError:
-        raise ValueError(f"{option} {device!r} is not a device: give cpu, cuda or cuda:N.") from None
+        named = None
+    mps = named is not None and named.type == "mps" and torch.backends.mps.is_available()
+    if named is None or named.type not in ("cpu", "cuda") and not mps:  # meta, or one not built in
+        raise ValueError(f"{option} {device!r} is not a device: give cpu, cuda or cuda:N.")
     if named.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:

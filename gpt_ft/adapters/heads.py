@@ -18,6 +18,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 
+def at_least_fp32(t: Tensor) -> Tensor:
+    """A loss's input in float32 (bf16 and fp16 raised), or float64 kept: `gpt-ft calibrate` fits its
+    temperature on float64 losses, whose changes float32 would not resolve."""
+    return t if t.dtype == torch.float64 else t.float()
+
+
 class TaskHead(nn.Linear):
     """Dropout, the S sequences' extract states added (one sequence: itself), a linear layer.
 
@@ -63,7 +69,7 @@ class ClassificationHead(TaskHead):
 
     def losses(self, outputs: Tensor, labels: Tensor) -> Tensor:
         # With class weights, each example's cross-entropy times its class's weight.
-        return F.cross_entropy(outputs.float(), labels, weight=self.class_weights, reduction="none")
+        return F.cross_entropy(at_least_fp32(outputs), labels, weight=self.class_weights, reduction="none")
 
     def predictions(self, outputs: Tensor) -> Tensor:
         return outputs.argmax(dim=-1)
@@ -155,7 +161,9 @@ class StepHead(ChoiceHead):
         max_steps), NaN where a step has no label or the solution no step."""
         target = labels[:, : outputs.shape[1]].float()
         labelled = ~target.isnan()
-        bce = F.binary_cross_entropy_with_logits(outputs.float(), target.nan_to_num(0.0), reduction="none")
+        bce = F.binary_cross_entropy_with_logits(
+            at_least_fp32(outputs), target.nan_to_num(0.0), reduction="none"
+        )
         return torch.where(labelled, bce, 0.0).sum(dim=1) / labelled.sum(dim=1).clamp(min=1)
 
     def probabilities(self, outputs: Tensor) -> Tensor:

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gpt_ft.adapters.base import Encoded, TaskAdapter, field_text, refuse_label_fields
-from gpt_ft.adapters.heads import ChoiceHead
+from gpt_ft.adapters.heads import ChoiceHead, at_least_fp32
 from gpt_ft.adapters.outputs import FLOAT32_MAX, CardError, LabelSpec, TaskDataError, TaskOutput, short_repr
 
 
@@ -121,7 +121,7 @@ class RewardHead(ChoiceHead):
     def losses(self, outputs: Tensor, labels: Tensor) -> Tensor:
         """-log σ(r_chosen - r_rejected - margin) per pair, `labels` the margins (B,), plus
         `center_rewards`·(r_chosen + r_rejected)²."""
-        rewards = outputs.float()
+        rewards = at_least_fp32(outputs)
         gap = rewards[:, 0] - rewards[:, 1]
         losses = F.softplus(labels.float() - gap)  # -log σ(x) = softplus(-x), exact in both tails
         if self.center_rewards:

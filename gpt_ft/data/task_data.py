@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from lightning import LightningDataModule
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch.utils.data import DataLoader
 
 from gpt_ft.adapters import ENCODING, TaskAdapter, TaskDataError
@@ -192,8 +193,15 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
                 )
             raw, origin = datasets.Dataset.from_list(rows), origin.keep(records)
         index_field = self.task.index if self.task.index in raw.column_names else None
-        if index_field is not None and any(integer_id(v) is None for v in raw[index_field]):
-            index_field = None  # ids that are not all integers (ProcessBench's "gsm8k-0"): rows numbered
+        bad = [i for i, v in enumerate(raw[index_field]) if integer_id(v) is None] if index_field else []
+        if bad:  # ids that are not all integers (ProcessBench's "gsm8k-0"): rows numbered
+            if split in self.task.test_splits:
+                column = dict(origin.columns).get(index_field, index_field)  # as the file names it
+                rank_zero_warn(
+                    f"{origin.of(bad[0])}: {column} {raw[bad[0]][index_field]!r} is no integer id, so the "
+                    f"predictions of split {split!r} number its rows from 0 instead of by {column}."
+                )
+            index_field = None
         if self.task.ignore_labels and self.task.label in raw.column_names:
             ignored = set(self.task.ignore_labels)
             kept = [i for i, value in enumerate(raw[self.task.label]) if str(value) not in ignored]

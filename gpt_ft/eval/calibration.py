@@ -4,8 +4,8 @@ same; the probabilities come closer to how often the model is right.
 
     gpt-ft calibrate --ckpt_path runs/.../best.ckpt --output runs/.../calibrated.ckpt
 
-The calibrated checkpoint carries T (`temperature`), and `Classifier`, `gpt-ft label`, `predict`
-(its probabilities) and `export` (the score layer divided by T) use it.
+The calibrated checkpoint carries T (`temperature`), and `Classifier`, `gpt-ft label`, evaluation
+and `export` (the score layer divided by T) use it.
 """
 
 from __future__ import annotations
@@ -30,7 +30,14 @@ def fit_temperature(outputs: Tensor, labels: Tensor, losses) -> float:
     """The T > 0 that minimises the mean of `losses(outputs / T, labels)` (L-BFGS on log T)."""
     log_t = torch.zeros((), dtype=torch.float64, requires_grad=True)
     outputs = outputs.double()
-    optimizer = torch.optim.LBFGS([log_t], lr=0.1, max_iter=200, line_search_fn="strong_wolfe")
+    optimizer = torch.optim.LBFGS(
+        [log_t],
+        lr=0.1,
+        max_iter=200,
+        tolerance_grad=1e-12,
+        tolerance_change=1e-15,
+        line_search_fn="strong_wolfe",
+    )  # fmt: skip  (to float64's resolution)
 
     def closure() -> Tensor:
         optimizer.zero_grad()
@@ -101,7 +108,7 @@ def calibrate(
     beside = output.parent.resolve() != Path(ckpt).expanduser().parent.resolve()
     tokenizer = output.parent / f"{output.stem}.tokenizer" if beside else None  # the tokenizer goes along
     if tokenizer is not None and tokenizer.exists() and not (overwrite and tokenizer.is_dir()):
-        replace = ", or --overwrite to replace it" if tokenizer.is_dir() else ""
+        replace = ", or --overwrite true to replace it" if tokenizer.is_dir() else ""
         raise ValueError(
             f"{tokenizer}, where --output's tokenizer goes, exists: give another --output{replace}."
         )

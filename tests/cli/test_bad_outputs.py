@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from gpt_ft.cli import main
 from gpt_ft.data.tokenizer import load_tokenizer
@@ -118,7 +119,7 @@ def test_label_refuses_an_existing_output_unless_overwrite(tmp_path, labelling, 
     out.write_text("an earlier result\n")
     before = files(tmp_path)
     assert error(capsys, *labelling(f"--output={out}")) == (
-        f"--output {out} already exists: give another name, or --overwrite to replace it (it is kept)."
+        f"--output {out} already exists: give another name, or --overwrite true to replace it (it is kept)."
     )
     assert files(tmp_path) == before
     main(labelling(f"--output={out}", "--overwrite=true"))
@@ -251,7 +252,8 @@ def test_a_suite_file_naming_a_missing_card(entry, tmp_path, capsys):
 
 # ---- the typed commands' own mistakes ----
 
-NOT_A_DEVICE = "--device 'gpu7' is not a device: give cpu, cuda or cuda:N."
+NOT_A = "--device '{}' is not a device: give cpu, cuda or cuda:N."
+NOT_A_DEVICE = NOT_A.format("gpu7")
 
 
 @pytest.mark.parametrize(
@@ -266,6 +268,10 @@ NOT_A_DEVICE = "--device 'gpu7' is not a device: give cpu, cuda or cuda:N."
          "--output {jsonl} is the input file: give another name, the input is kept."),
         ("generate", ["--prompt=the cat", "--num_beams=0"], "--num_beams must be >= 1, got 0."),
         ("generate", ["--prompt=the cat", "--device=gpu7"], NOT_A_DEVICE),
+        ("label", ["--input={text}", "--output={out}.tsv", "--device=meta"], NOT_A.format("meta")),
+        *([] if torch.backends.mps.is_available() else [  # a device this torch is not built for
+            ("label", ["--input={text}", "--output={out}.tsv", "--device=mps"], NOT_A.format("mps"))
+        ]),
     ],
 )  # fmt: skip
 def test_a_typed_commands_bad_value_is_one_sentence_naming_it(
@@ -357,7 +363,7 @@ def test_label_of_a_plain_text_file_and_calibrate_on_a_split_without_labels(tmp_
     beside.mkdir()
     (beside / "mine.txt").write_text("mine")
     assert error(capsys, "calibrate", ckpt, calibrated) == (
-        f"{beside}, where --output's tokenizer goes, exists: give another --output, or --overwrite to "
+        f"{beside}, where --output's tokenizer goes, exists: give another --output, or --overwrite true to "
         "replace it."
     )
     assert (beside / "mine.txt").read_text() == "mine" and not (tmp_path / "c.ckpt").exists()

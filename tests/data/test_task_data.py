@@ -176,6 +176,11 @@ def test_ids_that_are_not_all_integers_number_the_rows(pairs_dir, tokenizer_dir,
     (pairs_dir / "PAIRS/dev.tsv").write_text(rows.replace(first, "5"))
     dm = TaskDataModule(pair_task(), tokenizer_dir, data_dir=str(pairs_dir), max_length=64)
     assert dm.encoded("validation", labelled=True)["index"] == [5, 0, 7]
+    # A test split's predictions are written by id: rows numbered instead is said.
+    (pairs_dir / "PAIRS/test.tsv").write_text(rows)
+    said = rf"PAIRS/test.tsv, line 2: index '{first}' is no integer id, so the predictions of split 'test'"
+    with pytest.warns(UserWarning, match=said):
+        assert dm.encoded("test", labelled=False)["index"] == [0, 1, 2]
 
 
 def test_an_empty_label_cell_is_unlabelled_as_a_null_is(pairs_dir, tokenizer_dir):

@@ -226,3 +226,17 @@ def test_fit_with_balanced_and_listed_class_weights(tmp_path, tokenizer_dir, cap
         "--model.class_weights [1.0, 2.0, 3.0]: give each of the task's 2 classes a weight >= 0, in id "
         "order, or `balanced`."
     )
+
+
+@pytest.mark.parametrize(("gap", "right"), [(0.002, 9), (0.002, 7), (1.0, 6)])
+def test_the_temperature_fitted_is_the_exact_one_of_a_hand_computed_case(gap, right):
+    """Ten examples with logits [0, gap], `right` of them of class 1: the likelihood is best where
+    σ(gap / T) = right / 10, T = gap / ln(right / (10 - right)), however small the gap."""
+    from gpt_ft.adapters.heads import ClassificationHead
+    from gpt_ft.eval.calibration import fit_temperature
+
+    logits = torch.tensor([[0.0, gap]] * 10)
+    labels = torch.tensor([1] * right + [0] * (10 - right))
+    head = ClassificationHead(4, 2, dropout=0.0, init_std=0.02)
+    expected = gap / math.log(right / (10 - right))
+    assert fit_temperature(logits, labels, head.losses) == pytest.approx(expected, rel=1e-4)
