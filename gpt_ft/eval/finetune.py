@@ -7,6 +7,7 @@ import json
 import math
 from argparse import ArgumentError
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpt_ft.adapters import TaskDataError
@@ -107,9 +108,20 @@ def config_changes(
 def changed_options(before: dict[str, Any], now: dict[str, Any], ignored: tuple[str, ...] = ()) -> list[str]:
     """What differs between two configurations, as the options that give it now (`--data.batch_size=2`;
     `not --X=V` for one gone), leaving out the `ignored` options."""
-    old, new = ({k: v for k, v in _options(config).items() if k not in ignored} for config in (before, now))
+    old, new = ({k: _spelled_once(k, v) for k, v in _options(config).items() if k not in ignored}
+                for config in (before, now))  # fmt: skip
     changed = [f"--{k}={_shown(v)}" for k, v in new.items() if k not in old or old[k] != v]
     return changed + [f"not --{k}={_shown(v)}" for k, v in old.items() if k not in new]
+
+
+# Options naming a local path: the same folder spelled otherwise (`~/glue`, `glue/`, `./glue`) is no change.
+PATHS = ("data.data_dir", "data.tokenizer", "model.init_from")
+
+
+def _spelled_once(option: str, value: Any) -> Any:
+    if option in PATHS and isinstance(value, str) and (path := Path(value).expanduser()).exists():
+        return str(path.resolve())
+    return value
 
 
 def _options(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -31,6 +31,14 @@ def mean_std(values: list[float | None]) -> dict[str, float | None]:
     return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0}
 
 
+def seeds_stats(results: list[dict[str, Any] | None], metric: str) -> dict[str, Any]:
+    """One metric over the seeds' results (None: a run not finished): its defined values in
+    percent (`percent`), their mean and standard deviation."""
+    values = [percent(r["metrics"].get(metric), metric) for r in results if r]
+    values = [v for v in values if v is not None]
+    return {"seeds": values, **mean_std(values)}
+
+
 def benchmark_score(score: Score, tasks: dict[str, Any]) -> dict[str, Any]:
     """The mean over the score's tasks of each task's mean over its metrics (fine-tuned means)."""
     per_task = {}
@@ -325,10 +333,11 @@ def _num(value: float | None) -> str:
 
 
 def pm(stats: dict[str, Any] | None) -> str:
-    """mean ± std (the std where there are several seeds); empty where undefined."""
+    """mean ± std (the std where several seeds have a value); empty where undefined."""
     if not stats or stats.get("mean") is None:
         return ""
-    if len(stats.get("seeds") or []) > 1:
+    seeds = stats.get("seeds") or []
+    if len([v for v in (seeds.values() if isinstance(seeds, dict) else seeds) if v is not None]) > 1:
         return f"{stats['mean']:.1f} ± {stats['std']:.1f}"
     return f"{stats['mean']:.1f}"
 

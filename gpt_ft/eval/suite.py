@@ -42,6 +42,7 @@ from gpt_ft.eval.results import (
     percent,
     read_json,
     run_stamps,
+    seeds_stats,
     set_aside,
     write_json,
     write_results,
@@ -109,6 +110,8 @@ class SuiteRunner:
         self.spec, self.baselines = spec, read_baselines(baselines or [], list(spec.rows or []))
         sizes = train_sizes if train_sizes is not None else spec.train_sizes
         self.sizes: list[int | None] = [None if s == "all" else int(s) for s in sizes or ["all"]]
+        if bad := [s for s in self.sizes if s is not None and s < 1]:
+            raise ValueError(f"--train_sizes {bad[0]}: a size is a positive number of examples, or all.")
         self.rows: list[str | None] = list(spec.rows or [None])
         self.out = Path(out_dir).expanduser()
         self.init_from, self.tokenizer = init_from, tokenizer
@@ -309,8 +312,11 @@ class SuiteRunner:
         invocation and those of earlier ones into the same folder (`--tasks` subsets)."""
         tasks: dict[str, Any] = {}
         for name, (entry, task) in self.all_cards.items():
-            if name not in self.cards and not any((self.out / "runs" / name).glob(f"**/{RESULT}")):
-                continue
+            folders = {Path(Run(name, 0, row=row).folder).parent for row in self.rows} | {Path(name)}
+            if name not in self.cards and not any(
+                any((self.out / "runs" / f).glob(f"**/{RESULT}")) for f in folders
+            ):
+                continue  # an earlier invocation's task (`--tasks`), under any row's folder
             item: dict[str, Any] = {"card": entry.card, "main_metric": main_key(task), "metrics": {}}
             rows = item["metrics"]
             for seed in self.seeds:  # a zero-shot pass keeps the fine-tuned results already there
@@ -330,30 +336,20 @@ class SuiteRunner:
             if self.transfer_layers:
                 item["transfer"], m = {}, item["main_metric"]
                 for k in self.transfer_layers:
-                    got = [read_json(self.out / "runs" / Run(name, s, k).folder / RESULT) for s in self.seeds]
-                    values = [100 * r["metrics"][m] for r in got if r and r["metrics"].get(m) is not None]
-                    item["transfer"][str(k)] = {"seeds": values, **mean_std(values)}
+                    runs = [Run(name, s, k, row=self.rows[0]) for s in self.seeds]
+                    item["transfer"][str(k)] = seeds_stats(
+                        [read_json(self.out / "runs" / run.folder / RESULT) for run in runs], m
+                    )
             if self.sizes != [None]:
                 item["curves"] = self._curves(name, item["main_metric"])
                 item["labels_saved"] = labels_saved(item["curves"])
             tasks[name] = item
-        results = {
-            "suite": self.spec.name,
-            "config": {
-                "suite": asdict(self.spec),
-                "init_from": self.init_from,
-                "tokenizer": self.tokenizer,
-                "data_dir": {k or "*": v for k, v in self.data_dirs.items()},
-                "seeds": self.seeds,
-                "select": self.select,
-                "fit_args": self.fit_args,
-                "transfer_layers": self.transfer_layers,
-                "rows": self.spec.rows,
-                "train_sizes": ["all" if s is None else s for s in self.sizes],
-                "min_steps": self.spec.min_steps,
-            },
-            "tasks": tasks,
-        }
+        config = {"suite": asdict(self.spec), "init_from": self.init_from, "tokenizer": self.tokenizer,
+                  "data_dir": {k or "*": v for k, v in self.data_dirs.items()}, "seeds": self.seeds,
+                  "select": self.select, "fit_args": self.fit_args, "transfer_layers": self.transfer_layers,
+                  "rows": self.spec.rows, "train_sizes": ["all" if s is None else s for s in self.sizes],
+                  "min_steps": self.spec.min_steps}  # fmt: skip
+        results = {"suite": self.spec.name, "config": config, "tasks": tasks}
         if self.spec.score is not None:
             results["score"] = benchmark_score(self.spec.score, tasks)
         return results
@@ -363,7 +359,8 @@ class SuiteRunner:
         entry, task = self.all_cards[name]
 
         def score(row: str | None, size: int | None, seed: int) -> float | None:
-            result = read_json(self.out / "runs" / Run(name, seed, row=row, size=size).folder / RESULT)
+            run = Run(name, seed, self.main_layers, row=row, size=size)
+            result = read_json(self.out / "runs" / run.folder / RESULT)
             return MISSING if result is None else percent(result["metrics"].get(metric), metric)
 
         def whole() -> int:  # rows of the training split, where "all" sits on the curve

@@ -17,7 +17,7 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
 
 
 def printed(tok, ids: list[int], eos: int | None, capsys) -> str:
-    print_as_they_come(tok, iter(torch.tensor([[i]]) for i in ids), eos, prompt=[])
+    print_as_they_come(tok, iter(torch.tensor([[i]]) for i in ids), [] if eos is None else [eos], prompt=[])
     return capsys.readouterr().out
 
 

@@ -129,3 +129,16 @@ def test_a_preference_margin_is_no_percentage_and_no_part_of_a_score():
         "pairs": {"metrics": {"validation/accuracy": {"mean": 80.0}, "validation/margin": {"mean": 1.2}}}
     }
     assert benchmark_score(Score(name="s", tasks=["pairs"]), tasks)["value"] == 80.0
+
+
+def test_a_metric_over_seeds_in_percent_a_raw_one_as_it_is_and_a_lone_value_without_spread():
+    from gpt_ft.eval.results import pm, seeds_stats
+
+    runs = [{"metrics": {"validation/accuracy": 0.5, "validation/margin": 1.5}}, None,
+            {"metrics": {"validation/accuracy": 0.7, "validation/margin": 3.5}}]  # fmt: skip
+    accuracy = seeds_stats(runs, "validation/accuracy")
+    assert accuracy["seeds"] == [50.0, 70.0] and accuracy["mean"] == pytest.approx(60.0)
+    assert seeds_stats(runs, "validation/margin")["seeds"] == [1.5, 3.5]  # margin is no fraction
+    one = {"seeds": {"0": 40.0, "1": None, "2": None}, **mean_std([40.0, None, None])}
+    assert pm(one) == "40.0"  # one seed defines it: no "± 0.0", as if three agreed
+    assert pm({"seeds": {"0": 40.0, "1": 50.0}, **mean_std([40.0, 50.0])}) == "45.0 ± 7.1"

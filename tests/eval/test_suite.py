@@ -285,6 +285,10 @@ def test_a_subset_of_a_suites_tasks(tmp_path):
         data_dirs(["rte=a", "rte=b"])
     with pytest.raises(ValueError, match=r"^--seeds \[0, 0\]: give one or more seeds to fine-tune with"):
         suites.SuiteRunner(spec, out_dir=tmp_path, seeds=[0, 0])
+    with pytest.raises(
+        ValueError, match=r"^--train_sizes -3: a size is a positive number of examples, or all"
+    ):
+        suites.SuiteRunner(spec, out_dir=tmp_path, train_sizes=[2, -3])  # before any run trains
     card = write_suite(tmp_path, "name: p\ntasks:\n  - card: tasks/glue/rte.yaml\n    paper: {acuracy: 56}\n")
     with pytest.raises(ValueError, match=r"^Suite 'p', task 'rte': paper names \['acuracy'\], not among its"):
         suites.SuiteRunner(str(card), out_dir=tmp_path)
@@ -544,6 +548,10 @@ def test_a_rerun_compares_configurations_not_spellings(tmp_path, tokenizer_dir, 
     assert len(calls) == 1
     main([*argv, *fit_args(*fit, "--model.lr", "0.0001", "--data.batch_size", "4")])  # spelled otherwise
     assert len(calls) == 1
+    main(
+        [*argv[:-1], f"--data_dir={tmp_path}/./a/", *fit_args(*fit, "--data.batch_size=4", "--model.lr=1e-4")]
+    )
+    assert len(calls) == 1  # the same folder
     capsys.readouterr()
     main([*argv, *fit_args(*fit, "--data.batch_size=4", "--model.lr=2e-4")])
     assert len(calls) == 2
@@ -578,3 +586,35 @@ def test_a_rerun_compares_configurations_not_spellings(tmp_path, tokenizer_dir, 
     os.utime(dev, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     main([*argv, "--select=best", "--predict=true", *same])
     assert len(calls) == 6 and f"(the file {dev}): running it again" in capsys.readouterr().out
+
+
+def test_rows_layers_and_sizes_together_each_reach_the_results(tmp_path, tokenizer_dir, monkeypatch):
+    """Rows, transferred layers and training sizes in one suite (the runs faked: each scores its
+    layers and seed): a `--tasks` rerun keeps the other task's runs, the transfer table reads the
+    first row's runs and the curves those of the layers transferred."""
+    single, pair = make_task("single", tmp_path / "a"), make_task("pair", tmp_path / "b")
+    suite = write_suite(tmp_path, f"name: s\nseeds: [1]\ntasks: [{single}, {pair}]\n"
+                                  "rows: {big: [], small: []}\ntrain_sizes: [2, all]\n")  # fmt: skip
+    calls = []
+
+    def fake(build, args, select, **kwargs):
+        calls.append(args)
+        seed = int(next(a for a in args if a.startswith("--seed_everything=")).split("=")[1])
+        layers = int(next(a for a in args if a.startswith("--model.transfer_layers=")).split("=")[1])
+        return {"validation/accuracy": (10 * layers + seed) / 100}, 0
+
+    monkeypatch.setattr(suites, "fit_and_evaluate", fake)
+    out, pre = tmp_path / "out", tmp_path / "pre"  # (the weights are never read: the runs are faked)
+    pre.mkdir()
+    argv = ["suite", str(suite), f"--out_dir={out}", f"--tokenizer={tokenizer_dir}", f"--init_from={pre}",
+            "--transfer_layers=[1]", *fit_args("--model.preset=gpt-micro")]  # fmt: skip
+    dirs = as_list(f"sent={tmp_path / 'a'}", f"pair={tmp_path / 'b'}")
+    main([*argv, "--data_dir", dirs, "--tasks=[sent]"])
+    main([*argv, "--data_dir", dirs, "--tasks=[pair]"])
+    assert len(calls) == 2 * 2 * 2  # tasks x rows x sizes
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["tasks"]) == {"sent", "pair"}
+    sent = results["tasks"]["sent"]
+    assert sent["transfer"]["1"]["seeds"] == [11.0]
+    curve = json.dumps(sent["curves"])
+    assert "11.0" in curve and "null" not in curve  # each row's points, from the transferred layers' runs
