@@ -103,6 +103,13 @@ def render_messages(
     return text, "".join(turn(m) for m in reply)
 
 
+def reply_templates(self: TaskAdapter, specials) -> tuple[str, str]:
+    """A reward model's `template`s (`Preference`, `Ranking`): a prompt and its reply, and a reply
+    alone, framed as training frames a reply to no prompt: `[start] [delim] reply [extract]`."""
+    start, delim, extract = specials
+    return f"{start} {delim} $A {extract}", TaskAdapter.template(self, specials)[1]
+
+
 class RewardHead(ChoiceHead):
     """One reward per reply from one linear layer; Bradley-Terry's loss on a pair, chosen first."""
 
@@ -288,6 +295,8 @@ class Preference(TaskAdapter):
     def label_source(self) -> str:
         sides = f"a pair: fields {self.chosen!r} and {self.rejected!r}"
         return sides + (f", and {self.margin!r}" if self.margin else "")
+
+    template = reply_templates
 
     def own_output(self, spec: LabelSpec) -> TaskOutput:
         sides = (self.chosen, self.rejected)

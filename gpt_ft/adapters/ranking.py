@@ -31,7 +31,7 @@ from torch import Tensor
 
 from gpt_ft.adapters.base import Encoded, TaskAdapter, field_text, refuse_label_fields
 from gpt_ft.adapters.outputs import CardError, LabelSpec, TaskDataError, TaskOutput, short_repr
-from gpt_ft.adapters.preference import RewardHead
+from gpt_ft.adapters.preference import RewardHead, reply_templates
 
 LOSSES = ("plackett_luce", "softmax", "pairwise")
 RANK_METRICS = ("best_of_n", "pairwise_accuracy", "kendall_tau")
@@ -231,6 +231,8 @@ class Ranking(TaskAdapter):
         self.loss, self.center_rewards = loss, center_rewards
         field = "order" if chosen else ranks or scores or "scores"
         super().__init__(label=field, **kwargs)
+
+    template = reply_templates
 
     @property
     def num_sequences(self) -> int:  # type: ignore[override]

@@ -24,7 +24,7 @@ from gpt_ft.adapters import (
     Steps,
     TextPair,
 )
-from gpt_ft.data.tokenizer import load_tokenizer
+from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
 from gpt_ft.eval.classifier import Classifier
 from gpt_ft.eval.export import export_classifier, what_loads
 from gpt_ft.model import GPT, GPTConfig
@@ -470,3 +470,31 @@ def test_onnx_export_gives_the_classifiers_outputs_in_onnxruntime(background):
         for outcome, logits in zip(expected[name]["outcomes"], got[name]):
             probabilities = torch.tensor(logits).softmax(-1).tolist()
             assert probabilities == pytest.approx(list(outcome["scores"].values()), abs=1e-4)
+
+
+def test_a_reply_alone_is_framed_by_the_exported_tokenizer_as_training_frames_it(tokenizer_dir):
+    """A reward model's card without a prompt trains on `[start] [delim] reply [extract]`: the
+    exported tokenizer frames a reply alone so, token for token (a prompt and reply, as a pair)."""
+    from types import SimpleNamespace
+
+    from gpt_ft.adapters import Ranking
+    from gpt_ft.eval.export import framed_tokenizer
+
+    tok = load_tokenizer(tokenizer_dir)
+    specials = special_token_ids(tok)
+    task = Preference(name="rm")
+    trained = task.encode_examples([{"reply": "the cat sat"}], tok, specials, 64)[0].sequences[0]
+    clf = SimpleNamespace(tokenizer=tok, specials=specials, task=task, max_length=64)
+    framed = framed_tokenizer(clf)
+    assert framed("the cat sat")["input_ids"] == trained
+    assert trained[:2] == [specials.start, specials.delim]
+    with_prompt = Preference(name="rm", prompt="prompt").encode_examples(
+        [{"prompt": "a dog", "reply": "the cat sat"}], tok, specials, 64
+    )[0]
+    assert framed("a dog", "the cat sat")["input_ids"] == with_prompt.sequences[0]
+    names = ["<s>", "<d>", "<e>"]
+    assert (
+        Ranking(name="r", prompt=None).template(names)
+        == task.template(names)
+        == ("<s> <d> $A <e>", "<s> $A <d> $B <e>")
+    )
