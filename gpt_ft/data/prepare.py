@@ -235,6 +235,9 @@ def prepare(
     backend = Tokenizer.from_str(tok.backend_tokenizer.to_str())
     backend.encode_special_tokens = True
     ends = pre_token_ends(backend)
+    # No pre-tokenizer (SentencePiece's layout, Llama 2's and Mistral's: the normalizer puts "▁" before
+    # every text it reads): no cut is exact, so documents are tokenized whole.
+    cut_at = piece_chars if ends is not None else sys.maxsize
     done = committed = False  # tokenized; written whole (meta.json last)
     had_tokenizer = (out / "tokenizer").exists()
     try:
@@ -246,9 +249,7 @@ def prepare(
                 with tokenizer_threads(workers), ThreadPoolExecutor(1) as executor:
                     # One batch is encoded (outside the GIL) while the next is read and the last written.
                     pending = None
-                    for batch in chain(
-                        batches(pieces(documents, piece_chars, ends), 16 * piece_chars), [None]
-                    ):
+                    for batch in chain(batches(pieces(documents, cut_at, ends), 16 * piece_chars), [None]):
                         submitted = batch and (
                             batch,
                             executor.submit(encode_batch, backend, batch, eos, dtype),

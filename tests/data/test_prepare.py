@@ -54,7 +54,27 @@ def llama3_style_tokenizer(folder, text: str) -> str:
     return str(folder)
 
 
-@pytest.mark.parametrize("split", ["gpt2", "llama3"])
+def sentencepiece_style_tokenizer(folder, text: str) -> str:
+    """A BPE in Llama 2's layout: no pre-tokenizer, a normalizer that puts "▁" before the text and
+    for every space, byte fallback."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>"))
+    bpe.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    bpe.decoder = decoders.Sequence(
+        [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Strip(" ", 1, 0)]
+    )
+    bytes_ = [f"<0x{i:02X}>" for i in range(256)]
+    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=["<unk>", EOS_TOKEN, *bytes_])
+    bpe.train_from_iterator([text], trainer)
+    PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token=EOS_TOKEN, unk_token="<unk>").save_pretrained(
+        folder
+    )
+    return str(folder)
+
+
+@pytest.mark.parametrize("split", ["gpt2", "llama3", "sentencepiece"])
 def test_pieces_cut_where_the_tokenizer_splits_so_tokens_are_exact(tmp_path, tokenizer_dir, split):
     # Runs of blank lines, indented and trailing spaces, and one long line with no line break:
     # cut into ~40-character pieces, the token file still equals the whole document's tokens.
@@ -68,6 +88,8 @@ def test_pieces_cut_where_the_tokenizer_splits_so_tokens_are_exact(tmp_path, tok
     (tmp_path / "doc.txt").write_text(text)
     if split == "llama3":
         tokenizer_dir = llama3_style_tokenizer(tmp_path / "llama3", text)
+    if split == "sentencepiece":  # no pre-tokenizer: no cut is exact, the document is read whole
+        tokenizer_dir = sentencepiece_style_tokenizer(tmp_path / "sentencepiece", "\n".join(SENTENCES))
     meta = prepare(
         out_dir=tmp_path / "tokens",
         tokenizer=tokenizer_dir,
