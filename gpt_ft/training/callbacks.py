@@ -86,7 +86,7 @@ class LastAfterBest(Checkpoint):
 
 class StoppedEpochResumes(Callback):
     """A run that `max_steps` stopped mid-epoch and is resumed to go further carries on with the rest
-    of that epoch, as the longer run would have.
+    of that epoch (stopped on its last batch, with the next epoch), as the longer run would have.
 
     Lightning counts the stopped epoch as done, yet restores its batch count: it would start the
     next epoch at that batch, and train that epoch short. On load, such a checkpoint's loops are
@@ -95,6 +95,12 @@ class StoppedEpochResumes(Callback):
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
         loops = checkpoint.get("loops", {}).get("fit_loop", {})
         epochs, batches = loops.get("epoch_progress"), loops.get("epoch_loop.batch_progress")
+        if epochs and batches and batches["is_last_batch"] and len(set(epochs["current"].values())) == 1:
+            # Stopped on the epoch's last batch, the epoch counted done: Lightning would end it again
+            # (no batch left) and count it twice. The next epoch starts at its first batch instead.
+            batches["is_last_batch"] = False
+            batches["current"] = dict.fromkeys(batches["current"], 0)
+            return
         if not epochs or not batches or batches["is_last_batch"] or not batches["current"]["processed"]:
             return
         if epochs["current"]["processed"] != epochs["current"]["started"]:

@@ -400,6 +400,29 @@ def test_a_run_stopped_by_max_steps_mid_epoch_and_extended_ends_as_the_longer_ru
     assert_same_weights(last_state(tmp_path / "whole", 0), last_state(tmp_path / "cut", 1))
 
 
+def test_a_run_stopped_by_max_steps_on_an_epochs_last_batch_and_extended_ends_as_the_longer_run(
+    tmp_path, tokenizer_dir
+):
+    """Pretraining of 7 batches an epoch, stopped by max_steps 7 (no validation at the epoch's end):
+    Lightning would end the finished epoch again and count it twice, giving the next epoch's batches
+    the order of the one after. Extended to 12 steps, it ends with the uninterrupted run's weights."""
+    main(["prepare", "--inputs", str(write_corpus(tmp_path)), "--tokenizer", tokenizer_dir,
+          "--out_dir", str(tmp_path / "tokens"), "--validation_fraction", "0.2"])  # fmt: skip
+
+    def args(logs: str, steps: int) -> list[str]:
+        return ["--config", str(ROOT / "configs/pretrain/cpu.yaml"), f"--data.token_dir={tmp_path}/tokens",
+                "--data.block_size=32", "--data.batch_size=4", f"--model.overrides={MICRO}",
+                f"--trainer.max_steps={steps}", "--trainer.val_check_interval=5", "--model.schedule=constant",
+                "--model.warmup_steps=0", "--seed_everything=1", "--trainer.enable_progress_bar=false",
+                f"--trainer.logger.init_args.save_dir={tmp_path / logs}"]  # fmt: skip
+
+    main(["fit", *args("whole", 12)])
+    main(["fit", *args("cut", 7)])
+    assert last_state(tmp_path / "cut", 0)["global_step"] == 7
+    main(["fit", *args("cut", 12), "--ckpt_path=last"])
+    assert_same_weights(last_state(tmp_path / "whole", 0), last_state(tmp_path / "cut", 1))
+
+
 def test_a_resumed_runs_best_carries_on_from_the_run_it_resumes(tmp_path):
     """Into its own version folder: the earlier best stays the best until a better one comes, so the
     resumed run does not take its first model for the best (Lightning's own ModelCheckpoint does)."""
