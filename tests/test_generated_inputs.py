@@ -15,7 +15,7 @@ import pytest
 
 from tests.background import Command
 
-EXAMPLES = {"task files": 14, "one bad row": 9, "preference files": 8, "cards": 18, "configs": 6}
+EXAMPLES = {"task files": 9, "one bad row": 6, "preference files": 5, "cards": 12, "configs": 4}
 SEED = 20261125
 
 DRAW = """
