@@ -105,7 +105,7 @@ def test_fine_tuning_given_no_length_runs_the_recipes_3_epochs_and_says_so(
     main(["fit", *args, "--trainer.max_steps=2"])
     assert "recipe's 3 epochs" not in caplog.text
     (last,) = tmp_path.rglob("last.ckpt")
-    main(["validate", f"--ckpt_path={last}"])  # it trains nothing
+    main(["validate", f"--ckpt_path={last}", f"--trainer.default_root_dir={tmp_path}"])  # it trains nothing
     assert "recipe's 3 epochs" not in caplog.text
 
 
