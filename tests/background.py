@@ -30,6 +30,7 @@ modules an import pulls in, what `PYTHONPATH` alone finds, an environment read a
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import multiprocessing.forkserver
 import os
@@ -110,6 +111,7 @@ def _preloaded(argv: list[str], cwd: str, env: dict[str, str], out: str, err: st
     own would run it, its stdout and stderr written to `out` and `err`; exits with its status."""
     os.setsid()  # its own process group (killed with its children if need be) and autogroup
     lower_priority(os.getpid())
+    gc.freeze()  # the template's imports live as long as the command: no collection walks them
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
