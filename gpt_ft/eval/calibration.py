@@ -30,6 +30,7 @@ def fit_temperature(outputs: Tensor, labels: Tensor, losses) -> float:
     """The T > 0 that minimises the mean of `losses(outputs / T, labels)` (L-BFGS on log T)."""
     log_t = torch.zeros((), dtype=torch.float64, requires_grad=True)
     outputs = outputs.double()
+    # Tolerances at float64's resolution: a small logit gap changes the loss by less than the defaults.
     optimizer = torch.optim.LBFGS(
         [log_t],
         lr=0.1,
@@ -37,7 +38,7 @@ def fit_temperature(outputs: Tensor, labels: Tensor, losses) -> float:
         tolerance_grad=1e-12,
         tolerance_change=1e-15,
         line_search_fn="strong_wolfe",
-    )  # fmt: skip  (to float64's resolution)
+    )
 
     def closure() -> Tensor:
         optimizer.zero_grad()

@@ -130,6 +130,9 @@ def _stream(model, input_ids, max_new_tokens, do_sample, temperature, top_k, top
     cache = model.new_kv_cache(B, T0 + max_new_tokens, static=static_cache) if use_cache else None
     ids, step_input = input_ids, input_ids
     finished = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
+    stop_set = torch.tensor(
+        stops, dtype=input_ids.dtype, device=input_ids.device
+    )  # copied once, not per token
     replay = None
     for i in range(max_new_tokens):
         if replay is not None:
@@ -146,7 +149,7 @@ def _stream(model, input_ids, max_new_tokens, do_sample, temperature, top_k, top
             token = logits.argmax(dim=-1)  # (B,)
         if stops:
             token = token.masked_fill(finished, stops[0])
-            finished |= torch.isin(token, torch.tensor(stops, device=token.device))
+            finished |= torch.isin(token, stop_set)
         yield token
         if stops and bool(finished.all()):
             return
