@@ -76,6 +76,7 @@ init_args:
   context: [story]
   choices: [end1, end2]
   labels: ['1', '2']
+  index: id
   local: {splits: {train: d/train.csv, validation: d/dev.csv, test: d/test.csv}}
 """,
 }
@@ -96,8 +97,8 @@ def make_task(kind: str, root: Path) -> Path:
             rows = [[i, good, bad, f"{i % 5}.5"] for i in range(n)]
             header = ["index", "sentence1", "sentence2", "label"]
         else:
-            rows = [[good, "He is happy now.", "He joined a gang.", 1 + i % 2] for i in range(n)]
-            header = ["story", "end1", "end2", "label"]
+            rows = [[f"s-{i}", good, "He is happy now.", "He joined a gang.", 1 + i % 2] for i in range(n)]
+            header = ["id", "story", "end1", "end2", "label"]  # text ids, as Story Cloze's
         if not labelled:
             header, rows = header[:-1], [r[:-1] for r in rows]
         write_rows(root / "d" / f"{split}.{'csv' if kind == 'choice' else 'tsv'}", header, rows)

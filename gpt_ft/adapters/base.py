@@ -187,8 +187,8 @@ class TaskAdapter:
             ignore_labels: Label values that mark rows to drop (e.g. SNLI's '-': no gold label).
             metrics: Metric names among accuracy, f1, matthews, pearson, spearman.
             main_metric: The metric that picks the best checkpoint; default the first of `metrics`.
-            index: Field with the example's integer id in test files (for submission files); None (or ids
-                that are not all integers): row numbers.
+            index: Field with the example's id in test files, which names its row of a submission file
+                (an integer, or a text such as a UUID); None: row numbers.
             hub: Where the dataset lives on the Hugging Face Hub.
             local: Where its files live under `--data.data_dir`, and how to read them.
             validation_splits: Splits evaluated during fit and by `validate`.

@@ -15,12 +15,12 @@ from typing import Any
 
 import torch
 from lightning import LightningDataModule
-from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch.utils.data import DataLoader
 
 from gpt_ft.adapters import ENCODING, TaskAdapter, TaskDataError
 from gpt_ft.data.batches import PackedBatch, SharedContextBatch, TaskBatch, collate_batch, reads
 from gpt_ft.data.files import Origin, located_split
+from gpt_ft.data.ids import id_names, integer_id
 from gpt_ft.data.pinning import pins
 from gpt_ft.data.samplers import EpochSampler, LengthGroupedSampler, ResumableTrainData
 from gpt_ft.data.subsets import stratified_subset
@@ -30,17 +30,6 @@ from gpt_ft.workarounds import dataset_fingerprint
 # The encoded labels' column while the split is mapped, named "label" after: a file's own "label"
 # column would give its type (datasets' Json, for ints and strings mixed) to the new one.
 LABEL = "encoded label"
-
-
-def integer_id(value: Any) -> int | None:
-    """An index field's value as a 64-bit integer id, or None where it is none."""
-    if isinstance(value, bool) or not isinstance(value, (str, int)):
-        return None
-    try:
-        number = int(str(value).strip())
-    except ValueError:
-        return None
-    return number if -(2**63) <= number < 2**63 else None
 
 
 def adapter_code(cls: type) -> str:
@@ -142,6 +131,7 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         self.datasets: dict[str, Any] = {}
         self.origins: dict[str, Origin] = {}  # where each split's rows come from, for messages
         self.no_label_column: dict[str, str] = {}  # a split whose file has no label column: why, for messages
+        self.id_names: dict[str, dict[int, str]] = {}  # a test split's text ids, by row: predictions' names
 
     # ---- loading and encoding ----
 
@@ -194,13 +184,9 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
             raw, origin = datasets.Dataset.from_list(rows), origin.keep(records)
         index_field = self.task.index if self.task.index in raw.column_names else None
         bad = [i for i, v in enumerate(raw[index_field]) if integer_id(v) is None] if index_field else []
-        if bad:  # ids that are not all integers (ProcessBench's "gsm8k-0"): rows numbered
-            if split in self.task.test_splits:
-                column = dict(origin.columns).get(index_field, index_field)  # as the file names it
-                rank_zero_warn(
-                    f"{origin.of(bad[0])}: {column} {raw[bad[0]][index_field]!r} is no integer id, so the "
-                    f"predictions of split {split!r} number its rows from 0 instead of by {column}."
-                )
+        if bad:  # ids that are not all integers (ProcessBench's "gsm8k-0"): rows numbered, and
+            if split in self.task.test_splits and (names := id_names(raw[index_field], origin, index_field)):
+                self.id_names[split] = names  # predictions named by the ids as the file writes them
             index_field = None
         if self.task.ignore_labels and self.task.label in raw.column_names:
             ignored = set(self.task.ignore_labels)
@@ -246,11 +232,11 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
             new_fingerprint=self._fingerprint(raw, split),
         ).rename_column(LABEL, "label")
         if index_field is not None:  # an id names its example's prediction and counts it once
-            first: dict[int, int] = {}
+            column, first = dict(origin.columns).get(index_field, index_field), {}
             for i, value in enumerate(encoded.data.column("index").to_pylist()):
                 if (j := first.setdefault(value, i)) != i:
                     raise TaskDataError(
-                        f"{origin.of(i)} repeats the {index_field} of {origin.of(j)} ({value}): each "
+                        f"{origin.of(i)} repeats the {column} of {origin.of(j)} ({value}): each "
                         "example needs an id of its own (predictions and metrics count each id once)."
                     )
         return encoded, origin

@@ -375,7 +375,10 @@ class GPTModule(Evaluation, LightningModule):
             world = self.trainer.world_size
             index, predictions = gather(index, world, self.device), gather(predictions, world, self.device)
             if self.trainer.is_global_zero:
-                written = write_predictions(self.task, split, index, predictions, Path(self.predictions_dir))
+                names = getattr(self.trainer.datamodule, "id_names", {}).get(split)  # text ids
+                written = write_predictions(
+                    self.task, split, index, predictions, Path(self.predictions_dir), names
+                )
                 print(f"predictions of split {split!r}: {written}", flush=True)
         self._predictions = {}
 

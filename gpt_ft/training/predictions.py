@@ -12,10 +12,16 @@ from gpt_ft.errors import writing
 
 
 def write_predictions(
-    task: TaskAdapter, split: str, index: Tensor, predictions: Tensor, out_dir: Path
+    task: TaskAdapter,
+    split: str,
+    index: Tensor,
+    predictions: Tensor,
+    out_dir: Path,
+    names: dict[int, str] | None = None,
 ) -> Path:
     """Rows in example order, each example once, in the file the leaderboard expects
-    (`submission_files`, else TASK-SPLIT.tsv); the task writes each prediction."""
+    (`submission_files`, else TASK-SPLIT.tsv); the task writes each prediction. An example is
+    named by its id: the integer, or the text `names` gives its row."""
     path = out_dir / task.submission_files.get(split, f"{task.name}-{split}.tsv")
     order = torch.argsort(index)
     seen = set()
@@ -25,7 +31,7 @@ def write_predictions(
         if row in seen:  # a distributed sampler may repeat examples to even out ranks
             continue
         seen.add(row)
-        lines.append(f"{row}\t{task.format_prediction(predictions[i])}")
+        lines.append(f"{names.get(row, row) if names else row}\t{task.format_prediction(predictions[i])}")
     tmp = path.with_suffix(path.suffix + ".tmp")
     with writing(path):  # no space left, permission denied: one sentence, the previous file kept
         try:

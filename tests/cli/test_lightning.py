@@ -43,7 +43,8 @@ def test_fit_validate_predict_for_each_adapter_kind(kind, tmp_path, tokenizer_di
     files = list((tmp_path / "pred").iterdir())
     assert len(files) == 1 and f"predictions of split 'test': {files[0]}\n" in capsys.readouterr().out
     lines = files[0].read_text().splitlines()
-    assert lines[0] == "index\tprediction" and [line.split("\t")[0] for line in lines[1:]] == ["0", "1", "2"]
+    ids = ["s-0", "s-1", "s-2"] if kind == "choice" else ["0", "1", "2"]  # the file's, text ones too
+    assert lines[0] == "index\tprediction" and [line.split("\t")[0] for line in lines[1:]] == ids
     values = [line.split("\t")[1] for line in lines[1:]]
     expected_name, allowed = {
         "single": ("SENT.tsv", {"negative", "positive"}),

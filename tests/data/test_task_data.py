@@ -105,7 +105,7 @@ def test_similarity_encodes_two_sequences(pairs_dir, tokenizer_dir):
                 "7\te\tf\tentailment\n"
             ),
             "validation",
-            r"PAIRS/dev.tsv, line 4 repeats the idx of \S+PAIRS/dev.tsv, line 2 \(7\): each example needs",
+            r"PAIRS/dev.tsv, line 4 repeats the index of \S+PAIRS/dev.tsv, line 2 \(7\): each example needs",
         ),
         (
             lambda d: None,
@@ -176,11 +176,26 @@ def test_ids_that_are_not_all_integers_number_the_rows(pairs_dir, tokenizer_dir,
     (pairs_dir / "PAIRS/dev.tsv").write_text(rows.replace(first, "5"))
     dm = TaskDataModule(pair_task(), tokenizer_dir, data_dir=str(pairs_dir), max_length=64)
     assert dm.encoded("validation", labelled=True)["index"] == [5, 0, 7]
-    # A test split's predictions are written by id: rows numbered instead is said.
+    # A test split's predictions are written under its ids as the file has them.
     (pairs_dir / "PAIRS/test.tsv").write_text(rows)
-    said = rf"PAIRS/test.tsv, line 2: index '{first}' is no integer id, so the predictions of split 'test'"
+    assert dm.encoded("test", labelled=False)["index"] == [0, 1, 2]
+    assert dm.id_names["test"] == {0: first, 1: "0", 2: "7"}
+
+
+def test_text_ids_that_cannot_name_a_prediction(pairs_dir, tokenizer_dir):
+    """A blank id numbers the rows (and says so); a text id given twice is refused, naming both lines."""
+    head = "index\tsentence1\tsentence2\tlabel\n"
+    (pairs_dir / "PAIRS/test.tsv").write_text(head + "q-1\ta\tb\t\n \tc\td\t\n")
+    dm = TaskDataModule(pair_task(), tokenizer_dir, data_dir=str(pairs_dir), max_length=64)
+    said = r"PAIRS/test.tsv, line 3: index ' ' names no prediction, so the predictions of this split number"
     with pytest.warns(UserWarning, match=said):
-        assert dm.encoded("test", labelled=False)["index"] == [0, 1, 2]
+        assert dm.encoded("test", labelled=False)["index"] == [0, 1]
+    assert "test" not in dm.id_names
+    (pairs_dir / "PAIRS/test.tsv").write_text(head + "q-1\ta\tb\t\n3\tc\td\t\nq-1\te\tf\t\n")
+    dm = TaskDataModule(pair_task(), tokenizer_dir, data_dir=str(pairs_dir), max_length=64)
+    said = r"test.tsv, line 4 repeats the index of .*test.tsv, line 2 \('q-1'\): each example needs an id"
+    with pytest.raises(TaskDataError, match=said):
+        dm.encoded("test", labelled=False)
 
 
 def test_an_empty_label_cell_is_unlabelled_as_a_null_is(pairs_dir, tokenizer_dir):

@@ -21,3 +21,11 @@ def test_a_split_without_a_submission_file_and_scores(tmp_path):
     path = write_predictions(task, "validation", torch.tensor([1, 0]), torch.tensor([4.25, 0.5]), tmp_path)
     assert path.name == "sts-validation.tsv"
     assert path.read_text().splitlines() == ["index\tprediction", "0\t0.500", "1\t4.250"]
+
+
+def test_text_ids_name_their_rows(tmp_path):
+    """Story Cloze's and ProcessBench's ids are texts: each prediction is written under its own."""
+    task = SingleText(name="sst2", labels=["negative", "positive"])
+    names = {0: "138d5bfb-05cc", 1: "gsm8k-0"}
+    path = write_predictions(task, "test", torch.tensor([1, 0, 1]), torch.tensor([0, 1, 0]), tmp_path, names)
+    assert path.read_text() == "index\tprediction\n138d5bfb-05cc\tpositive\ngsm8k-0\tnegative\n"
