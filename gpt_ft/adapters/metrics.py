@@ -27,11 +27,13 @@ def metric_value(name: str, predictions: Tensor, labels: Tensor, num_classes: in
         return f1_score(predictions, labels, task="multiclass", num_classes=num_classes, average="macro")
     if name == "matthews":
         return matthews(predictions, labels, num_classes)
-    if name == "pearson":
-        return pearson_corrcoef(predictions.double(), labels.double())
-    if name == "spearman":  # undefined, as Pearson's, where either side is constant (torchmetrics: 0)
+    if name in ("pearson", "spearman"):
         x, y = predictions.double(), labels.double()
-        return x.new_tensor(math.nan) if x.std() == 0 or y.std() == 0 else spearman_corrcoef(x, y)
+        # Undefined where either side is constant, holds a NaN or is one value (torchmetrics ranks
+        # NaNs as numbers, and gives Spearman 0 for such sides): NaN, as scipy has it.
+        if not (len(x) > 1 and x.std() > 0 and y.std() > 0):
+            return x.new_tensor(math.nan)
+        return pearson_corrcoef(x, y) if name == "pearson" else spearman_corrcoef(x, y)
     raise ValueError(f"Unknown metric {name!r}; allowed: {', '.join(METRICS)}.")
 
 

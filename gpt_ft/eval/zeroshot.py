@@ -194,11 +194,17 @@ def evaluate(
         )
     if spec is not None and not task.output.class_names:
         raise ValueError(f"zero_shot of task {task.name!r}: verbalizers and thresholds need class labels.")
+
+    def scored(split: str) -> list[dict[str, Any]]:
+        if not (rows := load_rows(split)):  # every row's label ignored (`ignore_labels`)
+            raise TaskDataError(f"task {task.name!r}: split {split!r} has no labelled examples to score.")
+        return rows
+
     threshold = None
     if spec is not None and spec.threshold:
         if len(names := task.output.class_names) != 2:
             raise ValueError(f"zero_shot.threshold of task {task.name!r} needs 2 labels, not {len(names)}.")
-        rows = load_rows(spec.calibration_split)[: spec.calibration_examples]
+        rows = scored(spec.calibration_split)[: spec.calibration_examples]
         labels = torch.tensor([_label(task, row) for row in rows])
         main = task.main_metric
         threshold = best_threshold(
@@ -206,7 +212,7 @@ def evaluate(
         )
     results = {}
     for split in task.validation_splits:
-        rows = load_rows(split)
+        rows = scored(split)
         if spec is None:  # the examples' own answer choices
             results.update({f"{split}/{k}": v for k, v in scorer.multiple_choice(task, rows).items()})
             continue

@@ -30,6 +30,10 @@ def test_metrics_on_hand_computed_cases():
     # Constant predictions (every score clamped to one end of the range): both undefined, as scipy's.
     constant = metric_values(reg, [5.0, 5.0, 5.0, 5.0], [2.0, 4.0, 5.0, 4.0])
     assert math.isnan(constant["pearson"]) and math.isnan(constant["spearman"])
+    # A NaN prediction (an overflowed score), or one example: undefined too, not a made-up rank order.
+    for x, y in (([math.nan, 1.0, 2.0, 3.0], [2.0, 4.0, 5.0, 1.0]), ([1.0], [2.0])):
+        for name in ("pearson", "spearman"):
+            assert math.isnan(metric_value(name, torch.tensor(x), torch.tensor(y), 1)), (name, x)
     mc = MultipleChoice(name="mc", context=["c"], choices=["a", "b", "c2", "d"])
     assert metric_values(mc, [0, 3, 2, 1], [0, 3, 1, 1])["accuracy"] == pytest.approx(0.75)
 

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from gpt_ft.adapters import TaskDataError
 from gpt_ft.data.tokenizer import load_tokenizer
 from gpt_ft.eval.zeroshot import ZeroShot, ZeroShotScorer, best_threshold, continuation_logprobs, evaluate
 from gpt_ft.model import GPT, GPTConfig
@@ -73,6 +74,8 @@ def test_verbalizers_and_threshold_heuristics(tokenizer_dir):
     scorer = ZeroShotScorer(gpt, tok)
     assert scorer.verbalizers(task, spec, rows).tolist() == [1, 1]
     assert evaluate(task, scorer, lambda split: rows, spec) == {"validation/accuracy": 0.5}
+    with pytest.raises(TaskDataError, match=r"^task 's': split 'validation' has no labelled examples"):
+        evaluate(task, scorer, lambda split: [], spec)  # every label ignored (`ignore_labels`)
 
     # Threshold: the cut that maximises the metric on calibration scores, above it is label 1.
     scores = torch.tensor([-3.0, -1.0, -2.0, -0.5])
