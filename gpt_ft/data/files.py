@@ -56,6 +56,29 @@ def located_split(task: TaskAdapter, split: str, data_dir: str | Path | None):
     return ds, replace(origin, columns=tuple((new, old) for old, new in renames.items()))
 
 
+def task_examples(task: TaskAdapter, split: str, raw, origin: Origin):
+    """A loaded split's records as the task's examples, and their origin: regrouped where examples
+    span records (NLI triplets), rows whose label the card ignores left out (`ignore_labels`)."""
+    grouped = task.regroup(raw)
+    if grouped is not None:
+        import datasets
+
+        rows, records = grouped
+        if not rows:
+            raise TaskDataError(f"{origin.source}: split {split!r} gives no examples for task {task.name!r}.")
+        raw, origin = datasets.Dataset.from_list(rows), origin.keep(records)
+    if task.ignore_labels and task.label in raw.column_names:
+        ignored = set(task.ignore_labels)
+        kept = [i for i, value in enumerate(raw[task.label]) if str(value) not in ignored]
+        raw, origin = raw.select(kept), origin.keep(kept)
+    return raw, origin
+
+
+def examples_split(task: TaskAdapter, split: str, data_dir: str | Path | None):
+    """`task_examples` of a split as `load_split` loads it: what training and evaluation count."""
+    return task_examples(task, split, *located_split(task, split, data_dir))[0]
+
+
 def _load_hub(task: TaskAdapter, split: str):
     import datasets
 

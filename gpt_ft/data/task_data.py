@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 
 from gpt_ft.adapters import ENCODING, TaskAdapter, TaskDataError
 from gpt_ft.data.batches import PackedBatch, SharedContextBatch, TaskBatch, collate_batch, reads
-from gpt_ft.data.files import Origin, located_split
+from gpt_ft.data.files import Origin, located_split, task_examples
 from gpt_ft.data.ids import id_names, integer_id
 from gpt_ft.data.pinning import pins
 from gpt_ft.data.samplers import EpochSampler, LengthGroupedSampler, ResumableTrainData
@@ -172,26 +172,13 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
                 f"{source}: missing column {asked.get(label, label)!r} (the labels); split {split!r} is "
                 f"used for training or evaluation, so every example needs one; the file has {has}."
             )
-        grouped = self.task.regroup(raw)  # a datasets.Dataset: records as dicts
-        if grouped is not None:  # examples across records (NLI triplets)
-            import datasets
-
-            rows, records = grouped
-            if not rows:
-                raise TaskDataError(
-                    f"{source}: split {split!r} gives no examples for task {self.task.name!r}."
-                )
-            raw, origin = datasets.Dataset.from_list(rows), origin.keep(records)
+        raw, origin = task_examples(self.task, split, raw, origin)  # regrouped, ignored labels left out
         index_field = self.task.index if self.task.index in raw.column_names else None
         bad = [i for i, v in enumerate(raw[index_field]) if integer_id(v) is None] if index_field else []
         if bad:  # ids that are not all integers (ProcessBench's "gsm8k-0"): rows numbered, and
             if split in self.task.test_splits and (names := id_names(raw[index_field], origin, index_field)):
                 self.id_names[split] = names  # predictions named by the ids as the file writes them
             index_field = None
-        if self.task.ignore_labels and self.task.label in raw.column_names:
-            ignored = set(self.task.ignore_labels)
-            kept = [i for i, value in enumerate(raw[self.task.label]) if str(value) not in ignored]
-            raw, origin = raw.select(kept), origin.keep(kept)
         if split == "train" and self.train_size is not None:
             # Rows without a label column (preference pairs: the chosen reply is the label), or whose
             # label is no class (a solution's tagged steps), are one stratum.

@@ -27,7 +27,7 @@ from typing import Any, Literal
 import yaml
 
 from gpt_ft.adapters.cards import load_card
-from gpt_ft.data.files import load_split
+from gpt_ft.data.files import examples_split
 from gpt_ft.data.tokenizer import load_tokenizer
 from gpt_ft.errors import arguments_from, check_output_dir
 from gpt_ft.eval import zeroshot
@@ -294,10 +294,9 @@ class SuiteRunner:
             load_tokenizer(resolve_tokenizer(self.tokenizer, self.init_from), add_specials=False),
             progress=lambda it: tqdm(it, leave=False, desc=f"zero-shot {name}", unit="batch"),
         )
-        ignored = set(task.ignore_labels)
 
         def rows(split: str) -> list[dict[str, Any]]:
-            return [r for r in load_split(task, split, data_dir) if str(r.get(task.label)) not in ignored]
+            return list(examples_split(task, split, data_dir))
 
         start = time.perf_counter()
         metrics = zeroshot.evaluate(task, scorer, rows, entry.zero_shot)
@@ -363,8 +362,8 @@ class SuiteRunner:
             result = read_json(self.out / "runs" / run.folder / RESULT)
             return MISSING if result is None else percent(result["metrics"].get(metric), metric)
 
-        def whole() -> int:  # rows of the training split, where "all" sits on the curve
-            return len(load_split(task, "train", self.data_dirs.get(name, self.data_dirs.get(None))))
+        def whole() -> int:  # examples of the training split (not its records), where "all" sits
+            return len(examples_split(task, "train", self.data_dirs.get(name, self.data_dirs.get(None))))
 
         curves = collect_curves(score, self.rows, self.sizes, self.seeds, whole)
         return {**curves, **baseline_curves(self.baselines, name, self.sizes, self.seeds)}

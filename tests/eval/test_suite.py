@@ -360,6 +360,9 @@ def test_learning_curves_rows_sizes_and_resume(tmp_path, tokenizer_dir, monkeypa
     GPT(config).to_hf().save_pretrained(tmp_path / "pre")
     tok.save_pretrained(tmp_path / "pre")
     single = make_task("single", tmp_path / "a")
+    single.write_text(single.read_text() + "  ignore_labels: ['-']\n")  # a 7th record, no example
+    with (tmp_path / "a" / "d" / "train.tsv").open("a") as train:
+        train.write("6\ta cat .\t-\n")
     suite = write_suite(
         tmp_path,
         f"""name: curves
