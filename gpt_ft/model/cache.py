@@ -109,10 +109,12 @@ class SharedPrefix:
     """Keys and values of shared prefixes, attended to by several continuations each; differentiable.
 
     `gpt(prefix_ids, kv_cache=shared)` records every layer's keys and values of the prefixes
-    (B rows); then `shared.repeats = S` and `gpt(continuation_ids, mask, position_ids=...,
-    kv_cache=shared)` runs B * S continuations (row b * S + s continues prefix b), each attending
-    to its prefix's keys and values and to itself. Gradients from all continuations flow into the
-    one prefix computation. The mask covers prefix and continuation keys, (B * S, T_prefix + T).
+    (B rows); then `gpt(continuation_ids, mask, position_ids=..., kv_cache=shared.continued(S))`
+    runs B * S continuations (row b * S + s continues prefix b), each attending to its prefix's keys
+    and values and to itself. Gradients from all continuations flow into the one prefix
+    computation. The mask covers prefix and continuation keys, (B * S, T_prefix + T). Each pass
+    keeps its own object, so a block recomputed in the backward pass (activation checkpointing)
+    does what it did forward.
     """
 
     def __init__(self) -> None:
@@ -120,6 +122,12 @@ class SharedPrefix:
         self.v: dict[int, Tensor] = {}
         self.length = 0
         self.repeats: int | None = None
+
+    def continued(self, repeats: int) -> SharedPrefix:
+        """The continuations' view of these prefixes' keys and values, `repeats` to a prefix."""
+        view = SharedPrefix()
+        view.k, view.v, view.length, view.repeats = self.k, self.v, self.length, repeats
+        return view
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         if self.repeats is None:  # the prefixes' own pass

@@ -102,7 +102,6 @@ def shared_context_terms(
     Tc = context.shape[1]
     shared = SharedPrefix()
     hidden_context = gpt(context, kv_cache=shared)  # (B, Tc, C); right padding needs no mask
-    shared.repeats = S
     device = answers.device
     # Each choice's positions go on from its own context's length (padding past the table: clamped).
     positions = context_length[:, None] + torch.arange(Ta, device=device)  # (B, Ta)
@@ -111,7 +110,7 @@ def shared_context_terms(
     if batch.padded_contexts:  # their pads are masked
         context_keys = torch.arange(Tc, device=device)[None] < context_length[:, None]  # (B, Tc)
         keys = torch.cat([context_keys.repeat_interleave(S, dim=0), context_keys.new_ones(B * S, Ta)], 1)
-    hidden = gpt(answers.view(B * S, Ta), keys, position_ids=positions, kv_cache=shared)
+    hidden = gpt(answers.view(B * S, Ta), keys, position_ids=positions, kv_cache=shared.continued(S))
     rows = torch.arange(B * S, device=device)
     extract = hidden[rows, batch.answer_extract.view(B * S)].view(B, S, -1)  # (B, S, C)
     out = _task_terms(head, extract, batch)

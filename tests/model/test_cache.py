@@ -36,7 +36,7 @@ def test_new_tokens_over_a_cache_run_under_bf16_autocast(preset):
             with torch.autocast("cpu", torch.bfloat16):
                 if isinstance(cache, SharedPrefix):
                     gpt(context, kv_cache=cache)
-                    cache.repeats = 2
+                    cache = cache.continued(2)
                 else:
                     gpt(context.repeat_interleave(2, dim=0), kv_cache=cache)
                 out = gpt(answers, position_ids=(9 + torch.arange(5)).expand(4, 5), kv_cache=cache)

@@ -194,6 +194,18 @@ def test_shared_contexts_pack_as_the_shared_context_batch_runs_them(tokenizer_di
     assert_same(run(module, shared), run(module, packed), shared.choice_mask)
 
 
+@pytest.mark.parametrize("family", ["gpt1-micro", "llama-micro"])
+def test_shared_contexts_under_activation_checkpointing(tokenizer_dir, family):
+    """Blocks recomputed in the backward pass read the shared contexts' keys as they did forward:
+    the same loss and gradients (the recomputed context pass had joined its keys onto themselves)."""
+    module, rows, specials = module_for(tokenizer_dir, "choice", family)
+    shared = collate_shared(rows, specials.pad, specials.delim)
+    module.train()
+    plain = run(module, shared)
+    module.gpt.activation_checkpointing = True
+    assert_same(plain, run(module, shared), shared.choice_mask)
+
+
 def test_literal_layout_of_a_packed_batch():
     """Three single texts and a two-choice example: positions restart, the context is laid once,
     extract indices point into the flattened rows, the LM reads skip each sequence's last token."""
