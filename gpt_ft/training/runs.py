@@ -147,7 +147,8 @@ class GPTCLI(CheckpointHparamsAsDefaults, LightningCLI):
         if config.get("ckpt_path") != "last" or self.trainer.logger is None:
             return
         root = Path(self.trainer.logger.root_dir)
-        found = find_last_checkpoint(root)
+        given = [c.dirpath for c in self.trainer.checkpoint_callbacks if getattr(c, "dirpath", None)]
+        found = find_last_checkpoint(root, given)  # and in a checkpoint callback's own folder
         if found is None:
             print(f"no {root}/*/checkpoints/last.ckpt to resume from: starting afresh", flush=True)
             config.ckpt_path = None

@@ -784,3 +784,18 @@ def test_a_merged_lora_runs_stop_says_it_cannot_resume(capsys):
         trainer = SimpleNamespace(is_global_zero=True, global_step=4, lightning_module=module)
         SaveLast()._saved_message(trainer, Path("last.ckpt"))
         assert capsys.readouterr().out.startswith(f"SIGTERM: saved step 4 to last.ckpt; {advice}")
+
+
+def test_last_resumes_from_a_checkpoint_callbacks_own_folder(tmp_path, tokenizer_dir, capsys):
+    """A ModelCheckpoint given its own `dirpath` keeps last.ckpt there: `--ckpt_path last` resumes
+    from it, where it had started afresh and written over that folder's checkpoints."""
+    card = make_task("single", tmp_path)
+    mine = tmp_path / "mine"
+    own = ["--trainer.callbacks+=ModelCheckpoint", f"--trainer.callbacks.dirpath={mine}"]
+    args = [*finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "logs"), *own]
+    main(["fit", *args, "--trainer.max_epochs=1"])
+    assert torch.load(mine / "last.ckpt", weights_only=True)["global_step"] == 3
+    capsys.readouterr()
+    main(["fit", *args, "--ckpt_path=last"])
+    assert f"resuming from {mine / 'last.ckpt'}" in capsys.readouterr().out
+    assert torch.load(mine / "last.ckpt", weights_only=True)["global_step"] == 9  # 3 epochs, on from 3
