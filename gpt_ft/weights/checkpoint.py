@@ -106,9 +106,7 @@ def safe_load(path: str | Path, load=None) -> dict[str, Any]:
     sentence naming it.
     """
     try:
-        if load is not None:
-            return load(path)
-        return torch.load(path, map_location="cpu", weights_only=True)
+        entries = load(path) if load is not None else torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         if "GLOBAL" in str(exc):  # the weights-only unpickler refused to import something
             raise ValueError(UNSAFE.format(path=path)) from None
@@ -117,6 +115,12 @@ def safe_load(path: str | Path, load=None) -> dict[str, Any]:
         if isinstance(exc, FileNotFoundError):
             raise FileNotFoundError(f"Checkpoint {path} does not exist.") from None
         raise ValueError(_not_a_checkpoint(Path(path))) from None
+    if not isinstance(entries, dict) or STATE not in entries:  # a state dict, a tensor
+        raise ValueError(
+            f"{path} is a torch file but not a checkpoint of `gpt-ft fit` (it has no 'state_dict' entry); "
+            "a model's weights are started from as a transformers folder or a GGUF file (--model.init_from)."
+        )
+    return entries
 
 
 def _not_a_checkpoint(path: Path) -> str:

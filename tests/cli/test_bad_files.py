@@ -26,6 +26,23 @@ def error_of(argv, capsys) -> str:
     return capsys.readouterr().err.strip().splitlines()[-1]
 
 
+def test_a_torch_file_that_is_no_checkpoint(tmp_path, tokenizer_dir, capsys):
+    """A state dict given as a checkpoint: one sentence (Lightning's bare `pytorch-lightning_version`
+    before), and before `validate` asks for a task the checkpoint would have named."""
+    import torch
+
+    path = tmp_path / "weights.pt"
+    torch.save({"w": torch.zeros(2)}, path)
+    sentence = (
+        f"gpt-ft: error: {path} is a torch file but not a checkpoint of `gpt-ft fit` (it has no 'state_dict'"
+    )
+    args = common_args(make_task("single", tmp_path), tokenizer_dir, tmp_path)
+    assert error_of(["fit", *args, f"--ckpt_path={path}"], capsys).startswith(sentence)
+    assert error_of(
+        ["validate", f"--ckpt_path={path}", f"--trainer.default_root_dir={tmp_path}"], capsys
+    ).startswith(sentence)
+
+
 @pytest.mark.parametrize("name", ["truncated.ckpt", "empty.ckpt", "text.ckpt"])
 def test_an_unreadable_checkpoint_anywhere(name, broken, tokenizer_dir, capsys):
     path = broken / name

@@ -52,9 +52,9 @@ def test_resolve_tokenizer_prefers_the_given_one_then_the_weights_own(tmp_path):
     (bare / "tokenizer.json").write_text("{}")
     assert resolve_tokenizer(None, str(bare)) == str(bare)
     # A gpt_ft checkpoint: the folder it records, beside it.
-    torch.save({"tokenizer": "tokenizer"}, tmp_path / "run.ckpt")
+    torch.save({"state_dict": {}, "tokenizer": "tokenizer"}, tmp_path / "run.ckpt")
     assert resolve_tokenizer(None, str(tmp_path / "run.ckpt")) == str(tmp_path / "tokenizer")
-    torch.save({}, tmp_path / "plain.ckpt")
+    torch.save({"state_dict": {}}, tmp_path / "plain.ckpt")
     assert resolve_tokenizer(None, str(tmp_path / "plain.ckpt"), option=None) is None
     with pytest.raises(FileNotFoundError, match="does not exist"):
         resolve_tokenizer(None, str(tmp_path / "missing.ckpt"))
