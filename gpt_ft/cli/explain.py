@@ -9,11 +9,11 @@ from contextlib import redirect_stdout
 from json import dumps
 from typing import Any
 
+from gpt_ft.training.run_folders import newest_last
 from gpt_ft.training.runs import (
     GPTCLI,
     card_named,
     lightning_main,
-    newest_last,
     refuse_bad_config,
     tokenizer_of_the_weights,
 )

@@ -20,13 +20,12 @@ from gpt_ft.errors import CardError, causes, check_context, check_devices, check
 from gpt_ft.training.callbacks import History, run_callbacks
 from gpt_ft.training.checkpointing import AtomicCheckpointIO, find_last_checkpoint
 from gpt_ft.training.precision import cpu_precision, runs_on_cpu
+from gpt_ft.training.run_folders import DEFAULT_LOGGER, logs_follow_root_dir, newest_last
 from gpt_ft.training.saved import plain_config, recorded_configuration, with_absolute_paths
 from gpt_ft.weights.pretrained import resolve_tokenizer
 from gpt_ft.workarounds import CheckpointHparamsAsDefaults, judge_after_every_validation, parse_unchecked
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")  # LightningCLI's
-# Logs and checkpoints go to runs/lightning_logs/version_N, or under --trainer.default_root_dir.
-DEFAULT_LOGGER = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "runs"}}
 
 
 class ValidatedOnce(LightningArgumentParser):
@@ -118,7 +117,7 @@ class GPTCLI(CheckpointHparamsAsDefaults, LightningCLI):
             config.ckpt_path = self.resolved_ckpt
         if self.subcommand == "predict":  # where it writes, checked before the weights load
             check_output_dir(config.model.predictions_dir, "--model.predictions_dir")
-        _logs_follow_root_dir(config.trainer)
+        logs_follow_root_dir(config.trainer)
         if self.subcommand in (None, "fit"):  # (None: a suite's run)
             _recipe_length(config)
         if runs_on_cpu(config.trainer.get("accelerator", "auto")):
@@ -144,6 +143,10 @@ class GPTCLI(CheckpointHparamsAsDefaults, LightningCLI):
         # `--ckpt_path last`: the newest last.ckpt of this logger's runs (each run has its own
         # version folder, so Lightning alone would look only in the new, empty one).
         config = self.config_init["fit"]
+        if config.get("ckpt_path") == "best":  # Lightning's refusal names a callback's setting
+            raise ValueError(
+                "--ckpt_path best: gpt-ft fit resumes from `last` or a checkpoint's path (a best-*.ckpt's)."
+            )
         if config.get("ckpt_path") != "last" or self.trainer.logger is None:
             return
         root = Path(self.trainer.logger.root_dir)
@@ -293,47 +296,6 @@ def tokenizer_of_the_weights(config) -> None:
     """`--data.tokenizer`, where not given, is the one saved with `--model.init_from`'s weights."""
     if "tokenizer" in (data := config.data.init_args):
         data.tokenizer = resolve_tokenizer(data.tokenizer, config.model.get("init_from"), option=None)
-
-
-def newest_last(trainer, subcommand: str, name: str) -> str:
-    """`--ckpt_path last` of validate, test or predict: the newest last.ckpt of the logger's runs, as
-    `fit` resumes from (Lightning would look in no run's folder and score a random model)."""
-    logger = trainer.get("logger")
-    init = logger.get("init_args") if hasattr(logger, "get") else None
-    save_dir = init.get("save_dir") if init is not None else None
-    if name != "last" or not save_dir:
-        raise ValueError(
-            f"--ckpt_path {name}: gpt-ft {subcommand} takes a checkpoint's path, or `last` (the newest "
-            "last.ckpt of the default logger's runs)."
-        )
-    if follows_root_dir(logger, trainer):
-        save_dir = trainer.default_root_dir  # as `_logs_follow_root_dir` moves it
-    root = Path(save_dir) / (init.get("name", "lightning_logs") or "")  # CSVLogger's and TensorBoard's
-    found = find_last_checkpoint(root)
-    if found is None:
-        raise ValueError(
-            f"--ckpt_path last: there is no {root}/*/checkpoints/last.ckpt; give the checkpoint's path."
-        )
-    print(f"{subcommand}: {found}", flush=True)
-    return str(found)
-
-
-def follows_root_dir(logger, trainer) -> bool:
-    """Whether the logger is the default one at its default folder, which `--trainer.default_root_dir`
-    moves; a logger `save_dir` given explicitly, or another logger, stays."""
-    return (
-        bool(trainer.get("default_root_dir"))
-        and hasattr(logger, "init_args")
-        and logger.get("class_path") == DEFAULT_LOGGER["class_path"]
-        and logger.init_args.get("save_dir") == DEFAULT_LOGGER["init_args"]["save_dir"]
-    )
-
-
-def _logs_follow_root_dir(trainer) -> None:
-    """`--trainer.default_root_dir D` moves the default logger (and so the checkpoints) under D."""
-    logger = trainer.get("logger")
-    if follows_root_dir(logger, trainer):
-        logger.init_args.save_dir = trainer.default_root_dir
 
 
 def lightning_main(

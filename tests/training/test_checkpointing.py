@@ -799,3 +799,31 @@ def test_last_resumes_from_a_checkpoint_callbacks_own_folder(tmp_path, tokenizer
     main(["fit", *args, "--ckpt_path=last"])
     assert f"resuming from {mine / 'last.ckpt'}" in capsys.readouterr().out
     assert torch.load(mine / "last.ckpt", weights_only=True)["global_step"] == 9  # 3 epochs, on from 3
+
+
+def test_last_without_a_logger_and_best_in_fit(tmp_path, tokenizer_dir, capsys):
+    """With `--trainer.logger false` fit saves in ROOT/checkpoints, and validate's `last` is found
+    there (it was refused as if no `last` were taken); `fit --ckpt_path best` is one sentence."""
+    from tests.cli.test_bad_files import error_of
+
+    card = make_task("single", tmp_path)
+    args = [
+        a
+        for a in finetune_args(card, tokenizer_dir, tmp_path, tmp_path)
+        if not a.startswith("--trainer.logger")
+    ]
+    args += [
+        "--trainer.logger=false",
+        f"--trainer.default_root_dir={tmp_path / 'root'}",
+        "--trainer.max_epochs=1",
+    ]
+    main(["fit", *args])
+    capsys.readouterr()
+    main(["validate", *args, "--ckpt_path=last"])
+    assert capsys.readouterr().out.startswith(
+        f"validate: {tmp_path / 'root' / 'checkpoints' / 'last.ckpt'}\n"
+    )
+    assert error_of(["fit", *args, "--ckpt_path=best"], capsys) == (
+        "gpt-ft: error: --ckpt_path best: gpt-ft fit resumes from `last` or a checkpoint's path "
+        "(a best-*.ckpt's)."
+    )

@@ -1,0 +1,54 @@
+"""Where a run's logs and checkpoints are: the default logger's folder, which
+`--trainer.default_root_dir` moves, and the checkpoint `--ckpt_path last` names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpt_ft.training.checkpointing import LAST, find_last_checkpoint
+
+# Logs and checkpoints go to runs/lightning_logs/version_N, or under --trainer.default_root_dir.
+DEFAULT_LOGGER = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "runs"}}
+
+
+def newest_last(trainer, subcommand: str, name: str) -> str:
+    """`--ckpt_path last` of validate, test or predict: the newest last.ckpt of the logger's runs, as
+    `fit` resumes from (Lightning would look in no run's folder and score a random model)."""
+    logger = trainer.get("logger")
+    init = logger.get("init_args") if hasattr(logger, "get") else None
+    save_dir = init.get("save_dir") if init is not None else None
+    if name == "last" and logger is False:  # `--trainer.logger false`: fit saved in ROOT/checkpoints
+        where = Path(trainer.get("default_root_dir") or ".") / "checkpoints" / LAST
+        found = where if where.is_file() else None
+    elif name != "last" or not save_dir:
+        raise ValueError(
+            f"--ckpt_path {name}: gpt-ft {subcommand} takes a checkpoint's path, or `last` (the newest "
+            "last.ckpt of the default logger's runs, or of ROOT/checkpoints with --trainer.logger false)."
+        )
+    else:
+        if follows_root_dir(logger, trainer):
+            save_dir = trainer.default_root_dir  # as `logs_follow_root_dir` moves it
+        root = Path(save_dir) / (init.get("name", "lightning_logs") or "")  # CSVLogger's and TensorBoard's
+        where, found = f"{root}/*/checkpoints/{LAST}", find_last_checkpoint(root)
+    if found is None:
+        raise ValueError(f"--ckpt_path last: there is no {where}; give the checkpoint's path.")
+    print(f"{subcommand}: {found}", flush=True)
+    return str(found)
+
+
+def follows_root_dir(logger, trainer) -> bool:
+    """Whether the logger is the default one at its default folder, which `--trainer.default_root_dir`
+    moves; a logger `save_dir` given explicitly, or another logger, stays."""
+    return (
+        bool(trainer.get("default_root_dir"))
+        and hasattr(logger, "init_args")
+        and logger.get("class_path") == DEFAULT_LOGGER["class_path"]
+        and logger.init_args.get("save_dir") == DEFAULT_LOGGER["init_args"]["save_dir"]
+    )
+
+
+def logs_follow_root_dir(trainer) -> None:
+    """`--trainer.default_root_dir D` moves the default logger (and so the checkpoints) under D."""
+    logger = trainer.get("logger")
+    if follows_root_dir(logger, trainer):
+        logger.init_args.save_dir = trainer.default_root_dir
