@@ -113,7 +113,8 @@ def load_tokenizer(path: str | os.PathLike, *, add_specials: bool = True) -> Pre
     elif local.exists():
         raise ValueError(f"Tokenizer path {local} is a file; expected a tokenizer directory or a GGUF file.")
     elif _looks_like_local_path(name):
-        raise FileNotFoundError(f"Tokenizer directory {local} does not exist.")
+        what = "GGUF file" if local.suffix == ".gguf" else "Tokenizer directory"
+        raise FileNotFoundError(f"{what} {local} does not exist.")
     else:  # a hub id: its tokenizer files, fetched into (or found in) the hub cache
         tokenizer = _load_local_dir(hub.snapshot(name))
     if add_specials:

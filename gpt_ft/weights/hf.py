@@ -283,6 +283,11 @@ def read_folder(path: Path) -> tuple[GPTConfig, dict[str, Tensor], str]:
             raise ValueError(
                 f"{shard} is not a readable weights file: it is truncated or corrupt ({reason})."
             ) from None
+    if "score.weight" in state:  # *ForSequenceClassification: gpt-ft export's, a hub reward model
+        raise ValueError(
+            f"{path} is a sequence classifier ({', '.join(hf_config.architectures or ['a score head'])}), "
+            "not a language model: start from the model it was fine-tuned from, or its gpt-ft checkpoint."
+        )
     try:
         return (*convert(hf_config, state), str(path))
     except ValueError as exc:

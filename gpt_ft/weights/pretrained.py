@@ -71,7 +71,8 @@ def locate(name: str | os.PathLike) -> tuple[Kind, Path]:
     if path.is_dir():
         return "transformers", path
     if not path.is_file():
-        raise FileNotFoundError(f"Checkpoint {path} does not exist.")
+        what = {".ckpt": "Checkpoint ", ".gguf": "GGUF file "}.get(path.suffix, "Weights ")
+        raise FileNotFoundError(f"{what}{path} does not exist.")
     return "checkpoint", path
 
 

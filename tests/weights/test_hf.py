@@ -213,3 +213,32 @@ def test_config_from_hf_maps_the_shape_and_the_activation(family, activation, ou
         4,
     )
     assert config.activation == ours and config.pre_ln == (family == "gpt2")
+
+
+@pytest.mark.parametrize("kind", ["GPT2", "Llama"])
+def test_a_sequence_classifier_folder_is_no_language_model(tmp_path, kind):
+    """gpt-ft export's folders and hub reward models have a `score` head and no LM head: said so, not
+    blamed on an untied head (Llama) or listed as an unexpected tensor (GPT-2)."""
+    import transformers
+
+    from tests.helpers import TINY_LLAMA
+
+    config = getattr(transformers, f"{kind}Config")(**(TINY if kind == "GPT2" else TINY_LLAMA), num_labels=3)
+    config.pad_token_id = 0
+    getattr(transformers, f"{kind}ForSequenceClassification")(config).save_pretrained(tmp_path)
+    with pytest.raises(ValueError) as error:
+        GPT.from_pretrained(tmp_path)
+    assert str(error.value) == (
+        f"{tmp_path} is a sequence classifier ({kind}ForSequenceClassification), not a language model: "
+        "start from the model it was fine-tuned from, or its gpt-ft checkpoint."
+    )
+
+
+def test_missing_weights_are_named_by_what_they_would_be(tmp_path):
+    from gpt_ft.data.tokenizer import load_tokenizer
+
+    for name, what in (("m.gguf", "GGUF file"), ("m.ckpt", "Checkpoint"), ("m.bin", "Weights")):
+        with pytest.raises(FileNotFoundError, match=rf"^{what} {tmp_path / name} does not exist\.$"):
+            GPT.from_pretrained(tmp_path / name)
+    with pytest.raises(FileNotFoundError, match=rf"^GGUF file {tmp_path / 'm.gguf'} does not exist\.$"):
+        load_tokenizer(tmp_path / "m.gguf")
