@@ -230,9 +230,16 @@ def _as_llama(config):
 
 def read_weights(path: Path):
     """(config, state dict in gpt_ft's names, float32) of GGUF file `path`."""
+    import torch
+
     from gpt_ft.weights import hf
 
     hf_config, state = read(path)
+    head, embedding = state.get("lm_head.weight"), state.get("transformer.wte.weight")
+    if hf_config.model_type == "gpt2" and head is not None and embedding is not None:
+        # llama.cpp's GPT-2 files may keep a copy of the embedding as the head (`output.weight`),
+        # quantized apart from it; llama.cpp reads the head from that copy, and so does this.
+        hf_config.tie_word_embeddings = bool(torch.equal(head, embedding))
     try:
         return hf.convert(hf_config, state)
     except ValueError as exc:  # a setting not converted, a layer's tensor missing

@@ -94,6 +94,7 @@ def config_from_hf(hf_config) -> GPTConfig:
         resid_pdrop=hf_config.resid_pdrop,
         layer_norm_epsilon=hf_config.layer_norm_epsilon,
         initializer_range=hf_config.initializer_range,
+        tie_embeddings=bool(getattr(hf_config, "tie_word_embeddings", True)),
         hf_token_ids=hf_llama.token_ids_from_hf(hf_config),
     )
 
@@ -111,12 +112,10 @@ def config_to_hf(config: GPTConfig):
 
     if hf_llama.is_llama_style(config):
         return hf_llama.config_to_hf(config)
-    if not (config.bias and config.qkv_bias in (None, True) and config.tie_embeddings
-            and config.kv_heads == config.n_head):  # fmt: skip
+    if not (config.bias and config.qkv_bias in (None, True) and config.kv_heads == config.n_head):
         raise ValueError(
-            "transformers' GPT-1 and GPT-2 have biases, a tied head and one key/value head per head; "
-            f"this model has bias={config.bias}, qkv_bias={config.qkv_bias}, "
-            f"tie_embeddings={config.tie_embeddings}, n_kv_head={config.n_kv_head}."
+            "transformers' GPT-1 and GPT-2 have biases and one key/value head per head; this model has "
+            f"bias={config.bias}, qkv_bias={config.qkv_bias}, n_kv_head={config.n_kv_head}."
         )
     llama_only = dict(
         head_size=config.head_dim != config.n_embd // config.n_head,
@@ -141,6 +140,7 @@ def config_to_hf(config: GPTConfig):
         resid_pdrop=config.resid_pdrop,
         layer_norm_epsilon=config.layer_norm_epsilon,
         initializer_range=config.initializer_range,
+        tie_word_embeddings=config.tie_embeddings,
         **hf_llama.token_ids_to_hf(config),
     )
     if config.pre_ln:
@@ -155,17 +155,20 @@ def config_to_hf(config: GPTConfig):
     return OpenAIGPTConfig(**common, afn=afn)
 
 
-def state_dict_from_hf(hf_state: dict[str, Tensor], family: str) -> dict[str, Tensor]:
-    """Our state dict from a transformers one (base or LM-head model; the tied `lm_head` is dropped)."""
+def state_dict_from_hf(hf_state: dict[str, Tensor], family: str, tied: bool = True) -> dict[str, Tensor]:
+    """Our state dict from a transformers one (base or LM-head model; a tied `lm_head` is dropped)."""
     head = hf_state.get("lm_head.weight")
     embedding = hf_state.get("transformer.wte.weight", hf_state.get("transformer.tokens_embed.weight"))
-    if head is not None and embedding is not None and not torch.equal(head, embedding):
-        raise ValueError("The model's lm_head is not tied to its token embedding; GPT-1 and GPT-2 tie them.")
+    if tied and head is not None and embedding is not None and not torch.equal(head, embedding):
+        raise ValueError(
+            "The model's lm_head differs from its token embedding, which its config ties "
+            "(tie_word_embeddings)."
+        )
     out = {}
     for key, value in hf_state.items():
         key = key.removeprefix("transformer.")
         if (
-            key == "lm_head.weight"
+            (key == "lm_head.weight" and tied)
             or key.endswith((".attn.bias", ".attn.masked_bias"))
             or key == "position_ids"
         ):
@@ -187,8 +190,9 @@ def state_dict_to_hf(state: dict[str, Tensor], family: str) -> dict[str, Tensor]
             for theirs, ours in _OPENAI_NAMES.items():
                 if key.startswith(ours):
                     hf_key = theirs + key.removeprefix(ours)
-        out["transformer." + hf_key] = value.t() if key.endswith(_TRANSPOSED) else value
-    out["lm_head.weight"] = state["wte.weight"]
+        if key != "lm_head.weight":
+            out["transformer." + hf_key] = value.t() if key.endswith(_TRANSPOSED) else value
+    out["lm_head.weight"] = state.get("lm_head.weight", state["wte.weight"])
     return out
 
 
@@ -208,7 +212,7 @@ def convert(hf_config, state: dict[str, Tensor]) -> tuple[GPTConfig, dict[str, T
     config = config_from_hf(hf_config)
     if family in hf_llama.MODEL_TYPES:
         return config, hf_llama.state_dict_from_hf(state, config)
-    return config, state_dict_from_hf(state, family)
+    return config, state_dict_from_hf(state, family, config.tie_embeddings)
 
 
 def to_hf(gpt: GPT):

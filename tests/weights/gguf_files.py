@@ -137,6 +137,7 @@ def write_gguf(path: Path, hf_model, tokenizer=None, qtype: str = "F32", name: s
             and w.ndim == 2
             and "wte" not in hf_name
             and "wpe" not in hf_name
+            and hf_name != "lm_head.weight"  # a Linear's (out, in) already
         ):
             w = w.T.copy()  # Conv1D's (in, out) as (out, in)
         if model_type == "llama" and hf_name.endswith(("q_proj.weight", "k_proj.weight")):

@@ -397,3 +397,29 @@ def test_commands_take_a_gguf_file_fit_explain_and_the_classifier(tmp_path, caps
     capsys.readouterr()
     main(["generate", f"--ckpt_path={path}", "--prompt=The quick brown", "--max_new_tokens=3"])
     assert capsys.readouterr().out.startswith("The quick brown")
+
+
+def test_a_gpt2_file_whose_head_is_a_copy_of_the_embedding_quantized_apart(tmp_path):
+    """llama.cpp's GPT-2 files may carry `output.weight`, the embedding's copy, which a quantizer
+    stores apart (Q4_K_M: the head Q6_K, the embedding Q4_K): the head is read from it, as llama.cpp
+    does (it was refused, "not tied"). A copy left equal keeps the head tied."""
+    hf = tiny("gpt2", tie_word_embeddings=False)
+    with torch.no_grad():
+        hf.lm_head.weight.copy_(hf.transformer.wte.weight)
+    ids = torch.randint(0, VOCAB, (2, 16))
+    tied = GPT.from_pretrained(write_gguf(tmp_path / "same.gguf", hf)).eval()
+    assert tied.config.tie_embeddings and tied.lm_head is None
+    path = write_gguf(tmp_path / "apart.gguf", hf, quantize={"lm_head.weight": "Q8_0"})
+    import gguf
+
+    from gpt_ft.weights import gguf_file
+
+    assert {t.name: t.tensor_type.name for t in gguf.GGUFReader(path).tensors}["output.weight"] == "Q8_0"
+    gpt = GPT.from_pretrained(path).eval()
+    assert not gpt.config.tie_embeddings
+    with torch.no_grad():
+        hf.lm_head.weight.copy_(gguf_file.read(path)[1]["lm_head.weight"])  # the head as stored
+        assert not torch.equal(hf.lm_head.weight, hf.transformer.wte.weight)
+        torch.testing.assert_close(logits(gpt, ids), hf(ids).logits, rtol=0, atol=1e-5)
+        again = GPT.from_hf(gpt.to_hf()).eval()  # exported untied, and read back so
+        torch.testing.assert_close(logits(again, ids), hf(ids).logits, rtol=0, atol=1e-5)
