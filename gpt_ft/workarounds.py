@@ -81,6 +81,16 @@ def request_graceful_stop(trainer: Trainer) -> None:
     trainer._signal_connector.received_sigterm = True
 
 
+def validation_follows(trainer: Trainer) -> bool:
+    """Whether Lightning validates after the training batch just ended: its epoch loop's own test
+    (private), asked in `on_train_batch_end`; False where that test is not there to ask."""
+    try:
+        loop = trainer.fit_loop.epoch_loop
+        return bool(loop._should_check_val_fx(trainer.fit_loop._data_fetcher)) and not loop._skip_next_val
+    except (AttributeError, TypeError):
+        return False
+
+
 def clear_graceful_stop(trainer: Trainer) -> None:
     """Withdraw a stop requested by SIGTERM or `request_graceful_stop` (see there)."""
     trainer._signal_connector.received_sigterm = False

@@ -34,7 +34,12 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from gpt_ft.weights.checkpoint import Checkpoint, safe_load, save_file
-from gpt_ft.workarounds import clear_graceful_stop, request_graceful_stop, should_accumulate
+from gpt_ft.workarounds import (
+    clear_graceful_stop,
+    request_graceful_stop,
+    should_accumulate,
+    validation_follows,
+)
 
 LAST = f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}.ckpt"
 
@@ -151,8 +156,11 @@ class SaveLast(Callback):
         accumulating = should_accumulate(trainer)
         every = self.every_n_steps and trainer.global_step % self.every_n_steps == 0
         if not accumulating and (every or self._save_pending):
-            self._save_pending = False
-            self._save(trainer)
+            # Saved after a validation due now (`after_validation`): a checkpoint of this step taken
+            # before it would resume past it, the validation never run, its score and best lost.
+            self._save_pending = validation_follows(trainer)
+            if not self._save_pending:
+                self._save(trainer)
         if trainer.received_sigterm or self._sigterm_pending:
             if accumulating:  # finish the optimizer step first: no accumulated gradient is lost
                 self._sigterm_pending = True
@@ -190,9 +198,8 @@ class SaveLast(Callback):
         state was saved before it; inside an accumulation window (whose gradients no checkpoint
         holds) at the window's end."""
         if trainer.state.fn == "fit" and not trainer.sanity_checking:
-            if should_accumulate(trainer):
-                self._save_pending = True
-            else:
+            self._save_pending = should_accumulate(trainer)
+            if not self._save_pending:
                 self._save(trainer, again=True)
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:

@@ -827,3 +827,32 @@ def test_last_without_a_logger_and_best_in_fit(tmp_path, tokenizer_dir, capsys):
         "gpt-ft: error: --ckpt_path best: gpt-ft fit resumes from `last` or a checkpoint's path "
         "(a best-*.ckpt's)."
     )
+
+
+def test_an_every_n_steps_save_due_with_a_validation_waits_for_it(tmp_path, tokenizer_dir, monkeypatch):
+    """Every 3 steps, 3 batches an epoch: each save comes after its step's validation. Saved before
+    it, a run killed during that validation resumed past it: its score and best checkpoint lost."""
+    from gpt_ft.training.checkpointing import SaveLast
+
+    events, save, validate = [], SaveLast._save, SaveLast.on_validation_start
+
+    def saving(self, trainer, again=False):
+        if (path := save(self, trainer, again)) is not None:  # written (not this step's already)
+            events.append(("save", trainer.global_step))
+        return path
+
+    def validating(self, trainer, pl_module):
+        if not trainer.sanity_checking:
+            events.append(("validate", trainer.global_step))
+        return validate(self, trainer, pl_module)
+
+    monkeypatch.setattr(SaveLast, "_save", saving)
+    monkeypatch.setattr(SaveLast, "on_validation_start", validating)
+    card = make_task("single", tmp_path)
+    every = [
+        "--trainer.callbacks+=gpt_ft.training.checkpointing.SaveLast",
+        "--trainer.callbacks.every_n_steps=3",
+    ]
+    args = finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "logs")
+    main(["fit", *args, *every, "--trainer.max_epochs=2"])
+    assert events == [("validate", 3), ("save", 3), ("validate", 6), ("save", 6)]
