@@ -131,6 +131,8 @@ class SuiteRunner:
         self.predict, self.keep_checkpoints = default if predict is None else predict, keep_checkpoints
         # The main table and the submission: the runs of every layer transferred, or a sweep's deepest.
         self.main_layers = max(self.transfer_layers) if self.transfer_layers else None
+        # ... on the whole split, or where `all` is no size, on the largest subset
+        self.main_size = None if None in self.sizes else max(self.sizes)
         self.cards = {}
         for entry in spec.tasks:
             task = load_card(entry.card)
@@ -319,7 +321,7 @@ class SuiteRunner:
             item: dict[str, Any] = {"card": entry.card, "main_metric": main_key(task), "metrics": {}}
             rows = item["metrics"]
             for seed in self.seeds:  # a zero-shot pass keeps the fine-tuned results already there
-                run = Run(name, seed, self.main_layers, row=self.rows[0])
+                run = Run(name, seed, self.main_layers, row=self.rows[0], size=self.main_size)
                 result = read_json(self.out / "runs" / run.folder / RESULT)
                 for key, value in (result or {}).get("metrics", {}).items():
                     if key.split("/")[-1] in task.metrics:  # the benchmark's metrics, not the loss
@@ -335,7 +337,7 @@ class SuiteRunner:
             if self.transfer_layers:
                 item["transfer"], m = {}, item["main_metric"]
                 for k in self.transfer_layers:
-                    runs = [Run(name, s, k, row=self.rows[0]) for s in self.seeds]
+                    runs = [Run(name, s, k, row=self.rows[0], size=self.main_size) for s in self.seeds]
                     item["transfer"][str(k)] = seeds_stats(
                         [read_json(self.out / "runs" / run.folder / RESULT) for run in runs], m
                     )
@@ -380,7 +382,7 @@ class SuiteRunner:
                 continue
             scored = {seed: v for seed, v in stats["seeds"].items() if v is not None}
             best = max(scored, key=scored.get) if scored else next(iter(stats["seeds"]))
-            run = Run(name, int(best), self.main_layers, row=self.rows[0])  # the main table's
+            run = Run(name, int(best), self.main_layers, row=self.rows[0], size=self.main_size)  # the table's
             predictions = self.out / "runs" / run.folder / "predictions"
             files = sorted(predictions.glob("*.tsv")) if predictions.is_dir() else []
             if not files:

@@ -621,3 +621,29 @@ def test_rows_layers_and_sizes_together_each_reach_the_results(tmp_path, tokeniz
     assert sent["transfer"]["1"]["seeds"] == [11.0]
     curve = json.dumps(sent["curves"])
     assert "11.0" in curve and "null" not in curve  # each row's points, from the transferred layers' runs
+
+
+def test_sizes_without_all_fill_the_table_with_the_largest(tmp_path, tokenizer_dir, monkeypatch):
+    """`--train_sizes '[2, 4]'`: the main table (and the best seed's submission) are the 4-example
+    runs'; they were the whole split's, never run, so the table was empty."""
+    single = make_task("single", tmp_path / "a")
+    suite = write_suite(tmp_path, f"name: r\nseeds: [0, 1]\ntasks: [{single}]\n")
+    out = tmp_path / "out"
+    argv = [
+        "suite",
+        str(suite),
+        f"--out_dir={out}",
+        f"--tokenizer={tokenizer_dir}",
+        f"--data_dir={tmp_path / 'a'}",
+    ]
+    scores = {"2": 0.5, "4": 0.75}
+    size = lambda args: next(a.split("=")[1] for a in args if a.startswith("--data.train_size"))  # noqa: E731
+    monkeypatch.setattr(
+        suites,
+        "fit_and_evaluate",
+        lambda build, args, *a, **k: ({"validation/accuracy": scores[size(args)]}, 0),
+    )
+    main([*argv, "--train_sizes=[2, 4]", *fit_args("--model.preset=gpt-micro")])
+    results = json.loads((out / "results.json").read_text())["tasks"]["sent"]
+    assert results["metrics"]["validation/accuracy"]["seeds"] == {"0": 75.0, "1": 75.0}
+    assert [p["mean"] for p in results["curves"]["fine-tuned"].values()] == [50.0, 75.0]
