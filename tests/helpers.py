@@ -155,7 +155,10 @@ init_args:
   premise: sentence1
   hypothesis: sentence2
   labels: [entailment, not_entailment]
-  local: {splits: {train: train.tsv, validation: dev.tsv, test: test.tsv}, columns: {index: idx}}
+  test_splits: [test, one]
+  local:
+    splits: {train: train.tsv, validation: dev.tsv, test: test.tsv, one: one.tsv}
+    columns: {index: idx}
 """
 
 
@@ -165,14 +168,14 @@ def sentence(i: int) -> str:
 
 def write_varied_pairs(root: Path) -> Path:
     """16 training examples (2 steps of 8 per epoch); 7 validation and 5 test examples, which
-    2 ranks cannot split evenly. Returns the card."""
-    for split, n in (("train", 16), ("dev", 7), ("test", 5)):
+    2 ranks cannot split evenly, and a test split of 1, fewer than the ranks. Returns the card."""
+    for split, n in (("train", 16), ("dev", 7), ("test", 5), ("one", 1)):
         rows = [
             [str(i), sentence(i), sentence(i + 3), ["entailment", "not_entailment"][i % 3 % 2]]
             for i in range(n)
         ]
         header = ["index", "sentence1", "sentence2", "label"]
-        if split == "test":
+        if split in ("test", "one"):
             header, rows = header[:-1], [r[:-1] for r in rows]
         (root / f"{split}.tsv").write_text("\n".join("\t".join(r) for r in [header, *rows]) + "\n")
     card = root / "pair.yaml"

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 from lightning import LightningDataModule
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, DistributedSampler
 
 from gpt_ft.adapters import ENCODING, TaskAdapter, TaskDataError
 from gpt_ft.data.batches import PackedBatch, SharedContextBatch, TaskBatch, collate_batch, reads
@@ -272,6 +272,11 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         dataset = self.encoded(split, labelled=labelled).with_format(None)
         batch_size = self.batch_size if train else self.eval_batch_size
         sampler = self._resumed(self._train_sampler(dataset), batch_size) if train else None
+        world, rank = self._ranks()
+        if not labelled and world > 1:  # predict: Lightning's sampler would leave a rank without
+            # any of a split smaller than the ranks, and the ranks' gathers out of step; this one
+            # repeats a few, each written once (by index)
+            sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=False)
         if train:
             self._windows, self._train_order = None, sampler
         return DataLoader(
@@ -292,8 +297,7 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         Evaluation keeps Lightning's: under DDP it repeats a few examples to even out the ranks,
         and the metrics drop the repeats by example index.
         """
-        trainer = getattr(self, "trainer", None)
-        world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        world, rank = self._ranks()
         if self.length_grouped:
             return LengthGroupedSampler(
                 dataset["length"],
@@ -304,6 +308,10 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
                 seed=self.seed,
             )
         return EpochSampler(dataset, num_replicas=world, rank=rank, shuffle=self.shuffle, seed=self.seed)
+
+    def _ranks(self) -> tuple[int, int]:
+        trainer = getattr(self, "trainer", None)
+        return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
 
     def collate(
         self, examples: list[dict[str, Any]], split: str = ""

@@ -368,7 +368,7 @@ class GPTModule(Evaluation, LightningModule):
         return predictions
 
     def on_predict_epoch_end(self) -> None:
-        # Every rank sees every split (the distributed sampler pads), so the gathers line up.
+        # Every rank sees every split (the predict loaders' sampler pads), so the gathers line up.
         for split, chunks in sorted(self._predictions.items()):
             index = torch.cat([i for i, _ in chunks])
             predictions = torch.cat([p for _, p in chunks])

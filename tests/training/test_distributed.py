@@ -123,8 +123,11 @@ def test_finetuning_on_two_processes_accumulating_equals_one_with_the_whole_batc
     }
     for a, b in zip(rows2, rows1):
         assert a == pytest.approx(b, rel=1e-6, abs=1e-5)
-    # One predictions file with every test example once, in order, as from one process.
+    # One predictions file with every test example once, in order, as from one process; a split of
+    # one example, fewer than the ranks, too (a rank without any crashed).
     assert predictions2 == predictions1 and len(predictions1.splitlines()) == 6
+    one2, one1 = ((root / f"x{d}" / "pred" / "pair-one.tsv").read_text().splitlines() for d in (2, 1))
+    assert one2 == one1 and len(one1) == 2
 
 
 CARDS = {
