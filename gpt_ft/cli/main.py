@@ -183,9 +183,11 @@ def main(argv: list[str] | None = None) -> None:
             raise
         rank = os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))
         reason = next(m for m in LOST_PEER if m in str(exc))
+        trains = name in ("fit", "suite")
+        resume = ", and `--ckpt_path last` resumes from the last checkpoint" if trains else ""
         fail(
             f"rank {rank} lost another process of this distributed run ({reason}: it stopped or was "
-            "killed); every process stops now, and `--ckpt_path last` resumes from the last checkpoint."
+            f"killed); every process stops now{resume}."
         )
     except ModuleNotFoundError as exc:  # a package the settings need (--trainer.accelerator tpu: torch_xla)
         if debug:

@@ -107,3 +107,25 @@ def test_yaml_that_is_not_utf8_is_named(tmp_path, tokenizer_dir, capsys):
         f"gpt-ft: error: Suite file {suite} is not UTF-8 text (invalid continuation byte); save it as UTF-8."
     )
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "command, end", [("fit", ", and `--ckpt_path last` resumes from the last checkpoint."), ("predict", ".")]
+)
+def test_a_lost_peer_is_one_sentence_and_resuming_is_advised_to_training_alone(
+    monkeypatch, capsys, command, end
+):
+    from importlib import import_module
+
+    cli = import_module("gpt_ft.cli.main")  # the module (the package's `main` is its function)
+
+    def lost(name, args):
+        raise RuntimeError(
+            "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [::1]:5"
+        )
+
+    monkeypatch.setitem(cli.COMMANDS, command, cli.Command("", lost))
+    assert error_of([command], capsys) == (
+        "gpt-ft: error: rank 0 lost another process of this distributed run (Connection closed by peer: it "
+        f"stopped or was killed); every process stops now{end}"
+    )
