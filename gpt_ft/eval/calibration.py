@@ -57,6 +57,15 @@ def separated(logits: Tensor, labels: Tensor) -> bool:
     return bool((logits.scatter(-1, labels[:, None], -math.inf) <= right).all())
 
 
+def no_better_than_uniform(logits: Tensor, labels: Tensor, losses, temperature: float) -> bool:
+    """Whether the loss at `temperature` is no lower, to 1e-6 nats, than with every answer equally
+    likely (a choice the row lacks, `ChoiceHead`'s floor, left out): a model no better than chance,
+    whose loss, convex in 1/T and not falling from 1/T = 0, is least as T grows without end."""
+    valid = logits != torch.finfo(logits.dtype).min
+    uniform = valid.sum(-1).double().log().mean()
+    return bool(losses(logits.double() / temperature, labels).mean() >= uniform - 1e-6)
+
+
 def split_outputs(
     clf: Classifier,
     rows: list[dict[str, Any]],
@@ -141,6 +150,15 @@ def calibrate(
             "some wrong (--split)."
         )
     temperature = fit_temperature(outputs, labels.to(outputs.device), head.losses)
+    if isinstance(head, ClassificationHead) and no_better_than_uniform(
+        outputs, labels.to(outputs.device), head.losses, temperature
+    ):
+        raise ValueError(
+            f"Split {split!r} of task {task.name!r} fits no temperature: over its {len(labels)} examples "
+            "the model scores the right answer no higher than the average answer (no better than "
+            "chance), so their likelihood only grows as T grows (every answer equally likely); train "
+            "it further, or calibrate on another split (--split)."
+        )
 
     def ece(t: float) -> float:
         probabilities = head.probabilities(outputs.float() / t)

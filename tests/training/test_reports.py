@@ -76,22 +76,24 @@ def test_calibration_lowers_the_ece_of_an_over_confident_model_and_keeps_its_pre
     from gpt_ft.weights.checkpoint import safe_load
 
     stored = safe_load(finetuned.ckpt)
-    for key in ("head.weight", "head.bias"):  # 30 times as sure of everything
-        stored["state_dict"][key] = stored["state_dict"][key] * 30
+    for key in ("head.weight", "head.bias"):  # 300 times as sure of everything
+        stored["state_dict"][key] = stored["state_dict"][key] * 300
     sure = tmp_path / "sure" / "sure.ckpt"  # beside a copy of the run's tokenizer, as fit leaves them
     shutil.copytree(finetuned.ckpt.parent / "tokenizer", sure.parent / "tokenizer")
     torch.save(stored, sure)
-    # Labels the model cannot know: half of each sentence's rows say one thing, half the other.
-    rows = [
-        f"{i}\t{text}\t{i % 2}" for i, text in enumerate(["the cat sat on the mat ."] * 4 + ["a dog ."] * 4)
-    ]
+    # Labels the model knows 3 times in 4: each sentence's rows say its answer but for one (right 75% of
+    # the time, scored 300 times as sure: T > 1, finite).
+    texts = ["the cat sat on the mat ."] * 4 + ["a dog ."] * 4
+    said = Classifier.from_checkpoint(sure, device="cpu").predict([{"sentence": t} for t in texts])
+    answer = {"negative": 0, "positive": 1}
+    rows = [f"{i}\t{t}\t{answer[o['label']] ^ (i % 4 == 0)}" for i, (t, o) in enumerate(zip(texts, said))]
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "dev.tsv").write_text("index\tsentence\tlabel\n" + "\n".join(rows) + "\n")
     calibrated = tmp_path / "calibrated.ckpt"
     main(["calibrate", f"--ckpt_path={sure}", f"--output={calibrated}", f"--data_dir={tmp_path}"])
     line = capsys.readouterr().out.strip().splitlines()[-1]
     t, before, after = (float(x) for x in re.findall(r"\d+\.\d+", line)[:3])
-    assert t > 5 and after < before - 0.2, line
+    assert t > 5 and after < before - 0.1, line
     examples = [{"sentence": r.split("\t")[1]} for r in rows]
     hot, cool = (
         Classifier.from_checkpoint(sure, device="cpu"),
@@ -102,6 +104,14 @@ def test_calibration_lowers_the_ece_of_an_over_confident_model_and_keeps_its_pre
     assert [o["label"] for o in hot_out] == [o["label"] for o in cool_out]
     assert max(max(o["scores"].values()) for o in cool_out) < max(max(o["scores"].values()) for o in hot_out)
     assert torch.load(sure, weights_only=True).get("temperature") is None  # the input is kept as it was
+    # Labels it cannot know (each sentence's rows half one answer, half the other): refused, nothing written.
+    rows = [f"{i}\t{t}\t{i % 2}" for i, t in enumerate(texts)]
+    (tmp_path / "d" / "dev.tsv").write_text("index\tsentence\tlabel\n" + "\n".join(rows) + "\n")
+    flat = tmp_path / "flat.ckpt"
+    with pytest.raises(SystemExit):
+        main(["calibrate", f"--ckpt_path={sure}", f"--output={flat}", f"--data_dir={tmp_path}"])
+    assert "the model scores the right answer no higher than the average answer" in capsys.readouterr().err
+    assert not flat.exists()
 
 
 def test_calibration_refuses_a_split_the_model_gets_all_right(finetuned, tmp_path, capsys):
@@ -153,6 +163,25 @@ def test_a_split_with_no_wrong_answer_is_separated_ties_included():
     assert separated(masked, torch.tensor([0])) and not separated(masked, torch.tensor([1]))
     losses = lambda o, y: F.cross_entropy(o, y, reduction="none")  # noqa: E731
     assert fit_temperature(tied, labels, losses) < 0.1 < fit_temperature(wrong, labels, losses)
+
+
+def test_a_model_no_better_than_chance_fits_no_temperature():
+    """Right answers no higher than the mean answer on average: the loss only falls as T grows (a
+    fitted T of 2.6e8 flattened every probability to 1/k); a margin above 0 and T is finite."""
+    import torch.nn.functional as F
+
+    from gpt_ft.eval.calibration import fit_temperature, no_better_than_uniform
+
+    losses = lambda o, y: F.cross_entropy(o, y, reduction="none")  # noqa: E731
+    labels = torch.tensor([0, 1, 0, 1])
+    for gap, chance in ((0.0, True), (-0.25, True), (0.25, False)):
+        logits = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 1.0]])  # 2 right, 2 wrong
+        logits[0, 0] += 2 * gap  # the mean margin over the mean answer: gap / 2
+        t = fit_temperature(logits, labels, losses)
+        assert no_better_than_uniform(logits, labels, losses, t) == chance and (t < 100) != chance
+    low = torch.finfo(torch.float32).min  # a choice the row lacks: 2 answers, not 3
+    masked, labels = torch.tensor([[1.0, 0.0, low], [0.5, 0.0, low]]), torch.tensor([0, 1])
+    assert not no_better_than_uniform(masked, labels, losses, fit_temperature(masked, labels, losses))
 
 
 def test_calibration_leaves_out_the_rows_whose_label_the_card_ignores(tokenizer_dir):
