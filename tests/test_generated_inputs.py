@@ -15,7 +15,7 @@ import pytest
 
 from tests.background import Command
 
-EXAMPLES = {"task files": 9, "one bad row": 6, "preference files": 5, "cards": 12, "configs": 4}
+EXAMPLES = {"task files": 7, "one bad row": 5, "preference files": 4, "cards": 9, "configs": 3}
 SEED = 20261125
 
 DRAW = """
