@@ -17,9 +17,14 @@ def newest_last(trainer, subcommand: str, name: str) -> str:
     logger = trainer.get("logger")
     init = logger.get("init_args") if hasattr(logger, "get") else None
     save_dir = init.get("save_dir") if init is not None else None
+    given = [  # a checkpoint callback's own folder, where `fit` saved (and resumes from) too
+        folder
+        for c in trainer.get("callbacks") or []
+        if hasattr(c, "get") and hasattr(c.get("init_args"), "get") and (folder := c.init_args.get("dirpath"))
+    ]
     if name == "last" and logger is False:  # `--trainer.logger false`: fit saved in ROOT/checkpoints
-        where = Path(trainer.get("default_root_dir") or ".") / "checkpoints" / LAST
-        found = where if where.is_file() else None
+        folders = [Path(trainer.get("default_root_dir") or ".") / "checkpoints", *given]
+        where, found = " or ".join(str(Path(f) / LAST) for f in folders), find_last_checkpoint(None, folders)
     elif name != "last" or not save_dir:
         raise ValueError(
             f"--ckpt_path {name}: gpt-ft {subcommand} takes a checkpoint's path, or `last` (the newest "
@@ -29,7 +34,8 @@ def newest_last(trainer, subcommand: str, name: str) -> str:
         if follows_root_dir(logger, trainer):
             save_dir = trainer.default_root_dir  # as `logs_follow_root_dir` moves it
         root = Path(save_dir) / (init.get("name", "lightning_logs") or "")  # CSVLogger's and TensorBoard's
-        where, found = f"{root}/*/checkpoints/{LAST}", find_last_checkpoint(root)
+        where = " or ".join([f"{root}/*/checkpoints/{LAST}", *(str(Path(f) / LAST) for f in given)])
+        found = find_last_checkpoint(root, given)
     if found is None:
         raise ValueError(f"--ckpt_path last: there is no {where}; give the checkpoint's path.")
     print(f"{subcommand}: {found}", flush=True)

@@ -799,6 +799,9 @@ def test_last_resumes_from_a_checkpoint_callbacks_own_folder(tmp_path, tokenizer
     main(["fit", *args, "--ckpt_path=last"])
     assert f"resuming from {mine / 'last.ckpt'}" in capsys.readouterr().out
     assert torch.load(mine / "last.ckpt", weights_only=True)["global_step"] == 9  # 3 epochs, on from 3
+    capsys.readouterr()
+    main(["validate", *args, "--ckpt_path=last"])  # and so do validate, test, predict and explain
+    assert capsys.readouterr().out.startswith(f"validate: {mine / 'last.ckpt'}\n")
 
 
 def test_last_without_a_logger_and_best_in_fit(tmp_path, tokenizer_dir, capsys):
