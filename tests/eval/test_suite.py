@@ -248,19 +248,17 @@ def test_only_the_first_ddp_process_of_a_suite_writes(tmp_path, tokenizer_dir, m
     assert "suite d" not in capsys.readouterr().out
 
 
+def suite_argv(suite, out, tokenizer_dir, data_dir) -> list[str]:
+    return ["suite", str(suite), f"--out_dir={out}", f"--tokenizer={tokenizer_dir}", f"--data_dir={data_dir}"]
+
+
 def test_ctrl_c_in_a_suite_says_to_rerun_the_suite(tmp_path, tokenizer_dir, capsys):
     """A suite's interrupted run starts again when the suite is rerun: the stop message says so,
     not `gpt-ft fit --ckpt_path last` (which a suite's user never typed)."""
     card = make_task("single", tmp_path / "a")
     suite = write_suite(tmp_path, f"name: c\nseeds: [0]\ntasks:\n  - card: {card}\n")
     out = tmp_path / "out"
-    argv = [
-        "suite",
-        str(suite),
-        f"--out_dir={out}",
-        f"--tokenizer={tokenizer_dir}",
-        f"--data_dir={tmp_path / 'a'}",
-    ]
+    argv = suite_argv(suite, out, tokenizer_dir, tmp_path / "a")
     with pytest.raises(SystemExit) as stopped:
         main([*argv, *fit_args(*FIT, *interrupt(1, signal.SIGINT))])
     assert stopped.value.code == 128 + signal.SIGINT
@@ -629,13 +627,7 @@ def test_sizes_without_all_fill_the_table_with_the_largest(tmp_path, tokenizer_d
     single = make_task("single", tmp_path / "a")
     suite = write_suite(tmp_path, f"name: r\nseeds: [0, 1]\ntasks: [{single}]\n")
     out = tmp_path / "out"
-    argv = [
-        "suite",
-        str(suite),
-        f"--out_dir={out}",
-        f"--tokenizer={tokenizer_dir}",
-        f"--data_dir={tmp_path / 'a'}",
-    ]
+    argv = suite_argv(suite, out, tokenizer_dir, tmp_path / "a")
     scores = {"2": 0.5, "4": 0.75}
     size = lambda args: next(a.split("=")[1] for a in args if a.startswith("--data.train_size"))  # noqa: E731
     monkeypatch.setattr(
