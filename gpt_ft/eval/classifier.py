@@ -106,7 +106,7 @@ class Classifier:
     def raw_outputs(self, examples: list[dict[str, Any]], *, batch_size: int = 32) -> Tensor:
         """The head's outputs for `examples` in order, at temperature 1 (what calibration fits)."""
         at_least_one(batch_size, "batch_size")
-        encoded = self.encode(list(examples))
+        encoded = self.encode(examples)
         if not encoded:
             return torch.empty(0)
         chunks = [
@@ -127,6 +127,13 @@ class Classifier:
         """The examples as the model sees them: the task's own path from examples to tokens, which
         `TaskDataModule` takes in training (labels are not read; a card that groups records, each
         record alone). `where(i)` names example i in an error (default: 'example i')."""
+        if isinstance(examples, (str, dict)):
+            raise TypeError(f"Classifier takes a list of examples, got {examples!r}: put it in a list.")
+        examples = list(examples)
+        if bad := [i for i, example in enumerate(examples) if not isinstance(example, dict)]:
+            fields = ", ".join(f"{f!r}: ..." for f in self.task.text_fields())
+            raise TypeError(f"Classifier takes examples as dicts; example {bad[0]} is {examples[bad[0]]!r}: "
+                            f"give {{{fields}}}.")  # fmt: skip
         unlabelled = [self.task.to_predict(example) for example in examples]
         encoded = self.task.encode_examples(
             unlabelled, self.tokenizer, self.specials, self.max_length, where=where
@@ -147,7 +154,7 @@ class Classifier:
     ) -> list[tuple[dict[str, Any], str]]:
         """Each example's outcome and its prediction written as text (label names, a score)."""
         at_least_one(batch_size, "batch_size")
-        encoded = self.encode(list(examples), where=where)
+        encoded = self.encode(examples, where=where)
         order = sorted(range(len(encoded)), key=lambda i: -max(len(s) for s in encoded[i]["input_ids"]))
         out: list[tuple[dict[str, Any], str] | None] = [None] * len(encoded)
         for start in range(0, len(order), batch_size):

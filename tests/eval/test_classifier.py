@@ -24,6 +24,14 @@ def test_examples_name_the_cards_fields(finetuned):
     assert sum(result["scores"].values()) == pytest.approx(1.0)
     with pytest.raises(ValueError, match=r"example 0 has no field 'sentence'"):
         clf.predict([{"text": "another field"}])
+    # A text, or one example, where a list of examples goes: one sentence, not an AttributeError.
+    for given in ("a gripping film", {"sentence": "a gripping film"}):
+        with pytest.raises(
+            TypeError, match=r"^Classifier takes a list of examples, got .*: put it in a list\.$"
+        ):
+            clf.predict(given)
+    with pytest.raises(TypeError, match=r"example 1 is 'a film': give \{'sentence': \.\.\.\}\.$"):
+        clf.predict([{"sentence": "a cat ."}, "a film"])
 
 
 def test_packed_and_padded_batches_give_the_same_probabilities(finetuned):
