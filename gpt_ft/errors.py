@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import re
 from collections.abc import Iterator
@@ -26,11 +27,14 @@ class FileProblem(ValueError):
 def parse_error_message(text: str) -> str:
     """jsonargparse's nested report of a bad argument as one sentence: the argument and the reason."""
     keys = list(dict.fromkeys(re.findall(r'Parser key "([^"]+)"', text)))
-    lines = [line.strip(" -") for line in text.splitlines() if line.strip(" -")]
+    lines = [line.strip(" -") for line in text.splitlines()]
+    lines = [line for line in lines if line and not inline(line)]
     values = [line.split(":", 1)[1].strip() for line in lines if line.startswith("Given value:")]
     nested = re.search(r"NestedArg\(key='([^']*)', val='([^']*)'\)", text)
-    value = nested[2] if nested else values[0] if values else None  # as typed: a file, or the value
-    typed = Path(value).expanduser() if nested and nested[1] == "task" else None
+    in_mapping = card_in_mapping(values[-1]) if values and not nested and "task" in keys else None
+    card = nested[2] if nested and nested[1] == "task" else in_mapping
+    value = nested[2] if nested else card or (values[0] if values else None)  # as typed: a file, or the value
+    typed = Path(card).expanduser() if card else None
     if typed is not None and (
         typed.is_dir() or typed.is_file() and typed.suffix not in (".yaml", ".yml", ".json")
     ):
@@ -74,6 +78,25 @@ def parse_error_message(text: str) -> str:
     if reason.startswith("unrecognized arguments") and re.search(r"--(optimizer|lr_scheduler)\b", reason):
         reason += " (the optimizer and its schedule are the model's: --model.optimizer, --model.lr, ...)"
     return f"{where}{reason}."
+
+
+def card_in_mapping(given: str) -> str | None:
+    """The task card's file where `--data` was given as one mapping (`--data={task: FILE, ...}`,
+    init_args or not): jsonargparse reports that mapping last, as a Python literal."""
+    try:
+        data = ast.literal_eval(given)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+    if isinstance(data, dict) and isinstance(data.get("init_args"), dict):
+        data = data["init_args"]
+    task = data.get("task") if isinstance(data, dict) else None
+    return task if isinstance(task, str) else None
+
+
+def inline(line: str) -> bool:
+    """Whether jsonargparse's "Expected a path but VALUE ..." is about a mapping or list typed inline
+    (tried as a file's path first, then read as YAML), not about a path."""
+    return line.removeprefix("Expected a path but ").startswith(("{", "["))
 
 
 def yaml_file_problem(path: str | None) -> str | None:

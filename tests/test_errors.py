@@ -35,6 +35,15 @@ from gpt_ft.errors import parse_error_message, yaml_problem
             "  Given value type: <class 'str'>\n  Given value: abc",
             "--data: expected int, got 'abc'.",
         ),
+        (  # --data={batch_size: abc}: the mapping tried as a file's path first, then read
+            'Parser key "data":\n\n'
+            "  - Expected a path but {batch_size: abc} either not accessible or invalid\n"
+            "  - Does not validate against any of the Union subtypes\n  Errors:\n"
+            "    - Problem with given class_path 'gpt_ft.data.task_data.TaskDataModule':\n"
+            "        Parser key \"batch_size\":\n          Expected a <class 'int'>. Got value: abc\n"
+            "  Given value type: <class 'dict'>\n  Given value: {'batch_size': 'abc'}",
+            "--data.batch_size: expected int, got 'abc'.",
+        ),
         ("invalid choice: 'x' (choose from 'a', 'b')", "invalid choice: 'x' (choose from 'a', 'b')."),
         ("", "invalid arguments."),
     ],

@@ -5,6 +5,8 @@ as an editor counts it, header = line 1) or the option, exit code 2, nothing on 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.cli.test_bad_outputs import error, files
@@ -23,13 +25,17 @@ def explain(tmp_path, tokenizer_dir, capsys):
     """`explain(file_name, data, card=None)`: writes a task file (and its card) and returns the
     error sentence of `gpt-ft explain` on it, checking nothing on disk changed."""
 
-    def run(name: str, data: bytes, card: str | None = None) -> str:
+    def run(name: str, data: bytes, card: str | None = None, mapping: bool = False) -> str:
         (tmp_path / "d").mkdir(exist_ok=True)
         (tmp_path / "d" / name).write_bytes(data)
         path = tmp_path / "card.yaml"
         path.write_text(card if card is not None else CARD.format(adapter="SingleText", file=name))
         before = files(tmp_path)
-        args = [f"--data.task={path}", f"--data.tokenizer={tokenizer_dir}", f"--data.data_dir={tmp_path}"]
+        data_args = {"task": str(path), "tokenizer": tokenizer_dir, "data_dir": str(tmp_path)}
+        if mapping:  # --data={task: ..., ...}, one option
+            args = [f"--data={json.dumps(data_args)}"]
+        else:
+            args = [f"--data.{key}={value}" for key, value in data_args.items()]
         message = error(capsys, "explain", *args)
         assert files(tmp_path) == before
         return message
@@ -250,6 +256,23 @@ def test_a_bad_preference_pair_names_its_line_in_a_gzipped_file(explain, lines, 
 def test_a_card_that_cannot_work_is_named(explain, card, problem):
     message = explain("t.tsv", b"sentence\tlabel\na\tpositive\n", card)
     assert message.startswith(problem.format(card=explain.root / "card.yaml"))
+
+
+@pytest.mark.parametrize(
+    "card",
+    [
+        CARD.format(adapter="NoSuchAdapter", file="t.tsv"),
+        CARD.format(adapter="SingleText", file="t.tsv") + "  labelz: [a]\n",
+        CARD.format(adapter="SingleText", file="t.tsv") + "  regression: [1]\n",
+    ],
+    ids=["class", "option", "value"],
+)
+def test_a_card_inside_a_data_mapping_is_named_as_when_given_alone(explain, card):
+    """`--data={task: CARD, ...}` names the card's file and the fault as `--data.task=CARD` does
+    (not the mapping as a file that cannot be read)."""
+    alone = explain("t.tsv", b"sentence\tlabel\na\tpositive\n", card)
+    assert str(explain.root / "card.yaml") in alone and alone.startswith("--data.task"), alone
+    assert explain("t.tsv", b"sentence\tlabel\na\tpositive\n", card, mapping=True) == alone
 
 
 @pytest.mark.parametrize(
