@@ -28,13 +28,20 @@ def write_rows(path: Path, header: list[str], rows: list[list]) -> None:
         writer.writerows(rows)
 
 
+def data_args(**values) -> str:
+    """`--data={KEY: VALUE, ...}`: the data module's options as one (a parse takes each `--data.KEY`
+    through the whole data module and its card again; one mapping, once)."""
+    return f"--data={json.dumps({key: str(v) if isinstance(v, Path) else v for key, v in values.items()})}"
+
+
+def data_of(args: list[str]) -> dict:
+    """The `--data={...}` mapping in `args` (`gpt-ft suite` gives each run's data options so)."""
+    return json.loads(next(a for a in args if a.startswith("--data=")).removeprefix("--data="))
+
+
 def common_args(card: Path, tokenizer_dir: str, root: Path) -> list[str]:
     return [
-        f"--data.task={card}",
-        f"--data.tokenizer={tokenizer_dir}",
-        f"--data.data_dir={root}",
-        "--data.batch_size=4",
-        "--data.max_length=64",
+        data_args(task=card, tokenizer=tokenizer_dir, data_dir=root, batch_size=4, max_length=64),
         "--model.preset=gpt-micro",
         f"--model.overrides={MICRO}",
         f"--trainer.default_root_dir={root}",
@@ -110,11 +117,7 @@ def make_task(kind: str, root: Path) -> Path:
 def finetune_args(card: Path, tokenizer_dir: str, root: Path, logs: Path) -> list[str]:
     """A 3-epoch fine-tuning run of make_task's 6 examples, 2 a batch (3 batches an epoch), seeded."""
     return [
-        f"--data.task={card}",
-        f"--data.tokenizer={tokenizer_dir}",
-        f"--data.data_dir={root}",
-        "--data.batch_size=2",  # 6 examples: 3 batches an epoch
-        "--data.max_length=64",
+        data_args(task=card, tokenizer=tokenizer_dir, data_dir=root, batch_size=2, max_length=64),
         "--model.preset=gpt-micro",
         f"--model.overrides={MICRO}",  # dropout 0.1: the resumed run must redraw the same masks
         "--trainer.max_epochs=3",

@@ -17,6 +17,7 @@ Scores are in percent (GLUE's convention): the paper's on test sets, ours on val
 
 from __future__ import annotations
 
+import json
 import shutil
 import statistics
 import time
@@ -192,20 +193,19 @@ class SuiteRunner:
     def fit_args_of(self, run: Run) -> list[str]:
         entry, _ = self.cards[run.task]
         folder = self.out / "runs" / run.folder
-        args = ["--config", self.spec.config] if self.spec.config else []
-        args += [f"--data.task={entry.card}", f"--seed_everything={run.seed}"]
         if self.tokenizer is None and self.init_from and self.spec.rows:  # a row may drop --init_from
             self.tokenizer = resolve_tokenizer(None, self.init_from)
-        if self.tokenizer:
-            args.append(f"--data.tokenizer={self.tokenizer}")
-        if data_dir := self.data_dirs.get(run.task, self.data_dirs.get(None)):
-            args.append(f"--data.data_dir={data_dir}")
+        data = {"task": str(entry.card), "tokenizer": self.tokenizer, "train_size": run.size,
+                "data_dir": self.data_dirs.get(run.task, self.data_dirs.get(None))}  # fmt: skip
+        # One --data mapping, not an option each: a parse checks the data module, its card with it,
+        # at every --data.KEY.
+        data = {key: str(value) if isinstance(value, Path) else value for key, value in data.items() if value}
+        args = ["--config", self.spec.config] if self.spec.config else []
+        args += [f"--data={json.dumps(data)}", f"--seed_everything={run.seed}"]
         if self.init_from:
             args.append(f"--model.init_from={self.init_from}")
         if run.layers is not None:
             args.append(f"--model.transfer_layers={run.layers}")
-        if run.size is not None:
-            args.append(f"--data.train_size={run.size}")
         args += [
             f"--trainer.default_root_dir={folder}",
             f"--trainer.logger.init_args.save_dir={folder}",

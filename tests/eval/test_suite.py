@@ -20,7 +20,7 @@ from gpt_ft.eval import finetune
 from gpt_ft.eval import suite as suites
 from gpt_ft.eval.suite_file import data_dirs, load_suite
 from gpt_ft.training.runs import build_fit
-from tests.helpers import MICRO, ROOT, as_list, fit_args, make_task, write_suite
+from tests.helpers import MICRO, ROOT, as_list, data_of, fit_args, make_task, write_suite
 from tests.training.test_checkpointing import interrupt
 
 FIT = [
@@ -392,11 +392,10 @@ submission: {{archive: sub.zip, files: [SENT.tsv]}}
     )
     main(argv)
     assert len(calls) == 4
-    subset = [(args, kw) for args, kw in calls if "--data.train_size=2" in args]
+    sizes = [data_of(args).get("train_size") for args, _ in calls]
+    subset = [(args, kw) for (args, kw), size in zip(calls, sizes, strict=True) if size == 2]
     assert len(subset) == 2 and all(kw["min_steps"] == 3 and "--seed_everything=0" in a for a, kw in subset)
-    whole = [
-        kw["min_steps"] for args, kw in calls if not any(a.startswith("--data.train_size") for a in args)
-    ]
+    whole = [kw["min_steps"] for (_, kw), size in zip(calls, sizes, strict=True) if size is None]
     assert whole == [None, None]
     runs = out / "runs"
     small = json.loads((runs / "pretrained" / "sent" / "size-2" / "seed-0" / "result.json").read_text())
@@ -629,7 +628,7 @@ def test_sizes_without_all_fill_the_table_with_the_largest(tmp_path, tokenizer_d
     out = tmp_path / "out"
     argv = suite_argv(suite, out, tokenizer_dir, tmp_path / "a")
     scores = {"2": 0.5, "4": 0.75}
-    size = lambda args: next(a.split("=")[1] for a in args if a.startswith("--data.train_size"))  # noqa: E731
+    size = lambda args: str(data_of(args)["train_size"])  # noqa: E731
     monkeypatch.setattr(
         suites,
         "fit_and_evaluate",
