@@ -157,6 +157,39 @@ class CheckpointHparamsAsDefaults:
         return
 
 
+class ParsersBuiltOnce:
+    """LightningCLI mixin: a process builds each kind of parser once; each later CLI of that kind
+    takes a deep copy of it (a few ms), so what a CLI changes on its parser (a checkpoint's
+    configuration as defaults, instantiators) stays its own.
+
+    LightningCLI builds its parser and one per subcommand anew at every CLI (`setup_parser`,
+    src/lightning/pytorch/cli.py): every signature read again, about 60 ms, which `gpt-ft suite`
+    pays two or three times a run. There is no public way to give a CLI a parser. `setup_parser`
+    sets `PARSER_STATE` on the CLI; if it comes to set more, add them (tests/test_workarounds.py
+    fails). The kind is what the parsers are built from: the CLI's class, the parser's arguments,
+    the classes, their modes and defaults, the subcommands.
+    """
+
+    PARSER_STATE = ("parser", "_subcommand_parsers", "_subcommand_method_arguments")
+    _built: dict[str, dict] = {}
+
+    def setup_parser(self, add_subcommands: bool, main_kwargs: dict, subparser_kwargs: dict) -> None:
+        import copy
+
+        defaults = {k: v for k, v in self.trainer_defaults.items() if k != "callbacks"}  # not the parser's
+        kind = repr((type(self), add_subcommands, main_kwargs, subparser_kwargs, self.model_class,
+                     self.datamodule_class, self.subclass_mode_model, self.subclass_mode_data,
+                     self.trainer_class, defaults, self.seed_everything_default,
+                     self.auto_configure_optimizers, add_subcommands and self.subcommands()))  # fmt: skip
+        if kind not in self._built:
+            super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
+            self._built[kind] = {
+                name: getattr(self, name) for name in self.PARSER_STATE if hasattr(self, name)
+            }
+        for name, value in copy.deepcopy(self._built[kind]).items():  # one copy: the references within kept
+            setattr(self, name, value)
+
+
 # The keys LightningCLI adds to a module's saved hyper-parameters: `_instantiator` (how to create the
 # module again, Lightning-AI/pytorch-lightning#18105) and `_class_path` (its class where the CLI
 # picks one, src/lightning/pytorch/cli.py); they are not the module's arguments. #20777 (open) adds

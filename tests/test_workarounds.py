@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader
 from gpt_ft.workarounds import (
     CLI_HPARAMS,
     CheckpointHparamsAsDefaults,
+    ParsersBuiltOnce,
     clear_graceful_stop,
     dataset_fingerprint,
     decline_step_unscaling,
@@ -277,6 +278,52 @@ def test_lightning_cli_adds_exactly_the_named_keys_to_a_modules_hyperparameters(
     args += ["--trainer.logger=false", "--trainer.enable_checkpointing=false"]
     cli = LightningCLI(Tiny, subclass_mode_model=True, run=False, save_config_callback=None, args=args)
     assert set(cli.model.hparams) == {"width", *CLI_HPARAMS}
+
+
+@pytest.mark.parametrize("subcommands", [True, False], ids=["subcommands", "run=False"])
+def test_setup_parser_sets_only_the_attributes_a_reused_parser_carries(monkeypatch, subcommands):
+    monkeypatch.setattr("sys.argv", ["gpt-ft"])
+    added = []
+
+    class Watched(ParseOnly):
+        def setup_parser(self, *args) -> None:
+            before = set(vars(self))
+            super().setup_parser(*args)
+            added.extend(set(vars(self)) - before)
+
+    with pytest.raises(Parsed):
+        Watched(Tiny, save_config_callback=None, run=subcommands, args=["fit"] if subcommands else [])
+    assert "parser" in added and set(added) <= set(ParsersBuiltOnce.PARSER_STATE)
+
+
+def test_each_cli_parses_with_its_own_copy_of_a_parser_built_once(monkeypatch):
+    """Defaults one CLI sets on its parser (a checkpoint's configuration) do not reach the next."""
+    monkeypatch.setattr("sys.argv", ["gpt-ft"])
+    monkeypatch.setattr(ParsersBuiltOnce, "_built", {})
+    built = []
+    monkeypatch.setattr(
+        LightningCLI,
+        "setup_parser",
+        lambda self, *a, real=LightningCLI.setup_parser: built.append(1) or real(self, *a),
+    )
+
+    class Reused(ParsersBuiltOnce, ParseOnly):
+        def parse_arguments(self, parser, args) -> None:
+            if "--defaults" in args:  # as GPTCLI does with a checkpoint's configuration
+                self._subcommand_parsers["fit"].set_defaults({"model.width": 7})
+                args = [a for a in args if a != "--defaults"]
+            super().parse_arguments(parser, args)
+
+    def width(*args: str) -> int:
+        with pytest.raises(Parsed) as parsed:
+            Reused(Tiny, save_config_callback=None, args=["fit", *args, "--trainer.accelerator=cpu"])
+        return parsed.value.args[0].fit.model.width
+
+    assert width("--defaults") == 7 and width() == 2 and width("--model.width=4") == 4
+    assert len(built) == 1
+    with pytest.raises(Parsed):
+        Reused(Tiny, save_config_callback=None, run=False, args=[])
+    assert len(built) == 2  # another kind of parser: no subcommands
 
 
 # torch

@@ -23,7 +23,12 @@ from gpt_ft.training.precision import cpu_precision, runs_on_cpu
 from gpt_ft.training.run_folders import DEFAULT_LOGGER, logs_follow_root_dir, newest_last
 from gpt_ft.training.saved import plain_config, recorded_configuration, with_absolute_paths
 from gpt_ft.weights.pretrained import resolve_tokenizer
-from gpt_ft.workarounds import CheckpointHparamsAsDefaults, judge_after_every_validation, parse_unchecked
+from gpt_ft.workarounds import (
+    CheckpointHparamsAsDefaults,
+    ParsersBuiltOnce,
+    judge_after_every_validation,
+    parse_unchecked,
+)
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")  # LightningCLI's
 
@@ -39,7 +44,7 @@ class ValidatedOnce(LightningArgumentParser):
         super().save(namespace, path, *args, skip_validation=skip_validation, **kwargs)
 
 
-class GPTCLI(CheckpointHparamsAsDefaults, LightningCLI):
+class GPTCLI(CheckpointHparamsAsDefaults, ParsersBuiltOnce, LightningCLI):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # Only the subcommand given gets its parser built: each of the four costs a third of a second.
         given = kwargs.get("args")
