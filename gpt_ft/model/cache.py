@@ -81,8 +81,11 @@ class StaticKVCache:
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write this layer's new keys/values (B, nh, T, hs) at `position`; return every slot. Under
         autocast they come in its dtype and are kept in the cache's, as `KVCache` keeps them."""
-        if k.shape[0] != self.k.shape[1] or k.shape[2] > self.max_len:  # (its length is on the device)
-            raise ValueError(misfit(self, k, None))
+        # The length lives on the device: read on a CPU only (free there); an accelerator's decode
+        # loop knows its lengths ahead (`generate` sizes the cache to the prompt and new tokens).
+        held = self.length if self.k.device.type == "cpu" else None
+        if k.shape[0] != self.k.shape[1] or k.shape[2] + (held or 0) > self.max_len:
+            raise ValueError(misfit(self, k, held))
         index = self.positions(k.shape[2])
         self.k[layer].index_copy_(2, index, k.to(self.k.dtype))
         self.v[layer].index_copy_(2, index, v.to(self.v.dtype))

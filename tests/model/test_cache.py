@@ -76,6 +76,12 @@ def test_static_cache_prefill_and_steps_equal_the_full_forward():
     assert cache.length == 30 and cache.position.device == ids.device
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=1e-5)
     assert not cache.k[:, :, :, 30:].any()  # nothing written past the tokens
+    with (
+        torch.no_grad(),
+        pytest.raises(ValueError, match=r"^The KV cache holds 40 positions; 30 are cached and 11"),
+    ):
+        gpt(ids[:, :11], kv_cache=cache)
+    assert cache.length == 30
 
 
 @pytest.mark.parametrize("family", ["mistral", "gemma3_text", "qwen3"])
