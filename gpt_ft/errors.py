@@ -56,10 +56,18 @@ def parse_error_message(text: str) -> str:
         f"class_path {m[1]!r} is not an import path (module.Class)"
         for m in re.finditer(r"Expected a dot import path string: (\S*)", text)
     ]
+    no_subclass = re.search(r"Not a valid subclass of (\w+)", text)
     if unaccepted:
         reason = unaccepted[0]
     elif not_a_class:
         reason = not_a_class[0]
+    elif no_subclass:  # neither a class path nor a mapping: a number, a list, ...
+        kind = (
+            "task card (a file, or class_path and init_args)"
+            if no_subclass[1] == "TaskAdapter"
+            else (f"{no_subclass[1]} (a class path, or class_path and init_args)")
+        )
+        reason = f"expected a {kind}, got {given}"
     elif any(line.startswith("Expected a path but") for line in lines):
         reason = yaml_file_problem(value) or f"{value} is not a file that can be read"
     elif bad_class:

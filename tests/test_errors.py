@@ -44,6 +44,17 @@ from gpt_ft.errors import parse_error_message, yaml_problem
             "  Given value type: <class 'dict'>\n  Given value: {'batch_size': 'abc'}",
             "--data.batch_size: expected int, got 'abc'.",
         ),
+        (  # --data={task: [a.yaml, b.yaml]}: neither a card's path nor a mapping
+            'Parser key "data":\n  Errors:\n'
+            "    - Problem with given class_path 'gpt_ft.data.task_data.TaskDataModule':\n"
+            '        Parser key "task":\n          Errors:\n'
+            "            - Not a valid subclass of TaskAdapter\n"
+            "              Subclass types expect one of:\n              - a class path (str)\n"
+            "          Given value type: <class 'list'>\n          Given value: ['a.yaml', 'b.yaml']\n"
+            "  Given value type: <class 'dict'>\n  Given value: {'task': ['a.yaml', 'b.yaml']}",
+            "--data.task: expected a task card (a file, or class_path and init_args), got "
+            "['a.yaml', 'b.yaml'].",
+        ),
         ("invalid choice: 'x' (choose from 'a', 'b')", "invalid choice: 'x' (choose from 'a', 'b')."),
         ("", "invalid arguments."),
     ],
