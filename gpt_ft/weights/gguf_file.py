@@ -167,6 +167,11 @@ def hf_config(path: Path):
     if head_dim and getattr(config, "head_dim", None) is not None:
         config.head_dim = int(head_dim)
     _check_rope(path, reader, arch, config)
+    from gpt_ft.weights.hf_llama import with_stops
+
+    # the end-of-turn tokens a file names beside its eos: llama.cpp stops at them too
+    more = [_field(reader, f"tokenizer.ggml.{kind}_token_id") for kind in ("eot", "eom")]
+    config.eos_token_id = with_stops(config.eos_token_id, more)
     return config
 
 

@@ -241,6 +241,20 @@ def to_hf(gpt: GPT):
     return hf_model.eval() if not gpt.training else hf_model
 
 
+def generation_stops(path: Path) -> list[int]:
+    """The end-of-text ids a folder's generation_config.json lists (transformers' `generate` stops at
+    each; instruct models list their end-of-turn tokens there); none without one."""
+    file = path / "generation_config.json"
+    if not file.is_file():
+        return []
+    try:
+        eos = json.loads(file.read_text(encoding="utf-8")).get("eos_token_id")
+    except (UnicodeDecodeError, json.JSONDecodeError, AttributeError) as exc:
+        raise ValueError(f"{file} is not a JSON object ({exc}).") from None
+    ids = [eos] if isinstance(eos, int) else eos if isinstance(eos, list) else []
+    return [i for i in ids if isinstance(i, int)]
+
+
 def read_folder(path: Path) -> tuple[GPTConfig, dict[str, Tensor], str]:
     """(config, state dict in gpt_ft's names, source) of a transformers directory (config.json plus
     model.safetensors or pytorch_model.bin), such as a hub id's snapshot.
@@ -261,6 +275,7 @@ def read_folder(path: Path) -> tuple[GPTConfig, dict[str, Tensor], str]:
     except ValueError as exc:
         raise ValueError(f"{config_file}: {exc}") from None
     hf_config = AutoConfig.from_pretrained(path, trust_remote_code=False)
+    hf_config.eos_token_id = hf_llama.with_stops(hf_config.eos_token_id, generation_stops(path))
     state: dict[str, Tensor] = {}
     shards = sorted(path.glob("model*.safetensors")) or sorted(path.glob("pytorch_model*.bin"))
     if not shards:

@@ -59,6 +59,14 @@ def token_ids_from_hf(c) -> dict | None:
     return ids if any(i is not None for i in ids.values()) else None
 
 
+def with_stops(eos, more) -> int | list[int] | None:
+    """A config's `eos_token_id` (an id, a list or None) with the ids in `more` after it, each once:
+    the end-of-turn tokens a model lists elsewhere (generation_config.json, a GGUF file's eot/eom)."""
+    before = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    ids = list(dict.fromkeys([*before, *(int(i) for i in more if i is not None)]))
+    return eos if ids == before else ids[0] if len(ids) == 1 else ids
+
+
 def token_ids_to_hf(config: GPTConfig) -> dict:
     """The `*_token_id` arguments of a transformers config: the source's ids, or None each."""
     ids = config.hf_token_ids or {}

@@ -100,11 +100,13 @@ def _tokenizer_metadata(writer, tokenizer) -> None:
 
 
 def write_gguf(path: Path, hf_model, tokenizer=None, qtype: str = "F32", name: str = "tiny",
-               quantize: dict | None = None, sizes: bool = True) -> Path:  # fmt: skip
+               quantize: dict | None = None, sizes: bool = True,
+               ids: dict | None = None) -> Path:  # fmt: skip
     """`hf_model` (a transformers *ForCausalLM) as a GGUF file: its matrices stored as `qtype`, the
     rest (norms, biases, 1-D tensors) as F32, llama.cpp's habit; `quantize` may give a type per
     tensor name suffix instead. With `tokenizer`, the file carries it. `sizes=False` leaves out the
-    vocabulary's size and the padding id, which some files lack."""
+    vocabulary's size and the padding id, which some files lack; `ids` adds token ids by key
+    (`tokenizer.ggml.eot_token_id`: 7)."""
     import gguf
 
     config = hf_model.config
@@ -120,6 +122,8 @@ def write_gguf(path: Path, hf_model, tokenizer=None, qtype: str = "F32", name: s
         _tokenizer_metadata(writer, tokenizer)
     elif sizes:
         writer.add_pad_token_id(0)  # as real files say (else a config class's default may lie outside)
+    for key, value in (ids or {}).items():
+        writer.add_uint32(key, value)
     state = hf_model.state_dict()
     for hf_name, tensor in state.items():
         if hf_name.endswith((".attn.bias", ".attn.masked_bias")) or "rotary_emb" in hf_name:

@@ -145,6 +145,21 @@ def test_what_transformers_gguf_reading_takes_from_defaults_is_read_from_the_fil
             torch.testing.assert_close(logits(gpt, ids), hf(ids).logits, rtol=0, atol=1e-5)
 
 
+def test_the_end_of_turn_tokens_a_file_names_stop_generation_beside_its_eos(tmp_path):
+    """llama.cpp stops at a file's eot and eom tokens too: they join the eos ids `generate` and an
+    export stop at."""
+    eot = {"tokenizer.ggml.eot_token_id": 7, "tokenizer.ggml.eom_token_id": 9}
+    hf = tiny("llama", eos_token_id=2)
+    gpt = GPT.from_pretrained(
+        write_gguf(tmp_path / "eot.gguf", hf, ids={"tokenizer.ggml.eos_token_id": 2, **eot})
+    )
+    assert gpt.config.hf_token_ids["eos"] == [2, 7, 9] and gpt.to_hf().config.eos_token_id == [2, 7, 9]
+    plain = GPT.from_pretrained(
+        write_gguf(tmp_path / "plain.gguf", hf, ids={"tokenizer.ggml.eos_token_id": 2})
+    )
+    assert plain.config.hf_token_ids["eos"] == 2
+
+
 @pytest.mark.parametrize(
     "family, qtype",
     [("llama", "Q4_1"), ("llama", "Q8_0"), ("qwen2", "Q4_0"), ("qwen3", "F16"), ("gemma3_text", "Q8_0"),

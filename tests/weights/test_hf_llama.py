@@ -140,6 +140,18 @@ def test_the_special_token_ids_come_back_from_a_round_trip(family):
     assert (none.bos_token_id, none.eos_token_id, none.pad_token_id) == (None, None, None)
 
 
+def test_a_folders_generation_config_adds_the_end_of_turn_ids_generation_stops_at(tmp_path):
+    """Instruct models list their end-of-turn tokens in generation_config.json, where transformers'
+    `generate` finds them: they join config.json's eos. A file that is no JSON object is named."""
+    hf = tiny_llama("llama", eos_token_id=2)
+    hf.generation_config.eos_token_id = [2, 7]
+    hf.save_pretrained(tmp_path)
+    assert GPT.from_pretrained(tmp_path).config.hf_token_ids["eos"] == [2, 7]
+    (tmp_path / "generation_config.json").write_text("[2, 7")
+    with pytest.raises(ValueError, match=r"generation_config.json is not a JSON object \("):
+        GPT.from_pretrained(tmp_path)
+
+
 def test_a_model_from_scratch_exports_to_the_family_its_shape_says():
     from tests.helpers import GEMMA3_MICRO, QWEN3_MICRO
 
