@@ -20,6 +20,22 @@ class CardError(TaskDataError):
     puts the card's file in front)."""
 
 
+@contextmanager
+def about(name, i: int, task: str) -> Iterator[None]:
+    """A missing field or bad value of record or example `i` in one sentence that names it first:
+    `name(i)` ("FILE, line 3", "example 0"), asked only then; `name` None: left to the caller."""
+    try:
+        yield
+    except KeyError as exc:
+        if name is None:
+            raise
+        raise TaskDataError(f"{name(i)} has no field {exc.args[0]!r} (task {task!r}).") from None
+    except TaskDataError as exc:
+        if name is None:
+            raise
+        raise TaskDataError(f"{name(i)}: {exc}") from None
+
+
 class FileProblem(ValueError):
     """A file named on the command line that cannot be used, in one sentence naming it."""
 

@@ -31,6 +31,7 @@ from gpt_ft.adapters.outputs import (
     short_repr,
 )
 from gpt_ft.adapters.sources import HubDataset, LocalFiles, Sources
+from gpt_ft.errors import about
 
 ENCODING = 7
 """The version of the path from examples to tokens: cached encodings of another one are not reused
@@ -302,16 +303,19 @@ class TaskAdapter:
         """Every field the adapter reads text from (checked to exist in the data)."""
         raise NotImplementedError
 
-    def regroup(self, records: Iterable[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[int]] | None:
+    def regroup(
+        self, records: Iterable[dict[str, Any]], where=None, alone: bool = False
+    ) -> tuple[list[dict[str, Any]], list[int]] | None:
         """Examples that span several records (NLI triplets: a premise's entailed and contradicted
         hypotheses): the new rows and, for each, the record that names it in messages; None (the
-        default): each record is one example."""
+        default): each record is one example. `where(i)` names record i in an error; `alone`: one
+        record to predict, unlabelled."""
         return None
 
     def to_predict(self, record: dict[str, Any]) -> dict[str, Any]:
         """One record of a file or a caller as the example to predict (`Classifier`, `gpt-ft label`):
         as `regroup` makes a split's examples, but alone, and without its label."""
-        grouped = self.regroup([record])
+        grouped = self.regroup([record], alone=True)
         if grouped is not None:
             if len(grouped[0]) != 1:
                 raise TaskDataError(f"the record makes no example for task {self.name!r} on its own.")
@@ -335,12 +339,8 @@ class TaskAdapter:
         name = where or (lambda i: f"example {i}")
         texts = []
         for i, example in enumerate(examples):
-            try:
+            with about(name, i, self.name):
                 texts.append(self.texts(example))
-            except KeyError as exc:
-                raise TaskDataError(f"{name(i)} has no field {exc.args[0]!r} (task {self.name!r}).") from None
-            except TaskDataError as exc:
-                raise TaskDataError(f"{name(i)}: {exc}") from None
         flat = [t for example_texts in texts for t in example_texts]
         # A text that spells a special token (`<|extract|>`, `<|endoftext|>`) is text; a chat's
         # rendering is markup (`renders_chats`: its template's tokens are meant).

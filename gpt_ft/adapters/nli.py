@@ -6,6 +6,7 @@ from typing import Any
 
 from gpt_ft.adapters.base import field_text
 from gpt_ft.adapters.embedding import Embedding
+from gpt_ft.errors import about
 
 
 class NliTriplets(Embedding):
@@ -43,17 +44,18 @@ class NliTriplets(Embedding):
     def text_fields(self) -> list[str]:
         return [self.premise, self.hypothesis, self.nli_label]
 
-    def regroup(self, records) -> tuple[list[dict[str, Any]], list[int]]:
+    def regroup(self, records, where=None, alone=False) -> tuple[list[dict[str, Any]], list[int]]:
         """One row per premise that entails a hypothesis: {anchor, positive, negatives}, with the
         record of its positive (for messages); premises in the order they first come."""
         grouped: dict[str, dict[str, Any]] = {}
         for i, row in enumerate(records):
-            premise, label = field_text(row[self.premise], self.premise), str(row[self.nli_label])
-            group = grouped.setdefault(premise, {"positive": None, "negative": None, "record": None})
-            if label in self.entailment and group["positive"] is None:
-                group["positive"], group["record"] = field_text(row[self.hypothesis]), i
-            elif label in self.contradiction and group["negative"] is None:
-                group["negative"] = field_text(row[self.hypothesis])
+            with about(where, i, self.name):
+                premise, label = field_text(row[self.premise], self.premise), str(row[self.nli_label])
+                group = grouped.setdefault(premise, {"positive": None, "negative": None, "record": None})
+                if label in self.entailment and group["positive"] is None:
+                    group["positive"], group["record"] = field_text(row[self.hypothesis], self.hypothesis), i
+                elif label in self.contradiction and group["negative"] is None:
+                    group["negative"] = field_text(row[self.hypothesis], self.hypothesis)
         kept = [(p, g) for p, g in grouped.items() if g["positive"] is not None]
         triplets = [
             {

@@ -32,9 +32,11 @@ from torch import Tensor
 from gpt_ft.adapters.base import Encoded, TaskAdapter, field_text, refuse_label_fields
 from gpt_ft.adapters.outputs import CardError, LabelSpec, TaskDataError, TaskOutput, short_repr
 from gpt_ft.adapters.preference import RewardHead, reply_templates
+from gpt_ft.errors import about
 
 LOSSES = ("plackett_luce", "softmax", "pairwise")
 RANK_METRICS = ("best_of_n", "pairwise_accuracy", "kendall_tau")
+UNSCORED = "__unscored__"  # a grouped record to predict alone: its sides give no scores
 
 
 def ranking_losses(rewards: Tensor, scores: Tensor, loss: str) -> Tensor:
@@ -257,24 +259,29 @@ class Ranking(TaskAdapter):
         fields = [self.chosen, self.rejected] if self.chosen else [self.replies]
         return ([self.group_by or self.prompt] if self.group_by or self.prompt else []) + fields
 
-    def regroup(self, records) -> tuple[list[dict[str, Any]], list[int]] | None:
+    def regroup(self, records, where=None, alone=False) -> tuple[list[dict[str, Any]], list[int]] | None:
         """With `group_by`: one row per value, {prompt, chosen, rejected}, each reply once, with the
         first record of its group (for messages). A group whose replies are all chosen or all
         rejected orders nothing and is left out (PRMBench has three questions whose 'modified'
-        solution is the original)."""
+        solution is the original); a record `alone` is scored whatever its sides (`UNSCORED`)."""
         if self.group_by is None:
             return None
         groups: dict[str, tuple[dict[str, list[str]], int]] = {}
         for i, row in enumerate(records):
-            key = field_text(row[self.group_by])
-            group, _ = groups.setdefault(key, ({"chosen": [], "rejected": []}, i))
-            for side, field in (("chosen", self.chosen), ("rejected", self.rejected)):
-                text = _reply_text(row[field], field)
-                if text not in group["chosen"] + group["rejected"]:
-                    group[side].append(text)
-        kept = [(key, g, first) for key, (g, first) in groups.items() if g["chosen"] and g["rejected"]]
+            with about(where, i, self.name):
+                key = field_text(row[self.group_by], self.group_by)
+                group, _ = groups.setdefault(key, ({"chosen": [], "rejected": []}, i))
+                for side, field in (("chosen", self.chosen), ("rejected", self.rejected)):
+                    text = _reply_text(row[field], field)
+                    if text not in group["chosen"] + group["rejected"]:
+                        group[side].append(text)
+        kept = [
+            (key, g, first) for key, (g, first) in groups.items() if alone or g["chosen"] and g["rejected"]
+        ]
+        unscored = {UNSCORED: True} if alone else {}
         rows = [
-            {self.group_by: key, self.chosen: g["chosen"], self.rejected: g["rejected"]} for key, g, _ in kept
+            {self.group_by: key, self.chosen: g["chosen"], self.rejected: g["rejected"], **unscored}
+            for key, g, _ in kept
         ]
         return rows, [first for _, _, first in kept]
 
@@ -296,7 +303,11 @@ class Ranking(TaskAdapter):
     def _replies(self, example: dict[str, Any]) -> list[tuple[str, float | None]]:
         """Each reply's text and score (None: unranked)."""
         if self.chosen:
-            sides = [(example[self.chosen], 1.0), (example[self.rejected], 0.0)]
+            scored = not example.get(UNSCORED)
+            sides = [
+                (example[self.chosen], 1.0 if scored else None),
+                (example[self.rejected], 0.0 if scored else None),
+            ]
             fields = (self.chosen, self.rejected)
             replies = [(_reply_text(t, f), s) for (v, s), f in zip(sides, fields) for t in _as_list(v, f)]
         else:

@@ -59,7 +59,7 @@ def located_split(task: TaskAdapter, split: str, data_dir: str | Path | None):
 def task_examples(task: TaskAdapter, split: str, raw, origin: Origin):
     """A loaded split's records as the task's examples, and their origin: regrouped where examples
     span records (NLI triplets), rows whose label the card ignores left out (`ignore_labels`)."""
-    grouped = task.regroup(raw)
+    grouped = task.regroup(raw, where=origin.of)
     if grouped is not None:
         import datasets
 

@@ -29,7 +29,7 @@ from gpt_ft.data.batches import PackedBatch, SharedContextBatch, TaskBatch, coll
 from gpt_ft.data.file_faults import file_format, json_records, record_lines
 from gpt_ft.data.files import read_table
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
-from gpt_ft.errors import at_least_one, check_output_file, device_named, input_file, writing
+from gpt_ft.errors import about, at_least_one, check_output_file, device_named, input_file, writing
 from gpt_ft.training.terms import batch_terms
 from gpt_ft.weights.checkpoint import Checkpoint
 from gpt_ft.weights.pretrained import GPT
@@ -134,7 +134,10 @@ class Classifier:
             fields = ", ".join(f"{f!r}: ..." for f in self.task.text_fields())
             raise TypeError(f"Classifier takes examples as dicts; example {bad[0]} is {examples[bad[0]]!r}: "
                             f"give {{{fields}}}.")  # fmt: skip
-        unlabelled = [self.task.to_predict(example) for example in examples]
+        unlabelled = []
+        for i, example in enumerate(examples):
+            with about(where or (lambda i: f"example {i}"), i, self.task.name):
+                unlabelled.append(self.task.to_predict(example))
         encoded = self.task.encode_examples(
             unlabelled, self.tokenizer, self.specials, self.max_length, where=where
         )

@@ -101,6 +101,17 @@ def test_classifier_scores_a_record_as_training_reads_it(tokenizer_dir):
         )
         assert clf.encode([row])[0]["input_ids"] == alone.fields()["input_ids"]
         assert len(got["scores"]) == 2
+    # A PRMBench record whose modified solution is the original: one reply, its reward (a split
+    # leaves such a record out: it orders nothing). A record without a field is named.
+    same, clf.task = {"q": "Q2", "original": ["1. a"], "modified": ["1. a"]}, prm
+    (alone,) = Ranking(name="plain").encode_examples(
+        [{"prompt": "Q2", "replies": ["1. a"]}], tokenizer, clf.specials, 48
+    )
+    assert clf.encode([same])[0]["input_ids"] == alone.fields()["input_ids"]
+    (one,) = clf.predict([same])
+    assert isinstance(one["scores"], float) and one["label"] == one["scores"]
+    with pytest.raises(TaskDataError, match=r"^example 1 has no field 'modified' \(task 'r'\)\.$"):
+        clf.predict([record, {"q": "Q3", "original": ["1. a"]}])
 
 
 def test_bad_rows_and_cards_are_one_sentence():

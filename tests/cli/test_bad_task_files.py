@@ -258,6 +258,20 @@ def test_a_card_that_cannot_work_is_named(explain, card, problem):
     assert message.startswith(problem.format(card=explain.root / "card.yaml"))
 
 
+def test_a_grouped_record_without_a_reply_names_its_line(explain):
+    """Records grouped into one example each (PRMBench's solutions by question): the record at
+    fault is named by its line, as an ungrouped one is."""
+    card = """class_path: gpt_ft.adapters.Ranking
+init_args: {name: prm, group_by: q, chosen: original, rejected: modified, prompt: null,
+            local: {splits: {train: d/r.jsonl, validation: d/r.jsonl}}}
+"""
+    good = '{"q": "Q1", "original": ["1. a"], "modified": ["1. b"]}'
+    message = explain("r.jsonl", f'{good}\n{{"q": "Q2", "original": ["1. a"]}}\n'.encode(), card)
+    assert message == (
+        f"{explain.root / 'd' / 'r.jsonl'}, line 2: field 'modified' holds a reply that is not a text: None."
+    )
+
+
 @pytest.mark.parametrize(
     "card",
     [
