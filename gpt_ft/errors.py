@@ -46,7 +46,8 @@ def parse_error_message(text: str) -> str:
     lines = [line.strip(" -") for line in text.splitlines()]
     lines = [line for line in lines if line and not inline(line)]
     values = [line.split(":", 1)[1].strip() for line in lines if line.startswith("Given value:")]
-    nested = re.search(r"NestedArg\(key='([^']*)', val='([^']*)'\)", text)
+    nested = re.search(r"NestedArg\(key='([^']*)', val=('[^']*'|\"[^\"]*\")\)", text)  # the value's repr
+    nested = nested and (nested[0], nested[1], nested[2][1:-1])  # a path with ' in it: in "quotes"
     in_mapping = card_in_mapping(values[-1]) if values and not nested and "task" in keys else None
     card = nested[2] if nested and nested[1] == "task" else in_mapping
     value = nested[2] if nested else card or (values[0] if values else None)  # as typed: a file, or the value

@@ -55,6 +55,13 @@ from gpt_ft.errors import parse_error_message, yaml_problem
             "--data.task: expected a task card (a file, or class_path and init_args), got "
             "['a.yaml', 'b.yaml'].",
         ),
+        (  # a card's path with a quote in it: its repr in double quotes
+            'Parser key "data":\n  Parser key "task":\n'
+            "    Problem with given class_path 'gpt_ft.adapters.SingleText':\n"
+            "      Option 'labelz' is not accepted\n"
+            """  Given value: NestedArg(key='task', val="Bob's/card.yaml")""",
+            "--data.task: Option 'labelz' is not accepted (in Bob's/card.yaml).",
+        ),
         ("invalid choice: 'x' (choose from 'a', 'b')", "invalid choice: 'x' (choose from 'a', 'b')."),
         ("", "invalid arguments."),
     ],
