@@ -11,7 +11,9 @@ TEXT_SUFFIXES = (".txt", ".text", ".md", ".raw", ".tokens")
 
 
 def find_files(inputs: Sequence[str | os.PathLike]) -> list[Path]:
-    """Text files named directly, or found (recursively, sorted) in the folders named."""
+    """Text files named directly, or found (recursively, sorted) in the folders named; each once,
+    where it first comes (a file named and in a folder named, or folders within folders: read twice,
+    its text would be in both the training and the validation split)."""
     files: list[Path] = []
     for item in inputs:
         path = Path(item).expanduser()
@@ -24,7 +26,10 @@ def find_files(inputs: Sequence[str | os.PathLike]) -> list[Path]:
             files.append(path)
         else:
             raise FileNotFoundError(f"Corpus input {path} does not exist.")
-    return files
+    first = {}
+    for file in files:
+        first.setdefault(file.resolve(), file)
+    return list(first.values())
 
 
 def file_lines(paths: list[Path], batch: int = 1000) -> Iterator[list[str]]:

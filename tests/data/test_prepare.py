@@ -140,6 +140,22 @@ def test_parallel_pieces_and_validation_split(tmp_path, tokenizer_dir):
     assert sum(is_validation(i, 0.3) for i in range(10_000)) == pytest.approx(3000, abs=150)
 
 
+def test_a_file_named_twice_is_read_once(tmp_path, tokenizer_dir):
+    """A file named and in a folder named, a folder within a folder: each file once, where it first
+    comes (read twice, its text would sit in both splits)."""
+    corpus = write_corpus(tmp_path, n_files=3, lines=20)
+    first = sorted(corpus.rglob("*.txt"))[1]
+    once, twice = (
+        prepare(out_dir=tmp_path / name, tokenizer=tokenizer_dir, inputs=inputs, progress=False)
+        for name, inputs in (
+            ("once", [str(first), str(corpus)]),
+            ("twice", [str(first), str(corpus), str(corpus)]),
+        )
+    )
+    assert once == twice and once["documents"] == 3 and once["sources"][0] == str(first)
+    assert (tmp_path / "once" / "train.bin").read_bytes() == (tmp_path / "twice" / "train.bin").read_bytes()
+
+
 def test_read_meta_checks_the_token_folder(tmp_path, tokenizer_dir):
     corpus = write_corpus(tmp_path, n_files=1, lines=10)
     assert prepare(
