@@ -163,7 +163,7 @@ def weights_tokenizer(path: str | os.PathLike) -> str | None:
     if kind == "transformers":
         return str(found) if is_tokenizer_dir(found) else None
     recorded = Checkpoint.read(found).tokenizer
-    return str(recorded) if recorded else None
+    return str(recorded) if recorded and recorded.is_dir() else None  # a copy not moved with the file: none
 
 
 def resolve_tokenizer(
@@ -178,5 +178,7 @@ def resolve_tokenizer(
         tokenizer = weights_tokenizer(weights)
     if tokenizer is None and option is not None:
         carries = f"{weights} carries no tokenizer" if weights else "no tokenizer"
+        if weights and str(weights).endswith(".ckpt"):
+            carries += " (a checkpoint's is the tokenizer folder saved beside it)"
         raise ValueError(f"{carries}; give {option} DIR.")
     return tokenizer

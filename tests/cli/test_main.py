@@ -140,6 +140,21 @@ def test_checkpoint_of_another_model_shape(run, finetuned):
     assert f"{small} holds a model with n_embd=32 but this run builds n_embd=64" in message
 
 
+def test_a_checkpoint_moved_without_its_tokenizer_starts_a_run_with_the_one_given(
+    tmp_path, finetuned, tokenizer_dir
+):
+    """Its saved tokenizer (beside it) is not taken for a hub name: the run's own tokenizer serves."""
+    import shutil
+
+    (tmp_path / "lone").mkdir()
+    lone = shutil.copy(finetuned.ckpt, tmp_path / "lone" / "last.ckpt")
+    run = tmp_path / "run"
+    args = [*common_args(finetuned.card, tokenizer_dir, finetuned.root), f"--trainer.default_root_dir={run}"]
+    main(["fit", *args, f"--model.init_from={lone}", "--trainer.max_steps=1",
+          f"--trainer.logger.init_args.save_dir={run}"])  # fmt: skip
+    assert next(run.rglob("last.ckpt")).is_file()
+
+
 @pytest.mark.parametrize(
     ("arg", "message"),
     [

@@ -53,7 +53,14 @@ def test_resolve_tokenizer_prefers_the_given_one_then_the_weights_own(tmp_path):
     assert resolve_tokenizer(None, str(bare)) == str(bare)
     # A gpt_ft checkpoint: the folder it records, beside it.
     torch.save({"state_dict": {}, "tokenizer": "tokenizer"}, tmp_path / "run.ckpt")
+    (tmp_path / "tokenizer").mkdir()
     assert resolve_tokenizer(None, str(tmp_path / "run.ckpt")) == str(tmp_path / "tokenizer")
+    # ... unless the file was moved without it: none (not a hub name to look up)
+    (tmp_path / "tokenizer").rmdir()
+    with pytest.raises(
+        ValueError, match=r"run.ckpt carries no tokenizer \(a checkpoint's is the tokenizer folder"
+    ):
+        resolve_tokenizer(None, str(tmp_path / "run.ckpt"))
     torch.save({"state_dict": {}}, tmp_path / "plain.ckpt")
     assert resolve_tokenizer(None, str(tmp_path / "plain.ckpt"), option=None) is None
     with pytest.raises(FileNotFoundError, match="does not exist"):
