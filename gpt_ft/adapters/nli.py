@@ -46,7 +46,14 @@ class NliTriplets(Embedding):
 
     def regroup(self, records, where=None, alone=False) -> tuple[list[dict[str, Any]], list[int]]:
         """One row per premise that entails a hypothesis: {anchor, positive, negatives}, with the
-        record of its positive (for messages); premises in the order they first come."""
+        record of its positive (for messages); premises in the order they first come. A record
+        `alone` (to predict) is its pair, whatever its label, if it has one."""
+        if alone:
+            pairs = [
+                {"anchor": row[self.premise], "positive": row[self.hypothesis], "negatives": []}
+                for row in records
+            ]
+            return pairs, list(range(len(pairs)))
         grouped: dict[str, dict[str, Any]] = {}
         for i, row in enumerate(records):
             with about(where, i, self.name):

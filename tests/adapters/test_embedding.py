@@ -586,3 +586,10 @@ def test_nli_records_become_triplets_as_sbert_and_simcse_build_them():
     assert named_by == [0, 3]  # each by its positive's record
     assert task.texts(rows[0]) == ["A man sings.", "A person sings.", "A woman sleeps."]
     assert task.text_fields() == ["premise", "hypothesis", "label"] and task.num_sequences == 3
+    # One record to score (`Classifier`): its pair, labelled or not, whatever the label.
+    for record in ({"premise": "A cat sits.", "hypothesis": "A cat runs."}, records[4]):
+        assert task.to_predict(record) == {
+            "anchor": "A cat sits.",
+            "positive": "A cat runs.",
+            "negatives": [],
+        }
