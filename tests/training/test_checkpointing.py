@@ -718,7 +718,8 @@ def test_a_run_saved_with_more_gpus_visible_resumes_on_fewer(monkeypatch):
 
 
 def test_pretraining_resumed_on_token_files_of_another_tokenizer_is_refused(tmp_path, tokenizer_dir, capsys):
-    """Token files of a tokenizer of the same size but other ids: refused, as a task's tokenizer is."""
+    """Token files of a tokenizer of the same size but other ids: refused, as a task's tokenizer is,
+    resumed or started from (`--model.init_from`), naming the token folder."""
     other = tmp_path / "other"
     shutil.copytree(tokenizer_dir, other)
     spec = json.loads((other / "tokenizer.json").read_text())
@@ -739,14 +740,16 @@ def test_pretraining_resumed_on_token_files_of_another_tokenizer_is_refused(tmp_
                 f"--trainer.logger.init_args.save_dir={tmp_path / 'logs'}"]  # fmt: skip
 
     main(args("tokens", 2))
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as stopped:
-        main([*args("tokens2", 4), "--ckpt_path=last"])
-    assert stopped.value.code == 2
-    said = capsys.readouterr().err.strip().splitlines()[-1]
-    assert said.startswith(
-        f"gpt-ft: error: --data.tokenizer {tmp_path / 'tokens2' / 'tokenizer'} is not the tokenizer "
-    )
+    (last,) = (tmp_path / "logs").rglob("last.ckpt")
+    for started in ("--ckpt_path=last", f"--model.init_from={last}"):  # resumed, or started from it
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as stopped:
+            main([*args("tokens2", 4), started])
+        assert stopped.value.code == 2
+        said = capsys.readouterr().err.strip().splitlines()[-1]
+        assert said.startswith(
+            f"gpt-ft: error: --data.token_dir {tmp_path / 'tokens2'} was prepared with another tokenizer "
+        ), said
 
 
 def test_a_run_resumed_with_another_task_card_says_what_changed(tmp_path, tokenizer_dir):
