@@ -275,6 +275,31 @@ def changed_files(before: dict[str, str] | None, now: dict[str, str]) -> list[st
     return [f"the file {f}" for f in sorted(before.keys() | now.keys()) if before.get(f) != now.get(f)]
 
 
+SUBMISSION = "submission"  # OUT/submission: the best seeds' predictions, written again each run
+SUITES_OWN = ".submission-by-gpt-ft-suite"  # beside a submission folder a suite wrote
+
+
+def check_submission_folder(out: Path) -> None:
+    """A suite replaces OUT/submission whole: refused, before any run, where it holds files no
+    suite wrote (`gpt-ft predict` output kept there); a suite's earlier output is its own."""
+    folder = out / SUBMISSION
+    ours = (out / SUITES_OWN).exists() or (out / "results.json").exists()
+    if folder.is_dir() and not ours and any(folder.iterdir()):
+        raise ValueError(
+            f"{folder} holds files no suite wrote, and a suite writes its submission there anew: give "
+            "another --out_dir, or move them (they are kept)."
+        )
+
+
+def new_submission_folder(out: Path) -> Path:
+    """OUT/submission, emptied (checked to be a suite's: `check_submission_folder`), marked ours."""
+    folder = out / SUBMISSION
+    (out / SUITES_OWN).touch()
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir()
+    return folder
+
+
 def write_zip(archive: Path, folder: Path, names: list[str]) -> None:
     """The files `names` of `folder` zipped into `archive` (written whole or not at all)."""
 

@@ -37,9 +37,11 @@ from gpt_ft.eval.finetune import config_changes, fit_and_evaluate, main_key
 from gpt_ft.eval.results import (
     benchmark_score,
     changed_files,
+    check_submission_folder,
     input_stamps,
     mean_std,
     minutes,
+    new_submission_folder,
     percent,
     read_json,
     run_stamps,
@@ -130,6 +132,8 @@ class SuiteRunner:
         # A transfer-depth sweep scores partial models: no submission from it unless asked.
         default = spec.submission is not None and not transfer_layers
         self.predict, self.keep_checkpoints = default if predict is None else predict, keep_checkpoints
+        if self.predict and fine_tune and spec.submission is not None:  # written anew at the end
+            check_submission_folder(self.out)
         # The main table and the submission: the runs of every layer transferred, or a sweep's deepest.
         self.main_layers = max(self.transfer_layers) if self.transfer_layers else None
         # ... on the whole split, or where `all` is no size, on the largest subset
@@ -373,9 +377,7 @@ class SuiteRunner:
     def write_submission(self, results: dict[str, Any], log=print) -> Path:
         """Each task's predictions from its best seed, gathered and zipped; missing files warned of."""
         spec = self.spec.submission
-        folder = self.out / "submission"
-        shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir()
+        folder = new_submission_folder(self.out)
         for name, item in results["tasks"].items():
             stats = item["metrics"].get(item["main_metric"])
             if not stats or not stats["seeds"]:

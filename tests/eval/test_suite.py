@@ -268,6 +268,21 @@ def test_ctrl_c_in_a_suite_says_to_rerun_the_suite(tmp_path, tokenizer_dir, caps
     assert captured.err.rstrip().endswith("gpt-ft: stopped by Ctrl-C (SIGINT)")
 
 
+def test_a_submission_folder_of_other_files_is_refused_before_any_run(tmp_path):
+    """OUT/submission is written anew at the end of a suite: files no suite wrote there (`gpt-ft
+    predict`'s) stop it before it runs, kept; a suite's own output (or none to predict) passes."""
+    spec = load_suite(ROOT / "configs/suites/glue.yaml")
+    (tmp_path / "submission").mkdir()
+    (tmp_path / "submission" / "RTE.tsv").write_text("index\tprediction\n0\tentailment\n")
+    with pytest.raises(ValueError, match=r"submission holds files no suite wrote, and a suite writes its"):
+        suites.SuiteRunner(spec, out_dir=tmp_path)
+    assert (tmp_path / "submission" / "RTE.tsv").is_file()
+    suites.SuiteRunner(spec, out_dir=tmp_path, predict=False)
+    suites.new_submission_folder(tmp_path)  # as a suite writes it: its own from then on
+    suites.SuiteRunner(spec, out_dir=tmp_path)
+    assert not (tmp_path / "submission" / "RTE.tsv").exists()
+
+
 def test_a_subset_of_a_suites_tasks(tmp_path):
     spec = load_suite(ROOT / "configs/suites/glue.yaml")
     runner = suites.SuiteRunner(spec, out_dir=tmp_path, tasks=["sst2", "rte", "stsb"], seeds=[0, 1])
