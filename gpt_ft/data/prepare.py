@@ -204,9 +204,15 @@ def prepare(
     if piece_chars < 2:
         raise ValueError(f"piece_chars must be >= 2, got {piece_chars}.")
     out = Path(out_dir).expanduser()
-    # What a killed run leaves: a lock, temporary files; in a folder prepared before, part of its commit.
-    ours = {LOCK, "tokenizer", *SPLIT_FILES.values(), *(name + ".tmp" for name in SPLIT_FILES.values())}
-    if out.exists() and not (out / META).exists() and any(p.name not in ours for p in out.iterdir()):
+    # What a killed run leaves: a lock, temporary files; in a folder prepared before, part of its
+    # commit (a tokenizer folder with them, never alone: a user's own tokenizer kept there).
+    traces = {LOCK, *SPLIT_FILES.values(), *(name + ".tmp" for name in SPLIT_FILES.values())}
+    names = {p.name for p in out.iterdir()} if out.is_dir() else set()
+    if (
+        out.exists()
+        and not (out / META).exists()
+        and names - traces - ({"tokenizer"} if names & traces else set())
+    ):
         raise ValueError(
             f"Output folder {out} is not empty and holds no token files; choose an empty folder."
         )

@@ -1,4 +1,5 @@
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -346,6 +347,13 @@ def test_one_prepare_at_a_time_and_a_killed_ones_leftovers(tmp_path, tokenizer_d
     prepare(**args)
     assert read_meta(out)["documents"] > 0
     assert sorted(p.name for p in out.iterdir()) == ["meta.json", "tokenizer", "train.bin", "validation.bin"]
+    # A tokenizer folder alone is someone's own, not a killed run's: kept, the folder refused.
+    mine = tmp_path / "mine"
+    shutil.copytree(tokenizer_dir, mine / "tokenizer")
+    before = (mine / "tokenizer" / "tokenizer.json").read_bytes()
+    with pytest.raises(ValueError, match=r"is not empty and holds no token files; choose an empty folder"):
+        prepare(**{**args, "out_dir": str(mine)})
+    assert (mine / "tokenizer" / "tokenizer.json").read_bytes() == before
 
 
 def test_a_tokenizer_saved_over_another_leaves_none_of_its_files(tmp_path, tokenizer_dir):
