@@ -11,7 +11,9 @@ and `export` (the score layer divided by T) use it.
 from __future__ import annotations
 
 import math
+import os
 import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -166,11 +168,20 @@ def calibrate(
 
     stored.temperature = temperature
     with writing(output):
-        if tokenizer is not None:
-            shutil.rmtree(tokenizer, ignore_errors=True)  # (one there was asked to be replaced)
-            shutil.copytree(stored.tokenizer, tokenizer)
-            stored.tokenizer = tokenizer.name
-        stored.save(output)
+        if tokenizer is None:
+            stored.save(output)
+        else:  # staged beside: one there (asked to be replaced) stays with its file if the save fails
+            staged = Path(
+                tempfile.mkdtemp(prefix=f".{tokenizer.name}.", suffix=".partial", dir=tokenizer.parent)
+            )
+            try:
+                shutil.copytree(stored.tokenizer, staged, dirs_exist_ok=True)
+                stored.tokenizer = tokenizer.name
+                stored.save(output)
+                shutil.rmtree(tokenizer, ignore_errors=True)
+                os.replace(staged, tokenizer)
+            finally:
+                shutil.rmtree(staged, ignore_errors=True)
     found = {"temperature": temperature, "ece_before": ece(1.0), "ece_after": ece(temperature)}
     print(
         f"temperature {temperature:.4f}: expected calibration error {found['ece_before']:.4f} -> "

@@ -104,6 +104,22 @@ def test_calibration_lowers_the_ece_of_an_over_confident_model_and_keeps_its_pre
     assert [o["label"] for o in hot_out] == [o["label"] for o in cool_out]
     assert max(max(o["scores"].values()) for o in cool_out) < max(max(o["scores"].values()) for o in hot_out)
     assert torch.load(sure, weights_only=True).get("temperature") is None  # the input is kept as it was
+    # A save that fails (a full disk) over an earlier output keeps it whole: its file and tokenizer.
+    from gpt_ft.weights.checkpoint import Checkpoint
+
+    def full(self, path):
+        raise OSError(28, "No space left on device", str(path))
+
+    (tmp_path / "calibrated.tokenizer" / "marker").write_text("the earlier one")
+    kept = {f: f.read_bytes() for f in tmp_path.glob("calibrated*/**/*") if f.is_file()}
+    kept[calibrated] = calibrated.read_bytes()
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(SystemExit):
+        patch.setattr(Checkpoint, "save", full)
+        main(["calibrate", f"--ckpt_path={sure}", f"--output={calibrated}", f"--data_dir={tmp_path}",
+              "--overwrite=true"])  # fmt: skip
+    assert "No space left on device" in capsys.readouterr().err
+    assert all(f.read_bytes() == kept_bytes for f, kept_bytes in kept.items())
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # nothing staged left
     # Labels it cannot know (each sentence's rows half one answer, half the other): refused, nothing written.
     rows = [f"{i}\t{t}\t{i % 2}" for i, t in enumerate(texts)]
     (tmp_path / "d" / "dev.tsv").write_text("index\tsentence\tlabel\n" + "\n".join(rows) + "\n")
