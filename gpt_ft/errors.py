@@ -164,13 +164,23 @@ def writing(path: str | os.PathLike) -> Iterator[None]:
         raise
     except OSError as exc:
         raise WriteError(path, exc) from exc
+    except Exception as exc:  # safetensors' and tokenizers' own errors around an I/O error ("os error 28")
+        code = re.search(r"\(os error (\d+)\)", str(exc))
+        if code is None:
+            raise
+        raise WriteError(path, OSError(int(code[1]), os.strerror(int(code[1])))) from exc
 
 
 class WriteError(OSError):
     """A file that could not be written, named, with the previous one kept."""
 
     def __init__(self, path: str | os.PathLike, cause: OSError) -> None:
-        kept = "the previous file is kept" if Path(path).is_file() else "nothing was written there"
+        there = Path(path)
+        kept = (
+            f"the previous {'file' if there.is_file() else 'folder'} is kept"
+            if there.exists()
+            else ("nothing was written there")
+        )
         why = cause.strerror or str(cause)
         super().__init__(cause.errno, f"could not be written ({why}); {kept}", str(path))
 

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from gpt_ft.errors import writing
+
 # What a tokenizer's `save_pretrained` may write (transformers 4 and 5, fast and slow tokenizers).
 TOKENIZER_SAVES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
@@ -84,7 +86,8 @@ def save_tokenizer(tokenizer, folder: str | os.PathLike) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".partial", dir=folder.parent))
     try:
-        tokenizer.save_pretrained(str(staging))
+        with writing(folder):  # a full disk named as this folder, not the staging one
+            tokenizer.save_pretrained(str(staging))
         for name in TOKENIZER_SAVES:
             old = folder / name
             if old.is_dir() and not old.is_symlink():

@@ -182,6 +182,43 @@ def test_a_full_disk_while_writing_a_suite_report(tmp_path, monkeypatch):
     assert files(tmp_path) == {**before, "results.json": (tmp_path / "results.json").read_bytes()}
 
 
+def test_a_full_disk_under_safetensors_or_tokenizers_is_one_sentence(
+    tmp_path, finetuned, tokenizer_dir, capsys, monkeypatch
+):
+    """Their Rust writers raise their own errors around the I/O error ("... (os error 28)"):
+    named as any full disk is, the earlier folder kept."""
+    from safetensors import SafetensorError
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    def full(kind):
+        def save(*args, **kwargs):
+            raise kind("Error while serializing: I/O error: No space left on device (os error 28)")
+
+        return save
+
+    monkeypatch.setattr(PreTrainedModel, "save_pretrained", full(SafetensorError))
+    out = tmp_path / "export"
+    assert error(capsys, "export", f"--ckpt_path={finetuned.ckpt}", f"--out={out}") == (
+        f"{out}: could not be written (No space left on device); nothing was written there."
+    )
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("The quick brown fox jumps over the lazy dog. " * 20)
+    shutil.copytree(tokenizer_dir, tmp_path / "tok")
+    before = files(tmp_path / "tok")
+    monkeypatch.setattr(PreTrainedTokenizerBase, "save_pretrained", full(Exception))
+    args = [
+        "tokenizer",
+        f"--inputs={corpus}",
+        "--vocab_size=300",
+        f"--out_dir={tmp_path / 'tok'}",
+        "--overwrite=true",
+    ]
+    assert error(capsys, *args) == (
+        f"{tmp_path / 'tok'}: could not be written (No space left on device); the previous folder is kept."
+    )
+    assert files(tmp_path / "tok") == before and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
 # ---- cards checked when they load ----
 
 
