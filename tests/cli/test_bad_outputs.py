@@ -9,6 +9,7 @@ import errno
 import os
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -108,6 +109,17 @@ def test_out_dir_in_a_folder_that_cannot_be_written(tmp_path, capsys, monkeypatc
         monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != locked)
     assert error(capsys, "suite", "suite.yaml", f"--out_dir={out}") == (
         f"--out_dir {out}: the folder {locked} cannot be written (permission denied)."
+    )
+    # A read-only file system, which refuses root too, is said as such.
+    real = os.statvfs
+    monkeypatch.setattr(os, "access", lambda path, mode: True)
+    monkeypatch.setattr(
+        os,
+        "statvfs",
+        lambda path: real(path) if Path(path) != locked else SimpleNamespace(f_flag=os.ST_RDONLY),
+    )
+    assert error(capsys, "suite", "suite.yaml", f"--out_dir={out}") == (
+        f"--out_dir {out}: the folder {locked} cannot be written (a read-only file system)."
     )
 
 
