@@ -76,8 +76,7 @@ class GPTCLI(CheckpointHparamsAsDefaults, ParsersBuiltOnce, LightningCLI):
         if not isinstance(args, dict):
             subcommand = self._only
             if subcommand in ("validate", "test", "predict"):
-                ahead = [a for a in args if a != "--print_config" and not a.startswith("--print_config=")]
-                unchecked = parse_unchecked(parser, ahead)[subcommand]  # (printed after the defaults)
+                unchecked = parse_unchecked(parser, args)[subcommand]
                 ckpt = unchecked.get("ckpt_path")
                 if ckpt in ("last", "best", "hpc", "registry"):  # Lightning's names: `last` found here
                     ckpt = self.resolved_ckpt = newest_last(unchecked.trainer, subcommand, ckpt)

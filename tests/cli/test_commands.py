@@ -347,14 +347,6 @@ def shown(argv: list[str], capsys) -> dict:
     return yaml.safe_load(capsys.readouterr().out)
 
 
-def test_print_config_shows_what_a_checkpoint_brings(finetuned, capsys):
-    """`validate --ckpt_path CKPT --print_config`: the configuration the checkpoint records, as the
-    command would run it (the print came before the checkpoint was read)."""
-    config = shown(["validate", "--ckpt_path", str(finetuned.ckpt), "--trainer.accelerator=cpu"], capsys)
-    assert config["ckpt_path"] == str(finetuned.ckpt)
-    assert config["data"]["init_args"]["batch_size"] == 2 and config["model"]["preset"] == "gpt-micro"
-
-
 def test_typed_commands_read_jsonargparse_syntax_as_given(capsys):
     """Nothing rewrites a command line: lists are `[a, b]` (a list of paths or names also takes one
     value), booleans `true`/`false`, and a suite's arguments for every fit are a list."""
