@@ -222,12 +222,12 @@ def _check_parent(out: Path, option: str) -> None:
         above = above.parent
     if not above.is_dir():
         raise ValueError(f"{option} {out}: {above} is a file, not a folder.")
-    read_only = hasattr(os, "statvfs") and bool(
-        os.statvfs(above).f_flag & os.ST_RDONLY
-    )  # root: W_OK says yes
+    # (root passes W_OK anywhere; a folder may be a writable mount under a read-only one)
+    written = out if out.is_dir() else above
+    read_only = hasattr(os, "statvfs") and bool(os.statvfs(written).f_flag & os.ST_RDONLY)
     if read_only or not out.exists() and not os.access(above, os.W_OK | os.X_OK):
         why = "a read-only file system" if read_only else "permission denied"
-        raise ValueError(f"{option} {out}: the folder {above} cannot be written ({why}).")
+        raise ValueError(f"{option} {out}: the folder {written} cannot be written ({why}).")
 
 
 def check_not_null(values: dict, cls: type, option: str) -> None:

@@ -253,7 +253,6 @@ class GPTModule(Evaluation, LightningModule):
             vocab_size=vocab_size,
             lora=lora,
             new_token_ids=new_token_ids(tokenizer, init_from) if init_from else None,
-            tokenizer=tokenizer,
             new_tokens=new_tokens,
             own_tokens=framing_copies(tokenizer) if init_from and new_tokens != "random" else None,
         )

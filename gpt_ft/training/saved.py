@@ -45,7 +45,6 @@ def build_gpt(
     new_token_ids: list[int] | None = None,
     new_tokens: Literal["random", "copied", "mean"] | None = None,
     own_tokens: dict[int, int] | None = None,
-    tokenizer: str | None = None,
 ) -> GPT:
     """The GPT a run starts from: loaded weights (only dropouts may change, the first
     `transfer_layers` blocks kept) or a fresh preset, grown to fit the tokenizer's special tokens;
@@ -55,10 +54,8 @@ def build_gpt(
     (`new_token_ids`) then take unused rows, re-initialised as new tokens are, and the table keeps
     its released size. The framing tokens' rows start random (GPT-1 §3.3), copied from the
     tokenizer's own tokens in those roles (`own_tokens`: {row: source}), or at the mean of the
-    loaded rows (`mean`); `new_tokens=None` copies for the Llama family's weights only. A gpt_ft
-    checkpoint's weights take the run's `tokenizer` only if it is theirs (`check_init_tokenizer`)."""
+    loaded rows (`mean`); `new_tokens=None` copies for the Llama family's weights only."""
     if init_from:
-        check_init_tokenizer(tokenizer, init_from)
         if lora is not None and Path(init_from).is_absolute() and not Path(init_from).exists():
             raise FileNotFoundError(  # a LoRA checkpoint names its base weights by where they were
                 f"The base weights {init_from} do not exist: LoRA adapters need them (a LoRA checkpoint "
@@ -155,32 +152,14 @@ def check_tokenizer_fits(vocab_size: int, weights_vocab: int, init_from: str) ->
         )
 
 
-def check_init_tokenizer(tokenizer: str | None, init_from: str) -> None:
-    """A run started from a gpt_ft checkpoint reads its texts with the tokenizer the checkpoint was
-    trained with, or one that only adds tokens after it: one of the same size but other tokens
-    would turn every text into other ids without a word. The copy saved beside it is compared."""
-    from gpt_ft.weights.pretrained import locate, weights_tokenizer
-
-    try:
-        kind, _ = locate(init_from)
-        saved = weights_tokenizer(init_from) if kind == "checkpoint" else None
-    except (OSError, ValueError):  # weights that cannot be read: build_gpt says why
-        return
-    if tokenizer is None or saved is None or Path(tokenizer).expanduser().resolve() == Path(saved).resolve():
-        return
-    from gpt_ft.data.tokenizer import load_tokenizer
-
-    given = load_tokenizer(tokenizer).get_vocab()
-    if any(given.get(token) != i for token, i in load_tokenizer(saved).get_vocab().items()):
-        raise ValueError(not_its_tokenizer(tokenizer, init_from, saved))
-
-
-def not_its_tokenizer(tokenizer, where, saved) -> str:
-    tokens = Path(tokenizer).expanduser().parent
-    if (tokens / "meta.json").is_file():  # a token folder's (`gpt-ft prepare`): its tokens are the fault
+def not_its_tokenizer(tokenizer, where, saved, option: str) -> str:
+    """The refusal of a tokenizer that is not the one `where` was trained with, given by `option`
+    (`--data.token_dir`: token files', whose tokens are the fault)."""
+    if option == "--data.token_dir":
         return (
-            f"--data.token_dir {tokens} was prepared with another tokenizer than {where} was trained "
-            f"with: its tokens stand for other text. Prepare the corpus again with --tokenizer {saved}."
+            f"--data.token_dir {Path(tokenizer).parent} was prepared with another tokenizer than {where} "
+            f"was trained with: its tokens stand for other text. Prepare the corpus again with --tokenizer "
+            f"{saved}."
         )
     return (
         f"--data.tokenizer {tokenizer} is not the tokenizer {where} was trained with: the same text would "
@@ -224,7 +203,8 @@ def check_same_tokenizer(checkpoint: Checkpoint, data, where: str) -> None:
 
     tokenizer = tokenizer or load_tokenizer(path)  # token files' (pretraining): their folder's tokenizer
     if load_tokenizer(saved).get_vocab() != tokenizer.get_vocab():
-        raise ValueError(not_its_tokenizer(path, where, saved))
+        option = "--data.token_dir" if getattr(data, "token_dir", None) else "--data.tokenizer"
+        raise ValueError(not_its_tokenizer(path, where, saved, option))
 
 
 def check_lora_resume(

@@ -121,6 +121,12 @@ def test_out_dir_in_a_folder_that_cannot_be_written(tmp_path, capsys, monkeypatc
     assert error(capsys, "suite", "suite.yaml", f"--out_dir={out}") == (
         f"--out_dir {out}: the folder {locked} cannot be written (a read-only file system)."
     )
+    # ... but a folder there that is a writable mount of its own (a container's volume) is written.
+    from gpt_ft.errors import check_output_dir
+
+    locked.chmod(0o755)
+    out.mkdir()
+    assert check_output_dir(out, "--out_dir") == out
 
 
 # ---- gpt-ft label refuses an existing output unless --overwrite ----
