@@ -176,11 +176,9 @@ class WriteError(OSError):
 
     def __init__(self, path: str | os.PathLike, cause: OSError) -> None:
         there = Path(path)
-        kept = (
-            f"the previous {'file' if there.is_file() else 'folder'} is kept"
-            if there.exists()
-            else ("nothing was written there")
-        )
+        kept = "nothing was written there"
+        if there.exists():
+            kept = f"the previous {'file' if there.is_file() else 'folder'} is kept"
         why = cause.strerror or str(cause)
         super().__init__(cause.errno, f"could not be written ({why}); {kept}", str(path))
 
