@@ -52,7 +52,7 @@ class ExplainCLI(GPTCLI):
 
     def before_instantiate_classes(self) -> None:
         refuse_bad_config(self.config, self.model_class)
-        tokenizer_of_the_weights(self.config)
+        tokenizer_of_the_weights(self.config, fitting=True)  # what fit would read, refused as fit would
 
     def instantiate_classes(self) -> None:
         """The data module alone: the model and the trainer are not built."""

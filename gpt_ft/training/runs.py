@@ -21,7 +21,12 @@ from gpt_ft.training.callbacks import History, run_callbacks
 from gpt_ft.training.checkpointing import AtomicCheckpointIO, find_last_checkpoint
 from gpt_ft.training.precision import cpu_precision, runs_on_cpu
 from gpt_ft.training.run_folders import DEFAULT_LOGGER, logs_follow_root_dir, newest_last
-from gpt_ft.training.saved import plain_config, recorded_configuration, with_absolute_paths
+from gpt_ft.training.saved import (
+    check_init_tokenizer,
+    plain_config,
+    recorded_configuration,
+    with_absolute_paths,
+)
 from gpt_ft.weights.pretrained import resolve_tokenizer
 from gpt_ft.workarounds import (
     CheckpointHparamsAsDefaults,
@@ -129,7 +134,7 @@ class GPTCLI(CheckpointHparamsAsDefaults, ParsersBuiltOnce, LightningCLI):
             config.trainer.precision, why = cpu_precision(config.trainer.get("precision"))
             if why:
                 rank_zero_info(why)
-        tokenizer_of_the_weights(config)
+        tokenizer_of_the_weights(config, fitting=self.subcommand in (None, "fit"))
         self.data_config = with_absolute_paths(plain_config(config.data.as_dict()))
 
     def instantiate_classes(self) -> None:
@@ -297,10 +302,16 @@ def _recipe_length(config) -> None:
         )
 
 
-def tokenizer_of_the_weights(config) -> None:
-    """`--data.tokenizer`, where not given, is the one saved with `--model.init_from`'s weights."""
-    if "tokenizer" in (data := config.data.init_args):
-        data.tokenizer = resolve_tokenizer(data.tokenizer, config.model.get("init_from"), option=None)
+def tokenizer_of_the_weights(config, fitting: bool) -> None:
+    """`--data.tokenizer`, where not given, is the one saved with `--model.init_from`'s weights; one
+    given to a run that starts from a checkpoint is the one it was trained with (a run resumed or
+    scored from a checkpoint is held to that checkpoint's own: `check_same_tokenizer`)."""
+    if "tokenizer" not in (data := config.data.init_args):
+        return
+    init_from = config.model.get("init_from")
+    if data.tokenizer is not None and init_from and fitting and not config.get("ckpt_path"):
+        check_init_tokenizer(data.tokenizer, init_from)
+    data.tokenizer = resolve_tokenizer(data.tokenizer, init_from, option=None)
 
 
 def lightning_main(

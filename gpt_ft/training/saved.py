@@ -167,6 +167,30 @@ def not_its_tokenizer(tokenizer, where, saved, option: str) -> str:
     )
 
 
+def check_init_tokenizer(tokenizer: str, init_from: str) -> None:
+    """A tokenizer given to a run that starts from a gpt_ft checkpoint keeps each token of the one
+    saved with it at its id: one of the same size but other tokens would read every text as other
+    ids without a word. It may add a few tokens, or lack some the saved one added (prepare's
+    end-of-text token), and gpt_ft's framing tokens may move (they come after tokens a user added).
+    Released weights' tokenizers (transformers folders, GGUF files) are not compared."""
+    from gpt_ft.weights.pretrained import locate, weights_tokenizer
+
+    try:
+        saved = weights_tokenizer(init_from) if locate(init_from)[0] == "checkpoint" else None
+    except (OSError, ValueError):  # weights that cannot be read: build_gpt says why
+        return
+    if saved is None or Path(tokenizer).expanduser().resolve() == Path(saved).resolve():
+        return
+    from gpt_ft.data.tokenizer import SPECIAL_TOKENS, load_tokenizer
+
+    framing = set(SPECIAL_TOKENS.values())
+    given = load_tokenizer(tokenizer, add_specials=False).get_vocab()
+    own = load_tokenizer(saved, add_specials=False).get_vocab()
+    moved = any(given.get(token, i) != i for token, i in own.items() if token not in framing)
+    if moved or len(set(given) - set(own) - framing) > SPECIAL_TOKEN_ROOM:
+        raise ValueError(not_its_tokenizer(tokenizer, init_from, saved, "--data.tokenizer"))
+
+
 def base_reference(init_from: str) -> str:
     """How a LoRA checkpoint names its base weights: an absolute path, or the hub id as given."""
     local = Path(init_from).expanduser()

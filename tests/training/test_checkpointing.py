@@ -18,7 +18,7 @@ import torch
 from gpt_ft.cli import main
 from gpt_ft.training.checkpointing import FIT_RESUME
 from tests.background import gpt_ft
-from tests.helpers import MICRO, ROOT, finetune_args, make_task, write_corpus
+from tests.helpers import MICRO, ROOT, common_args, finetune_args, make_task, write_corpus
 
 
 def last_path(logs: Path, version: int) -> Path:
@@ -206,6 +206,78 @@ def test_a_checkpoint_is_read_with_the_tokenizer_it_was_trained_with(
         f"text would become other tokens. Give the one it was trained with (a copy is saved in "
         f"{ckpt.parent / 'tokenizer'})."
     )
+
+
+def test_a_run_started_from_a_checkpoint_reads_it_with_its_tokenizer(tmp_path, finetuned, capsys):
+    """`fit --model.init_from CKPT` with a tokenizer of the same size whose tokens moved is refused
+    before any work (it was taken without a word); a copy of the saved one is taken."""
+    from gpt_ft.training.saved import check_init_tokenizer
+
+    ckpt, saved, moved = finetuned.ckpt, finetuned.ckpt.parent / "tokenizer", tmp_path / "moved"
+    shutil.copytree(saved, tmp_path / "copy")
+    check_init_tokenizer(str(tmp_path / "copy"), str(ckpt))
+    shutil.copytree(saved, moved)
+    spec = json.loads((moved / "tokenizer.json").read_text())
+    vocab = spec["model"]["vocab"]
+    a, b = sorted(vocab, key=vocab.get)[300:302]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (moved / "tokenizer.json").write_text(json.dumps(spec))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        main(
+            [
+                "fit",
+                *common_args(make_task("single", tmp_path), str(moved), tmp_path),
+                f"--model.init_from={ckpt}",
+            ]
+        )
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"gpt-ft: error: --data.tokenizer {moved} is not the tokenizer {ckpt} was trained with: the same "
+        f"text would become other tokens. Give the one it was trained with (a copy is saved in {saved})."
+    )
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_tokenizer_that_adds_a_token_moves_the_framing_tokens_and_is_taken(tmp_path, monkeypatch):
+    """A GPT-2-style tokenizer (no framing tokens of its own) with a token added, as a run saves it:
+    a checkpoint made with the plain one saved the framing tokens first, this one has them after its
+    own. Every other token keeps its id: taken. The same with two tokens' ids swapped is refused."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from gpt_ft.data.tokenizer import SPECIAL_TOKENS, load_tokenizer
+    from gpt_ft.training.saved import check_init_tokenizer
+    from gpt_ft.weights import pretrained
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer, bpe.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=alphabet)
+    bpe.train_from_iterator(["the cat sat on the mat"] * 10, trainer)
+    base = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>")
+    folder = {name: tmp_path / name for name in ("saved", "added")}
+    base.save_pretrained(tmp_path / "base")
+    load_tokenizer(tmp_path / "base").save_pretrained(folder["saved"])
+    added = load_tokenizer(tmp_path / "base", add_specials=False)
+    added.add_special_tokens({"additional_special_tokens": ["<sep>"]})
+    added.save_pretrained(folder["added"])
+    load_tokenizer(folder["added"]).save_pretrained(folder["added"])  # as a run saves it: framing after <sep>
+    framing = list(SPECIAL_TOKENS.values())
+    assert load_tokenizer(folder["added"]).convert_tokens_to_ids(framing) != load_tokenizer(
+        folder["saved"]
+    ).convert_tokens_to_ids(framing)
+    ckpt = tmp_path / "last.ckpt"
+    ckpt.touch()
+    monkeypatch.setattr(pretrained, "weights_tokenizer", lambda path: str(folder["saved"]))
+    check_init_tokenizer(str(folder["added"]), str(ckpt))
+    spec = json.loads((folder["added"] / "tokenizer.json").read_text())
+    vocab = spec["model"]["vocab"]
+    a, b = sorted(vocab, key=vocab.get)[-2:]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (folder["added"] / "tokenizer.json").write_text(json.dumps(spec))
+    with pytest.raises(ValueError, match="is not the tokenizer .* was trained with"):
+        check_init_tokenizer(str(folder["added"]), str(ckpt))
 
 
 def test_a_crash_while_saving_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
