@@ -8,7 +8,29 @@ import torch
 from torch import Tensor
 
 from gpt_ft.adapters import TaskAdapter
+from gpt_ft.data.files import split_file
 from gpt_ft.errors import writing
+
+
+def submission_path(task: TaskAdapter, split: str, out_dir: str | Path) -> Path:
+    """Where `predict` writes a split's predictions: `submission_files`, else TASK-SPLIT.tsv."""
+    return Path(out_dir) / task.submission_files.get(split, f"{task.name}-{split}.tsv")
+
+
+def check_not_an_input(task: TaskAdapter, out_dir: str | Path, data_dir: str | Path | None) -> None:
+    """A submission file that is one of the task's own files (a card whose test file is named as
+    its submission, `--model.predictions_dir` its data folder) is refused before any work: the
+    predictions would replace the texts."""
+    if data_dir is None or task.local is None:
+        return
+    inputs = {split_file(task, split, data_dir).resolve(): split for split in task.local.splits}
+    for split in task.test_splits:
+        path = submission_path(task, split, out_dir)
+        if (read := inputs.get(path.resolve())) is not None:
+            raise ValueError(
+                f"--model.predictions_dir {out_dir}: the predictions of split {split!r} would replace "
+                f"{path}, the task's own {read!r} split file: give another folder (the file is kept)."
+            )
 
 
 def write_predictions(
@@ -22,7 +44,7 @@ def write_predictions(
     """Rows in example order, each example once, in the file the leaderboard expects
     (`submission_files`, else TASK-SPLIT.tsv); the task writes each prediction. An example is
     named by its id: the integer, or the text `names` gives its row."""
-    path = out_dir / task.submission_files.get(split, f"{task.name}-{split}.tsv")
+    path = submission_path(task, split, out_dir)
     order = torch.argsort(index)
     seen = set()
     lines = ["index\tprediction"]

@@ -20,6 +20,7 @@ from gpt_ft.errors import CardError, causes, check_context, check_devices, check
 from gpt_ft.training.callbacks import History, run_callbacks
 from gpt_ft.training.checkpointing import AtomicCheckpointIO, find_last_checkpoint
 from gpt_ft.training.precision import cpu_precision, runs_on_cpu
+from gpt_ft.training.predictions import check_not_an_input
 from gpt_ft.training.run_folders import DEFAULT_LOGGER, logs_follow_root_dir, newest_last
 from gpt_ft.training.saved import (
     check_init_tokenizer,
@@ -142,6 +143,10 @@ class GPTCLI(CheckpointHparamsAsDefaults, ParsersBuiltOnce, LightningCLI):
             super().instantiate_classes()
         judge_after_every_validation(self.trainer)
         check_context(self.datamodule, self.model.gpt.config.n_positions)
+        if self.subcommand == "predict" and self.model.task is not None:
+            check_not_an_input(
+                self.model.task, self.model.predictions_dir, getattr(self.datamodule, "data_dir", None)
+            )
 
     def before_fit(self) -> None:
         if self.model.class_weights == "balanced":  # from the data, handed to the model here

@@ -63,6 +63,25 @@ def test_predictions_dir_that_is_a_file(tmp_path, finetuned, capsys):
     assert files(tmp_path) == before
 
 
+def test_predictions_that_would_replace_a_split_file(tmp_path, finetuned, capsys):
+    """A card without submission files whose test file is TASK-test.tsv, predicted into its data
+    folder: refused before any work (the predictions replaced the texts)."""
+    shutil.copytree(finetuned.root / "d", tmp_path / "d")
+    shutil.copy(tmp_path / "d" / "test.tsv", tmp_path / "sent-test.tsv")
+    card = tmp_path / "card.yaml"
+    text = finetuned.card.read_text().replace("test: d/test.tsv", "test: sent-test.tsv")
+    card.write_text(text.replace("  submission_files: {test: SENT.tsv}\n", ""))
+    before = files(tmp_path)
+    taken = tmp_path / "sent-test.tsv"
+    data = f"--data={{'task': '{card}', 'data_dir': '{tmp_path}'}}"
+    argv = ["predict", f"--ckpt_path={finetuned.ckpt}", data, f"--model.predictions_dir={tmp_path}", *QUIET]
+    assert error(capsys, *argv, f"--trainer.default_root_dir={tmp_path}") == (
+        f"--model.predictions_dir {tmp_path}: the predictions of split 'test' would replace {taken}, "
+        "the task's own 'test' split file: give another folder (the file is kept)."
+    )
+    assert files(tmp_path) == before
+
+
 @pytest.mark.parametrize("command", ["suite", "prepare", "tokenizer"])
 def test_out_dir_that_is_a_file(command, tmp_path, tokenizer_dir, capsys):
     corpus, taken = tmp_path / "corpus.txt", tmp_path / "out"
