@@ -24,6 +24,17 @@ def at_least_fp32(t: Tensor) -> Tensor:
     return t if t.dtype == torch.float64 else t.float()
 
 
+TIE = 1e-6  # scores this close (relative to the best, or absolutely below 1) tie
+
+
+def first_best(scores: list[float]) -> int:
+    """The position of the best score, the first of those that tie with it (`TIE`): the same reply
+    placed elsewhere in a packed row scores a few last bits apart, and which batch it fell in must
+    not pick the winner."""
+    best = max(scores)
+    return next(i for i, score in enumerate(scores) if score >= best - TIE * max(1.0, abs(best)))
+
+
 class TaskHead(nn.Linear):
     """Dropout, the S sequences' extract states added (one sequence: itself), a linear layer.
 

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gpt_ft.adapters.base import Encoded, TaskAdapter, field_text, refuse_label_fields
+from gpt_ft.adapters.heads import first_best
 from gpt_ft.adapters.outputs import CardError, LabelSpec, TaskDataError, TaskOutput, short_repr
 from gpt_ft.adapters.preference import RewardHead, reply_templates
 from gpt_ft.errors import about
@@ -167,7 +168,7 @@ class RankingOutput(TaskOutput):
         rewards = [x for x in prediction.tolist() if not math.isnan(x)]
         if len(rewards) == 1:
             return {"label": rewards[0], "scores": rewards[0]}
-        return {"label": max(range(len(rewards)), key=rewards.__getitem__), "scores": rewards}
+        return {"label": first_best(rewards), "scores": rewards}
 
     def padded(self, scores: list[float] | None) -> list[float] | None:
         return None if scores is None else scores + [math.nan] * (self.max_replies - len(scores))

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from gpt_ft.adapters.base import Encoded, TaskAdapter, field_text, refuse_label_fields
 from gpt_ft.adapters.embedding import count_negatives, negative_texts
-from gpt_ft.adapters.heads import ChoiceHead
+from gpt_ft.adapters.heads import ChoiceHead, first_best
 from gpt_ft.adapters.metrics import RETRIEVAL, rank_metrics
 from gpt_ft.adapters.outputs import LabelSpec, TaskOutput
 
@@ -92,9 +92,9 @@ class RerankOutput(TaskOutput):
         return " ".join(f"{s:.4f}" for s in prediction.tolist() if not math.isnan(s))
 
     def outcome(self, prediction: Tensor, probabilities: Tensor) -> dict[str, Any]:
-        """The best candidate's position and every candidate's score."""
+        """The best candidate's position (the first on a tie) and every candidate's score."""
         scores = [s for s in prediction.tolist() if not math.isnan(s)]
-        return {"label": max(range(len(scores)), key=scores.__getitem__), "scores": scores}
+        return {"label": first_best(scores), "scores": scores}
 
     def example_label(self, example: dict[str, Any]) -> int:
         return 0  # the positive comes first

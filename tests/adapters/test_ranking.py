@@ -112,6 +112,15 @@ def test_classifier_scores_a_record_as_training_reads_it(tokenizer_dir):
     assert isinstance(one["scores"], float) and one["label"] == one["scores"]
     with pytest.raises(TaskDataError, match=r"^example 1 has no field 'modified' \(task 'r'\)\.$"):
         clf.predict([record, {"q": "Q3", "original": ["1. a"]}])
+    # Identical replies tie whatever the batch: the first is the best.
+    clf.task = Ranking(name="plain", max_replies=4)
+    rows = [
+        {"prompt": f"add {i} .", "replies": [f"add {i} .", f"add {i} .", "add 2 ."][: 2 + i % 2]}
+        for i in range(7)
+    ]
+    labels = {size: [got["label"] for got in clf.predict(rows, batch_size=size)] for size in (1, 3, 32)}
+    assert labels[1] == labels[3] == labels[32]
+    assert all(label in (0, 2) for label in labels[1])
 
 
 def test_bad_rows_and_cards_are_one_sentence():
@@ -216,6 +225,11 @@ def test_outcomes_name_the_best_reply():
     assert task.output.outcome(predictions[0], predictions[0]) == {"label": 1, "scores": [0.5, 2.0, -1.0]}
     assert task.output.outcome(predictions[1], predictions[1]) == {"label": 1.5, "scores": 1.5}  # one reply
     assert task.format_prediction(predictions[0]) == "1"
+    # The same reply placed elsewhere in a packed row scores a few last bits apart: a tie, the first
+    # wins whatever the batch; a real difference still wins.
+    for rewards, best in (([-0.0129002453, -0.0129002416, -0.0129002453], 0), ([0.1, 0.3, 0.3 + 4e-9], 1)):
+        assert task.output.outcome(torch.tensor(rewards, dtype=torch.float64), None)["label"] == best
+    assert task.output.outcome(torch.tensor([0.1, 0.3, 0.3001]), None)["label"] == 2
 
 
 def test_shipped_cards_read():
