@@ -35,6 +35,11 @@ def first_best(scores: list[float]) -> int:
     return next(i for i, score in enumerate(scores) if score >= best - TIE * max(1.0, abs(best)))
 
 
+def tied(scores: Tensor, best: Tensor) -> Tensor:
+    """Where `scores` tie with `best` (`TIE`; NaN ties with nothing)."""
+    return (scores - best).abs() <= TIE * best.abs().clamp(min=1.0)
+
+
 class TaskHead(nn.Linear):
     """Dropout, the S sequences' extract states added (one sequence: itself), a linear layer.
 

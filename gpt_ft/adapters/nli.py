@@ -50,7 +50,11 @@ class NliTriplets(Embedding):
         `alone` (to predict) is its pair, whatever its label, if it has one."""
         if alone:
             pairs = [
-                {"anchor": row[self.premise], "positive": row[self.hypothesis], "negatives": []}
+                {
+                    "anchor": field_text(row[self.premise], self.premise),
+                    "positive": field_text(row[self.hypothesis], self.hypothesis),
+                    "negatives": [],
+                }
                 for row in records
             ]
             return pairs, list(range(len(pairs)))

@@ -25,9 +25,9 @@ from torch import Tensor
 
 from gpt_ft.adapters.base import Encoded, TaskAdapter, field_text, refuse_label_fields
 from gpt_ft.adapters.embedding import count_negatives, negative_texts
-from gpt_ft.adapters.heads import ChoiceHead, first_best
+from gpt_ft.adapters.heads import ChoiceHead, first_best, tied
 from gpt_ft.adapters.metrics import RETRIEVAL, rank_metrics
-from gpt_ft.adapters.outputs import LabelSpec, TaskOutput
+from gpt_ft.adapters.outputs import LabelSpec, TaskDataError, TaskOutput
 
 
 class RerankHead(ChoiceHead):
@@ -84,7 +84,8 @@ class RerankOutput(TaskOutput):
                 "retrieval metrics are NaN (a row without a negative is left out).",
                 stacklevel=2,
             )
-        rank, ties = 1 + (negatives > positive).sum(dim=1), (negatives == positive).sum(dim=1)
+        tie = tied(negatives, positive)  # the same text placed elsewhere scores a few last bits apart
+        rank, ties = 1 + ((negatives > positive) & ~tie).sum(dim=1), tie.sum(dim=1)
         return rank_metrics(rank[ranks], metrics, ties=ties[ranks])
 
     def format_prediction(self, prediction: Tensor, name: Callable[[int], str]) -> str:
@@ -145,6 +146,8 @@ class Reranker(TaskAdapter):
 
     def texts(self, example: dict[str, Any]) -> list[str]:
         """[query, positive, negative, ...]."""
+        if example[self.positive] is None:  # a file's missing field reads as null
+            raise TaskDataError(f"field {self.positive!r} is empty: a reranking row needs its positive.")
         candidates = [example[self.positive], *negative_texts(example, self.negatives, self.num_negatives)]
         return [field_text(example[self.query], self.query)] + [field_text(c) for c in candidates]
 

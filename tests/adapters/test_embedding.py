@@ -560,6 +560,16 @@ def test_a_reranker_frames_each_candidate_after_the_query_and_ranks_the_positive
         nothing = task.output.metric_values(alone[3:], torch.zeros(1), ["recall@1"])  # said, not NaN alone
     assert nothing["recall@1"].isnan()
     assert task.output.format_prediction(scores[0], str) == "2.0000 1.0000"
+    # The positive repeated as a negative, placed elsewhere in a packed row: a few last bits apart, a
+    # tie (rank 1 or 2, half the time each) whatever the batch; a real difference still counts.
+    near = torch.tensor([[0.008972378, 0.008972371], [0.008972371, 0.008972378], [0.5, 0.5001]])
+    got = task.output.metric_values(near, torch.zeros(3), ["mrr@10"])
+    assert got["mrr@10"].item() == pytest.approx((0.75 + 0.75 + 0.5) / 3)
+    assert task.output.outcome(near[1], None)["label"] == 0
+    with pytest.raises(
+        TaskDataError, match=r"^field 'positive' is empty: a reranking row needs its positive\.$"
+    ):
+        task.texts({"query": "a", "positive": None, "negatives": ["c"]})
 
 
 def test_nli_records_become_triplets_as_sbert_and_simcse_build_them():
@@ -593,3 +603,5 @@ def test_nli_records_become_triplets_as_sbert_and_simcse_build_them():
             "positive": "A cat runs.",
             "negatives": [],
         }
+    with pytest.raises(TaskDataError, match=r"^field 'premise' holds a list \['a'\], not a text\.$"):
+        task.to_predict({"premise": ["a"], "hypothesis": "b"})
