@@ -107,10 +107,13 @@ def build(config: GPTConfig, state: dict[str, Tensor], source: str) -> GPT:
             f"{source} does not match the model its config describes ({config.n_layer} layers of width "
             f"{config.n_embd}): tensors missing: {_few(missing)}, unexpected: {_few(unexpected)}."
         )
-    # Transposed views from the conversion become contiguous tensors (faster matmuls, clean saves).
+    # Transposed views from the conversion become contiguous tensors (faster matmuls, clean saves),
+    # in float32 as GGUF files' are: a released bf16 or fp16 folder is trained and scored in fp32
+    # (the precision setting computes in bf16 where asked) beside the fp32 heads.
     for module in gpt.modules():
         for name, p in module.named_parameters(recurse=False):
-            setattr(module, name, torch.nn.Parameter(p.detach().contiguous()))
+            p = p.detach().float() if p.is_floating_point() else p.detach()
+            setattr(module, name, torch.nn.Parameter(p.contiguous()))
     return gpt
 
 

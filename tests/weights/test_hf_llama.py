@@ -97,6 +97,19 @@ def test_from_pretrained_directory_equals_transformers(family, tmp_path):
         torch.testing.assert_close(gpt.lm_logits(gpt(ids)), hf(ids).logits, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_precision_folder_loads_in_float32(dtype, tmp_path):
+    """Released folders are mostly bf16: read in float32 (its values exactly), as transformers reads
+    it with dtype=float32; kept in bf16, the fp32 task head met bf16 states and fit crashed."""
+    tiny_llama("llama").to(dtype).save_pretrained(tmp_path)
+    gpt = GPT.from_pretrained(tmp_path).eval()
+    assert {p.dtype for p in gpt.parameters()} == {torch.float32}
+    hf = type(tiny_llama("llama")).from_pretrained(tmp_path, dtype=torch.float32).eval()
+    ids = torch.randint(0, VOCAB, (2, 33))
+    with torch.no_grad():
+        torch.testing.assert_close(gpt.lm_logits(gpt(ids)), hf(ids).logits, rtol=0, atol=1e-5)
+
+
 def test_greedy_generation_equals_transformers(pair):
     hf, gpt = pair
     ids = torch.randint(0, VOCAB, (2, 7))
