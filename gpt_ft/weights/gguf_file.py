@@ -164,8 +164,8 @@ def hf_config(path: Path):
     if config.model_type == "mistral":  # a `llama` file named "mistral": its window is the file's, if any
         config.sliding_window = int(window) if window else None
     head_dim = _field(reader, f"{arch}.attention.key_length")  # transformers' qwen3 reading skips it
-    if head_dim and getattr(config, "head_dim", None) is not None:
-        config.head_dim = int(head_dim)
+    if getattr(config, "head_dim", None) is not None:  # none given: llama.cpp's width over the heads
+        config.head_dim = int(head_dim) if head_dim else config.hidden_size // config.num_attention_heads
     _check_rope(path, reader, arch, config)
     from gpt_ft.weights.hf_llama import with_stops
 
@@ -190,6 +190,9 @@ def _check_rope(path: Path, reader, arch: str, config) -> None:
     stored = stored or (f"rope scaling {scaling!r}" if scaling not in (None, "none") else None)
     if attention_factor not in (None, 1.0):
         stored = stored or f"attention factor {attention_factor:g}"
+    factors = (_field(reader, f"{arch}.rope.scaling.factor"), _field(reader, f"{arch}.rope.scale_linear"))
+    factor = next((f for f in factors if f not in (None, 0.0, 1.0)), None)  # no type: llama.cpp's linear
+    stored = stored or (f"rope scaling factor {factor:g}" if factor else None)
     params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     kinds = {p.get("rope_type") for p in ([params] if "rope_type" in params else params.values())
              if isinstance(p, dict)}  # fmt: skip
@@ -198,6 +201,13 @@ def _check_rope(path: Path, reader, arch: str, config) -> None:
             f"{path}: its rotary frequencies are scaled ({stored}), which transformers' GGUF reader "
             "leaves out, so the model read from it would compute other logits: load its transformers "
             "weights (a hub id or folder) instead."
+        )
+    rotated = _field(reader, f"{arch}.rope.dimension_count")
+    head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if rotated and int(rotated) < head:
+        raise ValueError(
+            f"{path}: it rotates {int(rotated)} of each head's {head} dimensions (rope.dimension_count), "
+            "and gpt_ft's blocks rotate them all: the model read from it would compute other logits."
         )
 
 

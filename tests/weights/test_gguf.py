@@ -130,6 +130,42 @@ def test_phi3s_window_is_read_and_scaled_rotary_frequencies_are_refused(tmp_path
     with_extra(lambda writer, config: writer.add_rope_scaling_attn_factors(1.19))
     with pytest.raises(ValueError, match=r"rotary frequencies are scaled \(attention factor 1.19\)"):
         GPT.from_pretrained(write_gguf(tmp_path / "phi3-factor.gguf", tiny("phi3")))
+    # A factor without a type (llama.cpp reads it as linear), and the older key for it.
+    with_extra(lambda writer, config: writer.add_rope_scaling_factor(4.0))
+    with pytest.raises(ValueError, match=r"rotary frequencies are scaled \(rope scaling factor 4\)"):
+        GPT.from_pretrained(write_gguf(tmp_path / "factor.gguf", tiny("llama")))
+    with_extra(lambda writer, config: writer.add_float32(f"{writer.arch}.rope.scale_linear", 2.0))
+    with pytest.raises(ValueError, match=r"rotary frequencies are scaled \(rope scaling factor 2\)"):
+        GPT.from_pretrained(write_gguf(tmp_path / "scale-linear.gguf", tiny("llama")))
+
+
+def test_a_file_that_rotates_part_of_each_head_is_refused_and_a_missing_head_size_is_the_width_over_heads(
+    tmp_path, monkeypatch
+):
+    """llama.cpp rotates `rope.dimension_count` dimensions of each head (transformers' reading and
+    gpt_ft's blocks rotate them all: other logits, silently); a file without `key_length` has
+    heads of the width over the head count, llama.cpp's default (transformers' Qwen3 takes 128)."""
+    from tests.weights import gguf_files
+
+    written = gguf_files._metadata
+
+    def changing(method, value):  # the writer's `method` writes `value` instead (None: nothing)
+        def metadata(writer, config, model_type, sizes):
+            write = getattr(type(writer), method)
+            setattr(writer, method, lambda given: None if value is None else write(writer, value))
+            written(writer, config, model_type, sizes)
+
+        monkeypatch.setattr(gguf_files, "_metadata", metadata)
+
+    changing("add_rope_dimension_count", 4)
+    with pytest.raises(ValueError, match=r"partial.gguf: it rotates 4 of each head's 8 dimensions \(rope"):
+        GPT.from_pretrained(write_gguf(tmp_path / "partial.gguf", tiny("llama")))
+    changing("add_key_length", None)
+    hf = tiny("qwen3", head_dim=8)  # 32 wide, 4 heads
+    gpt = GPT.from_pretrained(write_gguf(tmp_path / "qwen3.gguf", hf)).eval()
+    ids = torch.randint(0, VOCAB, (2, 24))
+    with torch.no_grad():
+        torch.testing.assert_close(logits(gpt, ids), hf(ids).logits, rtol=0, atol=1e-5)
 
 
 def test_what_transformers_gguf_reading_takes_from_defaults_is_read_from_the_file(tmp_path):
