@@ -225,22 +225,26 @@ def label(
         for row in rows
     ]
     names = write_labelled(target, rows, clf.run(fields, batch_size=batch_size, where=where))
-    renamed = (
-        "" if names == NEW_COLUMNS[: len(names)] else f" (as {' and '.join(names)}: it has such columns)"
-    )
+    moved = [got for wanted, got in names.items() if got != wanted]
+    renamed = f" (as {' and '.join(moved)}: it has such columns)" if moved else ""
     print(f"labelled {len(rows):,} examples of {source} into {target}{renamed}")
 
 
-NEW_COLUMNS = ("prediction", "scores")
+NEW_COLUMNS = {"label": "prediction", "scores": "scores"}  # an outcome's keys, the columns they fill
 
 
 def write_labelled(
     path, rows: list[dict[str, Any]], labelled: list[tuple[dict[str, Any], str]]
-) -> tuple[str, str]:
-    """The rows with a `prediction` column (json and jsonl: and the `scores`), written whole or not
-    at all; the names the columns written got (`prediction_1`, ... where the rows have their own)."""
+) -> dict[str, str]:
+    """The rows with a `prediction` column (json and jsonl: the `scores` and the rest of the outcome,
+    such as a preference's `probability`, too), written whole or not at all; the name each column
+    written got, by the name it wanted (`prediction_1`, ... where the rows have their own)."""
     taken = {key for row in rows for key in row}
-    names = tuple(free_name(name, taken) for name in NEW_COLUMNS)
+    wanted = {
+        **NEW_COLUMNS,
+        **{key: key for outcome, _ in labelled for key in outcome if key not in NEW_COLUMNS},
+    }
+    names = {key: free_name(name, taken) for key, name in wanted.items()}
     tmp = path.with_name(f".{path.name}.tmp")
     with writing(path):  # no space left, permission denied: one sentence, the previous file kept
         try:
@@ -249,7 +253,8 @@ def write_labelled(
             tmp.replace(path)
         finally:
             tmp.unlink(missing_ok=True)
-    return names if path.suffix.lower() in (".jsonl", ".json") else names[:1]
+    whole = path.suffix.lower() in (".jsonl", ".json")  # a table gets the prediction alone
+    return {wanted[key]: got for key, got in names.items() if whole or key == "label"}
 
 
 def free_name(name: str, taken: set[str]) -> str:
@@ -275,13 +280,13 @@ def _cell(value: Any) -> str:
     )
 
 
-def _write_rows(tmp, suffix: str, rows: list[dict[str, Any]], labelled, names: tuple[str, str]) -> None:
-    prediction, scores = names
+def _write_rows(tmp, suffix: str, rows: list[dict[str, Any]], labelled, names: dict[str, str]) -> None:
+    prediction = names["label"]
     columns = list(dict.fromkeys(key for row in rows for key in row))  # records may differ in their keys
     with tmp.open("w", encoding="utf-8", newline="") as f:
         if suffix in (".jsonl", ".json"):
             records = [
-                {**row, prediction: outcome["label"], scores: outcome["scores"]}
+                {**row, **{name: outcome[key] for key, name in names.items() if key in outcome}}
                 for row, (outcome, _) in zip(rows, labelled)
             ]
             if suffix == ".json":  # one array, as a .json input is read

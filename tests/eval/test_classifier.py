@@ -148,6 +148,26 @@ def test_label_writes_each_row_with_its_prediction(finetuned, tmp_path, capsys):
     assert source.read_bytes() == before
 
 
+def test_label_writes_a_reward_models_probability_beside_its_own(tmp_path):
+    """A preference outcome's `probability` (P(first > second)) is written to json and jsonl as
+    `Classifier.predict` gives it, named beside a column of the file's own; a table gets the
+    prediction alone."""
+    import json
+
+    from gpt_ft.eval.classifier import write_labelled
+
+    rows = [{"chosen": "a", "rejected": "b", "probability": "theirs"}]
+    outcome = {"label": "chosen", "scores": {"chosen": 1.0, "rejected": -1.0}, "probability": 0.88}
+    names = write_labelled(tmp_path / "out.jsonl", rows, [(outcome, "2.0000")])
+    assert names == {"prediction": "prediction", "scores": "scores", "probability": "probability_1"}
+    assert json.loads((tmp_path / "out.jsonl").read_text()) == {
+        **rows[0], "prediction": "chosen", "scores": outcome["scores"], "probability_1": 0.88}  # fmt: skip
+    assert write_labelled(tmp_path / "out.tsv", rows, [(outcome, "2.0000")]) == {"prediction": "prediction"}
+    assert (
+        tmp_path / "out.tsv"
+    ).read_text() == "chosen\trejected\tprobability\tprediction\na\tb\ttheirs\t2.0000\n"
+
+
 def test_label_keeps_a_files_own_columns_and_records(finetuned, tmp_path, capsys):
     """Columns named `prediction` or `scores` (a ranking card's gold scores) are kept and the new
     ones named beside them; a parquet date is ISO text in JSON; a JSON record without the card's
