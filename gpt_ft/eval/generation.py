@@ -1,7 +1,8 @@
 """`gpt-ft generate`: a prompt continued by a trained model, each new token printed as it comes.
 
 The model is a gpt_ft checkpoint, a transformers folder or a GGUF file; decoding is greedy,
-sampled (temperature, top-k, top-p) or a beam search (whose continuation is printed at the end). A
+sampled (temperature, top-k, top-p) or a beam search (whose continuation is printed at the end),
+with a repetition penalty where asked, and ends at an end-of-text token or at a stop text. A
 prompt that leaves no room in the model's context for a new token is refused rather than cut.
 """
 
@@ -33,6 +34,8 @@ def generate(
     top_p: float | None = None,
     num_beams: int = 1,
     length_penalty: float = 1.0,
+    repetition_penalty: float = 1.0,
+    stop: list[str] | None = None,
     seed: int = 0,
     device: str | None = None,
     precision: Literal["32-true", "bf16-mixed", "bf16-true"] = "32-true",
@@ -50,6 +53,9 @@ def generate(
         top_p: Sample among the likeliest tokens whose probabilities add up to p only.
         num_beams: Beam search when > 1 (printed at the end).
         length_penalty: Beam search: a beam's log-probability is divided by its length to this power.
+        repetition_penalty: Above 1, the tokens already in the text are less likely (CTRL's penalty,
+            as transformers applies it; 1.2 is common); 1: none.
+        stop: Texts that end the continuation when it produces one (not printed), e.g. ["\n\n"].
         seed: Seed of the sampling.
         device: Default: cuda when there is one.
         precision: bf16-mixed: fp32 weights, bf16 matrix products; bf16-true: bf16 weights and KV cache.
@@ -58,6 +64,9 @@ def generate(
 
     at_least_one(max_new_tokens, "--max_new_tokens")
     at_least_one(num_beams, "--num_beams")
+    stops = list(stop or [])
+    if "" in stops:
+        raise ValueError("--stop holds an empty text, which every continuation starts with: give texts.")
     device = device_named(device)
     if torch.device(device).type == "cpu":
         precision, why = cpu_precision(precision)
@@ -85,7 +94,9 @@ def generate(
     start = torch.tensor([ids], device=device)
     max_new = min(max_new_tokens, context - len(ids))
     eos = stop_tokens(tok, gpt.config)
-    check_decoding(gpt, start, max_new, temperature, top_k, top_p, num_beams, do_sample)  # before printing
+    check_decoding(  # before printing
+        gpt, start, max_new, temperature, top_k, top_p, num_beams, do_sample, repetition_penalty
+    )
     print(prompt, end="", flush=True)
     with torch.autocast(torch.device(device).type, torch.bfloat16, enabled=precision == "bf16-mixed"):
         if num_beams > 1:
@@ -95,8 +106,9 @@ def generate(
                 num_beams=num_beams,
                 length_penalty=length_penalty,
                 eos_token_id=eos,
+                repetition_penalty=repetition_penalty,
             )
-            print(continuation(tok, ids, out[0, len(ids) :].tolist()), flush=True)
+            print(until_stop(continuation(tok, ids, out[0, len(ids) :].tolist()), stops)[0], flush=True)
             return
         tokens = gpt.stream(
             start,
@@ -107,8 +119,9 @@ def generate(
             top_p=top_p,
             eos_token_id=eos,
             generator=torch.Generator(device).manual_seed(seed),
+            repetition_penalty=repetition_penalty,
         )
-        print_as_they_come(tok, tokens, eos, ids)
+        print_as_they_come(tok, tokens, eos, ids, stops)
 
 
 def prompt_ids(tok, prompt: str) -> list[int]:
@@ -136,10 +149,24 @@ def continuation(tok, prompt: list[int], new: list[int]) -> str:
     return after[len(before) :] if after.startswith(before) else tok.decode(new, skip_special_tokens=True)
 
 
-def print_as_they_come(tok, tokens: Iterator[Tensor], eos: list[int], prompt: list[int]) -> None:
-    """Print the text each new token adds as it comes, up to the end-of-text token. A token that
-    holds only the first bytes of a character (byte-level BPE) decodes to U+FFFD: the text waits
-    for the tokens that complete it, and what never completes is printed at the end."""
+def until_stop(text: str, stops: list[str]) -> tuple[str, bool]:
+    """`text` up to the first of the stop texts in it, and whether one was."""
+    ends = [i for i in (text.find(stop) for stop in stops) if i >= 0]
+    return (text[: min(ends)], True) if ends else (text, False)
+
+
+def held_back(text: str, stops: list[str]) -> int:
+    """How many of `text`'s last characters may begin a stop text: not printed until it is known."""
+    return max((k for stop in stops for k in range(1, len(stop)) if text.endswith(stop[:k])), default=0)
+
+
+def print_as_they_come(
+    tok, tokens: Iterator[Tensor], eos: list[int], prompt: list[int], stops: list[str] = ()
+) -> None:
+    """Print the text each new token adds as it comes, up to the end-of-text token or a stop text
+    (not printed; what may begin one waits). A token that holds only the first bytes of a
+    character (byte-level BPE) decodes to U+FFFD: the text waits for the tokens that complete it,
+    and what never completes is printed at the end."""
     new: list[int] = []
     shown = text = ""
     for token in tokens:
@@ -149,7 +176,11 @@ def print_as_they_come(tok, tokens: Iterator[Tensor], eos: list[int], prompt: li
         text = continuation(tok, prompt, new)
         if text.endswith("\ufffd"):
             continue
-        sys.stdout.write(text[len(shown) :])
+        text, stopped = until_stop(text, stops)
+        ready = text[: len(text) - (0 if stopped else held_back(text, stops))]
+        sys.stdout.write(ready[len(shown) :])
         sys.stdout.flush()
-        shown = text
-    print(text[len(shown) :])
+        shown = ready
+        if stopped:
+            break
+    print(until_stop(text, stops)[0][len(shown) :])

@@ -1,4 +1,5 @@
-"""Decoding for `GPT`: greedy, sampling (temperature, top-k, top-p) and beam search, over a KV cache.
+"""Decoding for `GPT`: greedy, sampling (temperature, top-k, top-p) and beam search, over a KV cache,
+with CTRL's repetition penalty where asked (as transformers applies it).
 
 Pure torch. These functions are also methods: `gpt.generate(...)`, `gpt.stream(...)`.
 """
@@ -25,6 +26,7 @@ def check_decoding(
     top_p: float | None,
     num_beams: int,
     do_sample: bool,
+    repetition_penalty: float = 1.0,
 ) -> None:
     if input_ids.ndim != 2 or input_ids.shape[1] == 0:
         raise ValueError(
@@ -56,6 +58,20 @@ def check_decoding(
         raise ValueError(f"num_beams must be >= 1, got {num_beams}.")
     if num_beams > 1 and do_sample:
         raise ValueError("Beam search is deterministic: use num_beams=1 with do_sample=True.")
+    if not repetition_penalty > 0:
+        raise ValueError(f"repetition_penalty must be > 0 (1: none), got {repetition_penalty}.")
+
+
+def penalized(scores: Tensor, seen: Tensor, penalty: float) -> Tensor:
+    """CTRL's repetition penalty (Keskar et al. 2019), as transformers applies it: the score of each
+    token the sequence holds already (`seen`, (B, V) bool) divided by `penalty` where positive,
+    multiplied by it where negative (beam search penalises log-probabilities so)."""
+    return torch.where(seen, torch.where(scores < 0, scores * penalty, scores / penalty), scores)
+
+
+def seen_tokens(ids: Tensor, vocab: int) -> Tensor:
+    """(B, V) bool: which tokens each row of `ids` holds."""
+    return torch.zeros(ids.shape[0], vocab, dtype=torch.bool, device=ids.device).scatter_(1, ids, True)
 
 
 def _filter_logits(logits: Tensor, temperature: float, top_k: int | None, top_p: float | None) -> Tensor:
@@ -107,6 +123,7 @@ def stream(
     use_cache: bool = True,
     generator: torch.Generator | None = None,
     static_cache: bool = False,
+    repetition_penalty: float = 1.0,
 ) -> Iterator[Tensor]:
     """Yield the next token of every sequence, (B,), one step at a time (greedy or sampled), with
     dropout off (the model's mode is restored after).
@@ -114,18 +131,22 @@ def stream(
     Sequences that produced an `eos_token_id` (one id, or several: instruct models end turns with
     more than one) keep yielding the first; the stream ends when all have. `static_cache`: keys and
     values in a `StaticKVCache`; on CUDA the decode step is then captured once as a CUDA graph and
-    replayed for every token (the same tokens, a fraction of the launches).
+    replayed for every token (the same tokens, a fraction of the launches). `repetition_penalty`
+    > 1 makes the tokens of the prompt and of what came since less likely (`penalized`).
     """
-    check_decoding(model, input_ids, max_new_tokens, temperature, top_k, top_p, 1, do_sample)
+    check_decoding(
+        model, input_ids, max_new_tokens, temperature, top_k, top_p, 1, do_sample, repetition_penalty
+    )
     if static_cache and not use_cache:
         raise ValueError("static_cache=True needs use_cache=True.")
     with decoding(model):
         yield from _stream(model, input_ids, max_new_tokens, do_sample, temperature, top_k, top_p,
-                           stop_ids(eos_token_id), use_cache, generator, static_cache)  # fmt: skip
+                           stop_ids(eos_token_id), use_cache, generator, static_cache,
+                           repetition_penalty)  # fmt: skip
 
 
 def _stream(model, input_ids, max_new_tokens, do_sample, temperature, top_k, top_p, stops, use_cache,
-            generator, static_cache) -> Iterator[Tensor]:  # fmt: skip
+            generator, static_cache, repetition_penalty) -> Iterator[Tensor]:  # fmt: skip
     B, T0 = input_ids.shape
     cache = model.new_kv_cache(B, T0 + max_new_tokens, static=static_cache) if use_cache else None
     ids, step_input = input_ids, input_ids
@@ -134,6 +155,7 @@ def _stream(model, input_ids, max_new_tokens, do_sample, temperature, top_k, top
         stops, dtype=input_ids.dtype, device=input_ids.device
     )  # copied once, not per token
     replay = None
+    seen = seen_tokens(input_ids, model.config.vocab_size) if repetition_penalty != 1.0 else None
     for i in range(max_new_tokens):
         if replay is not None:
             logits = replay(step_input)
@@ -142,6 +164,8 @@ def _stream(model, input_ids, max_new_tokens, do_sample, temperature, top_k, top
             logits = model.lm_logits(hidden[:, -1]).float()  # (B, V)
             if static_cache and input_ids.is_cuda and i + 1 < max_new_tokens:
                 replay = decode_graph(model, cache, B)
+        if seen is not None:
+            logits = penalized(logits, seen, repetition_penalty)
         if do_sample:
             probs = _filter_logits(logits, temperature, top_k, top_p).softmax(dim=-1)
             token = torch.multinomial(probs, 1, generator=generator).squeeze(1)  # (B,)
@@ -153,6 +177,8 @@ def _stream(model, input_ids, max_new_tokens, do_sample, temperature, top_k, top
         yield token
         if stops and bool(finished.all()):
             return
+        if seen is not None:
+            seen.scatter_(1, token[:, None], True)
         step_input = token[:, None]
         if not use_cache:
             ids = torch.cat([ids, step_input], dim=1)
@@ -209,15 +235,19 @@ def generate(
     use_cache: bool = True,
     generator: torch.Generator | None = None,
     static_cache: bool = False,
+    repetition_penalty: float = 1.0,
 ) -> Tensor:
     """Continue `input_ids` (B, T) by up to `max_new_tokens`; returns (B, T + n).
 
     Greedy by default; `do_sample=True` samples with `temperature`, `top_k`, `top_p`;
     `num_beams > 1` runs beam search scored by sum of log-probabilities / length**length_penalty.
     Sequences that stop early are padded with (the first) `eos_token_id`. `static_cache`: see
-    `stream` (on CUDA, the decode step as a CUDA graph). Dropout is off while it decodes.
+    `stream` (on CUDA, the decode step as a CUDA graph); `repetition_penalty`: `penalized`.
+    Dropout is off while it decodes.
     """
-    check_decoding(model, input_ids, max_new_tokens, temperature, top_k, top_p, num_beams, do_sample)
+    check_decoding(
+        model, input_ids, max_new_tokens, temperature, top_k, top_p, num_beams, do_sample, repetition_penalty
+    )
     if num_beams > 1:
         if static_cache:
             raise ValueError(
@@ -230,6 +260,7 @@ def generate(
             max_new_tokens=max_new_tokens,
             length_penalty=length_penalty,
             eos_token_id=eos_token_id,
+            repetition_penalty=repetition_penalty,
         )
     tokens = stream(
         model,
@@ -243,6 +274,7 @@ def generate(
         use_cache=use_cache,
         generator=generator,
         static_cache=static_cache,
+        repetition_penalty=repetition_penalty,
     )
     return torch.cat([input_ids, *(t[:, None] for t in tokens)], dim=1)
 
@@ -256,6 +288,7 @@ def beam_search(
     max_new_tokens: int,
     length_penalty: float = 1.0,
     eos_token_id: int | list[int] | None = None,
+    repetition_penalty: float = 1.0,
 ) -> Tensor:
     """Beam search over the KV cache, dropout off; returns the best hypothesis per prompt, (B, T + n).
 
@@ -263,14 +296,15 @@ def beam_search(
     A prompt is done once it has `num_beams` finished hypotheses and no running beam can beat the
     worst of them at the current length (the usual heuristic, as in transformers).
     """
-    check_decoding(model, input_ids, max_new_tokens, 1.0, None, None, num_beams, False)
+    check_decoding(model, input_ids, max_new_tokens, 1.0, None, None, num_beams, False, repetition_penalty)
     with decoding(model):
         return _beam_search(
-            model, input_ids, num_beams, max_new_tokens, length_penalty, stop_ids(eos_token_id)
-        )
+            model, input_ids, num_beams, max_new_tokens, length_penalty, stop_ids(eos_token_id),
+            repetition_penalty,
+        )  # fmt: skip
 
 
-def _beam_search(model, input_ids, num_beams, max_new_tokens, length_penalty, stops) -> Tensor:
+def _beam_search(model, input_ids, num_beams, max_new_tokens, length_penalty, stops, penalty) -> Tensor:
     pad = stops[0] if stops else 0
     B, T0 = input_ids.shape
     K, device = num_beams, input_ids.device
@@ -293,7 +327,10 @@ def _beam_search(model, input_ids, num_beams, max_new_tokens, length_penalty, st
         return total_logprob / length**length_penalty
 
     for step in range(1, max_new_tokens + 1):
-        candidates = (beam_scores[:, :, None] + logits.log_softmax(dim=-1).view(B, K, V)).view(B, K * V)
+        log_probs = logits.log_softmax(dim=-1)
+        if penalty != 1.0:
+            log_probs = penalized(log_probs, seen_tokens(seqs, V), penalty)
+        candidates = (beam_scores[:, :, None] + log_probs.view(B, K, V)).view(B, K * V)
         top_scores, top_index = candidates.topk(2 * K, dim=1)  # (B, 2K): enough for K non-eos ones
         src_beam, token = top_index // V, top_index % V
         next_src, next_token = torch.zeros(B, K, dtype=torch.long), torch.zeros(B, K, dtype=torch.long)

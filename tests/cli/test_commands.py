@@ -293,6 +293,9 @@ def test_generate_bad_input(tmp_path, capsys, tokenizer_dir):
         "do_sample=False for greedy decoding.",
         ("fits", *prompt, "--do_sample=true", "--num_beams=2"): "Beam search is deterministic: use "
         "num_beams=1 with do_sample=True.",
+        ("fits", *prompt, "--repetition_penalty=0"): "repetition_penalty must be > 0 (1: none), got 0.0.",
+        ("fits", *prompt, "--stop=[x, '']"): "--stop holds an empty text, which every continuation starts "
+        "with: give texts.",
     }
     for (name, *args), message in expected.items():
         with pytest.raises(SystemExit) as stopped:
@@ -300,6 +303,46 @@ def test_generate_bad_input(tmp_path, capsys, tokenizer_dir):
         assert stopped.value.code == 2
         out, err = capsys.readouterr()
         assert err.strip().splitlines()[-1] == f"gpt-ft: error: {message}" and out == ""
+
+
+def test_generate_penalises_repetition_and_stops_at_a_stop_text(tmp_path, capsys, tokenizer_dir):
+    """`--repetition_penalty` decodes as `GPT.generate` does with it (greedy and beam search), and
+    `--stop` cuts the continuation where a stop text starts."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from gpt_ft import GPT
+    from gpt_ft.data.tokenizer import load_tokenizer
+    from gpt_ft.eval.generation import continuation
+
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=400)).save_pretrained(tmp_path)
+    tok, gpt = load_tokenizer(tokenizer_dir), GPT.from_pretrained(tmp_path)
+    prompt = tok("the cat", add_special_tokens=False)["input_ids"]
+    args = ["generate", f"--ckpt_path={tmp_path}", "--prompt=the cat", f"--tokenizer={tokenizer_dir}"]
+    for beams in (1, 3):
+        new = gpt.generate(torch.tensor([prompt]), max_new_tokens=20, num_beams=beams, repetition_penalty=1.3)
+        text = continuation(tok, prompt, new[0, len(prompt) :].tolist())
+        plain = continuation(
+            tok,
+            prompt,
+            gpt.generate(torch.tensor([prompt]), max_new_tokens=20, num_beams=beams)[
+                0, len(prompt) :
+            ].tolist(),
+        )
+        assert text != plain
+        main([*args, "--max_new_tokens=20", f"--num_beams={beams}", "--repetition_penalty=1.3"])
+        assert capsys.readouterr().out == f"the cat{text}\n"
+        stop = text[len(text) // 2 : len(text) // 2 + 2]
+        main(
+            [
+                *args,
+                "--max_new_tokens=20",
+                f"--num_beams={beams}",
+                "--repetition_penalty=1.3",
+                f"--stop=[{json.dumps(stop)}]",
+            ]
+        )
+        assert capsys.readouterr().out == f"the cat{text[: text.find(stop)]}\n"
 
 
 def test_a_continuation_is_decoded_after_its_prompt(tmp_path):

@@ -31,3 +31,19 @@ def test_characters_split_across_tokens_are_printed_whole(capsys):
     assert printed(tok, cut, None, capsys) == "日\ufffd\n"
     end = tok("!", add_special_tokens=False)["input_ids"][0]
     assert printed(tok, [*ids[:5], end, *ids[5:]], end, capsys) == "café\n"  # nothing after the end token
+
+
+def test_a_stop_text_ends_the_continuation_unprinted_and_what_may_begin_one_waits(capsys):
+    """A stop text ends the printing where it starts, though tokens (one a byte here) cut it
+    anywhere: what may begin one waits until it is known (printing cannot take text back), and
+    comes out where no stop follows."""
+    tok = byte_tokenizer()
+
+    def until(text: str, stops: list[str]) -> str:
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        print_as_they_come(tok, iter(torch.tensor([[i]]) for i in ids), [], prompt=[], stops=stops)
+        return capsys.readouterr().out
+
+    assert until("one. ##two## three", ["##t"]) == "one. \n"
+    assert until("a # b ## c", ["##t", "END"]) == "a # b ## c\n"  # '#', '##' waited, then came out
+    assert until("x 日本 END y", ["本 E"]) == "x 日\n"

@@ -195,6 +195,45 @@ def test_beam_search_with_stop_token_and_length_penalty_equals_transformers(fami
     assert ended >= 3
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_repetition_penalty_equals_transformers(family):
+    """Greedy (cached and not), sampled and beam search with CTRL's penalty: transformers' tokens
+    (it penalises beams' log-probabilities, so do we); the penalty changes what is generated."""
+    hf = tiny_hf(family)
+    hf.generation_config.eos_token_id = None  # no end: every row decodes 30 tokens, as ours do
+    gpt = GPT.from_hf(hf).eval()
+    prompt = torch.randint(1, TINY["vocab_size"], (2, 6))
+    same = dict(do_sample=False, pad_token_id=0)
+    for penalty in (1.5, 0.7):
+        ours = gpt.generate(prompt, max_new_tokens=30, repetition_penalty=penalty)
+        theirs = hf.generate(prompt, max_new_tokens=30, repetition_penalty=penalty, **same)
+        assert torch.equal(ours, theirs), penalty
+        assert torch.equal(
+            gpt.generate(prompt, max_new_tokens=30, repetition_penalty=penalty, use_cache=False), ours
+        )
+        assert not torch.equal(ours, gpt.generate(prompt, max_new_tokens=30))
+    ours = gpt.generate(
+        prompt[:1], max_new_tokens=12, num_beams=3, length_penalty=0.0, repetition_penalty=1.5
+    )
+    theirs = hf.generate(
+        prompt[:1],
+        max_new_tokens=12,
+        min_new_tokens=12,
+        num_beams=3,
+        length_penalty=0.0,
+        repetition_penalty=1.5,
+        **same,
+    )
+    assert torch.equal(ours, theirs)
+    sampled = [
+        gpt.generate(prompt, max_new_tokens=10, do_sample=True, top_k=1, repetition_penalty=1.5),
+        gpt.generate(prompt, max_new_tokens=10, repetition_penalty=1.5),
+    ]
+    assert torch.equal(*sampled)  # top-k 1 samples the penalised argmax
+    with pytest.raises(ValueError, match=r"^repetition_penalty must be > 0 \(1: none\), got 0.0\.$"):
+        gpt.generate(prompt, max_new_tokens=2, repetition_penalty=0.0)
+
+
 def test_bad_generation_arguments():
     gpt = tiny_gpt()
     with pytest.raises(ValueError, match="exceeds the model's context of 64"):
