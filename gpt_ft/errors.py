@@ -274,7 +274,7 @@ def check_devices(devices, *, on_cpu: bool, strategy: object = None) -> None:
         return
     if on_cpu:
         raise ValueError(
-            f"--trainer.devices {devices!r}: on the CPU, give a count of processes (1, 2, ...) or 'auto'."
+            f"--trainer.devices {devices}: on the CPU, give a count of processes (1, 2, ...) or 'auto'."
         )
     if isinstance(devices, list) or re.fullmatch(r"-1|\d+(\s*,\s*\d+)*,?", text):
         return

@@ -97,6 +97,15 @@ def undecodable_file(exc: BaseException) -> str | None:
     return None
 
 
+def not_installed(exc: BaseException) -> str | None:
+    """The sentence for a package the run's settings need that is not installed (`--trainer.
+    accelerator tpu`: torch_xla; a TensorBoard logger: tensorboard), where `exc` comes from one."""
+    missing = next((e for e in causes(exc) if isinstance(e, ModuleNotFoundError)), None)
+    if missing is None:
+        return None
+    return f"a package this run needs is not installed: {str(missing).splitlines()[0].rstrip('.!')}."
+
+
 def fail(message: str) -> None:
     print(f"gpt-ft: error: {message}", file=sys.stderr)
     raise SystemExit(2)
@@ -168,7 +177,7 @@ def main(argv: list[str] | None = None) -> None:
     except USER_ERRORS as exc:
         if debug:
             raise
-        fail(undecodable_file(exc) or user_message(exc))
+        fail(undecodable_file(exc) or not_installed(exc) or user_message(exc))
     except argparse.ArgumentError as exc:
         if debug:
             raise
@@ -192,7 +201,7 @@ def main(argv: list[str] | None = None) -> None:
     except ModuleNotFoundError as exc:  # a package the settings need (--trainer.accelerator tpu: torch_xla)
         if debug:
             raise
-        fail(f"a package this run needs is not installed: {str(exc).rstrip('.!')}.")
+        fail(not_installed(exc))
     except Exception as exc:
         if debug or not raised_by_lightning(exc, "fabric", "MisconfigurationException"):  # a bad value
             raise

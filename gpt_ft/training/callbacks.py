@@ -134,7 +134,10 @@ class PrintMetrics(Callback):
         if shown:
             text = ", ".join(f"{k} {v:.4f}" for k, v in sorted(shown.items()))
             took = f" ({time.perf_counter() - self.epoch_start:.1f} s)" if self.epoch_start else ""
-            line = f"epoch {trainer.current_epoch} step {trainer.global_step}: {text}{took}"
+            # outside fit the trainer counts no steps: the line names the command (`validate`)
+            stage = getattr(trainer.state.fn, "value", trainer.state.fn)
+            at = f"epoch {trainer.current_epoch} step {trainer.global_step}" if stage == "fit" else stage
+            line = f"{at}: {text}{took}"
             bar = trainer.progress_bar_callback
             if isinstance(bar, TQDMProgressBar) and bar.is_enabled:
                 bar.print(line)  # on its own line, above the bars

@@ -168,6 +168,25 @@ def test_out_of_range_hyperparameters(run, arg, message):
     assert message in run(arg)
 
 
+def test_devices_given_on_the_command_line_are_named_as_typed(run):
+    assert run("--trainer.accelerator=cpu", "--trainer.devices=-2") == (
+        "gpt-ft: error: --trainer.devices -2: on the CPU, give a count of processes (1, 2, ...) or 'auto'."
+    )
+
+
+def test_a_logger_whose_package_is_not_installed(run, monkeypatch):
+    """TensorBoard's logger without tensorboard: the one sentence `--trainer.accelerator tpu` gets,
+    not jsonargparse's four lines."""
+    from lightning.fabric.loggers import tensorboard
+
+    monkeypatch.setattr(tensorboard, "_TENSORBOARD_AVAILABLE", False)
+    monkeypatch.setattr(tensorboard, "_TENSORBOARDX_AVAILABLE", False)
+    assert run("--trainer.logger=lightning.pytorch.loggers.TensorBoardLogger") == (
+        "gpt-ft: error: a package this run needs is not installed: Neither `tensorboard` nor "
+        "`tensorboardX` is available. Try `pip install`ing either."
+    )
+
+
 def test_debug_shows_the_traceback(run, monkeypatch):
     monkeypatch.setenv("GPT_FT_DEBUG", "1")
     with pytest.raises(Exception, match="lr must be > 0"):

@@ -135,7 +135,8 @@ def test_the_metrics_line_shows_a_throughput_window_once(capsys):
 
     metrics = {"validation/loss": torch.tensor(2.0), "perf/tokens_per_s": torch.tensor(100.0)}
     trainer = SimpleNamespace(sanity_checking=False, is_global_zero=True, callback_metrics=metrics,
-                              current_epoch=0, global_step=5, progress_bar_callback=None)  # fmt: skip
+                              current_epoch=0, global_step=5, progress_bar_callback=None,
+                              state=SimpleNamespace(fn="fit"))  # fmt: skip
     line = PrintMetrics()
     line.on_validation_end(trainer, None)
     metrics["validation/loss"] = torch.tensor(1.5)
