@@ -111,14 +111,9 @@ class GPTCLI(CheckpointHparamsAsDefaults, ParsersBuiltOnce, LightningCLI):
         check_devices(
             config.trainer.get("devices", "auto"), on_cpu=on_cpu, strategy=config.trainer.get("strategy")
         )
-        if self.subcommand in ("validate", "test", "predict") and not (
-            config.get("ckpt_path") or config.model.get("init_from")
-        ):
-            raise ValueError(
-                f"gpt-ft {self.subcommand} needs trained weights: give --ckpt_path CKPT (a checkpoint of "
-                "gpt-ft fit) or --model.init_from WEIGHTS; it does not score a randomly initialised model."
-            )
         data = (config.get("data") or {}).get("init_args") or {}
+        if self.subcommand in ("validate", "test", "predict") and not config.get("ckpt_path"):
+            refuse_untrained(self.subcommand, config.model.get("init_from"), task="task" in data)
         if self.subcommand in ("test", "predict") and "token_dir" in data and "task" not in data:
             raise ValueError(
                 f"gpt-ft {self.subcommand} reads a task's test split (--data.task CARD); a language model's "
@@ -143,6 +138,9 @@ class GPTCLI(CheckpointHparamsAsDefaults, ParsersBuiltOnce, LightningCLI):
             super().instantiate_classes()
         judge_after_every_validation(self.trainer)
         check_context(self.datamodule, self.model.gpt.config.n_positions)
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        if self.subcommand in ("validate", "test", "predict") and not config.get("ckpt_path"):
+            refuse_untrained(self.subcommand, self.model.init_from, True, getattr(self.model, "head", None))
         if self.subcommand == "predict" and self.model.task is not None:
             check_not_an_input(
                 self.model.task, self.model.predictions_dir, getattr(self.datamodule, "data_dir", None)
@@ -304,6 +302,24 @@ def _recipe_length(config) -> None:
         trainer.max_epochs = FINE_TUNING_EPOCHS
         rank_zero_info(
             f"no --trainer.max_epochs given: fine-tuning runs the recipe's {FINE_TUNING_EPOCHS} epochs"
+        )
+
+
+def refuse_untrained(command: str, init_from: str | None, task: bool, head=None) -> None:
+    """`validate`, `test` or `predict` without `--ckpt_path` scores `--model.init_from`'s weights:
+    a language model's, or an embedding's that trains nothing beside them, never a task `head` with
+    weights of its own (init_from loads the GPT alone: they would start untrained)."""
+    if not init_from:
+        alone = " or --model.init_from WEIGHTS" if not task else ""
+        raise ValueError(
+            f"gpt-ft {command} needs trained weights: give --ckpt_path CKPT (a checkpoint of gpt-ft fit)"
+            f"{alone}; it does not score a randomly initialised model."
+        )
+    if head is not None and any(p.requires_grad for p in head.parameters()):
+        raise ValueError(
+            f"gpt-ft {command} --model.init_from {init_from} would score a task head that was never "
+            "trained (--model.init_from gives a run its starting weights): give the fine-tuned checkpoint "
+            "with --ckpt_path CKPT."
         )
 
 

@@ -66,16 +66,43 @@ def test_default_root_dir_moves_logs_and_checkpoints(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("command", ["validate", "test", "predict"])
-def test_evaluating_needs_trained_weights(command, tmp_path, tokenizer_dir, capsys):
+def test_evaluating_needs_trained_weights(command, tmp_path, tokenizer_dir, finetuned, capsys):
+    """No weights, or `--model.init_from` a fine-tuned checkpoint (it loads the GPT alone: the task
+    head would start untrained, and was scored so without a word): refused before any work."""
     card = make_task("single", tmp_path)
-    with pytest.raises(SystemExit) as exit_info:
-        main([command, *common_args(card, tokenizer_dir, tmp_path)])
-    assert exit_info.value.code == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        f"gpt-ft: error: gpt-ft {command} needs trained weights: give --ckpt_path CKPT (a checkpoint of "
-        "gpt-ft fit) or --model.init_from WEIGHTS; it does not score a randomly initialised model."
-    )
-    assert not (tmp_path / "runs").exists()
+    for weights, message in (
+        ([], f"gpt-ft {command} needs trained weights: give --ckpt_path CKPT (a checkpoint of gpt-ft fit); "
+         "it does not score a randomly initialised model."),
+        ([f"--model.init_from={finetuned.ckpt}"], f"gpt-ft {command} --model.init_from {finetuned.ckpt} "
+         "would score a task head that was never trained (--model.init_from gives a run its starting "
+         "weights): give the fine-tuned checkpoint with --ckpt_path CKPT."),
+    ):  # fmt: skip
+        with pytest.raises(SystemExit) as exit_info:
+            main([command, *common_args(card, tokenizer_dir, tmp_path), *weights])
+        assert exit_info.value.code == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1] == f"gpt-ft: error: {message}"
+        assert not (tmp_path / "runs").exists()
+
+
+def test_an_embedding_that_trains_nothing_beside_the_weights_validates_from_init_from(
+    tmp_path, tokenizer_dir, finetuned, capsys
+):
+    """An embedding without a projection is the weights' own states: `validate --model.init_from`
+    scores it (a base model's zero-shot retrieval); with a projection, whose weights would start
+    untrained, it is refused."""
+    import json
+
+    rows = [{"anchor": f"a cat {i} .", "positive": f"the cat {i} sat ."} for i in range(4)]
+    (tmp_path / "validation.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    card = tmp_path / "pairs.yaml"
+    card.write_text((ROOT / "tasks" / "embedding" / "pairs.yaml").read_text())
+    args = ["validate", *common_args(card, tokenizer_dir, tmp_path), f"--model.init_from={finetuned.ckpt}"]
+    main(args)
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("validate: ")]
+    assert "validation/mrr@10" in line
+    with pytest.raises(SystemExit):
+        main([*args, "--data.task.init_args.dimensions=8"])
+    assert "would score a task head that was never trained" in capsys.readouterr().err
 
 
 def test_the_metrics_line_is_printed_through_the_progress_bar_and_the_summary_has_no_flops(
