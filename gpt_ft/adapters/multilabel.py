@@ -79,11 +79,24 @@ class MultiLabelOutput(TaskOutput):
         )
 
     def metric_values(self, predictions: Tensor, labels: Tensor, metrics: list[str]) -> dict[str, Tensor]:
-        n = self.num_outputs
-        return {
-            name: f1_score(predictions, labels, task="multilabel", num_labels=n, average=name.split("_")[0])
-            for name in metrics
-        }
+        """`micro_f1` over every label decision; `macro_f1` the mean F1 of the labels the split or
+        the predictions hold, as single-label `f1` averages the classes seen (a label absent from
+        both has no F1: counted as 0, a small split's missing labels sank a perfect model's)."""
+        values = {}
+        if "micro_f1" in metrics:
+            values["micro_f1"] = f1_score(
+                predictions, labels, task="multilabel", num_labels=self.num_outputs, average="micro"
+            )
+        if "macro_f1" in metrics:
+            predicted, gold = predictions.bool(), labels.bool()
+            tp, fp, fn = (
+                (a & b).sum(dim=0).double()
+                for a, b in ((predicted, gold), (predicted, ~gold), (~predicted, gold))
+            )
+            seen = (tp + fp + fn) > 0
+            f1 = 2 * tp[seen] / (2 * tp[seen] + fp[seen] + fn[seen])
+            values["macro_f1"] = (f1.mean() if seen.any() else torch.tensor(0.0)).float()
+        return {name: values[name] for name in metrics}
 
     @property
     def class_weight_count(self) -> int | None:

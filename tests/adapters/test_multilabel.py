@@ -83,6 +83,13 @@ def test_micro_and_macro_f1_by_hand_counting_each_example_once():
     # micro: TP 3, FP 2, FN 1 -> 2*3 / (2*3 + 2 + 1).
     assert values["micro_f1"] == pytest.approx(6 / 9)
     assert not math.isnan(values["loss"])
+    # A label neither in the split nor predicted has no F1: the labels seen are averaged (it counted
+    # 0, and a perfect model scored 2/3), as single-label f1 averages the classes seen.
+    perfect = tt([[1, 0, 0], [0, 1, 0], [1, 1, 0]])
+    got = t.output.metric_values(perfect, perfect.clone(), ["micro_f1", "macro_f1"])
+    assert (float(got["micro_f1"]), float(got["macro_f1"])) == (1.0, 1.0)
+    wrong = t.output.metric_values(tt([[1, 0, 1], [0, 1, 0]]), tt([[1, 0, 0], [0, 1, 0]]), ["macro_f1"])
+    assert float(wrong["macro_f1"]) == pytest.approx((1 + 1 + 0) / 3)  # predicted, never gold: seen
 
 
 # ---- through the command line, with a card written as the README shows ----
