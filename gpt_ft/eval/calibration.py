@@ -106,7 +106,8 @@ def calibrate(
 ) -> dict[str, float]:
     """Fit a classifier's temperature on a validation split and write it into a new checkpoint.
 
-    `gpt-ft calibrate`; returns T and the split's expected calibration error before and after.
+    `gpt-ft calibrate`; returns T and the split's expected calibration error before (at the
+    checkpoint's own temperature: 1, or one an earlier calibration fitted) and after.
 
     Args:
         ckpt_path: A fine-tuned checkpoint of gpt-ft fit.
@@ -166,11 +167,12 @@ def calibrate(
         probabilities = head.probabilities(outputs.float() / t)
         return float(task.output.calibration(probabilities, labels).get("ece", float("nan")))
 
-    stored.temperature = temperature
+    was, stored.temperature = stored.temperature, temperature  # refitted from the raw outputs
     with writing(output):
         if tokenizer is None:
             stored.save(output)
         else:  # staged beside: one there (asked to be replaced) stays with its file if the save fails
+            tokenizer.parent.mkdir(parents=True, exist_ok=True)  # --output's folder, new maybe
             staged = Path(
                 tempfile.mkdtemp(prefix=f".{tokenizer.name}.", suffix=".partial", dir=tokenizer.parent)
             )
@@ -182,9 +184,10 @@ def calibrate(
                 os.replace(staged, tokenizer)
             finally:
                 shutil.rmtree(staged, ignore_errors=True)
-    found = {"temperature": temperature, "ece_before": ece(1.0), "ece_after": ece(temperature)}
+    found = {"temperature": temperature, "ece_before": ece(was), "ece_after": ece(temperature)}
+    own = f" (at the checkpoint's own temperature {was:.4f})" if was != 1.0 else ""
     print(
-        f"temperature {temperature:.4f}: expected calibration error {found['ece_before']:.4f} -> "
+        f"temperature {temperature:.4f}: expected calibration error {found['ece_before']:.4f}{own} -> "
         f"{found['ece_after']:.4f}; wrote {output}"
     )
     return found

@@ -104,6 +104,12 @@ def test_calibration_lowers_the_ece_of_an_over_confident_model_and_keeps_its_pre
     assert [o["label"] for o in hot_out] == [o["label"] for o in cool_out]
     assert max(max(o["scores"].values()) for o in cool_out) < max(max(o["scores"].values()) for o in hot_out)
     assert torch.load(sure, weights_only=True).get("temperature") is None  # the input is kept as it was
+    # Into a folder not made yet; from the calibrated checkpoint, whose error before is its own.
+    again = tmp_path / "new" / "again.ckpt"
+    main(["calibrate", f"--ckpt_path={calibrated}", f"--output={again}", f"--data_dir={tmp_path}"])
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert re.findall(r"\d+\.\d+", line)[1:3] == [f"{after:.4f}", f"{t:.4f}"], line
+    assert Classifier.from_checkpoint(again, device="cpu").temperature == pytest.approx(t, rel=1e-3)
     # A save that fails (a full disk) over an earlier output keeps it whole: its file and tokenizer.
     from gpt_ft.weights.checkpoint import Checkpoint
 
