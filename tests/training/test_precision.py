@@ -109,7 +109,7 @@ def test_shared_context_in_bf16_matches_the_plain_layout(tokenizer_dir):
 
 
 def printed_metrics(out: str) -> dict[str, float]:
-    line = [ln for ln in out.splitlines() if ln.startswith("epoch ")][-1]
+    line = [ln for ln in out.splitlines() if ln.startswith(("epoch ", "validate: "))][-1]
     return {k: float(v) for k, v in re.findall(r"(validation/\w+) ([-\d.]+)", line)}
 
 
