@@ -379,10 +379,18 @@ def file_not_decoded(exc: BaseException) -> str | None:
 
 
 def parse_unchecked(parser, args: list[str]):
-    """`args` parsed without checking required values or validating: to read one option ahead of
-    the full parse. jsonargparse's `_skip_validation` keyword is private (its own parse_env and dump
-    use it); if it goes, drop the keyword and catch the parse's error instead."""
-    return parser.parse_args(args, _skip_validation=True)
+    """`args` parsed unchecked and unprinted (`--print_config` waits for the full parse): to read one
+    option ahead. jsonargparse's `_skip_validation` and `_ActionPrintConfig` are private (its parse_env
+    and dump use them); if they go, drop the keyword, catch the parse's error, let it print."""
+    from jsonargparse._actions import _ActionPrintConfig
+
+    with _ActionPrintConfig.skip_print_config():
+        return parser.parse_args(args, _skip_validation=True)
+
+
+def print_config_asked(parser) -> bool:
+    """Whether `parse_unchecked` met `--print_config` (jsonargparse keeps the request on the parser)."""
+    return hasattr(parser, "print_config")
 
 
 def required_arguments(parser) -> tuple[str, ...]:

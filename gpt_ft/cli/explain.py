@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 from contextlib import redirect_stdout
 from json import dumps
+from pathlib import Path
 from typing import Any
 
 from gpt_ft.training.run_folders import newest_last
@@ -18,7 +19,7 @@ from gpt_ft.training.runs import (
     tokenizer_of_the_weights,
 )
 from gpt_ft.training.saved import recorded_configuration
-from gpt_ft.workarounds import parse_unchecked
+from gpt_ft.workarounds import parse_unchecked, print_config_asked
 
 
 class ExplainCLI(GPTCLI):
@@ -43,6 +44,8 @@ class ExplainCLI(GPTCLI):
     def parse_arguments(self, parser, args) -> None:
         unchecked = parse_unchecked(parser, args)
         ckpt = unchecked.get("ckpt_path")
+        if print_config_asked(parser) and not (ckpt and Path(ckpt).expanduser().is_file()):
+            ckpt = None  # a preview: what is given, where no checkpoint is there to read
         if ckpt in ("last", "best", "hpc", "registry"):  # Lightning's names: `last` found as validate does
             with redirect_stdout(sys.stderr):  # its line names the file found; stdout is the example's
                 ckpt = newest_last(unchecked.trainer, "explain", ckpt)

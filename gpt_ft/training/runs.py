@@ -34,6 +34,7 @@ from gpt_ft.workarounds import (
     ParsersBuiltOnce,
     judge_after_every_validation,
     parse_unchecked,
+    print_config_asked,
 )
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")  # LightningCLI's
@@ -84,6 +85,8 @@ class GPTCLI(CheckpointHparamsAsDefaults, ParsersBuiltOnce, LightningCLI):
             if subcommand in ("validate", "test", "predict"):
                 unchecked = parse_unchecked(parser, args)[subcommand]
                 ckpt = unchecked.get("ckpt_path")
+                if print_config_asked(parser) and not (ckpt and Path(ckpt).expanduser().is_file()):
+                    ckpt = None  # a preview: what is given, where no checkpoint is there to read
                 if ckpt in ("last", "best", "hpc", "registry"):  # Lightning's names: `last` found here
                     ckpt = self.resolved_ckpt = newest_last(unchecked.trainer, subcommand, ckpt)
                 recorded = recorded_configuration(ckpt) if ckpt else {}
@@ -142,9 +145,8 @@ class GPTCLI(CheckpointHparamsAsDefaults, ParsersBuiltOnce, LightningCLI):
         if self.subcommand in ("validate", "test", "predict") and not config.get("ckpt_path"):
             refuse_untrained(self.subcommand, self.model.init_from, True, getattr(self.model, "head", None))
         if self.subcommand == "predict" and self.model.task is not None:
-            check_not_an_input(
-                self.model.task, self.model.predictions_dir, getattr(self.datamodule, "data_dir", None)
-            )
+            data_dir = getattr(self.datamodule, "data_dir", None)
+            check_not_an_input(self.model.task, self.model.predictions_dir, data_dir)
 
     def before_fit(self) -> None:
         if self.model.class_weights == "balanced":  # from the data, handed to the model here
@@ -306,14 +308,13 @@ def _recipe_length(config) -> None:
 
 
 def refuse_untrained(command: str, init_from: str | None, task: bool, head=None) -> None:
-    """`validate`, `test` or `predict` without `--ckpt_path` scores `--model.init_from`'s weights:
-    a language model's, or an embedding's that trains nothing beside them, never a task `head` with
-    weights of its own (init_from loads the GPT alone: they would start untrained)."""
+    """Without `--ckpt_path`, scoring takes `--model.init_from`'s weights alone: never with a task
+    `head` of weights of its own (they would start untrained), as a language model or embedding is."""
     if not init_from:
-        alone = " or --model.init_from WEIGHTS" if not task else ""
         raise ValueError(
             f"gpt-ft {command} needs trained weights: give --ckpt_path CKPT (a checkpoint of gpt-ft fit)"
-            f"{alone}; it does not score a randomly initialised model."
+            + ("" if task else " or --model.init_from WEIGHTS")
+            + "; it does not score a randomly initialised model."
         )
     if head is not None and any(p.requires_grad for p in head.parameters()):
         raise ValueError(

@@ -390,6 +390,21 @@ def shown(argv: list[str], capsys) -> dict:
     return yaml.safe_load(capsys.readouterr().out)
 
 
+def test_print_config_with_a_checkpoint_shows_what_the_command_would_run(finetuned, capsys, tmp_path):
+    """`validate --ckpt_path CKPT --print_config` (and explain's) shows the checkpoint's recorded
+    configuration, as the command would run it (it showed the defaults), what is given winning; a
+    checkpoint not there yet previews what is given."""
+    ckpt = f"--ckpt_path={finetuned.ckpt}"
+    for argv in (["validate", ckpt], ["explain", ckpt]):
+        config = shown([*argv, "--data.batch_size=3"], capsys)
+        data = config["data"]["init_args"]
+        assert data["task"]["class_path"] == "gpt_ft.adapters.SingleText", argv
+        assert (data["batch_size"], data["max_length"]) == (3, 64)
+        assert config["model"]["preset"] == "gpt-micro"
+    config = shown(["validate", f"--ckpt_path={tmp_path / 'later.ckpt'}"], capsys)
+    assert config["ckpt_path"] == str(tmp_path / "later.ckpt")
+
+
 def test_typed_commands_read_jsonargparse_syntax_as_given(capsys):
     """Nothing rewrites a command line: lists are `[a, b]` (a list of paths or names also takes one
     value), booleans `true`/`false`, and a suite's arguments for every fit are a list."""
