@@ -10,6 +10,7 @@ from json import dumps
 from pathlib import Path
 from typing import Any
 
+from gpt_ft.errors import check_context
 from gpt_ft.training.run_folders import newest_last
 from gpt_ft.training.runs import (
     GPTCLI,
@@ -58,9 +59,18 @@ class ExplainCLI(GPTCLI):
         tokenizer_of_the_weights(self.config, fitting=True)  # what fit would read, refused as fit would
 
     def instantiate_classes(self) -> None:
-        """The data module alone: the model and the trainer are not built."""
+        """The data module alone: the model and the trainer are not built. Sequences longer than the
+        context a preset's model would have are refused as fit refuses them (weights to start from
+        are not read for theirs)."""
         with card_named(self.config):
             self.datamodule = self.parser.instantiate(self.config, instantiate_groups=False).data
+        model = self.config.model
+        if not model.get("init_from"):
+            from gpt_ft.model import GPTConfig
+
+            check_context(
+                self.datamodule, GPTConfig.from_name(model.preset, **(model.overrides or {})).n_positions
+            )
 
 
 def run_explain(name: str, argv: list[str]) -> None:

@@ -145,6 +145,14 @@ def test_explain_bad_input_exits_nonzero_with_one_sentence(pairs_dir, tokenizer_
     with pytest.raises(SystemExit) as stopped:
         main(["explain", *args, "--index", "7"])
     assert stopped.value.code == 2 and "Traceback" not in capsys.readouterr().err
+    # Sequences longer than the preset's context: refused as fit refuses them (they were shown).
+    (pairs_dir / "PAIRS/train.tsv").write_text("index\tsentence1\tsentence2\tlabel\n0\ta\tb\tentailment\n")
+    with pytest.raises(SystemExit) as stopped:
+        main(["explain", *args, "--model.preset=gpt-micro", "--model.overrides={n_positions: 16}"])
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "gpt-ft: error: --data.max_length 512 is longer than the model's context of 16 tokens "
+        "(n_positions); use at most 16."
+    )
 
 
 # ---- tokenizer, prepare, fit, generate ----
