@@ -29,7 +29,6 @@ import yaml
 
 from gpt_ft.adapters.cards import load_card
 from gpt_ft.data.files import examples_split
-from gpt_ft.data.tokenizer import load_tokenizer
 from gpt_ft.errors import arguments_from, check_output_dir
 from gpt_ft.eval import zeroshot
 from gpt_ft.eval.curves import MISSING, baseline_curves, collect_curves, labels_saved, read_baselines
@@ -54,7 +53,7 @@ from gpt_ft.eval.results import (
 from gpt_ft.eval.suite_file import Run, SuiteSpec, as_list, check_paper, data_dirs, first_process, load_suite
 from gpt_ft.training.callbacks import finite
 from gpt_ft.training.runs import build_fit
-from gpt_ft.weights.pretrained import GPT, resolve_tokenizer
+from gpt_ft.weights.pretrained import resolve_tokenizer
 
 RESULT = "result.json"
 
@@ -149,6 +148,7 @@ class SuiteRunner:
             if unknown := set(names) - {None, *self.cards}:
                 raise ValueError(f"{where} names task(s) {sorted(unknown)} not in suite {spec.name!r}.")
         self.all_cards = self.cards  # a `--tasks` subset still reports earlier runs of the others
+        self.resolved: dict[str, dict[str, Any]] = {}  # each run's configuration, by folder
         if tasks:
             if unknown := [t for t in tasks if t not in self.cards]:
                 raise ValueError(f"--tasks {unknown}: suite {spec.name!r} has {sorted(self.cards)}.")
@@ -172,7 +172,7 @@ class SuiteRunner:
                     continue
                 self._zero_shot(name, log)
         runs = self.runs() if self.fine_tune else []
-        todo = [r for r in runs if not self._finished(r, log)]
+        todo = [r for r in runs if self._result(r, log) is None]
         for run in {(r.task, r.row): r for r in todo}.values():  # a bad argument stops it before it trains
             self._resolve(run)
         if runs:
@@ -185,7 +185,7 @@ class SuiteRunner:
             t = time.perf_counter()
             self.fit(run, log)
             took.append(time.perf_counter() - t)
-        results = self.collect()
+        results = self.collect(log)
         if writes:
             write_results(self.out, results)
         if writes and self.predict and self.spec.submission is not None and self.fine_tune:
@@ -195,7 +195,7 @@ class SuiteRunner:
         return results
 
     def fit_args_of(self, run: Run) -> list[str]:
-        entry, _ = self.cards[run.task]
+        entry, _ = self.all_cards[run.task]
         folder = self.out / "runs" / run.folder
         if self.tokenizer is None and self.init_from and self.spec.rows:  # a row may drop --init_from
             self.tokenizer = resolve_tokenizer(None, self.init_from)
@@ -219,31 +219,34 @@ class SuiteRunner:
         return args + self.spec.args + entry.args + row + self.fit_args
 
     def _resolve(self, run: Run) -> dict[str, Any]:
-        """The configuration the run's `gpt-ft fit` arguments resolve to (`FitRuns.resolve`)."""
-        with arguments_from(f"{self.source}, task {run.task!r}" + (f", row {run.row!r}" if run.row else "")):
-            return build_fit.resolve(self.fit_args_of(run) + self._min_steps(run))
+        """The configuration the run's `gpt-ft fit` arguments resolve to (`FitRuns.resolve`), once."""
+        if run.folder not in self.resolved:
+            where = f"{self.source}, task {run.task!r}" + (f", row {run.row!r}" if run.row else "")
+            with arguments_from(where):
+                self.resolved[run.folder] = build_fit.resolve(self.fit_args_of(run) + self._min_steps(run))
+        return self.resolved[run.folder]
 
     def _min_steps(self, run: Run) -> list[str]:
         """The option `fit_and_evaluate` adds to a run on a training subset (`min_steps`)."""
         subset = run.size is not None and self.spec.min_steps
         return [f"--trainer.min_steps={self.spec.min_steps}"] if subset else []
 
-    def _finished(self, run: Run, log) -> bool:
-        """Whether the run's result is on disk and came from the configuration its arguments give now."""
+    def _result(self, run: Run, log=None, then: str = "running it again") -> dict[str, Any] | None:
+        """The run's result, if it is on disk and came from the configuration its arguments give now;
+        else None (`log` says what changed, and `then`)."""
         result = read_json(self.out / "runs" / run.folder / RESULT)
         if result is None:
-            return False
+            return None
         config = self._resolve(run)
         changed = config_changes(result, config, build_fit, self._min_steps(run))
         if result.get("select", self.select) != self.select:  # (a result from before it was recorded: kept)
             changed.append(f"--select {self.select}")
         if self.predict and result.get("predict") is False:
             changed.append("--predict true")
-        changed += changed_files(result.get("files"), run_stamps(self.cards[run.task][1], config))
-        if changed:
-            log(f"{run}: its inputs changed since it ran ({', '.join(changed)}): running it again")
-            return False
-        return True
+        changed += changed_files(result.get("files"), run_stamps(self.all_cards[run.task][1], config))
+        if changed and log is not None:
+            log(f"{run}: its inputs changed since it ran ({', '.join(changed)}): {then}")
+        return None if changed else result
 
     def fit(self, run: Run, log=print) -> dict[str, Any]:
         """One fine-tuning run: fit, the chosen epoch's validation metrics, test predictions."""
@@ -277,45 +280,41 @@ class SuiteRunner:
                 write_json(folder / RESULT, result)
             return result
 
-    def _zero_shot(self, name: str, log) -> None:
-        path = self.out / "runs" / name / "zero-shot" / RESULT
-        entry, task = self.cards[name]
+    def _zero_shot_inputs(self, name: str) -> dict[str, Any]:
+        """What a task's zero-shot score comes from: a score from other inputs is not this suite's."""
+        entry, task = self.all_cards[name]
         data_dir = self.data_dirs.get(name, self.data_dirs.get(None))
         inputs = {k: str(v) for k, v in (("init_from", self.init_from), ("tokenizer", self.tokenizer),
                                          ("data_dir", data_dir), ("method", entry.zero_shot))}  # fmt: skip
         inputs["files"] = input_stamps(task, data_dir, self.tokenizer, self.init_from)
         inputs["card"] = yaml.safe_load(Path(entry.card).read_text())  # what it says, not its layout
+        return inputs
+
+    def _zero_shot(self, name: str, log) -> None:
+        path, inputs = self.out / "runs" / name / "zero-shot" / RESULT, self._zero_shot_inputs(name)
         done = read_json(path)
         if done is not None and done.get("inputs", inputs) == inputs:  # (one from before inputs were kept)
             return
         if done is not None:
             log(f"zero-shot {name}: its model, data or method changed since it ran: scoring it again")
-        import torch
-        from tqdm.auto import tqdm
-
         log(f"zero-shot {name}")
-        gpt = GPT.from_pretrained(self.init_from).to("cuda" if torch.cuda.is_available() else "cpu")
-        scorer = zeroshot.ZeroShotScorer(
-            gpt,
-            load_tokenizer(resolve_tokenizer(self.tokenizer, self.init_from), add_specials=False),
-            progress=lambda it: tqdm(it, leave=False, desc=f"zero-shot {name}", unit="batch"),
-        )
-
-        def rows(split: str) -> list[dict[str, Any]]:
-            return list(examples_split(task, split, data_dir))
-
-        start = time.perf_counter()
-        metrics = zeroshot.evaluate(task, scorer, rows, entry.zero_shot)
+        entry, task = self.cards[name]
+        data_dir, start = self.data_dirs.get(name, self.data_dirs.get(None)), time.perf_counter()
+        metrics = zeroshot.score(
+            task, self.init_from, self.tokenizer, lambda split: list(examples_split(task, split, data_dir)),
+            entry.zero_shot, name,
+        )  # fmt: skip
         metrics = {k: finite(v) for k, v in metrics.items()}
         seconds = round(time.perf_counter() - start, 1)
         write_json(path, {"task": name, "metrics": metrics, "seconds": seconds, "inputs": inputs})
 
     # ---- results ----
 
-    def collect(self) -> dict[str, Any]:
+    def collect(self, log=print) -> dict[str, Any]:
         """Every finished run's metrics gathered into the results (percent): the tasks of this
-        invocation and those of earlier ones into the same folder (`--tasks` subsets)."""
-        tasks: dict[str, Any] = {}
+        invocation and those of earlier ones into the same folder (`--tasks` subsets), where they
+        came from what the suite gives now (else left out, and said)."""
+        stale, tasks = "left out of the results (run it again, or give what it ran with)", {}
         for name, (entry, task) in self.all_cards.items():
             folders = {Path(Run(name, 0, row=row).folder).parent for row in self.rows} | {Path(name)}
             if name not in self.cards and not any(
@@ -324,15 +323,19 @@ class SuiteRunner:
                 continue  # an earlier invocation's task (`--tasks`), under any row's folder
             item: dict[str, Any] = {"card": entry.card, "main_metric": main_key(task), "metrics": {}}
             rows = item["metrics"]
-            for seed in self.seeds:  # a zero-shot pass keeps the fine-tuned results already there
+            for seed in self.seeds:  # a zero-shot pass keeps the fine-tuned results of what it gives
                 run = Run(name, seed, self.main_layers, row=self.rows[0], size=self.main_size)
-                result = read_json(self.out / "runs" / run.folder / RESULT)
+                said = name in self.cards and self.fine_tune  # (`run` said it, and ran it again)
+                result = self._result(run, None if said else log, stale)
                 for key, value in (result or {}).get("metrics", {}).items():
                     if key.split("/")[-1] in task.metrics:  # the benchmark's metrics, not the loss
                         rows.setdefault(key, {"seeds": {}})["seeds"][str(seed)] = percent(value, key)
             for stats in rows.values():
                 stats.update(mean_std(list(stats["seeds"].values())))
             zero = read_json(self.out / "runs" / name / "zero-shot" / RESULT)
+            if zero is not None and zero.get("inputs", inputs := self._zero_shot_inputs(name)) != inputs:
+                log(f"zero-shot {name}: scored from other weights, data or method than given now: {stale}")
+                zero = None
             for key, value in (zero or {}).get("metrics", {}).items():
                 rows.setdefault(key, {"seeds": {}})["zero_shot"] = percent(value, key)
             for key, value in entry.paper.items():
@@ -342,9 +345,7 @@ class SuiteRunner:
                 item["transfer"], m = {}, item["main_metric"]
                 for k in self.transfer_layers:
                     runs = [Run(name, s, k, row=self.rows[0], size=self.main_size) for s in self.seeds]
-                    item["transfer"][str(k)] = seeds_stats(
-                        [read_json(self.out / "runs" / run.folder / RESULT) for run in runs], m
-                    )
+                    item["transfer"][str(k)] = seeds_stats([self._result(run) for run in runs], m)
             if self.sizes != [None]:
                 item["curves"] = self._curves(name, item["main_metric"])
                 item["labels_saved"] = labels_saved(item["curves"])
@@ -364,8 +365,7 @@ class SuiteRunner:
         entry, task = self.all_cards[name]
 
         def score(row: str | None, size: int | None, seed: int) -> float | None:
-            run = Run(name, seed, self.main_layers, row=row, size=size)
-            result = read_json(self.out / "runs" / run.folder / RESULT)
+            result = self._result(Run(name, seed, self.main_layers, row=row, size=size))
             return MISSING if result is None else percent(result["metrics"].get(metric), metric)
 
         def whole() -> int:  # examples of the training split (not its records), where "all" sits

@@ -226,6 +226,30 @@ def evaluate(
     return results
 
 
+def score(
+    task: TaskAdapter,
+    init_from: str,
+    tokenizer: str | None,
+    load_rows: Callable[[str], list[dict[str, Any]]],
+    spec: ZeroShot | None,
+    name: str,
+) -> dict[str, float]:
+    """`evaluate` with the model of `init_from` (on the GPU where there is one) and `tokenizer`
+    (default: the weights' own), a progress bar named after the task's `name`."""
+    from tqdm.auto import tqdm
+
+    from gpt_ft.data.tokenizer import load_tokenizer
+    from gpt_ft.weights.pretrained import GPT, resolve_tokenizer
+
+    gpt = GPT.from_pretrained(init_from).to("cuda" if torch.cuda.is_available() else "cpu")
+    scorer = ZeroShotScorer(
+        gpt,
+        load_tokenizer(resolve_tokenizer(tokenizer, init_from), add_specials=False),
+        progress=lambda it: tqdm(it, leave=False, desc=f"zero-shot {name}", unit="batch"),
+    )
+    return evaluate(task, scorer, load_rows, spec)
+
+
 def _label(task: TaskAdapter, row: dict[str, Any]) -> int:
     label = task.output.example_label(row)
     if label is None:

@@ -137,6 +137,16 @@ submission: {{archive: sub.zip, files: [SENT.tsv, STS-B.tsv, AX.tsv]}}
     printed = capsys.readouterr().out
     assert len(calls) == 2 and "2 runs, 0 finished before, 2 to go" in printed
     assert "sts seed 0: its inputs changed since it ran (--data.batch_size=2): running it again" in printed
+    # The other task's runs came from other arguments than given now: left out of the results and the
+    # submission (they were reported as this configuration's), said.
+    assert (
+        "sent seed 1: its inputs changed since it ran (--data.batch_size=2): left out of the results"
+        in printed
+    )
+    sent = json.loads((out / "results.json").read_text())["tasks"]["sent"]["metrics"]["validation/accuracy"]
+    assert sent == {"seeds": {}, "paper": 91.3}
+    with zipfile.ZipFile(out / "sub.zip") as zf:
+        assert sorted(zf.namelist()) == ["STS-B.tsv"]
 
     # A rerun that fails (a mistyped data folder changes the inputs) puts the finished files back.
     runs = out / "runs" / "sts"
@@ -187,16 +197,22 @@ def test_suite_zero_shot_and_transfer_sweep(tmp_path, tokenizer_dir, capsys):
     fine_tuned = metrics["validation/accuracy"]["seeds"]
     assert fine_tuned == {"0": pytest.approx(100 * deepest["metrics"]["validation/accuracy"])}
     assert not list(out.rglob("*.ckpt"))  # checkpoints are not kept by default
-    # The card changed: its zero-shot score is computed again.
-    card.write_text(card.read_text().replace("  labels:", "  metrics: [accuracy]\n  labels:"))
+    # A zero-shot pass keeps the fine-tuned scores of what it gives (the same fit arguments).
     sweep = [f"--init_from={tmp_path / 'pre'}", f"--data_dir={tmp_path / 'c'}", "--transfer_layers", "[0, 2]"]
-    main(["suite", str(suite), f"--out_dir={out}", *sweep, "--fine_tune=false", "--zero_shot=true"])
-    assert "zero-shot mc: its model, data or method changed since it ran: scoring it again" in (
-        capsys.readouterr().out
-    )
-    # A zero-shot pass keeps the fine-tuned scores already there in the results.
+    zero_shot = ["suite", str(suite), f"--out_dir={out}", *sweep, "--fine_tune=false", "--zero_shot=true"]
+    main([*zero_shot, *fit_args(*fit)])
     again = json.loads((out / "results.json").read_text())["tasks"]["mc"]["metrics"]
-    assert again["validation/accuracy"]["seeds"] == fine_tuned
+    assert again["validation/accuracy"]["seeds"] == fine_tuned and "changed" not in capsys.readouterr().out
+    # The card changed: its zero-shot score is computed again, and the fine-tuned ones, from the old
+    # card, are left out of the results (they were reported as the new card's), said.
+    card.write_text(card.read_text().replace("  labels:", "  metrics: [accuracy]\n  labels:"))
+    main([*zero_shot, *fit_args(*fit)])
+    printed = capsys.readouterr().out
+    assert "zero-shot mc: its model, data or method changed since it ran: scoring it again" in printed
+    assert "mc seed 0 (2 layers): its inputs changed since it ran (" in printed
+    assert "left out of the results (run it again, or give what it ran with)" in printed
+    again = json.loads((out / "results.json").read_text())["tasks"]["mc"]["metrics"]
+    assert not again["validation/accuracy"]["seeds"] and 0 <= again["validation/accuracy"]["zero_shot"] <= 100
     # Other weights into the same folder: the zero-shot scores are not the first model's.
     torch.manual_seed(1)
     GPT(config).to_hf().save_pretrained(tmp_path / "other")
@@ -211,6 +227,14 @@ def test_suite_zero_shot_and_transfer_sweep(tmp_path, tokenizer_dir, capsys):
     GPT(config).to_hf().save_pretrained(tmp_path / "other")
     main([*argv, f"--data_dir={tmp_path / 'c'}", "--fine_tune=false", "--zero_shot=true"])
     assert "scoring it again" in capsys.readouterr().out
+    # Fine-tuned from the first weights again: the zero-shot score, the other weights', is left out
+    # (it sat in the row of a model it did not score), said.
+    main([*zero_shot[:-2], *fit_args(*fit)])
+    assert "zero-shot mc: scored from other weights, data or method than given now: left out" in (
+        capsys.readouterr().out
+    )
+    again = json.loads((out / "results.json").read_text())["tasks"]["mc"]["metrics"]
+    assert again["validation/accuracy"]["seeds"] and "zero_shot" not in again["validation/accuracy"]
 
 
 def test_weights_given_in_fit_args_that_change_run_again(tmp_path, tokenizer_dir, capsys):
