@@ -4,6 +4,7 @@ learning_curves.png charts."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import shutil
@@ -44,11 +45,8 @@ def benchmark_score(score: Score, tasks: dict[str, Any]) -> dict[str, Any]:
     per_task = {}
     for name in score.tasks:
         metrics = tasks.get(name, {}).get("metrics", {})
-        means = [
-            s["mean"]
-            for k, s in metrics.items()
-            if s.get("mean") is not None and k.rpartition("/")[2] not in RAW
-        ]
+        kept = [s for k, s in metrics.items() if k.rpartition("/")[2] not in RAW]
+        means = [s["mean"] for s in kept if s.get("mean") is not None]
         if means:
             per_task[name] = statistics.fmean(means)
     return {
@@ -275,29 +273,41 @@ def changed_files(before: dict[str, str] | None, now: dict[str, str]) -> list[st
     return [f"the file {f}" for f in sorted(before.keys() | now.keys()) if before.get(f) != now.get(f)]
 
 
-SUBMISSION = "submission"  # OUT/submission: the best seeds' predictions, written again each run
-SUITES_OWN = ".submission-by-gpt-ft-suite"  # beside a submission folder a suite wrote
+# OUT/submission: the best seeds' predictions, written again each run; beside it, what a suite wrote
+SUBMISSION, SUITES_OWN = "submission", ".submission-by-gpt-ft-suite"
 
 
 def check_submission_folder(out: Path) -> None:
-    """A suite replaces OUT/submission whole: refused, before any run, where it holds files no
-    suite wrote (`gpt-ft predict` output kept there); a suite's earlier output is its own."""
-    folder = out / SUBMISSION
-    ours = (out / SUITES_OWN).exists() or (out / "results.json").exists()
-    if folder.is_dir() and not ours and any(folder.iterdir()):
+    """A suite replaces OUT/submission whole: refused, before any run, where it holds a file the
+    suite did not write or one written over since (`gpt-ft predict`'s), as recorded beside it."""
+    marker = out / SUITES_OWN
+    ours = read_json(marker) if marker.is_file() and marker.stat().st_size else {}  # (empty: before names)
+    if foreign := [name for name, d in digests(out / SUBMISSION).items() if d is None or ours.get(name) != d]:
+        named = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
         raise ValueError(
-            f"{folder} holds files no suite wrote, and a suite writes its submission there anew: give "
-            "another --out_dir, or move them (they are kept)."
+            f"{out / SUBMISSION} holds files no suite wrote ({named}), and a suite writes its submission "
+            "there anew: give another --out_dir, or move them (they are kept)."
         )
 
 
+def digests(folder: Path) -> dict[str, str | None]:
+    """Each entry of `folder` by name, with its bytes' SHA-256 (None: not a file); none if no folder."""
+    entries = sorted(folder.iterdir()) if folder.is_dir() else []
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None for p in entries}
+
+
 def new_submission_folder(out: Path) -> Path:
-    """OUT/submission, emptied (checked to be a suite's: `check_submission_folder`), marked ours."""
-    folder = out / SUBMISSION
-    (out / SUITES_OWN).touch()
-    shutil.rmtree(folder, ignore_errors=True)
+    """OUT/submission, emptied (checked again to hold only what a suite wrote)."""
+    check_submission_folder(out)
+    shutil.rmtree(folder := out / SUBMISSION, ignore_errors=True)
     folder.mkdir()
     return folder
+
+
+def mark_submission(out: Path) -> set[str]:
+    """What OUT/submission holds, recorded as the suite's own (`check_submission_folder`): its names."""
+    write_json(out / SUITES_OWN, written := digests(out / SUBMISSION))
+    return set(written)
 
 
 def write_zip(archive: Path, folder: Path, names: list[str]) -> None:

@@ -38,6 +38,7 @@ from gpt_ft.eval.results import (
     changed_files,
     check_submission_folder,
     input_stamps,
+    mark_submission,
     mean_std,
     minutes,
     new_submission_folder,
@@ -376,8 +377,7 @@ class SuiteRunner:
 
     def write_submission(self, results: dict[str, Any], log=print) -> Path:
         """Each task's predictions from its best seed, gathered and zipped; missing files warned of."""
-        spec = self.spec.submission
-        folder = new_submission_folder(self.out)
+        spec, folder = self.spec.submission, new_submission_folder(self.out)
         for name, item in results["tasks"].items():
             stats = item["metrics"].get(item["main_metric"])
             if not stats or not stats["seeds"]:
@@ -391,7 +391,7 @@ class SuiteRunner:
                 log(f"warning: {run} (the best seed) wrote no test predictions")
             for file in files:
                 shutil.copy(file, folder / file.name)
-        present = {p.name for p in folder.iterdir()}
+        present = mark_submission(self.out)
         if lacks := ", ".join(f for f in spec.files if f not in present):
             log(f"warning: the submission lacks {lacks} (tasks not in this run or without test files)")
         archive = self.out / spec.archive

@@ -298,13 +298,27 @@ def test_a_submission_folder_of_other_files_is_refused_before_any_run(tmp_path):
     spec = load_suite(ROOT / "configs/suites/glue.yaml")
     (tmp_path / "submission").mkdir()
     (tmp_path / "submission" / "RTE.tsv").write_text("index\tprediction\n0\tentailment\n")
-    with pytest.raises(ValueError, match=r"submission holds files no suite wrote, and a suite writes its"):
+    with pytest.raises(
+        ValueError, match=r"submission holds files no suite wrote \(RTE.tsv\), and a suite writes"
+    ):
         suites.SuiteRunner(spec, out_dir=tmp_path)
     assert (tmp_path / "submission" / "RTE.tsv").is_file()
     suites.SuiteRunner(spec, out_dir=tmp_path, predict=False)
-    suites.new_submission_folder(tmp_path)  # as a suite writes it: its own from then on
+    (tmp_path / "submission" / "RTE.tsv").unlink()
+    folder = suites.new_submission_folder(tmp_path)  # as a suite writes it: its own from then on
+    (folder / "RTE.tsv").write_text("index\tprediction\n0\tnot_entailment\n")
+    suites.mark_submission(tmp_path)
     suites.SuiteRunner(spec, out_dir=tmp_path)
-    assert not (tmp_path / "submission" / "RTE.tsv").exists()
+    # A file of the user's put there since, or one of the suite's written over: refused, kept (a suite
+    # once counted the whole folder its own, and deleted them).
+    for name, text in (("MINE.tsv", "x\n"), ("RTE.tsv", "index\tprediction\n0\tentailment\n")):
+        (folder / name).write_text(text)
+        with pytest.raises(ValueError, match=rf"submission holds files no suite wrote \({name}\), and a"):
+            suites.SuiteRunner(spec, out_dir=tmp_path)
+        with pytest.raises(ValueError, match=rf"\({name}\)"):
+            suites.new_submission_folder(tmp_path)
+        assert (folder / name).read_text() == text
+        (folder / name).unlink()
 
 
 def test_a_subset_of_a_suites_tasks(tmp_path):
