@@ -4,19 +4,13 @@ learning_curves.png charts."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
-import shutil
 import statistics
-import zipfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpt_ft.data.files import file_stamp, split_file
-from gpt_ft.errors import writing
+from gpt_ft.eval.suite_folder import write_atomic, write_json
 
 if TYPE_CHECKING:
     from gpt_ft.adapters import TaskAdapter
@@ -273,96 +267,6 @@ def changed_files(before: dict[str, str] | None, now: dict[str, str]) -> list[st
     return [f"the file {f}" for f in sorted(before.keys() | now.keys()) if before.get(f) != now.get(f)]
 
 
-# OUT/submission: the best seeds' predictions, written again each run; beside it, what a suite wrote
-SUBMISSION, SUITES_OWN = "submission", ".submission-by-gpt-ft-suite"
-
-
-def check_submission_folder(out: Path) -> None:
-    """A suite replaces OUT/submission whole: refused, before any run, where it holds a file the
-    suite did not write or one written over since (`gpt-ft predict`'s), as recorded beside it."""
-    marker = out / SUITES_OWN
-    ours = read_json(marker) if marker.is_file() and marker.stat().st_size else {}  # (empty: before names)
-    if foreign := [name for name, d in digests(out / SUBMISSION).items() if d is None or ours.get(name) != d]:
-        named = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
-        raise ValueError(
-            f"{out / SUBMISSION} holds files no suite wrote ({named}), and a suite writes its submission "
-            "there anew: give another --out_dir, or move them (they are kept)."
-        )
-
-
-def digests(folder: Path) -> dict[str, str | None]:
-    """Each entry of `folder` by name, with its bytes' SHA-256 (None: not a file); none if no folder."""
-    entries = sorted(folder.iterdir()) if folder.is_dir() else []
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None for p in entries}
-
-
-def new_submission_folder(out: Path) -> Path:
-    """OUT/submission, emptied (checked again to hold only what a suite wrote)."""
-    check_submission_folder(out)
-    shutil.rmtree(folder := out / SUBMISSION, ignore_errors=True)
-    folder.mkdir()
-    return folder
-
-
-def mark_submission(out: Path) -> set[str]:
-    """What OUT/submission holds, recorded as the suite's own (`check_submission_folder`): its names."""
-    write_json(out / SUITES_OWN, written := digests(out / SUBMISSION))
-    return set(written)
-
-
-def write_zip(archive: Path, folder: Path, names: list[str]) -> None:
-    """The files `names` of `folder` zipped into `archive` (written whole or not at all)."""
-
-    def zip_to(tmp: Path) -> None:
-        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
-            for name in names:
-                zf.write(folder / name, name)
-
-    write_atomic(archive, zip_to)
-
-
-@contextmanager
-def set_aside(folder: Path | None, result: str) -> Iterator[None]:
-    """A run written anew into `folder`: a finished run's files there (its `result`) are moved
-    aside while the new one runs, put back if it fails or is interrupted, and deleted once it has
-    succeeded; an unfinished run's files are deleted at once. None: nothing to do (another
-    process's turn)."""
-    previous = folder.with_name(f"{folder.name}.previous") if folder is not None else None
-    if folder is not None and folder.exists():
-        if (folder / result).is_file():
-            shutil.rmtree(previous, ignore_errors=True)
-            folder.rename(previous)
-        else:  # interrupted: a finished run set aside before it (if any) stays aside
-            shutil.rmtree(folder)
-    try:
-        yield
-    except BaseException:
-        if previous is not None and previous.exists():
-            shutil.rmtree(folder, ignore_errors=True)
-            previous.rename(folder)
-        raise
-    if previous is not None:
-        shutil.rmtree(previous, ignore_errors=True)
-
-
-def write_json(path: Path, value: Any) -> None:
-    """Written whole or not at all: a crash never leaves half a file."""
-    write_atomic(path, lambda tmp: tmp.write_text(json.dumps(value, indent=2) + "\n"))
-
-
-def write_atomic(path: Path, write: Callable[[Path], Any]) -> None:
-    """`write(tmp)` to a temporary file beside `path`, renamed into place: a crash or a full disk
-    never leaves half a file, and a failed write is one sentence naming `path`."""
-    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")  # the suffix tells matplotlib the format
-    with writing(path):
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write(tmp)
-            tmp.replace(path)
-        finally:
-            tmp.unlink(missing_ok=True)
-
-
 def _num(value: float | None) -> str:
     return "" if value is None else f"{value:.1f}"
 
@@ -375,11 +279,6 @@ def pm(stats: dict[str, Any] | None) -> str:
     if len([v for v in (seeds.values() if isinstance(seeds, dict) else seeds) if v is not None]) > 1:
         return f"{stats['mean']:.1f} ± {stats['std']:.1f}"
     return f"{stats['mean']:.1f}"
-
-
-def read_json(path: Path) -> dict[str, Any] | None:
-    """A result file's contents, or None where there is none."""
-    return json.loads(path.read_text()) if path.is_file() else None
 
 
 RAW = ("margin",)

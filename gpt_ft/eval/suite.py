@@ -36,22 +36,24 @@ from gpt_ft.eval.finetune import config_changes, fit_and_evaluate, main_key
 from gpt_ft.eval.results import (
     benchmark_score,
     changed_files,
-    check_submission_folder,
     input_stamps,
-    mark_submission,
     mean_std,
     minutes,
-    new_submission_folder,
     percent,
-    read_json,
     run_stamps,
     seeds_stats,
-    set_aside,
-    write_json,
     write_results,
-    write_zip,
 )
 from gpt_ft.eval.suite_file import Run, SuiteSpec, as_list, check_paper, data_dirs, first_process, load_suite
+from gpt_ft.eval.suite_folder import (
+    check_out_dir,
+    mark_submission,
+    new_submission_folder,
+    read_json,
+    set_aside,
+    write_json,
+    write_zip,
+)
 from gpt_ft.training.callbacks import finite
 from gpt_ft.training.runs import build_fit
 from gpt_ft.weights.pretrained import resolve_tokenizer
@@ -132,8 +134,7 @@ class SuiteRunner:
         # A transfer-depth sweep scores partial models: no submission from it unless asked.
         default = spec.submission is not None and not transfer_layers
         self.predict, self.keep_checkpoints = default if predict is None else predict, keep_checkpoints
-        if self.predict and fine_tune and spec.submission is not None:  # written anew at the end
-            check_submission_folder(self.out)
+        check_out_dir(self.out, submission=self.predict and fine_tune and spec.submission is not None)
         # The main table and the submission: the runs of every layer transferred, or a sweep's deepest.
         self.main_layers = max(self.transfer_layers) if self.transfer_layers else None
         # ... on the whole split, or where `all` is no size, on the largest subset
@@ -312,9 +313,8 @@ class SuiteRunner:
     # ---- results ----
 
     def collect(self, log=print) -> dict[str, Any]:
-        """Every finished run's metrics gathered into the results (percent): the tasks of this
-        invocation and those of earlier ones into the same folder (`--tasks` subsets), where they
-        came from what the suite gives now (else left out, and said)."""
+        """Every finished run's metrics in the results (percent): this invocation's tasks and earlier
+        ones' (`--tasks` subsets), where they came from what the suite gives now (else said)."""
         stale, tasks = "left out of the results (run it again, or give what it ran with)", {}
         for name, (entry, task) in self.all_cards.items():
             folders = {Path(Run(name, 0, row=row).folder).parent for row in self.rows} | {Path(name)}

@@ -5,8 +5,9 @@ import math
 
 import pytest
 
-from gpt_ft.eval.results import benchmark_score, mean_std, results_markdown, write_json, write_results
+from gpt_ft.eval.results import benchmark_score, mean_std, results_markdown, write_results
 from gpt_ft.eval.suite_file import Score
+from gpt_ft.eval.suite_folder import write_json
 
 
 def test_mean_and_sample_std_of_the_defined_values():

@@ -321,6 +321,19 @@ def test_a_submission_folder_of_other_files_is_refused_before_any_run(tmp_path):
         (folder / name).unlink()
 
 
+def test_a_folder_of_a_users_results_md_is_refused_before_any_run(tmp_path):
+    """A folder that is no suite's (no runs/) holding results.md: refused, kept (it was written over)."""
+    spec = load_suite(ROOT / "configs/suites/glue.yaml")
+    (tmp_path / "results.md").write_text("# my notes\n")
+    with pytest.raises(
+        ValueError, match=r"^--out_dir .* holds results.md, which a suite writes, and no suite's"
+    ):
+        suites.SuiteRunner(spec, out_dir=tmp_path, predict=False)
+    assert (tmp_path / "results.md").read_text() == "# my notes\n"
+    (tmp_path / "runs").mkdir()  # a suite's folder: its own results
+    suites.SuiteRunner(spec, out_dir=tmp_path, predict=False)
+
+
 def test_a_subset_of_a_suites_tasks(tmp_path):
     spec = load_suite(ROOT / "configs/suites/glue.yaml")
     runner = suites.SuiteRunner(spec, out_dir=tmp_path, tasks=["sst2", "rte", "stsb"], seeds=[0, 1])

@@ -1,0 +1,121 @@
+"""The files of a suite's folder OUT that are not its scores: each written whole or not at all
+(`write_atomic`), a run written again set aside until it has finished (`set_aside`), and what a
+suite may replace: OUT/submission only where it holds what a suite wrote there, as recorded beside
+it, and no folder holding a suite's result files that is no suite's (`check_out_dir`)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import zipfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from gpt_ft.errors import writing
+
+RESULT_FILES = ("results.json", "results.md", "results.png", "transfer.png", "learning_curves.png")
+
+# OUT/submission: the best seeds' predictions, written again each run; beside it, what a suite wrote
+SUBMISSION, SUITES_OWN = "submission", ".submission-by-gpt-ft-suite"
+
+
+def check_out_dir(out: Path, submission: bool = True) -> None:
+    """Refused before any run: a folder that is no suite's (no runs/) but holds the files a suite
+    writes (results.md, ...); with a `submission`, one whose OUT/submission (replaced whole) holds a
+    file the suite did not write or one written over since (`gpt-ft predict`'s), as recorded."""
+    if not (out / "runs").is_dir() and (taken := [n for n in RESULT_FILES if (out / n).exists()]):
+        raise ValueError(
+            f"--out_dir {out} holds {', '.join(taken)}, which a suite writes, and no suite's runs: give "
+            "another --out_dir (they are kept)."
+        )
+    marker = out / SUITES_OWN
+    if not submission:
+        return
+    ours = read_json(marker) if marker.is_file() and marker.stat().st_size else {}  # (empty: before names)
+    if foreign := [name for name, d in digests(out / SUBMISSION).items() if d is None or ours.get(name) != d]:
+        named = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+        raise ValueError(
+            f"{out / SUBMISSION} holds files no suite wrote ({named}), and a suite writes its submission "
+            "there anew: give another --out_dir, or move them (they are kept)."
+        )
+
+
+def digests(folder: Path) -> dict[str, str | None]:
+    """Each entry of `folder` by name, with its bytes' SHA-256 (None: not a file); none if no folder."""
+    entries = sorted(folder.iterdir()) if folder.is_dir() else []
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None for p in entries}
+
+
+def new_submission_folder(out: Path) -> Path:
+    """OUT/submission, emptied (checked again to hold only what a suite wrote)."""
+    check_out_dir(out)
+    shutil.rmtree(folder := out / SUBMISSION, ignore_errors=True)
+    folder.mkdir()
+    return folder
+
+
+def mark_submission(out: Path) -> set[str]:
+    """What OUT/submission holds, recorded as the suite's own (`check_out_dir`): its names."""
+    write_json(out / SUITES_OWN, written := digests(out / SUBMISSION))
+    return set(written)
+
+
+def write_zip(archive: Path, folder: Path, names: list[str]) -> None:
+    """The files `names` of `folder` zipped into `archive` (written whole or not at all)."""
+
+    def zip_to(tmp: Path) -> None:
+        with zipfile.ZipFile(tmp, "w", zipfile.ZIP_DEFLATED) as zf:
+            for name in names:
+                zf.write(folder / name, name)
+
+    write_atomic(archive, zip_to)
+
+
+@contextmanager
+def set_aside(folder: Path | None, result: str) -> Iterator[None]:
+    """A run written anew into `folder`: a finished run's files there (its `result`) are moved
+    aside while the new one runs, put back if it fails or is interrupted, and deleted once it has
+    succeeded; an unfinished run's files are deleted at once. None: nothing to do (another
+    process's turn)."""
+    previous = folder.with_name(f"{folder.name}.previous") if folder is not None else None
+    if folder is not None and folder.exists():
+        if (folder / result).is_file():
+            shutil.rmtree(previous, ignore_errors=True)
+            folder.rename(previous)
+        else:  # interrupted: a finished run set aside before it (if any) stays aside
+            shutil.rmtree(folder)
+    try:
+        yield
+    except BaseException:
+        if previous is not None and previous.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            previous.rename(folder)
+        raise
+    if previous is not None:
+        shutil.rmtree(previous, ignore_errors=True)
+
+
+def write_json(path: Path, value: Any) -> None:
+    """Written whole or not at all: a crash never leaves half a file."""
+    write_atomic(path, lambda tmp: tmp.write_text(json.dumps(value, indent=2) + "\n"))
+
+
+def write_atomic(path: Path, write: Callable[[Path], Any]) -> None:
+    """`write(tmp)` to a temporary file beside `path`, renamed into place: a crash or a full disk
+    never leaves half a file, and a failed write is one sentence naming `path`."""
+    tmp = path.with_name(f".{path.stem}.tmp{path.suffix}")  # the suffix tells matplotlib the format
+    with writing(path):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write(tmp)
+            tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A result file's contents, or None where there is none."""
+    return json.loads(path.read_text()) if path.is_file() else None
