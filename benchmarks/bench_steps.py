@@ -259,7 +259,8 @@ def main() -> None:
 
     data, dropped = split_prmbench(args, out)
     if args.split_only:
-        return print(f"wrote {data}/train.jsonl, validation.jsonl and test.jsonl")
+        return print(f"wrote {data}/train.jsonl, validation.jsonl and test.jsonl; {dropped} rows dropped "
+                     "(an error step outside the solution)")  # fmt: skip
     counts = {s: sum(1 for _ in open(data / f"{s}.jsonl")) for s in ("train", "validation", "test")}
     print(f"PRMBench split by question: {counts} solutions; {dropped} rows dropped (an error step outside "
           f"the solution); {args.init_from or 'random weights'}, {args.batch_size} a batch, {args.epochs} "

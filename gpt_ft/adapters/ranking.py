@@ -191,6 +191,7 @@ class Ranking(TaskAdapter):
         reply_text: str | None = None,
         reply_score: str | None = None,
         group_by: str | None = None,
+        rejected_errors: str | None = None,
         loss: Literal["plackett_luce", "softmax", "pairwise"] = "plackett_luce",
         max_replies: int = 4,
         center_rewards: float = 0.0,
@@ -210,6 +211,9 @@ class Ranking(TaskAdapter):
             group_by: Records that share this field's value make one row (with `chosen` and
                 `rejected`, each a reply or a list of steps, joined by lines): PRMBench's original
                 solution above its modified ones, the duplicates once.
+            rejected_errors: With `group_by`: a record's field listing the errors of its `rejected`
+                reply; empty, the reply has none and ranks with the chosen (PRMBench's alternative
+                right solutions: `error_steps: []`).
             loss: plackett_luce, softmax or pairwise.
             max_replies: The most replies a row may have (a longer row is named).
             center_rewards: c of c·(Σ rewards)² added to each row's loss (0: none).
@@ -226,10 +230,15 @@ class Ranking(TaskAdapter):
             raise CardError(f"Task {name!r}: give `reply_text` and `reply_score` together.")
         if group_by is not None and chosen is None:
             raise CardError(f"Task {name!r}: `group_by` gathers `chosen` and `rejected` replies: give both.")
+        if rejected_errors is not None and group_by is None:
+            raise CardError(
+                f"Task {name!r}: `rejected_errors` sorts the replies `group_by` gathers: give it."
+            )
         if max_replies < 2:
             raise CardError(f"Task {name!r}: max_replies must be at least 2, got {max_replies}.")
         self.prompt, self.replies, self.scores, self.ranks = prompt, replies, scores, ranks
         self.chosen, self.rejected, self.group_by = chosen, rejected, group_by
+        self.rejected_errors = rejected_errors
         self.reply_text, self.reply_score, self.max_replies = reply_text, reply_score, max_replies
         self.loss, self.center_rewards = loss, center_rewards
         field = "order" if chosen else ranks or scores or "scores"
@@ -272,7 +281,11 @@ class Ranking(TaskAdapter):
             with about(where, i, self.name):
                 key = field_text(row[self.group_by], self.group_by)
                 group, _ = groups.setdefault(key, ({"chosen": [], "rejected": []}, i))
-                for side, field in (("chosen", self.chosen), ("rejected", self.rejected)):
+                right = self.rejected_errors is not None and not row[self.rejected_errors]
+                for side, field in (
+                    ("chosen", self.chosen),
+                    ("chosen" if right else "rejected", self.rejected),
+                ):
                     text = _reply_text(row[field], field)
                     if text not in group["chosen"] + group["rejected"]:
                         group[side].append(text)

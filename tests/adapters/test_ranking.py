@@ -71,6 +71,14 @@ def test_prmbench_grouped_by_question_the_original_above_its_modified_solutions(
     assert first == [0, 1] and [row["q"] for row in rows] == ["Q1", "Q2"]
     assert rows[0] == {"q": "Q1", "original": ["1. a\n2. b"], "modified": ["1. a\n2. c", "1. d"]}
     assert task.texts(rows[0]) == ["Q1", "1. a\n2. b", "1. a\n2. c", "1. d"]
+    # A modified solution without errors (PRMBench's alternative right ones) ranks with the original:
+    # it was ranked below it, a wrong label.
+    sorted_ = Ranking(name="r", group_by="q", chosen="original", rejected="modified", rejected_errors="err")
+    marked = [{**r, "err": [] if r["modified"] == ["1. d"] else [2]} for r in records]
+    rows, _ = sorted_.regroup(marked)
+    assert rows[0] == {"q": "Q1", "original": ["1. a\n2. b", "1. d"], "modified": ["1. a\n2. c"]}
+    with pytest.raises(CardError, match="`rejected_errors` sorts the replies `group_by` gathers"):
+        Ranking(name="r", chosen="original", rejected="modified", rejected_errors="err")
 
 
 def test_classifier_scores_a_record_as_training_reads_it(tokenizer_dir):
@@ -238,10 +246,11 @@ def test_shipped_cards_read():
     ultra = load_card(TASKS / "ranking" / "ultrafeedback.yaml")
     assert (ultra.reply_text, ultra.reply_score) == ("response", "overall_score")
     prm = load_card(TASKS / "ranking" / "prmbench.yaml")
-    assert (prm.group_by, prm.chosen, prm.rejected) == (
+    assert (prm.group_by, prm.chosen, prm.rejected, prm.rejected_errors) == (
         "original_question",
         "original_process",
         "modified_process",
+        "error_steps",
     )
     assert load_card(TASKS / "ranking" / "replies.yaml").scores == "scores"
 
