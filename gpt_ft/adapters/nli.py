@@ -12,8 +12,9 @@ from gpt_ft.errors import about
 class NliTriplets(Embedding):
     """Natural-language-inference rows (premise, hypothesis, label; SNLI's and MNLI's own layouts) as
     embedding triplets, as SBERT and SimCSE train: each premise the anchor, a hypothesis it entails
-    the positive, one it contradicts the hard negative. A premise with no entailed hypothesis gives
-    no example; one with no contradiction, a pair without a hard negative."""
+    the positive, one it contradicts the hard negative (its first of each: one example a premise).
+    A premise with no entailed hypothesis gives no example; one with no contradiction, a pair
+    without a hard negative."""
 
     def __init__(
         self,
