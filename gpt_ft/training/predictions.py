@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -17,10 +18,17 @@ def submission_path(task: TaskAdapter, split: str, out_dir: str | Path) -> Path:
     return Path(out_dir) / task.submission_files.get(split, f"{task.name}-{split}.tsv")
 
 
-def check_not_an_input(task: TaskAdapter, out_dir: str | Path, data_dir: str | Path | None) -> None:
+def check_submission(task: TaskAdapter, out_dir: str | Path, data_dir: str | Path | None, limit=1.0) -> None:
     """A submission file that is one of the task's own files (a card whose test file is named as
     its submission, `--model.predictions_dir` its data folder) is refused before any work: the
-    predictions would replace the texts."""
+    predictions would replace the texts. A `limit` of the batches predicted is warned of: the
+    files, named as a leaderboard wants them, then hold part of each split."""
+    if limit is not None and (isinstance(limit, int) or limit < 1.0):  # batches, or a fraction
+        warnings.warn(
+            f"--trainer.limit_predict_batches {limit}: the files written hold part of each test split, "
+            "not a submission (a leaderboard refuses them).",
+            stacklevel=2,
+        )
     if data_dir is None or task.local is None:
         return
     inputs = {split_file(task, split, data_dir).resolve(): split for split in task.local.splits}

@@ -20,7 +20,7 @@ from gpt_ft.errors import CardError, causes, check_context, check_devices, check
 from gpt_ft.training.callbacks import History, run_callbacks
 from gpt_ft.training.checkpointing import AtomicCheckpointIO, find_last_checkpoint
 from gpt_ft.training.precision import cpu_precision, runs_on_cpu
-from gpt_ft.training.predictions import check_not_an_input
+from gpt_ft.training.predictions import check_submission
 from gpt_ft.training.run_folders import DEFAULT_LOGGER, logs_follow_root_dir, newest_last
 from gpt_ft.training.saved import (
     check_init_tokenizer,
@@ -145,8 +145,8 @@ class GPTCLI(CheckpointHparamsAsDefaults, ParsersBuiltOnce, LightningCLI):
         if self.subcommand in ("validate", "test", "predict") and not config.get("ckpt_path"):
             refuse_untrained(self.subcommand, self.model.init_from, True, getattr(self.model, "head", None))
         if self.subcommand == "predict" and self.model.task is not None:
-            data_dir = getattr(self.datamodule, "data_dir", None)
-            check_not_an_input(self.model.task, self.model.predictions_dir, data_dir)
+            data_dir, limit = getattr(self.datamodule, "data_dir", None), self.trainer.limit_predict_batches
+            check_submission(self.model.task, self.model.predictions_dir, data_dir, limit)
 
     def before_fit(self) -> None:
         if self.model.class_weights == "balanced":  # from the data, handed to the model here

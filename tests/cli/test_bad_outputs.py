@@ -80,6 +80,16 @@ def test_predictions_that_would_replace_a_split_file(tmp_path, finetuned, capsys
         "the task's own 'test' split file: give another folder (the file is kept)."
     )
     assert files(tmp_path) == before
+    # Part of each split predicted: written, with a warning that it is no submission.
+    part = [
+        "predict",
+        f"--ckpt_path={finetuned.ckpt}",
+        f"--model.predictions_dir={tmp_path / 'part'}",
+        *QUIET,
+    ]
+    with pytest.warns(UserWarning, match=r"^--trainer.limit_predict_batches 1: the files written hold part"):
+        main([*part, "--trainer.limit_predict_batches=1", f"--trainer.default_root_dir={tmp_path}"])
+    assert len((tmp_path / "part" / "SENT.tsv").read_text().splitlines()) == 3  # header, a batch of 2
 
 
 @pytest.mark.parametrize("command", ["suite", "prepare", "tokenizer"])
