@@ -177,6 +177,7 @@ class TaskAdapter:
         test_splits: list[str] | None = None,
         submission_files: dict[str, str] | None = None,
         submission_labels: list[str] | None = None,
+        strip_texts: bool = False,
     ) -> None:
         """
         Args:
@@ -197,8 +198,9 @@ class TaskAdapter:
             submission_files: Split -> file name a leaderboard expects (e.g. test: RTE.tsv).
             submission_labels: How each class is written in submission files, in id order, when the
                 leaderboard wants other names than `labels` (GLUE: '0', '1' for SST-2).
+            strip_texts: Each text without the spaces around it (SST-2's train and dev texts end in one).
         """
-        self.name = name
+        self.name, self.strip_texts = name, strip_texts
         spec = LabelSpec(
             field=label,
             names=list(labels) if labels is not None else None,
@@ -215,12 +217,9 @@ class TaskAdapter:
             default=self.output.default_metrics,
             kind=getattr(self.output, "kind", None),
         )
+        validation, test = list(validation_splits or ["validation"]), list(test_splits or ["test"])
         self.sources = Sources(
-            hub=hub,
-            local=local,
-            validation_splits=list(validation_splits or ["validation"]),
-            test_splits=list(test_splits or ["test"]),
-            index=index,
+            hub=hub, local=local, validation_splits=validation, test_splits=test, index=index
         )
         self.submission = Submission.from_card(
             name, submission_files, submission_labels, class_names=spec.names
@@ -341,7 +340,7 @@ class TaskAdapter:
         for i, example in enumerate(examples):
             with about(name, i, self.name):
                 texts.append(self.texts(example))
-        flat = [t for example_texts in texts for t in example_texts]
+        flat = [t.strip() if self.strip_texts else t for example_texts in texts for t in example_texts]
         # A text that spells a special token (`<|extract|>`, `<|endoftext|>`) is text; a chat's
         # rendering is markup (`renders_chats`: its template's tokens are meant).
         split = not self.renders_chats

@@ -63,6 +63,27 @@ def test_a_text_that_spells_a_special_token_is_text(tokenizer_dir):
     assert eos in enc.sequences[0]
 
 
+def test_a_card_that_strips_texts_reads_a_trailing_space_as_none(tokenizer_dir):
+    """SST-2's training and validation sentences end in a space, its test sentences not: with a
+    byte-level tokenizer a token stood before the extract token in training and never in test. Its
+    card reads each text without the spaces around it; others keep them."""
+    from gpt_ft.adapters.cards import load_card
+    from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
+    from tests.helpers import ROOT
+
+    tokenizer = load_tokenizer(tokenizer_dir)
+    specials = special_token_ids(tokenizer)
+    sst2 = load_card(ROOT / "tasks" / "glue" / "sst2.yaml")
+    assert sst2.strip_texts and not single().strip_texts
+
+    def sequence(task, text: str) -> list[int]:
+        (enc,) = task.encode_examples([{"sentence": text}], tokenizer, specials, 64)
+        return enc.sequences[0]
+
+    assert sequence(sst2, " a charming journey . ") == sequence(sst2, "a charming journey .")
+    assert sequence(single(), "a charming journey . ") != sequence(single(), "a charming journey .")
+
+
 def test_a_text_field_holding_a_list_or_mapping_is_refused(tokenizer_dir):
     """Its repr (`['the', 'cat']`) was trained on without a word; a number is its digits."""
     from gpt_ft.adapters import TaskDataError
