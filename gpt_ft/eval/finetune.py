@@ -42,6 +42,11 @@ def fit_and_evaluate(
     model, data, trainer = build(args)
     if model.task is None:
         raise ValueError("A suite fine-tunes task cards; this run has no task.")
+    if select == "best" and predict and trainer.checkpoint_callback is None:  # predicted from the last
+        raise ValueError(
+            "--select best predicts from the best epoch's checkpoint, and these runs keep none "
+            "(--trainer.enable_checkpointing false): keep them, or --predict false, or --select last."
+        )
     for callback in trainer.callbacks:  # stopped by SIGTERM or Ctrl-C: the suite, not `fit`, resumes
         if isinstance(callback, SaveLast):
             callback.resume = SUITE_RESUME
@@ -62,7 +67,7 @@ def fit_and_evaluate(
         epoch, metrics = history.evaluations[-1]
     splits = readable_test_splits(data, log) if predict else []
     if splits:
-        ckpt = "best" if select == "best" and trainer.checkpoint_callback is not None else None
+        ckpt = "best" if select == "best" else None
         loaders = data.predict_dataloader(splits)
         trainer.predict(model, dataloaders=loaders, ckpt_path=ckpt, return_predictions=False)
     return metrics, epoch

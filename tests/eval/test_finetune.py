@@ -40,6 +40,16 @@ def test_a_run_without_a_task_or_a_validation_is_refused():
     with pytest.raises(ValueError, match="without a validation: check --trainer.limit_val_batches, and that "
                        "--trainer.max_steps leaves room for one"):  # fmt: skip
         finetune.fit_and_evaluate(never_validated, [], "last", predict=False)
+    # --select best with predictions and no checkpoint to read the best epoch from: refused before it
+    # trains (the last epoch's predictions went out beside the best epoch's scores).
+    unkept = Trainer()
+    unkept.checkpoint_callback = None
+    unkept.fit = lambda model, datamodule: pytest.fail("it trained")
+    no_checkpoints = lambda argv: (SimpleNamespace(task=task), None, unkept)  # noqa: E731
+    with pytest.raises(
+        ValueError, match=r"^--select best predicts from the best epoch's checkpoint, and these"
+    ):
+        finetune.fit_and_evaluate(no_checkpoints, [], "best", predict=True)
 
 
 def test_main_key_and_finite():
