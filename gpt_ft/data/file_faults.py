@@ -275,7 +275,7 @@ def _json_problem(path: Path, reason: str) -> str | None:
         except json.JSONDecodeError as bad:
             return f", line {bad.lineno}, column {bad.colno}: not valid JSON ({bad.msg})"
         return None
-    lines, kinds = text.split("\n"), {}
+    lines, kinds, fields, differs = text.split("\n"), {}, None, None
     for n in starts:
         try:
             record = json.loads(lines[n - 1])
@@ -283,11 +283,18 @@ def _json_problem(path: Path, reason: str) -> str | None:
             return f", line {n}, column {bad.colno}: not valid JSON ({bad.msg})"
         if not isinstance(record, dict):
             return f", line {n}: a JSON object ({{...}}) is expected on each line, not {_json_kind(record)}"
+        fields = set(record) if fields is None else fields
+        if differs is None and set(record) != fields:  # the reader's columns: the first records'
+            differs = (
+                f", line {n}: its fields differ from line {starts[0]}'s by {sorted(set(record) ^ fields)}"
+            )
         for key, value in record.items():  # a field of two types: the loaders' columns take one
             kind = {dict: "an object", bool: "a boolean"}.get(type(value)) or _json_kind(value)
             first = kinds.setdefault(key, (kind, n)) if value is not None else (kind, n)
             if first[0] != kind:
                 return f", line {n}: field {key!r} holds {kind} where line {first[1]} holds {first[0]}"
+    if differs is not None and "Couldn't cast" in reason:
+        return f"{differs}: the reader takes one set of fields a file (give each record all, null where none)"
     row = re.search(r"^(.*?)\.? in row (\d+)$", reason)
     if row and int(row[2]) < len(starts):  # pyarrow counts the records from 0
         why = row[1].removeprefix("JSON parse error: ")
