@@ -143,10 +143,10 @@ class SuiteRunner:
         for entry in spec.tasks:
             task = load_card(entry.card)
             if task.name in self.cards:
-                raise ValueError(f"Suite {spec.name!r} lists task {task.name!r} twice.")
-            self.cards[task.name] = (entry, check_paper(spec.name, entry, task))
+                raise ValueError(f"{self.source} lists task {task.name!r} twice ({entry.card} is one).")
+            self.cards[task.name] = (entry, check_paper(self.source, entry, task))
         score = spec.score.tasks if spec.score else []  # a score no run could complete, a DIR never read
-        for names, where in ((score, "The suite's score"), (self.data_dirs, "--data_dir")):
+        for names, where in ((score, f"{self.source}: its score"), (self.data_dirs, "--data_dir")):
             if unknown := set(names) - {None, *self.cards}:
                 raise ValueError(f"{where} names task(s) {sorted(unknown)} not in suite {spec.name!r}.")
         self.all_cards = self.cards  # a `--tasks` subset still reports earlier runs of the others

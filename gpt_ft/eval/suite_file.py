@@ -113,14 +113,14 @@ def row_folder(name: str) -> str:
     return name.replace(" ", "-").replace("/", "-")
 
 
-def check_paper(suite: str, entry: SuiteTask, task):
+def check_paper(source: str, entry: SuiteTask, task):
     """`task` (the card of `entry`), once the paper's values name its metrics (`accuracy`, or
-    `split/metric` of a validation split): a misspelt key would be a row of its own."""
+    `split/metric` of a validation split): a misspelt key would be a row of its own. `source`:
+    the suite file (or suite) named in the message."""
     named = {*task.metrics, *(f"{split}/{m}" for split in task.validation_splits for m in task.metrics)}
     if unknown := sorted(set(entry.paper) - named):
         raise ValueError(
-            f"Suite {suite!r}, task {task.name!r}: paper names {unknown}, not among its metrics "
-            f"({sorted(named)})."
+            f"{source}, task {task.name!r}: paper names {unknown}, not among its metrics ({sorted(named)})."
         )
     return task
 

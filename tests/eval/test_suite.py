@@ -354,13 +354,20 @@ def test_a_subset_of_a_suites_tasks(tmp_path):
     ):
         suites.SuiteRunner(spec, out_dir=tmp_path, train_sizes=[2, -3])  # before any run trains
     card = write_suite(tmp_path, "name: p\ntasks:\n  - card: tasks/glue/rte.yaml\n    paper: {acuracy: 56}\n")
-    with pytest.raises(ValueError, match=r"^Suite 'p', task 'rte': paper names \['acuracy'\], not among its"):
+    with pytest.raises(
+        ValueError, match=rf"^Suite file {card}, task 'rte': paper names \['acuracy'\], not among"
+    ):
+        suites.SuiteRunner(str(card), out_dir=tmp_path)
+    card.write_text("name: p\ntasks: [tasks/glue/rte.yaml, tasks/glue/rte.yaml]\n")
+    with pytest.raises(
+        ValueError, match=rf"^Suite file {card} lists task 'rte' twice \(tasks/glue/rte.yaml is"
+    ):
         suites.SuiteRunner(str(card), out_dir=tmp_path)
     card = write_suite(
         tmp_path, "name: s\ntasks: [tasks/glue/sst2.yaml]\nscore: {name: x, tasks: [sst2, cola]}\n"
     )
     with pytest.raises(
-        ValueError, match=r"^The suite's score names task\(s\) \['cola'\] not in suite 's'\.$"
+        ValueError, match=rf"^Suite file {card}: its score names task\(s\) \['cola'\] not in suite 's'\.$"
     ):
         suites.SuiteRunner(str(card), out_dir=tmp_path)  # a score that no run could ever complete
     with pytest.raises(ValueError, match=r"^--data_dir names task\(s\) \['cola2'\] not in suite 'GLUE'\.$"):
