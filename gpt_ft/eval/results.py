@@ -87,7 +87,11 @@ def results_markdown(results: dict[str, Any]) -> str:
     for name, item in results["tasks"].items():
         for key, stats in item["metrics"].items():
             zero, paper = _num(stats.get("zero_shot")), _num(stats.get("paper"))
-            lines.append(f"| {name} | {key} | {pm(stats)} | {zero} | {paper} |")
+            defined = sum(v is not None for v in (stats.get("seeds") or {}).values())  # (a constant guess:
+            some = (
+                f" ({defined} of {len(seeds)} seeds)" if 0 < defined < len(seeds) else ""
+            )  # no correlation)
+            lines.append(f"| {name} | {key} | {pm(stats)}{some} | {zero} | {paper} |")
     score = results.get("score")
     if score is not None:
         covered = len(score["tasks"])

@@ -85,7 +85,10 @@ def test_results_markdown_by_hand():
     one_seed = {**RESULTS, "config": {**RESULTS["config"], "init_from": "pre"}, "score": None}
     one_seed["tasks"] = {"sent": {"metrics": {"acc": {"seeds": {"0": 50.0}, "mean": 50.0, "std": 0.0}}}}
     table = results_markdown(one_seed)
-    assert "Fine-tuned from `pre`, 2 seed(s)" in table and "| sent | acc | 50.0 |  |  |" in table
+    # One of the two seeds scored (the other's correlation undefined, or its run not there): said.
+    assert (
+        "Fine-tuned from `pre`, 2 seed(s)" in table and "| sent | acc | 50.0 (1 of 2 seeds) |  |  |" in table
+    )
     assert "**" not in table and "layers transferred" not in table
     # A zero-shot pass alone says so, and nothing of seeds or epochs it never had.
     zero = {**one_seed, "tasks": {"sent": {"metrics": {"acc": {"seeds": {}, "zero_shot": 61.0}}}}}
