@@ -32,6 +32,8 @@ def first_best(scores: list[float]) -> int:
     placed elsewhere in a packed row scores a few last bits apart, and which batch it fell in must
     not pick the winner."""
     best = max(scores)
+    if math.isinf(best):  # (an overflowed score: only an equal one ties)
+        return scores.index(best)
     return next(i for i, score in enumerate(scores) if score >= best - TIE * max(1.0, abs(best)))
 
 

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gpt_ft.adapters.base import Encoded, TaskAdapter, field_text, refuse_label_fields
-from gpt_ft.adapters.heads import first_best
+from gpt_ft.adapters.heads import first_best, tied
 from gpt_ft.adapters.outputs import CardError, LabelSpec, TaskDataError, TaskOutput, short_repr
 from gpt_ft.adapters.preference import RewardHead, reply_templates
 from gpt_ft.errors import about
@@ -72,18 +72,21 @@ def rank_metric_values(rewards: Tensor, scores: Tensor) -> dict[str, Tensor]:
     s, r = scores.masked_fill(~ranked, math.nan), rewards.masked_fill(~ranked, math.nan)
     # best-of-N over every reply (an unranked one below each ranked one), in rows with a reply worse
     # than the best: a row of one reply, of replies all tied or none ranked has no wrong pick to avoid
-    top = present & (rewards == rewards.nan_to_num(-math.inf).amax(dim=1, keepdim=True))
+    # Rewards within `TIE` of each other tie, as the predicted best is the first of those: the same
+    # reply placed elsewhere in a packed row scores a few last bits apart.
+    top = present & tied(rewards, rewards.nan_to_num(-math.inf).amax(dim=1, keepdim=True))
     best = ranked & (s == s.nan_to_num(-math.inf).amax(dim=1, keepdim=True))
     best_of_n = (top & best).sum(dim=1) / top.sum(dim=1).clamp(min=1)
     best_of_n = best_of_n.masked_fill(~best.any(dim=1) | ~(present & ~best).any(dim=1), math.nan)
     ds, dr = s[:, :, None] - s[:, None, :], r[:, :, None] - r[:, None, :]  # [b, i, j], i < j counted
+    even = tied(r[:, :, None], r[:, None, :])  # (NaN: a reply unranked, ties with none; never counted)
     upper = torch.ones_like(ds, dtype=torch.bool).triu(1) & ranked[:, :, None] & ranked[:, None, :]
     differ = upper & (ds != 0)
-    hits = torch.where(ds * dr > 0, 1.0, torch.where(dr == 0, 0.5, 0.0))
+    hits = torch.where(even, 0.5, torch.where(ds * dr > 0, 1.0, 0.0))
     pairwise = torch.where(differ, hits, 0.0).sum(dim=(1, 2)) / differ.sum(dim=(1, 2))
-    concordant = (upper & (ds * dr > 0)).sum(dim=(1, 2)).double()
-    discordant = (upper & (ds * dr < 0)).sum(dim=(1, 2)).double()
-    untied_scores, untied_rewards = (upper & (ds != 0)).sum(dim=(1, 2)), (upper & (dr != 0)).sum(dim=(1, 2))
+    concordant = (upper & ~even & (ds * dr > 0)).sum(dim=(1, 2)).double()
+    discordant = (upper & ~even & (ds * dr < 0)).sum(dim=(1, 2)).double()
+    untied_scores, untied_rewards = (upper & (ds != 0)).sum(dim=(1, 2)), (upper & ~even).sum(dim=(1, 2))
     tau = (concordant - discordant) / (untied_scores * untied_rewards).double().sqrt()
     tau = tau.masked_fill((untied_scores > 0) & (untied_rewards == 0), 0.0)  # rewards all tied: no order
     return {
@@ -212,8 +215,8 @@ class Ranking(TaskAdapter):
                 `rejected`, each a reply or a list of steps, joined by lines): PRMBench's original
                 solution above its modified ones, the duplicates once.
             rejected_errors: With `group_by`: a record's field listing the errors of its `rejected`
-                reply; empty, the reply has none and ranks with the chosen (PRMBench's alternative
-                right solutions: `error_steps: []`).
+                reply; an empty list, the reply has none and ranks with the chosen (PRMBench's
+                alternative right solutions: `error_steps: []`). Not read to score records.
             loss: plackett_luce, softmax or pairwise.
             max_replies: The most replies a row may have (a longer row is named).
             center_rewards: c of c·(Σ rewards)² added to each row's loss (0: none).
@@ -281,7 +284,7 @@ class Ranking(TaskAdapter):
             with about(where, i, self.name):
                 key = field_text(row[self.group_by], self.group_by)
                 group, _ = groups.setdefault(key, ({"chosen": [], "rejected": []}, i))
-                right = self.rejected_errors is not None and not row[self.rejected_errors]
+                right = not alone and self.rejected_errors is not None and row[self.rejected_errors] == []
                 for side, field in (
                     ("chosen", self.chosen),
                     ("chosen" if right else "rejected", self.rejected),

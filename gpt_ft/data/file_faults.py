@@ -284,9 +284,9 @@ def _json_problem(path: Path, reason: str) -> str | None:
         if not isinstance(record, dict):
             return f", line {n}: a JSON object ({{...}}) is expected on each line, not {_json_kind(record)}"
         fields = set(record) if fields is None else fields
-        if differs is None and set(record) != fields:  # the reader's columns: the first records'
+        if differs is None and set(record) - fields:  # the reader's columns: the first records'
             differs = (
-                f", line {n}: its fields differ from line {starts[0]}'s by {sorted(set(record) ^ fields)}"
+                f", line {n}: it has fields {sorted(set(record) - fields)} that line {starts[0]} has not"
             )
         for key, value in record.items():  # a field of two types: the loaders' columns take one
             kind = {dict: "an object", bool: "a boolean"}.get(type(value)) or _json_kind(value)
@@ -294,7 +294,7 @@ def _json_problem(path: Path, reason: str) -> str | None:
             if first[0] != kind:
                 return f", line {n}: field {key!r} holds {kind} where line {first[1]} holds {first[0]}"
     if differs is not None and "Couldn't cast" in reason:
-        return f"{differs}: the reader takes one set of fields a file (give each record all, null where none)"
+        return f"{differs} (the reader takes one set of fields a file: give each record all, null where none)"
     row = re.search(r"^(.*?)\.? in row (\d+)$", reason)
     if row and int(row[2]) < len(starts):  # pyarrow counts the records from 0
         why = row[1].removeprefix("JSON parse error: ")

@@ -187,11 +187,12 @@ def _check_rope(path: Path, reader, arch: str, config) -> None:
     tensors = {t.name for t in reader.tensors} & {"rope_freqs.weight", *LONGROPE}
     attention_factor = _field(reader, f"{arch}.rope.scaling.attn_factor")
     stored = f"a {sorted(tensors)[0].removesuffix('.weight')} tensor" if tensors else None
-    stored = stored or (f"rope scaling {scaling!r}" if scaling not in (None, "none") else None)
-    if attention_factor not in (None, 1.0):
-        stored = stored or f"attention factor {attention_factor:g}"
     factors = (_field(reader, f"{arch}.rope.scaling.factor"), _field(reader, f"{arch}.rope.scale_linear"))
     factor = next((f for f in factors if f not in (None, 0.0, 1.0)), None)  # no type: llama.cpp's linear
+    plain = scaling in (None, "none") or (scaling == "linear" and factor is None)  # (linear by 1: none)
+    stored = stored or (f"rope scaling {scaling!r}" if not plain else None)
+    if attention_factor not in (None, 1.0):
+        stored = stored or f"attention factor {attention_factor:g}"
     stored = stored or (f"rope scaling factor {factor:g}" if factor else None)
     params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     kinds = {p.get("rope_type") for p in ([params] if "rope_type" in params else params.values())

@@ -50,3 +50,10 @@ def test_choice_head_scores_each_choice_and_masks_the_missing_ones():
 def test_heads_keep_the_checkpoint_keys_of_a_linear_layer():
     for head in (ClassificationHead(8, 2), RegressionHead(8), ChoiceHead(8)):
         assert set(head.state_dict()) == {"weight", "bias"}
+
+
+def test_the_first_best_score_ties_within_a_millionth_and_an_overflowed_one_wins():
+    from gpt_ft.adapters.heads import first_best
+
+    assert first_best([0.5, 2.0, 2.0 + 1e-7]) == 1 and first_best([0.5, 2.0, 2.1]) == 2
+    assert first_best([float("inf"), 1.0]) == 0 and first_best([1.0, float("inf")]) == 1

@@ -77,6 +77,8 @@ def test_prmbench_grouped_by_question_the_original_above_its_modified_solutions(
     marked = [{**r, "err": [] if r["modified"] == ["1. d"] else [2]} for r in records]
     rows, _ = sorted_.regroup(marked)
     assert rows[0] == {"q": "Q1", "original": ["1. a\n2. b", "1. d"], "modified": ["1. a\n2. c"]}
+    alone, _ = sorted_.regroup(marked, alone=True)  # to score: the file's order, its errors unread
+    assert alone[0]["original"] == ["1. a\n2. b"] and alone[0]["modified"] == ["1. a\n2. c", "1. d"]
     with pytest.raises(CardError, match="`rejected_errors` sorts the replies `group_by` gathers"):
         Ranking(name="r", chosen="original", rejected="modified", rejected_errors="err")
 
@@ -220,6 +222,13 @@ def test_ranking_metrics_by_hand():
     assert values["pairwise_accuracy"].item() == pytest.approx((1 + 0 + 0.5) / 3)
     task = Ranking(name="r")
     assert task.main_metric == "best_of_n" and task.output.default_lm_coef == 0.0
+    # H: the chosen reply and a rejected one a few last bits apart (the same reply placed elsewhere
+    # in a packed row): a tie, as the predicted best is the first of them (it was a miss, while the
+    # prediction named the chosen one).
+    near = torch.tensor([[2.0, 2.0000002, -1.0]], dtype=torch.float64)
+    values = rank_metric_values(near, torch.tensor([[1.0, 0, 0]], dtype=torch.float64))
+    assert (values["best_of_n"].item(), values["pairwise_accuracy"].item()) == (0.5, 0.75)
+    assert task.output.outcome(near[0], None)["label"] == 0
 
 
 def test_outcomes_name_the_best_reply():

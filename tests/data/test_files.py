@@ -531,17 +531,16 @@ def test_a_json_lines_field_of_two_types_is_named_with_its_lines(tmp_path):
 
 def test_json_lines_whose_records_differ_in_fields_name_the_first_that_does(tmp_path):
     """The reader takes the columns of the records it reads first: a later block with other fields
-    fails to cast (PRMBench's files joined: 165 records hold two fields more), which named no line."""
+    fails to cast (PRMBench's files joined: 165 records hold two fields more), which named no line.
+    A field a record lacks (line 2) is no such fault: the reader fills it with null."""
     from gpt_ft.data.file_faults import parse_problem
 
     path = tmp_path / "m.jsonl"
-    path.write_text(
-        '{"q": "a", "steps": [1]}\n{"q": "b", "steps": [2]}\n{"q": "c", "steps": [], "truth": "x"}\n'
-    )
+    path.write_text('{"q": "a", "steps": [1]}\n{"q": "b"}\n{"q": "c", "steps": [], "truth": "x"}\n')
     cast = ValueError("Couldn't cast\nq: string\nsteps: list<item: int64>\ntruth: string\nto\n...")
     assert parse_problem(path, "json", None, cast) == (
-        ", line 3: its fields differ from line 1's by ['truth']: the reader takes one set of fields a file "
-        "(give each record all, null where none)"
+        ", line 3: it has fields ['truth'] that line 1 has not (the reader takes one set of fields a file: "
+        "give each record all, null where none)"
     )
     assert parse_problem(path, "json", None, ValueError("another reason")) == (
         ": cannot be read as json (another reason)"

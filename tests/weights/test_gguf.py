@@ -134,6 +134,16 @@ def test_phi3s_window_is_read_and_scaled_rotary_frequencies_are_refused(tmp_path
     with_extra(lambda writer, config: writer.add_rope_scaling_factor(4.0))
     with pytest.raises(ValueError, match=r"rotary frequencies are scaled \(rope scaling factor 4\)"):
         GPT.from_pretrained(write_gguf(tmp_path / "factor.gguf", tiny("llama")))
+
+    def linear_by_one(writer, config):  # llama.cpp: no scaling at all
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(1.0)
+
+    with_extra(linear_by_one)
+    hf = tiny("llama")
+    gpt = GPT.from_pretrained(write_gguf(tmp_path / "by-one.gguf", hf)).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(logits(gpt, ids), hf(ids).logits, rtol=0, atol=1e-5)
     with_extra(lambda writer, config: writer.add_float32(f"{writer.arch}.rope.scale_linear", 2.0))
     with pytest.raises(ValueError, match=r"rotary frequencies are scaled \(rope scaling factor 2\)"):
         GPT.from_pretrained(write_gguf(tmp_path / "scale-linear.gguf", tiny("llama")))
