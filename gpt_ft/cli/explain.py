@@ -7,11 +7,10 @@ from __future__ import annotations
 import sys
 from contextlib import redirect_stdout
 from json import dumps
-from pathlib import Path
 from typing import Any
 
 from gpt_ft.errors import check_context
-from gpt_ft.training.run_folders import newest_last
+from gpt_ft.training.run_folders import checkpoint_to_read
 from gpt_ft.training.runs import (
     GPTCLI,
     card_named,
@@ -44,12 +43,10 @@ class ExplainCLI(GPTCLI):
 
     def parse_arguments(self, parser, args) -> None:
         unchecked = parse_unchecked(parser, args)
-        ckpt = unchecked.get("ckpt_path")
-        if print_config_asked(parser) and not (ckpt and Path(ckpt).expanduser().is_file()):
-            ckpt = None  # a preview: what is given, where no checkpoint is there to read
-        if ckpt in ("last", "best", "hpc", "registry"):  # Lightning's names: `last` found as validate does
-            with redirect_stdout(sys.stderr):  # its line names the file found; stdout is the example's
-                ckpt = newest_last(unchecked.trainer, "explain", ckpt)
+        with redirect_stdout(sys.stderr):  # the line naming a `last` found; stdout is the example's
+            ckpt = checkpoint_to_read(
+                unchecked.trainer, "explain", unchecked.get("ckpt_path"), print_config_asked(parser)
+            )
         if ckpt:  # as validate reads one: what the run recorded, every argument given still winning
             parser.set_defaults(recorded_configuration(ckpt))
         super().parse_arguments(parser, args)

@@ -42,7 +42,8 @@ def fit_and_evaluate(
     model, data, trainer = build(args)
     if model.task is None:
         raise ValueError("A suite fine-tunes task cards; this run has no task.")
-    if select == "best" and predict and trainer.checkpoint_callback is None:  # predicted from the last
+    splits = readable_test_splits(data, log) if predict else []
+    if select == "best" and splits and trainer.checkpoint_callback is None:  # predicted from the last
         raise ValueError(
             "--select best predicts from the best epoch's checkpoint, and these runs keep none "
             "(--trainer.enable_checkpointing false): keep them, or --predict false, or --select last."
@@ -65,7 +66,6 @@ def fit_and_evaluate(
         )
     else:
         epoch, metrics = history.evaluations[-1]
-    splits = readable_test_splits(data, log) if predict else []
     if splits:
         ckpt = "best" if select == "best" else None
         loaders = data.predict_dataloader(splits)

@@ -55,7 +55,8 @@ def generate(
         length_penalty: Beam search: a beam's log-probability is divided by its length to this power.
         repetition_penalty: Above 1, the tokens already in the text are less likely (CTRL's penalty,
             as transformers applies it; 1.2 is common); 1: none.
-        stop: Texts that end the continuation when it produces one (not printed), e.g. a blank line.
+        stop: Texts that end the continuation when it produces one (not printed), a JSON list:
+            '["###", "\\n\\n"]' (double quotes: a line break is \\n, and # is no comment).
         seed: Seed of the sampling.
         device: Default: cuda when there is one.
         precision: bf16-mixed: fp32 weights, bf16 matrix products; bf16-true: bf16 weights and KV cache.

@@ -120,6 +120,8 @@ class SuiteRunner:
         self.rows: list[str | None] = list(spec.rows or [None])
         self.out = Path(out_dir).expanduser()
         self.init_from, self.tokenizer = init_from, tokenizer
+        if tokenizer is None and init_from and spec.rows:  # a row may drop --init_from: fixed at the start
+            self.tokenizer = resolve_tokenizer(None, init_from)
         self.data_dirs = data_dirs(data_dir or [])
         self.seeds = list(seeds if seeds is not None else spec.seeds)
         if (fine_tune and not self.seeds) or len(set(self.seeds)) < len(self.seeds):
@@ -199,8 +201,6 @@ class SuiteRunner:
     def fit_args_of(self, run: Run) -> list[str]:
         entry, _ = self.all_cards[run.task]
         folder = self.out / "runs" / run.folder
-        if self.tokenizer is None and self.init_from and self.spec.rows:  # a row may drop --init_from
-            self.tokenizer = resolve_tokenizer(None, self.init_from)
         data = {"task": str(entry.card), "tokenizer": self.tokenizer, "train_size": run.size,
                 "data_dir": self.data_dirs.get(run.task, self.data_dirs.get(None))}  # fmt: skip
         # One --data mapping, not an option each: a parse checks the data module, its card with it,

@@ -25,7 +25,8 @@ SUBMISSION, SUITES_OWN = "submission", ".submission-by-gpt-ft-suite"
 def check_out_dir(out: Path, submission: bool = True) -> None:
     """Refused before any run: a folder that is no suite's (no runs/) but holds the files a suite
     writes (results.md, ...); with a `submission`, one whose OUT/submission (replaced whole) holds a
-    file the suite did not write or one written over since (`gpt-ft predict`'s), as recorded."""
+    file no suite wrote there, or one written over since (`gpt-ft predict`'s): a suite's files are
+    copies of its runs' predictions, and what it wrote is recorded beside them by SHA-256."""
     if not (out / "runs").is_dir() and (taken := [n for n in RESULT_FILES if (out / n).exists()]):
         raise ValueError(
             f"--out_dir {out} holds {', '.join(taken)}, which a suite writes, and no suite's runs: give "
@@ -34,8 +35,9 @@ def check_out_dir(out: Path, submission: bool = True) -> None:
     marker = out / SUITES_OWN
     if not submission:
         return
-    ours = read_json(marker) if marker.is_file() and marker.stat().st_size else {}  # (empty: before names)
-    if foreign := [name for name, d in digests(out / SUBMISSION).items() if d is None or ours.get(name) != d]:
+    ours = set((read_json(marker) if marker.is_file() and marker.stat().st_size else {}).values())
+    ours |= {digest for path in sorted(out.glob("runs/**/predictions/*")) if (digest := file_digest(path))}
+    if foreign := [name for name, d in digests(out / SUBMISSION).items() if d is None or d not in ours]:
         named = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
         raise ValueError(
             f"{out / SUBMISSION} holds files no suite wrote ({named}), and a suite writes its submission "
@@ -43,10 +45,14 @@ def check_out_dir(out: Path, submission: bool = True) -> None:
         )
 
 
+def file_digest(path: Path) -> str | None:
+    """The SHA-256 of a file's bytes; None for anything else."""
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+
+
 def digests(folder: Path) -> dict[str, str | None]:
-    """Each entry of `folder` by name, with its bytes' SHA-256 (None: not a file); none if no folder."""
-    entries = sorted(folder.iterdir()) if folder.is_dir() else []
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None for p in entries}
+    """Each entry of `folder` by name, with its `file_digest`; none if there is no folder."""
+    return {p.name: file_digest(p) for p in (sorted(folder.iterdir()) if folder.is_dir() else [])}
 
 
 def new_submission_folder(out: Path) -> Path:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import sys
+from contextlib import nullcontext, redirect_stdout
 from pathlib import Path
 
 from gpt_ft.training.checkpointing import LAST, find_last_checkpoint
@@ -40,6 +42,24 @@ def newest_last(trainer, subcommand: str, name: str) -> str:
         raise ValueError(f"--ckpt_path last: there is no {where}; give the checkpoint's path.")
     print(f"{subcommand}: {found}", flush=True)
     return str(found)
+
+
+LIGHTNING_NAMES = ("last", "best", "hpc", "registry")
+
+
+def checkpoint_to_read(trainer, subcommand: str, ckpt: str | None, previewing: bool = False) -> str | None:
+    """The checkpoint `validate`, `test`, `predict` or `explain` reads: `ckpt`, or the one Lightning's
+    name stands for (`newest_last`). `previewing` (`--print_config`): None where there is none
+    to read, what is given shown instead, and the line naming the one found kept off stdout."""
+    try:
+        if ckpt in LIGHTNING_NAMES:
+            with redirect_stdout(sys.stderr) if previewing else nullcontext():
+                ckpt = newest_last(trainer, subcommand, ckpt)
+    except ValueError:
+        if not previewing:
+            raise
+        return None
+    return None if previewing and not (ckpt and Path(ckpt).expanduser().is_file()) else ckpt
 
 
 def follows_root_dir(logger, trainer) -> bool:

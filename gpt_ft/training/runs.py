@@ -21,7 +21,7 @@ from gpt_ft.training.callbacks import History, run_callbacks
 from gpt_ft.training.checkpointing import AtomicCheckpointIO, find_last_checkpoint
 from gpt_ft.training.precision import cpu_precision, runs_on_cpu
 from gpt_ft.training.predictions import check_submission
-from gpt_ft.training.run_folders import DEFAULT_LOGGER, logs_follow_root_dir, newest_last
+from gpt_ft.training.run_folders import DEFAULT_LOGGER, checkpoint_to_read, logs_follow_root_dir
 from gpt_ft.training.saved import (
     check_init_tokenizer,
     plain_config,
@@ -84,11 +84,9 @@ class GPTCLI(CheckpointHparamsAsDefaults, ParsersBuiltOnce, LightningCLI):
             subcommand = self._only
             if subcommand in ("validate", "test", "predict"):
                 unchecked = parse_unchecked(parser, args)[subcommand]
-                ckpt = unchecked.get("ckpt_path")
-                if print_config_asked(parser) and not (ckpt and Path(ckpt).expanduser().is_file()):
-                    ckpt = None  # a preview: what is given, where no checkpoint is there to read
-                if ckpt in ("last", "best", "hpc", "registry"):  # Lightning's names: `last` found here
-                    ckpt = self.resolved_ckpt = newest_last(unchecked.trainer, subcommand, ckpt)
+                named, printing = unchecked.get("ckpt_path"), print_config_asked(parser)
+                ckpt = checkpoint_to_read(unchecked.trainer, subcommand, named, printing)  # `last` found
+                self.resolved_ckpt = ckpt if ckpt != named else None  # (a name, `last`, found)
                 recorded = recorded_configuration(ckpt) if ckpt else {}
                 language_model = "token_dir" in ((recorded.get("data") or {}).get("init_args") or {})
                 if language_model and ((unchecked.get("data") or {}).get("init_args") or {}).get("task"):
@@ -116,7 +114,7 @@ class GPTCLI(CheckpointHparamsAsDefaults, ParsersBuiltOnce, LightningCLI):
         )
         data = (config.get("data") or {}).get("init_args") or {}
         if self.subcommand in ("validate", "test", "predict") and not config.get("ckpt_path"):
-            refuse_untrained(self.subcommand, config.model.get("init_from"), task="task" in data)
+            refuse_untrained(self.subcommand, config.model.get("init_from"))
         if self.subcommand in ("test", "predict") and "token_dir" in data and "task" not in data:
             raise ValueError(
                 f"gpt-ft {self.subcommand} reads a task's test split (--data.task CARD); a language model's "
@@ -143,7 +141,7 @@ class GPTCLI(CheckpointHparamsAsDefaults, ParsersBuiltOnce, LightningCLI):
         check_context(self.datamodule, self.model.gpt.config.n_positions)
         config = self.config[self.subcommand] if self.subcommand else self.config
         if self.subcommand in ("validate", "test", "predict") and not config.get("ckpt_path"):
-            refuse_untrained(self.subcommand, self.model.init_from, True, getattr(self.model, "head", None))
+            refuse_untrained(self.subcommand, self.model.init_from, getattr(self.model, "head", None))
         if self.subcommand == "predict" and self.model.task is not None:
             data_dir, limit = getattr(self.datamodule, "data_dir", None), self.trainer.limit_predict_batches
             check_submission(self.model.task, self.model.predictions_dir, data_dir, limit)
@@ -307,14 +305,13 @@ def _recipe_length(config) -> None:
         )
 
 
-def refuse_untrained(command: str, init_from: str | None, task: bool, head=None) -> None:
+def refuse_untrained(command: str, init_from: str | None, head=None) -> None:
     """Without `--ckpt_path`, scoring takes `--model.init_from`'s weights alone: never with a task
     `head` of weights of its own (they would start untrained), as a language model or embedding is."""
     if not init_from:
         raise ValueError(
-            f"gpt-ft {command} needs trained weights: give --ckpt_path CKPT (a checkpoint of gpt-ft fit)"
-            + ("" if task else " or --model.init_from WEIGHTS")
-            + "; it does not score a randomly initialised model."
+            f"gpt-ft {command} needs trained weights: give --ckpt_path CKPT (a checkpoint of gpt-ft fit) "
+            "or --model.init_from WEIGHTS; it does not score a randomly initialised model."
         )
     if head is not None and any(p.requires_grad for p in head.parameters()):
         raise ValueError(

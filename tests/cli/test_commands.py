@@ -411,6 +411,10 @@ def test_print_config_with_a_checkpoint_shows_what_the_command_would_run(finetun
         assert config["model"]["preset"] == "gpt-micro"
     config = shown(["validate", f"--ckpt_path={tmp_path / 'later.ckpt'}"], capsys)
     assert config["ckpt_path"] == str(tmp_path / "later.ckpt")
+    # `last` is found first (it showed the defaults), the line naming it kept off the YAML.
+    logs = f"--trainer.logger.init_args.save_dir={finetuned.logs}"
+    config = shown(["validate", "--ckpt_path=last", logs], capsys)
+    assert config["model"]["preset"] == "gpt-micro" and config["ckpt_path"] == "last"
 
 
 def test_typed_commands_read_jsonargparse_syntax_as_given(capsys):

@@ -71,8 +71,8 @@ def test_evaluating_needs_trained_weights(command, tmp_path, tokenizer_dir, fine
     head would start untrained, and was scored so without a word): refused before any work."""
     card = make_task("single", tmp_path)
     for weights, message in (
-        ([], f"gpt-ft {command} needs trained weights: give --ckpt_path CKPT (a checkpoint of gpt-ft fit); "
-         "it does not score a randomly initialised model."),
+        ([], f"gpt-ft {command} needs trained weights: give --ckpt_path CKPT (a checkpoint of gpt-ft fit) "
+         "or --model.init_from WEIGHTS; it does not score a randomly initialised model."),
         ([f"--model.init_from={finetuned.ckpt}"], f"gpt-ft {command} --model.init_from {finetuned.ckpt} "
          "would score a task head that was never trained (--model.init_from gives a run its starting "
          "weights): give the fine-tuned checkpoint with --ckpt_path CKPT."),

@@ -115,7 +115,7 @@ def test_last_is_looked_for_where_fit_writes_with_another_logger(tmp_path, monke
     at `runs` keeps writing there, and `--ckpt_path last` looks there too."""
     from jsonargparse import Namespace
 
-    from gpt_ft.training.runs import newest_last
+    from gpt_ft.training.run_folders import newest_last
 
     monkeypatch.chdir(tmp_path)
     for folder in ("runs", "root"):

@@ -2,6 +2,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from gpt_ft.adapters import TaskDataError
 from gpt_ft.eval import finetune
 from gpt_ft.training import callbacks
 
@@ -40,16 +41,25 @@ def test_a_run_without_a_task_or_a_validation_is_refused():
     with pytest.raises(ValueError, match="without a validation: check --trainer.limit_val_batches, and that "
                        "--trainer.max_steps leaves room for one"):  # fmt: skip
         finetune.fit_and_evaluate(never_validated, [], "last", predict=False)
-    # --select best with predictions and no checkpoint to read the best epoch from: refused before it
-    # trains (the last epoch's predictions went out beside the best epoch's scores).
+    # --select best with a test split to predict and no checkpoint to read the best epoch from:
+    # refused before it trains (the last epoch's predictions went out beside the best epoch's
+    # scores); with no test file to predict, it trains (here: to no validation).
     unkept = Trainer()
     unkept.checkpoint_callback = None
-    unkept.fit = lambda model, datamodule: pytest.fail("it trained")
-    no_checkpoints = lambda argv: (SimpleNamespace(task=task), None, unkept)  # noqa: E731
+    data = SimpleNamespace(task=SimpleNamespace(name="t", test_splits=["test"]), encoded=lambda *a, **k: [])
+    no_checkpoints = lambda argv: (SimpleNamespace(task=task), data, unkept)  # noqa: E731
     with pytest.raises(
         ValueError, match=r"^--select best predicts from the best epoch's checkpoint, and these"
     ):
         finetune.fit_and_evaluate(no_checkpoints, [], "best", predict=True)
+
+    def unreadable(split, labelled):
+        raise TaskDataError("d/test.tsv: file not found")
+
+    data.encoded, said = unreadable, []
+    with pytest.raises(ValueError, match="without a validation"):
+        finetune.fit_and_evaluate(no_checkpoints, [], "best", predict=True, log=said.append)
+    assert said == ["warning: no t predictions for split 'test': d/test.tsv: file not found"]
 
 
 def test_main_key_and_finite():

@@ -309,6 +309,12 @@ def test_a_submission_folder_of_other_files_is_refused_before_any_run(tmp_path):
     (folder / "RTE.tsv").write_text("index\tprediction\n0\tnot_entailment\n")
     suites.mark_submission(tmp_path)
     suites.SuiteRunner(spec, out_dir=tmp_path)
+    # A folder of an earlier version, its marker empty: its files are copies of its runs' predictions.
+    (tmp_path / ".submission-by-gpt-ft-suite").write_text("")
+    kept = tmp_path / "runs" / "rte" / "seed-0" / "predictions" / "RTE.tsv"
+    kept.parent.mkdir(parents=True)
+    kept.write_bytes((folder / "RTE.tsv").read_bytes())
+    suites.SuiteRunner(spec, out_dir=tmp_path)
     # A file of the user's put there since, or one of the suite's written over: refused, kept (a suite
     # once counted the whole folder its own, and deleted them).
     for name, text in (("MINE.tsv", "x\n"), ("RTE.tsv", "index\tprediction\n0\tentailment\n")):
@@ -498,6 +504,12 @@ submission: {{archive: sub.zip, files: [SENT.tsv]}}
     table = (out / "results.md").read_text()
     assert "| sent | 2 | all |" in table and "| from scratch | " in table
     assert "Rows (each with its own fit arguments, in results.json): pretrained, from scratch" in table
+    # The tokenizer (a row may drop --init_from) is the weights' from the start: a zero-shot score,
+    # recorded before the runs, came from it too (it was found later, and the score left out).
+    runner = suites.SuiteRunner(str(suite), out_dir=tmp_path / "again", init_from=str(tmp_path / "pre"))
+    assert runner.tokenizer == str(tmp_path / "pre") and runner._zero_shot_inputs("sent")["tokenizer"] == str(
+        tmp_path / "pre"
+    )
     assert (out / "learning_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with zipfile.ZipFile(out / "sub.zip") as zf:  # the first row's predictions, from under its folder
         assert zf.namelist() == ["SENT.tsv"]
