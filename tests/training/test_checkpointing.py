@@ -21,6 +21,19 @@ from tests.background import gpt_ft
 from tests.helpers import MICRO, ROOT, common_args, finetune_args, make_task, write_corpus
 
 
+def swapped(tokenizer: Path, out: Path, first: int = 300) -> Path:
+    """A copy of `tokenizer` at `out` whose tokens `first` and `first + 1` (by id) change places: the
+    same size, other ids."""
+    if out != tokenizer:
+        shutil.copytree(tokenizer, out)
+    spec = json.loads((out / "tokenizer.json").read_text())
+    vocab = spec["model"]["vocab"]
+    a, b = sorted(vocab, key=vocab.get)[first:][:2]
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (out / "tokenizer.json").write_text(json.dumps(spec))
+    return out
+
+
 def last_path(logs: Path, version: int) -> Path:
     return logs / "lightning_logs" / f"version_{version}" / "checkpoints" / "last.ckpt"
 
@@ -191,13 +204,7 @@ def test_a_checkpoint_is_read_with_the_tokenizer_it_was_trained_with(
     text silently read as other tokens); the one the run was given, from its own folder, is taken."""
     ckpt, quiet = finetuned.ckpt, ["--trainer.logger=false", f"--trainer.default_root_dir={tmp_path}"]
     main(["validate", f"--ckpt_path={ckpt}", f"--data.tokenizer={tokenizer_dir}", *quiet])
-    other = tmp_path / "other"
-    shutil.copytree(ckpt.parent / "tokenizer", other)
-    spec = json.loads((other / "tokenizer.json").read_text())
-    vocab = spec["model"]["vocab"]
-    a, b = sorted(vocab, key=vocab.get)[300:302]  # two of its tokens change places
-    vocab[a], vocab[b] = vocab[b], vocab[a]
-    (other / "tokenizer.json").write_text(json.dumps(spec))
+    other = swapped(ckpt.parent / "tokenizer", tmp_path / "other")  # two of its tokens change places
     capsys.readouterr()
     with pytest.raises(SystemExit) as stopped:
         main(["validate", f"--ckpt_path={ckpt}", f"--data.tokenizer={other}", *quiet])
@@ -217,12 +224,7 @@ def test_a_run_started_from_a_checkpoint_reads_it_with_its_tokenizer(tmp_path, f
     ckpt, saved, moved = finetuned.ckpt, finetuned.ckpt.parent / "tokenizer", tmp_path / "moved"
     shutil.copytree(saved, tmp_path / "copy")
     check_init_tokenizer(str(tmp_path / "copy"), str(ckpt))
-    shutil.copytree(saved, moved)
-    spec = json.loads((moved / "tokenizer.json").read_text())
-    vocab = spec["model"]["vocab"]
-    a, b = sorted(vocab, key=vocab.get)[300:302]
-    vocab[a], vocab[b] = vocab[b], vocab[a]
-    (moved / "tokenizer.json").write_text(json.dumps(spec))
+    swapped(saved, moved)
     capsys.readouterr()
     with pytest.raises(SystemExit) as stopped:
         main(
@@ -272,11 +274,7 @@ def test_a_tokenizer_that_adds_a_token_moves_the_framing_tokens_and_is_taken(tmp
     ckpt.touch()
     monkeypatch.setattr(pretrained, "weights_tokenizer", lambda path: str(folder["saved"]))
     check_init_tokenizer(str(folder["added"]), str(ckpt))
-    spec = json.loads((folder["added"] / "tokenizer.json").read_text())
-    vocab = spec["model"]["vocab"]
-    a, b = sorted(vocab, key=vocab.get)[-2:]
-    vocab[a], vocab[b] = vocab[b], vocab[a]
-    (folder["added"] / "tokenizer.json").write_text(json.dumps(spec))
+    swapped(folder["added"], folder["added"], first=-2)
     with pytest.raises(ValueError, match="is not the tokenizer .* was trained with"):
         check_init_tokenizer(str(folder["added"]), str(ckpt))
 
@@ -793,13 +791,7 @@ def test_a_run_saved_with_more_gpus_visible_resumes_on_fewer(monkeypatch):
 def test_pretraining_resumed_on_token_files_of_another_tokenizer_is_refused(tmp_path, tokenizer_dir, capsys):
     """Token files of a tokenizer of the same size but other ids: refused, as a task's tokenizer is,
     naming the token folder (the fault) and the remedy."""
-    other = tmp_path / "other"
-    shutil.copytree(tokenizer_dir, other)
-    spec = json.loads((other / "tokenizer.json").read_text())
-    vocab = spec["model"]["vocab"]
-    a, b = sorted(vocab, key=vocab.get)[300:302]
-    vocab[a], vocab[b] = vocab[b], vocab[a]
-    (other / "tokenizer.json").write_text(json.dumps(spec))
+    other = swapped(Path(tokenizer_dir), tmp_path / "other")
     corpus = write_corpus(tmp_path)
     for tok, out in ((tokenizer_dir, "tokens"), (other, "tokens2")):
         main(["prepare", "--inputs", str(corpus), "--tokenizer", str(tok), "--out_dir", str(tmp_path / out),
