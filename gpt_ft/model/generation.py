@@ -6,6 +6,7 @@ Pure torch. These functions are also methods: `gpt.generate(...)`, `gpt.stream(.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -94,7 +95,10 @@ def stop_ids(eos_token_id: int | list[int] | None) -> list[int]:
     """The end-of-text ids decoding stops at: none, one, or several."""
     if eos_token_id is None:
         return []
-    return [int(eos_token_id)] if isinstance(eos_token_id, int) else [int(i) for i in eos_token_id]
+    try:  # an int, or one as NumPy or torch holds it
+        return [operator.index(eos_token_id)]
+    except TypeError:
+        return [int(i) for i in eos_token_id]
 
 
 @contextmanager

@@ -149,8 +149,9 @@ def check_fits(loaded: Checkpoint, config: GPTConfig, head: nn.Module | None, ta
             f"{where} is a language model's checkpoint, not a task's: fine-tuning starts from it "
             "with --model.init_from, not --ckpt_path."
         )
-    if rows is not None and head is None:
-        raise ValueError(f"{where} is a task's checkpoint: it resumes fine-tuning, not pretraining.")
+    if rows is not None and head is None:  # (`load_from_checkpoint` given no task)
+        raise ValueError(f"{where} is a task's checkpoint: give its task (a card) to resume it, or read it "
+                         "with Classifier.from_checkpoint; it resumes no pretraining.")  # fmt: skip
     if rows is not None and rows.shape[0] != head.out_features:
         raise ValueError(
             f"{where} has a task head of {rows.shape[0]} outputs but task {task.name!r} needs "
@@ -251,6 +252,7 @@ class GPTModule(Evaluation, LightningModule):
             init_from=init_from,
             transfer_layers=transfer_layers,
             vocab_size=vocab_size,
+            tokenizer=tokenizer,
             lora=lora,
             new_token_ids=new_token_ids(tokenizer, init_from) if init_from else None,
             new_tokens=new_tokens,

@@ -41,6 +41,7 @@ def build_gpt(
     init_from: str | None,
     transfer_layers: int | None,
     vocab_size: int | None,
+    tokenizer: str | None = None,
     lora: LoRA | None = None,
     new_token_ids: list[int] | None = None,
     new_tokens: Literal["random", "copied", "mean"] | None = None,
@@ -54,7 +55,12 @@ def build_gpt(
     (`new_token_ids`) then take unused rows, re-initialised as new tokens are, and the table keeps
     its released size. The framing tokens' rows start random (GPT-1 §3.3), copied from the
     tokenizer's own tokens in those roles (`own_tokens`: {row: source}), or at the mean of the
-    loaded rows (`mean`); `new_tokens=None` copies for the Llama family's weights only."""
+    loaded rows (`mean`); `new_tokens=None` copies for the Llama family's weights only. The
+    `tokenizer`'s size is the vocabulary's where `vocab_size` is not given."""
+    if vocab_size is None and tokenizer is not None:  # (linked from the data by the CLI; from Python:)
+        from gpt_ft.data.tokenizer import load_tokenizer
+
+        vocab_size = len(load_tokenizer(tokenizer))  # its rows, special tokens added, as the data counts
     if init_from:
         if lora is not None and Path(init_from).is_absolute() and not Path(init_from).exists():
             raise FileNotFoundError(  # a LoRA checkpoint names its base weights by where they were

@@ -71,6 +71,15 @@ def test_a_model_in_training_mode_decodes_without_dropout_and_stays_in_its_mode(
     assert gpt.training
 
 
+def test_a_stop_token_given_as_a_tensor_or_numpy_integer_is_one_id():
+    import numpy as np
+
+    from gpt_ft.model.generation import stop_ids
+
+    assert stop_ids(torch.tensor(7)) == stop_ids(np.int64(7)) == stop_ids(7) == [7]
+    assert stop_ids(torch.tensor([7, 9])) == stop_ids((7, 9)) == [7, 9] and stop_ids(None) == []
+
+
 def test_several_stop_tokens_end_generation_at_any_and_pad_with_the_first():
     gpt = tiny_gpt()
     prompt = torch.randint(0, TINY["vocab_size"], (2, 5))

@@ -135,8 +135,20 @@ def test_a_checkpoint_of_another_shape_head_or_kind_is_named_in_one_sentence():
     m.on_load_checkpoint({"gpt_config": config})  # a sharded checkpoint: its tensors load apart
     lm = module(None)
     lm.on_load_checkpoint({"gpt_config": config, "state_dict": lm_state})
-    with pytest.raises(ValueError, match=r"^The checkpoint is a task.s checkpoint: it resumes fine-tuning"):
+    # (`GPTModule.load_from_checkpoint` of a fine-tuned checkpoint, given no task, says how to read it)
+    with pytest.raises(
+        ValueError, match=r"^The checkpoint is a task.s checkpoint: give its task \(a card\) to"
+    ):
         lm.on_load_checkpoint({"gpt_config": config, "state_dict": {"head.weight": torch.zeros(2, 16)}})
+
+
+def test_a_module_built_in_python_with_a_tokenizer_fits_its_vocabulary(tokenizer_dir):
+    """Without `vocab_size` (the CLI links the data's), the tokenizer's size, special tokens added:
+    the preset's was kept, and the first special token's id ran past the table."""
+    from gpt_ft.data.tokenizer import load_tokenizer
+
+    m = GPTModule(preset="gpt-micro", task=SingleText(name="t", labels=["a", "b"]), tokenizer=tokenizer_dir)
+    assert m.gpt.config.vocab_size == len(load_tokenizer(tokenizer_dir)) == 400
 
 
 def test_the_forward_pass_computes_no_loss(monkeypatch):
