@@ -192,7 +192,12 @@ class TokenRows(nn.Module):
 def add_lora(gpt: nn.Module, lora: LoRA, *, new_tokens_from: int) -> nn.Module:
     """Freeze `gpt`, add adapters to `lora.targets` of every block (their frozen weights in 4 bits
     with `lora.quantize`), and train the token rows from `new_tokens_from` on (the special tokens
-    the loaded weights lack). In place; returns `gpt`."""
+    the loaded weights lack). In place; returns `gpt`. Adapters are added once: a model that has
+    them (merge them first: `merge_lora`) is refused, untouched."""
+    if isinstance(gpt.wte, TokenRows):
+        raise ValueError(
+            "The model has LoRA adapters already: merge them first (merge_lora), then add others."
+        )
     gpt.requires_grad_(False)
     for block in gpt.h:
         for target in lora.targets:

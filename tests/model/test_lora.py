@@ -29,6 +29,16 @@ def test_adapters_start_as_the_loaded_model():
         torch.testing.assert_close(gpt.lm_logits(gpt(ids)), plain.lm_logits(plain(ids)), rtol=0, atol=1e-6)
 
 
+def test_adapters_are_added_once_and_a_second_time_is_refused_untouched():
+    """A model with adapters given others: one sentence, the model as it was (it froze, then met an
+    adapter where a linear layer was, and stopped in an AttributeError)."""
+    gpt, _ = adapted()
+    trained = {n for n, p in gpt.named_parameters() if p.requires_grad}
+    with pytest.raises(ValueError, match=r"^The model has LoRA adapters already: merge them first"):
+        add_lora(gpt, LoRA(rank=2), new_tokens_from=VOCAB)
+    assert {n for n, p in gpt.named_parameters() if p.requires_grad} == trained
+
+
 @pytest.mark.parametrize("tied", [False, True])
 def test_only_adapters_and_new_token_rows_train(tied):
     gpt, _ = adapted(tied=tied)
