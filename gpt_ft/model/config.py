@@ -134,6 +134,12 @@ class GPTConfig:
     the weights belongs here; the others (dropouts, epsilon, rotary frequencies, ...) may differ."""
 
     def __post_init__(self) -> None:
+        for f in fields(self):  # a float or a text where a count goes failed deep in the model's build
+            value, integer = getattr(self, f.name), f.type in ("int", "int | None")
+            if integer and value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                raise ValueError(f"GPTConfig.{f.name} must be an integer, got {value!r}.")
+            if f.type == "bool" and not isinstance(value, bool):
+                raise ValueError(f"GPTConfig.{f.name} must be true or false, got {value!r}.")
         for name in ("vocab_size", "n_positions", "n_embd", "n_head", "vocab_multiple"):
             if getattr(self, name) < 1:
                 raise ValueError(f"GPTConfig.{name} must be a positive integer, got {getattr(self, name)}.")

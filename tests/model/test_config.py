@@ -34,6 +34,16 @@ def test_bad_config_errors():
         GPTConfig.from_name("gpt1", n_embed=10)
     with pytest.raises(ValueError, match="activation='swiglu' is not supported"):
         GPTConfig(activation="swiglu")
+    # A float or a text where a count or a switch goes: named (they failed deep in the model's build,
+    # or a text switch was taken as on).
+    wrong = [
+        ("n_positions", 64.0, "an integer"),
+        ("n_layer", 2.5, "an integer"),
+        ("n_head", "2", "an integer"),
+    ]
+    for field, value, kind in [*wrong, ("pre_ln", "yes", "true or false")]:
+        with pytest.raises(ValueError, match=rf"^GPTConfig.{field} must be {kind}, got {value!r}\.$"):
+            GPTConfig.from_name("gpt-micro", **{field: value})
 
 
 def test_padded_vocab_size_rounds_up_to_the_multiple():
