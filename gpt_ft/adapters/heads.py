@@ -38,8 +38,9 @@ def first_best(scores: list[float]) -> int:
 
 
 def tied(scores: Tensor, best: Tensor) -> Tensor:
-    """Where `scores` tie with `best` (`TIE`; NaN ties with nothing)."""
-    return (scores - best).abs() <= TIE * best.abs().clamp(min=1.0)
+    """Where `scores` tie with `best` (`TIE`; an equal one, infinite too; NaN ties with nothing)."""
+    tolerance = (TIE * best.abs().clamp(min=1.0)).nan_to_num(posinf=0.0)  # (an infinite best: equal only)
+    return (scores == best) | ((scores - best).abs() <= tolerance)
 
 
 class TaskHead(nn.Linear):

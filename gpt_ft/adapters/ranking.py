@@ -74,7 +74,7 @@ def rank_metric_values(rewards: Tensor, scores: Tensor) -> dict[str, Tensor]:
     # than the best: a row of one reply, of replies all tied or none ranked has no wrong pick to avoid
     # Rewards within `TIE` of each other tie, as the predicted best is the first of those: the same
     # reply placed elsewhere in a packed row scores a few last bits apart.
-    top = present & tied(rewards, rewards.nan_to_num(-math.inf).amax(dim=1, keepdim=True))
+    top = present & tied(rewards, rewards.nan_to_num(-math.inf, math.inf).amax(dim=1, keepdim=True))
     best = ranked & (s == s.nan_to_num(-math.inf).amax(dim=1, keepdim=True))
     best_of_n = (top & best).sum(dim=1) / top.sum(dim=1).clamp(min=1)
     best_of_n = best_of_n.masked_fill(~best.any(dim=1) | ~(present & ~best).any(dim=1), math.nan)

@@ -11,6 +11,7 @@ sliding-window layers with their own rotary base between global ones).
 from __future__ import annotations
 
 import copy
+import numbers
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Literal
 
@@ -134,12 +135,17 @@ class GPTConfig:
     the weights belongs here; the others (dropouts, epsilon, rotary frequencies, ...) may differ."""
 
     def __post_init__(self) -> None:
-        for f in fields(self):  # a float or a text where a count goes failed deep in the model's build
-            value, integer = getattr(self, f.name), f.type in ("int", "int | None")
-            if integer and value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-                raise ValueError(f"GPTConfig.{f.name} must be an integer, got {value!r}.")
-            if f.type == "bool" and not isinstance(value, bool):
+        for f in fields(self):  # a text where a number or a switch goes failed deep in the model's build
+            value, kind = getattr(self, f.name), f.type.removesuffix(" | None")
+            if (value is None and f.type.endswith(" | None")) or kind not in ("int", "float", "bool"):
+                continue
+            number = isinstance(value, numbers.Integral if kind == "int" else numbers.Real)
+            if kind == "bool" and (isinstance(value, str) or value not in (True, False)):
                 raise ValueError(f"GPTConfig.{f.name} must be true or false, got {value!r}.")
+            if kind != "bool" and (not number or isinstance(value, bool)):
+                what = "an integer" if kind == "int" else "a number"
+                raise ValueError(f"GPTConfig.{f.name} must be {what}, got {value!r}.")
+            setattr(self, f.name, {"int": int, "float": float, "bool": bool}[kind](value))  # (NumPy's: plain)
         for name in ("vocab_size", "n_positions", "n_embd", "n_head", "vocab_multiple"):
             if getattr(self, name) < 1:
                 raise ValueError(f"GPTConfig.{name} must be a positive integer, got {getattr(self, name)}.")

@@ -95,6 +95,8 @@ def stop_ids(eos_token_id: int | list[int] | None) -> list[int]:
     """The end-of-text ids decoding stops at: none, one, or several."""
     if eos_token_id is None:
         return []
+    if isinstance(eos_token_id, (str, bytes)):  # (its characters would be read as ids)
+        raise ValueError(f"eos_token_id is a token's id or a list of them, got the text {eos_token_id!r}.")
     try:  # an int, or one as NumPy or torch holds it
         return [operator.index(eos_token_id)]
     except TypeError:

@@ -194,10 +194,14 @@ def add_lora(gpt: nn.Module, lora: LoRA, *, new_tokens_from: int) -> nn.Module:
     with `lora.quantize`), and train the token rows from `new_tokens_from` on (the special tokens
     the loaded weights lack). In place; returns `gpt`. Adapters are added once: a model that has
     them (merge them first: `merge_lora`) is refused, untouched."""
-    if isinstance(gpt.wte, TokenRows):
+    if any(isinstance(m, (LoRALinear, TokenRows)) for m in gpt.modules()):
         raise ValueError(
             "The model has LoRA adapters already: merge them first (merge_lora), then add others."
         )
+    vocab = gpt.config.vocab_size  # the token rows first: they check their bounds, nothing changed yet
+    rows = [
+        TokenRows(head.weight, new_tokens_from, vocab) for head in (gpt.wte, gpt.lm_head) if head is not None
+    ]
     gpt.requires_grad_(False)
     for block in gpt.h:
         for target in lora.targets:
@@ -205,10 +209,9 @@ def add_lora(gpt: nn.Module, lora: LoRA, *, new_tokens_from: int) -> nn.Module:
             module = getattr(getattr(block, parent), name)
             adapted = LoRALinear(module, lora.rank, lora.alpha, lora.dropout, quantize=lora.quantize)
             setattr(getattr(block, parent), name, adapted)
-    vocab = gpt.config.vocab_size
-    gpt.wte = TokenRows(gpt.wte.weight, new_tokens_from, vocab)
-    if gpt.lm_head is not None:
-        gpt.lm_head = TokenRows(gpt.lm_head.weight, new_tokens_from, vocab)
+    gpt.wte, *head = rows
+    if head:
+        gpt.lm_head = head[0]
     return gpt
 
 

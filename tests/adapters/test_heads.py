@@ -57,3 +57,9 @@ def test_the_first_best_score_ties_within_a_millionth_and_an_overflowed_one_wins
 
     assert first_best([0.5, 2.0, 2.0 + 1e-7]) == 1 and first_best([0.5, 2.0, 2.1]) == 2
     assert first_best([float("inf"), 1.0]) == 0 and first_best([1.0, float("inf")]) == 1
+    from gpt_ft.adapters.ranking import rank_metric_values  # the metric agrees: the top is the best
+
+    inf = float("inf")
+    gold = torch.tensor([[2.0, 1, 0]] * 2, dtype=torch.float64)
+    values = rank_metric_values(torch.tensor([[inf, 0, -1], [inf, inf, 0]], dtype=torch.float64), gold)
+    assert values["best_of_n"].item() == (1 + 0.5) / 2

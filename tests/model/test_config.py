@@ -40,10 +40,16 @@ def test_bad_config_errors():
         ("n_positions", 64.0, "an integer"),
         ("n_layer", 2.5, "an integer"),
         ("n_head", "2", "an integer"),
+        ("qkv_bias", "false", "true or false"),
+        ("rope_theta", "1e4", "a number"),
     ]
     for field, value, kind in [*wrong, ("pre_ln", "yes", "true or false")]:
         with pytest.raises(ValueError, match=rf"^GPTConfig.{field} must be {kind}, got {value!r}\.$"):
             GPTConfig.from_name("gpt-micro", **{field: value})
+    import numpy as np  # NumPy's numbers (a sweep over np.arange) are numbers: taken, as Python's
+
+    config = GPTConfig.from_name("gpt-micro", n_embd=np.int64(64), tie_embeddings=np.bool_(False))
+    assert (config.n_embd, config.tie_embeddings) == (64, False) and type(config.n_embd) is int
 
 
 def test_padded_vocab_size_rounds_up_to_the_multiple():

@@ -78,6 +78,10 @@ def test_a_stop_token_given_as_a_tensor_or_numpy_integer_is_one_id():
 
     assert stop_ids(torch.tensor(7)) == stop_ids(np.int64(7)) == stop_ids(7) == [7]
     assert stop_ids(torch.tensor([7, 9])) == stop_ids((7, 9)) == [7, 9] and stop_ids(None) == []
+    with pytest.raises(
+        ValueError, match=r"^eos_token_id is a token's id or a list of them, got the text '12'"
+    ):
+        stop_ids("12")  # (its characters were read as ids 1 and 2)
 
 
 def test_several_stop_tokens_end_generation_at_any_and_pad_with_the_first():

@@ -37,6 +37,13 @@ def test_adapters_are_added_once_and_a_second_time_is_refused_untouched():
     with pytest.raises(ValueError, match=r"^The model has LoRA adapters already: merge them first"):
         add_lora(gpt, LoRA(rank=2), new_tokens_from=VOCAB)
     assert {n for n, p in gpt.named_parameters() if p.requires_grad} == trained
+    # A call refused on its token rows changes nothing either: the next one adds the adapters.
+    plain = GPT.from_hf(tiny_llama("llama"))
+    before = {n for n, p in plain.named_parameters() if p.requires_grad}
+    with pytest.raises(ValueError, match=r"^TokenRows needs 0 < frozen <= vocab <= rows"):
+        add_lora(plain, LoRA(rank=2), new_tokens_from=VOCAB + 50)
+    assert {n for n, p in plain.named_parameters() if p.requires_grad} == before
+    add_lora(plain, LoRA(rank=2), new_tokens_from=VOCAB - 1)
 
 
 @pytest.mark.parametrize("tied", [False, True])
