@@ -136,7 +136,7 @@ def parse_problem(path: Path, fmt: str, columns: list[str] | None, exc: BaseExce
     if fmt in ("tsv", "csv") and columns is not None:
         found = _csv_problem(path, fmt, len(columns))
     elif fmt == "json":
-        found = _json_problem(path, _innermost(exc))
+        found = _json_problem(path, _innermost(exc), _cast_columns(exc))
     else:
         found = None
     return found or f": cannot be read as {fmt} ({_innermost(exc)})"
@@ -264,9 +264,19 @@ def json_lines_problem(path: Path) -> str | None:
     return None
 
 
-def _json_problem(path: Path, reason: str) -> str | None:
+def _cast_columns(exc: BaseException | None) -> set[str] | None:
+    """The columns the reader took from a file's first block, where a later block did not cast to
+    them (datasets' `CastError`: "... to\n{'q': Value('string'), ...}\nbecause column names don't match")."""
+    while exc is not None:
+        if (found := re.search(r"\nto\n\{(.*)\}\nbecause column names", str(exc), re.S)) is not None:
+            return set(re.findall(r"'([^']+)': ", found[1]))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _json_problem(path: Path, reason: str, columns: set[str] | None = None) -> str | None:
     """The line (and column) where a JSON or JSON-lines file stops being valid JSON, or the line of
-    the record the loader refused."""
+    the record the loader refused (`columns`: those it took from the file's first block)."""
     text = _text(path)
     starts = record_lines(path, "json")
     if starts is None:  # one document
@@ -283,11 +293,10 @@ def _json_problem(path: Path, reason: str) -> str | None:
             return f", line {n}, column {bad.colno}: not valid JSON ({bad.msg})"
         if not isinstance(record, dict):
             return f", line {n}: a JSON object ({{...}}) is expected on each line, not {_json_kind(record)}"
-        fields = set(record) if fields is None else fields
-        if differs is None and set(record) - fields:  # the reader's columns: the first records'
-            differs = (
-                f", line {n}: it has fields {sorted(set(record) - fields)} that line {starts[0]} has not"
-            )
+        fields = (columns or set(record)) if fields is None else fields  # the reader's, else the first's
+        if differs is None and set(record) - fields:
+            others = "the lines before have" if columns else f"line {starts[0]} has"
+            differs = f", line {n}: it has fields {sorted(set(record) - fields)} that {others} not"
         for key, value in record.items():  # a field of two types: the loaders' columns take one
             kind = {dict: "an object", bool: "a boolean"}.get(type(value)) or _json_kind(value)
             first = kinds.setdefault(key, (kind, n)) if value is not None else (kind, n)

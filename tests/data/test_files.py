@@ -545,3 +545,11 @@ def test_json_lines_whose_records_differ_in_fields_name_the_first_that_does(tmp_
     assert parse_problem(path, "json", None, ValueError("another reason")) == (
         ": cannot be read as json (another reason)"
     )
+    # The columns the reader took from its first block, where its error names them: the record with
+    # a field outside them (line 3's `truth` was among them; line 4's `other` not).
+    path.write_text('{"q": "a"}\n{"q": "b"}\n{"q": "c", "truth": "x"}\n{"q": "d", "other": "y"}\n')
+    cast = ValueError("Couldn't cast\nq: string\nother: string\nto\n{'q': Value('string'), 'truth': "
+                      "Value('string')}\nbecause column names don't match")  # fmt: skip
+    assert parse_problem(path, "json", None, cast).startswith(
+        ", line 4: it has fields ['other'] that the lines before have not (the reader takes"
+    )
