@@ -32,12 +32,12 @@ def check_out_dir(out: Path, submission: bool = True) -> None:
             f"--out_dir {out} holds {', '.join(taken)}, which a suite writes, and no suite's runs: give "
             "another --out_dir (they are kept)."
         )
-    marker = out / SUITES_OWN
-    if not submission:
+    marker, present = out / SUITES_OWN, digests(out / SUBMISSION) if submission else {}
+    if not present:  # (the runs' predictions are not read for nothing)
         return
     ours = set((read_json(marker) if marker.is_file() and marker.stat().st_size else {}).values())
     ours |= {digest for path in sorted(out.glob("runs/**/predictions/*")) if (digest := file_digest(path))}
-    if foreign := [name for name, d in digests(out / SUBMISSION).items() if d is None or d not in ours]:
+    if foreign := [name for name, d in present.items() if d is None or d not in ours]:
         named = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
         raise ValueError(
             f"{out / SUBMISSION} holds files no suite wrote ({named}), and a suite writes its submission "
