@@ -4,6 +4,7 @@ at its limit, its output kept."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import tempfile
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+EXTRA = re.compile(r"extra == .(\w+).")
 
 
 @dataclass
@@ -46,28 +48,36 @@ def run_part(cmd: list[str], limit_s: float, env: dict[str, str] | None = None) 
         return Part(code, time.perf_counter() - start, out.read(), err.read())
 
 
-def floors_missed(version=None) -> list[str]:
+def floors_missed(version=None, also: list[str] = ()) -> list[str]:
     """gpt_ft's requirements the installed packages miss ("tokenizers 0.23.2 (needs >=0.23.3)"),
-    read from its installed metadata; `version(name)` gives a package's version (importlib's by
+    read from its installed metadata, and those of the packages named in `also` that its extras
+    require (pytest for the tests); `version(name)` gives a package's version (importlib's by
     default). Figures measured below the floors (docs/command-line.md#versions) are not gpt_ft's."""
     from importlib import metadata
 
     from packaging.requirements import Requirement
 
     version = version or metadata.version
-    missed = []
+    missed, checked = [], set()
     try:
         requires = metadata.requires("gpt_ft") or []
     except metadata.PackageNotFoundError:
         return ["gpt_ft itself (not installed, so its floors are unknown: `pip install -e .`)"]
     for text in requires:
         need = Requirement(text)
-        if need.marker is not None and not need.marker.evaluate({"extra": ""}):
-            continue  # an extra's
+        extra = need.marker is not None and not need.marker.evaluate({"extra": ""})
+        if (extra and need.name not in also) or need.name in checked:
+            continue  # an extra's not asked for, or one checked already (accelerate is in two)
+        checked.add(need.name)
         try:
             have = version(need.name)
         except metadata.PackageNotFoundError:
-            missed.append(f"{need.name} (needs {need.specifier or 'it'})")
+            hint = (
+                f"; pip install -e '.[{name[1]}]'"
+                if extra and (name := EXTRA.search(str(need.marker)))
+                else ""
+            )
+            missed.append(f"{need.name} (needs {need.specifier or 'it'}{hint})")
             continue
         if not need.specifier.contains(have, prereleases=True):
             missed.append(f"{need.name} {have} (needs {need.specifier})")

@@ -2,12 +2,14 @@
 skipped and every figure row runs (in a process of its own, in the background). So does the
 memory benchmark's table, at a tiny shape; the pretraining comparison counts bytes right."""
 
+import dataclasses
 import json
 import re
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.background import Command
 from tests.helpers import ROOT
@@ -239,7 +241,7 @@ def test_a_part_past_its_limit_is_killed_with_its_children_and_says_so():
     sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
     from gpu_check import FIGURES, tests_row
     from gpu_figures import ROWS as FIGURE_ROWS
-    from parts import run_part
+    from parts import Part, run_part
 
     names = [rows.__name__ for rows in FIGURE_ROWS]
     assert sorted(FIGURES) == sorted(names) and len(FIGURES) == len(names)  # each group of rows is a part
@@ -263,12 +265,21 @@ def test_a_part_past_its_limit_is_killed_with_its_children_and_says_so():
     done = run_part([sys.executable, "-c", "import sys; print('7 passed'); sys.exit(1)"], limit_s=30)
     assert done.returncode == 1 and done.stdout == "7 passed\n"
     assert tests_row(done, 30).status == "FAIL" and tests_row(done, 30).result.startswith("7 passed (")
+    no_pytest = run_part([sys.executable, "-m", "no_such_module_here"], limit_s=30)  # its cause on stderr
+    assert tests_row(no_pytest, 30).result.endswith(": No module named no_such_module_here (0 s)")
+    spaced = Part(None, 3.0, "t.py::test_a[x - y z] PASSED [ 50%]\nt.py::test_b[p q] SKIPPED (cpu)\n", "")
+    assert tests_row(spaced, 3).result.endswith("between two tests; before it: 1 passed, 1 skipped")
+    running = Part(None, 3.0, spaced.stdout + "t.py::test_c[a b] ", "")
+    assert (
+        tests_row(running, 3).result
+        == "killed at its 3 s limit in t.py::test_c[a b]; before it: 1 passed, 1 skipped"
+    )
 
 
 def test_the_checklist_names_each_installed_package_older_than_its_floor():
     """A stack installed beforehand (a CUDA image) may sit below gpt_ft's floors: the checklist's
     first row names each such package, and is met here, where pip installed them."""
-    from importlib.metadata import requires, version
+    from importlib.metadata import PackageNotFoundError, requires, version
 
     from packaging.requirements import Requirement
 
@@ -282,6 +293,17 @@ def test_the_checklist_names_each_installed_package_older_than_its_floor():
     assert missed == [
         f"torch 2.0.1+cu118 (needs {floors['torch']})",
         f"tokenizers 0.10.0 (needs {floors['tokenizers']})",
+    ]
+
+    def without(name):  # a bare CUDA image: no pytest, no accelerate (transformers' Trainer)
+        if name in ("pytest", "accelerate"):
+            raise PackageNotFoundError(name)
+        return version(name)
+
+    assert floors_missed(without) == []  # the extras' packages only when asked for
+    assert floors_missed(without, also=["pytest", "accelerate"]) == [
+        "pytest (needs >=8; pip install -e '.[test]')",
+        "accelerate (needs >=1.1; pip install -e '.[test]')",
     ]
 
 
@@ -329,7 +351,7 @@ def test_the_checklist_reports_its_own_faults_and_refuses_a_gpu_it_cannot_see(tm
     from harness import Report, Row
     from parts import Part, floors_missed
 
-    def broken():
+    def broken(**_):
         raise RuntimeError("no metadata")
 
     report = tmp_path / "check.md"
@@ -346,7 +368,7 @@ def test_the_checklist_reports_its_own_faults_and_refuses_a_gpu_it_cannot_see(tm
         {"check": "checklist", "result": "stopped by RuntimeError: no metadata", "status": "FAIL"}
     ]
 
-    def interrupted():
+    def interrupted(**_):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(gpu_check, "floors_missed", interrupted)
@@ -365,6 +387,14 @@ def test_the_checklist_reports_its_own_faults_and_refuses_a_gpu_it_cannot_see(tm
     assert [(r.check, r.result, r.status) for r in rows] == [
         ("attention", "benchmarks/gpu_figures.py failed (exit 1)", "FAIL")
     ]
+    Report("t", rows=[Row("a", "1", "pass")]).write(report)  # then a segfault: not "all pass"
+    rows = gpu_check.figures_rows("generation", Part(-11, 2.0, "", ""), report, 60)
+    assert [(r.result, r.status) for r in rows] == [
+        ("1", "pass"),
+        ("benchmarks/gpu_figures.py failed (killed by signal 11) after 1 rows", "FAIL"),
+    ]
+    Report("t", rows=[Row("a", "1", "FAIL")]).write(report)  # a goal missed: its own row says so
+    assert len(gpu_check.figures_rows("generation", Part(1, 2.0, "", ""), report, 60)) == 1
 
     def not_installed(name):
         raise metadata.PackageNotFoundError(name)
@@ -384,3 +414,40 @@ def torch_sees_cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def test_a_gpu_without_a_known_peak_fails_the_unchecked_mfu_goal(monkeypatch):
+    """On a GPU missing from the dense-peak table (and no --peak-tflops) the MFU goal cannot be
+    checked: the peak's row fails, so the checklist never ends in "all checks pass" without it."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    import gpu_figures
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "NVIDIA B200")
+    config = gpu_figures.GPTConfig.from_name("gpt-micro")
+    shape = dict(preset="gpt-micro", config=config, seq=8, batches=[1], runs=1, compile=False)
+    setup = gpu_figures.Setup(
+        device="cuda", **shape, pretrain_steps=1, gen_tokens=1, autocast=None, peak_tflops=None
+    )
+    (peak,) = [row for row in gpu_figures.environment(setup, Path()) if row.check.startswith("dense bf16")]
+    assert peak.status == "FAIL" and "MFU goal is not checked: pass --peak-tflops" in peak.result
+    known = gpu_figures.environment(dataclasses.replace(setup, peak_tflops=2250.0), Path())
+    assert [(r.result, r.status) for r in known if r.check.startswith("dense bf16")] == [("2250 TFLOP/s", "")]
+
+
+def test_each_trainer_batch_keeps_its_own_limit(monkeypatch, tmp_path):
+    """With --glue the Trainer's part runs at each batch under a limit of its own: the first batch
+    cannot spend the time kept for the second."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    import argparse
+
+    import gpu_check
+    from parts import Part
+
+    limits = []
+    monkeypatch.setattr(
+        gpu_check, "run_part", lambda cmd, limit, env: limits.append(limit) or Part(None, limit, "", "")
+    )
+    args = argparse.Namespace(quick=True, init_from="w.gguf", glue="g", device="cpu", budget=1080.0)
+    rows = gpu_check.vs_trainer(args, {}, tmp_path, left=lambda: 400.0)
+    assert limits == [100.0, 300.0] and gpu_check.TRAINER_RESERVE == 600
+    assert [r.result for r in rows] == ["killed at its 100 s limit", "killed at its 300 s limit"]
