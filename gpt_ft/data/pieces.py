@@ -34,12 +34,10 @@ def cut_point(text: str, limit: int, ends: Ends | None = None) -> int:
     else (a stretch with no such break, e.g. unspaced scripts) the last end of a pre-token that is
     no whitespace (`ends`, see `pre_token_ends`), else the last newline, else `limit`.
     """
-    for width in (256, 8192, limit // 2):
-        last = None
-        for last in _EXACT_CUT.finditer(text, max(limit - width, limit // 2), limit):
-            pass
-        if last is not None:
-            return last.start()
+    for width in (256, 8192, limit // 2):  # searched 2 characters on: a cut at `limit` sees what follows
+        cuts = [m.start() for m in _EXACT_CUT.finditer(text, max(limit - width, limit // 2), limit + 2)]
+        if cuts := [at for at in cuts if at <= limit]:
+            return cuts[-1]
     exact = (
         [end for end in ends(text[:limit]) if end >= limit // 2 and not text[end - 1].isspace()]
         if ends

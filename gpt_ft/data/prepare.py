@@ -323,13 +323,19 @@ def read_meta(token_dir: str | os.PathLike) -> dict:
     folder = Path(token_dir).expanduser()
     path = folder / META
     if not path.is_file():
-        missing = "does not exist" if not folder.is_dir() else f"holds no {META}"
+        missing = (
+            f"holds no {META}"
+            if folder.is_dir()
+            else "is a file, not a folder"
+            if folder.exists()
+            else "does not exist"
+        )
         raise FileNotFoundError(f"{folder} {missing}: prepare it with `gpt-ft prepare`.")
     try:
         meta = json.loads(path.read_text())
         itemsize = np.dtype(meta["dtype"]).itemsize
         counts = {split: int(meta["tokens"][split]) for split in SPLIT_FILES}
-        int(meta["vocab_size"])
+        int(meta["vocab_size"]), str(meta["tokenizer"])
     except (ValueError, KeyError, TypeError) as exc:  # not JSON, a field missing or of another type
         why = f"{type(exc).__name__}: {exc}" if not isinstance(exc, KeyError) else f"it has no field {exc}"
         raise ValueError(f"{path} is damaged ({why}); prepare the folder again.") from None
@@ -341,6 +347,8 @@ def read_meta(token_dir: str | os.PathLike) -> dict:
                 f"{file} holds {file.stat().st_size} bytes but {META} says {counts[split]} {meta['dtype']} "
                 f"tokens ({expected} bytes); the folder is inconsistent, prepare it again."
             )
+    if not (tokenizer := folder / meta["tokenizer"]).is_dir():  # read at once, never looked up on the hub
+        raise ValueError(f"{tokenizer} is missing; the folder is incomplete, prepare it again.")
     if meta["vocab_size"] > np.iinfo(meta["dtype"]).max + 1:
         raise ValueError(f"{path}: a vocabulary of {meta['vocab_size']} does not fit dtype {meta['dtype']}.")
     return meta

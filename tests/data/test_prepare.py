@@ -4,7 +4,7 @@ import shutil
 import numpy as np
 import pytest
 
-from gpt_ft.data.pieces import is_validation, pieces
+from gpt_ft.data.pieces import cut_point, is_validation, pieces
 from gpt_ft.data.prepare import prepare, read_meta, token_dtype
 from gpt_ft.data.tokenizer import EOS_TOKEN, load_tokenizer
 from tests.helpers import SENTENCES, write_corpus
@@ -106,6 +106,13 @@ def test_pieces_cut_where_the_tokenizer_splits_so_tokens_are_exact(tmp_path, tok
     assert len(pieces_made) > len(text) // 40 and "".join(p.text for p in pieces_made) == text
 
 
+def test_an_exact_cut_at_the_pieces_size_is_found():
+    """The only exact cut (before " b") lies at the piece's size itself: taken there, not at the
+    newline before it, where a cut splits a run of whitespace the tokenizer reads as one."""
+    text = "a" * 10 + "   \n" * 5 + "a" * 10 + " b" * 20
+    assert cut_point(text, 40) == 40 and text[40:42] == " b"
+
+
 def test_a_long_document_of_whitespace_ends_with_end_of_text_too(tmp_path, tokenizer_dir):
     """Cut into pieces, a document of whitespace alone is closed like any other (it ran into the
     next one); a short one is no document."""
@@ -190,9 +197,16 @@ def test_read_meta_checks_the_token_folder(tmp_path, tokenizer_dir):
         with pytest.raises(ValueError, match=f"^{meta_path} is damaged .*{why}.*; prepare the folder again"):
             read_meta(tmp_path / "tokens")
     meta_path.write_text(json.dumps(meta))
+    shutil.rmtree(
+        tmp_path / "tokens" / "tokenizer"
+    )  # it was then looked up on the hub, after the model was built
+    with pytest.raises(ValueError, match=r"tokens/tokenizer is missing; the folder is incomplete"):
+        read_meta(tmp_path / "tokens")
     (tmp_path / "tokens" / "validation.bin").unlink()
     with pytest.raises(ValueError, match=r"validation.bin is missing; the folder is incomplete"):
         read_meta(tmp_path / "tokens")
+    with pytest.raises(FileNotFoundError, match=r"meta.json is a file, not a folder: prepare it with"):
+        read_meta(meta_path)  # it said the file does not exist
 
 
 def test_bad_prepare_arguments(tmp_path, tokenizer_dir):
