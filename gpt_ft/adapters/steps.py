@@ -21,9 +21,11 @@ often a completion from there reaches the answer) or none. The card says how a r
   same text with "+" or "-" in each tag's place.
 
 Indices count from 0, or from 1 with `one_based: true`. An index outside the solution's steps is
-named with its row. Scored at the decision threshold (a step below it is judged wrong): step
-accuracy, F1 of the wrong steps, first-error accuracy, and ProcessBench's F1 (the harmonic mean of
-first-error accuracy over the solutions with an error and over those without). During `fit`, each
+named with its row (with `ignore_outside`, wrong steps listed past its end are left out). Scored
+at the decision threshold (a step below it is judged wrong): step accuracy, F1 of the wrong steps,
+first-error accuracy, and ProcessBench's F1 (the harmonic mean of first-error accuracy over the
+solutions with an error and over those without); on request, PRMBench's PRMScore (the mean of the
+F1 of the wrong steps and of the right ones). During `fit`, each
 validation of the first validation split chooses the threshold with the best ProcessBench F1
 there, for the next validation, the test splits and the saved model (its head keeps it).
 """
@@ -64,6 +66,10 @@ def step_metric_values(probabilities: Tensor, threshold: Tensor, labels: Tensor)
     hits = (judged == wrong)[labelled].double()
     tp = (judged & wrong).sum().double()
     predicted, actual = (judged & labelled).sum().double(), wrong.sum().double()
+    f1_wrong = 2 * tp / (predicted + actual) if predicted + actual > 0 else tp.new_tensor(0.0)
+    tp_right, right = (~judged & labelled & ~wrong).sum().double(), (labelled & ~wrong).sum().double()
+    judged_right = (~judged & labelled).sum().double()
+    f1_right = 2 * tp_right / (judged_right + right) if judged_right + right > 0 else tp.new_tensor(0.0)
     first = first_below(probabilities, threshold)
     true_first = first_below(torch.where(labelled, labels, math.nan), torch.full_like(threshold, 0.5))
     match = (first == true_first).double()
@@ -76,7 +82,8 @@ def step_metric_values(probabilities: Tensor, threshold: Tensor, labels: Tensor)
         processbench = 2 * on_errors * on_correct / both if both > 0 else both
     return {
         "step_accuracy": hits.mean(),
-        "step_f1": 2 * tp / (predicted + actual) if predicted + actual > 0 else tp.new_tensor(0.0),
+        "step_f1": f1_wrong,
+        "prmscore": (f1_wrong + f1_right) / 2,
         "first_error_accuracy": match.mean(),
         "processbench_f1": processbench,
     }
@@ -90,7 +97,7 @@ class StepOutput(TaskOutput):
     served_per_token = True
     stratified = False  # a label is a solution's verdicts (a list, or a text with its steps tagged)
     has_probabilities = False
-    allowed_metrics = default_metrics = STEP_METRICS
+    allowed_metrics, default_metrics = (*STEP_METRICS, "prmscore"), STEP_METRICS
     default_lm_coef = 0.0  # a reward model, as preference pairs train one
 
     def __init__(
@@ -103,6 +110,7 @@ class StepOutput(TaskOutput):
         max_steps: int,
         threshold: float,
         count_steps: Callable[[dict[str, Any]], list[str]],
+        ignore_outside: bool = False,
     ) -> None:
         super().__init__(task_name, spec)
         if label_form not in LABEL_FORMS:
@@ -115,6 +123,9 @@ class StepOutput(TaskOutput):
             raise CardError(f"Task {task_name!r}: max_steps must be at least 1, got {max_steps}.")
         self.label_form, self.base, self.max_steps = label_form, int(one_based), max_steps
         self.threshold, self.steps_of = threshold, count_steps
+        if ignore_outside and label_form != "error_steps":
+            raise CardError(f"Task {task_name!r}: ignore_outside applies to `label_form: error_steps` only.")
+        self.ignore_outside = ignore_outside
 
     @property
     def num_outputs(self) -> int:
@@ -188,11 +199,14 @@ class StepOutput(TaskOutput):
             return [1.0] * n if k < 0 else [1.0] * k + [0.0] + [math.nan] * (n - k - 1)
         if not isinstance(value, (list, tuple)):
             raise TaskDataError(f"field {field!r} must hold a list of step indices, got {short_repr(value)}.")
-        wrong = {self._index(v, n) for v in value}
+        wrong = {self._index(v, n, outside_none=self.ignore_outside) for v in value}
         return [0.0 if i in wrong else 1.0 for i in range(n)]
 
-    def _index(self, value: Any, n: int, *, allow_none: bool = False) -> int:
-        """A step index counted from `base` as a 0-based one; -1 (none) where `allow_none`."""
+    def _index(
+        self, value: Any, n: int, *, allow_none: bool = False, outside_none: bool = False
+    ) -> int | None:
+        """A step index counted from `base` as a 0-based one; -1 (none) where `allow_none`; None for
+        one past the solution where `outside_none`."""
         try:
             k = int(value)
             if isinstance(value, bool) or (isinstance(value, float) and k != value):
@@ -203,6 +217,8 @@ class StepOutput(TaskOutput):
             ) from None
         if allow_none and k == -1:
             return -1
+        if outside_none and k >= n + self.base:
+            return None
         if not self.base <= k < n + self.base:
             numbered = f"{self.base} to {n - 1 + self.base}"
             raise TaskDataError(
@@ -245,6 +261,7 @@ class Steps(TaskAdapter):
         step_tag: str | None = None,
         max_steps: int = 64,
         threshold: float = 0.5,
+        ignore_outside: bool = False,
         **kwargs,
     ) -> None:
         """
@@ -258,6 +275,8 @@ class Steps(TaskAdapter):
                 with `label_form: tagged`, the label field holds "+" or "-" in each tag's place.
             max_steps: The most steps a solution may have (a longer one is named).
             threshold: Probability below which a step is judged wrong, until validation chooses.
+            ignore_outside: With `label_form: error_steps`, indices past the solution's last step
+                are left out (PRMBench's own evaluation reads the solution's steps only), not refused.
         """
         name = kwargs.get("name")
         refuse_label_fields(
@@ -271,7 +290,7 @@ class Steps(TaskAdapter):
             raise CardError(f"Task {name!r}: step_tag must not be empty.")
         self.problem, self.steps, self.step_tag = problem, steps, step_tag
         self.label_form, self.one_based = label_form, one_based
-        self.max_steps, self.threshold = max_steps, threshold
+        self.max_steps, self.threshold, self.ignore_outside = max_steps, threshold, ignore_outside
         super().__init__(**kwargs)
 
     def own_output(self, spec: LabelSpec) -> TaskOutput:
@@ -283,6 +302,7 @@ class Steps(TaskAdapter):
             max_steps=self.max_steps,
             threshold=self.threshold,
             count_steps=self.step_texts,
+            ignore_outside=self.ignore_outside,
         )
 
     def text_fields(self) -> list[str]:
@@ -319,9 +339,15 @@ class Steps(TaskAdapter):
                 f"its {n} steps need {n + 2} special tokens, more than max_length {max_length}."
             )
         kept = fit_lengths([len(problem), *(len(s) for s in steps)], max_length - n - 2)
+        if lost := [i for i, (step, k) in enumerate(zip(steps, kept[1:])) if k == 0 < len(step)]:
+            raise TaskDataError(  # its verdict would read none of its own text
+                f"at max_length {max_length} its {n} steps leave step {lost[0] + self.one_based} none of its "
+                f"{len(steps[lost[0]])} tokens; raise --data.max_length."
+            )
         ids, extract = [specials.start, *problem[: kept[0]], specials.delim], []
-        for step, k in zip(steps, kept[1:]):
-            ids += step[:k]
+        for i, (step, k) in enumerate(zip(steps, kept[1:])):
+            # a first step that holds the problem (`problem: None`) keeps its end: the step itself
+            ids += step[len(step) - k :] if i == 0 and not self.problem else step[:k]
             extract.append(len(ids))
             ids.append(specials.extract)
         label = self._label(example, n)

@@ -44,6 +44,22 @@ def test_literal_layout_an_extract_token_after_every_step():
     assert enc.sequences == [[1, 10, 11, 2, 20, 21, 3, 30, 3]] and enc.extract_index == [6, 8]
     with pytest.raises(TaskDataError, match="its 3 steps need 5 special tokens, more than max_length 4"):
         task.encode(example, [[10], [20], [30], [40]], SPECIALS, max_length=4)
+    # 7 tokens leave 2 for 4 texts: steps 1 and 2 keep none of their own (a verdict reading nothing)
+    lost = r"^at max_length 7 its 3 steps leave step 1 none of its 1 tokens; raise --data.max_length\.$"
+    with pytest.raises(TaskDataError, match=lost):
+        task.encode(example, [[10, 11], [20, 21], [30], [40]], SPECIALS, max_length=7)
+    assert task.encode(example, [[10, 11], [20, 21], [], [40]], SPECIALS, 8).sequences == [
+        [1, 10, 2, 20, 3, 3, 40, 3]  # a step empty in the row is no loss
+    ]
+
+
+def test_a_first_step_holding_the_problem_keeps_its_end_when_cut():
+    """Math-Shepherd's first step holds the problem before it (`problem: None`): cut, it loses the
+    problem's start, not the step its verdict judges."""
+    task = Steps(name="s", problem=None, steps="input", label_form="tagged", step_tag="ки", max_steps=3)
+    row = {"input": "Q? Step 1: a ки\nStep 2: b ки", "label": "Q? Step 1: a +\nStep 2: b -"}
+    enc = task.encode(row, [[], list(range(10, 20)), [30, 31]], SPECIALS, max_length=10)
+    assert enc.sequences == [[1, 2, 16, 17, 18, 19, 3, 30, 31, 3]] and enc.extract_index == [6, 9]
 
 
 def test_each_label_form():
@@ -291,3 +307,24 @@ def test_first_errors_given_as_numbers_and_strings_train(tmp_path, tokenizer_dir
     encoded = data.encoded("train", labelled=True)
     labels = gold(collate([encoded[0], encoded[1]], pad_id=0).labels)
     assert same(labels[0].tolist(), [1.0, 1.0, math.nan]) and same(labels[1].tolist(), [1.0, 0.0, math.nan])
+
+
+def test_prmscore_and_wrong_steps_listed_past_the_end():
+    """PRMScore by hand: the mean of the F1 of the wrong steps and of the right ones; PRMBench's
+    card leaves out wrong steps listed past a solution's end (its own evaluation reads the steps)."""
+    probabilities = torch.tensor([[0.9, 0.3, 0.2], [0.8, 0.7, 0.4]], dtype=torch.float64)
+    labels = torch.tensor([[1.0, 0.0, 1.0], [1.0, 1.0, 1.0]], dtype=torch.float64)
+    values = step_metric_values(probabilities, torch.full((2, 1), 0.5, dtype=torch.float64), labels)
+    f1_wrong, f1_right = 2 * 1 / (3 + 1), 2 * 3 / (3 + 5)  # judged wrong 3, wrong 1; judged right 3, right 5
+    assert values["prmscore"].item() == pytest.approx((f1_wrong + f1_right) / 2)
+    assert values["step_f1"].item() == pytest.approx(f1_wrong)
+    card = load_card(TASKS / "steps" / "prmbench.yaml")
+    assert card.output.padded_labels([2, 34], 3)[:3] == [1.0, 0.0, 1.0] and "prmscore" in card.metrics
+    with pytest.raises(TaskDataError, match=r"step index 0 .* \(numbered 1 to 3\)"):
+        card.output.padded_labels([0], 3)  # before the first step: still refused
+    with pytest.raises(TaskDataError, match=r"step index 4 .* \(numbered 1 to 3\)"):
+        Steps(name="s", label_form="error_steps", one_based=True).output.padded_labels([4], 3)
+    with pytest.raises(CardError, match="ignore_outside applies to `label_form: error_steps` only"):
+        Steps(name="s", ignore_outside=True)
+    with pytest.raises(CardError, match="prmscore"):
+        Steps(name="s", metrics=["prmscore", "auc"])
