@@ -337,7 +337,8 @@ def _beam_search(model, input_ids, num_beams, max_new_tokens, length_penalty, st
         if penalty != 1.0:
             log_probs = penalized(log_probs, seen_tokens(seqs, V), penalty)
         candidates = (beam_scores[:, :, None] + log_probs.view(B, K, V)).view(B, K * V)
-        top_scores, top_index = candidates.topk(2 * K, dim=1)  # (B, 2K): enough for K non-eos ones
+        # enough for K that end in no stop token, however many of the best do (transformers' width)
+        top_scores, top_index = candidates.topk(max(2, 1 + len(stops)) * K, dim=1)
         src_beam, token = top_index // V, top_index % V
         next_src, next_token = torch.zeros(B, K, dtype=torch.long), torch.zeros(B, K, dtype=torch.long)
         next_scores = torch.full((B, K), float("-inf"))
@@ -346,7 +347,7 @@ def _beam_search(model, input_ids, num_beams, max_new_tokens, length_penalty, st
                 next_token[b] = pad
                 continue
             n = 0
-            for rank in range(2 * K):
+            for rank in range(top_scores.shape[1]):
                 s, beam, tok = top_scores[b, rank].item(), src_beam[b, rank].item(), token[b, rank].item()
                 if tok in stops:
                     if rank < K:  # an eos outside the top K would not have survived as a beam
@@ -359,7 +360,8 @@ def _beam_search(model, input_ids, num_beams, max_new_tokens, length_penalty, st
                     break
             finished[b] = sorted(finished[b], key=lambda h: h[0], reverse=True)[:K]
             if len(finished[b]) == K:
-                done[b] = finished[b][-1][0] >= score(top_scores[b, 0].item(), step)
+                # the best beam still running cannot beat the worst finished one
+                done[b] = finished[b][-1][0] >= score(next_scores[b, 0].item(), step)
         if all(done):
             break
         flat_src = (torch.arange(B)[:, None] * K + next_src).view(-1).to(device)  # (B*K,)

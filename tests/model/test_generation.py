@@ -190,20 +190,30 @@ def test_beam_search_with_stop_token_and_length_penalty_equals_transformers(fami
     for seed in range(6):
         torch.manual_seed(seed)
         prompt = torch.randint(1, 8, (1, 4))
-        for length_penalty in (1.0, 0.5, 0.0):
+        # a penalty above 1 favours long hypotheses: the search stops only once the best beam still
+        # running cannot beat the finished ones; several stop tokens: as many candidates kept as
+        # transformers keeps, so that num_beams beams go on
+        for length_penalty, eos, beams in [
+            (1.0, 0, 3),
+            (0.5, 0, 3),
+            (0.0, 0, 3),
+            (2.0, 0, 4),
+            (1.0, [0, 1, 2], 2),
+            (1.0, [0, 1, 2, 3, 4, 5], 2),
+        ]:
             ours = gpt.generate(
-                prompt, max_new_tokens=15, num_beams=3, length_penalty=length_penalty, eos_token_id=0
+                prompt, max_new_tokens=15, num_beams=beams, length_penalty=length_penalty, eos_token_id=eos
             )
             theirs = hf.generate(
                 prompt,
                 max_new_tokens=15,
-                num_beams=3,
+                num_beams=beams,
                 length_penalty=length_penalty,
                 do_sample=False,
                 pad_token_id=0,
-                eos_token_id=0,
+                eos_token_id=eos,
             )
-            assert torch.equal(ours, theirs), (seed, length_penalty)
+            assert torch.equal(ours, theirs), (seed, length_penalty, eos)
             ended += int((ours[0, 4:] == 0).any())
     assert ended >= 3
 
