@@ -110,8 +110,11 @@ def config_from_hf(c) -> GPTConfig:
                 "biases (as they are released)."
             )
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    window = getattr(c, "sliding_window", None)
-    layer_types = list(getattr(c, "layer_types", None) or []) or None
+    # What transformers' class of the family reads: Llama no window (a `sliding_window` key in its
+    # config is left unread), Mistral and Phi-3 one for every layer (their `layer_types` unread).
+    window = getattr(c, "sliding_window", None) if model_type != "llama" else None
+    layered = model_type in ("qwen2", "qwen3", "gemma3_text")
+    layer_types = list(getattr(c, "layer_types", None) or []) or None if layered else None
     if model_type == "qwen2" and not getattr(c, "use_sliding_window", False):
         window = None
     if window is None or (layer_types and "sliding_attention" not in layer_types):

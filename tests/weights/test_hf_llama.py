@@ -49,6 +49,23 @@ def test_logits_equal_transformers(pair):
         torch.testing.assert_close(gpt.lm_logits(gpt(ids)), hf(ids).logits, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "family, unread",
+    [("llama", WINDOW), ("phi3", dict(WINDOW, layer_types=["sliding_attention", "full_attention"])),
+     ("mistral", dict(WINDOW, layer_types=["full_attention"] * 2))],
+)  # fmt: skip
+def test_window_settings_the_familys_class_leaves_unread_are_left_unread(family, unread):
+    """A Llama config's `sliding_window` key, and Mistral's or Phi-3's `layer_types`, are read by
+    no transformers class of theirs (Mistral and Phi-3 slide in every layer): past the window, the
+    logits are still theirs."""
+    hf = tiny_llama(family, **unread)
+    gpt = GPT.from_hf(hf).eval()
+    assert gpt.config.layer_types is None and (gpt.config.sliding_window is None) == (family == "llama")
+    ids = torch.randint(0, VOCAB, (1, 40))
+    with torch.no_grad():
+        torch.testing.assert_close(gpt.lm_logits(gpt(ids)), hf(ids).logits, rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_logits_equal_transformers_with_padding(pair, side):
     hf, gpt = pair
