@@ -232,6 +232,8 @@ def main() -> None:
     args = parser.parse_args()
     if not (args.tokenizer or args.init_from):
         parser.error("give --tokenizer (random weights) or --init-from (pretrained ones)")
+    if "ours-mean-row" in args.contenders and not args.init_from:  # random weights hold their rows
+        parser.error("ours-mean-row needs --init-from: it starts the framing rows of pretrained weights")
     out = (ROOT / args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

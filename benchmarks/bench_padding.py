@@ -49,6 +49,7 @@ def padding_share(args, mode: str) -> tuple[float, int]:
         args.tokenizer,
         data_dir=args.glue,
         batch_size=args.batch_size,
+        max_length=args.max_length,
         length_grouped=length_grouped,
         packing=packing,
     )
@@ -76,6 +77,7 @@ def seconds_per_batch(args, mode: str, out: Path) -> float:
             f"--data.packing={str(packing).lower()}",
             "--seed_everything=0",
             f"--model.preset={args.preset}",
+            f"--data.max_length={args.max_length}",
             "--trainer.max_epochs=1",
             f"--trainer.limit_train_batches={args.warmup + args.batches}",
             "--trainer.limit_val_batches=0",
@@ -98,6 +100,7 @@ def main() -> None:
     parser.add_argument("--glue", required=True)
     parser.add_argument("--tokenizer", required=True)
     parser.add_argument("--preset", default="gpt-mini")
+    parser.add_argument("--max-length", type=int, default=512, help="at most the preset's context")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--batches", type=int, default=100, help="timed batches per run")
     parser.add_argument("--warmup", type=int, default=5)

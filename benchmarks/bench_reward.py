@@ -163,11 +163,15 @@ def main() -> None:
                         "instead of random ones at --layers x --width; --shapes is then ignored")  # fmt: skip
     parser.add_argument("--out", default="runs/bench_reward")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
+    parser.add_argument("--split-only", action="store_true", help="write OUT/pairs/*.jsonl.gz and stop")
     args = parser.parse_args()
-    if not (args.tokenizer or args.init_from):
+    if not (args.tokenizer or args.init_from or args.split_only):
         parser.error("give --tokenizer (random weights) or --init-from (pretrained ones)")
     out = (ROOT / args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    pairs = split_pairs(args, out)
+    if args.split_only:
+        return print(f"{pairs}: {args.train_size} training pairs (train.jsonl.gz), the rest held out (test)")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
 
@@ -179,7 +183,6 @@ def main() -> None:
     print(f"{model}, {setup}, {args.device}, {precision}, {torch.get_num_threads()} threads")
     if args.init_from:
         args.shapes = ["pretrained"]
-    pairs = split_pairs(args, out)
     rows = []
     for shape in args.shapes:
         base = bench_vs_trainer.base_folder(args, shape, out)

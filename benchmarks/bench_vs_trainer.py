@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -57,10 +58,8 @@ import peers  # noqa: E402  (the Trainer's side: its arguments and schedule)
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = {"SST-2": "tasks/glue/sst2.yaml", "RTE": "tasks/glue/rte.yaml"}
-SHAPES = {  # preset and the changes that give it --layers x --width with 64-wide heads
-    "gpt1": ("gpt1", {}),
-    "llama": ("smollm2-135m", {"n_positions": 2048}),
-}
+SHAPES = {"gpt1": ("gpt1", {}), "llama": ("smollm2-135m", {"n_positions": 2048})}
+"""Each shape's preset and changes; --layers x --width with 64-wide heads make the rest."""
 CONTENDERS = [
     "ours", "ours, λ=0", "ours, padded", "ours, λ=0, LoRA", "ours, λ=0, 4-bit LoRA",
     "Trainer", "Trainer, group_by_length",
@@ -76,27 +75,28 @@ def base_folder(args, shape: str, out: Path) -> Path:
     from gpt_ft import GPT, GPTConfig
     from gpt_ft.data.tokenizer import load_tokenizer
 
-    folder = out / f"base-{shape}"
-    if (folder / "config.json").exists():
+    folder, made = out / f"base-{shape}", out / f"base-{shape}" / "made_from.json"
+    recipe = {"init_from": args.init_from} if args.init_from else {"tokenizer": args.tokenizer,
+              "layers": args.layers, "width": args.width}  # fmt: skip
+    if made.exists() and json.loads(made.read_text()) == recipe:
         return folder
+    shutil.rmtree(folder, ignore_errors=True)  # made from other arguments: made again
     if args.init_from:
-        return peers.pretrained_folder(args.init_from, folder)
-    tokenizer = load_tokenizer(args.tokenizer)
-    preset, changes = SHAPES[shape]
-    heads = args.width // 64  # SmolLM2's 9 heads, 3 of them for keys and values, at 576
-    config = GPTConfig.from_name(
-        preset,
-        **changes,
-        n_layer=args.layers,
-        n_embd=args.width,
-        n_head=heads,
-        **({"n_kv_head": heads // 3 if heads % 3 == 0 else heads} if shape == "llama" else {}),
-        **({"n_inner": args.width * 8 // 3 // 64 * 64} if shape == "llama" else {}),
-        vocab_size=len(tokenizer),
-    )
-    torch.manual_seed(0)
-    GPT(config).to_hf().save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+        peers.pretrained_folder(args.init_from, folder)
+    else:
+        tokenizer = load_tokenizer(args.tokenizer)
+        preset, changes = SHAPES[shape]
+        heads = args.width // 64  # SmolLM2's 9 heads, 3 of them for keys and values, at 576
+        llama = {
+            "n_kv_head": heads // 3 if heads % 3 == 0 else heads,
+            "n_inner": args.width * 8 // 3 // 64 * 64,
+        }
+        shaped = dict(n_layer=args.layers, n_embd=args.width, n_head=heads, vocab_size=len(tokenizer))
+        config = GPTConfig.from_name(preset, **changes, **shaped, **(llama if shape == "llama" else {}))
+        torch.manual_seed(0)
+        GPT(config).to_hf().save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+    made.write_text(json.dumps(recipe))
     return folder
 
 

