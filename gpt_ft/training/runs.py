@@ -124,6 +124,8 @@ class GPTCLI(CheckpointHparamsAsDefaults, ParsersBuiltOnce, LightningCLI):
             config.ckpt_path = self.resolved_ckpt
         if self.subcommand == "predict":  # where it writes, checked before the weights load
             check_output_dir(config.model.predictions_dir, "--model.predictions_dir")
+        if config.trainer.get("default_root_dir"):  # its logs and checkpoints, as well
+            check_output_dir(config.trainer.default_root_dir, "--trainer.default_root_dir")
         logs_follow_root_dir(config.trainer)
         if self.subcommand in (None, "fit"):  # (None: a suite's run)
             _recipe_length(config)

@@ -116,8 +116,9 @@ def safe_load(path: str | Path, load=None) -> dict[str, Any]:
             raise FileNotFoundError(f"Checkpoint {path} does not exist.") from None
         raise ValueError(_not_a_checkpoint(Path(path))) from None
     if not isinstance(entries, dict) or STATE not in entries:  # a state dict, a tensor
+        kind = "a safetensors file" if Path(path).suffix == ".safetensors" else "a torch file"
         raise ValueError(
-            f"{path} is a torch file but not a checkpoint of `gpt-ft fit` (it has no 'state_dict' entry); "
+            f"{path} is {kind} but not a checkpoint of `gpt-ft fit` (it has no 'state_dict' entry); "
             "a model's weights are started from as a transformers folder or a GGUF file (--model.init_from)."
         )
     return entries

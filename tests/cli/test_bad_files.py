@@ -41,6 +41,12 @@ def test_a_torch_file_that_is_no_checkpoint(tmp_path, tokenizer_dir, capsys):
     assert error_of(
         ["validate", f"--ckpt_path={path}", f"--trainer.default_root_dir={tmp_path}"], capsys
     ).startswith(sentence)
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.zeros(2)}, path := tmp_path / "model.safetensors")  # it was "a torch file"
+    assert error_of(
+        ["validate", f"--ckpt_path={path}", f"--trainer.default_root_dir={tmp_path}"], capsys
+    ).startswith(f"gpt-ft: error: {path} is a safetensors file but not a checkpoint of `gpt-ft fit`")
 
 
 @pytest.mark.parametrize("name", ["truncated.ckpt", "empty.ckpt", "text.ckpt"])

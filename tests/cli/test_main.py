@@ -52,6 +52,16 @@ def dev(root: Path) -> Path:
 
 
 def test_missing_data_file(run):
+    assert run(f"--data.data_dir={dev(run.root)}").endswith(  # it named DIR/d/dev.tsv/d/train.tsv
+        f"--data.data_dir {dev(run.root)} is a file, not the folder that holds the task's files."
+    )
+    (run.root / "afile").write_text("kept")
+    afile = run.root / "afile"
+    assert run(f"--trainer.default_root_dir={afile}").endswith(  # it said "File exists"
+        f"--trainer.default_root_dir {afile} is a file, not a folder: "
+        "give a folder's name (the file is kept)."
+    )
+    assert afile.read_text() == "kept"
     dev(run.root).unlink()
     assert "d/dev.tsv: file not found (split 'validation' of task 'sent')" in run()
     dev(run.root).mkdir()
