@@ -127,7 +127,7 @@ class Classifier:
         """The examples as the model sees them: the task's own path from examples to tokens, which
         `TaskDataModule` takes in training (labels are not read; a card that groups records, each
         record alone). `where(i)` names example i in an error (default: 'example i')."""
-        if isinstance(examples, (str, dict)):
+        if isinstance(examples, (str, dict)) or not hasattr(examples, "__iter__"):  # None: no list either
             raise TypeError(f"Classifier takes a list of examples, got {examples!r}: put it in a list.")
         examples = list(examples)
         if bad := [i for i, example in enumerate(examples) if not isinstance(example, dict)]:

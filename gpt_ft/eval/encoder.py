@@ -63,8 +63,9 @@ class Encoder:
     ) -> np.ndarray | Tensor:
         """Each text's unit vector, (len(texts), dimensions), float32, in order."""
         at_least_one(batch_size, "batch_size")
-        if isinstance(texts, str):
-            raise TypeError(f"encode takes a list of texts, got the text {texts!r}: put it in a list.")
+        if isinstance(texts, str) or not hasattr(texts, "__iter__"):  # None: no list either
+            what = "the text " if isinstance(texts, str) else ""
+            raise TypeError(f"encode takes a list of texts, got {what}{texts!r}: put it in a list.")
         texts = list(texts)
         if bad := [i for i, t in enumerate(texts) if not isinstance(t, str)]:
             raise TypeError(f"encode takes texts; item {bad[0]} is {texts[bad[0]]!r}.")

@@ -25,7 +25,7 @@ def test_examples_name_the_cards_fields(finetuned):
     with pytest.raises(ValueError, match=r"example 0 has no field 'sentence'"):
         clf.predict([{"text": "another field"}])
     # A text, or one example, where a list of examples goes: one sentence, not an AttributeError.
-    for given in ("a gripping film", {"sentence": "a gripping film"}):
+    for given in ("a gripping film", {"sentence": "a gripping film"}, None):
         with pytest.raises(
             TypeError, match=r"^Classifier takes a list of examples, got .*: put it in a list\.$"
         ):

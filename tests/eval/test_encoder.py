@@ -87,6 +87,8 @@ def test_the_encoders_vectors_are_the_training_paths_own(embedded):
         TypeError, match=r"^encode takes a list of texts, got the text 'hello': put it in a list"
     ):
         encoder.encode("hello")
+    with pytest.raises(TypeError, match=r"^encode takes a list of texts, got None: put it in a list\.$"):
+        encoder.encode(None)  # a bare "'NoneType' object is not iterable" before
     with pytest.raises(TypeError, match=r"^encode takes texts; item 1 is None\.$"):
         encoder.encode(["a", None])
     with pytest.raises(ValueError, match=r"^prompt must be 'query', 'document' or None, got 'passage'\.$"):
