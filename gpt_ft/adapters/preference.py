@@ -85,12 +85,14 @@ def render_messages(
     message on its own paragraph, "\n\nUser: ..." (HH-RLHF's layout, with the roles' names), the
     prompt ending in "\n\nAssistant:" where the reply is the assistant's."""
     if tokenizer is not None and getattr(tokenizer, "chat_template", None):
-        head = (
-            tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
-            if prompt
-            else ""
-        )
-        whole = tokenizer.apply_chat_template(prompt + reply, tokenize=False)
+        from jinja2 import TemplateError
+
+        try:  # a template may refuse a dialogue (Gemma's: a system turn; roles that do not alternate)
+            render = lambda turns, **kw: tokenizer.apply_chat_template(turns, tokenize=False, **kw)  # noqa: E731
+            head = render(prompt, add_generation_prompt=True) if prompt else ""
+            whole = render(prompt + reply)
+        except TemplateError as exc:
+            raise TaskDataError(f"the tokenizer's chat template refuses these messages: {exc}") from None
         if not whole.startswith(head):
             raise TaskDataError(
                 "the tokenizer's chat template does not render the dialogue as its prompt, then the reply."

@@ -120,6 +120,17 @@ def test_chat_messages_through_the_tokenizers_chat_template(tokenizer_dir):
     assert texts == [f"<user>How do I boil an egg?</s><assistant>{delim}Boil it.</s>",
                      f"<user>How do I boil an egg?</s><assistant>{delim}No.</s>"]  # fmt: skip
     assert task._chat is None  # bound only while encoding
+    # A template that refuses a dialogue (Gemma's: no system turn) names the example in one sentence.
+    tokenizer.chat_template = (
+        "{% if messages[0]['role'] == 'system' %}{{ raise_exception('No system role') }}{% endif %}"
+    )
+    system = {
+        "chosen": [{"role": "system", "content": "Be brief."}, *row["chosen"]],
+        "rejected": row["rejected"],
+    }
+    refused = r"^example 0: the tokenizer's chat template refuses these messages: No system role$"
+    with pytest.raises(TaskDataError, match=refused):  # a jinja2 traceback before
+        task.encode_examples([system], tokenizer, special_token_ids(tokenizer), max_length=64)
 
 
 def test_bradley_terry_loss_and_centering_by_hand():
