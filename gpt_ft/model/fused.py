@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import sys
 from collections.abc import Callable
 from functools import cache
 
@@ -44,8 +45,9 @@ log = logging.getLogger(__name__)
 
 @cache
 def has_compiler() -> bool:
-    """Whether a C++ compiler is on the PATH for TorchInductor's CPU kernels."""
-    return any(shutil.which(c) for c in (os.environ.get("CXX"), "g++", "clang++", "c++") if c)
+    """Whether the C++ compiler TorchInductor's CPU kernels take is there: `$CXX` where it is set,
+    else g++ (clang++ on macOS), as TorchInductor chooses; a compiler of another name is not taken."""
+    return bool(shutil.which(os.environ.get("CXX") or ("clang++" if sys.platform == "darwin" else "g++")))
 
 
 def wanted(x: Tensor) -> bool:

@@ -113,3 +113,23 @@ def test_each_fused_function_compiles_once_for_every_batch_shape(tokenizer_dir, 
         rows = examples(module.task, "steps", specials, vocab=module.gpt.config.vocab_size - 5, n=n)
         module.losses(collate_packed(rows, specials.pad))[0].backward()
     assert len(graphs) == 5  # rms_norm and swiglu flat and dense, split_heads (flat rows only)
+
+
+def test_the_compiler_checked_is_the_one_torchinductor_takes(monkeypatch):
+    """`$CXX` where set (a missing one crashed the first large step: TorchInductor takes no other),
+    else g++; a clang++ on the PATH does not stand in for either."""
+    import shutil
+
+    on_path = {"clang++"}
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}" if name in on_path else None)
+    for cxx, found in [("/nonexistent/g++", False), ("clang++", True), (None, False)]:
+        if cxx is None:
+            monkeypatch.delenv("CXX", raising=False)
+        else:
+            monkeypatch.setenv("CXX", cxx)
+        fused.has_compiler.cache_clear()
+        assert fused.has_compiler() is found, cxx
+    on_path.add("g++")
+    fused.has_compiler.cache_clear()
+    assert fused.has_compiler()
+    fused.has_compiler.cache_clear()  # the machine's own, for the tests after
