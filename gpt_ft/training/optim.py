@@ -152,7 +152,9 @@ class MuonAdamW(torch.optim.Optimizer):
     Muon (Jordan et al. 2024; `torch.optim.Muon`) orthogonalises each matrix's momentum with a few
     Newton-Schulz iterations; it took the modded-nanogpt speedrun to GPT-2's loss on far fewer
     tokens. Its update is scaled to AdamW's RMS (`adjust_lr_fn="match_rms_adamw"`, the Moonlight
-    recipe), so the learning rate and weight decay are AdamW's and one schedule drives both.
+    recipe), so the learning rate and weight decay are AdamW's and one schedule drives both. A
+    stacked matrix (c_attn's queries, keys and values; a gated c_fc's gate and up) is one matrix to
+    it, where the reference recipes orthogonalise the parts apart.
     """
 
     def __init__(
