@@ -91,7 +91,8 @@ def figures_rows(name: str, part: Part, report: Path, limit: float) -> list[Row]
         rows = []
     if part.returncode is None:
         rows.append(Row(name, f"killed at its {limit:.0f} s limit after {len(rows)} rows", "FAIL"))
-    elif part.returncode != 0 and not any(row.status == "FAIL" for row in rows):  # a crash, not a goal
+    elif part.returncode < 0 or part.returncode != 0 and not any(row.status == "FAIL" for row in rows):
+        # killed by a signal (a segfault, the OOM killer), or failed with no row saying so: not a goal
         print(part.stderr[-3000:], file=sys.stderr)
         code = part.returncode
         end = f"exit {code}" if code > 0 else f"killed by signal {-code}"  # a segfault, the OOM killer
@@ -220,7 +221,8 @@ def run_checklist(args, figure_args: list[str], report: Report, left) -> None:
     """The parts in order (module docstring), each row added to `report` as it comes."""
     start = report.started
     reserved = TRAINER_RESERVE if args.glue else 0  # the Trainer part's, kept from the parts before it
-    missed = floors_missed(also=["accelerate"] * bool(args.glue) + ["pytest"] * (args.device == "cuda"))
+    tests = args.device == "cuda" and not args.skip_tests
+    missed = floors_missed(also=["accelerate"] * bool(args.glue) + ["pytest"] * tests)
     report.add(Row("dependencies", "; ".join(missed) or "every floor met", "FAIL" if missed else ""))
     cache = Path(tempfile.gettempdir()) / "gpt_ft_inductor_cache"
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": os.environ.get("TORCHINDUCTOR_CACHE_DIR", str(cache))}

