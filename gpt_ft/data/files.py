@@ -88,10 +88,16 @@ def _load_hub(task: TaskAdapter, split: str):
     config = (task.hub.configs or {}).get(split, task.hub.name)
     try:
         return datasets.load_dataset(task.hub.path, config, split=hub_split, data_dir=task.hub.data_dir)
-    except ValueError as exc:  # unknown split
+    except ValueError as exc:  # an unknown split; offline, a configuration not in the cache
+        said = " ".join(str(exc).split())  # datasets' message may run over lines
+        if "Couldn't find cache" in said:
+            raise TaskDataError(
+                f"Hub dataset {task.hub.path} ({config}) is not in the datasets cache and cannot be "
+                f"downloaded ({said}); give the task's files with --data.data_dir DIR."
+            ) from None
         raise TaskDataError(
-            f"Hub dataset {task.hub.path} ({config}) has no split {hub_split!r}: {exc}"
-        ) from exc
+            f"Hub dataset {task.hub.path} ({config}) has no split {hub_split!r}: {said}"
+        ) from None
     except OSError as exc:  # offline and not cached, or no such dataset
         raise TaskDataError(
             f"Hub dataset {task.hub.path} ({config}) cannot be loaded ({exc}); give the task's files "

@@ -352,7 +352,7 @@ def _looks_like_local_path(name: str) -> bool:
     # Hub ids are "name" or "owner/name"; a relative path such as "data/tok" also fits that
     # pattern, so it goes to the Hub and a failure there reports both possibilities.
     try:
-        validate_repo_id(name)
+        validate_repo_id(name.partition("@")[0])  # ORG/NAME@REVISION names a revision
     except HFValidationError:
         return True
     return False

@@ -9,6 +9,7 @@ snapshot is used and nothing is asked of the network.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 # configs, weights (those `hf.read` reads: not Mistral's second copy, consolidated.safetensors), vocabularies
@@ -41,7 +42,7 @@ def snapshot(name: str) -> Path:
     Raises:
         FileNotFoundError: in one sentence, when the name is neither cached nor reachable.
     """
-    from huggingface_hub import constants, snapshot_download
+    from huggingface_hub import constants, snapshot_download, try_to_load_from_cache
     from huggingface_hub.errors import (
         HfHubHTTPError,
         LocalEntryNotFoundError,
@@ -50,7 +51,12 @@ def snapshot(name: str) -> Path:
     )
 
     repo, _, revision = name.partition("@")
-    offline = constants.HF_HUB_OFFLINE  # the cache alone: huggingface_hub 1.x would ask for a commit's files
+    # the cache alone: offline (huggingface_hub 1.x would ask for a commit's files), or for a commit
+    # the cache holds (it never changes; without a network, each request was retried for 20 s)
+    offline = constants.HF_HUB_OFFLINE or (
+        re.fullmatch(r"[0-9a-f]{40}", revision) is not None
+        and isinstance(try_to_load_from_cache(repo, "config.json", revision=revision), str)
+    )
     try:
         folder = Path(
             snapshot_download(
@@ -66,10 +72,12 @@ def snapshot(name: str) -> Path:
         raise FileNotFoundError(f"{name} is not a local path, and the hub has no such {what}.") from None
     except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as exc:
         said = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        said = said.removeprefix("Got: ")  # httpx's wording, before the error's own
         why = "HF_HUB_OFFLINE is set" if offline else f"the hub did not answer: {said.rstrip('.')}"
         raise FileNotFoundError(
             f"{name} is not a local path and not in the hub cache {constants.HF_HUB_CACHE}, and cannot be "
-            f"downloaded ({why})."
+            f"downloaded ({why}): download it where the hub answers (`hf download {repo}`) into this "
+            "cache, or give a local folder."
         ) from None
     return folder
 

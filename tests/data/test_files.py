@@ -553,3 +553,33 @@ def test_json_lines_whose_records_differ_in_fields_name_the_first_that_does(tmp_
     assert parse_problem(path, "json", None, cast).startswith(
         ", line 4: it has fields ['other'] that the lines before have not (the reader takes"
     )
+
+
+def test_a_hub_configuration_not_in_the_cache_is_not_called_a_missing_split(monkeypatch):
+    """Offline, datasets says a configuration is not in its cache with a ValueError of two lines:
+    one sentence saying so and what to do, not "has no split"."""
+    from gpt_ft.adapters.sources import HubDataset
+    from gpt_ft.data.files import located_split
+
+    def offline(path, name, split, data_dir):
+        if split == "nowhere":
+            raise ValueError(f"Unknown split \"{split}\". Should be one of ['train'].")
+        raise ValueError(
+            f"Couldn't find cache for {path} for config '{name}'\nAvailable configs in the cache: ['rte']"
+        )
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    task = SingleText(
+        name="t", labels=["a", "b"], hub=HubDataset(path="org/ds", name="mnli", splits={"test": "nowhere"})
+    )
+    with pytest.raises(TaskDataError) as error:
+        located_split(task, "train", None)
+    assert str(error.value) == (
+        "Hub dataset org/ds (mnli) is not in the datasets cache and cannot be downloaded (Couldn't find "
+        "cache for org/ds for config 'mnli' Available configs in the cache: ['rte']); give the task's "
+        "files with --data.data_dir DIR."
+    )
+    with pytest.raises(
+        TaskDataError, match=r"^Hub dataset org/ds \(mnli\) has no split 'nowhere': Unknown split"
+    ):
+        located_split(task, "test", None)

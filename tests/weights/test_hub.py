@@ -76,7 +76,8 @@ def test_an_uncached_name_offline_is_one_sentence(offline_cache, tmp_path, token
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err == (
         f"gpt-ft: error: tiny-org/absent is not a local path and not in the hub cache {tmp_path / 'hub'}, "
-        "and cannot be downloaded (HF_HUB_OFFLINE is set)."
+        "and cannot be downloaded (HF_HUB_OFFLINE is set): download it where the hub answers "
+        "(`hf download tiny-org/absent`) into this cache, or give a local folder."
     )
 
 
@@ -115,8 +116,31 @@ def test_a_hub_that_does_not_answer_is_one_line(monkeypatch):
         hub.snapshot("tiny-org/nowhere")
     assert "\n" not in str(error.value)
     assert str(error.value).endswith(
-        "(the hub did not answer: Got: ConnectError: [Errno -2] Name or service not known)."
+        "(the hub did not answer: ConnectError: [Errno -2] Name or service not known): download it "
+        "where the hub answers (`hf download tiny-org/nowhere`) into this cache, or give a local folder."
     )
+
+
+def test_a_cached_commit_is_read_without_asking_the_hub(offline_cache, monkeypatch):
+    """A commit cannot change: cached, it is read from the cache even online (each request to a hub
+    that does not answer was retried for about 20 s); a branch still asks."""
+    import huggingface_hub
+
+    real, asked = huggingface_hub.snapshot_download, []
+
+    def no_network(*args, local_files_only=False, **kwargs):
+        if not local_files_only:
+            asked.append(args)
+            raise OSError("Got: ConnectError: [Errno -2] Name or service not known")
+        return real(*args, local_files_only=True, **kwargs)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", no_network)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    assert hub.snapshot(f"tiny-org/tiny-gpt2@{REVISION}").name == REVISION and asked == []
+    with pytest.raises(FileNotFoundError, match="the hub did not answer"):
+        hub.snapshot("tiny-org/tiny-gpt2@main")
+    assert len(asked) == 1
+    assert len(load_tokenizer(f"tiny-org/tiny-gpt2@{REVISION}", add_specials=False)) == 400  # it was refused
 
 
 def test_only_the_files_read_are_fetched():
