@@ -17,6 +17,7 @@ import functools
 import hashlib
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 MAGIC = b"GGUF"
@@ -32,7 +33,8 @@ SPECIAL_IDS = {
     "unk_token": "tokenizer.ggml.unknown_token_id",
     "pad_token": "tokenizer.ggml.padding_token_id",
 }
-CONVERSION = 2  # in the cache's keys: entries converted before the special tokens were the file's own
+CONVERSION = 3  # in the cache's keys: entries converted before the special tokens were the file's own (2), or
+# from a tokenizer.json beside the file (3), are converted again
 
 
 def find(path: str | os.PathLike) -> Path | None:
@@ -304,7 +306,13 @@ def _tokenizer(path: Path, stamp: str):
     reader = open_checked(path, weights=False)
     if TOKENS not in reader.fields:
         raise ValueError(f"{path} carries no tokenizer (no {TOKENS}): give the tokenizer's folder.")
-    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    with tempfile.TemporaryDirectory() as alone:  # the file's own, not a tokenizer.json beside it
+        linked = Path(alone) / path.name
+        try:
+            linked.symlink_to(path.resolve())
+        except OSError:  # a file system without links
+            shutil.copyfile(path, linked)
+        tokenizer = AutoTokenizer.from_pretrained(alone, gguf_file=path.name)
     _own_special_tokens(tokenizer, reader)
     partial = saved.with_name(f"{saved.name}.{os.getpid()}.partial")
     try:

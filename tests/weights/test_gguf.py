@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -264,7 +265,7 @@ def test_k_quant_values_are_the_packed_integers_times_their_scales(tmp_path, qty
     torch.testing.assert_close(gpt.h[1].mlp.c_proj.weight.detach(), torch.from_numpy(values), rtol=0, atol=0)
 
 
-def test_tokenizer_ids_equal_the_written_tokenizer_and_transformers_gguf(tmp_path):
+def test_tokenizer_ids_equal_the_written_tokenizer_and_transformers_gguf(tmp_path, tokenizer_dir):
     from transformers import AutoTokenizer
 
     original = tiny_tokenizer()
@@ -282,6 +283,10 @@ def test_tokenizer_ids_equal_the_written_tokenizer_and_transformers_gguf(tmp_pat
     assert ours.chat_template == CHAT_TEMPLATE
     chat = ours.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
     assert chat == "<|im_start|>user\nhi<|im_end|>\n"
+    # A tokenizer.json of another vocabulary beside the file is not the file's (it was taken)
+    beside = shutil.copytree(tokenizer_dir, tmp_path / "beside")
+    write_gguf(beside / "m.gguf", tiny("llama"), tokenizer=original)
+    assert len(load_tokenizer(beside / "m.gguf")) == len(ours) != len(load_tokenizer(tokenizer_dir))
 
 
 def test_the_special_tokens_are_the_ones_the_file_names_whatever_the_conversion_made_of_them(
