@@ -33,8 +33,13 @@ SPECIAL_IDS = {
     "unk_token": "tokenizer.ggml.unknown_token_id",
     "pad_token": "tokenizer.ggml.padding_token_id",
 }
-CONVERSION = 3  # in the cache's keys: entries converted before the special tokens were the file's own (2), or
-# from a tokenizer.json beside the file (3), are converted again
+PRE = "tokenizer.ggml.pre"
+ADDS_BOS = ("llama3", "llama-v3", "llama-bpe", "falcon3")
+"""Pre-tokenizers whose texts llama.cpp starts with the beginning-of-text token where the file has
+no `tokenizer.ggml.add_bos_token` (its llama-vocab.cpp), as Llama 3.2's files have none."""
+CONVERSION = 4  # in the cache's keys: entries converted before the special tokens were the file's own (2), or
+# from a tokenizer.json beside the file (3), or without llama.cpp's beginning-of-text default (4), are
+# converted again
 
 
 def find(path: str | os.PathLike) -> Path | None:
@@ -314,6 +319,8 @@ def _tokenizer(path: Path, stamp: str):
             shutil.copyfile(path, linked)
         tokenizer = AutoTokenizer.from_pretrained(alone, gguf_file=path.name)
     _own_special_tokens(tokenizer, reader)
+    if _field(reader, "tokenizer.ggml.add_bos_token") is None and _field(reader, PRE) in ADDS_BOS:
+        tokenizer.add_bos_token = tokenizer.bos_token_id is not None  # as llama.cpp reads such a file
     partial = saved.with_name(f"{saved.name}.{os.getpid()}.partial")
     try:
         tokenizer.save_pretrained(partial)

@@ -81,12 +81,12 @@ def _metadata(writer, config, model_type: str, sizes: bool) -> None:
         writer.add_sliding_window(c.sliding_window)
 
 
-def _tokenizer_metadata(writer, tokenizer) -> None:
+def _tokenizer_metadata(writer, tokenizer, pre: str = "gpt-2", add_bos: bool | None = False) -> None:
     vocab = tokenizer.get_vocab()
     tokens = sorted(vocab, key=vocab.get)
     special = set(tokenizer.all_special_tokens)
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("gpt-2")
+    writer.add_tokenizer_pre(pre)
     writer.add_token_list(tokens)
     writer.add_token_types([3 if t in special else 1 for t in tokens])  # CONTROL or NORMAL
     merges = json.loads(tokenizer.backend_tokenizer.to_str())["model"]["merges"]
@@ -95,18 +95,20 @@ def _tokenizer_metadata(writer, tokenizer) -> None:
     writer.add_bos_token_id(tokenizer.bos_token_id)
     writer.add_eos_token_id(tokenizer.eos_token_id)
     writer.add_pad_token_id(tokenizer.pad_token_id)
-    writer.add_add_bos_token(False)
+    if add_bos is not None:  # else left out, as Llama 3.2's files leave it
+        writer.add_add_bos_token(add_bos)
     writer.add_chat_template(CHAT_TEMPLATE)
 
 
 def write_gguf(path: Path, hf_model, tokenizer=None, qtype: str = "F32", name: str = "tiny",
-               quantize: dict | None = None, sizes: bool = True,
-               ids: dict | None = None) -> Path:  # fmt: skip
+               quantize: dict | None = None, sizes: bool = True, ids: dict | None = None,
+               pre: str = "gpt-2", add_bos: bool | None = False) -> Path:  # fmt: skip
     """`hf_model` (a transformers *ForCausalLM) as a GGUF file: its matrices stored as `qtype`, the
     rest (norms, biases, 1-D tensors) as F32, llama.cpp's habit; `quantize` may give a type per
     tensor name suffix instead. With `tokenizer`, the file carries it. `sizes=False` leaves out the
     vocabulary's size and the padding id, which some files lack; `ids` adds token ids by key
-    (`tokenizer.ggml.eot_token_id`: 7)."""
+    (`tokenizer.ggml.eot_token_id`: 7); `pre` names the pre-tokenizer, `add_bos` the file's
+    `add_bos_token` (None: no such key)."""
     import gguf
 
     config = hf_model.config
@@ -119,7 +121,7 @@ def write_gguf(path: Path, hf_model, tokenizer=None, qtype: str = "F32", name: s
     writer.add_name(name)
     _metadata(writer, config, model_type, sizes)
     if tokenizer is not None:
-        _tokenizer_metadata(writer, tokenizer)
+        _tokenizer_metadata(writer, tokenizer, pre, add_bos)
     elif sizes:
         writer.add_pad_token_id(0)  # as real files say (else a config class's default may lie outside)
     for key, value in (ids or {}).items():

@@ -14,6 +14,7 @@ import torch
 
 from gpt_ft import GPT
 from gpt_ft.data.tokenizer import SPECIAL_TOKENS, load_tokenizer
+from gpt_ft.eval.generation import prompt_ids
 from gpt_ft.weights import pretrained as weights
 from tests.helpers import tiny_hf, tiny_llama
 from tests.weights.gguf_files import CHAT_TEMPLATE, K_QUANTS, k_quant, seed_of, tiny_tokenizer, write_gguf
@@ -273,6 +274,7 @@ def test_tokenizer_ids_equal_the_written_tokenizer_and_transformers_gguf(tmp_pat
     ours = load_tokenizer(path)
     theirs = AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
     texts = ["The quick brown fox jumps over the lazy dog.", "  stocks fell; 2024!\nNew line", "zebra émigré"]
+    expected_quick = original("The quick", add_special_tokens=False).input_ids
     for text in texts:
         expected = original(text, add_special_tokens=False).input_ids
         assert ours(text, add_special_tokens=False).input_ids == expected
@@ -284,6 +286,17 @@ def test_tokenizer_ids_equal_the_written_tokenizer_and_transformers_gguf(tmp_pat
     chat = ours.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
     assert chat == "<|im_start|>user\nhi<|im_end|>\n"
     # A tokenizer.json of another vocabulary beside the file is not the file's (it was taken)
+    # Llama 3's pre-tokenizer and no add_bos_token key: texts start with the beginning-of-text token,
+    # as llama.cpp reads the file (none before); the key, where there is one, says
+    for add_bos, lead in [(None, [original.bos_token_id]), (False, [])]:
+        bos = write_gguf(
+            tmp_path / f"bos-{add_bos}.gguf",
+            tiny("llama"),
+            tokenizer=original,
+            pre="llama-bpe",
+            add_bos=add_bos,
+        )
+        assert prompt_ids(load_tokenizer(bos), "The quick") == lead + expected_quick
     beside = shutil.copytree(tokenizer_dir, tmp_path / "beside")
     write_gguf(beside / "m.gguf", tiny("llama"), tokenizer=original)
     assert len(load_tokenizer(beside / "m.gguf")) == len(ours) != len(load_tokenizer(tokenizer_dir))
