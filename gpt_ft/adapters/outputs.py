@@ -288,8 +288,9 @@ class ClassificationOutput(TaskOutput):
         integers (Story Cloze's '1' and '2'), a name only: 0 could be either."""
         self._missing(value)
         names = self.spec.names or []
-        whole = isinstance(value, float) and value.is_integer()  # a JSON column read as floats: 1.0
-        text = str(int(value) if whole else value).strip()
+        text = str(value).strip()
+        if isinstance(value, float) and value.is_integer() and text not in names:  # a column read as floats
+            text = str(int(value))
         if text in names:
             return names.index(text)
         numbered, n = any(name.lstrip("-").isdecimal() for name in names), len(names) or self.num_classes

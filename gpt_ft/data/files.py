@@ -115,6 +115,10 @@ def _load_local(task: TaskAdapter, split: str, data_dir: Path):
         raise CardError(
             f"Task {task.name!r} has no local split {split!r}; its card defines {sorted(spec.splits)}."
         )
+    if data_dir.is_file():  # else named as DIR/SST-2/train.tsv/SST-2/train.tsv
+        raise TaskDataError(
+            f"The data folder {data_dir} is a file, not the folder that holds task {task.name!r}'s files."
+        )
     origin = split_origin(task, split, data_dir)
     path = origin.path
     if not path.is_file():

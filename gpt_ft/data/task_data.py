@@ -104,10 +104,6 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
             raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
         if max_length < 4:
             raise ValueError(f"max_length must be >= 4 (room for the special tokens), got {max_length}.")
-        if data_dir is not None and os.path.isfile(os.path.expanduser(data_dir)):
-            raise ValueError(
-                f"--data.data_dir {data_dir} is a file, not the folder that holds the task's files."
-            )
         self.task = task
         self.data_dir = data_dir
         self.max_length = max_length

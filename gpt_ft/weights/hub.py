@@ -8,6 +8,7 @@ snapshot is used and nothing is asked of the network.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -42,7 +43,7 @@ def snapshot(name: str) -> Path:
     Raises:
         FileNotFoundError: in one sentence, when the name is neither cached nor reachable.
     """
-    from huggingface_hub import constants, snapshot_download, try_to_load_from_cache
+    from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import (
         HfHubHTTPError,
         LocalEntryNotFoundError,
@@ -54,8 +55,7 @@ def snapshot(name: str) -> Path:
     # the cache alone: offline (huggingface_hub 1.x would ask for a commit's files), or for a commit
     # the cache holds (it never changes; without a network, each request was retried for 20 s)
     offline = constants.HF_HUB_OFFLINE or (
-        re.fullmatch(r"[0-9a-f]{40}", revision) is not None
-        and isinstance(try_to_load_from_cache(repo, "config.json", revision=revision), str)
+        re.fullmatch(r"[0-9a-f]{40}", revision) is not None and _whole_in_cache(repo, revision)
     )
     try:
         folder = Path(
@@ -76,10 +76,28 @@ def snapshot(name: str) -> Path:
         why = "HF_HUB_OFFLINE is set" if offline else f"the hub did not answer: {said.rstrip('.')}"
         raise FileNotFoundError(
             f"{name} is not a local path and not in the hub cache {constants.HF_HUB_CACHE}, and cannot be "
-            f"downloaded ({why}): download it where the hub answers (`hf download {repo}`) into this "
-            "cache, or give a local folder."
+            f"downloaded ({why}): download it where the hub answers (`hf download {repo}"
+            f"{f' --revision {revision}' if revision else ''}`) into this cache, or give a local folder."
         ) from None
     return folder
+
+
+def _whole_in_cache(repo: str, commit: str) -> bool:
+    """Whether the cache holds `commit` of `repo` with its config, every weights file its index
+    lists (or one), and a tokenizer: what a download would fetch, so nothing need be asked."""
+    from huggingface_hub import try_to_load_from_cache
+
+    config = try_to_load_from_cache(repo, "config.json", revision=commit)
+    if not isinstance(config, str):  # not cached, or cached as missing
+        return False
+    folder = Path(config).parent
+    if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        return False
+    for index in folder.glob("*.index.json"):  # sharded weights: every shard
+        return all(
+            (folder / shard).is_file() for shard in set(json.loads(index.read_text())["weight_map"].values())
+        )
+    return any(folder.glob("model*.safetensors")) or any(folder.glob("pytorch_model*.bin"))
 
 
 def local(name: str | os.PathLike) -> Path:

@@ -140,6 +140,17 @@ def test_a_cached_commit_is_read_without_asking_the_hub(offline_cache, monkeypat
     with pytest.raises(FileNotFoundError, match="the hub did not answer"):
         hub.snapshot("tiny-org/tiny-gpt2@main")
     assert len(asked) == 1
+    partial = "f" * 40  # a commit of which the cache holds the config alone: the rest is asked for
+    (
+        offline_cache_dir := Path(constants.HF_HUB_CACHE)
+        / "models--tiny-org--tiny-gpt2"
+        / "snapshots"
+        / partial
+    ).mkdir()
+    (offline_cache_dir / "config.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match=rf"`hf download tiny-org/tiny-gpt2 --revision {partial}`"):
+        hub.snapshot(f"tiny-org/tiny-gpt2@{partial}")
+    assert len(asked) == 2
     assert len(load_tokenizer(f"tiny-org/tiny-gpt2@{REVISION}", add_specials=False)) == 400  # it was refused
 
 
