@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -22,6 +23,7 @@ from gpt_ft.adapters.metrics import METRICS, metric_value
 from gpt_ft.errors import CardError, TaskDataError
 
 FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max: scores are trained in fp32
+NUMBER = re.compile(r"-?\d+(\.\d*)?")  # a class name that is a number: '1', '-1', '1.0'
 
 
 def short_repr(value: Any) -> str:
@@ -75,12 +77,10 @@ class TaskOutput:
     embeds: ClassVar[bool] = False
     """Its outputs are vectors, one per text (`Encoder`, a sentence-transformers export)."""
     stratified: ClassVar[bool] = True
-    """`--data.train_size` keeps each value of its label column's share; False: the column is no
-    class (a solution's tagged steps) and the subset is one seeded draw."""
+    """`--data.train_size` keeps each label's share; False: no classes (tagged steps), one seeded draw."""
 
     def __repr__(self) -> str:
-        """The kind and what the card set in it (no object's address: this is part of the cached
-        encodings' fingerprint, which must be the same in the next process)."""
+        """The kind and what the card set in it, no address: the encodings' cache fingerprints it."""
         fields = {k: v for k, v in vars(self).items() if not callable(v)}
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in sorted(fields.items()))})"
 
@@ -284,20 +284,20 @@ class ClassificationOutput(TaskOutput):
         return {"label": self.label_name(int(prediction)), "scores": dict(zip(names, probabilities.tolist()))}
 
     def label_id(self, value: Any) -> int:
-        """A class id: the value is a name in `labels`, or else an integer id; where some names are
-        integers (Story Cloze's '1' and '2'), a name only: 0 could be either."""
+        """A class id: the value is a name in `labels` (names that are numbers, Story Cloze's '1' and
+        '2', by value: 1.0 is '1'; then a name only, as 0 could be either), or else an integer id."""
         self._missing(value)
-        names = self.spec.names or []
-        text = str(value).strip()
-        if isinstance(value, float) and value.is_integer() and text not in names:  # a column read as floats
+        names, text = self.spec.names or [], str(value).strip()
+        numbers = {float(name): i for i, name in enumerate(names) if NUMBER.fullmatch(name)}
+        if text in names or (numbers and NUMBER.fullmatch(text) and float(text) in numbers):
+            return names.index(text) if text in names else numbers[float(text)]
+        n = len(names) or self.num_classes
+        if isinstance(value, float) and value.is_integer():  # a JSON column read as floats: 1.0
             text = str(int(value))
-        if text in names:
-            return names.index(text)
-        numbered, n = any(name.lstrip("-").isdecimal() for name in names), len(names) or self.num_classes
-        if text.lstrip("-").isdecimal() and 0 <= int(text) < n and not numbered:
+        if text.lstrip("-").isdecimal() and 0 <= int(text) < n and not numbers:
             return int(text)
         allowed = names if names else list(range(n))
-        why = " (the labels are numbers: a value is a label, never an index)" if numbered else ""
+        why = " (the labels are numbers: a value is a label, never an index)" if numbers else ""
         raise TaskDataError(
             f"label {value!r} in field {self.spec.field!r} is not among the labels {allowed}{why}."
         )

@@ -117,7 +117,8 @@ def _load_local(task: TaskAdapter, split: str, data_dir: Path):
         )
     if data_dir.is_file():  # else named as DIR/SST-2/train.tsv/SST-2/train.tsv
         raise TaskDataError(
-            f"The data folder {data_dir} is a file, not the folder that holds task {task.name!r}'s files."
+            f"The data folder {data_dir} is a file: give the folder that holds the files of task "
+            f"{task.name!r}."
         )
     origin = split_origin(task, split, data_dir)
     path = origin.path

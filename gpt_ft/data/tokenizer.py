@@ -351,12 +351,11 @@ def _looks_like_local_path(name: str) -> bool:
         return True
     # Hub ids are "name" or "owner/name"; a relative path such as "data/tok" also fits that
     # pattern, so it goes to the Hub and a failure there reports both possibilities.
-    repo, at, revision = name.partition("@")  # ORG/NAME@REVISION names a revision; runs@2/tok, a folder
     try:
-        validate_repo_id(repo)
+        validate_repo_id(name.partition("@")[0])  # ORG/NAME@REVISION (refs/pr/1 too), as `hub.is_hub_id`
     except HFValidationError:
         return True
-    return bool(at) and (not revision or "/" in revision)
+    return False
 
 
 def check_text_file(path: Path, what: str = "File", chunk_bytes: int = 1 << 20, remedy: str = "") -> bool:

@@ -83,21 +83,24 @@ def snapshot(name: str) -> Path:
 
 
 def _whole_in_cache(repo: str, commit: str) -> bool:
-    """Whether the cache holds `commit` of `repo` with its config, every weights file its index
-    lists (or one), and a tokenizer: what a download would fetch, so nothing need be asked."""
+    """Whether the cache holds `commit` of `repo` as a download leaves it: its config, a vocabulary,
+    and its weights (every shard its index lists, the safetensors index first): nothing to ask."""
     from huggingface_hub import try_to_load_from_cache
 
     config = try_to_load_from_cache(repo, "config.json", revision=commit)
     if not isinstance(config, str):  # not cached, or cached as missing
         return False
     folder = Path(config).parent
-    if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+    if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer.model", "vocab.json")):
         return False
-    for index in folder.glob("*.index.json"):  # sharded weights: every shard
-        return all(
-            (folder / shard).is_file() for shard in set(json.loads(index.read_text())["weight_map"].values())
-        )
-    return any(folder.glob("model*.safetensors")) or any(folder.glob("pytorch_model*.bin"))
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        if (folder / index).is_file():
+            try:
+                shards = set(json.loads((folder / index).read_text())["weight_map"].values())
+            except (ValueError, KeyError, TypeError, AttributeError):  # a damaged index: fetched again
+                return False
+            return all((folder / shard).is_file() for shard in shards)
+    return (folder / "model.safetensors").is_file() or (folder / "pytorch_model.bin").is_file()
 
 
 def local(name: str | os.PathLike) -> Path:

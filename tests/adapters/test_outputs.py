@@ -136,8 +136,8 @@ def test_where_labels_are_numbers_a_value_is_a_label_never_an_index():
     assert [words.label_id(v) for v in ("pos", 0, "1")] == [1, 0, 1]
     # a JSON column with one fraction is read as floats: its whole numbers are ids, the fraction named
     assert [words.label_id(v) for v in (0.0, 1.0)] == [0, 1] and cloze.label_id(2.0) == 1
-    floats = SingleText(name="t", labels=["1.0", "0.0"]).output  # names that are floats: names first
-    assert [floats.label_id(v) for v in (1.0, 0.0, "0.0")] == [0, 1, 1]
+    floats = SingleText(name="t", labels=["1.0", "0.0"]).output  # names that are numbers: by value
+    assert [floats.label_id(v) for v in (1.0, 0.0, "0.0", 1, "1", 0)] == [0, 1, 1, 0, 0, 1]
     with pytest.raises(TaskDataError, match=r"^label 0.5 in field 'label' is not among the labels"):
         words.label_id(0.5)
     with pytest.raises(

@@ -53,7 +53,7 @@ def dev(root: Path) -> Path:
 
 def test_missing_data_file(run):
     assert run(f"--data.data_dir={dev(run.root)}").endswith(  # it named DIR/d/dev.tsv/d/train.tsv
-        f"The data folder {dev(run.root)} is a file, not the folder that holds task 'sent''s files."
+        f"The data folder {dev(run.root)} is a file: give the folder that holds the files of task 'sent'."
     )
     (run.root / "afile").write_text("kept")
     afile = run.root / "afile"

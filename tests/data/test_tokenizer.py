@@ -269,12 +269,10 @@ def test_a_tokenizer_folder_with_a_broken_json_file_names_it(trained_dir: Path, 
         load_tokenizer(broken)
 
 
-@pytest.mark.parametrize(
-    "name", ["missing", "./missing-tokenizer", "~/missing-tokenizer-9f3a1c", "runs@2/tok"]
-)
+@pytest.mark.parametrize("name", ["missing", "./missing-tokenizer", "~/missing-tokenizer-9f3a1c"])
 def test_missing_local_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     monkeypatch.chdir(tmp_path)
-    path = tmp_path / name if name == "missing" else name  # runs@2/tok: a folder, no hub revision
+    path = tmp_path / name if name == "missing" else name
     with pytest.raises(FileNotFoundError, match=re.escape(f"{Path(path).expanduser()} does not exist")):
         load_tokenizer(path)
 

@@ -151,6 +151,21 @@ def test_a_cached_commit_is_read_without_asking_the_hub(offline_cache, monkeypat
     with pytest.raises(FileNotFoundError, match=rf"`hf download tiny-org/tiny-gpt2 --revision {partial}`"):
         hub.snapshot(f"tiny-org/tiny-gpt2@{partial}")
     assert len(asked) == 2
+    from gpt_ft.data.tokenizer import _looks_like_local_path
+
+    for name in ("org/name@refs/pr/1", "gpt2@main"):  # the tokenizer's view of a hub id is the weights'
+        assert hub.is_hub_id(name) and not _looks_like_local_path(name)
+    snapshots = Path(constants.HF_HUB_CACHE) / "models--tiny-org--tiny-gpt2" / "snapshots"
+    index = "model.safetensors.index.json"
+    for commit, files in [("a" * 40, {index: '{"weight_map": {"w": "model-1.safetensors"}}'}),
+                          ("b" * 40, {index: "{not json"}),
+                          ("c" * 40, {"model-00001-of-00002.safetensors": ""})]:  # fmt: skip
+        (snapshots / commit).mkdir()
+        for name, text in {"config.json": "{}", "tokenizer.json": "{}", **files}.items():
+            (snapshots / commit / name).write_text(text)
+        with pytest.raises(FileNotFoundError, match="the hub did not answer"):  # not whole: asked for
+            hub.snapshot(f"tiny-org/tiny-gpt2@{commit}")
+    assert len(asked) == 5
     assert len(load_tokenizer(f"tiny-org/tiny-gpt2@{REVISION}", add_specials=False)) == 400  # it was refused
 
 
