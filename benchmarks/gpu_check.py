@@ -71,13 +71,8 @@ def tests_row(part: Part, limit: float) -> Row:
     outcomes = OUTCOME.findall(part.stdout)
     counts = {o: sum(r == o for _, r in outcomes) for o in ("PASSED", "FAILED", "ERROR", "SKIPPED")}
     started = re.findall(r"^\S+::.*$", part.stdout, re.M)  # -v writes a test's id as it starts
-    running = (
-        "collection"
-        if not started
-        else "between two tests"
-        if OUTCOME.match(started[-1])
-        else started[-1].strip()
-    )
+    last = started[-1].strip() if started else "collection"
+    running = "between two tests" if OUTCOME.match(last) else last
     done = ", ".join(f"{n} {o.lower()}" for o, n in counts.items() if n) or "none finished"
     return Row(name, f"killed at its {limit:.0f} s limit in {running}; before it: {done}", "FAIL")
 
@@ -95,7 +90,7 @@ def figures_rows(name: str, part: Part, report: Path, limit: float) -> list[Row]
         # killed by a signal (a segfault, the OOM killer), or failed with no row saying so: not a goal
         print(part.stderr[-3000:], file=sys.stderr)
         code = part.returncode
-        end = f"exit {code}" if code > 0 else f"killed by signal {-code}"  # a segfault, the OOM killer
+        end = f"exit {code}" if code > 0 else f"killed by signal {-code}"
         after = f" after {len(rows)} rows" if rows else ""
         rows.append(Row(name, f"benchmarks/gpu_figures.py failed ({end}){after}", "FAIL"))
     return rows
