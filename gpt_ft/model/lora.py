@@ -56,13 +56,15 @@ class LoRA:
     def __post_init__(self) -> None:
         if self.rank < 1:
             raise ValueError(f"lora.rank must be a positive integer, got {self.rank}.")
-        if self.alpha <= 0:
-            raise ValueError(f"lora.alpha must be > 0, got {self.alpha}.")
+        if not math.isfinite(self.alpha) or self.alpha <= 0:
+            raise ValueError(f"lora.alpha must be a finite number > 0, got {self.alpha}.")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"lora.dropout must be in [0, 1), got {self.dropout}.")
         unknown = sorted(set(self.targets) - set(TARGETS))
         if unknown or not self.targets:
             raise ValueError(f"lora.targets {unknown or '[]'} not allowed; choose among {list(TARGETS)}.")
+        if twice := sorted({t for t in self.targets if self.targets.count(t) > 1}):
+            raise ValueError(f"lora.targets names {twice} more than once; name each layer once.")
         if self.checkpoint not in ("adapters", "merged"):
             raise ValueError(f"lora.checkpoint={self.checkpoint!r}; allowed: 'adapters', 'merged'.")
         if self.quantize not in (None, *QUANTIZE):

@@ -264,6 +264,8 @@ def check_lora_resume(
         raise ValueError(f"{where} holds LoRA adapters trained with {'; '.join(shape)}: resume with those.")
     if lora is not None and (loaded := getattr(gpt, "base_fingerprint", None)):
         checkpoint.adapters.check_base(loaded, where)
+    if lora is not None and gpt is not None:
+        checkpoint.check_adapters_whole(gpt, where)
 
 
 LOCAL_PATHS = ("token_dir", "data_dir", "tokenizer")

@@ -239,6 +239,15 @@ class Checkpoint:
         """The GPT's tensors, under their names in `GPT.state_dict()`."""
         return self.submodule_state(GPT_PREFIX.rstrip("."))
 
+    def check_adapters_whole(self, gpt, where: str | None = None) -> None:
+        """Every tensor `gpt` (with its adapters added) trains is in the checkpoint: adapters loaded
+        in part would run beside freshly started ones without a word."""
+        missing = sorted({n for n, p in gpt.named_parameters() if p.requires_grad} - set(self.gpt_state))
+        if missing:
+            raise ValueError(
+                f"{where or self.where} lacks LoRA weights {missing[:3]}: it is not a complete LoRA checkpoint."
+            )
+
     @property
     def adapters(self) -> Adapters | None:
         """A LoRA checkpoint's base weights and settings; None for a whole model."""

@@ -140,13 +140,8 @@ def gpt_from_checkpoint(checkpoint: Checkpoint) -> GPT:
     elif config["vocab_size"] > gpt.config.vocab_size:
         gpt.resize_token_embeddings(config["vocab_size"])
     add_lora(gpt, LoRA(**adapters.settings), new_tokens_from=adapters.new_tokens_from)
-    trained = checkpoint.gpt_state
-    missing = sorted({n for n, p in gpt.named_parameters() if p.requires_grad} - set(trained))
-    if missing:
-        raise ValueError(
-            f"{checkpoint.where} lacks LoRA weights {missing[:3]}: it is not a complete LoRA checkpoint."
-        )
-    gpt.load_state_dict(trained, strict=False)
+    checkpoint.check_adapters_whole(gpt)
+    gpt.load_state_dict(checkpoint.gpt_state, strict=False)
     return merge_lora(gpt)
 
 

@@ -112,9 +112,12 @@ def assert_merges_exactly(gpt, ids) -> None:
     ("settings", "message"),
     [
         (dict(rank=0), "lora.rank must be a positive integer, got 0"),
-        (dict(alpha=0), "lora.alpha must be > 0"),
+        (dict(alpha=0), "lora.alpha must be a finite number > 0, got 0"),
+        (dict(alpha=float("inf")), "lora.alpha must be a finite number > 0, got inf"),
+        (dict(alpha=float("nan")), "lora.alpha must be a finite number > 0, got nan"),
         (dict(dropout=1.0), r"lora.dropout must be in \[0, 1\)"),
         (dict(targets=["attn.q_proj"]), r"lora.targets \['attn.q_proj'\] not allowed"),
+        (dict(targets=["attn.c_attn", "mlp.c_fc", "attn.c_attn"]), r"lora.targets names \['attn.c_attn'\] more than once"),
         (dict(checkpoint="both"), "lora.checkpoint='both'"),
         (dict(quantize="int3"), r"^lora.quantize='int3'; allowed: 'nf4', or null for none.$"),
     ],
