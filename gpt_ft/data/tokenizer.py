@@ -43,7 +43,7 @@ from gpt_ft.data.file_faults import check_json_files
 from gpt_ft.data.folders import save_tokenizer
 from gpt_ft.errors import check_output_dir
 from gpt_ft.weights import gguf_file, hub
-from gpt_ft.weights.pretrained import BPE_FILES, TOKENIZER_FILES, is_tokenizer_dir
+from gpt_ft.weights.pretrained import BPE_FILES, TOKENIZER_FILES, is_tokenizer_dir, weights_tokenizer
 
 __all__ = [
     "EOS_TOKEN",
@@ -93,7 +93,8 @@ def load_tokenizer(path: str | os.PathLike, *, add_specials: bool = True) -> Pre
 
     Args:
         path: A ``save_pretrained`` directory, a directory with OpenAI's GPT-1 or GPT-2
-            ``vocab.json`` + ``merges.txt``, a GGUF file (or a folder holding one), or a Hub name.
+            ``vocab.json`` + ``merges.txt``, a GGUF file (or a folder holding one), a gpt_ft
+            ``.ckpt`` (the tokenizer saved beside it), or a Hub name.
         add_specials: Append the fine-tuning special tokens (see :func:`add_special_tokens`).
 
     Returns:
@@ -110,8 +111,14 @@ def load_tokenizer(path: str | os.PathLike, *, add_specials: bool = True) -> Pre
         tokenizer = gguf_file.load_tokenizer(gguf)
     elif local.is_dir():
         tokenizer = _load_local_dir(local)
+    elif local.suffix == ".ckpt" and local.is_file():  # a gpt_ft checkpoint: the tokenizer saved beside it
+        if (saved := weights_tokenizer(local)) is None:
+            raise ValueError(f"{local} has no tokenizer folder beside it (a checkpoint's is saved there); give one.")
+        tokenizer = _load_local_dir(Path(saved))
     elif local.exists():
-        raise ValueError(f"Tokenizer path {local} is a file; expected a tokenizer directory or a GGUF file.")
+        raise ValueError(
+            f"Tokenizer path {local} is a file; expected a tokenizer directory, a GGUF file or a gpt_ft .ckpt."
+        )
     elif _looks_like_local_path(name):
         what = "GGUF file" if local.suffix == ".gguf" else "Tokenizer directory"
         raise FileNotFoundError(f"{what} {local} does not exist.")

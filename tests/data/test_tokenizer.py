@@ -291,6 +291,16 @@ def test_file_instead_of_directory(gpt2_dir: Path) -> None:
         load_tokenizer(gpt2_dir / "vocab.json")
 
 
+def test_a_checkpoint_gives_the_tokenizer_saved_beside_it(finetuned, tmp_path: Path) -> None:
+    """What `--data.tokenizer`, `prepare --tokenizer` and the other tokenizer options read of a .ckpt."""
+    beside = load_tokenizer(finetuned.ckpt.parent / "tokenizer")
+    assert load_tokenizer(finetuned.ckpt).get_vocab() == beside.get_vocab() and len(beside) > 0
+    moved = tmp_path / "last.ckpt"
+    moved.write_bytes(finetuned.ckpt.read_bytes())
+    with pytest.raises(ValueError, match=re.escape(f"{moved} has no tokenizer folder beside it")):
+        load_tokenizer(moved)
+
+
 def test_unreadable_vocab(gpt2_dir: Path) -> None:
     (gpt2_dir / "vocab.json").write_text("{not json")
     with pytest.raises(ValueError, match=re.escape(f"{gpt2_dir / 'vocab.json'} is not valid JSON")):
