@@ -270,7 +270,7 @@ def token_classifier(clf: Classifier):
         model = AutoModelForTokenClassification.from_config(config).eval()
     except ValueError:
         raise ValueError(
-            f"transformers has no token classifier of {config.model_type} models (GPT-1 among them): use "
+            f"transformers has no token classifier of {config.model_type} models: use "
             "gpt_ft's Classifier or `gpt-ft label` for this process reward model."
         ) from None
     getattr(model, model.base_model_prefix).load_state_dict(getattr(lm, lm.base_model_prefix).state_dict())

@@ -187,7 +187,9 @@ def model_type_of(config: GPTConfig) -> str:
         return "gemma3_text"
     if config.qk_norm:
         return "qwen3"
-    return "qwen2" if config.qkv_bias and not config.bias else "llama"
+    if config.qkv_bias and not config.bias:
+        return "qwen2"
+    return "mistral" if config.sliding_window is not None and not config.bias else "llama"  # Llama has no window
 
 
 def config_to_hf(config: GPTConfig):

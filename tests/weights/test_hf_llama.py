@@ -187,6 +187,7 @@ def test_a_model_from_scratch_exports_to_the_family_its_shape_says():
 
     cases = [({}, "LlamaForCausalLM"), (dict(qkv_bias=True), "Qwen2ForCausalLM"),
              (dict(hf_model_type="mistral", sliding_window=8), "MistralForCausalLM"),
+             (dict(sliding_window=8), "MistralForCausalLM"),
              (dict(hf_model_type="phi3"), "Phi3ForCausalLM"), (QWEN3_MICRO, "Qwen3ForCausalLM"),
              (GEMMA3_MICRO, "Gemma3ForCausalLM"), (dict(activation="relu"), "LlamaForCausalLM"),
              ({**GEMMA3_MICRO, "sliding_window": None, "layer_types": None}, "Gemma3ForCausalLM"),
