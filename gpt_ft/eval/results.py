@@ -35,12 +35,20 @@ def seeds_stats(results: list[dict[str, Any] | None], metric: str) -> dict[str, 
 
 
 def benchmark_score(score: Score, tasks: dict[str, Any]) -> dict[str, Any]:
-    """The mean over the score's tasks of each task's mean over its metrics (fine-tuned means)."""
-    per_task = {}
+    """The mean over the score's tasks of each task's mean over its metrics, each over the seeds
+    that ran (fine-tuned). A correlation left undefined by constant predictions counts as 0, as
+    GLUE's Matthews correlation does for them: a collapsed seed lowers the score, not leaves it."""
+    per_task, undefined = {}, []
     for name in score.tasks:
         metrics = tasks.get(name, {}).get("metrics", {})
-        kept = [s for k, s in metrics.items() if k.rpartition("/")[2] not in RAW]
-        means = [s["mean"] for s in kept if s.get("mean") is not None]
+        means = []
+        for key, stats in metrics.items():
+            seeds = list((stats.get("seeds") or {}).values())
+            if key.rpartition("/")[2] in RAW or not seeds:
+                continue
+            means.append(statistics.fmean(0.0 if v is None else v for v in seeds))
+            if None in seeds and name not in undefined:
+                undefined.append(name)
         if means:
             per_task[name] = statistics.fmean(means)
     return {
@@ -48,6 +56,7 @@ def benchmark_score(score: Score, tasks: dict[str, Any]) -> dict[str, Any]:
         "value": statistics.fmean(per_task.values()) if per_task else None,
         "tasks": per_task,
         "missing": [t for t in score.tasks if t not in per_task],
+        "undefined": undefined,
         "paper": score.paper,
     }
 
@@ -97,8 +106,11 @@ def results_markdown(results: dict[str, Any]) -> str:
         covered = len(score["tasks"])
         of = covered + len(score["missing"])
         note = f" ({covered} of {of} tasks" + (
-            f"; missing {', '.join(score['missing'])})" if score["missing"] else ")"
+            f"; missing {', '.join(score['missing'])}" if score["missing"] else ""
         )
+        if score.get("undefined"):  # (results.json of earlier versions: none)
+            note += f"; an undefined correlation counted as 0 in {', '.join(score['undefined'])}"
+        note += ")"
         lines.append(
             f"| **{score['name']}**{note} | mean | {_num(score['value'])} | | {_num(score['paper'])} |"
         )

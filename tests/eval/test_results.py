@@ -18,19 +18,33 @@ def test_mean_and_sample_std_of_the_defined_values():
 
 
 def test_benchmark_score_averages_each_tasks_metrics_first():
+    def seeds(*values):
+        return {"seeds": dict(enumerate(values))}
+
     tasks = {
-        "mrpc": {"metrics": {"validation/f1": {"mean": 90.0}, "validation/accuracy": {"mean": 80.0}}},
-        "rte": {"metrics": {"validation/accuracy": {"mean": 60.0}}},
-        "stsb": {"metrics": {"validation/pearson": {"mean": None}}},  # undefined: the task is missing
+        "mrpc": {"metrics": {"validation/f1": seeds(90.0, 94.0), "validation/accuracy": seeds(80.0, 82.0)}},
+        "rte": {"metrics": {"validation/accuracy": seeds(60.0, 62.0)}},
+        "stsb": {
+            "metrics": {"validation/pearson": seeds(None, 81.0), "validation/spearman": seeds(None, 79.0)}
+        },
+        "qnli": {"metrics": {"validation/accuracy": {"seeds": {}, "zero_shot": 55.0}}},  # no run finished
     }
-    score = benchmark_score(Score(name="GLUE", tasks=["mrpc", "rte", "stsb", "cola"], paper=72.8), tasks)
+    glue = Score(name="GLUE", tasks=["mrpc", "rte", "stsb", "qnli", "cola"], paper=72.8)
+    score = benchmark_score(glue, tasks)
     assert score == {
         "name": "GLUE",
-        "value": 72.5,  # (85 + 60) / 2
-        "tasks": {"mrpc": 85.0, "rte": 60.0},
-        "missing": ["stsb", "cola"],
+        "value": 62.5,  # (86.5 + 61 + 40: the collapsed seed counted as 0, not left out) / 3
+        "tasks": {"mrpc": 86.5, "rte": 61.0, "stsb": 40.0},
+        "missing": ["qnli", "cola"],
+        "undefined": ["stsb"],
         "paper": 72.8,
     }
+    line = results_markdown({"suite": "s", "config": {"seeds": [0, 1], "init_from": None, "select": "last",
+                             "transfer_layers": []}, "tasks": {}, "score": score})  # fmt: skip
+    assert line.splitlines()[-1] == (
+        "| **GLUE** (3 of 5 tasks; missing qnli, cola; an undefined correlation counted as 0 in stsb) | mean "
+        "| 62.5 | | 72.8 |"
+    )
 
 
 RESULTS = {
@@ -130,7 +144,12 @@ def test_a_preference_margin_is_no_percentage_and_no_part_of_a_score():
 
     assert percent(0.25, "validation/accuracy") == 25.0 and percent(1.2445, "validation/margin") == 1.2445
     tasks = {
-        "pairs": {"metrics": {"validation/accuracy": {"mean": 80.0}, "validation/margin": {"mean": 1.2}}}
+        "pairs": {
+            "metrics": {
+                "validation/accuracy": {"seeds": {"0": 80.0}},
+                "validation/margin": {"seeds": {"0": 1.2}},
+            }
+        }
     }
     assert benchmark_score(Score(name="s", tasks=["pairs"]), tasks)["value"] == 80.0
 

@@ -107,14 +107,16 @@ submission: {{archive: sub.zip, files: [SENT.tsv, STS-B.tsv, AX.tsv]}}
     assert set(results["tasks"]["sts"]["metrics"]) == {"validation/pearson", "validation/spearman"}
     score = results["score"]
     assert score["missing"] == ["pair"] and set(score["tasks"]) == {"sent", "sts"}
-    sts_means = [s["mean"] for s in results["tasks"]["sts"]["metrics"].values() if s["mean"] is not None]
+    sts = results["tasks"]["sts"]["metrics"].values()  # a seed's constant guess: no correlation, counted 0
+    sts_means = [statistics.fmean(v or 0.0 for v in s["seeds"].values()) for s in sts]
     assert score["tasks"]["sent"] == pytest.approx(sent["mean"])
     assert score["tasks"]["sts"] == pytest.approx(statistics.fmean(sts_means))
+    assert score["undefined"] == (["sts"] if any(None in s["seeds"].values() for s in sts) else [])
     assert score["value"] == pytest.approx(statistics.fmean(score["tasks"].values()))
 
     table = (out / "results.md").read_text()
     assert f"| sent | validation/accuracy | {sent['mean']:.1f} ± {sent['std']:.1f} |  | 91.3 |" in table
-    assert "| **Tiny score** (2 of 3 tasks; missing pair) | mean |" in table
+    assert "| **Tiny score** (2 of 3 tasks; missing pair" in table
     assert (out / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     assert "warning: the submission lacks AX.tsv" in printed
