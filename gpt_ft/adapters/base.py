@@ -101,10 +101,13 @@ def fit_lengths(lengths: list[int], budget: int) -> list[int]:
     return out
 
 
-def field_text(value: Any, field: str | None = None) -> str:
-    """A field's text; a missing value is an empty text (encoded as just the special tokens), a
-    number its digits; a list or mapping is refused (its repr would be trained on)."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+def field_text(value: Any, field: str | None = None, needed: str | None = None) -> str:
+    """A field's text; a missing value is an empty text (encoded as just the special tokens), or
+    refused where the row `needed` it (why, in a few words); a number is its digits; a list or
+    mapping is refused (its repr would be trained on)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)) or (needed and value == ""):
+        if needed:
+            raise TaskDataError(f"field {field!r} has no value: {needed}.")
         return ""
     if isinstance(value, (list, tuple, dict)):
         where = f"field {field!r}" if field else "a field"

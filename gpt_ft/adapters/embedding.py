@@ -342,10 +342,10 @@ class Embedding(TaskAdapter):
 
     def texts(self, example: dict[str, Any]) -> list[str]:
         """[anchor, positive, negative, ...], each with its prompt."""
-        documents = [example[self.positive], *negative_texts(example, self.negatives, self.num_negatives)]
-        return [self.query_prompt + field_text(example[self.anchor], self.anchor)] + [
-            self.document_prompt + field_text(d) for d in documents
-        ]
+        needed = "an embedding row needs its anchor and its positive"  # (a missing field reads as null)
+        anchor, positive = (field_text(example[f], f, needed) for f in (self.anchor, self.positive))
+        negatives = map(field_text, negative_texts(example, self.negatives, self.num_negatives))
+        return [self.query_prompt + anchor] + [self.document_prompt + d for d in (positive, *negatives)]
 
     def frame(self, specials, *parts: list[int]) -> tuple[list[int], int]:
         """`[start] text [extract]`; pooling the text's own tokens (last, mean), `[start] text`."""

@@ -365,11 +365,9 @@ class Preference(TaskAdapter):
 def _text(example: dict[str, Any], field: str) -> str:
     """A reply's text: a value that is missing or not a text is named."""
     value = example[field]
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        raise TaskDataError(f"field {field!r} has no value (a pair needs both replies).")
     if isinstance(value, (list, tuple, dict)):
         raise TaskDataError(f"field {field!r} holds {type(value).__name__} {short_repr(value)}, not a text.")
-    return field_text(value)
+    return field_text(value, field, needed="a pair needs both replies")
 
 
 def one_reply(example: dict[str, Any], reply: str, chosen: str) -> bool:

@@ -27,7 +27,7 @@ from gpt_ft.adapters.base import Encoded, TaskAdapter, field_text, refuse_label_
 from gpt_ft.adapters.embedding import count_negatives, negative_texts
 from gpt_ft.adapters.heads import ChoiceHead, first_best, tied
 from gpt_ft.adapters.metrics import RETRIEVAL, rank_metrics
-from gpt_ft.adapters.outputs import LabelSpec, TaskDataError, TaskOutput
+from gpt_ft.adapters.outputs import LabelSpec, TaskOutput
 
 
 class RerankHead(ChoiceHead):
@@ -53,6 +53,7 @@ class RerankOutput(TaskOutput):
     """A score per candidate, the positive first: listwise cross-entropy, retrieval metrics."""
 
     kind = "rerank"
+    default_lm_coef = 0.0  # over every candidate it would teach the model to write the negatives too
     problem_type = "regression"  # one score per pair: num_labels 1, as cross-encoders are served
     served_per_sequence = True  # [start] query [delim] text [extract]: one pair's score
     has_probabilities = False
@@ -146,10 +147,10 @@ class Reranker(TaskAdapter):
 
     def texts(self, example: dict[str, Any]) -> list[str]:
         """[query, positive, negative, ...]."""
-        if example[self.positive] is None:  # a file's missing field reads as null
-            raise TaskDataError(f"field {self.positive!r} is empty: a reranking row needs its positive.")
-        candidates = [example[self.positive], *negative_texts(example, self.negatives, self.num_negatives)]
-        return [field_text(example[self.query], self.query)] + [field_text(c) for c in candidates]
+        needed = "a reranking row needs its query and its positive"  # (a missing field reads as null)
+        query, positive = (field_text(example[f], f, needed) for f in (self.query, self.positive))
+        negatives = negative_texts(example, self.negatives, self.num_negatives)
+        return [query, positive, *map(field_text, negatives)]
 
     def encode(self, example, tokens, specials, max_length):
         query, *candidates = tokens

@@ -113,11 +113,14 @@ def load_tokenizer(path: str | os.PathLike, *, add_specials: bool = True) -> Pre
         tokenizer = _load_local_dir(local)
     elif local.suffix == ".ckpt" and local.is_file():  # a gpt_ft checkpoint: the tokenizer saved beside it
         if (saved := weights_tokenizer(local)) is None:
-            raise ValueError(f"{local} has no tokenizer folder beside it (a checkpoint's is saved there); give one.")
+            raise ValueError(
+                f"{local} has no tokenizer folder beside it (a checkpoint's is saved there): give one."
+            )
         tokenizer = _load_local_dir(Path(saved))
     elif local.exists():
         raise ValueError(
-            f"Tokenizer path {local} is a file; expected a tokenizer directory, a GGUF file or a gpt_ft .ckpt."
+            f"Tokenizer path {local} is a file; expected a tokenizer directory, a GGUF file or a gpt_ft "
+            ".ckpt."
         )
     elif _looks_like_local_path(name):
         what = "GGUF file" if local.suffix == ".gguf" else "Tokenizer directory"

@@ -245,7 +245,8 @@ class Checkpoint:
         missing = sorted({n for n, p in gpt.named_parameters() if p.requires_grad} - set(self.gpt_state))
         if missing:
             raise ValueError(
-                f"{where or self.where} lacks LoRA weights {missing[:3]}: it is not a complete LoRA checkpoint."
+                f"{where or self.where} lacks LoRA weights {missing[:3]}: it is not a complete LoRA "
+                "checkpoint."
             )
 
     @property

@@ -189,7 +189,8 @@ def model_type_of(config: GPTConfig) -> str:
         return "qwen3"
     if config.qkv_bias and not config.bias:
         return "qwen2"
-    return "mistral" if config.sliding_window is not None and not config.bias else "llama"  # Llama has no window
+    windowed = config.sliding_window is not None and not config.bias  # Llama has no window, Mistral no bias
+    return "mistral" if windowed else "llama"
 
 
 def config_to_hf(config: GPTConfig):

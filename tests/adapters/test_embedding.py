@@ -272,6 +272,13 @@ def test_a_card_frames_each_text_alone_with_its_prompt(tokenizer_dir):
     assert fewer == [1.0, *keys[0], *keys[1], *keys[2], *NO_TEXT] and task.output.label_text(fewer) == 1.0
     assert len(set(keys)) == 4 and all(len(key) == 6 and all(0 <= k < 256 for k in key) for key in keys)
     assert text_key(list(encoded.sequences[1])) == keys[1]  # the same tokens, the same key
+    # an anchor or a positive lacking (a missing field reads as null, an empty cell as ""): not an empty text
+    for lacking in ({"anchor": None}, {"positive": ""}):
+        (field,) = lacking
+        with pytest.raises(
+            TaskDataError, match=rf"^field '{field}' has no value: an embedding row needs its"
+        ):
+            task.texts({**row, **lacking})
     for dtype in (torch.float32, torch.bfloat16, torch.float16):  # exact in any float type
         assert torch.tensor(encoded.label, dtype=dtype)[1:].long().tolist() == encoded.label[1:]
     assert task.num_sequences == 4 and task.output.default_metrics == (
@@ -540,6 +547,7 @@ def test_a_reranker_frames_each_candidate_after_the_query_and_ranks_the_positive
     head = [specials.start, *q, specials.delim]
     assert encoded.sequences == [[*head, *pos, specials.extract], [*head, *neg, specials.extract]]
     assert encoded.label == 0 and task.shares_context and task.num_sequences == 3
+    assert task.output.default_lm_coef == 0.0  # as sentence-transformers' CrossEncoder: no LM term
     # Rows ranking their positive 1st, 3rd (below two), and 2nd or 3rd (below one, tied with one: each
     # place half the time); NaN: no candidate.
     nan = float("nan")
@@ -566,10 +574,14 @@ def test_a_reranker_frames_each_candidate_after_the_query_and_ranks_the_positive
     got = task.output.metric_values(near, torch.zeros(3), ["mrr@10"])
     assert got["mrr@10"].item() == pytest.approx((0.75 + 0.75 + 0.5) / 3)
     assert task.output.outcome(near[1], None)["label"] == 0
-    with pytest.raises(
-        TaskDataError, match=r"^field 'positive' is empty: a reranking row needs its positive\.$"
-    ):
-        task.texts({"query": "a", "positive": None, "negatives": ["c"]})
+    needed = "has no value: a reranking row needs its query and its positive."  # (an empty cell reads "")
+    for row, field in [
+        ({"positive": None}, "positive"),
+        ({"positive": ""}, "positive"),
+        ({"query": ""}, "query"),
+    ]:
+        with pytest.raises(TaskDataError, match=rf"^field '{field}' {needed}$"):
+            task.texts({"query": "a", "positive": "b", "negatives": ["c"], **row})
 
 
 def test_nli_records_become_triplets_as_sbert_and_simcse_build_them():

@@ -188,7 +188,11 @@ init_args: {name: prefs, prompt: prompt, local: {splits: {train: d/p.jsonl.gz, v
     [
         (
             '{"prompt": "a", "chosen": "b"}',
-            "line 3: field 'rejected' has no value (a pair needs both replies).",
+            "line 3: field 'rejected' has no value: a pair needs both replies.",
+        ),
+        (
+            '{"prompt": "a", "chosen": "", "rejected": "c"}',  # an empty cell of a table, too
+            "line 3: field 'chosen' has no value: a pair needs both replies.",
         ),
         (
             '{"prompt": "a", "chosen": [{"role": "user", "text": "b"}], "rejected": "c"}',

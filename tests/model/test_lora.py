@@ -117,7 +117,10 @@ def assert_merges_exactly(gpt, ids) -> None:
         (dict(alpha=float("nan")), "lora.alpha must be a finite number > 0, got nan"),
         (dict(dropout=1.0), r"lora.dropout must be in \[0, 1\)"),
         (dict(targets=["attn.q_proj"]), r"lora.targets \['attn.q_proj'\] not allowed"),
-        (dict(targets=["attn.c_attn", "mlp.c_fc", "attn.c_attn"]), r"lora.targets names \['attn.c_attn'\] more than once"),
+        (
+            dict(targets=["attn.c_attn", "mlp.c_fc", "attn.c_attn"]),
+            r"lora.targets names \['attn.c_attn'\] more than once",
+        ),
         (dict(checkpoint="both"), "lora.checkpoint='both'"),
         (dict(quantize="int3"), r"^lora.quantize='int3'; allowed: 'nf4', or null for none.$"),
     ],
