@@ -67,7 +67,7 @@ def build_gpt(
                 f"The base weights {init_from} do not exist: LoRA adapters need them (a LoRA checkpoint "
                 "names them by their path); give their place with --model.init_from."
             )
-        gpt = GPT.from_pretrained(init_from)
+        gpt = GPT.from_pretrained(init_from).train()  # loaded in eval mode; Lightning leaves modes as found
         if lora is not None:  # recorded with the adapters: the base they adapt, as loaded
             gpt.base_fingerprint = weights_fingerprint(gpt)
         if overrides:

@@ -156,9 +156,13 @@ def config_to_hf(config: GPTConfig):
 
 
 def state_dict_from_hf(hf_state: dict[str, Tensor], family: str, tied: bool = True) -> dict[str, Tensor]:
-    """Our state dict from a transformers one (base or LM-head model; a tied `lm_head` is dropped)."""
+    """Our state dict from a transformers one (base or LM-head model; a tied `lm_head` is dropped; a
+    double-heads model's multiple-choice head is left, as transformers' causal-LM class leaves it)."""
     head = hf_state.get("lm_head.weight")
     embedding = hf_state.get("transformer.wte.weight", hf_state.get("transformer.tokens_embed.weight"))
+    if tied and embedding is None and head is not None:  # the tied pair saved under the head's name alone
+        name = "transformer.tokens_embed.weight" if family == "openai-gpt" else "transformer.wte.weight"
+        hf_state, embedding = {**hf_state, name: head}, head
     if tied and head is not None and embedding is not None and not torch.equal(head, embedding):
         raise ValueError(
             "The model's lm_head differs from its token embedding, which its config ties "
@@ -171,6 +175,7 @@ def state_dict_from_hf(hf_state: dict[str, Tensor], family: str, tied: bool = Tr
             (key == "lm_head.weight" and tied)
             or key.endswith((".attn.bias", ".attn.masked_bias"))
             or key == "position_ids"
+            or key.startswith("multiple_choice_head.")
         ):
             continue  # the tied head and transformers' causal-mask buffers
         if family == "openai-gpt":

@@ -34,24 +34,26 @@ Kind = Literal["checkpoint", "transformers", "gguf"]
 
 class GPT(model.GPT):
     """`gpt_ft.model.GPT` with weights in and out: from a transformers model or any name of weights
-    (`from_pretrained`), from a checkpoint already read, and to transformers (`to_hf`)."""
+    (`from_pretrained`), from a checkpoint already read, and to transformers (`to_hf`). A model
+    loaded comes in eval mode (dropout off), as transformers' `from_pretrained` gives one: its
+    logits are the weights' own; `.train()` before training it in a loop of one's own."""
 
     @classmethod
     def from_hf(cls, hf_model) -> GPT:
         """A GPT with the weights of a transformers OpenAIGPT*, GPT2* or Llama-family model
         (LM-head or base)."""
-        return build(*hf.from_hf(hf_model))
+        return build(*hf.from_hf(hf_model)).eval()
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike) -> GPT:
         """A GPT from a gpt_ft checkpoint, a transformers directory, a GGUF file or a hub id."""
-        return load_gpt(path)
+        return load_gpt(path).eval()
 
     @classmethod
     def from_checkpoint(cls, checkpoint: Checkpoint) -> GPT:
         """The GPT of a gpt_ft checkpoint already read (`Checkpoint.read`); LoRA adapters are loaded
         onto their base weights and merged."""
-        return gpt_from_checkpoint(checkpoint)
+        return gpt_from_checkpoint(checkpoint).eval()
 
     def to_hf(self):
         """The matching transformers LM-head model (OpenAIGPTLMHeadModel, GPT2LMHeadModel or the

@@ -57,10 +57,11 @@ def test_stop_token_ends_generation_and_pads():
 
 
 def test_a_model_in_training_mode_decodes_without_dropout_and_stays_in_its_mode():
-    """`from_pretrained` and `from_hf` give a model in training mode, as every nn.Module starts:
-    decoding switches dropout off (as transformers' eval-mode models decode), then back on."""
+    """A model put in training mode (`from_pretrained` and `from_hf` give it in eval mode, as
+    transformers does): decoding switches dropout off, then back on."""
     gpt = GPT.from_hf(tiny_hf("gpt2", resid_pdrop=0.5, embd_pdrop=0.5, attn_pdrop=0.5))
-    assert gpt.training
+    assert not gpt.training
+    gpt.train()
     prompt = torch.randint(1, TINY["vocab_size"], (2, 6))
     expected = {beams: gpt.eval().generate(prompt, max_new_tokens=10, num_beams=beams) for beams in (1, 3)}
     gpt.train()

@@ -103,6 +103,8 @@ def test_init_from_transformers_directory_adds_special_token_rows(tmp_path):
     assert m.gpt.wte.weight.shape == (64, 16)  # padded to a multiple of 64
     torch.testing.assert_close(m.gpt.wte.weight[:20], hf.transformer.tokens_embed.weight)
     assert m.gpt.config.vocab_size == 24
+    # in training mode, dropout on: Lightning leaves a module's mode as it finds it at fit's start
+    assert all(module.training for module in m.modules())
 
 
 def test_bad_hyperparameters():

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from gpt_ft import GPT
-from tests.helpers import FAMILIES, TINY, tiny_gpt, tiny_hf
+from tests.helpers import FAMILIES, TINY, hf_families, tiny_gpt, tiny_hf
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -213,6 +213,24 @@ def test_config_from_hf_maps_the_shape_and_the_activation(family, activation, ou
         4,
     )
     assert config.activation == ours and config.pre_ln == (family == "gpt2")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_double_heads_folder_loads_as_its_language_model(tmp_path, family):
+    """gpt-ft export's multiple-choice folders (and the hub's double-heads models) hold the tied
+    embedding under `lm_head.weight` alone, and a choice head transformers' causal-LM class leaves."""
+    import transformers
+
+    config_cls = hf_families()[family][0]
+    torch.manual_seed(0)
+    cls = getattr(transformers, "GPT2DoubleHeadsModel" if family == "gpt2" else "OpenAIGPTDoubleHeadsModel")
+    cls(config_cls(**TINY)).save_pretrained(tmp_path)
+    gpt = GPT.from_pretrained(tmp_path)
+    assert not gpt.training  # as transformers' from_pretrained gives it: dropout off
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
+    ids = torch.randint(0, TINY["vocab_size"], (2, 20))
+    with torch.no_grad():
+        torch.testing.assert_close(gpt.lm_logits(gpt(ids)), reference(ids).logits, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("kind", ["GPT2", "Llama"])
