@@ -29,7 +29,7 @@ argument, so a user's own adapter class works with nothing registered; shipped c
 `gpt_ft.adapters.X`.
 """
 
-from gpt_ft.adapters.base import ENCODING, Encoded, Submission, TaskAdapter, field_text, fit_lengths
+from gpt_ft.adapters.base import ENCODING, Encoded, Submission, TaskAdapter, fit_lengths
 from gpt_ft.adapters.choice import MultipleChoice
 from gpt_ft.adapters.embedding import Embedding, EmbeddingHead, EmbeddingOutput
 from gpt_ft.adapters.heads import ChoiceHead, ClassificationHead, RegressionHead, StepHead, TaskHead
@@ -47,7 +47,7 @@ from gpt_ft.adapters.outputs import (
 from gpt_ft.adapters.preference import Preference, PreferenceOutput, RewardHead
 from gpt_ft.adapters.ranking import Ranking, RankingHead, RankingOutput
 from gpt_ft.adapters.rerank import Reranker, RerankHead, RerankOutput
-from gpt_ft.adapters.sources import HubDataset, LocalFiles, Sources
+from gpt_ft.adapters.sources import HubDataset, LocalFiles, Sources, field_text
 from gpt_ft.adapters.steps import StepOutput, Steps
 from gpt_ft.adapters.text import Similarity, SingleText, TextPair
 

@@ -11,7 +11,6 @@ tasks of one shape is in their card.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from operator import attrgetter
@@ -28,9 +27,8 @@ from gpt_ft.adapters.outputs import (
     RegressionOutput,
     TaskDataError,
     TaskOutput,
-    short_repr,
 )
-from gpt_ft.adapters.sources import HubDataset, LocalFiles, Sources
+from gpt_ft.adapters.sources import HubDataset, LocalFiles, Sources, field_text
 from gpt_ft.errors import about
 
 ENCODING = 7
@@ -99,20 +97,6 @@ def fit_lengths(lengths: list[int], budget: int) -> list[int]:
             out[i] += 1
             spare -= 1
     return out
-
-
-def field_text(value: Any, field: str | None = None, needed: str | None = None) -> str:
-    """A field's text; a missing value is an empty text (encoded as just the special tokens), or
-    refused where the row `needed` it (why, in a few words); a number is its digits; a list or
-    mapping is refused (its repr would be trained on)."""
-    if value is None or (isinstance(value, float) and math.isnan(value)) or (needed and value == ""):
-        if needed:
-            raise TaskDataError(f"field {field!r} has no value: {needed}.")
-        return ""
-    if isinstance(value, (list, tuple, dict)):
-        where = f"field {field!r}" if field else "a field"
-        raise TaskDataError(f"{where} holds a {type(value).__name__} {short_repr(value)}, not a text.")
-    return str(value)
 
 
 @dataclass

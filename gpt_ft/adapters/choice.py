@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpt_ft.adapters.base import Encoded, TaskAdapter, field_text
+from gpt_ft.adapters.base import Encoded, TaskAdapter
 from gpt_ft.adapters.outputs import CardError, ChoiceOutput, LabelSpec, TaskDataError, TaskOutput
+from gpt_ft.adapters.sources import field_text
 
 
 class MultipleChoice(TaskAdapter):

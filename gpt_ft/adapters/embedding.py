@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gpt_ft.adapters.base import Encoded, TaskAdapter, field_text, refuse_label_fields
+from gpt_ft.adapters.base import Encoded, TaskAdapter, refuse_label_fields
 from gpt_ft.adapters.contrastive import (
     NO_TEXT,
     TEMPERATURE,
@@ -47,6 +47,7 @@ from gpt_ft.adapters.contrastive import (
 from gpt_ft.adapters.heads import TaskHead
 from gpt_ft.adapters.metrics import RETRIEVAL, metric_value, retrieval_metrics
 from gpt_ft.adapters.outputs import FLOAT32_MAX, CardError, LabelSpec, TaskDataError, TaskOutput
+from gpt_ft.adapters.sources import field_text
 
 CORRELATIONS = ("spearman", "pearson")
 POOLINGS = ("extract", "last", "mean")

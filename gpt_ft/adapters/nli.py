@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpt_ft.adapters.base import field_text
 from gpt_ft.adapters.embedding import Embedding
+from gpt_ft.adapters.sources import field_text
 from gpt_ft.errors import about
 
 

@@ -34,9 +34,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gpt_ft.adapters.base import Encoded, TaskAdapter, field_text, refuse_label_fields
+from gpt_ft.adapters.base import Encoded, TaskAdapter, refuse_label_fields
 from gpt_ft.adapters.heads import ChoiceHead, at_least_fp32
 from gpt_ft.adapters.outputs import FLOAT32_MAX, CardError, LabelSpec, TaskDataError, TaskOutput, short_repr
+from gpt_ft.adapters.sources import field_text
 
 
 def split_dialogue(chosen: str, rejected: str, marker: str) -> tuple[str, str, str]:

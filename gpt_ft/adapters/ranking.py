@@ -29,10 +29,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gpt_ft.adapters.base import Encoded, TaskAdapter, field_text, refuse_label_fields
+from gpt_ft.adapters.base import Encoded, TaskAdapter, refuse_label_fields
 from gpt_ft.adapters.heads import first_best, tied
 from gpt_ft.adapters.outputs import CardError, LabelSpec, TaskDataError, TaskOutput, short_repr
 from gpt_ft.adapters.preference import RewardHead, reply_templates
+from gpt_ft.adapters.sources import field_text
 from gpt_ft.errors import about
 
 LOSSES = ("plackett_luce", "softmax", "pairwise")

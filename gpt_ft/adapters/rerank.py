@@ -23,11 +23,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gpt_ft.adapters.base import Encoded, TaskAdapter, field_text, refuse_label_fields
+from gpt_ft.adapters.base import Encoded, TaskAdapter, refuse_label_fields
 from gpt_ft.adapters.embedding import count_negatives, negative_texts
 from gpt_ft.adapters.heads import ChoiceHead, first_best, tied
 from gpt_ft.adapters.metrics import RETRIEVAL, rank_metrics
 from gpt_ft.adapters.outputs import LabelSpec, TaskOutput
+from gpt_ft.adapters.sources import field_text
 
 
 class RerankHead(ChoiceHead):

@@ -1,11 +1,14 @@
-"""Where a task's examples come from: a hub dataset, local files, and which splits are evaluated."""
+"""Where a task's examples come from (a hub dataset, local files, and which splits are evaluated),
+and how a text field of theirs is read (`field_text`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+import math
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, Literal
 
-from gpt_ft.errors import CardError
+from gpt_ft.adapters.outputs import short_repr
+from gpt_ft.errors import CardError, TaskDataError
 
 
 @dataclass
@@ -63,3 +66,34 @@ class Sources:
     validation_splits: list[str] = field(default_factory=lambda: ["validation"])
     test_splits: list[str] = field(default_factory=lambda: ["test"])
     index: str | None = "idx"
+
+    def __post_init__(self) -> None:
+        # From Python, `local=` and `hub=` may be given as a card writes them: mappings of their fields.
+        for name, kind in (("hub", HubDataset), ("local", LocalFiles)):
+            if isinstance(value := getattr(self, name), dict):
+                known = [f.name for f in fields(kind)]
+                if unknown := sorted(set(value) - set(known)):
+                    raise CardError(f"{name} has no field(s) {unknown}; its fields: {', '.join(known)}.")
+                if lacking := [f.name for f in fields(kind) if f.default is MISSING and f.name not in value]:
+                    raise CardError(f"{name} needs {', '.join(lacking)}.")
+                setattr(self, name, kind(**value))
+
+
+def field_text(value: Any, field: str | None = None, needed: str | None = None) -> str:
+    """A field's text; a missing value is an empty text (encoded as just the special tokens), or
+    refused where the row `needed` it (why, in a few words); a number is its digits, bytes (a
+    parquet binary column) their UTF-8 text; a list or mapping is refused (its repr would be
+    trained on)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)) or (needed and value == ""):
+        if needed:
+            raise TaskDataError(f"field {field!r} has no value: {needed}.")
+        return ""
+    where = f"field {field!r}" if field else "a field"
+    if isinstance(value, (list, tuple, dict)):
+        raise TaskDataError(f"{where} holds a {type(value).__name__} {short_repr(value)}, not a text.")
+    if isinstance(value, (bytes, bytearray)):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise TaskDataError(f"{where} holds bytes that are not UTF-8 text ({exc.reason}).") from None
+    return str(value)

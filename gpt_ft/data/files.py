@@ -20,6 +20,7 @@ from gpt_ft.data.file_faults import (
     parse_problem,
     record_lines,
     short_row,
+    utf8_problem,
     wide_first_row,
 )
 from gpt_ft.errors import CardError
@@ -163,6 +164,9 @@ def read_table(
         raise TaskDataError(
             f"{path}: split {split!r} has no examples." if split != "data" else f"{path} holds no rows."
         )
+    if fmt in ("tsv", "csv", "json") and path.is_file():  # a byte past the loaders' first look: line named
+        if (problem := utf8_problem(file_bytes(path))) is not None:
+            raise TaskDataError(f"{path}{problem}.")
     if fmt in ("tsv", "csv"):
         sep = "\t" if fmt == "tsv" else ","
         try:

@@ -18,6 +18,7 @@ from lightning import LightningDataModule
 from torch.utils.data import DataLoader, DistributedSampler
 
 from gpt_ft.adapters import ENCODING, TaskAdapter, TaskDataError
+from gpt_ft.adapters.cards import card_from_value, load_card
 from gpt_ft.data.batches import PackedBatch, SharedContextBatch, TaskBatch, collate_batch, reads
 from gpt_ft.data.files import Origin, located_split, task_examples
 from gpt_ft.data.ids import id_names, integer_id
@@ -104,6 +105,10 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
             raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
         if max_length < 4:
             raise ValueError(f"max_length must be >= 4 (room for the special tokens), got {max_length}.")
+        if isinstance(task, (str, os.PathLike)):  # from Python: a card's file, as the command line reads it
+            task = load_card(task)
+        elif isinstance(task, dict):  # or its class_path and init_args
+            task = card_from_value(task, "task")
         self.task = task
         self.data_dir = data_dir
         self.max_length = max_length

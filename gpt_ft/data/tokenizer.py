@@ -45,25 +45,12 @@ from gpt_ft.errors import check_output_dir
 from gpt_ft.weights import gguf_file, hub
 from gpt_ft.weights.pretrained import BPE_FILES, TOKENIZER_FILES, is_tokenizer_dir, weights_tokenizer
 
-__all__ = [
-    "EOS_TOKEN",
-    "SPECIAL_TOKENS",
-    "SpecialTokenIds",
-    "add_special_tokens",
-    "check_text_file",
-    "load_tokenizer",
-    "own_framing_rows",
-    "own_framing_tokens",
-    "special_token_ids",
-    "train_tokenizer",
-]
+__all__ = ["EOS_TOKEN", "SPECIAL_TOKENS", "SpecialTokenIds", "add_special_tokens", "check_text_file",
+           "load_tokenizer", "own_framing_rows", "own_framing_tokens", "special_token_ids",
+           "train_tokenizer"]  # fmt: skip
 
-SPECIAL_TOKENS: dict[str, str] = {
-    "start": "<|start|>",
-    "delim": "<|delim|>",
-    "extract": "<|extract|>",
-    "pad": "<|pad|>",
-}
+SPECIAL_TOKENS: dict[str, str] = {"start": "<|start|>", "delim": "<|delim|>", "extract": "<|extract|>",
+                                  "pad": "<|pad|>"}  # fmt: skip
 """Fine-tuning tokens, appended in this order (pad only when the tokenizer has no pad token)."""
 
 EOS_TOKEN = "<|endoftext|>"

@@ -68,7 +68,7 @@ class Classifier:
     def from_checkpoint(cls, path: str | Path | Checkpoint, *, device: str | None = None) -> Classifier:
         """A `.ckpt` of `gpt-ft fit` on a task (or one already read); on the GPU when there is one,
         unless `device` says."""
-        device = device_named(device)
+        device = device_named(device, option="device")
         stored = path if isinstance(path, Checkpoint) else Checkpoint.read(path)
         path = stored.where
         if not stored.is_gpt_ft or not stored.task_card:
@@ -102,7 +102,7 @@ class Classifier:
         logits = batch_terms(self.gpt, self.head, batch, lm=False)["logits"]
         return logits / self.temperature if calibrated else logits
 
-    @torch.inference_mode()
+    @torch.no_grad()  # (not inference mode: the outputs are the caller's, for any use)
     def raw_outputs(self, examples: list[dict[str, Any]], *, batch_size: int = 32) -> Tensor:
         """The head's outputs for `examples` in order, at temperature 1 (what calibration fits)."""
         at_least_one(batch_size, "batch_size")
@@ -207,7 +207,7 @@ def label(
         raise ValueError(
             f"--input {source}: give a .csv, .tsv, .json/.jsonl or .parquet file (by its extension)."
         )
-    clf = Classifier.from_checkpoint(ckpt_path, device=device)
+    clf = Classifier.from_checkpoint(ckpt_path, device=device_named(device))
     if clf.task.output.embeds:
         raise ValueError(
             f"{ckpt_path} is an embedding model (task {clf.task.name!r}): `gpt-ft embed` writes its vectors."

@@ -19,7 +19,7 @@ from torch import Tensor
 from gpt_ft.adapters.cards import card_from_value
 from gpt_ft.data.file_faults import file_format, json_records, record_lines, utf8_problem
 from gpt_ft.data.files import read_table
-from gpt_ft.errors import TaskDataError, at_least_one, check_output_file, input_file, writing
+from gpt_ft.errors import TaskDataError, at_least_one, check_output_file, device_named, input_file, writing
 from gpt_ft.eval.classifier import Classifier, jsonable
 from gpt_ft.weights.checkpoint import Checkpoint
 
@@ -52,7 +52,7 @@ class Encoder:
         (positives and negatives), or none."""
         return {"query": self.task.query_prompt, "document": self.task.document_prompt}.get(kind, "")
 
-    @torch.inference_mode()
+    @torch.no_grad()  # (not inference mode: the vectors are the caller's, for any use)
     def encode(
         self,
         texts: list[str],
@@ -71,6 +71,8 @@ class Encoder:
             raise TypeError(f"encode takes texts; item {bad[0]} is {texts[bad[0]]!r}.")
         if prompt not in ("query", "document", None):
             raise ValueError(f"prompt must be 'query', 'document' or None, got {prompt!r}.")
+        if convert_to not in ("numpy", "torch"):
+            raise ValueError(f"convert_to must be 'numpy' or 'torch', got {convert_to!r}.")
         clf, prefix = self.classifier, self.prompt(prompt)
         texts = [prefix + t for t in texts]  # a text spelling a special token is text, as in training
         ids = (
@@ -128,7 +130,7 @@ def embed(
     rows, texts = read_texts(source, field)
     if not texts:
         raise ValueError(f"--input {source} holds no texts.")
-    encoder = Encoder.from_checkpoint(stored, device=device)
+    encoder = Encoder.from_checkpoint(stored, device=device_named(device))
     vectors = encoder.encode(texts, batch_size=batch_size, prompt=None if prompt == "none" else prompt)
     tmp = target.with_name(f".{target.name}.tmp")
     with writing(target):

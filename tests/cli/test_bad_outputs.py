@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from gpt_ft import Classifier
 from gpt_ft.cli import main
 from gpt_ft.data.tokenizer import load_tokenizer
 from gpt_ft.errors import WriteError, os_error_message
@@ -470,3 +471,7 @@ def test_cuda_asked_for_where_torch_sees_none_is_one_sentence(monkeypatch):
     ):
         device_named("cuda:2")
     assert device_named("cuda:1") == "cuda:1" and device_named("cpu") == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # from Python, named as it is given there
+    python = r"^device='cuda': torch sees no CUDA device here; give device='cpu'\.$"
+    with pytest.raises(ValueError, match=python):
+        Classifier.from_checkpoint("never-read.ckpt", device="cuda")

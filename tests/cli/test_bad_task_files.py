@@ -44,6 +44,17 @@ def explain(tmp_path, tokenizer_dir, capsys):
     return run
 
 
+def parquet_bytes(columns: dict[str, list]) -> bytes:
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = io.BytesIO()
+    pq.write_table(pa.table(columns), out)
+    return out.getvalue()
+
+
 @pytest.mark.parametrize(
     ("name", "data", "problem"),
     [
@@ -107,6 +118,21 @@ def explain(tmp_path, tokenizer_dir, capsys):
             "t.tsv",
             "sentence\tlabel\na\tpositive\ncafé\tnegative\n".encode("latin-1"),
             ", line 3: not UTF-8 text (byte 0xe9: invalid continuation byte); save it as UTF-8",
+        ),
+        (  # past the loaders' first look at a file (a few kB): a traceback's words before
+            "t.tsv",
+            b"sentence\tlabel\n" + b"a fine film\tpositive\n" * 600 + "café\tpositive\n".encode("latin-1"),
+            ", line 602: not UTF-8 text (byte 0xe9: invalid continuation byte); save it as UTF-8",
+        ),
+        (  # inside a JSON string: read by pyarrow without a word, then a failure far from the file
+            "t.jsonl",
+            b'{"sentence": "a", "label": "positive"}\n{"sentence": "caf\xe9", "label": "positive"}\n',
+            ", line 2: not UTF-8 text (byte 0xe9: invalid continuation byte); save it as UTF-8",
+        ),
+        (  # a parquet text column of bytes that are no UTF-8 text (bytes that are, are their text)
+            "t.parquet",
+            parquet_bytes({"sentence": [b"good", b"caf\xe9"], "label": ["positive", "positive"]}),
+            ", record 2: field 'sentence' holds bytes that are not UTF-8 text (unexpected end of data)",
         ),
         (
             "t.csv",

@@ -41,6 +41,34 @@ def test_encodes_local_tsv_exactly(pairs_dir, tokenizer_dir):
     assert test["label"] == [None, None] and test["index"] == [5, 6]
 
 
+def test_a_card_from_python_as_a_file_or_mappings_reads_as_the_adapter_does(pairs_dir, tokenizer_dir):
+    """TaskDataModule takes a card's file (or class_path + init_args) and an adapter its `local=`
+    and `hub=` as mappings, as the command line reads them; their faults are one sentence."""
+    import yaml
+
+    files = {"splits": {"train": "PAIRS/train.tsv"}, "columns": {"index": "idx"}}
+    init = dict(
+        name="pairs", premise="sentence1", hypothesis="sentence2", labels=["entailment", "not_entailment"]
+    )
+    card = pairs_dir / "pairs.yaml"
+    card.write_text(
+        yaml.safe_dump({"class_path": "gpt_ft.adapters.TextPair", "init_args": {**init, "local": files}})
+    )
+    expected = TaskDataModule(pair_task(), tokenizer_dir, data_dir=str(pairs_dir)).encoded(
+        "train", labelled=True
+    )
+    for task in (str(card), card, yaml.safe_load(card.read_text()), TextPair(**init, local=files)):
+        data = TaskDataModule(task, tokenizer_dir, data_dir=str(pairs_dir))
+        assert isinstance(data.task.local, LocalFiles)
+        assert data.encoded("train", labelled=True)["input_ids"] == expected["input_ids"]
+    with pytest.raises(
+        ValueError, match=r"^local has no field\(s\) \['split'\]; its fields: splits, format, "
+    ):
+        TextPair(**init, local={"split": files["splits"]})
+    with pytest.raises(ValueError, match=r"^hub needs path\.$"):
+        TextPair(**init, hub={"name": "rte"})
+
+
 def test_batches_from_the_loaders(pairs_dir, tokenizer_dir):
     dm = TaskDataModule(pair_task(), tokenizer_dir, data_dir=str(pairs_dir), batch_size=2, max_length=64)
     dm.setup("fit")

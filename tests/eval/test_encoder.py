@@ -93,6 +93,10 @@ def test_the_encoders_vectors_are_the_training_paths_own(embedded):
         encoder.encode(["a", None])
     with pytest.raises(ValueError, match=r"^prompt must be 'query', 'document' or None, got 'passage'\.$"):
         encoder.encode(texts, prompt="passage")
+    with pytest.raises(ValueError, match=r"^convert_to must be 'numpy' or 'torch', got 'tensor'\.$"):
+        encoder.encode(texts, convert_to="tensor")  # numpy's array before
+    vectors.add_(1)  # a plain tensor, for any use (an inference tensor refused this)
+    assert encoder.classifier.raw_outputs([{"anchor": texts[0], "positive": texts[1]}]).add_(1) is not None
     assert encoder.encode(iter(texts[:2])).shape == (2, encoder.dimensions)  # any iterable of texts
 
 
