@@ -167,10 +167,10 @@ class TaskOutput:
         return self.outcome(prediction, probabilities)
 
     def example_label(self, example: dict[str, Any]) -> Any:
-        """The example's label; None when unlabelled (no field, an empty cell, or -1 as in hub test
-        splits, where the card has no class or score -1 of its own)."""
+        """The example's label; None when unlabelled (no field, a null or NaN, an empty cell, or -1 as
+        in hub test splits, where the card has no class or score -1 of its own)."""
         value = example.get(self.spec.field)
-        if value is None or (isinstance(value, str) and not value.strip()):
+        if value is None or value != value or (isinstance(value, str) and not value.strip()):  # NaN != NaN
             return None
         if value in (-1, "-1") and not self.takes_minus_one():
             return None

@@ -56,9 +56,35 @@ def _reader(f, fmt: str, *, strict: bool = False):
     return csv.reader(f, delimiter=",", quoting=csv.QUOTE_MINIMAL, strict=strict)
 
 
-def _blank(record: list[str]) -> bool:
-    """A line the loader skips: nothing on it but spaces (pandas' skip_blank_lines)."""
-    return not record or (len(record) == 1 and not record[0].strip(" \t"))
+class _Lines:
+    """A text file's lines, keeping those the csv reader took for the record it read last."""
+
+    def __init__(self, f) -> None:
+        self.lines, self.taken = iter(f), []
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> str:
+        line = next(self.lines)
+        self.taken.append(line)
+        return line
+
+
+def _records(f, fmt: str, *, strict: bool = False):
+    """(reader, records): Python's csv reader (`_reader`) and its records, each with whether the
+    loader skips its line as blank: nothing on it but spaces (pandas' skip_blank_lines); a quoted
+    empty text (`""`) is a row of its own there."""
+    lines = _Lines(f)
+    reader = _reader(lines, fmt, strict=strict)
+
+    def records():
+        for record in reader:
+            taken, lines.taken = "".join(lines.taken), []
+            spaces = not record or (len(record) == 1 and not record[0].strip(" \t"))
+            yield record, spaces and '"' not in taken
+
+    return reader, records()
 
 
 def record_lines(path: Path, fmt: str, *, header: bool = True) -> list[int] | None:
@@ -68,9 +94,9 @@ def record_lines(path: Path, fmt: str, *, header: bool = True) -> list[int] | No
     if fmt in ("tsv", "csv"):
         starts, line = [], 1
         with open_text(path, newline="") as f:
-            reader = _reader(f, fmt)
-            for record in reader:
-                if not _blank(record):
+            reader, records = _records(f, fmt)
+            for _, blank in records:
+                if not blank:
                     starts.append(line)
                 line = reader.line_num + 1
         return starts[1:] if header else starts
@@ -193,7 +219,7 @@ def wide_first_row(path: Path, fmt: str, width: int, *, header: bool) -> str | N
     loader takes such a row for one led by a row index and shifts every column by one, silently
     (a wider row further down makes it fail, and is named then)."""
     with open_text(path, newline="") as f:
-        records = (record for record in _reader(f, fmt) if not _blank(record))
+        records = (record for record, blank in _records(f, fmt)[1] if not blank)
         first = next(itertools.islice(records, int(header), None), None)
     return _csv_problem(path, fmt, width) if first is not None and len(first) > width else None
 
@@ -203,10 +229,10 @@ def short_row(path: Path, fmt: str, width: int) -> str | None:
     loader would fill with empty texts and labels: in a TSV, most often a quoted text with a line
     break in it (TSVs are read without quoting, so its second line is a row of its own)."""
     with open_text(path, newline="") as f:
-        reader, line = _reader(f, fmt, strict=True), 1
+        (reader, records), line = _records(f, fmt, strict=True), 1
         try:
-            for record in reader:
-                if len(record) < width and not _blank(record):
+            for record, blank in records:
+                if len(record) < width and not blank:
                     cause = (
                         "a text with a line break? TSVs are read a row per line"
                         if fmt == "tsv"

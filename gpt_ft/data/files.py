@@ -221,6 +221,10 @@ def _header(path: Path, sep: str) -> list[str]:
     with open_text(path, newline="") as f:
         line = f.readline()
     columns = line.rstrip("\r\n").split("\t") if sep == "\t" else next(csv.reader([line]), [])
+    if not line.strip():  # (the loader would take the next line for the header, the rest one line off)
+        raise TaskDataError(
+            f"{path}, line 1 is empty: the header (the columns' names) must be the first line."
+        )
     repeated = sorted({c for c in columns if columns.count(c) > 1})
     if repeated:
         raise TaskDataError(

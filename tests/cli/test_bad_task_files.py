@@ -58,6 +58,16 @@ def parquet_bytes(columns: dict[str, list]) -> bytes:
 @pytest.mark.parametrize(
     ("name", "data", "problem"),
     [
+        (
+            "t.tsv",
+            b"\n\nsentence\tlabel\na\tpositive\n",
+            ", line 1 is empty: the header (the columns' names) must be",
+        ),
+        (  # a quoted empty text alone: a row to the loader (every later row and line was one off)
+            "t.csv",
+            b'sentence,label\na cat,positive\n""\nb,negative\n',
+            ", line 3: 1 field where there are 2 columns (cut short?)",
+        ),
         (  # a ragged row: a comma in an unquoted text
             "t.csv",
             b"sentence,label\na cat,positive\nyes, a dog,negative\n",

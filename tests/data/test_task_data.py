@@ -232,6 +232,7 @@ def test_an_empty_label_cell_is_unlabelled_as_a_null_is(pairs_dir, tokenizer_dir
     (pairs_dir / "PAIRS/test.tsv").write_text(rows)
     dm = TaskDataModule(pair_task(), tokenizer_dir, data_dir=str(pairs_dir), max_length=64)
     assert dm.encoded("test", labelled=False)["label"] == [None, None]
+    assert dm.task.output.example_label({"label": float("nan")}) is None  # a float column's null (parquet)
     with pytest.raises(TaskDataError, match=r"PAIRS/test.tsv, line 2: no label \(field .label.\)"):
         dm.encoded("test", labelled=True)
 
