@@ -71,9 +71,7 @@ class Classifier:
         device = device_named(device, option="device")
         stored = path if isinstance(path, Checkpoint) else Checkpoint.read(path)
         path = stored.where
-        if not stored.is_gpt_ft or not stored.task_card:
-            raise ValueError(f"{path} is not a fine-tuned gpt_ft checkpoint: it records no task card.")
-        task = card_from_value(stored.task_card, f"The task card recorded in {path}")
+        task = card_from_value(stored.require_task_card(), f"The task card recorded in {path}")
         if stored.tokenizer is None:
             raise ValueError(f"{path} carries no tokenizer.")
         tokenizer = load_tokenizer(str(stored.tokenizer))

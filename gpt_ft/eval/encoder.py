@@ -152,9 +152,7 @@ def embed(
 
 def check_embeds(stored: Checkpoint) -> None:
     """Refuses a checkpoint of a task that is no embedding task (one a classifier reads)."""
-    if not stored.is_gpt_ft or not stored.task_card:  # a language model's, or not gpt_ft's
-        raise ValueError(f"{stored.where} is not a fine-tuned gpt_ft checkpoint: it records no task card.")
-    task = card_from_value(stored.task_card, f"The task card recorded in {stored.where}")
+    task = card_from_value(stored.require_task_card(), f"The task card recorded in {stored.where}")
     if not task.output.embeds:
         raise ValueError(
             f"{stored.where} is a model of task {task.name!r}, not an embedding model: "

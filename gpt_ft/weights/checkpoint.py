@@ -301,6 +301,18 @@ class Checkpoint:
         """The task card the run trained on (a card value), or None."""
         return self.data_args.get("task")
 
+    def require_task_card(self) -> Any:
+        """The task card the run trained on, or one sentence saying why the file records none."""
+        if self.is_gpt_ft and self.task_card:
+            return self.task_card
+        if not self.is_gpt_ft or not any(key.startswith("head.") for key in self.state):
+            raise ValueError(f"{self.where} is not a fine-tuned gpt_ft checkpoint: it records no task card.")
+        raise ValueError(
+            f"{self.where} holds a task head but records no task card: it was saved outside `gpt-ft fit` "
+            "(a plain lightning.Trainer), which records the card and the tokenizer; fine-tune with "
+            "`gpt-ft fit`, or build gpt_ft.Classifier from the model, head, task and tokenizer in Python."
+        )
+
     @property
     def hyper_parameters(self) -> dict[str, Any]:
         """The training module's arguments as Lightning saved them."""

@@ -217,8 +217,14 @@ def test_a_classifier_checkpoint_is_not_an_encoder_nor_an_encoder_a_classifier(
     from gpt_ft.weights.checkpoint import Checkpoint
 
     language_model = Checkpoint.read(finetuned.ckpt)
-    del language_model.data_args["task"]  # as a pretraining run records its data: no task card
-    language_model.save(tmp_path / "lm.ckpt")
+    del language_model.data_args["task"]  # as a plain lightning.Trainer saves a fine-tuned model
+    language_model.save(tmp_path / "plain.ckpt")
+    from gpt_ft import Classifier
+
+    with pytest.raises(ValueError, match=r"plain.ckpt holds a task head but records no task card: it was"):
+        Classifier.from_checkpoint(tmp_path / "plain.ckpt", device="cpu")
+    language_model.state = {k: v for k, v in language_model.state.items() if not k.startswith("head.")}
+    language_model.save(tmp_path / "lm.ckpt")  # as a pretraining run records its data: no head, no card
     with pytest.raises(SystemExit):  # named before the input's missing 'text' field
         main(
             [
