@@ -21,6 +21,8 @@ from gpt_ft.workarounds import config_file_being_read, required_arguments
 
 def load_card(path: str | Path) -> TaskAdapter:
     """The TaskAdapter of a card file."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"Task card {path} does not exist.")
     try:
         raw = yaml.safe_load(Path(path).read_text())
     except yaml.YAMLError as exc:

@@ -221,7 +221,7 @@ class PreferenceOutput(TaskOutput):
         field and no chosen one)."""
         if one_reply(example, self.reply, self.sides[0]):
             return None
-        if self.margin is None or example.get(self.margin) is None:
+        if self.margin is None or (value := example.get(self.margin)) is None or value != value:  # NaN: null
             return 0.0
         return self.label_id(example[self.margin])
 

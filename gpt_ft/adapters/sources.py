@@ -80,11 +80,11 @@ class Sources:
 
 
 def field_text(value: Any, field: str | None = None, needed: str | None = None) -> str:
-    """A field's text; a missing value is an empty text (encoded as just the special tokens), or
-    refused where the row `needed` it (why, in a few words); a number is its digits, bytes (a
-    parquet binary column) their UTF-8 text; a list or mapping is refused (its repr would be
-    trained on)."""
-    if value is None or (isinstance(value, float) and math.isnan(value)) or (needed and value == ""):
+    """A field's text; a missing value (null, NaN) is an empty text (encoded as just the special
+    tokens), or refused where the row `needed` it (why, in a few words), while an empty text is
+    text (an empty cell); a number is its digits, bytes (a parquet binary column) their UTF-8 text;
+    a list or mapping is refused (its repr would be trained on)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
         if needed:
             raise TaskDataError(f"field {field!r} has no value: {needed}.")
         return ""

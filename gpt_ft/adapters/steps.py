@@ -181,7 +181,7 @@ class StepOutput(TaskOutput):
     def padded_labels(self, value: Any, n: int) -> list[float] | None:
         """The labels of a solution of `n` steps from its label field's value, padded with NaN to
         `max_steps`; None (unlabelled) for no value, or no labelled step (nothing to learn or score)."""
-        if value is None:
+        if value is None or value != value:  # NaN (a float column's null) as a null
             return None
         labels = self.step_labels(value, n)
         return None if all(math.isnan(v) for v in labels) else labels + [math.nan] * (self.max_steps - n)

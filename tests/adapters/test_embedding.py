@@ -272,8 +272,9 @@ def test_a_card_frames_each_text_alone_with_its_prompt(tokenizer_dir):
     assert fewer == [1.0, *keys[0], *keys[1], *keys[2], *NO_TEXT] and task.output.label_text(fewer) == 1.0
     assert len(set(keys)) == 4 and all(len(key) == 6 and all(0 <= k < 256 for k in key) for key in keys)
     assert text_key(list(encoded.sequences[1])) == keys[1]  # the same tokens, the same key
-    # an anchor or a positive lacking (a missing field reads as null, an empty cell as ""): not an empty text
-    for lacking in ({"anchor": None}, {"positive": ""}):
+    # an anchor or a positive lacking (a missing field reads as null): not an empty text (an empty cell is)
+    assert task.texts({**row, "positive": ""})[1] == ""
+    for lacking in ({"anchor": None}, {"positive": float("nan")}):
         (field,) = lacking
         with pytest.raises(
             TaskDataError, match=rf"^field '{field}' has no value: an embedding row needs its"
@@ -574,11 +575,10 @@ def test_a_reranker_frames_each_candidate_after_the_query_and_ranks_the_positive
     got = task.output.metric_values(near, torch.zeros(3), ["mrr@10"])
     assert got["mrr@10"].item() == pytest.approx((0.75 + 0.75 + 0.5) / 3)
     assert task.output.outcome(near[1], None)["label"] == 0
-    needed = "has no value: a reranking row needs its query and its positive."  # (an empty cell reads "")
+    needed = "has no value: a reranking row needs its query and its positive."  # (a missing field: null)
     for row, field in [
         ({"positive": None}, "positive"),
-        ({"positive": ""}, "positive"),
-        ({"query": ""}, "query"),
+        ({"query": None}, "query"),
     ]:
         with pytest.raises(TaskDataError, match=rf"^field '{field}' {needed}$"):
             task.texts({"query": "a", "positive": "b", "negatives": ["c"], **row})

@@ -227,7 +227,7 @@ init_args: {name: prefs, prompt: prompt, local: {splits: {train: d/p.jsonl.gz, v
             "line 3: field 'rejected' has no value: a pair needs both replies.",
         ),
         (
-            '{"prompt": "a", "chosen": "", "rejected": "c"}',  # an empty cell of a table, too
+            '{"prompt": "a", "chosen": null, "rejected": "c"}',
             "line 3: field 'chosen' has no value: a pair needs both replies.",
         ),
         (

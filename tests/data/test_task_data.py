@@ -67,6 +67,8 @@ def test_a_card_from_python_as_a_file_or_mappings_reads_as_the_adapter_does(pair
         TextPair(**init, local={"split": files["splits"]})
     with pytest.raises(ValueError, match=r"^hub needs path\.$"):
         TextPair(**init, hub={"name": "rte"})
+    with pytest.raises(FileNotFoundError, match=r"^Task card .*nope.yaml does not exist\.$"):
+        TaskDataModule(str(pairs_dir / "nope.yaml"), tokenizer_dir)
 
 
 def test_batches_from_the_loaders(pairs_dir, tokenizer_dir):
@@ -233,6 +235,14 @@ def test_an_empty_label_cell_is_unlabelled_as_a_null_is(pairs_dir, tokenizer_dir
     dm = TaskDataModule(pair_task(), tokenizer_dir, data_dir=str(pairs_dir), max_length=64)
     assert dm.encoded("test", labelled=False)["label"] == [None, None]
     assert dm.task.output.example_label({"label": float("nan")}) is None  # a float column's null (parquet)
+    from gpt_ft.adapters import Preference
+    from gpt_ft.adapters.steps import Steps
+
+    margin = Preference(name="p", margin="margin").output.example_label
+    first_error = Steps(name="s", label_form="first_error").output.example_label
+    for null in (None, float("nan")):  # as a null, in every output kind reading its own labels
+        assert margin({"chosen": "a", "rejected": "b", "margin": null}) == 0.0
+        assert first_error({"problem": "q", "steps": ["a", "b"], "label": null}) is None
     with pytest.raises(TaskDataError, match=r"PAIRS/test.tsv, line 2: no label \(field .label.\)"):
         dm.encoded("test", labelled=True)
 
