@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from gpt_ft.errors import at_least_one, device_named
+from gpt_ft.eval.zeroshot import text_start
 from gpt_ft.model.generation import check_decoding, stop_ids
 from gpt_ft.training.precision import cpu_precision
 from gpt_ft.training.saved import check_tokenizer_fits
@@ -129,10 +130,8 @@ def prompt_ids(tok, prompt: str) -> list[int]:
     """The prompt's tokens as the model saw texts in training: with the tokenizer's beginning-of-text
     token where it starts texts with one (Llama, Gemma), never an end-of-text token after."""
     ids = tok(prompt, add_special_tokens=False)["input_ids"]
-    lead = tok(prompt)["input_ids"][:1]
-    if ids and tok.bos_token_id is not None and lead == [tok.bos_token_id] and ids[:1] != lead:
-        ids = lead + ids
-    return ids
+    lead = text_start(tok)
+    return lead + ids if ids and lead and ids[:1] != lead else ids
 
 
 def stop_tokens(tok, config) -> list[int]:

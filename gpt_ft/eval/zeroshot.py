@@ -11,7 +11,9 @@
     task's main metric.
 
 The model reads plain text, as in pretraining: no start/delim/extract tokens; a text begins after
-the end-of-text token when the tokenizer has one, so that its first token is predicted too.
+the tokenizer's beginning-of-text token where it starts texts with one (Llama, Gemma), else after
+its end-of-text token when it has one (GPT-2, as lm-evaluation-harness does), so that its first
+token is predicted too.
 """
 
 from __future__ import annotations
@@ -98,6 +100,13 @@ def continuation_logprobs(
     return out
 
 
+def text_start(tok) -> list[int]:
+    """[its beginning-of-text token] where the tokenizer starts every text with one (Llama, Gemma:
+    as the model read texts in training), else []."""
+    lead = tok("a")["input_ids"][:1]
+    return lead if tok.bos_token_id is not None and lead == [tok.bos_token_id] else []
+
+
 class ZeroShotScorer:
     """Scores a task's examples with a language model and its tokenizer."""
 
@@ -107,7 +116,7 @@ class ZeroShotScorer:
         self.batch_size = batch_size
         self.progress = progress
         eos = tokenizer.eos_token_id if tokenizer.eos_token is not None else None
-        self.prefix = [eos] if eos is not None else []
+        self.prefix = text_start(tokenizer) or ([eos] if eos is not None else [])
 
     def ids(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]

@@ -113,3 +113,37 @@ def test_scored_tokens_are_all_the_continuations_unless_it_outgrows_the_context(
     assert scored_tokens(5, 3, 64) == 3
     assert scored_tokens(100, 10, 64) == 10  # the context loses its earliest tokens
     assert scored_tokens(0, 100, 64) == 64 and scored_tokens(1, 70, 64) == 64
+
+
+def test_texts_start_as_the_tokenizer_starts_them(tokenizer_dir):
+    """After the beginning-of-text token where the tokenizer starts texts with one (Llama, Gemma:
+    lm-evaluation-harness's prefix), else after its end-of-text token; scored as transformers
+    scores the text the tokenizer makes."""
+    from tokenizers import processors
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = load_tokenizer(tokenizer_dir, add_specials=False)
+    eos = tok.convert_tokens_to_ids("<|endoftext|>")
+    tok.eos_token = "<|endoftext|>"
+    assert ZeroShotScorer(unigram_gpt(len(tok), torch.zeros(len(tok))), tok).prefix == [eos]  # GPT-2's way
+    bos = eos + 1  # a token of its own, as Llama's <s>
+    tok.bos_token = tok.convert_ids_to_tokens(bos)
+    tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"{tok.bos_token} $A", special_tokens=[(tok.bos_token, bos)]
+    )
+    torch.manual_seed(0)
+    shape = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4)
+    hf = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), num_key_value_heads=2, **shape)).eval()
+    from gpt_ft import GPT as Weights
+
+    scorer = ZeroShotScorer(Weights.from_hf(hf), tok)
+    assert scorer.prefix == [bos]
+    context, ending = "the cat sat on the mat .", " he is happy now ."
+    text = tok(context)["input_ids"] + scorer.ids(ending)  # what the tokenizer makes of it: <s> first
+    assert text[0] == bos and scorer.prefix + scorer.ids(context) == text[: -len(scorer.ids(ending))]
+    with torch.no_grad():
+        logp = torch.log_softmax(hf(torch.tensor([text])).logits[0, :-1], -1)
+    first = len(text) - len(scorer.ids(ending))
+    expected = float(sum(logp[i - 1, t] for i, t in enumerate(text) if i >= first))
+    (got,) = scorer.logprobs([(scorer.prefix + scorer.ids(context), scorer.ids(ending))])
+    assert got == pytest.approx(expected, abs=1e-4)
