@@ -37,26 +37,33 @@ def seeds_stats(results: list[dict[str, Any] | None], metric: str) -> dict[str, 
 def benchmark_score(score: Score, tasks: dict[str, Any]) -> dict[str, Any]:
     """The mean over the score's tasks of each task's mean over its metrics, each over the seeds
     that ran (fine-tuned). A correlation left undefined by constant predictions counts as 0, as
-    GLUE's Matthews correlation does for them: a collapsed seed lowers the score, not leaves it."""
-    per_task, undefined = {}, []
+    GLUE's Matthews correlation does for them: a collapsed seed lowers the score, not leaves it.
+    The zero-shot scores make a score of their own (`zero_shot`, over the tasks scored so)."""
+    per_task, zero, undefined = {}, {}, []
     for name in score.tasks:
         metrics = tasks.get(name, {}).get("metrics", {})
-        means = []
+        means, zeros = [], []
         for key, stats in metrics.items():
-            seeds = list((stats.get("seeds") or {}).values())
-            if key.rpartition("/")[2] in RAW or not seeds:
+            if key.rpartition("/")[2] in RAW:
                 continue
-            means.append(statistics.fmean(0.0 if v is None else v for v in seeds))
-            if None in seeds and name not in undefined:
-                undefined.append(name)
+            if stats.get("zero_shot") is not None:
+                zeros.append(stats["zero_shot"])
+            if seeds := list((stats.get("seeds") or {}).values()):
+                means.append(statistics.fmean(0.0 if v is None else v for v in seeds))
+                if None in seeds and name not in undefined:
+                    undefined.append(name)
         if means:
             per_task[name] = statistics.fmean(means)
+        if zeros:
+            zero[name] = statistics.fmean(zeros)
     return {
         "name": score.name,
         "value": statistics.fmean(per_task.values()) if per_task else None,
         "tasks": per_task,
         "missing": [t for t in score.tasks if t not in per_task],
         "undefined": undefined,
+        "zero_shot": statistics.fmean(zero.values()) if zero else None,
+        "zero_shot_tasks": zero,
         "paper": score.paper,
     }
 
@@ -103,17 +110,18 @@ def results_markdown(results: dict[str, Any]) -> str:
             lines.append(f"| {name} | {key} | {pm(stats)}{some} | {zero} | {paper} |")
     score = results.get("score")
     if score is not None:
-        covered = len(score["tasks"])
+        covered, zero = len(score["tasks"]), score.get("zero_shot_tasks") or {}  # (none: earlier versions)
         of = covered + len(score["missing"])
-        note = f" ({covered} of {of} tasks" + (
-            f"; missing {', '.join(score['missing'])}" if score["missing"] else ""
-        )
-        if score.get("undefined"):  # (results.json of earlier versions: none)
+        if covered or not zero:
+            missing = f"; missing {', '.join(score['missing'])}" if score["missing"] else ""
+            note = f" ({covered} of {of} tasks{missing}"
+        else:  # zero-shot alone: no task is missing from what ran
+            note = f" (zero-shot, {len(zero)} of {of} tasks"
+        if score.get("undefined"):
             note += f"; an undefined correlation counted as 0 in {', '.join(score['undefined'])}"
         note += ")"
-        lines.append(
-            f"| **{score['name']}**{note} | mean | {_num(score['value'])} | | {_num(score['paper'])} |"
-        )
+        values = " | ".join(_num(score.get(key)) for key in ("value", "zero_shot", "paper"))
+        lines.append(f"| **{score['name']}**{note} | mean | {values} |")
     transfer = {n: item["transfer"] for n, item in results["tasks"].items() if "transfer" in item}
     if transfer:
         ks = config["transfer_layers"]

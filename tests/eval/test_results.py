@@ -37,14 +37,20 @@ def test_benchmark_score_averages_each_tasks_metrics_first():
         "tasks": {"mrpc": 86.5, "rte": 61.0, "stsb": 40.0},
         "missing": ["qnli", "cola"],
         "undefined": ["stsb"],
+        "zero_shot": 55.0,  # the zero-shot scores' own, over the tasks scored so
+        "zero_shot_tasks": {"qnli": 55.0},
         "paper": 72.8,
     }
     line = results_markdown({"suite": "s", "config": {"seeds": [0, 1], "init_from": None, "select": "last",
                              "transfer_layers": []}, "tasks": {}, "score": score})  # fmt: skip
     assert line.splitlines()[-1] == (
         "| **GLUE** (3 of 5 tasks; missing qnli, cola; an undefined correlation counted as 0 in stsb) | mean "
-        "| 62.5 | | 72.8 |"
+        "| 62.5 | 55.0 | 72.8 |"
     )
+    zero_shot_alone = {**score, "value": None, "tasks": {}, "missing": glue.tasks, "undefined": []}
+    line = results_markdown({"suite": "s", "config": {"seeds": [0, 1], "init_from": None, "select": "last",
+                             "transfer_layers": []}, "tasks": {}, "score": zero_shot_alone})  # fmt: skip
+    assert line.splitlines()[-1] == "| **GLUE** (zero-shot, 1 of 5 tasks) | mean |  | 55.0 | 72.8 |"
 
 
 RESULTS = {
@@ -88,7 +94,7 @@ def test_results_markdown_by_hand():
         "|---|---|---|---|---|",
         "| sent | validation/accuracy | 85.0 ± 7.1 | 55.2 | 91.3 |",
         "| sts | validation/pearson |  |  |  |",
-        "| **Tiny score** (1 of 2 tasks; missing sts) | mean | 85.0 | | 70.0 |",
+        "| **Tiny score** (1 of 2 tasks; missing sts) | mean | 85.0 |  | 70.0 |",
         "",
         "Main metric by number of pretrained layers transferred (GPT-1 Fig. 2 left):",
         "",
