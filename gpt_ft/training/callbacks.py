@@ -192,8 +192,12 @@ class StepValues:
         # after every step that logs them, a read back that makes the host wait for a GPU.
         bar = module.trainer.progress_bar_callback
         shown = bar is not None and bar.is_enabled
+        # Each rank's parts are its sums over the mean count (`normalised`): their mean over the
+        # ranks is the global batch's, as one process would log it (on these steps only, every rank's).
+        ranks = module.trainer.world_size > 1
         for name, value in self.values.items():
-            module.log(name, value, prog_bar=shown and name == "train/loss", batch_size=self.batch_size)
+            module.log(name, value, prog_bar=shown and name == "train/loss", batch_size=self.batch_size,
+                       sync_dist=ranks)  # fmt: skip
 
 
 class BestCheckpoint(ModelCheckpoint):

@@ -108,7 +108,8 @@ def normalised(
     target tokens for the LM loss), and averaging the ranks' gradients then gives the gradient of
     the loss over the global batch, as one process with the whole batch would compute it. With an
     accumulation `window`, the loss divides by the window's counts, per micro-batch; the parts (and
-    `loss` among them), what is logged, stay the batch's own means."""
+    `loss` among them), what is logged, stay the batch's own: their mean over the ranks is the
+    global batch's mean, which the logs show (`StepValues`)."""
     device = next(iter(terms.values())).device
     sums, counts = {}, {}  # counts filled on the device (a host value would wait), in fp32 whatever
     if "lm_sum" in terms:  # the default dtype (bf16-true sets it: a count of 4,939 is not one there)

@@ -60,7 +60,7 @@ class EarlyStopping(early_stopping.EarlyStopping):
         # `patience`: Lightning's check_finite would stop the run at the first one.
         super().__init__(
             monitor=monitor or "", patience=patience, min_delta=min_delta, mode=mode or "max",
-            verbose=verbose, check_finite=False,
+            verbose=verbose, check_finite=False, log_rank_zero_only=True,  # said once, not once per rank
         )  # fmt: skip
         self._given = (monitor, mode)
 

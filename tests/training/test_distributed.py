@@ -35,10 +35,11 @@ def weights(run: Path) -> dict[str, torch.Tensor]:
     return torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
 
 
-def validation_rows(run: Path) -> list[dict[str, float]]:
+def validation_rows(run: Path, kind: str = "validation") -> list[dict[str, float]]:
+    """The rows of a run's metrics.csv that hold `kind`/loss, with its `kind`/ values."""
     with (run / "metrics.csv").open() as f:
-        rows = [r for r in csv.DictReader(f) if r.get("validation/loss")]
-    return [{k: float(v) for k, v in r.items() if k.startswith("validation/") and v} for r in rows]
+        rows = [r for r in csv.DictReader(f) if r.get(f"{kind}/loss")]
+    return [{k: float(v) for k, v in r.items() if k.startswith(f"{kind}/") and v} for r in rows]
 
 
 def assert_same_weights(a: dict, b: dict, atol: float = 1e-5) -> None:
@@ -77,6 +78,7 @@ def finetune_runs(
         "--trainer.max_epochs=3",
         f"--trainer.precision={precision}",
         f"--trainer.accumulate_grad_batches={accumulate}",
+        "--trainer.log_every_n_steps=1",  # every step's training losses in metrics.csv
     ]
     last = out / "runs" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
     return [["fit", *fit, *common], ["predict", *common, f"--ckpt_path={last}"]]
@@ -180,6 +182,11 @@ def test_step_rewards_on_two_processes_equal_one(background, tokenizer_dir, monk
     assert len(rows1) == 3 and "validation/threshold" in rows1[0] and "validation/processbench_f1" in rows1[0]
     for a, b in zip(rows2, rows1):
         assert a == pytest.approx(b, rel=1e-6, abs=1e-5)
+    # The training losses logged: the global batch's (rank 0's share of it before), as one process logs.
+    train2, train1 = validation_rows(two, "train"), validation_rows(one, "train")
+    assert len(train1) == 6 and train2[0].keys() == train1[0].keys() >= {"train/loss", "train/task_loss"}
+    for a, b in zip(train2, train1, strict=True):
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
     assert float(weights(one)["head.threshold"]) == pytest.approx(rows1[-1]["validation/threshold"])
 
 

@@ -70,6 +70,7 @@ def test_a_nan_score_counts_toward_patience_and_stops_nothing_at_once():
         should_stop, _ = stop._evaluate_stopping_criteria(torch.tensor(score))
         seen.append(should_stop)
     assert seen == [False, False, False, False, True] and float(stop.best_score) == pytest.approx(0.3)
+    assert stop.log_rank_zero_only  # its lines said once under DDP, not once per rank
 
 
 def test_mlflow_records_the_metrics(tmp_path, tokenizer_dir, monkeypatch):
