@@ -187,9 +187,9 @@ def check_output_dir(path: str | os.PathLike, option: str) -> Path:
     """An output folder, checked before any work starts: not a file, and under a folder (not a
     file) that can be written."""
     out = Path(path).expanduser()
-    if out.exists() and not out.is_dir():
+    if (real := real_path(out)).exists() and not real.is_dir():
         raise ValueError(f"{option} {out} is a file, not a folder: give a folder's name (the file is kept).")
-    _check_parent(out, option)
+    _check_parent(real, option, out)
     return out
 
 
@@ -200,32 +200,40 @@ def check_output_file(
     `reads`, not an existing file unless `overwrite`, and under a folder (not a file) that can be
     written."""
     out = Path(path).expanduser()
-    if out.is_dir():
+    real = real_path(out)
+    if real.is_dir():
         raise ValueError(f"{option} {out} is a folder: give a file's name.")
-    if reads is not None and out.exists() and out.resolve() == reads.resolve():
+    if reads is not None and real.exists() and real == reads.resolve():
         raise ValueError(f"{option} {out} is the input file: give another name, the input is kept.")
-    if out.exists() and not overwrite:
+    if real.exists() and not overwrite:
         raise ValueError(
             f"{option} {out} already exists: give another name, or --overwrite true to replace it "
             "(it is kept)."
         )
-    _check_parent(out, option)
+    _check_parent(real, option, out)
     return out
 
 
-def _check_parent(out: Path, option: str) -> None:
-    """The nearest existing folder above `out` is a folder and can be written."""
-    above = out.parent
+def real_path(path: Path) -> Path:
+    """Where `path` leads once written: `a/../b` is `b` even while `a` does not exist (the writer
+    makes `a`, then reaches `b`), a link is followed."""
+    return Path(os.path.realpath(path))
+
+
+def _check_parent(out: Path, option: str, given: Path | None = None) -> None:
+    """The nearest existing folder above `out` (named `given` in messages) is a folder and can be
+    written."""
+    above, given = out.parent, given or out
     while not above.exists() and above != above.parent:
         above = above.parent
     if not above.is_dir():
-        raise ValueError(f"{option} {out}: {above} is a file, not a folder.")
+        raise ValueError(f"{option} {given}: {above} is a file, not a folder.")
     # (root passes W_OK anywhere; a folder may be a writable mount under a read-only one)
     written = out if out.is_dir() else above
     read_only = hasattr(os, "statvfs") and bool(os.statvfs(written).f_flag & os.ST_RDONLY)
     if read_only or not out.exists() and not os.access(above, os.W_OK | os.X_OK):
         why = "a read-only file system" if read_only else "permission denied"
-        raise ValueError(f"{option} {out}: the folder {written} cannot be written ({why}).")
+        raise ValueError(f"{option} {given}: the folder {written} cannot be written ({why}).")
 
 
 def check_not_null(values: dict, cls: type, option: str) -> None:

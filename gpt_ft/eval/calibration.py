@@ -23,7 +23,7 @@ from torch import Tensor
 
 from gpt_ft.adapters import ClassificationHead, TaskDataError
 from gpt_ft.data.files import located_split
-from gpt_ft.errors import check_output_file, writing
+from gpt_ft.errors import check_output_file, real_path, writing
 from gpt_ft.eval.classifier import Classifier
 from gpt_ft.weights.checkpoint import Checkpoint
 
@@ -119,7 +119,7 @@ def calibrate(
     ckpt = ckpt_path
     output = check_output_file(output, "--output", overwrite=overwrite, reads=Path(ckpt).expanduser())
     beside = output.parent.resolve() != Path(ckpt).expanduser().parent.resolve()
-    tokenizer = output.parent / f"{output.stem}.tokenizer" if beside else None  # the tokenizer goes along
+    tokenizer = real_path(output).parent / f"{output.stem}.tokenizer" if beside else None  # it goes along
     if tokenizer is not None and tokenizer.exists() and not (overwrite and tokenizer.is_dir()):
         replace = ", or --overwrite true to replace it" if tokenizer.is_dir() else ""
         raise ValueError(

@@ -36,7 +36,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from gpt_ft.errors import check_output_dir, writing
+from gpt_ft.errors import check_output_dir, real_path, writing
 from gpt_ft.eval.classifier import Classifier
 from gpt_ft.eval.onnx import write_onnx
 from gpt_ft.weights.hf import has_double_heads, to_hf
@@ -93,7 +93,7 @@ def check_format(format: str) -> None:
 def check_new_folder(path: str | Path, option: str) -> Path:
     """An output folder that does not exist or is empty (nothing in it is replaced)."""
     out = check_output_dir(path, option)
-    if out.is_dir() and any(out.iterdir()):
+    if (real := real_path(out)).is_dir() and any(real.iterdir()):
         raise ValueError(f"{option} {out} is not empty: give a new or empty folder (nothing was written).")
     return out
 

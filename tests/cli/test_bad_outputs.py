@@ -174,6 +174,30 @@ def test_label_refuses_an_existing_output_unless_overwrite(tmp_path, labelling, 
     assert out.read_text().splitlines()[0] == "sentence\tprediction"
 
 
+def test_a_path_through_a_folder_not_made_yet_is_checked_where_it_leads(tmp_path, labelling, capsys):
+    """`new/../kept.tsv` is `kept.tsv` once the writer has made `new`: refused as `kept.tsv` is (each
+    check saw a path that did not exist, and the file was replaced without --overwrite)."""
+    from gpt_ft.eval.export import check_new_folder
+
+    out = tmp_path / "kept.tsv"
+    out.write_text("an earlier result\n")
+    (tmp_path / "export").mkdir()
+    (tmp_path / "export" / "mine.txt").write_text("mine")
+    before = files(tmp_path)
+    through = tmp_path / "new" / ".." / "kept.tsv"
+    assert error(capsys, *labelling(f"--output={through}")) == (
+        f"--output {through} already exists: give another name, or --overwrite true to replace it "
+        "(it is kept)."
+    )
+    the_input = tmp_path / "new" / ".." / "mine.tsv"  # the file `labelling` labels
+    assert error(capsys, *labelling(f"--output={the_input}", "--overwrite=true")) == (
+        f"--output {the_input} is the input file: give another name, the input is kept."
+    )
+    with pytest.raises(ValueError, match=r"is not empty: give a new or empty folder \(nothing was written\)"):
+        check_new_folder(tmp_path / "new" / ".." / "export", "--out")
+    assert files(tmp_path) == before
+
+
 # ---- a write that fails (no space left): one sentence naming the file, the previous one kept ----
 
 
