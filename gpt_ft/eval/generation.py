@@ -69,6 +69,12 @@ def generate(
     stops = list(stop or [])
     if "" in stops:
         raise ValueError("--stop holds an empty text, which every continuation starts with: give texts.")
+    shaping = {"--temperature": temperature != 1.0, "--top_k": top_k is not None}
+    shaping["--top_p"] = top_p is not None
+    if not do_sample and (unread := [name for name, given in shaping.items() if given]):
+        decoding = "beam search" if num_beams > 1 else "greedy decoding"
+        print(f"note: {', '.join(unread)} shape sampling only: {decoding} reads none of them "
+              "(--do_sample true samples).", file=sys.stderr, flush=True)  # fmt: skip
     device = device_named(device)
     if torch.device(device).type == "cpu":
         precision, why = cpu_precision(precision)

@@ -351,6 +351,15 @@ def test_generate_penalises_repetition_and_stops_at_a_stop_text(tmp_path, capsys
             ]
         )
         assert capsys.readouterr().out == f"the cat{text[: text.find(stop)]}\n"
+    # Sampling's settings without sampling: said, not silently left unread (the text is greedy's)
+    main([*args, "--max_new_tokens=20", "--top_p=0.5", "--temperature=0.7"])
+    printed = capsys.readouterr()
+    greedy = gpt.generate(torch.tensor([prompt]), max_new_tokens=20)[0, len(prompt) :].tolist()
+    assert printed.out == f"the cat{continuation(tok, prompt, greedy)}\n"
+    assert printed.err.strip().splitlines()[-1] == (
+        "note: --temperature, --top_p shape sampling only: greedy decoding reads none of them "
+        "(--do_sample true samples)."
+    )
 
 
 def test_a_continuation_is_decoded_after_its_prompt(tmp_path):
