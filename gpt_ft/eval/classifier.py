@@ -16,6 +16,7 @@ import csv
 import itertools
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -151,14 +152,15 @@ class Classifier:
 
     @torch.inference_mode()
     def run(
-        self, examples: list[dict[str, Any]], *, batch_size: int = 32, where=None
+        self, examples: list[dict[str, Any]], *, batch_size: int = 32, where=None, progress=iter
     ) -> list[tuple[dict[str, Any], str]]:
-        """Each example's outcome and its prediction written as text (label names, a score)."""
+        """Each example's outcome and its prediction written as text (label names, a score);
+        `progress` wraps the batches (`gpt-ft label`'s bar)."""
         at_least_one(batch_size, "batch_size")
         encoded = self.encode(examples, where=where)
         order = sorted(range(len(encoded)), key=lambda i: -max(len(s) for s in encoded[i]["input_ids"]))
         out: list[tuple[dict[str, Any], str] | None] = [None] * len(encoded)
-        for start in range(0, len(order), batch_size):
+        for start in progress(range(0, len(order), batch_size)):
             chunk = [encoded[i] for i in order[start : start + batch_size]]
             # Decided on the raw outputs, as training and `gpt-ft predict` decide (a multi-label
             # head's threshold is the card's, not the calibrated sigmoid's); probabilities calibrated.
@@ -222,10 +224,18 @@ def label(
         {renames[k] if k in renames and renames[k] not in row else k: v for k, v in row.items()}
         for row in rows
     ]
-    names = write_labelled(target, rows, clf.run(fields, batch_size=batch_size, where=where))
+    labelled = clf.run(fields, batch_size=batch_size, where=where, progress=batches_bar("label"))
+    names = write_labelled(target, rows, labelled)
     moved = [got for wanted, got in names.items() if got != wanted]
     renamed = f" (as {' and '.join(moved)}: it has such columns)" if moved else ""
     print(f"labelled {len(rows):,} examples of {source} into {target}{renamed}")
+
+
+def batches_bar(what: str):
+    """A progress bar over batches on stderr where it is a terminal (none in logs and pipes)."""
+    from tqdm.auto import tqdm
+
+    return lambda batches: tqdm(batches, desc=what, unit="batch", disable=None, leave=False, file=sys.stderr)
 
 
 NEW_COLUMNS = {"label": "prediction", "scores": "scores"}  # an outcome's keys, the columns they fill

@@ -20,7 +20,7 @@ from gpt_ft.adapters.cards import card_from_value
 from gpt_ft.data.file_faults import file_format, json_records, record_lines, utf8_problem
 from gpt_ft.data.files import read_table
 from gpt_ft.errors import TaskDataError, at_least_one, check_output_file, device_named, input_file, writing
-from gpt_ft.eval.classifier import Classifier, jsonable
+from gpt_ft.eval.classifier import Classifier, batches_bar, jsonable
 from gpt_ft.weights.checkpoint import Checkpoint
 
 
@@ -60,8 +60,10 @@ class Encoder:
         batch_size: int = 32,
         prompt: Literal["query", "document"] | None = "query",
         convert_to: Literal["numpy", "torch"] = "numpy",
+        progress=iter,
     ) -> np.ndarray | Tensor:
-        """Each text's unit vector, (len(texts), dimensions), float32, in order."""
+        """Each text's unit vector, (len(texts), dimensions), float32, in order; `progress` wraps
+        the batches (`gpt-ft embed`'s bar)."""
         at_least_one(batch_size, "batch_size")
         if isinstance(texts, str) or not hasattr(texts, "__iter__"):  # None: no list either
             what = "the text " if isinstance(texts, str) else ""
@@ -86,7 +88,7 @@ class Encoder:
             encoded.append({"input_ids": [sequence], "extract_index": [extract], "label": None, "index": i})
         order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i]["input_ids"][0]))
         vectors = torch.zeros(len(encoded), self.dimensions)
-        for start in range(0, len(order), batch_size):
+        for start in progress(range(0, len(order), batch_size)):
             chunk = [encoded[i] for i in order[start : start + batch_size]]
             out = clf.outputs(clf.batch(chunk))[:, 0].float().cpu()
             vectors[[e["index"] for e in chunk]] = out
@@ -131,7 +133,8 @@ def embed(
     if not texts:
         raise ValueError(f"--input {source} holds no texts.")
     encoder = Encoder.from_checkpoint(stored, device=device_named(device))
-    vectors = encoder.encode(texts, batch_size=batch_size, prompt=None if prompt == "none" else prompt)
+    vectors = encoder.encode(texts, batch_size=batch_size, prompt=None if prompt == "none" else prompt,
+                             progress=batches_bar("embed"))  # fmt: skip
     tmp = target.with_name(f".{target.name}.tmp")
     with writing(target):
         try:

@@ -44,6 +44,27 @@ def test_packed_and_padded_batches_give_the_same_probabilities(finetuned):
     torch.testing.assert_close(clf.raw_outputs(sentences, batch_size=4), packed, rtol=0, atol=1e-5)
 
 
+def test_a_long_file_shows_its_batches_on_a_terminal_only(finetuned, capsys):
+    """`gpt-ft label` and `embed` wrap their batches in a bar (`progress`), on stderr where it is a
+    terminal: none in a log or a pipe, as here."""
+    from gpt_ft.eval.classifier import batches_bar
+
+    clf = Classifier.from_checkpoint(finetuned.ckpt, device="cpu")
+    sentences = [{"sentence": " ".join(["word"] * n) + " ."} for n in (1, 7, 3, 12, 2)]
+    seen = []
+
+    def progress(batches):
+        for batch in batches:
+            seen.append(batch)
+            yield batch
+
+    assert [o for o, _ in clf.run(sentences, batch_size=2, progress=progress)] == clf.predict(
+        sentences, batch_size=2
+    )
+    assert seen == [0, 2, 4]
+    assert list(batches_bar("label")(range(3))) == [0, 1, 2] and capsys.readouterr().err == ""
+
+
 def test_reading_a_checkpoint_calls_nothing_in_training(finetuned):
     """The checkpoint's format lives below the training layer: `Classifier.from_checkpoint` reads
     it, its weights, card and tokenizer without calling a function of gpt_ft/training/."""
