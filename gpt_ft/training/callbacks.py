@@ -145,24 +145,25 @@ class PrintMetrics(Callback):
                 print(line, flush=True)
 
 
-def step_values_read(trainer, batch_idx: int) -> bool:
+def step_values_read(trainer, batch_idx: int, *, bar: bool = True) -> bool:
     """Whether anything is known, during a training step, to read the values it logs: the loggers
     write after it, it is the epoch's last batch or the run's last step (callbacks monitoring a
     training value read it there), or a progress bar shows it. Lightning's `log` costs 0.5-1 ms of
     host time a value (its result collection moves and copies the value's record), most of `fit`'s
     overhead over a hand-written loop on a small model; the other steps skip it.
     Lightning's TQDM bar reads every `refresh_rate` batches; any other bar is taken to read every
-    step. A stop decided after the step (a time limit) is the module's to catch."""
+    step. A stop decided after the step (a time limit) is the module's to catch. `bar=False`: the
+    reasons every rank shares (Lightning shows the bar on rank 0 only)."""
     if trainer is None or loggers_write_this_step(trainer):
         return True
     if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:  # known ahead, iterable data too
         return True
     if trainer.max_steps > 0 and trainer.global_step + 1 >= trainer.max_steps:
         return True
-    bar = trainer.progress_bar_callback
-    if bar is None or not bar.is_enabled:
+    shown = trainer.progress_bar_callback
+    if not bar or shown is None or not shown.is_enabled:
         return False
-    return not isinstance(bar, TQDMProgressBar) or (batch_idx + 1) % bar.refresh_rate == 0
+    return not isinstance(shown, TQDMProgressBar) or (batch_idx + 1) % shown.refresh_rate == 0
 
 
 class StepValues:
@@ -179,25 +180,27 @@ class StepValues:
         """`values`: the loss and its parts by name, logged as `train/NAME`."""
         self.values, self.batch_size = {f"train/{name}": value for name, value in values.items()}, batch_size
         self.logged = step_values_read(trainer, batch_idx)
-        if self.logged:
-            self.log(module)
+        if self.logged:  # averaged over the ranks where every rank logs (a collective all must make)
+            ranks = trainer is not None and trainer.world_size > 1
+            self.log(module, synced=ranks and step_values_read(trainer, batch_idx, bar=False))
 
     def after_step(self, module) -> None:
-        if not self.logged and module.trainer.should_stop:
+        if not self.logged and module.trainer.should_stop:  # (a stop one rank may see first: not averaged)
             with logging_as(module, "training_step"):
-                self.log(module)
+                self.log(module, synced=False)
 
-    def log(self, module) -> None:
+    def log(self, module, synced: bool) -> None:
         # On the bar only where one shows it: Lightning turns a bar's values into Python numbers
         # after every step that logs them, a read back that makes the host wait for a GPU.
         bar = module.trainer.progress_bar_callback
         shown = bar is not None and bar.is_enabled
         # Each rank's parts are its sums over the mean count (`normalised`): their mean over the
-        # ranks is the global batch's, as one process would log it (on these steps only, every rank's).
-        ranks = module.trainer.world_size > 1
+        # ranks (`synced`: where every rank logs) is the global batch's, as one process would log it;
+        # the bar's own steps (rank 0's alone) show rank 0's share. (Reduced here: Lightning's
+        # sync_dist must be the same at every step of an epoch.)
         for name, value in self.values.items():
-            module.log(name, value, prog_bar=shown and name == "train/loss", batch_size=self.batch_size,
-                       sync_dist=ranks)  # fmt: skip
+            value = module.trainer.strategy.reduce(value.detach(), reduce_op="mean") if synced else value
+            module.log(name, value, prog_bar=shown and name == "train/loss", batch_size=self.batch_size)
 
 
 class BestCheckpoint(ModelCheckpoint):

@@ -236,16 +236,22 @@ def start_ddp_pretraining(root, tokenizer_dir):
     corpus.write_text("\n\n".join(" ".join(sentence(i + j) for j in range(20)) for i in range(12)) + "\n")
     main(["prepare", "--inputs", str(corpus), "--tokenizer", tokenizer_dir, "--out_dir", str(root / "tokens"),
           "--validation_fraction", "0.3", "--split_on", "blank_line"])  # fmt: skip
+    # The bar rank 0 alone shows, every 10 batches (tqdm's refresh rate here), on steps no logger
+    # writes: a step's values averaged over the ranks there waited forever for the other ranks.
+    bar = ["--trainer.enable_progress_bar=true", "--trainer.log_every_n_steps=50", "--trainer.max_steps=12",
+           "--trainer.val_check_interval=1000"]  # fmt: skip
     return [
-        gpt_ft(*pretraining_run(root / "tokens", root, devices=2, batch=2, compile="aot_eager"), cwd=root)
+        gpt_ft(*pretraining_run(root / "tokens", root, devices=2, batch=2, compile="aot_eager"), cwd=root),
+        gpt_ft(*pretraining_run(root / "tokens", root / "bar", 2, batch=2, compile="false"), *bar, cwd=root),
     ]
 
 
 @pytest.mark.background(start=start_ddp_pretraining)
 def test_pretraining_on_two_processes_equals_one_with_the_double_batch(background, monkeypatch):
     root = background.root
-    (done,) = background.runs  # on 2 processes, compiled
+    done, shown = background.runs  # on 2 processes, compiled; then eager with the progress bar
     assert done.returncode == 0, done.stderr[-3000:]
+    assert shown.returncode == 0 and "12/12" in shown.stdout, shown.stderr[-3000:]  # the bar: stdout
     assert "sync_dist=True" not in done.stderr  # the losses are gathered before they are logged
     monkeypatch.chdir(root)
     main(pretraining_run(root / "tokens", root, devices=1, batch=4, compile="false"))
