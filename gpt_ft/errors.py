@@ -190,7 +190,7 @@ def check_output_dir(path: str | os.PathLike, option: str) -> Path:
     if (real := real_path(out)).exists() and not real.is_dir():
         raise ValueError(f"{option} {out} is a file, not a folder: give a folder's name (the file is kept).")
     _check_parent(real, option, out)
-    return out
+    return real if ".." in out.parts else out  # (what the caller checks next is then where it leads)
 
 
 def check_output_file(
@@ -211,7 +211,7 @@ def check_output_file(
             "(it is kept)."
         )
     _check_parent(real, option, out)
-    return out
+    return real if ".." in out.parts else out
 
 
 def real_path(path: Path) -> Path:

@@ -189,7 +189,7 @@ def prepare(
     """
     from tqdm import tqdm
 
-    check_output_dir(out_dir, "--out_dir")
+    out = check_output_dir(out_dir, "--out_dir")
     files = [inputs] if isinstance(inputs, str | os.PathLike) else list(inputs or [])
     if bool(files) == bool(dataset):
         raise ValueError("Give either text files/folders or --dataset, not both and not neither.")
@@ -203,7 +203,6 @@ def prepare(
         raise ValueError(f"workers must be >= 1, got {workers}.")
     if piece_chars < 2:
         raise ValueError(f"piece_chars must be >= 2, got {piece_chars}.")
-    out = Path(out_dir).expanduser()
     # What a killed run leaves: a lock, temporary files; in a folder prepared before, part of its
     # commit (a tokenizer folder with them, never alone: a user's own tokenizer kept there).
     traces = {LOCK, *SPLIT_FILES.values(), *(name + ".tmp" for name in SPLIT_FILES.values())}

@@ -108,7 +108,7 @@ class SuiteRunner:
                 a JSON file or a list (benchmarks/tfidf_baseline.py --train-sizes ... --json FILE writes one).
             fit_args: Arguments for every `gpt-ft fit`, as a list (`[--trainer.max_epochs=2]`).
         """
-        check_output_dir(out_dir, "--out_dir")
+        out = check_output_dir(out_dir, "--out_dir")
         spec = suite if isinstance(suite, SuiteSpec) else load_suite(suite)
         self.source = f"suite {spec.name!r}" if isinstance(suite, SuiteSpec) else f"Suite file {suite}"
         data_dir, tasks, baselines = as_list(data_dir), as_list(tasks) or None, as_list(baselines)
@@ -118,7 +118,7 @@ class SuiteRunner:
         if bad := [s for s in self.sizes if s is not None and s < 1]:
             raise ValueError(f"--train_sizes {bad[0]}: a size is a positive number of examples, or all.")
         self.rows: list[str | None] = list(spec.rows or [None])
-        self.out = Path(out_dir).expanduser()
+        self.out = out
         self.init_from, self.tokenizer = init_from, tokenizer
         if tokenizer is None and init_from and spec.rows:  # a row may drop --init_from: fixed at the start
             self.tokenizer = resolve_tokenizer(None, init_from)

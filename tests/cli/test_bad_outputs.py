@@ -196,6 +196,14 @@ def test_a_path_through_a_folder_not_made_yet_is_checked_where_it_leads(tmp_path
     with pytest.raises(ValueError, match=r"is not empty: give a new or empty folder \(nothing was written\)"):
         check_new_folder(tmp_path / "new" / ".." / "export", "--out")
     assert files(tmp_path) == before
+    from gpt_ft.errors import check_output_dir  # what `prepare`, `tokenizer` and `suite` check next
+
+    assert check_output_dir(tmp_path / "new" / ".." / "export", "--out_dir") == tmp_path / "export"
+    through = str(tmp_path / "new" / ".." / "export")
+    assert error(capsys, "prepare", "--inputs", str(out), "--out_dir", through, "--tokenizer", "unused") == (
+        f"Output folder {tmp_path / 'export'} is not empty and holds no token files; choose an empty folder."
+    )  # fmt: skip
+    assert files(tmp_path) == before
 
 
 # ---- a write that fails (no space left): one sentence naming the file, the previous one kept ----
