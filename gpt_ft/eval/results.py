@@ -38,24 +38,24 @@ def benchmark_score(score: Score, tasks: dict[str, Any]) -> dict[str, Any]:
     """The mean over the score's tasks of each task's mean over its metrics, each over the seeds
     that ran (fine-tuned). A correlation left undefined by constant predictions counts as 0, as
     GLUE's Matthews correlation does for them: a collapsed seed lowers the score, not leaves it.
-    The zero-shot scores make a score of their own (`zero_shot`, over the tasks scored so)."""
+    The zero-shot scores make a score of their own (`zero_shot`: each task's main metric, over the
+    tasks scored so; a multiple-choice task's other zero-shot rules are not averaged in)."""
     per_task, zero, undefined = {}, {}, []
     for name in score.tasks:
         metrics = tasks.get(name, {}).get("metrics", {})
-        means, zeros = [], []
+        means = []
+        main = metrics.get(tasks.get(name, {}).get("main_metric"), {})
+        if main.get("zero_shot") is not None:
+            zero[name] = main["zero_shot"]
         for key, stats in metrics.items():
             if key.rpartition("/")[2] in RAW:
                 continue
-            if stats.get("zero_shot") is not None:
-                zeros.append(stats["zero_shot"])
             if seeds := list((stats.get("seeds") or {}).values()):
                 means.append(statistics.fmean(0.0 if v is None else v for v in seeds))
                 if None in seeds and name not in undefined:
                     undefined.append(name)
         if means:
             per_task[name] = statistics.fmean(means)
-        if zeros:
-            zero[name] = statistics.fmean(zeros)
     return {
         "name": score.name,
         "value": statistics.fmean(per_task.values()) if per_task else None,
@@ -115,6 +115,8 @@ def results_markdown(results: dict[str, Any]) -> str:
         if covered or not zero:
             missing = f"; missing {', '.join(score['missing'])}" if score["missing"] else ""
             note = f" ({covered} of {of} tasks{missing}"
+            if zero and len(zero) < of:  # the zero-shot value's own tasks
+                note += f"; zero-shot {', '.join(zero)} alone"
         else:  # zero-shot alone: no task is missing from what ran
             note = f" (zero-shot, {len(zero)} of {of} tasks"
         if score.get("undefined"):

@@ -27,7 +27,13 @@ def test_benchmark_score_averages_each_tasks_metrics_first():
         "stsb": {
             "metrics": {"validation/pearson": seeds(None, 81.0), "validation/spearman": seeds(None, 79.0)}
         },
-        "qnli": {"metrics": {"validation/accuracy": {"seeds": {}, "zero_shot": 55.0}}},  # no run finished
+        "qnli": {  # no run finished; zero-shot, the main metric alone counts (not a rule of its own)
+            "main_metric": "validation/accuracy",
+            "metrics": {
+                "validation/accuracy": {"seeds": {}, "zero_shot": 55.0},
+                "validation/accuracy_norm": {"seeds": {}, "zero_shot": 70.0},
+            },
+        },  # fmt: skip
     }
     glue = Score(name="GLUE", tasks=["mrpc", "rte", "stsb", "qnli", "cola"], paper=72.8)
     score = benchmark_score(glue, tasks)
@@ -44,7 +50,8 @@ def test_benchmark_score_averages_each_tasks_metrics_first():
     line = results_markdown({"suite": "s", "config": {"seeds": [0, 1], "init_from": None, "select": "last",
                              "transfer_layers": []}, "tasks": {}, "score": score})  # fmt: skip
     assert line.splitlines()[-1] == (
-        "| **GLUE** (3 of 5 tasks; missing qnli, cola; an undefined correlation counted as 0 in stsb) | mean "
+        "| **GLUE** (3 of 5 tasks; missing qnli, cola; zero-shot qnli alone; an undefined correlation "
+        "counted as 0 in stsb) | mean "
         "| 62.5 | 55.0 | 72.8 |"
     )
     zero_shot_alone = {**score, "value": None, "tasks": {}, "missing": glue.tasks, "undefined": []}
