@@ -180,8 +180,9 @@ class StepValues:
         """`values`: the loss and its parts by name, logged as `train/NAME`."""
         self.values, self.batch_size = {f"train/{name}": value for name, value in values.items()}, batch_size
         self.logged = step_values_read(trainer, batch_idx)
-        if self.logged:  # averaged over the ranks where every rank logs (a collective all must make)
-            ranks = trainer is not None and trainer.world_size > 1
+        if self.logged:  # averaged over the ranks where every rank logs (a collective all must make;
+            # a stop, which the loggers write at too, may come to one rank first: not averaged there)
+            ranks = trainer is not None and trainer.world_size > 1 and not trainer.should_stop
             self.log(module, synced=ranks and step_values_read(trainer, batch_idx, bar=False))
 
     def after_step(self, module) -> None:
