@@ -332,6 +332,8 @@ def _bpe_format(vocab_file: Path) -> Literal["gpt1", "gpt2"]:
     # GPT-1 marks word ends with `</w>` and has no byte-level `Ġ`; GPT-2 is the other way round.
     end_of_word = sum(token.endswith(_GPT1_END_OF_WORD) for token in vocab)
     byte_space = sum(_BYTE_LEVEL_SPACE in token for token in vocab)
+    if end_of_word > byte_space and "<unk>" not in vocab:  # GPT-1 spells what it cannot split as <unk>
+        raise ValueError(f"GPT-1 vocabulary {vocab_file} has no '<unk>' entry, which text outside it needs.")
     if end_of_word != byte_space:
         return "gpt1" if end_of_word > byte_space else "gpt2"
     raise ValueError(

@@ -317,6 +317,14 @@ def test_a_broken_merges_file_is_named(gpt2_dir: Path, merges: bytes) -> None:
         load_tokenizer(gpt2_dir)
 
 
+def test_a_gpt1_vocab_without_unk_is_refused_at_load(tmp_path: Path) -> None:
+    # The GPT-1 BPE maps a character outside its vocabulary to <unk>: without one, encoding that
+    # character would fail mid-run with the tokenizer library's bare exception.
+    directory = _write_bpe(tmp_path / "gpt1", GPT1_VOCAB[1:], GPT1_MERGES)
+    with pytest.raises(ValueError, match=re.escape(f"{directory / 'vocab.json'} has no '<unk>' entry")):
+        load_tokenizer(directory)
+
+
 def test_vocab_of_unknown_format(tmp_path: Path) -> None:
     directory = _write_bpe(tmp_path / "plain", ["a", "b", "ab"], ["a b"])
     with pytest.raises(ValueError, match="Cannot tell the BPE format"):
