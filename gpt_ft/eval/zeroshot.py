@@ -129,8 +129,13 @@ class ZeroShotScorer:
         accuracy_token (per token: GPT-1's §5 rule for RACE)."""
         requests, spans, labels = [], [], []
         n_ctx = self.gpt.config.n_positions
-        for row in rows:
+        for number, row in enumerate(rows, 1):
             context, choices = task.context_and_choices(row)
+            if not self.prefix and not self.ids(context):  # a choice's first token would go unscored
+                raise TaskDataError(
+                    f"task {task.name!r}: example {number} has an empty context, which a tokenizer with "
+                    "neither a beginning- nor an end-of-text token leaves nothing to score its choices after."
+                )
             start = len(requests)
             for choice in choices:
                 requests.append((self.prefix + self.ids(context), self.ids(" " + choice.strip())))

@@ -147,3 +147,23 @@ def test_texts_start_as_the_tokenizer_starts_them(tokenizer_dir):
     expected = float(sum(logp[i - 1, t] for i, t in enumerate(text) if i >= first))
     (got,) = scorer.logprobs([(scorer.prefix + scorer.ids(context), scorer.ids(ending))])
     assert got == pytest.approx(expected, abs=1e-4)
+
+
+def test_an_empty_context_with_nothing_to_start_the_text_is_refused(tokenizer_dir):
+    # Without a beginning- or end-of-text token, a choice after an empty context loses its first token
+    # to the context: a one-token choice would score nothing (a division by zero per token) and always win.
+    from gpt_ft.adapters import MultipleChoice
+
+    tok = load_tokenizer(tokenizer_dir, add_specials=False)
+    tok.eos_token = tok.bos_token = None
+    scorer = ZeroShotScorer(unigram_gpt(len(tok), torch.zeros(len(tok))), tok)
+    assert scorer.prefix == []
+    task = MultipleChoice(name="mc", context=["story"], choices=["a", "b"], labels=["1", "2"])
+    rows = [{"story": "a story .", "a": "a", "b": "the cat", "label": "1"}, {"story": "", "a": "a", "b": "b"}]
+    with pytest.raises(TaskDataError, match="task 'mc': example 2 has an empty context"):
+        evaluate(task, scorer, lambda split: rows)
+    assert set(evaluate(task, scorer, lambda split: rows[:1])) == {
+        "validation/accuracy",
+        "validation/accuracy_norm",
+        "validation/accuracy_token",
+    }
