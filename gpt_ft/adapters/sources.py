@@ -4,6 +4,7 @@ and how a text field of theirs is read (`field_text`)."""
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal
 
@@ -84,16 +85,16 @@ def field_text(value: Any, field: str | None = None, needed: str | None = None) 
     tokens), or refused where the row `needed` it (why, in a few words), while an empty text is
     text (an empty cell); a number is its digits, bytes (a parquet binary column) their UTF-8 text;
     a list or mapping is refused (its repr would be trained on)."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if value is None or (isinstance(value, numbers.Real) and math.isnan(value)):  # numpy's floats too
         if needed:
             raise TaskDataError(f"field {field!r} has no value: {needed}.")
         return ""
     where = f"field {field!r}" if field else "a field"
-    if isinstance(value, (list, tuple, dict)):
-        raise TaskDataError(f"{where} holds a {type(value).__name__} {short_repr(value)}, not a text.")
     if isinstance(value, (bytes, bytearray)):
         try:
             return value.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise TaskDataError(f"{where} holds bytes that are not UTF-8 text ({exc.reason}).") from None
+    if not isinstance(value, str) and hasattr(value, "__len__"):  # a list, mapping, array: not its repr
+        raise TaskDataError(f"{where} holds a {type(value).__name__} {short_repr(value)}, not a text.")
     return str(value)

@@ -98,3 +98,21 @@ def test_a_text_field_holding_a_list_or_mapping_is_refused(tokenizer_dir):
         single().encode_examples(rows, tokenizer, specials, 64)
     (enc,) = single().encode_examples(rows[:1], tokenizer, specials, 64)
     assert tokenizer.decode(enc.sequences[0][1:-1]) == "7"
+
+
+def test_numpy_values_read_as_python_values_do():
+    """A pandas frame's rows hold numpy values: a float32 NaN is missing (not the text "nan"), an
+    array is refused as a list is (not trained as its repr), numpy numbers are their digits."""
+    import numpy as np
+
+    from gpt_ft.adapters import TaskDataError
+    from gpt_ft.adapters.sources import field_text
+
+    assert [field_text(v) for v in (np.float32("nan"), np.float64(1.5), np.int64(3), np.str_("hi"))] == [
+        "",
+        "1.5",
+        "3",
+        "hi",
+    ]
+    with pytest.raises(TaskDataError, match=r"^field 'f' holds a ndarray array\(\['a', 'b'\]"):
+        field_text(np.array(["a", "b"]), "f")
