@@ -172,10 +172,13 @@ class ZeroShotScorer:
     def average_logprobs(self, task: TaskAdapter, rows: list[dict[str, Any]]) -> Tensor:
         """Each example's average token log-probability."""
         requests, lengths = [], []
-        for row in rows:
+        for number, row in enumerate(rows, 1):
             ids = self.ids(" ".join(task.texts(row)).strip())
-            if not self.prefix and len(ids) < 2:
-                raise TaskDataError(f"task {task.name!r}: a text of {len(ids)} token(s) cannot be scored.")
+            if not self.prefix and len(ids) < 2:  # its first token is the context
+                raise TaskDataError(
+                    f"task {task.name!r}: example {number}'s text of {len(ids)} token(s) cannot be scored by "
+                    "a tokenizer with neither a beginning- nor an end-of-text token to start it."
+                )
             context, continuation = (self.prefix, ids) if self.prefix else (ids[:1], ids[1:])
             requests.append((context, continuation))
             lengths.append(scored_tokens(len(context), len(continuation), self.gpt.config.n_positions))

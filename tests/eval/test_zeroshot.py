@@ -152,7 +152,7 @@ def test_texts_start_as_the_tokenizer_starts_them(tokenizer_dir):
 def test_an_empty_context_with_nothing_to_start_the_text_is_refused(tokenizer_dir):
     # Without a beginning- or end-of-text token, a choice after an empty context loses its first token
     # to the context: a one-token choice would score nothing (a division by zero per token) and always win.
-    from gpt_ft.adapters import MultipleChoice
+    from gpt_ft.adapters import MultipleChoice, SingleText
 
     tok = load_tokenizer(tokenizer_dir, add_specials=False)
     tok.eos_token = tok.bos_token = None
@@ -167,3 +167,9 @@ def test_an_empty_context_with_nothing_to_start_the_text_is_refused(tokenizer_di
         "validation/accuracy_norm",
         "validation/accuracy_token",
     }
+    # The threshold rule's average log-probability: a one-token text has nothing scored.
+    single = SingleText(name="s", labels=["neg", "pos"], metrics=["accuracy"])
+    texts = [{"sentence": "the cat sat", "label": "pos"}, {"sentence": "", "label": "neg"}]
+    with pytest.raises(TaskDataError, match=r"^task 's': example 2's text of 0 token\(s\) cannot be scored"):
+        scorer.average_logprobs(single, texts)
+    assert scorer.average_logprobs(single, texts[:1]).isfinite().all()
