@@ -115,7 +115,9 @@ class StoppedEpochResumes(Callback):
 
 
 class PrintMetrics(Callback):
-    """One line of validation metrics per evaluation, so a run's result is visible without a logger."""
+    """One line of validation metrics per evaluation, so a run's result is visible without a logger
+    (`validate` and `test` print it in place of Lightning's table, which shows several validation
+    splits' metrics under every split's column)."""
 
     def __init__(self) -> None:
         self.epoch_start = None

@@ -29,6 +29,8 @@ def test_fit_validate_predict_for_each_adapter_kind(kind, tmp_path, tokenizer_di
         main(["validate", *args, "--ckpt_path=last"])  # the newest last.ckpt of the logger's runs, as fit's
         out = capsys.readouterr().out
         assert out.startswith(f"validate: {last[0]}\n") and scores(out) == explicit and explicit
+        # Its metrics line alone: Lightning's table showed each validation split under every split's column.
+        assert "Validate metric" not in out and "validate: validation/accuracy " in out
         from tests.cli.test_bad_files import error_of
 
         best = "gpt-ft: error: --ckpt_path best: gpt-ft test takes a checkpoint's path, or `last` (the newest"
