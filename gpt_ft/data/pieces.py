@@ -4,6 +4,7 @@ pieces one by one gives the tokens of the whole documents; each piece drawn for 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -56,12 +57,27 @@ def pre_token_ends(backend) -> Ends | None:
     The text starts where a document or an exact cut does, so the matches are the whole document's
     up to the last; a cut after a pre-token ending in no whitespace changes no token: its left part
     matches as it did (no pre-tokenizer reads past such a match), and its right part starts a match.
-    None where the tokenizer has no pre-tokenizer.
+    None where no cut is exact: the tokenizer has no pre-tokenizer, or starts every text it reads with
+    "▁" (a `Prepend` normalizer; a `Metaspace` pre-tokenizer that prepends, as transformers writes
+    Llama 2's and Mistral's, or that does not split: a piece cut at "\nMar" would read "▁\nMar").
     """
     pre = backend.pre_tokenizer
-    if pre is None:
+    if pre is None or any(
+        _prepends(json.loads(part.__getstate__())) for part in (pre, backend.normalizer) if part
+    ):
         return None
     return lambda text: [end for _, (_, end) in pre.pre_tokenize_str(text)[:-1]]
+
+
+def _prepends(spec) -> bool:
+    """Whether a normalizer's or pre-tokenizer's specification (JSON), or one it holds, prepends."""
+    if isinstance(spec, list):
+        return any(map(_prepends, spec))
+    if not isinstance(spec, dict):
+        return False
+    kind, scheme = spec.get("type"), spec.get("prepend_scheme")
+    metaspace = kind == "Metaspace" and (scheme != "never" or not spec.get("split"))
+    return kind == "Prepend" or metaspace or any(map(_prepends, spec.values()))
 
 
 def pieces(documents: Iterator[str], piece_chars: int, ends: Ends | None = None) -> Iterator[Piece]:

@@ -55,14 +55,18 @@ def llama3_style_tokenizer(folder, text: str) -> str:
     return str(folder)
 
 
-def sentencepiece_style_tokenizer(folder, text: str) -> str:
+def sentencepiece_style_tokenizer(folder, text: str, metaspace: bool = False) -> str:
     """A BPE in Llama 2's layout: no pre-tokenizer, a normalizer that puts "▁" before the text and
-    for every space, byte fallback."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, trainers
+    for every space, byte fallback; `metaspace`: the layout transformers writes for Llama 2 and
+    Mistral without `legacy` (a pre-tokenizer that does both, and does not split)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     bpe = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>"))
-    bpe.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    if metaspace:
+        bpe.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first", split=False)
+    else:
+        bpe.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
     bpe.decoder = decoders.Sequence(
         [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Strip(" ", 1, 0)]
     )
@@ -75,7 +79,7 @@ def sentencepiece_style_tokenizer(folder, text: str) -> str:
     return str(folder)
 
 
-@pytest.mark.parametrize("split", ["gpt2", "llama3", "sentencepiece"])
+@pytest.mark.parametrize("split", ["gpt2", "llama3", "sentencepiece", "metaspace"])
 def test_pieces_cut_where_the_tokenizer_splits_so_tokens_are_exact(tmp_path, tokenizer_dir, split):
     # Runs of blank lines, indented and trailing spaces, and one long line with no line break:
     # cut into ~40-character pieces, the token file still equals the whole document's tokens.
@@ -85,12 +89,15 @@ def test_pieces_cut_where_the_tokenizer_splits_so_tokens_are_exact(tmp_path, tok
         + "\n\nHe is happy now.\n \nShe decides to bake a batch of brownies for the party.\n"
         + "The cat sat.\nThe dog ran.\nA bird, flying.\n" * 4
         + ("这是一个段落，内容很长。" * 8 + "\n\n") * 3  # no space: cut at pre-tokens' ends ("。" | "\n\n")
+        + "Words\nin\na\nlist\n" * 6  # line breaks after letters
     ) * 3
     (tmp_path / "doc.txt").write_text(text)
     if split == "llama3":
         tokenizer_dir = llama3_style_tokenizer(tmp_path / "llama3", text)
-    if split == "sentencepiece":  # no pre-tokenizer: no cut is exact, the document is read whole
-        tokenizer_dir = sentencepiece_style_tokenizer(tmp_path / "sentencepiece", "\n".join(SENTENCES))
+    if split in ("sentencepiece", "metaspace"):  # "▁" before every text read: no cut is exact, read whole
+        tokenizer_dir = sentencepiece_style_tokenizer(
+            tmp_path / split, "\n".join(SENTENCES), split == "metaspace"
+        )
     meta = prepare(
         out_dir=tmp_path / "tokens",
         tokenizer=tokenizer_dir,
