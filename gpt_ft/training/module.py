@@ -27,8 +27,8 @@ from gpt_ft.training.optim import (
     MuonAdamW,
     Schedule,
     adamw,
+    check_same_optimizer,
     fused_adamw,
-    lr_lambda,
     schedule_steps,
 )
 from gpt_ft.training.predictions import write_predictions
@@ -285,8 +285,7 @@ class GPTModule(Evaluation, LightningModule):
         self.hparams["lora"] = asdict(lora) if lora is not None else None  # plain values: weights-only loads
 
     def configure_model(self) -> None:
-        # Called by the Trainer once the device and strategy are set, before the optimizer exists
-        # and before FSDP flattens the parameters (the optimizer's groups go by their built shapes).
+        # Once the device and strategy are set, before the optimizer and FSDP's flattening (groups by shape).
         if self.compile_backend and not is_compiled(self.gpt):
             self.gpt.compile(backend=self.compile_backend)
         self.built_ndims = {id(p): p.ndim for p in self.parameters()}
@@ -305,8 +304,7 @@ class GPTModule(Evaluation, LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         saved = Checkpoint(checkpoint)
-        # The model's own shape, so that the weights load without the run's arguments.
-        saved.gpt_config = vars(self.gpt.config)
+        saved.gpt_config = vars(self.gpt.config)  # its shape: the weights load without the run's arguments
         if self.lora is not None:
             lora_checkpoint(saved, self.gpt, self.lora, self.init_from)
         saved.temperature = self.temperature
@@ -320,6 +318,8 @@ class GPTModule(Evaluation, LightningModule):
         check_lora_resume(loaded, self.lora, where, self.gpt)
         check_same_tokenizer(loaded, getattr(attached_trainer(self), "datamodule", None), where)
         fitting = getattr(getattr(attached_trainer(self), "state", None), "fn", None) == "fit"
+        if fitting:  # its optimizer state is read: the other optimizer's does not fit
+            check_same_optimizer(checkpoint, self.optimizer_name, where)
         self.temperature = 1.0 if fitting else loaded.temperature  # trained on, the weights leave T behind
         if loaded.class_weights is not None and self.head is not None:
             self.head.class_weights = torch.tensor(loaded.class_weights, device=self.head.weight.device)
@@ -396,5 +396,5 @@ class GPTModule(Evaluation, LightningModule):
         else:
             optimizer = adamw(self.parameters(), **self.optim, fused=fused, built=built)
         total, warmup = schedule_steps(self)
-        scheduler = Schedule(optimizer, lr_lambda(self.schedule, warmup, total), total)
+        scheduler = Schedule(optimizer, self.schedule, warmup, total)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

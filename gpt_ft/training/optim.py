@@ -72,23 +72,26 @@ def schedule_steps(module) -> tuple[int, int]:
 
 class Schedule(torch.optim.lr_scheduler.LambdaLR):
     """The learning-rate schedule (`lr_lambda`) over `total` optimizer steps. Resumed with another
-    length (`--trainer.max_epochs` or `max_steps` changed), its learning rates follow the new
-    schedule from the restored step on, the first step included (the optimizer's restored rates
-    are the old schedule's), and it says so. So do a new peak learning rate and new optimizer
-    settings (weight decay, betas, eps, momentum): the run's, not the checkpoint's (Lightning
-    restores the optimizer, then the schedule)."""
+    length (`--trainer.max_epochs` or `max_steps` changed) or shape (`--model.schedule`, the warmup),
+    its learning rates follow the new schedule from the restored step on, the first step included
+    (the optimizer's restored rates are the old schedule's), and it says so. So do a new peak
+    learning rate and new optimizer settings (weight decay, betas, eps, momentum): the run's, not
+    the checkpoint's (Lightning restores the optimizer, then the schedule)."""
 
-    def __init__(self, optimizer, factor: Callable[[int], float], total: int) -> None:
-        self.total = total
+    def __init__(self, optimizer, schedule: str, warmup: int, total: int) -> None:
+        self.total, self.shape = total, [schedule, warmup]
         self.settings = [{k: g[k] for k in SETTINGS if k in g} for g in optimizer.param_groups]
-        super().__init__(optimizer, factor)
+        super().__init__(optimizer, lr_lambda(schedule, warmup, total))
 
     def load_state_dict(self, state_dict: dict) -> None:
-        total, base_lrs, configured = self.total, list(self.base_lrs), self.settings
+        total, shape, base_lrs, configured = self.total, self.shape, list(self.base_lrs), self.settings
         super().load_state_dict(state_dict)  # (its attributes: the checkpoint's)
         if state_dict.get("total", total) != total:
             rank_zero_info(f"the schedule now spans {total} steps, the checkpoint's {state_dict['total']}: "
                            f"learning rates follow the new one from step {self.last_epoch}")  # fmt: skip
+        if (saved := state_dict.get("shape", shape)) != shape:  # (a checkpoint from before it was kept: none)
+            rank_zero_info(f"the schedule is now {shape[0]} after {shape[1]} warmup steps, the checkpoint's "
+                           f"{saved[0]} after {saved[1]}, from step {self.last_epoch} on")  # fmt: skip
         changed = {
             f"lr {new:g} (the checkpoint's {old:g})"
             for new, old in zip(base_lrs, self.base_lrs)
@@ -104,9 +107,20 @@ class Schedule(torch.optim.lr_scheduler.LambdaLR):
         if changed:
             rank_zero_info(f"resumed with other optimizer settings than the checkpoint's, which apply from "
                            f"step {self.last_epoch}: {', '.join(sorted(changed))}")  # fmt: skip
-        self.total, self.base_lrs, self.settings = total, base_lrs, configured
+        self.total, self.shape, self.base_lrs, self.settings = total, shape, base_lrs, configured
         for group, base, factor in zip(self.optimizer.param_groups, self.base_lrs, self.lr_lambdas):
             group["initial_lr"], group["lr"] = base, base * factor(self.last_epoch)
+
+
+def check_same_optimizer(checkpoint: dict, optimizer: str, where: str) -> None:
+    """A run resumed with the other `--model.optimizer`, named: the saved state does not fit it."""
+    state = (checkpoint.get("optimizer_states") or [None])[0]
+    if isinstance(state, dict) and ("muon" in state) != (optimizer == "muon"):
+        saved = "muon" if "muon" in state else "adamw"
+        raise ValueError(
+            f"{where} was trained with --model.optimizer {saved}: resume with it, or start a run of "
+            f"{optimizer} from its weights with --model.init_from."
+        )
 
 
 SETTINGS = ("weight_decay", "betas", "eps", "momentum")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import errno
 import json
+import math
 import os
 import shutil
 import signal
@@ -547,10 +548,11 @@ def test_last_holds_the_stochastic_weight_average(tmp_path, tokenizer_dir):
 
 
 def test_a_run_resumed_with_another_length_follows_its_own_schedule_from_the_first_step(
-    tmp_path, tokenizer_dir, monkeypatch
+    tmp_path, tokenizer_dir, monkeypatch, capsys
 ):
-    """3 epochs of 3 steps, resumed to 6: the restored optimizer's rate is the old schedule's end (0);
-    the first resumed step takes the new schedule's, halfway down its linear decay."""
+    """3 epochs of 3 steps, resumed to 6 and cosine: the restored optimizer's rate is the old
+    schedule's end (0); the first resumed step takes the new schedule's, halfway down its decay.
+    Resumed with the other optimizer, whose state the saved one does not fit, the run is refused."""
     from lightning.pytorch.callbacks import Callback
 
     from gpt_ft.training import optim
@@ -576,13 +578,16 @@ def test_a_run_resumed_with_another_length_follows_its_own_schedule_from_the_fir
             "--model.lr=2e-3",
             "--model.weight_decay=0.05",
             "--trainer.max_epochs=6",
+            "--model.schedule=cosine",
             "--ckpt_path=last",
         ],
         callbacks=[rates],
     )
-    assert rates.seen == pytest.approx([2e-3 * (1 - step / 18) for step in range(9, 18)], rel=1e-6)
+    cosine = [2e-3 * 0.5 * (1 + math.cos(math.pi * step / 18)) for step in range(9, 18)]
+    assert rates.seen == pytest.approx(cosine, rel=1e-6)
     assert said == [
         "the schedule now spans 18 steps, the checkpoint's 9: learning rates follow the new one from step 9",
+        "the schedule is now cosine after 0 warmup steps, the checkpoint's linear after 0, from step 9 on",
         "resumed with other optimizer settings than the checkpoint's, which apply from step 9: lr 0.002 (the "
         "checkpoint's 0.001), weight_decay 0.05 (the checkpoint's 0.01)",
     ]
@@ -591,6 +596,14 @@ def test_a_run_resumed_with_another_length_follows_its_own_schedule_from_the_fir
         for group in last_state(tmp_path / "logs", 1)["optimizer_states"][0]["param_groups"]
     }
     assert decays == {0.0, 0.05}  # the matrices' new decay; biases and gains none
+    from tests.cli.test_bad_files import error_of
+
+    first = sorted((tmp_path / "logs").rglob("last.ckpt"))[0]  # the first run's
+    error = error_of(["fit", *args, "--model.optimizer=muon", f"--ckpt_path={first}"], capsys)
+    assert error == (
+        f"gpt-ft: error: {first} was trained with --model.optimizer adamw: resume with it, or start a run "
+        "of muon from its weights with --model.init_from."
+    )
 
 
 def test_training_on_from_a_calibrated_checkpoint_leaves_its_temperature_behind(
