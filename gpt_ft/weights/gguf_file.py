@@ -37,9 +37,9 @@ PRE = "tokenizer.ggml.pre"
 ADDS_BOS = ("llama3", "llama-v3", "llama-bpe", "falcon3")
 """Pre-tokenizers whose texts llama.cpp starts with the beginning-of-text token where the file has
 no `tokenizer.ggml.add_bos_token` (its llama-vocab.cpp), as Llama 3.2's files have none."""
-CONVERSION = 4  # in the cache's keys: entries converted before the special tokens were the file's own (2), or
-# from a tokenizer.json beside the file (3), or without llama.cpp's beginning-of-text default (4), are
-# converted again
+CONVERSION = 5  # in the cache's keys: entries converted before the special tokens were the file's own (2), or
+# from a tokenizer.json beside the file (3), or without llama.cpp's beginning-of-text default (4), or with
+# tokens past the file's (5), are converted again
 
 
 def find(path: str | os.PathLike) -> Path | None:
@@ -173,6 +173,15 @@ def hf_config(path: Path):
     head_dim = _field(reader, f"{arch}.attention.key_length")  # transformers' qwen3 reading skips it
     if getattr(config, "head_dim", None) is not None:  # none given: llama.cpp's width over the heads
         config.head_dim = int(head_dim) if head_dim else config.hidden_size // config.num_attention_heads
+    tensors = {t.name for t in reader.tensors}
+    for flag, tensor in (("attention_bias", "blk.0.attn_q.bias"), ("mlp_bias", "blk.0.ffn_up.bias")):
+        if hasattr(config, flag):  # left unset by transformers' reading; llama.cpp reads them if present
+            setattr(config, flag, tensor in tensors)
+    if (
+        config.model_type == "gemma3_text"
+    ):  # unread by transformers; llama.cpp's scale (27B's, 62 layers, aside)
+        width = config.hidden_size // config.num_attention_heads
+        config.query_pre_attn_scalar = width if config.num_hidden_layers == 62 else config.head_dim
     _check_rope(path, reader, arch, config)
     from gpt_ft.weights.hf_llama import with_stops
 
@@ -240,6 +249,14 @@ def read(path: Path):
         )
     finally:
         logging.set_verbosity(verbosity)
+    left = len(open_checked(path).tensors) - len(parsed["tensors"])
+    if (
+        left > 0
+    ):  # transformers drops a tensor its model has no place for: the logits would not be llama.cpp's
+        raise ValueError(
+            f"{path}: {left} of its tensors have no place in the {config.model_type} model transformers "
+            "reads it as, and the model would compute other logits without them."
+        )
     return config, parsed["tensors"]
 
 
@@ -318,9 +335,11 @@ def _tokenizer(path: Path, stamp: str):
         except OSError:  # a file system without links
             shutil.copyfile(path, linked)
         tokenizer = AutoTokenizer.from_pretrained(alone, gguf_file=path.name)
-    _own_special_tokens(tokenizer, reader)
-    if _field(reader, "tokenizer.ggml.add_bos_token") is None and _field(reader, PRE) in ADDS_BOS:
-        tokenizer.add_bos_token = tokenizer.bos_token_id is not None  # as llama.cpp reads such a file
+        _own_special_tokens(tokenizer, reader)
+        if _field(reader, "tokenizer.ggml.add_bos_token") is None and _field(reader, PRE) in ADDS_BOS:
+            tokenizer.add_bos_token = tokenizer.bos_token_id is not None  # as llama.cpp reads such a file
+        if len(tokenizer) > len(reader.fields[TOKENS].data):  # the model has no row for the rest
+            tokenizer = _without_tokens_past(tokenizer, len(reader.fields[TOKENS].data), Path(alone) / "own")
     partial = saved.with_name(f"{saved.name}.{os.getpid()}.partial")
     try:
         tokenizer.save_pretrained(partial)
@@ -329,6 +348,24 @@ def _tokenizer(path: Path, stamp: str):
     except OSError:  # a read-only or full cache: the next process converts again
         shutil.rmtree(partial, ignore_errors=True)
     return tokenizer
+
+
+def _without_tokens_past(tokenizer, count: int, folder: Path):
+    """The tokenizer without the tokens transformers' conversion added past the file's `count` (a
+    byte-level file without `<|endoftext|>`, as Llama 3's, gains it: GPT2Tokenizer's default)."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    tokenizer.save_pretrained(folder)
+    for name, key in (("tokenizer.json", "added_tokens"), ("tokenizer_config.json", "added_tokens_decoder")):
+        saved = json.loads((folder / name).read_text(encoding="utf-8"))
+        if isinstance(tokens := saved.get(key), list):
+            saved[key] = [token for token in tokens if token["id"] < count]
+        elif isinstance(tokens, dict):
+            saved[key] = {index: token for index, token in tokens.items() if int(index) < count}
+        (folder / name).write_text(json.dumps(saved, ensure_ascii=False), encoding="utf-8")
+    return AutoTokenizer.from_pretrained(folder)
 
 
 def _own_special_tokens(tokenizer, reader) -> None:

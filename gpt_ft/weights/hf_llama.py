@@ -287,6 +287,8 @@ def state_dict_from_hf(hf_state: dict[str, Tensor], config: GPTConfig) -> dict[s
         if key == "lm_head.weight":
             if not config.tie_embeddings:
                 out["lm_head.weight"] = value
+            elif "model.embed_tokens.weight" not in hf_state:  # the tied pair saved under the head's name
+                out["wte.weight"] = value
             continue
         if key == "model.embed_tokens.weight":
             out["wte.weight"] = value

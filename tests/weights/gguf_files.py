@@ -31,7 +31,7 @@ CORPUS = [
 ]
 
 
-def tiny_tokenizer(extra: tuple[str, ...] = ()):
+def tiny_tokenizer(extra: tuple[str, ...] = (), specials: list[str] = SPECIALS):
     """A byte-level BPE (GPT-2's pre-tokenizer) with three special tokens first (and `extra` after
     them), as a fast tokenizer."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -40,11 +40,11 @@ def tiny_tokenizer(extra: tuple[str, ...] = ()):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=SPECIALS + list(extra),
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=specials + list(extra),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
     tok.train_from_iterator(CORPUS * 4, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=SPECIALS[1], eos_token=SPECIALS[2],
-                                   unk_token=None, pad_token=SPECIALS[0])  # fmt: skip
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=specials[1], eos_token=specials[2],
+                                   unk_token=None, pad_token=specials[0])  # fmt: skip
 
 
 def _permute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -101,14 +101,14 @@ def _tokenizer_metadata(writer, tokenizer, pre: str = "gpt-2", add_bos: bool | N
 
 
 def write_gguf(path: Path, hf_model, tokenizer=None, qtype: str = "F32", name: str = "tiny",
-               quantize: dict | None = None, sizes: bool = True, ids: dict | None = None,
-               pre: str = "gpt-2", add_bos: bool | None = False) -> Path:  # fmt: skip
+               quantize: dict | None = None, sizes: bool = True, ids: dict | None = None, pre: str = "gpt-2",
+               add_bos: bool | None = False, extra: dict | None = None) -> Path:  # fmt: skip
     """`hf_model` (a transformers *ForCausalLM) as a GGUF file: its matrices stored as `qtype`, the
     rest (norms, biases, 1-D tensors) as F32, llama.cpp's habit; `quantize` may give a type per
     tensor name suffix instead. With `tokenizer`, the file carries it. `sizes=False` leaves out the
     vocabulary's size and the padding id, which some files lack; `ids` adds token ids by key
     (`tokenizer.ggml.eot_token_id`: 7); `pre` names the pre-tokenizer, `add_bos` the file's
-    `add_bos_token` (None: no such key)."""
+    `add_bos_token` (None: no such key); `extra` adds tensors by GGUF name (F32 arrays)."""
     import gguf
 
     config = hf_model.config
@@ -146,7 +146,9 @@ def write_gguf(path: Path, hf_model, tokenizer=None, qtype: str = "F32", name: s
             and hf_name != "lm_head.weight"  # a Linear's (out, in) already
         ):
             w = w.T.copy()  # Conv1D's (in, out) as (out, in)
-        if model_type == "llama" and hf_name.endswith(("q_proj.weight", "k_proj.weight")):
+        if model_type == "llama" and hf_name.endswith(
+            ("q_proj.weight", "k_proj.weight", "q_proj.bias", "k_proj.bias")
+        ):
             heads = config.num_attention_heads if "q_proj" in hf_name else config.num_key_value_heads
             w = _permute(w, heads)
         if model_type == "gemma3_text" and hf_name.endswith("norm.weight"):
@@ -154,6 +156,8 @@ def write_gguf(path: Path, hf_model, tokenizer=None, qtype: str = "F32", name: s
         kind = next((t for end, t in (quantize or {}).items() if hf_name.endswith(end)), None)
         kind = kind or (qtype if w.ndim == 2 else "F32")
         _add(writer, f"{gguf_name}.{suffix}", w, kind, seed_of(hf_name))
+    for gguf_name, w in (extra or {}).items():
+        _add(writer, gguf_name, w, "F32", seed_of(gguf_name))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

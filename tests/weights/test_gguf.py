@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 
 import numpy as np
@@ -23,8 +24,8 @@ pytest.importorskip("gguf")
 
 VOCAB = 320  # the tiny tokenizer's
 GGUF_TRAITS = {  # what GGUF files say of each family (the rest: transformers' defaults, as on load)
-    "gemma3_text": dict(head_dim=16, sliding_window=8, query_pre_attn_scalar=256, layer_types=None,
-                        rope_parameters=None),
+    "gemma3_text": dict(head_dim=16, sliding_window=8, query_pre_attn_scalar=16, layer_types=None,
+                        rope_parameters=None),  # llama.cpp scales by the head size, whatever the config said
     "qwen3": dict(head_dim=128),  # transformers' GGUF loading takes Qwen3Config's default
     "phi3": dict(pad_token_id=None, bos_token_id=None, eos_token_id=None),
 }  # fmt: skip
@@ -46,9 +47,17 @@ def tiny(family: str, **overrides):
 
 
 def transformers_gguf(path):
+    """transformers' reading of a GGUF file, told Gemma 3's attention scale (llama.cpp's: 1/sqrt(head
+    size)), which it leaves at Gemma3TextConfig's default 256."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    from gpt_ft.weights.gguf_file import hf_config
+
+    config = hf_config(path)
+    scale = {"query_pre_attn_scalar": config.head_dim} if config.model_type == "gemma3_text" else {}
+    return AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32, **scale
+    ).eval()
 
 
 def logits(gpt, ids):
@@ -193,6 +202,23 @@ def test_what_transformers_gguf_reading_takes_from_defaults_is_read_from_the_fil
             torch.testing.assert_close(logits(gpt, ids), hf(ids).logits, rtol=0, atol=1e-5)
 
 
+def test_a_llama_files_biases_are_read_and_a_tensor_with_no_place_is_refused(tmp_path):
+    """llama.cpp reads the biases a `llama` file's blocks carry (transformers' reading of its config
+    leaves them out: their tensors were dropped); a tensor the model has no place for is refused,
+    not dropped."""
+    hf = tiny("llama", attention_bias=True, mlp_bias=True)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.3)
+    gpt = GPT.from_pretrained(write_gguf(tmp_path / "bias.gguf", hf)).eval()
+    ids = torch.randint(0, VOCAB, (2, 24))
+    torch.testing.assert_close(logits(gpt, ids), hf(ids).logits.detach(), rtol=0, atol=1e-5)
+    stray = write_gguf(tmp_path / "stray.gguf", tiny("llama"), extra={"blk.0.attn_q_norm.weight": np.ones(8)})
+    with pytest.raises(ValueError, match=re.escape(f"{stray}: 1 of its tensors have no place in the llama")):
+        GPT.from_pretrained(stray)
+
+
 def test_the_end_of_turn_tokens_a_file_names_stop_generation_beside_its_eos(tmp_path):
     """llama.cpp stops at a file's eot and eom tokens too: they join the eos ids `generate` and an
     export stop at."""
@@ -300,6 +326,23 @@ def test_tokenizer_ids_equal_the_written_tokenizer_and_transformers_gguf(tmp_pat
     beside = shutil.copytree(tokenizer_dir, tmp_path / "beside")
     write_gguf(beside / "m.gguf", tiny("llama"), tokenizer=original)
     assert len(load_tokenizer(beside / "m.gguf")) == len(ours) != len(load_tokenizer(tokenizer_dir))
+
+
+def test_a_byte_level_file_without_endoftext_gains_no_token_the_model_lacks(tmp_path, monkeypatch):
+    """transformers' conversion appends GPT2Tokenizer's default `<|endoftext|>` to a vocabulary
+    without one (Llama 3's): the model has no row for it, and a text spelling it got its id."""
+    from gpt_ft.weights import gguf_file
+
+    monkeypatch.setenv(gguf_file.CACHE, str(tmp_path / "cache"))
+    original = tiny_tokenizer(specials=["<|end_of_text|>", "<|im_start|>", "<|im_end|>"])
+    path = write_gguf(tmp_path / "m.gguf", tiny("llama"), tokenizer=original)
+    ours = load_tokenizer(path, add_specials=False)
+    assert len(ours) == len(original) == VOCAB
+    text = "a <|endoftext|> b"
+    assert (
+        ours(text, add_special_tokens=False).input_ids == original(text, add_special_tokens=False).input_ids
+    )
+    assert load_tokenizer(path).convert_tokens_to_ids(SPECIAL_TOKENS["start"]) == VOCAB
 
 
 def test_the_special_tokens_are_the_ones_the_file_names_whatever_the_conversion_made_of_them(

@@ -114,6 +114,24 @@ def test_from_pretrained_directory_equals_transformers(family, tmp_path):
         torch.testing.assert_close(gpt.lm_logits(gpt(ids)), hf(ids).logits, rtol=0, atol=1e-5)
 
 
+def test_a_tied_folder_holding_the_shared_matrix_under_the_heads_name_loads(tmp_path):
+    """safetensors' `save_model` keeps one name of a tied pair (`lm_head.weight`), as transformers
+    reads it: so does gpt_ft, and the logits are transformers'."""
+    from safetensors.torch import save_model
+
+    hf = tiny_llama("llama", tie_word_embeddings=True)
+    hf.config.save_pretrained(tmp_path)
+    save_model(hf, str(tmp_path / "model.safetensors"))
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
+        assert "lm_head.weight" in f.keys() and "model.embed_tokens.weight" not in f.keys()
+    gpt = GPT.from_pretrained(tmp_path).eval()
+    ids = torch.randint(0, VOCAB, (2, 33))
+    with torch.no_grad():
+        torch.testing.assert_close(gpt.lm_logits(gpt(ids)), hf(ids).logits, rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_a_half_precision_folder_loads_in_float32(dtype, tmp_path):
     """Released folders are mostly bf16: read in float32 (its values exactly), as transformers reads
