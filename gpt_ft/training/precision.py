@@ -17,6 +17,7 @@ import statistics
 import time
 
 import torch
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from gpt_ft.workarounds import mkldnn_bf16_supported
 
@@ -70,3 +71,14 @@ def runs_on_cpu(accelerator: object) -> bool:
     """Whether a Trainer with this `accelerator` setting computes on the CPU."""
     name = accelerator if isinstance(accelerator, str) else type(accelerator).__name__.lower()
     return name == "cpu" or "cpu" in name or (name == "auto" and not torch.cuda.is_available())
+
+
+def warn_half_weights(precision: object) -> None:
+    """Training 16-bit weights (`bf16-true`, `16-true`: AdamW's moments too) loses every update below
+    half their spacing: said once, before the run."""
+    if str(precision) in ("bf16-true", "16-true"):
+        rank_zero_warn(
+            f"--trainer.precision {precision} trains 16-bit weights: an update below half their spacing "
+            "(1/256 of a weight near 1 in bf16) is lost, so small learning rates barely move them (the "
+            "LayerNorm gains not at all); bf16-mixed keeps float32 weights."
+        )

@@ -19,13 +19,14 @@ from gpt_ft.adapters.cards import NO_CLASS_PATH, PARSER_MODE
 from gpt_ft.errors import CardError, causes, check_context, check_devices, check_not_null, check_output_dir
 from gpt_ft.training.callbacks import History, run_callbacks
 from gpt_ft.training.checkpointing import AtomicCheckpointIO, find_last_checkpoint
-from gpt_ft.training.precision import cpu_precision, runs_on_cpu
+from gpt_ft.training.precision import cpu_precision, runs_on_cpu, warn_half_weights
 from gpt_ft.training.predictions import check_submission
 from gpt_ft.training.run_folders import DEFAULT_LOGGER, checkpoint_to_read, logs_follow_root_dir
 from gpt_ft.training.saved import (
     check_init_tokenizer,
     plain_config,
     recorded_configuration,
+    refuse_untrained,
     with_absolute_paths,
 )
 from gpt_ft.weights.pretrained import resolve_tokenizer
@@ -297,30 +298,15 @@ FINE_TUNING_EPOCHS = 3  # GPT-1's recipe
 
 def _recipe_length(config) -> None:
     """Fine-tuning given no length (epochs, steps or time) runs the recipe's 3 epochs and says so,
-    not Lightning's default of 1,000."""
+    not Lightning's default of 1,000. Training in half-precision weights is said to lose updates."""
     trainer, data = config.trainer, config.get("data") or {}
+    warn_half_weights(trainer.get("precision"))
     fine_tuning = "task" in (data.get("init_args") or {})  # TaskDataModule; pretraining has no task
     unset = trainer.get("max_steps") in (None, -1) and trainer.get("max_time") is None
     if fine_tuning and trainer.get("max_epochs") is None and unset:
         trainer.max_epochs = FINE_TUNING_EPOCHS
         rank_zero_info(
             f"no --trainer.max_epochs given: fine-tuning runs the recipe's {FINE_TUNING_EPOCHS} epochs"
-        )
-
-
-def refuse_untrained(command: str, init_from: str | None, head=None) -> None:
-    """Without `--ckpt_path`, scoring takes `--model.init_from`'s weights alone: never with a task
-    `head` of weights of its own (they would start untrained), as a language model or embedding is."""
-    if not init_from:
-        raise ValueError(
-            f"gpt-ft {command} needs trained weights: give --ckpt_path CKPT (a checkpoint of gpt-ft fit) "
-            "or --model.init_from WEIGHTS; it does not score a randomly initialised model."
-        )
-    if head is not None and any(p.requires_grad for p in head.parameters()):
-        raise ValueError(
-            f"gpt-ft {command} --model.init_from {init_from} would score a task head that was never "
-            "trained (--model.init_from gives a run its starting weights): give the fine-tuned checkpoint "
-            "with --ckpt_path CKPT."
         )
 
 

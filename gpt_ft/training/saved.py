@@ -326,3 +326,19 @@ def recorded_configuration(ckpt: str) -> dict[str, Any]:
             data["init_args"]["tokenizer"] = str(checkpoint.tokenizer) if checkpoint.tokenizer else None
         defaults["data"] = data
     return defaults
+
+
+def refuse_untrained(command: str, init_from: str | None, head=None) -> None:
+    """Without `--ckpt_path`, scoring takes `--model.init_from`'s weights alone: never with a task
+    `head` of weights of its own (they would start untrained), as a language model or embedding is."""
+    if not init_from:
+        raise ValueError(
+            f"gpt-ft {command} needs trained weights: give --ckpt_path CKPT (a checkpoint of gpt-ft fit) "
+            "or --model.init_from WEIGHTS; it does not score a randomly initialised model."
+        )
+    if head is not None and any(p.requires_grad for p in head.parameters()):
+        raise ValueError(
+            f"gpt-ft {command} --model.init_from {init_from} would score a task head that was never "
+            "trained (--model.init_from gives a run its starting weights): give the fine-tuned checkpoint "
+            "with --ckpt_path CKPT."
+        )

@@ -224,3 +224,24 @@ def test_a_bf16_true_run_scores_against_the_exact_gold(tmp_path, tokenizer_dir):
         assert labels.dtype == torch.float32 and torch.equal(labels, torch.tensor(golds))
         expected = torch.corrcoef(torch.stack([torch.cat(predictions), labels]))[0, 1]
         assert metrics["validation/pearson"] == pytest.approx(float(expected), rel=1e-5)
+
+
+def test_training_half_precision_weights_is_said_to_lose_small_updates():
+    """At fine-tuning's learning rate a bf16 weight near 1 never moves (its spacing is 1/128): the
+    LayerNorm gains stayed exactly as loaded. Said once before `fit`; mixed precision says nothing."""
+    import warnings
+
+    weight = torch.ones(4, dtype=torch.bfloat16)
+    weight.add_(torch.full((4,), 6.25e-5, dtype=torch.bfloat16))
+    assert torch.equal(weight, torch.ones(4, dtype=torch.bfloat16))
+    from jsonargparse import Namespace
+
+    from gpt_ft.training.runs import _recipe_length  # what a fit's configuration goes through
+
+    for p in ("bf16-true", "16-true"):
+        with pytest.warns(UserWarning, match=f"--trainer.precision {p} trains 16-bit weights: an update"):
+            _recipe_length(Namespace(trainer=Namespace(precision=p, max_epochs=1)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for p in ("bf16-mixed", "32-true", None, 32):
+            precision.warn_half_weights(p)
