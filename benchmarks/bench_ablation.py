@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 import torch
-from harness import ROOT, bar_chart, gpt_ft
+from harness import ROOT, bar_chart, device, gpt_ft
 
 from gpt_ft.training.checkpointing import find_last_checkpoint
 
@@ -174,7 +174,7 @@ def parse_args() -> argparse.Namespace:
     fit_args = argv[argv.index("--") + 1 :] if "--" in argv else []
     argv = argv[: argv.index("--")] if "--" in argv else argv
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", type=device)
     p.add_argument("--tiny", action="store_true", help="a tiny model on a slice of the data (on the CPU)")
     p.add_argument("--books", required=True, help="folder of .txt books to pretrain on")
     p.add_argument("--glue", required=True, help="folder holding SST-2, RTE, STS-B")

@@ -223,7 +223,7 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=128)
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--warmup", type=float, default=0.1, help="share of the steps")
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], type=harness.device)
     parser.add_argument(
         "--bf16", action="store_true", help="bf16 on the CPU too (bf16-mixed; the peer's bf16)"
     )

@@ -24,7 +24,7 @@ import multiprocessing
 import statistics
 
 import torch
-from harness import lm_step, measure
+from harness import device, lm_step, measure
 
 from gpt_ft import GPT, GPTConfig
 from gpt_ft.model.lora import LoRA, add_lora, torchao_to_nf4
@@ -118,7 +118,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--steps", type=int, default=3, help="timed steps; the median leaves out the first")
     parser.add_argument("--rank", type=int, default=8)
-    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", type=device)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS), metavar="NAME",
                         help=f"of {list(CONFIGS)} (default: all)")  # fmt: skip

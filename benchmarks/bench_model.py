@@ -26,7 +26,7 @@ import subprocess
 import sys
 
 import torch
-from harness import interleaved, lm_step, measure, synchronize
+from harness import device, interleaved, lm_step, measure, synchronize
 
 from gpt_ft import GPT, GPTConfig
 from gpt_ft.training.throughput import counted_parameters, dense_peak_tflops, flops_per_token
@@ -202,7 +202,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--steps-per-run", type=int, default=1)
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], type=device)
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--peak-tflops", type=float, default=None, help="dense peak of the GPU, TFLOP/s")

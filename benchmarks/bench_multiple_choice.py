@@ -22,7 +22,7 @@ import threading
 import time
 
 import torch
-from harness import interleaved
+from harness import device, interleaved
 from lightning.fabric.utilities.apply_func import move_data_to_device
 
 from gpt_ft.adapters import MultipleChoice
@@ -128,7 +128,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--preset", nargs="+", default=["gpt-mini", "gpt1"])
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--device", default="cpu", type=device)
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--context", type=int, default=400)

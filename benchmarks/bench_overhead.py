@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from harness import last_value, metrics_rows, random_tokens, synchronize
+from harness import device, last_value, metrics_rows, random_tokens, synchronize
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.callbacks import Callback
 
@@ -173,7 +173,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=40, help="timed steps per run")
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps first")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], type=device)
     parser.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed"])
     parser.add_argument("--compile", action="store_true", help="torch.compile the GPT in both")
     parser.add_argument("--log-every", type=int, default=50, help="steps between `fit`'s perf/* logs")

@@ -41,6 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 import bench_vs_trainer  # noqa: E402  (the model folders and the timing of whole processes)
+import harness  # noqa: E402
 import peers  # noqa: E402  (TRL's side: its arguments and schedule)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,7 +158,7 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=256)
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--warmup", type=float, default=0.06, help="share of the steps")
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], type=harness.device)
     parser.add_argument("--bf16", action="store_true", help="bf16 on the CPU too (bf16-mixed; TRL's bf16)")
     parser.add_argument("--init-from", default=None, help="pretrained weights (a .gguf, a folder, a hub id) "
                         "instead of random ones at --layers x --width; --shapes is then ignored")  # fmt: skip

@@ -228,7 +228,7 @@ def prmbench_arguments(
     parser.add_argument("--max-length", type=int, default=1024)
     parser.add_argument("--lr", type=float, default=5e-5)
     parser.add_argument("--warmup", type=float, default=0.06, help="share of the steps")
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], type=harness.device)
     parser.add_argument("--bf16", action="store_true", help="bf16 on the CPU too")
     parser.add_argument("--out", default=out)
     parser.add_argument("--rounds", type=int, default=1, help="run every contender this many times, in turns")

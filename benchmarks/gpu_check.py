@@ -24,8 +24,8 @@ torch.compile's on-disk cache, so a graph one part compiled is read back by the 
 
 Exit status 1 when an installed package is older than gpt_ft's floor for it, a test fails, a part
 is killed or a goal is missed. With `--device cpu` the tests
-are skipped and the figures run, as one part, on a small model (`--quick`: a tiny one, in about
-half a minute; the test suite runs it).
+are skipped and the figures run, as one part, on a small model (`--quick`: a tiny one, in a few
+minutes; the test suite runs it).
 
     python benchmarks/gpu_check.py                          # on a GPU, with the project installed
     python benchmarks/gpu_check.py --device cpu --quick     # on a CPU

@@ -62,3 +62,10 @@ def generation(setup: Setup, tmp: Path) -> Iterator[Row]:
         f"ours {stats['ours'].rate(n)} tokens/s, transformers {stats['transformers'].rate(n)}; "
         f"identical tokens: {torch.equal(out['ours'], out['transformers'])}",
     )
+
+
+if __name__ == "__main__":  # a group of gpu_figures.py's rows, run there
+    raise SystemExit(
+        f"{__file__} holds rows of gpu_figures.py; run them with: "
+        "python benchmarks/gpu_figures.py --only generation"
+    )

@@ -8,7 +8,7 @@ Qwen3-0.6B's shapes (gpu_profile.py); a fine-tuning step (head + auxiliary LM lo
 
 On a GPU the speed goals are checked (exit 1 when one is missed): MFU >= 40% compiled, >= 2.5x
 transformers' step (both eager), `fit` within 3% of the raw loop; correctness is the CUDA tests'
-(gpu_check.py runs both). `--device cpu --quick` runs every row on a tiny model in half a minute.
+(gpu_check.py runs both). `--device cpu --quick` runs every row on a tiny model in a few minutes.
 
     python benchmarks/gpu_figures.py
     python benchmarks/gpu_figures.py --device cpu --quick
@@ -84,7 +84,7 @@ def make_setup(args) -> Setup:
         seq, batches = args.seq or config.n_positions, args.batch or ([16] if args.quick else [8, 16])
     else:  # a small shape, so that the CPU rows take seconds (--quick: a tiny one, to check they run)
         preset = args.preset or ("gpt-micro" if args.quick else "gpt-mini")
-        config = GPTConfig.from_name(preset, vocab_size=8192, n_positions=128)
+        config = GPTConfig.from_name(preset, vocab_size=8192, n_positions=max(128, args.seq or 128))
         seq, batches = args.seq or 128, args.batch or [4]
     return Setup(
         device=args.device,

@@ -110,3 +110,10 @@ def shapes(setup, tmp) -> Iterator[Row]:
         del model, step
         if setup.cuda:
             torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":  # a group of gpu_figures.py's rows, run there
+    raise SystemExit(
+        f"{__file__} holds rows of gpu_figures.py; run them with: "
+        "python benchmarks/gpu_figures.py --only profile shapes"
+    )

@@ -176,6 +176,13 @@ class Report:
         return cls(data["title"], data["note"], [Row(**r) for r in data["rows"]])
 
 
+def device(name: str) -> str:
+    """`--device`'s type: `cuda` on a machine without one is refused in one sentence, not a traceback."""
+    if name == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError("cuda: no CUDA device here (torch.cuda.is_available() is False)")
+    return name
+
+
 def verdict(ok: bool) -> str:
     return "pass" if ok else "FAIL"
 

