@@ -92,7 +92,7 @@ def generate(
     if len(ids) >= context:  # refused rather than cut: what the model continues is what was typed
         raise ValueError(
             f"--prompt is {len(ids)} tokens and the model's context is {context} (n_positions), leaving "
-            f"no room for a new token: shorten it by at least {len(ids) - context + 1} tokens."
+            f"no room for a new token: shorten it by at least {len(ids) - context + 1} token(s)."
         )
     if max(ids) >= gpt.config.vocab_size:
         raise ValueError(
@@ -116,7 +116,9 @@ def generate(
                 eos_token_id=eos,
                 repetition_penalty=repetition_penalty,
             )
-            print(until_stop(continuation(tok, ids, out[0, len(ids) :].tolist()), stops)[0], flush=True)
+            new = out[0, len(ids) :].tolist()
+            new = new[: next((i for i, t in enumerate(new) if t in eos), len(new))]  # as a stream stops
+            print(until_stop(continuation(tok, ids, new), stops)[0], flush=True)
             return
         tokens = gpt.stream(
             start,

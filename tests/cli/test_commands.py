@@ -313,6 +313,33 @@ def test_generate_bad_input(tmp_path, capsys, tokenizer_dir):
         assert err.strip().splitlines()[-1] == f"gpt-ft: error: {message}" and out == ""
 
 
+def test_beam_search_prints_no_end_token_as_greedy_decoding_prints_none(
+    tmp_path, capsys, tokenizer_dir, monkeypatch
+):
+    """An end-of-turn id a folder's generation_config.json lists may be an ordinary token, which
+    `skip_special_tokens` keeps: beam search printed its text (and the padding after) after the
+    continuation. The beams' result is given here: a random model's beams seldom end."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from gpt_ft import GPT
+    from gpt_ft.data.tokenizer import load_tokenizer
+
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=400)).save_pretrained(tmp_path)
+    tok = load_tokenizer(tokenizer_dir)
+    body, (end,) = (tok(text, add_special_tokens=False)["input_ids"] for text in (" sat on the", " mat"))
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": end}))
+    seen = []
+
+    def beams(self, ids, **kwargs):
+        seen.append(kwargs["eos_token_id"])
+        return torch.tensor([[*ids[0].tolist(), *body, end, end]])  # the ended beam, padded with its end
+
+    monkeypatch.setattr(GPT, "generate", beams)
+    args = ["generate", f"--ckpt_path={tmp_path}", "--prompt=the cat", f"--tokenizer={tokenizer_dir}"]
+    main([*args, "--max_new_tokens=12", "--num_beams=3"])
+    assert end in seen[0] and capsys.readouterr().out == "the cat sat on the\n"
+
+
 def test_generate_penalises_repetition_and_stops_at_a_stop_text(tmp_path, capsys, tokenizer_dir):
     """`--repetition_penalty` decodes as `GPT.generate` does with it (greedy and beam search), and
     `--stop` cuts the continuation where a stop text starts."""
