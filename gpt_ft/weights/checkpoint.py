@@ -29,6 +29,7 @@ import errno
 import hashlib
 import os
 import pickle
+import struct
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,11 @@ class Adapters:
             )
 
 
+LOAD_FAULTS = (RuntimeError, EOFError, KeyError, ValueError, OSError, IndexError, TypeError, struct.error)
+"""What reading a file that is no checkpoint raises (a text file read as a pickle: whatever its first
+bytes happen to ask of the unpickler)."""
+
+
 def safe_load(path: str | Path, load=None) -> dict[str, Any]:
     """A checkpoint's dict read with `torch.load(weights_only=True)`, on the CPU (or with `load(path)`).
 
@@ -111,7 +117,7 @@ def safe_load(path: str | Path, load=None) -> dict[str, Any]:
         if "GLOBAL" in str(exc):  # the weights-only unpickler refused to import something
             raise ValueError(UNSAFE.format(path=path)) from None
         raise ValueError(_not_a_checkpoint(Path(path))) from None
-    except (RuntimeError, EOFError, KeyError, ValueError, OSError) as exc:
+    except LOAD_FAULTS as exc:
         if isinstance(exc, FileNotFoundError):
             raise FileNotFoundError(f"Checkpoint {path} does not exist.") from None
         raise ValueError(_not_a_checkpoint(Path(path))) from None
