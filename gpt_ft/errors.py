@@ -140,6 +140,33 @@ def yaml_file_problem(path: str | None) -> str | None:
     return None
 
 
+def repeated_key(text: str) -> str | None:
+    """Where a YAML text gives a mapping the same key twice ("line 7: key 'labels' appears twice"),
+    which YAML's loaders take silently, the last one winning; None if none does (or it does not parse)."""
+    import yaml
+
+    try:
+        nodes = [yaml.compose(text, Loader=yaml.SafeLoader)]
+    except yaml.YAMLError:
+        return None
+    while nodes:
+        node = nodes.pop()
+        if isinstance(node, yaml.MappingNode):
+            seen = set()
+            for key, value in node.value:
+                if (
+                    isinstance(key, yaml.ScalarNode)
+                    and key.value in seen
+                    and key.tag != "tag:yaml.org,2002:merge"
+                ):
+                    return f"line {key.start_mark.line + 1}: key {key.value!r} appears twice"
+                seen.add(key.value if isinstance(key, yaml.ScalarNode) else id(key))
+                nodes.append(value)
+        elif isinstance(node, yaml.SequenceNode):
+            nodes.extend(node.value)
+    return None
+
+
 def yaml_problem(exc) -> str:
     """A YAML parse error in one line: where and what."""
     mark = getattr(exc, "problem_mark", None)

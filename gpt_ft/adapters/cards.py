@@ -15,7 +15,7 @@ from jsonargparse import ArgumentParser, get_loader, set_loader
 
 from gpt_ft.adapters.base import TaskAdapter
 from gpt_ft.adapters.sources import HubDataset, LocalFiles
-from gpt_ft.errors import FileProblem, parse_error_message, yaml_file_problem, yaml_problem
+from gpt_ft.errors import FileProblem, parse_error_message, repeated_key, yaml_file_problem, yaml_problem
 from gpt_ft.workarounds import config_file_being_read, required_arguments
 
 
@@ -24,9 +24,11 @@ def load_card(path: str | Path) -> TaskAdapter:
     if not Path(path).is_file():
         raise FileNotFoundError(f"Task card {path} does not exist.")
     try:
-        raw = yaml.safe_load(Path(path).read_text())
+        raw = yaml.safe_load(text := Path(path).read_text())
     except yaml.YAMLError as exc:
         raise ValueError(f"Task card {path} is not valid YAML: {yaml_problem(exc)}") from None
+    if twice := repeated_key(text):
+        raise ValueError(f"Task card {path}, {twice}.")
     if problem := card_problem(raw, f"Task card {path}"):
         raise ValueError(problem)
     return card_from_value(raw, f"Task card {path}")
@@ -108,6 +110,8 @@ def load_yaml(text: str, path: str = "") -> object:
         if not file:
             raise
         raise FileProblem(f"{yaml_file_problem(file) or f'{file} is not valid YAML'}.") from exc
+    if file and (twice := repeated_key(text)):
+        raise FileProblem(f"{file}, {twice}.")
     if path and not isinstance(value, dict):
         holds = "a config file is a mapping with sections (trainer, model, data, ...)"
         raise FileProblem(f"{file} is {_not_a_mapping(value)}: {holds}.")

@@ -1,6 +1,8 @@
 """Checkpoints that are not readable and YAML that does not parse: one sentence naming the file
 (and the line and column), exit code 2, nothing on disk changed."""
 
+import re
+
 import pytest
 
 from gpt_ft.cli import main
@@ -88,6 +90,33 @@ def test_yaml_that_does_not_parse_names_file_line_and_column(tmp_path, tokenizer
     assert error_of(["fit", f"--config={config}", f"--data.tokenizer={tokenizer_dir}"], capsys) == (
         f"gpt-ft: error: {problem}"
     )
+
+
+def test_a_key_given_twice_is_named_not_taken_silently(tmp_path, tokenizer_dir, capsys):
+    """YAML's loaders keep the last of a repeated key: a card's second `labels` (swapped) flipped
+    what each class means without a word, a config's second section replaced the first."""
+    from gpt_ft.adapters.cards import load_card
+
+    card = tmp_path / "card.yaml"
+    card.write_text(
+        "class_path: gpt_ft.adapters.SingleText\ninit_args:\n  name: x\n  labels: [a, b]\n"
+        "  text: s\n  labels: [b, a]\n"
+    )
+    twice = f"{card}, line 6: key 'labels' appears twice."
+    assert error_of(["fit", f"--data.task={card}", f"--data.tokenizer={tokenizer_dir}"], capsys) == (
+        f"gpt-ft: error: {twice}"
+    )
+    with pytest.raises(ValueError, match=re.escape(f"Task card {twice}")):
+        load_card(card)
+    config = tmp_path / "config.yaml"
+    config.write_text("trainer:\n  max_epochs: 1\nmodel:\n  lr: 0.1\ntrainer:\n  max_epochs: 2\n")
+    assert error_of(["fit", f"--config={config}", f"--data.tokenizer={tokenizer_dir}"], capsys) == (
+        f"gpt-ft: error: {config}, line 5: key 'trainer' appears twice."
+    )
+    config.write_text("base: &b {max_epochs: 1}\ntrainer:\n  <<: *b\n  <<: *b\n")  # merge keys may repeat
+    from gpt_ft.errors import repeated_key
+
+    assert repeated_key(config.read_text()) is None
 
 
 def test_yaml_that_is_not_utf8_is_named(tmp_path, tokenizer_dir, capsys):
