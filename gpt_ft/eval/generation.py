@@ -19,7 +19,7 @@ from gpt_ft.errors import at_least_one, device_named
 from gpt_ft.eval.zeroshot import text_start
 from gpt_ft.model.generation import check_decoding, stop_ids
 from gpt_ft.training.precision import cpu_precision
-from gpt_ft.training.saved import check_tokenizer_fits
+from gpt_ft.training.saved import check_init_tokenizer, check_tokenizer_fits
 from gpt_ft.weights.pretrained import GPT, resolve_tokenizer
 
 
@@ -81,6 +81,8 @@ def generate(
         if why:
             print(why, file=sys.stderr, flush=True)
     gpt = GPT.from_pretrained(ckpt_path).to(device).eval()  # first: a path that holds no model says so
+    if tokenizer is not None:  # a gpt_ft checkpoint's own, or one that keeps its tokens' ids
+        check_init_tokenizer(tokenizer, ckpt_path, "--tokenizer")
     tok = load_tokenizer(resolve_tokenizer(tokenizer, ckpt_path))
     check_tokenizer_fits(len(tok), gpt.config.vocab_size, ckpt_path)
     if precision == "bf16-true":

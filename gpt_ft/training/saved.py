@@ -168,12 +168,12 @@ def not_its_tokenizer(tokenizer, where, saved, option: str) -> str:
             f"{saved}."
         )
     return (
-        f"--data.tokenizer {tokenizer} is not the tokenizer {where} was trained with: the same text would "
+        f"{option} {tokenizer} is not the tokenizer {where} was trained with: the same text would "
         f"become other tokens. Give the one it was trained with (a copy is saved in {saved})."
     )
 
 
-def check_init_tokenizer(tokenizer: str, init_from: str) -> None:
+def check_init_tokenizer(tokenizer: str, init_from: str, option: str = "--data.tokenizer") -> None:
     """A tokenizer given to a run that starts from a gpt_ft checkpoint keeps each token of the one
     saved with it at its id: one of the same size but other tokens would read every text as other
     ids without a word. It may add a few tokens, or lack some the saved one added (prepare's
@@ -194,7 +194,7 @@ def check_init_tokenizer(tokenizer: str, init_from: str) -> None:
     own = load_tokenizer(saved, add_specials=False).get_vocab()
     moved = any(given.get(token, i) != i for token, i in own.items() if token not in framing)
     if moved or len(set(given) - set(own) - framing) > SPECIAL_TOKEN_ROOM:
-        raise ValueError(not_its_tokenizer(tokenizer, init_from, saved, "--data.tokenizer"))
+        raise ValueError(not_its_tokenizer(tokenizer, init_from, saved, option))
 
 
 def base_reference(init_from: str) -> str:

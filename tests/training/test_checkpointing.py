@@ -241,6 +241,14 @@ def test_a_run_started_from_a_checkpoint_reads_it_with_its_tokenizer(tmp_path, f
         f"text would become other tokens. Give the one it was trained with (a copy is saved in {saved})."
     )
     assert not (tmp_path / "runs").exists()
+    # generate's --tokenizer: it printed other text than the model's, without a word
+    with pytest.raises(SystemExit) as stopped:
+        main(["generate", f"--ckpt_path={ckpt}", "--prompt=the cat", f"--tokenizer={moved}"])
+    assert stopped.value.code == 2 and capsys.readouterr().err.strip().splitlines()[-1].startswith(
+        f"gpt-ft: error: --tokenizer {moved} is not the tokenizer {ckpt} was trained with: the same text"
+    )
+    main(["generate", f"--ckpt_path={ckpt}", "--prompt=the cat", f"--tokenizer={tmp_path / 'copy'}"])
+    assert capsys.readouterr().out.startswith("the cat")
 
 
 def test_a_tokenizer_that_adds_a_token_moves_the_framing_tokens_and_is_taken(tmp_path, monkeypatch):
