@@ -141,10 +141,12 @@ class PrintMetrics(Callback):
             at = f"epoch {trainer.current_epoch} step {trainer.global_step}" if stage == "fit" else stage
             line = f"{at}: {text}{took}"
             bar = trainer.progress_bar_callback
-            if isinstance(bar, TQDMProgressBar) and bar.is_enabled:
-                bar.print(line)  # on its own line, above the bars
+            if stage == "fit" and isinstance(bar, TQDMProgressBar) and bar.is_enabled:
+                bar.print(line)  # on its own line, above the bars (outside fit they are closed by now)
             else:
                 print(line, flush=True)
+
+    on_test_end = on_validation_end  # `gpt-ft test`'s line
 
 
 def step_values_read(trainer, batch_idx: int, *, bar: bool = True) -> bool:

@@ -31,6 +31,13 @@ def test_fit_validate_predict_for_each_adapter_kind(kind, tmp_path, tokenizer_di
         assert out.startswith(f"validate: {last[0]}\n") and scores(out) == explicit and explicit
         # Its metrics line alone: Lightning's table showed each validation split under every split's column.
         assert "Validate metric" not in out and "validate: validation/accuracy " in out
+        bar = "--trainer.enable_progress_bar=true"  # (the bar, closed by then, swallowed its line)
+        labelled = tmp_path / "labelled_test.yaml"  # its test split: the dev file, which has labels
+        labelled.write_text(card.read_text().replace("test: d/test.tsv", "test: d/dev.tsv"))
+        for command in ("validate", "test"):
+            main([command, *args, "--ckpt_path=last", bar, f"--data.task={labelled}"])
+            out = capsys.readouterr().out
+            assert f"{command}: {command if command == 'test' else 'validation'}/accuracy " in out, out
         from tests.cli.test_bad_files import error_of
 
         best = "gpt-ft: error: --ckpt_path best: gpt-ft test takes a checkpoint's path, or `last` (the newest"
