@@ -149,18 +149,19 @@ def repeated_key(text: str) -> str | None:
         nodes = [yaml.compose(text, Loader=yaml.SafeLoader)]
     except yaml.YAMLError:
         return None
+    walked = set()  # an alias may make the graph cyclic (`init_args: &x {self: *x}`)
     while nodes:
         node = nodes.pop()
+        if id(node) in walked:
+            continue
+        walked.add(id(node))
         if isinstance(node, yaml.MappingNode):
             seen = set()
             for key, value in node.value:
-                if (
-                    isinstance(key, yaml.ScalarNode)
-                    and key.value in seen
-                    and key.tag != "tag:yaml.org,2002:merge"
-                ):
+                name = (key.tag, key.value) if isinstance(key, yaml.ScalarNode) else id(key)  # 1 is not '1'
+                if name in seen and key.tag != "tag:yaml.org,2002:merge":
                     return f"line {key.start_mark.line + 1}: key {key.value!r} appears twice"
-                seen.add(key.value if isinstance(key, yaml.ScalarNode) else id(key))
+                seen.add(name)
                 nodes.append(value)
         elif isinstance(node, yaml.SequenceNode):
             nodes.extend(node.value)

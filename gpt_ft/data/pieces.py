@@ -58,8 +58,9 @@ def pre_token_ends(backend) -> Ends | None:
     up to the last; a cut after a pre-token ending in no whitespace changes no token: its left part
     matches as it did (no pre-tokenizer reads past such a match), and its right part starts a match.
     None where no cut is exact: the tokenizer has no pre-tokenizer, or starts every text it reads with
-    "▁" (a `Prepend` normalizer; a `Metaspace` pre-tokenizer that prepends, as transformers writes
-    Llama 2's and Mistral's, or that does not split: a piece cut at "\nMar" would read "▁\nMar").
+    "▁" or a space (a `Prepend` normalizer; a `Metaspace` pre-tokenizer that prepends, as transformers
+    writes Llama 2's and Mistral's, or that does not split; a `ByteLevel` one that adds a prefix
+    space): a piece cut at "\nMar" would read "▁\nMar".
     """
     pre = backend.pre_tokenizer
     if pre is None or any(
@@ -77,7 +78,8 @@ def _prepends(spec) -> bool:
         return False
     kind, scheme = spec.get("type"), spec.get("prepend_scheme")
     metaspace = kind == "Metaspace" and (scheme != "never" or not spec.get("split"))
-    return kind == "Prepend" or metaspace or any(map(_prepends, spec.values()))
+    byte_level = kind == "ByteLevel" and spec.get("add_prefix_space")  # a space before every text: "Ġ\n"
+    return kind == "Prepend" or metaspace or byte_level or any(map(_prepends, spec.values()))
 
 
 def pieces(documents: Iterator[str], piece_chars: int, ends: Ends | None = None) -> Iterator[Piece]:

@@ -114,7 +114,9 @@ def safe_load(path: str | Path, load=None) -> dict[str, Any]:
     try:
         entries = load(path) if load is not None else torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
-        if "GLOBAL" in str(exc):  # the weights-only unpickler refused to import something
+        # the weights-only unpickler refused to import something, in what torch writes (a zip archive,
+        # a pickle of protocol 2 or later), not in a text that happens to start with GLOBAL's "c"
+        if "GLOBAL" in str(exc) and _starts(path) in (b"PK", b"\x80"):
             raise ValueError(UNSAFE.format(path=path)) from None
         raise ValueError(_not_a_checkpoint(Path(path))) from None
     except LOAD_FAULTS as exc:
@@ -128,6 +130,16 @@ def safe_load(path: str | Path, load=None) -> dict[str, Any]:
             "a model's weights are started from as a transformers folder or a GGUF file (--model.init_from)."
         )
     return entries
+
+
+def _starts(path: str | Path) -> bytes:
+    """A file's start as torch's formats begin: b"PK" (a zip archive), b"\\x80" (a pickle's protocol)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(2)
+    except OSError:
+        return b""
+    return head if head == b"PK" else head[:1]
 
 
 def _not_a_checkpoint(path: Path) -> str:

@@ -177,6 +177,12 @@ def hf_config(path: Path):
     for flag, tensor in (("attention_bias", "blk.0.attn_q.bias"), ("mlp_bias", "blk.0.ffn_up.bias")):
         if hasattr(config, flag):  # left unset by transformers' reading; llama.cpp reads them if present
             setattr(config, flag, tensor in tensors)
+    if config.model_type == "llama" and config.attention_bias != config.mlp_bias:
+        has, lacks = ("attention", "MLP") if config.attention_bias else ("MLP", "attention")
+        raise ValueError(
+            f"{path}: its blocks carry {has} biases and no {lacks} biases, and gpt_ft's Llama blocks hold "
+            "both or neither."
+        )
     if (
         config.model_type == "gemma3_text"
     ):  # unread by transformers; llama.cpp's scale (27B's, 62 layers, aside)

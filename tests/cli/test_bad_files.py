@@ -117,6 +117,8 @@ def test_a_key_given_twice_is_named_not_taken_silently(tmp_path, tokenizer_dir, 
     from gpt_ft.errors import repeated_key
 
     assert repeated_key(config.read_text()) is None
+    assert repeated_key("labels:\n  1: pos\n  '1': neg\n") is None  # an int and a string: two keys
+    assert repeated_key("init_args: &x\n  name: x\n  self: *x\n") is None  # a cycle, walked once
 
 
 def test_yaml_that_is_not_utf8_is_named(tmp_path, tokenizer_dir, capsys):

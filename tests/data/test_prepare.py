@@ -39,15 +39,17 @@ LLAMA3_SPLIT = (
 )
 
 
-def llama3_style_tokenizer(folder, text: str) -> str:
-    """A byte-level BPE with Llama 3's pre-tokenizer split, trained on `text`."""
+def llama3_style_tokenizer(folder, text: str, prefix_space: bool = False) -> str:
+    """A byte-level BPE with Llama 3's pre-tokenizer split, trained on `text` (`prefix_space`: GPT-2's
+    split instead, and a space put before every text, as RoBERTa's)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     split = pre_tokenizers.Split(Regex(LLAMA3_SPLIT), "isolated")
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=prefix_space, use_regex=prefix_space)
     bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer, bpe.decoder = pre_tokenizers.Sequence([split, byte_level]), decoders.ByteLevel()
+    bpe.pre_tokenizer = byte_level if prefix_space else pre_tokenizers.Sequence([split, byte_level])
+    bpe.decoder = decoders.ByteLevel()
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=[EOS_TOKEN], initial_alphabet=alphabet)
     bpe.train_from_iterator([text], trainer)
@@ -79,7 +81,7 @@ def sentencepiece_style_tokenizer(folder, text: str, metaspace: bool = False) ->
     return str(folder)
 
 
-@pytest.mark.parametrize("split", ["gpt2", "llama3", "sentencepiece", "metaspace"])
+@pytest.mark.parametrize("split", ["gpt2", "llama3", "prefix-space", "sentencepiece", "metaspace"])
 def test_pieces_cut_where_the_tokenizer_splits_so_tokens_are_exact(tmp_path, tokenizer_dir, split):
     # Runs of blank lines, indented and trailing spaces, and one long line with no line break:
     # cut into ~40-character pieces, the token file still equals the whole document's tokens.
@@ -92,8 +94,8 @@ def test_pieces_cut_where_the_tokenizer_splits_so_tokens_are_exact(tmp_path, tok
         + "Words\nin\na\nlist\n" * 6  # line breaks after letters
     ) * 3
     (tmp_path / "doc.txt").write_text(text)
-    if split == "llama3":
-        tokenizer_dir = llama3_style_tokenizer(tmp_path / "llama3", text)
+    if split in ("llama3", "prefix-space"):  # (a space before every text: read whole, as below)
+        tokenizer_dir = llama3_style_tokenizer(tmp_path / split, text, split == "prefix-space")
     if split in ("sentencepiece", "metaspace"):  # "▁" before every text read: no cut is exact, read whole
         tokenizer_dir = sentencepiece_style_tokenizer(
             tmp_path / split, "\n".join(SENTENCES), split == "metaspace"

@@ -214,6 +214,9 @@ def test_a_llama_files_biases_are_read_and_a_tensor_with_no_place_is_refused(tmp
     gpt = GPT.from_pretrained(write_gguf(tmp_path / "bias.gguf", hf)).eval()
     ids = torch.randint(0, VOCAB, (2, 24))
     torch.testing.assert_close(logits(gpt, ids), hf(ids).logits.detach(), rtol=0, atol=1e-5)
+    half = write_gguf(tmp_path / "half.gguf", tiny("llama", attention_bias=True, mlp_bias=False))
+    with pytest.raises(ValueError, match=re.escape(f"{half}: its blocks carry attention biases and no MLP")):
+        GPT.from_pretrained(half)
     stray = write_gguf(tmp_path / "stray.gguf", tiny("llama"), extra={"blk.0.attn_q_norm.weight": np.ones(8)})
     with pytest.raises(ValueError, match=re.escape(f"{stray}: 1 of its tensors have no place in the llama")):
         GPT.from_pretrained(stray)
