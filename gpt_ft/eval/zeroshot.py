@@ -124,7 +124,9 @@ class ZeroShotScorer:
     def logprobs(self, requests: list[tuple[list[int], list[int]]]) -> list[float]:
         return continuation_logprobs(self.gpt, requests, batch_size=self.batch_size, progress=self.progress)
 
-    def multiple_choice(self, task: TaskAdapter, rows: list[dict[str, Any]]) -> dict[str, float]:
+    def multiple_choice(
+        self, task: TaskAdapter, rows: list[dict[str, Any]], split: str = ""
+    ) -> dict[str, float]:
         """accuracy (summed log-likelihood), accuracy_norm (per character of the choice) and
         accuracy_token (per token: GPT-1's §5 rule for RACE)."""
         requests, spans, labels = [], [], []
@@ -133,8 +135,9 @@ class ZeroShotScorer:
             context, choices = task.context_and_choices(row)
             if not self.prefix and not self.ids(context):  # a choice's first token would go unscored
                 raise TaskDataError(
-                    f"task {task.name!r}: example {number} has an empty context, which a tokenizer with "
-                    "neither a beginning- nor an end-of-text token leaves nothing to score its choices after."
+                    f"task {task.name!r}: {_where(split)}example {number} has an empty context, which "
+                    "a tokenizer with neither a beginning- nor an end-of-text token leaves nothing to score "
+                    "its choices after."
                 )
             start = len(requests)
             for choice in choices:
@@ -169,20 +172,26 @@ class ZeroShotScorer:
         scores = torch.tensor(self.logprobs(requests)).view(len(rows), len(words))
         return scores.argmax(dim=1)
 
-    def average_logprobs(self, task: TaskAdapter, rows: list[dict[str, Any]]) -> Tensor:
+    def average_logprobs(self, task: TaskAdapter, rows: list[dict[str, Any]], split: str = "") -> Tensor:
         """Each example's average token log-probability."""
         requests, lengths = [], []
         for number, row in enumerate(rows, 1):
             ids = self.ids(" ".join(task.texts(row)).strip())
             if not self.prefix and len(ids) < 2:  # its first token is the context
                 raise TaskDataError(
-                    f"task {task.name!r}: example {number}'s text of {len(ids)} token(s) cannot be scored by "
-                    "a tokenizer with neither a beginning- nor an end-of-text token to start it."
+                    f"task {task.name!r}: {_where(split)}example {number}'s text of {len(ids)} token(s) "
+                    "cannot be scored by a tokenizer with neither a beginning- nor an end-of-text token to "
+                    "start it."
                 )
             context, continuation = (self.prefix, ids) if self.prefix else (ids[:1], ids[1:])
             requests.append((context, continuation))
             lengths.append(scored_tokens(len(context), len(continuation), self.gpt.config.n_positions))
         return torch.tensor(self.logprobs(requests)) / torch.tensor(lengths, dtype=torch.float)
+
+
+def _where(split: str) -> str:
+    """A split named in a message, its examples counted among its labelled ones."""
+    return f"split {split!r}, labelled " if split else ""
 
 
 def best_threshold(scores: Tensor, labels: Tensor, metric: Callable[[Tensor, Tensor], float]) -> float:
@@ -225,17 +234,19 @@ def evaluate(
         labels = torch.tensor([_label(task, row) for row in rows])
         main = task.main_metric
         threshold = best_threshold(
-            scorer.average_logprobs(task, rows), labels, lambda p, y: float(metric_value(main, p, y, 2))
+            scorer.average_logprobs(task, rows, spec.calibration_split),
+            labels,
+            lambda p, y: float(metric_value(main, p, y, 2)),
         )
     results = {}
     for split in task.validation_splits:
         rows = scored(split)
         if spec is None:  # the examples' own answer choices
-            results.update({f"{split}/{k}": v for k, v in scorer.multiple_choice(task, rows).items()})
+            results.update({f"{split}/{k}": v for k, v in scorer.multiple_choice(task, rows, split).items()})
             continue
         labels = torch.tensor([_label(task, row) for row in rows])
         if threshold is not None:
-            predictions = (scorer.average_logprobs(task, rows) > threshold).long()
+            predictions = (scorer.average_logprobs(task, rows, split) > threshold).long()
         else:
             predictions = scorer.verbalizers(task, spec, rows)
         for name, value in task.metric_values(predictions, labels).items():

@@ -160,7 +160,9 @@ def test_an_empty_context_with_nothing_to_start_the_text_is_refused(tokenizer_di
     assert scorer.prefix == []
     task = MultipleChoice(name="mc", context=["story"], choices=["a", "b"], labels=["1", "2"])
     rows = [{"story": "a story .", "a": "a", "b": "the cat", "label": "1"}, {"story": "", "a": "a", "b": "b"}]
-    with pytest.raises(TaskDataError, match="task 'mc': example 2 has an empty context"):
+    with pytest.raises(
+        TaskDataError, match="task 'mc': split 'validation', labelled example 2 has an empty context"
+    ):
         evaluate(task, scorer, lambda split: rows)
     assert set(evaluate(task, scorer, lambda split: rows[:1])) == {
         "validation/accuracy",
