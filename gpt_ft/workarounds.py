@@ -389,12 +389,12 @@ def parse_unchecked(parser, args: list[str]):
 
 
 def print_config_asked(parser) -> bool:
-    """Whether `parse_unchecked` met `--print_config` (jsonargparse keeps the request on the parser)."""
-    return hasattr(parser, "print_config")
+    """Whether `parse_unchecked` met `--print_config`; the request jsonargparse keeps on the parser is
+    taken off (the full parse would print at its first `--config` file, that file's values alone)."""
+    return vars(parser).pop("print_config", ...) is not ...  # (its value may be None)
 
 
 def required_arguments(parser) -> tuple[str, ...]:
-    """The destinations a jsonargparse parser requires. argparse keeps its actions in the private
-    `_actions` list and has no public accessor for them; jsonargparse's `get_defaults` lists the
-    required ones too, with None. If `_actions` goes, read the class's signature instead."""
+    """The destinations a jsonargparse parser requires, from argparse's private `_actions` (no public
+    accessor; `get_defaults` lists them with None too). If it goes, read the class's signature."""
     return tuple(a.dest for a in parser._actions if a.required)

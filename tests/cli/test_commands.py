@@ -81,6 +81,15 @@ def test_explain_text_and_fit_config(pairs_dir, tokenizer_dir, capsys):
     )
     out = gpt_ft(capsys, "explain", "--config", str(config), "--split", "validation")
     assert "label 'entailment'" in out and "<|start|>" in out and "extract at" in out
+    # --print_config gives back what was asked: it printed the config file's values alone, at its
+    # own parse, without the options after it
+    asked = ["--split", "train", "--index", "1", "--json", "true"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["explain", "--config", str(config), *asked, "--print_config"])
+    (pairs_dir / "printed.yaml").write_text(capsys.readouterr().out)
+    again = gpt_ft(capsys, "explain", "--config", str(pairs_dir / "printed.yaml"))
+    assert again == gpt_ft(capsys, "explain", "--config", str(config), *asked) and again.startswith("{")
 
 
 def test_explain_a_checkpoints_data(finetuned, tokenizer_dir, capsys):
