@@ -151,11 +151,12 @@ def _check_types(path: Path, reader, gguf) -> None:
             ) from None
 
 
-def hf_config(path: Path):
-    """The transformers config of the model in GGUF file `path` (checked first)."""
+def hf_config(path: Path, reader=None):
+    """The transformers config of the model in GGUF file `path` (checked first, unless `reader`, its
+    `open_checked`, is given)."""
     from transformers import AutoConfig
 
-    reader = open_checked(path)
+    reader = reader or open_checked(path)
     config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
     embedding = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
     if embedding is not None:  # a file may say its vocabulary's size nowhere else
@@ -241,7 +242,8 @@ def read(path: Path):
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
     from transformers.utils import logging
 
-    config = hf_config(path)
+    reader = open_checked(path)
+    config = hf_config(path, reader)
     with torch.device("meta"):  # only its parameters' names, for transformers' GGUF name map
         # (gguf has no map for "mistral", a `llama` file by its name: Llama's names are the same)
         names = AutoModelForCausalLM.from_config(
@@ -255,7 +257,7 @@ def read(path: Path):
         )
     finally:
         logging.set_verbosity(verbosity)
-    left = len(open_checked(path).tensors) - len(parsed["tensors"])
+    left = len(reader.tensors) - len(parsed["tensors"])
     if (
         left > 0
     ):  # transformers drops a tensor its model has no place for: the logits would not be llama.cpp's
