@@ -12,10 +12,12 @@ import argparse
 import ctypes
 import logging
 import os
+import re
 import signal
 import sys
 from collections.abc import Callable
 from importlib.metadata import version
+from pathlib import Path
 from typing import NamedTuple
 
 from gpt_ft.cli.commands import lazy, lightning
@@ -78,6 +80,45 @@ def user_message(exc: BaseException) -> str:
         return os_error_message(exc)
     text = str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc).strip()
     return text
+
+
+def in_config_file(message: str, args: list[str]) -> str:
+    """`message` about an option naming the `--config` file that gave it (jsonargparse names the
+    option alone, as if typed: "--trainer.max_epochs: ..."): the first source of the option, in the
+    order given, whose value is the one the message quotes."""
+    key = re.match(r"--([\w.]+): ", message) or re.search(r"does not accept option '([\w.]+)'", message)
+    if key is None:
+        return message
+    sources = []  # (the file, or None for the command line; the value), in the order given
+    for arg, following in zip(args, [*args[1:], ""]):
+        option, equals, value = arg.partition("=")
+        value = value if equals else following
+        if option in ("-c", "--config") and (found := option_in(value, key[1].split("."))):
+            sources.append((value, found[0]))
+        elif option == f"--{key[1]}":
+            sources.append((None, value))
+    got = re.search(r", got (.*)\.$", message)
+    at_fault = [file for file, value in sources if got and got[1] in (repr(value), str(value))]
+    file = next(iter(at_fault or [file for file, _ in sources]), None)
+    return f"{file}: {message.removeprefix('--')}" if file else message
+
+
+def option_in(file: str, keys: list[str]) -> object:
+    """The value the YAML file `file` gives the option `keys` (a class's options may sit under
+    init_args), as a one-element list; None where it gives none."""
+    import yaml
+
+    try:
+        node = yaml.safe_load(Path(file).expanduser().read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None
+    for key in keys:
+        if isinstance(node, dict) and key not in node and isinstance(node.get("init_args"), dict):
+            node = node["init_args"]
+        if not isinstance(node, dict) or key not in node:
+            return None
+        node = node[key]
+    return [node]
 
 
 def undecodable_file(exc: BaseException) -> str | None:
@@ -182,7 +223,10 @@ def main(argv: list[str] | None = None) -> None:
         if debug:
             raise
         problem = next((e for e in causes(exc) if isinstance(e, FileProblem)), None)
-        fail(undecodable_file(exc) or (str(problem) if problem else parse_error_message(str(exc))))
+        fail(
+            undecodable_file(exc)
+            or (str(problem) if problem else in_config_file(parse_error_message(str(exc)), args))
+        )
     except OSError as exc:  # a file that cannot be read or written (no space, permission, read-only)
         if debug or exc.filename is None:
             raise

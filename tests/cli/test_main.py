@@ -184,6 +184,23 @@ def test_devices_given_on_the_command_line_are_named_as_typed(run):
     )
 
 
+def test_a_bad_option_in_a_config_file_names_the_file(run):
+    """jsonargparse names an option from a `--config` file as if it were typed; the file is named:
+    the one that gave the bad value where two give the option, and the command line where it did."""
+    good, bad, unknown = (run.root / name for name in ("good.yaml", "bad.yaml", "unknown.yaml"))
+    good.write_text("trainer:\n  max_epochs: 3\n")
+    bad.write_text("trainer:\n  max_epochs: three\n")
+    unknown.write_text("model:\n  init_args:\n    bogus: 1\n")
+    expected = f"gpt-ft: error: {bad}: trainer.max_epochs: expected int, got 'three'."
+    assert run(f"--config={bad}") == expected
+    assert run("--config", str(good), "-c", str(bad)) == expected
+    assert run("--config", str(good), "--trainer.max_epochs=x") == (
+        "gpt-ft: error: --trainer.max_epochs: expected int, got 'x'."
+    )
+    assert run("--config", str(bad), "--trainer.max_epochs=4") == expected  # the file is read first
+    assert run("-c", str(unknown)).startswith(f"gpt-ft: error: {unknown}: ")
+
+
 def test_a_logger_whose_package_is_not_installed(run, monkeypatch):
     """TensorBoard's logger without tensorboard: the one sentence `--trainer.accelerator tpu` gets,
     not jsonargparse's four lines."""
