@@ -42,6 +42,7 @@ from torch import Tensor
 from gpt_ft.adapters.base import Encoded, TaskAdapter, fit_lengths, refuse_label_fields
 from gpt_ft.adapters.heads import StepHead
 from gpt_ft.adapters.outputs import CardError, LabelSpec, TaskDataError, TaskOutput, short_repr
+from gpt_ft.adapters.preference import reply_templates
 from gpt_ft.adapters.sources import field_text
 
 STEP_METRICS = ("processbench_f1", "first_error_accuracy", "step_f1", "step_accuracy")
@@ -308,6 +309,10 @@ class Steps(TaskAdapter):
 
     def text_fields(self) -> list[str]:
         return [self.problem, self.steps] if self.problem else [self.steps]
+
+    def template(self, specials) -> tuple[str, str]:
+        # a solution whose steps hold the problem trains on `[start] [delim] step_1 [extract]`
+        return reply_templates(self, specials) if not self.problem else super().template(specials)
 
     def step_texts(self, example: dict[str, Any]) -> list[str]:
         """The solution's steps: the list, or the text cut after each `step_tag`."""

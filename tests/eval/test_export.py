@@ -473,8 +473,9 @@ def test_onnx_export_gives_the_classifiers_outputs_in_onnxruntime(background):
 
 
 def test_a_reply_alone_is_framed_by_the_exported_tokenizer_as_training_frames_it(tokenizer_dir):
-    """A reward model's card without a prompt trains on `[start] [delim] reply [extract]`: the
-    exported tokenizer frames a reply alone so, token for token (a prompt and reply, as a pair)."""
+    """A reward model's card without a prompt trains on `[start] [delim] reply [extract]`, as a step
+    card without a problem does its first step: the exported tokenizer frames a reply alone so,
+    token for token (a prompt and reply, as a pair)."""
     from types import SimpleNamespace
 
     from gpt_ft.adapters import Ranking
@@ -492,6 +493,12 @@ def test_a_reply_alone_is_framed_by_the_exported_tokenizer_as_training_frames_it
         [{"prompt": "a dog", "reply": "the cat sat"}], tok, specials, 64
     )[0]
     assert framed("a dog", "the cat sat")["input_ids"] == with_prompt.sequences[0]
+    steps = Steps(name="prm", problem=None, steps="input", label="label", label_form="tagged", step_tag="ки")
+    solution = {"input": "the cat ки sat down ки"}
+    trained = steps.encode_examples([solution], tok, specials, 64)[0].sequences[0]
+    clf.task = steps
+    first = framed_tokenizer(clf)(steps.step_texts(solution)[0])["input_ids"]
+    assert first == trained[: len(first)] and trained[len(first) - 1] == specials.extract
     names = ["<s>", "<d>", "<e>"]
     assert (
         Ranking(name="r", prompt=None).template(names)
