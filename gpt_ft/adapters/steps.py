@@ -323,6 +323,9 @@ class Steps(TaskAdapter):
                     f"field {self.steps!r} must hold a list of steps, got {short_repr(value)}."
                 )
             steps = [field_text(v, self.steps) for v in value]
+            missing = next((i for i, (v, text) in enumerate(zip(value, steps), 1) if text == "" != v), None)
+            if missing is not None:  # null or NaN: no step to judge, not an empty one
+                raise TaskDataError(f"step {missing} in field {self.steps!r} has no value (null).")
         else:
             steps = _split_tagged(field_text(value), self.step_tag, self.steps)
         if len(steps) > self.max_steps:

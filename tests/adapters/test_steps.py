@@ -93,6 +93,8 @@ def test_bad_labels_are_named():
         errors.padded_labels(2, 3)
     with pytest.raises(TaskDataError, match=r"^field 'steps' holds a list \['b'\], not a text\.$"):
         Steps(name="s").step_texts({"problem": "p", "steps": ["a", ["b"]]})
+    with pytest.raises(TaskDataError, match=r"^step 2 in field 'steps' has no value \(null\)\.$"):
+        Steps(name="s").step_texts({"problem": "p", "steps": ["a", None]})  # not an empty step
     per_step = Steps(name="s").output
     with pytest.raises(TaskDataError, match=r"must hold one label per step \(3\), got \[1, 0\]"):
         per_step.padded_labels([1, 0], 3)
