@@ -1,9 +1,11 @@
 """`Encoder`: a fine-tuned embedding model (an `Embedding` card's checkpoint) as a function from
 texts to unit vectors, and `gpt-ft embed`, which writes a file's vectors.
 
-Each text is encoded alone, `[start] prompt text [extract]`, as in training (the card's
-`query_prompt` or `document_prompt` before it), and its vector is the extract state through the
-head: packed batches, the training path's own collation and forward.
+Each text is encoded alone and framed as the card's pooling frames it in training
+(`Embedding.frame`: `[start] prompt text [extract]` read at the extract token, or `[start] prompt
+text` read at the last token or averaged), the card's `query_prompt` or `document_prompt` before
+it; its vector is that state through the head: packed batches, the training path's own collation
+and forward.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 from torch import Tensor
 
 from gpt_ft.adapters.cards import card_from_value
+from gpt_ft.adapters.sources import field_text
 from gpt_ft.data.file_faults import file_format, json_records, record_lines, utf8_problem
 from gpt_ft.data.files import read_table
 from gpt_ft.errors import TaskDataError, at_least_one, check_output_file, device_named, input_file, writing
@@ -176,10 +179,13 @@ def read_texts(path: Path, field: str) -> tuple[list[dict[str, Any]], list[str]]
     rows = json_records(path, read_table(path).to_list())  # a record's missing field stays missing
     lines = record_lines(path, file_format(path) or "") or list(range(1, len(rows) + 1))
     texts = []
-    for i, row in enumerate(rows):
-        value = row.get(field)
-        if not isinstance(value, str):
-            what = "has no field" if value is None else f"holds {type(value).__name__} in field"
-            raise TaskDataError(f"{path}, line {lines[i]}: the row {what} {field!r} (a text to embed).")
-        texts.append(value)
+    for i, row in enumerate(rows):  # a field read as training reads it: a number is its digits
+        try:
+            texts.append(field_text(row[field], field, needed="a text to embed"))
+        except KeyError:
+            raise TaskDataError(
+                f"{path}, line {lines[i]}: the row has no field {field!r} (a text to embed)."
+            ) from None
+        except TaskDataError as exc:
+            raise TaskDataError(f"{path}, line {lines[i]}: {exc}") from None
     return rows, texts

@@ -5,11 +5,13 @@ them as .npy or beside the rows; a row without a text is named by its file and l
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
 import torch
 
+from gpt_ft.adapters.outputs import TaskDataError
 from gpt_ft.cli import main
 from tests.helpers import MICRO, sentence
 
@@ -112,6 +114,21 @@ def test_a_text_files_lines_end_at_newlines_only(tmp_path):
     assert read_texts(path, "text") == ([], [])
 
 
+def test_a_tables_texts_are_read_as_training_reads_them(tmp_path):
+    from gpt_ft.eval.encoder import read_texts
+
+    path = tmp_path / "in.jsonl"
+    path.write_text('{"text": 5}\n{"text": "a cat"}\n')
+    assert read_texts(path, "text")[1] == ["5", "a cat"]  # a number is its digits, as in training
+    for bad, reason in (
+        ("null", "has no value: a text to embed"),
+        ('["a"]', "holds a list ['a'], not a text"),
+    ):
+        path.write_text(f'{{"text": "a cat"}}\n{{"text": {bad}}}\n')
+        with pytest.raises(TaskDataError, match=re.escape(f"{path}, line 2: field 'text' {reason}.")):
+            read_texts(path, "text")
+
+
 def test_gpt_ft_embed_writes_vectors_as_npy_or_beside_the_rows(embedded, tmp_path, capsys):
     from gpt_ft import Encoder
 
@@ -166,8 +183,9 @@ def test_a_text_file_that_is_not_utf8_or_empty_is_one_sentence(embedded, tmp_pat
 
 
 def test_a_row_without_a_text_is_named_by_its_line(embedded, tmp_path, capsys):
+    """A number is a text, as in training (its digits); a row without the field is named."""
     _, ckpt = embedded
-    (tmp_path / "in.jsonl").write_text('{"text": "a cat"}\n{"text": "a dog"}\n{"title": "no text"}\n')
+    (tmp_path / "in.jsonl").write_text('{"text": "a cat"}\n{"text": 5}\n{"title": "no text"}\n')
     with pytest.raises(SystemExit) as stop:
         main(
             [
