@@ -82,6 +82,15 @@ def user_message(exc: BaseException) -> str:
     return text
 
 
+def lone_value(message: str) -> str:
+    """argparse's "expected one argument" for an option followed by no value, or by one that starts
+    with "-" (taken for the next option: `--fit_args --trainer.max_epochs=2`), saying how to give it."""
+    option = re.fullmatch(r"argument (--[\w.]+)\S*: expected one argument\.?", message)
+    if option is None:
+        return message
+    return f"{option[1]} is given no value (one that starts with '-' is written {option[1]}=VALUE)."
+
+
 def in_config_file(message: str, args: list[str]) -> str:
     """`message` about an option naming the `--config` file that gave it (jsonargparse names the
     option alone, as if typed: "--trainer.max_epochs: ..."): the first source of the option, in the
@@ -225,7 +234,7 @@ def main(argv: list[str] | None = None) -> None:
         problem = next((e for e in causes(exc) if isinstance(e, FileProblem)), None)
         fail(
             undecodable_file(exc)
-            or (str(problem) if problem else in_config_file(parse_error_message(str(exc)), args))
+            or (str(problem) if problem else in_config_file(lone_value(parse_error_message(str(exc))), args))
         )
     except OSError as exc:  # a file that cannot be read or written (no space, permission, read-only)
         if debug or exc.filename is None:

@@ -18,6 +18,7 @@ Scores are in percent (GLUE's convention): the paper's on test sets, ours on val
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import statistics
 import time
@@ -82,7 +83,7 @@ class SuiteRunner:
         keep_checkpoints: bool = False,
         train_sizes: list[int | Literal["all"]] | None = None,
         baselines: list[str] | str = (),
-        fit_args: list[str] = (),
+        fit_args: list[str] | str = (),
     ) -> None:
         """Fine-tune and evaluate a suite's tasks over seeds; --fit_args go to every `gpt-ft fit`.
 
@@ -106,7 +107,7 @@ class SuiteRunner:
                 300, 1000, all]`); default: the suite file's.
             baselines: Learning curves measured elsewhere on the same subsets, drawn beside the rows:
                 a JSON file or a list (benchmarks/tfidf_baseline.py --train-sizes ... --json FILE writes one).
-            fit_args: Arguments for every `gpt-ft fit`, as a list (`[--trainer.max_epochs=2]`).
+            fit_args: Every `gpt-ft fit`'s extra arguments: a list (`[--trainer.max_epochs=2]`) or one text.
         """
         out = check_output_dir(out_dir, "--out_dir")
         spec = suite if isinstance(suite, SuiteSpec) else load_suite(suite)
@@ -118,16 +119,15 @@ class SuiteRunner:
         if bad := [s for s in self.sizes if s is not None and s < 1]:
             raise ValueError(f"--train_sizes {bad[0]}: a size is a positive number of examples, or all.")
         self.rows: list[str | None] = list(spec.rows or [None])
-        self.out = out
-        self.init_from, self.tokenizer = init_from, tokenizer
+        self.out, self.init_from, self.tokenizer = out, init_from, tokenizer
         if tokenizer is None and init_from and spec.rows:  # a row may drop --init_from: fixed at the start
             self.tokenizer = resolve_tokenizer(None, init_from)
         self.data_dirs = data_dirs(data_dir or [])
         self.seeds = list(seeds if seeds is not None else spec.seeds)
         if (fine_tune and not self.seeds) or len(set(self.seeds)) < len(self.seeds):
             raise ValueError(f"--seeds {self.seeds}: give one or more seeds to fine-tune with, each once.")
-        self.fit_args, self.select = list(fit_args or []), select
-        self.fine_tune, self.zero_shot = fine_tune, zero_shot
+        self.fit_args = shlex.split(fit_args) if isinstance(fit_args, str) else list(fit_args or [])
+        self.select, self.fine_tune, self.zero_shot = select, fine_tune, zero_shot
         self.transfer_layers = list(transfer_layers or [])
         if (zero_shot or self.transfer_layers) and not init_from:
             raise ValueError("--zero_shot and --transfer_layers need pretrained weights: give --init_from.")

@@ -201,6 +201,13 @@ def test_a_bad_option_in_a_config_file_names_the_file(run):
     assert run("-c", str(unknown)).startswith(f"gpt-ft: error: {unknown}: ")
 
 
+def test_an_option_without_its_value_says_how_to_give_one(run):
+    """argparse takes a value that starts with "-" for the next option ("expected one argument")."""
+    assert run("--model.lr") == (
+        "gpt-ft: error: --model.lr is given no value (one that starts with '-' is written --model.lr=VALUE)."
+    )
+
+
 def test_a_logger_whose_package_is_not_installed(run, monkeypatch):
     """TensorBoard's logger without tensorboard: the one sentence `--trainer.accelerator tpu` gets,
     not jsonargparse's four lines."""

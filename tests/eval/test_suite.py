@@ -635,6 +635,8 @@ def test_a_rerun_compares_configurations_not_spellings(tmp_path, tokenizer_dir, 
     assert len(calls) == 1
     main([*argv, *fit_args(*fit, "--model.lr", "0.0001", "--data.batch_size", "4")])  # spelled otherwise
     assert len(calls) == 1
+    main([*argv, "--fit_args=--model.preset 'gpt-micro' --data.batch_size=4 --model.lr=1e-4"])  # one text
+    assert len(calls) == 1
     main(
         [*argv[:-1], f"--data_dir={tmp_path}/./a/", *fit_args(*fit, "--data.batch_size=4", "--model.lr=1e-4")]
     )
