@@ -71,6 +71,11 @@ def task_examples(task: TaskAdapter, split: str, raw, origin: Origin):
     if task.ignore_labels and task.label in raw.column_names:
         ignored = set(task.ignore_labels)
         kept = [i for i, value in enumerate(raw[task.label]) if str(value) not in ignored]
+        if not kept:
+            raise TaskDataError(
+                f"{origin.source}: split {split!r} has no examples: every row's label is in the card's "
+                f"ignore_labels {task.ignore_labels}."
+            )
         raw, origin = raw.select(kept), origin.keep(kept)
     return raw, origin
 

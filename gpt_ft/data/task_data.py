@@ -113,6 +113,8 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         self.data_dir = data_dir
         self.max_length = max_length
         self.batch_size = batch_size
+        if eval_batch_size is not None and eval_batch_size < 1:
+            raise ValueError(f"eval_batch_size must be >= 1, got {eval_batch_size}.")
         self.eval_batch_size = eval_batch_size or batch_size
         self.num_workers = num_workers
         self.num_proc = num_proc

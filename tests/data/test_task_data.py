@@ -296,6 +296,13 @@ def test_rows_dropped_by_ignore_labels_keep_the_others_numbers(tmp_path, tokeniz
                     ignore_labels=["-"], local=local)  # fmt: skip
     encoded = TaskDataModule(task, tokenizer_dir, data_dir=str(tmp_path)).encoded("test", labelled=True)
     assert encoded["index"] == [0, 2, 4] and encoded["label"] == [0, 1, 1]
+    (tmp_path / "test.tsv").write_text("\n".join(rows[:1] + [rows[2], rows[4]]) + "\n")
+    with pytest.raises(
+        TaskDataError, match=r"test.tsv: split 'test' has no examples: every row's label is in"
+    ):
+        TaskDataModule(task, tokenizer_dir, data_dir=str(tmp_path)).encoded("test", labelled=True)
+    with pytest.raises(ValueError, match="^eval_batch_size must be >= 1, got 0.$"):
+        TaskDataModule(task, tokenizer_dir, eval_batch_size=0)
 
 
 class Shouting(SingleText):
