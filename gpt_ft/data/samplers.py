@@ -78,7 +78,7 @@ class LengthGroupedSampler(EpochSampler):
         g = torch.Generator().manual_seed(self.seed + self.epoch)
         order = torch.randperm(n, generator=g) if self.shuffle else torch.arange(n)
         total = len(self) * world
-        order = torch.cat([order, order[: total - n]])  # wrap around so that every rank gets len(self)
+        order = order.repeat(math.ceil(total / max(n, 1)))[:total]  # wrapped: every rank gets len(self)
         step = self.batch_size * world  # one optimizer step's examples over all ranks
         chunk = step * self.window
         groups = []

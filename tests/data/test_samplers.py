@@ -29,6 +29,12 @@ def test_length_grouped_sampler_splits_equal_similar_length_batches_over_ranks()
     assert [lengths[i] for i in ordered] == sorted(lengths, reverse=True)
 
 
+def test_fewer_examples_than_half_the_ranks_still_give_every_rank_one():
+    """3 examples over 8 ranks: each rank its len() (1), the examples repeated as often as needed."""
+    shares = [list(LengthGroupedSampler([5, 6, 7], 1, num_replicas=8, rank=r, seed=0)) for r in range(8)]
+    assert [len(share) for share in shares] == [1] * 8 and {i for s in shares for i in s} == {0, 1, 2}
+
+
 def test_length_grouping_cuts_padding(tmp_path, tokenizer_dir):
     write_varied_pairs(tmp_path)
     task = TextPair(
