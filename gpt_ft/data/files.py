@@ -163,9 +163,10 @@ def read_table(
         raise TaskDataError(
             f"{path}: unknown file format; set `format` (tsv, csv, json, parquet) in the card."
         )
-    if path.suffix.lower() == ".gz":
-        file_bytes(path)  # a file that does not gunzip is named here, not deep in the loader
-    if path.is_file() and path.stat().st_size == 0:  # (each reader would say it differently)
+    # A file that does not gunzip is named here, not deep in the loader; an empty one (gunzipped
+    # or not) here too, as each reader would say it differently.
+    gunzipped = file_bytes(path) if path.suffix.lower() == ".gz" else None
+    if path.is_file() and (path.stat().st_size == 0 or gunzipped == b""):
         raise TaskDataError(
             f"{path}: split {split!r} has no examples." if split != "data" else f"{path} holds no rows."
         )
@@ -212,7 +213,8 @@ def read_table(
                 builder, _stamp(path), data_files=files, split="data" + selection, **kwargs
             )
     except Exception as exc:  # pandas/pyarrow parse errors, an empty selection
-        if "corresponds to no data" in str(exc):  # (a file read for itself, not a split: `label`)
+        if "corresponds to no data" in str(exc) or fmt == "parquet" and parquet_rows(path) == 0:
+            # (a file read for itself, not a split: `label`)
             raise TaskDataError(
                 f"{path}: split {split!r} has no examples." if split != "data" else f"{path} holds no rows."
             ) from None
@@ -220,6 +222,16 @@ def read_table(
         raise TaskDataError(f"{path}{problem}.") from exc
     finally:
         datasets.logging.set_verbosity(verbosity)
+
+
+def parquet_rows(path: Path) -> int | None:
+    """The rows a parquet file's footer counts; None where it has none to read."""
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path).metadata.num_rows
+    except Exception:  # not parquet, cut short: the loader's error names it
+        return None
 
 
 def _header(path: Path, sep: str) -> list[str]:

@@ -14,6 +14,8 @@ import json
 import math
 
 import datasets
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 from jsonargparse import ArgumentParser
@@ -516,6 +518,13 @@ def test_a_file_read_for_itself_with_no_rows_says_so(tmp_path):
         (tmp_path / name).write_bytes(b"")
         with pytest.raises(TaskDataError, match=rf"^\S+{name} holds no rows.$"):
             read_table(tmp_path / name)
+    (tmp_path / "e.jsonl.gz").write_bytes(gzip.compress(b""))  # empty once gunzipped
+    pq.write_table(pa.table({"sentence": pa.array([], pa.string())}), tmp_path / "z.parquet")  # 0 rows
+    for name in ("e.jsonl.gz", "z.parquet"):
+        with pytest.raises(TaskDataError, match=rf"^\S+{name} holds no rows.$"):
+            read_table(tmp_path / name)
+        with pytest.raises(TaskDataError, match=rf"^\S+{name}: split 'train' has no examples.$"):
+            read_table(tmp_path / name, split="train")
 
 
 def test_a_json_lines_field_of_two_types_is_named_with_its_lines(tmp_path):
