@@ -46,8 +46,8 @@ from gpt_ft.adapters.contrastive import (
 )
 from gpt_ft.adapters.heads import TaskHead
 from gpt_ft.adapters.metrics import RETRIEVAL, metric_value, retrieval_metrics
-from gpt_ft.adapters.outputs import FLOAT32_MAX, CardError, LabelSpec, TaskDataError, TaskOutput
-from gpt_ft.adapters.sources import field_text
+from gpt_ft.adapters.outputs import CardError, LabelSpec, TaskDataError, TaskOutput
+from gpt_ft.adapters.sources import field_text, finite_number
 
 CORRELATIONS = ("spearman", "pearson")
 POOLINGS = ("extract", "last", "mean")
@@ -254,13 +254,7 @@ class EmbeddingOutput(TaskOutput):
     def label_id(self, value: Any) -> float:
         """A gold score: a finite number."""
         self._missing(value)
-        try:
-            score = float(value)
-        except (TypeError, ValueError):
-            raise TaskDataError(f"score {value!r} in field {self.spec.field!r} is not a number.") from None
-        if not math.isfinite(score) or abs(score) > FLOAT32_MAX:
-            raise TaskDataError(f"score {value!r} in field {self.spec.field!r} is not a finite number.")
-        return score
+        return finite_number(value, "score", self.spec.field)
 
 
 class Embedding(TaskAdapter):

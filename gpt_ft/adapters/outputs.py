@@ -20,16 +20,10 @@ from torch import Tensor
 
 from gpt_ft.adapters.heads import ChoiceHead, ClassificationHead, RegressionHead, TaskHead
 from gpt_ft.adapters.metrics import METRICS, metric_value
+from gpt_ft.adapters.sources import finite_number
 from gpt_ft.errors import CardError, TaskDataError
 
-FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max: scores are trained in fp32
 NUMBER = re.compile(r"-?\d+(\.\d*)?")  # a class name that is a number: '1', '-1', '1.0'
-
-
-def short_repr(value: Any) -> str:
-    """A value as a message quotes it: its repr, cut to 60 characters."""
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 @dataclasses.dataclass
@@ -380,17 +374,7 @@ class RegressionOutput(TaskOutput):
     def label_id(self, value: Any) -> float:
         """A score: the value as a number."""
         self._missing(value)
-        try:
-            score = float(value)
-        except (TypeError, ValueError):
-            raise TaskDataError(
-                f"regression score {value!r} in field {self.spec.field!r} is not a number."
-            ) from None
-        if not math.isfinite(score) or abs(score) > FLOAT32_MAX:  # the loss would be inf or NaN
-            raise TaskDataError(
-                f"regression score {value!r} in field {self.spec.field!r} is not a finite number "
-                "a 32-bit float holds."
-            )
+        score = finite_number(value, "regression score", self.spec.field)
         low, high = self.spec.score_range or (-math.inf, math.inf)
         if not low <= score <= high:
             raise TaskDataError(

@@ -36,8 +36,8 @@ from torch import Tensor
 
 from gpt_ft.adapters.base import Encoded, TaskAdapter, refuse_label_fields
 from gpt_ft.adapters.heads import ChoiceHead, at_least_fp32
-from gpt_ft.adapters.outputs import FLOAT32_MAX, CardError, LabelSpec, TaskDataError, TaskOutput, short_repr
-from gpt_ft.adapters.sources import field_text
+from gpt_ft.adapters.outputs import CardError, LabelSpec, TaskDataError, TaskOutput
+from gpt_ft.adapters.sources import field_text, finite_number, short_repr
 
 
 def split_dialogue(chosen: str, rejected: str, marker: str) -> tuple[str, str, str]:
@@ -228,13 +228,7 @@ class PreferenceOutput(TaskOutput):
     def label_id(self, value: Any) -> float:
         """A margin: a finite number."""
         self._missing(value)
-        try:
-            margin = float(value)
-        except (TypeError, ValueError):
-            raise TaskDataError(f"margin {value!r} in field {self.spec.field!r} is not a number.") from None
-        if not math.isfinite(margin) or abs(margin) > FLOAT32_MAX:
-            raise TaskDataError(f"margin {value!r} in field {self.spec.field!r} is not a finite number.")
-        return margin
+        return finite_number(value, "margin", self.spec.field)
 
 
 class Preference(TaskAdapter):

@@ -31,9 +31,9 @@ from torch import Tensor
 
 from gpt_ft.adapters.base import Encoded, TaskAdapter, refuse_label_fields
 from gpt_ft.adapters.heads import first_best, tied
-from gpt_ft.adapters.outputs import CardError, LabelSpec, TaskDataError, TaskOutput, short_repr
+from gpt_ft.adapters.outputs import CardError, LabelSpec, TaskDataError, TaskOutput
 from gpt_ft.adapters.preference import RewardHead, reply_templates
-from gpt_ft.adapters.sources import field_text
+from gpt_ft.adapters.sources import field_text, finite_number, short_repr
 from gpt_ft.errors import about
 
 LOSSES = ("plackett_luce", "softmax", "pairwise")
@@ -391,10 +391,4 @@ def _key(record: Any, key: str, field: str) -> Any:
 def _score(value: Any, field: str) -> float | None:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return None
-    try:
-        score = float(value)
-    except (TypeError, ValueError):
-        raise TaskDataError(f"score {value!r} in field {field!r} is not a number.") from None
-    if not math.isfinite(score):
-        raise TaskDataError(f"score {value!r} in field {field!r} is not a finite number.")
-    return score
+    return finite_number(value, "score", field)

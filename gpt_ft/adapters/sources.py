@@ -1,5 +1,5 @@
 """Where a task's examples come from (a hub dataset, local files, and which splits are evaluated),
-and how a text field of theirs is read (`field_text`)."""
+and how a field of theirs is read: a text (`field_text`), a number (`finite_number`)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,30 @@ import numbers
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal
 
-from gpt_ft.adapters.outputs import short_repr
 from gpt_ft.errors import CardError, TaskDataError
+
+FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max: scores are trained in fp32
+
+
+def finite_number(value: Any, what: str, field: str) -> float:
+    """A label field's number (a score, a margin): finite and within fp32's range, where the loss
+    stays finite; a boolean (JSON's true) is no number."""
+    boolean = isinstance(value, bool) or getattr(getattr(value, "dtype", None), "kind", "") == "b"
+    try:
+        number = float(None if boolean else value)
+    except (TypeError, ValueError):
+        raise TaskDataError(f"{what} {value!r} in field {field!r} is not a number.") from None
+    if not math.isfinite(number) or abs(number) > FLOAT32_MAX:
+        raise TaskDataError(
+            f"{what} {value!r} in field {field!r} is not a finite number a 32-bit float holds."
+        )
+    return number
+
+
+def short_repr(value: Any) -> str:
+    """A value as a message quotes it: its repr, cut to 60 characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 @dataclass

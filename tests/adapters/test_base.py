@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -68,6 +69,12 @@ def test_labels_accept_names_and_integer_ids():
     reg = SingleText(name="t", regression=True)
     with pytest.raises(TaskDataError, match="regression score 'high' in field 'label' is not a number"):
         reg.output.label_id("high")
+    for boolean in (True, np.bool_(False)):  # JSON's true is no score (1.0); a class label is refused too
+        with pytest.raises(
+            TaskDataError, match=rf"^regression score {boolean!r} in field 'label' is not a number\.$"
+        ):
+            reg.output.label_id(boolean)
+    assert reg.output.label_id(np.float32(2.5)) == 2.5
     assert task.output.example_label({"label": -1}) is None and task.output.example_label({}) is None
 
 
