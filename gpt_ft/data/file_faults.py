@@ -128,7 +128,8 @@ def json_records(path: Path, rows: list[dict]) -> list[dict]:
 
 
 def _array_lines(text: str) -> list[int] | None:
-    """The line on which each record of a JSON array starts; None for any other document."""
+    """The line on which each record of a JSON array starts; None for any other document (an array
+    that is not valid JSON too: a comma missing between records, or one after the last)."""
     space, decoder = re.compile(r"[ \t\r\n]*"), json.JSONDecoder()
     at = space.match(text).end()
     if not text.startswith("[", at):
@@ -141,6 +142,10 @@ def _array_lines(text: str) -> list[int] | None:
             at = space.match(text, decoder.raw_decode(text, at)[1]).end()
             if text.startswith(",", at):
                 at = space.match(text, at + 1).end()
+                if text.startswith("]", at):
+                    return None
+            elif not text.startswith("]", at):
+                return None
     except ValueError:
         return None
     return starts
@@ -305,16 +310,17 @@ def _json_problem(path: Path, reason: str, columns: set[str] | None = None) -> s
     the record the loader refused (`columns`: those it took from the file's first block)."""
     text = _text(path)
     starts = record_lines(path, "json")
-    if starts is None:  # one document
+    if starts is None or text.lstrip().startswith("["):  # one document (an array's records span lines)
         try:
-            json.loads(text)
+            records = json.loads(text)
         except json.JSONDecodeError as bad:
             return f", line {bad.lineno}, column {bad.colno}: not valid JSON ({bad.msg})"
-        return None
+        if starts is None:
+            return None
     lines, kinds, fields, differs = text.split("\n"), {}, None, None
-    for n in starts:
+    for i, n in enumerate(starts):
         try:
-            record = json.loads(lines[n - 1])
+            record = records[i] if text.lstrip().startswith("[") else json.loads(lines[n - 1])
         except json.JSONDecodeError as bad:
             return f", line {n}, column {bad.colno}: not valid JSON ({bad.msg})"
         if not isinstance(record, dict):

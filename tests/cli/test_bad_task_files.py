@@ -124,6 +124,16 @@ def parquet_bytes(columns: dict[str, list]) -> bytes:
             b'[\n {"sentence": "a", "label": "positive"},\n {"sentence": "b" "label": "x"}\n]',
             ", line 3, column 19: not valid JSON (Expecting ',' delimiter)",
         ),
+        (  # a comma after the last record: named where JSON says, not at the record before it
+            "t.json",
+            b'[\n {"sentence": "a", "label": "positive"},\n {"sentence": "b", "label": "x"},\n]\n',
+            ", line 4, column 1: not valid JSON (Expecting value)",
+        ),
+        (  # a comma missing between two records
+            "t.json",
+            b'[\n {"sentence": "a", "label": "positive"}\n {"sentence": "b", "label": "x"}\n]\n',
+            ", line 3, column 2: not valid JSON (Expecting ',' delimiter)",
+        ),
         (  # Latin-1 on the third line
             "t.tsv",
             "sentence\tlabel\na\tpositive\ncafé\tnegative\n".encode("latin-1"),
