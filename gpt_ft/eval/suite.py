@@ -48,12 +48,11 @@ from gpt_ft.eval.results import (
 from gpt_ft.eval.suite_file import Run, SuiteSpec, as_list, check_paper, data_dirs, first_process, load_suite
 from gpt_ft.eval.suite_folder import (
     check_out_dir,
-    mark_submission,
     new_submission_folder,
     read_json,
     set_aside,
     write_json,
-    write_zip,
+    zip_submission,
 )
 from gpt_ft.training.callbacks import finite
 from gpt_ft.training.runs import build_fit
@@ -391,10 +390,4 @@ class SuiteRunner:
                 log(f"warning: {run} (the best seed) wrote no test predictions")
             for file in files:
                 shutil.copy(file, folder / file.name)
-        present = mark_submission(self.out)
-        if lacks := ", ".join(f for f in spec.files if f not in present):
-            log(f"warning: the submission lacks {lacks} (tasks not in this run or without test files)")
-        archive = self.out / spec.archive
-        write_zip(archive, folder, sorted(present))
-        log(f"wrote {archive} ({len(present)} files)")
-        return archive
+        return zip_submission(self.out, spec.archive, spec.files, log)

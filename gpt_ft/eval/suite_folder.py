@@ -69,6 +69,20 @@ def mark_submission(out: Path) -> set[str]:
     return set(written)
 
 
+def zip_submission(out: Path, archive: str, expected: list[str], log=print) -> Path:
+    """OUT/submission zipped into OUT/`archive`: the files the leaderboard expects, each missing or
+    left out (a card's file not among them, which a leaderboard may refuse) named in a warning."""
+    present = mark_submission(out)
+    if lacks := ", ".join(f for f in expected if f not in present):
+        log(f"warning: the submission lacks {lacks} (tasks not in this run or without test files)")
+    if others := sorted(present - set(expected)):
+        log(f"warning: {', '.join(others)} left out of {archive}: not among the submission's files")
+    names = sorted(present & set(expected))
+    write_zip(out / archive, out / SUBMISSION, names)
+    log(f"wrote {out / archive} ({len(names)} file{'s' * (len(names) != 1)})")
+    return out / archive
+
+
 def write_zip(archive: Path, folder: Path, names: list[str]) -> None:
     """The files `names` of `folder` zipped into `archive` (written whole or not at all)."""
 

@@ -2,12 +2,13 @@
 
 import json
 import math
+import zipfile
 
 import pytest
 
 from gpt_ft.eval.results import benchmark_score, mean_std, results_markdown, write_results
 from gpt_ft.eval.suite_file import Score
-from gpt_ft.eval.suite_folder import write_json
+from gpt_ft.eval.suite_folder import new_submission_folder, write_json, zip_submission
 
 
 def test_mean_and_sample_std_of_the_defined_values():
@@ -178,3 +179,19 @@ def test_a_metric_over_seeds_in_percent_a_raw_one_as_it_is_and_a_lone_value_with
     one = {"seeds": {"0": 40.0, "1": None, "2": None}, **mean_std([40.0, None, None])}
     assert pm(one) == "40.0"  # one seed defines it: no "± 0.0", as if three agreed
     assert pm({"seeds": {"0": 40.0, "1": 50.0}, **mean_std([40.0, 50.0])}) == "45.0 ± 7.1"
+
+
+def test_the_archive_holds_the_files_the_leaderboard_expects_and_says_what_it_left(tmp_path):
+    """A card's own file that the suite's `submission.files` does not list stays out of the zip."""
+    folder = new_submission_folder(tmp_path)
+    for name in ("SST-2.tsv", "pair-test.tsv"):
+        (folder / name).write_text("index\tprediction\n0\t1\n")
+    said = []
+    archive = zip_submission(tmp_path, "sub.zip", ["SST-2.tsv", "CoLA.tsv"], log=said.append)
+    with zipfile.ZipFile(archive) as zf:
+        assert zf.namelist() == ["SST-2.tsv"]
+    assert said == [
+        "warning: the submission lacks CoLA.tsv (tasks not in this run or without test files)",
+        "warning: pair-test.tsv left out of sub.zip: not among the submission's files",
+        f"wrote {tmp_path / 'sub.zip'} (1 file)",
+    ]

@@ -19,6 +19,7 @@ from gpt_ft.data.tokenizer import load_tokenizer
 from gpt_ft.eval import finetune
 from gpt_ft.eval import suite as suites
 from gpt_ft.eval.suite_file import data_dirs, load_suite
+from gpt_ft.eval.suite_folder import mark_submission
 from gpt_ft.training.runs import build_fit
 from tests.helpers import MICRO, ROOT, as_list, data_of, fit_args, make_task, write_suite
 from tests.training.test_checkpointing import interrupt
@@ -309,7 +310,7 @@ def test_a_submission_folder_of_other_files_is_refused_before_any_run(tmp_path):
     (tmp_path / "submission" / "RTE.tsv").unlink()
     folder = suites.new_submission_folder(tmp_path)  # as a suite writes it: its own from then on
     (folder / "RTE.tsv").write_text("index\tprediction\n0\tnot_entailment\n")
-    suites.mark_submission(tmp_path)
+    mark_submission(tmp_path)
     suites.SuiteRunner(spec, out_dir=tmp_path)
     # A folder of an earlier version, its marker empty: its files are copies of its runs' predictions.
     (tmp_path / ".submission-by-gpt-ft-suite").write_text("")
