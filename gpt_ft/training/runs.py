@@ -110,6 +110,11 @@ class GPTCLI(CheckpointHparamsAsDefaults, ParsersBuiltOnce, LightningCLI):
         accumulate = config.trainer.get("accumulate_grad_batches")
         if isinstance(accumulate, int) and accumulate < 1:  # Lightning would divide by it
             raise ValueError(f"--trainer.accumulate_grad_batches must be >= 1, got {accumulate}.")
+        clip = config.trainer.get("gradient_clip_val")
+        if isinstance(clip, (int, float)) and clip < 0:  # Lightning would skip clipping without a word
+            raise ValueError(
+                f"--trainer.gradient_clip_val must be >= 0 (0 or null: no clipping), got {clip}."
+            )
         on_cpu = runs_on_cpu(config.trainer.get("accelerator", "auto"))
         check_devices(
             config.trainer.get("devices", "auto"), on_cpu=on_cpu, strategy=config.trainer.get("strategy")

@@ -56,6 +56,8 @@ class EarlyStopping(early_stopping.EarlyStopping):
             mode: max or min; default the direction of the watched metric.
             verbose: Say when and why the run stops.
         """
+        if mode not in (None, "max", "min"):
+            raise ValueError(f"EarlyStopping mode {mode!r}: give max or min.")
         # A NaN score (a correlation over constant predictions) counts as no improvement, toward
         # `patience`: Lightning's check_finite would stop the run at the first one.
         super().__init__(
@@ -78,3 +80,28 @@ class EarlyStopping(early_stopping.EarlyStopping):
         self.min_delta = abs(self.min_delta) * (1 if self.mode == "max" else -1)
         self.best_score = torch.tensor(-torch.inf if self.mode == "max" else torch.inf)
         super().setup(trainer, pl_module, stage)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        # A run resumed from the checkpoint of one this callback stopped stays stopped (a requeued
+        # job would train an epoch more at each start); a larger patience goes on.
+        if self.stopped_epoch > 0 and self.wait_count >= self.patience:
+            trainer.should_stop = True
+            if trainer.is_global_zero:
+                print(f"The run stopped early at epoch {self.stopped_epoch}: {self.monitor} did not improve "
+                      f"in the last {self.wait_count} records (a larger patience goes on).")  # fmt: skip
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        # A metric validation does not log is named at the first validation (the sanity check's,
+        # before training), with those it does log: Lightning's error came after an epoch.
+        logged, fitting = trainer.callback_metrics, trainer.state.fn == "fit"
+        if (
+            fitting
+            and self.monitor not in logged
+            and not (trainer.sanity_checking and self.monitor.startswith("train/"))
+        ):
+            validation = ", ".join(sorted(name for name in logged if not name.startswith("train/")))
+            raise ValueError(
+                f"EarlyStopping(monitor={self.monitor!r}): validation logs no such metric; it logs "
+                f"{validation}."
+            )
+        super().on_validation_end(trainer, pl_module)

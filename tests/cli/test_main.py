@@ -172,6 +172,10 @@ def test_a_checkpoint_moved_without_its_tokenizer_starts_a_run_with_the_one_give
         ("--data.batch_size=0", "batch_size must be >= 1, got 0"),
         ("--model.lm_coef=-0.5", "lm_coef must be >= 0, got -0.5"),
         ("--trainer.max_epochs=x", "--trainer.max_epochs: expected int, got 'x'"),
+        (
+            "--trainer.gradient_clip_val=-1",
+            "--trainer.gradient_clip_val must be >= 0 (0 or null: no clipping), got -1",
+        ),
     ],
 )
 def test_out_of_range_hyperparameters(run, arg, message):

@@ -16,22 +16,46 @@ def fit_args(tmp_path, tokenizer_dir, *extra: str) -> list[str]:
     return ["fit", *args, *extra]
 
 
-def test_early_stopping_stops_a_run_whose_main_metric_stalls(tmp_path, tokenizer_dir):
+def test_early_stopping_stops_a_run_whose_main_metric_stalls(tmp_path, tokenizer_dir, capsys):
     # A learning rate too small to move the accuracy: it stalls from the first evaluation on.
-    main(
-        fit_args(
-            tmp_path,
-            tokenizer_dir,
-            f"--config={ROOT / 'configs/trainer/early_stopping.yaml'}",
-            "--model.lr=1e-12",
-            "--trainer.max_epochs=20",
-            f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
-        )
+    args = fit_args(
+        tmp_path,
+        tokenizer_dir,
+        f"--config={ROOT / 'configs/trainer/early_stopping.yaml'}",
+        "--model.lr=1e-12",
+        "--trainer.max_epochs=20",
+        f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
     )
-    last = torch.load(
-        next(tmp_path.glob("runs/lightning_logs/version_0/checkpoints/last.ckpt")), weights_only=True
-    )
+    main(args)
+    saved = next(tmp_path.glob("runs/lightning_logs/version_0/checkpoints/last.ckpt"))
+    last = torch.load(saved, weights_only=True)
     assert last["epoch"] == 2  # epoch 0 sets the best; 1 and 2 do not improve it (patience 2)
+    capsys.readouterr()
+    main([*args, f"--ckpt_path={saved}"])  # a requeued job: stopped, it stays stopped
+    assert "The run stopped early at epoch 2: validation/accuracy did not improve" in capsys.readouterr().out
+    for checkpoint in tmp_path.glob("runs/lightning_logs/*/checkpoints/last.ckpt"):
+        assert torch.load(checkpoint, weights_only=True)["global_step"] == last["global_step"]
+
+
+def test_early_stopping_on_a_metric_validation_does_not_log_stops_before_training(
+    tmp_path, tokenizer_dir, capsys
+):
+    args = [*fit_args(tmp_path, tokenizer_dir), "--trainer.callbacks+=gpt_ft.training.stopping.EarlyStopping"]
+
+    def error(*extra: str) -> str:
+        with pytest.raises(SystemExit) as stopped:
+            main([*args, *extra])
+        assert stopped.value.code == 2
+        return capsys.readouterr().err.strip().splitlines()[-1]
+
+    said = error("--trainer.callbacks.monitor=validation/lm_loss")
+    assert said.startswith("gpt-ft: error: EarlyStopping(monitor='validation/lm_loss'): validation logs no ")
+    assert "; it logs validation/accuracy, " in said and "validation/loss" in said
+    assert not list(tmp_path.rglob("*.ckpt"))  # the sanity check's validation named it: nothing trained
+    assert (
+        error("--trainer.callbacks.mode=maximum")
+        == "gpt-ft: error: EarlyStopping mode 'maximum': give max or min."
+    )
 
 
 @pytest.mark.parametrize(
