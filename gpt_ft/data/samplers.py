@@ -15,6 +15,7 @@ import math
 from collections.abc import Iterator, Sequence
 
 import torch
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch.utils.data import DistributedSampler
 
 
@@ -101,7 +102,7 @@ class ResumableTrainData:
     resumed from one taken mid-epoch goes on with the very next batch (Lightning saves `state_dict`
     and hands it back to `load_state_dict` before the data loaders are built)."""
 
-    _resume: tuple[int, int] | None = None  # (epoch, batches of it already trained on)
+    _resume: tuple[int, int, int | None] | None = None  # (epoch, batches of it trained on, their size)
 
     def state_dict(self) -> dict[str, int]:
         trainer = getattr(self, "trainer", None)
@@ -119,15 +120,24 @@ class ResumableTrainData:
             epoch, batches = epoch + 1, 0
         elif epochs.processed == epochs.started:
             batches = 0
-        return {"epoch": epoch, "batches": batches}
+        return {"epoch": epoch, "batches": batches, "batch_size": self.batch_size}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         if state:
-            self._resume = (int(state["epoch"]), int(state["batches"]))
+            self._resume = (int(state["epoch"]), int(state["batches"]), state.get("batch_size"))
 
     def _resumed(self, sampler: EpochSampler, batch_size: int) -> EpochSampler:
+        """`sampler` past the examples the checkpoint's epoch trained on: its batches, of the size
+        they had (a run resumed with another batch size goes on where that epoch's order stood)."""
         if self._resume is not None:
-            epoch, batches = self._resume
-            sampler.skip(epoch, batches * batch_size)
+            epoch, batches, size = self._resume
+            size = size or batch_size  # (a checkpoint of an earlier version: the size now)
+            if batches and size != batch_size and isinstance(sampler, LengthGroupedSampler):
+                rank_zero_warn(
+                    f"The checkpoint stopped {batches} batches of {size} into epoch {epoch} and this run's "
+                    f"batches hold {batch_size}: length-grouped batches of another size come in another "
+                    "order, so the rest of that epoch repeats some examples and leaves out others."
+                )
+            sampler.skip(epoch, batches * size)
             self._resume = None
         return sampler

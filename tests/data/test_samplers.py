@@ -1,3 +1,5 @@
+import pytest
+
 from gpt_ft.adapters import LocalFiles, TextPair
 from gpt_ft.data.samplers import EpochSampler, LengthGroupedSampler, ResumableTrainData
 from gpt_ft.data.task_data import TaskDataModule
@@ -95,3 +97,9 @@ def test_resumable_train_data_hands_its_position_to_the_sampler_once():
     data.load_state_dict({"epoch": 0, "batches": 2})
     assert list(data._resumed(sampler, batch_size=3)) == list(range(6, 12))  # 2 batches of 3 skipped
     assert list(data._resumed(sampler, batch_size=3)) == list(range(12))
+    data.load_state_dict({"epoch": 0, "batches": 2, "batch_size": 4})  # resumed with batches of 3
+    assert list(data._resumed(sampler, batch_size=3)) == list(range(8, 12))  # the 8 trained on skipped
+    grouped = LengthGroupedSampler([3] * 12, 3, shuffle=False)
+    data.load_state_dict({"epoch": 0, "batches": 2, "batch_size": 4})
+    with pytest.warns(UserWarning, match="stopped 2 batches of 4 into epoch 0 and this run's batches hold 3"):
+        assert list(data._resumed(grouped, batch_size=3)) == list(grouped.indices())[8:]
