@@ -58,7 +58,8 @@ def parse_error_message(text: str) -> str:
         what = "a folder" if typed.is_dir() else "not a YAML file"
         return f"--data.task {value} is {what}: give a task card (e.g. tasks/glue/rte.yaml)."
     given = values[0] if values else value  # the innermost value, the one at fault
-    where = f"--{'.'.join(keys)}: " if keys else ""
+    where = [key for i, key in enumerate(keys) if not any(k.startswith(f"{key}.") for k in keys[i + 1 :])]
+    where = f"--{'.'.join(where)}: " if where else ""  # keys relative (data, task) or whole (model.lr)
     unaccepted = [line for line in lines if "is not accepted" in line or "is not expected" in line]
     bad_class = [
         f"{line.removeprefix('Problem with given ').rstrip(':')}: {lines[i + 1]}"

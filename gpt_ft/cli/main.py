@@ -94,22 +94,25 @@ def lone_value(message: str) -> str:
 def in_config_file(message: str, args: list[str]) -> str:
     """`message` about an option naming the `--config` file that gave it (jsonargparse names the
     option alone, as if typed: "--trainer.max_epochs: ..."): the first source of the option, in the
-    order given, whose value is the one the message quotes."""
-    key = re.match(r"--([\w.]+): ", message) or re.search(r"does not accept option '([\w.]+)'", message)
-    if key is None:
+    order given, that gives the value the message quotes, or an option not accepted at all."""
+    unknown = re.search(
+        r"^--([\w.]+): Option '(\w+)' is not accepted|does not accept option '([\w.]+)'", message
+    )
+    got = re.match(r"--([\w.]+): .*, got (.*)\.$", message)
+    key = (
+        f"{unknown[1]}.{unknown[2]}" if unknown and unknown[1] else unknown[3] if unknown else got and got[1]
+    )
+    if not key:
         return message
-    sources = []  # (the file, or None for the command line; the value), in the order given
     for arg, following in zip(args, [*args[1:], ""]):
         option, equals, value = arg.partition("=")
         value = value if equals else following
-        if option in ("-c", "--config") and (found := option_in(value, key[1].split("."))):
-            sources.append((value, found[0]))
-        elif option == f"--{key[1]}":
-            sources.append((None, value))
-    got = re.search(r", got (.*)\.$", message)
-    at_fault = [file for file, value in sources if got and got[1] in (repr(value), str(value))]
-    file = next(iter(at_fault or [file for file, _ in sources]), None)
-    return f"{file}: {message.removeprefix('--')}" if file else message
+        if option in ("-c", "--config") and (found := option_in(value, key.split("."))):
+            if unknown or got[2] in (repr(found[0]), str(found[0])):
+                return f"{value}: {message.removeprefix('--')}"
+        elif option == f"--{key}" and (unknown or got[2] in (repr(value), value)):
+            return message  # typed so
+    return message
 
 
 def option_in(file: str, keys: list[str]) -> object:

@@ -203,6 +203,13 @@ def test_a_bad_option_in_a_config_file_names_the_file(run):
     )
     assert run("--config", str(bad), "--trainer.max_epochs=4") == expected  # the file is read first
     assert run("-c", str(unknown)).startswith(f"gpt-ft: error: {unknown}: ")
+    # A file that gives the option a good value is not blamed for the command line's mapping.
+    assert run("--config", str(good), "--trainer={max_epochs: abc}") == (
+        "gpt-ft: error: --trainer.max_epochs: expected int, got 'abc'."
+    )
+    assert run("--config", str(good), "--trainer={max_epochz: 1}") == (
+        "gpt-ft: error: Subcommand 'fit' does not accept option 'trainer.max_epochz'."
+    )
 
 
 def test_an_option_without_its_value_says_how_to_give_one(run):
