@@ -111,6 +111,7 @@ def safe_load(path: str | Path, load=None) -> dict[str, Any]:
     A file that would run code, or that is truncated, empty or not a checkpoint at all, is one
     sentence naming it.
     """
+    path = Path(path).expanduser()  # `~/runs/last.ckpt`, as the shell would read it unquoted
     try:
         entries = load(path) if load is not None else torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
@@ -204,7 +205,7 @@ class Checkpoint:
     @classmethod
     def read(cls, path: str | Path) -> Checkpoint:
         """The checkpoint file at `path` (see `safe_load` for what is refused)."""
-        return cls(safe_load(path), path)
+        return cls(safe_load(path), Path(path).expanduser())
 
     def save(self, path: str | Path) -> None:
         """Written atomically to `path` (`save_file`)."""

@@ -34,6 +34,13 @@ def test_examples_name_the_cards_fields(finetuned):
         clf.predict([{"sentence": "a cat ."}, "a film"])
 
 
+def test_a_checkpoint_path_from_home_is_expanded(finetuned, monkeypatch):
+    """`~/...` as the shell would read it unquoted: `--input` and `generate` took it, the checkpoint not."""
+    monkeypatch.setenv("HOME", str(finetuned.logs))
+    clf = Classifier.from_checkpoint("~/lightning_logs/version_0/checkpoints/last.ckpt", device="cpu")
+    assert clf.predict([{"sentence": "a cat ."}])[0]["label"] in ("negative", "positive")
+
+
 def test_packed_and_padded_batches_give_the_same_probabilities(finetuned):
     """`Classifier` packs its batches by default; padded ones (`packing=False`) agree to 1e-5."""
     clf = Classifier.from_checkpoint(finetuned.ckpt, device="cpu")
