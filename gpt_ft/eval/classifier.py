@@ -12,9 +12,11 @@ those `gpt-ft predict` computes.
 
 from __future__ import annotations
 
+import base64
 import csv
 import itertools
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -273,8 +275,24 @@ def free_name(name: str, taken: set[str]) -> str:
 
 
 def jsonable(value: Any) -> Any:
-    """A value JSON has no type for, written as text: a date or time as ISO 8601 (a parquet column's)."""
+    """A value JSON has no type for, written as text: a date or time as ISO 8601 (a parquet column's),
+    bytes as their UTF-8 text (as training reads a binary column), else base64."""
+    if isinstance(value, (bytes, bytearray)):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return base64.b64encode(value).decode("ascii")
     return value.isoformat() if hasattr(value, "isoformat") else str(value)
+
+
+def finite(value: Any) -> Any:
+    """`value` with every NaN or infinity (a parquet float column's missing cell) as None: JSON has
+    no such numbers, and strict readers refuse Python's `NaN`."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    return [finite(v) for v in value] if isinstance(value, list) else value
 
 
 def _cell(value: Any) -> str:
@@ -282,8 +300,10 @@ def _cell(value: Any) -> str:
     if value is None:
         return ""
     return (
-        json.dumps(value, ensure_ascii=False, default=jsonable)
+        json.dumps(finite(value), ensure_ascii=False, default=jsonable)
         if isinstance(value, (list, dict))
+        else jsonable(value)
+        if isinstance(value, (bytes, bytearray))
         else str(value)
     )
 
@@ -294,7 +314,7 @@ def _write_rows(tmp, suffix: str, rows: list[dict[str, Any]], labelled, names: d
     with tmp.open("w", encoding="utf-8", newline="") as f:
         if suffix in (".jsonl", ".json"):
             records = [
-                {**row, **{name: outcome[key] for key, name in names.items() if key in outcome}}
+                finite({**row, **{name: outcome[key] for key, name in names.items() if key in outcome}})
                 for row, (outcome, _) in zip(rows, labelled)
             ]
             if suffix == ".json":  # one array, as a .json input is read
@@ -302,7 +322,7 @@ def _write_rows(tmp, suffix: str, rows: list[dict[str, Any]], labelled, names: d
             for record in records if suffix == ".jsonl" else []:
                 f.write(json.dumps(record, ensure_ascii=False, default=jsonable) + "\n")
         elif suffix == ".tsv":  # read back without quoting, as GLUE's files are
-            f.write("\t".join([*columns, prediction]) + "\n")
+            f.write("\t".join(re.sub(r"[\t\r\n]", " ", c) for c in [*columns, prediction]) + "\n")
             for row, (_, text) in zip(rows, labelled):
                 cells = [_cell(row.get(c)) for c in columns] + [text]
                 f.write("\t".join(re.sub(r"[\t\r\n]", " ", c) for c in cells) + "\n")

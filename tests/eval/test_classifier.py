@@ -5,6 +5,7 @@ shape is checked where each shape is fine-tuned (tests/cli/test_lightning.py,
 `assert_classifier_agrees`)."""
 
 import csv
+import math
 import sys
 from pathlib import Path
 
@@ -229,6 +230,13 @@ def test_label_keeps_a_files_own_columns_and_records(finetuned, tmp_path, capsys
     dated = tmp_path / "dated.parquet"
     pq.write_table(pa.table({"sentence": ["a cat ."], "when": [datetime.date(2024, 1, 2)]}), dated)
     assert json.loads(label(dated, "dated.jsonl").read_text())["when"] == "2024-01-02"
+    # JSON has no NaN (strict readers refuse Python's): null; bytes are their text, else base64.
+    typed = tmp_path / "typed.parquet"
+    cells = {"sentence": ["a cat ."], "f": [math.nan], "b": [b"ab"], "raw": [b"\xff"], "x\ty": [1]}
+    pq.write_table(pa.table(cells), typed)
+    written = json.loads(label(typed, "typed.jsonl").read_text(), parse_constant=lambda c: pytest.fail(c))
+    assert (written["f"], written["b"], written["raw"]) == (None, "ab", "/w==")
+    assert label(typed, "typed.tsv").read_text().splitlines()[0] == "sentence\tf\tb\traw\tx y\tprediction"
     missing = tmp_path / "missing.jsonl"
     missing.write_text('{"sentence": "a cat ."}\n{"text": "a dog ."}\n')
     with pytest.raises(SystemExit):
