@@ -9,6 +9,7 @@ import glob
 import hashlib
 import re
 from dataclasses import dataclass, replace
+from itertools import chain
 from pathlib import Path
 
 from gpt_ft.adapters import TaskAdapter, TaskDataError
@@ -236,8 +237,8 @@ def parquet_rows(path: Path) -> int | None:
 
 def _header(path: Path, sep: str) -> list[str]:
     with open_text(path, newline="") as f:
-        line = f.readline()
-    columns = line.rstrip("\r\n").split("\t") if sep == "\t" else next(csv.reader([line]), [])
+        line = f.readline()  # a quoted CSV name may hold a line break (a spreadsheet's wrapped header)
+        columns = line.rstrip("\r\n").split("\t") if sep == "\t" else next(csv.reader(chain([line], f)), [])
     if not line.strip():  # (the loader would take the next line for the header, the rest one line off)
         raise TaskDataError(
             f"{path}, line 1 is empty: the header (the columns' names) must be the first line."

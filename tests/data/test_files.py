@@ -527,6 +527,18 @@ def test_a_file_read_for_itself_with_no_rows_says_so(tmp_path):
             read_table(tmp_path / name, split="train")
 
 
+def test_a_csv_header_whose_quoted_name_holds_a_line_break_is_read(tmp_path):
+    """A spreadsheet's wrapped header: the names are CSV's, and the rows' lines count from there."""
+    from gpt_ft.data.files import read_table
+
+    path = tmp_path / "h.csv"
+    path.write_text('sentence,"note\nwrapped",x\nhello,n1,v\nbye,n2\n')
+    with pytest.raises(TaskDataError, match=r"h.csv, line 4: 2 fields where there are 3 columns"):
+        read_table(path)
+    path.write_text('sentence,"note\nwrapped",x\nhello,n1,v\n')
+    assert read_table(path).to_list() == [{"sentence": "hello", "note\nwrapped": "n1", "x": "v"}]
+
+
 def test_a_json_lines_field_of_two_types_is_named_with_its_lines(tmp_path):
     """The loaders' fallback failed on it (with a blank line) naming no line: `Expected object or value`."""
     from gpt_ft.data.files import read_table
