@@ -530,7 +530,7 @@ def test_every_command_lists_its_options_with_their_help(capsys):
         "explain": ["--model.init_from", "--split SPLIT", "Split name, e.g. train, validation.",
                     "Example number within the split.", "Print JSON instead of text."],
         "prepare": ["--inputs", "A text file or a folder of them"],
-        "suite": ["--fit_args", "Arguments for every `gpt-ft fit`, as a list"],
+        "suite": ["--fit_args", "Every `gpt-ft fit`'s extra arguments: a list"],
     }  # fmt: skip
     for name, expected in main_help.items():
         with pytest.raises(SystemExit):
