@@ -296,8 +296,9 @@ def finite(value: Any) -> Any:
 
 
 def _cell(value: Any) -> str:
-    """A table cell: a list or mapping (a row's steps, its replies) as JSON, not Python's repr."""
-    if value is None:
+    """A table cell: a list or mapping (a row's steps, its replies) as JSON, not Python's repr; a
+    missing value (None, a parquet float column's NaN) as an empty cell, as spreadsheets write it."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
         return ""
     return (
         json.dumps(finite(value), ensure_ascii=False, default=jsonable)

@@ -236,7 +236,9 @@ def test_label_keeps_a_files_own_columns_and_records(finetuned, tmp_path, capsys
     pq.write_table(pa.table(cells), typed)
     written = json.loads(label(typed, "typed.jsonl").read_text(), parse_constant=lambda c: pytest.fail(c))
     assert (written["f"], written["b"], written["raw"]) == (None, "ab", "/w==")
-    assert label(typed, "typed.tsv").read_text().splitlines()[0] == "sentence\tf\tb\traw\tx y\tprediction"
+    header, row = label(typed, "typed.tsv").read_text().splitlines()
+    assert header == "sentence\tf\tb\traw\tx y\tprediction"
+    assert row.split("\t")[1:5] == ["", "ab", "/w==", "1"]  # NaN: an empty cell, as spreadsheets write it
     missing = tmp_path / "missing.jsonl"
     missing.write_text('{"sentence": "a cat ."}\n{"text": "a dog ."}\n')
     with pytest.raises(SystemExit):
