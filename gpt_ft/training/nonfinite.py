@@ -31,8 +31,21 @@ def stop_on_nonfinite(
     step, epoch, batch = where
     raise FloatingPointError(
         f"The training loss became {loss} at step {step} (epoch {epoch}, batch {batch}){kept}. "
-        "Try a lower --model.lr, gradient clipping (--trainer.gradient_clip_val 1.0) or fp32."
+        f"Try {remedies(trainer)}."
     )
+
+
+def remedies(trainer) -> str:
+    """What to try after a non-finite loss, among what the run does not already do."""
+    tries = ["a lower --model.lr"]
+    if not getattr(trainer, "gradient_clip_val", None):
+        tries.append("gradient clipping (--trainer.gradient_clip_val 1.0)")
+    precision = str(getattr(trainer, "precision", "32-true"))
+    if precision.startswith(("16", "bf16")):  # fp16's range overflows first; any 16-bit, less precise
+        tries.append(
+            "--trainer.precision " + ("bf16-mixed (or 32-true)" if precision.startswith("16") else "32-true")
+        )
+    return ", ".join(tries[:-1]) + " or " + tries[-1] if len(tries) > 1 else tries[0]
 
 
 def rewind_window(trainer) -> None:

@@ -363,6 +363,7 @@ def test_a_nonfinite_loss_stops_with_the_step_and_keeps_the_last_good_state(
     assert stopped.value.code == 2
     err = capsys.readouterr().err
     assert "The training loss became nan at step 4 (epoch 1, batch 2)" in err and "last.ckpt" in err
+    assert "Try a lower --model.lr or gradient clipping (--trainer.gradient_clip_val 1.0)." in err
     assert "Traceback" not in err
     state = last_state(tmp_path / "logs", 0)
     assert state["global_step"] == 4
@@ -948,3 +949,21 @@ def test_an_every_n_steps_save_due_with_a_validation_waits_for_it(tmp_path, toke
     args = finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "logs")
     main(["fit", *args, *every, "--trainer.max_epochs=2"])
     assert events == [("validate", 3), ("save", 3), ("validate", 6), ("save", 6)]
+
+
+@pytest.mark.parametrize(
+    "clip, precision, tries",
+    [
+        (None, "32-true", "a lower --model.lr or gradient clipping (--trainer.gradient_clip_val 1.0)"),
+        (1.0, "32-true", "a lower --model.lr"),
+        (1.0, "16-true", "a lower --model.lr or --trainer.precision bf16-mixed (or 32-true)"),
+        (0.0, "bf16-mixed", "a lower --model.lr, gradient clipping (--trainer.gradient_clip_val 1.0) or "
+         "--trainer.precision 32-true"),
+    ],
+)  # fmt: skip
+def test_a_nonfinite_loss_suggests_what_the_run_does_not_already_do(clip, precision, tries):
+    from types import SimpleNamespace
+
+    from gpt_ft.training.nonfinite import remedies
+
+    assert remedies(SimpleNamespace(gradient_clip_val=clip, precision=precision)) == tries
