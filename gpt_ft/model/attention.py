@@ -308,9 +308,9 @@ class PackedRows:
             def allowed(b, h, query, key):
                 same = (documents[b, query] == documents[b, key]) & (key <= query)
                 if branches is not None:
-                    same &= (branches[b, key] == 0) | (branches[b, key] == branches[b, query])
+                    same = same & ((branches[b, key] == 0) | (branches[b, key] == branches[b, query]))
                 if window is not None:
-                    same &= positions[b, query] - positions[b, key] < window
+                    same = same & (positions[b, query] - positions[b, key] < window)
                 return same
 
             R, L = documents.shape

@@ -72,6 +72,27 @@ def test_the_block_mask_is_the_dense_mask_position_by_position(tokenizer_dir, sh
     assert torch.equal(block, packed.dense()) and packed.dense().any(-1).all()
 
 
+def test_the_block_masks_rule_writes_nothing_in_place():
+    """Compiled FlexAttention (always, on CUDA) lowers the mask rule as a pointwise subgraph, which
+    refuses in-place ops (Inductor's "Buffers cannot be created while lowering a pointwise
+    subgraph"); eager mode takes them, so the rule's calls are read here."""
+    from torch.overrides import TorchFunctionMode
+
+    class Calls(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            names.append(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+
+    documents = torch.tensor([[0, 0, 0, 1, 1, -1], [0, 0, 0, 0, 0, 0]])
+    branches = torch.tensor([[0, 1, 2, 0, 1, 0], [0, 0, 1, 1, 2, 2]])
+    packed = PackedRows(documents, branches, torch.tensor([[0, 1, 2, 0, 1, 0], [0, 1, 2, 3, 4, 5]]), 2)
+    rule, names, i = packed.block_mask().mask_mod, [], torch.tensor(1)
+    with Calls():
+        rule(i, i, i, i)
+    in_place = [n for n in names if n.startswith("__i") or (n.endswith("_") and not n.endswith("__"))]
+    assert "__and__" in names and not in_place and "__setitem__" not in names
+
+
 def forward(module, batch) -> tuple[dict, torch.Tensor, dict]:
     """`run`'s terms and loss without gradients (`assert_same` then compares no gradients)."""
     with torch.no_grad():
