@@ -51,11 +51,15 @@ from parts import Part, floors_missed, run_part
 
 FIGURES = ["environment", "training_throughput", "fit_vs_loop", "generation", "finetune_step", "profile",
            "shapes", "attention", "fit_quickstart"]  # fmt: skip
-"""gpu_figures.py's groups of rows, those with a goal first (a spent budget cuts the last); each is a
-part of its own on a GPU."""
+"""gpu_figures.py's groups of rows in its order, those with a goal first (a spent budget cuts the
+last); each is a part of its own on a GPU."""
 LIMITS = {"tests": 200, "training_throughput": 120, "fit_quickstart": 75, "fit_vs_loop": 75, "generation": 90,
           "shapes": 150, "vs_trainer": 300}  # fmt: skip
-"""Seconds each part may run on a GPU (60 where not named); on a CPU the figures get 240 together."""
+"""Seconds each part may run on a GPU (60 where not named); on a CPU the figures, one part, get what
+is left of the budget."""
+TEST_PATHS = ["tests/test_cuda.py", "tests/model", "tests/training"]
+"""Where the CUDA tests run first (the model's and the step's checks), before those elsewhere in
+tests/ (the quickstart, compiled too, last): a part cut at its limit cuts the last."""
 OUTCOME = re.compile(r"^(\S+::.*?) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b", re.M)
 """A finished test's line of `pytest -v` (a test's id may hold spaces, in its parameters)."""
 
@@ -212,6 +216,18 @@ class Checklist(Report):
         self.write(self.path)
 
 
+def cuda_test_paths() -> list[str]:
+    """tests/'s files and folders, `TEST_PATHS` first and the quickstart's file last (pytest runs
+    them in the order given)."""
+    rest = sorted(
+        f"tests/{p.name}"
+        for p in Path("tests").iterdir()
+        if p.name.startswith("test_") and p.suffix == ".py" or (p / "__init__.py").is_file()
+    )
+    last = ["tests/test_configs.py"]
+    return TEST_PATHS + [p for p in rest if p not in TEST_PATHS + last] + last
+
+
 def run_checklist(args, figure_args: list[str], report: Report, left) -> None:
     """The parts in order (module docstring), each row added to `report` as it comes."""
     start = report.started
@@ -237,7 +253,7 @@ def run_checklist(args, figure_args: list[str], report: Report, left) -> None:
             "-p",
             "no:cacheprovider",
             "--continue-on-collection-errors",
-            "tests",
+            *cuda_test_paths(),
         ]  # a module that fails to import stops no CUDA test
         report.add(tests_row(run_part(cmd, limit, env), limit))
     parts = [] if args.skip_figures else [[name] for name in FIGURES] if args.device == "cuda" else [FIGURES]
@@ -246,7 +262,9 @@ def run_checklist(args, figure_args: list[str], report: Report, left) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for names in parts:
             name, out = "+".join(names) if len(names) == 1 else "GPU figures", Path(tmp) / f"{names[0]}.md"
-            limit = min(LIMITS.get(name, 60) if args.device == "cuda" else 240, left() - reserved)
+            limit = (
+                min(LIMITS.get(name, 60), left() - reserved) if args.device == "cuda" else left() - reserved
+            )
             if limit < 5:
                 report.add(Row(name, f"not run: the {args.budget:.0f} s budget is spent", "FAIL"))
                 continue
