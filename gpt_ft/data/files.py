@@ -131,7 +131,11 @@ def _load_local(task: TaskAdapter, split: str, data_dir: Path):
     path = origin.path
     if not path.is_file():
         what = "a folder, not a file" if path.is_dir() else "file not found"
-        raise TaskDataError(f"{path}: {what} (split {split!r} of task {task.name!r}).")
+        others = [s for s in task.test_splits if s != split] if split in task.test_splits else []
+        alone = (
+            f"; the others alone: --data.task.init_args.test_splits '[{', '.join(others)}]'" if others else ""
+        )
+        raise TaskDataError(f"{path}: {what} (split {split!r} of task {task.name!r}){alone}.")
     if path.stat().st_size == 0:
         raise TaskDataError(f"{path}: file is empty (split {split!r} of task {task.name!r}).")
     ds = read_table(

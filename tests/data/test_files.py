@@ -493,6 +493,24 @@ def test_slices_formats_and_file_errors(tmp_path):
         load_split(task, "train", None)
 
 
+def test_a_missing_test_file_says_how_to_predict_the_others(tmp_path):
+    """GLUE's MNLI without its diagnostic file (fetched apart): the message gives the option that
+    leaves that split out; a card's only test split has no others to name."""
+    (tmp_path / "m.tsv").write_text("idx\tsentence\n0\ta cat .\n")
+    splits = {"train": "m.tsv", "test_matched": "m.tsv", "test_ax": "ax.tsv", "test_mm": "m.tsv"}
+    task = SingleText(name="mnli", labels=["a", "b"], local=LocalFiles(splits=splits),
+                      test_splits=["test_matched", "test_ax", "test_mm"])  # fmt: skip
+    with pytest.raises(TaskDataError) as missing:
+        load_split(task, "test_ax", tmp_path)
+    assert str(missing.value) == (
+        f"{tmp_path / 'ax.tsv'}: file not found (split 'test_ax' of task 'mnli'); the others alone: "
+        "--data.task.init_args.test_splits '[test_matched, test_mm]'."
+    )
+    task = SingleText(name="mnli", labels=["a", "b"], local=task.local, test_splits=["test_ax"])
+    with pytest.raises(TaskDataError, match=r"\(split 'test_ax' of task 'mnli'\)\.$"):
+        load_split(task, "test_ax", tmp_path)
+
+
 def test_columns_renamed_onto_a_kept_column_or_each_other_are_one_sentence(tmp_path):
     """datasets said `Field "sentence" exists 2 times in schema`, naming no file nor card field."""
     (tmp_path / "t.tsv").write_text("text\tsentence\tlabel\na\tb\t0\n")
