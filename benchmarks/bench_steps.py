@@ -192,7 +192,7 @@ def baselines(data: Path) -> dict[str, dict[str, float]]:
     """The test split's metrics of judging every step right, and of judging the last step wrong."""
     import torch
 
-    from gpt_ft.adapters.steps import step_metric_values
+    from gpt_ft.adapters.metrics import step_metric_values
 
     rows = [json.loads(line) for line in (data / "test.jsonl").read_text().splitlines()]
     width = max(len(r["modified_process"]) for r in rows)

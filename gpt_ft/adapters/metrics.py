@@ -1,5 +1,6 @@
 """Benchmark metrics of single-label tasks (GLUE's conventions), from torchmetrics but for Matthews'
-correlation, and the card's choice of them; retrieval metrics of ranked candidates."""
+correlation, and the card's choice of them; retrieval metrics of ranked candidates; process
+rewards' step metrics (`Steps`)."""
 
 from __future__ import annotations
 
@@ -126,3 +127,43 @@ def rank_metrics(rank: Tensor, metrics: list[str], ties: Tensor | None = None) -
         "recall@10": (places <= 10).double(),
     }
     return {name: (values[name] * share).sum(dim=1).mean().float() for name in metrics}
+
+
+def first_below(values: Tensor, threshold: Tensor) -> Tensor:
+    """Each row's first index whose value is below its `threshold` (NaN never is), -1 for none."""
+    below = values < threshold
+    first = below.long().argmax(dim=1)
+    return torch.where(below.any(dim=1), first, -1)
+
+
+def step_metric_values(probabilities: Tensor, threshold: Tensor, labels: Tensor) -> dict[str, Tensor]:
+    """The step metrics (see the module docstring) of solutions' step probabilities (N, W) judged
+    at `threshold` (N, 1), against their labels (N, W), NaN where unlabelled. A label below 0.5 is
+    a wrong step."""
+    labelled = ~labels.isnan()
+    wrong = labelled & (labels < 0.5)
+    judged = probabilities < threshold
+    hits = (judged == wrong)[labelled].double()
+    tp = (judged & wrong).sum().double()
+    predicted, actual = (judged & labelled).sum().double(), wrong.sum().double()
+    f1_wrong = 2 * tp / (predicted + actual) if predicted + actual > 0 else tp.new_tensor(0.0)
+    tp_right, right = (~judged & labelled & ~wrong).sum().double(), (labelled & ~wrong).sum().double()
+    judged_right = (~judged & labelled).sum().double()
+    f1_right = 2 * tp_right / (judged_right + right) if judged_right + right > 0 else tp.new_tensor(0.0)
+    first = first_below(probabilities, threshold)
+    true_first = first_below(torch.where(labelled, labels, math.nan), torch.full_like(threshold, 0.5))
+    match = (first == true_first).double()
+    erroneous = true_first >= 0
+    on_errors, on_correct = match[erroneous].mean(), match[~erroneous].mean()
+    if on_errors.isnan() or on_correct.isnan():  # one side only: its accuracy (as `choose` reads it)
+        processbench = on_correct if on_errors.isnan() else on_errors
+    else:
+        both = on_errors + on_correct
+        processbench = 2 * on_errors * on_correct / both if both > 0 else both
+    return {
+        "step_accuracy": hits.mean(),
+        "step_f1": f1_wrong,
+        "prmscore": (f1_wrong + f1_right) / 2,
+        "first_error_accuracy": match.mean(),
+        "processbench_f1": processbench,
+    }

@@ -41,6 +41,7 @@ from torch import Tensor
 
 from gpt_ft.adapters.base import Encoded, TaskAdapter, fit_lengths, refuse_label_fields
 from gpt_ft.adapters.heads import StepHead
+from gpt_ft.adapters.metrics import first_below, step_metric_values
 from gpt_ft.adapters.outputs import CardError, LabelSpec, TaskDataError, TaskOutput
 from gpt_ft.adapters.preference import reply_templates
 from gpt_ft.adapters.sources import field_text, short_repr
@@ -49,46 +50,6 @@ STEP_METRICS = ("processbench_f1", "first_error_accuracy", "step_f1", "step_accu
 LABEL_FORMS = ("per_step", "first_error", "error_steps", "tagged")
 THRESHOLDS = torch.linspace(0.01, 0.99, 99, dtype=torch.float64)
 """The thresholds validation chooses among."""
-
-
-def first_below(values: Tensor, threshold: Tensor) -> Tensor:
-    """Each row's first index whose value is below its `threshold` (NaN never is), -1 for none."""
-    below = values < threshold
-    first = below.long().argmax(dim=1)
-    return torch.where(below.any(dim=1), first, -1)
-
-
-def step_metric_values(probabilities: Tensor, threshold: Tensor, labels: Tensor) -> dict[str, Tensor]:
-    """The step metrics (see the module docstring) of solutions' step probabilities (N, W) judged
-    at `threshold` (N, 1), against their labels (N, W), NaN where unlabelled. A label below 0.5 is
-    a wrong step."""
-    labelled = ~labels.isnan()
-    wrong = labelled & (labels < 0.5)
-    judged = probabilities < threshold
-    hits = (judged == wrong)[labelled].double()
-    tp = (judged & wrong).sum().double()
-    predicted, actual = (judged & labelled).sum().double(), wrong.sum().double()
-    f1_wrong = 2 * tp / (predicted + actual) if predicted + actual > 0 else tp.new_tensor(0.0)
-    tp_right, right = (~judged & labelled & ~wrong).sum().double(), (labelled & ~wrong).sum().double()
-    judged_right = (~judged & labelled).sum().double()
-    f1_right = 2 * tp_right / (judged_right + right) if judged_right + right > 0 else tp.new_tensor(0.0)
-    first = first_below(probabilities, threshold)
-    true_first = first_below(torch.where(labelled, labels, math.nan), torch.full_like(threshold, 0.5))
-    match = (first == true_first).double()
-    erroneous = true_first >= 0
-    on_errors, on_correct = match[erroneous].mean(), match[~erroneous].mean()
-    if on_errors.isnan() or on_correct.isnan():  # one side only: its accuracy (as `choose` reads it)
-        processbench = on_correct if on_errors.isnan() else on_errors
-    else:
-        both = on_errors + on_correct
-        processbench = 2 * on_errors * on_correct / both if both > 0 else both
-    return {
-        "step_accuracy": hits.mean(),
-        "step_f1": f1_wrong,
-        "prmscore": (f1_wrong + f1_right) / 2,
-        "first_error_accuracy": match.mean(),
-        "processbench_f1": processbench,
-    }
 
 
 class StepOutput(TaskOutput):
@@ -264,6 +225,7 @@ class Steps(TaskAdapter):
         max_steps: int = 64,
         threshold: float = 0.5,
         ignore_outside: bool = False,
+        problem_end: str | None = None,
         **kwargs,
     ) -> None:
         """
@@ -279,6 +241,8 @@ class Steps(TaskAdapter):
             threshold: Probability below which a step is judged wrong, until validation chooses.
             ignore_outside: With `label_form: error_steps`, indices past the solution's last step
                 are left out (PRMBench's own evaluation reads the solution's steps only), not refused.
+            problem_end: With `problem: null`, the text that starts the first step after the problem
+                it holds (Math-Shepherd: "Step 1:"): what comes before is framed as the problem.
         """
         name = kwargs.get("name")
         refuse_label_fields(
@@ -288,9 +252,15 @@ class Steps(TaskAdapter):
         )
         if (label_form == "tagged") != (step_tag is not None):
             raise CardError(f"Task {name!r}: `label_form: tagged` and `step_tag` go together.")
-        if step_tag == "":
-            raise CardError(f"Task {name!r}: step_tag must not be empty.")
-        self.problem, self.steps, self.step_tag = problem, steps, step_tag
+        if step_tag == "" or problem_end == "":
+            raise CardError(
+                f"Task {name!r}: {'step_tag' if step_tag == '' else 'problem_end'} must not be empty."
+            )
+        if problem and problem_end:
+            raise CardError(
+                f"Task {name!r}: problem_end splits the problem off the first step: give `problem: null`."
+            )
+        self.problem, self.steps, self.step_tag, self.problem_end = problem, steps, step_tag, problem_end
         self.label_form, self.one_based = label_form, one_based
         self.max_steps, self.threshold, self.ignore_outside = max_steps, threshold, ignore_outside
         super().__init__(**kwargs)
@@ -338,7 +308,10 @@ class Steps(TaskAdapter):
     def texts(self, example: dict[str, Any]) -> list[str]:
         """[problem, step_1, ..., step_n]."""
         problem = field_text(example[self.problem], self.problem) if self.problem else ""
-        return [problem, *self.step_texts(example)]
+        steps = self.step_texts(example)
+        if self.problem_end and (at := steps[0].find(self.problem_end)) > 0:
+            problem, steps[0] = steps[0][:at].rstrip(), steps[0][at:]
+        return [problem, *steps]
 
     def encode(self, example, tokens, specials, max_length):
         problem, *steps = tokens
@@ -355,8 +328,8 @@ class Steps(TaskAdapter):
             )
         ids, extract = [specials.start, *problem[: kept[0]], specials.delim], []
         for i, (step, k) in enumerate(zip(steps, kept[1:])):
-            # a first step that holds the problem (`problem: None`) keeps its end: the step itself
-            ids += step[len(step) - k :] if i == 0 and not self.problem else step[:k]
+            # a first step that holds the problem (no problem apart) keeps its end: the step itself
+            ids += step[len(step) - k :] if i == 0 and not problem else step[:k]
             extract.append(len(ids))
             ids.append(specials.extract)
         label = self._label(example, n)

@@ -12,7 +12,7 @@ import torch
 
 from gpt_ft.adapters import Steps, TaskDataError
 from gpt_ft.adapters.cards import load_card
-from gpt_ft.adapters.steps import step_metric_values
+from gpt_ft.adapters.metrics import step_metric_values
 from gpt_ft.cli import main
 from gpt_ft.data.tokenizer import SpecialTokenIds
 from gpt_ft.errors import CardError
@@ -60,6 +60,27 @@ def test_a_first_step_holding_the_problem_keeps_its_end_when_cut():
     row = {"input": "Q? Step 1: a ки\nStep 2: b ки", "label": "Q? Step 1: a +\nStep 2: b -"}
     enc = task.encode(row, [[], list(range(10, 20)), [30, 31]], SPECIALS, max_length=10)
     assert enc.sequences == [[1, 2, 16, 17, 18, 19, 3, 30, 31, 3]] and enc.extract_index == [6, 9]
+
+
+def test_problem_end_frames_the_text_before_it_as_the_problem():
+    """Math-Shepherd's card: the first step's text before "Step 1:" is the problem, laid out as
+    ProcessBench's (`[start] problem [delim] step_1 [extract]`), and its tokenizer frames a pair; a
+    row without the marker keeps the problem in its first step."""
+    task = Steps(name="s", problem=None, problem_end="Step 1:", steps="input", label_form="tagged",
+                 step_tag="ки", max_steps=3)  # fmt: skip
+    row = {"input": "Q? Step 1: a ки\nStep 2: b ки", "label": "Q? Step 1: a +\nStep 2: b -"}
+    assert task.texts(row) == ["Q?", "Step 1: a ", "\nStep 2: b "]
+    enc = task.encode(row, [[10], list(range(20, 26)), [30, 31]], SPECIALS, max_length=10)
+    assert enc.sequences == [[1, 10, 2, 20, 21, 22, 3, 30, 31, 3]] and same(enc.label, [1.0, 0.0, NAN])
+    assert task.template(("<s>", "<d>", "<e>")) == ("<s> <d> $A <e>", "<s> $A <d> $B <e>")
+    plain = {"input": "Q? a ки", "label": "Q? a +"}
+    assert task.texts(plain) == ["", "Q? a "]
+    with pytest.raises(
+        CardError, match="problem_end splits the problem off the first step: give `problem: null`"
+    ):
+        Steps(name="s", problem_end="Step 1:")
+    with pytest.raises(CardError, match="problem_end must not be empty"):
+        Steps(name="s", problem=None, problem_end="")
 
 
 def test_each_label_form():
@@ -208,7 +229,7 @@ def test_shipped_cards_read():
     pb = load_card(TASKS / "steps" / "processbench.yaml")
     assert pb.label_form == "first_error" and pb.test_splits == ["math", "olympiadbench", "omnimath"]
     shepherd = load_card(TASKS / "steps" / "math_shepherd.yaml")
-    assert shepherd.step_tag == "ки" and shepherd.problem is None
+    assert shepherd.step_tag == "ки" and shepherd.problem is None and shepherd.problem_end == "Step 1:"
     assert load_card(TASKS / "steps" / "steps.yaml").label == "labels"
 
 
