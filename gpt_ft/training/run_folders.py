@@ -62,6 +62,30 @@ def checkpoint_to_read(trainer, subcommand: str, ckpt: str | None, previewing: b
     return None if previewing and not (ckpt and Path(ckpt).expanduser().is_file()) else ckpt
 
 
+def run_task(ckpt: Path) -> str | None | bool:
+    """The task card's name of the run that saved `ckpt`, from the configuration saved in its run
+    folder (`version_N/config.yaml`); None for a language model's run; False where none is recorded
+    (a checkpoint callback's own folder, an unreadable file)."""
+    import yaml
+
+    try:
+        data = (yaml.safe_load((ckpt.parent.parent / "config.yaml").read_text()) or {}).get("data") or {}
+        task = (data.get("init_args") or data).get("task")
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, AttributeError):
+        return False
+    return (task.get("init_args") or {}).get("name", False) if isinstance(task, dict) else None
+
+
+def last_of_task(root: Path, folders: list, task: str | None) -> tuple[Path | None, Path | None]:
+    """`fit --ckpt_path last`: the newest last.ckpt of the logger's runs (and of the `folders` of a
+    checkpoint callback) that trained `task` (None: a language model), and the newest of all."""
+    newest = find_last_checkpoint(root, folders)
+    if newest is None or run_task(newest) in (task, False):
+        return newest, newest
+    runs = [p for p in root.glob(f"*/checkpoints/{LAST}") if p.is_file() and run_task(p) in (task, False)]
+    return max(runs, key=lambda p: p.stat().st_mtime_ns) if runs else None, newest
+
+
 def follows_root_dir(logger, trainer) -> bool:
     """Whether the logger is the default one at its default folder, which `--trainer.default_root_dir`
     moves; a logger `save_dir` given explicitly, or another logger, stays."""

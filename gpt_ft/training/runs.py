@@ -18,10 +18,10 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from gpt_ft.adapters.cards import NO_CLASS_PATH, PARSER_MODE
 from gpt_ft.errors import CardError, causes, check_context, check_devices, check_not_null, check_output_dir
 from gpt_ft.training.callbacks import History, run_callbacks
-from gpt_ft.training.checkpointing import AtomicCheckpointIO, find_last_checkpoint
+from gpt_ft.training.checkpointing import AtomicCheckpointIO
 from gpt_ft.training.precision import cpu_precision, runs_on_cpu, warn_half_weights
 from gpt_ft.training.predictions import check_submission
-from gpt_ft.training.run_folders import DEFAULT_LOGGER, checkpoint_to_read, logs_follow_root_dir
+from gpt_ft.training.run_folders import DEFAULT_LOGGER, checkpoint_to_read, last_of_task, logs_follow_root_dir
 from gpt_ft.training.saved import (
     check_init_tokenizer,
     plain_config,
@@ -173,9 +173,12 @@ class GPTCLI(CheckpointHparamsAsDefaults, ParsersBuiltOnce, LightningCLI):
             return
         root = Path(self.trainer.logger.root_dir)
         given = [c.dirpath for c in self.trainer.checkpoint_callbacks if getattr(c, "dirpath", None)]
-        found = find_last_checkpoint(root, given)  # and in a checkpoint callback's own folder
+        task = getattr(self.datamodule, "task", None)  # a run of another task is not this one's
+        found, newest = last_of_task(root, given, task.name if task else None)  # and a callback's folder
         if found is None:
-            print(f"no {root}/*/checkpoints/last.ckpt to resume from: starting afresh", flush=True)
+            other = f" of task {task.name!r}" if task else " of a language model"
+            other = f"{other} (the newest, {newest}, trained another)" if newest else ""
+            print(f"no {root}/*/checkpoints/last.ckpt{other} to resume from: starting afresh", flush=True)
             config.ckpt_path = None
         else:
             print(f"resuming from {found}", flush=True)

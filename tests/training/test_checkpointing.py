@@ -456,6 +456,25 @@ def test_the_newest_last_checkpoint_of_a_loggers_runs(tmp_path):
     assert find_last_checkpoint(tmp_path) == paths[1]
 
 
+def test_fit_resumes_the_newest_run_of_its_own_task(tmp_path, tokenizer_dir, capsys):
+    """`--ckpt_path last` among runs of several cards under one logger: the newest run of the task
+    given (another task's newer run would resume with its head, or be refused)."""
+    logs, (sent, pair) = tmp_path / "logs", (make_task(kind, tmp_path / kind) for kind in ("single", "pair"))
+    for card in (sent, pair):
+        main(["fit", *finetune_args(card, tokenizer_dir, card.parent, logs), "--trainer.max_epochs=1"])
+    capsys.readouterr()
+    main(["fit", *finetune_args(sent, tokenizer_dir, sent.parent, logs), "--ckpt_path=last"])
+    assert f"resuming from {last_path(logs, 0)}" in capsys.readouterr().out
+    assert last_state(logs, 2)["global_step"] == 9  # three epochs of three steps, the first resumed
+    other = tmp_path / "other.yaml"
+    other.write_text(sent.read_text().replace("name: sent", "name: other"))
+    main(["fit", *finetune_args(other, tokenizer_dir, sent.parent, logs), "--ckpt_path=last"])
+    assert (
+        f"no {logs / 'lightning_logs'}/*/checkpoints/last.ckpt of task 'other' (the newest, "
+        f"{last_path(logs, 2)}, trained another) to resume from: starting afresh"
+    ) in capsys.readouterr().out
+
+
 def test_a_run_stopped_by_max_steps_mid_epoch_and_extended_ends_as_the_longer_run(tmp_path, tokenizer_dir):
     """Lightning counts an epoch that `max_steps` stopped as done yet restores its batch count: an
     extended run started the next epoch at that batch and trained it short. It now trains the rest
