@@ -33,6 +33,8 @@ def check_decoding(
         raise ValueError(
             f"input_ids must be a non-empty (batch, length) tensor, got shape {tuple(input_ids.shape)}."
         )
+    if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
+        raise ValueError(f"input_ids must hold integer token ids, got {input_ids.dtype}.")
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}.")
     vocab, low, high = model.config.vocab_size, int(input_ids.min()), int(input_ids.max())

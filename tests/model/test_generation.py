@@ -277,6 +277,8 @@ def test_bad_generation_arguments():
         gpt.generate(prompt, max_new_tokens=2, num_beams=2, do_sample=True)
     with pytest.raises(ValueError, match=r"input_ids must be a non-empty \(batch, length\) tensor"):
         gpt.generate(torch.zeros(1, 0, dtype=torch.long), max_new_tokens=2)
+    with pytest.raises(ValueError, match=r"^input_ids must hold integer token ids, got torch\.float32\.$"):
+        gpt.generate(prompt.float(), max_new_tokens=2)
     # past the vocabulary: a padding row of the embedding (ids up to a multiple of 64), or an index error
     vocab = gpt.config.vocab_size
     assert gpt.wte.weight.shape[0] > vocab + 1
