@@ -233,7 +233,8 @@ def prepare(
     created = missing_folders(out)
     out.mkdir(parents=True, exist_ok=True)
     counts = {"train": 0, "validation": 0}
-    n_docs = 0
+    n_docs = unknown = 0
+    unk = tok.unk_token_id  # a vocabulary without bytes for every character (GPT-1's) has one
     tmp = {split: out / (name + ".tmp") for split, name in SPLIT_FILES.items()}
     # The corpus's own text is text: a page that writes "<|endoftext|>" gets no document boundary
     # (nor "<|extract|>" a fine-tuning token); the one boundary is the end-of-text token added here.
@@ -268,6 +269,7 @@ def prepare(
                                     ids = np.append(ids, np.asarray(eos, dtype=dtype))
                                 handles[split].write(ids.tobytes())
                                 counts[split] += len(ids)
+                                unknown += int(np.count_nonzero(ids == unk)) if unk is not None else 0
                                 n_docs += piece.ends_document
                                 bar.update(len(ids))
                         pending = submitted
@@ -283,8 +285,8 @@ def prepare(
                     path.replace(out / SPLIT_FILES[split])
                 seconds = time.perf_counter() - start
                 meta = {"dtype": dtype, "vocab_size": len(tok), "eos_token_id": eos, "tokens": counts,
-                        "documents": n_docs, "tokenizer": "tokenizer", "sources": sources,
-                        "seconds": round(seconds, 2)}  # fmt: skip
+                        "documents": n_docs, "unknown_tokens": unknown, "tokenizer": "tokenizer",
+                        "sources": sources, "seconds": round(seconds, 2)}  # fmt: skip
                 (out / META).write_text(json.dumps(meta, indent=2) + "\n")
                 committed = True
     finally:
@@ -310,6 +312,14 @@ def prepare(
         print(
             f"wrote {t['train']:,} train and {t['validation']:,} validation tokens ({dtype}, "
             f"{n_docs:,} documents) to {out_dir} in {seconds:.1f} s ({rate:,.0f} tokens/s)"
+        )
+    if unknown > 0.001 * (counts["train"] + counts["validation"]):  # the model would learn to write it
+        print(
+            f"warning: {unknown:,} of the tokens ({unknown / sum(counts.values()):.2%}) are the tokenizer's "
+            f"unknown token {tok.unk_token}: the corpus holds characters its vocabulary lacks (GPT-1's: "
+            "curly quotes, dashes, ellipses); write them in ASCII first (GPT-1 ran ftfy), or use a "
+            "byte-level tokenizer.",
+            file=sys.stderr,
         )
     if validation_fraction > 0 and not counts["validation"]:  # too few pieces for one to be drawn
         note = f"a smaller --piece_chars ({piece_chars:,}) or larger --validation_fraction gives it some"

@@ -81,6 +81,32 @@ def sentencepiece_style_tokenizer(folder, text: str, metaspace: bool = False) ->
     return str(folder)
 
 
+def test_a_corpus_the_vocabulary_cannot_spell_is_counted_and_warned_about(tmp_path, capsys):
+    """GPT-1's vocabulary has no curly quotes: each is its unknown token, which the model would
+    learn to write. `prepare` counts them and warns above 0.1% of the tokens."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, EOS_TOKEN: 1, "he": 2, "said": 3, "hi": 4, "“": 5}
+    words = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=words, eos_token=EOS_TOKEN, unk_token="<unk>").save_pretrained(
+        tmp_path / "tok"
+    )
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("he said “ hi ”\n")
+    meta = prepare(out_dir=tmp_path / "out", tokenizer=str(tmp_path / "tok"), inputs=[str(corpus)],
+                   validation_fraction=0.0, progress=False)  # fmt: skip
+    assert np.fromfile(tmp_path / "out" / "train.bin", dtype=meta["dtype"]).tolist() == [2, 3, 5, 4, 0, 1]
+    assert meta["unknown_tokens"] == 1
+    assert capsys.readouterr().err == (
+        "warning: 1 of the tokens (16.67%) are the tokenizer's unknown token <unk>: the corpus holds "
+        "characters its vocabulary lacks (GPT-1's: curly quotes, dashes, ellipses); write them in ASCII "
+        "first (GPT-1 ran ftfy), or use a byte-level tokenizer.\n"
+    )
+
+
 @pytest.mark.parametrize("split", ["gpt2", "llama3", "prefix-space", "sentencepiece", "metaspace"])
 def test_pieces_cut_where_the_tokenizer_splits_so_tokens_are_exact(tmp_path, tokenizer_dir, split):
     # Runs of blank lines, indented and trailing spaces, and one long line with no line break:
