@@ -3,9 +3,8 @@
 Lightning, torch and datasets offer no public way to do a few things this toolkit needs. Each is
 done here and only here, with a comment naming the upstream issue or pull request (or, where there
 is none, the public API missing and the upstream source relied on) and what to do when upstream
-changes. tests/test_workarounds.py fails when a behaviour relied on changes.
-
-Every layer uses this module, the lowest included, so it imports no heavy library at import time.
+changes. tests/test_workarounds.py fails when a behaviour relied on changes. Every layer uses this
+module, the lowest included, so it imports no heavy library at import time.
 """
 
 from __future__ import annotations
@@ -158,17 +157,15 @@ class CheckpointHparamsAsDefaults:
 
 
 class ParsersBuiltOnce:
-    """LightningCLI mixin: a process builds each kind of parser once; each later CLI of that kind
-    takes a deep copy of it (a few ms), so what a CLI changes on its parser (a checkpoint's
-    configuration as defaults, instantiators) stays its own.
+    """LightningCLI mixin: a process builds each kind of parser once (the CLI's class, the parser's
+    arguments, the classes, their modes and defaults, the subcommands); each later CLI of that kind
+    takes a deep copy (a few ms), so what a CLI changes on its parser stays its own. validate's and
+    test's `verbose` default to false there, as their help then says (gpt_ft prints the metrics).
 
     LightningCLI builds its parser and one per subcommand anew at every CLI (`setup_parser`,
-    src/lightning/pytorch/cli.py): every signature read again, about 60 ms, which `gpt-ft suite`
-    pays two or three times a run. There is no public way to give a CLI a parser. `setup_parser`
-    sets `PARSER_STATE` on the CLI; if it comes to set more, add them (tests/test_workarounds.py
-    fails). The kind is what the parsers are built from: the CLI's class, the parser's arguments,
-    the classes, their modes and defaults, the subcommands.
-    """
+    src/lightning/pytorch/cli.py; about 60 ms, which `gpt-ft suite` pays two or three times a run);
+    no public way gives a CLI a parser. `setup_parser` sets `PARSER_STATE` on the CLI; if it comes to
+    set more, add them (tests/test_workarounds.py fails)."""
 
     PARSER_STATE = ("parser", "_subcommand_parsers", "_subcommand_method_arguments")
     _built: dict[str, dict] = {}
@@ -188,6 +185,9 @@ class ParsersBuiltOnce:
             }
         for name, value in copy.deepcopy(self._built[kind]).items():  # one copy: the references within kept
             setattr(self, name, value)
+        parsers = getattr(self, "_subcommand_parsers", {})
+        for name in {"validate", "test"} & parsers.keys():
+            parsers[name].set_defaults(verbose=False)
 
 
 # The keys LightningCLI adds to a module's saved hyper-parameters: `_instantiator` (how to create the

@@ -95,8 +95,7 @@ class GPTCLI(CheckpointHparamsAsDefaults, ParsersBuiltOnce, LightningCLI):
                         f"{ckpt} is a language model's checkpoint: fine-tune it on the task first "
                         f"(gpt-ft fit --model.init_from {ckpt} --data.task CARD)."
                     )
-                quiet = {f"{subcommand}.verbose": False} if subcommand != "predict" else {}  # PrintMetrics'
-                parser.set_defaults({**quiet, **{f"{subcommand}.{key}": v for key, v in recorded.items()}})
+                parser.set_defaults({f"{subcommand}.{key}": v for key, v in recorded.items()})
         super().parse_arguments(parser, args)
         config = self.config[subcommand] if subcommand in SUBCOMMANDS else self.config
         seed = config.get("seed_everything")

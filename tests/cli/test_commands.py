@@ -531,6 +531,8 @@ def test_every_command_lists_its_options_with_their_help(capsys):
                     "Example number within the split.", "Print JSON instead of text."],
         "prepare": ["--inputs", "A text file or a folder of them"],
         "suite": ["--fit_args", "Every `gpt-ft fit`'s extra arguments: a list"],
+        "validate": ["If True, prints the validation results. (type: bool, default: False)"],  # gpt_ft's
+        "test": ["If True, prints the test results. (type: bool, default: False)"],  # line, not the table
     }  # fmt: skip
     for name, expected in main_help.items():
         with pytest.raises(SystemExit):
