@@ -88,7 +88,11 @@ def lone_value(message: str) -> str:
     option = re.fullmatch(r"argument (--[\w.]+)\S*: expected one argument\.?", message)
     if option is None:
         return message
-    return f"{option[1]} is given no value (one that starts with '-' is written {option[1]}=VALUE)."
+    o = option[1]
+    return (
+        f"{o} is given no value: write {o} VALUE (true or false for a yes/no option; {o}=VALUE for a "
+        "value starting with '-')."
+    )
 
 
 def in_config_file(message: str, args: list[str]) -> str:

@@ -215,7 +215,8 @@ def test_a_bad_option_in_a_config_file_names_the_file(run):
 def test_an_option_without_its_value_says_how_to_give_one(run):
     """argparse takes a value that starts with "-" for the next option ("expected one argument")."""
     assert run("--model.lr") == (
-        "gpt-ft: error: --model.lr is given no value (one that starts with '-' is written --model.lr=VALUE)."
+        "gpt-ft: error: --model.lr is given no value: write --model.lr VALUE (true or false for a yes/no "
+        "option; --model.lr=VALUE for a value starting with '-')."
     )
 
 
