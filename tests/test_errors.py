@@ -13,6 +13,10 @@ from gpt_ft.errors import parse_error_message, yaml_problem
             "Parser key \"max_epochs\":\n  Expected a <class 'int'>. Got value: x",
             "--max_epochs: expected int, got 'x'.",
         ),
+        (  # `--seeds 0 1 2`: the list's first item alone taken
+            "Parser key \"seeds\":\n  Expected a <class 'list'>. Got value: 0",
+            "--seeds: expected list, got '0': write it as one argument, '[a, b, c]'.",
+        ),
         (
             "Parser key \"task\":\n  Problem with given class_path 'gpt_ft.adapters.SingleText':\n"
             "    Option 'txt' is not accepted",
