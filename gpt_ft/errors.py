@@ -94,7 +94,7 @@ def parse_error_message(text: str) -> str:
         match = re.match(r"Expected a (.+?)(?:\. Got value: (.*))?$", expected[0])
         kind = re.sub(r"<class '([^']+)'>", r"\1", match[1])
         reason = f"expected {kind}, got {match[2] if match[2] is not None else given!r}"
-        reason += ": write it as one argument, '[a, b, c]'" if re.match(r"(list|List)\b", kind) else ""
+        reason += ": a list is written [a, b, c] (one argument)" * (kind[:4] in ("list", "List"))
     else:
         noise = ("Parser key", "Does not validate", "Subtypes:", "Errors:", "Given value")
         reasons = [line for line in lines if not line.startswith(noise)]

@@ -15,7 +15,7 @@ from gpt_ft.errors import parse_error_message, yaml_problem
         ),
         (  # `--seeds 0 1 2`: the list's first item alone taken
             "Parser key \"seeds\":\n  Expected a <class 'list'>. Got value: 0",
-            "--seeds: expected list, got '0': write it as one argument, '[a, b, c]'.",
+            "--seeds: expected list, got '0': a list is written [a, b, c] (one argument).",
         ),
         (
             "Parser key \"task\":\n  Problem with given class_path 'gpt_ft.adapters.SingleText':\n"

@@ -234,7 +234,8 @@ def prepare(
     out.mkdir(parents=True, exist_ok=True)
     counts = {"train": 0, "validation": 0}
     n_docs = unknown = 0
-    unk = tok.unk_token_id  # a vocabulary without bytes for every character (GPT-1's) has one
+    unk = tok.unk_token_id  # a vocabulary without bytes for every character (GPT-1's) has one; GPT-2's
+    unk = None if unk == eos else unk  # is its end of text, which ends every document here
     tmp = {split: out / (name + ".tmp") for split, name in SPLIT_FILES.items()}
     # The corpus's own text is text: a page that writes "<|endoftext|>" gets no document boundary
     # (nor "<|extract|>" a fine-tuning token); the one boundary is the end-of-text token added here.

@@ -80,9 +80,8 @@ def last_of_task(root: Path, folders: list, task: str | None) -> tuple[Path | No
     """`fit --ckpt_path last`: the newest last.ckpt of the logger's runs (and of the `folders` of a
     checkpoint callback) that trained `task` (None: a language model), and the newest of all."""
     newest = find_last_checkpoint(root, folders)
-    if newest is None or run_task(newest) in (task, False):
-        return newest, newest
     runs = [p for p in root.glob(f"*/checkpoints/{LAST}") if p.is_file() and run_task(p) in (task, False)]
+    runs += [p for p in (Path(folder) / LAST for folder in folders) if p.is_file()]  # a run's own folder
     return max(runs, key=lambda p: p.stat().st_mtime_ns) if runs else None, newest
 
 

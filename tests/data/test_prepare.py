@@ -105,6 +105,16 @@ def test_a_corpus_the_vocabulary_cannot_spell_is_counted_and_warned_about(tmp_pa
         "characters its vocabulary lacks (GPT-1's: curly quotes, dashes, ellipses); write them in ASCII "
         "first (GPT-1 ran ftfy), or use a byte-level tokenizer.\n"
     )
+    # GPT-2's unknown token is its end of text, which ends every document: none of those is counted.
+    words = Tokenizer(models.WordLevel(vocab, unk_token=EOS_TOKEN))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=words, eos_token=EOS_TOKEN, unk_token=EOS_TOKEN).save_pretrained(
+        tmp_path / "tok2"
+    )
+    (corpus / "a.txt").write_text("he said hi\n")
+    meta = prepare(out_dir=tmp_path / "out2", tokenizer=str(tmp_path / "tok2"), inputs=[str(corpus)],
+                   validation_fraction=0.0, progress=False)  # fmt: skip
+    assert meta["unknown_tokens"] == 0 and capsys.readouterr().err == ""
 
 
 @pytest.mark.parametrize("split", ["gpt2", "llama3", "prefix-space", "sentencepiece", "metaspace"])

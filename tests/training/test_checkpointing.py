@@ -475,6 +475,27 @@ def test_fit_resumes_the_newest_run_of_its_own_task(tmp_path, tokenizer_dir, cap
     ) in capsys.readouterr().out
 
 
+def test_a_checkpoint_callbacks_own_folder_resumes_whatever_task_ran_last_elsewhere(tmp_path):
+    """A `last.ckpt` in a checkpoint callback's `dirpath` has no run folder to say its task: it is
+    a candidate as it was, beside the logger's runs of this task, and a newer run of another is not."""
+    from gpt_ft.training.run_folders import last_of_task, run_task
+
+    root, own = tmp_path / "lightning_logs", tmp_path / "ck" / "last.ckpt"
+    other = root / "version_0" / "checkpoints" / "last.ckpt"
+    for i, path in enumerate([own, other]):
+        path.parent.mkdir(parents=True)
+        path.write_bytes(b"x")
+        os.utime(path, ns=(10**9 * (i + 1),) * 2)
+    task = {"class_path": "gpt_ft.adapters.TextPair", "init_args": {"name": "pair"}}
+    (root / "version_0" / "config.yaml").write_text(json.dumps({"data": {"init_args": {"task": task}}}))
+    assert (run_task(other), run_task(own)) == ("pair", False)
+    assert last_of_task(root, [own.parent], "sent") == (own, other)
+    assert last_of_task(root, [], "sent") == (None, other) and last_of_task(root, [], "pair") == (
+        other,
+        other,
+    )
+
+
 def test_a_run_stopped_by_max_steps_mid_epoch_and_extended_ends_as_the_longer_run(tmp_path, tokenizer_dir):
     """Lightning counts an epoch that `max_steps` stopped as done yet restores its batch count: an
     extended run started the next epoch at that batch and trained it short. It now trains the rest
