@@ -82,9 +82,15 @@ def user_message(exc: BaseException) -> str:
     return text
 
 
-def lone_value(message: str) -> str:
+def lone_value(message: str, args: list[str]) -> str:
     """argparse's "expected one argument" for an option followed by no value, or by one that starts
-    with "-" (taken for the next option: `--fit_args --trainer.max_epochs=2`), saying how to give it."""
+    with "-" (taken for the next option: `--fit_args --trainer.max_epochs=2`), saying how to give it;
+    its "unrecognized arguments" for an option given several values (`--inputs a.txt b.txt`)."""
+    stray = re.match(r"unrecognized arguments: (\S+?)\.?(?: |$)", message)
+    at = args.index(stray[1]) if stray and stray[1] in args else 0
+    if at >= 2 and args[at - 2].startswith("--") and "=" not in args[at - 2] and args[at - 1][:1] != "-":
+        several = "where it takes several, write them as one list, '[a, b]'"
+        return f"{message.rstrip('.')} ({args[at - 2]} takes one value: {several})."
     option = re.fullmatch(r"argument (--[\w.]+)\S*: expected one argument\.?", message)
     if option is None:
         return message
@@ -241,7 +247,11 @@ def main(argv: list[str] | None = None) -> None:
         problem = next((e for e in causes(exc) if isinstance(e, FileProblem)), None)
         fail(
             undecodable_file(exc)
-            or (str(problem) if problem else in_config_file(lone_value(parse_error_message(str(exc))), args))
+            or (
+                str(problem)
+                if problem
+                else in_config_file(lone_value(parse_error_message(str(exc)), args), args)
+            )
         )
     except OSError as exc:  # a file that cannot be read or written (no space, permission, read-only)
         if debug or exc.filename is None:

@@ -218,6 +218,12 @@ def test_an_option_without_its_value_says_how_to_give_one(run):
         "gpt-ft: error: --model.lr is given no value: write --model.lr VALUE (true or false for a yes/no "
         "option; --model.lr=VALUE for a value starting with '-')."
     )
+    # Several values after one option (a shell's `--inputs data/*.txt`): argparse's "unrecognized".
+    several = "takes one value: where it takes several, write them as one list, '[a, b]')."
+    assert run("--inputs", "a.txt", "b.txt", "c.txt", command="prepare", base=False) == (
+        f"gpt-ft: error: unrecognized arguments: b.txt c.txt (--inputs {several}"
+    )
+    assert run("stray") == "gpt-ft: error: unrecognized arguments: stray."
 
 
 def test_a_logger_whose_package_is_not_installed(run, monkeypatch):
