@@ -260,6 +260,36 @@ def generation_stops(path: Path) -> list[int]:
     return [i for i in ids if isinstance(i, int)]
 
 
+WEIGHT_FILES = [
+    ("model.safetensors", "model.safetensors.index.json"),
+    ("pytorch_model.bin", "pytorch_model.bin.index.json"),
+]
+"""A folder's weights, in the order transformers looks for them: one file, or the shards an index lists."""
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The weights files of a transformers folder that transformers reads: the one file, or exactly the
+    shards its index lists (shards of an older save left beside them are not read)."""
+    for single, index in WEIGHT_FILES:
+        if (path / single).is_file():
+            return [path / single]
+        if (path / index).is_file():
+            try:
+                names = sorted(
+                    set(json.loads((path / index).read_text(encoding="utf-8"))["weight_map"].values())
+                )
+            except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+                raise ValueError(
+                    f"{path / index} is not a weights index with a weight_map ({exc!r})."
+                ) from None
+            if missing := [name for name in names if not (path / name).is_file()]:
+                raise FileNotFoundError(f"{path / index} lists {missing[0]}, which {path} does not hold.")
+            return [path / name for name in names]
+    shards = sorted(path.glob("model-*.safetensors")) + sorted(path.glob("pytorch_model-*.bin"))
+    lacks = f"; its shards ({shards[0].name}, ...) need their index" if shards else ""
+    raise FileNotFoundError(f"{path} has no model.safetensors or pytorch_model.bin weights file{lacks}.")
+
+
 def read_folder(path: Path) -> tuple[GPTConfig, dict[str, Tensor], str]:
     """(config, state dict in gpt_ft's names, source) of a transformers directory (config.json plus
     model.safetensors or pytorch_model.bin), such as a hub id's snapshot.
@@ -282,10 +312,7 @@ def read_folder(path: Path) -> tuple[GPTConfig, dict[str, Tensor], str]:
     hf_config = AutoConfig.from_pretrained(path, trust_remote_code=False)
     hf_config.eos_token_id = hf_llama.with_stops(hf_config.eos_token_id, generation_stops(path))
     state: dict[str, Tensor] = {}
-    shards = sorted(path.glob("model*.safetensors")) or sorted(path.glob("pytorch_model*.bin"))
-    if not shards:
-        raise FileNotFoundError(f"{path} has no model.safetensors or pytorch_model.bin weights file.")
-    for shard in shards:  # one file, or shards with their index
+    for shard in weight_files(path):  # one file, or the shards its index lists
         try:
             if shard.suffix == ".safetensors":
                 from safetensors.torch import load_file

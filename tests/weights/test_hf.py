@@ -76,20 +76,37 @@ def test_from_pretrained_local_directory(tmp_path, family, safe):
         torch.testing.assert_close(gpt.lm_logits(gpt(ids)), hf(ids).logits, rtol=0, atol=1e-5)
 
 
-def test_from_pretrained_reads_pytorch_bin_shards(tmp_path):
-    """A hub repo with its weights only as `pytorch_model-0000K-of-0000N.bin` shards."""
+def test_from_pretrained_reads_the_shards_its_index_lists(tmp_path):
+    """A hub repo with its weights only as `pytorch_model-0000K-of-0000N.bin` shards: exactly those
+    its index lists are read, as transformers reads them (the shards of an older save left beside
+    them, as a newer revision downloaded into the same folder leaves them, replaced the weights)."""
+    import json
+
     hf = tiny_hf("gpt2")
     hf.config.save_pretrained(
         tmp_path
     )  # transformers 5 writes safetensors only: shards as older repos hold them
     state = hf.state_dict()
     keys = sorted(state)
+    stale = {key: torch.randn_like(value) for key, value in state.items()}
+    torch.save(stale, tmp_path / "pytorch_model-00001-of-00003.bin")  # an older save's, not listed
+    weight_map = {}
     for k, part in enumerate((keys[: len(keys) // 2], keys[len(keys) // 2 :])):
-        torch.save({key: state[key] for key in part}, tmp_path / f"pytorch_model-0000{k + 1}-of-00002.bin")
+        name = f"pytorch_model-0000{k + 1}-of-00002.bin"
+        torch.save({key: state[key] for key in part}, tmp_path / name)
+        weight_map |= dict.fromkeys(part, name)
+    index = tmp_path / "pytorch_model.bin.index.json"
+    index.write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     gpt = GPT.from_pretrained(tmp_path).eval()
     ids = torch.randint(0, TINY["vocab_size"], (2, 20))
     with torch.no_grad():
         torch.testing.assert_close(gpt.lm_logits(gpt(ids)), hf(ids).logits, rtol=0, atol=1e-5)
+    (tmp_path / "pytorch_model-00002-of-00002.bin").unlink()
+    with pytest.raises(FileNotFoundError, match=rf"^{index} lists pytorch_model-00002-of-00002.bin, which "):
+        GPT.from_pretrained(tmp_path)
+    index.unlink()
+    with pytest.raises(FileNotFoundError, match=r"its shards \(pytorch_model-00001-of-00002.bin, ...\) need"):
+        GPT.from_pretrained(tmp_path)
 
 
 def test_from_pretrained_errors(tmp_path):
