@@ -163,11 +163,8 @@ def state_dict_from_hf(hf_state: dict[str, Tensor], family: str, tied: bool = Tr
     if tied and embedding is None and head is not None:  # the tied pair saved under the head's name alone
         name = "transformer.tokens_embed.weight" if family == "openai-gpt" else "transformer.wte.weight"
         hf_state, embedding = {**hf_state, name: head}, head
-    if tied and head is not None and embedding is not None and not torch.equal(head, embedding):
-        raise ValueError(
-            "The model's lm_head differs from its token embedding, which its config ties "
-            "(tie_word_embeddings)."
-        )
+    if tied and head is not None and embedding is not None:
+        hf_llama.refuse_untied(head, embedding)
     out = {}
     for key, value in hf_state.items():
         key = key.removeprefix("transformer.")
@@ -216,8 +213,16 @@ def convert(hf_config, state: dict[str, Tensor]) -> tuple[GPTConfig, dict[str, T
     family = _family(hf_config)
     config = config_from_hf(hf_config)
     if family in hf_llama.MODEL_TYPES:
-        return config, hf_llama.state_dict_from_hf(state, config)
-    return config, state_dict_from_hf(state, family, config.tie_embeddings)
+        ours = hf_llama.state_dict_from_hf(state, config)
+    else:
+        ours = state_dict_from_hf(state, family, config.tie_embeddings)
+    for key in ("wte.weight", "lm_head.weight"):  # transformers refuses a table of another size too
+        if key in ours and ours[key].shape[0] != hf_config.vocab_size:
+            raise ValueError(
+                f"config.json's vocab_size {hf_config.vocab_size} does not match the {ours[key].shape[0]} "
+                f"rows of the weights' {'token embedding' if key == 'wte.weight' else 'LM head'}."
+            )
+    return config, ours
 
 
 def to_hf(gpt: GPT):

@@ -273,6 +273,16 @@ def config_to_hf(config: GPTConfig):
     return cls(**common, **window, hidden_act=activation, use_sliding_window=use_window)
 
 
+def refuse_untied(head: Tensor, embedding: Tensor) -> None:
+    """A head the config ties to the token embedding must be that embedding (transformers would keep
+    both, and its logits would not be the tied model's)."""
+    if not torch.equal(head, embedding):
+        raise ValueError(
+            "The model's lm_head differs from its token embedding, which its config ties "
+            "(tie_word_embeddings)."
+        )
+
+
 def state_dict_from_hf(hf_state: dict[str, Tensor], config: GPTConfig) -> dict[str, Tensor]:
     """Our state dict from a transformers Llama-family one (base or causal-LM model)."""
     out: dict[str, Tensor] = {}
@@ -289,6 +299,8 @@ def state_dict_from_hf(hf_state: dict[str, Tensor], config: GPTConfig) -> dict[s
                 out["lm_head.weight"] = value
             elif "model.embed_tokens.weight" not in hf_state:  # the tied pair saved under the head's name
                 out["wte.weight"] = value
+            else:
+                refuse_untied(value, hf_state["model.embed_tokens.weight"])
             continue
         if key == "model.embed_tokens.weight":
             out["wte.weight"] = value

@@ -97,6 +97,8 @@ def build(config: GPTConfig, state: dict[str, Tensor], source: str) -> GPT:
     """A GPT of `config` holding `state` (read from `source`, named in the error)."""
     with torch.device("meta"):
         gpt = GPT(config)
+    floating = next((v.dtype for v in state.values() if v.is_floating_point()), torch.float32)
+    state = {k: v if v.is_floating_point() else v.to(floating) for k, v in state.items()}  # as transformers
     try:
         missing, unexpected = gpt.load_state_dict(state, strict=False, assign=True)
     except RuntimeError as exc:  # a config that misstates a size (a reader's default head size)

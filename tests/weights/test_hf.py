@@ -109,6 +109,27 @@ def test_from_pretrained_reads_the_shards_its_index_lists(tmp_path):
         GPT.from_pretrained(tmp_path)
 
 
+def test_integer_weights_load_cast_as_transformers_casts_them(tmp_path):
+    """A tensor saved as integers (a rounded or converted file): cast to the other weights' type, as
+    transformers does (it was a traceback: integers cannot require gradients)."""
+    from safetensors.torch import load_file, save_file
+
+    hf = tiny_hf("gpt2")
+    hf.save_pretrained(tmp_path)
+    state = load_file(tmp_path / "model.safetensors")
+    key = next(k for k in state if k.endswith("mlp.c_fc.weight"))
+    state[key] = (state[key] * 100).round().to(torch.int64)
+    save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    from transformers import AutoModelForCausalLM
+
+    reference = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    gpt = GPT.from_pretrained(tmp_path)
+    assert gpt.h[0].mlp.c_fc.weight.dtype == torch.float32
+    ids = torch.randint(0, TINY["vocab_size"], (2, 20))
+    with torch.no_grad():
+        torch.testing.assert_close(gpt.lm_logits(gpt(ids)), reference(ids).logits, rtol=0, atol=1e-4)
+
+
 def test_from_pretrained_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="no config.json"):
         GPT.from_pretrained(tmp_path)
@@ -127,7 +148,7 @@ def test_a_broken_folder_is_one_sentence_naming_its_file(tmp_path):
 
     from safetensors.torch import load_file, save_file
 
-    from tests.helpers import tiny_llama
+    from tests.helpers import TINY_LLAMA, tiny_llama
 
     good = tmp_path / "good"
     tiny_llama("llama").save_pretrained(good)  # untied
@@ -189,6 +210,16 @@ def test_a_broken_folder_is_one_sentence_naming_its_file(tmp_path):
 
     assert broken("head", headless) == (
         "head: lm_head.weight is missing, and the config says the head is untied (tie_word_embeddings)."
+    )
+    # A vocabulary the table does not have (its last rows were dropped), a head the config ties
+    # that is not the embedding (its logits were not transformers'): transformers refuses the first.
+    assert broken("vocab", config(vocab_size=TINY_LLAMA["vocab_size"] - 5)) == (
+        f"vocab: config.json's vocab_size {TINY_LLAMA['vocab_size'] - 5} does not match the "
+        f"{TINY_LLAMA['vocab_size']} rows of the weights' token embedding."
+    )
+    assert broken("tied", config(tie_word_embeddings=True)) == (
+        "tied: The model's lm_head differs from its token embedding, which its config ties "
+        "(tie_word_embeddings)."
     )
     layers = broken("layers", config(num_hidden_layers=None))  # transformers' default: 32 layers
     assert layers.startswith("layers does not match the model its config describes (32 layers of width 32): ")
