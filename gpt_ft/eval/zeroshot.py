@@ -50,6 +50,10 @@ class ZeroShot:
             raise ValueError(
                 "zero_shot: give either `verbalizers` or `threshold: true`, not both or neither."
             )
+        if self.threshold and (isinstance(self.calibration_examples, bool) or self.calibration_examples < 1):
+            raise ValueError(
+                f"zero_shot: calibration_examples must be at least 1, got {self.calibration_examples!r}."
+            )
 
 
 def scored_tokens(context: int, continuation: int, n_ctx: int) -> int:

@@ -91,6 +91,11 @@ def test_verbalizers_and_threshold_heuristics(tokenizer_dir):
     assert result == {"validation/accuracy": 1.0}
     with pytest.raises(ValueError, match="`verbalizers` or `threshold: true`"):
         ZeroShot()
+    for none in (0, -5):  # no threshold to choose (an IndexError), or all but the last five
+        with pytest.raises(
+            ValueError, match=rf"^zero_shot: calibration_examples must be at least 1, got {none}\.$"
+        ):
+            ZeroShot(threshold=True, calibration_examples=none)
 
 
 def test_average_logprob_of_a_text_longer_than_the_context(tokenizer_dir):
