@@ -306,7 +306,9 @@ def state_dict_from_hf(hf_state: dict[str, Tensor], config: GPTConfig) -> dict[s
             out["wte.weight"] = value
         elif key == "model.norm.weight":
             out["ln_f.weight"] = value
-        elif m := _LAYER_KEY.match(key):
+        elif (m := _LAYER_KEY.match(key)) and int(m[1]) >= config.n_layer:
+            out[key] = value  # a layer the config does not have: load_state_dict names it unexpected
+        elif m:
             layer, name, kind = m.groups()
             ours = names.get(name)
             for group, parts in _STACKED.items():

@@ -221,6 +221,18 @@ def test_a_broken_folder_is_one_sentence_naming_its_file(tmp_path):
         "tied: The model's lm_head differs from its token embedding, which its config ties "
         "(tie_word_embeddings)."
     )
+
+    def extra_layer(f):  # a layer past the config's: named, not as a q/k/v group missing its k and v
+        state = load_file(f / "model.safetensors")
+        state["model.layers.7.self_attn.q_proj.weight"] = state[
+            "model.layers.0.self_attn.q_proj.weight"
+        ].clone()
+        save_file(state, f / "model.safetensors", metadata={"format": "pt"})
+
+    assert broken("extra", extra_layer) == (
+        "extra does not match the model its config describes (2 layers of width 32): tensors missing: 0 [], "
+        "unexpected: 1 ['model.layers.7.self_attn.q_proj.weight']."
+    )
     layers = broken("layers", config(num_hidden_layers=None))  # transformers' default: 32 layers
     assert layers.startswith("layers does not match the model its config describes (32 layers of width 32): ")
     assert layers.endswith(", ...], unexpected: 0 [].") and len(layers) < 300
