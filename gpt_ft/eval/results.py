@@ -290,6 +290,7 @@ def changed_files(before: dict[str, str] | None, now: dict[str, str]) -> list[st
     a result from before stamps were kept, taken as it is)."""
     if before is None:
         return []
+    before, now = ({str(Path(f).resolve()): v for f, v in stamps.items()} for stamps in (before, now))
     return [f"the file {f}" for f in sorted(before.keys() | now.keys()) if before.get(f) != now.get(f)]
 
 

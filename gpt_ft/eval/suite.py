@@ -31,7 +31,7 @@ import yaml
 from gpt_ft.adapters.cards import load_card
 from gpt_ft.data.files import examples_split
 from gpt_ft.errors import arguments_from, check_output_dir
-from gpt_ft.eval import zeroshot
+from gpt_ft.eval import suite_file, zeroshot
 from gpt_ft.eval.curves import MISSING, baseline_curves, collect_curves, labels_saved, read_baselines
 from gpt_ft.eval.finetune import config_changes, fit_and_evaluate, main_key
 from gpt_ft.eval.results import (
@@ -118,13 +118,15 @@ class SuiteRunner:
         if bad := [s for s in self.sizes if s is not None and s < 1]:
             raise ValueError(f"--train_sizes {bad[0]}: a size is a positive number of examples, or all.")
         self.rows: list[str | None] = list(spec.rows or [None])
-        self.out, self.init_from, self.tokenizer = out, init_from, tokenizer
+        local = suite_file.absolute  # a result records them: a rerun from another folder reads the same
+        self.out, self.init_from, self.tokenizer = out, local(init_from), local(tokenizer)
         if tokenizer is None and init_from and spec.rows:  # a row may drop --init_from: fixed at the start
             self.tokenizer = resolve_tokenizer(None, init_from)
         self.data_dirs = data_dirs(data_dir or [])
         self.seeds = list(seeds if seeds is not None else spec.seeds)
         if (fine_tune and not self.seeds) or len(set(self.seeds)) < len(self.seeds):
-            raise ValueError(f"--seeds {self.seeds}: give one or more seeds to fine-tune with, each once.")
+            given = "--seeds" if seeds is not None else f"{self.source}: seeds"
+            raise ValueError(f"{given} {self.seeds}: give one or more seeds to fine-tune with, each once.")
         self.fit_args = shlex.split(fit_args) if isinstance(fit_args, str) else list(fit_args or [])
         self.select, self.fine_tune, self.zero_shot = select, fine_tune, zero_shot
         self.transfer_layers = list(transfer_layers or [])

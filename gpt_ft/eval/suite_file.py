@@ -163,7 +163,7 @@ def load_suite(path: str | Path) -> SuiteSpec:
     folders = [row_folder(name) for name in spec.rows or []]
     if clash := sorted({n for n in spec.rows or [] if folders.count(row_folder(n)) > 1}):
         raise ValueError(f"Suite file {path}: rows {clash} would share a folder; give them names apart.")
-    base = path.parent
+    base = path.resolve().parent  # `glue.yaml` run from its own folder: its parents are not `.`
     for task in spec.tasks:
         task.card = str(_find(task.card, base, f"{path}: task card"))
     if spec.config:
@@ -188,5 +188,13 @@ def data_dirs(values: list[str]) -> dict[str | None, str]:
         if key in out:
             what = f"{key}=DIR" if key else "a DIR for every task"
             raise ValueError(f"--data_dir gives {what} twice ({out[key]} and {path if key else value}).")
-        out[key] = path if key else value
+        out[key] = absolute(path if key else value)
     return out
+
+
+def absolute(path: str | None) -> str | None:
+    """A local file or folder as an absolute path (a result records it, and a rerun from another
+    folder reads the same one); anything else (a hub id, a path not there) as given."""
+    if path is None or not Path(path).expanduser().exists():
+        return path
+    return str(Path(path).expanduser().resolve())

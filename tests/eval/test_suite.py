@@ -676,6 +676,16 @@ def test_a_rerun_compares_configurations_not_spellings(tmp_path, tokenizer_dir, 
     os.utime(dev, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     main([*argv, "--select=best", "--predict=true", *same])
     assert len(calls) == 6 and f"(the file {dev}): running it again" in capsys.readouterr().out
+    # The same files named relative to the working folder, then from another: nothing to run again.
+    for folder, up in ((tmp_path, ""), (tmp_path / "a", "../")):
+        monkeypatch.chdir(folder)
+        relative = [
+            f"{up}{suite.name}",
+            f"--out_dir={up}out",
+            f"--tokenizer={os.path.relpath(tokenizer_dir)}",
+        ]
+        main(["suite", *relative, f"--data_dir={up}a", "--select=best", "--predict=true", *same])
+        assert len(calls) == 6, capsys.readouterr().out
 
 
 def test_rows_layers_and_sizes_together_each_reach_the_results(tmp_path, tokenizer_dir, monkeypatch):

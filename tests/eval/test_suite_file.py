@@ -21,6 +21,15 @@ def test_glue_suite_names_the_servers_files_and_labels():
     assert len(gpt1.tasks) == 12 and all(task.paper for task in gpt1.tasks)
 
 
+def test_a_suite_file_named_from_its_own_folder_finds_its_cards(monkeypatch):
+    """configs/suites/glue.yaml names tasks/glue/*.yaml from the repository's root: found from the
+    suite file's folder too (`gpt-ft suite glue.yaml` there), as the card's path resolves."""
+    monkeypatch.chdir(ROOT / "configs" / "suites")
+    spec = load_suite("glue.yaml")
+    assert spec.tasks[0].card == str(ROOT / "tasks" / "glue" / "cola.yaml")
+    assert spec.config == str(ROOT / "configs" / "finetune" / "gpt1.yaml")
+
+
 def test_suite_file_errors_name_the_file(tmp_path):
     bad = write_suite(tmp_path, "name: x\ntasks:\n  - card: nowhere.yaml\n")
     with pytest.raises(FileNotFoundError, match="suite.yaml: task card nowhere.yaml does not exist"):
