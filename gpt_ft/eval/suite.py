@@ -18,6 +18,7 @@ Scores are in percent (GLUE's convention): the paper's on test sets, ours on val
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import shutil
 import statistics
@@ -49,6 +50,7 @@ from gpt_ft.eval.suite_file import Run, SuiteSpec, as_list, check_paper, data_di
 from gpt_ft.eval.suite_folder import (
     check_out_dir,
     new_submission_folder,
+    put_back,
     read_json,
     set_aside,
     write_json,
@@ -177,6 +179,8 @@ class SuiteRunner:
                     continue
                 self._zero_shot(name, log)
         runs = self.runs() if self.fine_tune else []
+        for run in runs if writes and os.environ.get("WORLD_SIZE", "1") == "1" else []:  # alone so far:
+            put_back(self.out / "runs" / run.folder, RESULT)  # no other rank reads the folder as it moves
         todo = [r for r in runs if self._result(r, log) is None]
         for run in {(r.task, r.row): r for r in todo}.values():  # a bad argument stops it before it trains
             self._resolve(run)

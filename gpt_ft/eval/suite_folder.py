@@ -118,6 +118,16 @@ def set_aside(folder: Path | None, result: str) -> Iterator[None]:
         shutil.rmtree(previous, ignore_errors=True)
 
 
+def put_back(folder: Path, result: str) -> None:
+    """A finished run `set_aside` kept while a rerun of it was killed outright (SIGKILL, out of
+    memory: no `except` ran), put back in place of the rerun's unfinished files: a rerun with the
+    configuration it finished with then has nothing to do."""
+    previous = folder.with_name(f"{folder.name}.previous")
+    if (previous / result).is_file() and not (folder / result).is_file():
+        shutil.rmtree(folder, ignore_errors=True)
+        previous.rename(folder)
+
+
 def write_json(path: Path, value: Any) -> None:
     """Written whole or not at all: a crash never leaves half a file."""
     write_atomic(path, lambda tmp: tmp.write_text(json.dumps(value, indent=2) + "\n"))

@@ -686,6 +686,15 @@ def test_a_rerun_compares_configurations_not_spellings(tmp_path, tokenizer_dir, 
         ]
         main(["suite", *relative, f"--data_dir={up}a", "--select=best", "--predict=true", *same])
         assert len(calls) == 6, capsys.readouterr().out
+    # A rerun killed outright (SIGKILL) left the finished run aside and its own files unfinished:
+    # the finished one is put back, and with its configuration there is nothing to run again.
+    run = tmp_path / "out" / "runs" / "sent" / "seed-0"
+    run.rename(run.with_name("seed-0.previous"))
+    (run / "lightning_logs").mkdir(parents=True)
+    main([*argv, "--select=best", "--predict=true", *same])
+    assert (
+        len(calls) == 6 and (run / "result.json").is_file() and not run.with_name("seed-0.previous").exists()
+    )
 
 
 def test_rows_layers_and_sizes_together_each_reach_the_results(tmp_path, tokenizer_dir, monkeypatch):
