@@ -58,6 +58,8 @@ def fit_and_evaluate(
             "The run ended without a validation: check --trainer.limit_val_batches, and that "
             "--trainer.max_steps leaves room for one (--trainer.val_check_interval validates sooner)."
         )
+    if select == "last" and history.steps and history.steps[-1] < trainer.global_step:
+        trainer.validate(model, datamodule=data, verbose=False)  # trained on after it (max_steps mid-epoch)
     main = main_key(model.task)
     if select == "best":
         # an undefined score (None: e.g. a correlation of constant predictions) ranks last

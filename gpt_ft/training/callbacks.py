@@ -240,10 +240,12 @@ def best_checkpoint(model) -> ModelCheckpoint:
 
 
 class History(Callback):
-    """Every validation's metrics of the task's validation splits, with its epoch."""
+    """Every validation's metrics of the task's validation splits, with its epoch (and, in `steps`,
+    the optimizer steps taken before it)."""
 
     def __init__(self) -> None:
         self.evaluations: list[tuple[int, dict[str, float | None]]] = []
+        self.steps: list[int] = []
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if trainer.sanity_checking:
@@ -253,6 +255,7 @@ class History(Callback):
             k: finite(float(v)) for k, v in trainer.callback_metrics.items() if k.split("/")[0] in splits
         }
         self.evaluations.append((trainer.current_epoch, metrics))
+        self.steps.append(trainer.global_step)
 
     @classmethod
     def of(cls, trainer) -> History:

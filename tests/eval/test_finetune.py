@@ -25,6 +25,34 @@ def test_best_epoch_ranks_an_undefined_score_last(monkeypatch):
     assert finetune.fit_and_evaluate(build, [], "last", predict=False) == ({}, 2)
 
 
+def test_the_last_models_scores_are_those_of_the_weights_it_ends_with():
+    """`--trainer.max_steps` mid-epoch: training went on after the last validation (step 3 of 4), so
+    the model that predicts is validated again and its scores are the ones kept."""
+    task = SimpleNamespace(validation_splits=["validation"], main_metric="accuracy")
+
+    class Trainer:
+        def __init__(self) -> None:
+            self.callbacks, self.global_step, self.validated = [callbacks.History()], 0, []
+
+        def fit(self, model, datamodule):
+            self.callbacks[-1].evaluations.append((0, {"validation/accuracy": 0.5}))
+            self.callbacks[-1].steps.append(3)
+            self.global_step = 4
+
+        def validate(self, model, datamodule, verbose):
+            self.validated.append(verbose)
+            self.callbacks[-1].evaluations.append((1, {"validation/accuracy": 0.75}))
+            self.callbacks[-1].steps.append(4)
+
+    trainer = Trainer()
+    build = lambda argv: (SimpleNamespace(task=task), None, trainer)  # noqa: E731
+    assert finetune.fit_and_evaluate(build, [], "last", predict=False) == ({"validation/accuracy": 0.75}, 1)
+    assert trainer.validated == [False]
+    trainer = Trainer()  # the best epoch is one that was validated, its checkpoint kept
+    assert finetune.fit_and_evaluate(build, [], "best", predict=False) == ({"validation/accuracy": 0.5}, 0)
+    assert trainer.validated == []
+
+
 def test_a_run_without_a_task_or_a_validation_is_refused():
     class Trainer:
         def __init__(self) -> None:
