@@ -195,6 +195,11 @@ class EmbeddingOutput(TaskOutput):
             raise CardError(f"Task {task_name!r}: temperature must be > 0, got {temperature}.")
         if loss == "cosent" and not scored:
             raise CardError(f"Task {task_name!r}: the cosent loss needs `score`, a field of gold scores.")
+        if loss == "cosent" and (candidates > 1 or symmetric or temperature != TEMPERATURE):
+            raise CardError(  # it reads each pair's cosine against its gold score alone
+                f"Task {task_name!r}: the cosent loss takes no `negatives`, `symmetric` or `temperature` "
+                "(InfoNCE's, `loss: infonce`)."
+            )
         if dimensions is not None and dimensions < 1:
             raise CardError(f"Task {task_name!r}: dimensions must be >= 1, got {dimensions}.")
         self.scored, self.loss, self.temperature, self.symmetric = scored, loss, temperature, symmetric

@@ -302,6 +302,10 @@ def test_a_card_frames_each_text_alone_with_its_prompt(tokenizer_dir):
         (dict(temperature=0.0), "temperature must be > 0"),
         (dict(negatives=["n1", "n2"], num_negatives=3), "num_negatives=3 but 2 fields"),
         (dict(num_negatives=2), "num_negatives needs `negatives`, the field"),
+        *[  # CoSENT scores each pair against its gold score: these were encoded, then left unread
+            (dict(score="s", **extra), "the cosent loss takes no `negatives`, `symmetric` or `temperature`")
+            for extra in (dict(negatives="n"), dict(symmetric=True), dict(temperature=0.01))
+        ],
     ],
 )
 def test_a_card_that_cannot_work_is_one_sentence(card, message):
