@@ -86,7 +86,8 @@ def base_folder(args, shape: str, out: Path) -> Path:
     else:
         tokenizer = load_tokenizer(args.tokenizer)
         preset, changes = SHAPES[shape]
-        heads = args.width // 64  # SmolLM2's 9 heads, 3 of them for keys and values, at 576
+        if (heads := args.width // 64) < 1 or args.width % 64:  # SmolLM2's 9 heads (3 for keys, values)
+            raise SystemExit(f"--width {args.width}: give a multiple of 64 (a head is 64 wide).")
         llama = {
             "n_kv_head": heads // 3 if heads % 3 == 0 else heads,
             "n_inner": args.width * 8 // 3 // 64 * 64,
