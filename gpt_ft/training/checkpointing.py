@@ -256,8 +256,8 @@ class ResumeState(Callback):
         if len(states) != world and "ranks" in state:
             rank_zero_warn(
                 f"The checkpoint holds the random states of {len(states)} processes and this run has "
-                f"{world}: weights, optimizer and step are restored, but the data order and dropout masks "
-                "differ from those of the uninterrupted run."
+                f"{world}: weights, optimizer, step and data order are restored, but dropout masks (the "
+                "processes' random draws) differ from those of the uninterrupted run."
             )
         set_rng_state(states[rank] if rank < len(states) else states[0])
 
