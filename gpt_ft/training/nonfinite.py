@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -29,17 +30,27 @@ def stop_on_nonfinite(
         good = "the state with its update skipped" if skipped else "the last good state"
         kept = f"; {good} (step {trainer.global_step}) is in {path}"
     step, epoch, batch = where
+    became = (
+        f"{loss}" if not math.isfinite(loss) else f"non-finite on another process (this one's: {loss:.4g})"
+    )
     raise FloatingPointError(
-        f"The training loss became {loss} at step {step} (epoch {epoch}, batch {batch}){kept}. "
-        f"Try {remedies(trainer)}."
+        f"The training loss became {became} at step {step} (epoch {epoch}, batch {batch}){kept}. "
+        f"Try {remedies(trainer, first=step == 0)}."
     )
 
 
-def remedies(trainer) -> str:
-    """What to try after a non-finite loss, among what the run does not already do."""
-    tries = ["a lower --model.lr"]
-    if not getattr(trainer, "gradient_clip_val", None):
-        tries.append("gradient clipping (--trainer.gradient_clip_val 1.0)")
+def remedies(trainer, first: bool = False) -> str:
+    """What to try after a non-finite loss, among what the run does not already do; at the `first`
+    step, before any update, the data rather than the learning rate."""
+    if first:
+        tries = ["checking the data (no update has run yet: a value too large for the loss?)"]
+    else:
+        clipping = (
+            []
+            if getattr(trainer, "gradient_clip_val", None)
+            else ["gradient clipping (--trainer.gradient_clip_val 1.0)"]
+        )
+        tries = ["a lower --model.lr", *clipping]
     precision = str(getattr(trainer, "precision", "32-true"))
     if precision.startswith(("16", "bf16")):  # fp16's range overflows first; any 16-bit, less precise
         tries.append(

@@ -1007,3 +1007,21 @@ def test_a_nonfinite_loss_suggests_what_the_run_does_not_already_do(clip, precis
     from gpt_ft.training.nonfinite import remedies
 
     assert remedies(SimpleNamespace(gradient_clip_val=clip, precision=precision)) == tries
+    first = remedies(SimpleNamespace(gradient_clip_val=clip, precision=precision), first=True)
+    assert first.startswith("checking the data (no update has run yet") and "--model.lr" not in first
+
+
+def test_a_nonfinite_loss_on_another_process_is_named_so(tmp_path):
+    """Under DDP every rank stops at a loss any rank found non-finite; a rank whose own is finite
+    says the loss became non-finite elsewhere, not "became 7.96"."""
+    from types import SimpleNamespace
+
+    from gpt_ft.training.nonfinite import stop_on_nonfinite
+
+    trainer = SimpleNamespace(checkpoint_callback=None, gradient_clip_val=None, precision="32-true")
+    with pytest.raises(FloatingPointError) as stopped:
+        stop_on_nonfinite(trainer, 7.958456993103027, (0, 0, 1))
+    assert str(stopped.value) == (
+        "The training loss became non-finite on another process (this one's: 7.958) at step 0 (epoch 0, "
+        "batch 1). Try checking the data (no update has run yet: a value too large for the loss?)."
+    )
