@@ -12,9 +12,11 @@ GGUF, cut short, an architecture gpt_ft lacks, or a type it cannot dequantize.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import hashlib
+import io
 import os
 import shutil
 import tempfile
@@ -250,11 +252,12 @@ def read(path: Path):
             _as_llama(config) if config.model_type == "mistral" else config
         )
     verbosity = logging.get_verbosity()
-    logging.set_verbosity_error()  # its per-tensor progress bar and notes on unused metadata
-    try:
-        parsed = load_gguf_checkpoint(
-            str(path), return_tensors=True, model_to_load=names, torch_dtype=torch.float32
-        )
+    logging.set_verbosity_error()  # its notes on unused metadata
+    try:  # its "Converting and de-quantizing GGUF tensors" bar (tqdm's own, no switch) at every load
+        with contextlib.redirect_stderr(io.StringIO()):
+            parsed = load_gguf_checkpoint(
+                str(path), return_tensors=True, model_to_load=names, torch_dtype=torch.float32
+            )
     finally:
         logging.set_verbosity(verbosity)
     left = len(reader.tensors) - len(parsed["tensors"])
