@@ -60,6 +60,7 @@ def fit_and_evaluate(
         )
     if select == "last" and history.steps and history.steps[-1] < trainer.global_step:
         trainer.validate(model, datamodule=data, verbose=False)  # trained on after it (max_steps mid-epoch)
+        history.evaluations[-1] = (history.trained_epoch, history.evaluations[-1][1])  # not the one after
     main = main_key(model.task)
     if select == "best":
         # an undefined score (None: e.g. a correlation of constant predictions) ranks last

@@ -163,7 +163,7 @@ def load_suite(path: str | Path) -> SuiteSpec:
     folders = [row_folder(name) for name in spec.rows or []]
     if clash := sorted({n for n in spec.rows or [] if folders.count(row_folder(n)) > 1}):
         raise ValueError(f"Suite file {path}: rows {clash} would share a folder; give them names apart.")
-    base = path.resolve().parent  # `glue.yaml` run from its own folder: its parents are not `.`
+    base = path.absolute().parent  # `glue.yaml` from its own folder: its parents are not `.` (a link kept)
     for task in spec.tasks:
         task.card = str(_find(task.card, base, f"{path}: task card"))
     if spec.config:

@@ -42,15 +42,16 @@ class ZeroShot:
     """Score by average token log-probability; above a threshold is the second label."""
     calibration_split: str = "train"
     """Split whose examples choose the threshold."""
-    calibration_examples: int = 2000
-    """How many of them (the first ones)."""
+    calibration_examples: int | None = 2000
+    """How many of them (the first ones); None: all."""
 
     def __post_init__(self) -> None:
         if bool(self.verbalizers) == self.threshold:
             raise ValueError(
                 "zero_shot: give either `verbalizers` or `threshold: true`, not both or neither."
             )
-        if self.threshold and (isinstance(self.calibration_examples, bool) or self.calibration_examples < 1):
+        n = self.calibration_examples  # None: every row of the split
+        if self.threshold and n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
             raise ValueError(
                 f"zero_shot: calibration_examples must be at least 1, got {self.calibration_examples!r}."
             )

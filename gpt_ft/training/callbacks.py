@@ -246,6 +246,10 @@ class History(Callback):
     def __init__(self) -> None:
         self.evaluations: list[tuple[int, dict[str, float | None]]] = []
         self.steps: list[int] = []
+        self.trained_epoch = 0  # the epoch of the last training batch (`max_steps` may stop inside it)
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        self.trained_epoch = trainer.current_epoch
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if trainer.sanity_checking:

@@ -37,11 +37,11 @@ def test_the_last_models_scores_are_those_of_the_weights_it_ends_with():
         def fit(self, model, datamodule):
             self.callbacks[-1].evaluations.append((0, {"validation/accuracy": 0.5}))
             self.callbacks[-1].steps.append(3)
-            self.global_step = 4
+            self.global_step, self.callbacks[-1].trained_epoch = 4, 1  # stopped in epoch 1's first batch
 
-        def validate(self, model, datamodule, verbose):
+        def validate(self, model, datamodule, verbose):  # Lightning counts the cut epoch as done: 2
             self.validated.append(verbose)
-            self.callbacks[-1].evaluations.append((1, {"validation/accuracy": 0.75}))
+            self.callbacks[-1].evaluations.append((2, {"validation/accuracy": 0.75}))
             self.callbacks[-1].steps.append(4)
 
     trainer = Trainer()

@@ -91,6 +91,7 @@ def test_verbalizers_and_threshold_heuristics(tokenizer_dir):
     assert result == {"validation/accuracy": 1.0}
     with pytest.raises(ValueError, match="`verbalizers` or `threshold: true`"):
         ZeroShot()
+    assert ZeroShot(threshold=True, calibration_examples=None).calibration_examples is None  # every row
     for none in (0, -5):  # no threshold to choose (an IndexError), or all but the last five
         with pytest.raises(
             ValueError, match=rf"^zero_shot: calibration_examples must be at least 1, got {none}\.$"
