@@ -88,7 +88,12 @@ def lone_value(message: str, args: list[str]) -> str:
     its "unrecognized arguments" for an option given several values (`--inputs a.txt b.txt`)."""
     stray = re.match(r"unrecognized arguments: (\S+?)\.?(?: |$)", message)
     at = args.index(stray[1]) if stray and stray[1] in args else 0
-    if at >= 2 and args[at - 2].startswith("--") and "=" not in args[at - 2] and args[at - 1][:1] != "-":
+    if (
+        at >= 2
+        and args[at - 2][:2] == "--"
+        and "=" not in args[at - 2]
+        and "-" not in (args[at - 1][:1], stray[1][:1])
+    ):
         several = "where it takes several, write them as one list, '[a, b]'"
         return f"{message.rstrip('.')} ({args[at - 2]} takes one value: {several})."
     option = re.fullmatch(r"argument (--[\w.]+)\S*: expected one argument\.?", message)

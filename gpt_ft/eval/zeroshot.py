@@ -145,8 +145,13 @@ class ZeroShotScorer:
                     "its choices after."
                 )
             start = len(requests)
-            for choice in choices:
+            for k, choice in enumerate(choices, 1):
                 requests.append((self.prefix + self.ids(context), self.ids(" " + choice.strip())))
+                if not requests[-1][1]:
+                    raise TaskDataError(
+                        f"task {task.name!r}: {_where(split)}example {number}'s choice {k} is empty: it has "
+                        "no tokens to score."
+                    )
             # acc_norm divides by the choice's length in characters, not counting the space before
             # it (lm-evaluation-harness: `completion_len = len(choice)`).
             chars = [max(1, len(c.strip())) for c in choices]

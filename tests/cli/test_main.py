@@ -224,6 +224,9 @@ def test_an_option_without_its_value_says_how_to_give_one(run):
         f"gpt-ft: error: unrecognized arguments: b.txt c.txt (--inputs {several}"
     )
     assert run("stray") == "gpt-ft: error: unrecognized arguments: stray."
+    assert run("--inputs", "a.txt", "--bogus", "x", command="prepare", base=False) == (
+        "gpt-ft: error: unrecognized arguments: --bogus x."  # an unknown option, not a second value
+    )
 
 
 def test_a_logger_whose_package_is_not_installed(run, monkeypatch):

@@ -175,6 +175,16 @@ def test_an_empty_context_with_nothing_to_start_the_text_is_refused(tokenizer_di
         "validation/accuracy_norm",
         "validation/accuracy_token",
     }
+    # An empty choice, which a tokenizer that drops spaces (GPT-1's) gives no token: named, not
+    # "A continuation to score has no tokens".
+    ids = scorer.ids
+    scorer.ids = lambda text: ids(text) if text.strip() else []
+    empty = [rows[0], {"story": "a story .", "a": "a", "b": "", "label": "1"}]
+    with pytest.raises(
+        TaskDataError, match=r"^task 'mc': split 'validation', labelled example 2's choice 2 is empty"
+    ):
+        evaluate(task, scorer, lambda split: empty)
+    scorer.ids = ids
     # The threshold rule's average log-probability: a one-token text has nothing scored.
     single = SingleText(name="s", labels=["neg", "pos"], metrics=["accuracy"])
     texts = [{"sentence": "the cat sat", "label": "pos"}, {"sentence": "", "label": "neg"}]
