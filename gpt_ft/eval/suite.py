@@ -123,7 +123,7 @@ class SuiteRunner:
         local = suite_file.absolute  # a result records them: a rerun from another folder reads the same
         self.out, self.init_from, self.tokenizer = out, local(init_from), local(tokenizer)
         if tokenizer is None and init_from and spec.rows:  # a row may drop --init_from: fixed at the start
-            self.tokenizer = resolve_tokenizer(None, init_from)
+            self.tokenizer = resolve_tokenizer(None, self.init_from)
         self.data_dirs = data_dirs(data_dir or [])
         self.seeds = list(seeds if seeds is not None else spec.seeds)
         if (fine_tune and not self.seeds) or len(set(self.seeds)) < len(self.seeds):
