@@ -253,8 +253,6 @@ def fit_vs_loop(setup: Setup, tmp: Path) -> Iterator[Row]:
 
 ROWS = [environment, training_throughput, fit_vs_loop, generation, finetune_step, profile, shapes, attention,
         fit_quickstart]  # fmt: skip
-"""The groups of rows in the order they run: those with a goal first (a part cut at its limit cuts
-the last)."""
 
 
 def main() -> int:

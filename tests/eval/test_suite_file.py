@@ -33,9 +33,9 @@ def test_a_suite_file_named_from_its_own_folder_finds_its_cards(monkeypatch):
 def test_a_suite_file_reached_through_a_link_finds_cards_beside_the_link(tmp_path, monkeypatch):
     (tmp_path / "exp" / "cards").mkdir(parents=True)
     (tmp_path / "exp" / "cards" / "single.yaml").write_text("class_path: gpt_ft.adapters.SingleText\n")
-    (tmp_path / "shared").mkdir()
-    (tmp_path / "shared" / "suite.yaml").write_text("name: s\ntasks: [{card: cards/single.yaml}]\n")
-    (tmp_path / "exp" / "suite.yaml").symlink_to("../shared/suite.yaml")
+    (tmp_path / "common").mkdir()
+    (tmp_path / "common" / "suite.yaml").write_text("name: s\ntasks: [{card: cards/single.yaml}]\n")
+    (tmp_path / "exp" / "suite.yaml").symlink_to("../common/suite.yaml")
     monkeypatch.chdir(tmp_path)
     assert load_suite("exp/suite.yaml").tasks[0].card == str(tmp_path / "exp" / "cards" / "single.yaml")
 
