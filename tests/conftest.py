@@ -126,7 +126,8 @@ def pytest_terminal_summary(terminalreporter, config):
         return
     seconds = sorted(jobs.seconds, reverse=True)
     total = sum(t for t, _ in seconds)
-    longest = ", ".join(f"{what} {t:.1f}s" for t, what in seconds[:5])
+    shown = seconds if config.option.verbose > 0 else seconds[:5]  # -v: every command
+    longest = ", ".join(f"{what} {t:.1f}s" for t, what in shown)
     terminalreporter.write_line(
         f"background: {len(seconds)} commands, {total:.1f}s in all on {WORKERS} workers; longest: {longest}"
     )
