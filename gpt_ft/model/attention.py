@@ -203,7 +203,8 @@ def segment_offsets(documents: Tensor) -> tuple[Tensor, int]:
 
 
 FORCE_KERNEL: str | None = None
-"""Run packed rows on this kernel ("varlen", "flex" or "dense") wherever it runs; tests set it."""
+"""Run packed rows on this kernel ("varlen", "flex" or "dense"; "sequences": laid flat where they can
+be, on the dense mask where not) wherever it runs; tests set it."""
 
 
 class PackedRows:
@@ -247,7 +248,7 @@ class PackedRows:
         if FORCE_KERNEL is not None:
             if FORCE_KERNEL == "varlen" and self.branches is not None:  # it would let choices see each other
                 raise ValueError("FORCE_KERNEL 'varlen' cannot run shared contexts (rows with branches).")
-            return FORCE_KERNEL
+            return "dense" if FORCE_KERNEL == "sequences" else FORCE_KERNEL  # (rows not laid flat)
         if q.device.type != "cuda":
             return "dense"
         varlen = (

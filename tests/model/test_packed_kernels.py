@@ -228,6 +228,17 @@ def test_packed_rows_laid_flat_equal_the_padded_batch(tokenizer_dir, monkeypatch
     assert calls == 2 * module.gpt.config.n_layer * lengths  # run() takes two forward passes
 
 
+def test_rows_not_laid_flat_run_on_the_dense_mask_when_sequences_are_forced(tokenizer_dir, monkeypatch):
+    """FORCE_KERNEL "sequences" on shared contexts (rows with branches, never laid flat): the dense
+    mask, as without it (it ran FlexAttention, which has no backward on a CPU)."""
+    module, rows, specials = module_for(tokenizer_dir, "rerank", "llama-micro")
+    module.train()
+    padded, packed = collate(rows, specials.pad), collate_packed(rows, specials.pad, specials.delim)
+    expected = run(module, padded)
+    monkeypatch.setattr(attention, "FORCE_KERNEL", "sequences")
+    assert_same(expected, run(module, packed), padded.choice_mask)
+
+
 def attention_grads(q, k, v, grad, bounds, attend):
     """The output and the gradients of q, k, v of `attend` over the sequences at `bounds`."""
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
