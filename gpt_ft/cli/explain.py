@@ -48,7 +48,7 @@ class ExplainCLI(GPTCLI):
                 unchecked.trainer, "explain", unchecked.get("ckpt_path"), print_config_asked(parser)
             )
         if ckpt:  # as validate reads one: what the run recorded, every argument given still winning
-            parser.set_defaults(recorded_configuration(ckpt))
+            parser.set_defaults(recorded_configuration(ckpt, unchecked))
         super().parse_arguments(parser, args)
 
     def before_instantiate_classes(self) -> None:

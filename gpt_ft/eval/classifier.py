@@ -77,7 +77,7 @@ class Classifier:
         task = card_from_value(stored.require_task_card(), f"The task card recorded in {path}")
         if stored.tokenizer is None:
             raise ValueError(f"{path} carries no tokenizer.")
-        tokenizer = load_tokenizer(str(stored.tokenizer))
+        tokenizer = load_tokenizer(str(stored.saved_tokenizer()))
         gpt = GPT.from_checkpoint(stored)
         config = gpt.config
         head = task.head(config.n_embd, dropout=0.0, init_std=config.initializer_range, bias=config.bias)

@@ -88,7 +88,7 @@ class GPTCLI(CheckpointHparamsAsDefaults, ParsersBuiltOnce, LightningCLI):
                 named, printing = unchecked.get("ckpt_path"), print_config_asked(parser)
                 ckpt = checkpoint_to_read(unchecked.trainer, subcommand, named, printing)  # `last` found
                 self.resolved_ckpt = ckpt if ckpt != named else None  # (a name, `last`, found)
-                recorded = recorded_configuration(ckpt) if ckpt else {}
+                recorded = recorded_configuration(ckpt, unchecked) if ckpt else {}
                 language_model = "token_dir" in ((recorded.get("data") or {}).get("init_args") or {})
                 if language_model and ((unchecked.get("data") or {}).get("init_args") or {}).get("task"):
                     raise ValueError(

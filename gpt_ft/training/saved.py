@@ -311,10 +311,11 @@ def plain_config(value: Any) -> Any:
     return str(value)
 
 
-def recorded_configuration(ckpt: str) -> dict[str, Any]:
+def recorded_configuration(ckpt: str, unchecked=None) -> dict[str, Any]:
     """What a gpt_ft checkpoint records of its run (its model, its data section and task card, the
-    tokenizer saved beside it), as parser defaults; nothing for a URL (Lightning's to read) or a
-    file gpt_ft did not write, one sentence for a path that is missing or a folder."""
+    tokenizer saved beside it unless the `unchecked` arguments give one), as parser defaults;
+    nothing for a URL (Lightning's to read) or a file gpt_ft did not write, one sentence for a path
+    that is missing or a folder."""
     if "://" in str(ckpt):
         return {}
     checkpoint = Checkpoint.read(input_file(ckpt, "--ckpt_path", give="a checkpoint file (last.ckpt)"))
@@ -323,7 +324,11 @@ def recorded_configuration(ckpt: str) -> dict[str, Any]:
     data = recorded.get("data")
     if data:
         if "tokenizer" in data.get("init_args", {}):  # the copy beside the checkpoint
-            data["init_args"]["tokenizer"] = str(checkpoint.tokenizer) if checkpoint.tokenizer else None
+            given = (((unchecked or {}).get("data") or {}).get("init_args") or {}).get("tokenizer")
+            saved = (
+                checkpoint.tokenizer if given else checkpoint.saved_tokenizer(", or give --data.tokenizer")
+            )
+            data["init_args"]["tokenizer"] = str(saved) if saved else None
         defaults["data"] = data
     return defaults
 

@@ -296,6 +296,18 @@ class Checkpoint:
             return None
         return (self.path.parent / recorded) if self.path is not None else Path(recorded)
 
+    def saved_tokenizer(self, instead: str = "") -> Path | None:
+        """`tokenizer`, there: a file copied without the folder beside it is one sentence (`instead`
+        may add what else to do), not a tokenizer sought under the folder's name on the Hub."""
+        folder = self.tokenizer
+        if folder is not None and not folder.is_dir():
+            raise ValueError(
+                f"{self.where}: its tokenizer, saved beside it by gpt-ft fit, is not there "
+                f"({folder.absolute()}): copy the checkpoint's {self.entries[TOKENIZER]}/ folder along "
+                f"with it{instead}."
+            )
+        return folder
+
     @tokenizer.setter
     def tokenizer(self, folder: str | None) -> None:
         """`folder`: a name relative to the checkpoint file's folder."""

@@ -1025,3 +1025,38 @@ def test_a_nonfinite_loss_on_another_process_is_named_so(tmp_path):
         "The training loss became non-finite on another process (this one's: 7.958) at step 0 (epoch 0, "
         "batch 1). Try checking the data (no update has run yet: a value too large for the loss?)."
     )
+
+
+def test_a_checkpoint_copied_without_its_tokenizer_folder_says_so(tmp_path, finetuned, monkeypatch, capsys):
+    """The tokenizer lies beside a checkpoint (`tokenizer/`): a file copied alone names the folder
+    that should have come with it (it was taken for a Hub model named `tokenizer`), and validate
+    takes `--data.tokenizer` instead."""
+    from gpt_ft import Classifier
+
+    alone = tmp_path / "m" / "model.ckpt"
+    alone.parent.mkdir()
+    shutil.copy(finetuned.ckpt, alone)
+    monkeypatch.chdir(alone.parent)
+    missing = (
+        "model.ckpt: its tokenizer, saved beside it by gpt-ft fit, is not there "
+        f"({alone.parent / 'tokenizer'}): copy the checkpoint's tokenizer/ folder along with it"
+    )
+    with pytest.raises(ValueError) as error:
+        Classifier.from_checkpoint("model.ckpt", device="cpu")
+    assert str(error.value).startswith(missing), error.value
+    quiet = ["--trainer.logger=false", f"--trainer.default_root_dir={tmp_path}"]
+    test_file, out = finetuned.root / "d" / "test.tsv", tmp_path / "labelled.tsv"
+    for command in (["label", "--ckpt_path=model.ckpt", f"--input={test_file}", f"--output={out}"],
+                    ["validate", "--ckpt_path=model.ckpt", *quiet]):  # fmt: skip
+        with pytest.raises(SystemExit):
+            main(command)
+        assert missing in capsys.readouterr().err, command
+    main(
+        [
+            "validate",
+            "--ckpt_path=model.ckpt",
+            f"--data.tokenizer={finetuned.ckpt.parent / 'tokenizer'}",
+            *quiet,
+        ]
+    )
+    assert "validate: validation/accuracy" in capsys.readouterr().out
