@@ -100,7 +100,7 @@ def choice(folder, rows):
             # Padding on the right comes after each extract token: causal attention never reads it.
             out = model(input_ids=encoded["input_ids"][None], mc_token_ids=extract[None])
         scores.append(out.mc_logits[0].softmax(-1).tolist())
-    return {"scores": scores, "class": type(model).__name__}
+    return {"scores": scores, "class": type(model).__name__, "labels": model.config.choice_labels}
 
 def onnx(folder, pairs):
     import onnxruntime
@@ -434,6 +434,7 @@ def test_gpt_multiple_choice_exports_to_double_heads_models(background):
         assert result["class"] == f"{SHAPES[shape][2]}DoubleHeadsModel"
         for outcome, probabilities in zip(expected[f"choice-{shape}"]["outcomes"], result["scores"]):
             assert probabilities == pytest.approx(list(outcome["scores"].values()), abs=1e-4)
+            assert result["labels"] == list(outcome["scores"])  # mc_logits' positions named
 
 
 @pytest.mark.background(start=start_exports)
