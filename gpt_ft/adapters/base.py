@@ -145,6 +145,9 @@ class TaskAdapter:
     renders_chats: ClassVar[bool] = False
     """Chat messages are rendered through the tokenizer's chat template (preference pairs): an
     exported model's tokenizer keeps the template, which its prompts are rendered with."""
+    keeps_context_end: ClassVar[bool] = False
+    """A context too long loses its start, not its end (a prompt keeps the turn its replies answer,
+    as TRL's preference trainers keep it): an exported model's tokenizer cuts texts on the left."""
 
     def __init__(
         self,
@@ -362,17 +365,26 @@ class TaskAdapter:
         raise NotImplementedError
 
     def choice_sequences(
-        self, specials, context: list[int] | list[list[int]], answers: list[list[int]], max_length: int
+        self,
+        specials,
+        context: list[int] | list[list[int]],
+        answers: list[list[int]],
+        max_length: int,
     ) -> tuple[list[list[int]], list[int]]:
         """[start] context [delim] answer [extract] per answer, and each extract index; the context
         cut once for all (longest first against the longest answer), so all share its tokens. A
-        context in parts (several fields) loses its earlier parts' ends first: the later kept whole."""
+        context in parts (several fields) loses its earlier parts' ends first: the later kept whole;
+        `keeps_context_end`: it loses its start instead."""
         parts = context if context and isinstance(context[0], list) else [context]
         lengths = [sum(map(len, parts)), max(len(a) for a in answers)]
         n_context, n_answer = fit_lengths(lengths, max_length - 3)
         kept, room = [], n_context
         for part in reversed(parts):
-            kept[:0], room = part[: max(0, room)], room - len(part)
+            cut = max(0, room)
+            kept[:0], room = (
+                part[max(0, len(part) - cut) :] if self.keeps_context_end else part[:cut],
+                room - len(part),
+            )
         built = [self.frame(specials, kept, answer[:n_answer]) for answer in answers]
         return [ids for ids, _ in built], [k for _, k in built]
 

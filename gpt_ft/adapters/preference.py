@@ -238,6 +238,7 @@ class Preference(TaskAdapter):
     shares_context = True
     num_sequences = 2
     renders_chats = True
+    keeps_context_end = True
 
     def __init__(
         self,

@@ -182,6 +182,7 @@ class Ranking(TaskAdapter):
     """N replies to one prompt, a reward each, a listwise loss (see the module docstring)."""
 
     shares_context = True
+    keeps_context_end = True
 
     def __init__(
         self,
@@ -276,8 +277,9 @@ class Ranking(TaskAdapter):
     def regroup(self, records, where=None, alone=False) -> tuple[list[dict[str, Any]], list[int]] | None:
         """With `group_by`: one row per value, {prompt, chosen, rejected}, each reply once, with the
         first record of its group (for messages). A group whose replies are all chosen or all
-        rejected orders nothing and is left out (PRMBench has three questions whose 'modified'
-        solution is the original); a record `alone` is scored whatever its sides (`UNSCORED`)."""
+        rejected orders nothing and is left out (23 of PRMBench's questions: 20 whose records are all
+        other right solutions, 3 whose 'modified' solution is the original); a record `alone` is
+        scored whatever its sides (`UNSCORED`)."""
         if self.group_by is None:
             return None
         groups: dict[str, tuple[dict[str, list[str]], int]] = {}

@@ -368,5 +368,8 @@ def framed_tokenizer(clf: Classifier, *, chat_template: bool = False):
         tokenizer.split_special_tokens = tokenizer.init_kwargs["split_special_tokens"] = True
     tokenizer.model_max_length = clf.max_length
     tokenizer.padding_side = "right"
-    tokenizer.truncation_side = "right"  # training keeps the start of each text
+    # Training keeps the start of each text (a reward model's prompt, its end: the exported one cuts
+    # both texts on the left, as training does where the prompt alone is cut)
+    side = "left" if clf.task.keeps_context_end else "right"
+    tokenizer.truncation_side = tokenizer.init_kwargs["truncation_side"] = side  # (saved as given)
     return tokenizer

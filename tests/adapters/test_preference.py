@@ -55,9 +55,12 @@ def test_literal_layout_prompt_once_per_reply_chosen_first():
     assert enc.sequences == [[1, 10, 11, 12, 2, 20, 21, 3], [1, 10, 11, 12, 2, 30, 3]]
     assert enc.extract_index == [7, 6]
     assert enc.label == 0.5
-    # Cut as multiple choice cuts: the prompt once for both replies, longest first.
+    # Cut as multiple choice cuts, the prompt once for both replies, longest first, but keeping its
+    # end: the last turn, which the replies answer (it lost the question of 3% of HH-RLHF's pairs).
     enc = task.encode(example, [list(range(10, 20)), [20, 21, 22, 23], [30]], SPECIALS, max_length=9)
-    assert enc.sequences == [[1, 10, 11, 12, 2, 20, 21, 22, 3], [1, 10, 11, 12, 2, 30, 3]]
+    assert enc.sequences == [[1, 17, 18, 19, 2, 20, 21, 22, 3], [1, 17, 18, 19, 2, 30, 3]]
+    enc = task.encode(example, [[10, 11], list(range(20, 30)), [30]], SPECIALS, max_length=9)
+    assert enc.sequences == [[1, 10, 11, 2, 20, 21, 22, 23, 3], [1, 10, 11, 2, 30, 3]]  # replies: their start
 
 
 def test_rows_read_as_pairs_or_one_reply():
