@@ -26,6 +26,7 @@ from gpt_ft.data.pinning import pins
 from gpt_ft.data.samplers import EpochSampler, LengthGroupedSampler, ResumableTrainData
 from gpt_ft.data.subsets import stratified_subset
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
+from gpt_ft.errors import check_context
 from gpt_ft.workarounds import dataset_fingerprint
 
 # The encoded labels' column while the split is mapped, named "label" after: a file's own "label"
@@ -47,6 +48,27 @@ def adapter_code(cls: type) -> str:
             except (OSError, TypeError):  # defined where its source cannot be read (a REPL)
                 pass
     return "\n".join(parts)
+
+
+def as_task(task):
+    """A task card's adapter; from Python, a card's file (as the command line reads it) or its
+    class_path and init_args too."""
+    if isinstance(task, (str, os.PathLike)):
+        return load_card(task)
+    return card_from_value(task, "task") if isinstance(task, dict) else task
+
+
+def check_model_fits(data, n_positions: int, task) -> None:
+    """What the command line links and checks, for a model and a data module wired in Python: the
+    sequences fit the model's context, and the data module's task is the model's."""
+    check_context(data, n_positions)
+    data_task = getattr(data, "task", None)
+    if data_task is not None and (task is None or task.name != data_task.name):
+        has = f"task {task.name!r}" if task is not None else "no task (a language model)"
+        raise ValueError(
+            f"The data module reads task {data_task.name!r} and the model has {has}: build the model "
+            "with GPTModule(task=data.task, ...)."
+        )
 
 
 class TaskDataModule(ResumableTrainData, LightningDataModule):
@@ -105,11 +127,7 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
             raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
         if max_length < 4:
             raise ValueError(f"max_length must be >= 4 (room for the special tokens), got {max_length}.")
-        if isinstance(task, (str, os.PathLike)):  # from Python: a card's file, as the command line reads it
-            task = load_card(task)
-        elif isinstance(task, dict):  # or its class_path and init_args
-            task = card_from_value(task, "task")
-        self.task = task
+        self.task = as_task(task)
         self.data_dir = data_dir
         self.max_length = max_length
         self.batch_size = batch_size

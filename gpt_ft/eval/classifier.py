@@ -17,6 +17,7 @@ import csv
 import itertools
 import json
 import math
+import os
 import re
 import sys
 from pathlib import Path
@@ -63,8 +64,8 @@ class Classifier:
         """Divides the head's outputs before probabilities (`gpt-ft calibrate`); 1: as trained."""
         self.gpt, self.head = gpt.to(self.device).eval(), head.to(self.device).eval()
         self.task = task
-        self.tokenizer = tokenizer
-        self.specials = special_token_ids(tokenizer)
+        self.tokenizer = load_tokenizer(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else tokenizer
+        self.specials = special_token_ids(self.tokenizer)
         self.max_length = min(max_length, gpt.config.n_positions)
 
     @classmethod

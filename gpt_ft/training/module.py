@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from gpt_ft.adapters import TaskAdapter
 from gpt_ft.data.batches import TokenBatch, gold
+from gpt_ft.data.task_data import as_task, check_model_fits
 from gpt_ft.model.config import GPTConfig
 from gpt_ft.model.lora import LoRA
 from gpt_ft.training.callbacks import StepValues
@@ -27,6 +28,7 @@ from gpt_ft.training.optim import (
     MuonAdamW,
     Schedule,
     adamw,
+    check_rates,
     check_same_optimizer,
     fused_adamw,
     schedule_steps,
@@ -200,7 +202,8 @@ class GPTModule(Evaluation, LightningModule):
                 embeddings); the others start fresh (GPT-1 §5, Fig. 2 left). None keeps all.
             vocab_size: Tokenizer size (linked from the data); the embedding grows to fit it.
             tokenizer: The data's tokenizer (linked); checkpoints save it beside them.
-            task: The task card (linked from the data); None makes a plain language model.
+            task: The task card (linked from the data; from Python, its file too); None makes a plain
+                language model.
             lm_coef: Weight of the auxiliary LM loss (0 turns it off); None: the task's default,
                 GPT-1's 0.5, or 0 for preference pairs (a reward model; see `Preference`).
             classifier_dropout: Dropout before the task head; None: the task's default, GPT-1's 0.1,
@@ -231,18 +234,12 @@ class GPTModule(Evaluation, LightningModule):
                 the Llama family's weights, "random" for GPT-1's and GPT-2's.
         """
         super().__init__()
+        task = as_task(task)
         if lm_coef is None:
             lm_coef = task.output.default_lm_coef if task is not None else 0.5
         if classifier_dropout is None:
             classifier_dropout = task.output.default_dropout if task is not None else 0.1
-        if lm_coef < 0:
-            raise ValueError(f"lm_coef must be >= 0, got {lm_coef}.")
-        if lr <= 0:
-            raise ValueError(f"lr must be > 0, got {lr}.")
-        if not 0 <= warmup_fraction < 1:
-            raise ValueError(f"warmup_fraction must be in [0, 1), got {warmup_fraction}.")
-        if warmup_steps is not None and warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}.")
+        check_rates(lm_coef=lm_coef, lr=lr, warmup_fraction=warmup_fraction, warmup_steps=warmup_steps)
         if isinstance(lora, dict):  # as the checkpoint's hyperparameters hold it
             lora = LoRA(**lora)
         if optimizer == "muon" and lora is not None:  # before any weights load
@@ -286,6 +283,8 @@ class GPTModule(Evaluation, LightningModule):
 
     def configure_model(self) -> None:
         # Once the device and strategy are set, before the optimizer and FSDP's flattening (groups by shape).
+        if (data := getattr(attached_trainer(self), "datamodule", None)) is not None:  # (the CLI's: earlier)
+            check_model_fits(data, self.gpt.config.n_positions, self.task)
         if self.compile_backend and not is_compiled(self.gpt):
             self.gpt.compile(backend=self.compile_backend)
         self.built_ndims = {id(p): p.ndim for p in self.parameters()}

@@ -256,3 +256,15 @@ class _States(Mapping):
 
     def __len__(self) -> int:
         return sum(len(state) for state in self.states)
+
+
+def check_rates(*, lm_coef: float, lr: float, warmup_fraction: float, warmup_steps: int | None) -> None:
+    """The loss weight, learning rate and warmup a module is given, each in its range."""
+    if lm_coef < 0:
+        raise ValueError(f"lm_coef must be >= 0, got {lm_coef}.")
+    if lr <= 0:
+        raise ValueError(f"lr must be > 0, got {lr}.")
+    if not 0 <= warmup_fraction < 1:
+        raise ValueError(f"warmup_fraction must be in [0, 1), got {warmup_fraction}.")
+    if warmup_steps is not None and warmup_steps < 0:
+        raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}.")

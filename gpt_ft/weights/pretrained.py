@@ -50,9 +50,11 @@ class GPT(model.GPT):
         return load_gpt(path).eval()
 
     @classmethod
-    def from_checkpoint(cls, checkpoint: Checkpoint) -> GPT:
-        """The GPT of a gpt_ft checkpoint already read (`Checkpoint.read`); LoRA adapters are loaded
-        onto their base weights and merged."""
+    def from_checkpoint(cls, checkpoint: Checkpoint | str | os.PathLike) -> GPT:
+        """The GPT of a gpt_ft checkpoint (its file, or one already read: `Checkpoint.read`); LoRA
+        adapters are loaded onto their base weights and merged."""
+        if not isinstance(checkpoint, Checkpoint):
+            checkpoint = Checkpoint.read(checkpoint)
         return gpt_from_checkpoint(checkpoint).eval()
 
     def to_hf(self):

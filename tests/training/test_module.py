@@ -164,3 +164,39 @@ def test_the_forward_pass_computes_no_loss(monkeypatch):
     ab = [START, 1, 2, EXTRACT]
     for collated in (collate([example([ab, ab], 1.0)], PAD), collate_packed([example([ab, ab], 1.0)], PAD)):
         assert m(collated).shape[0] == 1
+
+
+def test_a_model_and_data_module_wired_in_python_are_checked_as_the_command_line_checks_them(
+    tmp_path, tokenizer_dir
+):
+    """In a plain `lightning.Trainer`: the card's file as the task, a data module's task the model
+    lacks or its sequences longer than the context in one sentence each (a language model trained
+    without a word; an IndexError in the position embedding), and the file given to the classifier."""
+    from lightning import Trainer
+
+    from gpt_ft.data.task_data import TaskDataModule
+    from gpt_ft.eval.classifier import Classifier
+    from gpt_ft.weights.pretrained import GPT
+    from tests.helpers import make_task
+
+    card = make_task("single", tmp_path)
+    data = lambda n: TaskDataModule(card, tokenizer_dir, data_dir=str(tmp_path), batch_size=2, max_length=n)  # noqa: E731
+    micro = dict(MICRO, n_positions=64)
+    trainer = dict(max_epochs=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                   default_root_dir=tmp_path, accelerator="cpu")  # fmt: skip
+    fit = lambda model, n: Trainer(**trainer).fit(model, data(n))  # noqa: E731
+    with pytest.raises(
+        ValueError, match=r"^The data module reads task 'sent' and the model has no task \(a lang"
+    ):
+        fit(GPTModule(preset="gpt-micro", overrides=micro, tokenizer=tokenizer_dir), 64)
+    model = GPTModule(preset="gpt-micro", overrides=micro, tokenizer=tokenizer_dir, task=str(card))
+    with pytest.raises(ValueError, match=r"^--data.max_length 65 is longer than the model's context of 64"):
+        fit(model, 65)
+    fit(model, 64)
+    assert model.task.name == "sent" and model.trainer.global_step == 3
+    ckpt = tmp_path / "m.ckpt"
+    model.trainer.save_checkpoint(ckpt)
+    clf = Classifier(
+        GPT.from_checkpoint(str(ckpt)), model.head, model.task, tokenizer_dir, max_length=64, device="cpu"
+    )
+    assert clf.predict([{"sentence": "the cat sat on the mat ."}])[0]["label"] in ("negative", "positive")
