@@ -131,6 +131,10 @@ class Classifier:
         record alone). `where(i)` names example i in an error (default: 'example i')."""
         if isinstance(examples, (str, dict)) or not hasattr(examples, "__iter__"):  # None: no list either
             raise TypeError(f"Classifier takes a list of examples, got {examples!r}: put it in a list.")
+        if hasattr(examples, "to_dict") and hasattr(examples, "columns"):  # a table: its column names iterate
+            raise TypeError(
+                "Classifier takes a list of examples, got a table: give table.to_dict('records')."
+            )
         examples = list(examples)
         if bad := [i for i, example in enumerate(examples) if not isinstance(example, dict)]:
             fields = ", ".join(f"{f!r}: ..." for f in self.task.text_fields())

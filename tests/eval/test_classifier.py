@@ -33,6 +33,12 @@ def test_examples_name_the_cards_fields(finetuned):
             clf.predict(given)
     with pytest.raises(TypeError, match=r"example 1 is 'a film': give \{'sentence': \.\.\.\}\.$"):
         clf.predict([{"sentence": "a cat ."}, "a film"])
+    import pandas as pd
+
+    table = pd.DataFrame({"sentence": ["a cat .", "a film"]})  # (it iterates over its column names)
+    with pytest.raises(TypeError, match=r"got a table: give table.to_dict\('records'\)\.$"):
+        clf.predict(table)
+    assert len(clf.predict(table.to_dict("records"))) == 2
 
 
 def test_a_checkpoint_path_from_home_is_expanded(finetuned, monkeypatch):
