@@ -31,11 +31,12 @@ from gpt_ft.adapters.outputs import (
 from gpt_ft.adapters.sources import HubDataset, LocalFiles, Sources, field_text
 from gpt_ft.errors import about
 
-ENCODING = 7
+ENCODING = 8
 """The version of the path from examples to tokens: cached encodings of another one are not reused
 (2: pairs cut as `tokenizers`' `longest_first` does; 3: each example's LM targets counted; 4: a
 text that spells a special token is text; 5: multiple choice's earlier context fields cut first; 6:
-an embedding's label row says which text each text is; 7: labels mapped under a name of their own)."""
+an embedding's label row says which text each text is; 7: labels mapped under a name of their own;
+8: a reward model's prompt keeps its end)."""
 
 
 @dataclass

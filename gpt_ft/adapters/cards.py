@@ -4,6 +4,9 @@ column, and every task card in a value taken whole."""
 
 from __future__ import annotations
 
+import inspect
+import os
+import sys
 from dataclasses import MISSING, fields
 from functools import cache
 from importlib import import_module
@@ -148,3 +151,32 @@ def card_problem(value, file, *, init_args_only: bool = False) -> str | None:
 
 
 set_loader(PARSER_MODE, load_yaml, exceptions=(yaml.YAMLError, FileProblem))
+
+
+def as_task(task):
+    """A task card's adapter; from Python, a card's file (as the command line reads it) or its
+    class_path and init_args too."""
+    if isinstance(task, (str, os.PathLike)):
+        return load_card(task)
+    return card_from_value(task, "task") if isinstance(task, dict) else task
+
+
+def card_key(task) -> str:
+    """A card by value: its class and settings (two reads of one card file are one card)."""
+    return f"{type(task).__qualname__} {sorted(vars(task).items(), key=lambda kv: kv[0])!r}"
+
+
+def adapter_code(cls: type) -> str:
+    """An adapter class as the encoding cache knows it: its full name and those of its bases, and
+    the source of each that is not the toolkit's or Python's (a user's class, edited, encodes
+    anew; the toolkit's own are covered by its version and `ENCODING`)."""
+    parts = []
+    for base in cls.__mro__:
+        parts.append(f"{base.__module__}.{base.__qualname__}")
+        package = base.__module__.partition(".")[0]
+        if package != "gpt_ft" and package not in sys.stdlib_module_names and package != "builtins":
+            try:
+                parts.append(inspect.getsource(base))
+            except (OSError, TypeError):  # defined where its source cannot be read (a REPL)
+                pass
+    return "\n".join(parts)

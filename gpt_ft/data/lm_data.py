@@ -21,6 +21,7 @@ from gpt_ft.data.batches import collate_blocks
 from gpt_ft.data.pinning import pins
 from gpt_ft.data.prepare import SPLIT_FILES, read_meta
 from gpt_ft.data.samplers import EpochSampler, ResumableTrainData
+from gpt_ft.data.task_data import check_model_fits
 
 
 class TokenBlocks(Dataset):
@@ -133,6 +134,7 @@ class LMDataModule(ResumableTrainData, LightningDataModule):
         return blocks, blocks * self.block_size
 
     def train_dataloader(self) -> DataLoader:
+        check_model_fits(self)  # with the model of the call that reads it (Python's wiring)
         blocks = self.blocks["train"]
         self._train_order = self._sampler(blocks, train=True)
         return DataLoader(
@@ -151,6 +153,7 @@ class LMDataModule(ResumableTrainData, LightningDataModule):
         return torch.Generator().manual_seed(self.seed)
 
     def val_dataloader(self) -> list[DataLoader]:
+        check_model_fits(self)
         if "validation" not in self.blocks:
             return []
         blocks = self.blocks["validation"]

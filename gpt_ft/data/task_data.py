@@ -7,9 +7,7 @@ from examples to tokens, which `Classifier` and export take too) -> cached Arrow
 from __future__ import annotations
 
 import hashlib
-import inspect
 import os
-import sys
 from functools import partial
 from typing import Any
 
@@ -18,7 +16,7 @@ from lightning import LightningDataModule
 from torch.utils.data import DataLoader, DistributedSampler
 
 from gpt_ft.adapters import ENCODING, TaskAdapter, TaskDataError
-from gpt_ft.adapters.cards import card_from_value, load_card
+from gpt_ft.adapters.cards import adapter_code, as_task, card_key
 from gpt_ft.data.batches import PackedBatch, SharedContextBatch, TaskBatch, collate_batch, reads
 from gpt_ft.data.files import Origin, located_split, task_examples
 from gpt_ft.data.ids import id_names, integer_id
@@ -34,41 +32,34 @@ from gpt_ft.workarounds import dataset_fingerprint
 LABEL = "encoded label"
 
 
-def adapter_code(cls: type) -> str:
-    """An adapter class as the encoding cache knows it: its full name and those of its bases, and
-    the source of each that is not the toolkit's or Python's (a user's class, edited, encodes
-    anew; the toolkit's own are covered by its version and `ENCODING`)."""
-    parts = []
-    for base in cls.__mro__:
-        parts.append(f"{base.__module__}.{base.__qualname__}")
-        package = base.__module__.partition(".")[0]
-        if package != "gpt_ft" and package not in sys.stdlib_module_names and package != "builtins":
-            try:
-                parts.append(inspect.getsource(base))
-            except (OSError, TypeError):  # defined where its source cannot be read (a REPL)
-                pass
-    return "\n".join(parts)
-
-
-def as_task(task):
-    """A task card's adapter; from Python, a card's file (as the command line reads it) or its
-    class_path and init_args too."""
-    if isinstance(task, (str, os.PathLike)):
-        return load_card(task)
-    return card_from_value(task, "task") if isinstance(task, dict) else task
-
-
-def check_model_fits(data, n_positions: int, task) -> None:
-    """What the command line links and checks, for a model and a data module wired in Python: the
-    sequences fit the model's context, and the data module's task is the model's."""
-    check_context(data, n_positions)
-    data_task = getattr(data, "task", None)
-    if data_task is not None and (task is None or task.name != data_task.name):
-        has = f"task {task.name!r}" if task is not None else "no task (a language model)"
+def check_model_fits(data) -> None:
+    """What the command line links and checks, for a model and a data module wired in Python, as a
+    call reads its batches (Lightning sets up a trainer's earlier data module too): the sequences
+    fit the model's context, the tokenizer's ids its embedding table, the data's task the model's."""
+    trainer = data.trainer
+    if getattr(getattr(trainer, "state", None), "status", None) != "running":  # (loaders of one's own)
+        return
+    model = trainer.lightning_module
+    config = getattr(getattr(model, "gpt", None), "config", None)
+    if config is None:  # not a GPTModule
+        return
+    check_context(data, config.n_positions)
+    if getattr(data, "vocab_size", 0) > config.vocab_size:
         raise ValueError(
-            f"The data module reads task {data_task.name!r} and the model has {has}: build the model "
-            "with GPTModule(task=data.task, ...)."
+            f"The data module's tokenizer has {data.vocab_size} tokens and the model's embedding table "
+            f"{config.vocab_size} rows: build the model with GPTModule(vocab_size=data.vocab_size, ...)."
         )
+    ours, theirs = getattr(data, "task", None), getattr(model, "task", None)
+    if ours is theirs or (ours is not None and theirs is not None and card_key(ours) == card_key(theirs)):
+        return
+    reads = f"task {ours.name!r}" if ours is not None else "a language model's tokens"
+    has = f"task {theirs.name!r}" if theirs is not None else "no task (a language model)"
+    if ours is not None and theirs is not None and ours.name == theirs.name:
+        has = f"another card of task {theirs.name!r}"
+    raise ValueError(
+        f"The data module reads {reads} and the model has {has}: build the model with "
+        "GPTModule(task=data.task, ...) (None for a language model)."
+    )
 
 
 class TaskDataModule(ResumableTrainData, LightningDataModule):
@@ -263,7 +254,7 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         parts = [
             dataset_fingerprint(raw),
             split,
-            repr(sorted(vars(self.task).items(), key=lambda kv: kv[0])),
+            card_key(self.task),
             adapter_code(type(self.task)),
             self.tokenizer.backend_tokenizer.to_str() if self.tokenizer.is_fast else repr(self.tokenizer),
             getattr(self.tokenizer, "chat_template", None) or "",  # renders chat messages (preference)
@@ -294,6 +285,7 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
     # ---- loaders ----
 
     def _loader(self, split: str, *, train: bool, labelled: bool) -> DataLoader:
+        check_model_fits(self)  # with the model of the call that reads it (Python's wiring)
         dataset = self.encoded(split, labelled=labelled).with_format(None)
         batch_size = self.batch_size if train else self.eval_batch_size
         sampler = self._resumed(self._train_sampler(dataset), batch_size) if train else None

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from gpt_ft.adapters import TaskAdapter
 from gpt_ft.data.batches import TokenBatch, gold
-from gpt_ft.data.task_data import as_task, check_model_fits
+from gpt_ft.data.task_data import as_task
 from gpt_ft.model.config import GPTConfig
 from gpt_ft.model.lora import LoRA
 from gpt_ft.training.callbacks import StepValues
@@ -283,8 +283,6 @@ class GPTModule(Evaluation, LightningModule):
 
     def configure_model(self) -> None:
         # Once the device and strategy are set, before the optimizer and FSDP's flattening (groups by shape).
-        if (data := getattr(attached_trainer(self), "datamodule", None)) is not None:  # (the CLI's: earlier)
-            check_model_fits(data, self.gpt.config.n_positions, self.task)
         if self.compile_backend and not is_compiled(self.gpt):
             self.gpt.compile(backend=self.compile_backend)
         self.built_ndims = {id(p): p.ndim for p in self.parameters()}

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -169,33 +171,56 @@ def test_the_forward_pass_computes_no_loss(monkeypatch):
 def test_a_model_and_data_module_wired_in_python_are_checked_as_the_command_line_checks_them(
     tmp_path, tokenizer_dir
 ):
-    """In a plain `lightning.Trainer`: the card's file as the task, a data module's task the model
-    lacks or its sequences longer than the context in one sentence each (a language model trained
-    without a word; an IndexError in the position embedding), and the file given to the classifier."""
+    """In a plain `lightning.Trainer`, each in one sentence: a data module's task the model lacks, or
+    has as another card of the same name, a model of a task given a language model's tokens, a
+    tokenizer larger than the embedding table, sequences longer than the context (an IndexError in
+    an embedding, or a model trained without a word). The card's file as the task, and the file to
+    the classifier; a trainer reused with other data checks the data of its new call."""
     from lightning import Trainer
 
+    from gpt_ft.data.lm_data import LMDataModule
+    from gpt_ft.data.prepare import prepare
     from gpt_ft.data.task_data import TaskDataModule
     from gpt_ft.eval.classifier import Classifier
     from gpt_ft.weights.pretrained import GPT
-    from tests.helpers import make_task
+    from tests.helpers import make_task, write_corpus
 
     card = make_task("single", tmp_path)
+    other = tmp_path / "other.yaml"  # task 'sent' too, three labels
+    other.write_text(card.read_text().replace("[negative, positive]", "[negative, neutral, positive]"))
+    assert other.read_text() != card.read_text()
     data = lambda n: TaskDataModule(card, tokenizer_dir, data_dir=str(tmp_path), batch_size=2, max_length=n)  # noqa: E731
+    prepare(
+        out_dir=tmp_path / "tokens",
+        tokenizer=tokenizer_dir,
+        inputs=[str(write_corpus(tmp_path))],
+        progress=False,
+    )
+    tokens = LMDataModule(str(tmp_path / "tokens"), block_size=16, batch_size=4)
     micro = dict(MICRO, n_positions=64)
-    trainer = dict(max_epochs=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
-                   default_root_dir=tmp_path, accelerator="cpu")  # fmt: skip
-    fit = lambda model, n: Trainer(**trainer).fit(model, data(n))  # noqa: E731
-    with pytest.raises(
-        ValueError, match=r"^The data module reads task 'sent' and the model has no task \(a lang"
-    ):
-        fit(GPTModule(preset="gpt-micro", overrides=micro, tokenizer=tokenizer_dir), 64)
-    model = GPTModule(preset="gpt-micro", overrides=micro, tokenizer=tokenizer_dir, task=str(card))
-    with pytest.raises(ValueError, match=r"^--data.max_length 65 is longer than the model's context of 64"):
-        fit(model, 65)
-    fit(model, 64)
-    assert model.task.name == "sent" and model.trainer.global_step == 3
+    gpt = lambda **kw: GPTModule(preset="gpt-micro", overrides=micro, tokenizer=tokenizer_dir, **kw)  # noqa: E731
+    quiet = dict(
+        logger=False, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False
+    )
+    trainer = lambda: Trainer(max_epochs=1, default_root_dir=tmp_path, accelerator="cpu", **quiet)  # noqa: E731
+    for model, datamodule, message in [
+        (gpt(), data(64), "reads task 'sent' and the model has no task (a language model): "),
+        (gpt(task=str(other)), data(64), "reads task 'sent' and the model has another card of task 'sent'"),
+        (gpt(task=str(card)), tokens, "reads a language model's tokens and the model has task 'sent'"),
+        (GPTModule(preset="gpt-micro", overrides=micro, vocab_size=300, task=str(card)), data(64),
+         "The data module's tokenizer has 400 tokens and the model's embedding table 300 rows: "),
+        (gpt(task=str(card)), data(65), "--data.max_length 65 is longer than the model's context of 64"),
+    ]:  # fmt: skip
+        with pytest.raises(ValueError, match=f"^(The data module )?{re.escape(message)}"):
+            trainer().fit(model, datamodule)
+    model, fitted = gpt(task=str(card)), trainer()
+    fitted.fit(model, data(64))
+    assert model.task.name == "sent" and fitted.global_step == 3
+    # the trainer reused on a language model's blocks: its earlier data module (set up again) unread
+    (scores,) = fitted.validate(gpt(), dataloaders=tokens.train_dataloader(), verbose=False)
+    assert "validation/perplexity" in scores
     ckpt = tmp_path / "m.ckpt"
-    model.trainer.save_checkpoint(ckpt)
+    fitted.save_checkpoint(ckpt)
     clf = Classifier(
         GPT.from_checkpoint(str(ckpt)), model.head, model.task, tokenizer_dir, max_length=64, device="cpu"
     )
