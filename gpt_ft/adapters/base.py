@@ -382,10 +382,8 @@ class TaskAdapter:
         kept, room = [], n_context
         for part in reversed(parts):
             cut = max(0, room)
-            kept[:0], room = (
-                part[max(0, len(part) - cut) :] if self.keeps_context_end else part[:cut],
-                room - len(part),
-            )
+            kept[:0] = part[max(0, len(part) - cut) :] if self.keeps_context_end else part[:cut]
+            room -= len(part)
         built = [self.frame(specials, kept, answer[:n_answer]) for answer in answers]
         return [ids for ids, _ in built], [k for _, k in built]
 

@@ -16,8 +16,8 @@ from lightning import LightningModule, Trainer
 from torch import Tensor, nn
 
 from gpt_ft.adapters import TaskAdapter
+from gpt_ft.adapters.cards import as_task
 from gpt_ft.data.batches import TokenBatch, gold
-from gpt_ft.data.task_data import as_task
 from gpt_ft.model.config import GPTConfig
 from gpt_ft.model.lora import LoRA
 from gpt_ft.training.callbacks import StepValues
