@@ -89,9 +89,13 @@ init_args:
 }
 
 
+GOOD, BAD = "the cat sat on the mat .", "two dogs run in a park ."
+"""`make_task`'s texts: odd rows hold the first, even rows the second."""
+
+
 def make_task(kind: str, root: Path) -> Path:
     """A task of `kind` (SMALL_CARDS) under `root`: 6 train, 5 dev and 3 unlabelled test rows; its card."""
-    good, bad = "the cat sat on the mat .", "two dogs run in a park ."
+    good, bad = GOOD, BAD
     for split, n in (("train", 6), ("dev", 5), ("test", 3)):
         labelled = split != "test"
         if kind == "single":

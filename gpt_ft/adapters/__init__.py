@@ -29,7 +29,7 @@ argument, so a user's own adapter class works with nothing registered; shipped c
 `gpt_ft.adapters.X`.
 """
 
-from gpt_ft.adapters.base import ENCODING, Encoded, Submission, TaskAdapter, fit_lengths
+from gpt_ft.adapters.base import ENCODING, Encoded, Submission, TaskAdapter
 from gpt_ft.adapters.choice import MultipleChoice
 from gpt_ft.adapters.embedding import Embedding, EmbeddingHead, EmbeddingOutput
 from gpt_ft.adapters.heads import ChoiceHead, ClassificationHead, RegressionHead, StepHead, TaskHead
@@ -50,6 +50,7 @@ from gpt_ft.adapters.rerank import Reranker, RerankHead, RerankOutput
 from gpt_ft.adapters.sources import HubDataset, LocalFiles, Sources, field_text
 from gpt_ft.adapters.steps import StepOutput, Steps
 from gpt_ft.adapters.text import Similarity, SingleText, TextPair
+from gpt_ft.adapters.truncation import fit_lengths
 
 __all__ = [
     "TaskAdapter",

@@ -29,14 +29,15 @@ from gpt_ft.adapters.outputs import (
     TaskOutput,
 )
 from gpt_ft.adapters.sources import HubDataset, LocalFiles, Sources, field_text
+from gpt_ft.adapters.truncation import WHOLE, cut_kind, fit_lengths
 from gpt_ft.errors import about
 
-ENCODING = 8
+ENCODING = 9
 """The version of the path from examples to tokens: cached encodings of another one are not reused
 (2: pairs cut as `tokenizers`' `longest_first` does; 3: each example's LM targets counted; 4: a
 text that spells a special token is text; 5: multiple choice's earlier context fields cut first; 6:
 an embedding's label row says which text each text is; 7: labels mapped under a name of their own;
-8: a reward model's prompt keeps its end)."""
+8: a reward model's prompt keeps its end; 9: each example says whether it was cut)."""
 
 
 @dataclass
@@ -49,6 +50,8 @@ class Encoded:
     extract_sequence: list[int] | None = None
     """The sequence each extract index is in, where a sequence has several (one per step); None:
     index k is sequence k's."""
+    cut: int = WHOLE
+    """Whether `max_length` cut the example: `truncation.WHOLE`, `CUT` or `ALIKE`."""
 
     def fields(self) -> dict[str, Any]:
         """The example as the collators read it (besides its label and index)."""
@@ -56,48 +59,6 @@ class Encoded:
         if self.extract_sequence is not None:
             out["extract_sequence"] = self.extract_sequence
         return out
-
-
-def fit_lengths(lengths: list[int], budget: int) -> list[int]:
-    """The lengths texts are cut to so that together they fit `budget` tokens: transformers'
-    `truncation="longest_first"` (the `tokenizers` library's), so that a tokenizer exported with the
-    input transform (`gpt-ft export`) keeps token for token what training kept.
-
-    One text is cut to the budget. Of two, the shorter (the first, on a tie) keeps up to half the
-    budget, rounded down, and the other the rest: [9, 9] with budget 5 gives [2, 3], [10, 9] gives
-    [3, 2], [40, 30] with 62 gives [32, 30], [3, 9] with 8 gives [3, 5]. Three or more
-    texts (no tokenizer cuts those) lose one token at a time from the longest, ties cutting the
-    later text: [10, 3, 7] with budget 12 gives [5, 3, 4].
-    """
-    if budget < 0:
-        raise ValueError(f"No room for text: the special tokens alone exceed the maximum length ({budget}).")
-    if sum(lengths) <= budget:
-        return list(lengths)
-    if len(lengths) == 1:
-        return [budget]
-    if len(lengths) == 2:
-        first, second = lengths
-        if first > second:
-            kept = min(second, budget // 2)
-            return [budget - kept, kept]
-        kept = min(first, budget // 2)
-        return [kept, budget - kept]
-    # Find the largest cap c with sum(min(l, c)) <= budget, then hand leftover tokens to the
-    # longest texts (earliest first), which is what cutting one token at a time from the longest gives.
-    lo, hi = 0, max(lengths)
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if sum(min(n, mid) for n in lengths) <= budget:
-            lo = mid
-        else:
-            hi = mid - 1
-    out = [min(n, lo) for n in lengths]
-    spare = budget - sum(out)
-    for i, n in enumerate(lengths):
-        if spare and n > lo:
-            out[i] += 1
-            spare -= 1
-    return out
 
 
 @dataclass
@@ -345,6 +306,7 @@ class TaskAdapter:
                 encoded.append(self.encode(example, tokens, specials, max_length))
             except TaskDataError as exc:
                 raise TaskDataError(f"{name(i)}: {exc}") from None
+            encoded[-1].cut = cut_kind(self, example, tokens, specials, max_length, encoded[-1])
         return encoded
 
     def template(self, specials) -> tuple[str, str]:

@@ -39,12 +39,13 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from gpt_ft.adapters.base import Encoded, TaskAdapter, fit_lengths, refuse_label_fields
+from gpt_ft.adapters.base import Encoded, TaskAdapter, refuse_label_fields
 from gpt_ft.adapters.heads import StepHead
 from gpt_ft.adapters.metrics import first_below, step_metric_values
 from gpt_ft.adapters.outputs import CardError, LabelSpec, TaskDataError, TaskOutput
 from gpt_ft.adapters.preference import reply_templates
 from gpt_ft.adapters.sources import field_text, short_repr
+from gpt_ft.adapters.truncation import fit_lengths
 
 STEP_METRICS = ("processbench_f1", "first_error_accuracy", "step_f1", "step_accuracy")
 LABEL_FORMS = ("per_step", "first_error", "error_steps", "tagged")

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from gpt_ft.adapters.base import Encoded, TaskAdapter, fit_lengths
+from gpt_ft.adapters.base import Encoded, TaskAdapter
+from gpt_ft.adapters.truncation import fit_lengths
 
 
 class SingleText(TaskAdapter):

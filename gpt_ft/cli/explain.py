@@ -83,7 +83,8 @@ def run_explain(name: str, argv: list[str]) -> None:
     if cli.config.json:
         print(dumps(shown, ensure_ascii=False, allow_nan=False))
         return
-    print(f"task {cli.datamodule.task.name}, split {split}, example {index}: label {shown['label']!r}")
+    cut = f" (cut to max_length {cli.datamodule.max_length})" if shown["cut"] else ""
+    print(f"task {cli.datamodule.task.name}, split {split}, example {index}: label {shown['label']!r}{cut}")
     for i, seq in enumerate(shown["sequences"]):
         k = seq["extract_index"]
         print(f"sequence {i} ({len(seq['ids'])} tokens, extract at {k}):")

@@ -13,10 +13,12 @@ from typing import Any
 
 import torch
 from lightning import LightningDataModule
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from torch.utils.data import DataLoader, DistributedSampler
 
 from gpt_ft.adapters import ENCODING, TaskAdapter, TaskDataError
 from gpt_ft.adapters.cards import adapter_code, as_task, card_key
+from gpt_ft.adapters.truncation import WHOLE, cut_report
 from gpt_ft.data.batches import PackedBatch, SharedContextBatch, TaskBatch, collate_batch, reads
 from gpt_ft.data.files import Origin, located_split, task_examples
 from gpt_ft.data.ids import id_names, integer_id
@@ -155,6 +157,8 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         """The encoded split (cached); `labelled` demands a label on every example."""
         if split not in self.datasets:
             self.datasets[split], self.origins[split] = self._encode_split(split)
+            if said := cut_report(self.task.name, split, self.datasets[split]["cut"], self.max_length):
+                rank_zero_info(said)
         ds = self.datasets[split]
         if labelled and ds.data.column("label").null_count:
             if split in self.no_label_column:
@@ -223,6 +227,7 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
                 "length": [max(len(seq) for seq in enc.sequences) for enc in encoded],
                 # next-token targets: every token but each sequence's last (the accumulation windows')
                 "targets": [sum(len(seq) - 1 for seq in enc.sequences) for enc in encoded],
+                "cut": [enc.cut for enc in encoded],
             }
 
         encoded = raw.map(
@@ -372,7 +377,8 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
     # ---- inspection ----
 
     def explain(self, split: str, index: int) -> dict[str, Any]:
-        """Example `index` of `split` as the model sees it: tokens (specials visible), ids, extract index."""
+        """Example `index` of `split` as the model sees it: tokens (specials visible), ids, extract index;
+        whether `max_length` cut it."""
         ds = self.encoded(split, labelled=False)
         if not 0 <= index < len(ds):
             raise TaskDataError(f"--index {index} is out of range: split {split!r} has {len(ds)} examples.")
@@ -384,4 +390,4 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
             at = [i for of, i in read if of == s]  # one extract token, or one per step
             tokens = self.tokenizer.convert_ids_to_tokens(ids)
             sequences.append({"tokens": tokens, "ids": ids, "extract_index": at[0] if len(at) == 1 else at})
-        return {"label": label, "sequences": sequences}
+        return {"label": label, "cut": example["cut"] != WHOLE, "sequences": sequences}

@@ -57,6 +57,7 @@ def test_explain_json(pairs_dir, tokenizer_dir, capsys):
     ]
     assert shown == {
         "label": "not_entailment",
+        "cut": False,
         "sequences": [
             {
                 "tokens": tok.convert_ids_to_tokens(expected_ids),
@@ -81,6 +82,9 @@ def test_explain_text_and_fit_config(pairs_dir, tokenizer_dir, capsys):
     )
     out = gpt_ft(capsys, "explain", "--config", str(config), "--split", "validation")
     assert "label 'entailment'" in out and "<|start|>" in out and "extract at" in out
+    assert out.splitlines()[0].endswith("label 'entailment'")  # "Two dogs run." and "Dogs run." fit
+    short = gpt_ft(capsys, "explain", "--config", str(config), "--split", "validation", "--data.max_length=6")
+    assert short.splitlines()[0].endswith("label 'entailment' (cut to max_length 6)")
     # --print_config gives back what was asked: it printed the config file's values alone, at its
     # own parse, without the options after it
     asked = ["--split", "train", "--index", "1", "--json", "true"]
