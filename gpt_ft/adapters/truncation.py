@@ -69,14 +69,14 @@ def cut_kind(
     return ALIKE if distinct(encoded.sequences) < distinct(whole.sequences) else CUT
 
 
-def cut_report(task: str, split: str, kinds: list[int], max_length: int) -> str | None:
-    """The line saying how many of a split's examples `max_length` cut (`kinds`: each one's
-    `cut`), and how many lost what told their sequences apart; None where none was cut."""
+def cut_report(what: str, kinds: list[int], max_length: int) -> str | None:
+    """The line saying how many of `what`'s examples (a split, a file) `max_length` cut (`kinds`:
+    each one's `cut`), and how many lost what told their sequences apart; None where none was cut."""
     cut = sum(kind != WHOLE for kind in kinds)
     if not cut:
         return None
     line = (
-        f"{task} {split}: {cut:,} of {len(kinds):,} examples ({cut / len(kinds):.1%}) are longer than "
+        f"{what}: {cut:,} of {len(kinds):,} examples ({cut / len(kinds):.1%}) are longer than "
         f"max_length {max_length} and are cut"
     )
     if alike := sum(kind == ALIKE for kind in kinds):

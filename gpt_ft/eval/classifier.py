@@ -29,6 +29,7 @@ from torch import Tensor
 
 from gpt_ft.adapters import TaskAdapter, TaskHead
 from gpt_ft.adapters.cards import card_from_value
+from gpt_ft.adapters.truncation import cut_report
 from gpt_ft.data.batches import PackedBatch, SharedContextBatch, TaskBatch, collate_batch
 from gpt_ft.data.file_faults import file_format, json_records, record_lines
 from gpt_ft.data.files import read_table
@@ -147,7 +148,7 @@ class Classifier:
         encoded = self.task.encode_examples(
             unlabelled, self.tokenizer, self.specials, self.max_length, where=where
         )
-        return [{**enc.fields(), "label": None, "index": i} for i, enc in enumerate(encoded)]
+        return [{**enc.fields(), "label": None, "index": i, "cut": enc.cut} for i, enc in enumerate(encoded)]
 
     def predict(self, examples: list[dict[str, Any]], *, batch_size: int = 32) -> list[dict[str, Any]]:
         """One `{"label": ..., "scores": ...}` per example, in order (see `TaskOutput.outcome`).
@@ -163,8 +164,14 @@ class Classifier:
     ) -> list[tuple[dict[str, Any], str]]:
         """Each example's outcome and its prediction written as text (label names, a score);
         `progress` wraps the batches (`gpt-ft label`'s bar)."""
+        return self.run_encoded(self.encode(examples, where=where), batch_size=batch_size, progress=progress)
+
+    @torch.inference_mode()
+    def run_encoded(
+        self, encoded: list[dict[str, Any]], *, batch_size: int = 32, progress=iter
+    ) -> list[tuple[dict[str, Any], str]]:
+        """`run` on examples `encode` gave."""
         at_least_one(batch_size, "batch_size")
-        encoded = self.encode(examples, where=where)
         order = sorted(range(len(encoded)), key=lambda i: -max(len(s) for s in encoded[i]["input_ids"]))
         out: list[tuple[dict[str, Any], str] | None] = [None] * len(encoded)
         for start in progress(range(0, len(order), batch_size)):
@@ -231,11 +238,14 @@ def label(
         {renames[k] if k in renames and renames[k] not in row else k: v for k, v in row.items()}
         for row in rows
     ]
-    labelled = clf.run(fields, batch_size=batch_size, where=where, progress=batches_bar("label"))
+    encoded = clf.encode(fields, where=where)
+    labelled = clf.run_encoded(encoded, batch_size=batch_size, progress=batches_bar("label"))
     names = write_labelled(target, rows, labelled)
     moved = [got for wanted, got in names.items() if got != wanted]
     renamed = f" (as {' and '.join(moved)}: it has such columns)" if moved else ""
     print(f"labelled {len(rows):,} examples of {source} into {target}{renamed}")
+    if said := cut_report(str(source), [e["cut"] for e in encoded], clf.max_length):
+        print(said)
 
 
 def batches_bar(what: str):

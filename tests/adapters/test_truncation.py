@@ -73,13 +73,13 @@ def test_replies_alike_once_cut_and_a_text_past_its_room():
 
 
 def test_the_line_counts_the_cut_and_the_alike():
-    assert cut_report("rte", "train", [WHOLE, WHOLE], 64) is None
-    assert cut_report("rte", "train", [WHOLE, CUT, ALIKE, WHOLE], 64) == (
+    assert cut_report("rte train", [WHOLE, WHOLE], 64) is None
+    assert cut_report("rte train", [WHOLE, CUT, ALIKE, WHOLE], 64) == (
         "rte train: 2 of 4 examples (50.0%) are longer than max_length 64 and are cut; in 1 of them two of "
         "their sequences (choices, replies, texts) become the same tokens, which no model can tell apart: "
         "raise --data.max_length."
     )
-    assert cut_report("sst2", "validation", [CUT] + [WHOLE] * 2999, 128) == (
+    assert cut_report("sst2 validation", [CUT] + [WHOLE] * 2999, 128) == (
         "sst2 validation: 1 of 3,000 examples (0.0%) are longer than max_length 128 and are cut."
     )
 

@@ -144,6 +144,14 @@ def test_label_writes_each_row_with_its_prediction(finetuned, tmp_path, capsys):
     assert [r[2] for r in rows[1:]] == expected
     main(["label", f"--ckpt_path={ckpt}", f"--input={source}", f"--output={tmp_path / 'out.jsonl'}"])
     assert '"prediction": ' in (tmp_path / "out.jsonl").read_text()
+    long = tmp_path / "long.tsv"  # a text past the checkpoint's max_length (64) is cut, and counted
+    long.write_text("sentence\n" + "the cat sat on the mat . " * 12 + "\nthe cat sat .\n")
+    capsys.readouterr()
+    main(["label", f"--ckpt_path={ckpt}", f"--input={long}", f"--output={tmp_path / 'long.csv'}"])
+    assert capsys.readouterr().out.splitlines() == [
+        f"labelled 2 examples of {long} into {tmp_path / 'long.csv'}",
+        f"{long}: 1 of 2 examples (50.0%) are longer than max_length 64 and are cut.",
+    ]
     records = tmp_path / "mine.jsonl"  # a record without a note, and a null one: empty cells, as csv writes
     records.write_text('{"sentence": "a cat .", "note": null}\n{"sentence": "a dog ."}\n')
     with records.open("a") as f:  # line breaks and tabs in a text: spaces in a TSV (read a row a line)
