@@ -32,12 +32,13 @@ from gpt_ft.adapters.sources import HubDataset, LocalFiles, Sources, field_text
 from gpt_ft.adapters.truncation import WHOLE, cut_kind, fit_lengths
 from gpt_ft.errors import about
 
-ENCODING = 9
+ENCODING = 10
 """The version of the path from examples to tokens: cached encodings of another one are not reused
 (2: pairs cut as `tokenizers`' `longest_first` does; 3: each example's LM targets counted; 4: a
 text that spells a special token is text; 5: multiple choice's earlier context fields cut first; 6:
 an embedding's label row says which text each text is; 7: labels mapped under a name of their own;
-8: a reward model's prompt keeps its end; 9: each example says whether it was cut)."""
+8: a reward model's prompt keeps its end; 9: each example says whether it was cut;
+10: sequences of one role made alike by a cut are no loss)."""
 
 
 @dataclass
@@ -308,6 +309,11 @@ class TaskAdapter:
                 raise TaskDataError(f"{name(i)}: {exc}") from None
             encoded[-1].cut = cut_kind(self, example, tokens, specials, max_length, encoded[-1])
         return encoded
+
+    def sequence_roles(self, encoded: Encoded) -> list | None:
+        """What each of an encoded example's sequences stands for, where several may stand for one
+        thing (`truncation.cut_kind`); None: each its own."""
+        return None
 
     def template(self, specials) -> tuple[str, str]:
         """GPT-1's input transform as a tokenizer's post-processing templates (single, pair) over

@@ -95,3 +95,6 @@ class MultipleChoice(TaskAdapter):
             value = example.get(self.label)
             raise TaskDataError(f"label {value!r} points past the row's {len(answers)} choices.")
         return Encoded(sequences, extract, label)
+
+    def sequence_roles(self, encoded):  # the right choice and the others
+        return None if encoded.label is None else [i == encoded.label for i in range(len(encoded.sequences))]

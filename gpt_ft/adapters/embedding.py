@@ -368,3 +368,6 @@ class Embedding(TaskAdapter):
         texts = [text_key(ids) for ids in sequences] + [NO_TEXT] * (self.num_sequences - len(sequences))
         label = None if score is None else [score, *(k for key in texts for k in key)]
         return Encoded(sequences, [k for _, k in built], label)
+
+    def sequence_roles(self, encoded):  # the anchor, the positive, the hard negatives
+        return [min(i, 2) for i in range(len(encoded.sequences))]

@@ -368,6 +368,9 @@ class Ranking(TaskAdapter):
         label = self.output.padded([math.nan if s is None else s for s in scores]) if labelled else None
         return Encoded(sequences, extract, label)
 
+    def sequence_roles(self, encoded):  # replies of one score (NaN: unscored, each its own)
+        return None if encoded.label is None else encoded.label[: len(encoded.sequences)]
+
 
 def _as_list(value: Any, field: str) -> list:
     if not isinstance(value, (list, tuple)):

@@ -157,3 +157,6 @@ class Reranker(TaskAdapter):
         query, *candidates = tokens
         sequences, extract = self.choice_sequences(specials, query, candidates, max_length)
         return Encoded(sequences, extract, self.output.example_label(example))
+
+    def sequence_roles(self, encoded):  # the positive and the negatives
+        return [i == 0 for i in range(len(encoded.sequences))]

@@ -58,15 +58,22 @@ def cut_kind(
     """`WHOLE`, `CUT` or `ALIKE` for `encoded`, `example` as `adapter` encoded it at `max_length`
     from `tokens`. A cut fills the longest sequence to `max_length` exactly, so only an example
     with one so long is encoded again, with room for every token (each text framed by at most
-    3 special tokens), and compared."""
+    3 special tokens), and compared. Sequences of one role (`TaskAdapter.sequence_roles`: two
+    wrong choices, two replies of one score) that become alike lose nothing."""
     if max(map(len, encoded.sequences), default=0) < max_length:
         return WHOLE
     room = sum(map(len, tokens)) + 3 * len(tokens) + 3
-    whole = adapter.encode(example, tokens, specials, max(room, max_length))
-    if whole.sequences == encoded.sequences:
+    whole = adapter.encode(example, tokens, specials, max(room, max_length)).sequences
+    if whole == encoded.sequences:
         return WHOLE
-    distinct = lambda sequences: len(set(map(tuple, sequences)))  # noqa: E731
-    return ALIKE if distinct(encoded.sequences) < distinct(whole.sequences) else CUT
+    roles = adapter.sequence_roles(encoded) or range(len(whole))
+    seen: dict[tuple[int, ...], list[int]] = {}
+    for i, ids in enumerate(encoded.sequences):
+        alike = seen.setdefault(tuple(ids), [])
+        if any(whole[j] != whole[i] and roles[j] != roles[i] for j in alike):
+            return ALIKE
+        alike.append(i)
+    return CUT
 
 
 def cut_report(what: str, kinds: list[int], max_length: int) -> str | None:
@@ -75,10 +82,10 @@ def cut_report(what: str, kinds: list[int], max_length: int) -> str | None:
     cut = sum(kind != WHOLE for kind in kinds)
     if not cut:
         return None
-    line = (
-        f"{what}: {cut:,} of {len(kinds):,} examples ({cut / len(kinds):.1%}) are longer than "
-        f"max_length {max_length} and are cut"
-    )
+    share = cut / len(kinds)
+    shown = "<0.1%" if share < 0.0005 else ">99.9%" if 0.9995 <= share < 1 else f"{share:.1%}"
+    line = f"{what}: {cut:,} of {len(kinds):,} examples ({shown}) are longer than max_length {max_length}"
+    line += " and are cut"
     if alike := sum(kind == ALIKE for kind in kinds):
         line += (
             f"; in {alike:,} of them two of their sequences (choices, replies, texts) become the same "

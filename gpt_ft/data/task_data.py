@@ -157,7 +157,8 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         """The encoded split (cached); `labelled` demands a label on every example."""
         if split not in self.datasets:
             self.datasets[split], self.origins[split] = self._encode_split(split)
-            if said := cut_report(f"{self.task.name} {split}", self.datasets[split]["cut"], self.max_length):
+            cuts = self.datasets[split].data.column("cut").to_pylist()  # (a datasets Column: slow)
+            if said := cut_report(f"{self.task.name} {split}", cuts, self.max_length):
                 rank_zero_info(said)
         ds = self.datasets[split]
         if labelled and ds.data.column("label").null_count:

@@ -6,6 +6,8 @@ from gpt_ft.adapters import (
     Embedding,
     MultipleChoice,
     Preference,
+    Ranking,
+    Reranker,
     Similarity,
     SingleText,
     Steps,
@@ -55,6 +57,24 @@ def test_choices_that_differ_only_past_the_cut_are_alike():
     assert kinds(mc, [tails, heads, same], max_length=10) == [ALIKE, CUT, CUT]
 
 
+def test_sequences_that_stand_for_one_thing_may_become_alike():
+    """Two wrong choices, two replies of one score, two negatives: alike once cut, nothing lost."""
+    mc = MultipleChoice(name="m", context=["story"], choices=["a", "b", "c"], labels=["1", "2", "3"])
+    story, long = words(*range(10, 30)), words(40, 41, 42)  # a budget of 7: answers keep 3 tokens
+    row = {"story": story, "a": f"{long} w43", "b": f"{long} w44", "c": words(50)}
+    assert kinds(mc, [row | {"label": "3"}, row | {"label": "1"}], max_length=10) == [CUT, ALIKE]
+    ranking = Ranking(name="r", max_replies=3)
+    row = {"prompt": words(10), "replies": [f"{long} w43", f"{long} w44", words(50)]}
+    tie, ordered = row | {"scores": [1, 1, 0]}, row | {"scores": [2, 1, 0]}
+    assert kinds(ranking, [tie, ordered, row | {"scores": [1, None, 0]}], max_length=7) == [CUT, ALIKE, ALIKE]
+    rerank = Reranker(name="q", negatives=["n1", "n2"])
+    row = {"query": words(10), "positive": words(50), "n1": f"{long} w43", "n2": f"{long} w44"}
+    assert kinds(rerank, [row, row | {"positive": f"{long} w45"}], max_length=7) == [CUT, ALIKE]
+    embed = Embedding(name="e", negatives=["n1", "n2"])
+    row = {"anchor": words(1), "positive": words(2), "n1": f"{long} w43", "n2": f"{long} w44"}
+    assert kinds(embed, [row, row | {"positive": f"{long} w45"}], max_length=5) == [CUT, ALIKE]
+
+
 def test_replies_alike_once_cut_and_a_text_past_its_room():
     pairs = Preference(name="p", prompt="prompt")
     long = words(*range(20, 30))
@@ -80,8 +100,10 @@ def test_the_line_counts_the_cut_and_the_alike():
         "raise --data.max_length."
     )
     assert cut_report("sst2 validation", [CUT] + [WHOLE] * 2999, 128) == (
-        "sst2 validation: 1 of 3,000 examples (0.0%) are longer than max_length 128 and are cut."
+        "sst2 validation: 1 of 3,000 examples (<0.1%) are longer than max_length 128 and are cut."
     )
+    assert "2,999 of 3,000 examples (>99.9%)" in cut_report("t", [CUT] * 2999 + [WHOLE], 8)
+    assert "3 of 3 examples (100.0%)" in cut_report("t", [CUT] * 3, 8)
 
 
 def test_the_data_module_says_how_many_of_a_split_it_cut(tmp_path, tokenizer_dir, caplog):
