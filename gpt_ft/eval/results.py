@@ -18,12 +18,11 @@ if TYPE_CHECKING:
 
 
 def mean_std(values: list[float | None]) -> dict[str, float | None]:
-    """Mean and sample standard deviation (n - 1; 0 for one value) of the defined values (a
-    correlation is undefined, None, when predictions are constant); None for no values."""
+    """Mean and sample standard deviation (n - 1) of the defined values (a correlation is
+    undefined, None, when predictions are constant); None where there are too few for either."""
     values = [v for v in values if v is not None]
-    if not values:
-        return {"mean": None, "std": None}
-    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0}
+    mean = statistics.fmean(values) if values else None
+    return {"mean": mean, "std": statistics.stdev(values) if len(values) > 1 else None}
 
 
 def seeds_stats(results: list[dict[str, Any] | None], metric: str) -> dict[str, Any]:
@@ -302,8 +301,7 @@ def pm(stats: dict[str, Any] | None) -> str:
     """mean ± std (the std where several seeds have a value); empty where undefined."""
     if not stats or stats.get("mean") is None:
         return ""
-    seeds = stats.get("seeds") or []
-    if len([v for v in (seeds.values() if isinstance(seeds, dict) else seeds) if v is not None]) > 1:
+    if stats.get("std") is not None:
         return f"{stats['mean']:.1f} ± {stats['std']:.1f}"
     return f"{stats['mean']:.1f}"
 

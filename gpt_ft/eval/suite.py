@@ -126,9 +126,11 @@ class SuiteRunner:
             self.tokenizer = resolve_tokenizer(None, self.init_from)
         self.data_dirs = data_dirs(data_dir or [])
         self.seeds = list(seeds if seeds is not None else spec.seeds)
+        given = "--seeds" if seeds is not None else f"{self.source}: seeds"
         if (fine_tune and not self.seeds) or len(set(self.seeds)) < len(self.seeds):
-            given = "--seeds" if seeds is not None else f"{self.source}: seeds"
             raise ValueError(f"{given} {self.seeds}: give one or more seeds to fine-tune with, each once.")
+        if bad := [seed for seed in self.seeds if not 0 <= seed < 2**32]:  # numpy's range, as fit's
+            raise ValueError(f"{given} {self.seeds}: a seed must be in [0, {2**32 - 1}], got {bad[0]}.")
         self.fit_args = shlex.split(fit_args) if isinstance(fit_args, str) else list(fit_args or [])
         self.select, self.fine_tune, self.zero_shot = select, fine_tune, zero_shot
         self.transfer_layers = list(transfer_layers or [])

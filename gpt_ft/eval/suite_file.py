@@ -11,7 +11,7 @@ from typing import Literal
 import yaml
 from jsonargparse import ArgumentParser
 
-from gpt_ft.errors import input_file, parse_error_message, yaml_problem
+from gpt_ft.errors import input_file, parse_error_message, repeated_key, yaml_problem
 from gpt_ft.eval.zeroshot import ZeroShot
 
 
@@ -139,11 +139,13 @@ def load_suite(path: str | Path) -> SuiteSpec:
     parser.add_class_arguments(SuiteSpec, "suite")
 
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = yaml.safe_load(text := path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as exc:
         raise ValueError(f"Suite file {path} is not UTF-8 text ({exc.reason}); save it as UTF-8.") from None
     except yaml.YAMLError as exc:
         raise ValueError(f"Suite file {path} is not valid YAML: {yaml_problem(exc)}") from None
+    if twice := repeated_key(text):
+        raise ValueError(f"Suite file {path}, {twice}.")
     if not isinstance(raw, dict):
         raise ValueError(f"Suite file {path} must hold a mapping with `name` and `tasks`.")
     if isinstance(raw.get("tasks"), list):  # `- tasks/glue/rte.yaml` is short for `- card: ...`

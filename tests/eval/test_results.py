@@ -13,7 +13,7 @@ from gpt_ft.eval.suite_folder import new_submission_folder, write_json, zip_subm
 
 def test_mean_and_sample_std_of_the_defined_values():
     assert mean_std([80.0, 90.0, None, 70.0]) == {"mean": 80.0, "std": 10.0}  # sqrt(200 / 2)
-    assert mean_std([75.5]) == {"mean": 75.5, "std": 0.0}
+    assert mean_std([75.5]) == {"mean": 75.5, "std": None}
     assert mean_std([None, None]) == {"mean": None, "std": None}
     assert mean_std([]) == {"mean": None, "std": None}
 
@@ -76,7 +76,7 @@ RESULTS = {
                     "zero_shot": 55.25,
                 }
             },
-            "transfer": {"0": {"seeds": {"0": 60.0}, "mean": 60.0, "std": 0.0}, "2": {"mean": None}},
+            "transfer": {"0": {"seeds": {"0": 60.0}, "mean": 60.0, "std": None}, "2": {"mean": None}},
         },
         "sts": {"main_metric": "validation/pearson", "metrics": {"validation/pearson": {"mean": None}}},
     },
@@ -111,7 +111,7 @@ def test_results_markdown_by_hand():
         "| sent | 60.0 |  |",
     ]
     one_seed = {**RESULTS, "config": {**RESULTS["config"], "init_from": "pre"}, "score": None}
-    one_seed["tasks"] = {"sent": {"metrics": {"acc": {"seeds": {"0": 50.0}, "mean": 50.0, "std": 0.0}}}}
+    one_seed["tasks"] = {"sent": {"metrics": {"acc": {"seeds": {"0": 50.0}, "mean": 50.0, "std": None}}}}
     table = results_markdown(one_seed)
     # One of the two seeds scored (the other's correlation undefined, or its run not there): said.
     assert (

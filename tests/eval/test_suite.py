@@ -359,6 +359,10 @@ def test_a_subset_of_a_suites_tasks(tmp_path):
     with pytest.raises(ValueError, match=r"^--seeds \[0, 0\]: give one or more seeds to fine-tune with"):
         suites.SuiteRunner(spec, out_dir=tmp_path, seeds=[0, 0])
     with pytest.raises(
+        ValueError, match=r"^--seeds \[1, -1\]: a seed must be in \[0, 4294967295\], got -1\.$"
+    ):
+        suites.SuiteRunner(spec, out_dir=tmp_path, seeds=[1, -1])
+    with pytest.raises(
         ValueError, match=r"^--train_sizes -3: a size is a positive number of examples, or all"
     ):
         suites.SuiteRunner(spec, out_dir=tmp_path, train_sizes=[2, -3])  # before any run trains
@@ -529,7 +533,7 @@ submission: {{archive: sub.zip, files: [SENT.tsv]}}
     assert calls == []  # nothing run again
     curves = json.loads((out / "results.json").read_text())["tasks"]["sent"]["curves"]
     assert list(curves) == ["pretrained", "from scratch", "TF-IDF + linear"]
-    assert curves["TF-IDF + linear"]["2"] == {"examples": 2, "seeds": {"0": 50.0}, "mean": 50.0, "std": 0.0}
+    assert curves["TF-IDF + linear"]["2"] == {"examples": 2, "seeds": {"0": 50.0}, "mean": 50.0, "std": None}
     assert (
         list(curves["TF-IDF + linear"]) == ["2", "all"] and curves["TF-IDF + linear"]["all"]["mean"] == 80.5
     )
@@ -726,7 +730,9 @@ def test_rows_layers_and_sizes_together_each_reach_the_results(tmp_path, tokeniz
     sent = results["tasks"]["sent"]
     assert sent["transfer"]["1"]["seeds"] == [11.0]
     curve = json.dumps(sent["curves"])
-    assert "11.0" in curve and "null" not in curve  # each row's points, from the transferred layers' runs
+    assert (
+        "11.0" in curve and '"mean": null' not in curve
+    )  # each row's points, from the transferred layers' runs
 
 
 def test_sizes_without_all_fill_the_table_with_the_largest(tmp_path, tokenizer_dir, monkeypatch):

@@ -59,6 +59,9 @@ def test_suite_file_errors_name_the_file(tmp_path):
         load_suite(bad)
     with pytest.raises(ValueError, match=r"^Suite file \S+ is a folder; give the suite's YAML file\.$"):
         load_suite(tmp_path)
+    bad.write_text("name: x\ntasks: [card.yaml]\nname: y\n")  # YAML's loaders keep the last silently
+    with pytest.raises(ValueError, match=r"^Suite file \S+suite.yaml, line 3: key 'name' appears twice\.$"):
+        load_suite(bad)
     bad.write_text("name: x\ntasks: [\n")
     with pytest.raises(
         ValueError, match=r"suite.yaml is not valid YAML: line 3, column 1: expected the node"
