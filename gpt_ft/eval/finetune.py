@@ -50,7 +50,7 @@ def fit_and_evaluate(
         )
     for callback in trainer.callbacks:  # stopped by SIGTERM or Ctrl-C: the suite, not `fit`, resumes
         if isinstance(callback, SaveLast):
-            callback.resume = SUITE_RESUME
+            callback.rerun = SUITE_RESUME
     history = History.of(trainer)
     trainer.fit(model, datamodule=data)
     if not history.evaluations:

@@ -93,8 +93,9 @@ class SaveLast(Callback):
             raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}.")
         self.every_n_steps, self._saved_step, self._sigterm_pending = every_n_steps, -1, False
         self._save_pending = False  # a validation inside an accumulation window: saved at its end
-        self._stop_after_validation = self._announce = False  # a stop that waits for a validation
-        self.resume = FIT_RESUME  # the stop message's advice (a suite's is to rerun the suite)
+        self._stop_after_validation = False  # a stop that waits for a validation
+        self.rerun: str | None = None  # a suite's advice: it reruns a stopped run from its start (no save)
+        self._said = False  # the stop said (once)
         self._stop_signal: signal.Signals | None = None  # SIGINT once Ctrl-C was pressed
         self._previous_sigint: Any = None
 
@@ -111,16 +112,21 @@ class SaveLast(Callback):
         self._saved_step = trainer.global_step
         return path
 
-    def _saved_message(self, trainer, path: Path | None) -> None:
-        if trainer.is_global_zero:
-            name = (self._stop_signal or signal.SIGTERM).name
+    def _stop(self, trainer) -> None:
+        """As the run stops on a signal: last.ckpt saved, unless a suite reruns the run from its
+        start (`rerun`), and the stop said once."""
+        path = None if self.rerun else self._save(trainer) or self.path(trainer)
+        if trainer.is_global_zero and not self._said:
+            self._said, name, step = True, (self._stop_signal or signal.SIGTERM).name, trainer.global_step
+            if self.rerun:
+                return print(f"{name}: stopped at step {step}; {self.rerun}", flush=True)
             lora = getattr(trainer.lightning_module, "lora", None)
-            advice = MERGED_NO_RESUME if lora is not None and lora.checkpoint == "merged" else self.resume
-            print(f"{name}: saved step {trainer.global_step} to {path}; {advice}", flush=True)
+            advice = MERGED_NO_RESUME if lora is not None and lora.checkpoint == "merged" else FIT_RESUME
+            print(f"{name}: saved step {step} to {path}; {advice}", flush=True)
 
     def on_train_start(self, trainer, pl_module) -> None:
         # After Lightning's own handlers (it restores every signal's previous handler at teardown).
-        self._stop_signal, self._announce = None, False
+        self._stop_signal, self._said = None, False
         if threading.current_thread() is not threading.main_thread():
             return  # signal handlers can only be set there
         pid = os.getpid()
@@ -168,7 +174,7 @@ class SaveLast(Callback):
                 return
             self._sigterm_pending = False
             request_graceful_stop(trainer)  # Lightning stops after this hook
-            self._saved_message(trainer, self._save(trainer) or self.path(trainer))
+            self._stop(trainer)
 
     def on_validation_start(self, trainer, pl_module) -> None:
         self._validate_before_stopping(trainer)
@@ -182,7 +188,7 @@ class SaveLast(Callback):
             if not self._stop_after_validation and trainer.is_global_zero:
                 name = (self._stop_signal or signal.SIGTERM).name
                 print(f"{name}: validating step {trainer.global_step} before stopping", flush=True)
-            self._stop_after_validation = True
+            self._stop_after_validation, self._said = True, False  # said again after it
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if self._stop_after_validation:
@@ -190,7 +196,6 @@ class SaveLast(Callback):
             if should_accumulate(trainer):  # stops at the window's end, saving then
                 self._sigterm_pending = True
             else:  # stops after the checkpoint callbacks, `after_validation`'s save included
-                self._announce = True
                 request_graceful_stop(trainer)
 
     def after_validation(self, trainer) -> None:
@@ -210,9 +215,7 @@ class SaveLast(Callback):
         exception.code = 128 + (self._stop_signal or signal.SIGTERM)
         # The signal noticed by Lightning after this callback's batch hook (or during validation).
         if not should_accumulate(trainer):
-            path = self._save(trainer)
-            if path is not None or self._announce:  # saved now, or after the validation
-                self._saved_message(trainer, path or self.path(trainer))
+            self._stop(trainer)
 
     def on_train_end(self, trainer, pl_module) -> None:
         self._restore_sigint()

@@ -281,7 +281,8 @@ def suite_argv(suite, out, tokenizer_dir, data_dir) -> list[str]:
 
 def test_ctrl_c_in_a_suite_says_to_rerun_the_suite(tmp_path, tokenizer_dir, capsys):
     """A suite's interrupted run starts again when the suite is rerun: the stop message says so,
-    not `gpt-ft fit --ckpt_path last` (which a suite's user never typed)."""
+    not `gpt-ft fit --ckpt_path last` (which a suite's user never typed), and names no checkpoint
+    (the rerun would throw it away: none is saved)."""
     card = make_task("single", tmp_path / "a")
     suite = write_suite(tmp_path, f"name: c\nseeds: [0]\ntasks:\n  - card: {card}\n")
     out = tmp_path / "out"
@@ -291,7 +292,8 @@ def test_ctrl_c_in_a_suite_says_to_rerun_the_suite(tmp_path, tokenizer_dir, caps
     assert stopped.value.code == 128 + signal.SIGINT
     captured = capsys.readouterr()
     ckpt = out / "runs" / "sent" / "seed-0" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
-    assert f"SIGINT: saved step 1 to {ckpt}; {finetune.SUITE_RESUME}" in captured.out
+    assert f"SIGINT: stopped at step 1; {finetune.SUITE_RESUME}" in captured.out and not ckpt.exists()
+    assert ckpt.parent.parent.is_dir()  # the run's own folder, where a stopped fit saves
     assert captured.err.rstrip().endswith("gpt-ft: stopped by Ctrl-C (SIGINT)")
 
 

@@ -912,7 +912,9 @@ def test_a_merged_lora_runs_stop_says_it_cannot_resume(capsys):
     for kind, advice in (("adapters", FIT_RESUME), ("merged", "it holds the merged model")):
         module = SimpleNamespace(lora=LoRA(checkpoint=kind))
         trainer = SimpleNamespace(is_global_zero=True, global_step=4, lightning_module=module)
-        SaveLast()._saved_message(trainer, Path("last.ckpt"))
+        save = SaveLast()
+        save._save = lambda trainer: Path("last.ckpt")
+        save._stop(trainer)
         assert capsys.readouterr().out.startswith(f"SIGTERM: saved step 4 to last.ckpt; {advice}")
 
 
