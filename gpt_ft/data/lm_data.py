@@ -94,13 +94,16 @@ class LMDataModule(ResumableTrainData, LightningDataModule):
         """Whether `split` holds a block; a validation split too short for one is left out, said."""
         n = self.meta["tokens"][split]
         if split == "validation" and n <= self.block_size:
-            rank_zero_warn(
-                f"{self.token_dir}: the validation split holds {n} tokens, fewer than one block of "
-                f"block_size + 1 = {self.block_size + 1}: training will not validate (prepare the "
-                "corpus with a larger --validation_fraction, or use a smaller block_size)."
-            )
+            rank_zero_warn(self._no_validation("training will not validate"))
             return False
         return n > 0 or split == "train"  # too short a train split is named by `TokenBlocks`
+
+    def _no_validation(self, so: str) -> str:
+        return (
+            f"{self.token_dir}: the validation split holds {self.meta['tokens']['validation']} tokens, "
+            f"fewer than one block of block_size + 1 = {self.block_size + 1}: {so} (prepare the corpus "
+            "with a larger --validation_fraction, or use a smaller block_size)."
+        )
 
     def _blocks(self, split: str) -> TokenBlocks:
         return TokenBlocks(self.token_dir / SPLIT_FILES[split], self.meta["dtype"], self.block_size)
@@ -155,6 +158,8 @@ class LMDataModule(ResumableTrainData, LightningDataModule):
     def val_dataloader(self) -> list[DataLoader]:
         check_model_fits(self)
         if "validation" not in self.blocks:
+            if getattr(getattr(self.trainer, "state", None), "fn", None) == "validate":  # (not fit)
+                raise ValueError(self._no_validation("there is nothing to validate"))
             return []
         blocks = self.blocks["validation"]
         return [

@@ -1,4 +1,5 @@
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -64,7 +65,12 @@ def test_a_validation_split_too_short_for_a_block_is_left_out_and_said(tmp_path,
     tokens = tmp_path / "tokens"
     with pytest.warns(UserWarning, match="the validation split holds 0 tokens, fewer than one block of"):
         data = LMDataModule(str(tokens), block_size=8)
-    assert "validation" not in data.blocks and data.val_dataloader() == []
+    assert "validation" not in data.blocks and data.val_dataloader() == []  # fit trains on
+    data.trainer = SimpleNamespace(
+        state=SimpleNamespace(fn="validate", status="running"), lightning_module=None
+    )
+    with pytest.raises(ValueError, match=r"holds 0 tokens, .* = 9: there is nothing to validate \(prepare"):
+        data.val_dataloader()  # gpt-ft validate scored nothing and exited 0
     # A validation split of 5 tokens: too short for blocks of 8, long enough for blocks of 4.
     np.array([1, 2, 3, 4, 5], dtype=meta["dtype"]).tofile(tokens / "validation.bin")
     meta["tokens"]["validation"] = 5
