@@ -343,8 +343,12 @@ def _json_problem(path: Path, reason: str, columns: set[str] | None = None) -> s
     return None
 
 
-def check_json_files(directory: Path) -> None:
-    """The first JSON file of `directory` that does not parse, named with its line."""
+VOCABULARY_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model", "spiece.model", "vocab.txt")
+
+
+def check_tokenizer_files(directory: Path) -> None:
+    """Where a tokenizer folder cannot be loaded: the first JSON file that does not parse, named
+    with its line, or a folder without a vocabulary (a config copied alone)."""
     for path in sorted(directory.glob("*.json")):
         data = path.read_bytes()
         if (problem := utf8_problem(data)) is not None:
@@ -353,3 +357,8 @@ def check_json_files(directory: Path) -> None:
             json.loads(data)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}, line {exc.lineno} is not valid JSON ({exc.msg}).") from None
+    if not any((directory / name).is_file() for name in VOCABULARY_FILES):
+        raise ValueError(
+            f"{directory} holds no vocabulary to load (tokenizer.json, vocab.json + merges.txt or a "
+            "SentencePiece model), only its settings: copy the whole tokenizer folder."
+        )

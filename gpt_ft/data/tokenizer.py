@@ -39,7 +39,7 @@ from transformers import (
 )
 
 from gpt_ft.data.corpus import file_lines, find_files
-from gpt_ft.data.file_faults import check_json_files
+from gpt_ft.data.file_faults import check_tokenizer_files
 from gpt_ft.data.folders import save_tokenizer
 from gpt_ft.errors import check_output_dir
 from gpt_ft.weights import gguf_file, hub
@@ -300,8 +300,8 @@ def _load_local_dir(directory: Path) -> PreTrainedTokenizerBase:
     if any((directory / f).is_file() for f in TOKENIZER_FILES):
         try:
             return AutoTokenizer.from_pretrained(str(directory), trust_remote_code=False)
-        except ValueError:  # a JSON parser's bare words: the broken file named instead
-            check_json_files(directory)
+        except ValueError:  # transformers' words: the broken file named instead
+            check_tokenizer_files(directory)
             raise
     if all((directory / f).is_file() for f in BPE_FILES):
         # AutoTokenizer cannot pick a class without a config, so name it from the vocab's format.

@@ -267,6 +267,9 @@ def test_a_tokenizer_folder_with_a_broken_json_file_names_it(trained_dir: Path, 
     named = re.escape(str(broken / "tokenizer.json"))
     with pytest.raises(ValueError, match=rf"^{named}, line 2 is not valid JSON"):
         load_tokenizer(broken)
+    (broken / "tokenizer.json").unlink()  # its settings copied alone: transformers asked for packages
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(broken))} holds no vocabulary to load \("):
+        load_tokenizer(broken)
 
 
 @pytest.mark.parametrize("name", ["missing", "./missing-tokenizer", "~/missing-tokenizer-9f3a1c"])
