@@ -4,6 +4,7 @@ paper's values, the benchmark score and the leaderboard submission of a `gpt-ft 
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -132,6 +133,34 @@ def as_list(value) -> list:
     return list(value) if isinstance(value, list | tuple) else [value]
 
 
+SECTIONS = {
+    "": SuiteSpec,
+    "tasks": SuiteTask,
+    "score": Score,
+    "submission": Submission,
+    "tasks.zero_shot": ZeroShot,
+}
+
+
+def in_suite_words(reason: str) -> str:
+    """The parser's words for a key a section of a suite file does not take, or lacks, as the
+    file's: `tasks: unknown key 'papr' (it takes card, paper, ...)`, `submission: 'files' is missing.`"""
+    from dataclasses import fields
+
+    unknown = re.fullmatch(
+        r"(?:Group 'suite' does not accept option|([\w.]+): Option) '([^'.]+)[^']*'.*", reason
+    )
+    if unknown and (section := unknown[1] or "") in SECTIONS:
+        takes = ", ".join(f.name for f in fields(SECTIONS[section]))
+        return f"{section + ': ' if section else ''}unknown key {unknown[2]!r} (it takes {takes})."
+    lacks = re.fullmatch(
+        r"(?:([\w.]+): class_path '\S+': )?the following arguments are required: ([\w.]+)\.", reason
+    )
+    if lacks:
+        return f"{lacks[1] + ': ' if lacks[1] else ''}{lacks[2].removeprefix('suite.')!r} is missing."
+    return reason
+
+
 def load_suite(path: str | Path) -> SuiteSpec:
     """Parse and check a suite file; errors name the file and the field at fault."""
     path = input_file(path, "Suite file", give="the suite's YAML file")
@@ -155,7 +184,7 @@ def load_suite(path: str | Path) -> SuiteSpec:
         spec = parser.instantiate_classes(cfg).suite
     except Exception as exc:  # jsonargparse's validation errors
         reason = parse_error_message(str(exc)).replace("--suite.", "", 1)
-        raise ValueError(f"Suite file {path}: {reason}") from None
+        raise ValueError(f"Suite file {path}: {in_suite_words(reason)}") from None
     if not spec.tasks:
         raise ValueError(f"Suite file {path} lists no tasks.")
     if any(size != "all" and size < 1 for size in spec.train_sizes or []) or spec.min_steps < 0:

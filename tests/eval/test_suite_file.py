@@ -54,8 +54,27 @@ def test_suite_file_errors_name_the_file(tmp_path):
     card.write_text("class_path: gpt_ft.adapters.SingleText\ninit_args: {name: x, txt: s}\n")
     bad.write_text("name: x\ntasks:\n  - card: card.yaml\n    zero_shot: {verbalizer: [' a', ' b']}\n")
     with pytest.raises(
-        ValueError, match=r"^Suite file \S+suite.yaml: tasks.zero_shot: Option 'verbalizer' is not"
+        ValueError,
+        match=r"^Suite file \S+suite.yaml: tasks.zero_shot: unknown key 'verbalizer' \(it takes verbalizers,",
     ):
+        load_suite(bad)
+    bad.write_text(
+        "name: x\nseedz: [1]\ntasks: [card.yaml]\n"
+    )  # the parser's "Group 'suite' does not accept"
+    with pytest.raises(
+        ValueError, match=r"suite.yaml: unknown key 'seedz' \(it takes name, tasks, config, args, seeds,"
+    ):
+        load_suite(bad)
+    bad.write_text("name: x\ntasks:\n  - card: card.yaml\n    papr: {acc: 1}\nsubmission: {archive: a.zip}\n")
+    with pytest.raises(
+        ValueError,
+        match=r"suite.yaml: tasks: unknown key 'papr' \(it takes card, paper, args, zero_shot\)\.$",
+    ):
+        load_suite(bad)
+    bad.write_text(
+        "name: x\ntasks: [card.yaml]\nsubmission: {archive: a.zip}\n"
+    )  # "class_path ...: required"
+    with pytest.raises(ValueError, match=r"suite.yaml: submission: 'files' is missing\.$"):
         load_suite(bad)
     with pytest.raises(ValueError, match=r"^Suite file \S+ is a folder; give the suite's YAML file\.$"):
         load_suite(tmp_path)
