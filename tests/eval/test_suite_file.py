@@ -58,9 +58,8 @@ def test_suite_file_errors_name_the_file(tmp_path):
         match=r"^Suite file \S+suite.yaml: tasks.zero_shot: unknown key 'verbalizer' \(it takes verbalizers,",
     ):
         load_suite(bad)
-    bad.write_text(
-        "name: x\nseedz: [1]\ntasks: [card.yaml]\n"
-    )  # the parser's "Group 'suite' does not accept"
+    # the parser's words for these: "Group 'suite' does not accept", "class_path ...: required"
+    bad.write_text("name: x\nseedz: [1]\ntasks: [card.yaml]\n")
     with pytest.raises(
         ValueError, match=r"suite.yaml: unknown key 'seedz' \(it takes name, tasks, config, args, seeds,"
     ):
