@@ -290,6 +290,18 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"][: torch.cuda.device_count()])
 
 
+ANOTHER_CARD = {  # what a run with another card than its checkpoint's does, and what follows
+    "fit": ("resuming", "The run goes on with the new one."),
+    "validate": ("validating", "Its head's outputs are read as the new card's."),
+    "test": ("testing", "Its head's outputs are read as the new card's."),
+    "predict": ("predicting", "Its head's outputs are written as the new card's."),
+}
+
+DATA_FIELDS = ("hub", "local", "validation_splits", "test_splits", "index", "submission_files", "metrics",
+               "main_metric", "ignore_labels")  # fmt: skip
+"""A card's fields that say which data a model is scored on, and how: not what it learned."""
+
+
 class Provenance(Callback):
     """Makes checkpoints stand alone: the tokenizer is saved beside them and recorded inside, with
     the run's data section (its task card included) and the toolkit's version and commit."""
@@ -306,9 +318,11 @@ class Provenance(Callback):
             save_tokenizer(load_tokenizer(tokenizer), folder / "tokenizer")
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
-        """A run resumed with another task card than the one its checkpoint trained on is told what
-        changed (swapped labels would flip what each class means, without an error)."""
-        if getattr(trainer.state, "fn", None) != "fit" or self.data_config is None:
+        """A run resumed, or a checkpoint scored, with another task card than the one it trained on
+        is told what changed (swapped labels would flip what each class means, without an error;
+        another task's model would write another task's submission)."""
+        fn = getattr(trainer.state, "fn", None)
+        if fn not in ANOTHER_CARD or self.data_config is None:
             return
         before = (Checkpoint(checkpoint).data_args or {}).get("task") or {}
         now = (self.data_config.get("init_args") or {}).get("task") or {}
@@ -316,13 +330,13 @@ class Provenance(Callback):
             return
         old, new = {"class": before.get("class_path"), **(before.get("init_args") or {})}, {
             "class": now.get("class_path"), **(now.get("init_args") or {})}  # fmt: skip
+        same = {"__path__"} if fn == "fit" else {"__path__", *DATA_FIELDS}  # scored on other data: its own
         changed = [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in dict.fromkeys([*old, *new])
-                   if k != "__path__" and old.get(k) != new.get(k)]  # fmt: skip
+                   if k not in same and old.get(k) != new.get(k)]  # fmt: skip
         if changed:
-            rank_zero_warn(
-                f"resuming with another task card than {trainer.ckpt_path} trained on: {'; '.join(changed)}. "
-                "The run goes on with the new one."
-            )
+            doing, so = ANOTHER_CARD[fn]
+            told = f"another task card than {trainer.ckpt_path} trained on: {'; '.join(changed)}"
+            rank_zero_warn(f"{doing} with {told}. {so}")
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
         saved = Checkpoint(checkpoint)

@@ -899,6 +899,16 @@ def test_a_run_resumed_with_another_task_card_says_what_changed(tmp_path, tokeni
         "trained on: labels ['negative', 'positive'] -> ['positive', 'negative']. The run goes on with the "
         "new one."
     )
+    other = tmp_path / "other.yaml"  # scored, or predicted, as another task: said as well
+    other.write_text(swapped.read_text().replace("name: sent", "name: other"))
+    for command, doing in (("validate", "validating"), ("predict", "predicting")):
+        with pytest.warns(UserWarning) as warned:
+            where = [f"--model.predictions_dir={tmp_path / 'predictions'}"] if command == "predict" else []
+            main([command, *finetune_args(other, tokenizer_dir, tmp_path, logs), "--ckpt_path=last", *where])
+        said = [str(w.message) for w in warned if "another task card" in str(w.message)]
+        assert len(said) == 1 and said[0].startswith(f"{doing} with another task card than ")
+        assert said[0].endswith("trained on: name 'sent' -> 'other'. Its head's outputs are " + (
+            "written as the new card's." if command == "predict" else "read as the new card's."))  # fmt: skip
 
 
 def test_a_merged_lora_runs_stop_says_it_cannot_resume(capsys):
