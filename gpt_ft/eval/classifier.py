@@ -226,14 +226,24 @@ def label(
         raise ValueError(
             f"{ckpt_path} is an embedding model (task {clf.task.name!r}): `gpt-ft embed` writes its vectors."
         )
-    rows = json_records(source, read_table(source).to_list())  # a record's missing field stays missing
-    lines = record_lines(source, fmt) or list(range(1, len(rows) + 1))
-    where = lambda i: f"{source}, line {lines[i]}"  # noqa: E731  (the row a message names)
-    task = clf.task  # a file laid out as the card's files or hub dataset: their renames apply
-    renames = {
+    task, table = clf.task, read_table(source)
+    renames = {  # a file laid out as the card's files or hub dataset: their renames apply
         **((task.hub.columns if task.hub else None) or {}),
         **((task.local.columns if task.local else None) or {}),
     }
+    local, has = task.local, {renames.get(c, c) for c in table.column_names}
+    headerless = bool(local and local.column_names) and fmt in ("tsv", "csv")  # as CoLA's train and dev
+    if (
+        headerless
+        and len(table.column_names) == len(local.column_names)
+        and not set(task.text_fields()) <= has
+    ):
+        table = read_table(source, column_names=local.column_names)  # its first line is a row
+    else:
+        headerless = False
+    rows = json_records(source, table.to_list())  # a record's missing field stays missing
+    lines = record_lines(source, fmt, header=not headerless) or list(range(1, len(rows) + 1))
+    where = lambda i: f"{source}, line {lines[i]}"  # noqa: E731  (the row a message names)
     fields = [
         {renames[k] if k in renames and renames[k] not in row else k: v for k, v in row.items()}
         for row in rows

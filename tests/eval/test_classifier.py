@@ -15,6 +15,7 @@ import torch
 from gpt_ft import Classifier
 from gpt_ft.cli import main
 from gpt_ft.data.files import read_table
+from tests.helpers import BAD, GOOD
 
 
 def test_examples_name_the_cards_fields(finetuned):
@@ -189,6 +190,34 @@ def test_label_writes_each_row_with_its_prediction(finetuned, tmp_path, capsys):
         f"gpt-ft: error: --output {source} is the input file: give another name, the input is kept."
     )
     assert source.read_bytes() == before
+
+
+def test_label_reads_a_file_laid_out_as_the_cards_headerless_ones(finetuned, tmp_path, monkeypatch, capsys):
+    """A card that reads some files without a header (CoLA's train and dev) labels such a file as
+    fit reads it: its first line was taken for the header, and `sentence` named missing."""
+    from gpt_ft.adapters import LocalFiles
+    from gpt_ft.eval import classifier
+
+    clf = Classifier.from_checkpoint(finetuned.ckpt, device="cpu")
+    names = ["source", "label", "mark", "sentence"]
+    clf.task.sources.local = LocalFiles(
+        splits={"train": "t.tsv"}, column_names=names, headerless_splits=["train"]
+    )
+    monkeypatch.setattr(classifier.Classifier, "from_checkpoint", lambda *a, **k: clf)
+    source, out = tmp_path / "dev.tsv", tmp_path / "out.tsv"
+    source.write_text("gj04\t1\t\tthe cat sat on the mat .\ngj04\t0\t*\ttwo dogs run in a park .\n")
+    main(["label", f"--ckpt_path={finetuned.ckpt}", f"--input={source}", f"--output={out}"])
+    expected = [r["label"] for r in clf.predict([{"sentence": GOOD}, {"sentence": BAD}])]
+    assert out.read_text().splitlines() == [
+        "source\tlabel\tmark\tsentence\tprediction",
+        f"gj04\t1\t\t{GOOD}\t{expected[0]}",
+        f"gj04\t0\t*\t{BAD}\t{expected[1]}",
+    ]
+    source.write_text("sentence\tnote\nthe cat .\tx\n")  # a header of the card's fields: read as ever
+    main(
+        ["label", f"--ckpt_path={finetuned.ckpt}", f"--input={source}", f"--output={out}", "--overwrite=true"]
+    )
+    assert out.read_text().splitlines()[0] == "sentence\tnote\tprediction"
 
 
 def test_label_writes_a_reward_models_probability_beside_its_own(tmp_path):
