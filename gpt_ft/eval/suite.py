@@ -127,10 +127,9 @@ class SuiteRunner:
         self.data_dirs = data_dirs(data_dir or [])
         self.seeds = list(seeds if seeds is not None else spec.seeds)
         given = "--seeds" if seeds is not None else f"{self.source}: seeds"
-        if (fine_tune and not self.seeds) or len(set(self.seeds)) < len(self.seeds):
-            raise ValueError(f"{given} {self.seeds}: give one or more seeds to fine-tune with, each once.")
-        if bad := [seed for seed in self.seeds if not 0 <= seed < 2**32]:  # numpy's range, as fit's
-            raise ValueError(f"{given} {self.seeds}: a seed must be in [0, {2**32 - 1}], got {bad[0]}.")
+        seeds_ok = len(set(self.seeds)) == len(self.seeds) and all(0 <= s < 2**32 for s in self.seeds)
+        if (fine_tune and not self.seeds) or not seeds_ok:  # (numpy's seeds, which fit's refuses)
+            raise ValueError(f"{given} {self.seeds}: give one or more seeds in [0, {2**32 - 1}], each once.")
         self.fit_args = shlex.split(fit_args) if isinstance(fit_args, str) else list(fit_args or [])
         self.select, self.fine_tune, self.zero_shot = select, fine_tune, zero_shot
         self.transfer_layers = list(transfer_layers or [])

@@ -358,12 +358,12 @@ def test_a_subset_of_a_suites_tasks(tmp_path):
         data_dirs(["a", "b"])
     with pytest.raises(ValueError, match=r"^--data_dir gives rte=DIR twice \(a and b\)\.$"):
         data_dirs(["rte=a", "rte=b"])
-    with pytest.raises(ValueError, match=r"^--seeds \[0, 0\]: give one or more seeds to fine-tune with"):
-        suites.SuiteRunner(spec, out_dir=tmp_path, seeds=[0, 0])
     with pytest.raises(
-        ValueError, match=r"^--seeds \[1, -1\]: a seed must be in \[0, 4294967295\], got -1\.$"
+        ValueError, match=r"^--seeds \[0, 0\]: give one or more seeds in \[0, 4294967295\], each once"
     ):
-        suites.SuiteRunner(spec, out_dir=tmp_path, seeds=[1, -1])
+        suites.SuiteRunner(spec, out_dir=tmp_path, seeds=[0, 0])
+    with pytest.raises(ValueError, match=r"^--seeds \[1, -1\]: give one or more seeds in \[0, 4294967295\]"):
+        suites.SuiteRunner(spec, out_dir=tmp_path, seeds=[1, -1])  # named as fit's --seed_everything
     with pytest.raises(
         ValueError, match=r"^--train_sizes -3: a size is a positive number of examples, or all"
     ):
