@@ -206,15 +206,15 @@ def label(
         ckpt_path: A fine-tuned checkpoint of gpt-ft fit.
         input: csv, tsv, json/jsonl or parquet; columns named as the card's fields, or as its
             files name them (the card's `columns` renames apply).
-        output: csv, tsv, json (one array) or jsonl (by extension); a new file.
+        output: csv, tsv, json (one array), jsonl or parquet (by extension); a new file.
         overwrite: Replace --output if it exists.
         batch_size: Examples per batch.
         device: Default: cuda when there is one.
     """
     source, target = input_file(input, "--input"), Path(output).expanduser()
     at_least_one(batch_size, "--batch_size")
-    if target.suffix.lower() not in (".csv", ".tsv", ".jsonl", ".json"):
-        raise ValueError(f"--output {target}: write .csv, .tsv, .json or .jsonl.")
+    if target.suffix.lower() not in (".csv", ".tsv", *WHOLE_ROWS):
+        raise ValueError(f"--output {target}: write .csv, .tsv, .json, .jsonl or .parquet.")
     check_output_file(target, "--output", overwrite=overwrite, reads=source)
     fmt = file_format(source)
     if fmt is None:
@@ -266,13 +266,14 @@ def batches_bar(what: str):
 
 
 NEW_COLUMNS = {"label": "prediction", "scores": "scores"}  # an outcome's keys, the columns they fill
+WHOLE_ROWS = (".json", ".jsonl", ".parquet")  # outputs that take the whole outcome, typed
 
 
 def write_labelled(
     path, rows: list[dict[str, Any]], labelled: list[tuple[dict[str, Any], str]]
 ) -> dict[str, str]:
-    """The rows with a `prediction` column (json and jsonl: the `scores` and the rest of the outcome,
-    such as a preference's `probability`, too), written whole or not at all; the name each column
+    """The rows with a `prediction` column (json, jsonl and parquet: the `scores` and the rest of the
+    outcome, such as a preference's `probability`, too), written whole or not at all; the name each column
     written got, by the name it wanted (`prediction_1`, ... where the rows have their own)."""
     taken = {key for row in rows for key in row}
     wanted = {
@@ -288,7 +289,7 @@ def write_labelled(
             tmp.replace(path)
         finally:
             tmp.unlink(missing_ok=True)
-    whole = path.suffix.lower() in (".jsonl", ".json")  # a table gets the prediction alone
+    whole = path.suffix.lower() in WHOLE_ROWS  # a csv or tsv gets the prediction alone
     return {wanted[key]: got for key, got in names.items() if whole or key == "label"}
 
 
@@ -337,12 +338,23 @@ def _cell(value: Any) -> str:
 def _write_rows(tmp, suffix: str, rows: list[dict[str, Any]], labelled, names: dict[str, str]) -> None:
     prediction = names["label"]
     columns = list(dict.fromkeys(key for row in rows for key in row))  # records may differ in their keys
+    records = [
+        finite({**row, **{name: outcome[key] for key, name in names.items() if key in outcome}})
+        for row, (outcome, _) in zip(rows, labelled)
+    ]
+    if suffix == ".parquet":  # each column typed as its values are (a parquet input's kept)
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            return pq.write_table(pa.Table.from_pylist(records), tmp)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:  # a column of several types (JSON records')
+            output = tmp.with_name(tmp.name[1:].removesuffix(".tmp"))
+            raise ValueError(
+                f"--output {output}: parquet cannot hold these rows ({exc}); write .jsonl."
+            ) from None
     with tmp.open("w", encoding="utf-8", newline="") as f:
         if suffix in (".jsonl", ".json"):
-            records = [
-                finite({**row, **{name: outcome[key] for key, name in names.items() if key in outcome}})
-                for row, (outcome, _) in zip(rows, labelled)
-            ]
             if suffix == ".json":  # one array, as a .json input is read
                 f.write(json.dumps(records, ensure_ascii=False, indent=1, default=jsonable) + "\n")
             for record in records if suffix == ".jsonl" else []:

@@ -238,6 +238,20 @@ def test_label_writes_a_reward_models_probability_beside_its_own(tmp_path):
     assert (
         tmp_path / "out.tsv"
     ).read_text() == "chosen\trejected\tprobability\tprediction\na\tb\ttheirs\t2.0000\n"
+    names = write_labelled(tmp_path / "out.parquet", rows, [(outcome, "2.0000")])  # typed, as json's
+    assert names["probability"] == "probability_1" and read_table(tmp_path / "out.parquet").to_list() == [
+        {**rows[0], "prediction": "chosen", "scores": outcome["scores"], "probability_1": 0.88}
+    ]
+    mixed = [
+        {"note": "x", "chosen": "a"},
+        {"note": ["y"], "chosen": "a"},
+    ]  # records of JSON lines may so differ
+    with pytest.raises(
+        ValueError, match=r"^--output \S+out.parquet: parquet cannot hold these rows \(.*\); write"
+    ):
+        write_labelled(tmp_path / "out.parquet", mixed, [(outcome, "2.0000")] * 2)
+    assert not list(tmp_path.glob(".*.tmp"))  # and the file before is kept
+    assert read_table(tmp_path / "out.parquet").to_list()[0]["probability_1"] == 0.88
 
 
 def test_label_keeps_a_files_own_columns_and_records(finetuned, tmp_path, capsys):
