@@ -343,12 +343,9 @@ def _json_problem(path: Path, reason: str, columns: set[str] | None = None) -> s
     return None
 
 
-VOCABULARY_FILES = ("tokenizer.json", "vocab.json", "tokenizer.model", "spiece.model", "vocab.txt")
-
-
 def check_tokenizer_files(directory: Path) -> None:
     """Where a tokenizer folder cannot be loaded: the first JSON file that does not parse, named
-    with its line, or a folder without a vocabulary (a config copied alone)."""
+    with its line, or a folder of settings alone (tokenizer_config.json copied without the rest)."""
     for path in sorted(directory.glob("*.json")):
         data = path.read_bytes()
         if (problem := utf8_problem(data)) is not None:
@@ -357,7 +354,8 @@ def check_tokenizer_files(directory: Path) -> None:
             json.loads(data)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}, line {exc.lineno} is not valid JSON ({exc.msg}).") from None
-    if not any((directory / name).is_file() for name in VOCABULARY_FILES):
+    vocabularies = {"tokenizer.json", "vocab.json"}  # of its JSON files; the others hold settings
+    if all(p.suffix == ".json" and p.name not in vocabularies for p in directory.iterdir() if p.is_file()):
         raise ValueError(
             f"{directory} holds no vocabulary to load (tokenizer.json, vocab.json + merges.txt or a "
             "SentencePiece model), only its settings: copy the whole tokenizer folder."

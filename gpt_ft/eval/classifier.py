@@ -27,7 +27,7 @@ import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from torch import Tensor
 
-from gpt_ft.adapters import TaskAdapter, TaskHead
+from gpt_ft.adapters import TaskAdapter, TaskDataError, TaskHead
 from gpt_ft.adapters.cards import card_from_value
 from gpt_ft.adapters.truncation import cut_report
 from gpt_ft.data.batches import PackedBatch, SharedContextBatch, TaskBatch, collate_batch
@@ -231,16 +231,9 @@ def label(
         **((task.hub.columns if task.hub else None) or {}),
         **((task.local.columns if task.local else None) or {}),
     }
-    local, has = task.local, {renames.get(c, c) for c in table.column_names}
-    headerless = bool(local and local.column_names) and fmt in ("tsv", "csv")  # as CoLA's train and dev
-    if (
-        headerless
-        and len(table.column_names) == len(local.column_names)
-        and not set(task.text_fields()) <= has
-    ):
-        table = read_table(source, column_names=local.column_names)  # its first line is a row
-    else:
-        headerless = False
+    headerless = fmt in ("tsv", "csv") and reads_as_data(task, table.column_names, renames)
+    if headerless:  # a file laid out as the card's without a header (CoLA's train and dev)
+        table = read_table(source, column_names=task.local.column_names)
     rows = json_records(source, table.to_list())  # a record's missing field stays missing
     lines = record_lines(source, fmt, header=not headerless) or list(range(1, len(rows) + 1))
     where = lambda i: f"{source}, line {lines[i]}"  # noqa: E731  (the row a message names)
@@ -256,6 +249,20 @@ def label(
     print(f"labelled {len(rows):,} examples of {source} into {target}{renamed}")
     if said := cut_report(str(source), [e["cut"] for e in encoded], clf.max_length):
         print(said)
+
+
+def reads_as_data(task: TaskAdapter, header: list[str], renames: dict[str, str]) -> bool:
+    """Whether a file's first line, read as its `header`, is a row of the card's files that have
+    none (`local.column_names`): as many cells, not every text field named (`renames` applied),
+    a label where the label is."""
+    names, label = (task.local.column_names if task.local else None) or [], task.label_column
+    named = {renames.get(c, c) for c in header}
+    if len(header) != len(names) or set(task.text_fields()) <= named or label not in names:
+        return False
+    try:
+        return task.output.label_id(header[names.index(label)]) is not None
+    except TaskDataError:  # "label", "gold": a header
+        return False
 
 
 def batches_bar(what: str):

@@ -270,6 +270,12 @@ def test_a_tokenizer_folder_with_a_broken_json_file_names_it(trained_dir: Path, 
     (broken / "tokenizer.json").unlink()  # its settings copied alone: transformers asked for packages
     with pytest.raises(ValueError, match=rf"^{re.escape(str(broken))} holds no vocabulary to load \("):
         load_tokenizer(broken)
+    for other in ("vocab.json", "merges.txt"):  # a SentencePiece model, say, that transformers cannot read
+        (broken / other).unlink(missing_ok=True)
+    (broken / "spm.model").write_bytes(b"\x00")
+    with pytest.raises(ValueError) as raised:
+        load_tokenizer(broken)
+    assert "holds no vocabulary" not in str(raised.value)  # transformers' own words: it has one
 
 
 @pytest.mark.parametrize("name", ["missing", "./missing-tokenizer", "~/missing-tokenizer-9f3a1c"])

@@ -213,6 +213,14 @@ def test_label_reads_a_file_laid_out_as_the_cards_headerless_ones(finetuned, tmp
         f"gj04\t1\t\t{GOOD}\t{expected[0]}",
         f"gj04\t0\t*\t{BAD}\t{expected[1]}",
     ]
+    source.write_text("id\tgold\tmark\ttext\nx\t1\t\tthe cat .\n")  # a header of other names: none is a label
+    with pytest.raises(SystemExit):
+        main(
+            ["label", f"--ckpt_path={finetuned.ckpt}", f"--input={source}", f"--output={tmp_path / 'o.tsv'}"]
+        )
+    assert (
+        capsys.readouterr().err.strip().endswith(f"{source}, line 2 has no field 'sentence' (task 'sent').")
+    )
     source.write_text("sentence\tnote\nthe cat .\tx\n")  # a header of the card's fields: read as ever
     main(
         ["label", f"--ckpt_path={finetuned.ckpt}", f"--input={source}", f"--output={out}", "--overwrite=true"]
