@@ -132,8 +132,8 @@ def calibrate(
         raise ValueError(f"Task {task.name!r} predicts a score: there are no probabilities to calibrate.")
     if task.output.problem_type == "multi_label_classification":
         raise ValueError(
-            f"Task {task.name!r} decides each label by its own threshold: one temperature over its "
-            "labels is not fitted here (its probabilities are each label's sigmoid)."
+            f"Task {task.name!r} decides each label on its own sigmoid against the card's threshold: one "
+            "temperature over its labels is not fitted here."
         )
     split = split or task.validation_splits[0]
     data_dir = data_dir or stored.data_args.get("data_dir")

@@ -370,5 +370,7 @@ def test_a_calibrated_multi_label_classifier_decides_as_the_run_did(tokenizer_di
 
     monkeypatch.setattr(calibration.Checkpoint, "read", lambda path: None)
     monkeypatch.setattr(calibration.Classifier, "from_checkpoint", lambda stored, device: clf)
-    with pytest.raises(ValueError, match="Task 'm' decides each label by its own threshold"):
+    with pytest.raises(
+        ValueError, match="Task 'm' decides each label on its own sigmoid against the card's threshold"
+    ):
         calibration.calibrate(ckpt_path=str(tmp_path / "m.ckpt"), output=str(tmp_path / "c.ckpt"))
