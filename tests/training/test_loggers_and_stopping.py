@@ -132,7 +132,11 @@ def test_wandb_offline_records_the_metrics(tmp_path, tokenizer_dir, monkeypatch)
     import wandb
 
     recorded = dict(wandb.run.summary)  # the run's last values, as the offline files will hold them
+    named = wandb.run.name
     wandb.finish()  # what the process's exit does: the offline run written out
+    assert named != "lightning_logs"  # W&B's own name, not the CSV logger's folder name for every run
+    run_folder = tmp_path / "runs" / "lightning_logs" / "version_0"  # a run's own: its config not shared
+    assert (run_folder / "config.yaml").is_file() and (run_folder / "checkpoints" / "last.ckpt").is_file()
     assert 0 <= recorded["validation/accuracy"] <= 1 and recorded["epoch"] == 1
     (run,) = tmp_path.glob("runs/wandb/wandb/offline-run-*/run-*.wandb")
     assert run.stat().st_size > 0
