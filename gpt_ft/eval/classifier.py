@@ -246,7 +246,7 @@ def label(
     names = write_labelled(target, rows, labelled)
     moved = [got for wanted, got in names.items() if got != wanted]
     renamed = f" (as {' and '.join(moved)}: it has such columns)" if moved else ""
-    print(f"labelled {len(rows):,} examples of {source} into {target}{renamed}")
+    print(f"labelled {len(rows):,} example{'s' * (len(rows) != 1)} of {source} into {target}{renamed}")
     if said := cut_report(str(source), [e["cut"] for e in encoded], clf.max_length):
         print(said)
 

@@ -226,6 +226,7 @@ def test_label_reads_a_file_laid_out_as_the_cards_headerless_ones(finetuned, tmp
         ["label", f"--ckpt_path={finetuned.ckpt}", f"--input={source}", f"--output={out}", "--overwrite=true"]
     )
     assert out.read_text().splitlines()[0] == "sentence\tnote\tprediction"
+    assert capsys.readouterr().out.startswith(f"labelled 1 example of {source} into {out}\n")
 
 
 def test_label_writes_a_reward_models_probability_beside_its_own(tmp_path):
