@@ -345,9 +345,10 @@ def _cell(value: Any) -> str:
 def _write_rows(tmp, suffix: str, rows: list[dict[str, Any]], labelled, names: dict[str, str]) -> None:
     prediction = names["label"]
     columns = list(dict.fromkeys(key for row in rows for key in row))  # records may differ in their keys
-    records = [
+    records = [  # the whole outcome beside each row, for the outputs that take it
         finite({**row, **{name: outcome[key] for key, name in names.items() if key in outcome}})
         for row, (outcome, _) in zip(rows, labelled)
+        if suffix in WHOLE_ROWS
     ]
     if suffix == ".parquet":  # each column typed as its values are (a parquet input's kept)
         import pyarrow as pa
