@@ -41,7 +41,7 @@ from gpt_ft.cli.main import keep_freed_memory  # noqa: E402
 from gpt_ft.data.task_data import TaskDataModule  # noqa: E402
 from gpt_ft.model import attention, fused, sequences  # noqa: E402
 from gpt_ft.training.module import GPTModule  # noqa: E402
-from gpt_ft.workarounds import cpu_flash_backward, cpu_flash_forward  # noqa: E402
+from gpt_ft.workarounds.kernels import cpu_flash_backward, cpu_flash_forward  # noqa: E402
 
 LONGEST = sequences.SCORES_LONGEST
 WAYS = {

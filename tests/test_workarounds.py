@@ -1,4 +1,4 @@
-"""Each workaround in gpt_ft/workarounds.py still finds the private API it relies on, and it still
+"""Each workaround in gpt_ft/workarounds/ still finds the private API it relies on, and it still
 behaves as relied on: a failure here means upstream changed it (the workaround's comment says what
 to do then)."""
 
@@ -18,24 +18,29 @@ from packaging.version import Version
 from torch import nn
 from torch.utils.data import DataLoader
 
-from gpt_ft.workarounds import (
+from gpt_ft.workarounds.cli import (
     CLI_HPARAMS,
     CheckpointHparamsAsDefaults,
     ParsersBuiltOnce,
-    clear_graceful_stop,
-    dataset_fingerprint,
+    parse_subcommand,
+)
+from gpt_ft.workarounds.data import dataset_fingerprint, no_download_count
+from gpt_ft.workarounds.kernels import (
     decline_step_unscaling,
     is_compiled,
+    mkldnn_bf16_supported,
+    torchao_import_loggers,
+)
+from gpt_ft.workarounds.trainer import (
+    clear_graceful_stop,
     judge_after_every_validation,
     loggers_write_this_step,
     logging_as,
-    mkldnn_bf16_supported,
-    no_download_count,
     request_graceful_stop,
     should_accumulate,
     summary_table,
-    torchao_import_loggers,
 )
+from tests.helpers import data_args, make_task
 
 
 class Tiny(LightningModule):
@@ -326,6 +331,36 @@ def test_each_cli_parses_with_its_own_copy_of_a_parser_built_once(monkeypatch):
     assert len(built) == 2  # another kind of parser: no subcommands
 
 
+@pytest.mark.parametrize("subcommand", ["fit", "validate", "predict"])
+def test_a_subcommands_own_parser_parses_as_the_parser_with_subcommands(
+    subcommand, tmp_path, tokenizer_dir, capsys
+):
+    from gpt_ft.training.runs import GPTCLI, lightning_main
+
+    card = make_task("single", tmp_path)
+    config = tmp_path / "run.yaml"
+    config.write_text("trainer:\n  max_epochs: 2\nmodel:\n  preset: gpt-micro\n")
+
+    class Both(GPTCLI):
+        def parse_arguments(self, parser, args) -> None:
+            alone = parse_subcommand(self, parser, args)
+            raise Parsed(alone, None if "--print_config" in args else parser.parse_args(args))
+
+    data = data_args(task=card, tokenizer=tokenizer_dir, data_dir=tmp_path, batch_size=3)
+    args = [subcommand, f"--config={config}", data, "--data.max_length=40", "--model.lr=0.5"]
+    with pytest.raises(Parsed) as parsed:
+        lightning_main(args, cli=Both)
+    alone, nested = parsed.value.args
+    assert alone == nested
+    assert alone.subcommand == subcommand and alone[subcommand].trainer.max_epochs == 2
+    init = alone[subcommand].data.init_args
+    assert (init.batch_size, init.max_length, init.task.class_path) == (3, 40, "gpt_ft.adapters.SingleText")
+    # --print_config is printed by the parser with subcommands, before it validates
+    with pytest.raises(SystemExit) as printed:
+        lightning_main([*args, "--print_config"], cli=Both)
+    assert printed.value.code == 0 and "lr: 0.5" in capsys.readouterr().out
+
+
 # torch
 
 
@@ -449,7 +484,7 @@ def test_the_cpu_flash_pair_is_causal_attention_and_its_gradients():
     import torch
     import torch.nn.functional as F
 
-    from gpt_ft.workarounds import cpu_flash_backward, cpu_flash_forward
+    from gpt_ft.workarounds.kernels import cpu_flash_backward, cpu_flash_forward
 
     torch.manual_seed(0)
     q = torch.randn(1, 6, 19, 8, dtype=torch.float64, requires_grad=True)

@@ -19,7 +19,7 @@ from jsonargparse import ArgumentParser, get_loader, set_loader
 from gpt_ft.adapters.base import TaskAdapter
 from gpt_ft.adapters.sources import HubDataset, LocalFiles
 from gpt_ft.errors import FileProblem, parse_error_message, repeated_key, yaml_file_problem, yaml_problem
-from gpt_ft.workarounds import config_file_being_read, required_arguments
+from gpt_ft.workarounds.cli import config_file_being_read, required_arguments
 
 
 def load_card(path: str | Path) -> TaskAdapter:

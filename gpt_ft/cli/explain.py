@@ -19,7 +19,7 @@ from gpt_ft.training.runs import (
     tokenizer_of_the_weights,
 )
 from gpt_ft.training.saved import recorded_configuration
-from gpt_ft.workarounds import parse_unchecked, print_config_asked
+from gpt_ft.workarounds.cli import parse_unchecked, print_config_asked
 
 
 class ExplainCLI(GPTCLI):

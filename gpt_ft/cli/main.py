@@ -22,7 +22,8 @@ from typing import NamedTuple
 
 from gpt_ft.cli.commands import lazy, lightning
 from gpt_ft.errors import FileProblem, TaskDataError, causes, os_error_message, parse_error_message
-from gpt_ft.workarounds import file_not_decoded, torchao_import_loggers
+from gpt_ft.workarounds.cli import file_not_decoded
+from gpt_ft.workarounds.kernels import torchao_import_loggers
 
 
 class Command(NamedTuple):

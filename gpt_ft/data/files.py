@@ -25,7 +25,7 @@ from gpt_ft.data.file_faults import (
     wide_first_row,
 )
 from gpt_ft.errors import CardError
-from gpt_ft.workarounds import no_download_count
+from gpt_ft.workarounds.data import no_download_count
 
 SLICE = re.compile(r"^(?P<file>.*?)(?P<slice>\[[^\[\]]*\])?$")
 

@@ -27,7 +27,7 @@ from gpt_ft.data.samplers import EpochSampler, LengthGroupedSampler, ResumableTr
 from gpt_ft.data.subsets import stratified_subset
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
 from gpt_ft.errors import check_context
-from gpt_ft.workarounds import dataset_fingerprint
+from gpt_ft.workarounds.data import dataset_fingerprint
 
 # The encoded labels' column while the split is mapped, named "label" after: a file's own "label"
 # column would give its type (datasets' Json, for ints and strings mixed) to the new one.

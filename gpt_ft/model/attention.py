@@ -23,7 +23,7 @@ from gpt_ft.model import fused, rope
 from gpt_ft.model.cache import Cache
 from gpt_ft.model.config import GPTConfig
 from gpt_ft.model.norms import norm
-from gpt_ft.workarounds import flash_varlen_backward, flash_varlen_forward
+from gpt_ft.workarounds.kernels import flash_varlen_backward, flash_varlen_forward
 
 # torch >= 2.5: scaled_dot_product_attention groups query heads over shared key/value heads itself.
 SDPA_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gpt_ft.workarounds import torchao_import_loggers
+from gpt_ft.workarounds.kernels import torchao_import_loggers
 
 TARGETS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
 QUANTIZE = ("nf4",)

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from gpt_ft.model import fused
 from gpt_ft.model.attention import PackedRows, segment_offsets
-from gpt_ft.workarounds import cpu_flash_backward, cpu_flash_forward, mkldnn_bf16_supported
+from gpt_ft.workarounds.kernels import cpu_flash_backward, cpu_flash_forward, mkldnn_bf16_supported
 
 ATTENTION_COST = 1 / 4096
 """A position's attention work per key, relative to the rest of its work in a layer (the dense

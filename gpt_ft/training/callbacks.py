@@ -22,7 +22,7 @@ from gpt_ft.data.samplers import ResumableTrainData
 from gpt_ft.training.checkpointing import Provenance, ResumeState, SaveLast, WholeStepTimer
 from gpt_ft.training.stopping import main_monitor
 from gpt_ft.training.throughput import ParameterSummary, Throughput
-from gpt_ft.workarounds import loggers_write_this_step, logging_as
+from gpt_ft.workarounds.trainer import loggers_write_this_step, logging_as
 
 
 def run_callbacks(trainer_config, model, data_config: dict[str, Any] | None) -> list[Callback]:

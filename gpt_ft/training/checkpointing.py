@@ -34,7 +34,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from gpt_ft.weights.checkpoint import Checkpoint, safe_load, save_file
-from gpt_ft.workarounds import (
+from gpt_ft.workarounds.trainer import (
     clear_graceful_stop,
     request_graceful_stop,
     should_accumulate,

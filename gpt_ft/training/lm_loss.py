@@ -30,7 +30,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from gpt_ft.data.batches import IGNORE_INDEX
-from gpt_ft.workarounds import is_compiled
+from gpt_ft.workarounds.kernels import is_compiled
 
 CHUNK_BYTES = 2**27  # a chunk's fp32 logits: 128 MiB (682 tokens at a 49,152-token vocabulary)
 

@@ -39,7 +39,7 @@ from gpt_ft.training.saved import build_gpt, check_lora_resume, check_same_token
 from gpt_ft.training.strategies import clip_gradients
 from gpt_ft.training.terms import batch_terms, combined_loss
 from gpt_ft.weights.checkpoint import Checkpoint
-from gpt_ft.workarounds import is_compiled
+from gpt_ft.workarounds.kernels import is_compiled
 
 
 def new_token_ids(tokenizer: str | None, init_from: str | None = None) -> list[int] | None:

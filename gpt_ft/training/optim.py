@@ -12,7 +12,7 @@ from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch import nn
 
-from gpt_ft.workarounds import decline_step_unscaling
+from gpt_ft.workarounds.kernels import decline_step_unscaling
 
 
 def adamw(

@@ -19,7 +19,7 @@ import time
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
-from gpt_ft.workarounds import mkldnn_bf16_supported
+from gpt_ft.workarounds.kernels import mkldnn_bf16_supported
 
 BF16 = ("bf16-mixed", "bf16-true", "bf16")
 FORCE = "GPT_FT_CPU_BF16"

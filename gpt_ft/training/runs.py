@@ -30,13 +30,15 @@ from gpt_ft.training.saved import (
     with_absolute_paths,
 )
 from gpt_ft.weights.pretrained import resolve_tokenizer
-from gpt_ft.workarounds import (
+from gpt_ft.workarounds.cli import (
     CheckpointHparamsAsDefaults,
     ParsersBuiltOnce,
-    judge_after_every_validation,
+    parse_subcommand,
     parse_unchecked,
     print_config_asked,
+    subcommand_parser,
 )
+from gpt_ft.workarounds.trainer import judge_after_every_validation
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")  # LightningCLI's
 
@@ -84,7 +86,7 @@ class GPTCLI(CheckpointHparamsAsDefaults, ParsersBuiltOnce, LightningCLI):
         if not isinstance(args, dict):
             subcommand = self._only
             if subcommand in ("validate", "test", "predict"):
-                unchecked = parse_unchecked(parser, args)[subcommand]
+                unchecked = parse_unchecked(subcommand_parser(self, subcommand), args[1:])
                 named, printing = unchecked.get("ckpt_path"), print_config_asked(parser)
                 ckpt = checkpoint_to_read(unchecked.trainer, subcommand, named, printing)  # `last` found
                 self.resolved_ckpt = ckpt if ckpt != named else None  # (a name, `last`, found)
@@ -96,7 +98,10 @@ class GPTCLI(CheckpointHparamsAsDefaults, ParsersBuiltOnce, LightningCLI):
                         f"(gpt-ft fit --model.init_from {ckpt} --data.task CARD)."
                     )
                 parser.set_defaults({f"{subcommand}.{key}": v for key, v in recorded.items()})
-        super().parse_arguments(parser, args)
+        if subcommand:  # LightningCLI.parse_arguments's parse, at half the cost
+            self.config = parse_subcommand(self, parser, args)
+        else:
+            super().parse_arguments(parser, args)
         config = self.config[subcommand] if subcommand in SUBCOMMANDS else self.config
         seed = config.get("seed_everything")
         if isinstance(seed, int) and not isinstance(seed, bool) and not 0 <= seed < 2**32:

@@ -26,7 +26,7 @@ from gpt_ft.model.lora import LoRA, add_lora, merged_state_dict
 from gpt_ft.weights.checkpoint import GPT_PREFIX, Adapters, Checkpoint, weights_fingerprint
 from gpt_ft.weights.hf_llama import is_llama_style
 from gpt_ft.weights.pretrained import GPT
-from gpt_ft.workarounds import CLI_HPARAMS
+from gpt_ft.workarounds.cli import CLI_HPARAMS
 
 SPECIAL_TOKEN_ROOM = 8  # start, delim, extract and pad (GPT-1 §3.3), with room to spare
 # Released tables round their rows up to a multiple of 64, leaving rows no token uses: Qwen2.5

@@ -21,7 +21,7 @@ from lightning.pytorch.callbacks import Callback, ModelSummary
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from gpt_ft.data.batches import SharedContextBatch
-from gpt_ft.workarounds import summary_table
+from gpt_ft.workarounds.trainer import summary_table
 
 # Dense (not 2:4 sparse) bf16 tensor-core peaks in TFLOP/s, from NVIDIA's datasheets; longest
 # names first so that "H100 NVL" is not read as "H100".

@@ -14,7 +14,7 @@ from gpt_ft.data.batches import collate, collate_packed
 from gpt_ft.model import attention, sequences
 from gpt_ft.model.attention import PackedRows, packed_mask, segment_offsets
 from gpt_ft.model.sequences import flat_rows
-from gpt_ft.workarounds import cpu_flash_forward
+from gpt_ft.workarounds.kernels import cpu_flash_forward
 from tests.helpers import cuda
 from tests.training.test_packing import assert_same, examples, module_for, run
 

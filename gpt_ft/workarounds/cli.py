@@ -1,0 +1,150 @@
+"""LightningCLI and jsonargparse: building, parsing and reading configurations."""
+
+from __future__ import annotations
+
+
+class CheckpointHparamsAsDefaults:
+    """LightningCLI mixin for a CLI whose `parse_arguments` already sets a checkpoint's recorded
+    configuration as the parser's defaults: it turns off Lightning's own pass over `--ckpt_path`.
+
+    LightningCLI applies a checkpoint's hyper-parameters over the command line's after parsing
+    (`LightningCLI._parse_ckpt_path`, called from `__init__`; Lightning-AI/pytorch-lightning#20801).
+    The fix, #21455 (open), makes them the parser's defaults, as the subclass does. Once a Lightning
+    release has it and is the minimum, drop this mixin if the defaults Lightning sets agree with the
+    subclass's; if the method is renamed before then, override the new name.
+    """
+
+    def _parse_ckpt_path(self) -> None:
+        return
+
+
+class ParsersBuiltOnce:
+    """LightningCLI mixin: a process builds each kind of parser once (the CLI's class, the parser's
+    arguments, the classes, their modes and defaults, the subcommands); each later CLI of that kind
+    takes a deep copy (a few ms), so what a CLI changes on its parser stays its own. validate's and
+    test's `verbose` default to false there, as their help then says (gpt_ft prints the metrics).
+
+    LightningCLI builds its parser and one per subcommand anew at every CLI (`setup_parser`,
+    src/lightning/pytorch/cli.py; about 60 ms, which `gpt-ft suite` pays two or three times a run);
+    no public way gives a CLI a parser. `setup_parser` sets `PARSER_STATE` on the CLI; if it comes to
+    set more, add them (tests/test_workarounds.py fails)."""
+
+    PARSER_STATE = ("parser", "_subcommand_parsers", "_subcommand_method_arguments")
+    _built: dict[str, dict] = {}
+
+    def setup_parser(self, add_subcommands: bool, main_kwargs: dict, subparser_kwargs: dict) -> None:
+        import copy
+
+        defaults = {k: v for k, v in self.trainer_defaults.items() if k != "callbacks"}  # not the parser's
+        kind = repr((type(self), add_subcommands, main_kwargs, subparser_kwargs, self.model_class,
+                     self.datamodule_class, self.subclass_mode_model, self.subclass_mode_data,
+                     self.trainer_class, defaults, self.seed_everything_default,
+                     self.auto_configure_optimizers, add_subcommands and self.subcommands()))  # fmt: skip
+        if kind not in self._built:
+            super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
+            self._built[kind] = {
+                name: getattr(self, name) for name in self.PARSER_STATE if hasattr(self, name)
+            }
+        for name, value in copy.deepcopy(self._built[kind]).items():  # one copy: the references within kept
+            setattr(self, name, value)
+        parsers = getattr(self, "_subcommand_parsers", {})
+        for name in {"validate", "test"} & parsers.keys():
+            parsers[name].set_defaults(verbose=False)
+
+
+# The keys LightningCLI adds to a module's saved hyper-parameters: `_instantiator` (how to create the
+# module again, Lightning-AI/pytorch-lightning#18105) and `_class_path` (its class where the CLI
+# picks one, src/lightning/pytorch/cli.py); they are not the module's arguments. #20777 (open) adds
+# a public switch to leave them out: once released, use it; if the keys are renamed, rename them here.
+CLI_HPARAMS: tuple[str, ...] = ("_instantiator", "_class_path")
+
+
+def config_file_being_read(text: str) -> str | None:
+    """The config file (as named, where that is relative to here) whose whole text jsonargparse is
+    loading as `text`, if it is loading one: a sub-config file (a card given as a path), a `--config`.
+
+    jsonargparse keeps the files it is reading on a private context stack (`_util.config_load_stack`,
+    for its loop check), and calls the loader with the text alone; it has no public way to ask. If the
+    stack is renamed or changes shape, this answers None and a file's problem is named by the parser
+    (without its line) instead."""
+    from pathlib import Path
+
+    try:
+        from jsonargparse._util import config_load_stack
+
+        real, shown = config_load_stack.get()[-1]
+        # The loader sees every value parsed while a file is open (hundreds a parse): the file's
+        # size rules most out without reading it.
+        if (
+            Path(real).stat().st_size != len(text.encode("utf-8"))
+            or Path(real).read_text(encoding="utf-8") != text
+        ):
+            return None
+        return shown if Path(shown).resolve() == Path(real) else real  # as named, where that is here
+    except (ImportError, LookupError, IndexError, ValueError, TypeError, OSError):
+        return None
+
+
+def file_not_decoded(exc: BaseException) -> str | None:
+    """The file jsonargparse was reading (a `--config` file, or a task card given as a path) when
+    `exc` or an exception it was raised from met text that is not UTF-8: the UnicodeDecodeError names
+    none. Read off its traceback, from the innermost frame that holds a `jsonargparse.Path` (its
+    reader's `self`); if jsonargparse comes to name the file itself, drop this. None elsewhere."""
+    import jsonargparse
+
+    while exc is not None and not isinstance(exc, UnicodeDecodeError):
+        exc = exc.__cause__ or exc.__context__
+    tb, found = exc.__traceback__ if exc is not None else None, None
+    while tb is not None:
+        held = [v for v in tb.tb_frame.f_locals.values() if isinstance(v, jsonargparse.Path)]
+        found, tb = str(held[-1]) if held else found, tb.tb_next
+    return found
+
+
+def parse_unchecked(parser, args: list[str]):
+    """`args` parsed unchecked and unprinted (`--print_config` waits for the full parse): to read one
+    option ahead. jsonargparse's `_skip_validation` and `_ActionPrintConfig` are private (its parse_env
+    and dump use them); if they go, drop the keyword, catch the parse's error, let it print."""
+    from jsonargparse._actions import _ActionPrintConfig
+
+    with _ActionPrintConfig.skip_print_config():
+        return parser.parse_args(args, _skip_validation=True)
+
+
+def subcommand_parser(cli, name: str):
+    """The parser of LightningCLI's subcommand `name`, kept in private `_subcommand_parsers`."""
+    return cli._subcommand_parsers[name]
+
+
+def parse_subcommand(cli, parser, args: list[str]):
+    """What `parser.parse_args(args)` gives (`subcommand`, `config` and the subcommand's namespace),
+    `args[0]` a subcommand of LightningCLI's `parser`, in about half the time: its own parser parses
+    the rest. jsonargparse's parser with subcommands has the subcommand's parse them, then adds its
+    class defaults and validates it all again (handle_subcommands, _parse_common in
+    jsonargparse/_core.py), each class argument (the data module, its task card) adapted twice more.
+    `--print_config` is left to `parser` (jsonargparse keeps the request there, and prints before it
+    validates), and so are errors (its messages name the option as given, and the file that gave it).
+    tests/test_workarounds.py compares both ways; if they part, parse with `parser`."""
+    from jsonargparse import Namespace
+
+    try:
+        config = subcommand_parser(cli, args[0]).parse_args(args[1:])
+    except Exception:
+        config = None
+    if print_config_asked(parser) or config is None:
+        return parser.parse_args(args)
+    parsed = Namespace(subcommand=args[0], config=None)
+    parsed[args[0]] = config
+    return parsed
+
+
+def print_config_asked(parser) -> bool:
+    """Whether `parse_unchecked` met `--print_config`; the request jsonargparse keeps on the parser is
+    taken off (the full parse would print at its first `--config` file, that file's values alone)."""
+    return vars(parser).pop("print_config", ...) is not ...  # (its value may be None)
+
+
+def required_arguments(parser) -> tuple[str, ...]:
+    """The destinations a jsonargparse parser requires, from argparse's private `_actions` (no public
+    accessor; `get_defaults` lists them with None too). If it goes, read the class's signature."""
+    return tuple(a.dest for a in parser._actions if a.required)

@@ -1,0 +1,128 @@
+"""Lightning's trainer, loops and callbacks: what they decide privately."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from lightning.pytorch import LightningModule, Trainer
+
+
+def should_accumulate(trainer: Trainer) -> bool:
+    """Whether the training batch under way only accumulates gradients (no optimizer step follows it).
+
+    Lightning-AI/pytorch-lightning#11688 asks for a callback hook after the optimizer step; until
+    there is one, a callback asks the training epoch loop (`TrainingEpochLoop._should_accumulate`,
+    src/lightning/pytorch/loops/training_epoch_loop.py), which also knows that the epoch's last batch
+    steps and that some strategies accumulate themselves. If it is renamed or removed, move to the
+    hook where there is one; otherwise follow what the loop's `advance` now calls.
+    """
+    return trainer.fit_loop.epoch_loop._should_accumulate()
+
+
+def loggers_write_this_step(trainer: Trainer) -> bool:
+    """Whether the loggers write the values logged in the training step under way.
+
+    Lightning decides it in `_LoggerConnector.should_update_logs` (every `log_every_n_steps` optimizer
+    steps, counted by the epoch loop's `_batches_that_stepped`, or when the trainer should stop;
+    src/lightning/pytorch/trainer/connectors/logger_connector/logger_connector.py), on a private
+    connector, and again after the step with the same answer (the count moves after it). No public
+    API says it ahead. If the connector or the property changes, ask whatever `update_train_step_metrics`
+    now asks; were it gone, compute `(trainer.global_step + 1) % trainer.log_every_n_steps == 0`.
+    """
+    return bool(trainer._logger_connector.should_update_logs or trainer.fast_dev_run)
+
+
+@contextmanager
+def logging_as(module: LightningModule, hook: str) -> Iterator[None]:
+    """`module.log` calls inside are recorded as made in `hook` (e.g. a training step's values logged
+    from `on_train_batch_end`, once a callback's decision shows they will be read).
+
+    `LightningModule.log` files a value under the hook running (`_current_fx_name`, which
+    src/lightning/pytorch/trainer/call.py sets around each hook); the same name logged from two
+    hooks would be two records, the stale one shadowing the fresh one. No public API logs on behalf
+    of another hook. If the attribute is renamed, set whatever `call._call_lightning_module_hook`
+    now sets; if logging ever takes the hook as an argument, pass it instead.
+    """
+    previous = module._current_fx_name
+    module._current_fx_name = hook
+    try:
+        yield
+    finally:
+        module._current_fx_name = previous
+
+
+def request_graceful_stop(trainer: Trainer) -> None:
+    """Stop training as Lightning does on SIGTERM: after the batch under way, with `SIGTERMException`.
+
+    No public API sets it: `Trainer.received_sigterm` (Lightning-AI/pytorch-lightning#16501) is a
+    read-only property over the flag that Lightning's SIGTERM handler sets on the trainer's private
+    signal connector (src/lightning/pytorch/trainer/connectors/signal_connector.py). The public
+    `trainer.should_stop` ends `fit` normally instead: no `SIGTERMException` (so no exit code naming
+    the signal) and not before `min_steps`/`min_epochs`. If the connector or its flag changes, set
+    whatever the handler now sets; if Lightning adds a public request to stop, use it.
+    """
+    trainer._signal_connector.received_sigterm = True
+
+
+def validation_follows(trainer: Trainer) -> bool:
+    """Whether Lightning validates after the training batch just ended: its epoch loop's own test
+    (private), asked in `on_train_batch_end`; False where that test is not there to ask."""
+    try:
+        loop = trainer.fit_loop.epoch_loop
+        return bool(loop._should_check_val_fx(trainer.fit_loop._data_fetcher)) and not loop._skip_next_val
+    except (AttributeError, TypeError):
+        return False
+
+
+def clear_graceful_stop(trainer: Trainer) -> None:
+    """Withdraw a stop requested by SIGTERM or `request_graceful_stop` (see there)."""
+    trainer._signal_connector.received_sigterm = False
+
+
+def judge_after_every_validation(trainer: Trainer) -> None:
+    """`--trainer.val_check_interval 1` validates after every batch; the best checkpoint and early
+    stopping then judge every validation, not only each epoch's last.
+
+    ModelCheckpoint and EarlyStopping choose between judging at a training epoch's end and after each
+    validation by testing `trainer.val_check_interval == 1.0`, which the int 1 passes too
+    (src/lightning/pytorch/callbacks/model_checkpoint.py, `_should_save_on_train_epoch_end`;
+    early_stopping.py, `setup`): a run validating after every batch kept the best of the epochs'
+    ends alone. Their own arguments (`save_on_train_epoch_end`, `check_on_train_epoch_end`), where
+    left unset, are set here before the callbacks' setup; a public setter does not exist. Once
+    Lightning tells the int apart, drop this.
+    """
+    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+
+    if type(trainer.val_check_interval) is not int or trainer.val_check_interval != 1:
+        return
+    for callback in trainer.callbacks:
+        if isinstance(callback, ModelCheckpoint) and callback._save_on_train_epoch_end is None:
+            callback._save_on_train_epoch_end = False
+        elif isinstance(callback, EarlyStopping) and callback._check_on_train_epoch_end is None:
+            callback._check_on_train_epoch_end = False
+
+
+def summary_table(
+    total_parameters: int,
+    trainable_parameters: int,
+    model_size: float,
+    total_training_modes: dict[str, int],
+    total_flops: int,
+    *columns: tuple[str, list[str]],
+) -> str:
+    """Lightning's model summary table of `columns` (each a name and its rows) with its totals.
+
+    `ModelSummary.summarize`, the public hook to override, receives the columns but no public
+    formatter: Lightning's own `summarize` calls the private `_format_summary_table`
+    (src/lightning/pytorch/utilities/model_summary/model_summary.py); we found no upstream issue
+    asking for a public one. If its signature changes, call it as `ModelSummary.summarize` then does
+    (src/lightning/pytorch/callbacks/model_summary.py).
+    """
+    from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
+
+    return _format_summary_table(
+        total_parameters, trainable_parameters, model_size, total_training_modes, total_flops, *columns
+    )
