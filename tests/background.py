@@ -106,6 +106,37 @@ if "forkserver" in multiprocessing.get_all_start_methods():
     TEMPLATE.set_forkserver_preload(["gpt_ft.cli.main", "gpt_ft.training.runs", "tests.interrupt"])
 
 
+def start_template() -> None:
+    """Starts the template now (at the session's configuration), so that its imports run on the
+    second core while the first collects the tests, and the first command forks at once. It is
+    single-threaded as its commands are (OMP_NUM_THREADS=1, read by torch at import); nothing it
+    imports reads the session's other variables, which its commands are given (`_preloaded`).
+    Its output, and that of multiprocessing's resource tracker started with it, goes nowhere: the
+    tracker counts the semaphores of the commands the tests kill (and of those ending in `os._exit`)
+    as leaked when the session ends, and frees them."""
+    if TEMPLATE is None:
+        return
+    saved = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"
+    streams = [os.dup(1), os.dup(2)]
+    nowhere = os.open(os.devnull, os.O_WRONLY)
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(nowhere, 1)
+        os.dup2(nowhere, 2)
+        multiprocessing.forkserver.ensure_running()
+    finally:
+        for fd, stream in ((1, streams[0]), (2, streams[1])):
+            os.dup2(stream, fd)
+            os.close(stream)
+        os.close(nowhere)
+        if saved is None:
+            del os.environ["OMP_NUM_THREADS"]
+        else:
+            os.environ["OMP_NUM_THREADS"] = saved
+
+
 def _preloaded(argv: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> None:
     """In the forked template: `python ARGV` (`-m MODULE ...` or `-c CODE ...`) as a process of its
     own would run it, its stdout and stderr written to `out` and `err`; exits with its status."""
@@ -165,9 +196,7 @@ class Background:
 
     def submit(self, start: Callable, root: Path, commands: list[Command]) -> None:
         if TEMPLATE and any(command.preloaded for command in commands):
-            # The template starts (and imports the toolkit while the first tests run) with the
-            # session's environment as it is now, on the main thread: what preloaded imports see.
-            multiprocessing.forkserver.ensure_running()
+            start_template()  # started at the session's configuration (tests/conftest.py) unless it died
         self._jobs[start] = (root, self._executor.submit(self._run_all, commands))
 
     def fail(self, start: Callable, root: Path, exc: BaseException) -> None:

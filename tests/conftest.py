@@ -15,7 +15,7 @@ import torch
 
 from gpt_ft.data.tokenizer import train_tokenizer
 from gpt_ft.weights import gguf_file
-from tests.background import WORKERS, Background
+from tests.background import WORKERS, Background, start_template
 from tests.helpers import PAIR_ROWS, finetune_args, make_task
 
 # What the imports above made lives as long as the session: the collector need not walk it again
@@ -68,6 +68,8 @@ def pytest_configure(config):
     # Converted GGUF tokenizers go to the session's own cache, never the user's (before the
     # background commands copy the environment).
     os.environ[gguf_file.CACHE] = tempfile.mkdtemp(prefix="gpt_ft-cache-")
+    if not config.option.collectonly:
+        start_template()  # while the tests are collected
     config.addinivalue_line(
         "markers",
         "background(start=fn): the test checks the commands that fn(root, **fixtures) returns, run in "
