@@ -125,12 +125,14 @@ def parse_subcommand(cli, parser, args: list[str]):
     `--print_config` is left to `parser` (jsonargparse keeps the request there, and prints before it
     validates), and so are errors (its messages name the option as given, and the file that gave it).
     tests/test_workarounds.py compares both ways; if they part, parse with `parser`."""
+    from contextlib import suppress
+
     from jsonargparse import Namespace
 
-    try:
-        config = subcommand_parser(cli, args[0]).parse_args(args[1:])
-    except Exception:
-        config = None
+    config = None
+    if not any(a.split("=", 1)[0] == "--print_config" for a in args):  # (else `parser` at once)
+        with suppress(Exception):
+            config = subcommand_parser(cli, args[0]).parse_args(args[1:])
     if print_config_asked(parser) or config is None:
         return parser.parse_args(args)
     parsed = Namespace(subcommand=args[0], config=None)
@@ -139,8 +141,9 @@ def parse_subcommand(cli, parser, args: list[str]):
 
 
 def print_config_asked(parser) -> bool:
-    """Whether `parse_unchecked` met `--print_config`; the request jsonargparse keeps on the parser is
-    taken off (the full parse would print at its first `--config` file, that file's values alone)."""
+    """Whether a parse (`parse_unchecked`'s, a subcommand's parser's) met `--print_config`; the
+    request jsonargparse keeps on the parser is taken off (the full parse would print at its first
+    `--config` file, that file's values alone)."""
     return vars(parser).pop("print_config", ...) is not ...  # (its value may be None)
 
 
