@@ -16,6 +16,7 @@ The checkpoint's format (its keys, reader and writer) is `gpt_ft/weights/checkpo
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import signal
@@ -353,8 +354,10 @@ def checkpoint_folder(trainer) -> Path | None:
     return None if ckpt is None or ckpt.dirpath is None or trainer.fast_dev_run else Path(ckpt.dirpath)
 
 
+@functools.cache
 def source_commit() -> str | None:
-    """The git commit of the toolkit's source, when it runs from a checkout."""
+    """The git commit of the toolkit's source, when it runs from a checkout: asked of git once a
+    process (the code running is the code imported), not at every checkpoint saved."""
     root = Path(__file__).resolve().parents[2]  # gpt_ft/training/checkpointing.py
     if not (root / ".git").exists():
         return None

@@ -198,6 +198,23 @@ def test_checkpoints_stand_alone_for_validate_and_predict(tmp_path, finetuned, c
     assert (out / "SENT.tsv").read_text().splitlines()[0] == "index\tprediction"
 
 
+def test_a_checkpoint_records_the_checkouts_commit_asked_of_git_once_a_process(finetuned, monkeypatch):
+    import subprocess
+
+    from gpt_ft.training import checkpointing
+
+    git = ["git", "-C", str(ROOT), "rev-parse", "HEAD"]
+    head = subprocess.run(git, capture_output=True, text=True) if (ROOT / ".git").exists() else None
+    expected = head.stdout.strip() if head is not None and head.returncode == 0 else None
+    stored = torch.load(finetuned.ckpt, map_location="cpu", weights_only=True)
+    assert stored["gpt_ft"]["commit"] == expected  # (None outside a checkout)
+    calls, run = [], subprocess.run
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: calls.append(a) or run(*a, **k))
+    checkpointing.source_commit.cache_clear()
+    assert checkpointing.source_commit() == checkpointing.source_commit() == expected
+    assert len(calls) == (ROOT / ".git").exists()  # once, where there is a checkout to ask
+
+
 def test_a_checkpoint_is_read_with_the_tokenizer_it_was_trained_with(
     tmp_path, finetuned, tokenizer_dir, capsys
 ):
