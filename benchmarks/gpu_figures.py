@@ -17,10 +17,11 @@ transformers' step (both eager), `fit` within 3% of the raw loop; correctness is
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import platform
-import subprocess
+import runpy
 import sys
 import tempfile
 import time
@@ -72,9 +73,17 @@ class Setup:
         return torch.autocast(self.device, dtype=self.autocast or torch.float32, enabled=bool(self.autocast))
 
     def script(self, name: str, *args: str) -> None:
-        """Runs benchmarks/NAME, its output on our stderr (the report is our stdout)."""
-        cmd = [sys.executable, f"benchmarks/{name}", f"--device={self.device}", *args]
-        subprocess.run(cmd, cwd=ROOT, check=True, stdout=sys.stderr)
+        """Runs benchmarks/NAME in this process (its imports are ours: a process of its own would
+        spend seconds on them again), its output on our stderr (the report is our stdout)."""
+        argv, sys.argv = sys.argv, [str(ROOT / "benchmarks" / name), f"--device={self.device}", *args]
+        try:
+            with contextlib.redirect_stdout(sys.stderr):
+                runpy.run_path(sys.argv[0], run_name="__main__")
+        except SystemExit as stop:
+            if stop.code not in (0, None):
+                raise RuntimeError(f"benchmarks/{name} exited with {stop.code}") from stop
+        finally:
+            sys.argv = argv
 
 
 def make_setup(args) -> Setup:
