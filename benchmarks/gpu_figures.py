@@ -19,9 +19,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import importlib
 import json
 import platform
-import runpy
 import sys
 import tempfile
 import time
@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from gpu_decoding import DECODE_GOAL, generation
 from gpu_profile import profile, shapes
-from harness import ROOT, Report, Row, gpt_ft, interleaved, last_value, lm_step, metrics_rows, timed
+from harness import Report, Row, gpt_ft, interleaved, last_value, lm_step, metrics_rows, timed
 from lightning.fabric.utilities.apply_func import move_data_to_device
 
 from gpt_ft import GPT, GPTConfig
@@ -73,15 +73,12 @@ class Setup:
         return torch.autocast(self.device, dtype=self.autocast or torch.float32, enabled=bool(self.autocast))
 
     def script(self, name: str, *args: str) -> None:
-        """Runs benchmarks/NAME in this process (its imports are ours: a process of its own would
-        spend seconds on them again), its output on our stderr (the report is our stdout)."""
-        argv, sys.argv = sys.argv, [str(ROOT / "benchmarks" / name), f"--device={self.device}", *args]
+        """benchmarks/NAME's `main` in this process (a process of its own would spend seconds
+        importing what we have), its output on our stderr (the report is our stdout)."""
+        argv, sys.argv = sys.argv, [name, f"--device={self.device}", *args]
         try:
             with contextlib.redirect_stdout(sys.stderr):
-                runpy.run_path(sys.argv[0], run_name="__main__")
-        except SystemExit as stop:
-            if stop.code not in (0, None):
-                raise RuntimeError(f"benchmarks/{name} exited with {stop.code}") from stop
+                importlib.import_module(name.removesuffix(".py")).main()
         finally:
             sys.argv = argv
 
@@ -232,20 +229,12 @@ def fit_vs_loop(setup: Setup, tmp: Path) -> Iterator[Row]:
     batch, steps, figures = max(setup.batches), setup.pretrain_steps, tmp / "overhead.json"
     rounds = 2 if setup.cuda and not setup.compile else 1  # compiling twice more would cost minutes
     setup.script(
-        "bench_overhead.py",
-        f"--preset={setup.preset}",
-        f"--vocab-size={setup.config.vocab_size}",
-        f"--block={setup.seq}",
-        f"--batch={batch}",
-        "--lr=1e-4",
+        "bench_overhead.py", f"--preset={setup.preset}", f"--vocab-size={setup.config.vocab_size}",
+        f"--block={setup.seq}", f"--batch={batch}", "--lr=1e-4", f"--steps={steps}", f"--rounds={rounds}",
         f"--warmup={min(10, max(3, steps // 3))}",  # untimed steps
-        f"--steps={steps}",
-        f"--rounds={rounds}",
-        f"--precision={'bf16-mixed' if setup.autocast else '32-true'}",
-        f"--log-every={max(1, steps // 2)}",
-        f"--json={figures}",
-        *(["--compile"] if setup.compile else []),
-    )
+        f"--precision={'bf16-mixed' if setup.autocast else '32-true'}", f"--log-every={max(1, steps // 2)}",
+        f"--json={figures}", *(["--compile"] if setup.compile else []),
+    )  # fmt: skip
     f = json.loads(figures.read_text())
     tokens, overhead = f["tokens_per_step"], f["fit_s"] / f["loop_s"] - 1
     yield Row(
