@@ -17,7 +17,7 @@ from torch import Tensor
 
 from gpt_ft.errors import at_least_one, device_named
 from gpt_ft.eval.zeroshot import text_start
-from gpt_ft.model.generation import check_decoding, stop_ids
+from gpt_ft.model.decoding import check_decoding, stop_ids
 from gpt_ft.training.precision import cpu_precision
 from gpt_ft.training.saved import check_init_tokenizer, check_tokenizer_fits
 from gpt_ft.weights.pretrained import GPT, resolve_tokenizer

@@ -47,7 +47,9 @@ class StaticKVCache:
     step is the same kernels on the same memory each time and replays as a CUDA graph.
 
     `gpt(new_ids, kv_cache=cache)` writes the new keys and values at `position` and advances
-    it, on the device; `masks` gives the attention masks of those positions.
+    it, on the device; `masks` gives the attention masks of those positions. Padded prompts:
+    `gpt(ids, attention_mask, position_ids=..., kv_cache=cache)` (`pad`); the keys the mask marks
+    as padding stay masked, and the positions of the tokens after it skip them.
     """
 
     def __init__(self, config: GPTConfig, batch_size: int, max_len: int, *, dtype, device) -> None:
@@ -57,6 +59,8 @@ class StaticKVCache:
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.position = torch.zeros((), dtype=torch.long, device=device)
         self.slots = torch.arange(max_len, device=device)
+        self.real = torch.ones(batch_size, max_len, dtype=torch.bool, device=device)  # keys not padding
+        self.skipped = torch.zeros(batch_size, 1, dtype=torch.long, device=device)  # padding so far
 
     @property
     def max_len(self) -> int:
@@ -67,16 +71,37 @@ class StaticKVCache:
         """The cached positions (read back from the device)."""
         return int(self.position)
 
-    def positions(self, T: int) -> Tensor:
-        """The positions (T,) of T new tokens: `position`, ..., `position` + T - 1."""
+    def written(self, T: int) -> Tensor:
+        """The slots (T,) T new tokens are written at: `position`, ..., `position` + T - 1."""
         return self.position + self.slots[:T]
 
-    def masks(self, positions: Tensor, window: int | None) -> tuple[Tensor, Tensor]:
-        """Boolean masks (1, 1, T, max_len), True where allowed, of queries at `positions` (T,):
-        every layer's (causal over the written slots), and a sliding window's."""
-        allowed = self.slots[None, :] <= positions[:, None]
-        local = allowed if window is None else allowed & (positions[:, None] - self.slots[None, :] < window)
-        return allowed[None, None], local[None, None]
+    def positions(self, T: int) -> Tensor:
+        """The positions (B, T) of T new tokens: their slots less the padding before them."""
+        return self.written(T) - self.skipped
+
+    def pad(self, attention_mask: Tensor) -> None:
+        """Mark the keys that `attention_mask` (B, T_k: the cached and new ones, from the first) marks
+        0 as padding: never attended to, and not counted in the positions of the tokens after it."""
+        if attention_mask.shape[0] != self.real.shape[0] or attention_mask.shape[1] > self.max_len:
+            raise ValueError(
+                f"attention_mask of shape {tuple(attention_mask.shape)} does not fit the KV cache "
+                f"({self.real.shape[0]} rows of {self.max_len} positions)."
+            )
+        real = attention_mask.bool()
+        self.real[:, : real.shape[1]].copy_(real)  # in place: a captured decode step reads these
+        self.skipped.copy_((~real).sum(1, keepdim=True))
+
+    def masks(self, T: int, window: int | None) -> tuple[Tensor, Tensor]:
+        """Boolean masks (B, 1, T, max_len), True where allowed, of T new tokens: every layer's
+        (causal over the written slots, padding left out), and a sliding window's. A padding query
+        sees itself (softmax stays finite)."""
+        queries = self.written(T)[:, None]  # (T, 1)
+        causal = self.slots[None, :] <= queries
+        itself = (self.slots[None, :] == queries)[None, None]
+        allowed = (causal[None, None] & self.real[:, None, None, :]) | itself
+        if window is None:
+            return allowed, allowed
+        return allowed, allowed & (queries - self.slots[None, :] < window)[None, None]
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write this layer's new keys/values (B, nh, T, hs) at `position`; return every slot. Under
@@ -86,7 +111,7 @@ class StaticKVCache:
         held = self.length if self.k.device.type == "cpu" else None
         if k.shape[0] != self.k.shape[1] or k.shape[2] + (held or 0) > self.max_len:
             raise ValueError(misfit(self, k, held))
-        index = self.positions(k.shape[2])
+        index = self.written(k.shape[2])
         self.k[layer].index_copy_(2, index, k.to(self.k.dtype))
         self.v[layer].index_copy_(2, index, v.to(self.v.dtype))
         return self.k[layer], self.v[layer]

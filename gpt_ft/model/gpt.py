@@ -198,8 +198,8 @@ class GPT(nn.Module):
             masks, rotaries = {False: full, True: local}, self._rotaries(position_ids, x.dtype)
         elif static:
             if attention_mask is not None:
-                raise ValueError("A StaticKVCache takes no attention_mask: its prompts are unpadded.")
-            full, local = kv_cache.masks(position_ids, self.config.sliding_window)
+                kv_cache.pad(attention_mask)
+            full, local = kv_cache.masks(T, self.config.sliding_window)
             masks, rotaries = (
                 {False: (full, False), True: (local, False)},
                 self._rotaries(position_ids, x.dtype),

@@ -114,8 +114,10 @@ def test_generation_on_a_static_cache_gives_the_same_tokens(sample):
     assert torch.equal(static, dynamic)
     with pytest.raises(ValueError, match="use static_cache=False with num_beams > 1"):
         gpt.generate(prompt, max_new_tokens=4, num_beams=2, static_cache=True)
-    with pytest.raises(ValueError, match="takes no attention_mask"):
-        gpt(prompt, torch.ones_like(prompt), kv_cache=gpt.new_kv_cache(3, static=True))
+    with pytest.raises(
+        ValueError, match=r"^attention_mask of shape \(3, 41\) does not fit the KV cache \(3 rows"
+    ):
+        gpt(prompt, torch.ones(3, 41), kv_cache=gpt.new_kv_cache(3, 40, static=True))
 
 
 @cuda
@@ -138,3 +140,12 @@ def test_cuda_decoding_replays_a_cuda_graph_with_the_eager_caches_tokens(preset,
         )
         assert torch.equal(graphed, eager)
     assert len(captured) == 2
+    # prompts of 9 and 4 tokens padded on the left: the graph reads the padding the cache keeps
+    short = torch.randint(0, 512, (1, 4), device="cuda")
+    padded = torch.cat([prompt, torch.cat([torch.zeros_like(prompt[:, :5]), short], dim=1)])
+    mask = torch.ones_like(padded)
+    mask[1, :5] = 0
+    eager = gpt.generate(padded, attention_mask=mask, max_new_tokens=50)
+    assert torch.equal(gpt.generate(padded, attention_mask=mask, max_new_tokens=50, static_cache=True), eager)
+    assert len(captured) == 3
+    assert torch.equal(eager[1, 9:29], gpt.generate(short, max_new_tokens=20)[0, 4:])  # as if alone

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from gpt_ft import GPT, GPTConfig
-from gpt_ft.model.generation import _filter_logits, beam_search
+from gpt_ft.model.beams import beam_search
+from gpt_ft.model.generation import _filter_logits
 from tests.helpers import FAMILIES, TINY, tiny_gpt, tiny_hf
 
 
@@ -75,7 +76,7 @@ def test_a_model_in_training_mode_decodes_without_dropout_and_stays_in_its_mode(
 def test_a_stop_token_given_as_a_tensor_or_numpy_integer_is_one_id():
     import numpy as np
 
-    from gpt_ft.model.generation import stop_ids
+    from gpt_ft.model.decoding import stop_ids
 
     assert stop_ids(torch.tensor(7)) == stop_ids(np.int64(7)) == stop_ids(7) == [7]
     assert stop_ids(torch.tensor([7, 9])) == stop_ids((7, 9)) == [7, 9] and stop_ids(None) == []

@@ -1,0 +1,134 @@
+"""What every decoder of `GPT` shares: the arguments checked, the stop ids, CTRL's repetition
+penalty (as transformers applies it), prompts padded on the left, and eval mode while it decodes.
+Pure torch."""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from gpt_ft.model import GPT
+
+
+def check_decoding(
+    model: GPT,
+    input_ids: Tensor,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    top_p: float | None,
+    num_beams: int,
+    do_sample: bool,
+    repetition_penalty: float = 1.0,
+) -> None:
+    if input_ids.ndim != 2 or input_ids.shape[1] == 0:
+        raise ValueError(
+            f"input_ids must be a non-empty (batch, length) tensor, got shape {tuple(input_ids.shape)}."
+        )
+    if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
+        raise ValueError(f"input_ids must hold integer token ids, got {input_ids.dtype}.")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}.")
+    vocab, low, high = model.config.vocab_size, int(input_ids.min()), int(input_ids.max())
+    if low < 0 or high >= vocab:  # a padding row of the embedding, or an index error, otherwise
+        raise ValueError(
+            f"input_ids hold token id {low if low < 0 else high}, outside the model's vocabulary of "
+            f"{vocab} (ids 0 to {vocab - 1}): use the tokenizer saved with the weights."
+        )
+    n_ctx = model.config.n_positions
+    if input_ids.shape[1] + max_new_tokens > n_ctx:
+        raise ValueError(
+            f"A prompt of {input_ids.shape[1]} tokens plus max_new_tokens={max_new_tokens} exceeds the "
+            f"model's context of {n_ctx} tokens."
+        )
+    if do_sample and temperature <= 0:  # greedy decoding reads none of the three, as transformers'
+        raise ValueError(
+            f"temperature must be > 0, got {temperature}; use do_sample=False for greedy decoding."
+        )
+    if do_sample and top_k is not None and top_k < 1:
+        raise ValueError(f"top_k must be >= 1, got {top_k}.")
+    if do_sample and top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}.")
+    if num_beams < 1:
+        raise ValueError(f"num_beams must be >= 1, got {num_beams}.")
+    if num_beams > 1 and do_sample:
+        raise ValueError("Beam search is deterministic: use num_beams=1 with do_sample=True.")
+    if not repetition_penalty > 0:
+        raise ValueError(f"repetition_penalty must be > 0 (1: none), got {repetition_penalty}.")
+
+
+def penalized(scores: Tensor, seen: Tensor, penalty: float) -> Tensor:
+    """CTRL's repetition penalty (Keskar et al. 2019), as transformers applies it: the score of each
+    token the sequence holds already (`seen`, (B, V) bool) divided by `penalty` where positive,
+    multiplied by it where negative (beam search penalises log-probabilities so)."""
+    return torch.where(seen, torch.where(scores < 0, scores * penalty, scores / penalty), scores)
+
+
+def seen_tokens(ids: Tensor, vocab: int, real: Tensor | None = None) -> Tensor:
+    """(B, V) bool: which tokens each row of `ids` holds (where `real`, (B, T) bool, if given: a
+    padded prompt's padding is no token of it)."""
+    held = torch.zeros(ids.shape[0], vocab, dtype=torch.long, device=ids.device)
+    return held.scatter_add_(1, ids, torch.ones_like(ids) if real is None else real.long()) > 0
+
+
+def left_padding(
+    input_ids: Tensor, attention_mask: Tensor | None
+) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """Prompts padded on the left as the model takes them: (the ids, each padding one 0; `real`,
+    (B, T) bool; the positions, counting each prompt's own tokens only, as if it were alone), or
+    (`input_ids`, None, None) where no token is padding."""
+    if attention_mask is None:
+        return input_ids, None, None
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"attention_mask has shape {tuple(attention_mask.shape)} and input_ids "
+            f"{tuple(input_ids.shape)}: give a mask value (1 real, 0 padding) for each token."
+        )
+    real = attention_mask.to(input_ids.device).bool()
+    if bool(real.all()):  # no mask to build: SDPA keeps its fastest kernels
+        return input_ids, None, None
+    ends_padded = (~real[:, -1]).nonzero().flatten().tolist()
+    if ends_padded:
+        raise ValueError(
+            f"attention_mask marks the last token of prompt {ends_padded[0]} as padding: pad prompts "
+            "on the left (a transformers tokenizer's padding_side='left'), as the new tokens follow "
+            "each prompt's last."
+        )
+    return input_ids.masked_fill(~real, 0), real, (real.long().cumsum(1) - 1).clamp(min=0)
+
+
+def grown(real: Tensor | None, positions: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+    """A padded batch's mask and positions with one more (real) token a row."""
+    if real is None or positions is None:
+        return real, positions
+    return torch.nn.functional.pad(real, (0, 1), value=True), torch.cat([positions, positions[:, -1:] + 1], 1)
+
+
+def stop_ids(eos_token_id: int | list[int] | None) -> list[int]:
+    """The end-of-text ids decoding stops at: none, one, or several."""
+    if eos_token_id is None:
+        return []
+    if isinstance(eos_token_id, (str, bytes)):  # (its characters would be read as ids)
+        raise ValueError(f"eos_token_id is a token's id or a list of them, got the text {eos_token_id!r}.")
+    try:  # an int, or one as NumPy or torch holds it
+        return [operator.index(eos_token_id)]
+    except TypeError:
+        return [int(i) for i in eos_token_id]
+
+
+@contextmanager
+def decoding(model: GPT) -> Iterator[None]:
+    """The model in eval mode (no dropout) while it decodes, then back in the mode it was in: a
+    model fresh from `from_pretrained` is in training mode."""
+    training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(training)
