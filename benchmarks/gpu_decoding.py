@@ -18,6 +18,8 @@ from gpt_ft import GPT
 if TYPE_CHECKING:
     from gpu_figures import Setup
 
+PROMPTS = 16
+"""The batch of the padded prompts' row."""
 DECODE_GOAL = 2000
 """Batch-1 greedy tokens/s of the preset on one GPU, on the static cache and its CUDA graph, each
 `generate` call timed whole: its prefill, and the graph's warm-up and capture, included."""
@@ -60,6 +62,27 @@ def generation(setup: Setup, tmp: Path) -> Iterator[Row]:
     yield Row(
         f"greedy generation beside transformers' static cache (GPT-2 blocks), {n} tokens",
         f"ours {stats['ours'].rate(n)} tokens/s, transformers {stats['transformers'].rate(n)}; "
+        f"identical tokens: {torch.equal(out['ours'], out['transformers'])}",
+    )
+    # A batch of prompts of several lengths, padded on the left, as an evaluation decodes them.
+    lengths = torch.linspace(4, 16, PROMPTS).long().tolist()
+    ids = torch.zeros(PROMPTS, 16, dtype=torch.long, device=setup.device)
+    mask = torch.zeros_like(ids)
+    for row, length in enumerate(lengths):
+        ids[row, 16 - length :] = torch.randint(1, setup.config.vocab_size, (length,))
+        mask[row, 16 - length :] = 1
+    batch = {
+        "ours": lambda: out.__setitem__(
+            "ours", ours.generate(ids, attention_mask=mask, max_new_tokens=n, static_cache=True)
+        ),
+        "transformers": lambda: out.__setitem__(
+            "transformers", hf.generate(ids, attention_mask=mask, **theirs)
+        ),
+    }
+    stats, total = interleaved(batch, runs=2), n * PROMPTS
+    yield Row(
+        f"greedy generation of {PROMPTS} prompts of 4 to 16 tokens padded on the left, {n} tokens each",
+        f"ours {stats['ours'].rate(total)} tokens/s, transformers {stats['transformers'].rate(total)}; "
         f"identical tokens: {torch.equal(out['ours'], out['transformers'])}",
     )
 

@@ -44,6 +44,9 @@ ROWS = {
     "greedy generation beside transformers' static cache (GPT-2 blocks), 64 tokens": (
         f"ours {RATE} tokens/s, transformers {RATE}; identical tokens: True"
     ),
+    "greedy generation of 16 prompts of 4 to 16 tokens padded on the left, 64 tokens each": (
+        f"ours {RATE} tokens/s, transformers {RATE}; identical tokens: True"
+    ),
     "fine-tuning step (head + λ=0.5 LM loss), batch 8, padded": (
         rf"{RATE} real tokens/s; padding \d+% of \(8, 1, \d+\)"
     ),
