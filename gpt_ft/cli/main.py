@@ -46,7 +46,9 @@ COMMANDS = {
     "tokenizer": Command(
         "train a byte-level BPE tokenizer on text files", lazy("gpt_ft.data.tokenizer:train_tokenizer")
     ),
-    "generate": Command("continue a prompt with a trained model", lazy("gpt_ft.eval.generation:generate")),
+    "generate": Command(
+        "continue a prompt, or each of a file, with a trained model", lazy("gpt_ft.eval.generation:generate")
+    ),
     "label": Command(
         "write a file's examples again with a fine-tuned model's predictions beside them",
         lazy("gpt_ft.eval.classifier:label"),

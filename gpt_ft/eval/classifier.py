@@ -277,15 +277,19 @@ WHOLE_ROWS = (".json", ".jsonl", ".parquet")  # outputs that take the whole outc
 
 
 def write_labelled(
-    path, rows: list[dict[str, Any]], labelled: list[tuple[dict[str, Any], str]]
+    path,
+    rows: list[dict[str, Any]],
+    labelled: list[tuple[dict[str, Any], str]],
+    columns: dict[str, str] = NEW_COLUMNS,
 ) -> dict[str, str]:
     """The rows with a `prediction` column (json, jsonl and parquet: the `scores` and the rest of the
     outcome, such as a preference's `probability`, too), written whole or not at all; the name each column
-    written got, by the name it wanted (`prediction_1`, ... where the rows have their own)."""
+    written got, by the name it wanted (`prediction_1`, ... where the rows have their own). `columns`:
+    the outcome's keys and the columns they fill (`gpt-ft generate`'s: its `continuation`)."""
     taken = {key for row in rows for key in row}
     wanted = {
-        **NEW_COLUMNS,
-        **{key: key for outcome, _ in labelled for key in outcome if key not in NEW_COLUMNS},
+        **columns,
+        **{key: key for outcome, _ in labelled for key in outcome if key not in columns},
     }
     names = {key: free_name(name, taken) for key, name in wanted.items()}
     tmp = path.with_name(f".{path.name}.tmp")

@@ -1,4 +1,5 @@
-"""`gpt-ft generate`: a prompt continued by a trained model, each new token printed as it comes.
+"""`gpt-ft generate`: a prompt continued by a trained model, each new token printed as it comes; or
+each prompt of a file, in batches of prompts padded on the left, written beside its row.
 
 The model is a gpt_ft checkpoint, a transformers folder or a GGUF file; decoding is greedy,
 sampled (temperature, top-k, top-p) or a beam search (whose continuation is printed at the end),
@@ -10,12 +11,13 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Literal
 
 import torch
 from torch import Tensor
 
-from gpt_ft.errors import at_least_one, device_named
+from gpt_ft.errors import at_least_one, check_output_file, device_named, input_file
 from gpt_ft.eval.zeroshot import text_start
 from gpt_ft.model.decoding import check_decoding, stop_ids
 from gpt_ft.training.precision import cpu_precision
@@ -26,7 +28,12 @@ from gpt_ft.weights.pretrained import GPT, resolve_tokenizer
 def generate(
     *,
     ckpt_path: str,
-    prompt: str,
+    prompt: str | None = None,
+    input: str | None = None,
+    output: str | None = None,
+    field: str = "prompt",
+    overwrite: bool = False,
+    batch_size: int = 16,
     tokenizer: str | None = None,
     max_new_tokens: int = 100,
     do_sample: bool = False,
@@ -41,11 +48,18 @@ def generate(
     device: str | None = None,
     precision: Literal["32-true", "bf16-mixed", "bf16-true"] = "32-true",
 ) -> None:
-    """Continue a prompt with a trained model.
+    """Continue a prompt with a trained model, or each prompt of a file.
 
     Args:
         ckpt_path: A gpt_ft .ckpt, a transformers folder, a .gguf file or a hub id.
-        prompt: The text to continue.
+        prompt: The text to continue (or --input).
+        input: A file of prompts (csv, tsv, json/jsonl or parquet), one a row in the column --field:
+            each continued, in batches, and written to --output.
+        output: With --input: its rows again with a `continuation` column (csv, tsv, json, jsonl or
+            parquet, by extension; tsv puts a line break as a space); a new file.
+        field: With --input: the column that holds the prompts.
+        overwrite: Replace --output if it exists.
+        batch_size: With --input: prompts decoded together (padded on the left, the shortest first).
         tokenizer: Default: the one saved with the checkpoint.
         max_new_tokens: Most tokens to add (fewer where the model's context ends first).
         do_sample: Sample instead of greedy decoding.
@@ -66,6 +80,12 @@ def generate(
 
     at_least_one(max_new_tokens, "--max_new_tokens")
     at_least_one(num_beams, "--num_beams")
+    if (prompt is None) == (input is None) or (output is None) != (input is None):
+        raise ValueError("Give --prompt TEXT, or --input FILE with --output FILE: the prompts of a file.")
+    files = None
+    if input is not None:
+        at_least_one(batch_size, "--batch_size")
+        files = prompt_files(input, output, overwrite)  # checked before the weights load
     stops = list(stop or [])
     if "" in stops:
         raise ValueError("--stop holds an empty text, which every continuation starts with: give texts.")
@@ -87,53 +107,125 @@ def generate(
     check_tokenizer_fits(len(tok), gpt.config.vocab_size, ckpt_path)
     if precision == "bf16-true":
         gpt = gpt.to(torch.bfloat16)
-    ids = prompt_ids(tok, prompt)
-    if not ids:
-        raise ValueError("--prompt is empty: give some text to continue.")
+    eos = stop_tokens(tok, gpt.config)
+    decode = dict(
+        do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, eos_token_id=eos,
+        repetition_penalty=repetition_penalty, generator=torch.Generator(device).manual_seed(seed),
+    )  # fmt: skip
+    beams = dict(num_beams=num_beams, length_penalty=length_penalty) if num_beams > 1 else {}
+    with torch.autocast(torch.device(device).type, torch.bfloat16, enabled=precision == "bf16-mixed"):
+        if files is not None:
+            continue_file(gpt, tok, *files, field, batch_size, max_new_tokens, {**decode, **beams}, stops)
+            return
+        ids = checked_prompt(gpt, prompt_ids(tok, prompt), "--prompt")
+        start = torch.tensor([ids], device=device)
+        max_new = min(max_new_tokens, gpt.config.n_positions - len(ids))
+        check_decoding(  # before printing
+            gpt, start, max_new, temperature, top_k, top_p, num_beams, do_sample, repetition_penalty
+        )
+        print(prompt, end="", flush=True)
+        if num_beams > 1:
+            new = gpt.generate(start, max_new_tokens=max_new, **decode, **beams)[0, len(ids) :].tolist()
+            print(until_stop(continuation(tok, ids, until_eos(new, eos)), stops)[0], flush=True)
+            return
+        print_as_they_come(tok, gpt.stream(start, max_new_tokens=max_new, **decode), eos, ids, stops)
+
+
+def checked_prompt(gpt: GPT, ids: list[int], where: str) -> list[int]:
+    """A prompt's ids, refused in one sentence starting with `where` where the model cannot continue
+    them: empty, filling its context (refused rather than cut: what the model continues is what was
+    typed), or holding an id past its embedding rows."""
     context = gpt.config.n_positions
-    if len(ids) >= context:  # refused rather than cut: what the model continues is what was typed
+    if not ids:
+        raise ValueError(f"{where} is empty: give some text to continue.")
+    if len(ids) >= context:
         raise ValueError(
-            f"--prompt is {len(ids)} tokens and the model's context is {context} (n_positions), leaving "
+            f"{where} is {len(ids)} tokens and the model's context is {context} (n_positions), leaving "
             f"no room for a new token: shorten it by at least {len(ids) - context + 1} token(s)."
         )
     if max(ids) >= gpt.config.vocab_size:
         raise ValueError(
-            f"--prompt holds token id {max(ids)}, past the model's {gpt.config.vocab_size} embedding rows: "
+            f"{where} holds token id {max(ids)}, past the model's {gpt.config.vocab_size} embedding rows: "
             "use the tokenizer saved with the weights."
         )
-    start = torch.tensor([ids], device=device)
-    max_new = min(max_new_tokens, context - len(ids))
-    eos = stop_tokens(tok, gpt.config)
-    check_decoding(  # before printing
-        gpt, start, max_new, temperature, top_k, top_p, num_beams, do_sample, repetition_penalty
-    )
-    print(prompt, end="", flush=True)
-    with torch.autocast(torch.device(device).type, torch.bfloat16, enabled=precision == "bf16-mixed"):
-        if num_beams > 1:
-            out = gpt.generate(
-                start,
-                max_new_tokens=max_new,
-                num_beams=num_beams,
-                length_penalty=length_penalty,
-                eos_token_id=eos,
-                repetition_penalty=repetition_penalty,
-            )
-            new = out[0, len(ids) :].tolist()
-            new = new[: next((i for i, t in enumerate(new) if t in eos), len(new))]  # as a stream stops
-            print(until_stop(continuation(tok, ids, new), stops)[0], flush=True)
-            return
-        tokens = gpt.stream(
-            start,
-            max_new_tokens=max_new,
-            do_sample=do_sample,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            eos_token_id=eos,
-            generator=torch.Generator(device).manual_seed(seed),
-            repetition_penalty=repetition_penalty,
+    return ids
+
+
+def until_eos(new: list[int], eos: list[int]) -> list[int]:
+    """New tokens up to the first end-of-text token (a row that ended is padded with it)."""
+    return new[: next((i for i, t in enumerate(new) if t in eos), len(new))]
+
+
+def prompt_files(input: str, output: str, overwrite: bool) -> tuple[Path, Path]:
+    """--input and --output, checked before any work: a file of a known format to read, a new file
+    of a known format to write."""
+    from gpt_ft.data.file_faults import file_format
+    from gpt_ft.eval.classifier import WHOLE_ROWS
+
+    source, target = input_file(input, "--input"), Path(output).expanduser()
+    if target.suffix.lower() not in (".csv", ".tsv", *WHOLE_ROWS):
+        raise ValueError(f"--output {target}: write .csv, .tsv, .json, .jsonl or .parquet.")
+    check_output_file(target, "--output", overwrite=overwrite, reads=source)
+    if file_format(source) is None:
+        raise ValueError(
+            f"--input {source}: give a .csv, .tsv, .json/.jsonl or .parquet file (by its extension)."
         )
-        print_as_they_come(tok, tokens, eos, ids, stops)
+    return source, target
+
+
+def continue_file(
+    gpt: GPT, tok, source: Path, target: Path, field: str, batch_size: int, max_new_tokens: int,
+    decode: dict, stops: list[str],
+) -> None:  # fmt: skip
+    """Each prompt of `source` (its column `field`) continued, `batch_size` at a time, the shortest
+    first (the least padding), and written beside its row to `target`; a prompt the model cannot
+    continue is refused naming its line, before any is decoded."""
+    from gpt_ft.data.file_faults import file_format, json_records, record_lines
+    from gpt_ft.data.files import read_table
+    from gpt_ft.eval.classifier import batches_bar, write_labelled
+
+    table = read_table(source)
+    if field not in table.column_names:
+        raise ValueError(
+            f"--input {source} has no column {field!r} (its columns: {', '.join(table.column_names)}): "
+            "name the prompts' column with --field."
+        )
+    rows = json_records(source, table.to_list())
+    lines = record_lines(source, file_format(source)) or list(range(1, len(rows) + 1))
+    prompts = []
+    for row, line in zip(rows, lines):
+        text = row.get(field)
+        if not isinstance(text, str):
+            raise ValueError(f"{source}, line {line}: the prompt ({field!r}) is {text!r}, not a text.")
+        prompts.append(checked_prompt(gpt, prompt_ids(tok, text), f"{source}, line {line}: the prompt"))
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+    device, eos, texts = next(gpt.parameters()).device, decode["eos_token_id"], [""] * len(prompts)
+    for batch in batches_bar("generate")(batches):
+        width = max(len(prompts[i]) for i in batch)
+        ids = torch.zeros(len(batch), width, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, i in enumerate(batch):
+            ids[row, width - len(prompts[i]) :], mask[row, width - len(prompts[i]) :] = (
+                torch.tensor(prompts[i]),
+                1,
+            )
+        out = gpt.generate(
+            ids.to(device), attention_mask=mask.to(device),
+            max_new_tokens=min(max_new_tokens, gpt.config.n_positions - width), **decode,
+        )  # fmt: skip
+        for row, i in enumerate(batch):
+            new = until_eos(out[row, width:].tolist(), eos)
+            texts[i] = until_stop(continuation(tok, prompts[i], new), stops)[0]
+    names = write_labelled(
+        target, rows, [({"label": t}, t) for t in texts], columns={"label": "continuation"}
+    )
+    renamed = (
+        f" (as {names['continuation']}: it has such a column)"
+        if names["continuation"] != "continuation"
+        else ""
+    )
+    print(f"continued {len(rows):,} prompt{'s' * (len(rows) != 1)} of {source} into {target}{renamed}")
 
 
 def prompt_ids(tok, prompt: str) -> list[int]:

@@ -1,0 +1,134 @@
+"""`gpt-ft generate --input FILE --output FILE`: each prompt of a file continued, in batches of
+prompts padded on the left, as `--prompt` continues it alone; bad files and options refused in one
+sentence, before any decoding, nothing on disk changed."""
+
+import csv
+import json
+
+import pytest
+
+from gpt_ft.cli import main
+from tests.cli.test_bad_outputs import error
+
+PROMPTS = ["the cat", "a dog runs in the park and", "it", "the movie was not good at all , and the"]
+
+
+@pytest.fixture
+def model_dir(tmp_path_factory):
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("gpt2")
+    GPT2LMHeadModel(
+        GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=400, n_positions=64)
+    ).save_pretrained(folder)
+    return folder
+
+
+def alone(capsys, model_dir, tokenizer_dir, prompt: str, *options: str) -> str:
+    """What `gpt-ft generate --prompt PROMPT` adds to the prompt."""
+    capsys.readouterr()
+    main(
+        [
+            "generate",
+            f"--ckpt_path={model_dir}",
+            f"--tokenizer={tokenizer_dir}",
+            f"--prompt={prompt}",
+            *options,
+        ]
+    )
+    return capsys.readouterr().out.removeprefix(prompt).removesuffix("\n")
+
+
+@pytest.mark.parametrize(
+    "options", [["--max_new_tokens=12"], ["--max_new_tokens=6", "--num_beams=2"]], ids=["greedy", "beams"]
+)
+def test_each_prompt_of_a_file_is_continued_as_alone(tmp_path, capsys, model_dir, tokenizer_dir, options):
+    source = tmp_path / "prompts.jsonl"
+    rows = [
+        {"id": i, "prompt": p, **({"continuation": "mine"} if i == 1 else {})} for i, p in enumerate(PROMPTS)
+    ]
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["generate", f"--ckpt_path={model_dir}", f"--tokenizer={tokenizer_dir}", f"--input={source}"]
+    capsys.readouterr()
+    main([*args, f"--output={tmp_path / 'out.jsonl'}", "--batch_size=3", *options])
+    said, renamed = capsys.readouterr().out, "(as continuation_1: it has such a column)"
+    assert said == f"continued 4 prompts of {source} into {tmp_path / 'out.jsonl'} {renamed}\n"
+    written = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    expected = [alone(capsys, model_dir, tokenizer_dir, p, *options) for p in PROMPTS]
+    assert [r["continuation_1"] for r in written] == expected
+    assert [{k: v for k, v in r.items() if k != "continuation_1"} for r in written] == rows  # in order
+    assert any(expected)  # (a continuation may be empty: the model's end token first)
+    main([*args, f"--output={tmp_path / 'out.csv'}", "--batch_size=1", *options])
+    with open(tmp_path / "out.csv", newline="") as f:
+        table = list(csv.DictReader(f))
+    assert [r["continuation_1"] for r in table] == expected and [r["prompt"] for r in table] == PROMPTS
+
+
+def test_a_stop_text_and_sampling_over_a_file(tmp_path, capsys, model_dir, tokenizer_dir):
+    source = tmp_path / "prompts.csv"
+    source.write_text("prompt,text\n" + "".join(f'"{p}",x\n' for p in PROMPTS))
+    args = ["generate", f"--ckpt_path={model_dir}", f"--tokenizer={tokenizer_dir}", f"--input={source}"]
+    greedy = [alone(capsys, model_dir, tokenizer_dir, p, "--max_new_tokens=12") for p in PROMPTS]
+    stop = next(t for t in greedy if len(t) > 3)[1:3]
+    main(
+        [
+            *args,
+            f"--output={tmp_path / 'stopped.jsonl'}",
+            "--max_new_tokens=12",
+            f"--stop=[{json.dumps(stop)}]",
+        ]
+    )
+    written = [
+        json.loads(line)["continuation"] for line in (tmp_path / "stopped.jsonl").read_text().splitlines()
+    ]
+    assert written == [t[: t.find(stop)] if stop in t else t for t in greedy]
+    sampled = []
+    for _ in range(2):  # seeded: the same file, batch and seed draw the same continuations
+        main(
+            [*args, f"--output={tmp_path / 's.jsonl'}", "--overwrite=true", "--do_sample=true", "--top_k=20"]
+        )
+        sampled.append((tmp_path / "s.jsonl").read_text())
+    assert sampled[0] == sampled[1] and sampled[0].count("\n") == 4
+
+
+def test_bad_prompt_files_and_options_are_one_sentence(tmp_path, capsys, model_dir, tokenizer_dir):
+    source = tmp_path / "prompts.jsonl"
+    source.write_text('{"prompt": "the cat"}\n{"text": "x"}\n')
+    existing = tmp_path / "out.jsonl"
+    existing.write_text("kept\n")
+    base = ["generate", f"--ckpt_path={model_dir}", f"--tokenizer={tokenizer_dir}"]
+    out = f"--output={tmp_path / 'new.jsonl'}"
+    give = "Give --prompt TEXT, or --input FILE with --output FILE: the prompts of a file."
+    assert error(capsys, *base) == give
+    assert error(capsys, *base, "--prompt=hi", f"--input={source}", out) == give
+    assert error(capsys, *base, f"--input={source}") == give
+    assert error(capsys, *base, "--prompt=hi", out) == give
+    assert error(capsys, *base, f"--input={source}", f"--output={existing}").startswith(
+        f"--output {existing} already exists: give another name, or --overwrite true"
+    )
+    assert existing.read_text() == "kept\n"
+    assert error(capsys, *base, f"--input={source}", out, "--field=text") == (
+        f"{source}, line 1: the prompt ('text') is None, not a text."
+    )
+    assert error(capsys, *base, f"--input={source}", out, "--field=question") == (
+        f"--input {source} has no column 'question' (its columns: prompt, text): name the prompts' column "
+        "with --field."
+    )
+    from gpt_ft.data.tokenizer import load_tokenizer
+    from gpt_ft.eval.generation import prompt_ids
+
+    long = "the cat " * 40
+    n = len(prompt_ids(load_tokenizer(tokenizer_dir), long))
+    source.write_text('{"prompt": "the cat"}\n\n{"prompt": "' + long + '"}\n')  # a blank line: line 3
+    assert error(capsys, *base, f"--input={source}", out) == (
+        f"{source}, line 3: the prompt is {n} tokens and the model's context is 64 (n_positions), leaving "
+        f"no room for a new token: shorten it by at least {n - 63} token(s)."
+    )
+    source.write_text('{"prompt": ""}\n')
+    assert error(capsys, *base, f"--input={source}", out) == (
+        f"{source}, line 1: the prompt is empty: give some text to continue."
+    )
+    assert error(capsys, *base, f"--input={source}", out, "--batch_size=0").startswith("--batch_size must be")
+    assert not (tmp_path / "new.jsonl").exists()
