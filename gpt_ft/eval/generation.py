@@ -198,25 +198,8 @@ def continue_file(
         if not isinstance(text, str):
             raise ValueError(f"{source}, line {line}: the prompt ({field!r}) is {text!r}, not a text.")
         prompts.append(checked_prompt(gpt, prompt_ids(tok, text), f"{source}, line {line}: the prompt"))
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-    device, eos, texts = next(gpt.parameters()).device, decode["eos_token_id"], [""] * len(prompts)
-    for batch in batches_bar("generate")(batches):
-        width = max(len(prompts[i]) for i in batch)
-        ids = torch.zeros(len(batch), width, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for row, i in enumerate(batch):
-            ids[row, width - len(prompts[i]) :], mask[row, width - len(prompts[i]) :] = (
-                torch.tensor(prompts[i]),
-                1,
-            )
-        out = gpt.generate(
-            ids.to(device), attention_mask=mask.to(device),
-            max_new_tokens=min(max_new_tokens, gpt.config.n_positions - width), **decode,
-        )  # fmt: skip
-        for row, i in enumerate(batch):
-            new = until_eos(out[row, width:].tolist(), eos)
-            texts[i] = until_stop(continuation(tok, prompts[i], new), stops)[0]
+    new = continue_prompts(gpt, prompts, batch_size, max_new_tokens, decode, batches_bar("generate"))
+    texts = [until_stop(continuation(tok, p, n), stops)[0] for p, n in zip(prompts, new)]
     names = write_labelled(
         target, rows, [({"label": t}, t) for t in texts], columns={"label": "continuation"}
     )
@@ -226,6 +209,40 @@ def continue_file(
         else ""
     )
     print(f"continued {len(rows):,} prompt{'s' * (len(rows) != 1)} of {source} into {target}{renamed}")
+
+
+def continue_prompts(
+    gpt: GPT, prompts: list[list[int]], batch_size: int, max_new_tokens: int, decode: dict, progress=iter
+) -> list[list[int]]:
+    """Each prompt's new tokens, up to its first end-of-text token: `batch_size` prompts at a time,
+    the shortest together (`by_length`), padded on the left (`left_padded`); a batch adds at most
+    what the context its longest prompt leaves. `decode`: `GPT.generate`'s options."""
+    device, new = next(gpt.parameters()).device, [[] for _ in prompts]
+    for batch in progress(by_length(prompts, batch_size)):
+        ids, mask = left_padded([prompts[i] for i in batch])
+        out = gpt.generate(
+            ids.to(device), attention_mask=mask.to(device),
+            max_new_tokens=min(max_new_tokens, gpt.config.n_positions - ids.shape[1]), **decode,
+        )  # fmt: skip
+        for row, i in enumerate(batch):
+            new[i] = until_eos(out[row, ids.shape[1] :].tolist(), decode.get("eos_token_id") or [])
+    return new
+
+
+def by_length(prompts: list[list[int]], batch_size: int) -> list[list[int]]:
+    """The prompts' indices in batches of `batch_size`, the shortest first: the least padding."""
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def left_padded(prompts: list[list[int]]) -> tuple[Tensor, Tensor]:
+    """(input_ids, attention_mask) of `prompts` padded on the left to the longest (padding id 0)."""
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, p in enumerate(prompts):
+        ids[row, width - len(p) :], mask[row, width - len(p) :] = torch.tensor(p, dtype=torch.long), 1
+    return ids, mask
 
 
 def prompt_ids(tok, prompt: str) -> list[int]:
