@@ -215,17 +215,22 @@ def continue_prompts(
     gpt: GPT, prompts: list[list[int]], batch_size: int, max_new_tokens: int, decode: dict, progress=iter
 ) -> list[list[int]]:
     """Each prompt's new tokens, up to its first end-of-text token: `batch_size` prompts at a time,
-    the shortest together (`by_length`), padded on the left (`left_padded`); a batch adds at most
-    what the context its longest prompt leaves. `decode`: `GPT.generate`'s options."""
+    the shortest together (`by_length`), padded on the left (`left_padded`). A batch adds at most
+    what the context its longest prompt leaves; a prompt that would have more room alone, cut by
+    that before it ended, is decoded again alone. `decode`: `GPT.generate`'s options."""
     device, new = next(gpt.parameters()).device, [[] for _ in prompts]
+    eos, context = decode.get("eos_token_id") or [], gpt.config.n_positions
     for batch in progress(by_length(prompts, batch_size)):
         ids, mask = left_padded([prompts[i] for i in batch])
-        out = gpt.generate(
-            ids.to(device), attention_mask=mask.to(device),
-            max_new_tokens=min(max_new_tokens, gpt.config.n_positions - ids.shape[1]), **decode,
-        )  # fmt: skip
+        width = ids.shape[1]
+        room = min(max_new_tokens, context - width)  # what the longest prompt leaves
+        out = gpt.generate(ids.to(device), attention_mask=mask.to(device), max_new_tokens=room, **decode)
         for row, i in enumerate(batch):
-            new[i] = until_eos(out[row, ids.shape[1] :].tolist(), decode.get("eos_token_id") or [])
+            new[i] = until_eos(out[row, width:].tolist(), eos)
+            alone = min(max_new_tokens, context - len(prompts[i]))
+            if len(new[i]) == room < alone:  # cut by the batch's room, not ended: decoded alone
+                one = gpt.generate(torch.tensor([prompts[i]], device=device), max_new_tokens=alone, **decode)
+                new[i] = until_eos(one[0, len(prompts[i]) :].tolist(), eos)
     return new
 
 

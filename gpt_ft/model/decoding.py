@@ -85,6 +85,7 @@ def left_padding(
     (`input_ids`, None, None) where no token is padding."""
     if attention_mask is None:
         return input_ids, None, None
+    attention_mask = torch.as_tensor(attention_mask)  # (a list or NumPy array, as a tokenizer may give)
     if attention_mask.shape != input_ids.shape:
         raise ValueError(
             f"attention_mask has shape {tuple(attention_mask.shape)} and input_ids "
@@ -93,6 +94,9 @@ def left_padding(
     real = attention_mask.to(input_ids.device).bool()
     if bool(real.all()):  # no mask to build: SDPA keeps its fastest kernels
         return input_ids, None, None
+    empty = (~real.any(1)).nonzero().flatten().tolist()
+    if empty:
+        raise ValueError(f"Prompt {empty[0]} is all padding (attention_mask 0): give each prompt a token.")
     ends_padded = (~real[:, -1]).nonzero().flatten().tolist()
     if ends_padded:
         raise ValueError(

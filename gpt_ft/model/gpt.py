@@ -163,6 +163,11 @@ class GPT(nn.Module):
         """
         B, T = input_ids.shape
         static = isinstance(kv_cache, StaticKVCache)  # its length stays on the device
+        if static and attention_mask is not None and position_ids is None:  # they would count the padding
+            raise ValueError(
+                "An attention_mask on a StaticKVCache takes its position_ids (each prompt's own tokens "
+                "counted, as `generate` gives them)."
+            )
         past = kv_cache.length if kv_cache is not None and not static else 0
         if static and position_ids is None:
             position_ids = kv_cache.positions(T)

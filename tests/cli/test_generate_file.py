@@ -66,6 +66,31 @@ def test_each_prompt_of_a_file_is_continued_as_alone(tmp_path, capsys, model_dir
     assert [r["continuation_1"] for r in table] == expected and [r["prompt"] for r in table] == PROMPTS
 
 
+def test_a_prompt_the_batch_leaves_less_room_is_continued_as_alone(
+    tmp_path, capsys, model_dir, tokenizer_dir
+):
+    """The long prompt leaves its batch 64 - n tokens of room; the short one, alone, has 60."""
+    from gpt_ft.data.tokenizer import load_tokenizer
+    from gpt_ft.eval.generation import prompt_ids
+
+    long = "the cat sat on the mat and the dog ran"
+    n = len(prompt_ids(load_tokenizer(tokenizer_dir), long))
+    assert 64 - n < 60
+    source = tmp_path / "prompts.jsonl"
+    source.write_text(json.dumps({"prompt": "a dog"}) + "\n" + json.dumps({"prompt": long}) + "\n")
+    args = [
+        f"--input={source}",
+        f"--output={tmp_path / 'out.jsonl'}",
+        "--max_new_tokens=60",
+        "--batch_size=2",
+    ]
+    main(["generate", f"--ckpt_path={model_dir}", f"--tokenizer={tokenizer_dir}", *args])
+    written = [json.loads(line)["continuation"] for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert written == [
+        alone(capsys, model_dir, tokenizer_dir, p, "--max_new_tokens=60") for p in ("a dog", long)
+    ]
+
+
 def test_a_stop_text_and_sampling_over_a_file(tmp_path, capsys, model_dir, tokenizer_dir):
     source = tmp_path / "prompts.csv"
     source.write_text("prompt,text\n" + "".join(f'"{p}",x\n' for p in PROMPTS))

@@ -117,7 +117,12 @@ def test_generation_on_a_static_cache_gives_the_same_tokens(sample):
     with pytest.raises(
         ValueError, match=r"^attention_mask of shape \(3, 41\) does not fit the KV cache \(3 rows"
     ):
-        gpt(prompt, torch.ones(3, 41), kv_cache=gpt.new_kv_cache(3, 40, static=True))
+        gpt(
+            prompt,
+            torch.ones(3, 41),
+            position_ids=torch.arange(7),
+            kv_cache=gpt.new_kv_cache(3, 40, static=True),
+        )
 
 
 @cuda

@@ -129,3 +129,12 @@ def test_padding_that_cannot_be_continued_is_one_sentence():
         gpt.generate(ids, attention_mask=mask[:, 1:], max_new_tokens=2)
     with pytest.raises(ValueError, match=r"^input_ids hold token id 10000, outside the model's vocabulary"):
         gpt.generate(ids, max_new_tokens=2)  # unmasked, the padding is a token
+    with pytest.raises(
+        ValueError, match=r"^Prompt 0 is all padding \(attention_mask 0\): give each prompt a"
+    ):
+        gpt.generate(ids, attention_mask=mask * torch.tensor([[0], [1]]), max_new_tokens=2)
+    out = gpt.generate(ids, attention_mask=mask, max_new_tokens=2)
+    for given in (mask.tolist(), mask.numpy(), mask.bool(), mask.float()):  # as a tokenizer may give it
+        assert torch.equal(gpt.generate(ids, attention_mask=given, max_new_tokens=2), out)
+    with pytest.raises(ValueError, match=r"^An attention_mask on a StaticKVCache takes its position_ids"):
+        gpt(ids.clamp(max=99), mask, kv_cache=gpt.new_kv_cache(2, 10, static=True))
