@@ -1,6 +1,6 @@
 """Decoding for `GPT`: greedy, sampling (temperature, top-k, top-p) and beam search (beams.py), over
-a KV cache (on CUDA, a static one replayed as a CUDA graph), with CTRL's repetition penalty where
-asked (decoding.py). Prompts of several lengths in one batch are padded on the left
+a KV cache (`static_cache` on CUDA: the decode step replayed as a CUDA graph), with CTRL's repetition
+penalty where asked (decoding.py). Prompts of several lengths in one batch are padded on the left
 (`attention_mask`, as transformers takes them): each is continued as it would be alone.
 
 Pure torch. These functions are also methods: `gpt.generate(...)`, `gpt.stream(...)`.
