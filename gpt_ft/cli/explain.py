@@ -42,9 +42,6 @@ class ExplainCLI(GPTCLI):
         )  # fmt: skip
 
     def parse_arguments(self, parser, args) -> None:
-        if not any(str(a).startswith("--c") for a in args):  # no --ckpt_path, nor a --config with one:
-            super().parse_arguments(parser, args)  # one parse (the read-ahead was a third of the command)
-            return
         unchecked = parse_unchecked(parser, args)
         with redirect_stdout(sys.stderr):  # the line naming a `last` found; stdout is the example's
             ckpt = checkpoint_to_read(
