@@ -78,9 +78,8 @@ class MultipleChoice(TaskAdapter):
                     f"field {self.choices!r} must hold a list of 1 to {self.max_choices} choices, "
                     f"got {choices!r}."
                 )
-        else:
-            choices = [example[c] for c in self.choices]
-        return [*parts, *(field_text(c) for c in choices)]
+            return [*parts, *(field_text(c, self.choices) for c in choices)]
+        return [*parts, *(field_text(example[c], c) for c in self.choices)]
 
     def context_and_choices(self, example: dict[str, Any]) -> tuple[str, list[str]]:
         """The context's text and each choice's (zero-shot scoring's)."""

@@ -330,7 +330,9 @@ class Preference(TaskAdapter):
         messages = [chat_messages(example[f], f) for f in sides]  # a missing field: its name
         if any(m is not None for m in messages):
             return self._message_texts(messages, sides)
-        prompt = field_text(example[self.prompt]) if self.prompt else ""  # a card without one: none
+        prompt = (
+            field_text(example[self.prompt], self.prompt) if self.prompt else ""
+        )  # a card without one: none
         if not self._pair(example):
             reply = _text(example, self.reply)
             if self.turn_marker is not None:

@@ -317,7 +317,8 @@ class Ranking(TaskAdapter):
 
     def texts(self, example: dict[str, Any]) -> list[str]:
         """[prompt, reply_1, ..., reply_n]."""
-        prompt = field_text(example[self.group_by or self.prompt]) if self.group_by or self.prompt else ""
+        field = self.group_by or self.prompt
+        prompt = field_text(example[field], field) if field else ""
         return [prompt, *(text for text, _ in self._replies(example))]
 
     def _replies(self, example: dict[str, Any]) -> list[tuple[str, float | None]]:
@@ -384,7 +385,7 @@ def _reply_text(value: Any, field: str) -> str:
         return "\n".join(value)
     if value is None or isinstance(value, (list, tuple, dict)):
         raise TaskDataError(f"field {field!r} holds a reply that is not a text: {short_repr(value)}.")
-    return field_text(value)
+    return field_text(value, field)
 
 
 def _key(record: Any, key: str, field: str) -> Any:

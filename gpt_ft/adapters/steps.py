@@ -298,7 +298,7 @@ class Steps(TaskAdapter):
             if missing is not None:  # null or NaN: no step to judge, not an empty one
                 raise TaskDataError(f"step {missing} in field {self.steps!r} has no value (null).")
         else:
-            steps = _split_tagged(field_text(value), self.step_tag, self.steps)
+            steps = _split_tagged(field_text(value, self.steps), self.step_tag, self.steps)
         if len(steps) > self.max_steps:
             raise TaskDataError(
                 f"field {self.steps!r} holds {len(steps)} steps, more than the card's max_steps "
@@ -339,7 +339,11 @@ class Steps(TaskAdapter):
     def _label(self, example: dict[str, Any], n: int) -> list[float] | None:
         if self.label_form != "tagged" or example.get(self.label) is None:
             return self.output.padded_labels(example.get(self.label), n)
-        marks = _tag_marks(field_text(example[self.steps]), field_text(example[self.label]), self.step_tag)
+        marks = _tag_marks(
+            field_text(example[self.steps], self.steps),
+            field_text(example[self.label], self.label),
+            self.step_tag,
+        )
         if len(marks) != n:
             raise TaskDataError(
                 f"field {self.label!r} does not repeat field {self.steps!r} with + or - in each "

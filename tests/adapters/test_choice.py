@@ -32,6 +32,11 @@ def test_multiple_choice_texts_join_context_fields_and_read_list_fields():
     assert mc.context_and_choices({**row, "article": ""})[0] == "Who?"
     with pytest.raises(TaskDataError, match="must hold a list of 1 to 4 choices"):
         mc.texts({**row, "options": "Ann"})
+    with pytest.raises(TaskDataError, match=r"^field 'options' holds a list \['x'\], not a text\.$"):
+        mc.texts({**row, "options": ["Ann", ["x"]]})
+    fields = MultipleChoice(name="copa", context=["premise"], choices=["choice1", "choice2"], num_choices=2)
+    with pytest.raises(TaskDataError, match=r"^field 'choice2' holds a dict \{'a': 1\}, not a text\.$"):
+        fields.texts({"premise": "p", "choice1": "a", "choice2": {"a": 1}})
     with pytest.raises(TaskDataError, match="points past the row's 2 choices"):
         mc.encode({"label": 2}, [[1], [], [2], [3]], SPECIALS, 64)
     # An article of 20 and a question of 3 into a context of 7 (budget 10 - 3 specials, answers 1):

@@ -82,6 +82,8 @@ def test_rows_read_as_pairs_or_one_reply():
         TaskDataError, match="field 'chosen' holds \\[\\{'role': 'user'\\}\\], not a text or chat"
     ):
         task.texts({"chosen": [{"role": "user"}], "rejected": "b"})
+    with pytest.raises(TaskDataError, match=r"^field 'prompt' holds a list \['q'\], not a text\.$"):
+        Preference(name="p", prompt="prompt").texts({"prompt": ["q"], "chosen": "a", "rejected": "b"})
     with pytest.raises(TaskDataError, match="margin 'wide' in field 'margin' is not a number"):
         pair = {"chosen": "a", "rejected": "b", "margin": "wide"}
         Preference(name="p", margin="margin").output.example_label(pair)

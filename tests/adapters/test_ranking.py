@@ -147,6 +147,13 @@ def test_bad_rows_and_cards_are_one_sentence():
         task.texts({"prompt": "p", "replies": ["a", "b", "c", "d"]})
     with pytest.raises(TaskDataError, match="score 'high' in field 'scores' is not a number"):
         task.texts({"prompt": "p", "replies": ["a", "b"], "scores": ["high", 1]})
+    with pytest.raises(TaskDataError, match=r"^field 'prompt' holds a dict \{'a': 1\}, not a text\.$"):
+        task.texts({"prompt": {"a": 1}, "replies": ["a", "b"]})
+    grouped = Ranking(name="r", group_by="question", chosen="c", rejected="x", max_replies=3)
+    with pytest.raises(TaskDataError, match=r"^field 'question' holds a list \['q'\], not a text\.$"):
+        grouped.texts({"question": ["q"], "c": ["a"], "x": ["b"]})
+    with pytest.raises(TaskDataError, match=r"^field 'replies' holds a reply that is not a text"):
+        task.texts({"prompt": "p", "replies": ["a", {"t": "b"}]})
     with pytest.raises(TaskDataError, match="holds a reply without 'response'"):
         Ranking(name="r", reply_text="response", reply_score="s").texts(
             {"prompt": "p", "replies": [{"s": 1}]}

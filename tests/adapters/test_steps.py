@@ -98,6 +98,11 @@ def test_each_label_form():
     row = {"input": "Q? Step 1: a ки\nStep 2: b ки", "label": "Q? Step 1: a +\nStep 2: b -"}
     assert tagged.texts(row) == ["", "Q? Step 1: a ", "\nStep 2: b "]
     assert same(tagged.encode(row, [[10], [11], [12]], SPECIALS, 64).label, [1.0, 0.0, NAN])
+    for field in ("input", "label"):  # each bad field named
+        with pytest.raises(TaskDataError, match=rf"^field '{field}' holds a list \['x'\], not a text\.$"):
+            tagged.texts({**row, field: ["x"]}) if field == "input" else tagged.encode(
+                {**row, field: ["x"]}, [[10], [11], [12]], SPECIALS, 64
+            )
 
 
 def test_bad_labels_are_named():
