@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gpt_ft.adapters.base import Encoded, TaskAdapter, refuse_label_fields
-from gpt_ft.adapters.heads import ChoiceHead, at_least_fp32
+from gpt_ft.adapters.heads import ChoiceHead, at_least_fp32, tied
 from gpt_ft.adapters.outputs import CardError, LabelSpec, TaskDataError, TaskOutput
 from gpt_ft.adapters.sources import field_text, finite_number, short_repr
 
@@ -191,18 +191,23 @@ class PreferenceOutput(TaskOutput):
         )
 
     def metric_values(self, predictions: Tensor, labels: Tensor, metrics: list[str]) -> dict[str, Tensor]:
-        """Pairwise accuracy (a tie counts half) and the mean of r_chosen - r_rejected."""
+        """Pairwise accuracy (a tie, rewards within `TIE`, counts half: the same reply placed elsewhere
+        in a packed row scores a few last bits apart) and the mean of r_chosen - r_rejected."""
         gap = (predictions[:, 0] - predictions[:, 1]).double()
+        tie = tied(predictions[:, 0], predictions[:, 1])
         values = {
-            "accuracy": ((gap > 0).double() + 0.5 * (gap == 0).double()).mean(),
+            "accuracy": (((gap > 0) & ~tie).double() + 0.5 * tie.double()).mean(),
             "margin": gap.mean(),
         }
         return {name: values[name].float() for name in metrics}
 
     def format_prediction(self, prediction: Tensor, name: Callable[[int], str]) -> str:
-        """A pair: its margin r_chosen - r_rejected; one reply: its reward."""
+        """A pair: its margin r_chosen - r_rejected, 0 for a tie (as accuracy counts it); one reply:
+        its reward. Six significant digits: the sign of a margin that is not a tie is kept."""
         first, second = prediction.tolist()
-        return f"{first:.4f}" if math.isnan(second) else f"{first - second:.4f}"
+        if math.isnan(second):
+            return f"{first:.6g}"
+        return "0" if tied(prediction[:1], prediction[1:]).item() else f"{first - second:.6g}"
 
     def outcome(self, prediction: Tensor, probabilities: Tensor) -> dict[str, Any]:
         """One reply: its reward (as `label` and `scores`). A pair: the preferred side's field name

@@ -160,6 +160,13 @@ def test_pairwise_accuracy_and_margin_by_hand():
     values = task.metric_values(rewards, torch.zeros(4))
     assert values["accuracy"].item() == pytest.approx(2.5 / 4)  # two right, one tie (half), one wrong
     assert values["margin"].item() == pytest.approx((1 + 0 - 3 + 2) / 4)
+    # Identical replies placed elsewhere in a packed row score a few last bits apart: still a tie,
+    # whichever way the bits fall (the batch size moved the accuracy); 2**-16 apart is not one.
+    near = torch.tensor([[0.3, 0.3 + 3e-8], [0.3 + 3e-8, 0.3], [-2.0, -2.0 + 1e-6], [0.25, 0.25 + 2**-16]])
+    assert task.metric_values(near, torch.zeros(4))["accuracy"].item() == pytest.approx(1.5 / 4)
+    assert [task.format_prediction(r) for r in near] == ["0", "0", "0", "-1.52588e-05"]
+    assert task.format_prediction(torch.tensor([1.25, -0.5])) == "1.75"
+    assert task.format_prediction(torch.tensor([0.1234567, math.nan])) == "0.123457"  # one reply
     assert task.main_metric == "accuracy" and task.output.default_lm_coef == 0.0
 
 
@@ -178,7 +185,7 @@ def test_predictions_and_outcomes_of_a_pair_and_of_one_reply():
     assert pair["scores"] == {"chosen": r0, "rejected": r1}
     assert pair["probability"] == pytest.approx(1 / (1 + math.exp(r1 - r0)))
     assert one == {"label": predictions[1, 0].item(), "scores": predictions[1, 0].item()}
-    assert task.format_prediction(predictions[0]) == f"{r0 - r1:.4f}"
+    assert task.format_prediction(predictions[0]) == f"{r0 - r1:.6g}"
 
 
 def test_card_mistakes_are_one_sentence():
