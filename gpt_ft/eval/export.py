@@ -351,12 +351,18 @@ def framed_tokenizer(clf: Classifier, *, chat_template: bool = False):
     """`clf`'s tokenizer with GPT-1's input transform as its post-processor (a copy), and with
     `chat_template` its chat template (a reward model's prompts are rendered through it, as in
     training; a loader that applies one, as sentence-transformers does, would wrap every framed
-    text in it again)."""
+    text in it again). A card that strips its texts (`strip_texts`) has each text stripped as the
+    tokenizer's first normalizer."""
     import copy
 
+    from tokenizers.normalizers import Sequence, Strip
     from tokenizers.processors import TemplateProcessing
 
     tokenizer = copy.deepcopy(clf.tokenizer)
+    if clf.task.strip_texts:  # SST-2's texts end in a space, which training never sees
+        backend = tokenizer.backend_tokenizer
+        rest = [] if backend.normalizer is None else [backend.normalizer]
+        backend.normalizer = Sequence([Strip(), *rest])
     s = clf.specials
     names = [tokenizer.convert_ids_to_tokens(i) for i in (s.start, s.delim, s.extract)]
     single, pair = clf.task.template(names)

@@ -510,6 +510,10 @@ def test_a_reply_alone_is_framed_by_the_exported_tokenizer_as_training_frames_it
     clf.task = steps
     first = framed_tokenizer(clf)(steps.step_texts(solution)[0])["input_ids"]
     assert first == trained[: len(first)] and trained[len(first) - 1] == specials.extract
+    clf.task = SingleText(name="sst2", text="sentence", labels=["0", "1"], strip_texts=True)
+    trained = clf.task.encode_examples([{"sentence": " the cat sat . "}], tok, specials, 64)[0].sequences[0]
+    assert framed_tokenizer(clf)(" the cat sat . ")["input_ids"] == trained  # stripped as training strips
+    assert framed_tokenizer(clf)("the cat sat .")["input_ids"] == trained
     names = ["<s>", "<d>", "<e>"]
     assert (
         Ranking(name="r", prompt=None).template(names)
