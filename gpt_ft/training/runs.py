@@ -41,6 +41,7 @@ from gpt_ft.workarounds.cli import (
 from gpt_ft.workarounds.trainer import judge_after_every_validation
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")  # LightningCLI's
+LM_DATA = {"data": {"class_path": "gpt_ft.data.lm_data.LMDataModule"}}
 
 
 class ValidatedOnce(LightningArgumentParser):
@@ -86,7 +87,8 @@ class GPTCLI(CheckpointHparamsAsDefaults, ParsersBuiltOnce, LightningCLI):
         if not isinstance(args, dict):
             subcommand = self._only
             if subcommand in ("validate", "test", "predict"):
-                unchecked = parse_unchecked(subcommand_parser(self, subcommand), args[1:])
+                # (a language model's data options, --data.token_dir, read with its data module)
+                unchecked = parse_unchecked(subcommand_parser(self, subcommand), args[1:], or_with=LM_DATA)
                 named, printing = unchecked.get("ckpt_path"), print_config_asked(parser)
                 ckpt = checkpoint_to_read(unchecked.trainer, subcommand, named, printing)  # `last` found
                 self.resolved_ckpt = ckpt if ckpt != named else None  # (a name, `last`, found)

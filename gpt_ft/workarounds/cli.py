@@ -101,14 +101,30 @@ def file_not_decoded(exc: BaseException) -> str | None:
     return found
 
 
-def parse_unchecked(parser, args: list[str]):
+def parse_unchecked(parser, args: list[str], *, or_with: dict | None = None):
     """`args` parsed unchecked and unprinted (`--print_config` waits for the full parse): to read one
-    option ahead. jsonargparse's `_skip_validation` and `_ActionPrintConfig` are private (its parse_env
-    and dump use them); if they go, drop the keyword, catch the parse's error, let it print."""
+    option ahead. Where they do not parse, `or_with`'s defaults are set and they are parsed again
+    (the defaults stay; where that fails too, the parser's are set back and the first error raised).
+    jsonargparse's `_skip_validation` and `_ActionPrintConfig` are private (its parse_env and dump use
+    them); if they go, drop the keyword, catch the parse's error, let it print."""
+    import argparse
+
     from jsonargparse._actions import _ActionPrintConfig
 
     with _ActionPrintConfig.skip_print_config():
-        return parser.parse_args(args, _skip_validation=True)
+        try:
+            return parser.parse_args(args, _skip_validation=True)
+        except argparse.ArgumentError:
+            if not or_with:
+                raise
+            before = {key: parser.get_default(key) for key in or_with}
+            before = {key: v.as_dict() if hasattr(v, "as_dict") else v for key, v in before.items()}
+            parser.set_defaults(or_with)
+            try:
+                return parser.parse_args(args, _skip_validation=True)
+            except argparse.ArgumentError:
+                parser.set_defaults(before)
+            raise
 
 
 def subcommand_parser(cli, name: str):

@@ -246,6 +246,19 @@ def test_pretrain_then_finetune_with_only_the_checkpoint_then_generate(
         f"gpt-ft: error: {ckpt} is a language model's checkpoint: fine-tune it on the task first "
         f"(gpt-ft fit --model.init_from {ckpt} --data.task CARD)."
     )
+    # Scored on other token files and blocks: the options of its data module, as its config names it.
+    other = ["prepare", "--inputs", str(corpus), "--tokenizer", tokenizer_dir, "--validation_fraction", "0.5"]
+    gpt_ft(capsys, *other, "--out_dir", str(tmp_path / "other"))
+    scored = []
+    for data in (
+        [f"--data.token_dir={tmp_path / 'other'}", "--data.block_size=16"],
+        ["--data.class_path=gpt_ft.data.lm_data.LMDataModule"]
+        + [f"--data.init_args.token_dir={tmp_path / 'other'}", "--data.init_args.block_size=16"],
+    ):
+        main(["validate", f"--ckpt_path={ckpt}", *data, "--trainer.enable_progress_bar=false"])
+        scored.append(capsys.readouterr().out.strip().splitlines()[-1])
+    assert scored[0] == scored[1] and scored[0].startswith("validate: validation/loss ")
+    assert float(scored[0].split()[2].rstrip(",")) != losses[-1]
 
     # Fine-tune from the checkpoint alone: model shape and tokenizer come with it.
     data = tmp_path / "d"
@@ -276,6 +289,9 @@ def test_pretrain_then_finetune_with_only_the_checkpoint_then_generate(
     finetuned = next((tmp_path / "ft").rglob("last.ckpt"))
     pre, post = (torch.load(p, weights_only=True)["state_dict"]["gpt.wpe.weight"] for p in (ckpt, finetuned))
     assert pre.shape == post.shape == (64, 32)
+    with pytest.raises(SystemExit):  # a task's checkpoint takes no language model's data options
+        main(["validate", f"--ckpt_path={finetuned}", f"--data.token_dir={tmp_path / 'other'}"])
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith("Option 'token_dir' is not accepted.")
 
     for weights in (ckpt, finetuned):
         out = gpt_ft(
