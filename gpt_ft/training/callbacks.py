@@ -4,6 +4,7 @@ names, and the suite's record of a run's validations."""
 from __future__ import annotations
 
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -219,6 +220,17 @@ class BestCheckpoint(ModelCheckpoint):
     @property
     def state_key(self) -> str:  # Lightning's own, so that checkpoints from before it still resume
         return super().state_key.replace(type(self).__qualname__, "ModelCheckpoint", 1)
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        # An epoch that `max_steps` ends before any validation has no score to keep a best by
+        # (Lightning warned of a metric never `log`ged): said once, at the end of the run.
+        if self.monitor in trainer.callback_metrics:
+            super().on_train_epoch_end(trainer, pl_module)
+
+    def on_fit_end(self, trainer, pl_module) -> None:
+        if not self.best_model_path and trainer.is_global_zero:
+            print(f"note: the run ended before any validation gave {self.monitor}: no best checkpoint was "
+                  "kept (last.ckpt holds the weights).", file=sys.stderr, flush=True)  # fmt: skip
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         kept = {p: score for p, score in state_dict.get("best_k_models", {}).items() if Path(p).is_file()}

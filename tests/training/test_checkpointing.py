@@ -991,6 +991,24 @@ def test_last_without_a_logger_and_best_in_fit(tmp_path, tokenizer_dir, capsys):
     )
 
 
+def test_a_run_that_ends_before_any_validation_says_it_kept_no_best(tmp_path, tokenizer_dir, capsys):
+    """max_steps 1 of an epoch of 3 batches: no best-*.ckpt and one note saying why (Lightning warned
+    that the metric was never `log`ged, a hint for a module's author); last.ckpt written."""
+    import warnings
+
+    card = make_task("single", tmp_path)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        main(
+            ["fit", *finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "logs"), "--trainer.max_steps=1"]
+        )
+    assert not [w for w in seen if "could not find the monitored key" in str(w.message)]
+    note = "note: the run ended before any validation gave validation/accuracy: no best checkpoint was kept"
+    assert capsys.readouterr().err.count(note) == 1
+    (folder,) = (tmp_path / "logs").rglob("checkpoints")
+    assert sorted(p.name for p in folder.glob("*.ckpt")) == ["last.ckpt"]
+
+
 def test_an_every_n_steps_save_due_with_a_validation_waits_for_it(tmp_path, tokenizer_dir, monkeypatch):
     """Every 3 steps, 3 batches an epoch: each save comes after its step's validation. Saved before
     it, a run killed during that validation resumed past it: its score and best checkpoint lost."""
