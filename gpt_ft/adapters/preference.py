@@ -211,12 +211,15 @@ class PreferenceOutput(TaskOutput):
 
     def outcome(self, prediction: Tensor, probabilities: Tensor) -> dict[str, Any]:
         """One reply: its reward (as `label` and `scores`). A pair: the preferred side's field name
-        (the first on a tie), both rewards, and P(first ≻ second) = σ(r_first - r_second)."""
+        (the first on a tie, as accuracy counts one), both rewards, and P(first ≻ second) =
+        σ(r_first - r_second)."""
         first, second = prediction.tolist()
         if math.isnan(second):
             return {"label": first, "scores": first}
         return {
-            "label": self.sides[0] if first >= second else self.sides[1],
+            "label": self.sides[0]
+            if first >= second or tied(prediction[:1], prediction[1:])
+            else self.sides[1],
             "scores": dict(zip(self.sides, (first, second))),
             "probability": 1 / (1 + math.exp(min(second - first, 700.0))),
         }

@@ -166,6 +166,8 @@ def test_pairwise_accuracy_and_margin_by_hand():
     assert task.metric_values(near, torch.zeros(4))["accuracy"].item() == pytest.approx(1.5 / 4)
     assert [task.format_prediction(r) for r in near] == ["0", "0", "0", "-1.52588e-05"]
     assert task.format_prediction(torch.tensor([1.25, -0.5])) == "1.75"
+    sides = [task.output.outcome(r, r)["label"] for r in near]
+    assert sides == ["chosen", "chosen", "chosen", "rejected"]  # the first on a tie
     assert task.format_prediction(torch.tensor([0.1234567, math.nan])) == "0.123457"  # one reply
     assert task.main_metric == "accuracy" and task.output.default_lm_coef == 0.0
 
