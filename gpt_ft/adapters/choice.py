@@ -78,8 +78,13 @@ class MultipleChoice(TaskAdapter):
                     f"field {self.choices!r} must hold a list of 1 to {self.max_choices} choices, "
                     f"got {choices!r}."
                 )
-            return [*parts, *(field_text(c, self.choices) for c in choices)]
-        return [*parts, *(field_text(example[c], c) for c in self.choices)]
+            texts = [field_text(c, self.choices) for c in choices]
+        else:
+            texts = [field_text(example[c], c) for c in self.choices]
+        if empty := next((k for k, text in enumerate(texts, 1) if not text.strip()), None):
+            field = self.choices if isinstance(self.choices, str) else self.choices[empty - 1]
+            raise TaskDataError(f"choice {empty} (field {field!r}) is empty: a choice needs a text to score.")
+        return [*parts, *texts]
 
     def context_and_choices(self, example: dict[str, Any]) -> tuple[str, list[str]]:
         """The context's text and each choice's (zero-shot scoring's)."""

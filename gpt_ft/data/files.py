@@ -86,6 +86,30 @@ def examples_split(task: TaskAdapter, split: str, data_dir: str | Path | None):
     return task_examples(task, split, *located_split(task, split, data_dir))[0]
 
 
+def labelled_rows(task: TaskAdapter, split: str, data_dir: str | Path | None) -> list[dict]:
+    """`examples_split`'s rows, each one's texts and label read as training reads them (zero-shot
+    scoring's): a column missing, a row with a bad text or no label, named by its file and line."""
+    raw, origin = task_examples(task, split, *located_split(task, split, data_dir))
+    needed = [*task.text_fields(), *([task.label_column] if task.label_column else [])]
+    if missing := [field for field in needed if field not in raw.column_names]:
+        has = [dict(origin.columns).get(c, c) for c in raw.column_names]
+        said = (
+            f"{origin.source}: missing column(s) {missing} needed by task {task.name!r}; the file has {has}."
+        )
+        raise TaskDataError(origin.explain(said))
+    rows = list(raw)
+    for i, row in enumerate(rows):
+        try:
+            task.texts(row)
+            if task.output.example_label(row) is None:
+                raise TaskDataError(
+                    f"no label ({task.label_source}): zero-shot scoring needs every example's."
+                )
+        except TaskDataError as exc:
+            raise TaskDataError(origin.explain(f"{origin.of(i)}: {exc}")) from None
+    return rows
+
+
 def _load_hub(task: TaskAdapter, split: str):
     import datasets
 

@@ -30,7 +30,7 @@ from typing import Any, Literal
 import yaml
 
 from gpt_ft.adapters.cards import load_card
-from gpt_ft.data.files import examples_split
+from gpt_ft.data.files import examples_split, labelled_rows
 from gpt_ft.errors import arguments_from, check_output_dir
 from gpt_ft.eval import suite_file, zeroshot
 from gpt_ft.eval.curves import MISSING, baseline_curves, collect_curves, labels_saved, read_baselines
@@ -84,7 +84,7 @@ class SuiteRunner:
         keep_checkpoints: bool = False,
         train_sizes: list[int | Literal["all"]] | None = None,
         baselines: list[str] | str = (),
-        fit_args: list[str] | str = (),
+        fit_args: list[str | int | float | bool] | str = (),
     ) -> None:
         """Fine-tune and evaluate a suite's tasks over seeds; --fit_args go to every `gpt-ft fit`.
 
@@ -108,7 +108,7 @@ class SuiteRunner:
                 300, 1000, all]`); default: the suite file's.
             baselines: Learning curves measured elsewhere on the same subsets, drawn beside the rows:
                 a JSON file or a list (benchmarks/tfidf_baseline.py --train-sizes ... --json FILE writes one).
-            fit_args: Every `gpt-ft fit`'s extra arguments: a list (`[--trainer.max_epochs=2]`) or one text.
+            fit_args: Every `gpt-ft fit`'s extra arguments: a list (`[--trainer.max_epochs, 2]`) or one text.
         """
         out = check_output_dir(out_dir, "--out_dir")
         spec = suite if isinstance(suite, SuiteSpec) else load_suite(suite)
@@ -130,15 +130,15 @@ class SuiteRunner:
         seeds_ok = len(set(self.seeds)) == len(self.seeds) and all(0 <= s < 2**32 for s in self.seeds)
         if (fine_tune and not self.seeds) or not seeds_ok:  # (numpy's seeds, which fit's refuses)
             raise ValueError(f"{given} {self.seeds}: give one or more seeds in [0, {2**32 - 1}], each once.")
-        self.fit_args = shlex.split(fit_args) if isinstance(fit_args, str) else list(fit_args or [])
+        args = [suite_file.arg_text(a) for a in fit_args or []] if not isinstance(fit_args, str) else None
+        self.fit_args = shlex.split(fit_args) if args is None else args
         self.select, self.fine_tune, self.zero_shot = select, fine_tune, zero_shot
         self.transfer_layers = list(transfer_layers or [])
         if (zero_shot or self.transfer_layers) and not init_from:
             raise ValueError("--zero_shot and --transfer_layers need pretrained weights: give --init_from.")
         if not fine_tune and not zero_shot:
             raise ValueError("Nothing to do: --fine_tune false needs --zero_shot true.")
-        # A transfer-depth sweep scores partial models: no submission from it unless asked.
-        default = spec.submission is not None and not transfer_layers
+        default = spec.submission is not None and not transfer_layers  # (a depth sweep's: none unless asked)
         self.predict, self.keep_checkpoints = default if predict is None else predict, keep_checkpoints
         check_out_dir(self.out, submission=self.predict and fine_tune and spec.submission is not None)
         # The main table and the submission: the runs of every layer transferred, or a sweep's deepest.
@@ -309,7 +309,7 @@ class SuiteRunner:
         entry, task = self.cards[name]
         data_dir, start = self.data_dirs.get(name, self.data_dirs.get(None)), time.perf_counter()
         metrics = zeroshot.score(
-            task, self.init_from, self.tokenizer, lambda split: list(examples_split(task, split, data_dir)),
+            task, self.init_from, self.tokenizer, lambda split: labelled_rows(task, split, data_dir),
             entry.zero_shot, name,
         )  # fmt: skip
         metrics = {k: finite(v) for k, v in metrics.items()}

@@ -133,6 +133,12 @@ def as_list(value) -> list:
     return list(value) if isinstance(value, list | tuple) else [value]
 
 
+def arg_text(value: str | int | float | bool) -> str:
+    """A command-line argument a YAML list gave as a number or a boolean (`[--trainer.max_steps, 3]`),
+    spelled as the command line spells it."""
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
 SECTIONS = {
     "": SuiteSpec,
     "tasks": SuiteTask,

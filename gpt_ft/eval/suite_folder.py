@@ -35,12 +35,14 @@ def check_out_dir(out: Path, submission: bool = True) -> None:
     marker, present = out / SUITES_OWN, digests(out / SUBMISSION) if submission else {}
     if not present:  # (the runs' predictions are not read for nothing)
         return
-    ours = set((read_json(marker) if marker.is_file() and marker.stat().st_size else {}).values())
-    ours |= {digest for path in sorted(out.glob("runs/**/predictions/*")) if (digest := file_digest(path))}
-    if foreign := [name for name, d in present.items() if d is None or d not in ours]:
+    ours = list((read_json(marker) if marker.is_file() and marker.stat().st_size else {}).items())
+    ours += [(p.name, d) for p in sorted(out.glob("runs/**/predictions/*")) if (d := file_digest(p))]
+    names, written = {name for name, _ in ours}, {digest for _, digest in ours}
+    if foreign := [name for name, d in present.items() if d is None or d not in written]:
         named = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+        what = "changed since a suite wrote them" if set(foreign) <= names else "no suite wrote"
         raise ValueError(
-            f"{out / SUBMISSION} holds files no suite wrote ({named}), and a suite writes its submission "
+            f"{out / SUBMISSION} holds files {what} ({named}), and a suite writes its submission "
             "there anew: give another --out_dir, or move them (they are kept)."
         )
 

@@ -137,7 +137,10 @@ class ZeroShotScorer:
         requests, spans, labels = [], [], []
         n_ctx = self.gpt.config.n_positions
         for number, row in enumerate(rows, 1):
-            context, choices = task.context_and_choices(row)
+            try:
+                context, choices = task.context_and_choices(row)
+            except TaskDataError as exc:
+                raise TaskDataError(f"task {task.name!r}: {_where(split)}example {number}: {exc}") from None
             if not self.prefix and not self.ids(context):  # a choice's first token would go unscored
                 raise TaskDataError(
                     f"task {task.name!r}: {_where(split)}example {number} has an empty context, which "

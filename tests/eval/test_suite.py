@@ -322,9 +322,12 @@ def test_a_submission_folder_of_other_files_is_refused_before_any_run(tmp_path):
     suites.SuiteRunner(spec, out_dir=tmp_path)
     # A file of the user's put there since, or one of the suite's written over: refused, kept (a suite
     # once counted the whole folder its own, and deleted them).
-    for name, text in (("MINE.tsv", "x\n"), ("RTE.tsv", "index\tprediction\n0\tentailment\n")):
+    for name, text, what in (
+        ("MINE.tsv", "x\n", "no suite wrote"),
+        ("RTE.tsv", "index\tprediction\n0\tentailment\n", "changed since a suite wrote them"),
+    ):
         (folder / name).write_text(text)
-        with pytest.raises(ValueError, match=rf"submission holds files no suite wrote \({name}\), and a"):
+        with pytest.raises(ValueError, match=rf"submission holds files {what} \({name}\), and a"):
             suites.SuiteRunner(spec, out_dir=tmp_path)
         with pytest.raises(ValueError, match=rf"\({name}\)"):
             suites.new_submission_folder(tmp_path)
@@ -643,6 +646,8 @@ def test_a_rerun_compares_configurations_not_spellings(tmp_path, tokenizer_dir, 
     main([*argv, *fit_args(*fit, "--model.lr", "0.0001", "--data.batch_size", "4")])  # spelled otherwise
     assert len(calls) == 1
     main([*argv, "--fit_args=--model.preset 'gpt-micro' --data.batch_size=4 --model.lr=1e-4"])  # one text
+    assert len(calls) == 1
+    main([*argv, "--fit_args=[--model.preset=gpt-micro, --data.batch_size, 4, --model.lr, 1e-4]"])  # numbers
     assert len(calls) == 1
     main(
         [*argv[:-1], f"--data_dir={tmp_path}/./a/", *fit_args(*fit, "--data.batch_size=4", "--model.lr=1e-4")]

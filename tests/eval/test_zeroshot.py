@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -175,15 +176,21 @@ def test_an_empty_context_with_nothing_to_start_the_text_is_refused(tokenizer_di
         "validation/accuracy_norm",
         "validation/accuracy_token",
     }
-    # An empty choice, which a tokenizer that drops spaces (GPT-1's) gives no token: named, not
-    # "A continuation to score has no tokens".
+    # An empty choice is refused (a byte-level BPE scored its space, GPT-1's none); one the tokenizer
+    # gives no token is named, not "A continuation to score has no tokens".
+    empty = [rows[0], {"story": "a story .", "a": "a", "b": " ", "label": "1"}]
+    with pytest.raises(
+        TaskDataError,
+        match=r"^task 'mc': split 'validation', labelled example 2: choice 2 \(field 'b'\) is empty: a",
+    ):
+        evaluate(task, scorer, lambda split: empty)
     ids = scorer.ids
-    scorer.ids = lambda text: ids(text) if text.strip() else []
-    empty = [rows[0], {"story": "a story .", "a": "a", "b": "", "label": "1"}]
+    scorer.ids = lambda text: ids(text) if "dropped" not in text else []
+    dropped = [rows[0], {"story": "a story .", "a": "a", "b": "dropped", "label": "1"}]
     with pytest.raises(
         TaskDataError, match=r"^task 'mc': split 'validation', labelled example 2's choice 2 is empty"
     ):
-        evaluate(task, scorer, lambda split: empty)
+        evaluate(task, scorer, lambda split: dropped)
     scorer.ids = ids
     # The threshold rule's average log-probability: a one-token text has nothing scored.
     single = SingleText(name="s", labels=["neg", "pos"], metrics=["accuracy"])
@@ -191,3 +198,35 @@ def test_an_empty_context_with_nothing_to_start_the_text_is_refused(tokenizer_di
     with pytest.raises(TaskDataError, match=r"^task 's': example 2's text of 0 token\(s\) cannot be scored"):
         scorer.average_logprobs(single, texts)
     assert scorer.average_logprobs(single, texts[:1]).isfinite().all()
+
+
+def test_the_suites_rows_name_a_bad_ones_file_and_line(tmp_path):
+    """Zero-shot scoring reads a split's rows as training reads them: a missing label column, a row
+    without a label, a label that is no class and an empty ending are named by file and line
+    (zero-shot said "needs labelled examples", or named no file, and scored an empty ending)."""
+    from gpt_ft.adapters.cards import load_card
+    from gpt_ft.data.files import labelled_rows
+    from tests.helpers import make_task, write_rows
+
+    task = load_card(make_task("choice", tmp_path))
+    assert [row["id"] for row in labelled_rows(task, "validation", tmp_path)] == [f"s-{i}" for i in range(5)]
+    dev = tmp_path / "d" / "dev.csv"
+    header = ["id", "story", "end1", "end2", "label"]
+    good = ["s-0", "A story.", "He is happy now.", "He joined a gang.", 1]
+    for row, said in [
+        (
+            ["s-1", "A story.", "Ends.", " ", 2],
+            "line 3: choice 2 (field 'end2') is empty: a choice needs a text",
+        ),
+        (["s-1", "A story.", "Ends.", "Ends too.", 3], "line 3: label '3' in field 'label' is not among"),
+        (
+            ["s-1", "A story.", "Ends.", "Ends too.", ""],
+            "line 3: no label (field 'label'): zero-shot scoring",
+        ),
+    ]:
+        write_rows(dev, header, [good, row])
+        with pytest.raises(TaskDataError, match=f"^{dev}, {re.escape(said)}"):
+            labelled_rows(task, "validation", tmp_path)
+    write_rows(dev, header[:-1], [good[:-1]])
+    with pytest.raises(TaskDataError, match=rf"^{dev}: missing column\(s\) \['label'\] needed by task 'mc'"):
+        labelled_rows(task, "validation", tmp_path)
