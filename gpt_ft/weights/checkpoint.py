@@ -59,11 +59,14 @@ UNSAFE = (
 
 def weights_fingerprint(model: torch.nn.Module) -> str:
     """A short digest of a model's weights as loaded: each tensor's name, shape and 64 of its values,
-    evenly spaced, as float32. Weights changed since (another fine-tune put in their place) differ."""
+    evenly spaced, as float32. Weights changed since (another fine-tune put in their place) differ.
+    (The positions are float32's, as recorded fingerprints have them: past 2**24 values its last
+    position may round up to the tensor's size, kept at its last value.)"""
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
         flat = tensor.detach().reshape(-1)
-        picked = flat[torch.linspace(0, max(flat.numel() - 1, 0), min(64, flat.numel())).long()]
+        at = torch.linspace(0, max(flat.numel() - 1, 0), min(64, flat.numel())).long()
+        picked = flat[at.clamp_(max=max(flat.numel() - 1, 0))]
         digest.update(f"{name}{tuple(tensor.shape)}".encode())
         digest.update(picked.float().cpu().numpy().tobytes())
     return digest.hexdigest()[:16]

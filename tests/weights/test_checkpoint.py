@@ -114,3 +114,24 @@ def test_a_failed_save_keeps_the_previous_file_and_leaves_no_temporary(tmp_path,
         save_file({"gpt_config": {"n_layer": 2}}, path)
     assert path.read_bytes() == before
     assert sorted(p.name for p in Path(tmp_path).iterdir()) == ["last.ckpt"]
+
+
+def test_a_weights_fingerprint_of_a_table_past_float32s_integers():
+    """SmolLM2's 49152 x 576 embedding: float32's evenly spaced positions end past the table (a LoRA
+    run on it stopped with an IndexError); the positions of smaller tensors, those checkpoints
+    recorded, are unchanged."""
+    from gpt_ft.weights.checkpoint import weights_fingerprint
+
+    table = torch.nn.Embedding(49152, 576)
+    with torch.no_grad():
+        table.weight.zero_()
+        table.weight[-1, -1] = 1.0  # the last value is read
+    before = weights_fingerprint(table)
+    with torch.no_grad():
+        table.weight[-1, -1] = 2.0
+    assert weights_fingerprint(table) != before
+    small = torch.nn.Linear(300, 70)
+    with torch.no_grad():
+        small.weight.copy_(torch.arange(21000.0).reshape(70, 300) / 7)
+        small.bias.copy_(torch.arange(70.0))
+    assert weights_fingerprint(small) == "0b8405aeab06df18"  # as recorded before
