@@ -69,7 +69,7 @@ def build_gpt(
             )
         gpt = GPT.from_pretrained(init_from).train()  # loaded in eval mode; Lightning leaves modes as found
         if lora is not None:  # recorded with the adapters: the base they adapt, as loaded
-            gpt.base_fingerprint = weights_fingerprint(gpt)
+            gpt.base_fingerprint, gpt.base_loaded = weights_fingerprint(gpt), str(init_from)
         if overrides:
             for key, value in overrides.items():
                 if key.endswith("pdrop"):
@@ -263,7 +263,7 @@ def check_lora_resume(
     if shape:  # other adapters: a size mismatch, or the same tensors scaled otherwise without a word
         raise ValueError(f"{where} holds LoRA adapters trained with {'; '.join(shape)}: resume with those.")
     if lora is not None and (loaded := getattr(gpt, "base_fingerprint", None)):
-        checkpoint.adapters.check_base(loaded, where)
+        checkpoint.adapters.check_base(loaded, where, getattr(gpt, "base_loaded", None))
     if lora is not None and gpt is not None:
         checkpoint.check_adapters_whole(gpt, where)
 

@@ -92,14 +92,16 @@ class Adapters:
         """The entry of `lora` (a `LoRA`) adapting `base`."""
         return cls(base, new_tokens_from, asdict(lora), fingerprint)
 
-    def check_base(self, now: str, where: str) -> None:
-        """The base weights loaded now (`now`: their fingerprint) are those the adapters were
-        trained on, where the checkpoint records which."""
+    def check_base(self, now: str, where: str, loaded: str | None = None) -> None:
+        """The base weights loaded now (`now`: their fingerprint; from `loaded`, default the
+        recorded base) are those the adapters were trained on, where the checkpoint records which."""
         if self.fingerprint and now != self.fingerprint:
+            trained = "" if loaded in (None, self.base) else f" (trained on {self.base}'s)"
             raise ValueError(
-                f"{where} holds LoRA adapters of other base weights than {self.base} holds now "
-                f"(fingerprint {now}, trained on {self.fingerprint}): give the weights they were trained "
-                "on (--model.init_from), or use a checkpoint saved with --model.lora.checkpoint merged."
+                f"{where} holds LoRA adapters of other base weights than {loaded or self.base} holds now"
+                f"{trained} (fingerprint {now}, trained on {self.fingerprint}): give the weights they "
+                "were trained on (--model.init_from), or use a checkpoint saved with --model.lora.checkpoint "
+                "merged."
             )
 
 

@@ -483,6 +483,13 @@ def test_lora_checkpoints_hold_the_adapters_or_the_merged_model(tmp_path, tokeni
     with pytest.raises(SystemExit):
         main(["validate", f"--ckpt_path={adapters}", *quiet])
     assert re.search(changed, capsys.readouterr().err)
+    other.save_pretrained(tmp_path / "changed")  # given in the base's place: that folder named
+    with pytest.raises(SystemExit):
+        main(["validate", f"--ckpt_path={adapters}", f"--model.init_from={tmp_path / 'changed'}", *quiet])
+    assert re.search(
+        rf"other base weights than {tmp_path / 'changed'} holds now \(trained on {tmp_path / 'weights'}'s\)",
+        capsys.readouterr().err,
+    )
 
 
 def test_lora_on_4_bit_weights_fine_tunes_and_its_adapters_load(tmp_path, tokenizer_dir, capsys):
