@@ -47,7 +47,7 @@ from gpt_ft.adapters.contrastive import (
 from gpt_ft.adapters.heads import TaskHead
 from gpt_ft.adapters.metrics import RETRIEVAL, metric_value, retrieval_metrics
 from gpt_ft.adapters.outputs import CardError, LabelSpec, TaskDataError, TaskOutput
-from gpt_ft.adapters.sources import field_text, finite_number
+from gpt_ft.adapters.sources import field_text, finite_number, needed_text
 
 CORRELATIONS = ("spearman", "pearson")
 POOLINGS = ("extract", "last", "mean")
@@ -343,7 +343,7 @@ class Embedding(TaskAdapter):
     def texts(self, example: dict[str, Any]) -> list[str]:
         """[anchor, positive, negative, ...], each with its prompt."""
         needed = "an embedding row needs its anchor and its positive"  # (a missing field reads as null)
-        anchor, positive = (field_text(example[f], f, needed) for f in (self.anchor, self.positive))
+        anchor, positive = (needed_text(example[f], f, needed) for f in (self.anchor, self.positive))
         negatives = map(field_text, negative_texts(example, self.negatives, self.num_negatives))
         return [self.query_prompt + anchor] + [self.document_prompt + d for d in (positive, *negatives)]
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from gpt_ft.adapters.embedding import Embedding
-from gpt_ft.adapters.sources import field_text
+from gpt_ft.adapters.sources import field_text, needed_text
 from gpt_ft.errors import about
+
+NEEDED = "a triplet needs a premise and the hypotheses it is made of"
 
 
 class NliTriplets(Embedding):
@@ -62,12 +64,18 @@ class NliTriplets(Embedding):
         grouped: dict[str, dict[str, Any]] = {}
         for i, row in enumerate(records):
             with about(where, i, self.name):
-                premise, label = field_text(row[self.premise], self.premise), str(row[self.nli_label])
+                premise, label = (
+                    needed_text(row[self.premise], self.premise, NEEDED),
+                    str(row[self.nli_label]),
+                )
                 group = grouped.setdefault(premise, {"positive": None, "negative": None, "record": None})
                 if label in self.entailment and group["positive"] is None:
-                    group["positive"], group["record"] = field_text(row[self.hypothesis], self.hypothesis), i
+                    group["positive"], group["record"] = (
+                        needed_text(row[self.hypothesis], self.hypothesis, NEEDED),
+                        i,
+                    )
                 elif label in self.contradiction and group["negative"] is None:
-                    group["negative"] = field_text(row[self.hypothesis], self.hypothesis)
+                    group["negative"] = needed_text(row[self.hypothesis], self.hypothesis, NEEDED)
         kept = [(p, g) for p, g in grouped.items() if g["positive"] is not None]
         triplets = [
             {

@@ -120,3 +120,12 @@ def field_text(value: Any, field: str | None = None, needed: str | None = None) 
     if not isinstance(value, str) and hasattr(value, "__len__"):  # a list, mapping, array: not its repr
         raise TaskDataError(f"{where} holds a {type(value).__name__} {short_repr(value)}, not a text.")
     return str(value)
+
+
+def needed_text(value: Any, field: str, needed: str) -> str:
+    """`field_text` of a field the row `needed` (why, in a few words): empty, or spaces only (a
+    table's empty cell), refused as a missing value is."""
+    text = field_text(value, field, needed)
+    if not text.strip():
+        raise TaskDataError(f"field {field!r} is empty: {needed}.")
+    return text

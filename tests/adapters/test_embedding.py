@@ -272,13 +272,15 @@ def test_a_card_frames_each_text_alone_with_its_prompt(tokenizer_dir):
     assert fewer == [1.0, *keys[0], *keys[1], *keys[2], *NO_TEXT] and task.output.label_text(fewer) == 1.0
     assert len(set(keys)) == 4 and all(len(key) == 6 and all(0 <= k < 256 for k in key) for key in keys)
     assert text_key(list(encoded.sequences[1])) == keys[1]  # the same tokens, the same key
-    # an anchor or a positive lacking (a missing field reads as null): not an empty text (an empty cell is)
-    assert task.texts({**row, "positive": ""})[1] == ""
-    for lacking in ({"anchor": None}, {"positive": float("nan")}):
+    # an anchor or a positive lacking (a missing field reads as null), or empty (a table's empty cell)
+    for lacking, said in [
+        ({"anchor": None}, "has no value"),
+        ({"positive": float("nan")}, "has no value"),
+        ({"positive": ""}, "is empty"),
+        ({"anchor": " \t"}, "is empty"),
+    ]:
         (field,) = lacking
-        with pytest.raises(
-            TaskDataError, match=rf"^field '{field}' has no value: an embedding row needs its"
-        ):
+        with pytest.raises(TaskDataError, match=rf"^field '{field}' {said}: an embedding row needs its"):
             task.texts({**row, **lacking})
     for dtype in (torch.float32, torch.bfloat16, torch.float16):  # exact in any float type
         assert torch.tensor(encoded.label, dtype=dtype)[1:].long().tolist() == encoded.label[1:]
@@ -579,12 +581,15 @@ def test_a_reranker_frames_each_candidate_after_the_query_and_ranks_the_positive
     got = task.output.metric_values(near, torch.zeros(3), ["mrr@10"])
     assert got["mrr@10"].item() == pytest.approx((0.75 + 0.75 + 0.5) / 3)
     assert task.output.outcome(near[1], None)["label"] == 0
-    needed = "has no value: a reranking row needs its query and its positive."  # (a missing field: null)
+    needed = "a reranking row needs its query and its positive."  # (a missing field: null)
     for row, field in [
-        ({"positive": None}, "positive"),
-        ({"query": None}, "query"),
+        ({"positive": None}, "positive has no value:"),
+        ({"query": None}, "query has no value:"),
+        ({"query": ""}, "query is empty:"),
+        ({"positive": " "}, "positive is empty:"),
     ]:
-        with pytest.raises(TaskDataError, match=rf"^field '{field}' {needed}$"):
+        field, said = field.split(" ", 1)
+        with pytest.raises(TaskDataError, match=rf"^field '{field}' {said} {needed}$"):
             task.texts({"query": "a", "positive": "b", "negatives": ["c"], **row})
 
 
@@ -621,3 +626,12 @@ def test_nli_records_become_triplets_as_sbert_and_simcse_build_them():
         }
     with pytest.raises(TaskDataError, match=r"^field 'premise' holds a list \['a'\], not a text\.$"):
         task.to_predict({"premise": ["a"], "hypothesis": "b"})
+    # A premise, or a hypothesis taken into a triplet, missing or empty: named (it trained as "").
+    entailed = {"premise": "A man sings.", "label": "entailment"}
+    for record, said in [
+        ({**entailed, "hypothesis": None}, "field 'hypothesis' has no value"),
+        ({**entailed, "hypothesis": ""}, "field 'hypothesis' is empty"),
+        ({"premise": " ", "hypothesis": "b", "label": "neutral"}, "field 'premise' is empty"),
+    ]:
+        with pytest.raises(TaskDataError, match=rf"record 1: {said}: a triplet needs a premise"):
+            task.regroup([record], where=lambda i: f"record {i + 1}")

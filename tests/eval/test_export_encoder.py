@@ -77,7 +77,9 @@ def write_encoders(out: str, tokenizer_dir: str) -> None:
         encoder = Encoder(clf)
         expected[name] = {p: encoder.encode(TEXTS, prompt=p).tolist() for p in ("query", "document")}
         jobs.append((name, str(export_encoder(clf, out / name)), TEXTS))
-    pairs = [(TEXTS[i], TEXTS[-1 - i]) for i in range(len(TEXTS))]
+    pairs = [
+        (TEXTS[i], TEXTS[-1 - i]) for i in range(len(TEXTS)) if TEXTS[i] and TEXTS[-1 - i]
+    ]  # (none empty)
     for name in ("gpt1", "llama"):
         preset, overrides, _, _ = LAYOUTS[name]
         torch.manual_seed(7)
