@@ -6,9 +6,10 @@ from typing import Any
 
 from gpt_ft.adapters.embedding import Embedding
 from gpt_ft.adapters.sources import field_text, needed_text
-from gpt_ft.errors import about
+from gpt_ft.errors import TaskDataError, about
 
 NEEDED = "a triplet needs a premise and the hypotheses it is made of"
+NO_GOLD = ("-", "-1", "None")  # SNLI's records without a consensus, the hub's -1; null
 
 
 class NliTriplets(Embedding):
@@ -26,6 +27,7 @@ class NliTriplets(Embedding):
         nli_label: str = "label",
         entailment: list[str] | None = None,
         contradiction: list[str] | None = None,
+        neutral: list[str] | None = None,
         **kwargs,
     ) -> None:
         """
@@ -36,10 +38,13 @@ class NliTriplets(Embedding):
             entailment: The label values that mean entailment (default: entailment, 0: the release
                 files' name and the hub's id).
             contradiction: The label values that mean contradiction (default: contradiction, 2).
+            neutral: The label values that mean neither (default: neutral, 1). A record whose label is
+                none of these three nor "-", -1 or null (no gold label: SNLI's, the hub's) is refused.
         """
         self.premise, self.hypothesis, self.nli_label = premise, hypothesis, nli_label
         self.entailment = [str(v) for v in (entailment or ["entailment", "0"])]
         self.contradiction = [str(v) for v in (contradiction or ["contradiction", "2"])]
+        self.neutral = [str(v) for v in (neutral or ["neutral", "1"])]
         super().__init__(
             anchor="anchor", positive="positive", negatives="negatives", num_negatives=1, **kwargs
         )
@@ -62,12 +67,17 @@ class NliTriplets(Embedding):
             ]
             return pairs, list(range(len(pairs)))
         grouped: dict[str, dict[str, Any]] = {}
+        known = {*self.entailment, *self.contradiction, *self.neutral, *NO_GOLD}
         for i, row in enumerate(records):
             with about(where, i, self.name):
-                premise, label = (
-                    needed_text(row[self.premise], self.premise, NEEDED),
-                    str(row[self.nli_label]),
-                )
+                premise, label = needed_text(row[self.premise], self.premise, NEEDED), row[self.nli_label]
+                if (label := str(label)) not in known:
+                    raise TaskDataError(
+                        f"label {row[self.nli_label]!r} in field {self.nli_label!r} is none of entailment "
+                        f"{self.entailment}, contradiction {self.contradiction} and neutral {self.neutral}, "
+                        "nor '-', -1 or null (no gold label); a card names a file's own values in "
+                        "`entailment`, `contradiction` and `neutral`."
+                    )
                 group = grouped.setdefault(premise, {"positive": None, "negative": None, "record": None})
                 if label in self.entailment and group["positive"] is None:
                     group["positive"], group["record"] = (

@@ -635,3 +635,11 @@ def test_nli_records_become_triplets_as_sbert_and_simcse_build_them():
     ]:
         with pytest.raises(TaskDataError, match=rf"record 1: {said}: a triplet needs a premise"):
             task.regroup([record], where=lambda i: f"record {i + 1}")
+    # A label none of the three, nor no gold label's: named (it dropped its premise's example).
+    ok = [{**entailed, "hypothesis": "a", "label": v} for v in ("-", -1, None, "neutral", 1, "contradiction")]
+    rows, _ = task.regroup(ok, where=lambda i: f"record {i + 1}")
+    assert [r["positive"] for r in rows] == []  # no entailed hypothesis: no example
+    with pytest.raises(
+        TaskDataError, match=r"^record 2: label 'entailmnet' in field 'label' is none of entail"
+    ):
+        task.regroup([ok[0], {**ok[0], "label": "entailmnet"}], where=lambda i: f"record {i + 1}")
