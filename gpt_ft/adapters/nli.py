@@ -80,10 +80,8 @@ class NliTriplets(Embedding):
                     )
                 group = grouped.setdefault(premise, {"positive": None, "negative": None, "record": None})
                 if label in self.entailment and group["positive"] is None:
-                    group["positive"], group["record"] = (
-                        needed_text(row[self.hypothesis], self.hypothesis, NEEDED),
-                        i,
-                    )
+                    group["record"] = i
+                    group["positive"] = needed_text(row[self.hypothesis], self.hypothesis, NEEDED)
                 elif label in self.contradiction and group["negative"] is None:
                     group["negative"] = needed_text(row[self.hypothesis], self.hypothesis, NEEDED)
         kept = [(p, g) for p, g in grouped.items() if g["positive"] is not None]

@@ -216,10 +216,9 @@ class PreferenceOutput(TaskOutput):
         first, second = prediction.tolist()
         if math.isnan(second):
             return {"label": first, "scores": first}
+        first_wins = first >= second or bool(tied(prediction[:1], prediction[1:]))
         return {
-            "label": self.sides[0]
-            if first >= second or tied(prediction[:1], prediction[1:])
-            else self.sides[1],
+            "label": self.sides[0] if first_wins else self.sides[1],
             "scores": dict(zip(self.sides, (first, second))),
             "probability": 1 / (1 + math.exp(min(second - first, 700.0))),
         }
@@ -338,9 +337,8 @@ class Preference(TaskAdapter):
         messages = [chat_messages(example[f], f) for f in sides]  # a missing field: its name
         if any(m is not None for m in messages):
             return self._message_texts(messages, sides)
-        prompt = (
-            field_text(example[self.prompt], self.prompt) if self.prompt else ""
-        )  # a card without one: none
+        # (a card without a prompt: none)
+        prompt = field_text(example[self.prompt], self.prompt) if self.prompt else ""
         if not self._pair(example):
             reply = _text(example, self.reply)
             if self.turn_marker is not None:

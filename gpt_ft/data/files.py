@@ -93,10 +93,8 @@ def labelled_rows(task: TaskAdapter, split: str, data_dir: str | Path | None) ->
     needed = [*task.text_fields(), *([task.label_column] if task.label_column else [])]
     if missing := [field for field in needed if field not in raw.column_names]:
         has = [dict(origin.columns).get(c, c) for c in raw.column_names]
-        said = (
-            f"{origin.source}: missing column(s) {missing} needed by task {task.name!r}; the file has {has}."
-        )
-        raise TaskDataError(origin.explain(said))
+        said = f"missing column(s) {missing} needed by task {task.name!r}; the file has {has}."
+        raise TaskDataError(origin.explain(f"{origin.source}: {said}"))
     rows = list(raw)
     for i, row in enumerate(rows):
         try:
