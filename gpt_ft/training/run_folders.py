@@ -7,6 +7,8 @@ import sys
 from contextlib import nullcontext, redirect_stdout
 from pathlib import Path
 
+from lightning.pytorch.callbacks import Callback
+
 from gpt_ft.training.checkpointing import LAST, find_last_checkpoint
 
 # Logs and checkpoints go to runs/lightning_logs/version_N, or under --trainer.default_root_dir.
@@ -101,3 +103,23 @@ def logs_follow_root_dir(trainer) -> None:
     logger = trainer.get("logger")
     if follows_root_dir(logger, trainer):
         logger.init_args.save_dir = trainer.default_root_dir
+
+
+class DropUnusedRunFolder(Callback):
+    """A run that stops with an error before it writes anything to its logger's new folder but its
+    configuration (config.yaml, written over at the start) leaves no folder behind: a refused
+    resume, or a data file found missing, left an empty `version_N`, and each attempt one more."""
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        logger = trainer.logger
+        version = getattr(logger, "version", None)
+        name = f"version_{version}" if isinstance(version, int) else version
+        folder = getattr(logger, "log_dir", None)
+        if not trainer.is_global_zero or not name or folder is None or Path(folder).name != name:
+            return  # not a run's own folder (a folder the logger was given, or no logger)
+        folder = Path(folder)
+        if folder.is_dir() and folder.resolve() != Path.cwd().resolve():
+            config = folder / "config.yaml"
+            if all(p == config and p.is_file() for p in folder.iterdir()):
+                config.unlink(missing_ok=True)
+                folder.rmdir()

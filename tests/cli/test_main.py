@@ -24,7 +24,8 @@ from tests.helpers import MICRO, ROOT, common_args, make_task, write_corpus
 @pytest.fixture
 def run(tmp_path, tokenizer_dir, capsys):
     """A task, a previous run's checkpoint on disk, and `fail(args)`: runs `gpt-ft fit` with the
-    task's arguments plus `args`, expects exit code 2 and returns the error line."""
+    task's arguments plus `args`, expects exit code 2, the checkpoint untouched and no new run
+    folder, and returns the error line."""
     card = make_task("single", tmp_path)
     earlier = tmp_path / "runs" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
     earlier.parent.mkdir(parents=True)
@@ -39,6 +40,8 @@ def run(tmp_path, tokenizer_dir, capsys):
         err = capsys.readouterr().err
         assert "Traceback" not in err
         assert earlier.read_bytes() == b"an earlier run's checkpoint"
+        runs = sorted(p.name for p in earlier.parents[2].iterdir())
+        assert runs == ["version_0"]  # no folder left of a run that stopped before it began
         last = err.strip().splitlines()[-1]
         assert last.startswith("gpt-ft: error: ") and last.endswith(".")
         return last
