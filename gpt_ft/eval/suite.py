@@ -170,7 +170,6 @@ class SuiteRunner:
                 for size in self.sizes for seed in self.seeds]  # fmt: skip
 
     def run(self, log=print) -> dict[str, Any]:
-        self.out.mkdir(parents=True, exist_ok=True)
         start, writes = time.perf_counter(), first_process()  # the others of a DDP run fit, silent
         log = log if writes else (lambda *args, **kwargs: None)
         if self.zero_shot and writes:

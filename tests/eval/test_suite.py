@@ -411,7 +411,7 @@ def test_a_bad_argument_of_any_task_stops_the_suite_before_it_trains(
     ]
     with pytest.raises(SystemExit) as stopped:
         main([*argv, "--data_dir", as_list(f"sent={tmp_path / 'a'}", f"pair={tmp_path / 'b'}")])
-    assert stopped.value.code == 2 and calls == []
+    assert stopped.value.code == 2 and calls == [] and not (tmp_path / "out").exists()  # nothing left
     err = capsys.readouterr().err.strip()
     assert (
         err == f"gpt-ft: error: Suite file {suite}, task 'pair': unrecognized arguments: --trainer.bogus=1."
