@@ -65,15 +65,6 @@ def new_token_ids(tokenizer: str | None, init_from: str | None = None) -> list[i
     return sorted(vocab[token] for token in SPECIAL_TOKENS.values() if token in vocab and token not in own)
 
 
-def framing_copies(tokenizer: str | None) -> dict[int, int]:
-    """GPT-1's framing tokens by id, each with the id of the tokenizer's own token in that role."""
-    if tokenizer is None:
-        return {}
-    from gpt_ft.data.tokenizer import load_tokenizer, own_framing_rows
-
-    return own_framing_rows(load_tokenizer(tokenizer))
-
-
 def attached_trainer(module: LightningModule) -> Trainer | None:
     """`module`'s Trainer, or None where it has none (`load_from_checkpoint`, a direct call):
     `LightningModule.trainer` raises there (Lightning-AI/pytorch-lightning#13638)."""
@@ -254,7 +245,6 @@ class GPTModule(Evaluation, LightningModule):
             lora=lora,
             new_token_ids=new_token_ids(tokenizer, init_from) if init_from else None,
             new_tokens=new_tokens,
-            own_tokens=framing_copies(tokenizer) if init_from and new_tokens != "random" else None,
         )
         self.lora, self.init_from = lora, init_from
         # A LoRA checkpoint holds the trained weights only; the frozen ones come from init_from.
@@ -280,6 +270,14 @@ class GPTModule(Evaluation, LightningModule):
         self.step_values = StepValues()  # logs a training step's losses where something reads them
         self.save_hyperparameters(ignore=["task", "lora"])
         self.hparams["lora"] = asdict(lora) if lora is not None else None  # plain values: weights-only loads
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path, *args: Any, **kwargs: Any):  # (`saved.standalone`)
+        from gpt_ft.training.saved import standalone
+
+        return super().load_from_checkpoint(
+            checkpoint_path, *args, **{**standalone(checkpoint_path), **kwargs}
+        )
 
     def configure_model(self) -> None:
         # Once the device and strategy are set, before the optimizer and FSDP's flattening (groups by shape).

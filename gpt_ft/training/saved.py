@@ -108,7 +108,8 @@ def build_gpt(
     if new_tokens is None:
         new_tokens = "copied" if is_llama_style(gpt.config) else "random"
     if init_from and new_tokens == "copied":  # only rows drawn here: the weights' own stay as trained
-        copy_token_rows(gpt, {row: source for row, source in (own_tokens or {}).items() if row in drawn})
+        own_tokens = framing_copies(tokenizer) if own_tokens is None else own_tokens
+        copy_token_rows(gpt, {row: source for row, source in own_tokens.items() if row in drawn})
     if init_from and new_tokens == "mean":
         mean_token_rows(gpt, sorted(drawn))
     if lora is not None:
@@ -116,6 +117,15 @@ def build_gpt(
             raise ValueError("lora adapts pretrained weights: give --model.init_from.")
         add_lora(gpt, lora, new_tokens_from=loaded_vocab)
     return gpt
+
+
+def framing_copies(tokenizer: str | None) -> dict[int, int]:
+    """GPT-1's framing tokens by id, each with the id of the tokenizer's own token in that role."""
+    if tokenizer is None:
+        return {}
+    from gpt_ft.data.tokenizer import load_tokenizer, own_framing_rows
+
+    return own_framing_rows(load_tokenizer(tokenizer))
 
 
 def reinitialise_rows(gpt: GPT, ids: list[int]) -> None:
@@ -298,6 +308,16 @@ def recorded_run(checkpoint: Checkpoint) -> dict[str, Any]:
     if checkpoint.data:
         recorded["data"] = checkpoint.data
     return recorded
+
+
+def standalone(checkpoint_path: Any) -> dict[str, Any]:
+    """`GPTModule.load_from_checkpoint`'s model built on the checkpoint's own weights, as `gpt-ft
+    validate --ckpt_path` builds it (`recorded_run`), not on those its run started from
+    (`init_from`, which may be gone since); a LoRA checkpoint's adapters on their base weights."""
+    if not isinstance(checkpoint_path, str | Path) or "://" in str(checkpoint_path):
+        return {}  # (a URL or an open file: Lightning's to read)
+    model = recorded_run(Checkpoint.read(input_file(checkpoint_path, "checkpoint_path"))).get("model", {})
+    return {key: model[key] for key in ("init_from", "overrides", "transfer_layers") if key in model}
 
 
 def plain_config(value: Any) -> Any:

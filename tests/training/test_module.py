@@ -146,6 +146,20 @@ def test_a_checkpoint_of_another_shape_head_or_kind_is_named_in_one_sentence():
         lm.on_load_checkpoint({"gpt_config": config, "state_dict": {"head.weight": torch.zeros(2, 16)}})
 
 
+def test_a_checkpoint_loads_in_python_without_the_weights_its_run_started_from(tmp_path, finetuned):
+    """`GPTModule.load_from_checkpoint` builds the model on the checkpoint's own weights, as `gpt-ft
+    validate --ckpt_path` does: the weights its run started from (`init_from`) were read again, and
+    once gone (a GGUF file moved) the checkpoint did not load."""
+    from gpt_ft.adapters.cards import load_card
+
+    saved = torch.load(finetuned.ckpt, weights_only=False)
+    saved["hyper_parameters"]["init_from"] = str(tmp_path / "gone" / "base.gguf")
+    torch.save(saved, ckpt := tmp_path / "moved.ckpt")
+    m = GPTModule.load_from_checkpoint(ckpt, task=load_card(finetuned.card))
+    for name, value in m.state_dict().items():
+        assert torch.equal(value, saved["state_dict"][name]), name
+
+
 def test_a_module_built_in_python_with_a_tokenizer_fits_its_vocabulary(tokenizer_dir):
     """Without `vocab_size` (the CLI links the data's), the tokenizer's size, special tokens added:
     the preset's was kept, and the first special token's id ran past the table."""
