@@ -144,8 +144,9 @@ def check_fits(loaded: Checkpoint, config: GPTConfig, head: nn.Module | None, ta
             "with --model.init_from, not --ckpt_path."
         )
     if rows is not None and head is None:  # (`load_from_checkpoint` given no task)
-        raise ValueError(f"{where} is a task's checkpoint: give its task (a card) to resume it, or read it "
-                         "with Classifier.from_checkpoint; it resumes no pretraining.")  # fmt: skip
+        other = ", or read it with Classifier.from_checkpoint" if loaded.task_card else " (it records none)"
+        raise ValueError(f"{where} is a task's checkpoint: give its task (a card) to read or resume it"
+                         f"{other}; it resumes no pretraining.")  # fmt: skip
     if rows is not None and rows.shape[0] != head.out_features:
         raise ValueError(
             f"{where} has a task head of {rows.shape[0]} outputs but task {task.name!r} needs "

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from gpt_ft.adapters import MultipleChoice, Similarity, SingleText, TextPair
 from gpt_ft.data.batches import collate
 from gpt_ft.training.module import GPTModule
+from gpt_ft.weights.checkpoint import DATA
 
 MICRO = dict(n_positions=32, n_embd=16, n_layer=1, n_head=2, embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)
 START, DELIM, EXTRACT, PAD = 20, 21, 22, 23
@@ -139,11 +140,16 @@ def test_a_checkpoint_of_another_shape_head_or_kind_is_named_in_one_sentence():
     m.on_load_checkpoint({"gpt_config": config})  # a sharded checkpoint: its tensors load apart
     lm = module(None)
     lm.on_load_checkpoint({"gpt_config": config, "state_dict": lm_state})
-    # (`GPTModule.load_from_checkpoint` of a fine-tuned checkpoint, given no task, says how to read it)
-    with pytest.raises(
-        ValueError, match=r"^The checkpoint is a task.s checkpoint: give its task \(a card\) to"
-    ):
-        lm.on_load_checkpoint({"gpt_config": config, "state_dict": {"head.weight": torch.zeros(2, 16)}})
+    # (`GPTModule.load_from_checkpoint` of a fine-tuned checkpoint, given no task, says how to read it;
+    # Classifier.from_checkpoint only where the checkpoint records its card, which it needs)
+    head = {"head.weight": torch.zeros(2, 16)}
+    card = {"init_args": {"task": {"class_path": "gpt_ft.adapters.SingleText"}}}
+    for recorded, ends in (({}, " (it records none); "), ({DATA: card}, ", or read it with Classifier.")):
+        with pytest.raises(
+            ValueError, match=r"^The checkpoint is a task.s checkpoint: give its task \(a card\)"
+        ) as e:
+            lm.on_load_checkpoint({"gpt_config": config, "state_dict": head, **recorded})
+        assert "read or resume it" + ends in str(e.value)
 
 
 def test_a_checkpoint_loads_in_python_without_the_weights_its_run_started_from(tmp_path, finetuned):
