@@ -35,6 +35,7 @@ from gpt_ft.data.file_faults import file_format, json_records, record_lines
 from gpt_ft.data.files import read_table
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
 from gpt_ft.errors import about, at_least_one, check_output_file, device_named, input_file, writing
+from gpt_ft.model.decoding import eval_mode
 from gpt_ft.training.terms import batch_terms
 from gpt_ft.weights.checkpoint import Checkpoint
 from gpt_ft.weights.pretrained import GPT
@@ -63,7 +64,7 @@ class Classifier:
         """Run a multiple-choice example's shared context once (as `--data.shared_context`)."""
         self.temperature = temperature
         """Divides the head's outputs before probabilities (`gpt-ft calibrate`); 1: as trained."""
-        self.gpt, self.head = gpt.to(self.device).eval(), head.to(self.device).eval()
+        self.gpt, self.head = gpt.to(self.device), head.to(self.device)  # (in eval mode as they score)
         self.task = task
         self.tokenizer = load_tokenizer(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else tokenizer
         self.specials = special_token_ids(self.tokenizer)
@@ -102,7 +103,8 @@ class Classifier:
         """The task head's outputs for a batch (on the classifier's device), divided by the
         temperature (`calibrated`)."""
         batch = move_data_to_device(batch, self.device)
-        logits = batch_terms(self.gpt, self.head, batch, lm=False)["logits"]
+        with eval_mode(self.gpt, self.head):  # a model mid-training goes on training after
+            logits = batch_terms(self.gpt, self.head, batch, lm=False)["logits"]
         return logits / self.temperature if calibrated else logits
 
     @torch.no_grad()  # (not inference mode: the outputs are the caller's, for any use)

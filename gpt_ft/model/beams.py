@@ -10,7 +10,7 @@ from torch import Tensor
 
 from gpt_ft.model.decoding import (
     check_decoding,
-    decoding,
+    eval_mode,
     grown,
     left_padding,
     penalized,
@@ -43,7 +43,7 @@ def beam_search(
     """
     ids, real, positions = left_padding(input_ids, attention_mask)
     check_decoding(model, ids, max_new_tokens, 1.0, None, None, num_beams, False, repetition_penalty)
-    with decoding(model):
+    with eval_mode(model):
         out = _beam_search(
             model, ids, real, positions, num_beams, max_new_tokens, length_penalty, stop_ids(eos_token_id),
             repetition_penalty,

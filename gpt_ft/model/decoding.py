@@ -127,12 +127,15 @@ def stop_ids(eos_token_id: int | list[int] | None) -> list[int]:
 
 
 @contextmanager
-def decoding(model: GPT) -> Iterator[None]:
-    """The model in eval mode (no dropout) while it decodes, then back in the mode it was in: a
-    model fresh from `from_pretrained` is in training mode."""
-    training = model.training
-    model.eval()
+def eval_mode(*models: torch.nn.Module) -> Iterator[None]:
+    """The models in eval mode (no dropout) while they decode or score, then each of their modules
+    back in the mode it was in: a model fresh from `from_pretrained` is in training mode, and one
+    mid-training goes on training after it is read."""
+    modes = [(module, module.training) for model in models for module in model.modules()]
+    for model in models:
+        model.eval()
     try:
         yield
     finally:
-        model.train(training)
+        for module, training in modes:
+            module.training = training

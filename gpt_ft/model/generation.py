@@ -17,7 +17,7 @@ from torch import Tensor
 from gpt_ft.model.beams import beam_search
 from gpt_ft.model.decoding import (
     check_decoding,
-    decoding,
+    eval_mode,
     grown,
     left_padding,
     penalized,
@@ -78,7 +78,7 @@ def stream(
     )
     if static_cache and not use_cache:
         raise ValueError("static_cache=True needs use_cache=True.")
-    with decoding(model):
+    with eval_mode(model):
         yield from _stream(model, input_ids, real, positions, max_new_tokens, do_sample, temperature,
                            top_k, top_p, stop_ids(eos_token_id), use_cache, generator, static_cache,
                            repetition_penalty)  # fmt: skip

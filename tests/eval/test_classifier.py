@@ -59,6 +59,21 @@ def test_packed_and_padded_batches_give_the_same_probabilities(finetuned):
     torch.testing.assert_close(clf.raw_outputs(sentences, batch_size=4), packed, rtol=0, atol=1e-5)
 
 
+def test_a_classifier_of_modules_in_training_scores_without_dropout_and_leaves_their_modes(finetuned):
+    """Built on a model mid-training (a hand-written loop's evaluation), it turned the modules to eval
+    mode for good: the loop then trained on with dropout off."""
+    clf = Classifier.from_checkpoint(finetuned.ckpt, device="cpu")
+    sentences = [{"sentence": "the cat sat on the mat ."}, {"sentence": "a film"}]
+    expected = clf.raw_outputs(sentences)
+    gpt, head = clf.gpt.train(), clf.head.train()
+    assert gpt.config.resid_pdrop > 0
+    gpt.h[0].eval()  # (a part the caller froze stays so)
+    modes = [m.training for m in (*gpt.modules(), *head.modules())]
+    training = Classifier(gpt, head, clf.task, clf.tokenizer, max_length=clf.max_length, device="cpu")
+    torch.testing.assert_close(training.raw_outputs(sentences), expected, rtol=0, atol=0)
+    assert [m.training for m in (*gpt.modules(), *head.modules())] == modes
+
+
 def test_a_long_file_shows_its_batches_on_a_terminal_only(finetuned, capsys):
     """`gpt-ft label` and `embed` wrap their batches in a bar (`progress`), on stderr where it is a
     terminal: none in a log or a pipe, as here."""
