@@ -31,3 +31,7 @@ def __getattr__(name: str):
     if name in _HOMES:
         return getattr(import_module(_HOMES[name]), name)
     raise AttributeError(f"module 'gpt_ft' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:  # the public names too, not yet imported (tab completion)
+    return sorted({*globals(), *__all__})

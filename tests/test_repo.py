@@ -58,3 +58,8 @@ def test_a_source_tree_not_installed_still_imports():
     )
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True)
     assert (done.returncode, done.stdout) == (0, "0+unknown\n"), done.stderr[-2000:]
+
+
+def test_the_public_names_are_listed_before_their_first_use():
+    """`dir(gpt_ft)` (tab completion) lists them though each is imported on first use only."""
+    assert {"GPT", "GPTConfig", "Classifier", "Encoder", "__version__"} <= set(dir(gpt_ft))

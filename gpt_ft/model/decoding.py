@@ -27,12 +27,7 @@ def check_decoding(
     do_sample: bool,
     repetition_penalty: float = 1.0,
 ) -> None:
-    if input_ids.ndim != 2 or input_ids.shape[1] == 0:
-        raise ValueError(
-            f"input_ids must be a non-empty (batch, length) tensor, got shape {tuple(input_ids.shape)}."
-        )
-    if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
-        raise ValueError(f"input_ids must hold integer token ids, got {input_ids.dtype}.")
+    check_token_ids(input_ids, non_empty=True)
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}.")
     vocab, low, high = model.config.vocab_size, int(input_ids.min()), int(input_ids.max())
@@ -124,6 +119,16 @@ def stop_ids(eos_token_id: int | list[int] | None) -> list[int]:
         return [operator.index(eos_token_id)]
     except TypeError:
         return [int(i) for i in eos_token_id]
+
+
+def check_token_ids(input_ids: Tensor, non_empty: bool = False) -> None:
+    """Token ids as the model takes them, (batch, length) integers, or one sentence saying how they
+    are not (their shape and type only: their values would be read back from the device)."""
+    if input_ids.ndim != 2 or (non_empty and input_ids.shape[1] == 0):
+        what = "a non-empty (batch, length)" if non_empty else "a (batch, length)"
+        raise ValueError(f"input_ids must be {what} tensor, got shape {tuple(input_ids.shape)}.")
+    if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
+        raise ValueError(f"input_ids must hold integer token ids, got {input_ids.dtype}.")
 
 
 @contextmanager

@@ -12,6 +12,7 @@ transpose list; Llama's separate q/k/v and gate/up matrices are stacked (see `gp
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -23,6 +24,7 @@ from gpt_ft.model import attention, fused, generation, rope
 from gpt_ft.model.attention import CausalSelfAttention, PackedRows, Rotary, causal_mask
 from gpt_ft.model.cache import Cache, KVCache, SharedPrefix, StaticKVCache
 from gpt_ft.model.config import ACTIVATIONS, GPTConfig
+from gpt_ft.model.decoding import check_token_ids
 from gpt_ft.model.norms import RMSNorm, norm
 from gpt_ft.model.sequences import FlatRows, flat_rows
 
@@ -161,6 +163,7 @@ class GPT(nn.Module):
                 tail) starts in the flattened rows, and the longest (see `segment_offsets`): the
                 variable-length kernel's offsets, from the host; computed here when not given.
         """
+        check_token_ids(input_ids)
         B, T = input_ids.shape
         static = isinstance(kv_cache, StaticKVCache)  # its length stays on the device
         if static and attention_mask is not None and position_ids is None:  # they would count the padding
@@ -316,7 +319,7 @@ class GPT(nn.Module):
             raise ValueError(
                 f"resize_token_embeddings can only grow the vocabulary: {vocab_size} < {old_vocab}."
             )
-        self.config.vocab_size = vocab_size
+        self.config = dataclasses.replace(self.config, vocab_size=vocab_size)  # (not the caller's object)
         for name in ("wte", "lm_head"):
             module = getattr(self, name)
             if module is None:

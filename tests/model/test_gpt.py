@@ -58,11 +58,15 @@ def test_dropout_is_active_in_training_only():
 
 
 def test_resize_token_embeddings_keeps_rows_and_inits_new_ones():
-    gpt = GPT(GPTConfig(vocab_size=10, n_positions=8, n_embd=512, n_layer=1, n_head=8))
+    config = GPTConfig(vocab_size=10, n_positions=8, n_embd=512, n_layer=1, n_head=8)
+    gpt = GPT(config)
     old = gpt.wte.weight.detach().clone()
     gpt.resize_token_embeddings(13)  # the new rows come out of the padding: the table keeps its 64 rows
     assert gpt.wte.weight.shape == (64, 512) and gpt.config.vocab_size == 13
     assert torch.equal(gpt.wte.weight[:10], old[:10])
+    assert (
+        config.vocab_size == 10
+    )  # the caller's config unchanged (a second GPT(config) is the first's shape)
     assert gpt.wte.weight[10:13].std().item() == pytest.approx(0.02, rel=0.1)
     assert not gpt.wte.weight[13:].any()
     assert gpt.lm_logits(gpt(torch.tensor([[12]]))).shape == (1, 1, 13)
@@ -298,3 +302,15 @@ def test_gemmas_scaled_embeddings_compile_as_one_graph():
         compiled = torch.compile(gpt, backend=counted)(ids)
     torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
     assert len(graphs) == 1
+
+
+def test_token_ids_of_another_shape_or_type_are_named_in_one_sentence():
+    """(Their values are not read: on a GPU that would wait for the device at every step.)"""
+    gpt = GPT(GPTConfig(vocab_size=10, n_positions=8, n_embd=16, n_layer=1, n_head=2))
+    for ids, message in (
+        (torch.tensor([1, 2]), r"^input_ids must be a \(batch, length\) tensor, got shape \(2,\)\.$"),
+        (torch.ones(1, 2, 2, dtype=torch.long), r"got shape \(1, 2, 2\)\.$"),
+        (torch.tensor([[1.0, 2.0]]), r"^input_ids must hold integer token ids, got torch\.float32\.$"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            gpt(ids)
