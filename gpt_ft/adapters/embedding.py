@@ -46,7 +46,7 @@ from gpt_ft.adapters.contrastive import (
 )
 from gpt_ft.adapters.heads import TaskHead
 from gpt_ft.adapters.metrics import RETRIEVAL, metric_value, retrieval_metrics
-from gpt_ft.adapters.outputs import CardError, LabelSpec, TaskDataError, TaskOutput
+from gpt_ft.adapters.outputs import CardError, LabelSpec, TaskDataError, TaskOutput, score_text
 from gpt_ft.adapters.sources import field_text, finite_number, needed_text
 
 CORRELATIONS = ("spearman", "pearson")
@@ -240,7 +240,7 @@ class EmbeddingOutput(TaskOutput):
 
     def format_prediction(self, prediction: Tensor, name: Callable[[int], str]) -> str:
         """The cosine of the anchor and the positive."""
-        return f"{float(prediction[0] @ prediction[1]):.4f}"
+        return score_text(float(prediction[0] @ prediction[1]))
 
     def outcome(self, prediction: Tensor, probabilities: Tensor) -> dict[str, Any]:
         cosine = float(prediction[0] @ prediction[1])

@@ -26,6 +26,12 @@ from gpt_ft.errors import CardError, TaskDataError
 NUMBER = re.compile(r"-?\d+(\.\d*)?")  # a class name that is a number: '1', '-1', '1.0'
 
 
+def score_text(value: float) -> str:
+    """A score as predictions files write it: six significant digits (fewer would tie scores that
+    differ, and move a rank correlation recomputed from the file)."""
+    return f"{value:.6g}"
+
+
 @dataclasses.dataclass
 class LabelSpec:
     """What a card says about its labels: the field holding them, the class names, whether they are
@@ -365,7 +371,7 @@ class RegressionOutput(TaskOutput):
         return {name: metric_value(name, predictions, labels, 1) for name in metrics}
 
     def format_prediction(self, prediction: Tensor, name: Callable[[int], str]) -> str:
-        return f"{prediction.item():.3f}"
+        return score_text(prediction.item())
 
     def outcome(self, prediction: Tensor, probabilities: Tensor) -> dict[str, Any]:
         value = float(prediction)

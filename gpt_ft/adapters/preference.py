@@ -36,7 +36,7 @@ from torch import Tensor
 
 from gpt_ft.adapters.base import Encoded, TaskAdapter, refuse_label_fields
 from gpt_ft.adapters.heads import ChoiceHead, at_least_fp32, tied
-from gpt_ft.adapters.outputs import CardError, LabelSpec, TaskDataError, TaskOutput
+from gpt_ft.adapters.outputs import CardError, LabelSpec, TaskDataError, TaskOutput, score_text
 from gpt_ft.adapters.sources import field_text, finite_number, short_repr
 
 
@@ -206,8 +206,8 @@ class PreferenceOutput(TaskOutput):
         its reward. Six significant digits: the sign of a margin that is not a tie is kept."""
         first, second = prediction.tolist()
         if math.isnan(second):
-            return f"{first:.6g}"
-        return "0" if tied(prediction[:1], prediction[1:]).item() else f"{first - second:.6g}"
+            return score_text(first)
+        return "0" if tied(prediction[:1], prediction[1:]).item() else score_text(first - second)
 
     def outcome(self, prediction: Tensor, probabilities: Tensor) -> dict[str, Any]:
         """One reply: its reward (as `label` and `scores`). A pair: the preferred side's field name

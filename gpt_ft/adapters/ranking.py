@@ -31,7 +31,7 @@ from torch import Tensor
 
 from gpt_ft.adapters.base import Encoded, TaskAdapter, refuse_label_fields
 from gpt_ft.adapters.heads import first_best, tied
-from gpt_ft.adapters.outputs import CardError, LabelSpec, TaskDataError, TaskOutput
+from gpt_ft.adapters.outputs import CardError, LabelSpec, TaskDataError, TaskOutput, score_text
 from gpt_ft.adapters.preference import RewardHead, reply_templates
 from gpt_ft.adapters.sources import field_text, finite_number, short_repr
 from gpt_ft.errors import about
@@ -164,7 +164,7 @@ class RankingOutput(TaskOutput):
     def format_prediction(self, prediction: Tensor, name: Callable[[int], str]) -> str:
         """The best reply's index; one reply: its reward."""
         label = self.outcome(prediction, prediction)["label"]
-        return f"{label:.4f}" if isinstance(label, float) else str(label)
+        return score_text(label) if isinstance(label, float) else str(label)
 
     def outcome(self, prediction: Tensor, probabilities: Tensor) -> dict[str, Any]:
         """The best reply's index (the first on a tie) and each reply's reward; one reply: its

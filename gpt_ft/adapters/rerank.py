@@ -27,7 +27,7 @@ from gpt_ft.adapters.base import Encoded, TaskAdapter, refuse_label_fields
 from gpt_ft.adapters.embedding import count_negatives, negative_texts
 from gpt_ft.adapters.heads import ChoiceHead, first_best, tied
 from gpt_ft.adapters.metrics import RETRIEVAL, rank_metrics
-from gpt_ft.adapters.outputs import LabelSpec, TaskOutput
+from gpt_ft.adapters.outputs import LabelSpec, TaskOutput, score_text
 from gpt_ft.adapters.sources import field_text, needed_text
 
 
@@ -92,7 +92,7 @@ class RerankOutput(TaskOutput):
 
     def format_prediction(self, prediction: Tensor, name: Callable[[int], str]) -> str:
         """The candidates' scores, in the row's order."""
-        return " ".join(f"{s:.4f}" for s in prediction.tolist() if not math.isnan(s))
+        return " ".join(score_text(s) for s in prediction.tolist() if not math.isnan(s))
 
     def outcome(self, prediction: Tensor, probabilities: Tensor) -> dict[str, Any]:
         """The best candidate's position (the first on a tie) and every candidate's score."""

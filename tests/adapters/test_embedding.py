@@ -574,7 +574,7 @@ def test_a_reranker_frames_each_candidate_after_the_query_and_ranks_the_positive
     with pytest.warns(UserWarning, match=r"^Task 'r': no row scored has a negative to rank its positive"):
         nothing = task.output.metric_values(alone[3:], torch.zeros(1), ["recall@1"])  # said, not NaN alone
     assert nothing["recall@1"].isnan()
-    assert task.output.format_prediction(scores[0], str) == "2.0000 1.0000"
+    assert task.output.format_prediction(scores[0], str) == "2 1"
     # The positive repeated as a negative, placed elsewhere in a packed row: a few last bits apart, a
     # tie (rank 1 or 2, half the time each) whatever the batch; a real difference still counts.
     near = torch.tensor([[0.008972378, 0.008972371], [0.008972371, 0.008972378], [0.5, 0.5001]])

@@ -92,7 +92,9 @@ def test_written_predictions_and_shown_labels_by_kind():
         "scores": {"neg": 0.25, "pos": 0.75},
     }
     reg = Similarity(name="s", regression=True, score_range=(0, 5))
-    assert reg.format_prediction(torch.tensor(3.14159)) == "3.142" and reg.output.label_text(2.5) == 2.5
+    # six significant digits: three tied STS-B scores that differ, and moved its Spearman from the file's
+    assert reg.format_prediction(torch.tensor(3.14159)) == "3.14159" and reg.output.label_text(2.5) == 2.5
+    assert reg.format_prediction(torch.tensor(0.7668541)) != reg.format_prediction(torch.tensor(0.7671))
     assert reg.output.outcome(torch.tensor(1.5), torch.tensor(1.5)) == {"label": 1.5, "scores": 1.5}
     mc = MultipleChoice(name="m", context=["c"], choices=["a", "b"], labels=["1", "2"])
     assert mc.format_prediction(torch.tensor(1)) == "2" and mc.output.label_text(1) == "2"

@@ -20,7 +20,7 @@ def test_a_split_without_a_submission_file_and_scores(tmp_path):
     task = Similarity(name="sts", regression=True, score_range=(0, 5))
     path = write_predictions(task, "validation", torch.tensor([1, 0]), torch.tensor([4.25, 0.5]), tmp_path)
     assert path.name == "sts-validation.tsv"
-    assert path.read_text().splitlines() == ["index\tprediction", "0\t0.500", "1\t4.250"]
+    assert path.read_text().splitlines() == ["index\tprediction", "0\t0.5", "1\t4.25"]
 
 
 def test_text_ids_name_their_rows(tmp_path):
