@@ -17,12 +17,9 @@ The checkpoint's format (its keys, reader and writer) is `gpt_ft/weights/checkpo
 from __future__ import annotations
 
 import functools
-import os
 import random
 import signal
 import subprocess
-import sys
-import threading
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -34,6 +31,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
+from gpt_ft.training.stop_signals import StopSignals
 from gpt_ft.weights.checkpoint import Checkpoint, safe_load, save_file
 from gpt_ft.workarounds.trainer import (
     clear_graceful_stop,
@@ -79,9 +77,9 @@ class SaveLast(Callback):
     signal apart (128 + its number, set in `on_exception`). A validation due at that step, or under
     way, runs to its end first (Lightning would cut it short, and the resumed run would not run it
     again: its scores and best checkpoint would be lost), and `last.ckpt` is saved again after it.
-    Lightning notices SIGTERM itself; for SIGINT this callback installs a handler while training
-    runs that raises the same flag (so a DDP run's ranks stop together, as for SIGTERM), and on a
-    second Ctrl-C gives the previous handler back and stops at once with `KeyboardInterrupt`.
+    While training runs, the signals' handlers are `StopSignals`' (gpt_ft/training/stop_signals.py):
+    a signal that reached any rank of a DDP run stops all of them at the same step, and a second
+    Ctrl-C gives the previous handler back and stops at once with `KeyboardInterrupt`.
     """
 
     def __init__(self, every_n_steps: int | None = None) -> None:
@@ -97,8 +95,8 @@ class SaveLast(Callback):
         self._stop_after_validation = False  # a stop that waits for a validation
         self.rerun: str | None = None  # a suite's advice: it reruns a stopped run from its start (no save)
         self._said = False  # the stop said (once)
-        self._stop_signal: signal.Signals | None = None  # SIGINT once Ctrl-C was pressed
-        self._previous_sigint: Any = None
+        self._stop_signal: signal.Signals | None = None  # the signal agreed on (SIGINT: Ctrl-C)
+        self.signals = StopSignals()
 
     def path(self, trainer) -> Path | None:
         folder = checkpoint_folder(trainer)
@@ -126,38 +124,13 @@ class SaveLast(Callback):
             print(f"{name}: saved step {step} to {path}; {advice}", flush=True)
 
     def on_train_start(self, trainer, pl_module) -> None:
-        # After Lightning's own handlers (it restores every signal's previous handler at teardown).
         self._stop_signal, self._said = None, False
-        if threading.current_thread() is not threading.main_thread():
-            return  # signal handlers can only be set there
-        pid = os.getpid()
-        previous = signal.signal(signal.SIGINT, lambda signum, frame: self._on_sigint(trainer, pid))
-        self._previous_sigint = signal.SIG_DFL if previous is None else previous  # None: set outside Python
+        self.signals.install(trainer)
 
-    def _on_sigint(self, trainer, pid: int) -> None:
-        if os.getpid() != pid:
-            return  # a data loader's worker (forked with this handler): the main process stops it
-        if self._stop_signal is not None:  # the second Ctrl-C: stop now, as Python would
-            self._restore_sigint()
-            raise KeyboardInterrupt
-        self._stop_signal = signal.SIGINT
-        request_graceful_stop(trainer)  # as Lightning's SIGTERM handler does
-        if trainer.is_global_zero:
-            # os.write, not print: the handler may interrupt a print to the same stream.
-            note = (
-                "\nCtrl-C: stopping after the optimizer step under way (and its validation, if one is "
-                "due) and saving last.ckpt; "
-                "press Ctrl-C again to stop at once.\n"
-            )
-            try:
-                os.write(sys.__stderr__.fileno(), note.encode())
-            except (OSError, ValueError, AttributeError):
-                pass
-
-    def _restore_sigint(self) -> None:
-        if self._previous_sigint is not None:
-            signal.signal(signal.SIGINT, self._previous_sigint)
-            self._previous_sigint = None
+    def _signalled(self, trainer) -> bool:
+        """Whether a stop signal reached any rank (a collective under DDP: every rank asks here)."""
+        self._stop_signal = self.signals.agreed() or self._stop_signal
+        return self._stop_signal is not None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         accumulating = should_accumulate(trainer)
@@ -168,10 +141,9 @@ class SaveLast(Callback):
             self._save_pending = validation_follows(trainer)
             if not self._save_pending:
                 self._save(trainer)
-        if trainer.received_sigterm or self._sigterm_pending:
+        if self._signalled(trainer) or self._sigterm_pending:
             if accumulating:  # finish the optimizer step first: no accumulated gradient is lost
                 self._sigterm_pending = True
-                clear_graceful_stop(trainer)
                 return
             self._sigterm_pending = False
             request_graceful_stop(trainer)  # Lightning stops after this hook
@@ -184,7 +156,7 @@ class SaveLast(Callback):
         self._validate_before_stopping(trainer)  # a signal during the validation
 
     def _validate_before_stopping(self, trainer) -> None:
-        if trainer.received_sigterm and trainer.state.fn == "fit" and not trainer.sanity_checking:
+        if trainer.state.fn == "fit" and not trainer.sanity_checking and self._signalled(trainer):
             clear_graceful_stop(trainer)  # asked again at the validation's end
             if not self._stop_after_validation and trainer.is_global_zero:
                 name = (self._stop_signal or signal.SIGTERM).name
@@ -209,7 +181,7 @@ class SaveLast(Callback):
                 self._save(trainer, again=True)
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
-        self._restore_sigint()
+        self.signals.restore()
         if not isinstance(exception, SIGTERMException):
             return
         # The exit code that names the signal: gpt-ft's CLI exits with it (130 for Ctrl-C).
@@ -219,7 +191,7 @@ class SaveLast(Callback):
             self._stop(trainer)
 
     def on_train_end(self, trainer, pl_module) -> None:
-        self._restore_sigint()
+        self.signals.restore()
         if any(
             isinstance(c, StochasticWeightAveraging) for c in trainer.callbacks
         ):  # its average, put in now

@@ -729,7 +729,8 @@ def ddp_fit_args(root: Path, tokenizer_dir: str, logs: str) -> list[str]:
 
 def start_ddp_kill(root, tokenizer_dir):
     """A 2-process run with dropout; the same run with rank 1 killed after batch 5 (a periodic
-    last.ckpt at step 4); then resumed with --ckpt_path last."""
+    last.ckpt at step 4), then resumed with --ckpt_path last; and with SIGTERM sent to rank 0 alone
+    after batch 5, then resumed."""
     (root / "d").mkdir()
     good, bad = "the cat sat on the mat .", "two dogs run in a park ."
     for split, n in (("train", 16), ("dev", 4)):
@@ -743,12 +744,20 @@ def start_ddp_kill(root, tokenizer_dir):
         gpt_ft(*ddp_fit_args(root, tokenizer_dir, "whole"), cwd=root, env=env),
         gpt_ft(*ddp_fit_args(root, tokenizer_dir, "cut"), *EVERY_2_STEPS, *kill, cwd=root, env=env),
         gpt_ft(*ddp_fit_args(root, tokenizer_dir, "cut"), "--ckpt_path=last", cwd=root, env=env),
+        gpt_ft(
+            *ddp_fit_args(root, tokenizer_dir, "term"),
+            *interrupt(5, signal.SIGTERM),
+            "--trainer.callbacks.rank=0",
+            cwd=root,
+            env=env,
+        ),  # fmt: skip
+        gpt_ft(*ddp_fit_args(root, tokenizer_dir, "term"), "--ckpt_path=last", cwd=root, env=env),
     ]
 
 
 @pytest.mark.background(start=start_ddp_kill)
 def test_a_killed_ddp_rank_resumes_to_the_uninterrupted_weights(background):
-    whole, killed, resumed = background.runs
+    whole, killed, resumed, *_ = background.runs
     root = background.root
     assert whole.returncode == 0, whole.stderr[-3000:]
     assert killed.returncode != 0
@@ -760,6 +769,20 @@ def test_a_killed_ddp_rank_resumes_to_the_uninterrupted_weights(background):
     a, b = last_state(root / "whole", 0), last_state(root / "cut", 1)
     assert a["global_step"] == b["global_step"] == 8
     assert_same_weights(a, b)
+
+
+@pytest.mark.background(start=start_ddp_kill)
+def test_sigterm_to_one_ddp_rank_stops_every_rank_at_one_step_and_resumes_exactly(background):
+    """Lightning's SIGTERM handler broadcasts inside the handler, where it could meet the other rank's
+    collective of the step (the loss's mean, a checkpoint's gathered states): both waited forever,
+    with no checkpoint. The signal is now only noted, and the ranks agree on it at each batch's end."""
+    whole, *_, stopped, resumed = background.runs
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
+    path = last_path(background.root / "term", 0)
+    assert f"SIGTERM: saved step 5 to {path}; {FIT_RESUME}" in stopped.stdout
+    assert last_state(background.root / "term", 0)["global_step"] == 5
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert_same_weights(last_state(background.root / "whole", 0), last_state(background.root / "term", 1))
 
 
 def test_a_validation_inside_an_accumulation_window_saves_last_at_the_windows_end(monkeypatch, tmp_path):
