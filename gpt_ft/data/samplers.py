@@ -26,23 +26,45 @@ class EpochSampler(DistributedSampler):
     Lightning calls `set_epoch` every epoch; a resumed run calls `skip` once, before iterating.
     """
 
-    _skip: tuple[int, int] | None = None
+    _skip: tuple[int, int, int] | None = None
 
-    def skip(self, epoch: int, samples: int) -> None:
-        """In epoch `epoch`, leave out this rank's first `samples` indices (trained on already). The
-        epoch is set here too: with worker processes, Lightning draws the indices before it calls
-        `set_epoch`, which would give the resumed epoch the first epoch's order."""
-        self._skip = (epoch, samples) if samples > 0 else None
+    def skip(self, epoch: int, samples: int, world: int | None = None) -> None:
+        """In epoch `epoch`, leave out the first `samples` indices of each of `world` ranks (by
+        default this run's number): those a run of that many processes trained on already, the
+        rest dealt out to this run's ranks. The epoch is set here too: with worker processes,
+        Lightning draws the indices before it calls `set_epoch`, which would give the resumed
+        epoch the first epoch's order."""
+        self._skip = (epoch, samples, world or self.num_replicas) if samples > 0 else None
         self.set_epoch(epoch)
 
     def indices(self) -> Iterator[int]:
         """This rank's indices for the current epoch, in order."""
         return super().__iter__()
 
+    def order(self) -> list[int]:
+        """The epoch's indices over all ranks, in the order they are dealt out (DistributedSampler's)."""
+        n = len(self.dataset)
+        return torch.randperm(n, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist() \
+            if self.shuffle else list(range(n))  # fmt: skip
+
+    def dealt(self, order: list[int]) -> list[int]:
+        """This rank's share of `order`: every num_replicas-th, the ranks evened out as
+        DistributedSampler evens them (the last few dropped, or the first few repeated)."""
+        world = self.num_replicas
+        if self.drop_last:
+            order = order[: len(order) // world * world]
+        elif order:
+            order = (order * math.ceil(world / len(order) + 1))[: math.ceil(len(order) / world) * world]
+        return order[self.rank :: world]
+
     def __iter__(self) -> Iterator[int]:
         indices = self.indices()
         if self._skip is not None and self._skip[0] == self.epoch:
-            indices = itertools.islice(indices, self._skip[1], None)
+            epoch, samples, world = self._skip
+            if world == self.num_replicas:
+                indices = itertools.islice(indices, samples, None)
+            else:  # the examples the other number of ranks trained on, as one prefix of the order
+                indices = iter(self.dealt(self.order()[samples * world :]))
             self._skip = None
         return indices
 
@@ -51,7 +73,8 @@ class LengthGroupedSampler(EpochSampler):
     """Indices of this rank, `batch_size` after `batch_size` forming batches of similar length.
 
     A DistributedSampler, so Lightning keeps it under DDP and calls `set_epoch` every epoch.
-    Every rank gets ceil(n / world) indices (the permutation wraps around to even them out).
+    Every rank gets ceil(n / world) indices (a last, short step's shares evened out with its own
+    first examples again: its lengths' neighbours).
     """
 
     def __init__(
@@ -74,27 +97,36 @@ class LengthGroupedSampler(EpochSampler):
     def __len__(self) -> int:
         return math.ceil(len(self.lengths) / self.num_replicas)
 
-    def indices(self) -> Iterator[int]:
-        n, world = len(self.lengths), self.num_replicas
+    def order(self) -> list[int]:
+        """The epoch's global batches, one after another, each dealt out to the ranks in equal,
+        contiguous shares (`dealt`): the same order for every number of ranks of one step's size."""
+        n = len(self.lengths)
         g = torch.Generator().manual_seed(self.seed + self.epoch)
         order = torch.randperm(n, generator=g) if self.shuffle else torch.arange(n)
-        total = len(self) * world
-        order = order.repeat(math.ceil(total / max(n, 1)))[:total]  # wrapped: every rank gets len(self)
-        step = self.batch_size * world  # one optimizer step's examples over all ranks
+        step = self.batch_size * self.num_replicas  # one optimizer step's examples over all ranks
         chunk = step * self.window
         groups = []
-        for start in range(0, total, chunk):
+        for start in range(0, n, chunk):
             window = order[start : start + chunk]
             window = window[torch.argsort(self.lengths[window], descending=True, stable=True)]
             groups += list(window.split(step))
         if self.shuffle:
             groups = [groups[i] for i in torch.randperm(len(groups), generator=g).tolist()]
             groups.sort(key=lambda group: len(group) < step)  # a short last group stays last
-        mine = []
-        for group in groups:  # each rank takes an equal, contiguous slice of the step's examples
+        return torch.cat(groups).tolist() if groups else []
+
+    def dealt(self, order: list[int]) -> list[int]:
+        mine, world = [], self.num_replicas
+        step = self.batch_size * world
+        for start in range(0, len(order), step):  # each rank takes an equal, contiguous slice of it
+            group = order[start : start + step]
+            group = (group * (world + 1))[: math.ceil(len(group) / world) * world]  # a short one evened out
             share = len(group) // world
-            mine += group[self.rank * share : (self.rank + 1) * share].tolist()
-        return iter(mine)
+            mine += group[self.rank * share : (self.rank + 1) * share]
+        return mine
+
+    def indices(self) -> Iterator[int]:
+        return iter(self.dealt(self.order()))
 
 
 class ResumableTrainData:
@@ -102,7 +134,7 @@ class ResumableTrainData:
     resumed from one taken mid-epoch goes on with the very next batch (Lightning saves `state_dict`
     and hands it back to `load_state_dict` before the data loaders are built)."""
 
-    _resume: tuple[int, int, int | None] | None = None  # (epoch, batches of it trained on, their size)
+    _resume: tuple[int, int, int | None, int | None] | None = None  # (epoch, batches, their size, ranks)
 
     def state_dict(self) -> dict[str, int]:
         trainer = getattr(self, "trainer", None)
@@ -120,24 +152,36 @@ class ResumableTrainData:
             epoch, batches = epoch + 1, 0
         elif epochs.processed == epochs.started:
             batches = 0
-        return {"epoch": epoch, "batches": batches, "batch_size": self.batch_size}
+        return {
+            "epoch": epoch,
+            "batches": batches,
+            "batch_size": self.batch_size,
+            "world": trainer.world_size,
+        }
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         if state:
-            self._resume = (int(state["epoch"]), int(state["batches"]), state.get("batch_size"))
+            self._resume = (
+                int(state["epoch"]),
+                int(state["batches"]),
+                state.get("batch_size"),
+                state.get("world"),
+            )
 
     def _resumed(self, sampler: EpochSampler, batch_size: int) -> EpochSampler:
         """`sampler` past the examples the checkpoint's epoch trained on: its batches, of the size
-        they had (a run resumed with another batch size goes on where that epoch's order stood)."""
+        they had, on the number of processes it had (a run resumed with another batch size, or on
+        another number of processes, goes on where that epoch's order stood)."""
         if self._resume is not None:
-            epoch, batches, size = self._resume
-            size = size or batch_size  # (a checkpoint of an earlier version: the size now)
-            if batches and size != batch_size and isinstance(sampler, LengthGroupedSampler):
+            epoch, batches, size, world = self._resume
+            size, world = size or batch_size, world or sampler.num_replicas  # (an earlier version's: now's)
+            steps = (size * world, batch_size * sampler.num_replicas)  # examples a step, then and now
+            if batches and steps[0] != steps[1] and isinstance(sampler, LengthGroupedSampler):
                 rank_zero_warn(
-                    f"The checkpoint stopped {batches} batches of {size} into epoch {epoch} and this run's "
-                    f"batches hold {batch_size}: length-grouped batches of another size come in another "
-                    "order, so the rest of that epoch repeats some examples and leaves out others."
+                    f"The checkpoint stopped {batches} steps of {steps[0]} examples into epoch {epoch} and "
+                    f"this run's steps hold {steps[1]}: length-grouped batches of another size come in "
+                    "another order, so the rest of that epoch repeats some examples and leaves out others."
                 )
-            sampler.skip(epoch, batches * size)
+            sampler.skip(epoch, batches * size, world)
             self._resume = None
         return sampler

@@ -101,5 +101,40 @@ def test_resumable_train_data_hands_its_position_to_the_sampler_once():
     assert list(data._resumed(sampler, batch_size=3)) == list(range(8, 12))  # the 8 trained on skipped
     grouped = LengthGroupedSampler([3] * 12, 3, shuffle=False)
     data.load_state_dict({"epoch": 0, "batches": 2, "batch_size": 4})
-    with pytest.warns(UserWarning, match="stopped 2 batches of 4 into epoch 0 and this run's batches hold 3"):
+    with pytest.warns(
+        UserWarning, match="stopped 2 steps of 4 examples into epoch 0 and this run's steps hold 3"
+    ):
         assert list(data._resumed(grouped, batch_size=3)) == list(grouped.indices())[8:]
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+@pytest.mark.parametrize(("then", "now"), [(2, 1), (1, 2), (2, 3), (3, 2)])
+def test_an_epoch_resumed_on_another_number_of_processes_trains_each_example_it_had_not_once(
+    grouped, then, now
+):
+    """A checkpoint of `then` processes, 5 steps of 12 examples into an epoch of 100, resumed on
+    `now` at the same 12 examples a step: each rank skipped its own first 5 batches of the new
+    dealing, training again examples the epoch had trained and never those it had not."""
+
+    def ranks(world: int) -> list:
+        if grouped:
+            lengths = [(7 * i) % 23 for i in range(100)]
+            return [
+                LengthGroupedSampler(lengths, 12 // world, num_replicas=world, rank=r, seed=4)
+                for r in range(world)
+            ]
+        return [
+            EpochSampler(range(100), num_replicas=world, rank=r, shuffle=True, seed=4) for r in range(world)
+        ]
+
+    trained = []
+    for sampler in ranks(then):
+        sampler.set_epoch(1)
+        trained += list(sampler.indices())[: 5 * (12 // then)]
+    rest = []
+    for sampler in ranks(now):
+        data = ResumableTrainData()
+        data.load_state_dict({"epoch": 1, "batches": 5, "batch_size": 12 // then, "world": then})
+        rest += list(data._resumed(sampler, batch_size=12 // now))
+    assert len(set(trained)) == len(trained) == 60 and not set(trained) & set(rest)
+    assert set(trained) | set(rest) == set(range(100))  # (the last step's shares evened out)
