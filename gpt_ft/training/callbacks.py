@@ -21,7 +21,7 @@ from lightning.pytorch.callbacks import (
 
 from gpt_ft.data.samplers import ResumableTrainData
 from gpt_ft.training.checkpointing import Provenance, ResumeState, SaveLast, WholeStepTimer
-from gpt_ft.training.run_folders import DropUnusedRunFolder
+from gpt_ft.training.run_folders import RunFolder
 from gpt_ft.training.stopping import main_monitor
 from gpt_ft.training.throughput import ParameterSummary, Throughput
 from gpt_ft.workarounds.trainer import loggers_write_this_step, logging_as
@@ -61,7 +61,7 @@ def run_callbacks(trainer_config, model, data_config: dict[str, Any] | None) -> 
         Provenance(data_config),
         ResumeState(),
         StoppedEpochResumes(),
-        DropUnusedRunFolder(),
+        RunFolder(),
         *after_best,
     ]
 

@@ -105,10 +105,48 @@ def logs_follow_root_dir(trainer) -> None:
         logger.init_args.save_dir = trainer.default_root_dir
 
 
-class DropUnusedRunFolder(Callback):
-    """A run that stops with an error before it writes anything to its logger's new folder but its
-    configuration (config.yaml, written over at the start) leaves no folder behind: a refused
-    resume, or a data file found missing, left an empty `version_N`, and each attempt one more."""
+def no_run_config(trainer) -> None:
+    """With `--trainer.logger false` a run writes its configuration to ROOT/config.yaml: one there
+    that no run wrote (a user's own config, most often so named) is refused in one sentence."""
+    config = Path(trainer.default_root_dir) / "config.yaml"
+    if trainer.logger is None and config.is_file():
+        if not config.read_text(errors="replace").startswith("# lightning.pytorch=="):
+            raise ValueError(
+                f"{config} is no run's configuration, and with --trainer.logger false a run writes its "
+                f"own there (in --trainer.default_root_dir): give another root folder (the file is kept)."
+            )
+
+
+def no_earlier_checkpoints(trainer) -> None:
+    """A fixed checkpoint folder (`--trainer.logger false`: ROOT/checkpoints, or a checkpoint
+    callback's `dirpath`) holding an earlier run's checkpoints, refused to a run that does not resume
+    them: it would write over them (Lightning only warns)."""
+    folders = [Path(c.dirpath) for c in trainer.checkpoint_callbacks if getattr(c, "dirpath", None)]
+    if trainer.logger is None:
+        folders.append(Path(trainer.default_root_dir) / "checkpoints")
+    for folder in [] if trainer.ckpt_path is not None else folders:
+        if held := sorted(p.name for p in folder.glob("*.ckpt")):
+            raise ValueError(
+                f"{folder} holds an earlier run's checkpoints ({', '.join(held[:3])}), which this run "
+                "would write over: resume it with --ckpt_path last, or give another "
+                "--trainer.default_root_dir (they are kept)."
+            )
+
+
+class RunFolder(Callback):
+    """A run neither writes over what it should not (`no_run_config` before its configuration is
+    saved, `no_earlier_checkpoints` once the checkpoint it resumes is known), nor, stopped by an
+    error before it writes anything to its logger's new folder but its configuration (config.yaml),
+    leaves that folder behind: a refused resume, or a data file found missing, left an empty
+    `version_N`, and each attempt one more. (Every rank checks: each stops alike.)"""
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if stage == "fit":
+            no_run_config(trainer)
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        if not trainer.strategy.restore_checkpoint_after_setup:  # (FSDP's resumes after this: unchecked)
+            no_earlier_checkpoints(trainer)
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         logger = trainer.logger

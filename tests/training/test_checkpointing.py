@@ -419,7 +419,7 @@ def test_a_nonfinite_loss_inside_an_accumulation_window_resumes_at_the_windows_s
     state = last_state(tmp_path / "logs", 0)
     assert state["global_step"] == 2
     # batches was 1 (2 read late): skipped on resume
-    assert state["TaskDataModule"] == {"epoch": 1, "batches": 0, "batch_size": 1}
+    assert state["TaskDataModule"] == {"epoch": 1, "batches": 0, "batch_size": 1, "world": 1}
     progress = state["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]
     assert progress["completed"] == progress["processed"] == 0
     main(["fit", *args, "--ckpt_path=last"])
@@ -1012,6 +1012,24 @@ def test_last_without_a_logger_and_best_in_fit(tmp_path, tokenizer_dir, capsys):
         "gpt-ft: error: --ckpt_path best: gpt-ft fit resumes from `last` or a checkpoint's path "
         "(a best-*.ckpt's)."
     )
+    # A second run into the same folder would write over the first's checkpoints (Lightning only
+    # warned), and a config.yaml of the user's own where the run writes its configuration: refused.
+    last = tmp_path / "root" / "checkpoints" / "last.ckpt"
+    saved = last.read_bytes()
+    assert error_of(["fit", *args], capsys) == (
+        f"gpt-ft: error: {last.parent} holds an earlier run's checkpoints (best-0-3.ckpt, last.ckpt), "
+        "which this run would write over: resume it with --ckpt_path last, or give another "
+        "--trainer.default_root_dir (they are kept)."
+    )
+    assert last.read_bytes() == saved
+    (tmp_path / "mine").mkdir()
+    (own := tmp_path / "mine" / "config.yaml").write_text("# my run\ntrainer: {max_steps: 1}\n")
+    elsewhere = [a for a in args if not a.startswith("--trainer.default_root_dir")]
+    assert error_of(["fit", *elsewhere, f"--trainer.default_root_dir={own.parent}"], capsys) == (
+        f"gpt-ft: error: {own} is no run's configuration, and with --trainer.logger false a run writes "
+        "its own there (in --trainer.default_root_dir): give another root folder (the file is kept)."
+    )
+    assert own.read_text() == "# my run\ntrainer: {max_steps: 1}\n"
 
 
 def test_a_run_that_ends_before_any_validation_says_it_kept_no_best(tmp_path, tokenizer_dir, capsys):
