@@ -145,9 +145,29 @@ def card_problem(value, file, *, init_args_only: bool = False) -> str | None:
         return f"{file} is {_not_a_mapping(value)}: {holds}."
     if "class_path" not in value and ("init_args" in value or not init_args_only):
         return f"{file} {NO_CLASS_PATH}"
+    if "class_path" in value and (other := [str(k) for k in value if k not in ("class_path", "init_args")]):
+        return (f"{file}: {', '.join(map(repr, other))} is no key of a card, which holds class_path and "
+                "init_args only: the card's fields go under init_args.")  # fmt: skip
+    if problem := unquoted_names(value.get("init_args"), file):
+        return problem
     cls = _adapter_class(value.get("class_path"))
     missing = [f for f in card_fields(cls)[1] if f not in (value.get("init_args") or {})] if cls else []
     return f"{file}: the card names no {', '.join(missing)}; {cls.__name__} needs it." if missing else None
+
+
+def unquoted_names(init_args, file) -> str | None:
+    """Class names YAML read as numbers or booleans (`labels: [0, 1]`, `[no, yes]`), named in one
+    sentence saying to quote them (jsonargparse said "expected str, got '0'", or 'False')."""
+    for key in ("labels", "submission_labels", "ignore_labels"):
+        names = init_args.get(key) if isinstance(init_args, dict) else None
+        read = [x for x in names if isinstance(x, bool | int | float)] if isinstance(names, list) else []
+        if read and isinstance(read[0], bool):
+            return (f"{file}: {key} {names}: YAML reads yes, no, on, off, true and false as booleans: quote "
+                    "each class name (e.g. ['no', 'yes']).")  # fmt: skip
+        if read:
+            quoted = ", ".join(repr(str(x)) for x in names)
+            return f"{file}: {key} {names}: YAML reads {read[0]} as a number: quote each name ([{quoted}])."
+    return None
 
 
 set_loader(PARSER_MODE, load_yaml, exceptions=(yaml.YAMLError, FileProblem))

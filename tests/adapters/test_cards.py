@@ -72,6 +72,19 @@ def test_card_errors_name_the_file(tmp_path):
         card.write_text(f"class_path: gpt_ft.adapters.SingleText\ninit_args: {init_args}\n")
         with pytest.raises(ValueError, match=rf"^Task card \S+card.yaml: .*{message}"):
             load_card(card)
+    # A key beside class_path and init_args (a field a level too far out, `init_arg`): it was "the card
+    # names no name", or the whole card dumped; class names YAML reads as numbers or booleans.
+    for text, message in (
+        ("init_arg: {name: x}", r"'init_arg' is no key of a card, which holds class_path and init_args only"),
+        ("init_args: {name: x}\nmetrics: [accuracy]", r"'metrics' is no key of a card"),
+        ("init_args: {name: x, labels: [0, 1]}",
+         r"labels \[0, 1\]: YAML reads 0 as a number: quote each name \(\['0', '1'\]\)\.$"),
+        ("init_args: {name: x, labels: [no, yes]}", r"labels \[False, True\]: YAML reads yes, no, on, off, "
+         r"true and false as booleans: quote each class name \(e\.g\. \['no', 'yes'\]\)\.$"),
+    ):  # fmt: skip
+        card.write_text(f"class_path: gpt_ft.adapters.SingleText\n{text}\n")
+        with pytest.raises(ValueError, match=rf"^Task card \S+card.yaml: {message}"):
+            load_card(card)
     # An empty card, a list, no class_path: a suite read them as no card (a traceback after).
     for text, problem in (
         ("", "is empty"),
