@@ -43,7 +43,7 @@ def run_callbacks(trainer_config, model, data_config: dict[str, Any] | None) -> 
         callbacks.append(Throughput())
     if trainer_config.get("enable_progress_bar") is not False and lacks(ProgressBar):
         # Refreshing reads the logged loss back from the device: every 10 steps, not every step.
-        callbacks.append(TQDMProgressBar(refresh_rate=10))
+        callbacks.append(StepsProgressBar(refresh_rate=10))
     if lacks(SaveLast):
         callbacks.append(SaveLast())
     if trainer_config.get("max_time") is not None and lacks(Timer):
@@ -64,6 +64,19 @@ def run_callbacks(trainer_config, model, data_config: dict[str, Any] | None) -> 
         RunFolder(),
         *after_best,
     ]
+
+
+class StepsProgressBar(TQDMProgressBar):
+    """Lightning's bar, whose epoch under `max_steps` holds as many batches as the steps left take:
+    Lightning counted one batch a step, so with gradient accumulation the bar passed its total."""
+
+    @property
+    def total_train_batches(self) -> int | float:
+        trainer = self.trainer
+        if trainer.max_epochs == -1 and trainer.max_steps is not None and trainer.max_steps > 0:
+            left = (trainer.max_steps - trainer.global_step) * trainer.accumulate_grad_batches
+            return min(trainer.num_training_batches, left)
+        return trainer.num_training_batches
 
 
 class LastAfterBest(Checkpoint):

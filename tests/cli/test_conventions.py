@@ -125,6 +125,27 @@ def test_the_metrics_line_is_printed_through_the_progress_bar_and_the_summary_ha
     assert summary and "FLOPs" not in summary[0] and "Flops" not in summary[0] and "| head " in summary[0]
 
 
+def test_the_bar_of_a_run_with_gradient_accumulation_counts_its_batches(tmp_path, tokenizer_dir, monkeypatch):
+    """`max_steps 2` of 2 batches a step, 6 batches an epoch: the first epoch's bar runs to 4 (it read
+    2, one batch a step, and ran past it)."""
+    from lightning.pytorch.callbacks import TQDMProgressBar
+
+    totals = []
+    start = TQDMProgressBar.on_train_epoch_start
+
+    def noted(self, trainer, *args) -> None:
+        totals.append(self.total_train_batches)
+        start(self, trainer, *args)
+
+    monkeypatch.setattr(TQDMProgressBar, "on_train_epoch_start", noted)
+    card = make_task("single", tmp_path)
+    args = [a for a in common_args(card, tokenizer_dir, tmp_path) if "progress_bar" not in a]
+    main(
+        ["fit", *args, "--data.batch_size=1", "--trainer.max_steps=2", "--trainer.accumulate_grad_batches=2"]
+    )
+    assert totals == [4]
+
+
 class StopAfter(Callback):
     """Stops the run after the training step with this index (0-based), as a time limit does."""
 
