@@ -224,7 +224,10 @@ def prepare(
         paths = find_files(files)
         for path in paths:  # all of them, before anything is written
             check_text_file(path, "Corpus file")
-        documents, sources = file_documents(paths, split_on), [str(p) for p in paths]
+        documents, sources = (
+            file_documents(paths, split_on),
+            [str(p.resolve()) for p in paths],
+        )  # (from anywhere)
     else:
         documents, sources = (
             dataset_documents(dataset, dataset_split, text_field),

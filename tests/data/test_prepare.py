@@ -210,6 +210,15 @@ def test_a_file_named_twice_is_read_once(tmp_path, tokenizer_dir):
     assert (tmp_path / "once" / "train.bin").read_bytes() == (tmp_path / "twice" / "train.bin").read_bytes()
 
 
+def test_the_sources_are_recorded_where_they_are_found_from_anywhere(tmp_path, tokenizer_dir, monkeypatch):
+    """A corpus named relative to the folder `prepare` ran in was recorded so: from the token folder,
+    or anywhere else, its files could not be found."""
+    corpus = write_corpus(tmp_path, n_files=2, lines=20)
+    monkeypatch.chdir(corpus.parent)
+    meta = prepare(out_dir=tmp_path / "out", tokenizer=tokenizer_dir, inputs=[corpus.name], progress=False)
+    assert meta["sources"] == [str(p) for p in sorted(corpus.resolve().rglob("*.txt"))]
+
+
 def test_read_meta_checks_the_token_folder(tmp_path, tokenizer_dir):
     corpus = write_corpus(tmp_path, n_files=1, lines=10)
     assert prepare(
