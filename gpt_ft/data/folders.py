@@ -1,5 +1,5 @@
 """Output folders written safely: one writer at a time, a stop by SIGTERM cleaned up like any
-other, and tokenizer folders replaced whole."""
+other, tokenizer folders replaced whole, and new folders written whole (`written_whole`)."""
 
 from __future__ import annotations
 
@@ -98,3 +98,17 @@ def save_tokenizer(tokenizer, folder: str | os.PathLike) -> None:
             os.replace(item, folder / item.name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+@contextmanager
+def written_whole(out: Path) -> Iterator[Path]:
+    """A folder to write into beside `out` (its parent holds scratch files too), whose files move
+    into `out` once all are written: a failed write leaves no half folder."""
+    with writing(out):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as scratch:
+            (staged := Path(scratch) / "out").mkdir()
+            yield staged
+            out.mkdir(exist_ok=True)
+            for item in staged.iterdir():
+                shutil.move(str(item), out / item.name)

@@ -1,4 +1,5 @@
-"""A fine-tuned classifier as a standard transformers folder, for any serving stack.
+"""A fine-tuned classifier as a standard transformers folder, for any serving stack (and a
+pretrained language model as transformers' causal LM, `export_language_model`).
 
     gpt-ft export --ckpt_path runs/.../last.ckpt --out my-classifier
     # elsewhere, without gpt_ft:
@@ -29,17 +30,19 @@ import json
 import math
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Literal
 
 import torch
 from torch import Tensor
 
-from gpt_ft.errors import check_output_dir, real_path, writing
+from gpt_ft.data.folders import written_whole
+from gpt_ft.errors import check_output_dir, real_path
 from gpt_ft.eval.classifier import Classifier
 from gpt_ft.eval.onnx import write_onnx
+from gpt_ft.weights.checkpoint import Checkpoint
 from gpt_ft.weights.hf import has_double_heads, to_hf
+from gpt_ft.weights.pretrained import GPT
 
 FORMATS = ("transformers", "onnx")
 
@@ -47,16 +50,23 @@ FORMATS = ("transformers", "onnx")
 def export_checkpoint(
     *, ckpt_path: str | Path, out: str | Path, format: Literal["transformers", "onnx"] = "transformers"
 ) -> Path:
-    """Write a fine-tuned classifier as a standard transformers folder, or as ONNX (`gpt-ft export`).
+    """Write a fine-tuned classifier as a standard transformers folder, or as ONNX; a language model as a
+    transformers causal LM (`gpt-ft export`).
 
     Args:
-        ckpt_path: A fine-tuned checkpoint of gpt-ft fit.
+        ckpt_path: A checkpoint of gpt-ft fit: fine-tuned, or a language model's (pretraining's).
         out: A new (or empty) folder.
         format: transformers (a folder for pipelines) or onnx (config, tokenizer and model.onnx).
     """
     out = check_new_folder(out, "--out")  # the folder checked before the weights load
     check_format(format)
-    clf = Classifier.from_checkpoint(ckpt_path, device="cpu")
+    stored = Checkpoint.read(ckpt_path)
+    if "token_dir" in stored.data_args:  # pretraining's: a language model
+        if format != "transformers":
+            raise ValueError("--format onnx: a language model exports as a transformers folder.")
+        print(f"wrote {export_language_model(stored, out)}: pipeline('text-generation') loads it")
+        return out
+    clf = Classifier.from_checkpoint(stored, device="cpu")
     if clf.task.output.embeds:
         if format != "transformers":
             raise ValueError("--format onnx: an embedding model exports as a sentence-transformers folder.")
@@ -118,21 +128,36 @@ def export_classifier(clf: Classifier, out: str | Path, *, format: str = "transf
             "or `gpt-ft label` for it."
         )
     tokenizer = framed_tokenizer(clf, chat_template=clf.task.renders_chats)
-    out = Path(out).expanduser()
-    with writing(out):  # written beside `out`, then moved in: a failed write leaves no half folder
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp:
-            if format == "onnx":
-                model.config.save_pretrained(tmp)
-                write_onnx(model, tokenizer, Path(tmp) / "model.onnx")
-            else:
-                model.save_pretrained(tmp)
-            if getattr(model.config, "auto_map", None):  # the model's own class travels with it
-                shutil.copy(Path(sys.modules[type(model).__module__].__file__), tmp)
-            tokenizer.save_pretrained(tmp)
-            out.mkdir(exist_ok=True)
-            for item in Path(tmp).iterdir():
-                shutil.move(str(item), out / item.name)
+    with written_whole(out := Path(out).expanduser()) as tmp:
+        if format == "onnx":
+            model.config.save_pretrained(tmp)
+            write_onnx(model, tokenizer, tmp / "model.onnx")
+        else:
+            model.save_pretrained(tmp)
+        if getattr(model.config, "auto_map", None):  # the model's own class travels with it
+            shutil.copy(Path(sys.modules[type(model).__module__].__file__), tmp)
+        tokenizer.save_pretrained(tmp)
+    return out
+
+
+def export_language_model(stored: Checkpoint, out: Path) -> Path:
+    """A language model's checkpoint (pretraining's) as transformers' causal-LM folder with its
+    tokenizer, the end-of-text token its eos: where `generate` and pipelines stop, as pretraining's
+    documents end."""
+    from gpt_ft.data.tokenizer import load_tokenizer
+    from gpt_ft.eval.generation import stop_tokens
+
+    gpt = GPT.from_checkpoint(stored)
+    tokenizer = load_tokenizer(str(stored.saved_tokenizer()))
+    model, eos = to_hf(gpt), stop_tokens(tokenizer, gpt.config)
+    if eos:
+        model.config.eos_token_id = model.generation_config.eos_token_id = eos[0] if len(eos) == 1 else eos
+        model.generation_config.pad_token_id = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+        )
+    with written_whole(out) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
     return out
 
 
@@ -154,33 +179,25 @@ def export_encoder(clf: Classifier, out: str | Path) -> Path:
     base = AutoModel.from_config(lm.config).eval()
     base.load_state_dict(getattr(lm, lm.base_model_prefix).state_dict())
     n_embd = clf.gpt.config.n_embd
-    out = Path(out).expanduser()
-    with writing(out):
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as tmp:
-            model_dir = Path(tmp) / "model"
-            base.save_pretrained(model_dir)
-            framed_tokenizer(clf).save_pretrained(model_dir)
-            modules = [
-                Transformer(str(model_dir), max_seq_length=clf.max_length),
-                Pooling(n_embd, "mean" if task.pooling == "mean" else "lasttoken"),
-            ]
-            if head.projects:
-                bias = head.bias is not None
-                dense = Dense(n_embd, head.out_features, bias=bias, activation_function=torch.nn.Identity())
-                dense.linear.load_state_dict(head.state_dict())
-                modules.append(dense)
-            modules.append(Normalize())
-            prompts = {
-                k: v for k, v in (("query", task.query_prompt), ("document", task.document_prompt)) if v
-            }
-            encoder = SentenceTransformer(
-                modules=modules, prompts=prompts, default_prompt_name="query" if "query" in prompts else None
-            )
-            encoder.save(str(Path(tmp) / "encoder"))
-            out.mkdir(exist_ok=True)
-            for item in (Path(tmp) / "encoder").iterdir():
-                shutil.move(str(item), out / item.name)
+    with written_whole(out := Path(out).expanduser()) as tmp:
+        model_dir = tmp.parent / "model"  # (scratch: the encoder's save copies it)
+        base.save_pretrained(model_dir)
+        framed_tokenizer(clf).save_pretrained(model_dir)
+        modules = [
+            Transformer(str(model_dir), max_seq_length=clf.max_length),
+            Pooling(n_embd, "mean" if task.pooling == "mean" else "lasttoken"),
+        ]
+        if head.projects:
+            bias = head.bias is not None
+            dense = Dense(n_embd, head.out_features, bias=bias, activation_function=torch.nn.Identity())
+            dense.linear.load_state_dict(head.state_dict())
+            modules.append(dense)
+        modules.append(Normalize())
+        prompts = {k: v for k, v in (("query", task.query_prompt), ("document", task.document_prompt)) if v}
+        encoder = SentenceTransformer(
+            modules=modules, prompts=prompts, default_prompt_name="query" if "query" in prompts else None
+        )
+        encoder.save(str(tmp))
     return out
 
 

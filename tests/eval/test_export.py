@@ -520,3 +520,42 @@ def test_a_reply_alone_is_framed_by_the_exported_tokenizer_as_training_frames_it
         == task.template(names)
         == ("<s> <d> $A <e>", "<s> $A <d> $B <e>")
     )
+
+
+def test_a_language_models_checkpoint_exports_as_a_causal_lm_that_stops_at_end_of_text(
+    tmp_path, tokenizer_dir, capsys
+):
+    """Pretraining's checkpoint was refused ("records no task card"): it exports as transformers'
+    LM-head model, its logits gpt_ft's, with the tokenizer and the end-of-text token as its eos."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from gpt_ft.cli import main
+    from gpt_ft.data.prepare import prepare
+    from gpt_ft.weights.pretrained import GPT as Pretrained
+    from tests.cli.test_commands import PRETRAIN_MICRO
+    from tests.helpers import ROOT, write_corpus
+
+    prepare(out_dir=tmp_path / "tokens", tokenizer=tokenizer_dir, inputs=[str(write_corpus(tmp_path))],
+            validation_fraction=0.3, progress=False)  # fmt: skip
+    config = str(ROOT / "configs/pretrain/cpu.yaml")
+    main(["fit", "--config", config, f"--data.token_dir={tmp_path / 'tokens'}", "--data.block_size=16",
+          "--data.batch_size=4", f"--model.overrides={PRETRAIN_MICRO}", "--trainer.max_steps=2",
+          f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}", "--trainer.enable_progress_bar=false",
+          "--trainer.enable_model_summary=false"])  # fmt: skip
+    ckpt = next((tmp_path / "runs").rglob("last.ckpt"))
+    capsys.readouterr()
+    main(["export", f"--ckpt_path={ckpt}", f"--out={tmp_path / 'lm'}"])
+    assert capsys.readouterr().out == f"wrote {tmp_path / 'lm'}: pipeline('text-generation') loads it\n"
+    hf, tok = (
+        AutoModelForCausalLM.from_pretrained(tmp_path / "lm"),
+        AutoTokenizer.from_pretrained(tmp_path / "lm"),
+    )
+    eos = tok.convert_tokens_to_ids("<|endoftext|>")
+    assert hf.config.eos_token_id == hf.generation_config.eos_token_id == eos == tok.eos_token_id
+    gpt = Pretrained.from_pretrained(str(ckpt))
+    ids = tok("the cat sat on the mat", return_tensors="pt").input_ids
+    with torch.no_grad():
+        ours = gpt.lm_logits(gpt(ids))
+        torch.testing.assert_close(hf(ids).logits[..., : ours.shape[-1]], ours, rtol=0, atol=1e-5)
+    onnx = ["export", f"--ckpt_path={ckpt}", f"--out={tmp_path / 'onnx'}", "--format=onnx"]
+    assert error(capsys, *onnx) == "--format onnx: a language model exports as a transformers folder."
