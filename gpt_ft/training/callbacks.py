@@ -150,7 +150,7 @@ class PrintMetrics(Callback):
         shown = {k: v for k, v in metrics.items() if not k.startswith("perf/") or self.printed.get(k) != v}
         self.printed = metrics
         if shown:
-            text = ", ".join(f"{k} {v:.4f}" for k, v in sorted(shown.items()))
+            text = ", ".join(f"{k} {metric_text(v)}" for k, v in sorted(shown.items()))
             took = f" ({time.perf_counter() - self.epoch_start:.1f} s)" if self.epoch_start else ""
             # outside fit the trainer counts no steps: the line names the command (`validate`)
             stage = getattr(trainer.state.fn, "value", trainer.state.fn)
@@ -295,6 +295,12 @@ class History(Callback):
         if not found:
             raise ValueError("A suite run's trainer is built with a History callback; this one has none.")
         return found[0]
+
+
+def metric_text(value: float) -> str:
+    """A metric as the metrics line shows it: four decimals, or where they would show a value below
+    0.001 (a learning rate late in its schedule) as 0.0000, four significant digits."""
+    return f"{value:.4f}" if value == 0 or not abs(value) < 1e-3 else f"{value:.3e}"
 
 
 def finite(value: float) -> float | None:

@@ -142,11 +142,12 @@ def test_the_metrics_line_shows_a_throughput_window_once(capsys):
     metrics["validation/loss"] = torch.tensor(1.5)
     line.on_validation_end(trainer, None)
     metrics["perf/tokens_per_s"] = torch.tensor(120.0)
+    metrics["lr-AdamW"] = torch.tensor(6.8e-6)  # (LearningRateMonitor's, late in a schedule: not 0.0000)
     line.on_validation_end(trainer, None)
     assert capsys.readouterr().out.splitlines() == [
         "epoch 0 step 5: perf/tokens_per_s 100.0000, validation/loss 2.0000",
         "epoch 0 step 5: validation/loss 1.5000",
-        "epoch 0 step 5: perf/tokens_per_s 120.0000, validation/loss 1.5000",
+        "epoch 0 step 5: lr-AdamW 6.800e-06, perf/tokens_per_s 120.0000, validation/loss 1.5000",
     ]
 
 
