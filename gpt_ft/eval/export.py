@@ -50,8 +50,7 @@ FORMATS = ("transformers", "onnx")
 def export_checkpoint(
     *, ckpt_path: str | Path, out: str | Path, format: Literal["transformers", "onnx"] = "transformers"
 ) -> Path:
-    """Write a fine-tuned classifier as a standard transformers folder, or as ONNX; a language model as a
-    transformers causal LM (`gpt-ft export`).
+    """Write a fine-tuned classifier (transformers or ONNX), or a language model (transformers' causal LM).
 
     Args:
         ckpt_path: A checkpoint of gpt-ft fit: fine-tuned, or a language model's (pretraining's).
@@ -145,7 +144,7 @@ def export_language_model(stored: Checkpoint, out: Path) -> Path:
     tokenizer, the end-of-text token its eos: where `generate` and pipelines stop, as pretraining's
     documents end."""
     from gpt_ft.data.tokenizer import load_tokenizer
-    from gpt_ft.eval.generation import stop_tokens
+    from gpt_ft.eval.generation import framing_tokens, stop_tokens
 
     gpt = GPT.from_checkpoint(stored)
     tokenizer = load_tokenizer(str(stored.saved_tokenizer()))
@@ -155,6 +154,7 @@ def export_language_model(stored: Checkpoint, out: Path) -> Path:
         model.generation_config.pad_token_id = (
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
         )
+    model.generation_config.suppress_tokens = framing_tokens(tokenizer) or None  # as gpt-ft generate
     with written_whole(out) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
@@ -205,7 +205,9 @@ def _language_model(clf: Classifier):
     """`clf`'s GPT as transformers' LM-head model, its config with the tokenizer's special ids."""
     lm = to_hf(clf.gpt).float().cpu()
     lm.config.pad_token_id = clf.specials.pad
-    lm.config.bos_token_id = lm.config.eos_token_id = clf.specials.eos  # the tokenizer's, not GPT-2's 50256
+    lm.config.eos_token_id = clf.specials.eos  # the tokenizer's, not GPT-2's 50256
+    bos = clf.tokenizer.bos_token_id  # (SmolLM2's <|im_start|>; GPT-2's is its end of text)
+    lm.config.bos_token_id = clf.specials.eos if bos is None else bos
     lm.config.architectures = None
     return lm
 

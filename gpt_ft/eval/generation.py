@@ -111,6 +111,7 @@ def generate(
     decode = dict(
         do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, eos_token_id=eos,
         repetition_penalty=repetition_penalty, generator=torch.Generator(device).manual_seed(seed),
+        suppress_tokens=framing_tokens(tok),
     )  # fmt: skip
     beams = dict(num_beams=num_beams, length_penalty=length_penalty) if num_beams > 1 else {}
     with torch.autocast(torch.device(device).type, torch.bfloat16, enabled=precision == "bf16-mixed"):
@@ -256,6 +257,16 @@ def prompt_ids(tok, prompt: str) -> list[int]:
     ids = tok(prompt, add_special_tokens=False)["input_ids"]
     lead = text_start(tok)
     return lead + ids if ids and lead and ids[:1] != lead else ids
+
+
+def framing_tokens(tok) -> list[int]:
+    """The ids of GPT-1's task framing tokens (start, delim, extract) and the padding token the
+    tokenizer holds: never written. A fine-tuned model's head may score one above the token its
+    row was copied from (`--model.new_tokens copied`), such as an instruct model's end of turn."""
+    from gpt_ft.data.tokenizer import SPECIAL_TOKENS
+
+    vocab = tok.get_vocab()
+    return sorted(vocab[token] for token in SPECIAL_TOKENS.values() if token in vocab)
 
 
 def stop_tokens(tok, config) -> list[int]:

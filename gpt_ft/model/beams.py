@@ -33,6 +33,7 @@ def beam_search(
     length_penalty: float = 1.0,
     eos_token_id: int | list[int] | None = None,
     repetition_penalty: float = 1.0,
+    suppress_tokens: list[int] | None = None,
 ) -> Tensor:
     """Beam search over the KV cache, dropout off; returns the best hypothesis per prompt, (B, T + n).
 
@@ -40,20 +41,21 @@ def beam_search(
     A prompt is done once it has `num_beams` finished hypotheses and no running beam can beat the
     worst of them at the current length (the usual heuristic, as in transformers). `attention_mask`
     (B, T), 0 at padding: prompts padded on the left, each searched as it would be alone.
+    `suppress_tokens`: ids never produced (their log-probabilities -inf, as transformers' processor).
     """
     ids, real, positions = left_padding(input_ids, attention_mask)
     check_decoding(model, ids, max_new_tokens, 1.0, None, None, num_beams, False, repetition_penalty)
     with eval_mode(model):
         out = _beam_search(
             model, ids, real, positions, num_beams, max_new_tokens, length_penalty, stop_ids(eos_token_id),
-            repetition_penalty,
+            repetition_penalty, suppress_tokens,
         )  # fmt: skip
     out[:, : input_ids.shape[1]] = input_ids  # the padding as given
     return out
 
 
 def _beam_search(
-    model, input_ids, real, positions, num_beams, max_new_tokens, length_penalty, stops, penalty
+    model, input_ids, real, positions, num_beams, max_new_tokens, length_penalty, stops, penalty, suppress
 ) -> Tensor:
     pad = stops[0] if stops else 0
     B, T0 = input_ids.shape
@@ -82,6 +84,8 @@ def _beam_search(
         log_probs = logits.log_softmax(dim=-1)
         if penalty != 1.0:
             log_probs = penalized(log_probs, seen_tokens(seqs, V, real), penalty)
+        if suppress:
+            log_probs[:, suppress] = float("-inf")
         candidates = (beam_scores[:, :, None] + log_probs.view(B, K, V)).view(B, K * V)
         # enough for K that end in no stop token, however many of the best do (transformers' width)
         top_scores, top_index = candidates.topk(max(2, 1 + len(stops)) * K, dim=1)

@@ -61,6 +61,7 @@ def stream(
     generator: torch.Generator | None = None,
     static_cache: bool = False,
     repetition_penalty: float = 1.0,
+    suppress_tokens: list[int] | None = None,
 ) -> Iterator[Tensor]:
     """Yield the next token of every sequence, (B,), one step at a time (greedy or sampled), with
     dropout off (the model's mode is restored after).
@@ -70,6 +71,8 @@ def stream(
     values in a `StaticKVCache`; on CUDA the decode step is then captured once as a CUDA graph and
     replayed for every token (the same tokens, a fraction of the launches). `repetition_penalty`
     > 1 makes the tokens of the prompt and of what came since less likely (`penalized`).
+    `suppress_tokens`: ids never produced (gpt-ft generate's: the task framing tokens, which a
+    fine-tuned model's head may score above the end-of-turn token they were copied from).
     `attention_mask` (B, T), 0 at padding: prompts of several lengths, padded on the left.
     """
     input_ids, real, positions = left_padding(input_ids, attention_mask)
@@ -81,11 +84,12 @@ def stream(
     with eval_mode(model):
         yield from _stream(model, input_ids, real, positions, max_new_tokens, do_sample, temperature,
                            top_k, top_p, stop_ids(eos_token_id), use_cache, generator, static_cache,
-                           repetition_penalty)  # fmt: skip
+                           repetition_penalty, suppress_tokens)  # fmt: skip
 
 
-def _stream(model, input_ids, real, positions, max_new_tokens, do_sample, temperature, top_k, top_p,
-            stops, use_cache, generator, static_cache, repetition_penalty) -> Iterator[Tensor]:  # fmt: skip
+def _stream(model, input_ids, real, positions, max_new_tokens, do_sample, temperature, top_k, top_p, stops,
+            use_cache, generator, static_cache, repetition_penalty,
+            suppress) -> Iterator[Tensor]:  # fmt: skip
     B, T0 = input_ids.shape
     cache = model.new_kv_cache(B, T0 + max_new_tokens, static=static_cache) if use_cache else None
     ids, step_input = input_ids, input_ids
@@ -94,6 +98,7 @@ def _stream(model, input_ids, real, positions, max_new_tokens, do_sample, temper
         stops, dtype=input_ids.dtype, device=input_ids.device
     )  # copied once, not per token
     replay = None
+    suppress = torch.tensor(suppress, dtype=torch.long, device=input_ids.device) if suppress else None
     seen = seen_tokens(input_ids, model.config.vocab_size, real) if repetition_penalty != 1.0 else None
     for i in range(max_new_tokens):
         if replay is not None:
@@ -109,6 +114,8 @@ def _stream(model, input_ids, real, positions, max_new_tokens, do_sample, temper
             logits = model.lm_logits(hidden[:, -1]).float()  # (B, V)
             if static_cache and input_ids.is_cuda and i + 1 < max_new_tokens:
                 replay = decode_graph(model, cache, B)
+        if suppress is not None:
+            logits = logits.index_fill(1, suppress, float("-inf"))
         if seen is not None:
             logits = penalized(logits, seen, repetition_penalty)
         if do_sample:
@@ -183,13 +190,15 @@ def generate(
     generator: torch.Generator | None = None,
     static_cache: bool = False,
     repetition_penalty: float = 1.0,
+    suppress_tokens: list[int] | None = None,
 ) -> Tensor:
     """Continue `input_ids` (B, T) by up to `max_new_tokens`; returns (B, T + n).
 
     Greedy by default; `do_sample=True` samples with `temperature`, `top_k`, `top_p`;
     `num_beams > 1` runs beam search scored by sum of log-probabilities / length**length_penalty.
     Sequences that stop early are padded with (the first) `eos_token_id`. `static_cache`: see
-    `stream` (on CUDA, the decode step as a CUDA graph); `repetition_penalty`: `penalized`.
+    `stream` (on CUDA, the decode step as a CUDA graph); `repetition_penalty`: `penalized`;
+    `suppress_tokens`: ids never produced.
     `attention_mask` (B, T), 0 at padding: prompts of several lengths, padded on the left, each
     continued as it would be alone (its padding stays in the output). Dropout is off while it decodes.
     """
@@ -218,6 +227,7 @@ def generate(
             length_penalty=length_penalty,
             eos_token_id=eos_token_id,
             repetition_penalty=repetition_penalty,
+            suppress_tokens=suppress_tokens,
         )
     tokens = stream(
         model,
@@ -233,5 +243,6 @@ def generate(
         generator=generator,
         static_cache=static_cache,
         repetition_penalty=repetition_penalty,
+        suppress_tokens=suppress_tokens,
     )
     return torch.cat([input_ids, *(t[:, None] for t in tokens)], dim=1)

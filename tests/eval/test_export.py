@@ -559,3 +559,18 @@ def test_a_language_models_checkpoint_exports_as_a_causal_lm_that_stops_at_end_o
         torch.testing.assert_close(hf(ids).logits[..., : ours.shape[-1]], ours, rtol=0, atol=1e-5)
     onnx = ["export", f"--ckpt_path={ckpt}", f"--out={tmp_path / 'onnx'}", "--format=onnx"]
     assert error(capsys, *onnx) == "--format onnx: a language model exports as a transformers folder."
+
+
+def test_an_exported_models_config_names_the_tokenizers_own_bos():
+    """It named the end-of-text token as bos too (SmolLM2's <|im_end|> for its <|im_start|>)."""
+    from types import SimpleNamespace
+
+    from gpt_ft.eval.export import _language_model
+
+    gpt = GPT(GPTConfig(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2))
+    for bos, expected in ((1, 1), (None, 2)):  # (none: the end of text, as GPT-2's)
+        clf = SimpleNamespace(
+            gpt=gpt, specials=SimpleNamespace(eos=2, pad=3), tokenizer=SimpleNamespace(bos_token_id=bos)
+        )
+        config = _language_model(clf).config
+        assert (config.bos_token_id, config.eos_token_id, config.pad_token_id) == (expected, 2, 3)

@@ -47,3 +47,32 @@ def test_a_stop_text_ends_the_continuation_unprinted_and_what_may_begin_one_wait
     assert until("one. ##two## three", ["##t"]) == "one. \n"
     assert until("a # b ## c", ["##t", "END"]) == "a # b ## c\n"  # '#', '##' waited, then came out
     assert until("x 日本 END y", ["本 E"]) == "x 日\n"
+
+
+def test_generate_never_writes_the_task_framing_tokens(finetuned, monkeypatch, capsys):
+    """A fine-tuned instruct model's extract row starts as a copy of its end-of-turn token's and its
+    tied head came to score it higher: greedy decoding wrote <|extract|> <|delim|> ... instead of
+    stopping. gpt-ft generate suppresses the framing and padding tokens, in every decoding."""
+    from gpt_ft.cli import main
+    from gpt_ft.data.tokenizer import load_tokenizer
+    from gpt_ft.model.gpt import GPT
+
+    vocab = load_tokenizer(str(finetuned.ckpt.parent / "tokenizer")).get_vocab()
+    framing = sorted(vocab[t] for t in ("<|start|>", "<|delim|>", "<|extract|>", "<|pad|>") if t in vocab)
+    assert len(framing) >= 3
+    given, stream, generate = [], GPT.stream, GPT.generate
+    monkeypatch.setattr(GPT, "stream", lambda *a, **k: given.append(k["suppress_tokens"]) or stream(*a, **k))
+    monkeypatch.setattr(
+        GPT, "generate", lambda *a, **k: given.append(k["suppress_tokens"]) or generate(*a, **k)
+    )
+    for beams in ("1", "2"):
+        main(
+            [
+                "generate",
+                f"--ckpt_path={finetuned.ckpt}",
+                "--prompt=the cat",
+                "--max_new_tokens=3",
+                f"--num_beams={beams}",
+            ]
+        )
+    assert given == [framing, framing] and capsys.readouterr().out.startswith("the cat")

@@ -41,6 +41,25 @@ def test_greedy_and_beam_search_equal_transformers_generate(family):
     assert torch.equal(ours, theirs)
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_suppressed_tokens_are_never_produced_as_transformers_suppresses_them(family):
+    """`suppress_tokens` (gpt-ft generate's framing tokens), greedy and beam search alike."""
+    hf = tiny_hf(family)
+    gpt = GPT.from_hf(hf).eval()
+    prompt = torch.randint(1, TINY["vocab_size"], (1, 6))
+    free = gpt.generate(prompt, max_new_tokens=20)[0, 6:]
+    suppress = sorted(set(free.tolist()))[:2]  # tokens it would produce
+    ours = gpt.generate(prompt, max_new_tokens=20, suppress_tokens=suppress)
+    assert not set(ours[0, 6:].tolist()) & set(suppress)
+    same = dict(min_new_tokens=20, do_sample=False, pad_token_id=0, suppress_tokens=suppress)
+    assert torch.equal(ours, hf.generate(prompt, max_new_tokens=20, **same))
+    ours = gpt.generate(prompt, max_new_tokens=8, num_beams=3, length_penalty=0.0, suppress_tokens=suppress)
+    theirs = hf.generate(
+        prompt, max_new_tokens=8, num_beams=3, length_penalty=0.0, **{**same, "min_new_tokens": 8}
+    )
+    assert torch.equal(ours, theirs) and not set(ours[0, 6:].tolist()) & set(suppress)
+
+
 def test_stop_token_ends_generation_and_pads():
     gpt = tiny_gpt()
     prompt = torch.randint(0, TINY["vocab_size"], (2, 5))
