@@ -71,7 +71,7 @@ def task_examples(task: TaskAdapter, split: str, raw, origin: Origin):
         raw, origin = datasets.Dataset.from_list(rows), origin.keep(records)
     if task.ignore_labels and task.label in raw.column_names:
         ignored = set(task.ignore_labels)
-        kept = [i for i, value in enumerate(raw[task.label]) if str(value) not in ignored]
+        kept = [i for i, value in enumerate(raw[task.label]) if label_spelling(value) not in ignored]
         if not kept:
             raise TaskDataError(
                 f"{origin.source}: split {split!r} has no examples: every row's label is in the card's "
@@ -79,6 +79,12 @@ def task_examples(task: TaskAdapter, split: str, raw, origin: Origin):
             )
         raw, origin = raw.select(kept), origin.keep(kept)
     return raw, origin
+
+
+def label_spelling(value) -> str:
+    """A label as a card's `ignore_labels` spell it: -1.0 (a float column: pandas' integers with a
+    missing value, as the hub's SNLI) as -1."""
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
 
 
 def examples_split(task: TaskAdapter, split: str, data_dir: str | Path | None):

@@ -1,4 +1,5 @@
 import inspect
+import json
 import os
 
 import datasets
@@ -303,6 +304,16 @@ def test_rows_dropped_by_ignore_labels_keep_the_others_numbers(tmp_path, tokeniz
         TaskDataModule(task, tokenizer_dir, data_dir=str(tmp_path)).encoded("test", labelled=True)
     with pytest.raises(ValueError, match="^eval_batch_size must be >= 1, got 0.$"):
         TaskDataModule(task, tokenizer_dir, eval_batch_size=0)
+    # The hub's -1 (no gold label) in a float column (pandas' integers with a missing value): -1.0
+    records = [
+        {"premise": "a", "hypothesis": "b", "label": 0.0},
+        {"premise": "c", "hypothesis": "d", "label": -1.0},
+    ]
+    (tmp_path / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    hub = TextPair(name="p", premise="premise", hypothesis="hypothesis", labels=labels, index=None,
+                   ignore_labels=["-", "-1"], local=LocalFiles(splits={"test": "test.jsonl"}))  # fmt: skip
+    encoded = TaskDataModule(hub, tokenizer_dir, data_dir=str(tmp_path)).encoded("test", labelled=True)
+    assert encoded["index"] == [0] and encoded["label"] == [0]
 
 
 class Shouting(SingleText):
