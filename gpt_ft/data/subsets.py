@@ -42,6 +42,20 @@ def stratified_subset(labels: Sequence[Any], size: int, seed: int) -> list[int]:
     return sorted(chosen)
 
 
+def class_ids(output, labels: Sequence[Any]) -> list[Any]:
+    """Labels of one class each as its id, however the file spells it (a name in the card's
+    `labels`, or its index): the same rows either way. Other labels, and a value that is no class
+    (refused with its line when the split is encoded), stay as they are."""
+    ids = []
+    for value in labels:
+        try:
+            label = output.example_label({output.spec.field: value})
+        except Exception:  # (named, with its file and line, by the encoding)
+            label = None
+        ids.append(label if isinstance(label, int) and not isinstance(label, bool) else value)
+    return ids
+
+
 def _strata(labels: Sequence[Any]) -> list[Any]:
     """Each row's stratum: its label, or for real-valued labels (numbers, or their text as a TSV
     cell holds them) the quintile it falls in, a row without one a stratum of its own; labels that

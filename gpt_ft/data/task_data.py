@@ -24,7 +24,7 @@ from gpt_ft.data.files import Origin, located_split, task_examples
 from gpt_ft.data.ids import id_names, integer_id
 from gpt_ft.data.pinning import pins
 from gpt_ft.data.samplers import EpochSampler, LengthGroupedSampler, ResumableTrainData
-from gpt_ft.data.subsets import stratified_subset
+from gpt_ft.data.subsets import class_ids, stratified_subset
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
 from gpt_ft.errors import check_context
 from gpt_ft.workarounds.data import dataset_fingerprint
@@ -204,7 +204,7 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
             # Rows without a label column (preference pairs: the chosen reply is the label), or whose
             # label is no class (a solution's tagged steps), are one stratum.
             stratified = self.task.output.stratified and self.task.label in raw.column_names
-            labels = raw[self.task.label] if stratified else [None] * len(raw)
+            labels = class_ids(self.task.output, raw[self.task.label]) if stratified else [None] * len(raw)
             kept = stratified_subset(labels, self.train_size, self.seed)
             raw, origin = raw.select(kept), origin.keep(kept)
 

@@ -106,3 +106,20 @@ def test_the_data_module_subsets_the_training_split_only_and_alike_for_every_mod
     assert other_seed.encoded("train", labelled=True)["input_ids"] != train_a["input_ids"]
     with pytest.raises(ValueError, match="train_size must be a positive number of examples, got -1"):
         TaskDataModule(task, tokenizer_dir, data_dir=str(tmp_path), train_size=-1)
+
+
+def test_labels_spelled_as_names_or_as_indices_give_the_same_subset(tmp_path, tokenizer_dir):
+    """A card's label is a name in `labels` or its index: SNLI's release file (names) and the hub's
+    (0, 1, 2) drew different rows at one seed, the classes taken in their spellings' order."""
+    from gpt_ft.adapters import SingleText
+    from gpt_ft.adapters.base import LocalFiles
+
+    names = ["entailment", "neutral", "contradiction"]
+    drawn = []
+    for spelled in (lambda k: names[k], lambda k: k):
+        rows = [[i, f"sentence number {i} .", spelled((i * 7) % 3)] for i in range(30)]
+        write_rows(tmp_path / "train.tsv", ["index", "sentence", "label"], rows)
+        task = SingleText(name="t", labels=names, local=LocalFiles(splits={"train": "train.tsv"}))
+        data = TaskDataModule(task, tokenizer_dir, data_dir=str(tmp_path), train_size=9, seed=0)
+        drawn.append(data.encoded("train", labelled=True)["index"])
+    assert drawn[0] == drawn[1] and len(drawn[0]) == 9
