@@ -81,6 +81,11 @@ class EarlyStopping(early_stopping.EarlyStopping):
         self.best_score = torch.tensor(-torch.inf if self.mode == "max" else torch.inf)
         super().setup(trainer, pl_module, stage)
 
+    def load_state_dict(self, state_dict) -> None:
+        patience = self.patience  # the one given now (Lightning would put the checkpoint's back)
+        super().load_state_dict(state_dict)
+        self.patience = patience
+
     def on_train_start(self, trainer, pl_module) -> None:
         # A run resumed from the checkpoint of one this callback stopped stays stopped (a requeued
         # job would train an epoch more at each start); a larger patience goes on.

@@ -35,6 +35,11 @@ def test_early_stopping_stops_a_run_whose_main_metric_stalls(tmp_path, tokenizer
     assert "The run stopped early at epoch 2: validation/accuracy did not improve" in capsys.readouterr().out
     for checkpoint in tmp_path.glob("runs/lightning_logs/*/checkpoints/last.ckpt"):
         assert torch.load(checkpoint, weights_only=True)["global_step"] == last["global_step"]
+    # A larger patience goes on, as the line says (the checkpoint's patience was put back over it)
+    main([*args, f"--ckpt_path={saved}", "--trainer.callbacks.patience=4", "--trainer.max_epochs=4"])
+    assert "The run stopped early" not in capsys.readouterr().out
+    (resumed,) = [p for p in tmp_path.glob("runs/lightning_logs/version_2/checkpoints/last.ckpt")]
+    assert torch.load(resumed, weights_only=True)["epoch"] == 3  # two epochs more, to max_epochs 4
 
 
 def test_early_stopping_on_a_metric_validation_does_not_log_stops_before_training(
