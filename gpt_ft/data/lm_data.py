@@ -18,7 +18,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from gpt_ft.data.batches import collate_blocks
-from gpt_ft.data.pinning import pins
+from gpt_ft.data.pinning import leave_stops_to_the_main_process, pins
 from gpt_ft.data.prepare import SPLIT_FILES, read_meta
 from gpt_ft.data.samplers import EpochSampler, ResumableTrainData
 from gpt_ft.data.task_data import check_model_fits
@@ -145,6 +145,7 @@ class LMDataModule(ResumableTrainData, LightningDataModule):
             batch_size=self.batch_size,
             sampler=self._resumed(self._train_order, self.batch_size),
             num_workers=self.num_workers,
+            worker_init_fn=leave_stops_to_the_main_process,
             collate_fn=collate_blocks,
             pin_memory=pins(self),
             generator=self._generator(),
@@ -168,6 +169,7 @@ class LMDataModule(ResumableTrainData, LightningDataModule):
                 batch_size=self.eval_batch_size,
                 sampler=self._sampler(blocks, train=False),
                 num_workers=self.num_workers,
+                worker_init_fn=leave_stops_to_the_main_process,
                 collate_fn=collate_blocks,
                 pin_memory=pins(self),
                 generator=self._generator(),

@@ -1,4 +1,4 @@
-"""Batches in page-locked memory on CUDA.
+"""Loader workers: batches in page-locked memory on CUDA, and stop signals left to the main process.
 
 Lightning copies a batch to the GPU with `non_blocking=True`. From ordinary (pageable) host memory
 the CUDA driver may first wait for the device's queue and stages the copy through a buffer of its
@@ -11,6 +11,7 @@ worker calls each batch's `pin_memory`.
 from __future__ import annotations
 
 import dataclasses
+import signal
 from typing import Any
 
 from torch import Tensor
@@ -32,3 +33,12 @@ def pins(data: Any) -> bool:
     """Whether a data module's loaders should pin their batches: when its trainer's device is a GPU."""
     trainer = getattr(data, "trainer", None)
     return trainer is not None and trainer.strategy.root_device.type == "cuda"
+
+
+def leave_stops_to_the_main_process(worker_id: int) -> None:
+    """A loader worker's `worker_init_fn`: SIGTERM and Ctrl-C (SIGINT) ignored. torch's workers die
+    on SIGTERM, and a scheduler's kill of a job, which reaches every process of it, failed the run
+    ("worker killed by signal") before it saved; the main process stops the run at the step's end
+    (`gpt_ft.training.stop_signals`) and ends its workers."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -22,7 +22,7 @@ from gpt_ft.adapters.truncation import WHOLE, cut_report
 from gpt_ft.data.batches import PackedBatch, SharedContextBatch, TaskBatch, collate_batch, reads
 from gpt_ft.data.files import Origin, located_split, task_examples
 from gpt_ft.data.ids import id_names, integer_id
-from gpt_ft.data.pinning import pins
+from gpt_ft.data.pinning import leave_stops_to_the_main_process, pins
 from gpt_ft.data.samplers import EpochSampler, LengthGroupedSampler, ResumableTrainData
 from gpt_ft.data.subsets import class_ids, stratified_subset
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
@@ -307,6 +307,7 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
             batch_size=batch_size,
             sampler=sampler,
             num_workers=self.num_workers,
+            worker_init_fn=leave_stops_to_the_main_process,
             collate_fn=partial(self.collate, split=split),
             pin_memory=pins(self),
             # Loader seeds from its own generator, not the global RNG that a resumed run restores.

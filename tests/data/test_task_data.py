@@ -1,9 +1,13 @@
 import inspect
 import json
 import os
+import signal
+import time
 
 import datasets
 import pytest
+import torch
+from torch.utils.data import Dataset
 
 from gpt_ft.adapters import LocalFiles, Similarity, SingleText, TaskDataError, TextPair
 from gpt_ft.data.task_data import TaskDataModule
@@ -90,6 +94,37 @@ def test_the_loaders_pin_their_batches_for_a_gpu_only(pairs_dir, tokenizer_dir):
         dm.trainer = trainer_on(device)
         loaders = [dm.train_dataloader(), *dm.val_dataloader(), *dm.predict_dataloader()]
         assert [loader.pin_memory for loader in loaders] == [pinned] * 3
+
+
+class SignalledInTheWorker(Dataset):
+    """Its one item sends SIGTERM to the process reading it (a scheduler's kill of a job)."""
+
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, i: int) -> int:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)  # (where the signal ends the worker, it has ended)
+        return i
+
+
+def test_loader_workers_leave_sigterm_to_the_main_process(pairs_dir, tokenizer_dir):
+    """torch's workers die on SIGTERM, and a kill of the job then failed the run ("DataLoader worker
+    is killed by signal") before it saved: every loader's workers ignore it, the main process stops."""
+    from torch.utils.data import DataLoader
+
+    from gpt_ft.data.pinning import leave_stops_to_the_main_process
+
+    with pytest.raises(RuntimeError, match=r"DataLoader worker \(pid\(s\) \d+\) exited unexpectedly"):
+        list(DataLoader(SignalledInTheWorker(), num_workers=1))
+    quiet = leave_stops_to_the_main_process
+    got = list(DataLoader(SignalledInTheWorker(), num_workers=1, worker_init_fn=quiet))
+    assert got == [torch.tensor(0)]
+    dm = TaskDataModule(pair_task(), tokenizer_dir, data_dir=str(pairs_dir), batch_size=2, num_workers=1)
+    dm.setup("fit")
+    dm.setup("predict")
+    loaders = [dm.train_dataloader(), *dm.val_dataloader(), *dm.predict_dataloader()]
+    assert {loader.worker_init_fn for loader in loaders} == {quiet}
 
 
 def test_similarity_encodes_two_sequences(pairs_dir, tokenizer_dir):
