@@ -147,7 +147,8 @@ class SaveLast(Callback):
                 return
             self._sigterm_pending = False
             request_graceful_stop(trainer)  # Lightning stops after this hook
-            self._stop(trainer)
+            if not validation_follows(trainer):  # one due now runs first: saved after it, then stopped
+                self._stop(trainer)
 
     def on_validation_start(self, trainer, pl_module) -> None:
         self._validate_before_stopping(trainer)

@@ -118,6 +118,11 @@ def test_sigterm_where_a_validation_is_due_stops_after_it(tmp_path, tokenizer_di
     assert stopped.value.code == 128 + signal.SIGTERM
     out = capsys.readouterr().out
     assert "SIGTERM: validating step 3 before stopping" in out
+    # saved once, after the validation: a save before it would resume past it if a second Ctrl-C
+    # or a kill stopped the validation (its score and best checkpoint lost)
+    assert out.count("SIGTERM: saved step 3") == 1 and out.index("validating step 3") < out.index(
+        "saved step 3"
+    )
     assert out.rstrip().endswith(
         "SIGTERM: saved step 3 to " + str(last_path(tmp_path / "cut", 0)) + f"; {FIT_RESUME}"
     )
