@@ -176,11 +176,14 @@ class ResumableTrainData:
             epoch, batches, size, world = self._resume
             size, world = size or batch_size, world or sampler.num_replicas  # (an earlier version's: now's)
             steps = (size * world, batch_size * sampler.num_replicas)  # examples a step, then and now
-            if batches and steps[0] != steps[1] and isinstance(sampler, LengthGroupedSampler):
+            if batches and steps[0] != steps[1]:
+                order = ", and length-grouped batches of another size come in another order"
                 rank_zero_warn(
                     f"The checkpoint stopped {batches} steps of {steps[0]} examples into epoch {epoch} and "
-                    f"this run's steps hold {steps[1]}: length-grouped batches of another size come in "
-                    "another order, so the rest of that epoch repeats some examples and leaves out others."
+                    f"this run's steps hold {steps[1]}: Lightning counts that epoch's {batches} steps done "
+                    "in the new size, so the rest of it ends early or late (before its validation)"
+                    f"{order if isinstance(sampler, LengthGroupedSampler) else ''}; the next epochs are "
+                    "whole. The same --data.batch_size x processes resumes it exactly."
                 )
             sampler.skip(epoch, batches * size, world)
             self._resume = None

@@ -233,8 +233,9 @@ class ResumeState(Callback):
         if len(states) != world and "ranks" in state:
             rank_zero_warn(
                 f"The checkpoint holds the random states of {len(states)} processes and this run has "
-                f"{world}: weights, optimizer, step and data order are restored, but dropout masks (the "
-                "processes' random draws) differ from those of the uninterrupted run."
+                f"{world}: weights, optimizer, step and (at as many examples a step) data order are "
+                "restored, but dropout masks (the processes' random draws) differ from those of the "
+                "uninterrupted run."
             )
         set_rng_state(states[rank] if rank < len(states) else states[0])
 

@@ -98,11 +98,14 @@ def test_resumable_train_data_hands_its_position_to_the_sampler_once():
     assert list(data._resumed(sampler, batch_size=3)) == list(range(6, 12))  # 2 batches of 3 skipped
     assert list(data._resumed(sampler, batch_size=3)) == list(range(12))
     data.load_state_dict({"epoch": 0, "batches": 2, "batch_size": 4})  # resumed with batches of 3
-    assert list(data._resumed(sampler, batch_size=3)) == list(range(8, 12))  # the 8 trained on skipped
+    # the 8 trained on skipped; Lightning counts 2 steps done of the new size: said (it passed unsaid)
+    with pytest.warns(UserWarning, match=r"Lightning counts that epoch's 2 steps done in the new size, so"):
+        assert list(data._resumed(sampler, batch_size=3)) == list(range(8, 12))
     grouped = LengthGroupedSampler([3] * 12, 3, shuffle=False)
     data.load_state_dict({"epoch": 0, "batches": 2, "batch_size": 4})
     with pytest.warns(
-        UserWarning, match="stopped 2 steps of 4 examples into epoch 0 and this run's steps hold 3"
+        UserWarning,
+        match="stopped 2 steps of 4 examples into epoch 0 and this run's steps hold 3: .*another order",
     ):
         assert list(data._resumed(grouped, batch_size=3)) == list(grouped.indices())[8:]
 
