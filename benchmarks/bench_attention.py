@@ -33,8 +33,10 @@ from gpt_ft.training.terms import batch_terms
 class Setup:
     """The model, context and precision of the rows; the vocabulary's last 4 ids are the specials."""
 
-    def __init__(self, device: str, config: GPTConfig, seq: int, autocast: torch.dtype | None) -> None:
-        self.device, self.config, self.seq, self.autocast = device, config, seq, autocast
+    def __init__(
+        self, device: str, config: GPTConfig, seq: int, autocast: torch.dtype | None, preset: str = "gpt1"
+    ) -> None:
+        self.device, self.config, self.seq, self.autocast, self.preset = device, config, seq, autocast, preset
         v = config.vocab_size - 4
         self.specials = SpecialTokenIds(start=v, delim=v + 1, extract=v + 2, pad=v + 3, eos=None)
 
@@ -43,9 +45,12 @@ class Setup:
 
     def module(self, task) -> GPTModule:
         torch.manual_seed(0)
-        c = self.config
-        shape = {"n_positions": c.n_positions, "n_layer": c.n_layer, "n_embd": c.n_embd, "n_head": c.n_head}
-        return GPTModule(overrides=shape, vocab_size=c.vocab_size, task=task, lm_coef=0.5).to(self.device)
+        c = self.config  # the preset's model (its family, not only its shape), at this context
+        overrides = {"n_positions": c.n_positions}
+        module = GPTModule(
+            preset=self.preset, overrides=overrides, vocab_size=c.vocab_size, task=task, lm_coef=0.5
+        )
+        return module.to(self.device)
 
     def choice_rows(self, n: int, one_length: bool, seed: int = 0) -> tuple[list[dict], MultipleChoice]:
         """Story-Cloze-like examples: contexts of about seq/2 tokens, 4 endings of 8-24 tokens."""
@@ -180,12 +185,14 @@ def main() -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("no CUDA device here: run on a GPU, or pass --device cpu")
     if args.device == "cuda":
-        config = GPTConfig.from_name(args.preset or "gpt1")
+        preset = args.preset or "gpt1"
+        config = GPTConfig.from_name(preset, **({"n_positions": args.seq} if args.seq else {}))
         torch.backends.cuda.matmul.allow_tf32 = True
     else:  # a small shape, so that the CPU rows take seconds
-        config = GPTConfig.from_name(args.preset or "gpt-mini", vocab_size=8192, n_positions=128)
+        preset = args.preset or "gpt-mini"
+        config = GPTConfig.from_name(preset, vocab_size=8192, n_positions=args.seq or 128)
     bf16 = args.device == "cuda" or args.bf16
-    setup = Setup(args.device, config, args.seq or config.n_positions, torch.bfloat16 if bf16 else None)
+    setup = Setup(args.device, config, config.n_positions, torch.bfloat16 if bf16 else None, preset)
     report = Report("Attention kernels and shared contexts")
     for row in attention_kernels(setup) + shared_context(setup, args.runs):
         report.add(row)
