@@ -154,7 +154,7 @@ def export_language_model(stored: Checkpoint, out: Path) -> Path:
         model.generation_config.pad_token_id = (
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
         )
-    model.generation_config.suppress_tokens = framing_tokens(tokenizer) or None  # as gpt-ft generate
+    model.generation_config.suppress_tokens = framing_tokens(tokenizer, gpt.config.vocab_size) or None
     with written_whole(out) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)

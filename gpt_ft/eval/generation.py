@@ -111,7 +111,7 @@ def generate(
     decode = dict(
         do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, eos_token_id=eos,
         repetition_penalty=repetition_penalty, generator=torch.Generator(device).manual_seed(seed),
-        suppress_tokens=framing_tokens(tok),
+        suppress_tokens=framing_tokens(tok, gpt.config.vocab_size),
     )  # fmt: skip
     beams = dict(num_beams=num_beams, length_penalty=length_penalty) if num_beams > 1 else {}
     with torch.autocast(torch.device(device).type, torch.bfloat16, enabled=precision == "bf16-mixed"):
@@ -259,14 +259,16 @@ def prompt_ids(tok, prompt: str) -> list[int]:
     return lead + ids if ids and lead and ids[:1] != lead else ids
 
 
-def framing_tokens(tok) -> list[int]:
+def framing_tokens(tok, vocab_size: int | None = None) -> list[int]:
     """The ids of GPT-1's task framing tokens (start, delim, extract) and the padding token the
-    tokenizer holds: never written. A fine-tuned model's head may score one above the token its
-    row was copied from (`--model.new_tokens copied`), such as an instruct model's end of turn."""
+    tokenizer holds, those below the model's `vocab_size` (a base model's has none): never written.
+    A fine-tuned model's head may score one above the token its row was copied from
+    (`--model.new_tokens copied`), such as an instruct model's end of turn."""
     from gpt_ft.data.tokenizer import SPECIAL_TOKENS
 
     vocab = tok.get_vocab()
-    return sorted(vocab[token] for token in SPECIAL_TOKENS.values() if token in vocab)
+    ids = sorted(vocab[token] for token in SPECIAL_TOKENS.values() if token in vocab)
+    return [i for i in ids if vocab_size is None or i < vocab_size]
 
 
 def stop_tokens(tok, config) -> list[int]:

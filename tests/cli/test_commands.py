@@ -376,20 +376,23 @@ def test_generate_penalises_repetition_and_stops_at_a_stop_text(tmp_path, capsys
 
     from gpt_ft import GPT
     from gpt_ft.data.tokenizer import load_tokenizer
-    from gpt_ft.eval.generation import continuation
+    from gpt_ft.eval.generation import continuation, framing_tokens
 
     torch.manual_seed(0)
     GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=400)).save_pretrained(tmp_path)
     tok, gpt = load_tokenizer(tokenizer_dir), GPT.from_pretrained(tmp_path)
     prompt = tok("the cat", add_special_tokens=False)["input_ids"]
     args = ["generate", f"--ckpt_path={tmp_path}", "--prompt=the cat", f"--tokenizer={tokenizer_dir}"]
+    framing = {"suppress_tokens": framing_tokens(tok, 400)}  # (as the command: never the framing tokens)
     for beams in (1, 3):
-        new = gpt.generate(torch.tensor([prompt]), max_new_tokens=20, num_beams=beams, repetition_penalty=1.3)
+        new = gpt.generate(
+            torch.tensor([prompt]), max_new_tokens=20, num_beams=beams, repetition_penalty=1.3, **framing
+        )
         text = continuation(tok, prompt, new[0, len(prompt) :].tolist())
         plain = continuation(
             tok,
             prompt,
-            gpt.generate(torch.tensor([prompt]), max_new_tokens=20, num_beams=beams)[
+            gpt.generate(torch.tensor([prompt]), max_new_tokens=20, num_beams=beams, **framing)[
                 0, len(prompt) :
             ].tolist(),
         )
