@@ -38,8 +38,8 @@ class EpochSampler(DistributedSampler):
         self.set_epoch(epoch)
 
     def indices(self) -> Iterator[int]:
-        """This rank's indices for the current epoch, in order."""
-        return super().__iter__()
+        """This rank's indices for the current epoch, in order (DistributedSampler's)."""
+        return iter(self.dealt(self.order()))
 
     def order(self) -> list[int]:
         """The epoch's indices over all ranks, in the order they are dealt out (DistributedSampler's)."""

@@ -127,7 +127,7 @@ class SaveLast(Callback):
         self._stop_signal, self._said = None, False
         self.signals.install(trainer)
 
-    def _signalled(self, trainer) -> bool:
+    def _signalled(self) -> bool:
         """Whether a stop signal reached any rank (a collective under DDP: every rank asks here)."""
         self._stop_signal = self.signals.agreed() or self._stop_signal
         return self._stop_signal is not None
@@ -141,7 +141,7 @@ class SaveLast(Callback):
             self._save_pending = validation_follows(trainer)
             if not self._save_pending:
                 self._save(trainer)
-        if self._signalled(trainer) or self._sigterm_pending:
+        if self._signalled() or self._sigterm_pending:
             if accumulating:  # finish the optimizer step first: no accumulated gradient is lost
                 self._sigterm_pending = True
                 return
@@ -157,7 +157,7 @@ class SaveLast(Callback):
         self._validate_before_stopping(trainer)  # a signal during the validation
 
     def _validate_before_stopping(self, trainer) -> None:
-        if trainer.state.fn == "fit" and not trainer.sanity_checking and self._signalled(trainer):
+        if trainer.state.fn == "fit" and not trainer.sanity_checking and self._signalled():
             clear_graceful_stop(trainer)  # asked again at the validation's end
             if not self._stop_after_validation and trainer.is_global_zero:
                 name = (self._stop_signal or signal.SIGTERM).name

@@ -141,3 +141,16 @@ def test_an_epoch_resumed_on_another_number_of_processes_trains_each_example_it_
         rest += list(data._resumed(sampler, batch_size=12 // now))
     assert len(set(trained)) == len(trained) == 60 and not set(trained) & set(rest)
     assert set(trained) | set(rest) == set(range(100))  # (the last step's shares evened out)
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_the_epoch_order_dealt_out_is_distributed_samplers(drop_last):
+    """One order (`order`, dealt by `dealt`) serves a plain epoch and a resumed one alike."""
+    from torch.utils.data import DistributedSampler
+
+    for n, world in ((10, 3), (16, 4), (7, 2), (33, 8), (5, 1)):
+        for rank in range(world):
+            ours = EpochSampler(range(n), num_replicas=world, rank=rank, seed=5, drop_last=drop_last)
+            theirs = DistributedSampler(range(n), num_replicas=world, rank=rank, seed=5, drop_last=drop_last)
+            ours.set_epoch(2), theirs.set_epoch(2)
+            assert list(ours.indices()) == list(theirs) and len(ours) == len(list(theirs))
