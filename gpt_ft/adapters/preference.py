@@ -223,6 +223,13 @@ class PreferenceOutput(TaskOutput):
             "probability": 1 / (1 + math.exp(min(second - first, 700.0))),
         }
 
+    def label_text(self, label: Any) -> Any:
+        """A pair as `gpt-ft explain` shows it: which reply is preferred, and by what margin if any."""
+        if label is None:
+            return None
+        preferred = f"{self.sides[0]} preferred to {self.sides[1]}"
+        return f"{preferred}, margin {score_text(label)}" if label else preferred
+
     def example_label(self, example: dict[str, Any]) -> float | None:
         """A pair's margin (0 without a margin field or value); None for one reply (a `reply`
         field and no chosen one)."""

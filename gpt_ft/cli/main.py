@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import signal
+import stat
 import sys
 from collections.abc import Callable
 from importlib.metadata import version
@@ -112,23 +113,31 @@ def lone_value(message: str, args: list[str]) -> str:
 def in_config_file(message: str, args: list[str]) -> str:
     """`message` about an option naming the `--config` file that gave it (jsonargparse names the
     option alone, as if typed: "--trainer.max_epochs: ..."): the first source of the option, in the
-    order given, that gives the value the message quotes, or an option not accepted at all."""
+    order given, that gives the value the message quotes, or an option not accepted at all. A file
+    path a config gives that cannot be read is said to be relative to the config's folder."""
     unknown = re.search(
         r"^--([\w.]+): Option '(\w+)' is not accepted|does not accept option '([\w.]+)'", message
     )
-    got = re.match(r"--([\w.]+): .*, got (.*)\.$", message)
-    key = (
-        f"{unknown[1]}.{unknown[2]}" if unknown and unknown[1] else unknown[3] if unknown else got and got[1]
-    )
-    if not key:
+    quotes = re.match(r"--([\w.]+): .*, got (.*)\.$", message)
+    unread = re.match(r"--([\w.]+): (.+) is not a file that can be read\.$", message)
+    if unknown:
+        key = f"{unknown[1]}.{unknown[2]}" if unknown[1] else unknown[3]
+    elif quotes or unread:
+        key, quoted = (quotes or unread)[1], (quotes or unread)[2]
+    else:
         return message
     for arg, following in zip(args, [*args[1:], ""]):
         option, equals, value = arg.partition("=")
         value = value if equals else following
         if option in ("-c", "--config") and (found := option_in(value, key.split("."))):
-            if unknown or got[2] in (repr(found[0]), str(found[0])):
+            if unknown or (quotes and quoted in (repr(found[0]), str(found[0]))):
                 return f"{value}: {message.removeprefix('--')}"
-        elif option == f"--{key}" and (unknown or got[2] in (repr(value), value)):
+            if unread and found[0] == quoted and not Path(quoted).is_absolute():
+                relative = f"it is relative to the config's folder, {Path(value).parent}"
+                return f"{value}: {message.removeprefix('--').removesuffix('.')}: {relative}."
+        elif option == f"--{key}" and (
+            unknown or (unread and quoted == value) or quoted in (repr(value), value)
+        ):
             return message  # typed so
     return message
 
@@ -225,6 +234,27 @@ def keep_freed_memory() -> None:
         mallopt(M_TRIM_THRESHOLD, (1 << 31) - 1)
 
 
+def piped_configs_read(args: list[str]) -> list[str]:
+    """`args` with each `--config` that is a pipe (`--config <(...)`, `--config /dev/stdin`) given as
+    its text: a pipe reads once, and a command may parse its arguments twice. Paths in the text are
+    then relative to where gpt-ft runs, as the pipe has no folder of its own."""
+    out = list(args)
+    for i, arg in enumerate(out):
+        option, equals, value = arg.partition("=")
+        at = i if equals else i + 1
+        if option not in ("-c", "--config") or at >= len(out):
+            continue
+        value = value if equals else out[at]
+        try:
+            piped = stat.S_ISFIFO(os.stat(value).st_mode)
+        except (OSError, ValueError):
+            continue
+        if piped:
+            text = Path(value).read_text(encoding="utf-8")
+            out[at] = f"{option}={text}" if equals else text
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     debug = os.environ.get(DEBUG, "") not in ("", "0")
@@ -243,6 +273,7 @@ def main(argv: list[str] | None = None) -> None:
     command = COMMANDS[name]
     keep_freed_memory()
     try:
+        args = piped_configs_read(args)
         command.run(name, args)
         release_process_group()
     except USER_ERRORS as exc:

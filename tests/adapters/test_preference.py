@@ -55,6 +55,9 @@ def test_literal_layout_prompt_once_per_reply_chosen_first():
     assert enc.sequences == [[1, 10, 11, 12, 2, 20, 21, 3], [1, 10, 11, 12, 2, 30, 3]]
     assert enc.extract_index == [7, 6]
     assert enc.label == 0.5
+    assert task.output.label_text(enc.label) == "chosen preferred to rejected, margin 0.5"  # gpt-ft explain
+    assert task.output.label_text(0.0) == "chosen preferred to rejected"
+    assert task.output.label_text(None) is None  # one reply
     # Cut as multiple choice cuts, the prompt once for both replies, longest first, but keeping its
     # end: the last turn, which the replies answer (it lost the question of 3% of HH-RLHF's pairs).
     enc = task.encode(example, [list(range(10, 20)), [20, 21, 22, 23], [30]], SPECIALS, max_length=9)

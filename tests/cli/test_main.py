@@ -213,6 +213,19 @@ def test_a_bad_option_in_a_config_file_names_the_file(run):
     assert run("--config", str(good), "--trainer={max_epochz: 1}") == (
         "gpt-ft: error: Subcommand 'fit' does not accept option 'trainer.max_epochz'."
     )
+    # A card path in a config is relative to the config's folder, which the message says.
+    relative = run.root / "configs" / "relative.yaml"
+    relative.parent.mkdir()
+    relative.write_text("data:\n  task: tasks/single.yaml\n")
+    expected = (
+        f"gpt-ft: error: {relative}: data.task: tasks/single.yaml is not a file that can be read: "
+        f"it is relative to the config's folder, {relative.parent}."
+    )
+    assert run("--config", str(relative)) == expected
+    assert run("--config", str(relative), "--data.task=nowhere.yaml") == expected  # the file is read first
+    assert run("--data.task=nowhere.yaml") == (
+        "gpt-ft: error: --data.task: nowhere.yaml is not a file that can be read."
+    )
 
 
 def test_an_option_without_its_value_says_how_to_give_one(run):
