@@ -41,6 +41,11 @@ class TokenBlocks(Dataset):
     def __len__(self) -> int:
         return self.n_blocks
 
+    def __getstate__(self) -> dict:
+        """Without the open file: a loader worker started afresh (spawn, forkserver) opens its own;
+        a pickled memmap is a copy of the whole file."""
+        return {**self.__dict__, "_tokens": None}
+
     def __getitem__(self, i: int) -> tuple[int, Tensor]:
         if self._tokens is None:
             self._tokens = np.memmap(self.path, dtype=self.dtype, mode="r")

@@ -308,7 +308,7 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
             sampler=sampler,
             num_workers=self.num_workers,
             worker_init_fn=leave_stops_to_the_main_process,
-            collate_fn=partial(self.collate, split=split),
+            collate_fn=self.collator(split),
             pin_memory=pins(self),
             # Loader seeds from its own generator, not the global RNG that a resumed run restores.
             generator=torch.Generator().manual_seed(self.seed),
@@ -340,8 +340,16 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
     def collate(
         self, examples: list[dict[str, Any]], split: str = ""
     ) -> PackedBatch | TaskBatch | SharedContextBatch:
+        return self.collator(split)(examples)
+
+    def collator(self, split: str) -> partial:
+        """`collate` for a loader of `split`: a function of the examples alone, which loader workers
+        started afresh (spawn, and forkserver: Python 3.14's default) take by pickling; the data
+        module itself would bring its trainer and model along."""
         shared = self.shared_context and self.task.shares_context
-        return collate_batch(examples, self.special_ids, packing=self.packing, shared=shared, split=split)
+        return partial(
+            collate_batch, specials=self.special_ids, packing=self.packing, shared=shared, split=split
+        )
 
     def window_counts(self, batch_idx: int, accumulate: int, batches: int, sampler) -> tuple[int, int] | None:
         """(examples, LM targets) on this rank in the gradient-accumulation window of `accumulate`

@@ -1,4 +1,5 @@
 import json
+import pickle
 from types import SimpleNamespace
 
 import numpy as np
@@ -53,6 +54,11 @@ def test_a_token_file_shorter_than_one_block(tmp_path, tokenizer_dir):
     assert batch.input_ids.shape == (1, 1, n - 1) and batch.index.tolist() == [0]
     data.trainer = trainer_on("cuda")  # a GPU's loaders page-lock their batches
     assert data.train_dataloader().pin_memory
+    # A worker started afresh (spawn; forkserver, Python 3.14's default) takes its dataset pickled:
+    # the file's name, not a copy of the file the main process has open.
+    blocks = data.blocks["train"]
+    assert blocks[0][1].tolist() == pickle.loads(pickle.dumps(blocks))[0][1].tolist()
+    assert blocks._tokens is not None and pickle.loads(pickle.dumps(blocks))._tokens is None
 
 
 def test_a_validation_split_too_short_for_a_block_is_left_out_and_said(tmp_path, tokenizer_dir, capsys):

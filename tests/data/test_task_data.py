@@ -127,6 +127,29 @@ def test_loader_workers_leave_sigterm_to_the_main_process(pairs_dir, tokenizer_d
     assert {loader.worker_init_fn for loader in loaders} == {quiet}
 
 
+def test_loader_workers_started_afresh_take_the_examples_alone(pairs_dir, tokenizer_dir):
+    """A worker started afresh (spawn, and forkserver: Python 3.14's default) takes its loader's
+    dataset and collate function pickled; the collate function was the data module's own, which
+    brought its trainer and model along (a model's activation is a lambda: no pickle at all)."""
+    import dataclasses
+    import pickle
+
+    from tests.helpers import trainer_on
+
+    def fields(batch) -> dict:
+        return {k: v.tolist() if torch.is_tensor(v) else v for k, v in dataclasses.asdict(batch).items()}
+
+    dm = TaskDataModule(pair_task(), tokenizer_dir, data_dir=str(pairs_dir), batch_size=2, num_workers=1)
+    dm.trainer = trainer_on("cpu")
+    dm.trainer.model = lambda x: x  # what a fit attaches: no pickle
+    dm.setup("fit")
+    for split, loader in zip(("train", "validation"), (dm.train_dataloader(), *dm.val_dataloader())):
+        dataset, collate = pickle.loads(pickle.dumps((loader.dataset, loader.collate_fn)))
+        examples = [loader.dataset[i] for i in range(len(dataset))]
+        expected = fields(dm.collate(examples, split))
+        assert fields(collate(list(dataset))) == fields(loader.collate_fn(examples)) == expected
+
+
 def test_similarity_encodes_two_sequences(pairs_dir, tokenizer_dir):
     task = Similarity(
         name="sim",
