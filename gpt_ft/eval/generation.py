@@ -272,10 +272,15 @@ def framing_tokens(tok, vocab_size: int | None = None) -> list[int]:
 
 
 def stop_tokens(tok, config) -> list[int]:
-    """Where decoding stops: the tokenizer's end-of-text token, and those the weights' config lists
-    (instruct models end a turn with more than one)."""
+    """Where decoding stops: the tokenizer's eos token, those the weights' config lists (instruct
+    models end a turn with more than one), and `<|endoftext|>` where the tokenizer has it: the
+    token `gpt-ft prepare` ends each document with, which a tokenizer may hold beside another eos
+    (SmolLM2's `<|endoftext|>` and its `</s>`-style eos)."""
+    from gpt_ft.data.tokenizer import EOS_TOKEN
+
     listed = (config.hf_token_ids or {}).get("eos")
-    return list(dict.fromkeys([*stop_ids(tok.eos_token_id), *stop_ids(listed)]))
+    document_end = tok.get_vocab().get(EOS_TOKEN)
+    return list(dict.fromkeys([*stop_ids(tok.eos_token_id), *stop_ids(listed), *stop_ids(document_end)]))
 
 
 def continuation(tok, prompt: list[int], new: list[int]) -> str:

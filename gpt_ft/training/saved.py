@@ -168,19 +168,37 @@ def check_tokenizer_fits(vocab_size: int, weights_vocab: int, init_from: str) ->
         )
 
 
-def not_its_tokenizer(tokenizer, where, saved, option: str) -> str:
+def not_its_tokenizer(tokenizer, where, saved, option: str, given: dict, own: dict) -> str:
     """The refusal of a tokenizer that is not the one `where` was trained with, given by `option`
-    (`--data.token_dir`: token files', whose tokens are the fault)."""
+    (`--data.token_dir`: token files', whose tokens are the fault), naming the first token that
+    differs between the vocabularies `given` and `own` (the saved one's)."""
     if option == "--data.token_dir":
         return (
             f"--data.token_dir {Path(tokenizer).parent} was prepared with another tokenizer than {where} "
-            f"was trained with: its tokens stand for other text. Prepare the corpus again with --tokenizer "
-            f"{saved}."
+            f"was trained with ({vocabulary_difference(given, own)}): its tokens stand for other text. "
+            f"Prepare the corpus again with --tokenizer {saved}."
         )
     return (
-        f"{option} {tokenizer} is not the tokenizer {where} was trained with: the same text would "
-        f"become other tokens. Give the one it was trained with (a copy is saved in {saved})."
+        f"{option} {tokenizer} is not the tokenizer {where} was trained with "
+        f"({vocabulary_difference(given, own)}). Give the one it was trained with (a copy is saved in "
+        f"{saved})."
     )
+
+
+def vocabulary_difference(given: dict, own: dict) -> str:
+    """The first token (by id) that moved, then that `given` adds, then that it lacks, said of the
+    given tokenizer against the saved one."""
+    moved = sorted((i, token) for token, i in own.items() if given.get(token, i) != i)
+    if moved:
+        i, token = moved[0]
+        return (
+            f"its {token!r} is token {given[token]}, the saved one's {i}: the same text becomes other tokens"
+        )
+    added = sorted((i, token) for token, i in given.items() if token not in own)
+    if added:
+        return f"it holds {added[0][1]!r} (token {added[0][0]}), which the saved one does not"
+    lacking = sorted((i, token) for token, i in own.items() if token not in given)
+    return f"it lacks the saved one's {lacking[0][1]!r} (token {lacking[0][0]})" if lacking else "same tokens"
 
 
 def check_init_tokenizer(tokenizer: str, init_from: str, option: str = "--data.tokenizer") -> None:
@@ -202,9 +220,10 @@ def check_init_tokenizer(tokenizer: str, init_from: str, option: str = "--data.t
     framing = set(SPECIAL_TOKENS.values())
     given = load_tokenizer(tokenizer, add_specials=False).get_vocab()
     own = load_tokenizer(saved, add_specials=False).get_vocab()
-    moved = any(given.get(token, i) != i for token, i in own.items() if token not in framing)
-    if moved or len(set(given) - set(own) - framing) > SPECIAL_TOKEN_ROOM:
-        raise ValueError(not_its_tokenizer(tokenizer, init_from, saved, option))
+    given, own = ({k: i for k, i in vocab.items() if k not in framing} for vocab in (given, own))
+    moved = any(given.get(token, i) != i for token, i in own.items())
+    if moved or len(set(given) - set(own)) > SPECIAL_TOKEN_ROOM:
+        raise ValueError(not_its_tokenizer(tokenizer, init_from, saved, option, given, own))
 
 
 def base_reference(init_from: str) -> str:
@@ -242,9 +261,10 @@ def check_same_tokenizer(checkpoint: Checkpoint, data, where: str) -> None:
     from gpt_ft.data.tokenizer import load_tokenizer
 
     tokenizer = tokenizer or load_tokenizer(path)  # token files' (pretraining): their folder's tokenizer
-    if load_tokenizer(saved).get_vocab() != tokenizer.get_vocab():
+    given, own = tokenizer.get_vocab(), load_tokenizer(saved).get_vocab()
+    if given != own:
         option = "--data.token_dir" if getattr(data, "token_dir", None) else "--data.tokenizer"
-        raise ValueError(not_its_tokenizer(path, where, saved, option))
+        raise ValueError(not_its_tokenizer(path, where, saved, option, given, own))
 
 
 def check_lora_resume(

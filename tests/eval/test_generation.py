@@ -76,3 +76,20 @@ def test_generate_never_writes_the_task_framing_tokens(finetuned, monkeypatch, c
             ]
         )
     assert given == [framing, framing] and capsys.readouterr().out.startswith("the cat")
+
+
+def test_decoding_stops_at_the_end_of_text_a_tokenizer_holds_beside_another_eos(tokenizer_dir):
+    """`gpt-ft prepare` ends each document with `<|endoftext|>`; a tokenizer whose eos is another
+    token (SmolLM2's `</s>`-style) kept it out of the stop tokens, so `generate` and an exported
+    language model ran past every end of text the model learned."""
+    from types import SimpleNamespace
+
+    from gpt_ft.data.tokenizer import load_tokenizer
+    from gpt_ft.eval.generation import stop_tokens
+
+    tok = load_tokenizer(tokenizer_dir)
+    end = tok.convert_tokens_to_ids("<|endoftext|>")
+    assert stop_tokens(tok, SimpleNamespace(hf_token_ids={"eos": [7]})) == [end, 7]
+    tok.add_special_tokens({"eos_token": "</s>"})
+    eos = tok.convert_tokens_to_ids("</s>")
+    assert eos != end and stop_tokens(tok, SimpleNamespace(hf_token_ids=None)) == [eos, end]

@@ -232,11 +232,33 @@ def test_a_checkpoint_is_read_with_the_tokenizer_it_was_trained_with(
     with pytest.raises(SystemExit) as stopped:
         main(["validate", f"--ckpt_path={ckpt}", f"--data.tokenizer={other}", *quiet])
     assert stopped.value.code == 2
+    first = moved_token(other)
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        f"gpt-ft: error: --data.tokenizer {other} is not the tokenizer {ckpt} was trained with: the same "
-        f"text would become other tokens. Give the one it was trained with (a copy is saved in "
-        f"{ckpt.parent / 'tokenizer'})."
+        f"gpt-ft: error: --data.tokenizer {other} is not the tokenizer {ckpt} was trained with (its "
+        f"{first!r} is token 301, the saved one's 300: the same text becomes other tokens). Give the one it "
+        f"was trained with (a copy is saved in {ckpt.parent / 'tokenizer'})."
     )
+
+
+def moved_token(tokenizer: Path, first: int = 300) -> str:
+    """The token `swapped` moved from id `first` to `first + 1`."""
+    vocab = json.loads((tokenizer / "tokenizer.json").read_text())["model"]["vocab"]
+    return next(token for token, i in vocab.items() if i == first + 1)
+
+
+def test_a_refused_tokenizer_is_told_by_its_first_difference():
+    """The refusal named no difference, and one tokenizer that differs from the saved one only by an
+    added padding token was told "the same text would become other tokens"."""
+    from gpt_ft.training.saved import vocabulary_difference
+
+    own = {"a": 0, "b": 1, "<|pad|>": 2}
+    assert vocabulary_difference({"a": 0, "b": 2, "<|pad|>": 1}, own) == (
+        "its 'b' is token 2, the saved one's 1: the same text becomes other tokens"
+    )
+    assert vocabulary_difference({**own, "<|x|>": 4, "<|y|>": 3}, own) == (
+        "it holds '<|y|>' (token 3), which the saved one does not"
+    )
+    assert vocabulary_difference({"a": 0, "b": 1}, own) == "it lacks the saved one's '<|pad|>' (token 2)"
 
 
 def test_a_run_started_from_a_checkpoint_reads_it_with_its_tokenizer(tmp_path, finetuned, capsys):
@@ -259,15 +281,16 @@ def test_a_run_started_from_a_checkpoint_reads_it_with_its_tokenizer(tmp_path, f
         )
     assert stopped.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        f"gpt-ft: error: --data.tokenizer {moved} is not the tokenizer {ckpt} was trained with: the same "
-        f"text would become other tokens. Give the one it was trained with (a copy is saved in {saved})."
+        f"gpt-ft: error: --data.tokenizer {moved} is not the tokenizer {ckpt} was trained with (its "
+        f"{moved_token(moved)!r} is token 301, the saved one's 300: the same text becomes other tokens). "
+        f"Give the one it was trained with (a copy is saved in {saved})."
     )
     assert not (tmp_path / "runs").exists()
     # generate's --tokenizer: it printed other text than the model's, without a word
     with pytest.raises(SystemExit) as stopped:
         main(["generate", f"--ckpt_path={ckpt}", "--prompt=the cat", f"--tokenizer={moved}"])
     assert stopped.value.code == 2 and capsys.readouterr().err.strip().splitlines()[-1].startswith(
-        f"gpt-ft: error: --tokenizer {moved} is not the tokenizer {ckpt} was trained with: the same text"
+        f"gpt-ft: error: --tokenizer {moved} is not the tokenizer {ckpt} was trained with (its "
     )
     main(["generate", f"--ckpt_path={ckpt}", "--prompt=the cat", f"--tokenizer={tmp_path / 'copy'}"])
     assert capsys.readouterr().out.startswith("the cat")
