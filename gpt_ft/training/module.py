@@ -125,18 +125,21 @@ def normalised(
     return combined_loss(full.get("task_loss"), full.get("lm_loss"), lm_coef), {**parts, "loss": loss}
 
 
-def check_fits(loaded: Checkpoint, config: GPTConfig, head: nn.Module | None, task, where: str) -> None:
-    """A checkpoint of another shape, task head or kind than the run's, named in one sentence (not a
-    page of size mismatches)."""
+def check_fits(
+    loaded: Checkpoint, config: GPTConfig, head: nn.Module | None, task, where: str, init_from: str | None
+) -> None:
+    """A checkpoint of another shape, task head or kind than the run's (built from `init_from`, or
+    a preset), named in one sentence (not a page of size mismatches)."""
     stored = loaded.gpt_config or {}
     differ = [k for k in config.SHAPE_FIELDS if k in stored and stored[k] != getattr(config, k)]
     if differ:
         theirs = ", ".join(f"{k}={stored[k]}" for k in differ)
         ours = ", ".join(f"{k}={getattr(config, k)}" for k in differ)
-        raise ValueError(
-            f"{where} holds a model with {theirs} but this run builds {ours}: give the same "
-            "--model.preset/--model.overrides, or start anew from it with --model.init_from."
+        preset = (
+            "give the same --model.preset/--model.overrides, or start anew from it with --model.init_from"
         )
+        fix = f"give the --model.init_from it was trained from, not {init_from}" if init_from else preset
+        raise ValueError(f"{where} holds a model with {theirs} but this run builds {ours}: {fix}.")
     rows = loaded.submodule_state("head").get("weight")
     if loaded.state and rows is None and head is not None:  # (a sharded checkpoint's tensors load apart)
         raise ValueError(
@@ -319,7 +322,7 @@ class GPTModule(Evaluation, LightningModule):
         self.temperature = 1.0 if fitting else loaded.temperature  # trained on, the weights leave T behind
         if loaded.class_weights is not None and self.head is not None:
             self.head.class_weights = torch.tensor(loaded.class_weights, device=self.head.weight.device)
-        check_fits(loaded, config, self.head, self.task, where)
+        check_fits(loaded, config, self.head, self.task, where, self.init_from)
 
     # ---- forward and losses ----
 

@@ -162,9 +162,11 @@ def check_tokenizer_fits(vocab_size: int, weights_vocab: int, init_from: str) ->
     released table has rows (padded to a round number), nothing else."""
     released = weights_vocab % 64 == 0 and 0 < weights_vocab - vocab_size < RELEASED_PADDING
     if not (released or weights_vocab <= vocab_size <= weights_vocab + SPECIAL_TOKEN_ROOM):
+        rows = " (a table has rows no token uses only as released: rounded up to a multiple of 64)"
         raise ValueError(
-            f"The tokenizer has {vocab_size} tokens but the weights in {init_from} have {weights_vocab}: "
-            "they were not made for each other; use the tokenizer saved with the weights."
+            f"The tokenizer has {vocab_size} tokens, GPT-1's framing tokens included, but the weights in "
+            f"{init_from} have {weights_vocab}{rows * (weights_vocab > vocab_size)}: they were not made "
+            "for each other; use the tokenizer saved with the weights."
         )
 
 

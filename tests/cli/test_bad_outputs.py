@@ -349,7 +349,7 @@ def test_generate_refuses_a_prompt_longer_than_the_context(finetuned, capsys):
     assert n > 64  # the micro model's context
     assert error(capsys, "generate", f"--ckpt_path={finetuned.ckpt}", f"--prompt={prompt}") == (
         f"--prompt is {n} tokens and the model's context is 64 (n_positions), leaving no room for a new "
-        f"token: shorten it by at least {n - 63} token(s)."
+        f"token: shorten it by at least {n - 63} tokens."
     )
 
 

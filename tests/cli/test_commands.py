@@ -321,16 +321,20 @@ def test_generate_bad_input(tmp_path, capsys, tokenizer_dir):
     fitting = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=400))
     fitting.save_pretrained(tmp_path / "fits")
     prompt = ["--prompt", "the cat", f"--tokenizer={tokenizer_dir}"]
+    (tmp_path / "prompts.jsonl").write_text('{"prompt": "the cat"}\n')
+    file = [f"--input={tmp_path / 'prompts.jsonl'}", f"--output={tmp_path / 'out.jsonl'}", prompt[2]]
     expected = {
         ("empty",): f"{tmp_path / 'empty'} is not a transformers model directory: it has no config.json.",
         ("model",): f"{tmp_path / 'model'} carries no tokenizer; give --tokenizer DIR.",
-        ("model", *prompt): f"The tokenizer has 400 tokens but the weights in {tmp_path / 'model'} have 50: "
-        "they were not made for each other; use the tokenizer saved with the weights.",
-        ("fits", *prompt, "--do_sample=true", "--temperature=0"): "temperature must be > 0, got 0.0; use "
-        "do_sample=False for greedy decoding.",
+        ("model", *prompt): f"The tokenizer has 400 tokens, GPT-1's framing tokens included, but the "
+        f"weights in {tmp_path / 'model'} have 50: they were not made for each other; use the tokenizer "
+        "saved with the weights.",
+        ("fits", *prompt, "--do_sample=true", "--temperature=0"): "--temperature must be > 0, got 0.0; use "
+        "--do_sample false for greedy decoding.",
         ("fits", *prompt, "--do_sample=true", "--num_beams=2"): "Beam search is deterministic: use "
-        "num_beams=1 with do_sample=True.",
-        ("fits", *prompt, "--repetition_penalty=0"): "repetition_penalty must be > 0 (1: none), got 0.0.",
+        "--num_beams 1 with --do_sample true.",
+        ("fits", *prompt, "--repetition_penalty=0"): "--repetition_penalty must be > 0 (1: none), got 0.0.",
+        ("fits", *file, "--do_sample=true", "--top_p=1.5"): "--top_p must be in (0, 1], got 1.5.",
         ("fits", *prompt, "--stop=[x, '']"): "--stop holds an empty text, which every continuation starts "
         "with: give texts.",
     }
@@ -619,5 +623,6 @@ def test_generate_starts_the_prompt_as_the_tokenizer_starts_texts_and_stops_wher
     )
     assert tok("the cat")["input_ids"] == [bos, *bare, eos]
     assert prompt_ids(tok, "the cat") == [bos, *bare]
-    assert stop_tokens(tok, SimpleNamespace(hf_token_ids=None)) == [eos]
-    assert stop_tokens(tok, SimpleNamespace(hf_token_ids={"eos": [7, eos, 9]})) == [eos, 7, 9]
+    end = tok.convert_tokens_to_ids("<|endoftext|>")  # where prepared documents end: always a stop
+    assert stop_tokens(tok, SimpleNamespace(hf_token_ids=None)) == [eos, end]
+    assert stop_tokens(tok, SimpleNamespace(hf_token_ids={"eos": [7, eos, 9]})) == [eos, 7, 9, end]

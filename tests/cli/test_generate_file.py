@@ -149,7 +149,7 @@ def test_bad_prompt_files_and_options_are_one_sentence(tmp_path, capsys, model_d
     source.write_text('{"prompt": "the cat"}\n\n{"prompt": "' + long + '"}\n')  # a blank line: line 3
     assert error(capsys, *base, f"--input={source}", out) == (
         f"{source}, line 3: the prompt is {n} tokens and the model's context is 64 (n_positions), leaving "
-        f"no room for a new token: shorten it by at least {n - 63} token(s)."
+        f"no room for a new token: shorten it by at least {n - 63} tokens."
     )
     source.write_text('{"prompt": ""}\n')
     assert error(capsys, *base, f"--input={source}", out) == (

@@ -119,7 +119,11 @@ def test_tokenizer_that_does_not_belong_to_the_weights(run, tokenizer_dir):
     GPT(GPTConfig.from_name("gpt-micro", vocab_size=1000, **shape)).to_hf().save_pretrained(other)
     n = len(load_tokenizer(tokenizer_dir))
     message = run(f"--model.init_from={other}")
-    assert f"The tokenizer has {n} tokens but the weights in {other} have 1000" in message
+    assert (
+        f"The tokenizer has {n} tokens, GPT-1's framing tokens included, but the weights in {other} have "
+        "1000 (a table has rows no token uses only as released: rounded up to a multiple of 64): they were "
+        "not made for each other; use the tokenizer saved with the weights."
+    ) in message
 
 
 @pytest.mark.parametrize(

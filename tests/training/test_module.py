@@ -131,6 +131,13 @@ def test_a_checkpoint_of_another_shape_head_or_kind_is_named_in_one_sentence():
         r"n_embd=16: ",
     ):
         m.on_load_checkpoint({"gpt_config": {**config, "n_embd": 64, "n_layer": 2}})
+    # A model built from other weights: the preset and overrides given are not its fault.
+    m.init_from = "other-weights"
+    with pytest.raises(
+        ValueError, match=r"n_embd=16: give the --model.init_from it was trained from, not other-"
+    ):
+        m.on_load_checkpoint({"gpt_config": {**config, "n_embd": 64}})
+    m.init_from = None
     with pytest.raises(ValueError, match=r"has a task head of 3 outputs but task 't' needs 2"):
         m.on_load_checkpoint({"gpt_config": config, "state_dict": {"head.weight": torch.zeros(3, 16)}})
     # A checkpoint of the other kind: a language model's resumed as a task's, and the reverse

@@ -12,8 +12,11 @@ def test_the_tokenizer_may_add_only_a_few_special_tokens():
     for vocab in (100, 104, 108):
         check_tokenizer_fits(vocab, 100, "weights")
     for vocab in (99, 109):
-        with pytest.raises(ValueError, match=rf"The tokenizer has {vocab} tokens but the weights in weights"):
+        with pytest.raises(ValueError, match=rf"The tokenizer has {vocab} tokens, .* the weights in weights"):
             check_tokenizer_fits(vocab, 100, "weights")
+    with pytest.raises(ValueError, match=r"have 530 \(a table has rows no token uses only as released: rou"):
+        check_tokenizer_fits(504, 530, "weights")  # (a table of 512 rows would be taken)
+    check_tokenizer_fits(504, 512, "weights")
 
 
 def test_a_loaded_model_changes_only_its_dropouts(tmp_path):
