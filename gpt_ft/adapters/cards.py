@@ -19,7 +19,7 @@ from jsonargparse import ArgumentParser, get_loader, set_loader
 from gpt_ft.adapters.base import TaskAdapter
 from gpt_ft.adapters.sources import HubDataset, LocalFiles
 from gpt_ft.errors import FileProblem, parse_error_message, repeated_key, yaml_file_problem, yaml_problem
-from gpt_ft.workarounds.cli import config_file_being_read, required_arguments
+from gpt_ft.workarounds.cli import config_file_being_read, config_pipe_being_read, required_arguments
 
 
 def load_card(path: str | Path) -> TaskAdapter:
@@ -115,6 +115,11 @@ def load_yaml(text: str, path: str = "") -> object:
         raise FileProblem(f"{yaml_file_problem(file) or f'{file} is not valid YAML'}.") from exc
     if file and (twice := repeated_key(text)):
         raise FileProblem(f"{file}, {twice}.")
+    if path and not text and (pipe := config_pipe_being_read()):
+        raise FileProblem(
+            f"--config {pipe} is a pipe read already: validate, test and predict read their configs "
+            "twice (the first time for the checkpoint to read); write it to a file."
+        )
     if path and not isinstance(value, dict):
         holds = "a config file is a mapping with sections (trainer, model, data, ...)"
         raise FileProblem(f"{file} is {_not_a_mapping(value)}: {holds}.")

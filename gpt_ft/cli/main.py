@@ -14,7 +14,6 @@ import logging
 import os
 import re
 import signal
-import stat
 import sys
 from collections.abc import Callable
 from importlib.metadata import version
@@ -234,27 +233,6 @@ def keep_freed_memory() -> None:
         mallopt(M_TRIM_THRESHOLD, (1 << 31) - 1)
 
 
-def piped_configs_read(args: list[str]) -> list[str]:
-    """`args` with each `--config` that is a pipe (`--config <(...)`, `--config /dev/stdin`) given as
-    its text: a pipe reads once, and a command may parse its arguments twice. Paths in the text are
-    then relative to where gpt-ft runs, as the pipe has no folder of its own."""
-    out = list(args)
-    for i, arg in enumerate(out):
-        option, equals, value = arg.partition("=")
-        at = i if equals else i + 1
-        if option not in ("-c", "--config") or at >= len(out):
-            continue
-        value = value if equals else out[at]
-        try:
-            piped = stat.S_ISFIFO(os.stat(value).st_mode)
-        except (OSError, ValueError):
-            continue
-        if piped:
-            text = Path(value).read_text(encoding="utf-8")
-            out[at] = f"{option}={text}" if equals else text
-    return out
-
-
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     debug = os.environ.get(DEBUG, "") not in ("", "0")
@@ -273,7 +251,6 @@ def main(argv: list[str] | None = None) -> None:
     command = COMMANDS[name]
     keep_freed_memory()
     try:
-        args = piped_configs_read(args)
         command.run(name, args)
         release_process_group()
     except USER_ERRORS as exc:

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from gpt_ft.adapters import ENCODING, TaskAdapter, TaskDataError
 from gpt_ft.adapters.cards import adapter_code, as_task, card_key
 from gpt_ft.adapters.truncation import WHOLE, cut_report
-from gpt_ft.data.batches import PackedBatch, SharedContextBatch, TaskBatch, collate_batch, reads
+from gpt_ft.data.batches import collate_batch, reads
 from gpt_ft.data.files import Origin, located_split, task_examples
 from gpt_ft.data.ids import id_names, integer_id
 from gpt_ft.data.pinning import leave_stops_to_the_main_process, pins
@@ -337,15 +337,10 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         trainer = getattr(self, "trainer", None)
         return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
 
-    def collate(
-        self, examples: list[dict[str, Any]], split: str = ""
-    ) -> PackedBatch | TaskBatch | SharedContextBatch:
-        return self.collator(split)(examples)
-
     def collator(self, split: str) -> partial:
-        """`collate` for a loader of `split`: a function of the examples alone, which loader workers
-        started afresh (spawn, and forkserver: Python 3.14's default) take by pickling; the data
-        module itself would bring its trainer and model along."""
+        """`collate_batch` for a loader of `split`: a function of the examples alone, which workers
+        started afresh (spawn; forkserver, Python 3.14's default) take pickled, as a method would
+        not be (the data module would bring its trainer and model along)."""
         shared = self.shared_context and self.task.shares_context
         return partial(
             collate_batch, specials=self.special_ids, packing=self.packing, shared=shared, split=split

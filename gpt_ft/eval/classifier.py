@@ -125,7 +125,7 @@ class Classifier:
         return torch.cat(chunks).cpu()
 
     def batch(self, chunk: list[dict[str, Any]]) -> PackedBatch | TaskBatch | SharedContextBatch:
-        shared = self.shared_context and self.task.shares_context  # as TaskDataModule.collate decides
+        shared = self.shared_context and self.task.shares_context  # as TaskDataModule.collator decides
         return collate_batch(chunk, self.specials, packing=self.packing, shared=shared)
 
     def encode(self, examples: list[dict[str, Any]], *, where=None) -> list[dict[str, Any]]:

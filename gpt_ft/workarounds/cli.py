@@ -85,6 +85,21 @@ def config_file_being_read(text: str) -> str | None:
         return None
 
 
+def config_pipe_being_read() -> str | None:
+    """The name of the file jsonargparse is reading (`config_file_being_read`'s stack) where it is a
+    pipe, `--config <(...)`, which holds its text for one read only; None elsewhere."""
+    import os
+    import stat
+
+    try:
+        from jsonargparse._util import config_load_stack
+
+        shown = config_load_stack.get()[-1][1]  # (its resolved name, /proc/PID/fd/pipe:[N], is none)
+        return str(shown) if stat.S_ISFIFO(os.stat(shown).st_mode) else None
+    except (ImportError, LookupError, IndexError, ValueError, TypeError, OSError):
+        return None
+
+
 def file_not_decoded(exc: BaseException) -> str | None:
     """The file jsonargparse was reading (a `--config` file, or a task card given as a path) when
     `exc` or an exception it was raised from met text that is not UTF-8: the UnicodeDecodeError names

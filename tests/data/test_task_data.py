@@ -134,6 +134,7 @@ def test_loader_workers_started_afresh_take_the_examples_alone(pairs_dir, tokeni
     import dataclasses
     import pickle
 
+    from gpt_ft.data.batches import collate_batch
     from tests.helpers import trainer_on
 
     def fields(batch) -> dict:
@@ -146,7 +147,7 @@ def test_loader_workers_started_afresh_take_the_examples_alone(pairs_dir, tokeni
     for split, loader in zip(("train", "validation"), (dm.train_dataloader(), *dm.val_dataloader())):
         dataset, collate = pickle.loads(pickle.dumps((loader.dataset, loader.collate_fn)))
         examples = [loader.dataset[i] for i in range(len(dataset))]
-        expected = fields(dm.collate(examples, split))
+        expected = fields(collate_batch(examples, dm.special_ids, packing=True, split=split))
         assert fields(collate(list(dataset))) == fields(loader.collate_fn(examples)) == expected
 
 

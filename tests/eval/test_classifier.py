@@ -333,7 +333,7 @@ def test_label_keeps_a_files_own_columns_and_records(finetuned, tmp_path, capsys
 
 def test_the_classifier_batches_choices_as_the_run_did(tokenizer_dir):
     """A run with `--data.shared_context false` is served with one whole sequence per choice, as it
-    was trained and evaluated; by default each context runs once (`TaskDataModule.collate`'s choice)."""
+    was trained and evaluated; by default each context runs once (`TaskDataModule.collator`'s choice)."""
     from gpt_ft.adapters import MultipleChoice
     from gpt_ft.data.batches import SharedContextBatch, TaskBatch
     from gpt_ft.data.tokenizer import load_tokenizer
