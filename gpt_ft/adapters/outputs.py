@@ -152,10 +152,10 @@ class TaskOutput:
         raise NotImplementedError
 
     def label_text(self, label: Any) -> Any:
-        """An encoded label as `gpt-ft explain` shows it; a list unpadded, NaN None (JSON has no NaN)."""
+        """An encoded label as `gpt-ft explain` shows it; NaN None (JSON has no NaN): a reply or step
+        without a label, or the padding after the example's own (which explain cuts off)."""
         if isinstance(label, list):
             label = [None if isinstance(v, float) and math.isnan(v) else v for v in label]
-            label = label[: max((i + 1 for i, v in enumerate(label) if v is not None), default=0)]
         return label
 
     def outcome(self, prediction: Tensor, probabilities: Tensor) -> dict[str, Any]:

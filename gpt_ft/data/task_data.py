@@ -388,8 +388,9 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         if not 0 <= index < len(ds):
             raise TaskDataError(f"--index {index} is out of range: split {split!r} has {len(ds)} examples.")
         example = ds[index]
-        label = self.task.output.label_text(example["label"])
-        read = reads(example)
+        label, read = self.task.output.label_text(example["label"]), reads(example)
+        if isinstance(label, list) and self.task.output.kind in ("ranking", "steps"):
+            label = label[: len(read)]  # one a reply or step: the padding after them cut off
         sequences = []
         for s, ids in enumerate(example["input_ids"]):
             at = [i for of, i in read if of == s]  # one extract token, or one per step

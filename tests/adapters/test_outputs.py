@@ -243,4 +243,4 @@ def test_explain_shows_labels_as_the_card_writes_them():
     swag = MultipleChoice(name="s", context=["story"], choices=["e1", "e2"])
     assert swag.output.label_text(1) == 1
     shown = Steps(name="p", max_steps=4).output.label_text([1.0, math.nan, 0.0, math.nan])
-    assert shown == [1.0, None, 0.0] and json.loads(json.dumps(shown, allow_nan=False)) == shown
+    assert shown == [1.0, None, 0.0, None] and json.loads(json.dumps(shown, allow_nan=False)) == shown

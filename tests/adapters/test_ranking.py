@@ -298,3 +298,15 @@ def test_fit_and_classifier_rank_replies(tmp_path, tokenizer_dir, capsys):
     for row, got in zip(rows[:3], clf.predict(rows[:3])):
         assert len(got["scores"]) == len(row["replies"])
         assert got["label"] == max(range(len(got["scores"])), key=got["scores"].__getitem__)
+
+
+def test_explain_shows_a_label_for_every_reply_the_unranked_too(tmp_path, tokenizer_dir, capsys):
+    """A ranking's label was cut at its last ranked reply ([2.0, 1.0] for three replies): each
+    reply now has its score, None where it is unranked; the padding to max_replies is cut off."""
+    row = {"prompt": "p", "replies": ["a", "b", "c"], "scores": [2.0, 1.0, None]}
+    (tmp_path / "validation.jsonl").write_text(json.dumps(row) + "\n")
+    args = [f"--data.task={TASKS / 'ranking' / 'replies.yaml'}", f"--data.tokenizer={tokenizer_dir}"]
+    capsys.readouterr()
+    main(["explain", *args, f"--data.data_dir={tmp_path}", "--split=validation", "--json=true"])
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["label"] == [2.0, 1.0, None] and len(shown["sequences"]) == 3
