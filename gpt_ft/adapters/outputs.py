@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import struct
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -27,9 +28,14 @@ NUMBER = re.compile(r"-?\d+(\.\d*)?")  # a class name that is a number: '1', '-1
 
 
 def score_text(value: float) -> str:
-    """A score as predictions files write it: six significant digits (fewer would tie scores that
-    differ, and move a rank correlation recomputed from the file)."""
-    return f"{value:.6g}"
+    """A score as predictions files write it: six significant digits, more where the model's float32
+    needs them to read back the same (a cosine of 0.99999964 is not 1): metrics recomputed from the
+    file equal the run's (fewer digits tie scores that differ and move a rank correlation)."""
+    single = struct.unpack("f", struct.pack("f", value))[0] if math.isfinite(value) else value
+    for digits in (6, 7, 8):
+        if struct.unpack("f", struct.pack("f", float(text := f"{single:.{digits}g}")))[0] == single:
+            return text
+    return f"{single:.9g}"  # (nine always read back the same float32)
 
 
 @dataclasses.dataclass

@@ -33,6 +33,7 @@ from gpt_ft.adapters import (
     TextPair,
 )
 from gpt_ft.adapters.cards import load_card
+from gpt_ft.adapters.outputs import score_text
 from tests.helpers import TASK_CARDS, TASKS
 
 
@@ -95,6 +96,10 @@ def test_written_predictions_and_shown_labels_by_kind():
     # six significant digits: three tied STS-B scores that differ, and moved its Spearman from the file's
     assert reg.format_prediction(torch.tensor(3.14159)) == "3.14159" and reg.output.label_text(2.5) == 2.5
     assert reg.format_prediction(torch.tensor(0.7668541)) != reg.format_prediction(torch.tensor(0.7671))
+    # More digits where float32 needs them: a collapsed embedding model's cosines were all "1".
+    near = torch.tensor([0.99999964, 1.0, 0.9999994])
+    assert [score_text(v) for v in near.tolist()] == ["0.99999964", "1", "0.9999994"]
+    assert all(torch.tensor(float(score_text(v))).item() == v for v in torch.randn(1000).tolist())
     assert reg.output.outcome(torch.tensor(1.5), torch.tensor(1.5)) == {"label": 1.5, "scores": 1.5}
     mc = MultipleChoice(name="m", context=["c"], choices=["a", "b"], labels=["1", "2"])
     assert mc.format_prediction(torch.tensor(1)) == "2" and mc.output.label_text(1) == "2"

@@ -167,11 +167,11 @@ def test_pairwise_accuracy_and_margin_by_hand():
     # whichever way the bits fall (the batch size moved the accuracy); 2**-16 apart is not one.
     near = torch.tensor([[0.3, 0.3 + 3e-8], [0.3 + 3e-8, 0.3], [-2.0, -2.0 + 1e-6], [0.25, 0.25 + 2**-16]])
     assert task.metric_values(near, torch.zeros(4))["accuracy"].item() == pytest.approx(1.5 / 4)
-    assert [task.format_prediction(r) for r in near] == ["0", "0", "0", "-1.52588e-05"]
+    assert [task.format_prediction(r) for r in near] == ["0", "0", "0", "-1.5258789e-05"]  # -2**-16
     assert task.format_prediction(torch.tensor([1.25, -0.5])) == "1.75"
     sides = [task.output.outcome(r, r)["label"] for r in near]
     assert sides == ["chosen", "chosen", "chosen", "rejected"]  # the first on a tie
-    assert task.format_prediction(torch.tensor([0.1234567, math.nan])) == "0.123457"  # one reply
+    assert task.format_prediction(torch.tensor([0.1234567, math.nan])) == "0.1234567"  # one reply
     assert task.main_metric == "accuracy" and task.output.default_lm_coef == 0.0
 
 
@@ -190,7 +190,7 @@ def test_predictions_and_outcomes_of_a_pair_and_of_one_reply():
     assert pair["scores"] == {"chosen": r0, "rejected": r1}
     assert pair["probability"] == pytest.approx(1 / (1 + math.exp(r1 - r0)))
     assert one == {"label": predictions[1, 0].item(), "scores": predictions[1, 0].item()}
-    assert task.format_prediction(predictions[0]) == f"{r0 - r1:.6g}"
+    assert torch.tensor(float(task.format_prediction(predictions[0]))).item() == torch.tensor(r0 - r1).item()
 
 
 def test_card_mistakes_are_one_sentence():
