@@ -92,7 +92,7 @@ def parse_error_message(text: str) -> str:
         reason = bad_class[-1]
     elif expected:
         match = re.match(r"Expected a (.+?)(?:\. Got value: (.*))?$", expected[0])
-        kind = re.sub(r"<class '([^']+)'>", r"\1", match[1])
+        kind = re.sub(r"typing\.Literal\[(.*)\]", r"one of \1", re.sub(r"<class '([^']+)'>", r"\1", match[1]))
         reason = f"expected {kind}, got {match[2] if match[2] is not None else given!r}"
         reason += ": a list is written [a, b, c] (one argument)" * (kind[:4] in ("list", "List"))
     else:

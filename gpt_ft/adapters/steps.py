@@ -49,8 +49,8 @@ from gpt_ft.adapters.truncation import fit_lengths
 
 STEP_METRICS = ("processbench_f1", "first_error_accuracy", "step_f1", "step_accuracy")
 LABEL_FORMS = ("per_step", "first_error", "error_steps", "tagged")
-THRESHOLDS = torch.linspace(0.01, 0.99, 99, dtype=torch.float64)
-"""The thresholds validation chooses among."""
+THRESHOLDS = torch.tensor([i / 100 for i in range(1, 100)], dtype=torch.float64)
+"""The thresholds validation chooses among: 0.01 to 0.99 as written (linspace's 0.5499999999999999)."""
 
 
 class StepOutput(TaskOutput):

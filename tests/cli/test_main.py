@@ -535,7 +535,7 @@ def test_lora_on_4_bit_weights_fine_tunes_and_its_adapters_load(tmp_path, tokeni
 
 def test_an_unknown_quantization_or_a_missing_package_is_named(run, monkeypatch):
     assert run("--model.lora.quantize=int3") == (
-        "gpt-ft: error: --model.lora.quantize: expected typing.Literal['nf4'], got 'int3'."
+        "gpt-ft: error: --model.lora.quantize: expected one of 'nf4', got 'int3'."
     )
     for module in ("torchao", "torchao.quantization"):
         monkeypatch.setitem(sys.modules, module, None)  # as if not installed: `import` raises
