@@ -140,7 +140,8 @@ class SuiteRunner:
             raise ValueError("Nothing to do: --fine_tune false needs --zero_shot true.")
         default = spec.submission is not None and not transfer_layers  # (a depth sweep's: none unless asked)
         self.predict, self.keep_checkpoints = default if predict is None else predict, keep_checkpoints
-        check_out_dir(self.out, submission=self.predict and fine_tune and spec.submission is not None)
+        submits = self.predict and fine_tune and spec.submission is not None
+        check_out_dir(self.out, submits, spec.submission.archive if submits else None)
         # The main table and the submission: the runs of every layer transferred, or a sweep's deepest.
         self.main_layers = max(self.transfer_layers) if self.transfer_layers else None
         # ... on the whole split, or where `all` is no size, on the largest subset

@@ -22,12 +22,14 @@ RESULT_FILES = ("results.json", "results.md", "results.png", "transfer.png", "le
 SUBMISSION, SUITES_OWN = "submission", ".submission-by-gpt-ft-suite"
 
 
-def check_out_dir(out: Path, submission: bool = True) -> None:
+def check_out_dir(out: Path, submission: bool = True, archive: str | None = None) -> None:
     """Refused before any run: a folder that is no suite's (no runs/) but holds the files a suite
-    writes (results.md, ...); with a `submission`, one whose OUT/submission (replaced whole) holds a
-    file no suite wrote there, or one written over since (`gpt-ft predict`'s): a suite's files are
-    copies of its runs' predictions, and what it wrote is recorded beside them by SHA-256."""
-    if not (out / "runs").is_dir() and (taken := [n for n in RESULT_FILES if (out / n).exists()]):
+    writes (results.md, ..., the submission's `archive`); with a `submission`, one whose
+    OUT/submission (replaced whole) holds a file no suite wrote there, or one written over since
+    (`gpt-ft predict`'s): a suite's files are copies of its runs' predictions, and what it wrote is
+    recorded beside them by SHA-256."""
+    writes = [*RESULT_FILES, *([archive] if archive else [])]
+    if not (out / "runs").is_dir() and (taken := [n for n in writes if (out / n).exists()]):
         raise ValueError(
             f"--out_dir {out} holds {', '.join(taken)}, which a suite writes, and no suite's runs: give "
             "another --out_dir (they are kept)."

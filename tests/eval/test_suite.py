@@ -346,6 +346,14 @@ def test_a_folder_of_a_users_results_md_is_refused_before_any_run(tmp_path):
     assert (tmp_path / "results.md").read_text() == "# my notes\n"
     (tmp_path / "runs").mkdir()  # a suite's folder: its own results
     suites.SuiteRunner(spec, out_dir=tmp_path, predict=False)
+    # The submission's archive is a file a suite writes too (a user's own was written over).
+    (tmp_path / "runs").rmdir()
+    (tmp_path / "results.md").unlink()
+    (tmp_path / "glue_submission.zip").write_text("my archive\n")
+    with pytest.raises(ValueError, match=r"^--out_dir .* holds glue_submission.zip, which a suite writes"):
+        suites.SuiteRunner(spec, out_dir=tmp_path)
+    assert (tmp_path / "glue_submission.zip").read_text() == "my archive\n"
+    suites.SuiteRunner(spec, out_dir=tmp_path, predict=False)  # (no archive written)
 
 
 def test_a_subset_of_a_suites_tasks(tmp_path):
