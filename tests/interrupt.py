@@ -9,21 +9,32 @@ from lightning.pytorch.callbacks import Callback
 class InterruptAt(Callback):
     """Sends `signum` to this process at the end of training batch number `batch` (1-based, over
     all epochs), whether or not that batch ended an optimizer step; with `rank`, on that rank only;
-    with `validation`, at the end of the first batch of the validation after that training batch."""
+    with `validation`, at the end of the first batch of the validation after that training batch;
+    with `validation_end`, once that validation has ended."""
 
     def __init__(
-        self, batch: int, signum: int = int(signal.SIGKILL), rank: int | None = None, validation: bool = False
+        self,
+        batch: int,
+        signum: int = int(signal.SIGKILL),
+        rank: int | None = None,
+        validation: bool = False,
+        validation_end: bool = False,
     ) -> None:
         self.batch, self.signum, self.rank, self.validation = batch, signum, rank, validation
+        self.validation_end = validation_end
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if not self.validation:
+        if not self.validation and not self.validation_end:
             self._interrupt(trainer)
 
     def on_validation_batch_end(
         self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0
     ) -> None:
         if self.validation and batch_idx == 0 and not trainer.sanity_checking:
+            self._interrupt(trainer)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if self.validation_end and not trainer.sanity_checking:
             self._interrupt(trainer)
 
     def _interrupt(self, trainer) -> None:

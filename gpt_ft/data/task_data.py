@@ -389,8 +389,8 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
             raise TaskDataError(f"--index {index} is out of range: split {split!r} has {len(ds)} examples.")
         example = ds[index]
         label, read = self.task.output.label_text(example["label"]), reads(example)
-        if isinstance(label, list) and self.task.output.kind in ("ranking", "steps"):
-            label = label[: len(read)]  # one a reply or step: the padding after them cut off
+        if isinstance(label, list):  # one a reply or step (None: unlabelled); the padding after, cut
+            label = label[: max([len(read), *(i + 1 for i, v in enumerate(label) if v is not None)])]
         sequences = []
         for s, ids in enumerate(example["input_ids"]):
             at = [i for of, i in read if of == s]  # one extract token, or one per step

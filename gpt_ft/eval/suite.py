@@ -58,6 +58,7 @@ from gpt_ft.eval.suite_folder import (
 )
 from gpt_ft.training.callbacks import finite
 from gpt_ft.training.runs import build_fit
+from gpt_ft.training.stop_signals import stop_if_unheeded
 from gpt_ft.weights.pretrained import resolve_tokenizer
 
 RESULT = "result.json"
@@ -276,17 +277,14 @@ class SuiteRunner:
                 "layers": run.layers,
                 "row": run.row,
                 "size": run.size,
-                "epoch": epoch,
-                "metrics": metrics,
-                "seconds": round(time.perf_counter() - start, 1),
-                "config": config,
-                "select": self.select,
-                "predict": bool(self.predict),
-                "files": run_stamps(self.cards[run.task][1], config),
             }
+            result |= {"epoch": epoch, "metrics": metrics, "seconds": round(time.perf_counter() - start, 1)}
+            result |= {"config": config, "select": self.select, "predict": bool(self.predict)}
+            result["files"] = run_stamps(self.cards[run.task][1], config)
             if first_process():
                 write_json(folder / RESULT, result)
-            return result
+        stop_if_unheeded(f"{run} finished: the same gpt-ft suite command goes on with the rest")
+        return result
 
     def _zero_shot_inputs(self, name: str) -> dict[str, Any]:
         """What a task's zero-shot score comes from: a score from other inputs is not this suite's."""

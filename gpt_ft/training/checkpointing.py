@@ -124,7 +124,7 @@ class SaveLast(Callback):
             print(f"{name}: saved step {step} to {path}; {advice}", flush=True)
 
     def on_train_start(self, trainer, pl_module) -> None:
-        self._stop_signal, self._said = None, False
+        self._stop_signal, self._said, StopSignals.unheeded = None, False, None
         self.signals.install(trainer)
 
     def _signalled(self) -> bool:
@@ -192,6 +192,7 @@ class SaveLast(Callback):
             self._stop(trainer)
 
     def on_train_end(self, trainer, pl_module) -> None:
+        StopSignals.unheeded = self.signals.agreed() or self._stop_signal  # (every rank ends here)
         self.signals.restore()
         if any(
             isinstance(c, StochasticWeightAveraging) for c in trainer.callbacks

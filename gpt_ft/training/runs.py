@@ -205,9 +205,8 @@ class ConfigurationOnly(GPTCLI):
 
     def parse_arguments(self, parser, args) -> None:
         super().parse_arguments(parser, args)
-        resolved = plain_config(self.config.as_dict())
-        resolved.pop("config", None)  # the files read: their values are in the sections
-        self.resolved = resolved
+        self.resolved = plain_config(self.config.as_dict())
+        self.resolved.pop("config", None)  # the files read: their values are in the sections
         self.config.seed_everything = False  # LightningCLI seeds next, unless the seed is False
 
     def before_instantiate_classes(self) -> None:
@@ -246,12 +245,13 @@ class FitRuns:
         return resolved
 
     def __call__(self, args: list[str]) -> tuple[Any, Any, Any]:
-        """Model, data module and trainer of `gpt-ft fit ARGS`, built from their configuration but not
-        run; the trainer has a `History` of the validations and reaches `--trainer.min_steps`. The
-        configuration is the one `resolve` gave for these arguments just before, if it did."""
+        """Model, data module and trainer of `gpt-ft fit ARGS`, built but not run, from a copy of the
+        configuration `resolve` gave for them just before if it did (the build puts Namespaces in a
+        callback's mapping, and a suite's result records it); the trainer has a `History` of the
+        validations and reaches `--trainer.min_steps`."""
         last, self._resolved = self._resolved, None
         config = last[1] if last is not None and last[0] == list(args) else self.resolve(args)
-        cli = lightning_main(config, run=False, cli=SuiteRunCLI, callbacks=[History()])
+        cli = lightning_main(plain_config(config), run=False, cli=SuiteRunCLI, callbacks=[History()])
         return cli.model, cli.datamodule, cli.trainer
 
 

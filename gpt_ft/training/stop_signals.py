@@ -27,7 +27,14 @@ CTRL_C_NOTE = (
 
 
 class StopSignals:
-    """The stop signal noted on this process (`noted`), and the one agreed on by every rank."""
+    """The stop signal noted on this process (`noted`), and the one agreed on by every rank.
+
+    `unheeded` (the class's, one per process): the signal agreed on as the newest training run
+    ended on its own, during its last validation, with no step left to stop at (`SaveLast` sets it
+    at each run's start and end); `stop_if_unheeded` stops there once that run's results are kept.
+    """
+
+    unheeded: signal.Signals | None = None
 
     def __init__(self) -> None:
         self.noted: signal.Signals | None = None
@@ -80,3 +87,16 @@ class StopSignals:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous = {}
+
+
+def stop_if_unheeded(what: str) -> None:
+    """The stop a signal asked for as the newest run ended on its own, taken now that its results
+    are kept (`what`, said on the first process): Lightning's `SIGTERMException`, whose code
+    names the signal, as a stop inside a run ends (a suite does not go on to its next run)."""
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+    signum, StopSignals.unheeded = StopSignals.unheeded, None
+    if signum is not None:
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            print(f"{signum.name}: stopped after {what}", flush=True)
+        raise SIGTERMException(128 + signum)

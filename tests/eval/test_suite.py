@@ -335,6 +335,24 @@ def test_a_submission_folder_of_other_files_is_refused_before_any_run(tmp_path):
         (folder / name).unlink()
 
 
+def test_ctrl_c_in_a_runs_last_validation_stops_the_suite_after_that_run(tmp_path, tokenizer_dir, capsys):
+    """Once that validation has ended the run ends on its own (no step left to stop at): the suite
+    went on with every other run and exited 0 after saying it would stop. It keeps the finished run
+    and stops before the next."""
+    card = make_task("single", tmp_path / "a")  # 6 rows, batch 4: its last validation after batch 2
+    suite = write_suite(tmp_path, f"name: tiny\nseeds: [0, 1]\ntasks:\n  - card: {card}\n")
+    out = tmp_path / "out"
+    argv = ["suite", str(suite), f"--out_dir={out}", f"--tokenizer={tokenizer_dir}", "--predict=false"]
+    sigint = [*interrupt(2, int(signal.SIGINT)), "--trainer.callbacks.validation_end=true"]
+    with pytest.raises(SystemExit) as stopped:
+        main([*argv, f"--data_dir={tmp_path / 'a'}", *fit_args(*FIT, *sigint)])
+    assert stopped.value.code == 130
+    printed = capsys.readouterr().out
+    assert "SIGINT: stopped after sent seed 0 finished: the same gpt-ft suite command goes on" in printed
+    assert (out / "runs" / "sent" / "seed-0" / "result.json").is_file()
+    assert not (out / "runs" / "sent" / "seed-1").exists()
+
+
 def test_a_folder_of_a_users_results_md_is_refused_before_any_run(tmp_path):
     """A folder that is no suite's (no runs/) holding results.md: refused, kept (it was written over)."""
     spec = load_suite(ROOT / "configs/suites/glue.yaml")
