@@ -269,6 +269,13 @@ def check_same_tokenizer(checkpoint: Checkpoint, data, where: str) -> None:
         raise ValueError(not_its_tokenizer(path, where, saved, option, given, own))
 
 
+def typed(value: Any) -> str:
+    """A value as the command line takes it: `null`, `true`, `[a, b]`."""
+    if value is None or isinstance(value, bool):
+        return "null" if value is None else str(value).lower()
+    return f"[{', '.join(map(typed, value))}]" if isinstance(value, list | tuple) else str(value)
+
+
 def check_lora_resume(
     checkpoint: Checkpoint, lora: LoRA | None, where: str, gpt: nn.Module | None = None
 ) -> None:
@@ -289,7 +296,7 @@ def check_lora_resume(
     def plain(value):  # the order of lora.targets changes no adapter
         return sorted(value) if isinstance(value, list) else value
 
-    shape = [f"--model.lora.{key} {saved[key]!r} (this run: {getattr(lora, key)!r})"
+    shape = [f"--model.lora.{key} {typed(saved[key])} (this run: {typed(getattr(lora, key))})"
              for key in ("rank", "alpha", "targets", "quantize")
              if key in saved and plain(saved[key]) != plain(getattr(lora, key))]  # fmt: skip
     if shape:  # other adapters: a size mismatch, or the same tensors scaled otherwise without a word

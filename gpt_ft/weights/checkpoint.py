@@ -92,15 +92,22 @@ class Adapters:
         """The entry of `lora` (a `LoRA`) adapting `base`."""
         return cls(base, new_tokens_from, asdict(lora), fingerprint)
 
-    def check_base(self, now: str, where: str, loaded: str | None = None) -> None:
+    def check_base(
+        self,
+        now: str,
+        where: str,
+        loaded: str | None = None,
+        remedy: str = "give them with --model.init_from",
+    ) -> None:
         """The base weights loaded now (`now`: their fingerprint; from `loaded`, default the
-        recorded base) are those the adapters were trained on, where the checkpoint records which."""
+        recorded base) are those the adapters were trained on, where the checkpoint records which;
+        `remedy`: how the command at hand takes those."""
         if self.fingerprint and now != self.fingerprint:
             trained = "" if loaded in (None, self.base) else f" (trained on {self.base}'s)"
             raise ValueError(
                 f"{where} holds LoRA adapters of other base weights than {loaded or self.base} holds now"
-                f"{trained} (fingerprint {now}, trained on {self.fingerprint}): give the weights they "
-                "were trained on (--model.init_from), or use a checkpoint saved with --model.lora.checkpoint "
+                f"{trained} (fingerprint {now}, trained on {self.fingerprint}): the weights they were "
+                f"trained on are needed ({remedy}), or a checkpoint saved with --model.lora.checkpoint "
                 "merged."
             )
 

@@ -140,7 +140,9 @@ def gpt_from_checkpoint(checkpoint: Checkpoint) -> GPT:
             f"({str(exc).rstrip('.')}): put them back at that path (`--model.lora.checkpoint merged` "
             "saves checkpoints that stand alone)."
         ) from None
-    adapters.check_base(weights_fingerprint(gpt), checkpoint.where)
+    adapters.check_base(
+        weights_fingerprint(gpt), checkpoint.where, remedy=f"put them back at {adapters.base}"
+    )
     if config.get("released_rows"):  # a released table with unused rows, as `build_gpt` reads it
         gpt.config.released_rows, gpt.config.vocab_size = config["released_rows"], config["vocab_size"]
     elif config["vocab_size"] > gpt.config.vocab_size:

@@ -498,11 +498,15 @@ def test_lora_checkpoints_hold_the_adapters_or_the_merged_model(tmp_path, tokeni
     changed = (
         rf"holds LoRA adapters of other base weights than {tmp_path / 'weights'} holds now \(fingerprint"
     )
-    with pytest.raises(ValueError, match=rf"^{adapters} {changed} \w+, trained on {trained_on}\): give"):
+    # Each command names the remedy it takes (Classifier, export and label take no --model.init_from).
+    base = re.escape(str((tmp_path / "weights").resolve()))
+    needed = rf"the weights they were trained on are needed \(put them back at {base}\), or a checkpoint"
+    with pytest.raises(ValueError, match=rf"^{adapters} {changed} \w+, trained on {trained_on}\): {needed}"):
         Classifier.from_checkpoint(adapters, device="cpu")
     with pytest.raises(SystemExit):
         main(["validate", f"--ckpt_path={adapters}", *quiet])
-    assert re.search(changed, capsys.readouterr().err)
+    err = capsys.readouterr().err
+    assert re.search(changed, err) and "are needed (give them with --model.init_from)" in err
     other.save_pretrained(tmp_path / "changed")  # given in the base's place: that folder named
     with pytest.raises(SystemExit):
         main(["validate", f"--ckpt_path={adapters}", f"--model.init_from={tmp_path / 'changed'}", *quiet])

@@ -126,3 +126,11 @@ def test_a_checkpoints_data_folders_are_absolute(tmp_path, monkeypatch):
         "tokenizer": "org/tokenizer",
         "batch_size": 8,
     }
+
+
+def test_refusals_spell_values_as_the_command_line_takes_them():
+    """`--model.lora.quantize None` was the advice, which the command line refuses (`null`)."""
+    from gpt_ft.training.saved import typed
+
+    assert [typed(v) for v in (None, True, 4, 16.0, "nf4")] == ["null", "true", "4", "16.0", "nf4"]
+    assert typed(["attn.c_attn", "mlp.c_fc"]) == "[attn.c_attn, mlp.c_fc]" and typed([]) == "[]"
