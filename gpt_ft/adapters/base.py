@@ -278,11 +278,16 @@ class TaskAdapter:
         """The texts of one example to tokenize, in the order `encode` reads their tokens."""
         return [field_text(example[f], f) for f in self.text_fields()]
 
+    def card_texts(self, example: dict[str, Any]) -> list[str]:
+        """`texts` as the card reads them: each without the spaces around it with `strip_texts`."""
+        texts = self.texts(example)
+        return [t.strip() for t in texts] if self.strip_texts else texts
+
     def encode_examples(
         self, examples: list[dict[str, Any]], tokenizer, specials, max_length: int, *, where=None
     ) -> list[Encoded]:
         """The one path from examples to tokens, taken by the data module, `Classifier` and export:
-        every example's `texts`, tokenized in one call without special tokens, then each example
+        every example's `card_texts`, tokenized in one call without special tokens, then each example
         framed and cut by `encode` (cut as the tokenizer's `longest_first` would: `fit_lengths`).
 
         A missing field or a bad value is a `TaskDataError` naming the example: `where(i)` (default
@@ -292,8 +297,8 @@ class TaskAdapter:
         texts = []
         for i, example in enumerate(examples):
             with about(name, i, self.name):
-                texts.append(self.texts(example))
-        flat = [t.strip() if self.strip_texts else t for example_texts in texts for t in example_texts]
+                texts.append(self.card_texts(example))
+        flat = [t for example_texts in texts for t in example_texts]
         # A text that spells a special token (`<|extract|>`, `<|endoftext|>`) is text; a chat's
         # rendering is markup (`renders_chats`: its template's tokens are meant).
         split = not self.renders_chats

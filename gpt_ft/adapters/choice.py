@@ -66,9 +66,11 @@ class MultipleChoice(TaskAdapter):
 
     def texts(self, example: dict[str, Any]) -> list[str]:
         """[context part per context field, choice_1, ..., choice_k]: the parts join into the context
-        text (each after the first non-empty one opens with a space), then each choice."""
+        text (each after the first non-empty one opens with a space), then each choice; with
+        `strip_texts`, each field's text stripped before."""
+        strip = str.strip if self.strip_texts else str
         parts, joined = [], False
-        for text in (field_text(example[f], f) for f in self.context):
+        for text in (strip(field_text(example[f], f)) for f in self.context):
             parts.append(f" {text}" if joined and text else text)
             joined = joined or bool(text)
         if isinstance(self.choices, str):
@@ -78,17 +80,20 @@ class MultipleChoice(TaskAdapter):
                     f"field {self.choices!r} must hold a list of 1 to {self.max_choices} choices, "
                     f"got {choices!r}."
                 )
-            texts = [field_text(c, self.choices) for c in choices]
+            texts = [strip(field_text(c, self.choices)) for c in choices]
         else:
-            texts = [field_text(example[c], c) for c in self.choices]
+            texts = [strip(field_text(example[c], c)) for c in self.choices]
         if empty := next((k for k, text in enumerate(texts, 1) if not text.strip()), None):
             field = self.choices if isinstance(self.choices, str) else self.choices[empty - 1]
             raise TaskDataError(f"choice {empty} (field {field!r}) is empty: a choice needs a text to score.")
         return [*parts, *texts]
 
+    def card_texts(self, example: dict[str, Any]) -> list[str]:
+        return self.texts(example)  # stripped field by field, before the parts join
+
     def context_and_choices(self, example: dict[str, Any]) -> tuple[str, list[str]]:
-        """The context's text and each choice's (zero-shot scoring's)."""
-        texts = self.texts(example)
+        """The context's text and each choice's (zero-shot scoring's), as the card reads them."""
+        texts = self.card_texts(example)
         return "".join(texts[: len(self.context)]), texts[len(self.context) :]
 
     def encode(self, example, tokens, specials, max_length):

@@ -99,9 +99,12 @@ def continuation_logprobs(
             targets[b, len(labels) - scored : len(labels)] = torch.tensor(labels[len(labels) - scored :])
         ids, targets = ids.to(device), targets.to(device)
         logits = gpt.lm_logits(gpt(ids)).float()  # right padding: causal attention needs no mask
-        logprobs = -F.cross_entropy(logits.transpose(1, 2), targets, reduction="none")  # (B, T), 0 at -100
+        # (B, T), 0 at -100; over (B·T, V) rows: over (B, V, T) the CPU's sums were 1e-3 nats off
+        logprobs = -F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none").view_as(
+            targets
+        )
         for b, i in enumerate(chunk):
-            out[i] = float(logprobs[b].sum())
+            out[i] = float(logprobs[b].double().sum())
     return out
 
 
@@ -180,7 +183,7 @@ class ZeroShotScorer:
             )
         requests = []
         for row in rows:
-            context = self.prefix + self.ids(" ".join(task.texts(row)).strip() + spec.suffix)
+            context = self.prefix + self.ids(" ".join(task.card_texts(row)).strip() + spec.suffix)
             requests += [(context, self.ids(word)) for word in words]
         scores = torch.tensor(self.logprobs(requests)).view(len(rows), len(words))
         return scores.argmax(dim=1)
@@ -189,7 +192,7 @@ class ZeroShotScorer:
         """Each example's average token log-probability."""
         requests, lengths = [], []
         for number, row in enumerate(rows, 1):
-            ids = self.ids(" ".join(task.texts(row)).strip())
+            ids = self.ids(" ".join(task.card_texts(row)).strip())
             if not self.prefix and len(ids) < 2:  # its first token is the context
                 raise TaskDataError(
                     f"task {task.name!r}: {_where(split)}example {number}'s text of {len(ids)} token(s) "

@@ -45,6 +45,29 @@ def test_multiple_choice_texts_join_context_fields_and_read_list_fields():
     assert enc.sequences[0] == [START, 1, 2, 3, 4, 30, 31, 32, DELIM, 7, EXTRACT]
 
 
+def test_strip_texts_strips_each_field_before_the_context_joins(tokenizer_dir):
+    """`strip_texts` stripped each part after the join had opened it with a space: training read
+    "hungry.He", and zero-shot scoring did not strip at all ("hungry.  He went to the  kitchen")."""
+    from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
+
+    kw = dict(name="t", context=["a", "b"], choices=["c1", "c2"], labels=["1", "2"], label="y")
+    row = {"a": "Tom was hungry. ", "b": " He went to the ", "c1": " kitchen. ", "c2": "moon.", "y": "1"}
+    clean = {k: v.strip() for k, v in row.items()}
+    stripping, plain = MultipleChoice(strip_texts=True, **kw), MultipleChoice(**kw)
+    assert (
+        stripping.card_texts(row)
+        == plain.card_texts(clean)
+        == ["Tom was hungry.", " He went to the", "kitchen.", "moon."]
+    )
+    assert stripping.context_and_choices(row) == ("Tom was hungry. He went to the", ["kitchen.", "moon."])
+    tok = load_tokenizer(tokenizer_dir)
+    specials = special_token_ids(tok)
+    (ours,), (theirs,) = (
+        t.encode_examples([r], tok, specials, 64) for t, r in ((stripping, row), (plain, clean))
+    )
+    assert ours.sequences == theirs.sequences
+
+
 def test_bad_cards():
     with pytest.raises(ValueError, match="num_choices. \\(>= 1\\) is required"):
         MultipleChoice(name="t", context=["c"], choices="options")

@@ -77,6 +77,14 @@ def test_verbalizers_and_threshold_heuristics(tokenizer_dir):
     assert evaluate(task, scorer, lambda split: rows, spec) == {"validation/accuracy": 0.5}
     with pytest.raises(TaskDataError, match=r"^task 's': split 'validation' has no labelled examples"):
         evaluate(task, scorer, lambda split: [], spec)  # every label ignored (`ignore_labels`)
+    # The card's `strip_texts` holds here as in training (a pair's inner spaces were kept).
+    from gpt_ft.adapters import TextPair
+
+    pair, seen = TextPair(name="p", labels=["neg", "pos"], strip_texts=True), []
+    scorer.logprobs = lambda requests: seen.extend(requests) or [0.0] * len(requests)
+    scorer.verbalizers(pair, spec, [{"premise": " the mat ", "hypothesis": " a man ", "label": "pos"}])
+    assert seen[0] == (scorer.prefix + ids("the mat a man very"), ids(" cat"))
+    del scorer.logprobs
 
     # Threshold: the cut that maximises the metric on calibration scores, above it is label 1.
     scores = torch.tensor([-3.0, -1.0, -2.0, -0.5])
@@ -230,3 +238,18 @@ def test_the_suites_rows_name_a_bad_ones_file_and_line(tmp_path):
     write_rows(dev, header[:-1], [good[:-1]])
     with pytest.raises(TaskDataError, match=rf"^{dev}: missing column\(s\) \['label'\] needed by task 'mc'"):
         labelled_rows(task, "validation", tmp_path)
+
+
+def test_summed_log_likelihoods_hold_to_float32s_precision():
+    """Over a (B, V, T) layout the CPU's cross-entropy summed 40 tokens of a 49,152-token
+    vocabulary 2.3e-3 nats away from float64's; per row (B·T, V), as float32 logits allow."""
+    torch.manual_seed(0)
+    vocab = 49152
+    gpt = unigram_gpt(vocab, torch.randn(vocab) * 4)
+    context, continuation = torch.randint(0, vocab, (20,)).tolist(), torch.randint(0, vocab, (40,)).tolist()
+    (got,) = continuation_logprobs(gpt, [(context, continuation)], batch_size=1)
+    with torch.no_grad():
+        logits = gpt.lm_logits(gpt(torch.tensor([context + continuation])[:, :-1]))[0].double()
+    at = torch.arange(len(context) - 1, len(context) + len(continuation) - 1)
+    expected = torch.log_softmax(logits, -1)[at, torch.tensor(continuation)].sum().item()
+    assert got == pytest.approx(expected, abs=5e-4)
