@@ -50,11 +50,29 @@ class ZeroShot:
             raise ValueError(
                 "zero_shot: give either `verbalizers` or `threshold: true`, not both or neither."
             )
+        if "" in (self.verbalizers or []):
+            raise ValueError("zero_shot: a verbalizer is empty: each is a continuation to score.")
         n = self.calibration_examples  # None: every row of the split
         if self.threshold and n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
             raise ValueError(
                 f"zero_shot: calibration_examples must be at least 1, got {self.calibration_examples!r}."
             )
+
+
+def check_method(task: TaskAdapter, spec: ZeroShot, where: str = "") -> None:
+    """A `zero_shot` entry against its task's card, before any work; `where`: the suite file."""
+    about = f"{where}: " * bool(where) + f"zero_shot of task {task.name!r}"
+    names = task.output.class_names
+    if task.choices_in_examples:
+        raise ValueError(f"{about}: multiple choice is scored on its own choices; leave the entry out.")
+    if not names:
+        raise ValueError(f"{about}: verbalizers and thresholds need class labels.")
+    if spec.verbalizers and len(spec.verbalizers) != len(names):
+        raise ValueError(
+            f"{about}: {len(spec.verbalizers)} verbalizers given for {len(names)} labels {names}."
+        )
+    if spec.threshold and len(names) != 2:
+        raise ValueError(f"{about}: a threshold needs 2 labels, not {len(names)}.")
 
 
 def scored_tokens(context: int, continuation: int, n_ctx: int) -> int:
@@ -175,13 +193,7 @@ class ZeroShotScorer:
 
     def verbalizers(self, task: TaskAdapter, spec: ZeroShot, rows: list[dict[str, Any]]) -> Tensor:
         """Predicted label ids: the likeliest verbalizer after text + suffix."""
-        words = spec.verbalizers or []
-        if task.labels is not None and len(words) != len(task.labels):
-            raise ValueError(
-                f"zero_shot.verbalizers of task {task.name!r}: {len(words)} given for "
-                f"{len(task.labels)} labels {task.labels}."
-            )
-        requests = []
+        words, requests = spec.verbalizers or [], []
         for row in rows:
             context = self.prefix + self.ids(" ".join(task.card_texts(row)).strip() + spec.suffix)
             requests += [(context, self.ids(word)) for word in words]
@@ -234,8 +246,8 @@ def evaluate(
             f"Task {task.name!r} has no zero-shot method: multiple choice is scored as is, other tasks "
             "need a `zero_shot` entry (verbalizers or threshold) in the suite file."
         )
-    if spec is not None and not task.output.class_names:
-        raise ValueError(f"zero_shot of task {task.name!r}: verbalizers and thresholds need class labels.")
+    if spec is not None:
+        check_method(task, spec)
 
     def scored(split: str) -> list[dict[str, Any]]:
         if not (rows := load_rows(split)):  # every row's label ignored (`ignore_labels`)
@@ -244,8 +256,6 @@ def evaluate(
 
     threshold = None
     if spec is not None and spec.threshold:
-        if len(names := task.output.class_names) != 2:
-            raise ValueError(f"zero_shot.threshold of task {task.name!r} needs 2 labels, not {len(names)}.")
         rows = scored(spec.calibration_split)[: spec.calibration_examples]
         labels = torch.tensor([_label(task, row) for row in rows])
         main = task.main_metric

@@ -466,6 +466,28 @@ def test_zero_shot_only_skips_tasks_without_a_method(tmp_path, tokenizer_dir, ca
     }
 
 
+def test_a_zero_shot_entry_that_cannot_score_its_task_is_named_before_any_work(tmp_path):
+    """A multiple-choice card's entry said "need class labels" (it has some), an empty verbalizer
+    "A continuation to score has no tokens" after the model loaded: each is named at once."""
+    single, choice = make_task("single", tmp_path / "a"), make_task("choice", tmp_path / "c")
+    for card, method, message in (
+        (
+            choice,
+            "{verbalizers: [' a', ' b']}",
+            r"task 'mc': multiple choice is scored on its own choices; leave",
+        ),
+        (
+            single,
+            "{verbalizers: [' a']}",
+            r"task 'sent': 1 verbalizers given for 2 labels \['negative', 'pos",
+        ),
+        (single, "{verbalizers: ['', ' b']}", r"zero_shot: a verbalizer is empty: each is a continuation"),
+    ):
+        suite = write_suite(tmp_path, f"name: z\ntasks:\n  - card: {card}\n    zero_shot: {method}\n")
+        with pytest.raises(ValueError, match=rf"{re.escape(str(suite))}.*{message}"):
+            suites.SuiteRunner(str(suite), out_dir=str(tmp_path / "out"))
+
+
 def test_learning_curves_rows_sizes_and_resume(tmp_path, tokenizer_dir, monkeypatch, capsys):
     """A pretrained row and a from-scratch row x (2 examples, all 6) x one seed: the subset's run is
     raised to min_steps, both rows train on the same subset, the scratch row drops --init_from, the
