@@ -358,9 +358,16 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         save_file(checkpoint, path)
 
 
+def is_checkpoint(path: Path) -> bool:
+    """A checkpoint file, or FSDP's sharded one (`state_dict_type: sharded`): shards and meta.pt."""
+    return path.is_file() or (path / "meta.pt").is_file()
+
+
 def find_last_checkpoint(root: str | Path | None, folders: list[str | Path] = ()) -> Path | None:
     """The newest `last.ckpt` of a logger's runs (`ROOT/version_*/checkpoints/last.ckpt`; None: no
-    logger) and of the `folders` given (a checkpoint callback's `dirpath`)."""
-    found = [p for p in Path(root).glob(f"*/checkpoints/{LAST}") if p.is_file()] if root is not None else []
-    found += [p for p in (Path(folder) / LAST for folder in folders) if p.is_file()]
+    logger) and of the `folders` given (a checkpoint callback's `dirpath`): a file, or FSDP's shards."""
+    found = (
+        [p for p in Path(root).glob(f"*/checkpoints/{LAST}") if is_checkpoint(p)] if root is not None else []
+    )
+    found += [p for p in (Path(folder) / LAST for folder in folders) if is_checkpoint(p)]
     return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback
 
-from gpt_ft.training.checkpointing import LAST, find_last_checkpoint
+from gpt_ft.training.checkpointing import LAST, find_last_checkpoint, is_checkpoint
 
 # Logs and checkpoints go to runs/lightning_logs/version_N, or under --trainer.default_root_dir.
 DEFAULT_LOGGER = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "runs"}}
@@ -82,8 +82,10 @@ def last_of_task(root: Path, folders: list, task: str | None) -> tuple[Path | No
     """`fit --ckpt_path last`: the newest last.ckpt of the logger's runs (and of the `folders` of a
     checkpoint callback) that trained `task` (None: a language model), and the newest of all."""
     newest = find_last_checkpoint(root, folders)
-    runs = [p for p in root.glob(f"*/checkpoints/{LAST}") if p.is_file() and run_task(p) in (task, False)]
-    runs += [p for p in (Path(folder) / LAST for folder in folders) if p.is_file()]  # a run's own folder
+    runs = [
+        p for p in root.glob(f"*/checkpoints/{LAST}") if is_checkpoint(p) and run_task(p) in (task, False)
+    ]
+    runs += [p for p in (Path(folder) / LAST for folder in folders) if is_checkpoint(p)]  # a run's own folder
     return max(runs, key=lambda p: p.stat().st_mtime_ns) if runs else None, newest
 
 

@@ -490,6 +490,7 @@ def test_a_nonfinite_loss_read_late_has_its_update_skipped_then_stops(
 
 def test_the_newest_last_checkpoint_of_a_loggers_runs(tmp_path):
     from gpt_ft.training.checkpointing import find_last_checkpoint
+    from gpt_ft.weights.checkpoint import Checkpoint
 
     assert find_last_checkpoint(tmp_path) is None
     paths = [tmp_path / f"version_{v}" / "checkpoints" / "last.ckpt" for v in (0, 1, 2)]
@@ -499,6 +500,13 @@ def test_the_newest_last_checkpoint_of_a_loggers_runs(tmp_path):
         os.utime(path, ns=(10**9 * (10 - i), 10**9 * [5, 9, 7][i]))
     (tmp_path / "version_3" / "checkpoints" / "last.ckpt").mkdir(parents=True)  # not a file
     assert find_last_checkpoint(tmp_path) == paths[1]
+    # FSDP's sharded checkpoint is a folder of shards and meta.pt: `fit --ckpt_path last` started
+    # afresh past it. Resumed; read by any other command, it is named with the way to one file.
+    sharded = tmp_path / "version_3" / "checkpoints" / "last.ckpt"
+    (sharded / "meta.pt").write_bytes(b"x")
+    assert find_last_checkpoint(tmp_path) == sharded
+    with pytest.raises(ValueError, match=rf"^{sharded} is a sharded checkpoint: made one file \(python -m "):
+        Checkpoint.read(sharded)
 
 
 def test_fit_resumes_the_newest_run_of_its_own_task(tmp_path, tokenizer_dir, capsys):
