@@ -26,14 +26,13 @@ def about(name, i: int, task: str) -> Iterator[None]:
     `name(i)` ("FILE, line 3", "example 0"), asked only then; `name` None: left to the caller."""
     try:
         yield
-    except KeyError as exc:
+    except (KeyError, TaskDataError) as exc:
         if name is None:
             raise
-        raise TaskDataError(f"{name(i)} has no field {exc.args[0]!r} (task {task!r}).") from None
-    except TaskDataError as exc:
-        if name is None:
-            raise
-        raise TaskDataError(f"{name(i)}: {exc}") from None
+        missing = isinstance(exc, KeyError)
+        raise TaskDataError(
+            f"{name(i)} has no field {exc.args[0]!r} (task {task!r})." if missing else f"{name(i)}: {exc}"
+        ) from None
 
 
 class FileProblem(ValueError):
@@ -307,6 +306,8 @@ def check_devices(devices, *, on_cpu: bool, strategy: object = None) -> None:
     no FSDP on the CPU (every rank's traceback, from Lightning)."""
     if on_cpu and "fsdp" in str(strategy).lower():
         raise ValueError("--trainer.strategy: FSDP shards a model over GPUs; on the CPU use ddp.")
+    if re.search(r"_(spawn|fork|notebook)\b", str(strategy)):  # they pickle the model and the CLI, and fail
+        raise ValueError(f"--trainer.strategy {strategy}: gpt-ft starts its processes as ddp does; use ddp.")
     text = str(devices).strip()
     if text == "auto" or re.fullmatch(r"[1-9]\d*", text):
         return
@@ -379,9 +380,8 @@ def device_named(device: str | None, option: str = "--device") -> str:
 
     def said(value: str, quoted: bool = False) -> str:
         """How a message names the argument: `--device 'x'`, `--device cuda`; from Python `device='x'`."""
-        if not option.startswith("-"):
-            return f"{option}={value!r}"
-        return f"{option} {value!r}" if quoted else f"{option} {value}"
+        shown = repr(value) if quoted or not option.startswith("-") else value
+        return f"{option} {shown}" if option.startswith("-") else f"{option}={shown}"
 
     try:
         named = torch.device(device)

@@ -28,8 +28,14 @@ ROPE_TYPES = {  # each scaling's keys
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
 }
 
+
+def gelu_tanh(x):
+    """GELU's tanh form, which GPT-1 and GPT-2 both use (a named function: a model pickles)."""
+    return F.gelu(x, approximate="tanh")
+
+
 ACTIVATIONS = {
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # GPT-1 and GPT-2 both use the tanh form
+    "gelu_tanh": gelu_tanh,
     "gelu": F.gelu,
     "relu": F.relu,
     "silu": F.silu,

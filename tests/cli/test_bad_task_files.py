@@ -360,6 +360,10 @@ def test_a_card_inside_a_data_mapping_is_named_as_when_given_alone(explain, card
             "trainer:\n  accelerator: cpu\n  strategy: gpt_ft.training.strategies.BlockFSDP\n",
             "--trainer.strategy: FSDP shards a model over GPUs; on the CPU use ddp.",
         ),
+        (  # it trained, saved, then exited 2 naming Lightning's temporary file; ddp_spawn: a traceback
+            "trainer:\n  strategy: ddp_fork\n  devices: 2\n",
+            "--trainer.strategy ddp_fork: gpt-ft starts its processes as ddp does; use ddp.",
+        ),
     ],
 )
 def test_a_config_value_the_parser_lets_through(setting, message, tmp_path, tokenizer_dir, capsys):

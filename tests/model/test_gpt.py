@@ -314,3 +314,14 @@ def test_token_ids_of_another_shape_or_type_are_named_in_one_sentence():
     ):
         with pytest.raises(ValueError, match=message):
             gpt(ids)
+
+
+def test_a_model_pickles():
+    """GPT-1's activation was a lambda: no `torch.save(model)`, and no process started afresh."""
+    import pickle
+
+    from gpt_ft import GPT, GPTConfig
+
+    gpt = GPT(GPTConfig.from_name("gpt-micro", vocab_size=50, n_layer=1))
+    ids = torch.tensor([[1, 2, 3]])
+    torch.testing.assert_close(pickle.loads(pickle.dumps(gpt)).eval()(ids), gpt.eval()(ids), rtol=0, atol=0)
