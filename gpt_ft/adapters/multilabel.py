@@ -65,6 +65,11 @@ class MultiLabelOutput(TaskOutput):
         super().__init__(task_name, spec)
         if not separator:
             raise CardError(f"Task {task_name!r}: label_separator must not be empty.")
+        if joined := next((name for name in spec.names or [] if separator in name), None):
+            raise CardError(
+                f"Task {task_name!r}: label {joined!r} holds the label_separator {separator!r}, which would "
+                "split it in a file's cell and in the names predictions join: rename it, or choose another."
+            )
         if not 0 < threshold < 1:
             raise CardError(f"Task {task_name!r}: threshold must be in (0, 1), got {threshold}.")
         self.separator, self.threshold = separator, threshold

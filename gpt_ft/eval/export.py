@@ -229,8 +229,8 @@ def _label_config(clf: Classifier, config) -> None:
     threshold = getattr(head, "threshold", None)
     if output.problem_type == "multi_label_classification" and threshold is not None:
         # The card's threshold on the sigmoid of the raw outputs, as on the exported (divided by T) ones.
-        logit = math.log(threshold / (1 - threshold))
-        config.threshold = 1 / (1 + math.exp(-logit / clf.temperature))
+        logit, t = math.log(threshold / (1 - threshold)), clf.temperature
+        config.threshold = float(threshold) if t == 1 else 1 / (1 + math.exp(-logit / t))  # 0.3 as written
 
 
 def sequence_classifier(clf: Classifier):

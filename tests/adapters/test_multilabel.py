@@ -12,6 +12,7 @@ import torch
 from gpt_ft.adapters import MultiLabel, TaskDataError
 from gpt_ft.cli import main
 from gpt_ft.data.tokenizer import SpecialTokenIds
+from gpt_ft.errors import CardError
 from gpt_ft.training.eval_metrics import EvalMetrics
 from tests.helpers import common_args, write_rows
 
@@ -168,3 +169,12 @@ def test_head_parameters_keep_the_checkpoint_keys_of_a_linear_layer():
     head = task().head(8, dropout=0.1, init_std=0.02)
     assert set(head.state_dict()) == {"weight", "bias"} and head.weight.shape == (3, 8)
     assert float(head.bias.abs().max()) == 0.0
+
+
+def test_a_label_that_holds_the_separator_is_refused_at_the_card():
+    """It loaded, and its files' cells could not name it ("label 'anger' ... is not among the labels")."""
+    with pytest.raises(
+        CardError, match=r"label 'anger,rage' holds the label_separator ',', which would split"
+    ):
+        MultiLabel(name="tags", labels=["joy", "anger,rage"])
+    assert MultiLabel(name="tags", labels=["joy", "anger,rage"], label_separator="|").output.separator == "|"

@@ -244,6 +244,20 @@ def test_label_reads_a_file_laid_out_as_the_cards_headerless_ones(finetuned, tmp
     assert capsys.readouterr().out.startswith(f"labelled 1 example of {source} into {out}\n")
 
 
+def test_a_headerless_multi_label_files_first_line_is_a_row():
+    """GoEmotions' TSVs have no header and join label ids with commas: a first row of two labels
+    ("15,17") was taken for the header, and line 2 named as missing the text field."""
+    from gpt_ft.adapters.cards import load_card
+    from gpt_ft.eval.classifier import reads_as_data
+    from tests.helpers import TASKS
+
+    task = load_card(str(TASKS / "go_emotions.yaml"))
+    assert reads_as_data(task, ["thanks , great", "15,17", "e1"], {})
+    assert reads_as_data(task, ["so happy", "17", "e2"], {}) and reads_as_data(task, ["meh", "", "e3"], {})
+    assert not reads_as_data(task, ["words", "emotions", "key"], {})  # a header of other names
+    assert not reads_as_data(task, ["text", "labels", "id"], {})  # the card's own names
+
+
 def test_label_writes_a_reward_models_probability_beside_its_own(tmp_path):
     """A preference outcome's `probability` (P(first > second)) is written to json and jsonl as
     `Classifier.predict` gives it, named beside a column of the file's own; a table gets the

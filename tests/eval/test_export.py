@@ -303,6 +303,11 @@ def test_a_multi_label_export_carries_the_threshold_its_labels_are_decided_by(tm
             probabilities = model(**tokenizer(row["text"], return_tensors="pt")).logits[0].sigmoid()
         names = [model.config.id2label[i] for i, p in enumerate(probabilities) if p > model.config.threshold]
         assert names == outcome["label"]
+    clf.temperature = 1.0  # uncalibrated: the card's threshold as written (it was 0.30000000000000004)
+    config = AutoModelForSequenceClassification.from_pretrained(
+        export_classifier(clf, tmp_path / "t1")
+    ).config
+    assert config.threshold == 0.3
 
 
 def test_the_similarity_model_builds_the_other_order_and_refuses_what_is_not_a_pair():
