@@ -306,7 +306,7 @@ def check_devices(devices, *, on_cpu: bool, strategy: object = None) -> None:
     no FSDP on the CPU (every rank's traceback, from Lightning)."""
     if on_cpu and "fsdp" in str(strategy).lower():
         raise ValueError("--trainer.strategy: FSDP shards a model over GPUs; on the CPU use ddp.")
-    if re.search(r"_(spawn|fork|notebook)\b", str(strategy)):  # they pickle the model and the CLI, and fail
+    if re.search(r"spawn|fork|notebook", str(strategy)):  # (their aliases, start_method): they pickle the CLI
         raise ValueError(f"--trainer.strategy {strategy}: gpt-ft starts its processes as ddp does; use ddp.")
     text = str(devices).strip()
     if text == "auto" or re.fullmatch(r"[1-9]\d*", text):

@@ -117,8 +117,9 @@ def load_yaml(text: str, path: str = "") -> object:
         raise FileProblem(f"{file}, {twice}.")
     if path and not text and (pipe := config_pipe_being_read()):
         raise FileProblem(
-            f"--config {pipe} is a pipe read already: validate, test and predict read their configs "
-            "twice (the first time for the checkpoint to read); write it to a file."
+            f"--config {pipe} is a pipe that gave no text: a pipe holds its text for one read, and a command "
+            "may read its config again (validate, test and predict; any, to name a bad value's source): "
+            "write it to a file."
         )
     if path and not isinstance(value, dict):
         holds = "a config file is a mapping with sections (trainer, model, data, ...)"

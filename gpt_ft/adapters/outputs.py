@@ -31,7 +31,9 @@ def score_text(value: float) -> str:
     """A score as predictions files write it: six significant digits, more where the model's float32
     needs them to read back the same (a cosine of 0.99999964 is not 1): metrics recomputed from the
     file equal the run's (fewer digits tie scores that differ and move a rank correlation)."""
-    single = struct.unpack("f", struct.pack("f", value))[0] if math.isfinite(value) else value
+    if not 1.2e-38 <= abs(value) <= 3.4e38:  # 0, NaN, inf, and what float32 cannot hold: as given
+        return f"{value:.9g}"
+    single = struct.unpack("f", struct.pack("f", value))[0]
     for digits in (6, 7, 8):
         if struct.unpack("f", struct.pack("f", float(text := f"{single:.{digits}g}")))[0] == single:
             return text

@@ -153,7 +153,7 @@ class SuiteRunner:
             if task.name in self.cards:
                 raise ValueError(f"{self.source} lists task {task.name!r} twice ({entry.card} is one).")
             self.cards[task.name] = (entry, check_paper(self.source, entry, task))
-            if entry.zero_shot:
+            if zero_shot and entry.zero_shot and task.name in (tasks or [task.name]):  # what will run
                 zeroshot.check_method(task, entry.zero_shot, self.source)
         score = spec.score.tasks if spec.score else []  # a score no run could complete, a DIR never read
         for names, where in ((score, f"{self.source}: its score"), (self.data_dirs, "--data_dir")):

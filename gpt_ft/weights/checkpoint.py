@@ -162,8 +162,8 @@ def _not_a_checkpoint(path: Path) -> str:
         weights = "a transformers model folder"
     elif (path / "meta.pt").is_file():  # FSDP's sharded checkpoint: `fit` resumes it on the same GPUs
         return (
-            f"{path} is a sharded checkpoint: made one file (python -m lightning.pytorch.utilities."
-            f"consolidate_checkpoint {path} --output_file FILE), every command reads it."
+            f"{path} is a sharded checkpoint: every command reads it made into one file (python -m "
+            f"lightning.pytorch.utilities.consolidate_checkpoint {path} --output_file FILE)."
         )
     elif path.is_dir():
         return f"{path} is a folder: give a checkpoint file in it (last.ckpt)."

@@ -100,6 +100,12 @@ def test_written_predictions_and_shown_labels_by_kind():
     near = torch.tensor([0.99999964, 1.0, 0.9999994])
     assert [score_text(v) for v in near.tolist()] == ["0.99999964", "1", "0.9999994"]
     assert all(torch.tensor(float(score_text(v))).item() == v for v in torch.randn(1000).tolist())
+    assert [score_text(v) for v in (3.5e38, -1e39, 1e-50, 0.0)] == [
+        "3.5e+38",
+        "-1e+39",
+        "1e-50",
+        "0",
+    ]  # not float32's
     assert reg.output.outcome(torch.tensor(1.5), torch.tensor(1.5)) == {"label": 1.5, "scores": 1.5}
     mc = MultipleChoice(name="m", context=["c"], choices=["a", "b"], labels=["1", "2"])
     assert mc.format_prediction(torch.tensor(1)) == "2" and mc.output.label_text(1) == "2"

@@ -364,6 +364,10 @@ def test_a_card_inside_a_data_mapping_is_named_as_when_given_alone(explain, card
             "trainer:\n  strategy: ddp_fork\n  devices: 2\n",
             "--trainer.strategy ddp_fork: gpt-ft starts its processes as ddp does; use ddp.",
         ),
+        (  # an alias: the same launch
+            "trainer:\n  strategy: ddp_spawn_find_unused_parameters_true\n  devices: 2\n",
+            "--trainer.strategy ddp_spawn_find_unused_parameters_true: gpt-ft starts its processes as ddp",
+        ),
     ],
 )
 def test_a_config_value_the_parser_lets_through(setting, message, tmp_path, tokenizer_dir, capsys):

@@ -515,8 +515,9 @@ def test_a_piped_config_that_is_read_twice_is_named(tmp_path, capsys):
         writer.join(5)
     assert stopped.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        f"gpt-ft: error: --config {pipe} is a pipe read already: validate, test and predict read their "
-        "configs twice (the first time for the checkpoint to read); write it to a file."
+        f"gpt-ft: error: --config {pipe} is a pipe that gave no text: a pipe holds its text for one read, "
+        "and a command may read its config again (validate, test and predict; any, to name a bad value's "
+        "source): write it to a file."
     )
 
 

@@ -485,7 +485,12 @@ def test_a_zero_shot_entry_that_cannot_score_its_task_is_named_before_any_work(t
     ):
         suite = write_suite(tmp_path, f"name: z\ntasks:\n  - card: {card}\n    zero_shot: {method}\n")
         with pytest.raises(ValueError, match=rf"{re.escape(str(suite))}.*{message}"):
-            suites.SuiteRunner(str(suite), out_dir=str(tmp_path / "out"))
+            suites.SuiteRunner(str(suite), out_dir=str(tmp_path / "out"), zero_shot=True, init_from="w")
+    # Where no zero-shot scoring runs (fine-tuning only, or another task), an entry is not read.
+    unused = write_suite(
+        tmp_path, f"name: z\ntasks:\n  - card: {single}\n    zero_shot: {{verbalizers: [' a']}}\n"
+    )
+    suites.SuiteRunner(str(unused), out_dir=str(tmp_path / "out"))
 
 
 def test_learning_curves_rows_sizes_and_resume(tmp_path, tokenizer_dir, monkeypatch, capsys):

@@ -505,7 +505,9 @@ def test_the_newest_last_checkpoint_of_a_loggers_runs(tmp_path):
     sharded = tmp_path / "version_3" / "checkpoints" / "last.ckpt"
     (sharded / "meta.pt").write_bytes(b"x")
     assert find_last_checkpoint(tmp_path) == sharded
-    with pytest.raises(ValueError, match=rf"^{sharded} is a sharded checkpoint: made one file \(python -m "):
+    with pytest.raises(
+        ValueError, match=rf"^{sharded} is a sharded checkpoint: every command reads it made into one"
+    ):
         Checkpoint.read(sharded)
 
 
