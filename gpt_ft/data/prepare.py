@@ -248,10 +248,11 @@ def prepare(
     # No pre-tokenizer (SentencePiece's layout, Llama 2's and Mistral's: the normalizer puts "▁" before
     # every text it reads): no cut is exact, so documents are tokenized whole.
     cut_at = piece_chars if ends is not None else sys.maxsize
-    done = committed = False  # tokenized; written whole (meta.json last)
+    done = committed = writing = False  # tokenized; written whole (meta.json last); the folder held
     had_tokenizer = (out / "tokenizer").exists()
     try:
         with one_writer(out, "`gpt-ft prepare`"):
+            writing = True  # (refused: the files are another run's)
             handles = {split: open(path, "wb") for split, path in tmp.items()}
             start = time.perf_counter()
             bar = tqdm(unit=" tok", unit_scale=True, desc="Tokenizing", disable=not progress)
@@ -294,11 +295,12 @@ def prepare(
                 (out / META).write_text(json.dumps(meta, indent=2) + "\n")
                 committed = True
     finally:
-        if not committed:  # refused or interrupted, even while committing: leave nothing behind
+        if writing and not committed:  # interrupted, even while committing: leave nothing behind
             for path in tmp.values():
                 path.unlink(missing_ok=True)
             if not had_tokenizer:
                 shutil.rmtree(out / "tokenizer", ignore_errors=True)
+        if not committed:
             for folder in created:
                 if folder.is_dir() and not any(folder.iterdir()):
                     folder.rmdir()

@@ -407,9 +407,10 @@ def test_one_prepare_at_a_time_and_a_killed_ones_leftovers(tmp_path, tokenizer_d
     args = dict(inputs=[str(corpus)], out_dir=str(out), tokenizer=tokenizer_dir, progress=False)
     out.mkdir()
     with one_writer(out, "`gpt-ft prepare`"):
+        (out / "train.bin.tmp").write_bytes(b"being written")  # the other writer's files, left alone
         with pytest.raises(ValueError, match=f"Another `gpt-ft prepare` is writing to {out}; wait for it"):
             prepare(**args)
-        assert (out / LOCK).exists()  # the other writer's lock, left alone
+        assert (out / LOCK).exists() and (out / "train.bin.tmp").read_bytes() == b"being written"
     assert not (out / LOCK).exists()
     (out / LOCK).touch()
     (out / "train.bin.tmp").write_bytes(b"\0" * 10)
