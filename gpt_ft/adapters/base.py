@@ -323,7 +323,14 @@ class TaskAdapter:
     def template(self, specials) -> tuple[str, str]:
         """GPT-1's input transform as a tokenizer's post-processing templates (single, pair) over
         the special tokens' names: what `frame` builds, for a tokenizer that frames texts
-        itself (`gpt-ft export`)."""
+        itself (`gpt-ft export`). A sequence of more texts has no such template of its own: refused
+        (an adapter that frames three gives its own `template`, or is served by `Classifier`)."""
+        if self.num_sequences == 1 and (n := len(self.text_fields())) > 2:
+            raise ValueError(
+                f"Task {self.name!r} ({type(self).__name__}) frames {n} texts in its sequence, and a "
+                "tokenizer frames one or two: give the adapter a `template` of its own to export it, or "
+                "serve it with gpt_ft's Classifier or `gpt-ft label`."
+            )
         start, delim, extract = specials
         return f"{start} $A {extract}", f"{start} $A {delim} $B {extract}"
 

@@ -119,6 +119,18 @@ class TripleText(TaskAdapter):
 '''
 
 
+def test_an_adapter_of_three_texts_a_sequence_is_not_exported_on_a_pair_template():
+    """`gpt-ft export` wrote it on the default (single, pair) template: no input of the exported
+    tokenizer gave the trained model's ids, and it said `pipeline` loads it."""
+    namespace: dict = {}
+    exec(ADAPTER, namespace)
+    triple = namespace["TripleText"](name="triple", fields=["a", "b", "c"], labels=["x", "y"])
+    with pytest.raises(ValueError, match=r"^Task 'triple' \(TripleText\) frames 3 texts in its sequence"):
+        triple.template(("<s>", "<d>", "<e>"))
+    pair = namespace["TripleText"](name="pair", fields=["a", "b"], labels=["x", "y"])
+    assert pair.template(("<s>", "<d>", "<e>")) == ("<s> $A <e>", "<s> $A <d> $B <e>")
+
+
 def start_external_adapter(root, tokenizer_dir):
     """A card naming `my_tasks.TripleText` from root/my_tasks.py; `fit` finds it through PYTHONPATH alone."""
     (root / "my_tasks.py").write_text(ADAPTER)
