@@ -416,7 +416,7 @@ def test_fine_tunes_a_llama_family_checkpoint(tmp_path, tokenizer_dir, family):
     ) == pytest.approx(1)
 
 
-def test_lora_checkpoints_hold_the_adapters_or_the_merged_model(tmp_path, tokenizer_dir, capsys):
+def test_lora_checkpoints_hold_the_adapters_or_the_merged_model(tmp_path, tokenizer_dir, capsys, monkeypatch):
     """--model.lora: checkpoints of the trained weights only (plus the base's name) resume and
     load; with lora.checkpoint=merged the same run's checkpoint is a plain model that predicts
     the same probabilities."""
@@ -507,6 +507,19 @@ def test_lora_checkpoints_hold_the_adapters_or_the_merged_model(tmp_path, tokeni
         main(["validate", f"--ckpt_path={adapters}", *quiet])
     err = capsys.readouterr().err
     assert re.search(changed, err) and "are needed (give them with --model.init_from)" in err
+    # A hub id's base moves with its newest commit: no path to put them back at, the commit to pin.
+    from gpt_ft.weights import pretrained
+
+    stored = torch.load(adapters, weights_only=False)
+    stored["lora"]["base"] = "org/tiny"
+    torch.save(stored, hub_made := adapters.parent / "hub.ckpt")  # beside its tokenizer
+    load = pretrained.load_gpt
+    monkeypatch.setattr(pretrained, "load_gpt", lambda base: load(str(tmp_path / "weights")))
+    with pytest.raises(
+        ValueError, match=r"needed \(the commit they were trained on: --model.init_from org/tiny@COM"
+    ):
+        Classifier.from_checkpoint(hub_made, device="cpu")
+    monkeypatch.undo()
     other.save_pretrained(tmp_path / "changed")  # given in the base's place: that folder named
     with pytest.raises(SystemExit):
         main(["validate", f"--ckpt_path={adapters}", f"--model.init_from={tmp_path / 'changed'}", *quiet])
