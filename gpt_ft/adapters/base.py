@@ -278,6 +278,10 @@ class TaskAdapter:
         """The texts of one example to tokenize, in the order `encode` reads their tokens."""
         return [field_text(example[f], f) for f in self.text_fields()]
 
+    def label_text(self, label: Any) -> Any:
+        """An encoded label as `gpt-ft explain` shows it: its output kind's way (`TaskOutput.label_text`)."""
+        return self.output.label_text(label)
+
     def card_texts(self, example: dict[str, Any]) -> list[str]:
         """`texts` as the card reads them: each without the spaces around it with `strip_texts`."""
         texts = self.texts(example)

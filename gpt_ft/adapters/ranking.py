@@ -236,20 +236,20 @@ class Ranking(TaskAdapter):
         if group_by is not None and chosen is None:
             raise CardError(f"Task {name!r}: `group_by` gathers `chosen` and `rejected` replies: give both.")
         if rejected_errors is not None and group_by is None:
-            raise CardError(
-                f"Task {name!r}: `rejected_errors` sorts the replies `group_by` gathers: give it."
-            )
+            raise CardError(f"Task {name!r}: `rejected_errors` sorts what `group_by` gathers: give it.")
         if max_replies < 2:
             raise CardError(f"Task {name!r}: max_replies must be at least 2, got {max_replies}.")
-        self.prompt, self.replies, self.scores, self.ranks = prompt, replies, scores, ranks
+        self.prompt, self.replies, self.scores, self.ranks, self.loss = prompt, replies, scores, ranks, loss
         self.chosen, self.rejected, self.group_by = chosen, rejected, group_by
-        self.rejected_errors = rejected_errors
         self.reply_text, self.reply_score, self.max_replies = reply_text, reply_score, max_replies
-        self.loss, self.center_rewards = loss, center_rewards
-        field = "order" if chosen else ranks or scores or "scores"
-        super().__init__(label=field, **kwargs)
+        self.rejected_errors, self.center_rewards = rejected_errors, center_rewards
+        super().__init__(label="order" if chosen else ranks or scores or "scores", **kwargs)
 
     template = reply_templates
+
+    def label_text(self, label: Any) -> Any:  # ranks as the card gives them (it trains on -rank)
+        shown = super().label_text(label)
+        return [None if x is None else -x for x in shown] if self.ranks and isinstance(shown, list) else shown
 
     @property
     def num_sequences(self) -> int:  # type: ignore[override]

@@ -388,7 +388,7 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         if not 0 <= index < len(ds):
             raise TaskDataError(f"--index {index} is out of range: split {split!r} has {len(ds)} examples.")
         example = ds[index]
-        label, read = self.task.output.label_text(example["label"]), reads(example)
+        label, read = self.task.label_text(example["label"]), reads(example)
         if isinstance(label, list):  # one a reply or step (None: unlabelled); the padding after, cut
             label = label[: max([len(read), *(i + 1 for i, v in enumerate(label) if v is not None)])]
         sequences = []

@@ -85,7 +85,7 @@ def test_prmbench_grouped_by_question_the_original_above_its_modified_solutions(
     assert rows[0] == {"q": "Q1", "original": ["1. a\n2. b", "1. d"], "modified": ["1. a\n2. c"]}
     alone, _ = sorted_.regroup(marked, alone=True)  # to score: the file's order, its errors unread
     assert alone[0]["original"] == ["1. a\n2. b"] and alone[0]["modified"] == ["1. a\n2. c", "1. d"]
-    with pytest.raises(CardError, match="`rejected_errors` sorts the replies `group_by` gathers"):
+    with pytest.raises(CardError, match="`rejected_errors` sorts what `group_by` gathers"):
         Ranking(name="r", chosen="original", rejected="modified", rejected_errors="err")
 
 
@@ -310,3 +310,8 @@ def test_explain_shows_a_label_for_every_reply_the_unranked_too(tmp_path, tokeni
     main(["explain", *args, f"--data.data_dir={tmp_path}", "--split=validation", "--json=true"])
     shown = json.loads(capsys.readouterr().out)
     assert shown["label"] == [2.0, 1.0, None] and len(shown["sequences"]) == 3
+    # A `ranks` card's label is its ranks as given (it showed the negatives it trains on).
+    ranked = Ranking(name="r", ranks="ranks", scores=None)
+    row = {"prompt": "p", "replies": ["a", "b", "c"], "ranks": [2, 1, 3]}
+    label = ranked.encode(row, [[10], [20], [30], [40]], SPECIALS, max_length=64).label
+    assert same(label, [-2.0, -1.0, -3.0, NAN]) and ranked.label_text(label) == [2.0, 1.0, 3.0, None]
