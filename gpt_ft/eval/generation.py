@@ -9,7 +9,6 @@ prompt that leaves no room in the model's context for a new token is refused rat
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -118,31 +117,19 @@ def generate(
     options = (temperature, top_k, top_p, num_beams, do_sample, repetition_penalty)
     with torch.autocast(torch.device(device).type, torch.bfloat16, enabled=precision == "bf16-mixed"):
         if files is not None:
-            options_checked(gpt, torch.zeros(1, 1, dtype=torch.long, device=device), 1, options)
+            check_decoding(gpt, torch.zeros(1, 1, dtype=torch.long, device=device), 1, *options, cli=True)
             continue_file(gpt, tok, *files, field, batch_size, max_new_tokens, {**decode, **beams}, stops)
             return
         ids = checked_prompt(gpt, prompt_ids(tok, prompt), "--prompt")
         start = torch.tensor([ids], device=device)
         max_new = min(max_new_tokens, gpt.config.n_positions - len(ids))
-        options_checked(gpt, start, max_new, options)  # before printing
+        check_decoding(gpt, start, max_new, *options, cli=True)  # before printing
         print(prompt, end="", flush=True)
         if num_beams > 1:
             new = gpt.generate(start, max_new_tokens=max_new, **decode, **beams)[0, len(ids) :].tolist()
             print(until_stop(continuation(tok, ids, until_eos(new, eos)), stops)[0], flush=True)
             return
         print_as_they_come(tok, gpt.stream(start, max_new_tokens=max_new, **decode), eos, ids, stops)
-
-
-def options_checked(gpt: GPT, start: Tensor, max_new: int, options: tuple) -> None:
-    """`check_decoding`'s refusal of the decoding options, in the command's spelling: `--do_sample
-    false`, not `do_sample=False`."""
-    try:
-        check_decoding(gpt, start, max_new, *options)
-    except ValueError as exc:
-        message = re.sub(r"\b(do_sample|num_beams)=(\w+)", lambda m: f"--{m[1]} {m[2].lower()}", str(exc))
-        raise ValueError(
-            re.sub(r"^(temperature|top_k|top_p|num_beams|repetition_penalty) ", r"--\1 ", message)
-        ) from None
 
 
 def plural(n: int, noun: str) -> str:

@@ -26,7 +26,13 @@ def check_decoding(
     num_beams: int,
     do_sample: bool,
     repetition_penalty: float = 1.0,
+    *,
+    cli: bool = False,
 ) -> None:
+    """The decoding options, each refused in one sentence that spells them as Python's arguments,
+    or with `cli` as the command line's (`--do_sample false`)."""
+    name = (lambda n: f"--{n}") if cli else str
+    said = (lambda n, v: f"--{n} {str(v).lower()}") if cli else (lambda n, v: f"{n}={v!r}")
     check_token_ids(input_ids, non_empty=True)
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}.")
@@ -44,18 +50,21 @@ def check_decoding(
         )
     if do_sample and temperature <= 0:  # greedy decoding reads none of the three, as transformers'
         raise ValueError(
-            f"temperature must be > 0, got {temperature}; use do_sample=False for greedy decoding."
+            f"{name('temperature')} must be > 0, got {temperature}; use {said('do_sample', False)} for "
+            "greedy decoding."
         )
     if do_sample and top_k is not None and top_k < 1:
-        raise ValueError(f"top_k must be >= 1, got {top_k}.")
+        raise ValueError(f"{name('top_k')} must be >= 1, got {top_k}.")
     if do_sample and top_p is not None and not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}.")
+        raise ValueError(f"{name('top_p')} must be in (0, 1], got {top_p}.")
     if num_beams < 1:
-        raise ValueError(f"num_beams must be >= 1, got {num_beams}.")
+        raise ValueError(f"{name('num_beams')} must be >= 1, got {num_beams}.")
     if num_beams > 1 and do_sample:
-        raise ValueError("Beam search is deterministic: use num_beams=1 with do_sample=True.")
+        raise ValueError(
+            f"Beam search is deterministic: use {said('num_beams', 1)} with {said('do_sample', True)}."
+        )
     if not repetition_penalty > 0:
-        raise ValueError(f"repetition_penalty must be > 0 (1: none), got {repetition_penalty}.")
+        raise ValueError(f"{name('repetition_penalty')} must be > 0 (1: none), got {repetition_penalty}.")
 
 
 def penalized(scores: Tensor, seen: Tensor, penalty: float) -> Tensor:
