@@ -17,7 +17,7 @@ import yaml
 from jsonargparse import ArgumentParser, get_loader, set_loader
 
 from gpt_ft.adapters.base import TaskAdapter
-from gpt_ft.adapters.sources import HubDataset, LocalFiles
+from gpt_ft.adapters.sources import SOURCE_KINDS, HubDataset, LocalFiles, source_problem
 from gpt_ft.errors import FileProblem, parse_error_message, repeated_key, yaml_file_problem, yaml_problem
 from gpt_ft.workarounds.cli import config_file_being_read, config_pipe_being_read, required_arguments
 
@@ -156,8 +156,12 @@ def card_problem(value, file, *, init_args_only: bool = False) -> str | None:
                 "init_args only: the card's fields go under init_args.")  # fmt: skip
     if problem := unquoted_names(value.get("init_args"), file):
         return problem
+    init_args = value.get("init_args") if isinstance(value.get("init_args"), dict) else {}
+    for name, source in init_args.items():
+        if name in SOURCE_KINDS and isinstance(source, dict) and (problem := source_problem(name, source)):
+            return f"{file}: {problem}"
     cls = _adapter_class(value.get("class_path"))
-    missing = [f for f in card_fields(cls)[1] if f not in (value.get("init_args") or {})] if cls else []
+    missing = [f for f in card_fields(cls)[1] if f not in init_args] if cls else []
     return f"{file}: the card names no {', '.join(missing)}; {cls.__name__} needs it." if missing else None
 
 

@@ -92,14 +92,26 @@ class Sources:
 
     def __post_init__(self) -> None:
         # From Python, `local=` and `hub=` may be given as a card writes them: mappings of their fields.
-        for name, kind in (("hub", HubDataset), ("local", LocalFiles)):
+        for name, kind in SOURCE_KINDS.items():
             if isinstance(value := getattr(self, name), dict):
-                known = [f.name for f in fields(kind)]
-                if unknown := sorted(set(value) - set(known)):
-                    raise CardError(f"{name} has no field(s) {unknown}; its fields: {', '.join(known)}.")
-                if lacking := [f.name for f in fields(kind) if f.default is MISSING and f.name not in value]:
-                    raise CardError(f"{name} needs {', '.join(lacking)}.")
+                if problem := source_problem(name, value):
+                    raise CardError(problem)
                 setattr(self, name, kind(**value))
+
+
+SOURCE_KINDS = {"hub": HubDataset, "local": LocalFiles}
+
+
+def source_problem(name: str, value: dict) -> str | None:
+    """What keeps a card's `hub:` or `local:` mapping from being one: a field it does not have (a
+    typo such as `column:`), or one it needs."""
+    kind = SOURCE_KINDS[name]
+    known = [f.name for f in fields(kind)]
+    if unknown := sorted(map(str, set(value) - set(known))):
+        return f"{name} has no field {' or '.join(map(repr, unknown))}; its fields: {', '.join(known)}."
+    if lacking := [f.name for f in fields(kind) if f.default is MISSING and f.name not in value]:
+        return f"{name} needs {', '.join(lacking)}."
+    return None
 
 
 def field_text(value: Any, field: str | None = None, needed: str | None = None) -> str:

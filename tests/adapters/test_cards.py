@@ -68,6 +68,11 @@ def test_card_errors_name_the_file(tmp_path):
         ("{name: x, labels: [a, b], score_range: [0, 5]}", "score_range bounds a regression's scores; set"),
         ("{name: x, local: {splits: {train: t.tsv}, column_names: [sentence], headerless_splits: [trian]}}",
          r"local.headerless_splits names \['trian'\], which local.splits does not: it has \['train'\]."),
+        # A misspelt field of local: (`column:`) was "Spaces not allowed in keys" where a renamed
+        # column held a space.
+        ("{name: x, local: {splits: {train: t.tsv}, column: {Sentence 1: sentence}}}",
+         "local has no field 'column'; its fields: splits, format, column_names, headerless_splits, columns"),
+        ("{name: x, hub: {name: glue}}", "hub needs path.$"),
     ):  # fmt: skip
         card.write_text(f"class_path: gpt_ft.adapters.SingleText\ninit_args: {init_args}\n")
         with pytest.raises(ValueError, match=rf"^Task card \S+card.yaml: .*{message}"):
