@@ -29,6 +29,7 @@ from gpt_ft.training.saved import (
     refuse_untrained,
     with_absolute_paths,
 )
+from gpt_ft.training.strategies import check_rendezvous
 from gpt_ft.weights.pretrained import resolve_tokenizer
 from gpt_ft.workarounds.cli import (
     CheckpointHparamsAsDefaults,
@@ -45,8 +46,7 @@ LM_DATA = {"data": {"class_path": "gpt_ft.data.lm_data.LMDataModule"}}
 
 
 class ValidatedOnce(LightningArgumentParser):
-    """Writes a configuration (`dump`, `save`) without validating it again unless asked: the parse did,
-    and LightningCLI writes each run's twice (hyper-parameters, config.yaml), each check a parse's cost."""
+    """Writes a configuration (`dump`, `save`) unchecked unless asked: the parse checked it."""
 
     def dump(self, namespace, *args: Any, skip_validation: bool = True, **kwargs: Any) -> str:
         return super().dump(namespace, *args, skip_validation=skip_validation, **kwargs)
@@ -196,7 +196,7 @@ class GPTCLI(CheckpointHparamsAsDefaults, ParsersBuiltOnce, LightningCLI):
         callbacks = run_callbacks(trainer_config, self.model, getattr(self, "data_config", None))
         if not trainer_config.get("plugins"):
             kwargs["plugins"] = [AtomicCheckpointIO()]
-        return super().instantiate_trainer(**kwargs, callbacks=callbacks)
+        return check_rendezvous(super().instantiate_trainer(**kwargs, callbacks=callbacks))
 
 
 class ConfigurationOnly(GPTCLI):

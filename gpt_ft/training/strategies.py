@@ -8,9 +8,11 @@ root unit, so the tie holds.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Literal
 
-from lightning.pytorch import LightningModule
+from lightning.fabric.plugins.environments import LightningEnvironment
+from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.strategies import FSDPStrategy
 
 from gpt_ft.model import Block
@@ -59,3 +61,19 @@ def clip_gradients(module: LightningModule, optimizer, gradient_clip_val=None, g
         strategy.model.clip_grad_norm_(gradient_clip_val)
     else:
         module.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
+
+def check_rendezvous(trainer: Trainer) -> Trainer:
+    """`trainer`, unless it is one node of several that no launcher (torchrun, SLURM, ...) and no
+    MASTER_ADDR/MASTER_PORT tell where node 0 listens: Lightning would pick a free port of its own
+    and wait for the other nodes forever, saying nothing after "Initializing distributed"."""
+    environment = getattr(trainer.strategy, "cluster_environment", None)
+    unset = [name for name in ("MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
+    if trainer.num_nodes > 1 and type(environment) is LightningEnvironment and unset:
+        raise ValueError(
+            f"--trainer.num_nodes {trainer.num_nodes}: nothing tells the nodes where node 0 listens "
+            f"({' and '.join(unset)} unset), so each would wait for the others forever: start every node "
+            "under torchrun or SLURM, or set MASTER_ADDR, MASTER_PORT and NODE_RANK on each "
+            "(configs/trainer/ddp.yaml)."
+        )
+    return trainer

@@ -368,9 +368,18 @@ def test_a_card_inside_a_data_mapping_is_named_as_when_given_alone(explain, card
             "trainer:\n  strategy: ddp_spawn_find_unused_parameters_true\n  devices: 2\n",
             "--trainer.strategy ddp_spawn_find_unused_parameters_true: gpt-ft starts its processes as ddp",
         ),
+        (  # no launcher: Lightning picked a free port of its own and waited for the other node forever
+            "trainer:\n  accelerator: cpu\n  devices: 1\n  num_nodes: 2\n",
+            "--trainer.num_nodes 2: nothing tells the nodes where node 0 listens (MASTER_ADDR and "
+            "MASTER_PORT unset), so each would wait for the others forever: start every node under torchrun",
+        ),
     ],
 )
-def test_a_config_value_the_parser_lets_through(setting, message, tmp_path, tokenizer_dir, capsys):
+def test_a_config_value_the_parser_lets_through(
+    setting, message, tmp_path, tokenizer_dir, capsys, monkeypatch
+):
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.delenv("MASTER_PORT", raising=False)
     card = make_task("single", tmp_path)
     config = tmp_path / "config.yaml"
     config.write_text(setting)

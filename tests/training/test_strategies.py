@@ -61,3 +61,19 @@ def test_fsdp_finetuning_on_two_gpus(tmp_path, tokenizer_dir):
     versions = list((tmp_path / "runs" / "lightning_logs").iterdir())
     assert [v.name for v in versions] == ["version_0"]  # one logger: only rank 0 writes
     assert (versions[0] / "checkpoints" / "last.ckpt").exists()
+
+
+def test_nodes_told_where_node_0_listens_start(monkeypatch):
+    from lightning.pytorch import Trainer
+
+    from gpt_ft.training.strategies import check_rendezvous
+
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    trainer = Trainer(accelerator="cpu", devices=1, num_nodes=2, strategy="ddp", logger=False)
+    assert check_rendezvous(trainer) is trainer
+    monkeypatch.delenv("MASTER_PORT")
+    with pytest.raises(ValueError, match=r"^--trainer.num_nodes 2: .* \(MASTER_PORT unset\)"):
+        check_rendezvous(trainer)
+    one = Trainer(accelerator="cpu", devices=2, num_nodes=1, strategy="ddp", logger=False)
+    assert check_rendezvous(one) is one  # one node: Lightning's own launch finds its processes
