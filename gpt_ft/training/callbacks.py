@@ -24,7 +24,7 @@ from gpt_ft.training.checkpointing import Provenance, ResumeState, SaveLast, Who
 from gpt_ft.training.run_folders import RunFolder
 from gpt_ft.training.stopping import main_monitor
 from gpt_ft.training.throughput import ParameterSummary, Throughput
-from gpt_ft.workarounds.trainer import loggers_write_this_step, logging_as
+from gpt_ft.workarounds.trainer import loggers_write_this_step, logging_as, uncount_step_not_taken
 
 
 def run_callbacks(trainer_config, model, data_config: dict[str, Any] | None) -> list[Callback]:
@@ -108,14 +108,26 @@ class StoppedEpochResumes(Callback):
     next epoch at that batch, and train that epoch short. On load, such a checkpoint's loops are
     made those of a save mid-epoch, and the data resumes at the stopped batch."""
 
+    next_epoch = False  # the checkpoint's epoch was over: the run starts the next
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        if self.next_epoch:
+            self.next_epoch = False
+            uncount_step_not_taken(trainer)
+
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
         loops = checkpoint.get("loops", {}).get("fit_loop", {})
         epochs, batches = loops.get("epoch_progress"), loops.get("epoch_loop.batch_progress")
+        if epochs and batches and batches["is_last_batch"]:  # saved in the epoch's end hooks: it is over
+            for counts in (epochs["current"], epochs["total"]):  # (the validation at its end saves there)
+                if counts["ready"] == counts["started"] == counts["processed"] == counts["completed"] + 1:
+                    counts["completed"] = counts["processed"]
         if epochs and batches and batches["is_last_batch"] and len(set(epochs["current"].values())) == 1:
             # Stopped on the epoch's last batch, the epoch counted done: Lightning would end it again
             # (no batch left) and count it twice. The next epoch starts at its first batch instead.
             batches["is_last_batch"] = False
             batches["current"] = dict.fromkeys(batches["current"], 0)
+            self.next_epoch = True
             return
         if not epochs or not batches or batches["is_last_batch"] or not batches["current"]["processed"]:
             return

@@ -126,3 +126,23 @@ def summary_table(
     return _format_summary_table(
         total_parameters, trainable_parameters, model_size, total_training_modes, total_flops, *columns
     )
+
+
+def uncount_step_not_taken(trainer: Trainer) -> None:
+    """A run resumed where a finished epoch's checkpoint left it (its batch counts made the next
+    epoch's start: `StoppedEpochResumes`) will count one logging step it does not take.
+
+    The training epoch loop, restarted "on last" (`_TrainingEpochLoop.advance`,
+    src/lightning/pytorch/loops/training_epoch_loop.py), skips the validation that batch -1 seems due
+    for without training a batch, yet `on_advance_end` adds one to `_batches_that_stepped`, the step
+    the loggers write under: every later row one step late, and `log_every_n_steps` one off. Called
+    at that epoch's start, this takes the one back where the loop will skip. If the loop stops
+    skipping there, or counts otherwise, check the steps metrics.csv writes after such a resume.
+    """
+    loop = trainer.fit_loop.epoch_loop
+    if (
+        loop.restarting
+        and loop.restarted_on_last
+        and loop._should_check_val_fx(trainer.fit_loop._data_fetcher)
+    ):
+        loop._batches_that_stepped -= 1

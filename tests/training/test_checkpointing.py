@@ -577,6 +577,58 @@ def test_a_run_stopped_by_max_steps_mid_epoch_and_extended_ends_as_the_longer_ru
     assert_same_weights(last_state(tmp_path / "whole", 0), last_state(tmp_path / "cut", 1))
 
 
+@pytest.mark.parametrize("cut", ["max_steps", "killed"])
+def test_a_run_saved_after_an_epochs_closing_validation_resumes_with_the_next_epochs_order(
+    tmp_path, tokenizer_dir, cut
+):
+    """`last.ckpt` as the validation at an epoch's end leaves it (the run then stopped by max_steps, or
+    killed before the next step): Lightning ended that epoch again on resume and counted it twice,
+    so the next epoch trained in the order of the one after it. Resumed, it trains epoch 1 in its
+    own order and ends with the uninterrupted run's weights."""
+    from lightning.pytorch.callbacks import Callback
+
+    from gpt_ft.training.runs import lightning_main
+
+    class Seen(Callback):
+        def __init__(self):
+            self.batches = []
+
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            self.batches.append((trainer.current_epoch, batch_idx, module.global_step))
+
+    class KeepEpochEnd(Callback):  # last.ckpt as a kill right after epoch 0's validation leaves it
+        def on_train_epoch_start(self, trainer, module):
+            if trainer.current_epoch == 1:
+                shutil.copy(last_path(tmp_path / "whole", 0), tmp_path / "epoch_end.ckpt")
+
+    card = make_task("single", tmp_path)
+    constant = ["--model.schedule=constant", "--model.warmup_steps=0", "--trainer.max_steps=6"]
+    constant += ["--trainer.log_every_n_steps=1"]
+    args = [
+        *finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "whole"),
+        *constant,
+    ]  # 3 batches an epoch
+    lightning_main(["fit", *args], callbacks=[KeepEpochEnd()])
+    cut_args = [*finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "cut"), *constant]
+    if cut == "max_steps":
+        main(["fit", *cut_args, "--trainer.max_steps=3"])
+        checkpoint = "last"
+    else:
+        checkpoint = str(tmp_path / "epoch_end.ckpt")
+    seen = Seen()
+    lightning_main(["fit", *cut_args, f"--ckpt_path={checkpoint}"], callbacks=[seen])
+    assert seen.batches == [(1, 0, 3), (1, 1, 4), (1, 2, 5)]
+    version = int(cut == "max_steps")
+    assert_same_weights(last_state(tmp_path / "whole", 0), last_state(tmp_path / "cut", version))
+
+    def losses(logs: Path, version: int) -> dict[int, str]:  # the steps the logger wrote them under too
+        with open(logs / "lightning_logs" / f"version_{version}" / "metrics.csv") as f:
+            return {int(row["step"]): row["train/loss"][:6] for row in csv.DictReader(f) if row["train/loss"]}
+
+    whole = losses(tmp_path / "whole", 0)
+    assert losses(tmp_path / "cut", version) == {step: whole[step] for step in (3, 4, 5)}
+
+
 def test_a_run_stopped_by_max_steps_on_an_epochs_last_batch_and_extended_ends_as_the_longer_run(
     tmp_path, tokenizer_dir
 ):
