@@ -47,7 +47,7 @@ from pathlib import Path
 
 import torch
 from harness import Report, Row, report_argument, verdict
-from parts import Part, floors_missed, run_part
+from parts import ROOT, Part, floors_missed, run_part
 
 FIGURES = ["environment", "training_throughput", "fit_vs_loop", "generation", "finetune_step", "profile",
            "shapes", "attention", "fit_quickstart"]  # fmt: skip
@@ -65,9 +65,10 @@ OUTCOME = re.compile(r"^(\S+::.*?) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b",
 
 
 def tests_row(part: Part, limit: float) -> Row:
-    """The CUDA tests' row: pytest's summary, or, killed, the test it was in and the counts before it."""
+    """The CUDA tests' row: pytest's summary, or, killed (at its limit, or by a signal: a segfault, the
+    OOM killer), the test it was in and the counts before it."""
     name = "CUDA tests (`pytest -k cuda tests`)"
-    if part.returncode is not None:  # pytest's summary, or what ended it before one (no pytest)
+    if part.returncode is not None and part.returncode >= 0:  # pytest's summary, or what ended it first
         summary = (part.stdout.strip() or part.stderr.strip() or "no output").splitlines()[-1].strip("= ")
         if part.returncode != 0:
             print(part.stdout[-4000:], part.stderr[-2000:], file=sys.stderr)
@@ -78,6 +79,9 @@ def tests_row(part: Part, limit: float) -> Row:
     last = started[-1].strip() if started else "collection"
     running = "between two tests" if OUTCOME.match(last) else last
     done = ", ".join(f"{n} {o.lower()}" for o, n in counts.items() if n) or "none finished"
+    if part.returncode is not None:
+        print(part.stdout[-4000:], part.stderr[-2000:], file=sys.stderr)
+        return Row(name, f"killed by signal {-part.returncode} in {running}; before it: {done}", "FAIL")
     return Row(name, f"killed at its {limit:.0f} s limit in {running}; before it: {done}", "FAIL")
 
 
@@ -176,6 +180,12 @@ def main() -> int:
     if args.device == "cuda" and not torch.cuda.is_available():  # every CUDA test would skip, and pass
         p.error(f"--device cuda: torch {torch.__version__} sees no CUDA device; use --device cpu")
     args.budget = args.budget or 480 + (TRAINER_RESERVE if args.glue else 0)
+    before_trainer = not (args.skip_figures and (args.skip_tests or args.device == "cpu"))
+    if args.glue and before_trainer and args.budget < TRAINER_RESERVE + 60:
+        p.error(
+            f"--budget {args.budget:.0f}: the Trainer's part (--glue) keeps {TRAINER_RESERVE} s of it, which "
+            "leaves the tests and figures under a minute; give more, or --skip-tests --skip-figures"
+        )
     start = time.perf_counter()
     left = lambda: args.budget - (time.perf_counter() - start)  # noqa: E731
     report = Checklist("gpt_ft GPU checklist", path=args.report, started=start)
@@ -221,7 +231,7 @@ def cuda_test_paths() -> list[str]:
     them in the order given)."""
     rest = sorted(
         f"tests/{p.name}"
-        for p in Path("tests").iterdir()
+        for p in (ROOT / "tests").iterdir()
         if p.name.startswith("test_") and p.suffix == ".py" or (p / "__init__.py").is_file()
     )
     last = ["tests/test_configs.py"]
@@ -241,21 +251,17 @@ def run_checklist(args, figure_args: list[str], report: Report, left) -> None:
         report.add(Row("CUDA tests", "need a GPU" if args.device == "cpu" else "--skip-tests", "skip"))
     else:
         limit = min(LIMITS["tests"], left() - reserved)
-        print(f"[{time.perf_counter() - start:4.0f} s] pytest -k cuda tests ...", file=sys.stderr, flush=True)
-        cmd = [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-v",
-            "-rs",
-            "-k",
-            "cuda",
-            "-p",
-            "no:cacheprovider",
-            "--continue-on-collection-errors",
-            *cuda_test_paths(),
-        ]  # a module that fails to import stops no CUDA test
-        report.add(tests_row(run_part(cmd, limit, env), limit))
+        if limit < 5:
+            report.add(Row("CUDA tests", f"not run: the {args.budget:.0f} s budget is spent", "FAIL"))
+        else:
+            print(
+                f"[{time.perf_counter() - start:4.0f} s] pytest -k cuda tests ...",
+                file=sys.stderr,
+                flush=True,
+            )
+            cmd = [sys.executable, "-m", "pytest", "-v", "-rs", "-k", "cuda", "-p", "no:cacheprovider",
+                   "--continue-on-collection-errors", *cuda_test_paths()]  # fmt: skip
+            report.add(tests_row(run_part(cmd, limit, env), limit))  # (an unimportable module stops no test)
     parts = [] if args.skip_figures else [[name] for name in FIGURES] if args.device == "cuda" else [FIGURES]
     if args.skip_figures:
         report.add(Row("GPU figures", "--skip-figures", "skip"))

@@ -28,7 +28,8 @@ from gpt_ft import GPT, GPTConfig
 from gpt_ft.training.throughput import counted_parameters, flops_per_token
 
 KINDS = [  # (kind, pattern on a kernel's or an operator's name, lower case); the first match wins
-    ("attention", r"flash|fmha|attention|sdpa|scaled_dot_product|cudnn|(?<!log)(?<!log_)softmax"),
+    # a softmax, not the loss's (CUDA's log-softmax: `cunn_SoftMaxForward<..., LogSoftMaxForwardEpilogue>`)
+    ("attention", r"flash|fmha|attention|sdpa|scaled_dot_product|cudnn|^(?!.*log_?softmax).*softmax"),
     ("matmuls", r"gemm|matmul|(?<![a-z])mm(?![a-z])|addmm|bmm|linear|cutlass|xmma|nvjet|cublas|sm\d+_"),
     ("optimizer", r"adam|foreach|multi_tensor"),
     ("communication", r"nccl|all_?reduce|all_?gather|reduce_?scatter"),

@@ -205,7 +205,8 @@ class Run:
 
 def gpt_ft(*args: str, log: Path | None = None, echo: bool = True, check: bool = True) -> Run:
     """Runs `gpt-ft ARGS` in the project root; its stdout is returned (and printed as it comes with
-    `echo`), its stderr goes to `log`. With `check`, a failure ends the script with one sentence."""
+    `echo`), its stderr goes to `log`. With `check`, a failure ends the script with one sentence
+    ending in the log's last line (the log's tail goes to stderr: `log` may be in a folder about to go)."""
     cmd = [sys.executable, "-m", "gpt_ft", *args]
     if echo:
         print(f"$ gpt-ft {' '.join(args)}", flush=True)
@@ -221,7 +222,12 @@ def gpt_ft(*args: str, log: Path | None = None, echo: bool = True, check: bool =
         if log:
             sink.close()
     if check and proc.returncode != 0:
-        raise SystemExit(f"gpt-ft {args[0]} failed (exit {proc.returncode}){f'; see {log}' if log else ''}")
+        text = Path(log).read_text(errors="replace") if log else ""
+        print(text[-3000:], end="", file=sys.stderr)
+        last = [line.strip() for line in text.splitlines() if line.strip()][-1:]
+        raise SystemExit(
+            f"gpt-ft {args[0]} failed (exit {proc.returncode}){''.join(f': {t[:300]}' for t in last)}"
+        )
     return Run(proc.returncode, "".join(lines), time.perf_counter() - start)
 
 

@@ -32,7 +32,8 @@ def run_part(cmd: list[str], limit_s: float, env: dict[str, str] | None = None) 
     behind by a process that exited are killed too, and so is the group when the wait ends in an
     exception (Ctrl-C, or the caller's SIGTERM handler exiting): no part outlives the checklist."""
     start = time.perf_counter()
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+    text = {"mode": "w+", "encoding": "utf-8", "errors": "replace"}  # a stray byte is no reason to stop
+    with tempfile.TemporaryFile(**text) as out, tempfile.TemporaryFile(**text) as err:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=err, start_new_session=True)
         try:
             code = proc.wait(timeout=max(limit_s, 0.1))

@@ -277,6 +277,16 @@ def test_a_part_past_its_limit_is_killed_with_its_children_and_says_so():
         tests_row(running, 3).result
         == "killed at its 3 s limit in t.py::test_c[a b]; before it: 1 passed, 1 skipped"
     )
+    # Killed by a signal (the OOM killer, a segfault): it was the running test's id alone, passing for
+    # pytest's summary.
+    segfault = Part(-11, 3.0, running.stdout, "")
+    assert (
+        tests_row(segfault, 3).result
+        == "killed by signal 11 in t.py::test_c[a b]; before it: 1 passed, 1 skipped"
+    )
+    # A byte that is not UTF-8 in a part's output stopped the whole checklist (UnicodeDecodeError).
+    stray = run_part([sys.executable, "-c", "import os; os.write(2, b'caf\\xe9'); print('done')"], limit_s=30)
+    assert (stray.returncode, stray.stdout, stray.stderr) == (0, "done\n", "caf\ufffd")
 
 
 def test_the_checklist_names_each_installed_package_older_than_its_floor():
@@ -407,6 +417,21 @@ def test_the_checklist_reports_its_own_faults_and_refuses_a_gpu_it_cannot_see(tm
     monkeypatch.setattr(metadata, "requires", not_installed)
     assert floors_missed() == ["gpt_ft itself (not installed, so its floors are unknown: `pip install -e .`)"]
 
+    # The tests' paths from any folder (it was `tests/` of the folder it ran in: FileNotFoundError).
+    monkeypatch.chdir(tmp_path)
+    assert (
+        gpu_check.cuda_test_paths()[:3] == gpu_check.TEST_PATHS
+        and "tests/test_configs.py" in gpu_check.cuda_test_paths()
+    )
+    # A budget the Trainer's part would take whole: the tests ran under a negative limit.
+    argv = ["gpu_check.py", "--device", "cpu", "--glue", "G", "--tokenizer", "T", "--budget", "300"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--report", str(report)])
+    with pytest.raises(SystemExit) as refused:
+        gpu_check.main()
+    assert refused.value.code == 2 and capsys.readouterr().err.strip().endswith(
+        "--budget 300: the Trainer's part (--glue) keeps 600 s of it, which leaves the tests and figures "
+        "under a minute; give more, or --skip-tests --skip-figures"
+    )
     if not torch_sees_cuda():
         monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--report", str(report)])
         with pytest.raises(SystemExit) as refused:
@@ -593,3 +618,36 @@ def test_the_checklist_asks_for_pytest_only_where_it_runs_the_tests(monkeypatch)
         report.started = 0.0
         gpu_check.run_checklist(args, [], report, left=lambda: 400.0)
     assert asked == [[], ["pytest"]]
+
+
+def test_the_profile_files_each_kernel_under_its_kind():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from gpu_profile import kind_of
+
+    loss = "the loss (log-softmax, NLL)"
+    for name, kind in (
+        ("void (anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, "
+         "(anonymous namespace)::LogSoftMaxForwardEpilogue>(float*, float const*, int)", loss),
+        ("void (anonymous namespace)::cunn_SoftMaxBackward<4, float, float, float, "
+         "(anonymous namespace)::LogSoftMaxBackwardEpilogue>(float*, float const*, float const*, int)", loss),
+        ("triton_red_fused__log_softmax_0", loss),
+        ("void (anonymous namespace)::cunn_SoftMaxForward<4, float, float, float, "
+         "(anonymous namespace)::SoftMaxForwardEpilogue>(float*, float const*, int)", "attention"),
+        ("triton_per_fused__softmax_3", "attention"),
+        ("pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128, 64, 4>>", "attention"),
+        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "matmuls"),
+    ):  # fmt: skip
+        assert kind_of(name) == kind, name
+
+
+def test_a_failed_gpt_ft_run_says_why_in_its_row(tmp_path, capsys):
+    """The figures' `gpt-ft` runs log to a folder that goes with their part: a failure named that log
+    ("see /tmp/.../quickstart.log") once it was deleted. Its last line is now the row's cause."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from harness import gpt_ft
+
+    with pytest.raises(SystemExit) as failed:
+        gpt_ft("fitt", "--trainer.max_steps=1", log=tmp_path / "fit.log", echo=False)
+    message = str(failed.value.code)
+    assert message.startswith("gpt-ft fitt failed (exit 2): gpt-ft: error: unknown command 'fitt'; choose ")
+    assert "unknown command 'fitt'" in capsys.readouterr().err  # the log's tail, for the part's stderr
