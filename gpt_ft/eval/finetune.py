@@ -88,6 +88,18 @@ def readable_test_splits(data, log) -> list[str]:
     return readable
 
 
+def check_seed(config: dict[str, Any], seed: int, where: str) -> dict[str, Any]:
+    """`config`, a suite run's resolved configuration, where it keeps the run's seed: a
+    `--seed_everything` among the suite's fit arguments (given last, so it wins) would run every
+    seed as one, and report a spread of 0."""
+    if (given := config.get("seed_everything")) != seed:
+        raise ValueError(
+            f"{where}: --seed_everything {given} in the fit arguments would run each of the suite's seeds "
+            f"as {given}; the suite sets every run's seed (seeds: in its file, or --seeds)."
+        )
+    return config
+
+
 def main_key(task) -> str:
     return f"{task.validation_splits[0]}/{task.main_metric}"
 

@@ -34,7 +34,7 @@ from gpt_ft.data.files import examples_split, labelled_rows
 from gpt_ft.errors import arguments_from, check_output_dir
 from gpt_ft.eval import suite_file, zeroshot
 from gpt_ft.eval.curves import MISSING, baseline_curves, collect_curves, labels_saved, read_baselines
-from gpt_ft.eval.finetune import config_changes, fit_and_evaluate, main_key
+from gpt_ft.eval.finetune import check_seed, config_changes, fit_and_evaluate, main_key
 from gpt_ft.eval.results import (
     benchmark_score,
     changed_files,
@@ -234,7 +234,8 @@ class SuiteRunner:
         if run.folder not in self.resolved:
             where = f"{self.source}, task {run.task!r}" + (f", row {run.row!r}" if run.row else "")
             with arguments_from(where):
-                self.resolved[run.folder] = build_fit.resolve(self.fit_args_of(run) + self._min_steps(run))
+                config = build_fit.resolve(self.fit_args_of(run) + self._min_steps(run))
+            self.resolved[run.folder] = check_seed(config, run.seed, where)
         return self.resolved[run.folder]
 
     def _min_steps(self, run: Run) -> list[str]:

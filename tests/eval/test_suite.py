@@ -161,6 +161,15 @@ submission: {{archive: sub.zip, files: [SENT.tsv, STS-B.tsv, AX.tsv]}}
     assert {p: p.read_bytes() for p in runs.rglob("*") if p.is_file()} == before
     assert sorted(p.name for p in runs.iterdir()) == ["seed-0", "seed-1"]
 
+    # A seed among the fit arguments (given last, it wins) ran every seed as that one, with a spread of 0.
+    with pytest.raises(SystemExit) as refused:
+        main([*argv, "--tasks", "sts", *fit_args(*FIT, "--seed_everything=5")])
+    assert refused.value.code == 2 and capsys.readouterr().err.strip().endswith(
+        "task 'sts': --seed_everything 5 in the fit arguments would run each of the suite's seeds as 5; "
+        "the suite sets every run's seed (seeds: in its file, or --seeds)."
+    )
+    assert {p: p.read_bytes() for p in runs.rglob("*") if p.is_file()} == before
+
 
 def test_suite_zero_shot_and_transfer_sweep(tmp_path, tokenizer_dir, capsys):
     tok = load_tokenizer(tokenizer_dir)
