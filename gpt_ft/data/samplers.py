@@ -19,6 +19,15 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch.utils.data import DistributedSampler
 
 
+def epoch_generator(seed: int, epoch: int) -> torch.Generator:
+    """The random stream of an epoch's order, one of its own for every (seed, epoch). DistributedSampler's
+    seed + epoch gave seed s, epoch e + 1 the order of seed s + 1, epoch e: runs over seeds 0, 1, 2
+    shared most of their orders. Seeds a golden-ratio step apart in the generator's 32 bits (which it
+    keeps of a seed) meet only a million epochs apart or more, for seeds under a thousand apart; seed
+    0's orders are those seed + epoch gave."""
+    return torch.Generator().manual_seed((epoch + seed * 0x9E3779B1) % 2**32)
+
+
 class EpochSampler(DistributedSampler):
     """A DistributedSampler (in one process too) whose order is a function of (seed, epoch) only,
     and whose epoch can start part-way: where a checkpoint taken in it left off.
@@ -44,7 +53,7 @@ class EpochSampler(DistributedSampler):
     def order(self) -> list[int]:
         """The epoch's indices over all ranks, in the order they are dealt out (DistributedSampler's)."""
         n = len(self.dataset)
-        return torch.randperm(n, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist() \
+        return torch.randperm(n, generator=epoch_generator(self.seed, self.epoch)).tolist() \
             if self.shuffle else list(range(n))  # fmt: skip
 
     def dealt(self, order: list[int]) -> list[int]:
@@ -101,7 +110,7 @@ class LengthGroupedSampler(EpochSampler):
         """The epoch's global batches, one after another, each dealt out to the ranks in equal,
         contiguous shares (`dealt`): the same order for every number of ranks of one step's size."""
         n = len(self.lengths)
-        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        g = epoch_generator(self.seed, self.epoch)
         order = torch.randperm(n, generator=g) if self.shuffle else torch.arange(n)
         step = self.batch_size * self.num_replicas  # one optimizer step's examples over all ranks
         chunk = step * self.window

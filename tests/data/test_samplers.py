@@ -88,6 +88,21 @@ def test_epoch_sampler_order_depends_on_seed_and_epoch_and_a_resumed_epoch_skips
     assert list(s) == whole
 
 
+def test_each_seed_draws_epoch_orders_of_its_own():
+    """With DistributedSampler's seed + epoch, seed 0's second epoch was seed 1's first (and seed 0's
+    third seed 2's first): runs over seeds 0, 1, 2 shared most of their data orders."""
+
+    def orders(seed: int, cls=EpochSampler, **kwargs) -> list[list[int]]:
+        s = cls(**kwargs, num_replicas=1, rank=0, seed=seed) if kwargs else cls(range(50), 1, 0, seed=seed)
+        return [(s.set_epoch(epoch), list(s))[1] for epoch in range(4)]
+
+    for kwargs in ({}, {"lengths": list(range(50)), "batch_size": 4, "window": 2}):
+        cls = LengthGroupedSampler if kwargs else EpochSampler
+        drawn = [order for seed in (0, 1, 2, 3) for order in orders(seed, cls, **kwargs)]
+        assert len({tuple(order) for order in drawn}) == len(drawn)
+        assert orders(0, cls, **kwargs)[1] != orders(1, cls, **kwargs)[0]
+
+
 def test_resumable_train_data_hands_its_position_to_the_sampler_once():
     data = ResumableTrainData()
     assert data.state_dict() == {}  # no trainer: nothing to save
@@ -150,7 +165,8 @@ def test_the_epoch_order_dealt_out_is_distributed_samplers(drop_last):
 
     for n, world in ((10, 3), (16, 4), (7, 2), (33, 8), (5, 1)):
         for rank in range(world):
-            ours = EpochSampler(range(n), num_replicas=world, rank=rank, seed=5, drop_last=drop_last)
-            theirs = DistributedSampler(range(n), num_replicas=world, rank=rank, seed=5, drop_last=drop_last)
+            # (at seed 0, whose orders are DistributedSampler's: `epoch_generator`)
+            ours = EpochSampler(range(n), num_replicas=world, rank=rank, seed=0, drop_last=drop_last)
+            theirs = DistributedSampler(range(n), num_replicas=world, rank=rank, seed=0, drop_last=drop_last)
             ours.set_epoch(2), theirs.set_epoch(2)
             assert list(ours.indices()) == list(theirs) and len(ours) == len(list(theirs))
