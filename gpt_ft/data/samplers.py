@@ -143,7 +143,9 @@ class ResumableTrainData:
     resumed from one taken mid-epoch goes on with the very next batch (Lightning saves `state_dict`
     and hands it back to `load_state_dict` before the data loaders are built)."""
 
-    _resume: tuple[int, int, int | None, int | None] | None = None  # (epoch, batches, their size, ranks)
+    _resume: tuple[int, int, int | None, int | None, int | None] | None = None
+    """(epoch, batches, their size, ranks, the order's seed) of the checkpoint's data."""
+    seed: int | None = None  # the data module's own
 
     def state_dict(self) -> dict[str, int]:
         trainer = getattr(self, "trainer", None)
@@ -166,6 +168,7 @@ class ResumableTrainData:
             "batches": batches,
             "batch_size": self.batch_size,
             "world": trainer.world_size,
+            "seed": self.seed,
         }
 
     def load_state_dict(self, state: dict[str, int]) -> None:
@@ -175,6 +178,7 @@ class ResumableTrainData:
                 int(state["batches"]),
                 state.get("batch_size"),
                 state.get("world"),
+                state.get("seed"),
             )
 
     def _resumed(self, sampler: EpochSampler, batch_size: int) -> EpochSampler:
@@ -182,7 +186,15 @@ class ResumableTrainData:
         they had, on the number of processes it had (a run resumed with another batch size, or on
         another number of processes, goes on where that epoch's order stood)."""
         if self._resume is not None:
-            epoch, batches, size, world = self._resume
+            epoch, batches, size, world, seed = self._resume
+            if batches and seed is not None and seed != self.seed:
+                rank_zero_warn(
+                    f"The checkpoint stopped {batches} steps into epoch {epoch} of seed {seed}'s order, and "
+                    f"this run orders its data by seed {self.seed}: the rest of that epoch trains some "
+                    "examples a second time and leaves others out"
+                    f"{', from another training subset' if getattr(self, 'train_size', None) else ''}. "
+                    f"--seed_everything {seed} (or --data.seed {seed}) resumes it exactly."
+                )
             size, world = size or batch_size, world or sampler.num_replicas  # (an earlier version's: now's)
             steps = (size * world, batch_size * sampler.num_replicas)  # examples a step, then and now
             if batches and steps[0] != steps[1]:

@@ -123,6 +123,13 @@ def test_resumable_train_data_hands_its_position_to_the_sampler_once():
         match="stopped 2 steps of 4 examples into epoch 0 and this run's steps hold 3: .*another order",
     ):
         assert list(data._resumed(grouped, batch_size=3)) == list(grouped.indices())[8:]
+    # Resumed mid-epoch with another seed: that epoch's rest is another order's (it passed unsaid).
+    data.seed = 8
+    data.load_state_dict({"epoch": 0, "batches": 2, "batch_size": 3, "seed": 7})
+    said = r"^The checkpoint stopped 2 steps into epoch 0 of seed 7's order, and this run orders its data by "
+    said += r"seed 8: .* --seed_everything 7 \(or --data.seed 7\) resumes it exactly.$"
+    with pytest.warns(UserWarning, match=said):
+        data._resumed(EpochSampler(range(12), num_replicas=1, rank=0), batch_size=3)
 
 
 @pytest.mark.parametrize("grouped", [False, True])

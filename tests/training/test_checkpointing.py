@@ -447,7 +447,7 @@ def test_a_nonfinite_loss_inside_an_accumulation_window_resumes_at_the_windows_s
     state = last_state(tmp_path / "logs", 0)
     assert state["global_step"] == 2
     # batches was 1 (2 read late): skipped on resume
-    assert state["TaskDataModule"] == {"epoch": 1, "batches": 0, "batch_size": 1, "world": 1}
+    assert state["TaskDataModule"] == {"epoch": 1, "batches": 0, "batch_size": 1, "world": 1, "seed": 3}
     progress = state["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]
     assert progress["completed"] == progress["processed"] == 0
     main(["fit", *args, "--ckpt_path=last"])
