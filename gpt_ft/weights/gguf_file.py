@@ -165,9 +165,11 @@ def hf_config(path: Path, reader=None):
         config.vocab_size = int(embedding.data.shape[0])
     if (getattr(config, "pad_token_id", None) or 0) >= config.vocab_size:  # a config class's default
         config.pad_token_id = None
+    arch = _field(reader, "general.architecture")
     if config.model_type == "gpt2":  # GGUF's context_length is the position table's size
         config.n_positions = config.n_ctx
-    arch = _field(reader, "general.architecture")
+        width = _field(reader, "gpt2.feed_forward_length")  # transformers' reading leaves it at 4 x n_embd
+        config.n_inner = int(width) if width and int(width) != 4 * config.n_embd else None
     window = _field(reader, f"{arch}.attention.sliding_window")
     if window and hasattr(config, "sliding_window") and config.sliding_window is None:  # Phi-3's
         config.sliding_window = int(window)

@@ -86,8 +86,9 @@ def test_f32_file_gives_the_models_own_logits(tmp_path, family, capfd):
 def test_sizes_the_metadata_leaves_out_come_from_the_tensors(tmp_path, family):
     """No vocabulary size, no padding id, and for GPT-2 a position table other than 1024: what
     transformers' GGUF loading would take from its config class's defaults is read from the
-    tensors (the token embedding's rows, the position table's)."""
-    hf = tiny_hf("gpt2", vocab_size=VOCAB, n_positions=64) if family == "gpt2" else tiny(family)
+    tensors (the token embedding's rows, the position table's). GPT-2's MLP width is the file's
+    `feed_forward_length` (transformers' reading took 4 x n_embd, and the file was refused)."""
+    hf = tiny_hf("gpt2", vocab_size=VOCAB, n_positions=64, n_inner=48) if family == "gpt2" else tiny(family)
     gpt = GPT.from_pretrained(write_gguf(tmp_path / "m.gguf", hf, sizes=False)).eval()
     assert gpt.config.vocab_size == VOCAB
     ids = torch.randint(0, VOCAB, (2, 24))
