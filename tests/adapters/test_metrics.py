@@ -26,7 +26,14 @@ def test_metrics_on_hand_computed_cases():
     reg = Similarity(name="s", regression=True)
     values = metric_values(reg, [1.0, 2.0, 3.0, 4.0], [2.0, 4.0, 5.0, 4.0])
     assert values["pearson"] == pytest.approx(3.5 / math.sqrt(23.75), abs=1e-6)
-    assert values["spearman"] == pytest.approx(3.0 / math.sqrt(22.5), abs=1e-6)
+    assert values["spearman"] == pytest.approx(3.0 / math.sqrt(22.5), rel=1e-7)  # (float32 values)
+    # torchmetrics' Spearman adds 1e-6 to its denominator: a perfect ranking of 3 was 0.9999985.
+    for n in (2, 3, 10):
+        ranked = torch.arange(n, dtype=torch.float64)
+        assert (
+            metric_value("spearman", ranked, ranked, 1) == 1
+            and metric_value("spearman", -ranked, ranked, 1) == -1
+        )
     # Constant predictions (every score clamped to one end of the range): both undefined, as scipy's.
     constant = metric_values(reg, [5.0, 5.0, 5.0, 5.0], [2.0, 4.0, 5.0, 4.0])
     assert math.isnan(constant["pearson"]) and math.isnan(constant["spearman"])
