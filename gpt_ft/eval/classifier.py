@@ -20,6 +20,7 @@ import math
 import os
 import re
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -243,7 +244,16 @@ def label(
         {renames[k] if k in renames and renames[k] not in row else k: v for k, v in row.items()}
         for row in rows
     ]
-    encoded = clf.encode(fields, where=where)
+    try:
+        encoded = clf.encode(fields, where=where)
+    except TaskDataError as exc:  # a field no row of a table has: its header's fault, not line 2's
+        absent = [f for f in task.text_fields() if fmt != "json" and fields and f not in fields[0]]
+        if absent and f"has no field {absent[0]!r}" in str(exc):
+            raise TaskDataError(
+                f"{source} has no column {absent[0]!r}, which task {task.name!r} reads; its columns: "
+                f"{', '.join(table.column_names)}."
+            ) from None
+        raise
     labelled = clf.run_encoded(encoded, batch_size=batch_size, progress=batches_bar("label"))
     names = write_labelled(target, rows, labelled)
     moved = [got for wanted, got in names.items() if got != wanted]
@@ -268,11 +278,25 @@ def reads_as_data(task: TaskAdapter, header: list[str], renames: dict[str, str])
         return False
 
 
-def batches_bar(what: str):
-    """A progress bar over batches on stderr where it is a terminal (none in logs and pipes)."""
+def batches_bar(what: str, every: float = 30.0):
+    """Progress over batches on stderr: a bar where it is a terminal; in logs and pipes, a line
+    every `every` seconds of a longer run (how far, how long so far)."""
     from tqdm.auto import tqdm
 
-    return lambda batches: tqdm(batches, desc=what, unit="batch", disable=None, leave=False, file=sys.stderr)
+    if sys.stderr.isatty():
+        return lambda batches: tqdm(batches, desc=what, unit="batch", leave=False, file=sys.stderr)
+    return lambda batches: progress_lines(batches, what, every)
+
+
+def progress_lines(batches, what: str, every: float):
+    start = said = time.perf_counter()
+    total = len(batches)
+    for done, batch in enumerate(batches, 1):
+        yield batch
+        if (now := time.perf_counter()) - said >= every and done < total:
+            said = now
+            print(f"{what}: {done:,} of {total:,} batches ({done / total:.0%}) in {now - start:.0f} s",
+                  file=sys.stderr, flush=True)  # fmt: skip
 
 
 NEW_COLUMNS = {"label": "prediction", "scores": "scores"}  # an outcome's keys, the columns they fill

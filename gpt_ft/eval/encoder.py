@@ -153,7 +153,8 @@ def embed(
             tmp.replace(target)
         finally:
             tmp.unlink(missing_ok=True)
-    print(f"embedded {len(texts):,} texts of {source} into {target} ({encoder.dimensions} dimensions)")
+    count = f"{len(texts):,} text{'s' * (len(texts) != 1)}"
+    print(f"embedded {count} of {source} into {target} ({encoder.dimensions} dimensions)")
 
 
 def check_embeds(stored: Checkpoint) -> None:
@@ -176,15 +177,22 @@ def read_texts(path: Path, field: str) -> tuple[list[dict[str, Any]], list[str]]
         lines = data.decode("utf-8-sig").replace("\r\n", "\n").split("\n")  # a BOM is no text
         lines = lines[:-1] if lines[-1] == "" else lines
         return [{"text": line} for line in lines], lines
-    rows = json_records(path, read_table(path).to_list())  # a record's missing field stays missing
-    lines = record_lines(path, file_format(path) or "") or list(range(1, len(rows) + 1))
+    table, fmt = read_table(path), file_format(path) or ""
+    rows = json_records(path, table.to_list())  # a record's missing field stays missing
+    if fmt != "json" and field not in table.column_names:  # a table's header: no row has it
+        raise TaskDataError(
+            f"{path} has no column {field!r} to embed; its columns: {', '.join(table.column_names)} "
+            "(--field NAME reads another)."
+        )
+    lines = record_lines(path, fmt) or list(range(1, len(rows) + 1))
     texts = []
     for i, row in enumerate(rows):  # a field read as training reads it: a number is its digits
         try:
             texts.append(field_text(row[field], field, needed="a text to embed"))
         except KeyError:
             raise TaskDataError(
-                f"{path}, line {lines[i]}: the row has no field {field!r} (a text to embed)."
+                f"{path}, line {lines[i]}: the row has no field {field!r} (a text to embed; --field NAME "
+                "reads another)."
             ) from None
         except TaskDataError as exc:
             raise TaskDataError(f"{path}, line {lines[i]}: {exc}") from None

@@ -195,8 +195,8 @@ def test_label_writes_each_row_with_its_prediction(finetuned, tmp_path, capsys):
     broken.write_text("text,note\na cat .,x\n")
     with pytest.raises(SystemExit):
         main(["label", f"--ckpt_path={ckpt}", f"--input={broken}", f"--output={tmp_path / 'b.tsv'}"])
-    assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        f"gpt-ft: error: {broken}, line 2 has no field 'sentence' (task 'sent')."
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (  # the header's fault: it was "line 2"
+        f"gpt-ft: error: {broken} has no column 'sentence', which task 'sent' reads; its columns: text, note."
     )
     with pytest.raises(SystemExit) as exit_info:
         main(["label", f"--ckpt_path={ckpt}", f"--input={source}", f"--output={source}"])
@@ -234,7 +234,11 @@ def test_label_reads_a_file_laid_out_as_the_cards_headerless_ones(finetuned, tmp
             ["label", f"--ckpt_path={finetuned.ckpt}", f"--input={source}", f"--output={tmp_path / 'o.tsv'}"]
         )
     assert (
-        capsys.readouterr().err.strip().endswith(f"{source}, line 2 has no field 'sentence' (task 'sent').")
+        capsys.readouterr()
+        .err.strip()
+        .endswith(
+            f"{source} has no column 'sentence', which task 'sent' reads; its columns: id, gold, mark, text."
+        )
     )
     source.write_text("sentence\tnote\nthe cat .\tx\n")  # a header of the card's fields: read as ever
     main(
@@ -404,3 +408,17 @@ def test_a_calibrated_multi_label_classifier_decides_as_the_run_did(tokenizer_di
         ValueError, match="Task 'm' decides each label on its own sigmoid against the card's threshold"
     ):
         calibration.calibrate(ckpt_path=str(tmp_path / "m.ckpt"), output=str(tmp_path / "c.ckpt"))
+
+
+def test_progress_in_a_log_is_a_line_now_and_then(capsys, monkeypatch):
+    """Where stderr is no terminal (a log, a pipe), `label`, `embed` and `generate` said nothing
+    between their start and their last line: a long run now says how far it got, every 30 s."""
+    from gpt_ft.eval import classifier
+
+    monkeypatch.setattr(classifier.sys.stderr, "isatty", lambda: False)
+    assert list(classifier.batches_bar("label", every=0)(range(3))) == [0, 1, 2]
+    assert capsys.readouterr().err.splitlines() == [
+        "label: 1 of 3 batches (33%) in 0 s",
+        "label: 2 of 3 batches (67%) in 0 s",
+    ]
+    assert list(classifier.batches_bar("label")(range(3))) == [0, 1, 2] and capsys.readouterr().err == ""

@@ -197,11 +197,26 @@ def test_a_row_without_a_text_is_named_by_its_line(embedded, tmp_path, capsys):
         )
     assert stop.value.code == 2
     message = capsys.readouterr().err.strip().splitlines()[-1]
-    assert (
-        message
-        == f"gpt-ft: error: {tmp_path / 'in.jsonl'}, line 3: the row has no field 'text' (a text to embed)."
+    assert message == (
+        f"gpt-ft: error: {tmp_path / 'in.jsonl'}, line 3: the row has no field 'text' (a text to embed; "
+        "--field NAME reads another)."
     )
     assert not (tmp_path / "o.npy").exists()
+    # A table whose header lacks the field: the header's fault (it was "line 2"), its columns named.
+    (tmp_path / "in.tsv").write_text("sentence\tlabel\na cat\t1\n")
+    with pytest.raises(SystemExit):
+        main(
+            [
+                "embed",
+                f"--ckpt_path={ckpt}",
+                f"--input={tmp_path / 'in.tsv'}",
+                f"--output={tmp_path / 'o.npy'}",
+            ]
+        )
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"gpt-ft: error: {tmp_path / 'in.tsv'} has no column 'text' to embed; its columns: sentence, label "
+        "(--field NAME reads another)."
+    )
 
 
 def test_a_classifier_checkpoint_is_not_an_encoder_nor_an_encoder_a_classifier(
