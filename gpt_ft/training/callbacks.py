@@ -27,11 +27,12 @@ from gpt_ft.training.throughput import ParameterSummary, Throughput
 from gpt_ft.workarounds.trainer import loggers_write_this_step, logging_as, uncount_step_not_taken
 
 
-def run_callbacks(trainer_config, model, data_config: dict[str, Any] | None) -> list[Callback]:
+def run_callbacks(config, model, data_config: dict[str, Any] | None) -> list[Callback]:
     """The configuration's callbacks, and each of ours it does not replace or turn off: the best
     checkpoint by the task's main metric, throughput, a progress bar, last.ckpt, a whole-step timer
     for `--trainer.max_time`, the parameter summary, the metrics line, the run's provenance and the
     resume state."""
+    trainer_config = config.get("trainer", {})
     callbacks = list(trainer_config.get("callbacks") or [])
 
     def lacks(kind: type) -> bool:
@@ -61,7 +62,7 @@ def run_callbacks(trainer_config, model, data_config: dict[str, Any] | None) -> 
         Provenance(data_config),
         ResumeState(),
         StoppedEpochResumes(),
-        RunFolder(),
+        RunFolder(resumes=bool(config.get("ckpt_path"))),
         *after_best,
     ]
 

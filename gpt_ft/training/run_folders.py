@@ -137,13 +137,19 @@ def no_earlier_checkpoints(trainer) -> None:
 
 class RunFolder(Callback):
     """A run neither writes over what it should not (`no_run_config` before its configuration is
-    saved, `no_earlier_checkpoints` once the checkpoint it resumes is known), nor, stopped by an
+    saved, `no_earlier_checkpoints` before it too where no checkpoint is given, and once the one it
+    resumes is known), nor, stopped by an
     error before it writes anything to its logger's new folder but its configuration (config.yaml),
     leaves that folder behind: a refused resume, or a data file found missing, left an empty
     `version_N`, and each attempt one more. (Every rank checks: each stops alike.)"""
 
+    def __init__(self, resumes: bool = False) -> None:
+        self.resumes = resumes  # a checkpoint given (`last`: the one found, checked at the fit's start)
+
     def setup(self, trainer, pl_module, stage: str) -> None:
         if stage == "fit":
+            if not self.resumes:  # before config.yaml and the tokenizer beside the checkpoints are written
+                no_earlier_checkpoints(trainer)
             no_run_config(trainer)
 
     def on_fit_start(self, trainer, pl_module) -> None:

@@ -193,7 +193,7 @@ class GPTCLI(CheckpointHparamsAsDefaults, ParsersBuiltOnce, LightningCLI):
     def instantiate_trainer(self, **kwargs: Any):
         config = self.config_init[self.subcommand] if self.subcommand else self.config_init
         trainer_config = config.get("trainer", {})
-        callbacks = run_callbacks(trainer_config, self.model, getattr(self, "data_config", None))
+        callbacks = run_callbacks(config, self.model, getattr(self, "data_config", None))
         if not trainer_config.get("plugins"):
             kwargs["plugins"] = [AtomicCheckpointIO()]
         return check_rendezvous(super().instantiate_trainer(**kwargs, callbacks=callbacks))

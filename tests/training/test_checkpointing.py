@@ -1105,13 +1105,13 @@ def test_last_without_a_logger_and_best_in_fit(tmp_path, tokenizer_dir, capsys):
     # A second run into the same folder would write over the first's checkpoints (Lightning only
     # warned), and a config.yaml of the user's own where the run writes its configuration: refused.
     last = tmp_path / "root" / "checkpoints" / "last.ckpt"
-    saved = last.read_bytes()
-    assert error_of(["fit", *args], capsys) == (
+    saved = {p: p.read_bytes() for p in (tmp_path / "root").rglob("*") if p.is_file()}
+    assert error_of(["fit", *args, "--model.lr=0.005"], capsys) == (
         f"gpt-ft: error: {last.parent} holds an earlier run's checkpoints (best-0-3.ckpt, last.ckpt), "
         "which this run would write over: resume it with --ckpt_path last, or give another "
         "--trainer.default_root_dir (they are kept)."
-    )
-    assert last.read_bytes() == saved
+    )  # and its config.yaml and tokenizer/ are the checkpoints' still (both were the refused run's)
+    assert {p: p.read_bytes() for p in (tmp_path / "root").rglob("*") if p.is_file()} == saved
     (tmp_path / "mine").mkdir()
     (own := tmp_path / "mine" / "config.yaml").write_text("# my run\ntrainer: {max_steps: 1}\n")
     elsewhere = [a for a in args if not a.startswith("--trainer.default_root_dir")]
