@@ -503,3 +503,18 @@ def test_the_cpu_flash_pair_is_causal_attention_and_its_gradients():
     got = cpu_flash_backward(grad, q.detach(), k.detach(), v.detach(), out, lse, 0.3)
     for g, w in zip(got, torch.autograd.grad(want, (q, k, v), grad)):
         torch.testing.assert_close(g, w, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("subcommand", ["fit", "validate"])
+def test_the_help_says_what_gpt_ft_does_where_lightnings_says_otherwise(subcommand, capsys):
+    """Lightning's help said a run given no length trains 1000 epochs (fine-tuning trains 3), that
+    the default seed is random (it is 0), and offered `best`, `hpc` and `registry` checkpoints."""
+    from gpt_ft.cli import main
+
+    with pytest.raises(SystemExit):
+        main([subcommand, "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "random seed" not in shown and "max_epochs = 1000" not in shown and "hpc" not in shown
+    assert "true, or none given: 0." in shown and "(the newest last.ckpt of this task's runs" in shown
+    if subcommand == "fit":
+        assert "fine-tuning runs GPT-1's 3 epochs (pretraining: 1000)." in shown

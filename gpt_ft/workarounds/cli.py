@@ -42,6 +42,8 @@ class ParsersBuiltOnce:
                      self.auto_configure_optimizers, add_subcommands and self.subcommands()))  # fmt: skip
         if kind not in self._built:
             super().setup_parser(add_subcommands, main_kwargs, subparser_kwargs)
+            for name, parser in getattr(self, "_subcommand_parsers", {}).items():
+                reword_help(parser, name)
             self._built[kind] = {
                 name: getattr(self, name) for name in self.PARSER_STATE if hasattr(self, name)
             }
@@ -50,6 +52,29 @@ class ParsersBuiltOnce:
         parsers = getattr(self, "_subcommand_parsers", {})
         for name in {"validate", "test"} & parsers.keys():
             parsers[name].set_defaults(verbose=False)
+
+
+# Lightning's help where gpt-ft does otherwise (its parser copies it from the Trainer's docstring).
+UNSET = "; with none of max_epochs, max_steps and max_time, fine-tuning runs GPT-1's 3 epochs (pretraining: "
+READ = "its path, or `last` (the newest last.ckpt of this task's runs under the logger's folder)"
+HELP = {
+    "--trainer.max_epochs": f"Stop training once this number of epochs is reached (-1: never){UNSET}1000).",
+    "--trainer.max_steps": f"Stop after this number of optimizer steps (-1: no limit){UNSET}1000 epochs).",
+    "--seed_everything": "The seed of every random generator, and of the training data's order (unless "
+    "--data.seed): an int, recorded in the run's config.yaml; true, or none given: 0.",
+    "--ckpt_path": {"fit": f"Resume from a checkpoint: {READ}; none: start afresh.",
+                    **dict.fromkeys(("validate", "test", "predict"), f"The checkpoint to read: {READ}.")},
+}  # fmt: skip
+
+
+def reword_help(parser, subcommand: str) -> None:
+    """`HELP` in place of the help LightningCLI gives these options of `subcommand`'s parser, found by
+    their option strings (argparse's `_option_string_actions`: no public way reaches an action to
+    change its help). If argparse renames it, look the actions up in `parser._actions`."""
+    for option, text in HELP.items():
+        text = text.get(subcommand) if isinstance(text, dict) else text
+        if text and (action := parser._option_string_actions.get(option)) is not None:
+            action.help = text
 
 
 # The keys LightningCLI adds to a module's saved hyper-parameters: `_instantiator` (how to create the
