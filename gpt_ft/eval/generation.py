@@ -80,6 +80,10 @@ def generate(
 
     at_least_one(max_new_tokens, "--max_new_tokens")
     at_least_one(num_beams, "--num_beams")
+    if prompt is not None and output is not None and input is None:
+        raise ValueError(
+            "--output FILE goes with --input FILE (a file of prompts); a --prompt's text is printed."
+        )
     if (prompt is None) == (input is None) or (output is None) != (input is None):
         raise ValueError("Give --prompt TEXT, or --input FILE with --output FILE: the prompts of a file.")
     files = None

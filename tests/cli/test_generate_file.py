@@ -129,7 +129,9 @@ def test_bad_prompt_files_and_options_are_one_sentence(tmp_path, capsys, model_d
     assert error(capsys, *base) == give
     assert error(capsys, *base, "--prompt=hi", f"--input={source}", out) == give
     assert error(capsys, *base, f"--input={source}") == give
-    assert error(capsys, *base, "--prompt=hi", out) == give
+    assert error(capsys, *base, "--prompt=hi", out) == (  # it asked for the --prompt it was given
+        "--output FILE goes with --input FILE (a file of prompts); a --prompt's text is printed."
+    )
     assert error(capsys, *base, f"--input={source}", f"--output={existing}").startswith(
         f"--output {existing} already exists: give another name, or --overwrite true"
     )
