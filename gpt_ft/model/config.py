@@ -11,6 +11,7 @@ sliding-window layers with their own rotary base between global ones).
 from __future__ import annotations
 
 import copy
+import difflib
 import numbers
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Literal
@@ -252,9 +253,13 @@ class GPTConfig:
         """A preset by name (see `PRESETS`), with any field overridden."""
         if name not in PRESETS:
             raise ValueError(f"Unknown GPT preset {name!r}; available presets: {', '.join(PRESETS)}.")
-        unknown = set(overrides) - {f.name for f in fields(cls)}
-        if unknown:
-            raise ValueError(f"Unknown GPTConfig field(s) {sorted(unknown)} given to from_name({name!r}).")
+        known = [f.name for f in fields(cls)]
+        if unknown := sorted(set(overrides) - set(known)):  # (`--model.overrides` from the command line)
+            close = difflib.get_close_matches(unknown[0], known, n=1)
+            raise ValueError(
+                f"Unknown GPTConfig field(s) {unknown} in the overrides of preset {name!r}"
+                + (f": did you mean {close[0]!r}?" if close else f"; its fields: {', '.join(known)}.")
+            )
         return cls(**{**copy.deepcopy(PRESETS[name]), **overrides})
 
 

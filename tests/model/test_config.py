@@ -30,8 +30,14 @@ def test_bad_config_errors():
         GPTConfig.from_name("gpt3")
     with pytest.raises(ValueError, match="n_embd=100 is not divisible by n_head=3"):
         GPTConfig(n_embd=100, n_head=3)
-    with pytest.raises(ValueError, match=r"Unknown GPTConfig field\(s\) \['n_embed'\]"):
+    typo = r"^Unknown GPTConfig field\(s\) \['n_embed'\] in the overrides of preset 'gpt1': did you mean "
+    typo += r"'n_embd'\?$"
+    with pytest.raises(ValueError, match=typo):
         GPTConfig.from_name("gpt1", n_embed=10)
+    with pytest.raises(
+        ValueError, match=r"\['zzz'\] in the overrides of preset 'gpt1'; its fields: vocab_size, "
+    ):
+        GPTConfig.from_name("gpt1", zzz=10)
     with pytest.raises(ValueError, match="activation='swiglu' is not supported"):
         GPTConfig(activation="swiglu")
     # A float or a text where a count or a switch goes: named (they failed deep in the model's build,
