@@ -143,7 +143,8 @@ class Throughput(Callback):
             pl_module.log(name, value, logger=False, rank_zero_only=True)
         if trainer.is_global_zero:
             for logger in trainer.loggers:
-                logger.log_metrics(metrics, step=trainer.global_step - 1)  # the step's own loss's
+                # the step's own loss's, and its epoch, as Lightning's rows have it
+                logger.log_metrics({**metrics, "epoch": trainer.current_epoch}, step=trainer.global_step - 1)
         self._start, self._tokens, self._positions, self._flops = time.perf_counter(), 0, 0, 0.0
         self._last_step = trainer.global_step
 

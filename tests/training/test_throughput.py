@@ -86,6 +86,7 @@ def test_every_window_reaches_the_logger_whatever_log_every_n_steps(tmp_path, to
     with open(next((tmp_path / "runs").rglob("metrics.csv"))) as f:
         rows = [r for r in csv.DictReader(f) if r.get("perf/tokens_per_s")]
     assert [int(r["step"]) for r in rows] == [9, 19, 29, 39]  # at optimizer steps 10, ..., 40
+    assert all(r["epoch"] != "" for r in rows)  # (a grouping by epoch dropped them)
     with open(next((tmp_path / "runs").rglob("metrics.csv"))) as f:
         losses = [int(r["step"]) for r in csv.DictReader(f) if r.get("train/loss")]
     assert losses == [19, 39]  # the same steps' losses (every 20), on the same axis
@@ -106,7 +107,9 @@ def test_evaluation_and_checkpointing_are_not_training_time(monkeypatch):
     monkeypatch.setattr(throughput.time, "perf_counter", lambda: now[0])
     logged = []
     logger = SimpleNamespace(log_metrics=lambda metrics, step: logged.append((step, metrics)))
-    trainer = SimpleNamespace(global_step=0, world_size=1, is_global_zero=True, loggers=[logger])
+    trainer = SimpleNamespace(
+        global_step=0, world_size=1, is_global_zero=True, loggers=[logger], current_epoch=0
+    )
     gpt = GPT(GPTConfig(vocab_size=11, n_positions=8, n_embd=8, n_layer=1, n_head=2))
     module = SimpleNamespace(gpt=gpt, log=lambda *args, **kwargs: None)
     batch = collate_blocks([(0, torch.arange(9)), (1, torch.arange(9))])  # 16 tokens
