@@ -19,8 +19,6 @@ import json
 import math
 import os
 import re
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +34,7 @@ from gpt_ft.data.file_faults import file_format, json_records, record_lines
 from gpt_ft.data.files import read_table
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
 from gpt_ft.errors import about, at_least_one, check_output_file, device_named, input_file, writing
+from gpt_ft.eval.progress import batches_bar
 from gpt_ft.model.decoding import eval_mode
 from gpt_ft.training.terms import batch_terms
 from gpt_ft.weights.checkpoint import Checkpoint
@@ -276,27 +275,6 @@ def reads_as_data(task: TaskAdapter, header: list[str], renames: dict[str, str])
         return True
     except TaskDataError:  # "label", "gold": a header
         return False
-
-
-def batches_bar(what: str, every: float = 30.0):
-    """Progress over batches on stderr: a bar where it is a terminal; in logs and pipes, a line
-    every `every` seconds of a longer run (how far, how long so far)."""
-    from tqdm.auto import tqdm
-
-    if sys.stderr.isatty():
-        return lambda batches: tqdm(batches, desc=what, unit="batch", leave=False, file=sys.stderr)
-    return lambda batches: progress_lines(batches, what, every)
-
-
-def progress_lines(batches, what: str, every: float):
-    start = said = time.perf_counter()
-    total = len(batches)
-    for done, batch in enumerate(batches, 1):
-        yield batch
-        if (now := time.perf_counter()) - said >= every and done < total:
-            said = now
-            print(f"{what}: {done:,} of {total:,} batches ({done / total:.0%}) in {now - start:.0f} s",
-                  file=sys.stderr, flush=True)  # fmt: skip
 
 
 NEW_COLUMNS = {"label": "prediction", "scores": "scores"}  # an outcome's keys, the columns they fill

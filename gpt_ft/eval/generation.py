@@ -191,7 +191,8 @@ def continue_file(
     continue is refused naming its line, before any is decoded."""
     from gpt_ft.data.file_faults import file_format, json_records, record_lines
     from gpt_ft.data.files import read_table
-    from gpt_ft.eval.classifier import batches_bar, write_labelled
+    from gpt_ft.eval.classifier import write_labelled
+    from gpt_ft.eval.progress import batches_bar
 
     table = read_table(source)
     if field not in table.column_names:

@@ -271,9 +271,8 @@ class SuiteRunner:
             metrics, epoch = fit_and_evaluate(
                 build_fit, args, self.select, predict=self.predict, log=log, min_steps=min_steps
             )
-            if not self.keep_checkpoints and first_process():
-                for ckpt in folder.rglob("*.ckpt"):
-                    ckpt.unlink()
+            for ckpt in folder.rglob("*.ckpt") if not self.keep_checkpoints and first_process() else []:
+                ckpt.unlink()
             result = {
                 "task": run.task,
                 "seed": run.seed,

@@ -76,8 +76,8 @@ def test_a_classifier_of_modules_in_training_scores_without_dropout_and_leaves_t
 
 def test_a_long_file_shows_its_batches_on_a_terminal_only(finetuned, capsys):
     """`gpt-ft label` and `embed` wrap their batches in a bar (`progress`), on stderr where it is a
-    terminal: none in a log or a pipe, as here."""
-    from gpt_ft.eval.classifier import batches_bar
+    terminal; in a log or a pipe, as here, a line every 30 s (none in a run this short)."""
+    from gpt_ft.eval.progress import batches_bar
 
     clf = Classifier.from_checkpoint(finetuned.ckpt, device="cpu")
     sentences = [{"sentence": " ".join(["word"] * n) + " ."} for n in (1, 7, 3, 12, 2)]
@@ -413,12 +413,12 @@ def test_a_calibrated_multi_label_classifier_decides_as_the_run_did(tokenizer_di
 def test_progress_in_a_log_is_a_line_now_and_then(capsys, monkeypatch):
     """Where stderr is no terminal (a log, a pipe), `label`, `embed` and `generate` said nothing
     between their start and their last line: a long run now says how far it got, every 30 s."""
-    from gpt_ft.eval import classifier
+    from gpt_ft.eval import progress
 
-    monkeypatch.setattr(classifier.sys.stderr, "isatty", lambda: False)
-    assert list(classifier.batches_bar("label", every=0)(range(3))) == [0, 1, 2]
+    monkeypatch.setattr(progress.sys.stderr, "isatty", lambda: False)
+    assert list(progress.batches_bar("label", every=0)(range(3))) == [0, 1, 2]
     assert capsys.readouterr().err.splitlines() == [
         "label: 1 of 3 batches (33%) in 0 s",
         "label: 2 of 3 batches (67%) in 0 s",
     ]
-    assert list(classifier.batches_bar("label")(range(3))) == [0, 1, 2] and capsys.readouterr().err == ""
+    assert list(progress.batches_bar("label")(range(3))) == [0, 1, 2] and capsys.readouterr().err == ""
