@@ -20,6 +20,7 @@ from torch import Tensor
 
 from gpt_ft.adapters.cards import card_from_value
 from gpt_ft.adapters.sources import field_text
+from gpt_ft.adapters.truncation import cut_report
 from gpt_ft.data.file_faults import file_format, json_records, record_lines, utf8_problem
 from gpt_ft.data.files import read_table
 from gpt_ft.errors import TaskDataError, at_least_one, check_output_file, device_named, input_file, writing
@@ -56,6 +57,15 @@ class Encoder:
         (positives and negatives), or none."""
         return {"query": self.task.query_prompt, "document": self.task.document_prompt}.get(kind, "")
 
+    def tokens(self, texts: list[str], prompt: Literal["query", "document"] | None) -> list[list[int]]:
+        """Each text's tokens after the prompt's, before the room of a sequence cuts them."""
+        texts = [self.prompt(prompt) + t for t in texts]  # a text spelling a special token is text
+        return (
+            self.classifier.tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+            if texts
+            else []
+        )
+
     @torch.no_grad()  # (not inference mode: the vectors are the caller's, for any use)
     def encode(
         self,
@@ -79,13 +89,7 @@ class Encoder:
             raise ValueError(f"prompt must be 'query', 'document' or None, got {prompt!r}.")
         if convert_to not in ("numpy", "torch"):
             raise ValueError(f"convert_to must be 'numpy' or 'torch', got {convert_to!r}.")
-        clf, prefix = self.classifier, self.prompt(prompt)
-        texts = [prefix + t for t in texts]  # a text spelling a special token is text, as in training
-        ids = (
-            clf.tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-            if texts
-            else []
-        )
+        clf, ids = self.classifier, self.tokens(texts, prompt)
         encoded = []
         for i, tokens in enumerate(ids):
             sequence, extract = clf.task.frame(clf.specials, tokens[: self.task.text_room(clf.max_length)])
@@ -137,8 +141,8 @@ def embed(
     if not texts:
         raise ValueError(f"--input {source} holds no texts.")
     encoder = Encoder.from_checkpoint(stored, device=device_named(device))
-    vectors = encoder.encode(texts, batch_size=batch_size, prompt=None if prompt == "none" else prompt,
-                             progress=batches_bar("embed"))  # fmt: skip
+    prompt = None if prompt == "none" else prompt
+    vectors = encoder.encode(texts, batch_size=batch_size, prompt=prompt, progress=batches_bar("embed"))
     tmp = target.with_name(f".{target.name}.tmp")
     with writing(target):
         try:
@@ -156,6 +160,11 @@ def embed(
             tmp.unlink(missing_ok=True)
     count = f"{len(texts):,} text{'s' * (len(texts) != 1)}"
     print(f"embedded {count} of {source} into {target} ({encoder.dimensions} dimensions)")
+    room, max_length = encoder.task.text_room(encoder.classifier.max_length), encoder.classifier.max_length
+    if said := cut_report(
+        str(source), [int(len(t) > room) for t in encoder.tokens(texts, prompt)], max_length
+    ):
+        print(said)  # (as `gpt-ft label` says it: texts longer than a sequence's room lose their end)
 
 
 def check_embeds(stored: Checkpoint) -> None:

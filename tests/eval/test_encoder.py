@@ -137,6 +137,15 @@ def test_gpt_ft_embed_writes_vectors_as_npy_or_beside_the_rows(embedded, tmp_pat
     (tmp_path / "in.txt").write_bytes(b"\xef\xbb\xbf" + "\r\n".join(texts).encode() + b"\r\n")  # BOM, CRLF
     main(["embed", f"--ckpt_path={ckpt}", f"--input={tmp_path / 'in.txt'}", f"--output={tmp_path / 'v.npy'}"])
     assert "embedded 5 texts" in capsys.readouterr().out
+    # A text longer than a sequence's room is cut, and said (as `gpt-ft label` says it), not unsaid.
+    (tmp_path / "long.txt").write_text("a cat .\n" + "word " * 200 + "\n")
+    main(
+        ["embed", f"--ckpt_path={ckpt}", f"--input={tmp_path / 'long.txt'}", f"--output={tmp_path / 'l.npy'}"]
+    )
+    assert capsys.readouterr().out.splitlines()[-2:] == [
+        f"embedded 2 texts of {tmp_path / 'long.txt'} into {tmp_path / 'l.npy'} (32 dimensions)",
+        f"{tmp_path / 'long.txt'}: 1 of 2 examples (50.0%) are longer than max_length 64 and are cut.",
+    ]
     expected = Encoder.from_checkpoint(ckpt, device="cpu").encode(texts)
     np.testing.assert_allclose(np.load(tmp_path / "v.npy"), expected, atol=1e-6)
     rows = [{"id": i, "body": t} for i, t in enumerate(texts)]
