@@ -62,7 +62,7 @@ def run_callbacks(config, model, data_config: dict[str, Any] | None) -> list[Cal
         Provenance(data_config),
         ResumeState(),
         StoppedEpochResumes(),
-        RunFolder(resumes=bool(config.get("ckpt_path"))),
+        RunFolder(resumes=config.get("ckpt_path")),
         *after_best,
     ]
 

@@ -119,42 +119,48 @@ def no_run_config(trainer) -> None:
             )
 
 
-def no_earlier_checkpoints(trainer) -> None:
+def no_earlier_checkpoints(trainer, resumed: str | None) -> None:
     """A fixed checkpoint folder (`--trainer.logger false`: ROOT/checkpoints, or a checkpoint
     callback's `dirpath`) holding an earlier run's checkpoints, refused to a run that does not resume
-    them: it would write over them (Lightning only warns)."""
-    folders = [Path(c.dirpath) for c in trainer.checkpoint_callbacks if getattr(c, "dirpath", None)]
+    one of them (`resumed`: the checkpoint given; `last`: the folder's own): it would write over them
+    (Lightning only warns), a run resumed from elsewhere too."""
+    folders = [(Path(c.dirpath), "give the checkpoint callback another dirpath")
+               for c in trainer.checkpoint_callbacks if getattr(c, "dirpath", None)]  # fmt: skip
     if trainer.logger is None:
-        folders.append(Path(trainer.default_root_dir) / "checkpoints")
-    for folder in [] if trainer.ckpt_path is not None else folders:
+        folders.append(
+            (Path(trainer.default_root_dir) / "checkpoints", "give another --trainer.default_root_dir")
+        )
+    if resumed == "last":
+        return
+    for folder, remedy in folders:
+        if resumed is not None and Path(resumed).resolve().parent == folder.resolve():
+            continue  # one of its own, resumed
         if held := sorted(p.name for p in folder.glob("*.ckpt")):
             raise ValueError(
                 f"{folder} holds an earlier run's checkpoints ({', '.join(held[:3])}), which this run "
-                "would write over: resume it with --ckpt_path last, or give another "
-                "--trainer.default_root_dir (they are kept)."
+                f"would write over: resume one of them (--ckpt_path last), or {remedy} (they are kept)."
             )
 
 
 class RunFolder(Callback):
     """A run neither writes over what it should not (`no_run_config` before its configuration is
-    saved, `no_earlier_checkpoints` before it too where no checkpoint is given, and once the one it
-    resumes is known), nor, stopped by an
+    saved, `no_earlier_checkpoints` before it too, and again once the checkpoint it resumes is
+    known), nor, stopped by an
     error before it writes anything to its logger's new folder but its configuration (config.yaml),
     leaves that folder behind: a refused resume, or a data file found missing, left an empty
     `version_N`, and each attempt one more. (Every rank checks: each stops alike.)"""
 
-    def __init__(self, resumes: bool = False) -> None:
-        self.resumes = resumes  # a checkpoint given (`last`: the one found, checked at the fit's start)
+    def __init__(self, resumes: str | None = None) -> None:
+        self.resumes = resumes  # the checkpoint given (`last`: the one found, checked at the fit's start)
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         if stage == "fit":
-            if not self.resumes:  # before config.yaml and the tokenizer beside the checkpoints are written
-                no_earlier_checkpoints(trainer)
+            no_earlier_checkpoints(trainer, self.resumes)  # before config.yaml and tokenizer/ are written
             no_run_config(trainer)
 
     def on_fit_start(self, trainer, pl_module) -> None:
         if not trainer.strategy.restore_checkpoint_after_setup:  # (FSDP's resumes after this: unchecked)
-            no_earlier_checkpoints(trainer)
+            no_earlier_checkpoints(trainer, trainer.ckpt_path)
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         logger = trainer.logger

@@ -1108,10 +1108,30 @@ def test_last_without_a_logger_and_best_in_fit(tmp_path, tokenizer_dir, capsys):
     saved = {p: p.read_bytes() for p in (tmp_path / "root").rglob("*") if p.is_file()}
     assert error_of(["fit", *args, "--model.lr=0.005"], capsys) == (
         f"gpt-ft: error: {last.parent} holds an earlier run's checkpoints (best-0-3.ckpt, last.ckpt), "
-        "which this run would write over: resume it with --ckpt_path last, or give another "
+        "which this run would write over: resume one of them (--ckpt_path last), or give another "
         "--trainer.default_root_dir (they are kept)."
     )  # and its config.yaml and tokenizer/ are the checkpoints' still (both were the refused run's)
     assert {p: p.read_bytes() for p in (tmp_path / "root").rglob("*") if p.is_file()} == saved
+    # So is a run that resumes a checkpoint from elsewhere into this folder (it wrote over them, rc 0).
+    other = [
+        *(a for a in args if not a.startswith("--trainer.default_root_dir")),
+        f"--trainer.default_root_dir={tmp_path / 'other'}",
+    ]
+    main(["fit", *other])
+    into = error_of(["fit", *args, f"--ckpt_path={tmp_path / 'other' / 'checkpoints' / 'last.ckpt'}"], capsys)
+    assert into.startswith(f"gpt-ft: error: {last.parent} holds an earlier run's checkpoints")
+    assert {p: p.read_bytes() for p in (tmp_path / "root").rglob("*") if p.is_file()} == saved
+    from types import SimpleNamespace
+
+    from gpt_ft.training.run_folders import no_earlier_checkpoints
+
+    callback = SimpleNamespace(dirpath=last.parent)  # a checkpoint callback's own folder: its own remedy
+    trainer = SimpleNamespace(checkpoint_callbacks=[callback], logger=object(), default_root_dir=tmp_path)
+    with pytest.raises(
+        ValueError, match=r"--ckpt_path last\), or give the checkpoint callback another dirpath"
+    ):
+        no_earlier_checkpoints(trainer, None)
+    no_earlier_checkpoints(trainer, str(last))  # one of its own, resumed
     (tmp_path / "mine").mkdir()
     (own := tmp_path / "mine" / "config.yaml").write_text("# my run\ntrainer: {max_steps: 1}\n")
     elsewhere = [a for a in args if not a.startswith("--trainer.default_root_dir")]
