@@ -379,7 +379,7 @@ class GPTModule(Evaluation, LightningModule):
             if self.trainer.is_global_zero:
                 names = getattr(self.trainer.datamodule, "id_names", {}).get(split)  # text ids
                 written = write_predictions(
-                    self.task, split, index, predictions, Path(self.predictions_dir), names
+                    self.task, split, index, predictions, Path(self.predictions_dir).expanduser(), names
                 )
                 print(f"predictions of split {split!r}: {written}", flush=True)
         self._predictions = {}

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from contextlib import nullcontext, redirect_stdout
 from pathlib import Path
@@ -101,7 +102,11 @@ def follows_root_dir(logger, trainer) -> bool:
 
 
 def logs_follow_root_dir(trainer) -> None:
-    """`--trainer.default_root_dir D` moves the default logger (and so the checkpoints) under D."""
+    """`--trainer.default_root_dir D` moves the default logger (and so the checkpoints) under D; a
+    `~` in D is the home folder, as the shell reads one unquoted (the logger would expand it and
+    Lightning's checkpoints not: a run split between the two, and `last` unreadable)."""
+    if isinstance(trainer.get("default_root_dir"), str):
+        trainer.default_root_dir = os.path.expanduser(trainer.default_root_dir)
     logger = trainer.get("logger")
     if follows_root_dir(logger, trainer):
         logger.init_args.save_dir = trainer.default_root_dir

@@ -1258,3 +1258,25 @@ def test_a_checkpoint_copied_without_its_tokenizer_folder_says_so(tmp_path, fine
         ]
     )
     assert "validate: validation/accuracy" in capsys.readouterr().out
+
+
+def test_a_root_folder_and_predictions_under_the_home_folder(tmp_path, tokenizer_dir, monkeypatch):
+    """`~` in --trainer.default_root_dir and --model.predictions_dir is the home folder, as the shell
+    reads it unquoted: the logger expanded it and the checkpoints went to a folder named `~`, where
+    `--ckpt_path last` found a checkpoint it then could not read; predictions went there too."""
+    card = make_task("single", tmp_path)
+    (home := tmp_path / "home").mkdir()
+    (cwd := tmp_path / "cwd").mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(cwd)
+    args = [
+        a
+        for a in finetune_args(card, tokenizer_dir, tmp_path, tmp_path)
+        if not a.startswith("--trainer.logger")
+    ]
+    args += ["--trainer.default_root_dir=~/runs", "--trainer.max_steps=2"]
+    main(["fit", *args])
+    main(["fit", *args[:-1], "--trainer.max_steps=3", "--ckpt_path=last"])
+    assert last_state(home / "runs", 1)["global_step"] == 3 and not (cwd / "~").exists()
+    main(["predict", f"--ckpt_path={last_path(home / 'runs', 1)}", "--model.predictions_dir=~/subm"])
+    assert list((home / "subm").iterdir()) and not (cwd / "~").exists()
