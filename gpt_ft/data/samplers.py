@@ -187,6 +187,16 @@ class ResumableTrainData:
         another number of processes, goes on where that epoch's order stood)."""
         if self._resume is not None:
             epoch, batches, size, world, seed = self._resume
+            if seed is None and (self.seed or 0) % 2**32:  # a checkpoint from before `epoch_generator`
+                twice = "(some examples twice, others not at all)"
+                rest = (
+                    f"the rest of epoch {epoch} follows this version's order {twice}, and " if batches else ""
+                )
+                rank_zero_warn(
+                    f"The checkpoint is from before each seed drew epoch orders of its own (it records no "
+                    f"seed): with seed {self.seed}, {rest}the later epochs follow this version's orders, not "
+                    "those its run would have taken (seed 0's are unchanged)."
+                )
             if batches and seed is not None and seed != self.seed:
                 rank_zero_warn(
                     f"The checkpoint stopped {batches} steps into epoch {epoch} of seed {seed}'s order, and "

@@ -138,9 +138,9 @@ class StoppedEpochResumes(Callback):
             counts["processed"] = counts["completed"] = counts["started"] - 1
         data = trainer.datamodule
         if isinstance(data, ResumableTrainData):
-            data.load_state_dict(
-                {"epoch": epochs["current"]["processed"], "batches": batches["current"]["processed"]}
-            )
+            saved = checkpoint.get(type(data).__name__) or {}  # (its seed: one from before records none)
+            at = {"epoch": epochs["current"]["processed"], "batches": batches["current"]["processed"]}
+            data.load_state_dict({**at, "seed": saved.get("seed")})
 
 
 class PrintMetrics(Callback):

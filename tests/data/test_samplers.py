@@ -123,6 +123,13 @@ def test_resumable_train_data_hands_its_position_to_the_sampler_once():
         match="stopped 2 steps of 4 examples into epoch 0 and this run's steps hold 3: .*another order",
     ):
         assert list(data._resumed(grouped, batch_size=3)) == list(grouped.indices())[8:]
+    # A checkpoint from before each seed drew its own orders (it records no seed): said, where the seed
+    # is not 0 (whose orders are unchanged); it resumed in the new order unsaid.
+    data.seed = 3
+    data.load_state_dict({"epoch": 0, "batches": 2, "batch_size": 3})
+    old = r"^The checkpoint is from before each seed drew epoch orders of its own \(it records no seed\): "
+    with pytest.warns(UserWarning, match=old + "with seed 3, the rest of epoch 0 follows"):
+        data._resumed(EpochSampler(range(12), num_replicas=1, rank=0), batch_size=3)
     # Resumed mid-epoch with another seed: that epoch's rest is another order's (it passed unsaid).
     data.seed = 8
     data.load_state_dict({"epoch": 0, "batches": 2, "batch_size": 3, "seed": 7})
