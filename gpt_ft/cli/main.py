@@ -129,7 +129,9 @@ def in_config_file(message: str, args: list[str]) -> str:
         option, equals, value = arg.partition("=")
         value = value if equals else following
         if option in ("-c", "--config") and (found := option_in(value, key.split("."))):
-            if unknown or (quotes and quoted in (repr(found[0]), str(found[0]))):
+            if unknown or (
+                quotes and quoted in (repr(found[0]), str(found[0]), f"'{found[0]}'")
+            ):  # (a list: '[1]')
                 return f"{value}: {message.removeprefix('--')}"
             if unread and found[0] == quoted and not Path(quoted).is_absolute():
                 relative = f"it is relative to the config's folder, {Path(value).parent}"

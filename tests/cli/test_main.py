@@ -217,6 +217,12 @@ def test_a_bad_option_in_a_config_file_names_the_file(run):
     assert run("--config", str(good), "--trainer={max_epochz: 1}") == (
         "gpt-ft: error: Subcommand 'fit' does not accept option 'trainer.max_epochz'."
     )
+    # A list where a card field takes a bool: jsonargparse quotes it ('[1]'), and the file was not named.
+    listed = run.root / "listed.yaml"
+    listed.write_text("data:\n  task:\n    init_args:\n      strip_texts: [1]\n")
+    assert run("--config", str(listed)) == (
+        f"gpt-ft: error: {listed}: data.task.strip_texts: expected bool, got '[1]'."
+    )
     # A card path in a config is relative to the config's folder, which the message says.
     relative = run.root / "configs" / "relative.yaml"
     relative.parent.mkdir()
