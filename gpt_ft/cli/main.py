@@ -114,13 +114,19 @@ def in_config_file(message: str, args: list[str]) -> str:
     option alone, as if typed: "--trainer.max_epochs: ..."): the first source of the option, in the
     order given, that gives the value the message quotes, or an option not accepted at all. A file
     path a config gives that cannot be read is said to be relative to the config's folder."""
-    unknown = re.search(
-        r"^--([\w.]+): Option '(\w+)' is not accepted|does not accept option '([\w.]+)'", message
+    unknown = re.search(  # (--print_config's: "Group 'model' does not accept option 'lrr'")
+        r"^--([\w.]+): Option '(\w+)' is not accepted|^Group '(\w+)' does not accept option '(\w+)'|"
+        r"does not accept option '([\w.]+)'",
+        message,
     )
     quotes = re.match(r"--([\w.]+): .*, got (.*)\.$", message)
     unread = re.match(r"--([\w.]+): (.+) is not a file that can be read\.$", message)
     if unknown:
-        key = f"{unknown[1]}.{unknown[2]}" if unknown[1] else unknown[3]
+        key = (
+            f"{unknown[1] or unknown[3]}.{unknown[2] or unknown[4]}"
+            if unknown[1] or unknown[3]
+            else unknown[5]
+        )
     elif quotes or unread:
         key, quoted = (quotes or unread)[1], (quotes or unread)[2]
     else:

@@ -217,6 +217,12 @@ def test_a_bad_option_in_a_config_file_names_the_file(run):
     assert run("--config", str(good), "--trainer={max_epochz: 1}") == (
         "gpt-ft: error: Subcommand 'fit' does not accept option 'trainer.max_epochz'."
     )
+    # --print_config's own wording of an unknown key ("Group 'model' does not accept ...") named no file.
+    lrr = run.root / "lrr.yaml"
+    lrr.write_text("model:\n  lrr: 0.1\n")
+    assert run("--config", str(lrr), "--print_config") == (
+        f"gpt-ft: error: {lrr}: Group 'model' does not accept option 'lrr'."
+    )
     # A list where a card field takes a bool: jsonargparse quotes it ('[1]'), and the file was not named.
     listed = run.root / "listed.yaml"
     listed.write_text("data:\n  task:\n    init_args:\n      strip_texts: [1]\n")
