@@ -212,17 +212,16 @@ def test_a_row_without_a_text_is_named_by_its_line(embedded, tmp_path, capsys):
     )
     assert not (tmp_path / "o.npy").exists()
     # A table whose header lacks the field: the header's fault (it was "line 2"), its columns named.
+    from tests.cli.test_bad_files import error_of
+
     (tmp_path / "in.tsv").write_text("sentence\tlabel\na cat\t1\n")
-    with pytest.raises(SystemExit):
-        main(
-            [
-                "embed",
-                f"--ckpt_path={ckpt}",
-                f"--input={tmp_path / 'in.tsv'}",
-                f"--output={tmp_path / 'o.npy'}",
-            ]
-        )
-    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+    embed = [
+        "embed",
+        f"--ckpt_path={ckpt}",
+        f"--input={tmp_path / 'in.tsv'}",
+        f"--output={tmp_path / 'o.npy'}",
+    ]
+    assert error_of(embed, capsys) == (
         f"gpt-ft: error: {tmp_path / 'in.tsv'} has no column 'text' to embed; its columns: sentence, label "
         "(--field NAME reads another)."
     )
