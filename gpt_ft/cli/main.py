@@ -16,11 +16,13 @@ import re
 import signal
 import sys
 from collections.abc import Callable
+from contextlib import nullcontext
 from importlib.metadata import version
 from pathlib import Path
 from typing import NamedTuple
 
 from gpt_ft.cli.commands import lazy, lightning
+from gpt_ft.data.folders import Terminated, sigterm_stops
 from gpt_ft.errors import FileProblem, TaskDataError, causes, os_error_message, parse_error_message
 from gpt_ft.workarounds.cli import file_not_decoded
 from gpt_ft.workarounds.kernels import torchao_import_loggers
@@ -51,7 +53,7 @@ COMMANDS = {
     ),
     "label": Command(
         "write a file's examples again with a fine-tuned model's predictions beside them",
-        lazy("gpt_ft.eval.classifier:label"),
+        lazy("gpt_ft.eval.labelling:label"),
     ),
     "embed": Command(
         "write a file's texts as vectors with a fine-tuned embedding model", lazy("gpt_ft.eval.encoder:embed")
@@ -256,10 +258,10 @@ def main(argv: list[str] | None = None) -> None:
     show_notes()
     if name not in COMMANDS:
         fail(f"unknown command {name!r}; choose from {', '.join(COMMANDS)}.")
-    command = COMMANDS[name]
     keep_freed_memory()
     try:
-        command.run(name, args)
+        with nullcontext() if name in ("fit", "validate", "test", "predict", "suite") else sigterm_stops():
+            COMMANDS[name].run(name, args)  # (Lightning's runs stop at a step's end and say where: their own)
         release_process_group()
     except USER_ERRORS as exc:
         if debug:
@@ -300,10 +302,10 @@ def main(argv: list[str] | None = None) -> None:
         if debug or not raised_by_lightning(exc, "fabric", "MisconfigurationException"):  # a bad value
             raise
         fail(user_message(exc).rstrip(".!") + ".")
-    except KeyboardInterrupt:  # Ctrl-C in a command that is no Lightning run (`prepare`, `label`, ...)
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM in a command that is no Lightning run (`label`, ...)
         if debug:
             raise
-        stopped_by(signal.SIGINT)
+        stopped_by(signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
     except SystemExit as exc:
         if raised_by_lightning(exc, "pytorch", "SIGTERMException"):  # at the step after the signal
             # SaveLast sets the code to 128 + the signal's number: SIGTERM, or SIGINT for Ctrl-C.

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import sys
 import tempfile
 import threading
 import warnings
@@ -37,8 +36,8 @@ def missing_folders(folder: Path) -> list[Path]:
 @contextmanager
 def one_writer(folder: Path, command: str) -> Iterator[None]:
     """Holds `folder` for this process: another process asking for it meanwhile is refused in one
-    sentence (the lock goes with the process, however it ends). Inside, SIGTERM (`kill`, a job
-    scheduler's stop) exits as Ctrl-C does, through the writer's own clean-up."""
+    sentence (the lock goes with the process, however it ends). Inside, SIGTERM stops it as Ctrl-C
+    does, through the writer's own clean-up (`sigterm_stops`)."""
     try:
         import fcntl
     except ImportError:  # Windows: no advisory locks; one writer is the user's to keep
@@ -58,7 +57,7 @@ def one_writer(folder: Path, command: str) -> Iterator[None]:
             lock = None
             warnings.warn(f"{folder} cannot be locked ({exc.strerror or exc}): keep other writers away.")
     try:
-        with _sigterm_as_exit():
+        with sigterm_stops():
             yield
     finally:
         if lock is not None:
@@ -66,12 +65,23 @@ def one_writer(folder: Path, command: str) -> Iterator[None]:
             lock.close()
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where it arrives as Ctrl-C's KeyboardInterrupt is (`sigterm_stops`)."""
+
+
 @contextmanager
-def _sigterm_as_exit() -> Iterator[None]:
+def sigterm_stops() -> Iterator[None]:
+    """Inside, SIGTERM (`kill`, a job scheduler's stop) raises `Terminated` as Ctrl-C raises
+    KeyboardInterrupt, so every writer's clean-up runs (its temporary files go), where SIGTERM's
+    default would end the process on the spot."""
     if threading.current_thread() is not threading.main_thread():
         yield  # signal handlers belong to the main thread
         return
-    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+
+    def stop(*_) -> None:
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, stop)
     try:
         yield
     finally:  # None: a handler set outside Python, which Python cannot put back; the default then

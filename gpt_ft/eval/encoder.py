@@ -24,7 +24,8 @@ from gpt_ft.adapters.truncation import cut_report
 from gpt_ft.data.file_faults import file_format, json_records, record_lines, utf8_problem
 from gpt_ft.data.files import read_table
 from gpt_ft.errors import TaskDataError, at_least_one, check_output_file, device_named, input_file, writing
-from gpt_ft.eval.classifier import Classifier, jsonable
+from gpt_ft.eval.classifier import Classifier
+from gpt_ft.eval.labelling import CHUNK, jsonable
 from gpt_ft.eval.progress import batches_bar
 from gpt_ft.weights.checkpoint import Checkpoint
 
@@ -89,17 +90,24 @@ class Encoder:
             raise ValueError(f"prompt must be 'query', 'document' or None, got {prompt!r}.")
         if convert_to not in ("numpy", "torch"):
             raise ValueError(f"convert_to must be 'numpy' or 'torch', got {convert_to!r}.")
-        clf, ids = self.classifier, self.tokens(texts, prompt)
-        encoded = []
-        for i, tokens in enumerate(ids):
-            sequence, extract = clf.task.frame(clf.specials, tokens[: self.task.text_room(clf.max_length)])
-            encoded.append({"input_ids": [sequence], "extract_index": [extract], "label": None, "index": i})
-        order = sorted(range(len(encoded)), key=lambda i: -len(encoded[i]["input_ids"][0]))
-        vectors = torch.zeros(len(encoded), self.dimensions)
-        for start in progress(range(0, len(order), batch_size)):
-            chunk = [encoded[i] for i in order[start : start + batch_size]]
-            out = clf.outputs(clf.batch(chunk))[:, 0].float().cpu()
-            vectors[[e["index"] for e in chunk]] = out
+        clf, room = self.classifier, self.task.text_room(self.classifier.max_length)
+        vectors = torch.zeros(len(texts), self.dimensions)
+        ticks = iter(progress(range(-(-len(texts) // batch_size))))
+        size = batch_size * -(-CHUNK // batch_size)  # a chunk's texts encoded at a time: whole batches
+        for first in range(0, len(texts), size):
+            encoded = []
+            for i, tokens in enumerate(self.tokens(texts[first : first + size], prompt), first):
+                sequence, extract = clf.task.frame(clf.specials, tokens[:room])
+                encoded.append(
+                    {"input_ids": [sequence], "extract_index": [extract], "label": None, "index": i}
+                )
+            encoded.sort(key=lambda e: -len(e["input_ids"][0]))  # the longest together: the least padding
+            for start in range(0, len(encoded), batch_size):
+                next(ticks)
+                chunk = encoded[start : start + batch_size]
+                out = clf.outputs(clf.batch(chunk))[:, 0].float().cpu()
+                vectors[[e["index"] for e in chunk]] = out
+        next(ticks, None)  # the bar's end
         return vectors.numpy() if convert_to == "numpy" else vectors
 
 
@@ -161,9 +169,12 @@ def embed(
     count = f"{len(texts):,} text{'s' * (len(texts) != 1)}"
     print(f"embedded {count} of {source} into {target} ({encoder.dimensions} dimensions)")
     room, max_length = encoder.task.text_room(encoder.classifier.max_length), encoder.classifier.max_length
-    if said := cut_report(
-        str(source), [int(len(t) > room) for t in encoder.tokens(texts, prompt)], max_length
-    ):
+    cuts = [
+        int(len(t) > room)
+        for first in range(0, len(texts), CHUNK)
+        for t in encoder.tokens(texts[first : first + CHUNK], prompt)
+    ]
+    if said := cut_report(str(source), cuts, max_length):
         print(said)  # (as `gpt-ft label` says it: texts longer than a sequence's room lose their end)
 
 

@@ -169,7 +169,7 @@ def prompt_files(input: str, output: str, overwrite: bool) -> tuple[Path, Path]:
     """--input and --output, checked before any work: a file of a known format to read, a new file
     of a known format to write."""
     from gpt_ft.data.file_faults import file_format
-    from gpt_ft.eval.classifier import WHOLE_ROWS
+    from gpt_ft.eval.labelling import WHOLE_ROWS
 
     source, target = input_file(input, "--input"), Path(output).expanduser()
     if target.suffix.lower() not in (".csv", ".tsv", *WHOLE_ROWS):
@@ -191,7 +191,7 @@ def continue_file(
     continue is refused naming its line, before any is decoded."""
     from gpt_ft.data.file_faults import file_format, json_records, record_lines
     from gpt_ft.data.files import read_table
-    from gpt_ft.eval.classifier import write_labelled
+    from gpt_ft.eval.labelling import write_labelled
     from gpt_ft.eval.progress import batches_bar
 
     table = read_table(source)

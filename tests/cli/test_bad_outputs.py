@@ -227,21 +227,48 @@ def test_a_full_disk_while_writing_predictions(tmp_path, finetuned, capsys, monk
 
 
 def test_a_full_disk_while_writing_labels(tmp_path, labelling, capsys, monkeypatch):
-    from gpt_ft.eval import classifier
+    from gpt_ft.eval.labelling import LabelledFile
 
     out = tmp_path / "out.jsonl"
     out.write_text('{"earlier": 1}\n')
     before = files(tmp_path)
 
-    def half_then_full(tmp, *args):
-        tmp.write_text('{"sentence": "the cat')
+    def half_then_full(self, *args):
+        self.file.write('{"sentence": "the cat')
         raise ENOSPC
 
-    monkeypatch.setattr(classifier, "_write_rows", half_then_full)
+    monkeypatch.setattr(LabelledFile, "_write", half_then_full)
     assert error(capsys, *labelling(f"--output={out}", "--overwrite=true")) == (
         f"{out}: could not be written (No space left on device); the previous file is kept."
     )
     assert files(tmp_path) == before
+
+
+def test_sigterm_while_labelling_is_one_line_and_keeps_the_earlier_file(
+    tmp_path, labelling, capsys, monkeypatch
+):
+    """SIGTERM (`kill`, a scheduler's stop) in a command that is no Lightning run stops it as Ctrl-C
+    does: its temporary file goes, the earlier file stays, one line and the shell's 143; the handler
+    before it comes back."""
+    import os
+    import signal
+
+    from gpt_ft.eval.labelling import LabelledFile
+
+    out = tmp_path / "out.jsonl"
+    out.write_text('{"earlier": 1}\n')
+    before, handler = files(tmp_path), signal.getsignal(signal.SIGTERM)
+
+    def killed_halfway(self, *args):
+        self.file.write('{"sentence": "the cat')
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(LabelledFile, "_write", killed_halfway)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        main(labelling(f"--output={out}", "--overwrite=true"))
+    assert stopped.value.code == 143 and capsys.readouterr().err.endswith("gpt-ft: stopped by SIGTERM\n")
+    assert files(tmp_path) == before and signal.getsignal(signal.SIGTERM) == handler
 
 
 def test_a_full_disk_while_writing_a_suite_report(tmp_path, monkeypatch):

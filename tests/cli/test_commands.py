@@ -559,9 +559,9 @@ def test_every_parameter_of_a_command_is_documented():
     from gpt_ft.data.prepare import prepare
     from gpt_ft.data.tokenizer import train_tokenizer
     from gpt_ft.eval.calibration import calibrate
-    from gpt_ft.eval.classifier import label
     from gpt_ft.eval.export import export_checkpoint
     from gpt_ft.eval.generation import generate
+    from gpt_ft.eval.labelling import label
     from gpt_ft.eval.suite import SuiteRunner
 
     functions = [generate, prepare, train_tokenizer, label, calibrate, export_checkpoint]

@@ -4,6 +4,7 @@ import shutil
 import numpy as np
 import pytest
 
+from gpt_ft.data.folders import Terminated
 from gpt_ft.data.pieces import cut_point, is_validation, pieces
 from gpt_ft.data.prepare import prepare, read_meta, token_dtype
 from gpt_ft.data.tokenizer import EOS_TOKEN, load_tokenizer
@@ -319,7 +320,7 @@ def test_an_interrupted_prepare_leaves_nothing_behind_and_runs_again(
             yield document
 
     monkeypatch.setattr(preparing, "file_documents", interrupted)
-    with pytest.raises(SystemExit if stop == "sigterm" else KeyboardInterrupt):
+    with pytest.raises(Terminated if stop == "sigterm" else KeyboardInterrupt):
         prepare(
             inputs=[str(corpus)], out_dir=str(out), tokenizer=tokenizer_dir, piece_chars=200, progress=False
         )
@@ -465,7 +466,7 @@ def test_a_file_system_without_locks_is_written_unguarded_with_a_warning(tmp_pat
         return None
 
     monkeypatch.setattr(signal, "signal", says_none)
-    with folders._sigterm_as_exit():
+    with folders.sigterm_stops():
         pass  # `signal.signal` said None (a handler set outside Python): the default goes back
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 

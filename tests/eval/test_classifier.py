@@ -252,7 +252,7 @@ def test_a_headerless_multi_label_files_first_line_is_a_row():
     """GoEmotions' TSVs have no header and join label ids with commas: a first row of two labels
     ("15,17") was taken for the header, and line 2 named as missing the text field."""
     from gpt_ft.adapters.cards import load_card
-    from gpt_ft.eval.classifier import reads_as_data
+    from gpt_ft.eval.labelling import reads_as_data
     from tests.helpers import TASKS
 
     task = load_card(str(TASKS / "go_emotions.yaml"))
@@ -268,7 +268,7 @@ def test_label_writes_a_reward_models_probability_beside_its_own(tmp_path):
     prediction alone."""
     import json
 
-    from gpt_ft.eval.classifier import write_labelled
+    from gpt_ft.eval.labelling import write_labelled
 
     rows = [{"chosen": "a", "rejected": "b", "probability": "theirs"}]
     outcome = {"label": "chosen", "scores": {"chosen": 1.0, "rejected": -1.0}, "probability": 0.88}
@@ -422,3 +422,67 @@ def test_progress_in_a_log_is_a_line_now_and_then(capsys, monkeypatch):
         "label: 2 of 3 batches (67%) in 0 s",
     ]
     assert list(progress.batches_bar("label")(range(3))) == [0, 1, 2] and capsys.readouterr().err == ""
+
+
+def test_a_long_file_is_labelled_a_chunk_at_a_time(finetuned, tmp_path, monkeypatch, capsys):
+    """`gpt-ft label` holds a chunk's examples at a time (whole batches), writes every row in order
+    in each format, and names a bad row of the last chunk before the model runs any."""
+    import json
+
+    from gpt_ft.eval import labelling
+
+    monkeypatch.setattr(labelling, "CHUNK", 3)  # batches of 2: chunks of 4 rows
+    runs = []
+    run_encoded = Classifier.run_encoded
+    monkeypatch.setattr(
+        Classifier,
+        "run_encoded",
+        lambda self, encoded, **kw: runs.append(len(encoded)) or run_encoded(self, encoded, **kw),
+    )
+    sentences = [f"{GOOD[i % len(GOOD)]} {'.' * i}" for i in range(10)]
+    rows = [{"sentence": s, "n": i} for i, s in enumerate(sentences)]
+    expected = Classifier.from_checkpoint(finetuned.ckpt, device="cpu").predict(rows)
+    source = tmp_path / "in.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for output in ("out.jsonl", "out.json", "out.tsv", "out.csv", "out.parquet"):
+        runs.clear()
+        main(["label", f"--ckpt_path={finetuned.ckpt}", f"--input={source}", f"--output={tmp_path / output}",
+              "--batch_size=2"])  # fmt: skip
+        assert runs == [4, 4, 2]
+        written = read_table(tmp_path / output).to_list()
+        assert [(r["sentence"], str(r["n"]), r["prediction"]) for r in written] == [
+            (r["sentence"], str(r["n"]), e["label"]) for r, e in zip(rows, expected)
+        ]
+        if output != "out.tsv" and output != "out.csv":
+            scores = [list(r["scores"].values()) for r in written]
+            assert scores == [pytest.approx(list(e["scores"].values()), abs=1e-6) for e in expected]
+    assert (tmp_path / "out.json").read_text() == json.dumps(
+        json.loads((tmp_path / "out.json").read_text()), ensure_ascii=False, indent=1
+    ) + "\n"  # one array, laid out as json.dumps lays out the whole
+    before = (tmp_path / "out.jsonl").read_bytes()
+    source.write_text(source.read_text() + '{"text": "no sentence"}\n')
+    runs.clear()
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["label", f"--ckpt_path={finetuned.ckpt}", f"--input={source}",
+              f"--output={tmp_path / 'out.jsonl'}", "--overwrite=true", "--batch_size=2"])  # fmt: skip
+    assert f"{source}, line 11 has no field 'sentence'" in capsys.readouterr().err
+    assert runs == [] and (tmp_path / "out.jsonl").read_bytes() == before
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_labelled_json_is_written_as_one_array_a_record_at_a_time(tmp_path):
+    import json
+
+    from gpt_ft.eval.labelling import labelled_file
+
+    rows = [{"a": "x\ny", "b": [1, {"c": {}}]}, {"a": "é", "b": []}, {"a": None, "b": {"d": [2]}}]
+    outcomes = [({"label": "p", "scores": {"p": 0.5, "q": 0.5}}, "p")] * 3
+    with labelled_file(tmp_path / "o.json", ["a", "b"]) as out:
+        out.write(rows[:2], outcomes[:2])
+        out.write(rows[2:], outcomes[2:])
+    records = [{**r, "prediction": "p", "scores": {"p": 0.5, "q": 0.5}} for r in rows]
+    assert (tmp_path / "o.json").read_text() == json.dumps(records, ensure_ascii=False, indent=1) + "\n"
+    with labelled_file(tmp_path / "none.json", ["a"]):
+        pass
+    assert (tmp_path / "none.json").read_text() == "[]\n"

@@ -97,6 +97,19 @@ def test_the_encoders_vectors_are_the_training_paths_own(embedded):
         encoder.encode(texts, prompt="passage")
     with pytest.raises(ValueError, match=r"^convert_to must be 'numpy' or 'torch', got 'tensor'\.$"):
         encoder.encode(texts, convert_to="tensor")  # numpy's array before
+    with pytest.MonkeyPatch.context() as patch:  # a chunk of texts (whole batches) encoded at a time
+        patch.setattr("gpt_ft.eval.encoder.CHUNK", 2)
+        ticks = []
+        chunked = encoder.encode(
+            texts, batch_size=3, convert_to="torch", progress=lambda b: ticks.extend(b) or b
+        )
+        sizes = []
+        patch.setattr(
+            encoder, "tokens", lambda t, p, tokens=encoder.tokens: sizes.append(len(t)) or tokens(t, p)
+        )
+        encoder.encode(texts, batch_size=3)
+    assert sizes == [3, 3, 2] and ticks == [0, 1, 2]
+    torch.testing.assert_close(chunked, vectors, atol=1e-6, rtol=0)
     vectors.add_(1)  # a plain tensor, for any use (an inference tensor refused this)
     assert encoder.classifier.raw_outputs([{"anchor": texts[0], "positive": texts[1]}]).add_(1) is not None
     assert encoder.encode(iter(texts[:2])).shape == (2, encoder.dimensions)  # any iterable of texts

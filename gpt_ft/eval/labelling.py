@@ -1,0 +1,299 @@
+"""`gpt-ft label`: a file's rows written again with a fine-tuned model's prediction beside each.
+
+A file of any length is labelled a chunk of a few thousand rows at a time: the chunk is encoded,
+run (its longest examples together) and written to a hidden file beside the output, which takes
+the output's name once every row is written. Memory stays a chunk's, whatever the file's length,
+and a run stopped or refused part way leaves the previous file as it was. Every row is encoded
+once before any is run, so a bad row is named before the model's work begins.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import itertools
+import json
+import math
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from gpt_ft.adapters import TaskAdapter, TaskDataError
+from gpt_ft.adapters.truncation import cut_report
+from gpt_ft.data.file_faults import file_format, json_records, record_lines
+from gpt_ft.data.files import read_table
+from gpt_ft.errors import at_least_one, check_output_file, device_named, input_file, writing
+from gpt_ft.eval.classifier import Classifier
+from gpt_ft.eval.progress import batches_bar
+
+CHUNK = 4096  # rows encoded, run and written at a time (rounded up to whole batches)
+
+
+def label(
+    *,
+    ckpt_path: str,
+    input: str,
+    output: str,
+    overwrite: bool = False,
+    batch_size: int = 32,
+    device: str | None = None,
+) -> None:
+    """Write each example of a file again with the fine-tuned model's prediction beside it.
+
+    `gpt-ft label`.
+
+    Args:
+        ckpt_path: A fine-tuned checkpoint of gpt-ft fit.
+        input: csv, tsv, json/jsonl or parquet; columns named as the card's fields, or as its
+            files name them (the card's `columns` renames apply).
+        output: csv, tsv, json (one array), jsonl or parquet (by extension); a new file.
+        overwrite: Replace --output if it exists.
+        batch_size: Examples per batch.
+        device: Default: cuda when there is one.
+    """
+    source, target = input_file(input, "--input"), Path(output).expanduser()
+    at_least_one(batch_size, "--batch_size")
+    if target.suffix.lower() not in (".csv", ".tsv", *WHOLE_ROWS):
+        raise ValueError(f"--output {target}: write .csv, .tsv, .json, .jsonl or .parquet.")
+    check_output_file(target, "--output", overwrite=overwrite, reads=source)
+    fmt = file_format(source)
+    if fmt is None:
+        raise ValueError(
+            f"--input {source}: give a .csv, .tsv, .json/.jsonl or .parquet file (by its extension)."
+        )
+    clf = Classifier.from_checkpoint(ckpt_path, device=device_named(device))
+    if clf.task.output.embeds:
+        raise ValueError(
+            f"{ckpt_path} is an embedding model (task {clf.task.name!r}): `gpt-ft embed` writes its vectors."
+        )
+    task, table = clf.task, read_table(source)
+    renames = {  # a file laid out as the card's files or hub dataset: their renames apply
+        **((task.hub.columns if task.hub else None) or {}),
+        **((task.local.columns if task.local else None) or {}),
+    }
+    headerless = fmt in ("tsv", "csv") and reads_as_data(task, table.column_names, renames)
+    if headerless:  # a file laid out as the card's without a header (CoLA's train and dev)
+        table = read_table(source, column_names=task.local.column_names)
+    # A JSON file's records as written (a record's missing field stays missing), whole, as JSON is
+    # read; any other file's rows a chunk at a time from its table.
+    records = json_records(source, table.to_list()) if fmt == "json" else None
+    count = len(records) if records is not None else table.num_rows
+    lines = record_lines(source, fmt, header=not headerless) or list(range(1, count + 1))
+    size = batch_size * -(-CHUNK // batch_size)  # whole batches: one bar over the file's
+
+    def chunks() -> Iterator[tuple[int, list[dict[str, Any]]]]:
+        for start in range(0, count, size):
+            yield (
+                start,
+                records[start : start + size]
+                if records is not None
+                else table.select(range(start, min(start + size, count))).to_list(),
+            )
+
+    def encoded(start: int, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        fields = [
+            {renames[k] if k in renames and renames[k] not in row else k: v for k, v in row.items()}
+            for row in rows
+        ]
+        try:
+            return clf.encode(fields, where=lambda i: f"{source}, line {lines[start + i]}")
+        except TaskDataError as exc:  # a field no row of a table has: its header's fault, not line 2's
+            absent = [f for f in task.text_fields() if fmt != "json" and fields and f not in fields[0]]
+            if absent and f"has no field {absent[0]!r}" in str(exc):
+                raise TaskDataError(
+                    f"{source} has no column {absent[0]!r}, which task {task.name!r} reads; its columns: "
+                    f"{', '.join(table.column_names)}."
+                ) from None
+            raise
+
+    cuts = [example["cut"] for start, rows in chunks() for example in encoded(start, rows)]
+    ticks = iter(batches_bar("label")(range(-(-count // batch_size))))
+    progress = lambda starts: (start for start, _ in zip(starts, ticks))  # noqa: E731
+    columns = (
+        list(dict.fromkeys(k for r in records for k in r)) if records is not None else table.column_names
+    )
+    with labelled_file(target, columns) as out:
+        for start, rows in chunks():
+            out.write(rows, clf.run_encoded(encoded(start, rows), batch_size=batch_size, progress=progress))
+    next(ticks, None)  # the bar's end
+    moved = [got for wanted, got in out.columns_written().items() if got != wanted]
+    renamed = f" (as {' and '.join(moved)}: it has such columns)" if moved else ""
+    print(f"labelled {count:,} example{'s' * (count != 1)} of {source} into {target}{renamed}")
+    if said := cut_report(str(source), cuts, clf.max_length):
+        print(said)
+
+
+def reads_as_data(task: TaskAdapter, header: list[str], renames: dict[str, str]) -> bool:
+    """Whether a file's first line, read as its `header`, is a row of the card's files that have
+    none (`local.column_names`): as many cells, not every text field named (`renames` applied),
+    a label where the label is."""
+    names, label = (task.local.column_names if task.local else None) or [], task.label_column
+    named = {renames.get(c, c) for c in header}
+    if len(header) != len(names) or set(task.text_fields()) <= named or label not in names:
+        return False
+    try:  # read as the card reads a label cell: GoEmotions' "15,17" split, an empty one unlabelled
+        task.output.example_label({task.output.spec.field: header[names.index(label)]})
+        return True
+    except TaskDataError:  # "label", "gold": a header
+        return False
+
+
+NEW_COLUMNS = {"label": "prediction", "scores": "scores"}  # an outcome's keys, the columns they fill
+WHOLE_ROWS = (".json", ".jsonl", ".parquet")  # outputs that take the whole outcome, typed
+
+
+def write_labelled(
+    path: Path,
+    rows: list[dict[str, Any]],
+    labelled: list[tuple[dict[str, Any], str]],
+    columns: dict[str, str] = NEW_COLUMNS,
+) -> dict[str, str]:
+    """`rows` with their outcomes, written whole or not at all (`labelled_file`); the name each
+    column written got, by the name it wanted."""
+    with labelled_file(path, list(dict.fromkeys(key for row in rows for key in row)), columns) as out:
+        out.write(rows, labelled)
+    return out.columns_written()
+
+
+@contextmanager
+def labelled_file(
+    path: Path, columns: list[str], new: dict[str, str] = NEW_COLUMNS
+) -> Iterator[LabelledFile]:
+    """A `LabelledFile` for rows of these `columns`, written to a hidden file beside `path`, which
+    takes `path`'s name when the block ends without an error (else it goes, and a previous file at
+    `path` is kept)."""
+    out = LabelledFile(path, columns, new)
+    try:
+        with writing(path):  # no space left, permission denied: one sentence, the previous file kept
+            path.parent.mkdir(parents=True, exist_ok=True)
+            out.file = out.tmp.open("w", encoding="utf-8", newline="")
+        yield out
+        with writing(path):
+            out.close()
+            out.tmp.replace(path)
+    finally:
+        if out.file:
+            out.file.close()
+        out.tmp.unlink(missing_ok=True)
+
+
+class LabelledFile:
+    """Rows written with a `prediction` column (json, jsonl and parquet: the `scores` and the rest of
+    the outcome, such as a preference's `probability`, too), a chunk at a time. `new`: the outcome's
+    keys and the columns they fill (`gpt-ft generate`'s: its `continuation`), each named apart from
+    the rows' own `columns` (`prediction_1`, ... where the rows have their own)."""
+
+    def __init__(self, path: Path, columns: list[str], new: dict[str, str]) -> None:
+        self.path, self.columns, self.new = path, columns, new
+        self.suffix, self.tmp = path.suffix.lower(), path.with_name(f".{path.name}.tmp")
+        self.file, self.csv, self.names, self.wanted, self.tables, self.rows = None, None, None, {}, [], 0
+
+    def write(self, rows: list[dict[str, Any]], labelled: list[tuple[dict[str, Any], str]]) -> None:
+        """`rows` and their outcomes (with the prediction as text, for csv and tsv), in order."""
+        if self.names is None:  # the columns the outcomes fill, named once by the first chunk's
+            self.wanted = {
+                **self.new,
+                **{key: key for outcome, _ in labelled for key in outcome if key not in self.new},
+            }
+            self.names = {key: free_name(name, set(self.columns)) for key, name in self.wanted.items()}
+            if self.suffix in (".csv", ".tsv"):
+                self._cells([*self.columns, self.names["label"]])
+        with writing(self.path):
+            self._write(rows, labelled)
+        self.rows += len(rows)
+
+    def _write(self, rows, labelled) -> None:
+        if self.suffix not in WHOLE_ROWS:  # a csv or tsv gets the prediction alone, as text
+            for row, (_, text) in zip(rows, labelled):
+                self._cells([*(_cell(row.get(c)) for c in self.columns), text])
+            return
+        records = [  # the whole outcome beside each row
+            finite({**row, **{name: outcome[key] for key, name in self.names.items() if key in outcome}})
+            for row, (outcome, _) in zip(rows, labelled)
+        ]
+        if self.suffix == ".parquet":  # each column typed as its values are (a parquet input's kept)
+            self.tables.append(self._typed(lambda pa: pa.Table.from_pylist(records)))
+        elif self.suffix == ".jsonl":
+            self.file.writelines(json.dumps(r, ensure_ascii=False, default=jsonable) + "\n" for r in records)
+        else:  # one array, as a .json input is read: json.dumps(all records, indent=1), a record at a time
+            for i, record in enumerate(records, self.rows):
+                text = json.dumps(record, ensure_ascii=False, indent=1, default=jsonable)
+                self.file.write(("[\n" if i == 0 else ",\n") + re.sub("^", " ", text, flags=re.M))
+
+    def _cells(self, cells: list[str]) -> None:
+        if self.suffix == ".tsv":  # read back without quoting, as GLUE's files are
+            self.file.write("\t".join(re.sub(r"[\t\r\n]", " ", c) for c in cells) + "\n")
+        else:
+            self.csv = self.csv or csv.writer(self.file)
+            self.csv.writerow(cells)
+
+    def _typed(self, make):
+        import pyarrow as pa
+
+        try:
+            return make(pa)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:  # a column of several types (JSON records')
+            raise ValueError(
+                f"--output {self.path}: parquet cannot hold these rows ({exc}); write .jsonl."
+            ) from None
+
+    def close(self) -> None:
+        if self.names is None:  # no rows: the header, or an empty array or table
+            self.write([], [])
+        if self.suffix == ".json":
+            self.file.write("\n]\n" if self.rows else "[]\n")
+        self.file.close()
+        if self.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            whole = self._typed(lambda pa: pa.concat_tables(self.tables, promote_options="permissive"))
+            pq.write_table(whole, self.tmp)
+
+    def columns_written(self) -> dict[str, str]:
+        """The name each column written got, by the name it wanted (a csv or tsv: the prediction's alone)."""
+        whole = self.suffix in WHOLE_ROWS
+        return {self.wanted[key]: got for key, got in self.names.items() if whole or key == "label"}
+
+
+def free_name(name: str, taken: set[str]) -> str:
+    """`name`, or the first of name_1, name_2, ... not `taken`."""
+    return next(
+        n for n in itertools.chain([name], (f"{name}_{i}" for i in itertools.count(1))) if n not in taken
+    )
+
+
+def jsonable(value: Any) -> Any:
+    """A value JSON has no type for, written as text: a date or time as ISO 8601 (a parquet column's),
+    bytes as their UTF-8 text (as training reads a binary column), else base64."""
+    if isinstance(value, (bytes, bytearray)):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return base64.b64encode(value).decode("ascii")
+    return value.isoformat() if hasattr(value, "isoformat") else str(value)
+
+
+def finite(value: Any) -> Any:
+    """`value` with every NaN or infinity (a parquet float column's missing cell) as None: JSON has
+    no such numbers, and strict readers refuse Python's `NaN`."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    return [finite(v) for v in value] if isinstance(value, list) else value
+
+
+def _cell(value: Any) -> str:
+    """A table cell: a list or mapping (a row's steps, its replies) as JSON, not Python's repr; a
+    missing value (None, a parquet float column's NaN) as an empty cell, as spreadsheets write it."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return (
+        json.dumps(finite(value), ensure_ascii=False, default=jsonable)
+        if isinstance(value, (list, dict))
+        else jsonable(value)
+        if isinstance(value, (bytes, bytearray))
+        else str(value)
+    )
