@@ -110,6 +110,38 @@ def save_tokenizer(tokenizer, folder: str | os.PathLike) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def save_new_tokenizer(tokenizer, out: Path, *, overwrite: bool) -> None:
+    """`gpt-ft tokenizer`'s save into `out`, held (`one_writer`) and checked again there
+    (`takes_tokenizer`): two runs given one new folder do not both write it."""
+    created = missing_folders(out)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        with one_writer(out, "`gpt-ft tokenizer`"):
+            takes_tokenizer(out, overwrite)  # another run may have saved one there meanwhile
+            save_tokenizer(tokenizer, out)
+    except BaseException:
+        for folder in created if not any(out.iterdir()) else []:
+            folder.rmdir()  # the folders this run made, empty: a refused run leaves none
+        raise
+
+
+def takes_tokenizer(out: Path, overwrite: bool) -> None:
+    """Refuses an --out_dir that holds files (but for another writer's lock), unless a tokenizer
+    and `overwrite`."""
+    from gpt_ft.weights.pretrained import is_tokenizer_dir  # (torch: imported by the commands that write)
+
+    if (
+        out.is_dir()
+        and any(p.name != LOCK for p in out.iterdir())
+        and not (overwrite and is_tokenizer_dir(out))
+    ):
+        if is_tokenizer_dir(out):
+            raise ValueError(
+                f"--out_dir {out} holds a tokenizer: give another folder, or --overwrite true to replace it."
+            )
+        raise ValueError(f"--out_dir {out} is not empty and holds no tokenizer; give an empty folder.")
+
+
 @contextmanager
 def written_whole(out: Path) -> Iterator[Path]:
     """A folder to write into beside `out` (its parent holds scratch files too), whose files move

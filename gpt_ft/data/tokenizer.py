@@ -40,10 +40,10 @@ from transformers import (
 
 from gpt_ft.data.corpus import file_lines, find_files
 from gpt_ft.data.file_faults import check_tokenizer_files
-from gpt_ft.data.folders import save_tokenizer
+from gpt_ft.data.folders import save_new_tokenizer, takes_tokenizer
 from gpt_ft.errors import check_output_dir
 from gpt_ft.weights import gguf_file, hub
-from gpt_ft.weights.pretrained import BPE_FILES, TOKENIZER_FILES, is_tokenizer_dir, weights_tokenizer
+from gpt_ft.weights.pretrained import BPE_FILES, TOKENIZER_FILES, weights_tokenizer
 
 __all__ = ["EOS_TOKEN", "SPECIAL_TOKENS", "SpecialTokenIds", "add_special_tokens", "check_text_file",
            "load_tokenizer", "own_framing_rows", "own_framing_tokens", "special_token_ids",
@@ -255,12 +255,7 @@ def train_tokenizer(
         )
         raise ValueError(f"{what}; expected non-empty UTF-8 text.")
     out = check_output_dir(out_dir, "--out_dir")
-    if out.is_dir() and any(out.iterdir()) and not (overwrite and is_tokenizer_dir(out)):
-        if is_tokenizer_dir(out):
-            raise ValueError(
-                f"--out_dir {out} holds a tokenizer: give another folder, or --overwrite true to replace it."
-            )
-        raise ValueError(f"--out_dir {out} is not empty and holds no tokenizer; give an empty folder.")
+    takes_tokenizer(out, overwrite)
 
     backend = Tokenizer(models.BPE())
     # add_prefix_space=False as in GPT-2: the first word of a text is encoded without a space.
@@ -284,7 +279,7 @@ def train_tokenizer(
         pad_token=SPECIAL_TOKENS["pad"],
         additional_special_tokens=[SPECIAL_TOKENS[key] for key in _FRAMING],
     )
-    save_tokenizer(tokenizer, out)
+    save_new_tokenizer(tokenizer, out, overwrite=overwrite)
     if len(tokenizer) < vocab_size:  # too little text for so many merges
         lower = " or a lower --min_frequency" if min_frequency > 1 else ""
         print(f"note: the corpus gave {len(tokenizer)} tokens, fewer than --vocab_size {vocab_size} (every "

@@ -25,7 +25,7 @@ from gpt_ft.data.file_faults import file_format, json_records, record_lines, utf
 from gpt_ft.data.files import read_table
 from gpt_ft.errors import TaskDataError, at_least_one, check_output_file, device_named, input_file, writing
 from gpt_ft.eval.classifier import Classifier
-from gpt_ft.eval.labelling import CHUNK, jsonable
+from gpt_ft.eval.labelling import CHUNK, hidden_beside, jsonable, put_in_place
 from gpt_ft.eval.progress import batches_bar
 from gpt_ft.weights.checkpoint import Checkpoint
 
@@ -151,7 +151,7 @@ def embed(
     encoder = Encoder.from_checkpoint(stored, device=device_named(device))
     prompt = None if prompt == "none" else prompt
     vectors = encoder.encode(texts, batch_size=batch_size, prompt=prompt, progress=batches_bar("embed"))
-    tmp = target.with_name(f".{target.name}.tmp")
+    tmp = hidden_beside(target)
     with writing(target):
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -163,7 +163,7 @@ def embed(
                     for row, vector in zip(rows, vectors.tolist()):
                         record = {**row, "embedding": vector}
                         f.write(json.dumps(record, ensure_ascii=False, default=jsonable) + "\n")
-            tmp.replace(target)
+            put_in_place(tmp, target, overwrite=overwrite)
         finally:
             tmp.unlink(missing_ok=True)
     count = f"{len(texts):,} text{'s' * (len(texts) != 1)}"

@@ -122,7 +122,9 @@ def generate(
     with torch.autocast(torch.device(device).type, torch.bfloat16, enabled=precision == "bf16-mixed"):
         if files is not None:
             check_decoding(gpt, torch.zeros(1, 1, dtype=torch.long, device=device), 1, *options, cli=True)
-            continue_file(gpt, tok, *files, field, batch_size, max_new_tokens, {**decode, **beams}, stops)
+            continue_file(
+                gpt, tok, *files, field, batch_size, max_new_tokens, {**decode, **beams}, stops, overwrite
+            )
             return
         ids = checked_prompt(gpt, prompt_ids(tok, prompt), "--prompt")
         start = torch.tensor([ids], device=device)
@@ -184,7 +186,7 @@ def prompt_files(input: str, output: str, overwrite: bool) -> tuple[Path, Path]:
 
 def continue_file(
     gpt: GPT, tok, source: Path, target: Path, field: str, batch_size: int, max_new_tokens: int,
-    decode: dict, stops: list[str],
+    decode: dict, stops: list[str], overwrite: bool,
 ) -> None:  # fmt: skip
     """Each prompt of `source` (its column `field`) continued, `batch_size` at a time, the shortest
     first (the least padding), and written beside its row to `target`; a prompt the model cannot
@@ -211,7 +213,11 @@ def continue_file(
     new = continue_prompts(gpt, prompts, batch_size, max_new_tokens, decode, batches_bar("generate"))
     texts = [until_stop(continuation(tok, p, n), stops)[0] for p, n in zip(prompts, new)]
     names = write_labelled(
-        target, rows, [({"label": t}, t) for t in texts], columns={"label": "continuation"}
+        target,
+        rows,
+        [({"label": t}, t) for t in texts],
+        columns={"label": "continuation"},
+        overwrite=overwrite,
     )
     renamed = (
         f" (as {names['continuation']}: it has such a column)"

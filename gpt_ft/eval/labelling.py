@@ -14,6 +14,7 @@ import csv
 import itertools
 import json
 import math
+import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -114,7 +115,7 @@ def label(
     columns = (
         list(dict.fromkeys(k for r in records for k in r)) if records is not None else table.column_names
     )
-    with labelled_file(target, columns) as out:
+    with labelled_file(target, columns, overwrite=overwrite) as out:
         for start, rows in chunks():
             out.write(rows, clf.run_encoded(encoded(start, rows), batch_size=batch_size, progress=progress))
     next(ticks, None)  # the bar's end
@@ -149,21 +150,24 @@ def write_labelled(
     rows: list[dict[str, Any]],
     labelled: list[tuple[dict[str, Any], str]],
     columns: dict[str, str] = NEW_COLUMNS,
+    *,
+    overwrite: bool = True,
 ) -> dict[str, str]:
     """`rows` with their outcomes, written whole or not at all (`labelled_file`); the name each
     column written got, by the name it wanted."""
-    with labelled_file(path, list(dict.fromkeys(key for row in rows for key in row)), columns) as out:
+    keys = list(dict.fromkeys(key for row in rows for key in row))
+    with labelled_file(path, keys, columns, overwrite=overwrite) as out:
         out.write(rows, labelled)
     return out.columns_written()
 
 
 @contextmanager
 def labelled_file(
-    path: Path, columns: list[str], new: dict[str, str] = NEW_COLUMNS
+    path: Path, columns: list[str], new: dict[str, str] = NEW_COLUMNS, *, overwrite: bool = True
 ) -> Iterator[LabelledFile]:
     """A `LabelledFile` for rows of these `columns`, written to a hidden file beside `path`, which
     takes `path`'s name when the block ends without an error (else it goes, and a previous file at
-    `path` is kept)."""
+    `path` is kept; `put_in_place`)."""
     out = LabelledFile(path, columns, new)
     try:
         with writing(path):  # no space left, permission denied: one sentence, the previous file kept
@@ -172,7 +176,7 @@ def labelled_file(
         yield out
         with writing(path):
             out.close()
-            out.tmp.replace(path)
+            put_in_place(out.tmp, path, overwrite=overwrite)
     finally:
         if out.file:
             out.file.close()
@@ -187,7 +191,7 @@ class LabelledFile:
 
     def __init__(self, path: Path, columns: list[str], new: dict[str, str]) -> None:
         self.path, self.columns, self.new = path, columns, new
-        self.suffix, self.tmp = path.suffix.lower(), path.with_name(f".{path.name}.tmp")
+        self.suffix, self.tmp = path.suffix.lower(), hidden_beside(path)
         self.file, self.csv, self.names, self.wanted, self.tables, self.rows = None, None, None, {}, [], 0
 
     def write(self, rows: list[dict[str, Any]], labelled: list[tuple[dict[str, Any], str]]) -> None:
@@ -255,6 +259,31 @@ class LabelledFile:
         """The name each column written got, by the name it wanted (a csv or tsv: the prediction's alone)."""
         whole = self.suffix in WHOLE_ROWS
         return {self.wanted[key]: got for key, got in self.names.items() if whole or key == "label"}
+
+
+def hidden_beside(path: Path) -> Path:
+    """The hidden file beside `path` that one process writes before it takes `path`'s name."""
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+def put_in_place(tmp: Path, path: Path, *, overwrite: bool) -> None:
+    """`tmp` under `path`'s name. Without `overwrite`, a file another process wrote there meanwhile
+    (two runs with one --output) is refused, not replaced: a hard link takes a name only where
+    there is none, so no check can go stale before it."""
+    if overwrite:
+        return tmp.replace(path)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise ValueError(
+            f"--output {path} was written by another process while this one ran: give another name, "
+            "or --overwrite true to replace it (it is kept)."
+        ) from None
+    except OSError:  # a file system without hard links: checked, then renamed
+        if path.exists():
+            raise ValueError(f"--output {path} was written by another process while this one ran.") from None
+        return tmp.replace(path)
+    tmp.unlink()
 
 
 def free_name(name: str, taken: set[str]) -> str:

@@ -271,6 +271,27 @@ def test_sigterm_while_labelling_is_one_line_and_keeps_the_earlier_file(
     assert files(tmp_path) == before and signal.getsignal(signal.SIGTERM) == handler
 
 
+def test_an_output_another_process_wrote_meanwhile_is_kept(tmp_path, labelling, capsys, monkeypatch):
+    """Two runs given one new --output: the one that ends second is refused, not written over the
+    first one's file (it was checked only as each started); with --overwrite true it replaces it."""
+    from gpt_ft.eval.labelling import LabelledFile
+
+    out, write = tmp_path / "out.tsv", LabelledFile.write
+
+    def another_run_ends_first(self, rows, labelled):
+        write(self, rows, labelled)
+        out.write_text("the other run's labels\n")
+
+    monkeypatch.setattr(LabelledFile, "write", another_run_ends_first)
+    assert error(capsys, *labelling(f"--output={out}")) == (
+        f"--output {out} was written by another process while this one ran: give another name, "
+        "or --overwrite true to replace it (it is kept)."
+    )
+    assert out.read_text() == "the other run's labels\n" and not list(tmp_path.glob(".*.tmp"))
+    main(labelling(f"--output={out}", "--overwrite=true"))
+    assert out.read_text().startswith("sentence\tprediction\n")
+
+
 def test_a_full_disk_while_writing_a_suite_report(tmp_path, monkeypatch):
     from gpt_ft.eval import results
 

@@ -255,6 +255,51 @@ def test_training_into_a_tokenizer_dir_replaces_it_if_asked(corpus: list[Path], 
     assert len(AutoTokenizer.from_pretrained(out)) == len(again) > 280
 
 
+def test_two_runs_given_one_new_folder_do_not_both_write_it(
+    corpus: list[Path], trained_dir: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """A run that finds the folder held by another is refused; one that finds, as it saves, a
+    tokenizer another run saved while it trained is refused too; neither touches the other's files,
+    and a refused run leaves no folder of its own."""
+    import shutil
+
+    import gpt_ft.data.tokenizer as tokenizing
+    from gpt_ft.data.folders import one_writer
+
+    out = tmp_path / "new" / "tok"
+    out.mkdir(parents=True)
+    with one_writer(out, "`gpt-ft tokenizer`"):
+        with pytest.raises(
+            ValueError, match=re.escape(f"Another `gpt-ft tokenizer` is writing to {out}; wait")
+        ):
+            train_tokenizer(inputs=corpus, vocab_size=280, out_dir=out, show_progress=False)
+    shutil.rmtree(tmp_path / "new")
+    lines = tokenizing.file_lines
+
+    def another_run_saves_meanwhile(paths):
+        yield from lines(paths)
+        shutil.copytree(trained_dir, out)
+
+    monkeypatch.setattr(tokenizing, "file_lines", another_run_saves_meanwhile)
+    with pytest.raises(
+        ValueError, match=re.escape(f"--out_dir {out} holds a tokenizer: give another folder")
+    ):
+        train_tokenizer(inputs=corpus, vocab_size=280, out_dir=out, show_progress=False)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == {
+        p.name: p.read_bytes() for p in trained_dir.iterdir()
+    }
+    shutil.rmtree(tmp_path / "new")
+
+    def interrupted(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("gpt_ft.data.folders.save_tokenizer", interrupted)
+    monkeypatch.setattr(tokenizing, "file_lines", lines)
+    with pytest.raises(KeyboardInterrupt):
+        train_tokenizer(inputs=corpus, vocab_size=280, out_dir=out, show_progress=False)
+    assert not (tmp_path / "new").exists()
+
+
 # --- bad input ------------------------------------------------------------------------------------
 
 
