@@ -89,11 +89,15 @@ def parse_error_message(text: str) -> str:
         reason = yaml_file_problem(value) or f"{value} is not a file that can be read"
     elif bad_class:
         reason = bad_class[-1]
-    elif expected:
-        match = re.match(r"Expected a (.+?)(?:\. Got value: (.*))?$", expected[0])
-        kind = re.sub(r"typing\.Literal\[(.*)\]", r"one of \1", re.sub(r"<class '([^']+)'>", r"\1", match[1]))
-        reason = f"expected {kind}, got {match[2] if match[2] is not None else given!r}"
-        reason += ": a list is written [a, b, c] (one argument)" * (kind[:4] in ("list", "List"))
+    elif expected:  # a union's types, with its literals' values as one list
+        kinds = [re.sub(r"<class '([^']+)'>", r"\1", e[11:].split(". Got value: ")[0]) for e in expected]
+        values = ", ".join(k[15:-1] for k in kinds if k.startswith("typing.Literal["))
+        kinds = [k for k in kinds if not k.startswith("typing.Literal[")] + [f"one of {values}"] * bool(
+            values
+        )
+        got = re.search(r"\. Got value: (.*)$", expected[0])
+        reason = f"expected {' or '.join(kinds)}, got {got[1] if got else given!r}"
+        reason += ": a list is written [a, b, c] (one argument)" * (kinds[0][:4] in ("list", "List"))
     else:
         noise = ("Parser key", "Does not validate", "Subtypes:", "Errors:", "Given value")
         reasons = [line for line in lines if not line.startswith(noise)]
@@ -298,29 +302,6 @@ def check_not_null(values: dict, cls: type, option: str) -> None:
             continue
         kind = getattr(hints[name], "__name__", None) or str(hints[name]).replace("typing.", "")
         raise ValueError(f"{option}.{name}: expected {kind}, got null.")
-
-
-def check_devices(devices, *, on_cpu: bool, strategy: object = None) -> None:
-    """`--trainer.devices` as Lightning reads it, checked where Lightning would raise a TypeError of
-    its own: on the CPU a count of processes or 'auto'; on GPUs also -1 (every one) or indices. And
-    no FSDP on the CPU (every rank's traceback, from Lightning)."""
-    if on_cpu and "fsdp" in str(strategy).lower():
-        raise ValueError("--trainer.strategy: FSDP shards a model over GPUs; on the CPU use ddp.")
-    if re.search(r"spawn|fork|notebook", str(strategy)):  # (their aliases, start_method): they pickle the CLI
-        raise ValueError(f"--trainer.strategy {strategy}: gpt-ft starts its processes as ddp does; use ddp.")
-    text = str(devices).strip()
-    if text == "auto" or re.fullmatch(r"[1-9]\d*", text):
-        return
-    if on_cpu:
-        raise ValueError(
-            f"--trainer.devices {devices}: on the CPU, give a count of processes (1, 2, ...) or 'auto'."
-        )
-    if isinstance(devices, list) or re.fullmatch(r"-1|\d+(\s*,\s*\d+)*,?", text):
-        return
-    raise ValueError(
-        f"--trainer.devices {devices!r}: give a count (1, 2, ...), -1 for every device, 'auto', "
-        "or device indices such as '0,1'."
-    )
 
 
 def check_context(data, n_positions: int) -> None:

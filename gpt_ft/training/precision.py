@@ -74,11 +74,18 @@ def runs_on_cpu(accelerator: object) -> bool:
 
 
 def warn_half_weights(precision: object) -> None:
-    """Training 16-bit weights (`bf16-true`, `16-true`: AdamW's moments too) loses every update below
-    half their spacing: said once, before the run."""
-    if str(precision) in ("bf16-true", "16-true"):
+    """Training 16-bit weights, said before the run: `16-true` is refused (AdamW's float16 second
+    moments underflow to 0 for small gradients, whose weights then step by lr·m/eps and blow up);
+    `bf16-true` loses every update below half a weight's spacing."""
+    if str(precision) == "16-true":
+        raise ValueError(
+            "--trainer.precision 16-true keeps AdamW's moments in float16, where a small gradient's square "
+            "underflows to 0 and its weight's step (lr * m / eps) blows up: train in bf16-mixed, 16-mixed "
+            "or bf16-true."
+        )
+    if str(precision) == "bf16-true":
         rank_zero_warn(
-            f"--trainer.precision {precision} trains 16-bit weights: an update below half their spacing "
-            "(1/256 of a weight near 1 in bf16) is lost, so small learning rates barely move them (the "
+            "--trainer.precision bf16-true trains 16-bit weights: an update below half their spacing "
+            "(1/256 of a weight near 1) is lost, so small learning rates barely move them (the "
             "LayerNorm gains not at all); bf16-mixed keeps float32 weights."
         )

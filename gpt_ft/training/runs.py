@@ -16,7 +16,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from gpt_ft.adapters.cards import NO_CLASS_PATH, PARSER_MODE
-from gpt_ft.errors import CardError, causes, check_context, check_devices, check_not_null, check_output_dir
+from gpt_ft.errors import CardError, causes, check_context, check_not_null, check_output_dir
 from gpt_ft.training.callbacks import History, run_callbacks
 from gpt_ft.training.checkpointing import AtomicCheckpointIO
 from gpt_ft.training.precision import cpu_precision, runs_on_cpu, warn_half_weights
@@ -29,7 +29,7 @@ from gpt_ft.training.saved import (
     refuse_untrained,
     with_absolute_paths,
 )
-from gpt_ft.training.strategies import check_rendezvous
+from gpt_ft.training.strategies import check_devices, check_rendezvous
 from gpt_ft.weights.pretrained import resolve_tokenizer
 from gpt_ft.workarounds.cli import (
     CheckpointHparamsAsDefaults,
@@ -140,12 +140,12 @@ class GPTCLI(CheckpointHparamsAsDefaults, ParsersBuiltOnce, LightningCLI):
         if config.trainer.get("default_root_dir"):  # its logs and checkpoints, as well
             check_output_dir(config.trainer.default_root_dir, "--trainer.default_root_dir")
         logs_follow_root_dir(config.trainer)
-        if self.subcommand in (None, "fit"):  # (None: a suite's run)
-            _recipe_length(config)
         if runs_on_cpu(config.trainer.get("accelerator", "auto")):
             config.trainer.precision, why = cpu_precision(config.trainer.get("precision"))
             if why:
                 rank_zero_info(why)
+        if self.subcommand in (None, "fit"):  # (None: a suite's run; the precision that runs, said)
+            _recipe_length(config)
         tokenizer_of_the_weights(config, fitting=self.subcommand in (None, "fit"))
         self.data_config = with_absolute_paths(plain_config(config.data.as_dict()))
 

@@ -9,6 +9,7 @@ root unit, so the tie holds.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Literal
 
 from lightning.fabric.plugins.environments import LightningEnvironment
@@ -77,3 +78,26 @@ def check_rendezvous(trainer: Trainer) -> Trainer:
             "(configs/trainer/ddp.yaml)."
         )
     return trainer
+
+
+def check_devices(devices, *, on_cpu: bool, strategy: object = None) -> None:
+    """`--trainer.devices` as Lightning reads it, checked where Lightning would raise a TypeError of
+    its own: on the CPU a count of processes or 'auto'; on GPUs also -1 (every one) or indices. And
+    no FSDP on the CPU (every rank's traceback, from Lightning)."""
+    if on_cpu and "fsdp" in str(strategy).lower():
+        raise ValueError("--trainer.strategy: FSDP shards a model over GPUs; on the CPU use ddp.")
+    if re.search(r"spawn|fork|notebook", str(strategy)):  # (their aliases, start_method): they pickle the CLI
+        raise ValueError(f"--trainer.strategy {strategy}: gpt-ft starts its processes as ddp does; use ddp.")
+    text = str(devices).strip()
+    if text == "auto" or re.fullmatch(r"[1-9]\d*", text):
+        return
+    if on_cpu:
+        raise ValueError(
+            f"--trainer.devices {devices}: on the CPU, give a count of processes (1, 2, ...) or 'auto'."
+        )
+    if isinstance(devices, list) or re.fullmatch(r"-1|\d+(\s*,\s*\d+)*,?", text):
+        return
+    raise ValueError(
+        f"--trainer.devices {devices!r}: give a count (1, 2, ...), -1 for every device, 'auto', "
+        "or device indices such as '0,1'."
+    )

@@ -238,10 +238,46 @@ def test_training_half_precision_weights_is_said_to_lose_small_updates():
 
     from gpt_ft.training.runs import _recipe_length  # what a fit's configuration goes through
 
-    for p in ("bf16-true", "16-true"):
-        with pytest.warns(UserWarning, match=f"--trainer.precision {p} trains 16-bit weights: an update"):
-            _recipe_length(Namespace(trainer=Namespace(precision=p, max_epochs=1)))
+    with pytest.warns(UserWarning, match="--trainer.precision bf16-true trains 16-bit weights: an update"):
+        _recipe_length(Namespace(trainer=Namespace(precision="bf16-true", max_epochs=1)))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for p in ("bf16-mixed", "32-true", None, 32):
             precision.warn_half_weights(p)
+
+
+def test_float16_weights_are_refused_for_training(finetuned, tmp_path, monkeypatch, capsys, caplog):
+    """AdamW on float16 weights keeps its moments in float16: a small gradient's square underflows
+    to 0 and the step lr·m/eps blows the weight up (three steps at 6.25e-5 of gradients 1e-4 reach
+    inf), so `fit` refuses 16-true. And bf16-true on a CPU that runs it in 32-true says only that."""
+    import warnings
+
+    weight = torch.nn.Parameter(torch.zeros(4, dtype=torch.float16))
+    adamw = torch.optim.AdamW([weight], lr=6.25e-5, foreach=False)
+    for _ in range(3):
+        weight.grad = torch.full((4,), 1e-4, dtype=torch.float16)
+        adamw.step()
+    assert adamw.state[weight]["exp_avg_sq"].eq(0).all() and not weight.isfinite().any()
+    args = ["fit", f"--model.init_from={finetuned.ckpt}", f"--data.task={finetuned.card}",
+            f"--data.data_dir={finetuned.root}", "--data.max_length=64", "--trainer.max_steps=1",
+            "--trainer.logger=false", "--trainer.limit_val_batches=0",
+            f"--trainer.default_root_dir={tmp_path}",
+            "--trainer.enable_progress_bar=false"]  # fmt: skip
+    with pytest.raises(SystemExit):
+        main([*args, "--trainer.precision=16-true"])
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith(
+            "error: --trainer.precision 16-true keeps AdamW's moments in float16, where a small gradient's "
+            "square underflows to 0 and its weight's step (lr * m / eps) blows up: train in bf16-mixed, "
+            "16-mixed or bf16-true."
+        )
+    )
+    monkeypatch.delenv(precision.FORCE, raising=False)
+    monkeypatch.setattr(precision, "cpu_has_bf16", lambda: False)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        main([*args, "--trainer.precision=bf16-true"])
+    assert not [w for w in said if "trains 16-bit weights" in str(w.message)]
+    assert "running in 32-true instead of bf16-true" in caplog.text
