@@ -57,15 +57,25 @@ def schedule_steps(module) -> tuple[int, int]:
     if not math.isfinite(estimated) and reads_length:
         timed = any(isinstance(c, Timer) for c in module.trainer.callbacks)
         bound = "--trainer.max_time alone gives" if timed else "--trainer.max_epochs -1 gives"
+        needs = (  # a constant schedule reads the length for its warmup by fraction alone
+            f"--model.schedule {schedule} spans the run's steps"
+            if schedule != "constant"
+            else f"--model.warmup_fraction {module.warmup_fraction:g} is a fraction of the run's steps"
+        )
+        remedy = (
+            "--model.schedule constant with --model.warmup_steps"
+            if schedule != "constant"
+            else "--model.warmup_steps N (0: none)"
+        )
         raise ValueError(
-            f"--model.schedule {schedule} spans the run's steps, and {bound} no number of them: add "
-            "--trainer.max_steps or a finite --trainer.max_epochs (a time limit still stops it first), "
-            "or use --model.schedule constant with --model.warmup_steps."
+            f"{needs}, and {bound} no number of them: add --trainer.max_steps or a finite "
+            f"--trainer.max_epochs (a time limit still stops it first), or use {remedy}."
         )
     total = max(1, int(estimated)) if math.isfinite(estimated) else 1
     warmup = module.warmup_steps if module.warmup_steps is not None else round(module.warmup_fraction * total)
-    if warmup > total and math.isfinite(estimated):
-        rank_zero_warn(f"--model.warmup_steps {warmup} is longer than the run's {total} optimizer steps: the "
+    if warmup >= total and math.isfinite(estimated):  # (its last step's rate: (total - 1) / warmup of lr)
+        than = "as long as" if warmup == total else "longer than"
+        rank_zero_warn(f"--model.warmup_steps {warmup} is {than} the run's {total} optimizer steps: the "
                        f"learning rate never reaches --model.lr ({module.optim['lr']:g})")  # fmt: skip
     return total, warmup
 

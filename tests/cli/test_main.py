@@ -182,8 +182,8 @@ def test_a_checkpoint_moved_without_its_tokenizer_starts_a_run_with_the_one_give
         (  # a union's every type and literal, not its first type alone ('expected int')
             "--trainer.precision=bf17",
             "--trainer.precision: expected int or one of 'transformer-engine', 'transformer-engine-float16', "
-            "'16-true', '16-mixed', 'bf16-true', 'bf16-mixed', '32-true', '64-true', '64', '32', '16', 'bf16', "
-            "got 'bf17'.",
+            "'16-true', '16-mixed', 'bf16-true', 'bf16-mixed', '32-true', '64-true', '64', '32', '16', "
+            "'bf16', got 'bf17'.",
         ),
         (
             "--trainer.gradient_clip_val=-1",

@@ -79,19 +79,29 @@ def test_a_run_bounded_by_max_time_alone_needs_a_schedule_that_reads_no_length()
             ValueError, match=f"^--model.schedule linear spans the run's steps, and {bound} gives"
         ):
             m.configure_optimizers()
+    m = module(SingleText(name="t", labels=["a", "b"]), lr=1e-3, schedule="constant")  # warmup by fraction
+    m._trainer = SimpleNamespace(estimated_stepping_batches=float("inf"), callbacks=[])
+    with pytest.raises(
+        ValueError,
+        match=r"^--model.warmup_fraction 0.002 is a fraction of the run's steps, and --trainer.max_epochs -1 "
+        r"gives no number of them: .*, or use --model.warmup_steps N \(0: none\)\.$",
+    ):
+        m.configure_optimizers()
     m = module(SingleText(name="t", labels=["a", "b"]), lr=1e-3, schedule="constant", warmup_steps=4)
     m._trainer = SimpleNamespace(estimated_stepping_batches=float("inf"), callbacks=[])
     scheduler = m.configure_optimizers()["lr_scheduler"]["scheduler"]
     assert [scheduler.lr_lambdas[0](step) for step in (0, 2, 4, 10**9)] == [0.0, 0.5, 1.0, 1.0]
 
 
-def test_a_warmup_longer_than_the_run_is_warned_of():
-    m = module(SingleText(name="t", labels=["a", "b"]), lr=1e-3, warmup_steps=50)
-    m._trainer = SimpleNamespace(estimated_stepping_batches=30, callbacks=[])
-    with pytest.warns(
-        UserWarning, match=r"warmup_steps 50 is longer than the run's 30 optimizer steps: .* \(0.001\)"
-    ):
-        m.configure_optimizers()
+def test_a_warmup_as_long_as_the_run_or_longer_is_warned_of():
+    """As long as the run is too: its last step runs at (total - 1) / warmup of the peak."""
+    for warmup, than in ((50, "longer than"), (30, "as long as")):
+        m = module(SingleText(name="t", labels=["a", "b"]), lr=1e-3, warmup_steps=warmup)
+        m._trainer = SimpleNamespace(estimated_stepping_batches=30, callbacks=[])
+        with pytest.warns(
+            UserWarning, match=rf"warmup_steps {warmup} is {than} the run's 30 optimizer steps: .* \(0.001\)"
+        ):
+            m.configure_optimizers()
 
 
 def test_lr_lambda_shapes():
