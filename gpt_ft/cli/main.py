@@ -124,11 +124,8 @@ def in_config_file(message: str, args: list[str]) -> str:
     quotes = re.match(r"--([\w.]+): .*, got (.*)\.$", message)
     unread = re.match(r"--([\w.]+): (.+) is not a file that can be read\.$", message)
     if unknown:
-        key = (
-            f"{unknown[1] or unknown[3]}.{unknown[2] or unknown[4]}"
-            if unknown[1] or unknown[3]
-            else unknown[5]
-        )
+        group, option = unknown[1] or unknown[3], unknown[2] or unknown[4]
+        key = f"{group}.{option}" if group else unknown[5]
     elif quotes or unread:
         key, quoted = (quotes or unread)[1], (quotes or unread)[2]
     else:
@@ -161,6 +158,8 @@ def option_in(file: str, keys: list[str]) -> object:
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return None
     for key in keys:
+        for n in node if isinstance(node, list) else []:  # classes (--trainer.callbacks): one giving it
+            node = n if isinstance(n, dict) and key in {**n, **(n.get("init_args") or {})} else node
         if isinstance(node, dict) and key not in node and isinstance(node.get("init_args"), dict):
             node = node["init_args"]
         if not isinstance(node, dict) or key not in node:

@@ -229,6 +229,17 @@ def test_a_bad_option_in_a_config_file_names_the_file(run):
     assert run("--config", str(lrr), "--print_config") == (
         f"gpt-ft: error: {lrr}: Group 'model' does not accept option 'lrr'."
     )
+    # A misspelt argument of a callback in a config's list of them: the file, not the command line.
+    callbacks = run.root / "callbacks.yaml"
+    callbacks.write_text(
+        "trainer:\n  callbacks:\n    - class_path: lightning.pytorch.callbacks.EarlyStopping\n"
+        "      init_args: {monitor: validation/loss}\n"
+        "    - class_path: lightning.pytorch.callbacks.LearningRateMonitor\n"
+        "      init_args: {logging_interva: step}\n"
+    )
+    assert run("--config", str(callbacks)) == (
+        f"gpt-ft: error: {callbacks}: trainer.callbacks: Option 'logging_interva' is not accepted."
+    )
     # A list where a card field takes a bool: jsonargparse quotes it ('[1]'), and the file was not named.
     listed = run.root / "listed.yaml"
     listed.write_text("data:\n  task:\n    init_args:\n      strip_texts: [1]\n")
