@@ -35,9 +35,16 @@ def missing_folders(folder: Path) -> list[Path]:
 
 @contextmanager
 def one_writer(folder: Path, command: str) -> Iterator[None]:
-    """Holds `folder` for this process: another process asking for it meanwhile is refused in one
-    sentence (the lock goes with the process, however it ends). Inside, SIGTERM stops it as Ctrl-C
-    does, through the writer's own clean-up (`sigterm_stops`)."""
+    """`held` for `command`; inside, SIGTERM stops it as Ctrl-C does, through the writer's own
+    clean-up (`sigterm_stops`)."""
+    with held(folder, command), sigterm_stops():
+        yield
+
+
+@contextmanager
+def held(folder: Path, command: str) -> Iterator[None]:
+    """Holds `folder` (which exists) for this process: another process asking for it meanwhile is
+    refused in one sentence naming `command`; the lock goes with the process, however it ends."""
     try:
         import fcntl
     except ImportError:  # Windows: no advisory locks; one writer is the user's to keep
@@ -57,8 +64,7 @@ def one_writer(folder: Path, command: str) -> Iterator[None]:
             lock = None
             warnings.warn(f"{folder} cannot be locked ({exc.strerror or exc}): keep other writers away.")
     try:
-        with sigterm_stops():
-            yield
+        yield
     finally:
         if lock is not None:
             (folder / LOCK).unlink(missing_ok=True)

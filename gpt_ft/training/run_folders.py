@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import os
 import sys
-from contextlib import nullcontext, redirect_stdout
+from contextlib import ExitStack, nullcontext, redirect_stdout
 from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback
 
+from gpt_ft.data.folders import held
 from gpt_ft.training.checkpointing import LAST, find_last_checkpoint, is_checkpoint
 
 # Logs and checkpoints go to runs/lightning_logs/version_N, or under --trainer.default_root_dir.
@@ -129,15 +130,9 @@ def no_earlier_checkpoints(trainer, resumed: str | None) -> None:
     callback's `dirpath`) holding an earlier run's checkpoints, refused to a run that does not resume
     one of them (`resumed`: the checkpoint given; `last`: the folder's own): it would write over them
     (Lightning only warns), a run resumed from elsewhere too."""
-    folders = [(Path(c.dirpath), "give the checkpoint callback another dirpath")
-               for c in trainer.checkpoint_callbacks if getattr(c, "dirpath", None)]  # fmt: skip
-    if trainer.logger is None:
-        folders.append(
-            (Path(trainer.default_root_dir) / "checkpoints", "give another --trainer.default_root_dir")
-        )
     if resumed == "last":
         return
-    for folder, remedy in folders:
+    for folder, remedy in fixed_folders(trainer):
         if resumed is not None and Path(resumed).resolve().parent == folder.resolve():
             continue  # one of its own, resumed
         if held := sorted(p.name for p in folder.glob("*.ckpt")):
@@ -145,6 +140,19 @@ def no_earlier_checkpoints(trainer, resumed: str | None) -> None:
                 f"{folder} holds an earlier run's checkpoints ({', '.join(held[:3])}), which this run "
                 f"would write over: resume one of them (--ckpt_path last), or {remedy} (they are kept)."
             )
+
+
+def fixed_folders(trainer) -> list[tuple[Path, str]]:
+    """The checkpoint folders a run does not choose anew (a version folder is new to each run),
+    each with where else a run could save: ROOT/checkpoints with `--trainer.logger false`, and a
+    checkpoint callback's `dirpath`."""
+    folders = [(Path(c.dirpath), "give the checkpoint callback another dirpath")
+               for c in trainer.checkpoint_callbacks if getattr(c, "dirpath", None)]  # fmt: skip
+    if trainer.logger is None:
+        folders.append(
+            (Path(trainer.default_root_dir) / "checkpoints", "give another --trainer.default_root_dir")
+        )
+    return folders
 
 
 class RunFolder(Callback):
@@ -157,11 +165,22 @@ class RunFolder(Callback):
 
     def __init__(self, resumes: str | None = None) -> None:
         self.resumes = resumes  # the checkpoint given (`last`: the one found, checked at the fit's start)
+        self.held = ExitStack()
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         if stage == "fit":
-            no_earlier_checkpoints(trainer, self.resumes)  # before config.yaml and tokenizer/ are written
-            no_run_config(trainer)
+            try:
+                for folder, _ in fixed_folders(trainer) if trainer.world_size == 1 else []:
+                    folder.mkdir(parents=True, exist_ok=True)  # one run at a time (two both wrote last.ckpt)
+                    self.held.enter_context(held(folder, "`gpt-ft fit`"))
+                no_earlier_checkpoints(trainer, self.resumes)  # before config.yaml, tokenizer/ are written
+                no_run_config(trainer)
+            except BaseException:
+                self.held.close()
+                raise
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        self.held.close()
 
     def on_fit_start(self, trainer, pl_module) -> None:
         if not trainer.strategy.restore_checkpoint_after_setup:  # (FSDP's resumes after this: unchecked)

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from gpt_ft.cli import main
+from gpt_ft.data.folders import LOCK
 from gpt_ft.training.checkpointing import FIT_RESUME
 from tests.background import gpt_ft
 from tests.helpers import MICRO, ROOT, common_args, finetune_args, make_task, write_corpus
@@ -1102,6 +1103,20 @@ def test_last_without_a_logger_and_best_in_fit(tmp_path, tokenizer_dir, capsys):
         "gpt-ft: error: --ckpt_path best: gpt-ft fit resumes from `last` or a checkpoint's path "
         "(a best-*.ckpt's)."
     )
+    # While a run trains there, another process's run into the folder is refused before it writes
+    # (two started at once both passed the check below, and the one that ended last kept last.ckpt).
+    from gpt_ft.data.folders import held
+
+    saved = {p: p.read_bytes() for p in (tmp_path / "root").rglob("*") if p.is_file()}
+    with held(tmp_path / "root" / "checkpoints", "`gpt-ft fit`"):  # (as another process holds it)
+        assert error_of(["fit", *args, "--ckpt_path=last"], capsys) == (
+            f"gpt-ft: error: Another `gpt-ft fit` is writing to {tmp_path / 'root' / 'checkpoints'}; wait "
+            "for it to end, or choose another folder."
+        )
+        assert {
+            p: p.read_bytes() for p in (tmp_path / "root").rglob("*") if p.is_file() and p.name != LOCK
+        } == saved
+    assert not (tmp_path / "root" / "checkpoints" / LOCK).exists()
     # A second run into the same folder would write over the first's checkpoints (Lightning only
     # warned), and a config.yaml of the user's own where the run writes its configuration: refused.
     last = tmp_path / "root" / "checkpoints" / "last.ckpt"
