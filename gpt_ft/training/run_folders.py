@@ -187,6 +187,7 @@ class RunFolder(Callback):
             no_earlier_checkpoints(trainer, trainer.ckpt_path)
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        self.held.close()  # (no teardown follows an error)
         logger = trainer.logger
         version = getattr(logger, "version", None)
         name = f"version_{version}" if isinstance(version, int) else version
