@@ -42,9 +42,14 @@ def one_writer(folder: Path, command: str) -> Iterator[None]:
 
 
 @contextmanager
-def held(folder: Path, command: str) -> Iterator[None]:
-    """Holds `folder` (which exists) for this process: another process asking for it meanwhile is
-    refused in one sentence naming `command`; the lock goes with the process, however it ends."""
+def held(folder: Path | None, command: str) -> Iterator[None]:
+    """Holds `folder` (made if need be) for this process: another process asking for it meanwhile
+    is refused in one sentence naming `command`; the lock goes with the process, however it ends.
+    None: nothing held (a process that does not write)."""
+    if folder is None:
+        yield
+        return
+    folder.mkdir(parents=True, exist_ok=True)
     try:
         import fcntl
     except ImportError:  # Windows: no advisory locks; one writer is the user's to keep

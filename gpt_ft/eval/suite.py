@@ -31,6 +31,7 @@ import yaml
 
 from gpt_ft.adapters.cards import load_card
 from gpt_ft.data.files import examples_split, labelled_rows
+from gpt_ft.data.folders import held
 from gpt_ft.errors import arguments_from, check_output_dir
 from gpt_ft.eval import suite_file, zeroshot
 from gpt_ft.eval.curves import MISSING, baseline_curves, collect_curves, labels_saved, read_baselines
@@ -174,6 +175,10 @@ class SuiteRunner:
                 for size in self.sizes for seed in self.seeds]  # fmt: skip
 
     def run(self, log=print) -> dict[str, Any]:
+        with held(self.out if first_process() else None, "`gpt-ft suite`"):  # another there: refused
+            return self._run(log)
+
+    def _run(self, log) -> dict[str, Any]:
         start, writes = time.perf_counter(), first_process()  # the others of a DDP run fit, silent
         log = log if writes else (lambda *args, **kwargs: None)
         if self.zero_shot and writes:
@@ -273,13 +278,8 @@ class SuiteRunner:
             )
             for ckpt in folder.rglob("*.ckpt") if not self.keep_checkpoints and first_process() else []:
                 ckpt.unlink()
-            result = {
-                "task": run.task,
-                "seed": run.seed,
-                "layers": run.layers,
-                "row": run.row,
-                "size": run.size,
-            }
+            result = {"task": run.task, "seed": run.seed, "layers": run.layers, "row": run.row,
+                      "size": run.size}  # fmt: skip
             result |= {"epoch": epoch, "metrics": metrics, "seconds": round(time.perf_counter() - start, 1)}
             result |= {"config": config, "select": self.select, "predict": bool(self.predict)}
             result["files"] = run_stamps(self.cards[run.task][1], config)

@@ -171,8 +171,9 @@ class RunFolder(Callback):
         if stage == "fit":
             try:
                 for folder, _ in fixed_folders(trainer) if trainer.world_size == 1 else []:
-                    folder.mkdir(parents=True, exist_ok=True)  # one run at a time (two both wrote last.ckpt)
-                    self.held.enter_context(held(folder, "`gpt-ft fit`"))
+                    self.held.enter_context(
+                        held(folder, "`gpt-ft fit`")
+                    )  # (two at once: one's last.ckpt lost)
                 no_earlier_checkpoints(trainer, self.resumes)  # before config.yaml, tokenizer/ are written
                 no_run_config(trainer)
             except BaseException:

@@ -306,6 +306,21 @@ def test_ctrl_c_in_a_suite_says_to_rerun_the_suite(tmp_path, tokenizer_dir, caps
     assert captured.err.rstrip().endswith("gpt-ft: stopped by Ctrl-C (SIGINT)")
 
 
+def test_a_suite_running_in_an_out_dir_holds_it(tmp_path):
+    """A second suite started on an out_dir while one runs there is refused before it reads or moves
+    anything (it set aside the first one's runs as interrupted, and the first crashed on a missing
+    metrics.csv); once the first is done the folder is free."""
+    from gpt_ft.data.folders import LOCK, held
+
+    runner = suites.SuiteRunner(load_suite(ROOT / "configs/suites/glue.yaml"), out_dir=tmp_path, tasks="rte")
+    runner._run = lambda log: pytest.fail("ran while another suite held the folder")
+    with held(tmp_path, "`gpt-ft suite`"):  # (as another process holds it)
+        with pytest.raises(ValueError, match=rf"^Another `gpt-ft suite` is writing to {tmp_path}; wait for"):
+            runner.run()
+    runner._run = lambda log: "ran"
+    assert runner.run() == "ran" and not (tmp_path / LOCK).exists()
+
+
 def test_a_submission_folder_of_other_files_is_refused_before_any_run(tmp_path):
     """OUT/submission is written anew at the end of a suite: files no suite wrote there (`gpt-ft
     predict`'s) stop it before it runs, kept; a suite's own output (or none to predict) passes."""
