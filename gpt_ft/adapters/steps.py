@@ -330,7 +330,7 @@ class Steps(TaskAdapter):
         ids, extract = [specials.start, *problem[: kept[0]], specials.delim], []
         for i, (step, k) in enumerate(zip(steps, kept[1:])):
             # a first step that holds the problem (no problem apart) keeps its end: the step itself
-            ids += step[len(step) - k :] if i == 0 and not problem else step[:k]
+            ids += step[len(step) - k :] if i == 0 and self.problem is None and not problem else step[:k]
             extract.append(len(ids))
             ids.append(specials.extract)
         label = self._label(example, n)

@@ -44,11 +44,13 @@ def one_writer(folder: Path, command: str) -> Iterator[None]:
 @contextmanager
 def held(folder: Path | None, command: str) -> Iterator[None]:
     """Holds `folder` (made if need be) for this process: another process asking for it meanwhile
-    is refused in one sentence naming `command`; the lock goes with the process, however it ends.
-    None: nothing held (a process that does not write)."""
+    is refused in one sentence naming `command`; the lock goes with the process, however it ends,
+    and a folder made here that is still empty goes with it. None: nothing held (a process that
+    does not write)."""
     if folder is None:
         yield
         return
+    made = not folder.exists()
     folder.mkdir(parents=True, exist_ok=True)
     try:
         import fcntl
@@ -74,6 +76,8 @@ def held(folder: Path | None, command: str) -> Iterator[None]:
         if lock is not None:
             (folder / LOCK).unlink(missing_ok=True)
             lock.close()
+        if made and not any(folder.iterdir()):
+            folder.rmdir()  # refused before it wrote: nothing left behind
 
 
 class Terminated(KeyboardInterrupt):
@@ -97,6 +101,22 @@ def sigterm_stops() -> Iterator[None]:
         yield
     finally:  # None: a handler set outside Python, which Python cannot put back; the default then
         signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+@contextmanager
+def stops_at_once() -> Iterator[None]:
+    """Inside, Ctrl-C and SIGTERM end the process on the spot, as any program's: for native work
+    (the tokenizers' trainer) that a Python handler would wait for, and that leaves nothing to
+    clean up."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.signal(sig, signal.SIG_DFL) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
 
 def save_tokenizer(tokenizer, folder: str | os.PathLike) -> None:

@@ -40,7 +40,7 @@ from transformers import (
 
 from gpt_ft.data.corpus import file_lines, find_files
 from gpt_ft.data.file_faults import check_tokenizer_files
-from gpt_ft.data.folders import save_new_tokenizer, takes_tokenizer
+from gpt_ft.data.folders import save_new_tokenizer, stops_at_once, takes_tokenizer
 from gpt_ft.errors import check_output_dir
 from gpt_ft.weights import gguf_file, hub
 from gpt_ft.weights.pretrained import BPE_FILES, TOKENIZER_FILES, weights_tokenizer
@@ -270,7 +270,8 @@ def train_tokenizer(
         initial_alphabet=alphabet,
         show_progress=show_progress,
     )
-    backend.train_from_iterator(file_lines(paths), trainer)
+    with stops_at_once():  # the Rust trainer would hold a stop back until it ended: nothing written yet
+        backend.train_from_iterator(file_lines(paths), trainer)
 
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,

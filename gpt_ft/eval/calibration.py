@@ -129,7 +129,10 @@ def calibrate(
     clf = Classifier.from_checkpoint(stored, device="cpu")
     task = clf.task
     if not task.output.has_probabilities:
-        raise ValueError(f"Task {task.name!r} predicts a score: there are no probabilities to calibrate.")
+        raise ValueError(
+            f"Task {task.name!r} has no softmax over labels to calibrate: `gpt-ft calibrate` fits "
+            "classifiers' and multiple choice's."
+        )
     if task.output.problem_type == "multi_label_classification":
         raise ValueError(
             f"Task {task.name!r} decides each label on its own sigmoid against the card's threshold: one "

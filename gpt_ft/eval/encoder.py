@@ -154,7 +154,7 @@ def embed(
     tmp = hidden_beside(target)
     with writing(target):
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp.parent.mkdir(parents=True, exist_ok=True)
             if target.suffix.lower() == ".npy":
                 with tmp.open("wb") as f:
                     np.save(f, vectors)

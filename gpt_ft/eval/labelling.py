@@ -171,7 +171,7 @@ def labelled_file(
     out = LabelledFile(path, columns, new)
     try:
         with writing(path):  # no space left, permission denied: one sentence, the previous file kept
-            path.parent.mkdir(parents=True, exist_ok=True)
+            out.tmp.parent.mkdir(parents=True, exist_ok=True)
             out.file = out.tmp.open("w", encoding="utf-8", newline="")
         yield out
         with writing(path):
@@ -213,6 +213,8 @@ class LabelledFile:
             for row, (_, text) in zip(rows, labelled):
                 self._cells([*(_cell(row.get(c)) for c in self.columns), text])
             return
+        if self.suffix == ".parquet":  # every column in each record: a table's come from its first
+            rows = [{c: row.get(c) for c in self.columns} for row in rows]
         records = [  # the whole outcome beside each row
             finite({**row, **{name: outcome[key] for key, name in self.names.items() if key in outcome}})
             for row, (outcome, _) in zip(rows, labelled)
@@ -262,14 +264,18 @@ class LabelledFile:
 
 
 def hidden_beside(path: Path) -> Path:
-    """The hidden file beside `path` that one process writes before it takes `path`'s name."""
-    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    """The hidden file beside `path` (the file a symbolic link names) that one process writes before
+    it takes `path`'s name; a name near the file system's 255 bytes is cut to leave room."""
+    path, tail = Path(os.path.realpath(path)), f".{os.getpid()}.tmp"
+    return path.with_name("." + os.fsdecode(os.fsencode(path.name)[: 254 - len(tail)]) + tail)
 
 
 def put_in_place(tmp: Path, path: Path, *, overwrite: bool) -> None:
-    """`tmp` under `path`'s name. Without `overwrite`, a file another process wrote there meanwhile
-    (two runs with one --output) is refused, not replaced: a hard link takes a name only where
-    there is none, so no check can go stale before it."""
+    """`tmp` under `path`'s name (the file a symbolic link names, as opening it would write).
+    Without `overwrite`, a file another process wrote there meanwhile (two runs with one --output)
+    is refused, not replaced: a hard link takes a name only where there is none, so no check can
+    go stale before it."""
+    path = Path(os.path.realpath(path))
     if overwrite:
         return tmp.replace(path)
     try:

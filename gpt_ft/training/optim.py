@@ -75,7 +75,12 @@ def schedule_steps(module) -> tuple[int, int]:
     warmup = module.warmup_steps if module.warmup_steps is not None else round(module.warmup_fraction * total)
     if warmup >= total and math.isfinite(estimated):  # (its last step's rate: (total - 1) / warmup of lr)
         than = "as long as" if warmup == total else "longer than"
-        rank_zero_warn(f"--model.warmup_steps {warmup} is {than} the run's {total} optimizer steps: the "
+        given = (
+            f"--model.warmup_steps {warmup}"
+            if module.warmup_steps is not None
+            else f"--model.warmup_fraction {module.warmup_fraction:g} ({warmup} step{'s' * (warmup != 1)})"
+        )
+        rank_zero_warn(f"{given} is {than} the run's {total} optimizer step{'s' * (total != 1)}: the "
                        f"learning rate never reaches --model.lr ({module.optim['lr']:g})")  # fmt: skip
     return total, warmup
 

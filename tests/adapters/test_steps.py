@@ -60,6 +60,10 @@ def test_a_first_step_holding_the_problem_keeps_its_end_when_cut():
     row = {"input": "Q? Step 1: a ки\nStep 2: b ки", "label": "Q? Step 1: a +\nStep 2: b -"}
     enc = task.encode(row, [[], list(range(10, 20)), [30, 31]], SPECIALS, max_length=10)
     assert enc.sequences == [[1, 2, 16, 17, 18, 19, 3, 30, 31, 3]] and enc.extract_index == [6, 9]
+    # a card with a problem field whose row leaves it empty: the first step is a step, cut at its end
+    task = Steps(name="s", max_steps=3)
+    enc = task.encode({"problem": "", "steps": ["a", "b"]}, [[], list(range(10, 20)), [30, 31]], SPECIALS, 10)
+    assert enc.sequences == [[1, 2, 10, 11, 12, 13, 3, 30, 31, 3]]
 
 
 def test_problem_end_frames_the_text_before_it_as_the_problem():
@@ -290,6 +294,10 @@ def test_fit_chooses_the_threshold_and_classifier_names_each_solutions_first_err
     assert [r["prediction"] for r in labelled] == [p["label"] for p in predicted]
     for r, p in zip(labelled, predicted):
         assert r["scores"] == pytest.approx(p["scores"])
+    with pytest.raises(SystemExit):  # a verdict per step: its own sigmoid, against the threshold chosen
+        main(["calibrate", f"--ckpt_path={last}", f"--output={tmp_path / 'hot.ckpt'}"])
+    said = "Task 'sums' has no softmax over labels to calibrate: `gpt-ft calibrate` fits classifiers' and "
+    assert capsys.readouterr().err.strip().endswith(said + "multiple choice's.")
 
 
 def test_a_step_index_outside_the_solution_names_file_and_line(tmp_path, tokenizer_dir, capsys):

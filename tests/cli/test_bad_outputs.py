@@ -271,6 +271,27 @@ def test_sigterm_while_labelling_is_one_line_and_keeps_the_earlier_file(
     assert files(tmp_path) == before and signal.getsignal(signal.SIGTERM) == handler
 
 
+def test_a_stop_while_the_tokenizer_trains_ends_it_at_once(tmp_path, monkeypatch):
+    """The Rust trainer would hold a Python handler back until it ended: while it trains (nothing
+    written yet), Ctrl-C and SIGTERM end the process as they end any program; the handlers that
+    clean up are back for the save."""
+    import signal
+
+    from gpt_ft.data import tokenizer
+
+    corpus, seen, lines = tmp_path / "corpus.txt", [], tokenizer.file_lines
+    corpus.write_text("the cat sat on the mat .\n" * 50)
+
+    def read(paths):
+        seen.append((signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)))
+        yield from lines(paths)
+
+    monkeypatch.setattr(tokenizer, "file_lines", read)
+    main(["tokenizer", "--inputs", str(corpus), "--vocab_size=300", f"--out_dir={tmp_path / 'tok'}"])
+    assert seen == [(signal.SIG_DFL, signal.SIG_DFL)] and (tmp_path / "tok/tokenizer.json").is_file()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_an_output_another_process_wrote_meanwhile_is_kept(tmp_path, labelling, capsys, monkeypatch):
     """Two runs given one new --output: the one that ends second is refused, not written over the
     first one's file (it was checked only as each started); with --overwrite true it replaces it."""

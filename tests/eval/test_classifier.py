@@ -294,6 +294,31 @@ def test_label_writes_a_reward_models_probability_beside_its_own(tmp_path):
         write_labelled(tmp_path / "out.parquet", mixed, [(outcome, "2.0000")] * 2)
     assert not list(tmp_path.glob(".*.tmp"))  # and the file before is kept
     assert read_table(tmp_path / "out.parquet").to_list()[0]["probability_1"] == 0.88
+    # a JSON record may lack a field later ones have: the column is kept, the record's cell empty
+    sparse = [{"chosen": "a"}, {"chosen": "c", "note": "n"}]
+    write_labelled(tmp_path / "sparse.parquet", sparse, [(outcome, "2.0000")] * 2)
+    assert [(r["chosen"], r["note"]) for r in read_table(tmp_path / "sparse.parquet").to_list()] == [
+        ("a", None),
+        ("c", "n"),
+    ]
+
+
+def test_a_labelled_file_goes_where_a_link_points_and_takes_a_long_name(tmp_path):
+    """--output a symbolic link (dangling: its file not yet written) writes the file it names; a
+    name near the file system's 255 bytes still has a hidden file beside it."""
+    import json
+
+    from gpt_ft.eval.labelling import write_labelled
+
+    rows, outcome = [{"sentence": "a"}], {"label": "1", "scores": {"0": 0.25, "1": 0.75}}
+    (tmp_path / "link.tsv").symlink_to(tmp_path / "real.tsv")
+    write_labelled(tmp_path / "link.tsv", rows, [(outcome, "1")], overwrite=False)
+    assert (tmp_path / "real.tsv").read_text() == "sentence\tprediction\na\t1\n"
+    assert (tmp_path / "link.tsv").is_symlink()
+    long = tmp_path / ("é" * 100 + "x" * 46 + ".jsonl")  # 250 bytes
+    write_labelled(long, rows, [(outcome, "1")], overwrite=False)
+    assert json.loads(long.read_text())["prediction"] == "1"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["link.tsv", "real.tsv", long.name])
 
 
 def test_label_keeps_a_files_own_columns_and_records(finetuned, tmp_path, capsys):

@@ -102,6 +102,11 @@ def test_a_warmup_as_long_as_the_run_or_longer_is_warned_of():
             UserWarning, match=rf"warmup_steps {warmup} is {than} the run's 30 optimizer steps: .* \(0.001\)"
         ):
             m.configure_optimizers()
+    m = module(SingleText(name="t", labels=["a", "b"]), lr=1e-3, warmup_fraction=0.9)  # named as given
+    m._trainer = SimpleNamespace(estimated_stepping_batches=1, callbacks=[])
+    with pytest.warns(UserWarning, match=r"^--model.warmup_fraction 0.9 \(1 step\) is as long as the run's 1 "
+                      r"optimizer step: "):  # fmt: skip
+        m.configure_optimizers()
 
 
 def test_lr_lambda_shapes():
