@@ -10,7 +10,7 @@ import tempfile
 import threading
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from gpt_ft.errors import writing
@@ -77,7 +77,8 @@ def held(folder: Path | None, command: str) -> Iterator[None]:
             (folder / LOCK).unlink(missing_ok=True)
             lock.close()
         if made and not any(folder.iterdir()):
-            folder.rmdir()  # refused before it wrote: nothing left behind
+            with suppress(OSError):  # (another process's files arrived meanwhile: theirs, kept)
+                folder.rmdir()  # refused before it wrote: nothing left behind
 
 
 class Terminated(KeyboardInterrupt):
