@@ -324,3 +324,31 @@ def test_a_suite_runs_an_embedding_card_with_its_learning_curve(embedded, tmp_pa
         assert 0 <= metric["seeds"]["0"] <= 100
     curve = task["curves"]["fine-tuned"]
     assert (curve["8"]["examples"], curve["all"]["examples"]) == (8, 16)
+
+
+@pytest.mark.parametrize(
+    "pooling, read",
+    [("extract", ["extract at 8", "extract at 11"]), ("last", ["read at 7", "read at 10"]),
+     ("mean", ["their mean read"] * 2)],
+)  # fmt: skip
+def test_explain_says_where_each_pooling_reads_a_texts_vector(
+    embedded, tokenizer_dir, tmp_path, capsys, pooling, read
+):
+    """`[start] query: text [extract]`, or without the extract token where the text's own tokens are read."""
+    root, _ = embedded
+    (tmp_path / "card.yaml").write_text(
+        CARD.replace("  index: null\n", f"  index: null\n  pooling: {pooling}\n")
+    )
+    capsys.readouterr()
+    argv = [
+        f"--data.task={tmp_path / 'card.yaml'}",
+        f"--data.tokenizer={tokenizer_dir}",
+        f"--data.data_dir={root}",
+    ]
+    main(["explain", *argv])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("sequence")]
+    extract = pooling == "extract"
+    assert lines == [
+        f"sequence 0 ({8 + extract} tokens, {read[0]}):",
+        f"sequence 1 ({11 + extract} tokens, {read[1]}):",
+    ]
