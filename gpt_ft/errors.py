@@ -89,15 +89,29 @@ def parse_error_message(text: str) -> str:
         reason = yaml_file_problem(value) or f"{value} is not a file that can be read"
     elif bad_class:
         reason = bad_class[-1]
-    elif expected:  # a union's types, with its literals' values as one list
-        kinds = [re.sub(r"<class '([^']+)'>", r"\1", e[11:].split(". Got value: ")[0]) for e in expected]
+    elif expected:  # a union's types as declared, with its literals' values as one list
+        first = lines.index(expected[0])  # the union whose errors these are: the innermost before them
+        subtypes = next((line[11:-1] for line in lines[first::-1] if line.startswith("Subtypes: [")), None)
+        types = [e[11:].split(". Got value: ")[0] for e in expected]
+        declared = [t for t in re.split(r", (?![^\[]*\])", subtypes or "") if "NoneType" not in t]
+        declared = declared if set(types) & set(declared) else types  # else an outer union's
+        items = [  # an item of a list at fault
+            (t, e.split(". Got value: ")[1])
+            for t, e in zip(types, expected)
+            if t not in declared and ". Got" in e
+        ]
+        kinds = [plain(t) for t in declared]
         values = ", ".join(k[15:-1] for k in kinds if k.startswith("typing.Literal["))
         kinds = [k for k in kinds if not k.startswith("typing.Literal[")] + [f"one of {values}"] * bool(
             values
         )
         got = re.search(r"\. Got value: (.*)$", expected[0])
         reason = f"expected {' or '.join(kinds)}, got {got[1] if got else given!r}"
-        reason += ": a list is written [a, b, c] (one argument)" * (kinds[0][:4] in ("list", "List"))
+        reason += "".join(f" ({v} is not a {plain(t)})" for t, v in items[:1])
+        listed = str(got[1] if got else given).startswith("[")  # a list given, an item of it at fault
+        reason += ": a list is written [a, b, c] (one argument)" * (
+            kinds[0][:4] in ("list", "List") and not listed
+        )
     else:
         noise = ("Parser key", "Does not validate", "Subtypes:", "Errors:", "Given value")
         reasons = [line for line in lines if not line.startswith(noise)]
@@ -108,6 +122,11 @@ def parse_error_message(text: str) -> str:
     if reason.startswith("unrecognized arguments") and re.search(r"--(optimizer|lr_scheduler)\b", reason):
         reason += " (the optimizer and its schedule are the model's: --model.optimizer, --model.lr, ...)"
     return f"{where}{reason}."
+
+
+def plain(kind: str) -> str:
+    """A type as jsonargparse names it, as written in code: "<class 'float'>" as float."""
+    return re.sub(r"<class '([^']+)'>", r"\1", kind)
 
 
 def card_in_mapping(given: str) -> str | None:

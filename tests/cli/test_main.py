@@ -180,10 +180,15 @@ def test_a_checkpoint_moved_without_its_tokenizer_starts_a_run_with_the_one_give
         ("--model.lm_coef=-0.5", "lm_coef must be >= 0, got -0.5"),
         ("--trainer.max_epochs=x", "--trainer.max_epochs: expected int, got 'x'"),
         (  # a union's every type and literal, not its first type alone ('expected int')
+            "--model.class_weights=[1,2,x]",  # and the item of a list at fault
+            "--model.class_weights: expected list[float] or one of 'balanced', got \"[1, 2, 'x']\" "
+            "(x is not a float).",
+        ),
+        (
             "--trainer.precision=bf17",
-            "--trainer.precision: expected int or one of 'transformer-engine', 'transformer-engine-float16', "
-            "'16-true', '16-mixed', 'bf16-true', 'bf16-mixed', '32-true', '64-true', '64', '32', '16', "
-            "'bf16', got 'bf17'.",
+            "--trainer.precision: expected one of 64, 32, 16, 'transformer-engine', "
+            "'transformer-engine-float16', '16-true', '16-mixed', 'bf16-true', 'bf16-mixed', '32-true', "
+            "'64-true', '64', '32', '16', 'bf16', got 'bf17'.",
         ),
         (
             "--trainer.gradient_clip_val=-1",
