@@ -30,6 +30,8 @@ from gpt_ft.training.terms import batch_terms
 from gpt_ft.weights.checkpoint import Checkpoint
 from gpt_ft.weights.pretrained import GPT
 
+CHUNK = 4096  # examples encoded and run at a time (`gpt-ft label` rounds it up to whole batches)
+
 
 class Classifier:
     """A fine-tuned GPT with its task head, tokenizer and task card."""
@@ -122,6 +124,18 @@ class Classifier:
         """The examples as the model sees them: the task's own path from examples to tokens, which
         `TaskDataModule` takes in training (labels are not read; a card that groups records, each
         record alone). `where(i)` names example i in an error (default: 'example i')."""
+        examples = self.examples(examples)
+        unlabelled = []
+        for i, example in enumerate(examples):
+            with about(where or (lambda i: f"example {i}"), i, self.task.name):
+                unlabelled.append(self.task.to_predict(example))
+        encoded = self.task.encode_examples(
+            unlabelled, self.tokenizer, self.specials, self.max_length, where=where
+        )
+        return [{**enc.fields(), "label": None, "index": i, "cut": enc.cut} for i, enc in enumerate(encoded)]
+
+    def examples(self, examples) -> list[dict[str, Any]]:
+        """`examples` as a list of dicts, or one sentence on what was given instead."""
         if isinstance(examples, (str, dict)) or not hasattr(examples, "__iter__"):  # None: no list either
             raise TypeError(f"Classifier takes a list of examples, got {examples!r}: put it in a list.")
         if hasattr(examples, "to_dict") and hasattr(examples, "columns"):  # a table: its column names iterate
@@ -133,14 +147,7 @@ class Classifier:
             fields = ", ".join(f"{f!r}: ..." for f in self.task.text_fields())
             raise TypeError(f"Classifier takes examples as dicts; example {bad[0]} is {examples[bad[0]]!r}: "
                             f"give {{{fields}}}.")  # fmt: skip
-        unlabelled = []
-        for i, example in enumerate(examples):
-            with about(where or (lambda i: f"example {i}"), i, self.task.name):
-                unlabelled.append(self.task.to_predict(example))
-        encoded = self.task.encode_examples(
-            unlabelled, self.tokenizer, self.specials, self.max_length, where=where
-        )
-        return [{**enc.fields(), "label": None, "index": i, "cut": enc.cut} for i, enc in enumerate(encoded)]
+        return examples
 
     def predict(self, examples: list[dict[str, Any]], *, batch_size: int = 32) -> list[dict[str, Any]]:
         """One `{"label": ..., "scores": ...}` per example, in order (see `TaskOutput.outcome`).
@@ -155,8 +162,19 @@ class Classifier:
         self, examples: list[dict[str, Any]], *, batch_size: int = 32, where=None, progress=iter
     ) -> list[tuple[dict[str, Any], str]]:
         """Each example's outcome and its prediction written as text (label names, a score);
-        `progress` wraps the batches (`gpt-ft label`'s bar)."""
-        return self.run_encoded(self.encode(examples, where=where), batch_size=batch_size, progress=progress)
+        `progress` wraps each chunk's batches. A long list is encoded and run `CHUNK` examples at a
+        time, as `gpt-ft label` runs a file (memory stays a chunk's), every example read once before
+        any runs (a bad one is named first)."""
+        examples, where = self.examples(examples), where or (lambda i: f"example {i}")
+        pieces = [(first, examples[first : first + CHUNK]) for first in range(0, len(examples), CHUNK)]
+        encode = lambda first, piece: self.encode(piece, where=lambda i: where(first + i))  # noqa: E731
+        for first, piece in pieces if len(pieces) > 1 else []:
+            encode(first, piece)
+        return [
+            done
+            for first, piece in pieces
+            for done in self.run_encoded(encode(first, piece), batch_size=batch_size, progress=progress)
+        ]
 
     @torch.inference_mode()
     def run_encoded(

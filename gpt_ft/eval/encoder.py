@@ -24,8 +24,8 @@ from gpt_ft.adapters.truncation import cut_report
 from gpt_ft.data.file_faults import file_format, json_records, record_lines, utf8_problem
 from gpt_ft.data.files import read_table
 from gpt_ft.errors import TaskDataError, at_least_one, check_output_file, device_named, input_file, writing
-from gpt_ft.eval.classifier import Classifier
-from gpt_ft.eval.labelling import CHUNK, hidden_beside, jsonable, put_in_place
+from gpt_ft.eval.classifier import CHUNK, Classifier
+from gpt_ft.eval.labelling import hidden_beside, jsonable, put_in_place
 from gpt_ft.eval.progress import batches_bar
 from gpt_ft.weights.checkpoint import Checkpoint
 

@@ -26,10 +26,8 @@ from gpt_ft.adapters.truncation import cut_report
 from gpt_ft.data.file_faults import file_format, json_records, record_lines
 from gpt_ft.data.files import read_table
 from gpt_ft.errors import at_least_one, check_output_file, device_named, input_file, writing
-from gpt_ft.eval.classifier import Classifier
+from gpt_ft.eval.classifier import CHUNK, Classifier
 from gpt_ft.eval.progress import batches_bar
-
-CHUNK = 4096  # rows encoded, run and written at a time (rounded up to whole batches)
 
 
 def label(

@@ -42,6 +42,32 @@ def test_examples_name_the_cards_fields(finetuned):
     assert len(clf.predict(table.to_dict("records"))) == 2
 
 
+def test_a_long_list_is_predicted_a_chunk_at_a_time_each_example_read_first(finetuned, monkeypatch):
+    """`predict` encodes and runs `CHUNK` examples at a time, as `gpt-ft label` runs a file: the
+    outcomes are the whole list's; a bad example in the last chunk is named, by its place
+    in the whole list, before any chunk runs."""
+    from gpt_ft.eval import classifier
+
+    clf = Classifier.from_checkpoint(finetuned.ckpt, device="cpu")
+    examples = [
+        {"sentence": " ".join(["cat", "mat", "dog"][: 1 + i % 3] * (1 + i % 4)) + " ."} for i in range(10)
+    ]
+    whole = clf.predict(examples, batch_size=2)
+    monkeypatch.setattr(classifier, "CHUNK", 4)
+    runs, run_encoded = [], Classifier.run_encoded
+    monkeypatch.setattr(
+        Classifier,
+        "run_encoded",
+        lambda self, enc, **kw: runs.append(len(enc)) or run_encoded(self, enc, **kw),
+    )
+    chunked = clf.predict(examples, batch_size=2)  # (batched apart: equal to float rounding)
+    assert [c["label"] for c in chunked] == [w["label"] for w in whole] and runs == [4, 4, 2]
+    assert [c["scores"] for c in chunked] == [pytest.approx(w["scores"], abs=1e-6) for w in whole]
+    with pytest.raises(ValueError, match=r"^example 9 has no field 'sentence'"):
+        clf.predict([*examples[:9], {"text": "a cat ."}])
+    assert runs == [4, 4, 2]  # none ran
+
+
 def test_a_checkpoint_path_from_home_is_expanded(finetuned, monkeypatch):
     """`~/...` as the shell would read it unquoted: `--input` and `generate` took it, the checkpoint not."""
     monkeypatch.setenv("HOME", str(finetuned.logs))
