@@ -18,7 +18,7 @@ often a completion from there reaches the answer) or none. The card says how a r
   unlabelled row: the steps before it right, it wrong, the steps after it unlabelled;
 - `error_steps`: the indices of the wrong steps, the others right (PRMBench);
 - `tagged`: Math-Shepherd's rows: the steps one text, each ended by `step_tag`, and the label the
-  same text with "+" or "-" in each tag's place.
+  same text with "+" or "-" in each tag's place (text after the last tag: a last step, unlabelled).
 
 Indices count from 0, or from 1 with `one_based: true`. An index outside the solution's steps is
 named with its row (with `ignore_outside`, wrong steps listed past its end are left out). Scored
@@ -344,21 +344,21 @@ class Steps(TaskAdapter):
             field_text(example[self.label], self.label),
             self.step_tag,
         )
-        if len(marks) != n:
+        if not marks:
             raise TaskDataError(
                 f"field {self.label!r} does not repeat field {self.steps!r} with + or - in each "
                 f"{self.step_tag!r}'s place."
             )
-        return self.output.padded_labels(marks, n)
+        return self.output.padded_labels(marks + [None] * (n - len(marks)), n)  # an untagged last step
 
 
 def _split_tagged(text: str, tag: str, field: str) -> list[str]:
-    """A one-text solution's steps, each up to its tag (the text after the last tag, if any,
-    is not a step)."""
+    """A one-text solution's steps, each up to its tag; text after the last tag (a solution whose
+    last step has none) is a last step, unlabelled (blanks alone are none)."""
     pieces = text.split(tag)
     if len(pieces) < 2:
         raise TaskDataError(f"field {field!r} holds no step tag {tag!r}.")
-    return pieces[:-1]
+    return pieces if pieces[-1].strip() else pieces[:-1]
 
 
 def _tag_marks(text: str, labelled: str, tag: str) -> list[str]:

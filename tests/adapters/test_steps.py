@@ -102,6 +102,11 @@ def test_each_label_form():
     row = {"input": "Q? Step 1: a ки\nStep 2: b ки", "label": "Q? Step 1: a +\nStep 2: b -"}
     assert tagged.texts(row) == ["", "Q? Step 1: a ", "\nStep 2: b "]
     assert same(tagged.encode(row, [[10], [11], [12]], SPECIALS, 64).label, [1.0, 0.0, NAN])
+    # a last step without its tag is a step still, unlabelled (it has no mark); blanks after a tag none
+    untagged = {"input": row["input"] + " Step 3: c", "label": row["label"] + " Step 3: c"}
+    assert tagged.texts(untagged) == ["", "Q? Step 1: a ", "\nStep 2: b ", " Step 3: c"]
+    assert same(tagged.encode(untagged, [[10], [11], [12], [13]], SPECIALS, 64).label, [1.0, 0.0, NAN])
+    assert tagged.texts({"input": row["input"] + " \n"})[1:] == tagged.texts(row)[1:]
     for field in ("input", "label"):  # each bad field named
         with pytest.raises(TaskDataError, match=rf"^field '{field}' holds a list \['x'\], not a text\.$"):
             tagged.texts({**row, field: ["x"]}) if field == "input" else tagged.encode(
