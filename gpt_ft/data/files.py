@@ -8,6 +8,7 @@ import csv
 import glob
 import hashlib
 import re
+import sys
 from dataclasses import dataclass, replace
 from itertools import chain
 from pathlib import Path
@@ -239,6 +240,9 @@ def read_table(
     verbosity = datasets.logging.get_verbosity()
     # datasets logs a file that does not parse before raising; the sentence below says it instead.
     datasets.logging.set_verbosity(datasets.logging.CRITICAL)
+    quiet = not sys.stderr.isatty() and not datasets.are_progress_bars_disabled()
+    if quiet:  # its bar's carriage returns in a log or a pipe: gpt_ft's own bars draw on terminals only
+        datasets.disable_progress_bars()
     try:
         files = {"data": glob.escape(str(path))}  # a name, not a pattern: `data [v2]/train[1].tsv`
         with no_download_count():  # a local file: nothing to count on the Hub, no request
@@ -255,6 +259,8 @@ def read_table(
         raise TaskDataError(f"{path}{problem}.") from exc
     finally:
         datasets.logging.set_verbosity(verbosity)
+        if quiet:
+            datasets.enable_progress_bars()
 
 
 def parquet_rows(path: Path) -> int | None:

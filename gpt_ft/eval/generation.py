@@ -207,6 +207,9 @@ def continue_file(
     prompts = []
     for row, line in zip(rows, lines):
         text = row.get(field)
+        if field not in row:
+            raise ValueError(f"{source}, line {line}: the row has no field {field!r} (the prompt; --field "
+                             "NAME reads another).")  # fmt: skip
         if not isinstance(text, str):
             raise ValueError(f"{source}, line {line}: the prompt ({field!r}) is {text!r}, not a text.")
         prompts.append(checked_prompt(gpt, prompt_ids(tok, text), f"{source}, line {line}: the prompt"))

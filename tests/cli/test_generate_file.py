@@ -137,7 +137,11 @@ def test_bad_prompt_files_and_options_are_one_sentence(tmp_path, capsys, model_d
     )
     assert existing.read_text() == "kept\n"
     assert error(capsys, *base, f"--input={source}", out, "--field=text") == (
-        f"{source}, line 1: the prompt ('text') is None, not a text."
+        f"{source}, line 1: the row has no field 'text' (the prompt; --field NAME reads another)."
+    )
+    (tmp_path / "null.jsonl").write_text('{"text": null}\n')
+    assert error(capsys, *base, f"--input={tmp_path / 'null.jsonl'}", out, "--field=text") == (
+        f"{tmp_path / 'null.jsonl'}, line 1: the prompt ('text') is None, not a text."
     )
     assert error(capsys, *base, f"--input={source}", out, "--field=question") == (
         f"--input {source} has no column 'question' (its columns: prompt, text): name the prompts' column "

@@ -22,7 +22,7 @@ from jsonargparse import ArgumentParser
 
 from gpt_ft.adapters import LocalFiles, SingleText, TaskDataError
 from gpt_ft.data.batches import reads
-from gpt_ft.data.files import SLICE, load_split, split_file
+from gpt_ft.data.files import SLICE, load_split, read_table, split_file
 from gpt_ft.data.task_data import TaskDataModule
 from tests.helpers import TASK_CARDS, TASKS
 
@@ -622,3 +622,12 @@ def test_a_hub_configuration_not_in_the_cache_is_not_called_a_missing_split(monk
         TaskDataError, match=r"^Hub dataset org/ds \(mnli\) has no split 'nowhere': Unknown split"
     ):
         located_split(task, "test", None)
+
+
+def test_a_file_read_into_a_log_or_pipe_draws_no_bar(tmp_path, capsys):
+    """datasets' "Generating data split" bar redraws with carriage returns: off where stderr is no
+    terminal (a log, a pipe), as gpt_ft's own bars are; set back as it was."""
+    (tmp_path / "rows.tsv").write_text("sentence\n" + "a cat .\n" * 3)
+    capsys.readouterr()
+    assert read_table(tmp_path / "rows.tsv").num_rows == 3
+    assert "Generating" not in capsys.readouterr().err and not datasets.are_progress_bars_disabled()
