@@ -170,15 +170,28 @@ class RunFolder(Callback):
     def setup(self, trainer, pl_module, stage: str) -> None:
         if stage == "fit":
             try:
-                for folder, _ in fixed_folders(trainer) if trainer.world_size == 1 else []:
-                    self.held.enter_context(
-                        held(folder, "`gpt-ft fit`")
-                    )  # (two at once: one's last.ckpt lost)
+                self.hold(trainer)
                 no_earlier_checkpoints(trainer, self.resumes)  # before config.yaml, tokenizer/ are written
                 no_run_config(trainer)
             except BaseException:
                 self.held.close()
                 raise
+
+    def hold(self, trainer) -> None:
+        """The run's fixed folders held by its first process (two runs at once there: one's
+        last.ckpt lost); a refusal reaches every process, so that all stop alike."""
+        refused = None
+        if trainer.is_global_zero:
+            try:
+                for folder, _ in fixed_folders(trainer):
+                    self.held.enter_context(held(folder, "`gpt-ft fit`"))
+            except ValueError as exc:
+                refused = str(exc)
+        refused = trainer.strategy.broadcast(refused) if trainer.world_size > 1 else refused
+        if refused and not trainer.is_global_zero:
+            raise SystemExit(2)  # the first process says why, once
+        if refused:
+            raise ValueError(refused)
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         self.held.close()

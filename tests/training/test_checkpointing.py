@@ -11,6 +11,7 @@ import math
 import os
 import shutil
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -844,6 +845,40 @@ def start_ddp_kill(root, tokenizer_dir):
         ),  # fmt: skip
         gpt_ft(*ddp_fit_args(root, tokenizer_dir, "term"), "--ckpt_path=last", cwd=root, env=env),
     ]
+
+
+HOLD_AND_FIT = """import subprocess, sys
+from pathlib import Path
+from gpt_ft.data.folders import held
+with held(Path(sys.argv[1]), "`gpt-ft fit`"):  # another run's, as it trains there
+    sys.exit(subprocess.run([sys.executable, "-m", "gpt_ft", *sys.argv[2:]]).returncode)
+"""
+
+
+def start_ddp_held(root, tokenizer_dir):
+    """A 2-process run into a fixed checkpoint folder (`--trainer.logger false`) that another
+    process holds."""
+    from tests.background import Command
+
+    (root / "d").mkdir()
+    rows = "".join(f"{i}\tthe cat sat .\t{i % 2}\n" for i in range(8))
+    for split in ("train", "dev"):
+        (root / "d" / f"{split}.tsv").write_text("index\tsentence\tlabel\n" + rows)
+    (root / "card.yaml").write_text(DDP_CARD)
+    args = [a for a in ddp_fit_args(root, tokenizer_dir, "logs") if not a.startswith("--trainer.logger")]
+    fit = [*args, "--trainer.logger=false", f"--trainer.default_root_dir={root / 'run'}"]
+    code = [sys.executable, "-c", HOLD_AND_FIT, str(root / "run" / "checkpoints"), *fit]
+    return [Command(code, root, {**os.environ, "PYTHONPATH": str(ROOT)}, preloaded=True)]
+
+
+@pytest.mark.background(start=start_ddp_held)
+def test_a_ddp_run_into_a_folder_another_run_holds_is_refused_on_every_rank(background):
+    """Its first process holds the folder for all: refused, said once, every rank stops (none
+    waits on the others for ever), nothing written."""
+    [run] = background.runs
+    refused = f"gpt-ft: error: Another `gpt-ft fit` is writing to {background.root / 'run' / 'checkpoints'}"
+    assert run.returncode != 0 and run.stderr.count(refused) == 1, run.stderr[-3000:]
+    assert list((background.root / "run").rglob("*")) == []
 
 
 @pytest.mark.background(start=start_ddp_kill)
