@@ -108,7 +108,7 @@ def parse_error_message(text: str) -> str:
         got = re.search(r"\. Got value: (.*)$", expected[0])
         reason = f"expected {' or '.join(kinds)}, got {got[1] if got else given!r}"
         reason += "".join(f" ({v} is not a {plain(t)})" for t, v in items[:1])
-        listed = str(got[1] if got else given).startswith("[")  # a list given, an item of it at fault
+        listed = str(got[1] if got else given).startswith("[") or values  # a list given, or a name
         reason += ": a list is written [a, b, c] (one argument)" * (
             kinds[0][:4] in ("list", "List") and not listed
         )

@@ -180,6 +180,10 @@ def test_a_checkpoint_moved_without_its_tokenizer_starts_a_run_with_the_one_give
         ("--model.lm_coef=-0.5", "lm_coef must be >= 0, got -0.5"),
         ("--trainer.max_epochs=x", "--trainer.max_epochs: expected int, got 'x'"),
         (  # a union's every type and literal, not its first type alone ('expected int')
+            "--model.class_weights=balancd",  # a misspelt name: no word on how lists are written
+            "--model.class_weights: expected list[float] or one of 'balanced', got 'balancd'.",
+        ),
+        (
             "--model.class_weights=[1,2,x]",  # and the item of a list at fault
             "--model.class_weights: expected list[float] or one of 'balanced', got \"[1, 2, 'x']\" "
             "(x is not a float).",
