@@ -116,11 +116,7 @@ def load_yaml(text: str, path: str = "") -> object:
     if file and (twice := repeated_key(text)):
         raise FileProblem(f"{file}, {twice}.")
     if path and not text and (pipe := config_pipe_being_read()):
-        raise FileProblem(
-            f"--config {pipe} is a pipe that gave no text: a pipe holds its text for one read, and a command "
-            "may read its config again (validate, test and predict; any, to name a bad value's source): "
-            "write it to a file."
-        )
+        raise FileProblem(f"--config {pipe} is a pipe that gave no text.")  # (the others are read first)
     if path and not isinstance(value, dict):
         holds = "a config file is a mapping with sections (trainer, model, data, ...)"
         raise FileProblem(f"{file} is {_not_a_mapping(value)}: {holds}.")

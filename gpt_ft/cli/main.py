@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from gpt_ft.cli.commands import lazy, lightning
-from gpt_ft.data.folders import Terminated, sigterm_stops
+from gpt_ft.data.folders import Terminated, piped_configs_read, sigterm_stops
 from gpt_ft.errors import FileProblem, TaskDataError, causes, os_error_message, parse_error_message
 from gpt_ft.workarounds.cli import file_not_decoded
 from gpt_ft.workarounds.kernels import torchao_import_loggers
@@ -243,13 +243,14 @@ def keep_freed_memory() -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else list(argv)
+    typed, argv = argv is None, sys.argv[1:] if argv is None else list(argv)
     debug = os.environ.get(DEBUG, "") not in ("", "0")
     if not argv or argv[0] in ("-h", "--help"):
         return usage()
     if argv[0] == "--version":
         return print(f"gpt-ft {version('gpt_ft')}")
-    name, args = argv[0], argv[1:]
+    name, args = argv[0], piped_configs_read(argv[1:])
+    sys.argv[2:] = args if typed else sys.argv[2:]  # (a DDP run's other processes take them as read here)
     # transformers imports torchao where it is installed (the quantize extra), which then logs about
     # parts no command uses: CUDA kernels a CPU-only torch cannot load, enums registered with pytree.
     for logger in torchao_import_loggers():
@@ -270,14 +271,8 @@ def main(argv: list[str] | None = None) -> None:
         if debug:
             raise
         problem = next((e for e in causes(exc) if isinstance(e, FileProblem)), None)
-        fail(
-            undecodable_file(exc)
-            or (
-                str(problem)
-                if problem
-                else in_config_file(lone_value(parse_error_message(str(exc)), args), args)
-            )
-        )
+        said = in_config_file(lone_value(parse_error_message(str(exc)), args), args)
+        fail(undecodable_file(exc) or (str(problem) if problem else said))
     except OSError as exc:  # a file that cannot be read or written (no space, permission, read-only)
         if debug or exc.filename is None:
             raise

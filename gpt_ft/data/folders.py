@@ -1,11 +1,13 @@
 """Output folders written safely: one writer at a time, a stop by SIGTERM cleaned up like any
-other, tokenizer folders replaced whole, and new folders written whole (`written_whole`)."""
+other, tokenizer folders replaced whole, and new folders written whole (`written_whole`); and
+piped `--config`s read once, before any command reads them (`piped_configs_read`)."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import signal
+import stat
 import tempfile
 import threading
 import warnings
@@ -22,6 +24,27 @@ TOKENIZER_SAVES = (
     "vocab.txt", "tokenizer.model", "spiece.model",
 )  # fmt: skip
 LOCK = ".gpt_ft.lock"
+
+
+def piped_configs_read(args: list[str]) -> list[str]:
+    """`args` with each `--config` that is a pipe (`--config <(envsubst < run.yaml)`) given as the
+    text it holds, read here once: a pipe holds it for one read, where a command may read its
+    configs twice (validate, test, predict) and a DDP run's other processes again; its paths are
+    the working folder's, as a pipe has no folder (a pipe that gives no text is kept, and named)."""
+    out = list(args)
+    for i, arg in enumerate(args):
+        option, equals, value = arg.partition("=")
+        at, value = (i, value) if equals else (i + 1, args[i + 1] if i + 1 < len(args) else "")
+        if option in ("-c", "--config") and value and is_pipe(value) and (text := Path(value).read_text()):
+            out[at] = f"{option}={text}" if equals else text
+    return out
+
+
+def is_pipe(path: str) -> bool:
+    try:
+        return stat.S_ISFIFO(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
 
 
 def missing_folders(folder: Path) -> list[Path]:

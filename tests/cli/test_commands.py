@@ -489,35 +489,52 @@ def test_print_config_with_a_checkpoint_shows_what_the_command_would_run(finetun
     assert config["model"]["preset"] == "gpt-micro" and config["ckpt_path"] == "last"
 
 
-def test_a_piped_config_that_is_read_twice_is_named(tmp_path, capsys):
-    """`--config <(...)` is a pipe, which holds its text for one read: fit reads it once; validate
-    reads it twice (the first time for the checkpoint) and said "63 is empty"."""
+def piped(path, text: str):
+    """A named pipe at `path` that gives `text` to its first reader and nothing to each later one (a
+    shell's `<(...)` is spent after one read), until the block ends."""
     import os
     import threading
+    from contextlib import contextmanager
 
-    pipe = tmp_path / "config"
-    os.mkfifo(pipe)
-    done = threading.Event()
+    @contextmanager
+    def pipe():
+        os.mkfifo(path)
+        done = threading.Event()
 
-    def write() -> None:  # the text, then nothing to each later reader (a shell's pipe is spent)
-        pipe.write_text("seed_everything: 3\n")
-        while not done.is_set():
-            pipe.write_text("")
+        def write() -> None:
+            path.write_text(text)
+            while not done.is_set():
+                path.write_text("")
 
-    writer = threading.Thread(target=write, daemon=True)
-    writer.start()
-    try:
-        with pytest.raises(SystemExit) as stopped:
-            main(["validate", "--config", str(pipe), "--print_config"])
-    finally:
-        done.set()
-        os.close(os.open(pipe, os.O_RDONLY | os.O_NONBLOCK))  # the writer's open waiting for a reader
-        writer.join(5)
+        writer = threading.Thread(target=write, daemon=True)
+        writer.start()
+        try:
+            yield path
+        finally:
+            done.set()
+            os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))  # the writer's open waiting for a reader
+            writer.join(5)
+
+    return pipe()
+
+
+def test_a_piped_config_is_read_once_whatever_reads_it_again(tmp_path, capsys, monkeypatch):
+    """`--config <(envsubst < run.yaml)` is a pipe, which holds its text for one read: it is read
+    once, before the parse, so that validate (which reads its configs twice: the first time for the
+    checkpoint) takes it too, and a DDP run's other processes its text; its card path is the working
+    folder's, as a pipe has none. Validate said "63 is empty", fit "gave no text" for a card path."""
+    monkeypatch.chdir(ROOT)
+    text = "seed_everything: 3\ndata:\n  task: tasks/glue/sst2.yaml\n"
+    with piped(tmp_path / "config", text) as pipe:
+        config = shown(["validate", "--config", str(pipe)], capsys)
+    assert (
+        config["seed_everything"] == 3 and config["data"]["init_args"]["task"]["init_args"]["name"] == "sst2"
+    )
+    with piped(tmp_path / "empty", "") as pipe, pytest.raises(SystemExit) as stopped:
+        main(["fit", f"--config={pipe}"])
     assert stopped.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        f"gpt-ft: error: --config {pipe} is a pipe that gave no text: a pipe holds its text for one read, "
-        "and a command may read its config again (validate, test and predict; any, to name a bad value's "
-        "source): write it to a file."
+        f"gpt-ft: error: --config {pipe} is a pipe that gave no text."
     )
 
 
