@@ -68,12 +68,12 @@ def one_writer(folder: Path, command: str) -> Iterator[None]:
 def held(folder: Path | None, command: str) -> Iterator[None]:
     """Holds `folder` (made if need be) for this process: another process asking for it meanwhile
     is refused in one sentence naming `command`; the lock goes with the process, however it ends,
-    and a folder made here that is still empty goes with it. None: nothing held (a process that
-    does not write)."""
+    and the folders made here (its parents too) go with it where they hold no file (a run refused
+    before it wrote). None: nothing held (a process that does not write)."""
     if folder is None:
         yield
         return
-    made = not folder.exists()
+    made = missing_folders(folder)
     folder.mkdir(parents=True, exist_ok=True)
     try:
         import fcntl
@@ -99,9 +99,10 @@ def held(folder: Path | None, command: str) -> Iterator[None]:
         if lock is not None:
             (folder / LOCK).unlink(missing_ok=True)
             lock.close()
-        if made and not any(folder.iterdir()):
-            with suppress(OSError):  # (another process's files arrived meanwhile: theirs, kept)
-                folder.rmdir()  # refused before it wrote: nothing left behind
+        if made and not any(p.is_file() or p.is_symlink() for p in folder.rglob("*")):
+            for empty in [*(Path(sub) for sub, _, _ in os.walk(folder, topdown=False)), *made[1:]]:
+                with suppress(OSError):  # only an empty folder goes (another process's files: kept)
+                    empty.rmdir()
 
 
 class Terminated(KeyboardInterrupt):
@@ -112,8 +113,10 @@ class Terminated(KeyboardInterrupt):
 def sigterm_stops() -> Iterator[None]:
     """Inside, SIGTERM (`kill`, a job scheduler's stop) raises `Terminated` as Ctrl-C raises
     KeyboardInterrupt, so every writer's clean-up runs (its temporary files go), where SIGTERM's
-    default would end the process on the spot."""
-    if threading.current_thread() is not threading.main_thread():
+    default would end the process on the spot. (Ignored, as `nohup`-like starts may leave it, it
+    stays so.)"""
+    ignored = signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+    if threading.current_thread() is not threading.main_thread() or ignored:
         yield  # signal handlers belong to the main thread
         return
 
@@ -135,7 +138,10 @@ def stops_at_once() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {sig: signal.signal(sig, signal.SIG_DFL) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {  # (a signal ignored, as `cmd &` ignores SIGINT, stays so)
+        sig: signal.signal(sig, signal.SIG_IGN if signal.getsignal(sig) == signal.SIG_IGN else signal.SIG_DFL)
+        for sig in (signal.SIGINT, signal.SIGTERM)
+    }
     try:
         yield
     finally:

@@ -290,6 +290,12 @@ def test_a_stop_while_the_tokenizer_trains_ends_it_at_once(tmp_path, monkeypatch
     main(["tokenizer", "--inputs", str(corpus), "--vocab_size=300", f"--out_dir={tmp_path / 'tok'}"])
     assert seen == [(signal.SIG_DFL, signal.SIG_DFL)] and (tmp_path / "tok/tokenizer.json").is_file()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as `cmd &` starts it: ignored, it stays so
+    try:
+        main(["tokenizer", "--inputs", str(corpus), "--vocab_size=300", f"--out_dir={tmp_path / 'tok2'}"])
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    assert seen[1] == (signal.SIG_IGN, signal.SIG_DFL)
 
 
 def test_an_output_another_process_wrote_meanwhile_is_kept(tmp_path, labelling, capsys, monkeypatch):

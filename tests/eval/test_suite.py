@@ -455,7 +455,7 @@ def test_a_bad_argument_of_any_task_stops_the_suite_before_it_trains(
     argv = [
         "suite",
         str(suite),
-        f"--out_dir={tmp_path / 'out'}",
+        f"--out_dir={tmp_path / 'out' / 'deep'}",
         f"--tokenizer={tokenizer_dir}",
         *fit_args(*FIT),
     ]
@@ -466,6 +466,17 @@ def test_a_bad_argument_of_any_task_stops_the_suite_before_it_trains(
     assert (
         err == f"gpt-ft: error: Suite file {suite}, task 'pair': unrecognized arguments: --trainer.bogus=1."
     )
+
+
+def test_a_suite_stopped_by_a_missing_data_file_leaves_no_new_out_dir(tmp_path, tokenizer_dir, capsys):
+    """Its run folders were made before the file was found missing: a tree of empty folders was left."""
+    single = make_task("single", tmp_path / "a")
+    suite = write_suite(tmp_path, f"name: s\ntasks:\n  - {single}\n")
+    argv = ["suite", str(suite), f"--out_dir={tmp_path / 'out' / 'deep'}", f"--tokenizer={tokenizer_dir}"]
+    with pytest.raises(SystemExit) as stopped:
+        main([*argv, *fit_args(*FIT), f"--data_dir={tmp_path / 'none'}"])
+    assert stopped.value.code == 2 and "file not found" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_zero_shot_only_skips_tasks_without_a_method(tmp_path, tokenizer_dir, capsys):
