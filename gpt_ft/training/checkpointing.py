@@ -187,8 +187,9 @@ class SaveLast(Callback):
             return
         # The exit code that names the signal: gpt-ft's CLI exits with it (130 for Ctrl-C).
         exception.code = 128 + (self._stop_signal or signal.SIGTERM)
-        # The signal noticed by Lightning after this callback's batch hook (or during validation).
-        if not should_accumulate(trainer):
+        # The signal noticed by Lightning after this callback's batch hook (or during validation);
+        # validate, test and predict save nothing (no run to resume): they stop where they are.
+        if trainer.state.fn == "fit" and not should_accumulate(trainer):
             self._stop(trainer)
 
     def on_train_end(self, trainer, pl_module) -> None:

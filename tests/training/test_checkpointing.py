@@ -135,6 +135,22 @@ def test_sigterm_where_a_validation_is_due_stops_after_it(tmp_path, tokenizer_di
     assert best[0] == best[1] and len(best[0]) == 1
 
 
+def test_sigterm_during_validate_stops_it_and_saves_nothing(tmp_path, finetuned, capsys):
+    """validate has no run to resume: SIGTERM stops it where it is, with one line and 143; it saved
+    a last.ckpt of "step 0" into a new version folder and said to resume `gpt-ft fit`."""
+    args = [f"--ckpt_path={finetuned.ckpt}", f"--trainer.default_root_dir={tmp_path}"]
+    args += [f"--trainer.logger.init_args.save_dir={tmp_path}", "--trainer.enable_progress_bar=false"]
+    args += ["--data.batch_size=1"]  # (a batch after the signal: Lightning stops there)
+    with pytest.raises(SystemExit) as stopped:
+        main(
+            ["validate", *args, *interrupt(0, signal.SIGTERM), "--trainer.callbacks.validation=true"]
+        )  # (no fit: 0)
+    assert stopped.value.code == 128 + signal.SIGTERM
+    said = capsys.readouterr()
+    assert "saved" not in said.out and said.err.endswith("gpt-ft: stopped by SIGTERM\n")
+    assert not list(tmp_path.rglob("*.ckpt"))
+
+
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_max_time_stops_between_optimizer_steps_and_resumes_exactly(tmp_path, tokenizer_dir, optimizer):
     """A time limit that runs out mid-accumulation lets the window finish: the checkpoint is at a
