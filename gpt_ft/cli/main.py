@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from gpt_ft.cli.commands import lazy, lightning
-from gpt_ft.data.folders import Terminated, piped_configs_read, sigterm_stops
+from gpt_ft.data.folders import PIPED, Terminated, piped_configs_read, sigterm_stops
 from gpt_ft.errors import FileProblem, TaskDataError, causes, os_error_message, parse_error_message
 from gpt_ft.workarounds.cli import file_not_decoded
 from gpt_ft.workarounds.kernels import torchao_import_loggers
@@ -113,8 +113,8 @@ def lone_value(message: str, args: list[str]) -> str:
 
 def in_config_file(message: str, args: list[str]) -> str:
     """`message` about an option naming the `--config` file that gave it (jsonargparse names the
-    option alone, as if typed: "--trainer.max_epochs: ..."): the first source of the option, in the
-    order given, that gives the value the message quotes, or an option not accepted at all. A file
+    option alone, as if typed: "--trainer.max_epochs: ..."): the last source of the option (the one
+    read) that gives the value the message quotes, or an option not accepted at all. A file
     path a config gives that cannot be read is said to be relative to the config's folder."""
     unknown = re.search(  # (--print_config's: "Group 'model' does not accept option 'lrr'")
         r"^--([\w.]+): Option '(\w+)' is not accepted|^Group '(\w+)' does not accept option '(\w+)'|"
@@ -130,17 +130,19 @@ def in_config_file(message: str, args: list[str]) -> str:
         key, quoted = (quotes or unread)[1], (quotes or unread)[2]
     else:
         return message
-    for arg, following in zip(args, [*args[1:], ""]):
+    for arg, following in reversed(list(zip(args, [*args[1:], ""]))):  # the last source is the one read
         option, equals, value = arg.partition("=")
         value = value if equals else following
         if option in ("-c", "--config") and (found := option_in(value, key.split("."))):
             if unknown or (
                 quotes and quoted in (repr(found[0]), str(found[0]), f"'{found[0]}'")
             ):  # (a list: '[1]')
-                return f"{value}: {message.removeprefix('--')}"
+                return f"{PIPED.get(value, value)}: {message.removeprefix('--')}"
             if unread and found[0] == quoted and not Path(quoted).is_absolute():
                 relative = f"it is relative to the config's folder, {Path(value).parent}"
-                return f"{value}: {message.removeprefix('--').removesuffix('.')}: {relative}."
+                relative = "a pipe's paths are relative to where gpt-ft runs" if value in PIPED else relative
+                said = message.removeprefix("--").removesuffix(".")
+                return f"{PIPED.get(value, value)}: {said}: {relative}."
         elif option == f"--{key}" and (
             unknown or (unread and quoted == value) or quoted in (repr(value), value)
         ):
@@ -153,8 +155,8 @@ def option_in(file: str, keys: list[str]) -> object:
     init_args), as a one-element list; None where it gives none."""
     import yaml
 
-    try:
-        node = yaml.safe_load(Path(file).expanduser().read_text(encoding="utf-8"))
+    try:  # (a piped config: its text)
+        node = yaml.safe_load(file if file in PIPED else Path(file).expanduser().read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return None
     for key in keys:
@@ -249,8 +251,7 @@ def main(argv: list[str] | None = None) -> None:
         return usage()
     if argv[0] == "--version":
         return print(f"gpt-ft {version('gpt_ft')}")
-    name, args = argv[0], piped_configs_read(argv[1:])
-    sys.argv[2:] = args if typed else sys.argv[2:]  # (a DDP run's other processes take them as read here)
+    name, args = argv[0], argv[1:]
     # transformers imports torchao where it is installed (the quantize extra), which then logs about
     # parts no command uses: CUDA kernels a CPU-only torch cannot load, enums registered with pytree.
     for logger in torchao_import_loggers():
@@ -260,6 +261,8 @@ def main(argv: list[str] | None = None) -> None:
         fail(f"unknown command {name!r}; choose from {', '.join(COMMANDS)}.")
     keep_freed_memory()
     try:
+        args = piped_configs_read(args)
+        sys.argv[2:] = args if typed else sys.argv[2:]  # (a DDP run's other processes take them as read here)
         with nullcontext() if name in ("fit", "validate", "test", "predict", "suite") else sigterm_stops():
             COMMANDS[name].run(name, args)  # (Lightning's runs stop at a step's end and say where: their own)
         release_process_group()

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from gpt_ft.errors import writing
+from gpt_ft.errors import FileProblem, repeated_key, writing, yaml_problem
 
 # What a tokenizer's `save_pretrained` may write (transformers 4 and 5, fast and slow tokenizers).
 TOKENIZER_SAVES = (
@@ -31,13 +31,24 @@ def piped_configs_read(args: list[str]) -> list[str]:
     text it holds, read here once: a pipe holds it for one read, where a command may read its
     configs twice (validate, test, predict) and a DDP run's other processes again; its paths are
     the working folder's, as a pipe has no folder (a pipe that gives no text is kept, and named)."""
+    import yaml
+
     out = list(args)
     for i, arg in enumerate(args):
         option, equals, value = arg.partition("=")
         at, value = (i, value) if equals else (i + 1, args[i + 1] if i + 1 < len(args) else "")
         if option in ("-c", "--config") and value and is_pipe(value) and (text := Path(value).read_text()):
-            out[at] = f"{option}={text}" if equals else text
+            try:  # checked as a config file is (its text, once given, names no file)
+                yaml.safe_load(text)
+            except yaml.YAMLError as exc:
+                raise FileProblem(f"--config {value} is not valid YAML: {yaml_problem(exc)}.") from None
+            if twice := repeated_key(text):
+                raise FileProblem(f"--config {value}, {twice}.")
+            out[at], PIPED[text] = f"{option}={text}" if equals else text, value
     return out
+
+
+PIPED: dict[str, str] = {}  # the text of each piped config read, and the pipe's name (for messages)
 
 
 def is_pipe(path: str) -> bool:

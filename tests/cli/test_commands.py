@@ -536,6 +536,21 @@ def test_a_piped_config_is_read_once_whatever_reads_it_again(tmp_path, capsys, m
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"gpt-ft: error: --config {pipe} is a pipe that gave no text."
     )
+    # checked and named as a config file is: a key twice, broken YAML, a bad value, a card's path
+    for i, (text, said) in enumerate(
+        [
+            ("model:\n  lr: 1\n  lr: 2\n", "--config {}, line 3: key 'lr' appears twice."),
+            ("model:\n  lr: [1\n", "--config {} is not valid YAML: line 3, column 1: expected ',' or ']', "
+             "but got '<stream end>'."),
+            ("model:\n  lr: fast\n", "{}: model.lr: expected float, got 'fast'."),
+            ("data:\n  task: ../tasks/glue/sst2.yaml\n", "{}: data.task: ../tasks/glue/sst2.yaml is not a "
+             "file that can be read: a pipe's paths are relative to where gpt-ft runs."),
+        ]
+    ):  # fmt: skip
+        with piped(tmp_path / f"bad{i}", text) as pipe, pytest.raises(SystemExit) as stopped:
+            main(["fit", "--config=configs/quickstart.yaml", "-c", str(pipe), "--print_config"])
+        assert stopped.value.code == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1] == "gpt-ft: error: " + said.format(pipe)
 
 
 def test_typed_commands_read_jsonargparse_syntax_as_given(capsys):
