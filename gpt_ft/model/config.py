@@ -10,6 +10,7 @@ sliding-window layers with their own rotary base between global ones).
 
 from __future__ import annotations
 
+import argparse
 import copy
 import difflib
 import numbers
@@ -261,6 +262,17 @@ class GPTConfig:
                 + (f": did you mean {close[0]!r}?" if close else f"; its fields: {', '.join(known)}.")
             )
         return cls(**{**copy.deepcopy(PRESETS[name]), **overrides})
+
+
+def preset_config(preset: str, overrides: dict | None, **fixed) -> GPTConfig:
+    """`GPTConfig.from_name(preset, **overrides, **fixed)`, a bad override (an unknown field, a value
+    the config refuses) named as the option that gave it, `--model.overrides`."""
+    if preset not in PRESETS or not overrides:
+        return GPTConfig.from_name(preset, **{**(overrides or {}), **fixed})
+    try:
+        return GPTConfig.from_name(preset, **{**overrides, **fixed})
+    except (ValueError, TypeError) as exc:  # (an argument's error: a suite names its file and task)
+        raise argparse.ArgumentError(None, f"{str(exc).rstrip('.')} (--model.overrides).") from None
 
 
 _GPT2 = dict(vocab_size=50257, n_positions=1024, pre_ln=True)

@@ -17,6 +17,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from gpt_ft.adapters.cards import NO_CLASS_PATH, PARSER_MODE
 from gpt_ft.errors import CardError, causes, check_context, check_not_null, check_output_dir
+from gpt_ft.model.config import preset_config
 from gpt_ft.training.callbacks import History, run_callbacks
 from gpt_ft.training.checkpointing import AtomicCheckpointIO
 from gpt_ft.training.precision import cpu_precision, runs_on_cpu, warn_half_weights
@@ -205,8 +206,9 @@ class ConfigurationOnly(GPTCLI):
 
     def parse_arguments(self, parser, args) -> None:
         super().parse_arguments(parser, args)
-        self.resolved = plain_config(self.config.as_dict())
-        self.resolved.pop("config", None)  # the files read: their values are in the sections
+        self.resolved = {k: v for k, v in plain_config(self.config.as_dict()).items() if k != "config"}
+        if (model := self.resolved.get("model") or {}).get("overrides") and not model.get("init_from"):
+            preset_config(model["preset"], model["overrides"])  # checked before any of a suite's runs trains
         self.config.seed_everything = False  # LightningCLI seeds next, unless the seed is False
 
     def before_instantiate_classes(self) -> None:
@@ -238,17 +240,15 @@ class FitRuns:
         self._resolved: tuple[list[str], dict[str, Any]] | None = None
 
     def resolve(self, args: list[str]) -> dict[str, Any]:
-        """The configuration `gpt-ft fit ARGS` resolves to: a fit config's sections (`trainer`, `model`,
-        `data`, ...), the config files read and the defaults filled in."""
+        """The configuration `gpt-ft fit ARGS` resolves to: its sections, the defaults filled in."""
         resolved = lightning_main(args, run=False, cli=ConfigurationOnly).resolved
         self._resolved = (list(args), resolved)
         return resolved
 
     def __call__(self, args: list[str]) -> tuple[Any, Any, Any]:
-        """Model, data module and trainer of `gpt-ft fit ARGS`, built but not run, from a copy of the
-        configuration `resolve` gave for them just before if it did (the build puts Namespaces in a
-        callback's mapping, and a suite's result records it); the trainer has a `History` of the
-        validations and reaches `--trainer.min_steps`."""
+        """Model, data module and trainer of `gpt-ft fit ARGS`, built but not run, from a copy of what
+        `resolve` gave for them just before if it did (the build puts Namespaces in a callback's
+        mapping, which a suite's result records); a `History` of validations, `min_steps` reached."""
         last, self._resolved = self._resolved, None
         config = last[1] if last is not None and last[0] == list(args) else self.resolve(args)
         cli = lightning_main(plain_config(config), run=False, cli=SuiteRunCLI, callbacks=[History()])

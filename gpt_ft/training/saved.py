@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from gpt_ft.errors import input_file
-from gpt_ft.model import GPTConfig
+from gpt_ft.model.config import preset_config
 from gpt_ft.model.gpt import with_dropout
 from gpt_ft.model.lora import LoRA, add_lora, merged_state_dict
 from gpt_ft.weights.checkpoint import GPT_PREFIX, Adapters, Checkpoint, weights_fingerprint
@@ -90,7 +90,7 @@ def build_gpt(
     else:
         if transfer_layers is not None:
             raise ValueError("transfer_layers needs pretrained weights: give --model.init_from.")
-        gpt = GPT(GPTConfig.from_name(preset, **{**(overrides or {}), "vocab_size": vocab_size or 40478}))
+        gpt = GPT(preset_config(preset, overrides, vocab_size=vocab_size or 40478))
     drawn: set[int] = set()  # the rows this call starts: the special tokens the weights lack
     if init_from and vocab_size is not None:
         check_tokenizer_fits(vocab_size, gpt.config.vocab_size, init_from)

@@ -176,6 +176,7 @@ def test_a_checkpoint_moved_without_its_tokenizer_starts_a_run_with_the_one_give
     ("arg", "message"),
     [
         ("--model.lr=0", "lr must be > 0, got 0.0"),
+        ("--model.overrides={n_layer: x}", "n_layer must be an integer, got 'x' (--model.overrides)."),
         ("--data.batch_size=0", "batch_size must be >= 1, got 0"),
         ("--model.lm_coef=-0.5", "lm_coef must be >= 0, got -0.5"),
         ("--trainer.max_epochs=x", "--trainer.max_epochs: expected int, got 'x'"),

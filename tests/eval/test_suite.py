@@ -466,6 +466,19 @@ def test_a_bad_argument_of_any_task_stops_the_suite_before_it_trains(
     assert (
         err == f"gpt-ft: error: Suite file {suite}, task 'pair': unrecognized arguments: --trainer.bogus=1."
     )
+    # a bad field of the model's overrides too: found when the model is built, after the first task
+    suite.write_text(suite.read_text().replace("--trainer.bogus=1", "'--model.overrides={n_layerr: 1}'"))
+    argv = [*argv[:4], *fit_args(*(a for a in FIT if not a.startswith("--model.overrides")))]
+    with pytest.raises(SystemExit) as stopped:
+        main([*argv, "--data_dir", as_list(f"sent={tmp_path / 'a'}", f"pair={tmp_path / 'b'}")])
+    assert stopped.value.code == 2 and calls == [] and not (tmp_path / "out").exists()
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .startswith(
+            f"gpt-ft: error: Suite file {suite}, task 'pair': Unknown GPTConfig field(s) ['n_layerr']"
+        )
+    )
 
 
 def test_a_suite_stopped_by_a_missing_data_file_leaves_no_new_out_dir(tmp_path, tokenizer_dir, capsys):
