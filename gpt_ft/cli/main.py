@@ -121,7 +121,7 @@ def in_config_file(message: str, args: list[str]) -> str:
         r"does not accept option '([\w.]+)'",
         message,
     )
-    quotes = re.match(r"--([\w.]+): .*, got (.*)\.$", message)
+    quotes = re.match(r"--([\w.]+): .*, got (.*?)(?: \(\S+ is not an? [^()]+\))?(?:: a list .*)?\.$", message)
     unread = re.match(r"--([\w.]+): (.+) is not a file that can be read\.$", message)
     if unknown:
         group, option = unknown[1] or unknown[3], unknown[2] or unknown[4]
@@ -135,7 +135,7 @@ def in_config_file(message: str, args: list[str]) -> str:
         value = value if equals else following
         if option in ("-c", "--config") and (found := option_in(value, key.split("."))):
             if unknown or (
-                quotes and quoted in (repr(found[0]), str(found[0]), f"'{found[0]}'")
+                quotes and quoted in (repr(found[0]), str(found[0]), f"'{found[0]}'", f'"{found[0]}"')
             ):  # (a list: '[1]')
                 return f"{PIPED.get(value, value)}: {message.removeprefix('--')}"
             if unread and found[0] == quoted and not Path(quoted).is_absolute():

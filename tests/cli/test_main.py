@@ -226,6 +226,12 @@ def test_a_bad_option_in_a_config_file_names_the_file(run):
     )
     assert run("--config", str(bad), "--trainer.max_epochs=4") == expected  # the file is read first
     assert run("-c", str(unknown)).startswith(f"gpt-ft: error: {unknown}: ")
+    listed = run.root / "listed_weights.yaml"  # a list with a bad item: its message says more after the value
+    listed.write_text("model:\n  class_weights: [1, x]\n")
+    assert run("-c", str(listed)) == (
+        f"gpt-ft: error: {listed}: model.class_weights: expected list[float] or one of 'balanced', got "
+        "\"[1, 'x']\" (x is not a float)."
+    )
     # A file that gives the option a good value is not blamed for the command line's mapping.
     assert run("--config", str(good), "--trainer={max_epochs: abc}") == (
         "gpt-ft: error: --trainer.max_epochs: expected int, got 'abc'."
