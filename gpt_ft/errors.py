@@ -66,13 +66,22 @@ def parse_error_message(text: str) -> str:
         if line.startswith("Problem with given class_path") and not lines[i + 1].startswith("Parser key")
     ]
     expected = [line for line in lines if line.startswith("Expected a ") and "NoneType" not in line]
-    not_a_class = [
-        f"class_path {m[1]!r} is not a subclass of {m[2]}"
-        for m in re.finditer(r"Import path (\S+) does not correspond to a subclass of (\w+)", text)
-    ] + [
-        f"class_path {m[1]!r} is not an import path (module.Class)"
-        for m in re.finditer(r"Expected a dot import path string: (\S*)", text)
-    ]
+    not_a_class = (
+        [
+            f"class_path {m[1]!r} is not a subclass of {m[2]}"
+            for m in re.finditer(r"Import path (\S+) does not correspond to a subclass of (\w+)", text)
+        ]
+        + [
+            f"class_path {m[1]!r} is not an import path (module.Class)"
+            for m in re.finditer(r"Expected a dot import path string: (\S*)", text)
+        ]
+        + [  # a short class name two packages share (EarlyStopping)
+            f"{m[1]} names several classes: give one's full path ({m[2]})"
+            for m in re.finditer(
+                r"Multiple subclasses with name (\w+)\. Give the full class path[^:]*: (.+?)\.?$", text, re.M
+            )
+        ]
+    )
     no_subclass = re.search(r"Not a valid subclass of (\w+)", text)
     if unaccepted:
         reason = unaccepted[0]
@@ -102,16 +111,13 @@ def parse_error_message(text: str) -> str:
         ]
         kinds = [plain(t) for t in declared]
         values = ", ".join(k[15:-1] for k in kinds if k.startswith("typing.Literal["))
-        kinds = [k for k in kinds if not k.startswith("typing.Literal[")] + [f"one of {values}"] * bool(
-            values
-        )
+        kinds = [k for k in kinds if "Literal[" not in k[:15]] + [f"one of {values}"] * bool(values)
         got = re.search(r"\. Got value: (.*)$", expected[0])
         reason = f"expected {' or '.join(kinds)}, got {got[1] if got else given!r}"
         reason += "".join(f" ({v} is not a {plain(t)})" for t, v in items[:1])
         listed = str(got[1] if got else given).startswith("[") or values  # a list given, or a name
-        reason += ": a list is written [a, b, c] (one argument)" * (
-            kinds[0][:4] in ("list", "List") and not listed
-        )
+        hint = kinds[0][:4] in ("list", "List") and not listed
+        reason += ": a list is written [a, b, c] (one argument)" * hint
     else:
         noise = ("Parser key", "Does not validate", "Subtypes:", "Errors:", "Given value")
         reasons = [line for line in lines if not line.startswith(noise)]
@@ -130,8 +136,7 @@ def plain(kind: str) -> str:
 
 
 def card_in_mapping(given: str) -> str | None:
-    """The task card's file where `--data` was given as one mapping (`--data={task: FILE, ...}`,
-    init_args or not): jsonargparse reports that mapping last, as a Python literal."""
+    """The card file of `--data` given as one mapping, `--data={task: FILE, ...}` (reported last)."""
     try:
         data = ast.literal_eval(given)
     except (ValueError, SyntaxError, MemoryError, RecursionError):
@@ -149,8 +154,7 @@ def inline(line: str) -> bool:
 
 
 def yaml_file_problem(path: str | None) -> str | None:
-    """What is wrong with a YAML file that exists but does not parse; None if it parses (or is not
-    there)."""
+    """What is wrong with a YAML file that exists but does not parse; None if it parses or is absent."""
     import yaml
 
     if not path or not Path(path).expanduser().is_file():
@@ -236,8 +240,7 @@ class WriteError(OSError):
 
 
 def check_output_dir(path: str | os.PathLike, option: str) -> Path:
-    """An output folder, checked before any work starts: not a file, and under a folder (not a
-    file) that can be written."""
+    """An output folder, checked before any work starts: not a file, under a folder that can be written."""
     out = Path(path).expanduser()
     if (real := real_path(out)).exists() and not real.is_dir():
         raise ValueError(f"{option} {out} is a file, not a folder: give a folder's name (the file is kept).")
@@ -273,8 +276,7 @@ def real_path(path: Path) -> Path:
 
 
 def _check_parent(out: Path, option: str, given: Path | None = None) -> None:
-    """The nearest existing folder above `out` (named `given` in messages) is a folder and can be
-    written."""
+    """The nearest existing folder above `out` (`given` in messages) is a folder that can be written."""
     above, given = out.parent, given or out
     while not above.exists() and above != above.parent:
         above = above.parent
@@ -324,8 +326,7 @@ def check_not_null(values: dict, cls: type, option: str) -> None:
 
 
 def check_context(data, n_positions: int) -> None:
-    """Sequences longer than the model's context would fail only when the first long one comes:
-    say so before anything runs."""
+    """Sequences longer than the model's context, said before anything runs (not at the first one)."""
     for field in ("max_length", "block_size"):  # TaskDataModule, LMDataModule
         length = getattr(data, field, None)
         if length is not None and length > n_positions:
@@ -371,8 +372,7 @@ def at_least_one(value: int, option: str) -> int:
 
 
 def device_named(device: str | None, option: str = "--device") -> str:
-    """The device to run on, as given, after checking that torch knows it and (CUDA) sees it;
-    None: cuda where there is one, else cpu."""
+    """The device to run on as given, checked (torch knows it, CUDA sees it); None: cuda or else cpu."""
     import torch
 
     if device is None:

@@ -176,6 +176,11 @@ def test_a_checkpoint_moved_without_its_tokenizer_starts_a_run_with_the_one_give
     ("arg", "message"),
     [
         ("--model.lr=0", "lr must be > 0, got 0.0"),
+        (  # a short name two packages share: said so, not "EarlyStopping is not a file that can be read"
+            "--trainer.callbacks+=EarlyStopping",
+            "--trainer.callbacks: EarlyStopping names several classes: give one's full path "
+            "(lightning.pytorch.callbacks.EarlyStopping, gpt_ft.training.stopping.EarlyStopping).",
+        ),
         ("--model.overrides={n_layer: x}", "n_layer must be an integer, got 'x' (--model.overrides)."),
         ("--data.batch_size=0", "batch_size must be >= 1, got 0"),
         ("--model.lm_coef=-0.5", "lm_coef must be >= 0, got -0.5"),
