@@ -262,7 +262,8 @@ def main(argv: list[str] | None = None) -> None:
     keep_freed_memory()
     try:
         args = piped_configs_read(args)
-        sys.argv[2:] = args if typed else sys.argv[2:]  # (a DDP run's other processes take them as read here)
+        if typed:  # a DDP run's other processes start from sys.argv: they take the pipes' text read here
+            sys.argv[2:] = args
         with nullcontext() if name in ("fit", "validate", "test", "predict", "suite") else sigterm_stops():
             COMMANDS[name].run(name, args)  # (Lightning's runs stop at a step's end and say where: their own)
         release_process_group()
