@@ -86,8 +86,8 @@ def run_explain(name: str, argv: list[str]) -> None:
     cut = f" (cut to max_length {cli.datamodule.max_length})" if shown["cut"] else ""
     print(f"task {cli.datamodule.task.name}, split {split}, example {index}: label {shown['label']!r}{cut}")
     for i, seq in enumerate(shown["sequences"]):  # an embedding card's pooling may read no extract token
-        k, pooling = seq["extract_index"], getattr(cli.datamodule.task, "pooling", "extract")
-        read = {"last": f"read at {k}", "mean": "their mean read"}.get(pooling, f"extract at {k}")
+        k = seq["extract_index"]
+        read = {"last": f"read at {k}", "mean": "their mean read"}.get(shown["pooling"], f"extract at {k}")
         print(f"sequence {i} ({len(seq['ids'])} tokens, {read}):")
         print("  " + " ".join(seq["tokens"]))
         print("  " + " ".join(str(t) for t in seq["ids"]))

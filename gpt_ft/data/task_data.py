@@ -382,8 +382,8 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
     # ---- inspection ----
 
     def explain(self, split: str, index: int) -> dict[str, Any]:
-        """Example `index` of `split` as the model sees it: tokens (specials visible), ids, extract index;
-        whether `max_length` cut it."""
+        """Example `index` of `split` as the model sees it: tokens (specials visible), ids, extract index
+        (None where an embedding's vector is the mean of its tokens); whether `max_length` cut it."""
         ds = self.encoded(split, labelled=False)
         if not 0 <= index < len(ds):
             raise TaskDataError(f"--index {index} is out of range: split {split!r} has {len(ds)} examples.")
@@ -391,9 +391,10 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         label, read = self.task.label_text(example["label"]), reads(example)
         if isinstance(label, list):  # one a reply or step (None: unlabelled); the padding after, cut
             label = label[: max([len(read), *(i + 1 for i, v in enumerate(label) if v is not None)])]
-        sequences = []
+        sequences, pooling = [], getattr(self.task, "pooling", "extract")
         for s, ids in enumerate(example["input_ids"]):
             at = [i for of, i in read if of == s]  # one extract token, or one per step
             tokens = self.tokenizer.convert_ids_to_tokens(ids)
-            sequences.append({"tokens": tokens, "ids": ids, "extract_index": at[0] if len(at) == 1 else at})
-        return {"label": label, "cut": example["cut"] != WHOLE, "sequences": sequences}
+            at = None if pooling == "mean" else at[0] if len(at) == 1 else at
+            sequences.append({"tokens": tokens, "ids": ids, "extract_index": at})
+        return {"label": label, "cut": example["cut"] != WHOLE, "pooling": pooling, "sequences": sequences}

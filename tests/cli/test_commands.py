@@ -58,6 +58,7 @@ def test_explain_json(pairs_dir, tokenizer_dir, capsys):
     assert shown == {
         "label": "not_entailment",
         "cut": False,
+        "pooling": "extract",
         "sequences": [
             {
                 "tokens": tok.convert_ids_to_tokens(expected_ids),

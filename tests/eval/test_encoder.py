@@ -352,3 +352,7 @@ def test_explain_says_where_each_pooling_reads_a_texts_vector(
         f"sequence 0 ({8 + extract} tokens, {read[0]}):",
         f"sequence 1 ({11 + extract} tokens, {read[1]}):",
     ]
+    main(["explain", *argv, "--json=true"])
+    shown = json.loads(capsys.readouterr().out)
+    at = {"extract": [8, 11], "last": [7, 10], "mean": [None, None]}[pooling]  # a mean has no one position
+    assert (shown["pooling"], [s["extract_index"] for s in shown["sequences"]]) == (pooling, at)
