@@ -59,13 +59,14 @@ def parse_error_message(text: str) -> str:
     given = values[0] if values else value  # the innermost value, the one at fault
     where = [key for i, key in enumerate(keys) if not any(k.startswith(f"{key}.") for k in keys[i + 1 :])]
     where = f"--{'.'.join(where)}: " if where else ""  # keys relative (data, task) or whole (model.lr)
-    unaccepted = [line for line in lines if "is not accepted" in line or "is not expected" in line]
-    bad_class = [
+    expected = [line for line in lines if line.startswith("Expected a ") and "NoneType" not in line]
+    first = lines.index(expected[0]) if expected else len(lines)  # a bad value: a class refusing the
+    unaccepted = [line for line in lines[:first] if "is not accepted" in line or "is not expected" in line]
+    bad_class = [  # option after it (a union's base class) is not the fault
         f"{line.removeprefix('Problem with given ').rstrip(':')}: {lines[i + 1]}"
-        for i, line in enumerate(lines[:-1])
+        for i, line in enumerate(lines[: first - 1])
         if line.startswith("Problem with given class_path") and not lines[i + 1].startswith("Parser key")
     ]
-    expected = [line for line in lines if line.startswith("Expected a ") and "NoneType" not in line]
     not_a_class = (
         [
             f"class_path {m[1]!r} is not a subclass of {m[2]}"
@@ -98,8 +99,7 @@ def parse_error_message(text: str) -> str:
         reason = yaml_file_problem(value) or f"{value} is not a file that can be read"
     elif bad_class:
         reason = bad_class[-1]
-    elif expected:  # a union's types as declared, with its literals' values as one list
-        first = lines.index(expected[0])  # the union whose errors these are: the innermost before them
+    elif expected:  # the innermost union's types as declared, with its literals' values as one list
         subtypes = next((line[11:-1] for line in lines[first::-1] if line.startswith("Subtypes: [")), None)
         types = [e[11:].split(". Got value: ")[0] for e in expected]
         declared = [t for t in re.split(r", (?![^\[]*\])", subtypes or "") if "NoneType" not in t]

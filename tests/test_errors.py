@@ -66,6 +66,17 @@ from gpt_ft.errors import parse_error_message, yaml_problem
             """  Given value: NestedArg(key='task', val="Bob's/card.yaml")""",
             "--data.task: Option 'labelz' is not accepted (in Bob's/card.yaml).",
         ),
+        (  # a callback's bad value: its base class refusing the option after it is not the fault
+            'Parser key "trainer.callbacks":\n  Does not validate against any of the Union subtypes\n'
+            "  Subtypes: [list[lightning.pytorch.callbacks.callback.Callback], <class 'NoneType'>]\n"
+            "  Errors:\n"
+            "    - Problem with given class_path 'lightning.pytorch.callbacks.EarlyStopping':\n"
+            "        Parser key \"patience\":\n          Expected a <class 'int'>. Got value: abc\n"
+            "    - Problem with given class_path 'lightning.Callback':\n"
+            "        Option 'patience' is not accepted\n    - Expected a <class 'NoneType'>\n"
+            "  Given value: NestedArg(key='patience', val='abc')",
+            "--trainer.callbacks.patience: expected int, got 'abc'.",
+        ),
         ("invalid choice: 'x' (choose from 'a', 'b')", "invalid choice: 'x' (choose from 'a', 'b')."),
         ("", "invalid arguments."),
     ],
