@@ -104,18 +104,18 @@ def parse_error_message(text: str) -> str:
         types = [e[11:].split(". Got value: ")[0] for e in expected]
         declared = [t for t in re.split(r", (?![^\[]*\])", subtypes or "") if "NoneType" not in t]
         declared = declared if set(types) & set(declared) else types  # else an outer union's
-        items = [  # an item of a list at fault
-            (t, e.split(". Got value: ")[1])
-            for t, e in zip(types, expected)
-            if t not in declared and ". Got" in e
-        ]
+        got = [e.split(". Got value: ")[1] if ". Got" in e else None for e in expected]
+        a_list = str(given).startswith(
+            "["
+        )  # an item of a list at fault: the item quoted, or a type not declared
+        items = [(t, v) for t, v in zip(types, got) if v and (t not in declared or a_list and v[:1] != "[")]
         kinds = [plain(t) for t in declared]
         values = ", ".join(k[15:-1] for k in kinds if k.startswith("typing.Literal["))
         kinds = [k for k in kinds if "Literal[" not in k[:15]] + [f"one of {values}"] * bool(values)
-        got = re.search(r"\. Got value: (.*)$", expected[0])
-        reason = f"expected {' or '.join(kinds)}, got {got[1] if got else given!r}"
-        reason += "".join(f" ({v} is not a {plain(t)})" for t, v in items[:1])
-        listed = str(got[1] if got else given).startswith("[") or values  # a list given, or a name
+        shown = got[0] if got[0] and (got[0][:1] == "[" or not a_list) else given  # the list, as typed
+        reason = f"expected {' or '.join(kinds)}, got {shown!r}"
+        reason += "".join(f" ({v} is not a{'n' * (plain(t)[0] in 'aeiou')} {plain(t)})" for t, v in items[:1])
+        listed = str(shown).startswith("[") or values  # a list given, or a name
         hint = kinds[0][:4] in ("list", "List") and not listed
         reason += ": a list is written [a, b, c] (one argument)" * hint
     else:

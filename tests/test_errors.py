@@ -77,6 +77,13 @@ from gpt_ft.errors import parse_error_message, yaml_problem
             "  Given value: NestedArg(key='patience', val='abc')",
             "--trainer.callbacks.patience: expected int, got 'abc'.",
         ),
+        (  # devices: [0, a] in a config file: the list quoted, its bad item named
+            'Parser key "trainer.devices":\n  Does not validate against any of the Union subtypes\n'
+            "  Subtypes: [list[int], <class 'str'>, <class 'int'>]\n  Errors:\n"
+            "    - Expected a <class 'int'>. Got value: a\n    - Expected a <class 'str'>\n"
+            "    - Expected a <class 'int'>\n  Given value type: <class 'list'>\n  Given value: [0, 'a']",
+            "--trainer.devices: expected list[int] or str or int, got \"[0, 'a']\" (a is not an int).",
+        ),
         ("invalid choice: 'x' (choose from 'a', 'b')", "invalid choice: 'x' (choose from 'a', 'b')."),
         ("", "invalid arguments."),
     ],

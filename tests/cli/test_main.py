@@ -237,6 +237,11 @@ def test_a_bad_option_in_a_config_file_names_the_file(run):
         f"gpt-ft: error: {listed}: model.class_weights: expected list[float] or one of 'balanced', got "
         "\"[1, 'x']\" (x is not a float)."
     )
+    listed.write_text("trainer:\n  devices: [0, a]\n")  # an item whose type is also the union's
+    assert run("-c", str(listed)) == (
+        f"gpt-ft: error: {listed}: trainer.devices: expected list[int] or str or int, got \"[0, 'a']\" "
+        "(a is not an int)."
+    )
     # A file that gives the option a good value is not blamed for the command line's mapping.
     assert run("--config", str(good), "--trainer={max_epochs: abc}") == (
         "gpt-ft: error: --trainer.max_epochs: expected int, got 'abc'."
