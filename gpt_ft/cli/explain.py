@@ -10,14 +10,9 @@ from json import dumps
 from typing import Any
 
 from gpt_ft.errors import check_context
+from gpt_ft.training.config_checks import card_named, refuse_bad_config
 from gpt_ft.training.run_folders import checkpoint_to_read
-from gpt_ft.training.runs import (
-    GPTCLI,
-    card_named,
-    lightning_main,
-    refuse_bad_config,
-    tokenizer_of_the_weights,
-)
+from gpt_ft.training.runs import GPTCLI, lightning_main, tokenizer_of_the_weights
 from gpt_ft.training.saved import recorded_configuration
 from gpt_ft.workarounds.cli import parse_unchecked, print_config_asked
 
@@ -79,7 +74,8 @@ def run_explain(name: str, argv: list[str]) -> None:
             "gpt-ft explain shows a task's examples (--data.task CARD); a language model's token files "
             "are one stream of tokens, with none."
         )
-    shown: dict[str, Any] = cli.datamodule.explain(split, index)
+    with card_named(cli.config):  # a split the card lacks
+        shown: dict[str, Any] = cli.datamodule.explain(split, index)
     if cli.config.json:
         print(dumps(shown, ensure_ascii=False, allow_nan=False))
         return

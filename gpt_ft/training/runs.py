@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +13,12 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-from gpt_ft.adapters.cards import NO_CLASS_PATH, PARSER_MODE
-from gpt_ft.errors import CardError, causes, check_context, check_not_null, check_output_dir
+from gpt_ft.adapters.cards import PARSER_MODE
+from gpt_ft.errors import check_context, check_output_dir
 from gpt_ft.model.config import preset_config
 from gpt_ft.training.callbacks import History, run_callbacks
 from gpt_ft.training.checkpointing import AtomicCheckpointIO
+from gpt_ft.training.config_checks import card_named, refuse_bad_config
 from gpt_ft.training.precision import cpu_precision, runs_on_cpu, warn_half_weights
 from gpt_ft.training.predictions import check_submission
 from gpt_ft.training.run_folders import DEFAULT_LOGGER, checkpoint_to_read, last_of_task, logs_follow_root_dir
@@ -162,6 +161,10 @@ class GPTCLI(CheckpointHparamsAsDefaults, ParsersBuiltOnce, LightningCLI):
             data_dir, limit = getattr(self.datamodule, "data_dir", None), self.trainer.limit_predict_batches
             check_submission(self.model.task, self.model.predictions_dir, data_dir, limit)
 
+    def _run_subcommand(self, subcommand: str) -> None:
+        with card_named(self.config[subcommand]):  # the card's splits, found missing as they load
+            super()._run_subcommand(subcommand)
+
     def before_fit(self) -> None:
         if self.model.class_weights == "balanced":  # from the data, handed to the model here
             weights = self.model.task.output.balanced_weights(self.datamodule.train_labels())
@@ -258,55 +261,6 @@ class FitRuns:
 build_fit = FitRuns()
 
 
-def refuse_nulls(config, model_class: type | None = None) -> None:
-    """No null from a config file where the model, the data module, its task card or the trainer
-    takes none (see `check_not_null`)."""
-    from importlib import import_module
-
-    from lightning import Trainer
-
-    def plain(section) -> dict:
-        return section.as_dict() if hasattr(section, "as_dict") else dict(section or {})
-
-    def of(path: str) -> type | None:
-        module, _, name = path.rpartition(".")
-        try:
-            return getattr(import_module(module), name)
-        except (ImportError, AttributeError, ValueError):
-            return None  # the parser names a class that cannot be found
-
-    sections = [("--trainer", config.get("trainer"), Trainer), ("--model", config.get("model"), model_class)]
-    data = config.get("data")
-    if data is not None and data.get("class_path"):
-        sections.append(("--data", data.get("init_args"), of(data.class_path)))
-        task = (data.get("init_args") or {}).get("task")
-        if task is not None and hasattr(task, "get") and task.get("class_path"):
-            sections.append(("--data.task", task.get("init_args"), of(task.class_path)))
-    for option, values, cls in sections:
-        if values is not None and cls is not None:
-            check_not_null(plain(values), cls, option)
-
-
-def refuse_bad_config(config, model_class: type | None) -> None:
-    """A null where none is taken, or a task card of fields alone, in one sentence."""
-    with card_named(config):
-        refuse_nulls(config, model_class)
-    refuse_fields_alone(config)
-
-
-def refuse_fields_alone(config) -> None:
-    """A task card of fields alone, without its class_path, in one sentence: the parser would build
-    the abstract `TaskAdapter` from it, which fails deep inside the first example."""
-    from importlib import import_module
-
-    from gpt_ft.adapters import TaskAdapter
-
-    task = ((config.get("data") or {}).get("init_args") or {}).get("task")
-    module, _, name = (task.get("class_path") or "").rpartition(".") if hasattr(task, "get") else ("", "", "")
-    if module and getattr(import_module(module), name, None) is TaskAdapter:
-        raise ValueError(f"{task.get('__path__') or '--data.task'} {NO_CLASS_PATH}")
-
-
 FINE_TUNING_EPOCHS = 3  # GPT-1's recipe
 
 
@@ -379,22 +333,3 @@ def lightning_main(
         # warmup and the schedule's resume included.
         auto_configure_optimizers=False,
     )
-
-
-@contextmanager
-def card_named(config) -> Iterator[None]:
-    """Errors about the task card, while `config`'s classes are checked and built, name the card's
-    file (where the card came from one)."""
-    task = ((config.get("data") or {}).get("init_args") or {}).get("task")
-    card = task.get("__path__") if hasattr(task, "get") else None
-    try:
-        yield
-    except (ValueError, TypeError) as exc:
-        if card is None:
-            raise
-        inner = next((e for e in causes(exc) if isinstance(e, CardError)), None)
-        if inner is not None:
-            raise CardError(f"{card}: {inner}") from None
-        if str(exc).startswith("--data.task") and str(card) not in str(exc):
-            raise ValueError(f"{str(exc).removesuffix('.')} (in {card}).") from None
-        raise

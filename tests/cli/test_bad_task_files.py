@@ -195,9 +195,9 @@ def test_a_bad_label_names_its_line_as_an_editor_counts_it(explain, name, data, 
 
 def test_a_slice_that_is_none_names_the_split_not_the_file(explain):
     card = CARD.format(adapter="SingleText", file="t.tsv").replace("train: d/t.tsv", "train: 'd/t.tsv[a:b]'")
-    assert explain("t.tsv", b"sentence\tlabel\na\tpositive\n", card) == (
-        "Task 'sent': local split 'train' (d/t.tsv[a:b]) ends in [a:b], which is no slice of rows: "
-        "write [start:end], in rows or percentages ([:90%])."
+    assert explain("t.tsv", b"sentence\tlabel\na\tpositive\n", card) == (  # the card is at fault
+        f"{explain.root / 'card.yaml'}: Task 'sent': local split 'train' (d/t.tsv[a:b]) ends in [a:b], "
+        "which is no slice of rows: write [start:end], in rows or percentages ([:90%])."
     )
 
 
@@ -396,3 +396,21 @@ def test_a_validation_split_named_train(tmp_path, tokenizer_dir):
     args = [*common_args(card, tokenizer_dir, tmp_path), "--data.task.init_args.validation_splits=[train]"]
     main(["fit", *args, "--trainer.max_epochs=1"])  # the split's metrics under a key of their own
     assert list(tmp_path.glob("runs/lightning_logs/version_0/checkpoints/best-0-*.ckpt"))
+
+
+@pytest.mark.parametrize("command", ["fit", "explain"])
+def test_a_split_the_card_lacks_names_the_card(command, tmp_path, tokenizer_dir, capsys):
+    """A split found missing as the data loads (a validation split the card's files lack; explain's
+    --split) is named with the card's file, as faults found while the card is built are."""
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "t.tsv").write_text("sentence\tlabel\na\tpositive\n")
+    card = tmp_path / "card.yaml"
+    card.write_text(CARD.format(adapter="SingleText", file="t.tsv"))
+    args = [f"--data.task={card}", f"--data.tokenizer={tokenizer_dir}", f"--data.data_dir={tmp_path}"]
+    wrong = ["--trainer.max_epochs=1", "--data.task.init_args.validation_splits=[dev]"]
+    before = files(tmp_path)
+    message = error(capsys, command, *args, *(wrong if command == "fit" else ["--split=dev"]))
+    assert message == (
+        f"{card}: Task 'sent' has no local split 'dev'; its card defines ['train', 'validation']."
+    ), message
+    assert files(tmp_path) == before

@@ -1,0 +1,78 @@
+"""The checks a run's configuration goes through before its classes are built, and errors about
+its task card named by the card's file (`gpt-ft fit|validate|test|predict|explain`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from gpt_ft.adapters.cards import NO_CLASS_PATH
+from gpt_ft.errors import CardError, causes, check_not_null
+
+
+def refuse_nulls(config, model_class: type | None = None) -> None:
+    """No null from a config file where the model, the data module, its task card or the trainer
+    takes none (see `check_not_null`)."""
+    from importlib import import_module
+
+    from lightning import Trainer
+
+    def plain(section) -> dict:
+        return section.as_dict() if hasattr(section, "as_dict") else dict(section or {})
+
+    def of(path: str) -> type | None:
+        module, _, name = path.rpartition(".")
+        try:
+            return getattr(import_module(module), name)
+        except (ImportError, AttributeError, ValueError):
+            return None  # the parser names a class that cannot be found
+
+    sections = [("--trainer", config.get("trainer"), Trainer), ("--model", config.get("model"), model_class)]
+    data = config.get("data")
+    if data is not None and data.get("class_path"):
+        sections.append(("--data", data.get("init_args"), of(data.class_path)))
+        task = (data.get("init_args") or {}).get("task")
+        if task is not None and hasattr(task, "get") and task.get("class_path"):
+            sections.append(("--data.task", task.get("init_args"), of(task.class_path)))
+    for option, values, cls in sections:
+        if values is not None and cls is not None:
+            check_not_null(plain(values), cls, option)
+
+
+def refuse_bad_config(config, model_class: type | None) -> None:
+    """A null where none is taken, or a task card of fields alone, in one sentence."""
+    with card_named(config):
+        refuse_nulls(config, model_class)
+    refuse_fields_alone(config)
+
+
+def refuse_fields_alone(config) -> None:
+    """A task card of fields alone, without its class_path, in one sentence: the parser would build
+    the abstract `TaskAdapter` from it, which fails deep inside the first example."""
+    from importlib import import_module
+
+    from gpt_ft.adapters import TaskAdapter
+
+    task = ((config.get("data") or {}).get("init_args") or {}).get("task")
+    module, _, name = (task.get("class_path") or "").rpartition(".") if hasattr(task, "get") else ("", "", "")
+    if module and getattr(import_module(module), name, None) is TaskAdapter:
+        raise ValueError(f"{task.get('__path__') or '--data.task'} {NO_CLASS_PATH}")
+
+
+@contextmanager
+def card_named(config) -> Iterator[None]:
+    """Errors about the task card, while `config`'s classes are checked and built, name the card's
+    file (where the card came from one)."""
+    task = ((config.get("data") or {}).get("init_args") or {}).get("task")
+    card = task.get("__path__") if hasattr(task, "get") else None
+    try:
+        yield
+    except (ValueError, TypeError) as exc:
+        if card is None:
+            raise
+        inner = next((e for e in causes(exc) if isinstance(e, CardError)), None)
+        if inner is not None:
+            raise CardError(f"{card}: {inner}") from None
+        if str(exc).startswith("--data.task") and str(card) not in str(exc):
+            raise ValueError(f"{str(exc).removesuffix('.')} (in {card}).") from None
+        raise
