@@ -223,6 +223,10 @@ def written_whole(out: Path) -> Iterator[Path]:
         with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as scratch:
             (staged := Path(scratch) / "out").mkdir()
             yield staged
+            umask = os.umask(0o022)
+            os.umask(umask)
+            for file in (f for f in staged.rglob("*") if f.is_file() and not f.is_symlink()):
+                file.chmod(0o666 & ~umask)  # as any new file's (transformers saves its weights 0600)
             out.mkdir(exist_ok=True)
             for item in staged.iterdir():
                 shutil.move(str(item), out / item.name)

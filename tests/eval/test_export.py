@@ -7,6 +7,7 @@ and read, by processes of their own in the background (tests/background.py)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from importlib.util import find_spec
 from pathlib import Path
@@ -404,6 +405,11 @@ def test_export_command(tmp_path, finetuned, capsys):
         capsys.readouterr().out.splitlines()[-1] == f"wrote {out}: pipeline('text-classification') loads it"
     )
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in out.iterdir()}
+    umask = os.umask(0o022)
+    os.umask(umask)  # every file readable as a new file is (transformers saves the weights 0600)
+    assert {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()} == dict.fromkeys(
+        [p.name for p in out.iterdir()], 0o666 & ~umask
+    )
     config = json.loads((out / "config.json").read_text())
     similarity = {**config, "architectures": ["X"], "auto_map": {"AutoModelForSequenceClassification": "m.X"}}
     assert what_loads(similarity, "transformers") == (  # without trust_remote_code: random weights
