@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from gpt_ft.adapters.cards import NO_CLASS_PATH
 from gpt_ft.errors import CardError, causes, check_not_null
@@ -76,3 +77,24 @@ def card_named(config) -> Iterator[None]:
         if str(exc).startswith("--data.task") and str(card) not in str(exc):
             raise ValueError(f"{str(exc).removesuffix('.')} (in {card}).") from None
         raise
+
+
+def check_token_folder(token_dir: str, init_from: str) -> None:
+    """Token files read by a gpt_ft checkpoint's model (`--model.init_from`; a scored run's
+    `--ckpt_path`) were prepared with the tokenizer saved beside it, named as the folder's fault
+    before a model is built of the weights' size (a tokenizer of another size would be blamed)."""
+    from gpt_ft.data.prepare import read_meta
+    from gpt_ft.data.tokenizer import load_tokenizer
+    from gpt_ft.training.saved import not_its_tokenizer
+    from gpt_ft.weights.pretrained import locate, weights_tokenizer
+
+    try:
+        saved = weights_tokenizer(init_from) if locate(init_from)[0] == "checkpoint" else None
+        path = Path(token_dir).expanduser() / read_meta(token_dir)["tokenizer"]
+    except (OSError, ValueError):  # the data module or the weights say why
+        return
+    if saved is None or path.resolve() == Path(saved).resolve():
+        return
+    given, own = load_tokenizer(path).get_vocab(), load_tokenizer(saved).get_vocab()
+    if given != own:
+        raise ValueError(not_its_tokenizer(str(path), init_from, saved, "--data.token_dir", given, own))

@@ -18,7 +18,7 @@ from gpt_ft.errors import check_context, check_output_dir
 from gpt_ft.model.config import preset_config
 from gpt_ft.training.callbacks import History, run_callbacks
 from gpt_ft.training.checkpointing import AtomicCheckpointIO
-from gpt_ft.training.config_checks import card_named, refuse_bad_config
+from gpt_ft.training.config_checks import card_named, check_token_folder, refuse_bad_config
 from gpt_ft.training.precision import cpu_precision, runs_on_cpu, warn_half_weights
 from gpt_ft.training.predictions import check_submission
 from gpt_ft.training.run_folders import DEFAULT_LOGGER, checkpoint_to_read, last_of_task, logs_follow_root_dir
@@ -282,9 +282,11 @@ def tokenizer_of_the_weights(config, fitting: bool) -> None:
     """`--data.tokenizer`, where not given, is the one saved with `--model.init_from`'s weights; one
     given to a run that starts from a checkpoint is the one it was trained with (a run resumed or
     scored from a checkpoint is held to that checkpoint's own: `check_same_tokenizer`)."""
-    if "tokenizer" not in (data := config.data.init_args):
+    init_from, data = config.model.get("init_from"), config.data.init_args
+    if "tokenizer" not in data:
+        if init_from and data.get("token_dir"):  # a language model's token files
+            check_token_folder(data.token_dir, init_from)
         return
-    init_from = config.model.get("init_from")
     if data.tokenizer is not None and init_from and fitting and not config.get("ckpt_path"):
         check_init_tokenizer(data.tokenizer, init_from)
     data.tokenizer = resolve_tokenizer(data.tokenizer, init_from, option=None)

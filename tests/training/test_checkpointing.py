@@ -1034,31 +1034,44 @@ def test_a_run_saved_with_more_gpus_visible_resumes_on_fewer(monkeypatch):
 
 
 def test_pretraining_resumed_on_token_files_of_another_tokenizer_is_refused(tmp_path, tokenizer_dir, capsys):
-    """Token files of a tokenizer of the same size but other ids: refused, as a task's tokenizer is,
-    naming the token folder (the fault) and the remedy."""
-    other = swapped(Path(tokenizer_dir), tmp_path / "other")
+    """Token files of a tokenizer of the same size but other ids, or of another size: refused, as a
+    task's tokenizer is, naming the token folder (the fault) and the remedy, by a resumed run and by
+    `validate` (which builds the model of the checkpoint's size first)."""
+    from gpt_ft.data.tokenizer import train_tokenizer
+
     corpus = write_corpus(tmp_path)
-    for tok, out in ((tokenizer_dir, "tokens"), (other, "tokens2")):
+    smaller = tmp_path / "smaller"
+    train_tokenizer(inputs=[corpus], vocab_size=350, out_dir=smaller, show_progress=False)
+    others = {"tokens2": swapped(Path(tokenizer_dir), tmp_path / "other"), "tokens3": smaller}
+    for tok, out in ((tokenizer_dir, "tokens"), *((t, o) for o, t in others.items())):
         main(["prepare", "--inputs", str(corpus), "--tokenizer", str(tok), "--out_dir", str(tmp_path / out),
               "--validation_fraction", "0.2"])  # fmt: skip
 
     def args(tokens: str, steps: int) -> list[str]:
-        return ["fit", "--config", str(ROOT / "configs/pretrain/cpu.yaml"),
+        return ["--config", str(ROOT / "configs/pretrain/cpu.yaml"),
                 f"--data.token_dir={tmp_path / tokens}", "--data.block_size=32", "--data.batch_size=4",
                 f"--model.overrides={MICRO}", f"--trainer.max_steps={steps}", "--trainer.limit_val_batches=0",
                 "--trainer.enable_progress_bar=false",
                 f"--trainer.logger.init_args.save_dir={tmp_path / 'logs'}"]  # fmt: skip
 
-    main(args("tokens", 2))
-    for started in ("--ckpt_path=last",):
-        capsys.readouterr()
-        with pytest.raises(SystemExit) as stopped:
-            main([*args("tokens2", 4), started])
-        assert stopped.value.code == 2
-        said = capsys.readouterr().err.strip().splitlines()[-1]
-        assert said.startswith(
-            f"gpt-ft: error: --data.token_dir {tmp_path / 'tokens2'} was prepared with another tokenizer "
-        ), said
+    main(["fit", *args("tokens", 2)])
+    ckpt = last_path(tmp_path / "logs", 0)
+    for tokens in others:
+        for command in (
+            ["fit", *args(tokens, 4), "--ckpt_path=last"],
+            ["validate", *args(tokens, 4), f"--ckpt_path={ckpt}"],
+        ):
+            capsys.readouterr()
+            with pytest.raises(SystemExit) as stopped:
+                main(command)
+            assert stopped.value.code == 2
+            said = capsys.readouterr().err.strip().splitlines()[-1]
+            assert said.startswith(
+                f"gpt-ft: error: --data.token_dir {tmp_path / tokens} was prepared with another tokenizer "
+            ), said
+            assert said.endswith(f"Prepare the corpus again with --tokenizer {ckpt.parent / 'tokenizer'}."), (
+                said
+            )
 
 
 def test_a_run_resumed_with_another_task_card_says_what_changed(tmp_path, tokenizer_dir):
