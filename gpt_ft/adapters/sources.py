@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import MISSING, dataclass, field, fields
+from difflib import get_close_matches
 from typing import Any, Literal
 
 from gpt_ft.errors import CardError, TaskDataError
@@ -70,9 +71,11 @@ class LocalFiles:
     def __post_init__(self) -> None:
         unknown = sorted(set(self.headerless_splits or []) - set(self.splits))
         if unknown:
+            near = [(n, m[0]) for n in unknown if (m := get_close_matches(n, list(self.splits), n=1))]
+            said = "".join(f" ({a!r} or {b!r} is misspelt)" for a, b in near[:1])
             raise CardError(
                 f"local.headerless_splits names {unknown}, which local.splits does not: "
-                f"it has {sorted(self.splits)}."
+                f"it has {sorted(self.splits)}{said}."
             )
         if self.headerless_splits and not self.column_names:
             raise CardError(

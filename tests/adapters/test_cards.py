@@ -67,7 +67,10 @@ def test_card_errors_name_the_file(tmp_path):
     for init_args, message in (
         ("{name: x, labels: [a, b], score_range: [0, 5]}", "score_range bounds a regression's scores; set"),
         ("{name: x, local: {splits: {train: t.tsv}, column_names: [sentence], headerless_splits: [trian]}}",
-         r"local.headerless_splits names \['trian'\], which local.splits does not: it has \['train'\]."),
+         r"local.headerless_splits names \['trian'\], which local.splits does not: it has \['train'\] "
+         r"\('trian' or 'train' is misspelt\)."),
+        ("{name: x, local: {splits: {train: t.tsv}, column_names: [sentence], headerless_splits: [dev]}}",
+         r"local.headerless_splits names \['dev'\], which local.splits does not: it has \['train'\]\.$"),
         # A misspelt field of local: (`column:`) was "Spaces not allowed in keys" where a renamed
         # column held a space.
         ("{name: x, local: {splits: {train: t.tsv}, column: {Sentence 1: sentence}}}",
