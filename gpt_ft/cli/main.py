@@ -123,28 +123,32 @@ def in_config_file(message: str, args: list[str]) -> str:
     )
     quotes = re.match(r"--([\w.]+): .*, got (.*?)(?: \(\S+ is not an? [^()]+\))?(?:: a list .*)?\.$", message)
     unread = re.match(r"--([\w.]+): (.+) is not a file that can be read\.$", message)
+    named = re.search(r" \(--([\w.]+)\)\.$", message)  # a fault in a value, its option said last
     if unknown:
         group, option = unknown[1] or unknown[3], unknown[2] or unknown[4]
         key = f"{group}.{option}" if group else unknown[5]
-    elif quotes or unread:
-        key, quoted = (quotes or unread)[1], (quotes or unread)[2]
+    elif quotes or unread or named:
+        key, quoted = (groups := (quotes or unread or named).groups())[0], groups[-1]
     else:
         return message
     for arg, following in reversed(list(zip(args, [*args[1:], ""]))):  # the last source is the one read
         option, equals, value = arg.partition("=")
         value = value if equals else following
         if option in ("-c", "--config") and (found := option_in(value, key.split("."))):
-            if unknown or (
-                quotes and quoted in (repr(found[0]), str(found[0]), f"'{found[0]}'", f'"{found[0]}"')
+            if (
+                unknown
+                or named
+                or (quotes and quoted in (repr(found[0]), str(found[0]), f"'{found[0]}'", f'"{found[0]}"'))
             ):  # (a list: '[1]')
-                return f"{PIPED.get(value, value)}: {message.removeprefix('--')}"
+                said = message.removeprefix("--").replace(f"(--{key})", f"({key})")
+                return f"{PIPED.get(value, value)}: {said}"
             if unread and found[0] == quoted and not Path(quoted).is_absolute():
                 relative = f"it is relative to the config's folder, {Path(value).parent}"
                 relative = "a pipe's paths are relative to where gpt-ft runs" if value in PIPED else relative
                 said = message.removeprefix("--").removesuffix(".")
                 return f"{PIPED.get(value, value)}: {said}: {relative}."
         elif option == f"--{key}" and (
-            unknown or (unread and quoted == value) or quoted in (repr(value), value)
+            unknown or named or (unread and quoted == value) or quoted in (repr(value), value)
         ):
             return message  # typed so
     return message

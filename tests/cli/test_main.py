@@ -242,6 +242,13 @@ def test_a_bad_option_in_a_config_file_names_the_file(run):
         f"gpt-ft: error: {listed}: trainer.devices: expected list[int] or str or int, got \"[0, 'a']\" "
         "(a is not an int)."
     )
+    overrides = run.root / "overrides.yaml"  # a value refused once parsed: its option said last
+    overrides.write_text("model:\n  overrides: {n_layer: abc}\n")
+    expected = "GPTConfig.n_layer must be an integer, got 'abc' (model.overrides)."
+    assert run("-c", str(overrides)) == f"gpt-ft: error: {overrides}: {expected}"
+    assert run("-c", str(overrides), "--model.overrides={n_layer: x}") == (
+        "gpt-ft: error: GPTConfig.n_layer must be an integer, got 'x' (--model.overrides)."
+    )
     # A file that gives the option a good value is not blamed for the command line's mapping.
     assert run("--config", str(good), "--trainer={max_epochs: abc}") == (
         "gpt-ft: error: --trainer.max_epochs: expected int, got 'abc'."
