@@ -5,6 +5,7 @@ to do then)."""
 import enum
 import inspect
 import logging
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -275,6 +276,32 @@ def test_lightning_cli_puts_checkpoint_hparams_over_the_command_line_unless_the_
         pass
 
     assert parsed_width(Mixed, str(ckpt)) == 3
+
+
+def test_lightning_cli_runs_the_subcommand_inside_the_mixins_context(monkeypatch):
+    from gpt_ft.workarounds.cli import RunWrapped
+
+    monkeypatch.setattr("sys.argv", ["gpt-ft"])
+    assert list(inspect.signature(LightningCLI._run_subcommand).parameters) == ["self", "subcommand"]
+    seen = []
+
+    class Wrapped(RunWrapped, LightningCLI):
+        @contextmanager
+        def running(self):
+            seen.append("entered")
+            try:
+                yield
+            except RuntimeError as exc:
+                raise ValueError(f"reworded: {exc}") from None
+
+    def fails(trainer, *args, **kwargs):
+        seen.append("ran")
+        raise RuntimeError("in the run")
+
+    monkeypatch.setattr(Trainer, "validate", fails)
+    with pytest.raises(ValueError, match="^reworded: in the run$"):
+        Wrapped(Tiny, save_config_callback=None, args=["validate", "--trainer.accelerator=cpu"])
+    assert seen == ["entered", "ran"]
 
 
 def test_lightning_cli_adds_exactly_the_named_keys_to_a_modules_hyperparameters(monkeypatch):

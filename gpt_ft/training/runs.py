@@ -34,6 +34,7 @@ from gpt_ft.weights.pretrained import resolve_tokenizer
 from gpt_ft.workarounds.cli import (
     CheckpointHparamsAsDefaults,
     ParsersBuiltOnce,
+    RunWrapped,
     parse_subcommand,
     parse_unchecked,
     print_config_asked,
@@ -55,7 +56,7 @@ class ValidatedOnce(LightningArgumentParser):
         super().save(namespace, path, *args, skip_validation=skip_validation, **kwargs)
 
 
-class GPTCLI(CheckpointHparamsAsDefaults, ParsersBuiltOnce, LightningCLI):
+class GPTCLI(CheckpointHparamsAsDefaults, ParsersBuiltOnce, RunWrapped, LightningCLI):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # Only the subcommand given gets its parser built: each of the four costs a third of a second.
         given = kwargs.get("args")
@@ -161,9 +162,8 @@ class GPTCLI(CheckpointHparamsAsDefaults, ParsersBuiltOnce, LightningCLI):
             data_dir, limit = getattr(self.datamodule, "data_dir", None), self.trainer.limit_predict_batches
             check_submission(self.model.task, self.model.predictions_dir, data_dir, limit)
 
-    def _run_subcommand(self, subcommand: str) -> None:
-        with card_named(self.config[subcommand]):  # the card's splits, found missing as they load
-            super()._run_subcommand(subcommand)
+    def running(self):
+        return card_named(self.config[self.subcommand])  # the card's splits, found missing as they load
 
     def before_fit(self) -> None:
         if self.model.class_weights == "balanced":  # from the data, handed to the model here
