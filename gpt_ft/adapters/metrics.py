@@ -12,6 +12,7 @@ from torch import Tensor
 from torchmetrics.functional import accuracy, f1_score, pearson_corrcoef
 
 from gpt_ft.adapters.contrastive import first_copies
+from gpt_ft.adapters.heads import tied
 from gpt_ft.errors import CardError
 
 METRICS = ("accuracy", "f1", "matthews", "pearson", "spearman")
@@ -107,7 +108,9 @@ def retrieval_metrics(
     InfoNCE leaves it out of the negatives), and a document several rows hold is one rival; the
     positive of another row whose query is the same text is another match, no rival either. Texts
     are told apart by their keys, not their vectors: a model that gives every text one vector ties
-    them all, and scores what a random order would."""
+    them all, and scores what a random order would. Scores within `TIE` tie (as a reranker's do):
+    the last bits of a vector depend on the batch it was computed in, which would otherwise order
+    near-equal documents one way in validation and another in `gpt-ft embed`'s vectors."""
     scores = queries.double() @ corpus.double().T  # (Q, Q)
     own = scores.diagonal()[:, None]
     query, document = first_copies(texts[:, 0]), first_copies(texts[:, 1])
@@ -115,8 +118,8 @@ def retrieval_metrics(
     matches = torch.zeros_like(scores, dtype=torch.bool)
     matches[query, document] = True  # each query text's documents
     others = (document == n)[None, :] & ~matches[query]  # every other document, once
-    ties = ((scores == own) & others).sum(dim=1)
-    return rank_metrics(1 + ((scores > own) & others).sum(dim=1), metrics, ties)
+    tie = tied(scores, own) & others
+    return rank_metrics(1 + ((scores > own) & others & ~tie).sum(dim=1), metrics, tie.sum(dim=1))
 
 
 def rank_metrics(rank: Tensor, metrics: list[str], ties: Tensor | None = None) -> dict[str, Tensor]:

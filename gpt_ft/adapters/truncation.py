@@ -76,15 +76,16 @@ def cut_kind(
     return CUT
 
 
-def cut_report(what: str, kinds: list[int], max_length: int) -> str | None:
-    """The line saying how many of `what`'s examples (a split, a file) `max_length` cut (`kinds`:
-    each one's `cut`), and how many lost what told their sequences apart; None where none was cut."""
+def cut_report(what: str, kinds: list[int], max_length: int, items: str = "examples") -> str | None:
+    """The line saying how many of `what`'s `items` (a split's examples, a file's texts) `max_length`
+    cut (`kinds`: each one's `cut`), and how many lost what told their sequences apart; None where
+    none was cut."""
     cut = sum(kind != WHOLE for kind in kinds)
     if not cut:
         return None
     share = cut / len(kinds)
     shown = "<0.1%" if share < 0.0005 else ">99.9%" if 0.9995 <= share < 1 else f"{share:.1%}"
-    line = f"{what}: {cut:,} of {len(kinds):,} examples ({shown}) are longer than max_length {max_length}"
+    line = f"{what}: {cut:,} of {len(kinds):,} {items} ({shown}) are longer than max_length {max_length}"
     line += " and are cut"
     if alike := sum(kind == ALIKE for kind in kinds):
         line += (

@@ -174,7 +174,7 @@ def embed(
         for first in range(0, len(texts), CHUNK)
         for t in encoder.tokens(texts[first : first + CHUNK], prompt)
     ]
-    if said := cut_report(str(source), cuts, max_length):
+    if said := cut_report(str(source), cuts, max_length, items="texts"):
         print(said)  # (as `gpt-ft label` says it: texts longer than a sequence's room lose their end)
 
 

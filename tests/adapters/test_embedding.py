@@ -222,6 +222,10 @@ def test_retrieval_metrics_by_hand():
     # A tie is a random order of the tied documents: q1 ties d0 with its own d1, 1st or 2nd.
     tied = retrieval_metrics(torch.eye(2), torch.tensor([[1.0, 0.5], [0.0, 0.5]]), pairs(2), ["mrr@10"])
     assert tied["mrr@10"].item() == pytest.approx((1 + (1 + 1 / 2) / 2) / 2)
+    # ... as are scores a few last bits apart (a vector's last bits depend on its batch), either way.
+    for d0 in (0.5 + 3e-8, 0.5 - 3e-8):
+        near = retrieval_metrics(torch.eye(2), torch.tensor([[1.0, d0], [0.0, 0.5]]), pairs(2), ["mrr@10"])
+        assert near["mrr@10"].item() == pytest.approx((1 + (1 + 1 / 2) / 2) / 2)
     # Two rows sharing a positive (d0 = d1): the other copy is no rival, so each query finds its own first.
     shared, texts = torch.tensor([[0.6, 0.8], [0.6, 0.8], [1.0, 0.0]]), pairs(3)
     texts[1, 1] = texts[0, 1]

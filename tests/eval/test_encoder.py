@@ -157,7 +157,7 @@ def test_gpt_ft_embed_writes_vectors_as_npy_or_beside_the_rows(embedded, tmp_pat
     )
     assert capsys.readouterr().out.splitlines()[-2:] == [
         f"embedded 2 texts of {tmp_path / 'long.txt'} into {tmp_path / 'l.npy'} (32 dimensions)",
-        f"{tmp_path / 'long.txt'}: 1 of 2 examples (50.0%) are longer than max_length 64 and are cut.",
+        f"{tmp_path / 'long.txt'}: 1 of 2 texts (50.0%) are longer than max_length 64 and are cut.",
     ]
     expected = Encoder.from_checkpoint(ckpt, device="cpu").encode(texts)
     np.testing.assert_allclose(np.load(tmp_path / "v.npy"), expected, atol=1e-6)
