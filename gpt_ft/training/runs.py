@@ -89,7 +89,8 @@ class GPTCLI(CheckpointHparamsAsDefaults, ParsersBuiltOnce, RunWrapped, Lightnin
             subcommand = self._only
             if subcommand in ("validate", "test", "predict"):
                 # (a language model's data options, --data.token_dir, read with its data module)
-                unchecked = parse_unchecked(subcommand_parser(self, subcommand), args[1:], or_with=LM_DATA)
+                ahead = without_card_fields(args[1:])  # (they parse once the checkpoint's card is known)
+                unchecked = parse_unchecked(subcommand_parser(self, subcommand), ahead, or_with=LM_DATA)
                 named, printing = unchecked.get("ckpt_path"), print_config_asked(parser)
                 ckpt = checkpoint_to_read(unchecked.trainer, subcommand, named, printing)  # `last` found
                 self.resolved_ckpt = ckpt if ckpt != named else None  # (a name, `last`, found)
@@ -335,3 +336,15 @@ def lightning_main(
         # warmup and the schedule's resume included.
         auto_configure_optimizers=False,
     )
+
+
+def without_card_fields(args: list[str]) -> list[str]:
+    """`args` without the options that change one field of the task card (`--data.task.loss x`,
+    `--data.task.init_args.loss=x`): before a checkpoint's card is the parser's default, they
+    have no card to change, and are refused as options of none."""
+    kept, skip = [], False
+    for arg in args:
+        field = arg.startswith("--data.task.")
+        kept += [] if skip or field else [arg]
+        skip = field and "=" not in arg
+    return kept

@@ -219,6 +219,13 @@ def test_checkpoints_stand_alone_for_validate_and_predict(tmp_path, finetuned, c
     out = tmp_path / "pred"
     main(["predict", f"--ckpt_path={ckpt}", f"--model.predictions_dir={out}", *quiet])
     assert (out / "SENT.tsv").read_text().splitlines()[0] == "index\tprediction"
+    # Fields of the checkpoint's card changed, as of a card given (`text`, SingleText's own, too):
+    # written under other names.
+    written = ["--data.task.init_args.text", "sentence", "--data.task.submission_labels=[n, p]"]
+    written += ["--data.task.init_args.submission_files={test: S.tsv}"]
+    main(["predict", f"--ckpt_path={ckpt}", f"--model.predictions_dir={out}", *written, *quiet])
+    rows = (out / "S.tsv").read_text().splitlines()[1:]
+    assert len(rows) == 3 and {row.split("\t")[1] for row in rows} <= {"n", "p"}
 
 
 def test_a_checkpoint_records_the_checkouts_commit_asked_of_git_once_a_process(finetuned, monkeypatch):
