@@ -137,7 +137,10 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
             raise ValueError(f"train_size must be a positive number of examples, got {train_size}.")
         self.train_size = train_size
         if task is None:
-            raise ValueError("No task: give --data.task CARD (e.g. tasks/glue/rte.yaml).")
+            raise ValueError(
+                "No task: give --data.task CARD (e.g. tasks/glue/rte.yaml), or --data.token_dir DIR "
+                "(gpt-ft prepare's token files) for a language model."
+            )
         if tokenizer is None:
             raise ValueError(
                 "No tokenizer: give --data.tokenizer DIR, or --model.init_from weights that carry one."

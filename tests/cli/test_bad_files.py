@@ -51,6 +51,15 @@ def test_a_torch_file_that_is_no_checkpoint(tmp_path, tokenizer_dir, capsys):
     ).startswith(f"gpt-ft: error: {path} is a safetensors file but not a checkpoint of `gpt-ft fit`")
 
 
+def test_no_task_and_no_token_folder_names_both(tokenizer_dir, capsys):
+    """A run with neither data says what each is for: `validate --model.init_from` of a language
+    model needs token files, not a card."""
+    assert error_of(["fit", f"--data.tokenizer={tokenizer_dir}"], capsys) == (
+        "gpt-ft: error: No task: give --data.task CARD (e.g. tasks/glue/rte.yaml), or --data.token_dir DIR "
+        "(gpt-ft prepare's token files) for a language model."
+    )
+
+
 @pytest.mark.parametrize("name", ["truncated.ckpt", "empty.ckpt", "text.ckpt"])
 def test_an_unreadable_checkpoint_anywhere(name, broken, tokenizer_dir, capsys):
     path = broken / name
