@@ -55,7 +55,14 @@ def split_prmbench(args, out: Path) -> tuple[Path, int]:
     """OUT/data/{train,validation,test}.jsonl split by question, and how many rows were dropped."""
     data = out / "data"
     rows, dropped = [], 0
-    for path in sorted(Path(args.prmbench).glob("*.jsonl")):
+    files = sorted(Path(args.prmbench).glob("*.jsonl"))
+    if not files:
+        below = sorted({str(p.parent) for p in Path(args.prmbench).glob("*/*.jsonl")})
+        raise SystemExit(
+            f"--prmbench {args.prmbench} holds no .jsonl files: give PRMBench's folder of them"
+            + (f" ({', '.join(below)}?)" if below else ".")
+        )
+    for path in files:
         for line in path.read_text().splitlines():
             row = json.loads(line)
             n = len(row["modified_process"])

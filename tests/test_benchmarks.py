@@ -544,6 +544,16 @@ def test_benchmark_arguments_that_would_measure_nothing_are_refused(monkeypatch,
     with pytest.raises(ZeroDivisionError):
         bench_padding.main()
     assert seen == [128]
+    # A folder above PRMBench's files would have split no rows into empty files: it names the one below.
+    import argparse
+
+    import bench_steps
+
+    (tmp_path / "prmbench").mkdir()
+    (tmp_path / "prmbench" / "a.jsonl").write_text("")
+    with pytest.raises(SystemExit, match=r"holds no \.jsonl files: .* \(.*prmbench\?\)"):
+        bench_steps.split_prmbench(argparse.Namespace(prmbench=str(tmp_path)), tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without CUDA")
