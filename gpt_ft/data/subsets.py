@@ -42,18 +42,21 @@ def stratified_subset(labels: Sequence[Any], size: int, seed: int) -> list[int]:
     return sorted(chosen)
 
 
-def class_ids(output, labels: Sequence[Any]) -> list[Any]:
+def class_ids(output, labels: Sequence[Any]) -> tuple[list[Any], int | None]:
     """Labels of one class each as its id, however the file spells it (a name in the card's
-    `labels`, or its index): the same rows either way. Other labels, and a value that is no class
-    (refused with its line when the split is encoded), stay as they are."""
-    ids = []
-    for value in labels:
+    `labels`, or its index): the same rows either way. Other labels, and a value that is no class,
+    stay as they are. Also the first row whose label is missing or refused (None if none): a subset
+    keeps it, so that its encoding names it, as it would in the whole split."""
+    ids, bad = [], None
+    for i, value in enumerate(labels):
         try:
             label = output.example_label({output.spec.field: value})
         except Exception:  # (named, with its file and line, by the encoding)
             label = None
+        if label is None and bad is None:
+            bad = i
         ids.append(label if isinstance(label, int) and not isinstance(label, bool) else value)
-    return ids
+    return ids, bad
 
 
 def _strata(labels: Sequence[Any]) -> list[Any]:

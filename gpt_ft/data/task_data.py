@@ -207,8 +207,11 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
             # Rows without a label column (preference pairs: the chosen reply is the label), or whose
             # label is no class (a solution's tagged steps), are one stratum.
             stratified = self.task.output.stratified and self.task.label in raw.column_names
-            labels = class_ids(self.task.output, raw[self.task.label]) if stratified else [None] * len(raw)
+            labels, bad = (
+                class_ids(self.task.output, raw[self.task.label]) if stratified else ([None] * len(raw), None)
+            )
             kept = stratified_subset(labels, self.train_size, self.seed)
+            kept = kept if bad is None else sorted({*kept, bad})  # refused, whatever the subset's size
             raw, origin = raw.select(kept), origin.keep(kept)
 
         def encode_batch(batch: dict[str, list], rows: list[int]) -> dict[str, list]:
@@ -386,8 +389,9 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
 
     def explain(self, split: str, index: int) -> dict[str, Any]:
         """Example `index` of `split` as the model sees it: tokens (specials visible), ids, extract index
-        (None where an embedding's vector is the mean of its tokens); whether `max_length` cut it."""
-        ds = self.encoded(split, labelled=False)
+        (None where an embedding's vector is the mean of its tokens); whether `max_length` cut it.
+        A split that trains or evaluates needs its labels here too, as `fit` does."""
+        ds = self.encoded(split, labelled=split == "train" or split in self.task.validation_splits)
         if not 0 <= index < len(ds):
             raise TaskDataError(f"--index {index} is out of range: split {split!r} has {len(ds)} examples.")
         example = ds[index]

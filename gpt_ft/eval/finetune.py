@@ -77,7 +77,9 @@ def fit_and_evaluate(
 
 
 def readable_test_splits(data, log) -> list[str]:
-    """The task's test splits that load; the others are named in a warning."""
+    """The task's test splits that load; the others are named in a warning. The splits that train
+    and validate load first: a fault there stops the run before any warning about a test split."""
+    data.setup("fit")
     task, readable = data.task, []
     for split in task.test_splits:
         try:

@@ -193,6 +193,15 @@ def test_a_bad_label_names_its_line_as_an_editor_counts_it(explain, name, data, 
     )
 
 
+def test_a_file_without_its_label_column_is_refused_as_fit_refuses_it(explain):
+    """explain checks a card before training: a split that trains lacking its labels is the same
+    sentence as fit's, not an example shown with "label None"."""
+    assert explain("t.tsv", b"sentence\tgold\na\tpositive\n") == (
+        f"{explain.root / 'd' / 't.tsv'}: missing column 'label' (the labels); split 'train' is used for "
+        "training or evaluation, so every example needs one; the file has ['sentence', 'gold']."
+    )
+
+
 def test_a_slice_that_is_none_names_the_split_not_the_file(explain):
     card = CARD.format(adapter="SingleText", file="t.tsv").replace("train: d/t.tsv", "train: 'd/t.tsv[a:b]'")
     assert explain("t.tsv", b"sentence\tlabel\na\tpositive\n", card) == (  # the card is at fault

@@ -123,3 +123,24 @@ def test_labels_spelled_as_names_or_as_indices_give_the_same_subset(tmp_path, to
         data = TaskDataModule(task, tokenizer_dir, data_dir=str(tmp_path), train_size=9, seed=0)
         drawn.append(data.encoded("train", labelled=True)["index"])
     assert drawn[0] == drawn[1] and len(drawn[0]) == 9
+
+
+def test_a_bad_label_is_refused_whatever_the_subset_draws(tmp_path, tokenizer_dir):
+    """A label no class of the card's, or none, in a row the subset leaves out: refused with its line
+    as in the whole split (a stratum of its own, of quota 0, it was never encoded nor checked)."""
+    from gpt_ft.adapters.cards import load_card
+    from gpt_ft.errors import TaskDataError
+    from tests.helpers import make_task
+
+    card = load_card(make_task("single", tmp_path))
+    train = tmp_path / "d" / "train.tsv"
+    for bad, problem in (
+        ("maybe", "label 'maybe' in field 'label' is not among the labels"),
+        ("", "no label"),
+    ):
+        lines = train.read_text().splitlines()
+        lines[4] = "\t".join([*lines[4].split("\t")[:2], bad])
+        train.write_text("\n".join(lines) + "\n")
+        module = TaskDataModule(card, tokenizer_dir, data_dir=str(tmp_path), train_size=2, seed=0)
+        with pytest.raises(TaskDataError, match=f"^{train}, line 5: {problem}"):
+            module.encoded("train", labelled=True)

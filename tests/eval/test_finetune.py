@@ -75,6 +75,7 @@ def test_a_run_without_a_task_or_a_validation_is_refused():
     unkept = Trainer()
     unkept.checkpoint_callback = None
     data = SimpleNamespace(task=SimpleNamespace(name="t", test_splits=["test"]), encoded=lambda *a, **k: [])
+    data.setup = lambda stage: None
     no_checkpoints = lambda argv: (SimpleNamespace(task=task), data, unkept)  # noqa: E731
     with pytest.raises(
         ValueError, match=r"^--select best predicts from the best epoch's checkpoint, and these"
@@ -88,6 +89,16 @@ def test_a_run_without_a_task_or_a_validation_is_refused():
     with pytest.raises(ValueError, match="without a validation"):
         finetune.fit_and_evaluate(no_checkpoints, [], "best", predict=True, log=said.append)
     assert said == ["warning: no t predictions for split 'test': d/test.tsv: file not found"]
+    # A training split that cannot be read stops the run first, without a warning about the test split.
+
+    def no_training_file(stage):
+        assert stage == "fit"
+        raise TaskDataError("d/train.tsv: file not found")
+
+    data.setup, said = no_training_file, []
+    with pytest.raises(TaskDataError, match="train.tsv"):
+        finetune.fit_and_evaluate(no_checkpoints, [], "best", predict=True, log=said.append)
+    assert said == []
 
 
 def test_main_key_and_finite():
