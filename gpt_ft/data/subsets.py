@@ -42,11 +42,21 @@ def stratified_subset(labels: Sequence[Any], size: int, seed: int) -> list[int]:
     return sorted(chosen)
 
 
+def training_subset(task, raw, size: int, seed: int) -> list[int]:
+    """The rows of the training split `raw` (a dataset) that `--data.train_size` keeps. Rows without
+    a label column (preference pairs: the chosen reply is the label), or whose label is no class (a
+    solution's tagged steps), are one stratum. A row whose class is missing or refused is kept, so
+    that its encoding names it, as the whole split's would."""
+    stratified = task.output.stratified and task.label in raw.column_names
+    labels, bad = class_ids(task.output, raw[task.label]) if stratified else ([None] * len(raw), None)
+    kept = stratified_subset(labels, size, seed)
+    return kept if bad is None else sorted({*kept, bad})
+
+
 def class_ids(output, labels: Sequence[Any]) -> tuple[list[Any], int | None]:
     """Labels of one class each as its id, however the file spells it (a name in the card's
     `labels`, or its index): the same rows either way. Other labels, and a value that is no class,
-    stay as they are. Also the first row whose label is missing or refused (None if none): a subset
-    keeps it, so that its encoding names it, as it would in the whole split."""
+    stay as they are. Also the first row whose label is missing or refused (None if none)."""
     ids, bad = [], None
     for i, value in enumerate(labels):
         try:

@@ -24,7 +24,7 @@ from gpt_ft.data.files import Origin, located_split, task_examples
 from gpt_ft.data.ids import id_names, integer_id
 from gpt_ft.data.pinning import leave_stops_to_the_main_process, pins
 from gpt_ft.data.samplers import EpochSampler, LengthGroupedSampler, ResumableTrainData
-from gpt_ft.data.subsets import class_ids, stratified_subset
+from gpt_ft.data.subsets import training_subset
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
 from gpt_ft.errors import check_context
 from gpt_ft.workarounds.data import dataset_fingerprint
@@ -204,14 +204,7 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
                 self.id_names[split] = names  # predictions named by the ids as the file writes them
             index_field = None
         if split == "train" and self.train_size is not None:
-            # Rows without a label column (preference pairs: the chosen reply is the label), or whose
-            # label is no class (a solution's tagged steps), are one stratum.
-            stratified = self.task.output.stratified and self.task.label in raw.column_names
-            labels, bad = (
-                class_ids(self.task.output, raw[self.task.label]) if stratified else ([None] * len(raw), None)
-            )
-            kept = stratified_subset(labels, self.train_size, self.seed)
-            kept = kept if bad is None else sorted({*kept, bad})  # refused, whatever the subset's size
+            kept = training_subset(self.task, raw, self.train_size, self.seed)
             raw, origin = raw.select(kept), origin.keep(kept)
 
         def encode_batch(batch: dict[str, list], rows: list[int]) -> dict[str, list]:

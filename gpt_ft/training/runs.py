@@ -89,8 +89,7 @@ class GPTCLI(CheckpointHparamsAsDefaults, ParsersBuiltOnce, RunWrapped, Lightnin
             subcommand = self._only
             if subcommand in ("validate", "test", "predict"):
                 # (a language model's data options, --data.token_dir, read with its data module)
-                ahead = without_card_fields(args[1:])  # (they parse once the checkpoint's card is known)
-                unchecked = parse_unchecked(subcommand_parser(self, subcommand), ahead, or_with=LM_DATA)
+                unchecked = read_ahead(subcommand_parser(self, subcommand), args[1:])
                 named, printing = unchecked.get("ckpt_path"), print_config_asked(parser)
                 ckpt = checkpoint_to_read(unchecked.trainer, subcommand, named, printing)  # `last` found
                 self.resolved_ckpt = ckpt if ckpt != named else None  # (a name, `last`, found)
@@ -338,13 +337,19 @@ def lightning_main(
     )
 
 
-def without_card_fields(args: list[str]) -> list[str]:
-    """`args` without the options that change one field of the task card (`--data.task.loss x`,
-    `--data.task.init_args.loss=x`): before a checkpoint's card is the parser's default, they
-    have no card to change, and are refused as options of none."""
-    kept, skip = [], False
-    for arg in args:
-        field = arg.startswith("--data.task.")
-        kept += [] if skip or field else [arg]
-        skip = field and "=" not in arg
-    return kept
+def read_ahead(parser, args: list[str]):
+    """`args` parsed unchecked, to find the checkpoint. Fields of the task card (`--data.task.loss
+    x`) given with none but the checkpoint's have no card to change yet, and are refused as options
+    of none: the checkpoint named (`--ckpt_path`, as argparse reads it) gives its own first."""
+    import argparse
+
+    try:
+        return parse_unchecked(parser, args, or_with=LM_DATA)
+    except argparse.ArgumentError:
+        named = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+        named.add_argument("--ckpt_path")
+        ckpt = named.parse_known_args(args)[0].ckpt_path
+        if ckpt in (None, "last") or not Path(ckpt).is_file():
+            raise
+        parser.set_defaults(recorded_configuration(ckpt))
+        return parse_unchecked(parser, args, or_with=LM_DATA)
