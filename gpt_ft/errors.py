@@ -105,9 +105,7 @@ def parse_error_message(text: str) -> str:
         declared = [t for t in re.split(r", (?![^\[]*\])", subtypes or "") if "NoneType" not in t]
         declared = declared if set(types) & set(declared) else types  # else an outer union's
         got = [e.split(". Got value: ")[1] if ". Got" in e else None for e in expected]
-        a_list = str(given).startswith(
-            "["
-        )  # an item of a list at fault: the item quoted, or a type not declared
+        a_list = str(given).startswith("[")  # an item of a list at fault: quoted, or a type not declared
         items = [(t, v) for t, v in zip(types, got) if v and (t not in declared or a_list and v[:1] != "[")]
         kinds = [plain(t) for t in declared]
         values = ", ".join(k[15:-1] for k in kinds if k.startswith("typing.Literal["))
@@ -116,8 +114,9 @@ def parse_error_message(text: str) -> str:
         reason = f"expected {' or '.join(kinds)}, got {shown!r}"
         reason += "".join(f" ({v} is not a{'n' * (plain(t)[0] in 'aeiou')} {plain(t)})" for t, v in items[:1])
         listed = str(shown).startswith("[") or values  # a list given, or a name
-        hint = kinds[0][:4] in ("list", "List") and not listed
-        reason += ": a list is written [a, b, c] (one argument)" * hint
+        hint = {"list": ": a list is written [a, b, c] (one argument)" * (not listed),
+                "dict": ": a mapping is written {key: value} (a space after each colon)"}  # fmt: skip
+        reason += hint.get(kinds[0][:4].lower(), "")
     else:
         noise = ("Parser key", "Does not validate", "Subtypes:", "Errors:", "Given value")
         reasons = [line for line in lines if not line.startswith(noise)]

@@ -17,6 +17,11 @@ from gpt_ft.errors import parse_error_message, yaml_problem
             "Parser key \"seeds\":\n  Expected a <class 'list'>. Got value: 0",
             "--seeds: expected list, got '0': a list is written [a, b, c] (one argument).",
         ),
+        (  # YAML reads `{n_positions:64}` as the one key "n_positions:64", without a value
+            "Parser key \"overrides\":\n  Expected a <class 'dict'>. Got value: {n_positions:64}",
+            "--overrides: expected dict, got '{n_positions:64}': a mapping is written {key: value} (a space "
+            "after each colon).",
+        ),
         (
             "Parser key \"task\":\n  Problem with given class_path 'gpt_ft.adapters.SingleText':\n"
             "    Option 'txt' is not accepted",

@@ -110,6 +110,9 @@ class LMDataModule(ResumableTrainData, LightningDataModule):
             "with a larger --validation_fraction, or use a smaller block_size)."
         )
 
+    def training_size(self, sampler) -> tuple[int, str]:
+        return self.meta["tokens"]["train"], f"training tokens of {self.token_dir}"
+
     def _blocks(self, split: str) -> TokenBlocks:
         return TokenBlocks(self.token_dir / SPLIT_FILES[split], self.meta["dtype"], self.block_size)
 

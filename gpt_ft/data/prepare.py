@@ -249,7 +249,7 @@ def prepare(
     # every text it reads): no cut is exact, so documents are tokenized whole.
     cut_at = piece_chars if ends is not None else sys.maxsize
     done = committed = writing = False  # tokenized; written whole (meta.json last); the folder held
-    had_tokenizer = (out / "tokenizer").exists()
+    had_tokenizer, replaces = (out / "tokenizer").exists(), (out / META).exists()
     try:
         with one_writer(out, "`gpt-ft prepare`"):
             writing = True  # (refused: the files are another run's)
@@ -318,6 +318,12 @@ def prepare(
         print(
             f"wrote {t['train']:,} train and {t['validation']:,} validation tokens ({dtype}, "
             f"{n_docs:,} documents) to {out_dir} in {seconds:.1f} s ({rate:,.0f} tokens/s)"
+        )
+    if replaces:
+        print(
+            f"note: the token files {out_dir} held before are replaced (a pretraining run resumed on them "
+            "is told its data changed).",
+            file=sys.stderr,
         )
     if unknown > 0.001 * (counts["train"] + counts["validation"]):  # the model would learn to write it
         print(

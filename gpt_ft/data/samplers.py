@@ -143,9 +143,15 @@ class ResumableTrainData:
     resumed from one taken mid-epoch goes on with the very next batch (Lightning saves `state_dict`
     and hands it back to `load_state_dict` before the data loaders are built)."""
 
-    _resume: tuple[int, int, int | None, int | None, int | None] | None = None
-    """(epoch, batches, their size, ranks, the order's seed) of the checkpoint's data."""
+    _resume: tuple[int, int, int | None, int | None, int | None, int | None] | None = None
+    """(epoch, batches, their size, ranks, the order's seed, the data's size) of the checkpoint's data."""
     seed: int | None = None  # the data module's own
+    _size: int | None = None  # of this run's training data, once its loader is built
+
+    def training_size(self, sampler: EpochSampler) -> tuple[int, str]:
+        """How much training data the run reads, and in what (a checkpoint records it, and a run
+        resumed on data of another size is told)."""
+        return len(sampler.dataset), "training examples"
 
     def state_dict(self) -> dict[str, int]:
         trainer = getattr(self, "trainer", None)
@@ -169,6 +175,7 @@ class ResumableTrainData:
             "batch_size": self.batch_size,
             "world": trainer.world_size,
             "seed": self.seed,
+            "size": self._size,
         }
 
     def load_state_dict(self, state: dict[str, int]) -> None:
@@ -179,14 +186,24 @@ class ResumableTrainData:
                 state.get("batch_size"),
                 state.get("world"),
                 state.get("seed"),
+                state.get("size"),
             )
 
     def _resumed(self, sampler: EpochSampler, batch_size: int) -> EpochSampler:
         """`sampler` past the examples the checkpoint's epoch trained on: its batches, of the size
         they had, on the number of processes it had (a run resumed with another batch size, or on
         another number of processes, goes on where that epoch's order stood)."""
+        self._size, unit = self.training_size(sampler)
         if self._resume is not None:
-            epoch, batches, size, world, seed = self._resume
+            epoch, batches, size, world, seed, then = self._resume
+            if then is not None and then != self._size:
+                rest = f"epoch {epoch} goes on {batches} steps in, in the new data's order, and "
+                rank_zero_warn(
+                    f"The checkpoint's run trained on {then:,} {unit} and this run's hold {self._size:,}: "
+                    "the data changed since it was saved (prepared again, edited, or another subset); "
+                    f"{rest * bool(batches)}the run goes on from the checkpoint's weights on the data as it "
+                    "is now."
+                )
             if seed is None and (self.seed or 0) % 2**32:  # a checkpoint from before `epoch_generator`
                 twice = "(some examples twice, others not at all)"
                 rest = (

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpt_ft.adapters import TaskDataError
+from gpt_ft.errors import arguments_from
 from gpt_ft.training.callbacks import History
 from gpt_ft.training.checkpointing import SaveLast
 
@@ -88,6 +89,25 @@ def readable_test_splits(data, log) -> list[str]:
         except TaskDataError as exc:
             log(f"warning: no {task.name} predictions for split {split!r}: {exc}")
     return readable
+
+
+def resolved(build: FitRuns, parts: tuple[list[str], list[str], list[str]], where: str) -> dict[str, Any]:
+    """The configuration `gpt-ft fit ARGS` resolves to (`build.resolve`), ARGS a suite run's own,
+    then --fit_args, then the suite's last; arguments it refuses named as coming from `where` (a
+    suite file's task), or from --fit_args where the run's own resolve without them."""
+    own, given, last = parts
+    try:
+        with arguments_from(where):
+            return build.resolve(own + given + last)
+    except ValueError:
+        try:
+            theirs = bool(given) and bool(build.resolve(own + last))
+        except (ValueError, ArgumentError):
+            theirs = False
+        if not theirs:
+            raise
+    with arguments_from("--fit_args"):
+        return build.resolve(own + given + last)
 
 
 def check_seed(config: dict[str, Any], seed: int, where: str) -> dict[str, Any]:

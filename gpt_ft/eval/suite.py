@@ -32,10 +32,10 @@ import yaml
 from gpt_ft.adapters.cards import load_card
 from gpt_ft.data.files import examples_split, labelled_rows
 from gpt_ft.data.folders import held
-from gpt_ft.errors import arguments_from, check_output_dir
+from gpt_ft.errors import check_output_dir
 from gpt_ft.eval import suite_file, zeroshot
 from gpt_ft.eval.curves import MISSING, baseline_curves, collect_curves, labels_saved, read_baselines
-from gpt_ft.eval.finetune import check_seed, config_changes, fit_and_evaluate, main_key
+from gpt_ft.eval.finetune import check_seed, config_changes, fit_and_evaluate, main_key, resolved
 from gpt_ft.eval.results import (
     benchmark_score,
     changed_files,
@@ -212,7 +212,7 @@ class SuiteRunner:
         log(f"suite {self.spec.name}: done in {spent}; see {self.out / 'results.md'}")
         return results
 
-    def fit_args_of(self, run: Run) -> list[str]:
+    def fit_args_of(self, run: Run, own: bool = False) -> list[str]:  # (own: without --fit_args)
         entry, _ = self.all_cards[run.task]
         folder = self.out / "runs" / run.folder
         data = {"task": str(entry.card), "tokenizer": self.tokenizer, "train_size": run.size,
@@ -232,14 +232,14 @@ class SuiteRunner:
             f"--model.predictions_dir={folder / 'predictions'}",
         ]
         row = self.spec.rows[run.row] if run.row is not None else []
-        return args + self.spec.args + entry.args + row + self.fit_args
+        return args + self.spec.args + entry.args + row + self.fit_args * (not own)
 
     def _resolve(self, run: Run) -> dict[str, Any]:
         """The configuration the run's `gpt-ft fit` arguments resolve to (`FitRuns.resolve`), once."""
         if run.folder not in self.resolved:
             where = f"{self.source}, task {run.task!r}" + (f", row {run.row!r}" if run.row else "")
-            with arguments_from(where):
-                config = build_fit.resolve(self.fit_args_of(run) + self._min_steps(run))
+            parts = self.fit_args_of(run, own=True), self.fit_args, self._min_steps(run)
+            config = resolved(build_fit, parts, where)
             self.resolved[run.folder] = check_seed(config, run.seed, where)
         return self.resolved[run.folder]
 

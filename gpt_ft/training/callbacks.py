@@ -138,9 +138,9 @@ class StoppedEpochResumes(Callback):
             counts["processed"] = counts["completed"] = counts["started"] - 1
         data = trainer.datamodule
         if isinstance(data, ResumableTrainData):
-            saved = checkpoint.get(type(data).__name__) or {}  # (its seed: one from before records none)
+            saved = checkpoint.get(type(data).__name__) or {}  # (one from before records no seed)
             at = {"epoch": epochs["current"]["processed"], "batches": batches["current"]["processed"]}
-            data.load_state_dict({**at, "seed": saved.get("seed")})
+            data.load_state_dict({"seed": None, **saved, **at})
 
 
 class PrintMetrics(Callback):
@@ -262,9 +262,12 @@ class BestCheckpoint(ModelCheckpoint):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         kept = {p: score for p, score in state_dict.get("best_k_models", {}).items() if Path(p).is_file()}
-        if state_dict.get("dirpath", self.dirpath) != self.dirpath and kept:
-            state_dict = {**state_dict, "dirpath": self.dirpath, "best_k_models": kept}
-        super().load_state_dict(state_dict)
+        if state_dict.get("dirpath", self.dirpath) == self.dirpath:
+            super().load_state_dict(state_dict)
+        elif kept:
+            super().load_state_dict({**state_dict, "dirpath": self.dirpath, "best_k_models": kept})
+        else:  # no best to carry on (none kept, or its file gone): this run's first becomes the best
+            self.best_model_path = ""
 
 
 def best_checkpoint(model) -> ModelCheckpoint:

@@ -312,6 +312,8 @@ def lightning_main(
     # Evaluation metrics are computed over every rank's examples (torchmetrics gathers them) before
     # they are logged: Lightning's advice to sync them again under DDP does not apply.
     warnings.filterwarnings("ignore", message=r"It is recommended to use `self.log\('(validation|test)")
+    # A token folder without a validation block validates nothing, which its data module has said.
+    warnings.filterwarnings("ignore", message="Total length of `list` across ranks is zero")
 
     import gpt_ft.data.lm_data  # noqa: F401  (the data classes a config may name)
     import gpt_ft.data.task_data  # noqa: F401

@@ -1,9 +1,8 @@
 """The checkpoint format, in one place: its keys, and a typed view that reads and writes them.
 
-A gpt_ft checkpoint is one file: a dict saved with `torch.save` and read with
-`torch.load(weights_only=True)` (tensors and plain values only, so reading it never runs code). A
-training run's checkpoint is Lightning's dict with gpt_ft's entries added; a file holding only the
-model's entries is a checkpoint too (the model loads from it with no run's arguments).
+A gpt_ft checkpoint is one file: a dict saved with `torch.save` and read with `torch.load(weights_only=True)`
+(tensors and plain values only: reading it never runs code). A training run's checkpoint is Lightning's
+dict with gpt_ft's entries added; the model's entries alone are one too (loaded with no run's arguments).
 
 | key                | `Checkpoint` attribute | what it holds                                            |
 |--------------------|------------------------|----------------------------------------------------------|
@@ -118,14 +117,16 @@ bytes happen to ask of the unpickler)."""
 
 
 def safe_load(path: str | Path, load=None) -> dict[str, Any]:
-    """A checkpoint's dict read with `torch.load(weights_only=True)`, on the CPU (or with `load(path)`).
+    """A checkpoint's dict read with `torch.load(weights_only=True)`, on the CPU (or with `load(path)`),
+    its tensors mapped from the file, read where used (a run's configuration without its weights).
 
     A file that would run code, or that is truncated, empty or not a checkpoint at all, is one
     sentence naming it.
     """
     path = Path(path).expanduser()  # `~/runs/last.ckpt`, as the shell would read it unquoted
     try:
-        entries = load(path) if load is not None else torch.load(path, map_location="cpu", weights_only=True)
+        mmap = load is None and _starts(path) == b"PK"
+        entries = load(path) if load is not None else torch.load(path, "cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as exc:
         # the weights-only unpickler refused to import something, in what torch writes (a zip archive,
         # a pickle of protocol 2 or later), not in a text that happens to start with GLOBAL's "c"

@@ -479,6 +479,14 @@ def test_a_bad_argument_of_any_task_stops_the_suite_before_it_trains(
             f"gpt-ft: error: Suite file {suite}, task 'pair': Unknown GPTConfig field(s) ['n_layerr']"
         )
     )
+    # the command line's --fit_args at fault, not the file: named as they are
+    suite.write_text(f"name: s\ntasks:\n  - {single}\n  - {pair}\n")
+    with pytest.raises(SystemExit) as stopped:
+        data_dirs = as_list(f"sent={tmp_path / 'a'}", f"pair={tmp_path / 'b'}")
+        main([*argv[:4], *fit_args(*FIT, "--trainer.bogus=1"), "--data_dir", data_dirs])
+    assert stopped.value.code == 2 and calls == []
+    err = capsys.readouterr().err.strip()
+    assert err == "gpt-ft: error: --fit_args: unrecognized arguments: --trainer.bogus=1.", err
 
 
 def test_a_suite_stopped_by_a_missing_data_file_leaves_no_new_out_dir(tmp_path, tokenizer_dir, capsys):

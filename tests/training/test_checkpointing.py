@@ -472,7 +472,8 @@ def test_a_nonfinite_loss_inside_an_accumulation_window_resumes_at_the_windows_s
     state = last_state(tmp_path / "logs", 0)
     assert state["global_step"] == 2
     # batches was 1 (2 read late): skipped on resume
-    assert state["TaskDataModule"] == {"epoch": 1, "batches": 0, "batch_size": 1, "world": 1, "seed": 3}
+    data_state = {"epoch": 1, "batches": 0, "batch_size": 1, "world": 1, "seed": 3, "size": 6}  # (6 examples)
+    assert state["TaskDataModule"] == data_state
     progress = state["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]
     assert progress["completed"] == progress["processed"] == 0
     main(["fit", *args, "--ckpt_path=last"])
@@ -1079,6 +1080,45 @@ def test_pretraining_resumed_on_token_files_of_another_tokenizer_is_refused(tmp_
             assert said.endswith(f"Prepare the corpus again with --tokenizer {ckpt.parent / 'tokenizer'}."), (
                 said
             )
+
+
+def test_pretraining_resumed_on_a_corpus_prepared_again_says_its_data_changed(
+    tmp_path, tokenizer_dir, capsys, recwarn
+):
+    """`gpt-ft prepare` into a folder it wrote before says it replaces its token files, and a run
+    resumed on them says its data changed, with both token counts; a token folder without a
+    validation block says so once, without Lightning's warning of an empty loader list after it."""
+    tokens = tmp_path / "tokens"
+
+    def prepare(lines: int) -> str:
+        corpus = tmp_path / f"corpus{lines}"
+        shutil.move(write_corpus(tmp_path, n_files=2, lines=lines), corpus)
+        main(["prepare", "--inputs", str(corpus), "--tokenizer", tokenizer_dir, "--out_dir", str(tokens),
+              "--validation_fraction", "0"])  # fmt: skip
+        return capsys.readouterr().err
+
+    def fit(steps: int, *resume: str) -> str:
+        main(["fit", "--config", str(ROOT / "configs/pretrain/cpu.yaml"), f"--data.token_dir={tokens}",
+              "--data.block_size=16", "--data.batch_size=2", f"--model.overrides={MICRO}",
+              f"--trainer.max_steps={steps}", "--trainer.enable_progress_bar=false",
+              f"--trainer.logger.init_args.save_dir={tmp_path / 'logs'}", *resume])  # fmt: skip
+        said = " ".join(" ".join(str(w.message) for w in recwarn).split())
+        recwarn.clear()
+        return said
+
+    assert "replaced" not in prepare(30)
+    said = fit(2)
+    assert said.count("training will not validate") == 1 and "across ranks is zero" not in said, said
+    before = json.loads((tokens / "meta.json").read_text())["tokens"]["train"]
+    said = fit(4, "--ckpt_path=last")  # the same data: nothing said, nor of a best that no run kept
+    assert "data changed" not in said and "dirpath has changed" not in said, said
+    assert f"the token files {tokens} held before are replaced" in prepare(40)
+    now = json.loads((tokens / "meta.json").read_text())["tokens"]["train"]
+    said = fit(6, "--ckpt_path=last")
+    assert (
+        f"The checkpoint's run trained on {before:,} training tokens of {tokens} and this run's hold "
+        f"{now:,}: the data changed since it was saved" in said
+    ), said
 
 
 def test_a_run_resumed_with_another_task_card_says_what_changed(tmp_path, tokenizer_dir):

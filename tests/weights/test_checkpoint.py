@@ -100,6 +100,29 @@ def test_a_file_that_would_run_code_is_refused(tmp_path):
     assert str(error.value).startswith(str(path))
 
 
+@pytest.mark.skipif(not Path("/proc/self/maps").is_file(), reason="reads the process's memory map (Linux)")
+def test_a_checkpoint_is_read_by_mapping_its_file_and_an_old_format_one_still_reads(tmp_path):
+    """Its tensors point into a mapping of the file (read only where used: `validate` reading a run's
+    configuration never reads its optimizer state); torch's legacy format, which cannot be mapped,
+    is read whole."""
+    x = torch.arange(6.0)
+    save_file({"state_dict": {"x": x}}, tmp_path / "zip.ckpt")
+    torch.save({"state_dict": {"x": x}}, tmp_path / "old.ckpt", _use_new_zipfile_serialization=False)
+
+    def mapped_from(tensor: torch.Tensor) -> set[str]:
+        spans = [line.split() for line in Path("/proc/self/maps").read_text().splitlines()]
+        at = tensor.data_ptr()
+        return {
+            s[-1]
+            for s in spans
+            if len(s) > 5 and int(s[0].split("-")[0], 16) <= at < int(s[0].split("-")[1], 16)
+        }
+
+    zipped, old = (Checkpoint.read(tmp_path / name).state["x"] for name in ("zip.ckpt", "old.ckpt"))
+    assert mapped_from(zipped) == {str(tmp_path / "zip.ckpt")} and torch.equal(zipped, x)
+    assert not mapped_from(old) & {str(tmp_path / "old.ckpt")} and torch.equal(old, x)
+
+
 def test_a_failed_save_keeps_the_previous_file_and_leaves_no_temporary(tmp_path, monkeypatch):
     path = tmp_path / "last.ckpt"
     save_file({"gpt_config": {"n_layer": 1}}, path)
