@@ -25,6 +25,7 @@ from gpt_ft.model.gpt import with_dropout
 from gpt_ft.model.lora import LoRA, add_lora, merged_state_dict
 from gpt_ft.weights.checkpoint import GPT_PREFIX, Adapters, Checkpoint, weights_fingerprint
 from gpt_ft.weights.hf_llama import is_llama_style
+from gpt_ft.weights.hub import pinned
 from gpt_ft.weights.pretrained import GPT
 from gpt_ft.workarounds.cli import CLI_HPARAMS
 
@@ -229,9 +230,10 @@ def check_init_tokenizer(tokenizer: str, init_from: str, option: str = "--data.t
 
 
 def base_reference(init_from: str) -> str:
-    """How a LoRA checkpoint names its base weights: an absolute path, or the hub id as given."""
+    """How a LoRA checkpoint names its base weights: an absolute path, or the hub id with the commit
+    its weights came from (a repository updated since would load others)."""
     local = Path(init_from).expanduser()
-    return str(local.resolve()) if local.exists() else init_from
+    return str(local.resolve()) if local.exists() else pinned(init_from)
 
 
 def lora_checkpoint(checkpoint: Checkpoint, gpt: nn.Module, lora: LoRA, init_from: str) -> None:

@@ -82,6 +82,16 @@ def snapshot(name: str) -> Path:
     return folder
 
 
+def pinned(name: str) -> str:
+    """Hub id `name` with the commit of the snapshot `snapshot` read for it (`ORG/NAME@COMMIT`), so
+    that what names it later reads the same files; `name` as it is where it is no hub id, names a
+    revision, or the cache holds none."""
+    from huggingface_hub import try_to_load_from_cache
+
+    found = None if "@" in name or not is_hub_id(name) else try_to_load_from_cache(name, "config.json")
+    return f"{name}@{Path(found).parent.name}" if isinstance(found, str) else name
+
+
 def _whole_in_cache(repo: str, commit: str) -> bool:
     """Whether the cache holds `commit` of `repo` as a download leaves it: its config, a vocabulary,
     and its weights (every shard its index lists, the safetensors index first): nothing to ask."""

@@ -140,8 +140,9 @@ def gpt_from_checkpoint(checkpoint: Checkpoint) -> GPT:
             f"({str(exc).rstrip('.')}): put them back at that path (`--model.lora.checkpoint merged` "
             "saves checkpoints that stand alone)."
         ) from None
-    hub = not Path(adapters.base).is_absolute()  # a hub id, recorded as given: its newest commit moves
-    at = f"the commit they were trained on: --model.init_from {adapters.base}@COMMIT to fit, validate, test"
+    hub = not Path(adapters.base).is_absolute()  # a hub id: recorded with its commit since, as given before
+    pin = adapters.base if "@" in adapters.base else f"{adapters.base}@COMMIT"
+    at = f"the commit they were trained on: --model.init_from {pin} to fit, validate, test"
     remedy = f"{at} and predict" if hub else f"put them back at {adapters.base}"
     adapters.check_base(weights_fingerprint(gpt), checkpoint.where, remedy=remedy)
     if config.get("released_rows"):  # a released table with unused rows, as `build_gpt` reads it

@@ -12,6 +12,7 @@ from gpt_ft import GPT
 from gpt_ft.cli import main
 from gpt_ft.data.tokenizer import load_tokenizer
 from gpt_ft.weights import hub
+from gpt_ft.weights.checkpoint import Checkpoint
 from gpt_ft.weights.pretrained import weights_tokenizer
 from tests.helpers import common_args, make_task
 
@@ -99,6 +100,21 @@ def test_fine_tune_from_a_hub_id_offline(offline_cache, tmp_path, capsys):
     )
     assert "validation/accuracy" in capsys.readouterr().out
     assert list((tmp_path / "runs").rglob("last.ckpt"))
+
+
+def test_lora_adapters_of_a_hub_id_record_the_commit_their_base_came_from(offline_cache, tmp_path, capsys):
+    """The repository's newest commit moves: the checkpoint names the one its base weights were read
+    from, and `validate` reads that commit's (from the cache, offline)."""
+    card = make_task("pair", tmp_path)
+    args = [a for a in common_args(card, "tiny-org/tiny-gpt2", tmp_path)
+            if not a.startswith(("--model.preset", "--model.overrides"))]  # fmt: skip
+    main(["fit", "--config=configs/finetune/gpt1.yaml", *args, "--model.init_from=tiny-org/tiny-gpt2",
+          "--trainer.max_epochs=1", "--model.lora.rank=2"])  # fmt: skip
+    (ckpt,) = (tmp_path / "runs").rglob("last.ckpt")
+    assert Checkpoint.read(ckpt).adapters.base == f"tiny-org/tiny-gpt2@{REVISION}"
+    capsys.readouterr()
+    main(["validate", f"--ckpt_path={ckpt}", "--trainer.enable_progress_bar=false"])
+    assert "validation/accuracy" in capsys.readouterr().out
 
 
 def test_a_hub_that_does_not_answer_is_one_line(monkeypatch):
