@@ -54,14 +54,13 @@ def fit_and_evaluate(
             callback.rerun = SUITE_RESUME
     history = History.of(trainer)
     trainer.fit(model, datamodule=data)
+    if not history.evaluations or select == "last" and history.steps[-1] < trainer.global_step:
+        # none yet, or trained on after the last (max_steps mid-epoch): the weights it ended with scored
+        trainer.validate(model, datamodule=data, verbose=False)
+        if history.evaluations:
+            history.evaluations[-1] = (history.trained_epoch, history.evaluations[-1][1])  # not the one after
     if not history.evaluations:
-        raise ValueError(
-            "The run ended without a validation: check --trainer.limit_val_batches, and that "
-            "--trainer.max_steps leaves room for one (--trainer.val_check_interval validates sooner)."
-        )
-    if select == "last" and history.steps and history.steps[-1] < trainer.global_step:
-        trainer.validate(model, datamodule=data, verbose=False)  # trained on after it (max_steps mid-epoch)
-        history.evaluations[-1] = (history.trained_epoch, history.evaluations[-1][1])  # not the one after
+        raise ValueError("The run validated nothing: check --trainer.limit_val_batches.")
     main = main_key(model.task)
     if select == "best":
         # an undefined score (None: e.g. a correlation of constant predictions) ranks last
@@ -71,7 +70,8 @@ def fit_and_evaluate(
     else:
         epoch, metrics = history.evaluations[-1]
     if splits:
-        ckpt = "best" if select == "best" else None
+        kept = trainer.checkpoint_callback is not None and trainer.checkpoint_callback.best_model_path
+        ckpt = "best" if select == "best" and kept else None  # (none kept: the weights validated at the end)
         loaders = data.predict_dataloader(splits)
         trainer.predict(model, dataloaders=loaders, ckpt_path=ckpt, return_predictions=False)
     return metrics, epoch

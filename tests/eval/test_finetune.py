@@ -14,11 +14,12 @@ def test_best_epoch_ranks_an_undefined_score_last(monkeypatch):
 
     class Trainer:  # built with its History, as `BuildRun` builds them
         def __init__(self) -> None:
-            self.callbacks, self.sanity_checking = [callbacks.History()], False
+            self.callbacks, self.sanity_checking, self.global_step = [callbacks.History()], False, 3
 
         def fit(self, model, datamodule):
             history = self.callbacks[-1]
             history.evaluations.extend(evaluations)
+            history.steps.extend([1, 2, 3])
 
     build = lambda argv: (SimpleNamespace(task=task), None, Trainer())  # noqa: E731
     assert finetune.fit_and_evaluate(build, [], "best", predict=False) == ({"validation/pearson": 0.25}, 1)
@@ -61,14 +62,18 @@ def test_a_run_without_a_task_or_a_validation_is_refused():
         def fit(self, model, datamodule):
             pass
 
+        def validate(self, model, datamodule, verbose):  # (validates nothing: limit_val_batches 0)
+            self.validated = True
+
     no_task = lambda argv: (SimpleNamespace(task=None), None, Trainer())  # noqa: E731
     with pytest.raises(ValueError, match=r"^A suite fine-tunes task cards; this run has no task\.$"):
         finetune.fit_and_evaluate(no_task, [], "last", predict=False)
     task = SimpleNamespace(validation_splits=["validation"], main_metric="accuracy")
-    never_validated = lambda argv: (SimpleNamespace(task=task), None, Trainer())  # noqa: E731
-    with pytest.raises(ValueError, match="without a validation: check --trainer.limit_val_batches, and that "
-                       "--trainer.max_steps leaves room for one"):  # fmt: skip
+    trainer = Trainer()
+    never_validated = lambda argv: (SimpleNamespace(task=task), None, trainer)  # noqa: E731
+    with pytest.raises(ValueError, match=r"^The run validated nothing: check --trainer.limit_val_batches\.$"):
         finetune.fit_and_evaluate(never_validated, [], "last", predict=False)
+    assert trainer.validated  # (the weights it ended with, asked for a validation)
     # --select best with a test split to predict and no checkpoint to read the best epoch from:
     # refused before it trains (the last epoch's predictions went out beside the best epoch's
     # scores); with no test file to predict, it trains (here: to no validation).
@@ -86,7 +91,7 @@ def test_a_run_without_a_task_or_a_validation_is_refused():
         raise TaskDataError("d/test.tsv: file not found")
 
     data.encoded, said = unreadable, []
-    with pytest.raises(ValueError, match="without a validation"):
+    with pytest.raises(ValueError, match="validated nothing"):
         finetune.fit_and_evaluate(no_checkpoints, [], "best", predict=True, log=said.append)
     assert said == ["warning: no t predictions for split 'test': d/test.tsv: file not found"]
     # A training split that cannot be read stops the run first, without a warning about the test split.

@@ -271,6 +271,35 @@ def test_weights_given_in_fit_args_that_change_run_again(tmp_path, tokenizer_dir
     assert str(tmp_path / "pre" / "model.safetensors") in printed and "0 finished before, 1 to go" in printed
 
 
+@pytest.mark.parametrize("select", ["last", "best"])
+def test_a_run_that_max_steps_ends_before_any_validation_scores_its_last_weights(
+    tmp_path, tokenizer_dir, select, capsys
+):
+    """--trainer.max_steps inside the first epoch: the weights the run ended with are validated (its
+    training is not thrown away for want of a validation), and they write the predictions (with
+    --select best too: no best checkpoint was kept)."""
+    card = make_task("single", tmp_path / "a")  # 6 training examples: 3 batches of 2
+    suite = write_suite(tmp_path, f"name: m\nseeds: [0]\ntasks:\n  - card: {card}\n")
+    out = tmp_path / "out"
+    main([*suite_argv(suite, out, tokenizer_dir, tmp_path / "a"), f"--select={select}", "--predict=true",
+          *fit_args(*FIT, "--data.batch_size=2", "--trainer.max_steps=1")])  # fmt: skip
+    result = json.loads((out / "runs" / "sent" / "seed-0" / "result.json").read_text())
+    assert result["epoch"] == 0 and set(result["metrics"]) >= {"validation/accuracy", "validation/loss"}
+    accuracy = result["metrics"]["validation/accuracy"]
+    assert any(accuracy == pytest.approx(k / 5) for k in range(6)), accuracy  # of the 5 dev rows
+    rows = (out / "runs" / "sent" / "seed-0" / "predictions" / "SENT.tsv").read_text().splitlines()
+    assert rows[0] == "index\tprediction" and len(rows) == 4
+    if select == "last":  # no validation at all: said, not a result without metrics
+        with pytest.raises(SystemExit):
+            main([*suite_argv(suite, tmp_path / "none", tokenizer_dir, tmp_path / "a"),
+                  *fit_args(*FIT, "--trainer.max_steps=1", "--trainer.limit_val_batches=0")])  # fmt: skip
+        assert (
+            capsys.readouterr()
+            .err.strip()
+            .endswith("The run validated nothing: check --trainer.limit_val_batches.")
+        )
+
+
 def test_only_the_first_ddp_process_of_a_suite_writes(tmp_path, tokenizer_dir, monkeypatch, capsys):
     """Under DDP fit arguments every process runs the suite (each fit needs them all): the others
     neither write results nor delete what the first writes, nor print."""
