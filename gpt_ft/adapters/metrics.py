@@ -12,7 +12,7 @@ from torch import Tensor
 from torchmetrics.functional import accuracy, f1_score, pearson_corrcoef
 
 from gpt_ft.adapters.contrastive import first_copies
-from gpt_ft.adapters.heads import tied
+from gpt_ft.adapters.heads import TIE, tied
 from gpt_ft.errors import CardError
 
 METRICS = ("accuracy", "f1", "matthews", "pearson", "spearman")
@@ -32,11 +32,18 @@ def metric_value(name: str, predictions: Tensor, labels: Tensor, num_classes: in
     if name in ("pearson", "spearman"):
         x, y = predictions.double(), labels.double()
         # Undefined where either side is constant, holds a NaN or is one value (torchmetrics ranks
-        # NaNs as numbers, and gives Spearman 0 for such sides): NaN, as scipy has it.
-        if not (len(x) > 1 and x.std() > 0 and y.std() > 0):
+        # NaNs as numbers, and gives Spearman 0 for such sides): NaN, as scipy has it. Values within
+        # `TIE` are one (a model's equal predictions, computed in other batches, differ in last bits).
+        if not (len(x) > 1 and spread(x) and spread(y)):
             return x.new_tensor(math.nan)
         return pearson_corrcoef(x, y) if name == "pearson" else pearson_corrcoef(ranks(x), ranks(y))
     raise ValueError(f"Unknown metric {name!r}; allowed: {', '.join(METRICS)}.")
+
+
+def spread(values: Tensor) -> bool:
+    """Whether `values` hold two that do not tie (`TIE`, relative to the largest, absolutely below 1)."""
+    span = values.max() - values.min()
+    return bool(span > TIE * max(1.0, float(values.abs().max())))
 
 
 def ranks(values: Tensor) -> Tensor:

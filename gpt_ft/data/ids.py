@@ -11,14 +11,15 @@ from gpt_ft.data.files import Origin
 
 
 def integer_id(value: Any) -> int | None:
-    """An index field's value as a 64-bit integer id, or None where it is none."""
+    """An index field's value as a 64-bit integer id, or None where it is none: a text only as an
+    integer writes itself ("007" and "1_000" are texts, written back as they are)."""
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         return None
     try:
-        number = int(str(value).strip())
+        number = int(text := str(value).strip())
     except ValueError:
         return None
-    return number if -(2**63) <= number < 2**63 else None
+    return number if -(2**63) <= number < 2**63 and str(number) == text else None
 
 
 def id_names(values: list, origin: Origin, field: str) -> dict[int, str]:

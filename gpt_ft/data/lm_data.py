@@ -110,6 +110,27 @@ class LMDataModule(ResumableTrainData, LightningDataModule):
             "with a larger --validation_fraction, or use a smaller block_size)."
         )
 
+    _resumed_blocks: int | None = None  # the block_size of the checkpoint's run
+
+    def state_dict(self) -> dict:
+        state = super().state_dict()
+        return {**state, "block_size": self.block_size} if state else state
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self._resumed_blocks = (state or {}).get("block_size")
+
+    def _check_resumed_blocks(self) -> None:
+        """A run resumed mid-epoch with another block_size: its epoch's order is of other blocks."""
+        then, at = self._resumed_blocks, self._resume
+        if at is not None and at[1] and then not in (None, self.block_size):
+            rank_zero_warn(
+                f"The checkpoint stopped {at[1]} batches into epoch {at[0]} of blocks of {then} tokens, and "
+                f"this run reads blocks of {self.block_size}: the rest of that epoch follows the new blocks' "
+                f"order (some text twice, some not at all); the next epochs are whole. --data.block_size "
+                f"{then} resumes it exactly."
+            )
+
     def training_size(self, sampler) -> tuple[int, str]:
         return self.meta["tokens"]["train"], f"training tokens of {self.token_dir}"
 
@@ -147,6 +168,7 @@ class LMDataModule(ResumableTrainData, LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         check_model_fits(self)  # with the model of the call that reads it (Python's wiring)
         blocks = self.blocks["train"]
+        self._check_resumed_blocks()
         self._train_order = self._sampler(blocks, train=True)
         return DataLoader(
             blocks,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -93,6 +94,9 @@ def _file_as_one_document(f) -> Iterator[str]:
     yield "".join(chunk)
 
 
+NO_SPLIT = "--dataset {} has no split {!r}; it has {} (--dataset_split)."
+
+
 def dataset_documents(name: str, split: str, text_field: str) -> Iterator[str]:
     """Documents from a `datasets` dataset (a folder of data files, one `save_to_disk` wrote, or,
     online, a hub id), streamed; a row whose text is null is an empty document."""
@@ -104,14 +108,16 @@ def dataset_documents(name: str, split: str, text_field: str) -> Iterator[str]:
             ds = datasets.load_from_disk(str(folder))
             if isinstance(ds, datasets.DatasetDict):
                 if split not in ds:
-                    raise ValueError(
-                        f"--dataset {name} has no split {split!r}; it has {sorted(ds)} (--dataset_split)."
-                    )
+                    raise ValueError(NO_SPLIT.format(name, split, sorted(ds)))
                 ds = ds[split]
         else:
             ds = datasets.load_dataset(name, split=split, streaming=True)
     except OSError as exc:  # no such folder, offline and not cached, or no such dataset
         raise ValueError(f"--dataset {name} cannot be loaded ({exc}).") from None
+    except ValueError as exc:  # datasets' "Bad split: x. Available splits: [...]"
+        if (has := re.search(r"Available splits: (\[.*?\])", str(exc))) is None:
+            raise
+        raise ValueError(NO_SPLIT.format(name, split, has[1])) from None
     for i, row in enumerate(ds):
         if text_field not in row:
             raise ValueError(f"Dataset {name} has no field {text_field!r}; it has {sorted(row)}.")

@@ -197,7 +197,7 @@ class ResumableTrainData:
         if self._resume is not None:
             epoch, batches, size, world, seed, then = self._resume
             if then is not None and then != self._size:
-                rest = f"epoch {epoch} goes on {batches} steps in, in the new data's order, and "
+                rest = f"epoch {epoch} goes on {batches} batches in, in the new data's order, and "
                 rank_zero_warn(
                     f"The checkpoint's run trained on {then:,} {unit} and this run's hold {self._size:,}: "
                     "the data changed since it was saved (prepared again, edited, or another subset); "
@@ -216,8 +216,8 @@ class ResumableTrainData:
                 )
             if batches and seed is not None and seed != self.seed:
                 rank_zero_warn(
-                    f"The checkpoint stopped {batches} steps into epoch {epoch} of seed {seed}'s order, and "
-                    f"this run orders its data by seed {self.seed}: the rest of that epoch trains some "
+                    f"The checkpoint stopped {batches} batches into epoch {epoch} of seed {seed}'s order, "
+                    f"and this run orders its data by seed {self.seed}: the rest of that epoch trains some "
                     "examples a second time and leaves others out"
                     f"{', from another training subset' if getattr(self, 'train_size', None) else ''}. "
                     f"--seed_everything {seed} (or --data.seed {seed}) resumes it exactly."
@@ -227,9 +227,9 @@ class ResumableTrainData:
             if batches and steps[0] != steps[1]:
                 order = ", and length-grouped batches of another size come in another order"
                 rank_zero_warn(
-                    f"The checkpoint stopped {batches} steps of {steps[0]} examples into epoch {epoch} and "
-                    f"this run's steps hold {steps[1]}: Lightning counts that epoch's {batches} steps done "
-                    "in the new size, so the rest of it ends early or late (before its validation)"
+                    f"The checkpoint stopped {batches} batches of {steps[0]} examples into epoch {epoch} and "
+                    f"this run's batches hold {steps[1]}: Lightning counts that epoch's {batches} batches "
+                    "done in the new size, so the rest of it ends early or late (before its validation)"
                     f"{order if isinstance(sampler, LengthGroupedSampler) else ''}; the next epochs are "
                     "whole. The same --data.batch_size x processes resumes it exactly."
                 )

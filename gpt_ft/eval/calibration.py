@@ -118,7 +118,7 @@ def calibrate(
     """
     ckpt = ckpt_path
     output = check_output_file(output, "--output", overwrite=overwrite, reads=Path(ckpt).expanduser())
-    beside = output.parent.resolve() != Path(ckpt).expanduser().parent.resolve()
+    beside = output.parent.resolve() != Path(ckpt).expanduser().resolve().parent
     tokenizer = real_path(output).parent / f"{output.stem}.tokenizer" if beside else None  # it goes along
     if tokenizer is not None and tokenizer.exists() and not (overwrite and tokenizer.is_dir()):
         replace = ", or --overwrite true to replace it" if tokenizer.is_dir() else ""

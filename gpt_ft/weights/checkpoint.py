@@ -308,11 +308,11 @@ class Checkpoint:
 
     @property
     def tokenizer(self) -> Path | None:
-        """The tokenizer's folder (saved beside the file); None when the file records none."""
+        """The tokenizer's folder (saved beside the file, a link's target); None when it records none."""
         recorded = self.entries.get(TOKENIZER)
         if not recorded:
             return None
-        return (self.path.parent / recorded) if self.path is not None else Path(recorded)
+        return self.path.resolve().parent / recorded if self.path is not None else Path(recorded)
 
     def saved_tokenizer(self, instead: str = "") -> Path | None:
         """`tokenizer`, there: a file copied without the folder beside it is one sentence (`instead`

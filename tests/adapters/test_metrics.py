@@ -37,6 +37,12 @@ def test_metrics_on_hand_computed_cases():
     # Constant predictions (every score clamped to one end of the range): both undefined, as scipy's.
     constant = metric_values(reg, [5.0, 5.0, 5.0, 5.0], [2.0, 4.0, 5.0, 4.0])
     assert math.isnan(constant["pearson"]) and math.isnan(constant["spearman"])
+    # One prediction for every example, computed in batches of other shapes: last bits apart, still one.
+    noisy = torch.tensor([0.08418453, 0.08418453, 0.08418454, 0.08418453], dtype=torch.float32)
+    for name in ("pearson", "spearman"):
+        assert math.isnan(metric_value(name, noisy, torch.tensor([2.0, 4.0, 5.0, 4.0]), 1)), name
+    near = torch.tensor([3.0, 3.00001, 3.00002, 3.00003])  # 1e-5 apart at 3: told apart
+    assert metric_value("spearman", near, near, 1) == pytest.approx(1.0)
     # A NaN prediction (an overflowed score), or one example: undefined too, not a made-up rank order.
     for x, y in (([math.nan, 1.0, 2.0, 3.0], [2.0, 4.0, 5.0, 1.0]), ([1.0], [2.0])):
         for name in ("pearson", "spearman"):

@@ -523,6 +523,15 @@ def test_a_dataset_saved_to_disk_is_read_one_split(tmp_path, tokenizer_dir):
         prepare(out_dir=tmp_path / "out", tokenizer=tokenizer_dir, dataset=str(tmp_path / "dict"),
                 dataset_split="test", progress=False)  # fmt: skip
     assert not (tmp_path / "out").exists()
+    # A folder of data files: the same sentence, not datasets' "Bad split: test. Available splits: ..."
+    (tmp_path / "files").mkdir()
+    (tmp_path / "files" / "train.jsonl").write_text('{"text": "hi there"}\n')
+    with pytest.raises(
+        ValueError, match=r"^--dataset \S+files has no split 'test'; it has \['train'\] \(--dat"
+    ):
+        prepare(out_dir=tmp_path / "out", tokenizer=tokenizer_dir, dataset=str(tmp_path / "files"),
+                dataset_split="test", progress=False)  # fmt: skip
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_hub_task_that_cannot_be_reached_asks_for_its_files(monkeypatch):

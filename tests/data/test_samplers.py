@@ -114,13 +114,13 @@ def test_resumable_train_data_hands_its_position_to_the_sampler_once():
     assert list(data._resumed(sampler, batch_size=3)) == list(range(12))
     data.load_state_dict({"epoch": 0, "batches": 2, "batch_size": 4})  # resumed with batches of 3
     # the 8 trained on skipped; Lightning counts 2 steps done of the new size: said (it passed unsaid)
-    with pytest.warns(UserWarning, match=r"Lightning counts that epoch's 2 steps done in the new size, so"):
+    with pytest.warns(UserWarning, match=r"Lightning counts that epoch's 2 batches done in the new size, so"):
         assert list(data._resumed(sampler, batch_size=3)) == list(range(8, 12))
     grouped = LengthGroupedSampler([3] * 12, 3, shuffle=False)
     data.load_state_dict({"epoch": 0, "batches": 2, "batch_size": 4})
     with pytest.warns(
         UserWarning,
-        match="stopped 2 steps of 4 examples into epoch 0 and this run's steps hold 3: .*another order",
+        match="stopped 2 batches of 4 examples into epoch 0 and this run's batches hold 3: .*another order",
     ):
         assert list(data._resumed(grouped, batch_size=3)) == list(grouped.indices())[8:]
     # A checkpoint from before each seed drew its own orders (it records no seed): said, where the seed
@@ -133,8 +133,8 @@ def test_resumable_train_data_hands_its_position_to_the_sampler_once():
     # Resumed mid-epoch with another seed: that epoch's rest is another order's (it passed unsaid).
     data.seed = 8
     data.load_state_dict({"epoch": 0, "batches": 2, "batch_size": 3, "seed": 7})
-    said = r"^The checkpoint stopped 2 steps into epoch 0 of seed 7's order, and this run orders its data by "
-    said += r"seed 8: .* --seed_everything 7 \(or --data.seed 7\) resumes it exactly.$"
+    said = r"^The checkpoint stopped 2 batches into epoch 0 of seed 7's order, and this run orders its data "
+    said += r"by seed 8: .* --seed_everything 7 \(or --data.seed 7\) resumes it exactly.$"
     with pytest.warns(UserWarning, match=said):
         data._resumed(EpochSampler(range(12), num_replicas=1, rank=0), batch_size=3)
 

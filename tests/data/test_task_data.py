@@ -251,10 +251,11 @@ def test_errors_name_the_column_a_renamed_field_is_read_from(pairs_dir, tokenize
         TaskDataModule(task, tokenizer_dir, data_dir=str(pairs_dir)).encoded("validation", labelled=True)
 
 
-@pytest.mark.parametrize("first", ["q-7", "123456789012345678901234"])
+@pytest.mark.parametrize("first", ["q-7", "123456789012345678901234", "007", "1_0"])
 def test_ids_that_are_not_all_integers_number_the_rows(pairs_dir, tokenizer_dir, first):
-    """A text id (ProcessBench's "gsm8k-0") or one past 64 bits: every row is numbered, not that row
-    alone (its number was another row's id, refused as a repeat), and nothing overflows."""
+    """A text id (ProcessBench's "gsm8k-0", a zero-padded "007", which int() read as 7, another row's)
+    or one past 64 bits: every row is numbered, not that row alone (its number was another row's id,
+    refused as a repeat), nothing overflows, and predictions are named by the ids as written."""
     rows = "index\tsentence1\tsentence2\tlabel\n" + "".join(
         f"{i}\t{a}\t{b}\tentailment\n" for i, a, b in ((first, "a", "b"), (0, "c", "d"), (7, "e", "f"))
     )

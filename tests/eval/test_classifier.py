@@ -537,3 +537,18 @@ def test_labelled_json_is_written_as_one_array_a_record_at_a_time(tmp_path):
     with labelled_file(tmp_path / "none.json", ["a"]):
         pass
     assert (tmp_path / "none.json").read_text() == "[]\n"
+
+
+def test_a_checkpoint_reached_through_a_link_reads_the_tokenizer_beside_its_file(finetuned, tmp_path):
+    """`best.ckpt -> .../best-3-120.ckpt` elsewhere: the tokenizer saved beside the file itself, not
+    sought beside the link (where none is)."""
+    link = tmp_path / "model.ckpt"
+    link.symlink_to(finetuned.ckpt)
+    examples = [{"sentence": GOOD}, {"sentence": BAD}]
+    linked, real = (Classifier.from_checkpoint(p).predict(examples) for p in (link, finetuned.ckpt))
+    assert linked == real
+    (tmp_path / "in.csv").write_text(f"sentence\n{GOOD}\n")
+    out = tmp_path / "out.csv"
+    main(["label", f"--ckpt_path={link}", f"--input={tmp_path / 'in.csv'}", f"--output={out}"])
+    (row,) = csv.DictReader(out.read_text().splitlines())
+    assert row["sentence"] == GOOD and row["prediction"] == real[0]["label"]

@@ -1097,9 +1097,9 @@ def test_pretraining_resumed_on_a_corpus_prepared_again_says_its_data_changed(
               "--validation_fraction", "0"])  # fmt: skip
         return capsys.readouterr().err
 
-    def fit(steps: int, *resume: str) -> str:
+    def fit(steps: int, *resume: str, block: int = 16) -> str:
         main(["fit", "--config", str(ROOT / "configs/pretrain/cpu.yaml"), f"--data.token_dir={tokens}",
-              "--data.block_size=16", "--data.batch_size=2", f"--model.overrides={MICRO}",
+              f"--data.block_size={block}", "--data.batch_size=2", f"--model.overrides={MICRO}",
               f"--trainer.max_steps={steps}", "--trainer.enable_progress_bar=false",
               f"--trainer.logger.init_args.save_dir={tmp_path / 'logs'}", *resume])  # fmt: skip
         said = " ".join(" ".join(str(w.message) for w in recwarn).split())
@@ -1119,6 +1119,11 @@ def test_pretraining_resumed_on_a_corpus_prepared_again_says_its_data_changed(
         f"The checkpoint's run trained on {before:,} training tokens of {tokens} and this run's hold "
         f"{now:,}: the data changed since it was saved" in said
     ), said
+    # Mid-epoch (6 of its 24 batches) with blocks of another size: the rest of the epoch is of other blocks.
+    said = fit(8, "--ckpt_path=last", block=8)
+    blocks = "The checkpoint stopped 6 batches into epoch 0 of blocks of 16 tokens, and this run reads blocks"
+    assert f"{blocks} of 8: the rest of that epoch follows the new blocks' order" in said, said
+    assert "data changed" not in said
 
 
 def test_a_run_resumed_with_another_task_card_says_what_changed(tmp_path, tokenizer_dir):
