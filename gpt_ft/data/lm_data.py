@@ -96,10 +96,10 @@ class LMDataModule(ResumableTrainData, LightningDataModule):
         self.blocks = {split: self._blocks(split) for split in SPLIT_FILES if self._has_blocks(split)}
 
     def _has_blocks(self, split: str) -> bool:
-        """Whether `split` holds a block; a validation split too short for one is left out, said."""
+        """Whether `split` holds a block; a validation split too short for one is left out (said
+        by its loader: `fit` trains on, `validate` stops)."""
         n = self.meta["tokens"][split]
         if split == "validation" and n <= self.block_size:
-            rank_zero_warn(self._no_validation("training will not validate"))
             return False
         return n > 0 or split == "train"  # too short a train split is named by `TokenBlocks`
 
@@ -191,6 +191,7 @@ class LMDataModule(ResumableTrainData, LightningDataModule):
         if "validation" not in self.blocks:
             if getattr(getattr(self.trainer, "state", None), "fn", None) == "validate":  # (not fit)
                 raise ValueError(self._no_validation("there is nothing to validate"))
+            rank_zero_warn(self._no_validation("training will not validate"))
             return []
         blocks = self.blocks["validation"]
         return [

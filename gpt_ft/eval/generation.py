@@ -203,16 +203,19 @@ def continue_file(
             "name the prompts' column with --field."
         )
     rows = json_records(source, table.to_list())
-    lines = record_lines(source, file_format(source)) or list(range(1, len(rows) + 1))
+    lines = record_lines(source, file_format(source))  # (a parquet file has rows, not lines)
+    places = [f"line {n}" for n in lines] if lines else [f"row {n}" for n in range(1, len(rows) + 1)]
     prompts = []
-    for row, line in zip(rows, lines):
+    for row, at in zip(rows, places):
         text = row.get(field)
         if field not in row:
-            raise ValueError(f"{source}, line {line}: the row has no field {field!r} (the prompt; --field "
+            raise ValueError(f"{source}, {at}: the row has no field {field!r} (the prompt; --field "
                              "NAME reads another).")  # fmt: skip
+        if text is None:
+            raise ValueError(f"{source}, {at}: the prompt ({field!r}) is empty: give some text to continue.")
         if not isinstance(text, str):
-            raise ValueError(f"{source}, line {line}: the prompt ({field!r}) is {text!r}, not a text.")
-        prompts.append(checked_prompt(gpt, prompt_ids(tok, text), f"{source}, line {line}: the prompt"))
+            raise ValueError(f"{source}, {at}: the prompt ({field!r}) is {text!r}, not a text.")
+        prompts.append(checked_prompt(gpt, prompt_ids(tok, text), f"{source}, {at}: the prompt"))
     new = continue_prompts(gpt, prompts, batch_size, max_new_tokens, decode, batches_bar("generate"))
     texts = [until_stop(continuation(tok, p, n), stops)[0] for p, n in zip(prompts, new)]
     names = write_labelled(

@@ -141,7 +141,18 @@ def test_bad_prompt_files_and_options_are_one_sentence(tmp_path, capsys, model_d
     )
     (tmp_path / "null.jsonl").write_text('{"text": null}\n')
     assert error(capsys, *base, f"--input={tmp_path / 'null.jsonl'}", out, "--field=text") == (
-        f"{tmp_path / 'null.jsonl'}, line 1: the prompt ('text') is None, not a text."
+        f"{tmp_path / 'null.jsonl'}, line 1: the prompt ('text') is empty: give some text to continue."
+    )
+    (tmp_path / "numbers.jsonl").write_text('{"text": 7}\n')
+    assert error(capsys, *base, f"--input={tmp_path / 'numbers.jsonl'}", out, "--field=text") == (
+        f"{tmp_path / 'numbers.jsonl'}, line 1: the prompt ('text') is 7, not a text."
+    )
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": ["the cat", None]}), tmp_path / "rows.parquet")  # no lines: rows
+    assert error(capsys, *base, f"--input={tmp_path / 'rows.parquet'}", out, "--field=text") == (
+        f"{tmp_path / 'rows.parquet'}, row 2: the prompt ('text') is empty: give some text to continue."
     )
     assert error(capsys, *base, f"--input={source}", out, "--field=question") == (
         f"--input {source} has no column 'question' (its columns: prompt, text): name the prompts' column "
