@@ -97,17 +97,14 @@ def resolved(build: FitRuns, parts: tuple[list[str], list[str], list[str]], wher
     suite file's task), or from --fit_args where the run's own resolve without them."""
     own, given, last = parts
     try:
-        with arguments_from(where):
-            return build.resolve(own + given + last)
-    except ValueError:
-        try:
-            theirs = bool(given) and bool(build.resolve(own + last))
-        except (ValueError, ArgumentError):
-            theirs = False
-        if not theirs:
-            raise
-    with arguments_from("--fit_args"):
         return build.resolve(own + given + last)
+    except ArgumentError:
+        try:
+            where = "--fit_args" if given and build.resolve(own + last) else where
+        except ArgumentError:
+            pass
+        with arguments_from(where):
+            raise
 
 
 def check_seed(config: dict[str, Any], seed: int, where: str) -> dict[str, Any]:

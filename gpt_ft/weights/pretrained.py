@@ -22,7 +22,7 @@ from gpt_ft.model import gpt as model
 from gpt_ft.model.config import GPTConfig
 from gpt_ft.model.lora import LoRA, add_lora, merge_lora
 from gpt_ft.weights import gguf_file, hf, hub
-from gpt_ft.weights.checkpoint import Checkpoint, safe_load, weights_fingerprint
+from gpt_ft.weights.checkpoint import Checkpoint, weights_fingerprint
 
 # What makes a folder a tokenizer: any one of a `save_pretrained` output's files, or both files of
 # a BPE as OpenAI published it.
@@ -170,8 +170,7 @@ def weights_tokenizer(path: str | os.PathLike) -> str | None:
         return str(found) if gguf_file.carries_tokenizer(found) else None
     if kind == "transformers":
         return str(found) if is_tokenizer_dir(found) else None
-    mapped = lambda p: torch.load(p, map_location="cpu", weights_only=True, mmap=True)  # noqa: E731 (no tensor read)
-    recorded = Checkpoint(safe_load(found, mapped), found).tokenizer
+    recorded = Checkpoint.read(found).tokenizer  # (its tensors mapped, none read)
     return str(recorded) if recorded and recorded.is_dir() else None  # a copy not moved with the file: none
 
 
