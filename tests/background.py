@@ -25,7 +25,9 @@ that imported the toolkit once at the start of the session (multiprocessing's fo
 `python -m gpt_ft ARGS` or `python -c CODE ARGS` would run it, in its own session, working
 directory and environment, its output in files. What a command checks of a fresh interpreter (which
 modules an import pulls in, what `PYTHONPATH` alone finds, an environment read at import) needs
-`fresh` instead. A DDP run's other ranks are fresh processes either way (Lightning starts them).
+`fresh` instead. The other ranks of a preloaded DDP run are forks of its process too (Lightning's
+launcher would start each as `python -m gpt_ft ARGS` afresh), run as that command would run; those of
+a fresh one are fresh processes.
 """
 
 from __future__ import annotations
@@ -143,18 +145,27 @@ def _preloaded(argv: list[str], cwd: str, env: dict[str, str], out: str, err: st
     os.setsid()  # its own process group (killed with its children if need be) and autogroup
     lower_priority(os.getpid())
     gc.freeze()  # the template's imports live as long as the command: no collection walks them
-    os.chdir(cwd)
-    os.environ.clear()
-    os.environ.update(env)
-    option, target, *args = argv
     pythonpath = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    sys.path[:0] = [cwd if option == "-m" else "", *pythonpath]  # as `python -m` or `-c` would have it
+    sys.path[:0] = [cwd if argv[0] == "-m" else "", *pythonpath]  # as `python -m` or `-c` would have it
     sys.stdout.flush()  # what the template wrote goes where the template writes
     sys.stderr.flush()
     for fd, path in ((1, out), (2, err)):
         file = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         os.dup2(file, fd)
         os.close(file)
+    from lightning.pytorch.strategies.launchers import subprocess_script
+
+    subprocess_script.subprocess = _RankLauncher  # the DDP ranks it starts: forks of it (`_fork_rank`)
+    os._exit(_run_as_main(argv, cwd, env))
+
+
+def _run_as_main(argv: list[str], cwd: str, env: dict[str, str]) -> int:
+    """`python ARGV` (`-m MODULE ...` or `-c CODE ...`) run in this process, in `cwd` with the
+    environment `env`; its exit status."""
+    os.chdir(cwd)
+    os.environ.clear()
+    os.environ.update(env)
+    option, target, *args = argv
     status = 0
     try:
         if option == "-m":
@@ -172,7 +183,87 @@ def _preloaded(argv: list[str], cwd: str, env: dict[str, str], out: str, err: st
         status = 1
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(status)
+    return status
+
+
+class _RankLauncher:
+    """What Lightning's subprocess launcher (a DDP run's) finds as its `subprocess` module in a
+    preloaded command: `Popen([sys.executable, "-m", MODULE, ...], env=..., cwd=...)`, the command
+    of a rank, forks the command's process instead (`_fork_rank`); anything else runs as asked."""
+
+    @staticmethod
+    def Popen(argv, env=None, cwd=None, **kwargs):  # noqa: N802 (subprocess's name)
+        argv = list(argv)
+        if argv[:2] != [sys.executable, "-m"] or kwargs:
+            return subprocess.Popen(argv, env=env, cwd=cwd, **kwargs)
+        return _fork_rank(argv[1:], cwd or os.getcwd(), dict(env if env is not None else os.environ))
+
+
+def _fork_rank(argv: list[str], cwd: str, env: dict[str, str]) -> ForkedRank:
+    """Another rank of a DDP run, started by the command's process as a fresh `python ARGV` would
+    be, but forked from it: the toolkit imported already (a fresh interpreter spends seconds
+    importing torch, Lightning and transformers). It stays in the command's process group, and
+    writes where the command writes, as Lightning's `Popen` child would; it starts with the
+    signal handlers and the rank a fresh process has (Lightning reads the rank from the
+    environment at import)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return ForkedRank(pid)
+    for signum in signal.valid_signals():  # a fresh interpreter's handlers, not the command's
+        try:
+            if callable(signal.getsignal(signum)):
+                signal.signal(
+                    signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
+                )
+        except (OSError, ValueError):
+            pass
+    os.environ.clear()
+    os.environ.update(env)
+    from lightning.fabric.utilities.rank_zero import _get_rank
+    from lightning_utilities.core.rank_zero import rank_zero_only
+
+    rank_zero_only.rank = _get_rank() or 0
+    os._exit(_run_as_main(argv, cwd, env))
+
+
+class ForkedRank:
+    """A forked rank (`_fork_rank`) as Lightning's launcher uses a `subprocess.Popen`: `pid`,
+    `poll()`, `returncode`, `send_signal()` (and `wait`, `kill`, `terminate`)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped already, its status unknown
+                self.returncode = 0
+            else:
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        end = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if end is not None and time.monotonic() > end:
+                raise subprocess.TimeoutExpired([str(self.pid)], timeout)
+            time.sleep(0.01)
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
 
 
 class Background:
