@@ -394,6 +394,52 @@ def test_a_subcommands_own_parser_parses_as_the_parser_with_subcommands(
 # torch
 
 
+def test_an_indexed_action_lookup_finds_the_action_jsonargparse_walks_to(
+    tmp_path, tokenizer_dir, monkeypatch
+):
+    """index_action_lookups: on every parser a `gpt-ft fit` parse looks keys up in (the subcommand's,
+    the data module's, its card's, the card's local files'), for every key it asked, every action's
+    dest and options and a key none has, with and without `exclude`, the index answers as the walk
+    does; an action added later is found."""
+    from jsonargparse import ArgumentParser, _core, _subcommands
+    from jsonargparse._actions import _ActionConfigLoad
+
+    from gpt_ft.training.runs import GPTCLI, lightning_main
+
+    indexed = _subcommands.find_action_and_subcommand
+    assert getattr(indexed, "indexed", False) and _core.find_action_and_subcommand is indexed
+    asked: dict[int, tuple] = {}
+
+    def seen(parser, dest, exclude=None):
+        asked.setdefault(id(parser), (parser, set()))[1].add(dest)
+        return indexed(parser, dest, exclude=exclude)
+
+    for module in (_subcommands, _core):
+        monkeypatch.setattr(module, "find_action_and_subcommand", seen)
+
+    class ParseOnly(GPTCLI):
+        def before_instantiate_classes(self) -> None:
+            raise Parsed(self.config)
+
+    card = make_task("single", tmp_path)
+    data = data_args(task=card, tokenizer=tokenizer_dir, data_dir=tmp_path, batch_size=3)
+    with pytest.raises(Parsed):
+        lightning_main(["fit", data, "--model.preset=gpt-micro", "--trainer.max_epochs=1"], cli=ParseOnly)
+    every = set().union(*(keys for _, keys in asked.values()))
+    assert {"data.init_args.batch_size", "max_length", "labels", "splits"} <= every  # the 4 kinds of parser
+    for parser, keys in asked.values():
+        keys = keys | {"no_such_key"} | {a.dest for a in parser._actions}
+        keys |= {o[2:] for a in parser._actions for o in a.option_strings if o.startswith("--")}
+        for key in sorted(keys):
+            for exclude in (None, _ActionConfigLoad):
+                assert indexed(parser, key, exclude) == indexed.walk(parser, key, exclude=exclude), key
+    parser = ArgumentParser()
+    parser.add_argument("--a", type=int)
+    assert indexed(parser, "a")[0].dest == "a" and indexed(parser, "b") == (None, None)
+    parser.add_argument("--b", type=int)  # the index built for `a` follows
+    assert indexed(parser, "b")[0].dest == "b"
+
+
 def test_a_fused_optimizer_declining_step_unscaling_can_be_clipped_under_16_mixed():
     precision = MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))
     layer = nn.Linear(2, 1)

@@ -19,7 +19,12 @@ from jsonargparse import ArgumentParser, get_loader, set_loader
 from gpt_ft.adapters.base import TaskAdapter
 from gpt_ft.adapters.sources import SOURCE_KINDS, HubDataset, LocalFiles, source_problem
 from gpt_ft.errors import FileProblem, parse_error_message, repeated_key, yaml_file_problem, yaml_problem
-from gpt_ft.workarounds.cli import config_file_being_read, config_pipe_being_read, required_arguments
+from gpt_ft.workarounds.cli import (
+    config_file_being_read,
+    config_pipe_being_read,
+    index_action_lookups,
+    required_arguments,
+)
 
 
 def load_card(path: str | Path) -> TaskAdapter:
@@ -177,6 +182,7 @@ def unquoted_names(init_args, file) -> str | None:
 
 
 set_loader(PARSER_MODE, load_yaml, exceptions=(yaml.YAMLError, FileProblem))
+index_action_lookups()  # every parser's keys found by index, not by walking its actions
 
 
 def as_task(task):

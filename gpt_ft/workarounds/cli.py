@@ -220,3 +220,51 @@ def required_arguments(parser) -> tuple[str, ...]:
     """The destinations a jsonargparse parser requires, from argparse's private `_actions` (no public
     accessor; `get_defaults` lists them with None too). If it goes, read the class's signature."""
     return tuple(a.dest for a in parser._actions if a.required)
+
+
+def index_action_lookups() -> None:
+    """jsonargparse finds the action of a configuration key by walking every action of its parser
+    (`find_action_and_subcommand`, jsonargparse/_subcommands.py), once for each key of each value it
+    checks, completes with defaults, validates and instantiates: some 2,000 walks of about 100
+    actions, a fifth of a `gpt-ft fit` parse. Here a parser without subcommands answers from an
+    index of its actions by key, built again whenever its list of actions changes; a parser with
+    subcommands is walked as before. No upstream issue; jsonargparse imports the function by name
+    into `_core`, where it is replaced too. If either module stops holding it, or its rule changes
+    (a key's action: the first action whose dest is the key or whose options include `--KEY`,
+    skipping `exclude`'s types, config-loading ones only where no other matches), drop this
+    (tests/test_workarounds.py compares both on the fit parser's every key)."""
+    import weakref
+
+    from jsonargparse import _core, _subcommands
+    from jsonargparse._actions import ActionFail, _ActionConfigLoad, filter_non_parsing_actions
+
+    walk = _subcommands.find_action_and_subcommand
+    if getattr(walk, "indexed", False):
+        return
+    indexes = weakref.WeakKeyDictionary()  # parser -> (its actions' stamp, key -> actions, or None)
+
+    def find_action_and_subcommand(parser, dest, exclude=None):
+        actions = parser._actions  # appended to (add_argument), taken from (removals), never reordered
+        stamp = (id(actions), len(actions), id(actions[-1]) if actions else None)
+        known = indexes.get(parser)
+        if known is None or known[0] != stamp:
+            kept = filter_non_parsing_actions(actions)
+            index = None if any(isinstance(a, _subcommands.ActionSubCommands) for a in kept) else {}
+            for action in kept if index is not None else ():
+                for key in {action.dest, *(o[2:] for o in action.option_strings if o.startswith("--"))}:
+                    index.setdefault(key, []).append(action)
+            known = indexes[parser] = (stamp, index)
+        if known[1] is None:
+            return walk(parser, dest, exclude=exclude)
+        config_load = None
+        for action in known[1].get(dest, ()):
+            if exclude is not None and isinstance(action, exclude):
+                continue
+            if not isinstance(action, (_ActionConfigLoad, ActionFail)):
+                return action, None
+            config_load = action
+        return config_load, None
+
+    find_action_and_subcommand.indexed = True
+    find_action_and_subcommand.walk = walk
+    _subcommands.find_action_and_subcommand = _core.find_action_and_subcommand = find_action_and_subcommand

@@ -1,12 +1,18 @@
 """The shipped trainer configs beyond CSV: early stopping on the task's main metric, and MLflow
-(a local file store) and Weights & Biases (offline) recording a run's metrics."""
+(a local SQLite store; its run in the background) and Weights & Biases (offline) recording a
+run's metrics."""
 
 from __future__ import annotations
+
+import importlib.util
+import json
+import sys
 
 import pytest
 import torch
 
 from gpt_ft.cli import main
+from tests.background import Command, gpt_ft
 from tests.helpers import ROOT, common_args, make_task
 
 
@@ -102,24 +108,34 @@ def test_a_nan_score_counts_toward_patience_and_stops_nothing_at_once():
     assert stop.log_rank_zero_only  # its lines said once under DDP, not once per rank
 
 
-def test_mlflow_records_the_metrics(tmp_path, tokenizer_dir, monkeypatch):
-    pytest.importorskip("mlflow")
-    monkeypatch.chdir(tmp_path)  # the config's store: runs/mlflow.db under the working folder
-    main(
-        fit_args(
-            tmp_path,
-            tokenizer_dir,
-            f"--config={ROOT / 'configs/trainer/mlflow.yaml'}",
-            "--trainer.max_epochs=2",
-        )
-    )
-    from mlflow.tracking import MlflowClient
+READ_MLFLOW = """import json
+from mlflow.tracking import MlflowClient
+client = MlflowClient(tracking_uri="sqlite:///runs/mlflow.db")
+(run,) = client.search_runs([client.get_experiment_by_name("gpt_ft").experiment_id])
+print(json.dumps([m.value for m in client.get_metric_history(run.info.run_id, "validation/accuracy")]))
+"""
 
-    client = MlflowClient(tracking_uri="sqlite:///runs/mlflow.db")
-    (run,) = client.search_runs([client.get_experiment_by_name("gpt_ft").experiment_id])
-    history = client.get_metric_history(run.info.run_id, "validation/accuracy")
+
+def start_mlflow(root, tokenizer_dir):
+    """A fit with configs/trainer/mlflow.yaml (its store: runs/mlflow.db under the working folder),
+    then MLflow's client reading the store; nothing where MLflow is not installed."""
+    if importlib.util.find_spec("mlflow") is None:
+        return []
+    fit = fit_args(
+        root, tokenizer_dir, f"--config={ROOT / 'configs/trainer/mlflow.yaml'}", "--trainer.max_epochs=2"
+    )
+    return [gpt_ft(*fit, cwd=root), Command([sys.executable, "-c", READ_MLFLOW], cwd=root, preloaded=True)]
+
+
+@pytest.mark.background(start=start_mlflow)
+def test_mlflow_records_the_metrics(background):
+    pytest.importorskip("mlflow")
+    fit, read = background.runs
+    assert fit.returncode == 0, fit.stderr[-3000:]
+    assert read.returncode == 0, read.stderr[-3000:]
+    history = json.loads(read.stdout)
     assert len(history) == 2  # one evaluation after each of the 2 epochs
-    assert 0 <= history[-1].value <= 1
+    assert 0 <= history[-1] <= 1
 
 
 def test_wandb_offline_records_the_metrics(tmp_path, tokenizer_dir, monkeypatch):
