@@ -4,7 +4,7 @@ A test marked `@pytest.mark.background(start=start)` checks commands that `start
 writes the files for and returns (`Command`s; `root` is a fresh folder, the other parameters are
 fixtures of the session such as `tokenizer_dir`). At the first test of the session, `start` of
 every selected test is called on the main thread, in test order; their commands then run in the
-background, each in a process of its own (a job's commands one after another, `WORKERS` jobs at a
+background, each in a process of its own (a job's commands one after another, `WORKERS` job at a
 time), so that the machine's second core runs them while the first runs the tests that need no
 process of their own (the suite is mostly single-threaded). The marked tests run last
 (tests/conftest.py), so that the others fill the wait; each gets its commands, finished, through
@@ -12,12 +12,11 @@ the `background` fixture: its root and their `subprocess.CompletedProcess`es, in
 
 Two cores, few busy threads: the tests in the session's own process compute on one thread
 (tests/conftest.py), and so does each background process (OMP_NUM_THREADS=1); otherwise their
-thread pools would fight over the cores and slow everything several times over. Two jobs at a time
-keep the second core busy: a command spends much of its time importing the toolkit, and a DDP run's
-two processes mostly take turns. The background processes run at a lower priority
-(`lower_priority`): the session's own tests keep a whole core, and the background takes both once
-they are done (shared equally, the three processes gave the tests two thirds of a core, and the
-session ended later).
+thread pools would fight over the cores and slow everything several times over. One job at a time
+keeps the second core busy now that few commands import the toolkit afresh (`preloaded`, below); a
+second one took the tests' core from them often enough that the session ended 17 s later (277 s
+against 260 s). The background processes run at a lower priority (`lower_priority`): the
+session's own tests keep a whole core, and the background takes both once they are done.
 
 Most of a command's own work is importing torch, Lightning and transformers (about 5 s of CPU for
 `gpt-ft fit`), so a `preloaded` command is not started afresh: it is a fork of one template process
@@ -54,8 +53,8 @@ from tests.helpers import ROOT
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 Process = subprocess.Popen | multiprocessing.process.BaseProcess
-WORKERS = 2
-NICENESS = 5  # weight 335 to the tests' 1024: two background sessions leave them a whole core
+WORKERS = 1
+NICENESS = 5  # weight 335 to the tests' 1024: a DDP run's two ranks leave them a whole core
 
 
 def lower_priority(pid: int) -> None:
