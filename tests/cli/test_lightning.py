@@ -1,4 +1,5 @@
-"""`gpt-ft fit|validate|predict` (LightningCLI) in this process, for each adapter kind."""
+"""`gpt-ft fit|validate|predict` (LightningCLI) for each adapter kind: in processes of their own in the
+background (tests/background.py), and in this process."""
 
 from pathlib import Path
 from types import SimpleNamespace
@@ -9,49 +10,84 @@ from gpt_ft.adapters.outputs import score_text
 from gpt_ft.cli import main
 from gpt_ft.errors import check_context
 from gpt_ft.training.saved import plain_config
+from tests.background import gpt_ft
 from tests.helpers import assert_classifier_agrees, common_args, make_task
 
+ADAPTER_KINDS = ["single", "pair", "similarity", "choice"]
 
-@pytest.mark.parametrize("kind", ["single", "pair", "similarity", "choice"])
-def test_fit_validate_predict_for_each_adapter_kind(kind, tmp_path, tokenizer_dir, capsys):
-    card = make_task(kind, tmp_path)
-    args = common_args(card, tokenizer_dir, tmp_path)
-    main(["fit", *args, "--trainer.max_epochs=2", f"--model.predictions_dir={tmp_path / 'pred'}"])
-    out = capsys.readouterr().out
+
+def start_each_kind(kind: str):
+    """The background start of `gpt-ft fit`, `validate` and `predict` on make_task's `kind` task (the
+    single text's: also validate and test from `last`, and two checkpoints refused)."""
+
+    def start(root, tokenizer_dir):
+        card = make_task(kind, root)
+        args = common_args(card, tokenizer_dir, root)
+        predictions, last = f"--model.predictions_dir={root / 'pred'}", f"--ckpt_path={last_of(root)}"
+        runs = [["fit", *args, "--trainer.max_epochs=2", predictions], ["validate", *args, last]]
+        if kind == "single":
+            labelled = root / "labelled_test.yaml"  # its test split: the dev file, which has labels
+            labelled.write_text(card.read_text().replace("test: d/test.tsv", "test: d/dev.tsv"))
+            bar = "--trainer.enable_progress_bar=true"  # (the bar, closed by then, swallowed its line)
+            runs.append(["validate", *args, "--ckpt_path=last"])  # the newest last.ckpt of the logger's runs
+            runs += [
+                [c, *args, "--ckpt_path=last", bar, f"--data.task={labelled}"] for c in ("validate", "test")
+            ]
+            elsewhere = f"--trainer.logger.init_args.save_dir={root / 'elsewhere'}"
+            runs += [["test", *args, "--ckpt_path=best"], ["predict", *args, "--ckpt_path=last", elsewhere]]
+        runs.append(["predict", *args, last, predictions])
+        return [gpt_ft(*run, cwd=root) for run in runs]
+
+    start.__name__ = f"start_{kind}"  # its folder's name
+    return start
+
+
+LABELLED = ("validate", "test")
+
+
+def last_of(root: Path) -> Path:
+    return root / "runs" / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [pytest.param(k, marks=pytest.mark.background(start=start_each_kind(k))) for k in ADAPTER_KINDS],
+)
+def test_fit_validate_predict_for_each_adapter_kind(kind, background):
+    root, (fit, validate, *more, predict) = background.root, background.runs
+    for run in (fit, validate, predict):
+        assert run.returncode == 0, run.stderr[-3000:]
     metric = {"similarity": "validation/pearson"}.get(kind, "validation/accuracy")
-    assert "epoch 1 step 4: " in out and metric in out
-    best = list((tmp_path / "runs").rglob("best-*.ckpt"))
-    last = list((tmp_path / "runs").rglob("last.ckpt"))
-    assert len(best) == 1 and len(last) == 1
-    main(["validate", *args, f"--ckpt_path={last[0]}"])
+    assert "epoch 1 step 4: " in fit.stdout and metric in fit.stdout
+    best = list((root / "runs").rglob("best-*.ckpt"))
+    last = list((root / "runs").rglob("last.ckpt"))
+    assert len(best) == 1 and last == [last_of(root)]
     if kind == "single":
+        from_last, *labelled, best, elsewhere = more
         scores = lambda out: [line for line in out.splitlines() if "validation/" in line]  # noqa: E731
-        explicit = scores(capsys.readouterr().out)
-        main(["validate", *args, "--ckpt_path=last"])  # the newest last.ckpt of the logger's runs, as fit's
-        out = capsys.readouterr().out
-        assert out.startswith(f"validate: {last[0]}\n") and scores(out) == explicit and explicit
+        explicit = scores(validate.stdout)
+        assert from_last.stdout.startswith(f"validate: {last[0]}\n") and scores(from_last.stdout) == explicit
+        assert explicit
         # Its metrics line alone: Lightning's table showed each validation split under every split's column.
-        assert "Validate metric" not in out and "validate: validation/accuracy " in out
-        bar = "--trainer.enable_progress_bar=true"  # (the bar, closed by then, swallowed its line)
-        labelled = tmp_path / "labelled_test.yaml"  # its test split: the dev file, which has labels
-        labelled.write_text(card.read_text().replace("test: d/test.tsv", "test: d/dev.tsv"))
-        for command in ("validate", "test"):
-            main([command, *args, "--ckpt_path=last", bar, f"--data.task={labelled}"])
-            out = capsys.readouterr().out
-            assert f"{command}: {command if command == 'test' else 'validation'}/accuracy " in out, out
-        from tests.cli.test_bad_files import error_of
-
-        best = "gpt-ft: error: --ckpt_path best: gpt-ft test takes a checkpoint's path, or `last` (the newest"
-        assert error_of(["test", *args, "--ckpt_path=best"], capsys).startswith(best)
-        elsewhere = f"--trainer.logger.init_args.save_dir={tmp_path / 'elsewhere'}"
-        error = error_of(["predict", *args, "--ckpt_path=last", elsewhere], capsys)
-        assert error.startswith(
-            f"gpt-ft: error: --ckpt_path last: there is no {tmp_path}/elsewhere/lightning_logs/"
+        assert (
+            "Validate metric" not in from_last.stdout and "validate: validation/accuracy " in from_last.stdout
         )
-    capsys.readouterr()
-    main(["predict", *args, f"--ckpt_path={last[0]}", f"--model.predictions_dir={tmp_path / 'pred'}"])
-    files = list((tmp_path / "pred").iterdir())
-    assert len(files) == 1 and f"predictions of split 'test': {files[0]}\n" in capsys.readouterr().out
+        for command, run in zip(LABELLED, labelled, strict=True):
+            assert run.returncode == 0, run.stderr[-3000:]
+            assert f"{command}: {command if command == 'test' else 'validation'}/accuracy " in run.stdout
+        for run in (best, elsewhere):
+            assert run.returncode == 2, run.stderr[-3000:]
+        best_error = (
+            "gpt-ft: error: --ckpt_path best: gpt-ft test takes a checkpoint's path, or `last` (the newest"
+        )
+        assert best.stderr.strip().splitlines()[-1].startswith(best_error)
+        assert (
+            elsewhere.stderr.strip()
+            .splitlines()[-1]
+            .startswith(f"gpt-ft: error: --ckpt_path last: there is no {root}/elsewhere/lightning_logs/")
+        )
+    files = list((root / "pred").iterdir())
+    assert len(files) == 1 and f"predictions of split 'test': {files[0]}\n" in predict.stdout
     lines = files[0].read_text().splitlines()
     ids = ["s-0", "s-1", "s-2"] if kind == "choice" else ["0", "1", "2"]  # the file's, text ones too
     assert lines[0] == "index\tprediction" and [line.split("\t")[0] for line in lines[1:]] == ids
@@ -67,7 +103,7 @@ def test_fit_validate_predict_for_each_adapter_kind(kind, tmp_path, tokenizer_di
     else:
         assert all(0.0 <= float(v) <= 5.0 and v == score_text(float(v)) for v in values)  # float32's own
     # The Python classifier gives the same labels, and the probabilities of the data's own batches.
-    assert_classifier_agrees(last[0], tmp_path, files[0])
+    assert_classifier_agrees(last[0], root, files[0])
 
 
 def test_fit_without_checkpointing_writes_no_checkpoint(tmp_path, tokenizer_dir):
