@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ import torch
 
 from gpt_ft.adapters.outputs import TaskDataError
 from gpt_ft.cli import main
+from tests.background import gpt_ft
 from tests.helpers import MICRO, sentence
 
 CARD = """class_path: gpt_ft.adapters.Embedding
@@ -28,9 +30,8 @@ init_args:
 """
 
 
-@pytest.fixture(scope="module")
-def embedded(tmp_path_factory, tokenizer_dir):
-    root = tmp_path_factory.mktemp("embedding")
+def write_pairs(root: Path) -> Path:
+    """16/8/8 anchors with their positives (and a negative every other row), and CARD, in `root`."""
     for split, n in (("train", 16), ("validation", 8), ("test", 8)):
         with (root / f"{split}.jsonl").open("w") as f:
             for i in range(n):
@@ -41,6 +42,12 @@ def embedded(tmp_path_factory, tokenizer_dir):
                 }
                 f.write(json.dumps(row) + "\n")
     (root / "card.yaml").write_text(CARD)
+    return root
+
+
+@pytest.fixture(scope="module")
+def embedded(tmp_path_factory, tokenizer_dir):
+    root = write_pairs(tmp_path_factory.mktemp("embedding"))
     logs = root / "logs"
     main(
         [
@@ -305,19 +312,24 @@ def test_a_classifier_checkpoint_is_not_an_encoder_nor_an_encoder_a_classifier(
     assert not out.exists()
 
 
-def test_a_suite_runs_an_embedding_card_with_its_learning_curve(embedded, tmp_path, tokenizer_dir):
-    """`gpt-ft suite` on an embedding card: the retrieval metrics per seed, the main one on a
-    learning curve over training sizes (rows with no label column are one stratum)."""
-    root, _ = embedded
-    (tmp_path / "suite.yaml").write_text(
+def start_embedding_suite(root, tokenizer_dir):
+    write_pairs(root)
+    (root / "suite.yaml").write_text(
         f"name: embeddings\nseeds: [0]\ntrain_sizes: [8, all]\ntasks:\n  - card: {root / 'card.yaml'}\n"
     )
     fit = "[--model.preset=gpt-micro, --data.max_length=64, --data.batch_size=4, --trainer.max_epochs=1, "
     fit += "--trainer.enable_progress_bar=false, --trainer.enable_model_summary=false]"
-    out = tmp_path / "out"
-    main(["suite", str(tmp_path / "suite.yaml"), f"--out_dir={out}", f"--data_dir={root}",
-          f"--tokenizer={tokenizer_dir}", f"--fit_args={fit}"])  # fmt: skip
-    task = json.loads((out / "results.json").read_text())["tasks"]["pairs"]
+    return [gpt_ft("suite", str(root / "suite.yaml"), f"--out_dir={root / 'out'}", f"--data_dir={root}",
+                   f"--tokenizer={tokenizer_dir}", f"--fit_args={fit}", cwd=root)]  # fmt: skip
+
+
+@pytest.mark.background(start=start_embedding_suite)
+def test_a_suite_runs_an_embedding_card_with_its_learning_curve(background):
+    """`gpt-ft suite` on an embedding card: the retrieval metrics per seed, the main one on a
+    learning curve over training sizes (rows with no label column are one stratum)."""
+    (run,) = background.runs
+    assert run.returncode == 0, run.stderr[-3000:]
+    task = json.loads((background.root / "out" / "results.json").read_text())["tasks"]["pairs"]
     assert task["main_metric"] == "validation/mrr@10"
     assert set(task["metrics"]) == {f"validation/{m}" for m in ("mrr@10", "ndcg@10", "recall@1", "recall@10")}
     for metric in task["metrics"].values():
