@@ -158,15 +158,15 @@ def _preloaded(argv: list[str], cwd: str, env: dict[str, str], out: str, err: st
     from lightning.pytorch.strategies.launchers import subprocess_script
 
     subprocess_script.subprocess = _RankLauncher  # the DDP ranks it starts: forks of it (`_fork_rank`)
-    os._exit(_run_as_main(argv, cwd, env))
-
-
-def _run_as_main(argv: list[str], cwd: str, env: dict[str, str]) -> int:
-    """`python ARGV` (`-m MODULE ...` or `-c CODE ...`) run in this process, in `cwd` with the
-    environment `env`; its exit status."""
-    os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
+    os._exit(_run_as_main(argv, cwd))
+
+
+def _run_as_main(argv: list[str], cwd: str) -> int:
+    """`python ARGV` (`-m MODULE ...` or `-c CODE ...`) run in this process, in `cwd` (the
+    environment set already); its exit status."""
+    os.chdir(cwd)
     option, target, *args = argv
     status = 0
     try:
@@ -227,7 +227,7 @@ def _fork_rank(argv: list[str], cwd: str, env: dict[str, str]) -> ForkedRank:
     from lightning_utilities.core.rank_zero import rank_zero_only
 
     rank_zero_only.rank = _get_rank() or 0
-    os._exit(_run_as_main(argv, cwd, env))
+    os._exit(_run_as_main(argv, cwd))
 
 
 class ForkedRank:
