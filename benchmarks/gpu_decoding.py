@@ -21,8 +21,9 @@ if TYPE_CHECKING:
 PROMPTS = 16
 """The batch of the padded prompts' row."""
 DECODE_GOAL = 2000
-"""Batch-1 greedy tokens/s of the preset on one GPU, on the static cache and its CUDA graph, each
-`generate` call timed whole: its prefill, and the graph's warm-up and capture, included."""
+"""Batch-1 greedy tokens/s of the preset on one GPU, on the static cache and its CUDA graph (its step
+compiled, unless --no-compile), each `generate` call timed whole: its prefill, and the graph's
+warm-up and capture, included (the compile is the untimed first call's)."""
 
 
 def generation(setup: Setup, tmp: Path) -> Iterator[Row]:
@@ -34,28 +35,34 @@ def generation(setup: Setup, tmp: Path) -> Iterator[Row]:
     prompt = torch.randint(0, setup.config.vocab_size, (1, 16), device=setup.device)
     n, out = min(setup.gen_tokens, setup.seq - 16), {}
     kinds = {"cached": {}, "static": {"static_cache": True}, "uncached": {"use_cache": False}}
+    if setup.cuda and setup.compile:  # its step compiled, then captured (the untimed first call compiles)
+        kinds["compiled"] = {"static_cache": "compiled"}
 
     def run(model, kind: str):
         return lambda: out.__setitem__(kind, model.generate(prompt, max_new_tokens=n, **kinds.get(kind, {})))
 
-    seconds = {kind: timed(run(gpt, kind), repeat=2 if kind == "static" else 1) for kind in kinds}
+    seconds = {kind: timed(run(gpt, kind), repeat=1 if kind == "uncached" else 2) for kind in kinds}
     same = all(torch.equal(out[kind], out["cached"]) for kind in kinds)
     static = "static cache + CUDA graph (its capture included)" if setup.cuda else "static cache"
-    rate = seconds["static"].rate(n)
-    status = harness.verdict(n / seconds["static"].median >= DECODE_GOAL) if setup.cuda else ""
+    best = "compiled" if "compiled" in kinds else "static"
+    status = harness.verdict(n / seconds[best].median >= DECODE_GOAL) if setup.cuda else ""
+    compiled = f", its step compiled {seconds['compiled'].rate(n)}" if "compiled" in kinds else ""
     yield Row(
         f"greedy generation, {n} tokens after 16",
-        f"cached {seconds['cached'].rate(n)} tokens/s, {static} {rate}, "
+        f"cached {seconds['cached'].rate(n)} tokens/s, {static} {seconds['static'].rate(n)}{compiled}, "
         f"uncached {seconds['uncached'].rate(n)}; identical tokens: {same}",
         status,
     )
+    graph = "compiled" if "compiled" in kinds else True  # as transformers compiles its step
+    if setup.cuda:
+        yield from decode_bounds(gpt, prompt, n, graph)
     ours = GPT(dataclasses.replace(copy.deepcopy(setup.config), pre_ln=True)).to(setup.device).eval()
     hf = ours.to_hf().to(setup.device).eval()
     theirs = dict(
         max_new_tokens=n, min_new_tokens=n, do_sample=False, cache_implementation="static", pad_token_id=0
     )
     both = {
-        "ours": lambda: out.__setitem__("ours", ours.generate(prompt, max_new_tokens=n, static_cache=True)),
+        "ours": lambda: out.__setitem__("ours", ours.generate(prompt, max_new_tokens=n, static_cache=graph)),
         "transformers": lambda: out.__setitem__("transformers", hf.generate(prompt, **theirs)),
     }
     stats = interleaved(both, runs=2)  # the untimed first call compiles transformers' step on a GPU
@@ -85,6 +92,43 @@ def generation(setup: Setup, tmp: Path) -> Iterator[Row]:
         f"ours {stats['ours'].rate(total)} tokens/s, transformers {stats['transformers'].rate(total)}; "
         f"identical tokens: {torch.equal(out['ours'], out['transformers'])}",
     )
+
+
+def decode_bounds(gpt: GPT, prompt: torch.Tensor, n: int, graph: bool | str) -> Iterator[Row]:
+    """What bounds batch-1 decoding on a GPU: one decode step's CUDA graph replayed `n` times with
+    nothing between (the GPU's own time a token), beside `generate`'s time a token; in fp32 and with
+    bf16 weights (and cache), whose tokens are checked against the bf16 model's eager cache."""
+    from gpt_ft.model.generation import decode_graph
+
+    for dtype in (torch.float32, torch.bfloat16):
+        model = copy.deepcopy(gpt).to(dtype)
+        kind = "fp32" if dtype == torch.float32 else "bf16 weights"
+        cache = model.new_kv_cache(1, prompt.shape[1] + n + 1, static=True)
+        with torch.no_grad():
+            model(prompt, kv_cache=cache)
+            replay = decode_graph(model, cache, 1, compiled=graph == "compiled")
+            token = prompt[:, -1:]
+            replay(token)  # once untimed
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            for _ in range(n - 1):  # each replay advances the cache by one slot: n in all fit
+                replay(token)
+            end.record()
+            torch.cuda.synchronize()
+        alone = begin.elapsed_time(end) / 1000 / (n - 1)
+        out = {}
+        runs = {
+            kind: lambda: out.__setitem__(kind, model.generate(prompt, max_new_tokens=n, static_cache=graph)),
+            "eager": lambda: out.__setitem__("eager", model.generate(prompt, max_new_tokens=n)),
+        }
+        stats = interleaved(runs, runs=2)
+        same = torch.equal(out[kind], out["eager"])
+        yield Row(
+            f"greedy decoding, {kind}, {'its step compiled, ' if graph == 'compiled' else ''}what bounds it",
+            f"the step's graph replayed alone {alone * 1e6:,.0f} µs a token ({1 / alone:,.0f} tokens/s); "
+            f"`generate` {stats[kind].median / n * 1e6:,.0f} µs a token ({stats[kind].rate(n)} tokens/s), "
+            f"the eager cache {stats['eager'].rate(n)}; identical tokens: {same}",
+        )
 
 
 if __name__ == "__main__":  # a group of gpu_figures.py's rows, run there

@@ -53,7 +53,7 @@ ROWS = {
     "fine-tuning step (head + λ=0.5 LM loss), batch 8, packed": (
         rf"{RATE} real tokens/s; padding \d+% of \(\d+, \d+\)"
     ),
-    "fine-tuning step, packed (dense mask) / padded": r"[\d.]+x",
+    "fine-tuning step, batch 8, packed (dense mask) / padded": r"[\d.]+x",
     "profile, training step 4 x 128": r"[\d.]+ ms a step; the CPU's operators \(self time\) busy \d+% of it",
     **{f"profile, {kind}": r"[\d.]+% \([\d.]+ ms a step\)" for kind in PROFILE_KINDS},
     "profile, outside the operators": r"[\d.]+%",
@@ -268,6 +268,10 @@ def test_a_part_past_its_limit_is_killed_with_its_children_and_says_so():
     done = run_part([sys.executable, "-c", "import sys; print('7 passed'); sys.exit(1)"], limit_s=30)
     assert done.returncode == 1 and done.stdout == "7 passed\n"
     assert tests_row(done, 30).status == "FAIL" and tests_row(done, 30).result.startswith("7 passed (")
+    failing = Part(
+        1, 5.0, "t.py::test_a[x y] FAILED [ 50%]\nt.py::test_b PASSED [100%]\n= 1 failed, 1 passed =\n", ""
+    )
+    assert tests_row(failing, 30).result == "1 failed, 1 passed (5 s); failed: t.py::test_a[x y]"
     no_pytest = run_part([sys.executable, "-m", "no_such_module_here"], limit_s=30)  # its cause on stderr
     assert tests_row(no_pytest, 30).result.endswith(": No module named no_such_module_here (0 s)")
     spaced = Part(None, 3.0, "t.py::test_a[x - y z] PASSED [ 50%]\nt.py::test_b[p q] SKIPPED (cpu)\n", "")
@@ -607,7 +611,7 @@ def test_fetched_weights_are_checked_and_named_only_once_whole(monkeypatch, tmp_
     assert fetch_weights.fetch_smollm2(tmp_path).read_bytes() == b"GGUF whole"
 
 
-def test_the_checklist_asks_for_pytest_only_where_it_runs_the_tests(monkeypatch):
+def test_the_checklist_asks_for_pytest_only_where_it_runs_the_tests(monkeypatch, tmp_path):
     sys.path.insert(0, str(Path(__file__).parents[1] / "benchmarks"))
     import argparse
 
@@ -618,16 +622,18 @@ def test_the_checklist_asks_for_pytest_only_where_it_runs_the_tests(monkeypatch)
     monkeypatch.setattr(gpu_check, "floors_missed", lambda also: asked.append(also) or [])
     for skip_tests in (True, False):
         args = argparse.Namespace(
-            device="cuda", skip_tests=skip_tests, skip_figures=True, glue=None, budget=480
-        )
+            device="cuda", skip_tests=skip_tests, skip_figures=True, glue=None, budget=480,
+            report=tmp_path / "gpu_check.md",
+        )  # fmt: skip
         if not skip_tests:
             monkeypatch.setattr(
-                gpu_check, "run_part", lambda cmd, limit, env: gpu_check.Part(0, 1.0, "1 passed", "")
+                gpu_check, "run_part", lambda cmd, limit, env: gpu_check.Part(1, 1.0, "1 failed", "why")
             )
         report = Report("t")
         report.started = 0.0
         gpu_check.run_checklist(args, [], report, left=lambda: 400.0)
     assert asked == [[], ["pytest"]]
+    assert (tmp_path / "gpu_check.tests.log").read_text() == "1 failedwhy"  # the tests' whole output kept
 
 
 def test_the_profile_files_each_kernel_under_its_kind():

@@ -8,6 +8,7 @@ Pure torch. These functions are also methods: `gpt.generate(...)`, `gpt.stream(.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -59,7 +60,7 @@ def stream(
     eos_token_id: int | list[int] | None = None,
     use_cache: bool = True,
     generator: torch.Generator | None = None,
-    static_cache: bool = False,
+    static_cache: bool | str = False,
     repetition_penalty: float = 1.0,
     suppress_tokens: list[int] | None = None,
 ) -> Iterator[Tensor]:
@@ -69,7 +70,10 @@ def stream(
     Sequences that produced an `eos_token_id` (one id, or several: instruct models end turns with
     more than one) keep yielding the first; the stream ends when all have. `static_cache`: keys and
     values in a `StaticKVCache`; on CUDA the decode step is then captured once as a CUDA graph and
-    replayed for every token (the same tokens, a fraction of the launches). `repetition_penalty`
+    replayed for every token (the same tokens, a fraction of the launches); `static_cache="compiled"`
+    compiles that step (`torch.compile`, once per model and batch size) before capturing it: its
+    norms, residuals and activations fused into fewer kernels, the first call spending the compile.
+    `repetition_penalty`
     > 1 makes the tokens of the prompt and of what came since less likely (`penalized`).
     `suppress_tokens`: ids never produced (gpt-ft generate's: the task framing tokens, which a
     fine-tuned model's head may score above the end-of-turn token they were copied from).
@@ -79,6 +83,8 @@ def stream(
     check_decoding(
         model, input_ids, max_new_tokens, temperature, top_k, top_p, 1, do_sample, repetition_penalty
     )
+    if static_cache not in (False, True, "compiled"):
+        raise ValueError(f"static_cache={static_cache!r}: give True, False or 'compiled'.")
     if static_cache and not use_cache:
         raise ValueError("static_cache=True needs use_cache=True.")
     with eval_mode(model):
@@ -113,7 +119,7 @@ def _stream(model, input_ids, real, positions, max_new_tokens, do_sample, temper
                 hidden = model(step_input, real, position_ids=new, kv_cache=cache)
             logits = model.lm_logits(hidden[:, -1]).float()  # (B, V)
             if static_cache and input_ids.is_cuda and i + 1 < max_new_tokens:
-                replay = decode_graph(model, cache, B)
+                replay = decode_graph(model, cache, B, compiled=static_cache == "compiled")
         if suppress is not None:
             logits = logits.index_fill(1, suppress, float("-inf"))
         if seen is not None:
@@ -137,19 +143,33 @@ def _stream(model, input_ids, real, positions, max_new_tokens, do_sample, temper
             ids = torch.cat([ids, step_input], dim=1)
 
 
-def decode_graph(model: GPT, cache, batch_size: int):
-    """The decode step, one token a sequence over a `StaticKVCache`, captured as a CUDA graph:
-    returns `replay(tokens (B, 1)) -> logits (B, V)`, valid until the next replay.
+def decode_logits(model: GPT, tokens: Tensor, cache) -> Tensor:
+    """One decode step: the logits (B, V), in float32, of one new token a sequence over `cache`."""
+    return model.lm_logits(model(tokens, kv_cache=cache)[:, -1]).float()
 
-    Two warm-up steps on a side stream first (allocations, library workspaces); they write
-    the slots the next two real steps overwrite before reading, and the cache's position is put
-    back, so the cache is as it was.
+
+@functools.cache
+def compiled_decode_logits():
+    """`decode_logits` compiled (made on first use: importing dynamo costs time): guarded on the model
+    and the shapes, so one compile serves every call with the same model, batch size and cache length."""
+    return torch.compile(decode_logits, dynamic=False)
+
+
+def decode_graph(model: GPT, cache, batch_size: int, *, compiled: bool = False):
+    """The decode step, one token a sequence over a `StaticKVCache`, captured as a CUDA graph:
+    returns `replay(tokens (B, 1)) -> logits (B, V)`, valid until the next replay. `compiled`: the
+    step is `compiled_decode_logits`, its kernels fused by inductor, compiled in the warm-up.
+
+    Two warm-up steps on a side stream first (allocations, library workspaces, the compile); they
+    write the slots the next two real steps overwrite before reading, and the cache's position is
+    put back, so the cache is as it was.
     """
     device = cache.k.device
     tokens = torch.zeros(batch_size, 1, dtype=torch.long, device=device)
+    run = compiled_decode_logits() if compiled else decode_logits
 
     def step() -> Tensor:
-        return model.lm_logits(model(tokens, kv_cache=cache)[:, -1]).float()
+        return run(model, tokens, cache)
 
     position = cache.position.clone()
     side = torch.cuda.Stream(device)
@@ -188,7 +208,7 @@ def generate(
     eos_token_id: int | list[int] | None = None,
     use_cache: bool = True,
     generator: torch.Generator | None = None,
-    static_cache: bool = False,
+    static_cache: bool | str = False,
     repetition_penalty: float = 1.0,
     suppress_tokens: list[int] | None = None,
 ) -> Tensor:

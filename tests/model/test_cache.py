@@ -114,6 +114,8 @@ def test_generation_on_a_static_cache_gives_the_same_tokens(sample):
     assert torch.equal(static, dynamic)
     with pytest.raises(ValueError, match="use static_cache=False with num_beams > 1"):
         gpt.generate(prompt, max_new_tokens=4, num_beams=2, static_cache=True)
+    with pytest.raises(ValueError, match="static_cache='graph': give True, False or 'compiled'."):
+        gpt.generate(prompt, max_new_tokens=4, static_cache="graph")
     with pytest.raises(
         ValueError, match=r"^attention_mask of shape \(3, 41\) does not fit the KV cache \(3 rows"
     ):
@@ -136,7 +138,7 @@ def test_cuda_decoding_replays_a_cuda_graph_with_the_eager_caches_tokens(preset,
     prompt = torch.randint(0, 512, (1, 9), device="cuda")
     captured = []
     real = generation.decode_graph
-    monkeypatch.setattr(generation, "decode_graph", lambda *a: captured.append(1) or real(*a))
+    monkeypatch.setattr(generation, "decode_graph", lambda *a, **k: captured.append(1) or real(*a, **k))
     for sample in (False, True):
         kwargs = dict(max_new_tokens=100, do_sample=sample, top_p=0.9)
         eager = gpt.generate(prompt, **kwargs, generator=torch.Generator("cuda").manual_seed(0))
@@ -145,6 +147,9 @@ def test_cuda_decoding_replays_a_cuda_graph_with_the_eager_caches_tokens(preset,
         )
         assert torch.equal(graphed, eager)
     assert len(captured) == 2
+    compiled = gpt.generate(prompt, max_new_tokens=100, static_cache="compiled")  # inductor's fused kernels
+    assert torch.equal(compiled, gpt.generate(prompt, max_new_tokens=100))
+    assert len(captured) == 3
     # prompts of 9 and 4 tokens padded on the left: the graph reads the padding the cache keeps
     short = torch.randint(0, 512, (1, 4), device="cuda")
     padded = torch.cat([prompt, torch.cat([torch.zeros_like(prompt[:, :5]), short], dim=1)])
@@ -152,5 +157,5 @@ def test_cuda_decoding_replays_a_cuda_graph_with_the_eager_caches_tokens(preset,
     mask[1, :5] = 0
     eager = gpt.generate(padded, attention_mask=mask, max_new_tokens=50)
     assert torch.equal(gpt.generate(padded, attention_mask=mask, max_new_tokens=50, static_cache=True), eager)
-    assert len(captured) == 3
+    assert len(captured) == 4
     assert torch.equal(eager[1, 9:29], gpt.generate(short, max_new_tokens=20)[0, 4:])  # as if alone
