@@ -168,8 +168,14 @@ def decode_graph(model: GPT, cache, batch_size: int, *, compiled: bool = False):
     tokens = torch.zeros(batch_size, 1, dtype=torch.long, device=device)
     run = compiled_decode_logits() if compiled else decode_logits
 
+    # Under autocast, capture with its cache of cast weights off (as torch.cuda.make_graphed_callables
+    # asks): each cast is then a kernel in the graph, not a tensor cached from outside it.
+    amp = torch.is_autocast_enabled("cuda")
+    dtype = torch.get_autocast_dtype("cuda")
+
     def step() -> Tensor:
-        return run(model, tokens, cache)
+        with torch.autocast("cuda", dtype=dtype, enabled=amp, cache_enabled=False):
+            return run(model, tokens, cache)
 
     position = cache.position.clone()
     side = torch.cuda.Stream(device)

@@ -150,6 +150,10 @@ def test_cuda_decoding_replays_a_cuda_graph_with_the_eager_caches_tokens(preset,
     compiled = gpt.generate(prompt, max_new_tokens=100, static_cache="compiled")  # inductor's fused kernels
     assert torch.equal(compiled, gpt.generate(prompt, max_new_tokens=100))
     assert len(captured) == 3
+    with torch.autocast("cuda", dtype=torch.bfloat16):  # captured with autocast's cast cache off
+        mixed = gpt.generate(prompt, max_new_tokens=100)
+        assert torch.equal(gpt.generate(prompt, max_new_tokens=100, static_cache=True), mixed)
+    assert len(captured) == 4
     # prompts of 9 and 4 tokens padded on the left: the graph reads the padding the cache keeps
     short = torch.randint(0, 512, (1, 4), device="cuda")
     padded = torch.cat([prompt, torch.cat([torch.zeros_like(prompt[:, :5]), short], dim=1)])
@@ -157,5 +161,5 @@ def test_cuda_decoding_replays_a_cuda_graph_with_the_eager_caches_tokens(preset,
     mask[1, :5] = 0
     eager = gpt.generate(padded, attention_mask=mask, max_new_tokens=50)
     assert torch.equal(gpt.generate(padded, attention_mask=mask, max_new_tokens=50, static_cache=True), eager)
-    assert len(captured) == 4
+    assert len(captured) == 5
     assert torch.equal(eager[1, 9:29], gpt.generate(short, max_new_tokens=20)[0, 4:])  # as if alone
