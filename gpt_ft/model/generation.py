@@ -71,9 +71,8 @@ def stream(
     more than one) keep yielding the first; the stream ends when all have. `static_cache`: keys and
     values in a `StaticKVCache`; on CUDA the decode step is then captured once as a CUDA graph and
     replayed for every token (the same tokens, a fraction of the launches); `static_cache="compiled"`
-    compiles that step (`torch.compile`, once per model and batch size) before capturing it: its
-    norms, residuals and activations fused into fewer kernels, the first call spending the compile.
-    `repetition_penalty`
+    compiles that step (`torch.compile`) before capturing it: its norms, residuals and activations
+    fused into fewer kernels, the first call of a shape spending the compile. `repetition_penalty`
     > 1 makes the tokens of the prompt and of what came since less likely (`penalized`).
     `suppress_tokens`: ids never produced (gpt-ft generate's: the task framing tokens, which a
     fine-tuned model's head may score above the end-of-turn token they were copied from).
@@ -150,8 +149,8 @@ def decode_logits(model: GPT, tokens: Tensor, cache) -> Tensor:
 
 @functools.cache
 def compiled_decode_logits():
-    """`decode_logits` compiled (made on first use: importing dynamo costs time): guarded on the model
-    and the shapes, so one compile serves every call with the same model, batch size and cache length."""
+    """`decode_logits` compiled (made on first use: importing dynamo costs time), with static shapes:
+    a model of another shape, another batch size or cache length compiles again."""
     return torch.compile(decode_logits, dynamic=False)
 
 
