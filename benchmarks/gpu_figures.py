@@ -32,19 +32,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import harness
-import numpy as np
 import torch
 from gpu_decoding import DECODE_GOAL, generation
+from gpu_finetune import finetune_step
 from gpu_profile import profile, shapes
-from harness import Report, Row, gpt_ft, interleaved, last_value, lm_step, metrics_rows, timed
-from lightning.fabric.utilities.apply_func import move_data_to_device
+from harness import Report, Row, gpt_ft, interleaved, last_value, lm_step, metrics_rows
 
 from gpt_ft import GPT, GPTConfig
-from gpt_ft.adapters import SingleText
-from gpt_ft.data.batches import collate, collate_packed
-from gpt_ft.data.tokenizer import SpecialTokenIds
-from gpt_ft.training.module import GPTModule
-from gpt_ft.training.optim import adamw
 from gpt_ft.training.throughput import counted_parameters, dense_peak_tflops, flops_per_token
 
 GOALS = {"mfu": 0.40, "vs_transformers": 2.5, "fit_overhead": 0.03, "decode_tokens_per_s": DECODE_GOAL}
@@ -174,48 +168,6 @@ def training_throughput(setup: Setup, tmp: Path) -> Iterator[Row]:
         if compiled := [s.median for n, s in stats.items() if n.startswith("ours, compiled")]:  # beside it
             yield Row(f"training step, ours compiled / transformers eager, batch {batch}",
                       f"{stats['transformers'].median / min(compiled):.2f}x")  # fmt: skip
-
-
-def finetune_step(setup: Setup, tmp: Path) -> Iterator[Row]:
-    task = SingleText(name="sentiment", labels=["negative", "positive"])
-    torch.manual_seed(0)
-    c = setup.config
-    shape = {"n_positions": c.n_positions, "n_layer": c.n_layer, "n_embd": c.n_embd, "n_head": c.n_head}
-    module = GPTModule(overrides=shape, vocab_size=c.vocab_size, task=task, lm_coef=0.5).to(setup.device)
-    hyper = dict(lr=1e-5, weight_decay=0.01, betas=(0.9, 0.999), eps=1e-8)
-    optimizer = adamw(module.parameters(), **hyper, fused=setup.cuda)
-    v = c.vocab_size - 4  # start, delim, extract, pad: the vocabulary's last 4 ids
-    specials = SpecialTokenIds(start=v, delim=v + 1, extract=v + 2, pad=v + 3, eos=None)
-    sizes = [32, 256] if setup.cuda else [8]  # GPT-1's batch, and one sized for a GPU (~4k real tokens)
-    g, examples = torch.Generator().manual_seed(0), []
-    for i in range(max(sizes)):  # SST-2-like lengths: most short, a few long
-        n = min(setup.seq - 2, int(np.random.default_rng(i).lognormal(np.log(setup.seq / 8), 0.6)))
-        text = torch.randint(0, v, (max(1, n),), generator=g).tolist()
-        enc = task.encode({"label": i % 2}, [text], specials, max_length=setup.seq)
-        examples.append(
-            {"input_ids": enc.sequences, "extract_index": enc.extract_index, "label": enc.label, "index": i}
-        )
-    kernel = "variable-length kernel" if setup.cuda else "dense mask"
-    for B in sizes:
-        rates = {}
-        for name, collated in (("padded", collate), ("packed", collate_packed)):
-            batch = move_data_to_device(collated(examples[:B], specials.pad), setup.device)
-
-            def step(batch=batch) -> None:
-                with setup.amp():
-                    loss, _ = module.losses(batch)
-                loss.backward()
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-
-            stats = timed(step, repeat=5)
-            rates[name] = batch.real_tokens / stats.median
-            padding = 1 - batch.real_tokens / batch.input_ids.numel()
-            shape = tuple(batch.input_ids.shape)
-            figure = f"{stats.rate(batch.real_tokens)} real tokens/s; padding {padding:.0%} of {shape}"
-            yield Row(f"fine-tuning step (head + λ=0.5 LM loss), batch {B}, {name}", figure)
-        ratio = f"{rates['packed'] / rates['padded']:.2f}x"
-        yield Row(f"fine-tuning step, batch {B}, packed ({kernel}) / padded", ratio)
 
 
 def fit_quickstart(setup: Setup, tmp: Path) -> Iterator[Row]:
