@@ -61,6 +61,7 @@ class StaticKVCache:
         self.slots = torch.arange(max_len, device=device)
         self.real = torch.ones(batch_size, max_len, dtype=torch.bool, device=device)  # keys not padding
         self.skipped = torch.zeros(batch_size, 1, dtype=torch.long, device=device)  # padding so far
+        self.index: Tensor | None = None  # the slots of the call under way, made once for every layer
 
     @property
     def max_len(self) -> int:
@@ -95,7 +96,8 @@ class StaticKVCache:
         """Boolean masks (B, 1, T, max_len), True where allowed, of T new tokens: every layer's
         (causal over the written slots, padding left out), and a sliding window's. A padding query
         sees itself (softmax stays finite)."""
-        queries = self.written(T)[:, None]  # (T, 1)
+        self.index = self.written(T)
+        queries = self.index[:, None]  # (T, 1)
         causal = self.slots[None, :] <= queries
         itself = (self.slots[None, :] == queries)[None, None]
         allowed = (causal[None, None] & self.real[:, None, None, :]) | itself
@@ -111,13 +113,15 @@ class StaticKVCache:
         held = self.length if self.k.device.type == "cpu" else None
         if k.shape[0] != self.k.shape[1] or k.shape[2] + (held or 0) > self.max_len:
             raise ValueError(misfit(self, k, held))
-        index = self.written(k.shape[2])
+        index = self.index if self.index is not None and len(self.index) == k.shape[2] else None
+        index = self.written(k.shape[2]) if index is None else index
         self.k[layer].index_copy_(2, index, k.to(self.k.dtype))
         self.v[layer].index_copy_(2, index, v.to(self.v.dtype))
         return self.k[layer], self.v[layer]
 
     def advance(self, T: int) -> None:
         self.position += T
+        self.index = None
 
 
 def misfit(cache: KVCache | StaticKVCache, k: Tensor, length: int | None) -> str:

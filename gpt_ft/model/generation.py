@@ -77,6 +77,8 @@ def stream(
     `suppress_tokens`: ids never produced (gpt-ft generate's: the task framing tokens, which a
     fine-tuned model's head may score above the end-of-turn token they were copied from).
     `attention_mask` (B, T), 0 at padding: prompts of several lengths, padded on the left.
+    On CUDA a token is yielded once the next step is queued, and nothing in the loop waits for the
+    GPU: with stop tokens, the last step is computed for nothing.
     """
     input_ids, real, positions = left_padding(input_ids, attention_mask)
     check_decoding(
@@ -105,6 +107,10 @@ def _stream(model, input_ids, real, positions, max_new_tokens, do_sample, temper
     replay = None
     suppress = torch.tensor(suppress, dtype=torch.long, device=input_ids.device) if suppress else None
     seen = seen_tokens(input_ids, model.config.vocab_size, real) if repetition_penalty != 1.0 else None
+    # On CUDA each token is handed out once the next step is queued (`runs_ahead`): the GPU works on
+    # while the host reads whether every sequence has stopped, and whoever takes the token reads it.
+    ahead, held = runs_ahead(input_ids.device), None
+    ended = [HostFlag(input_ids.device) for _ in range(2)] if stops else None
     for i in range(max_new_tokens):
         if replay is not None:
             logits = replay(step_input)
@@ -128,18 +134,55 @@ def _stream(model, input_ids, real, positions, max_new_tokens, do_sample, temper
             token = torch.multinomial(probs, 1, generator=generator).squeeze(1)  # (B,)
         else:
             token = logits.argmax(dim=-1)  # (B,)
+        done = None
         if stops:
             token = token.masked_fill(finished, stops[0])
             finished |= torch.isin(token, stop_set)
-        yield token
-        if stops and bool(finished.all()):
-            return
+            done = ended[i % 2].set(finished.all())
+        if ahead and held is not None:  # the previous token, now that this step is queued
+            yield held[0]
+            if held[1] is not None and held[1].read():
+                return
+        if not ahead:
+            yield token
+            if done is not None and done.read():
+                return
+        held = token, done
         if seen is not None:
             seen.scatter_(1, token[:, None], True)
         step_input = token[:, None]
         real, positions = grown(real, positions)
         if not use_cache:
             ids = torch.cat([ids, step_input], dim=1)
+    if ahead and held is not None:
+        yield held[0]
+
+
+def runs_ahead(device: torch.device) -> bool:
+    """Whether decoding queues the next step before it hands out a token: on CUDA, where kernels run
+    asynchronously (on a CPU the last step would be computed for nothing)."""
+    return device.type == "cuda"
+
+
+class HostFlag:
+    """A boolean on the device, copied to the host without waiting for it: `read` then waits for the
+    work queued before `set` only, not for what was queued after (CUDA: pinned memory and an event)."""
+
+    def __init__(self, device: torch.device) -> None:
+        cuda = device.type == "cuda"
+        self.value = torch.zeros((), dtype=torch.bool, pin_memory=cuda)
+        self.event = torch.cuda.Event() if cuda else None
+
+    def set(self, flag: Tensor) -> HostFlag:
+        self.value.copy_(flag, non_blocking=self.event is not None)
+        if self.event is not None:
+            self.event.record()
+        return self
+
+    def read(self) -> bool:
+        if self.event is not None:
+            self.event.synchronize()
+        return bool(self.value)
 
 
 def decode_logits(model: GPT, tokens: Tensor, cache) -> Tensor:

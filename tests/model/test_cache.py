@@ -163,3 +163,29 @@ def test_cuda_decoding_replays_a_cuda_graph_with_the_eager_caches_tokens(preset,
     assert torch.equal(gpt.generate(padded, attention_mask=mask, max_new_tokens=50, static_cache=True), eager)
     assert len(captured) == 5
     assert torch.equal(eager[1, 9:29], gpt.generate(short, max_new_tokens=20)[0, 4:])  # as if alone
+
+
+@cuda
+@pytest.mark.parametrize("static_cache", [False, True])
+def test_cuda_decoding_with_stop_tokens_never_waits_for_the_gpu(static_cache, monkeypatch):
+    """After the first token, no synchronising call while the stream decodes: whether every row has
+    stopped is read a step late, from pinned memory (`HostFlag`); the tokens those of a stream that
+    reads it at once."""
+    from gpt_ft.model import generation
+
+    torch.manual_seed(0)
+    gpt = GPT(GPTConfig.from_name("gpt-mini", vocab_size=512, n_positions=128)).cuda().eval()
+    prompt = torch.randint(0, 512, (2, 9), device="cuda")
+    free = gpt.generate(prompt, max_new_tokens=40, static_cache=static_cache)
+    stops = [int(free[0, 20]), int(free[1, 30])]  # both rows stop before the end
+    kwargs = dict(max_new_tokens=40, eos_token_id=stops, static_cache=static_cache)
+    stream = gpt.stream(prompt, **kwargs)
+    tokens = [next(stream)]
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        tokens += list(stream)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    monkeypatch.setattr(generation, "runs_ahead", lambda device: False)
+    at_once = list(gpt.stream(prompt, **kwargs))
+    assert len(tokens) == len(at_once) < 40 and all(map(torch.equal, tokens, at_once))

@@ -307,3 +307,35 @@ def test_bad_generation_arguments():
             ValueError, match=rf"^input_ids hold token id {bad}, outside the model's vocabulary"
         ):
             gpt.generate(torch.tensor([[1, bad]]), max_new_tokens=2)
+
+
+@pytest.mark.parametrize("max_new_tokens", [0, 1, 2, 20])
+def test_decoding_that_queues_the_next_step_before_a_token_is_read_gives_the_same_tokens(
+    max_new_tokens, monkeypatch
+):
+    """As on CUDA (`runs_ahead`): each token handed out once the next step is queued, the stop read
+    a step late. The same tokens, the stream ending at the same token, with one stop token, two, or
+    none; and each step's model call (one more at the end where every row stopped)."""
+    from gpt_ft.model import generation
+
+    gpt = tiny_gpt()
+    prompt = torch.randint(0, TINY["vocab_size"], (2, 5))
+    free = gpt.generate(prompt, max_new_tokens=20)
+    calls = []
+    gpt.register_forward_hook(lambda *_: calls.append(1))
+    for eos in (None, int(free[0, 8]), [int(free[1, 7]), int(free[0, 9])]):
+        for cache in ({}, {"static_cache": True}, {"use_cache": False}):
+            kwargs = dict(max_new_tokens=max_new_tokens, eos_token_id=eos, **cache)
+            calls.clear()
+            expected = list(gpt.stream(prompt, **kwargs))
+            steps = len(calls)
+            monkeypatch.setattr(generation, "runs_ahead", lambda device: True)
+            calls.clear()
+            got = list(gpt.stream(prompt, **kwargs))
+            assert len(got) == len(expected) and all(map(torch.equal, got, expected))
+            ended = eos is not None and len(expected) < max_new_tokens
+            assert len(calls) == steps + ended
+            assert torch.equal(
+                gpt.generate(prompt, **kwargs), torch.cat([prompt, *(t[:, None] for t in got)], 1)
+            )
+            monkeypatch.undo()
