@@ -22,8 +22,9 @@ PROMPTS = 16
 """The batch of the padded prompts' row."""
 DECODE_GOAL = 2000
 """Batch-1 greedy tokens/s of the preset on one GPU, on the static cache and its CUDA graph (its step
-compiled, unless --no-compile), each `generate` call timed whole: its prefill, and the graph's
-warm-up and capture, included (the compile is the untimed first call's)."""
+compiled, unless --no-compile), each `generate` call timed whole, its prefill included; the graph is
+captured (and its step compiled) by the untimed first call and kept for the next, as transformers
+keeps its static cache."""
 
 
 def generation(setup: Setup, tmp: Path) -> Iterator[Row]:
@@ -98,7 +99,7 @@ def decode_bounds(gpt: GPT, prompt: torch.Tensor, n: int, graph: bool | str) -> 
     """What bounds batch-1 decoding on a GPU: one decode step's CUDA graph replayed `n` times with
     nothing between (the GPU's own time a token), beside `generate`'s time a token; in fp32 and with
     bf16 weights (and cache), whose tokens are checked against the bf16 model's eager cache."""
-    from gpt_ft.model.generation import decode_graph
+    from gpt_ft.model.graphs import decode_graph
 
     for dtype in (torch.float32, torch.bfloat16):
         model = copy.deepcopy(gpt).to(dtype)
@@ -116,6 +117,7 @@ def decode_bounds(gpt: GPT, prompt: torch.Tensor, n: int, graph: bool | str) -> 
             end.record()
             torch.cuda.synchronize()
         alone = begin.elapsed_time(end) / 1000 / (n - 1)
+        kernels = step_kernels(model, prompt, graph == "compiled")
         out = {}
         runs = {
             kind: lambda: out.__setitem__(kind, model.generate(prompt, max_new_tokens=n, static_cache=graph)),
@@ -129,6 +131,34 @@ def decode_bounds(gpt: GPT, prompt: torch.Tensor, n: int, graph: bool | str) -> 
             f"`generate` {stats[kind].median / n * 1e6:,.0f} µs a token ({stats[kind].rate(n)} tokens/s), "
             f"the eager cache {stats['eager'].rate(n)}; identical tokens: {same}",
         )
+        yield Row(f"greedy decoding, {kind}, one step's kernels", kernels)
+
+
+def step_kernels(model: GPT, prompt: torch.Tensor, compiled: bool, steps: int = 8) -> str:
+    """The kernels of one decode step (as its graph replays them: their own GPU time is the same
+    outside it), from torch.profiler over `steps` steps: how many, their time, by kind."""
+    from gpu_profile import kind_of
+    from torch.profiler import ProfilerActivity, profile
+
+    from gpt_ft.model.graphs import compiled_decode_logits, decode_logits
+
+    run = compiled_decode_logits() if compiled else decode_logits
+    cache = model.new_kv_cache(1, prompt.shape[1] + steps + 2, static=True)
+    token = prompt[:, -1:]
+    with torch.no_grad():
+        run(model, prompt, cache)
+        run(model, token, cache)  # compiled for this cache's shapes before the profile
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                run(model, token, cache)
+            torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    kinds: dict[str, float] = {}
+    for e in kernels:
+        kinds[kind_of(e.name)] = kinds.get(kind_of(e.name), 0.0) + e.self_device_time_total / steps
+    busy = sum(kinds.values())
+    split = ", ".join(f"{k} {us:,.0f}" for k, us in sorted(kinds.items(), key=lambda kv: -kv[1]))
+    return f"{len(kernels) / steps:.0f} kernels a token, {busy:,.0f} µs of GPU time: {split} (µs)"
 
 
 if __name__ == "__main__":  # a group of gpu_figures.py's rows, run there

@@ -72,6 +72,14 @@ class StaticKVCache:
         """The cached positions (read back from the device)."""
         return int(self.position)
 
+    def reset(self) -> None:
+        """Empty, in place (a captured decode step reads these addresses): no position cached, none
+        padding."""
+        for t in (self.k, self.v, self.position, self.skipped):
+            t.zero_()
+        self.real.fill_(True)
+        self.index = None
+
     def written(self, T: int) -> Tensor:
         """The slots (T,) T new tokens are written at: `position`, ..., `position` + T - 1."""
         return self.position + self.slots[:T]

@@ -8,7 +8,6 @@ Pure torch. These functions are also methods: `gpt.generate(...)`, `gpt.stream(.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -25,6 +24,7 @@ from gpt_ft.model.decoding import (
     seen_tokens,
     stop_ids,
 )
+from gpt_ft.model.graphs import decode_graph, decoder
 
 if TYPE_CHECKING:
     from gpt_ft.model import GPT
@@ -98,7 +98,21 @@ def _stream(model, input_ids, real, positions, max_new_tokens, do_sample, temper
             use_cache, generator, static_cache, repetition_penalty,
             suppress) -> Iterator[Tensor]:  # fmt: skip
     B, T0 = input_ids.shape
-    cache = model.new_kv_cache(B, T0 + max_new_tokens, static=static_cache) if use_cache else None
+    kept = decoder(model, B, T0 + max_new_tokens, static_cache) if static_cache else None
+    if kept is not None:
+        kept.busy = True  # a second stream at once decodes on a cache of its own
+    try:
+        cache = kept.cache if kept else model.new_kv_cache(B, T0 + max_new_tokens) if use_cache else None
+        yield from _steps(model, input_ids, real, positions, max_new_tokens, do_sample, temperature, top_k,
+                          top_p, stops, generator, repetition_penalty, suppress, cache, kept)  # fmt: skip
+    finally:
+        if kept is not None:
+            kept.busy = False
+
+
+def _steps(model, input_ids, real, positions, max_new_tokens, do_sample, temperature, top_k, top_p, stops,
+           generator, repetition_penalty, suppress, cache, kept) -> Iterator[Tensor]:  # fmt: skip
+    B = input_ids.shape[0]
     ids, step_input = input_ids, input_ids
     finished = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
     stop_set = torch.tensor(
@@ -115,16 +129,18 @@ def _stream(model, input_ids, real, positions, max_new_tokens, do_sample, temper
         if replay is not None:
             logits = replay(step_input)
         else:
-            if not use_cache:
+            if cache is None:
                 hidden = model(ids, real, position_ids=positions)
-            elif static_cache and i > 0:  # the cache keeps the prompts' padding and counts past it
+            elif kept is not None and i > 0:  # the cache keeps the prompts' padding and counts past it
                 hidden = model(step_input, kv_cache=cache)
             else:
                 new = None if positions is None else positions[:, -step_input.shape[1] :]
                 hidden = model(step_input, real, position_ids=new, kv_cache=cache)
             logits = model.lm_logits(hidden[:, -1]).float()  # (B, V)
-            if static_cache and input_ids.is_cuda and i + 1 < max_new_tokens:
-                replay = decode_graph(model, cache, B, compiled=static_cache == "compiled")
+            if kept is not None and input_ids.is_cuda and i + 1 < max_new_tokens:
+                if kept.replay is None:  # captured once, then replayed by every call that takes it
+                    kept.replay = decode_graph(model, cache, B, compiled=kept.key[2] == "compiled")
+                replay = kept.replay
         if suppress is not None:
             logits = logits.index_fill(1, suppress, float("-inf"))
         if seen is not None:
@@ -152,7 +168,7 @@ def _stream(model, input_ids, real, positions, max_new_tokens, do_sample, temper
             seen.scatter_(1, token[:, None], True)
         step_input = token[:, None]
         real, positions = grown(real, positions)
-        if not use_cache:
+        if cache is None:
             ids = torch.cat([ids, step_input], dim=1)
     if ahead and held is not None:
         yield held[0]
@@ -183,61 +199,6 @@ class HostFlag:
         if self.event is not None:
             self.event.synchronize()
         return bool(self.value)
-
-
-def decode_logits(model: GPT, tokens: Tensor, cache) -> Tensor:
-    """One decode step: the logits (B, V), in float32, of one new token a sequence over `cache`."""
-    return model.lm_logits(model(tokens, kv_cache=cache)[:, -1]).float()
-
-
-@functools.cache
-def compiled_decode_logits():
-    """`decode_logits` compiled (made on first use: importing dynamo costs time), with static shapes:
-    a model of another shape, another batch size or cache length compiles again."""
-    return torch.compile(decode_logits, dynamic=False)
-
-
-def decode_graph(model: GPT, cache, batch_size: int, *, compiled: bool = False):
-    """The decode step, one token a sequence over a `StaticKVCache`, captured as a CUDA graph:
-    returns `replay(tokens (B, 1)) -> logits (B, V)`, valid until the next replay. `compiled`: the
-    step is `compiled_decode_logits`, its kernels fused by inductor, compiled in the warm-up.
-
-    Two warm-up steps on a side stream first (allocations, library workspaces, the compile); they
-    write the slots the next two real steps overwrite before reading, and the cache's position is
-    put back, so the cache is as it was.
-    """
-    device = cache.k.device
-    tokens = torch.zeros(batch_size, 1, dtype=torch.long, device=device)
-    run = compiled_decode_logits() if compiled else decode_logits
-
-    # Under autocast, capture with its cache of cast weights off (as torch.cuda.make_graphed_callables
-    # asks): each cast is then a kernel in the graph, not a tensor cached from outside it.
-    amp = torch.is_autocast_enabled("cuda")
-    dtype = torch.get_autocast_dtype("cuda")
-
-    def step() -> Tensor:
-        with torch.autocast("cuda", dtype=dtype, enabled=amp, cache_enabled=False):
-            return run(model, tokens, cache)
-
-    position = cache.position.clone()
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream(device).wait_stream(side)
-    cache.position.copy_(position)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        logits = step()
-    cache.position.copy_(position)  # capture records the step's kernels; it runs none
-
-    def replay(new: Tensor) -> Tensor:
-        tokens.copy_(new)
-        graph.replay()
-        return logits
-
-    return replay
 
 
 @torch.no_grad()

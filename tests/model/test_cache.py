@@ -130,7 +130,9 @@ def test_generation_on_a_static_cache_gives_the_same_tokens(sample):
 @cuda
 @pytest.mark.parametrize("preset", ["gpt-mini", "llama-mini"])
 def test_cuda_decoding_replays_a_cuda_graph_with_the_eager_caches_tokens(preset, monkeypatch):
-    """Greedy and sampled, 100 tokens: the graph is captured once and replayed for the rest."""
+    """Greedy and sampled, 100 tokens: the graph is captured once and replayed for the rest, and
+    kept for the next call of the same shapes (a compiled step, autocast or another batch size
+    capture their own)."""
     from gpt_ft.model import generation
 
     torch.manual_seed(0)
@@ -146,22 +148,25 @@ def test_cuda_decoding_replays_a_cuda_graph_with_the_eager_caches_tokens(preset,
             prompt, **kwargs, static_cache=True, generator=torch.Generator("cuda").manual_seed(0)
         )
         assert torch.equal(graphed, eager)
-    assert len(captured) == 2
+    assert len(captured) == 1
     compiled = gpt.generate(prompt, max_new_tokens=100, static_cache="compiled")  # inductor's fused kernels
     assert torch.equal(compiled, gpt.generate(prompt, max_new_tokens=100))
-    assert len(captured) == 3
+    assert len(captured) == 2
     with torch.autocast("cuda", dtype=torch.bfloat16):  # captured with autocast's cast cache off
         mixed = gpt.generate(prompt, max_new_tokens=100)
         assert torch.equal(gpt.generate(prompt, max_new_tokens=100, static_cache=True), mixed)
-    assert len(captured) == 4
+    assert len(captured) == 3
     # prompts of 9 and 4 tokens padded on the left: the graph reads the padding the cache keeps
     short = torch.randint(0, 512, (1, 4), device="cuda")
     padded = torch.cat([prompt, torch.cat([torch.zeros_like(prompt[:, :5]), short], dim=1)])
     mask = torch.ones_like(padded)
     mask[1, :5] = 0
     eager = gpt.generate(padded, attention_mask=mask, max_new_tokens=50)
-    assert torch.equal(gpt.generate(padded, attention_mask=mask, max_new_tokens=50, static_cache=True), eager)
-    assert len(captured) == 5
+    for _ in range(2):
+        assert torch.equal(
+            gpt.generate(padded, attention_mask=mask, max_new_tokens=50, static_cache=True), eager
+        )
+    assert len(captured) == 4
     assert torch.equal(eager[1, 9:29], gpt.generate(short, max_new_tokens=20)[0, 4:])  # as if alone
 
 
@@ -189,3 +194,42 @@ def test_cuda_decoding_with_stop_tokens_never_waits_for_the_gpu(static_cache, mo
     monkeypatch.setattr(generation, "runs_ahead", lambda device: False)
     at_once = list(gpt.stream(prompt, **kwargs))
     assert len(tokens) == len(at_once) < 40 and all(map(torch.equal, tokens, at_once))
+
+
+def test_a_static_cache_is_kept_for_the_next_call_and_never_shared_by_two_streams():
+    """The model's last decoder (cache and, on CUDA, graph) is taken again by a call of the same
+    batch size, length bucket and weights, emptied: the tokens of a fresh cache each time, padded
+    prompts after unpadded ones too. A second stream at once gets its own; new weights, another
+    batch size or inference mode a new one."""
+    from gpt_ft.model.graphs import KEPT
+
+    torch.manual_seed(0)  # weights large enough that every key counts (small ones repeat a token)
+    gpt = GPT(GPTConfig.from_name("gpt-micro", vocab_size=128, n_positions=64, initializer_range=0.2))
+    gpt.eval()
+    prompts = [torch.randint(1, 128, (2, n)) for n in (7, 9)]
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[0, :3] = 0
+    calls = [dict(input_ids=p, max_new_tokens=30) for p in prompts]
+    calls.append(dict(input_ids=prompts[1], attention_mask=mask, max_new_tokens=30))
+    for kwargs in calls * 2:
+        assert torch.equal(gpt.generate(**kwargs, static_cache=True), gpt.generate(**kwargs))
+    kept = KEPT[gpt]
+    first = gpt.stream(prompts[0], max_new_tokens=30, static_cache=True)
+    second = gpt.stream(prompts[0], max_new_tokens=30, static_cache=True)
+    both = [(next(first), next(second)) for _ in range(30)]
+    expected = gpt.generate(prompts[0], max_new_tokens=30)[:, 7:]
+    for tokens in zip(*both):
+        assert torch.equal(torch.stack(tokens, 1), expected)
+    assert kept.busy and list(first) == list(second) == []  # the stream ended: its cache is free
+    assert KEPT[gpt] is kept and not kept.busy
+    gpt.generate(prompts[0], max_new_tokens=30, static_cache=True)
+    assert KEPT[gpt] is kept
+    with torch.inference_mode():
+        gpt.generate(prompts[0], max_new_tokens=30, static_cache=True)
+    assert KEPT[gpt] is not kept and KEPT[gpt].cache.k.is_inference()
+    gpt.double()
+    doubled = gpt.generate(prompts[0], max_new_tokens=30, static_cache=True)
+    assert torch.equal(doubled, gpt.generate(prompts[0], max_new_tokens=30))
+    assert KEPT[gpt].cache.k.dtype == torch.float64
+    gpt.generate(prompts[0][:1], max_new_tokens=30, static_cache=True)
+    assert KEPT[gpt].cache.k.shape[1] == 1
