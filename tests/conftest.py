@@ -147,3 +147,12 @@ def background(request, _background):
     start = request.node.get_closest_marker("background").kwargs["start"]
     root, runs = _background.result(start)
     return SimpleNamespace(root=root, runs=runs)
+
+
+@pytest.fixture
+def exact_fp32():
+    """Plain fp32 matmuls (no TF32) for a CUDA test's equality checks, the settings put back after."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved

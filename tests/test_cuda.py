@@ -20,15 +20,6 @@ from tests.helpers import ROOT, cuda, random_choice_examples, write_corpus
 SHAPE = dict(vocab_size=8192, n_positions=128)
 
 
-@pytest.fixture
-def exact_fp32():
-    """Plain fp32 matmuls (no TF32) for the equality checks."""
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
-
-
 @cuda
 @pytest.mark.parametrize("pre_ln", [False, True], ids=["gpt1", "gpt2"])
 def test_cuda_logits_equal_transformers_in_fp32(pre_ln, exact_fp32):

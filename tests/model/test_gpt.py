@@ -221,14 +221,13 @@ def test_right_padding_without_a_mask_equals_the_masked_reference_at_real_positi
 
 @cuda
 @pytest.mark.parametrize("pre_ln", [False, True])
-def test_cuda_states_equal_the_cpu_and_bf16_stays_close(pre_ln):
+def test_cuda_states_equal_the_cpu_and_bf16_stays_close(pre_ln, exact_fp32):
     torch.manual_seed(0)
     gpt = tiny_gpt(pre_ln=pre_ln).eval()
     ids = torch.randint(0, TINY["vocab_size"], (3, 40))
     with torch.no_grad():
         expected = gpt.lm_logits(gpt(ids))
         gpt.cuda()
-        torch.backends.cuda.matmul.allow_tf32 = False
         torch.testing.assert_close(gpt.lm_logits(gpt(ids.cuda())).cpu(), expected, rtol=0, atol=1e-4)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             bf16 = gpt.lm_logits(gpt(ids.cuda())).float().cpu()

@@ -385,7 +385,9 @@ def test_a_forced_kernel_that_cannot_run_shared_contexts_says_so(monkeypatch):
 
 @cuda
 @pytest.mark.parametrize("shape", ["pair", "choice", "rerank"])
-def test_cuda_packed_rows_run_varlen_or_flex_and_equal_the_padded_batch(tokenizer_dir, shape, monkeypatch):
+def test_cuda_packed_rows_run_varlen_or_flex_and_equal_the_padded_batch(
+    tokenizer_dir, shape, monkeypatch, exact_fp32
+):
     """fp32 (FlexAttention): logits and gradients to 1e-5 of the padded batch; bf16 (varlen for
     whole sequences): within twice the padded run's own bf16-vs-fp32 error. The profile shows the
     variable-length kernel, or compiled FlexAttention was called (Inductor names its kernel as it
@@ -396,7 +398,6 @@ def test_cuda_packed_rows_run_varlen_or_flex_and_equal_the_padded_batch(tokenize
     monkeypatch.setattr(attention, "_flex", lambda device: flexed.append(device.type) or flex(device))
     module, rows, specials = module_for(tokenizer_dir, shape, "llama-micro")
     module.cuda().train()
-    torch.backends.cuda.matmul.allow_tf32 = False
     shares = module.task.shares_context
     padded = collate(rows, specials.pad)
     packed = collate_packed(rows, specials.pad, specials.delim if shares else None)

@@ -128,14 +128,13 @@ def test_every_batch_kind_but_padded_shared_contexts_runs_without_a_mask(tokeniz
 
 
 @cuda
-def test_cuda_every_batch_layout_equals_the_plain_one(tokenizer_dir):
+def test_cuda_every_batch_layout_equals_the_plain_one(tokenizer_dir, exact_fp32):
     """On the GPU (fp32, no TF32): shared-context batches equal the plain layout."""
     module, right = padded_module(tokenizer_dir)
     tok = load_tokenizer(tokenizer_dir)
     specials = special_token_ids(tok)
     rows, _ = random_choice_examples(specials, vocab=len(tok) - 5)
     shared = collate_shared(rows, specials.pad, specials.delim)
-    torch.backends.cuda.matmul.allow_tf32 = False
     module.cuda().eval()
     with torch.no_grad():
         logits = [module.terms(b.__class__(**{k: v.cuda() if torch.is_tensor(v) else v
