@@ -312,6 +312,26 @@ def test_lightning_cli_adds_exactly_the_named_keys_to_a_modules_hyperparameters(
     assert set(cli.model.hparams) == {"width", *CLI_HPARAMS}
 
 
+def test_the_configuration_read_back_by_libyaml_is_the_dict_lightning_reads(monkeypatch):
+    """`ConfigDumpReadFast._dump_config` makes what Lightning's makes, and only that: the model's
+    recorded hyperparameters come from it."""
+    from gpt_ft.workarounds.cli import ConfigDumpReadFast
+
+    monkeypatch.setattr("sys.argv", ["gpt-ft"])
+    assert list(inspect.signature(LightningCLI._dump_config).parameters) == ["self"]
+    args = ["--model", f"{__name__}.Tiny", "--model.width=3", "--trainer.accelerator=cpu"]
+    args += ["--trainer.logger=false", "--trainer.enable_checkpointing=false", "--trainer.max_epochs=7"]
+    kwargs = dict(subclass_mode_model=True, run=False, save_config_callback=None, args=args)
+    plain = LightningCLI(Tiny, **kwargs)
+
+    class Fast(ConfigDumpReadFast, LightningCLI):
+        pass
+
+    fast = Fast(Tiny, **kwargs)
+    assert fast.config_dump == plain.config_dump and fast.config_dump["trainer"]["max_epochs"] == 7
+    assert set(vars(fast)) == set(vars(plain)) and dict(fast.model.hparams) == dict(plain.model.hparams)
+
+
 @pytest.mark.parametrize("subcommands", [True, False], ids=["subcommands", "run=False"])
 def test_setup_parser_sets_only_the_attributes_a_reused_parser_carries(monkeypatch, subcommands):
     monkeypatch.setattr("sys.argv", ["gpt-ft"])

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from jsonargparse import ArgumentParser, get_loader, set_loader
+from jsonargparse import ArgumentParser, get_loader, set_dumper, set_loader
 
 from gpt_ft.adapters.base import TaskAdapter
 from gpt_ft.adapters.sources import SOURCE_KINDS, HubDataset, LocalFiles, source_problem
@@ -181,7 +181,15 @@ def unquoted_names(init_args, file) -> str | None:
     return None
 
 
+def dump_yaml(value: object) -> str:
+    """YAML as jsonargparse writes it, by libyaml's emitter where PyYAML has it (4x faster; the same
+    values, a long quoted string folded at other places)."""
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    return yaml.dump(value, Dumper=dumper, default_flow_style=False, allow_unicode=True, sort_keys=False)
+
+
 set_loader(PARSER_MODE, load_yaml, exceptions=(yaml.YAMLError, FileProblem))
+set_dumper(PARSER_MODE, dump_yaml)
 index_action_lookups()  # every parser's keys found by index, not by walking its actions
 
 

@@ -33,6 +33,7 @@ from gpt_ft.training.strategies import check_devices, check_rendezvous
 from gpt_ft.weights.pretrained import resolve_tokenizer
 from gpt_ft.workarounds.cli import (
     CheckpointHparamsAsDefaults,
+    ConfigDumpReadFast,
     ParsersBuiltOnce,
     RunWrapped,
     parse_subcommand,
@@ -47,16 +48,21 @@ LM_DATA = {"data": {"class_path": "gpt_ft.data.lm_data.LMDataModule"}}
 
 
 class ValidatedOnce(LightningArgumentParser):
-    """Writes a configuration (`dump`, `save`) unchecked unless asked: the parse checked it."""
+    """Writes a configuration (`dump`, `save`) unchecked unless asked: the parse checked it; YAML
+    without comments through the parser mode's own dumper (`gpt_ft.adapters.cards.dump_yaml`)."""
 
-    def dump(self, namespace, *args: Any, skip_validation: bool = True, **kwargs: Any) -> str:
-        return super().dump(namespace, *args, skip_validation=skip_validation, **kwargs)
+    def dump(self, namespace, *args: Any, skip_validation: bool = True, format: str = "parser_mode",
+             with_comments: bool = False, **kwargs: Any) -> str:  # fmt: skip
+        if format in ("yaml", "parser_mode") and not with_comments:
+            format = PARSER_MODE
+        return super().dump(namespace, *args, skip_validation=skip_validation, format=format,
+                            with_comments=with_comments, **kwargs)  # fmt: skip
 
     def save(self, namespace, path, *args: Any, skip_validation: bool = True, **kwargs: Any) -> None:
         super().save(namespace, path, *args, skip_validation=skip_validation, **kwargs)
 
 
-class GPTCLI(CheckpointHparamsAsDefaults, ParsersBuiltOnce, RunWrapped, LightningCLI):
+class GPTCLI(CheckpointHparamsAsDefaults, ConfigDumpReadFast, ParsersBuiltOnce, RunWrapped, LightningCLI):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # Only the subcommand given gets its parser built: each of the four costs a third of a second.
         given = kwargs.get("args")

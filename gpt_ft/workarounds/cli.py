@@ -18,6 +18,26 @@ class CheckpointHparamsAsDefaults:
         return
 
 
+class ConfigDumpReadFast:
+    """LightningCLI mixin: the configuration as a dict (`config_dump`, where the model's instantiator
+    reads the hyperparameters it records) read back from its YAML dump by libyaml's parser, not
+    PyYAML's pure-Python `safe_load` (15-30 ms a run; the same dict).
+
+    LightningCLI makes it in `_dump_config` (src/lightning/pytorch/cli.py), which no public hook
+    replaces. If the method is renamed or comes to set more, follow it (tests/test_workarounds.py
+    fails)."""
+
+    def _dump_config(self) -> None:
+        import yaml
+
+        if hasattr(self, "config_dump"):
+            return
+        text = self.parser.dump(self.config, skip_link_targets=False, skip_none=False, format="yaml")
+        self.config_dump = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        if "subcommand" in self.config:
+            self.config_dump = self.config_dump[self.config.subcommand]
+
+
 class RunWrapped:
     """LightningCLI mixin: the subcommand runs inside the CLI's `running()` context (errors the run
     raises, reworded as the CLI's own checks word them).

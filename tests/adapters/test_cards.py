@@ -226,3 +226,21 @@ def test_a_card_given_over_another_takes_none_of_its_file_layout(tmp_path):
     assert task["init_args"]["hub"] == {
         "path": "me/mine", "name": None, "columns": None, "splits": None, "configs": None, "data_dir": None
     }  # fmt: skip
+
+
+def test_configurations_are_written_as_yaml_that_reads_back_as_the_same_values():
+    """`dump_yaml` (libyaml's emitter): what PyYAML's own writes for a plain configuration, and any
+    value, quoted strings with escapes and non-ASCII text among them, read back unchanged."""
+    import yaml
+
+    from gpt_ft.adapters.cards import dump_yaml
+
+    plain = {
+        "trainer": {"max_epochs": 3, "precision": "bf16-mixed", "logger": None},
+        "model": {"lr": 6.25e-05},
+    }
+    flags = dict(default_flow_style=False, allow_unicode=True, sort_keys=False)
+    assert dump_yaml(plain) == yaml.safe_dump(plain, **flags)
+    odd = {"text": "tab\there, \"quoted\" ünïcødé — " * 6, "lines": "a\nb: c\n", "empty": "", "yes": "yes",
+           "number": "1e-3", "list": [1, 2.5, None, True], "nested": {"k": "#not a comment"}}  # fmt: skip
+    assert yaml.safe_load(dump_yaml(odd)) == odd
