@@ -5,7 +5,8 @@ device, so one step (one new token a sequence) is captured once as a CUDA graph 
 every token: one launch instead of a few hundred. Capturing costs two warm-up steps and the capture
 itself (and, `compiled`, the compile of the first call of a shape), so the last graph a model made
 is kept (`decoder`) with its cache, and the next call of the same batch size, cache length bucket,
-weights and autocast takes it again, its cache emptied, as transformers keeps its static cache.
+weights and autocast takes it again, its cache emptied, as transformers keeps its static cache
+(`release` drops it).
 
 Pure torch.
 """
@@ -120,3 +121,9 @@ def decoder(model: GPT, batch_size: int, length: int, mode: bool | str) -> Decod
     if kept is None or not kept.busy:
         KEPT[model] = made
     return made
+
+
+def release(model: GPT) -> None:
+    """Drop the model's kept decoder: its cache's and graph's memory back to the allocator (a kept
+    cache of a large batch holds what training may need next)."""
+    KEPT.pop(model, None)

@@ -201,7 +201,7 @@ def test_a_static_cache_is_kept_for_the_next_call_and_never_shared_by_two_stream
     batch size, length bucket and weights, emptied: the tokens of a fresh cache each time, padded
     prompts after unpadded ones too. A second stream at once gets its own; new weights, another
     batch size or inference mode a new one."""
-    from gpt_ft.model.graphs import KEPT
+    from gpt_ft.model.graphs import KEPT, release
 
     torch.manual_seed(0)  # weights large enough that every key counts (small ones repeat a token)
     gpt = GPT(GPTConfig.from_name("gpt-micro", vocab_size=128, n_positions=64, initializer_range=0.2))
@@ -233,3 +233,5 @@ def test_a_static_cache_is_kept_for_the_next_call_and_never_shared_by_two_stream
     assert KEPT[gpt].cache.k.dtype == torch.float64
     gpt.generate(prompts[0][:1], max_new_tokens=30, static_cache=True)
     assert KEPT[gpt].cache.k.shape[1] == 1
+    release(gpt)
+    assert gpt not in KEPT
