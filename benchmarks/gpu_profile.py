@@ -6,7 +6,8 @@ rows run it (on a GPU the GPT compiled with its loss, in bf16-mixed, fused AdamW
   the device's idle share is the wall time its kernels leave uncovered: time spent waiting for the
   host (Python, launches, a read back). The longest kernels follow.
 - `shapes`: the same step's tokens/s and MFU on today's decoder shapes, SmolLM2-135M and
-  Qwen3-0.6B (random weights; on a CPU the tiny llama-micro, to check the rows run).
+  Qwen3-0.6B (random weights; on a CPU the tiny llama-micro, to check the rows run), and on
+  GPT-1's without dropout (llm.c's GPT-2, whose MFU the goal takes, trains without).
 
     python benchmarks/gpu_figures.py --only profile shapes
 """
@@ -39,8 +40,13 @@ KINDS = [  # (kind, pattern on a kernel's or an operator's name, lower case); th
     ("copies, casts and fills", r"copy|memcpy|memset|fill|clone|contiguous|\bcat\b"),
     ("other elementwise and reductions", r"triton|inductor|cpp_fused|elementwise|reduce|\b(add|mul|sum)"),
 ]
-SHAPES = {"cuda": [("smollm2-135m", 2048, 8), ("qwen3-0.6b", 2048, 8)], "cpu": [("llama-micro", 128, 4)]}
-"""Preset, context and batch of the `shapes` rows on each device."""
+NO_DROPOUT = {"embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0}
+SHAPES = {
+    "cuda": [("smollm2-135m", 2048, 8, {}), ("qwen3-0.6b", 2048, 8, {}), ("gpt1", 512, 64, NO_DROPOUT)],
+    "cpu": [("llama-micro", 128, 4, {})],
+}
+"""Preset, context, batch and overrides of the `shapes` rows on each device: today's decoders, and
+GPT-1's step without its dropout, as llm.c trains GPT-2 (the MFU it is compared with)."""
 
 
 def kind_of(name: str) -> str:
@@ -97,8 +103,8 @@ def profile(setup, tmp) -> Iterator[Row]:
 
 
 def shapes(setup, tmp) -> Iterator[Row]:
-    for preset, seq, batch in SHAPES[setup.device]:
-        overrides = {} if setup.cuda else {"vocab_size": 8192}
+    for preset, seq, batch, overrides in SHAPES[setup.device]:
+        overrides = overrides if setup.cuda else {"vocab_size": 8192, **overrides}
         config = GPTConfig.from_name(preset, n_positions=max(seq, 128), **overrides)
         model, step, tokens = step_for(setup, config, batch, seq)
         stats = interleaved({preset: step}, runs=setup.runs, warmup=3 if setup.compile else 1)[preset]
@@ -107,7 +113,8 @@ def shapes(setup, tmp) -> Iterator[Row]:
             fpt = flops_per_token(config, counted_parameters(model), seq)
             figure += f", MFU {tokens / stats.median * fpt / (setup.peak_tflops * 1e12):.1%}"
         how = "compiled with its loss" if setup.compile else "eager"
-        yield Row(f"training step, {preset} shape, batch {batch} x {seq}, {how}", figure)
+        shape = f"{preset} shape{', no dropout' if overrides.get('resid_pdrop') == 0 else ''}"
+        yield Row(f"training step, {shape}, batch {batch} x {seq}, {how}", figure)
         del model, step
         if setup.cuda:
             torch.cuda.empty_cache()
