@@ -235,3 +235,19 @@ def test_a_static_cache_is_kept_for_the_next_call_and_never_shared_by_two_stream
     assert KEPT[gpt].cache.k.shape[1] == 1
     release(gpt)
     assert gpt not in KEPT
+
+
+def test_the_decode_step_traces_as_one_graph_where_the_length_stays_on_the_device(monkeypatch):
+    """An accelerator's static cache never reads its length back (a CPU's reads it to check the
+    fit, for free), so `static_cache="compiled"` compiles the decode step as one graph: a break
+    would run eager kernels between graphs, on every token. Traced by dynamo, not compiled."""
+    from gpt_ft.model.graphs import decode_logits
+
+    monkeypatch.setattr(StaticKVCache, "length", property(lambda self: 0))  # as on CUDA: not read
+    for preset in ("gpt-micro", "llama-micro"):
+        gpt = GPT(GPTConfig.from_name(preset, vocab_size=128, n_positions=64)).eval()
+        cache = gpt.new_kv_cache(2, 32, static=True)
+        with torch.no_grad():
+            gpt(torch.randint(0, 128, (2, 5)), kv_cache=cache)
+            traced = torch._dynamo.explain(decode_logits)(gpt, torch.zeros(2, 1, dtype=torch.long), cache)
+        assert (traced.graph_count, traced.graph_break_count) == (1, 0), traced.break_reasons
