@@ -4,9 +4,10 @@ A test marked `@pytest.mark.background(start=start)` checks commands that `start
 writes the files for and returns (`Command`s; `root` is a fresh folder, the other parameters are
 fixtures of the session such as `tokenizer_dir`). At the first test of the session, `start` of
 every selected test is called on the main thread, in test order; their commands then run in the
-background, each in a process of its own (a job's commands one after another, `WORKERS` job at a
-time), so that the machine's second core runs them while the first runs the tests that need no
-process of their own (the suite is mostly single-threaded). The marked tests run last
+background, each in a process of its own (a job's commands one after another; one job at a time
+until the in-process tests end, `WORKERS` after), so that the machine's second core runs them
+while the first runs the tests that need no process of their own (the suite is mostly
+single-threaded). The marked tests run last
 (tests/conftest.py), so that the others fill the wait; each gets its commands, finished, through
 the `background` fixture: its root and their `subprocess.CompletedProcess`es, in the order given.
 
@@ -16,7 +17,8 @@ thread pools would fight over the cores and slow everything several times over. 
 keeps the second core busy now that few commands import the toolkit afresh (`preloaded`, below); a
 second one took the tests' core from them often enough that the session ended 17 s later (277 s
 against 260 s). The background processes run at a lower priority (`lower_priority`): the
-session's own tests keep a whole core, and the background takes both once they are done.
+session's own tests keep a whole core; once they are done (the first marked test asks for its
+commands), `WORKERS` jobs run at a time, and the background takes both cores.
 
 Most of a command's own work is importing torch, Lightning and transformers (about 5 s of CPU for
 `gpt-ft fit`), so a `preloaded` command is not started afresh: it is a fork of one template process
@@ -53,7 +55,7 @@ from tests.helpers import ROOT
 
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 Process = subprocess.Popen | multiprocessing.process.BaseProcess
-WORKERS = 1
+WORKERS = 2  # jobs at a time once the in-process tests have ended (one before: the other core is theirs)
 NICENESS = 5  # weight 335 to the tests' 1024: a DDP run's two ranks leave them a whole core
 
 
@@ -274,6 +276,7 @@ class Background:
 
     def __init__(self) -> None:
         self._executor = ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="tests-background")
+        self._slots = threading.Semaphore(1)  # one job runs; `result` frees the others' slots
         self._jobs: dict[Callable, tuple[Path, Future]] = {}
         self._live: set[Process] = set()
         self._lock = threading.Lock()
@@ -301,11 +304,15 @@ class Background:
     def result(self, start: Callable, timeout: float = 900) -> tuple[Path, list[subprocess.CompletedProcess]]:
         """The finished commands of `start`'s job, waiting for them (a hung command fails its test)."""
         root, future = self._jobs[start]
-        self.waited_from = self.waited_from or time.perf_counter()
+        if self.waited_from is None:  # the in-process tests have ended: their core is free
+            self.waited_from = time.perf_counter()
+            for _ in range(WORKERS - 1):
+                self._slots.release()
         return root, future.result(timeout=timeout)
 
     def _run_all(self, commands: list[Command]) -> list[subprocess.CompletedProcess]:
-        return [self._run(command) for command in commands]
+        with self._slots:
+            return [self._run(command) for command in commands]
 
     def _run(self, command: Command) -> subprocess.CompletedProcess:
         start = time.perf_counter()

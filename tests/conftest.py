@@ -131,7 +131,8 @@ def pytest_terminal_summary(terminalreporter, config):
     shown = seconds if config.option.verbose > 0 else seconds[:5]  # -v: every command
     longest = ", ".join(f"{what} {t:.1f}s" for t, what in shown)
     terminalreporter.write_line(
-        f"background: {len(seconds)} commands, {total:.1f}s in all on {WORKERS} workers; longest: {longest}"
+        f"background: {len(seconds)} commands, {total:.1f}s in all ({WORKERS} at a time after the tests); "
+        f"longest: {longest}"
     )
     if jobs.waited_from is not None and jobs.ended is not None:
         tests, done = jobs.waited_from - jobs.started, jobs.ended - jobs.started

@@ -871,17 +871,19 @@ def start_ddp_kill(root, tokenizer_dir):
     ]
 
 
-HOLD_AND_FIT = """import subprocess, sys
+HOLD_AND_FIT = """import runpy, sys
 from pathlib import Path
 from gpt_ft.data.folders import held
-with held(Path(sys.argv[1]), "`gpt-ft fit`"):  # another run's, as it trains there
-    sys.exit(subprocess.run([sys.executable, "-m", "gpt_ft", *sys.argv[2:]]).returncode)
+with held(Path(sys.argv[1]), "`gpt-ft fit`"):  # another run's, as it trains there: a lock of its own
+    sys.argv = ["gpt_ft", *sys.argv[2:]]  # the run, in this process (its other rank forked from it)
+    runpy.run_module("gpt_ft", run_name="__main__", alter_sys=True)
 """
 
 
 def start_ddp_held(root, tokenizer_dir):
-    """A 2-process run into a fixed checkpoint folder (`--trainer.logger false`) that another
-    process holds."""
+    """A 2-process run into a fixed checkpoint folder (`--trainer.logger false`) that another run
+    holds: a lock taken first in the run's own process, on a file of its own (flock's locks belong
+    to an open file, so the run's lock is refused as another process's would be)."""
     from tests.background import Command
 
     (root / "d").mkdir()
