@@ -174,3 +174,43 @@ def test_bad_prompt_files_and_options_are_one_sentence(tmp_path, capsys, model_d
     )
     assert error(capsys, *base, f"--input={source}", out, "--batch_size=0").startswith("--batch_size must be")
     assert not (tmp_path / "new.jsonl").exists()
+
+
+def test_a_static_cache_decodes_the_same_tokens_and_refuses_beam_search(
+    tmp_path, capsys, model_dir, tokenizer_dir, monkeypatch
+):
+    """`--static_cache true` reaches every decoding call (a prompt's stream, a file's batches) and
+    changes no token; with beam search it is refused in one sentence, before any decoding."""
+    from gpt_ft import GPT
+
+    asked, stream, generate = [], GPT.stream, GPT.generate
+    monkeypatch.setattr(GPT, "stream", lambda *a, **k: asked.append(k.get("static_cache")) or stream(*a, **k))
+    monkeypatch.setattr(
+        GPT, "generate", lambda *a, **k: asked.append(k.get("static_cache")) or generate(*a, **k)
+    )
+    eager = [alone(capsys, model_dir, tokenizer_dir, p, "--max_new_tokens=12") for p in PROMPTS]
+    static = [
+        alone(capsys, model_dir, tokenizer_dir, p, "--max_new_tokens=12", "--static_cache=true")
+        for p in PROMPTS
+    ]
+    assert static == eager and asked == [None] * 4 + [True] * 4
+    source = tmp_path / "prompts.jsonl"
+    source.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    args = ["generate", f"--ckpt_path={model_dir}", f"--tokenizer={tokenizer_dir}", f"--input={source}"]
+    main(
+        [
+            *args,
+            f"--output={tmp_path / 'out.jsonl'}",
+            "--batch_size=3",
+            "--max_new_tokens=12",
+            "--static_cache=true",
+        ]
+    )
+    written = [json.loads(line)["continuation"] for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert written == eager and asked[8:] == [True, True]  # two batches
+    beams = error(capsys, *args[:3], "--prompt=the cat", "--num_beams=2", "--static_cache=true")
+    assert beams == (
+        "--static_cache goes with greedy decoding or sampling: beam search (--num_beams > 1) "
+        "reorders its cache each step."
+    )
+    assert "static_cache" in error(capsys, *args[:3], "--prompt=the cat", "--static_cache=fast")
