@@ -384,19 +384,23 @@ def test_a_forced_kernel_that_cannot_run_shared_contexts_says_so(monkeypatch):
 
 
 @cuda
-@pytest.mark.parametrize("shape", ["pair", "choice", "rerank"])
+@pytest.mark.parametrize(
+    "shape, family",
+    [("pair", "llama-micro"), ("pair", "gpt2-micro"), ("choice", "llama-micro"), ("rerank", "llama-micro")],
+)
 def test_cuda_packed_rows_run_varlen_or_flex_and_equal_the_padded_batch(
-    tokenizer_dir, shape, monkeypatch, exact_fp32
+    tokenizer_dir, shape, family, monkeypatch, exact_fp32
 ):
     """fp32 (FlexAttention): logits and gradients to 1e-5 of the padded batch; bf16 (varlen for
     whole sequences): within twice the padded run's own bf16-vs-fp32 error. The profile shows the
     variable-length kernel, or compiled FlexAttention was called (Inductor names its kernel as it
-    will), and no dense SDPA call."""
+    will), and no dense SDPA call. Pairs run on Llama's grouped key/value heads and on GPT-2's
+    one key/value head a query head."""
     from torch.profiler import ProfilerActivity, profile
 
     flexed, flex = [], attention._flex
     monkeypatch.setattr(attention, "_flex", lambda device: flexed.append(device.type) or flex(device))
-    module, rows, specials = module_for(tokenizer_dir, shape, "llama-micro")
+    module, rows, specials = module_for(tokenizer_dir, shape, family)
     module.cuda().train()
     shares = module.task.shares_context
     padded = collate(rows, specials.pad)
@@ -455,3 +459,32 @@ def test_cuda_flash_varlen_dropout_equals_varlen_attn_without_dropout_and_is_unb
     assert not torch.equal(draws[0][0], draws[2][0])
     mean = torch.stack([d[0].float() for d in draws[1:]]).mean(0)
     assert (mean - reference[0].float()).abs().mean() < 0.02
+
+
+@cuda
+def test_cuda_varlen_on_grouped_key_value_heads_equals_the_heads_repeated():
+    """Packed rows of Llama's grouped heads (4 query heads on 2 key/value heads) on the variable-length
+    kernel, bf16: outputs and gradients those of the key/value heads repeated for each query head,
+    where the kernel takes them as they are (`enable_gqa`) or not."""
+    if attention.varlen_attn is None:
+        pytest.skip("torch.nn.attention.varlen needs torch >= 2.9")
+    torch.manual_seed(0)
+    documents = torch.tensor([[0] * 37 + [1] * 27, [0] * 50 + [-1] * 14], device="cuda")
+    positions = torch.cat([torch.arange(37), torch.arange(27), torch.arange(50), torch.arange(14)]).view(
+        2, 64
+    )
+    rows = PackedRows(documents, None, positions.cuda())
+    q = torch.randn(2, 4, 64, 16, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (
+        torch.randn(2, 2, 64, 16, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2)
+    )
+    grad = torch.randn(2, 4, 64, 16, device="cuda", dtype=torch.bfloat16)
+
+    def run(k_heads, v_heads):
+        out = rows.attend("varlen", q, k_heads, v_heads, None)
+        return (out.detach(), *torch.autograd.grad(out, (q, k, v), grad))
+
+    grouped = run(k, v)
+    repeated = run(k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1))
+    for got, want, name in zip(grouped, repeated, ("out", "dq", "dk", "dv")):
+        torch.testing.assert_close(got.float(), want.float(), rtol=0, atol=1e-2, msg=name)
