@@ -125,10 +125,8 @@ def generate(
     decode = dict(
         do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, eos_token_id=eos,
         repetition_penalty=repetition_penalty, generator=torch.Generator(device).manual_seed(seed),
-        suppress_tokens=framing_tokens(tok, gpt.config.vocab_size),
+        suppress_tokens=framing_tokens(tok, gpt.config.vocab_size), static_cache=static_cache,
     )  # fmt: skip
-    if static_cache:
-        decode["static_cache"] = static_cache
     beams = dict(num_beams=num_beams, length_penalty=length_penalty) if num_beams > 1 else {}
     options = (temperature, top_k, top_p, num_beams, do_sample, repetition_penalty)
     with torch.autocast(torch.device(device).type, torch.bfloat16, enabled=precision == "bf16-mixed"):

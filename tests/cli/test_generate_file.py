@@ -193,7 +193,7 @@ def test_a_static_cache_decodes_the_same_tokens_and_refuses_beam_search(
         alone(capsys, model_dir, tokenizer_dir, p, "--max_new_tokens=12", "--static_cache=true")
         for p in PROMPTS
     ]
-    assert static == eager and asked == [None] * 4 + [True] * 4
+    assert static == eager and asked == [False] * 4 + [True] * 4
     source = tmp_path / "prompts.jsonl"
     source.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
     args = ["generate", f"--ckpt_path={model_dir}", f"--tokenizer={tokenizer_dir}", f"--input={source}"]
