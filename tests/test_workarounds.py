@@ -10,7 +10,7 @@ from contextlib import contextmanager
 import pytest
 import torch
 from datasets import Dataset
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import Callback, LightningDataModule, LightningModule, Trainer
 from lightning.pytorch.callbacks import ModelSummary
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.plugins.precision import MixedPrecision
@@ -32,6 +32,7 @@ from gpt_ft.workarounds.kernels import (
     mkldnn_bf16_supported,
     torchao_import_loggers,
 )
+from gpt_ft.workarounds.parsing import plain
 from gpt_ft.workarounds.trainer import (
     clear_graceful_stop,
     judge_after_every_validation,
@@ -41,7 +42,7 @@ from gpt_ft.workarounds.trainer import (
     should_accumulate,
     summary_table,
 )
-from tests.helpers import data_args, make_task
+from tests.helpers import TASKS, data_args, make_task
 
 
 class Tiny(LightningModule):
@@ -458,6 +459,77 @@ def test_an_indexed_action_lookup_finds_the_action_jsonargparse_walks_to(
     assert indexed(parser, "a")[0].dest == "a" and indexed(parser, "b") == (None, None)
     parser.add_argument("--b", type=int)  # the index built for `a` follows
     assert indexed(parser, "b")[0].dest == "b"
+
+
+def test_a_remembered_class_parse_equals_jsonargparses_own(tmp_path, tokenizer_dir, monkeypatch):
+    """remember_class_parses: every card under tasks/, read as the command line reads a card (a
+    file's path), and `gpt-ft fit` parses of a card given to the data module by its path parse to
+    what jsonargparse's own parse gives, the first time and from memory (jsonargparse's adaptation
+    not called again); the card edited in place, at the same path, is read afresh; a data module of
+    another class than the default's leaves none of the default's fields; `plain` tells values of
+    other types apart and refuses what is not plain data."""
+    from jsonargparse import ArgumentParser, _typehints
+
+    from gpt_ft.adapters import TaskAdapter
+    from gpt_ft.training.runs import GPTCLI, lightning_main
+
+    remembered = _typehints.adapt_class_type
+    assert {TaskAdapter, LightningDataModule} <= remembered.bases
+    adapt = remembered.original
+    parsed_afresh = []  # the classes of the values jsonargparse's own adaptation parsed
+
+    def recording(value, serialize, instantiate_classes, *args):
+        if not (serialize or instantiate_classes):
+            parsed_afresh.append(getattr(_typehints.subclass_spec_as_namespace(value), "class_path", None))
+        return adapt(value, serialize, instantiate_classes, *args)
+
+    def parse(parse_once, memory: bool):
+        """What `parse_once()` returns with or without the memory; the classes parsed afresh."""
+        parsed_afresh.clear()
+        monkeypatch.setattr(_typehints, "adapt_class_type", remembered if memory else adapt)
+        monkeypatch.setattr(remembered, "original", recording)
+        return parse_once(), {c.rsplit(".", 1)[-1] for c in parsed_afresh if c}
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--task", type=TaskAdapter, sub_configs=True)  # a path read as the card's file
+    for card in sorted(TASKS.rglob("*.yaml")):
+        once = lambda: parser.parse_args(["--task", str(card)]).as_dict()  # noqa: E731
+        own, _ = parse(once, memory=False)
+        assert parse(once, memory=True)[0] == own, card
+        again, afresh = parse(once, memory=True)
+        assert again == own and own["task"]["class_path"].rsplit(".", 1)[-1] not in afresh, card
+
+    class ParseOnly(GPTCLI):
+        def before_instantiate_classes(self) -> None:
+            raise Parsed(self.config)
+
+    card = make_task("single", tmp_path)
+    data = data_args(task=card, tokenizer=tokenizer_dir, data_dir=tmp_path)
+    args = ["fit", data, "--model.preset=gpt-micro"]
+
+    def fit_parse():
+        with pytest.raises(Parsed) as parsed:
+            lightning_main(args, cli=ParseOnly)
+        config = parsed.value.args[0].fit.as_dict()
+        return config["data"], config["model"]
+
+    for labels in (None, ["bad", "good", "mixed"]):
+        if labels:  # the same path, another card
+            card.write_text(card.read_text().replace("[negative, positive]", str(labels).replace("'", "")))
+        own, _ = parse(fit_parse, memory=False)
+        first, afresh = parse(fit_parse, memory=True)
+        assert first == own and {"TaskDataModule", "SingleText"} <= afresh
+        again, afresh = parse(fit_parse, memory=True)
+        assert again == own and afresh & {"TaskDataModule", "SingleText"} == set()
+        assert own[0]["init_args"]["task"]["init_args"]["labels"] == (labels or ["negative", "positive"])
+    # another data module: its parse takes the default one's fields out of the earlier value
+    args[1:2] = ["--data=gpt_ft.data.lm_data.LMDataModule", f"--data.token_dir={tmp_path}"]
+    own, _ = parse(fit_parse, memory=False)
+    assert parse(fit_parse, memory=True)[0] == parse(fit_parse, memory=True)[0] == own
+    assert own[0]["init_args"]["token_dir"] == str(tmp_path) and "task" not in own[0]["init_args"]
+    assert plain(1) != plain(1.0) != plain(True) != plain("1") and plain([1]) != plain((1,))
+    with pytest.raises(TypeError, match="not plain data: object"):
+        plain({"a": [object()]})
 
 
 def test_a_fused_optimizer_declining_step_unscaling_can_be_clipped_under_16_mixed():

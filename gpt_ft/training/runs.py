@@ -9,6 +9,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from lightning.pytorch import LightningDataModule
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
@@ -41,10 +42,12 @@ from gpt_ft.workarounds.cli import (
     print_config_asked,
     subcommand_parser,
 )
+from gpt_ft.workarounds.parsing import remember_class_parses
 from gpt_ft.workarounds.trainer import judge_after_every_validation
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")  # LightningCLI's
 LM_DATA = {"data": {"class_path": "gpt_ft.data.lm_data.LMDataModule"}}
+remember_class_parses(LightningDataModule)  # a data module's options parsed once for each time met
 
 
 class ValidatedOnce(LightningArgumentParser):

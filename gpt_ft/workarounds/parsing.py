@@ -1,0 +1,183 @@
+"""jsonargparse's parse, faster: the action of a key found by index, a class value's parse remembered.
+
+A `gpt-ft` command's parse is mostly jsonargparse walking the same parsers and adapting the same
+values again; each function here removes one such repetition, and tests/test_workarounds.py
+compares it with jsonargparse's own way on the fit parser."""
+
+from __future__ import annotations
+
+
+def index_action_lookups() -> None:
+    """jsonargparse finds the action of a configuration key by walking every action of its parser
+    (`find_action_and_subcommand`, jsonargparse/_subcommands.py), once for each key of each value it
+    checks, completes with defaults, validates and instantiates: some 2,000 walks of about 100
+    actions, a fifth of a `gpt-ft fit` parse. Here a parser without subcommands answers from an
+    index of its actions by key, built again whenever its list of actions changes; a parser with
+    subcommands is walked as before. No upstream issue; jsonargparse imports the function by name
+    into `_core`, where it is replaced too. If either module stops holding it, or its rule changes
+    (a key's action: the first action whose dest is the key or whose options include `--KEY`,
+    skipping `exclude`'s types, config-loading ones only where no other matches), drop this
+    (tests/test_workarounds.py compares both on the fit parser's every key)."""
+    import weakref
+
+    from jsonargparse import _core, _subcommands
+    from jsonargparse._actions import ActionFail, _ActionConfigLoad, filter_non_parsing_actions
+
+    walk = _subcommands.find_action_and_subcommand
+    if getattr(walk, "indexed", False):
+        return
+    indexes = weakref.WeakKeyDictionary()  # parser -> (its actions' stamp, key -> actions, or None)
+
+    def find_action_and_subcommand(parser, dest, exclude=None):
+        actions = parser._actions  # appended to (add_argument), taken from (removals), never reordered
+        stamp = (id(actions), len(actions), id(actions[-1]) if actions else None)
+        known = indexes.get(parser)
+        if known is None or known[0] != stamp:
+            kept = filter_non_parsing_actions(actions)
+            index = None if any(isinstance(a, _subcommands.ActionSubCommands) for a in kept) else {}
+            for action in kept if index is not None else ():
+                for key in {action.dest, *(o[2:] for o in action.option_strings if o.startswith("--"))}:
+                    index.setdefault(key, []).append(action)
+            known = indexes[parser] = (stamp, index)
+        if known[1] is None:
+            return walk(parser, dest, exclude=exclude)
+        config_load = None
+        for action in known[1].get(dest, ()):
+            if exclude is not None and isinstance(action, exclude):
+                continue
+            if not isinstance(action, (_ActionConfigLoad, ActionFail)):
+                return action, None
+            config_load = action
+        return config_load, None
+
+    find_action_and_subcommand.indexed = True
+    find_action_and_subcommand.walk = walk
+    _subcommands.find_action_and_subcommand = _core.find_action_and_subcommand = find_action_and_subcommand
+
+
+def remember_class_parses(*bases: type, size: int = 256) -> None:
+    """jsonargparse adapts a class value afresh each time it meets one (`adapt_class_type`,
+    jsonargparse/_typehints.py): the data module and its task card four times a `gpt-ft fit` parse
+    (the defaults, the argument, the sub-defaults, validation), and again at every command and every
+    run of `gpt-ft suite`. Here a parse (not a dump, not an instantiation) of a value of a subclass
+    of `bases`, made of plain data (`plain`), is answered from the first parse of the same value
+    over the same earlier value, by the same class parser (jsonargparse caches those by class and
+    settings), in the same parse settings and working folder, with each file its texts name
+    unchanged (`file_stamp`: a card given by its path and edited since is read again): a copy of its
+    result, and the earlier value's fields taken out again where it was of another class. Errors are
+    not remembered. A process that parses again (`gpt-ft suite`, Python callers) parses a `gpt-ft
+    fit` command in 25 ms instead of 80 (its first parse, 0.2 s, as before). The classes must depend
+    on nothing else while parsed (no environment, no parse-time links into them). No upstream issue;
+    the function, its context variables and its callers (which take the value it returns) are
+    private: if any of them changes, drop this (tests/test_workarounds.py compares both ways)."""
+    import os
+    from collections import OrderedDict
+
+    from jsonargparse import Namespace, _common, _paths, _typehints
+
+    adapt = _typehints.adapt_class_type
+    if getattr(adapt, "bases", None) is not None:
+        adapt.bases.update(bases)
+        return
+    bases = set(bases)
+    remembered: OrderedDict = OrderedDict()  # key -> a copy of the parse's result, newest last
+    settings = (
+        _typehints.sub_defaults,
+        _common.lenient_check,
+        _common.load_value_mode,
+        _common.parsing_defaults,
+        _common.validating_defaults,
+        _paths._current_path_dir,
+    )
+
+    def key_of(value, sub_add_kwargs, prev_val, partial_skip_args, typehint):
+        """What the parse of `value` depends on, or None where it is not remembered."""
+        spec = _typehints.subclass_spec_as_namespace(value)
+        try:
+            cls = _typehints.import_object(spec.class_path)
+            now = [v.get() for v in settings]
+            folders = (os.getcwd(), *([now[-1]] if now[-1] else []))
+            data = plain((value, prev_val, partial_skip_args, now, folders), lambda t: file_stamp(t, folders))
+        except Exception:  # not a class value, or not plain data: jsonargparse's own parse
+            return None
+        if not (isinstance(cls, type) and issubclass(cls, tuple(bases))):
+            return None
+        parser = _typehints.ActionTypeHint.get_class_parser(cls, sub_add_kwargs, skip_args=partial_skip_args)
+        return id(parser), repr(typehint), data
+
+    def earlier_fields(prev_val) -> set[str]:
+        """The fields of the earlier value that a parse of another class may take out of it."""
+        init_args = prev_val.get("init_args") if isinstance(prev_val, Namespace) else None
+        return set(vars(init_args)) if isinstance(init_args, Namespace) else set()
+
+    def adapt_class_type(  # jsonargparse's signature; its callers give the last three by name
+        value,
+        serialize,
+        instantiate_classes,
+        sub_add_kwargs,
+        prev_val=None,
+        partial_skip_args=None,
+        typehint=None,
+    ):
+        given = (value, serialize, instantiate_classes, sub_add_kwargs, prev_val, partial_skip_args, typehint)
+        if serialize or instantiate_classes:
+            return adapt_class_type.original(*given)
+        key = key_of(value, sub_add_kwargs, prev_val, partial_skip_args, typehint)
+        if key is not None and key in remembered:
+            remembered.move_to_end(key)
+            result, taken = remembered[key]
+            for field in taken:  # as the parse did, where the earlier value was of another class
+                prev_val.init_args.pop(field, None)
+            return result.clone()
+        fields = earlier_fields(prev_val)
+        result = adapt_class_type.original(*given)
+        if key is not None and isinstance(result, Namespace):
+            remembered[key] = result.clone(), tuple(sorted(fields - earlier_fields(prev_val)))
+            if len(remembered) > size:
+                remembered.popitem(last=False)
+        return result
+
+    adapt_class_type.bases = bases
+    adapt_class_type.original = adapt
+    adapt_class_type.remembered = remembered
+    _typehints.adapt_class_type = adapt_class_type
+
+
+def plain(value, stamp=lambda text: None):
+    """`value` (Namespaces, mappings, lists and tuples of text, numbers, booleans, None and paths) as
+    a hashable key that tells every value and type apart (1, 1.0 and True too; a jsonargparse path
+    by its mode, text and working folder), each text with its `stamp`; TypeError for anything else."""
+    from os import PathLike
+
+    from jsonargparse import Namespace
+
+    if isinstance(value, Namespace):
+        value = value.as_dict()
+    if type(value) is str:
+        return "str", value, stamp(value)
+    if value is None or type(value) in (int, float, bool):
+        return type(value).__name__, value
+    if isinstance(value, PathLike):
+        return type(value).__name__, repr(value), stamp(str(value))
+    if type(value) is dict:
+        return "dict", tuple((k, plain(v, stamp)) for k, v in value.items())
+    if type(value) in (list, tuple):
+        return type(value).__name__, tuple(plain(v, stamp) for v in value)
+    raise TypeError(f"not plain data: {type(value).__name__}")
+
+
+def file_stamp(text: str, folders: tuple[str, ...]) -> tuple | None:
+    """The modification time, size and inode of each file `text` names in `folders` (relative, or as
+    it stands), or None where it names none: what a parse that reads a file from a value depends on."""
+    import os
+
+    if not text or "\n" in text or len(text) > 4096:
+        return None
+    stamps = []
+    for folder in folders:
+        try:
+            info = os.stat(os.path.join(folder, text))
+        except (OSError, ValueError):
+            continue
+        stamps.append((info.st_mtime_ns, info.st_size, info.st_ino))
+    return tuple(stamps) or None
