@@ -4,7 +4,9 @@ to do then)."""
 
 import enum
 import inspect
+import json
 import logging
+import sys
 from contextlib import contextmanager
 
 import pytest
@@ -19,6 +21,7 @@ from packaging.version import Version
 from torch import nn
 from torch.utils.data import DataLoader
 
+from gpt_ft.adapters import SingleText, TaskAdapter
 from gpt_ft.workarounds.cli import (
     CLI_HPARAMS,
     CheckpointHparamsAsDefaults,
@@ -32,7 +35,7 @@ from gpt_ft.workarounds.kernels import (
     mkldnn_bf16_supported,
     torchao_import_loggers,
 )
-from gpt_ft.workarounds.parsing import plain
+from gpt_ft.workarounds.parsing import plain, readable
 from gpt_ft.workarounds.trainer import (
     clear_graceful_stop,
     judge_after_every_validation,
@@ -497,13 +500,16 @@ def test_a_remembered_class_parse_equals_jsonargparses_own(tmp_path, tokenizer_d
         own, _ = parse(once, memory=False)
         assert parse(once, memory=True)[0] == own, card
         again, afresh = parse(once, memory=True)
-        assert again == own and own["task"]["class_path"].rsplit(".", 1)[-1] not in afresh, card
+        stdin = "'-'" in card.read_text()  # a text jsonargparse reads standard input for, elsewhere
+        assert again == own and (own["task"]["class_path"].rsplit(".", 1)[-1] in afresh) == stdin, card
+    assert stdin is False and "'-'" in (TASKS / "snli.yaml").read_text()  # (its ignore_labels)
 
     class ParseOnly(GPTCLI):
         def before_instantiate_classes(self) -> None:
             raise Parsed(self.config)
 
-    card = make_task("single", tmp_path)
+    (tmp_path / "cards").mkdir()  # the card in a folder of its own (its split files' names, elsewhere)
+    card = make_task("single", tmp_path).rename(tmp_path / "cards" / "single.yaml")
     data = data_args(task=card, tokenizer=tokenizer_dir, data_dir=tmp_path)
     args = ["fit", data, "--model.preset=gpt-micro"]
 
@@ -519,17 +525,63 @@ def test_a_remembered_class_parse_equals_jsonargparses_own(tmp_path, tokenizer_d
         own, _ = parse(fit_parse, memory=False)
         first, afresh = parse(fit_parse, memory=True)
         assert first == own and {"TaskDataModule", "SingleText"} <= afresh
-        again, afresh = parse(fit_parse, memory=True)
-        assert again == own and afresh & {"TaskDataModule", "SingleText"} == set()
+        again, afresh = parse(fit_parse, memory=True)  # the data module names the card's file: read again
+        assert again == own and "TaskDataModule" in afresh and "SingleText" not in afresh
         assert own[0]["init_args"]["task"]["init_args"]["labels"] == (labels or ["negative", "positive"])
+    card.rename(tmp_path / "single.yaml")  # beside its split files, which it names: never remembered
+    data = data_args(task=tmp_path / "single.yaml", tokenizer=tokenizer_dir, data_dir=tmp_path)
+    args[1] = data
+    own, _ = parse(fit_parse, memory=False)
+    assert parse(fit_parse, memory=True)[0] == own and "SingleText" in parse(fit_parse, memory=True)[1]
     # another data module: its parse takes the default one's fields out of the earlier value
     args[1:2] = ["--data=gpt_ft.data.lm_data.LMDataModule", f"--data.token_dir={tmp_path}"]
     own, _ = parse(fit_parse, memory=False)
     assert parse(fit_parse, memory=True)[0] == parse(fit_parse, memory=True)[0] == own
     assert own[0]["init_args"]["token_dir"] == str(tmp_path) and "task" not in own[0]["init_args"]
-    assert plain(1) != plain(1.0) != plain(True) != plain("1") and plain([1]) != plain((1,))
+
+
+def test_what_a_remembered_parse_tells_apart_and_the_texts_it_refuses(tmp_path, monkeypatch):
+    """`plain` tells apart values that compare equal but parse apart, and refuses what is not plain
+    data; `readable` refuses the texts jsonargparse might read a file for: standard input, a URL,
+    a file's path as it stands, from the home folder or from a folder given (not a folder's)."""
+    from jsonargparse import Namespace
+
+    kinds = [1, 1.0, True, "1", -0.0, 0.0, [1], (1,), {1: "a"}, {True: "a"}, {"a": 1}, Namespace(a=1)]
+    assert len({plain(v) for v in kinds}) == len(kinds)
     with pytest.raises(TypeError, match="not plain data: object"):
         plain({"a": [object()]})
+    with pytest.raises(TypeError, match="a text refused: 'b'"):
+        plain(Namespace(a=["b"]), refuse=lambda text: text == "b")
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "train.tsv").write_text("x\n")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    here = (str(tmp_path),)
+    assert readable("-", ()) and readable("https://example.com/card.yaml", ())
+    assert readable(str(tmp_path / "d" / "train.tsv"), ()) and readable("~/d/train.tsv", ())
+    assert readable("d/train.tsv", here) and not readable("d/train.tsv", ())
+    assert not readable("d", here) and not readable("label", here) and not readable("", here)
+
+
+class EnvText(SingleText):
+    """A card class whose class parser is first made where jsonargparse reads the environment."""
+
+
+def test_a_class_parser_reading_the_environment_is_never_remembered(monkeypatch):
+    """remember_class_parses: where jsonargparse reads defaults from the environment
+    (JSONARGPARSE_DEFAULT_ENV, read as a class parser is made), each parse reads it again."""
+    from jsonargparse import ArgumentParser, _typehints
+
+    import gpt_ft.adapters.cards  # noqa: F401 (the cards' parses remembered)
+
+    assert TaskAdapter in _typehints.adapt_class_type.bases
+    monkeypatch.setenv("JSONARGPARSE_DEFAULT_ENV", "true")
+    monkeypatch.setattr(sys, "argv", ["gpt-ft"])  # the prefix of its variables' names
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--task", type=TaskAdapter)
+    card = json.dumps({"class_path": f"{__name__}.EnvText", "init_args": {"name": "x", "labels": ["a", "b"]}})
+    for text in ("first", "second", "first"):
+        monkeypatch.setenv("GPT_FT_TEXT", text)  # EnvText's `text`, as jsonargparse names it
+        assert parser.parse_args(["--task", card]).task.init_args.text == text
 
 
 def test_a_fused_optimizer_declining_step_unscaling_can_be_clipped_under_16_mixed():

@@ -60,14 +60,15 @@ def remember_class_parses(*bases: type, size: int = 256) -> None:
     jsonargparse/_typehints.py): the data module and its task card four times a `gpt-ft fit` parse
     (the defaults, the argument, the sub-defaults, validation), and again at every command and every
     run of `gpt-ft suite`. Here a parse (not a dump, not an instantiation) of a value of a subclass
-    of `bases`, made of plain data (`plain`), is answered from the first parse of the same value
-    over the same earlier value, by the same class parser (jsonargparse caches those by class and
-    settings), in the same parse settings and working folder, with each file its texts name
-    unchanged (`file_stamp`: a card given by its path and edited since is read again): a copy of its
-    result, and the earlier value's fields taken out again where it was of another class. Errors are
-    not remembered. A process that parses again (`gpt-ft suite`, Python callers) parses a `gpt-ft
-    fit` command in 25 ms instead of 80 (its first parse, 0.2 s, as before). The classes must depend
-    on nothing else while parsed (no environment, no parse-time links into them). No upstream issue;
+    of `bases`, made of plain data (`plain`) with no text that might name a file for jsonargparse to
+    read (`readable`: a card given by its path, or a file named inside it, is read afresh every
+    time), is answered from the first parse of the same value over the same earlier value, by the
+    same class parser (jsonargparse caches those by class and settings; none that reads the
+    environment), in the same parse settings and working folder: a copy of its result, and the
+    earlier value's fields taken out again where it was of another class. Errors are not remembered.
+    A process that parses again (`gpt-ft suite`, Python callers) parses a `gpt-ft fit` command in 33
+    ms instead of 80 (its first parse, 0.2 s, as before). The classes must depend on nothing else
+    while parsed (no environment of their own, no parse-time links into them). No upstream issue;
     the function, its context variables and its callers (which take the value it returns) are
     private: if any of them changes, drop this (tests/test_workarounds.py compares both ways)."""
     import os
@@ -96,13 +97,15 @@ def remember_class_parses(*bases: type, size: int = 256) -> None:
         try:
             cls = _typehints.import_object(spec.class_path)
             now = [v.get() for v in settings]
-            folders = (os.getcwd(), *([now[-1]] if now[-1] else []))
-            data = plain((value, prev_val, partial_skip_args, now, folders), lambda t: file_stamp(t, folders))
-        except Exception:  # not a class value, or not plain data: jsonargparse's own parse
+            folders = (os.getcwd(), *([now[-1]] if now[-1] else []))  # (where a relative path is read)
+            data = plain((value, prev_val, partial_skip_args, now, folders), lambda t: readable(t, folders))
+        except Exception:  # not a class value, not plain data, or a file's name: jsonargparse's own parse
             return None
         if not (isinstance(cls, type) and issubclass(cls, tuple(bases))):
             return None
         parser = _typehints.ActionTypeHint.get_class_parser(cls, sub_add_kwargs, skip_args=partial_skip_args)
+        if parser.default_env:  # its defaults read from the environment
+            return None
         return id(parser), repr(typehint), data
 
     def earlier_fields(prev_val) -> set[str]:
@@ -143,41 +146,44 @@ def remember_class_parses(*bases: type, size: int = 256) -> None:
     _typehints.adapt_class_type = adapt_class_type
 
 
-def plain(value, stamp=lambda text: None):
+def plain(value, refuse=lambda text: False):
     """`value` (Namespaces, mappings, lists and tuples of text, numbers, booleans, None and paths) as
-    a hashable key that tells every value and type apart (1, 1.0 and True too; a jsonargparse path
-    by its mode, text and working folder), each text with its `stamp`; TypeError for anything else."""
+    a hashable key that tells every value and type apart (1, 1.0 and True, -0.0 and 0.0, a Namespace
+    and a mapping; a jsonargparse path by its mode, text and working folder); TypeError for anything
+    else, and for a text that `refuse`s."""
     from os import PathLike
 
     from jsonargparse import Namespace
 
-    if isinstance(value, Namespace):
-        value = value.as_dict()
     if type(value) is str:
-        return "str", value, stamp(value)
-    if value is None or type(value) in (int, float, bool):
+        if refuse(value):
+            raise TypeError(f"a text refused: {value!r}")
+        return "str", value
+    if value is None or type(value) in (int, bool):
         return type(value).__name__, value
-    if isinstance(value, PathLike):
-        return type(value).__name__, repr(value), stamp(str(value))
-    if type(value) is dict:
-        return "dict", tuple((k, plain(v, stamp)) for k, v in value.items())
+    if type(value) is float:
+        return "float", repr(value)
+    if isinstance(value, PathLike):  # (a file a value was read from: `__path__`)
+        return type(value).__name__, repr(value)
+    if isinstance(value, Namespace) or type(value) is dict:
+        items = vars(value).items() if isinstance(value, Namespace) else value.items()
+        return type(value).__name__, tuple((plain(k), plain(v, refuse)) for k, v in items)
     if type(value) in (list, tuple):
-        return type(value).__name__, tuple(plain(v, stamp) for v in value)
+        return type(value).__name__, tuple(plain(v, refuse) for v in value)
     raise TypeError(f"not plain data: {type(value).__name__}")
 
 
-def file_stamp(text: str, folders: tuple[str, ...]) -> tuple | None:
-    """The modification time, size and inode of each file `text` names in `folders` (relative, or as
-    it stands), or None where it names none: what a parse that reads a file from a value depends on."""
+def readable(text: str, folders: tuple[str, ...]) -> bool:
+    """Whether jsonargparse might read `text` as the content of a file: standard input ('-'), a URL,
+    or anything but a folder that the path names (`~` expanded, `file://` taken off), as it stands
+    or in one of `folders`."""
     import os
 
+    if text == "-" or "://" in text:
+        return True
     if not text or "\n" in text or len(text) > 4096:
-        return None
-    stamps = []
-    for folder in folders:
-        try:
-            info = os.stat(os.path.join(folder, text))
-        except (OSError, ValueError):
-            continue
-        stamps.append((info.st_mtime_ns, info.st_size, info.st_ino))
-    return tuple(stamps) or None
+        return False
+    path = os.path.expanduser(text)
+    return any(
+        os.path.lexists(p) and not os.path.isdir(p) for p in (path, *(os.path.join(f, path) for f in folders))
+    )
