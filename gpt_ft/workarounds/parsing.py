@@ -174,9 +174,9 @@ def plain(value, refuse=lambda text: False):
 
 
 def readable(text: str, folders: tuple[str, ...]) -> bool:
-    """Whether jsonargparse might read `text` as the content of a file: standard input ('-'), a URL,
-    or anything but a folder that the path names (`~` expanded, `file://` taken off), as it stands
-    or in one of `folders`."""
+    """Whether jsonargparse might read `text` as the content of a file: standard input ('-'), a URL
+    (`file://` too), or anything but a folder that the path names (`~` expanded), as it stands or in
+    one of `folders`."""
     import os
 
     if text == "-" or "://" in text:
