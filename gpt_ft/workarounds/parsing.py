@@ -96,12 +96,15 @@ def remember_class_parses(*bases: type, size: int = 256) -> None:
         spec = _typehints.subclass_spec_as_namespace(value)
         try:
             cls = _typehints.import_object(spec.class_path)
-            now = [v.get() for v in settings]
-            folders = (os.getcwd(), *([now[-1]] if now[-1] else []))  # (where a relative path is read)
-            data = plain((value, prev_val, partial_skip_args, now, folders), lambda t: readable(t, folders))
-        except Exception:  # not a class value, not plain data, or a file's name: jsonargparse's own parse
+        except Exception:  # not a class value: jsonargparse's own parse
             return None
         if not (isinstance(cls, type) and issubclass(cls, tuple(bases))):
+            return None
+        now = [v.get() for v in settings]
+        folders = (os.getcwd(), *([now[-1]] if now[-1] else []))  # (where a relative path is read)
+        try:
+            data = plain((value, prev_val, partial_skip_args, now, folders), lambda t: readable(t, folders))
+        except (TypeError, ValueError):  # not plain data, or a file's name
             return None
         parser = _typehints.ActionTypeHint.get_class_parser(cls, sub_add_kwargs, skip_args=partial_skip_args)
         if parser.default_env:  # its defaults read from the environment
@@ -142,7 +145,6 @@ def remember_class_parses(*bases: type, size: int = 256) -> None:
 
     adapt_class_type.bases = bases
     adapt_class_type.original = adapt
-    adapt_class_type.remembered = remembered
     _typehints.adapt_class_type = adapt_class_type
 
 
