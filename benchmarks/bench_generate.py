@@ -7,8 +7,10 @@ left, the shortest together) against the same prompts one at a time, and against
     python benchmarks/bench_generate.py --preset gpt-mini      (random weights in GPT-2's block order)
 
 Greedy, `--new` tokens a prompt (every prompt decodes as many: no end token), fp32; the prompts are
-the first 2 to 12 words of `--texts`'s sentences (or of generated ones). Prints new tokens/s of each
-(median of interleaved runs, with the range), and whether their tokens are identical.
+the first 2 to 12 words of `--texts`'s sentences (or of generated ones). Ours runs twice each way:
+as it is, and with each product of a few rows on one thread, as `F.linear` runs it on a CPU
+(`gpt_ft.model.linear`). Prints new tokens/s of each (median of interleaved runs, with the range),
+and whether their tokens are identical.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from bench_label import texts_from
 from gpt_ft import GPT, GPTConfig
 from gpt_ft.data.tokenizer import load_tokenizer, train_tokenizer
 from gpt_ft.eval.generation import by_length, continue_prompts, left_padded, prompt_ids
+from gpt_ft.model import linear
 
 
 def main() -> None:
@@ -60,10 +63,15 @@ def main() -> None:
     decode = dict(eos_token_id=None)
     out: dict[str, list[list[int]]] = {}
 
-    def ours(batch: int):
-        return lambda: out.__setitem__(
-            f"ours-{batch}", continue_prompts(gpt, prompts, batch, args.new, decode)
-        )
+    def ours(batch: int, split: bool = True):
+        def run() -> None:
+            rows, linear.ROWS = linear.ROWS, linear.ROWS if split else 0
+            try:
+                out[f"ours-{batch}-{split}"] = continue_prompts(gpt, prompts, batch, args.new, decode)
+            finally:
+                linear.ROWS = rows
+
+        return run
 
     def theirs() -> None:
         new = [[] for _ in prompts]
@@ -78,6 +86,8 @@ def main() -> None:
         out["transformers"] = new
 
     contenders = {f"ours, batch {args.batch}": ours(args.batch), "ours, one at a time": ours(1)}
+    contenders[f"ours, batch {args.batch}, one thread a product"] = ours(args.batch, split=False)
+    contenders["ours, one at a time, one thread a product"] = ours(1, split=False)
     contenders[f"transformers, batch {args.batch}"] = theirs
     with torch.no_grad():
         stats = harness.interleaved(contenders, runs=args.runs)
@@ -91,8 +101,11 @@ def main() -> None:
     base = stats[f"ours, batch {args.batch}"].median
     print(f"  batch {args.batch} over one at a time: {stats['ours, one at a time'].median / base:.2f}x; "
           f"over transformers: {stats[f'transformers, batch {args.batch}'].median / base:.2f}x")  # fmt: skip
-    same, peer = out[f"ours-{args.batch}"] == out["ours-1"], out["ours-1"] == out["transformers"]
-    print(f"  identical tokens: batched and alone {same}, ours and transformers' {peer}")
+    for name in (f"batch {args.batch}", "one at a time"):
+        split = stats[f"ours, {name}, one thread a product"].median / stats[f"ours, {name}"].median
+        print(f"  {name}, products split over the threads over one thread a product: {split:.2f}x")
+    same = all(tokens == out[f"ours-{args.batch}-True"] for tokens in out.values())
+    print(f"  identical tokens: all {len(out)} ways {same}")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from torch.nn.attention.bias import CausalBias, causal_lower_right
 from gpt_ft.model import fused, rope
 from gpt_ft.model.cache import Cache
 from gpt_ft.model.config import GPTConfig
+from gpt_ft.model.linear import Linear
 from gpt_ft.model.norms import norm
 from gpt_ft.workarounds.kernels import flash_varlen_backward, flash_varlen_forward
 
@@ -50,8 +51,8 @@ class CausalSelfAttention(nn.Module):
         hs, width = config.head_dim, config.n_head * config.head_dim
         qkv_bias = config.bias if config.qkv_bias is None else config.qkv_bias
         # q for all heads, then k and v for the key/value heads, in one matrix
-        self.c_attn = nn.Linear(config.n_embd, (self.n_head + 2 * self.n_kv_head) * hs, bias=qkv_bias)
-        self.c_proj = nn.Linear(width, config.n_embd, bias=config.bias)
+        self.c_attn = Linear(config.n_embd, (self.n_head + 2 * self.n_kv_head) * hs, bias=qkv_bias)
+        self.c_proj = Linear(width, config.n_embd, bias=config.bias)
         # Qwen3, Gemma 3: each head's queries and keys normalised over the head size
         self.q_norm = norm(config, hs) if config.qk_norm else None
         self.k_norm = norm(config, hs) if config.qk_norm else None

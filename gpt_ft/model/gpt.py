@@ -16,7 +16,6 @@ import dataclasses
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
@@ -25,6 +24,7 @@ from gpt_ft.model.attention import CausalSelfAttention, PackedRows, Rotary, caus
 from gpt_ft.model.cache import Cache, KVCache, SharedPrefix, StaticKVCache
 from gpt_ft.model.config import ACTIVATIONS, GPTConfig
 from gpt_ft.model.decoding import check_token_ids
+from gpt_ft.model.linear import Linear, linear
 from gpt_ft.model.norms import RMSNorm, norm
 from gpt_ft.model.sequences import FlatRows, flat_rows
 
@@ -35,8 +35,8 @@ class MLP(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.gated = config.gated_mlp  # c_fc then computes gate and up, stacked
-        self.c_fc = nn.Linear(config.n_embd, (2 if self.gated else 1) * config.ffn_dim, bias=config.bias)
-        self.c_proj = nn.Linear(config.ffn_dim, config.n_embd, bias=config.bias)
+        self.c_fc = Linear(config.n_embd, (2 if self.gated else 1) * config.ffn_dim, bias=config.bias)
+        self.c_proj = Linear(config.ffn_dim, config.n_embd, bias=config.bias)
         self.act, self.activation = ACTIVATIONS[config.activation], config.activation
         self.dropout = nn.Dropout(config.resid_pdrop)
 
@@ -100,7 +100,7 @@ class GPT(nn.Module):
         self.h = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = norm(config) if config.pre_ln else None
         untied = not config.tie_embeddings
-        self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False) if untied else None
+        self.lm_head = Linear(config.n_embd, config.padded_vocab_size, bias=False) if untied else None
         self._initialize(self)
         self.register_load_state_dict_pre_hook(GPT._fit_embedding_rows)
         self.activation_checkpointing = False
@@ -285,7 +285,7 @@ class GPT(nn.Module):
             return head.logits(hidden)
         weight, vocab = head.weight, self.config.vocab_size
         # no slice where there is no padding: its backward would zero and copy a table-sized gradient
-        return F.linear(hidden, weight if weight.shape[0] == vocab else weight[:vocab])
+        return linear(hidden, weight if weight.shape[0] == vocab else weight[:vocab])
 
     def _fit_embedding_rows(self, state: dict, prefix: str, *args) -> None:
         """Loads weights saved with another padding (or none, as transformers saves them)."""
@@ -333,7 +333,7 @@ class GPT(nn.Module):
                 if name == "wte":
                     setattr(self, name, nn.Embedding(rows, old.shape[1], **kwargs))
                 else:
-                    setattr(self, name, nn.Linear(old.shape[1], rows, bias=False, **kwargs))
+                    setattr(self, name, Linear(old.shape[1], rows, bias=False, **kwargs))
                 getattr(self, name).weight.requires_grad_(old.requires_grad)
             with torch.no_grad():
                 weight = getattr(self, name).weight
