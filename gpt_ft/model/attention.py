@@ -5,10 +5,8 @@
 Gemma 3's per-head norms) runs PyTorch's `scaled_dot_product_attention`, or
 `blocked_causal_attention` where SDPA would be slow (on a CPU: dropout, or bf16/fp16 rows of up to
 `BLOCKED_ROWS` positions, where plain matmuls beat SDPA's CPU flash kernel 2-4x forward and
-backward; at longer rows the flash kernel is faster and keeps no scores for backward).
-`causal_mask` builds the mask SDPA needs only when padding, a KV cache or a sliding window calls
-for one; `packed_mask` the block-diagonal one of rows of packed sequences.
-"""
+backward; longer rows: the flash kernel, faster, keeps no scores). `causal_mask` builds SDPA's mask
+where padding, a cache or a window needs one; `packed_mask` that of rows of packed sequences."""
 
 from __future__ import annotations
 
@@ -20,7 +18,7 @@ from torch import Tensor, nn
 from torch.nn.attention.bias import CausalBias, causal_lower_right
 
 from gpt_ft.model import fused, rope
-from gpt_ft.model.cache import Cache
+from gpt_ft.model.cache import Cache, StaticKVCache
 from gpt_ft.model.config import GPTConfig
 from gpt_ft.model.linear import Linear
 from gpt_ft.model.norms import norm
@@ -101,6 +99,8 @@ class CausalSelfAttention(nn.Module):
         )
         if isinstance(mask, CausalBias):  # SDPA checks its dtypes before autocast would cast them
             q, k, v = fused.in_autocast_dtype(q, k, v)
+        elif isinstance(cache, StaticKVCache):  # its masks made additive once, not in every layer
+            mask = cache.bias(mask, q.dtype)
         gqa = {}
         if nkv != nh and (blocked or not SDPA_GQA):  # each key/value head serves nh / nkv query heads
             k, v = k.repeat_interleave(nh // nkv, dim=1), v.repeat_interleave(nh // nkv, dim=1)

@@ -62,6 +62,7 @@ class StaticKVCache:
         self.real = torch.ones(batch_size, max_len, dtype=torch.bool, device=device)  # keys not padding
         self.skipped = torch.zeros(batch_size, 1, dtype=torch.long, device=device)  # padding so far
         self.index: Tensor | None = None  # the slots of the call under way, made once for every layer
+        self.biases: list[tuple[Tensor, torch.dtype, Tensor]] = []  # this call's masks made additive
 
     @property
     def max_len(self) -> int:
@@ -78,7 +79,7 @@ class StaticKVCache:
         for t in (self.k, self.v, self.position, self.skipped):
             t.zero_()
         self.real.fill_(True)
-        self.index = None
+        self.index, self.biases = None, []
 
     def written(self, T: int) -> Tensor:
         """The slots (T,) T new tokens are written at: `position`, ..., `position` + T - 1."""
@@ -104,7 +105,7 @@ class StaticKVCache:
         """Boolean masks (B, 1, T, max_len), True where allowed, of T new tokens: every layer's
         (causal over the written slots, padding left out), and a sliding window's. A padding query
         sees itself (softmax stays finite)."""
-        self.index = self.written(T)
+        self.index, self.biases = self.written(T), []
         queries = self.index[:, None]  # (T, 1)
         causal = self.slots[None, :] <= queries
         itself = (self.slots[None, :] == queries)[None, None]
@@ -113,12 +114,23 @@ class StaticKVCache:
             return allowed, allowed
         return allowed, allowed & (queries - self.slots[None, :] < window)[None, None]
 
+    def bias(self, mask: Tensor, dtype: torch.dtype) -> Tensor:
+        """One of this call's `masks` as the additive mask SDPA would make of it for queries of
+        `dtype` (0 where allowed, -inf where not), made once for every layer: SDPA converts a
+        boolean mask again in each (two kernels a layer of a decode step's few hundred)."""
+        for made, kind, bias in self.biases:
+            if made is mask and kind == dtype:
+                return bias
+        bias = torch.where(mask, torch.zeros((), dtype=dtype, device=mask.device), float("-inf"))
+        self.biases.append((mask, dtype, bias))
+        return bias
+
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write this layer's new keys/values (B, nh, T, hs) at `position`; return every slot. Under
         autocast they come in its dtype and are kept in the cache's, as `KVCache` keeps them."""
-        # The length lives on the device: read on a CPU only (free there); an accelerator's decode
-        # loop knows its lengths ahead (`generate` sizes the cache to the prompt and new tokens).
-        held = self.length if self.k.device.type == "cpu" else None
+        # The length lives on the device: read on a CPU only (free there), by the first layer; an
+        # accelerator's decode loop knows its lengths ahead (`generate` sizes the cache to fit).
+        held = self.length if self.k.device.type == "cpu" and layer == 0 else None
         if k.shape[0] != self.k.shape[1] or k.shape[2] + (held or 0) > self.max_len:
             raise ValueError(misfit(self, k, held))
         index = self.index if self.index is not None and len(self.index) == k.shape[2] else None
@@ -129,7 +141,7 @@ class StaticKVCache:
 
     def advance(self, T: int) -> None:
         self.position += T
-        self.index = None
+        self.index, self.biases = None, []
 
 
 def misfit(cache: KVCache | StaticKVCache, k: Tensor, length: int | None) -> str:

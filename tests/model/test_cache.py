@@ -84,6 +84,45 @@ def test_static_cache_prefill_and_steps_equal_the_full_forward():
     assert cache.length == 30
 
 
+def test_a_static_cache_makes_its_masks_additive_once_a_step_for_every_layer(monkeypatch):
+    """SDPA would turn a boolean mask into an additive one in each layer (two kernels a layer of a
+    decode step's CUDA graph); the cache makes it once a step, in the queries' dtype (bf16 under
+    autocast), and the outputs are bit for bit those of the boolean masks."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Wheres(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.count += func.overloadpacket.__name__ == "where"
+            return func(*args, **(kwargs or {}))
+
+    made, bias = [], StaticKVCache.bias
+    ids = torch.randint(0, TINY["vocab_size"], (2, 9))
+    for n_layer in (2, 5):
+        gpt, outs = tiny_gpt(n_layer=n_layer), []
+        for additive in (True, False):
+            spy = lambda self, mask, dtype: made.append(bias(self, mask, dtype)) or made[-1]  # noqa: E731
+            monkeypatch.setattr(StaticKVCache, "bias", spy if additive else lambda self, mask, dtype: mask)
+            for autocast in (False, True):
+                cache = gpt.new_kv_cache(2, 16, static=True)
+                with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+                    gpt(ids[:, :8], kv_cache=cache)
+                    made.clear()
+                    with Wheres() as wheres:
+                        outs.append(gpt(ids[:, 8:], kv_cache=cache))
+                assert wheres.count == (1 if additive else n_layer)
+                if additive:  # every layer took the one mask made for the step, in the queries' dtype
+                    assert len(made) == n_layer and all(b is made[0] for b in made)
+                    assert made[0].dtype == (torch.bfloat16 if autocast else torch.float32)
+                    assert made[0].shape == (2, 1, 1, 16) and made[0][:, :, :, 9:].eq(float("-inf")).all()
+                    assert made[0][:, :, :, :9].eq(0).all()
+        monkeypatch.undo()
+        assert torch.equal(outs[0], outs[2]) and torch.equal(outs[1], outs[3])
+    allowed, kinds = torch.tensor([True, False]), [torch.bfloat16, torch.float16]
+    assert [cache.bias(allowed, kind).dtype for kind in kinds] == kinds
+
+
 @pytest.mark.parametrize("family", ["mistral", "gemma3_text", "qwen3"])
 def test_static_cache_slides_its_windows_as_transformers_does(family):
     """Llama-family blocks (rotary positions from the device's position, grouped key/value heads,
