@@ -44,7 +44,7 @@ def generate(
     length_penalty: float = 1.0,
     repetition_penalty: float = 1.0,
     stop: list[str] | None = None,
-    static_cache: bool | Literal["compiled"] = False,
+    static_cache: bool | Literal["compiled"] | None = None,
     seed: int = 0,
     device: str | None = None,
     precision: Literal["32-true", "bf16-mixed", "bf16-true"] = "32-true",
@@ -77,6 +77,7 @@ def generate(
             replayed as one CUDA graph (the same tokens; gpt1 at batch 1 on an H200: 855 tokens/s
             against 373, docs/gpus.md), kept for the next batch of the same size. compiled: the step
             compiled first (a size's first batch waits for the compile). Not with beam search.
+            Default: true on CUDA (greedy decoding or sampling), false elsewhere.
         seed: Seed of the sampling.
         device: Default: cuda when there is one.
         precision: bf16-mixed: fp32 weights, bf16 matrix products; bf16-true: bf16 weights and KV cache.
@@ -110,6 +111,7 @@ def generate(
         print(f"note: {', '.join(unread)} shape sampling only: {decoding} reads none of them "
               "(--do_sample true samples).", file=sys.stderr, flush=True)  # fmt: skip
     device = device_named(device)
+    static_cache = static_cache_for(static_cache, device, num_beams)
     if torch.device(device).type == "cpu":
         precision, why = cpu_precision(precision)
         if why:
@@ -146,6 +148,14 @@ def generate(
             print(until_stop(continuation(tok, ids, until_eos(new, eos)), stops)[0], flush=True)
             return
         print_as_they_come(tok, gpt.stream(start, max_new_tokens=max_new, **decode), eos, ids, stops)
+
+
+def static_cache_for(static_cache: bool | str | None, device: str, num_beams: int) -> bool | str:
+    """`--static_cache` as given, or by default: on CUDA, where its graph replays a token's step in
+    one launch, unless beam search (which reorders its cache); elsewhere the growing cache."""
+    if static_cache is not None:
+        return static_cache
+    return torch.device(device).type == "cuda" and num_beams == 1
 
 
 def plural(n: int, noun: str) -> str:

@@ -214,3 +214,17 @@ def test_a_static_cache_decodes_the_same_tokens_and_refuses_beam_search(
         "reorders its cache each step."
     )
     assert "static_cache" in error(capsys, *args[:3], "--prompt=the cat", "--static_cache=fast")
+
+
+def test_the_static_cache_is_the_default_on_cuda_without_beam_search():
+    """Left out, `--static_cache` is on where its CUDA graph pays (CUDA, greedy or sampled) and off
+    on a CPU and for beam search; given, it is what it says (beam search refuses it, above)."""
+    from gpt_ft.eval.generation import static_cache_for
+
+    assert [static_cache_for(None, device, 1) for device in ("cuda", "cuda:1", "cpu", "mps")] == [
+        True, True, False, False,
+    ]  # fmt: skip
+    assert static_cache_for(None, "cuda", 4) is False
+    given = [False, True, "compiled"]
+    assert [static_cache_for(value, "cuda", 1) for value in given] == given
+    assert static_cache_for(True, "cpu", 1) is True
