@@ -9,6 +9,7 @@ import pytest
 
 from gpt_ft.cli import main
 from tests.cli.test_bad_outputs import error
+from tests.helpers import cuda
 
 PROMPTS = ["the cat", "a dog runs in the park and", "it", "the movie was not good at all , and the"]
 
@@ -228,3 +229,26 @@ def test_the_static_cache_is_the_default_on_cuda_without_beam_search():
     given = [False, True, "compiled"]
     assert [static_cache_for(value, "cuda", 1) for value in given] == given
     assert static_cache_for(True, "cpu", 1) is True
+
+
+@cuda
+def test_cuda_generate_decodes_on_the_static_cache_by_default_with_the_same_tokens(
+    tmp_path, capsys, model_dir, tokenizer_dir, monkeypatch
+):
+    """On CUDA `gpt-ft generate` takes the static cache's graph unless told not to, a prompt's and a
+    file's batches alike, and writes the tokens of the growing cache."""
+    from gpt_ft import GPT
+
+    asked, generate = [], GPT.generate
+    monkeypatch.setattr(
+        GPT, "generate", lambda *a, **k: asked.append(k.get("static_cache")) or generate(*a, **k)
+    )
+    source = tmp_path / "prompts.jsonl"
+    source.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+    written = []
+    for options in ([], ["--static_cache=false"]):
+        out = tmp_path / f"out{len(options)}.jsonl"
+        args = [f"--ckpt_path={model_dir}", f"--tokenizer={tokenizer_dir}", "--max_new_tokens=12"]
+        main(["generate", *args, f"--input={source}", f"--output={out}", "--batch_size=3", *options])
+        written.append([json.loads(line)["continuation"] for line in out.read_text().splitlines()])
+    assert asked == [True, True, False, False] and written[0] == written[1]
