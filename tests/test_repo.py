@@ -44,6 +44,42 @@ def test_module_entry_point_reports_version(background):
     assert "  fit        train" in help.stdout and help.stdout.splitlines()[-1] == "[]"
 
 
+READ_ONLY_COMMANDS = "generation", "export", "labelling", "encoder", "calibration"
+TRAINING_ONLY = ("lightning", "torchmetrics", "scipy", "matplotlib")
+READ_ONLY_IMPORTS = f"""import sys
+for name in {READ_ONLY_COMMANDS!r}:
+    __import__("gpt_ft.eval." + name)
+print([name for name in {(*TRAINING_ONLY, "torch._dynamo")!r} if name in sys.modules])
+from gpt_ft.cli import main
+main(["generate", "--ckpt_path", sys.argv[1], "--tokenizer", sys.argv[2], "--prompt", "the cat",
+      "--max_new_tokens", "3"])
+print([name for name in {TRAINING_ONLY!r} if name in sys.modules])
+"""
+
+
+def start_read_only_commands(root, tokenizer_dir):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from gpt_ft.data.tokenizer import load_tokenizer
+
+    config = GPT2Config(
+        n_layer=1, n_embd=16, n_head=2, n_positions=32, vocab_size=len(load_tokenizer(tokenizer_dir))
+    )
+    GPT2LMHeadModel(config).save_pretrained(root / "model")
+    return [Command([sys.executable, "-c", READ_ONLY_IMPORTS, str(root / "model"), tokenizer_dir])]
+
+
+@pytest.mark.background(start=start_read_only_commands)
+def test_commands_that_only_read_a_model_start_without_the_training_stack(background):
+    """The modules of `gpt-ft generate`, `export`, `label`, `embed` and `calibrate` import neither
+    Lightning nor torchmetrics (with scipy and matplotlib) nor TorchDynamo (`generate --help`: 1.8 s,
+    not 6.6); `generate` decodes a prompt without the first two."""
+    (run,) = background.runs
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stdout.splitlines()
+    assert lines[0] == lines[-1] == "[]", run.stdout
+
+
 def test_a_source_tree_not_installed_still_imports():
     """A copy of the tree on the path without pip's metadata (a machine the tree was copied to):
     `import gpt_ft` works, its version unknown."""

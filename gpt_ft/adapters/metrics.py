@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from torchmetrics.functional import accuracy, f1_score, pearson_corrcoef
 
 from gpt_ft.adapters.contrastive import first_copies
 from gpt_ft.adapters.heads import TIE, tied
@@ -20,6 +19,8 @@ METRICS = ("accuracy", "f1", "matthews", "pearson", "spearman")
 
 def metric_value(name: str, predictions: Tensor, labels: Tensor, num_classes: int) -> Tensor:
     """One benchmark metric; F1 and MCC are binary (positive class 1) for two classes, as GLUE reports."""
+    from torchmetrics.functional import accuracy, f1_score, pearson_corrcoef  # (not for every command)
+
     binary = num_classes == 2
     if name == "accuracy":
         return accuracy(predictions, labels, task="multiclass", num_classes=num_classes, average="micro")

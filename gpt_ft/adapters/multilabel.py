@@ -15,7 +15,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torchmetrics.functional import f1_score
 
 from gpt_ft.adapters.heads import TaskHead
 from gpt_ft.adapters.outputs import CardError, LabelSpec, TaskDataError, TaskOutput
@@ -87,6 +86,8 @@ class MultiLabelOutput(TaskOutput):
         """`micro_f1` over every label decision; `macro_f1` the mean F1 of the labels the split or
         the predictions hold, as single-label `f1` averages the classes seen (a label absent from
         both has no F1: counted as 0, a small split's missing labels sank a perfect model's)."""
+        from torchmetrics.functional import f1_score
+
         values = {}
         if "micro_f1" in metrics:
             values["micro_f1"] = f1_score(

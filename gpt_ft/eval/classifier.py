@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.fabric.utilities.apply_func import move_data_to_device
 from torch import Tensor
 
 from gpt_ft.adapters import TaskAdapter, TaskHead
@@ -94,7 +93,7 @@ class Classifier:
     ) -> Tensor:
         """The task head's outputs for a batch (on the classifier's device), divided by the
         temperature (`calibrated`)."""
-        batch = move_data_to_device(batch, self.device)
+        batch = batch.to_device(self.device)
         with eval_mode(self.gpt, self.head):  # a model mid-training goes on training after
             logits = batch_terms(self.gpt, self.head, batch, lm=False)["logits"]
         return logits / self.temperature if calibrated else logits

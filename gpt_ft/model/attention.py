@@ -10,32 +10,20 @@ where padding, a cache or a window needs one; `packed_mask` that of rows of pack
 
 from __future__ import annotations
 
-import inspect
+import sys
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.attention.bias import CausalBias, causal_lower_right
 
-from gpt_ft.model import fused, rope
+from gpt_ft.model import fused, kernels, rope
 from gpt_ft.model.cache import Cache, StaticKVCache
 from gpt_ft.model.config import GPTConfig
 from gpt_ft.model.linear import Linear
 from gpt_ft.model.norms import norm
-from gpt_ft.workarounds.kernels import flash_varlen_backward, flash_varlen_forward
 
 # torch >= 2.5: scaled_dot_product_attention groups query heads over shared key/value heads itself.
 SDPA_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
-try:  # torch >= 2.9: FlashAttention-2's variable-length kernel (CUDA, bf16/fp16)
-    from torch.nn.attention.varlen import varlen_attn
-
-    VARLEN = set(inspect.signature(varlen_attn).parameters)  # its keywords moved between releases
-except ImportError:
-    varlen_attn, VARLEN = None, set()
-try:  # torch >= 2.5
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-except ImportError:
-    create_block_mask = flex_attention = None
 BLOCKED_ROWS = 256
 """bf16/fp16 rows up to this long run blocked on a CPU, longer ones on SDPA's flash kernel (Xeon,
 AMX: rows of 512-1,024 positions 1.5-1.75x faster; a step of rows up to 860: 13% faster, 37% less memory)."""
@@ -97,7 +85,7 @@ class CausalSelfAttention(nn.Module):
             and (mask is not None or is_causal)
             and (dropout_p > 0 or (low_precision(v) and T <= BLOCKED_ROWS))
         )
-        if isinstance(mask, CausalBias):  # SDPA checks its dtypes before autocast would cast them
+        if causal_bias(mask):  # SDPA checks its dtypes before autocast would cast them
             q, k, v = fused.in_autocast_dtype(q, k, v)
         elif isinstance(cache, StaticKVCache):  # its masks made additive once, not in every layer
             mask = cache.bias(mask, q.dtype)
@@ -114,6 +102,12 @@ class CausalSelfAttention(nn.Module):
             )
         y = y.transpose(1, 2).reshape(B, T, nh * hs)  # (B, T, nh * hs)
         return self.resid_dropout(self.c_proj(y))
+
+
+def causal_bias(mask) -> bool:
+    """Whether `mask` is SDPA's `CausalBias`, whose module is imported only where one is made."""
+    bias = sys.modules.get("torch.nn.attention.bias")
+    return bias is not None and isinstance(mask, bias.CausalBias)
 
 
 def low_precision(x: Tensor) -> bool:
@@ -148,6 +142,8 @@ def causal_mask(
             return None, True
         if T == 1:
             return None, False
+        from torch.nn.attention.bias import causal_lower_right  # (loads TorchDynamo: when needed)
+
         return causal_lower_right(T, past + T), False
     if attention_mask is not None and attention_mask.shape[-1] != past + T:
         raise ValueError(
@@ -252,23 +248,25 @@ class PackedRows:
             return "dense" if FORCE_KERNEL == "sequences" else FORCE_KERNEL  # (rows not laid flat)
         if q.device.type != "cuda":
             return "dense"
+        kernels.load()
         varlen = (
-            varlen_attn is not None
+            kernels.varlen_attn is not None
             and self.branches is None
             and low_precision(q)
             and q.shape[-1] % 8 == 0
             and q.shape[-1] <= 256
-            and (self.window is None or "window_size" in VARLEN)
+            and (self.window is None or "window_size" in kernels.VARLEN)
         )
         if dropout_p > 0:  # FlashAttention draws it; FlexAttention cannot
             return "varlen" if varlen else "dense"
-        return "varlen" if varlen else "flex" if flex_attention is not None else "dense"
+        return "varlen" if varlen else "flex" if kernels.flex_attention is not None else "dense"
 
     def attend(
         self, kernel: str, q: Tensor, k: Tensor, v: Tensor, scale: float | None, dropout_p: float = 0.0
     ) -> Tensor:
         """Attention of queries (B, nh, T, hs) over keys and values (B, nkv, T, hs) on `kernel`."""
         q, k, v = fused.in_autocast_dtype(q, k, v)
+        kernels.load()
         if kernel == "varlen":
             return self._varlen(q, k, v, scale, dropout_p)
         return self._flex(q, k, v, scale)
@@ -283,27 +281,30 @@ class PackedRows:
             if groups > 1:
                 k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
             left = -1 if self.window is None else self.window - 1
-            y = FlashVarlenDropout.apply(flat(q), flat(k), flat(v), cu, longest, dropout_p, scale, left)
+            drop = kernels.FlashVarlenDropout
+            y = drop.apply(flat(q), flat(k), flat(v), cu, longest, dropout_p, scale, left)
             return y.view(B, T, nh, hs).transpose(1, 2)
-        options = {}
-        if "window_size" in VARLEN:  # causal: (-1, 0); a sliding window sees `window` - 1 keys back
+        options, keywords = {}, kernels.VARLEN
+        if "window_size" in keywords:  # causal: (-1, 0); a sliding window sees `window` - 1 keys back
             options["window_size"] = (-1 if self.window is None else self.window - 1, 0)
         else:
             options["is_causal"] = True
-        if scale is not None and "scale" not in VARLEN:
+        if scale is not None and "scale" not in keywords:
             q, scale = q * (scale * hs**0.5), None
         if scale is not None:
             options["scale"] = scale
-        if groups > 1 and "enable_gqa" in VARLEN:
+        if groups > 1 and "enable_gqa" in keywords:
             options["enable_gqa"] = True
         elif groups > 1:
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        y = varlen_attn(flat(q), flat(k), flat(v), cu, cu, longest, longest, **options)  # (B * T, nh, hs)
+        varlen = kernels.varlen_attn
+        y = varlen(flat(q), flat(k), flat(v), cu, cu, longest, longest, **options)  # (B * T, nh, hs)
         return y.view(B, T, nh, hs).transpose(1, 2)
 
     def block_mask(self):
         """FlexAttention's `BlockMask` of these rows: `packed_mask`'s rule as a mask_mod."""
         if self._block is None:
+            kernels.load()
             documents, branches = self.documents, self.branches
             positions, window = self.positions, self.window
 
@@ -316,48 +317,12 @@ class PackedRows:
                 return same
 
             R, L = documents.shape
-            self._block = create_block_mask(allowed, R, None, L, L, device=documents.device)
+            self._block = kernels.create_block_mask(allowed, R, None, L, L, device=documents.device)
         return self._block
 
     def _flex(self, q: Tensor, k: Tensor, v: Tensor, scale: float | None) -> Tensor:
         gqa = k.shape[1] != q.shape[1]
-        return _flex(q.device)(q, k, v, block_mask=self.block_mask(), scale=scale, enable_gqa=gqa)
-
-
-class FlashVarlenDropout(torch.autograd.Function):
-    """FlashAttention-2's variable-length causal kernel with attention dropout, which `varlen_attn`
-    does not draw: the forward and backward ops SDPA's own flash path runs, on packed (N, heads, hs)
-    queries, keys and values. The forward's random state goes to the backward, which redraws the
-    same mask. `left`: keys a query sees behind it (-1: all)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, cu_seqlens, max_seqlen, dropout_p, scale, left):
-        out, lse, rng, unused = flash_varlen_forward(q, k, v, cu_seqlens, max_seqlen, dropout_p, scale, left)
-        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens, rng, unused)
-        ctx.options = (max_seqlen, dropout_p, scale, left)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        q, k, v, out, lse, cu_seqlens, rng, unused = ctx.saved_tensors
-        max_seqlen, dropout_p, scale, left = ctx.options
-        dq, dk, dv = flash_varlen_backward(
-            grad.contiguous(), q, k, v, out, lse, cu_seqlens, max_seqlen, dropout_p, rng, unused, scale, left
-        )
-        return dq, dk, dv, None, None, None, None, None
-
-
-_compiled_flex = None
-
-
-def _flex(device: torch.device):
-    """FlexAttention as it runs fast: compiled on a GPU (eager it is a reference implementation)."""
-    global _compiled_flex
-    if device.type != "cuda":
-        return flex_attention
-    if _compiled_flex is None:
-        _compiled_flex = torch.compile(flex_attention)
-    return _compiled_flex
+        return kernels.flex(q.device)(q, k, v, block_mask=self.block_mask(), scale=scale, enable_gqa=gqa)
 
 
 def blocked_causal_attention(

@@ -17,7 +17,6 @@ import statistics
 import time
 
 import torch
-from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from gpt_ft.workarounds.kernels import mkldnn_bf16_supported
 
@@ -84,6 +83,8 @@ def warn_half_weights(precision: object) -> None:
             "or bf16-true."
         )
     if str(precision) == "bf16-true":
+        from lightning.pytorch.utilities.rank_zero import rank_zero_warn  # (a training command's)
+
         rank_zero_warn(
             "--trainer.precision bf16-true trains 16-bit weights: an update below half their spacing "
             "(1/256 of a weight near 1) is lost, so small learning rates barely move them (the "

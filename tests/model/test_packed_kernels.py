@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from gpt_ft.data.batches import collate, collate_packed
-from gpt_ft.model import attention, sequences
+from gpt_ft.model import attention, kernels, sequences
 from gpt_ft.model.attention import PackedRows, packed_mask, segment_offsets
 from gpt_ft.model.sequences import flat_rows
 from gpt_ft.workarounds.kernels import cpu_flash_forward
@@ -143,8 +143,8 @@ def test_packed_rows_on_each_kernel_equal_the_padded_batch(tokenizer_dir, monkey
     calls = []
     monkeypatch.setattr(attention, "FORCE_KERNEL", kernel)
     spy = lambda *a, **k: calls.append(k) or reference_varlen(*a, **k)  # noqa: E731
-    monkeypatch.setattr(attention, "varlen_attn", spy)
-    monkeypatch.setattr(attention, "VARLEN", {"window_size", "scale", "enable_gqa"})
+    monkeypatch.setattr(kernels, "varlen_attn", spy)
+    monkeypatch.setattr(kernels, "VARLEN", {"window_size", "scale", "enable_gqa"})
     monkeypatch.setattr(PackedRows, "dense", lambda self: pytest.fail("a dense mask was built"))
     assert_same(expected, compare(module, packed), padded.choice_mask)
     n_layer = module.gpt.config.n_layer  # run() takes two forward passes: the terms, then the loss
@@ -168,9 +168,9 @@ def test_the_kernels_get_queries_keys_and_values_of_one_low_precision_dtype_unde
         return torch.zeros_like(q)  # (N, heads, hs), the kernels' layout
 
     monkeypatch.setattr(attention, "FORCE_KERNEL", kernel)
-    monkeypatch.setattr(attention, "varlen_attn", spy)
-    monkeypatch.setattr(attention, "VARLEN", {"window_size", "scale", "enable_gqa"})
-    monkeypatch.setattr(attention, "_flex", lambda device: lambda q, k, v, **kw: spy(q, k, v))
+    monkeypatch.setattr(kernels, "varlen_attn", spy)
+    monkeypatch.setattr(kernels, "VARLEN", {"window_size", "scale", "enable_gqa"})
+    monkeypatch.setattr(kernels, "flex", lambda device: lambda q, k, v, **kw: spy(q, k, v))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         module.terms(collate_packed(rows, specials.pad))
     assert dtypes and set(dtypes) == {(torch.bfloat16,) * 3}
@@ -366,7 +366,8 @@ def test_the_kernel_each_batch_takes():
     q = torch.zeros(1, 2, 4, 8)
     assert plain.kernel(q, 0.0) == shared.kernel(q, 0.0) == "dense"
     fake_cuda = type("Q", (), {"device": torch.device("cuda"), "dtype": torch.bfloat16, "shape": q.shape})()
-    varlen = attention.varlen_attn is not None
+    kernels.load()
+    varlen = kernels.varlen_attn is not None
     assert plain.kernel(fake_cuda, 0.0) == ("varlen" if varlen else "flex")
     assert plain.kernel(fake_cuda, 0.1) == ("varlen" if varlen else "dense")  # flash draws the dropout
     assert shared.kernel(fake_cuda, 0.0) == "flex" and shared.kernel(fake_cuda, 0.1) == "dense"
@@ -398,8 +399,8 @@ def test_cuda_packed_rows_run_varlen_or_flex_and_equal_the_padded_batch(
     one key/value head a query head."""
     from torch.profiler import ProfilerActivity, profile
 
-    flexed, flex = [], attention._flex
-    monkeypatch.setattr(attention, "_flex", lambda device: flexed.append(device.type) or flex(device))
+    flexed, flex = [], kernels.flex
+    monkeypatch.setattr(kernels, "flex", lambda device: flexed.append(device.type) or flex(device))
     module, rows, specials = module_for(tokenizer_dir, shape, family)
     module.cuda().train()
     shares = module.task.shares_context
@@ -432,8 +433,10 @@ def test_cuda_flash_varlen_dropout_equals_varlen_attn_without_dropout_and_is_unb
     """`FlashVarlenDropout` at rate 0: `varlen_attn`'s outputs and gradients; at 0.1: the same draw
     for the same seed (the backward replays the forward's mask), and the mean of 300 draws within
     0.02 of the output without dropout."""
-    from gpt_ft.model.attention import FlashVarlenDropout, varlen_attn
+    from gpt_ft.model.kernels import FlashVarlenDropout
 
+    kernels.load()
+    varlen_attn = kernels.varlen_attn
     if varlen_attn is None:
         pytest.skip("torch.nn.attention.varlen needs torch >= 2.9")
     torch.manual_seed(0)
@@ -447,7 +450,7 @@ def test_cuda_flash_varlen_dropout_equals_varlen_attn_without_dropout_and_is_unb
         out = fn()
         return (out.detach(), *torch.autograd.grad(out, (q, k, v), grad))
 
-    causal = {"window_size": (-1, 0)} if "window_size" in attention.VARLEN else {"is_causal": True}
+    causal = {"window_size": (-1, 0)} if "window_size" in kernels.VARLEN else {"is_causal": True}
     reference = run(lambda: varlen_attn(q, k, v, cu, cu, 90, 90, **causal))
     for got, want in zip(run(lambda: FlashVarlenDropout.apply(q, k, v, cu, 90, 0.0, None, -1)), reference):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-2)
@@ -466,7 +469,8 @@ def test_cuda_varlen_on_grouped_key_value_heads_equals_the_heads_repeated():
     """Packed rows of Llama's grouped heads (4 query heads on 2 key/value heads) on the variable-length
     kernel, bf16: outputs and gradients those of the key/value heads repeated for each query head,
     where the kernel takes them as they are (`enable_gqa`) or not."""
-    if attention.varlen_attn is None:
+    kernels.load()
+    if kernels.varlen_attn is None:
         pytest.skip("torch.nn.attention.varlen needs torch >= 2.9")
     torch.manual_seed(0)
     documents = torch.tensor([[0] * 37 + [1] * 27, [0] * 50 + [-1] * 14], device="cuda")
