@@ -83,6 +83,12 @@ class Block(nn.Module):
         return x + (h if self.post_mlp_norm is None else self.post_mlp_norm(h))
 
 
+def table(rows: int, width: int, drawn: bool = True) -> nn.Embedding:
+    """An embedding table, its weights drawn as torch draws them, or left undrawn (on the meta
+    device, for weights loaded next: a meta `normal_` imports TorchDynamo, over a second)."""
+    return nn.Embedding(rows, width, _weight=None if drawn else torch.empty(rows, width))
+
+
 class GPT(nn.Module):
     """A decoder-only transformer: GPT-1, GPT-2 or Llama-style, as `config` says.
 
@@ -93,15 +99,17 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.config = config
-        self.wte = nn.Embedding(config.padded_vocab_size, config.n_embd)
+        drawn = torch.get_default_device().type != "meta"  # meta: its weights are loaded next
+        self.wte = table(config.padded_vocab_size, config.n_embd, drawn)
         learned = config.positions == "learned"
-        self.wpe = nn.Embedding(config.n_positions, config.n_embd) if learned else None
+        self.wpe = table(config.n_positions, config.n_embd, drawn) if learned else None
         self.drop = nn.Dropout(config.embd_pdrop)
         self.h = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = norm(config) if config.pre_ln else None
         untied = not config.tie_embeddings
         self.lm_head = Linear(config.n_embd, config.padded_vocab_size, bias=False) if untied else None
-        self._initialize(self)
+        if drawn:
+            self._initialize(self)
         self.register_load_state_dict_pre_hook(GPT._fit_embedding_rows)
         self.activation_checkpointing = False
         """In training, keep only each block's input and recompute its activations in the backward
