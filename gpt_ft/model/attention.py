@@ -85,10 +85,10 @@ class CausalSelfAttention(nn.Module):
             and (mask is not None or is_causal)
             and (dropout_p > 0 or (low_precision(v) and T <= BLOCKED_ROWS))
         )
-        if causal_bias(mask):  # SDPA checks its dtypes before autocast would cast them
+        static = isinstance(cache, StaticKVCache)  # its masks made additive once, not in every layer
+        if causal_bias(mask) or static:  # in the dtype autocast casts to (SDPA checks before it casts)
             q, k, v = fused.in_autocast_dtype(q, k, v)
-        elif isinstance(cache, StaticKVCache):  # its masks made additive once, not in every layer
-            mask = cache.bias(mask, q.dtype)
+        mask = cache.bias(mask, q.dtype) if static else mask
         gqa = {}
         if nkv != nh and (blocked or not SDPA_GQA):  # each key/value head serves nh / nkv query heads
             k, v = k.repeat_interleave(nh // nkv, dim=1), v.repeat_interleave(nh // nkv, dim=1)

@@ -86,8 +86,9 @@ def test_static_cache_prefill_and_steps_equal_the_full_forward():
 
 def test_a_static_cache_makes_its_masks_additive_once_a_step_for_every_layer(monkeypatch):
     """SDPA would turn a boolean mask into an additive one in each layer (two kernels a layer of a
-    decode step's CUDA graph); the cache makes it once a step, in the queries' dtype (bf16 under
-    autocast), and the outputs are bit for bit those of the boolean masks."""
+    decode step's CUDA graph); the cache makes it once a step, in the dtype SDPA computes in (bf16
+    under autocast, rotary models' fp32 queries too), and the outputs are bit for bit those of the
+    boolean masks."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Wheres(TorchDispatchMode):
@@ -99,8 +100,12 @@ def test_a_static_cache_makes_its_masks_additive_once_a_step_for_every_layer(mon
 
     made, bias = [], StaticKVCache.bias
     ids = torch.randint(0, TINY["vocab_size"], (2, 9))
-    for n_layer in (2, 5):
-        gpt, outs = tiny_gpt(n_layer=n_layer), []
+
+    def llama(n_layer: int) -> GPT:
+        return GPT(GPTConfig.from_name("llama-micro", vocab_size=TINY["vocab_size"], n_layer=n_layer))
+
+    for n_layer, build in ((2, tiny_gpt), (5, tiny_gpt), (3, llama)):  # rotary: fp32 queries under autocast
+        gpt, outs = build(n_layer=n_layer).eval(), []
         for additive in (True, False):
             spy = lambda self, mask, dtype: made.append(bias(self, mask, dtype)) or made[-1]  # noqa: E731
             monkeypatch.setattr(StaticKVCache, "bias", spy if additive else lambda self, mask, dtype: mask)
