@@ -99,6 +99,9 @@ class TaskAdapter:
     shares_context: ClassVar[bool] = False
     """An example's sequences start with the same `[start] context [delim]` (multiple choice), so
     the context can run once for all of them (`--data.shared_context`)."""
+    null_is_empty_text: ClassVar[bool] = False
+    """Each of `text_fields` is read with a null as an empty text (a table's empty cell); a JSON
+    record that lacks one of them altogether is then refused, by its line, not read as a null."""
     pair_in_both_orders: ClassVar[bool] = False
     """An example is one pair read in both orders, their states added (similarity): an exported
     model builds the second order from the first itself."""

@@ -18,6 +18,7 @@ class MultipleChoice(TaskAdapter):
     so that a long article never costs the question after it.
     """
 
+    null_is_empty_text = True
     shares_context = True
     choices_in_examples = True
 

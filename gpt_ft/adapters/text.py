@@ -9,6 +9,8 @@ from gpt_ft.adapters.truncation import fit_lengths
 class SingleText(TaskAdapter):
     """[start] text [extract] (GPT-1 §3.3, classification)."""
 
+    null_is_empty_text = True
+
     def __init__(self, *, text: str = "sentence", **kwargs) -> None:
         """
         Args:
@@ -29,6 +31,8 @@ class SingleText(TaskAdapter):
 
 class TextPair(TaskAdapter):
     """[start] premise [delim] hypothesis [extract] (GPT-1 §3.3, textual entailment)."""
+
+    null_is_empty_text = True
 
     def __init__(self, *, premise: str = "premise", hypothesis: str = "hypothesis", **kwargs) -> None:
         """

@@ -127,6 +127,23 @@ def json_records(path: Path, rows: list[dict]) -> list[dict]:
     return records if ok else rows
 
 
+def absent_field(path: Path | None, fields: dict[str, str], table, where) -> str | None:
+    """Where a JSON file's record lacks a field the task reads text from (`fields`: its name in the
+    table -> in the file), which the table gives as null, an empty text: the first such record (named
+    by `where(i)`) in one sentence; None where each has them, or the file is no JSON read whole."""
+    if path is None or file_format(path) != "json":
+        return None
+    nulls = [f for f in fields if f in table.column_names and None in table[f]]
+    records = json_records(path, [None] * len(table)) if nulls else []
+    for i, record in enumerate(records if records and isinstance(records[0], dict) else []):
+        for field in (f for f in nulls if fields[f] not in record):
+            name = fields[field]
+            return (
+                f"{where(i)}: the record has no field {name!r}, a text the task reads (null: an empty one)."
+            )
+    return None
+
+
 def _array_lines(text: str) -> list[int] | None:
     """The line on which each record of a JSON array starts; None for any other document (an array
     that is not valid JSON too: a comma missing between records, or one after the last)."""

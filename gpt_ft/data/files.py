@@ -15,6 +15,7 @@ from pathlib import Path
 
 from gpt_ft.adapters import TaskAdapter, TaskDataError
 from gpt_ft.data.file_faults import (
+    absent_field,
     file_bytes,
     file_format,
     json_lines_problem,
@@ -56,7 +57,11 @@ def located_split(task: TaskAdapter, split: str, data_dir: str | Path | None):
                 f"{origin.source}: `columns` renames {old!r} to {new!r}, but {other}; give each its own name."
             )
     ds = ds.rename_columns(renames) if renames else ds
-    return ds, replace(origin, columns=tuple((new, old) for old, new in renames.items()))
+    origin = replace(origin, columns=tuple((new, old) for old, new in renames.items()))
+    texts = {field: dict(origin.columns).get(field, field) for field in task.text_fields()}
+    if task.null_is_empty_text and (absent := absent_field(origin.path, texts, ds, origin.of)):
+        raise TaskDataError(absent)
+    return ds, origin
 
 
 def task_examples(task: TaskAdapter, split: str, raw, origin: Origin):

@@ -317,6 +317,30 @@ def test_a_card_that_cannot_work_is_named(explain, card, problem):
     assert message.startswith(problem.format(card=explain.root / "card.yaml"))
 
 
+@pytest.mark.parametrize("name", ["t.jsonl", "t.json"])
+def test_a_json_record_without_a_text_field_names_its_line(explain, name):
+    """A record that lacks the text field (a typo'd key) is refused by its line, where a table gives
+    it as a null and it would be trained on as an empty text; a null stays an empty text."""
+    rows = [{"sentence": "a", "label": "positive"}, {"sentence": None, "label": "negative"}]
+    rows += [{"sentense": "b", "label": "negative"}, {"label": "positive"}]
+    lines = [json.dumps(row) for row in rows]
+    data = ("\n".join(lines) if name == "t.jsonl" else "[\n" + ",\n".join(lines) + "\n]") + "\n"
+    message = explain(name, data.encode())
+    line = 3 if name == "t.jsonl" else 4
+    assert message == (
+        f"{explain.root / 'd' / name}, line {line}: the record has no field 'sentence', a text the task "
+        "reads (null: an empty one)."
+    )
+    if name == "t.jsonl":  # the file's own name for a field the card renames (`columns`)
+        card = CARD.format(adapter="SingleText", file=name).replace(
+            "t.jsonl}}", "t.jsonl}, columns: {review: sentence}}"
+        )
+        data = '{"review": "a", "label": "positive"}\n{"label": "negative"}\n'
+        assert explain(name, data.encode(), card).endswith(
+            "line 2: the record has no field 'review', a text the task reads (null: an empty one)."
+        )
+
+
 def test_a_grouped_record_without_a_reply_names_its_line(explain):
     """Records grouped into one example each (PRMBench's solutions by question): the record at
     fault is named by its line, as an ungrouped one is."""
