@@ -110,9 +110,10 @@ def record_lines(path: Path, fmt: str, *, header: bool = True) -> list[int] | No
     return None
 
 
-def json_records(path: Path, rows: list[dict]) -> list[dict]:
+def json_records(path: Path, rows: list[dict], start: int = 0) -> list[dict]:
     """The records of a JSON-lines file or JSON array as written, each with its own keys (a table
-    gives every record every key, None where it had none); `rows`, the table's, for any other file."""
+    gives every record every key, None where it had none), from record `start` (a slice of the file)
+    on, as many as `rows`, the table's; those rows for any other file."""
     if file_format(path) != "json":
         return rows
     text = _text(path)
@@ -123,18 +124,21 @@ def json_records(path: Path, rows: list[dict]) -> list[dict]:
             records = [json.loads(line) for line in text.split("\n") if line.strip()]
     except ValueError:
         return rows
+    if isinstance(records, list) and start:
+        records = records[start : start + len(rows)]
     ok = isinstance(records, list) and len(records) == len(rows) and all(isinstance(r, dict) for r in records)
     return records if ok else rows
 
 
-def absent_field(path: Path | None, fields: dict[str, str], table, where) -> str | None:
+def absent_field(path: Path | None, fields: dict[str, str], table, where, first_row) -> str | None:
     """Where a JSON file's record lacks a field the task reads text from (`fields`: its name in the
     table -> in the file), which the table gives as null, an empty text: the first such record (named
-    by `where(i)`) in one sentence; None where each has them, or the file is no JSON read whole."""
+    by `where(i)`) in one sentence; None where each has them, or the file is no JSON. `first_row()`:
+    the file's record the table's first row is (a card's slice of the file)."""
     if path is None or file_format(path) != "json":
         return None
     nulls = [f for f in fields if f in table.column_names and None in table[f]]
-    records = json_records(path, [None] * len(table)) if nulls else []
+    records = json_records(path, [None] * len(table), first_row()) if nulls else []
     for i, record in enumerate(records if records and isinstance(records[0], dict) else []):
         for field in (f for f in nulls if fields[f] not in record):
             name = fields[field]

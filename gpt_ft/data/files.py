@@ -59,7 +59,7 @@ def located_split(task: TaskAdapter, split: str, data_dir: str | Path | None):
     ds = ds.rename_columns(renames) if renames else ds
     origin = replace(origin, columns=tuple((new, old) for old, new in renames.items()))
     texts = {field: dict(origin.columns).get(field, field) for field in task.text_fields()}
-    if task.null_is_empty_text and (absent := absent_field(origin.path, texts, ds, origin.of)):
+    if task.null_is_empty_text and (absent := absent_field(origin.path, texts, ds, origin.of, origin.first_row)):
         raise TaskDataError(absent)
     return ds, origin
 
@@ -337,18 +337,23 @@ class Origin:
         row = self.row(row)
         if self.path is None:
             return f"{self.source}, row {row + 1}"
-        import datasets
-
         starts = record_lines(self.path, self.fmt, header=self.header)
-        if self.selection:
-            total = len(starts) if starts is not None else None
-            if total is None:
-                total = len(read_table(self.path, fmt=self.fmt))
-            spec = datasets.ReadInstruction.from_spec("data" + self.selection)
-            row += spec.to_absolute({"data": total})[0].from_
+        row += self.first_row(starts)
         if starts is not None and row < len(starts):
             return f"{self.source}, line {starts[row]}"
         return f"{self.source}, record {row + 1}"
+
+
+    def first_row(self, starts: list[int] | None = None) -> int:
+        """The file's row the split's first row is: where the card's slice starts (`starts`, the
+        file's `record_lines` where known), 0 without one."""
+        if not self.selection or self.path is None:
+            return 0
+        import datasets
+
+        total = len(starts) if starts is not None else len(read_table(self.path, fmt=self.fmt))
+        spec = datasets.ReadInstruction.from_spec("data" + self.selection)
+        return spec.to_absolute({"data": total})[0].from_
 
 
 def file_stamp(path: Path) -> str:

@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from gpt_ft.cli import main
 from tests.cli.test_bad_outputs import error, files
 from tests.helpers import common_args, make_task
 
@@ -23,9 +24,10 @@ init_args:
 @pytest.fixture
 def explain(tmp_path, tokenizer_dir, capsys):
     """`explain(file_name, data, card=None)`: writes a task file (and its card) and returns the
-    error sentence of `gpt-ft explain` on it, checking nothing on disk changed."""
+    error sentence of `gpt-ft explain` on it, checking nothing on disk changed (`ok`: the example it
+    prints instead)."""
 
-    def run(name: str, data: bytes, card: str | None = None, mapping: bool = False) -> str:
+    def run(name: str, data: bytes, card: str | None = None, mapping: bool = False, ok: bool = False) -> str:
         (tmp_path / "d").mkdir(exist_ok=True)
         (tmp_path / "d" / name).write_bytes(data)
         path = tmp_path / "card.yaml"
@@ -36,6 +38,10 @@ def explain(tmp_path, tokenizer_dir, capsys):
             args = [f"--data={json.dumps(data_args)}"]
         else:
             args = [f"--data.{key}={value}" for key, value in data_args.items()]
+        if ok:
+            capsys.readouterr()
+            main(["explain", *args])
+            return capsys.readouterr().out
         message = error(capsys, "explain", *args)
         assert files(tmp_path) == before
         return message
@@ -331,6 +337,12 @@ def test_a_json_record_without_a_text_field_names_its_line(explain, name):
         f"{explain.root / 'd' / name}, line {line}: the record has no field 'sentence', a text the task "
         "reads (null: an empty one)."
     )
+    for cut, fault in (("[1:]", f"line {line}"), ("[2:]", f"line {line}"), ("[:2]", None)):
+        sliced = CARD.format(adapter="SingleText", file=name).replace(f"d/{name}", f'"d/{name}{cut}"')
+        if fault is None:  # the slice leaves the faulty records out: a null is an empty text
+            assert explain(name, data.encode(), sliced, ok=True)
+        else:  # counted from the slice's first record, named by the file's line
+            assert explain(name, data.encode(), sliced).startswith(f"{explain.root / 'd' / name}, {fault}: ")
     if name == "t.jsonl":  # the file's own name for a field the card renames (`columns`)
         card = CARD.format(adapter="SingleText", file=name).replace(
             "t.jsonl}}", "t.jsonl}, columns: {review: sentence}}"
