@@ -130,20 +130,23 @@ def json_records(path: Path, rows: list[dict], start: int = 0) -> list[dict]:
     return records if ok else rows
 
 
-def absent_field(path: Path | None, fields: dict[str, str], table, where, first_row) -> str | None:
+def absent_field(origin, fields: dict[str, str], table) -> str | None:
     """Where a JSON file's record lacks a field the task reads text from (`fields`: its name in the
     table -> in the file), which the table gives as null, an empty text: the first such record (named
-    by `where(i)`) in one sentence; None where each has them, or the file is no JSON. `first_row()`:
-    the file's record the table's first row is (a card's slice of the file)."""
-    if path is None or file_format(path) != "json":
+    by its `Origin`, which knows the card's slice of the file) in one sentence; None where each has
+    them, or the file is no JSON."""
+    if origin.path is None or file_format(origin.path) != "json":
         return None
     nulls = [f for f in fields if f in table.column_names and None in table[f]]
-    records = json_records(path, [None] * len(table), first_row()) if nulls else []
+    if not nulls:
+        return None
+    first = origin.first_row(record_lines(origin.path, "json"))
+    records = json_records(origin.path, [None] * len(table), first)
     for i, record in enumerate(records if records and isinstance(records[0], dict) else []):
         for field in (f for f in nulls if fields[f] not in record):
-            name = fields[field]
             return (
-                f"{where(i)}: the record has no field {name!r}, a text the task reads (null: an empty one)."
+                f"{origin.of(i)}: the record has no field {fields[field]!r}, a text the task reads "
+                "(null: an empty one)."
             )
     return None
 

@@ -59,7 +59,7 @@ def located_split(task: TaskAdapter, split: str, data_dir: str | Path | None):
     ds = ds.rename_columns(renames) if renames else ds
     origin = replace(origin, columns=tuple((new, old) for old, new in renames.items()))
     texts = {field: dict(origin.columns).get(field, field) for field in task.text_fields()}
-    if task.null_is_empty_text and (absent := absent_field(origin.path, texts, ds, origin.of, origin.first_row)):
+    if task.null_is_empty_text and (absent := absent_field(origin, texts, ds)):
         raise TaskDataError(absent)
     return ds, origin
 
@@ -342,7 +342,6 @@ class Origin:
         if starts is not None and row < len(starts):
             return f"{self.source}, line {starts[row]}"
         return f"{self.source}, record {row + 1}"
-
 
     def first_row(self, starts: list[int] | None = None) -> int:
         """The file's row the split's first row is: where the card's slice starts (`starts`, the
