@@ -80,6 +80,32 @@ def test_commands_that_only_read_a_model_start_without_the_training_stack(backgr
     assert lines[0] == lines[-1] == "[]", run.stdout
 
 
+QUIET_TORCHAO = """import importlib.util, logging, sys
+from gpt_ft import GPT, GPTConfig
+GPT(GPTConfig.from_name("llama-micro", vocab_size=64)).to_hf()
+print(importlib.util.find_spec("torchao") is not None, "torchao" in sys.modules)
+print(logging.getLogger("torchao").level, logging.getLogger("torch.utils._pytree").level)
+"""
+
+
+def start_quiet_torchao(root):
+    return [Command([sys.executable, "-c", QUIET_TORCHAO])]
+
+
+@pytest.mark.background(start=start_quiet_torchao)
+def test_a_transformers_model_made_from_python_logs_nothing_of_torchaos_import(background):
+    """transformers imports torchao where it is installed (the quantize extra), and torchao's import
+    logs about CUDA kernels a CPU-only torch cannot load and enums torch's pytree now supports: not
+    where `to_hf` (or a GGUF file's reading, an export) makes the first transformers model, and the
+    loggers' levels are as they were."""
+    (run,) = background.runs
+    assert run.returncode == 0, run.stderr[-3000:]
+    installed, imported = run.stdout.splitlines()[0].split()
+    assert installed == imported  # where torchao is installed, this run imported it
+    assert run.stdout.splitlines()[1] == "0 0"
+    assert not [line for line in run.stderr.splitlines() if "torchao" in line or "_pytree" in line]
+
+
 def test_a_source_tree_not_installed_still_imports():
     """A copy of the tree on the path without pip's metadata (a machine the tree was copied to):
     `import gpt_ft` works, its version unknown."""

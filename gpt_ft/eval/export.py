@@ -11,17 +11,15 @@ The folder holds an `OpenAIGPTForSequenceClassification` (GPT-1), `GPT2ForSequen
 set, and the tokenizer with GPT-1's input transform as its post-processor: `[start] text [extract]`
 and `[start] premise [delim] hypothesis [extract]` (truncation leaves the special tokens). A reward
 model (preference pairs) is one with `num_labels: 1`, the reward of `tokenizer(prompt, reply)`, as
-TRL's trainers and vLLM's scoring load them.
-transformers reads the score at the last token that is not padding: the extract token, as gpt_ft
-does.
+TRL's trainers and vLLM's scoring load them. transformers reads the score at the last token that is
+not padding: the extract token, as gpt_ft does.
 
 transformers' score layer has no bias. Models without biases (the Llama family) train heads without
 one, so their export is the head as it is. GPT-1's and GPT-2's heads have a bias. The final state goes
 through a normalisation whose bias nothing else reads (GPT-2's `ln_f`; GPT-1's last `ln_2`, which
 ends the network): the exported model adds δ to that bias, with W δ = b for the head's weight W and
 bias b (δ = W⁺ b, exact while the head has no more outputs than the model is wide; a wider one is
-refused). The scores are then those of gpt_ft, to float rounding; the language-model head is not
-exported.
+refused). The scores are then those of gpt_ft, to float rounding; the LM head is not exported.
 """
 
 from __future__ import annotations
@@ -43,6 +41,7 @@ from gpt_ft.eval.onnx import write_onnx
 from gpt_ft.weights.checkpoint import Checkpoint
 from gpt_ft.weights.hf import has_double_heads, to_hf
 from gpt_ft.weights.pretrained import GPT
+from gpt_ft.workarounds.kernels import import_transformers_models
 
 FORMATS = ("transformers", "onnx")
 
@@ -166,6 +165,7 @@ def export_encoder(clf: Classifier, out: str | Path) -> Path:
     the framed tokenizer, the card's pooling (last-token: the extract token's state, or the text's
     last token's; or the mean of `[start] text`), the projection where the card has one (`Dense`),
     `Normalize`; the card's prompts in its config, the query's the default."""
+    import_transformers_models()
     try:
         from sentence_transformers import SentenceTransformer
         from sentence_transformers.models import Dense, Normalize, Pooling, Transformer
@@ -235,9 +235,9 @@ def _label_config(clf: Classifier, config) -> None:
 
 def sequence_classifier(clf: Classifier):
     """The transformers `*ForSequenceClassification` with `clf`'s weights and its head folded in."""
+    lm = _language_model(clf)  # (its transformers model imported first: quietly, `to_hf`)
     from transformers import AutoModelForSequenceClassification
 
-    lm = _language_model(clf)
     config = lm.config
     _label_config(clf, config)
     if (
@@ -275,9 +275,9 @@ def token_classifier(clf: Classifier):
     families): logits [0, z] at every token, z gpt_ft's, so that at each step's separator (the
     extract token, `config.step_separator`) softmax(logits)[1] = σ(z), P(right so far), as TRL's and
     Qwen's PRMs are read; `config.threshold` is the one validation chose."""
+    lm = _language_model(clf)
     from transformers import AutoModelForTokenClassification
 
-    lm = _language_model(clf)
     config = lm.config
     config.num_labels, config.problem_type = 2, clf.task.output.problem_type
     config.id2label = dict(enumerate(clf.task.output.served_labels()))
@@ -314,9 +314,9 @@ def similarity_model(clf: Classifier):
     """GPT-1's similarity classifier (both orders, states added, then the head) as the model class
     of `modeling_similarity.py`, shipped in the folder: its `config.json` names it for
     `AutoModelForSequenceClassification` (`auto_map`), loaded with `trust_remote_code=True`."""
+    lm = _language_model(clf)
     from gpt_ft.eval import modeling_similarity
 
-    lm = _language_model(clf)
     config = lm.config
     _label_config(clf, config)
     weight, bias = _head(clf)
@@ -339,9 +339,9 @@ def similarity_model(clf: Classifier):
 def double_heads_model(clf: Classifier):
     """GPT-1's or GPT-2's `*DoubleHeadsModel`: the language model and the choice head read at each
     choice's extract token (`mc_token_ids`), one score per choice (GPT-1 §3.3)."""
+    lm = _language_model(clf)
     from transformers import GPT2DoubleHeadsModel, OpenAIGPTDoubleHeadsModel
 
-    lm = _language_model(clf)
     config = lm.config
     config.update(
         dict(

@@ -15,7 +15,6 @@ on the fly; merging dequantizes it and adds the update, so a merged model is pla
 
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass, field
 from typing import Literal
@@ -24,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gpt_ft.workarounds.kernels import torchao_import_loggers
+from gpt_ft.workarounds.kernels import torchao_import_quiet
 
 TARGETS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
 QUANTIZE = ("nf4",)
@@ -86,17 +85,11 @@ def import_torchao():
     use (its CUDA kernels, which fail to load under a CPU-only torch; an enum registered with
     torch's pytree); None where torchao is not installed. Once imported, later imports (transformers
     makes one) are silent too."""
-    loggers = torchao_import_loggers()
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.ERROR)
     try:
-        import torchao.quantization
+        with torchao_import_quiet():
+            import torchao.quantization
     except ImportError:
         return None
-    finally:
-        for logger, level in zip(loggers, levels):
-            logger.setLevel(level)
     return torchao.quantization
 
 

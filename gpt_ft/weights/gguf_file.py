@@ -22,6 +22,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from gpt_ft.workarounds.kernels import import_transformers_models
+
 MAGIC = b"GGUF"
 SUFFIX = ".gguf"
 # GGUF's `general.architecture` for the families gpt_ft has (a llama file named "mistral" is one).
@@ -242,6 +244,8 @@ def _check_rope(path: Path, reader, arch: str, config) -> None:
 def read(path: Path):
     """(transformers config, transformers-named state dict in float32) of GGUF file `path`."""
     import torch
+
+    import_transformers_models()
     from transformers import AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
     from transformers.utils import logging

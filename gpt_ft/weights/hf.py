@@ -20,6 +20,7 @@ from gpt_ft.model.config import GPTConfig
 from gpt_ft.model.gpt import GPT
 from gpt_ft.weights import hf_llama
 from gpt_ft.weights.checkpoint import UNSAFE
+from gpt_ft.workarounds.kernels import import_transformers_models
 
 # HF name -> ours, for the GPT-1 family (GPT-2's names are ours already).
 _OPENAI_NAMES = {"tokens_embed.": "wte.", "positions_embed.": "wpe."}
@@ -228,6 +229,7 @@ def convert(hf_config, state: dict[str, Tensor]) -> tuple[GPTConfig, dict[str, T
 def to_hf(gpt: GPT):
     """The matching transformers LM-head model (OpenAIGPTLMHeadModel, GPT2LMHeadModel or the
     family's *ForCausalLM: Llama, Qwen2, Qwen3, Mistral, Phi3, Gemma3), same weights."""
+    import_transformers_models()
     from transformers import GPT2LMHeadModel, OpenAIGPTLMHeadModel
 
     if any(name.endswith("lora_A") for name, _ in gpt.named_parameters()):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -57,6 +59,33 @@ def torchao_import_loggers() -> list[logging.Logger]:
     module, follow its new name (the warning's log line names the file).
     """
     return [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
+
+
+@contextmanager
+def torchao_import_quiet() -> Iterator[None]:
+    """`torchao_import_loggers` at ERROR while the block runs: the first import of torchao, direct
+    or through transformers, logs nothing of those parts (later imports log nothing either way)."""
+    loggers = torchao_import_loggers()
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+def import_transformers_models() -> None:
+    """Import transformers' model base (`transformers.modeling_utils`) quietly: it imports torchao
+    where that is installed (the quantize extra), whose import logs about CUDA kernels a CPU-only torch
+    cannot load and enums registered with pytree (`torchao_import_loggers`). Called before the first
+    transformers model is built or named: reading a GGUF file, `to_hf`, exports."""
+    import sys
+
+    if "transformers.modeling_utils" not in sys.modules:
+        with torchao_import_quiet():
+            import transformers.modeling_utils  # noqa: F401
 
 
 def flash_varlen_forward(q, k, v, cu_seqlens, max_seqlen: int, dropout_p: float, scale, left: int):
