@@ -37,6 +37,7 @@ from torch import Tensor
 from gpt_ft.data.folders import written_whole
 from gpt_ft.errors import check_output_dir, real_path
 from gpt_ft.eval.classifier import Classifier
+from gpt_ft.eval.framing import framed_tokenizer
 from gpt_ft.eval.onnx import write_onnx
 from gpt_ft.weights.checkpoint import Checkpoint
 from gpt_ft.weights.hf import has_double_heads, to_hf
@@ -364,37 +365,3 @@ def double_heads_model(clf: Classifier):
             model.multiple_choice_head.summary.bias.copy_(bias)
     model.tie_weights()
     return model
-
-
-def framed_tokenizer(clf: Classifier, *, chat_template: bool = False):
-    """`clf`'s tokenizer with GPT-1's input transform as its post-processor (a copy), and with
-    `chat_template` its chat template (a reward model's prompts are rendered through it, as in
-    training; a loader that applies one, as sentence-transformers does, would wrap every framed
-    text in it again). A card that strips its texts (`strip_texts`) has each text stripped as the
-    tokenizer's first normalizer."""
-    import copy
-
-    from tokenizers.normalizers import Sequence, Strip
-    from tokenizers.processors import TemplateProcessing
-
-    tokenizer = copy.deepcopy(clf.tokenizer)
-    if clf.task.strip_texts:  # SST-2's texts end in a space, which training never sees
-        backend = tokenizer.backend_tokenizer
-        rest = [] if backend.normalizer is None else [backend.normalizer]
-        backend.normalizer = Sequence([Strip(), *rest])
-    s = clf.specials
-    names = [tokenizer.convert_ids_to_tokens(i) for i in (s.start, s.delim, s.extract)]
-    single, pair = clf.task.template(names)
-    tokenizer.backend_tokenizer.post_processor = TemplateProcessing(
-        single=single, pair=pair, special_tokens=list(zip(names, (s.start, s.delim, s.extract)))
-    )
-    if not chat_template:  # and a text spelling a special token is text, as in training
-        tokenizer.chat_template = None
-        tokenizer.split_special_tokens = tokenizer.init_kwargs["split_special_tokens"] = True
-    tokenizer.model_max_length = clf.max_length
-    tokenizer.padding_side = "right"
-    # Training keeps the start of each text (a reward model's prompt, its end: the exported one cuts
-    # both texts on the left, as training does where the prompt alone is cut)
-    side = "left" if clf.task.keeps_context_end else "right"
-    tokenizer.truncation_side = tokenizer.init_kwargs["truncation_side"] = side  # (saved as given)
-    return tokenizer

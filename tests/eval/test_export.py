@@ -501,7 +501,7 @@ def test_a_reply_alone_is_framed_by_the_exported_tokenizer_as_training_frames_it
     from types import SimpleNamespace
 
     from gpt_ft.adapters import Ranking
-    from gpt_ft.eval.export import framed_tokenizer
+    from gpt_ft.eval.framing import framed_tokenizer
 
     tok = load_tokenizer(tokenizer_dir)
     specials = special_token_ids(tok)
@@ -585,3 +585,44 @@ def test_an_exported_models_config_names_the_tokenizers_own_bos():
         )
         config = _language_model(clf).config
         assert (config.bos_token_id, config.eos_token_id, config.pad_token_id) == (expected, 2, 3)
+
+
+def test_a_built_in_tokenizer_class_exports_as_written_stripping_and_padding_on_the_right(tmp_path):
+    """A Llama tokenizer (Llama 2's and Mistral's class; GPT-2's and Gemma's behave alike), which
+    transformers rebuilds from its vocabulary when it loads one by name: the exported folder loads
+    as it was written, so it strips a card's texts (SST-2's) and pads on the right (Llama's class
+    pads on the left), and a padded batch of a similarity model scores as `Classifier` does."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, LlamaTokenizer
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{i:02X}>": 3 + i for i in range(256)}}
+    for piece in [*"abcdefghijklmnopqrstuvwxyz .,'", "▁", "▁t", "he", "▁the", "at", "▁c", "▁cat"]:
+        vocab.setdefault(piece, len(vocab))
+    merges = [("▁", "t"), ("h", "e"), ("▁t", "he"), ("a", "t"), ("▁", "c"), ("▁c", "at")]
+    LlamaTokenizer(vocab=vocab, merges=merges, add_bos_token=True).save_pretrained(tmp_path / "tok")
+    tokenizer = load_tokenizer(tmp_path / "tok")
+    torch.manual_seed(0)
+    config = GPTConfig.from_name("llama-micro", n_positions=48, vocab_size=len(tokenizer), n_layer=1)
+    for task in (
+        SingleText(name="sst2", labels=["0", "1"], strip_texts=True),
+        Similarity(name="q", labels=["a", "b"]),
+    ):
+        head = task.head(config.n_embd, dropout=0.0, init_std=0.3, bias=config.bias)
+        clf = Classifier(GPT(config).eval(), head, task, tokenizer, max_length=48, device="cpu")
+        folder = export_classifier(clf, tmp_path / task.name)
+        served = AutoTokenizer.from_pretrained(folder)
+        assert (
+            served.padding_side == json.loads((folder / "tokenizer_config.json").read_text())["padding_side"]
+        )
+        assert served.padding_side == "right"
+        if task.strip_texts:
+            texts = ["  the cat sat .  ", "the cat .  ", " a", "the cat", " "]
+            trained = [e["input_ids"][0] for e in clf.encode([{"sentence": t} for t in texts])]
+            assert served(texts)["input_ids"] == trained
+            continue
+        rows = [("the cat sat", "a cat"), ("a", "the")]
+        model = AutoModelForSequenceClassification.from_pretrained(tmp_path / "q", trust_remote_code=True)
+        with torch.no_grad():
+            batch = served(*map(list, zip(*rows)), padding=True, return_tensors="pt")
+            probs = model.eval()(**batch).logits.softmax(-1)
+        expected = [o["scores"] for o in clf.predict([{"sentence1": a, "sentence2": b} for a, b in rows])]
+        assert probs.flatten().tolist() == pytest.approx([s[k] for s in expected for k in "ab"], abs=1e-6)

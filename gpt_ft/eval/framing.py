@@ -1,0 +1,67 @@
+"""The tokenizer an export ships: GPT-1's input transform in it, so that any loader frames a text as
+training did (`[start] text [extract]`, `[start] premise [delim] hypothesis [extract]`)."""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gpt_ft.eval.classifier import Classifier
+
+
+def framed_tokenizer(clf: Classifier, *, chat_template: bool = False):
+    """`clf`'s tokenizer with GPT-1's input transform as its post-processor (a copy), and with
+    `chat_template` its chat template (a reward model's prompts are rendered through it, as in
+    training; a loader that applies one, as sentence-transformers does, would wrap every framed
+    text in it again). A card that strips its texts (`strip_texts`) has each text stripped as the
+    tokenizer's first normalizer. It pads on the right, where a row's score is read after its last
+    real token.
+
+    The copy is of transformers' generic fast class, which loads tokenizer.json as written: a
+    built-in class (GPT-2's, Llama's, Gemma's, each derived from the generic one) would rebuild its
+    normalizer from its vocabulary when loaded, the strip lost, and Llama's would pad on the left.
+    """
+    from tokenizers.processors import TemplateProcessing
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = copy.deepcopy(clf.tokenizer)
+    if isinstance(tokenizer, PreTrainedTokenizerFast):  # its attributes are the generic class's
+        tokenizer.__class__ = PreTrainedTokenizerFast
+    if clf.task.strip_texts:  # SST-2's texts end in a space, which training never sees
+        stripping(tokenizer.backend_tokenizer)
+    s = clf.specials
+    names = [tokenizer.convert_ids_to_tokens(i) for i in (s.start, s.delim, s.extract)]
+    single, pair = clf.task.template(names)
+    tokenizer.backend_tokenizer.post_processor = TemplateProcessing(
+        single=single, pair=pair, special_tokens=list(zip(names, (s.start, s.delim, s.extract)))
+    )
+    if not chat_template:  # and a text spelling a special token is text, as in training
+        tokenizer.chat_template = None
+        tokenizer.split_special_tokens = tokenizer.init_kwargs["split_special_tokens"] = True
+    tokenizer.model_max_length = clf.max_length
+    tokenizer.padding_side = tokenizer.init_kwargs["padding_side"] = "right"  # (saved as given)
+    # Training keeps the start of each text (a reward model's prompt, its end: the exported one cuts
+    # both texts on the left, as training does where the prompt alone is cut)
+    side = "left" if clf.task.keeps_context_end else "right"
+    tokenizer.truncation_side = tokenizer.init_kwargs["truncation_side"] = side
+    return tokenizer
+
+
+def stripping(backend) -> None:
+    """`backend` (a `tokenizers.Tokenizer`) made to strip each text first, as training strips it.
+
+    A SentencePiece-style pre-tokenizer (`Metaspace`: Llama 2's, Mistral's, Phi-3's) marks the
+    text's start with its space symbol only where the text starts at its first character, which a
+    stripped one with spaces before it no longer does: the mark is then put by a normalizer after
+    the strip instead (as older tokenizer files did), where each text gets it."""
+    from tokenizers.normalizers import Prepend, Sequence, Strip
+    from tokenizers.pre_tokenizers import Metaspace
+
+    steps = [Strip()]
+    pre = backend.pre_tokenizer
+    if isinstance(pre, Metaspace) and pre.prepend_scheme != "never":
+        steps.append(Prepend(pre.replacement))
+        pre.prepend_scheme = "never"
+        backend.pre_tokenizer = pre
+    backend.normalizer = Sequence([*steps, *([] if backend.normalizer is None else [backend.normalizer])])
