@@ -286,8 +286,12 @@ class TaskAdapter:
         return self.output.label_text(label)
 
     def card_texts(self, example: dict[str, Any]) -> list[str]:
-        """`texts` as the card reads them: each without the spaces around it with `strip_texts`."""
-        texts = self.texts(example)
+        """`texts` as the card reads them (`as_read`)."""
+        return self.as_read(self.texts(example))
+
+    def as_read(self, texts: list[str]) -> list[str]:
+        """Texts (a prompt before one included) as the card reads them: each without the spaces
+        around it with `strip_texts`."""
         return [t.strip() for t in texts] if self.strip_texts else texts
 
     def encode_examples(

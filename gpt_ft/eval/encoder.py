@@ -59,8 +59,9 @@ class Encoder:
         return {"query": self.task.query_prompt, "document": self.task.document_prompt}.get(kind, "")
 
     def tokens(self, texts: list[str], prompt: Literal["query", "document"] | None) -> list[list[int]]:
-        """Each text's tokens after the prompt's, before the room of a sequence cuts them."""
-        texts = [self.prompt(prompt) + t for t in texts]  # a text spelling a special token is text
+        """Each text's tokens after the prompt's, before the room of a sequence cuts them (a text
+        spelling a special token is text)."""
+        texts = self.task.as_read([self.prompt(prompt) + t for t in texts])  # as training reads them
         return (
             self.classifier.tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
             if texts

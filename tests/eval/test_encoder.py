@@ -117,6 +117,18 @@ def test_the_encoders_vectors_are_the_training_paths_own(embedded):
         encoder.encode(texts, batch_size=3)
     assert sizes == [3, 3, 2] and ticks == [0, 1, 2]
     torch.testing.assert_close(chunked, vectors, atol=1e-6, rtol=0)
+    # A card that strips its texts (SST-2's): the prompt and text stripped together, as training
+    # reads an anchor (`card_texts`); a text's trailing spaces give the vector of the text without.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(encoder.task, "strip_texts", True)
+        patch.setattr(encoder.task, "query_prompt", " query: ")
+        spaced = f"  {texts[0]}  "
+        read = encoder.task.card_texts({"anchor": spaced, "positive": texts[1]})[0]
+        assert read == f"query:   {texts[0]}"
+        tokens = encoder.classifier.tokenizer(read, add_special_tokens=False)["input_ids"]
+        assert encoder.tokens([spaced], "query") == [tokens]
+        both = encoder.encode([f"{texts[0]}  ", texts[0]], convert_to="torch")
+        torch.testing.assert_close(both[0], both[1], atol=0, rtol=0)
     vectors.add_(1)  # a plain tensor, for any use (an inference tensor refused this)
     assert encoder.classifier.raw_outputs([{"anchor": texts[0], "positive": texts[1]}]).add_(1) is not None
     assert encoder.encode(iter(texts[:2])).shape == (2, encoder.dimensions)  # any iterable of texts
