@@ -128,6 +128,7 @@ class RankingOutput(TaskOutput):
     has_probabilities = False
     allowed_metrics = default_metrics = RANK_METRICS
     default_lm_coef = 0.0
+    stratified = False  # a label is a row's scores (or its chosen and rejected replies): no class
 
     def __init__(
         self, task_name: str, spec: LabelSpec, *, loss: str, max_replies: int, center_rewards: float

@@ -144,3 +144,18 @@ def test_a_bad_label_is_refused_whatever_the_subset_draws(tmp_path, tokenizer_di
         module = TaskDataModule(card, tokenizer_dir, data_dir=str(tmp_path), train_size=2, seed=0)
         with pytest.raises(TaskDataError, match=f"^{train}, line 5: {problem}"):
             module.encoded("train", labelled=True)
+
+
+def test_a_rankings_subset_is_one_seeded_draw_of_its_size():
+    """A ranking's label is its replies' scores, no class: row 0, taken for a row without a class,
+    was added to every draw (4 rows for 3 on some seeds)."""
+    import datasets
+
+    from gpt_ft.adapters import Ranking
+    from gpt_ft.data.subsets import training_subset
+
+    task = Ranking(name="r", prompt="prompt", replies="replies", scores="scores")
+    rows = [{"prompt": f"p{i}", "replies": ["a", "b"], "scores": [1.0, float(i % 2)]} for i in range(10)]
+    raw = datasets.Dataset.from_list(rows)
+    for seed in range(4):
+        assert training_subset(task, raw, 3, seed) == sorted(random.Random(seed).sample(range(10), 3))
