@@ -193,7 +193,7 @@ class TaskAdapter:
         """The one place a task's output kind is chosen: the shape's own, or else as the card says,
         a score (`regression: true`) or one class per example."""
         own = self.own_output(spec)
-        if not spec.regression and spec.score_range is not None:
+        if not spec.regression and spec.score_range is not None and not (own is not None and own.embeds):
             raise CardError(
                 f"Task {self.name!r}: score_range bounds a regression's scores; set `regression: true`."
             )

@@ -202,6 +202,12 @@ class EmbeddingOutput(TaskOutput):
             )
         if dimensions is not None and dimensions < 1:
             raise CardError(f"Task {task_name!r}: dimensions must be >= 1, got {dimensions}.")
+        if spec.score_range is not None and not (scored and spec.score_range[0] < spec.score_range[1]):
+            raise CardError(  # (what the gold scores span: -1 inside it is a score, not a missing one)
+                f"Task {task_name!r}: score_range is the [low, high] of the gold scores of `score`, "
+                f"low < high; got {list(spec.score_range)}"
+                + ("." if scored else " on a card without `score`.")
+            )
         self.scored, self.loss, self.temperature, self.symmetric = scored, loss, temperature, symmetric
         self.dimensions, self.candidates, self.pooling = dimensions, candidates, pooling
         self.default_metrics = CORRELATIONS if scored else RETRIEVAL
@@ -256,10 +262,23 @@ class EmbeddingOutput(TaskOutput):
             return 1.0
         return super().example_label(example)
 
+    def takes_minus_one(self) -> bool:
+        """-1 is a gold score where the card's `score_range` holds it (a cosine's [-1, 1]); without
+        one, the hub's mark of an unlabelled row (GLUE's STS-B test split)."""
+        low, high = self.spec.score_range or (0.0, -1.0)
+        return low <= -1 <= high
+
     def label_id(self, value: Any) -> float:
-        """A gold score: a finite number."""
+        """A gold score: a finite number, within the card's `score_range` where it has one."""
         self._missing(value)
-        return finite_number(value, "score", self.spec.field)
+        score = finite_number(value, "score", self.spec.field)
+        low, high = self.spec.score_range or (-math.inf, math.inf)
+        if not low <= score <= high:
+            raise TaskDataError(
+                f"score {value!r} in field {self.spec.field!r} is outside the card's score_range "
+                f"[{low:g}, {high:g}]."
+            )
+        return score
 
 
 class Embedding(TaskAdapter):
@@ -292,7 +311,9 @@ class Embedding(TaskAdapter):
                 texts only.
             num_negatives: The most hard negatives a row has (a field holding a list; default 1).
             score: Field with the pair's gold similarity (STS-B's 0-5): CoSENT trains on it and
-                Spearman scores against it; None: every pair is a match.
+                Spearman scores against it; None: every pair is a match. A score of -1 marks an
+                unlabelled row (as the hub's test splits do) unless the card's `score_range` (the
+                scores' [low, high], e.g. [-1, 1]) holds it.
             loss: infonce (default without a score) or cosent (default with one).
             temperature: InfoNCE's τ (0.05: SimCSE's and E5's).
             symmetric: InfoNCE in both directions, averaged (pairs whose two sides play one part).

@@ -647,3 +647,25 @@ def test_nli_records_become_triplets_as_sbert_and_simcse_build_them():
         TaskDataError, match=r"^record 2: label 'entailmnet' in field 'label' is none of entail"
     ):
         task.regroup([ok[0], {**ok[0], "label": "entailmnet"}], where=lambda i: f"record {i + 1}")
+
+
+def test_a_gold_score_of_minus_one_is_a_score_where_the_cards_range_holds_it():
+    """Scores on a cosine's scale ([-1, 1]): `score_range` says -1 is one; without it, -1 marks an
+    unlabelled row, as GLUE's STS-B test split has it on the hub."""
+    from gpt_ft.errors import CardError
+
+    cosines = Embedding(name="c", score="score", score_range=[-1, 1]).output
+    assert [cosines.example_label({"score": v}) for v in (-1, "-1", -1.0, 0.5)] == [-1.0, -1.0, -1.0, 0.5]
+    with pytest.raises(
+        TaskDataError, match=r"^score 1\.5 in field 'score' is outside the card's score_range \[-1, 1\]\.$"
+    ):
+        cosines.example_label({"score": 1.5})
+    stsb = Embedding(name="s", score="score").output
+    assert [stsb.example_label({"score": v}) for v in (-1, "-1", 4.2)] == [None, None, 4.2]
+    with pytest.raises(
+        CardError,
+        match=r"of the gold scores of `score`, low < high; got \[-1, 1\] on a card without `score`\.$",
+    ):
+        Embedding(name="u", score_range=[-1, 1])
+    with pytest.raises(CardError, match=r"low < high; got \[1, -1\]\.$"):
+        Embedding(name="r", score="score", score_range=[1, -1])
