@@ -184,6 +184,7 @@ class Ranking(TaskAdapter):
 
     shares_context = True
     keeps_context_end = True
+    renders_chats = True  # replies written out with a template's tokens, as a `Preference` card's
 
     def __init__(
         self,

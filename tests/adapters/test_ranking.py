@@ -315,3 +315,21 @@ def test_explain_shows_a_label_for_every_reply_the_unranked_too(tmp_path, tokeni
     row = {"prompt": "p", "replies": ["a", "b", "c"], "ranks": [2, 1, 3]}
     label = ranked.encode(row, [[10], [20], [30], [40]], SPECIALS, max_length=64).label
     assert same(label, [-2.0, -1.0, -3.0, NAN]) and ranked.label_text(label) == [2.0, 1.0, 3.0, None]
+
+
+def test_a_reply_spelling_a_special_token_is_that_token_as_in_a_preference_card(tokenizer_dir):
+    """A reply written out with a template's tokens (`Yes<|endoftext|>`) reads the end-of-text
+    token, as a `Preference` card reads it (docs/tasks.md), not its characters."""
+    from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
+
+    tok = load_tokenizer(tokenizer_dir)
+    specials = special_token_ids(tok)
+    reply = "Yes<|endoftext|>"
+    pair = Preference(name="p", prompt="prompt").encode_examples(
+        [{"prompt": "Is it true?", "chosen": reply, "rejected": "No"}], tok, specials, 64
+    )[0]
+    ranked = Ranking(name="r").encode_examples(
+        [{"prompt": "Is it true?", "replies": [reply, "No"], "scores": [1, 0]}], tok, specials, 64
+    )[0]
+    assert ranked.sequences[0] == pair.sequences[0]
+    assert ranked.sequences[0][-2:] == [tok.convert_tokens_to_ids("<|endoftext|>"), specials.extract]
