@@ -359,9 +359,10 @@ class Preference(TaskAdapter):
     def _message_texts(self, messages: list, sides: list[str]) -> list[str]:
         """[prompt, reply, ...] of chat messages: the messages every side starts with (all but the
         last one at most) are the prompt."""
+        chat = next(side for side, m in zip(sides, messages) if m is not None)
         for side, m in zip(sides, messages):
             if m is None:
-                raise TaskDataError(f"field {side!r} holds a text where {sides[0]!r} holds chat messages.")
+                raise TaskDataError(f"field {side!r} holds a text where {chat!r} holds chat messages.")
         n = min(len(m) - 1 for m in messages)
         shared = next((i for i in range(n) if any(m[i] != messages[0][i] for m in messages)), n)
         rendered = [render_messages(messages[0][:shared], m[shared:], self._chat) for m in messages]

@@ -81,6 +81,10 @@ def test_rows_read_as_pairs_or_one_reply():
         TaskDataError, match="field 'rejected' holds a text where 'chosen' holds chat messages"
     ):
         task.texts({"chosen": [{"role": "user", "content": "hi"}], "rejected": "b"})
+    with pytest.raises(  # the side that holds the messages named, whichever it is
+        TaskDataError, match="field 'chosen' holds a text where 'rejected' holds chat messages"
+    ):
+        task.texts({"chosen": "a", "rejected": [{"role": "user", "content": "hi"}]})
     with pytest.raises(
         TaskDataError, match="field 'chosen' holds \\[\\{'role': 'user'\\}\\], not a text or chat"
     ):
