@@ -308,8 +308,11 @@ class Ranking(TaskAdapter):
         return rows, [first for _, _, first in kept]
 
     def to_predict(self, record: dict[str, Any]) -> dict[str, Any]:
-        """The record without its scores, those of a list of records (`reply_score`) included."""
+        """The record without its scores, those of a list of records (`reply_score`) included, and
+        chosen and rejected replies unscored (a row of one reply is scored: its reward)."""
         example = super().to_predict(record)
+        if self.chosen:
+            example[UNSCORED] = True
         replies = example.get(self.replies) if self.reply_text else None
         if isinstance(replies, (list, tuple)):
             example[self.replies] = [

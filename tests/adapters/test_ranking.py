@@ -128,6 +128,16 @@ def test_classifier_scores_a_record_as_training_reads_it(tokenizer_dir):
     assert isinstance(one["scores"], float) and one["label"] == one["scores"]
     with pytest.raises(TaskDataError, match=r"^example 1 has no field 'modified' \(task 'r'\)\.$"):
         clf.predict([record, {"q": "Q3", "original": ["1. a"]}])
+    # RewardBench 2's layout (a list of chosen, a list of rejected): a row of one reply, its reward,
+    # whichever side holds it (a one-reply row was refused: one reply with a score orders nothing).
+    clf.task = Ranking(name="rb2", chosen="chosen", rejected="rejected", max_replies=4)
+    for row in (
+        {"prompt": "Q2", "chosen": ["1. a"], "rejected": []},
+        {"prompt": "Q2", "chosen": [], "rejected": ["1. a"]},
+    ):
+        assert clf.encode([row])[0]["input_ids"] == alone.fields()["input_ids"]
+        (reward,) = clf.predict([row])
+        assert reward["scores"] == pytest.approx(one["scores"], abs=1e-6)
     # Identical replies tie whatever the batch: the first is the best.
     clf.task = Ranking(name="plain", max_replies=4)
     rows = [
