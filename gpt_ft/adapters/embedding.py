@@ -271,14 +271,7 @@ class EmbeddingOutput(TaskOutput):
     def label_id(self, value: Any) -> float:
         """A gold score: a finite number, within the card's `score_range` where it has one."""
         self._missing(value)
-        score = finite_number(value, "score", self.spec.field)
-        low, high = self.spec.score_range or (-math.inf, math.inf)
-        if not low <= score <= high:
-            raise TaskDataError(
-                f"score {value!r} in field {self.spec.field!r} is outside the card's score_range "
-                f"[{low:g}, {high:g}]."
-            )
-        return score
+        return finite_number(value, "score", self.spec.field, self.spec.score_range)
 
 
 class Embedding(TaskAdapter):

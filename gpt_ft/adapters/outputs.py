@@ -388,11 +388,4 @@ class RegressionOutput(TaskOutput):
     def label_id(self, value: Any) -> float:
         """A score: the value as a number."""
         self._missing(value)
-        score = finite_number(value, "regression score", self.spec.field)
-        low, high = self.spec.score_range or (-math.inf, math.inf)
-        if not low <= score <= high:
-            raise TaskDataError(
-                f"regression score {value!r} in field {self.spec.field!r} is outside the card's "
-                f"score_range [{low:g}, {high:g}]."
-            )
-        return score
+        return finite_number(value, "regression score", self.spec.field, self.spec.score_range)

@@ -14,9 +14,10 @@ from gpt_ft.errors import CardError, TaskDataError
 FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max: scores are trained in fp32
 
 
-def finite_number(value: Any, what: str, field: str) -> float:
+def finite_number(value: Any, what: str, field: str, within: tuple[float, float] | None = None) -> float:
     """A label field's number (a score, a margin): finite and within fp32's range, where the loss
-    stays finite; a boolean (JSON's true) is no number."""
+    stays finite, and within the card's `score_range` (`within`) where given; a boolean (JSON's
+    true) is no number."""
     boolean = isinstance(value, bool) or getattr(getattr(value, "dtype", None), "kind", "") == "b"
     try:
         number = float(None if boolean else value)
@@ -25,6 +26,11 @@ def finite_number(value: Any, what: str, field: str) -> float:
     if not math.isfinite(number) or abs(number) > FLOAT32_MAX:
         raise TaskDataError(
             f"{what} {value!r} in field {field!r} is not a finite number a 32-bit float holds."
+        )
+    low, high = within or (-math.inf, math.inf)
+    if not low <= number <= high:
+        raise TaskDataError(
+            f"{what} {value!r} in field {field!r} is outside the card's score_range [{low:g}, {high:g}]."
         )
     return number
 
