@@ -259,7 +259,8 @@ def continue_prompts(
     """Each prompt's new tokens, up to its first end-of-text token: `batch_size` prompts at a time,
     the shortest together (`by_length`), padded on the left (`left_padded`). A batch adds at most
     what the context its longest prompt leaves; a prompt that would have more room alone, cut by
-    that before it ended, is decoded again alone. `decode`: `GPT.generate`'s options."""
+    that before it ended, is decoded again alone (under beam search, any such prompt: the beam that
+    wins depends on the length limit even where it ends early). `decode`: `GPT.generate`'s options."""
     device, new = next(gpt.parameters()).device, [[] for _ in prompts]
     eos, context = decode.get("eos_token_id") or [], gpt.config.n_positions
     for batch in progress(by_length(prompts, batch_size)):
@@ -270,7 +271,8 @@ def continue_prompts(
         for row, i in enumerate(batch):
             new[i] = until_eos(out[row, width:].tolist(), eos)
             alone = min(max_new_tokens, context - len(prompts[i]))
-            if len(new[i]) == room < alone:  # cut by the batch's room, not ended: decoded alone
+            beams = decode.get("num_beams", 1) > 1
+            if room < alone and (beams or len(new[i]) == room):  # cut by the batch's room: decoded alone
                 one = gpt.generate(torch.tensor([prompts[i]], device=device), max_new_tokens=alone, **decode)
                 new[i] = until_eos(one[0, len(prompts[i]) :].tolist(), eos)
     return new

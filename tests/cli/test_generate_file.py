@@ -252,3 +252,29 @@ def test_cuda_generate_decodes_on_the_static_cache_by_default_with_the_same_toke
         main(["generate", *args, f"--input={source}", f"--output={out}", "--batch_size=3", *options])
         written.append([json.loads(line)["continuation"] for line in out.read_text().splitlines()])
     assert asked == [True, True, False, False] and written[0] == written[1]
+
+
+def test_under_beam_search_a_prompt_the_batch_leaves_less_room_is_decoded_alone_even_if_it_ended():
+    """Beam search's winner depends on its length limit even where it ends at an end token within
+    it: a prompt with less room in its batch than alone is decoded again alone, not only when cut."""
+    import torch
+
+    from gpt_ft.eval.generation import continue_prompts
+
+    class Model:  # ends every row at once (token 9, the end token): never cut by the batch's room
+        config = type("Config", (), {"n_positions": 40})()
+        limits: list[tuple[int, int]] = []
+
+        def parameters(self):
+            return iter([torch.zeros(1)])
+
+        def generate(self, ids, max_new_tokens, attention_mask=None, **decode):
+            self.limits.append((ids.shape[0], max_new_tokens))
+            return torch.cat([ids, torch.full((ids.shape[0], 1), 9)], dim=1)
+
+    prompts = [[1] * 4, [2] * 30]
+    for beams, limits in ((1, [(2, 10)]), (3, [(2, 10), (1, 20)])):
+        model = Model()
+        model.limits = []
+        assert continue_prompts(model, prompts, 2, 20, {"num_beams": beams, "eos_token_id": [9]}) == [[], []]
+        assert model.limits == limits
