@@ -12,11 +12,10 @@ rejected one). The loss (`loss`), over the replies a row ranks:
 - `softmax`: softmax cross-entropy with the best replies (every tied best one) as the target;
 - `pairwise`: Bradley-Terry over all pairs of different scores, -log σ(r_better - r_worse), averaged.
 
-Each is Bradley-Terry's -log σ(r_chosen - r_rejected) on two replies, the pairwise reward model's
-(`Preference`). Scored by best-of-N accuracy (the top reward on a best reply; RewardBench 2's form
-with one chosen reply; a tie at the top counts its share; unranked replies below the ranked ones;
-over the rows with a reply worse than the best), pairwise accuracy over all pairs of different
-scores (a tie counting half) and Kendall's τ-b, each row's, averaged.
+Each is Bradley-Terry's -log σ(r_chosen - r_rejected) on two replies (`Preference`'s). Scored by
+best-of-N accuracy (the top reward on a best reply, RewardBench 2's form with one chosen reply: a
+tie at the top counts its share, unranked replies below the ranked ones, over the rows with a reply
+worse than the best), pairwise accuracy (a tie counting half) and Kendall's τ-b, rows averaged.
 """
 
 from __future__ import annotations
@@ -308,13 +307,9 @@ class Ranking(TaskAdapter):
         return rows, [first for _, _, first in kept]
 
     def to_predict(self, record: dict[str, Any]) -> dict[str, Any]:
-        """The record without its scores, those of a list of records (`reply_score`) included, and
-        chosen and rejected replies unscored (a row of one reply is scored: its reward)."""
-        example = super().to_predict(record)
-        if self.chosen:
-            example[UNSCORED] = True
-        replies = example.get(self.replies) if self.reply_text else None
-        if isinstance(replies, (list, tuple)):
+        """The record without its scores (`reply_score`'s too; chosen and rejected sides unscored)."""
+        example = {**super().to_predict(record), **({UNSCORED: True} if self.chosen else {})}
+        if self.reply_text and isinstance(replies := example.get(self.replies), (list, tuple)):
             example[self.replies] = [
                 {**v, self.reply_score: None} if isinstance(v, dict) else v for v in replies
             ]
