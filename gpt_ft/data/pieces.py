@@ -26,6 +26,7 @@ class Partial(str):
 # the line breaks after punctuation with it: ".\n" is one piece) and GPT-1's whitespace/punctuation
 # pre-tokenizer all split there, so a cut there changes no token.
 _EXACT_CUT = re.compile(r"(?<=\S)(?= \S)|(?<=[^\W_])(?=\n\S)")
+_LOOKAHEAD = 8  # characters past a pre-token that decide where it ends (GPT-2's "'ll": 3)
 
 
 def cut_point(text: str, limit: int, ends: Ends | None = None) -> int:
@@ -33,14 +34,19 @@ def cut_point(text: str, limit: int, ends: Ends | None = None) -> int:
 
     The last exact cut (see `_EXACT_CUT`) in the second half of the window, searched from its end;
     else (a stretch with no such break, e.g. unspaced scripts) the last end of a pre-token that is
-    no whitespace (`ends`, see `pre_token_ends`), else the last newline, else `limit`.
+    no whitespace (`ends`, see `pre_token_ends`) up to `limit`, read with what follows it in view,
+    else the last newline, else `limit`.
     """
     for width in (256, 8192, limit // 2):  # searched 2 characters on: a cut at `limit` sees what follows
         cuts = [m.start() for m in _EXACT_CUT.finditer(text, max(limit - width, limit // 2), limit + 2)]
         if cuts := [at for at in cuts if at <= limit]:
             return cuts[-1]
-    exact = (
-        [end for end in ends(text[:limit]) if end >= limit // 2 and not text[end - 1].isspace()]
+    exact = (  # read `_LOOKAHEAD` on: "'" ends a pre-token in "you'r" and not in "you're"
+        [
+            end
+            for end in ends(text[: limit + _LOOKAHEAD])
+            if limit // 2 <= end <= limit and not text[end - 1].isspace()
+        ]
         if ends
         else []
     )

@@ -1,11 +1,13 @@
 import json
 import shutil
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from tokenizers import pre_tokenizers
 
 from gpt_ft.data.folders import Terminated
-from gpt_ft.data.pieces import cut_point, is_validation, pieces
+from gpt_ft.data.pieces import cut_point, is_validation, pieces, pre_token_ends
 from gpt_ft.data.prepare import prepare, read_meta, token_dtype
 from gpt_ft.data.tokenizer import EOS_TOKEN, load_tokenizer
 from tests.helpers import SENTENCES, write_corpus
@@ -157,6 +159,17 @@ def test_an_exact_cut_at_the_pieces_size_is_found():
     newline before it, where a cut splits a run of whitespace the tokenizer reads as one."""
     text = "a" * 10 + "   \n" * 5 + "a" * 10 + " b" * 20
     assert cut_point(text, 40) == 40 and text[40:42] == " b"
+
+
+def test_a_cut_between_pre_tokens_reads_past_the_window_for_contractions():
+    """Unspaced text cut at GPT-2's pre-tokens' ends: "'" ends one where "you'r" stops the window
+    and none where "you're" goes on, so every window's cut splits the whole text's pre-tokens."""
+    backend = SimpleNamespace(pre_tokenizer=pre_tokenizers.ByteLevel(add_prefix_space=False), normalizer=None)
+    split = lambda s: [token for token, _ in backend.pre_tokenizer.pre_tokenize_str(s)]  # noqa: E731
+    text = "你好you're你好we'll你好" * 6
+    for limit in range(12, len(text) - 1):
+        cut = cut_point(text, limit, pre_token_ends(backend))
+        assert cut <= limit and split(text[:cut]) + split(text[cut:]) == split(text), (limit, cut)
 
 
 def test_a_long_document_of_whitespace_ends_with_end_of_text_too(tmp_path, tokenizer_dir):
