@@ -513,8 +513,9 @@ def piped(path, text: str):
             yield path
         finally:
             done.set()
-            os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))  # the writer's open waiting for a reader
-            writer.join(5)
+            while writer.is_alive():  # its open waits for a reader (perhaps not yet: each try gives one)
+                os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))
+                writer.join(0.01)
 
     return pipe()
 
