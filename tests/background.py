@@ -23,12 +23,12 @@ commands), `WORKERS` jobs run at a time, and the background takes both cores.
 Most of a command's own work is importing torch, Lightning and transformers (about 5 s of CPU for
 `gpt-ft fit`), so a `preloaded` command is not started afresh: it is a fork of one template process
 that imported the toolkit once at the start of the session (multiprocessing's forkserver), run as
-`python -m gpt_ft ARGS` or `python -c CODE ARGS` would run it, in its own session, working
-directory and environment, its output in files. What a command checks of a fresh interpreter (which
-modules an import pulls in, what `PYTHONPATH` alone finds, an environment read at import) needs
-`fresh` instead. The other ranks of a preloaded DDP run are forks of its process too (Lightning's
-launcher would start each as `python -m gpt_ft ARGS` afresh), run as that command would run; those of
-a fresh one are fresh processes.
+`python -m gpt_ft ARGS`, `python -c CODE ARGS` or `python SCRIPT ARGS` would run it, in its own
+session, working directory and environment, its output in files. What a command checks of a fresh
+interpreter (which modules an import pulls in, what `PYTHONPATH` alone finds, an environment read
+at import) needs `fresh` instead. The other ranks of a preloaded DDP run are forks of its process
+too (Lightning's launcher would start each as `python -m gpt_ft ARGS` afresh), run as that command
+would run; those of a fresh one are fresh processes.
 """
 
 from __future__ import annotations
@@ -82,8 +82,8 @@ class Command:
     """One process: its arguments, working directory and environment (None: the session's, as it was
     when the session started; OMP_NUM_THREADS=1 is added either way); `after`, if given, is called
     once the process has ended, before the next command starts, and what it returns is the result's
-    `after` (e.g. the files there were). `preloaded`: `python -m MODULE ...` or `python -c CODE ...`
-    run in a fork of the template process, which has the toolkit imported already."""
+    `after` (e.g. the files there were). `preloaded`: `python -m MODULE ...`, `python -c CODE ...` or
+    `python SCRIPT ...` run in a fork of the template process, which has the toolkit imported already."""
 
     argv: list[str]
     cwd: Path = ROOT
@@ -144,13 +144,16 @@ def start_template() -> None:
 
 
 def _preloaded(argv: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> None:
-    """In the forked template: `python ARGV` (`-m MODULE ...` or `-c CODE ...`) as a process of its
-    own would run it, its stdout and stderr written to `out` and `err`; exits with its status."""
+    """In the forked template: `python ARGV` (`-m MODULE ...`, `-c CODE ...` or `SCRIPT ...`) as a
+    process of its own would run it, its stdout and stderr written to `out` and `err`; exits with its
+    status."""
     os.setsid()  # its own process group (killed with its children if need be) and autogroup
     lower_priority(os.getpid())
     gc.freeze()  # the template's imports live as long as the command: no collection walks them
     pythonpath = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    sys.path[:0] = [cwd if argv[0] == "-m" else "", *pythonpath]  # as `python -m` or `-c` would have it
+    script = os.path.dirname(os.path.realpath(os.path.join(cwd, argv[0])))
+    first = {"-m": cwd, "-c": ""}.get(argv[0], script)
+    sys.path[:0] = [first, *pythonpath]  # as `python -m`, `-c` or a script would have it
     sys.stdout.flush()  # what the template wrote goes where the template writes
     sys.stderr.flush()
     for fd, path in ((1, out), (2, err)):
@@ -166,18 +169,21 @@ def _preloaded(argv: list[str], cwd: str, env: dict[str, str], out: str, err: st
 
 
 def _run_as_main(argv: list[str], cwd: str) -> int:
-    """`python ARGV` (`-m MODULE ...` or `-c CODE ...`) run in this process, in `cwd` (the
-    environment set already); its exit status."""
+    """`python ARGV` (`-m MODULE ...`, `-c CODE ...` or `SCRIPT ...`) run in this process, in `cwd`
+    (the environment set already); its exit status."""
     os.chdir(cwd)
-    option, target, *args = argv
+    option, *args = argv
     status = 0
     try:
         if option == "-m":
-            sys.argv = [target, *args]
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
+            sys.argv = args
+            runpy.run_module(args[0], run_name="__main__", alter_sys=True)
+        elif option == "-c":
+            sys.argv = ["-c", *args[1:]]
+            exec(compile(args[0], "<string>", "exec"), {"__name__": "__main__"})
         else:
-            sys.argv = ["-c", *args]
-            exec(compile(target, "<string>", "exec"), {"__name__": "__main__"})
+            sys.argv = argv
+            runpy.run_path(option, run_name="__main__")
     except SystemExit as stop:
         if isinstance(stop.code, str):
             print(stop.code, file=sys.stderr)

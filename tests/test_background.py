@@ -26,12 +26,17 @@ def start_probes(root):
     env = {"PROBE": "seen", "PATH": "/usr/bin:/bin"}
     probes = [Command([sys.executable, "-c", PROBE, "3"], root, env, preloaded=p) for p in (False, True)]
     failures = [Command([sys.executable, "-c", code], root, preloaded=True) for code in FAILURES.values()]
-    return [*probes, *failures, Command([sys.executable, "-m", "gpt_ft", "--version"], preloaded=True)]
+    (root / "scripts").mkdir()
+    (root / "scripts" / "probe.py").write_text(PROBE)
+    script = [sys.executable, "scripts/probe.py", "4"]
+    scripts = [Command(script, root, env, preloaded=p) for p in (False, True)]
+    version = Command([sys.executable, "-m", "gpt_ft", "--version"], preloaded=True)
+    return [*probes, *failures, version, *scripts]
 
 
 @pytest.mark.background(start=start_probes)
 def test_a_preloaded_command_runs_as_a_fresh_one(background):
-    fresh, preloaded, raises, says, ends, version = background.runs
+    fresh, preloaded, raises, says, ends, version, script, preloaded_script = background.runs
     assert fresh.returncode == preloaded.returncode == 3
     assert preloaded.stdout == fresh.stdout  # working directory, arguments, environment, sys.path
     assert fresh.stdout.splitlines() == [
@@ -48,3 +53,13 @@ def test_a_preloaded_command_runs_as_a_fresh_one(background):
     assert (says.returncode, says.stderr) == (1, "gpt-ft: error: a sentence\n")
     assert (ends.returncode, ends.stdout, ends.stderr) == (0, "done\n", "")
     assert version.returncode == 0 and version.stdout.startswith("gpt-ft ")
+    # a script: its arguments, and its folder first on sys.path
+    assert script.returncode == preloaded_script.returncode == 4
+    assert preloaded_script.stdout == script.stdout
+    assert script.stdout.splitlines()[0] == (
+        f"{background.root} ['scripts/probe.py', '4'] seen 1 {background.root / 'scripts'}"
+    )
+    assert (script.stderr, preloaded_script.stderr) == (
+        "to stderr\nimported: False\n",
+        f"to stderr\nimported: {preloads}\n",
+    )

@@ -75,7 +75,8 @@ def start_gpu_check(root):
     report = root / "gpu_check.md"
     return [
         Command(
-            [sys.executable, "benchmarks/gpu_check.py", "--device", "cpu", "--quick", "--report", str(report)]
+            [sys.executable, "benchmarks/gpu_check.py", "--device=cpu", "--quick", f"--report={report}"],
+            preloaded=True,
         )
     ]
 
@@ -98,7 +99,7 @@ def test_gpu_checklist_runs_on_the_cpu(background):
 
 def start_memory_benchmark(root):
     quick = ["--preset", "llama-micro", "--steps", "1", "--seq-len", "16"]
-    return [Command([sys.executable, "benchmarks/bench_memory.py", *quick])]
+    return [Command([sys.executable, "benchmarks/bench_memory.py", *quick], preloaded=True)]
 
 
 @pytest.mark.background(start=start_memory_benchmark)
