@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, Dataset
 from gpt_ft.data.batches import collate_blocks
 from gpt_ft.data.pinning import leave_stops_to_the_main_process, pins
 from gpt_ft.data.prepare import SPLIT_FILES, read_meta
-from gpt_ft.data.samplers import EpochSampler, ResumableTrainData
+from gpt_ft.data.samplers import EpochSampler, ResumableTrainData, run_seed
 from gpt_ft.data.task_data import check_model_fits
 
 
@@ -70,7 +70,7 @@ class LMDataModule(ResumableTrainData, LightningDataModule):
         eval_batch_size: int | None = None,
         num_workers: int = 0,
         shuffle: bool = True,
-        seed: int = 0,
+        seed: int | None = None,
     ) -> None:
         """
         Args:
@@ -81,7 +81,7 @@ class LMDataModule(ResumableTrainData, LightningDataModule):
             num_workers: DataLoader worker processes.
             shuffle: Visit the training blocks in a fresh random permutation each epoch (GPT-1);
                 False reads them in file order.
-            seed: Seed of the per-epoch block permutation.
+            seed: Seed of the per-epoch block permutation; default the run's seed_everything.
         """
         super().__init__()
         if block_size < 1 or batch_size < 1:
@@ -90,7 +90,7 @@ class LMDataModule(ResumableTrainData, LightningDataModule):
         self.meta = read_meta(self.token_dir)
         self.block_size, self.batch_size = block_size, batch_size
         self.eval_batch_size = eval_batch_size or batch_size
-        self.num_workers, self.shuffle, self.seed = num_workers, shuffle, seed
+        self.num_workers, self.shuffle, self.seed = num_workers, shuffle, run_seed(seed)
         self.vocab_size = self.meta["vocab_size"]
         self.tokenizer_path = str(self.token_dir / self.meta["tokenizer"])
         self.blocks = {split: self._blocks(split) for split in SPLIT_FILES if self._has_blocks(split)}

@@ -12,11 +12,18 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from collections.abc import Iterator, Sequence
 
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch.utils.data import DistributedSampler
+
+
+def run_seed(seed: int | None) -> int:
+    """`seed`, or where it is None the run's (`--seed_everything`, which Lightning's seed_everything
+    keeps in PL_GLOBAL_SEED before the data module is built; 0 where none was set)."""
+    return seed if seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
 
 
 def epoch_generator(seed: int, epoch: int) -> torch.Generator:

@@ -7,7 +7,6 @@ from examples to tokens, which `Classifier` and export take too) -> cached Arrow
 from __future__ import annotations
 
 import hashlib
-import os
 from functools import partial
 from typing import Any
 
@@ -23,7 +22,7 @@ from gpt_ft.data.batches import collate_batch, reads
 from gpt_ft.data.files import Origin, located_split, task_examples
 from gpt_ft.data.ids import id_names, integer_id
 from gpt_ft.data.pinning import leave_stops_to_the_main_process, pins
-from gpt_ft.data.samplers import EpochSampler, LengthGroupedSampler, ResumableTrainData
+from gpt_ft.data.samplers import EpochSampler, LengthGroupedSampler, ResumableTrainData, run_seed
 from gpt_ft.data.subsets import training_subset
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
 from gpt_ft.errors import check_context
@@ -132,7 +131,7 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         self.packing = packing
         self.shuffle, self.length_grouped = shuffle, length_grouped
         self.shared_context = shared_context
-        self.seed = seed if seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 0))
+        self.seed = run_seed(seed)
         if train_size is not None and train_size < 1:
             raise ValueError(f"train_size must be a positive number of examples, got {train_size}.")
         self.train_size = train_size

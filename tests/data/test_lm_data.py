@@ -87,3 +87,20 @@ def test_a_validation_split_too_short_for_a_block_is_left_out_and_said(tmp_path,
     with pytest.warns(UserWarning, match=r"holds 5 tokens, fewer than one block of block_size \+ 1 = 9"):
         assert LMDataModule(str(tokens), block_size=8).val_dataloader() == []
     assert len(LMDataModule(str(tokens), block_size=4).blocks["validation"]) == 1
+
+
+def test_the_block_order_follows_the_runs_seed_unless_given_one(tmp_path, tokenizer_dir, monkeypatch):
+    """No `seed`: the run's (--seed_everything, kept by Lightning in PL_GLOBAL_SEED), as a task's
+    data module takes it; a seed given wins."""
+    corpus = write_corpus(tmp_path, n_files=1, lines=60)
+    prepare(out_dir=tmp_path / "tokens", tokenizer=tokenizer_dir, inputs=[str(corpus)], progress=False)
+
+    def order(**seed) -> list[int]:
+        data = LMDataModule(str(tmp_path / "tokens"), block_size=4, batch_size=2, **seed)
+        return [i for batch in data.train_dataloader() for i in batch.index.tolist()]
+
+    monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)
+    seed_0 = order()
+    monkeypatch.setenv("PL_GLOBAL_SEED", "5")
+    assert order() == order(seed=5) != seed_0 and sorted(seed_0) == sorted(order())
+    assert order(seed=0) == seed_0
