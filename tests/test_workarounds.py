@@ -464,6 +464,49 @@ def test_an_indexed_action_lookup_finds_the_action_jsonargparse_walks_to(
     assert indexed(parser, "b")[0].dest == "b"
 
 
+def test_a_remembered_key_split_walks_to_what_jsonargparses_parse_finds(tmp_path, tokenizer_dir, monkeypatch):
+    """remember_key_splits: at every key a `gpt-ft fit` parse asks of a namespace, the leaf, the
+    parent namespace (the same object) and the parent's key are jsonargparse's; a bad key raises
+    its error; keys that clash with a Namespace attribute are marked as it marks them."""
+    from jsonargparse import Namespace
+
+    from gpt_ft.training.runs import GPTCLI, lightning_main
+
+    remembered = Namespace._parse_key
+    original = remembered.original
+    asked = []
+
+    def both(self, key):
+        got, expected = remembered(self, key), original(self, key)
+        assert got[0] == expected[0] and got[1] is expected[1] and got[2] == expected[2], key
+        asked.append(key)
+        return got
+
+    monkeypatch.setattr(Namespace, "_parse_key", both)
+
+    class ParseOnly(GPTCLI):
+        def before_instantiate_classes(self) -> None:
+            raise Parsed(self.config)
+
+    card = make_task("single", tmp_path)
+    data = data_args(task=card, tokenizer=tokenizer_dir, data_dir=tmp_path, batch_size=3)
+    with pytest.raises(Parsed):
+        lightning_main(["fit", data, "--model.preset=gpt-micro", "--trainer.max_epochs=1"], cli=ParseOnly)
+    assert len(asked) > 1000 and "data.init_args.batch_size" in asked
+    monkeypatch.setattr(Namespace, "_parse_key", remembered)
+    ns = Namespace(a=Namespace(items=1, b=2), c={"d": Namespace(e=3)})
+    ns["keys"] = Namespace(f=4)
+    for key in ("a.items", "a.b", "a.b.x", "c.d.e", "c.d", "keys.f", "keys", "x.y", "a.items.z") * 2:
+        assert remembered(ns, key) == original(ns, key) and remembered(ns, key)[1] is original(ns, key)[1]
+    assert ns["a.items"] == 1 and ns["keys.f"] == 4
+    for bad in ("a b", "a..b", ".a", 3, None):
+        with pytest.raises(KeyError) as theirs:
+            original(ns, bad)
+        with pytest.raises(KeyError) as ours:
+            remembered(ns, bad)
+        assert str(ours.value) == str(theirs.value)
+
+
 def test_a_remembered_class_parse_equals_jsonargparses_own(tmp_path, tokenizer_dir, monkeypatch):
     """remember_class_parses: every card under tasks/, read as the command line reads a card (a
     file's path), and `gpt-ft fit` parses of a card given to the data module by its path parse to

@@ -20,7 +20,7 @@ from gpt_ft.adapters.base import TaskAdapter
 from gpt_ft.adapters.sources import SOURCE_KINDS, HubDataset, LocalFiles, source_problem
 from gpt_ft.errors import FileProblem, parse_error_message, repeated_key, yaml_file_problem, yaml_problem
 from gpt_ft.workarounds.cli import config_file_being_read, config_pipe_being_read, required_arguments
-from gpt_ft.workarounds.parsing import index_action_lookups, remember_class_parses
+from gpt_ft.workarounds.parsing import index_action_lookups, remember_class_parses, remember_key_splits
 
 
 def load_card(path: str | Path) -> TaskAdapter:
@@ -187,6 +187,7 @@ def dump_yaml(value: object) -> str:
 set_loader(PARSER_MODE, load_yaml, exceptions=(yaml.YAMLError, FileProblem))
 set_dumper(PARSER_MODE, dump_yaml)
 index_action_lookups()  # every parser's keys found by index, not by walking its actions
+remember_key_splits()  # a namespace's dotted keys split once
 remember_class_parses(TaskAdapter, HubDataset, LocalFiles)  # a card parsed once for each time met
 
 

@@ -189,3 +189,46 @@ def readable(text: str, folders: tuple[str, ...]) -> bool:
     return any(
         os.path.lexists(p) and not os.path.isdir(p) for p in (path, *(os.path.join(f, path) for f in folders))
     )
+
+
+def remember_key_splits(size: int = 4096) -> None:
+    """jsonargparse's Namespace parses a dotted key ("data.init_args.task") afresh at every get, set
+    and `in` (`Namespace._parse_key`, jsonargparse/_namespace.py): checks it, splits it and marks each
+    part that clashes with a Namespace attribute, some 13,000 times a `gpt-ft fit` (5-8% of a small
+    run). Here each key's parts are remembered (they depend on the key alone: the clashing names are
+    fixed at import) and only the walk down the namespace is done again; errors are not remembered.
+    No upstream issue; if the method is renamed or its rule changes (an error for a key that is no
+    text, holds a space or an empty part; the leaf, the parent namespace or None where a part is
+    missing or no namespace, the parent's key), drop this (tests/test_workarounds.py compares both
+    ways on every key a `gpt-ft fit` parse asks, and on bad keys)."""
+    from jsonargparse import _namespace
+
+    namespace = _namespace.Namespace
+    parse_key = namespace._parse_key
+    if getattr(parse_key, "original", None) is not None:
+        return
+    parts: dict[str, tuple[str, tuple[str, ...], str]] = {}
+
+    def _parse_key(self, key):
+        known = parts.get(key) if type(key) is str else None
+        if known is None:
+            leaf, _, parent_key = parse_key(namespace(), key)  # (its errors, for a bad key)
+            path = tuple(parent_key.split(".")) if parent_key else ()
+            known = leaf, path, parent_key
+            if len(parts) >= size:
+                parts.clear()
+            if type(key) is str:
+                parts[key] = known
+        leaf, path, parent_key = known
+        parent = self
+        for part in path:
+            if hasattr(parent, part) or (isinstance(parent, dict) and part in parent):
+                parent = parent[part]
+                if parent is not None and not isinstance(parent, (namespace, dict)):
+                    return leaf, None, parent_key
+            else:
+                return leaf, None, parent_key
+        return leaf, parent, parent_key
+
+    _parse_key.original = parse_key
+    namespace._parse_key = _parse_key
