@@ -10,12 +10,16 @@ import io
 import itertools
 import json
 import re
+import sys
 import zlib
 from pathlib import Path
 
 from gpt_ft.adapters import TaskDataError
 
 _FORMATS = {".tsv": "tsv", ".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+# A cell may hold a whole document; Python's csv reader refuses one over 131,072 characters unless
+# told otherwise (the same file's loader has no such limit).
+csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
 
 
 def file_format(path: Path) -> str | None:

@@ -545,6 +545,16 @@ def test_a_file_read_for_itself_with_no_rows_says_so(tmp_path):
             read_table(tmp_path / name, split="train")
 
 
+def test_a_cell_longer_than_pythons_csv_field_limit_is_read(tmp_path):
+    """A document of 200,000 characters in one cell (Python's csv reader stops at 131,072 by default)."""
+    from gpt_ft.data.files import read_table
+
+    document = "the cat sat . " * 15_000
+    for name, sep in (("big.csv", ","), ("big.tsv", "\t")):
+        (tmp_path / name).write_text(f"sentence{sep}n\n{document}{sep}1\nthe cat .{sep}2\n")
+        assert read_table(tmp_path / name)["sentence"] == [document, "the cat ."]
+
+
 def test_a_csv_header_whose_quoted_name_holds_a_line_break_is_read(tmp_path):
     """A spreadsheet's wrapped header: the names are CSV's, and the rows' lines count from there."""
     from gpt_ft.data.files import read_table
