@@ -194,14 +194,12 @@ class LabelledFile:
 
     def write(self, rows: list[dict[str, Any]], labelled: list[tuple[dict[str, Any], str]]) -> None:
         """`rows` and their outcomes (with the prediction as text, for csv and tsv), in order."""
-        if self.names is None:  # the columns the outcomes fill, named once by the first chunk's
-            self.wanted = {
-                **self.new,
-                **{key: key for outcome, _ in labelled for key in outcome if key not in self.new},
-            }
-            self.names = {key: free_name(name, set(self.columns)) for key, name in self.wanted.items()}
-            if self.suffix in (".csv", ".tsv"):
-                self._cells([*self.columns, self.names["label"]])
+        first, self.names = self.names is None, self.names or {}
+        for key, name in [*self.new.items(), *((key, key) for outcome, _ in labelled for key in outcome)]:
+            if key not in self.names:  # the columns the outcomes fill, named as met (a later chunk's too)
+                self.wanted[key], self.names[key] = name, free_name(name, set(self.columns))
+        if first and self.suffix in (".csv", ".tsv"):
+            self._cells([*self.columns, self.names["label"]])
         with writing(self.path):
             self._write(rows, labelled)
         self.rows += len(rows)

@@ -294,7 +294,7 @@ def test_label_writes_a_reward_models_probability_beside_its_own(tmp_path):
     prediction alone."""
     import json
 
-    from gpt_ft.eval.labelling import write_labelled
+    from gpt_ft.eval.labelling import labelled_file, write_labelled
 
     rows = [{"chosen": "a", "rejected": "b", "probability": "theirs"}]
     outcome = {"label": "chosen", "scores": {"chosen": 1.0, "rejected": -1.0}, "probability": 0.88}
@@ -320,6 +320,20 @@ def test_label_writes_a_reward_models_probability_beside_its_own(tmp_path):
         write_labelled(tmp_path / "out.parquet", mixed, [(outcome, "2.0000")] * 2)
     assert not list(tmp_path.glob(".*.tmp"))  # and the file before is kept
     assert read_table(tmp_path / "out.parquet").to_list()[0]["probability_1"] == 0.88
+    # a later chunk's outcomes may hold a key the first's lacked (a reward model's pairs after single
+    # replies): it is written where it comes, in every format that writes the outcome
+    single = {"label": "reply", "scores": {"reply": 0.5}}
+    for name in ("chunks.jsonl", "chunks.json", "chunks.parquet"):
+        with labelled_file(tmp_path / name, ["chosen"]) as out:
+            out.write([{"chosen": "a"}], [(single, "0.5")])
+            out.write([{"chosen": "b"}], [(outcome, "2.0")])
+        assert out.columns_written() == {
+            "prediction": "prediction",
+            "scores": "scores",
+            "probability": "probability",
+        }
+        written = read_table(tmp_path / name).to_list()
+        assert [r.get("probability") for r in written] == [None, 0.88], name
     # a JSON record may lack a field later ones have: the column is kept, the record's cell empty
     sparse = [{"chosen": "a"}, {"chosen": "c", "note": "n"}]
     write_labelled(tmp_path / "sparse.parquet", sparse, [(outcome, "2.0000")] * 2)
