@@ -114,6 +114,14 @@ def record_lines(path: Path, fmt: str, *, header: bool = True) -> list[int] | No
     return None
 
 
+def place(source, starts: list[int] | None, row: int) -> str:
+    """'FILE, line 7' for row `row` (from 0) of a file whose records start on the lines `starts`
+    (`record_lines`), else (parquet, past them) 'FILE, record 7'."""
+    if starts is not None and row < len(starts):
+        return f"{source}, line {starts[row]}"
+    return f"{source}, record {row + 1}"
+
+
 def json_records(path: Path, rows: list[dict], start: int = 0) -> list[dict]:
     """The records of a JSON-lines file or JSON array as written, each with its own keys (a table
     gives every record every key, None where it had none), from record `start` (a slice of the file)

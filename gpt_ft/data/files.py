@@ -21,6 +21,7 @@ from gpt_ft.data.file_faults import (
     json_lines_problem,
     open_text,
     parse_problem,
+    place,
     record_lines,
     short_row,
     utf8_problem,
@@ -338,10 +339,7 @@ class Origin:
         if self.path is None:
             return f"{self.source}, row {row + 1}"
         starts = record_lines(self.path, self.fmt, header=self.header)
-        row += self.first_row(starts)
-        if starts is not None and row < len(starts):
-            return f"{self.source}, line {starts[row]}"
-        return f"{self.source}, record {row + 1}"
+        return place(self.source, starts, row + self.first_row(starts))
 
     def first_row(self, starts: list[int] | None = None) -> int:
         """The file's row the split's first row is: where the card's slice starts (`starts`, the

@@ -21,7 +21,7 @@ from torch import Tensor
 from gpt_ft.adapters.cards import card_from_value
 from gpt_ft.adapters.sources import field_text
 from gpt_ft.adapters.truncation import cut_report
-from gpt_ft.data.file_faults import file_format, json_records, record_lines, utf8_problem
+from gpt_ft.data.file_faults import file_format, json_records, place, record_lines, utf8_problem
 from gpt_ft.data.files import read_table
 from gpt_ft.errors import TaskDataError, at_least_one, check_output_file, device_named, input_file, writing
 from gpt_ft.eval.classifier import CHUNK, Classifier
@@ -206,16 +206,16 @@ def read_texts(path: Path, field: str) -> tuple[list[dict[str, Any]], list[str]]
             f"{path} has no column {field!r} to embed; its columns: {', '.join(table.column_names)} "
             "(--field NAME reads another)."
         )
-    lines = record_lines(path, fmt) or list(range(1, len(rows) + 1))
+    lines = record_lines(path, fmt)
     texts = []
     for i, row in enumerate(rows):  # a field read as training reads it: a number is its digits
         try:
             texts.append(field_text(row[field], field, needed="a text to embed"))
         except KeyError:
             raise TaskDataError(
-                f"{path}, line {lines[i]}: the row has no field {field!r} (a text to embed; --field NAME "
+                f"{place(path, lines, i)}: the row has no field {field!r} (a text to embed; --field NAME "
                 "reads another)."
             ) from None
         except TaskDataError as exc:
-            raise TaskDataError(f"{path}, line {lines[i]}: {exc}") from None
+            raise TaskDataError(f"{place(path, lines, i)}: {exc}") from None
     return rows, texts

@@ -23,7 +23,7 @@ from typing import Any
 
 from gpt_ft.adapters import TaskAdapter, TaskDataError
 from gpt_ft.adapters.truncation import cut_report
-from gpt_ft.data.file_faults import file_format, json_records, record_lines
+from gpt_ft.data.file_faults import file_format, json_records, place, record_lines
 from gpt_ft.data.files import read_table
 from gpt_ft.errors import at_least_one, check_output_file, device_named, input_file, writing
 from gpt_ft.eval.classifier import CHUNK, Classifier
@@ -79,7 +79,7 @@ def label(
     # read; any other file's rows a chunk at a time from its table.
     records = json_records(source, table.to_list()) if fmt == "json" else None
     count = len(records) if records is not None else table.num_rows
-    lines = record_lines(source, fmt, header=not headerless) or list(range(1, count + 1))
+    lines = record_lines(source, fmt, header=not headerless)  # (parquet: none, its rows named by number)
     size = batch_size * -(-CHUNK // batch_size)  # whole batches: one bar over the file's
 
     def chunks() -> Iterator[tuple[int, list[dict[str, Any]]]]:
@@ -97,7 +97,7 @@ def label(
             for row in rows
         ]
         try:
-            return clf.encode(fields, where=lambda i: f"{source}, line {lines[start + i]}")
+            return clf.encode(fields, where=lambda i: place(source, lines, start + i))
         except TaskDataError as exc:  # a field no row of a table has: its header's fault, not line 2's
             absent = [f for f in task.text_fields() if fmt != "json" and fields and f not in fields[0]]
             if absent and f"has no field {absent[0]!r}" in str(exc):

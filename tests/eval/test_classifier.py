@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from gpt_ft import Classifier
+from gpt_ft.adapters import TaskDataError
 from gpt_ft.cli import main
 from gpt_ft.data.files import read_table
 from tests.helpers import BAD, GOOD
@@ -566,3 +567,27 @@ def test_a_checkpoint_reached_through_a_link_reads_the_tokenizer_beside_its_file
     main(["label", f"--ckpt_path={link}", f"--input={tmp_path / 'in.csv'}", f"--output={out}"])
     (row,) = csv.DictReader(out.read_text().splitlines())
     assert row["sentence"] == GOOD and row["prediction"] == real[0]["label"]
+
+
+def test_a_bad_row_of_a_file_without_lines_is_named_by_its_record(finetuned, tmp_path, capsys):
+    """A parquet file has no lines: `gpt-ft label` and `gpt-ft embed`'s reader name its bad row as
+    `fit` does, by its record."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from gpt_ft.eval.encoder import read_texts
+
+    source = tmp_path / "in.parquet"
+    pq.write_table(pa.table({"sentence": [["a"], ["b"]], "n": [1, 2]}), source)
+    with pytest.raises(SystemExit):
+        main(
+            [
+                "label",
+                f"--ckpt_path={finetuned.ckpt}",
+                f"--input={source}",
+                f"--output={tmp_path / 'o.jsonl'}",
+            ]
+        )
+    assert f"{source}, record 1: field 'sentence' holds a list" in capsys.readouterr().err
+    with pytest.raises(TaskDataError, match=r"in.parquet, record 1: field 'sentence' holds a list"):
+        read_texts(source, "sentence")
