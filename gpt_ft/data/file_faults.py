@@ -17,8 +17,7 @@ from pathlib import Path
 from gpt_ft.adapters import TaskDataError
 
 _FORMATS = {".tsv": "tsv", ".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
-# A cell may hold a whole document; Python's csv reader refuses one over 131,072 characters unless
-# told otherwise (the same file's loader has no such limit).
+# A cell may hold a whole document: Python's csv reader refuses one over 131,072 characters by default.
 csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
 
 
@@ -115,8 +114,7 @@ def record_lines(path: Path, fmt: str, *, header: bool = True) -> list[int] | No
 
 
 def place(source, starts: list[int] | None, row: int) -> str:
-    """'FILE, line 7' for row `row` (from 0) of a file whose records start on the lines `starts`
-    (`record_lines`), else (parquet, past them) 'FILE, record 7'."""
+    """'FILE, line 7' for row `row` (from 0) of records starting on lines `starts`, else 'FILE, record 7'."""
     if starts is not None and row < len(starts):
         return f"{source}, line {starts[row]}"
     return f"{source}, record {row + 1}"
@@ -139,6 +137,15 @@ def json_records(path: Path, rows: list[dict], start: int = 0) -> list[dict]:
     if isinstance(records, list) and start:
         records = records[start : start + len(rows)]
     ok = isinstance(records, list) and len(records) == len(rows) and all(isinstance(r, dict) for r in records)
+    for i, record in enumerate(records if ok else ()):  # Python's json keeps what the table dropped
+        try:
+            json.dumps(record, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as exc:
+            where, half = place(path, record_lines(path, "json"), start + i), exc.object[exc.start : exc.end]
+            raise TaskDataError(
+                f"{where}: {ascii(half)[1:-1]} escapes half of a UTF-16 surrogate pair alone, "
+                "which is no text; escape the whole pair, or write the character."
+            ) from None
     return records if ok else rows
 
 
@@ -377,22 +384,3 @@ def _json_problem(path: Path, reason: str, columns: set[str] | None = None) -> s
         why = row[1].removeprefix("JSON parse error: ")
         return f", line {starts[int(row[2])]}: cannot be read as json ({why})"
     return None
-
-
-def check_tokenizer_files(directory: Path) -> None:
-    """Where a tokenizer folder cannot be loaded: the first JSON file that does not parse, named
-    with its line, or a folder of settings alone (tokenizer_config.json copied without the rest)."""
-    for path in sorted(directory.glob("*.json")):
-        data = path.read_bytes()
-        if (problem := utf8_problem(data)) is not None:
-            raise ValueError(f"{path}{problem}.")
-        try:
-            json.loads(data)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}, line {exc.lineno} is not valid JSON ({exc.msg}).") from None
-    vocabularies = {"tokenizer.json", "vocab.json"}  # of its JSON files; the others hold settings
-    if all(p.suffix == ".json" and p.name not in vocabularies for p in directory.iterdir() if p.is_file()):
-        raise ValueError(
-            f"{directory} holds no vocabulary to load (tokenizer.json, vocab.json + merges.txt or a "
-            "SentencePiece model), only its settings: copy the whole tokenizer folder."
-        )

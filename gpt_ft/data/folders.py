@@ -1,9 +1,11 @@
 """Output folders written safely: one writer at a time, a stop by SIGTERM cleaned up like any
-other, tokenizer folders replaced whole, and new folders written whole (`written_whole`); and
-piped `--config`s read once, before any command reads them (`piped_configs_read`)."""
+other, tokenizer folders replaced whole, and new folders written whole (`written_whole`); piped
+`--config`s read once, before any command reads them (`piped_configs_read`); and why a tokenizer
+folder does not load (`check_tokenizer_files`)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -15,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from gpt_ft.data.file_faults import utf8_problem
 from gpt_ft.errors import FileProblem, repeated_key, writing, yaml_problem
 
 # What a tokenizer's `save_pretrained` may write (transformers 4 and 5, fast and slow tokenizers).
@@ -230,3 +233,22 @@ def written_whole(out: Path) -> Iterator[Path]:
             out.mkdir(exist_ok=True)
             for item in staged.iterdir():
                 shutil.move(str(item), out / item.name)
+
+
+def check_tokenizer_files(directory: Path) -> None:
+    """Where a tokenizer folder cannot be loaded: the first JSON file that does not parse, named
+    with its line, or a folder of settings alone (tokenizer_config.json copied without the rest)."""
+    for path in sorted(directory.glob("*.json")):
+        data = path.read_bytes()
+        if (problem := utf8_problem(data)) is not None:
+            raise ValueError(f"{path}{problem}.")
+        try:
+            json.loads(data)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}, line {exc.lineno} is not valid JSON ({exc.msg}).") from None
+    vocabularies = {"tokenizer.json", "vocab.json"}  # of its JSON files; the others hold settings
+    if all(p.suffix == ".json" and p.name not in vocabularies for p in directory.iterdir() if p.is_file()):
+        raise ValueError(
+            f"{directory} holds no vocabulary to load (tokenizer.json, vocab.json + merges.txt or a "
+            "SentencePiece model), only its settings: copy the whole tokenizer folder."
+        )

@@ -39,8 +39,7 @@ from transformers import (
 )
 
 from gpt_ft.data.corpus import file_lines, find_files
-from gpt_ft.data.file_faults import check_tokenizer_files
-from gpt_ft.data.folders import save_new_tokenizer, stops_at_once, takes_tokenizer
+from gpt_ft.data.folders import check_tokenizer_files, save_new_tokenizer, stops_at_once, takes_tokenizer
 from gpt_ft.errors import check_output_dir
 from gpt_ft.weights import gguf_file, hub
 from gpt_ft.weights.pretrained import BPE_FILES, TOKENIZER_FILES, weights_tokenizer

@@ -591,3 +591,21 @@ def test_a_bad_row_of_a_file_without_lines_is_named_by_its_record(finetuned, tmp
     assert f"{source}, record 1: field 'sentence' holds a list" in capsys.readouterr().err
     with pytest.raises(TaskDataError, match=r"in.parquet, record 1: field 'sentence' holds a list"):
         read_texts(source, "sentence")
+
+
+def test_an_escaped_lone_surrogate_in_a_json_array_is_named_by_its_line(finetuned, tmp_path, capsys):
+    """`"\\ud800"` is no text: the table reading a JSON array drops it, Python's json keeps it; `gpt-ft
+    label` names its line before the model runs (as a JSON-lines file's reader does), any field."""
+    before = b"kept"
+    (tmp_path / "o.jsonl").write_bytes(before)
+    for i, record in enumerate(['{"sentence": "two", "note": "x\\ud800y"}', '{"sentence": "cat \\ud800."}']):
+        source = tmp_path / f"s{i}.json"
+        source.write_text(f'[{{"sentence": "the cat ."}},\n {record}]')
+        with pytest.raises(SystemExit):
+            main(["label", f"--ckpt_path={finetuned.ckpt}", f"--input={source}",
+                  f"--output={tmp_path / 'o.jsonl'}", "--overwrite=true"])  # fmt: skip
+        assert capsys.readouterr().err.strip().splitlines()[-1] == (
+            f"gpt-ft: error: {source}, line 2: \\ud800 escapes half of a UTF-16 surrogate pair alone, "
+            "which is no text; escape the whole pair, or write the character."
+        )
+        assert (tmp_path / "o.jsonl").read_bytes() == before
