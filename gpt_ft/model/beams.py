@@ -132,7 +132,7 @@ def _beam_search(
                 finished[b].append((score(beam_scores[b, k].item(), n_gen), seqs[b * K + k]))
     best = [max(finished[b], key=lambda h: h[0])[1] for b in range(B)]
     width = max(len(h) for h in best)
-    out = torch.full((B, width), pad, dtype=input_ids.dtype, device=device)
+    out = torch.full((B, width), pad, dtype=torch.long, device=device)  # as greedy's (and transformers')
     for b, hyp in enumerate(best):
         out[b, : len(hyp)] = hyp
     return out

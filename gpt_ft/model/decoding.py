@@ -78,7 +78,8 @@ def seen_tokens(ids: Tensor, vocab: int, real: Tensor | None = None) -> Tensor:
     """(B, V) bool: which tokens each row of `ids` holds (where `real`, (B, T) bool, if given: a
     padded prompt's padding is no token of it)."""
     held = torch.zeros(ids.shape[0], vocab, dtype=torch.long, device=ids.device)
-    return held.scatter_add_(1, ids, torch.ones_like(ids) if real is None else real.long()) > 0
+    ones = torch.ones_like(ids, dtype=torch.long) if real is None else real.long()  # (any integer ids)
+    return held.scatter_add_(1, ids.long(), ones) > 0
 
 
 def left_padding(

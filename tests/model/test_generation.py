@@ -339,3 +339,19 @@ def test_decoding_that_queues_the_next_step_before_a_token_is_read_gives_the_sam
                 gpt.generate(prompt, **kwargs), torch.cat([prompt, *(t[:, None] for t in got)], 1)
             )
             monkeypatch.undo()
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{}, {"num_beams": 2}, {"repetition_penalty": 1.3}, {"repetition_penalty": 1.3, "num_beams": 2}],
+    ids=["greedy", "beams", "penalty", "beams-penalty"],
+)
+def test_int32_prompts_decode_as_int64_ones(settings):
+    """Token ids of any integer type (a NumPy int32 array's): the same tokens, as int64, whatever
+    the search (the repetition penalty's count of seen tokens took the ids' type)."""
+    torch.manual_seed(0)
+    gpt = GPT(GPTConfig(**TINY)).eval()
+    prompt = torch.randint(1, TINY["vocab_size"], (2, 5))
+    expected = gpt.generate(prompt, max_new_tokens=5, **settings)
+    got = gpt.generate(prompt.int(), max_new_tokens=5, **settings)
+    assert got.dtype == torch.long and torch.equal(got, expected)
