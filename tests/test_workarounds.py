@@ -259,6 +259,19 @@ class ParseOnly(LightningCLI):
         raise Parsed(self.config)
 
 
+def parse_fit(args: list[str]):
+    """`gpt-ft fit ARGS` as GPTCLI parses it (its configuration, before it builds anything)."""
+    from gpt_ft.training.runs import GPTCLI, lightning_main
+
+    class FitParseOnly(GPTCLI):
+        def before_instantiate_classes(self) -> None:
+            raise Parsed(self.config)
+
+    with pytest.raises(Parsed) as parsed:
+        lightning_main(["fit", *args], cli=FitParseOnly)
+    return parsed.value.args[0]
+
+
 def parsed_width(cli_class: type[LightningCLI], ckpt: str) -> int:
     args = ["fit", "--ckpt_path", ckpt, "--model.width=3", "--trainer.accelerator=cpu"]
     with pytest.raises(Parsed) as parsed:
@@ -428,8 +441,6 @@ def test_an_indexed_action_lookup_finds_the_action_jsonargparse_walks_to(
     from jsonargparse import ArgumentParser, _core, _subcommands
     from jsonargparse._actions import _ActionConfigLoad
 
-    from gpt_ft.training.runs import GPTCLI, lightning_main
-
     indexed = _subcommands.find_action_and_subcommand
     assert getattr(indexed, "indexed", False) and _core.find_action_and_subcommand is indexed
     asked: dict[int, tuple] = {}
@@ -441,14 +452,9 @@ def test_an_indexed_action_lookup_finds_the_action_jsonargparse_walks_to(
     for module in (_subcommands, _core):
         monkeypatch.setattr(module, "find_action_and_subcommand", seen)
 
-    class ParseOnly(GPTCLI):
-        def before_instantiate_classes(self) -> None:
-            raise Parsed(self.config)
-
     card = make_task("single", tmp_path)
     data = data_args(task=card, tokenizer=tokenizer_dir, data_dir=tmp_path, batch_size=3)
-    with pytest.raises(Parsed):
-        lightning_main(["fit", data, "--model.preset=gpt-micro", "--trainer.max_epochs=1"], cli=ParseOnly)
+    parse_fit([data, "--model.preset=gpt-micro", "--trainer.max_epochs=1"])
     every = set().union(*(keys for _, keys in asked.values()))
     assert {"data.init_args.batch_size", "max_length", "labels", "splits"} <= every  # the 4 kinds of parser
     for parser, keys in asked.values():
@@ -470,8 +476,6 @@ def test_a_remembered_key_split_walks_to_what_jsonargparses_parse_finds(tmp_path
     its error; keys that clash with a Namespace attribute are marked as it marks them."""
     from jsonargparse import Namespace
 
-    from gpt_ft.training.runs import GPTCLI, lightning_main
-
     remembered = Namespace._parse_key
     original = remembered.original
     asked = []
@@ -484,14 +488,9 @@ def test_a_remembered_key_split_walks_to_what_jsonargparses_parse_finds(tmp_path
 
     monkeypatch.setattr(Namespace, "_parse_key", both)
 
-    class ParseOnly(GPTCLI):
-        def before_instantiate_classes(self) -> None:
-            raise Parsed(self.config)
-
     card = make_task("single", tmp_path)
     data = data_args(task=card, tokenizer=tokenizer_dir, data_dir=tmp_path, batch_size=3)
-    with pytest.raises(Parsed):
-        lightning_main(["fit", data, "--model.preset=gpt-micro", "--trainer.max_epochs=1"], cli=ParseOnly)
+    parse_fit([data, "--model.preset=gpt-micro", "--trainer.max_epochs=1"])
     assert len(asked) > 1000 and "data.init_args.batch_size" in asked
     monkeypatch.setattr(Namespace, "_parse_key", remembered)
     ns = Namespace(a=Namespace(items=1, b=2), c={"d": Namespace(e=3)})
@@ -517,7 +516,6 @@ def test_a_remembered_class_parse_equals_jsonargparses_own(tmp_path, tokenizer_d
     from jsonargparse import ArgumentParser, _typehints
 
     from gpt_ft.adapters import TaskAdapter
-    from gpt_ft.training.runs import GPTCLI, lightning_main
 
     remembered = _typehints.adapt_class_type
     assert {TaskAdapter, LightningDataModule} <= remembered.bases
@@ -547,19 +545,13 @@ def test_a_remembered_class_parse_equals_jsonargparses_own(tmp_path, tokenizer_d
         assert again == own and (own["task"]["class_path"].rsplit(".", 1)[-1] in afresh) == stdin, card
     assert stdin is False and "'-'" in (TASKS / "snli.yaml").read_text()  # (its ignore_labels)
 
-    class ParseOnly(GPTCLI):
-        def before_instantiate_classes(self) -> None:
-            raise Parsed(self.config)
-
     (tmp_path / "cards").mkdir()  # the card in a folder of its own (its split files' names, elsewhere)
     card = make_task("single", tmp_path).rename(tmp_path / "cards" / "single.yaml")
     data = data_args(task=card, tokenizer=tokenizer_dir, data_dir=tmp_path)
-    args = ["fit", data, "--model.preset=gpt-micro"]
+    args = [data, "--model.preset=gpt-micro"]
 
     def fit_parse():
-        with pytest.raises(Parsed) as parsed:
-            lightning_main(args, cli=ParseOnly)
-        config = parsed.value.args[0].fit.as_dict()
+        config = parse_fit(args).fit.as_dict()
         return config["data"], config["model"]
 
     for labels in (None, ["bad", "good", "mixed"]):
@@ -573,11 +565,11 @@ def test_a_remembered_class_parse_equals_jsonargparses_own(tmp_path, tokenizer_d
         assert own[0]["init_args"]["task"]["init_args"]["labels"] == (labels or ["negative", "positive"])
     card.rename(tmp_path / "single.yaml")  # beside its split files, which it names: never remembered
     data = data_args(task=tmp_path / "single.yaml", tokenizer=tokenizer_dir, data_dir=tmp_path)
-    args[1] = data
+    args[0] = data
     own, _ = parse(fit_parse, memory=False)
     assert parse(fit_parse, memory=True)[0] == own and "SingleText" in parse(fit_parse, memory=True)[1]
     # another data module: its parse takes the default one's fields out of the earlier value
-    args[1:2] = ["--data=gpt_ft.data.lm_data.LMDataModule", f"--data.token_dir={tmp_path}"]
+    args[0:1] = ["--data=gpt_ft.data.lm_data.LMDataModule", f"--data.token_dir={tmp_path}"]
     own, _ = parse(fit_parse, memory=False)
     assert parse(fit_parse, memory=True)[0] == parse(fit_parse, memory=True)[0] == own
     assert own[0]["init_args"]["token_dir"] == str(tmp_path) and "task" not in own[0]["init_args"]
