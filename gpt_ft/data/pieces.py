@@ -9,6 +9,8 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from tokenizers import PreTokenizedString
+
 
 @dataclass
 class Piece:
@@ -29,28 +31,49 @@ _EXACT_CUT = re.compile(r"(?<=\S)(?= \S)|(?<=[^\W_])(?=\n\S)")
 _LOOKAHEAD = 8  # characters past a pre-token that decide where it ends (GPT-2's "'ll": 3)
 
 
-def cut_point(text: str, limit: int, ends: Ends | None = None) -> int:
-    """Where to end a piece of at most `limit` characters (`limit` < len(text)).
+def cut_point(text: str, limit: int, ends: Ends | None = None) -> int | None:
+    """Where to end a piece of about `limit` characters (`limit` < len(text)), the text going on
+    after it; None where it holds no exact cut (the piece grows with the text that follows).
 
     The last exact cut (see `_EXACT_CUT`) in the second half of the window, searched from its end;
     else (a stretch with no such break, e.g. unspaced scripts) the last end of a pre-token that is
-    no whitespace (`ends`, see `pre_token_ends`) up to `limit`, read with what follows it in view,
-    else the last newline, else `limit`.
+    no whitespace (`ends`, see `pre_token_ends`) up to `limit`, read with what follows it in view;
+    else (one pre-token longer than half the window: a DNA sequence, a run of digits) the first
+    exact cut past `limit`.
     """
     for width in (256, 8192, limit // 2):  # searched 2 characters on: a cut at `limit` sees what follows
         cuts = [m.start() for m in _EXACT_CUT.finditer(text, max(limit - width, limit // 2), limit + 2)]
-        if cuts := [at for at in cuts if at <= limit]:
-            return cuts[-1]
-    exact = (  # read `_LOOKAHEAD` on: "'" ends a pre-token in "you'r" and not in "you're"
-        [
-            end
-            for end in ends(text[: limit + _LOOKAHEAD])
-            if limit // 2 <= end <= limit and not text[end - 1].isspace()
-        ]
-        if ends
-        else []
+        if at := next((at for at in reversed(cuts) if at <= limit and _separable(text, at, ends)), None):
+            return at
+    # read `_LOOKAHEAD` on: "'" ends a pre-token in "you'r" and not in "you're"
+    exact = _pre_token_cuts(text[: limit + _LOOKAHEAD], ends)
+    if before := [end for end in exact if limit // 2 <= end <= limit]:
+        return before[-1]
+    after = (m.start() for m in _EXACT_CUT.finditer(text, limit) if _separable(text, m.start(), ends))
+    first = min(
+        next(after, len(text)), next((end for end in _pre_token_cuts(text, ends) if end > limit), len(text))
     )
-    return exact[-1] if exact else text.rfind("\n", 0, limit) + 1 or limit
+    return first if first < len(text) else None
+
+
+def _pre_token_cuts(text: str, ends: Ends | None) -> list[int]:
+    """The ends of `text`'s pre-tokens that end in no whitespace, `_LOOKAHEAD` or more from its end."""
+    found = ends(text) if ends else []
+    return [
+        end
+        for end in found
+        if end + _LOOKAHEAD <= len(text) and not text[end - 1].isspace() and _separable(text, end, ends)
+    ]
+
+
+def _separable(text: str, at: int, ends: Ends | None) -> bool:
+    """Whether the tokenizer's normalizer (`ends.normalize`, if any) reads the text around `at` as
+    its two sides apart (NFC joins a letter and a combining mark after it)."""
+    normalize = getattr(ends, "normalize", None)
+    if normalize is None:
+        return True
+    left, right = text[max(0, at - _LOOKAHEAD) : at], text[at : at + _LOOKAHEAD]
+    return normalize(left) + normalize(right) == normalize(left + right)
 
 
 Ends = Callable[[str], list[int]]
@@ -68,12 +91,19 @@ def pre_token_ends(backend) -> Ends | None:
     writes Llama 2's and Mistral's, or that does not split; a `ByteLevel` one that adds a prefix
     space): a piece cut at "\nMar" would read "▁\nMar".
     """
-    pre = backend.pre_tokenizer
-    if pre is None or any(
-        _prepends(json.loads(part.__getstate__())) for part in (pre, backend.normalizer) if part
-    ):
+    pre, normalizer = backend.pre_tokenizer, backend.normalizer
+    if pre is None or any(_prepends(json.loads(part.__getstate__())) for part in (pre, normalizer) if part):
         return None
-    return lambda text: [end for _, (_, end) in pre.pre_tokenize_str(text)[:-1]]
+
+    def ends(text: str) -> list[int]:  # pre-tokens of the normalized text, by their original offsets
+        split = PreTokenizedString(text)
+        if normalizer is not None:
+            split.normalize(normalizer.normalize)
+        pre.pre_tokenize(split)
+        return [end for _, (_, end), _ in split.get_splits("original", "char")[:-1]]
+
+    ends.normalize = normalizer.normalize_str if normalizer is not None else None
+    return ends
 
 
 def _prepends(spec) -> bool:
@@ -96,8 +126,7 @@ def pieces(documents: Iterator[str], piece_chars: int, ends: Ends | None = None)
     for doc in documents:
         buffer += doc
         has_text = has_text or not doc.isspace() and doc != ""
-        while len(buffer) > piece_chars:
-            cut = cut_point(buffer, piece_chars, ends)
+        while len(buffer) > piece_chars and (cut := cut_point(buffer, piece_chars, ends)) is not None:
             yield Piece(number, buffer[:cut], False)
             number += 1
             buffer, was_cut = buffer[cut:], True
