@@ -213,6 +213,7 @@ def prepare(
     # commit (a tokenizer folder with them, never alone: a user's own tokenizer kept there).
     traces = {LOCK, *SPLIT_FILES.values(), *(name + ".tmp" for name in SPLIT_FILES.values())}
     names = {p.name for p in out.iterdir()} if out.is_dir() else set()
+    traces |= {name for name in names if name.startswith(".tokenizer.") and name.endswith(".partial")}
     if (
         out.exists()
         and not (out / META).exists()
@@ -259,6 +260,8 @@ def prepare(
     try:
         with one_writer(out, "`gpt-ft prepare`"):
             writing = True  # (refused: the files are another run's)
+            for staged in out.glob(".tokenizer.*.partial"):  # a killed run's tokenizer, half saved
+                shutil.rmtree(staged, ignore_errors=True)
             handles = {split: open(path, "wb") for split, path in tmp.items()}
             start = time.perf_counter()
             bar = tqdm(unit=" tok", unit_scale=True, desc="Tokenizing", disable=not progress)
@@ -294,6 +297,7 @@ def prepare(
                 save_tokenizer(tok, out / "tokenizer")
                 for split, path in tmp.items():
                     path.replace(out / SPLIT_FILES[split])
+                    tmp[split] = out / SPLIT_FILES[split]  # (in place now: it goes too if the commit fails)
                 seconds = time.perf_counter() - start
                 meta = {"dtype": dtype, "vocab_size": len(tok), "eos_token_id": eos, "tokens": counts,
                         "documents": n_docs, "unknown_tokens": unknown, "tokenizer": "tokenizer",
@@ -310,13 +314,17 @@ def prepare(
             for folder in created:
                 if folder.is_dir() and not any(folder.iterdir()):
                     folder.rmdir()
+    more = (  # more pieces to draw from; where no cut is exact, each document is one piece
+        f"a smaller --piece_chars ({piece_chars:,})"
+        if ends is not None
+        else "smaller documents (--split_on blank_line or line: this tokenizer reads each whole)"
+    )
     if not done:
         corpus = f"The corpus ({', '.join(sources[:3])}{', ...' if len(sources) > 3 else ''})"
         if counts["validation"]:  # every piece drawn for validation: too little text for the split
             raise ValueError(
                 f"{corpus} gave all its {counts['validation']:,} tokens to the validation split and none "
-                f"to train: lower --validation_fraction ({validation_fraction}) or --piece_chars "
-                f"({piece_chars:,}), or give more text."
+                f"to train: give {more}, a lower --validation_fraction ({validation_fraction}) or more text."
             )
         raise ValueError(f"{corpus} holds no text.")
     if progress:
@@ -340,7 +348,7 @@ def prepare(
             file=sys.stderr,
         )
     if validation_fraction > 0 and not counts["validation"]:  # too few pieces for one to be drawn
-        note = f"a smaller --piece_chars ({piece_chars:,}) or larger --validation_fraction gives it some"
+        note = f"{more} or a larger --validation_fraction gives it some"
         print(f"note: no piece of the corpus went to the validation split: {note}", file=sys.stderr)
     return meta
 

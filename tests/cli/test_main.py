@@ -394,7 +394,10 @@ def test_bad_pretraining_input(tmp_path, tokenizer_dir, monkeypatch, capsys):
     small = ["prepare", "--inputs", str(tmp_path / "small.txt"), "--tokenizer", tokenizer_dir,
              "--out_dir", str(tmp_path / "t1"), "--validation_fraction", "0.99"]  # fmt: skip
     message = last_error(capsys, *small)
-    assert "to the validation split and none to train: lower --validation_fraction (0.99)" in message
+    assert (
+        "to the validation split and none to train: give a smaller --piece_chars (65,536), a lower "
+        "--validation_fraction (0.99) or more text." in message
+    )
     assert not (tmp_path / "t1" / "train.bin").exists()
     assert last_error(capsys, "tokenizer", "--inputs", str(tmp_path / "small.txt"), "--vocab_size", "300",
                       "--min_frequency", "-1", "--out_dir", str(tmp_path / "tok")) == (

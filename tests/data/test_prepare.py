@@ -1,5 +1,6 @@
 import json
 import shutil
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -403,6 +404,18 @@ def test_an_interrupt_while_the_files_are_committed_leaves_nothing_behind(
     monkeypatch.setattr(preparing, "save_tokenizer", real)
     prepare(inputs=[str(corpus)], out_dir=str(out), tokenizer=tokenizer_dir, progress=False)
     assert read_meta(out)["documents"] == 1
+    # A disk that fills as meta.json is written, the token files in place already: they go too.
+    write_text = Path.write_text
+
+    def full(path, *args, **kwargs):
+        if path.name == "meta.json":
+            raise OSError(28, "No space left on device")
+        return write_text(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(OSError, match="No space left"):
+        prepare(inputs=[str(corpus)], out_dir=str(tmp_path / "new"), tokenizer=tokenizer_dir, progress=False)
+    assert not (tmp_path / "new").exists()
 
 
 def test_special_tokens_written_in_the_corpus_are_text(tmp_path, tokenizer_dir):
@@ -452,6 +465,8 @@ def test_one_prepare_at_a_time_and_a_killed_ones_leftovers(tmp_path, tokenizer_d
     assert not (out / LOCK).exists()
     (out / LOCK).touch()
     (out / "train.bin.tmp").write_bytes(b"\0" * 10)
+    (out / ".tokenizer.x1.partial").mkdir()  # killed while saving its tokenizer: staged beside it
+    (out / ".tokenizer.x1.partial" / "vocab.json").write_text("{}")
     prepare(**args)
     assert read_meta(out)["documents"] > 0
     assert sorted(p.name for p in out.iterdir()) == ["meta.json", "tokenizer", "train.bin", "validation.bin"]
@@ -589,3 +604,15 @@ def test_a_hub_task_that_cannot_be_reached_asks_for_its_files(monkeypatch):
         "Hub dataset nyu-mll/glue (rte) cannot be loaded (Couldn't reach 'nyu-mll/glue' on the Hub "
         "(LocalEntryNotFoundError)); give the task's files with --data.data_dir DIR."
     )
+
+
+def test_a_tokenizer_that_reads_documents_whole_is_advised_smaller_documents(tmp_path):
+    """SentencePiece's layout cuts no piece: `--piece_chars` changes nothing, smaller documents do."""
+    text = "\n".join(SENTENCES) + "\n"
+    (tmp_path / "doc.txt").write_text(text)
+    tokenizer = sentencepiece_style_tokenizer(tmp_path / "sp", text)
+    with pytest.raises(
+        ValueError, match=r"none to train: give smaller documents \(--split_on blank_line or line"
+    ):
+        prepare(out_dir=tmp_path / "t", tokenizer=tokenizer, inputs=[str(tmp_path / "doc.txt")],
+                piece_chars=40, validation_fraction=0.9999, progress=False)  # fmt: skip
