@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from gpt_ft.data.file_faults import utf8_problem
 from gpt_ft.errors import FileProblem, repeated_key, writing, yaml_problem
 
 # What a tokenizer's `save_pretrained` may write (transformers 4 and 5, fast and slow tokenizers).
@@ -238,6 +237,8 @@ def written_whole(out: Path) -> Iterator[Path]:
 def check_tokenizer_files(directory: Path) -> None:
     """Where a tokenizer folder cannot be loaded: the first JSON file that does not parse, named
     with its line, or a folder of settings alone (tokenizer_config.json copied without the rest)."""
+    from gpt_ft.data.file_faults import utf8_problem  # (it imports the adapters: torch)
+
     for path in sorted(directory.glob("*.json")):
         data = path.read_bytes()
         if (problem := utf8_problem(data)) is not None:
