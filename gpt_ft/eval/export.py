@@ -227,6 +227,8 @@ def _label_config(clf: Classifier, config) -> None:
     config.id2label = {i: str(name) for i, name in enumerate(names[: head.out_features])}
     config.label2id = {name: i for i, name in config.id2label.items()}
     config.problem_type = output.problem_type
+    if head.out_features == 1:  # a reward, a relevance or a similarity score: CrossEncoder reads it raw
+        config.sentence_transformers = {"activation_fn": "torch.nn.modules.linear.Identity"}
     threshold = getattr(head, "threshold", None)
     if output.problem_type == "multi_label_classification" and threshold is not None:
         # The card's threshold on the sigmoid of the raw outputs, as on the exported (divided by T) ones.
@@ -241,10 +243,8 @@ def sequence_classifier(clf: Classifier):
 
     config = lm.config
     _label_config(clf, config)
-    if (
-        head_outputs(clf) == 1
-    ):  # a reward or a relevance score: sentence-transformers' CrossEncoder reads it raw
-        config.sentence_transformers = {"activation_fn": "torch.nn.modules.linear.Identity"}
+    if (score_range := getattr(clf.task, "score_range", None)) is not None:  # to clip to where served
+        config.score_range = list(score_range)
     model = AutoModelForSequenceClassification.from_config(config).eval()
     base = getattr(model, model.base_model_prefix)
     base.load_state_dict(getattr(lm, lm.base_model_prefix).state_dict())

@@ -48,6 +48,13 @@ def framed_tokenizer(clf: Classifier, *, chat_template: bool = False):
     return tokenizer
 
 
+# What Python's str.strip takes off (training strips so): Unicode's White_Space, which the `Strip`
+# normalizer takes, and the four separators U+001C-U+001F, which it leaves.
+_PYTHON_SPACE = (
+    r"[\t-\r\x{1c}-\x{20}\x{85}\x{a0}\x{1680}\x{2000}-\x{200a}\x{2028}\x{2029}\x{202f}\x{205f}\x{3000}]"
+)
+
+
 def stripping(backend) -> None:
     """`backend` (a `tokenizers.Tokenizer`) made to strip each text first, as training strips it.
 
@@ -55,10 +62,11 @@ def stripping(backend) -> None:
     text's start with its space symbol only where the text starts at its first character, which a
     stripped one with spaces before it no longer does: the mark is then put by a normalizer after
     the strip instead (as older tokenizer files did), where each text gets it."""
-    from tokenizers.normalizers import Prepend, Sequence, Strip
+    from tokenizers import Regex
+    from tokenizers.normalizers import Prepend, Replace, Sequence
     from tokenizers.pre_tokenizers import Metaspace
 
-    steps = [Strip()]
+    steps = [Replace(Regex(rf"\A{_PYTHON_SPACE}+|{_PYTHON_SPACE}+\z"), "")]  # str.strip's
     pre = backend.pre_tokenizer
     if isinstance(pre, Metaspace) and pre.prepend_scheme != "never":
         steps.append(Prepend(pre.replacement))

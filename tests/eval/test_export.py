@@ -525,6 +525,14 @@ def test_a_reply_alone_is_framed_by_the_exported_tokenizer_as_training_frames_it
     trained = clf.task.encode_examples([{"sentence": " the cat sat . "}], tok, specials, 64)[0].sequences[0]
     assert framed_tokenizer(clf)(" the cat sat . ")["input_ids"] == trained  # stripped as training strips
     assert framed_tokenizer(clf)("the cat sat .")["input_ids"] == trained
+    # str.strip's whitespace, Unicode's and the separators U+001C-U+001F, at either end only
+    for text in ("\x1c the cat sat .\x1f", "\u3000\x1d\tthe cat sat .\x85 \x1e"):
+        assert framed_tokenizer(clf)(text)["input_ids"] == trained, text
+    inner = "the cat\n\x1c sat ."
+    assert (
+        framed_tokenizer(clf)(f" {inner}\n")["input_ids"]
+        == clf.task.encode_examples([{"sentence": inner}], tok, specials, 64)[0].sequences[0]
+    )
     names = ["<s>", "<d>", "<e>"]
     assert (
         Ranking(name="r", prompt=None).template(names)
@@ -626,3 +634,18 @@ def test_a_built_in_tokenizer_class_exports_as_written_stripping_and_padding_on_
             probs = model.eval()(**batch).logits.softmax(-1)
         expected = [o["scores"] for o in clf.predict([{"sentence1": a, "sentence2": b} for a, b in rows])]
         assert probs.flatten().tolist() == pytest.approx([s[k] for s in expected for k in "ab"], abs=1e-6)
+
+
+def test_a_folder_of_one_score_is_read_raw_by_a_cross_encoder_and_records_its_range(tmp_path, tokenizer_dir):
+    """One output (a regression score, STS-B's similarity, a reward): sentence-transformers'
+    CrossEncoder reads it raw, not through its default sigmoid (the similarity class did); a range
+    the card clips its scores to is recorded for the server (transformers' classes do not clip)."""
+    pair = TextPair(name="rel", premise="a", hypothesis="b", regression=True, score_range=(0, 2.5))
+    for kind, task in (("sts", None), ("reward", None), ("regression", pair), ("single", None)):
+        clf = classifier(kind, "llama", tokenizer_dir)
+        if task is not None:
+            clf.task, clf.head = task, task.head(clf.gpt.config.n_embd, dropout=0.0, init_std=0.3, bias=False)
+        config = json.loads((export_classifier(clf, tmp_path / kind) / "config.json").read_text())
+        raw = {"activation_fn": "torch.nn.modules.linear.Identity"}
+        assert config.get("sentence_transformers") == (None if kind == "single" else raw), kind
+        assert config.get("score_range") == {"sts": [0, 5], "regression": [0, 2.5]}.get(kind), kind
