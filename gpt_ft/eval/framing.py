@@ -69,7 +69,8 @@ def stripping(backend) -> None:
     steps = [Replace(Regex(rf"\A{_PYTHON_SPACE}+|{_PYTHON_SPACE}+\z"), "")]  # str.strip's
     pre = backend.pre_tokenizer
     if isinstance(pre, Metaspace) and pre.prepend_scheme != "never":
-        steps.append(Prepend(pre.replacement))
+        mark = pre.replacement  # (not before a text that starts with it: Metaspace's "first" does not)
+        steps += [Prepend(mark), Replace(Regex(rf"\A{mark}{mark}"), mark)]
         pre.prepend_scheme = "never"
         backend.pre_tokenizer = pre
     backend.normalizer = Sequence([*steps, *([] if backend.normalizer is None else [backend.normalizer])])
