@@ -50,9 +50,8 @@ def cut_point(text: str, limit: int, ends: Ends | None = None) -> int | None:
     if before := [end for end in exact if limit // 2 <= end <= limit]:
         return before[-1]
     after = (m.start() for m in _EXACT_CUT.finditer(text, limit) if _separable(text, m.start(), ends))
-    first = min(
-        next(after, len(text)), next((end for end in _pre_token_cuts(text, ends) if end > limit), len(text))
-    )
+    first = next(after, len(text))  # or a pre-token's end before it (the text up to it read alone)
+    first = next((end for end in _pre_token_cuts(text[: first + _LOOKAHEAD], ends) if end > limit), first)
     return first if first < len(text) else None
 
 
