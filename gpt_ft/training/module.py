@@ -234,7 +234,8 @@ class GPTModule(Evaluation, LightningModule):
             lm_coef = task.output.default_lm_coef if task is not None else 0.5
         if classifier_dropout is None:
             classifier_dropout = task.output.default_dropout if task is not None else 0.1
-        check_rates(lm_coef=lm_coef, lr=lr, warmup_fraction=warmup_fraction, warmup_steps=warmup_steps)
+        check_rates(lm_coef=lm_coef, lr=lr, warmup_fraction=warmup_fraction, warmup_steps=warmup_steps,
+                    weight_decay=weight_decay, betas=betas, eps=eps)  # fmt: skip
         if isinstance(lora, dict):  # as the checkpoint's hyperparameters hold it
             lora = LoRA(**lora)
         if optimizer == "muon" and lora is not None:  # before any weights load

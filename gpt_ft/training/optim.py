@@ -273,12 +273,28 @@ class _States(Mapping):
         return sum(len(state) for state in self.states)
 
 
-def check_rates(*, lm_coef: float, lr: float, warmup_fraction: float, warmup_steps: int | None) -> None:
-    """The loss weight, learning rate and warmup a module is given, each in its range."""
+def check_rates(
+    *,
+    lm_coef: float,
+    lr: float,
+    warmup_fraction: float,
+    warmup_steps: int | None,
+    weight_decay: float = 0.0,
+    betas: tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+) -> None:
+    """The loss weight, learning rate, warmup and AdamW's settings a module is given, each in its range
+    (AdamW checks only its own defaults: the groups carry the decay, and a negative one grows weights)."""
     if lm_coef < 0:
         raise ValueError(f"lm_coef must be >= 0, got {lm_coef}.")
     if lr <= 0:
         raise ValueError(f"lr must be > 0, got {lr}.")
+    if weight_decay < 0:
+        raise ValueError(f"weight_decay must be >= 0, got {weight_decay}.")
+    if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+        raise ValueError(f"betas must be two numbers in [0, 1), got {list(betas)}.")
+    if eps < 0:
+        raise ValueError(f"eps must be >= 0, got {eps}.")
     if not 0 <= warmup_fraction < 1:
         raise ValueError(f"warmup_fraction must be in [0, 1), got {warmup_fraction}.")
     if warmup_steps is not None and warmup_steps < 0:

@@ -117,6 +117,12 @@ def test_bad_hyperparameters():
         GPTModule(preset="gpt-micro", lr=0)
     with pytest.raises(ValueError, match="warmup_steps must be >= 0, got -5"):  # it never reached the peak
         GPTModule(preset="gpt-micro", warmup_steps=-5)
+    with pytest.raises(ValueError, match=r"weight_decay must be >= 0, got -0.1\."):  # grows weights
+        GPTModule(preset="gpt-micro", weight_decay=-0.1)
+    with pytest.raises(ValueError, match=r"betas must be two numbers in \[0, 1\), got \[0.9, 1.5\]\."):
+        GPTModule(preset="gpt-micro", betas=(0.9, 1.5))
+    with pytest.raises(ValueError, match=r"eps must be >= 0, got -1e-08\."):
+        GPTModule(preset="gpt-micro", eps=-1e-8)
     with pytest.raises(FileNotFoundError, match="Checkpoint nowhere.ckpt does not exist"):
         GPTModule(init_from="nowhere.ckpt")
 
