@@ -231,13 +231,14 @@ class ClassificationOutput(TaskOutput):
 
     def calibration(self, probabilities: Tensor, labels: Tensor) -> dict[str, Tensor]:
         """Expected calibration error: |accuracy - confidence| over 15 equal-width bins of
-        confidence, weighted by each bin's share of examples (Guo et al. 2017)."""
-        from torchmetrics.functional.classification import multiclass_calibration_error
-
-        probabilities = probabilities.float()
-        ece = multiclass_calibration_error(
-            probabilities, labels, probabilities.shape[-1], n_bins=15, norm="l1"
-        )
+        confidence, (k/15, (k+1)/15], weighted by each bin's share of examples (Guo et al. 2017;
+        torchmetrics' bins are [lo, hi) and give a confidence of exactly 1, common in float32, a
+        16th bin of its own, which can only raise the error)."""
+        confidence, predicted = probabilities.float().max(dim=-1)
+        edges = torch.linspace(0, 1, 16, device=confidence.device)
+        bins = (torch.bucketize(confidence, edges) - 1).clamp(min=0)  # edges[b] < c <= edges[b + 1]
+        gaps = (predicted == labels).float() - confidence  # summed within a bin, then |.|
+        ece = torch.zeros(15, device=gaps.device).index_add_(0, bins, gaps).abs().sum() / max(len(gaps), 1)
         return {"ece": ece}
 
     def per_class(self, predictions: Tensor, labels: Tensor) -> dict[str, dict[str, float]] | None:

@@ -46,6 +46,11 @@ def test_expected_calibration_error_by_hand():
     # Each confidence in a bin of its own: right at 0.9, wrong at 0.8, right at 0.7 and at 0.6.
     expected = (abs(1 - 0.9) + abs(0 - 0.8) + abs(1 - 0.7) + abs(1 - 0.6)) / 4
     assert float(task.output.calibration(probabilities, labels)["ece"]) == pytest.approx(expected, abs=1e-6)
+    # A confidence of exactly 1 shares the last bin, (14/15, 1], with 0.96 (Guo et al.'s bins): wrong
+    # at 1.0 and right at 0.96 is |(0 - 1) + (1 - 0.96)| / 2 = 0.48, not 0.52 from bins of their own.
+    probabilities = torch.tensor([[1.0, 0.0], [0.04, 0.96]])
+    ece = task.output.calibration(probabilities, torch.tensor([1, 1]))["ece"]
+    assert float(ece) == pytest.approx(0.48, abs=1e-6)
 
 
 def test_validate_writes_the_report_beside_its_logs(finetuned, tmp_path, capsys):
