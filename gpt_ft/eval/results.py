@@ -244,10 +244,11 @@ def plot_curves(tasks: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(1, len(with_curves), figsize=(4.5 * len(with_curves), 3.6), squeeze=False)
     for ax, (name, item) in zip(axes[0], with_curves.items()):
         for row, points in item["curves"].items():
-            xs, ys, stds = zip(*[(p["examples"], p["mean"], p["std"] or 0.0) for p in points.values()
-                                 if p["examples"] and p["mean"] is not None]) or ((), (), ())  # fmt: skip
-            if not xs:
+            drawn = [(p["examples"], p["mean"], p["std"] or 0.0) for p in points.values()
+                     if p["examples"] and p["mean"] is not None]  # fmt: skip
+            if not drawn:  # no size scored yet (or a correlation undefined at every size)
                 continue
+            xs, ys, stds = zip(*drawn)
             style = "--" if "tf" in row.lower() else "-"
             ax.plot(xs, ys, style, marker="o", label=row)
             ax.fill_between(

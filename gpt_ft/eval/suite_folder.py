@@ -151,5 +151,15 @@ def write_atomic(path: Path, write: Callable[[Path], Any]) -> None:
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
-    """A result file's contents, or None where there is none."""
-    return json.loads(path.read_text()) if path.is_file() else None
+    """A result file's contents, or None where there is none; one damaged (cut short by a full disk,
+    edited) is refused naming it."""
+    if not path.is_file():
+        return None
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+        why = None if isinstance(found, dict) else "not a mapping"
+    except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+        why = str(e)
+    if why is not None:
+        raise ValueError(f"{path} is not a result the suite wrote ({why}): delete it to run it again.")
+    return found

@@ -898,3 +898,25 @@ def test_sizes_without_all_fill_the_table_with_the_largest(tmp_path, tokenizer_d
     results = json.loads((out / "results.json").read_text())["tasks"]["sent"]
     assert results["metrics"]["validation/accuracy"]["seeds"] == {"0": 75.0, "1": 75.0}
     assert [p["mean"] for p in results["curves"]["fine-tuned"].values()] == [50.0, 75.0]
+
+
+def test_a_curve_row_with_no_scored_size_is_left_out_of_the_chart(tmp_path):
+    """A from-scratch row whose Pearson is undefined at every size (a constant prediction) draws no
+    line; the chart, and the files written after it, still come."""
+    from gpt_ft.eval.results import plot_curves
+
+    point = lambda mean: {"examples": 10, "mean": mean, "std": None}  # noqa: E731
+    curves = {"from scratch": {"10": point(None)}, "pretrained": {"10": point(61.5)}}
+    plot_curves({"stsb": {"main_metric": "validation/pearson", "curves": curves}}, tmp_path / "curves.png")
+    assert (tmp_path / "curves.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("text", ["", '{"scores": {"validation/accuracy": 0.5', "[1, 2]", "\udcff"])
+def test_a_damaged_result_file_is_named(tmp_path, text):
+    from gpt_ft.eval.suite_folder import read_json
+
+    path = tmp_path / "result.json"
+    path.write_bytes(text.encode("utf-8", "surrogateescape"))
+    with pytest.raises(ValueError, match=f"^{re.escape(str(path))} is not a result the suite wrote .*: del"):
+        read_json(path)
+    assert read_json(tmp_path / "none.json") is None
