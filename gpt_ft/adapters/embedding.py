@@ -69,16 +69,16 @@ def count_negatives(
     return 0 if negatives is None else num_negatives or 1
 
 
-def negative_texts(example: dict[str, Any], negatives: str | list[str] | None, most: int) -> list[Any]:
-    """A row's hard negatives: each field's of a list of fields, or one field's text or list of
-    texts (the field missing, a null or an empty text, as a table's empty cell reads: none); more
-    than `most` is named in one sentence."""
+def negative_texts(example: dict[str, Any], negatives: str | list[str] | None, most: int) -> list[str]:
+    """A row's hard negatives' texts: each field's of a list of fields, or one field's text or list
+    of texts (the field missing, a null, NaN or an empty text, as a table's empty cell reads: none);
+    more than `most`, or a value that is no text, is named in one sentence with its field."""
     if isinstance(negatives, list):
-        found = [example[f] for f in negatives]
+        found = [(example[f], f) for f in negatives]
     else:
         value = example.get(negatives) if negatives is not None else None
-        found = list(value) if isinstance(value, (list, tuple)) else [value]
-    found = [n for n in found if n is not None and n != ""]
+        found = [(n, negatives) for n in (value if isinstance(value, (list, tuple)) else [value])]
+    found = [text for text in (field_text(n, field) for n, field in found) if text]  # null, NaN: ""
     if len(found) > most:
         raise TaskDataError(
             f"field {negatives!r} holds {len(found)} negatives; the card allows {most} (num_negatives)."
@@ -238,7 +238,8 @@ class EmbeddingOutput(TaskOutput):
     def metric_values(self, predictions: Tensor, labels: Tensor, metrics: list[str]) -> dict[str, Tensor]:
         anchors, positives = predictions[:, 0], predictions[:, 1]
         texts = text_keys(labels)[:, :2]
-        values = retrieval_metrics(anchors, positives, texts, [m for m in metrics if m in RETRIEVAL])
+        asked = [m for m in metrics if m in RETRIEVAL]  # (Q x Q scores: none made for correlations alone)
+        values = retrieval_metrics(anchors, positives, texts, asked) if asked else {}
         cosines = (anchors.double() * positives.double()).sum(dim=-1)
         for name in (m for m in metrics if m in CORRELATIONS):
             values[name] = metric_value(name, cosines, labels[:, 0], 0).float()
@@ -326,6 +327,8 @@ class Embedding(TaskAdapter):
         self.score = score
         self.loss = loss or ("cosent" if score else "infonce")
         self.temperature, self.symmetric, self.dimensions = temperature, symmetric, dimensions
+        if self.loss not in ("infonce", "cosent"):  # (a card's is checked by its type; Python's here)
+            raise CardError(f"Task {kwargs.get('name')!r}: loss is infonce or cosent, not {self.loss!r}.")
         if pooling not in POOLINGS:
             raise CardError(f"Task {kwargs.get('name')!r}: pooling is one of {POOLINGS}, not {pooling!r}.")
         self.pooling = pooling
@@ -358,7 +361,7 @@ class Embedding(TaskAdapter):
         """[anchor, positive, negative, ...], each with its prompt."""
         needed = "an embedding row needs its anchor and its positive"  # (a missing field reads as null)
         anchor, positive = (needed_text(example[f], f, needed) for f in (self.anchor, self.positive))
-        negatives = map(field_text, negative_texts(example, self.negatives, self.num_negatives))
+        negatives = negative_texts(example, self.negatives, self.num_negatives)
         return [self.query_prompt + anchor] + [self.document_prompt + d for d in (positive, *negatives)]
 
     def frame(self, specials, *parts: list[int]) -> tuple[list[int], int]:

@@ -28,7 +28,7 @@ from gpt_ft.adapters.embedding import count_negatives, negative_texts
 from gpt_ft.adapters.heads import ChoiceHead, first_best, tied
 from gpt_ft.adapters.metrics import RETRIEVAL, rank_metrics
 from gpt_ft.adapters.outputs import LabelSpec, TaskOutput, score_text
-from gpt_ft.adapters.sources import field_text, needed_text
+from gpt_ft.adapters.sources import needed_text
 
 
 class RerankHead(ChoiceHead):
@@ -150,8 +150,7 @@ class Reranker(TaskAdapter):
         """[query, positive, negative, ...]."""
         needed = "a reranking row needs its query and its positive"  # (a missing field reads as null)
         query, positive = (needed_text(example[f], f, needed) for f in (self.query, self.positive))
-        negatives = negative_texts(example, self.negatives, self.num_negatives)
-        return [query, positive, *map(field_text, negatives)]
+        return [query, positive, *negative_texts(example, self.negatives, self.num_negatives)]
 
     def encode(self, example, tokens, specials, max_length):
         query, *candidates = tokens

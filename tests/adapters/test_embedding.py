@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from gpt_ft.adapters import Embedding, TaskDataError
+from gpt_ft.adapters import Embedding, Reranker, TaskDataError
 from gpt_ft.adapters.contrastive import NO_TEXT, cosent, info_nce, left_out, text_key
 from gpt_ft.adapters.embedding import EmbeddingHead, retrieval_metrics
 from gpt_ft.data.batches import collate, collate_packed, gold
@@ -308,6 +308,7 @@ def test_a_card_frames_each_text_alone_with_its_prompt(tokenizer_dir):
         (dict(temperature=0.0), "temperature must be > 0"),
         (dict(negatives=["n1", "n2"], num_negatives=3), "num_negatives=3 but 2 fields"),
         (dict(num_negatives=2), "num_negatives needs `negatives`, the field"),
+        (dict(loss="CoSENT"), "loss is infonce or cosent, not 'CoSENT'"),  # from Python: no card type
         *[  # CoSENT scores each pair against its gold score: these were encoded, then left unread
             (dict(score="s", **extra), "the cosent loss takes no `negatives`, `symmetric` or `temperature`")
             for extra in (dict(negatives="n"), dict(symmetric=True), dict(temperature=0.01))
@@ -320,11 +321,39 @@ def test_a_card_that_cannot_work_is_one_sentence(card, message):
 
 
 def test_an_empty_cell_among_the_negatives_is_none():
-    """A table's empty cell reads as an empty text: no negative, as a null is."""
+    """A table's empty cell reads as an empty text: no negative, as a null is, and NaN (pandas' and a
+    JSON line's missing value); a value that is no text is named with its field."""
     fields = Embedding(name="e", negatives=["n1", "n2"])
     assert fields.texts({"anchor": "a", "positive": "b", "n1": "", "n2": "c"}) == ["a", "b", "c"]
+    assert fields.texts({"anchor": "a", "positive": "b", "n1": float("nan"), "n2": None}) == ["a", "b"]
     listed = Embedding(name="e", negatives="hard", num_negatives=2)
     assert listed.texts({"anchor": "a", "positive": "b", "hard": ["", "c"]}) == ["a", "b", "c"]
+    assert listed.texts({"anchor": "a", "positive": "b", "hard": float("nan")}) == ["a", "b"]
+    with pytest.raises(TaskDataError, match=r"^field 'n2' holds a list \['y', 'z'\], not a text\.$"):
+        fields.texts({"anchor": "a", "positive": "b", "n1": "x", "n2": ["y", "z"]})
+    with pytest.raises(TaskDataError, match=r"^field 'hard' holds a list \['y'\], not a text\.$"):
+        listed.texts({"anchor": "a", "positive": "b", "hard": ["x", ["y"]]})
+    reranker = Reranker(name="r", num_negatives=2)
+    assert reranker.texts({"query": "a", "positive": "b", "negatives": [float("nan"), "c"]}) == [
+        "a",
+        "b",
+        "c",
+    ]
+
+
+def test_correlations_alone_make_no_retrieval_scores(monkeypatch):
+    """An STS card scores Spearman on cosines: no Q x Q retrieval matrix (20 s and 4 GB at 12,000)."""
+    from gpt_ft.adapters import embedding
+
+    monkeypatch.setattr(embedding, "retrieval_metrics", lambda *a: pytest.fail("retrieval scores made"))
+    task = Embedding(name="e", score="s")
+    vectors = F.normalize(torch.randn(4, 2, 8), dim=-1)
+    scores = torch.tensor([[0.5], [1.0], [2.0], [4.0]])
+    labels = torch.cat([scores, torch.arange(4 * 2 * len(NO_TEXT)).view(4, -1)], 1)  # then the texts' keys
+    values = task.output.metric_values(vectors, labels, ["spearman"])
+    cosines = (vectors[:, 0] * vectors[:, 1]).sum(-1)
+    assert float(values["spearman"]) == pytest.approx(float(torch.corrcoef(torch.stack(
+        [cosines.argsort().argsort().float(), torch.arange(4.0)]))[0, 1]), abs=1e-6)  # fmt: skip
 
 
 def test_too_many_negatives_in_a_row_are_named():
