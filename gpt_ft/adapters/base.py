@@ -267,6 +267,11 @@ class TaskAdapter:
         record to predict, unlabelled."""
         return None
 
+    def orders_nothing(self, records: Iterable[dict[str, Any]], where=None) -> list[int]:
+        """The labelled records with nothing to learn or score (a ranking's replies all tied), left
+        out of training and evaluation; none by default."""
+        return []
+
     def to_predict(self, record: dict[str, Any]) -> dict[str, Any]:
         """One record of a file or a caller as the example to predict (`Classifier`, `gpt-ft label`):
         as `regroup` makes a split's examples, but alone, and without its label."""

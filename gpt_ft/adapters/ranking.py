@@ -6,16 +6,10 @@ state. A row's replies carry scores (higher better; ties allowed; null: unranked
 best), or come as chosen and rejected lists (RewardBench 2's layout: each chosen reply above each
 rejected one). The loss (`loss`), over the replies a row ranks:
 
-- `plackett_luce`: the negative log-likelihood of the ranking, Σ_i [log Σ_{j ranked no higher
-  than i, or unranked} e^{r_j} - r_i] (a tie's replies share their rivals, Breslow's way; replies
-  tied at the bottom, last in any order, add no term);
-- `softmax`: softmax cross-entropy with the best replies (every tied best one) as the target;
-- `pairwise`: Bradley-Terry over all pairs of different scores, -log σ(r_better - r_worse), averaged.
-
-Each is Bradley-Terry's -log σ(r_chosen - r_rejected) on two replies (`Preference`'s). Scored by
-best-of-N accuracy (the top reward on a best reply, RewardBench 2's form with one chosen reply: a
-tie at the top counts its share, unranked replies below the ranked ones, over the rows with a reply
-worse than the best), pairwise accuracy (a tie counting half) and Kendall's τ-b, rows averaged.
+`plackett_luce` (ties Breslow's way), `softmax` (the best replies as the target) or `pairwise`
+(Bradley-Terry over all pairs of different scores), each `Preference`'s loss on two replies; scored
+by best-of-N accuracy, pairwise accuracy and Kendall's τ-b, rows averaged (docs/tasks.md). A row
+whose replies all score the same orders nothing: it is left out of training and evaluation.
 """
 
 from __future__ import annotations
@@ -70,10 +64,8 @@ def rank_metric_values(rewards: Tensor, scores: Tensor) -> dict[str, Tensor]:
     present = ~rewards.isnan()
     ranked = ~scores.isnan() & present
     s, r = scores.masked_fill(~ranked, math.nan), rewards.masked_fill(~ranked, math.nan)
-    # best-of-N over every reply (an unranked one below each ranked one), in rows with a reply worse
-    # than the best: a row of one reply, of replies all tied or none ranked has no wrong pick to avoid
-    # Rewards within `TIE` of each other tie, as the predicted best is the first of those: the same
-    # reply placed elsewhere in a packed row scores a few last bits apart.
+    # best-of-N (unranked replies below ranked ones) in rows with a reply worse than the best; rewards
+    # within `TIE` tie (one reply placed elsewhere in a packed row scores a few last bits apart)
     top = present & tied(rewards, rewards.nan_to_num(-math.inf, math.inf).amax(dim=1, keepdim=True))
     best = ranked & (s == s.nan_to_num(-math.inf).amax(dim=1, keepdim=True))
     best_of_n = (top & best).sum(dim=1) / top.sum(dim=1).clamp(min=1)
@@ -81,12 +73,11 @@ def rank_metric_values(rewards: Tensor, scores: Tensor) -> dict[str, Tensor]:
     ds, dr = s[:, :, None] - s[:, None, :], r[:, :, None] - r[:, None, :]  # [b, i, j], i < j counted
     even = tied(r[:, :, None], r[:, None, :])  # (NaN: a reply unranked, ties with none; never counted)
     upper = torch.ones_like(ds, dtype=torch.bool).triu(1) & ranked[:, :, None] & ranked[:, None, :]
-    differ = upper & (ds != 0)
-    hits = torch.where(even, 0.5, torch.where(ds * dr > 0, 1.0, 0.0))
+    differ, hits = upper & (ds != 0), torch.where(even, 0.5, torch.where(ds * dr > 0, 1.0, 0.0))
     pairwise = torch.where(differ, hits, 0.0).sum(dim=(1, 2)) / differ.sum(dim=(1, 2))
     concordant = (upper & ~even & (ds * dr > 0)).sum(dim=(1, 2)).double()
     discordant = (upper & ~even & (ds * dr < 0)).sum(dim=(1, 2)).double()
-    untied_scores, untied_rewards = (upper & (ds != 0)).sum(dim=(1, 2)), (upper & ~even).sum(dim=(1, 2))
+    untied_scores, untied_rewards = differ.sum(dim=(1, 2)), (upper & ~even).sum(dim=(1, 2))
     tau = (concordant - discordant) / (untied_scores * untied_rewards).double().sqrt()
     tau = tau.masked_fill((untied_scores > 0) & (untied_rewards == 0), 0.0)  # rewards all tied: no order
     return {
@@ -305,6 +296,15 @@ class Ranking(TaskAdapter):
             for key, g, _ in kept
         ]
         return rows, [first for _, _, first in kept]
+
+    def orders_nothing(self, records, where=None) -> list[int]:
+        """Records whose replies are all scored, alike: a loss of 0 dilutes the others', as the metrics."""
+        found = []
+        for i, row in enumerate(records):
+            with about(where, i, self.name):
+                scores = [s for _, s in self._replies(row)]
+            found += [i] * (len(scores) > 1 and None not in scores and len(set(scores)) == 1)
+        return found
 
     def to_predict(self, record: dict[str, Any]) -> dict[str, Any]:
         """The record without its scores (`reply_score`'s too; chosen and rejected sides unscored)."""

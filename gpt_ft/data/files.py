@@ -27,6 +27,7 @@ from gpt_ft.data.file_faults import (
     utf8_problem,
     wide_first_row,
 )
+from gpt_ft.data.subsets import ALIKE, label_spelling, left_out
 from gpt_ft.errors import CardError
 from gpt_ft.workarounds.data import no_download_count
 
@@ -67,7 +68,8 @@ def located_split(task: TaskAdapter, split: str, data_dir: str | Path | None):
 
 def task_examples(task: TaskAdapter, split: str, raw, origin: Origin):
     """A loaded split's records as the task's examples, and their origin: regrouped where examples
-    span records (NLI triplets), rows whose label the card ignores left out (`ignore_labels`)."""
+    span records (NLI triplets), rows whose label the card ignores left out (`ignore_labels`), and,
+    in training and evaluation, rows with nothing to learn or score (`orders_nothing`)."""
     grouped = task.regroup(raw, where=origin.of)
     if grouped is not None:
         import datasets
@@ -77,21 +79,12 @@ def task_examples(task: TaskAdapter, split: str, raw, origin: Origin):
             raise TaskDataError(f"{origin.source}: split {split!r} gives no examples for task {task.name!r}.")
         raw, origin = datasets.Dataset.from_list(rows), origin.keep(records)
     if task.ignore_labels and task.label in raw.column_names:
-        ignored = set(task.ignore_labels)
-        kept = [i for i, value in enumerate(raw[task.label]) if label_spelling(value) not in ignored]
-        if not kept:
-            raise TaskDataError(
-                f"{origin.source}: split {split!r} has no examples: every row's label is in the card's "
-                f"ignore_labels {task.ignore_labels}."
-            )
-        raw, origin = raw.select(kept), origin.keep(kept)
+        ignored = [i for i, v in enumerate(raw[task.label]) if label_spelling(v) in task.ignore_labels]
+        why = f"in the card's ignore_labels {task.ignore_labels}"
+        raw, origin = left_out(raw, origin, split, ignored, why)
+    if split == "train" or split in task.validation_splits:  # (predictions: one for every row)
+        raw, origin = left_out(raw, origin, split, task.orders_nothing(raw, origin.of), ALIKE, said=True)
     return raw, origin
-
-
-def label_spelling(value) -> str:
-    """A label as a card's `ignore_labels` spell it: -1.0 (a float column: pandas' integers with a
-    missing value, as the hub's SNLI) as -1."""
-    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
 
 
 def examples_split(task: TaskAdapter, split: str, data_dir: str | Path | None):

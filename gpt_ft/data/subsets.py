@@ -1,12 +1,16 @@
-"""Class-stratified, seeded subsets of a training split, for learning curves (a score against the
-number of labelled examples): every model compared at one size and seed trains on the same rows."""
+"""Which rows of a split count: those a card does not leave out (`left_out`), and class-stratified,
+seeded subsets of a training split, for learning curves (a score against the number of labelled
+examples): every model compared at one size and seed trains on the same rows."""
 
 from __future__ import annotations
 
 import math
 import random
+import warnings
 from collections.abc import Sequence
 from typing import Any
+
+from gpt_ft.adapters import TaskDataError
 
 QUANTILES = 5  # strata of a real-valued label (regression): its quintiles
 
@@ -94,3 +98,26 @@ def _number(value: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return number if math.isfinite(number) else None
+
+
+ALIKE = "its replies' scores, all alike (it orders nothing)"
+
+
+def left_out(raw, origin, split: str, rows: list[int], why: str, said: bool = False):
+    """The split (and its `Origin`) without `rows`, whose label is `why` (`said`: how many, in a
+    warning); none left is refused."""
+    if rows and len(rows) == len(raw):
+        raise TaskDataError(f"{origin.source}: split {split!r} has no examples: every row's label is {why}.")
+    if rows and said:
+        warnings.warn(
+            f"{origin.source}: {len(rows)} row{'s' * (len(rows) > 1)} of split {split!r} left out: each "
+            f"one's label is {why}."
+        )
+    kept = sorted(set(range(len(raw))) - set(rows))
+    return (raw.select(kept), origin.keep(kept)) if rows else (raw, origin)
+
+
+def label_spelling(value) -> str:
+    """A label as a card's `ignore_labels` spell it: -1.0 (a float column: pandas' integers with a
+    missing value, as the hub's SNLI) as -1."""
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)

@@ -343,3 +343,33 @@ def test_a_reply_spelling_a_special_token_is_that_token_as_in_a_preference_card(
     )[0]
     assert ranked.sequences[0] == pair.sequences[0]
     assert ranked.sequences[0][-2:] == [tok.convert_tokens_to_ids("<|endoftext|>"), specials.extract]
+
+
+def test_rows_whose_replies_all_score_alike_are_left_out_of_training_and_evaluation(tmp_path):
+    """A row of replies all scored alike (UltraFeedback's four 4.5s, two chosen and no rejected) has
+    a loss of 0 that would halve the others' and no metric: training and evaluation leave it out,
+    saying how many; a row with an unranked reply still orders it below; predictions keep every row."""
+    import datasets
+
+    from gpt_ft.data.files import Origin, task_examples
+
+    task = Ranking(name="r", validation_splits=["validation"], test_splits=["test"])
+    rows = [
+        {"prompt": "a", "replies": ["x", "y"], "scores": [4.5, 4.5]},  # line 1: alike
+        {"prompt": "b", "replies": ["x", "y"], "scores": [1.0, 2.0]},
+        {"prompt": "c", "replies": ["x", "y"], "scores": [3.0, None]},  # above the unranked one
+        {"prompt": "d", "replies": ["x", "y", "z"], "scores": [2, 2, 2]},  # line 4: alike
+    ]
+    raw, origin = datasets.Dataset.from_list(rows), Origin("train.jsonl")
+    said = r"each one's label is its replies' scores, all alike \(it orders nothing\)\.$"
+    for split in ("train", "validation"):
+        with pytest.warns(UserWarning, match=rf"^train.jsonl: 2 rows of split '{split}' left out: {said}"):
+            kept, where = task_examples(task, split, raw, origin)
+        assert kept["prompt"] == ["b", "c"] and where.of(1) == "train.jsonl, row 3"
+    assert task_examples(task, "test", raw, origin)[0]["prompt"] == ["a", "b", "c", "d"]
+    chosen = Ranking(name="c", chosen="chosen", rejected="rejected", scores=None)
+    two_chosen = datasets.Dataset.from_list([{"prompt": "p", "chosen": ["x", "y"], "rejected": []}])
+    with pytest.raises(
+        TaskDataError, match=r"^train.jsonl: split 'train' has no examples: every row's label is its"
+    ):
+        task_examples(chosen, "train", two_chosen, origin)
