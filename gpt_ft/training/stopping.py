@@ -88,8 +88,9 @@ class EarlyStopping(early_stopping.EarlyStopping):
 
     def on_train_start(self, trainer, pl_module) -> None:
         # A run resumed from the checkpoint of one this callback stopped stays stopped (a requeued
-        # job would train an epoch more at each start); a larger patience goes on.
-        if self.stopped_epoch > 0 and self.wait_count >= self.patience:
+        # job would train an epoch more at each start), one stopped in its first epoch too (a
+        # pretraining run validating every N steps); a larger patience goes on.
+        if self.wait_count >= self.patience:
             trainer.should_stop = True
             if trainer.is_global_zero:
                 print(f"The run stopped early at epoch {self.stopped_epoch}: {self.monitor} did not improve "

@@ -161,3 +161,21 @@ def test_wandb_offline_records_the_metrics(tmp_path, tokenizer_dir, monkeypatch)
     assert 0 <= recorded["validation/accuracy"] <= 1 and recorded["epoch"] == 1
     (run,) = tmp_path.glob("runs/wandb/wandb/offline-run-*/run-*.wandb")
     assert run.stat().st_size > 0
+
+
+def test_a_run_stopped_in_its_first_epoch_stays_stopped(capsys):
+    """Pretraining validates every N steps of one epoch: a stop there (stopped_epoch 0) is a stop."""
+    from types import SimpleNamespace
+
+    from gpt_ft.training.stopping import EarlyStopping
+
+    stopping = EarlyStopping("validation/loss", patience=1, mode="min")
+    stopping.load_state_dict(
+        {"wait_count": 1, "stopped_epoch": 0, "best_score": torch.tensor(2.5), "patience": 1}
+    )
+    trainer = SimpleNamespace(should_stop=False, is_global_zero=True)
+    stopping.on_train_start(trainer, None)
+    assert trainer.should_stop and "The run stopped early at epoch 0" in capsys.readouterr().out
+    stopping.patience, trainer.should_stop = 2, False  # a larger patience goes on
+    stopping.on_train_start(trainer, None)
+    assert not trainer.should_stop
