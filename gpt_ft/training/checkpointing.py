@@ -117,8 +117,9 @@ class SaveLast(Callback):
         path = None if self.rerun else self._save(trainer) or self.path(trainer)
         if trainer.is_global_zero and not self._said:
             self._said, name, step = True, (self._stop_signal or signal.SIGTERM).name, trainer.global_step
-            if self.rerun:
-                return print(f"{name}: stopped at step {step}; {self.rerun}", flush=True)
+            if self.rerun or path is None:  # (a requeue would start afresh: said so)
+                why = self.rerun or "nothing saved: checkpointing is off (--trainer.enable_checkpointing)."
+                return print(f"{name}: stopped at step {step}; {why}", flush=True)
             lora = getattr(trainer.lightning_module, "lora", None)
             advice = MERGED_NO_RESUME if lora is not None and lora.checkpoint == "merged" else FIT_RESUME
             print(f"{name}: saved step {step} to {path}; {advice}", flush=True)

@@ -96,6 +96,11 @@ def test_sigterm_mid_accumulation_saves_at_the_step_and_resumes_exactly(tmp_path
     assert last_state(tmp_path / "cut", 0)["global_step"] == 3
     main(["fit", *args, "--ckpt_path=last"])
     assert_same_weights(last_state(tmp_path / "whole", 0), last_state(tmp_path / "cut", 1))
+    # Checkpointing off: the stop says nothing was saved (it named last.ckpt as "None").
+    with pytest.raises(SystemExit):
+        main(["fit", *args, "--trainer.enable_checkpointing=false", *interrupt(2, signal.SIGTERM)])
+    said = "SIGTERM: stopped at step 1; nothing saved: checkpointing is off (--trainer.enable_checkpointing)."
+    assert said in capsys.readouterr().out
 
 
 def validation_rows(logs: Path) -> list[tuple[str, ...]]:
