@@ -145,6 +145,8 @@ class GPTCLI(CheckpointHparamsAsDefaults, ConfigDumpReadFast, ParsersBuiltOnce, 
             )
         if getattr(self, "resolved_ckpt", None):
             config.ckpt_path = self.resolved_ckpt
+        elif str(config.get("ckpt_path")).startswith("~"):  # as a config file gives it: checks read it
+            config.ckpt_path = str(Path(config.ckpt_path).expanduser())
         if self.subcommand == "predict":  # where it writes, checked before the weights load
             check_output_dir(config.model.predictions_dir, "--model.predictions_dir")
         if config.trainer.get("default_root_dir"):  # its logs and checkpoints, as well

@@ -270,6 +270,18 @@ def test_a_checkpoint_is_read_with_the_tokenizer_it_was_trained_with(
     )
 
 
+def test_a_resumed_fit_named_from_home_is_read_with_its_tokenizer(tmp_path, finetuned, monkeypatch, capsys):
+    """`--ckpt_path ~/...` (a config file's, unexpanded by a shell): the same checks as its full path
+    (the tokenizer's was skipped, and the run trained on other ids)."""
+    other = swapped(finetuned.ckpt.parent / "tokenizer", tmp_path / "other")
+    monkeypatch.setenv("HOME", str(finetuned.ckpt.parent))
+    args = finetune_args(finetuned.card, str(other), finetuned.root, tmp_path / "logs")
+    with pytest.raises(SystemExit) as stopped:
+        main(["fit", *args, f"--ckpt_path=~/{finetuned.ckpt.name}"])
+    assert stopped.value.code == 2
+    assert f"is not the tokenizer {finetuned.ckpt} was trained with" in capsys.readouterr().err
+
+
 def moved_token(tokenizer: Path, first: int = 300) -> str:
     """The token `swapped` moved from id `first` to `first + 1`."""
     vocab = json.loads((tokenizer / "tokenizer.json").read_text())["model"]["vocab"]
