@@ -12,6 +12,7 @@ from typing import Any
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
 from gpt_ft.adapters.cards import PARSER_MODE
@@ -209,8 +210,10 @@ class GPTCLI(CheckpointHparamsAsDefaults, ConfigDumpReadFast, ParsersBuiltOnce, 
         config = self.config_init[self.subcommand] if self.subcommand else self.config_init
         trainer_config = config.get("trainer", {})
         callbacks = run_callbacks(config, self.model, getattr(self, "data_config", None))
-        if not trainer_config.get("plugins"):
-            kwargs["plugins"] = [AtomicCheckpointIO()]
+        given = trainer_config.get("plugins") or []
+        given = given if isinstance(given, list) else [given]  # (a cluster's environment, ...)
+        if not any(isinstance(plugin, CheckpointIO) for plugin in given):
+            kwargs["plugins"] = [*given, AtomicCheckpointIO()]
         return check_rendezvous(super().instantiate_trainer(**kwargs, callbacks=callbacks))
 
 

@@ -920,3 +920,21 @@ def test_a_damaged_result_file_is_named(tmp_path, text):
     with pytest.raises(ValueError, match=f"^{re.escape(str(path))} is not a result the suite wrote .*: del"):
         read_json(path)
     assert read_json(tmp_path / "none.json") is None
+
+
+def test_a_trainer_given_plugins_still_writes_checkpoints_whole(tmp_path, tokenizer_dir):
+    """A cluster's environment plugin (as a SLURM setup passes) kept the atomic checkpoint writer
+    out: a run killed mid-save left a truncated last.ckpt. One given is kept as given."""
+    from lightning.fabric.plugins import TorchCheckpointIO
+
+    from gpt_ft.training.checkpointing import AtomicCheckpointIO
+
+    card = make_task("single", tmp_path / "a")
+    args = [f"--data.task={card}", f"--data.tokenizer={tokenizer_dir}", f"--data.data_dir={tmp_path / 'a'}"]
+    args += [f"--trainer.default_root_dir={tmp_path / 'run'}", *FIT]
+    environment = "--trainer.plugins=lightning.fabric.plugins.environments.LightningEnvironment"
+    trainer = build_fit([*args, environment])[2]
+    assert type(trainer.strategy.checkpoint_io) is AtomicCheckpointIO
+    assert type(trainer._accelerator_connector.cluster_environment).__name__ == "LightningEnvironment"
+    trainer = build_fit([*args, "--trainer.plugins=lightning.fabric.plugins.TorchCheckpointIO"])[2]
+    assert type(trainer.strategy.checkpoint_io) is TorchCheckpointIO
