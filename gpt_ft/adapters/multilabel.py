@@ -167,7 +167,8 @@ class MultiLabelOutput(TaskOutput):
     def label_id(self, value: Any) -> int:
         """A label's id: its name in `labels`, or an integer id (hub datasets store ids)."""
         names = self.spec.names
-        text = str(value).strip()
+        integral = isinstance(value, float) and value.is_integer()  # a JSON column read as floats: 1.0
+        text = str(int(value) if integral else value).strip()
         if text in names:
             return names.index(text)
         if text.isdigit() and int(text) < len(names):

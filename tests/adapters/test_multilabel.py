@@ -30,6 +30,9 @@ def test_labels_from_lists_joined_names_and_ids():
     assert t.output.example_label({"tags": "anger, fear"}) == [0, 1, 1]
     assert t.output.example_label({"tags": ""}) == [0, 0, 0]  # an empty text: no label
     assert t.output.example_label({"tags": [2]}) == [0, 0, 1]  # hub datasets store ids
+    assert t.output.example_label({"tags": [1.0, 2.0]}) == [0, 1, 1]  # a JSON column read as floats
+    with pytest.raises(TaskDataError, match=r"label '1.5' in field 'tags' is not among the labels"):
+        t.output.example_label({"tags": [1.5]})
     assert t.output.example_label({"tags": "0,2"}) == [1, 0, 1]
     assert t.output.example_label({"text": "no tags field"}) is None
     assert task(label_separator="|").output.example_label({"tags": "joy|fear"}) == [1, 0, 1]
