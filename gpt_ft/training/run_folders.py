@@ -144,10 +144,12 @@ def no_earlier_checkpoints(trainer, resumed: str | None) -> None:
 
 def fixed_folders(trainer) -> list[tuple[Path, str]]:
     """The checkpoint folders a run does not choose anew (a version folder is new to each run),
-    each with where else a run could save: ROOT/checkpoints with `--trainer.logger false`, and a
-    checkpoint callback's `dirpath`."""
+    each with where else a run could save: ROOT/checkpoints with `--trainer.logger false`, a
+    checkpoint callback's `dirpath`, and a logger's folder of a given version."""
     folders = [(Path(c.dirpath), "give the checkpoint callback another dirpath")
                for c in trainer.checkpoint_callbacks if getattr(c, "dirpath", None)]  # fmt: skip
+    if log_dir := getattr(trainer.logger, "log_dir", None):  # new to each run, unless its version is given
+        folders.append((Path(log_dir) / "checkpoints", "give the logger another version (or none)"))
     if trainer.logger is None:
         folders.append(
             (Path(trainer.default_root_dir) / "checkpoints", "give another --trainer.default_root_dir")

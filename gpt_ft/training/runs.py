@@ -23,7 +23,13 @@ from gpt_ft.training.checkpointing import AtomicCheckpointIO
 from gpt_ft.training.config_checks import card_named, check_token_folder, refuse_bad_config
 from gpt_ft.training.precision import cpu_precision, runs_on_cpu, warn_half_weights
 from gpt_ft.training.predictions import check_submission
-from gpt_ft.training.run_folders import DEFAULT_LOGGER, checkpoint_to_read, last_of_task, logs_follow_root_dir
+from gpt_ft.training.run_folders import (
+    DEFAULT_LOGGER,
+    checkpoint_to_read,
+    last_of_task,
+    logs_follow_root_dir,
+    no_earlier_checkpoints,
+)
 from gpt_ft.training.saved import (
     check_init_tokenizer,
     plain_config,
@@ -191,8 +197,8 @@ class GPTCLI(CheckpointHparamsAsDefaults, ConfigDumpReadFast, ParsersBuiltOnce, 
             raise ValueError(
                 "--ckpt_path best: gpt-ft fit resumes from `last` or a checkpoint's path (a best-*.ckpt's)."
             )
-        if config.get("ckpt_path") != "last" or self.trainer.logger is None:
-            return
+        if config.get("ckpt_path") != "last" or self.trainer.logger is None:  # (before the logger
+            return no_earlier_checkpoints(self.trainer, config.get("ckpt_path"))  # clears its folder)
         root = Path(self.trainer.logger.root_dir)
         given = [c.dirpath for c in self.trainer.checkpoint_callbacks if getattr(c, "dirpath", None)]
         task = getattr(self.datamodule, "task", None)  # a run of another task is not this one's
@@ -205,6 +211,7 @@ class GPTCLI(CheckpointHparamsAsDefaults, ConfigDumpReadFast, ParsersBuiltOnce, 
         else:
             print(f"resuming from {found}", flush=True)
             config.ckpt_path = str(found)
+        no_earlier_checkpoints(self.trainer, config.ckpt_path)
 
     def instantiate_trainer(self, **kwargs: Any):
         config = self.config_init[self.subcommand] if self.subcommand else self.config_init

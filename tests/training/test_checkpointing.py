@@ -573,6 +573,31 @@ def test_fit_resumes_the_newest_run_of_its_own_task(tmp_path, tokenizer_dir, cap
     ) in capsys.readouterr().out
 
 
+def test_a_second_fit_into_a_given_logger_version_is_refused_before_it_touches_the_first(
+    tmp_path, tokenizer_dir, capsys
+):
+    """A logger's version given (`--trainer.logger.init_args.version 0`): the second fit's refusal came
+    after the logger had deleted the first run's metrics.csv and its configuration had been written
+    over; both are now as the first run left them. Resuming its own last.ckpt there goes on."""
+    card, logs = make_task("single", tmp_path), tmp_path / "logs"
+    args = [*finetune_args(card, tokenizer_dir, tmp_path, logs), "--trainer.logger.init_args.version=0"]
+    main(["fit", *args, "--trainer.max_epochs=1"])
+    folder = logs / "lightning_logs" / "version_0"
+    kept = {name: (folder / name).read_bytes() for name in ("metrics.csv", "config.yaml")}
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        main(["fit", *args, "--trainer.max_epochs=2"])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"gpt-ft: error: {folder / 'checkpoints'} holds an earlier run's checkpoints (best-0-3.ckpt, "
+        "last.ckpt), which this run would write over: resume one of them (--ckpt_path last), or give the "
+        "logger another version (or none) (they are kept)."
+    )
+    assert {name: (folder / name).read_bytes() for name in kept} == kept
+    main(["fit", *args, "--trainer.max_epochs=2", "--ckpt_path=last"])
+    assert last_state(logs, 0)["global_step"] == 6
+
+
 def test_a_checkpoint_callbacks_own_folder_resumes_whatever_task_ran_last_elsewhere(tmp_path):
     """A `last.ckpt` in a checkpoint callback's `dirpath` has no run folder to say its task: it is
     a candidate as it was, beside the logger's runs of this task, and a newer run of another is not."""
