@@ -91,6 +91,14 @@ def last_of_task(root: Path, folders: list, task: str | None) -> tuple[Path | No
     return max(runs, key=lambda p: p.stat().st_mtime_ns) if runs else None, newest
 
 
+def runs_root(trainer) -> Path:
+    """The folder of the logger's runs, where Lightning puts each run's checkpoints: its `root_dir`;
+    for a logger without one (W&B, MLflow alone), SAVE_DIR/NAME, as Lightning's checkpoint folders."""
+    logger = trainer.logger
+    root = getattr(logger, "root_dir", None)
+    return Path(root) if root else Path(logger.save_dir or trainer.default_root_dir) / str(logger.name)
+
+
 def follows_root_dir(logger, trainer) -> bool:
     """Whether the logger is the default one at its default folder, which `--trainer.default_root_dir`
     moves; a logger `save_dir` given explicitly, or another logger, stays."""

@@ -29,6 +29,7 @@ from gpt_ft.training.run_folders import (
     last_of_task,
     logs_follow_root_dir,
     no_earlier_checkpoints,
+    runs_root,
 )
 from gpt_ft.training.saved import (
     check_init_tokenizer,
@@ -199,7 +200,7 @@ class GPTCLI(CheckpointHparamsAsDefaults, ConfigDumpReadFast, ParsersBuiltOnce, 
             )
         if config.get("ckpt_path") != "last" or self.trainer.logger is None:  # (before the logger
             return no_earlier_checkpoints(self.trainer, config.get("ckpt_path"))  # clears its folder)
-        root = Path(self.trainer.logger.root_dir)
+        root = runs_root(self.trainer)
         given = [c.dirpath for c in self.trainer.checkpoint_callbacks if getattr(c, "dirpath", None)]
         task = getattr(self.datamodule, "task", None)  # a run of another task is not this one's
         found, newest = last_of_task(root, given, task.name if task else None)  # and a callback's folder

@@ -1455,3 +1455,27 @@ def test_a_root_folder_and_predictions_under_the_home_folder(tmp_path, tokenizer
     assert last_state(home / "runs", 1)["global_step"] == 3 and not (cwd / "~").exists()
     main(["predict", f"--ckpt_path={last_path(home / 'runs', 1)}", "--model.predictions_dir=~/subm"])
     assert list((home / "subm").iterdir()) and not (cwd / "~").exists()
+
+
+@pytest.mark.parametrize("save_dir", ["saved", None])
+def test_last_is_looked_for_where_a_logger_without_a_root_folder_puts_checkpoints(tmp_path, save_dir):
+    """W&B or MLflow alone have no `root_dir` (it crashed `fit --ckpt_path last`): the runs are
+    under SAVE_DIR/NAME (the trainer's root without a save_dir), as Lightning's checkpoint folders."""
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.loggers.logger import DummyLogger
+
+    from gpt_ft.training.run_folders import runs_root
+
+    given = None if save_dir is None else str(tmp_path / save_dir)
+
+    class FolderlessLogger(DummyLogger):  # what W&B and MLflow give: a name, a version, no root_dir
+        name, version, save_dir = "project", "run-1", given
+
+    checkpoints = ModelCheckpoint()
+    trainer = pl.Trainer(
+        logger=FolderlessLogger(), callbacks=[checkpoints], default_root_dir=tmp_path / "root"
+    )
+    assert getattr(trainer.logger, "root_dir", None) is None
+    folder = Path(checkpoints._ModelCheckpoint__resolve_ckpt_dir(trainer))
+    assert runs_root(trainer) == folder.parent.parent == tmp_path / (save_dir or "root") / "project"
