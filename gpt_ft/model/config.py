@@ -264,6 +264,20 @@ class GPTConfig:
         return cls(**{**copy.deepcopy(PRESETS[name]), **overrides})
 
 
+def check_known_fields(config: dict, where: str, version: str | None) -> dict:
+    """`config` (a checkpoint's model fields) if this version's `GPTConfig` has each of its fields;
+    one it lacks (a newer version's, `version` the writer's) named in one sentence."""
+    if unknown := sorted(set(config) - {f.name for f in fields(GPTConfig)}):
+        from gpt_ft import __version__
+
+        raise ValueError(
+            f"{where} records model settings this gpt_ft ({__version__}) does not know "
+            f"({', '.join(unknown)}): it was written by gpt_ft {version or 'of an unrecorded version'}; "
+            "read it with that version."
+        )
+    return config
+
+
 def preset_config(preset: str, overrides: dict | None, **fixed) -> GPTConfig:
     """`GPTConfig.from_name(preset, **overrides, **fixed)`, a bad override (an unknown field, a value
     the config refuses) named as the option that gave it, `--model.overrides`."""

@@ -91,13 +91,8 @@ class Adapters:
         """The entry of `lora` (a `LoRA`) adapting `base`."""
         return cls(base, new_tokens_from, asdict(lora), fingerprint)
 
-    def check_base(
-        self,
-        now: str,
-        where: str,
-        loaded: str | None = None,
-        remedy: str = "give them with --model.init_from",
-    ) -> None:
+    def check_base(self, now: str, where: str, loaded: str | None = None,
+                   remedy: str = "give them with --model.init_from") -> None:  # fmt: skip
         """The base weights loaded now (`now`: their fingerprint; from `loaded`, default the
         recorded base) are those the adapters were trained on, where the checkpoint records which;
         `remedy`: how the command at hand takes those."""
@@ -238,8 +233,12 @@ class Checkpoint:
 
     @property
     def gpt_config(self) -> dict[str, Any] | None:
-        """The GPT's config fields; None for a file that gpt_ft did not write."""
-        return self.entries.get(GPT_CONFIG)
+        """The GPT's config fields; None for a file that gpt_ft did not write. One this version does
+        not know (a newer one's) is refused: the model built without it would be another."""
+        from gpt_ft.model.config import check_known_fields
+
+        fields = self.entries.get(GPT_CONFIG)
+        return fields and check_known_fields(fields, self.where, self.provenance.get("version"))
 
     @gpt_config.setter
     def gpt_config(self, fields: dict[str, Any]) -> None:

@@ -2,6 +2,7 @@
 and read back, atomic saves, and one sentence for a file that is not a readable checkpoint."""
 
 import errno
+import re
 from pathlib import Path
 
 import pytest
@@ -158,3 +159,24 @@ def test_a_weights_fingerprint_of_a_table_past_float32s_integers():
         small.weight.copy_(torch.arange(21000.0).reshape(70, 300) / 7)
         small.bias.copy_(torch.arange(70.0))
     assert weights_fingerprint(small) == "0b8405aeab06df18"  # as recorded before
+
+
+def test_a_newer_versions_model_setting_is_named_with_the_version_that_wrote_it(tmp_path):
+    """A field this version's GPTConfig lacks: validate and label crashed in GPTConfig(**...) and a
+    resumed fit dropped it without a word; each reads the config here, refused in one sentence."""
+    from dataclasses import asdict
+
+    from gpt_ft import GPTConfig, __version__
+    from gpt_ft.weights.pretrained import gpt_from_checkpoint
+
+    fields = asdict(GPTConfig.from_name("gpt-micro"))
+    assert Checkpoint({fmt.GPT_CONFIG: fields}).gpt_config == fields
+    path = tmp_path / "newer.ckpt"
+    newer = Checkpoint({fmt.GPT_CONFIG: {**fields, "softcap": 30.0, "mtp_heads": 2}}, path)
+    newer.provenance = {"version": "9.1.0", "commit": None}
+    said = (f"{path} records model settings this gpt_ft ({__version__}) does not know (mtp_heads, "
+            "softcap): it was written by gpt_ft 9.1.0; read it with that version.")  # fmt: skip
+    with pytest.raises(ValueError, match=f"^{re.escape(said)}$"):
+        newer.gpt_config
+    with pytest.raises(ValueError, match=re.escape(said)):
+        gpt_from_checkpoint(newer)
