@@ -268,10 +268,8 @@ def check_known_fields(config: dict, where: str, version: str | None) -> dict:
     """`config` (a checkpoint's model fields) if this version's `GPTConfig` has each of its fields;
     one it lacks (a newer version's, `version` the writer's) named in one sentence."""
     if unknown := sorted(set(config) - {f.name for f in fields(GPTConfig)}):
-        from gpt_ft import __version__
-
         raise ValueError(
-            f"{where} records model settings this gpt_ft ({__version__}) does not know "
+            f"{where} records model settings this version of gpt_ft does not know "
             f"({', '.join(unknown)}): it was written by gpt_ft {version or 'of an unrecorded version'}; "
             "read it with that version."
         )

@@ -37,6 +37,7 @@ from gpt_ft.workarounds.trainer import (
     clear_graceful_stop,
     request_graceful_stop,
     should_accumulate,
+    skip_next_validation,
     validation_follows,
 )
 
@@ -58,7 +59,10 @@ class WholeStepTimer(Timer):
 
     def on_train_batch_end(self, trainer, *args: Any, **kwargs: Any) -> None:
         if not should_accumulate(trainer):
+            due = validation_follows(trainer)  # a validation the run makes here anyway
             super().on_train_batch_end(trainer, *args, **kwargs)
+            if trainer.should_stop and not due:  # none added at the cut (Lightning's for a stop)
+                skip_next_validation(trainer)
 
 
 FIT_RESUME = "resume with the same `gpt-ft fit` command and --ckpt_path last"

@@ -77,6 +77,16 @@ def validation_follows(trainer: Trainer) -> bool:
         return False
 
 
+def skip_next_validation(trainer: Trainer) -> None:
+    """No validation after the training batch just ended. Lightning validates at a step where
+    `trainer.should_stop` was set (so that a stop by early stopping is judged), which a run stopped
+    by a time limit would have made only then: its resumed run would differ from the uninterrupted
+    one (early stopping's count, the best checkpoint). The epoch loop's own flag (private; set by it
+    when resuming from a checkpoint saved after a validation) is the one way to ask; if it goes,
+    find what the loop now reads before its `_should_check_val_fx` verdict."""
+    trainer.fit_loop.epoch_loop._skip_next_val = True
+
+
 def clear_graceful_stop(trainer: Trainer) -> None:
     """Withdraw a stop requested by SIGTERM or `request_graceful_stop` (see there)."""
     trainer._signal_connector.received_sigterm = False
