@@ -375,7 +375,7 @@ FIXTURES = {
             jsonl({"prompt": Q, "replies": ["a", "b", "c"], "scores": [1, 3, None]}),
             [replies(4, 1, 3, NAN)],
         ),
-        "validation": (jsonl({"prompt": "Hi?", "replies": ["a", "b"], "scores": [0, 0]}), [replies(4, 0, 0)]),
+        "validation": (jsonl({"prompt": "Hi?", "replies": ["a", "b"], "scores": [0, 2]}), [replies(4, 0, 2)]),
         "test": (jsonl({"prompt": "Hi?", "replies": ["a"]}), [None]),  # one reply to score
     },
     "ranking/rewardbench2": {  # one chosen against three rejected
