@@ -57,8 +57,11 @@ def head_parameters(gpt) -> float:
     """The LM head's part of `counted_parameters`: a step that computes no LM logits (a reward
     model's, an embedding's: lm_coef 0) does not run it."""
     head = gpt.lm_head if gpt.lm_head is not None else gpt.wte
-    frozen = not head.weight.requires_grad
-    return gpt.config.vocab_size * gpt.config.n_embd * (2 / 3 if frozen else 1)
+    left, n = gpt.config.vocab_size, 0.0
+    for p in head.parameters():  # its rows in order (LoRA's: frozen, new, unused), those past V never run
+        rows, left = min(len(p), left), left - min(len(p), left)
+        n += rows * p[:1].numel() * (1 if p.requires_grad else 2 / 3)
+    return n
 
 
 def counted_parameters(gpt) -> float:
@@ -68,7 +71,8 @@ def counted_parameters(gpt) -> float:
     c, untied = gpt.config, gpt.lm_head is not None
     lookups = [m for m in (gpt.wpe, gpt.wte if untied else None) if m is not None]
     skipped = {id(p) for m in lookups for p in m.parameters()}
-    frozen = sum(p.numel() for p in gpt.parameters() if not p.requires_grad and id(p) not in skipped)
+    frozen = sum(p.numel() for name, p in gpt.named_parameters()  # (the rows past V: out of the total)
+                 if not (p.requires_grad or id(p) in skipped or name.endswith("unused_rows")))  # fmt: skip
     positions = gpt.wpe.weight.numel() if gpt.wpe is not None else 0
     return gpt.num_parameters() - positions - (c.vocab_size * c.n_embd if untied else 0) - frozen / 3
 

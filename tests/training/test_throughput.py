@@ -4,7 +4,7 @@ import pytest
 
 from gpt_ft import GPT, GPTConfig
 from gpt_ft.cli import main
-from gpt_ft.training.throughput import counted_parameters, dense_peak_tflops, flops_per_token
+from gpt_ft.training.throughput import counted_parameters, dense_peak_tflops, flops_per_token, head_parameters
 from tests.helpers import ROOT, write_corpus
 
 
@@ -61,11 +61,17 @@ def test_the_flop_count_leaves_out_lookups_windows_and_frozen_gradients():
     c = GPTConfig.from_name("llama-micro", vocab_size=128, sliding_window=6, layer_types=layers)
     attention = 12 * c.n_head * c.head_dim
     assert flops_per_token(c, 0, 64) == attention * (6 + 64) and flops_per_token(c, 0, 4) == attention * 8
-    base = GPT(GPTConfig.from_name("llama-micro", vocab_size=128))
-    adapted = add_lora(base, LoRA(rank=2), new_tokens_from=124)
-    trainable = sum(p.numel() for p in adapted.parameters() if p.requires_grad)
-    frozen = adapted.num_parameters() - trainable
-    assert 0 < trainable < frozen and counted_parameters(adapted) == pytest.approx(trainable + frozen * 2 / 3)
+    for tie in (True, False):  # 100 tokens in 128 rows: the padding rows (frozen too) count nowhere
+        base = GPT(GPTConfig.from_name("llama-micro", vocab_size=100, tie_embeddings=tie))
+        adapted = add_lora(base, LoRA(rank=2), new_tokens_from=96)
+        counted = {True: 0, False: 0}  # trained, frozen; an untied embedding is a lookup, its rows out
+        for name, p in adapted.named_parameters():
+            if not name.endswith("unused_rows") and (tie or not name.startswith("wte.")):
+                counted[p.requires_grad] += p.numel()
+        assert 0 < counted[True] < counted[False]
+        assert counted_parameters(adapted) == pytest.approx(counted[True] + counted[False] * 2 / 3)
+        # the head a step with no LM loss never runs: its 96 frozen rows at 2/3, 4 new ones whole
+        assert head_parameters(adapted) == pytest.approx((96 * 2 / 3 + 4) * c.n_embd)
     assert dense_peak_tflops("NVIDIA H200 NVL") == 835.0
 
 
