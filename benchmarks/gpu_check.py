@@ -282,7 +282,14 @@ def run_checklist(args, figure_args: list[str], report: Report, left) -> None:
             print(f"[{time.perf_counter() - start:4.0f} s] {name} ...", file=sys.stderr, flush=True)
             cmd = [sys.executable, "benchmarks/gpu_figures.py", f"--device={args.device}", f"--report={out}",
                    "--only", *names, *(["--quick"] if args.quick else []), *figure_args]  # fmt: skip
-            for row in figures_rows(name, run_part(cmd, limit, env), out, limit):
+            try:
+                part = run_part(cmd, limit, env)
+            except (SystemExit, KeyboardInterrupt):  # stopped: the rows this part finished, kept
+                for row in figures_rows(name, Part(0, 0.0, "", ""), out, limit):
+                    report.add(row)
+                report.add(Row(name, "stopped with the checklist", "FAIL"))
+                raise
+            for row in figures_rows(name, part, out, limit):
                 report.add(row)
         for row in vs_trainer(args, env, Path(tmp), left) if args.glue else []:
             report.add(row)

@@ -7,7 +7,8 @@ rows run it (on a GPU the GPT compiled with its loss, in bf16-mixed, fused AdamW
   host (Python, launches, a read back). The longest kernels follow.
 - `shapes`: the same step's tokens/s and MFU on today's decoder shapes, SmolLM2-135M and
   Qwen3-0.6B (random weights; on a CPU the tiny llama-micro, to check the rows run), and on
-  GPT-1's without dropout (llm.c's GPT-2, whose MFU the goal takes, trains without).
+  GPT-1's without dropout (llm.c's GPT-2, whose MFU the goal takes, trains without; its FLOP count
+  is 3.5% below ours at this size: docs/gpus.md).
 
     python benchmarks/gpu_figures.py --only profile shapes
 """

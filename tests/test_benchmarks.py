@@ -230,7 +230,9 @@ def test_a_checklist_stopped_by_sigterm_kills_its_part_and_leaves_its_report(tmp
     assert checklist.wait(timeout=30) == 143
     rows = json.loads(report.with_suffix(".json").read_text())["rows"]
     assert rows[-1]["check"] == "checklist" and rows[-1]["result"].startswith("stopped by SIGTERM after")
-    assert rows[-1]["status"] == "FAIL" and "1 failing" in report.read_text()
+    assert rows[-1]["status"] == "FAIL" and "2 failing" in report.read_text()
+    # the part under way named (after the rows it finished, none yet here)
+    assert (rows[-2]["check"], rows[-2]["result"]) == ("GPU figures", "stopped with the checklist")
     time.sleep(0.2)
     for pid in part:  # gone, or dead and waiting to be reaped
         status = Path(f"/proc/{pid}/status")
