@@ -10,7 +10,6 @@ in one step get examples of similar length, so none waits long for the others.
 
 from __future__ import annotations
 
-import itertools
 import math
 import os
 from collections.abc import Iterator, Sequence
@@ -42,15 +41,16 @@ class EpochSampler(DistributedSampler):
     Lightning calls `set_epoch` every epoch; a resumed run calls `skip` once, before iterating.
     """
 
-    _skip: tuple[int, int, int] | None = None
+    _skip: tuple[int, int, int, int] | None = None
+    _skipped: tuple[int, int, int, int] | None = None  # the skip the current epoch was iterated with
 
-    def skip(self, epoch: int, samples: int, world: int | None = None) -> None:
+    def skip(self, epoch: int, samples: int, world: int | None = None, batches: int = 0) -> None:
         """In epoch `epoch`, leave out the first `samples` indices of each of `world` ranks (by
-        default this run's number): those a run of that many processes trained on already, the
-        rest dealt out to this run's ranks. The epoch is set here too: with worker processes,
-        Lightning draws the indices before it calls `set_epoch`, which would give the resumed
-        epoch the first epoch's order."""
-        self._skip = (epoch, samples, world or self.num_replicas) if samples > 0 else None
+        default this run's number): those a run of that many processes trained on already, in
+        `batches` batches (Lightning's count of the epoch's batches done), the rest dealt out to this
+        run's ranks. The epoch is set here too: with worker processes, Lightning draws the indices
+        before it calls `set_epoch`, which would give the resumed epoch the first epoch's order."""
+        self._skip = (epoch, samples, world or self.num_replicas, batches) if samples > 0 else None
         self.set_epoch(epoch)
 
     def indices(self) -> Iterator[int]:
@@ -74,15 +74,33 @@ class EpochSampler(DistributedSampler):
         return order[self.rank :: world]
 
     def __iter__(self) -> Iterator[int]:
-        indices = self.indices()
-        if self._skip is not None and self._skip[0] == self.epoch:
-            epoch, samples, world = self._skip
-            if world == self.num_replicas:
-                indices = itertools.islice(indices, samples, None)
-            else:  # the examples the other number of ranks trained on, as one prefix of the order
-                indices = iter(self.dealt(self.order()[samples * world :]))
-            self._skip = None
-        return indices
+        skip = self._skip if self._skip is not None and self._skip[0] == self.epoch else None
+        if skip is not None:
+            self._skipped, self._skip = skip, None
+        return iter(self._epoch_indices(skip))
+
+    def _epoch_indices(self, skip: tuple[int, int, int, int] | None) -> list[int]:
+        """This rank's indices of the current epoch, past a resumed epoch's `skip` where one is given."""
+        if skip is None or skip[0] != self.epoch:
+            return list(self.indices())
+        epoch, samples, world, _ = skip
+        if world == self.num_replicas:
+            return list(self.indices())[samples:]
+        return self.dealt(self.order()[samples * world :])  # what the other number of ranks left, dealt
+
+    def _epoch_skip(self) -> tuple[int, int, int, int] | None:
+        return next((s for s in (self._skip, self._skipped) if s is not None and s[0] == self.epoch), None)
+
+    def batches_done(self) -> int:
+        """Lightning's count of the current epoch's batches before its first here: those a resumed
+        epoch had done (0 otherwise)."""
+        skip = self._epoch_skip()
+        return skip[3] if skip else 0
+
+    def epoch_batches(self, size: int) -> list[list[int]]:
+        """The current epoch's batches of `size` on this rank, as `__iter__` gives them."""
+        indices = self._epoch_indices(self._epoch_skip())
+        return [indices[i : i + size] for i in range(0, len(indices), size)]
 
 
 class LengthGroupedSampler(EpochSampler):
@@ -240,6 +258,6 @@ class ResumableTrainData:
                     f"{order if isinstance(sampler, LengthGroupedSampler) else ''}; the next epochs are "
                     "whole. The same --data.batch_size x processes resumes it exactly."
                 )
-            sampler.skip(epoch, batches * size, world)
+            sampler.skip(epoch, batches * size, world, batches)
             self._resume = None
         return sampler

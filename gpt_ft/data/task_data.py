@@ -353,12 +353,11 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         order = getattr(self, "_train_order", None)
         if sampler is not order or order is None:
             return None
-        key = (order.epoch, accumulate, batches)
+        key = (order.epoch, accumulate, batches, done := order.batches_done())  # (resumed: from `done` on)
         if self._windows is None or self._windows[0] != key:
             targets = self.encoded("train", labelled=True).with_format(None)["targets"]
-            size, indices = self.batch_size, list(order.indices())
-            chunks = [indices[i : i + size] for i in range(0, len(indices), size)][:batches]
-            counts = [(len(c), sum(targets[i] for i in c)) for c in chunks]
+            counts = [(len(c), sum(targets[i] for i in c)) for c in order.epoch_batches(self.batch_size)]
+            counts = [(0, 0)] * done + counts[: batches - done]
             windows = [counts[i : i + accumulate] for i in range(0, len(counts), accumulate)]
             self._windows = key, [tuple(map(sum, zip(*w))) for w in windows]  # the current epoch's
         return self._windows[1][batch_idx // accumulate]

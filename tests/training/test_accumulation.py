@@ -2,6 +2,8 @@
 k micro-batches of b examples give the gradient of one batch of k·b, the auxiliary LM loss
 included, though the micro-batches hold different numbers of tokens."""
 
+import warnings
+
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
@@ -149,3 +151,45 @@ def test_pretrainings_last_window_of_an_epoch_weighs_its_blocks_as_one_batch(tmp
     assert blocks == 82 and len(whole) == len(accumulated) == 11
     for step, (a, b) in enumerate(zip(accumulated, whole)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-8, msg=f"step {step}")
+
+
+@pytest.mark.parametrize(("then", "now"), [((1, 4), (2, 2)), ((1, 3), (1, 2))])
+def test_a_resumed_epochs_windows_count_the_batches_it_gives(tmp_path, tokenizer_dir, then, now):
+    """Resumed 1 batch into epoch 1 on another number of processes (the same examples a step) or
+    with another batch size: the loader deals out what the checkpoint's run left, and each window
+    counts those batches (it counted the epoch's order from its start: other examples, other tokens)."""
+    from types import SimpleNamespace
+
+    from gpt_ft.adapters.cards import load_card
+    from gpt_ft.data.task_data import TaskDataModule
+
+    card = make_task("pair", tmp_path)
+    words = "a b c d e f g h i j k l m n o p q r s t".split()
+    rows = [[i, " ".join(words[: 1 + (7 * i) % 19]), "the cat .", ["entailment", "not_entailment"][i % 2]]
+            for i in range(13)]  # fmt: skip
+    write_rows(card.parent / "d" / "train.tsv", ["index", "sentence1", "sentence2", "label"], rows)
+    (world_then, size_then), (world, size) = then, now
+    for rank in range(world):
+        data = TaskDataModule(load_card(card), tokenizer_dir, data_dir=str(tmp_path), batch_size=size, seed=5)
+        data.setup("fit")
+        data.trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cpu")),
+                                       world_size=world, global_rank=rank)  # fmt: skip
+        state = {
+            "epoch": 1,
+            "batches": 1,
+            "batch_size": size_then,
+            "world": world_then,
+            "seed": 5,
+            "size": 13,
+        }
+        data.load_state_dict(state)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # (another step size is warned about)
+            loader = data.train_dataloader()
+        given = []
+        for batch in loader:
+            weights = batch.lm_weights if batch.lm_weights is not None else torch.ones_like(batch.lm_targets)
+            given.append((len(batch), int(weights.sum())))
+        assert sum(n for n, _ in given) == len(loader.sampler) - 1 * size_then * world_then // world
+        counted = [data.window_counts(1 + j, 1, len(loader), loader.sampler) for j in range(len(given))]
+        assert counted == given, (rank, counted, given)
