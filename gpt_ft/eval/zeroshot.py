@@ -11,9 +11,10 @@
     task's main metric.
 
 The model reads plain text, as in pretraining: no start/delim/extract tokens; a text begins after
-the tokenizer's beginning-of-text token where it starts texts with one (Llama, Gemma), else after
-its end-of-text token when it has one (GPT-2, as lm-evaluation-harness does), so that its first
-token is predicted too.
+the tokenizer's beginning-of-text token where it starts texts with one (Llama, Gemma). Otherwise a
+multiple-choice context is read as it is, and only an empty one after the end-of-text token
+(lm-evaluation-harness's rule); a text scored whole (GPT-1's heuristics) begins after the
+end-of-text token when there is one, so that its first token is predicted too.
 """
 
 from __future__ import annotations
@@ -142,7 +143,8 @@ class ZeroShotScorer:
         self.batch_size = batch_size
         self.progress = progress
         eos = tokenizer.eos_token_id if tokenizer.eos_token is not None else None
-        self.prefix = text_start(tokenizer) or ([eos] if eos is not None else [])
+        self.start = text_start(tokenizer)  # every text's first token, where the tokenizer has one
+        self.prefix = self.start or ([eos] if eos is not None else [])
 
     def ids(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
@@ -162,15 +164,16 @@ class ZeroShotScorer:
                 context, choices = task.context_and_choices(row)
             except TaskDataError as exc:
                 raise TaskDataError(f"task {task.name!r}: {_where(split)}example {number}: {exc}") from None
-            if not self.prefix and not self.ids(context):  # a choice's first token would go unscored
+            read = self.ids(context)
+            if not self.prefix and not read:  # a choice's first token would go unscored
                 raise TaskDataError(
                     f"task {task.name!r}: {_where(split)}example {number} has an empty context, which "
                     "a tokenizer with neither a beginning- nor an end-of-text token leaves nothing to score "
                     "its choices after."
                 )
-            start = len(requests)
+            start, lead = len(requests), self.start or ([] if read else self.prefix)  # (the harness's)
             for k, choice in enumerate(choices, 1):
-                requests.append((self.prefix + self.ids(context), self.ids(" " + choice.strip())))
+                requests.append((lead + read, self.ids(" " + choice.strip())))
                 if not requests[-1][1]:
                     raise TaskDataError(
                         f"task {task.name!r}: {_where(split)}example {number}'s choice {k} is empty: it has "

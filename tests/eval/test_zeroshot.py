@@ -140,7 +140,20 @@ def test_texts_start_as_the_tokenizer_starts_them(tokenizer_dir):
     tok = load_tokenizer(tokenizer_dir, add_specials=False)
     eos = tok.convert_tokens_to_ids("<|endoftext|>")
     tok.eos_token = "<|endoftext|>"
-    assert ZeroShotScorer(unigram_gpt(len(tok), torch.zeros(len(tok))), tok).prefix == [eos]  # GPT-2's way
+    gpt2_way = ZeroShotScorer(unigram_gpt(len(tok), torch.zeros(len(tok))), tok)
+    assert gpt2_way.prefix == [eos]  # a text scored whole begins after it: its first token predicted
+    # A choice's context is read as it is, after end-of-text only when empty (lm-evaluation-harness's
+    # `loglikelihood`: its prefix token for an empty context alone).
+    from gpt_ft.adapters import MultipleChoice
+
+    seen, task = [], MultipleChoice(name="mc", context=["story"], choices=["a", "b"], labels=["1", "2"])
+    gpt2_way.logprobs = lambda requests: seen.extend(requests) or [0.0] * len(requests)
+    rows = [
+        {"story": "a story .", "a": "x", "b": "y", "label": "1"},
+        {"story": "", "a": "x", "b": "y", "label": "2"},
+    ]
+    gpt2_way.multiple_choice(task, rows)
+    assert [context for context, _ in seen] == [gpt2_way.ids("a story .")] * 2 + [[eos]] * 2
     bos = eos + 1  # a token of its own, as Llama's <s>
     tok.bos_token = tok.convert_ids_to_tokens(bos)
     tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
