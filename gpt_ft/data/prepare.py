@@ -369,8 +369,16 @@ def read_meta(token_dir: str | os.PathLike) -> dict:
     try:
         meta = json.loads(path.read_text())
         itemsize = np.dtype(meta["dtype"]).itemsize
-        counts = {split: int(meta["tokens"][split]) for split in SPLIT_FILES}
-        int(meta["vocab_size"]), str(meta["tokenizer"])
+        counts = {split: meta["tokens"][split] for split in SPLIT_FILES}
+        fields = {
+            **{f"tokens.{k}": (v, int) for k, v in counts.items()},
+            "vocab_size": (meta["vocab_size"], int),
+        }
+        for name, (value, kind) in {**fields, "tokenizer": (meta["tokenizer"], str)}.items():
+            if not isinstance(value, kind) or isinstance(value, bool):
+                raise TypeError(f"{name} is {value!r}, not {'an integer' if kind is int else 'a text'}")
+        if np.dtype(meta["dtype"]).kind != "u":
+            raise TypeError(f"dtype is {meta['dtype']!r}, not an unsigned integer type")
     except (ValueError, KeyError, TypeError) as exc:  # not JSON, a field missing or of another type
         why = f"{type(exc).__name__}: {exc}" if not isinstance(exc, KeyError) else f"it has no field {exc}"
         raise ValueError(f"{path} is damaged ({why}); prepare the folder again.") from None

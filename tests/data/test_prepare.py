@@ -284,6 +284,10 @@ def test_read_meta_checks_the_token_folder(tmp_path, tokenizer_dir):
         '{"dtype": "uint16", "tokens": {"tr': r"\(JSONDecodeError: Unterminated string",
         '{"dtype": "uint16"}': "it has no field 'tokens'",
         json.dumps({**meta, "dtype": "uint99"}): "TypeError: data type 'uint99' not understood",
+        json.dumps({**meta, "dtype": "float16"}): "dtype is 'float16', not an unsigned integer type",
+        json.dumps({**meta, "vocab_size": "100"}): "vocab_size is '100', not an integer",
+        json.dumps({**meta, "tokenizer": 5}): "tokenizer is 5, not a text",
+        json.dumps({**meta, "tokens": {**meta["tokens"], "train": 10.7}}): r"tokens.train is 10.7, not an",
     }
     for text, why in damaged.items():
         meta_path.write_text(text)
