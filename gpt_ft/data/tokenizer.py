@@ -324,6 +324,9 @@ def _bpe_format(vocab_file: Path) -> Literal["gpt1", "gpt2"]:
         raise ValueError(
             f"Vocabulary file {vocab_file} holds a {type(vocab).__name__}; expected a token-to-id mapping."
         )
+    if (bad := next((t for t, i in vocab.items() if type(i) is not int or i < 0), None)) is not None:
+        raise ValueError(f"Vocabulary file {vocab_file} gives {bad!r} the id {vocab[bad]!r}; expected a "
+                         "token-to-id mapping of non-negative integers.")  # fmt: skip
     # GPT-1 marks word ends with `</w>` and has no byte-level `Ġ`; GPT-2 is the other way round.
     end_of_word = sum(token.endswith(_GPT1_END_OF_WORD) for token in vocab)
     byte_space = sum(_BYTE_LEVEL_SPACE in token for token in vocab)

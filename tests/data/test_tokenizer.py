@@ -356,9 +356,16 @@ def test_a_checkpoint_gives_the_tokenizer_saved_beside_it(finetuned, tmp_path: P
 
 
 def test_unreadable_vocab(gpt2_dir: Path) -> None:
+    vocab = json.loads((gpt2_dir / "vocab.json").read_text())
     (gpt2_dir / "vocab.json").write_text("{not json")
     with pytest.raises(ValueError, match=re.escape(f"{gpt2_dir / 'vocab.json'} is not valid JSON")):
         load_tokenizer(gpt2_dir)
+    for bad in (1.5, -3, "7"):  # it was blamed on merges.txt
+        first = next(iter(vocab))
+        (gpt2_dir / "vocab.json").write_text(json.dumps({**vocab, first: bad}))
+        said = f"Vocabulary file {gpt2_dir / 'vocab.json'} gives {first!r} the id {bad!r}; expected a token"
+        with pytest.raises(ValueError, match=f"^{re.escape(said)}"):
+            load_tokenizer(gpt2_dir)
 
 
 @pytest.mark.parametrize("merges", [b"garbage line with three parts\n", b"#version: 0.2\n\xc4\n"])
