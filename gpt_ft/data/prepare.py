@@ -377,7 +377,7 @@ def read_meta(token_dir: str | os.PathLike) -> dict:
         for name, (value, kind) in {**fields, "tokenizer": (meta["tokenizer"], str)}.items():
             if not isinstance(value, kind) or isinstance(value, bool):
                 raise TypeError(f"{name} is {value!r}, not {'an integer' if kind is int else 'a text'}")
-        if np.dtype(meta["dtype"]).kind != "u":
+        if not np.issubdtype(np.dtype(meta["dtype"]), np.unsignedinteger):
             raise TypeError(f"dtype is {meta['dtype']!r}, not an unsigned integer type")
     except (ValueError, KeyError, TypeError) as exc:  # not JSON, a field missing or of another type
         why = f"{type(exc).__name__}: {exc}" if not isinstance(exc, KeyError) else f"it has no field {exc}"
