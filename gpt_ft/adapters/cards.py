@@ -118,9 +118,17 @@ def load_yaml(text: str, path: str = "") -> object:
         raise FileProblem(f"{file}, {twice}.")
     if path and not text and (pipe := config_pipe_being_read()):
         raise FileProblem(f"--config {pipe} is a pipe that gave no text.")  # (the others are read first)
+    if path and not isinstance(value, dict) and isinstance(plain := yaml.safe_load(text), dict):
+        value = plain  # ("model:" alone: jsonargparse's loader gives a one-key mapping to null as its text)
     if path and not isinstance(value, dict):
         holds = "a config file is a mapping with sections (trainer, model, data, ...)"
         raise FileProblem(f"{file} is {_not_a_mapping(value)}: {holds}.")
+    for section in ("trainer", "model"):  # (a null or a list in their place dropped every setting before)
+        if path and section in value and not isinstance(value[section], dict):
+            raise FileProblem(
+                f"{file}: section {section!r} is {_not_a_mapping(value[section])}: give its settings as "
+                "a mapping (key: value), or leave the section out."
+            )
     if (
         file
         and not path
@@ -136,7 +144,8 @@ def load_yaml(text: str, path: str = "") -> object:
 
 
 def _not_a_mapping(value) -> str:
-    return "empty" if value is None or value == "" else f"a {type(value).__name__}, not a mapping"
+    name = type(value).__name__
+    return "empty" if value is None or value == "" else f"a{'n' * (name[0] in 'aeiou')} {name}, not a mapping"
 
 
 def card_problem(value, file, *, init_args_only: bool = False) -> str | None:

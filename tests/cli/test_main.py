@@ -216,6 +216,25 @@ def test_devices_given_on_the_command_line_are_named_as_typed(run):
     )
 
 
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("model:\n  # lr: 1.0e-4\ntrainer:\n  max_steps: 2\n", "section 'model' is empty"),  # a traceback
+        ("model:\n", "section 'model' is empty"),  # (it said the file is a str)
+        ("model: [1, 2]\n", "section 'model' is a list, not a mapping"),
+        ("seed_everything: 0\ntrainer:\n", "section 'trainer' is empty"),  # every setting before: dropped
+        ("trainer: 5\n", "section 'trainer' is an int, not a mapping"),
+    ],
+)
+def test_a_config_section_that_is_no_mapping_names_the_file(run, text, said):
+    config = run.root / "section.yaml"
+    config.write_text(text)
+    assert run(f"--config={config}") == (
+        f"gpt-ft: error: {config}: {said}: give its settings as a mapping (key: value), or leave the "
+        "section out."
+    )
+
+
 def test_a_bad_option_in_a_config_file_names_the_file(run):
     """jsonargparse names an option from a `--config` file as if it were typed; the file is named:
     the one that gave the bad value where two give the option, and the command line where it did."""
