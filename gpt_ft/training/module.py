@@ -235,7 +235,7 @@ class GPTModule(Evaluation, LightningModule):
         if classifier_dropout is None:
             classifier_dropout = task.output.default_dropout if task is not None else 0.1
         check_rates(lm_coef=lm_coef, lr=lr, warmup_fraction=warmup_fraction, warmup_steps=warmup_steps,
-                    weight_decay=weight_decay, betas=betas, eps=eps)  # fmt: skip
+                    weight_decay=weight_decay, betas=betas, eps=eps, dropout=classifier_dropout)  # fmt: skip
         if isinstance(lora, dict):  # as the checkpoint's hyperparameters hold it
             lora = LoRA(**lora)
         if optimizer == "muon" and lora is not None:  # before any weights load

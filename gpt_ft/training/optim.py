@@ -282,9 +282,11 @@ def check_rates(
     weight_decay: float = 0.0,
     betas: tuple[float, float] = (0.9, 0.999),
     eps: float = 1e-8,
+    dropout: float = 0.1,
 ) -> None:
-    """The loss weight, learning rate, warmup and AdamW's settings a module is given, each in its range
-    (AdamW checks only its own defaults: the groups carry the decay, and a negative one grows weights)."""
+    """The loss weight, learning rate, warmup, AdamW's settings and the head's dropout a module is
+    given, each in its range (AdamW checks only its own defaults: the groups carry the decay, and a
+    negative one grows weights)."""
     if lm_coef < 0:
         raise ValueError(f"lm_coef must be >= 0, got {lm_coef}.")
     if lr <= 0:
@@ -295,6 +297,8 @@ def check_rates(
         raise ValueError(f"betas must be two numbers in [0, 1), got {list(betas)}.")
     if eps < 0:
         raise ValueError(f"eps must be >= 0, got {eps}.")
+    if not 0 <= dropout < 1:
+        raise ValueError(f"classifier_dropout must be in [0, 1), got {dropout}.")
     if not 0 <= warmup_fraction < 1:
         raise ValueError(f"warmup_fraction must be in [0, 1), got {warmup_fraction}.")
     if warmup_steps is not None and warmup_steps < 0:

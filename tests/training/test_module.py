@@ -123,6 +123,8 @@ def test_bad_hyperparameters():
         GPTModule(preset="gpt-micro", betas=(0.9, 1.5))
     with pytest.raises(ValueError, match=r"eps must be >= 0, got -1e-08\."):
         GPTModule(preset="gpt-micro", eps=-1e-8)
+    with pytest.raises(ValueError, match=r"^classifier_dropout must be in \[0, 1\), got 1.5\.$"):  # torch's
+        GPTModule(preset="gpt-micro", classifier_dropout=1.5)
     with pytest.raises(FileNotFoundError, match="Checkpoint nowhere.ckpt does not exist"):
         GPTModule(init_from="nowhere.ckpt")
 
