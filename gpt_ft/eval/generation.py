@@ -108,7 +108,8 @@ def generate(
     shaping["--top_p"] = top_p is not None
     if not do_sample and (unread := [name for name, given in shaping.items() if given]):
         decoding = "beam search" if num_beams > 1 else "greedy decoding"
-        print(f"note: {', '.join(unread)} shape sampling only: {decoding} reads none of them "
+        verb, reads = ("shapes", "does not read it") if len(unread) == 1 else ("shape", "reads none of them")
+        print(f"note: {', '.join(unread)} {verb} sampling only: {decoding} {reads} "
               "(--do_sample true samples).", file=sys.stderr, flush=True)  # fmt: skip
     device = device_named(device)
     static_cache = static_cache_for(static_cache, device, num_beams)

@@ -424,6 +424,10 @@ def test_generate_penalises_repetition_and_stops_at_a_stop_text(tmp_path, capsys
         "note: --temperature, --top_p shape sampling only: greedy decoding reads none of them "
         "(--do_sample true samples)."
     )
+    main([*args, "--max_new_tokens=2", "--top_k=5"])
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "note: --top_k shapes sampling only: greedy decoding does not read it (--do_sample true samples)."
+    )
 
 
 def test_a_continuation_is_decoded_after_its_prompt(tmp_path):
