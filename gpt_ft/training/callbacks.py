@@ -22,7 +22,7 @@ from lightning.pytorch.callbacks import (
 from gpt_ft.data.samplers import ResumableTrainData
 from gpt_ft.training.checkpointing import Provenance, ResumeState, SaveLast, WholeStepTimer
 from gpt_ft.training.run_folders import RunFolder
-from gpt_ft.training.stopping import main_monitor
+from gpt_ft.training.stopping import MonitorsLogged, main_monitor
 from gpt_ft.training.throughput import ParameterSummary, Throughput
 from gpt_ft.workarounds.trainer import loggers_write_this_step, logging_as, uncount_step_not_taken
 
@@ -62,6 +62,7 @@ def run_callbacks(config, model, data_config: dict[str, Any] | None) -> list[Cal
         Provenance(data_config),
         ResumeState(),
         StoppedEpochResumes(),
+        MonitorsLogged(),
         RunFolder(resumes=config.get("ckpt_path")),
         *after_best,
     ]

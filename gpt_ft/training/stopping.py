@@ -10,7 +10,7 @@ config can switch it on without naming the metric of each task:
 from __future__ import annotations
 
 import torch
-from lightning.pytorch.callbacks import early_stopping
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint, early_stopping
 
 
 def main_monitor(model) -> tuple[str, str]:
@@ -111,3 +111,32 @@ class EarlyStopping(early_stopping.EarlyStopping):
                 f"{validation}."
             )
         super().on_validation_end(trainer, pl_module)
+
+
+class MonitorsLogged(Callback):
+    """A metric that another callback watches (Lightning's own EarlyStopping, a ModelCheckpoint's
+    `monitor`) and validation does not log, named at the first validation, as `EarlyStopping`
+    names its own: Lightning's error came after a whole epoch, as a traceback."""
+
+    checked = False
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if self.checked or trainer.state.fn != "fit":
+            return
+        self.checked, logged = True, trainer.callback_metrics
+        for c in trainer.callbacks:
+            monitor = getattr(c, "monitor", None)
+            if not isinstance(c, (early_stopping.EarlyStopping, ModelCheckpoint)) or isinstance(
+                c, EarlyStopping
+            ):
+                continue  # (ours checks its own)
+            if (
+                monitor
+                and monitor not in (*logged, "epoch", "step")
+                and not monitor.startswith(("train/", "perf/"))
+            ):
+                validation = ", ".join(sorted(name for name in logged if not name.startswith("train/")))
+                raise ValueError(
+                    f"{type(c).__name__}(monitor={monitor!r}): validation logs no such metric; it logs "
+                    f"{validation}."
+                )

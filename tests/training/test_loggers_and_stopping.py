@@ -67,6 +67,16 @@ def test_early_stopping_on_a_metric_validation_does_not_log_stops_before_trainin
         error("--trainer.callbacks.mode=maximum")
         == "gpt-ft: error: EarlyStopping mode 'maximum': give max or min."
     )
+    # Lightning's own, and a checkpoint's monitor: named alike (a traceback, or a refusal, after an epoch)
+    args = fit_args(tmp_path, tokenizer_dir)
+    for kind in ("EarlyStopping", "ModelCheckpoint"):
+        said = error(
+            f"--trainer.callbacks+=lightning.pytorch.callbacks.{kind}", "--trainer.callbacks.monitor=val/acc"
+        )
+        assert said.startswith(
+            f"gpt-ft: error: {kind}(monitor='val/acc'): validation logs no such metric; it logs "
+        )
+    assert not list(tmp_path.rglob("*.ckpt"))
 
 
 @pytest.mark.parametrize(
