@@ -147,7 +147,8 @@ class Evaluation:
         first = self._eval_splits(stage)[0]
         for split in self._eval_splits(stage):
             metric = self.metrics[split_key(split)]
-            if not metric.update_called:
+            # (computing gathers over the ranks: skipped by all or by none, as any one saw a batch)
+            if not self.trainer.strategy.reduce_boolean_decision(metric.update_called, all=False):
                 continue
             # During fit, the first validation split chooses what a head decides by (a threshold).
             fitting = self.trainer.state.fn == "fit" and not self.trainer.sanity_checking

@@ -260,3 +260,25 @@ def test_a_model_and_data_module_wired_in_python_are_checked_as_the_command_line
         GPT.from_checkpoint(str(ckpt)), model.head, model.task, tokenizer_dir, max_length=64, device="cpu"
     )
     assert clf.predict([{"sentence": "the cat sat on the mat ."}])[0]["label"] in ("negative", "positive")
+
+
+def test_a_split_is_computed_on_every_rank_when_any_saw_a_batch(monkeypatch):
+    """Computing a split's metrics gathers over the ranks: a rank that saw none of its batches
+    computes too where another did (it skipped, and the others waited on it for ever)."""
+    from types import SimpleNamespace
+
+    from gpt_ft.training.eval_metrics import split_key
+
+    m = GPTModule(preset="gpt-micro")
+    asked, computed = [], []
+    for any_rank in (True, False):
+        strategy = SimpleNamespace(reduce_boolean_decision=lambda d, all: asked.append((d, all)) or any_rank)
+        trainer = SimpleNamespace(
+            strategy=strategy, state=SimpleNamespace(fn="validate"), sanity_checking=False
+        )
+        monkeypatch.setattr(GPTModule, "trainer", property(lambda self: trainer))
+        metric = m.metrics[split_key("validation")]
+        assert not metric.update_called  # this rank saw no batch
+        monkeypatch.setattr(metric, "compute", lambda: computed.append(1) or {})
+        m._log_metrics("validation")
+    assert asked == [(False, False)] * 2 and computed == [1]  # computed where another rank saw one
