@@ -264,12 +264,14 @@ class GPTConfig:
         return cls(**{**copy.deepcopy(PRESETS[name]), **overrides})
 
 
-def check_known_fields(config: dict, where: str, version: str | None) -> dict:
-    """`config` (a checkpoint's model fields) if this version's `GPTConfig` has each of its fields;
-    one it lacks (a newer version's, `version` the writer's) named in one sentence."""
-    if unknown := sorted(set(config) - {f.name for f in fields(GPTConfig)}):
+def check_known_fields(
+    config: dict, where: str, version: str | None, known=None, what="model settings"
+) -> dict:
+    """`config` (a checkpoint's model fields, or its `what`) if each is `known` (this version's
+    `GPTConfig` fields); one that is not (a newer version's, `version` the writer's) named."""
+    if unknown := sorted(set(config) - set(known or [f.name for f in fields(GPTConfig)])):
         raise ValueError(
-            f"{where} records model settings this version of gpt_ft does not know "
+            f"{where} records {what} this version of gpt_ft does not know "
             f"({', '.join(unknown)}): it was written by gpt_ft {version or 'of an unrecorded version'}; "
             "read it with that version."
         )

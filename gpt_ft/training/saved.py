@@ -3,16 +3,13 @@
 A `GPTModule` checkpoint is Lightning's, with gpt_ft's entries added through
 `gpt_ft.weights.checkpoint.Checkpoint` (the format's one home): the module's GPT is its attribute
 `gpt`, so its tensors are the "gpt." ones and the file is also a checkpoint the model layer reads
-with no run's arguments.
-
-- `build_gpt`: the GPT a run starts from: loaded weights or a preset, grown to fit the tokenizer.
-- `lora_checkpoint`, `check_lora_resume`: a LoRA run's checkpoints hold its trained weights and
-  the base weights' name (or the merged model), and resume only a LoRA run.
-- `recorded_run`: the model and data arguments a checkpoint records (`gpt-ft validate --ckpt_path`).
-"""
+with no run's arguments. `build_gpt` makes the GPT a run starts from; a LoRA run's checkpoints
+hold its trained weights and the base weights' name (or the merged model); `recorded_run` reads
+the arguments it records."""
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,7 +17,7 @@ import torch
 from torch import nn
 
 from gpt_ft.errors import input_file
-from gpt_ft.model.config import preset_config
+from gpt_ft.model.config import check_known_fields, preset_config
 from gpt_ft.model.gpt import with_dropout
 from gpt_ft.model.lora import LoRA, add_lora, merged_state_dict
 from gpt_ft.weights.checkpoint import GPT_PREFIX, Adapters, Checkpoint, weights_fingerprint
@@ -323,18 +320,20 @@ def with_absolute_paths(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def recorded_run(checkpoint: Checkpoint) -> dict[str, Any]:
-    """The arguments a run's checkpoint records, to evaluate it with no others: `model` (built
-    from the checkpoint's own weights whatever the run's preset, overrides or transfer; LoRA
-    adapters on their base weights again) and `data` (the data section, task card included).
-    Empty for a file that is not a gpt_ft checkpoint."""
+    """The arguments a run's checkpoint records, to evaluate it with no others: `model` (built from
+    its own weights whatever the run's preset, overrides or transfer; LoRA adapters on their base
+    weights again) and `data` (the task card included); none for a file gpt_ft did not write."""
     if not checkpoint.is_gpt_ft:
         return {}
     linked = ("vocab_size", "tokenizer", "task", *CLI_HPARAMS)  # set from the data, or by LightningCLI
     model = {k: v for k, v in checkpoint.hyper_parameters.items() if k not in linked}
+    from gpt_ft.training.module import GPTModule  # (it imports this module)
+
+    known, version = inspect.signature(GPTModule.__init__).parameters, checkpoint.provenance.get("version")
+    check_known_fields(model, checkpoint.where, version, known, "model arguments")  # a newer one's: named
     adapters = checkpoint.adapters
-    model.update(
-        init_from=adapters.base if adapters else str(checkpoint.path), overrides=None, transfer_layers=None
-    )
+    model.update(init_from=adapters.base if adapters else str(checkpoint.path),
+                 overrides=None, transfer_layers=None)  # fmt: skip
     recorded = {"model": model}
     if checkpoint.data:
         recorded["data"] = checkpoint.data

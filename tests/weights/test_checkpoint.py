@@ -180,3 +180,16 @@ def test_a_newer_versions_model_setting_is_named_with_the_version_that_wrote_it(
         newer.gpt_config
     with pytest.raises(ValueError, match=re.escape(said)):
         gpt_from_checkpoint(newer)
+    # a model argument (hyper-parameter) the module does not take: jsonargparse named no file
+    from gpt_ft.training.saved import recorded_run
+
+    newer = Checkpoint(
+        {fmt.GPT_CONFIG: fields, fmt.HYPER_PARAMETERS: {"lr": 1e-4, "label_smoothing": 0.1}}, path
+    )
+    newer.provenance = {"version": "9.1.0", "commit": None}
+    assert (
+        recorded_run(Checkpoint({**newer.entries, fmt.HYPER_PARAMETERS: {"lr": 1e-4}}))["model"]["lr"] == 1e-4
+    )
+    said = f"{path} records model arguments this version of gpt_ft does not know (label_smoothing): it was"
+    with pytest.raises(ValueError, match=re.escape(f"{said} written by gpt_ft 9.1.0")):
+        recorded_run(newer)
