@@ -91,6 +91,21 @@ def last_of_task(root: Path, folders: list, task: str | None) -> tuple[Path | No
     return max(runs, key=lambda p: p.stat().st_mtime_ns) if runs else None, newest
 
 
+def keep_earlier_metrics(trainer, resumed: str | None) -> None:
+    """A run resumed into its own logger folder (a given version) keeps the rows logged before:
+    Lightning's CSV logger deletes the folder's metrics.csv as it starts; it is moved aside first,
+    to the first free metrics.N.csv."""
+    log_dir = getattr(trainer.logger, "log_dir", None)
+    if not (
+        resumed and log_dir and trainer.is_global_zero and (rows := Path(log_dir) / "metrics.csv").is_file()
+    ):
+        return
+    if Path(resumed).resolve().parent.parent == Path(log_dir).resolve():
+        kept = next(p for n in range(1, 10_000) if not (p := rows.with_name(f"metrics.{n}.csv")).exists())
+        rows.replace(kept)
+        print(f"the rows logged before the resumed step: {kept} (metrics.csv starts anew)", flush=True)
+
+
 def runs_root(trainer) -> Path:
     """The folder of the logger's runs, where Lightning puts each run's checkpoints: its `root_dir`;
     for a logger without one (W&B, MLflow alone), SAVE_DIR/NAME, as Lightning's checkpoint folders."""

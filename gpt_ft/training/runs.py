@@ -26,6 +26,7 @@ from gpt_ft.training.predictions import check_submission
 from gpt_ft.training.run_folders import (
     DEFAULT_LOGGER,
     checkpoint_to_read,
+    keep_earlier_metrics,
     last_of_task,
     logs_follow_root_dir,
     no_earlier_checkpoints,
@@ -198,8 +199,9 @@ class GPTCLI(CheckpointHparamsAsDefaults, ConfigDumpReadFast, ParsersBuiltOnce, 
             raise ValueError(
                 "--ckpt_path best: gpt-ft fit resumes from `last` or a checkpoint's path (a best-*.ckpt's)."
             )
-        if config.get("ckpt_path") != "last" or self.trainer.logger is None:  # (before the logger
-            return no_earlier_checkpoints(self.trainer, config.get("ckpt_path"))  # clears its folder)
+        if config.get("ckpt_path") != "last" or self.trainer.logger is None:  # (checked, and the rows
+            no_earlier_checkpoints(self.trainer, config.get("ckpt_path"))  # kept, before the logger
+            return keep_earlier_metrics(self.trainer, config.get("ckpt_path"))  # clears its folder)
         root = runs_root(self.trainer)
         given = [c.dirpath for c in self.trainer.checkpoint_callbacks if getattr(c, "dirpath", None)]
         task = getattr(self.datamodule, "task", None)  # a run of another task is not this one's
@@ -213,6 +215,7 @@ class GPTCLI(CheckpointHparamsAsDefaults, ConfigDumpReadFast, ParsersBuiltOnce, 
             print(f"resuming from {found}", flush=True)
             config.ckpt_path = str(found)
         no_earlier_checkpoints(self.trainer, config.ckpt_path)
+        keep_earlier_metrics(self.trainer, config.ckpt_path)
 
     def instantiate_trainer(self, **kwargs: Any):
         config = self.config_init[self.subcommand] if self.subcommand else self.config_init

@@ -601,6 +601,9 @@ def test_a_second_fit_into_a_given_logger_version_is_refused_before_it_touches_t
     assert {name: (folder / name).read_bytes() for name in kept} == kept
     main(["fit", *args, "--trainer.max_epochs=2", "--ckpt_path=last"])
     assert last_state(logs, 0)["global_step"] == 6
+    # resumed there, the rows logged before are kept aside (the CSV logger deleted metrics.csv)
+    assert (folder / "metrics.1.csv").read_bytes() == kept["metrics.csv"]
+    assert "epoch" in (folder / "metrics.csv").read_text()
 
 
 def test_a_checkpoint_callbacks_own_folder_resumes_whatever_task_ran_last_elsewhere(tmp_path):
