@@ -4,6 +4,7 @@ are linked (data -> model); the callbacks every run gets are in gpt_ft/training/
 
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
 from pathlib import Path
@@ -111,7 +112,8 @@ class GPTCLI(CheckpointHparamsAsDefaults, ConfigDumpReadFast, ParsersBuiltOnce, 
                 named, printing = unchecked.get("ckpt_path"), print_config_asked(parser)
                 ckpt = checkpoint_to_read(unchecked.trainer, subcommand, named, printing)  # `last` found
                 self.resolved_ckpt = ckpt if ckpt != named else None  # (a name, `last`, found)
-                recorded = recorded_configuration(ckpt, unchecked) if ckpt else {}
+                known = inspect.signature(self.model_class.__init__).parameters  # (a newer one's: named)
+                recorded = recorded_configuration(ckpt, unchecked, known) if ckpt else {}
                 language_model = "token_dir" in ((recorded.get("data") or {}).get("init_args") or {})
                 if language_model and ((unchecked.get("data") or {}).get("init_args") or {}).get("task"):
                     raise ValueError(

@@ -9,7 +9,7 @@ the arguments it records."""
 
 from __future__ import annotations
 
-import inspect
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any, Literal
 
@@ -319,18 +319,19 @@ def with_absolute_paths(data: dict[str, Any]) -> dict[str, Any]:
     return data
 
 
-def recorded_run(checkpoint: Checkpoint) -> dict[str, Any]:
+def recorded_run(checkpoint: Checkpoint, known: Collection[str] | None = None) -> dict[str, Any]:
     """The arguments a run's checkpoint records, to evaluate it with no others: `model` (built from
     its own weights whatever the run's preset, overrides or transfer; LoRA adapters on their base
-    weights again) and `data` (the task card included); none for a file gpt_ft did not write."""
+    weights again) and `data` (the task card included); none for a file gpt_ft did not write. `known`:
+    the model's arguments (the others are a newer version's, refused)."""
     if not checkpoint.is_gpt_ft:
         return {}
     linked = ("vocab_size", "tokenizer", "task", *CLI_HPARAMS)  # set from the data, or by LightningCLI
     model = {k: v for k, v in checkpoint.hyper_parameters.items() if k not in linked}
-    from gpt_ft.training.module import GPTModule  # (it imports this module)
-
-    known, version = inspect.signature(GPTModule.__init__).parameters, checkpoint.provenance.get("version")
-    check_known_fields(model, checkpoint.where, version, known, "model arguments")  # a newer one's: named
+    if known is not None:  # a newer version's argument named
+        check_known_fields(
+            model, checkpoint.where, checkpoint.provenance.get("version"), known, "model arguments"
+        )
     adapters = checkpoint.adapters
     model.update(init_from=adapters.base if adapters else str(checkpoint.path),
                  overrides=None, transfer_layers=None)  # fmt: skip
@@ -361,7 +362,7 @@ def plain_config(value: Any) -> Any:
     return str(value)
 
 
-def recorded_configuration(ckpt: str, unchecked=None) -> dict[str, Any]:
+def recorded_configuration(ckpt: str, unchecked=None, known: Collection[str] | None = None) -> dict[str, Any]:
     """What a gpt_ft checkpoint records of its run (its model, its data section and task card, the
     tokenizer saved beside it unless the `unchecked` arguments give one), as parser defaults;
     nothing for a URL (Lightning's to read) or a file gpt_ft did not write, one sentence for a path
@@ -369,7 +370,7 @@ def recorded_configuration(ckpt: str, unchecked=None) -> dict[str, Any]:
     if "://" in str(ckpt):
         return {}
     checkpoint = Checkpoint.read(input_file(ckpt, "--ckpt_path", give="a checkpoint file (last.ckpt)"))
-    recorded = recorded_run(checkpoint)
+    recorded = recorded_run(checkpoint, known)
     defaults = {f"model.{key}": value for key, value in plain_config(recorded.get("model", {})).items()}
     data = recorded.get("data")
     if data:

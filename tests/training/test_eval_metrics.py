@@ -42,6 +42,7 @@ def test_every_rank_reads_the_log_dir_lightning_broadcasts(monkeypatch):
 
     class Trainer:
         state, sanity_checking, is_global_zero = SimpleNamespace(fn="validate"), False, False
+        strategy = SimpleNamespace(reduce_boolean_decision=lambda decision, all: decision)
 
         @property
         def log_dir(self):

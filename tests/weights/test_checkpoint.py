@@ -181,15 +181,21 @@ def test_a_newer_versions_model_setting_is_named_with_the_version_that_wrote_it(
     with pytest.raises(ValueError, match=re.escape(said)):
         gpt_from_checkpoint(newer)
     # a model argument (hyper-parameter) the module does not take: jsonargparse named no file
+    import inspect
+
+    from gpt_ft.training.module import GPTModule
     from gpt_ft.training.saved import recorded_run
+
+    known = inspect.signature(GPTModule.__init__).parameters  # as `gpt-ft validate` reads a checkpoint
 
     newer = Checkpoint(
         {fmt.GPT_CONFIG: fields, fmt.HYPER_PARAMETERS: {"lr": 1e-4, "label_smoothing": 0.1}}, path
     )
     newer.provenance = {"version": "9.1.0", "commit": None}
     assert (
-        recorded_run(Checkpoint({**newer.entries, fmt.HYPER_PARAMETERS: {"lr": 1e-4}}))["model"]["lr"] == 1e-4
+        recorded_run(Checkpoint({**newer.entries, fmt.HYPER_PARAMETERS: {"lr": 1e-4}}), known)["model"]["lr"]
+        == 1e-4
     )
     said = f"{path} records model arguments this version of gpt_ft does not know (label_smoothing): it was"
     with pytest.raises(ValueError, match=re.escape(f"{said} written by gpt_ft 9.1.0")):
-        recorded_run(newer)
+        recorded_run(newer, known)
