@@ -201,23 +201,21 @@ class GPTCLI(CheckpointHparamsAsDefaults, ConfigDumpReadFast, ParsersBuiltOnce, 
             raise ValueError(
                 "--ckpt_path best: gpt-ft fit resumes from `last` or a checkpoint's path (a best-*.ckpt's)."
             )
-        if config.get("ckpt_path") != "last" or self.trainer.logger is None:  # (checked, and the rows
-            no_earlier_checkpoints(self.trainer, config.get("ckpt_path"))  # kept, before the logger
-            return keep_earlier_metrics(self.trainer, config.get("ckpt_path"))  # clears its folder)
-        root = runs_root(self.trainer)
-        given = [c.dirpath for c in self.trainer.checkpoint_callbacks if getattr(c, "dirpath", None)]
-        task = getattr(self.datamodule, "task", None)  # a run of another task is not this one's
-        found, newest = last_of_task(root, given, task.name if task else None)  # and a callback's folder
-        if found is None:
-            other = f" of task {task.name!r}" if task else " of a language model"
-            other = f"{other} (the newest, {newest}, trained another)" if newest else ""
-            print(f"no {root}/*/checkpoints/last.ckpt{other} to resume from: starting afresh", flush=True)
-            config.ckpt_path = None
-        else:
-            print(f"resuming from {found}", flush=True)
-            config.ckpt_path = str(found)
-        no_earlier_checkpoints(self.trainer, config.ckpt_path)
-        keep_earlier_metrics(self.trainer, config.ckpt_path)
+        if config.get("ckpt_path") == "last" and self.trainer.logger is not None:
+            root = runs_root(self.trainer)
+            given = [c.dirpath for c in self.trainer.checkpoint_callbacks if getattr(c, "dirpath", None)]
+            task = getattr(self.datamodule, "task", None)  # a run of another task is not this one's
+            found, newest = last_of_task(root, given, task.name if task else None)  # and a callback's folder
+            if found is None:
+                other = f" of task {task.name!r}" if task else " of a language model"
+                other = f"{other} (the newest, {newest}, trained another)" if newest else ""
+                print(f"no {root}/*/checkpoints/last.ckpt{other} to resume from: starting afresh", flush=True)
+            else:
+                print(f"resuming from {found}", flush=True)
+            config.ckpt_path = None if found is None else str(found)
+        # checked, and the earlier rows kept, before the logger clears its folder
+        no_earlier_checkpoints(self.trainer, config.get("ckpt_path"))
+        keep_earlier_metrics(self.trainer, config.get("ckpt_path"))
 
     def instantiate_trainer(self, **kwargs: Any):
         config = self.config_init[self.subcommand] if self.subcommand else self.config_init

@@ -99,18 +99,20 @@ class EarlyStopping(early_stopping.EarlyStopping):
     def on_validation_end(self, trainer, pl_module) -> None:
         # A metric validation does not log is named at the first validation (the sanity check's,
         # before training), with those it does log: Lightning's error came after an epoch.
-        logged, fitting = trainer.callback_metrics, trainer.state.fn == "fit"
-        if (
-            fitting
-            and self.monitor not in logged
-            and not (trainer.sanity_checking and self.monitor.startswith("train/"))
-        ):
-            validation = ", ".join(sorted(name for name in logged if not name.startswith("train/")))
-            raise ValueError(
-                f"EarlyStopping(monitor={self.monitor!r}): validation logs no such metric; it logs "
-                f"{validation}."
-            )
+        if trainer.state.fn == "fit" and not (trainer.sanity_checking and self.monitor.startswith("train/")):
+            refuse_unlogged(self, trainer.callback_metrics)
         super().on_validation_end(trainer, pl_module)
+
+
+def refuse_unlogged(callback, logged, also: tuple[str, ...] = ()) -> None:
+    """A `callback`'s monitor that validation does not log (nor `also` gives), in one sentence
+    naming those it does."""
+    if callback.monitor not in (*logged, *also):
+        validation = ", ".join(sorted(name for name in logged if not name.startswith("train/")))
+        raise ValueError(
+            f"{type(callback).__name__}(monitor={callback.monitor!r}): validation logs no such metric; it "
+            f"logs {validation}."
+        )
 
 
 class MonitorsLogged(Callback):
@@ -124,19 +126,9 @@ class MonitorsLogged(Callback):
         if self.checked or trainer.state.fn != "fit":
             return
         self.checked, logged = True, trainer.callback_metrics
-        for c in trainer.callbacks:
-            monitor = getattr(c, "monitor", None)
-            if not isinstance(c, (early_stopping.EarlyStopping, ModelCheckpoint)) or isinstance(
+        for c in trainer.callbacks:  # (ours checks its own; a checkpoint's candidates add epoch and step)
+            watched = isinstance(c, (early_stopping.EarlyStopping, ModelCheckpoint)) and not isinstance(
                 c, EarlyStopping
-            ):
-                continue  # (ours checks its own)
-            if (
-                monitor
-                and monitor not in (*logged, "epoch", "step")
-                and not monitor.startswith(("train/", "perf/"))
-            ):
-                validation = ", ".join(sorted(name for name in logged if not name.startswith("train/")))
-                raise ValueError(
-                    f"{type(c).__name__}(monitor={monitor!r}): validation logs no such metric; it logs "
-                    f"{validation}."
-                )
+            )
+            if watched and c.monitor and not c.monitor.startswith(("train/", "perf/")):
+                refuse_unlogged(c, logged, also=("epoch", "step"))
