@@ -117,7 +117,7 @@ def in_config_file(message: str, args: list[str]) -> str:
     read) that gives the value the message quotes, or an option not accepted at all. A file
     path a config gives that cannot be read is said to be relative to the config's folder."""
     unknown = re.search(  # (--print_config's: "Group 'model' does not accept option 'lrr'")
-        r"^--([\w.]+): Option '(\w+)' is not accepted|^Group '(\w+)' does not accept option '(\w+)'|"
+        r"^(?:--([\w.]+): )?Option '([\w.]+)' is not accepted|^Group '(\w+)' does not accept option '(\w+)'|"
         r"does not accept option '([\w.]+)'",
         message,
     )
@@ -125,8 +125,8 @@ def in_config_file(message: str, args: list[str]) -> str:
     unread = re.match(r"--([\w.]+): (.+) is not a file that can be read\.$", message)
     named = re.search(r" \(--([\w.]+)\)\.$", message)  # a fault in a value, its option said last
     if unknown:
-        group, option = unknown[1] or unknown[3], unknown[2] or unknown[4]
-        key = f"{group}.{option}" if group else unknown[5]
+        group, option = unknown[1] or unknown[3], unknown[2] or unknown[4] or unknown[5]
+        key = f"{group}.{option}" if group else option
     elif quotes or unread or named:
         key, quoted = (groups := (quotes or unread or named).groups())[0], groups[-1]
     else:
@@ -252,7 +252,8 @@ def main(argv: list[str] | None = None) -> None:
     typed, argv = argv is None, sys.argv[1:] if argv is None else list(argv)
     debug = os.environ.get(DEBUG, "") not in ("", "0")
     if not argv or argv[0] in ("-h", "--help"):
-        return usage()
+        usage()
+        raise SystemExit(0 if argv else 2)  # no command: a usage error
     if argv[0] == "--version":
         return print(f"gpt-ft {version('gpt_ft')}")
     name, args = argv[0], argv[1:]

@@ -442,8 +442,14 @@ def test_unknown_command_and_usage(capsys):
         "gpt-ft: error: unknown command 'fitt'; choose from fit, validate, test, predict, explain, prepare, "
         "tokenizer, generate, label, embed, suite, calibrate, export."
     )
-    main([])
+    with pytest.raises(SystemExit) as no_command:  # a usage error, as argparse's
+        main([])
+    assert no_command.value.code == 2
+    with pytest.raises(SystemExit) as asked:
+        main(["--help"])
+    assert asked.value.code == 0
     usage = capsys.readouterr().out
+    assert usage.count("usage: gpt-ft") == 2
     assert usage.startswith(
         "usage: gpt-ft {fit,validate,test,predict,explain,prepare,tokenizer,generate,label,embed,suite,"
         "calibrate,export}"
@@ -451,6 +457,19 @@ def test_unknown_command_and_usage(capsys):
     assert "  suite      fine-tune and evaluate many tasks over seeds" in usage
     main(["--version"])
     assert capsys.readouterr().out == f"gpt-ft {gpt_ft.__version__}\n"
+
+
+@pytest.mark.parametrize("command", ["label", "generate", "embed", "export"])
+def test_a_typed_command_names_the_config_file_giving_an_unknown_option(tmp_path, capsys, command):
+    config = tmp_path / "settings.yaml"
+    config.write_text("bogus:\n  x: 1\nlimit: 3\n")
+    assert last_error(capsys, command, "--config", str(config)) == (
+        f"gpt-ft: error: {config}: Option 'bogus.x' is not accepted."
+    )
+    config.write_text("colour: red\n")
+    assert last_error(capsys, command, "--config", str(config)) == (
+        f"gpt-ft: error: {config}: Option 'colour' is not accepted."
+    )
 
 
 def fit_llama_family(root: Path, tokenizer_dir: str, family: str, *args: str) -> Path:
