@@ -5,8 +5,8 @@ Word 1-2-gram TF-IDF fitted on each task's training split, then:
   RTE          logistic regression on [premise, hypothesis, premise * hypothesis]
   STS-B        ridge regression on [a * b, |a - b|] (Pearson x 100 on dev)
   Story Cloze  logistic regression scoring (context * ending, ending); the higher-scored ending wins
-               (trained on the first 1497 stories of the 2016 validation file, scored on the other
-               374, as tasks/storycloze.yaml splits it)
+               (trained on 1497 stories of the 2016 validation file, scored on the other 374, as
+               GPT-1's code and tasks/storycloze.yaml split it)
 Scores are on the dev / held-out split, in the same units as the fine-tuning tables. Needs
 scikit-learn (`pip install -e ".[bench]"`).
 
@@ -112,7 +112,9 @@ def story_cloze(folder: Path) -> float:
     (path,) = folder.glob("*val*.csv")
     with open(path, newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
-    train, held_out = rows[:1497], rows[1497:]
+    from sklearn.model_selection import train_test_split
+
+    train, held_out = train_test_split(rows, test_size=374, random_state=3535999445)  # GPT-1's split
     context = lambda r: " ".join(r[f"InputSentence{i}"] for i in range(1, 5))  # noqa: E731
     endings = lambda r: [r["RandomFifthSentenceQuiz1"], r["RandomFifthSentenceQuiz2"]]  # noqa: E731
     vec = vectorizer([context(r) for r in train] + [e for r in train for e in endings(r)])

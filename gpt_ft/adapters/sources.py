@@ -73,6 +73,10 @@ class LocalFiles:
     """Splits whose files have no header row (they use column_names); default: every split if column_names."""
     columns: dict[str, str] | None = None
     """Renames: file column -> the field name the adapter reads."""
+    shuffle_seed: int | None = None
+    """Where set, a split whose file has a slice takes it of the file's rows as
+    `numpy.random.RandomState(shuffle_seed).permutation` orders them (scikit-learn's
+    `train_test_split`: its test rows are `[:n]`, its train rows `[n:]`)."""
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.headerless_splits or []) - set(self.splits))

@@ -27,7 +27,7 @@ from gpt_ft.data.file_faults import (
     utf8_problem,
     wide_first_row,
 )
-from gpt_ft.data.subsets import ALIKE, label_spelling, left_out
+from gpt_ft.data.subsets import ALIKE, drawn, label_spelling, left_out
 from gpt_ft.errors import CardError
 from gpt_ft.workarounds.data import no_download_count
 
@@ -166,14 +166,15 @@ def _load_local(task: TaskAdapter, split: str, data_dir: Path):
         raise TaskDataError(f"{path}: {what} (split {split!r} of task {task.name!r}){alone}.")
     if path.stat().st_size == 0:
         raise TaskDataError(f"{path}: file is empty (split {split!r} of task {task.name!r}).")
+    shuffled = spec.shuffle_seed is not None and origin.selection
     ds = read_table(
         path,
         fmt=spec.format,
         column_names=None if origin.header else spec.column_names,
-        selection=origin.selection,
+        selection="" if shuffled else origin.selection,
         split=split,
     )
-    return ds, origin
+    return drawn(ds, origin, split, spec.shuffle_seed) if shuffled else (ds, origin)
 
 
 def read_table(

@@ -8,6 +8,7 @@ import math
 import random
 import warnings
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from gpt_ft.adapters import TaskDataError
@@ -101,6 +102,21 @@ def _number(value: Any) -> float | None:
 
 
 ALIKE = "its replies' scores, all alike (it orders nothing)"
+
+
+def drawn(raw, origin, split: str, seed: int):
+    """The split (and its `Origin`) a card's slice of a file (`origin.selection`) takes of the file's
+    rows `raw` in the order `numpy.random.RandomState(seed).permutation` deals them: scikit-learn's
+    `train_test_split(..., test_size=n, random_state=seed)` as `[:n]` (test) and `[n:]` (train)."""
+    import datasets
+    import numpy
+
+    order = numpy.random.RandomState(seed).permutation(len(raw))
+    span = datasets.ReadInstruction.from_spec("data" + origin.selection).to_absolute({"data": len(raw)})[0]
+    rows = [int(row) for row in order[span.from_ : span.to]]
+    if not rows:
+        raise TaskDataError(f"{origin.source}: split {split!r} has no examples.")
+    return raw.select(rows), replace(origin, selection="").keep(rows)
 
 
 def left_out(raw, origin, split: str, rows: list[int], why: str, said: bool = False):

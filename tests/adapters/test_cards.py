@@ -74,7 +74,8 @@ def test_card_errors_name_the_file(tmp_path):
         # A misspelt field of local: (`column:`) was "Spaces not allowed in keys" where a renamed
         # column held a space.
         ("{name: x, local: {splits: {train: t.tsv}, column: {Sentence 1: sentence}}}",
-         "local has no field 'column'; its fields: splits, format, column_names, headerless_splits, columns"),
+         "local has no field 'column'; its fields: splits, format, column_names, headerless_splits, columns, "
+         "shuffle_seed"),
         ("{name: x, hub: {name: glue}}", "hub needs path.$"),
     ):  # fmt: skip
         card.write_text(f"class_path: gpt_ft.adapters.SingleText\ninit_args: {init_args}\n")
@@ -222,7 +223,8 @@ def test_a_card_given_over_another_takes_none_of_its_file_layout(tmp_path):
     )
     task = build_fit.resolve([f"--data.task={first}", f"--data.task={second}"])["data"]["init_args"]["task"]
     assert task["init_args"]["local"] == {"splits": {"train": "c.tsv"}, "format": None, "column_names": None,
-                                          "headerless_splits": None, "columns": None}  # fmt: skip
+                                          "headerless_splits": None, "columns": None,
+                                          "shuffle_seed": None}  # fmt: skip
     assert task["init_args"]["hub"] == {
         "path": "me/mine", "name": None, "columns": None, "splits": None, "configs": None, "data_dir": None
     }  # fmt: skip

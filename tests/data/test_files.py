@@ -14,6 +14,7 @@ import json
 import math
 
 import datasets
+import numpy
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -22,7 +23,7 @@ from jsonargparse import ArgumentParser
 
 from gpt_ft.adapters import LocalFiles, SingleText, TaskDataError
 from gpt_ft.data.batches import reads
-from gpt_ft.data.files import SLICE, load_split, read_table, split_file
+from gpt_ft.data.files import SLICE, load_split, located_split, read_table, split_file
 from gpt_ft.data.task_data import TaskDataModule
 from tests.helpers import TASK_CARDS, TASKS
 
@@ -107,9 +108,22 @@ def swag_row(i, *label):
     return [i, "v1", 5, f"{Q} He", Q, "He", "gold", "runs.", "eats.", "sleeps.", 'says "hi".', *label]
 
 
-STORY_VAL = csvs(STORY, *(story_row(i, 1 + i % 2) for i in range(1499)))  # train [:1497], validation [1497:]
+STORY_VAL = csvs(STORY, *(story_row(i, 1 + i % 2) for i in range(1871)))  # the 2016 val file's size
+# scikit-learn's train_test_split(range(1871), test_size=374, random_state=3535999445): GPT-1's split
+GPT1_VALIDATION_STARTS, GPT1_TRAIN_STARTS = (
+    [1058, 198, 1174, 806, 127, 918],
+    [187, 1591, 1646, 169, 1870, 1416],
+)
 PAIR = ["index", "sentence1", "sentence2"]
 AB = [["A.", "B."], ["C.", "D."]]
+
+
+def gpt1_story_cloze_rows() -> tuple[list[int], list[int]]:
+    """The val file's rows GPT-1 trained and validated on, in its order (sklearn's ShuffleSplit:
+    a RandomState(seed) permutation, test rows first), checked against sklearn's first rows."""
+    order = [int(i) for i in numpy.random.RandomState(3535999445).permutation(1871)]
+    assert order[:6] == GPT1_VALIDATION_STARTS and order[374:380] == GPT1_TRAIN_STARTS
+    return order[374:], order[:374]
 
 
 def glue_test(header, rows, make=None):
@@ -255,9 +269,9 @@ FIXTURES = {
         "validation": (tsv([*AB[0], "neutral"]), [1]),
         "test": (tsv([*AB[0], "entails"], [*AB[1], "neutral"]), [0, 1]),
     },
-    "storycloze": {  # the 2016 test file is labelled; the val file is cut 1497 / 2 by the card's slices
-        "train": (STORY_VAL, [i % 2 for i in range(1497)]),
-        "validation": (STORY_VAL, [1, 0]),
+    "storycloze": {  # the 2016 test file is labelled; the val file is cut 1497 / 374 as GPT-1 cut it
+        "train": (STORY_VAL, [i % 2 for i in gpt1_story_cloze_rows()[0]]),
+        "validation": (STORY_VAL, [i % 2 for i in gpt1_story_cloze_rows()[1]]),
         "test": (csvs(STORY, story_row(0, 2), story_row(1, 1)), [1, 0]),
     },
     "race": {
@@ -491,6 +505,30 @@ def test_slices_formats_and_file_errors(tmp_path):
         TaskDataError, match=r"Task 's' has no hub dataset; pass its files with --data.data_dir"
     ):
         load_split(task, "train", None)
+
+
+def test_story_cloze_is_split_as_gpt1_split_it(tmp_path):
+    """GPT-1's code split the 2016 val file with scikit-learn's train_test_split (374 to validate,
+    seed 3535999445); the card's shuffle_seed draws the same rows in the same order, and a row's
+    place in the file is still named by its line."""
+    from gpt_ft.adapters.cards import load_card
+
+    task = load_card(TASKS / "storycloze.yaml")
+    (tmp_path / SLICE.match(task.local.splits["train"])["file"]).write_text(STORY_VAL)
+    train, validation = (
+        list(load_split(task, split, tmp_path)["InputStoryid"]) for split in ("train", "validation")
+    )
+    assert (len(train), len(validation)) == (1497, 374)
+    assert validation[:6] == [f"id-{i}" for i in GPT1_VALIDATION_STARTS]
+    assert train[:6] == [f"id-{i}" for i in GPT1_TRAIN_STARTS]
+    assert sorted(train + validation) == sorted(f"id-{i}" for i in range(1871))
+    origin = located_split(task, "validation", tmp_path)[1]
+    assert (
+        origin.of(1) == f"{tmp_path / SLICE.match(task.local.splits['train'])['file']}, line 200"
+    )  # row 198
+    sklearn = pytest.importorskip("sklearn.model_selection")
+    rows, held_out = sklearn.train_test_split(list(range(1871)), test_size=374, random_state=3535999445)
+    assert (train, validation) == ([f"id-{i}" for i in rows], [f"id-{i}" for i in held_out])
 
 
 def test_a_missing_test_file_says_how_to_predict_the_others(tmp_path):
