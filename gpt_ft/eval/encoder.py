@@ -19,13 +19,13 @@ import torch
 from torch import Tensor
 
 from gpt_ft.adapters.cards import card_from_value
-from gpt_ft.adapters.sources import field_text
+from gpt_ft.adapters.sources import needed_text
 from gpt_ft.adapters.truncation import cut_report
 from gpt_ft.data.file_faults import file_format, json_records, place, record_lines, utf8_problem
 from gpt_ft.data.files import read_table
 from gpt_ft.errors import TaskDataError, at_least_one, check_output_file, device_named, input_file, writing
 from gpt_ft.eval.classifier import CHUNK, Classifier
-from gpt_ft.eval.labelling import hidden_beside, jsonable, put_in_place
+from gpt_ft.eval.labelling import free_name, hidden_beside, jsonable, put_in_place
 from gpt_ft.eval.progress import batches_bar
 from gpt_ft.weights.checkpoint import Checkpoint
 
@@ -152,6 +152,11 @@ def embed(
     encoder = Encoder.from_checkpoint(stored, device=device_named(device))
     prompt = None if prompt == "none" else prompt
     vectors = encoder.encode(texts, batch_size=batch_size, prompt=prompt, progress=batches_bar("embed"))
+    column = (
+        "embedding"
+        if target.suffix.lower() == ".npy"
+        else free_name("embedding", {k for r in rows for k in r})
+    )
     tmp = hidden_beside(target)
     with writing(target):
         try:
@@ -162,13 +167,14 @@ def embed(
             else:
                 with tmp.open("w", encoding="utf-8") as f:
                     for row, vector in zip(rows, vectors.tolist()):
-                        record = {**row, "embedding": vector}
+                        record = {**row, column: vector}
                         f.write(json.dumps(record, ensure_ascii=False, default=jsonable) + "\n")
             put_in_place(tmp, target, overwrite=overwrite)
         finally:
             tmp.unlink(missing_ok=True)
     count = f"{len(texts):,} text{'s' * (len(texts) != 1)}"
-    print(f"embedded {count} of {source} into {target} ({encoder.dimensions} dimensions)")
+    moved = f"; as {column}: the rows have an embedding field, kept" if column != "embedding" else ""
+    print(f"embedded {count} of {source} into {target} ({encoder.dimensions} dimensions{moved})")
     room, max_length = encoder.task.text_room(encoder.classifier.max_length), encoder.classifier.max_length
     cuts = [
         int(len(t) > room)
@@ -198,6 +204,8 @@ def read_texts(path: Path, field: str) -> tuple[list[dict[str, Any]], list[str]]
             raise ValueError(f"{path}{problem}.")
         lines = data.decode("utf-8-sig").replace("\r\n", "\n").split("\n")  # a BOM is no text
         lines = lines[:-1] if lines[-1] == "" else lines
+        if (blank := next((i for i, line in enumerate(lines) if not line.strip()), None)) is not None:
+            raise TaskDataError(f"{path}, line {blank + 1} is empty: each line is a text to embed.")
         return [{"text": line} for line in lines], lines
     table, fmt = read_table(path), file_format(path) or ""
     rows = json_records(path, table.to_list())  # a record's missing field stays missing
@@ -210,7 +218,7 @@ def read_texts(path: Path, field: str) -> tuple[list[dict[str, Any]], list[str]]
     texts = []
     for i, row in enumerate(rows):  # a field read as training reads it: a number is its digits
         try:
-            texts.append(field_text(row[field], field, needed="a text to embed"))
+            texts.append(needed_text(row[field], field, needed="a text to embed"))
         except KeyError:
             raise TaskDataError(
                 f"{place(path, lines, i)}: the row has no field {field!r} (a text to embed; --field NAME "

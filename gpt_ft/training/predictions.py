@@ -65,8 +65,8 @@ def write_predictions(
     tmp = path.with_suffix(path.suffix + ".tmp")
     with writing(path):  # no space left, permission denied: one sentence, the previous file kept
         try:
-            out_dir.mkdir(parents=True, exist_ok=True)
-            tmp.write_text("\n".join(lines) + "\n")
+            path.parent.mkdir(parents=True, exist_ok=True)  # (a card's file name may hold a folder)
+            tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
             tmp.replace(path)  # atomic: a crash never leaves half a file
         finally:
             tmp.unlink(missing_ok=True)

@@ -139,11 +139,16 @@ def test_a_text_files_lines_end_at_newlines_only(tmp_path):
     from gpt_ft.eval.encoder import read_texts
 
     path = tmp_path / "in.txt"
-    path.write_bytes("a\u2028b\nc\x0cd\r\ne\rf\n\nlast".encode())
+    path.write_bytes("a\u2028b\nc\x0cd\r\ne\rf\nlast".encode())
     rows, texts = read_texts(path, "text")
-    assert texts == ["a\u2028b", "c\x0cd", "e\rf", "", "last"] and rows[0] == {"text": "a\u2028b"}
+    assert texts == ["a\u2028b", "c\x0cd", "e\rf", "last"] and rows[0] == {"text": "a\u2028b"}
     path.write_text("")
     assert read_texts(path, "text") == ([], [])
+    path.write_text("a cat\n \nlast\n")  # no text to embed, as training refuses an empty anchor
+    with pytest.raises(
+        TaskDataError, match=re.escape(f"{path}, line 2 is empty: each line is a text to embed.")
+    ):
+        read_texts(path, "text")
 
 
 def test_a_tables_texts_are_read_as_training_reads_them(tmp_path):
@@ -154,6 +159,7 @@ def test_a_tables_texts_are_read_as_training_reads_them(tmp_path):
     assert read_texts(path, "text")[1] == ["5", "a cat"]  # a number is its digits, as in training
     for bad, reason in (
         ("null", "has no value: a text to embed"),
+        ('" "', "is empty: a text to embed"),
         ('["a"]', "holds a list ['a'], not a text"),
     ):
         path.write_text(f'{{"text": "a cat"}}\n{{"text": {bad}}}\n')
@@ -195,6 +201,17 @@ def test_gpt_ft_embed_writes_vectors_as_npy_or_beside_the_rows(embedded, tmp_pat
     written = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["id"], r["body"]) for r in written] == [(r["id"], r["body"]) for r in rows]
     np.testing.assert_allclose(np.array([r["embedding"] for r in written]), expected, atol=1e-6)
+    # A row's own embedding field is kept; the vector goes beside it, and the summary says where.
+    (tmp_path / "in.jsonl").write_text('{"body": "a cat", "embedding": [0.5]}\n{"body": "a dog"}\n')
+    main(["embed", f"--ckpt_path={ckpt}", f"--input={tmp_path / 'in.jsonl'}", f"--output={out}",
+          "--field=body", "--overwrite=true"])  # fmt: skip
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert written[0]["embedding"] == [0.5] and "embedding" not in written[1]
+    assert [len(r["embedding_1"]) for r in written] == [32, 32]
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"embedded 2 texts of {tmp_path / 'in.jsonl'} into {out} (32 dimensions; as embedding_1: the rows "
+        "have an embedding field, kept)"
+    )
 
 
 @pytest.mark.parametrize(

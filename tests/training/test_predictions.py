@@ -16,6 +16,16 @@ def test_rows_in_example_order_each_once_in_the_leaderboards_file(tmp_path):
     assert [p.name for p in path.parent.iterdir()] == ["SST-2.tsv"]  # no temporary file left
 
 
+def test_a_file_in_a_folder_of_its_own_written_as_utf8_whatever_the_locale(tmp_path, monkeypatch):
+    import locale
+
+    monkeypatch.setattr(locale, "getpreferredencoding", lambda *_: "ascii")  # (the C locale's)
+    task = SingleText(name="x", labels=["négatif", "positif"], submission_files={"test": "glue/X.tsv"})
+    path = write_predictions(task, "test", torch.tensor([0, 1]), torch.tensor([0, 1]), tmp_path / "pred")
+    assert path == tmp_path / "pred" / "glue" / "X.tsv"
+    assert path.read_bytes().decode("utf-8") == "index\tprediction\n0\tnégatif\n1\tpositif\n"
+
+
 def test_a_split_without_a_submission_file_and_scores(tmp_path):
     task = Similarity(name="sts", regression=True, score_range=(0, 5))
     path = write_predictions(task, "validation", torch.tensor([1, 0]), torch.tensor([4.25, 0.5]), tmp_path)
