@@ -37,7 +37,7 @@ from torch import Tensor
 from gpt_ft.data.folders import written_whole
 from gpt_ft.errors import check_output_dir, real_path
 from gpt_ft.eval.classifier import Classifier
-from gpt_ft.eval.framing import framed_tokenizer
+from gpt_ft.eval.framing import framed_tokenizer, loads_as_written
 from gpt_ft.eval.onnx import write_onnx
 from gpt_ft.weights.checkpoint import Checkpoint
 from gpt_ft.weights.hf import has_double_heads, to_hf
@@ -136,6 +136,7 @@ def export_classifier(clf: Classifier, out: str | Path, *, format: str = "transf
         if getattr(model.config, "auto_map", None):  # the model's own class travels with it
             shutil.copy(Path(sys.modules[type(model).__module__].__file__), tmp)
         tokenizer.save_pretrained(tmp)
+        loads_as_written(tmp, tokenizer)
     return out
 
 
@@ -158,6 +159,7 @@ def export_language_model(stored: Checkpoint, out: Path) -> Path:
     with written_whole(out) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        loads_as_written(tmp, tokenizer)
     return out
 
 
@@ -183,7 +185,8 @@ def export_encoder(clf: Classifier, out: str | Path) -> Path:
     with written_whole(out := Path(out).expanduser()) as tmp:
         model_dir = tmp.parent / "model"  # (scratch: the encoder's save copies it)
         base.save_pretrained(model_dir)
-        framed_tokenizer(clf).save_pretrained(model_dir)
+        (framed := framed_tokenizer(clf)).save_pretrained(model_dir)
+        loads_as_written(model_dir, framed)  # (the encoder's Transformer loads it)
         modules = [
             Transformer(str(model_dir), max_seq_length=clf.max_length),
             Pooling(n_embd, "mean" if task.pooling == "mean" else "lasttoken"),
@@ -199,6 +202,7 @@ def export_encoder(clf: Classifier, out: str | Path) -> Path:
             modules=modules, prompts=prompts, default_prompt_name="query" if "query" in prompts else None
         )
         encoder.save(str(tmp))
+        loads_as_written(tmp, framed)
     return out
 
 
@@ -254,10 +258,14 @@ def sequence_classifier(clf: Classifier):
         if bias is None:  # a model without biases: its head has none either
             return model
         if not has_double_heads(clf.gpt.config):  # a Llama-family model: RMSNorm, no bias to shift
+            why = (  # a model of biases (attention_bias) trains a head with one too
+                "its model has biases, so its head has one"
+                if clf.gpt.config.bias
+                else "heads of models without biases have none since gpt_ft 0.1: fine-tune again"
+            )
             raise ValueError(
-                f"This {config.model_type} classifier's head has a bias, which its final RMSNorm cannot "
-                "carry; heads of models without biases are trained without one since gpt_ft 0.1: "
-                "fine-tune again."
+                f"This {config.model_type} classifier's head has a bias, which transformers' score layer "
+                f"(no bias) and the final RMSNorm cannot carry: {why}; Classifier and `gpt-ft label` use it."
             )
         final = base.ln_f if clf.gpt.config.pre_ln else base.h[-1].ln_2  # GPT-2's final LN; GPT-1's last
         shift = torch.linalg.pinv(weight.double()) @ bias.double()  # W δ = b

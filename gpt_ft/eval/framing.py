@@ -4,6 +4,9 @@ training did (`[start] text [extract]`, `[start] premise [delim] hypothesis [ext
 from __future__ import annotations
 
 import copy
+import json
+import shutil
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -46,6 +49,42 @@ def framed_tokenizer(clf: Classifier, *, chat_template: bool = False):
     side = "left" if clf.task.keeps_context_end else "right"
     tokenizer.truncation_side = tokenizer.init_kwargs["truncation_side"] = side
     return tokenizer
+
+
+TOKENIZER_PARTS = ("normalizer", "pre_tokenizer", "model", "post_processor", "decoder", "added_tokens")
+
+
+def loads_as_written(folder: Path, tokenizer) -> None:
+    """Makes transformers' `AutoTokenizer` load the tokenizer saved in `folder` as `tokenizer` is.
+
+    AutoTokenizer picks a class by the folder's model type, and some rebuild the normalizer and
+    pre-tokenizer from the vocabulary whatever tokenizer.json holds (transformers 5 loads every
+    qwen2 folder through Qwen2Tokenizer: a card's strip and a tokenizer's own pre-tokenizer lost,
+    other ids for the same text). There the folder names a class of its own (`auto_map`,
+    gpt_ft/eval/tokenization_framed.py, copied beside the files) that loads the file as written,
+    with or without `trust_remote_code`. A folder that still loads otherwise is refused."""
+    from transformers import AutoTokenizer
+
+    from gpt_ft.eval import tokenization_framed
+
+    def as_written() -> bool:
+        loaded = json.loads(AutoTokenizer.from_pretrained(folder).backend_tokenizer.to_str())
+        wanted = json.loads(tokenizer.backend_tokenizer.to_str())
+        return all(loaded.get(part) == wanted.get(part) for part in TOKENIZER_PARTS)
+
+    if as_written():
+        return
+    shutil.copy(tokenization_framed.__file__, folder)
+    path = folder / "tokenizer_config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config["auto_map"] = {"AutoTokenizer": [None, "tokenization_framed.FramedTokenizer"]}
+    path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    if not as_written():
+        name = type(AutoTokenizer.from_pretrained(folder)).__name__
+        raise ValueError(
+            f"transformers' AutoTokenizer loads the tokenizer written to {folder} as {name}, which "
+            "tokenizes a text otherwise than the model was trained to: the folder would serve other tokens."
+        )
 
 
 # What Python's str.strip takes off (training strips so): Unicode's White_Space, which the `Strip`

@@ -147,6 +147,7 @@ SHAPES = {
     "qwen3": ("llama-micro", QWEN3_MICRO, "Qwen3"),  # its own head size, q/k norms
     "gemma3": ("llama-micro", GEMMA3_MICRO, "Gemma3Text"),  # Gemma's norms, local and global layers
     "phi3": ("llama-micro", dict(hf_model_type="phi3", sliding_window=6), "Phi3"),  # fused q/k/v
+    "qwen2": ("llama-micro", dict(qkv_bias=True), "Qwen2"),  # q/k/v biases; its tokenizer kept as written
 }
 
 
@@ -352,6 +353,17 @@ def test_a_biased_head_wider_than_the_model_is_not_exported(tmp_path, tokenizer_
     torch.nn.init.normal_(clf.head.bias, std=1.0)
     with pytest.raises(
         ValueError, match=rf"head has {width + 8} outputs, more than the model's width \({width}\)"
+    ):
+        export_classifier(clf, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_llama_model_of_biases_says_why_its_head_is_not_exported(tmp_path, tokenizer_dir):
+    """Its head is trained with a bias, as the model's layers are: fine-tuning again cannot help."""
+    clf = classifier("single", "llama", tokenizer_dir, bias=True)
+    assert clf.head.bias is not None
+    with pytest.raises(
+        ValueError, match=r"RMSNorm cannot carry: its model has biases, so its head has one; "
     ):
         export_classifier(clf, tmp_path / "out")
     assert not (tmp_path / "out").exists()
@@ -634,6 +646,27 @@ def test_a_built_in_tokenizer_class_exports_as_written_stripping_and_padding_on_
             probs = model.eval()(**batch).logits.softmax(-1)
         expected = [o["scores"] for o in clf.predict([{"sentence1": a, "sentence2": b} for a, b in rows])]
         assert probs.flatten().tolist() == pytest.approx([s[k] for s in expected for k in "ab"], abs=1e-6)
+
+
+def test_a_qwen2_folder_loads_its_tokenizer_as_written(tmp_path, tokenizer_dir):
+    """transformers 5 loads a qwen2 folder's tokenizer through Qwen2Tokenizer, which rebuilds the
+    normalizer and pre-tokenizer (SST-2's strip lost): the folder names a class of its own that
+    loads tokenizer.json as written, with or without trust_remote_code; other folders need none."""
+    from transformers import AutoTokenizer
+
+    texts = ["  the cat sat .  ", "it is not good . ", " a"]
+    task = SingleText(name="sst2", labels=["0", "1"], strip_texts=True)
+    for shape in ("qwen2", "llama"):
+        clf = classifier("single", shape, tokenizer_dir)
+        clf.task = task
+        trained = [e["input_ids"][0] for e in clf.encode([{"sentence": t} for t in texts])]
+        folder = export_classifier(clf, tmp_path / shape)
+        assert json.loads((folder / "config.json").read_text())["model_type"] == shape
+        for trust in (False, True):
+            assert (
+                AutoTokenizer.from_pretrained(folder, trust_remote_code=trust)(texts)["input_ids"] == trained
+            )
+        assert (folder / "tokenization_framed.py").exists() == (shape == "qwen2")
 
 
 def test_a_folder_of_one_score_is_read_raw_by_a_cross_encoder_and_records_its_range(tmp_path, tokenizer_dir):

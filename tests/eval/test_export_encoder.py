@@ -21,6 +21,7 @@ TEXTS = [
     "she bakes brownies now",
     "",
     "he is happy in the park today",
+    "  it cost 1999 in 2024 ",  # (stripped by qwen2's card: a tokenizer class of qwen2's own would not)
     "the cat sat on the mat and the dog sat on the log " * 6,
 ]  # the last is cut to the context
 LAYOUTS = {  # preset, overrides, projection, pooling
@@ -31,6 +32,7 @@ LAYOUTS = {  # preset, overrides, projection, pooling
     "llama-last": ("llama-micro", {}, None, "last"),
     "gpt2-mean": ("gpt-micro", dict(n_embd=32, pre_ln=True), 16, "mean"),
     "llama-mean": ("llama-micro", {}, None, "mean"),
+    "qwen2": ("llama-micro", dict(qkv_bias=True), 16, "extract"),  # its tokenizer loaded as written
 }
 
 READER = """
@@ -71,7 +73,9 @@ def write_encoders(out: str, tokenizer_dir: str) -> None:
         torch.manual_seed(len(name))
         config = GPTConfig.from_name(preset, n_positions=48, vocab_size=len(tokenizer), **overrides)
         prompts = dict(query_prompt="query: ", document_prompt="passage: ")
-        task = Embedding(name="e", dimensions=dimensions, pooling=pooling, **prompts)
+        task = Embedding(
+            name="e", dimensions=dimensions, pooling=pooling, strip_texts=name == "qwen2", **prompts
+        )
         head = task.head(config.n_embd, dropout=0.0, init_std=0.3, bias=config.bias)
         clf = Classifier(GPT(config).eval(), head, task, tokenizer, max_length=48, device="cpu")
         encoder = Encoder(clf)
