@@ -28,7 +28,7 @@ from gpt_ft.weights.pretrained import GPT, resolve_tokenizer
 def generate(
     *,
     ckpt_path: str,
-    prompt: str | None = None,
+    prompt: str = "",
     input: str | None = None,
     output: str | None = None,
     field: str = "prompt",
@@ -43,7 +43,7 @@ def generate(
     num_beams: int = 1,
     length_penalty: float = 1.0,
     repetition_penalty: float = 1.0,
-    stop: list[str] | None = None,
+    stop: list[str] | str = "",
     static_cache: bool | Literal["compiled"] | None = None,
     seed: int = 0,
     device: str | None = None,
@@ -53,7 +53,7 @@ def generate(
 
     Args:
         ckpt_path: A gpt_ft .ckpt, a transformers folder, a .gguf file or a hub id.
-        prompt: The text to continue (or --input).
+        prompt: The text to continue (or --input); read as typed ('# Title' too).
         input: A file of prompts (csv, tsv, json/jsonl or parquet), one a row in the column --field:
             each continued, in batches, and written to --output.
         output: With --input: its rows again with a `continuation` column (csv, tsv, json, jsonl or
@@ -71,8 +71,8 @@ def generate(
         length_penalty: Beam search: a beam's log-probability is divided by its length to this power.
         repetition_penalty: Above 1, the tokens already in the text are less likely (CTRL's penalty,
             as transformers applies it; 1.2 is common); 1: none.
-        stop: Texts that end the continuation when it produces one (not printed), a JSON list:
-            '["###", "\\n\\n"]' (double quotes: a line break is \\n, and # is no comment).
+        stop: A text that ends the continuation when it produces it (not printed), as typed
+            ('###'), or several, a JSON list: '["###", "\\n\\n"]' (double quotes: a line break is \\n).
         static_cache: Keys and values in a cache of fixed shape; on CUDA each token's step is then
             replayed as one CUDA graph (the same tokens; gpt1 at batch 1 on an H200: 855 tokens/s
             against 373, docs/gpus.md), kept for the next batch of the same size. compiled: the step
@@ -86,6 +86,7 @@ def generate(
 
     at_least_one(max_new_tokens, "--max_new_tokens")
     at_least_one(num_beams, "--num_beams")
+    prompt = prompt or None  # (a str, never YAML: '# Title' is no comment, 'null' no None)
     if prompt is not None and output is not None and input is None:
         raise ValueError(
             "--output FILE goes with --input FILE (a file of prompts); a --prompt's text is printed."
@@ -101,7 +102,7 @@ def generate(
             "--static_cache goes with greedy decoding or sampling: beam search (--num_beams > 1) "
             "reorders its cache each step."
         )
-    stops = list(stop or [])
+    stops = [stop] if isinstance(stop, str) and stop else list(stop or [])
     if "" in stops:
         raise ValueError("--stop holds an empty text, which every continuation starts with: give texts.")
     shaping = {"--temperature": temperature != 1.0, "--top_k": top_k is not None}

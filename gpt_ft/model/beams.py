@@ -58,6 +58,9 @@ def _beam_search(
     model, input_ids, real, positions, num_beams, max_new_tokens, length_penalty, stops, penalty, suppress
 ) -> Tensor:
     pad = stops[0] if stops else 0
+    suppress = [
+        t for t in suppress or () if 0 <= t < model.config.vocab_size
+    ]  # (others: no token, as in transformers)
     B, T0 = input_ids.shape
     K, device = num_beams, input_ids.device
     if max_new_tokens == 0:

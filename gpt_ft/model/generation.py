@@ -37,10 +37,11 @@ def _filter_logits(logits: Tensor, temperature: float, top_k: int | None, top_p:
         kth = logits.topk(top_k, dim=-1).values[:, -1:]  # (B, 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if top_p is not None and top_p < 1.0:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        probs = sorted_logits.softmax(dim=-1)
-        # Drop a token once the tokens ranked above it already hold top_p of the mass (the top one stays).
-        drop_sorted = probs.cumsum(dim=-1) - probs >= top_p
+        # Drop a token while the tokens up to it, the least likely first, hold at most 1 - top_p of
+        # the mass (the top one stays): transformers' sums in its order, ties and the edge alike.
+        sorted_logits, order = logits.sort(dim=-1)
+        drop_sorted = sorted_logits.softmax(dim=-1).cumsum(dim=-1) <= 1 - top_p
+        drop_sorted[..., -1] = False
         drop = drop_sorted.scatter(-1, order, drop_sorted)
         logits = logits.masked_fill(drop, float("-inf"))
     return logits
@@ -119,6 +120,9 @@ def _steps(model, input_ids, real, positions, max_new_tokens, do_sample, tempera
         stops, dtype=input_ids.dtype, device=input_ids.device
     )  # copied once, not per token
     replay = None
+    suppress = [
+        t for t in suppress or () if 0 <= t < model.config.vocab_size
+    ]  # (others: no token, as in transformers)
     suppress = torch.tensor(suppress, dtype=torch.long, device=input_ids.device) if suppress else None
     seen = seen_tokens(input_ids, model.config.vocab_size, real) if repetition_penalty != 1.0 else None
     # On CUDA each token is handed out once the next step is queued (`runs_ahead`): the GPU works on

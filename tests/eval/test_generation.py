@@ -78,6 +78,33 @@ def test_generate_never_writes_the_task_framing_tokens(finetuned, monkeypatch, c
     assert given == [framing, framing] and capsys.readouterr().out.startswith("the cat")
 
 
+def test_a_prompt_and_a_stop_text_are_read_as_typed(finetuned, monkeypatch, capsys):
+    """jsonargparse reads a value it may take as None as YAML: `--prompt '# Title'` (a comment) was
+    refused as no prompt, `--stop '###'` dropped without a word. A JSON list still gives several."""
+    from gpt_ft.cli import main
+    from gpt_ft.eval import generation
+
+    seen = []
+    monkeypatch.setattr(generation, "print_as_they_come", lambda tok, _, eos, ids, stops: seen.append(stops))
+    for prompt, stop, stops in (
+        ("# the cat", "###", ["###"]),
+        ("null", '["a", "# b"]', ["a", "# b"]),
+        ("~", "# b", ["# b"]),
+    ):
+        main(
+            [
+                "generate",
+                f"--ckpt_path={finetuned.ckpt}",
+                "--prompt",
+                prompt,
+                "--stop",
+                stop,
+                "--max_new_tokens=2",
+            ]
+        )
+        assert capsys.readouterr().out == prompt and seen.pop() == stops
+
+
 def test_decoding_stops_at_the_end_of_text_a_tokenizer_holds_beside_another_eos(tokenizer_dir):
     """`gpt-ft prepare` ends each document with `<|endoftext|>`; a tokenizer whose eos is another
     token (SmolLM2's `</s>`-style) kept it out of the stop tokens, so `generate` and an exported

@@ -49,6 +49,7 @@ def test_suppressed_tokens_are_never_produced_as_transformers_suppresses_them(fa
     prompt = torch.randint(1, TINY["vocab_size"], (1, 6))
     free = gpt.generate(prompt, max_new_tokens=20)[0, 6:]
     suppress = sorted(set(free.tolist()))[:2]  # tokens it would produce
+    suppress += [TINY["vocab_size"], 10**6]  # no token of the model's: none to suppress (transformers')
     ours = gpt.generate(prompt, max_new_tokens=20, suppress_tokens=suppress)
     assert not set(ours[0, 6:].tolist()) & set(suppress)
     same = dict(min_new_tokens=20, do_sample=False, pad_token_id=0, suppress_tokens=suppress)
@@ -179,6 +180,15 @@ def test_sampling_filters():
     assert kept(_filter_logits(logits, 1.0, None, 0.5)) == [True, False, False, False]
     assert kept(_filter_logits(logits, 1.0, None, 0.7)) == [True, True, False, False]
     assert kept(_filter_logits(logits, 1.0, None, 0.81)) == [True, True, True, False]
+    # top-p keeps the tokens transformers keeps, where probabilities tie at the edge too
+    from transformers.generation.logits_process import TopPLogitsWarper
+
+    torch.manual_seed(0)
+    cases = [(torch.tensor([[0.6, 0.2, 0.2]]).log(), 0.7), (torch.tensor([[0.25] * 4]).log(), 0.5)]
+    cases += [(torch.randn(3, 50) * 3, float(torch.rand(()))) for _ in range(300)]
+    for scores, p in cases:
+        theirs = torch.isfinite(TopPLogitsWarper(p)(None, scores.clone()))
+        assert torch.equal(torch.isfinite(_filter_logits(scores, 1.0, None, p)), theirs), (scores, p)
     # temperature: q ∝ p^(1/T)
     q = _filter_logits(logits, 0.5, None, None).softmax(-1)
     p2 = torch.tensor([0.5, 0.3, 0.15, 0.05]) ** 2
