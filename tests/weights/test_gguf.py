@@ -82,6 +82,18 @@ def test_f32_file_gives_the_models_own_logits(tmp_path, family, capfd):
     torch.testing.assert_close(logits(gpt, ids), transformers_gguf(path)(ids).logits, rtol=0, atol=1e-5)
 
 
+def test_gemma3s_global_layer_from_a_file(tmp_path):
+    """Gemma 3 makes every sixth layer global (no window, the global rotary base); a file of 7 layers
+    holds one between local ones, read as the model it was written from has it, past the window."""
+    hf = tiny("gemma3_text", num_hidden_layers=7)
+    assert hf.config.layer_types[5] == "full_attention" and hf.config.layer_types[6] == "sliding_attention"
+    assert hf.config.rope_parameters["full_attention"] != hf.config.rope_parameters["sliding_attention"]
+    gpt = GPT.from_pretrained(write_gguf(tmp_path / "gemma3.gguf", hf)).eval()
+    ids = torch.randint(0, VOCAB, (2, 24))  # three windows long
+    with torch.no_grad():
+        torch.testing.assert_close(logits(gpt, ids), hf(ids).logits, rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("family", ["gpt2", "phi3"])
 def test_sizes_the_metadata_leaves_out_come_from_the_tensors(tmp_path, family):
     """No vocabulary size, no padding id, and for GPT-2 a position table other than 1024: what
