@@ -83,8 +83,7 @@ def user_message(exc: BaseException) -> str:
         exc = exc.__cause__
     if isinstance(exc, OSError) and exc.filename is not None:  # the system's error: its file, its reason
         return os_error_message(exc)
-    text = str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc).strip()
-    return text
+    return str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc).strip()
 
 
 def lone_value(message: str, args: list[str]) -> str:
@@ -180,8 +179,6 @@ def undecodable_file(exc: BaseException) -> str | None:
     path = file_not_decoded(exc)
     if path is None:
         return None
-    from pathlib import Path
-
     from gpt_ft.data.tokenizer import check_text_file
 
     try:
@@ -287,6 +284,8 @@ def main(argv: list[str] | None = None) -> None:
             raise
         fail(os_error_message(exc))
     except RuntimeError as exc:  # a collective that lost its peer: another process of a DDP run died
+        if not debug and "Could not determine home directory" in str(exc):  # pathlib's, for '~name/x'
+            fail("a path starts with ~NAME, and this machine has no such user: write the path in full.")
         if debug or not any(m in str(exc) for m in LOST_PEER):
             raise
         rank = os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))

@@ -162,10 +162,10 @@ def token_dtype(vocab_size: int) -> str:
 
 def prepare(
     *,
-    inputs: list[str] | str | None = None,
+    inputs: list[str] | str = "",
     out_dir: str,
     tokenizer: str,
-    dataset: str | None = None,
+    dataset: str = "",
     dataset_split: str = "train",
     text_field: str = "text",
     split_on: Literal["file", "blank_line", "line"] = "file",
@@ -196,7 +196,8 @@ def prepare(
     from tqdm import tqdm
 
     out = check_output_dir(out_dir, "--out_dir")
-    files = [inputs] if isinstance(inputs, str | os.PathLike) else list(inputs or [])
+    # (typed without None: jsonargparse would read '#notes.txt' or 'null' as YAML's None)
+    files = ([inputs] if inputs else []) if isinstance(inputs, str | os.PathLike) else list(inputs or [])
     if bool(files) == bool(dataset):
         raise ValueError("Give either text files/folders or --dataset, not both and not neither.")
     if dataset and Path(dataset).expanduser().is_file():  # datasets would look for it on the hub

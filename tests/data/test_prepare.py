@@ -620,3 +620,26 @@ def test_a_tokenizer_that_reads_documents_whole_is_advised_smaller_documents(tmp
     ):
         prepare(out_dir=tmp_path / "t", tokenizer=tokenizer, inputs=[str(tmp_path / "doc.txt")],
                 piece_chars=40, validation_fraction=0.9999, progress=False)  # fmt: skip
+
+
+def test_paths_are_read_as_typed_and_a_tilde_of_no_user_is_one_sentence(
+    tmp_path, tokenizer_dir, capsys, monkeypatch
+):
+    """jsonargparse read `--inputs '#notes.txt'` (a YAML comment) or `null` as no inputs; pathlib's
+    `~name` of no user was a traceback (RuntimeError)."""
+    from gpt_ft.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("#notes.txt", "null"):
+        (tmp_path / name).write_text("the cat sat on the mat .\n")
+        main(["prepare", "--inputs", name, f"--tokenizer={tokenizer_dir}", f"--out_dir=out{len(name)}"])
+        assert read_meta(tmp_path / f"out{len(name)}")["documents"] == 1
+    for option in ("--out_dir", "--inputs"):
+        args = {"--inputs": "null", "--out_dir": "o", option: "~no-such-user-here/x"}
+        with pytest.raises(SystemExit) as stop:
+            main(["prepare", f"--tokenizer={tokenizer_dir}", *(f"{k}={v}" for k, v in args.items())])
+        assert stop.value.code == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1] == (
+            "gpt-ft: error: a path starts with ~NAME, and this machine has no such user: write the path "
+            "in full."
+        )
