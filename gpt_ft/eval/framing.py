@@ -67,23 +67,24 @@ def loads_as_written(folder: Path, tokenizer) -> None:
 
     from gpt_ft.eval import tokenization_framed
 
-    def as_written() -> bool:
-        loaded = json.loads(AutoTokenizer.from_pretrained(folder).backend_tokenizer.to_str())
-        wanted = json.loads(tokenizer.backend_tokenizer.to_str())
-        return all(loaded.get(part) == wanted.get(part) for part in TOKENIZER_PARTS)
+    wanted = json.loads(tokenizer.backend_tokenizer.to_str())
 
-    if as_written():
+    def as_written(loaded) -> bool:
+        parts = json.loads(loaded.backend_tokenizer.to_str())
+        return all(parts.get(part) == wanted.get(part) for part in TOKENIZER_PARTS)
+
+    if as_written(AutoTokenizer.from_pretrained(folder)):
         return
     shutil.copy(tokenization_framed.__file__, folder)
     path = folder / "tokenizer_config.json"
     config = json.loads(path.read_text(encoding="utf-8"))
     config["auto_map"] = {"AutoTokenizer": [None, "tokenization_framed.FramedTokenizer"]}
     path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    if not as_written():
-        name = type(AutoTokenizer.from_pretrained(folder)).__name__
+    if not as_written(served := AutoTokenizer.from_pretrained(folder)):
         raise ValueError(
-            f"transformers' AutoTokenizer loads the tokenizer written to {folder} as {name}, which "
-            "tokenizes a text otherwise than the model was trained to: the folder would serve other tokens."
+            f"transformers' AutoTokenizer loads the tokenizer written to {folder} as "
+            f"{type(served).__name__}, which tokenizes a text otherwise than the model was trained to: "
+            "the folder would serve other tokens."
         )
 
 
