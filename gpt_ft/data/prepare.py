@@ -43,7 +43,7 @@ from gpt_ft.data.pieces import (
     pieces,
     pre_token_ends,
 )
-from gpt_ft.data.tokenizer import EOS_TOKEN, check_text_file, load_tokenizer
+from gpt_ft.data.tokenizer import EOS_TOKEN, check_text_file, embedding_size, load_tokenizer
 from gpt_ft.errors import check_output_dir
 
 META = "meta.json"
@@ -227,7 +227,8 @@ def prepare(
     if EOS_TOKEN not in tok.get_vocab():
         tok.add_special_tokens({"eos_token": EOS_TOKEN})
     eos = tok.convert_tokens_to_ids(EOS_TOKEN)
-    dtype = token_dtype(len(tok))
+    rows = embedding_size(tok)  # the model's embedding rows
+    dtype = token_dtype(rows)
     if files:
         paths = find_files(files)
         for path in paths:  # all of them, before anything is written
@@ -300,7 +301,7 @@ def prepare(
                     path.replace(out / SPLIT_FILES[split])
                     tmp[split] = out / SPLIT_FILES[split]  # (in place now: it goes too if the commit fails)
                 seconds = time.perf_counter() - start
-                meta = {"dtype": dtype, "vocab_size": len(tok), "eos_token_id": eos, "tokens": counts,
+                meta = {"dtype": dtype, "vocab_size": rows, "eos_token_id": eos, "tokens": counts,
                         "documents": n_docs, "unknown_tokens": unknown, "tokenizer": "tokenizer",
                         "sources": sources, "seconds": round(seconds, 2)}  # fmt: skip
                 (out / META).write_text(json.dumps(meta, indent=2) + "\n")

@@ -24,7 +24,7 @@ from gpt_ft.data.ids import id_names, integer_id
 from gpt_ft.data.pinning import leave_stops_to_the_main_process, pins
 from gpt_ft.data.samplers import EpochSampler, LengthGroupedSampler, ResumableTrainData, run_seed
 from gpt_ft.data.subsets import training_subset
-from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
+from gpt_ft.data.tokenizer import embedding_size, load_tokenizer, special_token_ids
 from gpt_ft.errors import check_context
 from gpt_ft.workarounds.data import dataset_fingerprint
 
@@ -147,7 +147,7 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         self.tokenizer_path = tokenizer
         self.tokenizer = load_tokenizer(tokenizer)
         self.special_ids = special_token_ids(self.tokenizer)
-        self.vocab_size = len(self.tokenizer)
+        self.vocab_size = embedding_size(self.tokenizer)
         self.datasets: dict[str, Any] = {}
         self.origins: dict[str, Origin] = {}  # where each split's rows come from, for messages
         self.no_label_column: dict[str, str] = {}  # a split whose file has no label column: why, for messages

@@ -4,7 +4,7 @@ GPT-1 fine-tuning (Radford et al. 2018) feeds every task as one token stream fra
 special tokens: ``start`` opens it, ``delim`` separates its parts and ``extract`` closes it (the
 classifier reads the hidden state there). :func:`load_tokenizer` loads a tokenizer and appends
 those tokens right after the base vocabulary, so the base ids (and a pretrained embedding table)
-keep their meaning and ``len(tokenizer)`` is the embedding size the model needs.
+keep their meaning; :func:`embedding_size` is the embedding size the model needs.
 
 Three kinds of source are understood:
 
@@ -45,7 +45,7 @@ from gpt_ft.weights import gguf_file, hub
 from gpt_ft.weights.pretrained import BPE_FILES, TOKENIZER_FILES, weights_tokenizer
 
 __all__ = ["EOS_TOKEN", "SPECIAL_TOKENS", "SpecialTokenIds", "add_special_tokens", "check_text_file",
-           "load_tokenizer", "own_framing_rows", "own_framing_tokens", "special_token_ids",
+           "embedding_size", "load_tokenizer", "own_framing_rows", "own_framing_tokens", "special_token_ids",
            "train_tokenizer"]  # fmt: skip
 
 SPECIAL_TOKENS: dict[str, str] = {"start": "<|start|>", "delim": "<|delim|>", "extract": "<|extract|>",
@@ -84,7 +84,7 @@ def load_tokenizer(path: str | os.PathLike, *, add_specials: bool = True) -> Pre
         add_specials: Append the fine-tuning special tokens (see :func:`add_special_tokens`).
 
     Returns:
-        The tokenizer; ``len(tokenizer)`` is the vocabulary size the model needs.
+        The tokenizer; :func:`embedding_size` is the vocabulary size the model needs.
 
     Raises:
         FileNotFoundError: ``path`` looks like a local path but does not exist.
@@ -109,10 +109,10 @@ def load_tokenizer(path: str | os.PathLike, *, add_specials: bool = True) -> Pre
             ".ckpt."
         )
     elif _looks_like_local_path(name):
-        what = "GGUF file" if local.suffix == ".gguf" else "Tokenizer directory"
+        what = {".gguf": "GGUF file", ".ckpt": "Checkpoint"}.get(local.suffix.lower(), "Tokenizer directory")
         raise FileNotFoundError(f"{what} {local} does not exist.")
     else:  # a hub id: its tokenizer files, fetched into (or found in) the hub cache
-        tokenizer = _load_local_dir(hub.snapshot(name))
+        tokenizer = _load_local_dir(hub.snapshot(name, weights=False))
     if add_specials:
         add_special_tokens(tokenizer)
     return tokenizer
@@ -168,6 +168,12 @@ def special_token_ids(tokenizer: PreTrainedTokenizerBase) -> SpecialTokenIds:
         raise ValueError("Tokenizer has no pad token; expected one to be added with add_special_tokens().")
     eos = tokenizer.eos_token_id if tokenizer.eos_token is not None else vocab.get(EOS_TOKEN)
     return SpecialTokenIds(pad=tokenizer.pad_token_id, eos=eos, **ids)
+
+
+def embedding_size(tokenizer: PreTrainedTokenizerBase) -> int:
+    """The embedding rows a model needs for `tokenizer`: one past its largest id (a vocabulary that
+    skips ids, a reserved range say, has fewer entries than that; new tokens go past its largest id)."""
+    return max(len(tokenizer), 1 + max(tokenizer.get_vocab().values(), default=-1))
 
 
 def own_framing_tokens(tokenizer: PreTrainedTokenizerBase) -> dict[str, int] | None:
@@ -262,13 +268,8 @@ def train_tokenizer(
     backend.decoder = decoders.ByteLevel()
     # Same post-processor as GPT-2's tokenizer.json; it only fixes character offsets.
     backend.post_processor = processors.ByteLevel(trim_offsets=False)
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        min_frequency=min_frequency,
-        special_tokens=specials,
-        initial_alphabet=alphabet,
-        show_progress=show_progress,
-    )
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=specials,
+                                  initial_alphabet=alphabet, show_progress=show_progress)  # fmt: skip
     with stops_at_once():  # the Rust trainer would hold a stop back until it ended: nothing written yet
         backend.train_from_iterator(file_lines(paths), trainer)
 
@@ -292,13 +293,15 @@ def train_tokenizer(
 
 def _load_local_dir(directory: Path) -> PreTrainedTokenizerBase:
     """Load a tokenizer directory: a ``save_pretrained`` output or OpenAI's vocab/merges files."""
+    bpe = all((directory / f).is_file() for f in BPE_FILES)
     if any((directory / f).is_file() for f in TOKENIZER_FILES):
         try:
             return AutoTokenizer.from_pretrained(str(directory), trust_remote_code=False)
         except ValueError:  # transformers' words: the broken file named instead
             check_tokenizer_files(directory)
-            raise
-    if all((directory / f).is_file() for f in BPE_FILES):
+            if not bpe or (directory / "tokenizer.json").is_file():
+                raise  # else a tokenizer_config.json naming no class (openai-gpt's, gpt2's): the BPE files
+    if bpe:
         # AutoTokenizer cannot pick a class without a config, so name it from the vocab's format.
         cls = OpenAIGPTTokenizerFast if _bpe_format(directory / "vocab.json") == "gpt1" else GPT2TokenizerFast
         try:
@@ -344,7 +347,7 @@ def _looks_like_local_path(name: str) -> bool:
     """Whether a missing ``name`` can only have meant a local path, not a Hub name."""
     if name.startswith((".", "~")) or os.path.isabs(name) or (os.altsep and os.altsep in name):
         return True
-    if name.lower().endswith(".gguf"):  # a file, never a hub id
+    if name.lower().endswith((".gguf", ".ckpt")):  # a file, never a hub id
         return True
     # Hub ids are "name" or "owner/name"; a relative path such as "data/tok" also fits that
     # pattern, so it goes to the Hub and a failure there reports both possibilities.

@@ -82,7 +82,7 @@ def generate(
         device: Default: cuda when there is one.
         precision: bf16-mixed: fp32 weights, bf16 matrix products; bf16-true: bf16 weights and KV cache.
     """
-    from gpt_ft.data.tokenizer import load_tokenizer  # transformers: loaded when the command runs
+    from gpt_ft.data.tokenizer import embedding_size, load_tokenizer  # transformers: when the command runs
 
     at_least_one(max_new_tokens, "--max_new_tokens")
     at_least_one(num_beams, "--num_beams")
@@ -122,7 +122,7 @@ def generate(
     if tokenizer is not None:  # a gpt_ft checkpoint's own, or one that keeps its tokens' ids
         check_init_tokenizer(tokenizer, ckpt_path, "--tokenizer")
     tok = load_tokenizer(resolve_tokenizer(tokenizer, ckpt_path))
-    check_tokenizer_fits(len(tok), gpt.config.vocab_size, ckpt_path)
+    check_tokenizer_fits(embedding_size(tok), gpt.config.vocab_size, ckpt_path)
     if precision == "bf16-true":
         gpt = gpt.to(torch.bfloat16)
     eos = stop_tokens(tok, gpt.config)

@@ -1,9 +1,9 @@
 """Weights and tokenizers named by a Hugging Face Hub id, `ORG/NAME` or `ORG/NAME@REVISION`.
 
 Only the files a model or tokenizer needs are fetched (its config, safetensors weights, or the
-`.bin` ones when a repository has no safetensors, and the tokenizer files), into the standard
-hub cache (`HF_HUB_CACHE`, by default ~/.cache/huggingface/hub). With `HF_HUB_OFFLINE=1` a cached
-snapshot is used and nothing is asked of the network.
+`.bin` ones when a repository has no safetensors, and the tokenizer files; for a tokenizer alone,
+no weights), into the standard hub cache (`HF_HUB_CACHE`, by default ~/.cache/huggingface/hub).
+With `HF_HUB_OFFLINE=1` a cached snapshot is used and nothing is asked of the network.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import re
 from pathlib import Path
 
 # configs, weights (those `hf.read` reads: not Mistral's second copy, consolidated.safetensors), vocabularies
-WANTED = ["*.json", "model*.safetensors", "*.txt", "*.model", "*.tiktoken"]
+TOKENIZER_WANTED = ["*.json", "*.txt", "*.model", "*.tiktoken"]
+WANTED = TOKENIZER_WANTED[:1] + ["model*.safetensors"] + TOKENIZER_WANTED[1:]
 BIN_WEIGHTS = ["pytorch_model*.bin"]
 
 
@@ -37,14 +38,16 @@ def is_hub_id(name: str | os.PathLike) -> bool:
     return True
 
 
-def snapshot(name: str) -> Path:
-    """The local folder holding hub repository `name`'s model and tokenizer files, fetched if need be.
+def snapshot(name: str, weights: bool = True) -> Path:
+    """The local folder holding hub repository `name`'s model and tokenizer files (without `weights`,
+    its tokenizer's and configs alone), fetched if need be.
 
     Raises:
         FileNotFoundError: in one sentence, when the name is neither cached nor reachable.
     """
     from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import (
+        GatedRepoError,
         HfHubHTTPError,
         LocalEntryNotFoundError,
         RepositoryNotFoundError,
@@ -55,21 +58,32 @@ def snapshot(name: str) -> Path:
     # the cache alone: offline (huggingface_hub 1.x would ask for a commit's files), or for a commit
     # the cache holds (it never changes; without a network, each request was retried for 20 s)
     offline = constants.HF_HUB_OFFLINE or (
-        re.fullmatch(r"[0-9a-f]{40}", revision) is not None and _whole_in_cache(repo, revision)
+        re.fullmatch(r"[0-9a-f]{40}", revision) is not None and _whole_in_cache(repo, revision, weights)
     )
+    wanted = WANTED if weights else TOKENIZER_WANTED
     try:
         folder = Path(
             snapshot_download(
-                repo, revision=revision or None, allow_patterns=WANTED, local_files_only=offline
+                repo, revision=revision or None, allow_patterns=wanted, local_files_only=offline
             )
         )
-        if not any(folder.glob("model*.safetensors")) and not offline:
+        if weights and not any(folder.glob("model*.safetensors")) and not offline:
             folder = Path(
                 snapshot_download(repo, revision=revision or None, allow_patterns=WANTED + BIN_WEIGHTS)
             )
+    except GatedRepoError:  # a RepositoryNotFoundError to huggingface_hub
+        raise FileNotFoundError(
+            f"{repo} is a gated repository on the hub: accept its terms on its page, then log in "
+            "(`hf auth login`, or set HF_TOKEN) with the account granted access."
+        ) from None
     except (RepositoryNotFoundError, RevisionNotFoundError) as exc:
         what = "revision" if isinstance(exc, RevisionNotFoundError) else "repository"
-        raise FileNotFoundError(f"{name} is not a local path, and the hub has no such {what}.") from None
+        private = ", or none this login may read (a private one needs `hf auth login`)" * (
+            what == "repository"
+        )
+        raise FileNotFoundError(
+            f"{name} is not a local path, and the hub has no such {what}{private}."
+        ) from None
     except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as exc:
         said = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
         said = said.removeprefix("Got: ")  # httpx's wording, before the error's own
@@ -92,9 +106,10 @@ def pinned(name: str) -> str:
     return f"{name}@{Path(found).parent.name}" if isinstance(found, str) else name
 
 
-def _whole_in_cache(repo: str, commit: str) -> bool:
+def _whole_in_cache(repo: str, commit: str, weights: bool = True) -> bool:
     """Whether the cache holds `commit` of `repo` as a download leaves it: its config, a vocabulary,
-    and its weights (every shard its index lists, the safetensors index first): nothing to ask."""
+    and (if `weights`) its weights (every shard its index lists, the safetensors index first): nothing
+    to ask."""
     from huggingface_hub import try_to_load_from_cache
 
     config = try_to_load_from_cache(repo, "config.json", revision=commit)
@@ -103,6 +118,8 @@ def _whole_in_cache(repo: str, commit: str) -> bool:
     folder = Path(config).parent
     if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer.model", "vocab.json")):
         return False
+    if not weights:
+        return True
     for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         if (folder / index).is_file():
             try:

@@ -14,6 +14,7 @@ from gpt_ft.data.tokenizer import (
     SPECIAL_TOKENS,
     SpecialTokenIds,
     add_special_tokens,
+    embedding_size,
     load_tokenizer,
     special_token_ids,
     train_tokenizer,
@@ -111,6 +112,35 @@ def test_gpt2_folder_loads_as_byte_level_bpe(gpt2_dir: Path) -> None:
     assert _ids(tok, "Held world") == [0, 1, 2, 7, 16]  # no merge for "Held": one token per byte
     assert len(tok) == len(GPT2_VOCAB) + 4
     assert special_token_ids(tok) == SpecialTokenIds(start=18, delim=19, extract=20, pad=21, eos=17)
+
+
+@pytest.mark.parametrize("fmt", ["gpt1", "gpt2"])
+def test_bpe_files_beside_a_tokenizer_config_naming_no_class(
+    fmt: str, request: pytest.FixtureRequest
+) -> None:
+    # the hub's openai-gpt and gpt2 ship such a file; transformers cannot pick a class from it
+    folder = request.getfixturevalue(f"{fmt}_dir")
+    bare = load_tokenizer(folder)
+    (folder / "tokenizer_config.json").write_text('{"model_max_length": 77}')
+    tok = load_tokenizer(folder)
+    assert type(tok) is type(bare) and tok.model_max_length == 77
+    assert _ids(tok, "Hello world.") == _ids(bare, "Hello world.") and len(tok) == len(bare)
+
+
+def test_a_vocabulary_that_skips_ids_sizes_the_embedding_past_its_largest_id(
+    tmp_path: Path, pairs_dir: Path
+) -> None:
+    from gpt_ft.data.task_data import TaskDataModule
+    from tests.data.test_task_data import pair_task
+
+    folder = _write_bpe(tmp_path / "gap", GPT2_VOCAB[:-1], GPT2_MERGES)  # ids 0-16, then a reserved range
+    (folder / "vocab.json").write_text(
+        json.dumps({**json.loads((folder / "vocab.json").read_text()), EOS_TOKEN: 20})
+    )
+    tok = load_tokenizer(folder)
+    assert special_token_ids(tok) == SpecialTokenIds(start=21, delim=22, extract=23, pad=24, eos=20)
+    assert len(tok) == 22 and embedding_size(tok) == 25  # len alone: the framing tokens had no rows
+    assert TaskDataModule(pair_task(), str(folder), data_dir=str(pairs_dir)).vocab_size == 25
 
 
 def test_format_is_read_from_vocab_not_folder_name(tmp_path: Path) -> None:
@@ -323,11 +353,14 @@ def test_a_tokenizer_folder_with_a_broken_json_file_names_it(trained_dir: Path, 
     assert "holds no vocabulary" not in str(raised.value)  # transformers' own words: it has one
 
 
-@pytest.mark.parametrize("name", ["missing", "./missing-tokenizer", "~/missing-tokenizer-9f3a1c"])
+@pytest.mark.parametrize(
+    "name", ["missing", "./missing-tokenizer", "~/missing-tokenizer-9f3a1c", "runs/last.ckpt"]
+)
 def test_missing_local_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     monkeypatch.chdir(tmp_path)
     path = tmp_path / name if name == "missing" else name
-    with pytest.raises(FileNotFoundError, match=re.escape(f"{Path(path).expanduser()} does not exist")):
+    what = "Checkpoint " if name.endswith(".ckpt") else ""  # a file: never looked up on the hub
+    with pytest.raises(FileNotFoundError, match=re.escape(f"{what}{Path(path).expanduser()} does not exist")):
         load_tokenizer(path)
 
 

@@ -196,3 +196,47 @@ def test_only_the_files_read_are_fetched():
     assert list(filter_repo_objects(files, allow_patterns=hub.WANTED)) == [
         "config.json", "model-00001-of-00002.safetensors", "model.safetensors.index.json", "tokenizer.json",
         "tokenizer.model"]  # fmt: skip
+
+
+def test_a_tokenizer_alone_fetches_no_weights(monkeypatch, tokenizer_dir):
+    """`--data.tokenizer ORG/NAME` of a 7B repository read a few JSON files after fetching gigabytes."""
+    import huggingface_hub
+
+    asked = []
+
+    def snapshot_download(repo, allow_patterns, **kwargs):
+        asked.append(allow_patterns)
+        return str(tokenizer_dir)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    assert len(load_tokenizer("big-org/big-model", add_specials=False)) == 400
+    assert asked == [hub.TOKENIZER_WANTED] and not any("safetensors" in p or ".bin" in p for p in asked[0])
+    hub.snapshot("big-org/big-model")  # the weights: safetensors, then .bin where there are none
+    assert asked[1:] == [hub.WANTED, hub.WANTED + hub.BIN_WEIGHTS]
+
+
+def test_a_gated_or_missing_repository_says_which(monkeypatch):
+    """A gated repository is a RepositoryNotFoundError to huggingface_hub: it was reported missing."""
+    from types import SimpleNamespace
+
+    import huggingface_hub
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    answer = SimpleNamespace(headers={}, request=None)
+    for error, said in [
+        (GatedRepoError, "gated-org/model is a gated repository on the hub: accept its terms on its page, "
+                         "then log in (`hf auth login`, or set HF_TOKEN) with the account granted access."),
+        (RepositoryNotFoundError, "gated-org/model@v2 is not a local path, and the hub has no such "
+                                  "repository, or none this login may read (a private one needs `hf auth "
+                                  "login`)."),
+    ]:  # fmt: skip
+
+        def refused(*args, error=error, **kwargs):
+            raise error("401 Client Error", response=answer)
+
+        monkeypatch.setattr(huggingface_hub, "snapshot_download", refused)
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        with pytest.raises(FileNotFoundError) as raised:
+            load_tokenizer("gated-org/model" + "@v2" * (error is RepositoryNotFoundError))
+        assert str(raised.value) == said
