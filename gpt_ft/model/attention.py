@@ -83,6 +83,7 @@ class CausalSelfAttention(nn.Module):
             and not torch.compiler.is_compiling()  # compiled, its loop would fix T: a graph per length
             and cache is None
             and (mask is not None or is_causal)
+            and T > 0  # (no block of queries: SDPA's empty output)
             and (dropout_p > 0 or (low_precision(v) and T <= BLOCKED_ROWS))
         )
         static = isinstance(cache, StaticKVCache)  # its masks made additive once, not in every layer
@@ -360,6 +361,9 @@ def blocked_causal_attention(
         else:
             att = q[:, :, start:end] @ k[:, :, :end].transpose(-1, -2)  # (B, nh, block, end)
             att = att.masked_fill(~mask[:, :, start:end, :end], float("-inf"))
-        att = F.dropout(att.softmax(dim=-1, dtype=torch.float32).to(v.dtype), dropout_p, training=True)
+        att = att.softmax(dim=-1, dtype=torch.promote_types(att.dtype, torch.float32)).to(
+            v.dtype
+        )  # fp64 kept
+        att = F.dropout(att, dropout_p, training=True)
         out.append(att @ v[:, :, :end])  # (B, nh, block, hs)
     return torch.cat(out, dim=2)

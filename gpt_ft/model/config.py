@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import copy
 import difflib
+import math
 import numbers
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Literal
@@ -182,6 +183,18 @@ class GPTConfig:
             )
         if self.positions == "rope" and self.head_dim % 2:
             raise ValueError(f"Rotary positions need an even head size; this model's is {self.head_dim}.")
+        for name, least in [("layer_norm_epsilon", 0), ("initializer_range", 0), ("rope_theta", None),
+                            ("rope_local_theta", None), ("query_pre_attn_scalar", None)]:  # fmt: skip
+            value = getattr(self, name)  # NaN, inf or a negative: a traceback or silently non-finite states
+            if value is not None and not (
+                math.isfinite(value) and (value >= least if least == 0 else value > 0)
+            ):
+                what = "a number >= 0" if least == 0 else "a positive number"
+                raise ValueError(f"GPTConfig.{name} must be {what}, got {value}.")
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, dict):
+            raise ValueError(f"GPTConfig.rope_scaling must be a mapping or None, got {self.rope_scaling!r}.")
+        if self.post_norms and not self.pre_ln:  # GPT-1's post-LN blocks have no place for them
+            raise ValueError("GPTConfig.post_norms needs pre_ln: true (Gemma's blocks normalise both ways).")
         if self.rope_type not in ROPE_TYPES:
             raise ValueError(
                 f"GPTConfig.rope_scaling type {self.rope_type!r} is not supported; "
@@ -190,6 +203,10 @@ class GPTConfig:
         missing = [key for key in ROPE_TYPES[self.rope_type] if key not in (self.rope_scaling or {})]
         if missing:
             raise ValueError(f"GPTConfig.rope_scaling of type {self.rope_type!r} needs {', '.join(missing)}.")
+        for key in ROPE_TYPES[self.rope_type]:
+            value = self.rope_scaling[key]  # (a bool is no factor)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < math.inf:
+                raise ValueError(f"GPTConfig.rope_scaling {key} must be a positive number, got {value!r}.")
         if self.n_kv_head is not None and (self.n_kv_head < 1 or self.n_head % self.n_kv_head):
             raise ValueError(
                 f"GPTConfig.n_kv_head={self.n_kv_head} must divide n_head={self.n_head} "

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 import torch
 
@@ -52,6 +54,29 @@ def test_bad_config_errors():
     for field, value, kind in [*wrong, ("pre_ln", "yes", "true or false")]:
         with pytest.raises(ValueError, match=rf"^GPTConfig.{field} must be {kind}, got {value!r}\.$"):
             GPTConfig.from_name("gpt-micro", **{field: value})
+    # Values no model can use: refused by name (each was a traceback in the forward, or silently
+    # non-finite states that SDPA's CPU kernel hid: NaN cos/sin tables, hidden states still finite)
+    nonsense = [
+        ("layer_norm_epsilon", -1, "a number >= 0, got -1.0"),
+        ("initializer_range", -1, "a number >= 0, got -1.0"),
+        ("rope_theta", float("nan"), "a positive number, got nan"),
+        ("rope_theta", 0, "a positive number, got 0.0"),
+        ("rope_local_theta", -1, "a positive number, got -1.0"),
+        ("query_pre_attn_scalar", 0, "a positive number, got 0"),  # (taken as None)
+        ("query_pre_attn_scalar", -4, "a positive number, got -4"),  # (a complex scale)
+        ("rope_scaling", [1], "a mapping or None, got [1]"),
+    ]
+    for field, value, said in nonsense:
+        with pytest.raises(ValueError, match=rf"^GPTConfig.{field} must be {re.escape(said)}\.$"):
+            GPTConfig.from_name("llama-micro", **{field: value})
+    for factor in (0, "x", float("inf"), True):
+        with pytest.raises(
+            ValueError, match=r"^GPTConfig.rope_scaling factor must be a positive number, got "
+        ):
+            GPTConfig.from_name("llama-micro", rope_scaling={"rope_type": "linear", "factor": factor})
+    with pytest.raises(ValueError, match=r"^GPTConfig.post_norms needs pre_ln: true \("):  # (never applied)
+        GPTConfig.from_name("gpt-micro", post_norms=True)
+    assert GPTConfig.from_name("llama-micro", layer_norm_epsilon=0, initializer_range=0).rope_theta > 0
     import numpy as np  # NumPy's numbers (a sweep over np.arange) are numbers: taken, as Python's
 
     config = GPTConfig.from_name("gpt-micro", n_embd=np.int64(64), tie_embeddings=np.bool_(False))

@@ -101,6 +101,20 @@ def test_blocked_attention_equals_sdpa(padded):
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-5)
 
 
+def test_blocked_attention_keeps_fp64_and_takes_empty_rows():
+    from gpt_ft.model.attention import blocked_causal_attention
+
+    q, k, v = (torch.randn(1, 2, 40, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(
+        blocked_causal_attention(q, k, v, None, 0.0, block=16), expected, rtol=0, atol=1e-12
+    )
+    assert torch.autograd.gradcheck(lambda *x: blocked_causal_attention(*x, None, 0.0, block=16), (q, k, v))
+    empty = torch.zeros(2, 0, dtype=torch.long)  # training (dropout: the blocked path) and bf16 at length 0
+    assert GPT(GPTConfig.from_name("gpt-micro", vocab_size=50)).train()(empty).shape[:2] == (2, 0)
+    assert GPT(GPTConfig.from_name("llama-micro", vocab_size=50)).bfloat16()(empty).shape[:2] == (2, 0)
+
+
 @pytest.mark.parametrize("packed", [False, True])
 def test_cpu_bf16_attention_runs_blocked_as_close_to_fp32_as_sdpa(monkeypatch, packed):
     """In bf16 on a CPU, attention takes blocked_causal_attention (SDPA's CPU flash kernel is 2-4x
