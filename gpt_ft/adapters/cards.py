@@ -4,6 +4,7 @@ column, and every task card in a value taken whole."""
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import os
 import sys
@@ -167,6 +168,13 @@ def card_problem(value, file, *, init_args_only: bool = False) -> str | None:
         if name in SOURCE_KINDS and isinstance(source, dict) and (problem := source_problem(name, source)):
             return f"{file}: {problem}"
     cls = _adapter_class(value.get("class_path"))
+    known = [*card_fields(cls)[0], *card_fields(cls)[1]] if cls else []
+    if (
+        unknown := [str(k) for k in init_args if k not in known] if cls else []
+    ):  # a typo: jsonargparse named it alone
+        close = difflib.get_close_matches(unknown[0], known, n=1)
+        hint = f"the closest is {close[0]!r}." if close else f"its fields: {', '.join(known)}."
+        return f"{file}: {cls.__name__} has no field {unknown[0]!r}; {hint}"
     missing = [f for f in card_fields(cls)[1] if f not in init_args] if cls else []
     return f"{file}: the card names no {', '.join(missing)}; {cls.__name__} needs it." if missing else None
 

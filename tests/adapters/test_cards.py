@@ -59,7 +59,14 @@ def test_card_parses(card):
 def test_card_errors_name_the_file(tmp_path):
     card = tmp_path / "card.yaml"
     card.write_text("class_path: gpt_ft.adapters.SingleText\ninit_args: {name: x, txt: s}\n")
-    with pytest.raises(ValueError, match=r"^Task card \S+card.yaml: Option 'txt' is not accepted.$"):
+    with pytest.raises(
+        ValueError, match=r"^Task card \S+card.yaml: SingleText has no field 'txt'; the closest is 'text'\.$"
+    ):
+        load_card(card)
+    card.write_text("class_path: gpt_ft.adapters.SingleText\ninit_args: {name: x, zzz: s}\n")  # nothing close
+    with pytest.raises(
+        ValueError, match=r"^Task card \S+card.yaml: SingleText has no field 'zzz'; its fields: \w"
+    ):
         load_card(card)
     card.write_text("class_path: [\n")
     with pytest.raises(ValueError, match=r"^Task card \S+card.yaml is not valid YAML: line 2, column 1: "):

@@ -380,7 +380,8 @@ def test_a_card_inside_a_data_mapping_is_named_as_when_given_alone(explain, card
     """`--data={task: CARD, ...}` names the card's file and the fault as `--data.task=CARD` does
     (not the mapping as a file that cannot be read)."""
     alone = explain("t.tsv", b"sentence\tlabel\na\tpositive\n", card)
-    assert str(explain.root / "card.yaml") in alone and alone.startswith("--data.task"), alone
+    card_file = str(explain.root / "card.yaml")  # first, or in the sentence on --data.task
+    assert card_file in alone and alone.startswith(("--data.task", f"{card_file}: ")), alone
     assert explain("t.tsv", b"sentence\tlabel\na\tpositive\n", card, mapping=True) == alone
 
 
