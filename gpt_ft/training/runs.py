@@ -188,6 +188,7 @@ class GPTCLI(CheckpointHparamsAsDefaults, ConfigDumpReadFast, ParsersBuiltOnce, 
         return card_named(self.config[self.subcommand])  # the card's splits, found missing as they load
 
     def before_fit(self) -> None:
+        self.data_before_launch("fit")
         if self.model.class_weights == "balanced":  # from the data, handed to the model here
             weights = self.model.task.output.balanced_weights(self.datamodule.train_labels())
             self.model.set_class_weights(weights)
@@ -216,6 +217,21 @@ class GPTCLI(CheckpointHparamsAsDefaults, ConfigDumpReadFast, ParsersBuiltOnce, 
         # checked, and the earlier rows kept, before the logger clears its folder
         no_earlier_checkpoints(self.trainer, config.get("ckpt_path"))
         keep_earlier_metrics(self.trainer, config.get("ckpt_path"))
+
+    def data_before_launch(self, stage: str) -> None:
+        """A run of several processes reads its data before Lightning starts the others from this one:
+        a fault in it is said once (by each process before), and no process starts for nothing."""
+        if self.trainer.world_size > 1:
+            self.datamodule.setup(stage)
+
+    def before_validate(self) -> None:
+        self.data_before_launch("validate")
+
+    def before_test(self) -> None:
+        self.data_before_launch("test")
+
+    def before_predict(self) -> None:
+        self.data_before_launch("predict")
 
     def instantiate_trainer(self, **kwargs: Any):
         config = self.config_init[self.subcommand] if self.subcommand else self.config_init

@@ -13,7 +13,15 @@ import torch
 
 from gpt_ft.cli import main
 from tests.background import gpt_ft
-from tests.helpers import ROOT, sentence, write_rankings, write_solutions, write_varied_pairs
+from tests.helpers import (
+    ROOT,
+    common_args,
+    make_task,
+    sentence,
+    write_rankings,
+    write_solutions,
+    write_varied_pairs,
+)
 
 NO_DROPOUT = "embd_pdrop: 0.0, attn_pdrop: 0.0, resid_pdrop: 0.0"
 MICRO = f"{{n_positions: 64, n_embd: 32, n_layer: 2, n_head: 2, {NO_DROPOUT}}}"
@@ -261,3 +269,19 @@ def test_pretraining_on_two_processes_equals_one_with_the_double_batch(backgroun
     assert len(rows1) == 2 and set(rows1[0]) == {"validation/loss", "validation/perplexity"}
     for a, b in zip(rows2, rows1):
         assert a == pytest.approx(b, rel=1e-6, abs=1e-5)
+
+
+def start_ddp_without_its_data(root, tokenizer_dir):
+    card = make_task("single", root)
+    (root / "d" / "train.tsv").unlink()
+    return [gpt_ft("fit", *common_args(card, tokenizer_dir, root), *ddp_args(2), cwd=root)]
+
+
+@pytest.mark.background(start=start_ddp_without_its_data)
+def test_a_fault_in_the_data_of_a_run_on_two_processes_is_said_once(background):
+    """The data is read before the other process starts: each process said the fault, once each."""
+    (fit,) = background.runs
+    said = [line for line in fit.stderr.splitlines() if line.startswith("gpt-ft: error:")]
+    missing = background.root / "d" / "train.tsv"
+    assert fit.returncode == 2, fit.stderr[-3000:]
+    assert said == [f"gpt-ft: error: {missing}: file not found (split 'train' of task 'sent')."], said
