@@ -270,17 +270,14 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         return hashlib.sha256("\x1f".join(parts).encode()).hexdigest()[:32]
 
     def setup(self, stage: str) -> None:
-        if stage == "fit":
-            self.encoded("train", labelled=True)
-        if stage in ("fit", "validate"):
-            for split in self.task.validation_splits:
-                self.encoded(split, labelled=True)
-        if stage == "test":
-            for split in self.task.test_splits:
-                self.encoded(split, labelled=True)
-        if stage == "predict":
-            for split in self.task.test_splits:
-                self.encoded(split, labelled=False)
+        for split, labelled in self.stage_splits(stage):
+            self.encoded(split, labelled=labelled)
+
+    def stage_splits(self, stage: str) -> list[tuple[str, bool]]:
+        """The splits a stage (fit, validate, test, predict) reads, each with whether it needs labels."""
+        evaluated = [*[("train", True)] * (stage == "fit"), *((s, True) for s in self.task.validation_splits)]
+        tested = [(s, stage == "test") for s in self.task.test_splits]
+        return evaluated if stage in ("fit", "validate") else tested if stage in ("test", "predict") else []
 
     def train_labels(self) -> torch.Tensor:
         """Every training example's label (multi-label: a row of 0/1 per example)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect
 import math
 import warnings
+from functools import partialmethod
 from pathlib import Path
 from typing import Any
 
@@ -219,19 +220,17 @@ class GPTCLI(CheckpointHparamsAsDefaults, ConfigDumpReadFast, ParsersBuiltOnce, 
         keep_earlier_metrics(self.trainer, config.get("ckpt_path"))
 
     def data_before_launch(self, stage: str) -> None:
-        """A run of several processes reads its data before Lightning starts the others from this one:
-        a fault in it is said once (by each process before), and no process starts for nothing."""
-        if self.trainer.world_size > 1:
-            self.datamodule.setup(stage)
+        """A run of several processes reads its task's files (encoded later) before Lightning starts
+        the others from this one: a fault in them is said once, not by each; no process starts."""
+        from gpt_ft.data.files import located_split  # (datasets: imported by the data module already)
 
-    def before_validate(self) -> None:
-        self.data_before_launch("validate")
+        if self.trainer.world_size > 1 and hasattr(data := self.datamodule, "stage_splits"):  # (a task's)
+            for split, _ in data.stage_splits(stage):
+                located_split(data.task, split, data.data_dir)
 
-    def before_test(self) -> None:
-        self.data_before_launch("test")
-
-    def before_predict(self) -> None:
-        self.data_before_launch("predict")
+    before_validate = partialmethod(data_before_launch, "validate")
+    before_test = partialmethod(data_before_launch, "test")
+    before_predict = partialmethod(data_before_launch, "predict")
 
     def instantiate_trainer(self, **kwargs: Any):
         config = self.config_init[self.subcommand] if self.subcommand else self.config_init
