@@ -41,6 +41,7 @@ from gpt_ft.workarounds.trainer import (
     judge_after_every_validation,
     loggers_write_this_step,
     logging_as,
+    no_tips,
     request_graceful_stop,
     should_accumulate,
     summary_table,
@@ -91,6 +92,27 @@ def make_trainer(callback: Callback, *, accumulate: int = 1, max_steps: int = -1
 
 
 # Lightning
+
+
+def test_lightnings_tip_at_every_trainer_is_left_out_and_its_other_notes_kept():
+    logger, said = logging.getLogger("lightning.pytorch.utilities.rank_zero"), []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())
+    logger.removeFilter(no_tips)  # (a run in this process added it)
+    logger.addHandler(handler)
+    try:
+        Trainer(
+            logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False
+        )
+        assert any(s.startswith("💡 Tip:") for s in said)  # Lightning's wording: else no_tips has no use
+        said.clear()
+        logger.addFilter(no_tips)
+        Trainer(
+            logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False
+        )
+        assert not any("Tip" in s for s in said) and any(s.startswith("GPU available") for s in said)
+    finally:
+        logger.removeHandler(handler)
 
 
 def test_should_accumulate_is_true_inside_an_accumulation_window_and_false_where_the_optimizer_steps():

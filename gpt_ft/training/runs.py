@@ -5,6 +5,7 @@ are linked (data -> model); the callbacks every run gets are in gpt_ft/training/
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 import warnings
 from functools import partialmethod
@@ -54,7 +55,7 @@ from gpt_ft.workarounds.cli import (
     subcommand_parser,
 )
 from gpt_ft.workarounds.parsing import remember_class_parses
-from gpt_ft.workarounds.trainer import judge_after_every_validation
+from gpt_ft.workarounds.trainer import judge_after_every_validation, no_tips
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")  # LightningCLI's
 LM_DATA = {"data": {"class_path": "gpt_ft.data.lm_data.LMDataModule"}}
@@ -233,6 +234,7 @@ class GPTCLI(CheckpointHparamsAsDefaults, ConfigDumpReadFast, ParsersBuiltOnce, 
     before_predict = partialmethod(data_before_launch, "predict")
 
     def instantiate_trainer(self, **kwargs: Any):
+        logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(no_tips)  # (once)
         config = self.config_init[self.subcommand] if self.subcommand else self.config_init
         trainer_config = config.get("trainer", {})
         callbacks = run_callbacks(config, self.model, getattr(self, "data_config", None))

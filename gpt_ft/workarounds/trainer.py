@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from lightning.pytorch import LightningModule, Trainer
+
+
+def no_tips(record: logging.LogRecord) -> bool:
+    """A logging filter for `lightning.pytorch.utilities.rank_zero` that leaves out the advertisement
+    Lightning 2.6 logs at every trainer's start ("💡 Tip: For seamless cloud logging ... install
+    litlogger", `_LoggerConnector.configure_logger`); its other notes pass. Nothing to do if the
+    wording changes: the tip shows again (tests/test_workarounds.py notices)."""
+    return not str(record.msg).startswith("💡 Tip:")
 
 
 def should_accumulate(trainer: Trainer) -> bool:

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import sys
 
 import pytest
 import torch
 
 from gpt_ft.cli import main
+from gpt_ft.workarounds.trainer import no_tips
 from tests.background import Command, gpt_ft
 from tests.helpers import ROOT, common_args, make_task
 
@@ -32,7 +34,9 @@ def test_early_stopping_stops_a_run_whose_main_metric_stalls(tmp_path, tokenizer
         "--trainer.max_epochs=20",
         f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
     )
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").removeFilter(no_tips)
     main(args)
+    assert no_tips in logging.getLogger("lightning.pytorch.utilities.rank_zero").filters  # its tip left out
     saved = next(tmp_path.glob("runs/lightning_logs/version_0/checkpoints/last.ckpt"))
     last = torch.load(saved, weights_only=True)
     assert last["epoch"] == 2  # epoch 0 sets the best; 1 and 2 do not improve it (patience 2)
