@@ -94,6 +94,16 @@ def make_trainer(callback: Callback, *, accumulate: int = 1, max_steps: int = -1
 # Lightning
 
 
+def test_a_parser_in_the_toolkits_mode_writes_its_dump_header():
+    from jsonargparse import ArgumentParser
+
+    from gpt_ft.adapters.cards import PARSER_MODE
+
+    parser = ArgumentParser(parser_mode=PARSER_MODE, dump_header=["lightning.pytorch==X"])
+    parser.add_argument("--lr", type=float, default=0.1)
+    assert parser.dump(parser.get_defaults()) == "# lightning.pytorch==X\nlr: 0.1\n"
+
+
 def test_lightnings_tip_at_every_trainer_is_left_out_and_its_other_notes_kept():
     logger, said = logging.getLogger("lightning.pytorch.utilities.rank_zero"), []
     handler = logging.Handler()

@@ -20,7 +20,12 @@ from jsonargparse import ArgumentParser, get_loader, set_dumper, set_loader
 from gpt_ft.adapters.base import TaskAdapter
 from gpt_ft.adapters.sources import SOURCE_KINDS, HubDataset, LocalFiles, source_problem
 from gpt_ft.errors import FileProblem, parse_error_message, repeated_key, yaml_file_problem, yaml_problem
-from gpt_ft.workarounds.cli import config_file_being_read, config_pipe_being_read, required_arguments
+from gpt_ft.workarounds.cli import (
+    config_file_being_read,
+    config_pipe_being_read,
+    dump_header_in_mode,
+    required_arguments,
+)
 from gpt_ft.workarounds.parsing import index_action_lookups, remember_class_parses, remember_key_splits
 
 
@@ -203,6 +208,7 @@ def dump_yaml(value: object) -> str:
 
 set_loader(PARSER_MODE, load_yaml, exceptions=(yaml.YAMLError, FileProblem))
 set_dumper(PARSER_MODE, dump_yaml)
+dump_header_in_mode(PARSER_MODE)  # a run's config.yaml opens with Lightning's version, as Lightning's
 index_action_lookups()  # every parser's keys found by index, not by walking its actions
 remember_key_splits()  # a namespace's dotted keys split once
 remember_class_parses(TaskAdapter, HubDataset, LocalFiles)  # a card parsed once for each time met

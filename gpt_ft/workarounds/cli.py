@@ -240,3 +240,14 @@ def required_arguments(parser) -> tuple[str, ...]:
     """The destinations a jsonargparse parser requires, from argparse's private `_actions` (no public
     accessor; `get_defaults` lists them with None too). If it goes, read the class's signature."""
     return tuple(a.dest for a in parser._actions if a.required)
+
+
+def dump_header_in_mode(mode: str) -> None:
+    """jsonargparse writes a parser's `dump_header` (LightningCLI's `# lightning.pytorch==VERSION`
+    atop every config.yaml a run saves) only in the formats its `comment_prefix` table knows
+    (`dump_using_format`, jsonargparse/_loaders_dumpers.py); a mode of one's own given a dumper with
+    `set_dumper` is not in it, and the header was dropped. No public way to register a prefix; if the
+    table moves, find where `dump_using_format` reads the prefix now (tests/test_workarounds.py)."""
+    from jsonargparse import _loaders_dumpers
+
+    _loaders_dumpers.comment_prefix.setdefault(mode, "# ")
