@@ -342,6 +342,13 @@ def test_a_tokenizer_folder_with_a_broken_json_file_names_it(trained_dir: Path, 
     named = re.escape(str(broken / "tokenizer.json"))
     with pytest.raises(ValueError, match=rf"^{named}, line 2 is not valid JSON"):
         load_tokenizer(broken)
+    (broken / "tokenizer.json").write_text((trained_dir / "tokenizer.json").read_text())
+    (broken / "config.json").write_text("{bad")  # a weights folder's, read by transformers first (OSError)
+    with pytest.raises(
+        ValueError, match=rf"^{re.escape(str(broken / 'config.json'))}, line 1 is not valid JSON"
+    ):
+        load_tokenizer(broken)
+    (broken / "config.json").unlink()
     (broken / "tokenizer.json").unlink()  # its settings copied alone: transformers asked for packages
     with pytest.raises(ValueError, match=rf"^{re.escape(str(broken))} holds no vocabulary to load \("):
         load_tokenizer(broken)
