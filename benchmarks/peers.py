@@ -12,7 +12,12 @@ from pathlib import Path
 
 def peer_parser() -> argparse.ArgumentParser:
     """The arguments of a peer's side, run in a process of its own: its folders and files, device,
-    batch, learning rate, warmup and epochs."""
+    batch, learning rate, warmup and epochs. The process keeps freed memory as every `gpt-ft`
+    process does (glibc's thresholds, `keep_freed_memory`: about 7% of a CPU step), so that neither
+    side has an allocator setting the other lacks."""
+    from gpt_ft.cli.main import keep_freed_memory
+
+    keep_freed_memory()
     parser = argparse.ArgumentParser()
     for name in ("--base", "--train", "--dev", "--out", "--device"):
         parser.add_argument(name, required=True)
