@@ -12,11 +12,13 @@ if TYPE_CHECKING:
 
 
 def no_tips(record: logging.LogRecord) -> bool:
-    """A logging filter for `lightning.pytorch.utilities.rank_zero` that leaves out the advertisement
-    Lightning 2.6 logs at every trainer's start ("💡 Tip: For seamless cloud logging ... install
-    litlogger", `_LoggerConnector.configure_logger`); its other notes pass. Nothing to do if the
-    wording changes: the tip shows again (tests/test_workarounds.py notices)."""
-    return not str(record.msg).startswith("💡 Tip:")
+    """A logging filter for `lightning.pytorch.utilities.rank_zero` that leaves out two notes Lightning
+    2.6 logs at every trainer's start and that tell a run's user nothing: an advertisement ("💡 Tip:
+    For seamless cloud logging ... install litlogger", `_LoggerConnector.configure_logger`), and that
+    the toolkit's own summary callback stands in for Lightning's ("Trainer already configured with
+    model summary callbacks: [<class ...ParameterSummary>]", `_CallbackConnector`); its other notes
+    pass. Nothing to do if the wording changes: the notes show again (tests/test_workarounds.py)."""
+    return not str(record.msg).startswith(("💡 Tip:", "Trainer already configured with model summary"))
 
 
 def should_accumulate(trainer: Trainer) -> bool:
