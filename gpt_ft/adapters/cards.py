@@ -174,9 +174,8 @@ def card_problem(value, file, *, init_args_only: bool = False) -> str | None:
             return f"{file}: {problem}"
     cls = _adapter_class(value.get("class_path"))
     known = [*card_fields(cls)[0], *card_fields(cls)[1]] if cls else []
-    if (
-        unknown := [str(k) for k in init_args if k not in known] if cls else []
-    ):  # a typo: jsonargparse named it alone
+    unknown = [str(k) for k in init_args if k not in known] if cls else []
+    if unknown:  # a typo, most often: jsonargparse named the key alone
         close = difflib.get_close_matches(unknown[0], known, n=1)
         hint = f"the closest is {close[0]!r}." if close else f"its fields: {', '.join(known)}."
         return f"{file}: {cls.__name__} has no field {unknown[0]!r}; {hint}"
