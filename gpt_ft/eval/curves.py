@@ -44,14 +44,18 @@ def collect_curves(
                 value = score(row, size, seed)
                 if value is not MISSING:
                     values.setdefault(size, {})[seed] = value
-        try:
-            total = whole() if values else None
-        except Exception:  # noqa: BLE001  (the split is not readable here: "all" is left off the chart)
-            total = None
-        # a size beyond the split trains on the whole split (`stratified_subset`)
-        examples = {size: total if size is None else min(size, total or size) for size in values}
-        out[row or "fine-tuned"] = curve(values, examples)
+        out[row or "fine-tuned"] = curve(values, examples_of(values, whole))
     return out
+
+
+def examples_of(sizes, whole: Callable[[], int]) -> dict[int | None, int | None]:
+    """The examples each size trains on: a size beyond the split, the whole split's `whole()`
+    (`stratified_subset`), as does None ("all"; None where the split cannot be read: off the chart)."""
+    try:
+        total = whole() if sizes else None
+    except Exception:  # noqa: BLE001  (the split is not readable here: "all" is left off the chart)
+        total = None
+    return {size: total if size is None else min(size, total or size) for size in sizes}
 
 
 def curve(
@@ -78,8 +82,8 @@ def labels_saved(curves: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
         return None
     (first, mine), (second, theirs) = list(curves.items())[:2]
     measured = [p for p in theirs.values() if p["mean"] is not None and p["examples"]]
-    if not measured:
-        return None
+    if not measured or not any(p["mean"] is not None and p["examples"] for p in mine.values()):
+        return None  # (a row with no point measured reaches nothing, nor fails to)
     largest = max(measured, key=lambda p: p["examples"])
     reached = [
         p for p in mine.values() if p["mean"] is not None and p["examples"] and p["mean"] >= largest["mean"]
@@ -144,10 +148,14 @@ def _points(path: str | Path, task: str, points: Any) -> Values:
 
 
 def baseline_curves(
-    baselines: dict[str, dict[str, Values]], task: str, sizes: list[int | None], seeds: list[int]
+    baselines: dict[str, dict[str, Values]],
+    task: str,
+    sizes: list[int | None],
+    seeds: list[int],
+    whole: Callable[[], int],
 ) -> dict[str, dict[str, Any]]:
     """{name: curve} of the baselines that measured `task`, on the suite's sizes and seeds only (the
-    same subsets as its rows)."""
+    same subsets as its rows, of as many examples: `examples_of`)."""
     out = {}
     for name, tasks in baselines.items():
         values = {
@@ -157,5 +165,5 @@ def baseline_curves(
         }
         values = {size: by_seed for size, by_seed in values.items() if by_seed}
         if values:
-            out[name] = curve(values, {size: size for size in values})
+            out[name] = curve(values, examples_of(values, whole))
     return out

@@ -216,7 +216,8 @@ def curves_markdown(tasks: dict[str, Any]) -> list[str]:
         return []
     lines = ["", "Main metric by labelled training examples (learning curves; mean ± std over seeds):", ""]
     for name, item in with_curves.items():
-        sizes = list(next(iter(item["curves"].values())))
+        points = {size: point for row in item["curves"].values() for size, point in row.items()}
+        sizes = sorted(points, key=lambda size: points[size]["examples"] or float("inf"))  # every row's
         lines += [f"| {name} | " + " | ".join(sizes) + " |", "|---|" + "---|" * len(sizes)]
         for row, points in item["curves"].items():
             cells = [pm(points.get(size)) or "–" for size in sizes]

@@ -146,8 +146,7 @@ class SuiteRunner:
         check_out_dir(self.out, submits, spec.submission.archive if submits else None)
         # The main table and the submission: the runs of every layer transferred, or a sweep's deepest.
         self.main_layers = max(self.transfer_layers) if self.transfer_layers else None
-        # ... on the whole split, or where `all` is no size, on the largest subset
-        self.main_size = None if None in self.sizes else max(self.sizes)
+        self.main_size = None if None in self.sizes else max(self.sizes)  # all, or the largest subset
         self.cards = {}
         for entry in spec.tasks:
             task = load_card(entry.card)
@@ -188,8 +187,9 @@ class SuiteRunner:
                     continue
                 self._zero_shot(name, log)
         runs = self.runs() if self.fine_tune else []
-        for run in runs if writes and os.environ.get("WORLD_SIZE", "1") == "1" else []:  # alone so far:
-            put_back(self.out / "runs" / run.folder, RESULT)  # no other rank reads the folder as it moves
+        alone = writes and os.environ.get("WORLD_SIZE", "1") == "1"  # no other rank reads a folder moved;
+        for previous in sorted((self.out / "runs").rglob("*.previous")) if alone else []:  # every task's
+            put_back(previous.with_suffix(""), RESULT)  # (in --tasks or not: each is in the report)
         todo = [r for r in runs if self._result(r, log) is None]
         for run in {(r.task, r.row): r for r in todo}.values():  # a bad argument stops it before it trains
             self._resolve(run)
@@ -379,7 +379,7 @@ class SuiteRunner:
             return len(examples_split(task, "train", self.data_dirs.get(name, self.data_dirs.get(None))))
 
         curves = collect_curves(score, self.rows, self.sizes, self.seeds, whole)
-        return {**curves, **baseline_curves(self.baselines, name, self.sizes, self.seeds)}
+        return {**curves, **baseline_curves(self.baselines, name, self.sizes, self.seeds, whole)}
 
     def write_submission(self, results: dict[str, Any], log=print) -> Path:
         """Each task's predictions from its best seed, gathered and zipped; missing files warned of."""

@@ -745,6 +745,27 @@ def test_labels_saved_reads_the_first_rows_curve_against_the_seconds_largest_siz
     unread = {100: 100, 1000: 1000, None: None}  # the training split could not be read: "all" has no size
     pretrained, scratch = curve({100: {0: 80.0}, None: {0: 90.0}}, unread), curve({100: {0: 60.0}}, unread)
     assert labels_saved({"pretrained": pretrained, "from scratch": scratch})["examples"] == 100
+    assert labels_saved({"stale": {}, "from scratch": scratch}) is None  # a row with no point: no sentence
+
+
+def test_a_baseline_and_rows_with_other_sizes_measured_reach_the_table_whole():
+    """A baseline's `all` trains on as many examples as a row's (it had none: off the chart, and the
+    labels-saved target its largest numbered size); the table's columns are every row's sizes (they
+    were the first row's alone: a stale first row emptied it)."""
+    from gpt_ft.eval.curves import baseline_curves, collect_curves, labels_saved
+    from gpt_ft.eval.results import curves_markdown
+
+    tfidf = {"TF-IDF": {"t": {100: {0: 55.0}, 1000: {0: 70.0}, None: {0: 80.0}}}}
+    base = baseline_curves(tfidf, "t", [100, 1000, None], [0], whole=lambda: 5000)["TF-IDF"]
+    assert [(k, p["examples"]) for k, p in base.items()] == [("100", 100), ("1000", 1000), ("all", 5000)]
+    scores = {("bert", 100): 60.0, ("bert", None): 90.0, ("stale", 1000): 75.0}
+    rows = collect_curves(lambda r, n, s: scores.get((r, n), suites.MISSING), ["bert", "stale"],
+                          [100, 1000, None], [0], whole=lambda: 5000)  # fmt: skip
+    saved = labels_saved({"bert": rows["bert"], "TF-IDF": base})
+    assert (saved["target"], saved["target_examples"], saved["examples"]) == (80.0, 5000, 5000)
+    table = curves_markdown({"t": {"curves": {**rows, **{"TF-IDF": base}}}})
+    assert table[3:7] == ["| t | 100 | 1000 | all |", "|---|---|---|---|", "| bert | 60.0 | – | 90.0 |",
+                          "| stale | – | 75.0 | – |"]  # fmt: skip
 
 
 def test_a_suite_run_is_built_from_its_configuration(tmp_path, tokenizer_dir):
@@ -878,6 +899,14 @@ def test_rows_layers_and_sizes_together_each_reach_the_results(tmp_path, tokeniz
     assert (
         "11.0" in curve and '"mean": null' not in curve
     )  # each row's points, from the transferred layers' runs
+    # A rerun of sent killed outright (its finished run set aside), then a --tasks run of pair: sent's
+    # finished run is put back and reported (it was reported missing until sent ran again)
+    run = next(p for p in (out / "runs").rglob("result.json") if "sent" in p.parts).parent
+    run.rename(run.with_name(f"{run.name}.previous"))
+    (run / "lightning_logs").mkdir(parents=True)
+    main([*argv, "--data_dir", dirs, "--tasks=[pair]"])
+    assert len(calls) == 8 and (run / "result.json").is_file()
+    assert json.loads((out / "results.json").read_text())["tasks"]["sent"] == sent
 
 
 def test_sizes_without_all_fill_the_table_with_the_largest(tmp_path, tokenizer_dir, monkeypatch):
