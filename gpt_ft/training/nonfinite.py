@@ -22,7 +22,7 @@ def stop_on_nonfinite(
     `rewind`: stopped inside a training step, whose window goes back to its start."""
     kept = ""
     ckpt = trainer.checkpoint_callback
-    if ckpt is not None and ckpt.dirpath:
+    if ckpt is not None and ckpt.dirpath and not trainer.fast_dev_run:  # (a dev run saves nothing)
         if rewind:
             rewind_window(trainer)
         path = Path(ckpt.dirpath) / LAST

@@ -70,7 +70,7 @@ class StopSignals:
                 os.write(sys.__stderr__.fileno(), CTRL_C_NOTE.encode())
             except (OSError, ValueError, AttributeError):
                 pass
-        self.noted = self.noted or signal.Signals(signum)
+        self.noted = signal.Signals(max(int(self.noted or 0), signum))  # SIGTERM over SIGINT, as `agreed`
 
     def agreed(self) -> signal.Signals | None:
         """The signal any rank noted (SIGTERM over SIGINT), the same on every rank: under DDP a

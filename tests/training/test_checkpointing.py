@@ -1412,6 +1412,23 @@ def test_a_nonfinite_loss_on_another_process_is_named_so(tmp_path):
     )
 
 
+def test_a_nonfinite_loss_in_a_dev_run_saves_nothing(tmp_path):
+    """`fast_dev_run` saves no checkpoint (Lightning says so, and `SaveLast` keeps none); the stop at a
+    non-finite loss wrote last.ckpt all the same, and named it."""
+    from types import SimpleNamespace
+
+    from gpt_ft.training.nonfinite import stop_on_nonfinite
+
+    ckpt = SimpleNamespace(dirpath=str(tmp_path / "checkpoints"))
+    saved = lambda *args, **kwargs: pytest.fail("saved")  # noqa: E731
+    trainer = SimpleNamespace(checkpoint_callback=ckpt, fast_dev_run=1, gradient_clip_val=None,
+                              precision="32-true", save_checkpoint=saved)  # fmt: skip
+    with pytest.raises(
+        FloatingPointError, match=r"^The training loss became nan at step 0 \(epoch 0, batch 1\)\. "
+    ):
+        stop_on_nonfinite(trainer, float("nan"), (0, 0, 1), rewind=False)
+
+
 def test_a_checkpoint_copied_without_its_tokenizer_folder_says_so(tmp_path, finetuned, monkeypatch, capsys):
     """The tokenizer lies beside a checkpoint (`tokenizer/`): a file copied alone names the folder
     that should have come with it (it was taken for a Hub model named `tokenizer`), and validate

@@ -54,3 +54,22 @@ def test_a_second_ctrl_c_stops_at_once_and_gives_the_handler_back(tmp_path, toke
     assert err.rstrip().endswith("gpt-ft: stopped by Ctrl-C (SIGINT)") and "Traceback" not in err
     assert last_state(tmp_path / "logs", 0)["global_step"] == 3  # the epoch-0 validation's, not step 4's
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_sigterm_is_the_stop_taken_whichever_signal_came_first():
+    """A Ctrl-C, then a pre-emption's SIGTERM: the run stops as SIGTERM asks (exit 143), as ranks
+    that saw the two apart agree (the first signal was kept: "stopped by Ctrl-C", 130)."""
+    import os
+    import signal
+    from types import SimpleNamespace
+
+    from gpt_ft.training.stop_signals import StopSignals
+
+    stops = StopSignals()
+    stops.install(SimpleNamespace(is_global_zero=False, world_size=1))
+    try:
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stops.agreed() == signal.SIGTERM
+    finally:
+        stops.restore()
