@@ -19,8 +19,8 @@ two processes compute the loss of one with both halves):
   λ = 20.
 
 Scored as people judge embeddings: Spearman (and Pearson) of cos(anchor, positive) against gold
-scores (MTEB's STS), and retrieval, each anchor a query against the split's positives with its own
-positive the relevant one: MRR@10, nDCG@10, recall@1 and recall@10 (`retrieval_metrics`).
+scores (MTEB's STS), and retrieval, each anchor text a query against the split's positives, those
+of its rows the relevant ones: MRR@10, nDCG@10, recall@1 and recall@10 (`retrieval_metrics`).
 """
 
 from __future__ import annotations

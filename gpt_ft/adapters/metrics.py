@@ -109,43 +109,61 @@ RETRIEVAL = ("mrr@10", "ndcg@10", "recall@1", "recall@10")
 def retrieval_metrics(
     queries: Tensor, corpus: Tensor, texts: Tensor, metrics: list[str]
 ) -> dict[str, Tensor]:
-    """Query i against the distinct documents of `corpus`, document i the relevant one
-    (`rank_metrics`, a tie counted as a random order of the tied documents). `texts` (Q, 2, K) says
-    which text each query and each row of `corpus` is (`text_key`): rows of one text (rows may share
-    a positive) are one document, at its first row, so another copy of document i is no rival (as
-    InfoNCE leaves it out of the negatives), and a document several rows hold is one rival; the
-    positive of another row whose query is the same text is another match, no rival either. Texts
-    are told apart by their keys, not their vectors: a model that gives every text one vector ties
-    them all, and scores what a random order would. Scores within `TIE` tie (as a reranker's do):
-    the last bits of a vector depend on the batch it was computed in, which would otherwise order
-    near-equal documents one way in validation and another in `gpt-ft embed`'s vectors."""
-    scores = queries.double() @ corpus.double().T  # (Q, Q)
-    own = scores.diagonal()[:, None]
+    """Each distinct query text (at its first row) against the distinct documents of `corpus`, its
+    relevant ones the positives of every row with that query text (`ranked_metrics`). `texts`
+    (Q, 2, K) says which text each query and each row of `corpus` is (`text_key`): rows of one text
+    are one document (a positive several rows share, a query with several positives), as MTEB's
+    and sentence-transformers' corpora of ids have it. Texts are told apart by their keys, not
+    their vectors: a model that gives every text one vector ties them all, and scores what a random
+    order would."""
     query, document = first_copies(texts[:, 0]), first_copies(texts[:, 1])
-    n = torch.arange(len(document), device=document.device)
-    matches = torch.zeros_like(scores, dtype=torch.bool)
-    matches[query, document] = True  # each query text's documents
-    others = (document == n)[None, :] & ~matches[query]  # every other document, once
-    tie = tied(scores, own) & others
-    return rank_metrics(1 + ((scores > own) & others & ~tie).sum(dim=1), metrics, tie.sum(dim=1))
+    n = torch.arange(len(query), device=query.device)
+    asking, distinct = query == n, document == n
+    relevant = torch.zeros(len(n), len(n), dtype=torch.bool, device=query.device)
+    relevant[query, document] = True  # each query text's documents
+    scores = queries[asking].double() @ corpus[distinct].double().T
+    return ranked_metrics(scores, relevant[asking][:, distinct], metrics)
 
 
-def rank_metrics(rank: Tensor, metrics: list[str], ties: Tensor | None = None) -> dict[str, Tensor]:
-    """Each query's one relevant document at `rank` (1 the first): MRR@10, nDCG@10
-    (1/log2(rank + 1)), recall@1 and recall@10, means over the queries. With `ties` (how many
-    documents score what the relevant one does), each query's figure is its mean over the places
-    rank ... rank + ties, as a random order of the tied documents gives on average."""
-    ties = torch.zeros_like(rank) if ties is None else ties
-    most = int(ties.max()) if len(ties) else 0
-    places = rank.double()[:, None] + torch.arange(most + 1, device=rank.device)
-    share = (places - rank[:, None] <= ties[:, None]) / (ties[:, None] + 1.0)  # (Q, places)
+def ranked_metrics(scores: Tensor, relevant: Tensor, metrics: list[str]) -> dict[str, Tensor]:
+    """Each row a query ranking its documents by `scores` (Q, D; NaN: a document the row has not),
+    `relevant` (Q, D) marking its relevant ones (one at least): MRR@10 (1 / the first relevant
+    one's place), nDCG@10 (binary gains 1/log2(place + 1), over those of the ideal order of
+    min(R, 10)) and recall@1 and @10 (the share of the row's R relevant ones found there), as MTEB
+    and sentence-transformers' `InformationRetrievalEvaluator` score a query; means over the rows.
+    Scores that tie (`tied` with the one ranked next above: the last bits of a score depend on the
+    batch it was computed in) are in a random order, each figure its mean over those orders."""
+    order = scores.nan_to_num(nan=-math.inf).argsort(dim=1, descending=True, stable=True)
+    ranked, hit = scores.gather(1, order), relevant.gather(1, order).double()
+    new = torch.ones_like(hit, dtype=torch.bool)  # where a block of tied scores starts
+    new[:, 1:] = ~tied(ranked[:, 1:], ranked[:, :-1])
+    block = new.long().cumsum(dim=1) - 1
+    size = torch.zeros_like(hit).scatter_add_(1, block, torch.ones_like(hit)).gather(1, block)
+    found = torch.zeros_like(hit).scatter_add_(1, block, hit).gather(1, block)
+    place = torch.arange(1, hit.shape[1] + 1, device=hit.device, dtype=hit.dtype).expand_as(hit)
+    before = torch.where(new, place - 1, 0.0).cummax(dim=1).values  # the places above each block
+    share = found / size  # each place's chance of holding a relevant document
+    count = hit.sum(dim=1)
+    gain = torch.where(place <= 10, 1 / torch.log2(place + 1), 0.0)
+    ideal = gain[0, :10].cumsum(0)[count.clamp(1, 10).long() - 1] if len(hit) else count
     values = {
-        "mrr@10": torch.where(places <= 10, 1 / places, 0.0),
-        "ndcg@10": torch.where(places <= 10, 1 / torch.log2(places + 1), 0.0),
-        "recall@1": (places <= 1).double(),
-        "recall@10": (places <= 10).double(),
+        "ndcg@10": (share * gain).sum(dim=1) / ideal,
+        "recall@1": share[:, :1].sum(dim=1) / count,
+        "recall@10": share[:, :10].sum(dim=1) / count,
     }
-    return {name: (values[name] * share).sum(dim=1).mean().float() for name in metrics}
+    if "mrr@10" in metrics:  # the first relevant one, among k in a block of m above which a lie:
+        first = hit.argmax(dim=1, keepdim=True)  # at a + j with chance C(m - j, k - 1) / C(m, k)
+        a, m, k = before.gather(1, first), size.gather(1, first), found.gather(1, first)
+        j = torch.arange(1, 11, device=hit.device, dtype=hit.dtype)
+        rest = (m - j).clamp(min=k - 1)
+        chance = (log_choose(rest, k - 1) - log_choose(m, k)).exp()
+        values["mrr@10"] = torch.where((m - j >= k - 1) & (a + j <= 10), chance / (a + j), 0.0).sum(dim=1)
+    return {name: values[name].mean().float() for name in metrics}
+
+
+def log_choose(n: Tensor, r: Tensor) -> Tensor:
+    """log C(n, r) of whole numbers 0 <= r <= n, as floats."""
+    return torch.lgamma(n + 1) - torch.lgamma(r + 1) - torch.lgamma(n - r + 1)
 
 
 def first_below(values: Tensor, threshold: Tensor) -> Tensor:

@@ -25,8 +25,8 @@ from torch import Tensor
 
 from gpt_ft.adapters.base import Encoded, TaskAdapter, refuse_label_fields
 from gpt_ft.adapters.embedding import count_negatives, negative_texts
-from gpt_ft.adapters.heads import ChoiceHead, first_best, tied
-from gpt_ft.adapters.metrics import RETRIEVAL, rank_metrics
+from gpt_ft.adapters.heads import ChoiceHead, first_best
+from gpt_ft.adapters.metrics import RETRIEVAL, ranked_metrics
 from gpt_ft.adapters.outputs import LabelSpec, TaskOutput, score_text
 from gpt_ft.adapters.sources import needed_text
 
@@ -78,17 +78,16 @@ class RerankOutput(TaskOutput):
         """The positive's rank among each row's candidates (NaN: a candidate the row has not), a
         tie with a negative counting at each of their places in turn; a row without a negative has
         nothing to rank, and is left out (it would score as perfect)."""
-        positive, negatives = predictions[:, :1], predictions[:, 1:]
-        ranks = ~negatives.isnan().all(dim=1)
+        ranks = ~predictions[:, 1:].isnan().all(dim=1)
         if len(ranks) and not ranks.any():
             warnings.warn(
                 f"Task {self.task_name!r}: no row scored has a negative to rank its positive against: its "
                 "retrieval metrics are NaN (a row without a negative is left out).",
                 stacklevel=2,
             )
-        tie = tied(negatives, positive)  # the same text placed elsewhere scores a few last bits apart
-        rank, ties = 1 + ((negatives > positive) & ~tie).sum(dim=1), tie.sum(dim=1)
-        return rank_metrics(rank[ranks], metrics, ties=ties[ranks])
+        relevant = torch.zeros_like(predictions, dtype=torch.bool)
+        relevant[:, 0] = True  # the positive, first
+        return ranked_metrics(predictions[ranks], relevant[ranks], metrics)
 
     def format_prediction(self, prediction: Tensor, name: Callable[[int], str]) -> str:
         """The candidates' scores, in the row's order."""

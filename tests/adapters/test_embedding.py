@@ -16,6 +16,7 @@ from torch import Tensor
 from gpt_ft.adapters import Embedding, Reranker, TaskDataError
 from gpt_ft.adapters.contrastive import NO_TEXT, cosent, info_nce, left_out, text_key
 from gpt_ft.adapters.embedding import EmbeddingHead, retrieval_metrics
+from gpt_ft.adapters.metrics import RETRIEVAL, ranked_metrics
 from gpt_ft.data.batches import collate, collate_packed, gold
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
 from gpt_ft.errors import CardError
@@ -249,13 +250,63 @@ def test_retrieval_metrics_by_hand():
     tie = torch.tensor([[1.0, 1.0], [0.0, 1.0], [1.0, 1.0]])
     got = retrieval_metrics(tie, torch.stack([P, Q, P]), texts, ["mrr@10"])
     assert got["mrr@10"].item() == pytest.approx((0.75 + 1 + 0.75) / 3)
-    # One query text with two positives (rows 0 and 1): the other's positive is a match, no rival;
-    # q1 prefers P to its own Q, and ranks Q 1st all the same.
+    # One query text with two positives (rows 0 and 1) is one query, both documents relevant (as MTEB
+    # and sentence-transformers score it), read from its first row: P 1st, then Q tied with R.
     texts = pairs(3)
     texts[1, 0] = texts[0, 0]
     queries, R = torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.0, -1.0]]), torch.tensor([0.0, -1.0])
-    got = retrieval_metrics(queries, torch.stack([P, Q, R]), texts, ["recall@1"])
-    assert got["recall@1"].item() == pytest.approx(1.0)  # (P a rival, q1 would rank Q 2nd: 2/3)
+    got = retrieval_metrics(queries, torch.stack([P, Q, R]), texts, list(RETRIEVAL))
+    assert got["recall@1"].item() == pytest.approx((1 / 2 + 1) / 2)  # one of its two in the 1st place
+    assert got["recall@10"].item() == 1.0 and got["mrr@10"].item() == 1.0
+    dcg = 1 + (1 / math.log2(3) + 1 / math.log2(4)) / 2  # Q 2nd or 3rd
+    assert got["ndcg@10"].item() == pytest.approx((dcg / (1 + 1 / math.log2(3)) + 1) / 2)
+    # All three tied: its first relevant one is 1st with chance 2/3, 2nd with 1/3; q2's one of three.
+    got = retrieval_metrics(torch.zeros(3, 2), torch.stack([P, Q, R]), texts, ["mrr@10"])
+    assert got["mrr@10"].item() == pytest.approx((2 / 3 + 1 / 3 / 2 + (1 + 1 / 2 + 1 / 3) / 3) / 2)
+
+
+def test_ranked_metrics_are_the_mean_over_the_orders_of_tied_scores():
+    """Against a brute force: every order of the tied documents (those of one score) scored as
+    sentence-transformers' `InformationRetrievalEvaluator` scores a ranked list, and averaged."""
+    from itertools import permutations, product
+
+    def scored(order: list[int], relevant: set[int]) -> dict[str, float]:
+        found = [d in relevant for d in order]
+        first = next(i for i, f in enumerate(found) if f)
+        dcg = sum(1 / math.log2(i + 2) for i, f in enumerate(found[:10]) if f)
+        return {
+            "mrr@10": 1 / (first + 1) if first < 10 else 0.0,
+            "ndcg@10": dcg / sum(1 / math.log2(i + 2) for i in range(min(len(relevant), 10))),
+            "recall@1": sum(found[:1]) / len(relevant),
+            "recall@10": sum(found[:10]) / len(relevant),
+        }
+
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(40):
+        documents = int(torch.randint(2, 13, (), generator=generator))
+        scores = torch.randint(0, 4, (documents,), generator=generator).double()
+        relevant = torch.rand(documents, generator=generator) < 0.3
+        relevant[int(torch.randint(0, documents, (), generator=generator))] = True
+        groups = [
+            [d for d in range(documents) if scores[d] == v]
+            for v in sorted(set(scores.tolist()), reverse=True)
+        ]
+        if math.prod(math.factorial(len(g)) for g in groups) > 5000:
+            continue
+        orders = [sum(map(list, parts), []) for parts in product(*(permutations(g) for g in groups))]
+        want = {
+            name: sum(scored(o, set(relevant.nonzero().flatten().tolist()))[name] for o in orders)
+            / len(orders)
+            for name in RETRIEVAL
+        }
+        got = ranked_metrics(scores[None], relevant[None], list(RETRIEVAL))
+        for name in RETRIEVAL:
+            assert got[name].item() == pytest.approx(want[name], abs=1e-6), (name, scores, relevant)
+    # A document the row has not (NaN) is in no place.
+    got = ranked_metrics(
+        torch.tensor([[0.5, math.nan, 0.9]]), torch.tensor([[True, False, False]]), ["mrr@10"]
+    )
+    assert got["mrr@10"].item() == 0.5
 
 
 def test_a_card_frames_each_text_alone_with_its_prompt(tokenizer_dir):
