@@ -47,6 +47,7 @@ from gpt_ft.adapters.outputs import (
 from gpt_ft.adapters.preference import Preference, PreferenceOutput, RewardHead
 from gpt_ft.adapters.ranking import Ranking, RankingHead, RankingOutput
 from gpt_ft.adapters.rerank import Reranker, RerankHead, RerankOutput
+from gpt_ft.adapters.rewardbench import RewardBench2, RewardBench2Output
 from gpt_ft.adapters.sources import HubDataset, LocalFiles, Sources, field_text
 from gpt_ft.adapters.steps import StepOutput, Steps
 from gpt_ft.adapters.text import Similarity, SingleText, TextPair
@@ -67,6 +68,8 @@ __all__ = [
     "Ranking",
     "RankingOutput",
     "RankingHead",
+    "RewardBench2",
+    "RewardBench2Output",
     "StepOutput",
     "StepHead",
     "RerankOutput",

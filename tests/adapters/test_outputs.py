@@ -25,6 +25,7 @@ from gpt_ft.adapters import (
     RegressionHead,
     RegressionOutput,
     RerankOutput,
+    RewardBench2Output,
     Similarity,
     SingleText,
     StepOutput,
@@ -62,8 +63,9 @@ def test_every_shipped_card_keeps_its_output_kind(card):
     expected["rerank/pairs"] = RerankOutput
     steps = ("steps", "prmbench", "processbench", "math_shepherd")
     expected |= {f"steps/{name}": StepOutput for name in steps}
-    rankings = ("replies", "rewardbench2", "ultrafeedback", "prmbench")
+    rankings = ("replies", "ultrafeedback", "prmbench")
     expected |= {f"ranking/{name}": RankingOutput for name in rankings}
+    expected["ranking/rewardbench2"] = RewardBench2Output
     assert type(task.output) is expected.get(card, ClassificationOutput)
 
 

@@ -392,10 +392,13 @@ FIXTURES = {
         "validation": (jsonl({"prompt": "Hi?", "replies": ["a", "b"], "scores": [0, 2]}), [replies(4, 0, 2)]),
         "test": (jsonl({"prompt": "Hi?", "replies": ["a"]}), [None]),  # one reply to score
     },
-    "ranking/rewardbench2": {  # one chosen against three rejected
+    "ranking/rewardbench2": {  # one chosen against three rejected; a Ties row's kind and prompt
         "test": (
-            jsonl({"id": "7", "prompt": Q, "chosen": ["a"], "rejected": ["b", "c", "d"]}),
-            [replies(64, 1, 0, 0, 0)],
+            jsonl(
+                {"id": "7", "prompt": Q, "chosen": ["a"], "rejected": ["b", "c", "d"], "subset": "Math"},
+                {"id": "tied:12", "prompt": Q, "chosen": ["a", "b"], "rejected": ["c"], "subset": "Ties"},
+            ),
+            [[*replies(64, 1, 0, 0, 0), 2.0, 0.0, 0.0], [*replies(64, 1, 1, 0), 5.0, 2.0, 12.0]],
         ),
     },
     "ranking/ultrafeedback": {  # one file, 2% held out: 49 rows and 1
