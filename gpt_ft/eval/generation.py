@@ -9,6 +9,7 @@ prompt that leaves no room in the model's context for a new token is refused rat
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -43,7 +44,7 @@ def generate(
     num_beams: int = 1,
     length_penalty: float = 1.0,
     repetition_penalty: float = 1.0,
-    stop: list[str] | str = "",
+    stop: str = "",
     static_cache: bool | Literal["compiled"] | None = None,
     seed: int = 0,
     device: str | None = None,
@@ -72,7 +73,8 @@ def generate(
         repetition_penalty: Above 1, the tokens already in the text are less likely (CTRL's penalty,
             as transformers applies it; 1.2 is common); 1: none.
         stop: A text that ends the continuation when it produces it (not printed), as typed
-            ('###'), or several, a JSON list: '["###", "\\n\\n"]' (double quotes: a line break is \\n).
+            ('###', '[END]'), or several, a JSON list: '["###", "\\n\\n"]' (double quotes: a line
+            break is \\n).
         static_cache: Keys and values in a cache of fixed shape; on CUDA each token's step is then
             replayed as one CUDA graph (the same tokens; gpt1 at batch 1 on an H200: 855 tokens/s
             against 373, docs/gpus.md), kept for the next batch of the same size. compiled: the step
@@ -102,7 +104,7 @@ def generate(
             "--static_cache goes with greedy decoding or sampling: beam search (--num_beams > 1) "
             "reorders its cache each step."
         )
-    stops = [stop] if isinstance(stop, str) and stop else list(stop or [])
+    stops = stop_texts(stop)
     if "" in stops:
         raise ValueError("--stop holds an empty text, which every continuation starts with: give texts.")
     shaping = {"--temperature": temperature != 1.0, "--top_k": top_k is not None}
@@ -371,3 +373,21 @@ def print_as_they_come(
         if stopped:
             break
     print(until_stop(text, stops)[0][len(shown) :])
+
+
+def stop_texts(stop: str | list[str]) -> list[str]:
+    """--stop's texts: one as typed, or those of a JSON list of texts ('["###", "\\n\\n"]'). Read
+    here, not as YAML, for which '[END]' would be a list holding 'END'."""
+    if not isinstance(stop, str):
+        return list(stop)
+    try:
+        given = json.loads(stop) if stop.lstrip().startswith("[") else None
+    except ValueError:
+        given = None
+    if not isinstance(given, list):
+        return [stop] if stop else []
+    if not_texts := [v for v in given if not isinstance(v, str)]:
+        raise ValueError(
+            f"--stop's JSON list holds {not_texts[0]!r}, not a text: give texts, in double quotes."
+        )
+    return given

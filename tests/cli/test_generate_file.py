@@ -92,6 +92,19 @@ def test_a_prompt_the_batch_leaves_less_room_is_continued_as_alone(
     ]
 
 
+def test_a_stop_text_in_brackets_is_a_text_and_a_json_list_several(capsys):
+    """--stop is read as typed: '[END]' was YAML's list holding 'END', so 'END' alone stopped."""
+    from gpt_ft.eval.generation import stop_texts
+
+    with pytest.raises(SystemExit):
+        main(["generate", "--ckpt_path=x.ckpt", "--prompt=hi", "--stop=[END]", "--print_config"])
+    assert "stop: '[END]'" in capsys.readouterr().out
+    assert stop_texts("[END]") == ["[END]"] and stop_texts("###") == ["###"] and stop_texts("") == []
+    assert stop_texts('["###", "\\n\\n"]') == ["###", "\n\n"] and stop_texts(' ["a"]') == ["a"]
+    with pytest.raises(ValueError, match=r"^--stop's JSON list holds 1, not a text: give texts, in double"):
+        stop_texts('["a", 1]')
+
+
 def test_a_stop_text_and_sampling_over_a_file(tmp_path, capsys, model_dir, tokenizer_dir):
     source = tmp_path / "prompts.csv"
     source.write_text("prompt,text\n" + "".join(f'"{p}",x\n' for p in PROMPTS))
