@@ -43,6 +43,13 @@ def tied(scores: Tensor, best: Tensor) -> Tensor:
     return (scores == best) | ((scores - best).abs() <= tolerance)
 
 
+def at_top(rewards: Tensor) -> Tensor:
+    """Where each row's rewards (N, K) tie with its best (`tied`; NaN: no reply, never at the top;
+    a row all -inf: all of them)."""
+    best = rewards.nan_to_num(nan=-math.inf, posinf=math.inf, neginf=-math.inf).amax(dim=1, keepdim=True)
+    return ~rewards.isnan() & tied(rewards, best)
+
+
 class TaskHead(nn.Linear):
     """Dropout, the S sequences' extract states added (one sequence: itself), a linear layer.
 

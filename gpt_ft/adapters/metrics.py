@@ -125,18 +125,25 @@ def retrieval_metrics(
     return ranked_metrics(scores, relevant[asking][:, distinct], metrics)
 
 
-def ranked_metrics(scores: Tensor, relevant: Tensor, metrics: list[str]) -> dict[str, Tensor]:
-    """Each row a query ranking its documents by `scores` (Q, D; NaN: a document the row has not),
-    `relevant` (Q, D) marking its relevant ones (one at least): MRR@10 (1 / the first relevant
-    one's place), nDCG@10 (binary gains 1/log2(place + 1), over those of the ideal order of
-    min(R, 10)) and recall@1 and @10 (the share of the row's R relevant ones found there), as MTEB
-    and sentence-transformers' `InformationRetrievalEvaluator` score a query; means over the rows.
-    Scores that tie (`tied` with the one ranked next above: the last bits of a score depend on the
-    batch it was computed in) are in a random order, each figure its mean over those orders."""
+def ranked_metrics(
+    scores: Tensor, relevant: Tensor, metrics: list[str], present: Tensor | None = None
+) -> dict[str, Tensor]:
+    """Each row a query ranking its documents by `scores` (Q, D), `relevant` (Q, D) marking its
+    relevant ones (one at least) and `present` the documents it has (default: all): MRR@10 (1 / the
+    first relevant one's place), nDCG@10 (binary gains 1/log2(place + 1), over those of the ideal
+    order of min(R, 10)) and recall@1 and @10 (the share of the row's R relevant ones found there),
+    as MTEB and sentence-transformers' `InformationRetrievalEvaluator` score a query; means over the
+    rows. Scores that tie (`tied` with the one ranked next above: the last bits of a score depend on
+    the batch it was computed in) are in a random order, each figure its mean over those orders. A
+    row with a NaN score (a model's NaN vector) scores NaN; no row, NaN."""
+    if scores.numel() == 0:
+        return {name: torch.tensor(math.nan) for name in metrics}
+    present = torch.ones_like(relevant) if present is None else present
     order = scores.nan_to_num(nan=-math.inf).argsort(dim=1, descending=True, stable=True)
-    ranked, hit = scores.gather(1, order), relevant.gather(1, order).double()
+    order = order.gather(1, (~present).gather(1, order).argsort(dim=1, stable=True))  # absent: last
+    ranked, hit, there = scores.gather(1, order), relevant.gather(1, order).double(), present.gather(1, order)
     new = torch.ones_like(hit, dtype=torch.bool)  # where a block of tied scores starts
-    new[:, 1:] = ~tied(ranked[:, 1:], ranked[:, :-1])
+    new[:, 1:] = ~tied(ranked[:, 1:], ranked[:, :-1]) | ~there[:, 1:]  # an absent one ties with none
     block = new.long().cumsum(dim=1) - 1
     size = torch.zeros_like(hit).scatter_add_(1, block, torch.ones_like(hit)).gather(1, block)
     found = torch.zeros_like(hit).scatter_add_(1, block, hit).gather(1, block)
@@ -145,7 +152,7 @@ def ranked_metrics(scores: Tensor, relevant: Tensor, metrics: list[str]) -> dict
     share = found / size  # each place's chance of holding a relevant document
     count = hit.sum(dim=1)
     gain = torch.where(place <= 10, 1 / torch.log2(place + 1), 0.0)
-    ideal = gain[0, :10].cumsum(0)[count.clamp(1, 10).long() - 1] if len(hit) else count
+    ideal = gain[0, :10].cumsum(0)[count.clamp(1, 10).long() - 1]
     values = {
         "ndcg@10": (share * gain).sum(dim=1) / ideal,
         "recall@1": share[:, :1].sum(dim=1) / count,
@@ -158,7 +165,8 @@ def ranked_metrics(scores: Tensor, relevant: Tensor, metrics: list[str]) -> dict
         rest = (m - j).clamp(min=k - 1)
         chance = (log_choose(rest, k - 1) - log_choose(m, k)).exp()
         values["mrr@10"] = torch.where((m - j >= k - 1) & (a + j <= 10), chance / (a + j), 0.0).sum(dim=1)
-    return {name: values[name].mean().float() for name in metrics}
+    broken = (scores.isnan() & present).any(dim=1)
+    return {name: values[name].masked_fill(broken, math.nan).mean().float() for name in metrics}
 
 
 def log_choose(n: Tensor, r: Tensor) -> Tensor:

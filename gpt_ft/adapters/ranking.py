@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gpt_ft.adapters.base import Encoded, TaskAdapter, refuse_label_fields
-from gpt_ft.adapters.heads import first_best, tied
+from gpt_ft.adapters.heads import at_top, first_best, tied
 from gpt_ft.adapters.outputs import CardError, LabelSpec, TaskDataError, TaskOutput, score_text
 from gpt_ft.adapters.preference import RewardHead, reply_templates
 from gpt_ft.adapters.sources import field_text, finite_number, short_repr
@@ -66,7 +66,7 @@ def rank_metric_values(rewards: Tensor, scores: Tensor) -> dict[str, Tensor]:
     s, r = scores.masked_fill(~ranked, math.nan), rewards.masked_fill(~ranked, math.nan)
     # best-of-N (unranked replies below ranked ones) in rows with a reply worse than the best; rewards
     # within `TIE` tie (one reply placed elsewhere in a packed row scores a few last bits apart)
-    top = present & tied(rewards, rewards.nan_to_num(-math.inf, math.inf).amax(dim=1, keepdim=True))
+    top = at_top(rewards)
     best = ranked & (s == s.nan_to_num(-math.inf).amax(dim=1, keepdim=True))
     best_of_n = (top & best).sum(dim=1) / top.sum(dim=1).clamp(min=1)
     best_of_n = best_of_n.masked_fill(~best.any(dim=1) | ~(present & ~best).any(dim=1), math.nan)

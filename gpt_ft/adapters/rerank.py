@@ -87,7 +87,8 @@ class RerankOutput(TaskOutput):
             )
         relevant = torch.zeros_like(predictions, dtype=torch.bool)
         relevant[:, 0] = True  # the positive, first
-        return ranked_metrics(predictions[ranks], relevant[ranks], metrics)
+        present = ~predictions.isnan()
+        return ranked_metrics(predictions[ranks], relevant[ranks], metrics, present[ranks])
 
     def format_prediction(self, prediction: Tensor, name: Callable[[int], str]) -> str:
         """The candidates' scores, in the row's order."""

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gpt_ft.adapters.heads import tied
+from gpt_ft.adapters.heads import at_top
 from gpt_ft.adapters.outputs import TaskDataError
 from gpt_ft.adapters.ranking import RANK_METRICS, Ranking, RankingOutput
 from gpt_ft.adapters.sources import field_text
@@ -44,8 +44,7 @@ TAGS = 3  # label columns after the scores: the subset, the Ties kind, the Ties 
 def best_share(rewards: Tensor) -> Tensor:
     """Each row's first reply's share of the top reward (N, K) → (N,): 1 alone there, 1/k tied with
     k - 1 others (`TIE`), 0 below; NaN is no reply."""
-    present = ~rewards.isnan()
-    top = present & tied(rewards, rewards.nan_to_num(-math.inf, math.inf).amax(dim=1, keepdim=True))
+    top = at_top(rewards)
     return top[:, 0] / top.sum(dim=1).clamp(min=1)
 
 
@@ -55,11 +54,12 @@ def ties_score(rewards: Tensor, scores: Tensor, tags: Tensor) -> Tensor:
     prompt that has both its rows. Rows of one kind and prompt are one."""
     groups: dict[tuple[float, int], tuple[list[float], list[float]]] = {}
     for r, s, (kind, prompt) in zip(rewards.tolist(), scores.tolist(), tags.tolist()):
-        right, wrong = groups.setdefault((kind, int(prompt)), ([], []))
-        best = max(x for x in s if not math.isnan(x))
-        for reward, score in zip(r, s):
-            if not (math.isnan(reward) or math.isnan(score)):
-                (right if score == best else wrong).append(reward)
+        best = max((x for x in s if not math.isnan(x)), default=math.nan)
+        right = [reward for reward, score in zip(r, s) if score == best and not math.isnan(reward)]
+        wrong = [reward for reward, score in zip(r, s) if score < best and not math.isnan(reward)]
+        if right and wrong:  # (a row of one side orders nothing: training and evaluation leave it out)
+            groups.setdefault((kind, int(prompt)), ([], []))[0].extend(right)
+            groups[kind, int(prompt)][1].extend(wrong)
     margin = {key: min(right) - max(wrong) for key, (right, wrong) in groups.items()}
     spread = {key: max(right) - min(right) for key, (right, _) in groups.items()}
 
@@ -70,8 +70,8 @@ def ties_score(rewards: Tensor, scores: Tensor, tags: Tensor) -> Tensor:
     prompts = sorted({p for k, p in groups if k == REF} & {p for k, p in groups if k == TIED})
     if not prompts:
         return torch.tensor(math.nan, dtype=torch.float64)
-    both = torch.tensor([[margin[REF, p], margin[TIED, p], spread[TIED, p]] for p in prompts])
-    ref, tied_margin, within = both.double().unbind(dim=1)
+    both = [[margin[REF, p], margin[TIED, p], spread[TIED, p]] for p in prompts]
+    ref, tied_margin, within = torch.tensor(both, dtype=torch.float64).unbind(dim=1)
     least = torch.minimum(ref, tied_margin)
     closeness = torch.tanh(least / within - 1).nan_to_num(nan=0.0)  # x/0: ±1; 0/0: 0
     return (
@@ -85,7 +85,8 @@ def ties_score(rewards: Tensor, scores: Tensor, tags: Tensor) -> Tensor:
 
 def rewardbench2_values(rewards: Tensor, scores: Tensor, tags: Tensor) -> dict[str, Tensor]:
     """Each subset's score and their mean, `rewardbench2` (of the subsets that have rows: all six
-    on the whole test split), from rows' rewards and scores (N, K) and tags (N, 3)."""
+    on the whole test split; NaN where Ties rows lack their pairs), from rows' rewards and scores
+    (N, K) and tags (N, 3)."""
     rewards, scores, tags = rewards.double().cpu(), scores.double().cpu(), tags.double().cpu()
     share, values = best_share(rewards), {}
     for code, name in enumerate(SUBSET_METRICS):
@@ -94,8 +95,8 @@ def rewardbench2_values(rewards: Tensor, scores: Tensor, tags: Tensor) -> dict[s
             values[name] = ties_score(rewards[rows], scores[rows], tags[rows, 1:])
         else:
             values[name] = share[rows].mean() if rows.any() else torch.tensor(math.nan, dtype=torch.float64)
-    scored = torch.stack([v for v in values.values()])
-    values["rewardbench2"] = scored[~scored.isnan()].mean()
+    held = torch.stack([v for code, v in enumerate(values.values()) if (tags[:, 0] == code).any()])
+    values["rewardbench2"] = held.mean() if len(held) else torch.tensor(math.nan, dtype=torch.float64)
     return values
 
 

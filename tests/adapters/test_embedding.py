@@ -302,11 +302,14 @@ def test_ranked_metrics_are_the_mean_over_the_orders_of_tied_scores():
         got = ranked_metrics(scores[None], relevant[None], list(RETRIEVAL))
         for name in RETRIEVAL:
             assert got[name].item() == pytest.approx(want[name], abs=1e-6), (name, scores, relevant)
-    # A document the row has not (NaN) is in no place.
-    got = ranked_metrics(
-        torch.tensor([[0.5, math.nan, 0.9]]), torch.tensor([[True, False, False]]), ["mrr@10"]
-    )
-    assert got["mrr@10"].item() == 0.5
+    # A document the row has not is in no place; a NaN score (a model's NaN vector) scores NaN, as
+    # does no row.
+    scores, relevant = torch.tensor([[0.5, math.nan, 0.9]]), torch.tensor([[True, False, False]])
+    present = torch.tensor([[True, False, True]])
+    assert ranked_metrics(scores, relevant, ["mrr@10"], present)["mrr@10"].item() == 0.5
+    assert math.isnan(ranked_metrics(scores, relevant, ["mrr@10"])["mrr@10"])
+    no_rows = retrieval_metrics(torch.zeros(0, 4), torch.zeros(0, 4), torch.zeros(0, 2, 6), list(RETRIEVAL))
+    assert all(math.isnan(v) for v in no_rows.values())
 
 
 def test_a_card_frames_each_text_alone_with_its_prompt(tokenizer_dir):

@@ -252,6 +252,9 @@ def test_ranking_metrics_by_hand():
     values = rank_metric_values(near, torch.tensor([[1.0, 0, 0]], dtype=torch.float64))
     assert (values["best_of_n"].item(), values["pairwise_accuracy"].item()) == (0.5, 0.75)
     assert task.output.outcome(near[0], None)["label"] == 0
+    # I: rewards all -inf (an overflowed head) tie at the top: a third of a hit (it was none).
+    low = torch.full((1, 3), -math.inf, dtype=torch.float64)
+    assert rank_metric_values(low, torch.tensor([[1.0, 0, 0]]))["best_of_n"].item() == pytest.approx(1 / 3)
 
 
 def test_outcomes_name_the_best_reply():

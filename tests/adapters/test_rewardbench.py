@@ -56,8 +56,20 @@ def test_the_published_score_by_hand():
     assert near["math"].item() == 0.5
     flat = rewardbench2_values(*rows(([1.0, 0.0], 1, [TIES, REF, 1]), ([1.0, 1.0, 1.0], 2, [TIES, TIED, 1])))
     assert flat["ties"].item() == pytest.approx(0.3 * 0 + 0.3 * 1 + 0.2 * 0 + 0.2 * 0 + 0.0)
-    # Ties rows without their pair score nothing (the benchmark pairs every ref row with a tied one).
-    assert math.isnan(rewardbench2_values(*rows(([1.0, 0.0], 1, [TIES, REF, 1])))["ties"])
+    # Ties rows without their pair score nothing, and so does the benchmark (which pairs them all).
+    unpaired = rewardbench2_values(*rows(([1.0, 0.0], 1, [TIES, REF, 1]), ([1.0, 0.0], 1, [MATH, 0, 0])))
+    assert math.isnan(unpaired["ties"]) and math.isnan(unpaired["rewardbench2"])
+    # A row of one side orders nothing (evaluation leaves it out): it makes no group.
+    one_sided = [([1.0, 0.0], 1, [TIES, REF, 1]), ([2.0, 1.5, 0.0], 2, [TIES, TIED, 1])]
+    one_sided.append(([3.0, 2.0], 2, [TIES, TIED, 1]))  # (counted, its 3 would widen the spread to 1.5)
+    assert rewardbench2_values(*rows(*one_sided))["ties"].item() == pytest.approx(1.0 + 0.01 * math.tanh(1))
+    # Margins in float64: a tied margin of 1 + 2**-40 exceeds a spread of 1.
+    close = rows(([3.0, 0.0], 1, [TIES, REF, 1]), ([1.0, 2.0, -(2**-40)], 2, [TIES, TIED, 1]))
+    assert rewardbench2_values(*close)["ties"].item() == pytest.approx(
+        1.0 + 0.01 * math.tanh(2**-40), abs=1e-12
+    )
+    # Rewards all -inf tie at the top, all four.
+    assert rewardbench2_values(*rows(([-math.inf] * 4, 1, [MATH, 0, 0])))["math"].item() == 0.25
 
 
 def test_rows_carry_their_subset_and_ties_prompt_after_the_scores():
@@ -133,7 +145,8 @@ def test_validate_reports_the_published_score_of_a_reward_model(tmp_path, tokeni
     capsys.readouterr()
     card = TASKS / "ranking" / "rewardbench2.yaml"
     main(["validate", f"--data.task={card}", f"--data.data_dir={data}", f"--ckpt_path={ckpt}",
-          "--trainer.enable_progress_bar=false", "--trainer.logger=false"])  # fmt: skip
+          "--trainer.enable_progress_bar=false", "--trainer.logger=false",
+          f"--trainer.default_root_dir={tmp_path}"])  # fmt: skip
     out = capsys.readouterr().out
     printed = {
         m: float(re.search(rf"test/{m} ([-\d.]+)", out)[1]) for m in ("rewardbench2", "math", "focus", "ties")
