@@ -92,7 +92,11 @@ def main(root: Path = HERE) -> None:
             lines = ["sentence\tlabel", *(f"{text}\t{label}" for text, label in rows)]
         (out / f"{split}.tsv").write_text("\n".join(lines) + "\n")
     train_tokenizer(
-        inputs=[out / "train.tsv"], vocab_size=512, out_dir=root / "tokenizer", show_progress=False
+        inputs=[out / "train.tsv"],
+        vocab_size=512,
+        out_dir=root / "tokenizer",
+        show_progress=False,
+        overwrite=True,
     )
 
 

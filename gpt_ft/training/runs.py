@@ -7,7 +7,6 @@ from __future__ import annotations
 import inspect
 import logging
 import math
-import warnings
 from functools import partialmethod
 from pathlib import Path
 from typing import Any
@@ -55,7 +54,7 @@ from gpt_ft.workarounds.cli import (
     subcommand_parser,
 )
 from gpt_ft.workarounds.parsing import remember_class_parses
-from gpt_ft.workarounds.trainer import judge_after_every_validation, no_tips
+from gpt_ft.workarounds.trainer import judge_after_every_validation, no_tips, quiet_misleading_warnings
 
 SUBCOMMANDS = ("fit", "validate", "test", "predict")  # LightningCLI's
 LM_DATA = {"data": {"class_path": "gpt_ft.data.lm_data.LMDataModule"}}
@@ -347,23 +346,11 @@ def lightning_main(
     one of its subclasses, `callbacks` given to the trainer beside its own)."""
     from lightning import LightningDataModule
 
-    # Our data modules resume mid-epoch themselves (gpt_ft/data/samplers.py): Lightning's warning
-    # would mislead. (The best checkpoint carries its best on into a resumed run's own folder:
-    # `callbacks.BestCheckpoint`; Lightning warns of a user's own ModelCheckpoint, which does not.)
-    warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before")
-    # Evaluation metrics are computed over every rank's examples (torchmetrics gathers them) before
-    # they are logged: Lightning's advice to sync them again under DDP does not apply.
-    warnings.filterwarnings("ignore", message=r"It is recommended to use `self.log\('(validation|test)")
-    # A token folder without a validation block validates nothing, which its data module has said.
-    warnings.filterwarnings("ignore", message="Total length of `list` across ranks is zero")
-
+    quiet_misleading_warnings()
     import gpt_ft.data.lm_data  # noqa: F401  (the data classes a config may name)
     import gpt_ft.data.task_data  # noqa: F401
     from gpt_ft.training.module import GPTModule
 
-    # Arguments always come as `args`; the process's own sys.argv is left as it is (DDP launches its
-    # other processes with it), so Lightning's warning about having both would only mislead.
-    warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
     return cli(
         GPTModule,
         LightningDataModule,

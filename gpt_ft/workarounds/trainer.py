@@ -21,6 +21,32 @@ def no_tips(record: logging.LogRecord) -> bool:
     return not str(record.msg).startswith(("💡 Tip:", "Trainer already configured with model summary"))
 
 
+def quiet_misleading_warnings() -> None:
+    """Lightning's warnings that would mislead a gpt_ft run's user, ignored (a warning reworded
+    shows again):
+
+    - a resume mid-epoch: the data modules resume mid-epoch themselves (gpt_ft/data/samplers.py);
+    - syncing validation and test metrics: they are computed over every rank's examples
+      (torchmetrics gathers them) before they are logged;
+    - an empty list of loaders: a token folder without a validation block, which its data module
+      has said;
+    - a checkpoint folder not empty: it holds the run's lock when Lightning looks, and earlier
+      checkpoints there are refused unless resumed (`run_folders.no_earlier_checkpoints`);
+    - `args` given beside sys.argv: arguments always come as `args`, and sys.argv is left as it is
+      (DDP launches its other processes with it).
+    """
+    import warnings
+
+    for message in (
+        "You're resuming from a checkpoint that ended before",
+        r"It is recommended to use `self.log\('(validation|test)",
+        "Total length of `list` across ranks is zero",
+        "Checkpoint directory .* exists and is not empty",
+        "LightningCLI's args parameter is intended",
+    ):
+        warnings.filterwarnings("ignore", message=message)
+
+
 def should_accumulate(trainer: Trainer) -> bool:
     """Whether the training batch under way only accumulates gradients (no optimizer step follows it).
 

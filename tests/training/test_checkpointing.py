@@ -1139,7 +1139,8 @@ def test_pretraining_resumed_on_a_corpus_prepared_again_says_its_data_changed(
 ):
     """`gpt-ft prepare` into a folder it wrote before says it replaces its token files, and a run
     resumed on them says its data changed, with both token counts; a token folder without a
-    validation block says so once, without Lightning's warning of an empty loader list after it."""
+    validation block says so once, without Lightning's warning of an empty loader list after it, nor
+    of a checkpoint folder not empty (it holds the run's lock)."""
     tokens = tmp_path / "tokens"
 
     def prepare(lines: int) -> str:
@@ -1161,6 +1162,7 @@ def test_pretraining_resumed_on_a_corpus_prepared_again_says_its_data_changed(
     assert "replaced" not in prepare(30)
     said = fit(2)
     assert said.count("training will not validate") == 1 and "across ranks is zero" not in said, said
+    assert "exists and is not empty" not in said, said  # (its own lock file was all there)
     before = json.loads((tokens / "meta.json").read_text())["tokens"]["train"]
     said = fit(4, "--ckpt_path=last")  # the same data: nothing said, nor of a best that no run kept
     assert "data changed" not in said and "dirpath has changed" not in said, said
