@@ -336,7 +336,7 @@ def test_generate_bad_input(tmp_path, capsys, tokenizer_dir):
         "--num_beams 1 with --do_sample true.",
         ("fits", *prompt, "--repetition_penalty=0"): "--repetition_penalty must be > 0 (1: none), got 0.0.",
         ("fits", *file, "--do_sample=true", "--top_p=1.5"): "--top_p must be in (0, 1], got 1.5.",
-        ("fits", *prompt, "--stop=[x, '']"): "--stop holds an empty text, which every continuation starts "
+        ("fits", *prompt, '--stop=["x", ""]'): "--stop holds an empty text, which every continuation starts "
         "with: give texts.",
     }
     for (name, *args), message in expected.items():
