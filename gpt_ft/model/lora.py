@@ -28,7 +28,8 @@ from gpt_ft.workarounds.kernels import torchao_import_quiet
 TARGETS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
 QUANTIZE = ("nf4",)
 # QLoRA §3: an absmax constant per block of 64 weights, and those constants in 8 bits per block of
-# 256 (double quantization); a matrix of fewer than 64 x 256 weights takes smaller second blocks.
+# 256 (double quantization); a matrix whose count of blocks 256 does not divide takes second blocks
+# of their greatest common divisor (SmolLM2-135M's 960 x 576 c_attn: 64).
 NF4_BLOCK, NF4_SCALER_BLOCK = 64, 256
 NO_TORCHAO = 'lora.quantize nf4 needs torchao: pip install "gpt_ft[quantize]".'
 
