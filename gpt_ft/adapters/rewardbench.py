@@ -38,7 +38,6 @@ SUBSET_METRICS = ("factuality", "precise_if", "math", "safety", "focus", "ties")
 TIES = SUBSETS.index("Ties")
 REF, TIED = 1.0, 2.0  # a Ties row's kind; other subsets' rows 0
 TIES_ID = re.compile(r"(ref|tied):(\d+)")
-TAGS = 3  # label columns after the scores: the subset, the Ties kind, the Ties prompt
 
 
 def best_share(rewards: Tensor) -> Tensor:
