@@ -23,7 +23,7 @@ from gpt_ft.eval.zeroshot import text_start
 from gpt_ft.model.decoding import check_decoding, stop_ids
 from gpt_ft.training.precision import cpu_precision
 from gpt_ft.training.saved import check_init_tokenizer, check_tokenizer_fits
-from gpt_ft.weights.pretrained import GPT, resolve_tokenizer
+from gpt_ft.weights.pretrained import GPT, refuse_fresh_head, resolve_tokenizer
 
 
 def generate(
@@ -121,6 +121,7 @@ def generate(
         if why:
             print(why, file=sys.stderr, flush=True)
     gpt = GPT.from_pretrained(ckpt_path).to(device).eval()  # first: a path that holds no model says so
+    refuse_fresh_head(gpt, str(ckpt_path), "generate")
     if tokenizer is not None:  # a gpt_ft checkpoint's own, or one that keeps its tokens' ids
         check_init_tokenizer(tokenizer, ckpt_path, "--tokenizer")
     tok = load_tokenizer(resolve_tokenizer(tokenizer, ckpt_path))

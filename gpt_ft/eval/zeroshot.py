@@ -12,9 +12,10 @@
 
 The model reads plain text, as in pretraining: no start/delim/extract tokens; a text begins after
 the tokenizer's beginning-of-text token where it starts texts with one (Llama, Gemma). Otherwise a
-multiple-choice context is read as it is, and only an empty one after the end-of-text token
-(lm-evaluation-harness's rule); a text scored whole (GPT-1's heuristics) begins after the
-end-of-text token when there is one, so that its first token is predicted too.
+multiple-choice context is read as it is, and only an empty one after the beginning-of-text token,
+or else the end-of-text token (lm-evaluation-harness's rule); a text scored whole (GPT-1's
+heuristics) begins after the end-of-text token when there is one, so that its first token is
+predicted too.
 """
 
 from __future__ import annotations
@@ -143,8 +144,11 @@ class ZeroShotScorer:
         self.batch_size = batch_size
         self.progress = progress
         eos = tokenizer.eos_token_id if tokenizer.eos_token is not None else None
+        bos = tokenizer.bos_token_id if tokenizer.bos_token is not None else None
         self.start = text_start(tokenizer)  # every text's first token, where the tokenizer has one
         self.prefix = self.start or ([eos] if eos is not None else [])
+        # an empty context's, as lm-evaluation-harness reads one (`prefix_token_id`): bos, else eos
+        self.empty = self.start or ([bos] if bos is not None else [eos] if eos is not None else [])
 
     def ids(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
@@ -165,13 +169,13 @@ class ZeroShotScorer:
             except TaskDataError as exc:
                 raise TaskDataError(f"task {task.name!r}: {_where(split)}example {number}: {exc}") from None
             read = self.ids(context)
-            if not self.prefix and not read:  # a choice's first token would go unscored
+            if not self.empty and not read:  # a choice's first token would go unscored
                 raise TaskDataError(
                     f"task {task.name!r}: {_where(split)}example {number} has an empty context, which "
                     "a tokenizer with neither a beginning- nor an end-of-text token leaves nothing to score "
                     "its choices after."
                 )
-            start, lead = len(requests), self.start or ([] if read else self.prefix)  # (the harness's)
+            start, lead = len(requests), self.start or ([] if read else self.empty)
             for k, choice in enumerate(choices, 1):
                 requests.append((lead + read, self.ids(" " + choice.strip())))
                 if not requests[-1][1]:
@@ -185,6 +189,11 @@ class ZeroShotScorer:
             tokens = [scored_tokens(len(c), len(t), n_ctx) for c, t in requests[start:]]
             spans.append((start, len(choices), chars, tokens))
             labels.append(_label(task, row))
+            if labels[-1] >= len(choices):  # (fine-tuning refuses it alike)
+                raise TaskDataError(
+                    f"task {task.name!r}: {_where(split)}example {number}'s label "
+                    f"{row.get(task.label)!r} points past its {len(choices)} choices."
+                )
         scores = self.logprobs(requests)
         right = {"accuracy": 0, "accuracy_norm": 0, "accuracy_token": 0}
         for (start, n, chars, tokens), label in zip(spans, labels):
@@ -197,9 +206,14 @@ class ZeroShotScorer:
     def verbalizers(self, task: TaskAdapter, spec: ZeroShot, rows: list[dict[str, Any]]) -> Tensor:
         """Predicted label ids: the likeliest verbalizer after text + suffix."""
         words, requests = spec.verbalizers or [], []
-        for row in rows:
+        for number, row in enumerate(rows, 1):
             context = self.prefix + self.ids(" ".join(task.card_texts(row)).strip() + spec.suffix)
             requests += [(context, self.ids(word)) for word in words]
+            if not context and min(len(ids) for _, ids in requests[-len(words) :]) < 2:
+                raise TaskDataError(
+                    f"task {task.name!r}: example {number}'s text is empty, which a tokenizer with neither a "
+                    "beginning- nor an end-of-text token leaves nothing to score one-token verbalizers after."
+                )
         scores = torch.tensor(self.logprobs(requests)).view(len(rows), len(words))
         return scores.argmax(dim=1)
 
@@ -296,9 +310,10 @@ def score(
     from tqdm.auto import tqdm
 
     from gpt_ft.data.tokenizer import load_tokenizer
-    from gpt_ft.weights.pretrained import GPT, resolve_tokenizer
+    from gpt_ft.weights.pretrained import GPT, refuse_fresh_head, resolve_tokenizer
 
     gpt = GPT.from_pretrained(init_from).to("cuda" if torch.cuda.is_available() else "cpu")
+    refuse_fresh_head(gpt, init_from, "zero-shot scoring")
     scorer = ZeroShotScorer(
         gpt,
         load_tokenizer(resolve_tokenizer(tokenizer, init_from), add_specials=False),

@@ -323,11 +323,7 @@ def state_dict_from_hf(hf_state: dict[str, Tensor], config: GPTConfig) -> dict[s
         raise ValueError(
             "lm_head.weight is missing, and the config says the head is untied (tie_word_embeddings)."
         )
-    if not config.tie_embeddings and "lm_head.weight" not in out and "wte.weight" in out:
-        # a base model (LlamaModel, ...): a fresh head, as transformers gives its *ForCausalLM
-        seeded = torch.Generator().manual_seed(0)
-        head = torch.randn(out["wte.weight"].shape, generator=seeded, dtype=out["wte.weight"].dtype)
-        out["lm_head.weight"] = head * config.initializer_range
+    # (a base model, LlamaModel, ...: `pretrained.build` makes its head afresh)
     for key, parts in stacked.items():
         group = key.split(".", 2)[2].rsplit(".", 1)[0]
         names = _STACKED[group]

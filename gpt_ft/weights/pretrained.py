@@ -101,6 +101,13 @@ def build(config: GPTConfig, state: dict[str, Tensor], source: str) -> GPT:
         gpt = GPT(config)
     floating = next((v.dtype for v in state.values() if v.is_floating_point()), torch.float32)
     state = {k: v if v.is_floating_point() else v.to(floating) for k, v in state.items()}  # as transformers
+    fresh_head = not config.tie_embeddings and "lm_head.weight" not in state and "wte.weight" in state
+    if (
+        fresh_head
+    ):  # a base model (LlamaModel, ...): a head made afresh, as transformers' *ForCausalLM makes it
+        seeded = torch.Generator().manual_seed(0)
+        head = torch.randn(state["wte.weight"].shape, generator=seeded, dtype=state["wte.weight"].dtype)
+        state["lm_head.weight"] = head * config.initializer_range
     try:
         missing, unexpected = gpt.load_state_dict(state, strict=False, assign=True)
     except RuntimeError as exc:  # a config that misstates a size (a reader's default head size)
@@ -120,7 +127,18 @@ def build(config: GPTConfig, state: dict[str, Tensor], source: str) -> GPT:
         for name, p in module.named_parameters(recurse=False):
             p = p.detach().float() if p.is_floating_point() else p.detach()
             setattr(module, name, torch.nn.Parameter(p.contiguous()))
+    gpt.fresh_lm_head = fresh_head
     return gpt
+
+
+def refuse_fresh_head(gpt: GPT, source: str, use: str) -> None:
+    """A model whose LM head was made afresh (`build`: weights of a base model) refused for `use`,
+    which reads the head's next-token probabilities: they would be noise."""
+    if getattr(gpt, "fresh_lm_head", False):
+        raise ValueError(
+            f"{source} holds a base model without an LM head (a head made afresh is noise): {use} reads "
+            "next-token probabilities; give a causal language model's weights (*ForCausalLM)."
+        )
 
 
 def gpt_from_checkpoint(checkpoint: Checkpoint) -> GPT:

@@ -154,6 +154,13 @@ def test_texts_start_as_the_tokenizer_starts_them(tokenizer_dir):
     ]
     gpt2_way.multiple_choice(task, rows)
     assert [context for context, _ in seen] == [gpt2_way.ids("a story .")] * 2 + [[eos]] * 2
+    # A beginning-of-text token the tokenizer does not add itself (SmolLM2's) starts an empty context
+    # (the harness's `prefix_token_id`: bos, else eos); a text scored whole still starts after eos.
+    tok.bos_token = tok.convert_ids_to_tokens(eos + 1)
+    smollm_way, seen[:] = ZeroShotScorer(unigram_gpt(len(tok), torch.zeros(len(tok))), tok), []
+    smollm_way.logprobs = lambda requests: seen.extend(requests) or [0.0] * len(requests)
+    smollm_way.multiple_choice(task, rows)
+    assert [context for context, _ in seen][2:] == [[eos + 1]] * 2 and smollm_way.prefix == [eos]
     bos = eos + 1  # a token of its own, as Llama's <s>
     tok.bos_token = tok.convert_ids_to_tokens(bos)
     tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
@@ -213,12 +220,51 @@ def test_an_empty_context_with_nothing_to_start_the_text_is_refused(tokenizer_di
     ):
         evaluate(task, scorer, lambda split: dropped)
     scorer.ids = ids
+    # A label past the row's choices is refused, as fine-tuning refuses it (it scored as a miss).
+    past = [rows[0], {"story": "a story .", "a": "a", "b": "b", "label": "3"}]
+    task3 = MultipleChoice(name="mc", context=["story"], choices=["a", "b"], labels=["1", "2", "3"])
+    with pytest.raises(
+        TaskDataError, match=r"^task 'mc': split 'validation', labelled example 2's label '3' points"
+    ):
+        evaluate(task3, scorer, lambda split: past)
+    # A verbalizer of one token after an empty text has nothing before it to be scored after.
+    from gpt_ft.eval.zeroshot import ZeroShot
+
+    single = SingleText(name="s", labels=["neg", "pos"], metrics=["accuracy"])
+    spec = ZeroShot(verbalizers=[" a", " the cat"])
+    with pytest.raises(TaskDataError, match=r"^task 's': example 1's text is empty, which a tokenizer with"):
+        scorer.verbalizers(single, spec, [{"sentence": "", "label": "pos"}])
     # The threshold rule's average log-probability: a one-token text has nothing scored.
     single = SingleText(name="s", labels=["neg", "pos"], metrics=["accuracy"])
     texts = [{"sentence": "the cat sat", "label": "pos"}, {"sentence": "", "label": "neg"}]
     with pytest.raises(TaskDataError, match=r"^task 's': example 2's text of 0 token\(s\) cannot be scored"):
         scorer.average_logprobs(single, texts)
     assert scorer.average_logprobs(single, texts[:1]).isfinite().all()
+
+
+def test_a_base_model_without_its_lm_head_is_refused_where_the_head_is_read(tmp_path, capsys):
+    """A LlamaModel folder (no LM head, untied) loads with a head made afresh, for fine-tuning; zero-shot
+    scoring and generation, which read its probabilities, refuse it (they scored noise)."""
+    from transformers import LlamaConfig, LlamaModel
+
+    from gpt_ft import GPT as Weights
+    from gpt_ft.cli import main
+    from gpt_ft.eval.zeroshot import score
+
+    shape = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4)
+    config = LlamaConfig(vocab_size=64, num_key_value_heads=2, tie_word_embeddings=False, **shape)
+    LlamaModel(config).save_pretrained(tmp_path / "base")
+    gpt = Weights.from_pretrained(tmp_path / "base")
+    assert gpt.fresh_lm_head and gpt.lm_head.weight.std().item() == pytest.approx(0.02, rel=0.1)
+    said = "holds a base model without an LM head (a head made afresh is noise): zero-shot scoring reads"
+    with pytest.raises(ValueError, match=re.escape(said)):
+        score(None, str(tmp_path / "base"), None, lambda split: [], None, "x")
+    with pytest.raises(SystemExit):
+        main(["generate", f"--ckpt_path={tmp_path / 'base'}", "--prompt=hi"])
+    assert (
+        "base model without an LM head (a head made afresh is noise): generate reads"
+        in capsys.readouterr().err
+    )
 
 
 def test_the_suites_rows_name_a_bad_ones_file_and_line(tmp_path):
