@@ -258,8 +258,9 @@ class BestCheckpoint(ModelCheckpoint):
 
     def on_fit_end(self, trainer, pl_module) -> None:
         if not self.best_model_path and trainer.is_global_zero:
+            last = "last.ckpt holds the weights" if trainer.global_step else "nor any other: no step trained"
             print(f"note: the run ended before any validation gave {self.monitor}: no best checkpoint was "
-                  "kept (last.ckpt holds the weights).", file=sys.stderr, flush=True)  # fmt: skip
+                  f"kept ({last}).", file=sys.stderr, flush=True)  # fmt: skip
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         kept = {p: score for p, score in state_dict.get("best_k_models", {}).items() if Path(p).is_file()}

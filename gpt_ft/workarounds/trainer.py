@@ -33,7 +33,9 @@ def quiet_misleading_warnings() -> None:
     - a checkpoint folder not empty: it holds the run's lock when Lightning looks, and earlier
       checkpoints there are refused unless resumed (`run_folders.no_earlier_checkpoints`);
     - `args` given beside sys.argv: arguments always come as `args`, and sys.argv is left as it is
-      (DDP launches its other processes with it).
+      (DDP launches its other processes with it);
+    - the module's `on_after_batch_transfer` used beside a data module: the data modules define none,
+      and the module's (scores back to float32, gpt_ft/training/module.py) is the one meant to run.
     """
     import warnings
 
@@ -43,6 +45,7 @@ def quiet_misleading_warnings() -> None:
         "Total length of `list` across ranks is zero",
         "Checkpoint directory .* exists and is not empty",
         "LightningCLI's args parameter is intended",
+        "You have overridden `on_after_batch_transfer` in `LightningModule` but have passed in a",
     ):
         warnings.filterwarnings("ignore", message=message)
 

@@ -1163,6 +1163,7 @@ def test_pretraining_resumed_on_a_corpus_prepared_again_says_its_data_changed(
     said = fit(2)
     assert said.count("training will not validate") == 1 and "across ranks is zero" not in said, said
     assert "exists and is not empty" not in said, said  # (its own lock file was all there)
+    assert "on_after_batch_transfer" not in said, said  # (the data modules define none)
     before = json.loads((tokens / "meta.json").read_text())["tokens"]["train"]
     said = fit(4, "--ckpt_path=last")  # the same data: nothing said, nor of a best that no run kept
     assert "data changed" not in said and "dirpath has changed" not in said, said
@@ -1344,9 +1345,13 @@ def test_a_run_that_ends_before_any_validation_says_it_kept_no_best(tmp_path, to
         )
     assert not [w for w in seen if "could not find the monitored key" in str(w.message)]
     note = "note: the run ended before any validation gave validation/accuracy: no best checkpoint was kept"
-    assert capsys.readouterr().err.count(note) == 1
+    assert capsys.readouterr().err.count(f"{note} (last.ckpt holds the weights).") == 1
     (folder,) = (tmp_path / "logs").rglob("checkpoints")
     assert sorted(p.name for p in folder.glob("*.ckpt")) == ["last.ckpt"]
+    # max_steps 0 trains nothing and writes no checkpoint: the note does not promise one.
+    main(["fit", *finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "zero"), "--trainer.max_steps=0"])
+    assert f"{note} (nor any other: no step trained)." in capsys.readouterr().err
+    assert not list((tmp_path / "zero").rglob("*.ckpt"))
 
 
 def test_an_every_n_steps_save_due_with_a_validation_waits_for_it(tmp_path, tokenizer_dir, monkeypatch):
