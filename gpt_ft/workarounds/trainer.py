@@ -35,7 +35,11 @@ def quiet_misleading_warnings() -> None:
     - `args` given beside sys.argv: arguments always come as `args`, and sys.argv is left as it is
       (DDP launches its other processes with it);
     - the module's `on_after_batch_transfer` used beside a data module: the data modules define none,
-      and the module's (scores back to float32, gpt_ft/training/module.py) is the one meant to run.
+      and the module's (scores back to float32, gpt_ft/training/module.py) is the one meant to run;
+    - the model summary's size "not accurate" under mixed precision: its weights are float32, as
+      the 32 bits it counts;
+    - torch's deprecation of `isinstance(treespec, LeafSpec)`: Lightning's own call
+      (lightning/pytorch/utilities/_pytree.py), nothing a run's user can change.
     """
     import warnings
 
@@ -46,6 +50,8 @@ def quiet_misleading_warnings() -> None:
         "Checkpoint directory .* exists and is not empty",
         "LightningCLI's args parameter is intended",
         "You have overridden `on_after_batch_transfer` in `LightningModule` but have passed in a",
+        r"Precision (bf)?16-mixed is not supported by the model summary",
+        r"`isinstance\(treespec, LeafSpec\)` is deprecated",
     ):
         warnings.filterwarnings("ignore", message=message)
 

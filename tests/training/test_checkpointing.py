@@ -1164,6 +1164,7 @@ def test_pretraining_resumed_on_a_corpus_prepared_again_says_its_data_changed(
     assert said.count("training will not validate") == 1 and "across ranks is zero" not in said, said
     assert "exists and is not empty" not in said, said  # (its own lock file was all there)
     assert "on_after_batch_transfer" not in said, said  # (the data modules define none)
+    assert "LeafSpec" not in said and "not supported by the model summary" not in said, said
     before = json.loads((tokens / "meta.json").read_text())["tokens"]["train"]
     said = fit(4, "--ckpt_path=last")  # the same data: nothing said, nor of a best that no run kept
     assert "data changed" not in said and "dirpath has changed" not in said, said
