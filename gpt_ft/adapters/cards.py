@@ -179,7 +179,7 @@ def card_problem(value, file, *, init_args_only: bool = False) -> str | None:
         close = difflib.get_close_matches(unknown[0], known, n=1)
         hint = f"the closest is {close[0]!r}." if close else f"its fields: {', '.join(known)}."
         return f"{file}: {cls.__name__} has no field {unknown[0]!r}; {hint}"
-    missing = [f for f in card_fields(cls)[1] if f not in init_args] if cls else []
+    missing = [f for f in card_fields(cls)[1] if init_args.get(f) is None] if cls else []  # (null: none)
     return f"{file}: the card names no {', '.join(missing)}; {cls.__name__} needs it." if missing else None
 
 

@@ -316,6 +316,10 @@ def test_a_bad_preference_pair_names_its_line_in_a_gzipped_file(explain, lines, 
             CARD.format(adapter="SingleText", file="t.tsv") + "  label: null\n",
             "--data.task.label: expected str, got null (in {card}).",
         ),
+        (  # a required field given as null is not given
+            CARD.format(adapter="SingleText", file="t.tsv").replace("name: sent", "name: null"),
+            "{card}: the card names no name; SingleText needs it.",
+        ),
     ],
 )
 def test_a_card_that_cannot_work_is_named(explain, card, problem):
