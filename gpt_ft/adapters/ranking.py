@@ -4,8 +4,7 @@ GPT-1's multiple choice with the prompt encoded once (`--data.shared_context`, p
 alike): `[start] prompt [delim] reply [extract]` per reply, one linear layer scoring each extract
 state. A row's replies carry scores (higher better; ties allowed; null: unranked), ranks (1 the
 best), or come as chosen and rejected lists (RewardBench 2's layout: each chosen reply above each
-rejected one). The loss (`loss`), over the replies a row ranks:
-
+rejected one; `RewardBench2` scores them by its own rules). The loss, over the replies a row ranks:
 `plackett_luce` (ties Breslow's way), `softmax` (the best replies as the target) or `pairwise`
 (Bradley-Terry over all pairs of different scores), each `Preference`'s loss on two replies; scored
 by best-of-N accuracy, pairwise accuracy and Kendall's τ-b, rows averaged (docs/tasks.md). A row
@@ -310,8 +309,9 @@ class Ranking(TaskAdapter):
         """The record without its scores (`reply_score`'s too; chosen and rejected sides unscored)."""
         example = {**super().to_predict(record), **({UNSCORED: True} if self.chosen else {})}
         if self.reply_text and isinstance(replies := example.get(self.replies), (list, tuple)):
+            keyed = [isinstance(v, dict) and self.reply_text in v for v in replies]  # (else as written)
             example[self.replies] = [
-                {**v, self.reply_score: None} if isinstance(v, dict) else v for v in replies
+                {**v, self.reply_score: None} if k else v for v, k in zip(replies, keyed)
             ]
         return example
 

@@ -168,6 +168,11 @@ def test_bad_rows_and_cards_are_one_sentence():
         Ranking(name="r", reply_text="response", reply_score="s").texts(
             {"prompt": "p", "replies": [{"s": 1}]}
         )
+    records = Ranking(
+        name="r", reply_text="response", reply_score="s"
+    )  # a record to predict: quoted as written
+    with pytest.raises(TaskDataError, match=r"holds a reply without 'response': \{'text': 'a'\}\.$"):
+        records.texts(records.to_predict({"prompt": "p", "replies": [{"response": "b"}, {"text": "a"}]}))
     # One reply with a score: nothing to order (rather than "no label"); unscored, it is one to score.
     with pytest.raises(TaskDataError, match="the row has 1 reply with a score: a ranking orders 2 or more"):
         task.encode({"prompt": "p", "replies": ["a"], "scores": [3]}, [[5], [6]], SPECIALS, 32)
