@@ -273,7 +273,7 @@ def sequence_classifier(clf: Classifier):
             raise ValueError(
                 f"This classifier's head has {weight.shape[0]} outputs, more than the model's width "
                 f"({weight.shape[1]}): transformers' score layer has no bias, and the final LayerNorm's "
-                "cannot carry this one. Use it through Classifier or `gpt-ft label`."
+                "cannot carry this one; Classifier and `gpt-ft label` use it."
             )
         final.bias.copy_((final.bias.double() + shift).float())
     return model
