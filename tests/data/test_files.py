@@ -104,6 +104,14 @@ def story_row(i, right):
     return [f"id-{i}", Q, "It sat.", "A dog ran, fast.", "It is a park.", "He is happy.", "He is sad.", right]
 
 
+def hellaswag_row(ind, *label):
+    """A record of the release files (rowanz/hellaswag data/): the test file's have no label."""
+    row = {"ind": ind, "activity_label": "Sitting", "ctx_a": Q, "ctx_b": "he", "ctx": f"{Q} he",
+           "split": "val", "split_type": "indomain", "endings": ["runs.", "eats.", "sleeps.", 'says "hi".'],
+           "source_id": "activitynet~v_1"}  # fmt: skip
+    return {**row, **({"label": label[0]} if label else {})}
+
+
 def swag_row(i, *label):
     return [i, "v1", 5, f"{Q} He", Q, "He", "gold", "runs.", "eats.", "sleeps.", 'says "hi".', *label]
 
@@ -413,6 +421,11 @@ FIXTURES = {
         ),
         "validation": (jsonl(prm_row("Hi?", [1])), [replies(32, 1, 0)]),
         "test": (jsonl(prm_row("Hi?", [1])), [replies(32, 1, 0)]),
+    },
+    "hellaswag": {  # labels as numbers; the test file has none
+        "train": (jsonl(hellaswag_row(4, 2), hellaswag_row(9, 0)), [2, 0], {"index": [4, 9]}),
+        "validation": (jsonl(hellaswag_row(24, 3)), [3]),
+        "test": (jsonl(hellaswag_row(7), hellaswag_row(8)), [None, None]),
     },
     "swag": {  # test has no label column
         "train": (csvs([*SWAG, "label"], swag_row(0, 2), swag_row(1, 0)), [2, 0]),
