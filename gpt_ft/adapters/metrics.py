@@ -118,11 +118,25 @@ def retrieval_metrics(
     order would."""
     query, document = first_copies(texts[:, 0]), first_copies(texts[:, 1])
     n = torch.arange(len(query), device=query.device)
-    asking, distinct = query == n, document == n
-    relevant = torch.zeros(len(n), len(n), dtype=torch.bool, device=query.device)
-    relevant[query, document] = True  # each query text's documents
-    scores = queries[asking].double() @ corpus[distinct].double().T
-    return ranked_metrics(scores, relevant[asking][:, distinct], metrics)
+    asking, distinct = (query == n).nonzero().flatten(), (document == n).nonzero().flatten()
+    position = torch.full_like(n, -1).scatter_(0, distinct, torch.arange(len(distinct), device=n.device))
+    docs, rows = corpus[distinct].double(), []
+    block = max(1, QUERY_BLOCK // max(1, len(distinct)))  # queries a block: its (q, D) tensors bounded
+    for start in range(0, len(asking), block):
+        ask = asking[start : start + block]
+        relevant = torch.zeros(len(ask), len(distinct), dtype=torch.bool, device=n.device)
+        own = (query[None, :] == ask[:, None]).nonzero()  # (each asked query's rows)
+        relevant[own[:, 0], position[document[own[:, 1]]]] = True  # each query text's documents
+        rows.append(ranked_values(queries[ask].double() @ docs.T, relevant, metrics))
+    return {name: mean_of([r[name] for r in rows]) for name in metrics}
+
+
+QUERY_BLOCK = 1 << 22  # elements of a block's (queries, documents) tensors: 32 MB of float64 each
+
+
+def mean_of(parts: list[Tensor]) -> Tensor:
+    """The mean of per-row values given in parts (NaN: none)."""
+    return torch.cat(parts).mean().float() if parts else torch.tensor(math.nan)
 
 
 def ranked_metrics(
@@ -136,8 +150,16 @@ def ranked_metrics(
     rows. Scores that tie (`tied` with the one ranked next above: the last bits of a score depend on
     the batch it was computed in) are in a random order, each figure its mean over those orders. A
     row with a NaN score (a model's NaN vector) scores NaN; no row, NaN."""
+    values = ranked_values(scores, relevant, metrics, present)
+    return {name: mean_of([values[name]]) for name in metrics}
+
+
+def ranked_values(
+    scores: Tensor, relevant: Tensor, metrics: list[str], present: Tensor | None = None
+) -> dict[str, Tensor]:
+    """`ranked_metrics`' figures, each row's (Q,), float64."""
     if scores.numel() == 0:
-        return {name: torch.tensor(math.nan) for name in metrics}
+        return {name: scores.new_zeros(0, dtype=torch.float64) for name in metrics}
     present = torch.ones_like(relevant) if present is None else present
     order = scores.nan_to_num(nan=-math.inf).argsort(dim=1, descending=True, stable=True)
     order = order.gather(1, (~present).gather(1, order).argsort(dim=1, stable=True))  # absent: last
@@ -166,7 +188,7 @@ def ranked_metrics(
         chance = (log_choose(rest, k - 1) - log_choose(m, k)).exp()
         values["mrr@10"] = torch.where((m - j >= k - 1) & (a + j <= 10), chance / (a + j), 0.0).sum(dim=1)
     broken = (scores.isnan() & present).any(dim=1)
-    return {name: values[name].masked_fill(broken, math.nan).mean().float() for name in metrics}
+    return {name: values[name].masked_fill(broken, math.nan) for name in metrics}
 
 
 def log_choose(n: Tensor, r: Tensor) -> Tensor:

@@ -265,6 +265,21 @@ def test_retrieval_metrics_by_hand():
     assert got["mrr@10"].item() == pytest.approx((2 / 3 + 1 / 3 / 2 + (1 + 1 / 2 + 1 / 3) / 3) / 2)
 
 
+def test_retrieval_in_blocks_of_queries_equals_all_at_once(monkeypatch):
+    """Queries are ranked a block at a time (one 12,000 x 12,000 float64 tensor is 1.2 GB, and ranking
+    makes several): the same figures."""
+    import gpt_ft.adapters.metrics as metrics
+
+    generator = torch.Generator().manual_seed(0)
+    queries, corpus = torch.randn(40, 8, generator=generator), torch.randn(40, 8, generator=generator)
+    texts = pairs(40)
+    texts[5:10, 0] = texts[4, 0]  # a query with six positives
+    texts[20:23, 1] = texts[19, 1]  # a document four rows share
+    whole = retrieval_metrics(queries, corpus, texts, list(RETRIEVAL))
+    monkeypatch.setattr(metrics, "QUERY_BLOCK", 7 * 36)  # 7 of the 35 distinct queries a block
+    assert retrieval_metrics(queries, corpus, texts, list(RETRIEVAL)) == whole
+
+
 def test_ranked_metrics_are_the_mean_over_the_orders_of_tied_scores():
     """Against a brute force: every order of the tied documents (those of one score) scored as
     sentence-transformers' `InformationRetrievalEvaluator` scores a ranked list, and averaged."""
