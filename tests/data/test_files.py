@@ -422,6 +422,13 @@ FIXTURES = {
         "validation": (jsonl(prm_row("Hi?", [1])), [replies(32, 1, 0)]),
         "test": (jsonl(prm_row("Hi?", [1])), [replies(32, 1, 0)]),
     },
+    "boolq": {  # the answer a JSON boolean; no test split
+        "train": (
+            jsonl(*({"question": "is it?", "title": "T", "answer": a, "passage": Q} for a in (True, False))),
+            [1, 0],
+        ),  # fmt: skip
+        "validation": (jsonl({"question": "is it?", "title": "T", "answer": False, "passage": Q}), [0]),
+    },
     "hellaswag": {  # labels as numbers; the test file has none
         "train": (jsonl(hellaswag_row(4, 2), hellaswag_row(9, 0)), [2, 0], {"index": [4, 9]}),
         "validation": (jsonl(hellaswag_row(24, 3)), [3]),
