@@ -85,23 +85,13 @@ class MultiLabelOutput(TaskOutput):
     def metric_values(self, predictions: Tensor, labels: Tensor, metrics: list[str]) -> dict[str, Tensor]:
         """`micro_f1` over every label decision; `macro_f1` the mean F1 of the labels the split or
         the predictions hold, as single-label `f1` averages the classes seen (a label absent from
-        both has no F1: counted as 0, a small split's missing labels sank a perfect model's)."""
-        from torchmetrics.functional import f1_score
-
-        values = {}
-        if "micro_f1" in metrics:
-            values["micro_f1"] = f1_score(
-                predictions, labels, task="multilabel", num_labels=self.num_outputs, average="micro"
-            )
-        if "macro_f1" in metrics:
-            predicted, gold = predictions.bool(), labels.bool()
-            tp, fp, fn = (
-                (a & b).sum(dim=0).double()
-                for a, b in ((predicted, gold), (predicted, ~gold), (~predicted, gold))
-            )
-            seen = (tp + fp + fn) > 0
-            f1 = 2 * tp[seen] / (2 * tp[seen] + fp[seen] + fn[seen])
-            values["macro_f1"] = (f1.mean() if seen.any() else torch.tensor(0.0)).float()
+        both has no F1: counted as 0, a small split's missing labels sank a perfect model's). With no
+        label in either, both are 0 (scikit-learn's and torchmetrics' `zero_division=0`)."""
+        tp, fp, fn = decisions(predictions, labels)
+        micro = 2 * tp.sum() / (2 * tp.sum() + fp.sum() + fn.sum()).clamp(min=1)
+        seen = (tp + fp + fn) > 0
+        f1 = 2 * tp[seen] / (2 * tp[seen] + fp[seen] + fn[seen])
+        values = {"micro_f1": micro.float(), "macro_f1": (f1.mean() if seen.any() else micro).float()}
         return {name: values[name] for name in metrics}
 
     @property
@@ -118,17 +108,12 @@ class MultiLabelOutput(TaskOutput):
 
     def per_class(self, predictions: Tensor, labels: Tensor) -> dict[str, dict[str, float]] | None:
         """Each label's precision, recall, F1 and support (the examples that have it)."""
-        from torchmetrics.functional.classification import (
-            multilabel_f1_score,
-            multilabel_precision,
-            multilabel_recall,
-        )
 
-        kwargs = dict(num_labels=self.num_outputs, average=None, zero_division=0)
-        columns = {
-            "precision": multilabel_precision(predictions, labels, **kwargs),
-            "recall": multilabel_recall(predictions, labels, **kwargs),
-            "f1": multilabel_f1_score(predictions, labels, **kwargs),
+        tp, fp, fn = decisions(predictions, labels)
+        columns = {  # 0 where a ratio has nothing to count (`zero_division=0`)
+            "precision": tp / (tp + fp).clamp(min=1),
+            "recall": tp / (tp + fn).clamp(min=1),
+            "f1": 2 * tp / (2 * tp + fp + fn).clamp(min=1),
             "support": labels.sum(dim=0),
         }
         return {
@@ -204,3 +189,11 @@ class MultiLabel(SingleText):
 
     def own_output(self, spec: LabelSpec) -> TaskOutput:
         return MultiLabelOutput(self.name, spec, separator=self.label_separator, threshold=self.threshold)
+
+
+def decisions(predictions: Tensor, labels: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Each label's true positives, false positives and false negatives (float64), of 0/1 rows."""
+    predicted, gold = predictions.bool(), labels.bool()
+    return tuple(
+        (a & b).sum(dim=0).double() for a, b in ((predicted, gold), (predicted, ~gold), (~predicted, gold))
+    )

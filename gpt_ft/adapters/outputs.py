@@ -68,7 +68,8 @@ class TaskOutput:
     default_metrics: ClassVar[tuple[str, ...]] = ("accuracy",)
     """The metrics of a card that lists none."""
     needs_names: ClassVar[bool] = False
-    """A card of this kind must name its classes (`labels`)."""
+    """A card of this kind must name its classes (`labels`): `fewest_names` of them at least."""
+    fewest_names: ClassVar[int] = 1
     has_probabilities: ClassVar[bool] = True
     """Its outputs become probabilities (of classes, choices, labels), which calibration fits."""
     default_lm_coef: ClassVar[float] = 0.5
@@ -107,6 +108,8 @@ class TaskOutput:
             raise CardError(
                 f"Task {task_name!r}: a classification task needs `labels` (class names in id order)."
             )
+        if self.needs_names and len(spec.names) < self.fewest_names:
+            raise CardError(f"Task {task_name!r}: `labels` {spec.names} name one class: give two or more.")
 
     @property
     def num_outputs(self) -> int:
@@ -207,7 +210,7 @@ class ClassificationOutput(TaskOutput):
 
     kind = "classification"
     problem_type = "single_label_classification"
-    needs_names = True
+    needs_names, fewest_names = True, 2  # (one class is never wrong)
     allowed_metrics = ("accuracy", "f1", "matthews")  # scores of classes; correlations are a regression's
 
     @property

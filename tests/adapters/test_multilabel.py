@@ -94,6 +94,14 @@ def test_micro_and_macro_f1_by_hand_counting_each_example_once():
     assert (float(got["micro_f1"]), float(got["macro_f1"])) == (1.0, 1.0)
     wrong = t.output.metric_values(tt([[1, 0, 1], [0, 1, 0]]), tt([[1, 0, 0], [0, 1, 0]]), ["macro_f1"])
     assert float(wrong["macro_f1"]) == pytest.approx((1 + 1 + 0) / 3)  # predicted, never gold: seen
+    # One label (a "spam" tag) is a card of its own: its F1, per label too (torchmetrics refused it).
+    spam = MultiLabel(name="tags", labels=["spam"])
+    got = spam.output.metric_values(tt([[1], [0], [1]]), tt([[1], [0], [0]]), ["micro_f1", "macro_f1"])
+    assert (float(got["micro_f1"]), float(got["macro_f1"])) == (pytest.approx(2 / 3), pytest.approx(2 / 3))
+    report = spam.output.per_class(tt([[1], [0], [1]]), tt([[1], [0], [0]]))
+    assert report == {"spam": {"precision": 0.5, "recall": 1.0, "f1": pytest.approx(2 / 3), "support": 1.0}}
+    # Nothing gold and nothing predicted: 0, scikit-learn's zero_division=0.
+    assert float(spam.output.metric_values(tt([[0]]), tt([[0]]), ["micro_f1"])["micro_f1"]) == 0.0
 
 
 # ---- through the command line, with a card written as the README shows ----

@@ -76,6 +76,14 @@ def test_a_shape_with_outputs_of_its_own_cannot_be_a_regression():
         MultiLabel(name="e", labels=["a"], regression=True)
 
 
+def test_a_classification_of_one_class_is_refused_at_the_card():
+    """One class is never wrong, and its metrics cannot be computed: the card says so."""
+    with pytest.raises(
+        ValueError, match=r"^Task 'one': `labels` \['only'\] name one class: give two or more\.$"
+    ):
+        SingleText(name="one", labels=["only"])
+
+
 def test_metric_defaults_and_choices_come_from_the_kind():
     assert SingleText(name="t", labels=["a", "b"]).metrics == ["accuracy"]
     assert Similarity(name="s", regression=True).metrics == ["pearson", "spearman"]
