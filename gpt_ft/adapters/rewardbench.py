@@ -57,8 +57,8 @@ def ties_score(rewards: Tensor, scores: Tensor, tags: Tensor) -> Tensor:
         right = [reward for reward, score in zip(r, s) if score == best and not math.isnan(reward)]
         wrong = [reward for reward, score in zip(r, s) if score < best and not math.isnan(reward)]
         if right and wrong:  # (a row of one side orders nothing: training and evaluation leave it out)
-            groups.setdefault((kind, int(prompt)), ([], []))[0].extend(right)
-            groups[kind, int(prompt)][1].extend(wrong)
+            rights, wrongs = groups.setdefault((kind, int(prompt)), ([], []))
+            rights.extend(right), wrongs.extend(wrong)
     margin = {key: min(right) - max(wrong) for key, (right, wrong) in groups.items()}
     spread = {key: max(right) - min(right) for key, (right, _) in groups.items()}
 

@@ -276,8 +276,11 @@ def test_retrieval_in_blocks_of_queries_equals_all_at_once(monkeypatch):
     texts[5:10, 0] = texts[4, 0]  # a query with six positives
     texts[20:23, 1] = texts[19, 1]  # a document four rows share
     whole = retrieval_metrics(queries, corpus, texts, list(RETRIEVAL))
-    monkeypatch.setattr(metrics, "QUERY_BLOCK", 7 * 36)  # 7 of the 35 distinct queries a block
+    monkeypatch.setattr(metrics, "QUERY_BLOCK", 7 * 37)  # 7 of the 35 distinct queries a block (37 documents)
+    blocks, ranked = [], metrics.ranked_values
+    monkeypatch.setattr(metrics, "ranked_values", lambda s, *a: blocks.append(len(s)) or ranked(s, *a))
     assert retrieval_metrics(queries, corpus, texts, list(RETRIEVAL)) == whole
+    assert blocks == [7] * 5
 
 
 def test_ranked_metrics_are_the_mean_over_the_orders_of_tied_scores():
