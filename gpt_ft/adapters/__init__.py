@@ -19,9 +19,10 @@ One class per input shape:
 - `Steps`:          [start] problem [delim] step_1 [extract] step_2      (process rewards: PRMBench,
                     [extract] ...; a verdict read after every step        ProcessBench, Math-Shepherd)
 
-What a task predicts per example is its output kind (`outputs.py`): `ClassificationOutput`,
-`RegressionOutput` (`regression: true`), `ChoiceOutput` (multiple choice), `MultiLabelOutput` or
-`PreferenceOutput`, `EmbeddingOutput`, `RerankOutput`, `RankingOutput` or `StepOutput`.
+What a task predicts per example is its output kind (`outputs.py`, or its shape's module):
+`ClassificationOutput`, `RegressionOutput` (`regression: true`), `ChoiceOutput` (multiple choice),
+`MultiLabelOutput` or `PreferenceOutput`, `EmbeddingOutput`, `RerankOutput`, `RankingOutput` or
+`StepOutput`.
 Each brings its head (`heads.py`), label reading, metrics and written predictions.
 
 A task card (tasks/*.yaml) is a `class_path` + `init_args` value for a `TaskAdapter`-typed
@@ -30,14 +31,13 @@ argument, so a user's own adapter class works with nothing registered; shipped c
 """
 
 from gpt_ft.adapters.base import ENCODING, Encoded, Submission, TaskAdapter
-from gpt_ft.adapters.choice import MultipleChoice
+from gpt_ft.adapters.choice import ChoiceOutput, MultipleChoice
 from gpt_ft.adapters.embedding import Embedding, EmbeddingHead, EmbeddingOutput
 from gpt_ft.adapters.heads import ChoiceHead, ClassificationHead, RegressionHead, StepHead, TaskHead
 from gpt_ft.adapters.metrics import METRICS, Scoring, metric_value
 from gpt_ft.adapters.multilabel import MultiLabel, MultiLabelHead, MultiLabelOutput
 from gpt_ft.adapters.nli import NliTriplets
 from gpt_ft.adapters.outputs import (
-    ChoiceOutput,
     ClassificationOutput,
     LabelSpec,
     RegressionOutput,

@@ -258,6 +258,11 @@ class TaskAdapter:
         """Every field the adapter reads text from (checked to exist in the data)."""
         raise NotImplementedError
 
+    def read_fields(self) -> list[str]:
+        """The fields examples are read from (texts, label, ids): any of them may name a nested
+        field by its path (`choices.text`), which loading makes a field of its own."""
+        return [*self.text_fields(), *filter(None, [self.label_column, self.index])]
+
     def regroup(
         self, records: Iterable[dict[str, Any]], where=None, alone: bool = False
     ) -> tuple[list[dict[str, Any]], list[int]] | None:

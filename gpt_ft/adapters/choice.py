@@ -4,9 +4,77 @@ from __future__ import annotations
 
 from typing import Any
 
+from torch import Tensor
+
 from gpt_ft.adapters.base import Encoded, TaskAdapter
-from gpt_ft.adapters.outputs import CardError, ChoiceOutput, LabelSpec, TaskDataError, TaskOutput
+from gpt_ft.adapters.heads import ChoiceHead, TaskHead
+from gpt_ft.adapters.outputs import CardError, ClassificationOutput, LabelSpec, TaskDataError, TaskOutput
 from gpt_ft.adapters.sources import field_text
+
+
+class ChoiceOutput(ClassificationOutput):
+    """One of a row's answer choices: a score per choice, softmax over the row's choices (GPT-1 §3.3).
+
+    A label is the right choice's index, its name in `labels` (e.g. '1', '2'), or, where each row
+    names its own choices (`names`: ARC's `choices.label`, A to E or 1 to 4), one of the row's names.
+    """
+
+    kind = "multiple-choice"
+    problem_type = None  # one score per choice: exported as GPT-1's and GPT-2's *DoubleHeadsModel
+    needs_names = False
+
+    def __init__(self, task_name: str, spec: LabelSpec, *, choices: int, names: str | None = None) -> None:
+        super().__init__(task_name, spec)
+        self.choices, self.names_field = choices, names
+        if names is not None and spec.names:
+            raise CardError(
+                f"Task {task_name!r}: give `labels` (the choices' names, the same in every row) or "
+                f"`choice_names` (a field naming each row's own), not both."
+            )
+        self.stratified = names is None  # a name (A, 1) means a position in its own row only
+
+    def example_label(self, example: dict[str, Any]) -> Any:
+        names = self.row_names(example)
+        if names is None:
+            return super().example_label(example)
+        value = example.get(self.spec.field)
+        if self.unlabelled(value):
+            return None
+        if (text := str(value).strip()) not in names:
+            raise TaskDataError(
+                f"label {value!r} in field {self.spec.field!r} names none of the row's choices {names} "
+                f"(field {self.names_field!r})."
+            )
+        return names.index(text)
+
+    @property
+    def num_outputs(self) -> int:
+        return 1
+
+    @property
+    def num_classes(self) -> int:
+        # A prediction is the index of a choice: as many classes as a row has choices at most.
+        return self.choices
+
+    @property
+    def class_names(self) -> list[str] | None:
+        return None
+
+    def head(self, n_embd: int, *, dropout: float, init_std: float, bias: bool = True) -> TaskHead:
+        return ChoiceHead(n_embd, dropout=dropout, init_std=init_std, bias=bias, choices=self.choices)
+
+    def label_text(self, label: Any) -> Any:  # the card's name of the right choice (Story Cloze's '1')
+        return None if label is None else self.label_name(label) if self.spec.names else label
+
+    def row_outcome(
+        self, prediction: Tensor, probabilities: Tensor, sequences: int, names: list[str] | None = None
+    ) -> dict[str, Any]:
+        """The row's own choices only (`sequences` of them), whatever its batch's widest row, by
+        the row's own `names` where it has them."""
+        outcome = self.outcome(prediction, probabilities[:sequences])
+        if names is None:
+            return outcome
+        return {"label": names[int(prediction)], "scores": dict(zip(names, outcome["scores"].values()))}
 
 
 class MultipleChoice(TaskAdapter):
@@ -28,6 +96,7 @@ class MultipleChoice(TaskAdapter):
         context: list[str],
         choices: list[str] | str,
         num_choices: int | None = None,
+        choice_names: str | None = None,
         **kwargs,
     ) -> None:
         """
@@ -35,11 +104,14 @@ class MultipleChoice(TaskAdapter):
             context: Fields whose texts, joined by spaces, make the context (e.g. [article, question]).
             choices: One field per choice, or one field holding a list of choices.
             num_choices: The most choices a row has (required when `choices` is a list field).
-            label: Field with the right choice: its index, or a name in `labels` (e.g. '1', '2').
+            choice_names: A field holding the names of the row's own choices, in order (ARC's
+                `choices.label`: A to E, or 1 to 4), one of which the label gives.
+            label: Field with the right choice: its index, a name in `labels` (e.g. '1', '2'), or
+                one of the row's `choice_names`.
         """
         name = kwargs.get("name")
         self.context = [context] if isinstance(context, str) else list(context)
-        self.choices = choices
+        self.choices, self.choice_names = choices, choice_names
         if isinstance(choices, str):
             if not num_choices or num_choices < 1:
                 raise CardError(
@@ -60,10 +132,13 @@ class MultipleChoice(TaskAdapter):
         return self.max_choices
 
     def own_output(self, spec: LabelSpec) -> TaskOutput:
-        return ChoiceOutput(self.name, spec, choices=self.max_choices)
+        return ChoiceOutput(self.name, spec, choices=self.max_choices, names=self.choice_names)
 
     def text_fields(self) -> list[str]:
         return self.context + ([self.choices] if isinstance(self.choices, str) else list(self.choices))
+
+    def read_fields(self) -> list[str]:
+        return [*super().read_fields(), *filter(None, [self.choice_names])]
 
     def texts(self, example: dict[str, Any]) -> list[str]:
         """[context part per context field, choice_1, ..., choice_k]: the parts join into the context
@@ -100,6 +175,7 @@ class MultipleChoice(TaskAdapter):
     def encode(self, example, tokens, specials, max_length):
         parts, answers = tokens[: len(self.context)], tokens[len(self.context) :]
         sequences, extract = self.choice_sequences(specials, parts, answers, max_length)
+        self.output.row_names(example, len(answers))  # as many as the choices, each once
         label = self.output.example_label(example)
         if label is not None and label >= len(answers):
             value = example.get(self.label)

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from gpt_ft.adapters.heads import ChoiceHead, ClassificationHead, RegressionHead, TaskHead
+from gpt_ft.adapters.heads import ClassificationHead, RegressionHead, TaskHead
 from gpt_ft.adapters.metrics import METRICS, metric_value
 from gpt_ft.adapters.sources import finite_number
 from gpt_ft.errors import CardError, TaskDataError
@@ -85,6 +85,9 @@ class TaskOutput:
     """Its export scores tokens, each step's separator (a process reward model)."""
     embeds: ClassVar[bool] = False
     """Its outputs are vectors, one per text (`Encoder`, a sentence-transformers export)."""
+    names_field: str | None = None
+    """A field in which each example names its own outputs (ARC's `choices.label`, where the label
+    is one of them); None: the card names them (`labels`), or they are numbered."""
     stratified: ClassVar[bool] = True
     """`--data.train_size` keeps each label's share; False: no classes (tagged steps), one seeded draw."""
 
@@ -173,19 +176,41 @@ class TaskOutput:
         """One example's prediction as `Classifier.predict` returns it."""
         raise NotImplementedError
 
-    def row_outcome(self, prediction: Tensor, probabilities: Tensor, sequences: int) -> dict[str, Any]:
-        """`outcome` of a row of `sequences` sequences, out of a batch's (`Classifier`)."""
+    def row_outcome(
+        self, prediction: Tensor, probabilities: Tensor, sequences: int, names: list[str] | None = None
+    ) -> dict[str, Any]:
+        """`outcome` of a row of `sequences` sequences, out of a batch's (`Classifier`); `names`:
+        the names the row gives its own choices (`row_names`)."""
         return self.outcome(prediction, probabilities)
+
+    def row_names(self, example: dict[str, Any], choices: int | None = None) -> list[str] | None:
+        """The names the example gives its own outputs, in order (`names_field`: its choices'); None
+        where the card names them. With `choices`, how many the row has: as many names, each once."""
+        if self.names_field is None:
+            return None
+        field, value = self.names_field, example.get(self.names_field)
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, (str, int)) for v in value):
+            raise TaskDataError(f"field {field!r} must hold a list of the choices' names, got {value}.")
+        names = [str(v).strip() for v in value]
+        if choices is not None and len(names) != choices:
+            raise TaskDataError(
+                f"field {field!r} names {len(names)} choices {names}, but the row has {choices}."
+            )
+        if repeated := sorted({n for n in names if names.count(n) > 1}):
+            raise TaskDataError(f"field {field!r} names two choices {repeated[0]!r}: {names}.")
+        return names
 
     def example_label(self, example: dict[str, Any]) -> Any:
         """The example's label; None when unlabelled (no field, a null or NaN, an empty cell, or -1 as
         in hub test splits, where the card has no class or score -1 of its own)."""
         value = example.get(self.spec.field)
+        return None if self.unlabelled(value) else self.label_id(value)
+
+    def unlabelled(self, value: Any) -> bool:
+        """Whether a label field's value marks an unlabelled example (`example_label`)."""
         if value is None or value != value or (isinstance(value, str) and not value.strip()):  # NaN != NaN
-            return None
-        if value in (-1, "-1") and not self.takes_minus_one():
-            return None
-        return self.label_id(value)
+            return True
+        return value in (-1, "-1") and not self.takes_minus_one()
 
     def takes_minus_one(self) -> bool:
         """Whether -1 is one of the card's labels: a class named "-1", or a score in the card's
@@ -313,44 +338,6 @@ class ClassificationOutput(TaskOutput):
         raise TaskDataError(
             f"label {value!r} in field {self.spec.field!r} is not among the labels {allowed}{why}."
         )
-
-
-class ChoiceOutput(ClassificationOutput):
-    """One of a row's answer choices: a score per choice, softmax over the row's choices (GPT-1 §3.3).
-
-    A label is the right choice's index, or its name in `labels` (e.g. '1', '2').
-    """
-
-    kind = "multiple-choice"
-    problem_type = None  # one score per choice: exported as GPT-1's and GPT-2's *DoubleHeadsModel
-    needs_names = False
-
-    def __init__(self, task_name: str, spec: LabelSpec, *, choices: int) -> None:
-        super().__init__(task_name, spec)
-        self.choices = choices
-
-    @property
-    def num_outputs(self) -> int:
-        return 1
-
-    @property
-    def num_classes(self) -> int:
-        # A prediction is the index of a choice: as many classes as a row has choices at most.
-        return self.choices
-
-    @property
-    def class_names(self) -> list[str] | None:
-        return None
-
-    def head(self, n_embd: int, *, dropout: float, init_std: float, bias: bool = True) -> TaskHead:
-        return ChoiceHead(n_embd, dropout=dropout, init_std=init_std, bias=bias, choices=self.choices)
-
-    def label_text(self, label: Any) -> Any:  # the card's name of the right choice (Story Cloze's '1')
-        return None if label is None else self.label_name(label) if self.spec.names else label
-
-    def row_outcome(self, prediction: Tensor, probabilities: Tensor, sequences: int) -> dict[str, Any]:
-        """The row's own choices only (`sequences` of them), whatever its batch's widest row."""
-        return self.outcome(prediction, probabilities[:sequences])
 
 
 class RegressionOutput(TaskOutput):

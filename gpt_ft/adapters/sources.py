@@ -1,5 +1,6 @@
 """Where a task's examples come from (a hub dataset, local files, and which splits are evaluated),
-and how a field of theirs is read: a text (`field_text`), a number (`finite_number`)."""
+and how a field of theirs is read: a text (`field_text`), a number (`finite_number`), a nested one by
+its path (`path_value`)."""
 
 from __future__ import annotations
 
@@ -154,3 +155,30 @@ def needed_text(value: Any, field: str, needed: str) -> str:
     if not text.strip():
         raise TaskDataError(f"field {field!r} is empty: {needed}.")
     return text
+
+
+def path_value(record: dict[str, Any], path: str) -> Any:
+    """A nested field's value by its path: `choices.text` is the record's `choices` mapping's
+    `text`; through a list of mappings, each one's (`question.choices.text`: every choice's text).
+    A part missing, or a null on the way, gives None, as a missing field's value is read."""
+    value: Any = record
+    for part in path.split("."):
+        if isinstance(value, dict):
+            value = value.get(part)
+        elif isinstance(value, (list, tuple)) and all(isinstance(v, dict) for v in value):
+            value = [v.get(part) for v in value]
+        else:
+            return None
+    return value
+
+
+def nested_paths(fields: list[str], columns: list[str]) -> list[str]:
+    """Those of a card's `fields` that name a nested field by its path: not a column of their own
+    (a column may have a dot in its name), their first part one."""
+    return [f for f in dict.fromkeys(fields) if f not in columns and f.split(".")[0] in columns and "." in f]
+
+
+def with_paths(record: dict[str, Any], fields: list[str]) -> dict[str, Any]:
+    """The record with each nested field of `fields` as a field of its own (`path_value`)."""
+    paths = nested_paths(fields, list(record))
+    return {**record, **{path: path_value(record, path) for path in paths}} if paths else record

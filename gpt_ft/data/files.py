@@ -14,6 +14,7 @@ from itertools import chain
 from pathlib import Path
 
 from gpt_ft.adapters import TaskAdapter, TaskDataError
+from gpt_ft.adapters.sources import nested_paths, path_value
 from gpt_ft.data.file_faults import (
     absent_field,
     file_bytes,
@@ -63,6 +64,10 @@ def located_split(task: TaskAdapter, split: str, data_dir: str | Path | None):
     texts = {field: dict(origin.columns).get(field, field) for field in task.text_fields()}
     if task.null_is_empty_text and (absent := absent_field(origin, texts, ds)):
         raise TaskDataError(absent)
+    if paths := nested_paths(task.read_fields(), ds.column_names):  # `choices.text`: a column of its own
+        rows = ds.select_columns(sorted({path.split(".")[0] for path in paths})).to_list()
+        for path in paths:
+            ds = ds.add_column(path, [path_value(row, path) for row in rows])
     return ds, origin
 
 

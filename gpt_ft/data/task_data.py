@@ -152,6 +152,7 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         self.origins: dict[str, Origin] = {}  # where each split's rows come from, for messages
         self.no_label_column: dict[str, str] = {}  # a split whose file has no label column: why, for messages
         self.id_names: dict[str, dict[int, str]] = {}  # a test split's text ids, by row: predictions' names
+        self.choice_names: dict[str, dict[int, list[str]]] = {}  # its rows' own names of their choices
 
     # ---- loading and encoding ----
 
@@ -246,6 +247,9 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
                         f"{origin.of(i)} repeats the {column} of {origin.of(j)} ({value}): each "
                         "example needs an id of its own (predictions and metrics count each id once)."
                     )
+        if split in self.task.test_splits and (names := self.task.output.names_field) in raw.column_names:
+            rows = zip(encoded["index"], raw.select_columns([names]))  # predictions name the row's choice
+            self.choice_names[split] = {i: self.task.output.row_names(row) for i, row in rows}
         return encoded, origin
 
     def _fingerprint(self, raw, split: str) -> str:

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from gpt_ft.adapters import TaskAdapter, TaskHead
 from gpt_ft.adapters.cards import card_from_value
+from gpt_ft.adapters.sources import with_paths
 from gpt_ft.data.batches import PackedBatch, SharedContextBatch, TaskBatch, collate_batch
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
 from gpt_ft.errors import about, at_least_one, device_named
@@ -131,7 +132,11 @@ class Classifier:
         encoded = self.task.encode_examples(
             unlabelled, self.tokenizer, self.specials, self.max_length, where=where
         )
-        return [{**enc.fields(), "label": None, "index": i, "cut": enc.cut} for i, enc in enumerate(encoded)]
+        names = [self.task.output.row_names(example) for example in examples]  # a row's own choices'
+        return [
+            {**enc.fields(), "label": None, "index": i, "cut": enc.cut, "names": names[i]}
+            for i, enc in enumerate(encoded)
+        ]
 
     def examples(self, examples) -> list[dict[str, Any]]:
         """`examples` as a list of dicts, or one sentence on what was given instead."""
@@ -146,7 +151,7 @@ class Classifier:
             fields = ", ".join(f"{f!r}: ..." for f in self.task.text_fields())
             raise TypeError(f"Classifier takes examples as dicts; example {bad[0]} is {examples[bad[0]]!r}: "
                             f"give {{{fields}}}.")  # fmt: skip
-        return examples
+        return [with_paths(example, self.task.read_fields()) for example in examples]  # `choices.text`
 
     def predict(self, examples: list[dict[str, Any]], *, batch_size: int = 32) -> list[dict[str, Any]]:
         """One `{"label": ..., "scores": ...}` per example, in order (see `TaskOutput.outcome`).
@@ -191,8 +196,12 @@ class Classifier:
             predictions = self.head.predictions(raw).cpu()
             probabilities = self.head.probabilities(raw / self.temperature).cpu()
             for row, example in enumerate(chunk):
-                text = self.task.format_prediction(predictions[row], submission=False)
-                sequences = len(example["input_ids"])
-                outcome = self.task.output.row_outcome(predictions[row], probabilities[row], sequences)
+                sequences, names = len(example["input_ids"]), example.get("names")
+                outcome = self.task.output.row_outcome(predictions[row], probabilities[row], sequences, names)
+                text = (
+                    outcome["label"]
+                    if names
+                    else self.task.format_prediction(predictions[row], submission=False)
+                )
                 out[example["index"]] = (outcome, text)
         return out

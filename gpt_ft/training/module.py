@@ -33,7 +33,7 @@ from gpt_ft.training.optim import (
     fused_adamw,
     schedule_steps,
 )
-from gpt_ft.training.predictions import write_predictions
+from gpt_ft.training.predictions import NAMED, write_predictions
 from gpt_ft.training.ranks import gather, mean_over_ranks
 from gpt_ft.training.saved import build_gpt, check_lora_resume, check_same_tokenizer, lora_checkpoint
 from gpt_ft.training.strategies import clip_gradients
@@ -378,10 +378,9 @@ class GPTModule(Evaluation, LightningModule):
             world = self.trainer.world_size
             index, predictions = gather(index, world, self.device), gather(predictions, world, self.device)
             if self.trainer.is_global_zero:
-                names = getattr(self.trainer.datamodule, "id_names", {}).get(split)  # text ids
-                written = write_predictions(
-                    self.task, split, index, predictions, Path(self.predictions_dir).expanduser(), names
-                )
+                names = {n: getattr(self.trainer.datamodule, n, {}).get(split) for n in NAMED}
+                out_dir = Path(self.predictions_dir).expanduser()
+                written = write_predictions(self.task, split, index, predictions, out_dir, **names)
                 print(f"predictions of split {split!r}: {written}", flush=True)
         self._predictions = {}
 

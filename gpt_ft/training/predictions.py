@@ -12,6 +12,10 @@ from gpt_ft.adapters import TaskAdapter
 from gpt_ft.data.files import split_file
 from gpt_ft.errors import writing
 
+NAMED = ("id_names", "choice_names")
+"""What a data module names in a split's rows (its text ids; each row's own names of its
+choices), by the split: `write_predictions` takes them."""
+
 
 def submission_path(task: TaskAdapter, split: str, out_dir: str | Path) -> Path:
     """Where `predict` writes a split's predictions: `submission_files`, else TASK-SPLIT.tsv."""
@@ -47,11 +51,13 @@ def write_predictions(
     index: Tensor,
     predictions: Tensor,
     out_dir: Path,
-    names: dict[int, str] | None = None,
+    id_names: dict[int, str] | None = None,
+    choice_names: dict[int, list[str]] | None = None,
 ) -> Path:
     """Rows in example order, each example once, in the file the leaderboard expects
-    (`submission_files`, else TASK-SPLIT.tsv); the task writes each prediction. An example is
-    named by its id: the integer, or the text `names` gives its row."""
+    (`submission_files`, else TASK-SPLIT.tsv); the task writes each prediction, or where a row
+    names its own choices (`choice_names`), its name of the one chosen. An example is named by
+    its id: the integer, or the text `id_names` gives its row."""
     path = submission_path(task, split, out_dir)
     order = torch.argsort(index)
     seen = set()
@@ -61,7 +67,10 @@ def write_predictions(
         if row in seen:  # a distributed sampler may repeat examples to even out ranks
             continue
         seen.add(row)
-        lines.append(f"{names.get(row, row) if names else row}\t{task.format_prediction(predictions[i])}")
+        named = (
+            choice_names[row][int(predictions[i])] if choice_names else task.format_prediction(predictions[i])
+        )
+        lines.append(f"{id_names.get(row, row) if id_names else row}\t{named}")
     tmp = path.with_suffix(path.suffix + ".tmp")
     with writing(path):  # no space left, permission denied: one sentence, the previous file kept
         try:

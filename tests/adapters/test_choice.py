@@ -108,3 +108,60 @@ def test_rows_of_fewer_choices_line_up_across_batches_and_name_their_own(tokeniz
     alone, together = clf.predict(rows, batch_size=1), clf.predict(rows, batch_size=2)
     assert [list(o["scores"]) for o in together] == [["0", "1"], ["0", "1", "2", "3"]]
     assert together[0]["scores"] == pytest.approx(alone[0]["scores"], abs=1e-6)
+
+
+def test_a_nested_field_is_read_by_its_path():
+    from gpt_ft.adapters.sources import nested_paths, path_value, with_paths
+
+    arc = {"question": "Q?", "choices": {"text": ["a", "b"], "label": ["A", "B"]}, "answerKey": "B"}
+    original = {
+        "question": {"stem": "Q?", "choices": [{"text": "a", "label": "1"}, {"text": "b", "label": "2"}]}
+    }
+    assert path_value(arc, "choices.text") == ["a", "b"] and path_value(arc, "choices.label") == ["A", "B"]
+    assert path_value(original, "question.choices.label") == ["1", "2"]  # through a list of records
+    assert path_value(original, "question.stem") == "Q?"
+    for absent in ("choices.name", "question.stem", "answerKey.x", "nothing.at.all"):
+        assert path_value(arc, absent) is None  # read as a missing field's value is
+    assert path_value({"choices": None}, "choices.text") is None
+    fields = ["question", "choices.text", "choices.label", "answerKey", "other.x"]
+    assert nested_paths(fields, list(arc)) == ["choices.text", "choices.label"]  # `other` is no column
+    assert nested_paths(["a.b"], ["a.b", "a"]) == []  # a column named with a dot is read as it is
+    read = with_paths(arc, fields)
+    assert read == {**arc, "choices.text": ["a", "b"], "choices.label": ["A", "B"]}
+    assert with_paths(read, fields) == read and with_paths({"question": "Q?"}, fields) == {"question": "Q?"}
+
+
+def test_a_row_names_its_own_choices():
+    """ARC's rows name their choices A to E, some 1 to 4: the label is one of the row's names."""
+    from gpt_ft.errors import CardError
+
+    mc = MultipleChoice(name="arc", context=["q"], choices="texts", choice_names="names", num_choices=5,
+                        label="key")  # fmt: skip
+    row = {"q": "Which?", "texts": ["x", "y", "z"], "names": ["1", "2", "3"], "key": "2"}
+    assert mc.read_fields() == ["q", "texts", "key", "idx", "names"]
+    enc = mc.encode(row, [[1], [2], [3], [4]], SPECIALS, 64)
+    assert enc.label == 1 and len(enc.sequences) == 3
+    assert mc.output.example_label({**row, "names": ["A", "B", "C"], "key": " C"}) == 2
+    assert mc.output.example_label({**row, "names": [1, 2, 3], "key": 3}) == 2  # numbers, as parquet may hold
+    for unlabelled in ("", None, -1):  # CommonsenseQA's test split: an empty answerKey
+        assert mc.output.example_label({**row, "key": unlabelled}) is None
+    assert not mc.output.stratified  # A means a position in its own row only
+    with pytest.raises(TaskDataError, match=r"^label 'D' in field 'key' names none of the row's choices "
+                       r"\['A', 'B', 'C'\] \(field 'names'\)\.$"):  # fmt: skip
+        mc.output.example_label({**row, "names": ["A", "B", "C"], "key": "D"})
+    with pytest.raises(
+        TaskDataError, match=r"^field 'names' names 2 choices \['1', '2'\], but the row has 3\.$"
+    ):
+        mc.encode({**row, "names": ["1", "2"]}, [[1], [2], [3], [4]], SPECIALS, 64)
+    with pytest.raises(TaskDataError, match=r"^field 'names' names two choices 'A': \['A', 'A', 'B'\]\.$"):
+        mc.encode({**row, "names": ["A", "A", "B"]}, [[1], [2], [3], [4]], SPECIALS, 64)
+    with pytest.raises(
+        TaskDataError, match=r"^field 'names' must hold a list of the choices' names, got ABC\.$"
+    ):
+        mc.output.example_label({**row, "names": "ABC"})
+    with pytest.raises(CardError, match=r"give `labels` .* or `choice_names` .*, not both"):
+        MultipleChoice(
+            name="arc", context=["q"], choices="t", choice_names="n", num_choices=5, labels=list("ABCDE")
+        )
+    plain = MultipleChoice(name="race", context=["q"], choices="t", num_choices=4, labels=list("ABCD"))
+    assert plain.output.row_names(row) is None and plain.output.stratified

@@ -55,7 +55,8 @@ def test_the_card_chooses_the_output_kind_and_the_kind_its_head():
 def test_every_shipped_card_keeps_its_output_kind(card):
     task = load_card(TASKS / f"{card}.yaml")
     expected = {"glue/stsb": RegressionOutput, "go_emotions": MultiLabelOutput}
-    expected |= dict.fromkeys(["hellaswag", "race", "storycloze", "swag"], ChoiceOutput)
+    choices = ["arc_challenge", "arc_easy", "commonsense_qa", "hellaswag", "openbookqa", "race", "storycloze"]
+    expected |= dict.fromkeys([*choices, "swag"], ChoiceOutput)
     preference = ["preference/hh_rlhf", "preference/pairs", "preference/ultrafeedback_binarized"]
     expected |= dict.fromkeys(preference, PreferenceOutput)
     embeddings = ["embedding/pairs", "embedding/stsb", "embedding/snli", "embedding/mnli"]

@@ -112,6 +112,13 @@ def hellaswag_row(ind, *label):
     return {**row, **({"label": label[0]} if label else {})}
 
 
+def arc_row(id, key, *names, stem="question"):
+    """A record of the hub's parquet files (ARC, OpenBookQA, CommonsenseQA): each row names its own
+    choices, A to E or (some ARC rows) 1 to 4; `key` the right one's name ("": unlabelled)."""
+    texts = ["Heat.", "Light.", "Sound.", 'A "wave".', "Wind."][: len(names)]
+    return {"id": id, stem: Q, "choices": {"text": texts, "label": list(names)}, "answerKey": key}
+
+
 def swag_row(i, *label):
     return [i, "v1", 5, f"{Q} He", Q, "He", "gold", "runs.", "eats.", "sleeps.", 'says "hi".', *label]
 
@@ -434,6 +441,27 @@ FIXTURES = {
         "validation": (jsonl(hellaswag_row(24, 3)), [3]),
         "test": (jsonl(hellaswag_row(7), hellaswag_row(8)), [None, None]),
     },
+    **{
+        f"arc_{level}": {  # rows of 4, 3 (named 1 to 3) and 5 choices: the answer by the row's names
+            "train": (parquet(arc_row("M_1", "C", *"ABCD"), arc_row("M_2", "2", *"123")), [2, 1]),
+            "validation": (parquet(arc_row("M_3", "E", *"ABCDE")), [4]),
+            "test": (parquet(arc_row("M_4", "A", *"ABCD"), arc_row("M_5", "3", *"1234")), [0, 2]),
+        }
+        for level in ("challenge", "easy")
+    },
+    "openbookqa": {  # the question's field is question_stem
+        "train": (
+            parquet(*(arc_row(f"7-{i}", k, *"ABCD", stem="question_stem") for i, k in enumerate("DB"))),
+            [3, 1],
+        ),
+        "validation": (parquet(arc_row("8-1", "A", *"ABCD", stem="question_stem")), [0]),
+        "test": (parquet(arc_row("9-1", "B", *"ABCD", stem="question_stem")), [1]),
+    },
+    "commonsense_qa": {  # the test split's answerKey empty: unlabelled
+        "train": (parquet(arc_row("075e", "E", *"ABCDE"), arc_row("61fe", "A", *"ABCDE")), [4, 0]),
+        "validation": (parquet(arc_row("1afa", "B", *"ABCDE")), [1]),
+        "test": (parquet(arc_row("90b3", "", *"ABCDE"), arc_row("0a4b", "", *"ABCDE")), [None, None]),
+    },
     "swag": {  # test has no label column
         "train": (csvs([*SWAG, "label"], swag_row(0, 2), swag_row(1, 0)), [2, 0]),
         "validation": (csvs([*SWAG, "label"], swag_row(0, 3)), [3]),
@@ -702,3 +730,29 @@ def test_a_file_read_into_a_log_or_pipe_draws_no_bar(tmp_path, capsys):
     capsys.readouterr()
     assert read_table(tmp_path / "rows.tsv").num_rows == 3
     assert "Generating" not in capsys.readouterr().err and not datasets.are_progress_bars_disabled()
+
+
+def test_the_original_arc_files_are_read_through_their_lists_of_records(tmp_path, tokenizer_dir):
+    """ARC's release files keep each choice as a record ({"text", "label"}) in `question.choices`:
+    `question.choices.text` reads every choice's; a record without them is named by its line."""
+    from gpt_ft.adapters import MultipleChoice
+
+    def record(key, *names):
+        choices = [{"text": f"choice {n}", "label": n} for n in names]
+        return {"id": "M_1", "question": {"stem": Q, "choices": choices}, "answerKey": key}
+
+    (tmp_path / "ARC-Challenge-Train.jsonl").write_text(jsonl(record("B", *"ABCD"), record("3", *"123")))
+    (tmp_path / "bad.jsonl").write_text(jsonl(record("B", *"ABCD"), {"id": "M_2", "question": {"stem": Q}}))
+    kw = dict(
+        context=["question.stem"], choices="question.choices.text", choice_names="question.choices.label"
+    )
+    local = LocalFiles(splits={"train": "ARC-Challenge-Train.jsonl", "validation": "bad.jsonl"})
+    task = MultipleChoice(name="arc", num_choices=5, label="answerKey", index="id", local=local, **kw)
+    ds = load_split(task, "train", tmp_path)
+    assert ds["question.choices.label"] == [list("ABCD"), list("123")] and ds["question.stem"] == [Q, Q]
+    dm = TaskDataModule(task=task, tokenizer=tokenizer_dir, data_dir=tmp_path, max_length=64)
+    assert dm.encoded("train", labelled=True)["label"] == [1, 2]
+    assert [len(e["input_ids"]) for e in dm.encoded("train", labelled=True)] == [4, 3]
+    with pytest.raises(TaskDataError, match=r"bad.jsonl, line 2: field 'question.choices.text' must hold a "
+                       r"list of 1 to 5 choices, got None\.$"):  # fmt: skip
+        dm.encoded("validation", labelled=True)

@@ -15,7 +15,7 @@ import torch
 from gpt_ft import Classifier
 from gpt_ft.adapters import TaskDataError
 from gpt_ft.cli import main
-from gpt_ft.data.files import read_table
+from gpt_ft.data.files import labelled_rows, read_table
 from tests.helpers import BAD, GOOD
 
 
@@ -609,3 +609,66 @@ def test_an_escaped_lone_surrogate_in_a_json_array_is_named_by_its_line(finetune
             "which is no text; escape the whole pair, or write the character."
         )
         assert (tmp_path / "o.jsonl").read_bytes() == before
+
+
+def test_arc_reads_nested_fields_and_answers_by_each_rows_names(tokenizer_dir, tmp_path, capsys):
+    """tasks/arc_challenge.yaml on its hub layout (`choices.text`, `choices.label`): a row's label is
+    one of its own names (A to E, or 1 to 4), and `predict`, `Classifier` and `label` name the
+    chosen answer as the row does, each agreeing with the others."""
+    import json
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tests.helpers import MICRO, TASKS, data_args
+
+    def row(id, key, *names):
+        texts = ["Heat.", "Light.", "Sound.", "A wave.", "Wind."][: len(names)]
+        return {"id": id, "question": f"Which is {id}?", "choices": {"text": texts, "label": list(names)},
+                "answerKey": key}  # fmt: skip
+
+    rows = {
+        "train": [row("M_1", "C", *"ABCD"), row("M_2", "2", *"123"), row("M_3", "E", *"ABCDE")],
+        "validation": [row("M_5", "B", *"ABCD"), row("M_6", "1", *"1234")],
+        "test": [row("Mercury_7", "D", *"ABCD"), row("Mercury_8", "3", *"123")],
+    }  # fmt: skip
+    for split, records in rows.items():
+        path = tmp_path / f"ai2_arc/ARC-Challenge/{split}-00000-of-00001.parquet"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.Table.from_pylist(records), path)
+    card = TASKS / "arc_challenge.yaml"
+    data = data_args(task=card, tokenizer=tokenizer_dir, data_dir=tmp_path, batch_size=2, max_length=64)
+    quiet = [
+        f"--trainer.default_root_dir={tmp_path}",
+        "--trainer.logger=false",
+        "--trainer.enable_progress_bar=false",
+    ]
+    main(["fit", data, "--model.preset=gpt-micro", f"--model.overrides={MICRO}", "--trainer.max_epochs=1",
+          "--trainer.enable_model_summary=false", "--seed_everything=1", *quiet])  # fmt: skip
+    ckpt = next(tmp_path.rglob("last.ckpt"))
+    main(["predict", f"--ckpt_path={ckpt}", f"--model.predictions_dir={tmp_path / 'pred'}", *quiet])
+    written = [
+        line.split("\t") for line in (tmp_path / "pred/arc_challenge-test.tsv").read_text().splitlines()
+    ]
+    assert written[0] == ["index", "prediction"] and [r[0] for r in written[1:]] == ["Mercury_7", "Mercury_8"]
+    assert written[1][1] in "ABCD" and written[2][1] in "123"  # the row's own names
+    clf = Classifier.from_checkpoint(ckpt, device="cpu")
+    outcomes = clf.predict(rows["test"])
+    assert [list(o["scores"]) for o in outcomes] == [list("ABCD"), list("123")]
+    assert [o["label"] for o in outcomes] == [r[1] for r in written[1:]]
+    source = tmp_path / "mine.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows["test"]))
+    main(["label", f"--ckpt_path={ckpt}", f"--input={source}", f"--output={tmp_path / 'out.jsonl'}"])
+    labelled = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert [r["prediction"] for r in labelled] == [o["label"] for o in outcomes]
+    assert labelled[0]["choices"] == rows["test"][0]["choices"]  # the record as written, nested
+    scored = labelled_rows(clf.task, "validation", tmp_path)  # zero-shot scoring's rows
+    assert [clf.task.context_and_choices(r)[1] for r in scored] == [
+        r["choices"]["text"] for r in rows["validation"]
+    ]
+    assert [clf.task.output.example_label(r) for r in scored] == [1, 0]
+    capsys.readouterr()
+    main(["validate", f"--ckpt_path={ckpt}", *quiet])  # the labels read by each row's names
+    assert any(
+        line.startswith("validate: validation/accuracy") for line in capsys.readouterr().out.splitlines()
+    )
