@@ -6,7 +6,9 @@ One class per input shape:
 - `SingleText`:     [start] text [extract]                               (CoLA, SST-2)
 - `TextPair`:       [start] premise [delim] hypothesis [extract]         (MNLI, QNLI, RTE, SNLI, ...)
 - `Similarity`:     both orders [start] a [delim] b [extract], summed    (MRPC, STS-B, QQP)
-- `MultipleChoice`: [start] context [delim] answer_k [extract] per k     (Story Cloze, RACE, SWAG)
+- `MultipleChoice`: [start] context [delim] answer_k [extract] per k     (Story Cloze, RACE, SWAG, ARC)
+- `FillIn`:         [start] sentence to its blank [delim] option_k and   (WinoGrande)
+                    the rest [extract] per option
 - `MultiLabel`:     [start] text [extract], one sigmoid per label        (GoEmotions)
 - `Preference`:     [start] prompt [delim] reply [extract] per reply,    (HH-RLHF: reward models)
                     chosen first, Bradley-Terry's loss on two rewards
@@ -31,7 +33,7 @@ argument, so a user's own adapter class works with nothing registered; shipped c
 """
 
 from gpt_ft.adapters.base import ENCODING, Encoded, Submission, TaskAdapter
-from gpt_ft.adapters.choice import ChoiceOutput, MultipleChoice
+from gpt_ft.adapters.choice import ChoiceOutput, FillIn, MultipleChoice
 from gpt_ft.adapters.embedding import Embedding, EmbeddingHead, EmbeddingOutput
 from gpt_ft.adapters.heads import ChoiceHead, ClassificationHead, RegressionHead, StepHead, TaskHead
 from gpt_ft.adapters.metrics import METRICS, Scoring, metric_value
@@ -59,6 +61,7 @@ __all__ = [
     "TextPair",
     "Similarity",
     "MultipleChoice",
+    "FillIn",
     "MultiLabel",
     "Preference",
     "Embedding",

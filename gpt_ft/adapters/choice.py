@@ -9,7 +9,7 @@ from torch import Tensor
 from gpt_ft.adapters.base import Encoded, TaskAdapter
 from gpt_ft.adapters.heads import ChoiceHead, TaskHead
 from gpt_ft.adapters.outputs import CardError, ClassificationOutput, LabelSpec, TaskDataError, TaskOutput
-from gpt_ft.adapters.sources import field_text
+from gpt_ft.adapters.sources import field_text, short_repr
 
 
 class ChoiceOutput(ClassificationOutput):
@@ -168,9 +168,15 @@ class MultipleChoice(TaskAdapter):
         return self.texts(example)  # stripped field by field, before the parts join
 
     def context_and_choices(self, example: dict[str, Any]) -> tuple[str, list[str]]:
-        """The context's text and each choice's (zero-shot scoring's), as the card reads them."""
+        """The context's text and each choice's, as the card reads them."""
         texts = self.card_texts(example)
         return "".join(texts[: len(self.context)]), texts[len(self.context) :]
+
+    def scored_texts(self, example: dict[str, Any]) -> list[tuple[str, str]]:
+        """Each choice as zero-shot scoring reads it: the text before it, and the text scored after
+        that (the choice's own)."""
+        context, choices = self.context_and_choices(example)
+        return [(context, choice) for choice in choices]
 
     def encode(self, example, tokens, specials, max_length):
         parts, answers = tokens[: len(self.context)], tokens[len(self.context) :]
@@ -184,3 +190,44 @@ class MultipleChoice(TaskAdapter):
 
     def sequence_roles(self, encoded):  # the right choice and the others
         return None if encoded.label is None else [i == encoded.label for i in range(len(encoded.sequences))]
+
+
+class FillIn(MultipleChoice):
+    """A sentence with a blank, and the options that may fill it (WinoGrande): per option,
+    [start] the sentence up to the blank [delim] the option and the rest of the sentence [extract]
+    (the WinoGrande paper's split, its context shared), softmax over the options. Zero-shot scoring
+    scores the rest of the sentence after each option (partial scoring: Trinh and Le 2018, as
+    lm-evaluation-harness scores WinoGrande).
+    """
+
+    def __init__(self, *, sentence: str, options: list[str] | str, blank: str = "_", **kwargs) -> None:
+        """
+        Args:
+            sentence: Field holding the sentence, with the blank once.
+            options: One field per option, or one field holding a list of options.
+            blank: What marks the blank in the sentence.
+        """
+        if not blank:
+            raise CardError(f"Task {kwargs.get('name')!r}: `blank` must be a text, e.g. '_'.")
+        self.sentence, self.options, self.blank = sentence, options, blank
+        super().__init__(context=[sentence], choices=options, **kwargs)
+
+    def split(self, example: dict[str, Any]) -> tuple[str, list[str], str]:
+        """The sentence before the blank, the options, and the sentence after the blank."""
+        sentence, *options = super().texts(example)
+        if sentence.count(self.blank) != 1:
+            raise TaskDataError(
+                f"field {self.sentence!r} must hold the blank {self.blank!r} once: {short_repr(sentence)}."
+            )
+        before, after = sentence.split(self.blank)
+        return before, options, after
+
+    def texts(self, example: dict[str, Any]) -> list[str]:
+        """[the sentence up to the blank (its space before the blank dropped), each option followed
+        by the rest of the sentence]."""
+        before, options, after = self.split(example)
+        return [before.rstrip(), *(option + after for option in options)]
+
+    def scored_texts(self, example: dict[str, Any]) -> list[tuple[str, str]]:
+        before, options, after = self.split(example)
+        return [(before + option, after) for option in options]

@@ -165,19 +165,21 @@ class ZeroShotScorer:
         n_ctx = self.gpt.config.n_positions
         for number, row in enumerate(rows, 1):
             try:
-                context, choices = task.context_and_choices(row)
+                pairs = task.scored_texts(row)  # (the text before, the text scored) per choice
             except TaskDataError as exc:
                 raise TaskDataError(f"task {task.name!r}: {_where(split)}example {number}: {exc}") from None
-            read = self.ids(context)
-            if not self.empty and not read:  # a choice's first token would go unscored
-                raise TaskDataError(
-                    f"task {task.name!r}: {_where(split)}example {number} has an empty context, which "
-                    "a tokenizer with neither a beginning- nor an end-of-text token leaves nothing to score "
-                    "its choices after."
+            start = len(requests)
+            for k, (context, choice) in enumerate(pairs, 1):
+                read = self.ids(context)
+                if not self.empty and not read:  # a choice's first token would go unscored
+                    raise TaskDataError(
+                        f"task {task.name!r}: {_where(split)}example {number} has an empty context, which "
+                        "a tokenizer with neither a beginning- nor an end-of-text token leaves nothing to "
+                        "score its choices after."
+                    )
+                requests.append(
+                    ((self.start or ([] if read else self.empty)) + read, self.ids(" " + choice.strip()))
                 )
-            start, lead = len(requests), self.start or ([] if read else self.empty)
-            for k, choice in enumerate(choices, 1):
-                requests.append((lead + read, self.ids(" " + choice.strip())))
                 if not requests[-1][1]:
                     raise TaskDataError(
                         f"task {task.name!r}: {_where(split)}example {number}'s choice {k} is empty: it has "
@@ -185,14 +187,14 @@ class ZeroShotScorer:
                     )
             # acc_norm divides by the choice's length in characters, not counting the space before
             # it (lm-evaluation-harness: `completion_len = len(choice)`).
-            chars = [max(1, len(c.strip())) for c in choices]
+            chars = [max(1, len(c.strip())) for _, c in pairs]
             tokens = [scored_tokens(len(c), len(t), n_ctx) for c, t in requests[start:]]
-            spans.append((start, len(choices), chars, tokens))
+            spans.append((start, len(pairs), chars, tokens))
             labels.append(_label(task, row))
-            if labels[-1] >= len(choices):  # (fine-tuning refuses it alike)
+            if labels[-1] >= len(pairs):  # (fine-tuning refuses it alike)
                 raise TaskDataError(
                     f"task {task.name!r}: {_where(split)}example {number}'s label "
-                    f"{row.get(task.label)!r} points past its {len(choices)} choices."
+                    f"{row.get(task.label)!r} points past its {len(pairs)} choices."
                 )
         scores = self.logprobs(requests)
         right = {"accuracy": 0, "accuracy_norm": 0, "accuracy_token": 0}

@@ -165,3 +165,53 @@ def test_a_row_names_its_own_choices():
         )
     plain = MultipleChoice(name="race", context=["q"], choices="t", num_choices=4, labels=list("ABCD"))
     assert plain.output.row_names(row) is None and plain.output.stratified
+
+
+def test_fill_in_splits_the_sentence_at_its_blank(tokenizer_dir):
+    """WinoGrande: [start] the sentence to the blank [delim] option_k + the rest [extract]; zero-shot
+    scoring reads (the sentence to the blank + option_k, the rest)."""
+    from gpt_ft.adapters import FillIn
+    from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
+    from gpt_ft.errors import CardError
+
+    task = FillIn(
+        name="wg", sentence="sentence", options=["option1", "option2"], labels=["1", "2"], label="answer"
+    )
+    row = {"sentence": "The cup fell off the table because the _ was too close to the edge.",
+           "option1": "cup", "option2": "table", "answer": "2"}  # fmt: skip
+    assert task.texts(row) == [
+        "The cup fell off the table because the",
+        "cup was too close to the edge.",
+        "table was too close to the edge.",
+    ]
+    assert task.scored_texts(row) == [
+        ("The cup fell off the table because the cup", " was too close to the edge."),
+        ("The cup fell off the table because the table", " was too close to the edge."),
+    ]
+    tok = load_tokenizer(tokenizer_dir)
+    specials = special_token_ids(tok)
+    (enc,) = task.encode_examples([row], tok, specials, 64)
+    ids = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    before = ids("The cup fell off the table because the")
+    assert enc.sequences == [
+        [specials.start, *before, specials.delim, *ids("cup was too close to the edge."), specials.extract],
+        [specials.start, *before, specials.delim, *ids("table was too close to the edge."), specials.extract],
+    ]
+    assert (
+        enc.label == 1
+        and task.shares_context
+        and task.read_fields() == ["sentence", "option1", "option2", "answer", "idx"]
+    )
+    assert task.texts({**row, "sentence": "_ fell."}) == ["", "cup fell.", "table fell."]  # a blank first
+    for sentence in ("No blank here.", "Two _ blanks _."):
+        with pytest.raises(TaskDataError, match=r"^field 'sentence' must hold the blank '_' once: '"):
+            task.texts({**row, "sentence": sentence})
+    with pytest.raises(CardError, match="`blank` must be a text"):
+        FillIn(name="wg", sentence="s", options=["a", "b"], blank="", labels=["1", "2"])
+    listed = FillIn(name="wg", sentence="s", options="opts", num_choices=3, blank="[MASK]")
+    assert listed.texts({"s": "A [MASK] ran.", "opts": ["dog", "cat", "cow"]}) == [
+        "A",
+        "dog ran.",
+        "cat ran.",
+        "cow ran.",
+    ]

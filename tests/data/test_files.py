@@ -119,6 +119,12 @@ def arc_row(id, key, *names, stem="question"):
     return {"id": id, stem: Q, "choices": {"text": texts, "label": list(names)}, "answerKey": key}
 
 
+def winogrande_row(qid, *answer):
+    """A record of the release files (winogrande_1.1/): the test file's have no answer."""
+    row = {"qID": qid, "sentence": f"{Q} The _ left.", "option1": "cat", "option2": "man"}
+    return {**row, **({"answer": answer[0]} if answer else {})}
+
+
 def swag_row(i, *label):
     return [i, "v1", 5, f"{Q} He", Q, "He", "gold", "runs.", "eats.", "sleeps.", 'says "hi".', *label]
 
@@ -461,6 +467,11 @@ FIXTURES = {
         "train": (parquet(arc_row("075e", "E", *"ABCDE"), arc_row("61fe", "A", *"ABCDE")), [4, 0]),
         "validation": (parquet(arc_row("1afa", "B", *"ABCDE")), [1]),
         "test": (parquet(arc_row("90b3", "", *"ABCDE"), arc_row("0a4b", "", *"ABCDE")), [None, None]),
+    },
+    "winogrande": {  # "1" or "2"; the test file has no answers, its ids name the predictions
+        "train": (jsonl(winogrande_row("3QH-1", "2"), winogrande_row("3QH-2", "1")), [1, 0]),
+        "validation": (jsonl(winogrande_row("9AB-1", "1")), [0]),
+        "test": (jsonl(winogrande_row("7XY-1"), winogrande_row("7XY-2")), [None, None]),
     },
     "swag": {  # test has no label column
         "train": (csvs([*SWAG, "label"], swag_row(0, 2), swag_row(1, 0)), [2, 0]),

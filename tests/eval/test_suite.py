@@ -967,3 +967,34 @@ def test_a_trainer_given_plugins_still_writes_checkpoints_whole(tmp_path, tokeni
     assert type(trainer._accelerator_connector.cluster_environment).__name__ == "LightningEnvironment"
     trainer = build_fit([*args, "--trainer.plugins=lightning.fabric.plugins.TorchCheckpointIO"])[2]
     assert type(trainer.strategy.checkpoint_io) is TorchCheckpointIO
+
+
+def test_the_commonsense_suite_scores_every_task_zero_shot(tmp_path, tokenizer_dir, capsys):
+    """configs/suites/commonsense.yaml on each card's own files (tests/data/test_files.py's): every
+    multiple-choice and fill-in card by its choices' likelihoods, BoolQ by its verbalizers."""
+    from gpt_ft.adapters.cards import load_card
+    from gpt_ft.data.files import split_file
+    from tests.data.test_files import FIXTURES
+
+    spec = load_suite(ROOT / "configs/suites/commonsense.yaml")
+    for entry in spec.tasks:
+        task = load_card(entry.card)
+        for split in task.validation_splits:
+            text = FIXTURES[os.path.relpath(entry.card, ROOT / "tasks").removesuffix(".yaml")][split][0]
+            path = split_file(task, split, tmp_path / "data")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    tok = load_tokenizer(tokenizer_dir)
+    config = GPTConfig.from_name("gpt-micro", vocab_size=len(tok), n_positions=128, n_embd=32, n_layer=1)
+    GPT(config).to_hf().save_pretrained(tmp_path / "pre")
+    tok.save_pretrained(tmp_path / "pre")
+    out = tmp_path / "out"
+    suite, pre, data = ROOT / "configs/suites/commonsense.yaml", tmp_path / "pre", tmp_path / "data"
+    main(["suite", str(suite), f"--out_dir={out}", f"--init_from={pre}", "--fine_tune=false",
+          "--zero_shot=true", f"--data_dir={data}"])  # fmt: skip
+    results = json.loads((out / "results.json").read_text())
+    names = ["hellaswag", "winogrande", "arc_easy", "arc_challenge", "openbookqa", "commonsense_qa", "boolq"]
+    assert list(results["tasks"]) == names and "has no method" not in capsys.readouterr().out
+    for name in names:
+        score = results["tasks"][name]["metrics"]["validation/accuracy"]["zero_shot"]
+        assert score in (0.0, 100.0), name  # one example each

@@ -312,3 +312,25 @@ def test_summed_log_likelihoods_hold_to_float32s_precision():
     at = torch.arange(len(context) - 1, len(context) + len(continuation) - 1)
     expected = torch.log_softmax(logits, -1)[at, torch.tensor(continuation)].sum().item()
     assert got == pytest.approx(expected, abs=5e-4)
+
+
+def test_a_fill_in_task_scores_the_rest_of_the_sentence_after_each_option(tokenizer_dir):
+    """WinoGrande's partial scoring (lm-evaluation-harness): the context is the sentence up to the
+    blank with the option in it, the text scored the rest of the sentence, the same for both."""
+    from gpt_ft.adapters import FillIn
+
+    tok = load_tokenizer(tokenizer_dir, add_specials=False)
+    ids = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    task = FillIn(
+        name="wg", sentence="sentence", options=["option1", "option2"], labels=["1", "2"], label="answer"
+    )
+    rows = [{"sentence": "The cat sat on the _ .", "option1": "mat", "option2": "dog", "answer": "2"}]
+    scorer = ZeroShotScorer(unigram_gpt(len(tok), torch.zeros(len(tok))), tok)
+    asked = []
+    scorer.logprobs = lambda requests: asked.extend(requests) or [-2.0, -1.0]
+    assert scorer.multiple_choice(task, rows)["accuracy"] == 1.0
+    lead = scorer.start or []
+    assert asked == [
+        (lead + ids("The cat sat on the mat"), ids(" .")),
+        (lead + ids("The cat sat on the dog"), ids(" .")),
+    ]
