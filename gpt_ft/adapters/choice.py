@@ -151,6 +151,7 @@ class MultipleChoice(TaskAdapter):
             joined = joined or bool(text)
         if isinstance(self.choices, str):
             choices = example[self.choices]
+            choices = choices.tolist() if hasattr(choices, "tolist") else choices  # pandas' numpy arrays
             if not isinstance(choices, (list, tuple)) or not 1 <= len(choices) <= self.max_choices:
                 raise TaskDataError(
                     f"field {self.choices!r} must hold a list of 1 to {self.max_choices} choices, "

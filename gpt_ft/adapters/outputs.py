@@ -189,6 +189,7 @@ class TaskOutput:
         if self.names_field is None:
             return None
         field, value = self.names_field, example.get(self.names_field)
+        value = value.tolist() if hasattr(value, "tolist") else value  # pandas' numpy arrays
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, (str, int)) for v in value):
             raise TaskDataError(f"field {field!r} must hold a list of the choices' names, got {value}.")
         names = [str(v).strip() for v in value]

@@ -157,18 +157,23 @@ def needed_text(value: Any, field: str, needed: str) -> str:
     return text
 
 
-def path_value(record: dict[str, Any], path: str) -> Any:
+def path_value(record: dict[str, Any], path: str, missing: Any = None) -> Any:
     """A nested field's value by its path: `choices.text` is the record's `choices` mapping's
     `text`; through a list of mappings, each one's (`question.choices.text`: every choice's text).
-    A part missing, or a null on the way, gives None, as a missing field's value is read."""
+    A null on the way gives None; a part the record lacks, `missing`."""
     value: Any = record
     for part in path.split("."):
+        value = value.tolist() if hasattr(value, "tolist") else value  # a numpy array (pandas' lists)
+        if value is None:
+            return None
         if isinstance(value, dict):
-            value = value.get(part)
+            value = value.get(part, missing) if part in value else missing
         elif isinstance(value, (list, tuple)) and all(isinstance(v, dict) for v in value):
             value = [v.get(part) for v in value]
         else:
-            return None
+            return missing
+        if value is missing:
+            return missing
     return value
 
 
@@ -179,6 +184,34 @@ def nested_paths(fields: list[str], columns: list[str]) -> list[str]:
 
 
 def with_paths(record: dict[str, Any], fields: list[str]) -> dict[str, Any]:
-    """The record with each nested field of `fields` as a field of its own (`path_value`)."""
-    paths = nested_paths(fields, list(record))
-    return {**record, **{path: path_value(record, path) for path in paths}} if paths else record
+    """The record with each nested field of `fields` it has as a field of its own (`path_value`);
+    one it lacks stays missing, and is named as such where it is read."""
+    absent = object()
+    values = {path: path_value(record, path, absent) for path in nested_paths(fields, list(record))}
+    return {**record, **{path: v for path, v in values.items() if v is not absent}} if values else record
+
+
+def with_path_columns(table, fields: list[str], task_name: str):
+    """A `datasets.Dataset` with a column of its own for each of `fields` that names a nested field
+    (`choices.text`); a path that names none of the table's fields is refused, by what it reaches."""
+    if not (paths := nested_paths(fields, table.column_names)):
+        return table
+    for path in paths:
+        feature, parts = table.features, path.split(".")
+        for at, part in enumerate(parts):
+            inner = getattr(feature, "feature", feature)  # a list of records: each record's fields
+            if type(inner).__name__ == "Json":  # records of differing fields (JSON lines): read as written
+                break
+            if not isinstance(inner, dict) or part not in inner:
+                walked, kind = ".".join(parts[:at]), getattr(inner, "dtype", type(inner).__name__)
+                has = (
+                    f"has no field {part!r} (its fields: {', '.join(inner)})"
+                    if isinstance(inner, dict)
+                    else f"holds {kind} values, not records (csv and tsv files hold no nested fields)"
+                )
+                raise TaskDataError(f"task {task_name!r} reads the field {path!r}, but {walked!r} {has}.")
+            feature = inner[part]
+    rows = table.select_columns(sorted({path.split(".")[0] for path in paths})).to_list()
+    for path in paths:
+        table = table.add_column(path, [path_value(row, path) for row in rows])
+    return table

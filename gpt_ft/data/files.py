@@ -14,7 +14,7 @@ from itertools import chain
 from pathlib import Path
 
 from gpt_ft.adapters import TaskAdapter, TaskDataError
-from gpt_ft.adapters.sources import nested_paths, path_value
+from gpt_ft.adapters.sources import with_path_columns
 from gpt_ft.data.file_faults import (
     absent_field,
     file_bytes,
@@ -64,11 +64,11 @@ def located_split(task: TaskAdapter, split: str, data_dir: str | Path | None):
     texts = {field: dict(origin.columns).get(field, field) for field in task.text_fields()}
     if task.null_is_empty_text and (absent := absent_field(origin, texts, ds)):
         raise TaskDataError(absent)
-    if paths := nested_paths(task.read_fields(), ds.column_names):  # `choices.text`: a column of its own
-        rows = ds.select_columns(sorted({path.split(".")[0] for path in paths})).to_list()
-        for path in paths:
-            ds = ds.add_column(path, [path_value(row, path) for row in rows])
-    return ds, origin
+    try:  # `choices.text`: a column of its own
+        read, ds = ds, with_path_columns(ds, task.read_fields(), task.name)
+    except TaskDataError as exc:
+        raise TaskDataError(origin.explain(f"{origin.source}: {exc}")) from None
+    return ds, replace(origin, derived=tuple(c for c in ds.column_names if c not in read.column_names))
 
 
 def task_examples(task: TaskAdapter, split: str, raw, origin: Origin):
@@ -103,7 +103,7 @@ def labelled_rows(task: TaskAdapter, split: str, data_dir: str | Path | None) ->
     raw, origin = task_examples(task, split, *located_split(task, split, data_dir))
     needed = [*task.text_fields(), *([task.label_column] if task.label_column else [])]
     if missing := [field for field in needed if field not in raw.column_names]:
-        has = [dict(origin.columns).get(c, c) for c in raw.column_names]
+        has = origin.file_columns(raw.column_names)
         said = f"missing column(s) {missing} needed by task {task.name!r}; the file has {has}."
         raise TaskDataError(origin.explain(f"{origin.source}: {said}"))
     rows = list(raw)
@@ -311,6 +311,11 @@ class Origin:
     """The rows left after some were dropped (`ignore_labels`), by their number before."""
     columns: tuple[tuple[str, str], ...] = ()
     """Fields read from a column of another name (the card's `columns`): (field, column)."""
+    derived: tuple[str, ...] = ()  # columns made of nested fields (`choices.text`), not the file's own
+
+    def file_columns(self, columns: list[str]) -> list[str]:
+        """A loaded split's `columns` as the file names them: renamed back, derived ones left out."""
+        return [dict(self.columns).get(c, c) for c in columns if c not in self.derived]
 
     def explain(self, message: str) -> str:
         """`message`, and where it names a renamed field, the file's column that field is."""

@@ -184,7 +184,7 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
             raise TaskDataError(f"{source}: split {split!r} has no examples.")
         renamed = (self.task.local if self.data_dir is not None else self.task.hub).columns or {}
         asked = {field: column for column, field in renamed.items()}  # the file's names, as the card says
-        has = [dict(origin.columns).get(c, c) for c in raw.column_names]
+        has = origin.file_columns(raw.column_names)
         if missing := [asked.get(f, f) for f in self.task.text_fields() if f not in raw.column_names]:
             raise TaskDataError(
                 f"{source}: missing column(s) {missing} needed by task {self.task.name!r}; "
@@ -247,8 +247,8 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
                         f"{origin.of(i)} repeats the {column} of {origin.of(j)} ({value}): each "
                         "example needs an id of its own (predictions and metrics count each id once)."
                     )
-        if split in self.task.test_splits and (names := self.task.output.names_field) in raw.column_names:
-            rows = zip(encoded["index"], raw.select_columns([names]))  # predictions name the row's choice
+        if (names := self.task.output.names_field) in raw.column_names:  # predictions, explain: a row's
+            rows = zip(encoded["index"], raw.select_columns([names]))  # own name of its choice
             self.choice_names[split] = {i: self.task.output.row_names(row) for i, row in rows}
         return encoded, origin
 
@@ -386,8 +386,9 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         ds = self.encoded(split, labelled=split == "train" or split in self.task.validation_splits)
         if not 0 <= index < len(ds):
             raise TaskDataError(f"--index {index} is out of range: split {split!r} has {len(ds)} examples.")
-        example = ds[index]
+        example, names = ds[index], self.choice_names.get(split, {}).get(ds[index]["index"])
         label, read = self.task.label_text(example["label"]), reads(example)
+        label = names[label] if names and label is not None else label  # ARC's '3', not the position
         if isinstance(label, list):  # one a reply or step (None: unlabelled); the padding after, cut
             label = label[: max([len(read), *(i + 1 for i, v in enumerate(label) if v is not None)])]
         sequences, pooling = [], getattr(self.task, "pooling", "extract")

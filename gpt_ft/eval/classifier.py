@@ -197,7 +197,10 @@ class Classifier:
             probabilities = self.head.probabilities(raw / self.temperature).cpu()
             for row, example in enumerate(chunk):
                 sequences, names = len(example["input_ids"]), example.get("names")
-                outcome = self.task.output.row_outcome(predictions[row], probabilities[row], sequences, names)
+                named = {"names": names} if names else {}  # (an output kind of a user's own may not take it)
+                outcome = self.task.output.row_outcome(
+                    predictions[row], probabilities[row], sequences, **named
+                )
                 text = (
                     outcome["label"]
                     if names

@@ -359,7 +359,15 @@ def double_heads_model(clf: Classifier):
             summary_proj_to_labels=True,
             summary_activation=None,
             num_labels=1,  # the head's one score per choice; the choices' names beside it
-            choice_labels=[str(clf.task.output.label_name(i)) for i in range(clf.task.output.choices)],
+            **(
+                {
+                    "choice_labels": [
+                        str(clf.task.output.label_name(i)) for i in range(clf.task.output.choices)
+                    ]
+                }
+                if clf.task.output.names_field is None
+                else {"choice_names_field": clf.task.output.names_field}  # each row names its own (ARC)
+            ),
         )
     )
     cls = GPT2DoubleHeadsModel if clf.gpt.config.pre_ln else OpenAIGPTDoubleHeadsModel  # GPT-2; GPT-1

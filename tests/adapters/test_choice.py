@@ -1,3 +1,4 @@
+import numpy
 import pytest
 
 from gpt_ft.adapters import ChoiceHead, MultipleChoice, TaskDataError
@@ -143,6 +144,12 @@ def test_a_row_names_its_own_choices():
     assert enc.label == 1 and len(enc.sequences) == 3
     assert mc.output.example_label({**row, "names": ["A", "B", "C"], "key": " C"}) == 2
     assert mc.output.example_label({**row, "names": [1, 2, 3], "key": 3}) == 2  # numbers, as parquet may hold
+    arrays = {
+        **row,
+        "texts": numpy.array(row["texts"]),
+        "names": numpy.array(row["names"]),
+    }  # pandas' records
+    assert mc.texts(arrays) == mc.texts(row) and mc.output.example_label(arrays) == 1
     for unlabelled in ("", None, -1):  # CommonsenseQA's test split: an empty answerKey
         assert mc.output.example_label({**row, "key": unlabelled}) is None
     assert not mc.output.stratified  # A means a position in its own row only
@@ -215,3 +222,27 @@ def test_fill_in_splits_the_sentence_at_its_blank(tokenizer_dir):
         "cat ran.",
         "cow ran.",
     ]
+
+
+def test_an_export_of_rows_that_name_their_own_choices_says_which_field_names_them(tokenizer_dir):
+    """A fixed `choice_labels` (0 to 4) would misname ARC's choices (A to E, or 1 to 4, by row)."""
+    from gpt_ft import GPT, GPTConfig
+    from gpt_ft.data.tokenizer import load_tokenizer
+    from gpt_ft.eval.classifier import Classifier
+    from gpt_ft.eval.export import double_heads_model
+
+    tok = load_tokenizer(tokenizer_dir)
+    gpt = GPT(GPTConfig.from_name("gpt-micro", vocab_size=len(tok))).eval()
+    configs = []
+    for names in ("choices.label", None):
+        task = MultipleChoice(
+            name="arc", context=["q"], choices="choices.text", choice_names=names, num_choices=5
+        )
+        head = task.head(gpt.config.n_embd, dropout=0.0, init_std=0.02)
+        configs.append(
+            double_heads_model(Classifier(gpt, head, task, tok, max_length=64, device="cpu")).config
+        )
+    assert configs[0].choice_names_field == "choices.label" and not hasattr(configs[0], "choice_labels")
+    assert configs[1].choice_labels == ["0", "1", "2", "3", "4"] and not hasattr(
+        configs[1], "choice_names_field"
+    )

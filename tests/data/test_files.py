@@ -12,6 +12,7 @@ import gzip
 import io
 import json
 import math
+import re
 
 import datasets
 import numpy
@@ -764,6 +765,63 @@ def test_the_original_arc_files_are_read_through_their_lists_of_records(tmp_path
     dm = TaskDataModule(task=task, tokenizer=tokenizer_dir, data_dir=tmp_path, max_length=64)
     assert dm.encoded("train", labelled=True)["label"] == [1, 2]
     assert [len(e["input_ids"]) for e in dm.encoded("train", labelled=True)] == [4, 3]
+    assert [dm.explain("train", i)["label"] for i in (0, 1)] == ["B", "3"]  # as the row names it
     with pytest.raises(TaskDataError, match=r"bad.jsonl, line 2: field 'question.choices.text' must hold a "
                        r"list of 1 to 5 choices, got None\.$"):  # fmt: skip
         dm.encoded("validation", labelled=True)
+    # The file's columns, as a message names them, are its own: not those made of its nested fields.
+    task = MultipleChoice(name="arc", num_choices=5, label="gold", index="id", local=local, **kw)
+    dm = TaskDataModule(task=task, tokenizer=tokenizer_dir, data_dir=tmp_path, max_length=64)
+    with pytest.raises(TaskDataError, match=r"the file has \['id', 'question', 'answerKey'\]\.$"):
+        dm.encoded("train", labelled=True)
+
+
+def test_a_path_that_names_no_field_is_refused_by_what_it_reaches(tmp_path, tokenizer_dir):
+    """A misspelt path (`choices.txt`), or one through a text (`question.text`: ARC's hub question is
+    a text; a CSV cell), was read as an empty text in every row."""
+    from gpt_ft.adapters import MultipleChoice
+    from gpt_ft.eval.classifier import Classifier
+
+    (tmp_path / "arc.parquet").write_bytes(
+        parquet({"question": Q, "choices": {"text": ["a"], "label": ["A"]}})
+    )
+    (tmp_path / "arc.csv").write_text('question,choices\nWhy?,"{""text"": [""a""]}"\n')
+    for split, context, choices, message in (
+        (
+            "p",
+            "question",
+            "choices.txt",
+            "'choices.txt', but 'choices' has no field 'txt' (its fields: text, label).",
+        ),
+        (
+            "p",
+            "question.text",
+            "choices.text",
+            "'question.text', but 'question' holds string values, not records",
+        ),
+        (
+            "c",
+            "question",
+            "choices.text",
+            "'choices.text', but 'choices' holds string values, not records (csv",
+        ),
+    ):
+        local = LocalFiles(splits={"p": "arc.parquet", "c": "arc.csv"})
+        task = MultipleChoice(name="arc", context=[context], choices=choices, num_choices=5, local=local)
+        with pytest.raises(
+            TaskDataError, match=rf"^\S+arc\.(parquet|csv): task 'arc' reads the field {re.escape(message)}"
+        ):
+            load_split(task, split, tmp_path)
+    # A Python record lacking the nested field is named as lacking it, as a top-level one is.
+    from gpt_ft.data.tokenizer import load_tokenizer
+    from gpt_ft.model import GPT, GPTConfig
+
+    task = MultipleChoice(name="arc", context=["question"], choices="choices.text", num_choices=5)
+    tok = load_tokenizer(tokenizer_dir)
+    gpt = GPT(GPTConfig.from_name("gpt-micro", vocab_size=len(tok))).eval()
+    clf = Classifier(
+        gpt, task.head(gpt.config.n_embd, dropout=0.0, init_std=0.02), task, tok, max_length=64, device="cpu"
+    )
+    with pytest.raises(TaskDataError, match=r"^example 0 has no field 'choices.text' \(task 'arc'\)"):
+        clf.predict([{"question": "Q", "choices": {"label": ["A"]}}])
+    assert clf.predict([{"question": "Q", "choices": {"text": ["a", "b"]}}])[0]["label"] in ("0", "1")
