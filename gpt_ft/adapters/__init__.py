@@ -9,6 +9,8 @@ One class per input shape:
 - `MultipleChoice`: [start] context [delim] answer_k [extract] per k     (Story Cloze, RACE, SWAG, ARC)
 - `FillIn`:         [start] sentence to its blank [delim] option_k and   (WinoGrande)
                     the rest [extract] per option
+- `CauseEffect`:    [start] premise because|therefore [delim] choice_k   (COPA)
+                    [extract] per choice
 - `MultiLabel`:     [start] text [extract], one sigmoid per label        (GoEmotions)
 - `Preference`:     [start] prompt [delim] reply [extract] per reply,    (HH-RLHF: reward models)
                     chosen first, Bradley-Terry's loss on two rewards
@@ -33,7 +35,7 @@ argument, so a user's own adapter class works with nothing registered; shipped c
 """
 
 from gpt_ft.adapters.base import ENCODING, Encoded, Submission, TaskAdapter
-from gpt_ft.adapters.choice import ChoiceOutput, FillIn, MultipleChoice
+from gpt_ft.adapters.choice import CauseEffect, ChoiceOutput, FillIn, MultipleChoice
 from gpt_ft.adapters.embedding import Embedding, EmbeddingHead, EmbeddingOutput
 from gpt_ft.adapters.heads import ChoiceHead, ClassificationHead, RegressionHead, StepHead, TaskHead
 from gpt_ft.adapters.metrics import METRICS, Scoring, metric_value
@@ -62,6 +64,7 @@ __all__ = [
     "Similarity",
     "MultipleChoice",
     "FillIn",
+    "CauseEffect",
     "MultiLabel",
     "Preference",
     "Embedding",

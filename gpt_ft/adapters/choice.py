@@ -196,9 +196,10 @@ class MultipleChoice(TaskAdapter):
 class FillIn(MultipleChoice):
     """A sentence with a blank, and the options that may fill it (WinoGrande): per option,
     [start] the sentence up to the blank [delim] the option and the rest of the sentence [extract]
-    (the WinoGrande paper's split, its context shared), softmax over the options. Zero-shot scoring
-    scores the rest of the sentence after each option (partial scoring: Trinh and Le 2018, as
-    lm-evaluation-harness scores WinoGrande).
+    (split at the blank as the WinoGrande paper's baseline reads it, the context shared), softmax
+    over the options. Zero-shot scoring scores the rest of the sentence after each option (partial
+    scoring: Trinh and Le 2018, as lm-evaluation-harness scores WinoGrande), the same text for
+    every option: `accuracy_norm` is `accuracy` there.
     """
 
     def __init__(self, *, sentence: str, options: list[str] | str, blank: str = "_", **kwargs) -> None:
@@ -216,11 +217,11 @@ class FillIn(MultipleChoice):
     def split(self, example: dict[str, Any]) -> tuple[str, list[str], str]:
         """The sentence before the blank, the options, and the sentence after the blank."""
         sentence, *options = super().texts(example)
-        if sentence.count(self.blank) != 1:
+        if self.blank not in sentence:
             raise TaskDataError(
-                f"field {self.sentence!r} must hold the blank {self.blank!r} once: {short_repr(sentence)}."
+                f"field {self.sentence!r} holds no blank {self.blank!r}: {short_repr(sentence)}."
             )
-        before, after = sentence.split(self.blank)
+        before, _, after = sentence.partition(self.blank)  # at the first blank, as lm-evaluation-harness
         return before, options, after
 
     def texts(self, example: dict[str, Any]) -> list[str]:
@@ -232,3 +233,48 @@ class FillIn(MultipleChoice):
     def scored_texts(self, example: dict[str, Any]) -> list[tuple[str, str]]:
         before, options, after = self.split(example)
         return [(before + option, after) for option in options]
+
+
+class CauseEffect(MultipleChoice):
+    """Which choice is the premise's cause, or its effect (COPA): per choice, [start] the premise,
+    its closing stop dropped, then "because" or "therefore" [delim] the choice, its first letter
+    lowered [extract], so that premise and choice read as one sentence (as lm-evaluation-harness
+    reads COPA, whose zero-shot scoring they equal); softmax over the choices.
+    """
+
+    def __init__(
+        self,
+        *,
+        premise: str = "premise",
+        question: str = "question",
+        choices: list[str] | str | None = None,
+        connectives: dict[str, str] | None = None,
+        **kwargs,
+    ) -> None:
+        """
+        Args:
+            premise: Field holding the premise.
+            question: Field saying what the right choice is to the premise: a key of `connectives`.
+            choices: One field per choice, or one field holding a list of them (default: choice1,
+                choice2).
+            connectives: The word each question joins the premise and a choice with.
+        """
+        self.premise, self.question = premise, question
+        self.connectives = dict(connectives or {"cause": "because", "effect": "therefore"})
+        super().__init__(context=[premise], choices=choices or ["choice1", "choice2"], **kwargs)
+
+    def text_fields(self) -> list[str]:
+        return [*super().text_fields(), self.question]
+
+    def texts(self, example: dict[str, Any]) -> list[str]:
+        """[the premise and the question's connective, each choice with its first letter lowered]."""
+        premise, *choices = super().texts(example)
+        asked = field_text(example.get(self.question), self.question).strip()
+        if asked not in self.connectives:
+            raise TaskDataError(
+                f"field {self.question!r} is {asked!r}, which the card's connectives do not name: "
+                f"{', '.join(map(repr, self.connectives))}."
+            )
+        premise = premise.rstrip()
+        premise = premise[:-1] if premise[-1:] in (".", "!", "?") else premise
+        return [f"{premise} {self.connectives[asked]}", *(c[:1].lower() + c[1:] for c in choices)]

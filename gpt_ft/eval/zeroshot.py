@@ -3,9 +3,10 @@
 - Multiple choice: the choice with the highest log-likelihood given the context, summed
   (`accuracy`) or divided by the choice's length in characters (`accuracy_norm`): the `acc` and
   `acc_norm` of lm-evaluation-harness.
+- Fill-in (WinoGrande): the option after which the rest of the sentence is likeliest.
 - GPT-1's heuristics (§5, "Zero-shot behaviors"), for single-text classification:
-  - verbalizers: append a suffix (SST-2: " very") and pick the label whose word (" negative",
-    " positive") is likelier next;
+  - verbalizers: append a suffix (SST-2: " very"), or write the fields into a template (BoolQ),
+    and pick the label whose word (" negative", " positive") is likelier next;
   - threshold: score a text by its average token log-probability and call it the second label
     ("acceptable" for CoLA) above a threshold, chosen on training examples to maximise the
     task's main metric.
@@ -20,6 +21,7 @@ predicted too.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +42,10 @@ class ZeroShot:
     """One continuation per label, in label order, e.g. [" negative", " positive"]."""
     suffix: str = ""
     """Text appended to the example before the verbalizers, e.g. " very"."""
+    template: str | None = None
+    """The example's text before the verbalizers, `{field}` standing for a text field's text
+    (BoolQ: "{passage}\\nQuestion: {question}?\\nAnswer:", as lm-evaluation-harness asks it);
+    default: the texts joined by spaces."""
     threshold: bool = False
     """Score by average token log-probability; above a threshold is the second label."""
     calibration_split: str = "train"
@@ -54,11 +60,27 @@ class ZeroShot:
             )
         if "" in (self.verbalizers or []):
             raise ValueError("zero_shot: a verbalizer is empty: each is a continuation to score.")
+        if self.template is not None and self.threshold:
+            raise ValueError(
+                "zero_shot: a template goes with verbalizers; a threshold scores the text as it is."
+            )
         n = self.calibration_examples  # None: every row of the split
         if self.threshold and n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
             raise ValueError(
                 f"zero_shot: calibration_examples must be at least 1, got {self.calibration_examples!r}."
             )
+
+    def text(self, task: TaskAdapter, row: dict[str, Any]) -> str:
+        """The example's text as the verbalizers follow it (`template`), the suffix not yet added."""
+        texts = task.card_texts(row)
+        if self.template is None:
+            return " ".join(texts).strip()
+        named = dict(zip(task.text_fields(), texts))
+        return FIELD.sub(lambda m: named[m[1]], self.template)
+
+
+FIELD = re.compile(r"\{([^{}]+)\}")
+"""A template's `{field}`."""
 
 
 def check_method(task: TaskAdapter, spec: ZeroShot, where: str = "") -> None:
@@ -75,6 +97,11 @@ def check_method(task: TaskAdapter, spec: ZeroShot, where: str = "") -> None:
         )
     if spec.threshold and len(names) != 2:
         raise ValueError(f"{about}: a threshold needs 2 labels, not {len(names)}.")
+    if unknown := [f for f in FIELD.findall(spec.template or "") if f not in task.text_fields()]:
+        raise ValueError(
+            f"{about}: the template names {unknown[0]!r}, not a text field of the card: "
+            f"{', '.join(map(repr, task.text_fields()))}."
+        )
 
 
 def scored_tokens(context: int, continuation: int, n_ctx: int) -> int:
@@ -153,6 +180,16 @@ class ZeroShotScorer:
     def ids(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
 
+    def pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        """A context's tokens and its continuation's, as lm-evaluation-harness encodes the pair: the
+        context's trailing spaces moved to the continuation, the two encoded as one text and split
+        after the context's tokens (so a tokenizer that marks a word's start, SentencePiece's `▁`,
+        marks the continuation's first word once, as in the text)."""
+        if spaces := len(context) - len(context.rstrip()):
+            context, continuation = context[:-spaces], context[-spaces:] + continuation
+        read = self.ids(context)
+        return read, self.ids(context + continuation)[len(read) :]
+
     def logprobs(self, requests: list[tuple[list[int], list[int]]]) -> list[float]:
         return continuation_logprobs(self.gpt, requests, batch_size=self.batch_size, progress=self.progress)
 
@@ -170,16 +207,14 @@ class ZeroShotScorer:
                 raise TaskDataError(f"task {task.name!r}: {_where(split)}example {number}: {exc}") from None
             start = len(requests)
             for k, (context, choice) in enumerate(pairs, 1):
-                read = self.ids(context)
+                read, scored = self.pair(context, " " + choice.strip())
                 if not self.empty and not read:  # a choice's first token would go unscored
                     raise TaskDataError(
                         f"task {task.name!r}: {_where(split)}example {number} has an empty context, which "
                         "a tokenizer with neither a beginning- nor an end-of-text token leaves nothing to "
                         "score its choices after."
                     )
-                requests.append(
-                    ((self.start or ([] if read else self.empty)) + read, self.ids(" " + choice.strip()))
-                )
+                requests.append(((self.start or ([] if read else self.empty)) + read, scored))
                 if not requests[-1][1]:
                     raise TaskDataError(
                         f"task {task.name!r}: {_where(split)}example {number}'s choice {k} is empty: it has "
@@ -209,9 +244,9 @@ class ZeroShotScorer:
         """Predicted label ids: the likeliest verbalizer after text + suffix."""
         words, requests = spec.verbalizers or [], []
         for number, row in enumerate(rows, 1):
-            context = self.prefix + self.ids(" ".join(task.card_texts(row)).strip() + spec.suffix)
-            requests += [(context, self.ids(word)) for word in words]
-            if not context and min(len(ids) for _, ids in requests[-len(words) :]) < 2:
+            pairs = [self.pair(spec.text(task, row) + spec.suffix, word) for word in words]
+            requests += [(self.prefix + read, scored) for read, scored in pairs]
+            if not requests[-1][0] and min(len(scored) for _, scored in pairs) < 2:
                 raise TaskDataError(
                     f"task {task.name!r}: example {number}'s text is empty, which a tokenizer with neither a "
                     "beginning- nor an end-of-text token leaves nothing to score one-token verbalizers after."

@@ -210,9 +210,9 @@ def test_fill_in_splits_the_sentence_at_its_blank(tokenizer_dir):
         and task.read_fields() == ["sentence", "option1", "option2", "answer", "idx"]
     )
     assert task.texts({**row, "sentence": "_ fell."}) == ["", "cup fell.", "table fell."]  # a blank first
-    for sentence in ("No blank here.", "Two _ blanks _."):
-        with pytest.raises(TaskDataError, match=r"^field 'sentence' must hold the blank '_' once: '"):
-            task.texts({**row, "sentence": sentence})
+    with pytest.raises(TaskDataError, match=r"^field 'sentence' holds no blank '_': 'No blank here\.'\.$"):
+        task.texts({**row, "sentence": "No blank here."})
+    assert task.texts({**row, "sentence": "Two _ blanks _."}) == ["Two", "cup blanks _.", "table blanks _."]
     with pytest.raises(CardError, match="`blank` must be a text"):
         FillIn(name="wg", sentence="s", options=["a", "b"], blank="", labels=["1", "2"])
     listed = FillIn(name="wg", sentence="s", options="opts", num_choices=3, blank="[MASK]")
@@ -246,3 +246,37 @@ def test_an_export_of_rows_that_name_their_own_choices_says_which_field_names_th
     assert configs[1].choice_labels == ["0", "1", "2", "3", "4"] and not hasattr(
         configs[1], "choice_names_field"
     )
+
+
+def test_cause_effect_reads_premise_and_choice_as_one_sentence():
+    """COPA as lm-evaluation-harness reads it: the premise's stop dropped, "because" for a cause and
+    "therefore" for an effect, each choice's first letter lowered."""
+    from gpt_ft.adapters import CauseEffect
+
+    task = CauseEffect(name="copa", label="label")
+    row = {"premise": "My body cast a shadow over the grass.", "choice1": "The sun was rising.",
+           "choice2": "The grass was cut.", "question": "cause", "label": 0}  # fmt: skip
+    assert task.texts(row) == [
+        "My body cast a shadow over the grass because",
+        "the sun was rising.",
+        "the grass was cut.",
+    ]
+    assert task.scored_texts({**row, "question": "effect", "premise": "I fell!"}) == [
+        ("I fell therefore", "the sun was rising."),
+        ("I fell therefore", "the grass was cut."),
+    ]
+    assert task.text_fields() == ["premise", "choice1", "choice2", "question"]
+    enc = task.encode(row, [[1, 2], [3], [4, 5]], SPECIALS, 64)
+    assert (
+        enc.sequences == [[START, 1, 2, DELIM, 3, EXTRACT], [START, 1, 2, DELIM, 4, 5, EXTRACT]]
+        and enc.label == 0
+    )
+    why = r"^field 'question' is 'why', which the card's connectives do not name: 'cause', 'effect'\.$"
+    with pytest.raises(TaskDataError, match=why):
+        task.texts({**row, "question": "why"})
+    own = CauseEffect(name="c", choices="alts", num_choices=3, connectives={"cause": "since", "effect": "so"})
+    assert own.texts({"premise": "Rain", "alts": ["Clouds.", "Sun."], "question": "cause"}) == [
+        "Rain since",
+        "clouds.",
+        "sun.",
+    ]

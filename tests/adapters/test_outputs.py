@@ -56,7 +56,7 @@ def test_every_shipped_card_keeps_its_output_kind(card):
     task = load_card(TASKS / f"{card}.yaml")
     expected = {"glue/stsb": RegressionOutput, "go_emotions": MultiLabelOutput}
     choices = ["arc_challenge", "arc_easy", "commonsense_qa", "hellaswag", "openbookqa", "race", "storycloze"]
-    expected |= dict.fromkeys([*choices, "swag", "winogrande"], ChoiceOutput)
+    expected |= dict.fromkeys([*choices, "superglue/copa", "swag", "winogrande"], ChoiceOutput)
     preference = ["preference/hh_rlhf", "preference/pairs", "preference/ultrafeedback_binarized"]
     expected |= dict.fromkeys(preference, PreferenceOutput)
     embeddings = ["embedding/pairs", "embedding/stsb", "embedding/snli", "embedding/mnli"]

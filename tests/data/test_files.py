@@ -126,6 +126,17 @@ def winogrande_row(qid, *answer):
     return {**row, **({"answer": answer[0]} if answer else {})}
 
 
+def copa_row(idx, question, *label):
+    """A record of the SuperGLUE release files (COPA/): the test file's have no label."""
+    row = {
+        "premise": f"{Q} It rained.",
+        "choice1": "The sun shone.",
+        "choice2": "I got wet.",
+        "question": question,
+    }
+    return {**row, **({"label": label[0]} if label else {}), "idx": idx}
+
+
 def swag_row(i, *label):
     return [i, "v1", 5, f"{Q} He", Q, "He", "gold", "runs.", "eats.", "sleeps.", 'says "hi".', *label]
 
@@ -473,6 +484,25 @@ FIXTURES = {
         "train": (jsonl(winogrande_row("3QH-1", "2"), winogrande_row("3QH-2", "1")), [1, 0]),
         "validation": (jsonl(winogrande_row("9AB-1", "1")), [0]),
         "test": (jsonl(winogrande_row("7XY-1"), winogrande_row("7XY-2")), [None, None]),
+    },
+    "superglue/cb": {  # names; the test file has no labels, its idx names the predictions
+        "train": (
+            jsonl(
+                *(
+                    {"premise": Q, "hypothesis": "So.", "label": g, "idx": i}
+                    for i, g in enumerate(["neutral", "entailment"])
+                )
+            ),
+            [2, 0],
+            {"index": [0, 1]},
+        ),
+        "validation": (jsonl({"premise": Q, "hypothesis": "No.", "label": "contradiction", "idx": 0}), [1]),
+        "test": (jsonl({"premise": Q, "hypothesis": "So.", "idx": 7}), [None], {"index": [7]}),
+    },
+    "superglue/copa": {  # 0: choice1, 1: choice2; the test file has no labels
+        "train": (jsonl(copa_row(0, "effect", 1), copa_row(1, "cause", 0)), [1, 0]),
+        "validation": (jsonl(copa_row(0, "effect", 1)), [1]),
+        "test": (jsonl(copa_row(3, "cause")), [None], {"index": [3]}),
     },
     "swag": {  # test has no label column
         "train": (csvs([*SWAG, "label"], swag_row(0, 2), swag_row(1, 0)), [2, 0]),

@@ -993,7 +993,16 @@ def test_the_commonsense_suite_scores_every_task_zero_shot(tmp_path, tokenizer_d
     main(["suite", str(suite), f"--out_dir={out}", f"--init_from={pre}", "--fine_tune=false",
           "--zero_shot=true", f"--data_dir={data}"])  # fmt: skip
     results = json.loads((out / "results.json").read_text())
-    names = ["hellaswag", "winogrande", "arc_easy", "arc_challenge", "openbookqa", "commonsense_qa", "boolq"]
+    names = [
+        "hellaswag",
+        "winogrande",
+        "arc_easy",
+        "arc_challenge",
+        "openbookqa",
+        "commonsense_qa",
+        "copa",
+        "boolq",
+    ]
     assert list(results["tasks"]) == names and "has no method" not in capsys.readouterr().out
     for name in names:
         score = results["tasks"][name]["metrics"]["validation/accuracy"]["zero_shot"]

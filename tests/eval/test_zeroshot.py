@@ -10,7 +10,14 @@ import torch
 
 from gpt_ft.adapters import TaskDataError
 from gpt_ft.data.tokenizer import load_tokenizer
-from gpt_ft.eval.zeroshot import ZeroShot, ZeroShotScorer, best_threshold, continuation_logprobs, evaluate
+from gpt_ft.eval.zeroshot import (
+    ZeroShot,
+    ZeroShotScorer,
+    best_threshold,
+    check_method,
+    continuation_logprobs,
+    evaluate,
+)
 from gpt_ft.model import GPT, GPTConfig
 
 
@@ -334,3 +341,63 @@ def test_a_fill_in_task_scores_the_rest_of_the_sentence_after_each_option(tokeni
         (lead + ids("The cat sat on the mat"), ids(" .")),
         (lead + ids("The cat sat on the dog"), ids(" .")),
     ]
+
+
+def sentencepiece_style_tokenizer():
+    """A tokenizer that marks each word's start with `▁` by a normalizer (Llama 2's, Mistral's): its
+    " was" alone is `▁▁was`, a token the text never had."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="never")
+    words = ["the cat was too close to the edge", "the cup fell off the table", "answer no yes question"]
+    tok.train_from_iterator(words * 20, trainers.BpeTrainer(vocab_size=120, special_tokens=["<unk>", "</s>"]))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="</s>")
+
+
+def test_a_continuation_is_encoded_as_it_reads_after_its_context():
+    """As lm-evaluation-harness encodes a pair: the whole text, split after the context's tokens,
+    the context's trailing spaces moved to the continuation. Encoded alone, " was" began with a
+    lone `▁` the text never has, which was scored."""
+    from gpt_ft.adapters import FillIn
+
+    tok = sentencepiece_style_tokenizer()
+    ids = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    assert tok.convert_ids_to_tokens(ids(" was"))[0] == "▁"  # the token it must not score
+    task = FillIn(name="wg", sentence="s", options=["a", "b"], labels=["1", "2"], label="y")
+    scorer = ZeroShotScorer(unigram_gpt(len(tok), torch.zeros(len(tok))), tok)
+    asked = []
+    scorer.logprobs = lambda requests: asked.extend(requests) or [0.0] * len(requests)
+    scorer.multiple_choice(task, [{"s": "the _ was too close", "a": "cup", "b": "cat", "y": "1"}])
+    whole = ids("the cup was too close")
+    assert asked[0] == (ids("the cup"), whole[len(ids("the cup")) :])
+    assert tok.convert_ids_to_tokens(asked[0][1])[0] == "▁was"
+    assert scorer.pair("the cup ", "was") == scorer.pair("the cup", " was")  # spaces go with the continuation
+
+
+def test_a_verbalizers_template_writes_the_examples_fields_into_its_text(tokenizer_dir):
+    """BoolQ as lm-evaluation-harness asks it: "{passage}\\nQuestion: {question}?\\nAnswer:"."""
+    from gpt_ft.adapters import TextPair
+
+    tok = load_tokenizer(tokenizer_dir, add_specials=False)
+    task = TextPair(
+        name="boolq", premise="passage", hypothesis="question", labels=["False", "True"], label="answer"
+    )
+    spec = ZeroShot(template="{passage}\nQuestion: {question}?\nAnswer:", verbalizers=[" no", " yes"])
+    row = {"passage": "The cat sat.", "question": "did the cat sit", "answer": True}
+    assert spec.text(task, row) == "The cat sat.\nQuestion: did the cat sit?\nAnswer:"
+    scorer = ZeroShotScorer(unigram_gpt(len(tok), torch.zeros(len(tok))), tok)
+    asked = []
+    scorer.logprobs = lambda requests: asked.extend(requests) or [-1.0, -2.0]
+    assert scorer.verbalizers(task, spec, [row]).tolist() == [0]
+    context = scorer.prefix + scorer.ids(spec.text(task, row))
+    assert asked == [(context, scorer.ids(" no")), (context, scorer.ids(" yes"))]
+    check_method(task, spec)
+    with pytest.raises(
+        ValueError, match=r"the template names 'passsage', not a text field of the card: 'passage', "
+    ):
+        check_method(task, ZeroShot(template="{passsage}", verbalizers=[" no", " yes"]))
+    with pytest.raises(ValueError, match="a template goes with verbalizers"):
+        ZeroShot(template="{passage}", threshold=True)
