@@ -22,15 +22,15 @@ predicted too.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from gpt_ft.adapters import TaskAdapter, TaskDataError, metric_value
+from gpt_ft.eval.likelihood import continuation_logprobs, scored_tokens
 from gpt_ft.model import GPT
 
 
@@ -102,57 +102,6 @@ def check_method(task: TaskAdapter, spec: ZeroShot, where: str = "") -> None:
             f"{about}: the template names {unknown[0]!r}, not a text field of the card: "
             f"{', '.join(map(repr, task.text_fields()))}."
         )
-
-
-def scored_tokens(context: int, continuation: int, n_ctx: int) -> int:
-    """How many continuation tokens `continuation_logprobs` scores: all, unless the input is longer
-    than the model's context and loses its earliest tokens."""
-    return min(continuation, min(context + continuation, n_ctx + 1) - 1)
-
-
-@torch.no_grad()
-def continuation_logprobs(
-    gpt: GPT,
-    requests: Sequence[tuple[list[int], list[int]]],
-    *,
-    batch_size: int = 16,
-    progress: Callable[[Iterable], Iterable] = iter,
-) -> list[float]:
-    """log P(continuation | context), summed over the continuation's tokens, for each request.
-
-    A request is (context ids, continuation ids); the context may be empty only if the
-    continuation has more than one token (its first token then goes unscored). Inputs longer than
-    the model's context lose their earliest tokens.
-    """
-    device = next(gpt.parameters()).device
-    n_ctx = gpt.config.n_positions
-    rows = []
-    for context, continuation in requests:
-        if not continuation:
-            raise ValueError("A continuation to score has no tokens.")
-        tokens = (list(context) + list(continuation))[-(n_ctx + 1) :]
-        rows.append((tokens[:-1], tokens[1:], scored_tokens(len(context), len(continuation), n_ctx)))
-    # Longest first: batches of similar length waste little on padding.
-    order = sorted(range(len(rows)), key=lambda i: -len(rows[i][0]))
-    out = [0.0] * len(rows)
-    for start in progress(range(0, len(order), batch_size)):
-        chunk = order[start : start + batch_size]
-        T = max(len(rows[i][0]) for i in chunk)
-        ids = torch.zeros(len(chunk), T, dtype=torch.long)
-        targets = torch.full((len(chunk), T), -100, dtype=torch.long)
-        for b, i in enumerate(chunk):
-            inputs, labels, scored = rows[i]
-            ids[b, : len(inputs)] = torch.tensor(inputs)
-            targets[b, len(labels) - scored : len(labels)] = torch.tensor(labels[len(labels) - scored :])
-        ids, targets = ids.to(device), targets.to(device)
-        logits = gpt.lm_logits(gpt(ids)).float()  # right padding: causal attention needs no mask
-        # (B, T), 0 at -100; over (B·T, V) rows: over (B, V, T) the CPU's sums were 1e-3 nats off
-        logprobs = -F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none").view_as(
-            targets
-        )
-        for b, i in enumerate(chunk):
-            out[i] = float(logprobs[b].double().sum())
-    return out
 
 
 def text_start(tok) -> list[int]:

@@ -55,7 +55,16 @@ def test_the_card_chooses_the_output_kind_and_the_kind_its_head():
 def test_every_shipped_card_keeps_its_output_kind(card):
     task = load_card(TASKS / f"{card}.yaml")
     expected = {"glue/stsb": RegressionOutput, "go_emotions": MultiLabelOutput}
-    choices = ["arc_challenge", "arc_easy", "commonsense_qa", "hellaswag", "openbookqa", "race", "storycloze"]
+    choices = [
+        "arc_challenge",
+        "arc_easy",
+        "commonsense_qa",
+        "hellaswag",
+        "mmlu",
+        "openbookqa",
+        "race",
+        "storycloze",
+    ]
     expected |= dict.fromkeys([*choices, "superglue/copa", "swag", "winogrande"], ChoiceOutput)
     preference = ["preference/hh_rlhf", "preference/pairs", "preference/ultrafeedback_binarized"]
     expected |= dict.fromkeys(preference, PreferenceOutput)

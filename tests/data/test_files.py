@@ -480,6 +480,25 @@ FIXTURES = {
         "validation": (parquet(arc_row("1afa", "B", *"ABCDE")), [1]),
         "test": (parquet(arc_row("90b3", "", *"ABCDE"), arc_row("0a4b", "", *"ABCDE")), [None, None]),
     },
+    "mmlu": {  # answers 0 to 3 (the hub's class labels A to D); every split labelled
+        "train": (
+            parquet(
+                *(
+                    {"question": Q, "subject": "", "choices": ["1", "2", "3", "4"], "answer": a}
+                    for a in (3, 0)
+                )
+            ),
+            [3, 0],
+        ),
+        "validation": (
+            parquet({"question": Q, "subject": "anatomy", "choices": ["a", "b", "c", "d"], "answer": 1}),
+            [1],
+        ),
+        "test": (
+            parquet({"question": Q, "subject": "virology", "choices": ["a", "b", "c", "d"], "answer": 2}),
+            [2],
+        ),
+    },
     "winogrande": {  # "1" or "2"; the test file has no answers, its ids name the predictions
         "train": (jsonl(winogrande_row("3QH-1", "2"), winogrande_row("3QH-2", "1")), [1, 0]),
         "validation": (jsonl(winogrande_row("9AB-1", "1")), [0]),
