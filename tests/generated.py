@@ -340,6 +340,9 @@ def _records(lines: list[str], fmt: str) -> list[str]:
 ADAPTERS = [
     "gpt_ft.adapters.SingleText",
     "gpt_ft.adapters.TextPair",
+    "gpt_ft.adapters.MultipleChoice",
+    "gpt_ft.adapters.FillIn",
+    "gpt_ft.adapters.CauseEffect",
     "gpt_ft.adapters.Preference",
     "gpt_ft.adapters.Embedding",
     "gpt_ft.adapters.Reranker",
@@ -410,6 +413,18 @@ def cards(draw) -> str:
         "loss": st.one_of(st.sampled_from(["cosent", "infonce", "triplet"]), any_value),
         "temperature": st.one_of(st.sampled_from([0.05, 0.0, -1.0]), any_value),
         "dimensions": st.one_of(st.sampled_from([0, 8]), any_value),
+        # multiple choice's own, and its fill-in and cause-effect kinds'
+        "context": st.one_of(st.sampled_from([["sentence"], "sentence", ["sentence.x"], []]), any_value),
+        "choices": st.one_of(
+            st.sampled_from(["sentence", ["sentence", "label"], "sentence.text"]), any_value
+        ),
+        "num_choices": st.one_of(st.sampled_from([0, 2, 5]), any_value),
+        "choice_names": st.one_of(st.sampled_from(["label", "sentence", "choices.label"]), any_value),
+        "sentence": st.one_of(st.sampled_from(["sentence", "nope"]), any_value),
+        "options": st.one_of(st.sampled_from([["sentence", "label"], "sentence"]), any_value),
+        "blank": st.one_of(st.sampled_from(["_", "", "a"]), any_value),
+        "question": st.one_of(st.sampled_from(["label", "nope"]), any_value),
+        "connectives": st.one_of(st.just({"a": "because"}), any_value),
     }
     for name in draw(st.lists(st.sampled_from(sorted(fields)), max_size=3, unique=True)):
         args[name] = draw(fields[name])

@@ -265,7 +265,7 @@ class ClassificationOutput(TaskOutput):
         16th bin of its own, which can only raise the error)."""
         confidence, predicted = probabilities.float().max(dim=-1)
         edges = torch.linspace(0, 1, 16, device=confidence.device)
-        bins = (torch.bucketize(confidence, edges) - 1).clamp(min=0)  # edges[b] < c <= edges[b + 1]
+        bins = (torch.bucketize(confidence, edges) - 1).clamp(0, 14)  # edges[b] < c <= edges[b + 1]; NaN: NaN
         gaps = (predicted == labels).float() - confidence  # summed within a bin, then |.|
         ece = torch.zeros(15, device=gaps.device).index_add_(0, bins, gaps).abs().sum() / max(len(gaps), 1)
         return {"ece": ece}

@@ -85,7 +85,7 @@ def continuation_logprobs(
             count = 0
         batches[-1].append(unit)
         count += len({i for i, _, _ in unit[3]})
-    out = torch.zeros(len(requests), dtype=torch.float64)
+    out = torch.zeros(len(requests), dtype=torch.float64, device=device)  # read back once, at the end
     for batch in progress([b for b in batches if b]):
         L, rows = pack_rows(batch, [len(unit[0]) for unit in batch])
         R = len(rows)
@@ -113,5 +113,5 @@ def continuation_logprobs(
         # model's work), as (N, V) rows: over (B, V, T) the CPU's sums were 1e-3 nats off.
         logits = gpt.lm_logits(hidden.flatten(0, 1)[torch.tensor(flat, device=device)]).float()
         logprobs = -F.cross_entropy(logits, torch.tensor(targets, device=device), reduction="none")
-        out.index_add_(0, torch.tensor(owners), logprobs.double().cpu())
+        out.index_add_(0, torch.tensor(owners, device=device), logprobs.double())
     return out.tolist()

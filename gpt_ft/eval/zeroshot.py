@@ -166,8 +166,8 @@ class ZeroShotScorer:
                 requests.append(((self.start or ([] if read else self.empty)) + read, scored))
                 if not requests[-1][1]:
                     raise TaskDataError(
-                        f"task {task.name!r}: {_where(split)}example {number}'s choice {k} is empty: it has "
-                        "no tokens to score."
+                        f"task {task.name!r}: {_where(split)}example {number}'s choice {k} has no tokens of "
+                        "its own to score (empty, or merged into the context's last token)."
                     )
             # acc_norm divides by the choice's length in characters, not counting the space before
             # it (lm-evaluation-harness: `completion_len = len(choice)`).
@@ -194,6 +194,12 @@ class ZeroShotScorer:
         words, requests = spec.verbalizers or [], []
         for number, row in enumerate(rows, 1):
             pairs = [self.pair(spec.text(task, row) + spec.suffix, word) for word in words]
+            if merged := next((w for w, (_, scored) in zip(words, pairs) if not scored), None):
+                raise TaskDataError(
+                    f"task {task.name!r}: example {number}: the verbalizer {merged!r} has no tokens of its "
+                    "own after the text: the tokenizer merges it into the text's last token (begin it with "
+                    "a space)."
+                )
             requests += [(self.prefix + read, scored) for read, scored in pairs]
             if not requests[-1][0] and min(len(scored) for _, scored in pairs) < 2:
                 raise TaskDataError(

@@ -287,6 +287,9 @@ def check_rates(
     """The loss weight, learning rate, warmup, AdamW's settings and the head's dropout a module is
     given, each in its range (AdamW checks only its own defaults: the groups carry the decay, and a
     negative one grows weights)."""
+    finite = {"lm_coef": lm_coef, "lr": lr, "weight_decay": weight_decay, "eps": eps}
+    if bad := next((name for name, value in finite.items() if not math.isfinite(value)), None):
+        raise ValueError(f"{bad} must be a finite number, got {finite[bad]}.")  # NaN passes every `<`
     if lm_coef < 0:
         raise ValueError(f"lm_coef must be >= 0, got {lm_coef}.")
     if lr <= 0:

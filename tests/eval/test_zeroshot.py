@@ -223,7 +223,8 @@ def test_an_empty_context_with_nothing_to_start_the_text_is_refused(tokenizer_di
     scorer.ids = lambda text: ids(text) if "dropped" not in text else []
     dropped = [rows[0], {"story": "a story .", "a": "a", "b": "dropped", "label": "1"}]
     with pytest.raises(
-        TaskDataError, match=r"^task 'mc': split 'validation', labelled example 2's choice 2 is empty"
+        TaskDataError,
+        match=r"^task 'mc': split 'validation', labelled example 2's choice 2 has no tokens of its own",
     ):
         evaluate(task, scorer, lambda split: dropped)
     scorer.ids = ids
@@ -401,3 +402,28 @@ def test_a_verbalizers_template_writes_the_examples_fields_into_its_text(tokeniz
         check_method(task, ZeroShot(template="{passsage}", verbalizers=[" no", " yes"]))
     with pytest.raises(ValueError, match="a template goes with verbalizers"):
         ZeroShot(template="{passage}", threshold=True)
+
+
+def test_a_verbalizer_the_tokenizer_merges_into_the_text_is_named():
+    """Encoded after "hello wor", "ld" has no tokens of its own ("Ġworld" is one): it reached the
+    scoring as a bare "A continuation to score has no tokens", naming no task or example."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from gpt_ft.adapters import SingleText
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer, bpe.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    bpe.train_from_iterator(
+        ["hello world"] * 50, trainers.BpeTrainer(vocab_size=300, initial_alphabet=alphabet)
+    )
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe)
+    task = SingleText(name="s", labels=["neg", "pos"])
+    scorer = ZeroShotScorer(unigram_gpt(len(tok), torch.zeros(len(tok))), tok)
+    assert scorer.pair("hello wor", "ld")[1] == []  # the whole text's last token is "Ġworld"
+    spec = ZeroShot(verbalizers=["ld", " x"])
+    with pytest.raises(
+        TaskDataError, match=r"^task 's': example 1: the verbalizer 'ld' has no tokens of its own"
+    ):
+        scorer.verbalizers(task, spec, [{"sentence": "hello wor", "label": "pos"}])

@@ -1,3 +1,4 @@
+import math
 import re
 
 import pytest
@@ -125,6 +126,23 @@ def test_bad_hyperparameters():
         GPTModule(preset="gpt-micro", eps=-1e-8)
     with pytest.raises(ValueError, match=r"^classifier_dropout must be in \[0, 1\), got 1.5\.$"):  # torch's
         GPTModule(preset="gpt-micro", classifier_dropout=1.5)
+    # NaN passed every range check (each comparison false): the weights turned NaN and the first
+    # validation's calibration error failed on an index out of range
+    for name, value in (
+        ("weight_decay", math.nan),
+        ("lr", math.inf),
+        ("lm_coef", math.nan),
+        ("eps", math.nan),
+    ):
+        with pytest.raises(ValueError, match=rf"^{name} must be a finite number, got {value}\.$"):
+            GPTModule(preset="gpt-micro", **{name: value})
+    for name, value in (
+        ("classifier_dropout", math.nan),
+        ("warmup_fraction", math.nan),
+        ("betas", (math.nan, 0.9)),
+    ):
+        with pytest.raises(ValueError, match=rf"^{name} must be"):
+            GPTModule(preset="gpt-micro", **{name: value})
     with pytest.raises(FileNotFoundError, match="Checkpoint nowhere.ckpt does not exist"):
         GPTModule(init_from="nowhere.ckpt")
 

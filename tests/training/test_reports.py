@@ -51,6 +51,8 @@ def test_expected_calibration_error_by_hand():
     probabilities = torch.tensor([[1.0, 0.0], [0.04, 0.96]])
     ece = task.output.calibration(probabilities, torch.tensor([1, 1]))["ece"]
     assert float(ece) == pytest.approx(0.48, abs=1e-6)
+    # A model whose outputs are NaN (its weights diverged) has an error of NaN, not an index past the bins.
+    assert task.output.calibration(torch.full((2, 2), float("nan")), torch.tensor([0, 1]))["ece"].isnan()
 
 
 def test_validate_writes_the_report_beside_its_logs(finetuned, tmp_path, capsys):
