@@ -3,10 +3,10 @@ and the contract an input shape fulfils for the rest of the toolkit.
 
 A shape says, in its own class, how an example becomes token sequences (`texts`, `encode`). What a
 task predicts per example (one class, a score, one of its choices, several labels) is its output
-kind (`outputs.py`), chosen once, in `TaskAdapter.__init__`; the head, its loss and predictions,
-label reading, metrics and written predictions come from it. Nothing outside the adapters branches
-on a shape or an output kind, and nothing here branches on a task's name: what differs between
-tasks of one shape is in their card.
+kind (`outputs.py`, or its shape's own module), chosen once, in `TaskAdapter.__init__`; the head,
+its loss and predictions, label reading, metrics and written predictions come from it. Nothing
+outside the adapters branches on a shape or an output kind, and nothing here branches on a task's
+name: what differs between tasks of one shape is in their card.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ An output kind owns everything that differs between one class, one score, one of
 and several labels per example: the head layer it builds (with its loss and predictions, see
 `heads.py`), how labels are read and checked, which metrics apply and how they are computed, and
 how a prediction is written. The adapter picks its output kind once, when it reads its card
-(`TaskAdapter.__init__`); everything else asks the kind. Multi-label is in `multilabel.py`.
+(`TaskAdapter.__init__`); everything else asks the kind. Multiple choice's kind is in `choice.py`,
+multi-label's in `multilabel.py`.
 """
 
 from __future__ import annotations
