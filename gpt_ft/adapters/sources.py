@@ -74,20 +74,23 @@ class LocalFiles:
     """Splits whose files have no header row (they use column_names); default: every split if column_names."""
     columns: dict[str, str] | None = None
     """Renames: file column -> the field name the adapter reads."""
+    label_files: dict[str, str] | None = None
+    """Split name -> a text file of that split's labels, one a line in its file's order (PIQA's and
+    Social IQa's `train-labels.lst`), read as the card's label field."""
     shuffle_seed: int | None = None
     """Where set, a split whose file has a slice takes it of the file's rows as
     `numpy.random.RandomState(shuffle_seed).permutation` orders them (scikit-learn's
     `train_test_split`: its test rows are `[:n]`, its train rows `[n:]`)."""
 
     def __post_init__(self) -> None:
-        unknown = sorted(set(self.headerless_splits or []) - set(self.splits))
-        if unknown:
-            near = [(n, m[0]) for n in unknown if (m := get_close_matches(n, list(self.splits), n=1))]
-            said = "".join(f" ({a!r} or {b!r} is misspelt)" for a, b in near[:1])
-            raise CardError(
-                f"local.headerless_splits names {unknown}, which local.splits does not: "
-                f"it has {sorted(self.splits)}{said}."
-            )
+        for name in ("headerless_splits", "label_files"):
+            if unknown := sorted(set(getattr(self, name) or []) - set(self.splits)):
+                near = [(n, m[0]) for n in unknown if (m := get_close_matches(n, list(self.splits), n=1))]
+                said = "".join(f" ({a!r} or {b!r} is misspelt)" for a, b in near[:1])
+                raise CardError(
+                    f"local.{name} names {unknown}, which local.splits does not: "
+                    f"it has {sorted(self.splits)}{said}."
+                )
         if self.headerless_splits and not self.column_names:
             raise CardError(
                 "local.headerless_splits needs local.column_names: the names of those files' columns."

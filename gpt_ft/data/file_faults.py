@@ -294,6 +294,16 @@ def short_row(path: Path, fmt: str, width: int) -> str | None:
     return None
 
 
+def parquet_rows(path: Path) -> int | None:
+    """The rows a parquet file's footer counts; None where it has none to read."""
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path).metadata.num_rows
+    except Exception:  # not parquet, cut short: the loader's error names it
+        return None
+
+
 def _json_kind(value) -> str:
     """What a JSON value is, as JSON names it: 'null', 'an array', 'a string', ..."""
     if value is None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import csv
 import glob
 import hashlib
-import re
 import sys
 from dataclasses import dataclass, replace
 from itertools import chain
@@ -21,6 +20,7 @@ from gpt_ft.data.file_faults import (
     file_format,
     json_lines_problem,
     open_text,
+    parquet_rows,
     parse_problem,
     place,
     record_lines,
@@ -28,11 +28,10 @@ from gpt_ft.data.file_faults import (
     utf8_problem,
     wide_first_row,
 )
+from gpt_ft.data.layout import SLICE, label_file, with_labels
 from gpt_ft.data.subsets import ALIKE, drawn, label_spelling, left_out
 from gpt_ft.errors import CardError
 from gpt_ft.workarounds.data import no_download_count
-
-SLICE = re.compile(r"^(?P<file>.*?)(?P<slice>\[[^\[\]]*\])?$")
 
 
 def load_split(task: TaskAdapter, split: str, data_dir: str | Path | None):
@@ -68,7 +67,9 @@ def located_split(task: TaskAdapter, split: str, data_dir: str | Path | None):
         read, ds = ds, with_path_columns(ds, task.read_fields(), task.name)
     except TaskDataError as exc:
         raise TaskDataError(origin.explain(f"{origin.source}: {exc}")) from None
-    return ds, replace(origin, derived=tuple(c for c in ds.column_names if c not in read.column_names))
+    return ds, replace(
+        origin, derived=origin.derived + tuple(c for c in ds.column_names if c not in read.column_names)
+    )
 
 
 def task_examples(task: TaskAdapter, split: str, raw, origin: Origin):
@@ -171,14 +172,17 @@ def _load_local(task: TaskAdapter, split: str, data_dir: Path):
         raise TaskDataError(f"{path}: {what} (split {split!r} of task {task.name!r}){alone}.")
     if path.stat().st_size == 0:
         raise TaskDataError(f"{path}: file is empty (split {split!r} of task {task.name!r}).")
-    shuffled = spec.shuffle_seed is not None and origin.selection
+    shuffled, labels = spec.shuffle_seed is not None and origin.selection, label_file(task, split, data_dir)
     ds = read_table(
         path,
         fmt=spec.format,
         column_names=None if origin.header else spec.column_names,
-        selection="" if shuffled else origin.selection,
+        selection="" if shuffled or labels else origin.selection,
         split=split,
     )
+    if labels is not None:  # the whole file's labels, then the card's slice of both
+        ds = with_labels(ds, labels, task, split, origin.source, "" if shuffled else origin.selection)
+        origin = replace(origin, derived=(task.label_column,))
     return drawn(ds, origin, split, spec.shuffle_seed) if shuffled else (ds, origin)
 
 
@@ -266,16 +270,6 @@ def read_table(
         datasets.logging.set_verbosity(verbosity)
         if quiet:
             datasets.enable_progress_bars()
-
-
-def parquet_rows(path: Path) -> int | None:
-    """The rows a parquet file's footer counts; None where it has none to read."""
-    import pyarrow.parquet as pq
-
-    try:
-        return pq.ParquetFile(path).metadata.num_rows
-    except Exception:  # not parquet, cut short: the loader's error names it
-        return None
 
 
 def _header(path: Path, sep: str) -> list[str]:
@@ -369,11 +363,6 @@ def _stamp(path: Path) -> str:
     """The loader's cache key for the file as it is now (datasets' own is the path and the
     modification time alone)."""
     return "file-" + hashlib.sha256(file_stamp(path).encode()).hexdigest()[:16]
-
-
-def split_file(task: TaskAdapter, split: str, data_dir: str | Path) -> Path:
-    """The local file of a split (without its slice)."""
-    return Path(data_dir).expanduser() / SLICE.match(task.local.splits[split])["file"]
 
 
 def split_origin(task: TaskAdapter, split: str, data_dir: str | Path | None) -> Origin:

@@ -9,7 +9,8 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpt_ft.data.files import file_stamp, split_file
+from gpt_ft.data.files import file_stamp
+from gpt_ft.data.layout import task_files
 from gpt_ft.eval.suite_folder import write_atomic, write_json
 
 if TYPE_CHECKING:
@@ -266,12 +267,11 @@ def plot_curves(tasks: dict[str, Any], path: Path) -> None:
 
 
 def input_stamps(task: TaskAdapter, data_dir: str | None, *paths: str | None) -> dict[str, str]:
-    """What a result is computed from, as the files are now (`file_stamp`): the task's split files
-    under `data_dir`, and each of `paths` that is a local file, or the files of a local folder (a
-    tokenizer, a transformers model). A rerun whose stamps differ computes the result again."""
-    files = (
-        [split_file(task, split, data_dir) for split in task.local.splits] if data_dir and task.local else []
-    )
+    """What a result is computed from, as the files are now (`file_stamp`): the task's files under
+    `data_dir` (its splits' and their labels'), and each of `paths` that is a local file, or the
+    files of a local folder (a tokenizer, a transformers model). A rerun whose stamps differ
+    computes the result again."""
+    files = list(task_files(task, data_dir)) if data_dir and task.local else []
     for path in filter(None, paths):
         given = Path(path).expanduser()
         files += sorted(given.iterdir()) if given.is_dir() else [given]

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from gpt_ft.adapters import TaskAdapter
-from gpt_ft.data.files import split_file
+from gpt_ft.data.layout import task_files
 from gpt_ft.errors import writing
 
 NAMED = ("id_names", "choice_names")
@@ -35,7 +35,7 @@ def check_submission(task: TaskAdapter, out_dir: str | Path, data_dir: str | Pat
         )
     if data_dir is None or task.local is None:
         return
-    inputs = {split_file(task, split, data_dir).resolve(): split for split in task.local.splits}
+    inputs = {path.resolve(): split for path, split in task_files(task, data_dir).items()}
     for split in task.test_splits:
         path = submission_path(task, split, out_dir)
         if (read := inputs.get(path.resolve())) is not None:

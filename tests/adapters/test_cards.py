@@ -78,11 +78,13 @@ def test_card_errors_name_the_file(tmp_path):
          r"\('trian' or 'train' is misspelt\)."),
         ("{name: x, local: {splits: {train: t.tsv}, column_names: [sentence], headerless_splits: [dev]}}",
          r"local.headerless_splits names \['dev'\], which local.splits does not: it has \['train'\]\.$"),
+        ("{name: x, local: {splits: {train: t.jsonl}, label_files: {dev: t-labels.lst}}}",
+         r"local.label_files names \['dev'\], which local.splits does not: it has \['train'\]\.$"),
         # A misspelt field of local: (`column:`) was "Spaces not allowed in keys" where a renamed
         # column held a space.
         ("{name: x, local: {splits: {train: t.tsv}, column: {Sentence 1: sentence}}}",
          "local has no field 'column'; its fields: splits, format, column_names, headerless_splits, columns, "
-         "shuffle_seed"),
+         "label_files, shuffle_seed"),
         ("{name: x, hub: {name: glue}}", "hub needs path.$"),
     ):  # fmt: skip
         card.write_text(f"class_path: gpt_ft.adapters.SingleText\ninit_args: {init_args}\n")
@@ -230,7 +232,7 @@ def test_a_card_given_over_another_takes_none_of_its_file_layout(tmp_path):
     )
     task = build_fit.resolve([f"--data.task={first}", f"--data.task={second}"])["data"]["init_args"]["task"]
     assert task["init_args"]["local"] == {"splits": {"train": "c.tsv"}, "format": None, "column_names": None,
-                                          "headerless_splits": None, "columns": None,
+                                          "headerless_splits": None, "columns": None, "label_files": None,
                                           "shuffle_seed": None}  # fmt: skip
     assert task["init_args"]["hub"] == {
         "path": "me/mine", "name": None, "columns": None, "splits": None, "configs": None, "data_dir": None

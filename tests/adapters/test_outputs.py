@@ -62,7 +62,9 @@ def test_every_shipped_card_keeps_its_output_kind(card):
         "hellaswag",
         "mmlu",
         "openbookqa",
+        "piqa",
         "race",
+        "social_iqa",
         "storycloze",
     ]
     expected |= dict.fromkeys([*choices, "superglue/copa", "swag", "winogrande"], ChoiceOutput)

@@ -24,7 +24,8 @@ from jsonargparse import ArgumentParser
 
 from gpt_ft.adapters import LocalFiles, SingleText, TaskDataError
 from gpt_ft.data.batches import reads
-from gpt_ft.data.files import SLICE, load_split, located_split, read_table, split_file
+from gpt_ft.data.files import load_split, located_split, read_table
+from gpt_ft.data.layout import SLICE, split_file
 from gpt_ft.data.task_data import TaskDataModule
 from tests.helpers import TASK_CARDS, TASKS
 
@@ -111,6 +112,17 @@ def hellaswag_row(ind, *label):
            "split": "val", "split_type": "indomain", "endings": ["runs.", "eats.", "sleeps.", 'says "hi".'],
            "source_id": "activitynet~v_1"}  # fmt: skip
     return {**row, **({"label": label[0]} if label else {})}
+
+
+def siqa_row():
+    """A record of Social IQa's release files: its labels are in a file of their own."""
+    return {
+        "context": Q,
+        "question": "How would Ann feel?",
+        "answerA": "glad",
+        "answerB": "sad",
+        "answerC": "calm",
+    }
 
 
 def arc_row(id, key, *names, stem="question"):
@@ -523,11 +535,28 @@ FIXTURES = {
         "validation": (jsonl(copa_row(0, "effect", 1)), [1]),
         "test": (jsonl(copa_row(3, "cause")), [None], {"index": [3]}),
     },
+    "piqa": {  # the labels in files of their own (LABEL_FILES); the test file has none
+        "train": (jsonl(*({"goal": Q, "sol1": "Pour it.", "sol2": "Stir it."} for _ in "ab")), [1, 0]),
+        "validation": (jsonl({"goal": Q, "sol1": "Cut.", "sol2": "Fold."}), [0]),
+        "test": (jsonl({"goal": Q, "sol1": "Cut.", "sol2": "Fold."}), [None]),
+    },
+    "social_iqa": {  # '1' to '3' in files of their own (LABEL_FILES); no test split
+        "train": (jsonl(*(siqa_row() for _ in "abc")), [2, 0, 1]),
+        "validation": (jsonl(siqa_row()), [1]),
+    },
     "swag": {  # test has no label column
         "train": (csvs([*SWAG, "label"], swag_row(0, 2), swag_row(1, 0)), [2, 0]),
         "validation": (csvs([*SWAG, "label"], swag_row(0, 3)), [3]),
         "test": (csvs(SWAG, swag_row(0), swag_row(1)), [None, None]),
     },
+}
+
+
+# The labels of AI2's releases, one a line beside the records (the cards' `local.label_files`): a
+# blank last line is read as none.
+LABEL_FILES = {
+    "piqa": {"train": "1\n0\n", "validation": "0\n\n"},
+    "social_iqa": {"train": "3\n1\n2", "validation": "2\n"},
 }
 
 
@@ -555,6 +584,9 @@ def test_card_reads_native_files(card, tokenizer_dir, tmp_path):
         path.parent.mkdir(parents=True, exist_ok=True)
         data = text if isinstance(text, bytes) else text.encode("utf-8")
         path.write_bytes(gzip.compress(data) if path.suffix == ".gz" else data)
+    assert set(LABEL_FILES.get(card, {})) == set(task.local.label_files or {})
+    for split, labels in LABEL_FILES.get(card, {}).items():
+        (tmp_path / task.local.label_files[split]).write_text(labels)
 
     specials = dm.special_ids
     for split, (_, labels, *extra) in fixture.items():

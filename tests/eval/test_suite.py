@@ -973,17 +973,19 @@ def test_the_commonsense_suite_scores_every_task_zero_shot(tmp_path, tokenizer_d
     """configs/suites/commonsense.yaml on each card's own files (tests/data/test_files.py's): every
     multiple-choice and fill-in card by its choices' likelihoods, BoolQ by its verbalizers."""
     from gpt_ft.adapters.cards import load_card
-    from gpt_ft.data.files import split_file
-    from tests.data.test_files import FIXTURES
+    from gpt_ft.data.layout import split_file
+    from tests.data.test_files import FIXTURES, LABEL_FILES
 
     spec = load_suite(ROOT / "configs/suites/commonsense.yaml")
     for entry in spec.tasks:
-        task = load_card(entry.card)
+        task, card = load_card(entry.card), os.path.relpath(entry.card, ROOT / "tasks").removesuffix(".yaml")
         for split in task.validation_splits:
-            text = FIXTURES[os.path.relpath(entry.card, ROOT / "tasks").removesuffix(".yaml")][split][0]
+            text = FIXTURES[card][split][0]
             path = split_file(task, split, tmp_path / "data")
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(text if isinstance(text, bytes) else text.encode())
+            if split in LABEL_FILES.get(card, {}):  # PIQA's, Social IQa's
+                (tmp_path / "data" / task.local.label_files[split]).write_text(LABEL_FILES[card][split])
     tok = load_tokenizer(tokenizer_dir)
     config = GPTConfig.from_name("gpt-micro", vocab_size=len(tok), n_positions=128, n_embd=32, n_layer=1)
     GPT(config).to_hf().save_pretrained(tmp_path / "pre")
@@ -996,6 +998,8 @@ def test_the_commonsense_suite_scores_every_task_zero_shot(tmp_path, tokenizer_d
     names = [
         "hellaswag",
         "winogrande",
+        "piqa",
+        "social_iqa",
         "arc_easy",
         "arc_challenge",
         "openbookqa",

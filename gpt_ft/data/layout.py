@@ -1,0 +1,77 @@
+"""The files a card's local layout names under `--data.data_dir`: each split's file (a slice of
+its rows may follow the name) and, where the labels are kept in a file of their own beside the
+records, one a line in their order (AI2's releases of PIQA and Social IQa: `train.jsonl` and
+`train-labels.lst`, the card's `local.label_files`), that file, read into the split as the card's
+label field."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from gpt_ft.adapters import TaskAdapter, TaskDataError
+from gpt_ft.data.file_faults import file_bytes, utf8_problem
+from gpt_ft.errors import CardError
+
+SLICE = re.compile(r"^(?P<file>.*?)(?P<slice>\[[^\[\]]*\])?$")
+
+
+def split_file(task: TaskAdapter, split: str, data_dir: str | Path) -> Path:
+    """The local file of a split (without its slice)."""
+    return Path(data_dir).expanduser() / SLICE.match(task.local.splits[split])["file"]
+
+
+def label_file(task: TaskAdapter, split: str, data_dir: str | Path) -> Path | None:
+    """The file holding `split`'s labels under `data_dir`, where the card names one."""
+    named = (task.local.label_files or {}).get(split) if task.local else None
+    return Path(data_dir).expanduser() / named if named else None
+
+
+def task_files(task: TaskAdapter, data_dir: str | Path) -> dict[Path, str]:
+    """Every file the card's local layout reads under `data_dir` (without their slices), each
+    with its split: the splits' own and their label files."""
+    files = {split_file(task, split, data_dir): split for split in task.local.splits}
+    return files | {label_file(task, split, data_dir): split for split in task.local.label_files or {}}
+
+
+def with_labels(table, path: Path, task: TaskAdapter, split: str, records: str, selection: str):
+    """The split's records `table` (the whole file at `records`, read without the card's slice)
+    with its labels from the file at `path`, then the card's slice of both (`selection`, e.g.
+    '[:1000]'). A label file of more or fewer lines than the records, an empty line or a column of
+    the label's name already in the records is refused, naming the file."""
+    import datasets
+
+    field = task.label_column
+    if field is None:
+        raise CardError(
+            f"Task {task.name!r}: local.label_files gives split {split!r} labels, but the task reads "
+            f"none from a field ({task.label_source})."
+        )
+    if field in table.column_names:
+        raise TaskDataError(
+            f"{records} has a column {field!r} of its own, and the card's local.label_files gives split "
+            f"{split!r} its labels in {path} too: drop one of the two."
+        )
+    if not path.is_file():
+        what = "a folder, not a file" if path.is_dir() else "file not found"
+        raise TaskDataError(f"{path}: {what} (the labels of split {split!r} of task {task.name!r}).")
+    data = file_bytes(path)
+    if (problem := utf8_problem(data)) is not None:
+        raise TaskDataError(f"{path}{problem}.")
+    labels = data.decode("utf-8-sig").splitlines()
+    if labels and not labels[-1].strip():
+        labels.pop()  # a blank last line
+    if (empty := next((i for i, label in enumerate(labels) if not label.strip()), None)) is not None:
+        raise TaskDataError(f"{path}, line {empty + 1} is empty: a label file holds one label a line.")
+    if len(labels) != len(table):
+        raise TaskDataError(
+            f"{path} holds {len(labels):,} labels, one a line, but {records} holds {len(table):,} "
+            f"records: the labels of split {split!r} must be as many, in the records' order."
+        )
+    table = table.add_column(field, [label.strip() for label in labels])
+    if not selection:
+        return table
+    span = datasets.ReadInstruction.from_spec("data" + selection).to_absolute({"data": len(table)})[0]
+    if span.from_ >= span.to:
+        raise TaskDataError(f"{records}: split {split!r} has no examples.")
+    return table.select(range(span.from_, span.to))
