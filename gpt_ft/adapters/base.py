@@ -29,6 +29,7 @@ from gpt_ft.adapters.outputs import (
     TaskOutput,
 )
 from gpt_ft.adapters.sources import HubDataset, LocalFiles, Sources, field_text
+from gpt_ft.adapters.tokens import token_ids
 from gpt_ft.adapters.truncation import WHOLE, cut_kind, fit_lengths
 from gpt_ft.errors import about
 
@@ -111,6 +112,9 @@ class TaskAdapter:
     renders_chats: ClassVar[bool] = False
     """Chat messages are rendered through the tokenizer's chat template (preference pairs): an
     exported model's tokenizer keeps the template, which its prompts are rendered with."""
+    joined_parts = 0
+    """An example's first texts that are parts of one (a context of several fields), tokenized as
+    the whole text reads (`tokens.token_ids`); below 2: none."""
     keeps_context_end: ClassVar[bool] = False
     """A context too long loses its start, not its end (a prompt keeps the turn its replies answer,
     as TRL's preference trainers keep it): an exported model's tokenizer cuts texts on the left."""
@@ -308,8 +312,8 @@ class TaskAdapter:
         self, examples: list[dict[str, Any]], tokenizer, specials, max_length: int, *, where=None
     ) -> list[Encoded]:
         """The one path from examples to tokens, taken by the data module, `Classifier` and export:
-        every example's `card_texts`, tokenized in one call without special tokens, then each example
-        framed and cut by `encode` (cut as the tokenizer's `longest_first` would: `fit_lengths`).
+        every example's `card_texts`, tokenized without special tokens (`token_ids`), then each
+        example framed and cut by `encode` (cut as the tokenizer's `longest_first` would: `fit_lengths`).
 
         A missing field or a bad value is a `TaskDataError` naming the example: `where(i)` (default
         "example i").
@@ -319,13 +323,9 @@ class TaskAdapter:
         for i, example in enumerate(examples):
             with about(name, i, self.name):
                 texts.append(self.card_texts(example))
-        flat = [t for example_texts in texts for t in example_texts]
         # A text that spells a special token (`<|extract|>`, `<|endoftext|>`) is text; a chat's
         # rendering is markup (`renders_chats`: its template's tokens are meant).
-        split = not self.renders_chats
-        ids = (
-            tokenizer(flat, add_special_tokens=False, split_special_tokens=split)["input_ids"] if flat else []
-        )
+        ids = token_ids(tokenizer, texts, self.joined_parts, split_special_tokens=not self.renders_chats)
         encoded, start = [], 0
         for i, (example, example_texts) in enumerate(zip(examples, texts)):
             tokens, start = ids[start : start + len(example_texts)], start + len(example_texts)

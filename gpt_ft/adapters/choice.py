@@ -134,6 +134,10 @@ class MultipleChoice(TaskAdapter):
     def own_output(self, spec: LabelSpec) -> TaskOutput:
         return ChoiceOutput(self.name, spec, choices=self.max_choices, names=self.choice_names)
 
+    @property
+    def joined_parts(self) -> int:  # the context's fields, one text
+        return len(self.context)
+
     def text_fields(self) -> list[str]:
         return self.context + ([self.choices] if isinstance(self.choices, str) else list(self.choices))
 

@@ -69,6 +69,40 @@ def test_strip_texts_strips_each_field_before_the_context_joins(tokenizer_dir):
     assert ours.sequences == theirs.sequences
 
 
+def test_a_context_of_several_fields_reads_the_tokens_its_whole_text_has():
+    """A Llama 2-style tokenizer marks every text's start with "▁": read alone, " too close" began
+    with a lone "▁" that "the cat was too close" never has (and an exported model, given the joined
+    text, never reads). The parts are the whole text's tokens, split where they meet, and still
+    cut part by part; a tokenizer without offsets (a slow one) reads them apart as before."""
+    from gpt_ft.adapters.tokens import token_ids
+    from tests.eval.test_zeroshot import sentencepiece_style_tokenizer
+
+    tok = sentencepiece_style_tokenizer()
+    ids = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    assert tok.convert_ids_to_tokens(ids(" too close"))[0] == "▁"
+    mc = MultipleChoice(name="t", context=["a", "b", "c"], choices=["c1", "c2"], labels=["1", "2"], label="y")
+    row = {"a": "the cat was", "b": "too close", "c": "", "c1": "the cup", "c2": "the edge", "y": "1"}
+    later = {**row, "a": "", "c": "to the edge"}  # the first field empty: the second opens the text
+    (first, second), (third, fourth) = (
+        mc.encode_examples([r], tok, SPECIALS, 64)[0].sequences for r in (row, later)
+    )
+    assert first == [START, *ids("the cat was too close"), DELIM, *ids("the cup"), EXTRACT]
+    assert third == [START, *ids("too close to the edge"), DELIM, *ids("the cup"), EXTRACT]
+    split = token_ids(tok, [mc.card_texts(row)], 3, split_special_tokens=True)
+    assert split[:3] == [ids("the cat was"), ids("the cat was too close")[len(ids("the cat was")) :], []]
+    cut = mc.encode_examples([row], tok, SPECIALS, 3 + 3 + len(ids("the cup")))[0].sequences[0]  # context 3
+    assert cut == [
+        START,
+        ids("the cat was")[0],
+        *ids("the cat was too close")[-2:],
+        DELIM,
+        *ids("the cup"),
+        EXTRACT,
+    ]
+    slow = type("Slow", (), {"is_fast": False, "__call__": lambda self, texts, **kw: tok(texts, **kw)})()
+    assert token_ids(slow, [mc.card_texts(row)], 3, split_special_tokens=True)[1] == ids(" too close")
+
+
 def test_bad_cards():
     with pytest.raises(ValueError, match="num_choices. \\(>= 1\\) is required"):
         MultipleChoice(name="t", context=["c"], choices="options")
