@@ -47,8 +47,8 @@ def beam_search(
     check_decoding(model, ids, max_new_tokens, 1.0, None, None, num_beams, False, repetition_penalty)
     with eval_mode(model):
         out = _beam_search(
-            model, ids, real, positions, num_beams, max_new_tokens, length_penalty, stop_ids(eos_token_id),
-            repetition_penalty, suppress_tokens,
+            model, ids, real, positions, num_beams, max_new_tokens, length_penalty,
+            stop_ids(eos_token_id, model.config.vocab_size), repetition_penalty, suppress_tokens,
         )  # fmt: skip
     out[:, : input_ids.shape[1]] = input_ids  # the padding as given
     return out

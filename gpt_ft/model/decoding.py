@@ -34,6 +34,9 @@ def check_decoding(
     name = (lambda n: f"--{n}") if cli else str
     said = (lambda n, v: f"--{n} {str(v).lower()}") if cli else (lambda n, v: f"{n}={v!r}")
     check_token_ids(input_ids, non_empty=True)
+    for n, value in (("max_new_tokens", max_new_tokens), ("num_beams", num_beams), ("top_k", top_k or 1)):
+        if isinstance(value, bool) or not hasattr(value, "__index__"):  # (top_k: None is none)
+            raise ValueError(f"{name(n)} must be a whole number, got {value!r}.")
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}.")
     vocab, low, high = model.config.vocab_size, int(input_ids.min()), int(input_ids.max())
@@ -48,7 +51,9 @@ def check_decoding(
             f"A prompt of {input_ids.shape[1]} tokens plus max_new_tokens={max_new_tokens} exceeds the "
             f"model's context of {n_ctx} tokens."
         )
-    if do_sample and temperature <= 0:  # greedy decoding reads none of the three, as transformers'
+    if (
+        do_sample and not temperature > 0
+    ):  # (NaN too); greedy decoding reads none of the three, as transformers'
         raise ValueError(
             f"{name('temperature')} must be > 0, got {temperature}; use {said('do_sample', False)} for "
             "greedy decoding."
@@ -119,26 +124,37 @@ def grown(real: Tensor | None, positions: Tensor | None) -> tuple[Tensor | None,
     return torch.nn.functional.pad(real, (0, 1), value=True), torch.cat([positions, positions[:, -1:] + 1], 1)
 
 
-def stop_ids(eos_token_id: int | list[int] | None) -> list[int]:
-    """The end-of-text ids decoding stops at: none, one, or several."""
+def stop_ids(eos_token_id: int | list[int] | None, vocab_size: int | None = None) -> list[int]:
+    """The end-of-text ids decoding stops at: none, one, or several; with `vocab_size`, those the
+    vocabulary holds (no step gives another; a finished row is filled with the first, and reads it)."""
     if eos_token_id is None:
         return []
     if isinstance(eos_token_id, (str, bytes)):  # (its characters would be read as ids)
         raise ValueError(f"eos_token_id is a token's id or a list of them, got the text {eos_token_id!r}.")
     try:  # an int, or one as NumPy or torch holds it
-        return [operator.index(eos_token_id)]
+        ids = [operator.index(eos_token_id)]
     except TypeError:
-        return [int(i) for i in eos_token_id]
+        try:
+            ids = [operator.index(i) for i in eos_token_id]
+        except TypeError:  # 5.0, or [5.0]
+            raise ValueError(
+                f"eos_token_id is a token's id or a list of them, got {eos_token_id!r}."
+            ) from None
+    return [i for i in ids if vocab_size is None or 0 <= i < vocab_size]
 
 
 def check_token_ids(input_ids: Tensor, non_empty: bool = False) -> None:
     """Token ids as the model takes them, (batch, length) integers, or one sentence saying how they
     are not (their shape and type only: their values would be read back from the device)."""
-    if input_ids.ndim != 2 or (non_empty and input_ids.shape[1] == 0):
+    if not isinstance(input_ids, Tensor):
+        raise ValueError(
+            f"input_ids must be a (batch, length) tensor of token ids, got a {type(input_ids).__name__}."
+        )
+    if input_ids.ndim != 2 or (non_empty and 0 in input_ids.shape):
         what = "a non-empty (batch, length)" if non_empty else "a (batch, length)"
         raise ValueError(f"input_ids must be {what} tensor, got shape {tuple(input_ids.shape)}.")
-    if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
-        raise ValueError(f"input_ids must hold integer token ids, got {input_ids.dtype}.")
+    if input_ids.dtype not in (torch.int64, torch.int32):  # (the embedding takes no other)
+        raise ValueError(f"input_ids must hold integer token ids (int64 or int32), got {input_ids.dtype}.")
 
 
 @contextmanager

@@ -91,8 +91,8 @@ def stream(
         raise ValueError("static_cache=True needs use_cache=True.")
     with eval_mode(model):
         yield from _stream(model, input_ids, real, positions, max_new_tokens, do_sample, temperature,
-                           top_k, top_p, stop_ids(eos_token_id), use_cache, generator, static_cache,
-                           repetition_penalty, suppress_tokens)  # fmt: skip
+                           top_k, top_p, stop_ids(eos_token_id, model.config.vocab_size), use_cache,
+                           generator, static_cache, repetition_penalty, suppress_tokens)  # fmt: skip
 
 
 def _stream(model, input_ids, real, positions, max_new_tokens, do_sample, temperature, top_k, top_p, stops,

@@ -1,4 +1,5 @@
 import math
+import re
 
 import pytest
 import torch
@@ -307,8 +308,30 @@ def test_bad_generation_arguments():
         gpt.generate(prompt, max_new_tokens=2, num_beams=2, do_sample=True)
     with pytest.raises(ValueError, match=r"input_ids must be a non-empty \(batch, length\) tensor"):
         gpt.generate(torch.zeros(1, 0, dtype=torch.long), max_new_tokens=2)
-    with pytest.raises(ValueError, match=r"^input_ids must hold integer token ids, got torch\.float32\.$"):
-        gpt.generate(prompt.float(), max_new_tokens=2)
+    for ids, said in ((prompt.float(), "torch.float32"), (prompt.to(torch.uint8), "torch.uint8")):
+        with pytest.raises(
+            ValueError, match=rf"^input_ids must hold integer token ids \(int64 or int32\), got {said}\.$"
+        ):
+            gpt.generate(ids, max_new_tokens=2)
+    with pytest.raises(
+        ValueError, match=r"^input_ids must be a non-empty \(batch, length\) tensor, got shape \(0, 2\)\.$"
+    ):
+        gpt.generate(torch.zeros(0, 2, dtype=torch.long), max_new_tokens=2)
+    with pytest.raises(
+        ValueError, match=r"^input_ids must be a \(batch, length\) tensor of token ids, got a list\.$"
+    ):
+        gpt.generate([[1, 2]], max_new_tokens=2)
+    # Python's raw errors before: a float count, a NaN temperature, a float stop id.
+    for kwargs, said in (
+        (dict(max_new_tokens=2.0), "max_new_tokens must be a whole number, got 2.0."),
+        (dict(max_new_tokens=None), "max_new_tokens must be a whole number, got None."),
+        (dict(num_beams=2.0), "num_beams must be a whole number, got 2.0."),
+        (dict(do_sample=True, top_k=2.5), "top_k must be a whole number, got 2.5."),
+        (dict(do_sample=True, temperature=float("nan")), "temperature must be > 0, got nan"),
+        (dict(eos_token_id=5.0), "eos_token_id is a token's id or a list of them, got 5.0."),
+    ):
+        with pytest.raises(ValueError, match="^" + re.escape(said)):
+            gpt.generate(prompt, **{"max_new_tokens": 2, **kwargs})
     # past the vocabulary: a padding row of the embedding (ids up to a multiple of 64), or an index error
     vocab = gpt.config.vocab_size
     assert gpt.wte.weight.shape[0] > vocab + 1
@@ -317,6 +340,22 @@ def test_bad_generation_arguments():
             ValueError, match=rf"^input_ids hold token id {bad}, outside the model's vocabulary"
         ):
             gpt.generate(torch.tensor([[1, bad]]), max_new_tokens=2)
+
+
+def test_a_stop_id_outside_the_vocabulary_is_never_fed_to_the_model():
+    """Finished rows were filled with the first stop id and read it at the next step: one the
+    vocabulary lacks stopped greedy decoding and beam search with an IndexError once a row ended
+    before another. No step gives such an id: the first the vocabulary holds fills the rows."""
+    gpt = tiny_gpt()
+    prompt = torch.randint(1, TINY["vocab_size"], (2, 5), generator=torch.Generator().manual_seed(0))
+    free = gpt.generate(prompt, max_new_tokens=10)
+    stop = next(int(t) for t in free[0, 5:] if t not in free[1, 5:])  # row 0 ends, row 1 goes on
+    alone = gpt.generate(prompt, max_new_tokens=10, eos_token_id=stop)
+    assert torch.equal(gpt.generate(prompt, max_new_tokens=10, eos_token_id=[10_000, stop]), alone)
+    assert torch.equal(
+        gpt.generate(prompt, max_new_tokens=10, eos_token_id=[-1, stop], num_beams=2),
+        gpt.generate(prompt, max_new_tokens=10, eos_token_id=stop, num_beams=2),
+    )
 
 
 @pytest.mark.parametrize("max_new_tokens", [0, 1, 2, 20])

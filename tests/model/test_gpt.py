@@ -323,7 +323,10 @@ def test_token_ids_of_another_shape_or_type_are_named_in_one_sentence():
     for ids, message in (
         (torch.tensor([1, 2]), r"^input_ids must be a \(batch, length\) tensor, got shape \(2,\)\.$"),
         (torch.ones(1, 2, 2, dtype=torch.long), r"got shape \(1, 2, 2\)\.$"),
-        (torch.tensor([[1.0, 2.0]]), r"^input_ids must hold integer token ids, got torch\.float32\.$"),
+        (
+            torch.tensor([[1.0, 2.0]]),
+            r"^input_ids must hold integer token ids \(int64 or int32\), got torch\.float32\.$",
+        ),
     ):
         with pytest.raises(ValueError, match=message):
             gpt(ids)
