@@ -23,6 +23,7 @@ from torch import Tensor
 
 from gpt_ft.adapters import ClassificationHead, TaskDataError
 from gpt_ft.data.files import located_split
+from gpt_ft.data.subsets import label_spelling
 from gpt_ft.errors import check_output_file, real_path, writing
 from gpt_ft.eval.classifier import Classifier
 from gpt_ft.weights.checkpoint import Checkpoint
@@ -79,20 +80,29 @@ def split_outputs(
     """The head's outputs (temperature 1) and the labels of labelled `rows` (those whose label the
     card ignores left out, as the data module leaves them out of the split `validate` scores).
     A bad label is named by `where(row)` ('FILE, line N'); `name` is the split's, in messages."""
-    ignored = set(clf.task.ignore_labels or [])
-    rows = [(i, row) for i, row in enumerate(rows) if str(row.get(clf.task.label)) not in ignored]
+    ignored = set(clf.task.ignore_labels or [])  # spelt as the data module reads them (2.0: '2')
+    rows = [(i, row) for i, row in enumerate(rows) if label_spelling(row.get(clf.task.label)) not in ignored]
     labels = []
     for i, row in rows:
         try:
             labels.append(clf.task.output.example_label(row))
         except TaskDataError as exc:
             raise TaskDataError(f"{where(i)}: {exc}" if where else str(exc)) from None
-    rows = [row for _, row in rows]
-    kept = [i for i, label in enumerate(labels) if label is not None]
+    kept = [k for k, label in enumerate(labels) if label is not None]
     if not kept:
         raise TaskDataError(f"{name} holds no labelled examples.")
-    rows, labels = [rows[i] for i in kept], [labels[i] for i in kept]
-    outputs = clf.raw_outputs(rows, batch_size=batch_size).clone()  # out of inference mode: fitted on
+    rows, labels = [rows[k] for k in kept], [labels[k] for k in kept]
+    outputs = clf.raw_outputs([row for _, row in rows], batch_size=batch_size).clone()  # (fitted on)
+    absent = outputs == torch.finfo(outputs.dtype).min  # a choice the row lacks (`ChoiceHead`'s floor)
+    broken = ~(outputs.isfinite() | absent).all(-1)
+    if broken.any():  # a NaN T, written into the checkpoint, would make every probability NaN
+        first = rows[int(broken.nonzero()[0])][0]
+        first = where(first) if where else f"row {first + 1}"
+        raise ValueError(
+            f"{name} fits no temperature: the model's outputs are not finite (NaN or infinite) on "
+            f"{int(broken.sum())} of its {len(rows)} examples (the first: {first}); its weights are "
+            "broken: train it again."
+        )
     return outputs, torch.tensor(labels)
 
 

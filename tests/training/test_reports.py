@@ -230,6 +230,23 @@ def test_calibration_leaves_out_the_rows_whose_label_the_card_ignores(tokenizer_
             {"sentence": "two dogs .", "label": "negative"}]  # fmt: skip
     outputs, labels = split_outputs(clf, rows)
     assert labels.tolist() == [1, 0] and outputs.shape == (2, 2)
+    # A float label column (JSON, parquet) spells 2 as 2.0: ignored as the data module ignores it
+    # (calibrate refused the row its `validate` left out).
+    task = SingleText(name="t", labels=["negative", "positive"], ignore_labels=["2"])
+    clf = Classifier(gpt, head, task, tokenizer, max_length=64, device="cpu")
+    floats = [{**row, "label": {"positive": 1.0, "-": 2.0, "negative": 0.0}[row["label"]]} for row in rows]
+    assert split_outputs(clf, floats)[1].tolist() == [1, 0]
+    # Outputs that are not finite (weights gone wrong) fit a NaN temperature, which was written.
+    ids = lambda text: set(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    gpt.wte.weight.data[sorted(ids("two dogs .") - ids("a cat ."))] = float("nan")  # the third row's alone
+    with pytest.raises(ValueError) as broken:
+        split_outputs(
+            clf, floats, batch_size=1, name="Split 'validation'", where=lambda i: f"d.jsonl, line {i + 1}"
+        )
+    assert str(broken.value) == (
+        "Split 'validation' fits no temperature: the model's outputs are not finite (NaN or infinite) on 1 "
+        "of its 2 examples (the first: d.jsonl, line 3); its weights are broken: train it again."
+    )
 
 
 def test_class_weights_change_the_loss_as_computed_by_hand():
