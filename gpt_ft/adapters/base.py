@@ -112,9 +112,9 @@ class TaskAdapter:
     renders_chats: ClassVar[bool] = False
     """Chat messages are rendered through the tokenizer's chat template (preference pairs): an
     exported model's tokenizer keeps the template, which its prompts are rendered with."""
-    joined_parts = 0
-    """An example's first texts that are parts of one (a context of several fields), tokenized as
-    the whole text reads (`tokens.token_ids`); below 2: none."""
+    text_groups: ClassVar[list[int]] = []
+    """The sizes of the groups an example's first texts come in, each group the parts of one text
+    (a context of several fields), tokenized as the whole text reads (`tokens.token_ids`)."""
     keeps_context_end: ClassVar[bool] = False
     """A context too long loses its start, not its end (a prompt keeps the turn its replies answer,
     as TRL's preference trainers keep it): an exported model's tokenizer cuts texts on the left."""
@@ -325,7 +325,7 @@ class TaskAdapter:
                 texts.append(self.card_texts(example))
         # A text that spells a special token (`<|extract|>`, `<|endoftext|>`) is text; a chat's
         # rendering is markup (`renders_chats`: its template's tokens are meant).
-        ids = token_ids(tokenizer, texts, self.joined_parts, split_special_tokens=not self.renders_chats)
+        ids = token_ids(tokenizer, texts, self.text_groups, split_special_tokens=not self.renders_chats)
         encoded, start = [], 0
         for i, (example, example_texts) in enumerate(zip(examples, texts)):
             tokens, start = ids[start : start + len(example_texts)], start + len(example_texts)
@@ -346,7 +346,7 @@ class TaskAdapter:
         the special tokens' names: what `frame` builds, for a tokenizer that frames texts
         itself (`gpt-ft export`). A sequence of more texts has no such template of its own: refused
         (an adapter that frames three gives its own `template`, or is served by `Classifier`)."""
-        if self.num_sequences == 1 and (n := len(self.text_fields())) > 2:
+        if self.num_sequences == 1 and (n := len(self.text_groups or self.text_fields())) > 2:
             raise ValueError(
                 f"Task {self.name!r} ({type(self).__name__}) frames {n} texts in its sequence, and a "
                 "tokenizer frames one or two: give the adapter a `template` of its own to export it, or "

@@ -10,6 +10,7 @@ from gpt_ft.adapters.base import Encoded, TaskAdapter
 from gpt_ft.adapters.heads import ChoiceHead, TaskHead
 from gpt_ft.adapters.outputs import CardError, ClassificationOutput, LabelSpec, TaskDataError, TaskOutput
 from gpt_ft.adapters.sources import field_text, short_repr
+from gpt_ft.adapters.tokens import field_parts
 
 
 class ChoiceOutput(ClassificationOutput):
@@ -135,8 +136,8 @@ class MultipleChoice(TaskAdapter):
         return ChoiceOutput(self.name, spec, choices=self.max_choices, names=self.choice_names)
 
     @property
-    def joined_parts(self) -> int:  # the context's fields, one text
-        return len(self.context)
+    def text_groups(self) -> list[int]:  # the context's fields, one text
+        return [len(self.context)]
 
     def text_fields(self) -> list[str]:
         return self.context + ([self.choices] if isinstance(self.choices, str) else list(self.choices))
@@ -149,10 +150,7 @@ class MultipleChoice(TaskAdapter):
         text (each after the first non-empty one opens with a space), then each choice; with
         `strip_texts`, each field's text stripped before."""
         strip = str.strip if self.strip_texts else str
-        parts, joined = [], False
-        for text in (strip(field_text(example[f], f)) for f in self.context):
-            parts.append(f" {text}" if joined and text else text)
-            joined = joined or bool(text)
+        parts = field_parts(example, self.context, self.strip_texts)
         if isinstance(self.choices, str):
             choices = example[self.choices]
             choices = choices.tolist() if hasattr(choices, "tolist") else choices  # pandas' numpy arrays

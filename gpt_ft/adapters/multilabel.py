@@ -167,7 +167,7 @@ class MultiLabel(SingleText):
     def __init__(
         self,
         *,
-        text: str = "text",
+        text: str | list[str] = "text",
         labels: list[str],
         label_separator: str = ",",
         threshold: float = 0.5,
@@ -176,7 +176,7 @@ class MultiLabel(SingleText):
     ) -> None:
         """
         Args:
-            text: Field holding the text.
+            text: Field holding the text, or fields whose texts, joined by a space, make it.
             labels: Label names in id order.
             label_separator: Joins label names in one text field (csv/tsv files; an empty text is no
                 label) and in written predictions.

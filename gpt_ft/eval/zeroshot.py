@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from gpt_ft.adapters import TaskAdapter, TaskDataError, metric_value
+from gpt_ft.adapters.tokens import unjoined, wholes
 from gpt_ft.eval.likelihood import continuation_logprobs, scored_tokens
 from gpt_ft.model import GPT
 
@@ -72,10 +73,10 @@ class ZeroShot:
 
     def text(self, task: TaskAdapter, row: dict[str, Any]) -> str:
         """The example's text as the verbalizers follow it (`template`), the suffix not yet added."""
-        texts = task.card_texts(row)
+        texts = task.card_texts(row)  # (a text of several fields: their parts)
         if self.template is None:
-            return " ".join(texts).strip()
-        named = dict(zip(task.text_fields(), texts))
+            return " ".join(wholes(texts, task.text_groups)).strip()
+        named = dict(zip(task.text_fields(), unjoined(texts, task.text_groups)))
         return FIELD.sub(lambda m: named[m[1]], self.template)
 
 
@@ -213,7 +214,7 @@ class ZeroShotScorer:
         """Each example's average token log-probability."""
         requests, lengths = [], []
         for number, row in enumerate(rows, 1):
-            ids = self.ids(" ".join(task.card_texts(row)).strip())
+            ids = self.ids(" ".join(wholes(task.card_texts(row), task.text_groups)).strip())
             if not self.prefix and len(ids) < 2:  # its first token is the context
                 raise TaskDataError(
                     f"task {task.name!r}: {_where(split)}example {number}'s text of {len(ids)} token(s) "

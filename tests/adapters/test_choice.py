@@ -88,7 +88,7 @@ def test_a_context_of_several_fields_reads_the_tokens_its_whole_text_has():
     )
     assert first == [START, *ids("the cat was too close"), DELIM, *ids("the cup"), EXTRACT]
     assert third == [START, *ids("too close to the edge"), DELIM, *ids("the cup"), EXTRACT]
-    split = token_ids(tok, [mc.card_texts(row)], 3, split_special_tokens=True)
+    split = token_ids(tok, [mc.card_texts(row)], [3], split_special_tokens=True)
     assert split[:3] == [ids("the cat was"), ids("the cat was too close")[len(ids("the cat was")) :], []]
     cut = mc.encode_examples([row], tok, SPECIALS, 3 + 3 + len(ids("the cup")))[0].sequences[0]  # context 3
     assert cut == [
@@ -100,7 +100,7 @@ def test_a_context_of_several_fields_reads_the_tokens_its_whole_text_has():
         EXTRACT,
     ]
     slow = type("Slow", (), {"is_fast": False, "__call__": lambda self, texts, **kw: tok(texts, **kw)})()
-    assert token_ids(slow, [mc.card_texts(row)], 3, split_special_tokens=True)[1] == ids(" too close")
+    assert token_ids(slow, [mc.card_texts(row)], [3], split_special_tokens=True)[1] == ids(" too close")
 
 
 def test_bad_cards():

@@ -116,3 +116,48 @@ def test_numpy_values_read_as_python_values_do():
     ]
     with pytest.raises(TaskDataError, match=r"^field 'f' holds a ndarray array\(\['a', 'b'\]"):
         field_text(np.array(["a", "b"]), "f")
+
+
+def test_a_text_of_several_fields_reads_as_their_joined_text(tmp_path):
+    """`text: [title, body]`: one text, the fields joined by a space and tokenized whole (no "▁"
+    between them from a Llama 2-style tokenizer), stripped field by field; zero-shot reads the
+    joined text and a template each field as it holds it; an export frames it as one text."""
+    from gpt_ft.adapters.cards import load_card
+    from gpt_ft.eval.zeroshot import ZeroShot
+    from tests.eval.test_zeroshot import sentencepiece_style_tokenizer
+
+    tok = sentencepiece_style_tokenizer()
+    ids = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    assert tok.convert_ids_to_tokens(ids(" too close"))[0] == "▁"  # the token the text never has
+    task = single(text=["title", "body"], strip_texts=True)
+    row = {"title": "the cat was ", "body": " too close", "label": "pos"}
+    (enc,) = task.encode_examples([row], tok, SPECIALS, 64)
+    assert enc.sequences == [[START, *ids("the cat was too close"), EXTRACT]] and enc.label == 1
+    (enc,) = task.encode_examples([{**row, "title": ""}], tok, SPECIALS, 64)  # the body opens the text
+    assert enc.sequences == [[START, *ids("too close"), EXTRACT]]
+    assert ZeroShot(verbalizers=[" no", " yes"]).text(task, row) == "the cat was too close"
+    assert (
+        ZeroShot(verbalizers=[" no", " yes"], template="{body}: {title}").text(task, row)
+        == "too close: the cat was"
+    )
+    assert task.template(("<s>", "<d>", "<e>"))[0] == "<s> $A <e>"  # one text: the single template
+    pair = TextPair(
+        name="wic", premise=["word", "sentence1"], hypothesis="sentence2", labels=["False", "True"]
+    )
+    row = {"word": "the", "sentence1": "cat was too close", "sentence2": "the edge", "label": True}
+    (enc,) = pair.encode_examples([row], tok, SPECIALS, 64)
+    assert enc.sequences == [[START, *ids("the cat was too close"), DELIM, *ids("the edge"), EXTRACT]]
+    assert pair.text_fields() == ["word", "sentence1", "sentence2"] and enc.label == 1
+    # cut as one text: the premise's end goes first, whichever field it is in
+    (enc,) = pair.encode_examples([row], tok, SPECIALS, 3 + 2 + len(ids("the edge")))
+    assert enc.sequences == [[START, *ids("the cat")[:2], DELIM, *ids("the edge"), EXTRACT]]
+    card = tmp_path / "c.yaml"
+    card.write_text(
+        "class_path: gpt_ft.adapters.SingleText\ninit_args: {name: t, text: [title, body], labels: [a, b]}\n"
+    )
+    assert load_card(card).text_fields() == ["title", "body"]
+    card.write_text(
+        "class_path: gpt_ft.adapters.TextPair\ninit_args: {name: t, premise: [], labels: [a, b]}\n"
+    )
+    with pytest.raises(ValueError, match=r"Task 't': text 1 names no field\.$"):
+        load_card(card)

@@ -114,6 +114,13 @@ def hellaswag_row(ind, *label):
     return {**row, **({"label": label[0]} if label else {})}
 
 
+def wic_row(idx, *label):
+    """A record of SuperGLUE's WiC files (its `word` is the quote-holding text the test looks for)."""
+    row = {"word": Q, "sentence1": "Go to the bank.", "sentence2": "The river bank.", "idx": idx,
+           "start1": 10, "end1": 14, "start2": 10, "end2": 14, "version": 1.1}  # fmt: skip
+    return {**row, **({"label": label[0]} if label else {})}
+
+
 def siqa_row():
     """A record of Social IQa's release files: its labels are in a file of their own."""
     return {
@@ -529,6 +536,15 @@ FIXTURES = {
         ),
         "validation": (jsonl({"premise": Q, "hypothesis": "No.", "label": "contradiction", "idx": 0}), [1]),
         "test": (jsonl({"premise": Q, "hypothesis": "So.", "idx": 7}), [None], {"index": [7]}),
+    },
+    "superglue/wic": {  # JSON booleans; the word and the first sentence one text; the test file has no labels
+        "train": (
+            jsonl(*(wic_row(i, label) for i, label in enumerate([True, False]))),
+            [1, 0],
+            {"index": [0, 1]},
+        ),
+        "validation": (jsonl(wic_row(0, False)), [0]),
+        "test": (jsonl(wic_row(5)), [None], {"index": [5]}),
     },
     "superglue/copa": {  # 0: choice1, 1: choice2; the test file has no labels
         "train": (jsonl(copa_row(0, "effect", 1), copa_row(1, "cause", 0)), [1, 0]),
