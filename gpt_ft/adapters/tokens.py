@@ -79,6 +79,8 @@ def token_ids(
             continue
         tokens, spans = read["input_ids"][k], read["offset_mapping"][k]
         starts = list(accumulate(len(part) for part in parts[:-1]))  # where each later part starts
-        part = [bisect_right(starts, start) for start, _ in spans]  # each token's: its first character's
+        part = []  # each token's: its first character's (a token trimmed to nothing, its forerunner's)
+        for start, end in spans:
+            part.append(part[-1] if start == end and part else bisect_right(starts, start))
         ids += [[t for t, p in zip(tokens, part) if p == n] for n in range(len(parts))]
     return ids

@@ -28,7 +28,7 @@ from gpt_ft.data.file_faults import (
     utf8_problem,
     wide_first_row,
 )
-from gpt_ft.data.layout import SLICE, label_file, with_labels
+from gpt_ft.data.layout import SLICE, file_stamp, label_file, with_labels
 from gpt_ft.data.subsets import ALIKE, drawn, label_spelling, left_out
 from gpt_ft.errors import CardError
 from gpt_ft.workarounds.data import no_download_count
@@ -182,7 +182,7 @@ def _load_local(task: TaskAdapter, split: str, data_dir: Path):
     )
     if labels is not None:  # the whole file's labels, then the card's slice of both
         ds = with_labels(ds, labels, task, split, origin.source, "" if shuffled else origin.selection)
-        origin = replace(origin, derived=(task.label_column,))
+        origin = replace(origin, derived=(task.label_column,), labels=(task.label_column, str(labels)))
     return drawn(ds, origin, split, spec.shuffle_seed) if shuffled else (ds, origin)
 
 
@@ -306,21 +306,22 @@ class Origin:
     columns: tuple[tuple[str, str], ...] = ()
     """Fields read from a column of another name (the card's `columns`): (field, column)."""
     derived: tuple[str, ...] = ()  # columns made of nested fields (`choices.text`), not the file's own
+    labels: tuple[str, str] | None = None  # (field, file): the labels read from a file of their own
 
     def file_columns(self, columns: list[str]) -> list[str]:
         """A loaded split's `columns` as the file names them: renamed back, derived ones left out."""
         return [dict(self.columns).get(c, c) for c in columns if c not in self.derived]
 
     def explain(self, message: str) -> str:
-        """`message`, and where it names a renamed field, the file's column that field is."""
+        """`message`, and where it names a renamed field, the file's column that field is; where it
+        names the field a label file gives (`local.label_files`), that file."""
         notes = [
             f"{field!r} is the column {column!r}" for field, column in self.columns if repr(field) in message
         ]
-        return (
-            f"{message.rstrip('.')} ({'; '.join(notes)}, renamed by the card's `columns`)."
-            if notes
-            else message
-        )
+        said = f"{'; '.join(notes)}, renamed by the card's `columns`" if notes else ""
+        if self.labels and repr(self.labels[0]) in message:
+            said += "; " * bool(said) + f"{self.labels[0]!r} is read from {self.labels[1]}, a line a record"
+        return f"{message.rstrip('.')} ({said})." if said else message
 
     def keep(self, kept: list[int]) -> Origin:
         """The origin of the rows `kept` of this one's."""
@@ -349,14 +350,6 @@ class Origin:
         total = len(starts) if starts is not None else len(read_table(self.path, fmt=self.fmt))
         spec = datasets.ReadInstruction.from_spec("data" + self.selection)
         return spec.to_absolute({"data": total})[0].from_
-
-
-def file_stamp(path: Path) -> str:
-    """A file as it is now: its size, modified and changed times, and inode. A copy of another
-    version of a file (`cp -p`, `rsync -a`, an archive) can keep its modification time; its change
-    time or inode differ."""
-    stat = path.stat()
-    return f"{stat.st_size}-{stat.st_mtime_ns}-{stat.st_ctime_ns}-{stat.st_ino}"
 
 
 def _stamp(path: Path) -> str:

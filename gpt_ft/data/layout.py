@@ -21,6 +21,14 @@ def split_file(task: TaskAdapter, split: str, data_dir: str | Path) -> Path:
     return Path(data_dir).expanduser() / SLICE.match(task.local.splits[split])["file"]
 
 
+def file_stamp(path: Path) -> str:
+    """A file as it is now: its size, modified and changed times, and inode. A copy of another
+    version of a file (`cp -p`, `rsync -a`, an archive) can keep its modification time; its change
+    time or inode differ."""
+    stat = path.stat()
+    return f"{stat.st_size}-{stat.st_mtime_ns}-{stat.st_ctime_ns}-{stat.st_ino}"
+
+
 def label_file(task: TaskAdapter, split: str, data_dir: str | Path) -> Path | None:
     """The file holding `split`'s labels under `data_dir`, where the card names one."""
     named = (task.local.label_files or {}).get(split) if task.local else None
@@ -47,10 +55,12 @@ def with_labels(table, path: Path, task: TaskAdapter, split: str, records: str, 
             f"Task {task.name!r}: local.label_files gives split {split!r} labels, but the task reads "
             f"none from a field ({task.label_source})."
         )
-    if field in table.column_names:
+    renamed = task.local.columns or {}  # (the field a column becomes; one renamed away would take it)
+    if field in renamed or field in {renamed.get(c, c) for c in table.column_names}:
         raise TaskDataError(
-            f"{records} has a column {field!r} of its own, and the card's local.label_files gives split "
-            f"{split!r} its labels in {path} too: drop one of the two."
+            f"{records} has a column {field!r} of its own (or the card's `columns` renames one to it or it "
+            f"away), and the card's local.label_files gives split {split!r} its labels in {path} too: drop "
+            "one of the two."
         )
     if not path.is_file():
         what = "a folder, not a file" if path.is_dir() else "file not found"
@@ -58,9 +68,9 @@ def with_labels(table, path: Path, task: TaskAdapter, split: str, records: str, 
     data = file_bytes(path)
     if (problem := utf8_problem(data)) is not None:
         raise TaskDataError(f"{path}{problem}.")
-    labels = data.decode("utf-8-sig").splitlines()
-    if labels and not labels[-1].strip():
-        labels.pop()  # a blank last line
+    labels = re.split(r"\r\n|\r|\n", data.decode("utf-8-sig"))  # (not at a form feed: str.splitlines)
+    while labels and not labels[-1].strip():
+        labels.pop()  # the end of the last line, and blank lines after it
     if (empty := next((i for i, label in enumerate(labels) if not label.strip()), None)) is not None:
         raise TaskDataError(f"{path}, line {empty + 1} is empty: a label file holds one label a line.")
     if len(labels) != len(table):

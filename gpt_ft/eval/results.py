@@ -9,8 +9,7 @@ import statistics
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpt_ft.data.files import file_stamp
-from gpt_ft.data.layout import task_files
+from gpt_ft.data.layout import file_stamp, task_files
 from gpt_ft.eval.suite_folder import write_atomic, write_json
 
 if TYPE_CHECKING:

@@ -103,6 +103,26 @@ def test_a_context_of_several_fields_reads_the_tokens_its_whole_text_has():
     assert token_ids(slow, [mc.card_texts(row)], [3], split_special_tokens=True)[1] == ids(" too close")
 
 
+def test_a_whitespace_token_trimmed_to_nothing_stays_with_its_field():
+    """A byte-level tokenizer that trims its offsets (RoBERTa's) gives a lone "Ġ" an empty span at
+    its end, which sent it to the next field: the parts are each field's tokens read alone."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from gpt_ft.adapters.tokens import token_ids
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.post_processor = processors.ByteLevel(trim_offsets=True)
+    bpe.train_from_iterator(
+        ["the cat was here"] * 20, trainers.BpeTrainer(initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    )
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe)
+    ids = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    parts = token_ids(tok, [["the cat ", " was"]], [2], split_special_tokens=True)
+    assert parts == [ids("the cat "), ids(" was")] and ids("the cat ")[-1] == ids(" ")[0]
+
+
 def test_bad_cards():
     with pytest.raises(ValueError, match="num_choices. \\(>= 1\\) is required"):
         MultipleChoice(name="t", context=["c"], choices="options")

@@ -106,9 +106,40 @@ def test_a_missing_label_file_or_a_label_column_of_the_records_own_is_refused(tm
     with pytest.raises(TaskDataError) as both:
         load_split(task, "train", tmp_path)
     assert str(both.value) == (
-        f"{tmp_path / 'train.jsonl'} has a column 'label' of its own, and the card's local.label_files gives "
-        f"split 'train' its labels in {labels} too: drop one of the two."
+        f"{tmp_path / 'train.jsonl'} has a column 'label' of its own (or the card's `columns` renames one to "
+        f"it or it away), and the card's local.label_files gives split 'train' its labels in {labels} too: "
+        "drop one of the two."
     )
+
+
+def test_a_bad_label_names_the_file_it_is_read_from(tmp_path):
+    """Its message named the records' file and line alone, and a field the records do not have."""
+    from gpt_ft.data.files import labelled_rows
+
+    task = piqa(tmp_path, "0\n1\n7\n0\n1\n")
+    with pytest.raises(TaskDataError) as bad:
+        labelled_rows(task, "train", tmp_path)
+    assert str(bad.value) == (
+        f"{tmp_path / 'train.jsonl'}, line 3: label '7' in field 'label' is not among the labels [0, 1] "
+        f"('label' is read from {tmp_path / 'train-labels.lst'}, a line a record)."
+    )
+    # Lines end at line breaks only (a form feed ended one for str.splitlines, which then counted 6).
+    (tmp_path / "train-labels.lst").write_text("0\x0c\n1\n1\n0\n1\n")
+    assert load_split(task, "train", tmp_path)["label"] == ["0", "1", "1", "0", "1"]
+
+
+@pytest.mark.parametrize("columns", [{"gold": "label"}, {"label": "old_label"}])
+def test_a_label_column_the_cards_renames_make_or_take_is_refused(tmp_path, columns):
+    """A column renamed to the label field was refused as "its column 'label' is kept", which the
+    records do not have; one renamed away from it would have renamed the label file's labels."""
+    task = piqa(tmp_path, "1\n", rows=1, columns=columns)
+    (tmp_path / "train.jsonl").write_text(
+        json.dumps({"goal": "g", "sol1": "a", "sol2": "b", **{k: 0 for k in columns}}) + "\n"
+    )
+    with pytest.raises(
+        TaskDataError, match=r"has a column 'label' of its own \(or the card's `columns` renames"
+    ):
+        load_split(task, "train", tmp_path)
 
 
 def test_predictions_never_replace_a_label_file(tmp_path):
