@@ -84,6 +84,9 @@ class Encoder:
         if isinstance(texts, str) or not hasattr(texts, "__iter__"):  # None: no list either
             what = "the text " if isinstance(texts, str) else ""
             raise TypeError(f"encode takes a list of texts, got {what}{texts!r}: put it in a list.")
+        if isinstance(texts, dict) or hasattr(texts, "columns"):  # (its keys, a table's column names)
+            kind = "a table" if hasattr(texts, "columns") else "a mapping"
+            raise TypeError(f"encode takes a list of texts, got {kind}: give its texts' column, as a list.")
         texts = list(texts)
         if bad := [i for i, t in enumerate(texts) if not isinstance(t, str)]:
             raise TypeError(f"encode takes texts; item {bad[0]} is {texts[bad[0]]!r}.")

@@ -100,6 +100,14 @@ def test_the_encoders_vectors_are_the_training_paths_own(embedded):
         encoder.encode(None)  # a bare "'NoneType' object is not iterable" before
     with pytest.raises(TypeError, match=r"^encode takes texts; item 1 is None\.$"):
         encoder.encode(["a", None])
+    # A mapping or a table iterates over its keys, which were embedded as if they were the texts.
+    import pandas
+
+    for given, kind in (({"text": "a dog"}, "a mapping"), (pandas.DataFrame({"text": ["a dog"]}), "a table")):
+        with pytest.raises(
+            TypeError, match=rf"^encode takes a list of texts, got {kind}: give its texts' column"
+        ):
+            encoder.encode(given)
     with pytest.raises(ValueError, match=r"^prompt must be 'query', 'document' or None, got 'passage'\.$"):
         encoder.encode(texts, prompt="passage")
     with pytest.raises(ValueError, match=r"^convert_to must be 'numpy' or 'torch', got 'tensor'\.$"):
