@@ -33,13 +33,13 @@ from gpt_ft.adapters.tokens import token_ids
 from gpt_ft.adapters.truncation import WHOLE, cut_kind, fit_lengths
 from gpt_ft.errors import about
 
-ENCODING = 10
+ENCODING = 11
 """The version of the path from examples to tokens: cached encodings of another one are not reused
 (2: pairs cut as `tokenizers`' `longest_first` does; 3: each example's LM targets counted; 4: a
 text that spells a special token is text; 5: multiple choice's earlier context fields cut first; 6:
 an embedding's label row says which text each text is; 7: labels mapped under a name of their own;
-8: a reward model's prompt keeps its end; 9: each example says whether it was cut;
-10: sequences of one role made alike by a cut are no loss)."""
+8: a reward model's prompt keeps its end; 9: each example says whether it was cut; 10: sequences
+of one role made alike by a cut are no loss; 11: a text of several fields read as its whole text)."""
 
 
 @dataclass
