@@ -44,7 +44,7 @@ def collect_curves(
                 value = score(row, size, seed)
                 if value is not MISSING:
                     values.setdefault(size, {})[seed] = value
-        out[row or "fine-tuned"] = curve(values, examples_of(values, whole))
+        out[row or ONE_ROW] = curve(values, examples_of(values, whole))
     return out
 
 
@@ -99,6 +99,10 @@ def labels_saved(curves: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     }
 
 
+ONE_ROW = "fine-tuned"
+"""The curve of a suite without `rows`: its one row's."""
+
+
 def read_baselines(paths: list[str | Path], rows: list[str | None]) -> dict[str, dict[str, Values]]:
     """Reference curves to draw beside a suite's rows (dashed where named like TF-IDF), {name:
     {task: {size (None: all): {seed: score}}}}, from JSON files of {"name": NAME, "tasks": {TASK:
@@ -122,7 +126,7 @@ def read_baselines(paths: list[str | Path], rows: list[str | None]) -> dict[str,
         ):
             raise ValueError(f"Baseline file {path} is not a learning curve: expected {CURVE_FILE}.")
         name = data["name"]
-        if name in out or name in rows:
+        if name in out or name in [row or ONE_ROW for row in rows or [None]]:
             raise ValueError(f"Baseline file {path} names its curve {name!r}, as a row or another file does.")
         out[name] = {task: _points(path, task, points) for task, points in data["tasks"].items()}
     return out

@@ -119,8 +119,6 @@ class SuiteRunner:
         self.spec, self.baselines = spec, read_baselines(baselines or [], list(spec.rows or []))
         sizes = train_sizes if train_sizes is not None else spec.train_sizes
         self.sizes: list[int | None] = [None if s == "all" else int(s) for s in sizes or ["all"]]
-        if bad := [s for s in self.sizes if s is not None and s < 1]:
-            raise ValueError(f"--train_sizes {bad[0]}: a size is a positive number of examples, or all.")
         self.rows: list[str | None] = list(spec.rows or [None])
         local = suite_file.absolute  # a result records them: a rerun from another folder reads the same
         self.out, self.init_from, self.tokenizer = out, local(init_from), local(tokenizer)
@@ -136,6 +134,7 @@ class SuiteRunner:
         self.fit_args = shlex.split(fit_args) if args is None else args
         self.select, self.fine_tune, self.zero_shot = select, fine_tune, zero_shot
         self.transfer_layers = list(transfer_layers or [])
+        suite_file.check_sweeps(self.sizes, self.transfer_layers)
         if (zero_shot or self.transfer_layers) and not init_from:
             raise ValueError("--zero_shot and --transfer_layers need pretrained weights: give --init_from.")
         if not fine_tune and not zero_shot:

@@ -126,6 +126,16 @@ def check_paper(source: str, entry: SuiteTask, task):
     return task
 
 
+def check_sweeps(sizes: list[int | None], layers: list[int]) -> None:
+    """`--train_sizes` (None: all) and `--transfer_layers`: positive sizes, and each value once (a
+    run a seed each: a second would run the first again)."""
+    if bad := [s for s in sizes if s is not None and s < 1 or sizes.count(s) > 1]:
+        said = bad[0] or "all"
+        raise ValueError(f"--train_sizes {said}: a size is a positive number of examples, or all, each once.")
+    if twice := [n for n in layers if layers.count(n) > 1]:
+        raise ValueError(f"--transfer_layers names {twice[0]} twice: each depth is one run a seed.")
+
+
 def as_list(value) -> list:
     """A list option given as one value (`--data_dir DIR`) or as a list (`--data_dir [A, t=B]`)."""
     if value is None:
@@ -183,8 +193,18 @@ def load_suite(path: str | Path) -> SuiteSpec:
         raise ValueError(f"Suite file {path}, {twice}.")
     if not isinstance(raw, dict):
         raise ValueError(f"Suite file {path} must hold a mapping with `name` and `tasks`.")
+    raw = {key: value for key, value in raw.items() if value is not None}  # `seeds:` left empty: the default
     if isinstance(raw.get("tasks"), list):  # `- tasks/glue/rte.yaml` is short for `- card: ...`
-        raw["tasks"] = [{"card": t} if isinstance(t, str) else t for t in raw["tasks"]]
+        if bad := next(
+            ((n, t) for n, t in enumerate(raw["tasks"], 1) if not isinstance(t, (str, dict))), None
+        ):
+            raise ValueError(
+                f"Suite file {path}, task {bad[0]} ({bad[1]!r}): give a card's path, or a mapping with card."
+            )
+        raw["tasks"] = [
+            {"card": t} if isinstance(t, str) else {k: v for k, v in t.items() if v is not None}
+            for t in raw["tasks"]
+        ]
     try:
         cfg = parser.parse_object({"suite": raw})
         spec = parser.instantiate_classes(cfg).suite

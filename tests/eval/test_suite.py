@@ -450,6 +450,15 @@ def test_a_subset_of_a_suites_tasks(tmp_path):
         ValueError, match=r"^--train_sizes -3: a size is a positive number of examples, or all"
     ):
         suites.SuiteRunner(spec, out_dir=tmp_path, train_sizes=[2, -3])  # before any run trains
+    for kwargs, said in (  # each a run a seed: a second ran the first again, over its folder
+        (dict(train_sizes=[4, "all", 4]), "--train_sizes 4: a size is a positive number of examples, or all, "
+                                          "each once."),
+        (dict(train_sizes=["all", "all"]), "--train_sizes all: "),
+        (dict(transfer_layers=[1, 1], init_from="w"), "--transfer_layers names 1 twice: each depth is one "
+                                                      "run a seed."),
+    ):  # fmt: skip
+        with pytest.raises(ValueError, match="^" + re.escape(said)):
+            suites.SuiteRunner(spec, out_dir=tmp_path, **kwargs)
     card = write_suite(tmp_path, "name: p\ntasks:\n  - card: tasks/glue/rte.yaml\n    paper: {acuracy: 56}\n")
     with pytest.raises(
         ValueError, match=rf"^Suite file {card}, task 'rte': paper names \['acuracy'\], not among"
@@ -715,6 +724,10 @@ def test_a_baseline_file_that_is_not_a_curve_is_named(tmp_path, text, words):
     with pytest.raises(ValueError, match=f"^Baseline file {re.escape(str(path))}") as e:
         read_baselines([path], ["pretrained", "from scratch"])
     assert words in str(e.value)
+    # A suite without rows: its one curve is "fine-tuned", which a baseline of that name replaced.
+    path.write_text('{"name": "fine-tuned", "tasks": {}}')
+    with pytest.raises(ValueError, match="names its curve 'fine-tuned', as a row or another file does"):
+        read_baselines([path], [])
 
 
 def test_a_size_beyond_the_split_counts_the_examples_it_trained_on():

@@ -47,6 +47,16 @@ def test_suite_file_errors_name_the_file(tmp_path):
     bad.write_text("name: x\ntasks: []\n")
     with pytest.raises(ValueError, match="lists no tasks"):
         load_suite(bad)
+    # A field left empty (null) is its default: `seeds:`, `args:`, a task's `paper:` crashed in Python.
+    (tmp_path / "single.yaml").write_text("class_path: gpt_ft.adapters.SingleText\n")
+    bad.write_text("name: x\nseeds:\nargs:\nmin_steps:\ntasks:\n  - {card: single.yaml, paper: , args: }\n")
+    spec = load_suite(bad)
+    assert (spec.seeds, spec.args, spec.tasks[0].paper, spec.tasks[0].args) == ([0], [], {}, [])
+    bad.write_text("name: x\ntasks: [single.yaml, 5]\n")  # "expected a SuiteTask ..., got None"
+    with pytest.raises(
+        ValueError, match=r"suite.yaml, task 2 \(5\): give a card's path, or a mapping with card\.$"
+    ):
+        load_suite(bad)
     bad.write_text("name: x\nseeds: one\ntasks: []\n")
     with pytest.raises(ValueError, match=r"suite.yaml: seeds: expected"):
         load_suite(bad)
