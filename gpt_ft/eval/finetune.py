@@ -97,7 +97,7 @@ def resolved(build: FitRuns, parts: tuple[list[str], list[str], list[str]], wher
     suite file's task), or from --fit_args where the run's own resolve without them."""
     own, given, last = parts
     try:
-        return build.resolve(own + given + last)
+        return absent_paths(build.resolve(own + given + last), where)
     except ArgumentError:
         try:
             where = "--fit_args" if given and build.resolve(own + last) else where
@@ -105,6 +105,20 @@ def resolved(build: FitRuns, parts: tuple[list[str], list[str], list[str]], wher
             pass
         with arguments_from(where):
             raise
+
+
+def absent_paths(config: dict[str, Any], where: str) -> dict[str, Any]:
+    """`config`, a suite run's resolved configuration, once the weights and tokenizer it names by
+    a local path (a checkpoint or GGUF file; a path from `/`, `.` or `~`) are there: one that is
+    not stops the suite before any run trains, not when its run starts (a hub id is fetched then)."""
+    for section, key in (("model", "init_from"), ("data", "tokenizer")):
+        value = (config.get(section) or {}).get(key)
+        local = isinstance(value, str) and (
+            value.startswith(("/", ".", "~")) or value.endswith((".ckpt", ".gguf"))
+        )
+        if local and not Path(value).expanduser().exists():
+            raise FileNotFoundError(f"{where}: --{section}.{key} {value} does not exist.")
+    return config
 
 
 def check_seed(config: dict[str, Any], seed: int, where: str) -> dict[str, Any]:

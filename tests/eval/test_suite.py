@@ -525,6 +525,18 @@ def test_a_bad_argument_of_any_task_stops_the_suite_before_it_trains(
     assert stopped.value.code == 2 and calls == []
     err = capsys.readouterr().err.strip()
     assert err == "gpt-ft: error: --fit_args: unrecognized arguments: --trainer.bogus=1.", err
+    # weights named by a path that is not there: found before the first task trains, not when its run starts
+    suite.write_text(
+        f"name: s\ntasks:\n  - {single}\n  - card: {pair}\n    args: [--model.init_from=/nope/w.ckpt]\n"
+    )
+    with pytest.raises(SystemExit) as stopped:
+        main([*argv[:4], *fit_args(*FIT), "--data_dir", data_dirs])
+    assert stopped.value.code == 2 and calls == []
+    err = capsys.readouterr().err.strip()
+    assert (
+        err
+        == f"gpt-ft: error: Suite file {suite}, task 'pair': --model.init_from /nope/w.ckpt does not exist."
+    ), err
 
 
 def test_a_suite_stopped_by_a_missing_data_file_leaves_no_new_out_dir(tmp_path, tokenizer_dir, capsys):
