@@ -102,11 +102,8 @@ def labelled_rows(task: TaskAdapter, split: str, data_dir: str | Path | None) ->
     """`examples_split`'s rows, each one's texts and label read as training reads them (zero-shot
     scoring's): a column missing, a row with a bad text or no label, named by its file and line."""
     raw, origin = task_examples(task, split, *located_split(task, split, data_dir))
-    needed = [*task.text_fields(), *([task.label_column] if task.label_column else [])]
-    if missing := [field for field in needed if field not in raw.column_names]:
-        has = origin.file_columns(raw.column_names)
-        said = f"missing column(s) {missing} needed by task {task.name!r}; the file has {has}."
-        raise TaskDataError(origin.explain(f"{origin.source}: {said}"))
+    if said := absent_columns(task, raw, origin, [*task.text_fields(), *filter(None, [task.label_column])]):
+        raise TaskDataError(said)
     rows = list(raw)
     for i, row in enumerate(rows):
         try:
@@ -118,6 +115,19 @@ def labelled_rows(task: TaskAdapter, split: str, data_dir: str | Path | None) ->
         except TaskDataError as exc:
             raise TaskDataError(origin.explain(f"{origin.of(i)}: {exc}")) from None
     return rows
+
+
+def absent_columns(task: TaskAdapter, raw, origin: Origin, fields: list[str]) -> str | None:
+    """Which of `fields` a loaded split lacks, in one sentence naming its file and the columns it
+    has (each as the file names it: the card's `columns` renames undone), or None."""
+    source = task.local if origin.path is not None else task.hub
+    asked = {field: column for column, field in (getattr(source, "columns", None) or {}).items()}
+    if missing := [asked.get(field, field) for field in fields if field not in raw.column_names]:
+        has = origin.file_columns(raw.column_names)
+        return (
+            f"{origin.source}: missing column(s) {missing} needed by task {task.name!r}; the file has {has}."
+        )
+    return None
 
 
 def _load_hub(task: TaskAdapter, split: str):

@@ -19,7 +19,7 @@ from gpt_ft.adapters import ENCODING, TaskAdapter, TaskDataError
 from gpt_ft.adapters.cards import adapter_code, as_task, card_key
 from gpt_ft.adapters.truncation import WHOLE, cut_report
 from gpt_ft.data.batches import collate_batch, reads
-from gpt_ft.data.files import Origin, located_split, task_examples
+from gpt_ft.data.files import Origin, absent_columns, located_split, task_examples
 from gpt_ft.data.ids import id_names, integer_id
 from gpt_ft.data.pinning import leave_stops_to_the_main_process, pins
 from gpt_ft.data.samplers import EpochSampler, LengthGroupedSampler, ResumableTrainData, run_seed
@@ -185,11 +185,8 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         renamed = (self.task.local if self.data_dir is not None else self.task.hub).columns or {}
         asked = {field: column for column, field in renamed.items()}  # the file's names, as the card says
         has = origin.file_columns(raw.column_names)
-        if missing := [asked.get(f, f) for f in self.task.text_fields() if f not in raw.column_names]:
-            raise TaskDataError(
-                f"{source}: missing column(s) {missing} needed by task {self.task.name!r}; "
-                f"the file has {has}."
-            )
+        if said := absent_columns(self.task, raw, origin, self.task.text_fields()):
+            raise TaskDataError(said)
         label = self.task.label_column
         if label is not None and label not in raw.column_names:  # a test split's; refused where needed
             self.no_label_column[split] = (

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from gpt_ft.adapters import ClassificationHead, TaskDataError
-from gpt_ft.data.files import located_split
+from gpt_ft.data.files import absent_columns, located_split
 from gpt_ft.data.subsets import label_spelling
 from gpt_ft.errors import check_output_file, real_path, writing
 from gpt_ft.eval.classifier import Classifier
@@ -151,6 +151,8 @@ def calibrate(
     split = split or task.validation_splits[0]
     data_dir = data_dir or stored.data_args.get("data_dir")
     rows, origin = located_split(task, split, data_dir)
+    if said := absent_columns(task, rows, origin, task.text_fields()):  # (not "example 0 has no field")
+        raise TaskDataError(said)
     try:
         outputs, labels = split_outputs(
             clf, rows.to_list(), name=f"Split {split!r} of task {task.name!r}", where=origin.of

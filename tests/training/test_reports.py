@@ -173,6 +173,15 @@ def test_calibration_refuses_a_split_the_model_gets_all_right(finetuned, tmp_pat
         else:
             main(argv)
             assert 0.01 < Classifier.from_checkpoint(out, device="cpu").temperature < 100
+    # A split without the text's column: named with its file, as validate names it ("example 0 has no
+    # field 'sentence'" before).
+    (tmp_path / "d" / "dev.tsv").write_text("index\tlabel\n0\t1\n")
+    with pytest.raises(SystemExit) as stopped:
+        main([*argv[:2], f"--output={tmp_path / 'c.ckpt'}", argv[3]])
+    assert stopped.value.code == 2 and capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"gpt-ft: error: {tmp_path / 'd' / 'dev.tsv'}: missing column(s) ['sentence'] needed by task 'sent'; "
+        "the file has ['index', 'label']."
+    )
 
 
 def test_a_split_with_no_wrong_answer_is_separated_ties_included():
