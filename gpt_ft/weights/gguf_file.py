@@ -325,10 +325,8 @@ def carries_tokenizer(path: Path) -> bool:
 
 def cache_dir() -> Path:
     """Where converted GGUF tokenizers are kept."""
-    root = (
-        os.environ.get(CACHE) or Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "gpt_ft"
-    )
-    return Path(root) / "gguf-tokenizers"
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "gpt_ft"
+    return Path(os.environ.get(CACHE) or cache) / "gguf-tokenizers"
 
 
 @functools.lru_cache(maxsize=4)
@@ -351,7 +349,12 @@ def _tokenizer(path: Path, stamp: str):
             linked.symlink_to(path.resolve())
         except OSError:  # a file system without links
             shutil.copyfile(path, linked)
-        tokenizer = AutoTokenizer.from_pretrained(alone, gguf_file=path.name)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(alone, gguf_file=path.name)
+        except ValueError as exc:  # an architecture transformers' GGUF reader does not know (olmo2)
+            raise ValueError(
+                f"{path}: transformers reads no tokenizer from it ({exc}); give the tokenizer's folder."
+            ) from None
         _own_special_tokens(tokenizer, reader)
         if _field(reader, "tokenizer.ggml.add_bos_token") is None and _field(reader, PRE) in ADDS_BOS:
             tokenizer.add_bos_token = tokenizer.bos_token_id is not None  # as llama.cpp reads such a file

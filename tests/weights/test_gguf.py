@@ -424,6 +424,25 @@ def test_a_converted_tokenizer_is_kept_in_the_cache(tmp_path, monkeypatch):
     gguf_file._tokenizer.cache_clear()
 
 
+def test_a_tokenizer_of_an_architecture_transformers_does_not_read_is_named(tmp_path, monkeypatch):
+    """transformers' GGUF reader refuses an architecture it lacks (olmo2) even for the tokenizer
+    alone; its message named no file. One it has that gpt_ft lacks (mamba) gives its tokenizer."""
+    from gpt_ft.weights import gguf_file
+
+    monkeypatch.setenv(gguf_file.CACHE, str(tmp_path / "cache"))
+    good = write_gguf(tmp_path / "llama.gguf", tiny("llama"), tokenizer=tiny_tokenizer())
+    for arch in ("mamba", "olmo2"):
+        (path := tmp_path / f"{arch}.gguf").write_bytes(good.read_bytes().replace(b"llama", arch.encode(), 1))
+        if arch == "mamba":
+            assert len(load_tokenizer(str(path))) == len(load_tokenizer(str(good)))
+            continue
+        with pytest.raises(
+            ValueError, match=rf"^{re.escape(str(path))}: transformers reads no tokenizer from it \("
+        ):
+            load_tokenizer(str(path))
+    gguf_file._tokenizer.cache_clear()
+
+
 def test_the_weights_name_their_tokenizer_and_a_folder_holding_one_file_is_read(tmp_path):
     folder = tmp_path / "model"
     folder.mkdir()
