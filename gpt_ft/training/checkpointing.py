@@ -29,7 +29,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, StochasticWeightAveraging, Timer
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
 from gpt_ft.training.stop_signals import StopSignals
 from gpt_ft.weights.checkpoint import Checkpoint, safe_load, save_file
@@ -377,3 +377,19 @@ def find_last_checkpoint(root: str | Path | None, folders: list[str | Path] = ()
     )
     found += [p for p in (Path(folder) / LAST for folder in folders) if is_checkpoint(p)]
     return max(found, key=lambda p: p.stat().st_mtime_ns) if found else None
+
+
+def restore_class_weights(head, saved: list[float] | None, fitting: bool) -> None:
+    """A checkpoint's class weights (`saved`) onto the head that evaluates it; a run that fits on
+    from it keeps its own (`--model.class_weights`, as its own learning rate), and says so where
+    they differ (the checkpoint's replaced them without a word, against `hparams.yaml`)."""
+    if head is None:
+        return
+    own = None if head.class_weights is None else head.class_weights.tolist()
+    if not fitting and saved is not None:
+        head.class_weights = torch.tensor(saved, device=head.weight.device)
+    elif fitting and saved != own:
+        rank_zero_info(
+            f"resumed with other class weights than the checkpoint's {saved}, which apply from here on: "
+            f"{own}."
+        )

@@ -21,6 +21,7 @@ from gpt_ft.data.batches import TokenBatch, gold
 from gpt_ft.model.config import GPTConfig
 from gpt_ft.model.lora import LoRA
 from gpt_ft.training.callbacks import StepValues
+from gpt_ft.training.checkpointing import restore_class_weights
 from gpt_ft.training.eval_metrics import EvalMetrics, Evaluation, split_key
 from gpt_ft.training.nonfinite import NonfiniteWatch
 from gpt_ft.training.optim import (
@@ -321,8 +322,7 @@ class GPTModule(Evaluation, LightningModule):
         if fitting:  # its optimizer state is read: the other optimizer's does not fit
             check_same_optimizer(checkpoint, self.optimizer_name, where)
         self.temperature = 1.0 if fitting else loaded.temperature  # trained on, the weights leave T behind
-        if loaded.class_weights is not None and self.head is not None:
-            self.head.class_weights = torch.tensor(loaded.class_weights, device=self.head.weight.device)
+        restore_class_weights(self.head, loaded.class_weights, fitting)  # (fitting on: the run's own)
         check_fits(loaded, config, self.head, self.task, where, self.init_from)
 
     # ---- forward and losses ----

@@ -294,18 +294,29 @@ def test_balanced_weights_from_the_labels():
         SingleText(name="r", regression=True).output.balanced_weights(torch.tensor([1.0]))
 
 
-def test_fit_with_balanced_and_listed_class_weights(tmp_path, tokenizer_dir, capsys):
+def test_fit_with_balanced_and_listed_class_weights(tmp_path, tokenizer_dir, capsys, monkeypatch):
     from gpt_ft.cli import main
+    from gpt_ft.training import checkpointing
     from tests.cli.test_bad_outputs import error
     from tests.helpers import common_args, make_task
 
     card = make_task("single", tmp_path)
     args = [*common_args(card, tokenizer_dir, tmp_path), "--trainer.max_epochs=1"]
     main(["fit", *args, "--model.class_weights=balanced"])
-    stored = torch.load(
-        next(tmp_path.glob("runs/lightning_logs/version_0/checkpoints/last.ckpt")), weights_only=True
-    )
+    last = tmp_path / "runs/lightning_logs/version_0/checkpoints/last.ckpt"
+    stored = torch.load(last, weights_only=True)
     assert stored["class_weights"] == [1.0, 1.0]  # make_task's 6 rows: 3 of each class
+    # Fitting on with other weights: the run's own apply, as its own learning rate would (the
+    # checkpoint's replaced them without a word while hparams.yaml recorded the new ones).
+    said = []
+    monkeypatch.setattr(checkpointing, "rank_zero_info", said.append)
+    main(["fit", *args[:-1], "--trainer.max_epochs=2", "--model.class_weights=[1, 5]", "--ckpt_path=last"])
+    newest = max(tmp_path.glob("runs/lightning_logs/version_*/checkpoints/last.ckpt"))
+    assert torch.load(newest, weights_only=True)["class_weights"] == [1.0, 5.0]
+    assert said == [
+        "resumed with other class weights than the checkpoint's [1.0, 1.0], which apply from here on: "
+        "[1.0, 5.0]."
+    ]
     assert error(capsys, "fit", *args, "--model.class_weights=[1, 2, 3]") == (
         "--model.class_weights [1.0, 2.0, 3.0]: give each of the task's 2 classes a weight >= 0, in id "
         "order, or `balanced`."
