@@ -17,9 +17,10 @@ from gpt_ft.training.checkpointing import LAST, find_last_checkpoint, is_checkpo
 DEFAULT_LOGGER = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "runs"}}
 
 
-def newest_last(trainer, subcommand: str, name: str) -> str:
-    """`--ckpt_path last` of validate, test or predict: the newest last.ckpt of the logger's runs, as
-    `fit` resumes from (Lightning would look in no run's folder and score a random model)."""
+def newest_last(trainer, subcommand: str, name: str, task: str | None = None) -> str:
+    """`--ckpt_path last` of validate, test or predict: the newest last.ckpt of the logger's runs
+    (of task `task`, where a card is given and it has one), as `fit` resumes from (Lightning would
+    look in no run's folder and score a random model)."""
     logger = trainer.get("logger")
     init = logger.get("init_args") if hasattr(logger, "get") else None
     save_dir = init.get("save_dir") if init is not None else None
@@ -41,7 +42,8 @@ def newest_last(trainer, subcommand: str, name: str) -> str:
             save_dir = trainer.default_root_dir  # as `logs_follow_root_dir` moves it
         root = Path(save_dir) / (init.get("name", "lightning_logs") or "")  # CSVLogger's and TensorBoard's
         where = " or ".join([f"{root}/*/checkpoints/{LAST}", *(str(Path(f) / LAST) for f in given)])
-        found = find_last_checkpoint(root, given)
+        of_task, newest = last_of_task(root, given, task) if task is not None else (None, None)
+        found = of_task or newest or find_last_checkpoint(root, given)  # (another task's: a warning says so)
     if found is None:
         raise ValueError(f"--ckpt_path last: there is no {where}; give the checkpoint's path.")
     print(f"{subcommand}: {found}", flush=True)
@@ -51,19 +53,33 @@ def newest_last(trainer, subcommand: str, name: str) -> str:
 LIGHTNING_NAMES = ("last", "best", "hpc", "registry")
 
 
-def checkpoint_to_read(trainer, subcommand: str, ckpt: str | None, previewing: bool = False) -> str | None:
+def checkpoint_to_read(
+    trainer, subcommand: str, ckpt: str | None, previewing: bool = False, card=None
+) -> str | None:
     """The checkpoint `validate`, `test`, `predict` or `explain` reads: `ckpt`, or the one Lightning's
-    name stands for (`newest_last`). `previewing` (`--print_config`): None where there is none
-    to read, what is given shown instead, and the line naming the one found kept off stdout."""
+    name stands for (`newest_last`: a run of the task `card` gives, where given). `previewing`
+    (`--print_config`): None where there is none to read, what is given shown instead, and the
+    line naming the one found kept off stdout."""
     try:
         if ckpt in LIGHTNING_NAMES:
             with redirect_stdout(sys.stderr) if previewing else nullcontext():
-                ckpt = newest_last(trainer, subcommand, ckpt)
+                ckpt = newest_last(trainer, subcommand, ckpt, card_name(card))
     except ValueError:
         if not previewing:
             raise
         return None
     return None if previewing and not (ckpt and Path(ckpt).expanduser().is_file()) else ckpt
+
+
+def card_name(card) -> str | None:
+    """The task name of a card given on the command line (a file or a mapping); None without one,
+    or where it does not read (the parse names its fault)."""
+    from gpt_ft.adapters.cards import as_task
+
+    try:  # (the parser's Namespace of class_path and init_args, as a mapping)
+        return as_task(card.as_dict() if hasattr(card, "as_dict") else card).name if card else None
+    except Exception:  # noqa: BLE001 (named where the card is read)
+        return None
 
 
 def run_task(ckpt: Path) -> str | None | bool:

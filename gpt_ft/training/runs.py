@@ -111,12 +111,14 @@ class GPTCLI(CheckpointHparamsAsDefaults, ConfigDumpReadFast, ParsersBuiltOnce, 
                 # (a language model's data options, --data.token_dir, read with its data module)
                 unchecked = read_ahead(subcommand_parser(self, subcommand), args[1:])
                 named, printing = unchecked.get("ckpt_path"), print_config_asked(parser)
-                ckpt = checkpoint_to_read(unchecked.trainer, subcommand, named, printing)  # `last` found
+                data = unchecked.get("data") or {}  # (its init_args, or given as --data={"task": ...})
+                card = (data.get("init_args") or data).get("task")  # `last`: a run of its task
+                ckpt = checkpoint_to_read(unchecked.trainer, subcommand, named, printing, card)  # (found)
                 self.resolved_ckpt = ckpt if ckpt != named else None  # (a name, `last`, found)
                 known = inspect.signature(self.model_class.__init__).parameters  # (a newer one's: named)
                 recorded = recorded_configuration(ckpt, unchecked, known) if ckpt else {}
                 language_model = "token_dir" in ((recorded.get("data") or {}).get("init_args") or {})
-                if language_model and ((unchecked.get("data") or {}).get("init_args") or {}).get("task"):
+                if language_model and card:
                     raise ValueError(
                         f"{ckpt} is a language model's checkpoint: fine-tune it on the task first "
                         f"(gpt-ft fit --model.init_from {ckpt} --data.task CARD)."

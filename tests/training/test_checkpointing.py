@@ -494,7 +494,15 @@ def test_a_nonfinite_loss_inside_an_accumulation_window_resumes_at_the_windows_s
     state = last_state(tmp_path / "logs", 0)
     assert state["global_step"] == 2
     # batches was 1 (2 read late): skipped on resume
-    data_state = {"epoch": 1, "batches": 0, "batch_size": 1, "world": 1, "seed": 3, "size": 6}  # (6 examples)
+    data_state = {
+        "epoch": 1,
+        "batches": 0,
+        "batch_size": 1,
+        "world": 1,
+        "seed": 3,
+        "size": 6,
+        "order": "shuffled",
+    }
     assert state["TaskDataModule"] == data_state
     progress = state["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]
     assert progress["completed"] == progress["processed"] == 0
@@ -576,6 +584,9 @@ def test_fit_resumes_the_newest_run_of_its_own_task(tmp_path, tokenizer_dir, cap
         f"no {logs / 'lightning_logs'}/*/checkpoints/last.ckpt of task 'other' (the newest, "
         f"{last_path(logs, 2)}, trained another) to resume from: starting afresh"
     ) in capsys.readouterr().out
+    # validate with a card takes that task's newest run too (it scored the newest of any, other's)
+    main(["validate", *finetune_args(sent, tokenizer_dir, sent.parent, logs), "--ckpt_path=last"])
+    assert f"validate: {last_path(logs, 2)}" in capsys.readouterr().out
 
 
 def test_a_second_fit_into_a_given_logger_version_is_refused_before_it_touches_the_first(
