@@ -163,6 +163,12 @@ class LengthGroupedSampler(EpochSampler):
         return iter(self.dealt(self.order()))
 
 
+def order_kind(sampler: EpochSampler) -> str:
+    """How `sampler` orders an epoch, as a message says it (a checkpoint records it)."""
+    grouped = ", in length-grouped batches" if isinstance(sampler, LengthGroupedSampler) else ""
+    return ("shuffled" if sampler.shuffle else "in order") + grouped
+
+
 class ResumableTrainData:
     """LightningDataModule mixin: where the training data stood goes into checkpoints, so that a run
     resumed from one taken mid-epoch goes on with the very next batch (Lightning saves `state_dict`
@@ -172,6 +178,8 @@ class ResumableTrainData:
     """(epoch, batches, their size, ranks, the order's seed, the data's size) of the checkpoint's data."""
     seed: int | None = None  # the data module's own
     _size: int | None = None  # of this run's training data, once its loader is built
+    _order: str | None = None  # how this run's epochs are ordered (`order_kind`), once its loader is built
+    _resumed_order: str | None = None  # the checkpoint's
 
     def training_size(self, sampler: EpochSampler) -> tuple[int, str]:
         """How much training data the run reads, and in what (a checkpoint records it, and a run
@@ -201,9 +209,11 @@ class ResumableTrainData:
             "world": trainer.world_size,
             "seed": self.seed,
             "size": self._size,
+            "order": self._order,
         }
 
     def load_state_dict(self, state: dict[str, int]) -> None:
+        self._resumed_order = (state or {}).get("order")
         if state:
             self._resume = (
                 int(state["epoch"]),
@@ -218,7 +228,7 @@ class ResumableTrainData:
         """`sampler` past the examples the checkpoint's epoch trained on: its batches, of the size
         they had, on the number of processes it had (a run resumed with another batch size, or on
         another number of processes, goes on where that epoch's order stood)."""
-        self._size, unit = self.training_size(sampler)
+        (self._size, unit), self._order = self.training_size(sampler), order_kind(sampler)
         if self._resume is not None:
             epoch, batches, size, world, seed, then = self._resume
             if then is not None and then != self._size:
@@ -246,6 +256,13 @@ class ResumableTrainData:
                     "examples a second time and leaves others out"
                     f"{', from another training subset' if getattr(self, 'train_size', None) else ''}. "
                     f"--seed_everything {seed} (or --data.seed {seed}) resumes it exactly."
+                )
+            if batches and (then := self._resumed_order) not in (None, self._order):  # --data.shuffle, ...
+                rank_zero_warn(
+                    f"The checkpoint stopped {batches} batches into epoch {epoch}, its data {then}, and this "
+                    f"run takes it {self._order}: the rest of that epoch trains some examples a second time "
+                    "and leaves others out; the next epochs are whole. The checkpoint's --data.shuffle and "
+                    "--data.length_grouped resume it exactly."
                 )
             size, world = size or batch_size, world or sampler.num_replicas  # (an earlier version's: now's)
             steps = (size * world, batch_size * sampler.num_replicas)  # examples a step, then and now

@@ -1,3 +1,5 @@
+import warnings
+
 import pytest
 
 from gpt_ft.adapters import LocalFiles, TextPair
@@ -137,6 +139,19 @@ def test_resumable_train_data_hands_its_position_to_the_sampler_once():
     said += r"by seed 8: .* --seed_everything 7 \(or --data.seed 7\) resumes it exactly.$"
     with pytest.warns(UserWarning, match=said):
         data._resumed(EpochSampler(range(12), num_replicas=1, rank=0), batch_size=3)
+    # Resumed mid-epoch with --data.shuffle or --data.length_grouped changed (it passed unsaid).
+    data.load_state_dict({"epoch": 0, "batches": 2, "batch_size": 3, "seed": 8, "order": "shuffled"})
+    said = (
+        r"^The checkpoint stopped 2 batches into epoch 0, its data shuffled, and this run takes it in order, "
+    )
+    said += "in length-grouped batches: the rest of that epoch trains some examples a second time"
+    with pytest.warns(UserWarning, match=said):
+        data._resumed(grouped, batch_size=3)
+    assert data._order == "in order, in length-grouped batches"
+    data.load_state_dict({"epoch": 0, "batches": 2, "batch_size": 3, "seed": 8, "order": "in order"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same order: nothing to say
+        data._resumed(EpochSampler(range(12), num_replicas=1, rank=0, shuffle=False), batch_size=3)
 
 
 @pytest.mark.parametrize("grouped", [False, True])
