@@ -109,9 +109,9 @@ class SharedContextBatch(Pinnable):
 class PackedBatch(Pinnable):
     """A task's examples laid end to end in rows of L tokens, without padding between them.
 
-    Each example's sequences (or, for choices that share a context, the context and then every
-    choice's continuation) form one unit; units are packed first-fit, longest first, into rows as
-    long as the longest unit, and only a row's tail is padding. Every sequence's positions start
+    Each sequence is one unit (an example's may lie in different rows), choices sharing a context
+    one: the context, then every choice's continuation; units are packed first-fit, longest first,
+    into rows (`packing.pack_rows`), and only a row's tail is padding. Every sequence's positions start
     at 0; a token attends to the earlier tokens of its own sequence only (`documents`), and a
     choice's continuation to its shared context and itself (`branches`). The model's results equal
     those of the padded batch of the same examples.
