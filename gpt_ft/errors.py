@@ -289,8 +289,9 @@ def _check_parent(out: Path, option: str, given: Path | None = None) -> None:
         raise ValueError(f"{option} {given}: the folder {written} cannot be written ({why}).")
 
 
-def check_not_null(values: dict, cls: type, option: str) -> None:
-    """A null in a YAML file reaches `cls` only where its signature admits None.
+def check_not_null(values: dict, cls, option: str) -> None:
+    """A null in a YAML file reaches `cls` (a class, or a command's function: `option` "") only
+    where its signature admits None.
 
     jsonargparse takes `null` from a config file for an argument of any type (on the command line
     it refuses one), and the class would then fail on it with a TypeError: say which option instead.
@@ -307,12 +308,11 @@ def check_not_null(values: dict, cls: type, option: str) -> None:
         return False
 
     hints, parameters = {}, {}
-    for owner in reversed(cls.__mro__):  # a subclass passes its card's fields up as **kwargs
-        if "__init__" not in vars(owner) or owner is object:
-            continue
-        try:
-            hints.update(typing.get_type_hints(owner.__init__))
-            parameters.update(inspect.signature(owner.__init__).parameters)
+    mro = reversed(cls.__mro__) if isinstance(cls, type) else ()  # (a command's function: its own)
+    for owner in [o.__init__ for o in mro if "__init__" in vars(o) and o is not object] or [cls]:
+        try:  # a subclass passes its card's fields up as **kwargs
+            hints.update(typing.get_type_hints(owner))
+            parameters.update(inspect.signature(owner).parameters)
         except (NameError, TypeError, ValueError):  # a signature that cannot be read: not checked
             continue
     for name, value in values.items():
@@ -321,7 +321,7 @@ def check_not_null(values: dict, cls: type, option: str) -> None:
         if parameters[name].default is None or admits_none(hints[name]):
             continue
         kind = getattr(hints[name], "__name__", None) or str(hints[name]).replace("typing.", "")
-        raise ValueError(f"{option}.{name}: expected {kind}, got null.")
+        raise ValueError(f"{f'{option}.' if option else '--'}{name}: expected {kind}, got null.")
 
 
 def check_context(data, n_positions: int) -> None:

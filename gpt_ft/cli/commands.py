@@ -27,12 +27,14 @@ def run(function: Callable[..., Any], name: str, argv: list[str]) -> None:
     from jsonargparse import auto_parser
 
     from gpt_ft.adapters.cards import PARSER_MODE  # the cards' YAML reading, registered on import
+    from gpt_ft.errors import check_not_null
 
     parser = auto_parser(
         function, prog=f"gpt-ft {name}", exit_on_error=False, parser_mode=PARSER_MODE, return_instance=True
     )
     arguments = parser.instantiate(parser.parse_args(argv))
     arguments.pop("config", None)
+    check_not_null(arguments, function, "")  # a config file's null where the command takes none
     made = function(**arguments)
     if isinstance(function, type):
         made.run()

@@ -130,7 +130,7 @@ def check_sweeps(sizes: list[int | None], layers: list[int]) -> None:
     """`--train_sizes` (None: all) and `--transfer_layers`: positive sizes, and each value once (a
     run a seed each: a second would run the first again)."""
     if bad := [s for s in sizes if s is not None and s < 1 or sizes.count(s) > 1]:
-        said = bad[0] or "all"
+        said = "all" if bad[0] is None else bad[0]
         raise ValueError(f"--train_sizes {said}: a size is a positive number of examples, or all, each once.")
     if twice := [n for n in layers if layers.count(n) > 1]:
         raise ValueError(f"--transfer_layers names {twice[0]} twice: each depth is one run a seed.")

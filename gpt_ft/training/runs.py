@@ -141,10 +141,14 @@ class GPTCLI(CheckpointHparamsAsDefaults, ConfigDumpReadFast, ParsersBuiltOnce, 
         if isinstance(accumulate, int) and accumulate < 1:  # Lightning would divide by it
             raise ValueError(f"--trainer.accumulate_grad_batches must be >= 1, got {accumulate}.")
         clip = config.trainer.get("gradient_clip_val")
-        if isinstance(clip, (int, float)) and clip < 0:  # Lightning would skip clipping without a word
+        if isinstance(clip, (int, float)) and not 0 <= clip < math.inf:  # (NaN: blamed on another setting)
             raise ValueError(
-                f"--trainer.gradient_clip_val must be >= 0 (0 or null: no clipping), got {clip}."
+                f"--trainer.gradient_clip_val must be a finite number >= 0 (0 or null: no clipping), "
+                f"got {clip}."
             )
+        for every in ("val_check_interval", "check_val_every_n_epoch"):  # Lightning would divide by 0
+            if isinstance(n := config.trainer.get(every), int) and not isinstance(n, bool) and n < 1:
+                raise ValueError(f"--trainer.{every} must be >= 1 (batches, or epochs), got {n}.")
         on_cpu = runs_on_cpu(config.trainer.get("accelerator", "auto"))
         check_devices(
             config.trainer.get("devices", "auto"), on_cpu=on_cpu, strategy=config.trainer.get("strategy")

@@ -588,3 +588,16 @@ def test_cuda_asked_for_where_torch_sees_none_is_one_sentence(monkeypatch):
     python = r"^device='cuda': torch sees no CUDA device here; give device='cpu'\.$"
     with pytest.raises(ValueError, match=python):
         Classifier.from_checkpoint("never-read.ckpt", device="cuda")
+
+
+def test_a_null_in_a_commands_config_file_is_named(tmp_path, capsys):
+    """jsonargparse takes `null` from a config file for any argument (the command line refuses one):
+    the command then failed on it with a TypeError's traceback."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("the cat sat on the mat .\n" * 20)
+    config = tmp_path / "tok.yaml"
+    config.write_text(
+        f"inputs: [{corpus}]\nvocab_size: 300\nmin_frequency: null\nout_dir: {tmp_path / 'tok'}\n"
+    )
+    assert error(capsys, "tokenizer", "--config", str(config)) == "--min_frequency: expected int, got null."
+    assert not (tmp_path / "tok").exists()

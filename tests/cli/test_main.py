@@ -202,7 +202,16 @@ def test_a_checkpoint_moved_without_its_tokenizer_starts_a_run_with_the_one_give
         ),
         (
             "--trainer.gradient_clip_val=-1",
-            "--trainer.gradient_clip_val must be >= 0 (0 or null: no clipping), got -1",
+            "--trainer.gradient_clip_val must be a finite number >= 0 (0 or null: no clipping), got -1",
+        ),
+        # Lightning divided by these after the first step (a ZeroDivisionError's traceback)
+        (
+            "--trainer.val_check_interval=0",
+            "--trainer.val_check_interval must be >= 1 (batches, or epochs), got 0.",
+        ),
+        (
+            "--trainer.check_val_every_n_epoch=-1",
+            "--trainer.check_val_every_n_epoch must be >= 1 (batches, or epochs), got -1.",
         ),
     ],
 )

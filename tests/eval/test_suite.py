@@ -454,6 +454,7 @@ def test_a_subset_of_a_suites_tasks(tmp_path):
         (dict(train_sizes=[4, "all", 4]), "--train_sizes 4: a size is a positive number of examples, or all, "
                                           "each once."),
         (dict(train_sizes=["all", "all"]), "--train_sizes all: "),
+        (dict(train_sizes=[0, 4]), "--train_sizes 0: "),  # (said "all": 0 is falsy)
         (dict(transfer_layers=[1, 1], init_from="w"), "--transfer_layers names 1 twice: each depth is one "
                                                       "run a seed."),
     ):  # fmt: skip
