@@ -28,7 +28,7 @@ from gpt_ft.data.file_faults import (
     utf8_problem,
     wide_first_row,
 )
-from gpt_ft.data.layout import SLICE, file_stamp, label_file, with_labels
+from gpt_ft.data.layout import SLICE, file_stamp, label_file, sliced, with_labels
 from gpt_ft.data.subsets import ALIKE, drawn, label_spelling, left_out
 from gpt_ft.errors import CardError
 from gpt_ft.workarounds.data import no_download_count
@@ -355,11 +355,8 @@ class Origin:
         file's `record_lines` where known), 0 without one."""
         if not self.selection or self.path is None:
             return 0
-        import datasets
-
         total = len(starts) if starts is not None else len(read_table(self.path, fmt=self.fmt))
-        spec = datasets.ReadInstruction.from_spec("data" + self.selection)
-        return spec.to_absolute({"data": total})[0].from_
+        return sliced(self.selection, total).start
 
 
 def _stamp(path: Path) -> str:

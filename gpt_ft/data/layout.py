@@ -16,6 +16,16 @@ from gpt_ft.errors import CardError
 SLICE = re.compile(r"^(?P<file>.*?)(?P<slice>\[[^\[\]]*\])?$")
 
 
+def sliced(selection: str, total: int) -> range:
+    """The rows a card's slice (`[:1497]`, `[90%:]`; empty: all) takes of `total`."""
+    import datasets
+
+    if not selection:
+        return range(total)
+    span = datasets.ReadInstruction.from_spec("data" + selection).to_absolute({"data": total})[0]
+    return range(span.from_, span.to)
+
+
 def split_file(task: TaskAdapter, split: str, data_dir: str | Path) -> Path:
     """The local file of a split (without its slice)."""
     return Path(data_dir).expanduser() / SLICE.match(task.local.splits[split])["file"]
@@ -47,8 +57,6 @@ def with_labels(table, path: Path, task: TaskAdapter, split: str, records: str, 
     with its labels from the file at `path`, then the card's slice of both (`selection`, e.g.
     '[:1000]'). A label file of more or fewer lines than the records, an empty line or a column of
     the label's name already in the records is refused, naming the file."""
-    import datasets
-
     field = task.label_column
     if field is None:
         raise CardError(
@@ -79,9 +87,6 @@ def with_labels(table, path: Path, task: TaskAdapter, split: str, records: str, 
             f"records: the labels of split {split!r} must be as many, in the records' order."
         )
     table = table.add_column(field, [label.strip() for label in labels])
-    if not selection:
-        return table
-    span = datasets.ReadInstruction.from_spec("data" + selection).to_absolute({"data": len(table)})[0]
-    if span.from_ >= span.to:
+    if not (rows := sliced(selection, len(table))):
         raise TaskDataError(f"{records}: split {split!r} has no examples.")
-    return table.select(range(span.from_, span.to))
+    return table.select(rows) if selection else table

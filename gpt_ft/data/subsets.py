@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from gpt_ft.adapters import TaskDataError
+from gpt_ft.data.layout import sliced
 
 QUANTILES = 5  # strata of a real-valued label (regression): its quintiles
 
@@ -108,12 +109,11 @@ def drawn(raw, origin, split: str, seed: int):
     """The split (and its `Origin`) a card's slice of a file (`origin.selection`) takes of the file's
     rows `raw` in the order `numpy.random.RandomState(seed).permutation` deals them: scikit-learn's
     `train_test_split(..., test_size=n, random_state=seed)` as `[:n]` (test) and `[n:]` (train)."""
-    import datasets
     import numpy
 
     order = numpy.random.RandomState(seed).permutation(len(raw))
-    span = datasets.ReadInstruction.from_spec("data" + origin.selection).to_absolute({"data": len(raw)})[0]
-    rows = [int(row) for row in order[span.from_ : span.to]]
+    span = sliced(origin.selection, len(raw))
+    rows = [int(row) for row in order[span.start : span.stop]]
     if not rows:
         raise TaskDataError(f"{origin.source}: split {split!r} has no examples.")
     return raw.select(rows), replace(origin, selection="").keep(rows)
