@@ -3,6 +3,7 @@ it; prompts of several lengths padded on the left (`attention_mask`). Pure torch
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import torch
@@ -45,6 +46,8 @@ def beam_search(
     """
     ids, real, positions = left_padding(input_ids, attention_mask)
     check_decoding(model, ids, max_new_tokens, 1.0, None, None, num_beams, False, repetition_penalty)
+    if isinstance(length_penalty, bool) or not math.isfinite(length_penalty):  # (NaN scores every beam)
+        raise ValueError(f"length_penalty must be a finite number (1: none), got {length_penalty!r}.")
     with eval_mode(model):
         out = _beam_search(
             model, ids, real, positions, num_beams, max_new_tokens, length_penalty,

@@ -35,7 +35,7 @@ from gpt_ft.training.optim import (
     schedule_steps,
 )
 from gpt_ft.training.predictions import NAMED, write_predictions
-from gpt_ft.training.ranks import gather, mean_over_ranks
+from gpt_ft.training.ranks import divisor_over_ranks, gather
 from gpt_ft.training.saved import build_gpt, check_lora_resume, check_same_tokenizer, lora_checkpoint
 from gpt_ft.training.strategies import clip_gradients
 from gpt_ft.training.terms import batch_terms, combined_loss
@@ -113,14 +113,14 @@ def normalised(
         counts["task_loss"] = torch.full(
             (), float(len(terms["task_loss"])), device=device, dtype=torch.float32
         )
-    parts = {name: sums[name] / mean_over_ranks(counts[name], world) for name in sums}
+    parts = {name: sums[name] / divisor_over_ranks(counts[name], world) for name in sums}
     loss = combined_loss(parts.get("task_loss"), parts.get("lm_loss"), lm_coef)
     if window is None:
         return loss, parts
     k, of_window = window[0], {"task_loss": window[1], "lm_loss": window[2]}
     full = {
         name: sums[name]
-        / mean_over_ranks(torch.full((), of_window[name] / k, device=device, dtype=torch.float32), world)
+        / divisor_over_ranks(torch.full((), of_window[name] / k, device=device, dtype=torch.float32), world)
         for name in sums
     }
     return combined_loss(full.get("task_loss"), full.get("lm_loss"), lm_coef), {**parts, "loss": loss}

@@ -20,6 +20,13 @@ def mean_over_ranks(value: Tensor, world_size: int) -> Tensor:
     return total / world_size
 
 
+def divisor_over_ranks(count: Tensor, world_size: int) -> Tensor:
+    """A count's mean over the ranks as a loss's divisor: 1 where it is 0 (the sum it divides, over
+    no term, is then 0, and stays 0 rather than 0/0's NaN). On the device, not read back."""
+    mean = mean_over_ranks(count, world_size)
+    return torch.where(mean > 0, mean, torch.ones_like(mean))
+
+
 def finite_everywhere(loss: Tensor, world_size: int) -> Tensor:
     """1.0 where the loss is finite on every rank, else 0.0: a tensor on the loss's device, not
     read back (the caller chooses when to wait for it)."""

@@ -329,6 +329,14 @@ def test_bad_generation_arguments():
         (dict(do_sample=True, top_k=2.5), "top_k must be a whole number, got 2.5."),
         (dict(do_sample=True, temperature=float("nan")), "temperature must be > 0, got nan"),
         (dict(eos_token_id=5.0), "eos_token_id is a token's id or a list of them, got 5.0."),
+        (
+            dict(num_beams=2, length_penalty=float("nan")),
+            "length_penalty must be a finite number (1: none), got nan.",
+        ),
+        (
+            dict(num_beams=2, length_penalty=float("inf")),
+            "length_penalty must be a finite number (1: none), got inf.",
+        ),
     ):
         with pytest.raises(ValueError, match="^" + re.escape(said)):
             gpt.generate(prompt, **{"max_new_tokens": 2, **kwargs})

@@ -114,6 +114,15 @@ def test_the_window_divides_the_loss_and_the_logged_parts_stay_the_batchs_own():
     finally:
         torch.set_default_dtype(default)
     assert float(loss) == pytest.approx(8800 / 4939, rel=1e-6)  # the LM loss alone: pretraining
+    # A batch (or window) with no LM target: its LM loss is 0 (a sum over none), not 0/0's NaN.
+    none = {
+        "lm_sum": torch.zeros(2),
+        "lm_count": torch.zeros(2, dtype=torch.long),
+        "task_loss": terms["task_loss"],
+    }
+    for window in (None, (1, 2, 0)):
+        loss, parts = normalised(none, 1, window, 0.5)
+        assert (float(loss), float(parts["lm_loss"]), float(parts["task_loss"])) == (2.0, 0.0, 2.0)
 
 
 def test_pretrainings_last_window_of_an_epoch_weighs_its_blocks_as_one_batch(tmp_path, tokenizer_dir):
