@@ -342,16 +342,12 @@ class Ranking(TaskAdapter):
             else:
                 field = self.ranks or self.scores
                 given = example.get(field) if field else None
-                if given is None:
-                    given = [None] * len(value)
-                given = _as_list(given, field)
+                given = [None] * len(value) if given is None else _as_list(given, field)
                 if len(given) != len(value):
                     raise TaskDataError(
                         f"field {field!r} holds {len(given)} values for {len(value)} replies."
                     )
-                order = [_score(g, field) for g in given]
-                if self.ranks:
-                    order = [None if o is None else -o for o in order]  # rank 1 the best: the highest score
+                order = [_score(g, field, rank=bool(self.ranks)) for g in given]
                 replies = [(_reply_text(v, self.replies), o) for v, o in zip(value, order)]
         if not 1 <= len(replies) <= self.max_replies:
             raise TaskDataError(
@@ -394,7 +390,10 @@ def _key(record: Any, key: str, field: str) -> Any:
     return record[key]
 
 
-def _score(value: Any, field: str) -> float | None:
+def _score(value: Any, field: str, rank: bool = False) -> float | None:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return None
-    return finite_number(value, "score", field)
+    number = finite_number(value, "rank" if rank else "score", field)
+    if rank and not (number >= 1 and number.is_integer()):
+        raise TaskDataError(f"rank {value!r} in field {field!r} is not a whole number from 1 (the best).")
+    return -number if rank else number  # rank 1 the best: the highest score

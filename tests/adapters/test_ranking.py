@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -159,6 +160,12 @@ def test_bad_rows_and_cards_are_one_sentence():
         task.texts({"prompt": "p", "replies": ["a", "b"], "scores": ["high", 1]})
     with pytest.raises(TaskDataError, match=r"^field 'prompt' holds a dict \{'a': 1\}, not a text\.$"):
         task.texts({"prompt": {"a": 1}, "replies": ["a", "b"]})
+    ranked = Ranking(name="r", ranks="ranks", scores=None, max_replies=3)  # 0-based, negative, 1.5
+    for bad in (0, -5, 1.5):
+        said = f"rank {bad!r} in field 'ranks' is not a whole number from 1 (the best)."
+        with pytest.raises(TaskDataError, match="^" + re.escape(said) + "$"):
+            ranked.texts({"prompt": "p", "replies": ["a", "b"], "ranks": [1, bad]})
+    assert ranked._replies({"prompt": "p", "replies": ["a", "b"], "ranks": [2.0, None]})[0][1] == -2.0
     grouped = Ranking(name="r", group_by="question", chosen="c", rejected="x", max_replies=3)
     with pytest.raises(TaskDataError, match=r"^field 'question' holds a list \['q'\], not a text\.$"):
         grouped.texts({"question": ["q"], "c": ["a"], "x": ["b"]})
