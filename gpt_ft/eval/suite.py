@@ -134,7 +134,7 @@ class SuiteRunner:
         self.fit_args = shlex.split(fit_args) if args is None else args
         self.select, self.fine_tune, self.zero_shot = select, fine_tune, zero_shot
         self.transfer_layers = list(transfer_layers or [])
-        suite_file.check_sweeps(self.sizes, self.transfer_layers)
+        suite_file.check_sweeps(self.sizes, self.transfer_layers, init_from)
         if (zero_shot or self.transfer_layers) and not init_from:
             raise ValueError("--zero_shot and --transfer_layers need pretrained weights: give --init_from.")
         if not fine_tune and not zero_shot:

@@ -14,6 +14,7 @@ from jsonargparse import ArgumentParser
 
 from gpt_ft.errors import input_file, parse_error_message, repeated_key, yaml_problem
 from gpt_ft.eval.zeroshot import ZeroShot
+from gpt_ft.weights.pretrained import load_gpt
 
 
 @dataclass
@@ -126,14 +127,22 @@ def check_paper(source: str, entry: SuiteTask, task):
     return task
 
 
-def check_sweeps(sizes: list[int | None], layers: list[int]) -> None:
+def check_sweeps(sizes: list[int | None], layers: list[int], init_from: str | None = None) -> None:
     """`--train_sizes` (None: all) and `--transfer_layers`: positive sizes, and each value once (a
-    run a seed each: a second would run the first again)."""
+    run a seed each: a second would run the first again); depths the weights `init_from` have,
+    where they are a local file or folder (a hub id's are found when its first run starts)."""
     if bad := [s for s in sizes if s is not None and s < 1 or sizes.count(s) > 1]:
         said = "all" if bad[0] is None else bad[0]
         raise ValueError(f"--train_sizes {said}: a size is a positive number of examples, or all, each once.")
     if twice := [n for n in layers if layers.count(n) > 1]:
         raise ValueError(f"--transfer_layers names {twice[0]} twice: each depth is one run a seed.")
+    if layers and min(layers) < 0:
+        raise ValueError(f"--transfer_layers {min(layers)}: a depth is a number of blocks kept, from 0.")
+    if layers and init_from and Path(init_from).expanduser().exists():  # (before any run trains)
+        if max(layers) > (n := load_gpt(init_from).config.n_layer):
+            raise ValueError(
+                f"--transfer_layers {max(layers)}: {init_from} has {n} blocks; give depths in [0, {n}]."
+            )
 
 
 def as_list(value) -> list:

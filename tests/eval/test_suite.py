@@ -247,6 +247,17 @@ def test_suite_zero_shot_and_transfer_sweep(tmp_path, tokenizer_dir, capsys):
     )
     again = json.loads((out / "results.json").read_text())["tasks"]["mc"]["metrics"]
     assert again["validation/accuracy"]["seeds"] and "zero_shot" not in again["validation/accuracy"]
+    # A depth the weights lack (or below 0) is refused before any run trains (the first run, 0 kept,
+    # trained whole before the second found it).
+    weights = tmp_path / "pre"
+    for depths, said in (
+        ([0, 3], f"--transfer_layers 3: {weights} has 2 blocks; give depths in [0, 2]."),
+        ([-1, 2], "--transfer_layers -1: a depth is a number of blocks kept, from 0."),
+    ):
+        with pytest.raises(ValueError, match="^" + re.escape(said) + "$"):
+            suites.SuiteRunner(
+                str(suite), out_dir=tmp_path / "o", init_from=str(weights), transfer_layers=depths
+            )
 
 
 def test_weights_given_in_fit_args_that_change_run_again(tmp_path, tokenizer_dir, capsys):
