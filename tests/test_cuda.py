@@ -47,7 +47,8 @@ def test_cuda_bf16_mixed_loss_stays_within_one_percent_of_fp32(exact_fp32):
 
 @cuda
 def test_cuda_pretraining_and_right_padded_batches_train_on_a_fused_kernel():
-    """Flash or cuDNN attention (PyTorch picks cuDNN's on Hopper), never the math fallback."""
+    """A fused kernel (flash, cuDNN or memory-efficient: PyTorch picks cuDNN's on Hopper), never the
+    math fallback."""
     from torch.profiler import ProfilerActivity, profile
 
     v = SHAPE["vocab_size"] - 4
@@ -70,7 +71,7 @@ def test_cuda_pretraining_and_right_padded_batches_train_on_a_fused_kernel():
                 loss = terms["lm_sum"].sum() + (terms["logits"].float().sum() if "logits" in terms else 0)
             loss.backward()
         ops = {event.name for event in prof.events()}
-        fused = {"aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_cudnn_attention"}
+        fused = {f"aten::_scaled_dot_product_{k}_attention" for k in ("flash", "cudnn", "efficient")}
         attention = sorted(o for o in ops if "attention" in o)
         assert ops & fused, f"{kind}: no fused attention among {attention}"
         assert "aten::_scaled_dot_product_attention_math" not in ops, kind
