@@ -201,8 +201,10 @@ def calibrate(
                 shutil.rmtree(staged, ignore_errors=True)
     found = {"temperature": temperature, "ece_before": ece(was), "ece_after": ece(temperature)}
     own = f" (at the checkpoint's own temperature {was:.4f})" if was != 1.0 else ""
+    unlabelled = len(rows) - len(labels)  # (rows whose label is empty or one the card ignores)
+    left = f", {unlabelled} without a label left out" if unlabelled else ""
     print(
-        f"temperature {temperature:.4f}: expected calibration error {found['ece_before']:.4f}{own} -> "
-        f"{found['ece_after']:.4f}; wrote {output}"
+        f"temperature {temperature:.4f} from {len(labels)} examples of split {split!r}{left}: expected "
+        f"calibration error {found['ece_before']:.4f}{own} -> {found['ece_after']:.4f}; wrote {output}"
     )
     return found

@@ -101,6 +101,7 @@ def test_calibration_lowers_the_ece_of_an_over_confident_model_and_keeps_its_pre
     line = capsys.readouterr().out.strip().splitlines()[-1]
     t, before, after = (float(x) for x in re.findall(r"\d+\.\d+", line)[:3])
     assert t > 5 and after < before - 0.1, line
+    assert line.startswith(f"temperature {t:.4f} from 8 examples of split 'validation': expected"), line
     examples = [{"sentence": r.split("\t")[1]} for r in rows]
     hot, cool = (
         Classifier.from_checkpoint(sure, device="cpu"),
@@ -113,8 +114,11 @@ def test_calibration_lowers_the_ece_of_an_over_confident_model_and_keeps_its_pre
     assert torch.load(sure, weights_only=True).get("temperature") is None  # the input is kept as it was
     # Into a folder not made yet; from the calibrated checkpoint, whose error before is its own.
     again = tmp_path / "new" / "again.ckpt"
+    with open(tmp_path / "d" / "dev.tsv", "a") as f:  # and a row without a label: left out, said
+        f.write("8\ta dog .\t\n")
     main(["calibrate", f"--ckpt_path={calibrated}", f"--output={again}", f"--data_dir={tmp_path}"])
     line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "from 8 examples of split 'validation', 1 without a label left out: expected" in line, line
     assert re.findall(r"\d+\.\d+", line)[1:3] == [f"{after:.4f}", f"{t:.4f}"], line
     assert Classifier.from_checkpoint(again, device="cpu").temperature == pytest.approx(t, rel=1e-3)
     # A save that fails (a full disk) over an earlier output keeps it whole: its file and tokenizer.
