@@ -177,7 +177,8 @@ class TaskAdapter:
             default=self.output.default_metrics,
             kind=getattr(self.output, "kind", None),
         )
-        validation, test = list(validation_splits or ["validation"]), list(test_splits or ["test"])
+        validation = ["validation"] if validation_splits is None else list(validation_splits)
+        test = ["test"] if test_splits is None else list(test_splits)  # (an empty list: refused)
         self.sources = Sources(
             hub=hub, local=local, validation_splits=validation, test_splits=test, index=index
         )

@@ -108,6 +108,10 @@ class Sources:
     index: str | None = "idx"
 
     def __post_init__(self) -> None:
+        for name, default in (("validation_splits", "validation"), ("test_splits", "test")):
+            if not (splits := getattr(self, name)) or len(set(splits)) < len(splits):
+                said = "names no split" if not splits else f"names {splits!r}, a split twice"
+                raise CardError(f"{name} {said}: name each split once, or leave it out for [{default}].")
         # From Python, `local=` and `hub=` may be given as a card writes them: mappings of their fields.
         for name, kind in SOURCE_KINDS.items():
             if isinstance(value := getattr(self, name), dict):

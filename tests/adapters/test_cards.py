@@ -86,6 +86,11 @@ def test_card_errors_name_the_file(tmp_path):
          "local has no field 'column'; its fields: splits, format, column_names, headerless_splits, columns, "
          "label_files, shuffle_seed"),
         ("{name: x, hub: {name: glue}}", "hub needs path.$"),
+        # An empty list of splits was the default ([test]); a split twice scored it twice.
+        ("{name: x, labels: [a, b], test_splits: []}",
+         r"test_splits names no split: name each split once, or leave it out for \[test\]\.$"),
+        ("{name: x, labels: [a, b], validation_splits: [dev, dev]}",
+         r"validation_splits names \['dev', 'dev'\], a split twice"),
     ):  # fmt: skip
         card.write_text(f"class_path: gpt_ft.adapters.SingleText\ninit_args: {init_args}\n")
         with pytest.raises(ValueError, match=rf"^Task card \S+card.yaml: .*{message}"):
