@@ -148,7 +148,7 @@ def config_from_hf(c) -> GPTConfig:
         bias=bias,
         qkv_bias=qkv_bias,
         tie_embeddings=bool(c.tie_word_embeddings),
-        embd_pdrop=float(getattr(c, "embd_pdrop", 0.0)),
+        embd_pdrop=0.0,  # none of these classes drops embeddings (Phi-3's config's embd_pdrop is unread)
         attn_pdrop=float(getattr(c, "attention_dropout", 0.0) or 0.0),
         resid_pdrop=float(getattr(c, "resid_pdrop", 0.0)),
         layer_norm_epsilon=c.rms_norm_eps,

@@ -66,6 +66,17 @@ def test_window_settings_the_familys_class_leaves_unread_are_left_unread(family,
         torch.testing.assert_close(gpt.lm_logits(gpt(ids)), hf(ids).logits, rtol=0, atol=1e-5)
 
 
+def test_phi3s_embedding_dropout_is_left_unread_as_transformers_leaves_it():
+    """Phi3Config's `embd_pdrop` is read by no layer of transformers' Phi-3: training drops nothing
+    from the embeddings (it dropped half of them here)."""
+    hf = tiny_llama("phi3", embd_pdrop=0.5, resid_pdrop=0.0, attention_dropout=0.0).train()
+    gpt = GPT.from_hf(hf).train()
+    assert gpt.config.embd_pdrop == 0.0
+    ids = torch.randint(0, VOCAB, (2, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(gpt.lm_logits(gpt(ids)), hf(ids).logits, rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_logits_equal_transformers_with_padding(pair, side):
     hf, gpt = pair
