@@ -121,6 +121,12 @@ def wic_row(idx, *label):
     return {**row, **({"label": label[0]} if label else {})}
 
 
+def wsc_row(idx, *label):
+    """A record of SuperGLUE's WSC files: the spans a nested record (`target`)."""
+    target = {"span1_index": 0, "span1_text": "The cat", "span2_index": 9, "span2_text": "it"}
+    return {"text": f"{Q} It sat.", "target": target, "idx": idx, **({"label": label[0]} if label else {})}
+
+
 def siqa_row():
     """A record of Social IQa's release files: its labels are in a file of their own."""
     return {
@@ -546,6 +552,11 @@ FIXTURES = {
         "validation": (jsonl(wic_row(0, False)), [0]),
         "test": (jsonl(wic_row(5)), [None], {"index": [5]}),
     },
+    "superglue/wsc": {  # JSON booleans; the pronoun and the noun one text; the test file has no labels
+        "train": (jsonl(*(wsc_row(i, label) for i, label in enumerate([False, True]))), [0, 1]),
+        "validation": (jsonl(wsc_row(0, True)), [1]),
+        "test": (jsonl(wsc_row(3)), [None], {"index": [3]}),
+    },
     "superglue/copa": {  # 0: choice1, 1: choice2; the test file has no labels
         "train": (jsonl(copa_row(0, "effect", 1), copa_row(1, "cause", 0)), [1, 0]),
         "validation": (jsonl(copa_row(0, "effect", 1)), [1]),
@@ -830,6 +841,22 @@ def test_a_hub_configuration_not_in_the_cache_is_not_called_a_missing_split(monk
         TaskDataError, match=r"^Hub dataset org/ds \(mnli\) has no split 'nowhere': Unknown split"
     ):
         located_split(task, "test", None)
+
+
+def test_the_wsc_card_reads_the_hubs_flat_copy_as_the_releases_nested_files(monkeypatch, tmp_path):
+    """aps/super_glue's wsc.fixed holds the spans as fields of their own; the release files, in a
+    record (`target`): the card's renames make both the same texts."""
+    from gpt_ft.adapters.cards import load_card
+
+    row = wsc_row(0, True)
+    task = load_card(TASKS / "superglue" / "wsc.yaml")
+    (tmp_path / "WSC").mkdir()
+    (tmp_path / "WSC" / "val.jsonl").write_text(jsonl(row))
+    released = load_split(task, "validation", tmp_path)[0]
+    flat = {**{k: v for k, v in row.items() if k != "target"}, **row["target"]}
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: datasets.Dataset.from_list([flat]))
+    hub = load_split(task, "validation", None)[0]
+    assert task.texts(released) == task.texts(hub) == [row["text"], "it", " The cat"]  # joined by a space
 
 
 def test_a_file_read_into_a_log_or_pipe_draws_no_bar(tmp_path, capsys):
