@@ -275,22 +275,23 @@ def wide_first_row(path: Path, fmt: str, width: int, *, header: bool) -> str | N
 def short_row(path: Path, fmt: str, width: int) -> str | None:
     """`, line N: ...` for the first row with fewer fields than the header's `width`, which the
     loader would fill with empty texts and labels: in a TSV, most often a quoted text with a line
-    break in it (TSVs are read without quoting, so its second line is a row of its own)."""
-    with open_text(path, newline="") as f:
-        (reader, records), line = _records(f, fmt, strict=True), 1
-        try:
-            for record, blank in records:
-                if len(record) < width and not blank:
-                    cause = (
-                        "a text with a line break? TSVs are read a row per line"
-                        if fmt == "tsv"
-                        else "cut short?"
-                    )
-                    fields = f"{len(record)} field{'s' * (len(record) != 1)}"
-                    return f", line {line}: {fields} where there are {width} columns ({cause})"
-                line = reader.line_num + 1
-        except csv.Error:  # a quote that never closes: the loader's own error names it
-            return None
+    break in it (TSVs are read without quoting, so its second line is a row of its own). Read
+    strictly first: a quote that never closes is the loader's own error to name; any other quote
+    Python's strict reader refuses (`"a "b" c"`), the loader reads as the lenient reader does."""
+    for strict in (True, False):
+        with open_text(path, newline="") as f:
+            (reader, records), line = _records(f, fmt, strict=strict), 1
+            try:
+                for record, blank in records:
+                    if len(record) < width and not blank:
+                        cause = "a text with a line break? TSVs are read a row per line" * (fmt == "tsv")
+                        fields = f"{len(record)} field{'s' * (len(record) != 1)} where there are {width}"
+                        return f", line {line}: {fields} columns ({cause or 'cut short?'})"
+                    line = reader.line_num + 1
+                return None
+            except csv.Error as error:
+                if not strict or "unexpected end of data" in str(error):
+                    return None
     return None
 
 

@@ -74,6 +74,11 @@ def parquet_bytes(columns: dict[str, list]) -> bytes:
             b'sentence,label\na cat,positive\n""\nb,negative\n',
             ", line 3: 1 field where there are 2 columns (cut short?)",
         ),
+        (  # ... after a quote Python's strict reader refuses (`"a "b" c"`), which the loader reads
+            "t.csv",
+            b'sentence,label\n"a "b" c",positive\nonly a sentence\nb,negative\n',
+            ", line 3: 1 field where there are 2 columns (cut short?)",
+        ),
         (  # a ragged row: a comma in an unquoted text
             "t.csv",
             b"sentence,label\na cat,positive\nyes, a dog,negative\n",
