@@ -28,7 +28,7 @@ from gpt_ft.data.file_faults import (
     utf8_problem,
     wide_first_row,
 )
-from gpt_ft.data.layout import SLICE, file_stamp, label_file, sliced, with_labels
+from gpt_ft.data.layout import SLICE, class_order_problem, file_stamp, label_file, sliced, with_labels
 from gpt_ft.data.subsets import ALIKE, drawn, label_spelling, left_out
 from gpt_ft.errors import CardError
 from gpt_ft.workarounds.data import no_download_count
@@ -60,6 +60,8 @@ def located_split(task: TaskAdapter, split: str, data_dir: str | Path | None):
             )
     ds = ds.rename_columns(renames) if renames else ds
     origin = replace(origin, columns=tuple((new, old) for old, new in renames.items()))
+    if said := class_order_problem(task, ds):
+        raise TaskDataError(f"{origin.source}: {said}.")
     texts = {field: dict(origin.columns).get(field, field) for field in task.text_fields()}
     if task.null_is_empty_text and (absent := absent_field(origin, texts, ds)):
         raise TaskDataError(absent)

@@ -2,7 +2,7 @@
 its rows may follow the name) and, where the labels are kept in a file of their own beside the
 records, one a line in their order (AI2's releases of PIQA and Social IQa: `train.jsonl` and
 `train-labels.lst`, the card's `local.label_files`), that file, read into the split as the card's
-label field."""
+label field; and a label column that numbers its own classes, checked against the card's labels."""
 
 from __future__ import annotations
 
@@ -90,3 +90,14 @@ def with_labels(table, path: Path, task: TaskAdapter, split: str, records: str, 
     if not (rows := sliced(selection, len(table))):
         raise TaskDataError(f"{records}: split {split!r} has no examples.")
     return table.select(rows) if selection else table
+
+
+def class_order_problem(task: TaskAdapter, ds) -> str | None:
+    """A label column numbering its own classes (a `ClassLabel`: a hub dataset's, a parquet file
+    datasets wrote) as the card's labels in another order: read by the card's, every id swapped."""
+    feature = ds.features.get(task.label_column) if task.label_column else None
+    names, card = getattr(getattr(feature, "feature", feature), "names", None), task.output.class_names
+    if names and card and sorted(names) == sorted(card) and list(names) != list(card):
+        return (f"its column {task.label_column!r} numbers its classes {list(names)}, the card's labels "
+                f"are {list(card)}: list the card's labels in the file's order")  # fmt: skip
+    return None

@@ -658,6 +658,26 @@ def test_card_reads_native_files(card, tokenizer_dir, tmp_path):
         assert shown["label"] == task.labels[fixture[first][1][0]]
 
 
+def test_a_label_column_numbering_the_cards_classes_in_another_order_is_refused(tmp_path):
+    """A parquet file datasets wrote (or a hub dataset) keeps its classes' names with its ids: in
+    another order than the card's labels, every id was read as the other class, silently."""
+    features = datasets.Features({"sentence": datasets.Value("string"),
+                                  "label": datasets.ClassLabel(names=["positive", "negative"])})  # fmt: skip
+    rows = {"sentence": ["great", "awful"], "label": [0, 1]}
+    datasets.Dataset.from_dict(rows, features=features).to_parquet(tmp_path / "t.parquet")
+    local = LocalFiles(splits={"train": "t.parquet"})
+    swapped = SingleText(name="s", labels=["negative", "positive"], local=local)
+    with pytest.raises(TaskDataError) as error:
+        load_split(swapped, "train", tmp_path)
+    assert str(error.value) == (
+        f"{tmp_path / 't.parquet'}: its column 'label' numbers its classes ['positive', 'negative'], the "
+        "card's labels are ['negative', 'positive']: list the card's labels in the file's order."
+    )
+    for labels in (["positive", "negative"], ["good", "bad"]):  # its order, or names of the card's own
+        task = SingleText(name="s", labels=labels, local=local)
+        assert [task.output.example_label(r) for r in load_split(task, "train", tmp_path)] == [0, 1]
+
+
 def test_slices_formats_and_file_errors(tmp_path):
     lines = "".join(f"{i}\tsentence {i}\t{i % 2}\n" for i in range(5))
     (tmp_path / "all.tsv").write_text("idx\tsentence\tlabel\n" + lines)
