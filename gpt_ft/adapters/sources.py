@@ -91,6 +91,8 @@ class LocalFiles:
                     f"local.{name} names {unknown}, which local.splits does not: "
                     f"it has {sorted(self.splits)}{said}."
                 )
+        if twice := sorted({c for c in self.column_names or [] if self.column_names.count(c) > 1}):
+            raise CardError(f"local.column_names names {twice} twice: each column needs a name of its own.")
         if self.headerless_splits and not self.column_names:
             raise CardError(
                 "local.headerless_splits needs local.column_names: the names of those files' columns."

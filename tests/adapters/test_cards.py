@@ -86,6 +86,9 @@ def test_card_errors_name_the_file(tmp_path):
          "local has no field 'column'; its fields: splits, format, column_names, headerless_splits, columns, "
          "label_files, shuffle_seed"),
         ("{name: x, hub: {name: glue}}", "hub needs path.$"),
+        # Column names repeated: was the file's fault ("Duplicate names are not allowed").
+        ("{name: x, local: {splits: {train: t.tsv}, column_names: [sentence, label, sentence]}}",
+         r"local.column_names names \['sentence'\] twice: each column needs a name of its own\.$"),
         # An empty list of splits was the default ([test]); a split twice scored it twice.
         ("{name: x, labels: [a, b], test_splits: []}",
          r"test_splits names no split: name each split once, or leave it out for \[test\]\.$"),
