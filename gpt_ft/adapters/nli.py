@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from gpt_ft.adapters.embedding import Embedding
-from gpt_ft.adapters.sources import field_text, needed_text
+from gpt_ft.adapters.sources import field_text, label_spelling, needed_text
 from gpt_ft.errors import TaskDataError, about
 
 NEEDED = "a triplet needs a premise and the hypotheses it is made of"
-NO_GOLD = ("-", "-1", "None")  # SNLI's records without a consensus, the hub's -1; null
+NO_GOLD = ("-", "-1", "None", "nan", "")  # SNLI's records without a consensus, the hub's -1; null, empty
 
 
 class NliTriplets(Embedding):
@@ -39,7 +39,7 @@ class NliTriplets(Embedding):
                 files' name and the hub's id).
             contradiction: The label values that mean contradiction (default: contradiction, 2).
             neutral: The label values that mean neither (default: neutral, 1). A record whose label is
-                none of these three nor "-", -1 or null (no gold label: SNLI's, the hub's) is refused.
+                none of these three nor "-", -1, null or empty (no gold label: SNLI's, the hub's) is refused.
         """
         self.premise, self.hypothesis, self.nli_label = premise, hypothesis, nli_label
         self.entailment = [str(v) for v in (entailment or ["entailment", "0"])]
@@ -71,11 +71,11 @@ class NliTriplets(Embedding):
         for i, row in enumerate(records):
             with about(where, i, self.name):
                 premise, label = needed_text(row[self.premise], self.premise, NEEDED), row[self.nli_label]
-                if (label := str(label)) not in known:
+                if (label := label_spelling(label).strip()) not in known:
                     raise TaskDataError(
                         f"label {row[self.nli_label]!r} in field {self.nli_label!r} is none of entailment "
                         f"{self.entailment}, contradiction {self.contradiction} and neutral {self.neutral}, "
-                        "nor '-', -1 or null (no gold label); a card names a file's own values in "
+                        "nor '-', -1, null or empty (no gold label); a card names a file's own values in "
                         "`entailment`, `contradiction` and `neutral`."
                     )
                 group = grouped.setdefault(premise, {"positive": None, "negative": None, "record": None})

@@ -36,6 +36,12 @@ def finite_number(value: Any, what: str, field: str, within: tuple[float, float]
     return number
 
 
+def label_spelling(value) -> str:
+    """A label as a card's `ignore_labels` spell it: -1.0 (a float column: pandas' integers with a
+    missing value, as the hub's SNLI) as -1."""
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+
+
 def short_repr(value: Any) -> str:
     """A value as a message quotes it: its repr, cut to 60 characters."""
     text = repr(value)

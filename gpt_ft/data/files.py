@@ -13,7 +13,7 @@ from itertools import chain
 from pathlib import Path
 
 from gpt_ft.adapters import TaskAdapter, TaskDataError
-from gpt_ft.adapters.sources import with_path_columns
+from gpt_ft.adapters.sources import label_spelling, with_path_columns
 from gpt_ft.data.file_faults import (
     absent_field,
     file_bytes,
@@ -29,7 +29,7 @@ from gpt_ft.data.file_faults import (
     wide_first_row,
 )
 from gpt_ft.data.layout import SLICE, class_order_problem, file_stamp, label_file, sliced, with_labels
-from gpt_ft.data.subsets import ALIKE, drawn, label_spelling, left_out
+from gpt_ft.data.subsets import ALIKE, drawn, left_out
 from gpt_ft.errors import CardError
 from gpt_ft.workarounds.data import no_download_count
 

@@ -131,9 +131,3 @@ def left_out(raw, origin, split: str, rows: list[int], why: str, said: bool = Fa
         )
     kept = sorted(set(range(len(raw))) - set(rows))
     return (raw.select(kept), origin.keep(kept)) if rows else (raw, origin)
-
-
-def label_spelling(value) -> str:
-    """A label as a card's `ignore_labels` spell it: -1.0 (a float column: pandas' integers with a
-    missing value, as the hub's SNLI) as -1."""
-    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)

@@ -22,8 +22,8 @@ import torch
 from torch import Tensor
 
 from gpt_ft.adapters import ClassificationHead, TaskDataError
+from gpt_ft.adapters.sources import label_spelling
 from gpt_ft.data.files import absent_columns, located_split
-from gpt_ft.data.subsets import label_spelling
 from gpt_ft.errors import check_output_file, real_path, writing
 from gpt_ft.eval.classifier import Classifier
 from gpt_ft.weights.checkpoint import Checkpoint

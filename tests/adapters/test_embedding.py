@@ -741,9 +741,13 @@ def test_nli_records_become_triplets_as_sbert_and_simcse_build_them():
         with pytest.raises(TaskDataError, match=rf"record 1: {said}: a triplet needs a premise"):
             task.regroup([record], where=lambda i: f"record {i + 1}")
     # A label none of the three, nor no gold label's: named (it dropped its premise's example).
-    ok = [{**entailed, "hypothesis": "a", "label": v} for v in ("-", -1, None, "neutral", 1, "contradiction")]
+    # An empty cell (a TSV's, a CSV's), NaN (pandas' missing value) and -1.0 (a float column) have none.
+    none = ("-", -1, None, "", " ", float("nan"), -1.0, "neutral", 1, 1.0, "contradiction", 2.0)
+    ok = [{**entailed, "hypothesis": "a", "label": v} for v in none]
     rows, _ = task.regroup(ok, where=lambda i: f"record {i + 1}")
     assert [r["positive"] for r in rows] == []  # no entailed hypothesis: no example
+    rows, _ = task.regroup([{**entailed, "hypothesis": "b", "label": 0.0}, *ok])
+    assert rows == [{"anchor": "A man sings.", "positive": "b", "negatives": ["a"]}]
     with pytest.raises(
         TaskDataError, match=r"^record 2: label 'entailmnet' in field 'label' is none of entail"
     ):
