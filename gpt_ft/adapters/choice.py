@@ -240,8 +240,9 @@ class FillIn(MultipleChoice):
 class CauseEffect(MultipleChoice):
     """Which choice is the premise's cause, or its effect (COPA): per choice, [start] the premise,
     its closing stop dropped, then "because" or "therefore" [delim] the choice, its first letter
-    lowered [extract], so that premise and choice read as one sentence (as lm-evaluation-harness
-    reads COPA, whose zero-shot scoring they equal); softmax over the choices.
+    lowered [extract], so that premise and choice read as one sentence (the sentence
+    lm-evaluation-harness builds for COPA; zero-shot, the choice is scored after one space, where
+    the harness's own choices carry a space before its delimiter's: two); softmax over the choices.
     """
 
     def __init__(
