@@ -15,7 +15,8 @@ one whole process each, in turns:
 - `Trainer`: transformers' `Trainer` with `*ForSequenceClassification` from the same folder and its
   default collator (`DataCollatorWithPadding`), then `Trainer.predict` on the dev split;
 - `Trainer, group_by_length`: the same with length-grouped batches (`group_by_length=True`;
-  `train_sampling_strategy="group_by_length"` in transformers 5).
+  `train_sampling_strategy="group_by_length"` in transformers 5); `..., eager` (either Trainer): its
+  model's attention as plain matrix products (`attn_implementation="eager"`, not SDPA's default).
 
 Both read the same token ids (gpt_ft's GPT-1 inputs, written to jsonl for the Trainer before the
 clock starts; gpt_ft's own encodings are cached by then too), the same batch size, learning rate,
@@ -62,7 +63,7 @@ SHAPES = {"gpt1": ("gpt1", {}), "llama": ("smollm2-135m", {"n_positions": 2048})
 """Each shape's preset and changes; --layers x --width with 64-wide heads make the rest."""
 CONTENDERS = [
     "ours", "ours, λ=0", "ours, padded", "ours, λ=0, LoRA", "ours, λ=0, 4-bit LoRA",
-    "Trainer", "Trainer, group_by_length",
+    "Trainer", "Trainer, group_by_length", "Trainer, eager", "Trainer, group_by_length, eager",
 ]  # fmt: skip
 LORA = {"LoRA": ["--model.lora.rank=8"], "4-bit LoRA": ["--model.lora.rank=8", "--model.lora.quantize=nf4"]}
 
@@ -147,13 +148,13 @@ def ours(args, task: str, base: Path, out: Path, contender: str) -> list[str]:
     ]  # fmt: skip
 
 
-def trainer(args, base: Path, files: dict[str, Path], out: Path, grouped: bool) -> list[str]:
+def trainer(args, base: Path, files: dict[str, Path], out: Path, contender: str) -> list[str]:
     return [
         sys.executable, __file__, "trainer", f"--base={base}", f"--train={files['train']}",
         f"--dev={files['validation']}", f"--out={out}", f"--device={args.device}",
         f"--batch-size={args.batch_size}", f"--lr={args.lr}", f"--warmup={args.warmup}",
-        f"--epochs={args.epochs}", *(["--group-by-length"] if grouped else []),
-        *(["--bf16"] if args.bf16 else []),
+        f"--epochs={args.epochs}", f"--attention={'eager' if 'eager' in contender else 'sdpa'}",
+        *(["--group-by-length"] if "group_by_length" in contender else []), *(["--bf16"] * args.bf16),
     ]  # fmt: skip
 
 
@@ -272,8 +273,7 @@ def main() -> None:
                     seconds, rss = timed(ours(args, task, base, run_dir, contender), log)
                     accuracy, rate = ours_results(run_dir)
                 else:
-                    cmd = trainer(args, base, files, run_dir, grouped="group_by_length" in contender)
-                    seconds, rss = timed(cmd, log)
+                    seconds, rss = timed(trainer(args, base, files, run_dir, contender), log)
                     accuracy, rate = trainer_results(log)
                 results[contender] = (seconds, accuracy, rss, rate)
                 print(f"{task:6} {shape:6} {contender:26} {seconds:7.1f} s  dev accuracy {accuracy:.4f}  "

@@ -27,16 +27,22 @@ def peer_parser() -> argparse.ArgumentParser:
     parser.add_argument("--epochs", type=int, required=True)
     parser.add_argument("--bf16", action="store_true", help="bf16 on the CPU too")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--attention", default="sdpa", help="attn_implementation (transformers' default: sdpa)"
+    )
     return parser
 
 
 def peer_model(auto_class, args, tokenizer, **kwargs):
-    """`auto_class` from the folder --base, its new head drawn from --seed: the `Trainer` seeds its
-    own run only, so a model built before it would draw a different head every run."""
+    """`auto_class` from the folder --base, its new head drawn from --seed (the `Trainer` seeds its
+    own run only, so a model built before it would draw a different head every run), its attention
+    --attention's (`eager`: plain matrix products, as gpt_ft's bf16 attention on a CPU)."""
     from transformers import set_seed
 
     set_seed(args.seed)
-    return auto_class.from_pretrained(args.base, pad_token_id=tokenizer.pad_token_id, **kwargs)
+    return auto_class.from_pretrained(
+        args.base, pad_token_id=tokenizer.pad_token_id, attn_implementation=args.attention, **kwargs
+    )
 
 
 def peer_schedule(args, examples: int) -> dict:
