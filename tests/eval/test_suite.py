@@ -920,8 +920,9 @@ def test_rows_layers_and_sizes_together_each_reach_the_results(tmp_path, tokeniz
         return {"validation/accuracy": (10 * layers + seed) / 100}, 0
 
     monkeypatch.setattr(suites, "fit_and_evaluate", fake)
-    out, pre = tmp_path / "out", tmp_path / "pre"  # (the weights are never read: the runs are faked)
-    pre.mkdir()
+    out, pre = tmp_path / "out", tmp_path / "pre"  # (read for their depth only: the runs are faked)
+    config = GPTConfig.from_name("gpt-micro", vocab_size=len(load_tokenizer(tokenizer_dir)), n_layer=1)
+    GPT(config).to_hf().save_pretrained(pre)
     argv = ["suite", str(suite), f"--out_dir={out}", f"--tokenizer={tokenizer_dir}", f"--init_from={pre}",
             "--transfer_layers=[1]", *fit_args("--model.preset=gpt-micro")]  # fmt: skip
     dirs = as_list(f"sent={tmp_path / 'a'}", f"pair={tmp_path / 'b'}")
