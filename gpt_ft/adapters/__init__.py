@@ -22,11 +22,13 @@ One class per input shape:
                     of N; a listwise loss over their rewards              rankings, best-of-N)
 - `Steps`:          [start] problem [delim] step_1 [extract] step_2      (process rewards: PRMBench,
                     [extract] ...; a verdict read after every step        ProcessBench, Math-Shepherd)
+- `Answers`:        [start] context [delim] answer_k [extract] per       (MultiRC)
+                    answer, each judged right or wrong on its own
 
 What a task predicts per example is its output kind (`outputs.py`, or its shape's module):
 `ClassificationOutput`, `RegressionOutput` (`regression: true`), `ChoiceOutput` (multiple choice),
-`MultiLabelOutput` or `PreferenceOutput`, `EmbeddingOutput`, `RerankOutput`, `RankingOutput` or
-`StepOutput`.
+`MultiLabelOutput` or `PreferenceOutput`, `EmbeddingOutput`, `RerankOutput`, `RankingOutput`,
+`StepOutput` or `AnswerOutput`.
 Each brings its head (`heads.py`), label reading, metrics and written predictions.
 
 A task card (tasks/*.yaml) is a `class_path` + `init_args` value for a `TaskAdapter`-typed
@@ -34,6 +36,7 @@ argument, so a user's own adapter class works with nothing registered; shipped c
 `gpt_ft.adapters.X`.
 """
 
+from gpt_ft.adapters.answers import AnswerOutput, Answers, MultiRC
 from gpt_ft.adapters.base import ENCODING, Encoded, Submission, TaskAdapter
 from gpt_ft.adapters.choice import CauseEffect, ChoiceOutput, FillIn, MultipleChoice
 from gpt_ft.adapters.embedding import Embedding, EmbeddingHead, EmbeddingOutput
@@ -71,12 +74,15 @@ __all__ = [
     "NliTriplets",
     "Reranker",
     "Steps",
+    "Answers",
+    "MultiRC",
     "Ranking",
     "RankingOutput",
     "RankingHead",
     "RewardBench2",
     "RewardBench2Output",
     "StepOutput",
+    "AnswerOutput",
     "StepHead",
     "RerankOutput",
     "RerankHead",

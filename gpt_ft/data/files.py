@@ -85,7 +85,8 @@ def task_examples(task: TaskAdapter, split: str, raw, origin: Origin):
         rows, records = grouped
         if not rows:
             raise TaskDataError(f"{origin.source}: split {split!r} gives no examples for task {task.name!r}.")
-        raw, origin = datasets.Dataset.from_list(rows), origin.keep(records)
+        shared = len(set(records)) < len(records)
+        raw, origin = datasets.Dataset.from_list(rows), replace(origin.keep(records), shared=shared)
     if task.ignore_labels and task.label in raw.column_names:
         ignored = [i for i, v in enumerate(raw[task.label]) if label_spelling(v) in task.ignore_labels]
         why = f"in the card's ignore_labels {task.ignore_labels}"
@@ -319,6 +320,9 @@ class Origin:
     """Fields read from a column of another name (the card's `columns`): (field, column)."""
     derived: tuple[str, ...] = ()  # columns made of nested fields (`choices.text`), not the file's own
     labels: tuple[str, str] | None = None  # (field, file): the labels read from a file of their own
+    shared: bool = False
+    """Examples share records (a passage's questions, each one example): each is numbered by its
+    place among the rows (`index`), not by its record."""
 
     def file_columns(self, columns: list[str]) -> list[str]:
         """A loaded split's `columns` as the file names them: renamed back, derived ones left out."""
@@ -343,6 +347,11 @@ class Origin:
     def row(self, row: int) -> int:
         """Row `row` of the rows kept, by its number among those loaded."""
         return row if self.kept is None else self.kept[row]
+
+    def index(self, row: int) -> int:
+        """Row `row`'s example id where the card names none: its record's number, or its own place
+        where examples share records."""
+        return row if self.shared else self.row(row)
 
     def of(self, row: int) -> str:
         """'FILE, line 7' (or 'FILE, record 7', 'hub dataset ..., row 7') for row `row` of the split."""

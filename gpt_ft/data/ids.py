@@ -41,4 +41,4 @@ def id_names(values: list, origin: Origin, field: str) -> dict[int, str]:
                 f"{origin.of(i)} repeats the {column} of {origin.of(j)} ({text!r}): each example needs an "
                 "id of its own (its prediction is written under it)."
             )
-    return {origin.row(i): str(value) for i, value in enumerate(values)}
+    return {origin.index(i): str(value) for i, value in enumerate(values)}

@@ -218,7 +218,7 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
                 **{name: [f[name] for f in fields] for name in (fields[0] if fields else ["input_ids"])},
                 LABEL: [enc.label for enc in encoded],
                 "index": [
-                    origin.row(row) if index_field is None else integer_id(ex[index_field])
+                    origin.index(row) if index_field is None else integer_id(ex[index_field])
                     for ex, row in zip(examples, rows)
                 ],
                 "length": [max(len(seq) for seq in enc.sequences) for enc in encoded],

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gpt_ft.adapters import (
+    AnswerOutput,
     ChoiceHead,
     ChoiceOutput,
     ClassificationHead,
@@ -78,6 +79,7 @@ def test_every_shipped_card_keeps_its_output_kind(card):
     rankings = ("replies", "ultrafeedback", "prmbench")
     expected |= {f"ranking/{name}": RankingOutput for name in rankings}
     expected["ranking/rewardbench2"] = RewardBench2Output
+    expected["superglue/multirc"] = AnswerOutput
     assert type(task.output) is expected.get(card, ClassificationOutput)
 
 

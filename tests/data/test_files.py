@@ -127,6 +127,20 @@ def wsc_row(idx, *label):
     return {"text": f"{Q} It sat.", "target": target, "idx": idx, **({"label": label[0]} if label else {})}
 
 
+def multirc_row(idx, *labels):
+    """A record of SuperGLUE's MultiRC files: a passage, its questions and their answers nested in it
+    (two questions of two answers and one; the test file's answers have no label)."""
+    answers = [["The cat.", "A dog."], ["Nobody."]]
+    verdicts = iter(labels)
+    questions = [
+        {"question": f"Who {q}?", "idx": 2 * idx + q,
+         "answers": [{"text": text, "idx": k, **({"label": next(verdicts)} if labels else {})}
+                     for k, text in enumerate(texts)]}
+        for q, texts in enumerate(answers)
+    ]  # fmt: skip
+    return {"idx": idx, "version": 1.1, "passage": {"text": f"{Q} It sat.", "questions": questions}}
+
+
 def siqa_row():
     """A record of Social IQa's release files: its labels are in a file of their own."""
     return {
@@ -557,6 +571,11 @@ FIXTURES = {
         "validation": (jsonl(wsc_row(0, True)), [1]),
         "test": (jsonl(wsc_row(3)), [None], {"index": [3]}),
     },
+    "superglue/multirc": {  # a passage a record, a question an example; its answers' verdicts, NaN past them
+        "train": (jsonl(multirc_row(0, 1, 0, 0)), [[1, 0] + [NAN] * 30, [0] + [NAN] * 31], {"index": [0, 1]}),
+        "validation": (jsonl(multirc_row(0, 0, 1, 1)), [[0, 1] + [NAN] * 30, [1] + [NAN] * 31]),
+        "test": (jsonl(multirc_row(4), multirc_row(5)), [None] * 4, {"index": [0, 1, 2, 3]}),
+    },
     "superglue/copa": {  # 0: choice1, 1: choice2; the test file has no labels
         "train": (jsonl(copa_row(0, "effect", 1), copa_row(1, "cause", 0)), [1, 0]),
         "validation": (jsonl(copa_row(0, "effect", 1)), [1]),
@@ -622,7 +641,7 @@ def test_card_reads_native_files(card, tokenizer_dir, tmp_path):
         got = ds["label"]
         if task.output.embeds:  # the gold score, then which text each one is
             got = [task.output.label_text(label) for label in got]
-        if task.output.kind in ("steps", "ranking") and None not in got:  # NaN: no label, no reply
+        if task.output.kind in ("steps", "ranking", "answers") and None not in got:  # NaN: none
             torch.testing.assert_close(
                 torch.tensor(got), torch.tensor(labels), rtol=0, atol=0, equal_nan=True
             )
