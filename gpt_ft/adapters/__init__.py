@@ -24,11 +24,13 @@ One class per input shape:
                     [extract] ...; a verdict read after every step        ProcessBench, Math-Shepherd)
 - `Answers`:        [start] context [delim] answer_k [extract] per       (MultiRC)
                     answer, each judged right or wrong on its own
+- `Cloze`:          [start] passage [delim] query, candidate_k in its    (ReCoRD)
+                    placeholder [extract] per candidate; softmax, several right
 
 What a task predicts per example is its output kind (`outputs.py`, or its shape's module):
 `ClassificationOutput`, `RegressionOutput` (`regression: true`), `ChoiceOutput` (multiple choice),
 `MultiLabelOutput` or `PreferenceOutput`, `EmbeddingOutput`, `RerankOutput`, `RankingOutput`,
-`StepOutput` or `AnswerOutput`.
+`StepOutput`, `AnswerOutput` or `ClozeOutput`.
 Each brings its head (`heads.py`), label reading, metrics and written predictions.
 
 A task card (tasks/*.yaml) is a `class_path` + `init_args` value for a `TaskAdapter`-typed
@@ -39,6 +41,7 @@ argument, so a user's own adapter class works with nothing registered; shipped c
 from gpt_ft.adapters.answers import AnswerOutput, Answers, MultiRC
 from gpt_ft.adapters.base import ENCODING, Encoded, Submission, TaskAdapter
 from gpt_ft.adapters.choice import CauseEffect, ChoiceOutput, FillIn, MultipleChoice
+from gpt_ft.adapters.cloze import Cloze, ClozeOutput, ReCoRD
 from gpt_ft.adapters.embedding import Embedding, EmbeddingHead, EmbeddingOutput
 from gpt_ft.adapters.heads import ChoiceHead, ClassificationHead, RegressionHead, StepHead, TaskHead
 from gpt_ft.adapters.metrics import METRICS, Scoring, metric_value
@@ -76,6 +79,8 @@ __all__ = [
     "Steps",
     "Answers",
     "MultiRC",
+    "Cloze",
+    "ReCoRD",
     "Ranking",
     "RankingOutput",
     "RankingHead",
@@ -83,6 +88,7 @@ __all__ = [
     "RewardBench2Output",
     "StepOutput",
     "AnswerOutput",
+    "ClozeOutput",
     "StepHead",
     "RerankOutput",
     "RerankHead",

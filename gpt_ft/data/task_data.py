@@ -385,7 +385,8 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
             raise TaskDataError(f"--index {index} is out of range: split {split!r} has {len(ds)} examples.")
         example, names = ds[index], self.choice_names.get(split, {}).get(ds[index]["index"])
         label, read = self.task.label_text(example["label"]), reads(example)
-        label = names[label] if names and label is not None else label  # ARC's '3', not the position
+        if names and label is not None:  # ARC's '3', not the position; a cloze's right candidates
+            label = [names[k] for k in label] if isinstance(label, list) else names[label]
         if isinstance(label, list):  # one a reply or step (None: unlabelled); the padding after, cut
             label = label[: max([len(read), *(i + 1 for i, v in enumerate(label) if v is not None)])]
         sequences, pooling = [], getattr(self.task, "pooling", "extract")

@@ -13,6 +13,7 @@ from gpt_ft.adapters import (
     ChoiceOutput,
     ClassificationHead,
     ClassificationOutput,
+    ClozeOutput,
     EmbeddingOutput,
     HubDataset,
     LabelSpec,
@@ -80,6 +81,7 @@ def test_every_shipped_card_keeps_its_output_kind(card):
     expected |= {f"ranking/{name}": RankingOutput for name in rankings}
     expected["ranking/rewardbench2"] = RewardBench2Output
     expected["superglue/multirc"] = AnswerOutput
+    expected["superglue/record"] = ClozeOutput
     assert type(task.output) is expected.get(card, ClassificationOutput)
 
 

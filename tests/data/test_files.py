@@ -141,6 +141,23 @@ def multirc_row(idx, *labels):
     return {"idx": idx, "version": 1.1, "passage": {"text": f"{Q} It sat.", "questions": questions}}
 
 
+CLOZE_ANN = [1.0, 0.0] + [NAN] * 126 + [1.0, 0.0] + [NAN] * 126  # ReCoRD's labels (max_candidates 128)
+CLOZE_BOB = [0.0, 1.0] + [NAN] * 126 + [0.0, 1.0] + [NAN] * 126
+
+
+def record_row(idx, *answers):
+    """A record of SuperGLUE's ReCoRD files: a passage with its entities as spans (`end` the last
+    character's index) and its query (the test file's without answers)."""
+    text = f"{Q} Bob met Ann.\n@highlight\nAnn left"
+    entities = [{"start": text.index(e), "end": text.index(e) + len(e) - 1} for e in ("Bob", "Ann", "Bob")]
+    qa = {
+        "query": "@placeholder waved.",
+        "idx": idx,
+        **({"answers": [{"text": a} for a in answers]} if answers else {}),
+    }
+    return {"idx": idx, "passage": {"text": text, "entities": entities}, "qas": [qa]}
+
+
 def siqa_row():
     """A record of Social IQa's release files: its labels are in a file of their own."""
     return {
@@ -576,6 +593,42 @@ FIXTURES = {
         "validation": (jsonl(multirc_row(0, 0, 1, 1)), [[0, 1] + [NAN] * 30, [1] + [NAN] * 31]),
         "test": (jsonl(multirc_row(4), multirc_row(5)), [None] * 4, {"index": [0, 1, 2, 3]}),
     },
+    "superglue/record": {  # candidates Ann, Bob (sorted, once): each one's exact match, then its token F1
+        "train": (
+            jsonl(record_row(0, "Ann"), record_row(1, "bob")),
+            [CLOZE_ANN, CLOZE_BOB],
+            {"index": [0, 1]},
+        ),
+        "validation": (jsonl(record_row(0, "Bob", "the Bob")), [CLOZE_BOB]),
+        "test": (jsonl(record_row(4)), [None]),
+    },
+    "superglue/boolq": {  # JSON booleans; the test file has no labels
+        "train": (
+            jsonl(
+                *(
+                    {"question": "is it", "passage": Q, "idx": i, "label": v}
+                    for i, v in enumerate([True, False])
+                )
+            ),
+            [1, 0],
+            {"index": [0, 1]},
+        ),
+        "validation": (jsonl({"question": "is it", "passage": Q, "idx": 0, "label": False}), [0]),
+        "test": (jsonl({"question": "is it", "passage": Q, "idx": 9}), [None], {"index": [9]}),
+    },
+    "superglue/rte": {  # the test file has no labels
+        "train": (
+            jsonl(
+                *(
+                    {"premise": Q, "hypothesis": "A cat.", "idx": i, "label": v}
+                    for i, v in enumerate(["not_entailment", "entailment"])
+                )
+            ),
+            [1, 0],
+        ),
+        "validation": (jsonl({"premise": Q, "hypothesis": "A cat.", "idx": 0, "label": "entailment"}), [0]),
+        "test": (jsonl({"premise": Q, "hypothesis": "A cat.", "idx": 3}), [None], {"index": [3]}),
+    },
     "superglue/copa": {  # 0: choice1, 1: choice2; the test file has no labels
         "train": (jsonl(copa_row(0, "effect", 1), copa_row(1, "cause", 0)), [1, 0]),
         "validation": (jsonl(copa_row(0, "effect", 1)), [1]),
@@ -641,7 +694,7 @@ def test_card_reads_native_files(card, tokenizer_dir, tmp_path):
         got = ds["label"]
         if task.output.embeds:  # the gold score, then which text each one is
             got = [task.output.label_text(label) for label in got]
-        if task.output.kind in ("steps", "ranking", "answers") and None not in got:  # NaN: none
+        if task.output.kind in ("steps", "ranking", "answers", "cloze") and None not in got:  # NaN: none
             torch.testing.assert_close(
                 torch.tensor(got), torch.tensor(labels), rtol=0, atol=0, equal_nan=True
             )

@@ -21,6 +21,24 @@ def test_glue_suite_names_the_servers_files_and_labels():
     assert len(gpt1.tasks) == 12 and all(task.paper for task in gpt1.tasks)
 
 
+def test_the_superglue_suite_scores_its_eight_tasks_from_one_release_folder():
+    """SuperGLUE's score is the mean of its 8 tasks' (each the mean over its metrics); every card
+    reads its files from the release's folders under one --data_dir."""
+    spec = load_suite(ROOT / "configs/suites/superglue.yaml")
+    cards = [load_card(e.card) for e in spec.tasks]
+    assert (
+        [t.name for t in cards]
+        == spec.score.tasks
+        == ["boolq", "cb", "copa", "multirc", "record", "rte", "wic", "wsc"]
+    )
+    folders = {t.name: {path.split("/")[0] for path in t.local.splits.values()} for t in cards}
+    assert folders == {"boolq": {"BoolQ"}, "cb": {"CB"}, "copa": {"COPA"}, "multirc": {"MultiRC"},
+                       "record": {"ReCoRD"}, "rte": {"RTE"}, "wic": {"WiC"}, "wsc": {"WSC"}}  # fmt: skip
+    assert {t.name: t.metrics for t in cards if len(t.metrics) > 1} == {
+        "cb": ["accuracy", "f1"], "multirc": ["f1", "exact_match"], "record": ["f1", "exact_match"]
+    }  # fmt: skip
+
+
 def test_a_suite_file_named_from_its_own_folder_finds_its_cards(monkeypatch):
     """configs/suites/glue.yaml names tasks/glue/*.yaml from the repository's root: found from the
     suite file's folder too (`gpt-ft suite glue.yaml` there), as the card's path resolves."""

@@ -1,0 +1,192 @@
+"""A query's placeholder filled by each candidate (ReCoRD): the literal layout, SQuAD's
+normalization and token F1 on hand-computed cases, the loss of several right candidates, the
+metrics, the hub's rows and the release's records read alike, and a whole run from the release
+files to predictions and `Classifier`."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import datasets
+import pytest
+import torch
+
+from gpt_ft.adapters import Cloze, TaskDataError
+from gpt_ft.adapters.cards import load_card
+from gpt_ft.adapters.cloze import AnyRightHead, credits, normalized, token_f1
+from gpt_ft.cli import main
+from gpt_ft.data.files import examples_split
+from gpt_ft.data.tokenizer import SpecialTokenIds
+from gpt_ft.errors import CardError
+from tests.helpers import TASKS, common_args
+
+SPECIALS = SpecialTokenIds(start=1, delim=2, extract=3, pad=0, eos=None)
+NAN = math.nan
+
+
+def same(a: list[float], b: list[float]) -> bool:
+    """Equal lists, NaN equal to NaN."""
+    return len(a) == len(b) and all(x == y or (math.isnan(x) and math.isnan(y)) for x, y in zip(a, b))
+
+
+def test_literal_layout_a_sequence_per_candidate_each_once_the_passage_shared():
+    task = Cloze(name="c", max_candidates=4)
+    row = {
+        "passage": "p",
+        "query": "@placeholder won.",
+        "entities": ["Ann", "Bob", "Ann"],
+        "answers": ["ann"],
+    }
+    assert task.texts(row) == ["p", "Ann won.", "Bob won."]
+    enc = task.encode(row, [[10, 11], [20, 21], [30, 21]], SPECIALS, max_length=64)
+    assert enc.sequences == [[1, 10, 11, 2, 20, 21, 3], [1, 10, 11, 2, 30, 21, 3]]
+    assert enc.extract_index == [6, 6]
+    assert same(enc.label, [1.0, 0.0, NAN, NAN, 1.0, 0.0, NAN, NAN])  # exact match, then token F1
+    assert task.label_text(enc.label) == [0]  # the right candidates' positions
+    assert task.output.example_label({**row, "answers": []}) is None  # (a test file's rows)
+    assert task.output.example_label({**row, "answers": "Bob"})[:2] == [0.0, 1.0]  # one text: one answer
+    with pytest.raises(
+        TaskDataError, match=r"^field 'query' holds no placeholder '@placeholder': 'Ann won\.'\.$"
+    ):
+        task.texts({**row, "query": "Ann won."})
+    with pytest.raises(
+        TaskDataError, match=r"must hold a list of 1 to 4 candidates \(max_candidates\), got \[\]"
+    ):
+        task.texts({**row, "entities": []})
+    with pytest.raises(CardError, match=r"a cloze task takes no `labels`"):
+        Cloze(name="c", labels=["a", "b"])
+
+
+def test_normalization_and_token_f1_as_squads_script():
+    assert normalized("The U.S. Army!") == "us army" and normalized("  an  Apple a day ") == "apple day"
+    assert token_f1("barack obama", "obama") == pytest.approx(2 * 0.5 * 1.0 / 1.5)
+    assert token_f1("obama obama", "obama") == pytest.approx(
+        2 * 0.5 * 1.0 / 1.5
+    )  # (tokens counted once each)
+    assert token_f1("bush", "obama") == 0.0
+    exact, f1 = credits(["Barack Obama", "Obama", "the U.S."], ["Obama", "US", "President Obama"])
+    assert exact == [0.0, 1.0, 1.0]
+    assert f1 == pytest.approx([max(2 / 3, 2 * 0.5 * 0.5 / 1.0), 1.0, 1.0])
+
+
+def test_the_loss_is_minus_the_log_of_the_share_of_the_right_candidates():
+    head = AnyRightHead(4, dropout=0.0, choices=3)
+    logits = torch.tensor([[1.0, 2.0, 0.5], [0.3, -1.0, torch.finfo(torch.float32).min], [1.0, 0.0, 0.0]])
+    labels = torch.tensor([[1, 0, 1, 0.5, 0, 1], [0, 1, NAN, 0, 1, NAN], [0, 0, 0, 0.2, 0, 0]])
+    p = logits.softmax(dim=1)
+    want = torch.stack([-(p[0, 0] + p[0, 2]).log(), -p[1, 1].log(), torch.tensor(0.0)])
+    torch.testing.assert_close(head.losses(logits, labels), want)
+    # one right candidate: cross-entropy; a row with none learns nothing, and its gradients stay finite
+    torch.testing.assert_close(
+        head.losses(logits[1:2], labels[1:2]),
+        torch.nn.functional.cross_entropy(logits[1:2], torch.tensor([1]), reduction="none"),
+    )
+    leaf = logits.clone().requires_grad_()
+    head.losses(leaf, labels).sum().backward()
+    assert torch.isfinite(leaf.grad).all() and (leaf.grad[2] == 0).all()
+
+
+def test_exact_match_and_f1_are_the_chosen_candidates_credits():
+    task = Cloze(name="c", max_candidates=3)
+    labels = torch.tensor([[0, 1, NAN, 0.5, 1, NAN], [1, 0, 0, 1, 0.4, 0], [0, 0, 1, 0, 0.25, 1]])
+    predictions = torch.tensor([0, 1, 2])  # credits (0, 0.5), (0, 0.4), (1, 1)
+    values = {k: float(v) for k, v in task.metric_values(predictions, labels).items()}
+    assert values == pytest.approx({"f1": (0.5 + 0.4 + 1) / 3, "exact_match": 1 / 3})
+
+
+def release(idx: int, *answers: str, queries: int = 1) -> dict:
+    """A ReCoRD release record: a passage, its entities as spans (`end` inclusive), its queries."""
+    text = "Ann met Bob in Rome.\n@highlight\nBob left\n@highlight\nAnn stayed"
+    spans = [
+        {"start": text.index(e), "end": text.index(e) + len(e) - 1} for e in ("Rome", "Bob", "Ann", "Bob")
+    ]
+    given = {"answers": [{"text": a} for a in answers]} if answers else {}
+    qas = [{"query": f"@placeholder waved {q}.", "idx": 10 * idx + q, **given} for q in range(queries)]
+    return {"idx": idx, "passage": {"text": text, "entities": spans}, "qas": qas}
+
+
+def hub_rows(record: dict) -> list[dict]:
+    """The record as aps/super_glue holds it: a row a query, its entities each once, sorted."""
+    text = record["passage"]["text"]
+    entities = sorted({text[e["start"] : e["end"] + 1] for e in record["passage"]["entities"]})
+    return [
+        {"passage": text, "query": qa["query"], "entities": entities,
+         "answers": [a["text"] for a in qa.get("answers", [])],
+         "idx": {"passage": record["idx"], "query": qa["idx"]}}
+        for qa in record["qas"]
+    ]  # fmt: skip
+
+
+def test_the_hubs_rows_and_the_releases_records_are_the_same_queries(monkeypatch, tmp_path):
+    task = load_card(TASKS / "superglue" / "record.yaml")
+    records = [release(0, "Bob", queries=2), release(1, "Rome")]
+    (tmp_path / "ReCoRD").mkdir()
+    (tmp_path / "ReCoRD" / "val.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    released = examples_split(task, "validation", tmp_path)
+    rows = [row for record in records for row in hub_rows(record)]
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: datasets.Dataset.from_list(rows))
+    hub = examples_split(task, "validation", None)
+    assert len(released) == len(hub) == 3
+    for a, b in zip(released, hub):
+        assert task.texts(a) == task.texts(b)
+        assert same(task.output.example_label(a), task.output.example_label(b))
+    assert task.texts(hub[0]) == [
+        "Ann met Bob in Rome.\n\n  - Bob left.\n  - Ann stayed.\n",  # as lm-evaluation-harness renders it
+        "Ann waved 0.",
+        "Bob waved 0.",
+        "Rome waved 0.",
+    ]
+    assert [task.label_text(task.output.example_label(r)) for r in hub] == [[1], [1], [2]]
+    monkeypatch.undo()  # (local files are read through datasets too)
+    (tmp_path / "ReCoRD" / "val.jsonl").write_text(json.dumps({"idx": 0, "passage": {"text": "p"}}) + "\n")
+    with pytest.raises(
+        TaskDataError, match=r"val.jsonl, line 1 has no field 'entities' \(task 'record'\)\.$"
+    ):
+        examples_split(task, "validation", tmp_path)
+
+
+def test_fit_on_the_release_files_then_predict_and_the_classifier_agree(tmp_path, tokenizer_dir, capsys):
+    """Validation logs the chosen candidates' credits (recomputed here from the classifier's
+    choices); `predict` writes each query's chosen entity."""
+    from gpt_ft import Classifier
+
+    train = [release(i, ["Ann", "Bob", "Rome"][i % 3], queries=2) for i in range(4)]
+    val = [release(9, "Ann", queries=2), release(10, "Bob", "bob")]
+    (tmp_path / "ReCoRD").mkdir()
+    for name, records in (("train", train), ("val", val), ("test", [release(11, queries=3)])):
+        (tmp_path / "ReCoRD" / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    args = common_args(TASKS / "superglue" / "record.yaml", tokenizer_dir, tmp_path)
+    main(
+        [
+            "fit",
+            *args,
+            "--trainer.max_epochs=2",
+            "--model.lr=1e-2",
+            f"--model.predictions_dir={tmp_path / 'p'}",
+        ]
+    )
+    assert "validation/exact_match" in capsys.readouterr().out
+    logged = [
+        line.split(",") for line in next((tmp_path / "runs").rglob("metrics.csv")).read_text().splitlines()
+    ]
+    last_logged = [row for row in logged[1:] if row[logged[0].index("validation/f1")]][-1]
+    last = next((tmp_path / "runs").rglob("last.ckpt"))
+    clf = Classifier.from_checkpoint(last)
+    task = clf.task
+    examples = list(examples_split(task, "validation", tmp_path))
+    predicted = clf.predict(examples)
+    entities = ["Ann", "Bob", "Rome"]
+    assert [list(p["scores"]) for p in predicted] == [entities] * 3
+    assert all(p["label"] == max(p["scores"], key=p["scores"].get) for p in predicted)
+    chosen = [credits([p["label"]], task.candidates_and_answers(e)[1]) for p, e in zip(predicted, examples)]
+    for name, k in (("exact_match", 0), ("f1", 1)):
+        want = sum(c[k][0] for c in chosen) / len(chosen)
+        assert float(last_logged[logged[0].index(f"validation/{name}")]) == pytest.approx(want)
+
+    main(["predict", f"--ckpt_path={last}", f"--data.data_dir={tmp_path}",
+          "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path}",
+          f"--model.predictions_dir={tmp_path / 'p'}"])  # fmt: skip
+    lines = (tmp_path / "p" / "record-test.tsv").read_text().splitlines()
+    test_predicted = clf.predict(list(examples_split(task, "test", tmp_path)))
+    assert lines == ["index\tprediction"] + [f"{i}\t{p['label']}" for i, p in enumerate(test_predicted)]
