@@ -34,6 +34,44 @@ def data_args(**values) -> str:
     return f"--data={json.dumps({key: str(v) if isinstance(v, Path) else v for key, v in values.items()})}"
 
 
+def fit_and_last_validation(card: Path, tokenizer_dir: str, root: Path, *more: str) -> tuple[dict, Path]:
+    """`gpt-ft fit` of `card` on root's files (`common_args`, 2 epochs at lr 1e-2): the metrics its
+    last validation logged, by name, and its last checkpoint."""
+    from gpt_ft.cli import main
+
+    main(["fit", *common_args(card, tokenizer_dir, root), "--trainer.max_epochs=2", "--model.lr=1e-2", *more])
+    with next((root / "runs").rglob("metrics.csv")).open() as f:
+        validated = [
+            r for r in csv.DictReader(f) if any(v for k, v in r.items() if k.startswith("validation/"))
+        ]
+    return validated[-1], next((root / "runs").rglob("last.ckpt"))
+
+
+def read_alike(task, monkeypatch, path: Path, records: list[dict], hub_rows) -> list[dict]:
+    """The validation split of a release's `records` (written to `path`, under the card's folder) and
+    of the hub's rows they make (`hub_rows(record)`), asserted the same examples: the hub's."""
+    import datasets
+
+    from gpt_ft.data.files import examples_split
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    released = examples_split(task, "validation", path.parent.parent)
+    rows = [row for record in records for row in hub_rows(record)]
+    with monkeypatch.context() as patched:
+        patched.setattr(datasets, "load_dataset", lambda *a, **k: datasets.Dataset.from_list(rows))
+        hub = examples_split(task, "validation", None)
+    assert len(released) == len(hub)
+    for a, b in zip(released, hub):
+        assert task.texts(a) == task.texts(b)
+        torch.testing.assert_close(
+            torch.tensor(task.output.example_label(a)),
+            torch.tensor(task.output.example_label(b)),
+            equal_nan=True,
+        )
+    return list(hub)
+
+
 def data_of(args: list[str]) -> dict:
     """The `--data={...}` mapping in `args` (`gpt-ft suite` gives each run's data options so)."""
     return json.loads(next(a for a in args if a.startswith("--data=")).removeprefix("--data="))

@@ -30,7 +30,7 @@ from gpt_ft.adapters.base import Encoded, refuse_label_fields
 from gpt_ft.adapters.choice import MultipleChoice
 from gpt_ft.adapters.heads import StepHead
 from gpt_ft.adapters.outputs import CardError, LabelSpec, TaskDataError, TaskOutput
-from gpt_ft.adapters.sources import field_text, path_value, short_repr
+from gpt_ft.adapters.sources import field_text, path_value, short_repr, unnested
 from gpt_ft.errors import about
 
 ANSWER_METRICS = ("f1", "exact_match", "accuracy")
@@ -304,19 +304,16 @@ class MultiRC(Answers):
     def regroup(self, records, where=None, alone=False) -> tuple[list[dict[str, Any]], list[int]]:
         """The release's passages as the hub's rows (as datasets' super_glue script flattened them),
         then `Answers.regroup`."""
-        rows, of = [], []
-        for i, row in enumerate(records):
-            with about(where, i, self.name):
-                flat = self.answer_rows(row) if isinstance(row.get("passage"), dict) else [row]
-            rows += flat
-            of += [i] * len(flat)
+        rows, of, _ = unnested(records, where, self.name, self.answer_rows)
         named = (lambda k: where(of[k])) if where else None
         grouped, firsts = super().regroup(rows, where=named, alone=alone)
         return grouped, [of[k] for k in firsts]
 
-    def answer_rows(self, row: dict[str, Any]) -> list[dict[str, Any]]:
+    def answer_rows(self, row: dict[str, Any]) -> list[dict[str, Any]] | None:
         """A release record's answers, a row each: the context's two fields, the answer's, the label's
-        and idx ({paragraph, question, answer}), as the hub has them."""
+        and idx ({paragraph, question, answer}), as the hub has them; None for a hub row."""
+        if not isinstance(row.get("passage"), dict):
+            return None
         passage, (paragraph, question) = row["passage"], self.context
         return [
             {

@@ -31,8 +31,7 @@ from gpt_ft.adapters.base import Encoded, refuse_label_fields
 from gpt_ft.adapters.choice import ChoiceOutput, MultipleChoice
 from gpt_ft.adapters.heads import ChoiceHead, at_least_fp32
 from gpt_ft.adapters.outputs import CardError, LabelSpec, TaskDataError, TaskOutput
-from gpt_ft.adapters.sources import field_text, needed_text, short_repr
-from gpt_ft.errors import about
+from gpt_ft.adapters.sources import field_text, needed_text, short_repr, unnested
 
 CLOZE_METRICS = ("f1", "exact_match")
 ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -239,18 +238,14 @@ class ReCoRD(Cloze):
     def regroup(self, records, where=None, alone=False) -> tuple[list[dict[str, Any]], list[int]] | None:
         """The release's passages as the hub's rows, a query each (as datasets' super_glue script
         flattened them); None where every record is a row already (the hub's)."""
-        rows, of, nested = [], [], False
-        for i, row in enumerate(records):
-            with about(where, i, self.name):
-                flat = self.query_rows(row) if isinstance(row.get(self.passage), dict) else [row]
-            rows += flat
-            of += [i] * len(flat)
-            nested = nested or flat != [row]
+        rows, of, nested = unnested(records, where, self.name, self.query_rows)
         return (rows, of) if nested else None
 
-    def query_rows(self, row: dict[str, Any]) -> list[dict[str, Any]]:
-        """A release record's queries, a row each: passage, query, entities, answers and idx."""
-        passage = row[self.passage]
+    def query_rows(self, row: dict[str, Any]) -> list[dict[str, Any]] | None:
+        """A release record's queries, a row each: passage, query, entities, answers and idx; None
+        for a hub row."""
+        if not isinstance(passage := row.get(self.passage), dict):
+            return None
         text = passage["text"]
         entities = sorted({text[e["start"] : e["end"] + 1] for e in passage["entities"]})
         return [

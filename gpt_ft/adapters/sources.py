@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable, Iterable
 from dataclasses import MISSING, dataclass, field, fields
 from difflib import get_close_matches
 from typing import Any, Literal
 
-from gpt_ft.errors import CardError, TaskDataError
+from gpt_ft.errors import CardError, TaskDataError, about
 
 FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max: scores are trained in fp32
 
@@ -40,6 +41,23 @@ def label_spelling(value) -> str:
     """A label as a card's `ignore_labels` spell it: -1.0 (a float column: pandas' integers with a
     missing value, as the hub's SNLI) as -1."""
     return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+
+
+def unnested(
+    records: Iterable[dict[str, Any]], where, task: str, rows_of: Callable[[dict[str, Any]], list | None]
+) -> tuple[list[dict[str, Any]], list[int], bool]:
+    """Records of a nested layout as rows (a release's passages as the hub's rows): `rows_of(record)`
+    gives a record's rows, or None where it is a row already; then each row's record (`where(i)`
+    names record i in an error), and whether any record was nested."""
+    rows, of, nested = [], [], False
+    for i, record in enumerate(records):
+        with about(where, i, task):
+            flat = rows_of(record)
+        nested |= flat is not None
+        flat = [record] if flat is None else flat
+        rows += flat
+        of += [i] * len(flat)
+    return rows, of, nested
 
 
 def short_repr(value: Any) -> str:

@@ -19,7 +19,7 @@ from gpt_ft.cli import main
 from gpt_ft.data.files import examples_split
 from gpt_ft.data.tokenizer import SpecialTokenIds
 from gpt_ft.errors import CardError
-from tests.helpers import TASKS, common_args
+from tests.helpers import TASKS, fit_and_last_validation, read_alike
 
 SPECIALS = SpecialTokenIds(start=1, delim=2, extract=3, pad=0, eos=None)
 NAN = math.nan
@@ -117,21 +117,15 @@ def hub_rows(record: dict) -> list[dict]:
 def test_the_hubs_rows_and_the_releases_records_are_the_same_questions(monkeypatch, tmp_path):
     task = load_card(TASKS / "superglue" / "multirc.yaml")
     records = [release(0, 1, 0, 1), release(1, 0, 0, 0)]
-    (tmp_path / "MultiRC").mkdir()
-    (tmp_path / "MultiRC" / "val.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    released = examples_split(task, "validation", tmp_path)
-    rows = [row for record in records for row in hub_rows(record)]
-    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: datasets.Dataset.from_list(rows))
-    hub = examples_split(task, "validation", None)
-    assert len(released) == len(hub) == 4
-    for a, b in zip(released, hub):
-        assert task.texts(a) == task.texts(b)
-        assert same(task.output.example_label(a), task.output.example_label(b))
+    hub = read_alike(task, monkeypatch, tmp_path / "MultiRC" / "val.jsonl", records, hub_rows)
+    assert len(hub) == 4
     assert [task.texts(r) for r in hub][:2] == [["Passage 0.", " Who 0?", "The cat.", "A dog."],
                                                 ["Passage 0.", " Who 1?", "Nobody."]]  # fmt: skip
     assert [task.output.example_label(r)[:2] for r in hub] == [[1, 0], [1, NAN], [0, 0], [0, NAN]]
     # An answer row whose question's other rows hold another paragraph: the ids do not name a question
+    rows = [row for record in records for row in hub_rows(record)]
     rows[1] = {**rows[1], "paragraph": "Another."}
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: datasets.Dataset.from_list(rows))
     with pytest.raises(TaskDataError) as error:
         examples_split(task, "validation", None)
     assert str(error.value) == (
@@ -163,22 +157,8 @@ def test_fit_on_the_release_files_then_predict_label_and_export_agree(tmp_path, 
     for name, records in (("train", train), ("val", val), ("test", test)):
         (tmp_path / "MultiRC" / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     card = TASKS / "superglue" / "multirc.yaml"
-    args = common_args(card, tokenizer_dir, tmp_path)
-    main(
-        [
-            "fit",
-            *args,
-            "--trainer.max_epochs=2",
-            "--model.lr=1e-2",
-            f"--model.predictions_dir={tmp_path / 'p'}",
-        ]
-    )
+    logged, last = fit_and_last_validation(card, tokenizer_dir, tmp_path)
     assert "validation/exact_match" in capsys.readouterr().out
-    logged = [
-        line.split(",") for line in next((tmp_path / "runs").rglob("metrics.csv")).read_text().splitlines()
-    ]
-    last_logged = [row for row in logged[1:] if row[logged[0].index("validation/f1")]][-1]
-    last = next((tmp_path / "runs").rglob("last.ckpt"))
     clf = Classifier.from_checkpoint(last)
     task = clf.task
     examples = list(examples_split(task, "validation", tmp_path))
@@ -191,7 +171,7 @@ def test_fit_on_the_release_files_then_predict_label_and_export_agree(tmp_path, 
     labels = torch.tensor([task.output.example_label(e) for e in examples], dtype=torch.float64)
     values = answer_metric_values(scores, torch.full((4, 1), 0.5, dtype=torch.float64), labels)
     for name in ("f1", "exact_match"):
-        assert float(last_logged[logged[0].index(f"validation/{name}")]) == pytest.approx(float(values[name]))
+        assert float(logged[f"validation/{name}"]) == pytest.approx(float(values[name]))
     for p in predicted:
         assert p["label"] == ["True" if s >= 0.5 else "False" for s in p["scores"]]
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import math
 
-import datasets
 import pytest
 import torch
 
@@ -19,7 +18,7 @@ from gpt_ft.cli import main
 from gpt_ft.data.files import examples_split
 from gpt_ft.data.tokenizer import SpecialTokenIds
 from gpt_ft.errors import CardError
-from tests.helpers import TASKS, common_args
+from tests.helpers import TASKS, fit_and_last_validation, read_alike
 
 SPECIALS = SpecialTokenIds(start=1, delim=2, extract=3, pad=0, eos=None)
 NAN = math.nan
@@ -121,16 +120,8 @@ def hub_rows(record: dict) -> list[dict]:
 def test_the_hubs_rows_and_the_releases_records_are_the_same_queries(monkeypatch, tmp_path):
     task = load_card(TASKS / "superglue" / "record.yaml")
     records = [release(0, "Bob", queries=2), release(1, "Rome")]
-    (tmp_path / "ReCoRD").mkdir()
-    (tmp_path / "ReCoRD" / "val.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    released = examples_split(task, "validation", tmp_path)
-    rows = [row for record in records for row in hub_rows(record)]
-    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: datasets.Dataset.from_list(rows))
-    hub = examples_split(task, "validation", None)
-    assert len(released) == len(hub) == 3
-    for a, b in zip(released, hub):
-        assert task.texts(a) == task.texts(b)
-        assert same(task.output.example_label(a), task.output.example_label(b))
+    hub = read_alike(task, monkeypatch, tmp_path / "ReCoRD" / "val.jsonl", records, hub_rows)
+    assert len(hub) == 3
     assert task.texts(hub[0]) == [
         "Ann met Bob in Rome.\n\n  - Bob left.\n  - Ann stayed.\n",  # as lm-evaluation-harness renders it
         "Ann waved 0.",
@@ -138,7 +129,6 @@ def test_the_hubs_rows_and_the_releases_records_are_the_same_queries(monkeypatch
         "Rome waved 0.",
     ]
     assert [task.label_text(task.output.example_label(r)) for r in hub] == [[1], [1], [2]]
-    monkeypatch.undo()  # (local files are read through datasets too)
     (tmp_path / "ReCoRD" / "val.jsonl").write_text(json.dumps({"idx": 0, "passage": {"text": "p"}}) + "\n")
     with pytest.raises(
         TaskDataError, match=r"val.jsonl, line 1 has no field 'entities' \(task 'record'\)\.$"
@@ -156,22 +146,9 @@ def test_fit_on_the_release_files_then_predict_and_the_classifier_agree(tmp_path
     (tmp_path / "ReCoRD").mkdir()
     for name, records in (("train", train), ("val", val), ("test", [release(11, queries=3)])):
         (tmp_path / "ReCoRD" / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    args = common_args(TASKS / "superglue" / "record.yaml", tokenizer_dir, tmp_path)
-    main(
-        [
-            "fit",
-            *args,
-            "--trainer.max_epochs=2",
-            "--model.lr=1e-2",
-            f"--model.predictions_dir={tmp_path / 'p'}",
-        ]
-    )
+    card = TASKS / "superglue" / "record.yaml"
+    logged, last = fit_and_last_validation(card, tokenizer_dir, tmp_path)
     assert "validation/exact_match" in capsys.readouterr().out
-    logged = [
-        line.split(",") for line in next((tmp_path / "runs").rglob("metrics.csv")).read_text().splitlines()
-    ]
-    last_logged = [row for row in logged[1:] if row[logged[0].index("validation/f1")]][-1]
-    last = next((tmp_path / "runs").rglob("last.ckpt"))
     clf = Classifier.from_checkpoint(last)
     task = clf.task
     examples = list(examples_split(task, "validation", tmp_path))
@@ -182,7 +159,7 @@ def test_fit_on_the_release_files_then_predict_and_the_classifier_agree(tmp_path
     chosen = [credits([p["label"]], task.candidates_and_answers(e)[1]) for p, e in zip(predicted, examples)]
     for name, k in (("exact_match", 0), ("f1", 1)):
         want = sum(c[k][0] for c in chosen) / len(chosen)
-        assert float(last_logged[logged[0].index(f"validation/{name}")]) == pytest.approx(want)
+        assert float(logged[f"validation/{name}"]) == pytest.approx(want)
 
     main(["predict", f"--ckpt_path={last}", f"--data.data_dir={tmp_path}",
           "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path}",
