@@ -205,6 +205,15 @@ class Answers(MultipleChoice):
     def text_fields(self) -> list[str]:
         return [*super().text_fields(), *self.group_by]
 
+    def texts(self, example: dict[str, Any]) -> list[str]:
+        value = example.get(self.choices)
+        if listed(value) and len(value) > self.max_choices:
+            raise TaskDataError(
+                f"field {self.choices!r} holds {len(value)} answers to one question, more than the card's "
+                f"max_answers {self.max_choices}: raise it."
+            )
+        return super().texts(example)
+
     def answers(self, example: dict[str, Any]) -> list[str]:
         """The question's answers, as the card reads them."""
         return self.context_and_choices(example)[1]
@@ -238,7 +247,7 @@ class Answers(MultipleChoice):
                         f"an answer to the same question ({question}): `group_by` must name a question."
                     )
                 group[answers].append(row[answers])
-                group[label].append(row.get(label))
+                group[label].append(verdict_text(row.get(label)))
         return [group for group, _ in groups.values()], [first for _, first in groups.values()]
 
     def encode(self, example, tokens, specials, max_length):
@@ -248,6 +257,11 @@ class Answers(MultipleChoice):
 
     def sequence_roles(self, encoded):  # each answer judged on its own
         return None
+
+
+def verdict_text(value: Any) -> str | None:
+    """A verdict as a text (true, 1 and "yes" alike in one column: a table holds one type)."""
+    return None if value is None else str(value)
 
 
 def listed(value: Any) -> bool:
@@ -320,7 +334,7 @@ class MultiRC(Answers):
                 paragraph: passage["text"],
                 question: asked["question"],
                 self.choices: given["text"],
-                self.label: given.get("label"),
+                self.label: verdict_text(given.get("label")),
                 "idx": {
                     "paragraph": row.get("idx"),
                     "question": asked.get("idx"),

@@ -157,7 +157,7 @@ class MultipleChoice(TaskAdapter):
             if not isinstance(choices, (list, tuple)) or not 1 <= len(choices) <= self.max_choices:
                 raise TaskDataError(
                     f"field {self.choices!r} must hold a list of 1 to {self.max_choices} choices, "
-                    f"got {choices!r}."
+                    f"got {short_repr(choices)}."
                 )
             texts = [strip(field_text(c, self.choices)) for c in choices]
         else:

@@ -132,7 +132,7 @@ class Classifier:
         encoded = self.task.encode_examples(
             unlabelled, self.tokenizer, self.specials, self.max_length, where=where
         )
-        names = [self.task.output.row_names(example) for example in examples]  # a row's own choices'
+        names = [self.task.output.row_names(example) for example in unlabelled]  # a row's own choices'
         return [
             {**enc.fields(), "label": None, "index": i, "cut": enc.cut, "names": names[i]}
             for i, enc in enumerate(encoded)

@@ -16,7 +16,7 @@ from gpt_ft.adapters import Answers, MultiRC, TaskDataError
 from gpt_ft.adapters.answers import answer_metric_values
 from gpt_ft.adapters.cards import load_card
 from gpt_ft.cli import main
-from gpt_ft.data.files import examples_split
+from gpt_ft.data.files import examples_split, labelled_rows
 from gpt_ft.data.tokenizer import SpecialTokenIds
 from gpt_ft.errors import CardError
 from tests.helpers import TASKS, fit_and_last_validation, read_alike
@@ -139,6 +139,33 @@ def test_the_hubs_rows_and_the_releases_records_are_the_same_questions(monkeypat
         TaskDataError, match=r"val.jsonl, line 1 has no field 'questions' \(task 'multirc'\)\.$"
     ):
         examples_split(task, "validation", tmp_path)
+
+
+def test_a_release_files_verdicts_of_several_types_are_read_and_a_bad_one_named_by_its_line(tmp_path):
+    """JSON's true on one line and 1 on the next are one column's verdicts (Arrow holds one type); a
+    verdict that is none is named by the record's line, as too many answers are."""
+    task = load_card(TASKS / "superglue" / "multirc.yaml")
+    (tmp_path / "MultiRC").mkdir()
+    path = tmp_path / "MultiRC" / "val.jsonl"
+    path.write_text(
+        json.dumps(release(0, True, False, True)) + "\n" + json.dumps(release(1, 0, 1, "-1")) + "\n"
+    )
+    read = examples_split(task, "validation", tmp_path)
+    labels = [task.output.example_label(r) for r in read]
+    assert [label[:2] for label in labels[:3]] == [[1, 0], [1, NAN], [0, 1]] and labels[3] is None
+    path.write_text(json.dumps(release(0, 1, 0, 1)) + "\n" + json.dumps(release(1, 0, "maybe", 1)) + "\n")
+    with pytest.raises(
+        TaskDataError, match=r"val.jsonl, line 2: verdict 'maybe' in field 'label' is none of "
+    ):
+        labelled_rows(task, "validation", tmp_path)
+    many = release(2, *[1] * 34, texts=[[f"a{k}" for k in range(33)], ["b"]])
+    path.write_text(json.dumps(many) + "\n")
+    with pytest.raises(TaskDataError) as error:
+        labelled_rows(task, "validation", tmp_path)
+    assert str(error.value).endswith(
+        "val.jsonl, line 1: field 'answer' holds 33 answers to one question, more than the card's "
+        "max_answers 32: raise it."
+    )
 
 
 def test_fit_on_the_release_files_then_predict_label_and_export_agree(tmp_path, tokenizer_dir, capsys):

@@ -167,3 +167,6 @@ def test_fit_on_the_release_files_then_predict_and_the_classifier_agree(tmp_path
     lines = (tmp_path / "p" / "record-test.tsv").read_text().splitlines()
     test_predicted = clf.predict(list(examples_split(task, "test", tmp_path)))
     assert lines == ["index\tprediction"] + [f"{i}\t{p['label']}" for i, p in enumerate(test_predicted)]
+    # A release record of one query is read as its hub row is (its candidates, the passage's entities)
+    assert clf.predict([release(12)]) == clf.predict(hub_rows(release(12)))
+    assert list(clf.predict([release(12)])[0]["scores"]) == entities
