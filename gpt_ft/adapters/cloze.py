@@ -136,8 +136,6 @@ class ClozeOutput(ChoiceOutput):
 class Cloze(MultipleChoice):
     """A query's placeholder filled by each candidate (see the module docstring)."""
 
-    choices_in_examples = False  # several right candidates, scored by text: zero-shot scoring is not built
-
     def __init__(
         self,
         *,

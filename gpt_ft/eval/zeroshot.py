@@ -4,6 +4,8 @@
   (`accuracy`) or divided by the choice's length in characters (`accuracy_norm`): the `acc` and
   `acc_norm` of lm-evaluation-harness.
 - Fill-in (WinoGrande): the option after which the rest of the sentence is likeliest.
+- Cloze (ReCoRD): the likeliest query, each candidate in its placeholder, after the passage, scored
+  by the task's own metrics of the candidate chosen (`f1`, `exact_match`; `_norm`, `_token`).
 - GPT-1's heuristics (§5, "Zero-shot behaviors"), for single-text classification:
   - verbalizers: append a suffix (SST-2: " very"), or write the fields into a template (BoolQ),
     and pick the label whose word (" negative", " positive") is likelier next;
@@ -147,7 +149,8 @@ class ZeroShotScorer:
         self, task: TaskAdapter, rows: list[dict[str, Any]], split: str = ""
     ) -> dict[str, float]:
         """accuracy (summed log-likelihood), accuracy_norm (per character of the choice) and
-        accuracy_token (per token: GPT-1's §5 rule for RACE)."""
+        accuracy_token (per token: GPT-1's §5 rule for RACE); for a cloze, its metrics of the
+        choices each rule picks (`f1`, `f1_norm`, `f1_token`, ...)."""
         requests, spans, labels = [], [], []
         n_ctx = self.gpt.config.n_positions
         for number, row in enumerate(rows, 1):
@@ -176,19 +179,33 @@ class ZeroShotScorer:
             tokens = [scored_tokens(len(c), len(t), n_ctx) for c, t in requests[start:]]
             spans.append((start, len(pairs), chars, tokens))
             labels.append(_label(task, row))
-            if labels[-1] >= len(pairs):  # (fine-tuning refuses it alike)
+            if isinstance(labels[-1], int) and labels[-1] >= len(pairs):  # (fine-tuning refuses it alike)
                 raise TaskDataError(
                     f"task {task.name!r}: {_where(split)}example {number}'s label "
                     f"{row.get(task.label)!r} points past its {len(pairs)} choices."
                 )
         scores = self.logprobs(requests)
-        right = {"accuracy": 0, "accuracy_norm": 0, "accuracy_token": 0}
-        for (start, n, chars, tokens), label in zip(spans, labels):
+        chosen: dict[str, list[int]] = {"accuracy": [], "accuracy_norm": [], "accuracy_token": []}
+        for start, n, chars, tokens in spans:
             s = scores[start : start + n]
-            right["accuracy"] += _argmax(s) == label
-            right["accuracy_norm"] += _argmax([v / c for v, c in zip(s, chars)]) == label
-            right["accuracy_token"] += _argmax([v / t for v, t in zip(s, tokens)]) == label
-        return {name: count / len(rows) for name, count in right.items()}
+            chosen["accuracy"].append(_argmax(s))
+            chosen["accuracy_norm"].append(_argmax([v / c for v, c in zip(s, chars)]))
+            chosen["accuracy_token"].append(_argmax([v / t for v, t in zip(s, tokens)]))
+        if isinstance(
+            labels[0], list
+        ):  # each choice's credits (a cloze's): the task's metrics of each rule's
+            gold, rules = (
+                torch.tensor(labels),
+                {"accuracy": "", "accuracy_norm": "_norm", "accuracy_token": "_token"},
+            )
+            return {
+                name + rules[rule]: float(value)
+                for rule, picked in chosen.items()
+                for name, value in task.metric_values(torch.tensor(picked), gold).items()
+            }
+        return {
+            rule: sum(p == y for p, y in zip(picked, labels)) / len(rows) for rule, picked in chosen.items()
+        }
 
     def verbalizers(self, task: TaskAdapter, spec: ZeroShot, rows: list[dict[str, Any]]) -> Tensor:
         """Predicted label ids: the likeliest verbalizer after text + suffix."""
@@ -315,11 +332,12 @@ def score(
     return evaluate(task, scorer, load_rows, spec)
 
 
-def _label(task: TaskAdapter, row: dict[str, Any]) -> int:
+def _label(task: TaskAdapter, row: dict[str, Any]) -> int | list[float]:
+    """The row's label: a class or choice id, or each choice's credits (a cloze's)."""
     label = task.output.example_label(row)
     if label is None:
         raise TaskDataError(f"task {task.name!r}: zero-shot evaluation needs labelled examples.")
-    return int(label)
+    return label if isinstance(label, list) else int(label)
 
 
 def _argmax(values: list[float]) -> int:

@@ -170,3 +170,37 @@ def test_fit_on_the_release_files_then_predict_and_the_classifier_agree(tmp_path
     # A release record of one query is read as its hub row is (its candidates, the passage's entities)
     assert clf.predict([release(12)]) == clf.predict(hub_rows(release(12)))
     assert list(clf.predict([release(12)])[0]["scores"]) == entities
+
+
+def test_zero_shot_scores_the_candidate_each_rule_picks_by_its_credits(tokenizer_dir):
+    """The query filled by each candidate is scored after the passage (as lm-evaluation-harness
+    scores ReCoRD's, its rendering aside); each rule's pick is scored by ReCoRD's own metrics."""
+    from gpt_ft.data.tokenizer import load_tokenizer
+    from gpt_ft.eval.zeroshot import ZeroShotScorer, evaluate
+    from tests.eval.test_zeroshot import unigram_gpt
+
+    tok = load_tokenizer(tokenizer_dir, add_specials=False)
+    ids = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    task = load_card(TASKS / "superglue" / "record.yaml")
+    rows = hub_rows(release(0, "Rome"))
+    scorer = ZeroShotScorer(unigram_gpt(len(tok), torch.zeros(len(tok))), tok)
+    asked = []
+    # summed, Bob's query is likeliest; per character ("Rome waved 0." is the longest), Rome's
+    scorer.logprobs = lambda requests: asked.extend(requests) or [-3.0, -2.0, -2.1]
+    got = evaluate(task, scorer, lambda split: rows)
+    passage = task.texts(rows[0])[0]
+    lead = scorer.start or []
+    assert [request[0] for request in asked] == [lead + ids(passage.rstrip())] * 3
+    assert [request[1] for request in asked] == [
+        ids(f"{passage.rstrip()}\n {e} waved 0.")[len(ids(passage.rstrip())) :]
+        for e in ("Ann", "Bob", "Rome")
+    ]
+    per_token = max(range(3), key=lambda k: [-3.0, -2.0, -2.1][k] / len(asked[k][1]))
+    assert got == {
+        "validation/f1": 0.0,
+        "validation/exact_match": 0.0,
+        "validation/f1_norm": 1.0,
+        "validation/exact_match_norm": 1.0,
+        "validation/f1_token": float(per_token == 2),
+        "validation/exact_match_token": float(per_token == 2),
+    }

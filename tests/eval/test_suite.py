@@ -9,6 +9,7 @@ import re
 import signal
 import statistics
 import zipfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -1007,15 +1008,14 @@ def test_a_trainer_given_plugins_still_writes_checkpoints_whole(tmp_path, tokeni
     assert type(trainer.strategy.checkpoint_io) is TorchCheckpointIO
 
 
-def test_the_commonsense_suite_scores_every_task_zero_shot(tmp_path, tokenizer_dir, capsys):
-    """configs/suites/commonsense.yaml on each card's own files (tests/data/test_files.py's): every
-    multiple-choice and fill-in card by its choices' likelihoods, BoolQ by its verbalizers."""
+def zero_shot_suite(suite: Path, tmp_path: Path, tokenizer_dir: str) -> dict:
+    """`gpt-ft suite SUITE --fine_tune false --zero_shot true` on each card's own files
+    (tests/data/test_files.py's validation splits) with a tiny untrained model: its results."""
     from gpt_ft.adapters.cards import load_card
     from gpt_ft.data.layout import split_file
     from tests.data.test_files import FIXTURES, LABEL_FILES
 
-    spec = load_suite(ROOT / "configs/suites/commonsense.yaml")
-    for entry in spec.tasks:
+    for entry in load_suite(suite).tasks:
         task, card = load_card(entry.card), os.path.relpath(entry.card, ROOT / "tasks").removesuffix(".yaml")
         for split in task.validation_splits:
             text = FIXTURES[card][split][0]
@@ -1029,10 +1029,15 @@ def test_the_commonsense_suite_scores_every_task_zero_shot(tmp_path, tokenizer_d
     GPT(config).to_hf().save_pretrained(tmp_path / "pre")
     tok.save_pretrained(tmp_path / "pre")
     out = tmp_path / "out"
-    suite, pre, data = ROOT / "configs/suites/commonsense.yaml", tmp_path / "pre", tmp_path / "data"
-    main(["suite", str(suite), f"--out_dir={out}", f"--init_from={pre}", "--fine_tune=false",
-          "--zero_shot=true", f"--data_dir={data}"])  # fmt: skip
-    results = json.loads((out / "results.json").read_text())
+    main(["suite", str(suite), f"--out_dir={out}", f"--init_from={tmp_path / 'pre'}", "--fine_tune=false",
+          "--zero_shot=true", f"--data_dir={tmp_path / 'data'}"])  # fmt: skip
+    return json.loads((out / "results.json").read_text())
+
+
+def test_the_commonsense_suite_scores_every_task_zero_shot(tmp_path, tokenizer_dir, capsys):
+    """configs/suites/commonsense.yaml: every multiple-choice and fill-in card by its choices'
+    likelihoods, BoolQ by its verbalizers."""
+    results = zero_shot_suite(ROOT / "configs/suites/commonsense.yaml", tmp_path, tokenizer_dir)
     names = [
         "hellaswag",
         "winogrande",
@@ -1049,3 +1054,20 @@ def test_the_commonsense_suite_scores_every_task_zero_shot(tmp_path, tokenizer_d
     for name in names:
         score = results["tasks"][name]["metrics"]["validation/accuracy"]["zero_shot"]
         assert score in (0.0, 100.0), name  # one example each
+
+
+def test_the_superglue_suite_scores_boolq_copa_and_record_zero_shot(tmp_path, tokenizer_dir, capsys):
+    """configs/suites/superglue.yaml: ReCoRD by its filled queries' likelihoods and its own metrics,
+    COPA by its choices', BoolQ by its verbalizers; the others have no method, each said."""
+    results = zero_shot_suite(ROOT / "configs/suites/superglue.yaml", tmp_path, tokenizer_dir)
+    out = capsys.readouterr().out
+    for name in ("cb", "multirc", "rte", "wic", "wsc"):
+        assert f"zero-shot: {name} has no method" in out
+    metrics = {name: results["tasks"][name]["metrics"] for name in ("boolq", "copa", "record")}
+    assert metrics["boolq"]["validation/accuracy"]["zero_shot"] in (0.0, 100.0)
+    assert metrics["copa"]["validation/accuracy"]["zero_shot"] in (0.0, 100.0)
+    assert metrics["record"]["validation/f1"]["zero_shot"] in (0.0, 100.0)  # one query: its pick's credit
+    assert (
+        metrics["record"]["validation/exact_match"]["zero_shot"]
+        == metrics["record"]["validation/f1"]["zero_shot"]
+    )
