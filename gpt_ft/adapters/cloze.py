@@ -182,10 +182,14 @@ class Cloze(MultipleChoice):
         """The row's candidates, each once in the order they first come, and its answers."""
         value = example.get(self.choices)
         value = value.tolist() if hasattr(value, "tolist") else value
-        if not isinstance(value, (list, tuple)) or not 1 <= len(value) <= self.max_choices:
+        if not isinstance(value, (list, tuple)) or not value:
             raise TaskDataError(
-                f"field {self.choices!r} must hold a list of 1 to {self.max_choices} candidates "
-                f"(max_candidates), got {short_repr(value)}."
+                f"field {self.choices!r} must hold a list of candidates, got {short_repr(value)}."
+            )
+        if len(value) > self.max_choices and len(set(map(str, value))) > self.max_choices:
+            raise TaskDataError(
+                f"field {self.choices!r} holds {len(set(map(str, value)))} candidates, more than the card's "
+                f"max_candidates {self.max_choices}: raise it."
             )
         candidates = list(
             dict.fromkeys(needed_text(v, self.choices, "a candidate needs a text") for v in value)

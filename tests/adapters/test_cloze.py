@@ -49,10 +49,15 @@ def test_literal_layout_a_sequence_per_candidate_each_once_the_passage_shared():
         TaskDataError, match=r"^field 'query' holds no placeholder '@placeholder': 'Ann won\.'\.$"
     ):
         task.texts({**row, "query": "Ann won."})
-    with pytest.raises(
-        TaskDataError, match=r"must hold a list of 1 to 4 candidates \(max_candidates\), got \[\]"
-    ):
+    with pytest.raises(TaskDataError, match=r"^field 'entities' must hold a list of candidates, got \[\]\.$"):
         task.texts({**row, "entities": []})
+    assert len(task.texts({**row, "entities": list("abcd") * 2})) == 5  # 8 named, 4 candidates
+    with pytest.raises(TaskDataError) as error:
+        task.texts({**row, "entities": list("abcde")})
+    assert (
+        str(error.value)
+        == "field 'entities' holds 5 candidates, more than the card's max_candidates 4: raise it."
+    )
     with pytest.raises(CardError, match=r"a cloze task takes no `labels`"):
         Cloze(name="c", labels=["a", "b"])
 
