@@ -253,8 +253,6 @@ class GPTModule(Evaluation, LightningModule):
             new_tokens=new_tokens,
         )
         self.lora, self.init_from = lora, init_from
-        # A LoRA checkpoint holds the trained weights only; the frozen ones come from init_from.
-        self.strict_loading = lora is None
         self.task, self.lm_coef = task, lm_coef
         self.temperature = 1.0  # gpt-ft calibrate's: divides the logits before probabilities
         config = self.gpt.config
@@ -313,10 +311,12 @@ class GPTModule(Evaluation, LightningModule):
             saved.class_weights = self.head.class_weights.tolist()
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """A checkpoint of another shape is named in one sentence, not a page of size mismatches."""
+        """A checkpoint of another shape is named in one sentence, not a page of size mismatches; a
+        LoRA run's, which leaves out the frozen base weights, loads them as this module has them."""
         loaded, config = Checkpoint(checkpoint), self.gpt.config
         where = getattr(attached_trainer(self), "ckpt_path", None) or "The checkpoint"
         check_lora_resume(loaded, self.lora, where, self.gpt)
+        loaded.state = {**self.state_dict(), **loaded.state} if self.lora is not None else loaded.state
         check_same_tokenizer(loaded, getattr(attached_trainer(self), "datamodule", None), where)
         fitting = getattr(getattr(attached_trainer(self), "state", None), "fn", None) == "fit"
         if fitting:  # its optimizer state is read: the other optimizer's does not fit

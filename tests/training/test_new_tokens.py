@@ -2,6 +2,8 @@
 tokens in those roles (start: beginning of text, delim: newline, extract: end of text), the default
 for the Llama family's weights."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -164,6 +166,19 @@ def test_a_lora_run_on_a_released_table_is_read_again_from_its_checkpoint(tmp_pa
     capsys.readouterr()
     main(["validate", "--ckpt_path=last", logs, "--trainer.enable_progress_bar=false"])
     assert "validation/accuracy" in capsys.readouterr().out
+    # In Python, as Lightning loads a module: the frozen base weights the checkpoint leaves out are
+    # the module's own (init_from's), without a warning listing each one as missing
+    from gpt_ft.adapters.cards import load_card
+
+    last = next((tmp_path / "runs").rglob("last.ckpt"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        m = GPTModule.load_from_checkpoint(last, task=load_card(card))
+    assert not [w for w in caught if "state dict" in str(w.message) or "missing" in str(w.message).lower()]
+    stored = Checkpoint(torch.load(last, weights_only=False)).state
+    assert all(torch.equal(m.state_dict()[k], v) for k, v in stored.items()) and len(stored) < len(
+        m.state_dict()
+    )
     saved = Checkpoint({})
     saved.adapters = Adapters.of(LoRA(rank=2, targets=list(TARGETS)[:2]), base="b", new_tokens_from=0)
     check_lora_resume(saved, LoRA(rank=2, targets=list(TARGETS)[:2][::-1]), "last.ckpt")
