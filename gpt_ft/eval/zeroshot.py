@@ -191,15 +191,10 @@ class ZeroShotScorer:
             chosen["accuracy"].append(_argmax(s))
             chosen["accuracy_norm"].append(_argmax([v / c for v, c in zip(s, chars)]))
             chosen["accuracy_token"].append(_argmax([v / t for v, t in zip(s, tokens)]))
-        if isinstance(
-            labels[0], list
-        ):  # each choice's credits (a cloze's): the task's metrics of each rule's
-            gold, rules = (
-                torch.tensor(labels),
-                {"accuracy": "", "accuracy_norm": "_norm", "accuracy_token": "_token"},
-            )
+        if isinstance(labels[0], list):  # each choice's credits (a cloze's): the task's own metrics
+            gold = torch.tensor(labels)  # of each rule's picks: f1, f1_norm, f1_token, ...
             return {
-                name + rules[rule]: float(value)
+                name + rule.removeprefix("accuracy"): float(value)
                 for rule, picked in chosen.items()
                 for name, value in task.metric_values(torch.tensor(picked), gold).items()
             }
