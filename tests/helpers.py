@@ -47,6 +47,13 @@ def fit_and_last_validation(card: Path, tokenizer_dir: str, root: Path, *more: s
     return validated[-1], next((root / "runs").rglob("last.ckpt"))
 
 
+def write_release(folder: Path, splits: dict[str, list[dict]]) -> None:
+    """A release's JSON-lines files, `folder/{split}.jsonl`, a record a line."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, records in splits.items():
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
 def read_alike(task, monkeypatch, path: Path, records: list[dict], hub_rows) -> list[dict]:
     """The validation split of a release's `records` (written to `path`, under the card's folder) and
     of the hub's rows they make (`hub_rows(record)`), asserted the same examples: the hub's."""
@@ -54,8 +61,7 @@ def read_alike(task, monkeypatch, path: Path, records: list[dict], hub_rows) -> 
 
     from gpt_ft.data.files import examples_split
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    write_release(path.parent, {path.stem: records})
     released = examples_split(task, "validation", path.parent.parent)
     rows = [row for record in records for row in hub_rows(record)]
     with monkeypatch.context() as patched:

@@ -19,7 +19,7 @@ from gpt_ft.cli import main
 from gpt_ft.data.files import examples_split, labelled_rows
 from gpt_ft.data.tokenizer import SpecialTokenIds
 from gpt_ft.errors import CardError
-from tests.helpers import TASKS, fit_and_last_validation, read_alike
+from tests.helpers import TASKS, fit_and_last_validation, read_alike, write_release
 
 SPECIALS = SpecialTokenIds(start=1, delim=2, extract=3, pad=0, eos=None)
 NAN = math.nan
@@ -180,9 +180,7 @@ def test_fit_on_the_release_files_then_predict_label_and_export_agree(tmp_path, 
     train = [release(i, *[(i + k) % 2 for k in range(5)], texts=texts) for i in range(6)]
     val = [release(9, 1, 0, 0, 1, 1, texts=texts), release(10, 0, 1, 1, 0, 0, texts=texts)]
     test = [release(11, texts=texts)]
-    (tmp_path / "MultiRC").mkdir()
-    for name, records in (("train", train), ("val", val), ("test", test)):
-        (tmp_path / "MultiRC" / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    write_release(tmp_path / "MultiRC", {"train": train, "val": val, "test": test})
     card = TASKS / "superglue" / "multirc.yaml"
     logged, last = fit_and_last_validation(card, tokenizer_dir, tmp_path)
     assert "validation/exact_match" in capsys.readouterr().out

@@ -18,7 +18,7 @@ from gpt_ft.cli import main
 from gpt_ft.data.files import examples_split
 from gpt_ft.data.tokenizer import SpecialTokenIds
 from gpt_ft.errors import CardError
-from tests.helpers import TASKS, fit_and_last_validation, read_alike
+from tests.helpers import TASKS, fit_and_last_validation, read_alike, write_release
 
 SPECIALS = SpecialTokenIds(start=1, delim=2, extract=3, pad=0, eos=None)
 NAN = math.nan
@@ -148,9 +148,7 @@ def test_fit_on_the_release_files_then_predict_and_the_classifier_agree(tmp_path
 
     train = [release(i, ["Ann", "Bob", "Rome"][i % 3], queries=2) for i in range(4)]
     val = [release(9, "Ann", queries=2), release(10, "Bob", "bob")]
-    (tmp_path / "ReCoRD").mkdir()
-    for name, records in (("train", train), ("val", val), ("test", [release(11, queries=3)])):
-        (tmp_path / "ReCoRD" / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    write_release(tmp_path / "ReCoRD", {"train": train, "val": val, "test": [release(11, queries=3)]})
     card = TASKS / "superglue" / "record.yaml"
     logged, last = fit_and_last_validation(card, tokenizer_dir, tmp_path)
     assert "validation/exact_match" in capsys.readouterr().out
