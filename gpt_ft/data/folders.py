@@ -234,9 +234,10 @@ def written_whole(out: Path) -> Iterator[Path]:
                 shutil.move(str(item), out / item.name)
 
 
-def check_tokenizer_files(directory: Path) -> None:
+def check_tokenizer_files(directory: Path, error: Exception | None = None) -> None:
     """Where a tokenizer folder cannot be loaded: the first JSON file that does not parse, named
-    with its line, or a folder of settings alone (tokenizer_config.json copied without the rest)."""
+    with its line, a folder of settings alone (tokenizer_config.json copied without the rest), or
+    a tokenizer.json these libraries cannot read (`error`, theirs: written by a newer tokenizers)."""
     from gpt_ft.data.file_faults import utf8_problem  # (it imports the adapters: torch)
 
     for path in sorted(directory.glob("*.json")):
@@ -252,4 +253,17 @@ def check_tokenizer_files(directory: Path) -> None:
         raise ValueError(
             f"{directory} holds no vocabulary to load (tokenizer.json, vocab.json + merges.txt or a "
             "SentencePiece model), only its settings: copy the whole tokenizer folder."
+        )
+    if (
+        error is not None
+        and not isinstance(error, (ValueError, OSError))
+        and (directory / "tokenizer.json").is_file()
+    ):
+        import tokenizers
+        import transformers
+
+        raise ValueError(
+            f"{directory / 'tokenizer.json'} is no tokenizer transformers {transformers.__version__} and "
+            f"tokenizers {tokenizers.__version__} can read ({type(error).__name__}: {error}): a newer "
+            "tokenizers' file, or a damaged one."
         )

@@ -297,8 +297,8 @@ def _load_local_dir(directory: Path) -> PreTrainedTokenizerBase:
     if any((directory / f).is_file() for f in TOKENIZER_FILES):
         try:
             return AutoTokenizer.from_pretrained(str(directory), trust_remote_code=False)
-        except (ValueError, OSError):  # transformers' words: the broken file (config.json too) named instead
-            check_tokenizer_files(directory)
+        except Exception as error:  # transformers' words: the broken file (config.json too) named instead
+            check_tokenizer_files(directory, error)
             if not bpe or (directory / "tokenizer.json").is_file():
                 raise  # else a tokenizer_config.json naming no class (openai-gpt's, gpt2's): the BPE files
     if bpe:

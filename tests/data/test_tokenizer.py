@@ -349,6 +349,23 @@ def test_a_tokenizer_folder_with_a_broken_json_file_names_it(trained_dir: Path, 
     ):
         load_tokenizer(broken)
     (broken / "config.json").unlink()
+    for (
+        text,
+        error,
+    ) in (  # JSON, but no tokenizer these libraries read: a newer tokenizers' model, a part missing
+        (
+            '{"version": "1.0", "added_tokens": [], "model": {"type": "FancyNew"}}',
+            "Exception: data did not match",
+        ),
+        ('{"version": "1.0", "model": {"type": "BPE"}}', "KeyError: 'added_tokens'"),
+    ):
+        (broken / "tokenizer.json").write_text(text)
+        with pytest.raises(ValueError) as caught:
+            load_tokenizer(broken)
+        assert str(caught.value).startswith(f"{broken / 'tokenizer.json'} is no tokenizer transformers ")
+        assert error in str(caught.value) and str(caught.value).endswith(
+            "a newer tokenizers' file, or a damaged one."
+        )
     (broken / "tokenizer.json").unlink()  # its settings copied alone: transformers asked for packages
     with pytest.raises(ValueError, match=rf"^{re.escape(str(broken))} holds no vocabulary to load \("):
         load_tokenizer(broken)
