@@ -10,6 +10,7 @@ hundred examples a pretrained model can match one trained from scratch on many t
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -143,11 +144,14 @@ def _points(path: str | Path, task: str, points: Any) -> Values:
         if not isinstance(seeds, dict):
             raise ValueError(f"{where}, size {size}: expected {{SEED: SCORE}}, got {seeds!r}.")
         for seed, score in seeds.items():
-            if not seed.isdigit() or not (score is None or isinstance(score, (int, float))):
+            number = isinstance(score, (int, float)) and not isinstance(score, bool)
+            if not seed.isdigit() or not (score is None or number):
                 raise ValueError(
                     f"{where}, size {size}: seed {seed!r} with score {score!r} is not SEED: SCORE."
                 )
-        values[None if size == "all" else int(size)] = {int(k): v for k, v in seeds.items()}
+        # NaN or Infinity (JSON's, as Python writes a correlation of constant predictions): undefined
+        defined = {int(k): v if v is None or math.isfinite(v) else None for k, v in seeds.items()}
+        values[None if size == "all" else int(size)] = defined
     return values
 
 

@@ -84,7 +84,8 @@ def results_markdown(results: dict[str, Any]) -> str:
     seeds = config["seeds"]
     start = f"`{config['init_from']}`" if config["init_from"] else "scratch"
     scores = [stats for item in results["tasks"].values() for stats in item["metrics"].values()]
-    if any(stats.get("seeds") for stats in scores) or not any("zero_shot" in stats for stats in scores):
+    fitted = config.get("fine_tune", True)  # (results of earlier versions: fine-tuned)
+    if fitted and (any(stats.get("seeds") for stats in scores) or not any("zero_shot" in s for s in scores)):
         what = (
             f"Fine-tuned from {start}, {len(seeds)} seed(s) ({', '.join(map(str, seeds))}), scores in "
             f"percent on the validation splits (a margin as it is), the model at the {config['select']} "
@@ -97,7 +98,7 @@ def results_markdown(results: dict[str, Any]) -> str:
     if config.get("rows"):
         lines += [f"Rows (each with its own fit arguments, in results.json): {', '.join(config['rows'])}; "
                   "the table's scores are the first row's.", ""]  # fmt: skip
-    if any(item["metrics"] for item in results["tasks"].values()):
+    if any(item["metrics"] for item in results["tasks"].values()) or results.get("score") is not None:
         lines += ["| task | metric | fine-tuned | zero-shot | GPT-1 paper |", "|---|---|---|---|---|"]
     for name, item in results["tasks"].items():
         for key, stats in item["metrics"].items():
@@ -227,9 +228,17 @@ def curves_markdown(tasks: dict[str, Any]) -> list[str]:
             target = f"{saved['against']}'s {saved['target']:.1f} at {saved['target_examples']} examples"
             if saved["examples"] is None:
                 lines += ["", f"{name}: {saved['row']} never reaches {target} in the sizes measured.", ""]
-            else:
+            else:  # (a second row measured on fewer sizes: the first may need more labels than it)
+                ratio = saved["ratio"]
+                labels = (
+                    f"{ratio:.1f}× fewer"
+                    if ratio > 1
+                    else f"{1 / ratio:.1f}× more"
+                    if ratio < 1
+                    else "as many"
+                )
                 lines += ["", f"{name}: {saved['row']} reaches {target} with {saved['examples']} "
-                          f"({saved['ratio']:.1f}× fewer labels).", ""]  # fmt: skip
+                          f"({labels} labels).", ""]  # fmt: skip
     return lines
 
 

@@ -360,7 +360,7 @@ class SuiteRunner:
                   "data_dir": {k or "*": v for k, v in self.data_dirs.items()}, "seeds": self.seeds,
                   "select": self.select, "fit_args": self.fit_args, "transfer_layers": self.transfer_layers,
                   "rows": self.spec.rows, "train_sizes": ["all" if s is None else s for s in self.sizes],
-                  "min_steps": self.spec.min_steps}  # fmt: skip
+                  "min_steps": self.spec.min_steps, "fine_tune": self.fine_tune}  # fmt: skip
         results = {"suite": self.spec.name, "config": config, "tasks": tasks}
         if self.spec.score is not None:
             results["score"] = benchmark_score(self.spec.score, tasks)

@@ -126,6 +126,19 @@ def test_results_markdown_by_hand():
         "values are test-set scores (Radford et al., 2018)."
     )
     assert "| sent | acc |  | 61.0 |  |" in lines
+    # Zero-shot alone, every task without a method (skipped): still a zero-shot pass, its score row
+    # under the table's header
+    skipped = {
+        **one_seed,
+        "config": {**one_seed["config"], "fine_tune": False},
+        "tasks": {"wic": {"metrics": {}}},
+    }
+    skipped["score"] = {"name": "SuperGLUE score", "tasks": {}, "missing": ["wic"], "value": None,
+                        "paper": None, "zero_shot": None, "zero_shot_tasks": {}}  # fmt: skip
+    lines = results_markdown(skipped).splitlines()
+    assert lines[2].startswith("Zero-shot scores of `pre`, not fine-tuned")
+    assert lines[4:] == ["| task | metric | fine-tuned | zero-shot | GPT-1 paper |", "|---|---|---|---|---|",
+                         "| **SuperGLUE score** (0 of 1 tasks; missing wic) | mean |  |  |  |"]  # fmt: skip
 
 
 def test_results_are_written_whole(tmp_path):

@@ -755,6 +755,24 @@ def test_a_baseline_file_that_is_not_a_curve_is_named(tmp_path, text, words):
         read_baselines([path], [])
 
 
+def test_a_baselines_nan_or_infinity_is_an_undefined_score(tmp_path):
+    """A correlation of constant predictions, as Python's json writes it (NaN): read as undefined, as
+    the suite's own runs are; it stopped the suite when the table was written, after every run."""
+    from gpt_ft.eval.curves import baseline_curves, read_baselines
+
+    path = tmp_path / "b.json"
+    path.write_text(
+        '{"name": "TF-IDF", "tasks": {"sst2": {"100": {"0": NaN, "1": 60.0}, "all": {"0": Infinity}}}}'
+    )
+    read = read_baselines([path], [None])
+    assert read == {"TF-IDF": {"sst2": {100: {0: None, 1: 60.0}, None: {0: None}}}}
+    points = baseline_curves(read, "sst2", [100, None], [0, 1], lambda: 1000)["TF-IDF"]
+    assert (points["100"]["mean"], points["100"]["std"], points["all"]["mean"]) == (60.0, None, None)
+    path.write_text('{"name": "TF-IDF", "tasks": {"sst2": {"100": {"0": true}}}}')
+    with pytest.raises(ValueError, match="seed '0' with score True is not SEED: SCORE"):
+        read_baselines([path], [None])
+
+
 def test_a_size_beyond_the_split_counts_the_examples_it_trained_on():
     """RTE's 2,490 training rows at a size of 3,000: the run trains on the whole split, and the curve
     (which the labels saved read) counts 2,490 examples, not 3,000."""
@@ -769,6 +787,7 @@ def test_a_size_beyond_the_split_counts_the_examples_it_trained_on():
 
 def test_labels_saved_reads_the_first_rows_curve_against_the_seconds_largest_size():
     from gpt_ft.eval.curves import curve, labels_saved
+    from gpt_ft.eval.results import results_markdown
 
     examples = {100: 100, 1000: 1000, None: 67000}
     pretrained = curve({100: {0: 60.0, 1: 62.0}, 1000: {0: 77.0}, None: {0: 80.0}}, examples)
@@ -784,6 +803,16 @@ def test_labels_saved_reads_the_first_rows_curve_against_the_seconds_largest_siz
     pretrained, scratch = curve({100: {0: 80.0}, None: {0: 90.0}}, unread), curve({100: {0: 60.0}}, unread)
     assert labels_saved({"pretrained": pretrained, "from scratch": scratch})["examples"] == 100
     assert labels_saved({"stale": {}, "from scratch": scratch}) is None  # a row with no point: no sentence
+    # The second row measured on fewer sizes: the first reaches its score with more labels, not fewer
+    ex = {100: 100, 300: 300, 1000: 1000}
+    first = curve({100: {0: 50.0}, 300: {0: 60.0}, 1000: {0: 80.0}}, ex)
+    second = curve({100: {0: 55.0}, 300: {0: 70.0}, 1000: {0: None}}, ex)
+    saved = labels_saved({"pretrained": first, "scratch": second})
+    assert (saved["examples"], saved["target_examples"], saved["ratio"]) == (1000, 300, 0.3)
+    item = {"metrics": {}, "curves": {"pretrained": first, "scratch": second}, "labels_saved": saved}
+    config = {"seeds": [0], "init_from": None, "select": "last", "rows": ["pretrained", "scratch"]}
+    table = results_markdown({"suite": "Curves", "config": config, "tasks": {"sst2": item}})
+    assert "sst2: pretrained reaches scratch's 70.0 at 300 examples with 1000 (3.3× more labels)." in table
 
 
 def test_a_baseline_and_rows_with_other_sizes_measured_reach_the_table_whole():
