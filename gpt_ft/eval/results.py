@@ -118,7 +118,7 @@ def results_markdown(results: dict[str, Any]) -> str:
             if zero and len(zero) < of:  # the zero-shot value's own tasks
                 note += f"; zero-shot {', '.join(zero)} alone"
         else:  # zero-shot alone: no task is missing from what ran
-            note = f" (zero-shot, {len(zero)} of {of} tasks"
+            note = f" (zero-shot, {len(zero)} of {of} tasks" + f": {', '.join(zero)}" * (len(zero) < of)
         if score.get("undefined"):
             note += f"; an undefined correlation counted as 0 in {', '.join(score['undefined'])}"
         note += ")"

@@ -58,7 +58,7 @@ def test_benchmark_score_averages_each_tasks_metrics_first():
     zero_shot_alone = {**score, "value": None, "tasks": {}, "missing": glue.tasks, "undefined": []}
     line = results_markdown({"suite": "s", "config": {"seeds": [0, 1], "init_from": None, "select": "last",
                              "transfer_layers": []}, "tasks": {}, "score": zero_shot_alone})  # fmt: skip
-    assert line.splitlines()[-1] == "| **GLUE** (zero-shot, 1 of 5 tasks) | mean |  | 55.0 | 72.8 |"
+    assert line.splitlines()[-1] == "| **GLUE** (zero-shot, 1 of 5 tasks: qnli) | mean |  | 55.0 | 72.8 |"
 
 
 RESULTS = {
