@@ -164,6 +164,7 @@ class SuiteRunner:
             if unknown := [t for t in tasks if t not in self.cards]:
                 raise ValueError(f"--tasks {unknown}: suite {spec.name!r} has {sorted(self.cards)}.")
             self.cards = {name: self.cards[name] for name in tasks}
+        suite_file.check_files(self.cards, self.data_dirs, fine_tune)
 
     # ---- the runs ----
 

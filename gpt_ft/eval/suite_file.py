@@ -127,6 +127,25 @@ def check_paper(source: str, entry: SuiteTask, task):
     return task
 
 
+def check_files(cards: dict, data_dirs: dict[str | None, str], fine_tune: bool) -> None:
+    """The local files the suite's tasks read first, each there before any run starts (a task's
+    folder missing was found when its turn came, the earlier tasks trained): the training split's
+    where they are fine-tuned, the validation splits' where fine-tuned or scored zero-shot."""
+    from gpt_ft.data.layout import split_file
+    from gpt_ft.errors import TaskDataError
+
+    for name, (entry, task) in cards.items():
+        data_dir = data_dirs.get(name, data_dirs.get(None))
+        scored = fine_tune or entry.zero_shot is not None or task.choices_in_examples
+        if data_dir is None or task.local is None or not scored:
+            continue
+        for split in ["train"] * fine_tune + task.validation_splits:
+            if split in task.local.splits and not (path := split_file(task, split, data_dir)).is_file():
+                raise TaskDataError(
+                    f"{path}: file not found (split {split!r} of task {name!r}); no run started."
+                )
+
+
 def check_sweeps(sizes: list[int | None], layers: list[int], init_from: str | None = None) -> None:
     """`--train_sizes` (None: all) and `--transfer_layers`: positive sizes, and each value once (a
     run a seed each: a second would run the first again); depths the weights `init_from` have,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import zipfile
@@ -152,9 +153,12 @@ submission: {{archive: sub.zip, files: [SENT.tsv, STS-B.tsv, AX.tsv]}}
     with zipfile.ZipFile(out / "sub.zip") as zf:
         assert sorted(zf.namelist()) == ["STS-B.tsv"]
 
-    # A rerun that fails (a mistyped data folder changes the inputs) puts the finished files back.
+    # A rerun that fails (another data folder: the inputs changed; its training file empty) puts the
+    # finished files back.
     runs = out / "runs" / "sts"
     before = {p: p.read_bytes() for p in runs.rglob("*") if p.is_file()}
+    shutil.copytree(tmp_path / "b", tmp_path / "bb")
+    (tmp_path / "bb" / "d" / "train.tsv").write_text("")
     typo = ["--data_dir", as_list(f"sts={tmp_path / 'bb'}")]
     with pytest.raises(SystemExit):
         main([*argv[:4], *typo, "--tasks", "sts", *fit_args(*FIT, "--data.batch_size=2")])
@@ -530,8 +534,18 @@ def test_a_bad_argument_of_any_task_stops_the_suite_before_it_trains(
             f"gpt-ft: error: Suite file {suite}, task 'pair': Unknown GPTConfig field(s) ['n_layerr']"
         )
     )
-    # the command line's --fit_args at fault, not the file: named as they are
+    # the last task's folder missing: named before the first task trains, not when its turn comes
     suite.write_text(f"name: s\ntasks:\n  - {single}\n  - {pair}\n")
+    with pytest.raises(SystemExit) as stopped:
+        main(
+            [*argv[:4], *fit_args(*FIT), "--data_dir", as_list(f"sent={tmp_path / 'a'}", f"pair={tmp_path}")]
+        )
+    assert stopped.value.code == 2 and calls == [] and not (tmp_path / "out").exists()
+    assert capsys.readouterr().err.strip() == (
+        f"gpt-ft: error: {tmp_path / 'd' / 'train.tsv'}: file not found (split 'train' of task 'pair'); "
+        "no run started."
+    )
+    # the command line's --fit_args at fault, not the file: named as they are
     with pytest.raises(SystemExit) as stopped:
         data_dirs = as_list(f"sent={tmp_path / 'a'}", f"pair={tmp_path / 'b'}")
         main([*argv[:4], *fit_args(*FIT, "--trainer.bogus=1"), "--data_dir", data_dirs])
