@@ -34,6 +34,8 @@ from gpt_ft.adapters.sources import field_text, path_value, short_repr, unnested
 from gpt_ft.errors import about
 
 ANSWER_METRICS = ("f1", "exact_match", "accuracy")
+RELEASE = "{idx, passage: {text, questions: [{question, idx, answers: [{text, idx, label}]}]}}"
+"""A MultiRC release record: a passage, its questions and their answers."""
 RIGHT = {"true": 1.0, "1": 1.0, "1.0": 1.0, "false": 0.0, "0": 0.0, "0.0": 0.0}
 NONE = ("", "-1", "-1.0", "none", "nan")  # no verdict: null, an empty cell, the hub's -1
 
@@ -318,7 +320,7 @@ class MultiRC(Answers):
     def regroup(self, records, where=None, alone=False) -> tuple[list[dict[str, Any]], list[int]]:
         """The release's passages as the hub's rows (as datasets' super_glue script flattened them),
         then `Answers.regroup`."""
-        rows, of, _ = unnested(records, where, self.name, self.answer_rows)
+        rows, of, _ = unnested(records, where, self.name, self.answer_rows, RELEASE)
         named = (lambda k: where(of[k])) if where else None
         grouped, firsts = super().regroup(rows, where=named, alone=alone)
         return grouped, [of[k] for k in firsts]

@@ -34,6 +34,11 @@ from gpt_ft.adapters.outputs import CardError, LabelSpec, TaskDataError, TaskOut
 from gpt_ft.adapters.sources import field_text, needed_text, short_repr, unnested
 
 CLOZE_METRICS = ("f1", "exact_match")
+RELEASE = (
+    "{idx, passage: {text, entities: [{start, end}]}, qas: [{query, idx, answers: [{start, end, text}]}]}"
+)
+"""A ReCoRD release record: a passage, its entities as spans (`end` the last character's index), its
+queries."""
 ARTICLES = re.compile(r"\b(a|an|the)\b")
 PUNCTUATION = set(string.punctuation)
 
@@ -240,7 +245,7 @@ class ReCoRD(Cloze):
     def regroup(self, records, where=None, alone=False) -> tuple[list[dict[str, Any]], list[int]] | None:
         """The release's passages as the hub's rows, a query each (as datasets' super_glue script
         flattened them); None where every record is a row already (the hub's)."""
-        rows, of, nested = unnested(records, where, self.name, self.query_rows)
+        rows, of, nested = unnested(records, where, self.name, self.query_rows, RELEASE)
         return (rows, of) if nested else None
 
     def query_rows(self, row: dict[str, Any]) -> list[dict[str, Any]] | None:
@@ -248,8 +253,12 @@ class ReCoRD(Cloze):
         for a hub row."""
         if not isinstance(passage := row.get(self.passage), dict):
             return None
-        text = passage["text"]
-        entities = sorted({text[e["start"] : e["end"] + 1] for e in passage["entities"]})
+        text, spans = passage["text"], [(e["start"], e["end"]) for e in passage["entities"]]
+        if outside := next(((a, b) for a, b in spans if not 0 <= a <= b < len(text)), None):
+            raise TaskDataError(
+                f"entity span {outside[0]} to {outside[1]} lies outside its passage's {len(text)} characters."
+            )
+        entities = sorted({text[a : b + 1] for a, b in spans})
         return [
             {
                 self.passage: text,

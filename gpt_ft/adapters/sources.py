@@ -44,15 +44,25 @@ def label_spelling(value) -> str:
 
 
 def unnested(
-    records: Iterable[dict[str, Any]], where, task: str, rows_of: Callable[[dict[str, Any]], list | None]
+    records: Iterable[dict[str, Any]],
+    where,
+    task: str,
+    rows_of: Callable[[dict[str, Any]], list | None],
+    layout: str,
 ) -> tuple[list[dict[str, Any]], list[int], bool]:
     """Records of a nested layout as rows (a release's passages as the hub's rows): `rows_of(record)`
     gives a record's rows, or None where it is a row already; then each row's record (`where(i)`
-    names record i in an error), and whether any record was nested."""
+    names record i in an error), and whether any record was nested. A record whose parts are not
+    laid out as `layout` says (a list where a record was due) is named with it."""
     rows, of, nested = [], [], False
     for i, record in enumerate(records):
         with about(where, i, task):
-            flat = rows_of(record)
+            try:
+                flat = rows_of(record)
+            except (TypeError, AttributeError, IndexError) as exc:
+                raise TaskDataError(
+                    f"its fields are not laid out as the release's, {layout} ({exc})."
+                ) from None
         nested |= flat is not None
         flat = [record] if flat is None else flat
         rows += flat

@@ -139,6 +139,15 @@ def test_the_hubs_rows_and_the_releases_records_are_the_same_questions(monkeypat
         TaskDataError, match=r"val.jsonl, line 1 has no field 'questions' \(task 'multirc'\)\.$"
     ):
         examples_split(task, "validation", tmp_path)
+    texts = release(0, 1, 0, 1)
+    texts["passage"]["questions"][0]["answers"] = ["The cat."]  # answers as texts, not records
+    (tmp_path / "MultiRC" / "val.jsonl").write_text(json.dumps(texts) + "\n")
+    with pytest.raises(TaskDataError) as error:
+        examples_split(task, "validation", tmp_path)
+    assert (
+        "val.jsonl, line 1: its fields are not laid out as the release's, {idx, passage: {text, questions: "
+        in str(error.value)
+    )
 
 
 def test_a_release_files_verdicts_of_several_types_are_read_and_a_bad_one_named_by_its_line(tmp_path):

@@ -139,6 +139,20 @@ def test_the_hubs_rows_and_the_releases_records_are_the_same_queries(monkeypatch
         TaskDataError, match=r"val.jsonl, line 1 has no field 'entities' \(task 'record'\)\.$"
     ):
         examples_split(task, "validation", tmp_path)
+    # answers as the hub writes them (texts), not the release's records; a span past the passage
+    hubs_answers = release(0, "Bob")
+    hubs_answers["qas"][0]["answers"] = ["Bob"]
+    outside = release(0, "Bob")
+    outside["passage"]["entities"].append({"start": 70, "end": 74})
+    for record, said in (
+        (hubs_answers, "its fields are not laid out as the release's, {idx, passage: {text, entities: "
+         "[{start, end}]}, qas: [{query, idx, answers: [{start, end, text}]}]} (string indices must be"),
+        (outside, "entity span 70 to 74 lies outside its passage's 62 characters."),
+    ):  # fmt: skip
+        (tmp_path / "ReCoRD" / "val.jsonl").write_text(json.dumps(record) + "\n")
+        with pytest.raises(TaskDataError) as error:
+            examples_split(task, "validation", tmp_path)
+        assert f"val.jsonl, line 1: {said}" in str(error.value)
 
 
 def test_fit_on_the_release_files_then_predict_and_the_classifier_agree(tmp_path, tokenizer_dir, capsys):
