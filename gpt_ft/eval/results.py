@@ -93,8 +93,11 @@ def results_markdown(results: dict[str, Any]) -> str:
         )
     else:  # a zero-shot pass alone
         what = f"Zero-shot scores of {start}, not fine-tuned, in percent on the validation splits."
-    paper = "The GPT-1 paper's values are test-set scores (Radford et al., 2018)."
-    lines = [f"# {results['suite']}", "", f"{what} {paper}", ""]
+    quoted = (
+        any("paper" in stats for stats in scores) or (results.get("score") or {}).get("paper") is not None
+    )
+    paper = " The GPT-1 paper's values are test-set scores (Radford et al., 2018)." * quoted
+    lines = [f"# {results['suite']}", "", f"{what}{paper}", ""]
     if config.get("rows"):
         lines += [f"Rows (each with its own fit arguments, in results.json): {', '.join(config['rows'])}; "
                   "the table's scores are the first row's.", ""]  # fmt: skip

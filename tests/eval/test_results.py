@@ -118,10 +118,13 @@ def test_results_markdown_by_hand():
         "Fine-tuned from `pre`, 2 seed(s)" in table and "| sent | acc | 50.0 (1 of 2 seeds) |  |  |" in table
     )
     assert "**" not in table and "layers transferred" not in table
-    # A zero-shot pass alone says so, and nothing of seeds or epochs it never had.
+    # A zero-shot pass alone says so, and nothing of seeds or epochs it never had; nor of the paper's
+    # values where the suite quotes none (SuperGLUE's)
     zero = {**one_seed, "tasks": {"sent": {"metrics": {"acc": {"seeds": {}, "zero_shot": 61.0}}}}}
     lines = results_markdown(zero).splitlines()
-    assert lines[2] == (
+    assert lines[2] == "Zero-shot scores of `pre`, not fine-tuned, in percent on the validation splits."
+    quoted = {"sent": {"metrics": {"acc": {"seeds": {}, "zero_shot": 61.0, "paper": 91.3}}}}
+    assert results_markdown({**zero, "tasks": quoted}).splitlines()[2] == (
         "Zero-shot scores of `pre`, not fine-tuned, in percent on the validation splits. The GPT-1 paper's "
         "values are test-set scores (Radford et al., 2018)."
     )
