@@ -116,6 +116,13 @@ class ClozeOutput(ChoiceOutput):
         }
         return {name: values[name].float() for name in metrics}
 
+    def picked_values(self, picked: Tensor, labels: list) -> dict[str, float]:
+        """Zero-shot scoring's metrics of the candidates one rule picked: their credits."""
+        return {
+            k: float(v)
+            for k, v in self.metric_values(picked, torch.tensor(labels), list(CLOZE_METRICS)).items()
+        }
+
     def calibration(self, probabilities: Tensor, labels: Tensor) -> dict[str, Tensor]:
         return {}
 

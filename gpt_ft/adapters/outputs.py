@@ -133,6 +133,11 @@ class TaskOutput:
         """`metrics` over a whole split's predictions and labels."""
         raise NotImplementedError
 
+    def picked_values(self, picked: Tensor, labels: list) -> dict[str, float]:
+        """Zero-shot scoring's metrics of the choices one rule picked, (N,), against the examples'
+        labels (`example_label`'s): the share that are right (a cloze: its own)."""
+        return {"accuracy": sum(p == y for p, y in zip(picked.tolist(), labels)) / len(labels)}
+
     def choose(self, predictions: Tensor, labels: Tensor) -> dict[str, float]:
         """Decision values chosen on a validation split (steps: the threshold), each kept by the head
         as a buffer of that name; none by default."""

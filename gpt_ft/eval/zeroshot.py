@@ -191,15 +191,10 @@ class ZeroShotScorer:
             chosen["accuracy"].append(_argmax(s))
             chosen["accuracy_norm"].append(_argmax([v / c for v, c in zip(s, chars)]))
             chosen["accuracy_token"].append(_argmax([v / t for v, t in zip(s, tokens)]))
-        if isinstance(labels[0], list):  # each choice's credits (a cloze's): the task's own metrics
-            gold = torch.tensor(labels)  # of each rule's picks: f1, f1_norm, f1_token, ...
-            return {
-                name + rule.removeprefix("accuracy"): float(value)
-                for rule, picked in chosen.items()
-                for name, value in task.metric_values(torch.tensor(picked), gold).items()
-            }
-        return {
-            rule: sum(p == y for p, y in zip(picked, labels)) / len(rows) for rule, picked in chosen.items()
+        return {  # accuracy (a cloze: f1, exact_match), then each with the rule's suffix: accuracy_norm, ...
+            name + rule.removeprefix("accuracy"): value
+            for rule, picked in chosen.items()
+            for name, value in task.output.picked_values(torch.tensor(picked), labels).items()
         }
 
     def verbalizers(self, task: TaskAdapter, spec: ZeroShot, rows: list[dict[str, Any]]) -> Tensor:
