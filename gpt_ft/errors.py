@@ -101,16 +101,16 @@ def parse_error_message(text: str) -> str:
         reason = bad_class[-1]
     elif expected:  # the innermost union's types as declared, with its literals' values as one list
         subtypes = next((line[11:-1] for line in lines[first::-1] if line.startswith("Subtypes: [")), None)
-        types = [e[11:].split(". Got value: ")[0] for e in expected]
+        types = [e[11:].partition(". Got value:")[0] for e in expected]  # (an empty value: no space after)
         declared = [t for t in re.split(r", (?![^\[]*\])", subtypes or "") if "NoneType" not in t]
         declared = declared if set(types) & set(declared) else types  # else an outer union's
-        got = [e.split(". Got value: ")[1] if ". Got" in e else None for e in expected]
+        got = [e.partition(". Got value:")[2].strip() if ". Got" in e else None for e in expected]
         a_list = str(given).startswith("[")  # an item of a list at fault: quoted, or a type not declared
         items = [(t, v) for t, v in zip(types, got) if v and (t not in declared or a_list and v[:1] != "[")]
         kinds = [plain(t) for t in declared]
         values = ", ".join(k[15:-1] for k in kinds if k.startswith("typing.Literal["))
         kinds = [k for k in kinds if "Literal[" not in k[:15]] + [f"one of {values}"] * bool(values)
-        shown = got[0] if got[0] and (got[0][:1] == "[" or not a_list) else given  # the list, as typed
+        shown = got[0] if got[0] is not None and (got[0][:1] == "[" or not a_list) else given
         reason = f"expected {' or '.join(kinds)}, got {shown!r}"
         reason += "".join(f" ({v} is not a{'n' * (plain(t)[0] in 'aeiou')} {plain(t)})" for t, v in items[:1])
         listed = str(shown).startswith("[") or values  # a list given, or a name

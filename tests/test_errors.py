@@ -13,6 +13,10 @@ from gpt_ft.errors import parse_error_message, yaml_problem
             "Parser key \"max_epochs\":\n  Expected a <class 'int'>. Got value: x",
             "--max_epochs: expected int, got 'x'.",
         ),
+        (  # an empty value (`lr: ""` in a config file): jsonargparse's line ends after "Got value:"
+            "Parser key \"lr\":\n  Expected a <class 'float'>. Got value: ",
+            "--lr: expected float, got ''.",
+        ),
         (  # `--seeds 0 1 2`: the list's first item alone taken
             "Parser key \"seeds\":\n  Expected a <class 'list'>. Got value: 0",
             "--seeds: expected list, got '0': a list is written [a, b, c] (one argument).",
