@@ -25,12 +25,18 @@ def mean_std(values: list[float | None]) -> dict[str, float | None]:
     return {"mean": mean, "std": statistics.stdev(values) if len(values) > 1 else None}
 
 
-def seeds_stats(results: list[dict[str, Any] | None], metric: str) -> dict[str, Any]:
-    """One metric over the seeds' results (None: a run not finished): its defined values in
-    percent (`percent`), their mean and standard deviation."""
-    values = [percent(r["metrics"].get(metric), metric) for r in results if r]
-    values = [v for v in values if v is not None]
-    return {"seeds": values, **mean_std(values)}
+def seeds_stats(results: dict[int, dict[str, Any] | None], metric: str) -> dict[str, Any]:
+    """One metric over each seed's result (None: a run not finished): the finished seeds' values in
+    percent (`percent`; None: undefined), as the main table keeps them, their mean and std."""
+    values = {str(seed): percent(r["metrics"].get(metric), metric) for seed, r in results.items() if r}
+    return {"seeds": values, **mean_std(list(values.values()))}
+
+
+def with_seeds(stats: dict[str, Any] | None, seeds: list[int]) -> str:
+    """A mean ± std, saying of how many of the seeds where fewer have a value (a run not finished,
+    a constant guess's correlation)."""
+    defined = sum(v is not None for v in ((stats or {}).get("seeds") or {}).values())
+    return pm(stats) + (f" ({defined} of {len(seeds)} seeds)" if 0 < defined < len(seeds) else "")
 
 
 def benchmark_score(score: Score, tasks: dict[str, Any]) -> dict[str, Any]:
@@ -106,11 +112,7 @@ def results_markdown(results: dict[str, Any]) -> str:
     for name, item in results["tasks"].items():
         for key, stats in item["metrics"].items():
             zero, paper = _num(stats.get("zero_shot")), _num(stats.get("paper"))
-            defined = sum(v is not None for v in (stats.get("seeds") or {}).values())  # (a constant guess:
-            some = (
-                f" ({defined} of {len(seeds)} seeds)" if 0 < defined < len(seeds) else ""
-            )  # no correlation)
-            lines.append(f"| {name} | {key} | {pm(stats)}{some} | {zero} | {paper} |")
+            lines.append(f"| {name} | {key} | {with_seeds(stats, seeds)} | {zero} | {paper} |")
     score = results.get("score")
     if score is not None:
         covered, zero = len(score["tasks"]), score.get("zero_shot_tasks") or {}  # (none: earlier versions)
@@ -138,8 +140,8 @@ def results_markdown(results: dict[str, Any]) -> str:
             "|---|" + "---|" * len(ks),
         ]
         for name, by_k in transfer.items():
-            lines.append(f"| {name} | " + " | ".join(pm(by_k[str(k)]) for k in ks) + " |")
-    lines += curves_markdown(results["tasks"])
+            lines.append(f"| {name} | " + " | ".join(with_seeds(by_k[str(k)], seeds) for k in ks) + " |")
+    lines += curves_markdown(results["tasks"], seeds)
     return "\n".join(lines) + "\n"
 
 
@@ -213,7 +215,7 @@ def plot_transfer(results: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def curves_markdown(tasks: dict[str, Any]) -> list[str]:
+def curves_markdown(tasks: dict[str, Any], seeds: list[int]) -> list[str]:
     """The learning-curve table (one line per task and row) and each task's labels saved."""
     with_curves = {name: item for name, item in tasks.items() if item.get("curves")}
     if not with_curves:
@@ -224,7 +226,7 @@ def curves_markdown(tasks: dict[str, Any]) -> list[str]:
         sizes = sorted(points, key=lambda size: points[size]["examples"] or float("inf"))  # every row's
         lines += [f"| {name} | " + " | ".join(sizes) + " |", "|---|" + "---|" * len(sizes)]
         for row, points in item["curves"].items():
-            cells = [pm(points.get(size)) or "–" for size in sizes]
+            cells = [with_seeds(points.get(size), seeds) or "–" for size in sizes]
             lines.append(f"| {row} | " + " | ".join(cells) + " |")
         saved = item.get("labels_saved")
         if saved:

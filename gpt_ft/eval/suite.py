@@ -352,7 +352,7 @@ class SuiteRunner:
                 item["transfer"], m = {}, item["main_metric"]
                 for k in self.transfer_layers:
                     runs = [Run(name, s, k, row=self.rows[0], size=self.main_size) for s in self.seeds]
-                    item["transfer"][str(k)] = seeds_stats([self._result(run) for run in runs], m)
+                    item["transfer"][str(k)] = seeds_stats({r.seed: self._result(r) for r in runs}, m)
             if self.sizes != [None]:
                 item["curves"] = self._curves(name, item["main_metric"])
                 item["labels_saved"] = labels_saved(item["curves"])

@@ -108,7 +108,7 @@ def test_results_markdown_by_hand():
         "",
         "| task | 0 layers | 2 layers |",
         "|---|---|---|",
-        "| sent | 60.0 |  |",
+        "| sent | 60.0 (1 of 2 seeds) |  |",
     ]
     one_seed = {**RESULTS, "config": {**RESULTS["config"], "init_from": "pre"}, "score": None}
     one_seed["tasks"] = {"sent": {"metrics": {"acc": {"seeds": {"0": 50.0}, "mean": 50.0, "std": None}}}}
@@ -187,11 +187,12 @@ def test_a_preference_margin_is_no_percentage_and_no_part_of_a_score():
 def test_a_metric_over_seeds_in_percent_a_raw_one_as_it_is_and_a_lone_value_without_spread():
     from gpt_ft.eval.results import pm, seeds_stats
 
-    runs = [{"metrics": {"validation/accuracy": 0.5, "validation/margin": 1.5}}, None,
-            {"metrics": {"validation/accuracy": 0.7, "validation/margin": 3.5}}]  # fmt: skip
-    accuracy = seeds_stats(runs, "validation/accuracy")
-    assert accuracy["seeds"] == [50.0, 70.0] and accuracy["mean"] == pytest.approx(60.0)
-    assert seeds_stats(runs, "validation/margin")["seeds"] == [1.5, 3.5]  # margin is no fraction
+    runs = {0: {"metrics": {"validation/accuracy": 0.5, "validation/margin": 1.5}}, 1: None,
+            2: {"metrics": {"validation/accuracy": 0.7, "validation/margin": 3.5}},
+            3: {"metrics": {"validation/accuracy": None}}}  # fmt: skip
+    accuracy = seeds_stats(runs, "validation/accuracy")  # by seed, as the main table's: seed 1 not run
+    assert accuracy["seeds"] == {"0": 50.0, "2": 70.0, "3": None} and accuracy["mean"] == pytest.approx(60.0)
+    assert seeds_stats(runs, "validation/margin")["seeds"] == {"0": 1.5, "2": 3.5, "3": None}  # no fraction
     one = {"seeds": {"0": 40.0, "1": None, "2": None}, **mean_std([40.0, None, None])}
     assert pm(one) == "40.0"  # one seed defines it: no "± 0.0", as if three agreed
     assert pm({"seeds": {"0": 40.0, "1": 50.0}, **mean_std([40.0, 50.0])}) == "45.0 ± 7.1"

@@ -844,9 +844,12 @@ def test_a_baseline_and_rows_with_other_sizes_measured_reach_the_table_whole():
                           [100, 1000, None], [0], whole=lambda: 5000)  # fmt: skip
     saved = labels_saved({"bert": rows["bert"], "TF-IDF": base})
     assert (saved["target"], saved["target_examples"], saved["examples"]) == (80.0, 5000, 5000)
-    table = curves_markdown({"t": {"curves": {**rows, **{"TF-IDF": base}}}})
+    table = curves_markdown({"t": {"curves": {**rows, **{"TF-IDF": base}}}}, [0])
     assert table[3:7] == ["| t | 100 | 1000 | all |", "|---|---|---|---|", "| bert | 60.0 | – | 90.0 |",
                           "| stale | – | 75.0 | – |"]  # fmt: skip
+    # A suite of two seeds of which one scored: the cell says so, as the main table's do
+    table = curves_markdown({"t": {"curves": rows}}, [0, 1])
+    assert table[5] == "| bert | 60.0 (1 of 2 seeds) | – | 90.0 (1 of 2 seeds) |"
 
 
 def test_a_suite_run_is_built_from_its_configuration(tmp_path, tokenizer_dir):
@@ -976,7 +979,7 @@ def test_rows_layers_and_sizes_together_each_reach_the_results(tmp_path, tokeniz
     results = json.loads((out / "results.json").read_text())
     assert set(results["tasks"]) == {"sent", "pair"}
     sent = results["tasks"]["sent"]
-    assert sent["transfer"]["1"]["seeds"] == [11.0]
+    assert sent["transfer"]["1"]["seeds"] == {"1": 11.0}  # by seed, as the main table's
     curve = json.dumps(sent["curves"])
     assert (
         "11.0" in curve and '"mean": null' not in curve
