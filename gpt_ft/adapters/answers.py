@@ -29,7 +29,7 @@ from torch import Tensor
 from gpt_ft.adapters.base import Encoded, refuse_label_fields
 from gpt_ft.adapters.choice import MultipleChoice
 from gpt_ft.adapters.heads import StepHead
-from gpt_ft.adapters.outputs import CardError, LabelSpec, TaskDataError, TaskOutput
+from gpt_ft.adapters.outputs import CardError, LabelSpec, TaskDataError, TaskOutput, checked_threshold
 from gpt_ft.adapters.sources import field_text, path_value, short_repr, unnested
 from gpt_ft.errors import about
 
@@ -83,8 +83,7 @@ class AnswerOutput(TaskOutput):
                 f"(default: [False, True]), got {names}."
             )
         super().__init__(task_name, dataclasses.replace(spec, names=names))
-        if not 0 < threshold < 1:
-            raise CardError(f"Task {task_name!r}: threshold must be in (0, 1), got {threshold}.")
+        checked_threshold(task_name, threshold)
         self.max_answers, self.threshold, self.answers_of = max_answers, threshold, count_answers
 
     @property

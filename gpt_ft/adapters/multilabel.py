@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gpt_ft.adapters.heads import TaskHead
-from gpt_ft.adapters.outputs import CardError, LabelSpec, TaskDataError, TaskOutput
+from gpt_ft.adapters.outputs import CardError, LabelSpec, TaskDataError, TaskOutput, checked_threshold
 from gpt_ft.adapters.text import SingleText
 
 
@@ -69,8 +69,7 @@ class MultiLabelOutput(TaskOutput):
                 f"Task {task_name!r}: label {joined!r} holds the label_separator {separator!r}, which would "
                 "split it in a file's cell and in the names predictions join: rename it, or choose another."
             )
-        if not 0 < threshold < 1:
-            raise CardError(f"Task {task_name!r}: threshold must be in (0, 1), got {threshold}.")
+        checked_threshold(task_name, threshold)
         self.separator, self.threshold = separator, threshold
 
     @property

@@ -41,6 +41,13 @@ def score_text(value: float) -> str:
     return f"{single:.9g}"  # (nine always read back the same float32)
 
 
+def checked_threshold(task_name: str, threshold: float) -> float:
+    """A card's probability threshold (multi-label, steps, answers), strictly between 0 and 1."""
+    if not 0 < threshold < 1:
+        raise CardError(f"Task {task_name!r}: threshold must be in (0, 1), got {threshold}.")
+    return threshold
+
+
 @dataclasses.dataclass
 class LabelSpec:
     """What a card says about its labels: the field holding them, the class names, whether they are

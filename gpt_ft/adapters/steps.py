@@ -42,7 +42,7 @@ from torch import Tensor
 from gpt_ft.adapters.base import Encoded, TaskAdapter, refuse_label_fields
 from gpt_ft.adapters.heads import StepHead
 from gpt_ft.adapters.metrics import first_below, step_metric_values
-from gpt_ft.adapters.outputs import CardError, LabelSpec, TaskDataError, TaskOutput
+from gpt_ft.adapters.outputs import CardError, LabelSpec, TaskDataError, TaskOutput, checked_threshold
 from gpt_ft.adapters.preference import reply_templates
 from gpt_ft.adapters.sources import field_text, short_repr
 from gpt_ft.adapters.truncation import fit_lengths
@@ -81,8 +81,7 @@ class StepOutput(TaskOutput):
             raise CardError(
                 f"Task {task_name!r}: label_form {label_form!r} is not one of {list(LABEL_FORMS)}."
             )
-        if not 0 < threshold < 1:
-            raise CardError(f"Task {task_name!r}: threshold must be in (0, 1), got {threshold}.")
+        checked_threshold(task_name, threshold)
         if max_steps < 1:
             raise CardError(f"Task {task_name!r}: max_steps must be at least 1, got {max_steps}.")
         self.label_form, self.base, self.max_steps = label_form, int(one_based), max_steps
