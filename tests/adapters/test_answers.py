@@ -68,6 +68,8 @@ def test_verdicts_are_read_as_cards_and_files_write_them_and_refused_by_their_fi
         Answers(name="mrc", context=["p"], labels=["a", "b", "c"])
     with pytest.raises(CardError, match=r"an answers task takes no `regression`"):
         Answers(name="mrc", context=["p"], regression=True)
+    with pytest.raises(CardError, match=r"^Task 'mrc': threshold must be in \(0, 1\), got 1\.0\.$"):
+        Answers(name="mrc", context=["p"], threshold=1.0)
     with pytest.raises(CardError, match=r"MultiRC's context is two fields"):
         MultiRC(name="mrc", context=["paragraph"])
 
