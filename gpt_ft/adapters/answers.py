@@ -118,6 +118,19 @@ class AnswerOutput(TaskOutput):
         """The answers' verdicts in order, joined by commas (a row of one answer: its verdict)."""
         return ",".join(name(v) for v in self.verdicts(prediction))
 
+    def submission_record(self, idx: Any, prediction: Tensor, name) -> dict[str, Any]:
+        """The answers' verdicts, 1 right, 0 wrong; a question whose id names its paragraph and
+        answers (`MultiRC`'s) as a record of its paragraph, as SuperGLUE's MultiRC.jsonl nests them
+        (a passage's questions are merged into one line)."""
+        verdicts = self.verdicts(prediction)
+        if not (isinstance(idx, dict) and {"paragraph", "question", "answers"} <= set(idx)):
+            return {"idx": idx, "label": verdicts}
+        answers = [{"idx": a, "label": v} for a, v in zip(idx["answers"], verdicts)]
+        return {
+            "idx": idx["paragraph"],
+            "passage": {"questions": [{"idx": idx["question"], "answers": answers}]},
+        }
+
     def outcome(self, prediction: Tensor, probabilities: Tensor) -> dict[str, Any]:
         """Each answer's verdict (`label`, by the card's names) and P(right)."""
         scores = [p for p in prediction[:-1].tolist() if not math.isnan(p)]
@@ -225,22 +238,27 @@ class Answers(MultipleChoice):
         (its answers a list) or its answer."""
         if not self.group_by:
             return None
+        questions = self.questions(records, where, alone)
+        return [row for row, _ in questions], [members[0] for _, members in questions]
+
+    def questions(self, records, where=None, alone=False) -> list[tuple[dict[str, Any], list[int]]]:
+        """`regroup`'s questions, each with its records in order."""
         answers, label = self.choices, self.label
         if alone:
-            rows = [
-                row if listed(row.get(answers)) else {**row, answers: [row.get(answers)]} for row in records
+            return [
+                (row if listed(row.get(answers)) else {**row, answers: [row.get(answers)]}, [i])
+                for i, row in enumerate(records)
             ]
-            return rows, list(range(len(rows)))
-        groups: dict[tuple[str, ...], tuple[dict[str, Any], int]] = {}
+        groups: dict[tuple[str, ...], tuple[dict[str, Any], list[int]]] = {}
         for i, row in enumerate(records):
             with about(where, i, self.name):
                 key = tuple(
                     field_text(field(row, f), f, "it names the row's question") for f in self.group_by
                 )
-                group, first = groups.setdefault(key, ({**row, answers: [], label: []}, i))
+                group, members = groups.setdefault(key, ({**row, answers: [], label: []}, []))
                 if differs := next((f for f in self.context if row[f] != group[f]), None):
                     question = ", ".join(f"{f} {v!r}" for f, v in zip(self.group_by, key))
-                    other = where(first) if where else f"record {first}"
+                    other = where(members[0]) if where else f"record {members[0]}"
                     same_file, _, place = other.rpartition(", ")  # "FILE, line 3": its line alone
                     other = place if where and where(i).startswith(f"{same_file}, ") else other
                     raise TaskDataError(
@@ -249,7 +267,8 @@ class Answers(MultipleChoice):
                     )
                 group[answers].append(row[answers])
                 group[label].append(verdict_text(row.get(label)))
-        return [group for group, _ in groups.values()], [first for _, first in groups.values()]
+                members.append(i)
+        return list(groups.values())
 
     def encode(self, example, tokens, specials, max_length):
         parts, answers = tokens[: len(self.context)], tokens[len(self.context) :]
@@ -318,11 +337,20 @@ class MultiRC(Answers):
 
     def regroup(self, records, where=None, alone=False) -> tuple[list[dict[str, Any]], list[int]]:
         """The release's passages as the hub's rows (as datasets' super_glue script flattened them),
-        then `Answers.regroup`."""
+        then `Answers.regroup`; a question's `idx` names its paragraph, itself and its answers
+        ({paragraph, question, answers: [...]}), as SuperGLUE's submission file does."""
         rows, of, _ = unnested(records, where, self.name, self.answer_rows, RELEASE)
         named = (lambda k: where(of[k])) if where else None
-        grouped, firsts = super().regroup(rows, where=named, alone=alone)
-        return grouped, [of[k] for k in firsts]
+        questions = self.questions(rows, where=named, alone=alone)
+        for question, members in questions:
+            ids = [rows[k].get("idx") for k in members]
+            if all(isinstance(i, dict) for i in ids):  # each answer's {paragraph, question, answer}
+                question["idx"] = {
+                    "paragraph": ids[0].get("paragraph"),
+                    "question": ids[0].get("question"),
+                    "answers": [i.get("answer") for i in ids],
+                }
+        return [question for question, _ in questions], [of[members[0]] for _, members in questions]
 
     def answer_rows(self, row: dict[str, Any]) -> list[dict[str, Any]] | None:
         """A release record's answers, a row each: the context's two fields, the answer's, the label's

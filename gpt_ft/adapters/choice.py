@@ -64,6 +64,12 @@ class ChoiceOutput(ClassificationOutput):
     def head(self, n_embd: int, *, dropout: float, init_std: float, bias: bool = True) -> TaskHead:
         return ChoiceHead(n_embd, dropout=dropout, init_std=init_std, bias=bias, choices=self.choices)
 
+    def submission_record(self, idx: Any, prediction: Tensor, name) -> dict[str, Any]:
+        """A choice that neither the card nor its row names is written as its number (COPA's 0, 1)."""
+        if self.names_field is None and not self.spec.names:
+            return {"idx": idx, "label": int(prediction.item())}
+        return super().submission_record(idx, prediction, name)
+
     def label_text(self, label: Any) -> Any:  # the card's name of the right choice (Story Cloze's '1')
         return None if label is None else self.label_name(label) if self.spec.names else label
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-import struct
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -22,23 +21,10 @@ from torch import Tensor
 
 from gpt_ft.adapters.heads import ClassificationHead, RegressionHead, TaskHead
 from gpt_ft.adapters.metrics import METRICS, metric_value
-from gpt_ft.adapters.sources import finite_number
+from gpt_ft.adapters.sources import finite_number, score_text
 from gpt_ft.errors import CardError, TaskDataError
 
 NUMBER = re.compile(r"-?\d+(\.\d*)?")  # a class name that is a number: '1', '-1', '1.0'
-
-
-def score_text(value: float) -> str:
-    """A score as predictions files write it: six significant digits, more where the model's float32
-    needs them to read back the same (a cosine of 0.99999964 is not 1): metrics recomputed from the
-    file equal the run's (fewer digits tie scores that differ and move a rank correlation)."""
-    if not 1.2e-38 <= abs(value) <= 3.4e38:  # 0, NaN, inf, and what float32 cannot hold: as given
-        return f"{value:.9g}"
-    single = struct.unpack("f", struct.pack("f", value))[0]
-    for digits in (6, 7, 8):
-        if struct.unpack("f", struct.pack("f", float(text := f"{single:.{digits}g}")))[0] == single:
-            return text
-    return f"{single:.9g}"  # (nine always read back the same float32)
 
 
 def checked_threshold(task_name: str, threshold: float) -> float:
@@ -177,6 +163,11 @@ class TaskOutput:
     def format_prediction(self, prediction: Tensor, name: Callable[[int], str]) -> str:
         """One prediction as text; `name` writes a class id."""
         raise NotImplementedError
+
+    def submission_record(self, idx: Any, prediction: Tensor, name: Callable[[int], str]) -> dict[str, Any]:
+        """One example's line of a JSON-lines submission file (SuperGLUE's): its id and its label
+        as `format_prediction` writes it."""
+        return {"idx": idx, "label": self.format_prediction(prediction, name)}
 
     def label_text(self, label: Any) -> Any:
         """An encoded label as `gpt-ft explain` shows it; NaN None (JSON has no NaN): a reply or step
@@ -385,6 +376,9 @@ class RegressionOutput(TaskOutput):
 
     def format_prediction(self, prediction: Tensor, name: Callable[[int], str]) -> str:
         return score_text(prediction.item())
+
+    def submission_record(self, idx: Any, prediction: Tensor, name: Callable[[int], str]) -> dict[str, Any]:
+        return {"idx": idx, "label": float(self.format_prediction(prediction, name))}  # the score, a number
 
     def outcome(self, prediction: Tensor, probabilities: Tensor) -> dict[str, Any]:
         value = float(prediction)

@@ -1,11 +1,12 @@
 """Where a task's examples come from (a hub dataset, local files, and which splits are evaluated),
-and how a field of theirs is read: a text (`field_text`), a number (`finite_number`), a nested one by
-its path (`path_value`)."""
+and how a field of theirs is read: a text (`field_text`), a number (`finite_number`; `score_text`
+writes one), a nested one by its path (`path_value`)."""
 
 from __future__ import annotations
 
 import math
 import numbers
+import struct
 from collections.abc import Callable, Iterable
 from dataclasses import MISSING, dataclass, field, fields
 from difflib import get_close_matches
@@ -35,6 +36,19 @@ def finite_number(value: Any, what: str, field: str, within: tuple[float, float]
             f"{what} {value!r} in field {field!r} is outside the card's score_range [{low:g}, {high:g}]."
         )
     return number
+
+
+def score_text(value: float) -> str:
+    """A score as predictions files write it: six significant digits, more where the model's float32
+    needs them to read back the same (a cosine of 0.99999964 is not 1): metrics recomputed from the
+    file equal the run's (fewer digits tie scores that differ and move a rank correlation)."""
+    if not 1.2e-38 <= abs(value) <= 3.4e38:  # 0, NaN, inf, and what float32 cannot hold: as given
+        return f"{value:.9g}"
+    single = struct.unpack("f", struct.pack("f", value))[0]
+    for digits in (6, 7, 8):
+        if struct.unpack("f", struct.pack("f", float(text := f"{single:.{digits}g}")))[0] == single:
+            return text
+    return f"{single:.9g}"  # (nine always read back the same float32)
 
 
 def label_spelling(value) -> str:

@@ -20,7 +20,7 @@ from gpt_ft.adapters.cards import adapter_code, as_task, card_key
 from gpt_ft.adapters.truncation import WHOLE, cut_report
 from gpt_ft.data.batches import collate_batch, reads
 from gpt_ft.data.files import Origin, absent_columns, located_split, task_examples
-from gpt_ft.data.ids import id_names, integer_id
+from gpt_ft.data.ids import example_ids, integer_id
 from gpt_ft.data.pinning import leave_stops_to_the_main_process, pins
 from gpt_ft.data.samplers import EpochSampler, LengthGroupedSampler, ResumableTrainData, run_seed
 from gpt_ft.data.subsets import training_subset
@@ -194,12 +194,9 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
                 f"used for training or evaluation, so every example needs one; the file has {has}."
             )
         raw, origin = task_examples(self.task, split, raw, origin)  # regrouped, ignored labels left out
-        index_field = self.task.index if self.task.index in raw.column_names else None
-        bad = [i for i, v in enumerate(raw[index_field]) if integer_id(v) is None] if index_field else []
-        if bad:  # ids that are not all integers (ProcessBench's "gsm8k-0"): rows numbered, and
-            if split in self.task.test_splits and (names := id_names(raw[index_field], origin, index_field)):
-                self.id_names[split] = names  # predictions named by the ids as the file writes them
-            index_field = None
+        raw, index_field, names = example_ids(self.task, split, raw, origin)
+        if names:  # ids that are not all integers (ProcessBench's "gsm8k-0"): rows numbered, and
+            self.id_names[split] = names  # predictions named by the ids as the file writes them
         if split == "train" and self.train_size is not None:
             kept = training_subset(self.task, raw, self.train_size, self.seed)
             raw, origin = raw.select(kept), origin.keep(kept)

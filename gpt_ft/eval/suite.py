@@ -392,7 +392,7 @@ class SuiteRunner:
             best = max(scored, key=scored.get) if scored else next(iter(stats["seeds"]))
             run = Run(name, int(best), self.main_layers, row=self.rows[0], size=self.main_size)  # the table's
             predictions = self.out / "runs" / run.folder / "predictions"
-            files = sorted(predictions.glob("*.tsv")) if predictions.is_dir() else []
+            files = sorted(p for p in predictions.rglob("*") if p.is_file()) if predictions.is_dir() else []
             if not files:
                 log(f"warning: {run} (the best seed) wrote no test predictions")
             for file in files:

@@ -1,14 +1,18 @@
-"""Predictions written as a leaderboard wants them: `index<TAB>prediction`, one row per example."""
+"""Predictions written as a leaderboard wants them: `index<TAB>prediction` lines (GLUE) or JSON
+records (SuperGLUE), one per example."""
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from gpt_ft.adapters import TaskAdapter
+from gpt_ft.data.ids import id_text
 from gpt_ft.data.layout import task_files
 from gpt_ft.errors import writing
 
@@ -51,32 +55,55 @@ def write_predictions(
     index: Tensor,
     predictions: Tensor,
     out_dir: Path,
-    id_names: dict[int, str] | None = None,
+    id_names: dict[int, str | dict] | None = None,
     choice_names: dict[int, list[str]] | None = None,
 ) -> Path:
     """Rows in example order, each example once, in the file the leaderboard expects
     (`submission_files`, else TASK-SPLIT.tsv); the task writes each prediction, or where a row
     names its own choices (`choice_names`), its name of the one chosen. An example is named by
-    its id: the integer, or the text `id_names` gives its row."""
+    its id: the integer, or what `id_names` gives its row (a text, or a record of ids).
+
+    A TSV file has a line `index<TAB>prediction` per example (GLUE's); a `.jsonl` file a JSON
+    record per example, its `idx` and `label` (SuperGLUE's: `TaskOutput.submission_record`),
+    the records of one `idx` (a MultiRC passage's questions) merged into one line."""
     path = submission_path(task, split, out_dir)
-    order = torch.argsort(index)
-    seen = set()
-    lines = ["index\tprediction"]
-    for i in order.tolist():
+    seen, entries = set(), []
+    for i in torch.argsort(index).tolist():
         row = int(index[i])
         if row in seen:  # a distributed sampler may repeat examples to even out ranks
             continue
         seen.add(row)
-        named = (
-            choice_names[row][int(predictions[i])] if choice_names else task.format_prediction(predictions[i])
-        )
-        lines.append(f"{id_names.get(row, row) if id_names else row}\t{named}")
+        name = choice_names[row].__getitem__ if choice_names else task.submission_label
+        entries.append((id_names.get(row, row) if id_names else row, predictions[i], name))
+    if path.suffix == ".jsonl":
+        records = merged([task.output.submission_record(*entry) for entry in entries])
+        text = "".join(json.dumps(record) + "\n" for record in records)
+    else:
+        lines = [f"{id_text(idx)}\t{task.output.format_prediction(p, name)}" for idx, p, name in entries]
+        text = "\n".join(["index\tprediction", *lines]) + "\n"
     tmp = path.with_suffix(path.suffix + ".tmp")
     with writing(path):  # no space left, permission denied: one sentence, the previous file kept
         try:
             path.parent.mkdir(parents=True, exist_ok=True)  # (a card's file name may hold a folder)
-            tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
+            tmp.write_text(text, encoding="utf-8")
             tmp.replace(path)  # atomic: a crash never leaves half a file
         finally:
             tmp.unlink(missing_ok=True)
     return path
+
+
+def merged(records: list[dict]) -> list[dict]:
+    """Records of one `idx` as one, in the order their ids first come: their fields merged, the
+    lists in them joined (a MultiRC passage's questions)."""
+    by_id: dict[str, dict] = {}
+    for record in records:
+        key = json.dumps(record.get("idx"), sort_keys=True)
+        by_id[key] = joined(by_id[key], record) if key in by_id else record
+    return list(by_id.values())
+
+
+def joined(first: Any, second: Any) -> Any:
+    """Two parts of one record as one: records' fields merged, lists joined, else the first kept."""
+    if isinstance(first, dict) and isinstance(second, dict):
+        return {**second, **{k: joined(v, second[k]) if k in second else v for k, v in first.items()}}
+    return first + second if isinstance(first, list) and isinstance(second, list) else first

@@ -190,7 +190,7 @@ def test_fit_on_the_release_files_then_predict_label_and_export_agree(tmp_path, 
     texts = (("The cat sat.", "A dog.", "Two dogs run."), ("Nobody.", "He is happy now."))
     train = [release(i, *[(i + k) % 2 for k in range(5)], texts=texts) for i in range(6)]
     val = [release(9, 1, 0, 0, 1, 1, texts=texts), release(10, 0, 1, 1, 0, 0, texts=texts)]
-    test = [release(11, texts=texts)]
+    test = [release(11, texts=texts), release(12, texts=texts[1:])]
     write_release(tmp_path / "MultiRC", {"train": train, "val": val, "test": test})
     card = TASKS / "superglue" / "multirc.yaml"
     logged, last = fit_and_last_validation(card, tokenizer_dir, tmp_path)
@@ -214,10 +214,20 @@ def test_fit_on_the_release_files_then_predict_label_and_export_agree(tmp_path, 
     main(["predict", f"--ckpt_path={last}", f"--data.data_dir={tmp_path}",
           "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path}",
           f"--model.predictions_dir={tmp_path / 'p'}"])  # fmt: skip
-    lines = (tmp_path / "p" / "multirc-test.tsv").read_text().splitlines()
-    test_predicted = clf.predict(list(examples_split(task, "test", tmp_path)))
-    assert lines == ["index\tprediction"] + [
-        f"{i}\t{','.join(p['label'])}" for i, p in enumerate(test_predicted)
+    lines = (tmp_path / "p" / "MultiRC.jsonl").read_text().splitlines()  # SuperGLUE's layout
+    verdicts = [
+        [int(v == "True") for v in p["label"]] for p in clf.predict(examples_split(task, "test", tmp_path))
+    ]
+    assert [len(v) for v in verdicts] == [3, 2, 2]
+    answers = [[{"idx": k, "label": v} for k, v in enumerate(question)] for question in verdicts]
+    assert [json.loads(line) for line in lines] == [
+        {
+            "idx": 11,
+            "passage": {
+                "questions": [{"idx": 110, "answers": answers[0]}, {"idx": 111, "answers": answers[1]}]
+            },
+        },
+        {"idx": 12, "passage": {"questions": [{"idx": 120, "answers": answers[2]}]}},
     ]
 
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in hub_rows(val[0])))

@@ -157,7 +157,7 @@ def test_the_hubs_rows_and_the_releases_records_are_the_same_queries(monkeypatch
 
 def test_fit_on_the_release_files_then_predict_and_the_classifier_agree(tmp_path, tokenizer_dir, capsys):
     """Validation logs the chosen candidates' credits (recomputed here from the classifier's
-    choices); `predict` writes each query's chosen entity."""
+    choices); `predict` writes each query's chosen entity under the query's id."""
     from gpt_ft import Classifier
 
     train = [release(i, ["Ann", "Bob", "Rome"][i % 3], queries=2) for i in range(4)]
@@ -181,9 +181,11 @@ def test_fit_on_the_release_files_then_predict_and_the_classifier_agree(tmp_path
     main(["predict", f"--ckpt_path={last}", f"--data.data_dir={tmp_path}",
           "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path}",
           f"--model.predictions_dir={tmp_path / 'p'}"])  # fmt: skip
-    lines = (tmp_path / "p" / "record-test.tsv").read_text().splitlines()
+    lines = (tmp_path / "p" / "ReCoRD.jsonl").read_text().splitlines()  # SuperGLUE's, by the queries' ids
     test_predicted = clf.predict(list(examples_split(task, "test", tmp_path)))
-    assert lines == ["index\tprediction"] + [f"{i}\t{p['label']}" for i, p in enumerate(test_predicted)]
+    assert [json.loads(line) for line in lines] == [
+        {"idx": 110 + q, "label": p["label"]} for q, p in enumerate(test_predicted)
+    ]
     # A release record of one query is read as its hub row is (its candidates, the passage's entities)
     assert clf.predict([release(12)]) == clf.predict(hub_rows(release(12)))
     assert list(clf.predict([release(12)])[0]["scores"]) == entities

@@ -600,7 +600,7 @@ FIXTURES = {
             {"index": [0, 1]},
         ),
         "validation": (jsonl(record_row(0, "Bob", "the Bob")), [CLOZE_BOB]),
-        "test": (jsonl(record_row(4)), [None]),
+        "test": (jsonl(record_row(4)), [None], {"index": [4]}),  # the query's idx
     },
     "superglue/boolq": {  # JSON booleans; the test file has no labels
         "train": (
@@ -628,6 +628,17 @@ FIXTURES = {
         ),
         "validation": (jsonl({"premise": Q, "hypothesis": "A cat.", "idx": 0, "label": "entailment"}), [0]),
         "test": (jsonl({"premise": Q, "hypothesis": "A cat.", "idx": 3}), [None], {"index": [3]}),
+        # the diagnostics: AX-b's pairs are sentence1 and sentence2, AX-g's premise and hypothesis
+        "test_axb": (
+            jsonl({"sentence1": Q, "sentence2": "A cat.", "idx": 7, "label": "entailment"}),
+            [0],
+            {"index": [7]},
+        ),
+        "test_axg": (
+            jsonl({"premise": Q, "hypothesis": "He sat.", "idx": 5, "label": "not_entailment", "pair_id": 1}),
+            [1],
+            {"index": [5]},
+        ),
     },
     "superglue/copa": {  # 0: choice1, 1: choice2; the test file has no labels
         "train": (jsonl(copa_row(0, "effect", 1), copa_row(1, "cause", 0)), [1, 0]),

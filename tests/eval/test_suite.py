@@ -40,6 +40,7 @@ FIT = [
 def test_suite_runs_resumes_and_writes_results(tmp_path, tokenizer_dir, monkeypatch, capsys):
     single = make_task("single", tmp_path / "a")
     similarity = make_task("similarity", tmp_path / "b")
+    similarity.write_text(similarity.read_text().replace("STS-B.tsv", "STS-B.jsonl"))  # a JSON-lines file
     pair = make_task("pair", tmp_path / "c")  # listed, never run here: the score lacks it
     pairs = ["the cat sat on the mat .", "two dogs run in a park .", "a cat sat .", "the dogs ran ."]
     rows = [f"{i}\t{pairs[i % 4]}\t{pairs[(i + 1) % 4]}\t{i + 0.5}" for i in range(5)]  # a correlation
@@ -56,7 +57,7 @@ tasks:
     paper: {{pearson: 82.0}}
   - card: {pair}
 score: {{name: Tiny score, tasks: [sent, sts, pair], paper: 70.0}}
-submission: {{archive: sub.zip, files: [SENT.tsv, STS-B.tsv, AX.tsv]}}
+submission: {{archive: sub.zip, files: [SENT.tsv, STS-B.jsonl, AX.tsv]}}
 """,
     )
     out = tmp_path / "out"
@@ -124,17 +125,19 @@ submission: {{archive: sub.zip, files: [SENT.tsv, STS-B.tsv, AX.tsv]}}
 
     assert "warning: the submission lacks AX.tsv" in printed
     with zipfile.ZipFile(out / "sub.zip") as zf:
-        assert sorted(zf.namelist()) == ["SENT.tsv", "STS-B.tsv"]
+        assert sorted(zf.namelist()) == ["SENT.tsv", "STS-B.jsonl"]
         rows = zf.read("SENT.tsv").decode().splitlines()
+        scores = [json.loads(line) for line in zf.read("STS-B.jsonl").decode().splitlines()]
     assert rows[0] == "index\tprediction" and [r.split("\t")[0] for r in rows[1:]] == ["0", "1", "2"]
     assert {r.split("\t")[1] for r in rows[1:]} <= {"negative", "positive"}
+    assert [s["idx"] for s in scores] == [0, 1, 2] and all(0 <= s["label"] <= 5 for s in scores)
 
     # Rerunning one task of the folder redoes nothing and keeps the other task's results and files.
     calls.clear()
     main([*argv, "--tasks", "sts"])
     assert calls == [] and json.loads((out / "results.json").read_text())["tasks"] == results["tasks"]
     with zipfile.ZipFile(out / "sub.zip") as zf:
-        assert sorted(zf.namelist()) == ["SENT.tsv", "STS-B.tsv"]
+        assert sorted(zf.namelist()) == ["SENT.tsv", "STS-B.jsonl"]
 
     # A run whose fit arguments changed is not read back but run again.
     capsys.readouterr()
@@ -151,7 +154,7 @@ submission: {{archive: sub.zip, files: [SENT.tsv, STS-B.tsv, AX.tsv]}}
     sent = json.loads((out / "results.json").read_text())["tasks"]["sent"]["metrics"]["validation/accuracy"]
     assert sent == {"seeds": {}, "paper": 91.3}
     with zipfile.ZipFile(out / "sub.zip") as zf:
-        assert sorted(zf.namelist()) == ["STS-B.tsv"]
+        assert sorted(zf.namelist()) == ["STS-B.jsonl"]
 
     # A rerun that fails (another data folder: the inputs changed; its training file empty) puts the
     # finished files back.

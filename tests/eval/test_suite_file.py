@@ -33,10 +33,25 @@ def test_the_superglue_suite_scores_its_eight_tasks_from_one_release_folder():
     )
     folders = {t.name: {path.split("/")[0] for path in t.local.splits.values()} for t in cards}
     assert folders == {"boolq": {"BoolQ"}, "cb": {"CB"}, "copa": {"COPA"}, "multirc": {"MultiRC"},
-                       "record": {"ReCoRD"}, "rte": {"RTE"}, "wic": {"WiC"}, "wsc": {"WSC"}}  # fmt: skip
+                       "record": {"ReCoRD"}, "rte": {"RTE", "AX-b", "AX-g"}, "wic": {"WiC"},
+                       "wsc": {"WSC"}}  # fmt: skip
     assert {t.name: t.metrics for t in cards if len(t.metrics) > 1} == {
         "cb": ["accuracy", "f1"], "multirc": ["f1", "exact_match"], "record": ["f1", "exact_match"]
     }  # fmt: skip
+    # The leaderboard's ten files, the diagnostics by the RTE model; labels as jiant writes them
+    written = {f for t in cards for f in t.submission_files.values()}
+    assert written == set(spec.submission.files) and len(written) == 10
+    assert cards[5].submission_files == {
+        "test": "RTE.jsonl",
+        "test_axb": "AX-b.jsonl",
+        "test_axg": "AX-g.jsonl",
+    }
+    labels = {
+        t.name: [t.submission_label(i) for i in range(2)] for t in cards if t.output.kind == "classification"
+    }
+    assert labels == {"boolq": ["false", "true"], "cb": ["entailment", "contradiction"],
+                      "rte": ["entailment", "not_entailment"], "wic": ["false", "true"],
+                      "wsc": ["False", "True"]}  # fmt: skip
 
 
 def test_a_suite_file_named_from_its_own_folder_finds_its_cards(monkeypatch):
