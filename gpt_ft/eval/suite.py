@@ -194,8 +194,8 @@ class SuiteRunner:
         for run in {(r.task, r.row): r for r in todo}.values():  # a bad argument stops it before it trains
             self._resolve(run)
         if runs:
-            done = len(runs) - len(todo)
-            log(f"suite {self.spec.name}: {len(runs)} runs, {done} finished before, {len(todo)} to go")
+            done, n = len(runs) - len(todo), len(runs)
+            log(f"suite {self.spec.name}: {n} run{'s' * (n != 1)}, {done} finished before, {len(todo)} to go")
         took: list[float] = []
         for i, run in enumerate(todo, 1):
             left = f", about {minutes(statistics.fmean(took) * (len(todo) - i + 1))} left" if took else ""

@@ -287,7 +287,8 @@ def test_weights_given_in_fit_args_that_change_run_again(tmp_path, tokenizer_dir
     main(argv)
     printed = capsys.readouterr().out
     assert "sent seed 0: its inputs changed since it ran (the file " in printed
-    assert str(tmp_path / "pre" / "model.safetensors") in printed and "0 finished before, 1 to go" in printed
+    assert str(tmp_path / "pre" / "model.safetensors") in printed
+    assert ": 1 run, 0 finished before, 1 to go" in printed
 
 
 @pytest.mark.parametrize("select", ["last", "best"])
