@@ -142,6 +142,12 @@ class ZeroShotScorer:
         read = self.ids(context)
         return read, self.ids(context + continuation)[len(read) :]
 
+    def context(self, read: list[int]) -> list[int]:
+        """A context's tokens as lm-evaluation-harness reads them: as they are (after the tokenizer's
+        beginning-of-text token where it starts every text with one), an empty one as its prefix
+        token (`empty`)."""
+        return (self.start or ([] if read else self.empty)) + read
+
     def logprobs(self, requests: list[tuple[list[int], list[int]]]) -> list[float]:
         return continuation_logprobs(self.gpt, requests, batch_size=self.batch_size, progress=self.progress)
 
@@ -167,7 +173,7 @@ class ZeroShotScorer:
                         "a tokenizer with neither a beginning- nor an end-of-text token leaves nothing to "
                         "score its choices after."
                     )
-                requests.append(((self.start or ([] if read else self.empty)) + read, scored))
+                requests.append((self.context(read), scored))
                 if not requests[-1][1]:
                     raise TaskDataError(
                         f"task {task.name!r}: {_where(split)}example {number}'s choice {k} has no tokens of "
@@ -208,7 +214,7 @@ class ZeroShotScorer:
                     "own after the text: the tokenizer merges it into the text's last token (begin it with "
                     "a space)."
                 )
-            requests += [(self.prefix + read, scored) for read, scored in pairs]
+            requests += [(self.context(read), scored) for read, scored in pairs]
             if not requests[-1][0] and min(len(scored) for _, scored in pairs) < 2:
                 raise TaskDataError(
                     f"task {task.name!r}: example {number}'s text is empty, which a tokenizer with neither a "

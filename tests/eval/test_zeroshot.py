@@ -90,7 +90,10 @@ def test_verbalizers_and_threshold_heuristics(tokenizer_dir):
     pair, seen = TextPair(name="p", labels=["neg", "pos"], strip_texts=True), []
     scorer.logprobs = lambda requests: seen.extend(requests) or [0.0] * len(requests)
     scorer.verbalizers(pair, spec, [{"premise": " the mat ", "hypothesis": " a man ", "label": "pos"}])
-    assert seen[0] == (scorer.prefix + ids("the mat a man very"), ids(" cat"))
+    assert scorer.prefix and seen[0] == (
+        ids("the mat a man very"),
+        ids(" cat"),
+    )  # read as it is, as the harness
     del scorer.logprobs
 
     # Threshold: the cut that maximises the metric on calibration scores, above it is label 1.
@@ -393,8 +396,8 @@ def test_a_verbalizers_template_writes_the_examples_fields_into_its_text(tokeniz
     asked = []
     scorer.logprobs = lambda requests: asked.extend(requests) or [-1.0, -2.0]
     assert scorer.verbalizers(task, spec, [row]).tolist() == [0]
-    context = scorer.prefix + scorer.ids(spec.text(task, row))
-    assert asked == [(context, scorer.ids(" no")), (context, scorer.ids(" yes"))]
+    context = scorer.ids(spec.text(task, row))  # as lm-evaluation-harness reads it: no token before it
+    assert asked == [(context, scorer.ids(" no")), (context, scorer.ids(" yes"))] and scorer.prefix
     check_method(task, spec)
     with pytest.raises(
         ValueError, match=r"the template names 'passsage', not a text field of the card: 'passage', "
