@@ -125,6 +125,11 @@ class AnswerOutput(TaskOutput):
         verdicts = self.verdicts(prediction)
         if not (isinstance(idx, dict) and {"paragraph", "question", "answers"} <= set(idx)):
             return {"idx": idx, "label": verdicts}
+        if len(verdicts) != len(idx["answers"]):  # (a NaN probability reads as no answer)
+            raise ValueError(
+                f"Task {self.task_name!r}: question {idx['question']} has {len(idx['answers'])} answers and "
+                f"{len(verdicts)} verdicts: a probability is NaN."
+            )
         answers = [{"idx": a, "label": v} for a, v in zip(idx["answers"], verdicts)]
         return {
             "idx": idx["paragraph"],

@@ -151,7 +151,8 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         self.datasets: dict[str, Any] = {}
         self.origins: dict[str, Origin] = {}  # where each split's rows come from, for messages
         self.no_label_column: dict[str, str] = {}  # a split whose file has no label column: why, for messages
-        self.id_names: dict[str, dict[int, str]] = {}  # a test split's text ids, by row: predictions' names
+        self.id_names: dict[str, dict[int, str | dict]] = {}  # a test split's ids, by row: predictions' names
+        self.predicted: list[str] | None = None  # the splits `predict_dataloader` was asked for
         self.choice_names: dict[str, dict[int, list[str]]] = {}  # its rows' own names of their choices
 
     # ---- loading and encoding ----
@@ -274,7 +275,8 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
     def stage_splits(self, stage: str) -> list[tuple[str, bool]]:
         """The splits a stage (fit, validate, test, predict) reads, each with whether it needs labels."""
         evaluated = [*[("train", True)] * (stage == "fit"), *((s, True) for s in self.task.validation_splits)]
-        tested = [(s, stage == "test") for s in self.task.test_splits]
+        asked = self.predicted if stage == "predict" and self.predicted is not None else self.task.test_splits
+        tested = [(s, stage == "test") for s in asked]
         return evaluated if stage in ("fit", "validate") else tested if stage in ("test", "predict") else []
 
     def train_labels(self) -> torch.Tensor:
@@ -367,8 +369,9 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         return [self._loader(s, train=False, labelled=True) for s in self.task.test_splits]
 
     def predict_dataloader(self, splits: list[str] | None = None) -> list[DataLoader]:
-        """Loaders of the test splits (or of `splits`), whose predictions `predict` writes."""
-        splits = self.task.test_splits if splits is None else splits
+        """Loaders of the test splits (or of `splits`, then the splits a predict stage sets up: a
+        suite's, its unreadable test files left out), whose predictions `predict` writes."""
+        self.predicted = splits = self.task.test_splits if splits is None else splits
         return [self._loader(s, train=False, labelled=False) for s in splits]
 
     # ---- inspection ----

@@ -370,6 +370,30 @@ def test_a_suite_running_in_an_out_dir_holds_it(tmp_path):
     assert runner.run() == "ran" and not (tmp_path / LOCK).exists()
 
 
+def test_a_missing_test_file_leaves_the_others_predictions(tmp_path, tokenizer_dir, capsys):
+    """A card of two test splits (RTE with SuperGLUE's diagnostics) whose second file is absent:
+    the run warns, predicts the readable split and the suite goes on (the predict stage does not
+    set up the unreadable one)."""
+    single = make_task("single", tmp_path / "a")
+    single.write_text(
+        single.read_text().replace("test: d/test.tsv}", "test: d/test.tsv, test_ax: d/ax.tsv}")
+        + "  test_splits: [test, test_ax]\n"
+    )
+    suite = write_suite(
+        tmp_path, f"name: s\ntasks: [{single}]\nsubmission: {{archive: s.zip, files: [SENT.tsv]}}\n"
+    )
+    out = tmp_path / "out"
+    argv = ["suite", str(suite), f"--out_dir={out}", f"--tokenizer={tokenizer_dir}"]
+    main([*argv, f"--data_dir={tmp_path / 'a'}", *fit_args(*FIT)])
+    printed = capsys.readouterr().out
+    assert (
+        f"warning: no sent predictions for split 'test_ax': {tmp_path / 'a' / 'd' / 'ax.tsv'}: file not found"
+        in printed
+    )
+    rows = (out / "runs" / "sent" / "seed-0" / "predictions" / "SENT.tsv").read_text().splitlines()
+    assert len(rows) == 4 and (out / "s.zip").is_file()
+
+
 def test_a_submission_folder_of_other_files_is_refused_before_any_run(tmp_path):
     """OUT/submission is written anew at the end of a suite: files no suite wrote there (`gpt-ft
     predict`'s) stop it before it runs, kept; a suite's own output (or none to predict) passes."""

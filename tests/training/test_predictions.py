@@ -3,6 +3,7 @@ example once, written whole."""
 
 import json
 
+import pytest
 import torch
 
 from gpt_ft.adapters import CauseEffect, MultiRC, ReCoRD, Similarity, SingleText
@@ -97,6 +98,11 @@ def test_multirc_questions_nested_in_their_passages(tmp_path):
                                     {"idx": 12, "label": 0}]},
         ]}},
     ]  # fmt: skip
+    with pytest.raises(
+        ValueError, match=r"^Task 'multirc': question 40 has 2 answers and 1 verdicts: a prob"
+    ):
+        broken = torch.tensor([[nan, 0.2, nan, 0.5]])  # the first answer's probability NaN
+        write_predictions(task, "test", torch.tensor([0]), broken, tmp_path, ids)
     task.submission.files = {}
     lines = write_predictions(task, "test", torch.tensor([0]), probabilities[:1], tmp_path, ids).read_text()
     assert lines == 'index\tprediction\n{"paragraph": 4, "question": 40, "answers": [7, 8]}\tTrue,False\n'
