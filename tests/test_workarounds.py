@@ -800,3 +800,33 @@ def test_the_help_says_what_gpt_ft_does_where_lightnings_says_otherwise(subcomma
     assert "true, or none given: 0." in shown and "(the newest last.ckpt of this task's runs" in shown
     if subcommand == "fit":
         assert "fine-tuning runs GPT-1's 3 epochs (pretraining: 1000)." in shown
+
+
+def test_a_gguf_file_is_parsed_once_for_its_weights_and_tokenizer(tmp_path, monkeypatch):
+    """transformers' GGUF loading looks `gguf.GGUFReader` and `gguf.get_tensor_name_map` up at call
+    time (gpt_ft/workarounds/gguf_files.py): a file's config, weights and tokenizer take one parse
+    of it and one tensor-name map; a file changed on disk is parsed again; outside `read_once`
+    gguf's own names are back."""
+    gguf = pytest.importorskip("gguf")
+    from gpt_ft import GPT
+    from gpt_ft.data.tokenizer import load_tokenizer
+    from gpt_ft.workarounds import gguf_files
+    from tests.helpers import tiny_llama
+    from tests.weights.gguf_files import tiny_tokenizer, write_gguf
+
+    path = write_gguf(tmp_path / "m.gguf", tiny_llama("llama", vocab_size=320), tokenizer=tiny_tokenizer())
+    parsed, maps = [], []
+    own_init, own_map = gguf.GGUFReader.__init__, gguf.get_tensor_name_map
+    monkeypatch.setattr(
+        gguf.GGUFReader, "__init__", lambda self, *a, **k: parsed.append(a[0]) or own_init(self, *a, **k)
+    )
+    monkeypatch.setattr(gguf, "get_tensor_name_map", lambda *a: maps.append(a) or own_map(*a))
+    monkeypatch.setenv("GPT_FT_CACHE", str(tmp_path / "cache"))
+    gguf_files._reader.cache_clear()
+    GPT.from_pretrained(path)
+    load_tokenizer(path)
+    assert len(parsed) == 1 and len(maps) == 1
+    assert isinstance(gguf.GGUFReader, type) and not gguf_files.READERS  # gguf's own class back
+    path.write_bytes(path.read_bytes())  # the same bytes, written again: another file to the cache
+    GPT.from_pretrained(path)
+    assert len(parsed) == 2

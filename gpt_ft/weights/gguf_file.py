@@ -22,6 +22,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from gpt_ft.workarounds.gguf_files import read_once, reader
 from gpt_ft.workarounds.kernels import import_transformers_models
 
 MAGIC = b"GGUF"
@@ -93,9 +94,9 @@ def open_checked(path: Path, *, weights: bool = True):
     if not _starts_with_magic(path):
         raise ValueError(f"{path} is not a GGUF file: it does not start with GGUF's magic bytes {MAGIC!r}.")
     try:
-        reader = gguf.GGUFReader(path)
-        architecture = _field(reader, "general.architecture")
-        parts = _field(reader, SPLIT_COUNT)
+        opened = reader(path)  # (parsed once: transformers' reading takes it too, `read_once`)
+        architecture = _field(opened, "general.architecture")
+        parts = _field(opened, SPLIT_COUNT)
     except ValueError as exc:
         if "GGMLQuantizationType" in str(exc):
             raise ValueError(
@@ -103,9 +104,7 @@ def open_checked(path: Path, *, weights: bool = True):
                 "a newer gguf may read it."
             ) from None
         if "version" in str(exc):
-            raise ValueError(
-                f"{path} is a GGUF version gguf {_version(gguf)} does not read ({exc})."
-            ) from None
+            raise ValueError(f"{path} is a GGUF version gguf {_version(gguf)} cannot read ({exc}).") from None
         raise ValueError(
             f"{path} is cut short or corrupt: its contents do not fit in the file ({exc})."
         ) from None
@@ -120,8 +119,8 @@ def open_checked(path: Path, *, weights: bool = True):
         held = f"a {architecture!r} model" if architecture else "no architecture (general.architecture)"
         raise ValueError(f"{path} holds {held}; gpt_ft reads GGUF files of {', '.join(ARCHITECTURES)}.")
     if weights:
-        _check_types(path, reader, gguf)
-    return reader
+        _check_types(path, opened, gguf)
+    return opened
 
 
 def _field(reader, key: str):
@@ -241,6 +240,7 @@ def _check_rope(path: Path, reader, arch: str, config) -> None:
         )
 
 
+@read_once()  # one parse of the file (gguf's reader), one tensor-name map
 def read(path: Path):
     """(transformers config, transformers-named state dict in float32) of GGUF file `path`."""
     import torch
@@ -266,10 +266,8 @@ def read(path: Path):
             )
     finally:
         logging.set_verbosity(verbosity)
-    left = len(reader.tensors) - len(parsed["tensors"])
-    if (
-        left > 0
-    ):  # transformers drops a tensor its model has no place for: the logits would not be llama.cpp's
+    # transformers drops a tensor its model has no place for: the logits would not be llama.cpp's
+    if (left := len(reader.tensors) - len(parsed["tensors"])) > 0:
         raise ValueError(
             f"{path}: {left} of its tensors have no place in the {config.model_type} model transformers "
             "reads it as, and the model would compute other logits without them."
@@ -350,7 +348,8 @@ def _tokenizer(path: Path, stamp: str):
         except OSError:  # a file system without links
             shutil.copyfile(path, linked)
         try:
-            tokenizer = AutoTokenizer.from_pretrained(alone, gguf_file=path.name)
+            with read_once():
+                tokenizer = AutoTokenizer.from_pretrained(alone, gguf_file=path.name)
         except ValueError as exc:  # an architecture transformers' GGUF reader does not know (olmo2)
             raise ValueError(
                 f"{path}: transformers reads no tokenizer from it ({exc}); give the tokenizer's folder."
