@@ -15,14 +15,15 @@
 
 The model reads plain text, as in pretraining: no start/delim/extract tokens; a text begins after
 the tokenizer's beginning-of-text token where it starts texts with one (Llama, Gemma). Otherwise a
-multiple-choice context is read as it is, and only an empty one after the beginning-of-text token,
-or else the end-of-text token (lm-evaluation-harness's rule); a text scored whole (GPT-1's
-heuristics) begins after the end-of-text token when there is one, so that its first token is
-predicted too.
+context (a multiple-choice example's, the text before verbalizers) is read as it is, and only an
+empty one after the beginning-of-text token, or else the end-of-text token (lm-evaluation-harness's
+rule); a text scored whole (the threshold) begins after the end-of-text token when there is one,
+so that its first token is predicted too.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,8 +48,10 @@ class ZeroShot:
     """Text appended to the example before the verbalizers, e.g. " very"."""
     template: str | None = None
     """The example's text before the verbalizers, `{field}` standing for a text field's text
-    (BoolQ: "{passage}\\nQuestion: {question}?\\nAnswer:", as lm-evaluation-harness asks it);
-    default: the texts joined by spaces."""
+    (BoolQ: "{passage}\\nQuestion: {question}?\\nAnswer:", as lm-evaluation-harness asks it); or a
+    Jinja template over the example's fields, as the harness's `doc_to_text` (WiC's word as sentence
+    1 spells it: `{{sentence1[start1:end1]}}`), a text field's text as the card reads it; default:
+    the texts joined by spaces."""
     threshold: bool = False
     """Score by average token log-probability; above a threshold is the second label."""
     calibration_split: str = "train"
@@ -79,11 +82,39 @@ class ZeroShot:
         if self.template is None:
             return " ".join(wholes(texts, task.text_groups)).strip()
         named = dict(zip(task.text_fields(), unjoined(texts, task.text_groups)))
-        return FIELD.sub(lambda m: named[m[1]], self.template)
+        if not JINJA.search(self.template):
+            return FIELD.sub(lambda m: named[m[1]], self.template)
+        from jinja2 import TemplateError
+
+        template, names = jinja_template(self.template)
+        fields = {**row, **named}
+        if lacks := sorted(n for n in names if n not in fields):
+            raise TaskDataError(
+                f"the zero_shot template names {lacks[0]!r}, which the example lacks (its fields: "
+                f"{', '.join(map(repr, fields))})."
+            )
+        try:
+            return template.render(fields)
+        except (TemplateError, TypeError, ValueError, LookupError) as exc:  # a slice of a text, ...
+            raise TaskDataError(f"the zero_shot template cannot be filled in: {exc}.") from None
 
 
 FIELD = re.compile(r"\{([^{}]+)\}")
 """A template's `{field}`."""
+JINJA = re.compile(r"\{\{|\{%")
+"""What makes a template Jinja's: `{{ expression }}`, `{% statement %}`."""
+
+
+@functools.lru_cache(maxsize=16)
+def jinja_template(source: str):
+    """A Jinja template as lm-evaluation-harness compiles its prompts (a field it lacks is an error,
+    a trailing newline kept), in Jinja's sandbox (a suite file's template runs no other code), and
+    the fields it names."""
+    from jinja2 import StrictUndefined, meta
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    environment = ImmutableSandboxedEnvironment(undefined=StrictUndefined, keep_trailing_newline=True)
+    return environment.from_string(source), meta.find_undeclared_variables(environment.parse(source))
 
 
 def check_method(task: TaskAdapter, spec: ZeroShot, where: str = "") -> None:
@@ -100,7 +131,16 @@ def check_method(task: TaskAdapter, spec: ZeroShot, where: str = "") -> None:
         )
     if spec.threshold and len(names) != 2:
         raise ValueError(f"{about}: a threshold needs 2 labels, not {len(names)}.")
-    if unknown := [f for f in FIELD.findall(spec.template or "") if f not in task.text_fields()]:
+    if spec.template and JINJA.search(spec.template):
+        from jinja2 import TemplateSyntaxError
+
+        try:
+            jinja_template(spec.template)
+        except TemplateSyntaxError as exc:
+            raise ValueError(
+                f"{about}: the template is not Jinja's ({exc.message}, line {exc.lineno})."
+            ) from None
+    elif unknown := [f for f in FIELD.findall(spec.template or "") if f not in task.text_fields()]:
         raise ValueError(
             f"{about}: the template names {unknown[0]!r}, not a text field of the card: "
             f"{', '.join(map(repr, task.text_fields()))}."
@@ -207,7 +247,11 @@ class ZeroShotScorer:
         """Predicted label ids: the likeliest verbalizer after text + suffix."""
         words, requests = spec.verbalizers or [], []
         for number, row in enumerate(rows, 1):
-            pairs = [self.pair(spec.text(task, row) + spec.suffix, word) for word in words]
+            try:
+                text = spec.text(task, row)
+            except TaskDataError as exc:
+                raise TaskDataError(f"task {task.name!r}: example {number}: {exc}") from None
+            pairs = [self.pair(text + spec.suffix, word) for word in words]
             if merged := next((w for w, (_, scored) in zip(words, pairs) if not scored), None):
                 raise TaskDataError(
                     f"task {task.name!r}: example {number}: the verbalizer {merged!r} has no tokens of its "

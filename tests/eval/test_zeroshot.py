@@ -407,6 +407,49 @@ def test_a_verbalizers_template_writes_the_examples_fields_into_its_text(tokeniz
         ZeroShot(template="{passage}", threshold=True)
 
 
+def test_a_jinja_template_asks_as_the_harness_prompt_it_copies(tokenizer_dir):
+    """SuperGLUE's WiC as lm-evaluation-harness asks it: its `doc_to_text` copied as it is, a Jinja
+    template over the example's fields (the word as sentence 1 spells it, by its span); a text field
+    is its text as the card reads it; a field the example lacks, or a template Jinja cannot read,
+    is one sentence."""
+    from gpt_ft.adapters.cards import load_card
+    from gpt_ft.eval.suite_file import load_suite
+    from tests.helpers import ROOT
+
+    suite = load_suite(ROOT / "configs/suites/superglue.yaml")
+    entry = next(t for t in suite.tasks if t.card.endswith("wic.yaml"))
+    task, spec = load_card(entry.card), entry.zero_shot
+    check_method(task, spec)
+    row = {"word": "bank", "sentence1": "We sat on the banks.", "sentence2": "The bank lends money.",
+           "start1": 14, "end1": 19, "idx": 0, "label": False}  # fmt: skip
+    assert spec.text(task, row) == (
+        "Sentence 1: We sat on the banks.\nSentence 2: The bank lends money.\n"
+        "Question: Is the word 'banks' used in the same way in the two sentences above?\nAnswer:"
+    )
+    assert spec.verbalizers == [" no", " yes"] and task.labels == ["False", "True"]
+    tok = load_tokenizer(tokenizer_dir, add_specials=False)
+    scorer = ZeroShotScorer(unigram_gpt(len(tok), torch.zeros(len(tok))), tok)
+    lacking = {k: v for k, v in row.items() if k != "end1"}
+    lacks = (
+        r"^task 'wic': example 1: the zero_shot template names 'end1', which the example lacks \(its fields: "
+    )
+    with pytest.raises(TaskDataError, match=lacks + r"'word', 'sentence1', 'sentence2', 'start1', "):
+        scorer.verbalizers(task, spec, [lacking])
+    with pytest.raises(
+        ValueError, match=r"zero_shot of task 'wic': the template is not Jinja's \(.+, line 1\)"
+    ):
+        check_method(task, ZeroShot(template="{{ sentence1 ", verbalizers=[" no", " yes"]))
+    with pytest.raises(
+        TaskDataError, match=r"^task 'wic': example 1: the zero_shot template cannot be filled in: "
+    ):
+        scorer.verbalizers(
+            task, ZeroShot(template="{{ sentence1[word:] }}", verbalizers=[" no", " yes"]), [row]
+        )
+    stripped = ZeroShot(template="[{{sentence}}]", verbalizers=[" a", " b"])  # the card's reading: stripped
+    sst2 = load_card(ROOT / "tasks/glue/sst2.yaml")
+    assert stripped.text(sst2, {"sentence": "it 's fine . ", "label": 1}) == "[it 's fine .]"
+
+
 def test_a_verbalizer_the_tokenizer_merges_into_the_text_is_named():
     """Encoded after "hello wor", "ld" has no tokens of its own ("Ġworld" is one): it reached the
     scoring as a bare "A continuation to score has no tokens", naming no task or example."""
