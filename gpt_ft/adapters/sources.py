@@ -248,6 +248,23 @@ def with_paths(record: dict[str, Any], fields: list[str]) -> dict[str, Any]:
     return {**record, **{path: v for path, v in values.items() if v is not absent}} if values else record
 
 
+def nested_fields(fields: dict[str, Any]) -> dict[str, Any]:
+    """The fields, each named by its path (`target.span2_index`: a column a card renamed so, or a
+    nested field's text as the card reads it) within its parent too, as a template reads it."""
+    out = dict(fields)
+    for key, value in fields.items():
+        *parents, last = key.split(".")
+        at = out
+        for part in parents:
+            if not isinstance(at.get(part, {}), dict):
+                break  # (a field of that name that holds no record: kept)
+            at[part] = at = dict(at.get(part, {}))
+        else:
+            if parents:
+                at[last] = value
+    return out
+
+
 def with_path_columns(table, fields: list[str], task_name: str):
     """A `datasets.Dataset` with a column of its own for each of `fields` that names a nested field
     (`choices.text`); a path that names none of the table's fields is refused, by what it reaches."""

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from gpt_ft.adapters import TaskAdapter, TaskDataError, metric_value
+from gpt_ft.adapters.sources import nested_fields
 from gpt_ft.adapters.tokens import unjoined, wholes
 from gpt_ft.eval.likelihood import continuation_logprobs, scored_tokens
 from gpt_ft.model import GPT
@@ -87,7 +88,7 @@ class ZeroShot:
         from jinja2 import TemplateError
 
         template, names = jinja_template(self.template)
-        fields = {**row, **named}
+        fields = nested_fields({**row, **named})
         if lacks := sorted(n for n in names if n not in fields):
             raise TaskDataError(
                 f"the zero_shot template names {lacks[0]!r}, which the example lacks (its fields: "
@@ -108,12 +109,15 @@ JINJA = re.compile(r"\{\{|\{%")
 @functools.lru_cache(maxsize=16)
 def jinja_template(source: str):
     """A Jinja template as lm-evaluation-harness compiles its prompts (a field it lacks is an error,
-    a trailing newline kept), in Jinja's sandbox (a suite file's template runs no other code), and
-    the fields it names."""
+    a trailing newline kept, its `regex_replace` filter), in Jinja's sandbox (a suite file's template
+    runs no other code), and the fields it names."""
     from jinja2 import StrictUndefined, meta
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     environment = ImmutableSandboxedEnvironment(undefined=StrictUndefined, keep_trailing_newline=True)
+    environment.filters["regex_replace"] = lambda text, pattern, repl, count=0: re.sub(
+        pattern, repl, text, count
+    )
     return environment.from_string(source), meta.find_undeclared_variables(environment.parse(source))
 
 

@@ -450,6 +450,46 @@ def test_a_jinja_template_asks_as_the_harness_prompt_it_copies(tokenizer_dir):
     assert stripped.text(sst2, {"sentence": "it 's fine . ", "label": 1}) == "[it 's fine .]"
 
 
+# lm-evaluation-harness 0.4.13's WSC prompts (`preprocess_wsc.default_doc_to_text`, run on these rows)
+WSC = [
+    ("Mark told Pete many lies about himself, which Pete included in his book. He should have been more "
+     "skeptical.", 13, "He", "Pete",
+     "Passage: Mark told Pete many lies about himself, which Pete included in his book. *He* should have "
+     "been more skeptical."),
+    ("The trophy does n't fit into the brown suitcase because it is too large .", 10, "it", "The trophy",
+     "Passage: The trophy doesn't fit into the brown suitcase because *it* is too large."),
+    ('"Ann said ( quietly ) that she , too , was there .', 6, "she", "Ann",
+     'Passage: "Ann said (quietly) that *she*, too, was there.'),
+]  # fmt: skip
+
+
+def test_wsc_is_asked_as_the_harness_asks_it_from_either_layout(monkeypatch, tmp_path):
+    """The suite's Jinja template marks the pronoun in the passage as the harness's Python does,
+    from the release's records (spans in `target`) and the hub's rows (flat columns the card
+    renames to `target.*`) alike, each read as a run reads its split."""
+    from gpt_ft.adapters.cards import load_card
+    from gpt_ft.data.files import examples_split
+    from gpt_ft.eval.suite_file import load_suite
+    from tests.helpers import ROOT, read_alike
+
+    entry = next(
+        t for t in load_suite(ROOT / "configs/suites/superglue.yaml").tasks if t.card.endswith("wsc.yaml")
+    )
+    task, spec = load_card(entry.card), entry.zero_shot
+    check_method(task, spec)
+    records = [
+        {"text": text, "idx": i, "label": True,
+         "target": {"span1_text": noun, "span2_text": pronoun, "span1_index": 0, "span2_index": at}}
+        for i, (text, at, pronoun, noun, _) in enumerate(WSC)
+    ]  # fmt: skip
+    flat = lambda r: [{"text": r["text"], **r["target"], "idx": r["idx"], "label": int(r["label"])}]  # noqa: E731
+    hub = read_alike(task, monkeypatch, tmp_path / "WSC" / "val.jsonl", records, flat)
+    released = list(examples_split(task, "validation", tmp_path))
+    for (_, _, pronoun, noun, passage), a, b in zip(WSC, released, hub, strict=True):
+        question = f'Question: In the passage above, does the pronoun "*{pronoun}*" refer to "*{noun}*"?'
+        assert spec.text(task, a) == spec.text(task, b) == f"{passage}\n{question}\nAnswer:"
+
+
 def test_a_verbalizer_the_tokenizer_merges_into_the_text_is_named():
     """Encoded after "hello wor", "ld" has no tokens of its own ("Ġworld" is one): it reached the
     scoring as a bare "A continuation to score has no tokens", naming no task or example."""
