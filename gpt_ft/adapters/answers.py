@@ -127,8 +127,8 @@ class AnswerOutput(TaskOutput):
             return {"idx": idx, "label": verdicts}
         if len(verdicts) != len(idx["answers"]):  # (a NaN probability reads as no answer)
             raise ValueError(
-                f"Task {self.task_name!r}: question {idx['question']} has {len(idx['answers'])} answers and "
-                f"{len(verdicts)} verdicts: a probability is NaN."
+                f"Task {self.task_name!r}: question {idx['question']} has {len(idx['answers'])} answers "
+                f"and a probability for {len(verdicts)}: the others' are NaN."
             )
         answers = [{"idx": a, "label": v} for a, v in zip(idx["answers"], verdicts)]
         return {

@@ -99,7 +99,7 @@ def test_multirc_questions_nested_in_their_passages(tmp_path):
         ]}},
     ]  # fmt: skip
     with pytest.raises(
-        ValueError, match=r"^Task 'multirc': question 40 has 2 answers and 1 verdicts: a prob"
+        ValueError, match=r"^Task 'multirc': question 40 has 2 answers and a probability for 1: the ot"
     ):
         broken = torch.tensor([[nan, 0.2, nan, 0.5]])  # the first answer's probability NaN
         write_predictions(task, "test", torch.tensor([0]), broken, tmp_path, ids)
