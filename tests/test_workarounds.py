@@ -802,14 +802,16 @@ def test_the_help_says_what_gpt_ft_does_where_lightnings_says_otherwise(subcomma
         assert "fine-tuning runs GPT-1's 3 epochs (pretraining: 1000)." in shown
 
 
-def test_a_gguf_file_is_parsed_once_for_its_weights_and_tokenizer(tmp_path, monkeypatch):
+def test_a_gguf_file_is_parsed_once_a_load(tmp_path, monkeypatch):
     """transformers' GGUF loading looks `gguf.GGUFReader` and `gguf.get_tensor_name_map` up at call
-    time (gpt_ft/workarounds/gguf_files.py): a file's config, weights and tokenizer take one parse
-    of it and one tensor-name map; a file changed on disk is parsed again; outside `read_once`
-    gguf's own names are back."""
+    time (gpt_ft/workarounds/gguf_files.py): loading a file's weights (its config, checks and
+    tensors) parses it once and builds one tensor-name map, converting its tokenizer parses it
+    once, and a tokenizer already converted none; no reader is kept after a load, and gguf's own
+    names are back."""
     gguf = pytest.importorskip("gguf")
     from gpt_ft import GPT
     from gpt_ft.data.tokenizer import load_tokenizer
+    from gpt_ft.weights.pretrained import resolve_tokenizer
     from gpt_ft.workarounds import gguf_files
     from tests.helpers import tiny_llama
     from tests.weights.gguf_files import tiny_tokenizer, write_gguf
@@ -822,11 +824,33 @@ def test_a_gguf_file_is_parsed_once_for_its_weights_and_tokenizer(tmp_path, monk
     )
     monkeypatch.setattr(gguf, "get_tensor_name_map", lambda *a: maps.append(a) or own_map(*a))
     monkeypatch.setenv("GPT_FT_CACHE", str(tmp_path / "cache"))
-    gguf_files._reader.cache_clear()
     GPT.from_pretrained(path)
+    assert len(parsed) == 1 and len(maps) == 1 and not gguf_files.OPEN  # nothing kept
     load_tokenizer(path)
-    assert len(parsed) == 1 and len(maps) == 1
-    assert isinstance(gguf.GGUFReader, type) and not gguf_files.READERS  # gguf's own class back
-    path.write_bytes(path.read_bytes())  # the same bytes, written again: another file to the cache
-    GPT.from_pretrained(path)
     assert len(parsed) == 2
+    assert resolve_tokenizer(None, str(path)) == str(path) and len(parsed) == 2  # the cache says it has one
+    assert isinstance(gguf.GGUFReader, type)  # gguf's own class back
+
+
+def test_a_gguf_load_in_another_thread_waits_for_the_one_under_way():
+    """`read_once` entered from two threads (a caller's own): the second waits until the first has
+    put gguf's own names back, then stands in itself (unguarded, a thread could save another's
+    stand-in as gguf's class, and every later read recursed)."""
+    import threading
+
+    gguf = pytest.importorskip("gguf")
+    from gpt_ft.workarounds import gguf_files
+
+    own, seen = gguf.GGUFReader, []
+
+    def second():
+        with gguf_files.read_once():
+            seen.append(gguf_files.OPEN["class"])
+
+    with gguf_files.read_once():
+        other = threading.Thread(target=second)
+        other.start()
+        other.join(timeout=0.3)
+        assert other.is_alive() and not seen  # waiting
+    other.join(timeout=10)
+    assert seen == [own] and gguf.GGUFReader is own and not gguf_files.OPEN

@@ -17,8 +17,8 @@ The model reads plain text, as in pretraining: no start/delim/extract tokens; a 
 the tokenizer's beginning-of-text token where it starts texts with one (Llama, Gemma). Otherwise a
 context (a multiple-choice example's, the text before verbalizers) is read as it is, and only an
 empty one after the beginning-of-text token, or else the end-of-text token (lm-evaluation-harness's
-rule); a text scored whole (the threshold) begins after the end-of-text token when there is one,
-so that its first token is predicted too.
+rule); a text scored whole (the threshold) begins after that token too, as the harness's rolling
+log-likelihood reads it, so that its first token is predicted.
 """
 
 from __future__ import annotations
@@ -169,9 +169,9 @@ class ZeroShotScorer:
         eos = tokenizer.eos_token_id if tokenizer.eos_token is not None else None
         bos = tokenizer.bos_token_id if tokenizer.bos_token is not None else None
         self.start = text_start(tokenizer)  # every text's first token, where the tokenizer has one
-        self.prefix = self.start or ([eos] if eos is not None else [])
-        # an empty context's, as lm-evaluation-harness reads one (`prefix_token_id`): bos, else eos
-        self.empty = self.start or ([bos] if bos is not None else [eos] if eos is not None else [])
+        # what an empty context and a text scored whole begin with, as lm-evaluation-harness reads
+        # them (its `prefix_token_id`: bos, else eos)
+        self.prefix = self.start or ([bos] if bos is not None else [eos] if eos is not None else [])
 
     def ids(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
@@ -189,8 +189,8 @@ class ZeroShotScorer:
     def context(self, read: list[int]) -> list[int]:
         """A context's tokens as lm-evaluation-harness reads them: as they are (after the tokenizer's
         beginning-of-text token where it starts every text with one), an empty one as its prefix
-        token (`empty`)."""
-        return (self.start or ([] if read else self.empty)) + read
+        token (`prefix`)."""
+        return (self.start or ([] if read else self.prefix)) + read
 
     def logprobs(self, requests: list[tuple[list[int], list[int]]]) -> list[float]:
         return continuation_logprobs(self.gpt, requests, batch_size=self.batch_size, progress=self.progress)
@@ -211,7 +211,7 @@ class ZeroShotScorer:
             start = len(requests)
             for k, (context, choice) in enumerate(pairs, 1):
                 read, scored = self.pair(context, " " + choice.strip())
-                if not self.empty and not read:  # a choice's first token would go unscored
+                if not self.prefix and not read:  # a choice's first token would go unscored
                     raise TaskDataError(
                         f"task {task.name!r}: {_where(split)}example {number} has an empty context, which "
                         "a tokenizer with neither a beginning- nor an end-of-text token leaves nothing to "

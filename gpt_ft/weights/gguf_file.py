@@ -26,6 +26,7 @@ from gpt_ft.workarounds.gguf_files import read_once, reader
 from gpt_ft.workarounds.kernels import import_transformers_models
 
 MAGIC = b"GGUF"
+TOKENS = "tokenizer.ggml.tokens"
 SUFFIX = ".gguf"
 # GGUF's `general.architecture` for the families gpt_ft has (a llama file named "mistral" is one).
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "gpt2")
@@ -81,20 +82,16 @@ def _gguf():
 
 
 def open_checked(path: Path, *, weights: bool = True):
-    """A `gguf.GGUFReader` over `path`, once the file is known to be one gpt_ft can read (with
-    `weights=False`, only its metadata: for its tokenizer).
-
-    Raises:
-        ValueError: in one sentence naming the file, when it is not GGUF, cannot be read (cut
-            short, corrupt, a version the gguf library does not read), is one part of a split
-            model, or (for its weights) holds an architecture gpt_ft lacks or a tensor type it
-            cannot dequantize.
-    """
+    """A `gguf.GGUFReader` over `path` (`read_once`'s), once the file is known to be one gpt_ft can
+    read (with `weights=False`, only its metadata: for its tokenizer). Raises a ValueError in one
+    sentence naming the file when it is not GGUF, cannot be read (cut short, corrupt, a version the
+    gguf library does not read), is one part of a split model, or (for its weights) holds an
+    architecture gpt_ft lacks or a tensor type it cannot dequantize."""
     gguf = _gguf()
     if not _starts_with_magic(path):
         raise ValueError(f"{path} is not a GGUF file: it does not start with GGUF's magic bytes {MAGIC!r}.")
     try:
-        opened = reader(path)  # (parsed once: transformers' reading takes it too, `read_once`)
+        opened = reader(path)
         architecture = _field(opened, "general.architecture")
         parts = _field(opened, SPLIT_COUNT)
     except ValueError as exc:
@@ -189,9 +186,7 @@ def hf_config(path: Path, reader=None):
             f"{path}: its blocks carry {has} biases and no {lacks} biases, and gpt_ft's Llama blocks hold "
             "both or neither."
         )
-    if (
-        config.model_type == "gemma3_text"
-    ):  # unread by transformers; llama.cpp's scale (27B's, 62 layers, aside)
+    if config.model_type == "gemma3_text":  # unread by transformers; llama.cpp's (27B's, 62 layers, aside)
         width = config.hidden_size // config.num_attention_heads
         config.query_pre_attn_scalar = width if config.num_hidden_layers == 62 else config.head_dim
     _check_rope(path, reader, arch, config)
@@ -308,17 +303,23 @@ def load_tokenizer(path: Path):
     the cache (`$GPT_FT_CACHE`, by default ~/.cache/gpt_ft) under the file's path, size, times
     (modified and changed: a copy that kept the first has a new second) and inode, and within a
     process in memory (each caller gets its own copy)."""
-    stat = path.stat()
-    stamp = f"{stat.st_size}\0{stat.st_mtime_ns}\0{stat.st_ctime_ns}\0{stat.st_ino}"
-    return copy.deepcopy(_tokenizer(path.resolve(), stamp))
+    return copy.deepcopy(_tokenizer(path.resolve(), _stamp(path)))
 
 
-TOKENS = "tokenizer.ggml.tokens"
+def _stamp(path: Path) -> str:  # (its size, times and inode)
+    return "\0".join(map(str, ((s := path.stat()).st_size, s.st_mtime_ns, s.st_ctime_ns, s.st_ino)))
+
+
+def _converted(path: Path, stamp: str) -> Path:  # the cache's tokenizer of file `path` (resolved)
+    key = hashlib.sha256(f"{CONVERSION}\0{path}\0{stamp}".encode()).hexdigest()[:16]
+    return cache_dir() / f"{path.stem}-{key}"
 
 
 def carries_tokenizer(path: Path) -> bool:
-    """Whether GGUF file `path` holds a tokenizer (llama.cpp's converters write one; not every file has)."""
-    return TOKENS in open_checked(path, weights=False).fields
+    """Whether GGUF file `path` holds a tokenizer (llama.cpp's converters write one; not every file
+    has): one converted from it is in the cache, or else its metadata says so."""
+    converted = (_converted(path.resolve(), _stamp(path)) / "tokenizer.json").is_file()
+    return converted or TOKENS in open_checked(path, weights=False).fields
 
 
 def cache_dir() -> Path:
@@ -328,11 +329,11 @@ def cache_dir() -> Path:
 
 
 @functools.lru_cache(maxsize=4)
+@read_once()  # (a conversion: one parse of the file)
 def _tokenizer(path: Path, stamp: str):
     from transformers import AutoTokenizer
 
-    key = hashlib.sha256(f"{CONVERSION}\0{path}\0{stamp}".encode()).hexdigest()[:16]
-    saved = cache_dir() / f"{path.stem}-{key}"
+    saved = _converted(path, stamp)
     if (saved / "tokenizer.json").is_file():
         try:
             return AutoTokenizer.from_pretrained(saved)
@@ -348,8 +349,7 @@ def _tokenizer(path: Path, stamp: str):
         except OSError:  # a file system without links
             shutil.copyfile(path, linked)
         try:
-            with read_once():
-                tokenizer = AutoTokenizer.from_pretrained(alone, gguf_file=path.name)
+            tokenizer = AutoTokenizer.from_pretrained(alone, gguf_file=path.name)
         except ValueError as exc:  # an architecture transformers' GGUF reader does not know (olmo2)
             raise ValueError(
                 f"{path}: transformers reads no tokenizer from it ({exc}); give the tokenizer's folder."

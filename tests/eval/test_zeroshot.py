@@ -154,7 +154,7 @@ def test_texts_start_as_the_tokenizer_starts_them(tokenizer_dir):
     assert gpt2_way.prefix == [eos]  # a text scored whole begins after it: its first token predicted
     # A choice's context is read as it is, after end-of-text only when empty (lm-evaluation-harness's
     # `loglikelihood`: its prefix token for an empty context alone).
-    from gpt_ft.adapters import MultipleChoice
+    from gpt_ft.adapters import MultipleChoice, SingleText
 
     seen, task = [], MultipleChoice(name="mc", context=["story"], choices=["a", "b"], labels=["1", "2"])
     gpt2_way.logprobs = lambda requests: seen.extend(requests) or [0.0] * len(requests)
@@ -165,12 +165,16 @@ def test_texts_start_as_the_tokenizer_starts_them(tokenizer_dir):
     gpt2_way.multiple_choice(task, rows)
     assert [context for context, _ in seen] == [gpt2_way.ids("a story .")] * 2 + [[eos]] * 2
     # A beginning-of-text token the tokenizer does not add itself (SmolLM2's) starts an empty context
-    # (the harness's `prefix_token_id`: bos, else eos); a text scored whole still starts after eos.
+    # and a text scored whole (the harness's `prefix_token_id`: bos, else eos; its rolling
+    # log-likelihood starts there too).
     tok.bos_token = tok.convert_ids_to_tokens(eos + 1)
     smollm_way, seen[:] = ZeroShotScorer(unigram_gpt(len(tok), torch.zeros(len(tok))), tok), []
     smollm_way.logprobs = lambda requests: seen.extend(requests) or [0.0] * len(requests)
     smollm_way.multiple_choice(task, rows)
-    assert [context for context, _ in seen][2:] == [[eos + 1]] * 2 and smollm_way.prefix == [eos]
+    assert [context for context, _ in seen][2:] == [[eos + 1]] * 2 and smollm_way.prefix == [eos + 1]
+    seen[:] = []
+    smollm_way.average_logprobs(SingleText(name="s", labels=["no", "yes"]), [{"sentence": "a story ."}])
+    assert seen == [([eos + 1], smollm_way.ids("a story ."))]
     bos = eos + 1  # a token of its own, as Llama's <s>
     tok.bos_token = tok.convert_ids_to_tokens(bos)
     tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
