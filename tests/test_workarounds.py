@@ -854,3 +854,31 @@ def test_a_gguf_load_in_another_thread_waits_for_the_one_under_way():
         assert other.is_alive() and not seen  # waiting
     other.join(timeout=10)
     assert seen == [own] and gguf.GGUFReader is own and not gguf_files.OPEN
+
+
+@pytest.mark.parametrize("pre", ["smollm", "gpt-2"])
+def test_a_gguf_tokenizer_splits_digits_as_llama_cpp_reads_its_pre_tokenizer(tmp_path, monkeypatch, pre):
+    """transformers converts a GGUF tokenizer of SmolLM's pre-tokenizer with GPT-2's pattern alone
+    (gpt_ft/workarounds/gguf_files.py, `split_digits`): read through gpt_ft, "smollm" cuts every
+    digit apart first, as llama.cpp and SmolLM2's own tokenizer.json do ("2024": four pieces where
+    the vocabulary merges them), and "gpt-2" keeps GPT-2's pattern; each equals the tokenizers
+    library's own encoding with that pre-tokenizer."""
+    pytest.importorskip("gguf")
+    from tokenizers import Tokenizer, pre_tokenizers
+
+    from gpt_ft.data.tokenizer import load_tokenizer
+    from tests.helpers import tiny_llama
+    from tests.weights.gguf_files import tiny_tokenizer, write_gguf
+
+    monkeypatch.setenv("GPT_FT_CACHE", str(tmp_path / "cache"))
+    source = tiny_tokenizer()
+    path = write_gguf(tmp_path / "m.gguf", tiny_llama("llama", vocab_size=320), tokenizer=source, pre=pre)
+    text = "She said: it's the best film of 2024, and 12 more!"
+    expected = Tokenizer.from_str(source.backend_tokenizer.to_str())
+    if pre == "smollm":
+        digits = pre_tokenizers.Digits(individual_digits=True)
+        expected.pre_tokenizer = pre_tokenizers.Sequence([digits, expected.pre_tokenizer])
+    ids = load_tokenizer(str(path))(text, add_special_tokens=False)["input_ids"]
+    assert ids == expected.encode(text, add_special_tokens=False).ids
+    year = load_tokenizer(str(path)).tokenize("2024")
+    assert year == (["2", "0", "2", "4"] if pre == "smollm" else ["202", "4"])

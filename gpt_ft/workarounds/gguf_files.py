@@ -1,4 +1,5 @@
-"""gguf's reader and transformers' GGUF loading: a file parsed once a load, its tensor-name map built once.
+"""gguf's reader and transformers' GGUF loading: a file parsed once a load, its tensor-name map built
+once; digits split as llama.cpp splits them.
 
 `gguf.GGUFReader` parses every metadata field of a file in Python when it opens it, a tokenizer's
 whole vocabulary and merges included (about 4 s for SmolLM2's 49,152 tokens on one core), and
@@ -14,6 +15,14 @@ holds about 150 MB of Python objects (SmolLM2's), and a reader keeps its file ma
 Upstream: transformers' loader takes a path only (transformers/modeling_gguf_pytorch_utils.py,
 `load_gguf_checkpoint`). When it takes a reader, pass one and drop `read_once`;
 tests/test_workarounds.py fails when transformers stops looking the two names up at call time.
+
+`split_digits`: llama.cpp reads a file whose pre-tokenizer (`tokenizer.ggml.pre`) is SmolLM's, and
+seven others', by cutting every digit apart before GPT-2's pattern (`\\p{N}` first, its
+src/llama-vocab.cpp), as the models' own tokenizer.json does (`Digits(individual_digits=True)`);
+transformers' GGUF conversion (5.25) has no split for these names and leaves GPT-2's pattern alone, so
+"2024" would be one piece where llama.cpp and the model read four. Upstream: transformers'
+integrations/gguf/gguf_tokenizer_mapping.py, `GGUF_PRE_TOKENIZER_SPLITS`; the test fails once it
+splits them itself.
 """
 
 from __future__ import annotations
@@ -24,6 +33,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+DIGITS_FIRST = ("starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b", "mellum2")
+"""llama.cpp's pre-tokenizer names whose first split is each digit (`\\p{N}`), then GPT-2's pattern."""
 LOCK = threading.RLock()
 OPEN: dict[str, Any] = {}
 """Within the outermost `read_once`: gguf's own reader class and map ("class", "map"), the readers
@@ -69,3 +80,14 @@ def read_once() -> Iterator[None]:
         finally:
             gguf.GGUFReader, gguf.get_tensor_name_map = OPEN["class"], OPEN["map"]
             OPEN.clear()
+
+
+def split_digits(tokenizer, pre: str | None) -> None:
+    """Give a tokenizer transformers converted from a GGUF file of pre-tokenizer `pre` llama.cpp's
+    digit split where it has GPT-2's pattern alone (see above); any other is left as it is."""
+    from tokenizers import pre_tokenizers
+
+    backend = tokenizer.backend_tokenizer
+    if pre in DIGITS_FIRST and isinstance(backend.pre_tokenizer, pre_tokenizers.ByteLevel):
+        digits = pre_tokenizers.Digits(individual_digits=True)
+        backend.pre_tokenizer = pre_tokenizers.Sequence([digits, backend.pre_tokenizer])
