@@ -67,7 +67,7 @@ COMMANDS = {
         lazy("gpt_ft.eval.calibration:calibrate"),
     ),
     "export": Command(
-        "write a fine-tuned model as a transformers, sentence-transformers or ONNX folder",
+        "write a fine-tuned model as a transformers, sentence-transformers or ONNX folder; an LM as GGUF",
         lazy("gpt_ft.eval.export:export_checkpoint"),
     ),
 }

@@ -1,5 +1,5 @@
 """A fine-tuned classifier as a standard transformers folder, for any serving stack (and a
-pretrained language model as transformers' causal LM, `export_language_model`).
+pretrained language model as transformers' causal LM, `export_language_model`, or a GGUF file).
 
     gpt-ft export --ckpt_path runs/.../last.ckpt --out my-classifier
     # elsewhere, without gpt_ft:
@@ -28,6 +28,7 @@ import json
 import math
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Literal
 
@@ -35,7 +36,7 @@ import torch
 from torch import Tensor
 
 from gpt_ft.data.folders import written_whole
-from gpt_ft.errors import check_output_dir, real_path
+from gpt_ft.errors import check_output_dir, check_output_file, real_path
 from gpt_ft.eval.classifier import Classifier
 from gpt_ft.eval.framing import framed_tokenizer, loads_as_written
 from gpt_ft.eval.onnx import write_onnx
@@ -44,27 +45,40 @@ from gpt_ft.weights.hf import has_double_heads, to_hf
 from gpt_ft.weights.pretrained import GPT
 from gpt_ft.workarounds.kernels import import_transformers_models
 
-FORMATS = ("transformers", "onnx")
+FORMATS = ("transformers", "onnx", "gguf")
 
 
 def export_checkpoint(
-    *, ckpt_path: str | Path, out: str | Path, format: Literal["transformers", "onnx"] = "transformers"
+    *,
+    ckpt_path: str | Path,
+    out: str | Path,
+    format: Literal["transformers", "onnx", "gguf"] = "transformers",
+    gguf_type: Literal["f32", "f16", "bf16", "q8_0"] = "f16",
 ) -> Path:
-    """Write a fine-tuned classifier (transformers or ONNX), or a language model (transformers' causal LM).
+    """Write a fine-tuned classifier (transformers or ONNX), or a language model (transformers or GGUF).
 
     Args:
         ckpt_path: A checkpoint of gpt-ft fit: fine-tuned, or a language model's (pretraining's).
-        out: A new (or empty) folder.
-        format: transformers (a folder for pipelines) or onnx (config, tokenizer and model.onnx).
+        out: A new (or empty) folder; with --format gguf, a new file.
+        format: transformers (a folder for pipelines), onnx (config, tokenizer and model.onnx), or
+            gguf (a language model as one file).
+        gguf_type: With --format gguf, the matrices' type (norms and biases stay f32).
     """
-    out = check_new_folder(out, "--out")  # the folder checked before the weights load
+    gguf = format == "gguf"  # the output checked before the weights load
+    out = check_output_file(out, "--out") if gguf else check_new_folder(out, "--out")
     check_format(format)
     stored = Checkpoint.read(ckpt_path)
     if "token_dir" in stored.data_args:  # pretraining's: a language model
-        if format != "transformers":
-            raise ValueError("--format onnx: a language model exports as a transformers folder.")
-        print(f"wrote {export_language_model(stored, out)}: pipeline('text-generation') loads it")
+        if gguf:
+            print(f"wrote {export_gguf(stored, out, gguf_type)}: llama.cpp, Ollama and LM Studio load it")
+        elif format == "onnx":
+            raise ValueError("--format onnx: a language model exports as a transformers folder or GGUF file.")
+        else:
+            print(f"wrote {export_language_model(stored, out)}: pipeline('text-generation') loads it")
         return out
+    if gguf:
+        raise ValueError("--format gguf: a language model's checkpoint (pretraining's) exports as GGUF; "
+                         "a fine-tuned one as a transformers or ONNX folder.")  # fmt: skip
     clf = Classifier.from_checkpoint(stored, device="cpu")
     if clf.task.output.embeds:
         if format != "transformers":
@@ -91,7 +105,7 @@ def what_loads(config: dict, format: str) -> str:
 
 def check_format(format: str) -> None:
     if format not in FORMATS:
-        raise ValueError(f"--format {format!r}: choose transformers or onnx.")
+        raise ValueError(f"--format {format!r}: choose transformers, onnx or gguf.")
     if format == "onnx":
         try:
             import onnxscript  # noqa: F401  (torch.onnx's exporter needs it)
@@ -161,6 +175,14 @@ def export_language_model(stored: Checkpoint, out: Path) -> Path:
         tokenizer.save_pretrained(tmp)
         loads_as_written(tmp, tokenizer)
     return out
+
+
+def export_gguf(stored: Checkpoint, out: Path, gguf_type: str = "f16") -> Path:
+    """A language model's checkpoint as one GGUF file, by way of its transformers folder."""
+    from gpt_ft.weights.gguf_write import write_gguf
+
+    with tempfile.TemporaryDirectory() as scratch:
+        return write_gguf(export_language_model(stored, Path(scratch) / "lm"), out, outtype=gguf_type)
 
 
 def export_encoder(clf: Classifier, out: str | Path) -> Path:
@@ -315,10 +337,6 @@ def token_classifier(clf: Classifier):
     return model
 
 
-def head_outputs(clf: Classifier) -> int:
-    return clf.head.out_features
-
-
 def similarity_model(clf: Classifier):
     """GPT-1's similarity classifier (both orders, states added, then the head) as the model class
     of `modeling_similarity.py`, shipped in the folder: its `config.json` names it for
@@ -351,25 +369,14 @@ def double_heads_model(clf: Classifier):
     lm = _language_model(clf)
     from transformers import GPT2DoubleHeadsModel, OpenAIGPTDoubleHeadsModel
 
-    config = lm.config
-    config.update(
-        dict(
-            summary_type="cls_index",
-            summary_use_proj=True,
-            summary_proj_to_labels=True,
-            summary_activation=None,
-            num_labels=1,  # the head's one score per choice; the choices' names beside it
-            **(
-                {
-                    "choice_labels": [
-                        str(clf.task.output.label_name(i)) for i in range(clf.task.output.choices)
-                    ]
-                }
-                if clf.task.output.names_field is None
-                else {"choice_names_field": clf.task.output.names_field}  # each row names its own (ARC)
-            ),
-        )
+    config, output = lm.config, clf.task.output
+    names = (  # the choices' names beside the head's one score per choice; ARC's rows name their own
+        {"choice_labels": [str(output.label_name(i)) for i in range(output.choices)]}
+        if output.names_field is None
+        else {"choice_names_field": output.names_field}
     )
+    config.update(dict(summary_type="cls_index", summary_use_proj=True, summary_proj_to_labels=True,
+                       summary_activation=None, num_labels=1, **names))  # fmt: skip
     cls = GPT2DoubleHeadsModel if clf.gpt.config.pre_ln else OpenAIGPTDoubleHeadsModel  # GPT-2; GPT-1
     model = cls(config).eval()
     loaded = model.load_state_dict(lm.state_dict(), strict=False)

@@ -436,6 +436,12 @@ def test_export_command(tmp_path, finetuned, capsys):
     assert "--format: " in error(
         capsys, "export", f"--ckpt_path={finetuned.ckpt}", "--out=x", "--format=tflite"
     )
+    assert error(
+        capsys, "export", f"--ckpt_path={finetuned.ckpt}", f"--out={tmp_path}/m.gguf", "--format=gguf"
+    ) == (
+        "--format gguf: a language model's checkpoint (pretraining's) exports as GGUF; a fine-tuned one as a "
+        "transformers or ONNX folder."
+    )
     assert files(tmp_path) == before
 
 
@@ -589,7 +595,49 @@ def test_a_language_models_checkpoint_exports_as_a_causal_lm_that_stops_at_end_o
         ours = gpt.lm_logits(gpt(ids))
         torch.testing.assert_close(hf(ids).logits[..., : ours.shape[-1]], ours, rtol=0, atol=1e-5)
     onnx = ["export", f"--ckpt_path={ckpt}", f"--out={tmp_path / 'onnx'}", "--format=onnx"]
-    assert error(capsys, *onnx) == "--format onnx: a language model exports as a transformers folder."
+    assert (
+        error(capsys, *onnx)
+        == "--format onnx: a language model exports as a transformers folder or GGUF file."
+    )
+    gguf = ["export", f"--ckpt_path={ckpt}", f"--out={tmp_path / 'gpt1.gguf'}", "--format=gguf"]
+    assert error(capsys, *gguf).startswith(
+        "llama.cpp has no architecture this toolkit writes for a 'openai-gpt'"
+    )
+    assert not (tmp_path / "gpt1.gguf").exists()
+
+
+def test_a_llama_language_model_exports_as_a_gguf_file_that_reads_back_as_it(tmp_path, tokenizer_dir, capsys):
+    """`export --format gguf`: pretraining's Llama-family checkpoint as one GGUF file (f32 here),
+    which reads back (transformers' GGUF loader) with the checkpoint's logits and tokens; an
+    existing file is refused and kept."""
+    from gpt_ft.cli import main
+    from gpt_ft.data.prepare import prepare
+    from gpt_ft.data.tokenizer import load_tokenizer
+    from gpt_ft.weights.pretrained import GPT as Pretrained
+    from tests.helpers import ROOT, write_corpus
+
+    pytest.importorskip("gguf")
+    prepare(out_dir=tmp_path / "tokens", tokenizer=tokenizer_dir, inputs=[str(write_corpus(tmp_path))],
+            validation_fraction=0.3, progress=False)  # fmt: skip
+    config = str(ROOT / "configs/pretrain/cpu.yaml")
+    main(["fit", "--config", config, f"--data.token_dir={tmp_path / 'tokens'}",
+          "--data.block_size=16", "--data.batch_size=4", "--model.preset=llama-micro",
+          "--model.overrides={n_positions: 64, n_layer: 1}", "--trainer.max_steps=2",
+          f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}", "--trainer.enable_progress_bar=false",
+          "--trainer.enable_model_summary=false"])  # fmt: skip
+    ckpt, out = next((tmp_path / "runs").rglob("last.ckpt")), tmp_path / "lm.gguf"
+    capsys.readouterr()
+    main(["export", f"--ckpt_path={ckpt}", f"--out={out}", "--format=gguf", "--gguf_type=f32"])
+    assert capsys.readouterr().out == f"wrote {out}: llama.cpp, Ollama and LM Studio load it\n"
+    ours, back = Pretrained.from_pretrained(str(ckpt)), Pretrained.from_pretrained(str(out))
+    text = "the cat sat on the mat"
+    ids = load_tokenizer(tokenizer_dir)(text, return_tensors="pt").input_ids
+    assert load_tokenizer(str(out))(text, return_tensors="pt").input_ids.tolist() == ids.tolist()
+    with torch.no_grad():
+        torch.testing.assert_close(back.lm_logits(back(ids)), ours.lm_logits(ours(ids)), rtol=0, atol=1e-5)
+    size = out.stat().st_size
+    message = error(capsys, "export", f"--ckpt_path={ckpt}", f"--out={out}", "--format=gguf")
+    assert message.startswith(f"--out {out} already exists: give another name") and out.stat().st_size == size
 
 
 def test_an_exported_models_config_names_the_tokenizers_own_bos():

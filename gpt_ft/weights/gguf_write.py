@@ -1,0 +1,271 @@
+"""A language model as one GGUF file, as llama.cpp, Ollama and LM Studio load it.
+
+    gpt-ft export --ckpt_path runs/.../last.ckpt --format gguf --out my-model.gguf  # --gguf_type f16
+
+The input is the transformers causal-LM folder `gpt-ft export` writes (GPT-2, Llama, Mistral,
+Qwen2 or Qwen3; the same folder llama.cpp's own `convert_hf_to_gguf.py` takes), and the file is
+laid out as that converter lays it out: llama.cpp's architecture, metadata keys and tensor names
+from the `gguf` library (llama.cpp's own), Llama's q/k rows reordered for llama.cpp's rotary layout,
+GPT-2's Conv1D weights stored (out, in), norms, biases and GPT-2's position table in F32, every other
+matrix in the chosen type (f32, f16, bf16, or q8_0 where its rows split into 32-value blocks, else
+f16), a tied head stored once. The tokenizer goes in as llama.cpp's byte-level BPE ("gpt2"): the
+vocabulary by id (ids the model has and the tokenizer lacks as unused `[PAD{id}]`), special tokens as
+control tokens, merges, bos/eos/padding ids, whether texts start with bos, the chat template (gguf's
+`SpecialVocab`), and the pre-tokenizer's llama.cpp name, read from tokenizer.json's pre-tokenizer
+(GPT-2's pattern, SmolLM's digits first, Llama 3's or Qwen2's split); one llama.cpp would read
+otherwise is refused, as is a family or setting llama.cpp's architecture lacks (GPT-1, Gemma 3,
+Phi-3, a sliding window, a rotary scaling other than linear or Llama 3's).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+
+OUTTYPES = ("f32", "f16", "bf16", "q8_0")
+ARCHITECTURES = {"gpt2": "GPT2", "llama": "LLAMA", "mistral": "LLAMA", "qwen2": "QWEN2", "qwen3": "QWEN3"}
+ACTIVATIONS = {
+    "gpt2": ("gelu_new", "gelu_pytorch_tanh")
+}  # llama.cpp's GPT-2 uses the tanh GELU; the rest SiLU
+GPT2 = {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True}  # (llama.cpp adds no space)
+BYTES = dict(GPT2, use_regex=False)
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+                r"\s*[\r\n]+|\s+(?!\S)|\s+")  # fmt: skip
+QWEN2_SPLIT = LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}", 1)  # each digit apart
+PRE_TOKENIZERS = {  # llama.cpp's name: (tokenizer.json's normalizer, its pre-tokenizer's steps)
+    "gpt-2": (None, [GPT2]),
+    "smollm": (None, [{"type": "Digits", "individual_digits": True}, GPT2]),
+    "llama-bpe": (None, [{"type": "Split", "Regex": LLAMA3_SPLIT}, BYTES]),
+    "qwen2": ("NFC", [{"type": "Split", "Regex": QWEN2_SPLIT}, BYTES]),
+}
+
+
+def write_gguf(
+    folder: str | Path, path: str | Path, *, outtype: str = "f16", name: str | None = None
+) -> Path:
+    """Write the transformers causal-LM folder `folder` (config.json, model.safetensors, the
+    tokenizer's files) as GGUF file `path`, its matrices in `outtype`."""
+    import gguf
+    from safetensors.torch import load_file
+
+    folder, path = Path(folder), Path(path)
+    if outtype not in OUTTYPES:
+        raise ValueError(f"--gguf_type {outtype!r}: choose one of {', '.join(OUTTYPES)}.")
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    arch = getattr(gguf.MODEL_ARCH, _architecture(config))
+    partial = path.with_name(f".{path.name}.partial")  # the file takes its name once whole
+    writer = gguf.GGUFWriter(partial, gguf.MODEL_ARCH_NAMES[arch])
+    writer.add_type(gguf.GGUFType.MODEL)
+    writer.add_name(name or path.stem)
+    file_type = {"f32": "ALL_F32", "f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "q8_0": "MOSTLY_Q8_0"}[outtype]
+    _hyperparameters(writer, config, getattr(gguf.LlamaFileType, file_type))
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    _vocabulary(writer, folder, config["vocab_size"])
+    names = gguf.get_tensor_name_map(arch, config.get("n_layer") or config["num_hidden_layers"])
+    state = load_file(folder / "model.safetensors")
+    for key, tensor in _tensors(state, config):
+        gguf_name = names.get_name(key, try_suffixes=(".weight", ".bias"))
+        if gguf_name is None:
+            raise ValueError(
+                f"{folder}: tensor {key} has no place in llama.cpp's {config['model_type']} layout."
+            )
+        data, qtype = _stored(tensor, gguf_name, outtype)
+        writer.add_tensor(gguf_name, data, raw_dtype=qtype)
+    writer.add_size_label(gguf.size_label(*writer.get_total_parameter_count()))  # ("135M", the converter's)
+    try:
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        partial.replace(path)
+    finally:
+        partial.unlink(missing_ok=True)
+    return path
+
+
+def _architecture(config: dict) -> str:
+    kind = config.get("model_type")
+    if kind not in ARCHITECTURES:
+        raise ValueError(
+            f"llama.cpp has no architecture this toolkit writes for a {kind!r} model; GGUF files are written "
+            f"for {', '.join(ARCHITECTURES)} (export --format transformers keeps any)."
+        )
+    activation = config.get("activation_function") or config.get("hidden_act")
+    if activation not in ACTIVATIONS.get(kind, ("silu",)):
+        raise ValueError(
+            f"llama.cpp's {kind} models use {ACTIVATIONS.get(kind, ('silu',))[0]}; this one {activation}."
+        )
+    window = config.get("sliding_window") if kind == "mistral" else None
+    if config.get("use_sliding_window") or (window and window < config["max_position_embeddings"]):
+        raise ValueError(
+            f"llama.cpp's {kind} models attend to every earlier token; this one slides a window."
+        )
+    return ARCHITECTURES[kind]
+
+
+def _rope(config: dict) -> tuple[float, dict]:
+    params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+    theta = params.pop("rope_theta", config.get("rope_theta", 10000.0))
+    kind = params.get("rope_type", params.get("type", "default"))
+    allowed = ("default", "linear", "llama3") if config["model_type"] == "llama" else ("default", "linear")
+    if kind not in allowed:
+        raise ValueError(f"A {config['model_type']} model's rotary scaling {kind!r} has no GGUF form here "
+                         f"({', '.join(allowed)}).")  # fmt: skip
+    return float(theta), params if kind != "default" else {}
+
+
+def _hyperparameters(writer, config: dict, file_type) -> None:
+    if config["model_type"] == "gpt2":  # llama.cpp's keys for GPT-2
+        width = config["n_embd"]
+        writer.add_block_count(config["n_layer"])
+        writer.add_context_length(config["n_positions"])
+        writer.add_embedding_length(width)
+        writer.add_feed_forward_length(config.get("n_inner") or 4 * width)
+        writer.add_head_count(config["n_head"])
+        writer.add_layer_norm_eps(config["layer_norm_epsilon"])
+        writer.add_file_type(file_type)
+        return
+    import gguf
+
+    heads, head_dim = config["num_attention_heads"], config.get("head_dim")
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(config.get("num_key_value_heads") or heads)
+    theta, scaling = _rope(config)
+    writer.add_rope_freq_base(theta)
+    if scaling.get("rope_type", scaling.get("type")) == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(scaling["factor"])
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    if head_dim is not None:
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+    writer.add_file_type(file_type)
+    if ARCHITECTURES[config["model_type"]] == "LLAMA":
+        writer.add_vocab_size(config["vocab_size"])
+        writer.add_rope_dimension_count(head_dim or config["hidden_size"] // heads)
+
+
+def _tensors(state: dict[str, torch.Tensor], config: dict):
+    """(transformers name, tensor as llama.cpp lays it out) for every tensor of `state`."""
+    kind = config["model_type"]
+    tied = config.get("tie_word_embeddings", True)
+    heads = config.get("num_attention_heads")
+    kv_heads = config.get("num_key_value_heads") or heads
+    scaling = _rope(config)[1] if kind != "gpt2" else {}
+    if scaling.get("rope_type") == "llama3":  # llama.cpp's Llama 3 reads its frequency factors as a tensor
+        yield "rope_freqs.weight", _llama3_factors(config, scaling)
+    for key, tensor in state.items():
+        if tied and key == "lm_head.weight":  # llama.cpp reads the embedding as the head
+            continue
+        if kind == "gpt2" and key.endswith((".attn.bias", ".attn.masked_bias")):
+            continue
+        tensor = tensor.float()
+        if kind == "gpt2" and key.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")):
+            tensor = tensor.T.contiguous()  # Conv1D's (in, out) as (out, in)
+        elif ARCHITECTURES[kind] == "LLAMA" and key.endswith(("q_proj.weight", "q_proj.bias")):
+            tensor = _reorder(tensor, heads)
+        elif ARCHITECTURES[kind] == "LLAMA" and key.endswith(("k_proj.weight", "k_proj.bias")):
+            tensor = _reorder(tensor, kv_heads)
+        yield key, tensor
+
+
+def _reorder(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """Each head's rows from transformers' rotary layout (the halves apart) to llama.cpp's (pairs side
+    by side), as llama.cpp's converter reorders Llama's q and k."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _llama3_factors(config: dict, scaling: dict) -> torch.Tensor:
+    """Llama 3's rotary scaling as per-frequency divisors (llama.cpp's `rope_freqs`)."""
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    theta = _rope(config)[0]
+    factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+    original = scaling["original_max_position_embeddings"]
+    factors = []
+    for freq in 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim):
+        wavelength = 2 * math.pi / float(freq)
+        if wavelength < original / high:
+            factors.append(1.0)
+        elif wavelength > original / low:
+            factors.append(factor)
+        else:
+            smooth = (original / wavelength - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return torch.tensor(factors, dtype=torch.float32)
+
+
+def _stored(tensor: torch.Tensor, gguf_name: str, outtype: str):
+    """The tensor's data and GGML type, as llama.cpp's converter chooses them."""
+    import gguf
+
+    kinds = gguf.GGMLQuantizationType
+    data = tensor.numpy()
+    vector = data.ndim <= 1 or gguf_name.endswith("_norm.weight") or not gguf_name.endswith(".weight")
+    if vector or gguf_name.startswith("position_embd"):
+        return data.astype(np.float32), kinds.F32
+    qtype = getattr(kinds, outtype.upper())
+    try:
+        return gguf.quants.quantize(data, qtype), qtype
+    except gguf.QuantError:  # rows that do not split into Q8_0's blocks
+        return gguf.quants.quantize(data, kinds.F16), kinds.F16
+
+
+def _vocabulary(writer, folder: Path, vocab_size: int) -> None:
+    """The tokenizer as tokenizer.json holds it (transformers' AutoTokenizer may rebuild a qwen2
+    folder's pre-tokenizer), with gguf's `SpecialVocab` for merges, special ids and chat template."""
+    import gguf
+    from tokenizers import Tokenizer
+
+    backend = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(_pre_tokenizer(json.loads(backend.to_str()), folder))
+    by_id = {index: token for token, index in backend.get_vocab(with_added_tokens=True).items()}
+    added = backend.get_added_tokens_decoder()
+    tokens, types = [], []
+    for index in range(vocab_size):
+        if index not in by_id:
+            tokens.append(f"[PAD{index}]")
+            types.append(gguf.TokenType.UNUSED)
+        else:
+            tokens.append(by_id[index])
+            kind = "NORMAL" if index not in added else "CONTROL" if added[index].special else "USER_DEFINED"
+            types.append(getattr(gguf.TokenType, kind))
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    vocab = gguf.SpecialVocab(folder, load_merges=True, n_vocab=vocab_size)
+    # whether texts start with bos and end with eos, as llama.cpp frames them
+    framed = backend.encode("x").ids
+    for kind in ("bos", "eos"):
+        index = vocab.special_token_ids.get(kind)
+        vocab.add_special_token[kind] = index is not None and framed[0 if kind == "bos" else -1] == index
+    vocab.add_to_gguf(writer, quiet=True)
+
+
+def _pre_tokenizer(backend: dict, folder: Path) -> str:
+    """llama.cpp's name for a byte-level BPE tokenizer's pre-tokenizer (and normalizer)."""
+    pre = backend.get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers") if pre.get("type") == "Sequence" else [pre]
+    shape = [
+        {k: v for k, v in step.items() if k in ("type", "add_prefix_space", "use_regex", "individual_digits")}
+        for step in steps
+    ]
+    if steps and steps[0].get("type") == "Split":
+        shape[0]["Regex"] = (steps[0].get("pattern") or {}).get("Regex")
+    normalizer = (backend.get("normalizer") or {}).get("type")
+    if (backend.get("model") or {}).get("type") == "BPE":
+        for name, wanted in PRE_TOKENIZERS.items():
+            if wanted == (normalizer, shape):
+                return name
+    raise ValueError(
+        f"{folder}: llama.cpp has no pre-tokenizer this toolkit can name for this tokenizer's "
+        f"({json.dumps(pre)}); GGUF files are written for byte-level BPE with GPT-2's pattern, "
+        "SmolLM's, Llama 3's or Qwen2's."
+    )

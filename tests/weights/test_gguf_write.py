@@ -1,0 +1,248 @@
+"""A language model written as a GGUF file (gpt_ft/weights/gguf_write.py): read back through
+transformers' own GGUF loader (which undoes llama.cpp's layout by its own code), the logits are the
+model's and the tokenizer's ids its own; each tensor has the type llama.cpp's converter gives it;
+what llama.cpp would read otherwise is refused. Where llama-cpp-python is installed, llama.cpp itself
+reads the file: its tokens and logits are the model's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.helpers import tiny_hf, tiny_llama
+from tests.weights.gguf_files import tiny_tokenizer
+
+pytest.importorskip("gguf")
+FAMILIES = ["gpt2", "llama", "mistral", "qwen2", "qwen3"]
+TEXT = "She said: it's the best film of 2024! The quick brown fox."
+
+
+def lm_folder(root: Path, family: str, tokenizer=None, **overrides) -> tuple[Path, torch.nn.Module]:
+    """A random transformers causal LM of `family` saved with a byte-level BPE tokenizer."""
+    if family == "gpt2":
+        model = tiny_hf("gpt2", vocab_size=320, **overrides)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.normal_(0.0, 0.2)
+    else:
+        model = tiny_llama(family, vocab_size=320, **overrides)
+    folder = root / family
+    model.save_pretrained(folder)
+    (tokenizer or tiny_tokenizer()).save_pretrained(folder)
+    return folder, model
+
+
+def read_back(path: Path, monkeypatch, tmp_path):
+    from gpt_ft import GPT
+    from gpt_ft.data.tokenizer import load_tokenizer
+
+    monkeypatch.setenv("GPT_FT_CACHE", str(tmp_path / "cache"))
+    return GPT.from_pretrained(str(path)).eval(), load_tokenizer(str(path))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_an_f32_gguf_file_reads_back_as_the_same_model_and_tokenizer(tmp_path, monkeypatch, family):
+    from gpt_ft.weights.gguf_write import write_gguf
+
+    folder, model = lm_folder(tmp_path, family)
+    path = write_gguf(folder, tmp_path / "m.gguf", outtype="f32")
+    gpt, tokenizer = read_back(path, monkeypatch, tmp_path)
+    ids = tiny_tokenizer()(TEXT, add_special_tokens=False)["input_ids"]
+    assert tokenizer(TEXT, add_special_tokens=False)["input_ids"] == ids
+    with torch.no_grad():
+        x = torch.tensor([ids])
+        torch.testing.assert_close(gpt.lm_logits(gpt(x)), model(x).logits, rtol=0, atol=2e-5)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["cache", family, "m.gguf"]
+    )  # no scratch left
+
+
+@pytest.mark.parametrize(("outtype", "matrix"), [("f16", "F16"), ("bf16", "BF16"), ("q8_0", "Q8_0")])
+def test_each_tensor_has_the_type_llama_cpps_converter_gives_it(tmp_path, monkeypatch, outtype, matrix):
+    """Norms and biases F32, matrices the chosen type; Q8_0 falls back to F16 for rows that are not
+    whole 32-value blocks (the MLP's output matrix here: rows of 40)."""
+    import gguf
+
+    from gpt_ft.weights.gguf_write import write_gguf
+
+    folder, model = lm_folder(tmp_path, "qwen2", intermediate_size=40, tie_word_embeddings=True)
+    path = write_gguf(folder, tmp_path / "m.gguf", outtype=outtype)
+    reader = gguf.GGUFReader(path)
+    types = {t.name: t.tensor_type.name for t in reader.tensors}
+    assert (
+        types["blk.0.attn_norm.weight"] == types["output_norm.weight"] == types["blk.1.attn_q.bias"] == "F32"
+    )
+    assert (
+        types["token_embd.weight"] == types["blk.0.attn_q.weight"] == types["blk.1.ffn_up.weight"] == matrix
+    )
+    assert types["blk.0.ffn_down.weight"] == ("F16" if outtype == "q8_0" else matrix)  # rows of 40
+    assert "output.weight" not in types  # tied: llama.cpp reads the embedding as the head
+    file_type = {"f16": 1, "bf16": 32, "q8_0": 7}[outtype]
+    assert reader.fields["general.file_type"].contents() == file_type
+    gpt, _ = read_back(path, monkeypatch, tmp_path)
+    ids = torch.tensor([tiny_tokenizer()(TEXT)["input_ids"]])
+    with torch.no_grad():
+        reference = model(ids).logits
+        error = (gpt.lm_logits(gpt(ids)) - reference).abs().max() / reference.abs().max()
+    assert error < {"f16": 2e-3, "bf16": 2e-2, "q8_0": 2e-2}[outtype]
+
+
+def test_the_metadata_is_llama_cpps(tmp_path):
+    """The keys llama.cpp's llama architecture reads, with this model's values; the tokenizer as
+    llama.cpp's byte-level BPE: tokens by id, special ones control tokens, merges, ids, chat template."""
+    import gguf
+
+    from gpt_ft.weights.gguf_write import write_gguf
+
+    tokenizer = tiny_tokenizer()
+    tokenizer.chat_template = "{{ messages[0]['content'] }}"
+    folder, _ = lm_folder(tmp_path, "llama", tokenizer)
+    fields = gguf.GGUFReader(write_gguf(folder, tmp_path / "m.gguf", name="tiny")).fields
+    value = {key: field.contents() for key, field in fields.items()}
+    assert {k: value[k] for k in ("general.architecture", "general.name", "llama.block_count",
+            "llama.embedding_length", "llama.feed_forward_length", "llama.attention.head_count",
+            "llama.attention.head_count_kv", "llama.context_length", "llama.rope.dimension_count",
+            "llama.vocab_size", "tokenizer.ggml.model", "tokenizer.ggml.pre")} == {  # fmt: skip
+        "general.architecture": "llama", "general.name": "tiny", "llama.block_count": 2,
+        "llama.embedding_length": 32, "llama.feed_forward_length": 48, "llama.attention.head_count": 4,
+        "llama.attention.head_count_kv": 2, "llama.context_length": 64, "llama.rope.dimension_count": 8,
+        "llama.vocab_size": 320, "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "gpt-2",
+    }  # fmt: skip
+    assert value["llama.rope.freq_base"] == 10000.0
+    assert value["llama.attention.layer_norm_rms_epsilon"] == pytest.approx(1e-6, rel=1e-7)  # (a float32)
+    assert value["tokenizer.ggml.tokens"][:4] == ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "!"]
+    assert value["tokenizer.ggml.token_type"][:4] == [3, 3, 3, 1]  # control, then normal
+    assert len(value["tokenizer.ggml.tokens"]) == 320 and value["tokenizer.ggml.merges"][0].count(" ") == 1
+    assert (value["tokenizer.ggml.bos_token_id"], value["tokenizer.ggml.eos_token_id"]) == (1, 2)
+    assert value["tokenizer.ggml.add_bos_token"] is False
+    assert value["tokenizer.chat_template"] == "{{ messages[0]['content'] }}"
+
+
+def test_ids_the_tokenizer_lacks_are_unused_tokens(tmp_path, monkeypatch):
+    """A model wider than its tokenizer (embeddings padded to 336): llama.cpp's list has every id, the
+    ones past the tokenizer's `[PAD{id}]` of the unused type, as llama.cpp's converter writes them."""
+    import gguf
+
+    from gpt_ft.weights.gguf_write import write_gguf
+
+    folder, _ = lm_folder(tmp_path, "qwen3")
+    config = json.loads((folder / "config.json").read_text())
+    model = tiny_llama("qwen3", vocab_size=336)
+    model.save_pretrained(folder)
+    assert (
+        config["vocab_size"] == 320 and json.loads((folder / "config.json").read_text())["vocab_size"] == 336
+    )
+    fields = gguf.GGUFReader(write_gguf(folder, tmp_path / "m.gguf", outtype="f32")).fields
+    tokens, types = fields["tokenizer.ggml.tokens"].contents(), fields["tokenizer.ggml.token_type"].contents()
+    assert len(tokens) == 336 and tokens[320:] == [f"[PAD{i}]" for i in range(320, 336)]
+    assert set(types[320:]) == {gguf.TokenType.UNUSED}
+
+
+def test_what_llama_cpp_would_read_otherwise_is_refused(tmp_path):
+    """GPT-1, a pre-tokenizer llama.cpp has no name for, a window, a scaling, a type: one sentence
+    each, and no file (nor scratch) left."""
+    from tokenizers import pre_tokenizers
+
+    from gpt_ft.weights.gguf_write import write_gguf
+
+    def refused(folder) -> str:
+        with pytest.raises(ValueError) as error:
+            write_gguf(folder, tmp_path / "m.gguf")
+        assert not list(tmp_path.glob("*.gguf*")) and not list(tmp_path.glob(".m.gguf*"))
+        return str(error.value)
+
+    gpt1 = tmp_path / "gpt1"
+    tiny_hf("openai-gpt", vocab_size=320).save_pretrained(gpt1)
+    assert "for a 'openai-gpt' model" in refused(gpt1)
+    bert_like = tiny_tokenizer()
+    bert_like.backend_tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    folder, _ = lm_folder(tmp_path / "w", "llama", bert_like)
+    assert refused(folder).startswith(f"{folder}: llama.cpp has no pre-tokenizer this toolkit can name")
+    spaced = tiny_tokenizer()  # GPT-2's pattern after a space llama.cpp would not add
+    spaced.backend_tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    folder, _ = lm_folder(tmp_path / "p", "llama", spaced)
+    assert refused(folder).startswith(f"{folder}: llama.cpp has no pre-tokenizer this toolkit can name")
+    folder, _ = lm_folder(tmp_path / "s", "mistral", sliding_window=16)
+    assert (
+        refused(folder)
+        == "llama.cpp's mistral models attend to every earlier token; this one slides a window."
+    )
+    folder, _ = lm_folder(tmp_path / "y", "qwen2", rope_parameters={"rope_type": "yarn", "factor": 2.0})
+    assert "rotary scaling 'yarn' has no GGUF form here" in refused(folder)
+    with pytest.raises(ValueError, match="--gguf_type 'q4_0': choose one of f32, f16, bf16, q8_0"):
+        write_gguf(folder, tmp_path / "m.gguf", outtype="q4_0")
+
+
+def test_llama_3s_rotary_scaling_travels_as_llama_cpps_frequency_factors(tmp_path, monkeypatch):
+    """Llama 3's scaled rotary positions: llama.cpp reads them as `rope_freqs.weight`, the divisor of
+    each frequency; transformers' GGUF loader ignores that tensor, so the factors are checked
+    against transformers' own Llama 3 frequencies."""
+    import gguf
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from gpt_ft.weights.gguf_write import write_gguf
+
+    scaling = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 16}  # fmt: skip
+    folder, model = lm_folder(tmp_path, "llama", rope_parameters=scaling)
+    reader = gguf.GGUFReader(write_gguf(folder, tmp_path / "m.gguf", outtype="f32"))
+    factors = torch.tensor(np.array(next(t for t in reader.tensors if t.name == "rope_freqs.weight").data))
+    inv_freq, _ = ROPE_INIT_FUNCTIONS["llama3"](model.config, "cpu")
+    plain = 1.0 / 10000.0 ** (torch.arange(0, 8, 2, dtype=torch.float32) / 8)
+    torch.testing.assert_close(plain / factors, inv_freq.float(), rtol=1e-6, atol=0)
+    assert factors.min() > 1.0 and factors.max() == 8.0  # (scaled, the slowest by the whole factor)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_llama_cpp_reads_the_file_as_the_model(tmp_path, family):
+    """llama.cpp itself (llama-cpp-python, where installed): its tokens for a text are the
+    tokenizer's, and its logits at every position the transformers model's (f32 weights and cache)."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from gpt_ft.weights.gguf_write import write_gguf
+
+    folder, model = lm_folder(tmp_path, family)
+    path = write_gguf(folder, tmp_path / "m.gguf", outtype="f32")
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=64, logits_all=True, verbose=False, type_k=0, type_v=0)
+    ids = tiny_tokenizer()(TEXT, add_special_tokens=False)["input_ids"]
+    assert llm.tokenize(TEXT.encode(), add_bos=False, special=False) == ids
+    llm.eval(ids)
+    with torch.no_grad():
+        reference = model(torch.tensor([ids])).logits[0].numpy()
+    atol = 1e-3 if family == "gpt2" else 1e-4  # llama.cpp's GELU reads a table of fp16 values
+    np.testing.assert_allclose(np.array(llm.scores[: len(ids)]), reference, rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("pre", ["gpt-2", "smollm", "llama-bpe", "qwen2"])
+def test_the_pre_tokenizer_is_named_as_llama_cpp_names_it(tmp_path, pre):
+    """tokenizer.json's normalizer and pre-tokenizer (as SmolLM2's, Llama 3's and Qwen2's hub files
+    hold them) give llama.cpp's name; where llama-cpp-python is installed, llama.cpp splits a text of
+    digits, contractions and spaces into the tokenizer's own ids."""
+    from tokenizers import Regex, normalizers, pre_tokenizers
+
+    from gpt_ft.weights.gguf_write import LLAMA3_SPLIT, QWEN2_SPLIT, write_gguf
+
+    tokenizer = tiny_tokenizer()
+    backend = tokenizer.backend_tokenizer
+    split = {"llama-bpe": LLAMA3_SPLIT, "qwen2": QWEN2_SPLIT}.get(pre)
+    gpt2 = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bytes_only = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    if pre == "smollm":
+        backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), gpt2])
+    elif split is not None:
+        cut = pre_tokenizers.Split(Regex(split), behavior="isolated")
+        backend.pre_tokenizer = pre_tokenizers.Sequence([cut, bytes_only])
+    if pre == "qwen2":
+        backend.normalizer = normalizers.NFC()
+    folder, _ = lm_folder(tmp_path, "llama", tokenizer)
+    path = write_gguf(folder, tmp_path / "m.gguf", outtype="f32")
+    import gguf
+
+    assert gguf.GGUFReader(path).fields["tokenizer.ggml.pre"].contents() == pre
+    llama_cpp = pytest.importorskip("llama_cpp")
+    text = "In 2024, 1,234 films; it's 12345  spaces\n\nand\tTabs I'VE seen"
+    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    assert llm.tokenize(text.encode(), add_bos=False, special=False) == backend.encode(text).ids
