@@ -159,9 +159,9 @@ def _tensors(state: dict[str, torch.Tensor], config: dict):
     tied = config.get("tie_word_embeddings", True)
     heads = config.get("num_attention_heads")
     kv_heads = config.get("num_key_value_heads") or heads
-    scaling = _rope(config)[1] if kind != "gpt2" else {}
+    theta, scaling = _rope(config) if kind != "gpt2" else (None, {})
     if scaling.get("rope_type") == "llama3":  # llama.cpp's Llama 3 reads its frequency factors as a tensor
-        yield "rope_freqs.weight", _llama3_factors(config, scaling)
+        yield "rope_freqs.weight", _llama3_factors(config, theta, scaling)
     for key, tensor in state.items():
         if tied and key == "lm_head.weight":  # llama.cpp reads the embedding as the head
             continue
@@ -183,10 +183,9 @@ def _reorder(w: torch.Tensor, heads: int) -> torch.Tensor:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _llama3_factors(config: dict, scaling: dict) -> torch.Tensor:
+def _llama3_factors(config: dict, theta: float, scaling: dict) -> torch.Tensor:
     """Llama 3's rotary scaling as per-frequency divisors (llama.cpp's `rope_freqs`)."""
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    theta = _rope(config)[0]
     factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
     original = scaling["original_max_position_embeddings"]
     factors = []
