@@ -79,6 +79,8 @@ class TaskOutput:
     """Its export scores tokens, each step's separator (a process reward model)."""
     embeds: ClassVar[bool] = False
     """Its outputs are vectors, one per text (`Encoder`, a sentence-transformers export)."""
+    reranks: ClassVar[bool] = False
+    """Its one score per (query, document) pair ranks a query's documents (a reranker's GGUF file)."""
     names_field: str | None = None
     """A field in which each example names its own outputs (ARC's `choices.label`, where the label
     is one of them); None: the card names them (`labels`), or they are numbered."""

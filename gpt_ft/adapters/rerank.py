@@ -57,6 +57,7 @@ class RerankOutput(TaskOutput):
     default_lm_coef = 0.0  # over every candidate it would teach the model to write the negatives too
     problem_type = "regression"  # one score per pair: num_labels 1, as cross-encoders are served
     served_per_sequence = True  # [start] query [delim] text [extract]: one pair's score
+    reranks = True
     has_probabilities = False
     allowed_metrics = default_metrics = RETRIEVAL
 

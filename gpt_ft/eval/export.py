@@ -1,5 +1,6 @@
 """A fine-tuned classifier as a standard transformers folder, for any serving stack (and a
-pretrained language model as transformers' causal LM, `export_language_model`, or a GGUF file).
+pretrained language model as transformers' causal LM, `export_language_model`, or a GGUF file; an
+embedding model or Qwen3 reranker as a GGUF file, gpt_ft/eval/gguf_export.py).
 
     gpt-ft export --ckpt_path runs/.../last.ckpt --out my-classifier
     # elsewhere, without gpt_ft:
@@ -33,12 +34,12 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from torch import Tensor
 
 from gpt_ft.data.folders import written_whole
 from gpt_ft.errors import check_output_dir, check_output_file, real_path
 from gpt_ft.eval.classifier import Classifier
-from gpt_ft.eval.framing import framed_tokenizer, loads_as_written
+from gpt_ft.eval.framing import framed_tokenizer, head_weights, language_model, loads_as_written
+from gpt_ft.eval.gguf_export import export_served_gguf, place_gguf
 from gpt_ft.eval.onnx import write_onnx
 from gpt_ft.weights.checkpoint import Checkpoint
 from gpt_ft.weights.hf import has_double_heads, to_hf
@@ -55,13 +56,16 @@ def export_checkpoint(
     format: Literal["transformers", "onnx", "gguf"] = "transformers",
     gguf_type: Literal["f32", "f16", "bf16", "q8_0"] = "f16",
 ) -> Path:
-    """Write a fine-tuned classifier (transformers or ONNX), or a language model (transformers or GGUF).
+    """Write a fine-tuned model or a language model as transformers, ONNX, sentence-transformers or GGUF.
+
+    A classifier: transformers or ONNX; an embedding model: sentence-transformers or GGUF; a reranker:
+    transformers, or GGUF for Qwen3's; a language model (pretraining's): transformers or GGUF.
 
     Args:
         ckpt_path: A checkpoint of gpt-ft fit: fine-tuned, or a language model's (pretraining's).
         out: A new (or empty) folder; with --format gguf, a new file.
         format: transformers (a folder for pipelines), onnx (config, tokenizer and model.onnx), or
-            gguf (a language model as one file).
+            gguf (one file for llama.cpp: a language model, an embedding model or a Qwen3 reranker).
         gguf_type: With --format gguf, the matrices' type (norms and biases stay f32).
     """
     gguf = format == "gguf"  # the output checked before the weights load
@@ -76,10 +80,10 @@ def export_checkpoint(
         else:
             print(f"wrote {export_language_model(stored, out)}: pipeline('text-generation') loads it")
         return out
-    if gguf:
-        raise ValueError("--format gguf: a language model's checkpoint (pretraining's) exports as GGUF; "
-                         "a fine-tuned one as a transformers or ONNX folder.")  # fmt: skip
     clf = Classifier.from_checkpoint(stored, device="cpu")
+    if gguf:
+        print(f"wrote {export_served_gguf(clf, out, gguf_type)}: {served_by(clf)}")
+        return out
     if clf.task.output.embeds:
         if format != "transformers":
             raise ValueError("--format onnx: an embedding model exports as a sentence-transformers folder.")
@@ -101,6 +105,18 @@ def what_loads(config: dict, format: str) -> str:
     if architecture.endswith("ForSequenceClassification"):
         return "pipeline('text-classification') loads it"
     return f"transformers' {architecture} loads it"  # multiple choice, process rewards (a score per step)
+
+
+def served_by(clf: Classifier) -> str:
+    """What serves a fine-tuned model's GGUF file, and what its texts need first."""
+    task = clf.task
+    if task.output.reranks:
+        return "llama-server --reranking serves it"
+    needs = [f"before each query {task.query_prompt!r}"] if task.query_prompt else []
+    needs += [f"before each document {task.document_prompt!r}"] if task.document_prompt else []
+    needs += ["each text stripped"] if task.strip_texts else []
+    served = "llama-server --embeddings serves it"
+    return f"{served} (its texts as trained: {', '.join(needs)})" if needs else served
 
 
 def check_format(format: str) -> None:
@@ -179,10 +195,8 @@ def export_language_model(stored: Checkpoint, out: Path) -> Path:
 
 def export_gguf(stored: Checkpoint, out: Path, gguf_type: str = "f16") -> Path:
     """A language model's checkpoint as one GGUF file, by way of its transformers folder."""
-    from gpt_ft.weights.gguf_write import write_gguf
-
     with tempfile.TemporaryDirectory() as scratch:
-        return write_gguf(export_language_model(stored, Path(scratch) / "lm"), out, outtype=gguf_type)
+        return place_gguf(export_language_model(stored, Path(scratch) / "lm"), out, gguf_type)
 
 
 def export_encoder(clf: Classifier, out: str | Path) -> Path:
@@ -200,7 +214,7 @@ def export_encoder(clf: Classifier, out: str | Path) -> Path:
         ) from None
     from transformers import AutoModel
 
-    lm, head, task = _language_model(clf), clf.head, clf.task
+    lm, head, task = language_model(clf), clf.head, clf.task
     base = AutoModel.from_config(lm.config).eval()
     base.load_state_dict(getattr(lm, lm.base_model_prefix).state_dict())
     n_embd = clf.gpt.config.n_embd
@@ -228,23 +242,6 @@ def export_encoder(clf: Classifier, out: str | Path) -> Path:
     return out
 
 
-def _language_model(clf: Classifier):
-    """`clf`'s GPT as transformers' LM-head model, its config with the tokenizer's special ids."""
-    lm = to_hf(clf.gpt).float().cpu()
-    lm.config.pad_token_id = clf.specials.pad
-    lm.config.eos_token_id = clf.specials.eos  # the tokenizer's, not GPT-2's 50256
-    bos = clf.tokenizer.bos_token_id  # (SmolLM2's <|im_start|>; GPT-2's is its end of text)
-    lm.config.bos_token_id = clf.specials.eos if bos is None else bos
-    lm.config.architectures = None
-    return lm
-
-
-def _head(clf: Classifier) -> tuple[Tensor, Tensor | None]:
-    """The task head's weight and bias, divided by a calibrated classifier's temperature."""
-    t, head = clf.temperature, clf.head
-    return head.weight.detach() / t, head.bias.detach() / t if head.bias is not None else None
-
-
 def _label_config(clf: Classifier, config) -> None:
     """The labels' names, their count and the problem type, on a transformers config."""
     output, head = clf.task.output, clf.head
@@ -264,7 +261,7 @@ def _label_config(clf: Classifier, config) -> None:
 
 def sequence_classifier(clf: Classifier):
     """The transformers `*ForSequenceClassification` with `clf`'s weights and its head folded in."""
-    lm = _language_model(clf)  # (its transformers model imported first: quietly, `to_hf`)
+    lm = language_model(clf)  # (its transformers model imported first: quietly, `to_hf`)
     from transformers import AutoModelForSequenceClassification
 
     config = lm.config
@@ -274,7 +271,7 @@ def sequence_classifier(clf: Classifier):
     model = AutoModelForSequenceClassification.from_config(config).eval()
     base = getattr(model, model.base_model_prefix)
     base.load_state_dict(getattr(lm, lm.base_model_prefix).state_dict())
-    weight, bias = _head(clf)
+    weight, bias = head_weights(clf)
     with torch.no_grad():
         model.score.weight.copy_(weight)
         if bias is None:  # a model without biases: its head has none either
@@ -306,7 +303,7 @@ def token_classifier(clf: Classifier):
     families): logits [0, z] at every token, z gpt_ft's, so that at each step's separator (the
     extract token, `config.step_separator`) softmax(logits)[1] = σ(z), P(right so far), as TRL's and
     Qwen's PRMs are read; `config.threshold` is the one validation chose."""
-    lm = _language_model(clf)
+    lm = language_model(clf)
     from transformers import AutoModelForTokenClassification
 
     config = lm.config
@@ -325,7 +322,7 @@ def token_classifier(clf: Classifier):
         ) from None
     getattr(model, model.base_model_prefix).load_state_dict(getattr(lm, lm.base_model_prefix).state_dict())
     layer = model.score if hasattr(model, "score") else model.classifier
-    weight, bias = _head(clf)
+    weight, bias = head_weights(clf)
     with torch.no_grad():
         layer.weight.zero_()
         layer.weight[1] = weight[0]
@@ -341,12 +338,12 @@ def similarity_model(clf: Classifier):
     """GPT-1's similarity classifier (both orders, states added, then the head) as the model class
     of `modeling_similarity.py`, shipped in the folder: its `config.json` names it for
     `AutoModelForSequenceClassification` (`auto_map`), loaded with `trust_remote_code=True`."""
-    lm = _language_model(clf)
+    lm = language_model(clf)
     from gpt_ft.eval import modeling_similarity
 
     config = lm.config
     _label_config(clf, config)
-    weight, bias = _head(clf)
+    weight, bias = head_weights(clf)
     config.delim_token_id = clf.specials.delim
     config.score_bias = bias is not None
     config.score_range = list(clf.task.score_range) if clf.task.score_range is not None else None
@@ -366,7 +363,7 @@ def similarity_model(clf: Classifier):
 def double_heads_model(clf: Classifier):
     """GPT-1's or GPT-2's `*DoubleHeadsModel`: the language model and the choice head read at each
     choice's extract token (`mc_token_ids`), one score per choice (GPT-1 §3.3)."""
-    lm = _language_model(clf)
+    lm = language_model(clf)
     from transformers import GPT2DoubleHeadsModel, OpenAIGPTDoubleHeadsModel
 
     config, output = lm.config, clf.task.output
@@ -381,7 +378,7 @@ def double_heads_model(clf: Classifier):
     model = cls(config).eval()
     loaded = model.load_state_dict(lm.state_dict(), strict=False)
     assert all(k.startswith("multiple_choice_head.") for k in loaded.missing_keys), loaded
-    weight, bias = _head(clf)
+    weight, bias = head_weights(clf)
     with torch.no_grad():
         model.multiple_choice_head.summary.weight.copy_(weight)
         if bias is not None:

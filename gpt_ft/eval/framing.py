@@ -1,5 +1,6 @@
-"""The tokenizer an export ships: GPT-1's input transform in it, so that any loader frames a text as
-training did (`[start] text [extract]`, `[start] premise [delim] hypothesis [extract]`)."""
+"""What an export ships around the weights: the tokenizer with GPT-1's input transform in it, so that
+any loader frames a text as training did (`[start] text [extract]`, `[start] premise [delim]
+hypothesis [extract]`); the language model with the tokenizer's special ids; the head's weights."""
 
 from __future__ import annotations
 
@@ -9,7 +10,11 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gpt_ft.weights.hf import to_hf
+
 if TYPE_CHECKING:
+    from torch import Tensor
+
     from gpt_ft.eval.classifier import Classifier
 
 
@@ -49,6 +54,23 @@ def framed_tokenizer(clf: Classifier, *, chat_template: bool = False):
     side = "left" if clf.task.keeps_context_end else "right"
     tokenizer.truncation_side = tokenizer.init_kwargs["truncation_side"] = side
     return tokenizer
+
+
+def language_model(clf: Classifier):
+    """`clf`'s GPT as transformers' LM-head model, its config with the tokenizer's special ids."""
+    lm = to_hf(clf.gpt).float().cpu()
+    lm.config.pad_token_id = clf.specials.pad
+    lm.config.eos_token_id = clf.specials.eos  # the tokenizer's, not GPT-2's 50256
+    bos = clf.tokenizer.bos_token_id  # (SmolLM2's <|im_start|>; GPT-2's is its end of text)
+    lm.config.bos_token_id = clf.specials.eos if bos is None else bos
+    lm.config.architectures = None
+    return lm
+
+
+def head_weights(clf: Classifier) -> tuple[Tensor, Tensor | None]:
+    """The task head's weight and bias, divided by a calibrated classifier's temperature."""
+    t, head = clf.temperature, clf.head
+    return head.weight.detach() / t, head.bias.detach() / t if head.bias is not None else None
 
 
 TOKENIZER_PARTS = ("normalizer", "pre_tokenizer", "model", "post_processor", "decoder", "added_tokens")

@@ -266,24 +266,25 @@ def hidden_beside(path: Path) -> Path:
     return path.with_name("." + os.fsdecode(os.fsencode(path.name)[: 254 - len(tail)]) + tail)
 
 
-def put_in_place(tmp: Path, path: Path, *, overwrite: bool) -> None:
+def put_in_place(tmp: Path, path: Path, *, overwrite: bool, option: str = "--output") -> None:
     """`tmp` under `path`'s name (the file a symbolic link names, as opening it would write).
-    Without `overwrite`, a file another process wrote there meanwhile (two runs with one --output)
+    Without `overwrite`, a file another process wrote there meanwhile (two runs with one `option`)
     is refused, not replaced: a hard link takes a name only where there is none, so no check can
     go stale before it."""
     path = Path(os.path.realpath(path))
     if overwrite:
         return tmp.replace(path)
+    again = ", or --overwrite true to replace it" if option == "--output" else ""
     try:
         os.link(tmp, path)
     except FileExistsError:
         raise ValueError(
-            f"--output {path} was written by another process while this one ran: give another name, "
-            "or --overwrite true to replace it (it is kept)."
+            f"{option} {path} was written by another process while this one ran: give another name"
+            f"{again} (it is kept)."
         ) from None
     except OSError:  # a file system without hard links: checked, then renamed
         if path.exists():
-            raise ValueError(f"--output {path} was written by another process while this one ran.") from None
+            raise ValueError(f"{option} {path} was written by another process while this one ran.") from None
         return tmp.replace(path)
     tmp.unlink()
 

@@ -15,12 +15,17 @@ control tokens, merges, bos/eos/padding ids, whether texts start with bos, the c
 (GPT-2's pattern, SmolLM's digits first, Llama 3's or Qwen2's split); one llama.cpp would read
 otherwise is refused, as is a family or setting llama.cpp's architecture lacks (GPT-1, Gemma 3,
 Phi-3, a sliding window, a rotary scaling other than linear or Llama 3's).
+
+A fine-tuned embedding model or reranker goes in as that language model with `Serving`: llama.cpp's
+pooling (the last token, the mean, or a reranker's rank), GPT-1's start and extract tokens as the
+ids framing each text (bos and eos, added), a reranker's score rows and its prompt.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -31,32 +36,68 @@ ARCHITECTURES = {"gpt2": "GPT2", "llama": "LLAMA", "mistral": "LLAMA", "qwen2": 
 ACTIVATIONS = {
     "gpt2": ("gelu_new", "gelu_pytorch_tanh")
 }  # llama.cpp's GPT-2 uses the tanh GELU; the rest SiLU
+UNREAD = {  # settings llama.cpp's architecture has one way only: (that way, what it means)
+    "gpt2": {"scale_attn_weights": (True, "divide attention scores by the head size's root"),
+             "scale_attn_by_inverse_layer_idx": (False, "scale each layer's attention alike")},
+    "qwen3": {"attention_bias": (False, "have no attention biases")},
+}  # fmt: skip
 GPT2 = {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True}  # (llama.cpp adds no space)
 BYTES = dict(GPT2, use_regex=False)
 LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
                 r"\s*[\r\n]+|\s+(?!\S)|\s+")  # fmt: skip
 QWEN2_SPLIT = LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}", 1)  # each digit apart
+ISOLATED = {"behavior": "Isolated", "invert": False}  # each match a piece of its own
 PRE_TOKENIZERS = {  # llama.cpp's name: (tokenizer.json's normalizer, its pre-tokenizer's steps)
     "gpt-2": (None, [GPT2]),
     "smollm": (None, [{"type": "Digits", "individual_digits": True}, GPT2]),
-    "llama-bpe": (None, [{"type": "Split", "Regex": LLAMA3_SPLIT}, BYTES]),
-    "qwen2": ("NFC", [{"type": "Split", "Regex": QWEN2_SPLIT}, BYTES]),
+    "llama-bpe": (None, [{"type": "Split", "Regex": LLAMA3_SPLIT, **ISOLATED}, BYTES]),
+    "qwen2": ("NFC", [{"type": "Split", "Regex": QWEN2_SPLIT, **ISOLATED}, BYTES]),
 }
 
 
+@dataclass(frozen=True)
+class Serving:
+    """What llama.cpp reads beyond the language model to serve a fine-tuned one: how a text's states
+    are pooled (`last`, `mean`; `rank`, a reranker's score from the last state), the ids around each
+    text (`start` before it, `extract` after it where there is one: bos and eos, added as texts are
+    tokenized), and a reranker's score rows (`scores`, two: llama.cpp's Qwen3 rerankers answer the
+    first's softmax) and the prompt a query and a document fill (`template`); whether the scores have
+    a bias, which llama.cpp's have not (`biased`)."""
+
+    pooling: str
+    start: int
+    extract: int | None = None
+    scores: torch.Tensor | None = None
+    template: str | None = None
+    biased: bool = False
+
+
 def write_gguf(
-    folder: str | Path, path: str | Path, *, outtype: str = "f16", name: str | None = None
+    folder: str | Path,
+    path: str | Path,
+    *,
+    outtype: str = "f16",
+    name: str | None = None,
+    serving: Serving | None = None,
 ) -> Path:
     """Write the transformers causal-LM folder `folder` (config.json, model.safetensors, the
-    tokenizer's files) as GGUF file `path`, its matrices in `outtype`."""
+    tokenizer's files) as GGUF file `path`, its matrices in `outtype`; with `serving`, as llama.cpp
+    serves an embedding model or a reranker of it."""
     import gguf
-    from safetensors.torch import load_file
 
     folder, path = Path(folder), Path(path)
     if outtype not in OUTTYPES:
         raise ValueError(f"--gguf_type {outtype!r}: choose one of {', '.join(OUTTYPES)}.")
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     arch = getattr(gguf.MODEL_ARCH, _architecture(config))
+    ranks = serving is not None and serving.pooling == "rank"
+    if ranks and (config["model_type"] != "qwen3" or serving.biased):
+        raise ValueError(
+            f"--format gguf: llama.cpp reads a reranker's score layer in Qwen3 models only (without a bias), "
+            f"and this is a {config['model_type']} model (export it as a transformers folder: CrossEncoder "
+            "loads it)."
+        )
+    path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.partial")  # the file takes its name once whole
     writer = gguf.GGUFWriter(partial, gguf.MODEL_ARCH_NAMES[arch])
     writer.add_type(gguf.GGUFType.MODEL)
@@ -64,11 +105,18 @@ def write_gguf(
     file_type = {"f32": "ALL_F32", "f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "q8_0": "MOSTLY_Q8_0"}[outtype]
     _hyperparameters(writer, config, getattr(gguf.LlamaFileType, file_type))
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    _vocabulary(writer, folder, config["vocab_size"])
+    _vocabulary(writer, folder, config["vocab_size"], serving)
     names = gguf.get_tensor_name_map(arch, config.get("n_layer") or config["num_hidden_layers"])
-    state = load_file(folder / "model.safetensors")
+    state = _state(folder)
+    if serving is not None:
+        writer.add_pooling_type(getattr(gguf.PoolingType, serving.pooling.upper()))
+        if serving.scores is not None:  # (llama.cpp's name for the rows; its labels only count them)
+            state["cls.output.weight"] = serving.scores
+            writer.add_classifier_output_labels(["score", "zero"])
+        if serving.template is not None:
+            writer.add_chat_template([{"name": "rerank", "template": serving.template}])
     for key, tensor in _tensors(state, config):
-        gguf_name = names.get_name(key, try_suffixes=(".weight", ".bias"))
+        gguf_name = key if key.startswith("cls.") else names.get_name(key, try_suffixes=(".weight", ".bias"))
         if gguf_name is None:
             raise ValueError(
                 f"{folder}: tensor {key} has no place in llama.cpp's {config['model_type']} layout."
@@ -87,6 +135,17 @@ def write_gguf(
     return path
 
 
+def _state(folder: Path) -> dict[str, torch.Tensor]:
+    """The folder's tensors by name, from model.safetensors or the shards its index names."""
+    from safetensors.torch import load_file
+
+    index = folder / "model.safetensors.index.json"
+    if not index.is_file():
+        return load_file(folder / "model.safetensors")
+    shards = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+    return {key: tensor for shard in shards for key, tensor in load_file(folder / shard).items()}
+
+
 def _architecture(config: dict) -> str:
     kind = config.get("model_type")
     if kind not in ARCHITECTURES:
@@ -99,6 +158,9 @@ def _architecture(config: dict) -> str:
         raise ValueError(
             f"llama.cpp's {kind} models use {ACTIVATIONS.get(kind, ('silu',))[0]}; this one {activation}."
         )
+    for key, (wanted, meaning) in UNREAD.get(kind, {}).items():
+        if config.get(key, wanted) != wanted:
+            raise ValueError(f"llama.cpp's {kind} models {meaning}; this one has {key}={config[key]!r}.")
     window = config.get("sliding_window") if kind == "mistral" else None
     if config.get("use_sliding_window") or (window and window < config["max_position_embeddings"]):
         raise ValueError(
@@ -160,7 +222,7 @@ def _tensors(state: dict[str, torch.Tensor], config: dict):
     heads = config.get("num_attention_heads")
     kv_heads = config.get("num_key_value_heads") or heads
     theta, scaling = _rope(config) if kind != "gpt2" else (None, {})
-    if scaling.get("rope_type") == "llama3":  # llama.cpp's Llama 3 reads its frequency factors as a tensor
+    if scaling.get("rope_type", scaling.get("type")) == "llama3":  # llama.cpp reads them as a tensor
         yield "rope_freqs.weight", _llama3_factors(config, theta, scaling)
     for key, tensor in state.items():
         if tied and key == "lm_head.weight":  # llama.cpp reads the embedding as the head
@@ -217,9 +279,10 @@ def _stored(tensor: torch.Tensor, gguf_name: str, outtype: str):
         return gguf.quants.quantize(data, kinds.F16), kinds.F16
 
 
-def _vocabulary(writer, folder: Path, vocab_size: int) -> None:
+def _vocabulary(writer, folder: Path, vocab_size: int, serving: Serving | None = None) -> None:
     """The tokenizer as tokenizer.json holds it (transformers' AutoTokenizer may rebuild a qwen2
-    folder's pre-tokenizer), with gguf's `SpecialVocab` for merges, special ids and chat template."""
+    folder's pre-tokenizer), with gguf's `SpecialVocab` for merges, special ids and chat template;
+    with `serving`, its start and extract tokens the bos and eos added around each text."""
     import gguf
     from tokenizers import Tokenizer
 
@@ -227,6 +290,11 @@ def _vocabulary(writer, folder: Path, vocab_size: int) -> None:
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre(_pre_tokenizer(json.loads(backend.to_str()), folder))
     by_id = {index: token for token, index in backend.get_vocab(with_added_tokens=True).items()}
+    if beyond := [token for index, token in sorted(by_id.items()) if index >= vocab_size]:
+        raise ValueError(
+            f"{folder}: the tokenizer has {len(beyond)} token(s) past the model's {vocab_size} ids "
+            f"({', '.join(beyond[:3])}): the model has no row for them."
+        )
     added = backend.get_added_tokens_decoder()
     tokens, types = [], []
     for index in range(vocab_size):
@@ -240,11 +308,16 @@ def _vocabulary(writer, folder: Path, vocab_size: int) -> None:
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     vocab = gguf.SpecialVocab(folder, load_merges=True, n_vocab=vocab_size)
-    # whether texts start with bos and end with eos, as llama.cpp frames them
-    framed = backend.encode("x").ids
-    for kind in ("bos", "eos"):
-        index = vocab.special_token_ids.get(kind)
-        vocab.add_special_token[kind] = index is not None and framed[0 if kind == "bos" else -1] == index
+    if serving is not None:  # GPT-1's transform: start before each text, extract after it
+        vocab.special_token_ids["bos"] = serving.start
+        if serving.extract is not None:
+            vocab.special_token_ids["eos"] = serving.extract
+        vocab.add_special_token.update(bos=True, eos=serving.extract is not None)
+    else:  # whether texts start with bos and end with eos, as llama.cpp frames them
+        framed = backend.encode("x").ids or [None]  # (none: a vocabulary without "x")
+        for kind in ("bos", "eos"):
+            index = vocab.special_token_ids.get(kind)
+            vocab.add_special_token[kind] = index is not None and framed[0 if kind == "bos" else -1] == index
     vocab.add_to_gguf(writer, quiet=True)
 
 
@@ -257,11 +330,13 @@ def _pre_tokenizer(backend: dict, folder: Path) -> str:
         for step in steps
     ]
     if steps and steps[0].get("type") == "Split":
-        shape[0]["Regex"] = (steps[0].get("pattern") or {}).get("Regex")
-    normalizer = (backend.get("normalizer") or {}).get("type")
-    if (backend.get("model") or {}).get("type") == "BPE":
-        for name, wanted in PRE_TOKENIZERS.items():
-            if wanted == (normalizer, shape):
+        split = steps[0]
+        shape[0].update(Regex=(split.get("pattern") or {}).get("Regex"), behavior=split.get("behavior"),
+                        invert=split.get("invert", False))  # fmt: skip
+    normalizer, model = (backend.get("normalizer") or {}).get("type"), backend.get("model") or {}
+    if model.get("type") == "BPE":
+        for name, wanted in PRE_TOKENIZERS.items():  # (llama.cpp's Llama 3 takes a word it has whole)
+            if wanted == (normalizer, shape) and model.get("ignore_merges", False) == (name == "llama-bpe"):
                 return name
     raise ValueError(
         f"{folder}: llama.cpp has no pre-tokenizer this toolkit can name for this tokenizer's "

@@ -439,8 +439,8 @@ def test_export_command(tmp_path, finetuned, capsys):
     assert error(
         capsys, "export", f"--ckpt_path={finetuned.ckpt}", f"--out={tmp_path}/m.gguf", "--format=gguf"
     ) == (
-        "--format gguf: a language model's checkpoint (pretraining's) exports as GGUF; a fine-tuned one as a "
-        "transformers or ONNX folder."
+        "--format gguf: llama.cpp serves language models, embedding models and rerankers; task 'sent' "
+        "(classification) exports as a transformers or ONNX folder."
     )
     assert files(tmp_path) == before
 
@@ -644,14 +644,14 @@ def test_an_exported_models_config_names_the_tokenizers_own_bos():
     """It named the end-of-text token as bos too (SmolLM2's <|im_end|> for its <|im_start|>)."""
     from types import SimpleNamespace
 
-    from gpt_ft.eval.export import _language_model
+    from gpt_ft.eval.framing import language_model
 
     gpt = GPT(GPTConfig(vocab_size=64, n_positions=16, n_embd=16, n_layer=1, n_head=2))
     for bos, expected in ((1, 1), (None, 2)):  # (none: the end of text, as GPT-2's)
         clf = SimpleNamespace(
             gpt=gpt, specials=SimpleNamespace(eos=2, pad=3), tokenizer=SimpleNamespace(bos_token_id=bos)
         )
-        config = _language_model(clf).config
+        config = language_model(clf).config
         assert (config.bos_token_id, config.eos_token_id, config.pad_token_id) == (expected, 2, 3)
 
 

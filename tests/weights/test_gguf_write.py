@@ -145,9 +145,9 @@ def test_ids_the_tokenizer_lacks_are_unused_tokens(tmp_path, monkeypatch):
 def test_what_llama_cpp_would_read_otherwise_is_refused(tmp_path):
     """GPT-1, a pre-tokenizer llama.cpp has no name for, a window, a scaling, a type: one sentence
     each, and no file (nor scratch) left."""
-    from tokenizers import pre_tokenizers
+    from tokenizers import Regex, pre_tokenizers
 
-    from gpt_ft.weights.gguf_write import write_gguf
+    from gpt_ft.weights.gguf_write import LLAMA3_SPLIT, write_gguf
 
     def refused(folder) -> str:
         with pytest.raises(ValueError) as error:
@@ -173,6 +173,26 @@ def test_what_llama_cpp_would_read_otherwise_is_refused(tmp_path):
     )
     folder, _ = lm_folder(tmp_path / "y", "qwen2", rope_parameters={"rope_type": "yarn", "factor": 2.0})
     assert "rotary scaling 'yarn' has no GGUF form here" in refused(folder)
+    folder, _ = lm_folder(tmp_path / "b", "qwen3", attention_bias=True)
+    assert (
+        refused(folder)
+        == "llama.cpp's qwen3 models have no attention biases; this one has attention_bias=True."
+    )
+    folder, _ = lm_folder(tmp_path / "a", "gpt2", scale_attn_weights=False)
+    assert refused(folder).startswith(
+        "llama.cpp's gpt2 models divide attention scores by the head size's root"
+    )
+    removed = tiny_tokenizer()  # a split whose matches are dropped, not kept apart
+    cut = pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="removed")
+    removed.backend_tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
+        [cut, pre_tokenizers.ByteLevel(use_regex=False)]
+    )
+    removed.backend_tokenizer.model.ignore_merges = True
+    folder, _ = lm_folder(tmp_path / "r", "llama", removed)
+    assert refused(folder).startswith(f"{folder}: llama.cpp has no pre-tokenizer this toolkit can name")
+    folder, _ = lm_folder(tmp_path / "v", "llama")
+    tiny_llama("llama", vocab_size=300).save_pretrained(folder)  # a tokenizer of 320 tokens: 20 without a row
+    assert refused(folder).startswith(f"{folder}: the tokenizer has 20 token(s) past the model's 300 ids (")
     with pytest.raises(ValueError, match="--gguf_type 'q4_0': choose one of f32, f16, bf16, q8_0"):
         write_gguf(folder, tmp_path / "m.gguf", outtype="q4_0")
 
@@ -195,6 +215,33 @@ def test_llama_3s_rotary_scaling_travels_as_llama_cpps_frequency_factors(tmp_pat
     plain = 1.0 / 10000.0 ** (torch.arange(0, 8, 2, dtype=torch.float32) / 8)
     torch.testing.assert_close(plain / factors, inv_freq.float(), rtol=1e-6, atol=0)
     assert factors.min() > 1.0 and factors.max() == 8.0  # (scaled, the slowest by the whole factor)
+    config = json.loads((folder / "config.json").read_text())  # as older files name the kind: `type`
+    config["rope_parameters"]["type"] = config["rope_parameters"].pop("rope_type")
+    (folder / "config.json").write_text(json.dumps(config))
+    again = gguf.GGUFReader(write_gguf(folder, tmp_path / "old.gguf", outtype="f32"))
+    np.testing.assert_array_equal(
+        next(t for t in again.tensors if t.name == "rope_freqs.weight").data, factors
+    )
+
+
+def test_a_sharded_folder_reads_whole_into_a_file_under_new_folders(tmp_path):
+    """The shards its index names, as llama.cpp's converter reads them; the file's folders made."""
+    import gguf
+
+    from gpt_ft.weights.gguf_write import write_gguf
+
+    folder, model = lm_folder(tmp_path, "llama")
+    model.save_pretrained(sharded := tmp_path / "sharded", max_shard_size="20KB")
+    tiny_tokenizer().save_pretrained(sharded)
+    assert len(list(sharded.glob("model-*.safetensors"))) > 1
+    whole = gguf.GGUFReader(write_gguf(folder, tmp_path / "whole.gguf", outtype="f32")).tensors
+    parts = gguf.GGUFReader(
+        write_gguf(sharded, tmp_path / "new" / "folder" / "m.gguf", outtype="f32")
+    ).tensors
+    assert sorted(t.name for t in parts) == sorted(t.name for t in whole)
+    by_name = {t.name: t.data for t in parts}
+    for tensor in whole:
+        np.testing.assert_array_equal(by_name[tensor.name], tensor.data)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -237,6 +284,11 @@ def test_the_pre_tokenizer_is_named_as_llama_cpp_names_it(tmp_path, pre):
         backend.pre_tokenizer = pre_tokenizers.Sequence([cut, bytes_only])
     if pre == "qwen2":
         backend.normalizer = normalizers.NFC()
+    backend.model.ignore_merges = pre != "llama-bpe"  # as llama.cpp's other way: refused
+    folder, _ = lm_folder(tmp_path / "other", "llama", tokenizer)
+    with pytest.raises(ValueError, match="llama.cpp has no pre-tokenizer this toolkit can name"):
+        write_gguf(folder, tmp_path / "m.gguf", outtype="f32")
+    backend.model.ignore_merges = pre == "llama-bpe"  # Llama 3's tokenizer.json: a word it has, whole
     folder, _ = lm_folder(tmp_path, "llama", tokenizer)
     path = write_gguf(folder, tmp_path / "m.gguf", outtype="f32")
     import gguf

@@ -1,0 +1,79 @@
+"""A model as one GGUF file, by way of the transformers folder `gpt-ft export` writes: a language
+model (pretraining's checkpoint) for llama.cpp, Ollama and LM Studio; an embedding model for
+`llama-server --embeddings` (and `llama-embedding`); a Qwen3 reranker for `llama-server --reranking`.
+
+    gpt-ft export --ckpt_path runs/.../last.ckpt --format gguf --out my-embedder.gguf
+
+An embedding model's file pools as its card does (llama.cpp's `last` for the extract token and the
+text's last token, `mean` for the mean of `[start] text`), its start token added before each text and
+its extract token after it (the file's bos and eos); llama.cpp normalises the vector. A projection
+(`dimensions`) has no place in llama.cpp's pooling: refused. A reranker's file scores
+`[start] query [delim] document [extract]` (its `rerank` prompt) at the extract token with llama.cpp's
+Qwen3 reranker head, the softmax of two rows: the head's and a row of zeros, so that llama.cpp's
+score is the sigmoid of gpt_ft's (the same order of the documents). llama.cpp reads that head in
+Qwen3 models only; other families' rerankers are refused, as are the other tasks' heads (llama.cpp
+serves none). Prompts and the card's stripping are the caller's: llama.cpp takes texts as given.
+"""
+
+from __future__ import annotations
+
+import copy
+import tempfile
+from pathlib import Path
+
+import torch
+
+from gpt_ft.eval.classifier import Classifier
+from gpt_ft.eval.framing import head_weights, language_model
+from gpt_ft.eval.labelling import put_in_place
+from gpt_ft.weights.gguf_write import Serving, write_gguf
+
+
+def export_served_gguf(clf: Classifier, out: Path, gguf_type: str = "f16") -> Path:
+    """A fine-tuned embedding model or Qwen3 reranker as one GGUF file llama.cpp serves."""
+    lm, serving = language_model(clf), serving_of(clf)
+    tokenizer = copy.deepcopy(clf.tokenizer)
+    tokenizer.chat_template = None  # (texts are not chats: the file names no template but a reranker's)
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch) / "model"
+        lm.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        return place_gguf(folder, out, gguf_type, serving)
+
+
+def place_gguf(folder: Path, out: Path, gguf_type: str, serving: Serving | None = None) -> Path:
+    """The transformers folder `folder` as GGUF file `out`, which takes its name once whole and only
+    where no file has it: one another process wrote meanwhile is kept, not replaced."""
+    partial = out.with_name(f".{out.name}.partial")
+    try:
+        put_in_place(write_gguf(folder, partial, outtype=gguf_type, serving=serving), out, overwrite=False,
+                     option="--out")  # fmt: skip
+    finally:
+        partial.unlink(missing_ok=True)
+    return out
+
+
+def serving_of(clf: Classifier) -> Serving:
+    """How llama.cpp serves `clf`'s task, or a sentence saying why it cannot (`write_gguf` says
+    which families it serves them in)."""
+    task, specials = clf.task, clf.specials
+    if task.output.embeds:
+        if clf.head.projects:
+            raise ValueError(
+                f"--format gguf: llama.cpp reads an embedding as the model's pooled state, with no "
+                f"projection after it; task {task.name!r} projects to {clf.head.out_features} dimensions "
+                "(export it as a sentence-transformers folder)."
+            )
+        extract = specials.extract if task.pooling == "extract" else None
+        return Serving("mean" if task.pooling == "mean" else "last", specials.start, extract)
+    if task.output.reranks:
+        weight, bias = head_weights(clf)
+        ids = (specials.start, specials.delim, specials.extract)
+        start, delim, extract = clf.tokenizer.convert_ids_to_tokens(list(ids))
+        prompt = f"{start}{{query}}{delim}{{document}}{extract}"  # (llama.cpp reads the tokens in it as such)
+        scores = torch.cat([weight, torch.zeros_like(weight)]).float().cpu()
+        return Serving("rank", specials.start, specials.extract, scores, prompt, bias is not None)
+    raise ValueError(
+        f"--format gguf: llama.cpp serves language models, embedding models and rerankers; task "
+        f"{task.name!r} ({task.output.kind}) exports as a transformers or ONNX folder."
+    )

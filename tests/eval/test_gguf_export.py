@@ -1,0 +1,191 @@
+"""A fine-tuned embedding model or Qwen3 reranker as one GGUF file (gpt_ft/eval/gguf_export.py): its
+keys pool, frame and score as the card does, as llama.cpp reads them; what llama.cpp cannot serve is
+refused in one sentence with nothing on disk. Where llama-cpp-python is installed, llama.cpp itself
+reads the files: its vectors are `Encoder.encode`'s, its reranking scores the sigmoid of gpt_ft's."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from gpt_ft import GPT, GPTConfig
+from gpt_ft.adapters import Embedding, Reranker
+from gpt_ft.cli import main
+from gpt_ft.data.tokenizer import load_tokenizer
+from gpt_ft.eval.classifier import Classifier
+from gpt_ft.eval.encoder import Encoder
+from gpt_ft.eval.gguf_export import export_served_gguf
+from tests.cli.test_bad_outputs import error
+from tests.eval.test_encoder import write_pairs
+
+gguf = pytest.importorskip("gguf")
+FAMILIES = {  # preset and overrides of a micro model of each family llama.cpp serves
+    "gpt2": ("gpt-micro", dict(n_embd=32, pre_ln=True)),
+    "llama": ("llama-micro", {}),
+    "qwen3": ("llama-micro", dict(qk_norm=True, head_size=16, hf_model_type="qwen3")),
+}
+POOLINGS = {"extract": "LAST", "last": "LAST", "mean": "MEAN"}  # the card's, llama.cpp's
+TEXTS = ["the cat sat on the mat", "a dog", "", "he is happy in the park today 1999", "Is it <|extract|>?"]
+PAIRS = [("the cat", "sat on the mat"), ("a dog", "he is happy"), ("is it true?", "yes, it is.")]
+
+
+def classifier(task, family: str, tokenizer_dir: str, seed: int = 0) -> Classifier:
+    torch.manual_seed(seed)
+    preset, overrides = FAMILIES.get(family, ("gpt-micro", dict(n_embd=32)))  # (GPT-1's otherwise)
+    tokenizer = load_tokenizer(tokenizer_dir)
+    config = GPTConfig.from_name(preset, n_positions=48, vocab_size=len(tokenizer), **overrides)
+    head = task.head(config.n_embd, dropout=0.0, init_std=0.3, bias=config.bias)
+    return Classifier(GPT(config).eval(), head, task, tokenizer, max_length=48, device="cpu")
+
+
+def fields(path) -> dict:
+    reader = gguf.GGUFReader(path)
+    return {name: field.contents() for name, field in reader.fields.items()} | {
+        "tensors": {t.name: np.array(t.data) for t in reader.tensors}
+    }
+
+
+@pytest.mark.parametrize("pooling", POOLINGS)
+def test_an_embedding_models_file_pools_and_frames_each_text_as_its_card(tmp_path, tokenizer_dir, pooling):
+    """llama.cpp's pooling, and the start token added before each text and the extract token after
+    it (bos, eos): the frame training gave each text."""
+    clf = classifier(Embedding(name="e", pooling=pooling), "llama", tokenizer_dir)
+    got = fields(export_served_gguf(clf, tmp_path / "e.gguf", "f32"))
+    assert got["llama.pooling_type"] == getattr(gguf.PoolingType, POOLINGS[pooling])
+    bos, add_bos, add_eos = (
+        got[f"tokenizer.ggml.{k}"] for k in ("bos_token_id", "add_bos_token", "add_eos_token")
+    )
+    eos = [got["tokenizer.ggml.eos_token_id"]] if add_eos else []
+    assert (bos, add_bos, add_eos) == (clf.specials.start, True, pooling == "extract")
+    ids = clf.tokenizer(TEXTS[0], add_special_tokens=False)["input_ids"]
+    assert clf.task.frame(clf.specials, ids)[0] == [bos, *ids, *eos]
+    assert not any(key.startswith("tokenizer.chat_template") for key in got)  # texts are no chats
+    assert "cls.output.weight" not in got["tensors"]
+
+
+def test_a_qwen3_rerankers_file_scores_each_pair_by_its_head_against_zero(tmp_path, tokenizer_dir):
+    """Rank pooling; the two score rows llama.cpp's Qwen3 reranker softmaxes: the head (divided by a
+    calibrated model's temperature) and zeros; the prompt `[start] query [delim] document [extract]`."""
+    clf = classifier(Reranker(name="r", num_negatives=1), "qwen3", tokenizer_dir)
+    clf.temperature = 2.0
+    got = fields(export_served_gguf(clf, tmp_path / "r.gguf", "f32"))
+    assert got["qwen3.pooling_type"] == gguf.PoolingType.RANK
+    assert got["tokenizer.chat_template.rerank"] == "<|start|>{query}<|delim|>{document}<|extract|>"
+    assert len(got["qwen3.classifier.output_labels"]) == 2
+    head = clf.head.weight.detach().numpy()
+    np.testing.assert_array_equal(got["tensors"]["cls.output.weight"], np.concatenate([head / 2, 0 * head]))
+    assert got["tokenizer.ggml.bos_token_id"] == clf.specials.start
+
+
+def test_what_llama_cpp_cannot_serve_is_refused_with_nothing_on_disk(tmp_path, tokenizer_dir):
+    from gpt_ft.adapters import SingleText
+
+    cases = [
+        (Embedding(name="e", dimensions=16), "llama", "with no projection after it; task 'e' projects to 16"),
+        (Reranker(name="r", num_negatives=1), "llama", "only (without a bias), and this is a llama model"),
+        (Embedding(name="e"), "gpt1", "llama.cpp has no architecture this toolkit writes for a 'openai-gpt'"),
+        (
+            SingleText(name="c", labels=["no", "yes"]),
+            "qwen3",
+            "task 'c' (classification) exports as a transformers",
+        ),
+    ]
+    for task, family, words in cases:
+        with pytest.raises(ValueError, match=re.escape(words)):
+            export_served_gguf(classifier(task, family, tokenizer_dir), tmp_path / "x.gguf", "f16")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_export_writes_a_fine_tuned_embedding_model_as_gguf_and_says_what_texts_need(
+    tmp_path, tokenizer_dir, capsys
+):
+    """`gpt-ft export --format gguf` of a Llama-family embedding checkpoint: llama-server serves it,
+    and llama.cpp adds no prompt: the message names the card's."""
+    root = write_pairs(tmp_path)
+    args = [
+        f"--data.task={root / 'card.yaml'}",
+        f"--data.tokenizer={tokenizer_dir}",
+        f"--data.data_dir={root}",
+    ]
+    main(["fit", *args, "--data.batch_size=4", "--data.max_length=32", "--model.preset=llama-micro",
+          "--trainer.max_steps=1", f"--trainer.default_root_dir={root}", "--trainer.logger=false",
+          "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"])  # fmt: skip
+    ckpt, out = next(root.rglob("last.ckpt")), tmp_path / "e.gguf"
+    capsys.readouterr()
+    main(["export", f"--ckpt_path={ckpt}", f"--out={out}", "--format=gguf", "--gguf_type=q8_0"])
+    assert capsys.readouterr().out.strip() == (
+        f"wrote {out}: llama-server --embeddings serves it (its texts as trained: before each query "
+        "'query: ', before each document 'passage: ')"
+    )
+    assert fields(out)["llama.pooling_type"] == gguf.PoolingType.LAST
+    assert error(capsys, "export", f"--ckpt_path={ckpt}", f"--out={out}", "--format=gguf").startswith(
+        f"--out {out} already exists"
+    )
+
+
+def test_a_file_written_meanwhile_under_the_outs_name_is_kept(tmp_path, tokenizer_dir, monkeypatch):
+    """Two exports to one --out: the second to finish finds the first's file and keeps it."""
+    from gpt_ft.eval import gguf_export
+
+    out, write = tmp_path / "e.gguf", gguf_export.write_gguf
+
+    def beaten(folder, path, **kwargs):
+        written = write(folder, path, **kwargs)
+        out.write_text("another process's file")
+        return written
+
+    monkeypatch.setattr(gguf_export, "write_gguf", beaten)
+    clf = classifier(Embedding(name="e"), "llama", tokenizer_dir)
+    with pytest.raises(
+        ValueError, match="was written by another process while this one ran: give another name"
+    ):
+        export_served_gguf(clf, out, "f16")
+    assert out.read_text() == "another process's file" and [p.name for p in tmp_path.iterdir()] == ["e.gguf"]
+
+
+def llama(path):
+    llama_cpp = pytest.importorskip("llama_cpp")
+    return llama_cpp, llama_cpp.Llama(
+        model_path=str(path), embedding=True, n_ctx=64, verbose=False, type_k=0, type_v=0
+    )
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_llama_cpp_embeds_each_text_as_the_encoder_does(tmp_path, tokenizer_dir, family):
+    """llama.cpp's vectors (f32 weights and cache, normalised as llama-server does) for each pooling:
+    the encoder's, from the same tokens (a text spelling a special token is text)."""
+    pytest.importorskip("llama_cpp")
+    for pooling in POOLINGS:
+        clf = classifier(Embedding(name="e", pooling=pooling), family, tokenizer_dir)
+        path = export_served_gguf(clf, tmp_path / f"{pooling}.gguf", "f32")
+        _, llm = llama(path)
+        encoder = Encoder(clf)
+        for text, ids in zip(TEXTS, encoder.tokens(TEXTS, None)):
+            assert llm.tokenize(text.encode()) == clf.task.frame(clf.specials, ids)[0], (pooling, text)
+        got = np.array([llm.embed(text, normalize=True) for text in TEXTS])
+        atol = 1e-3 if family == "gpt2" else 1e-4  # llama.cpp's GELU reads a table of fp16 values
+        np.testing.assert_allclose(got, encoder.encode(TEXTS), rtol=0, atol=atol, err_msg=pooling)
+
+
+def test_llama_cpp_reranks_each_pair_by_the_sigmoid_of_gpt_fts_score(tmp_path, tokenizer_dir):
+    """llama-server's rerank prompt, tokenized as it tokenizes it (the special tokens in it read as
+    such), is the pair as training framed it; llama.cpp's score is sigmoid(gpt_ft's)."""
+    clf = classifier(Reranker(name="r", num_negatives=1), "qwen3", tokenizer_dir)
+    llama_cpp, llm = llama(export_served_gguf(clf, tmp_path / "r.gguf", "f32"))
+    rows = [{"query": q, "positive": d, "negatives": []} for q, d in PAIRS]
+    template, scores = llm.metadata["tokenizer.chat_template.rerank"], []
+    for (query, document), encoded in zip(PAIRS, clf.encode(rows)):
+        ids = llm.tokenize(
+            template.format(query=query, document=document).encode(), add_bos=False, special=True
+        )
+        assert ids == encoded["input_ids"][0]
+        llm._batch.reset()
+        llm._batch.add_sequence(ids, 0, False)
+        llm._ctx.decode(llm._batch)
+        scores.append(llama_cpp.llama_get_embeddings_seq(llm._ctx.ctx, 0)[0])
+        llm._ctx.kv_cache_clear()
+    expected = torch.sigmoid(clf.raw_outputs(rows)[:, 0]).numpy()
+    np.testing.assert_allclose(scores, expected, rtol=0, atol=1e-5)
