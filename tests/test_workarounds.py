@@ -859,7 +859,7 @@ def test_a_gguf_load_in_another_thread_waits_for_the_one_under_way():
 @pytest.mark.parametrize("pre", ["smollm", "gpt-2"])
 def test_a_gguf_tokenizer_splits_digits_as_llama_cpp_reads_its_pre_tokenizer(tmp_path, monkeypatch, pre):
     """transformers converts a GGUF tokenizer of SmolLM's pre-tokenizer with GPT-2's pattern alone
-    (gpt_ft/workarounds/gguf_files.py, `split_digits`): read through gpt_ft, "smollm" cuts every
+    (gpt_ft/workarounds/gguf_files.py, `split_as_llama_cpp`): read through gpt_ft, "smollm" cuts every
     digit apart first, as llama.cpp and SmolLM2's own tokenizer.json do ("2024": four pieces where
     the vocabulary merges them), and "gpt-2" keeps GPT-2's pattern; each equals the tokenizers
     library's own encoding with that pre-tokenizer."""
@@ -882,3 +882,33 @@ def test_a_gguf_tokenizer_splits_digits_as_llama_cpp_reads_its_pre_tokenizer(tmp
     assert ids == expected.encode(text, add_special_tokens=False).ids
     year = load_tokenizer(str(path)).tokenize("2024")
     assert year == (["2", "0", "2", "4"] if pre == "smollm" else ["202", "4"])
+
+
+@pytest.mark.parametrize("pre", ["llama-bpe", "gpt-2"])
+def test_a_gguf_tokenizer_takes_a_word_it_holds_whole_where_llama_cpp_does(tmp_path, monkeypatch, pre):
+    """transformers converts a GGUF tokenizer of Llama 3's pre-tokenizer to merge every piece
+    (gpt_ft/workarounds/gguf_files.py, `split_as_llama_cpp`): read through gpt_ft, "llama-bpe"
+    takes " zqxw", which the vocabulary holds and no merge reaches, as one token, as llama.cpp and
+    Llama 3's tokenizer.json (`ignore_merges`) do; "gpt-2" merges it piece by piece. Where
+    llama-cpp-python is installed, llama.cpp's ids are gpt_ft's."""
+    pytest.importorskip("gguf")
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    from gpt_ft.data.tokenizer import load_tokenizer
+    from tests.helpers import tiny_llama
+    from tests.weights.gguf_files import SPECIALS, tiny_tokenizer, write_gguf
+
+    monkeypatch.setenv("GPT_FT_CACHE", str(tmp_path / "cache"))
+    spec = json.loads(tiny_tokenizer().backend_tokenizer.to_str())
+    spec["model"]["vocab"]["Ġzqxw"] = 320  # (no merge makes it)
+    whole = Tokenizer.from_str(json.dumps(spec))
+    source = PreTrainedTokenizerFast(tokenizer_object=whole, bos_token=SPECIALS[1], eos_token=SPECIALS[2],
+                                     pad_token=SPECIALS[0])  # fmt: skip
+    path = write_gguf(tmp_path / "m.gguf", tiny_llama("llama", vocab_size=321), tokenizer=source, pre=pre)
+    text = "a zqxw b, and zqxw"
+    ids = load_tokenizer(str(path))(text, add_special_tokens=False)["input_ids"]
+    assert ids.count(320) == (2 if pre == "llama-bpe" else 0)
+    llama_cpp = pytest.importorskip("llama_cpp")
+    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    assert llm.tokenize(text.encode(), add_bos=False, special=False) == ids

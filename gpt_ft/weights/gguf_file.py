@@ -22,7 +22,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from gpt_ft.workarounds.gguf_files import read_once, reader, split_digits
+from gpt_ft.workarounds.gguf_files import read_once, reader, split_as_llama_cpp
 from gpt_ft.workarounds.kernels import import_transformers_models
 
 MAGIC = b"GGUF"
@@ -43,9 +43,9 @@ PRE = "tokenizer.ggml.pre"
 ADDS_BOS = ("llama3", "llama-v3", "llama-bpe", "falcon3")
 """Pre-tokenizers whose texts llama.cpp starts with the beginning-of-text token where the file has
 no `tokenizer.ggml.add_bos_token` (its llama-vocab.cpp), as Llama 3.2's files have none."""
-CONVERSION = 6  # in the cache's keys: entries converted before the special tokens were the file's own (2), or
+CONVERSION = 7  # in the cache's keys: entries converted before the special tokens were the file's own (2), or
 # from a tokenizer.json beside the file (3), without llama.cpp's beginning-of-text default (4), with tokens
-# past the file's (5), or without llama.cpp's digit split (6) are converted again
+# past the file's (5), without llama.cpp's digit split (6) or whole words (7) are converted again
 
 
 def find(path: str | os.PathLike) -> Path | None:
@@ -355,7 +355,7 @@ def _tokenizer(path: Path, stamp: str):
                 f"{path}: transformers reads no tokenizer from it ({exc}); give the tokenizer's folder."
             ) from None
         _own_special_tokens(tokenizer, reader)
-        split_digits(tokenizer, _field(reader, PRE))  # (SmolLM's files: each digit apart, as llama.cpp reads)
+        split_as_llama_cpp(tokenizer, _field(reader, PRE))  # (SmolLM's digits apart, Llama 3's whole words)
         if _field(reader, "tokenizer.ggml.add_bos_token") is None and _field(reader, PRE) in ADDS_BOS:
             tokenizer.add_bos_token = tokenizer.bos_token_id is not None  # as llama.cpp reads such a file
         if len(tokenizer) > len(reader.fields[TOKENS].data):  # the model has no row for the rest

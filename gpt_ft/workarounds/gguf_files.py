@@ -1,5 +1,5 @@
 """gguf's reader and transformers' GGUF loading: a file parsed once a load, its tensor-name map built
-once; digits split as llama.cpp splits them.
+once; texts split as llama.cpp splits them.
 
 `gguf.GGUFReader` parses every metadata field of a file in Python when it opens it, a tokenizer's
 whole vocabulary and merges included (about 4 s for SmolLM2's 49,152 tokens on one core), and
@@ -16,13 +16,16 @@ Upstream: transformers' loader takes a path only (transformers/modeling_gguf_pyt
 `load_gguf_checkpoint`). When it takes a reader, pass one and drop `read_once`;
 tests/test_workarounds.py fails when transformers stops looking the two names up at call time.
 
-`split_digits`: llama.cpp reads a file whose pre-tokenizer (`tokenizer.ggml.pre`) is SmolLM's, and
+`split_as_llama_cpp`: llama.cpp reads a file whose pre-tokenizer (`tokenizer.ggml.pre`) is SmolLM's, and
 seven others', by cutting every digit apart before GPT-2's pattern (`\\p{N}` first, its
 src/llama-vocab.cpp), as the models' own tokenizer.json does (`Digits(individual_digits=True)`);
 transformers' GGUF conversion (5.25) has no split for these names and leaves GPT-2's pattern alone, so
-"2024" would be one piece where llama.cpp and the model read four. Upstream: transformers'
-integrations/gguf/gguf_tokenizer_mapping.py, `GGUF_PRE_TOKENIZER_SPLITS`; the test fails once it
-splits them itself.
+"2024" would be one piece where llama.cpp and the model read four. Llama 3's pre-tokenizer (and
+fourteen others') takes a piece the vocabulary holds as one token before merging any (llama.cpp's
+`ignore_merges`; Llama 3's tokenizer.json has it, as tiktoken did); transformers' conversion merges
+it, so " Việt", one token of Llama 3's, would be three (llama.cpp's pull request 7193). Both are
+`split_as_llama_cpp`. Upstream: transformers' integrations/gguf/gguf_tokenizer_mapping.py,
+`GGUF_PRE_TOKENIZER_SPLITS`, `set_split_regex`; the tests fail once it splits them itself.
 """
 
 from __future__ import annotations
@@ -35,6 +38,11 @@ from typing import Any
 
 DIGITS_FIRST = ("starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b", "mellum2")
 """llama.cpp's pre-tokenizer names whose first split is each digit (`\\p{N}`), then GPT-2's pattern."""
+WHOLE_WORDS = ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
+               "jina-v5-nano", "minicpm5", "youtu", "glm4", "glm5", "tekken",
+               "granite-embed-multi-97m")  # fmt: skip
+"""llama.cpp's pre-tokenizer names whose pieces the vocabulary holds whole are taken whole, before any
+merge (its `ignore_merges`, as Llama 3's tokenizer.json has it)."""
 LOCK = threading.RLock()
 OPEN: dict[str, Any] = {}
 """Within the outermost `read_once`: gguf's own reader class and map ("class", "map"), the readers
@@ -82,12 +90,15 @@ def read_once() -> Iterator[None]:
             OPEN.clear()
 
 
-def split_digits(tokenizer, pre: str | None) -> None:
+def split_as_llama_cpp(tokenizer, pre: str | None) -> None:
     """Give a tokenizer transformers converted from a GGUF file of pre-tokenizer `pre` llama.cpp's
-    digit split where it has GPT-2's pattern alone (see above); any other is left as it is."""
-    from tokenizers import pre_tokenizers
+    digit split where it has GPT-2's pattern alone, and llama.cpp's whole pieces before merges where
+    llama.cpp takes them (see above); any other is left as it is."""
+    from tokenizers import models, pre_tokenizers
 
     backend = tokenizer.backend_tokenizer
     if pre in DIGITS_FIRST and isinstance(backend.pre_tokenizer, pre_tokenizers.ByteLevel):
         digits = pre_tokenizers.Digits(individual_digits=True)
         backend.pre_tokenizer = pre_tokenizers.Sequence([digits, backend.pre_tokenizer])
+    if pre in WHOLE_WORDS and isinstance(backend.model, models.BPE):
+        backend.model.ignore_merges = True
