@@ -38,7 +38,7 @@ import torch
 from gpt_ft.data.folders import written_whole
 from gpt_ft.errors import check_output_dir, check_output_file, real_path
 from gpt_ft.eval.classifier import Classifier
-from gpt_ft.eval.framing import framed_tokenizer, head_weights, language_model, loads_as_written
+from gpt_ft.eval.framing import framed_tokenizer, head_weights, language_model, loads_as_written, quiet_saves
 from gpt_ft.eval.gguf_export import export_served_gguf, place_gguf
 from gpt_ft.eval.onnx import write_onnx
 from gpt_ft.weights.checkpoint import Checkpoint
@@ -49,6 +49,7 @@ from gpt_ft.workarounds.kernels import import_transformers_models
 FORMATS = ("transformers", "onnx", "gguf")
 
 
+@quiet_saves()  # (transformers' bar over the one file it writes)
 def export_checkpoint(
     *,
     ckpt_path: str | Path,

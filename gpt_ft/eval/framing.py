@@ -4,6 +4,7 @@ hypothesis [extract]`); the language model with the tokenizer's special ids; the
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import shutil
@@ -13,6 +14,8 @@ from typing import TYPE_CHECKING
 from gpt_ft.weights.hf import to_hf
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     from torch import Tensor
 
     from gpt_ft.eval.classifier import Classifier
@@ -65,6 +68,20 @@ def language_model(clf: Classifier):
     lm.config.bos_token_id = clf.specials.eos if bos is None else bos
     lm.config.architectures = None
     return lm
+
+
+@contextlib.contextmanager
+def quiet_saves() -> Iterator[None]:
+    """transformers' progress bars (`save_pretrained`'s "Writing model shards") off while within."""
+    from transformers.utils import logging
+
+    shown = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            logging.enable_progress_bar()
 
 
 def head_weights(clf: Classifier) -> tuple[Tensor, Tensor | None]:

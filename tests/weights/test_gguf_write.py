@@ -145,6 +145,7 @@ def test_ids_the_tokenizer_lacks_are_unused_tokens(tmp_path, monkeypatch):
 def test_what_llama_cpp_would_read_otherwise_is_refused(tmp_path):
     """GPT-1, a pre-tokenizer llama.cpp has no name for, a window, a scaling, a type: one sentence
     each, and no file (nor scratch) left."""
+    from safetensors.torch import load_file, save_file
     from tokenizers import Regex, pre_tokenizers
 
     from gpt_ft.weights.gguf_write import LLAMA3_SPLIT, write_gguf
@@ -173,6 +174,10 @@ def test_what_llama_cpp_would_read_otherwise_is_refused(tmp_path):
     )
     folder, _ = lm_folder(tmp_path / "y", "qwen2", rope_parameters={"rope_type": "yarn", "factor": 2.0})
     assert "rotary scaling 'yarn' has no GGUF form here" in refused(folder)
+    folder, _ = lm_folder(tmp_path / "t", "llama")  # refused halfway through the tensors: no partial file
+    state = load_file(folder / "model.safetensors")
+    save_file({**state, "model.extra.weight": torch.ones(2, 2)}, folder / "model.safetensors")
+    assert refused(folder) == f"{folder}: tensor model.extra.weight has no place in llama.cpp's llama layout."
     folder, _ = lm_folder(tmp_path / "b", "qwen3", attention_bias=True)
     assert (
         refused(folder)
