@@ -109,15 +109,14 @@ def what_loads(config: dict, format: str) -> str:
 
 
 def served_by(clf: Classifier) -> str:
-    """What serves a fine-tuned model's GGUF file, and what its texts need first."""
+    """What serves a fine-tuned model's GGUF file, and what its texts need first (llama.cpp adds no
+    prompt, strips nothing and cuts nothing)."""
     task = clf.task
-    if task.output.reranks:
-        return "llama-server --reranking serves it"
-    needs = [f"before each query {task.query_prompt!r}"] if task.query_prompt else []
-    needs += [f"before each document {task.document_prompt!r}"] if task.document_prompt else []
-    needs += ["each text stripped"] if task.strip_texts else []
-    served = "llama-server --embeddings serves it"
-    return f"{served} (its texts as trained: {', '.join(needs)})" if needs else served
+    served = f"llama-server --{'reranking' if task.output.reranks else 'embeddings'} serves it"
+    prompts = {kind: getattr(task, f"{kind}_prompt", "") for kind in ("query", "document")}
+    needs = [f"before each {kind} {prompt!r}" for kind, prompt in prompts.items() if prompt]
+    needs += ["each text stripped"] * task.strip_texts + [f"cut to {clf.max_length} tokens, framed"]
+    return f"{served} (its texts as trained: {', '.join(needs)})"
 
 
 def check_format(format: str) -> None:

@@ -42,15 +42,16 @@ def export_served_gguf(clf: Classifier, out: Path, gguf_type: str = "f16") -> Pa
 
 
 def place_gguf(folder: Path, out: Path, gguf_type: str, serving: Serving | None = None) -> Path:
-    """The transformers folder `folder` as GGUF file `out`, which takes its name once whole and only
-    where no file has it: one another process wrote meanwhile is kept, not replaced."""
-    partial = out.with_name(f".{out.name}.partial")
+    """The scratch transformers folder `folder` as GGUF file `out`, which takes its name once whole
+    and only where no file has it: one another process wrote meanwhile is kept, not replaced."""
     try:
-        put_in_place(write_gguf(folder, partial, outtype=gguf_type, serving=serving), out, overwrite=False,
-                     option="--out")  # fmt: skip
-    finally:
-        partial.unlink(missing_ok=True)
-    return out
+        return write_gguf(folder, out, outtype=gguf_type, serving=serving, place=_new_name)
+    except ValueError as error:  # (what is refused is the checkpoint's, not the scratch folder's)
+        raise ValueError(str(error).removeprefix(f"{folder}: ")) from None
+
+
+def _new_name(file: Path, out: Path) -> None:
+    put_in_place(file, out, overwrite=False, option="--out")
 
 
 def serving_of(clf: Classifier) -> Serving:

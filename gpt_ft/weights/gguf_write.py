@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import json
 import math
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,10 +81,12 @@ def write_gguf(
     outtype: str = "f16",
     name: str | None = None,
     serving: Serving | None = None,
+    place: Callable[[Path, Path], object] | None = None,
 ) -> Path:
     """Write the transformers causal-LM folder `folder` (config.json, model.safetensors, the
     tokenizer's files) as GGUF file `path`, its matrices in `outtype`; with `serving`, as llama.cpp
-    serves an embedding model or a reranker of it."""
+    serves an embedding model or a reranker of it. The whole file, written under a name of its own
+    beside `path`, takes `path`'s name by `place(file, path)` (default: a rename, which replaces)."""
     import gguf
 
     folder, path = Path(folder), Path(path)
@@ -97,8 +101,7 @@ def write_gguf(
             f"and this is a {config['model_type']} model (export it as a transformers folder: CrossEncoder "
             "loads it)."
         )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(f".{path.name}.partial")  # the file takes its name once whole
+    partial = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.partial")  # (opened only to write)
     writer = gguf.GGUFWriter(partial, gguf.MODEL_ARCH_NAMES[arch])
     writer.add_type(gguf.GGUFType.MODEL)
     writer.add_name(name or path.stem)
@@ -124,12 +127,13 @@ def write_gguf(
         data, qtype = _stored(tensor, gguf_name, outtype)
         writer.add_tensor(gguf_name, data, raw_dtype=qtype)
     writer.add_size_label(gguf.size_label(*writer.get_total_parameter_count()))  # ("135M", the converter's)
+    path.parent.mkdir(parents=True, exist_ok=True)  # (once every check has passed)
     try:
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
         writer.close()
-        partial.replace(path)
+        (place or Path.replace)(partial, path)  # the file takes its name once whole
     finally:
         partial.unlink(missing_ok=True)
     return path
@@ -290,11 +294,15 @@ def _vocabulary(writer, folder: Path, vocab_size: int, serving: Serving | None =
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre(_pre_tokenizer(json.loads(backend.to_str()), folder))
     by_id = {index: token for token, index in backend.get_vocab(with_added_tokens=True).items()}
-    if beyond := [token for index, token in sorted(by_id.items()) if index >= vocab_size]:
-        raise ValueError(
-            f"{folder}: the tokenizer has {len(beyond)} token(s) past the model's {vocab_size} ids "
-            f"({', '.join(beyond[:3])}): the model has no row for them."
-        )
+    config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    for kind in ("bos", "eos", "pad", "unk"):  # (any other token past the model's rows is left out)
+        token = config.get(f"{kind}_token")
+        token = token.get("content") if isinstance(token, dict) else token
+        if token is not None and (index := backend.token_to_id(token) or 0) >= vocab_size:
+            raise ValueError(
+                f"{folder}: the tokenizer's {kind} token {token} (id {index}) is past the model's "
+                f"{vocab_size} ids: the model has no row for it."
+            )
     added = backend.get_added_tokens_decoder()
     tokens, types = [], []
     for index in range(vocab_size):

@@ -81,6 +81,8 @@ def test_a_qwen3_rerankers_file_scores_each_pair_by_its_head_against_zero(tmp_pa
 
 
 def test_what_llama_cpp_cannot_serve_is_refused_with_nothing_on_disk(tmp_path, tokenizer_dir):
+    from tokenizers import pre_tokenizers
+
     from gpt_ft.adapters import SingleText
 
     cases = [
@@ -93,10 +95,15 @@ def test_what_llama_cpp_cannot_serve_is_refused_with_nothing_on_disk(tmp_path, t
             "task 'c' (classification) exports as a transformers",
         ),
     ]
+    split_otherwise = classifier(Embedding(name="e"), "llama", tokenizer_dir)
+    split_otherwise.tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     for task, family, words in cases:
         with pytest.raises(ValueError, match=re.escape(words)):
-            export_served_gguf(classifier(task, family, tokenizer_dir), tmp_path / "x.gguf", "f16")
-    assert list(tmp_path.iterdir()) == []
+            export_served_gguf(classifier(task, family, tokenizer_dir), tmp_path / "new" / "x.gguf", "f16")
+    with pytest.raises(ValueError) as refused:  # (the message names no scratch folder)
+        export_served_gguf(split_otherwise, tmp_path / "new" / "x.gguf", "f16")
+    assert str(refused.value).startswith("llama.cpp has no pre-tokenizer this toolkit can name")
+    assert list(tmp_path.iterdir()) == []  # (nor the folder --out would have made)
 
 
 def test_export_writes_a_fine_tuned_embedding_model_as_gguf_and_says_what_texts_need(
@@ -120,9 +127,10 @@ def test_export_writes_a_fine_tuned_embedding_model_as_gguf_and_says_what_texts_
     assert "Writing model shards" not in said.err  # (transformers' bar over its one file)
     assert said.out.strip() == (
         f"wrote {out}: llama-server --embeddings serves it (its texts as trained: before each query "
-        "'query: ', before each document 'passage: ')"
+        "'query: ', before each document 'passage: ', cut to 32 tokens, framed)"
     )
     assert fields(out)["llama.pooling_type"] == gguf.PoolingType.LAST
+    assert fields(out)["general.name"] == "e"  # (the file's, as llama.cpp and Ollama show it)
     assert error(capsys, "export", f"--ckpt_path={ckpt}", f"--out={out}", "--format=gguf").startswith(
         f"--out {out} already exists"
     )
@@ -130,16 +138,15 @@ def test_export_writes_a_fine_tuned_embedding_model_as_gguf_and_says_what_texts_
 
 def test_a_file_written_meanwhile_under_the_outs_name_is_kept(tmp_path, tokenizer_dir, monkeypatch):
     """Two exports to one --out: the second to finish finds the first's file and keeps it."""
-    from gpt_ft.eval import gguf_export
+    from gpt_ft.weights import gguf_write
 
-    out, write = tmp_path / "e.gguf", gguf_export.write_gguf
+    out, read = tmp_path / "e.gguf", gguf_write._state
 
-    def beaten(folder, path, **kwargs):
-        written = write(folder, path, **kwargs)
+    def beaten(folder):  # (another export takes the name while this one reads the weights)
         out.write_text("another process's file")
-        return written
+        return read(folder)
 
-    monkeypatch.setattr(gguf_export, "write_gguf", beaten)
+    monkeypatch.setattr(gguf_write, "_state", beaten)
     clf = classifier(Embedding(name="e"), "llama", tokenizer_dir)
     with pytest.raises(
         ValueError, match="was written by another process while this one ran: give another name"

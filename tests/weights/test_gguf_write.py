@@ -142,9 +142,10 @@ def test_ids_the_tokenizer_lacks_are_unused_tokens(tmp_path, monkeypatch):
     assert set(types[320:]) == {gguf.TokenType.UNUSED}
 
 
-def test_what_llama_cpp_would_read_otherwise_is_refused(tmp_path):
+def test_what_llama_cpp_would_read_otherwise_is_refused(tmp_path, monkeypatch):
     """GPT-1, a pre-tokenizer llama.cpp has no name for, a window, a scaling, a type: one sentence
     each, and no file (nor scratch) left."""
+    import gguf
     from safetensors.torch import load_file, save_file
     from tokenizers import Regex, pre_tokenizers
 
@@ -174,10 +175,21 @@ def test_what_llama_cpp_would_read_otherwise_is_refused(tmp_path):
     )
     folder, _ = lm_folder(tmp_path / "y", "qwen2", rope_parameters={"rope_type": "yarn", "factor": 2.0})
     assert "rotary scaling 'yarn' has no GGUF form here" in refused(folder)
-    folder, _ = lm_folder(tmp_path / "t", "llama")  # refused halfway through the tensors: no partial file
+    folder, _ = lm_folder(tmp_path / "t", "llama")
     state = load_file(folder / "model.safetensors")
     save_file({**state, "model.extra.weight": torch.ones(2, 2)}, folder / "model.safetensors")
     assert refused(folder) == f"{folder}: tensor model.extra.weight has no place in llama.cpp's llama layout."
+    (folder / "model.safetensors").unlink()
+    save_file(state, folder / "model.safetensors")
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    with monkeypatch.context() as patched:  # a disk that fills while the tensors go out: no partial file
+        patched.setattr(gguf.GGUFWriter, "write_tensors_to_file", full)
+        with pytest.raises(OSError, match="No space left"):
+            write_gguf(folder, tmp_path / "m.gguf")
+    assert not list(tmp_path.glob("*.gguf*")) and not list(tmp_path.glob(".m.gguf*"))
     folder, _ = lm_folder(tmp_path / "b", "qwen3", attention_bias=True)
     assert (
         refused(folder)
@@ -195,9 +207,14 @@ def test_what_llama_cpp_would_read_otherwise_is_refused(tmp_path):
     removed.backend_tokenizer.model.ignore_merges = True
     folder, _ = lm_folder(tmp_path / "r", "llama", removed)
     assert refused(folder).startswith(f"{folder}: llama.cpp has no pre-tokenizer this toolkit can name")
-    folder, _ = lm_folder(tmp_path / "v", "llama")
-    tiny_llama("llama", vocab_size=300).save_pretrained(folder)  # a tokenizer of 320 tokens: 20 without a row
-    assert refused(folder).startswith(f"{folder}: the tokenizer has 20 token(s) past the model's 300 ids (")
+    past = tiny_tokenizer()  # 320 tokens for a model of 300 rows, its eos one of the 20 without a row
+    past.eos_token = past.convert_ids_to_tokens(310)
+    folder, _ = lm_folder(tmp_path / "v", "llama", past)
+    tiny_llama("llama", vocab_size=300).save_pretrained(folder)
+    assert refused(folder) == (
+        f"{folder}: the tokenizer's eos token {past.eos_token} (id 310) is past the model's 300 ids: the "
+        "model has no row for it."
+    )
     with pytest.raises(ValueError, match="--gguf_type 'q4_0': choose one of f32, f16, bf16, q8_0"):
         write_gguf(folder, tmp_path / "m.gguf", outtype="q4_0")
 
