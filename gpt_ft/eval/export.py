@@ -1,6 +1,6 @@
 """A fine-tuned classifier as a standard transformers folder, for any serving stack (and a
 pretrained language model as transformers' causal LM, `export_language_model`, or a GGUF file; an
-embedding model or Qwen3 reranker as a GGUF file, gpt_ft/eval/gguf_export.py).
+embedding model or Qwen3 reranker (a pair scorer) as a GGUF file, gpt_ft/eval/gguf_export.py).
 
     gpt-ft export --ckpt_path runs/.../last.ckpt --out my-classifier
     # elsewhere, without gpt_ft:
@@ -59,14 +59,15 @@ def export_checkpoint(
 ) -> Path:
     """Write a fine-tuned model or a language model as transformers, ONNX, sentence-transformers or GGUF.
 
-    A classifier: transformers or ONNX; an embedding model: sentence-transformers or GGUF; a reranker:
-    transformers, or GGUF for Qwen3's; a language model (pretraining's): transformers or GGUF.
+    A classifier: transformers or ONNX (a Qwen3 pair scorer: GGUF too); an embedding model:
+    sentence-transformers or GGUF; a reranker: transformers, or GGUF for Qwen3's; a language model
+    (pretraining's): transformers or GGUF.
 
     Args:
         ckpt_path: A checkpoint of gpt-ft fit: fine-tuned, or a language model's (pretraining's).
         out: A new (or empty) folder; with --format gguf, a new file.
         format: transformers (a folder for pipelines), onnx (config, tokenizer and model.onnx), or
-            gguf (one file for llama.cpp: a language model, an embedding model or a Qwen3 reranker).
+            gguf (one file for llama.cpp: a language model, an embedding model, a Qwen3 pair scorer).
         gguf_type: With --format gguf, the matrices' type (norms and biases stay f32).
     """
     gguf = format == "gguf"  # the output checked before the weights load
@@ -111,8 +112,11 @@ def what_loads(config: dict, format: str) -> str:
 def served_by(clf: Classifier) -> str:
     """What serves a fine-tuned model's GGUF file, and what its texts need first (llama.cpp adds no
     prompt, strips nothing and cuts nothing)."""
-    task = clf.task
-    served = f"llama-server --{'reranking' if task.output.reranks else 'embeddings'} serves it"
+    task, served = clf.task, "llama-server --embeddings serves it"
+    if not task.output.embeds:  # a pair's score: one (the sigmoid of it), or two classes' (the second's)
+        names = task.output.served_labels()
+        score = f"the probability of {names[1]!r}" if len(names) == 2 else "the sigmoid of gpt_ft's"
+        served = f"llama-server --reranking serves it, its score {score}"
     prompts = {kind: getattr(task, f"{kind}_prompt", "") for kind in ("query", "document")}
     needs = [f"before each {kind} {prompt!r}" for kind, prompt in prompts.items() if prompt]
     needs += ["each text stripped"] * task.strip_texts + [f"cut to {clf.max_length} tokens, framed"]

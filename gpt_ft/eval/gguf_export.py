@@ -1,19 +1,20 @@
 """A model as one GGUF file, by way of the transformers folder `gpt-ft export` writes: a language
 model (pretraining's checkpoint) for llama.cpp, Ollama and LM Studio; an embedding model for
-`llama-server --embeddings` (and `llama-embedding`); a Qwen3 reranker for `llama-server --reranking`.
+`llama-server --embeddings` (and `llama-embedding`); a Qwen3 model scoring a pair of texts (a
+reranker, or a pair task of one score or two classes) for `llama-server --reranking`.
 
     gpt-ft export --ckpt_path runs/.../last.ckpt --format gguf --out my-embedder.gguf
 
 An embedding model's file pools as its card does (llama.cpp's `last` for the extract token and the
 text's last token, `mean` for the mean of `[start] text`), its start token added before each text and
 its extract token after it (the file's bos and eos); llama.cpp normalises the vector. A projection
-(`dimensions`) has no place in llama.cpp's pooling: refused. A reranker's file scores
+(`dimensions`) has no place in llama.cpp's pooling: refused. A pair's file scores
 `[start] query [delim] document [extract]` (its `rerank` prompt) at the extract token with llama.cpp's
-Qwen3 reranker head, the softmax of two rows: the head's and a row of zeros, so that llama.cpp's
-score is the sigmoid of gpt_ft's (the same order of the documents). llama.cpp reads that head in
-Qwen3 models only; other families' rerankers are refused, as are the other tasks' heads (llama.cpp
-serves none). Prompts and the card's stripping are the caller's: llama.cpp takes texts as given.
-"""
+Qwen3 reranker head, the first of the softmax of two rows: for one score, the head's and a row of
+zeros (llama.cpp's score is the sigmoid of gpt_ft's: the same order of the documents); for two
+classes, the second's and the first's (the second class's probability). llama.cpp reads that head in
+Qwen3 models only; other families' are refused, as are the other tasks' heads (llama.cpp serves
+none). Prompts, the card's stripping and its cut are the caller's: llama.cpp takes texts as given."""
 
 from __future__ import annotations
 
@@ -67,14 +68,33 @@ def serving_of(clf: Classifier) -> Serving:
             )
         extract = specials.extract if task.pooling == "extract" else None
         return Serving("mean" if task.pooling == "mean" else "last", specials.start, extract)
-    if task.output.reranks:
-        weight, bias = head_weights(clf)
+    weight, bias = head_weights(clf)
+    if (scores := pair_scores(clf, weight)) is not None:
         ids = (specials.start, specials.delim, specials.extract)
-        start, delim, extract = clf.tokenizer.convert_ids_to_tokens(list(ids))
-        prompt = f"{start}{{query}}{delim}{{document}}{extract}"  # (llama.cpp reads the tokens in it as such)
-        scores = torch.cat([weight, torch.zeros_like(weight)]).float().cpu()
-        return Serving("rank", specials.start, specials.extract, scores, prompt, bias is not None)
+        _, pair = task.template(clf.tokenizer.convert_ids_to_tokens(list(ids)))
+        texts = {"$A": "{query}", "$B": "{document}"}  # (llama.cpp reads the special tokens in it as such)
+        prompt = "".join(texts.get(piece, piece) for piece in pair.split())
+        names = task.output.served_labels()
+        labels = [names[1], names[0]] if len(scores) == len(names) == 2 else ["score", "zero"]
+        return Serving("rank", specials.start, specials.extract, scores, prompt, bias is not None, labels)
     raise ValueError(
-        f"--format gguf: llama.cpp serves language models, embedding models and rerankers; task "
-        f"{task.name!r} ({task.output.kind}) exports as a transformers or ONNX folder."
+        f"--format gguf: llama.cpp serves language models, embedding models and scores of a pair of texts "
+        f"(rerankers, and pair tasks of one score or two classes); task {task.name!r} ({task.output.kind}) "
+        "exports as a transformers or ONNX folder."
     )
+
+
+def pair_scores(clf: Classifier, weight: torch.Tensor) -> torch.Tensor | None:
+    """The two rows whose softmax llama.cpp's Qwen3 reranker head answers the first of, for a task
+    that scores a pair of texts in one sequence: one score z (a reranker's, a regression's), as the
+    rows (z, 0), whose first is sigmoid(z); two classes, as the second's and the first's logits, whose
+    first is the second class's probability. None: the task is none of these."""
+    task = clf.task
+    pair = task.output.reranks or (task.num_sequences == 1 and len(task.text_groups) == 2)
+    if not pair or task.renders_chats:
+        return None
+    if weight.shape[0] == 1 and (task.output.reranks or task.output.problem_type == "regression"):
+        return torch.cat([weight, torch.zeros_like(weight)]).float().cpu()
+    if weight.shape[0] == 2 and task.output.problem_type == "single_label_classification":
+        return weight.flip(0).float().cpu()
+    return None

@@ -64,7 +64,7 @@ class Serving:
     text (`start` before it, `extract` after it where there is one: bos and eos, added as texts are
     tokenized), and a reranker's score rows (`scores`, two: llama.cpp's Qwen3 rerankers answer the
     first's softmax) and the prompt a query and a document fill (`template`); whether the scores have
-    a bias, which llama.cpp's have not (`biased`)."""
+    a bias, which llama.cpp's have not (`biased`), and the rows' names (`labels`)."""
 
     pooling: str
     start: int
@@ -72,6 +72,7 @@ class Serving:
     scores: torch.Tensor | None = None
     template: str | None = None
     biased: bool = False
+    labels: list[str] | None = None
 
 
 def write_gguf(
@@ -113,9 +114,9 @@ def write_gguf(
     state = _state(folder)
     if serving is not None:
         writer.add_pooling_type(getattr(gguf.PoolingType, serving.pooling.upper()))
-        if serving.scores is not None:  # (llama.cpp's name for the rows; its labels only count them)
+        if serving.scores is not None:  # (llama.cpp's name for the rows, which its labels count)
             state["cls.output.weight"] = serving.scores
-            writer.add_classifier_output_labels(["score", "zero"])
+            writer.add_classifier_output_labels(serving.labels or ["score", "zero"])
         if serving.template is not None:
             writer.add_chat_template([{"name": "rerank", "template": serving.template}])
     for key, tensor in _tensors(state, config):

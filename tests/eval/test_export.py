@@ -439,8 +439,9 @@ def test_export_command(tmp_path, finetuned, capsys):
     assert error(
         capsys, "export", f"--ckpt_path={finetuned.ckpt}", f"--out={tmp_path}/m.gguf", "--format=gguf"
     ) == (
-        "--format gguf: llama.cpp serves language models, embedding models and rerankers; task 'sent' "
-        "(classification) exports as a transformers or ONNX folder."
+        "--format gguf: llama.cpp serves language models, embedding models and scores of a pair of texts "
+        "(rerankers, and pair tasks of one score or two classes); task 'sent' (classification) exports as a "
+        "transformers or ONNX folder."
     )
     assert files(tmp_path) == before
 

@@ -17,6 +17,7 @@ from gpt_ft.cli import main
 from gpt_ft.data.tokenizer import load_tokenizer
 from gpt_ft.eval.classifier import Classifier
 from gpt_ft.eval.encoder import Encoder
+from gpt_ft.eval.export import served_by
 from gpt_ft.eval.gguf_export import export_served_gguf
 from tests.cli.test_bad_outputs import error
 from tests.eval.test_encoder import write_pairs
@@ -80,20 +81,40 @@ def test_a_qwen3_rerankers_file_scores_each_pair_by_its_head_against_zero(tmp_pa
     assert got["tokenizer.ggml.bos_token_id"] == clf.specials.start
 
 
+def test_a_qwen3_pair_task_of_one_score_or_two_classes_is_served_as_a_reranker(tmp_path, tokenizer_dir):
+    """A TextPair card scored pointwise: one score as the rows (w, 0), two classes as the second's row
+    then the first's (llama.cpp's score: the second class's probability), the rows named so."""
+    from gpt_ft.adapters import TextPair
+
+    regression = classifier(TextPair(name="p", regression=True, label="score"), "qwen3", tokenizer_dir)
+    two = classifier(TextPair(name="p", labels=["unrelated", "relevant"]), "qwen3", tokenizer_dir)
+    for clf, labels in ((regression, ["score", "zero"]), (two, ["relevant", "unrelated"])):
+        got = fields(export_served_gguf(clf, tmp_path / f"{len(labels[0])}.gguf", "f32"))
+        assert got["qwen3.pooling_type"] == gguf.PoolingType.RANK
+        assert got["qwen3.classifier.output_labels"] == labels
+        assert got["tokenizer.chat_template.rerank"] == "<|start|>{query}<|delim|>{document}<|extract|>"
+        head = clf.head.weight.detach().numpy()
+        rows = np.concatenate([head, 0 * head]) if len(head) == 1 else head[::-1]
+        np.testing.assert_array_equal(got["tensors"]["cls.output.weight"], rows)
+    assert served_by(two) == (
+        "llama-server --reranking serves it, its score the probability of 'relevant' (its texts as trained: "
+        "cut to 48 tokens, framed)"
+    )
+    assert served_by(regression).startswith("llama-server --reranking serves it, its score the sigmoid of")
+
+
 def test_what_llama_cpp_cannot_serve_is_refused_with_nothing_on_disk(tmp_path, tokenizer_dir):
     from tokenizers import pre_tokenizers
 
-    from gpt_ft.adapters import SingleText
+    from gpt_ft.adapters import Similarity, SingleText, TextPair
 
     cases = [
         (Embedding(name="e", dimensions=16), "llama", "with no projection after it; task 'e' projects to 16"),
         (Reranker(name="r", num_negatives=1), "llama", "only (without a bias), and this is a llama model"),
         (Embedding(name="e"), "gpt1", "llama.cpp has no architecture this toolkit writes for a 'openai-gpt'"),
-        (
-            SingleText(name="c", labels=["no", "yes"]),
-            "qwen3",
-            "task 'c' (classification) exports as a transformers",
-        ),
+        (SingleText(name="c", labels=["no", "yes"]), "qwen3", "task 'c' (classification) exports as a"),
+        (TextPair(name="t", labels=["a", "b", "c"]), "qwen3", "task 't' (classification) exports as a"),
+        (Similarity(name="s", regression=True, label="x"), "qwen3", "task 's' (regression) exports as a"),
     ]
     split_otherwise = classifier(Embedding(name="e"), "llama", tokenizer_dir)
     split_otherwise.tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -179,12 +200,19 @@ def test_llama_cpp_embeds_each_text_as_the_encoder_does(tmp_path, tokenizer_dir,
         np.testing.assert_allclose(got, encoder.encode(TEXTS), rtol=0, atol=atol, err_msg=pooling)
 
 
-def test_llama_cpp_reranks_each_pair_by_the_sigmoid_of_gpt_fts_score(tmp_path, tokenizer_dir):
+@pytest.mark.parametrize("kind", ["reranker", "regression", "two-classes"])
+def test_llama_cpp_reranks_each_pair_by_the_sigmoid_of_gpt_fts_score(tmp_path, tokenizer_dir, kind):
     """llama-server's rerank prompt, tokenized as it tokenizes it (the special tokens in it read as
-    such), is the pair as training framed it; llama.cpp's score is sigmoid(gpt_ft's)."""
-    clf = classifier(Reranker(name="r", num_negatives=1), "qwen3", tokenizer_dir)
+    such), is the pair as training framed it; llama.cpp's score is sigmoid(gpt_ft's score), or the
+    second class's probability."""
+    from gpt_ft.adapters import TextPair
+
+    card = {"regression": True} if kind == "regression" else {"labels": ["no", "yes"]}
+    task = Reranker(name="r", num_negatives=1) if kind == "reranker" else TextPair(name="p", **card)
+    clf = classifier(task, "qwen3", tokenizer_dir)
     llama_cpp, llm = llama(export_served_gguf(clf, tmp_path / "r.gguf", "f32"))
-    rows = [{"query": q, "positive": d, "negatives": []} for q, d in PAIRS]
+    fields = ("query", "positive") if kind == "reranker" else ("premise", "hypothesis")
+    rows = [{fields[0]: q, fields[1]: d, "negatives": []} for q, d in PAIRS]
     template, scores = llm.metadata["tokenizer.chat_template.rerank"], []
     for (query, document), encoded in zip(PAIRS, clf.encode(rows)):
         ids = llm.tokenize(
@@ -196,5 +224,6 @@ def test_llama_cpp_reranks_each_pair_by_the_sigmoid_of_gpt_fts_score(tmp_path, t
         llm._ctx.decode(llm._batch)
         scores.append(llama_cpp.llama_get_embeddings_seq(llm._ctx.ctx, 0)[0])
         llm._ctx.kv_cache_clear()
-    expected = torch.sigmoid(clf.raw_outputs(rows)[:, 0]).numpy()
-    np.testing.assert_allclose(scores, expected, rtol=0, atol=1e-5)
+    raw = clf.raw_outputs(rows)
+    expected = raw.softmax(-1)[:, 1] if kind == "two-classes" else torch.sigmoid(raw[:, 0])
+    np.testing.assert_allclose(scores, expected.numpy(), rtol=0, atol=1e-5)
