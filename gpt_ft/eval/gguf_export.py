@@ -31,7 +31,7 @@ from gpt_ft.weights.gguf_write import Serving, write_gguf
 
 
 def export_served_gguf(clf: Classifier, out: Path, gguf_type: str = "f16") -> Path:
-    """A fine-tuned embedding model or Qwen3 reranker as one GGUF file llama.cpp serves."""
+    """A fine-tuned embedding model or Qwen3 pair scorer (a reranker) as one GGUF file llama.cpp serves."""
     lm, serving = language_model(clf), serving_of(clf)
     tokenizer = copy.deepcopy(clf.tokenizer)
     tokenizer.chat_template = None  # (texts are not chats: the file names no template but a reranker's)
