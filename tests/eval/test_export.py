@@ -630,6 +630,9 @@ def test_a_llama_language_model_exports_as_a_gguf_file_that_reads_back_as_it(tmp
     capsys.readouterr()
     main(["export", f"--ckpt_path={ckpt}", f"--out={out}", "--format=gguf", "--gguf_type=f32"])
     assert capsys.readouterr().out == f"wrote {out}: llama.cpp, Ollama and LM Studio load it\n"
+    import gguf
+
+    assert gguf.GGUFReader(out).fields["general.name"].contents() == "lm"  # (--out's, as Ollama shows it)
     ours, back = Pretrained.from_pretrained(str(ckpt)), Pretrained.from_pretrained(str(out))
     text = "the cat sat on the mat"
     ids = load_tokenizer(tokenizer_dir)(text, return_tensors="pt").input_ids
