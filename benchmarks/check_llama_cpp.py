@@ -1,9 +1,13 @@
 """gpt_ft's GGUF files read by llama.cpp itself (llama-cpp-python), on real weights and texts.
 
+0. Reading: where --weights is a GGUF file, llama.cpp's ids for STS-B's sentences (dev and train) and
+   --lines WikiText-2 lines (--wikitext) against gpt_ft's tokenizer of the file, each text as training
+   reads it (a text spelling a special token is text: llama.cpp's `special=False`).
 1. The language model: the weights (--weights: a GGUF file, a hub id or a folder) as transformers'
-   causal-LM folder with their tokenizer, written by `write_gguf` as each --types; llama.cpp's ids for
-   STS-B dev's sentences against gpt_ft's tokenizer, and its logits at every position of --prompts of
-   them against gpt_ft's (f32 KV cache): the largest difference, and how often the top token agrees.
+   causal-LM folder with their tokenizer, written by `write_gguf` as each --types (a family it does
+   not write is said and skipped); llama.cpp's ids for STS-B dev's sentences against gpt_ft's
+   tokenizer, and its logits at every position of --prompts of them against gpt_ft's (f32 KV cache):
+   the largest difference, and how often the top token agrees.
 2. A fine-tuned embedding model: `gpt-ft fit` of tasks/embedding/pairs.yaml from the weights on STS-B
    train's first --pairs sentence pairs (--steps of 16), `gpt-ft export --format gguf` as each
    --types, then llama.cpp's vectors (normalised, as llama-server gives them) for the first --texts dev
@@ -11,6 +15,8 @@
    Spearman correlation on the dev pairs (whose both sentences are among the texts).
 
     python benchmarks/check_llama_cpp.py --weights weights/SmolLM2-135M-Instruct.Q4_1.gguf --glue GLUE_DIR
+    python benchmarks/check_llama_cpp.py --weights weights/gemma-3-270m-q4_k_m.gguf --glue GLUE_DIR \
+        --wikitext WIKITEXT_DIR/valid.txt --skip language-model embedding
 """
 
 from __future__ import annotations
@@ -40,6 +46,18 @@ def llama(path: Path, **kwargs):
                  type_v=0, **kwargs)  # fmt: skip
 
 
+def reading(args, texts: list[str]) -> None:
+    from gpt_ft.data.tokenizer import load_tokenizer
+
+    if args.wikitext is not None:
+        lines = args.wikitext.read_text(encoding="utf-8").splitlines()
+        texts = texts + [line for line in lines if line.strip()][: args.lines]
+    tokenizer, llm = load_tokenizer(args.weights), llama(Path(args.weights), vocab_only=True)
+    ours = tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    same = sum(llm.tokenize(t.encode(), add_bos=False, special=False) == i for t, i in zip(texts, ours))
+    print(f"reading {Path(args.weights).name}: ids equal on {same}/{len(texts)} texts")
+
+
 def language_model(args, texts: list[str], out: Path) -> None:
     from gpt_ft import GPT
     from gpt_ft.data.tokenizer import load_tokenizer
@@ -50,10 +68,14 @@ def language_model(args, texts: list[str], out: Path) -> None:
     folder = out / "lm"
     to_hf(gpt).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    ids = tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
     for kind in args.types:
         start = time.perf_counter()
-        path = write_gguf(folder, out / f"lm-{kind}.gguf", outtype=kind)
+        try:
+            path = write_gguf(folder, out / f"lm-{kind}.gguf", outtype=kind)
+        except ValueError as refused:
+            print(f"language model: not written: {refused}")
+            return
         written = time.perf_counter() - start
         llm = llama(path, logits_all=True)
         same = sum(llm.tokenize(t.encode(), add_bos=False, special=False) == i for t, i in zip(texts, ids))
@@ -151,11 +173,16 @@ def main() -> None:
     parser.add_argument("--texts", type=int, default=1000, help="dev sentences embedded (half the pairs)")
     parser.add_argument("--pairs", type=int, default=256, help="STS-B train pairs to fine-tune on")
     parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--skip", choices=["language-model", "embedding"], nargs="*", default=[])
+    parser.add_argument("--wikitext", type=Path, help="WikiText-2's valid.txt, for the reading check")
+    parser.add_argument("--lines", type=int, default=1500, help="its first non-empty lines read")
+    parser.add_argument("--skip", choices=["reading", "language-model", "embedding"], nargs="*", default=[])
     args = parser.parse_args()
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as scratch:
         texts = [r[key] for r in sts(args.glue, "dev") for key in ("sentence1", "sentence2")]
+        if "reading" not in args.skip and str(args.weights).endswith(".gguf"):
+            train = [r[key] for r in sts(args.glue, "train") for key in ("sentence1", "sentence2")]
+            reading(args, texts + train)
         if "language-model" not in args.skip:
             language_model(args, texts, Path(scratch))
         if "embedding" not in args.skip:
