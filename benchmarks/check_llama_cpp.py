@@ -15,7 +15,7 @@
    Spearman correlation on the dev pairs (whose both sentences are among the texts).
 
     python benchmarks/check_llama_cpp.py --weights weights/SmolLM2-135M-Instruct.Q4_1.gguf --glue GLUE_DIR
-    python benchmarks/check_llama_cpp.py --weights weights/gemma-3-270m-q4_k_m.gguf --glue GLUE_DIR \
+    python benchmarks/check_llama_cpp.py --weights weights/gemma-3-270m-q4_k_m.gguf --glue GLUE_DIR \\
         --wikitext WIKITEXT_DIR/valid.txt --skip language-model embedding
 """
 
