@@ -165,7 +165,9 @@ def spearman(vectors: np.ndarray, gold: list[float], spearmanr) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--weights", required=True, help="a GGUF file, a hub id or a transformers folder")
     parser.add_argument("--glue", type=Path, required=True, help="GLUE's folder (STS-B/{train,dev}.tsv)")
     parser.add_argument("--types", nargs="+", default=["f32", "q8_0"], choices=["f32", "f16", "bf16", "q8_0"])
