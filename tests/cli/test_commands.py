@@ -256,7 +256,8 @@ def test_pretrain_then_finetune_with_only_the_checkpoint_then_generate(
         ["--data.class_path=gpt_ft.data.lm_data.LMDataModule"]
         + [f"--data.init_args.token_dir={tmp_path / 'other'}", "--data.init_args.block_size=16"],
     ):
-        main(["validate", f"--ckpt_path={ckpt}", *data, "--trainer.enable_progress_bar=false"])
+        logs_at = f"--trainer.logger.init_args.save_dir={tmp_path / 'scored'}"  # (not the repository's runs/)
+        main(["validate", f"--ckpt_path={ckpt}", *data, "--trainer.enable_progress_bar=false", logs_at])
         scored.append(capsys.readouterr().out.strip().splitlines()[-1])
     assert scored[0] == scored[1] and scored[0].startswith("validate: validation/loss ")
     assert float(scored[0].split()[2].rstrip(",")) != losses[-1]

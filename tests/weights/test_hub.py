@@ -113,7 +113,8 @@ def test_lora_adapters_of_a_hub_id_record_the_commit_their_base_came_from(offlin
     (ckpt,) = (tmp_path / "runs").rglob("last.ckpt")
     assert Checkpoint.read(ckpt).adapters.base == f"tiny-org/tiny-gpt2@{REVISION}"
     capsys.readouterr()
-    main(["validate", f"--ckpt_path={ckpt}", "--trainer.enable_progress_bar=false"])
+    main(["validate", f"--ckpt_path={ckpt}", "--trainer.enable_progress_bar=false",
+          f"--trainer.logger.init_args.save_dir={tmp_path / 'scored'}"])  # fmt: skip
     assert "validation/accuracy" in capsys.readouterr().out
 
 
