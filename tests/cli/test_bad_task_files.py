@@ -462,7 +462,8 @@ def test_a_split_the_card_lacks_names_the_card(command, tmp_path, tokenizer_dir,
     card = tmp_path / "card.yaml"
     card.write_text(CARD.format(adapter="SingleText", file="t.tsv"))
     args = [f"--data.task={card}", f"--data.tokenizer={tokenizer_dir}", f"--data.data_dir={tmp_path}"]
-    wrong = ["--trainer.max_epochs=1", "--data.task.init_args.validation_splits=[dev]"]
+    wrong = ["--trainer.max_epochs=1", "--data.task.init_args.validation_splits=[dev]",
+             f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}"]  # fmt: skip
     before = files(tmp_path)
     message = error(capsys, command, *args, *(wrong if command == "fit" else ["--split=dev"]))
     assert message == (
