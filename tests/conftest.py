@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from gpt_ft.data.tokenizer import train_tokenizer
-from gpt_ft.weights import gguf_file
+from gpt_ft.weights import gguf_tokenizer
 from tests.background import WORKERS, Background, start_template
 from tests.helpers import PAIR_ROWS, finetune_args, make_task
 
@@ -71,7 +71,7 @@ def pairs_dir(tmp_path) -> Path:
 def pytest_configure(config):
     # Converted GGUF tokenizers go to the session's own cache, never the user's (before the
     # background commands copy the environment).
-    os.environ[gguf_file.CACHE] = tempfile.mkdtemp(prefix="gpt_ft-cache-")
+    os.environ[gguf_tokenizer.CACHE] = tempfile.mkdtemp(prefix="gpt_ft-cache-")
     if not config.option.collectonly:
         start_template()  # while the tests are collected
     config.addinivalue_line(
@@ -82,7 +82,7 @@ def pytest_configure(config):
 
 
 def pytest_unconfigure(config):
-    shutil.rmtree(os.environ.pop(gguf_file.CACHE, ""), ignore_errors=True)  # (pytest's folders stay)
+    shutil.rmtree(os.environ.pop(gguf_tokenizer.CACHE, ""), ignore_errors=True)  # (pytest's folders stay)
 
 
 def pytest_collection_modifyitems(session, config, items):

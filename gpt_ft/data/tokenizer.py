@@ -41,7 +41,7 @@ from transformers import (
 from gpt_ft.data.corpus import file_lines, find_files
 from gpt_ft.data.folders import check_tokenizer_files, save_new_tokenizer, stops_at_once, takes_tokenizer
 from gpt_ft.errors import check_output_dir
-from gpt_ft.weights import gguf_file, hub
+from gpt_ft.weights import gguf_file, gguf_tokenizer, hub
 from gpt_ft.weights.pretrained import BPE_FILES, TOKENIZER_FILES, weights_tokenizer
 
 __all__ = ["EOS_TOKEN", "SPECIAL_TOKENS", "SpecialTokenIds", "add_special_tokens", "check_text_file",
@@ -94,7 +94,7 @@ def load_tokenizer(path: str | os.PathLike, *, add_specials: bool = True) -> Pre
     local = Path(name).expanduser()
     gguf = gguf_file.find(local)
     if gguf is not None:
-        tokenizer = gguf_file.load_tokenizer(gguf)
+        tokenizer = gguf_tokenizer.load_tokenizer(gguf)
     elif local.is_dir():
         tokenizer = _load_local_dir(local)
     elif local.suffix == ".ckpt" and local.is_file():  # a gpt_ft checkpoint: the tokenizer saved beside it

@@ -1,28 +1,23 @@
-"""GGUF files (llama.cpp's format, the one Ollama and LM Studio keep models in): their config, their
-weights dequantized to float32, and their tokenizer.
+"""GGUF files (llama.cpp's format, the one Ollama and LM Studio keep models in): their config and their
+weights dequantized to float32 (their tokenizer: `gguf_tokenizer.py`).
 
 They are read through transformers' own GGUF loader, which already knows each architecture's
-metadata keys, renames GGUF's tensors to its own (undoing llama.cpp's rotary permutation of q and k,
-and Gemma's +1 on its norm weights) and builds the tokenizer with its chat template and special
-tokens; its tensors then take the same path into a GPT as a transformers folder's (`hf.py`). What
-this module adds is finding the file, the special tokens the file names (by id) over whatever the
-conversion made of them, and the checks that turn a file gpt_ft cannot read into one sentence: not
-GGUF, cut short, an architecture gpt_ft lacks, or a type it cannot dequantize.
+metadata keys and renames GGUF's tensors to its own (undoing llama.cpp's rotary permutation of q
+and k, and Gemma's +1 on its norm weights); its tensors then take the same path into a GPT as a
+transformers folder's (`hf.py`). What this module adds is finding the file, the settings
+transformers' reading leaves out (Gemma 3's layers that slide a window, their rotary base), and the
+checks that turn a file gpt_ft cannot read into one sentence: not GGUF, cut short, an architecture
+gpt_ft lacks, or a type it cannot dequantize.
 """
 
 from __future__ import annotations
 
 import contextlib
-import copy
-import functools
-import hashlib
 import io
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
-from gpt_ft.workarounds.gguf_files import read_once, reader, split_as_llama_cpp
+from gpt_ft.workarounds.gguf_files import read_once, reader
 from gpt_ft.workarounds.kernels import import_transformers_models
 
 MAGIC = b"GGUF"
@@ -30,22 +25,7 @@ TOKENS = "tokenizer.ggml.tokens"
 SUFFIX = ".gguf"
 # GGUF's `general.architecture` for the families gpt_ft has (a llama file named "mistral" is one).
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "gpt2")
-CACHE = "GPT_FT_CACHE"  # the folder for converted GGUF tokenizers (default ~/.cache/gpt_ft)
 SPLIT_COUNT = "split.count"  # llama.cpp's split files: each part names how many there are
-# The special tokens a file names by id, as a tokenizer's attributes.
-SPECIAL_IDS = {
-    "bos_token": "tokenizer.ggml.bos_token_id",
-    "eos_token": "tokenizer.ggml.eos_token_id",
-    "unk_token": "tokenizer.ggml.unknown_token_id",
-    "pad_token": "tokenizer.ggml.padding_token_id",
-}
-PRE = "tokenizer.ggml.pre"
-ADDS_BOS = ("llama3", "llama-v3", "llama-bpe", "falcon3")
-"""Pre-tokenizers whose texts llama.cpp starts with the beginning-of-text token where the file has
-no `tokenizer.ggml.add_bos_token` (its llama-vocab.cpp), as Llama 3.2's files have none."""
-CONVERSION = 7  # in the cache's keys: entries converted before the special tokens were the file's own (2), or
-# from a tokenizer.json beside the file (3), without llama.cpp's beginning-of-text default (4), with tokens
-# past the file's (5), without llama.cpp's digit split (6) or whole words (7) are converted again
 
 
 def find(path: str | os.PathLike) -> Path | None:
@@ -92,8 +72,8 @@ def open_checked(path: Path, *, weights: bool = True):
         raise ValueError(f"{path} is not a GGUF file: it does not start with GGUF's magic bytes {MAGIC!r}.")
     try:
         opened = reader(path)
-        architecture = _field(opened, "general.architecture")
-        parts = _field(opened, SPLIT_COUNT)
+        architecture = field(opened, "general.architecture")
+        parts = field(opened, SPLIT_COUNT)
     except ValueError as exc:
         if "GGMLQuantizationType" in str(exc):
             raise ValueError(
@@ -120,9 +100,10 @@ def open_checked(path: Path, *, weights: bool = True):
     return opened
 
 
-def _field(reader, key: str):
-    field = reader.fields.get(key)
-    return None if field is None else field.contents()
+def field(reader, key: str):
+    """The value of metadata `key` in GGUF reader `reader`, or None where the file lacks it."""
+    found = reader.fields.get(key)
+    return None if found is None else found.contents()
 
 
 def _version(gguf) -> str:
@@ -163,17 +144,17 @@ def hf_config(path: Path, reader=None):
         config.vocab_size = int(embedding.data.shape[0])
     if (getattr(config, "pad_token_id", None) or 0) >= config.vocab_size:  # a config class's default
         config.pad_token_id = None
-    arch = _field(reader, "general.architecture")
+    arch = field(reader, "general.architecture")
     if config.model_type == "gpt2":  # GGUF's context_length is the position table's size
         config.n_positions = config.n_ctx
-        width = _field(reader, "gpt2.feed_forward_length")  # transformers' reading leaves it at 4 x n_embd
+        width = field(reader, "gpt2.feed_forward_length")  # transformers' reading leaves it at 4 x n_embd
         config.n_inner = int(width) if width and int(width) != 4 * config.n_embd else None
-    window = _field(reader, f"{arch}.attention.sliding_window")
+    window = field(reader, f"{arch}.attention.sliding_window")
     if window and hasattr(config, "sliding_window") and config.sliding_window is None:  # Phi-3's
         config.sliding_window = int(window)
     if config.model_type == "mistral":  # a `llama` file named "mistral": its window is the file's, if any
         config.sliding_window = int(window) if window else None
-    head_dim = _field(reader, f"{arch}.attention.key_length")  # transformers' qwen3 reading skips it
+    head_dim = field(reader, f"{arch}.attention.key_length")  # transformers' qwen3 reading skips it
     if getattr(config, "head_dim", None) is not None:  # none given: llama.cpp's width over the heads
         config.head_dim = int(head_dim) if head_dim else config.hidden_size // config.num_attention_heads
     tensors = {t.name for t in reader.tensors}
@@ -187,13 +168,19 @@ def hf_config(path: Path, reader=None):
             "both or neither."
         )
     if config.model_type == "gemma3_text":  # unread by transformers; llama.cpp's (27B's, 62 layers, aside)
-        width = config.hidden_size // config.num_attention_heads
-        config.query_pre_attn_scalar = width if config.num_hidden_layers == 62 else config.head_dim
+        width, n = config.hidden_size // config.num_attention_heads, config.num_hidden_layers
+        config.query_pre_attn_scalar = width if n == 62 else config.head_dim
+        every = field(reader, "gemma3.attention.sliding_window_pattern")
+        every = 6 if every is None else every  # (llama.cpp's default: five layers of six slide; 0: all)
+        slides = every if isinstance(every, list) else [not every or i % every < every - 1 for i in range(n)]
+        config.layer_types = ["sliding_attention" if s and window else "full_attention" for s in slides]
+        base = field(reader, "gemma3.rope.freq_base_swa")
+        config.rope_parameters["sliding_attention"]["rope_theta"] = float(base or 10000.0)
     _check_rope(path, reader, arch, config)
     from gpt_ft.weights.hf_llama import with_stops
 
     # the end-of-turn tokens a file names beside its eos: llama.cpp stops at them too
-    more = [_field(reader, f"tokenizer.ggml.{kind}_token_id") for kind in ("eot", "eom")]
+    more = [field(reader, f"tokenizer.ggml.{kind}_token_id") for kind in ("eot", "eom")]
     config.eos_token_id = with_stops(config.eos_token_id, more)
     return config
 
@@ -206,11 +193,11 @@ def _check_rope(path: Path, reader, arch: str, config) -> None:
     them plain: llama.cpp keeps Llama 3.x's scaling as a `rope_freqs` tensor, LongRoPE's (Phi-3
     128k, Phi-3.5) as `rope_factors_*` tensors and an attention factor, and linear scaling (Gemma 3
     4B and larger) as metadata; a model read without them computes other logits."""
-    scaling = _field(reader, f"{arch}.rope.scaling.type")
+    scaling = field(reader, f"{arch}.rope.scaling.type")
     tensors = {t.name for t in reader.tensors} & {"rope_freqs.weight", *LONGROPE}
-    attention_factor = _field(reader, f"{arch}.rope.scaling.attn_factor")
+    attention_factor = field(reader, f"{arch}.rope.scaling.attn_factor")
     stored = f"a {sorted(tensors)[0].removesuffix('.weight')} tensor" if tensors else None
-    factors = (_field(reader, f"{arch}.rope.scaling.factor"), _field(reader, f"{arch}.rope.scale_linear"))
+    factors = (field(reader, f"{arch}.rope.scaling.factor"), field(reader, f"{arch}.rope.scale_linear"))
     factor = next((f for f in factors if f not in (None, 0.0, 1.0)), None)  # no type: llama.cpp's linear
     plain = scaling in (None, "none") or (scaling == "linear" and factor is None)  # (linear by 1: none)
     stored = stored or (f"rope scaling {scaling!r}" if not plain else None)
@@ -226,7 +213,7 @@ def _check_rope(path: Path, reader, arch: str, config) -> None:
             "leaves out, so the model read from it would compute other logits: load its transformers "
             "weights (a hub id or folder) instead."
         )
-    rotated = _field(reader, f"{arch}.rope.dimension_count")
+    rotated = field(reader, f"{arch}.rope.dimension_count")
     head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     if rotated and int(rotated) < head:
         raise ValueError(
@@ -294,107 +281,3 @@ def read_weights(path: Path):
         return hf.convert(hf_config, state)
     except ValueError as exc:  # a setting not converted, a layer's tensor missing
         raise ValueError(f"{path}: {exc}") from None
-
-
-def load_tokenizer(path: Path):
-    """The tokenizer GGUF file `path` carries (its vocabulary, merges, special tokens and chat
-    template), as transformers builds it. Converting a large vocabulary takes minutes (Gemma 3's
-    262k tokens: about 4 on 2 CPU cores), so the result is kept, as a `save_pretrained` folder, in
-    the cache (`$GPT_FT_CACHE`, by default ~/.cache/gpt_ft) under the file's path, size, times
-    (modified and changed: a copy that kept the first has a new second) and inode, and within a
-    process in memory (each caller gets its own copy)."""
-    return copy.deepcopy(_tokenizer(path.resolve(), _stamp(path)))
-
-
-def _stamp(path: Path) -> str:  # (its size, times and inode)
-    return "\0".join(map(str, ((s := path.stat()).st_size, s.st_mtime_ns, s.st_ctime_ns, s.st_ino)))
-
-
-def _converted(path: Path, stamp: str) -> Path:  # the cache's tokenizer of file `path` (resolved)
-    key = hashlib.sha256(f"{CONVERSION}\0{path}\0{stamp}".encode()).hexdigest()[:16]
-    return cache_dir() / f"{path.stem}-{key}"
-
-
-def carries_tokenizer(path: Path) -> bool:
-    """Whether GGUF file `path` holds a tokenizer (llama.cpp's converters write one; not every file
-    has): one converted from it is in the cache, or else its metadata says so."""
-    converted = (_converted(path.resolve(), _stamp(path)) / "tokenizer.json").is_file()
-    return converted or TOKENS in open_checked(path, weights=False).fields
-
-
-def cache_dir() -> Path:
-    """Where converted GGUF tokenizers are kept."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "gpt_ft"
-    return Path(os.environ.get(CACHE) or cache) / "gguf-tokenizers"
-
-
-@functools.lru_cache(maxsize=4)
-@read_once()  # (a conversion: one parse of the file)
-def _tokenizer(path: Path, stamp: str):
-    from transformers import AutoTokenizer
-
-    saved = _converted(path, stamp)
-    if (saved / "tokenizer.json").is_file():
-        try:
-            return AutoTokenizer.from_pretrained(saved)
-        except (OSError, ValueError):  # a damaged entry: converted again below
-            pass
-    reader = open_checked(path, weights=False)
-    if TOKENS not in reader.fields:
-        raise ValueError(f"{path} carries no tokenizer (no {TOKENS}): give the tokenizer's folder.")
-    with tempfile.TemporaryDirectory() as alone:  # the file's own, not a tokenizer.json beside it
-        linked = Path(alone) / path.name
-        try:
-            linked.symlink_to(path.resolve())
-        except OSError:  # a file system without links
-            shutil.copyfile(path, linked)
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(alone, gguf_file=path.name)
-        except ValueError as exc:  # an architecture transformers' GGUF reader does not know (olmo2)
-            raise ValueError(
-                f"{path}: transformers reads no tokenizer from it ({exc}); give the tokenizer's folder."
-            ) from None
-        _own_special_tokens(tokenizer, reader)
-        split_as_llama_cpp(tokenizer, _field(reader, PRE))  # (SmolLM's digits apart, Llama 3's whole words)
-        if _field(reader, "tokenizer.ggml.add_bos_token") is None and _field(reader, PRE) in ADDS_BOS:
-            tokenizer.add_bos_token = tokenizer.bos_token_id is not None  # as llama.cpp reads such a file
-        if len(tokenizer) > len(reader.fields[TOKENS].data):  # the model has no row for the rest
-            tokenizer = _without_tokens_past(tokenizer, len(reader.fields[TOKENS].data), Path(alone) / "own")
-    partial = saved.with_name(f"{saved.name}.{os.getpid()}.partial")
-    try:
-        tokenizer.save_pretrained(partial)
-        shutil.rmtree(saved, ignore_errors=True)
-        os.replace(partial, saved)
-    except OSError:  # a read-only or full cache: the next process converts again
-        shutil.rmtree(partial, ignore_errors=True)
-    return tokenizer
-
-
-def _without_tokens_past(tokenizer, count: int, folder: Path):
-    """The tokenizer without the tokens transformers' conversion added past the file's `count` (a
-    byte-level file without `<|endoftext|>`, as Llama 3's, gains it: GPT2Tokenizer's default)."""
-    import json
-
-    from transformers import AutoTokenizer
-
-    tokenizer.save_pretrained(folder)
-    for name, key in (("tokenizer.json", "added_tokens"), ("tokenizer_config.json", "added_tokens_decoder")):
-        saved = json.loads((folder / name).read_text(encoding="utf-8"))
-        if isinstance(tokens := saved.get(key), list):
-            saved[key] = [token for token in tokens if token["id"] < count]
-        elif isinstance(tokens, dict):
-            saved[key] = {index: token for index, token in tokens.items() if int(index) < count}
-        (folder / name).write_text(json.dumps(saved, ensure_ascii=False), encoding="utf-8")
-    return AutoTokenizer.from_pretrained(folder)
-
-
-def _own_special_tokens(tokenizer, reader) -> None:
-    """Make the tokenizer's bos, eos, unknown and padding tokens the ones the file names by id,
-    whatever transformers' conversion made of them: transformers 5.17, for one, takes the eos
-    token from the bos id and drops the padding token, so generation would stop at the wrong token."""
-    for name, key in SPECIAL_IDS.items():
-        index = _field(reader, key)
-        if index is not None and 0 <= int(index) < len(tokenizer):
-            token = tokenizer.convert_ids_to_tokens(int(index))
-            if getattr(tokenizer, name) != token:
-                setattr(tokenizer, name, token)

@@ -3,18 +3,17 @@
     gpt-ft export --ckpt_path runs/.../last.ckpt --format gguf --out my-model.gguf  # --gguf_type f16
 
 The input is the transformers causal-LM folder `gpt-ft export` writes (GPT-2, Llama, Mistral,
-Qwen2 or Qwen3; the same folder llama.cpp's own `convert_hf_to_gguf.py` takes), and the file is
-laid out as that converter lays it out: llama.cpp's architecture, metadata keys and tensor names
-from the `gguf` library (llama.cpp's own), Llama's q/k rows reordered for llama.cpp's rotary layout,
-GPT-2's Conv1D weights stored (out, in), norms, biases and GPT-2's position table in F32, every other
-matrix in the chosen type (f32, f16, bf16, or q8_0 where its rows split into 32-value blocks, else
-f16), a tied head stored once. The tokenizer goes in as llama.cpp's byte-level BPE ("gpt2"): the
-vocabulary by id (ids the model has and the tokenizer lacks as unused `[PAD{id}]`), special tokens as
-control tokens, merges, bos/eos/padding ids, whether texts start with bos, the chat template (gguf's
-`SpecialVocab`), and the pre-tokenizer's llama.cpp name, read from tokenizer.json's pre-tokenizer
-(GPT-2's pattern, SmolLM's digits first, Llama 3's or Qwen2's split); one llama.cpp would read
-otherwise is refused, as is a family or setting llama.cpp's architecture lacks (GPT-1, Gemma 3,
-Phi-3, a sliding window, a rotary scaling other than linear or Llama 3's).
+Qwen2, Qwen3 or Gemma 3; the same folder llama.cpp's own `convert_hf_to_gguf.py` takes), and the
+file is laid out as that converter lays it out: llama.cpp's architecture, metadata keys and tensor
+names from the `gguf` library (llama.cpp's own), Llama's q/k rows reordered for llama.cpp's rotary
+layout, GPT-2's Conv1D weights stored (out, in), Gemma's norm weights as the scale they apply (plus
+one), norms, biases and GPT-2's position table in F32, every other matrix in the chosen type (f32,
+f16, bf16, or q8_0 where its rows split into 32-value blocks, else f16), a tied head stored once.
+Gemma 3's layers that slide a window go in by name where they differ from llama.cpp's default (five
+of every six), with the window's rotary base. The tokenizer goes in as `gguf_vocab.py` writes it.
+A family or setting llama.cpp's architecture lacks is refused (GPT-1, Phi-3, a sliding window
+outside Gemma 3, a rotary scaling other than linear or Llama 3's, Gemma's attention scaled other
+than by the head size's root).
 
 A fine-tuned embedding model or reranker goes in as that language model with `Serving`: llama.cpp's
 pooling (the last token, the mean, or a reranker's rank), GPT-1's start and extract tokens as the
@@ -33,28 +32,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gpt_ft.weights.gguf_vocab import write_vocabulary
+
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
-ARCHITECTURES = {"gpt2": "GPT2", "llama": "LLAMA", "mistral": "LLAMA", "qwen2": "QWEN2", "qwen3": "QWEN3"}
-ACTIVATIONS = {
-    "gpt2": ("gelu_new", "gelu_pytorch_tanh")
-}  # llama.cpp's GPT-2 uses the tanh GELU; the rest SiLU
+ARCHITECTURES = {"gpt2": "GPT2", "llama": "LLAMA", "mistral": "LLAMA", "qwen2": "QWEN2", "qwen3": "QWEN3",
+                 "gemma3_text": "GEMMA3"}  # fmt: skip
+TANH_GELU = ("gelu_new", "gelu_pytorch_tanh")
+ACTIVATIONS = {"gpt2": TANH_GELU, "gemma3_text": TANH_GELU}  # llama.cpp's: the tanh GELU; the rest SiLU
 UNREAD = {  # settings llama.cpp's architecture has one way only: (that way, what it means)
     "gpt2": {"scale_attn_weights": (True, "divide attention scores by the head size's root"),
              "scale_attn_by_inverse_layer_idx": (False, "scale each layer's attention alike")},
     "qwen3": {"attention_bias": (False, "have no attention biases")},
+    "gemma3_text": {"attention_bias": (False, "have no attention biases"),
+                    "attn_logit_softcapping": (None, "cap no attention scores"),
+                    "use_bidirectional_attention": (False, "attend to earlier tokens only")},
 }  # fmt: skip
-GPT2 = {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True}  # (llama.cpp adds no space)
-BYTES = dict(GPT2, use_regex=False)
-LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
-                r"\s*[\r\n]+|\s+(?!\S)|\s+")  # fmt: skip
-QWEN2_SPLIT = LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}", 1)  # each digit apart
-ISOLATED = {"behavior": "Isolated", "invert": False}  # each match a piece of its own
-PRE_TOKENIZERS = {  # llama.cpp's name: (tokenizer.json's normalizer, its pre-tokenizer's steps)
-    "gpt-2": (None, [GPT2]),
-    "smollm": (None, [{"type": "Digits", "individual_digits": True}, GPT2]),
-    "llama-bpe": (None, [{"type": "Split", "Regex": LLAMA3_SPLIT, **ISOLATED}, BYTES]),
-    "qwen2": ("NFC", [{"type": "Split", "Regex": QWEN2_SPLIT, **ISOLATED}, BYTES]),
-}
 
 
 @dataclass(frozen=True)
@@ -109,7 +101,8 @@ def write_gguf(
     file_type = {"f32": "ALL_F32", "f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "q8_0": "MOSTLY_Q8_0"}[outtype]
     _hyperparameters(writer, config, getattr(gguf.LlamaFileType, file_type))
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    _vocabulary(writer, folder, config["vocab_size"], serving)
+    frame = None if serving is None else (serving.start, serving.extract)
+    write_vocabulary(writer, folder, config["vocab_size"], frame, config["model_type"])
     names = gguf.get_tensor_name_map(arch, config.get("n_layer") or config["num_hidden_layers"])
     state = _state(folder)
     if serving is not None:
@@ -158,7 +151,8 @@ def _architecture(config: dict) -> str:
             f"llama.cpp has no architecture this toolkit writes for a {kind!r} model; GGUF files are written "
             f"for {', '.join(ARCHITECTURES)} (export --format transformers keeps any)."
         )
-    activation = config.get("activation_function") or config.get("hidden_act")
+    keys = ("activation_function", "hidden_act", "hidden_activation")
+    activation = next((config[key] for key in keys if config.get(key)), None)
     if activation not in ACTIVATIONS.get(kind, ("silu",)):
         raise ValueError(
             f"llama.cpp's {kind} models use {ACTIVATIONS.get(kind, ('silu',))[0]}; this one {activation}."
@@ -166,6 +160,14 @@ def _architecture(config: dict) -> str:
     for key, (wanted, meaning) in UNREAD.get(kind, {}).items():
         if config.get(key, wanted) != wanted:
             raise ValueError(f"llama.cpp's {kind} models {meaning}; this one has {key}={config[key]!r}.")
+    if kind == "gemma3_text":  # (llama.cpp's Gemma 3 27B's scale is the width's, by its 62 layers)
+        wide = config["num_hidden_layers"] == 62
+        root = config["hidden_size"] // config["num_attention_heads"] if wide else config["head_dim"]
+        if (scalar := config.get("query_pre_attn_scalar", root)) != root:
+            raise ValueError(
+                f"llama.cpp's {kind} models of {config['num_hidden_layers']} layers divide attention scores "
+                f"by the root of {root}; this one by the root of {scalar} (query_pre_attn_scalar)."
+            )
     window = config.get("sliding_window") if kind == "mistral" else None
     if config.get("use_sliding_window") or (window and window < config["max_position_embeddings"]):
         raise ValueError(
@@ -176,6 +178,7 @@ def _architecture(config: dict) -> str:
 
 def _rope(config: dict) -> tuple[float, dict]:
     params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+    params = dict(params.get("full_attention", params))  # (Gemma 3's layers that see every token)
     theta = params.pop("rope_theta", config.get("rope_theta", 10000.0))
     kind = params.get("rope_type", params.get("type", "default"))
     allowed = ("default", "linear", "llama3") if config["model_type"] == "llama" else ("default", "linear")
@@ -211,6 +214,8 @@ def _hyperparameters(writer, config: dict, file_type) -> None:
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(scaling["factor"])
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    if config["model_type"] == "gemma3_text":
+        _window(writer, config)
     if head_dim is not None:
         writer.add_key_length(head_dim)
         writer.add_value_length(head_dim)
@@ -218,6 +223,22 @@ def _hyperparameters(writer, config: dict, file_type) -> None:
     if ARCHITECTURES[config["model_type"]] == "LLAMA":
         writer.add_vocab_size(config["vocab_size"])
         writer.add_rope_dimension_count(head_dim or config["hidden_size"] // heads)
+
+
+def _window(writer, config: dict) -> None:
+    """Gemma 3's window: its size, which layers slide it where they differ from llama.cpp's default
+    (all but every sixth), and their rotary base; a logit cap where there is one."""
+    local = dict((config.get("rope_parameters") or {}).get("sliding_attention") or {})
+    if local.pop("rope_type", "default") != "default":
+        raise ValueError("A gemma3_text model's sliding layers scale their rotary positions: no GGUF form.")
+    slides = [kind == "sliding_attention" for kind in config["layer_types"]]
+    if any(slides):
+        writer.add_sliding_window(config["sliding_window"])
+        if slides != [layer % 6 < 5 for layer in range(len(slides))]:
+            writer.add_sliding_window_pattern(slides)
+        writer.add_rope_freq_base_swa(float(local.get("rope_theta", config.get("rope_local_base_freq", 1e4))))
+    if config.get("final_logit_softcapping"):
+        writer.add_final_logit_softcapping(config["final_logit_softcapping"])
 
 
 def _tensors(state: dict[str, torch.Tensor], config: dict):
@@ -241,6 +262,8 @@ def _tensors(state: dict[str, torch.Tensor], config: dict):
             tensor = _reorder(tensor, heads)
         elif ARCHITECTURES[kind] == "LLAMA" and key.endswith(("k_proj.weight", "k_proj.bias")):
             tensor = _reorder(tensor, kv_heads)
+        elif kind == "gemma3_text" and key.endswith("norm.weight"):  # (Gemma scales by 1 + weight)
+            tensor = tensor + 1
         yield key, tensor
 
 
@@ -282,73 +305,3 @@ def _stored(tensor: torch.Tensor, gguf_name: str, outtype: str):
         return gguf.quants.quantize(data, qtype), qtype
     except gguf.QuantError:  # rows that do not split into Q8_0's blocks
         return gguf.quants.quantize(data, kinds.F16), kinds.F16
-
-
-def _vocabulary(writer, folder: Path, vocab_size: int, serving: Serving | None = None) -> None:
-    """The tokenizer as tokenizer.json holds it (transformers' AutoTokenizer may rebuild a qwen2
-    folder's pre-tokenizer), with gguf's `SpecialVocab` for merges, special ids and chat template;
-    with `serving`, its start and extract tokens the bos and eos added around each text."""
-    import gguf
-    from tokenizers import Tokenizer
-
-    backend = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(_pre_tokenizer(json.loads(backend.to_str()), folder))
-    by_id = {index: token for token, index in backend.get_vocab(with_added_tokens=True).items()}
-    config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
-    for kind in ("bos", "eos", "pad", "unk"):  # (any other token past the model's rows is left out)
-        token = config.get(f"{kind}_token")
-        token = token.get("content") if isinstance(token, dict) else token
-        if token is not None and (index := backend.token_to_id(token) or 0) >= vocab_size:
-            raise ValueError(
-                f"{folder}: the tokenizer's {kind} token {token} (id {index}) is past the model's "
-                f"{vocab_size} ids: the model has no row for it."
-            )
-    added = backend.get_added_tokens_decoder()
-    tokens, types = [], []
-    for index in range(vocab_size):
-        if index not in by_id:
-            tokens.append(f"[PAD{index}]")
-            types.append(gguf.TokenType.UNUSED)
-        else:
-            tokens.append(by_id[index])
-            kind = "NORMAL" if index not in added else "CONTROL" if added[index].special else "USER_DEFINED"
-            types.append(getattr(gguf.TokenType, kind))
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    vocab = gguf.SpecialVocab(folder, load_merges=True, n_vocab=vocab_size)
-    if serving is not None:  # GPT-1's transform: start before each text, extract after it
-        vocab.special_token_ids["bos"] = serving.start
-        if serving.extract is not None:
-            vocab.special_token_ids["eos"] = serving.extract
-        vocab.add_special_token.update(bos=True, eos=serving.extract is not None)
-    else:  # whether texts start with bos and end with eos, as llama.cpp frames them
-        framed = backend.encode("x").ids or [None]  # (none: a vocabulary without "x")
-        for kind in ("bos", "eos"):
-            index = vocab.special_token_ids.get(kind)
-            vocab.add_special_token[kind] = index is not None and framed[0 if kind == "bos" else -1] == index
-    vocab.add_to_gguf(writer, quiet=True)
-
-
-def _pre_tokenizer(backend: dict, folder: Path) -> str:
-    """llama.cpp's name for a byte-level BPE tokenizer's pre-tokenizer (and normalizer)."""
-    pre = backend.get("pre_tokenizer") or {}
-    steps = pre.get("pretokenizers") if pre.get("type") == "Sequence" else [pre]
-    shape = [
-        {k: v for k, v in step.items() if k in ("type", "add_prefix_space", "use_regex", "individual_digits")}
-        for step in steps
-    ]
-    if steps and steps[0].get("type") == "Split":
-        split = steps[0]
-        shape[0].update(Regex=(split.get("pattern") or {}).get("Regex"), behavior=split.get("behavior"),
-                        invert=split.get("invert", False))  # fmt: skip
-    normalizer, model = (backend.get("normalizer") or {}).get("type"), backend.get("model") or {}
-    if model.get("type") == "BPE":
-        for name, wanted in PRE_TOKENIZERS.items():  # (llama.cpp's Llama 3 takes a word it has whole)
-            if wanted == (normalizer, shape) and model.get("ignore_merges", False) == (name == "llama-bpe"):
-                return name
-    raise ValueError(
-        f"{folder}: llama.cpp has no pre-tokenizer this toolkit can name for this tokenizer's "
-        f"({json.dumps(pre)}); GGUF files are written for byte-level BPE with GPT-2's pattern, "
-        "SmolLM's, Llama 3's or Qwen2's."
-    )

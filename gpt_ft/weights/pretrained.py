@@ -21,7 +21,7 @@ from torch import Tensor
 from gpt_ft.model import gpt as model
 from gpt_ft.model.config import GPTConfig
 from gpt_ft.model.lora import LoRA, add_lora, merge_lora
-from gpt_ft.weights import gguf_file, hf, hub
+from gpt_ft.weights import gguf_file, gguf_tokenizer, hf, hub
 from gpt_ft.weights.checkpoint import Checkpoint, weights_fingerprint
 
 # What makes a folder a tokenizer: any one of a `save_pretrained` output's files, or both files of
@@ -185,7 +185,7 @@ def weights_tokenizer(path: str | os.PathLike) -> str | None:
     directory or hub snapshot, or carried in a GGUF file."""
     kind, found = locate(path)
     if kind == "gguf":
-        return str(found) if gguf_file.carries_tokenizer(found) else None
+        return str(found) if gguf_tokenizer.carries_tokenizer(found) else None
     if kind == "transformers":
         return str(found) if is_tokenizer_dir(found) else None
     recorded = Checkpoint.read(found).tokenizer  # (its tensors mapped, none read)

@@ -21,12 +21,23 @@ from gpt_ft.eval.export import served_by
 from gpt_ft.eval.gguf_export import export_served_gguf
 from tests.cli.test_bad_outputs import error
 from tests.eval.test_encoder import write_pairs
+from tests.helpers import GEMMA3_MICRO
 
 gguf = pytest.importorskip("gguf")
 FAMILIES = {  # preset and overrides of a micro model of each family llama.cpp serves
     "gpt2": ("gpt-micro", dict(n_embd=32, pre_ln=True)),
     "llama": ("llama-micro", {}),
     "qwen3": ("llama-micro", dict(qk_norm=True, head_size=16, hf_model_type="qwen3")),
+    "gemma3": (
+        "llama-micro",
+        dict(
+            GEMMA3_MICRO,
+            head_size=16,
+            query_pre_attn_scalar=16,
+            sliding_window=4,
+            hf_model_type="gemma3_text",
+        ),
+    ),  # (a window shorter than the texts)
 }
 POOLINGS = {"extract": "LAST", "last": "LAST", "mean": "MEAN"}  # the card's, llama.cpp's
 TEXTS = ["the cat sat on the mat", "a dog", "", "he is happy in the park today 1999", "Is it <|extract|>?"]

@@ -23,6 +23,7 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
 )
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+SPACE = "\u2581"  # SentencePiece's space
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
     "A man is playing a guitar on the stage.",
@@ -45,6 +46,32 @@ def tiny_tokenizer(extra: tuple[str, ...] = (), specials: list[str] = SPECIALS):
     tok.train_from_iterator(CORPUS * 4, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=specials[1], eos_token=specials[2],
                                    unk_token=None, pad_token=specials[0])  # fmt: skip
+
+
+def tiny_pieces():
+    """A SentencePiece-style BPE as Gemma's tokenizer.json holds it (spaces as "▁", none put first,
+    bytes for characters it lacks): five special tokens, a newline as a user-defined one, runs of two
+    to four spaces merged first, from any split (as Gemma's ids 138-140), 256 byte tokens, then pieces
+    learned from the corpus within words, in the order of their merges (410 ids with the `<mask>`
+    GemmaTokenizer adds)."""
+    from tokenizers import AddedToken, Tokenizer, models, normalizers, pre_tokenizers, trainers
+    from transformers import GemmaTokenizer
+
+    learner = Tokenizer(models.BPE(byte_fallback=True))
+    learner.normalizer = normalizers.Replace(" ", SPACE)
+    learner.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="never")  # (no piece spans words)
+    learner.train_from_iterator(CORPUS * 4, trainers.BpeTrainer(special_tokens=[]))
+    learned = json.loads(learner.to_str())["model"]
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>"]
+    runs = [SPACE * n for n in (2, 3, 4)]
+    pieces = specials + ["\n"] + runs + [f"<0x{b:02X}>" for b in range(256)]
+    pieces += sorted(learned["vocab"], key=learned["vocab"].get)
+    merges = [(SPACE * k, SPACE * (n - k)) for n in (2, 3, 4) for k in range(1, n)]  # every split of a run
+    merges += [tuple(m) for m in learned["merges"]]
+    tokenizer = GemmaTokenizer(vocab={p: i for i, p in enumerate(pieces)}, merges=merges, add_bos_token=True)
+    tokenizer.add_tokens([AddedToken("\n", normalized=False, special=False)])
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<start_of_turn>"]})
+    return tokenizer
 
 
 def _permute(w: np.ndarray, heads: int) -> np.ndarray:

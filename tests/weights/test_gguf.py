@@ -82,13 +82,18 @@ def test_f32_file_gives_the_models_own_logits(tmp_path, family, capfd):
     torch.testing.assert_close(logits(gpt, ids), transformers_gguf(path)(ids).logits, rtol=0, atol=1e-5)
 
 
-def test_gemma3s_global_layer_from_a_file(tmp_path):
-    """Gemma 3 makes every sixth layer global (no window, the global rotary base); a file of 7 layers
-    holds one between local ones, read as the model it was written from has it, past the window."""
-    hf = tiny("gemma3_text", num_hidden_layers=7)
-    assert hf.config.layer_types[5] == "full_attention" and hf.config.layer_types[6] == "sliding_attention"
+@pytest.mark.parametrize("every", [None, 2])
+def test_gemma3s_global_layer_from_a_file(tmp_path, every):
+    """Gemma 3 makes every sixth layer global (no window, the global rotary base) unless its file
+    says otherwise (`sliding_window_pattern`, as llama.cpp reads it: here every second); a file of 7
+    layers is read as the model it was written from has them, past the window."""
+    period = every or 6
+    kinds = ["sliding_attention" if i % period < period - 1 else "full_attention" for i in range(7)]
+    hf = tiny("gemma3_text", num_hidden_layers=7, layer_types=kinds)
+    assert hf.config.layer_types == kinds and kinds.count("full_attention") == (1 if every is None else 3)
     assert hf.config.rope_parameters["full_attention"] != hf.config.rope_parameters["sliding_attention"]
-    gpt = GPT.from_pretrained(write_gguf(tmp_path / "gemma3.gguf", hf)).eval()
+    pattern = {"gemma3.attention.sliding_window_pattern": every} if every else None
+    gpt = GPT.from_pretrained(write_gguf(tmp_path / "gemma3.gguf", hf, ids=pattern)).eval()
     ids = torch.randint(0, VOCAB, (2, 24))  # three windows long
     with torch.no_grad():
         torch.testing.assert_close(logits(gpt, ids), hf(ids).logits, rtol=0, atol=1e-5)
@@ -349,9 +354,9 @@ def test_tokenizer_ids_equal_the_written_tokenizer_and_transformers_gguf(tmp_pat
 def test_a_byte_level_file_without_endoftext_gains_no_token_the_model_lacks(tmp_path, monkeypatch):
     """transformers' conversion appends GPT2Tokenizer's default `<|endoftext|>` to a vocabulary
     without one (Llama 3's): the model has no row for it, and a text spelling it got its id."""
-    from gpt_ft.weights import gguf_file
+    from gpt_ft.weights import gguf_tokenizer
 
-    monkeypatch.setenv(gguf_file.CACHE, str(tmp_path / "cache"))
+    monkeypatch.setenv(gguf_tokenizer.CACHE, str(tmp_path / "cache"))
     original = tiny_tokenizer(specials=["<|end_of_text|>", "<|im_start|>", "<|im_end|>"])
     path = write_gguf(tmp_path / "m.gguf", tiny("llama"), tokenizer=original)
     ours = load_tokenizer(path, add_specials=False)
@@ -370,9 +375,9 @@ def test_the_special_tokens_are_the_ones_the_file_names_whatever_the_conversion_
     token; the ids the file names win, so nothing is added and generation stops where it should."""
     from transformers import AutoTokenizer
 
-    from gpt_ft.weights import gguf_file
+    from gpt_ft.weights import gguf_tokenizer
 
-    monkeypatch.setenv(gguf_file.CACHE, str(tmp_path / "cache"))
+    monkeypatch.setenv(gguf_tokenizer.CACHE, str(tmp_path / "cache"))
     path = write_gguf(tmp_path / "m.gguf", tiny("llama"), tokenizer=tiny_tokenizer())
     convert = AutoTokenizer.from_pretrained
 
@@ -382,54 +387,54 @@ def test_the_special_tokens_are_the_ones_the_file_names_whatever_the_conversion_
         return tokenizer
 
     monkeypatch.setattr(AutoTokenizer, "from_pretrained", as_transformers_5_17)
-    gguf_file._tokenizer.cache_clear()
+    gguf_tokenizer._tokenizer.cache_clear()
     try:
         tok = load_tokenizer(path)
     finally:
-        gguf_file._tokenizer.cache_clear()
+        gguf_tokenizer._tokenizer.cache_clear()
     assert (tok.bos_token, tok.eos_token, tok.pad_token) == ("<|im_start|>", "<|im_end|>", "<|endoftext|>")
     assert len(tok) == VOCAB + 3  # start, delim, extract: the file's padding token is kept
 
 
 def test_a_converted_tokenizer_is_kept_in_the_cache(tmp_path, monkeypatch):
     """The second process reads the tokenizer from the cache: the file is not opened again."""
-    from gpt_ft.weights import gguf_file
+    from gpt_ft.weights import gguf_tokenizer
 
-    monkeypatch.setenv(gguf_file.CACHE, str(tmp_path / "cache"))
+    monkeypatch.setenv(gguf_tokenizer.CACHE, str(tmp_path / "cache"))
     path = write_gguf(tmp_path / "m.gguf", tiny("llama"), tokenizer=tiny_tokenizer())
     first = load_tokenizer(path)
     (entry,) = (tmp_path / "cache" / "gguf-tokenizers").iterdir()
     assert entry.name.startswith("m-") and (entry / "tokenizer.json").is_file()
-    gguf_file._tokenizer.cache_clear()  # as in a new process
+    gguf_tokenizer._tokenizer.cache_clear()  # as in a new process
 
     def not_again(*args, **kwargs):
         raise AssertionError("the GGUF file was read again")
 
-    monkeypatch.setattr(gguf_file, "open_checked", not_again)
+    monkeypatch.setattr(gguf_tokenizer, "open_checked", not_again)
     again = load_tokenizer(path)
     text = "The quick brown fox, 2024!\n"
     assert again(text).input_ids == first(text).input_ids and len(again) == len(first)
     assert again.chat_template == CHAT_TEMPLATE and again.eos_token == first.eos_token
-    gguf_file._tokenizer.cache_clear()
+    gguf_tokenizer._tokenizer.cache_clear()
     # Another file under the same name, size and modification time (a copy that kept the time)
     # is another entry: its change time and inode differ.
     monkeypatch.undo()
-    monkeypatch.setenv(gguf_file.CACHE, str(tmp_path / "cache"))
+    monkeypatch.setenv(gguf_tokenizer.CACHE, str(tmp_path / "cache"))
     stat, data = path.stat(), path.read_bytes()
     path.unlink()
     path.write_bytes(data)
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     load_tokenizer(path)
     assert len(list((tmp_path / "cache" / "gguf-tokenizers").iterdir())) == 2
-    gguf_file._tokenizer.cache_clear()
+    gguf_tokenizer._tokenizer.cache_clear()
 
 
 def test_a_tokenizer_of_an_architecture_transformers_does_not_read_is_named(tmp_path, monkeypatch):
     """transformers' GGUF reader refuses an architecture it lacks (olmo2) even for the tokenizer
     alone; its message named no file. One it has that gpt_ft lacks (mamba) gives its tokenizer."""
-    from gpt_ft.weights import gguf_file
+    from gpt_ft.weights import gguf_tokenizer
 
-    monkeypatch.setenv(gguf_file.CACHE, str(tmp_path / "cache"))
+    monkeypatch.setenv(gguf_tokenizer.CACHE, str(tmp_path / "cache"))
     good = write_gguf(tmp_path / "llama.gguf", tiny("llama"), tokenizer=tiny_tokenizer())
     for arch in ("mamba", "olmo2"):
         (path := tmp_path / f"{arch}.gguf").write_bytes(good.read_bytes().replace(b"llama", arch.encode(), 1))
@@ -440,7 +445,7 @@ def test_a_tokenizer_of_an_architecture_transformers_does_not_read_is_named(tmp_
             ValueError, match=rf"^{re.escape(str(path))}: transformers reads no tokenizer from it \("
         ):
             load_tokenizer(str(path))
-    gguf_file._tokenizer.cache_clear()
+    gguf_tokenizer._tokenizer.cache_clear()
 
 
 def test_the_weights_name_their_tokenizer_and_a_folder_holding_one_file_is_read(tmp_path):

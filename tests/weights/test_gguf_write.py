@@ -14,26 +14,37 @@ import pytest
 import torch
 
 from tests.helpers import tiny_hf, tiny_llama
-from tests.weights.gguf_files import tiny_tokenizer
+from tests.weights.gguf_files import tiny_pieces, tiny_tokenizer
 
 pytest.importorskip("gguf")
-FAMILIES = ["gpt2", "llama", "mistral", "qwen2", "qwen3"]
+FAMILIES = ["gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma3_text"]
 TEXT = "She said: it's the best film of 2024! The quick brown fox."
 
 
 def lm_folder(root: Path, family: str, tokenizer=None, **overrides) -> tuple[Path, torch.nn.Module]:
-    """A random transformers causal LM of `family` saved with a byte-level BPE tokenizer."""
+    """A random transformers causal LM of `family` saved with its tokenizer (`tokenizer_of`'s)."""
     if family == "gpt2":
         model = tiny_hf("gpt2", vocab_size=320, **overrides)
         with torch.no_grad():
             for p in model.parameters():
                 p.normal_(0.0, 0.2)
+    elif family == "gemma3_text":  # attention scaled by the head size's root (llama.cpp's only way), the
+        # first layer sliding a window of 8 with a rotary base of its own, the second not
+        bases = {"sliding_attention": {"rope_type": "default", "rope_theta": 500.0},
+                 "full_attention": {"rope_type": "default", "rope_theta": 1e6}}  # fmt: skip
+        model = tiny_llama(family, vocab_size=448, **{"query_pre_attn_scalar": 16, "rope_parameters": bases,
+                                                      **overrides})  # fmt: skip
     else:
         model = tiny_llama(family, vocab_size=320, **overrides)
     folder = root / family
     model.save_pretrained(folder)
-    (tokenizer or tiny_tokenizer()).save_pretrained(folder)
+    (tokenizer or tokenizer_of(family)).save_pretrained(folder)
     return folder, model
+
+
+def tokenizer_of(family: str):
+    """Gemma's SentencePiece-style BPE for Gemma 3, a byte-level BPE for the rest."""
+    return tiny_pieces() if family == "gemma3_text" else tiny_tokenizer()
 
 
 def read_back(path: Path, monkeypatch, tmp_path):
@@ -51,7 +62,7 @@ def test_an_f32_gguf_file_reads_back_as_the_same_model_and_tokenizer(tmp_path, m
     folder, model = lm_folder(tmp_path, family)
     path = write_gguf(folder, tmp_path / "m.gguf", outtype="f32")
     gpt, tokenizer = read_back(path, monkeypatch, tmp_path)
-    ids = tiny_tokenizer()(TEXT, add_special_tokens=False)["input_ids"]
+    ids = tokenizer_of(family)(TEXT, add_special_tokens=False)["input_ids"]
     assert tokenizer(TEXT, add_special_tokens=False)["input_ids"] == ids
     with torch.no_grad():
         x = torch.tensor([ids])
@@ -122,6 +133,61 @@ def test_the_metadata_is_llama_cpps(tmp_path):
     assert value["tokenizer.chat_template"] == "{{ messages[0]['content'] }}"
 
 
+PIECE_TEXTS = ["She said: it's  the best Việt\n\nok   four", "Stocks fell sharply;    the market closed",
+               " a leading space, and trailing  ", "½ 🚀 \t tabs", "<start_of_turn>user\nhi"]  # fmt: skip
+
+
+def test_gemmas_sentencepiece_vocabulary_goes_in_as_llama_cpps_llama_model(tmp_path, monkeypatch):
+    """Gemma's tokenizer.json as llama.cpp's SentencePiece model: special tokens control, the newline
+    and the runs of spaces user-defined (written as spaces, as Gemma's own files hold them), bytes as
+    bytes, every other piece scored minus its rank (llama.cpp merges the best-scored pair: the order
+    of the merges); no space put first, bos added. Read back, the tokenizer is the same, and written
+    again from what was read, the file's vocabulary is the same; llama.cpp (where installed) reads
+    each text into the tokenizer's own ids."""
+    import gguf
+
+    from gpt_ft.weights.gguf_write import write_gguf
+
+    folder, model = lm_folder(tmp_path, "gemma3_text")
+    path = write_gguf(folder, tmp_path / "m.gguf", outtype="f32")
+    value = {key: field.contents() for key, field in gguf.GGUFReader(path).fields.items()}
+    tokens, types = value["tokenizer.ggml.tokens"], value["tokenizer.ggml.token_type"]
+    scores = value["tokenizer.ggml.scores"]
+    assert (value["tokenizer.ggml.model"], value["tokenizer.ggml.pre"]) == ("llama", "default")
+    assert value["tokenizer.ggml.add_space_prefix"] is False and value["tokenizer.ggml.add_bos_token"] is True
+    assert [value[f"tokenizer.ggml.{k}_token_id"] for k in ("bos", "eos", "unknown", "padding")] == [
+        2,
+        1,
+        3,
+        0,
+    ]
+    assert tokens[:9] == ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "\n", "  ", "   ", "    "]
+    assert types[:9] == [3] * 5 + [4] * 4 and scores[:9] == [-1000.0] * 9  # control, user-defined
+    assert tokens[9:265] == [f"<0x{b:02X}>" for b in range(256)] and set(types[9:265]) == {6}
+    assert set(scores[9:265]) == {0.0}
+    normal = [i for i, kind in enumerate(types) if kind == 1]
+    assert normal == list(range(265, 409)) and [scores[i] for i in normal] == [-float(r) for r in range(144)]
+    assert (tokens[409], types[409]) == ("<mask>", 3)
+    assert tokens[410:] == [f"[PAD{i}]" for i in range(410, 448)] and set(types[410:]) == {5}  # unused
+    pieces = tiny_pieces()
+    gpt, tokenizer = read_back(path, monkeypatch, tmp_path)
+    for text in PIECE_TEXTS:
+        assert tokenizer(text)["input_ids"] == pieces(text)["input_ids"], text
+    again = tmp_path / "again"
+    model.save_pretrained(again)
+    tokenizer.save_pretrained(again)
+    second = gguf.GGUFReader(write_gguf(again, tmp_path / "again.gguf", outtype="f32")).fields
+    for key in ("tokens", "token_type", "scores"):
+        assert second[f"tokenizer.ggml.{key}"].contents() == value[f"tokenizer.ggml.{key}"], key
+    llama_cpp = pytest.importorskip("llama_cpp")
+    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    for text in PIECE_TEXTS:
+        ids = pieces(text, add_special_tokens=False)["input_ids"]
+        assert llm.tokenize(text.encode(), add_bos=False, special=True) == ids, text
+        ids = pieces(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        assert llm.tokenize(text.encode(), add_bos=False, special=False) == ids, text
+
+
 def test_ids_the_tokenizer_lacks_are_unused_tokens(tmp_path, monkeypatch):
     """A model wider than its tokenizer (embeddings padded to 336): llama.cpp's list has every id, the
     ones past the tokenizer's `[PAD{id}]` of the unused type, as llama.cpp's converter writes them."""
@@ -147,9 +213,10 @@ def test_what_llama_cpp_would_read_otherwise_is_refused(tmp_path, monkeypatch):
     each, and no file (nor scratch) left."""
     import gguf
     from safetensors.torch import load_file, save_file
-    from tokenizers import Regex, pre_tokenizers
+    from tokenizers import Regex, normalizers, pre_tokenizers
 
-    from gpt_ft.weights.gguf_write import LLAMA3_SPLIT, write_gguf
+    from gpt_ft.weights.gguf_vocab import LLAMA3_SPLIT
+    from gpt_ft.weights.gguf_write import write_gguf
 
     def refused(folder) -> str:
         with pytest.raises(ValueError) as error:
@@ -215,6 +282,17 @@ def test_what_llama_cpp_would_read_otherwise_is_refused(tmp_path, monkeypatch):
         f"{folder}: the tokenizer's eos token {past.eos_token} (id 310) is past the model's 300 ids: the "
         "model has no row for it."
     )
+    folder, _ = lm_folder(tmp_path / "g", "gemma3_text", query_pre_attn_scalar=12)
+    assert refused(folder) == (
+        "llama.cpp's gemma3_text models of 2 layers divide attention scores by the root of 16; this one by "
+        "the root of 12 (query_pre_attn_scalar)."
+    )
+    prefixed = tiny_pieces()  # SentencePiece putting a space before each text (Llama 2's): not Gemma's
+    prefixed.backend_tokenizer.normalizer = normalizers.Sequence(
+        [normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")]
+    )
+    folder, _ = lm_folder(tmp_path / "l", "gemma3_text", prefixed)
+    assert refused(folder).startswith(f"{folder}: llama.cpp has no pre-tokenizer this toolkit can name")
     with pytest.raises(ValueError, match="--gguf_type 'q4_0': choose one of f32, f16, bf16, q8_0"):
         write_gguf(folder, tmp_path / "m.gguf", outtype="q4_0")
 
@@ -276,12 +354,12 @@ def test_llama_cpp_reads_the_file_as_the_model(tmp_path, family):
     folder, model = lm_folder(tmp_path, family)
     path = write_gguf(folder, tmp_path / "m.gguf", outtype="f32")
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=64, logits_all=True, verbose=False, type_k=0, type_v=0)
-    ids = tiny_tokenizer()(TEXT, add_special_tokens=False)["input_ids"]
+    ids = tokenizer_of(family)(TEXT, add_special_tokens=False)["input_ids"]
     assert llm.tokenize(TEXT.encode(), add_bos=False, special=False) == ids
     llm.eval(ids)
     with torch.no_grad():
         reference = model(torch.tensor([ids])).logits[0].numpy()
-    atol = 1e-3 if family == "gpt2" else 1e-4  # llama.cpp's GELU reads a table of fp16 values
+    atol = {"gpt2": 1e-3, "gemma3_text": 2e-3}.get(family, 1e-4)  # llama.cpp's GELU: a table of fp16 values
     np.testing.assert_allclose(np.array(llm.scores[: len(ids)]), reference, rtol=0, atol=atol)
 
 
@@ -292,7 +370,8 @@ def test_the_pre_tokenizer_is_named_as_llama_cpp_names_it(tmp_path, pre):
     digits, contractions and spaces into the tokenizer's own ids."""
     from tokenizers import Regex, normalizers, pre_tokenizers
 
-    from gpt_ft.weights.gguf_write import LLAMA3_SPLIT, QWEN2_SPLIT, write_gguf
+    from gpt_ft.weights.gguf_vocab import LLAMA3_SPLIT, QWEN2_SPLIT
+    from gpt_ft.weights.gguf_write import write_gguf
 
     tokenizer = tiny_tokenizer()
     backend = tokenizer.backend_tokenizer

@@ -1,0 +1,137 @@
+"""The tokenizer a GGUF file carries, as transformers' GGUF conversion builds it, with what this
+module adds: the special tokens the file names (by id) over whatever the conversion made of them,
+texts split as llama.cpp splits them, llama.cpp's beginning-of-text default, no tokens past the
+file's, and a cache of converted tokenizers (a large vocabulary takes minutes to convert)."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from gpt_ft.weights.gguf_file import TOKENS, field, open_checked
+from gpt_ft.workarounds.gguf_files import read_once, split_as_llama_cpp
+
+CACHE = "GPT_FT_CACHE"  # the folder for converted GGUF tokenizers (default ~/.cache/gpt_ft)
+# The special tokens a file names by id, as a tokenizer's attributes.
+SPECIAL_IDS = {
+    "bos_token": "tokenizer.ggml.bos_token_id",
+    "eos_token": "tokenizer.ggml.eos_token_id",
+    "unk_token": "tokenizer.ggml.unknown_token_id",
+    "pad_token": "tokenizer.ggml.padding_token_id",
+}
+PRE = "tokenizer.ggml.pre"
+ADDS_BOS = ("llama3", "llama-v3", "llama-bpe", "falcon3")
+"""Pre-tokenizers whose texts llama.cpp starts with the beginning-of-text token where the file has
+no `tokenizer.ggml.add_bos_token` (its llama-vocab.cpp), as Llama 3.2's files have none."""
+CONVERSION = 7  # in the cache's keys: entries converted before the special tokens were the file's own (2), or
+# from a tokenizer.json beside the file (3), without llama.cpp's beginning-of-text default (4), with tokens
+# past the file's (5), without llama.cpp's digit split (6) or whole words (7) are converted again
+
+
+def load_tokenizer(path: Path):
+    """The tokenizer GGUF file `path` carries (its vocabulary, merges, special tokens and chat
+    template), as transformers builds it. Converting a large vocabulary takes minutes (Gemma 3's
+    262k tokens: about 4 on 2 CPU cores), so the result is kept, as a `save_pretrained` folder, in
+    the cache (`$GPT_FT_CACHE`, by default ~/.cache/gpt_ft) under the file's path, size, times
+    (modified and changed: a copy that kept the first has a new second) and inode, and within a
+    process in memory (each caller gets its own copy)."""
+    return copy.deepcopy(_tokenizer(path.resolve(), _stamp(path)))
+
+
+def _stamp(path: Path) -> str:  # (its size, times and inode)
+    return "\0".join(map(str, ((s := path.stat()).st_size, s.st_mtime_ns, s.st_ctime_ns, s.st_ino)))
+
+
+def _converted(path: Path, stamp: str) -> Path:  # the cache's tokenizer of file `path` (resolved)
+    key = hashlib.sha256(f"{CONVERSION}\0{path}\0{stamp}".encode()).hexdigest()[:16]
+    return cache_dir() / f"{path.stem}-{key}"
+
+
+def carries_tokenizer(path: Path) -> bool:
+    """Whether GGUF file `path` holds a tokenizer (llama.cpp's converters write one; not every file
+    has): one converted from it is in the cache, or else its metadata says so."""
+    converted = (_converted(path.resolve(), _stamp(path)) / "tokenizer.json").is_file()
+    return converted or TOKENS in open_checked(path, weights=False).fields
+
+
+def cache_dir() -> Path:
+    """Where converted GGUF tokenizers are kept."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "gpt_ft"
+    return Path(os.environ.get(CACHE) or cache) / "gguf-tokenizers"
+
+
+@functools.lru_cache(maxsize=4)
+@read_once()  # (a conversion: one parse of the file)
+def _tokenizer(path: Path, stamp: str):
+    from transformers import AutoTokenizer
+
+    saved = _converted(path, stamp)
+    if (saved / "tokenizer.json").is_file():
+        try:
+            return AutoTokenizer.from_pretrained(saved)
+        except (OSError, ValueError):  # a damaged entry: converted again below
+            pass
+    reader = open_checked(path, weights=False)
+    if TOKENS not in reader.fields:
+        raise ValueError(f"{path} carries no tokenizer (no {TOKENS}): give the tokenizer's folder.")
+    with tempfile.TemporaryDirectory() as alone:  # the file's own, not a tokenizer.json beside it
+        linked = Path(alone) / path.name
+        try:
+            linked.symlink_to(path.resolve())
+        except OSError:  # a file system without links
+            shutil.copyfile(path, linked)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(alone, gguf_file=path.name)
+        except ValueError as exc:  # an architecture transformers' GGUF reader does not know (olmo2)
+            raise ValueError(
+                f"{path}: transformers reads no tokenizer from it ({exc}); give the tokenizer's folder."
+            ) from None
+        _own_special_tokens(tokenizer, reader)
+        split_as_llama_cpp(tokenizer, field(reader, PRE))  # (SmolLM's digits apart, Llama 3's whole words)
+        if field(reader, "tokenizer.ggml.add_bos_token") is None and field(reader, PRE) in ADDS_BOS:
+            tokenizer.add_bos_token = tokenizer.bos_token_id is not None  # as llama.cpp reads such a file
+        if len(tokenizer) > len(reader.fields[TOKENS].data):  # the model has no row for the rest
+            tokenizer = _without_tokens_past(tokenizer, len(reader.fields[TOKENS].data), Path(alone) / "own")
+    partial = saved.with_name(f"{saved.name}.{os.getpid()}.partial")
+    try:
+        tokenizer.save_pretrained(partial)
+        shutil.rmtree(saved, ignore_errors=True)
+        os.replace(partial, saved)
+    except OSError:  # a read-only or full cache: the next process converts again
+        shutil.rmtree(partial, ignore_errors=True)
+    return tokenizer
+
+
+def _without_tokens_past(tokenizer, count: int, folder: Path):
+    """The tokenizer without the tokens transformers' conversion added past the file's `count` (a
+    byte-level file without `<|endoftext|>`, as Llama 3's, gains it: GPT2Tokenizer's default)."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    tokenizer.save_pretrained(folder)
+    for name, key in (("tokenizer.json", "added_tokens"), ("tokenizer_config.json", "added_tokens_decoder")):
+        saved = json.loads((folder / name).read_text(encoding="utf-8"))
+        if isinstance(tokens := saved.get(key), list):
+            saved[key] = [token for token in tokens if token["id"] < count]
+        elif isinstance(tokens, dict):
+            saved[key] = {index: token for index, token in tokens.items() if int(index) < count}
+        (folder / name).write_text(json.dumps(saved, ensure_ascii=False), encoding="utf-8")
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def _own_special_tokens(tokenizer, reader) -> None:
+    """Make the tokenizer's bos, eos, unknown and padding tokens the ones the file names by id,
+    whatever transformers' conversion made of them: transformers 5.17, for one, takes the eos
+    token from the bos id and drops the padding token, so generation would stop at the wrong token."""
+    for name, key in SPECIAL_IDS.items():
+        index = field(reader, key)
+        if index is not None and 0 <= int(index) < len(tokenizer):
+            token = tokenizer.convert_ids_to_tokens(int(index))
+            if getattr(tokenizer, name) != token:
+                setattr(tokenizer, name, token)

@@ -1,0 +1,139 @@
+"""A tokenizer as a GGUF file's metadata, as llama.cpp reads it, from the tokenizer.json of a
+transformers folder (transformers' AutoTokenizer may rebuild a qwen2 folder's pre-tokenizer; the file
+is what it holds).
+
+Byte-level BPE goes in as llama.cpp's "gpt2" model: the vocabulary by id, merges, and the
+pre-tokenizer's llama.cpp name, read from tokenizer.json's pre-tokenizer (GPT-2's pattern, SmolLM's
+digits first, Llama 3's or Qwen2's split). SentencePiece's BPE as Gemma's tokenizer.json holds it
+(spaces as "▁", no space put before a text, unknown characters as byte tokens) goes in as llama.cpp's
+"llama" model: each piece with its score (llama.cpp merges the pair whose piece scores highest,
+transformers by its merges' order, which for these vocabularies is the pieces' by id: the score is
+minus that rank), byte tokens `<0xNN>` as bytes, and Gemma's runs of spaces, which its own files hold
+as user-defined pieces, as such. Either way ids the model has and the tokenizer lacks are unused
+`[PAD{id}]`, special tokens control tokens, other added ones user-defined, with gguf's `SpecialVocab`
+for bos/eos/padding ids and the chat template. A tokenizer llama.cpp would read otherwise is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+GPT2 = {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True}  # (llama.cpp adds no space)
+BYTES = dict(GPT2, use_regex=False)
+LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+                r"\s*[\r\n]+|\s+(?!\S)|\s+")  # fmt: skip
+QWEN2_SPLIT = LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}", 1)  # each digit apart
+ISOLATED = {"behavior": "Isolated", "invert": False}  # each match a piece of its own
+PRE_TOKENIZERS = {  # llama.cpp's name: (tokenizer.json's normalizer, its pre-tokenizer's steps)
+    "gpt-2": (None, [GPT2]),
+    "smollm": (None, [{"type": "Digits", "individual_digits": True}, GPT2]),
+    "llama-bpe": (None, [{"type": "Split", "Regex": LLAMA3_SPLIT, **ISOLATED}, BYTES]),
+    "qwen2": ("NFC", [{"type": "Split", "Regex": QWEN2_SPLIT, **ISOLATED}, BYTES]),
+}
+SPACE = "\u2581"  # SentencePiece's space
+SPACES = {"type": "Replace", "pattern": {"String": " "}, "content": SPACE}  # and no space put first
+AT_SPACES = {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious", "invert": False}
+BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+
+
+def write_vocabulary(writer, folder: Path, vocab_size: int, frame: tuple[int, int | None] | None = None,
+                     family: str = "") -> None:  # fmt: skip
+    """The tokenizer of transformers folder `folder` into GGUF writer `writer`, for a model of
+    `vocab_size` rows of `family` (its config's model_type); with `frame` (start, extract), GPT-1's
+    start and extract tokens as the bos and eos llama.cpp adds around each text."""
+    import gguf
+    from tokenizers import Tokenizer
+
+    backend = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    spec = json.loads(backend.to_str())
+    config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+    for kind in ("bos", "eos", "pad", "unk"):  # (any other token past the model's rows is left out)
+        token = config.get(f"{kind}_token")
+        token = token.get("content") if isinstance(token, dict) else token
+        if token is not None and (index := backend.token_to_id(token) or 0) >= vocab_size:
+            raise ValueError(
+                f"{folder}: the tokenizer's {kind} token {token} (id {index}) is past the model's "
+                f"{vocab_size} ids: the model has no row for it."
+            )
+    pieces = _sentencepiece(spec)
+    if pieces:
+        writer.add_tokenizer_model("llama")
+        writer.add_tokenizer_pre("default")
+        writer.add_add_space_prefix(False)
+    else:
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre(_pre_tokenizer(spec, folder))
+    by_id = {index: token for token, index in backend.get_vocab(with_added_tokens=True).items()}
+    added = backend.get_added_tokens_decoder()
+    tokens, scores, types, rank = [], [], [], 0
+    for index in range(vocab_size):
+        token, kind, score = by_id.get(index), "NORMAL", -1000.0
+        if token is None or token == f"[PAD{index}]":  # (as read from a file that has it unused)
+            token, kind = f"[PAD{index}]", "UNUSED"
+        elif index in added:  # (llama.cpp matches user-defined pieces in the text as it reads it)
+            kind = "CONTROL" if added[index].special else "USER_DEFINED"
+            token = token if added[index].special or not pieces else token.replace(SPACE, " ")
+        elif pieces and BYTE_PIECE.fullmatch(token):
+            kind, score = "BYTE", 0.0
+        elif pieces and family.startswith("gemma") and len(token) > 1 and set(token) == {SPACE}:
+            token, kind = " " * len(token), "USER_DEFINED"
+        else:
+            score, rank = -float(rank), rank + 1
+        tokens.append(token)
+        scores.append(score)
+        types.append(getattr(gguf.TokenType, kind))
+    writer.add_token_list(tokens)
+    if pieces:
+        writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    vocab = gguf.SpecialVocab(folder, load_merges=not pieces, n_vocab=vocab_size)
+    if frame is not None:  # GPT-1's transform: start before each text, extract after it
+        vocab.special_token_ids["bos"] = frame[0]
+        if frame[1] is not None:
+            vocab.special_token_ids["eos"] = frame[1]
+        vocab.add_special_token.update(bos=True, eos=frame[1] is not None)
+    else:  # whether texts start with bos and end with eos, as llama.cpp frames them
+        framed = backend.encode("x").ids or [None]  # (none: a vocabulary without "x")
+        for kind in ("bos", "eos"):
+            index = vocab.special_token_ids.get(kind)
+            vocab.add_special_token[kind] = index is not None and framed[0 if kind == "bos" else -1] == index
+    vocab.add_to_gguf(writer, quiet=True)
+
+
+def _sentencepiece(spec: dict) -> bool:
+    """Whether tokenizer.json holds SentencePiece's BPE as llama.cpp's "llama" model reads it: merges
+    over characters with bytes for the rest, spaces read as "▁" and none put before a text."""
+    model = spec.get("model") or {}
+    return (
+        model.get("type") == "BPE"
+        and model.get("byte_fallback", False)
+        and not model.get("ignore_merges", False)
+        and spec.get("normalizer") == SPACES
+        and spec.get("pre_tokenizer") in (None, AT_SPACES)  # (no space is left to split at)
+    )
+
+
+def _pre_tokenizer(backend: dict, folder: Path) -> str:
+    """llama.cpp's name for a byte-level BPE tokenizer's pre-tokenizer (and normalizer)."""
+    pre = backend.get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers") if pre.get("type") == "Sequence" else [pre]
+    shape = [
+        {k: v for k, v in step.items() if k in ("type", "add_prefix_space", "use_regex", "individual_digits")}
+        for step in steps
+    ]
+    if steps and steps[0].get("type") == "Split":
+        split = steps[0]
+        shape[0].update(Regex=(split.get("pattern") or {}).get("Regex"), behavior=split.get("behavior"),
+                        invert=split.get("invert", False))  # fmt: skip
+    normalizer, model = (backend.get("normalizer") or {}).get("type"), backend.get("model") or {}
+    if model.get("type") == "BPE":
+        for name, wanted in PRE_TOKENIZERS.items():  # (llama.cpp's Llama 3 takes a word it has whole)
+            if wanted == (normalizer, shape) and model.get("ignore_merges", False) == (name == "llama-bpe"):
+                return name
+    raise ValueError(
+        f"{folder}: llama.cpp has no pre-tokenizer this toolkit can name for this tokenizer's "
+        f"({json.dumps(pre)}); GGUF files are written for byte-level BPE with GPT-2's pattern, "
+        "SmolLM's, Llama 3's or Qwen2's, and for SentencePiece's BPE as Gemma's (no space put first)."
+    )
