@@ -5,9 +5,10 @@
    reads it (a text spelling a special token is text: llama.cpp's `special=False`).
 1. The language model: the weights (--weights: a GGUF file, a hub id or a folder) as transformers'
    causal-LM folder with their tokenizer, written by `write_gguf` as each --types (a family it does
-   not write is said and skipped); llama.cpp's ids for STS-B dev's sentences against gpt_ft's
-   tokenizer, and its logits at every position of --prompts of them against gpt_ft's (f32 KV cache):
-   the largest difference, and how often the top token agrees.
+   not write is said and skipped); for a GGUF file, the written file's vocabulary against the file's
+   (tokens, types, the order of the pieces' scores); llama.cpp's ids for STS-B dev's sentences against
+   gpt_ft's tokenizer, and its logits at every position of --prompts of them against gpt_ft's (f32 KV
+   cache): the largest difference, and how often the top token agrees.
 2. A fine-tuned embedding model: `gpt-ft fit` of tasks/embedding/pairs.yaml from the weights on STS-B
    train's first --pairs sentence pairs (--steps of 16), `gpt-ft export --format gguf` as each
    --types, then llama.cpp's vectors (normalised, as llama-server gives them) for the first --texts dev
@@ -16,7 +17,7 @@
 
     python benchmarks/check_llama_cpp.py --weights weights/SmolLM2-135M-Instruct.Q4_1.gguf --glue GLUE_DIR
     python benchmarks/check_llama_cpp.py --weights weights/gemma-3-270m-q4_k_m.gguf --glue GLUE_DIR \\
-        --wikitext WIKITEXT_DIR/valid.txt --skip language-model embedding
+        --wikitext WIKITEXT_DIR/valid.txt
 """
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ def language_model(args, texts: list[str], out: Path) -> None:
             print(f"language model: not written: {refused}")
             return
         written = time.perf_counter() - start
+        if kind == args.types[0] and str(args.weights).endswith(".gguf"):
+            vocabulary(Path(args.weights), path)
         llm = llama(path, logits_all=True)
         same = sum(llm.tokenize(t.encode(), add_bos=False, special=False) == i for t, i in zip(texts, ids))
         worst, agree, positions = 0.0, 0, 0
@@ -92,6 +95,23 @@ def language_model(args, texts: list[str], out: Path) -> None:
         print(f"language model {kind}: written in {written:.1f} s; ids equal on {same}/{len(texts)} texts; "
               f"logits within {worst:.2e} at {positions} positions of {args.prompts} texts, the top token "
               f"the same at {agree}/{positions}")  # fmt: skip
+
+
+def vocabulary(source: Path, written: Path) -> None:
+    """The written file's tokens and their types against the source file's, and whether its pieces'
+    scores (SentencePiece's: llama.cpp merges the best-scored pair) order them as the source's do."""
+    import gguf
+
+    keys = ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.scores")
+    a, b = ([f[k].contents() if k in f else None for k in keys] for f in (gguf.GGUFReader(p).fields for p in
+            (source, written)))  # fmt: skip
+    same = [sum(x == y for x, y in zip(a[i], b[i])) for i in (0, 1)]
+    print(f"vocabulary: of {len(a[0])} ids ({len(b[0])} written), tokens equal on {same[0]}, types on "
+          f"{same[1]}")  # fmt: skip
+    if a[2] is not None and b[2] is not None:
+        normal = [i for i, kind in enumerate(a[1]) if kind == gguf.TokenType.NORMAL]
+        order = sorted(normal, key=lambda i: -a[2][i]) == sorted(normal, key=lambda i: -b[2][i])
+        print(f"  its {len(normal)} normal pieces in the source's order of scores: {order}")
 
 
 def embedding_model(args, out: Path) -> None:
