@@ -1,14 +1,15 @@
 """gpt_ft's GGUF files read by llama.cpp itself (llama-cpp-python), on real weights and texts.
 
-0. Reading: where --weights is a GGUF file, llama.cpp's ids for STS-B's sentences (dev and train) and
-   --lines WikiText-2 lines (--wikitext) against gpt_ft's tokenizer of the file, each text as training
-   reads it (a text spelling a special token is text: llama.cpp's `special=False`).
+0. Reading: where --weights is a GGUF file, llama.cpp's ids for STS-B's sentences (dev and train),
+   --lines WikiText-2 lines (--wikitext) and 40 lines of code indented by 1 to 40 spaces against
+   gpt_ft's tokenizer of the file, each text as training reads it (a text spelling a special token is
+   text: llama.cpp's `special=False`).
 1. The language model: the weights (--weights: a GGUF file, a hub id or a folder) as transformers'
    causal-LM folder with their tokenizer, written by `write_gguf` as each --types (a family it does
    not write is said and skipped); for a GGUF file, the written file's vocabulary against the file's
-   (tokens, types, the order of the pieces' scores); llama.cpp's ids for STS-B dev's sentences against
-   gpt_ft's tokenizer, and its logits at every position of --prompts of them against gpt_ft's (f32 KV
-   cache): the largest difference, and how often the top token agrees.
+   (tokens, types, the order of the pieces' scores); llama.cpp's ids for STS-B dev's sentences and the
+   indented lines against gpt_ft's tokenizer, and its logits at every position of --prompts sentences
+   against gpt_ft's (f32 KV cache): the largest difference, and how often the top token agrees.
 2. A fine-tuned embedding model: `gpt-ft fit` of tasks/embedding/pairs.yaml from the weights on STS-B
    train's first --pairs sentence pairs (--steps of 16), `gpt-ft export --format gguf` as each
    --types, then llama.cpp's vectors (normalised, as llama-server gives them) for the first --texts dev
@@ -55,8 +56,17 @@ def reading(args, texts: list[str]) -> None:
         texts = texts + [line for line in lines if line.strip()][: args.lines]
     tokenizer, llm = load_tokenizer(args.weights), llama(Path(args.weights), vocab_only=True)
     ours = tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-    same = sum(llm.tokenize(t.encode(), add_bos=False, special=False) == i for t, i in zip(texts, ours))
-    print(f"reading {Path(args.weights).name}: ids equal on {same}/{len(texts)} texts")
+    print(f"reading {Path(args.weights).name}: ids equal on {agreeing(llm, texts, ours)}")
+
+
+INDENTED = [f"def f(x):\n{' ' * n}return x  # {n} spaces" for n in range(1, 41)]  # runs of 1 to 40 spaces
+
+
+def agreeing(llm, texts: list[str], ids: list[list[int]]) -> str:
+    """On how many texts llama.cpp's ids (each text as training reads it) are `ids`, and of INDENTED's."""
+    same = [llm.tokenize(t.encode(), add_bos=False, special=False) == i for t, i in zip(texts, ids)]
+    indented = sum(s for t, s in zip(texts, same) if t in INDENTED)
+    return f"{sum(same)}/{len(texts)} texts ({indented}/{len(INDENTED)} of the indented lines)"
 
 
 def language_model(args, texts: list[str], out: Path) -> None:
@@ -81,7 +91,7 @@ def language_model(args, texts: list[str], out: Path) -> None:
         if kind == args.types[0] and str(args.weights).endswith(".gguf"):
             vocabulary(Path(args.weights), path)
         llm = llama(path, logits_all=True)
-        same = sum(llm.tokenize(t.encode(), add_bos=False, special=False) == i for t, i in zip(texts, ids))
+        same = agreeing(llm, texts, ids)
         worst, agree, positions = 0.0, 0, 0
         for prompt in ids[: args.prompts]:
             llm.reset()
@@ -92,7 +102,7 @@ def language_model(args, texts: list[str], out: Path) -> None:
             worst = max(worst, float(np.abs(theirs - ours).max()))
             agree += int((theirs.argmax(-1) == ours.argmax(-1)).sum())
             positions += len(prompt)
-        print(f"language model {kind}: written in {written:.1f} s; ids equal on {same}/{len(texts)} texts; "
+        print(f"language model {kind}: written in {written:.1f} s; ids equal on {same}; "
               f"logits within {worst:.2e} at {positions} positions of {args.prompts} texts, the top token "
               f"the same at {agree}/{positions}")  # fmt: skip
 
@@ -201,7 +211,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as scratch:
-        texts = [r[key] for r in sts(args.glue, "dev") for key in ("sentence1", "sentence2")]
+        texts = [r[key] for r in sts(args.glue, "dev") for key in ("sentence1", "sentence2")] + INDENTED
         if "reading" not in args.skip and str(args.weights).endswith(".gguf"):
             train = [r[key] for r in sts(args.glue, "train") for key in ("sentence1", "sentence2")]
             reading(args, texts + train)

@@ -176,6 +176,7 @@ def hf_config(path: Path, reader=None):
         config.layer_types = ["sliding_attention" if s and window else "full_attention" for s in slides]
         base = field(reader, "gemma3.rope.freq_base_swa")
         config.rope_parameters["sliding_attention"]["rope_theta"] = float(base or 10000.0)
+        config.final_logit_softcapping = field(reader, "gemma3.final_logit_softcapping")  # (llama.cpp caps)
     _check_rope(path, reader, arch, config)
     from gpt_ft.weights.hf_llama import with_stops
 

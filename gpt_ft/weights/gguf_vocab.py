@@ -8,8 +8,10 @@ digits first, Llama 3's or Qwen2's split). SentencePiece's BPE as Gemma's tokeni
 (spaces as "▁", no space put before a text, unknown characters as byte tokens) goes in as llama.cpp's
 "llama" model: each piece with its score (llama.cpp merges the pair whose piece scores highest,
 transformers by its merges' order, which for these vocabularies is the pieces' by id: the score is
-minus that rank), byte tokens `<0xNN>` as bytes, and Gemma's runs of spaces, which its own files hold
-as user-defined pieces, as such. Either way ids the model has and the tokenizer lacks are unused
+minus that rank), byte tokens `<0xNN>` as bytes. Gemma's runs of spaces are pieces too, merged as
+transformers merges them (Gemma's own files hold them as user-defined tokens, which llama.cpp takes
+from the text longest first: 32 spaces as 31 and 1, where Gemma's tokenizer reads 16 and 16).
+Either way ids the model has and the tokenizer lacks are unused
 `[PAD{id}]`, special tokens control tokens, other added ones user-defined, with gguf's `SpecialVocab`
 for bos/eos/padding ids and the chat template. A tokenizer llama.cpp would read otherwise is refused.
 """
@@ -38,11 +40,10 @@ AT_SPACES = {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWit
 BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
 
-def write_vocabulary(writer, folder: Path, vocab_size: int, frame: tuple[int, int | None] | None = None,
-                     family: str = "") -> None:  # fmt: skip
+def write_vocabulary(writer, folder: Path, vocab_size: int, frame: tuple[int, int | None] | None = None):
     """The tokenizer of transformers folder `folder` into GGUF writer `writer`, for a model of
-    `vocab_size` rows of `family` (its config's model_type); with `frame` (start, extract), GPT-1's
-    start and extract tokens as the bos and eos llama.cpp adds around each text."""
+    `vocab_size` rows; with `frame` (start, extract), GPT-1's start and extract tokens as the bos and
+    eos llama.cpp adds around each text."""
     import gguf
     from tokenizers import Tokenizer
 
@@ -72,13 +73,11 @@ def write_vocabulary(writer, folder: Path, vocab_size: int, frame: tuple[int, in
         token, kind, score = by_id.get(index), "NORMAL", -1000.0
         if token is None or token == f"[PAD{index}]":  # (as read from a file that has it unused)
             token, kind = f"[PAD{index}]", "UNUSED"
-        elif index in added:  # (llama.cpp matches user-defined pieces in the text as it reads it)
-            kind = "CONTROL" if added[index].special else "USER_DEFINED"
+        elif index in added and not (pieces and set(token) == {SPACE}):  # (a run of spaces: merged)
+            kind = "CONTROL" if added[index].special else "USER_DEFINED"  # (matched in the text first)
             token = token if added[index].special or not pieces else token.replace(SPACE, " ")
         elif pieces and BYTE_PIECE.fullmatch(token):
             kind, score = "BYTE", 0.0
-        elif pieces and family.startswith("gemma") and len(token) > 1 and set(token) == {SPACE}:
-            token, kind = " " * len(token), "USER_DEFINED"
         else:
             score, rank = -float(rank), rank + 1
         tokens.append(token)

@@ -102,7 +102,7 @@ def write_gguf(
     _hyperparameters(writer, config, getattr(gguf.LlamaFileType, file_type))
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     frame = None if serving is None else (serving.start, serving.extract)
-    write_vocabulary(writer, folder, config["vocab_size"], frame, config["model_type"])
+    write_vocabulary(writer, folder, config["vocab_size"], frame)
     names = gguf.get_tensor_name_map(arch, config.get("n_layer") or config["num_hidden_layers"])
     state = _state(folder)
     if serving is not None:
@@ -177,14 +177,16 @@ def _architecture(config: dict) -> str:
 
 
 def _rope(config: dict) -> tuple[float, dict]:
-    params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
-    params = dict(params.get("full_attention", params))  # (Gemma 3's layers that see every token)
+    key = "rope_parameters" if config.get("rope_parameters") else "rope_scaling"
+    params = dict(config.get(key) or {})
+    key += "['full_attention']" if "full_attention" in params else ""  # (Gemma 3's layers that see all)
+    params = dict(params.get("full_attention", params))
     theta = params.pop("rope_theta", config.get("rope_theta", 10000.0))
     kind = params.get("rope_type", params.get("type", "default"))
     allowed = ("default", "linear", "llama3") if config["model_type"] == "llama" else ("default", "linear")
     if kind not in allowed:
-        raise ValueError(f"A {config['model_type']} model's rotary scaling {kind!r} has no GGUF form here "
-                         f"({', '.join(allowed)}).")  # fmt: skip
+        raise ValueError(f"A {config['model_type']} model's rotary scaling {kind!r} ({key}) "
+                         f"has no GGUF form here ({', '.join(allowed)}).")  # fmt: skip
     return float(theta), params if kind != "default" else {}
 
 
@@ -229,9 +231,14 @@ def _window(writer, config: dict) -> None:
     """Gemma 3's window: its size, which layers slide it where they differ from llama.cpp's default
     (all but every sixth), and their rotary base; a logit cap where there is one."""
     local = dict((config.get("rope_parameters") or {}).get("sliding_attention") or {})
-    if local.pop("rope_type", "default") != "default":
-        raise ValueError("A gemma3_text model's sliding layers scale their rotary positions: no GGUF form.")
-    slides = [kind == "sliding_attention" for kind in config["layer_types"]]
+    if (kind := local.pop("rope_type", "default")) != "default":
+        raise ValueError(
+            "llama.cpp's gemma3_text models scale no rotary positions of the layers that slide a window; "
+            f"this one's rope_parameters['sliding_attention'] is {kind!r}."
+        )
+    every, layers = config.get("sliding_window_pattern") or 6, range(config["num_hidden_layers"])
+    kinds = config.get("layer_types") or [i % every < every - 1 for i in layers]  # (older configs: a period)
+    slides = [kind in ("sliding_attention", True) for kind in kinds]
     if any(slides):
         writer.add_sliding_window(config["sliding_window"])
         if slides != [layer % 6 < 5 for layer in range(len(slides))]:

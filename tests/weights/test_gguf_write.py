@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.helpers import tiny_hf, tiny_llama
-from tests.weights.gguf_files import tiny_pieces, tiny_tokenizer
+from tests.weights.gguf_files import SPACE, tiny_pieces, tiny_tokenizer
 
 pytest.importorskip("gguf")
 FAMILIES = ["gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma3_text"]
@@ -134,16 +134,17 @@ def test_the_metadata_is_llama_cpps(tmp_path):
 
 
 PIECE_TEXTS = ["She said: it's  the best Việt\n\nok   four", "Stocks fell sharply;    the market closed",
-               " a leading space, and trailing  ", "½ 🚀 \t tabs", "<start_of_turn>user\nhi"]  # fmt: skip
+               " a leading space, and trailing  ", "½ 🚀 \t tabs", "<start_of_turn>user\nhi",
+               "five     spaces,\n         nine"]  # fmt: skip
 
 
 def test_gemmas_sentencepiece_vocabulary_goes_in_as_llama_cpps_llama_model(tmp_path, monkeypatch):
     """Gemma's tokenizer.json as llama.cpp's SentencePiece model: special tokens control, the newline
-    and the runs of spaces user-defined (written as spaces, as Gemma's own files hold them), bytes as
-    bytes, every other piece scored minus its rank (llama.cpp merges the best-scored pair: the order
-    of the merges); no space put first, bos added. Read back, the tokenizer is the same, and written
-    again from what was read, the file's vocabulary is the same; llama.cpp (where installed) reads
-    each text into the tokenizer's own ids."""
+    user-defined, bytes as bytes, every other piece (runs of spaces too, which transformers merges as
+    pieces: as user-defined tokens, llama.cpp would take the longest first) scored minus its rank
+    (llama.cpp merges the best-scored pair: the order of the merges); no space put first, bos added.
+    Read back, the tokenizer is the same, and written again from what was read, the file's vocabulary
+    is the same; llama.cpp (where installed) reads each text into the tokenizer's own ids."""
     import gguf
 
     from gpt_ft.weights.gguf_write import write_gguf
@@ -161,12 +162,14 @@ def test_gemmas_sentencepiece_vocabulary_goes_in_as_llama_cpps_llama_model(tmp_p
         3,
         0,
     ]
-    assert tokens[:9] == ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "\n", "  ", "   ", "    "]
-    assert types[:9] == [3] * 5 + [4] * 4 and scores[:9] == [-1000.0] * 9  # control, user-defined
+    runs = [SPACE * n for n in (2, 3, 4)]  # (pieces: spaces as "\u2581")
+    assert tokens[:9] == ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "\n", *runs]
+    assert types[:6] == [3] * 5 + [4] and scores[:6] == [-1000.0] * 6  # control, user-defined
     assert tokens[9:265] == [f"<0x{b:02X}>" for b in range(256)] and set(types[9:265]) == {6}
     assert set(scores[9:265]) == {0.0}
     normal = [i for i, kind in enumerate(types) if kind == 1]
-    assert normal == list(range(265, 409)) and [scores[i] for i in normal] == [-float(r) for r in range(144)]
+    assert normal == [6, 7, 8, *range(265, 409)]
+    assert [scores[i] for i in normal] == [-float(r) for r in range(147)]
     assert (tokens[409], types[409]) == ("<mask>", 3)
     assert tokens[410:] == [f"[PAD{i}]" for i in range(410, 448)] and set(types[410:]) == {5}  # unused
     pieces = tiny_pieces()
@@ -186,6 +189,35 @@ def test_gemmas_sentencepiece_vocabulary_goes_in_as_llama_cpps_llama_model(tmp_p
         assert llm.tokenize(text.encode(), add_bos=False, special=True) == ids, text
         ids = pieces(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
         assert llm.tokenize(text.encode(), add_bos=False, special=False) == ids, text
+
+
+def test_gemma_3s_window_logit_cap_and_older_configs(tmp_path, monkeypatch):
+    """Gemma 3's keys as llama.cpp reads them: the window, the layers that slide it (here the first
+    of two, where llama.cpp's default slides both), their rotary base; a config from before
+    `layer_types` (a period, `sliding_window_pattern`) gives the same layers. A final logit cap goes
+    in as llama.cpp's key, and reading such a file back is refused, as gpt_ft's Gemma has no cap."""
+    import gguf
+
+    from gpt_ft import GPT
+    from gpt_ft.weights.gguf_write import write_gguf
+
+    def keys(folder):
+        fields = gguf.GGUFReader(write_gguf(folder, tmp_path / f"{folder.parent.name}.gguf")).fields
+        return {k.removeprefix("gemma3."): f.contents() for k, f in fields.items() if k.startswith("gemma3.")}
+
+    folder, _ = lm_folder(tmp_path / "a", "gemma3_text")
+    written = keys(folder)
+    assert (written["attention.sliding_window"], written["rope.freq_base_swa"]) == (8, 500.0)
+    assert written["attention.sliding_window_pattern"] == [True, False] and written["rope.freq_base"] == 1e6
+    config = json.loads((folder / "config.json").read_text())
+    del config["layer_types"]
+    (folder / "config.json").write_text(json.dumps({**config, "sliding_window_pattern": 2}))
+    assert keys(folder)["attention.sliding_window_pattern"] == [True, False]
+    folder, _ = lm_folder(tmp_path / "c", "gemma3_text", final_logit_softcapping=30.0)
+    assert keys(folder)["final_logit_softcapping"] == 30.0
+    monkeypatch.setenv("GPT_FT_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(ValueError, match=r"c\.gguf: .*final_logit_softcapping=30\.0 is not supported"):
+        GPT.from_pretrained(str(tmp_path / "c.gguf"))
 
 
 def test_ids_the_tokenizer_lacks_are_unused_tokens(tmp_path, monkeypatch):
@@ -241,7 +273,9 @@ def test_what_llama_cpp_would_read_otherwise_is_refused(tmp_path, monkeypatch):
         == "llama.cpp's mistral models attend to every earlier token; this one slides a window."
     )
     folder, _ = lm_folder(tmp_path / "y", "qwen2", rope_parameters={"rope_type": "yarn", "factor": 2.0})
-    assert "rotary scaling 'yarn' has no GGUF form here" in refused(folder)
+    assert refused(folder) == (
+        "A qwen2 model's rotary scaling 'yarn' (rope_parameters) has no GGUF form here (default, linear)."
+    )
     folder, _ = lm_folder(tmp_path / "t", "llama")
     state = load_file(folder / "model.safetensors")
     save_file({**state, "model.extra.weight": torch.ones(2, 2)}, folder / "model.safetensors")
