@@ -28,9 +28,10 @@ PRE = "tokenizer.ggml.pre"
 ADDS_BOS = ("llama3", "llama-v3", "llama-bpe", "falcon3")
 """Pre-tokenizers whose texts llama.cpp starts with the beginning-of-text token where the file has
 no `tokenizer.ggml.add_bos_token` (its llama-vocab.cpp), as Llama 3.2's files have none."""
-CONVERSION = 7  # in the cache's keys: entries converted before the special tokens were the file's own (2), or
+CONVERSION = 8  # in the cache's keys: entries converted before the special tokens were the file's own (2), or
 # from a tokenizer.json beside the file (3), without llama.cpp's beginning-of-text default (4), with tokens
-# past the file's (5), without llama.cpp's digit split (6) or whole words (7) are converted again
+# past the file's (5), without llama.cpp's digit split (6), whole words (7) or runs of spaces (8) are
+# converted again
 
 
 def load_tokenizer(path: Path):
@@ -95,8 +96,7 @@ def _tokenizer(path: Path, stamp: str):
         split_as_llama_cpp(tokenizer, field(reader, PRE))  # (SmolLM's digits apart, Llama 3's whole words)
         if field(reader, "tokenizer.ggml.add_bos_token") is None and field(reader, PRE) in ADDS_BOS:
             tokenizer.add_bos_token = tokenizer.bos_token_id is not None  # as llama.cpp reads such a file
-        if len(tokenizer) > len(reader.fields[TOKENS].data):  # the model has no row for the rest
-            tokenizer = _without_tokens_past(tokenizer, len(reader.fields[TOKENS].data), Path(alone) / "own")
+        tokenizer = _as_the_file_holds(tokenizer, reader, Path(alone) / "own")
     partial = saved.with_name(f"{saved.name}.{os.getpid()}.partial")
     try:
         tokenizer.save_pretrained(partial)
@@ -107,20 +107,42 @@ def _tokenizer(path: Path, stamp: str):
     return tokenizer
 
 
-def _without_tokens_past(tokenizer, count: int, folder: Path):
-    """The tokenizer without the tokens transformers' conversion added past the file's `count` (a
-    byte-level file without `<|endoftext|>`, as Llama 3's, gains it: GPT2Tokenizer's default)."""
+def _as_the_file_holds(tokenizer, reader, folder: Path):
+    """The tokenizer without the tokens transformers' conversion added past the file's (a byte-level
+    file without `<|endoftext|>`, as Llama 3's, gains it: GPT2Tokenizer's default), and with the runs
+    of spaces a SentencePiece file holds as user-defined tokens (Gemma's) taken from the text whole,
+    longest first, as llama.cpp and SentencePiece take them: transformers' conversion spells them
+    "▁▁" and merges them, 32 spaces as two runs of 16 where the file's are read as 31 and 1."""
     import json
 
+    import gguf
     from transformers import AutoTokenizer
 
+    count, runs, kinds = len(reader.fields[TOKENS].data), {}, reader.fields.get("tokenizer.ggml.token_type")
+    if field(reader, "tokenizer.ggml.model") == "llama" and kinds is not None:
+        defined = gguf.TokenType.USER_DEFINED
+        pairs = enumerate(zip(reader.fields[TOKENS].contents(), kinds.contents()))
+        runs = {i: text for i, (text, kind) in pairs if kind == defined and text and not text.strip(" ")}
+    if len(tokenizer) <= count and not runs:
+        return tokenizer
     tokenizer.save_pretrained(folder)
+    spelled = {"▁" * len(text): text for text in runs.values()}
     for name, key in (("tokenizer.json", "added_tokens"), ("tokenizer_config.json", "added_tokens_decoder")):
         saved = json.loads((folder / name).read_text(encoding="utf-8"))
+        flags = dict.fromkeys(("single_word", "lstrip", "rstrip", "normalized", "special"), False)
+        added = [{"content": text, **flags} for text in runs.values()]
         if isinstance(tokens := saved.get(key), list):
-            saved[key] = [token for token in tokens if token["id"] < count]
+            saved[key] = [token for token in tokens if token["id"] < count and token["id"] not in runs]
+            saved[key] += [{"id": index, **token} for index, token in zip(runs, added)]
         elif isinstance(tokens, dict):
             saved[key] = {index: token for index, token in tokens.items() if int(index) < count}
+            saved[key].update({str(index): token for index, token in zip(runs, added)})
+        if name == "tokenizer.json" and spelled:  # (the runs' pieces, and the merges that made them, go)
+            model = saved["model"]
+            model["vocab"] = {spelled.get(piece, piece): index for piece, index in model["vocab"].items()}
+            pairs = [merge.split(" ") if isinstance(merge, str) else merge for merge in model["merges"]]
+            kept = ["".join(pair) not in spelled and not spelled.keys() & set(pair) for pair in pairs]
+            model["merges"] = [merge for merge, keep in zip(model["merges"], kept) if keep]
         (folder / name).write_text(json.dumps(saved, ensure_ascii=False), encoding="utf-8")
     return AutoTokenizer.from_pretrained(folder)
 

@@ -8,10 +8,10 @@ digits first, Llama 3's or Qwen2's split). SentencePiece's BPE as Gemma's tokeni
 (spaces as "▁", no space put before a text, unknown characters as byte tokens) goes in as llama.cpp's
 "llama" model: each piece with its score (llama.cpp merges the pair whose piece scores highest,
 transformers by its merges' order, which for these vocabularies is the pieces' by id: the score is
-minus that rank), byte tokens `<0xNN>` as bytes. Gemma's runs of spaces are pieces too, merged as
-transformers merges them (Gemma's own files hold them as user-defined tokens, which llama.cpp takes
-from the text longest first: 32 spaces as 31 and 1, where Gemma's tokenizer reads 16 and 16).
-Either way ids the model has and the tokenizer lacks are unused
+minus that rank), byte tokens `<0xNN>` as bytes, and runs of spaces as the tokenizer holds them:
+user-defined tokens, which llama.cpp takes from the text whole, longest first (as gpt_ft reads Gemma's
+own files, which hold them so), or pieces of the merges ("▁▁", merged by rank: 32 spaces as two
+runs of 16). Either way ids the model has and the tokenizer lacks are unused
 `[PAD{id}]`, special tokens control tokens, other added ones user-defined, with gguf's `SpecialVocab`
 for bos/eos/padding ids and the chat template. A tokenizer llama.cpp would read otherwise is refused.
 """
@@ -73,7 +73,7 @@ def write_vocabulary(writer, folder: Path, vocab_size: int, frame: tuple[int, in
         token, kind, score = by_id.get(index), "NORMAL", -1000.0
         if token is None or token == f"[PAD{index}]":  # (as read from a file that has it unused)
             token, kind = f"[PAD{index}]", "UNUSED"
-        elif index in added and not (pieces and set(token) == {SPACE}):  # (a run of spaces: merged)
+        elif index in added and not (pieces and set(token) == {SPACE}):  # (runs spelled "▁": merged)
             kind = "CONTROL" if added[index].special else "USER_DEFINED"  # (matched in the text first)
             token = token if added[index].special or not pieces else token.replace(SPACE, " ")
         elif pieces and BYTE_PIECE.fullmatch(token):

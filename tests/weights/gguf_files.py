@@ -127,6 +127,38 @@ def _tokenizer_metadata(writer, tokenizer, pre: str = "gpt-2", add_bos: bool | N
     writer.add_chat_template(CHAT_TEMPLATE)
 
 
+def _pieces_metadata(writer, tokenizer, pre: str, add_bos: bool | None) -> None:
+    """A SentencePiece tokenizer (`tiny_pieces`) as Gemma's own files hold it: llama.cpp's "llama"
+    model, pieces scored minus their rank, bytes, special tokens control, the newline and the runs
+    of spaces user-defined (the runs written as spaces), no space put first, bos added."""
+    vocab = tokenizer.get_vocab()
+    tokens, types, scores, rank = sorted(vocab, key=vocab.get), [], [], 0
+    special = set(tokenizer.all_special_tokens)
+    for i, token in enumerate(tokens):
+        if token in special or token == "\n" or set(token) == {SPACE} and len(token) > 1:
+            types.append(3 if token in special else 4)
+            scores.append(-1000.0)
+            tokens[i] = token.replace(SPACE, " ")
+        elif token.startswith("<0x"):
+            types.append(6)
+            scores.append(0.0)
+        else:
+            types.append(1)
+            scores.append(-float(rank))
+            rank += 1
+    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(types)
+    for add, index in ((writer.add_bos_token_id, tokenizer.bos_token_id), (writer.add_eos_token_id,
+                       tokenizer.eos_token_id), (writer.add_unk_token_id, tokenizer.unk_token_id),
+                       (writer.add_pad_token_id, tokenizer.pad_token_id)):  # fmt: skip
+        add(index)
+    writer.add_add_bos_token(True)
+    writer.add_add_space_prefix(False)
+
+
 def write_gguf(path: Path, hf_model, tokenizer=None, qtype: str = "F32", name: str = "tiny",
                quantize: dict | None = None, sizes: bool = True, ids: dict | None = None, pre: str = "gpt-2",
                add_bos: bool | None = False, extra: dict | None = None) -> Path:  # fmt: skip
@@ -148,7 +180,9 @@ def write_gguf(path: Path, hf_model, tokenizer=None, qtype: str = "F32", name: s
     writer.add_name(name)
     _metadata(writer, config, model_type, sizes)
     if tokenizer is not None:
-        _tokenizer_metadata(writer, tokenizer, pre, add_bos)
+        (_pieces_metadata if type(tokenizer).__name__ == "GemmaTokenizer" else _tokenizer_metadata)(
+            writer, tokenizer, pre, add_bos
+        )
     elif sizes:
         writer.add_pad_token_id(0)  # as real files say (else a config class's default may lie outside)
     for key, value in (ids or {}).items():

@@ -18,7 +18,15 @@ from gpt_ft.data.tokenizer import SPECIAL_TOKENS, load_tokenizer
 from gpt_ft.eval.generation import prompt_ids
 from gpt_ft.weights import pretrained as weights
 from tests.helpers import tiny_hf, tiny_llama
-from tests.weights.gguf_files import CHAT_TEMPLATE, K_QUANTS, k_quant, seed_of, tiny_tokenizer, write_gguf
+from tests.weights.gguf_files import (
+    CHAT_TEMPLATE,
+    K_QUANTS,
+    k_quant,
+    seed_of,
+    tiny_pieces,
+    tiny_tokenizer,
+    write_gguf,
+)
 
 pytest.importorskip("gguf")
 
@@ -97,6 +105,39 @@ def test_gemma3s_global_layer_from_a_file(tmp_path, every):
     ids = torch.randint(0, VOCAB, (2, 24))  # three windows long
     with torch.no_grad():
         torch.testing.assert_close(logits(gpt, ids), hf(ids).logits, rtol=0, atol=1e-5)
+
+
+def test_a_gemma_files_runs_of_spaces_are_read_whole_longest_first(tmp_path, monkeypatch):
+    """Gemma's files hold runs of spaces as user-defined tokens, which llama.cpp (and SentencePiece)
+    take from the text whole, the longest first, before any merge: nine spaces as four, four and one
+    (the space before a word is the word's piece); transformers' conversion merges them by rank, the
+    runs of two first. Written again, the runs are user-defined tokens, as read. Where
+    llama-cpp-python is installed, its ids for both files are checked too."""
+    import gguf
+
+    from gpt_ft.data.tokenizer import load_tokenizer
+    from gpt_ft.weights.gguf_write import write_gguf as export_gguf
+
+    monkeypatch.setenv("GPT_FT_CACHE", str(tmp_path / "cache"))
+    pieces = tiny_pieces()
+    model = tiny_llama("gemma3_text", vocab_size=448, head_dim=16, query_pre_attn_scalar=16)
+    path = write_gguf(tmp_path / "gemma.gguf", model, pieces)
+    tokenizer = load_tokenizer(str(path))
+    four, runs = pieces.convert_tokens_to_ids("\u2581" * 4), [f"x{' ' * n}the" for n in (2, 3, 4, 5, 9)]
+    ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in runs]
+    x, the, space_the = (pieces.convert_tokens_to_ids(t) for t in ("x", "the", "\u2581the"))
+    assert ids[-1] == [x, four, four, space_the] and ids[2] == [x, four, the]
+    assert tokenizer.decode(ids[-1]) == "x         the"
+    folder = tmp_path / "folder"  # written again (gpt-ft export's way): the runs user-defined, as read
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    fields = gguf.GGUFReader(export_gguf(folder, tmp_path / "again.gguf")).fields
+    tokens, kinds = fields["tokenizer.ggml.tokens"].contents(), fields["tokenizer.ggml.token_type"].contents()
+    assert tokens[5:9] == ["\n", "  ", "   ", "    "] and kinds[5:9] == [gguf.TokenType.USER_DEFINED] * 4
+    llama_cpp = pytest.importorskip("llama_cpp")
+    for file in (path, tmp_path / "again.gguf"):
+        llm = llama_cpp.Llama(model_path=str(file), vocab_only=True, verbose=False)
+        assert [llm.tokenize(text.encode(), add_bos=False, special=False) for text in runs] == ids
 
 
 @pytest.mark.parametrize("family", ["gpt2", "phi3"])
