@@ -119,7 +119,7 @@ def _as_the_file_holds(tokenizer, reader, folder: Path):
     from transformers import AutoTokenizer
 
     count, runs, kinds = len(reader.fields[TOKENS].data), {}, reader.fields.get("tokenizer.ggml.token_type")
-    if field(reader, "tokenizer.ggml.model") == "llama" and kinds is not None:
+    if field(reader, "tokenizer.ggml.model") == "llama" and kinds is not None and len(kinds.data) == count:
         defined = gguf.TokenType.USER_DEFINED
         pairs = enumerate(zip(reader.fields[TOKENS].contents(), kinds.contents()))
         runs = {i: text for i, (text, kind) in pairs if kind == defined and text and not text.strip(" ")}
