@@ -25,6 +25,12 @@ TOKENS = "tokenizer.ggml.tokens"
 SUFFIX = ".gguf"
 # GGUF's `general.architecture` for the families gpt_ft has (a llama file named "mistral" is one).
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "gpt2")
+ENDS = frozenset(("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+                  "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+                  "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+                  "<｜end▁of▁sentence｜>", "[e~["))  # fmt: skip
+"""Tokens llama.cpp ends generation at by their text, whatever ids the file names (its
+src/llama-vocab.cpp): Gemma 3's `<end_of_turn>`, ChatML's `<|im_end|>`, ..."""
 SPLIT_COUNT = "split.count"  # llama.cpp's split files: each part names how many there are
 
 
@@ -180,8 +186,9 @@ def hf_config(path: Path, reader=None):
     _check_rope(path, reader, arch, config)
     from gpt_ft.weights.hf_llama import with_stops
 
-    # the end-of-turn tokens a file names beside its eos: llama.cpp stops at them too
+    # the end-of-turn tokens a file names beside its eos, or holds by a name llama.cpp stops at
     more = [field(reader, f"tokenizer.ggml.{kind}_token_id") for kind in ("eot", "eom")]
+    more += [i for i, text in enumerate(field(reader, TOKENS) or []) if text in ENDS]
     config.eos_token_id = with_stops(config.eos_token_id, more)
     return config
 

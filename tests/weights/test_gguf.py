@@ -284,8 +284,8 @@ def test_a_llama_files_biases_are_read_and_a_tensor_with_no_place_is_refused(tmp
 
 
 def test_the_end_of_turn_tokens_a_file_names_stop_generation_beside_its_eos(tmp_path):
-    """llama.cpp stops at a file's eot and eom tokens too: they join the eos ids `generate` and an
-    export stop at."""
+    """llama.cpp stops at a file's eot and eom tokens too, and at tokens it knows by their text
+    (Gemma 3's `<end_of_turn>`, ...): they join the eos ids `generate` and an export stop at."""
     eot = {"tokenizer.ggml.eot_token_id": 7, "tokenizer.ggml.eom_token_id": 9}
     hf = tiny("llama", eos_token_id=2)
     gpt = GPT.from_pretrained(
@@ -296,6 +296,10 @@ def test_the_end_of_turn_tokens_a_file_names_stop_generation_beside_its_eos(tmp_
         write_gguf(tmp_path / "plain.gguf", hf, ids={"tokenizer.ggml.eos_token_id": 2})
     )
     assert plain.config.hf_token_ids["eos"] == 2
+    named = GPT.from_pretrained(  # and at tokens it knows by name: ChatML's <|im_end|>, <|endoftext|>
+        write_gguf(tmp_path / "named.gguf", hf, tiny_tokenizer(), ids={"tokenizer.ggml.eos_token_id": 1})
+    )
+    assert named.config.hf_token_ids["eos"] == [1, 0, 2]
 
 
 @pytest.mark.parametrize(
