@@ -127,10 +127,10 @@ def _as_the_file_holds(tokenizer, reader, folder: Path):
         return tokenizer
     tokenizer.save_pretrained(folder)
     spelled = {"▁" * len(text): text for text in runs.values()}
+    flags = dict.fromkeys(("single_word", "lstrip", "rstrip", "normalized", "special"), False)
+    added = [{"content": text, **flags} for text in runs.values()]
     for name, key in (("tokenizer.json", "added_tokens"), ("tokenizer_config.json", "added_tokens_decoder")):
         saved = json.loads((folder / name).read_text(encoding="utf-8"))
-        flags = dict.fromkeys(("single_word", "lstrip", "rstrip", "normalized", "special"), False)
-        added = [{"content": text, **flags} for text in runs.values()]
         if isinstance(tokens := saved.get(key), list):
             saved[key] = [token for token in tokens if token["id"] < count and token["id"] not in runs]
             saved[key] += [{"id": index, **token} for index, token in zip(runs, added)]

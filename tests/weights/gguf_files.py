@@ -127,7 +127,7 @@ def _tokenizer_metadata(writer, tokenizer, pre: str = "gpt-2", add_bos: bool | N
     writer.add_chat_template(CHAT_TEMPLATE)
 
 
-def _pieces_metadata(writer, tokenizer, pre: str, add_bos: bool | None) -> None:
+def _pieces_metadata(writer, tokenizer) -> None:
     """A SentencePiece tokenizer (`tiny_pieces`) as Gemma's own files hold it: llama.cpp's "llama"
     model, pieces scored minus their rank, bytes, special tokens control, the newline and the runs
     of spaces user-defined (the runs written as spaces), no space put first, bos added."""
@@ -180,9 +180,10 @@ def write_gguf(path: Path, hf_model, tokenizer=None, qtype: str = "F32", name: s
     writer.add_name(name)
     _metadata(writer, config, model_type, sizes)
     if tokenizer is not None:
-        (_pieces_metadata if type(tokenizer).__name__ == "GemmaTokenizer" else _tokenizer_metadata)(
-            writer, tokenizer, pre, add_bos
-        )
+        if type(tokenizer).__name__ == "GemmaTokenizer":
+            _pieces_metadata(writer, tokenizer)
+        else:
+            _tokenizer_metadata(writer, tokenizer, pre, add_bos)
     elif sizes:
         writer.add_pad_token_id(0)  # as real files say (else a config class's default may lie outside)
     for key, value in (ids or {}).items():
