@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import os
 import sys
-from contextlib import ExitStack, nullcontext, redirect_stdout
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager, nullcontext, redirect_stdout, suppress
 from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback
@@ -128,6 +129,27 @@ def runs_root(trainer) -> Path:
     logger = trainer.logger
     root = getattr(logger, "root_dir", None)
     return Path(root) if root else Path(logger.save_dir or trainer.default_root_dir) / str(logger.name)
+
+
+@contextmanager
+def no_new_empty_folders(trainer) -> Iterator[None]:
+    """A run stopped by an error leaves none of the folders it made for its logger's runs empty
+    behind (Lightning's loggers make SAVE_DIR/NAME before the task's files are read: a refused run
+    left an empty `runs/lightning_logs`); an empty folder that was there before is kept."""
+    root = getattr(trainer.logger, "root_dir", None)
+    new = []  # the folders to the logger's root that do not exist yet, deepest first
+    folder = Path(root).absolute() if root else None
+    while folder is not None and not folder.exists() and folder != folder.parent:
+        new.append(folder)
+        folder = folder.parent
+    try:
+        yield
+    except BaseException:
+        if trainer.is_global_zero:
+            with suppress(OSError):  # (not empty: what is in it stays)
+                for folder in new:
+                    folder.rmdir()
+        raise
 
 
 def follows_root_dir(logger, trainer) -> bool:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import partialmethod
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,7 @@ from gpt_ft.training.run_folders import (
     last_of_task,
     logs_follow_root_dir,
     no_earlier_checkpoints,
+    no_new_empty_folders,
     runs_root,
 )
 from gpt_ft.training.saved import (
@@ -191,8 +194,10 @@ class GPTCLI(CheckpointHparamsAsDefaults, ConfigDumpReadFast, ParsersBuiltOnce, 
             data_dir, limit = getattr(self.datamodule, "data_dir", None), self.trainer.limit_predict_batches
             check_submission(self.model.task, self.model.predictions_dir, data_dir, limit)
 
-    def running(self):
-        return card_named(self.config[self.subcommand])  # the card's splits, found missing as they load
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        with no_new_empty_folders(self.trainer), card_named(self.config[self.subcommand]):
+            yield  # (the card's splits, found missing as they load, name the card)
 
     def before_fit(self) -> None:
         self.data_before_launch("fit")

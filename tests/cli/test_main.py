@@ -84,6 +84,12 @@ def test_wrong_columns(run):
 def test_label_outside_the_label_set(run):
     dev(run.root).write_text("index\tsentence\tlabel\n0\ta cat\t1\n1\ta dog\tneutral\n")
     assert "d/dev.tsv, line 3: label 'neutral' in field 'label' is not among the labels" in run()
+    # runs into folders that do not exist yet leave none of them; an empty one there before stays
+    fresh, kept = run.root / "new" / "runs", run.root / "kept"
+    kept.mkdir()
+    for save_dir in (fresh, kept):
+        assert "line 3: label 'neutral'" in run(f"--trainer.logger.init_args.save_dir={save_dir}")
+    assert not (run.root / "new").exists() and list(kept.iterdir()) == []
 
 
 def test_non_numeric_score(tmp_path, tokenizer_dir, capsys):
