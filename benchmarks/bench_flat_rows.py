@@ -37,9 +37,9 @@ import bench_vs_trainer  # noqa: E402  (the model folder)
 from harness import interleaved  # noqa: E402
 
 from gpt_ft.adapters.cards import load_card  # noqa: E402
-from gpt_ft.cli.main import keep_freed_memory  # noqa: E402
 from gpt_ft.data.task_data import TaskDataModule  # noqa: E402
 from gpt_ft.model import attention, fused, sequences  # noqa: E402
+from gpt_ft.training.memory import keep_freed_memory  # noqa: E402
 from gpt_ft.training.module import GPTModule  # noqa: E402
 from gpt_ft.workarounds.kernels import cpu_flash_backward, cpu_flash_forward  # noqa: E402
 

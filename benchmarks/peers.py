@@ -15,7 +15,7 @@ def peer_parser() -> argparse.ArgumentParser:
     batch, learning rate, warmup and epochs. The process keeps freed memory as every `gpt-ft`
     process does (glibc's thresholds, `keep_freed_memory`: about 7% of a CPU step), so that neither
     side has an allocator setting the other lacks."""
-    from gpt_ft.cli.main import keep_freed_memory
+    from gpt_ft.training.memory import keep_freed_memory
 
     keep_freed_memory()
     parser = argparse.ArgumentParser()

@@ -9,7 +9,6 @@ parser jsonargparse builds from its signature and docstring (`commands.run`).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import logging
 import os
 import re
@@ -24,6 +23,7 @@ from typing import NamedTuple
 from gpt_ft.cli.commands import lazy, lightning
 from gpt_ft.data.folders import PIPED, Terminated, piped_configs_read, sigterm_stops
 from gpt_ft.errors import FileProblem, TaskDataError, causes, os_error_message, parse_error_message
+from gpt_ft.training.memory import keep_freed_memory
 from gpt_ft.workarounds.cli import file_not_decoded
 from gpt_ft.workarounds.kernels import torchao_import_loggers
 
@@ -150,7 +150,19 @@ def in_config_file(message: str, args: list[str]) -> str:
             unknown or named or (unread and quoted == value) or quoted in (repr(value), value)
         ):
             return message  # typed so
+        elif option == f"--{key}" and quotes and quoted == f"'{yaml_value(value)}'":  # YAML's reading
+            return message.replace(f"got {quoted}", f"got {value!r}")  # ('-', not '[None]')
     return message
+
+
+def yaml_value(text: str) -> object:
+    """`text` as YAML reads a typed value (`-`: [None]; `no`: False), else the text."""
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
 
 
 def option_in(file: str, keys: list[str]) -> object:
@@ -217,32 +229,6 @@ def show_notes() -> None:
         handler.setFormatter(logging.Formatter("%(message)s"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)
-
-
-GLIBC_MALLOC_SETTINGS = (
-    "MALLOC_MMAP_THRESHOLD_",
-    "MALLOC_TRIM_THRESHOLD_",
-    "MALLOC_TOP_PAD_",
-    "GLIBC_TUNABLES",
-)
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
-
-
-def keep_freed_memory() -> None:
-    """glibc's malloc keeps the memory a training step frees for the next step's tensors.
-
-    By default glibc hands every block of 32 MiB or more (activations, gradients, scores) to the
-    kernel with its own mmap, and gives freed memory at the heap's top back: each step then
-    page-faults its tensors in afresh, zero-filled: about 7% of a CPU training step's time
-    (SmolLM2-135M on PRMBench, bf16, 2 cores). Allocations under 1 GiB now come from the heap, which keeps up
-    to 2 GiB free; the peak memory is the same. Not where the user set malloc's thresholds
-    themselves (`GLIBC_MALLOC_SETTINGS`), nor off glibc (musl, macOS, Windows)."""
-    if sys.platform != "linux" or any(name in os.environ for name in GLIBC_MALLOC_SETTINGS):
-        return
-    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
-    if mallopt is not None:
-        mallopt(M_MMAP_THRESHOLD, 1 << 30)
-        mallopt(M_TRIM_THRESHOLD, (1 << 31) - 1)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -340,6 +340,10 @@ def test_an_option_without_its_value_says_how_to_give_one(run):
         f"gpt-ft: error: unrecognized arguments: b.txt c.txt (--inputs {several}"
     )
     assert run("stray") == "gpt-ft: error: unrecognized arguments: stray."
+    # A value YAML reads otherwise is quoted as typed ("-" reads as [None], "no" as False).
+    for typed in ("-", "no", "~"):
+        assert run(f"--model.lr={typed}") == f"gpt-ft: error: --model.lr: expected float, got {typed!r}."
+    assert run("--model.lr=[1,2]") == "gpt-ft: error: --model.lr: expected float, got '[1,2]'."
     assert run("--inputs", "a.txt", "--bogus", "x", command="prepare", base=False) == (
         "gpt-ft: error: unrecognized arguments: --bogus x."  # an unknown option, not a second value
     )
@@ -742,7 +746,7 @@ def test_a_command_that_joined_a_process_group_destroys_it_before_exiting(monkey
 def test_the_cli_keeps_freed_memory_unless_malloc_was_tuned_already(monkeypatch):
     """On Linux, every command first raises glibc's mmap threshold to 1 GiB and its trim threshold
     to 2 GiB (`mallopt`); not where the user set malloc's thresholds in the environment."""
-    entry = importlib.import_module("gpt_ft.cli.main")  # the module (the package's `main` is its function)
+    from gpt_ft.training import memory as entry
 
     calls = []
 
