@@ -248,11 +248,11 @@ def check_output_dir(path: str | os.PathLike, option: str) -> Path:
 
 
 def check_output_file(
-    path: str | os.PathLike, option: str, *, overwrite: bool = False, reads: Path | None = None
+    path: str | os.PathLike, option: str, *, overwrite: bool | None = None, reads: Path | None = None
 ) -> Path:
     """An output file, checked before any work starts: not a folder, not the file the command
-    `reads`, not an existing file unless `overwrite`, and under a folder (not a file) that can be
-    written."""
+    `reads`, not an existing file unless `overwrite` (None: the command has no `--overwrite`), and
+    under a folder (not a file) that can be written."""
     out = Path(path).expanduser()
     real = real_path(out)
     if real.is_dir():
@@ -260,10 +260,8 @@ def check_output_file(
     if reads is not None and real.exists() and real == reads.resolve():
         raise ValueError(f"{option} {out} is the input file: give another name, the input is kept.")
     if real.exists() and not overwrite:
-        raise ValueError(
-            f"{option} {out} already exists: give another name, or --overwrite true to replace it "
-            "(it is kept)."
-        )
+        remedy = "" if overwrite is None else ", or --overwrite true to replace it"
+        raise ValueError(f"{option} {out} already exists: give another name{remedy} (it is kept).")
     _check_parent(real, option, out)
     return real if ".." in out.parts else out
 

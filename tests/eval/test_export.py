@@ -641,7 +641,8 @@ def test_a_llama_language_model_exports_as_a_gguf_file_that_reads_back_as_it(tmp
         torch.testing.assert_close(back.lm_logits(back(ids)), ours.lm_logits(ours(ids)), rtol=0, atol=1e-5)
     size = out.stat().st_size
     message = error(capsys, "export", f"--ckpt_path={ckpt}", f"--out={out}", "--format=gguf")
-    assert message.startswith(f"--out {out} already exists: give another name") and out.stat().st_size == size
+    assert message == f"--out {out} already exists: give another name (it is kept)."  # (no --overwrite)
+    assert out.stat().st_size == size
 
 
 def test_an_exported_models_config_names_the_tokenizers_own_bos():
