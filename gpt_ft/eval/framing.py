@@ -140,16 +140,35 @@ def stripping(backend) -> None:
     A SentencePiece-style pre-tokenizer (`Metaspace`: Llama 2's, Mistral's, Phi-3's) marks the
     text's start with its space symbol only where the text starts at its first character, which a
     stripped one with spaces before it no longer does: the mark is then put by a normalizer after
-    the strip instead (as older tokenizer files did), where each text gets it."""
+    the strip instead (as older tokenizer files did), where each text gets it.
+
+    A tokenizer's added tokens (Gemma's newlines and runs of spaces, Qwen3's `<think>`; a chat
+    template's special tokens, in a rendered chat) are taken from the raw text before any normalizer
+    runs, so the strip would miss them at a text's ends and strip the text beside them within it.
+    They are found in the stripped text instead (normalized), each whose spelling normalizes as it
+    did; where some are whitespace, a text of whitespace alone is left as it is (stripped, their
+    spellings would be empty)."""
     from tokenizers import Regex
     from tokenizers.normalizers import Prepend, Replace, Sequence
     from tokenizers.pre_tokenizers import Metaspace
 
-    steps = [Replace(Regex(rf"\A{_PYTHON_SPACE}+|{_PYTHON_SPACE}+\z"), "")]  # str.strip's
+    spec, before = json.loads(backend.to_str()), backend.normalizer
+    words = [t for t in spec["added_tokens"] if not t["normalized"]]
+    space, text = _PYTHON_SPACE, f"[^{_PYTHON_SPACE[1:]}"  # (a character that is not whitespace)
+    ends = rf"\A{space}+(?={text})|(?<={text}){space}+\z"  # whitespace before or after some text
+    steps = [
+        Replace(Regex(ends if any(t["content"].isspace() for t in words) else rf"\A{space}+|{space}+\z"), "")
+    ]
     pre = backend.pre_tokenizer
     if isinstance(pre, Metaspace) and pre.prepend_scheme != "never":
         mark = pre.replacement  # (not before a text that starts with it: Metaspace's "first" does not)
         steps += [Prepend(mark), Replace(Regex(rf"\A{mark}{mark}"), mark)]
         pre.prepend_scheme = "never"
         backend.pre_tokenizer = pre
-    backend.normalizer = Sequence([*steps, *([] if backend.normalizer is None else [backend.normalizer])])
+    backend.normalizer = after = Sequence([*steps, *([] if before is None else [before])])
+    if words:
+        was = before.normalize_str if before is not None else str
+        for word in words:
+            word["normalized"] = after.normalize_str(word["content"]) == was(word["content"])
+        whole = {**json.loads(backend.to_str()), "added_tokens": spec["added_tokens"]}
+        backend.__setstate__(json.dumps(whole).encode())  # (in place: the tokenizer holding it sees it)

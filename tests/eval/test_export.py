@@ -379,33 +379,37 @@ def test_a_reward_model_of_chat_messages_exports_the_chat_template_its_prompts_a
     tmp_path, tokenizer_dir
 ):
     """The folder renders a dialogue as training did (fine-tuning.md's recipe): its reward equals
-    `Classifier`'s for the same messages."""
+    `Classifier`'s for the same messages, a card's rendered texts stripped as training strips them
+    (the newlines between a chat's special tokens kept)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     clf = classifier("reward", "llama", tokenizer_dir)
-    clf.tokenizer.chat_template = CHAT
     dialogues = [
-        [{"role": "user", "content": "name a prime ."}, {"role": "assistant", "content": "seven"}],
+        [{"role": "user", "content": "name a prime ."}, {"role": "assistant", "content": "seven "}],
         [
-            {"role": "user", "content": "hi"},
+            {"role": "user", "content": " hi"},
             {"role": "assistant", "content": "hello , how can i help ?"},
             {"role": "user", "content": "a dog ?"},
             {"role": "assistant", "content": "two dogs run in a park ."},
         ],
     ]
-    expected = [outcome["scores"] for outcome in clf.predict([{"reply": d} for d in dialogues])]
-    folder = export_classifier(clf, tmp_path / "rm")
-    tok = AutoTokenizer.from_pretrained(folder)
-    rm = AutoModelForSequenceClassification.from_pretrained(folder)
-    assert tok.chat_template == CHAT and not tok.split_special_tokens  # a rendering's tokens are meant
-    rewards = []
-    for messages in dialogues:
-        prompt = tok.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)
-        reply = tok.apply_chat_template(messages, tokenize=False)[len(prompt) :]
-        with torch.no_grad():
-            rewards.append(rm(**tok(prompt, reply, truncation=True, return_tensors="pt")).logits[0, 0].item())
-    assert rewards == pytest.approx(expected, abs=1e-5)
-    assert len(set(rewards)) == 2
+    ends = CHAT.replace("<|im_end|>", "<|endoftext|>")  # a special token this tokenizer has: markup
+    for template, strip in ((CHAT, False), (ends, True)):
+        clf.tokenizer.chat_template, clf.task.strip_texts = template, strip
+        expected = [outcome["scores"] for outcome in clf.predict([{"reply": d} for d in dialogues])]
+        folder = export_classifier(clf, tmp_path / f"rm{strip}")
+        tok = AutoTokenizer.from_pretrained(folder)
+        rm = AutoModelForSequenceClassification.from_pretrained(folder)
+        assert tok.chat_template == template and not tok.split_special_tokens  # (its tokens are meant)
+        rewards = []
+        for messages in dialogues:
+            prompt = tok.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)
+            reply = tok.apply_chat_template(messages, tokenize=False)[len(prompt) :]
+            with torch.no_grad():
+                batch = tok(prompt, reply, truncation=True, return_tensors="pt")
+                rewards.append(rm(**batch).logits[0, 0].item())
+        assert rewards == pytest.approx(expected, abs=1e-5)
+        assert len(set(rewards)) == 2
 
 
 def test_export_command(tmp_path, finetuned, capsys):
@@ -699,6 +703,33 @@ def test_a_built_in_tokenizer_class_exports_as_written_stripping_and_padding_on_
             probs = model.eval()(**batch).logits.softmax(-1)
         expected = [o["scores"] for o in clf.predict([{"sentence1": a, "sentence2": b} for a, b in rows])]
         assert probs.flatten().tolist() == pytest.approx([s[k] for s in expected for k in "ab"], abs=1e-6)
+
+
+def test_a_stripping_folder_finds_a_tokenizers_own_words_in_the_stripped_text(tmp_path):
+    """Gemma's tokenizer adds newlines and runs of spaces as words of its own, which tokenizers take
+    from the raw text before any normalizer strips it: a text ending in a newline kept it, and the
+    spaces beside a newline within a text were stripped. Stripped as training strips it now."""
+    from tokenizers import AddedToken
+    from transformers import AutoTokenizer
+
+    from tests.weights.gguf_files import tiny_pieces
+
+    pieces = tiny_pieces()
+    pieces.add_tokens([AddedToken(" " * n, normalized=False, special=False) for n in (2, 3)])
+    pieces.add_tokens([AddedToken("<w>", normalized=False, special=False)])
+    pieces.save_pretrained(tmp_path / "tok")
+    tokenizer = load_tokenizer(tmp_path / "tok")
+    config = GPTConfig.from_name("llama-micro", n_positions=48, vocab_size=len(tokenizer), n_layer=1)
+    task = SingleText(name="sst2", labels=["0", "1"], strip_texts=True)
+    head = task.head(config.n_embd, dropout=0.0, init_std=0.3, bias=config.bias)
+    clf = Classifier(GPT(config).eval(), head, task, tokenizer, max_length=48, device="cpu")
+    served = AutoTokenizer.from_pretrained(export_classifier(clf, tmp_path / "sst2"))
+    texts = ["the cat\n", "the cat  ", "   the cat", "the \n cat", " \n the  cat \n ", "\tthe cat\t",
+             "the <w> cat ", " <w> the cat", "the cat <w> ", " <start_of_turn> the cat", "a\n\n  b",
+             "the   cat\x1c"]  # fmt: skip
+    trained = [e["input_ids"][0] for e in clf.encode([{"sentence": t} for t in texts])]
+    assert served(texts)["input_ids"] == trained
+    assert trained[-2][1:-1] == tokenizer("a\n\n  b", add_special_tokens=False)["input_ids"]
 
 
 def test_a_qwen2_folder_loads_its_tokenizer_as_written(tmp_path, tokenizer_dir):
