@@ -70,12 +70,14 @@ def run_callbacks(config, model, data_config: dict[str, Any] | None) -> list[Cal
 
 class StepsProgressBar(TQDMProgressBar):
     """Lightning's bar, whose epoch under `max_steps` holds as many batches as the steps left take:
-    Lightning counted one batch a step, so with gradient accumulation the bar passed its total."""
+    Lightning counted one batch a step, so with gradient accumulation the bar passed its total; and
+    under `max_epochs` too it counted the whole epoch, so a run that `max_steps` stopped within it
+    left its bar short of the end, at its last refresh (20/32 for 24 steps)."""
 
     @property
     def total_train_batches(self) -> int | float:
         trainer = self.trainer
-        if trainer.max_epochs == -1 and trainer.max_steps is not None and trainer.max_steps > 0:
+        if trainer.max_steps is not None and trainer.max_steps > 0:
             left = (trainer.max_steps - trainer.global_step) * trainer.accumulate_grad_batches
             return min(trainer.num_training_batches, left)
         return trainer.num_training_batches

@@ -127,7 +127,7 @@ def test_the_metrics_line_is_printed_through_the_progress_bar_and_the_summary_ha
 
 def test_the_bar_of_a_run_with_gradient_accumulation_counts_its_batches(tmp_path, tokenizer_dir, monkeypatch):
     """`max_steps 2` of 2 batches a step, 6 batches an epoch: the first epoch's bar runs to 4 (it read
-    2, one batch a step, and ran past it)."""
+    2, one batch a step, and ran past it); with `max_epochs` too (it read 6, and stopped at 4)."""
     from lightning.pytorch.callbacks import TQDMProgressBar
 
     totals = []
@@ -140,10 +140,10 @@ def test_the_bar_of_a_run_with_gradient_accumulation_counts_its_batches(tmp_path
     monkeypatch.setattr(TQDMProgressBar, "on_train_epoch_start", noted)
     card = make_task("single", tmp_path)
     args = [a for a in common_args(card, tokenizer_dir, tmp_path) if "progress_bar" not in a]
-    main(
-        ["fit", *args, "--data.batch_size=1", "--trainer.max_steps=2", "--trainer.accumulate_grad_batches=2"]
-    )
-    assert totals == [4]
+    steps = ["--data.batch_size=1", "--trainer.max_steps=2", "--trainer.accumulate_grad_batches=2"]
+    main(["fit", *args, *steps])
+    main(["fit", *args, *steps, "--trainer.max_epochs=3"])
+    assert totals == [4, 4]
 
 
 class StopAfter(Callback):
