@@ -19,6 +19,7 @@ for bos/eos/padding ids and the chat template. A tokenizer llama.cpp would read 
 from __future__ import annotations
 
 import json
+import logging
 import re
 from pathlib import Path
 
@@ -87,7 +88,12 @@ def write_vocabulary(writer, folder: Path, vocab_size: int, frame: tuple[int, in
     if pieces:
         writer.add_token_scores(scores)
     writer.add_token_types(types)
-    vocab = gguf.SpecialVocab(folder, load_merges=not pieces, n_vocab=vocab_size)
+    said = logging.getLogger("gguf.vocab")
+    said.addFilter(no_template_guesses)
+    try:
+        vocab = gguf.SpecialVocab(folder, load_merges=not pieces, n_vocab=vocab_size)
+    finally:
+        said.removeFilter(no_template_guesses)
     if frame is not None:  # GPT-1's transform: start before each text, extract after it
         vocab.special_token_ids["bos"] = frame[0]
         if frame[1] is not None:
@@ -136,3 +142,10 @@ def _pre_tokenizer(backend: dict, folder: Path) -> str:
         f"({json.dumps(pre)}); GGUF files are written for byte-level BPE with GPT-2's pattern, "
         "SmolLM's, Llama 3's or Qwen2's, and for SentencePiece's BPE as Gemma's (no space put first)."
     )
+
+
+def no_template_guesses(record: logging.LogRecord) -> bool:
+    """gguf's warnings about what tokenizer.json's post-processor says of bos and eos, which
+    `write_vocabulary` reads from the tokenizer's own ids instead (Gemma's pair template, bos put
+    twice, drew "Unknown separator token '<bos>'" on every export)."""
+    return "TemplateProcessing" not in record.getMessage()

@@ -138,7 +138,7 @@ PIECE_TEXTS = ["She said: it's  the best Việt\n\nok   four", "Stocks fell shar
                "five     spaces,\n         nine"]  # fmt: skip
 
 
-def test_gemmas_sentencepiece_vocabulary_goes_in_as_llama_cpps_llama_model(tmp_path, monkeypatch):
+def test_gemmas_sentencepiece_vocabulary_goes_in_as_llama_cpps_llama_model(tmp_path, monkeypatch, caplog):
     """Gemma's tokenizer.json as llama.cpp's SentencePiece model: special tokens control, the newline
     user-defined, bytes as bytes, every other piece (runs of spaces too, which transformers merges as
     pieces: as user-defined tokens, llama.cpp would take the longest first) scored minus its rank
@@ -151,6 +151,7 @@ def test_gemmas_sentencepiece_vocabulary_goes_in_as_llama_cpps_llama_model(tmp_p
 
     folder, model = lm_folder(tmp_path, "gemma3_text")
     path = write_gguf(folder, tmp_path / "m.gguf", outtype="f32")
+    assert not [r for r in caplog.records if r.name == "gguf.vocab"]  # (its guess at Gemma's pair template)
     value = {key: field.contents() for key, field in gguf.GGUFReader(path).fields.items()}
     tokens, types = value["tokenizer.ggml.tokens"], value["tokenizer.ggml.token_type"]
     scores = value["tokenizer.ggml.scores"]
