@@ -227,14 +227,14 @@ def main() -> None:
     parser.add_argument(
         "--bf16", action="store_true", help="bf16 on the CPU too (bf16-mixed; the peer's bf16)"
     )
-    parser.add_argument("--out", default="runs/bench_embed")
+    parser.add_argument("--out", default=str(ROOT / "runs" / "bench_embed"))
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     args = parser.parse_args()
     if not (args.tokenizer or args.init_from):
         parser.error("give --tokenizer (random weights) or --init-from (pretrained ones)")
     if "ours-mean-row" in args.contenders and not args.init_from:  # random weights hold their rows
         parser.error("ours-mean-row needs --init-from: it starts the framing rows of pretrained weights")
-    out = (ROOT / args.out).resolve()
+    out = Path(args.out).resolve()  # (a relative one from where it runs)
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch

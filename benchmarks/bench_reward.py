@@ -162,13 +162,13 @@ def main() -> None:
     parser.add_argument("--bf16", action="store_true", help="bf16 on the CPU too (bf16-mixed; TRL's bf16)")
     parser.add_argument("--init-from", default=None, help="pretrained weights (a .gguf, a folder, a hub id) "
                         "instead of random ones at --layers x --width; --shapes is then ignored")  # fmt: skip
-    parser.add_argument("--out", default="runs/bench_reward")
+    parser.add_argument("--out", default=str(ROOT / "runs" / "bench_reward"))
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     parser.add_argument("--split-only", action="store_true", help="write OUT/pairs/*.jsonl.gz and stop")
     args = parser.parse_args()
     if not (args.tokenizer or args.init_from or args.split_only):
         parser.error("give --tokenizer (random weights) or --init-from (pretrained ones)")
-    out = (ROOT / args.out).resolve()
+    out = Path(args.out).resolve()  # (a relative one from where it runs)
     out.mkdir(parents=True, exist_ok=True)
     pairs = split_pairs(args, out)
     if args.split_only:

@@ -220,7 +220,8 @@ def baselines(data: Path) -> dict[str, dict[str, float]]:
 def prmbench_arguments(
     doc: str, contenders: list[str], *, batch: int, unit: str, out: str
 ) -> argparse.Namespace:
-    """The arguments of a PRMBench benchmark (this one and bench_rank.py), parsed; OUT made."""
+    """The arguments of a PRMBench benchmark (this one and bench_rank.py), parsed; OUT made (by
+    default `out` under the repository, a relative --out from where it runs)."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prmbench", required=True, help="PRMBench's folder of JSON-lines files")
     parser.add_argument("--init-from", default=None, help="pretrained weights (a .gguf, a folder, a hub id)")
@@ -237,14 +238,14 @@ def prmbench_arguments(
     parser.add_argument("--warmup", type=float, default=0.06, help="share of the steps")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], type=harness.device)
     parser.add_argument("--bf16", action="store_true", help="bf16 on the CPU too")
-    parser.add_argument("--out", default=out)
+    parser.add_argument("--out", default=str(ROOT / out))
     parser.add_argument("--rounds", type=int, default=1, help="run every contender this many times, in turns")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     parser.add_argument("--split-only", action="store_true", help="write OUT/data/*.jsonl and stop")
     args = parser.parse_args()
     if not (args.tokenizer or args.init_from or args.split_only):
         parser.error("give --tokenizer (random weights) or --init-from (pretrained ones)")
-    args.out = (ROOT / args.out).resolve()
+    args.out = Path(args.out).resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     return args

@@ -241,12 +241,12 @@ def main() -> None:
     )
     parser.add_argument("--init-from", default=None, help="pretrained weights (a .gguf, a folder, a hub id) "
                         "instead of random ones at --layers x --width; --shapes is then ignored")  # fmt: skip
-    parser.add_argument("--out", default="runs/bench_vs_trainer")
+    parser.add_argument("--out", default=str(ROOT / "runs" / "bench_vs_trainer"))
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     args = parser.parse_args()
     if not (args.tokenizer or args.init_from):
         parser.error("give --tokenizer (random weights) or --init-from (pretrained ones)")
-    out = (ROOT / args.out).resolve()
+    out = Path(args.out).resolve()  # (a relative one from where it runs)
     out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
