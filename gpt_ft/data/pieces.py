@@ -1,5 +1,6 @@
 """A corpus's documents cut into pieces where the tokenizer splits anyway, so that tokenizing the
-pieces one by one gives the tokens of the whole documents; each piece drawn for train or validation."""
+pieces one by one gives the tokens of the whole documents; each piece drawn for train or validation,
+and tokenized with the tokens that frame a document."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import numpy as np
 from tokenizers import PreTokenizedString
 
 
@@ -17,6 +19,7 @@ class Piece:
     number: int
     text: str
     ends_document: bool
+    starts_document: bool = False
 
 
 class Partial(str):
@@ -126,14 +129,45 @@ def pieces(documents: Iterator[str], piece_chars: int, ends: Ends | None = None)
         buffer += doc
         has_text = has_text or not doc.isspace() and doc != ""
         while len(buffer) > piece_chars and (cut := cut_point(buffer, piece_chars, ends)) is not None:
-            yield Piece(number, buffer[:cut], False)
+            yield Piece(number, buffer[:cut], False, not was_cut)
             number += 1
             buffer, was_cut = buffer[cut:], True
         if not isinstance(doc, Partial):
             if has_text or was_cut:  # the end-of-text token closes every document with text, or cut
-                yield Piece(number, buffer, True)
+                yield Piece(number, buffer, True, not was_cut)
                 number += 1
             buffer, has_text, was_cut = "", False, False
+
+
+# The tokens tokenizers end a document with, by their names (GPT-2's and its heirs', Llama 3's,
+# Gemma's, Llama 2's and Mistral's); `EOS_TOKEN` is added to one that holds none of them.
+DOCUMENT_ENDS = ("<|endoftext|>", "<|end_of_text|>", "<eos>", "</s>")
+
+
+def document_end(tok) -> str:
+    """The token that ends each document: the tokenizer's own end of text where it holds one as a
+    special token (a pretrained model's, which it learned to predict there), else `<|endoftext|>`."""
+    special = {*tok.all_special_tokens, *(t.content for t in tok.added_tokens_decoder.values() if t.special)}
+    return next((t for t in DOCUMENT_ENDS if t in special), DOCUMENT_ENDS[0])
+
+
+def text_start(tok) -> list[int]:
+    """[its beginning-of-text token] where the tokenizer starts every text with one (Llama, Gemma:
+    as the model read texts in training), else []."""
+    lead = tok("a")["input_ids"][:1]
+    return lead if tok.bos_token_id is not None and lead == [tok.bos_token_id] else []
+
+
+def encode_batch(backend, batch: list[Piece], eos: int, dtype: str, lead: list[int]) -> list[np.ndarray]:
+    """Token ids of each piece (`lead` before a document's first piece, the end-of-text token after
+    its last)."""
+    encode = getattr(backend, "encode_batch_fast", backend.encode_batch)  # fast: no offsets
+    encodings = encode([piece.text for piece in batch], add_special_tokens=False)
+    encoded = []
+    for piece, encoding in zip(batch, encodings):
+        ids = [*lead, *encoding.ids] if piece.starts_document else encoding.ids
+        encoded.append(np.asarray([*ids, eos] if piece.ends_document else ids, dtype=dtype))
+    return encoded
 
 
 def is_validation(number: int, fraction: float) -> bool:

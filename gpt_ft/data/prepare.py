@@ -36,14 +36,16 @@ from gpt_ft.data.corpus import find_files
 from gpt_ft.data.folders import LOCK, missing_folders, one_writer, save_tokenizer
 from gpt_ft.data.pieces import (
     Partial,
-    Piece,
     batches,
     continues_elsewhere,
+    document_end,
+    encode_batch,
     is_validation,
     pieces,
     pre_token_ends,
+    text_start,
 )
-from gpt_ft.data.tokenizer import EOS_TOKEN, check_text_file, embedding_size, load_tokenizer
+from gpt_ft.data.tokenizer import check_text_file, embedding_size, load_tokenizer
 from gpt_ft.errors import check_output_dir
 
 META = "meta.json"
@@ -124,16 +126,6 @@ def dataset_documents(name: str, split: str, text_field: str) -> Iterator[str]:
         if not isinstance(text := row[text_field], str | None):
             raise ValueError(f"Dataset {name}, row {i}: field {text_field!r} holds {type(text).__name__}.")
         yield text or ""
-
-
-def encode_batch(backend, batch: list[Piece], eos: int, dtype: str) -> list[np.ndarray]:
-    """Token ids of each piece (the end-of-text token after a document's last piece)."""
-    encode = getattr(backend, "encode_batch_fast", backend.encode_batch)  # fast: no offsets
-    encodings = encode([piece.text for piece in batch], add_special_tokens=False)
-    return [
-        np.asarray(e.ids + [eos] if piece.ends_document else e.ids, dtype=dtype)
-        for piece, e in zip(batch, encodings)
-    ]
 
 
 @contextmanager
@@ -224,9 +216,10 @@ def prepare(
             f"Output folder {out} is not empty and holds no token files; choose an empty folder."
         )
     tok = load_tokenizer(tokenizer, add_specials=True)
-    if EOS_TOKEN not in tok.get_vocab():
-        tok.add_special_tokens({"eos_token": EOS_TOKEN})
-    eos = tok.convert_tokens_to_ids(EOS_TOKEN)
+    lead, end = text_start(tok), document_end(tok)  # each document: [its bos] text end
+    if end not in tok.get_vocab():
+        tok.add_special_tokens({"eos_token": end})
+    eos = tok.convert_tokens_to_ids(end)
     rows = embedding_size(tok)  # the model's embedding rows
     dtype = token_dtype(rows)
     if files:
@@ -274,7 +267,7 @@ def prepare(
                     for batch in chain(batches(pieces(documents, cut_at, ends), 16 * piece_chars), [None]):
                         submitted = batch and (
                             batch,
-                            executor.submit(encode_batch, backend, batch, eos, dtype),
+                            executor.submit(encode_batch, backend, batch, eos, dtype, lead),
                         )
                         if pending is not None:
                             encoded, result = pending

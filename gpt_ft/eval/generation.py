@@ -18,8 +18,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from gpt_ft.data.pieces import document_end, text_start
 from gpt_ft.errors import at_least_one, check_output_file, device_named, input_file
-from gpt_ft.eval.zeroshot import text_start
 from gpt_ft.model.decoding import check_decoding, stop_ids
 from gpt_ft.training.precision import cpu_precision
 from gpt_ft.training.saved import check_init_tokenizer, check_tokenizer_fits
@@ -321,14 +321,11 @@ def framing_tokens(tok, vocab_size: int | None = None) -> list[int]:
 
 def stop_tokens(tok, config) -> list[int]:
     """Where decoding stops: the tokenizer's eos token, those the weights' config lists (instruct
-    models end a turn with more than one), and `<|endoftext|>` where the tokenizer has it: the
-    token `gpt-ft prepare` ends each document with, which a tokenizer may hold beside another eos
-    (SmolLM2's `<|endoftext|>` and its `</s>`-style eos)."""
-    from gpt_ft.data.tokenizer import EOS_TOKEN
-
-    listed = (config.hf_token_ids or {}).get("eos")
-    document_end = tok.get_vocab().get(EOS_TOKEN)
-    return list(dict.fromkeys([*stop_ids(tok.eos_token_id), *stop_ids(listed), *stop_ids(document_end)]))
+    models end a turn with more than one), and the token `gpt-ft prepare` ends each document with
+    (`document_end`), which a tokenizer may hold beside another eos (SmolLM2-Instruct's
+    `<|endoftext|>` beside its `<|im_end|>`; Llama 3's `<|end_of_text|>` beside `<|eot_id|>`)."""
+    listed, end = (config.hf_token_ids or {}).get("eos"), tok.get_vocab().get(document_end(tok))
+    return list(dict.fromkeys([*stop_ids(tok.eos_token_id), *stop_ids(listed), *stop_ids(end)]))
 
 
 def continuation(tok, prompt: list[int], new: list[int]) -> str:

@@ -35,6 +35,7 @@ from torch import Tensor
 from gpt_ft.adapters import TaskAdapter, TaskDataError, metric_value
 from gpt_ft.adapters.sources import nested_fields
 from gpt_ft.adapters.tokens import unjoined, wholes
+from gpt_ft.data.pieces import text_start
 from gpt_ft.eval.likelihood import continuation_logprobs, scored_tokens
 from gpt_ft.model import GPT
 
@@ -149,13 +150,6 @@ def check_method(task: TaskAdapter, spec: ZeroShot, where: str = "") -> None:
             f"{about}: the template names {unknown[0]!r}, not a text field of the card: "
             f"{', '.join(map(repr, task.text_fields()))}."
         )
-
-
-def text_start(tok) -> list[int]:
-    """[its beginning-of-text token] where the tokenizer starts every text with one (Llama, Gemma:
-    as the model read texts in training), else []."""
-    lead = tok("a")["input_ids"][:1]
-    return lead if tok.bos_token_id is not None and lead == [tok.bos_token_id] else []
 
 
 class ZeroShotScorer:

@@ -36,6 +36,42 @@ def test_token_file_holds_exactly_the_documents_and_separators(tmp_path, tokeniz
     assert read_meta(tmp_path / "tokens")["vocab_size"] == len(tok)
 
 
+def test_a_pretrained_tokenizers_documents_are_framed_as_its_model_read_them(tmp_path):
+    """A tokenizer with its own end of text (Gemma's `<eos>`, Llama 2's `</s>`) ends each document
+    with it, and one that starts texts with its beginning-of-text token starts each document with
+    it: they gained a new, untrained `<|endoftext|>` (the saved tokenizer's eos too) and no bos."""
+    from transformers import LlamaTokenizer
+
+    from tests.weights.gguf_files import tiny_pieces
+
+    texts = ["the cat sat on the mat .", "a dog ran .\n\nin the park", "hello world"]
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i, text in enumerate(texts):
+        (corpus / f"{i}.txt").write_text(text)
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{i:02X}>": 3 + i for i in range(256)}}
+    for piece in [*"abcdefghijklmnopqrstuvwxyz .\n", "▁", "▁t", "he", "▁the"]:
+        vocab.setdefault(piece, len(vocab))
+    llama2 = LlamaTokenizer(vocab=vocab, merges=[("▁", "t"), ("h", "e"), ("▁t", "he")], add_bos_token=True)
+    for name, source, end in (("gemma", tiny_pieces(), "<eos>"), ("llama2", llama2, "</s>")):
+        source.save_pretrained(tmp_path / name)
+        before = load_tokenizer(tmp_path / name, add_specials=True)
+        meta = prepare(out_dir=tmp_path / f"{name}-tokens", tokenizer=str(tmp_path / name),
+                       inputs=[str(corpus)], validation_fraction=0.0, progress=False)  # fmt: skip
+        tok = load_tokenizer(tmp_path / f"{name}-tokens" / "tokenizer")
+        assert (len(tok), tok.eos_token, meta["eos_token_id"]) == (
+            len(before),
+            end,
+            tok.convert_tokens_to_ids(end),
+        )
+        bos, eos = tok.bos_token_id, tok.eos_token_id
+        expected = [i for t in texts for i in [bos, *tok(t, add_special_tokens=False)["input_ids"], eos]]
+        assert (
+            np.fromfile(tmp_path / f"{name}-tokens" / "train.bin", dtype=meta["dtype"]).tolist() == expected
+        )
+        assert expected.count(bos) == 3 and "<|endoftext|>" not in tok.get_vocab()
+
+
 # Llama 3's and Qwen2's split: punctuation takes the line breaks after it (".\n" is one piece).
 LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
@@ -154,6 +190,14 @@ def test_pieces_cut_where_the_tokenizer_splits_so_tokens_are_exact(tmp_path, tok
     assert np.fromfile(tmp_path / "tokens" / "train.bin", dtype=meta["dtype"]).tolist() == expected
     pieces_made = list(pieces(iter([text]), 40))
     assert len(pieces_made) > len(text) // 50 and "".join(p.text for p in pieces_made) == text
+    # a document's first piece opens it (its bos, where the tokenizer has one), its last ends it
+    made = list(pieces(iter([text, "a short one"]), 40))
+    assert [(p.starts_document, p.ends_document) for p in made] == [
+        (True, False),
+        *[(False, False)] * (len(made) - 3),
+        (False, True),
+        (True, True),
+    ]
 
 
 @pytest.mark.parametrize("split", ["gpt2", "llama3", "qwen2-nfc"])
