@@ -35,6 +35,9 @@ class ExplainCLI(GPTCLI):
             "--ckpt_path", type=str | None, default=None,
             help="A checkpoint of gpt-ft fit: its task card, data and tokenizer as the defaults.",
         )  # fmt: skip
+        parser.add_argument(  # (a config fit wrote or printed holds it)
+            "--weights_only", type=bool | None, default=None, help="As fit's; explain reads no weights."
+        )
 
     def parse_arguments(self, parser, args) -> None:
         unchecked = parse_unchecked(parser, args)

@@ -258,6 +258,8 @@ def main(argv: list[str] | None = None) -> None:
     except USER_ERRORS as exc:
         if debug:
             raise
+        if rank() != "0" and any(isinstance(e, TaskDataError) for e in causes(exc)):
+            raise SystemExit(2) from None  # every process reads the same files: the first says it
         fail(undecodable_file(exc) or not_installed(exc) or user_message(exc))
     except argparse.ArgumentError as exc:
         if debug:
@@ -274,12 +276,11 @@ def main(argv: list[str] | None = None) -> None:
             fail("a path starts with ~NAME, and this machine has no such user: write the path in full.")
         if debug or not any(m in str(exc) for m in LOST_PEER):
             raise
-        rank = os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))
         reason = next(m for m in LOST_PEER if m in str(exc))
         trains = name in ("fit", "suite")
         resume = ", and `--ckpt_path last` resumes from the last checkpoint" if trains else ""
         fail(
-            f"rank {rank} lost another process of this distributed run ({reason}: it stopped or was "
+            f"rank {rank()} lost another process of this distributed run ({reason}: it stopped or was "
             f"killed); every process stops now{resume}."
         )
     except ModuleNotFoundError as exc:  # a package the settings need (--trainer.accelerator tpu: torch_xla)
@@ -320,9 +321,14 @@ def raised_by_lightning(exc: BaseException, package: str, name: str) -> bool:
     return isinstance(cls, type) and isinstance(exc, cls)
 
 
+def rank() -> str:
+    """This process's rank in a distributed run ("0" outside one)."""
+    return os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))
+
+
 def stopped_by(signum: signal.Signals) -> None:
     """One line and the shell's exit code for a process ended by a signal (128 + its number)."""
     name = "Ctrl-C (SIGINT)" if signum == signal.SIGINT else signum.name
-    if os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")) == "0":  # a DDP run says it once
+    if rank() == "0":  # a DDP run says it once
         print(f"gpt-ft: stopped by {name}", file=sys.stderr)
     raise SystemExit(128 + signum) from None

@@ -95,6 +95,15 @@ def test_explain_text_and_fit_config(pairs_dir, tokenizer_dir, capsys):
     (pairs_dir / "printed.yaml").write_text(capsys.readouterr().out)
     again = gpt_ft(capsys, "explain", "--config", str(pairs_dir / "printed.yaml"))
     assert again == gpt_ft(capsys, "explain", "--config", str(config), *asked) and again.startswith("{")
+    # the config fit prints (and writes beside a run) reads too: it was refused for its weights_only
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(config), "--print_config"])
+    (pairs_dir / "fit_printed.yaml").write_text(capsys.readouterr().out)
+    assert "weights_only: null" in (pairs_dir / "fit_printed.yaml").read_text()
+    assert (
+        gpt_ft(capsys, "explain", "--config", str(pairs_dir / "fit_printed.yaml"), "--split", "validation")
+        == out
+    )
 
 
 def test_explain_a_checkpoints_data(finetuned, tokenizer_dir, capsys):

@@ -274,14 +274,28 @@ def test_pretraining_on_two_processes_equals_one_with_the_double_batch(backgroun
 def start_ddp_without_its_data(root, tokenizer_dir):
     card = make_task("single", root)
     (root / "d" / "train.tsv").unlink()
-    return [gpt_ft("fit", *common_args(card, tokenizer_dir, root), *ddp_args(2), cwd=root)]
+    labels = root / "labels"  # a label outside the card's, found as each process encodes the data
+    card_of_labels = make_task("single", labels)
+    train = labels / "d" / "train.tsv"
+    train.write_text(train.read_text().replace("\t1\n", "\tmaybe\n", 1))
+    return [
+        gpt_ft("fit", *common_args(card, tokenizer_dir, root), *ddp_args(2), cwd=root),
+        gpt_ft("fit", *common_args(card_of_labels, tokenizer_dir, labels), *ddp_args(2), cwd=labels),
+    ]
 
 
 @pytest.mark.background(start=start_ddp_without_its_data)
 def test_a_fault_in_the_data_of_a_run_on_two_processes_is_said_once(background):
-    """The data is read before the other process starts: each process said the fault, once each."""
-    (fit,) = background.runs
+    """The data is read before the other process starts: the fault is said once, by the first
+    process; a fault found as each process encodes the data (a label outside the card's) once too
+    (each process said it)."""
+    fit, labels = background.runs
+    for run in background.runs:
+        assert run.returncode == 2, run.stderr[-3000:]
     said = [line for line in fit.stderr.splitlines() if line.startswith("gpt-ft: error:")]
     missing = background.root / "d" / "train.tsv"
-    assert fit.returncode == 2, fit.stderr[-3000:]
     assert said == [f"gpt-ft: error: {missing}: file not found (split 'train' of task 'sent')."], said
+    said = [line for line in labels.stderr.splitlines() if line.startswith("gpt-ft: error:")]
+    assert len(said) == 1 and "line 3: label 'maybe' in field 'label' is not among the labels" in said[0], (
+        said
+    )
