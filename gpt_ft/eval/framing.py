@@ -146,8 +146,8 @@ def stripping(backend) -> None:
     template's special tokens, in a rendered chat) are taken from the raw text before any normalizer
     runs, so the strip would miss them at a text's ends and strip the text beside them within it.
     They are found in the stripped text instead (normalized), each whose spelling normalizes as it
-    did; where some are whitespace, a text of whitespace alone is left as it is (stripped, their
-    spellings would be empty)."""
+    did, alone and within a text; where some are whitespace, a text of whitespace alone is left as
+    it is (stripped, their spellings would be empty)."""
     from tokenizers import Regex
     from tokenizers.normalizers import Prepend, Replace, Sequence
     from tokenizers.pre_tokenizers import Metaspace
@@ -168,7 +168,9 @@ def stripping(backend) -> None:
     backend.normalizer = after = Sequence([*steps, *([] if before is None else [before])])
     if words:
         was = before.normalize_str if before is not None else str
-        for word in words:
-            word["normalized"] = after.normalize_str(word["content"]) == was(word["content"])
+        for word in words:  # (a normalizer that marks a text's start, Llama 2's, would spell "</s>"
+            c = word["content"]  # as "▁</s>", found only after a space: those keep their raw match)
+            within = was(f"x{c}x") == f"{was('x')}{was(c)}{was('x')}"
+            word["normalized"] = within and after.normalize_str(c) == was(c)
         whole = {**json.loads(backend.to_str()), "added_tokens": spec["added_tokens"]}
         backend.__setstate__(json.dumps(whole).encode())  # (in place: the tokenizer holding it sees it)

@@ -730,6 +730,19 @@ def test_a_stripping_folder_finds_a_tokenizers_own_words_in_the_stripped_text(tm
     trained = [e["input_ids"][0] for e in clf.encode([{"sentence": t} for t in texts])]
     assert served(texts)["input_ids"] == trained
     assert trained[-2][1:-1] == tokenizer("a\n\n  b", add_special_tokens=False)["input_ids"]
+    # A normalizer that marks a text's start (Llama 2's layout) would spell a word "▁<w>", found
+    # only after a space: such a tokenizer's words keep their raw match, as before.
+    from tests.data.test_prepare import sentencepiece_style_tokenizer
+
+    folder = sentencepiece_style_tokenizer(tmp_path / "spm", "the cat sat on the mat . " * 20)
+    spm = load_tokenizer(folder)
+    spm.add_tokens([AddedToken("<w>", normalized=False, special=False)])
+    clf = Classifier(GPT(config).eval(), head, task, spm, max_length=48, device="cpu")
+    served = AutoTokenizer.from_pretrained(export_classifier(clf, tmp_path / "spm-sst2"))
+    texts = ["the<w>cat ", "<w>the cat", " the cat<w>"]
+    assert served(texts)["input_ids"] == [
+        e["input_ids"][0] for e in clf.encode([{"sentence": t} for t in texts])
+    ]
 
 
 def test_a_qwen2_folder_loads_its_tokenizer_as_written(tmp_path, tokenizer_dir):
