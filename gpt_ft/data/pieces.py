@@ -158,15 +158,22 @@ def text_start(tok) -> list[int]:
     return lead if tok.bos_token_id is not None and lead == [tok.bos_token_id] else []
 
 
-def encode_batch(backend, batch: list[Piece], eos: int, dtype: str, lead: list[int]) -> list[np.ndarray]:
-    """Token ids of each piece (`lead` before a document's first piece, the end-of-text token after
-    its last)."""
+def encode_batch(
+    backend, batch: list[Piece], eos: int, dtype: str, lead: list[int], fraction: float
+) -> list[np.ndarray]:
+    """Token ids of each piece, framed as a document in its split: `lead` (the tokenizer's bos, or
+    none) before a document's first piece, the end-of-text token after its last; and so where the
+    document goes on in the other split (`continues_elsewhere`), so that no two documents run
+    together in a split and each part of one reads as a document does."""
     encode = getattr(backend, "encode_batch_fast", backend.encode_batch)  # fast: no offsets
     encodings = encode([piece.text for piece in batch], add_special_tokens=False)
     encoded = []
     for piece, encoding in zip(batch, encodings):
-        ids = [*lead, *encoding.ids] if piece.starts_document else encoding.ids
-        encoded.append(np.asarray([*ids, eos] if piece.ends_document else ids, dtype=dtype))
+        here = is_validation(piece.number, fraction)
+        opens = piece.starts_document or is_validation(piece.number - 1, fraction) != here
+        closes = piece.ends_document or continues_elsewhere(piece, fraction)
+        ids = [*(lead if opens else ()), *encoding.ids, *((eos,) if closes else ())]
+        encoded.append(np.asarray(ids, dtype=dtype))
     return encoded
 
 

@@ -37,7 +37,6 @@ from gpt_ft.data.folders import LOCK, missing_folders, one_writer, save_tokenize
 from gpt_ft.data.pieces import (
     Partial,
     batches,
-    continues_elsewhere,
     document_end,
     encode_batch,
     is_validation,
@@ -267,15 +266,15 @@ def prepare(
                     for batch in chain(batches(pieces(documents, cut_at, ends), 16 * piece_chars), [None]):
                         submitted = batch and (
                             batch,
-                            executor.submit(encode_batch, backend, batch, eos, dtype, lead),
+                            executor.submit(
+                                encode_batch, backend, batch, eos, dtype, lead, validation_fraction
+                            ),
                         )
                         if pending is not None:
                             encoded, result = pending
                             for piece, ids in zip(encoded, result.result()):
                                 drawn = is_validation(piece.number, validation_fraction)
                                 split = "validation" if drawn else "train"
-                                if continues_elsewhere(piece, validation_fraction):
-                                    ids = np.append(ids, np.asarray(eos, dtype=dtype))
                                 handles[split].write(ids.tobytes())
                                 counts[split] += len(ids)
                                 unknown += int(np.count_nonzero(ids == unk)) if unk is not None else 0

@@ -72,6 +72,39 @@ def test_a_pretrained_tokenizers_documents_are_framed_as_its_model_read_them(tmp
         assert expected.count(bos) == 3 and "<|endoftext|>" not in tok.get_vocab()
 
 
+def test_each_part_of_a_document_in_a_split_is_framed_as_a_document(tmp_path, tokenizer_dir):
+    """A document cut into pieces that go to both splits: each split's part of it starts with the
+    bos (a tokenizer that starts texts with one, as Llama 3's) and ends with the end of text, and
+    no bos or end of text falls inside a part; the parts hold the documents' own tokens."""
+    from tokenizers.processors import TemplateProcessing
+
+    tok = load_tokenizer(tokenizer_dir, add_specials=True)
+    tok.bos_token = "<|start|>"
+    bos = tok.bos_token_id
+    tok.backend_tokenizer.post_processor = TemplateProcessing(
+        single="<|start|> $A", special_tokens=[("<|start|>", bos)]
+    )
+    tok.save_pretrained(tmp_path / "tok")
+    corpus = write_corpus(tmp_path)
+    meta = prepare(out_dir=tmp_path / "tokens", tokenizer=str(tmp_path / "tok"), inputs=[str(corpus)],
+                   piece_chars=40, validation_fraction=0.5, progress=False)  # fmt: skip
+    eos = meta["eos_token_id"]
+    parts = {}
+    for split in ("train", "validation"):
+        ids = np.fromfile(tmp_path / "tokens" / f"{split}.bin", dtype=meta["dtype"]).tolist()
+        assert ids[-1] == eos
+        ends = [i for i, t in enumerate(ids) if t == eos]
+        parts[split] = [ids[a + 1 : b] for a, b in zip([-1, *ends], ends)]
+        for part in parts[split]:
+            assert part[0] == bos and bos not in part[1:], part
+    assert len(parts["train"]) > meta["documents"] and len(parts["validation"]) > 0  # (documents cut)
+    texts = sorted(p.read_text() for p in corpus.iterdir())
+    whole = sum((tok(t, add_special_tokens=False)["input_ids"] for t in texts), [])
+    train = np.fromfile(tmp_path / "tokens" / "train.bin", dtype=meta["dtype"]).tolist()
+    validation = np.fromfile(tmp_path / "tokens" / "validation.bin", dtype=meta["dtype"]).tolist()
+    assert sorted(i for i in train + validation if i not in (bos, eos)) == sorted(whole)
+
+
 # Llama 3's and Qwen2's split: punctuation takes the line breaks after it (".\n" is one piece).
 LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
