@@ -21,7 +21,14 @@ from pathlib import Path
 from typing import NamedTuple
 
 from gpt_ft.cli.commands import lazy, lightning
-from gpt_ft.data.folders import PIPED, Terminated, piped_configs_read, sigterm_stops
+from gpt_ft.data.folders import (
+    PIPED,
+    Terminated,
+    first_process,
+    piped_configs_read,
+    process_rank,
+    sigterm_stops,
+)
 from gpt_ft.errors import FileProblem, TaskDataError, causes, os_error_message, parse_error_message
 from gpt_ft.training.memory import keep_freed_memory
 from gpt_ft.workarounds.cli import file_not_decoded
@@ -156,7 +163,7 @@ def in_config_file(message: str, args: list[str]) -> str:
 
 
 def yaml_value(text: str) -> object:
-    """`text` as YAML reads a typed value (`-`: [None]; `no`: False), else the text."""
+    """`text` as YAML reads it (a typed `-`: [None]; `no`: False), else the text."""
     import yaml
 
     try:
@@ -168,11 +175,9 @@ def yaml_value(text: str) -> object:
 def option_in(file: str, keys: list[str]) -> object:
     """The value the YAML file `file` gives the option `keys` (a class's options may sit under
     init_args), as a one-element list; None where it gives none."""
-    import yaml
-
-    try:  # (a piped config: its text)
-        node = yaml.safe_load(file if file in PIPED else Path(file).expanduser().read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+    try:  # (a piped config: its text; text YAML cannot read gives no option)
+        node = yaml_value(file if file in PIPED else Path(file).expanduser().read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
         return None
     for key in keys:
         for n in node if isinstance(node, list) else []:  # classes (--trainer.callbacks): one giving it
@@ -258,7 +263,7 @@ def main(argv: list[str] | None = None) -> None:
     except USER_ERRORS as exc:
         if debug:
             raise
-        if rank() != "0" and any(isinstance(e, TaskDataError) for e in causes(exc)):
+        if not first_process() and any(isinstance(e, TaskDataError) for e in causes(exc)):
             raise SystemExit(2) from None  # every process reads the same files: the first says it
         fail(undecodable_file(exc) or not_installed(exc) or user_message(exc))
     except argparse.ArgumentError as exc:
@@ -280,8 +285,8 @@ def main(argv: list[str] | None = None) -> None:
         trains = name in ("fit", "suite")
         resume = ", and `--ckpt_path last` resumes from the last checkpoint" if trains else ""
         fail(
-            f"rank {rank()} lost another process of this distributed run ({reason}: it stopped or was "
-            f"killed); every process stops now{resume}."
+            f"rank {process_rank()} lost another process of this distributed run ({reason}: it stopped or "
+            f"was killed); every process stops now{resume}."
         )
     except ModuleNotFoundError as exc:  # a package the settings need (--trainer.accelerator tpu: torch_xla)
         if debug:
@@ -321,14 +326,9 @@ def raised_by_lightning(exc: BaseException, package: str, name: str) -> bool:
     return isinstance(cls, type) and isinstance(exc, cls)
 
 
-def rank() -> str:
-    """This process's rank in a distributed run ("0" outside one)."""
-    return os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))
-
-
 def stopped_by(signum: signal.Signals) -> None:
     """One line and the shell's exit code for a process ended by a signal (128 + its number)."""
     name = "Ctrl-C (SIGINT)" if signum == signal.SIGINT else signum.name
-    if rank() == "0":  # a DDP run says it once
+    if first_process():  # a DDP run says it once
         print(f"gpt-ft: stopped by {name}", file=sys.stderr)
     raise SystemExit(128 + signum) from None

@@ -28,6 +28,17 @@ TOKENIZER_SAVES = (
 LOCK = ".gpt_ft.lock"
 
 
+def process_rank() -> str:
+    """This process's rank in a distributed run ("0" outside one)."""
+    return os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))
+
+
+def first_process() -> bool:
+    """Whether this is the first process of a distributed run, or the only one: the one that says
+    what every process would (an error, a stop), writes shared folders and prints."""
+    return process_rank() == "0" and os.environ.get("NODE_RANK", "0") == "0"
+
+
 def piped_configs_read(args: list[str]) -> list[str]:
     """`args` with each `--config` that is a pipe (`--config <(envsubst < run.yaml)`) given as the
     text it holds, read here once: a pipe holds it for one read, where a command may read its

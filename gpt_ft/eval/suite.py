@@ -31,7 +31,7 @@ import yaml
 
 from gpt_ft.adapters.cards import load_card
 from gpt_ft.data.files import examples_split, labelled_rows
-from gpt_ft.data.folders import held
+from gpt_ft.data.folders import first_process, held
 from gpt_ft.errors import check_output_dir
 from gpt_ft.eval import suite_file, zeroshot
 from gpt_ft.eval.curves import MISSING, baseline_curves, collect_curves, labels_saved, read_baselines
@@ -47,7 +47,7 @@ from gpt_ft.eval.results import (
     seeds_stats,
     write_results,
 )
-from gpt_ft.eval.suite_file import Run, SuiteSpec, as_list, check_paper, data_dirs, first_process, load_suite
+from gpt_ft.eval.suite_file import Run, SuiteSpec, as_list, check_paper, data_dirs, load_suite
 from gpt_ft.eval.suite_folder import (
     check_out_dir,
     new_submission_folder,

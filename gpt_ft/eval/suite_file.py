@@ -3,7 +3,6 @@ paper's values, the benchmark score and the leaderboard submission of a `gpt-ft 
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,13 +100,6 @@ class Run:
         extra += [] if self.layers is None else [f"{self.layers} layers"]
         extra += [] if self.size is None else [f"{self.size} examples"]
         return f"{self.task} seed {self.seed}" + (f" ({', '.join(extra)})" if extra else "")
-
-
-def first_process() -> bool:
-    """Whether this is the first process of a distributed run, or the only one: a suite with DDP fit
-    arguments runs in every process, and the first alone writes its folders and prints."""
-    rank = os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))
-    return rank == "0" and os.environ.get("NODE_RANK", "0") == "0"
 
 
 def row_folder(name: str) -> str:
