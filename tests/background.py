@@ -143,10 +143,11 @@ def start_template() -> None:
             os.environ["OMP_NUM_THREADS"] = saved
 
 
-def _preloaded(argv: list[str], cwd: str, env: dict[str, str], out: str, err: str) -> None:
+def _preloaded(argv: list[str], cwd: str, env: dict[str, str], out: str, err: str, status: str) -> None:
     """In the forked template: `python ARGV` (`-m MODULE ...`, `-c CODE ...` or `SCRIPT ...`) as a
     process of its own would run it, its stdout and stderr written to `out` and `err`; exits with its
-    status."""
+    status, written to `status` first (multiprocessing reads an exit status back through the
+    forkserver, and says 255 where that read fails)."""
     os.setsid()  # its own process group (killed with its children if need be) and autogroup
     lower_priority(os.getpid())
     gc.freeze()  # the template's imports live as long as the command: no collection walks them
@@ -165,7 +166,9 @@ def _preloaded(argv: list[str], cwd: str, env: dict[str, str], out: str, err: st
     subprocess_script.subprocess = _RankLauncher  # the DDP ranks it starts: forks of it (`_fork_rank`)
     os.environ.clear()
     os.environ.update(env)
-    os._exit(_run_as_main(argv, cwd))
+    code = _run_as_main(argv, cwd)
+    Path(status).write_text(str(code))
+    os._exit(code)
 
 
 def _run_as_main(argv: list[str], cwd: str) -> int:
@@ -289,6 +292,7 @@ class Background:
         self._closed = False
         self._env = dict(os.environ)  # before any test changes it
         self.seconds: list[tuple[float, str]] = []  # each command's wall time, for the summary
+        self.misread: list[str] = []  # commands whose exit status the forkserver did not pass on
         self.started = time.perf_counter()
         self.ended: float | None = None  # when the last command ended
         self.waited_from: float | None = None  # when the first marked test asked for its commands
@@ -363,8 +367,8 @@ class Background:
 
     def _run_preloaded(self, command: Command, env: dict[str, str]) -> tuple[int, str, str]:
         with tempfile.TemporaryDirectory(prefix="gpt_ft-background-") as tmp:
-            out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
-            args = (command.argv[1:], str(command.cwd), env, str(out), str(err))
+            out, err, status = Path(tmp, "stdout"), Path(tmp, "stderr"), Path(tmp, "status")
+            args = (command.argv[1:], str(command.cwd), env, str(out), str(err), str(status))
 
             def start() -> multiprocessing.process.BaseProcess:
                 process = TEMPLATE.Process(target=_preloaded, args=args, daemon=False)
@@ -373,7 +377,15 @@ class Background:
 
             with self._live_process(start) as process:
                 process.join()
-            return process.exitcode, out.read_text(), err.read_text()
+            code = process.exitcode
+            if status.exists():  # the command's own status (it is killed before it writes one)
+                said = int(status.read_text()) % 256  # as os._exit passes it on
+                if code != said:
+                    self.misread.append(f"{label(command.argv)}: exit status {said}, read back as {code}")
+                code = said
+            elif code == 255:  # exit(-1) from native code, or the forkserver lost (its read's 255)
+                self.misread.append(f"{label(command.argv)}: exit status 255 with no status written")
+            return code, out.read_text(), err.read_text()
 
     def close(self) -> None:
         with self._lock:

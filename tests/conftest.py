@@ -138,6 +138,8 @@ def pytest_terminal_summary(terminalreporter, config):
         f"background: {len(seconds)} commands, {total:.1f}s in all ({WORKERS} at a time after the tests); "
         f"longest: {longest}"
     )
+    for line in jobs.misread:
+        terminalreporter.write_line(f"background: {line}")
     if jobs.waited_from is not None and jobs.ended is not None:
         tests, done = jobs.waited_from - jobs.started, jobs.ended - jobs.started
         terminalreporter.write_line(
