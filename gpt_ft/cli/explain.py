@@ -11,9 +11,9 @@ from typing import Any
 
 from gpt_ft.errors import check_context
 from gpt_ft.training.config_checks import card_named, refuse_bad_config
+from gpt_ft.training.recorded import recorded_configuration
 from gpt_ft.training.run_folders import checkpoint_to_read
 from gpt_ft.training.runs import GPTCLI, lightning_main, tokenizer_of_the_weights
-from gpt_ft.training.saved import recorded_configuration
 from gpt_ft.workarounds.cli import parse_unchecked, print_config_asked
 
 

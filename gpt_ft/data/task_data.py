@@ -115,16 +115,17 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
                 split where it has no more. None: the whole split.
         """
         super().__init__()
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
-        if max_length < 4:
-            raise ValueError(f"max_length must be >= 4 (room for the special tokens), got {max_length}.")
+        for name, value, least in (("batch_size", batch_size, 1), ("max_length", max_length, 4),
+                                   ("eval_batch_size", eval_batch_size, 1)):  # fmt: skip
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ValueError(f"{name} must be an integer, got {value!r}.")  # (from Python)
+            if value is not None and value < least:
+                room = " (room for the special tokens)" if name == "max_length" else ""
+                raise ValueError(f"{name} must be >= {least}{room}, got {value}.")
         self.task = as_task(task)
         self.data_dir = data_dir
         self.max_length = max_length
         self.batch_size = batch_size
-        if eval_batch_size is not None and eval_batch_size < 1:
-            raise ValueError(f"eval_batch_size must be >= 1, got {eval_batch_size}.")
         self.eval_batch_size = eval_batch_size or batch_size
         self.num_workers = num_workers
         self.num_proc = num_proc

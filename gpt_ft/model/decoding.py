@@ -143,9 +143,11 @@ def stop_ids(eos_token_id: int | list[int] | None, vocab_size: int | None = None
     return [i for i in ids if vocab_size is None or 0 <= i < vocab_size]
 
 
-def check_token_ids(input_ids: Tensor, non_empty: bool = False) -> None:
+def check_token_ids(input_ids: Tensor, non_empty: bool = False, vocab_size: int | None = None) -> None:
     """Token ids as the model takes them, (batch, length) integers, or one sentence saying how they
-    are not (their shape and type only: their values would be read back from the device)."""
+    are not: their shape and type; and on the CPU, outside a compiled graph, their values within
+    `vocab_size` (an id past it read an untrained row of the padded table, or failed deep in torch;
+    on a GPU they would be read back from the device, a wait at every step)."""
     if not isinstance(input_ids, Tensor):
         raise ValueError(
             f"input_ids must be a (batch, length) tensor of token ids, got a {type(input_ids).__name__}."
@@ -155,6 +157,14 @@ def check_token_ids(input_ids: Tensor, non_empty: bool = False) -> None:
         raise ValueError(f"input_ids must be {what} tensor, got shape {tuple(input_ids.shape)}.")
     if input_ids.dtype not in (torch.int64, torch.int32):  # (the embedding takes no other)
         raise ValueError(f"input_ids must hold integer token ids (int64 or int32), got {input_ids.dtype}.")
+    if vocab_size is not None and input_ids.device.type == "cpu" and input_ids.numel():
+        if not torch.compiler.is_compiling():
+            low, high = (int(v) for v in torch.aminmax(input_ids))
+            if low < 0 or high >= vocab_size:
+                raise ValueError(
+                    f"input_ids holds the token id {low if low < 0 else high}, outside the model's "
+                    f"vocabulary of {vocab_size} (ids 0 to {vocab_size - 1})."
+                )
 
 
 @contextmanager

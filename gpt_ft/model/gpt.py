@@ -171,7 +171,7 @@ class GPT(nn.Module):
                 tail) starts in the flattened rows, and the longest (see `segment_offsets`): the
                 variable-length kernel's offsets, from the host; computed here when not given.
         """
-        check_token_ids(input_ids)
+        check_token_ids(input_ids, vocab_size=self.config.vocab_size)
         B, T = input_ids.shape
         static = isinstance(kv_cache, StaticKVCache)  # its length stays on the device
         if static and attention_mask is not None and position_ids is None:  # they would count the padding

@@ -27,7 +27,9 @@ from gpt_ft.training.nonfinite import NonfiniteWatch
 from gpt_ft.training.optim import (
     MUON_UNDER_LORA,
     MuonAdamW,
+    Optimizer,
     Schedule,
+    ScheduleName,
     adamw,
     check_rates,
     check_same_optimizer,
@@ -177,8 +179,8 @@ class GPTModule(Evaluation, LightningModule):
         weight_decay: float = 0.01,
         betas: tuple[float, float] = (0.9, 0.999),
         eps: float = 1e-8,
-        optimizer: Literal["adamw", "muon"] = "adamw",
-        schedule: Literal["linear", "cosine", "constant"] = "linear",
+        optimizer: Optimizer = "adamw",
+        schedule: ScheduleName = "linear",
         warmup_fraction: float = 0.002,
         warmup_steps: int | None = None,
         predictions_dir: str = "predictions",
@@ -236,7 +238,8 @@ class GPTModule(Evaluation, LightningModule):
         if classifier_dropout is None:
             classifier_dropout = task.output.default_dropout if task is not None else 0.1
         check_rates(lm_coef=lm_coef, lr=lr, warmup_fraction=warmup_fraction, warmup_steps=warmup_steps,
-                    weight_decay=weight_decay, betas=betas, eps=eps, dropout=classifier_dropout)  # fmt: skip
+                    weight_decay=weight_decay, betas=betas, eps=eps, dropout=classifier_dropout,
+                    optimizer=optimizer, schedule=schedule)  # fmt: skip
         if isinstance(lora, dict):  # as the checkpoint's hyperparameters hold it
             lora = LoRA(**lora)
         if optimizer == "muon" and lora is not None:  # before any weights load
@@ -276,12 +279,10 @@ class GPTModule(Evaluation, LightningModule):
         self.hparams["lora"] = asdict(lora) if lora is not None else None  # plain values: weights-only loads
 
     @classmethod
-    def load_from_checkpoint(cls, checkpoint_path, *args: Any, **kwargs: Any):  # (`saved.standalone`)
-        from gpt_ft.training.saved import standalone
+    def load_from_checkpoint(cls, checkpoint_path, *args: Any, **kwargs: Any):  # (`recorded.standalone`)
+        from gpt_ft.training.recorded import standalone
 
-        return super().load_from_checkpoint(
-            checkpoint_path, *args, **{**standalone(checkpoint_path), **kwargs}
-        )
+        return super().load_from_checkpoint(checkpoint_path, *args, **standalone(checkpoint_path, kwargs))
 
     def configure_model(self) -> None:
         # Once the device and strategy are set, before the optimizer and FSDP's flattening (groups by shape).

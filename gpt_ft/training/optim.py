@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Literal, get_args
 
 import torch
 from lightning.pytorch.callbacks import Timer
@@ -137,6 +138,9 @@ def check_same_optimizer(checkpoint: dict, optimizer: str, where: str) -> None:
             f"{optimizer} from its weights with --model.init_from."
         )
 
+
+Optimizer = Literal["adamw", "muon"]
+ScheduleName = Literal["linear", "cosine", "constant"]
 
 SETTINGS = ("weight_decay", "betas", "eps", "momentum")
 """An optimizer group's settings a resumed run takes from its own configuration."""
@@ -283,10 +287,16 @@ def check_rates(
     betas: tuple[float, float] = (0.9, 0.999),
     eps: float = 1e-8,
     dropout: float = 0.1,
+    optimizer: str = "adamw",
+    schedule: str = "linear",
 ) -> None:
-    """The loss weight, learning rate, warmup, AdamW's settings and the head's dropout a module is
-    given, each in its range (AdamW checks only its own defaults: the groups carry the decay, and a
-    negative one grows weights)."""
+    """The loss weight, learning rate, warmup, AdamW's settings, the head's dropout, the optimizer
+    and the schedule a module is given, each in its range (AdamW checks only its own defaults: the
+    groups carry the decay, and a negative one grows weights; a name the command line would refuse
+    is refused from Python too, not read as the default)."""
+    for name, value, known in (("optimizer", optimizer, Optimizer), ("schedule", schedule, ScheduleName)):
+        if value not in get_args(known):
+            raise ValueError(f"{name} must be one of {', '.join(get_args(known))}, got {value!r}.")
     finite = {"lm_coef": lm_coef, "lr": lr, "weight_decay": weight_decay, "eps": eps}
     if bad := next((name for name, value in finite.items() if not math.isfinite(value)), None):
         raise ValueError(f"{bad} must be a finite number, got {finite[bad]}.")  # NaN passes every `<`

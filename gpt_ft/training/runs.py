@@ -27,6 +27,12 @@ from gpt_ft.training.checkpointing import AtomicCheckpointIO
 from gpt_ft.training.config_checks import card_named, check_token_folder, refuse_bad_config
 from gpt_ft.training.precision import cpu_precision, runs_on_cpu, warn_half_weights
 from gpt_ft.training.predictions import check_submission
+from gpt_ft.training.recorded import (
+    plain_config,
+    recorded_configuration,
+    refuse_untrained,
+    with_absolute_paths,
+)
 from gpt_ft.training.run_folders import (
     DEFAULT_LOGGER,
     checkpoint_to_read,
@@ -37,13 +43,7 @@ from gpt_ft.training.run_folders import (
     no_new_empty_folders,
     runs_root,
 )
-from gpt_ft.training.saved import (
-    check_init_tokenizer,
-    plain_config,
-    recorded_configuration,
-    refuse_untrained,
-    with_absolute_paths,
-)
+from gpt_ft.training.saved import check_init_tokenizer
 from gpt_ft.training.strategies import check_devices, check_rendezvous
 from gpt_ft.weights.pretrained import resolve_tokenizer
 from gpt_ft.workarounds.cli import (

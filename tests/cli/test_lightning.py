@@ -9,7 +9,7 @@ import pytest
 from gpt_ft.adapters.outputs import score_text
 from gpt_ft.cli import main
 from gpt_ft.errors import check_context
-from gpt_ft.training.saved import plain_config
+from gpt_ft.training.recorded import plain_config
 from tests.background import gpt_ft
 from tests.helpers import assert_classifier_agrees, common_args, make_task
 

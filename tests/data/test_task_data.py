@@ -362,6 +362,8 @@ def test_rows_dropped_by_ignore_labels_keep_the_others_numbers(tmp_path, tokeniz
         TaskDataModule(task, tokenizer_dir, data_dir=str(tmp_path)).encoded("test", labelled=True)
     with pytest.raises(ValueError, match="^eval_batch_size must be >= 1, got 0.$"):
         TaskDataModule(task, tokenizer_dir, eval_batch_size=0)
+    with pytest.raises(ValueError, match="^batch_size must be an integer, got '32'.$"):  # (from Python)
+        TaskDataModule(task, tokenizer_dir, batch_size="32")
     # The hub's -1 (no gold label) in a float column (pandas' integers with a missing value): -1.0
     records = [
         {"premise": "a", "hypothesis": "b", "label": 0.0},

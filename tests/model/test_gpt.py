@@ -317,10 +317,15 @@ def test_gemmas_scaled_embeddings_compile_as_one_graph():
     assert len(graphs) == 1
 
 
-def test_token_ids_of_another_shape_or_type_are_named_in_one_sentence():
-    """(Their values are not read: on a GPU that would wait for the device at every step.)"""
+def test_token_ids_of_another_shape_type_or_range_are_named_in_one_sentence():
+    """Their values on the CPU only: on a GPU reading them would wait for the device at every step.
+    (An id past the vocabulary read an untrained row of the padded table: 10 tokens, 64 rows.)"""
     gpt = GPT(GPTConfig(vocab_size=10, n_positions=8, n_embd=16, n_layer=1, n_head=2))
+    outside = r"^input_ids holds the token id {}, outside the model's vocabulary of 10 \(ids 0 to 9\)\.$"
     for ids, message in (
+        (torch.tensor([[1, 10]]), outside.format(10)),
+        (torch.tensor([[3, 70]], dtype=torch.int32), outside.format(70)),
+        (torch.tensor([[-1, 2]]), outside.format(-1)),
         (torch.tensor([1, 2]), r"^input_ids must be a \(batch, length\) tensor, got shape \(2,\)\.$"),
         (torch.ones(1, 2, 2, dtype=torch.long), r"got shape \(1, 2, 2\)\.$"),
         (

@@ -1,5 +1,6 @@
 import math
 import re
+import shutil
 
 import pytest
 import torch
@@ -126,6 +127,14 @@ def test_bad_hyperparameters():
         GPTModule(preset="gpt-micro", eps=-1e-8)
     with pytest.raises(ValueError, match=r"^classifier_dropout must be in \[0, 1\), got 1.5\.$"):  # torch's
         GPTModule(preset="gpt-micro", classifier_dropout=1.5)
+    # Names only the command line's parser checked: from Python a misspelt schedule decayed linearly,
+    # and any optimizer but "muon" was AdamW
+    with pytest.raises(
+        ValueError, match=r"^schedule must be one of linear, cosine, constant, got 'cosnie'\.$"
+    ):
+        GPTModule(preset="gpt-micro", schedule="cosnie")
+    with pytest.raises(ValueError, match=r"^optimizer must be one of adamw, muon, got 'Muon'\.$"):
+        GPTModule(preset="gpt-micro", optimizer="Muon")
     # NaN passed every range check (each comparison false): the weights turned NaN and the first
     # validation's calibration error failed on an index out of range
     for name, value in (
@@ -188,15 +197,24 @@ def test_a_checkpoint_of_another_shape_head_or_kind_is_named_in_one_sentence():
 def test_a_checkpoint_loads_in_python_without_the_weights_its_run_started_from(tmp_path, finetuned):
     """`GPTModule.load_from_checkpoint` builds the model on the checkpoint's own weights, as `gpt-ft
     validate --ckpt_path` does: the weights its run started from (`init_from`) were read again, and
-    once gone (a GGUF file moved) the checkpoint did not load."""
-    from gpt_ft.adapters.cards import load_card
+    once gone (a GGUF file moved) the checkpoint did not load. Its tokenizer is the copy beside it
+    (the run's own, by a path relative to where it ran, was read again), and its task may be a card's
+    file, as `GPTModule(task=...)` takes (LightningCLI's record of the run checked it as an adapter)."""
+    from gpt_ft.adapters.cards import card_key, load_card
+    from gpt_ft.weights.checkpoint import Checkpoint
 
     saved = torch.load(finetuned.ckpt, weights_only=False)
+    assert "_instantiator" in saved["hyper_parameters"]  # as every `gpt-ft fit` checkpoint
     saved["hyper_parameters"]["init_from"] = str(tmp_path / "gone" / "base.gguf")
+    saved["hyper_parameters"]["tokenizer"] = str(tmp_path / "gone" / "tokenizer")  # (where it ran)
     torch.save(saved, ckpt := tmp_path / "moved.ckpt")
-    m = GPTModule.load_from_checkpoint(ckpt, task=load_card(finetuned.card))
-    for name, value in m.state_dict().items():
-        assert torch.equal(value, saved["state_dict"][name]), name
+    beside = Checkpoint.read(finetuned.ckpt).tokenizer
+    shutil.copytree(beside, tmp_path / beside.name)
+    for task in (load_card(finetuned.card), finetuned.card, str(finetuned.card)):
+        m = GPTModule.load_from_checkpoint(ckpt, task=task)
+        assert card_key(m.task) == card_key(load_card(finetuned.card))
+        for name, value in m.state_dict().items():
+            assert torch.equal(value, saved["state_dict"][name]), name
 
 
 def test_a_module_built_in_python_with_a_tokenizer_fits_its_vocabulary(tokenizer_dir):
@@ -206,6 +224,14 @@ def test_a_module_built_in_python_with_a_tokenizer_fits_its_vocabulary(tokenizer
 
     m = GPTModule(preset="gpt-micro", task=SingleText(name="t", labels=["a", "b"]), tokenizer=tokenizer_dir)
     assert m.gpt.config.vocab_size == len(load_tokenizer(tokenizer_dir)) == 400
+
+
+def test_a_module_built_in_python_without_a_tokenizer_keeps_its_presets_vocabulary():
+    """Neither `vocab_size` nor `tokenizer` given: the preset's size, or the override's (GPT-1's
+    40,478 replaced both)."""
+    assert GPTModule(preset="gpt2", overrides={"n_layer": 1}).gpt.config.vocab_size == 50257
+    assert GPTModule(preset="gpt-micro", overrides={"vocab_size": 1000}).gpt.config.vocab_size == 1000
+    assert GPTModule(preset="gpt-micro", vocab_size=300).gpt.config.vocab_size == 300
 
 
 def test_the_forward_pass_computes_no_loss(monkeypatch):

@@ -112,7 +112,7 @@ def test_a_merged_lora_model_on_a_released_table_keeps_its_unused_rows_as_releas
 def test_a_checkpoints_data_folders_are_absolute(tmp_path, monkeypatch):
     """Recorded as typed (`--data.data_dir glue`), `gpt-ft validate --ckpt_path X` failed from any
     other working folder; a hub id stays as it is."""
-    from gpt_ft.training.saved import with_absolute_paths
+    from gpt_ft.training.recorded import with_absolute_paths
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "glue").mkdir()

@@ -184,7 +184,7 @@ def test_a_newer_versions_model_setting_is_named_with_the_version_that_wrote_it(
     import inspect
 
     from gpt_ft.training.module import GPTModule
-    from gpt_ft.training.saved import recorded_run
+    from gpt_ft.training.recorded import recorded_run
 
     known = inspect.signature(GPTModule.__init__).parameters  # as `gpt-ft validate` reads a checkpoint
 
