@@ -67,22 +67,14 @@ def parse_error_message(text: str) -> str:
         for i, line in enumerate(lines[: first - 1])
         if line.startswith("Problem with given class_path") and not lines[i + 1].startswith("Parser key")
     ]
-    not_a_class = (
-        [
-            f"class_path {m[1]!r} is not a subclass of {m[2]}"
-            for m in re.finditer(r"Import path (\S+) does not correspond to a subclass of (\w+)", text)
-        ]
-        + [
-            f"class_path {m[1]!r} is not an import path (module.Class)"
-            for m in re.finditer(r"Expected a dot import path string: (\S*)", text)
-        ]
-        + [  # a short class name two packages share (EarlyStopping)
-            f"{m[1]} names several classes: give one's full path ({m[2]})"
-            for m in re.finditer(
-                r"Multiple subclasses with name (\w+)\. Give the full class path[^:]*: (.+?)\.?$", text, re.M
-            )
-        ]
-    )
+    not_a_class = [said.format(*m.groups()) for pattern, said in (
+        (r"Import path (\S+) does not correspond to a subclass of (\w+)",
+         "class_path {0!r} is not a subclass of {1}"),
+        (r"Expected a dot import path string: (\S*)",
+         "class_path {0!r} is not an import path (module.Class)"),
+        (r"Multiple subclasses with name (\w+)\. Give the full class path[^:]*: (.+?)\.?$",  # (EarlyStopping)
+         "{0} names several classes: give one's full path ({1})"),
+    ) for m in re.finditer(pattern, text, re.M)]  # fmt: skip
     no_subclass = re.search(r"Not a valid subclass of (\w+)", text)
     if unaccepted:
         reason = unaccepted[0]
@@ -126,6 +118,12 @@ def parse_error_message(text: str) -> str:
         reason += f" (in {value})"
     if reason.startswith("unrecognized arguments") and re.search(r"--(optimizer|lr_scheduler)\b", reason):
         reason += " (the optimizer and its schedule are the model's: --model.optimizer, --model.lr, ...)"
+    hint = {"--model: ": "weights go to --model.init_from", "--data: ": "a task card goes to --data.task"}
+    hint = f" ({hint[where]})" if where in hint else ""
+    if m := re.match(r"Unable to load config '(.*)'", reason):  # `--model WEIGHTS`, a missing file
+        reason = f"{m[1]} is no YAML file of its options{hint}"
+    elif re.match(r"class_path 'gpt_ft\.adapters\.\w+' is not a subclass of LightningDataModule", reason):
+        reason += hint
     return f"{where}{reason}."
 
 

@@ -265,6 +265,10 @@ def check_tokenizer_files(directory: Path, error: Exception | None = None) -> No
             f"{directory} holds no vocabulary to load (tokenizer.json, vocab.json + merges.txt or a "
             "SentencePiece model), only its settings: copy the whole tokenizer folder."
         )
+    if type(error).__module__.startswith("huggingface_hub") and (directory / "config.json").is_file():
+        from gpt_ft.weights.hf import transformers_config  # (the model's config.json, read with it)
+
+        transformers_config(directory)
     if (
         error is not None
         and not isinstance(error, (ValueError, OSError))

@@ -271,14 +271,20 @@ class GPTConfig:
         """A preset by name (see `PRESETS`), with any field overridden."""
         if name not in PRESETS:
             raise ValueError(f"Unknown GPT preset {name!r}; available presets: {', '.join(PRESETS)}.")
+        cls.check_fields(overrides, f"in the overrides of preset {name!r}")
+        return cls(**{**copy.deepcopy(PRESETS[name]), **overrides})
+
+    @classmethod
+    def check_fields(cls, names, where: str) -> None:
+        """`names` (`--model.overrides` from the command line) are the config's fields, or one
+        sentence naming those that are not (`where` they were given) and the nearest field."""
         known = [f.name for f in fields(cls)]
-        if unknown := sorted(set(overrides) - set(known)):  # (`--model.overrides` from the command line)
+        if unknown := sorted(set(names) - set(known)):
             close = difflib.get_close_matches(unknown[0], known, n=1)
             raise ValueError(
-                f"Unknown GPTConfig field(s) {unknown} in the overrides of preset {name!r}"
+                f"Unknown GPTConfig field(s) {unknown} {where}"
                 + (f": did you mean {close[0]!r}?" if close else f"; its fields: {', '.join(known)}.")
             )
-        return cls(**{**copy.deepcopy(PRESETS[name]), **overrides})
 
 
 def check_known_fields(

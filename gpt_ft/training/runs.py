@@ -342,6 +342,8 @@ def tokenizer_of_the_weights(config, fitting: bool) -> None:
     if data.tokenizer is not None and init_from and fitting and not config.get("ckpt_path"):
         check_init_tokenizer(data.tokenizer, init_from)
     data.tokenizer = resolve_tokenizer(data.tokenizer, init_from, option=None)
+    if data.tokenizer is None and init_from:  # (as `gpt-ft generate` says it)
+        raise ValueError(f"{init_from} carries no tokenizer: give --data.tokenizer DIR.")
 
 
 def lightning_main(

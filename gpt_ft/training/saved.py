@@ -15,7 +15,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from gpt_ft.model.config import preset_config
+from gpt_ft.model.config import GPTConfig, preset_config
 from gpt_ft.model.gpt import with_dropout
 from gpt_ft.model.lora import LoRA, add_lora, merged_state_dict
 from gpt_ft.weights.checkpoint import GPT_PREFIX, Adapters, Checkpoint, weights_fingerprint
@@ -57,6 +57,7 @@ def build_gpt(
 
         vocab_size = len(load_tokenizer(tokenizer))  # its rows, special tokens added, as the data counts
     if init_from:
+        GPTConfig.check_fields(overrides or {}, "in --model.overrides")  # (before the weights load)
         if lora is not None and Path(init_from).is_absolute() and not Path(init_from).exists():
             raise FileNotFoundError(  # a LoRA checkpoint names its base weights by where they were
                 f"The base weights {init_from} do not exist: LoRA adapters need them (a LoRA checkpoint "

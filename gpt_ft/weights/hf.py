@@ -297,14 +297,28 @@ def weight_files(path: Path) -> list[Path]:
     raise FileNotFoundError(f"{path} has no model.safetensors or pytorch_model.bin weights file{lacks}.")
 
 
+def transformers_config(path: Path):
+    """transformers' config of a model folder, or one sentence naming its config.json and what
+    transformers refuses in it (huggingface_hub's validators say it over lines, naming no file:
+    `num_attention_heads` not dividing the width, a string for a number)."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(path, trust_remote_code=False)
+    except OSError:
+        raise
+    except Exception as exc:
+        reason = re.sub(r"^\w+: ", "", str(exc).strip().splitlines()[-1].strip()) if str(exc).strip() else ""
+        said = f": {reason.rstrip('.')}" if reason else f" ({type(exc).__name__})"
+        raise ValueError(f"{Path(path) / 'config.json'}: transformers refuses it{said}.") from None
+
+
 def read_folder(path: Path) -> tuple[GPTConfig, dict[str, Tensor], str]:
     """(config, state dict in gpt_ft's names, source) of a transformers directory (config.json plus
     model.safetensors or pytorch_model.bin), such as a hub id's snapshot.
 
     Weights are read with safetensors or `torch.load(weights_only=True)`; no code is executed.
     """
-    from transformers import AutoConfig
-
     config_file = path / "config.json"
     if not config_file.is_file():
         raise FileNotFoundError(f"{path} is not a transformers model directory: it has no config.json.")
@@ -316,7 +330,7 @@ def read_folder(path: Path) -> tuple[GPTConfig, dict[str, Tensor], str]:
         _family(SimpleNamespace(model_type=fields.get("model_type") if isinstance(fields, dict) else None))
     except ValueError as exc:
         raise ValueError(f"{config_file}: {exc}") from None
-    hf_config = AutoConfig.from_pretrained(path, trust_remote_code=False)
+    hf_config = transformers_config(path)
     hf_config.eos_token_id = hf_llama.with_stops(hf_config.eos_token_id, generation_stops(path))
     state: dict[str, Tensor] = {}
     for shard in weight_files(path):  # one file, or the shards its index lists

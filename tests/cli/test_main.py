@@ -225,6 +225,30 @@ def test_out_of_range_hyperparameters(run, arg, message):
     assert message in run(arg)
 
 
+def test_a_section_given_what_one_of_its_options_takes_names_that_option(run, tmp_path):
+    """`--model WEIGHTS` and `--data CARD`: jsonargparse said "Unable to load config 'WEIGHTS'" and
+    that the card's class is no LightningDataModule."""
+    assert run("--model=org/weights").endswith(
+        "--model: org/weights is no YAML file of its options (weights go to --model.init_from)."
+    )
+    assert run("--trainer=gone.yaml").endswith("--trainer: gone.yaml is no YAML file of its options.")
+    assert run(f"--data={tmp_path / 'single.yaml'}").endswith(
+        "--data: class_path 'gpt_ft.adapters.SingleText' is not a subclass of LightningDataModule "
+        "(a task card goes to --data.task)."
+    )
+
+
+def test_weights_without_a_tokenizer_are_named(run, tmp_path):
+    """No --data.tokenizer, and --model.init_from weights that carry none: those weights named (as
+    `gpt-ft generate` names them), not "--model.init_from weights that carry one"."""
+    from tests.helpers import tiny_hf
+
+    tiny_hf("gpt2").save_pretrained(weights := tmp_path / "weights")
+    assert run(f"--model.init_from={weights}", "--data.tokenizer=null") == (
+        f"gpt-ft: error: {weights} carries no tokenizer: give --data.tokenizer DIR."
+    )
+
+
 def test_devices_given_on_the_command_line_are_named_as_typed(run):
     assert run("--trainer.accelerator=cpu", "--trainer.devices=-2") == (
         "gpt-ft: error: --trainer.devices -2: on the CPU, give a count of processes (1, 2, ...) or 'auto'."

@@ -348,6 +348,14 @@ def test_a_tokenizer_folder_with_a_broken_json_file_names_it(trained_dir: Path, 
         ValueError, match=rf"^{re.escape(str(broken / 'config.json'))}, line 1 is not valid JSON"
     ):
         load_tokenizer(broken)
+    # a value its validators refuse (huggingface_hub's error): tokenizer.json was named
+    (broken / "config.json").write_text(
+        '{"model_type": "llama", "hidden_size": 32, "num_attention_heads": 5}'
+    )
+    with pytest.raises(
+        ValueError, match=rf"^{re.escape(str(broken / 'config.json'))}: transformers refuses it: "
+    ):
+        load_tokenizer(broken)
     (broken / "config.json").unlink()
     for (
         text,

@@ -30,6 +30,12 @@ def test_a_loaded_model_changes_only_its_dropouts(tmp_path):
         ValueError, match=r"overrides.n_layer cannot change a loaded model \(it has n_layer=1\)"
     ):
         build_gpt(overrides={"n_layer": 2}, **kwargs)
+    # a field the config lacks: it said "(it has n_layerz=None)", as if it had one
+    with pytest.raises(
+        ValueError,
+        match=r"^Unknown GPTConfig field\(s\) \['n_layerz'\] in --model\.overrides: did you mean 'n_layer'",
+    ):
+        build_gpt(overrides={"n_layerz": 3}, **kwargs)
     grown = build_gpt(overrides=None, **{**kwargs, "vocab_size": 104})  # room for the special tokens
     assert grown.config.vocab_size == 104
 

@@ -202,6 +202,15 @@ def test_a_broken_folder_is_one_sentence_naming_its_file(tmp_path):
     assert broken("type", config(model_type="frobnicator")).startswith(
         "type/config.json: Cannot convert a transformers model of type 'frobnicator'; allowed: 'openai-gpt'"
     )
+    # Values transformers' validators refuse (huggingface_hub's errors, over lines, naming no file)
+    heads = TINY_LLAMA["num_attention_heads"] + 1
+    assert broken("heads", config(num_attention_heads=heads, num_key_value_heads=heads)) == (
+        f"heads/config.json: transformers refuses it: The hidden size ({TINY_LLAMA['hidden_size']}) is "
+        f"not a multiple of the number of attention heads ({heads})."
+    )
+    assert broken("words", config(vocab_size="abc")) == (
+        "words/config.json: transformers refuses it: Field 'vocab_size' expected int, got str (value: 'abc')."
+    )
 
     def headless(f):
         state = load_file(f / "model.safetensors")
