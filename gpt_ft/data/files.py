@@ -28,6 +28,7 @@ from gpt_ft.data.file_faults import (
     utf8_problem,
     wide_first_row,
 )
+from gpt_ft.data.folders import datasets_bars
 from gpt_ft.data.layout import SLICE, class_order_problem, file_stamp, label_file, sliced, with_labels
 from gpt_ft.data.subsets import ALIKE, drawn, left_out
 from gpt_ft.errors import CardError
@@ -262,12 +263,9 @@ def read_table(
     verbosity = datasets.logging.get_verbosity()
     # datasets logs a file that does not parse before raising; the sentence below says it instead.
     datasets.logging.set_verbosity(datasets.logging.CRITICAL)
-    quiet = not sys.stderr.isatty() and not datasets.are_progress_bars_disabled()
-    if quiet:  # its bar's carriage returns in a log or a pipe: gpt_ft's own bars draw on terminals only
-        datasets.disable_progress_bars()
     try:
         files = {"data": glob.escape(str(path))}  # a name, not a pattern: `data [v2]/train[1].tsv`
-        with no_download_count():  # a local file: nothing to count on the Hub, no request
+        with no_download_count(), datasets_bars(sys.stderr.isatty()):  # (a local file: no request)
             return datasets.load_dataset(
                 builder, _stamp(path), data_files=files, split="data" + selection, **kwargs
             )
@@ -281,8 +279,6 @@ def read_table(
         raise TaskDataError(f"{path}{problem}.") from exc
     finally:
         datasets.logging.set_verbosity(verbosity)
-        if quiet:
-            datasets.enable_progress_bars()
 
 
 def _header(path: Path, sep: str) -> list[str]:

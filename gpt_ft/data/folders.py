@@ -39,6 +39,24 @@ def first_process() -> bool:
     return process_rank() == "0" and os.environ.get("NODE_RANK", "0") == "0"
 
 
+@contextmanager
+def datasets_bars(shown: bool) -> Iterator[None]:
+    """datasets' progress bars (reading a file, encoding a split) as set where `shown`, else off
+    while the block runs: their carriage returns belong on a terminal (in a log or a pipe they are
+    noise), and on one process of a distributed run (another's unfinished line took the start of
+    the first's error)."""
+    import datasets
+
+    hidden = not shown and not datasets.are_progress_bars_disabled()
+    if hidden:
+        datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if hidden:
+            datasets.enable_progress_bars()
+
+
 def piped_configs_read(args: list[str]) -> list[str]:
     """`args` with each `--config` that is a pipe (`--config <(envsubst < run.yaml)`) given as the
     text it holds, read here once: a pipe holds it for one read, where a command may read its

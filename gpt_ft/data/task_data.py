@@ -7,6 +7,7 @@ from examples to tokens, which `Classifier` and export take too) -> cached Arrow
 from __future__ import annotations
 
 import hashlib
+import sys
 from functools import partial
 from typing import Any
 
@@ -20,6 +21,7 @@ from gpt_ft.adapters.cards import adapter_code, as_task, card_key
 from gpt_ft.adapters.truncation import WHOLE, cut_report
 from gpt_ft.data.batches import collate_batch, reads
 from gpt_ft.data.files import Origin, absent_columns, located_split, task_examples
+from gpt_ft.data.folders import datasets_bars, first_process
 from gpt_ft.data.ids import example_ids, integer_id
 from gpt_ft.data.pinning import leave_stops_to_the_main_process, pins
 from gpt_ft.data.samplers import EpochSampler, LengthGroupedSampler, ResumableTrainData, run_seed
@@ -122,14 +124,9 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
             if value is not None and value < least:
                 room = " (room for the special tokens)" if name == "max_length" else ""
                 raise ValueError(f"{name} must be >= {least}{room}, got {value}.")
-        self.task = as_task(task)
-        self.data_dir = data_dir
-        self.max_length = max_length
-        self.batch_size = batch_size
-        self.eval_batch_size = eval_batch_size or batch_size
-        self.num_workers = num_workers
-        self.num_proc = num_proc
-        self.packing = packing
+        self.task, self.data_dir, self.max_length = as_task(task), data_dir, max_length
+        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size or batch_size
+        self.num_workers, self.num_proc, self.packing = num_workers, num_proc, packing
         self.shuffle, self.length_grouped = shuffle, length_grouped
         self.shared_context = shared_context
         self.seed = run_seed(seed)
@@ -226,15 +223,16 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
                 "cut": [enc.cut for enc in encoded],
             }
 
-        encoded = raw.map(
-            encode_batch,
-            batched=True,
-            with_indices=True,
-            remove_columns=raw.column_names,
-            num_proc=self.num_proc,
-            desc=f"Encoding {self.task.name} {split}",
-            new_fingerprint=self._fingerprint(raw, split),
-        ).rename_column(LABEL, "label")
+        with datasets_bars(sys.stderr.isatty() and first_process()):
+            encoded = raw.map(
+                encode_batch,
+                batched=True,
+                with_indices=True,
+                remove_columns=raw.column_names,
+                num_proc=self.num_proc,
+                desc=f"Encoding {self.task.name} {split}",
+                new_fingerprint=self._fingerprint(raw, split),
+            ).rename_column(LABEL, "label")
         if index_field is not None:  # an id names its example's prediction and counts it once
             column, first = dict(origin.columns).get(index_field, index_field), {}
             for i, value in enumerate(encoded.data.column("index").to_pylist()):

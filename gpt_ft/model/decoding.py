@@ -143,6 +143,9 @@ def stop_ids(eos_token_id: int | list[int] | None, vocab_size: int | None = None
     return [i for i in ids if vocab_size is None or 0 <= i < vocab_size]
 
 
+VALUES_CHECKED_ON = frozenset({"cpu"})  # devices where reading token ids back costs nothing
+
+
 def check_token_ids(input_ids: Tensor, non_empty: bool = False, vocab_size: int | None = None) -> None:
     """Token ids as the model takes them, (batch, length) integers, or one sentence saying how they
     are not: their shape and type; and on the CPU, outside a compiled graph, their values within
@@ -157,7 +160,7 @@ def check_token_ids(input_ids: Tensor, non_empty: bool = False, vocab_size: int 
         raise ValueError(f"input_ids must be {what} tensor, got shape {tuple(input_ids.shape)}.")
     if input_ids.dtype not in (torch.int64, torch.int32):  # (the embedding takes no other)
         raise ValueError(f"input_ids must hold integer token ids (int64 or int32), got {input_ids.dtype}.")
-    if vocab_size is not None and input_ids.device.type == "cpu" and input_ids.numel():
+    if vocab_size is not None and input_ids.device.type in VALUES_CHECKED_ON and input_ids.numel():
         if not torch.compiler.is_compiling():
             low, high = (int(v) for v in torch.aminmax(input_ids))
             if low < 0 or high >= vocab_size:

@@ -476,3 +476,33 @@ def test_a_row_without_a_label_is_named_by_what_gives_it_one(tmp_path, tokenizer
         f"{tmp_path / name}, line 2: no label ({source}); split 'train' is used for training or "
         "evaluation, so every example needs one."
     )
+
+
+def test_encoding_draws_its_bar_on_a_terminal_and_on_the_first_process_only(
+    tmp_path, tokenizer_dir, capsys, monkeypatch
+):
+    """datasets' "Encoding" bar redraws with carriage returns: in a log or a pipe it is noise, and
+    on a DDP run's other process its unfinished line took the start of the first's error line
+    (which then began "Encoding sent train: 0%|"). Set back as it was each time."""
+    import sys
+
+    from tests.helpers import make_task
+
+    card = make_task("single", tmp_path)
+
+    def bar(split: str, rank: str, terminal: bool) -> bool:
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setattr(sys.stderr, "isatty", lambda: terminal)
+        module = TaskDataModule(card, tokenizer_dir, data_dir=str(tmp_path), num_proc=None)
+        capsys.readouterr()
+        module.encoded(split, labelled=split != "test")
+        assert not datasets.are_progress_bars_disabled()
+        return "Encoding sent" in capsys.readouterr().err
+
+    datasets.disable_caching()  # (each split encoded afresh)
+    try:
+        assert bar("train", "0", terminal=True)
+        assert not bar("validation", "0", terminal=False)
+        assert not bar("test", "1", terminal=True)
+    finally:
+        datasets.enable_caching()

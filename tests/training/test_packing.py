@@ -22,7 +22,7 @@ from gpt_ft.adapters import (
 )
 from gpt_ft.data.batches import collate, collate_packed, collate_shared
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
-from gpt_ft.model import attention
+from gpt_ft.model import attention, decoding
 from gpt_ft.training.module import GPTModule
 from tests.helpers import FAMILY_MICRO, HostReads
 
@@ -331,6 +331,7 @@ def test_a_training_pass_reads_nothing_back_to_the_host(tokenizer_dir, monkeypat
     target positions and the padded contexts come from the collator. (Rows laid flat, a CPU's path
     alone, read their offsets back: the dense mask stands in for the GPU's kernels here.)"""
     monkeypatch.setattr(attention, "FORCE_KERNEL", "dense")
+    monkeypatch.setattr(decoding, "VALUES_CHECKED_ON", frozenset())  # a CPU's check of the ids alone
     module, _, specials = module_for(tokenizer_dir, shape, "llama-micro")
     rows = examples(module.task, shape, specials, vocab=module.gpt.config.vocab_size - 5, n=6)
     batches = {"packed": collate_packed(rows, specials.pad), "padded": collate(rows, specials.pad)}
