@@ -17,7 +17,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from gpt_ft.adapters.heads import TaskHead
-from gpt_ft.adapters.outputs import CardError, LabelSpec, TaskDataError, TaskOutput, checked_threshold
+from gpt_ft.adapters.outputs import (
+    CardError,
+    LabelSpec,
+    TaskOutput,
+    checked_threshold,
+    label_of,
+)
 from gpt_ft.adapters.text import SingleText
 
 
@@ -149,15 +155,8 @@ class MultiLabelOutput(TaskOutput):
         return row
 
     def label_id(self, value: Any) -> int:
-        """A label's id: its name in `labels`, or an integer id (hub datasets store ids)."""
-        names = self.spec.names
-        integral = isinstance(value, float) and value.is_integer()  # a JSON column read as floats: 1.0
-        text = str(int(value) if integral else value).strip()
-        if text in names:
-            return names.index(text)
-        if text.isdigit() and int(text) < len(names):
-            return int(text)
-        raise TaskDataError(f"label {text!r} in field {self.spec.field!r} is not among the labels {names}.")
+        """A label's id, as a class's (`label_of`: names that are numbers by value only)."""
+        return label_of(value, self.spec.names, self.spec.field, len(self.spec.names))
 
 
 class MultiLabel(SingleText):

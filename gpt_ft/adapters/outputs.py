@@ -328,23 +328,26 @@ class ClassificationOutput(TaskOutput):
         return {"label": self.label_name(int(prediction)), "scores": dict(zip(names, probabilities.tolist()))}
 
     def label_id(self, value: Any) -> int:
-        """A class id: the value is a name in `labels` (names that are numbers, Story Cloze's '1' and
-        '2', by value: 1.0 is '1'; then a name only, as 0 could be either), or else an integer id."""
         self._missing(value)
-        names, text = self.spec.names or [], str(value).strip()
-        numbers = {float(name): i for i, name in enumerate(names) if NUMBER.fullmatch(name)}
-        if text in names or (numbers and NUMBER.fullmatch(text) and float(text) in numbers):
-            return names.index(text) if text in names else numbers[float(text)]
-        n = len(names) or self.num_classes
-        if isinstance(value, float) and value.is_integer():  # a JSON column read as floats: 1.0
-            text = str(int(value))
-        if text.lstrip("-").isdecimal() and 0 <= int(text) < n and not numbers:
-            return int(text)
-        allowed = names if names else list(range(n))
-        why = " (the labels are numbers: a value is a label, never an index)" if numbers else ""
-        raise TaskDataError(
-            f"label {value!r} in field {self.spec.field!r} is not among the labels {allowed}{why}."
-        )
+        return label_of(value, self.spec.names or [], self.spec.field, self.num_classes)
+
+
+def label_of(value: Any, names: list[str], field: str, count: int) -> int:
+    """A class id: the value is a name in `names` (names that are numbers, Story Cloze's '1' and
+    '2', by value: 1.0 is '1'; then a name only, as 0 could be either), or else an integer id
+    below `count` (hub datasets store ids)."""
+    text = str(value).strip()
+    numbers = {float(name): i for i, name in enumerate(names) if NUMBER.fullmatch(name)}
+    if text in names or (numbers and NUMBER.fullmatch(text) and float(text) in numbers):
+        return names.index(text) if text in names else numbers[float(text)]
+    n = len(names) or count
+    if isinstance(value, float) and value.is_integer():  # a JSON column read as floats: 1.0
+        text = str(int(value))
+    if text.lstrip("-").isdecimal() and 0 <= int(text) < n and not numbers:
+        return int(text)
+    allowed = names if names else list(range(n))
+    why = " (the labels are numbers: a value is a label, never an index)" if numbers else ""
+    raise TaskDataError(f"label {value!r} in field {field!r} is not among the labels {allowed}{why}.")
 
 
 class RegressionOutput(TaskOutput):

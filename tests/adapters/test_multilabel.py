@@ -31,13 +31,24 @@ def test_labels_from_lists_joined_names_and_ids():
     assert t.output.example_label({"tags": ""}) == [0, 0, 0]  # an empty text: no label
     assert t.output.example_label({"tags": [2]}) == [0, 0, 1]  # hub datasets store ids
     assert t.output.example_label({"tags": [1.0, 2.0]}) == [0, 1, 1]  # a JSON column read as floats
-    with pytest.raises(TaskDataError, match=r"label '1.5' in field 'tags' is not among the labels"):
+    with pytest.raises(TaskDataError, match=r"label 1.5 in field 'tags' is not among the labels"):
         t.output.example_label({"tags": [1.5]})
     assert t.output.example_label({"tags": "0,2"}) == [1, 0, 1]
     assert t.output.example_label({"text": "no tags field"}) is None
     assert task(label_separator="|").output.example_label({"tags": "joy|fear"}) == [1, 0, 1]
     with pytest.raises(TaskDataError, match=r"label 'surprise' in field 'tags' is not among the labels"):
         t.output.example_label({"tags": "joy,surprise"})
+
+
+def test_labels_that_are_numbers_are_names_never_positions():
+    """As a class's: the labels '10', '20', '30' read "2" and 0 as positions (['30'] and ['10'])."""
+    t = MultiLabel(name="n", text="text", label="tags", labels=["10", "20", "30"])
+    assert t.output.example_label({"tags": ["30", 10.0]}) == [1, 0, 1]
+    for value in ("2", 0):
+        with pytest.raises(
+            TaskDataError, match=r"\(the labels are numbers: a value is a label, never an index\)"
+        ):
+            t.output.example_label({"tags": [value]})
 
 
 def test_layout_is_start_text_extract():
