@@ -32,6 +32,11 @@ class ChoiceOutput(ClassificationOutput):
                 f"Task {task_name!r}: give `labels` (the choices' names, the same in every row) or "
                 f"`choice_names` (a field naming each row's own), not both."
             )
+        if spec.names and len(spec.names) != choices:  # (a choice past them had no name to predict)
+            raise CardError(
+                f"Task {task_name!r}: `labels` names {len(spec.names)} choices {spec.names}, but its rows "
+                f"have {choices}: give each choice its name, in order."
+            )
         self.stratified = names is None  # a name (A, 1) means a position in its own row only
 
     def example_label(self, example: dict[str, Any]) -> Any:

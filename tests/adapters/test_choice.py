@@ -226,6 +226,11 @@ def test_a_row_names_its_own_choices():
         )
     plain = MultipleChoice(name="race", context=["q"], choices="t", num_choices=4, labels=list("ABCD"))
     assert plain.output.row_names(row) is None and plain.output.stratified
+    # fewer names than choices: a prediction of the third choice had no name (IndexError in predict)
+    with pytest.raises(
+        CardError, match=r"^Task 'mc': `labels` names 2 choices \['1', '2'\], but its rows have 3: "
+    ):
+        MultipleChoice(name="mc", context=["q"], choices=["a", "b", "c"], labels=["1", "2"])
 
 
 def test_fill_in_splits_the_sentence_at_its_blank(tokenizer_dir):
