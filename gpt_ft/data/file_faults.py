@@ -15,6 +15,7 @@ import zlib
 from pathlib import Path
 
 from gpt_ft.adapters import TaskDataError
+from gpt_ft.adapters.sources import path_value
 
 _FORMATS = {".tsv": "tsv", ".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 # A cell may hold a whole document: Python's csv reader refuses one over 131,072 characters by default.
@@ -151,9 +152,8 @@ def json_records(path: Path, rows: list[dict], start: int = 0) -> list[dict]:
 
 def absent_field(origin, fields: dict[str, str], table) -> str | None:
     """Where a JSON file's record lacks a field the task reads text from (`fields`: its name in the
-    table -> in the file), which the table gives as null, an empty text: the first such record (named
-    by its `Origin`, which knows the card's slice of the file) in one sentence; None where each has
-    them, or the file is no JSON."""
+    table -> in the file, or its path, `a.text`), which the table gives as null, an empty text: the
+    first such record (named by its `Origin`) in one sentence; None where each has them, or no JSON."""
     if origin.path is None or file_format(origin.path) != "json":
         return None
     nulls = [f for f in fields if f in table.column_names and None in table[f]]
@@ -161,8 +161,10 @@ def absent_field(origin, fields: dict[str, str], table) -> str | None:
         return None
     first = origin.first_row(record_lines(origin.path, "json"))
     records = json_records(origin.path, [None] * len(table), first)
+    absent = object()
+    lacks = lambda record, name: name not in record and path_value(record, name, absent) is absent  # noqa: E731
     for i, record in enumerate(records if records and isinstance(records[0], dict) else []):
-        for field in (f for f in nulls if fields[f] not in record):
+        for field in (f for f in nulls if lacks(record, fields[f])):
             return (
                 f"{origin.of(i)}: the record has no field {fields[field]!r}, a text the task reads "
                 "(null: an empty one)."

@@ -63,13 +63,13 @@ def located_split(task: TaskAdapter, split: str, data_dir: str | Path | None):
     origin = replace(origin, columns=tuple((new, old) for old, new in renames.items()))
     if said := class_order_problem(task, ds):
         raise TaskDataError(f"{origin.source}: {said}.")
-    texts = {field: dict(origin.columns).get(field, field) for field in task.text_fields()}
-    if task.null_is_empty_text and (absent := absent_field(origin, texts, ds)):
-        raise TaskDataError(absent)
     try:  # `choices.text`: a column of its own
         read, ds = ds, with_path_columns(ds, task.read_fields(), task.name)
     except TaskDataError as exc:
         raise TaskDataError(origin.explain(f"{origin.source}: {exc}")) from None
+    texts = {field: dict(origin.columns).get(field, field) for field in task.text_fields()}
+    if task.null_is_empty_text and (absent := absent_field(origin, texts, ds)):
+        raise TaskDataError(absent)
     return ds, replace(
         origin, derived=origin.derived + tuple(c for c in ds.column_names if c not in read.column_names)
     )

@@ -362,6 +362,24 @@ def test_a_json_record_without_a_text_field_names_its_line(explain, name):
         )
 
 
+def test_a_json_record_without_a_nested_text_field_names_its_line(explain):
+    """A text read by its path (`a.text`): a record whose `a` lacks it (a typo'd key, which Arrow's
+    merged records give as a null) or holds a text instead, trained on as an empty text while
+    `gpt-ft label` refused the row; a null stays an empty text."""
+    card = CARD.format(adapter="SingleText", file="t.jsonl").replace(
+        "name: sent\n", "name: sent\n  text: a.text\n"
+    )
+    rows = [{"a": {"text": "x"}, "label": "positive"}, {"a": {"text": None}, "label": "negative"}]
+    for bad in ({"txt": "y"}, "y"):
+        lines = [json.dumps(row) for row in [*rows, {"a": bad, "label": "negative"}]]
+        message = explain("t.jsonl", "\n".join(lines).encode(), card)
+        assert message == (
+            f"{explain.root / 'd' / 't.jsonl'}, line 3: the record has no field 'a.text', a text the task "
+            "reads (null: an empty one)."
+        )
+    assert explain("t.jsonl", "\n".join(json.dumps(row) for row in rows).encode(), card, ok=True)
+
+
 def test_a_grouped_record_without_a_reply_names_its_line(explain):
     """Records grouped into one example each (PRMBench's solutions by question): the record at
     fault is named by its line, as an ungrouped one is."""
