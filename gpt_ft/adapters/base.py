@@ -71,7 +71,7 @@ class Submission:
     labels: list[str] | None = None
 
     @classmethod
-    def from_card(cls, task_name: str, files: dict[str, str] | None, labels: list[str] | None, *,
+    def from_card(cls, task_name: str, files: dict[str, str] | None, labels: list[str] | None,
                   class_names: list[str] | None) -> Submission:  # fmt: skip
         if labels is not None and len(labels) != len(class_names or []):
             raise CardError(
@@ -177,14 +177,10 @@ class TaskAdapter:
             default=self.output.default_metrics,
             kind=getattr(self.output, "kind", None),
         )
-        validation = ["validation"] if validation_splits is None else list(validation_splits)
+        val = ["validation"] if validation_splits is None else list(validation_splits)
         test = ["test"] if test_splits is None else list(test_splits)  # (an empty list: refused)
-        self.sources = Sources(
-            hub=hub, local=local, validation_splits=validation, test_splits=test, index=index
-        )
-        self.submission = Submission.from_card(
-            name, submission_files, submission_labels, class_names=spec.names
-        )
+        self.sources = Sources(hub=hub, local=local, validation_splits=val, test_splits=test, index=index)
+        self.submission = Submission.from_card(name, submission_files, submission_labels, spec.names)
 
     def own_output(self, spec: LabelSpec) -> TaskOutput | None:
         """The output kind this shape always has (e.g. `MultiLabelOutput`); None lets the card choose.
@@ -334,6 +330,11 @@ class TaskAdapter:
                 encoded.append(self.encode(example, tokens, specials, max_length))
             except TaskDataError as exc:
                 raise TaskDataError(f"{name(i)}: {exc}") from None
+            if (n := len(encoded[-1].sequences)) > self.num_sequences:  # (a shape of one's own)
+                raise ValueError(
+                    f"Task {self.name!r} ({type(self).__name__}) built {n} sequences, past its num_sequences "
+                    f"({self.num_sequences}): set it, and give the output that reads them (docs/tasks.md)."
+                )
             encoded[-1].cut = cut_kind(self, example, tokens, specials, max_length, encoded[-1])
         return encoded
 

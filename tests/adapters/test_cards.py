@@ -157,6 +157,30 @@ def test_an_adapter_of_three_texts_a_sequence_is_not_exported_on_a_pair_template
     assert pair.template(("<s>", "<d>", "<e>")) == ("<s> $A <e>", "<s> $A <d> $B <e>")
 
 
+def test_an_adapter_that_builds_more_sequences_than_it_declares_is_refused(tokenizer_dir):
+    """One sequence per choice (`choice_sequences`) under the default one-class output: the head
+    summed the choices' states, so no order of them told the right one apart, and it trained."""
+    from gpt_ft.adapters import Encoded, TaskAdapter
+    from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
+
+    class PickOne(TaskAdapter):
+        def text_fields(self):
+            return ["q", "a", "b"]
+
+        def encode(self, example, tokens, specials, max_length):
+            sequences, extract = self.choice_sequences(specials, tokens[0], tokens[1:], max_length)
+            return Encoded(sequences, extract, self.output.example_label(example))
+
+    tokenizer = load_tokenizer(tokenizer_dir)
+    task = PickOne(name="pick", labels=["a", "b"])
+    with pytest.raises(
+        ValueError, match=r"^Task 'pick' \(PickOne\) built 2 sequences, past its num_sequences \(1\)"
+    ):
+        task.encode_examples(
+            [{"q": "x", "a": "y", "b": "z", "label": "a"}], tokenizer, special_token_ids(tokenizer), 32
+        )
+
+
 def start_external_adapter(root, tokenizer_dir):
     """A card naming `my_tasks.TripleText` from root/my_tasks.py; `fit` finds it through PYTHONPATH alone."""
     (root / "my_tasks.py").write_text(ADAPTER)
