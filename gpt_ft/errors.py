@@ -332,10 +332,11 @@ def check_context(data, n_positions: int) -> None:
 
 
 def causes(exc: BaseException | None) -> Iterator[BaseException]:
-    """`exc` and the exceptions it was raised from or during, innermost last."""
+    """`exc` and the exceptions it was raised from or during, innermost last (not those it hides:
+    `raise ... from None`, which has said what they meant)."""
     while exc is not None:
         yield exc
-        exc = exc.__cause__ or exc.__context__
+        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
 
 
 @contextmanager

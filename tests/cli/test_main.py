@@ -818,3 +818,24 @@ def test_ctrl_c_in_a_command_without_a_trainer_is_one_line_and_exit_130(
         )
     assert stopped.value.code == 130 and not out.exists()
     assert capsys.readouterr().err.endswith("gpt-ft: stopped by Ctrl-C (SIGINT)\n")
+
+
+def test_a_checkpoint_whose_card_class_cannot_be_imported_is_named(tmp_path, capsys, finetuned):
+    """A card of an adapter of one's own whose module is not importable here: `label` said "a
+    package this run needs is not installed" (the import's error, hidden by the sentence that names
+    the checkpoint and the class, was read first)."""
+    import shutil
+
+    import torch
+
+    saved = torch.load(finetuned.ckpt, weights_only=False)
+    saved["data_config"]["init_args"]["task"]["class_path"] = "my_own_tasks.TripleText"
+    torch.save(saved, ckpt := tmp_path / "last.ckpt")
+    shutil.copytree(finetuned.ckpt.parent / "tokenizer", tmp_path / "tokenizer")
+    (rows := tmp_path / "rows.tsv").write_text("sentence\na cat .\n")
+    assert last_error(
+        capsys, "label", f"--ckpt_path={ckpt}", f"--input={rows}", f"--output={tmp_path / 'o.tsv'}"
+    ) == (
+        f"gpt-ft: error: The task card recorded in {ckpt}: class_path 'my_own_tasks.TripleText': No module "
+        "named 'my_own_tasks'."
+    )
