@@ -235,9 +235,13 @@ def test_an_empty_context_with_nothing_to_start_the_text_is_refused(tokenizer_di
     ):
         evaluate(task, scorer, lambda split: dropped)
     scorer.ids = ids
-    # A label past the row's choices is refused, as fine-tuning refuses it (it scored as a miss).
-    past = [rows[0], {"story": "a story .", "a": "a", "b": "b", "label": "3"}]
-    task3 = MultipleChoice(name="mc", context=["story"], choices=["a", "b"], labels=["1", "2", "3"])
+    # A label past the row's choices is refused, as fine-tuning refuses it (it scored as a miss):
+    # rows of up to 3 choices, this one of 2 (a card naming more choices than its fields is refused)
+    past = [
+        {"story": "a story .", "c": ["a", "the cat"], "label": "1"},
+        {"story": "a story .", "c": ["a", "b"], "label": "3"},
+    ]
+    task3 = MultipleChoice(name="mc", context=["story"], choices="c", num_choices=3, labels=["1", "2", "3"])
     with pytest.raises(
         TaskDataError, match=r"^task 'mc': split 'validation', labelled example 2's label '3' points"
     ):
