@@ -196,11 +196,12 @@ def save_tokenizer(tokenizer, folder: str | os.PathLike) -> None:
     template would render the new one's chats): the tokenizer is saved beside `folder` first and
     then replaces the tokenizer files in it; other files stay."""
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".partial", dir=folder.parent))
     try:
-        with writing(folder):  # a full disk named as this folder, not the staging one
+        with writing(folder):  # a full disk named as this folder (made once saved), not the staging one
             tokenizer.save_pretrained(str(staging))
+        folder.mkdir(exist_ok=True)
         for name in TOKENIZER_SAVES:
             old = folder / name
             if old.is_dir() and not old.is_symlink():

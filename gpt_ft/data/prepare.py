@@ -46,9 +46,11 @@ from gpt_ft.data.pieces import (
 )
 from gpt_ft.data.tokenizer import check_text_file, embedding_size, load_tokenizer
 from gpt_ft.errors import check_output_dir
+from gpt_ft.errors import writing as naming
 
 META = "meta.json"
 SPLIT_FILES = {"train": "train.bin", "validation": "validation.bin"}
+COMMITTING = ".committing"  # while a folder's files are replaced: what is there is this command's
 
 
 def file_documents(files: Sequence[Path], split_on: Literal["file", "blank_line", "line"]) -> Iterator[str]:
@@ -201,16 +203,14 @@ def prepare(
         raise ValueError(f"workers must be >= 1, got {workers}.")
     if piece_chars < 2:
         raise ValueError(f"piece_chars must be >= 2, got {piece_chars}.")
-    # What a killed run leaves: a lock, temporary files; in a folder prepared before, part of its
-    # commit (a tokenizer folder with them, never alone: a user's own tokenizer kept there).
-    traces = {LOCK, *SPLIT_FILES.values(), *(name + ".tmp" for name in SPLIT_FILES.values())}
+    # What a killed run leaves: a lock, temporary files; cut short while committing (marked), part
+    # of its commit, a tokenizer folder among them (token files alone, or a tokenizer, are a user's).
+    traces = {LOCK, *(name + ".tmp" for name in SPLIT_FILES.values())}
     names = {p.name for p in out.iterdir()} if out.is_dir() else set()
     traces |= {name for name in names if name.startswith(".tokenizer.") and name.endswith(".partial")}
-    if (
-        out.exists()
-        and not (out / META).exists()
-        and names - traces - ({"tokenizer"} if names & traces else set())
-    ):
+    if COMMITTING in names:
+        traces |= {COMMITTING, "tokenizer", *SPLIT_FILES.values()}
+    if out.exists() and not (out / META).exists() and names - traces:
         raise ValueError(
             f"Output folder {out} is not empty and holds no token files; choose an empty folder."
         )
@@ -250,7 +250,7 @@ def prepare(
     # every text it reads): no cut is exact, so documents are tokenized whole.
     cut_at = piece_chars if ends is not None else sys.maxsize
     done = committed = writing = False  # tokenized; written whole (meta.json last); the folder held
-    had_tokenizer, replaces = (out / "tokenizer").exists(), (out / META).exists()
+    had_tokenizer, replaces = (out / "tokenizer").exists(), (out / META).exists() or COMMITTING in names
     try:
         with one_writer(out, "`gpt-ft prepare`"):
             writing = True  # (refused: the files are another run's)
@@ -275,7 +275,8 @@ def prepare(
                             for piece, ids in zip(encoded, result.result()):
                                 drawn = is_validation(piece.number, validation_fraction)
                                 split = "validation" if drawn else "train"
-                                handles[split].write(ids.tobytes())
+                                with naming(out / SPLIT_FILES[split]):  # (a full disk: the file named)
+                                    handles[split].write(ids.tobytes())
                                 counts[split] += len(ids)
                                 unknown += int(np.count_nonzero(ids == unk)) if unk is not None else 0
                                 n_docs += piece.ends_document
@@ -284,9 +285,11 @@ def prepare(
                 done = counts["train"] > 0
             finally:
                 bar.close()
-                for f in handles.values():
-                    f.close()
+                for split, f in handles.items():  # (the last bytes, written out now, may not fit)
+                    with naming(out / SPLIT_FILES[split]):
+                        f.close()
             if done:  # meta.json first: a folder cut short here reads as unprepared, not as the old one
+                (out / COMMITTING).touch()
                 (out / META).unlink(missing_ok=True)
                 save_tokenizer(tok, out / "tokenizer")
                 for split, path in tmp.items():
@@ -297,6 +300,7 @@ def prepare(
                         "documents": n_docs, "unknown_tokens": unknown, "tokenizer": "tokenizer",
                         "sources": sources, "seconds": round(seconds, 2)}  # fmt: skip
                 (out / META).write_text(json.dumps(meta, indent=2) + "\n")
+                (out / COMMITTING).unlink()
                 committed = True
     finally:
         if writing and not committed:  # interrupted, even while committing: leave nothing behind
@@ -304,6 +308,8 @@ def prepare(
                 path.unlink(missing_ok=True)
             if not had_tokenizer:
                 shutil.rmtree(out / "tokenizer", ignore_errors=True)
+            if not replaces:  # nothing of an earlier corpus to mark
+                (out / COMMITTING).unlink(missing_ok=True)
         if not committed:
             for folder in created:
                 if folder.is_dir() and not any(folder.iterdir()):

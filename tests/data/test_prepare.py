@@ -558,6 +558,60 @@ def test_one_prepare_at_a_time_and_a_killed_ones_leftovers(tmp_path, tokenizer_d
     with pytest.raises(ValueError, match=r"is not empty and holds no token files; choose an empty folder"):
         prepare(**{**args, "out_dir": str(mine)})
     assert (mine / "tokenizer" / "tokenizer.json").read_bytes() == before
+    # Token files of one's own, alone or beside a tokenizer, no run's commit (marked while it runs):
+    # they were replaced, and the tokenizer's files deleted, without a word
+    own = {"train.bin": tmp_path / "bin", "validation.bin": mine}
+    for name, folder in own.items():
+        folder.mkdir(exist_ok=True)
+        (folder / name).write_bytes(b"mine")
+        with pytest.raises(
+            ValueError, match=r"is not empty and holds no token files; choose an empty folder"
+        ):
+            prepare(**{**args, "out_dir": str(folder)})
+        assert (folder / name).read_bytes() == b"mine"
+    assert (mine / "tokenizer" / "tokenizer.json").read_bytes() == before
+
+
+def test_a_full_disk_names_the_file_being_written(tmp_path, tokenizer_dir, monkeypatch):
+    """A token file that no longer fits: one sentence naming it (a bare OSError named none, and the
+    command line printed its traceback); a new folder is said to hold nothing, and goes (its
+    tokenizer was said to be "the previous folder", kept)."""
+    import builtins
+
+    import gpt_ft.data.prepare as preparing
+    from gpt_ft.data.folders import save_tokenizer
+
+    corpus, out = write_corpus(tmp_path, n_files=1, lines=20), tmp_path / "tokens"
+
+    class Full:
+        def __init__(self, path, mode):
+            self.file = builtins.open(path, mode)
+
+        def write(self, data):
+            raise OSError(28, "No space left on device")
+
+        def close(self):
+            self.file.close()
+
+    monkeypatch.setattr(preparing, "open", Full, raising=False)
+    with pytest.raises(OSError) as raised:
+        prepare(inputs=[str(corpus)], out_dir=str(out), tokenizer=tokenizer_dir, progress=False)
+    assert raised.value.filename == str(out / "train.bin") and not out.exists()
+    assert (
+        raised.value.strerror == "could not be written (No space left on device); nothing was written there"
+    )
+    monkeypatch.undo()
+    tok = load_tokenizer(tokenizer_dir)
+    monkeypatch.setattr(
+        type(tok),
+        "save_pretrained",
+        lambda *a, **k: (_ for _ in ()).throw(OSError(28, "No space left on device")),
+    )
+    with pytest.raises(
+        OSError, match=r"could not be written \(No space left on device\); nothing was written there"
+    ):
+        save_tokenizer(tok, tmp_path / "new" / "tokenizer")
+    assert not (tmp_path / "new" / "tokenizer").exists()
 
 
 def test_a_tokenizer_saved_over_another_leaves_none_of_its_files(tmp_path, tokenizer_dir):
