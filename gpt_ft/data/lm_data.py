@@ -131,8 +131,8 @@ class LMDataModule(ResumableTrainData, LightningDataModule):
                 f"{then} resumes it exactly."
             )
 
-    def training_size(self, sampler) -> tuple[int, str]:
-        return self.meta["tokens"]["train"], f"training tokens of {self.token_dir}"
+    def training_size(self, sampler) -> tuple[int, str, str]:
+        return self.meta["tokens"]["train"], "training tokens", f", in {self.token_dir},"
 
     def _blocks(self, split: str) -> TokenBlocks:
         return TokenBlocks(self.token_dir / SPLIT_FILES[split], self.meta["dtype"], self.block_size)

@@ -181,10 +181,10 @@ class ResumableTrainData:
     _order: str | None = None  # how this run's epochs are ordered (`order_kind`), once its loader is built
     _resumed_order: str | None = None  # the checkpoint's
 
-    def training_size(self, sampler: EpochSampler) -> tuple[int, str]:
-        """How much training data the run reads, and in what (a checkpoint records it, and a run
-        resumed on data of another size is told)."""
-        return len(sampler.dataset), "training examples"
+    def training_size(self, sampler: EpochSampler) -> tuple[int, str, str]:
+        """How much training data the run reads, in what, and where (", in FOLDER,": a checkpoint
+        records the size, and a run resumed on data of another size is told)."""
+        return len(sampler.dataset), "training examples", ""
 
     def state_dict(self) -> dict[str, int]:
         trainer = getattr(self, "trainer", None)
@@ -228,14 +228,15 @@ class ResumableTrainData:
         """`sampler` past the examples the checkpoint's epoch trained on: its batches, of the size
         they had, on the number of processes it had (a run resumed with another batch size, or on
         another number of processes, goes on where that epoch's order stood)."""
-        (self._size, unit), self._order = self.training_size(sampler), order_kind(sampler)
+        (self._size, unit, where), self._order = self.training_size(sampler), order_kind(sampler)
         if self._resume is not None:
             epoch, batches, size, world, seed, then = self._resume
             if then is not None and then != self._size:
                 rest = f"epoch {epoch} goes on {batches} batches in, in the new data's order, and "
                 rank_zero_warn(
-                    f"The checkpoint's run trained on {then:,} {unit} and this run's hold {self._size:,}: "
-                    "the data changed since it was saved (prepared again, edited, or another subset); "
+                    f"The checkpoint's run trained on {then:,} {unit} and this run's{where} hold "
+                    f"{self._size:,}: the data changed since it was saved (prepared again, edited, or "
+                    "another subset); "
                     f"{rest * bool(batches)}the run goes on from the checkpoint's weights on the data as it "
                     "is now."
                 )

@@ -1183,7 +1183,7 @@ def test_pretraining_resumed_on_a_corpus_prepared_again_says_its_data_changed(
     now = json.loads((tokens / "meta.json").read_text())["tokens"]["train"]
     said = fit(6, "--ckpt_path=last")
     assert (
-        f"The checkpoint's run trained on {before:,} training tokens of {tokens} and this run's hold "
+        f"The checkpoint's run trained on {before:,} training tokens and this run's, in {tokens}, hold "
         f"{now:,}: the data changed since it was saved" in said
     ), said
     # Mid-epoch (6 of its 24 batches) with blocks of another size: the rest of the epoch is of other blocks.
