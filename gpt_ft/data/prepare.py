@@ -225,15 +225,10 @@ def prepare(
         paths = find_files(files)
         for path in paths:  # all of them, before anything is written
             check_text_file(path, "Corpus file")
-        documents, sources = (
-            file_documents(paths, split_on),
-            [str(p.resolve()) for p in paths],
-        )  # (from anywhere)
+        documents, sources = file_documents(paths, split_on), [str(p.resolve()) for p in paths]  # (anywhere)
     else:
-        documents, sources = (
-            dataset_documents(dataset, dataset_split, text_field),
-            [f"{dataset}:{dataset_split}"],
-        )
+        sources = [f"{dataset}:{dataset_split}"]
+        documents = dataset_documents(dataset, dataset_split, text_field)
     created = missing_folders(out)
     out.mkdir(parents=True, exist_ok=True)
     counts = {"train": 0, "validation": 0}
@@ -258,7 +253,10 @@ def prepare(
                 shutil.rmtree(staged, ignore_errors=True)
             handles = {split: open(path, "wb") for split, path in tmp.items()}
             start = time.perf_counter()
-            bar = tqdm(unit=" tok", unit_scale=True, desc="Tokenizing", disable=not progress)
+            # Over the files' bytes where it knows them (how far, and an ETA), the tokens written beside.
+            size = sum(path.stat().st_size for path in paths) if files else None
+            bar = tqdm(total=size, unit="B" if size else " tok", unit_scale=True, desc="Tokenizing",
+                       disable=not progress)  # fmt: skip
             try:
                 with tokenizer_threads(workers), ThreadPoolExecutor(1) as executor:
                     # One batch is encoded (outside the GIL) while the next is read and the last written.
@@ -280,10 +278,12 @@ def prepare(
                                 counts[split] += len(ids)
                                 unknown += int(np.count_nonzero(ids == unk)) if unk is not None else 0
                                 n_docs += piece.ends_document
-                                bar.update(len(ids))
+                                bar.update(len(piece.text.encode()) if size else len(ids))
+                                bar.set_postfix_str(f"{sum(counts.values()):,} tokens", refresh=False)
                         pending = submitted
                 done = counts["train"] > 0
             finally:
+                bar.n = bar.total if done and size else bar.n  # (blank lines and line breaks not read)
                 bar.close()
                 for split, f in handles.items():  # (the last bytes, written out now, may not fit)
                     with naming(out / SPLIT_FILES[split]):
