@@ -266,10 +266,10 @@ def train_tokenizer(
     # add_prefix_space=False as in GPT-2: the first word of a text is encoded without a space.
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
-    # Same post-processor as GPT-2's tokenizer.json; it only fixes character offsets.
-    backend.post_processor = processors.ByteLevel(trim_offsets=False)
+    backend.post_processor = processors.ByteLevel(trim_offsets=False)  # GPT-2's: it fixes offsets only
+    shown = show_progress and sys.stderr.isatty()  # (in a log or a pipe, its bar was blank lines)
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=specials,
-                                  initial_alphabet=alphabet, show_progress=show_progress)  # fmt: skip
+                                  initial_alphabet=alphabet, show_progress=shown)  # fmt: skip
     with stops_at_once():  # the Rust trainer would hold a stop back until it ended: nothing written yet
         backend.train_from_iterator(file_lines(paths), trainer)
 
