@@ -121,7 +121,8 @@ def parse_error_message(text: str) -> str:
     hint = {"--model: ": "weights go to --model.init_from", "--data: ": "a task card goes to --data.task"}
     hint = f" ({hint[where]})" if where in hint else ""
     if m := re.match(r"Unable to load config '(.*)'", reason):  # `--model WEIGHTS`, a missing file
-        reason = f"{m[1]} is no YAML file of its options{hint}"
+        gone = m[1].endswith((".yaml", ".yml", ".json")) and not Path(m[1]).expanduser().exists()
+        reason = f"{m[1]} does not exist" if gone else f"{m[1]} is no YAML file of its options{hint}"
     elif re.match(r"class_path 'gpt_ft\.adapters\.\w+' is not a subclass of LightningDataModule", reason):
         reason += hint
     return f"{where}{reason}."

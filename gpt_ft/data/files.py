@@ -67,7 +67,9 @@ def located_split(task: TaskAdapter, split: str, data_dir: str | Path | None):
         read, ds = ds, with_path_columns(ds, task.read_fields(), task.name)
     except TaskDataError as exc:
         raise TaskDataError(origin.explain(f"{origin.source}: {exc}")) from None
-    texts = {field: dict(origin.columns).get(field, field) for field in task.text_fields()}
+    names = dict(origin.columns)  # (a path's first part renamed: `doc.text` of the file's `body`)
+    texts = {f: names.get(f) or ".".join([names.get(f.split(".")[0], f.split(".")[0]), *f.split(".")[1:]])
+             for f in task.text_fields()}  # fmt: skip
     if task.null_is_empty_text and (absent := absent_field(origin, texts, ds)):
         raise TaskDataError(absent)
     return ds, replace(

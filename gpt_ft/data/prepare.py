@@ -212,7 +212,8 @@ def prepare(
         traces |= {COMMITTING, "tokenizer", *SPLIT_FILES.values()}
     if out.exists() and not (out / META).exists() and names - traces:
         raise ValueError(
-            f"Output folder {out} is not empty and holds no token files; choose an empty folder."
+            f"Output folder {out} is not empty and holds no token files of gpt-ft prepare (no {META}); "
+            "choose an empty folder."
         )
     tok = load_tokenizer(tokenizer, add_specials=True)
     lead, end = text_start(tok), document_end(tok)  # each document: [its bos] text end

@@ -119,8 +119,8 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         super().__init__()
         for name, value, least in (("batch_size", batch_size, 1), ("max_length", max_length, 4),
                                    ("eval_batch_size", eval_batch_size, 1)):  # fmt: skip
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise ValueError(f"{name} must be an integer, got {value!r}.")  # (from Python)
+            if value is not None and (isinstance(value, bool) or not hasattr(value, "__index__")):
+                raise ValueError(f"{name} must be an integer, got {value!r}.")  # (from Python; numpy's too)
             if value is not None and value < least:
                 room = " (room for the special tokens)" if name == "max_length" else ""
                 raise ValueError(f"{name} must be >= {least}{room}, got {value}.")

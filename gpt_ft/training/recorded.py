@@ -62,13 +62,15 @@ def standalone(checkpoint_path: Any, given: dict[str, Any]) -> dict[str, Any]:
     checkpoint = Checkpoint.read(input_file(checkpoint_path, "checkpoint_path"))
     model = recorded_run(checkpoint).get("model", {})
     found = {key: model[key] for key in ("init_from", "overrides", "transfer_layers") if key in model}
+    saved = checkpoint.tokenizer  # (a file copied without it: the run's own, where it still is)
     if (
         model
-        and checkpoint.tokenizer
+        and saved
+        and saved.is_dir()
         and "tokenizer" not in given
         and checkpoint.hyper_parameters.get("tokenizer")
     ):
-        found["tokenizer"] = str(checkpoint.saved_tokenizer(", or give it as tokenizer="))
+        found["tokenizer"] = str(saved)
     return {**found, **given}
 
 

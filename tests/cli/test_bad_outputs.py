@@ -201,7 +201,8 @@ def test_a_path_through_a_folder_not_made_yet_is_checked_where_it_leads(tmp_path
     assert check_output_dir(tmp_path / "new" / ".." / "export", "--out_dir") == tmp_path / "export"
     through = str(tmp_path / "new" / ".." / "export")
     assert error(capsys, "prepare", "--inputs", str(out), "--out_dir", through, "--tokenizer", "unused") == (
-        f"Output folder {tmp_path / 'export'} is not empty and holds no token files; choose an empty folder."
+        f"Output folder {tmp_path / 'export'} is not empty and holds no token files of gpt-ft prepare "
+        "(no meta.json); choose an empty folder."
     )  # fmt: skip
     assert files(tmp_path) == before
 

@@ -378,6 +378,10 @@ def test_a_json_record_without_a_nested_text_field_names_its_line(explain):
             "reads (null: an empty one)."
         )
     assert explain("t.jsonl", "\n".join(json.dumps(row) for row in rows).encode(), card, ok=True)
+    # the path's first part renamed (`columns`): looked for under the card's name, every record lacked it
+    renamed = card.replace("t.jsonl}}", "t.jsonl}, columns: {body: a}}")
+    lines = [json.dumps({"body": row["a"], "label": row["label"]}) for row in rows]
+    assert explain("t.jsonl", "\n".join(lines).encode(), renamed, ok=True)
 
 
 def test_a_grouped_record_without_a_reply_names_its_line(explain):

@@ -231,7 +231,7 @@ def test_a_section_given_what_one_of_its_options_takes_names_that_option(run, tm
     assert run("--model=org/weights").endswith(
         "--model: org/weights is no YAML file of its options (weights go to --model.init_from)."
     )
-    assert run("--trainer=gone.yaml").endswith("--trainer: gone.yaml is no YAML file of its options.")
+    assert run("--trainer=gone.yaml").endswith("--trainer: gone.yaml does not exist.")
     assert run(f"--data={tmp_path / 'single.yaml'}").endswith(
         "--data: class_path 'gpt_ft.adapters.SingleText' is not a subclass of LightningDataModule "
         "(a task card goes to --data.task)."

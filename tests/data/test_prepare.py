@@ -555,7 +555,10 @@ def test_one_prepare_at_a_time_and_a_killed_ones_leftovers(tmp_path, tokenizer_d
     mine = tmp_path / "mine"
     shutil.copytree(tokenizer_dir, mine / "tokenizer")
     before = (mine / "tokenizer" / "tokenizer.json").read_bytes()
-    with pytest.raises(ValueError, match=r"is not empty and holds no token files; choose an empty folder"):
+    with pytest.raises(
+        ValueError,
+        match=r"holds no token files of gpt-ft prepare \(no meta.json\); choose an empty folder",
+    ):
         prepare(**{**args, "out_dir": str(mine)})
     assert (mine / "tokenizer" / "tokenizer.json").read_bytes() == before
     # Token files of one's own, alone or beside a tokenizer, no run's commit (marked while it runs):
@@ -565,7 +568,8 @@ def test_one_prepare_at_a_time_and_a_killed_ones_leftovers(tmp_path, tokenizer_d
         folder.mkdir(exist_ok=True)
         (folder / name).write_bytes(b"mine")
         with pytest.raises(
-            ValueError, match=r"is not empty and holds no token files; choose an empty folder"
+            ValueError,
+            match=r"holds no token files of gpt-ft prepare \(no meta.json\); choose an empty folder",
         ):
             prepare(**{**args, "out_dir": str(folder)})
         assert (folder / name).read_bytes() == b"mine"

@@ -364,6 +364,9 @@ def test_rows_dropped_by_ignore_labels_keep_the_others_numbers(tmp_path, tokeniz
         TaskDataModule(task, tokenizer_dir, eval_batch_size=0)
     with pytest.raises(ValueError, match="^batch_size must be an integer, got '32'.$"):  # (from Python)
         TaskDataModule(task, tokenizer_dir, batch_size="32")
+    import numpy as np
+
+    assert TaskDataModule(task, tokenizer_dir, batch_size=np.int64(4)).batch_size == 4  # numpy's too
     # The hub's -1 (no gold label) in a float column (pandas' integers with a missing value): -1.0
     records = [
         {"premise": "a", "hypothesis": "b", "label": 0.0},

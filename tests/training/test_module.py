@@ -215,6 +215,13 @@ def test_a_checkpoint_loads_in_python_without_the_weights_its_run_started_from(t
         assert card_key(m.task) == card_key(load_card(finetuned.card))
         for name, value in m.state_dict().items():
             assert torch.equal(value, saved["state_dict"][name]), name
+    # copied without it: the run's own tokenizer, where it still is (as before the copy was read)
+    saved["hyper_parameters"]["tokenizer"] = str(beside)
+    (alone := tmp_path / "alone").mkdir()
+    torch.save(saved, alone / "last.ckpt")
+    assert GPTModule.load_from_checkpoint(alone / "last.ckpt", task=finetuned.card).hparams.tokenizer == str(
+        beside
+    )
 
 
 def test_a_module_built_in_python_with_a_tokenizer_fits_its_vocabulary(tokenizer_dir):
