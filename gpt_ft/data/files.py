@@ -36,10 +36,8 @@ from gpt_ft.workarounds.data import no_download_count
 
 
 def load_split(task: TaskAdapter, split: str, data_dir: str | Path | None):
-    """One split of the task as a `datasets.Dataset`, columns renamed to the adapter's field names.
-
-    From local files under `data_dir` when given (the card's `local` layout), else from the Hub.
-    """
+    """One split of the task as a `datasets.Dataset`, columns renamed to the adapter's field names:
+    from local files under `data_dir` when given (the card's `local` layout), else from the Hub."""
     return located_split(task, split, data_dir)[0]
 
 
@@ -67,9 +65,7 @@ def located_split(task: TaskAdapter, split: str, data_dir: str | Path | None):
         read, ds = ds, with_path_columns(ds, task.read_fields(), task.name)
     except TaskDataError as exc:
         raise TaskDataError(origin.explain(f"{origin.source}: {exc}")) from None
-    names = dict(origin.columns)  # (a path's first part renamed: `doc.text` of the file's `body`)
-    texts = {f: names.get(f) or ".".join([names.get(f.split(".")[0], f.split(".")[0]), *f.split(".")[1:]])
-             for f in task.text_fields()}  # fmt: skip
+    texts = {field: origin.in_file(field) for field in task.text_fields()}
     if task.null_is_empty_text and (absent := absent_field(origin, texts, ds)):
         raise TaskDataError(absent)
     return ds, replace(
@@ -322,9 +318,14 @@ class Origin:
     """Examples share records (a passage's questions, each one example): each is numbered by its
     place among the rows (`index`), not by its record."""
 
+    def in_file(self, field: str) -> str:
+        """A field as the file names it (the card's `columns` renamed it); a path's first part too."""
+        head, dot, rest = field.partition(".")
+        return dict(self.columns).get(field) or dict(self.columns).get(head, head) + dot + rest
+
     def file_columns(self, columns: list[str]) -> list[str]:
         """A loaded split's `columns` as the file names them: renamed back, derived ones left out."""
-        return [dict(self.columns).get(c, c) for c in columns if c not in self.derived]
+        return [self.in_file(c) for c in columns if c not in self.derived]
 
     def explain(self, message: str) -> str:
         """`message`, and where it names a renamed field, the file's column that field is; where it

@@ -34,7 +34,7 @@ def id_names(values: list, origin: Origin, field: str) -> dict[int, str | dict]:
     """A test split's ids that are not all integers, by row number, to name its predictions (a
     record of ids kept whole); {} (rows numbered, as is said) where one cannot name a row of a TSV
     file: missing, blank, spread over lines or columns, or another row's."""
-    column = dict(origin.columns).get(field, field)  # as the file names it
+    column = origin.in_file(field)
     first: dict[str, int] = {}
     for i, value in enumerate(values):
         named = isinstance(value, (str, int, dict)) and not isinstance(value, bool)

@@ -234,7 +234,7 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
                 new_fingerprint=self._fingerprint(raw, split),
             ).rename_column(LABEL, "label")
         if index_field is not None:  # an id names its example's prediction and counts it once
-            column, first = dict(origin.columns).get(index_field, index_field), {}
+            column, first = origin.in_file(index_field), {}
             for i, value in enumerate(encoded.data.column("index").to_pylist()):
                 if (j := first.setdefault(value, i)) != i:
                     raise TaskDataError(
