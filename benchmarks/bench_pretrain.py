@@ -36,8 +36,7 @@ import torch.nn.functional as F
 from harness import ROOT, gpt_ft, metrics_rows
 
 from gpt_ft import GPT
-from gpt_ft.data.lm_data import TokenBlocks
-from gpt_ft.data.prepare import read_meta
+from gpt_ft.data.lm_data import TokenBlocks, read_meta
 from gpt_ft.data.tokenizer import load_tokenizer
 from gpt_ft.training.checkpointing import find_last_checkpoint
 

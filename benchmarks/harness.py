@@ -252,6 +252,7 @@ def random_tokens(folder: Path, vocab_size: int, train: int, validation: int) ->
     """A `gpt-ft prepare`-shaped folder of random tokens."""
     import numpy as np
 
+    from gpt_ft.data.folders import tokenizer_digests
     from gpt_ft.data.prepare import META, SPLIT_FILES, token_dtype
 
     dtype = token_dtype(vocab_size)
@@ -260,11 +261,12 @@ def random_tokens(folder: Path, vocab_size: int, train: int, validation: int) ->
     counts = {"train": train, "validation": validation}
     for split, n in counts.items():
         rng.integers(0, vocab_size, n, dtype=np.int64).astype(dtype).tofile(folder / SPLIT_FILES[split])
-    meta = {"dtype": dtype, "vocab_size": vocab_size, "eos_token_id": None, "tokens": counts, "documents": 1,
-            "tokenizer": "tokenizer", "sources": ["random"], "seconds": 0}  # fmt: skip
-    (folder / META).write_text(json.dumps(meta))
     # Checkpoints keep the data's tokenizer beside them: any small one will do for random tokens.
     shutil.copytree(ROOT / "examples" / "quickstart" / "tokenizer", folder / "tokenizer", dirs_exist_ok=True)
+    meta = {"dtype": dtype, "vocab_size": vocab_size, "eos_token_id": None, "tokens": counts, "documents": 1,
+            "tokenizer": "tokenizer", "tokenizer_files": tokenizer_digests(folder / "tokenizer"),
+            "sources": ["random"], "seconds": 0}  # fmt: skip
+    (folder / META).write_text(json.dumps(meta))
     return folder
 
 

@@ -5,6 +5,7 @@ folder does not load (`check_tokenizer_files`)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -212,6 +213,18 @@ def save_tokenizer(tokenizer, folder: str | os.PathLike) -> None:
             os.replace(item, folder / item.name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+# The files of a saved tokenizer that say which id a text's pieces take (not its chat template).
+ID_FILES = ("tokenizer.json", "added_tokens.json", "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model",
+            "spiece.model")  # fmt: skip
+
+
+def tokenizer_digests(folder: Path) -> dict[str, str]:
+    """The SHA-256 of each of a saved tokenizer's `ID_FILES` there, by name: what `gpt-ft prepare`
+    records of the tokenizer that wrote a folder's token ids."""
+    files = (folder / name for name in ID_FILES)
+    return {file.name: hashlib.sha256(file.read_bytes()).hexdigest() for file in files if file.is_file()}
 
 
 def save_new_tokenizer(tokenizer, out: Path, *, overwrite: bool) -> None:

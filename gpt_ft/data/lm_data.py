@@ -8,6 +8,8 @@ reads a disjoint share of it (DistributedSampler, reseeded every epoch).
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -18,8 +20,9 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
 from gpt_ft.data.batches import collate_blocks
+from gpt_ft.data.folders import tokenizer_digests
 from gpt_ft.data.pinning import leave_stops_to_the_main_process, pins
-from gpt_ft.data.prepare import SPLIT_FILES, read_meta
+from gpt_ft.data.prepare import META, SPLIT_FILES
 from gpt_ft.data.samplers import EpochSampler, ResumableTrainData, run_seed
 from gpt_ft.data.task_data import check_model_fits
 
@@ -206,3 +209,73 @@ class LMDataModule(ResumableTrainData, LightningDataModule):
                 generator=self._generator(),
             )
         ]
+
+
+def read_meta(token_dir: str | os.PathLike) -> dict:
+    """meta.json of a token folder, checked against the token files beside it."""
+    folder = Path(token_dir).expanduser()
+    path = folder / META
+    if not path.is_file():
+        missing = (
+            f"holds no {META}"
+            if folder.is_dir()
+            else "is a file, not a folder"
+            if folder.exists()
+            else "does not exist"
+        )
+        raise FileNotFoundError(f"{folder} {missing}: prepare it with `gpt-ft prepare`.")
+    try:
+        meta = json.loads(path.read_text())
+        itemsize = np.dtype(meta["dtype"]).itemsize
+        counts = {split: meta["tokens"][split] for split in SPLIT_FILES}
+        fields = {
+            **{f"tokens.{k}": (v, int) for k, v in counts.items()},
+            "vocab_size": (meta["vocab_size"], int),
+        }
+        for name, (value, kind) in {**fields, "tokenizer": (meta["tokenizer"], str)}.items():
+            if not isinstance(value, kind) or isinstance(value, bool):
+                raise TypeError(f"{name} is {value!r}, not {'an integer' if kind is int else 'a text'}")
+        if not np.issubdtype(np.dtype(meta["dtype"]), np.unsignedinteger):
+            raise TypeError(f"dtype is {meta['dtype']!r}, not an unsigned integer type")
+        if not isinstance(digests := meta.get("tokenizer_files", {}), dict):
+            raise TypeError(f"tokenizer_files is {digests!r}, not a mapping of file names to SHA-256 digests")
+    except (ValueError, KeyError, TypeError) as exc:  # not JSON, a field missing or of another type
+        why = f"{type(exc).__name__}: {exc}" if not isinstance(exc, KeyError) else f"it has no field {exc}"
+        raise ValueError(f"{path} is damaged ({why}); prepare the folder again.") from None
+    for split, name in SPLIT_FILES.items():
+        if not (file := folder / name).is_file():
+            raise ValueError(f"{file} is missing; the folder is incomplete, prepare it again.")
+        if file.stat().st_size != (expected := counts[split] * itemsize):
+            raise ValueError(
+                f"{file} holds {file.stat().st_size} bytes but {META} says {counts[split]} {meta['dtype']} "
+                f"tokens ({expected} bytes); the folder is inconsistent, prepare it again."
+            )
+    if not (tokenizer := folder / meta["tokenizer"]).is_dir():  # read at once, never looked up on the hub
+        raise ValueError(f"{tokenizer} is missing; the folder is incomplete, prepare it again.")
+    check_prepared_tokenizer(tokenizer, meta, path)
+    if meta["vocab_size"] > np.iinfo(meta["dtype"]).max + 1:
+        raise ValueError(f"{path}: a vocabulary of {meta['vocab_size']} does not fit dtype {meta['dtype']}.")
+    return meta
+
+
+def check_prepared_tokenizer(tokenizer: Path, meta: dict, path: Path) -> None:
+    """The token ids are the tokenizer's beside them: one replaced since (retrained, or another
+    saved there) would read them as other tokens, and the run's checkpoints would carry it."""
+    if (recorded := meta.get("tokenizer_files")) is None:  # an earlier version's folder: its size at least
+        from gpt_ft.data.tokenizer import embedding_size, load_tokenizer
+
+        if (rows := embedding_size(load_tokenizer(tokenizer))) != meta["vocab_size"]:
+            raise ValueError(
+                f"{tokenizer} has {rows} tokens and {path} says the token files were written by one of "
+                f"{meta['vocab_size']}: put the prepared tokenizer back, or prepare the folder again."
+            )
+        return
+    now = tokenizer_digests(tokenizer)
+    for name in sorted(recorded.keys() | now.keys()):
+        if recorded.get(name) != now.get(name):
+            how = "removed" if name not in now else "added" if name not in recorded else "changed"
+            raise ValueError(
+                f"{tokenizer / name} was {how} after `gpt-ft prepare` wrote the token files ({path} holds "
+                "the SHA-256 of each tokenizer file): their ids would read as another tokenizer's tokens. "
+                "Put the prepared tokenizer back, or prepare the folder again."
+            )

@@ -10,7 +10,7 @@ written; a refused or interrupted run leaves nothing behind.
 
 Output folder:
     train.bin, validation.bin   flat arrays of token ids (uint16 if the vocabulary fits, else uint32)
-    meta.json                   dtype, token counts, tokenizer, sources
+    meta.json                   dtype, token counts, tokenizer (and its files' SHA-256), sources
     tokenizer/                  the tokenizer (save_pretrained), with the end-of-text token
 """
 
@@ -33,7 +33,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from gpt_ft.data.corpus import find_files
-from gpt_ft.data.folders import LOCK, missing_folders, one_writer, save_tokenizer
+from gpt_ft.data.folders import LOCK, missing_folders, one_writer, save_tokenizer, tokenizer_digests
 from gpt_ft.data.pieces import (
     Partial,
     batches,
@@ -299,6 +299,7 @@ def prepare(
                 seconds = time.perf_counter() - start
                 meta = {"dtype": dtype, "vocab_size": rows, "eos_token_id": eos, "tokens": counts,
                         "documents": n_docs, "unknown_tokens": unknown, "tokenizer": "tokenizer",
+                        "tokenizer_files": tokenizer_digests(out / "tokenizer"),
                         "sources": sources, "seconds": round(seconds, 2)}  # fmt: skip
                 (out / META).write_text(json.dumps(meta, indent=2) + "\n")
                 (out / COMMITTING).unlink()
@@ -351,48 +352,4 @@ def prepare(
     if validation_fraction > 0 and not counts["validation"]:  # too few pieces for one to be drawn
         note = f"{more} or a larger --validation_fraction gives it some"
         print(f"note: no piece of the corpus went to the validation split: {note}", file=sys.stderr)
-    return meta
-
-
-def read_meta(token_dir: str | os.PathLike) -> dict:
-    """meta.json of a token folder, checked against the token files beside it."""
-    folder = Path(token_dir).expanduser()
-    path = folder / META
-    if not path.is_file():
-        missing = (
-            f"holds no {META}"
-            if folder.is_dir()
-            else "is a file, not a folder"
-            if folder.exists()
-            else "does not exist"
-        )
-        raise FileNotFoundError(f"{folder} {missing}: prepare it with `gpt-ft prepare`.")
-    try:
-        meta = json.loads(path.read_text())
-        itemsize = np.dtype(meta["dtype"]).itemsize
-        counts = {split: meta["tokens"][split] for split in SPLIT_FILES}
-        fields = {
-            **{f"tokens.{k}": (v, int) for k, v in counts.items()},
-            "vocab_size": (meta["vocab_size"], int),
-        }
-        for name, (value, kind) in {**fields, "tokenizer": (meta["tokenizer"], str)}.items():
-            if not isinstance(value, kind) or isinstance(value, bool):
-                raise TypeError(f"{name} is {value!r}, not {'an integer' if kind is int else 'a text'}")
-        if not np.issubdtype(np.dtype(meta["dtype"]), np.unsignedinteger):
-            raise TypeError(f"dtype is {meta['dtype']!r}, not an unsigned integer type")
-    except (ValueError, KeyError, TypeError) as exc:  # not JSON, a field missing or of another type
-        why = f"{type(exc).__name__}: {exc}" if not isinstance(exc, KeyError) else f"it has no field {exc}"
-        raise ValueError(f"{path} is damaged ({why}); prepare the folder again.") from None
-    for split, name in SPLIT_FILES.items():
-        if not (file := folder / name).is_file():
-            raise ValueError(f"{file} is missing; the folder is incomplete, prepare it again.")
-        if file.stat().st_size != (expected := counts[split] * itemsize):
-            raise ValueError(
-                f"{file} holds {file.stat().st_size} bytes but {META} says {counts[split]} {meta['dtype']} "
-                f"tokens ({expected} bytes); the folder is inconsistent, prepare it again."
-            )
-    if not (tokenizer := folder / meta["tokenizer"]).is_dir():  # read at once, never looked up on the hub
-        raise ValueError(f"{tokenizer} is missing; the folder is incomplete, prepare it again.")
-    if meta["vocab_size"] > np.iinfo(meta["dtype"]).max + 1:
-        raise ValueError(f"{path}: a vocabulary of {meta['vocab_size']} does not fit dtype {meta['dtype']}.")
     return meta

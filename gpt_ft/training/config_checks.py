@@ -83,7 +83,7 @@ def check_token_folder(token_dir: str, init_from: str) -> None:
     """Token files read by a gpt_ft checkpoint's model (`--model.init_from`; a scored run's
     `--ckpt_path`) were prepared with the tokenizer saved beside it, named as the folder's fault
     before a model is built of the weights' size (a tokenizer of another size would be blamed)."""
-    from gpt_ft.data.prepare import read_meta
+    from gpt_ft.data.lm_data import read_meta
     from gpt_ft.data.tokenizer import load_tokenizer
     from gpt_ft.training.saved import not_its_tokenizer
     from gpt_ft.weights.pretrained import locate, weights_tokenizer

@@ -7,10 +7,11 @@ import numpy as np
 import pytest
 from tokenizers import pre_tokenizers
 
-from gpt_ft.data.folders import Terminated
+from gpt_ft.data.folders import Terminated, save_tokenizer
+from gpt_ft.data.lm_data import LMDataModule, read_meta
 from gpt_ft.data.pieces import cut_point, is_validation, pieces, pre_token_ends
-from gpt_ft.data.prepare import prepare, read_meta, token_dtype
-from gpt_ft.data.tokenizer import EOS_TOKEN, load_tokenizer
+from gpt_ft.data.prepare import prepare, token_dtype
+from gpt_ft.data.tokenizer import EOS_TOKEN, embedding_size, load_tokenizer, train_tokenizer
 from tests.helpers import SENTENCES, write_corpus
 
 
@@ -335,6 +336,43 @@ def test_the_sources_are_recorded_where_they_are_found_from_anywhere(tmp_path, t
     assert meta["sources"] == [str(p) for p in sorted(corpus.resolve().rglob("*.txt"))]
 
 
+def test_a_token_folder_whose_tokenizer_was_replaced_after_prepare_is_refused(tmp_path, tokenizer_dir):
+    """Another tokenizer saved over the prepared one (a retrained one of another size, say) read
+    the ids as its own tokens without a word, and the run's checkpoints carried it."""
+    corpus = write_corpus(tmp_path, n_files=1, lines=20)
+    meta = prepare(out_dir=tmp_path / "tokens", tokenizer=tokenizer_dir, inputs=[str(corpus)], progress=False)
+    folder = tmp_path / "tokens" / "tokenizer"
+    assert set(meta["tokenizer_files"]) == {"tokenizer.json"} and read_meta(tmp_path / "tokens") == meta
+    (folder / "chat_template.jinja").write_text("{{ messages }}")  # no id changes
+    assert read_meta(tmp_path / "tokens") == meta
+    other = tmp_path / "other"
+    train_tokenizer(inputs=[corpus], vocab_size=300, out_dir=other, show_progress=False)
+    save_tokenizer(load_tokenizer(other), folder)
+    said = r"was changed after `gpt-ft prepare` wrote the token files \(.*meta.json holds the SHA-256"
+    with pytest.raises(ValueError, match=f"^{folder / 'tokenizer.json'} {said}.*prepare the folder again"):
+        LMDataModule(str(tmp_path / "tokens"), block_size=4)
+    shutil.copy(Path(tokenizer_dir) / "tokenizer.json", folder)
+    assert read_meta(tmp_path / "tokens") == meta  # the prepared tokenizer put back
+    (folder / "vocab.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"vocab.json was added after `gpt-ft prepare`"):
+        read_meta(tmp_path / "tokens")
+    (folder / "vocab.json").unlink()
+    (folder / "tokenizer.json").rename(folder / "moved.json")
+    with pytest.raises(ValueError, match=r"tokenizer.json was removed after `gpt-ft prepare`"):
+        read_meta(tmp_path / "tokens")
+    (folder / "moved.json").rename(folder / "tokenizer.json")
+    # A folder of an earlier version, which recorded no digests: the tokenizer's size is compared.
+    older = {k: v for k, v in meta.items() if k != "tokenizer_files"}
+    (tmp_path / "tokens" / "meta.json").write_text(json.dumps(older))
+    assert read_meta(tmp_path / "tokens") == older
+    save_tokenizer(load_tokenizer(other), folder)
+    rows = embedding_size(load_tokenizer(other))
+    with pytest.raises(
+        ValueError, match=f"{folder} has {rows} tokens and .* written by one of {meta['vocab_size']}"
+    ):
+        read_meta(tmp_path / "tokens")
+
+
 def test_read_meta_checks_the_token_folder(tmp_path, tokenizer_dir):
     corpus = write_corpus(tmp_path, n_files=1, lines=10)
     assert prepare(
@@ -365,6 +403,9 @@ def test_read_meta_checks_the_token_folder(tmp_path, tokenizer_dir):
         json.dumps({**meta, "vocab_size": "100"}): "vocab_size is '100', not an integer",
         json.dumps({**meta, "tokenizer": 5}): "tokenizer is 5, not a text",
         json.dumps({**meta, "tokens": {**meta["tokens"], "train": 10.7}}): r"tokens.train is 10.7, not an",
+        json.dumps(
+            {**meta, "tokenizer_files": ["tokenizer.json"]}
+        ): r"tokenizer_files is \['tokenizer.json'\], not",
     }
     for text, why in damaged.items():
         meta_path.write_text(text)
