@@ -198,8 +198,10 @@ def undecodable_file(exc: BaseException) -> str | None:
         return None
     from gpt_ft.data.tokenizer import check_text_file
 
-    try:
-        check_text_file(Path(path), remedy="save it as UTF-8")
+    weights = Path(path).suffix.lower() in (".ckpt", ".gguf", ".safetensors", ".bin", ".pt", ".pth")
+    try:  # (`--model run.ckpt`: read as a file of the section's options)
+        remedy = "weights go to --model.init_from, a checkpoint to resume to --ckpt_path" if weights else ""
+        check_text_file(Path(path), remedy=remedy or "save it as UTF-8")
     except ValueError as problem:
         return str(problem)
     return None

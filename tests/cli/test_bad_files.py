@@ -155,6 +155,16 @@ def test_yaml_that_is_not_utf8_is_named(tmp_path, tokenizer_dir, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_weights_given_as_a_section_say_where_weights_go(tmp_path, capsys):
+    """`--model run.ckpt` read the checkpoint as a file of the section's options: "save it as UTF-8"."""
+    for name, data in (("run.ckpt", b"PK\x03\x04\x14\x00\xa1"), ("model.gguf", b"GGUF\x03\x00\x00\x00\xff")):
+        (weights := tmp_path / name).write_bytes(data)
+        said = error_of(["fit", "--model", str(weights)], capsys)
+        assert said.startswith(f"gpt-ft: error: File {weights} is not ") and said.endswith(
+            "; weights go to --model.init_from, a checkpoint to resume to --ckpt_path."
+        )
+
+
 @pytest.mark.parametrize(
     "command, end", [("fit", ", and `--ckpt_path last` resumes from the last checkpoint."), ("predict", ".")]
 )
