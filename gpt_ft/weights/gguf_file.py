@@ -31,6 +31,7 @@ ENDS = frozenset(("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>
                   "<｜end▁of▁sentence｜>", "[e~["))  # fmt: skip
 """Tokens llama.cpp ends generation at by their text, whatever ids the file names (its
 src/llama-vocab.cpp): Gemma 3's `<end_of_turn>`, ChatML's `<|im_end|>`, ..."""
+CONTROL = 3  # GGUF's token type of a control token (gguf.TokenType.CONTROL), never spelt by a text
 SPLIT_COUNT = "split.count"  # llama.cpp's split files: each part names how many there are
 
 
@@ -186,9 +187,13 @@ def hf_config(path: Path, reader=None):
     _check_rope(path, reader, arch, config)
     from gpt_ft.weights.hf_llama import with_stops
 
-    # the end-of-turn tokens a file names beside its eos, or holds by a name llama.cpp stops at
+    # the end-of-turn tokens a file names beside its eos, or holds by a name llama.cpp stops at, as
+    # control tokens: one the text itself spells (Gemma 3's user-defined `</s>`, HTML's strikethrough)
+    # is text, as transformers reads it (llama.cpp: "probably a bug in the model")
     more = [field(reader, f"tokenizer.ggml.{kind}_token_id") for kind in ("eot", "eom")]
-    more += [i for i, text in enumerate(field(reader, TOKENS) or []) if text in ENDS]
+    kinds = field(reader, "tokenizer.ggml.token_type") or []
+    named = enumerate(field(reader, TOKENS) or [])
+    more += [i for i, text in named if text in ENDS and (i >= len(kinds) or kinds[i] == CONTROL)]
     config.eos_token_id = with_stops(config.eos_token_id, more)
     return config
 
