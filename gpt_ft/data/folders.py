@@ -58,6 +58,29 @@ def datasets_bars(shown: bool) -> Iterator[None]:
             datasets.enable_progress_bars()
 
 
+class LogLines:
+    """A tqdm bar's file in a log or a pipe: each redraw as a line of its own (a terminal's carriage
+    returns there run every redraw into one line)."""
+
+    def __init__(self, stream) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> None:
+        if line := text.replace("\r", "").strip():
+            self.stream.write(line + "\n")
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def bar_output(every: float = 30.0) -> dict:
+    """tqdm's options for a bar on stderr: as it is on a terminal; elsewhere a line every `every`
+    seconds (how far, the rate, the time left)."""
+    import sys
+
+    return {} if sys.stderr.isatty() else {"file": LogLines(sys.stderr), "mininterval": every}
+
+
 def piped_configs_read(args: list[str]) -> list[str]:
     """`args` with each `--config` that is a pipe (`--config <(envsubst < run.yaml)`) given as the
     text it holds, read here once: a pipe holds it for one read, where a command may read its

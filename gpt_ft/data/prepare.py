@@ -33,7 +33,14 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from gpt_ft.data.corpus import find_files
-from gpt_ft.data.folders import LOCK, missing_folders, one_writer, save_tokenizer, tokenizer_digests
+from gpt_ft.data.folders import (
+    LOCK,
+    bar_output,
+    missing_folders,
+    one_writer,
+    save_tokenizer,
+    tokenizer_digests,
+)
 from gpt_ft.data.pieces import (
     Partial,
     batches,
@@ -257,7 +264,7 @@ def prepare(
             # Over the files' bytes where it knows them (how far, and an ETA), the tokens written beside.
             size = sum(path.stat().st_size for path in paths) if files else None
             bar = tqdm(total=size, unit="B" if size else " tok", unit_scale=True, desc="Tokenizing",
-                       disable=not progress)  # fmt: skip
+                       disable=not progress, **bar_output())  # fmt: skip
             try:
                 with tokenizer_threads(workers), ThreadPoolExecutor(1) as executor:
                     # One batch is encoded (outside the GIL) while the next is read and the last written.

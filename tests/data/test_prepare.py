@@ -1,4 +1,5 @@
 import json
+import re
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -334,6 +335,15 @@ def test_the_sources_are_recorded_where_they_are_found_from_anywhere(tmp_path, t
     monkeypatch.chdir(corpus.parent)
     meta = prepare(out_dir=tmp_path / "out", tokenizer=tokenizer_dir, inputs=[corpus.name], progress=False)
     assert meta["sources"] == [str(p) for p in sorted(corpus.resolve().rglob("*.txt"))]
+
+
+def test_the_bar_in_a_log_is_a_line_now_and_then(tmp_path, tokenizer_dir, capsys):
+    """Off a terminal (a log, a pipe), the bar's redraws each make a line: carriage returns ran a
+    long run's every redraw into one line."""
+    corpus = write_corpus(tmp_path, n_files=2, lines=20)
+    prepare(out_dir=tmp_path / "tokens", tokenizer=tokenizer_dir, inputs=[str(corpus)])
+    err = capsys.readouterr().err
+    assert "\r" not in err and re.search(r"^Tokenizing: 100%\|#+\| .* tokens\]$", err, re.M), err
 
 
 def test_a_token_folder_whose_tokenizer_was_replaced_after_prepare_is_refused(tmp_path, tokenizer_dir):
