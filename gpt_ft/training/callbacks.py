@@ -18,7 +18,9 @@ from lightning.pytorch.callbacks import (
     Timer,
     TQDMProgressBar,
 )
+from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 
+from gpt_ft.data.folders import LogLines
 from gpt_ft.data.samplers import ResumableTrainData
 from gpt_ft.training.checkpointing import Provenance, ResumeState, SaveLast, WholeStepTimer
 from gpt_ft.training.run_folders import RunFolder
@@ -68,11 +70,60 @@ def run_callbacks(config, model, data_config: dict[str, Any] | None) -> list[Cal
     ]
 
 
+class LogBar(Tqdm):
+    """A bar in a log or a pipe: a line of its own every `every` seconds of a pass, and the pass's
+    last (a terminal's carriage returns there ran a run's every redraw into one line)."""
+
+    every = 30.0
+    _said: tuple[float, int] | None = None  # when, and at which count, this pass last wrote a line
+
+    def reset(self, total=None):
+        self._said = None
+        super().reset(total)
+
+    def display(self, msg=None, pos=None) -> bool:
+        now, n = time.monotonic(), self.n
+        self._said = self._said or (now, 0)  # (a pass starts)
+        ended = self.leave and self.total and n >= self.total
+        if msg is None and n > self._said[1] and (ended or now - self._said[0] >= self.every):
+            self._said = (now, n)
+            self.fp.write(self.__str__())
+        return True
+
+
 class StepsProgressBar(TQDMProgressBar):
     """Lightning's bar, whose epoch under `max_steps` holds as many batches as the steps left take:
     Lightning counted one batch a step, so with gradient accumulation the bar passed its total; and
     under `max_epochs` too it counted the whole epoch, so a run that `max_steps` stopped within it
-    left its bar short of the end, at its last refresh (20/32 for 24 steps)."""
+    left its bar short of the end, at its last refresh (20/32 for 24 steps). Off a terminal, its
+    bars write lines (`LogBar`), and the sanity check's none."""
+
+    def _in_lines(self, desc: str, leave: bool = True) -> Tqdm:
+        lines = LogLines(sys.stdout)
+        return LogBar(desc=desc, disable=self.is_disabled, leave=leave, file=lines, smoothing=0,
+                      bar_format=self.BAR_FORMAT)  # fmt: skip
+
+    def init_sanity_tqdm(self) -> Tqdm:
+        return super().init_sanity_tqdm() if sys.stdout.isatty() else Tqdm(disable=True)
+
+    def init_train_tqdm(self) -> Tqdm:
+        return super().init_train_tqdm() if sys.stdout.isatty() else self._in_lines(self.train_description)
+
+    def init_validation_tqdm(self) -> Tqdm:
+        on_terminal = sys.stdout.isatty()
+        return (
+            super().init_validation_tqdm()
+            if on_terminal
+            else self._in_lines(self.validation_description, False)
+        )
+
+    def init_test_tqdm(self) -> Tqdm:
+        return super().init_test_tqdm() if sys.stdout.isatty() else self._in_lines("Testing")
+
+    def init_predict_tqdm(self) -> Tqdm:
+        return (
+            super().init_predict_tqdm() if sys.stdout.isatty() else self._in_lines(self.predict_description)
+        )
 
     @property
     def total_train_batches(self) -> int | float:

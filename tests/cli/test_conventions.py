@@ -3,6 +3,7 @@ the earlier one wholly, `--trainer.default_root_dir` moves a run, weights are re
 bad checkpoints and YAML are one sentence, the metrics line stands on its own line."""
 
 import logging
+import re
 
 import pytest
 import yaml
@@ -144,6 +145,35 @@ def test_the_bar_of_a_run_with_gradient_accumulation_counts_its_batches(tmp_path
     main(["fit", *args, *steps])
     main(["fit", *args, *steps, "--trainer.max_epochs=3"])
     assert totals == [4, 4]
+
+
+def test_the_bar_in_a_log_writes_lines(tmp_path, tokenizer_dir, monkeypatch, capsys):
+    """Off a terminal, Lightning's bar ran its every redraw into one line with carriage returns (a
+    long run's, megabytes): it writes a line every `every` seconds of a pass, and each pass's last."""
+    import io
+
+    from gpt_ft.data.folders import LogLines
+    from gpt_ft.training.callbacks import LogBar
+
+    card = make_task("single", tmp_path)
+    args = [a for a in common_args(card, tokenizer_dir, tmp_path) if "progress_bar" not in a]
+    main(["fit", *args, "--trainer.max_epochs=2"])  # 2 batches an epoch, within `every`
+    out = capsys.readouterr().out
+    epochs = re.findall(r"^Epoch (\d): 100%\|#+\| 2/2 \[.*\]$", out, re.M)
+    assert "\r" not in out and epochs == ["0", "1"] and len(out.splitlines()) == 4, out  # and 2 metrics lines
+    log = io.StringIO()
+    bar = LogBar(total=25, desc="Epoch 0", file=LogLines(log), bar_format="{desc}: {n}/{total}")
+    for n in (10, 20, 25):
+        bar.n = n
+        bar.refresh()
+    bar.set_postfix({"loss": 1.0})  # the same count again: no line
+    monkeypatch.setattr(LogBar, "every", 0.0)
+    bar.reset(25)
+    for n in (10, 20, 25):
+        bar.n = n
+        bar.refresh()
+    bar.close()
+    assert log.getvalue() == "Epoch 0: 25/25\n" + "".join(f"Epoch 0: {n}/25\n" for n in (10, 20, 25))
 
 
 class StopAfter(Callback):
