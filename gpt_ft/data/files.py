@@ -106,14 +106,15 @@ def labelled_rows(task: TaskAdapter, split: str, data_dir: str | Path | None) ->
     raw, origin = task_examples(task, split, *located_split(task, split, data_dir))
     if said := absent_columns(task, raw, origin, [*task.text_fields(), *filter(None, [task.label_column])]):
         raise TaskDataError(said)
-    rows = list(raw)
-    for i, row in enumerate(rows):
+    for i, row in enumerate(rows := list(raw)):
         try:
-            task.texts(row)
-            if task.output.example_label(row) is None:
+            n = len(task.scored_texts(row) if task.choices_in_examples else task.texts(row))
+            if (label := task.output.example_label(row)) is None:
                 raise TaskDataError(
                     f"no label ({task.label_source}): zero-shot scoring needs every example's."
                 )
+            if task.choices_in_examples and isinstance(label, int) and label >= n:  # (encoding refuses it)
+                raise TaskDataError(f"label {row.get(task.label)!r} points past the row's {n} choices.")
         except TaskDataError as exc:
             raise TaskDataError(origin.explain(f"{origin.of(i)}: {exc}")) from None
     return rows

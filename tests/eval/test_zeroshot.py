@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 
@@ -316,6 +317,25 @@ def test_the_suites_rows_name_a_bad_ones_file_and_line(tmp_path):
     write_rows(dev, header[:-1], [good[:-1]])
     with pytest.raises(TaskDataError, match=rf"^{dev}: missing column\(s\) \['label'\] needed by task 'mc'"):
         labelled_rows(task, "validation", tmp_path)
+    # Rows of 2 to 4 choices: a label past its own row's choices (it named an example number).
+    card = tmp_path / "list.yaml"
+    card.write_text(
+        "class_path: gpt_ft.adapters.MultipleChoice\ninit_args:\n  name: lists\n  context: [question]\n"
+        "  choices: options\n  num_choices: 4\n  local: {splits: {validation: dev.jsonl}}\n"
+    )
+    rows = [
+        {"question": "Q?", "options": ["a", "b", "c", "d"], "label": 3},
+        {"question": "Q?", "options": ["a", "b"]},
+    ]
+    for label, said in ((1, None), (2, "line 2: label 2 points past the row's 2 choices.")):
+        (tmp_path / "dev.jsonl").write_text(
+            "".join(json.dumps({**r, "label": r.get("label", label)}) + "\n" for r in rows)
+        )
+        if said is None:
+            assert len(labelled_rows(load_card(card), "validation", tmp_path)) == 2
+            continue
+        with pytest.raises(TaskDataError, match=f"^{tmp_path / 'dev.jsonl'}, {re.escape(said)}$"):
+            labelled_rows(load_card(card), "validation", tmp_path)
 
 
 def test_summed_log_likelihoods_hold_to_float32s_precision():
