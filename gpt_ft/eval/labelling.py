@@ -228,7 +228,7 @@ class LabelledFile:
         if self.suffix == ".tsv":  # read back without quoting, as GLUE's files are
             self.file.write("\t".join(re.sub(r"[\t\r\n]", " ", c) for c in cells) + "\n")
         else:
-            self.csv = self.csv or csv.writer(self.file)
+            self.csv = self.csv or csv.writer(self.file, lineterminator="\n")  # (as the tsv, and pandas)
             self.csv.writerow(cells)
 
     def _typed(self, make):

@@ -567,6 +567,7 @@ def test_a_checkpoint_reached_through_a_link_reads_the_tokenizer_beside_its_file
     main(["label", f"--ckpt_path={link}", f"--input={tmp_path / 'in.csv'}", f"--output={out}"])
     (row,) = csv.DictReader(out.read_text().splitlines())
     assert row["sentence"] == GOOD and row["prediction"] == real[0]["label"]
+    assert out.read_bytes() == f"sentence,prediction\n{GOOD},{real[0]['label']}\n".encode()  # (was \r\n)
 
 
 def test_a_bad_row_of_a_file_without_lines_is_named_by_its_record(finetuned, tmp_path, capsys):
