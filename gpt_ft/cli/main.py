@@ -198,7 +198,7 @@ def undecodable_file(exc: BaseException) -> str | None:
         return None
     from gpt_ft.data.tokenizer import check_text_file
 
-    weights = Path(path).suffix.lower() in (".ckpt", ".gguf", ".safetensors", ".bin", ".pt", ".pth")
+    weights = Path(path).suffix.lower() in (".ckpt", ".gguf", ".safetensors", ".pt", ".pth")
     try:  # (`--model run.ckpt`: read as a file of the section's options)
         remedy = "weights go to --model.init_from, a checkpoint to resume to --ckpt_path" if weights else ""
         check_text_file(Path(path), remedy=remedy or "save it as UTF-8")

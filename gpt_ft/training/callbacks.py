@@ -78,16 +78,30 @@ class LogBar(Tqdm):
     _said: tuple[float, int] | None = None  # when, and at which count, this pass last wrote a line
 
     def reset(self, total=None):
+        self._over()
         self._said = None
         super().reset(total)
+
+    def close(self) -> None:
+        self._over()
+        super().close()
+
+    def _over(self) -> None:
+        """A pass's last count, where no line said it yet (its total unknown: a pass resumed mid-way,
+        data of no length)."""
+        if self.leave and not self.disable and self._said and self.n > self._said[1]:
+            self._line()
+
+    def _line(self) -> None:
+        self._said = (time.monotonic(), self.n)
+        self.fp.write(self.__str__())
 
     def display(self, msg=None, pos=None) -> bool:
         now, n = time.monotonic(), self.n
         self._said = self._said or (now, 0)  # (a pass starts)
         ended = self.leave and self.total and n >= self.total
         if msg is None and n > self._said[1] and (ended or now - self._said[0] >= self.every):
-            self._said = (now, n)
-            self.fp.write(self.__str__())
+            self._line()
         return True
 
 
@@ -110,12 +124,11 @@ class StepsProgressBar(TQDMProgressBar):
         return super().init_train_tqdm() if sys.stdout.isatty() else self._in_lines(self.train_description)
 
     def init_validation_tqdm(self) -> Tqdm:
-        on_terminal = sys.stdout.isatty()
-        return (
-            super().init_validation_tqdm()
-            if on_terminal
-            else self._in_lines(self.validation_description, False)
-        )
+        if sys.stdout.isatty():
+            return super().init_validation_tqdm()
+        return self._in_lines(
+            self.validation_description, leave=self.trainer.state.fn == "validate"
+        )  # (alone)
 
     def init_test_tqdm(self) -> Tqdm:
         return super().init_test_tqdm() if sys.stdout.isatty() else self._in_lines("Testing")

@@ -31,7 +31,7 @@ ENDS = frozenset(("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>
                   "<｜end▁of▁sentence｜>", "[e~["))  # fmt: skip
 """Tokens llama.cpp ends generation at by their text, whatever ids the file names (its
 src/llama-vocab.cpp): Gemma 3's `<end_of_turn>`, ChatML's `<|im_end|>`, ..."""
-CONTROL = 3  # GGUF's token type of a control token (gguf.TokenType.CONTROL), never spelt by a text
+CONTROL = 3  # GGUF's token type of a control token (gguf.TokenType.CONTROL), never read from a text
 SPLIT_COUNT = "split.count"  # llama.cpp's split files: each part names how many there are
 
 
@@ -187,13 +187,14 @@ def hf_config(path: Path, reader=None):
     _check_rope(path, reader, arch, config)
     from gpt_ft.weights.hf_llama import with_stops
 
-    # the end-of-turn tokens a file names beside its eos, or holds by a name llama.cpp stops at, as
-    # control tokens: one the text itself spells (Gemma 3's user-defined `</s>`, HTML's strikethrough)
-    # is text, as transformers reads it (llama.cpp: "probably a bug in the model")
+    # the end-of-turn tokens a file names beside its eos, or holds by a name llama.cpp stops at (Phi-3's
+    # `<|end|>`, whatever its type); but `</s>` where it is no control token is text, HTML's strikethrough
+    # (Gemma 3's, user-defined), as transformers reads it (llama.cpp does in Gemma 4's files)
     more = [field(reader, f"tokenizer.ggml.{kind}_token_id") for kind in ("eot", "eom")]
     kinds = field(reader, "tokenizer.ggml.token_type") or []
-    named = enumerate(field(reader, TOKENS) or [])
-    more += [i for i, text in named if text in ENDS and (i >= len(kinds) or kinds[i] == CONTROL)]
+    for i, text in enumerate(field(reader, TOKENS) or []):
+        if text in ENDS and (text != "</s>" or i >= len(kinds) or kinds[i] == CONTROL):
+            more.append(i)
     config.eos_token_id = with_stops(config.eos_token_id, more)
     return config
 

@@ -161,19 +161,35 @@ def test_the_bar_in_a_log_writes_lines(tmp_path, tokenizer_dir, monkeypatch, cap
     out = capsys.readouterr().out
     epochs = re.findall(r"^Epoch (\d): 100%\|#+\| 2/2 \[.*\]$", out, re.M)
     assert "\r" not in out and epochs == ["0", "1"] and len(out.splitlines()) == 4, out  # and 2 metrics lines
+    monkeypatch.chdir(tmp_path)  # (validate's reports go under runs/ where it runs)
+    main(["validate", f"--ckpt_path={next(tmp_path.rglob('last.ckpt'))}"])  # its bar alone: left
+    assert re.search(r"^Validation DataLoader 0: 100%\|#+\| 2/2 \[.*\]$", capsys.readouterr().out, re.M)
     log = io.StringIO()
     bar = LogBar(total=25, desc="Epoch 0", file=LogLines(log), bar_format="{desc}: {n}/{total}")
     for n in (10, 20, 25):
         bar.n = n
         bar.refresh()
     bar.set_postfix({"loss": 1.0})  # the same count again: no line
+    unknown = LogBar(total=None, desc="Epoch 1", file=LogLines(log), bar_format="{desc}: {n}/{total}")
+    for n in (10, 20):  # a pass of no known total (resumed mid-way): its last count, when it is over
+        unknown.n = n
+        unknown.refresh()
+    unknown.reset()
+    unknown.n = 5
+    unknown.close()
     monkeypatch.setattr(LogBar, "every", 0.0)
     bar.reset(25)
     for n in (10, 20, 25):
         bar.n = n
         bar.refresh()
     bar.close()
-    assert log.getvalue() == "Epoch 0: 25/25\n" + "".join(f"Epoch 0: {n}/25\n" for n in (10, 20, 25))
+    shown = [
+        "Epoch 0: 25/25",
+        "Epoch 1: 20/None",
+        "Epoch 1: 5/None",
+        *(f"Epoch 0: {n}/25" for n in (10, 20, 25)),
+    ]
+    assert log.getvalue().splitlines() == shown
 
 
 class StopAfter(Callback):

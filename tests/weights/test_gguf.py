@@ -296,14 +296,13 @@ def test_the_end_of_turn_tokens_a_file_names_stop_generation_beside_its_eos(tmp_
         write_gguf(tmp_path / "plain.gguf", hf, ids={"tokenizer.ggml.eos_token_id": 2})
     )
     assert plain.config.hf_token_ids["eos"] == 2
-    named = (
-        GPT.from_pretrained(  # and at control tokens it knows by name: ChatML's <|im_end|>, <|endoftext|>,
-            write_gguf(
-                tmp_path / "named.gguf", hf, tiny_tokenizer(("</s>",)), ids={"tokenizer.ggml.eos_token_id": 1}
-            )
-        )
-    )  # not at a `</s>` that a text spells (Gemma 3's is a user-defined token: HTML's strikethrough)
-    assert named.config.hf_token_ids["eos"] == [1, 0, 2]
+    # and at tokens it knows by name: ChatML's <|im_end|>, <|endoftext|>, Phi-3's <|end|> (not typed a
+    # control token in Phi-3's files); not at a `</s>` that is no control token (Gemma 3's, which texts
+    # spell: HTML's strikethrough)
+    tokenizer = tiny_tokenizer(("</s>", "<|end|>"))  # ids 3 and 4, typed as normal tokens
+    ids = {"tokenizer.ggml.eos_token_id": 1}
+    named = GPT.from_pretrained(write_gguf(tmp_path / "named.gguf", hf, tokenizer, ids=ids))
+    assert named.config.hf_token_ids["eos"] == [1, 0, 2, 4]
 
 
 @pytest.mark.parametrize(
