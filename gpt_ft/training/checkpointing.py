@@ -237,7 +237,8 @@ class ResumeState(Callback):
             return
         states = state.get("ranks", [state])  # a checkpoint of one state for all ranks: as saved
         world, rank = (self.trainer.world_size, self.trainer.global_rank) if self.trainer else (1, 0)
-        if len(states) != world and "ranks" in state:
+        fits = getattr(getattr(self.trainer, "state", None), "fn", "fit") == "fit"  # (validate: no dropout)
+        if fits and len(states) != world and "ranks" in state:
             rank_zero_warn(
                 f"The checkpoint holds the random states of {len(states)} processes and this run has "
                 f"{world}: weights, optimizer, step and (at as many examples a step) data order are "

@@ -1527,3 +1527,22 @@ def test_last_is_looked_for_where_a_logger_without_a_root_folder_puts_checkpoint
     assert getattr(trainer.logger, "root_dir", None) is None
     folder = Path(checkpoints._ModelCheckpoint__resolve_ckpt_dir(trainer))
     assert runs_root(trainer) == folder.parent.parent == tmp_path / (save_dir or "root") / "project"
+
+
+def test_a_checkpoint_of_another_number_of_processes_warns_of_dropout_when_it_trains_only():
+    """Scored on 2 processes (`validate --ckpt_path`), a 1-process checkpoint warned that dropout
+    masks would differ from the uninterrupted run's: nothing trains there."""
+    import warnings
+    from types import SimpleNamespace
+
+    from gpt_ft.training.checkpointing import ResumeState, rng_state
+
+    saved = {"ranks": [rng_state()]}
+    for fn, warns in (("validate", False), ("fit", True)):
+        resume = ResumeState()
+        resume.trainer = SimpleNamespace(world_size=2, global_rank=1, state=SimpleNamespace(fn=fn))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            resume.load_state_dict(saved)
+        said = [str(w.message) for w in caught if "random states of 1 processes" in str(w.message)]
+        assert len(said) == warns, (fn, said)
