@@ -124,27 +124,32 @@ class StepsProgressBar(TQDMProgressBar):
         return super().init_train_tqdm() if sys.stdout.isatty() else self._in_lines(self.train_description)
 
     def init_validation_tqdm(self) -> Tqdm:
-        if sys.stdout.isatty():
-            return super().init_validation_tqdm()
-        return self._in_lines(
-            self.validation_description, leave=self.trainer.state.fn == "validate"
-        )  # (alone)
+        alone = self.trainer.state.fn == "validate"  # (left, as Lightning leaves it)
+        return super().init_validation_tqdm() if sys.stdout.isatty() else self._in_lines("Validation", alone)
 
     def init_test_tqdm(self) -> Tqdm:
         return super().init_test_tqdm() if sys.stdout.isatty() else self._in_lines("Testing")
 
     def init_predict_tqdm(self) -> Tqdm:
-        return (
-            super().init_predict_tqdm() if sys.stdout.isatty() else self._in_lines(self.predict_description)
-        )
+        return super().init_predict_tqdm() if sys.stdout.isatty() else self._in_lines("Predicting")
+
+    _done = 0  # the batches a run resumed mid-epoch finds done in that epoch
 
     @property
     def total_train_batches(self) -> int | float:
         trainer = self.trainer
         if trainer.max_steps is not None and trainer.max_steps > 0:
             left = (trainer.max_steps - trainer.global_step) * trainer.accumulate_grad_batches
-            return min(trainer.num_training_batches, left)
+            return min(trainer.num_training_batches, self._done + left)
         return trainer.num_training_batches
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        super().on_train_start(trainer, pl_module)
+        if trainer.fit_loop.restarted_mid_epoch:  # Lightning starts no epoch: the bar had no total, no epoch
+            self._done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+            self.on_train_epoch_start(trainer)
+            self.train_progress_bar.n = self.train_progress_bar.initial = self._done  # (its rate: this run's)
+            self._done = 0
 
 
 class LastAfterBest(Checkpoint):

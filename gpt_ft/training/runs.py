@@ -17,7 +17,7 @@ from lightning.pytorch import LightningDataModule
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.plugins.io import CheckpointIO
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 
 from gpt_ft.adapters.cards import PARSER_MODE
 from gpt_ft.errors import check_context, check_output_dir
@@ -222,9 +222,9 @@ class GPTCLI(CheckpointHparamsAsDefaults, ConfigDumpReadFast, ParsersBuiltOnce, 
             if found is None:
                 other = f" of task {task.name!r}" if task else " of a language model"
                 other = f"{other} (the newest, {newest}, trained another)" if newest else ""
-                print(f"no {root}/*/checkpoints/last.ckpt{other} to resume from: starting afresh", flush=True)
-            else:
-                print(f"resuming from {found}", flush=True)
+                said = f"no {root}/*/checkpoints/last.ckpt{other} to resume from: starting afresh"
+            said = said if found is None else f"resuming from {found}"
+            rank_zero_only(print)(said, flush=True)  # (DDP: by the first process)
             config.ckpt_path = None if found is None else str(found)
         # checked, and the earlier rows kept, before the logger clears its folder
         no_earlier_checkpoints(self.trainer, config.get("ckpt_path"))

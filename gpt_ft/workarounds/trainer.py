@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -40,8 +41,21 @@ def quiet_misleading_warnings() -> None:
       the 32 bits it counts;
     - torch's deprecation of `isinstance(treespec, LeafSpec)`: Lightning's own call
       (lightning/pytorch/utilities/_pytree.py), nothing a run's user can change.
+
+    And the toolkit's own warnings are shown as Lightning shows its own: on one line, without the
+    line of source that raised them (a log read `rank_zero_warn(f"{given} is {than} the run's ...`).
     """
     import warnings
+
+    if getattr(warnings.formatwarning, "__name__", "") != "one_line":
+        package, shown = str(Path(__file__).resolve().parents[1]), warnings.formatwarning
+
+        def one_line(message, category, filename, lineno, line=None) -> str:
+            if str(filename).startswith(package):
+                return f"{filename}:{lineno}: {message}\n"
+            return shown(message, category, filename, lineno, line)
+
+        warnings.formatwarning = one_line
 
     for message in (
         "You're resuming from a checkpoint that ended before",

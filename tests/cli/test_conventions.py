@@ -161,6 +161,12 @@ def test_the_bar_in_a_log_writes_lines(tmp_path, tokenizer_dir, monkeypatch, cap
     out = capsys.readouterr().out
     epochs = re.findall(r"^Epoch (\d): 100%\|#+\| 2/2 \[.*\]$", out, re.M)
     assert "\r" not in out and epochs == ["0", "1"] and len(out.splitlines()) == 4, out  # and 2 metrics lines
+    logs = f"--trainer.logger.init_args.save_dir={tmp_path / 'resumed'}"
+    main(["fit", *args, logs, "--trainer.max_steps=1"])  # stopped within its first epoch, then resumed:
+    capsys.readouterr()  # Lightning starts no epoch there, and the bar had neither total nor epoch
+    main(["fit", *args, logs, "--trainer.max_epochs=2", "--ckpt_path=last"])
+    out = capsys.readouterr().out
+    assert re.findall(r"^Epoch (\d): 100%\|#+\| 2/2 \[.*\]$", out, re.M) == ["0", "1"], out
     monkeypatch.chdir(tmp_path)  # (validate's reports go under runs/ where it runs)
     main(["validate", f"--ckpt_path={next(tmp_path.rglob('last.ckpt'))}"])  # its bar alone: left
     assert re.search(r"^Validation DataLoader 0: 100%\|#+\| 2/2 \[.*\]$", capsys.readouterr().out, re.M)
@@ -287,3 +293,21 @@ def test_a_runs_configuration_is_written_without_validating_it_again(tmp_path, t
     assert not checked and yaml.safe_load(written)["data"]["init_args"]["batch_size"] == 4
     cli.parser.dump(cli.config, skip_validation=False)
     assert checked
+
+
+def test_the_toolkits_warnings_are_one_line_as_lightnings_are(monkeypatch):
+    """A log showed each of the toolkit's warnings with the source line that raised it
+    (`rank_zero_warn(f"{given} is {than} ...`); Lightning's own show on one line."""
+    import warnings
+    from pathlib import Path
+
+    import gpt_ft
+    from gpt_ft.workarounds.trainer import quiet_misleading_warnings
+
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)  # (put back after the test)
+    quiet_misleading_warnings()
+    ours = str(Path(gpt_ft.__file__).parent / "training" / "optim.py")
+    said = warnings.formatwarning(UserWarning("too long"), UserWarning, ours, 84, 'rank_zero_warn(f"...")')
+    assert said == f"{ours}:84: too long\n"
+    other = warnings.formatwarning(UserWarning("x"), UserWarning, "/elsewhere/m.py", 3, "f()")
+    assert "UserWarning: x" in other and "f()" in other  # others' as before

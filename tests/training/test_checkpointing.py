@@ -567,9 +567,12 @@ def test_the_newest_last_checkpoint_of_a_loggers_runs(tmp_path):
         Checkpoint.read(sharded)
 
 
-def test_fit_resumes_the_newest_run_of_its_own_task(tmp_path, tokenizer_dir, capsys):
+def test_fit_resumes_the_newest_run_of_its_own_task(tmp_path, tokenizer_dir, capsys, monkeypatch):
     """`--ckpt_path last` among runs of several cards under one logger: the newest run of the task
-    given (another task's newer run would resume with its head, or be refused)."""
+    given (another task's newer run would resume with its head, or be refused); said by a DDP run's
+    first process alone."""
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
     logs, (sent, pair) = tmp_path / "logs", (make_task(kind, tmp_path / kind) for kind in ("single", "pair"))
     for card in (sent, pair):
         main(["fit", *finetune_args(card, tokenizer_dir, card.parent, logs), "--trainer.max_epochs=1"])
@@ -587,6 +590,17 @@ def test_fit_resumes_the_newest_run_of_its_own_task(tmp_path, tokenizer_dir, cap
     # validate with a card takes that task's newest run too (it scored the newest of any, other's)
     main(["validate", *finetune_args(sent, tokenizer_dir, sent.parent, logs), "--ckpt_path=last"])
     assert f"validate: {last_path(logs, 2)}" in capsys.readouterr().out
+    monkeypatch.setattr(rank_zero_only, "rank", 1)  # a second process of a DDP run: said by the first alone
+    main(
+        [
+            "fit",
+            *finetune_args(sent, tokenizer_dir, sent.parent, logs),
+            "--ckpt_path=last",
+            "--trainer.max_epochs=4",
+        ]
+    )
+    assert "resuming from" not in capsys.readouterr().out
+    monkeypatch.undo()
 
 
 def test_a_second_fit_into_a_given_logger_version_is_refused_before_it_touches_the_first(
