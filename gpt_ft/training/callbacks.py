@@ -145,7 +145,7 @@ class StepsProgressBar(TQDMProgressBar):
 
     def on_train_start(self, trainer, pl_module) -> None:
         super().on_train_start(trainer, pl_module)
-        if trainer.fit_loop.restarted_mid_epoch:  # Lightning starts no epoch: the bar had no total, no epoch
+        if getattr(trainer.fit_loop, "restarted_mid_epoch", False):  # no epoch started: no total, no epoch
             self._done = trainer.fit_loop.epoch_loop.batch_progress.current.processed
             self.on_train_epoch_start(trainer)
             self.train_progress_bar.n = self.train_progress_bar.initial = self._done  # (its rate: this run's)
