@@ -328,7 +328,10 @@ class BestCheckpoint(ModelCheckpoint):
             super().on_train_epoch_end(trainer, pl_module)
 
     def on_fit_end(self, trainer, pl_module) -> None:
-        if not self.best_model_path and trainer.is_global_zero:
+        at = next((c.path(trainer) for c in trainer.callbacks if isinstance(c, SaveLast)), None)  # last's
+        if trainer.is_global_zero and self.best_model_path:  # where the weights are (as a stop says)
+            print(f"best: {self.best_model_path}" + f"; last: {at}" * bool(at and at.is_file()), flush=True)
+        elif trainer.is_global_zero:
             last = "last.ckpt holds the weights" if trainer.global_step else "nor any other: no step trained"
             print(f"note: the run ended before any validation gave {self.monitor}: no best checkpoint was "
                   f"kept ({last}).", file=sys.stderr, flush=True)  # fmt: skip

@@ -160,7 +160,11 @@ def test_the_bar_in_a_log_writes_lines(tmp_path, tokenizer_dir, monkeypatch, cap
     main(["fit", *args, "--trainer.max_epochs=2"])  # 2 batches an epoch, within `every`
     out = capsys.readouterr().out
     epochs = re.findall(r"^Epoch (\d): 100%\|#+\| 2/2 \[.*\]$", out, re.M)
-    assert "\r" not in out and epochs == ["0", "1"] and len(out.splitlines()) == 4, out  # and 2 metrics lines
+    assert "\r" not in out and epochs == ["0", "1"] and len(out.splitlines()) == 5, out  # metrics lines, best
+    best, last = (
+        next(tmp_path.rglob(name)) for name in ("best-*.ckpt", "last.ckpt")
+    )  # a run says where they are
+    assert out.splitlines()[-1] == f"best: {best}; last: {last}"
     logs = f"--trainer.logger.init_args.save_dir={tmp_path / 'resumed'}"
     main(["fit", *args, logs, "--trainer.max_steps=1"])  # stopped within its first epoch, then resumed:
     capsys.readouterr()  # Lightning starts no epoch there, and the bar had neither total nor epoch
