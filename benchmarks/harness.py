@@ -255,14 +255,12 @@ def random_tokens(folder: Path, vocab_size: int, train: int, validation: int) ->
     from gpt_ft.data.folders import tokenizer_digests
     from gpt_ft.data.prepare import META, SPLIT_FILES, token_dtype
 
-    dtype = token_dtype(vocab_size)
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
-    counts = {"train": train, "validation": validation}
-    for split, n in counts.items():
-        rng.integers(0, vocab_size, n, dtype=np.int64).astype(dtype).tofile(folder / SPLIT_FILES[split])
     # Checkpoints keep the data's tokenizer beside them: any small one will do for random tokens.
     shutil.copytree(ROOT / "examples" / "quickstart" / "tokenizer", folder / "tokenizer", dirs_exist_ok=True)
+    dtype, counts = token_dtype(vocab_size), {"train": train, "validation": validation}
+    rng = np.random.default_rng(0)
+    for split, n in counts.items():
+        rng.integers(0, vocab_size, n, dtype=np.int64).astype(dtype).tofile(folder / SPLIT_FILES[split])
     meta = {"dtype": dtype, "vocab_size": vocab_size, "eos_token_id": None, "tokens": counts, "documents": 1,
             "tokenizer": "tokenizer", "tokenizer_files": tokenizer_digests(folder / "tokenizer"),
             "sources": ["random"], "seconds": 0}  # fmt: skip
