@@ -28,6 +28,7 @@ from transformers import (
     PreTrainedModel,
     Qwen2Config,
     Qwen3Config,
+    SmolLM3Config,
 )
 from transformers.modeling_outputs import SequenceClassifierOutput
 
@@ -137,6 +138,10 @@ class Phi3SimilarityForSequenceClassification(SimilarityForSequenceClassificatio
 
 class Gemma3TextSimilarityForSequenceClassification(SimilarityForSequenceClassification):
     config_class = Gemma3TextConfig
+
+
+class SmolLM3SimilarityForSequenceClassification(SimilarityForSequenceClassification):
+    config_class = SmolLM3Config
 
 
 CLASSES = {cls.config_class.model_type: cls for cls in SimilarityForSequenceClassification.__subclasses__()}

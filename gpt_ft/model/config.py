@@ -5,7 +5,8 @@ One config describes three families of blocks: GPT-1 (post-LN, learned positions
 grouped-query attention, no biases, an untied LM head), which also covers Qwen2, Mistral and
 Phi-3. A few more switches make Qwen3 (a head size of its own, RMSNorm on queries and keys) and
 Gemma 3 (its (1 + w) RMSNorm, scaled embeddings, norms after attention and MLP, GeGLU, local
-sliding-window layers with their own rotary base between global ones).
+sliding-window layers with their own rotary base between global ones) and SmolLM3 (layers without
+rotary positions between rotary ones).
 """
 
 from __future__ import annotations
@@ -107,6 +108,9 @@ class GPTConfig:
     rope_local_theta: float | None = None
     """Rotary base of the sliding-window layers (Gemma 3: 10,000), unscaled; None: rope_theta and
     rope_scaling, as the full layers."""
+    nope_layers: list[int] | None = None
+    """The layers (numbered from 0) whose queries and keys take no rotary positions (SmolLM3: every
+    fourth, the zeros of its `no_rope_layers`); None: every layer takes them."""
     positions: Positions = "learned"
     """Learned position embeddings added to the tokens' (GPT) or rotary positions in attention (Llama)."""
     rope_theta: float = 10000.0
@@ -127,8 +131,8 @@ class GPTConfig:
     tie_embeddings: bool = True
     """The LM head is the token embedding (GPT, small Llamas) or a matrix of its own (`lm_head`)."""
     hf_model_type: str | None = None
-    """The transformers model type `to_hf` writes (llama, qwen2, qwen3, mistral, phi3, gemma3_text);
-    None: read from the shape."""
+    """The transformers model type `to_hf` writes (llama, qwen2, qwen3, mistral, phi3, gemma3_text,
+    smollm3); None: read from the shape."""
     hf_token_ids: dict[str, Any] | None = None
     """The bos/eos/pad token ids of the transformers config (or GGUF file) the weights came from,
     {"bos": 1, "eos": [2, 7], "pad": None}, which `to_hf` writes back; None: it writes none (a
@@ -228,6 +232,12 @@ class GPTConfig:
                 raise ValueError(
                     "GPTConfig.layer_types has sliding_attention layers but sliding_window is None."
                 )
+        if self.nope_layers is not None:
+            self.nope_layers = list(self.nope_layers)
+            if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.n_layer
+                   for i in self.nope_layers):  # fmt: skip
+                last, got = self.n_layer - 1, self.nope_layers
+                raise ValueError(f"GPTConfig.nope_layers must be layer numbers 0 to {last}, got {got}.")
         for name in ("embd_pdrop", "attn_pdrop", "resid_pdrop"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"GPTConfig.{name} must be in [0, 1), got {getattr(self, name)}.")
@@ -252,6 +262,10 @@ class GPTConfig:
         if self.sliding_window is None:
             return False
         return self.layer_types is None or self.layer_types[layer] == "sliding_attention"
+
+    def rotates(self, layer: int) -> bool:
+        """Whether block `layer` takes rotary positions (where the model has them)."""
+        return self.nope_layers is None or layer not in self.nope_layers
 
     @property
     def rope_type(self) -> str:
@@ -357,6 +371,10 @@ PRESETS: dict[str, dict] = {
                          layer_types=_gemma3_layers(18)),
     "gemma-3-1b": dict(_GEMMA3, vocab_size=262144, n_embd=1152, n_layer=26, n_inner=6912,
                        layer_types=_gemma3_layers(26)),
+    # SmolLM3: Llama's blocks, every fourth layer without rotary positions.
+    "smollm3-3b": dict(_LLAMA, vocab_size=128256, n_positions=65536, n_embd=2048, n_layer=36, n_head=16,
+                       n_kv_head=4, n_inner=11008, rope_theta=5000000.0, layer_norm_epsilon=1e-6,
+                       nope_layers=list(range(3, 36, 4)), hf_model_type="smollm3"),
     "phi-3-mini": dict(_LLAMA, vocab_size=32064, n_positions=4096, n_embd=3072, n_layer=32, n_head=32,
                        n_inner=8192, sliding_window=2047, tie_embeddings=False, hf_model_type="phi3"),
     # Llama-shaped models small enough to train on a laptop CPU.

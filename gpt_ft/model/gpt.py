@@ -4,10 +4,11 @@ One config switch picks the block layout: GPT-1 is post-LN with no final LayerNo
 pre-LN with a final LayerNorm. A few more make Llama-family blocks of the same modules: RMSNorm
 for LayerNorm, rotary positions for learned ones, SwiGLU, fewer key/value heads, no biases, an
 untied head; and Qwen3's and Gemma 3's (per-head query/key norms, norms after attention and MLP,
-scaled embeddings, sliding-window layers). Attention lives in `attention.py`, the norms in
-`norms.py`. Module names follow the Hugging Face GPT-2 checkpoint keys (`wte`, `wpe`,
-`h.N.attn.c_attn`, ...), so converting GPT weights in either direction is a name map plus a
-transpose list; Llama's separate q/k/v and gate/up matrices are stacked (see `gpt_ft/weights/hf.py`).
+scaled embeddings, sliding-window layers), SmolLM3's (layers without rotary positions). Attention
+lives in `attention.py`, the norms in `norms.py`. Module names follow the Hugging Face GPT-2
+checkpoint keys (`wte`, `wpe`, `h.N.attn.c_attn`, ...), so converting GPT weights in either
+direction is a name map plus a transpose list; Llama's separate q/k/v and gate/up matrices are
+stacked (see `gpt_ft/weights/hf.py`).
 """
 
 from __future__ import annotations
@@ -225,13 +226,9 @@ class GPT(nn.Module):
         recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
         for i, block in enumerate(self.h):
             local = self.config.is_sliding(i)
-            args = (
-                x,
-                *masks[local],
-                kv_cache,
-                i,
-                rotaries[local and self.config.rope_local_theta is not None],
-            )
+            rotary = rotaries[local and self.config.rope_local_theta is not None]
+            rotary = rotary if self.config.rotates(i) else None  # SmolLM3's layers without positions
+            args = (x, *masks[local], kv_cache, i, rotary)
             x = checkpoint(block, *args, use_reentrant=False) if recompute else block(*args)
         if static:
             kv_cache.advance(T)

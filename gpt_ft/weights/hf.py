@@ -1,5 +1,6 @@
 """Weights to and from `transformers`: OpenAIGPT* (GPT-1), GPT2*, and the Llama family (Llama,
-Qwen2, Qwen3, Mistral, Phi-3, Gemma 3; see `hf_llama.py`), as model instances or local directories.
+Qwen2, Qwen3, Mistral, Phi-3, Gemma 3, SmolLM3; see `hf_llama.py`), as model instances or local
+directories.
 
 Our module names are GPT-2's, so GPT conversion is a name map (GPT-1 spells two embeddings
 differently) plus a transpose list (transformers keeps these layers as `Conv1D`, weight (in, out)).

@@ -1,6 +1,7 @@
 """Llama-family weights to and from `transformers`: LlamaForCausalLM, Qwen2ForCausalLM,
-Qwen3ForCausalLM, MistralForCausalLM, Phi3ForCausalLM and Gemma3ForCausalLM (SmolLM/SmolLM2,
-TinyLlama, Qwen2.5, Qwen3, Llama 3.x, Mistral, Phi-3 and Gemma 3 text checkpoints).
+Qwen3ForCausalLM, MistralForCausalLM, Phi3ForCausalLM, Gemma3ForCausalLM and SmolLM3ForCausalLM
+(SmolLM/SmolLM2, TinyLlama, Qwen2.5, Qwen3, Llama 3.x, Mistral, Phi-3, Gemma 3 text and SmolLM3
+checkpoints).
 
 Their blocks are ours with Llama's switches on (see `GPTConfig`); the names differ, and two groups
 of their matrices are one of ours: q/k/v stacked into `attn.c_attn`, gate/up into `mlp.c_fc`
@@ -17,9 +18,9 @@ from torch import Tensor
 
 from gpt_ft.model.config import GPTConfig
 
-MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma3_text")
+MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma3_text", "smollm3")
 _CLASSES = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral", "phi3": "Phi3",
-            "gemma3_text": "Gemma3"}  # fmt: skip
+            "gemma3_text": "Gemma3", "smollm3": "SmolLM3"}  # fmt: skip
 _ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
                 "relu": "relu"}  # fmt: skip
 # theirs (after "model.layers.N.") -> ours (after "h.N.")
@@ -78,7 +79,8 @@ def is_llama_style(config: GPTConfig) -> bool:
 
 
 def config_from_hf(c) -> GPTConfig:
-    """Our GPTConfig for a transformers Llama, Qwen2, Qwen3, Mistral, Phi-3 or Gemma 3 text config."""
+    """Our GPTConfig for a transformers Llama, Qwen2, Qwen3, Mistral, Phi-3, Gemma 3 text or SmolLM3
+    config."""
     model_type, name = c.model_type, type(c).__name__
     activation_field = "hidden_activation" if model_type == "gemma3_text" else "hidden_act"
     activation = _ACTIVATIONS.get(getattr(c, activation_field))
@@ -95,11 +97,11 @@ def config_from_hf(c) -> GPTConfig:
     local_theta = _rope(c, "sliding_attention")[0] if model_type == "gemma3_text" else None
     if model_type == "qwen2":  # biases on q, k and v only
         bias, qkv_bias = False, True
-    elif model_type == "llama":
+    elif model_type in ("llama", "smollm3"):
         bias, qkv_bias = bool(c.attention_bias), None
         if bool(getattr(c, "mlp_bias", False)) != bias:
             raise ValueError(
-                f"LlamaConfig with attention_bias={c.attention_bias} and mlp_bias={c.mlp_bias} is not "
+                f"{name} with attention_bias={c.attention_bias} and mlp_bias={c.mlp_bias} is not "
                 "supported; both must be equal."
             )
     else:
@@ -111,9 +113,10 @@ def config_from_hf(c) -> GPTConfig:
             )
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     # What transformers' class of the family reads: Llama no window (a `sliding_window` key in its
-    # config is left unread), Mistral and Phi-3 one for every layer (their `layer_types` unread).
+    # config is left unread), Mistral and Phi-3 one for every layer (their `layer_types` unread),
+    # SmolLM3 its `layer_types` and `sliding_window` whatever its `use_sliding_window` says.
     window = getattr(c, "sliding_window", None) if model_type != "llama" else None
-    layered = model_type in ("qwen2", "qwen3", "gemma3_text")
+    layered = model_type in ("qwen2", "qwen3", "gemma3_text", "smollm3")
     layer_types = list(getattr(c, "layer_types", None) or []) or None if layered else None
     if model_type == "qwen2" and not getattr(c, "use_sliding_window", False):
         window = None
@@ -121,7 +124,9 @@ def config_from_hf(c) -> GPTConfig:
         window, layer_types = None, None
     elif layer_types and "full_attention" not in layer_types:
         layer_types = None  # every layer slides
-    gemma = model_type == "gemma3_text"
+    gemma, nope = model_type == "gemma3_text", []
+    if model_type == "smollm3":  # its no_rope_layers: 1 where a layer takes rotary positions, 0 where not
+        nope = [i for i, r in enumerate(c.no_rope_layers[: c.num_hidden_layers]) if not r]
     return GPTConfig(
         vocab_size=c.vocab_size,
         n_positions=c.max_position_embeddings,
@@ -141,6 +146,7 @@ def config_from_hf(c) -> GPTConfig:
         rope_theta=rope_theta,
         rope_scaling=rope_scaling,
         rope_local_theta=local_theta,
+        nope_layers=nope or None,
         sliding_window=window,
         layer_types=layer_types,
         activation=activation,
@@ -183,6 +189,8 @@ def model_type_of(config: GPTConfig) -> str:
     """The transformers model type these weights export to."""
     if config.hf_model_type in MODEL_TYPES:
         return config.hf_model_type
+    if config.nope_layers:
+        return "smollm3"
     if config.post_norms or config.norm == "gemma_rmsnorm":
         return "gemma3_text"
     if config.qk_norm:
@@ -194,8 +202,8 @@ def model_type_of(config: GPTConfig) -> str:
 
 
 def config_to_hf(config: GPTConfig):
-    """The transformers config of a Llama-style GPTConfig (Llama, Qwen2, Qwen3, Mistral, Phi-3 or
-    Gemma 3)."""
+    """The transformers config of a Llama-style GPTConfig (Llama, Qwen2, Qwen3, Mistral, Phi-3,
+    Gemma 3 or SmolLM3)."""
     import transformers
 
     model_type = model_type_of(config)
@@ -207,7 +215,8 @@ def config_to_hf(config: GPTConfig):
     if differ:
         raise ValueError(f"transformers' {model_type} models need {wanted}; this model has {differ}.")
     expected_qkv = {"qwen2": True}.get(model_type)
-    if config.qkv_bias not in (expected_qkv, config.bias) or (model_type != "llama" and config.bias):
+    biased = model_type in ("llama", "smollm3")
+    if config.qkv_bias not in (expected_qkv, config.bias) or (not biased and config.bias):
         raise ValueError(
             f"A {model_type} model has {'biases on q/k/v only' if model_type == 'qwen2' else 'no biases'}; "
             f"this model has bias={config.bias}, qkv_bias={config.qkv_bias}."
@@ -217,6 +226,9 @@ def config_to_hf(config: GPTConfig):
         raise ValueError(
             f"transformers' {model_type} models have one rotary base; rope_local_theta must be None."
         )
+    if config.nope_layers and model_type != "smollm3":
+        raise ValueError(f"transformers' {model_type} models give every layer rotary positions; "
+                         "nope_layers must be None.")  # fmt: skip
     if config.query_pre_attn_scalar is not None and not gemma:
         raise ValueError(f"transformers' {model_type} models scale attention by the head size; "
                          "query_pre_attn_scalar must be None.")  # fmt: skip
@@ -247,7 +259,7 @@ def config_to_hf(config: GPTConfig):
     if model_type in ("llama", "mistral", "phi3") and len(set(layers)) > 1:
         raise ValueError(f"transformers' {model_type} models slide in every layer or none; layer_types must "
                          "be all one type.")  # fmt: skip
-    if model_type not in ("mistral", "phi3", "gemma3_text", "qwen2", "qwen3") and config.sliding_window:
+    if model_type == "llama" and config.sliding_window:  # (every other family has one)
         raise ValueError(
             f"transformers' {model_type} models have no sliding window; sliding_window must be None."
         )
@@ -270,6 +282,9 @@ def config_to_hf(config: GPTConfig):
         return cls(**common, **window, hidden_activation=activation,
                    query_pre_attn_scalar=config.query_pre_attn_scalar or config.head_dim)  # fmt: skip
     use_window = config.sliding_window is not None
+    if model_type == "smollm3":
+        common.update(no_rope_layers=[int(config.rotates(i)) for i in range(config.n_layer)],
+                      attention_bias=config.bias, mlp_bias=config.bias)  # fmt: skip
     return cls(**common, **window, hidden_act=activation, use_sliding_window=use_window)
 
 

@@ -65,6 +65,8 @@ def test_bad_config_errors():
         ("query_pre_attn_scalar", 0, "a positive number, got 0"),  # (taken as None)
         ("query_pre_attn_scalar", -4, "a positive number, got -4"),  # (a complex scale)
         ("rope_scaling", [1], "a mapping or None, got [1]"),
+        ("nope_layers", [2], "layer numbers 0 to 1, got [2]"),  # (llama-micro has 2 layers)
+        ("nope_layers", [True], "layer numbers 0 to 1, got [True]"),
     ]
     for field, value, said in nonsense:
         with pytest.raises(ValueError, match=rf"^GPTConfig.{field} must be {re.escape(said)}\.$"):
@@ -103,7 +105,7 @@ def test_the_shape_fields_are_those_that_make_the_weights():
                   initializer_range=0.01, rope_theta=500.0, hf_model_type="llama",
                   rope_scaling={"rope_type": "linear", "factor": 2.0}, query_pre_attn_scalar=16,
                   sliding_window=8, layer_types=["full_attention"] * 2, rope_local_theta=100.0,
-                  hf_token_ids={"bos": 1, "eos": [2, 3], "pad": None})  # fmt: skip
+                  nope_layers=[1], hf_token_ids={"bos": 1, "eos": [2, 3], "pad": None})  # fmt: skip
     assert set(others) == names - set(GPTConfig.SHAPE_FIELDS) - {"vocab_multiple", "released_rows"}
 
     def shapes(config):

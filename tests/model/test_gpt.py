@@ -317,6 +317,27 @@ def test_gemmas_scaled_embeddings_compile_as_one_graph():
     assert len(graphs) == 1
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])
+def test_layers_without_rotary_positions_see_no_positions(device):
+    """`nope_layers` (SmolLM3's): a model none of whose layers turns its queries and keys gives the
+    same states at any positions (here 3 apart), in fp32 and bf16 (the CPU's blocked attention), also
+    with padding; one turning layer makes them differ."""
+    torch.manual_seed(0)
+    config = GPTConfig.from_name("llama-micro", vocab_size=50, nope_layers=[0, 1])
+    gpt = GPT(config).to(device).eval()
+    rotary = GPT(GPTConfig.from_name("llama-micro", vocab_size=50, nope_layers=[0])).to(device).eval()
+    rotary.load_state_dict(gpt.state_dict())
+    # positions 3 apart: rotary attention, which sees the distances between them, changes
+    ids, spread = torch.randint(0, 50, (2, 12), device=device), torch.arange(0, 36, 3, device=device)
+    mask = torch.ones_like(ids).index_fill_(1, torch.arange(3, device=device), 0)  # left padding
+    with torch.no_grad():
+        for dtype in (torch.float32, torch.bfloat16):
+            with torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32):
+                assert torch.equal(gpt(ids), gpt(ids, position_ids=spread))
+                assert torch.equal(gpt(ids, mask)[:, 3:], gpt(ids, mask, position_ids=spread)[:, 3:])
+        assert not torch.allclose(rotary(ids), rotary(ids, position_ids=spread), atol=1e-3)
+
+
 def test_token_ids_of_another_shape_type_or_range_are_named_in_one_sentence():
     """Their values on the CPU only: on a GPU reading them would wait for the device at every step.
     (An id past the vocabulary read an untrained row of the padded table: 10 tokens, 64 rows.)"""

@@ -1,7 +1,10 @@
 """Llama-family blocks against transformers: LlamaForCausalLM (grouped-query attention, Llama 3
 rotary scaling, biases), Qwen2ForCausalLM (q/k/v biases), MistralForCausalLM and Phi3ForCausalLM
-(sliding windows), Qwen3ForCausalLM (its own head size, q/k norms) and Gemma3ForCausalLM (Gemma's
-norms, scaled embeddings, local and global layers)."""
+(sliding windows), Qwen3ForCausalLM (its own head size, q/k norms), Gemma3ForCausalLM (Gemma's
+norms, scaled embeddings, local and global layers) and SmolLM3ForCausalLM (layers without rotary
+positions)."""
+
+import dataclasses
 
 import pytest
 import torch
@@ -32,6 +35,9 @@ VARIANTS = {
     ),
     "llama-linear-rope": ("llama", dict(rope_scaling=dict(rope_type="linear", factor=2.0))),
     "qwen2-tied": ("qwen2", dict(tie_word_embeddings=True, rope_theta=1e6)),
+    # SmolLM3: its first layer without rotary positions and sliding, the second rotary and full
+    "smollm3-nope-first-window": ("smollm3", dict(WINDOW, use_sliding_window=True, no_rope_layers=[0, 1])),
+    "smollm3-untied-biases": ("smollm3", dict(tie_word_embeddings=False, attention_bias=True, mlp_bias=True)),
 }  # fmt: skip
 
 
@@ -64,6 +70,26 @@ def test_window_settings_the_familys_class_leaves_unread_are_left_unread(family,
     ids = torch.randint(0, VOCAB, (1, 40))
     with torch.no_grad():
         torch.testing.assert_close(gpt.lm_logits(gpt(ids)), hf(ids).logits, rtol=0, atol=1e-5)
+
+
+def test_smollm3s_layers_without_rotary_positions_and_its_layer_types_are_read():
+    """SmolLM3's `no_rope_layers` (0: no rotary positions) become `nope_layers`, and its explicit
+    `layer_types` slide where `use_sliding_window` is false (as transformers' masks do): the logits
+    are transformers', and the same model rotating every layer's are not."""
+    hf = tiny_llama("smollm3", **WINDOW, layer_types=["full_attention", "sliding_attention"])
+    gpt = GPT.from_hf(hf).eval()
+    assert (gpt.config.nope_layers, gpt.config.layer_types[1], gpt.config.sliding_window) == (
+        [1],
+        "sliding_attention",
+        8,
+    )
+    rotary = GPT(dataclasses.replace(gpt.config, nope_layers=None)).eval()
+    rotary.load_state_dict(gpt.state_dict())
+    ids = torch.randint(0, VOCAB, (2, 40))
+    with torch.no_grad():
+        theirs = hf(ids).logits
+        torch.testing.assert_close(gpt.lm_logits(gpt(ids)), theirs, rtol=0, atol=1e-5)
+        assert (rotary.lm_logits(rotary(ids)) - theirs).abs().max() > 1e-3  # 100 times the tolerance
 
 
 def test_phi3s_embedding_dropout_is_left_unread_as_transformers_leaves_it():
@@ -169,10 +195,12 @@ def test_kv_cache_holds_the_key_value_heads_only():
     assert cache.k.shape == (2, 3, 2, 10, 8)  # layers, batch, 2 key/value heads (of 4), positions, head size
 
 
-@pytest.mark.parametrize("family", ["mistral", "phi3", "gemma3_text"])
+@pytest.mark.parametrize("family", ["mistral", "phi3", "gemma3_text", "smollm3"])
 def test_sliding_windows_apply_over_a_kv_cache(family):
-    """Token by token, each new token's window drops the oldest key once the input is longer."""
-    hf = tiny_llama(family, **({} if family == "gemma3_text" else WINDOW))
+    """Token by token, each new token's window drops the oldest key once the input is longer (SmolLM3's
+    in its layer without rotary positions)."""
+    windows = {"gemma3_text": {}, "smollm3": dict(WINDOW, use_sliding_window=True, no_rope_layers=[0, 1])}
+    hf = tiny_llama(family, **windows.get(family, WINDOW))
     gpt = GPT.from_hf(hf).eval()
     assert gpt.config.sliding_window == 8 and gpt.config.n_positions == 64
     ids = torch.randint(0, VOCAB, (2, 20))
@@ -220,9 +248,10 @@ def test_a_model_from_scratch_exports_to_the_family_its_shape_says():
              (dict(hf_model_type="phi3"), "Phi3ForCausalLM"), (QWEN3_MICRO, "Qwen3ForCausalLM"),
              (GEMMA3_MICRO, "Gemma3ForCausalLM"), (dict(activation="relu"), "LlamaForCausalLM"),
              ({**GEMMA3_MICRO, "sliding_window": None, "layer_types": None}, "Gemma3ForCausalLM"),
+             (dict(nope_layers=[1]), "SmolLM3ForCausalLM"),
              ]  # fmt: skip
     for overrides, expected in cases:
-        layers = dict(n_layer=2) if "layer_types" in overrides else dict(n_layer=1)
+        layers = dict(n_layer=2) if {"layer_types", "nope_layers"} & set(overrides) else dict(n_layer=1)
         config = GPTConfig.from_name("llama-mini", vocab_size=VOCAB, **layers, **overrides)
         gpt = GPT(config).eval()
         hf = gpt.to_hf()
@@ -234,7 +263,7 @@ def test_a_model_from_scratch_exports_to_the_family_its_shape_says():
 
 PRESET_PARAMETERS = {"smollm2-135m": 134_515_008, "qwen2.5-0.5b": 494_032_768, "llama-3.2-1b": 1_235_814_400,
                      "qwen3-0.6b": 596_049_920, "gemma-3-270m": 268_098_176, "gemma-3-1b": 999_885_952,
-                     "phi-3-mini": 3_821_079_552}  # fmt: skip
+                     "phi-3-mini": 3_821_079_552, "smollm3-3b": 3_075_098_624}  # fmt: skip
 
 
 @pytest.mark.parametrize("preset", list(PRESET_PARAMETERS))
@@ -295,7 +324,7 @@ def test_config_errors_name_the_field(overrides, message):
 
 
 def test_unsupported_transformers_configs_are_one_sentence():
-    from transformers import Gemma3TextConfig, LlamaConfig, Phi3Config, Qwen3Config
+    from transformers import Gemma3TextConfig, LlamaConfig, Phi3Config, Qwen3Config, SmolLM3Config
 
     from gpt_ft.weights.hf import config_from_hf
 
@@ -309,8 +338,15 @@ def test_unsupported_transformers_configs_are_one_sentence():
         config_from_hf(Gemma3TextConfig(**TINY_LLAMA, final_logit_softcapping=30.0))
     with pytest.raises(ValueError, match=r"Qwen3Config.attention_bias=True is not supported"):
         config_from_hf(Qwen3Config(**TINY_LLAMA, attention_bias=True))
-    with pytest.raises(ValueError, match="attention_bias=True and mlp_bias=False"):
-        config_from_hf(LlamaConfig(**TINY_LLAMA, attention_bias=True))
+    for cls in (LlamaConfig, SmolLM3Config):
+        with pytest.raises(ValueError, match=f"{cls.__name__} with attention_bias=True and mlp_bias=False"):
+            config_from_hf(cls(**TINY_LLAMA, attention_bias=True, pad_token_id=None))
+    with pytest.raises(
+        ValueError, match="llama models give every layer rotary positions; nope_layers must be"
+    ):
+        GPT(
+            GPTConfig.from_name("llama-micro", vocab_size=VOCAB, hf_model_type="llama", nope_layers=[0])
+        ).to_hf()
     with pytest.raises(ValueError, match="fold them in with gpt_ft.model.lora.merge_lora"):
         from gpt_ft.model.lora import LoRA, add_lora
 
