@@ -35,11 +35,12 @@ from typing import Literal
 
 import torch
 
+from gpt_ft.adapters.cards import card_from_value
 from gpt_ft.data.folders import written_whole
 from gpt_ft.errors import check_output_dir, check_output_file, real_path
 from gpt_ft.eval.classifier import Classifier
 from gpt_ft.eval.framing import framed_tokenizer, head_weights, language_model, loads_as_written, quiet_saves
-from gpt_ft.eval.gguf_export import export_served_gguf, place_gguf
+from gpt_ft.eval.gguf_export import check_served, export_served_gguf, place_gguf
 from gpt_ft.eval.onnx import write_onnx
 from gpt_ft.weights.checkpoint import Checkpoint
 from gpt_ft.weights.hf import has_double_heads, to_hf
@@ -82,13 +83,16 @@ def export_checkpoint(
         else:
             print(f"wrote {export_language_model(stored, out)}: pipeline('text-generation') loads it")
         return out
+    task = card_from_value(stored.require_task_card(), f"The task card recorded in {stored.where}")
+    if gguf:  # what the card alone refuses, before the weights load
+        check_served(task)
+    elif format == "onnx" and task.output.embeds:
+        raise ValueError("--format onnx: an embedding model exports as a sentence-transformers folder.")
     clf = Classifier.from_checkpoint(stored, device="cpu")
     if gguf:
         print(f"wrote {export_served_gguf(clf, out, gguf_type)}: {served_by(clf)}")
         return out
     if clf.task.output.embeds:
-        if format != "transformers":
-            raise ValueError("--format onnx: an embedding model exports as a sentence-transformers folder.")
         written, loads = export_encoder(clf, out), "SentenceTransformer(folder) loads it"
         print(f"wrote {written}: {loads}")
         return written
@@ -190,6 +194,8 @@ def export_language_model(stored: Checkpoint, out: Path) -> Path:
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
         )
     model.generation_config.suppress_tokens = framing_tokens(tokenizer, gpt.config.vocab_size) or None
+    # the model's context, which pipelines cut prompts to (a tokenizer of its own says none: 1e30)
+    tokenizer.model_max_length = min(tokenizer.model_max_length, gpt.config.n_positions)
     with written_whole(out) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)

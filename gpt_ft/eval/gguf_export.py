@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from gpt_ft.adapters.base import TaskAdapter
 from gpt_ft.eval.classifier import Classifier
 from gpt_ft.eval.framing import head_weights, language_model
 from gpt_ft.eval.labelling import put_in_place
@@ -55,46 +56,58 @@ def _new_name(file: Path, out: Path) -> None:
     put_in_place(file, out, overwrite=False, option="--out")
 
 
+def check_served(task: TaskAdapter) -> None:
+    """Refuses, in one sentence and from the card alone (before any weights load), a task whose
+    model llama.cpp does not serve: an embedding model that projects, any task but an embedding
+    model's and a pair's score (`scores_a_pair`)."""
+    if task.output.embeds and (dimensions := getattr(task, "dimensions", None)) is not None:
+        raise ValueError(
+            f"--format gguf: llama.cpp reads an embedding as the model's pooled state, with no "
+            f"projection after it; task {task.name!r} projects to {dimensions} dimensions "
+            "(export it as a sentence-transformers folder)."
+        )
+    if not task.output.embeds and not scores_a_pair(task):
+        raise ValueError(
+            f"--format gguf: llama.cpp serves language models, embedding models and scores of a pair of "
+            f"texts (rerankers, and pair tasks of one score or two classes); task {task.name!r} "
+            f"({task.output.kind}) exports as a transformers or ONNX folder."
+        )
+
+
 def serving_of(clf: Classifier) -> Serving:
-    """How llama.cpp serves `clf`'s task, or a sentence saying why it cannot (`write_gguf` says
-    which families it serves them in)."""
+    """How llama.cpp serves `clf`'s task (`write_gguf` says which families it serves them in)."""
     task, specials = clf.task, clf.specials
+    check_served(task)
     if task.output.embeds:
-        if clf.head.projects:
-            raise ValueError(
-                f"--format gguf: llama.cpp reads an embedding as the model's pooled state, with no "
-                f"projection after it; task {task.name!r} projects to {clf.head.out_features} dimensions "
-                "(export it as a sentence-transformers folder)."
-            )
         extract = specials.extract if task.pooling == "extract" else None
         return Serving("mean" if task.pooling == "mean" else "last", specials.start, extract)
     weight, bias = head_weights(clf)
-    if (scores := pair_scores(clf, weight)) is not None:
-        ids = (specials.start, specials.delim, specials.extract)
-        _, pair = task.template(clf.tokenizer.convert_ids_to_tokens(list(ids)))
-        texts = {"$A": "{query}", "$B": "{document}"}  # (llama.cpp reads the special tokens in it as such)
-        prompt = "".join(texts.get(piece, piece) for piece in pair.split())
-        names = task.output.served_labels()
-        labels = [names[1], names[0]] if len(scores) == len(names) == 2 else ["score", "zero"]
-        return Serving("rank", specials.start, specials.extract, scores, prompt, bias is not None, labels)
-    raise ValueError(
-        f"--format gguf: llama.cpp serves language models, embedding models and scores of a pair of texts "
-        f"(rerankers, and pair tasks of one score or two classes); task {task.name!r} ({task.output.kind}) "
-        "exports as a transformers or ONNX folder."
-    )
+    scores = pair_scores(clf, weight)
+    ids = (specials.start, specials.delim, specials.extract)
+    _, pair = task.template(clf.tokenizer.convert_ids_to_tokens(list(ids)))
+    texts = {"$A": "{query}", "$B": "{document}"}  # (llama.cpp reads the special tokens in it as such)
+    prompt = "".join(texts.get(piece, piece) for piece in pair.split())
+    names = task.output.served_labels()
+    labels = [names[1], names[0]] if len(scores) == len(names) == 2 else ["score", "zero"]
+    return Serving("rank", specials.start, specials.extract, scores, prompt, bias is not None, labels)
 
 
-def pair_scores(clf: Classifier, weight: torch.Tensor) -> torch.Tensor | None:
-    """The two rows whose softmax llama.cpp's Qwen3 reranker head answers the first of, for a task
-    that scores a pair of texts in one sequence: one score z (a reranker's, a regression's), as the
-    rows (z, 0), whose first is sigmoid(z); two classes, as the second's and the first's logits, whose
-    first is the second class's probability. None: the task is none of these."""
-    task = clf.task
-    pair = task.output.reranks or (task.num_sequences == 1 and len(task.text_groups) == 2)
+def scores_a_pair(task: TaskAdapter) -> bool:
+    """Whether `task` scores a pair of texts in one sequence as llama.cpp's reranker head can answer:
+    one score (a reranker's, a regression's) or two classes."""
+    output = task.output
+    pair = output.reranks or (task.num_sequences == 1 and len(task.text_groups) == 2)
     if not pair or task.renders_chats:
-        return None
-    if weight.shape[0] == 1 and (task.output.reranks or task.output.problem_type == "regression"):
+        return False
+    if output.num_outputs == 1:
+        return output.reranks or output.problem_type == "regression"
+    return output.num_outputs == 2 and output.problem_type == "single_label_classification"
+
+
+def pair_scores(clf: Classifier, weight: torch.Tensor) -> torch.Tensor:
+    """The two rows whose softmax llama.cpp's Qwen3 reranker head answers the first of, for a task
+    that `scores_a_pair`: one score z, as the rows (z, 0), whose first is sigmoid(z); two classes, as
+    the second's and the first's logits, whose first is the second class's probability."""
+    if weight.shape[0] == 1:
         return torch.cat([weight, torch.zeros_like(weight)]).float().cpu()
-    if weight.shape[0] == 2 and task.output.problem_type == "single_label_classification":
-        return weight.flip(0).float().cpu()
-    return None
+    return weight.flip(0).float().cpu()

@@ -421,7 +421,7 @@ def test_a_reward_model_of_chat_messages_exports_the_chat_template_its_prompts_a
         assert len(set(rewards)) == 2
 
 
-def test_export_command(tmp_path, finetuned, capsys):
+def test_export_command(tmp_path, finetuned, capsys, monkeypatch):
     from gpt_ft.cli import main
 
     out = tmp_path / "exported"
@@ -449,6 +449,7 @@ def test_export_command(tmp_path, finetuned, capsys):
     assert "--format: " in error(
         capsys, "export", f"--ckpt_path={finetuned.ckpt}", "--out=x", "--format=tflite"
     )
+    monkeypatch.setattr(Classifier, "from_checkpoint", None)  # refused from the card, no weights loaded
     assert error(
         capsys, "export", f"--ckpt_path={finetuned.ckpt}", f"--out={tmp_path}/m.gguf", "--format=gguf"
     ) == (
@@ -604,6 +605,9 @@ def test_a_language_models_checkpoint_exports_as_a_causal_lm_that_stops_at_end_o
     eos = tok.convert_tokens_to_ids("<|endoftext|>")
     assert hf.config.eos_token_id == hf.generation_config.eos_token_id == eos == tok.eos_token_id
     gpt = Pretrained.from_pretrained(str(ckpt))
+    # the model's context, which pipelines cut to (the tokenizer trained here names none)
+    assert load_tokenizer(str(tokenizer_dir)).model_max_length > 1e20
+    assert tok.model_max_length == gpt.config.n_positions == 64
     ids = tok("the cat sat on the mat", return_tensors="pt").input_ids
     with torch.no_grad():
         ours = gpt.lm_logits(gpt(ids))

@@ -139,10 +139,11 @@ def test_what_llama_cpp_cannot_serve_is_refused_with_nothing_on_disk(tmp_path, t
 
 
 def test_export_writes_a_fine_tuned_embedding_model_as_gguf_and_says_what_texts_need(
-    tmp_path, tokenizer_dir, capsys
+    tmp_path, tokenizer_dir, capsys, monkeypatch
 ):
     """`gpt-ft export --format gguf` of a Llama-family embedding checkpoint: llama-server serves it,
-    and llama.cpp adds no prompt: the message names the card's."""
+    and llama.cpp adds no prompt: the message names the card's. ONNX, which has no embedding model,
+    is refused from the card, before the weights load."""
     root = write_pairs(tmp_path)
     args = [
         f"--data.task={root / 'card.yaml'}",
@@ -165,6 +166,10 @@ def test_export_writes_a_fine_tuned_embedding_model_as_gguf_and_says_what_texts_
     assert fields(out)["general.name"] == "e"  # (the file's, as llama.cpp and Ollama show it)
     assert error(capsys, "export", f"--ckpt_path={ckpt}", f"--out={out}", "--format=gguf").startswith(
         f"--out {out} already exists"
+    )
+    monkeypatch.setattr(Classifier, "from_checkpoint", None)  # (loading the weights would fail)
+    assert error(capsys, "export", f"--ckpt_path={ckpt}", f"--out={tmp_path / 'o'}", "--format=onnx") == (
+        "--format onnx: an embedding model exports as a sentence-transformers folder."
     )
 
 
