@@ -386,16 +386,43 @@ def tiny_llama(model_type: str, base: bool = False, **overrides):
     return model
 
 
-# The micro Llama preset with Qwen3's, Gemma 3's or SmolLM3's switches on (Gemma's first layer slides
-# over 6 tokens; SmolLM3's first takes no rotary positions).
+# (no bos or eos ids: generation runs its whole length, on either side)
+TINY_NEOX = dict(vocab_size=101, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                 num_attention_heads=4, max_position_embeddings=64,
+                 bos_token_id=None, eos_token_id=None)  # fmt: skip
+# Half of each 8-wide head turns (Pythia's config turns a quarter: one pair of 8), at base 10,000.
+NEOX_ROPE = {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}
+
+
+def tiny_neox(base: bool = False, **overrides):
+    """A random transformers GPT-NeoX model (Pythia's blocks: LayerNorm, biases, attention and MLP side
+    by side, rotary positions on half of each head), its weights drawn wide as `tiny_llama`'s."""
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, GPTNeoXModel
+
+    config = GPTNeoXConfig(**{**TINY_NEOX, "rope_parameters": dict(NEOX_ROPE), **overrides})
+    torch.manual_seed(0)
+    model = (GPTNeoXModel if base else GPTNeoXForCausalLM)(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.2)
+    return model
+
+
+# The micro Llama preset with Qwen3's, Gemma 3's, SmolLM3's or GPT-NeoX's switches on (Gemma's first
+# layer slides over 6 tokens; SmolLM3's first takes no rotary positions; GPT-NeoX turns 4 of each
+# 16-wide head).
 QWEN3_MICRO = dict(head_size=24, qk_norm=True)
 SMOLLM3_MICRO = dict(nope_layers=[0], hf_model_type="smollm3")
 GEMMA3_MICRO = dict(QWEN3_MICRO, norm="gemma_rmsnorm", post_norms=True, scale_embeddings=True,
                     activation="gelu_tanh", query_pre_attn_scalar=20, sliding_window=6, rope_local_theta=1e4,
                     layer_types=["sliding_attention", "full_attention"])  # fmt: skip
+NEOX_MICRO = dict(norm="layernorm", activation="gelu", gated_mlp=False, bias=True, n_kv_head=None,
+                  tie_embeddings=False, rotary_dim=4, parallel_residual=True,
+                  hf_model_type="gpt_neox")  # fmt: skip
 FAMILY_MICRO = {"llama-micro": ("llama-micro", {}), "qwen3-micro": ("llama-micro", QWEN3_MICRO),
                 "gemma3-micro": ("llama-micro", GEMMA3_MICRO),
-                "smollm3-micro": ("llama-micro", SMOLLM3_MICRO)}  # fmt: skip
+                "smollm3-micro": ("llama-micro", SMOLLM3_MICRO),
+                "neox-micro": ("llama-micro", NEOX_MICRO)}  # fmt: skip
 
 
 def tiny_gpt(**overrides):

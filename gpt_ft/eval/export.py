@@ -7,20 +7,21 @@ embedding model or Qwen3 reranker (a pair scorer) as a GGUF file, gpt_ft/eval/gg
     pipeline("text-classification", model="my-classifier")("a gripping, funny film", top_k=None)
 
 The folder holds an `OpenAIGPTForSequenceClassification` (GPT-1), `GPT2ForSequenceClassification`
-(GPT-2), or the Llama family's (`LlamaForSequenceClassification`, Qwen2's, Qwen3's, Mistral's, Phi-3's,
-SmolLM3's, `Gemma3TextForSequenceClassification`) with `id2label`, `label2id`, `problem_type` and
-`pad_token_id` set, and the tokenizer with GPT-1's input transform as its post-processor: `[start]
-text [extract]` and `[start] premise [delim] hypothesis [extract]` (truncation leaves the special
-tokens). A reward model (preference pairs) is one with `num_labels: 1`, the reward of
-`tokenizer(prompt, reply)`, as TRL's trainers and vLLM's scoring load them. transformers reads the
-score at the last token that is not padding: the extract token, as gpt_ft does.
+(GPT-2), the Llama family's (`LlamaForSequenceClassification`, Qwen2's, Qwen3's, Mistral's, Phi-3's,
+SmolLM3's, `Gemma3TextForSequenceClassification`) or GPT-NeoX's with `id2label`, `label2id`,
+`problem_type` and `pad_token_id` set, and the tokenizer with GPT-1's input transform as its
+post-processor: `[start] text [extract]` and `[start] premise [delim] hypothesis [extract]`
+(truncation leaves the special tokens). A reward model (preference pairs) is one with `num_labels:
+1`, the reward of `tokenizer(prompt, reply)`, as TRL's trainers and vLLM's scoring load them.
+transformers reads the score at the last token that is not padding: the extract token, as gpt_ft does.
 
 transformers' score layer has no bias. Models without biases (the Llama family) train heads without
-one, so their export is the head as it is. GPT-1's and GPT-2's heads have a bias. The final state goes
-through a normalisation whose bias nothing else reads (GPT-2's `ln_f`; GPT-1's last `ln_2`, which
-ends the network): the exported model adds δ to that bias, with W δ = b for the head's weight W and
-bias b (δ = W⁺ b, exact while the head has no more outputs than the model is wide; a wider one is
-refused). The scores are then those of gpt_ft, to float rounding; the LM head is not exported.
+one, so their export is the head as it is. GPT-1's, GPT-2's and GPT-NeoX's heads have a bias. The
+final state goes through a LayerNorm whose bias nothing else reads (GPT-2's `ln_f`, GPT-NeoX's
+`final_layer_norm`; GPT-1's last `ln_2`, which ends the network): the exported model adds δ to that
+bias, with W δ = b for the head's weight W and bias b (δ = W⁺ b, exact while the head has no more
+outputs than the model is wide; a wider one is refused). The scores are then those of gpt_ft, to
+float rounding; the LM head is not exported.
 """
 
 from __future__ import annotations
@@ -286,7 +287,7 @@ def sequence_classifier(clf: Classifier):
         model.score.weight.copy_(weight)
         if bias is None:  # a model without biases: its head has none either
             return model
-        if not has_double_heads(clf.gpt.config):  # a Llama-family model: RMSNorm, no bias to shift
+        if clf.gpt.config.norm != "layernorm":  # a Llama-family model: RMSNorm, no bias to shift
             why = (  # a model of biases (attention_bias) trains a head with one too
                 "its model has biases, so its head has one"
                 if clf.gpt.config.bias
@@ -296,7 +297,10 @@ def sequence_classifier(clf: Classifier):
                 f"This {config.model_type} classifier's head has a bias, which transformers' score layer "
                 f"(no bias) and the final RMSNorm cannot carry: {why}; Classifier and `gpt-ft label` use it."
             )
-        final = base.ln_f if clf.gpt.config.pre_ln else base.h[-1].ln_2  # GPT-2's final LN; GPT-1's last
+        final = (  # GPT-NeoX's final LN, GPT-2's; GPT-1's last
+            getattr(base, "final_layer_norm", None)
+            or (base.ln_f if clf.gpt.config.pre_ln else base.h[-1].ln_2)
+        )
         shift = torch.linalg.pinv(weight.double()) @ bias.double()  # W δ = b
         if not torch.allclose(weight.double() @ shift, bias.double(), rtol=1e-6, atol=1e-6):
             raise ValueError(

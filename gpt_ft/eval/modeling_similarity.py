@@ -21,6 +21,7 @@ from transformers import (
     AutoModel,
     Gemma3TextConfig,
     GPT2Config,
+    GPTNeoXConfig,
     LlamaConfig,
     MistralConfig,
     OpenAIGPTConfig,
@@ -142,6 +143,10 @@ class Gemma3TextSimilarityForSequenceClassification(SimilarityForSequenceClassif
 
 class SmolLM3SimilarityForSequenceClassification(SimilarityForSequenceClassification):
     config_class = SmolLM3Config
+
+
+class GPTNeoXSimilarityForSequenceClassification(SimilarityForSequenceClassification):
+    config_class = GPTNeoXConfig
 
 
 CLASSES = {cls.config_class.model_type: cls for cls in SimilarityForSequenceClassification.__subclasses__()}

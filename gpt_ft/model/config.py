@@ -5,8 +5,9 @@ One config describes three families of blocks: GPT-1 (post-LN, learned positions
 grouped-query attention, no biases, an untied LM head), which also covers Qwen2, Mistral and
 Phi-3. A few more switches make Qwen3 (a head size of its own, RMSNorm on queries and keys) and
 Gemma 3 (its (1 + w) RMSNorm, scaled embeddings, norms after attention and MLP, GeGLU, local
-sliding-window layers with their own rotary base between global ones) and SmolLM3 (layers without
-rotary positions between rotary ones).
+sliding-window layers with their own rotary base between global ones), SmolLM3 (layers without
+rotary positions between rotary ones) and GPT-NeoX (Pythia: GPT-2's LayerNorm and biases with rotary
+positions on part of each head, attention and MLP side by side). The presets are in `presets.py`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Literal
 
 import torch.nn.functional as F
+
+from gpt_ft.model.presets import PRESETS
 
 Activation = Literal["gelu_tanh", "gelu", "relu", "silu"]
 Norm = Literal["layernorm", "rmsnorm", "gemma_rmsnorm"]
@@ -111,6 +114,13 @@ class GPTConfig:
     nope_layers: list[int] | None = None
     """The layers (numbered from 0) whose queries and keys take no rotary positions (SmolLM3: every
     fourth, the zeros of its `no_rope_layers`); None: every layer takes them."""
+    rotary_dim: int | None = None
+    """The features of each query and key head that take rotary positions, the first ones (GPT-NeoX's
+    `rotary_pct` of the head, Pythia's 16 of 64; Phi-2's 32 of 80), the rest passed as they are;
+    None: the whole head."""
+    parallel_residual: bool = False
+    """Attention and MLP side by side on the block's input, each through its own norm, x +
+    attn(ln_1(x)) + mlp(ln_2(x)) (GPT-NeoX's `use_parallel_residual`); False: one after the other."""
     positions: Positions = "learned"
     """Learned position embeddings added to the tokens' (GPT) or rotary positions in attention (Llama)."""
     rope_theta: float = 10000.0
@@ -132,7 +142,7 @@ class GPTConfig:
     """The LM head is the token embedding (GPT, small Llamas) or a matrix of its own (`lm_head`)."""
     hf_model_type: str | None = None
     """The transformers model type `to_hf` writes (llama, qwen2, qwen3, mistral, phi3, gemma3_text,
-    smollm3); None: read from the shape."""
+    smollm3, gpt_neox); None: read from the shape."""
     hf_token_ids: dict[str, Any] | None = None
     """The bos/eos/pad token ids of the transformers config (or GGUF file) the weights came from,
     {"bos": 1, "eos": [2, 7], "pad": None}, which `to_hf` writes back; None: it writes none (a
@@ -185,8 +195,11 @@ class GPTConfig:
             raise ValueError(
                 f"GPTConfig.positions={self.positions!r} is not supported; allowed: 'learned', 'rope'."
             )
-        if self.positions == "rope" and self.head_dim % 2:
+        if self.positions == "rope" and self.rotary_dim is None and self.head_dim % 2:
             raise ValueError(f"Rotary positions need an even head size; this model's is {self.head_dim}.")
+        if self.rotary_dim is not None and (self.rotary_dim % 2 or not 2 <= self.rotary_dim <= self.head_dim):
+            raise ValueError(f"GPTConfig.rotary_dim must be an even number from 2 to the head size "
+                             f"{self.head_dim}, or None; got {self.rotary_dim}.")  # fmt: skip
         for name, least in [("layer_norm_epsilon", 0), ("initializer_range", 0), ("rope_theta", None),
                             ("rope_local_theta", None), ("query_pre_attn_scalar", None)]:  # fmt: skip
             value = getattr(self, name)  # NaN, inf or a negative: a traceback or silently non-finite states
@@ -199,6 +212,10 @@ class GPTConfig:
             raise ValueError(f"GPTConfig.rope_scaling must be a mapping or None, got {self.rope_scaling!r}.")
         if self.post_norms and not self.pre_ln:  # GPT-1's post-LN blocks have no place for them
             raise ValueError("GPTConfig.post_norms needs pre_ln: true (Gemma's blocks normalise both ways).")
+        if self.parallel_residual and not self.pre_ln:  # GPT-1's norms follow each sum
+            raise ValueError(
+                "GPTConfig.parallel_residual needs pre_ln: true (each branch reads its own norm)."
+            )
         if self.rope_type not in ROPE_TYPES:
             raise ValueError(
                 f"GPTConfig.rope_scaling type {self.rope_type!r} is not supported; "
@@ -268,6 +285,11 @@ class GPTConfig:
         return self.nope_layers is None or layer not in self.nope_layers
 
     @property
+    def rotary_dims(self) -> int:
+        """The features of each head that rotate: rotary_dim, or the whole head."""
+        return self.rotary_dim or self.head_dim
+
+    @property
     def rope_type(self) -> str:
         scaling = self.rope_scaling or {}
         return scaling.get("rope_type", scaling.get("type", "default"))
@@ -324,60 +346,3 @@ def preset_config(preset: str, overrides: dict | None, **fixed) -> GPTConfig:
         return GPTConfig.from_name(preset, **{**overrides, **fixed})
     except (ValueError, TypeError) as exc:  # (an argument's error: a suite names its file and task)
         raise argparse.ArgumentError(None, f"{str(exc).rstrip('.')} (--model.overrides).") from None
-
-
-_GPT2 = dict(vocab_size=50257, n_positions=1024, pre_ln=True)
-# Llama-family blocks: pre-norm RMSNorm, rotary positions, SwiGLU, no biases, no dropout.
-_LLAMA = dict(pre_ln=True, norm="rmsnorm", positions="rope", activation="silu", gated_mlp=True, bias=False,
-              layer_norm_epsilon=1e-5, embd_pdrop=0.0, attn_pdrop=0.0, resid_pdrop=0.0)  # fmt: skip
-
-# Gemma 3 (text): Llama's blocks with Gemma's norms, GeGLU, 256-wide heads, one key/value head,
-# and a global layer after every five local ones (1,024-token windows in the 4B and up, 512 here).
-_GEMMA3 = dict(_LLAMA, norm="gemma_rmsnorm", activation="gelu_tanh", qk_norm=True, post_norms=True,
-               scale_embeddings=True, n_positions=32768, n_head=4, n_kv_head=1, head_size=256,
-               query_pre_attn_scalar=256, sliding_window=512, rope_theta=1000000.0,
-               rope_local_theta=10000.0, layer_norm_epsilon=1e-6, hf_model_type="gemma3_text")  # fmt: skip
-
-
-def _gemma3_layers(n: int) -> list[str]:
-    return ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(n)]
-
-
-PRESETS: dict[str, dict] = {
-    # GPT-1 (paper §4.1): 12 layers, 768 wide, 12 heads, FFN 3072, context 512, BPE vocab 40,478.
-    "gpt1": {},
-    # GPT-2 (Radford et al. 2019), the four released sizes.
-    "gpt2": dict(_GPT2),
-    "gpt2-medium": dict(_GPT2, n_embd=1024, n_layer=24, n_head=16),
-    "gpt2-large": dict(_GPT2, n_embd=1280, n_layer=36, n_head=20),
-    "gpt2-xl": dict(_GPT2, n_embd=1600, n_layer=48, n_head=25),
-    # GPT-1-shaped models small enough to train on a laptop CPU.
-    "gpt-mini": dict(n_embd=256, n_layer=4, n_head=4),
-    "gpt-micro": dict(n_positions=128, n_embd=64, n_layer=2, n_head=2),
-    # Today's small decoders (their config.json on the hub), for fine-tuning from their weights.
-    "smollm2-135m": dict(_LLAMA, vocab_size=49152, n_positions=8192, n_embd=576, n_layer=30, n_head=9,
-                         n_kv_head=3, n_inner=1536, rope_theta=100000.0, hf_model_type="llama"),
-    "qwen2.5-0.5b": dict(_LLAMA, vocab_size=151936, n_positions=32768, n_embd=896, n_layer=24, n_head=14,
-                         n_kv_head=2, n_inner=4864, rope_theta=1000000.0, layer_norm_epsilon=1e-6,
-                         qkv_bias=True, hf_model_type="qwen2"),
-    "llama-3.2-1b": dict(_LLAMA, vocab_size=128256, n_positions=131072, n_embd=2048, n_layer=16, n_head=32,
-                         n_kv_head=8, n_inner=8192, rope_theta=500000.0, hf_model_type="llama",
-                         rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0,
-                                           high_freq_factor=4.0, original_max_position_embeddings=8192)),
-    "qwen3-0.6b": dict(_LLAMA, vocab_size=151936, n_positions=40960, n_embd=1024, n_layer=28, n_head=16,
-                       n_kv_head=8, head_size=128, n_inner=3072, qk_norm=True, rope_theta=1000000.0,
-                       layer_norm_epsilon=1e-6, hf_model_type="qwen3"),
-    "gemma-3-270m": dict(_GEMMA3, vocab_size=262144, n_embd=640, n_layer=18, n_inner=2048,
-                         layer_types=_gemma3_layers(18)),
-    "gemma-3-1b": dict(_GEMMA3, vocab_size=262144, n_embd=1152, n_layer=26, n_inner=6912,
-                       layer_types=_gemma3_layers(26)),
-    # SmolLM3: Llama's blocks, every fourth layer without rotary positions.
-    "smollm3-3b": dict(_LLAMA, vocab_size=128256, n_positions=65536, n_embd=2048, n_layer=36, n_head=16,
-                       n_kv_head=4, n_inner=11008, rope_theta=5000000.0, layer_norm_epsilon=1e-6,
-                       nope_layers=list(range(3, 36, 4)), hf_model_type="smollm3"),
-    "phi-3-mini": dict(_LLAMA, vocab_size=32064, n_positions=4096, n_embd=3072, n_layer=32, n_head=32,
-                       n_inner=8192, sliding_window=2047, tie_embeddings=False, hf_model_type="phi3"),
-    # Llama-shaped models small enough to train on a laptop CPU.
-    "llama-mini": dict(_LLAMA, n_positions=512, n_embd=256, n_layer=4, n_head=4, n_kv_head=2, n_inner=688),
-    "llama-micro": dict(_LLAMA, n_positions=128, n_embd=64, n_layer=2, n_head=4, n_kv_head=2, n_inner=176),
-}  # fmt: skip

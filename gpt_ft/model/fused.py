@@ -111,15 +111,19 @@ def split_heads(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Queries, keys and values (B, nh, T, hs), each contiguous in `dtype`, from `c_attn`'s output
     (B, T, (nh + 2 nkv) hs): queries and keys rotated (`rope.rotate`'s arithmetic, in fp32 as the
-    eager ops under autocast); keys and values (B, nkv, T, hs), grouped as they are."""
+    eager ops under autocast; where cos and sin are narrower than the head, its first features only);
+    keys and values (B, nkv, T, hs), grouped as they are."""
     nh, nkv, hs = heads
     B, T, _ = qkv.shape
     q, k, v = qkv.split([nh * hs, nkv * hs, nkv * hs], dim=2)
     q, k, v = (t.view(B, T, -1, hs).transpose(1, 2) for t in (q, k, v))
-    half = hs // 2
+    turned = cos.shape[-1]
+    half = turned // 2
 
     def rotate(x: Tensor) -> Tensor:
         x = x.to(cos.dtype)
+        if x.shape[-1] != turned:  # GPT-NeoX: the first features of each head turn, the rest pass
+            return torch.cat([rotate(x[..., :turned]), x[..., turned:]], dim=-1)
         return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
     q, k, v = rotate(q).to(dtype), rotate(k).to(dtype), v.to(dtype)

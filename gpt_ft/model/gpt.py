@@ -4,7 +4,8 @@ One config switch picks the block layout: GPT-1 is post-LN with no final LayerNo
 pre-LN with a final LayerNorm. A few more make Llama-family blocks of the same modules: RMSNorm
 for LayerNorm, rotary positions for learned ones, SwiGLU, fewer key/value heads, no biases, an
 untied head; and Qwen3's and Gemma 3's (per-head query/key norms, norms after attention and MLP,
-scaled embeddings, sliding-window layers), SmolLM3's (layers without rotary positions). Attention
+scaled embeddings, sliding-window layers), SmolLM3's (layers without rotary positions), GPT-NeoX's
+(rotary positions on part of each head, attention and MLP side by side). Attention
 lives in `attention.py`, the norms in `norms.py`. Module names follow the Hugging Face GPT-2
 checkpoint keys (`wte`, `wpe`, `h.N.attn.c_attn`, ...), so converting GPT weights in either
 direction is a name map plus a transpose list; Llama's separate q/k/v and gate/up matrices are
@@ -55,7 +56,7 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        self.pre_ln = config.pre_ln
+        self.pre_ln, self.parallel_residual = config.pre_ln, config.parallel_residual
         self.ln_1 = norm(config)
         self.attn = CausalSelfAttention(config)
         self.ln_2 = norm(config)
@@ -79,7 +80,11 @@ class Block(nn.Module):
             x = self.ln_1(x + self.attn(x, mask, is_causal, cache, layer, rotary))
             return self.ln_2(x + self.mlp(x))
         h = self.attn(self.ln_1(x), mask, is_causal, cache, layer, rotary)  # GPT-2, Llama, ...
-        x = x + (h if self.post_attn_norm is None else self.post_attn_norm(h))
+        h = h if self.post_attn_norm is None else self.post_attn_norm(h)
+        if self.parallel_residual:  # GPT-NeoX: the MLP reads the block's input too (summed as it sums)
+            m = self.mlp(self.ln_2(x))
+            return (m if self.post_mlp_norm is None else self.post_mlp_norm(m)) + h + x
+        x = x + h
         h = self.mlp(self.ln_2(x))
         return x + (h if self.post_mlp_norm is None else self.post_mlp_norm(h))
 

@@ -1,6 +1,6 @@
-"""Weights to and from `transformers`: OpenAIGPT* (GPT-1), GPT2*, and the Llama family (Llama,
-Qwen2, Qwen3, Mistral, Phi-3, Gemma 3, SmolLM3; see `hf_llama.py`), as model instances or local
-directories.
+"""Weights to and from `transformers`: OpenAIGPT* (GPT-1), GPT2*, the Llama family (Llama,
+Qwen2, Qwen3, Mistral, Phi-3, Gemma 3, SmolLM3; see `hf_llama.py`) and GPT-NeoX (Pythia; see
+`hf_neox.py`), as model instances or local directories.
 
 Our module names are GPT-2's, so GPT conversion is a name map (GPT-1 spells two embeddings
 differently) plus a transpose list (transformers keeps these layers as `Conv1D`, weight (in, out)).
@@ -19,7 +19,7 @@ from torch import Tensor
 
 from gpt_ft.model.config import GPTConfig
 from gpt_ft.model.gpt import GPT
-from gpt_ft.weights import hf_llama
+from gpt_ft.weights import hf_llama, hf_neox
 from gpt_ft.weights.checkpoint import UNSAFE
 from gpt_ft.workarounds.kernels import import_transformers_models
 
@@ -42,19 +42,22 @@ _GPT2_ACTIVATIONS = {
 
 def _family(hf_config) -> str:
     model_type = getattr(hf_config, "model_type", None)
-    if model_type not in ("openai-gpt", "gpt2", *hf_llama.MODEL_TYPES):
+    if model_type not in ("openai-gpt", "gpt2", *hf_llama.MODEL_TYPES, *hf_neox.MODEL_TYPES):
         raise ValueError(
             f"Cannot convert a transformers model of type {model_type!r}; allowed: 'openai-gpt' "
             "(OpenAIGPTModel, OpenAIGPTLMHeadModel), 'gpt2' (GPT2Model, GPT2LMHeadModel), and "
-            f"{', '.join(map(repr, hf_llama.MODEL_TYPES))} (their *Model and *ForCausalLM)."
+            f"{', '.join(map(repr, hf_llama.MODEL_TYPES + hf_neox.MODEL_TYPES))} (their *Model and "
+            "*ForCausalLM)."
         )
     return model_type
 
 
 def config_from_hf(hf_config) -> GPTConfig:
-    """Our GPTConfig for a transformers OpenAIGPTConfig, GPT2Config, or a Llama-family config (Llama,
-    Qwen2, Qwen3, Mistral, Phi-3, Gemma 3 text)."""
+    """Our GPTConfig for a transformers OpenAIGPTConfig, GPT2Config, a Llama-family config (Llama,
+    Qwen2, Qwen3, Mistral, Phi-3, Gemma 3 text, SmolLM3) or a GPTNeoXConfig."""
     family = _family(hf_config)
+    if family in hf_neox.MODEL_TYPES:
+        return hf_neox.config_from_hf(hf_config)
     if family in hf_llama.MODEL_TYPES:
         return hf_llama.config_from_hf(hf_config)
     if family == "openai-gpt":
@@ -109,9 +112,12 @@ def has_double_heads(config: GPTConfig) -> bool:
 
 def config_to_hf(config: GPTConfig):
     """The transformers config of the same family: OpenAIGPTConfig (post-LN), GPT2Config (pre-LN),
-    or for Llama-style blocks that of their family (see `hf_llama.config_to_hf`)."""
+    GPTNeoXConfig (LayerNorm with rotary positions), or for Llama-style blocks that of their family
+    (see `hf_llama.config_to_hf`)."""
     from transformers import GPT2Config, OpenAIGPTConfig
 
+    if hf_neox.is_neox(config):
+        return hf_neox.config_to_hf(config)
     if hf_llama.is_llama_style(config):
         return hf_llama.config_to_hf(config)
     if not (config.bias and config.qkv_bias in (None, True) and config.kv_heads == config.n_head):
@@ -126,6 +132,8 @@ def config_to_hf(config: GPTConfig):
         scale_embeddings=config.scale_embeddings,
         sliding_window=config.sliding_window,
         query_pre_attn_scalar=config.query_pre_attn_scalar,
+        rotary_dim=config.rotary_dim,
+        parallel_residual=config.parallel_residual,
     )
     if any(llama_only.values()):
         on = [name for name, value in llama_only.items() if value]
@@ -214,7 +222,9 @@ def convert(hf_config, state: dict[str, Tensor]) -> tuple[GPTConfig, dict[str, T
     """A transformers config and its model's state dict in gpt_ft's terms."""
     family = _family(hf_config)
     config = config_from_hf(hf_config)
-    if family in hf_llama.MODEL_TYPES:
+    if family in hf_neox.MODEL_TYPES:
+        ours = hf_neox.state_dict_from_hf(state, config)
+    elif family in hf_llama.MODEL_TYPES:
         ours = hf_llama.state_dict_from_hf(state, config)
     else:
         ours = state_dict_from_hf(state, family, config.tie_embeddings)
@@ -229,7 +239,7 @@ def convert(hf_config, state: dict[str, Tensor]) -> tuple[GPTConfig, dict[str, T
 
 def to_hf(gpt: GPT):
     """The matching transformers LM-head model (OpenAIGPTLMHeadModel, GPT2LMHeadModel or the
-    family's *ForCausalLM: Llama, Qwen2, Qwen3, Mistral, Phi3, Gemma3), same weights."""
+    family's *ForCausalLM: Llama, Qwen2, Qwen3, Mistral, Phi3, Gemma3, SmolLM3, GPTNeoX), same weights."""
     import_transformers_models()
     from transformers import GPT2LMHeadModel, OpenAIGPTLMHeadModel
 
@@ -243,7 +253,9 @@ def to_hf(gpt: GPT):
     for key in ("wte.weight", "lm_head.weight"):
         if key in state:
             state[key] = state[key][: gpt.config.hf_vocab_size]  # no padding rows but a released table's
-    if family in hf_llama.MODEL_TYPES:
+    if family in hf_neox.MODEL_TYPES:
+        cls, hf_state = hf_neox.causal_lm_class(family), hf_neox.state_dict_to_hf(state, gpt.config)
+    elif family in hf_llama.MODEL_TYPES:
         cls, hf_state = hf_llama.causal_lm_class(family), hf_llama.state_dict_to_hf(state, gpt.config)
     else:
         cls = GPT2LMHeadModel if gpt.config.pre_ln else OpenAIGPTLMHeadModel

@@ -31,7 +31,7 @@ from gpt_ft.eval.export import export_classifier, what_loads
 from gpt_ft.model import GPT, GPTConfig
 from tests.background import Command
 from tests.cli.test_bad_outputs import error, files
-from tests.helpers import GEMMA3_MICRO, QWEN3_MICRO, SMOLLM3_MICRO
+from tests.helpers import GEMMA3_MICRO, NEOX_MICRO, QWEN3_MICRO, SMOLLM3_MICRO
 
 # Paired with each other in reverse order; the first and last are longer than the models' 48
 # positions, alone and together: the tokenizer's truncation must keep what gpt_ft's keeps.
@@ -149,6 +149,7 @@ SHAPES = {
     "phi3": ("llama-micro", dict(hf_model_type="phi3", sliding_window=6), "Phi3"),  # fused q/k/v
     "qwen2": ("llama-micro", dict(qkv_bias=True), "Qwen2"),  # q/k/v biases; its tokenizer kept as written
     "smollm3": ("llama-micro", SMOLLM3_MICRO, "SmolLM3"),  # a layer without rotary positions
+    "neox": ("llama-micro", NEOX_MICRO, "GPTNeoX"),  # LayerNorm, biases, partial rotary, parallel branches
 }
 
 
@@ -316,9 +317,9 @@ def test_a_multi_label_export_carries_the_threshold_its_labels_are_decided_by(tm
 def test_every_family_has_a_similarity_class():
     """`gpt-ft export` of a similarity task (MRPC, QQP, STS-B) ships the family's class, by model type."""
     from gpt_ft.eval.modeling_similarity import CLASSES
-    from gpt_ft.weights.hf_llama import MODEL_TYPES
+    from gpt_ft.weights import hf_llama, hf_neox
 
-    assert set(CLASSES) == {"openai-gpt", "gpt2", *MODEL_TYPES}
+    assert set(CLASSES) == {"openai-gpt", "gpt2", *hf_llama.MODEL_TYPES, *hf_neox.MODEL_TYPES}
 
 
 def test_the_similarity_model_builds_the_other_order_and_refuses_what_is_not_a_pair():

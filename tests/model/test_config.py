@@ -96,7 +96,7 @@ def test_padded_vocab_size_rounds_up_to_the_multiple():
 def test_the_shape_fields_are_those_that_make_the_weights():
     from dataclasses import fields, replace
 
-    base = GPTConfig.from_name("gpt-micro", vocab_size=100)
+    base = GPTConfig.from_name("gpt-micro", vocab_size=100, pre_ln=True)  # (parallel_residual needs pre_ln)
     names = {f.name for f in fields(GPTConfig)}
     assert set(GPTConfig.SHAPE_FIELDS) <= names
     # Every other field may differ between a checkpoint and the model it loads into: none changes a
@@ -105,7 +105,8 @@ def test_the_shape_fields_are_those_that_make_the_weights():
                   initializer_range=0.01, rope_theta=500.0, hf_model_type="llama",
                   rope_scaling={"rope_type": "linear", "factor": 2.0}, query_pre_attn_scalar=16,
                   sliding_window=8, layer_types=["full_attention"] * 2, rope_local_theta=100.0,
-                  nope_layers=[1], hf_token_ids={"bos": 1, "eos": [2, 3], "pad": None})  # fmt: skip
+                  nope_layers=[1], hf_token_ids={"bos": 1, "eos": [2, 3], "pad": None}, rotary_dim=8,
+                  parallel_residual=True)  # fmt: skip
     assert set(others) == names - set(GPTConfig.SHAPE_FIELDS) - {"vocab_multiple", "released_rows"}
 
     def shapes(config):

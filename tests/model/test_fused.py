@@ -27,40 +27,50 @@ def forced(monkeypatch):
     torch.compiler.reset()
 
 
-@pytest.mark.parametrize("shape, family", [("steps", "llama-micro"), ("pair", "gemma3-micro")])
+@pytest.mark.parametrize(
+    "shape, family", [("steps", "llama-micro"), ("pair", "gemma3-micro"), ("single", "neox-micro")]
+)
 def test_training_fused_equals_the_eager_ops(tokenizer_dir, monkeypatch, forced, shape, family):
     """Losses, outputs and every gradient to 1e-5 of the eager ops, on rows laid flat (Llama's
-    grouped key/value heads: the attention's inputs fused too) and on the dense mask (Gemma 3's
-    offset RMSNorm, GELU's gated MLP); the fused functions did run."""
+    grouped key/value heads, GPT-NeoX's rotary positions on part of each head: the attention's inputs
+    fused too) and on the dense mask (Gemma 3's offset RMSNorm, GELU's gated MLP); the fused functions
+    did run."""
     module, _, specials = module_for(tokenizer_dir, shape, family)
     rows = examples(module.task, shape, specials, vocab=module.gpt.config.vocab_size - 5, n=12)
     module.train()
     batch = collate_packed(rows, specials.pad)
-    monkeypatch.setattr(attention, "FORCE_KERNEL", "sequences" if family == "llama-micro" else None)
+    flat = family != "gemma3-micro"
+    monkeypatch.setattr(attention, "FORCE_KERNEL", "sequences" if flat else None)
     monkeypatch.setattr(fused, "ENABLED", False)
     expected = run(module, batch)
     monkeypatch.setattr(fused, "ENABLED", True)
     calls, real = [], fused.compiled
     monkeypatch.setattr(fused, "compiled", lambda key, fn: calls.append(key) or real(key, fn))
     assert_same(expected, run(module, batch), collate(rows, specials.pad).choice_mask)
-    act = module.gpt.config.activation
-    assert {"rms_norm", f"swiglu-{act}"} <= set(calls)
-    assert ("split_heads" in calls) == (family == "llama-micro")
+    act, gated = module.gpt.config.activation, module.gpt.config.gated_mlp
+    assert ({"rms_norm", f"swiglu-{act}"} <= set(calls)) == gated  # (GPT-NeoX's LayerNorm, plain MLP: none)
+    assert ("split_heads" in calls) == flat
 
 
-def test_the_fused_attention_inputs_are_the_eager_ones():
+@pytest.mark.parametrize("rotary_dim", [None, 4])
+def test_the_fused_attention_inputs_are_the_eager_ones(rotary_dim):
     """`split_heads` on c_attn's output (bf16, as under autocast): queries and keys rotated in fp32
-    then cast, grouped key/value heads as they are: exactly the eager path's."""
+    then cast (the first 4 features of each head alone, GPT-NeoX's way, the rest as they are), grouped
+    key/value heads as they are: exactly the eager path's."""
     torch.manual_seed(0)
-    config = GPTConfig(n_layer=1, n_head=6, n_kv_head=2, n_embd=48, positions="rope", vocab_size=10)
+    config = GPTConfig(n_layer=1, n_head=6, n_kv_head=2, n_embd=48, positions="rope", vocab_size=10,
+                       rotary_dim=rotary_dim)  # fmt: skip
     nh, nkv, hs, T = 6, 2, 8, 5
     qkv = torch.randn(1, T, (nh + 2 * nkv) * hs).bfloat16()
     cos, sin = rope.cos_sin(config, torch.arange(T), torch.float32)
     q, k, v = fused.split_heads(qkv, (nh, nkv, hs), cos, sin, torch.bfloat16)
     eq, ek, ev = (t.view(1, T, -1, hs).transpose(1, 2) for t in qkv.split([nh * hs, nkv * hs, nkv * hs], 2))
+    eq0 = eq
     eq, ek = rope.rotate(eq, cos, sin).bfloat16(), rope.rotate(ek, cos, sin).bfloat16()
     assert torch.equal(q, eq) and q.is_contiguous() and q.dtype == torch.bfloat16
     assert torch.equal(k, ek) and torch.equal(v, ev) and k.shape[1] == nkv
+    turned = cos.shape[-1]
+    assert turned == (rotary_dim or hs) and torch.equal(q[..., turned:], eq0[..., turned:].bfloat16())
     assert k.is_contiguous() and v.is_contiguous()
 
 

@@ -367,3 +367,36 @@ def test_a_model_pickles():
     gpt = GPT(GPTConfig.from_name("gpt-micro", vocab_size=50, n_layer=1))
     ids = torch.tensor([[1, 2, 3]])
     torch.testing.assert_close(pickle.loads(pickle.dumps(gpt)).eval()(ids), gpt.eval()(ids), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])
+def test_partial_rotary_turns_the_first_features_of_each_head_alone(device):
+    """`rotary_dim` (GPT-NeoX's): each query's and key's first 4 features turn as a 4-wide head's do,
+    the other 12 pass as they are; a model of it runs in bf16 (on a CPU, the blocked attention) as
+    close to fp32 as the same model rotating whole heads, with left padding."""
+    from gpt_ft.model import rope
+    from tests.helpers import NEOX_MICRO
+
+    torch.manual_seed(0)
+    config = GPTConfig.from_name("llama-micro", vocab_size=50, **NEOX_MICRO)
+    x, positions = torch.randn(2, 4, 6, 16, device=device), torch.arange(3, 9, device=device)
+    turned = rope.rotate(x, *rope.cos_sin(config, positions, torch.float32))
+    narrow = GPTConfig(n_embd=16, n_head=4, n_layer=1, positions="rope", vocab_size=50)  # 4-wide heads
+    assert torch.equal(turned[..., 4:], x[..., 4:])
+    assert torch.equal(
+        turned[..., :4], rope.rotate(x[..., :4], *rope.cos_sin(narrow, positions, torch.float32))
+    )
+    ids = torch.randint(0, 50, (2, 12), device=device)
+    mask = torch.ones_like(ids).index_fill_(1, torch.arange(3, device=device), 0)
+    errors = []
+    for rotary_dim in (4, None):
+        torch.manual_seed(1)
+        gpt = GPT(
+            GPTConfig.from_name("llama-micro", vocab_size=50, **{**NEOX_MICRO, "rotary_dim": rotary_dim})
+        )
+        gpt = gpt.to(device).eval()
+        with torch.no_grad():
+            exact = gpt(ids, mask)[:, 3:]
+            with torch.autocast(device, dtype=torch.bfloat16):
+                errors.append(float((gpt(ids, mask)[:, 3:].float() - exact).abs().max()))
+    assert 0 < errors[0] < 4 * errors[1] and errors[1] < 0.1

@@ -126,6 +126,7 @@ def reference_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, window_size=(-1, -1),
         ("rerank", "llama-micro"),
         ("single", "gemma3-micro"),
         ("choice", "qwen3-micro"),
+        ("pair", "neox-micro"),
     ],  # noqa: E501
 )
 def test_packed_rows_on_each_kernel_equal_the_padded_batch(tokenizer_dir, monkeypatch, kernel, shape, family):
@@ -203,6 +204,7 @@ def test_rows_are_laid_flat_where_that_costs_less():
         ("rerank", "llama-micro"),
         ("steps", "qwen3-micro"),
         ("ranking", "llama-micro"),
+        ("single", "neox-micro"),
     ],
 )
 def test_packed_rows_laid_flat_equal_the_padded_batch(tokenizer_dir, monkeypatch, shape, family):

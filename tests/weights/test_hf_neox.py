@@ -1,0 +1,248 @@
+"""GPT-NeoX blocks against transformers' GPTNeoXForCausalLM (Pythia): LayerNorm and biases, rotary
+positions on the first features of each head (`rotary_dim`), attention and MLP side by side
+(`parallel_residual`) or in turn, the fused query_key_value laid out head by head, an untied head."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from gpt_ft import GPT, GPTConfig
+from tests.helpers import NEOX_MICRO, NEOX_ROPE, TINY_NEOX, tiny_neox
+
+VOCAB = TINY_NEOX["vocab_size"]
+VARIANTS = {
+    "pythia": {},  # side by side, half of each head turning
+    "sequential": dict(use_parallel_residual=False),
+    "quarter-rotary": dict(rope_parameters=dict(NEOX_ROPE, partial_rotary_factor=0.25)),  # Pythia's share
+    "whole-head-rotary": dict(rope_parameters=dict(NEOX_ROPE, partial_rotary_factor=1.0)),
+    "linear-rope-base-500": dict(
+        rope_parameters=dict(NEOX_ROPE, rope_type="linear", factor=2.0, rope_theta=500.0)
+    ),
+    "tied": dict(tie_word_embeddings=True),
+    "gelu-fast-20b": dict(hidden_act="gelu_fast"),  # GPT-NeoX-20B's activation
+}  # fmt: skip
+
+
+@pytest.fixture(params=list(VARIANTS))
+def pair(request):
+    hf = tiny_neox(**VARIANTS[request.param])
+    return hf, GPT.from_hf(hf).eval()
+
+
+def test_logits_equal_transformers(pair):
+    hf, gpt = pair
+    ids = torch.randint(0, VOCAB, (3, 40))
+    with torch.no_grad():
+        torch.testing.assert_close(gpt.lm_logits(gpt(ids)), hf(ids).logits, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_logits_equal_transformers_with_padding(pair, side):
+    hf, gpt = pair
+    ids = torch.randint(0, VOCAB, (3, 30))
+    rows = [[1] * n + [0] * (30 - n) for n in (30, 17, 5)]
+    mask = torch.tensor([row[::-1] if side == "left" else row for row in rows])
+    with torch.no_grad():
+        ours, theirs = gpt.lm_logits(gpt(ids, mask)), hf(ids, attention_mask=mask).logits
+    torch.testing.assert_close(ours[mask.bool()], theirs[mask.bool()], rtol=0, atol=1e-5)
+
+
+def test_the_configs_switches_are_read():
+    """Pythia's config becomes `rotary_dim` (half of 8: 4) and `parallel_residual`, and each matters:
+    the same weights with either switched give logits 100 times the tolerance away from theirs."""
+    hf = tiny_neox()
+    gpt = GPT.from_hf(hf).eval()
+    c = gpt.config
+    assert (c.rotary_dim, c.parallel_residual, c.norm, c.bias, c.tie_embeddings) == (
+        4,
+        True,
+        "layernorm",
+        True,
+        False,
+    )
+    assert c.hf_model_type == "gpt_neox" and c.activation == "gelu" and c.hf_token_ids is None
+    ids = torch.randint(0, VOCAB, (2, 30))
+    with torch.no_grad():
+        theirs = hf(ids).logits
+        for changed in (dict(rotary_dim=None), dict(parallel_residual=False)):
+            other = GPT(dataclasses.replace(c, **changed)).eval()
+            other.load_state_dict(gpt.state_dict())
+            assert (other.lm_logits(other(ids)) - theirs).abs().max() > 1e-3, changed
+
+
+def test_base_model_hidden_states_equal_transformers():
+    hf = tiny_neox(base=True)
+    gpt = GPT.from_hf(hf).eval()
+    ids = torch.randint(0, VOCAB, (2, 25))
+    with torch.no_grad():
+        torch.testing.assert_close(gpt(ids), hf(ids).last_hidden_state, rtol=0, atol=1e-5)
+
+
+def test_to_hf_round_trips_every_tensor(pair):
+    hf, gpt = pair
+    back = gpt.to_hf()
+    assert type(back) is type(hf)
+    theirs, ours = hf.state_dict(), back.state_dict()
+    assert theirs.keys() == ours.keys()
+    for key in theirs:
+        assert torch.equal(theirs[key], ours[key]), key
+    tied = back.lm_head.weight.data_ptr() == back.gpt_neox.embed_in.weight.data_ptr()
+    assert tied == hf.config.tie_word_embeddings
+
+
+def test_from_pretrained_directory_equals_transformers(tmp_path):
+    """A saved folder names the head `embed_out` (as Pythia's do); its config comes back whole."""
+    from safetensors import safe_open
+
+    hf = tiny_neox()
+    hf.save_pretrained(tmp_path)
+    with safe_open(str(tmp_path / "model.safetensors"), "pt") as f:
+        assert "embed_out.weight" in f.keys() and "lm_head.weight" not in f.keys()
+    gpt = GPT.from_pretrained(tmp_path).eval()
+    assert gpt.config.hf_model_type == "gpt_neox" and gpt.config.rotary_dim == 4
+    theirs, ours = hf.config.to_dict(), gpt.to_hf().config.to_dict()
+    shape = set(theirs) - {"architectures", "dtype", "transformers_version"}
+    assert {k: ours.get(k) for k in shape} == {k: theirs[k] for k in shape}
+    ids = torch.randint(0, VOCAB, (2, 33))
+    with torch.no_grad():
+        torch.testing.assert_close(gpt.lm_logits(gpt(ids)), hf(ids).logits, rtol=0, atol=1e-5)
+
+
+def test_an_older_folders_attention_buffers_are_left_unread(tmp_path):
+    """Pythia's first folders hold each layer's causal mask (`attention.bias`, `attention.masked_bias`)
+    and rotary frequencies, which transformers ignores: so does gpt_ft."""
+    from safetensors.torch import load_file, save_file
+
+    hf = tiny_neox()
+    hf.save_pretrained(tmp_path)
+    state = load_file(tmp_path / "model.safetensors")
+    for i in range(2):
+        state[f"gpt_neox.layers.{i}.attention.bias"] = torch.ones(1, 1, 64, 64, dtype=torch.bool).tril()
+        state[f"gpt_neox.layers.{i}.attention.masked_bias"] = torch.tensor(-1e9)
+        state[f"gpt_neox.layers.{i}.attention.rotary_emb.inv_freq"] = torch.ones(2)
+    save_file(state, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    gpt = GPT.from_pretrained(tmp_path).eval()
+    ids = torch.randint(0, VOCAB, (2, 20))
+    with torch.no_grad():
+        torch.testing.assert_close(gpt.lm_logits(gpt(ids)), hf(ids).logits, rtol=0, atol=1e-5)
+
+
+def test_greedy_generation_equals_transformers(pair):
+    hf, gpt = pair
+    ids = torch.randint(0, VOCAB, (2, 7))
+    # the mask given: without one, transformers takes a prompt's token 0 (pad_token_id) for padding
+    theirs = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
+                         pad_token_id=0, eos_token_id=None)  # fmt: skip
+    assert torch.equal(gpt.generate(ids, max_new_tokens=12), theirs)
+
+
+def test_the_kv_cache_gives_transformers_logits_token_by_token():
+    hf = tiny_neox()
+    gpt = GPT.from_hf(hf).eval()
+    ids = torch.randint(0, VOCAB, (2, 20))
+    cache = gpt.new_kv_cache(batch_size=2)
+    assert cache.k.shape == (2, 2, 4, 64, 8)  # layers, batch, heads, positions, head size
+    with torch.no_grad():
+        steps = [gpt.lm_logits(gpt(ids[:, :5], kv_cache=cache))]
+        steps += [gpt.lm_logits(gpt(ids[:, t : t + 1], kv_cache=cache)) for t in range(5, 20)]
+        torch.testing.assert_close(torch.cat(steps, dim=1), hf(ids).logits, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [NEOX_MICRO, dict(NEOX_MICRO, hf_model_type=None, parallel_residual=False, tie_embeddings=True),
+     dict(NEOX_MICRO, hf_model_type=None, rotary_dim=None, activation="gelu_tanh")],
+    ids=["named", "by-shape-sequential-tied", "by-shape-whole-head"],
+)  # fmt: skip
+def test_a_model_from_scratch_exports_to_gpt_neox(overrides):
+    """Named by `hf_model_type`, or (none named) LayerNorm with rotary positions: GPTNeoXForCausalLM."""
+    config = GPTConfig.from_name("llama-micro", vocab_size=VOCAB, **overrides)
+    torch.manual_seed(0)
+    gpt = GPT(config).eval()
+    hf = gpt.to_hf()
+    assert type(hf).__name__ == "GPTNeoXForCausalLM"
+    assert GPT.from_hf(hf).config == dataclasses.replace(config, hf_model_type="gpt_neox")
+    ids = torch.randint(0, VOCAB, (2, 20))
+    with torch.no_grad():
+        torch.testing.assert_close(gpt.lm_logits(gpt(ids)), hf(ids).logits, rtol=0, atol=1e-5)
+
+
+PRESET_PARAMETERS = {"pythia-70m": 70_426_624, "pythia-160m": 162_322_944}  # the Pythia paper's table
+
+
+@pytest.mark.parametrize("preset", list(PRESET_PARAMETERS))
+def test_presets_count_the_parameters_transformers_does(preset):
+    from gpt_ft.weights.hf import config_to_hf
+    from gpt_ft.weights.hf_neox import causal_lm_class
+
+    config = GPTConfig.from_name(preset)
+    with torch.device("meta"):
+        ours = GPT(config).num_parameters()
+        hf_config = config_to_hf(config)
+        theirs = causal_lm_class(hf_config.model_type)(hf_config).num_parameters()
+    assert hf_config.rope_parameters["partial_rotary_factor"] == 0.25 and hf_config.use_parallel_residual
+    assert ours == theirs == PRESET_PARAMETERS[preset]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (dict(rotary_dim=3), r"^GPTConfig.rotary_dim must be an even number from 2 to the head size 16, or "
+                             r"None; got 3\.$"),
+        (dict(rotary_dim=18), "rotary_dim must be an even number from 2 to the head size 16"),
+        (dict(rotary_dim=True), r"^GPTConfig.rotary_dim must be an integer, got True\.$"),
+        (dict(parallel_residual="yes"), r"^GPTConfig.parallel_residual must be true or false, got 'yes'\.$"),
+        (dict(pre_ln=False), r"^GPTConfig.parallel_residual needs pre_ln: true \(each branch reads its own "
+                             r"norm\)\.$"),
+    ],
+)  # fmt: skip
+def test_config_errors_name_the_field(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        GPTConfig.from_name("llama-micro", **{**NEOX_MICRO, **overrides})
+
+
+def test_unsupported_configs_are_one_sentence(tmp_path):
+    from transformers import GPTNeoXConfig
+
+    from gpt_ft.weights.hf import config_from_hf
+
+    tiny = dict(TINY_NEOX, rope_parameters=dict(NEOX_ROPE))
+    with pytest.raises(ValueError, match=r"^GPTNeoXConfig.attention_bias=False is not supported: gpt_ft's"):
+        config_from_hf(GPTNeoXConfig(**tiny, attention_bias=False))
+    with pytest.raises(ValueError, match=r"^GPTNeoXConfig.hidden_act='gelu_10' is not supported; allowed: "):
+        config_from_hf(GPTNeoXConfig(**tiny, hidden_act="gelu_10"))
+    dynamic = dict(tiny, rope_parameters=dict(NEOX_ROPE, rope_type="dynamic", factor=2.0))
+    with pytest.raises(ValueError, match="rope_scaling type 'dynamic' is not supported"):
+        config_from_hf(GPTNeoXConfig(**dynamic))
+    wrong = [(dict(n_kv_head=2), "n_kv_head"), (dict(gated_mlp=True), "gated_mlp"),
+             (dict(head_size=8), "head_size"), (dict(qkv_bias=False), "qkv_bias")]  # fmt: skip
+    for overrides, field in wrong:
+        config = GPTConfig.from_name("llama-micro", vocab_size=VOCAB, **{**NEOX_MICRO, **overrides})
+        with pytest.raises(
+            ValueError, match=rf"^transformers' gpt_neox models need .*; this model has \{{'{field}'"
+        ):
+            GPT(config).to_hf()
+
+
+def test_gguf_files_of_gpt_neox_are_refused_both_ways(tmp_path):
+    """transformers' GGUF loader has no `gptneox` architecture: neither read nor written, in one sentence."""
+    import gguf
+    import numpy as np
+
+    from gpt_ft.weights.gguf_write import write_gguf
+
+    path = tmp_path / "neox.gguf"
+    writer = gguf.GGUFWriter(str(path), "gptneox")
+    writer.add_tensor("token_embd.weight", np.ones((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(ValueError, match=r"holds a 'gptneox' model; gpt_ft reads GGUF files of llama, qwen2"):
+        GPT.from_pretrained(path)
+    tiny_neox().save_pretrained(tmp_path / "folder")
+    with pytest.raises(
+        ValueError, match=r"^llama.cpp has no architecture this toolkit writes for a 'gpt_neox' model"
+    ):
+        write_gguf(tmp_path / "folder", tmp_path / "out.gguf")
