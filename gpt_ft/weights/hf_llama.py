@@ -210,7 +210,7 @@ def config_to_hf(config: GPTConfig):
     gemma = model_type == "gemma3_text"
     wanted = dict(pre_ln=True, positions="rope", gated_mlp=True, norm="gemma_rmsnorm" if gemma else "rmsnorm",
                   qk_norm=model_type in ("qwen3", "gemma3_text"), post_norms=gemma,
-                  scale_embeddings=gemma)  # fmt: skip
+                  scale_embeddings=gemma, rotary_dim=None, parallel_residual=False)  # fmt: skip
     differ = {k: getattr(config, k) for k, v in wanted.items() if getattr(config, k) != v}
     if differ:
         raise ValueError(f"transformers' {model_type} models need {wanted}; this model has {differ}.")

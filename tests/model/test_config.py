@@ -50,6 +50,8 @@ def test_bad_config_errors():
         ("n_head", "2", "an integer"),
         ("qkv_bias", "false", "true or false"),
         ("rope_theta", "1e4", "a number"),
+        ("rotary_dim", True, "an integer"),
+        ("parallel_residual", "yes", "true or false"),
     ]
     for field, value, kind in [*wrong, ("pre_ln", "yes", "true or false")]:
         with pytest.raises(ValueError, match=rf"^GPTConfig.{field} must be {kind}, got {value!r}\.$"):
@@ -67,6 +69,8 @@ def test_bad_config_errors():
         ("rope_scaling", [1], "a mapping or None, got [1]"),
         ("nope_layers", [2], "layer numbers 0 to 1, got [2]"),  # (llama-micro has 2 layers)
         ("nope_layers", [True], "layer numbers 0 to 1, got [True]"),
+        ("rotary_dim", 3, "an even number from 2 to the head size 16, or None; got 3"),  # (16-wide heads)
+        ("rotary_dim", 18, "an even number from 2 to the head size 16, or None; got 18"),
     ]
     for field, value, said in nonsense:
         with pytest.raises(ValueError, match=rf"^GPTConfig.{field} must be {re.escape(said)}\.$"):
@@ -78,6 +82,8 @@ def test_bad_config_errors():
             GPTConfig.from_name("llama-micro", rope_scaling={"rope_type": "linear", "factor": factor})
     with pytest.raises(ValueError, match=r"^GPTConfig.post_norms needs pre_ln: true \("):  # (never applied)
         GPTConfig.from_name("gpt-micro", post_norms=True)
+    with pytest.raises(ValueError, match=r"^GPTConfig.parallel_residual needs pre_ln: true \(each branch "):
+        GPTConfig.from_name("gpt-micro", parallel_residual=True)
     assert GPTConfig.from_name("llama-micro", layer_norm_epsilon=0, initializer_range=0).rope_theta > 0
     import numpy as np  # NumPy's numbers (a sweep over np.arange) are numbers: taken, as Python's
 

@@ -185,24 +185,7 @@ def test_presets_count_the_parameters_transformers_does(preset):
     assert ours == theirs == PRESET_PARAMETERS[preset]
 
 
-@pytest.mark.parametrize(
-    ("overrides", "message"),
-    [
-        (dict(rotary_dim=3), r"^GPTConfig.rotary_dim must be an even number from 2 to the head size 16, or "
-                             r"None; got 3\.$"),
-        (dict(rotary_dim=18), "rotary_dim must be an even number from 2 to the head size 16"),
-        (dict(rotary_dim=True), r"^GPTConfig.rotary_dim must be an integer, got True\.$"),
-        (dict(parallel_residual="yes"), r"^GPTConfig.parallel_residual must be true or false, got 'yes'\.$"),
-        (dict(pre_ln=False), r"^GPTConfig.parallel_residual needs pre_ln: true \(each branch reads its own "
-                             r"norm\)\.$"),
-    ],
-)  # fmt: skip
-def test_config_errors_name_the_field(overrides, message):
-    with pytest.raises(ValueError, match=message):
-        GPTConfig.from_name("llama-micro", **{**NEOX_MICRO, **overrides})
-
-
-def test_unsupported_configs_are_one_sentence(tmp_path):
+def test_unsupported_configs_are_one_sentence():
     from transformers import GPTNeoXConfig
 
     from gpt_ft.weights.hf import config_from_hf
@@ -223,6 +206,16 @@ def test_unsupported_configs_are_one_sentence(tmp_path):
             ValueError, match=rf"^transformers' gpt_neox models need .*; this model has \{{'{field}'"
         ):
             GPT(config).to_hf()
+    # the other families' exports would drop the switches: refused
+    with pytest.raises(
+        ValueError, match=r"^transformers' llama models need .*; this model has \{'rotary_dim': 4\}"
+    ):
+        GPT(GPTConfig.from_name("llama-micro", vocab_size=VOCAB, rotary_dim=4)).to_hf()
+    parallel = GPTConfig.from_name("gpt-micro", vocab_size=VOCAB, pre_ln=True, parallel_residual=True)
+    with pytest.raises(
+        ValueError, match=r"^transformers' GPT-1 and GPT-2 have none of \['parallel_residual'\]"
+    ):
+        GPT(parallel).to_hf()
 
 
 def test_gguf_files_of_gpt_neox_are_refused_both_ways(tmp_path):
