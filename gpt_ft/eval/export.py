@@ -297,10 +297,8 @@ def sequence_classifier(clf: Classifier):
                 f"This {config.model_type} classifier's head has a bias, which transformers' score layer "
                 f"(no bias) and the final RMSNorm cannot carry: {why}; Classifier and `gpt-ft label` use it."
             )
-        final = (  # GPT-NeoX's final LN, GPT-2's; GPT-1's last
-            getattr(base, "final_layer_norm", None)
-            or (base.ln_f if clf.gpt.config.pre_ln else base.h[-1].ln_2)
-        )
+        pre_ln = clf.gpt.config.pre_ln  # the final LayerNorm: GPT-NeoX's, GPT-2's; GPT-1's last
+        final = getattr(base, "final_layer_norm", None) or (base.ln_f if pre_ln else base.h[-1].ln_2)
         shift = torch.linalg.pinv(weight.double()) @ bias.double()  # W δ = b
         if not torch.allclose(weight.double() @ shift, bias.double(), rtol=1e-6, atol=1e-6):
             raise ValueError(

@@ -185,7 +185,14 @@ def test_a_half_precision_folder_loads_in_float32(dtype, tmp_path):
 def test_greedy_generation_equals_transformers(pair):
     hf, gpt = pair
     ids = torch.randint(0, VOCAB, (2, 7))
-    theirs = hf.generate(ids, max_new_tokens=12, do_sample=False, pad_token_id=0, eos_token_id=None)
+    theirs = hf.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=12,
+        do_sample=False,
+        pad_token_id=0,
+        eos_token_id=None,
+    )  # (no mask: its id 0 would read as padding)
     assert torch.equal(gpt.generate(ids, max_new_tokens=12), theirs)
 
 
