@@ -195,8 +195,7 @@ def export_language_model(stored: Checkpoint, out: Path) -> Path:
             tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
         )
     model.generation_config.suppress_tokens = framing_tokens(tokenizer, gpt.config.vocab_size) or None
-    # the model's context, which pipelines cut prompts to (a tokenizer of its own says none: 1e30)
-    tokenizer.model_max_length = min(tokenizer.model_max_length, gpt.config.n_positions)
+    tokenizer.model_max_length = gpt.config.n_positions  # the model's context, where pipelines cut prompts
     with written_whole(out) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)

@@ -56,11 +56,12 @@ def _new_name(file: Path, out: Path) -> None:
     put_in_place(file, out, overwrite=False, option="--out")
 
 
-def check_served(task: TaskAdapter) -> None:
-    """Refuses, in one sentence and from the card alone (before any weights load), a task whose
-    model llama.cpp does not serve: an embedding model that projects, any task but an embedding
-    model's and a pair's score (`scores_a_pair`)."""
-    if task.output.embeds and (dimensions := getattr(task, "dimensions", None)) is not None:
+def check_served(task: TaskAdapter, dimensions: int | None = None) -> None:
+    """Refuses, in one sentence, a task whose model llama.cpp does not serve: an embedding model
+    that projects (to the card's `dimensions`, or those given: its head's), any task but an embedding
+    model's and a pair's score (`scores_a_pair`). From the card alone, before any weights load."""
+    dimensions = dimensions if dimensions is not None else getattr(task, "dimensions", None)
+    if task.output.embeds and dimensions is not None:
         raise ValueError(
             f"--format gguf: llama.cpp reads an embedding as the model's pooled state, with no "
             f"projection after it; task {task.name!r} projects to {dimensions} dimensions "
@@ -77,7 +78,7 @@ def check_served(task: TaskAdapter) -> None:
 def serving_of(clf: Classifier) -> Serving:
     """How llama.cpp serves `clf`'s task (`write_gguf` says which families it serves them in)."""
     task, specials = clf.task, clf.specials
-    check_served(task)
+    check_served(task, clf.head.out_features if getattr(clf.head, "projects", False) else None)
     if task.output.embeds:
         extract = specials.extract if task.pooling == "extract" else None
         return Serving("mean" if task.pooling == "mean" else "last", specials.start, extract)

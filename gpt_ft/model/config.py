@@ -251,10 +251,11 @@ class GPTConfig:
                 )
         if self.nope_layers is not None:
             self.nope_layers = list(self.nope_layers)
-            if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.n_layer
+            if any(isinstance(i, bool) or not isinstance(i, numbers.Integral) or not 0 <= i < self.n_layer
                    for i in self.nope_layers):  # fmt: skip
                 last, got = self.n_layer - 1, self.nope_layers
                 raise ValueError(f"GPTConfig.nope_layers must be layer numbers 0 to {last}, got {got}.")
+            self.nope_layers = [int(i) for i in self.nope_layers]  # (NumPy's: plain)
         for name in ("embd_pdrop", "attn_pdrop", "resid_pdrop"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"GPTConfig.{name} must be in [0, 1), got {getattr(self, name)}.")

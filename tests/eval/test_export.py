@@ -588,7 +588,11 @@ def test_a_language_models_checkpoint_exports_as_a_causal_lm_that_stops_at_end_o
     from tests.cli.test_commands import PRETRAIN_MICRO
     from tests.helpers import ROOT, write_corpus
 
-    prepare(out_dir=tmp_path / "tokens", tokenizer=tokenizer_dir, inputs=[str(write_corpus(tmp_path))],
+    tokenizer = tmp_path / "tokenizer"  # one that says 32 tokens: the folder says the model's 64
+    said = load_tokenizer(str(tokenizer_dir))
+    said.model_max_length = 32
+    said.save_pretrained(tokenizer)
+    prepare(out_dir=tmp_path / "tokens", tokenizer=str(tokenizer), inputs=[str(write_corpus(tmp_path))],
             validation_fraction=0.3, progress=False)  # fmt: skip
     config = str(ROOT / "configs/pretrain/cpu.yaml")
     main(["fit", "--config", config, f"--data.token_dir={tmp_path / 'tokens'}", "--data.block_size=16",
@@ -606,9 +610,8 @@ def test_a_language_models_checkpoint_exports_as_a_causal_lm_that_stops_at_end_o
     eos = tok.convert_tokens_to_ids("<|endoftext|>")
     assert hf.config.eos_token_id == hf.generation_config.eos_token_id == eos == tok.eos_token_id
     gpt = Pretrained.from_pretrained(str(ckpt))
-    # the model's context, which pipelines cut to (the tokenizer trained here names none)
-    assert load_tokenizer(str(tokenizer_dir)).model_max_length > 1e20
-    assert tok.model_max_length == gpt.config.n_positions == 64
+    assert load_tokenizer(str(tokenizer)).model_max_length == 32
+    assert tok.model_max_length == gpt.config.n_positions == 64  # the model's context, where pipelines cut
     ids = tok("the cat sat on the mat", return_tensors="pt").input_ids
     with torch.no_grad():
         ours = gpt.lm_logits(gpt(ids))

@@ -132,6 +132,10 @@ def test_what_llama_cpp_cannot_serve_is_refused_with_nothing_on_disk(tmp_path, t
     for task, family, words in cases:
         with pytest.raises(ValueError, match=re.escape(words)):
             export_served_gguf(classifier(task, family, tokenizer_dir), tmp_path / "new" / "x.gguf", "f16")
+    projects = classifier(Embedding(name="e"), "llama", tokenizer_dir)  # a head of a user's own kind
+    projects.head = Embedding(name="e", dimensions=8).head(64, dropout=0.0, init_std=0.3, bias=False)
+    with pytest.raises(ValueError, match=re.escape("task 'e' projects to 8 dimensions")):
+        export_served_gguf(projects, tmp_path / "new" / "x.gguf", "f16")
     with pytest.raises(ValueError) as refused:  # (the message names no scratch folder)
         export_served_gguf(split_otherwise, tmp_path / "new" / "x.gguf", "f16")
     assert str(refused.value).startswith("llama.cpp has no pre-tokenizer this toolkit can name")

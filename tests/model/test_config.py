@@ -89,6 +89,8 @@ def test_bad_config_errors():
 
     config = GPTConfig.from_name("gpt-micro", n_embd=np.int64(64), tie_embeddings=np.bool_(False))
     assert (config.n_embd, config.tie_embeddings) == (64, False) and type(config.n_embd) is int
+    config = GPTConfig.from_name("llama-micro", nope_layers=np.arange(1, 2))  # (a list field's items too)
+    assert config.nope_layers == [1] and type(config.nope_layers[0]) is int
 
 
 def test_padded_vocab_size_rounds_up_to_the_multiple():

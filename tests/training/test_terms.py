@@ -22,9 +22,9 @@ NO_DROPOUT = {"embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0}
     ("lm_coef", "context_length", "preset"),
     [(0.5, None, "gpt-micro"), (0.0, None, "gpt-micro"), (0.5, 12, "gpt-micro"), (0.5, None, "llama-micro"),
      (0.5, 12, "llama-micro"), (0.5, None, "qwen3-micro"), (0.5, None, "gemma3-micro"),
-     (0.5, 12, "gemma3-micro")],
+     (0.5, 12, "gemma3-micro"), (0.5, 12, "smollm3-micro"), (0.5, 12, "neox-micro")],
     ids=["lm", "no-lm", "one-length", "llama-lm", "llama-one-length", "qwen3-lm", "gemma3-lm",
-         "gemma3-one-length"],
+         "gemma3-one-length", "smollm3-one-length", "neox-one-length"],
 )  # fmt: skip
 def test_shared_context_equals_the_plain_path(tokenizer_dir, lm_coef, context_length, preset):
     """Contexts of one length take the mask-free path (causal aligned to the lower right). With
