@@ -27,7 +27,7 @@ SDPA_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
 BLOCKED_ROWS = 256
 """bf16/fp16 rows up to this long run blocked on a CPU, longer ones on SDPA's flash kernel (Xeon,
 AMX: rows of 512-1,024 positions 1.5-1.75x faster; a step of rows up to 860: 13% faster, 37% less memory)."""
-Rotary = tuple[Tensor, Tensor]  # cos, sin (1 or B, 1, T, hs) of rotary positions
+Rotary = tuple[Tensor, Tensor]  # cos, sin (1 or B, 1, T, rotary_dims) of rotary positions
 
 
 class CausalSelfAttention(nn.Module):

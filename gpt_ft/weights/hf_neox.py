@@ -65,6 +65,11 @@ def config_from_hf(c) -> GPTConfig:
     partial = params.pop("partial_rotary_factor", 1.0)
     head = c.hidden_size // c.num_attention_heads
     rotary = int(head * partial)  # as transformers' attention counts them
+    if rotary % 2 or rotary < 2:
+        raise ValueError(
+            f"{name}.partial_rotary_factor={partial} turns {rotary} of each {head}-wide head's features; "
+            "gpt_ft turns an even number of them, 2 or more."
+        )
     return GPTConfig(
         vocab_size=c.vocab_size,
         n_positions=c.max_position_embeddings,

@@ -40,8 +40,8 @@ class GPT(model.GPT):
 
     @classmethod
     def from_hf(cls, hf_model) -> GPT:
-        """A GPT with the weights of a transformers OpenAIGPT*, GPT2* or Llama-family model
-        (LM-head or base)."""
+        """A GPT with the weights of a transformers OpenAIGPT*, GPT2*, Llama-family or GPTNeoX*
+        model (LM-head or base)."""
         return build(*hf.from_hf(hf_model)).eval()
 
     @classmethod

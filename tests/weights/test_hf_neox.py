@@ -195,6 +195,9 @@ def test_unsupported_configs_are_one_sentence():
         config_from_hf(GPTNeoXConfig(**tiny, attention_bias=False))
     with pytest.raises(ValueError, match=r"^GPTNeoXConfig.hidden_act='gelu_10' is not supported; allowed: "):
         config_from_hf(GPTNeoXConfig(**tiny, hidden_act="gelu_10"))
+    odd = dict(tiny, rope_parameters=dict(NEOX_ROPE, partial_rotary_factor=0.375))  # (transformers runs it)
+    with pytest.raises(ValueError, match=r"^GPTNeoXConfig.partial_rotary_factor=0.375 turns 3 of each 8"):
+        config_from_hf(GPTNeoXConfig(**odd))
     dynamic = dict(tiny, rope_parameters=dict(NEOX_ROPE, rope_type="dynamic", factor=2.0))
     with pytest.raises(ValueError, match="rope_scaling type 'dynamic' is not supported"):
         config_from_hf(GPTNeoXConfig(**dynamic))
