@@ -346,13 +346,14 @@ def tiny_hf(family: str, base: bool = False, **overrides):
 
 
 LLAMA_FAMILIES = ["llama", "qwen2", "mistral"]
-NEW_FAMILIES = ["qwen3", "gemma3_text", "phi3", "smollm3"]
+NEW_FAMILIES = ["qwen3", "gemma3_text", "phi3", "smollm3", "olmo2", "olmo3"]
 TINY_LLAMA = dict(vocab_size=101, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)  # fmt: skip
 # Each family's own traits at the tiny size: Qwen3's and Gemma 3's heads are not hidden / heads wide;
 # Gemma 3's first layer slides over 8 tokens (rotary base 10,000) and its second sees all (base 1e6);
 # SmolLM3's second layer takes no rotary positions, its first turns with base 10,000 (its config's 2e6
-# barely turns an 8-wide head), and its config's default token ids are past the tiny vocabulary.
+# barely turns an 8-wide head), and its config's default token ids are past the tiny vocabulary; so are
+# OLMo's, whose rotary base is 10,000 here (500,000 by default), OLMo 3's first layer sliding over 8.
 _TRAITS = {
     "qwen3": dict(head_dim=16),
     "gemma3_text": dict(head_dim=16, query_pre_attn_scalar=12, sliding_window=8,
@@ -362,15 +363,22 @@ _TRAITS = {
     "phi3": dict(pad_token_id=None, bos_token_id=None, eos_token_id=None),
     "smollm3": dict(no_rope_layers=[1, 0], rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
                     pad_token_id=None, bos_token_id=None, eos_token_id=None),
+    "olmo2": dict(rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, pad_token_id=None,
+                  bos_token_id=None, eos_token_id=None),
+    "olmo3": dict(sliding_window=8, layer_types=["sliding_attention", "full_attention"], pad_token_id=None,
+                  rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                   "full_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+                  bos_token_id=None, eos_token_id=None),
 }  # fmt: skip
 _CLASSES = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral", "qwen3": "Qwen3", "phi3": "Phi3",
-            "gemma3_text": "Gemma3Text", "smollm3": "SmolLM3"}  # fmt: skip
+            "gemma3_text": "Gemma3Text", "smollm3": "SmolLM3", "olmo2": "Olmo2",
+            "olmo3": "Olmo3"}  # fmt: skip
 
 
 def tiny_llama(model_type: str, base: bool = False, **overrides):
-    """A random transformers Llama, Qwen2, Mistral, Qwen3, Gemma 3, Phi-3 or SmolLM3 model (grouped-query
-    attention: 4 heads, 2 for keys/values), its weights drawn wider than the default init so that
-    differences show."""
+    """A random transformers Llama, Qwen2, Mistral, Qwen3, Gemma 3, Phi-3, SmolLM3, OLMo 2 or OLMo 3
+    model (grouped-query attention: 4 heads, 2 for keys/values), its weights drawn wider than the
+    default init so that differences show."""
     import transformers
 
     prefix = _CLASSES[model_type]
@@ -408,9 +416,9 @@ def tiny_neox(base: bool = False, **overrides):
     return model
 
 
-# The micro Llama preset with Qwen3's, Gemma 3's, SmolLM3's or GPT-NeoX's switches on (Gemma's first
-# layer slides over 6 tokens; SmolLM3's first takes no rotary positions; GPT-NeoX turns 4 of each
-# 16-wide head).
+# The micro Llama preset with Qwen3's, Gemma 3's, SmolLM3's, GPT-NeoX's or OLMo's switches on (Gemma's
+# and OLMo 3's first layer slides over 6 tokens; SmolLM3's first takes no rotary positions; GPT-NeoX
+# turns 4 of each 16-wide head).
 QWEN3_MICRO = dict(head_size=24, qk_norm=True)
 SMOLLM3_MICRO = dict(nope_layers=[0], hf_model_type="smollm3")
 GEMMA3_MICRO = dict(QWEN3_MICRO, norm="gemma_rmsnorm", post_norms=True, scale_embeddings=True,
@@ -419,10 +427,15 @@ GEMMA3_MICRO = dict(QWEN3_MICRO, norm="gemma_rmsnorm", post_norms=True, scale_em
 NEOX_MICRO = dict(norm="layernorm", activation="gelu", gated_mlp=False, bias=True, n_kv_head=None,
                   tie_embeddings=False, rotary_dim=4, parallel_residual=True,
                   hf_model_type="gpt_neox")  # fmt: skip
+OLMO2_MICRO = dict(norm="rmsnorm_fp32", input_norms=False, post_norms=True, qk_norm=True,
+                   qk_norm_span="all_heads", hf_model_type="olmo2")  # fmt: skip
+OLMO3_MICRO = dict(OLMO2_MICRO, sliding_window=6, layer_types=["sliding_attention", "full_attention"],
+                   hf_model_type="olmo3")  # fmt: skip
 FAMILY_MICRO = {"llama-micro": ("llama-micro", {}), "qwen3-micro": ("llama-micro", QWEN3_MICRO),
                 "gemma3-micro": ("llama-micro", GEMMA3_MICRO),
                 "smollm3-micro": ("llama-micro", SMOLLM3_MICRO),
-                "neox-micro": ("llama-micro", NEOX_MICRO)}  # fmt: skip
+                "neox-micro": ("llama-micro", NEOX_MICRO),
+                "olmo2-micro": ("llama-micro", OLMO2_MICRO)}  # fmt: skip
 
 
 def tiny_gpt(**overrides):

@@ -8,8 +8,8 @@ embedding model or Qwen3 reranker (a pair scorer) as a GGUF file, gpt_ft/eval/gg
 
 The folder holds an `OpenAIGPTForSequenceClassification` (GPT-1), `GPT2ForSequenceClassification`
 (GPT-2), the Llama family's (`LlamaForSequenceClassification`, Qwen2's, Qwen3's, Mistral's, Phi-3's,
-SmolLM3's, `Gemma3TextForSequenceClassification`) or GPT-NeoX's with `id2label`, `label2id`,
-`problem_type` and `pad_token_id` set, and the tokenizer with GPT-1's input transform as its
+SmolLM3's, OLMo 2's and 3's, `Gemma3TextForSequenceClassification`) or GPT-NeoX's with `id2label`,
+`label2id`, `problem_type` and `pad_token_id` set, and the tokenizer with GPT-1's input transform as its
 post-processor: `[start] text [extract]` and `[start] premise [delim] hypothesis [extract]`
 (truncation leaves the special tokens). A reward model (preference pairs) is one with `num_labels:
 1`, the reward of `tokenizer(prompt, reply)`, as TRL's trainers and vLLM's scoring load them.

@@ -24,6 +24,8 @@ from transformers import (
     GPTNeoXConfig,
     LlamaConfig,
     MistralConfig,
+    Olmo2Config,
+    Olmo3Config,
     OpenAIGPTConfig,
     Phi3Config,
     PreTrainedModel,
@@ -147,6 +149,14 @@ class SmolLM3SimilarityForSequenceClassification(SimilarityForSequenceClassifica
 
 class GPTNeoXSimilarityForSequenceClassification(SimilarityForSequenceClassification):
     config_class = GPTNeoXConfig
+
+
+class Olmo2SimilarityForSequenceClassification(SimilarityForSequenceClassification):
+    config_class = Olmo2Config
+
+
+class Olmo3SimilarityForSequenceClassification(SimilarityForSequenceClassification):
+    config_class = Olmo3Config
 
 
 CLASSES = {cls.config_class.model_type: cls for cls in SimilarityForSequenceClassification.__subclasses__()}

@@ -2,7 +2,7 @@
 
 `CausalSelfAttention` (a block's `attn`, module names as in the Hugging Face GPT-2 checkpoint:
 `c_attn` holds q, k and v stacked, `c_proj` the output projection, `q_norm`/`k_norm` Qwen3's and
-Gemma 3's per-head norms) runs PyTorch's `scaled_dot_product_attention`, or
+Gemma 3's per-head norms, or OLMo's over all heads) runs PyTorch's `scaled_dot_product_attention`, or
 `blocked_causal_attention` where SDPA would be slow (on a CPU: dropout, or bf16/fp16 rows of up to
 `BLOCKED_ROWS` positions, where plain matmuls beat SDPA's CPU flash kernel 2-4x forward and
 backward; longer rows: the flash kernel, faster, keeps no scores). `causal_mask` builds SDPA's mask
@@ -39,9 +39,12 @@ class CausalSelfAttention(nn.Module):
         # q for all heads, then k and v for the key/value heads, in one matrix
         self.c_attn = Linear(config.n_embd, (self.n_head + 2 * self.n_kv_head) * hs, bias=qkv_bias)
         self.c_proj = Linear(width, config.n_embd, bias=config.bias)
-        # Qwen3, Gemma 3: each head's queries and keys normalised over the head size
-        self.q_norm = norm(config, hs) if config.qk_norm else None
-        self.k_norm = norm(config, hs) if config.qk_norm else None
+        # Qwen3, Gemma 3: each head's queries and keys normalised over the head size; OLMo 2 and 3:
+        # all heads' queries, and all keys, each at once before the split into heads
+        self.qk_norm_whole = config.qk_norm_span == "all_heads"
+        q_width, k_width = (width, self.n_kv_head * hs) if self.qk_norm_whole else (hs, hs)
+        self.q_norm = norm(config, q_width) if config.qk_norm else None
+        self.k_norm = norm(config, k_width) if config.qk_norm else None
         self.scale = config.query_pre_attn_scalar**-0.5 if config.query_pre_attn_scalar else None
         self.attn_pdrop = config.attn_pdrop
         self.resid_dropout = nn.Dropout(config.resid_pdrop)
@@ -64,8 +67,10 @@ class CausalSelfAttention(nn.Module):
             y = mask.attend(mask.kernel(q, dropout_p), q, k, v, self.scale, dropout_p)
             return self.resid_dropout(self.c_proj(y.transpose(1, 2).reshape(B, T, nh * hs)))
         q, k, v = qkv.split([nh * hs, nkv * hs, nkv * hs], dim=2)
+        if self.qk_norm_whole:  # OLMo 2 and 3: over all heads, before the split
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.view(B, T, nh, hs), k.view(B, T, nkv, hs), v.view(B, T, nkv, hs)
-        if self.q_norm is not None:
+        if self.q_norm is not None and not self.qk_norm_whole:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, heads, T, hs)
         if rotary is not None:

@@ -6,8 +6,10 @@ grouped-query attention, no biases, an untied LM head), which also covers Qwen2,
 Phi-3. A few more switches make Qwen3 (a head size of its own, RMSNorm on queries and keys) and
 Gemma 3 (its (1 + w) RMSNorm, scaled embeddings, norms after attention and MLP, GeGLU, local
 sliding-window layers with their own rotary base between global ones), SmolLM3 (layers without
-rotary positions between rotary ones) and GPT-NeoX (Pythia: GPT-2's LayerNorm and biases with rotary
-positions on part of each head, attention and MLP side by side). The presets are in `presets.py`.
+rotary positions between rotary ones), GPT-NeoX (Pythia: GPT-2's LayerNorm and biases with rotary
+positions on part of each head, attention and MLP side by side) and OLMo 2 and 3 (norms after attention
+and MLP only, RMSNorm over all heads' queries and keys; OLMo 3's sliding-window layers). The presets
+are in `presets.py`.
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ import torch.nn.functional as F
 from gpt_ft.model.presets import PRESETS
 
 Activation = Literal["gelu_tanh", "gelu", "relu", "silu"]
-Norm = Literal["layernorm", "rmsnorm", "gemma_rmsnorm"]
-NORMS = ("layernorm", "rmsnorm", "gemma_rmsnorm")
+Norm = Literal["layernorm", "rmsnorm", "gemma_rmsnorm", "rmsnorm_fp32"]
+NORMS = ("layernorm", "rmsnorm", "gemma_rmsnorm", "rmsnorm_fp32")
+QKNormSpan = Literal["head", "all_heads"]
+QK_NORM_SPANS = ("head", "all_heads")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 Positions = Literal["learned", "rope"]
 ROPE_TYPES = {  # each scaling's keys
@@ -90,11 +94,19 @@ class GPTConfig:
     151,936 for 151,665): the table keeps them (the unused ones as padding) and `to_hf` writes
     them back; None: none."""
     norm: Norm = "layernorm"
-    """LayerNorm (GPT-1, GPT-2), RMSNorm (Llama, Qwen, Mistral, Phi-3) or Gemma's RMSNorm, which
-    scales by (1 + weight) in fp32; epsilon layer_norm_epsilon."""
+    """LayerNorm (GPT-1, GPT-2), RMSNorm (Llama, Qwen, Mistral, Phi-3), Gemma's RMSNorm, which
+    scales by (1 + weight) in fp32, or RMSNorm multiplied by its weight in fp32 too and cast to the
+    input's dtype last (OLMo 2 and 3: "rmsnorm_fp32"); epsilon layer_norm_epsilon."""
     qk_norm: bool = False
-    """Normalise each head's queries and keys (the norm above, over the head size) before the
-    rotary positions (Qwen3, Gemma 3)."""
+    """Normalise the queries and keys (the norm above, over qk_norm_span) before the rotary
+    positions (Qwen3, Gemma 3, OLMo 2 and 3)."""
+    qk_norm_span: QKNormSpan = "head"
+    """What qk_norm normalises over: "head", each head's queries and keys over the head size (Qwen3,
+    Gemma 3); "all_heads", all heads' queries (n_head * head size) and all keys (n_kv_head * head
+    size) at once, before they split into heads (OLMo 2 and 3)."""
+    input_norms: bool = True
+    """Normalise the input of attention and MLP (a pre-LN block's ln_1, ln_2); False: the block has
+    no such norms, only post_norms' after them (OLMo 2 and 3)."""
     post_norms: bool = False
     """Normalise the outputs of attention and MLP too, before they join the residual stream
     (Gemma 2 and 3: `post_attn_norm`, `post_mlp_norm`)."""
@@ -151,7 +163,7 @@ class GPTConfig:
     SHAPE_FIELDS: ClassVar[tuple[str, ...]] = (
         "n_layer", "n_embd", "n_head", "n_positions", "vocab_size", "pre_ln", "norm", "positions",
         "gated_mlp", "n_kv_head", "tie_embeddings", "bias", "qkv_bias", "n_inner", "head_size", "qk_norm",
-        "post_norms", "scale_embeddings",
+        "post_norms", "scale_embeddings", "qk_norm_span", "input_norms",
     )  # fmt: skip
     """The fields that make the weights what they are (their tensors, their shapes, how the heads
     split them): weights load only into a model whose values are equal. A new field that changes
@@ -212,6 +224,13 @@ class GPTConfig:
             raise ValueError(f"GPTConfig.rope_scaling must be a mapping or None, got {self.rope_scaling!r}.")
         if self.post_norms and not self.pre_ln:  # GPT-1's post-LN blocks have no place for them
             raise ValueError("GPTConfig.post_norms needs pre_ln: true (Gemma's blocks normalise both ways).")
+        if not self.input_norms and not self.pre_ln:  # GPT-1's norms follow each sum: none before
+            raise ValueError(
+                "GPTConfig.input_norms: false needs pre_ln: true (GPT-1's norms follow each sum)."
+            )
+        if self.qk_norm_span not in QK_NORM_SPANS or (self.qk_norm_span != "head" and not self.qk_norm):
+            raise ValueError(f"GPTConfig.qk_norm_span must be one of {QK_NORM_SPANS} ('all_heads' with "
+                             f"qk_norm: true), got {self.qk_norm_span!r}.")  # fmt: skip
         if self.parallel_residual and not self.pre_ln:  # GPT-1's norms follow each sum
             raise ValueError(
                 "GPTConfig.parallel_residual needs pre_ln: true (each branch reads its own norm)."

@@ -71,12 +71,16 @@ def compiled(key: str, fn: Callable) -> Callable:
     return _compiled[key, BACKEND]
 
 
-def rms_norm(x: Tensor, weight: Tensor, eps: float, offset: bool, dtype: torch.dtype) -> Tensor:
+def rms_norm(
+    x: Tensor, weight: Tensor, eps: float, offset: bool, dtype: torch.dtype, weight_fp32: bool = False
+) -> Tensor:
     """`norms.RMSNorm`'s arithmetic (fp32), its output in `dtype`."""
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     if offset:
         return (h * (1.0 + weight.float())).to(dtype)
+    if weight_fp32:  # OLMo's: the weight's product in fp32 too
+        return (weight * h).to(dtype)
     return (weight * h.to(x.dtype)).to(dtype)
 
 

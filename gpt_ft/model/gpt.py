@@ -5,7 +5,8 @@ pre-LN with a final LayerNorm. A few more make Llama-family blocks of the same m
 for LayerNorm, rotary positions for learned ones, SwiGLU, fewer key/value heads, no biases, an
 untied head; and Qwen3's and Gemma 3's (per-head query/key norms, norms after attention and MLP,
 scaled embeddings, sliding-window layers), SmolLM3's (layers without rotary positions), GPT-NeoX's
-(rotary positions on part of each head, attention and MLP side by side). Attention
+(rotary positions on part of each head, attention and MLP side by side), OLMo 2's and 3's (norms after
+attention and MLP only, queries and keys normalised over all heads). Attention
 lives in `attention.py`, the norms in `norms.py`. Module names follow the Hugging Face GPT-2
 checkpoint keys (`wte`, `wpe`, `h.N.attn.c_attn`, ...), so converting GPT weights in either
 direction is a name map plus a transpose list; Llama's separate q/k/v and gate/up matrices are
@@ -57,10 +58,11 @@ class Block(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
         self.pre_ln, self.parallel_residual = config.pre_ln, config.parallel_residual
-        self.ln_1 = norm(config)
+        # OLMo 2 and 3 normalise no input of attention or MLP (input_norms false), only their outputs
+        self.ln_1 = norm(config) if config.input_norms else None
         self.attn = CausalSelfAttention(config)
-        self.ln_2 = norm(config)
-        for ln in (self.ln_1, self.ln_2) if config.pre_ln else ():
+        self.ln_2 = norm(config) if config.input_norms else None
+        for ln in (self.ln_1, self.ln_2) if config.pre_ln and config.input_norms else ():
             ln.feeds_matmul = True  # into attn.c_attn, mlp.c_fc only (see RMSNorm)
         self.mlp = MLP(config)
         # Gemma 2 and 3: attention's and the MLP's outputs normalised before the residual sum
@@ -79,14 +81,20 @@ class Block(nn.Module):
         if not self.pre_ln:  # GPT-1
             x = self.ln_1(x + self.attn(x, mask, is_causal, cache, layer, rotary))
             return self.ln_2(x + self.mlp(x))
-        h = self.attn(self.ln_1(x), mask, is_causal, cache, layer, rotary)  # GPT-2, Llama, ...
+        ln_1, ln_2 = (self.ln_1, self.ln_2) if self.ln_1 is not None else (_unnormed, _unnormed)
+        h = self.attn(ln_1(x), mask, is_causal, cache, layer, rotary)  # GPT-2, Llama, ...
         h = h if self.post_attn_norm is None else self.post_attn_norm(h)
         if self.parallel_residual:  # GPT-NeoX: the MLP reads the block's input too (summed as it sums)
-            m = self.mlp(self.ln_2(x))
+            m = self.mlp(ln_2(x))
             return (m if self.post_mlp_norm is None else self.post_mlp_norm(m)) + h + x
         x = x + h
-        h = self.mlp(self.ln_2(x))
+        h = self.mlp(ln_2(x))
         return x + (h if self.post_mlp_norm is None else self.post_mlp_norm(h))
+
+
+def _unnormed(x: Tensor) -> Tensor:
+    """The input of attention or MLP in a block without input norms (OLMo 2 and 3), as it is."""
+    return x
 
 
 def table(rows: int, width: int, drawn: bool = True) -> nn.Embedding:

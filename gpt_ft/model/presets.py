@@ -62,6 +62,12 @@ PRESETS: dict[str, dict] = {
     # side by side, biases everywhere, an untied head.
     "pythia-70m": dict(_PYTHIA, n_embd=512, n_layer=6, n_head=8, n_inner=2048),
     "pythia-160m": dict(_PYTHIA, n_embd=768, n_layer=12, n_head=12, n_inner=3072),
+    # OLMo 2 (OLMo-2-0425-1B): Llama's blocks with RMSNorm after attention and MLP only (none before),
+    # RMSNorm over all heads' queries and keys, an untied head.
+    "olmo-2-1b": dict(_LLAMA, vocab_size=100352, n_positions=4096, n_embd=2048, n_layer=16, n_head=16,
+                      n_inner=8192, rope_theta=500000.0, layer_norm_epsilon=1e-6, norm="rmsnorm_fp32",
+                      input_norms=False, post_norms=True, qk_norm=True, qk_norm_span="all_heads",
+                      tie_embeddings=False, hf_model_type="olmo2"),
     "phi-3-mini": dict(_LLAMA, vocab_size=32064, n_positions=4096, n_embd=3072, n_layer=32, n_head=32,
                        n_inner=8192, sliding_window=2047, tie_embeddings=False, hf_model_type="phi3"),
     # Llama-shaped models small enough to train on a laptop CPU.

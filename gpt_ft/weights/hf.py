@@ -1,5 +1,5 @@
 """Weights to and from `transformers`: OpenAIGPT* (GPT-1), GPT2*, the Llama family (Llama,
-Qwen2, Qwen3, Mistral, Phi-3, Gemma 3, SmolLM3; see `hf_llama.py`) and GPT-NeoX (Pythia; see
+Qwen2, Qwen3, Mistral, Phi-3, Gemma 3, SmolLM3, OLMo 2, OLMo 3; see `hf_llama.py`) and GPT-NeoX (Pythia; see
 `hf_neox.py`), as model instances or local directories.
 
 Our module names are GPT-2's, so GPT conversion is a name map (GPT-1 spells two embeddings
@@ -54,7 +54,7 @@ def _family(hf_config) -> str:
 
 def config_from_hf(hf_config) -> GPTConfig:
     """Our GPTConfig for a transformers OpenAIGPTConfig, GPT2Config, a Llama-family config (Llama,
-    Qwen2, Qwen3, Mistral, Phi-3, Gemma 3 text, SmolLM3) or a GPTNeoXConfig."""
+    Qwen2, Qwen3, Mistral, Phi-3, Gemma 3 text, SmolLM3, OLMo 2, OLMo 3) or a GPTNeoXConfig."""
     family = _family(hf_config)
     if family in hf_neox.MODEL_TYPES:
         return hf_neox.config_from_hf(hf_config)
@@ -129,6 +129,7 @@ def config_to_hf(config: GPTConfig):
         head_size=config.head_dim != config.n_embd // config.n_head,
         qk_norm=config.qk_norm,
         post_norms=config.post_norms,
+        input_norms=not config.input_norms,
         scale_embeddings=config.scale_embeddings,
         sliding_window=config.sliding_window,
         query_pre_attn_scalar=config.query_pre_attn_scalar,
@@ -239,7 +240,8 @@ def convert(hf_config, state: dict[str, Tensor]) -> tuple[GPTConfig, dict[str, T
 
 def to_hf(gpt: GPT):
     """The matching transformers LM-head model (OpenAIGPTLMHeadModel, GPT2LMHeadModel or the
-    family's *ForCausalLM: Llama, Qwen2, Qwen3, Mistral, Phi3, Gemma3, SmolLM3, GPTNeoX), same weights."""
+    family's *ForCausalLM: Llama, Qwen2, Qwen3, Mistral, Phi3, Gemma3, SmolLM3, Olmo2, Olmo3, GPTNeoX),
+    same weights."""
     import_transformers_models()
     from transformers import GPT2LMHeadModel, OpenAIGPTLMHeadModel
 

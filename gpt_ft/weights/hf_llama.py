@@ -1,11 +1,11 @@
 """Llama-family weights to and from `transformers`: LlamaForCausalLM, Qwen2ForCausalLM,
-Qwen3ForCausalLM, MistralForCausalLM, Phi3ForCausalLM, Gemma3ForCausalLM and SmolLM3ForCausalLM
-(SmolLM/SmolLM2, TinyLlama, Qwen2.5, Qwen3, Llama 3.x, Mistral, Phi-3, Gemma 3 text and SmolLM3
-checkpoints).
+Qwen3ForCausalLM, MistralForCausalLM, Phi3ForCausalLM, Gemma3ForCausalLM, SmolLM3ForCausalLM,
+Olmo2ForCausalLM and Olmo3ForCausalLM (SmolLM/SmolLM2, TinyLlama, Qwen2.5, Qwen3, Llama 3.x, Mistral,
+Phi-3, Gemma 3 text, SmolLM3, OLMo 2 and OLMo 3 checkpoints).
 
 Their blocks are ours with Llama's switches on (see `GPTConfig`); the names differ, and two groups
 of their matrices are one of ours: q/k/v stacked into `attn.c_attn`, gate/up into `mlp.c_fc`
-(Phi-3 stores them stacked already). Gemma 3 calls its norm after attention
+(Phi-3 stores them stacked already). Gemma 3 and OLMo call their norm after attention
 `post_attention_layernorm`, the name Llama gives the norm before the MLP.
 """
 
@@ -18,9 +18,11 @@ from torch import Tensor
 
 from gpt_ft.model.config import GPTConfig
 
-MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma3_text", "smollm3")
+MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma3_text", "smollm3", "olmo2", "olmo3")
 _CLASSES = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral", "phi3": "Phi3",
-            "gemma3_text": "Gemma3", "smollm3": "SmolLM3"}  # fmt: skip
+            "gemma3_text": "Gemma3", "smollm3": "SmolLM3", "olmo2": "Olmo2", "olmo3": "Olmo3"}  # fmt: skip
+_OLMO = ("olmo2", "olmo3")  # no input norms, post-norms, RMSNorm over all heads' queries and keys
+_PER_TYPE_ROPE = ("gemma3_text", "olmo3")  # rope_parameters per layer type
 _ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
                 "relu": "relu"}  # fmt: skip
 # theirs (after "model.layers.N.") -> ours (after "h.N.")
@@ -79,8 +81,8 @@ def is_llama_style(config: GPTConfig) -> bool:
 
 
 def config_from_hf(c) -> GPTConfig:
-    """Our GPTConfig for a transformers Llama, Qwen2, Qwen3, Mistral, Phi-3, Gemma 3 text or SmolLM3
-    config."""
+    """Our GPTConfig for a transformers Llama, Qwen2, Qwen3, Mistral, Phi-3, Gemma 3 text, SmolLM3,
+    OLMo 2 or OLMo 3 config."""
     model_type, name = c.model_type, type(c).__name__
     activation_field = "hidden_activation" if model_type == "gemma3_text" else "hidden_act"
     activation = _ACTIVATIONS.get(getattr(c, activation_field))
@@ -93,8 +95,11 @@ def config_from_hf(c) -> GPTConfig:
                         ("use_bidirectional_attention", False)):  # fmt: skip
         if getattr(c, field, fine) not in (fine, False):
             raise ValueError(f"{name}.{field}={getattr(c, field)!r} is not supported; it must be {fine}.")
-    rope_theta, rope_scaling = _rope(c, "full_attention" if model_type == "gemma3_text" else None)
-    local_theta = _rope(c, "sliding_attention")[0] if model_type == "gemma3_text" else None
+    per_type = model_type in _PER_TYPE_ROPE
+    rope_theta, rope_scaling = _rope(c, "full_attention" if per_type else None)
+    local_theta = _rope(c, "sliding_attention")[0] if per_type else None
+    if model_type == "olmo3" and local_theta == rope_theta and rope_scaling is None:
+        local_theta = None  # (one rotary base, unscaled: the full layers')
     if model_type == "qwen2":  # biases on q, k and v only
         bias, qkv_bias = False, True
     elif model_type in ("llama", "smollm3"):
@@ -112,11 +117,11 @@ def config_from_hf(c) -> GPTConfig:
                 "biases (as they are released)."
             )
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    # What transformers' class of the family reads: Llama no window (a `sliding_window` key in its
-    # config is left unread), Mistral and Phi-3 one for every layer (their `layer_types` unread),
+    # What transformers' class of the family reads: Llama and OLMo 2 no window (a `sliding_window` key
+    # in its config is left unread), Mistral and Phi-3 one for every layer (their `layer_types` unread),
     # SmolLM3 its `layer_types` and `sliding_window` whatever its `use_sliding_window` says.
-    window = getattr(c, "sliding_window", None) if model_type != "llama" else None
-    layered = model_type in ("qwen2", "qwen3", "gemma3_text", "smollm3")
+    window = getattr(c, "sliding_window", None) if model_type not in ("llama", "olmo2") else None
+    layered = model_type in ("qwen2", "qwen3", "gemma3_text", "smollm3", "olmo3")
     layer_types = list(getattr(c, "layer_types", None) or []) or None if layered else None
     if model_type == "qwen2" and not getattr(c, "use_sliding_window", False):
         window = None
@@ -124,7 +129,7 @@ def config_from_hf(c) -> GPTConfig:
         window, layer_types = None, None
     elif layer_types and "full_attention" not in layer_types:
         layer_types = None  # every layer slides
-    gemma, nope = model_type == "gemma3_text", []
+    gemma, olmo, nope = model_type == "gemma3_text", model_type in _OLMO, []
     if model_type == "smollm3":  # its no_rope_layers: 1 where a layer takes rotary positions, 0 where not
         nope = [i for i, r in enumerate(c.no_rope_layers[: c.num_hidden_layers]) if not r]
     return GPTConfig(
@@ -137,9 +142,11 @@ def config_from_hf(c) -> GPTConfig:
         head_size=None if head_dim * c.num_attention_heads == c.hidden_size else head_dim,
         n_inner=c.intermediate_size,
         pre_ln=True,
-        norm="gemma_rmsnorm" if gemma else "rmsnorm",
-        qk_norm=model_type in ("qwen3", "gemma3_text"),
-        post_norms=gemma,
+        norm="gemma_rmsnorm" if gemma else "rmsnorm_fp32" if olmo else "rmsnorm",
+        qk_norm=model_type in ("qwen3", "gemma3_text", *_OLMO),
+        qk_norm_span="all_heads" if olmo else "head",
+        input_norms=not olmo,
+        post_norms=gemma or olmo,
         scale_embeddings=gemma,
         query_pre_attn_scalar=int(c.query_pre_attn_scalar) if gemma else None,
         positions="rope",
@@ -191,6 +198,8 @@ def model_type_of(config: GPTConfig) -> str:
         return config.hf_model_type
     if config.nope_layers:
         return "smollm3"
+    if not config.input_norms or config.qk_norm_span == "all_heads" or config.norm == "rmsnorm_fp32":
+        return "olmo2" if config.sliding_window is None else "olmo3"
     if config.post_norms or config.norm == "gemma_rmsnorm":
         return "gemma3_text"
     if config.qk_norm:
@@ -203,14 +212,16 @@ def model_type_of(config: GPTConfig) -> str:
 
 def config_to_hf(config: GPTConfig):
     """The transformers config of a Llama-style GPTConfig (Llama, Qwen2, Qwen3, Mistral, Phi-3,
-    Gemma 3 or SmolLM3)."""
+    Gemma 3, SmolLM3, OLMo 2 or OLMo 3)."""
     import transformers
 
     model_type = model_type_of(config)
-    gemma = model_type == "gemma3_text"
-    wanted = dict(pre_ln=True, positions="rope", gated_mlp=True, norm="gemma_rmsnorm" if gemma else "rmsnorm",
-                  qk_norm=model_type in ("qwen3", "gemma3_text"), post_norms=gemma,
-                  scale_embeddings=gemma, rotary_dim=None, parallel_residual=False)  # fmt: skip
+    gemma, olmo, per_type = model_type == "gemma3_text", model_type in _OLMO, model_type in _PER_TYPE_ROPE
+    norm = "gemma_rmsnorm" if gemma else "rmsnorm_fp32" if olmo else "rmsnorm"
+    wanted = dict(pre_ln=True, positions="rope", gated_mlp=True, norm=norm, input_norms=not olmo,
+                  qk_norm=model_type in ("qwen3", "gemma3_text", *_OLMO), post_norms=gemma or olmo,
+                  qk_norm_span="all_heads" if olmo else "head", scale_embeddings=gemma, rotary_dim=None,
+                  parallel_residual=False)  # fmt: skip
     differ = {k: getattr(config, k) for k, v in wanted.items() if getattr(config, k) != v}
     if differ:
         raise ValueError(f"transformers' {model_type} models need {wanted}; this model has {differ}.")
@@ -222,7 +233,7 @@ def config_to_hf(config: GPTConfig):
             f"this model has bias={config.bias}, qkv_bias={config.qkv_bias}."
         )
     activation = {v: k for k, v in reversed(_ACTIVATIONS.items())}[config.activation]
-    if config.rope_local_theta is not None and not gemma:
+    if config.rope_local_theta is not None and not per_type:
         raise ValueError(
             f"transformers' {model_type} models have one rotary base; rope_local_theta must be None."
         )
@@ -253,13 +264,13 @@ def config_to_hf(config: GPTConfig):
     layers = config.layer_types or [
         "sliding_attention" if config.is_sliding(i) else "full_attention" for i in range(config.n_layer)
     ]
-    # transformers' Gemma 3 needs a window even where no layer slides (none then reads it).
-    window = dict(sliding_window=config.sliding_window or (config.n_positions if gemma else None),
+    # transformers' Gemma 3 and OLMo 3 need a window even where no layer slides (none then reads it).
+    window = dict(sliding_window=config.sliding_window or (config.n_positions if per_type else None),
                   layer_types=layers)  # fmt: skip
     if model_type in ("llama", "mistral", "phi3") and len(set(layers)) > 1:
         raise ValueError(f"transformers' {model_type} models slide in every layer or none; layer_types must "
                          "be all one type.")  # fmt: skip
-    if model_type == "llama" and config.sliding_window:  # (every other family has one)
+    if model_type in ("llama", "olmo2") and config.sliding_window:  # (every other family has one)
         raise ValueError(
             f"transformers' {model_type} models have no sliding window; sliding_window must be None."
         )
@@ -273,12 +284,17 @@ def config_to_hf(config: GPTConfig):
                              "gpt_ft does not have; rope_scaling must be None.")  # fmt: skip
         return cls(**common, hidden_act=activation, sliding_window=config.sliding_window,
                    **(extra if model_type == "phi3" else {}))  # fmt: skip
-    if gemma:
+    if model_type == "olmo2":
+        return cls(**common, hidden_act=activation)
+    if per_type:
         local = {"rope_type": "default", "rope_theta": config.rope_local_theta or config.rope_theta}
         if config.rope_local_theta is None and config.rope_scaling:
-            raise ValueError("transformers' Gemma 3 leaves its local layers' rotary positions unscaled; "
-                             "give rope_local_theta.")  # fmt: skip
+            raise ValueError(f"transformers' {model_type} models leave the sliding layers' rotary positions "
+                             "unscaled; give rope_local_theta.")  # fmt: skip
         common["rope_parameters"] = {"full_attention": rope, "sliding_attention": local}
+    if olmo:
+        return cls(**common, **window, hidden_act=activation)
+    if gemma:
         return cls(**common, **window, hidden_activation=activation,
                    query_pre_attn_scalar=config.query_pre_attn_scalar or config.head_dim)  # fmt: skip
     use_window = config.sliding_window is not None

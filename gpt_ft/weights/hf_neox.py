@@ -103,7 +103,7 @@ def config_to_hf(config: GPTConfig):
 
     wanted = dict(pre_ln=True, norm="layernorm", positions="rope", gated_mlp=False, bias=True, qk_norm=False,
                   post_norms=False, scale_embeddings=False, query_pre_attn_scalar=None, sliding_window=None,
-                  rope_local_theta=None, nope_layers=None)  # fmt: skip
+                  rope_local_theta=None, nope_layers=None, input_norms=True)  # fmt: skip
     differ = {k: getattr(config, k) for k, v in wanted.items() if getattr(config, k) != v}
     shapes = dict(qkv_bias=config.qkv_bias is False, n_kv_head=config.kv_heads != config.n_head,
                   head_size=config.head_dim * config.n_head != config.n_embd)  # fmt: skip

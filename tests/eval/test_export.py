@@ -31,7 +31,7 @@ from gpt_ft.eval.export import export_classifier, what_loads
 from gpt_ft.model import GPT, GPTConfig
 from tests.background import Command
 from tests.cli.test_bad_outputs import error, files
-from tests.helpers import GEMMA3_MICRO, NEOX_MICRO, QWEN3_MICRO, SMOLLM3_MICRO
+from tests.helpers import GEMMA3_MICRO, NEOX_MICRO, OLMO2_MICRO, OLMO3_MICRO, QWEN3_MICRO, SMOLLM3_MICRO
 
 # Paired with each other in reverse order; the first and last are longer than the models' 48
 # positions, alone and together: the tokenizer's truncation must keep what gpt_ft's keeps.
@@ -150,6 +150,8 @@ SHAPES = {
     "qwen2": ("llama-micro", dict(qkv_bias=True), "Qwen2"),  # q/k/v biases; its tokenizer kept as written
     "smollm3": ("llama-micro", SMOLLM3_MICRO, "SmolLM3"),  # a layer without rotary positions
     "neox": ("llama-micro", NEOX_MICRO, "GPTNeoX"),  # LayerNorm, biases, partial rotary, parallel branches
+    "olmo2": ("llama-micro", OLMO2_MICRO, "Olmo2"),  # norms after attention and MLP only
+    "olmo3": ("llama-micro", OLMO3_MICRO, "Olmo3"),  # and local and global layers too
 }
 
 

@@ -52,6 +52,7 @@ def test_bad_config_errors():
         ("rope_theta", "1e4", "a number"),
         ("rotary_dim", True, "an integer"),
         ("parallel_residual", "yes", "true or false"),
+        ("input_norms", "no", "true or false"),
     ]
     for field, value, kind in [*wrong, ("pre_ln", "yes", "true or false")]:
         with pytest.raises(ValueError, match=rf"^GPTConfig.{field} must be {kind}, got {value!r}\.$"):
@@ -84,6 +85,10 @@ def test_bad_config_errors():
         GPTConfig.from_name("gpt-micro", post_norms=True)
     with pytest.raises(ValueError, match=r"^GPTConfig.parallel_residual needs pre_ln: true \(each branch "):
         GPTConfig.from_name("gpt-micro", parallel_residual=True)
+    with pytest.raises(
+        ValueError, match=r"^GPTConfig.input_norms: false needs pre_ln: true \(GPT-1's norms "
+    ):
+        GPTConfig.from_name("gpt-micro", input_norms=False)
     assert GPTConfig.from_name("llama-micro", layer_norm_epsilon=0, initializer_range=0).rope_theta > 0
     import numpy as np  # NumPy's numbers (a sweep over np.arange) are numbers: taken, as Python's
 

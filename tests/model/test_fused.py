@@ -28,13 +28,15 @@ def forced(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "shape, family", [("steps", "llama-micro"), ("pair", "gemma3-micro"), ("single", "neox-micro")]
+    "shape, family",
+    [("steps", "llama-micro"), ("pair", "gemma3-micro"), ("single", "neox-micro"), ("pair", "olmo2-micro")],
 )
 def test_training_fused_equals_the_eager_ops(tokenizer_dir, monkeypatch, forced, shape, family):
     """Losses, outputs and every gradient to 1e-5 of the eager ops, on rows laid flat (Llama's
     grouped key/value heads, GPT-NeoX's rotary positions on part of each head: the attention's inputs
-    fused too) and on the dense mask (Gemma 3's offset RMSNorm, GELU's gated MLP); the fused functions
-    did run."""
+    fused too; OLMo 2's RMSNorm weighed in fp32 and its q/k norms over all heads, which leave the
+    attention's inputs eager) and on the dense mask (Gemma 3's offset RMSNorm, GELU's gated MLP); the
+    fused functions did run."""
     module, _, specials = module_for(tokenizer_dir, shape, family)
     rows = examples(module.task, shape, specials, vocab=module.gpt.config.vocab_size - 5, n=12)
     module.train()
@@ -49,7 +51,7 @@ def test_training_fused_equals_the_eager_ops(tokenizer_dir, monkeypatch, forced,
     assert_same(expected, run(module, batch), collate(rows, specials.pad).choice_mask)
     act, gated = module.gpt.config.activation, module.gpt.config.gated_mlp
     assert ({"rms_norm", f"swiglu-{act}"} <= set(calls)) == gated  # (GPT-NeoX's LayerNorm, plain MLP: none)
-    assert ("split_heads" in calls) == flat
+    assert ("split_heads" in calls) == (flat and not module.gpt.config.qk_norm)
 
 
 @pytest.mark.parametrize("rotary_dim", [None, 4])

@@ -400,3 +400,33 @@ def test_partial_rotary_turns_the_first_features_of_each_head_alone(device):
             with torch.autocast(device, dtype=torch.bfloat16):
                 errors.append(float((gpt(ids, mask)[:, 3:].float() - exact).abs().max()))
     assert 0 < errors[0] < 4 * errors[1] and errors[1] < 0.1
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=cuda)])
+def test_olmo_blocks_normalise_outputs_only_and_queries_and_keys_over_all_heads(device, exact_fp32):
+    """OLMo's blocks (`input_norms` false, `qk_norm_span` "all_heads"): no ln_1 or ln_2, q/k norms as
+    wide as all query heads and all key heads; left-padded rows in bf16 (on a CPU, the blocked
+    attention) close to fp32 (on CUDA, fp32 as the CPU's), and the forward pass compiles whole."""
+    from tests.helpers import OLMO2_MICRO
+
+    torch.manual_seed(0)
+    gpt = GPT(GPTConfig.from_name("llama-micro", vocab_size=50, **OLMO2_MICRO)).eval()
+    block = gpt.h[0]
+    assert block.ln_1 is None and block.ln_2 is None and block.post_attn_norm is not None
+    assert (block.attn.q_norm.weight.shape, block.attn.k_norm.weight.shape) == (
+        (64,),
+        (32,),
+    )  # 4, 2 heads of 16
+    ids = torch.randint(0, 50, (2, 12))
+    mask = torch.ones_like(ids).index_fill_(1, torch.arange(3), 0)
+    with torch.no_grad():
+        exact = gpt(ids, mask)[:, 3:]
+        gpt, ids, mask = gpt.to(device), ids.to(device), mask.to(device)
+        torch.testing.assert_close(gpt(ids, mask)[:, 3:].cpu(), exact, rtol=0, atol=1e-5)
+        with torch.autocast(device, dtype=torch.bfloat16):
+            bf16 = gpt(ids, mask)[:, 3:].float().cpu()
+        graphs = []
+        compiled = torch.compile(gpt, backend=lambda graph, inputs: graphs.append(graph) or graph.forward)
+        torch.testing.assert_close(compiled(ids, mask)[:, 3:].cpu(), exact, rtol=0, atol=1e-5)
+    assert 0 < (bf16 - exact).abs().max() < 0.1 * exact.abs().max()
+    assert len(graphs) == 1

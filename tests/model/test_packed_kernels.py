@@ -127,6 +127,7 @@ def reference_varlen(q, k, v, cu_q, cu_k, max_q, max_k, *, window_size=(-1, -1),
         ("single", "gemma3-micro"),
         ("choice", "qwen3-micro"),
         ("pair", "neox-micro"),
+        ("pair", "olmo2-micro"),
     ],  # noqa: E501
 )
 def test_packed_rows_on_each_kernel_equal_the_padded_batch(tokenizer_dir, monkeypatch, kernel, shape, family):
@@ -205,13 +206,14 @@ def test_rows_are_laid_flat_where_that_costs_less():
         ("steps", "qwen3-micro"),
         ("ranking", "llama-micro"),
         ("single", "neox-micro"),
+        ("steps", "olmo2-micro"),
     ],
 )
 def test_packed_rows_laid_flat_equal_the_padded_batch(tokenizer_dir, monkeypatch, shape, family):
     """On a CPU, rows laid flat (the tails dropped, each sequence's attention on its own flash
     calls): losses, gradients and outputs to 1e-5 of the padded batch, with no dense mask built and
     one flash forward per sequence and layer. GPT-1's learned positions and post-LN, grouped
-    key/value heads (Llama), Qwen3's per-head norms."""
+    key/value heads (Llama), Qwen3's per-head norms, OLMo 2's over all heads."""
     module, _, specials = module_for(tokenizer_dir, shape, family)
     rows = examples(module.task, shape, specials, vocab=module.gpt.config.vocab_size - 5, n=40)
     module.train()

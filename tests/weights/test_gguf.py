@@ -536,10 +536,13 @@ def test_not_gguf_cut_short_foreign_architecture_and_unreadable_type_are_one_sen
         with pytest.raises(ValueError, match=rf"short{cut}.gguf is cut short or corrupt"):
             load_tokenizer(short)
 
-    foreign = tmp_path / "mamba.gguf"
-    foreign.write_bytes(data.replace(b"llama", b"mamba", 1))
-    with pytest.raises(ValueError, match=r"holds a 'mamba' model; gpt_ft reads GGUF files of llama, qwen2"):
-        GPT.from_pretrained(foreign)
+    for arch in ("mamba", "olmo2"):  # (llama.cpp writes OLMo 2, which transformers' GGUF reader lacks)
+        foreign = tmp_path / f"{arch}.gguf"
+        foreign.write_bytes(data.replace(b"llama", arch.encode(), 1))
+        with pytest.raises(
+            ValueError, match=rf"holds a '{arch}' model; gpt_ft reads GGUF files of llama, qwen2"
+        ):
+            GPT.from_pretrained(foreign)
 
 
 def test_a_type_gguf_cannot_dequantize_is_named(tmp_path, monkeypatch):

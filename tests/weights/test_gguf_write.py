@@ -242,8 +242,8 @@ def test_ids_the_tokenizer_lacks_are_unused_tokens(tmp_path, monkeypatch):
 
 
 def test_what_llama_cpp_would_read_otherwise_is_refused(tmp_path, monkeypatch):
-    """GPT-1, SmolLM3, a pre-tokenizer llama.cpp has no name for, a window, a scaling, a type: one sentence
-    each, and no file (nor scratch) left."""
+    """GPT-1, SmolLM3, OLMo 2, a pre-tokenizer llama.cpp has no name for, a window, a scaling, a type:
+    one sentence each, and no file (nor scratch) left."""
     import gguf
     from safetensors.torch import load_file, save_file
     from tokenizers import Regex, normalizers, pre_tokenizers
@@ -263,6 +263,9 @@ def test_what_llama_cpp_would_read_otherwise_is_refused(tmp_path, monkeypatch):
     smollm3 = tmp_path / "smollm3"  # llama.cpp's turns no fourth layer, whatever the model's nope_layers
     tiny_llama("smollm3", vocab_size=320).save_pretrained(smollm3)
     assert "for a 'smollm3' model" in refused(smollm3)
+    olmo2 = tmp_path / "olmo2"  # llama.cpp has it, transformers' GGUF reader (the test of a file) not
+    tiny_llama("olmo2", vocab_size=320).save_pretrained(olmo2)
+    assert "for a 'olmo2' model" in refused(olmo2)
     bert_like = tiny_tokenizer()
     bert_like.backend_tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     folder, _ = lm_folder(tmp_path / "w", "llama", bert_like)

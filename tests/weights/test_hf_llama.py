@@ -1,8 +1,9 @@
 """Llama-family blocks against transformers: LlamaForCausalLM (grouped-query attention, Llama 3
 rotary scaling, biases), Qwen2ForCausalLM (q/k/v biases), MistralForCausalLM and Phi3ForCausalLM
 (sliding windows), Qwen3ForCausalLM (its own head size, q/k norms), Gemma3ForCausalLM (Gemma's
-norms, scaled embeddings, local and global layers) and SmolLM3ForCausalLM (layers without rotary
-positions)."""
+norms, scaled embeddings, local and global layers), SmolLM3ForCausalLM (layers without rotary
+positions), Olmo2ForCausalLM and Olmo3ForCausalLM (norms after attention and MLP only, q/k norms over
+all heads; OLMo 3's local and global layers)."""
 
 import dataclasses
 
@@ -20,6 +21,7 @@ LLAMA3 = dict(
     rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                       original_max_position_embeddings=16),
 )  # fmt: skip
+LINEAR = dict(rope_type="linear", factor=2.0)
 WINDOW = dict(sliding_window=8)  # inputs of 30 and 40 tokens: every query past the 8th loses keys
 VARIANTS = {
     **{family: (family, {}) for family in ALL_FAMILIES},
@@ -38,6 +40,11 @@ VARIANTS = {
     # SmolLM3: its first layer without rotary positions and sliding, the second rotary and full
     "smollm3-nope-first-window": ("smollm3", dict(WINDOW, use_sliding_window=True, no_rope_layers=[0, 1])),
     "smollm3-untied-biases": ("smollm3", dict(tie_word_embeddings=False, attention_bias=True, mlp_bias=True)),
+    "olmo2-tied": ("olmo2", dict(tie_word_embeddings=True)),
+    # OLMo 3: its global layer's positions scaled, on a base of their own (its local layer's: 10,000)
+    "olmo3-linear-global": ("olmo3", dict(rope_parameters={
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}})),
 }  # fmt: skip
 
 
@@ -58,15 +65,17 @@ def test_logits_equal_transformers(pair):
 @pytest.mark.parametrize(
     "family, unread",
     [("llama", WINDOW), ("phi3", dict(WINDOW, layer_types=["sliding_attention", "full_attention"])),
-     ("mistral", dict(WINDOW, layer_types=["full_attention"] * 2))],
+     ("mistral", dict(WINDOW, layer_types=["full_attention"] * 2)), ("olmo2", WINDOW)],
 )  # fmt: skip
 def test_window_settings_the_familys_class_leaves_unread_are_left_unread(family, unread):
-    """A Llama config's `sliding_window` key, and Mistral's or Phi-3's `layer_types`, are read by
+    """A Llama or OLMo 2 config's `sliding_window` key, and Mistral's or Phi-3's `layer_types`, are read by
     no transformers class of theirs (Mistral and Phi-3 slide in every layer): past the window, the
     logits are still theirs."""
     hf = tiny_llama(family, **unread)
     gpt = GPT.from_hf(hf).eval()
-    assert gpt.config.layer_types is None and (gpt.config.sliding_window is None) == (family == "llama")
+    assert gpt.config.layer_types is None and (gpt.config.sliding_window is None) == (
+        family in ("llama", "olmo2")
+    )
     ids = torch.randint(0, VOCAB, (1, 40))
     with torch.no_grad():
         torch.testing.assert_close(gpt.lm_logits(gpt(ids)), hf(ids).logits, rtol=0, atol=1e-5)
@@ -202,11 +211,12 @@ def test_kv_cache_holds_the_key_value_heads_only():
     assert cache.k.shape == (2, 3, 2, 10, 8)  # layers, batch, 2 key/value heads (of 4), positions, head size
 
 
-@pytest.mark.parametrize("family", ["mistral", "phi3", "gemma3_text", "smollm3"])
+@pytest.mark.parametrize("family", ["mistral", "phi3", "gemma3_text", "smollm3", "olmo3"])
 def test_sliding_windows_apply_over_a_kv_cache(family):
     """Token by token, each new token's window drops the oldest key once the input is longer (SmolLM3's
     in its layer without rotary positions)."""
-    windows = {"gemma3_text": {}, "smollm3": dict(WINDOW, use_sliding_window=True, no_rope_layers=[0, 1])}
+    windows = {"gemma3_text": {}, "olmo3": {},
+               "smollm3": dict(WINDOW, use_sliding_window=True, no_rope_layers=[0, 1])}  # fmt: skip
     hf = tiny_llama(family, **windows.get(family, WINDOW))
     gpt = GPT.from_hf(hf).eval()
     assert gpt.config.sliding_window == 8 and gpt.config.n_positions == 64
@@ -247,7 +257,7 @@ def test_a_folders_generation_config_adds_the_end_of_turn_ids_generation_stops_a
 
 
 def test_a_model_from_scratch_exports_to_the_family_its_shape_says():
-    from tests.helpers import GEMMA3_MICRO, QWEN3_MICRO
+    from tests.helpers import GEMMA3_MICRO, OLMO2_MICRO, OLMO3_MICRO, QWEN3_MICRO
 
     cases = [({}, "LlamaForCausalLM"), (dict(qkv_bias=True), "Qwen2ForCausalLM"),
              (dict(hf_model_type="mistral", sliding_window=8), "MistralForCausalLM"),
@@ -255,7 +265,11 @@ def test_a_model_from_scratch_exports_to_the_family_its_shape_says():
              (dict(hf_model_type="phi3"), "Phi3ForCausalLM"), (QWEN3_MICRO, "Qwen3ForCausalLM"),
              (GEMMA3_MICRO, "Gemma3ForCausalLM"), (dict(activation="relu"), "LlamaForCausalLM"),
              ({**GEMMA3_MICRO, "sliding_window": None, "layer_types": None}, "Gemma3ForCausalLM"),
-             (dict(nope_layers=[1]), "SmolLM3ForCausalLM"),
+             (dict(nope_layers=[1]), "SmolLM3ForCausalLM"), (OLMO2_MICRO, "Olmo2ForCausalLM"),
+             (OLMO3_MICRO, "Olmo3ForCausalLM"), ({**OLMO2_MICRO, "hf_model_type": None}, "Olmo2ForCausalLM"),
+             ({**OLMO3_MICRO, "hf_model_type": None}, "Olmo3ForCausalLM"),
+             ({**OLMO3_MICRO, "layer_types": None}, "Olmo3ForCausalLM"),
+             ({**OLMO3_MICRO, "rope_local_theta": 100.0, "rope_scaling": LINEAR}, "Olmo3ForCausalLM"),
              ]  # fmt: skip
     for overrides, expected in cases:
         layers = dict(n_layer=2) if {"layer_types", "nope_layers"} & set(overrides) else dict(n_layer=1)
@@ -270,7 +284,8 @@ def test_a_model_from_scratch_exports_to_the_family_its_shape_says():
 
 PRESET_PARAMETERS = {"smollm2-135m": 134_515_008, "qwen2.5-0.5b": 494_032_768, "llama-3.2-1b": 1_235_814_400,
                      "qwen3-0.6b": 596_049_920, "gemma-3-270m": 268_098_176, "gemma-3-1b": 999_885_952,
-                     "phi-3-mini": 3_821_079_552, "smollm3-3b": 3_075_098_624}  # fmt: skip
+                     "phi-3-mini": 3_821_079_552, "smollm3-3b": 3_075_098_624,
+                     "olmo-2-1b": 1_484_916_736}  # fmt: skip
 
 
 @pytest.mark.parametrize("preset", list(PRESET_PARAMETERS))
@@ -318,6 +333,11 @@ def test_untied_head_grows_with_the_vocabulary(vocab):
         (dict(layer_types=["full_attention"]), "layer_types must name one of .* for each of the 4 layers"),
         (dict(sliding_window=4, layer_types=["full_attention", "local"] * 2), r"4 entries with \['local'\]"),
         (dict(layer_types=["sliding_attention"] * 4), "sliding_attention layers but sliding_window is None"),
+        (
+            dict(qk_norm_span="all_heads"),
+            r"qk_norm_span must be one of \('head', 'all_heads'\) \('all_heads' with",
+        ),
+        (dict(qk_norm=True, qk_norm_span="heads"), r"qk_norm_span must be one of .*, got 'heads'\.$"),
         (dict(rope_scaling={"rope_type": "linear"}), "rope_scaling of type 'linear' needs factor"),
         (
             dict(rope_scaling={"rope_type": "llama3", "factor": 8.0}),
@@ -366,6 +386,71 @@ def test_unsupported_transformers_configs_are_one_sentence():
         GPT(
             GPTConfig.from_name("llama-micro", vocab_size=VOCAB, hf_model_type="phi3", rope_scaling=linear)
         ).to_hf()
+
+
+def test_unsupported_olmo_configs_and_exports_are_one_sentence():
+    """OLMo's biases, OLMo 3's YaRN (the released OLMo 3 checkpoints' global layers) and scaled local
+    layers are refused as the config field that sets them; so are exports of OLMo's switches to
+    families without them, and of settings OLMo's classes cannot hold."""
+    from transformers import Olmo2Config, Olmo3Config
+
+    from gpt_ft.weights.hf import config_from_hf
+    from tests.helpers import NEOX_MICRO, OLMO2_MICRO, OLMO3_MICRO
+
+    with pytest.raises(ValueError, match=r"^Olmo2Config.attention_bias=True is not supported"):
+        config_from_hf(Olmo2Config(**TINY_LLAMA, attention_bias=True))
+    yarn = dict(rope_type="yarn", factor=8.0, original_max_position_embeddings=16, rope_theta=1e4)
+    local = dict(rope_type="default", rope_theta=1e4)
+    with pytest.raises(ValueError, match=r"^GPTConfig.rope_scaling type 'yarn' is not supported"):
+        config_from_hf(
+            Olmo3Config(**TINY_LLAMA, rope_parameters=dict(full_attention=yarn, sliding_attention=local))
+        )
+    with pytest.raises(
+        ValueError, match=r"^Olmo3Config.rope_parameters\['sliding_attention'\] with rope_type"
+    ):
+        config_from_hf(
+            Olmo3Config(**TINY_LLAMA, rope_parameters=dict(full_attention=local, sliding_attention=yarn))
+        )
+    micro = lambda **overrides: GPT(GPTConfig.from_name("llama-micro", vocab_size=VOCAB, **overrides))  # noqa: E731
+    refusals = [
+        (dict(OLMO2_MICRO, sliding_window=8), "olmo2 models have no sliding window; sliding_window must"),
+        (dict(OLMO3_MICRO, rope_scaling=dict(rope_type="linear", factor=2.0)), "give rope_local_theta"),
+        (dict(OLMO2_MICRO, hf_model_type="llama"), "transformers' llama models need"),
+        (dict(input_norms=False, post_norms=True), "transformers' olmo2 models need"),  # Llama's RMSNorm
+        (dict(OLMO2_MICRO, hf_model_type="qwen3", qk_norm_span="head"), "transformers' qwen3 models need"),
+        (dict(NEOX_MICRO, input_norms=False), "transformers' gpt_neox models need"),
+    ]  # fmt: skip
+    for overrides, message in refusals:
+        with pytest.raises(ValueError, match=message):
+            micro(**overrides).to_hf()
+    with pytest.raises(ValueError, match=r"GPT-1 and GPT-2 have none of \['input_norms'\]"):
+        GPT(
+            GPTConfig(vocab_size=VOCAB, n_embd=32, n_layer=1, n_head=4, pre_ln=True, input_norms=False)
+        ).to_hf()
+
+
+def test_olmos_rmsnorm_is_transformers_in_bf16_too():
+    """OLMo's RMSNorm multiplies by its weight in fp32 before the cast (Llama's casts first): in bf16
+    exactly transformers' Olmo2RMSNorm, which Llama's form is not."""
+    from transformers.models.olmo2.modeling_olmo2 import Olmo2RMSNorm
+
+    from gpt_ft.model.norms import norm
+    from tests.helpers import OLMO2_MICRO
+
+    torch.manual_seed(0)
+    x, weight = torch.randn(4, 9, 64).bfloat16(), torch.randn(64).bfloat16()
+    theirs = Olmo2RMSNorm(64, eps=1e-6).bfloat16()
+    outputs = {}
+    for kind in ("rmsnorm_fp32", "rmsnorm"):
+        ours = norm(
+            GPTConfig.from_name("llama-micro", **{**OLMO2_MICRO, "norm": kind}, layer_norm_epsilon=1e-6)
+        )
+        with torch.no_grad():
+            ours.bfloat16().weight.copy_(weight), theirs.weight.copy_(weight)
+            outputs[kind] = ours(x)
+    expected = theirs(x)
+    assert outputs["rmsnorm_fp32"].dtype == torch.bfloat16 and torch.equal(outputs["rmsnorm_fp32"], expected)
+    assert not torch.equal(outputs["rmsnorm"], expected)
 
 
 @pytest.mark.parametrize("family", NEW_FAMILIES)
