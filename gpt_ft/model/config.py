@@ -37,7 +37,9 @@ ROPE_TYPES = {  # each scaling's keys
     "default": (),
     "linear": ("factor",),
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "yarn": ("factor", "original_max_position_embeddings"),
 }
+ROPE_OPTIONS = ("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim")  # YaRN's, if given
 
 
 def gelu_tanh(x):
@@ -243,7 +245,8 @@ class GPTConfig:
         missing = [key for key in ROPE_TYPES[self.rope_type] if key not in (self.rope_scaling or {})]
         if missing:
             raise ValueError(f"GPTConfig.rope_scaling of type {self.rope_type!r} needs {', '.join(missing)}.")
-        for key in ROPE_TYPES[self.rope_type]:
+        given = [key for key in ROPE_OPTIONS if (self.rope_scaling or {}).get(key) is not None]
+        for key in (*ROPE_TYPES[self.rope_type], *given):
             value = self.rope_scaling[key]  # (a bool is no factor)
             if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < math.inf:
                 raise ValueError(f"GPTConfig.rope_scaling {key} must be a positive number, got {value!r}.")

@@ -5,8 +5,10 @@ A query or key vector of head size hs is rotated, pair by pair, by angles `posit
 the pairs are (i, i + hs/2), the "rotate half" layout of the transformers checkpoints, so their
 weights load unpermuted. GPT-NeoX rotates the first `rotary_dim` features of each head alone, its
 pairs (i, i + rotary_dim/2), and passes the rest as they are. Scaled frequencies: linear
-(positions divided by a factor) and Llama 3's (long wavelengths divided by a factor, short ones
-kept, a smooth blend between).
+(positions divided by a factor), Llama 3's (long wavelengths divided by a factor, short ones
+kept, a smooth blend between) and YaRN (Peng et al. 2023: the same split by how often each pair
+turns over the original context, with a linear ramp between, and cos and sin scaled by its
+attention factor), each as transformers computes it.
 """
 
 from __future__ import annotations
@@ -39,7 +41,47 @@ def inverse_frequencies(config: GPTConfig, device: torch.device | None = None, l
         blended = (1 - smooth) * scaled / factor + smooth * scaled
         medium = (wavelength >= context / high) & (wavelength <= context / low)
         return torch.where(medium, blended, scaled)
+    if config.rope_type == "yarn":
+        return _yarn(dim, theta, scaling, device)
     return inv_freq
+
+
+def _yarn(dim: int, theta: float, scaling: dict, device: torch.device | None) -> Tensor:
+    """YaRN's frequencies: a pair that turns more than `beta_fast` times over the original context
+    kept, one that turns fewer than `beta_slow` times divided by the factor, a linear ramp between
+    (over the pairs' indices, their bounds rounded outward unless `truncate` is false)."""
+    factor, context = scaling["factor"], scaling["original_max_position_embeddings"]
+    fast, slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+
+    def index(turns: float) -> float:  # the pair index that turns `turns` times over the context
+        return dim * math.log(context / (turns * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = index(fast), index(slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    high = high + 0.001 if low == high else high
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1).to(device)
+    powers = theta ** (torch.arange(0, dim, 2, device=device).float() / dim)
+    return 1.0 / (factor * powers) * ramp + 1.0 / powers * (1 - ramp)
+
+
+def attention_factor(config: GPTConfig) -> float:
+    """What cos and sin are multiplied by: YaRN's attention factor (given, or 0.1 ln(factor) + 1, or
+    the ratio of two such with `mscale` and `mscale_all_dim`); 1 for every other scaling."""
+    scaling = config.rope_scaling or {}
+    if config.rope_type != "yarn":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+    factor = scaling["factor"]
+
+    def mscale(m: float = 1.0) -> float:
+        return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+    if scaling.get("mscale") and scaling.get("mscale_all_dim"):
+        return mscale(scaling["mscale"]) / mscale(scaling["mscale_all_dim"])
+    return mscale()
 
 
 def cos_sin(
@@ -52,7 +94,10 @@ def cos_sin(
     angles = torch.cat([freqs, freqs], dim=-1)  # (.., T, rotary_dims)
     if angles.ndim == 2:
         angles = angles[None]
-    return angles.cos()[:, None].to(dtype), angles.sin()[:, None].to(dtype)
+    cos, sin = angles.cos()[:, None], angles.sin()[:, None]
+    if not local and (scale := attention_factor(config)) != 1.0:  # YaRN's
+        cos, sin = cos * scale, sin * scale
+    return cos.to(dtype), sin.to(dtype)
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

@@ -22,6 +22,7 @@ LLAMA3 = dict(
                       original_max_position_embeddings=16),
 )  # fmt: skip
 LINEAR = dict(rope_type="linear", factor=2.0)
+YARN = dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=16)  # (the tiny models' 64)
 WINDOW = dict(sliding_window=8)  # inputs of 30 and 40 tokens: every query past the 8th loses keys
 VARIANTS = {
     **{family: (family, {}) for family in ALL_FAMILIES},
@@ -45,6 +46,13 @@ VARIANTS = {
     "olmo3-linear-global": ("olmo3", dict(rope_parameters={
         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
         "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}})),
+    # YaRN: Qwen's long-context setting; with its attention factor's other forms; OLMo 3's global layers
+    "qwen3-yarn": ("qwen3", dict(rope_parameters=dict(YARN, rope_theta=1e4))),
+    "llama-yarn-mscale-untruncated": ("llama", dict(rope_parameters=dict(
+        YARN, rope_theta=1e4, mscale=1.0, mscale_all_dim=0.5, beta_fast=16, beta_slow=2, truncate=False))),
+    "olmo3-yarn-global": ("olmo3", dict(rope_parameters={
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": dict(YARN, rope_theta=5e5, attention_factor=1.25)})),
 }  # fmt: skip
 
 
@@ -325,7 +333,11 @@ def test_untied_head_grows_with_the_vocabulary(vocab):
         (dict(n_kv_head=3), "n_kv_head=3 must divide n_head=4"),
         (
             dict(rope_scaling={"rope_type": "yarn", "factor": 2.0}),
-            "rope_scaling type 'yarn' is not supported",
+            "rope_scaling of type 'yarn' needs original_max_position_embeddings",
+        ),
+        (
+            dict(rope_scaling=dict(YARN, attention_factor=0)),
+            "rope_scaling attention_factor must be a positive number, got 0",
         ),
         (dict(n_embd=20, n_head=4, n_kv_head=None), "Rotary positions need an even head size"),
         (dict(norm="batchnorm"), "GPTConfig.norm='batchnorm' is not supported"),
@@ -389,9 +401,8 @@ def test_unsupported_transformers_configs_are_one_sentence():
 
 
 def test_unsupported_olmo_configs_and_exports_are_one_sentence():
-    """OLMo's biases, OLMo 3's YaRN (the released OLMo 3 checkpoints' global layers) and scaled local
-    layers are refused as the config field that sets them; so are exports of OLMo's switches to
-    families without them, and of settings OLMo's classes cannot hold."""
+    """OLMo's biases and scaled local layers are refused as the config field that sets them; so are
+    exports of OLMo's switches to families without them, and of settings OLMo's classes cannot hold."""
     from transformers import Olmo2Config, Olmo3Config
 
     from gpt_ft.weights.hf import config_from_hf
@@ -401,10 +412,6 @@ def test_unsupported_olmo_configs_and_exports_are_one_sentence():
         config_from_hf(Olmo2Config(**TINY_LLAMA, attention_bias=True))
     yarn = dict(rope_type="yarn", factor=8.0, original_max_position_embeddings=16, rope_theta=1e4)
     local = dict(rope_type="default", rope_theta=1e4)
-    with pytest.raises(ValueError, match=r"^GPTConfig.rope_scaling type 'yarn' is not supported"):
-        config_from_hf(
-            Olmo3Config(**TINY_LLAMA, rope_parameters=dict(full_attention=yarn, sliding_attention=local))
-        )
     with pytest.raises(
         ValueError, match=r"^Olmo3Config.rope_parameters\['sliding_attention'\] with rope_type"
     ):
@@ -488,3 +495,29 @@ def test_activation_checkpointing_gives_the_family_the_same_gradients(family):
     plain, recomputed = grads(False), grads(True)
     for name, grad in plain.items():
         torch.testing.assert_close(recomputed[name], grad, rtol=0, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize(
+    "scaling",
+    [dict(YARN), dict(YARN, factor=32.0, original_max_position_embeddings=4096),
+     dict(YARN, attention_factor=0.9), dict(YARN, beta_fast=8, beta_slow=0.5, truncate=False),
+     dict(YARN, mscale=0.707, mscale_all_dim=1.0)],
+)  # fmt: skip
+def test_yarn_frequencies_and_attention_factor_are_transformers(scaling):
+    """YaRN's ramp between kept and divided frequencies, and its attention factor in each of its three
+    forms, as transformers computes them (`_compute_yarn_parameters`) for 64- and 128-wide heads."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from gpt_ft.model import rope
+
+    for heads in (8, 4):
+        theirs = LlamaConfig(hidden_size=512, num_attention_heads=heads, max_position_embeddings=131072,
+                             rope_parameters=dict(scaling, rope_theta=1e6))  # fmt: skip
+        inv_freq, factor = ROPE_INIT_FUNCTIONS["yarn"](theirs, torch.device("cpu"))
+        ours = GPTConfig.from_name("llama-mini", n_embd=512, n_head=heads, n_kv_head=heads, rope_theta=1e6,
+                                   rope_scaling=scaling)  # fmt: skip
+        torch.testing.assert_close(rope.inverse_frequencies(ours), inv_freq, rtol=0, atol=0)
+        assert rope.attention_factor(ours) == pytest.approx(factor, rel=1e-12)
+        plain = dataclasses.replace(ours, rope_scaling=None)
+        assert not torch.equal(inv_freq, rope.inverse_frequencies(plain))  # (the ramp divides some)
