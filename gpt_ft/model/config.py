@@ -321,6 +321,19 @@ class GPTConfig:
     def kv_heads(self) -> int:
         return self.n_kv_head or self.n_head
 
+    def differing_shapes(self, stored: dict[str, Any]) -> dict[str, Any]:
+        """The `SHAPE_FIELDS` whose values in `stored` (a checkpoint's config; a field it lacks has
+        its default, as when it was written) make other weights than this config's, with those
+        values. None and the value it means are one (`n_kv_head`: n_head; `head_size`: n_embd /
+        n_head; None on both sides follows the fields it is read from, named where they differ)."""
+        defaults = {f.name: f.default for f in fields(self)}
+        theirs = {k: stored.get(k, defaults[k]) for k in self.SHAPE_FIELDS}
+        meant = dict(n_kv_head=theirs["n_kv_head"] or theirs["n_head"],
+                     head_size=theirs["head_size"] or theirs["n_embd"] // theirs["n_head"])  # fmt: skip
+        ours = dict(n_kv_head=self.kv_heads, head_size=self.head_dim)
+        differ = {k: v for k, v in theirs.items() if meant.get(k, v) != ours.get(k, getattr(self, k))}
+        return {k: v for k, v in differ.items() if k not in ours or (v, getattr(self, k)) != (None, None)}
+
     @property
     def ffn_dim(self) -> int:
         return self.n_inner if self.n_inner is not None else 4 * self.n_embd

@@ -134,9 +134,9 @@ def check_fits(
     """A checkpoint of another shape, task head or kind than the run's (built from `init_from`, or
     a preset), named in one sentence (not a page of size mismatches)."""
     stored = loaded.gpt_config or {}
-    differ = [k for k in config.SHAPE_FIELDS if k in stored and stored[k] != getattr(config, k)]
+    differ = config.differing_shapes(stored)  # {field: the checkpoint's value}
     if differ:
-        theirs = ", ".join(f"{k}={stored[k]}" for k in differ)
+        theirs = ", ".join(f"{k}={v}" for k, v in differ.items())
         ours = ", ".join(f"{k}={getattr(config, k)}" for k in differ)
         preset = (
             "give the same --model.preset/--model.overrides, or start anew from it with --model.init_from"

@@ -127,3 +127,15 @@ def test_the_shape_fields_are_those_that_make_the_weights():
 
     for name, value in others.items():
         assert shapes(replace(base, **{name: value})) == shapes(base), name
+
+
+def test_a_checkpoints_shape_is_compared_with_its_fields_defaults_and_meanings():
+    """A field a checkpoint lacks (written before the field was) has its default, as it had then; a
+    None and the value it means (n_kv_head: n_head, head_size: n_embd / n_head) are one shape."""
+    olmo = GPTConfig.from_name("olmo-2-1b", n_layer=1, vocab_size=64)
+    older = {k: v for k, v in vars(olmo).items() if k not in ("input_norms", "qk_norm_span")}
+    assert olmo.differing_shapes(older) == {"input_norms": True, "qk_norm_span": "head"}
+    assert olmo.differing_shapes(vars(olmo)) == {}
+    spelled = GPTConfig.from_name("olmo-2-1b", n_layer=1, vocab_size=64, n_kv_head=16, head_size=128)
+    assert olmo.differing_shapes(vars(spelled)) == spelled.differing_shapes(vars(olmo)) == {}
+    assert olmo.differing_shapes({**vars(spelled), "n_kv_head": 8}) == {"n_kv_head": 8}
