@@ -245,6 +245,8 @@ class GPTConfig:
         missing = [key for key in ROPE_TYPES[self.rope_type] if key not in (self.rope_scaling or {})]
         if missing:
             raise ValueError(f"GPTConfig.rope_scaling of type {self.rope_type!r} needs {', '.join(missing)}.")
+        if not isinstance(truncate := (self.rope_scaling or {}).get("truncate", True), bool):  # YaRN's
+            raise ValueError(f"GPTConfig.rope_scaling truncate must be true or false, got {truncate!r}.")
         given = [key for key in ROPE_OPTIONS if (self.rope_scaling or {}).get(key) is not None]
         for key in (*ROPE_TYPES[self.rope_type], *given):
             value = self.rope_scaling[key]  # (a bool is no factor)

@@ -134,7 +134,7 @@ def check_fits(
     """A checkpoint of another shape, task head or kind than the run's (built from `init_from`, or
     a preset), named in one sentence (not a page of size mismatches)."""
     stored = loaded.gpt_config or {}
-    differ = config.differing_shapes(stored)  # {field: the checkpoint's value}
+    differ = config.differing_shapes(stored) if stored else {}  # {field: the checkpoint's value}
     if differ:
         theirs = ", ".join(f"{k}={v}" for k, v in differ.items())
         ours = ", ".join(f"{k}={getattr(config, k)}" for k in differ)

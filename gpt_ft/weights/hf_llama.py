@@ -174,8 +174,8 @@ def config_from_hf(c) -> GPTConfig:
 def _rope(c, layer_type: str | None) -> tuple[float, dict | None]:
     """(rope_theta, rope_scaling or None) of a transformers config, of one layer type's (Gemma 3)."""
     params = dict(getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {})
-    if layer_type is not None:
-        params = dict(params.get(layer_type) or {})
+    if layer_type is not None:  # (transformers reads YaRN's `truncate` from the outer dict: always true)
+        params = {k: v for k, v in (params.get(layer_type) or {}).items() if k != "truncate"}
     theta = params.pop("rope_theta", getattr(c, "rope_theta", 10000.0))
     partial = params.pop("partial_rotary_factor", getattr(c, "partial_rotary_factor", 1.0))
     if partial != 1.0:
@@ -234,9 +234,8 @@ def config_to_hf(config: GPTConfig):
         )
     activation = {v: k for k, v in reversed(_ACTIVATIONS.items())}[config.activation]
     if config.rope_local_theta is not None and not per_type:
-        raise ValueError(
-            f"transformers' {model_type} models have one rotary base; rope_local_theta must be None."
-        )
+        raise ValueError(f"transformers' {model_type} models have one rotary base; rope_local_theta "
+                         "must be None.")  # fmt: skip
     if config.nope_layers and model_type != "smollm3":
         raise ValueError(f"transformers' {model_type} models give every layer rotary positions; "
                          "nope_layers must be None.")  # fmt: skip
@@ -271,9 +270,8 @@ def config_to_hf(config: GPTConfig):
         raise ValueError(f"transformers' {model_type} models slide in every layer or none; layer_types must "
                          "be all one type.")  # fmt: skip
     if model_type in ("llama", "olmo2") and config.sliding_window:  # (every other family has one)
-        raise ValueError(
-            f"transformers' {model_type} models have no sliding window; sliding_window must be None."
-        )
+        raise ValueError(f"transformers' {model_type} models have no sliding window; sliding_window "
+                         "must be None.")  # fmt: skip
     cls = getattr(transformers, _CLASSES[model_type] + ("TextConfig" if gemma else "Config"))
     if model_type == "llama":
         return cls(**common, hidden_act=activation, attention_bias=config.bias, mlp_bias=config.bias)
@@ -291,6 +289,9 @@ def config_to_hf(config: GPTConfig):
         if config.rope_local_theta is None and config.rope_scaling:
             raise ValueError(f"transformers' {model_type} models leave the sliding layers' rotary positions "
                              "unscaled; give rope_local_theta.")  # fmt: skip
+        if rope.get("truncate") is False:  # (read from the outer dict of the layer types' there: true)
+            raise ValueError(f"transformers' {model_type} models truncate YaRN's ramp; rope_scaling truncate "
+                             "must be true.")  # fmt: skip
         common["rope_parameters"] = {"full_attention": rope, "sliding_attention": local}
     if olmo:
         return cls(**common, **window, hidden_act=activation)

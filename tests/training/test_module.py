@@ -169,6 +169,7 @@ def test_a_checkpoint_of_another_shape_head_or_kind_is_named_in_one_sentence():
     older = {k: v for k, v in config.items() if k != "n_embd"}  # (a field it lacks: its default then)
     with pytest.raises(ValueError, match=r"^The checkpoint holds a model with n_embd=768 but this run "):
         m.on_load_checkpoint({"gpt_config": older})
+    m.on_load_checkpoint({"state_dict": {"head.weight": torch.zeros(2, 16)}})  # (no config: none to compare)
     # A model built from other weights: the preset and overrides given are not its fault.
     m.init_from = "other-weights"
     with pytest.raises(

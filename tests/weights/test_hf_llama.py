@@ -49,10 +49,14 @@ VARIANTS = {
     # YaRN: Qwen's long-context setting; with its attention factor's other forms; OLMo 3's global layers
     "qwen3-yarn": ("qwen3", dict(rope_parameters=dict(YARN, rope_theta=1e4))),
     "llama-yarn-mscale-untruncated": ("llama", dict(rope_parameters=dict(
-        YARN, rope_theta=1e4, mscale=1.0, mscale_all_dim=0.5, beta_fast=16, beta_slow=2, truncate=False))),
+        YARN, rope_theta=10.0, mscale=1.0, mscale_all_dim=0.5, beta_fast=2, beta_slow=1, truncate=False))),
     "olmo3-yarn-global": ("olmo3", dict(rope_parameters={
         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
         "full_attention": dict(YARN, rope_theta=5e5, attention_factor=1.25)})),
+    # (a layer type's `truncate` is read by transformers from the outer dict: it truncates, so do we)
+    "olmo3-yarn-untruncated-unread": ("olmo3", dict(rope_parameters={
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": dict(YARN, rope_theta=10.0, beta_fast=2, beta_slow=1, truncate=False)})),
 }  # fmt: skip
 
 
@@ -339,6 +343,7 @@ def test_untied_head_grows_with_the_vocabulary(vocab):
             dict(rope_scaling=dict(YARN, attention_factor=0)),
             "rope_scaling attention_factor must be a positive number, got 0",
         ),
+        (dict(rope_scaling=dict(YARN, truncate="no")), "rope_scaling truncate must be true or false, got"),
         (dict(n_embd=20, n_head=4, n_kv_head=None), "Rotary positions need an even head size"),
         (dict(norm="batchnorm"), "GPTConfig.norm='batchnorm' is not supported"),
         (dict(head_size=0), "GPTConfig.head_size must be a positive integer"),
@@ -419,7 +424,9 @@ def test_unsupported_olmo_configs_and_exports_are_one_sentence():
             Olmo3Config(**TINY_LLAMA, rope_parameters=dict(full_attention=local, sliding_attention=yarn))
         )
     micro = lambda **overrides: GPT(GPTConfig.from_name("llama-micro", vocab_size=VOCAB, **overrides))  # noqa: E731
+    untruncated = dict(rope_scaling=dict(YARN, truncate=False), rope_local_theta=1e4)
     refusals = [
+        (dict(OLMO3_MICRO, **untruncated), "olmo3 models truncate YaRN's ramp; rope_scaling truncate must"),
         (dict(OLMO2_MICRO, sliding_window=8), "olmo2 models have no sliding window; sliding_window must"),
         (dict(OLMO3_MICRO, rope_scaling=dict(rope_type="linear", factor=2.0)), "give rope_local_theta"),
         (dict(OLMO2_MICRO, hf_model_type="llama"), "transformers' llama models need"),
@@ -521,3 +528,8 @@ def test_yarn_frequencies_and_attention_factor_are_transformers(scaling):
         assert rope.attention_factor(ours) == pytest.approx(factor, rel=1e-12)
         plain = dataclasses.replace(ours, rope_scaling=None)
         assert not torch.equal(inv_freq, rope.inverse_frequencies(plain))  # (the ramp divides some)
+    # the tiny models' heads (8 wide), base 10, betas 2 and 1: truncating the ramp's bounds changes them
+    fit = dict(YARN, beta_fast=2, beta_slow=1)
+    tiny = GPTConfig.from_name("llama-micro", n_embd=32, rope_theta=10.0, rope_scaling=fit)
+    untruncated = dataclasses.replace(tiny, rope_scaling=dict(fit, truncate=False))
+    assert not torch.equal(rope.inverse_frequencies(tiny), rope.inverse_frequencies(untruncated))
