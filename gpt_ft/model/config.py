@@ -327,12 +327,17 @@ class GPTConfig:
         """The `SHAPE_FIELDS` whose values in `stored` (a checkpoint's config; a field it lacks has
         its default, as when it was written) make other weights than this config's, with those
         values. None and the value it means are one (`n_kv_head`: n_head; `head_size`: n_embd /
-        n_head; None on both sides follows the fields it is read from, named where they differ)."""
+        n_head; `n_inner`: 4 n_embd; `qkv_bias`: bias; None on both sides follows the fields it is
+        read from, named where they differ)."""
         defaults = {f.name: f.default for f in fields(self)}
         theirs = {k: stored.get(k, defaults[k]) for k in self.SHAPE_FIELDS}
+        qkv = theirs["qkv_bias"]
         meant = dict(n_kv_head=theirs["n_kv_head"] or theirs["n_head"],
-                     head_size=theirs["head_size"] or theirs["n_embd"] // theirs["n_head"])  # fmt: skip
-        ours = dict(n_kv_head=self.kv_heads, head_size=self.head_dim)
+                     head_size=theirs["head_size"] or theirs["n_embd"] // theirs["n_head"],
+                     n_inner=theirs["n_inner"] or 4 * theirs["n_embd"],
+                     qkv_bias=theirs["bias"] if qkv is None else qkv)  # fmt: skip
+        ours = dict(n_kv_head=self.kv_heads, head_size=self.head_dim, n_inner=self.ffn_dim,
+                    qkv_bias=self.bias if self.qkv_bias is None else self.qkv_bias)  # fmt: skip
         differ = {k: v for k, v in theirs.items() if meant.get(k, v) != ours.get(k, getattr(self, k))}
         return {k: v for k, v in differ.items() if k not in ours or (v, getattr(self, k)) != (None, None)}
 

@@ -139,3 +139,6 @@ def test_a_checkpoints_shape_is_compared_with_its_fields_defaults_and_meanings()
     spelled = GPTConfig.from_name("olmo-2-1b", n_layer=1, vocab_size=64, n_kv_head=16, head_size=128)
     assert olmo.differing_shapes(vars(spelled)) == spelled.differing_shapes(vars(olmo)) == {}
     assert olmo.differing_shapes({**vars(spelled), "n_kv_head": 8}) == {"n_kv_head": 8}
+    gpt2 = GPTConfig.from_name("gpt2", n_layer=1)  # n_inner None: 4 n_embd; qkv_bias None: bias
+    assert gpt2.differing_shapes({**vars(gpt2), "n_inner": 3072, "qkv_bias": True}) == {}
+    assert gpt2.differing_shapes({**vars(gpt2), "qkv_bias": False}) == {"qkv_bias": False}
