@@ -154,7 +154,7 @@ def test_to_hf_round_trips_every_tensor(pair):
     assert theirs.keys() == ours.keys()
     for key in theirs:
         assert torch.equal(theirs[key], ours[key]), key
-    tied = back.lm_head.weight.data_ptr() == back.model.embed_tokens.weight.data_ptr()
+    tied = back.lm_head.weight.data_ptr() == back.get_input_embeddings().weight.data_ptr()
     assert tied == hf.config.tie_word_embeddings
 
 

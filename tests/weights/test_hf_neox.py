@@ -10,6 +10,15 @@ import torch
 from gpt_ft import GPT, GPTConfig
 from tests.helpers import NEOX_MICRO, NEOX_ROPE, TINY_NEOX, tiny_neox
 
+# The Llama family's parity checks, run here on this file's `pair` (fp32 logits with and without
+# padding within 1e-5, every tensor back from `to_hf`, token-identical greedy generation).
+from tests.weights.test_hf_llama import (  # noqa: F401
+    test_greedy_generation_equals_transformers,
+    test_logits_equal_transformers,
+    test_logits_equal_transformers_with_padding,
+    test_to_hf_round_trips_every_tensor,
+)
+
 VOCAB = TINY_NEOX["vocab_size"]
 VARIANTS = {
     "pythia": {},  # side by side, half of each head turning
@@ -28,24 +37,6 @@ VARIANTS = {
 def pair(request):
     hf = tiny_neox(**VARIANTS[request.param])
     return hf, GPT.from_hf(hf).eval()
-
-
-def test_logits_equal_transformers(pair):
-    hf, gpt = pair
-    ids = torch.randint(0, VOCAB, (3, 40))
-    with torch.no_grad():
-        torch.testing.assert_close(gpt.lm_logits(gpt(ids)), hf(ids).logits, rtol=0, atol=1e-5)
-
-
-@pytest.mark.parametrize("side", ["left", "right"])
-def test_logits_equal_transformers_with_padding(pair, side):
-    hf, gpt = pair
-    ids = torch.randint(0, VOCAB, (3, 30))
-    rows = [[1] * n + [0] * (30 - n) for n in (30, 17, 5)]
-    mask = torch.tensor([row[::-1] if side == "left" else row for row in rows])
-    with torch.no_grad():
-        ours, theirs = gpt.lm_logits(gpt(ids, mask)), hf(ids, attention_mask=mask).logits
-    torch.testing.assert_close(ours[mask.bool()], theirs[mask.bool()], rtol=0, atol=1e-5)
 
 
 def test_the_configs_switches_are_read():
@@ -77,18 +68,6 @@ def test_base_model_hidden_states_equal_transformers():
     ids = torch.randint(0, VOCAB, (2, 25))
     with torch.no_grad():
         torch.testing.assert_close(gpt(ids), hf(ids).last_hidden_state, rtol=0, atol=1e-5)
-
-
-def test_to_hf_round_trips_every_tensor(pair):
-    hf, gpt = pair
-    back = gpt.to_hf()
-    assert type(back) is type(hf)
-    theirs, ours = hf.state_dict(), back.state_dict()
-    assert theirs.keys() == ours.keys()
-    for key in theirs:
-        assert torch.equal(theirs[key], ours[key]), key
-    tied = back.lm_head.weight.data_ptr() == back.gpt_neox.embed_in.weight.data_ptr()
-    assert tied == hf.config.tie_word_embeddings
 
 
 def test_from_pretrained_directory_equals_transformers(tmp_path):
@@ -126,15 +105,6 @@ def test_an_older_folders_attention_buffers_are_left_unread(tmp_path):
     ids = torch.randint(0, VOCAB, (2, 20))
     with torch.no_grad():
         torch.testing.assert_close(gpt.lm_logits(gpt(ids)), hf(ids).logits, rtol=0, atol=1e-5)
-
-
-def test_greedy_generation_equals_transformers(pair):
-    hf, gpt = pair
-    ids = torch.randint(0, VOCAB, (2, 7))
-    # the mask given: without one, transformers takes a prompt's token 0 (pad_token_id) for padding
-    theirs = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False,
-                         pad_token_id=0, eos_token_id=None)  # fmt: skip
-    assert torch.equal(gpt.generate(ids, max_new_tokens=12), theirs)
 
 
 def test_the_kv_cache_gives_transformers_logits_token_by_token():
