@@ -38,8 +38,10 @@ ROPE_TYPES = {  # each scaling's keys
     "linear": ("factor",),
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
     "yarn": ("factor", "original_max_position_embeddings"),
+    "longrope": ("short_factor", "long_factor", "original_max_position_embeddings"),
 }
-ROPE_OPTIONS = ("attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim")  # YaRN's, if given
+ROPE_OPTIONS = ("factor", "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim")  # if any
+ROPE_LISTS = ("short_factor", "long_factor")  # LongRoPE's: a divisor for each rotating pair's frequency
 
 
 def gelu_tanh(x):
@@ -140,9 +142,9 @@ class GPTConfig:
     rope_theta: float = 10000.0
     """Base wavelength of the rotary position frequencies."""
     rope_scaling: dict | None = None
-    """Rotary frequency scaling as transformers writes it: {"rope_type": "linear", "factor": F} or
+    """Rotary frequency scaling as transformers writes it: {"rope_type": "linear", "factor": F},
     Llama 3's {"rope_type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
-    "original_max_position_embeddings"}; None: unscaled."""
+    "original_max_position_embeddings"}, "yarn" or Phi-3.5's "longrope" (see `rope.py`); None: unscaled."""
     gated_mlp: bool = False
     """False: `proj(act(fc(x)))`. True: `proj(act(gate(x)) * up(x))`, SwiGLU with activation silu;
     `c_fc` then holds gate and up stacked."""
@@ -248,10 +250,14 @@ class GPTConfig:
         if not isinstance(truncate := (self.rope_scaling or {}).get("truncate", True), bool):  # YaRN's
             raise ValueError(f"GPTConfig.rope_scaling truncate must be true or false, got {truncate!r}.")
         given = [key for key in ROPE_OPTIONS if (self.rope_scaling or {}).get(key) is not None]
-        for key in (*ROPE_TYPES[self.rope_type], *given):
-            value = self.rope_scaling[key]  # (a bool is no factor)
-            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < math.inf:
-                raise ValueError(f"GPTConfig.rope_scaling {key} must be a positive number, got {value!r}.")
+        for key in (*ROPE_TYPES[self.rope_type], *given):  # (a bool is no factor)
+            value, n = self.rope_scaling[key], self.rotary_dims // 2
+            listed = isinstance(value, (list, tuple)) and len(value) == n  # (LongRoPE's lists)
+            values = (value if listed else [None]) if key in ROPE_LISTS else [value]
+            if not all(isinstance(v, numbers.Real) and not isinstance(v, bool) and 0 < v < math.inf
+                       for v in values):  # fmt: skip
+                what = f"{n} positive numbers (rotary pairs)" if key in ROPE_LISTS else "a positive number"
+                raise ValueError(f"GPTConfig.rope_scaling {key} must be {what}, got {value!r}.")
         if self.n_kv_head is not None and (self.n_kv_head < 1 or self.n_head % self.n_kv_head):
             raise ValueError(
                 f"GPTConfig.n_kv_head={self.n_kv_head} must divide n_head={self.n_head} "

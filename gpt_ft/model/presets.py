@@ -70,6 +70,10 @@ PRESETS: dict[str, dict] = {
                       tie_embeddings=False, hf_model_type="olmo2"),
     "phi-3-mini": dict(_LLAMA, vocab_size=32064, n_positions=4096, n_embd=3072, n_layer=32, n_head=32,
                        n_inner=8192, sliding_window=2047, tie_embeddings=False, hf_model_type="phi3"),
+    # Phi-4-mini: three quarters of each 128-wide head rotate; its released weights bring LongRoPE's
+    # factors for 131,072 positions (here: the 4,096 of its original context, unscaled).
+    "phi-4-mini": dict(_LLAMA, vocab_size=200064, n_positions=4096, n_embd=3072, n_layer=32, n_head=24,
+                       n_kv_head=8, n_inner=8192, rotary_dim=96, hf_model_type="phi3"),
     # Llama-shaped models small enough to train on a laptop CPU.
     "llama-mini": dict(_LLAMA, n_positions=512, n_embd=256, n_layer=4, n_head=4, n_kv_head=2, n_inner=688),
     "llama-micro": dict(_LLAMA, n_positions=128, n_embd=64, n_layer=2, n_head=4, n_kv_head=2, n_inner=176),

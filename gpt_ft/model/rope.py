@@ -6,9 +6,11 @@ the pairs are (i, i + hs/2), the "rotate half" layout of the transformers checkp
 weights load unpermuted. GPT-NeoX rotates the first `rotary_dim` features of each head alone, its
 pairs (i, i + rotary_dim/2), and passes the rest as they are. Scaled frequencies: linear
 (positions divided by a factor), Llama 3's (long wavelengths divided by a factor, short ones
-kept, a smooth blend between) and YaRN (Peng et al. 2023: the same split by how often each pair
+kept, a smooth blend between), YaRN (Peng et al. 2023: the same split by how often each pair
 turns over the original context, with a linear ramp between, and cos and sin scaled by its
-attention factor), each as transformers computes it.
+attention factor) and LongRoPE (Ding et al. 2024; Phi-3.5, Phi-4-mini: each pair's frequency divided
+by a factor of its own, from one list while the positions stay within the original context and
+from another once they pass it, cos and sin scaled too), each as transformers computes it.
 """
 
 from __future__ import annotations
@@ -21,15 +23,22 @@ from torch import Tensor
 from gpt_ft.model.config import GPTConfig
 
 
-def inverse_frequencies(config: GPTConfig, device: torch.device | None = None, local: bool = False) -> Tensor:
+def inverse_frequencies(
+    config: GPTConfig, device: torch.device | None = None, local: bool = False, long: bool = False
+) -> Tensor:
     """The rotary_dims/2 rotation frequencies (fp32), scaled as `config.rope_scaling` says; `local`: those
-    of the sliding-window layers, from `config.rope_local_theta` and unscaled."""
+    of the sliding-window layers, from `config.rope_local_theta` and unscaled; `long`: LongRoPE's for
+    positions past the original context (its short factors otherwise)."""
     dim = config.rotary_dims
     theta = config.rope_local_theta if local else config.rope_theta
-    inv_freq = 1.0 / theta ** (torch.arange(0, dim, 2, device=device).float() / dim)
+    powers = theta ** (torch.arange(0, dim, 2, device=device).float() / dim)
+    inv_freq = 1.0 / powers
     if local:
         return inv_freq
     scaling = config.rope_scaling or {}
+    if config.rope_type == "longrope":
+        factors = scaling["long_factor" if long else "short_factor"]
+        return 1.0 / (torch.tensor(factors, dtype=torch.float32, device=device) * powers)
     if config.rope_type == "linear":
         return inv_freq / scaling["factor"]
     if config.rope_type == "llama3":
@@ -67,14 +76,19 @@ def _yarn(dim: int, theta: float, scaling: dict, device: torch.device | None) ->
 
 
 def attention_factor(config: GPTConfig) -> float:
-    """What cos and sin are multiplied by: YaRN's attention factor (given, or 0.1 ln(factor) + 1, or
-    the ratio of two such with `mscale` and `mscale_all_dim`); 1 for every other scaling."""
+    """What cos and sin are multiplied by: YaRN's or LongRoPE's attention factor (given, or from the
+    factor by which the context grew: YaRN's 0.1 ln(factor) + 1, or the ratio of two such with
+    `mscale` and `mscale_all_dim`; LongRoPE's sqrt(1 + ln(factor) / ln(original context)), its factor
+    n_positions / original context where none is given); 1 for every other scaling."""
     scaling = config.rope_scaling or {}
-    if config.rope_type != "yarn":
+    if config.rope_type not in ("yarn", "longrope"):
         return 1.0
     if scaling.get("attention_factor") is not None:
         return float(scaling["attention_factor"])
-    factor = scaling["factor"]
+    context = scaling["original_max_position_embeddings"]
+    factor = scaling.get("factor") or config.n_positions / context
+    if config.rope_type == "longrope":
+        return 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(context))
 
     def mscale(m: float = 1.0) -> float:
         return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
@@ -90,6 +104,9 @@ def cos_sin(
     """cos and sin of the angles at `position_ids` (T,) or (B, T): (1 or B, 1, T, rotary_dims), for every head
     (`local`: of the sliding-window layers, see `inverse_frequencies`)."""
     inv_freq = inverse_frequencies(config, position_ids.device, local)
+    if config.rope_type == "longrope" and not local:  # the long factors once a position passes the context
+        past = position_ids.max() + 1 > config.rope_scaling["original_max_position_embeddings"]
+        inv_freq = torch.where(past, inverse_frequencies(config, position_ids.device, long=True), inv_freq)
     freqs = position_ids[..., None].float() * inv_freq  # (.., T, hs/2)
     angles = torch.cat([freqs, freqs], dim=-1)  # (.., T, rotary_dims)
     if angles.ndim == 2:

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from gpt_ft.model.config import GPTConfig
+from gpt_ft.weights.hf_rope import rope_from_hf, rope_to_hf
 
 MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma3_text", "smollm3", "olmo2", "olmo3")
 _CLASSES = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral", "phi3": "Phi3",
@@ -96,8 +97,12 @@ def config_from_hf(c) -> GPTConfig:
         if getattr(c, field, fine) not in (fine, False):
             raise ValueError(f"{name}.{field}={getattr(c, field)!r} is not supported; it must be {fine}.")
     per_type = model_type in _PER_TYPE_ROPE
-    rope_theta, rope_scaling = _rope(c, "full_attention" if per_type else None)
-    local_theta = _rope(c, "sliding_attention")[0] if per_type else None
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    rope_theta, rope_scaling, rotary_dim = rope_from_hf(c, head_dim, "full_attention" if per_type else None)
+    local_theta = rope_from_hf(c, head_dim, "sliding_attention")[0] if per_type else None
+    if rotary_dim is not None and model_type != "phi3":  # (transformers' attention would not run)
+        raise ValueError(f"{name}.partial_rotary_factor must be 1.0: transformers' {model_type} models "
+                         "rotate the whole head (Phi-3's and GPT-NeoX's rotate part of it).")  # fmt: skip
     if model_type == "olmo3" and local_theta == rope_theta and rope_scaling is None:
         local_theta = None  # (one rotary base, unscaled: the full layers')
     if model_type == "qwen2":  # biases on q, k and v only
@@ -116,7 +121,6 @@ def config_from_hf(c) -> GPTConfig:
                 f"{name}.attention_bias=True is not supported: gpt_ft reads {model_type} models without "
                 "biases (as they are released)."
             )
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     # What transformers' class of the family reads: Llama and OLMo 2 no window (a `sliding_window` key
     # in its config is left unread), Mistral and Phi-3 one for every layer (their `layer_types` unread),
     # SmolLM3 its `layer_types` and `sliding_window` whatever its `use_sliding_window` says.
@@ -154,6 +158,7 @@ def config_from_hf(c) -> GPTConfig:
         rope_scaling=rope_scaling,
         rope_local_theta=local_theta,
         nope_layers=nope or None,
+        rotary_dim=rotary_dim,
         sliding_window=window,
         layer_types=layer_types,
         activation=activation,
@@ -171,27 +176,6 @@ def config_from_hf(c) -> GPTConfig:
     )
 
 
-def _rope(c, layer_type: str | None) -> tuple[float, dict | None]:
-    """(rope_theta, rope_scaling or None) of a transformers config, of one layer type's (Gemma 3)."""
-    params = dict(getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {})
-    if layer_type is not None:  # (transformers reads YaRN's `truncate` from the outer dict: always true)
-        params = {k: v for k, v in (params.get(layer_type) or {}).items() if k != "truncate"}
-    theta = params.pop("rope_theta", getattr(c, "rope_theta", 10000.0))
-    partial = params.pop("partial_rotary_factor", getattr(c, "partial_rotary_factor", 1.0))
-    if partial != 1.0:
-        raise ValueError(
-            f"{type(c).__name__}.partial_rotary_factor={partial} is not supported; only 1.0 (rotary "
-            "positions over the whole head)."
-        )
-    scaling = None if params.get("rope_type", params.get("type", "default")) == "default" else params
-    if scaling is not None and layer_type == "sliding_attention":
-        raise ValueError(
-            f"{type(c).__name__}.rope_parameters['sliding_attention'] with rope_type "
-            f"{scaling.get('rope_type')!r} is not supported; local layers' rotary positions must be unscaled."
-        )
-    return float(theta), scaling
-
-
 def model_type_of(config: GPTConfig) -> str:
     """The transformers model type these weights export to."""
     if config.hf_model_type in MODEL_TYPES:
@@ -206,6 +190,8 @@ def model_type_of(config: GPTConfig) -> str:
         return "qwen3"
     if config.qkv_bias and not config.bias:
         return "qwen2"
+    if config.rotary_dim is not None:  # (the one family here that rotates part of each head)
+        return "phi3"
     windowed = config.sliding_window is not None and not config.bias  # Llama has no window, Mistral no bias
     return "mistral" if windowed else "llama"
 
@@ -220,8 +206,10 @@ def config_to_hf(config: GPTConfig):
     norm = "gemma_rmsnorm" if gemma else "rmsnorm_fp32" if olmo else "rmsnorm"
     wanted = dict(pre_ln=True, positions="rope", gated_mlp=True, norm=norm, input_norms=not olmo,
                   qk_norm=model_type in ("qwen3", "gemma3_text", *_OLMO), post_norms=gemma or olmo,
-                  qk_norm_span="all_heads" if olmo else "head", scale_embeddings=gemma, rotary_dim=None,
+                  qk_norm_span="all_heads" if olmo else "head", scale_embeddings=gemma,
                   parallel_residual=False)  # fmt: skip
+    if model_type != "phi3":  # (Phi-3 rotates part of each head, or all)
+        wanted["rotary_dim"] = None
     differ = {k: getattr(config, k) for k, v in wanted.items() if getattr(config, k) != v}
     if differ:
         raise ValueError(f"transformers' {model_type} models need {wanted}; this model has {differ}.")
@@ -242,7 +230,7 @@ def config_to_hf(config: GPTConfig):
     if config.query_pre_attn_scalar is not None and not gemma:
         raise ValueError(f"transformers' {model_type} models scale attention by the head size; "
                          "query_pre_attn_scalar must be None.")  # fmt: skip
-    rope = dict(config.rope_scaling or {"rope_type": "default"}, rope_theta=config.rope_theta)
+    rope = rope_to_hf(config)
     common = dict(
         vocab_size=config.hf_vocab_size,
         hidden_size=config.n_embd,
@@ -277,9 +265,11 @@ def config_to_hf(config: GPTConfig):
         return cls(**common, hidden_act=activation, attention_bias=config.bias, mlp_bias=config.bias)
     if model_type in ("mistral", "phi3"):
         extra = dict(resid_pdrop=config.resid_pdrop, embd_pdrop=config.embd_pdrop)
-        if model_type == "phi3" and config.rope_scaling:
-            raise ValueError("transformers' Phi-3 scales its rotary positions by LongRoPE alone, which "
-                             "gpt_ft does not have; rope_scaling must be None.")  # fmt: skip
+        if model_type == "phi3" and config.rope_type not in ("default", "longrope"):
+            raise ValueError("transformers' Phi-3 scales its rotary positions by LongRoPE alone; "
+                             f"rope_scaling type {config.rope_type!r} is not it.")  # fmt: skip
+        if model_type == "phi3" and config.rope_type == "longrope":  # (Phi3Config's own field wins over ours)
+            extra["original_max_position_embeddings"] = rope["original_max_position_embeddings"]
         return cls(**common, hidden_act=activation, sliding_window=config.sliding_window,
                    **(extra if model_type == "phi3" else {}))  # fmt: skip
     if model_type == "olmo2":

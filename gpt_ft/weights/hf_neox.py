@@ -11,13 +11,13 @@ all queries, then all keys, then all values: its rows are reordered both ways. T
 
 from __future__ import annotations
 
-import math
 import re
 
 from torch import Tensor
 
 from gpt_ft.model.config import GPTConfig
 from gpt_ft.weights.hf_llama import refuse_untied, token_ids_from_hf, token_ids_to_hf
+from gpt_ft.weights.hf_rope import rope_from_hf, rope_to_hf
 
 MODEL_TYPES = ("gpt_neox",)
 # transformers' hidden_act -> ours; GPT-NeoX-20B's gelu_fast is GELU's tanh form written out
@@ -60,16 +60,7 @@ def config_from_hf(c) -> GPTConfig:
             f"{name}.attention_bias=False is not supported: gpt_ft's GPT-NeoX blocks have biases on every "
             "linear layer, as its MLP has."
         )
-    params = dict(c.rope_parameters or {})
-    theta = params.pop("rope_theta")
-    partial = params.pop("partial_rotary_factor", 1.0)
-    head = c.hidden_size // c.num_attention_heads
-    rotary = int(head * partial)  # as transformers' attention counts them
-    if rotary % 2 or rotary < 2:
-        raise ValueError(
-            f"{name}.partial_rotary_factor={partial} turns {rotary} of each {head}-wide head's features; "
-            "gpt_ft turns an even number of them, 2 or more."
-        )
+    theta, scaling, rotary = rope_from_hf(c, c.hidden_size // c.num_attention_heads)
     return GPTConfig(
         vocab_size=c.vocab_size,
         n_positions=c.max_position_embeddings,
@@ -80,9 +71,9 @@ def config_from_hf(c) -> GPTConfig:
         pre_ln=True,
         norm="layernorm",
         positions="rope",
-        rope_theta=float(theta),
-        rope_scaling=None if params.get("rope_type", params.get("type", "default")) == "default" else params,
-        rotary_dim=None if rotary == head else rotary,
+        rope_theta=theta,
+        rope_scaling=scaling,
+        rotary_dim=rotary,
         parallel_residual=bool(c.use_parallel_residual),
         activation=activation,
         bias=True,
@@ -113,11 +104,6 @@ def config_to_hf(config: GPTConfig):
             f"transformers' gpt_neox models need {wanted}, biases on q/k/v, one key/value head per head and "
             f"heads n_embd / n_head wide; this model has {differ}."
         )
-    factor = config.rotary_dims / config.head_dim
-    if int(config.head_dim * factor) != config.rotary_dims:  # (its attention truncates head * factor)
-        factor = math.nextafter(factor, 1.0)
-    rope = dict(config.rope_scaling or {"rope_type": "default"}, rope_theta=config.rope_theta,
-                partial_rotary_factor=factor)  # fmt: skip
     return GPTNeoXConfig(
         vocab_size=config.hf_vocab_size,
         hidden_size=config.n_embd,
@@ -133,7 +119,7 @@ def config_to_hf(config: GPTConfig):
         use_parallel_residual=config.parallel_residual,
         tie_word_embeddings=config.tie_embeddings,
         attention_bias=True,
-        rope_parameters=rope,
+        rope_parameters=rope_to_hf(config, partial=True),
         **token_ids_to_hf(config),
     )
 

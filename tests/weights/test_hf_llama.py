@@ -274,7 +274,8 @@ def test_a_model_from_scratch_exports_to_the_family_its_shape_says():
     cases = [({}, "LlamaForCausalLM"), (dict(qkv_bias=True), "Qwen2ForCausalLM"),
              (dict(hf_model_type="mistral", sliding_window=8), "MistralForCausalLM"),
              (dict(sliding_window=8), "MistralForCausalLM"),
-             (dict(hf_model_type="phi3"), "Phi3ForCausalLM"), (QWEN3_MICRO, "Qwen3ForCausalLM"),
+             (dict(hf_model_type="phi3"), "Phi3ForCausalLM"), (dict(rotary_dim=4), "Phi3ForCausalLM"),
+             (QWEN3_MICRO, "Qwen3ForCausalLM"),
              (GEMMA3_MICRO, "Gemma3ForCausalLM"), (dict(activation="relu"), "LlamaForCausalLM"),
              ({**GEMMA3_MICRO, "sliding_window": None, "layer_types": None}, "Gemma3ForCausalLM"),
              (dict(nope_layers=[1]), "SmolLM3ForCausalLM"), (OLMO2_MICRO, "Olmo2ForCausalLM"),
@@ -297,7 +298,7 @@ def test_a_model_from_scratch_exports_to_the_family_its_shape_says():
 PRESET_PARAMETERS = {"smollm2-135m": 134_515_008, "qwen2.5-0.5b": 494_032_768, "llama-3.2-1b": 1_235_814_400,
                      "qwen3-0.6b": 596_049_920, "gemma-3-270m": 268_098_176, "gemma-3-1b": 999_885_952,
                      "phi-3-mini": 3_821_079_552, "smollm3-3b": 3_075_098_624,
-                     "olmo-2-1b": 1_484_916_736}  # fmt: skip
+                     "olmo-2-1b": 1_484_916_736, "phi-4-mini": 3_836_021_760}  # fmt: skip
 
 
 @pytest.mark.parametrize("preset", list(PRESET_PARAMETERS))
@@ -372,12 +373,13 @@ def test_unsupported_transformers_configs_are_one_sentence():
 
     from gpt_ft.weights.hf import config_from_hf
 
-    with pytest.raises(ValueError, match=r"Phi3Config.partial_rotary_factor=0.5 is not supported"):
-        config_from_hf(Phi3Config(**TINY_LLAMA, partial_rotary_factor=0.5))
-    longrope = dict(rope_type="longrope", short_factor=[1.0] * 4, long_factor=[2.0] * 4,
-                    original_max_position_embeddings=32, rope_theta=10000.0)  # fmt: skip
-    with pytest.raises(ValueError, match="rope_scaling type 'longrope' is not supported"):
-        config_from_hf(Phi3Config(**TINY_LLAMA, rope_parameters=longrope))
+    half = dict(rope_type="default", rope_theta=1e4, partial_rotary_factor=0.5)
+    with pytest.raises(
+        ValueError, match=r"^LlamaConfig.partial_rotary_factor must be 1.0: transformers' llama"
+    ):
+        config_from_hf(LlamaConfig(**TINY_LLAMA, rope_parameters=half))  # (its attention would not run)
+    with pytest.raises(ValueError, match=r"^Phi3Config.partial_rotary_factor=0.4 turns 3 of each 8-wide hea"):
+        config_from_hf(Phi3Config(**TINY_LLAMA, rope_parameters=dict(half, partial_rotary_factor=0.4)))
     with pytest.raises(ValueError, match=r"Gemma3TextConfig.final_logit_softcapping=30.0 is not supported"):
         config_from_hf(Gemma3TextConfig(**TINY_LLAMA, final_logit_softcapping=30.0))
     with pytest.raises(ValueError, match=r"Qwen3Config.attention_bias=True is not supported"):

@@ -183,7 +183,7 @@ def test_unsupported_configs_are_one_sentence():
     with pytest.raises(
         ValueError, match=r"^transformers' llama models need .*; this model has \{'rotary_dim': 4\}"
     ):
-        GPT(GPTConfig.from_name("llama-micro", vocab_size=VOCAB, rotary_dim=4)).to_hf()
+        GPT(GPTConfig.from_name("llama-micro", vocab_size=VOCAB, rotary_dim=4, hf_model_type="llama")).to_hf()
     parallel = GPTConfig.from_name("gpt-micro", vocab_size=VOCAB, pre_ln=True, parallel_residual=True)
     with pytest.raises(
         ValueError, match=r"^transformers' GPT-1 and GPT-2 have none of \['parallel_residual'\]"

@@ -1,0 +1,47 @@
+"""Rotary positions to and from a transformers config's `rope_parameters` (Llama-family and GPT-NeoX
+configs): the base, the scaling, and the features of each head that rotate (`partial_rotary_factor`,
+GPTConfig's `rotary_dim`).
+"""
+
+from __future__ import annotations
+
+import math
+
+from gpt_ft.model.config import GPTConfig
+
+
+def rope_from_hf(c, head: int, layer_type: str | None = None) -> tuple[float, dict | None, int | None]:
+    """(rope_theta, rope_scaling or None, rotary_dim or None for the whole head) of transformers config
+    `c` whose heads are `head` wide; `layer_type`: that layer type's, where rotary parameters are
+    given per layer type (Gemma 3, OLMo 3)."""
+    params = dict(getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {})
+    if layer_type is not None:  # (transformers reads YaRN's `truncate` from the outer dict: always true)
+        params = {k: v for k, v in (params.get(layer_type) or {}).items() if k != "truncate"}
+    theta = params.pop("rope_theta", getattr(c, "rope_theta", 10000.0))
+    partial = params.pop("partial_rotary_factor", getattr(c, "partial_rotary_factor", 1.0))
+    rotary = int(head * partial)  # as transformers' attention counts them
+    if rotary % 2 or rotary < 2:
+        raise ValueError(
+            f"{type(c).__name__}.partial_rotary_factor={partial} turns {rotary} of each {head}-wide head's "
+            "features; gpt_ft turns an even number of them, 2 or more."
+        )
+    kind = params.get("rope_type", params.get("type", "default"))
+    if kind != "default" and layer_type == "sliding_attention":
+        raise ValueError(
+            f"{type(c).__name__}.rope_parameters['sliding_attention'] with rope_type {kind!r} is not "
+            "supported; local layers' rotary positions must be unscaled."
+        )
+    return float(theta), None if kind == "default" else params, None if rotary == head else rotary
+
+
+def rope_to_hf(config: GPTConfig, partial: bool = False) -> dict:
+    """The `rope_parameters` of a transformers config for `config`: its base and scaling, and, where
+    it rotates part of each head or `partial` asks, the `partial_rotary_factor` that turns exactly
+    `rotary_dim` features (transformers truncates head size x factor)."""
+    rope = dict(config.rope_scaling or {"rope_type": "default"}, rope_theta=config.rope_theta)
+    if partial or config.rotary_dim is not None:
+        factor = config.rotary_dims / config.head_dim
+        if int(config.head_dim * factor) != config.rotary_dims:
+            factor = math.nextafter(factor, 1.0)
+        rope["partial_rotary_factor"] = factor
+    return rope

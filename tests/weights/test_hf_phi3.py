@@ -1,0 +1,162 @@
+"""Phi-3.5's and Phi-4-mini's rotary positions against transformers' Phi3ForCausalLM: LongRoPE (a
+divisor per rotating pair, the short list within the original context, the long list past it, cos
+and sin scaled by its attention factor) and rotary positions on the first features of each head
+(Phi-4-mini's `partial_rotary_factor` 0.75)."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from gpt_ft import GPT, GPTConfig
+from tests.helpers import TINY_LLAMA, tiny_llama
+
+# The Llama family's parity checks, run here on this file's `pair`: fp32 logits of 40 tokens (past
+# the original context of 16: the long factors) and of padded rows of up to 30 within 1e-5, every
+# tensor back from `to_hf`, and greedy generation from 7 tokens to 19 (the cache crossing the original
+# context) token for token.
+from tests.weights.test_hf_llama import (  # noqa: F401
+    test_greedy_generation_equals_transformers,
+    test_logits_equal_transformers,
+    test_logits_equal_transformers_with_padding,
+    test_to_hf_round_trips_every_tensor,
+)
+
+VOCAB = TINY_LLAMA["vocab_size"]
+CONTEXT = 16  # the original context of the tiny models (their n_positions: 64, a factor of 4)
+
+
+def longrope(pairs: int = 4, **more) -> dict:
+    """A LongRoPE scaling over `pairs` rotating pairs, each factor its own (a head of 8 turns 4 pairs)."""
+    short = [1.0, 1.5, 2.5, 4.0][:pairs]
+    long = [1.0, 6.0, 20.0, 64.0][:pairs]
+    return dict(rope_type="longrope", rope_theta=1e4, short_factor=short, long_factor=long,
+                original_max_position_embeddings=CONTEXT, **more)  # fmt: skip
+
+
+# Phi3Config's own `original_max_position_embeddings` wins over the one in its rope parameters.
+LONG = dict(original_max_position_embeddings=CONTEXT)
+UNSCALED_HALF = dict(rope_type="default", rope_theta=1e4, partial_rotary_factor=0.5)
+VARIANTS = {
+    "phi3.5-longrope": dict(LONG, rope_parameters=longrope()),
+    # Phi-4-mini: three quarters of each head turn (6 of 8: 3 pairs), a tied head
+    "phi4-mini-partial-longrope-tied": dict(
+        LONG, rope_parameters=longrope(3, partial_rotary_factor=0.75), tie_word_embeddings=True
+    ),
+    "half-rotary-unscaled": dict(rope_parameters=UNSCALED_HALF),
+    "longrope-factor-and-attention-factor-given": dict(
+        LONG, rope_parameters=longrope(factor=8.0, attention_factor=1.1)
+    ),
+    "longrope-window": dict(LONG, sliding_window=8, rope_parameters=longrope()),
+}  # fmt: skip
+
+
+@pytest.fixture(params=list(VARIANTS))
+def pair(request):
+    hf = tiny_llama("phi3", **VARIANTS[request.param])
+    return hf, GPT.from_hf(hf).eval()
+
+
+def test_the_configs_rotary_settings_are_read():
+    hf = tiny_llama("phi3", **VARIANTS["phi4-mini-partial-longrope-tied"])
+    c = GPT.from_hf(hf).config
+    assert (c.rotary_dim, c.rotary_dims, c.rope_type, c.hf_model_type) == (6, 6, "longrope", "phi3")
+    assert c.rope_scaling["short_factor"] == [1.0, 1.5, 2.5] and c.rope_scaling["long_factor"] == [
+        1.0,
+        6.0,
+        20.0,
+    ]
+    assert c.rope_scaling["original_max_position_embeddings"] == CONTEXT
+
+
+@pytest.mark.parametrize("length", [CONTEXT, CONTEXT + 1])
+def test_the_short_factors_hold_within_the_original_context_and_the_long_ones_past_it(length):
+    """At 16 tokens (the original context) the logits are transformers' and do not depend on the long
+    factors; at 17 they are transformers' and do; the frequencies unscaled give others at both."""
+    hf = tiny_llama("phi3", **VARIANTS["phi3.5-longrope"])
+    gpt = GPT.from_hf(hf).eval()
+    scaling = gpt.config.rope_scaling
+    models = {
+        "long as short": dict(rope_scaling=dict(scaling, long_factor=scaling["short_factor"])),
+        "unscaled": dict(rope_scaling=None),
+    }
+    ids = torch.randint(0, VOCAB, (2, length))
+    with torch.no_grad():
+        ours, theirs = gpt.lm_logits(gpt(ids)), hf(ids).logits
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
+        gaps = {}
+        for name, changed in models.items():
+            other = GPT(dataclasses.replace(gpt.config, **changed)).eval()
+            other.load_state_dict(gpt.state_dict())
+            gaps[name] = (other.lm_logits(other(ids)) - theirs).abs().max().item()
+    assert gaps["unscaled"] > 1e-3  # 100 times the tolerance
+    if length == CONTEXT:
+        assert gaps["long as short"] == 0.0
+    else:
+        assert gaps["long as short"] > 1e-3
+
+
+def test_a_kv_cache_switches_to_the_long_factors_where_transformers_does():
+    """Token by token past the original context: each step's logits are transformers' for the same
+    steps over its own cache (whose earlier keys keep the short factors' rotation, as ours do)."""
+    hf = tiny_llama("phi3", **VARIANTS["phi4-mini-partial-longrope-tied"])
+    gpt = GPT.from_hf(hf).eval()
+    ids = torch.randint(0, VOCAB, (1, 24))
+    from transformers import DynamicCache
+
+    cache, theirs_cache = gpt.new_kv_cache(batch_size=1), DynamicCache(config=hf.config)
+    with torch.no_grad():
+        ours = [gpt.lm_logits(gpt(ids[:, :12], kv_cache=cache))]
+        theirs = [hf(ids[:, :12], None, None, theirs_cache, use_cache=True).logits]  # (its 4th: the cache)
+        for t in range(12, 24):
+            ours.append(gpt.lm_logits(gpt(ids[:, t : t + 1], kv_cache=cache)))
+            theirs.append(hf(ids[:, t : t + 1], None, None, theirs_cache, use_cache=True).logits)
+        torch.testing.assert_close(torch.cat(ours, dim=1), torch.cat(theirs, dim=1), rtol=0, atol=1e-5)
+
+
+def test_a_folder_round_trips_its_config(tmp_path):
+    """Phi-4-mini's config.json, read and written back: the same transformers config (LongRoPE's
+    lists and its original context, the rotating share of each head)."""
+    hf = tiny_llama("phi3", **VARIANTS["phi4-mini-partial-longrope-tied"])
+    hf.save_pretrained(tmp_path)
+    gpt = GPT.from_pretrained(tmp_path).eval()
+    theirs, ours = hf.config.to_dict(), gpt.to_hf().config.to_dict()
+    shape = set(theirs) - {"architectures", "dtype", "transformers_version"}
+    assert {k: ours.get(k) for k in shape} == {k: theirs[k] for k in shape}
+    assert ours["rope_parameters"]["partial_rotary_factor"] == 0.75
+
+
+PAIRS = r"must be 4 positive numbers \(rotary pairs\), got"
+
+
+@pytest.mark.parametrize(
+    ("scaling", "message"),
+    [
+        (dict(longrope(), short_factor=[1.0, 2.0]), rf"short_factor {PAIRS} \[1.0, 2.0\]\.$"),
+        (dict(longrope(), long_factor=[1.0, 2.0, 0.0, 4.0]), rf"long_factor {PAIRS} \[1.0, 2.0, 0.0, 4\.0\]"),
+        (dict(longrope(), long_factor=2.0), rf"long_factor {PAIRS} 2.0\.$"),
+        (dict(longrope(), factor=-1.0), r"factor must be a positive number, got -1.0\.$"),
+        ({k: v for k, v in longrope().items() if k != "long_factor"}, "of type 'longrope' needs long_fact"),
+    ],
+)  # fmt: skip
+def test_longrope_errors_name_the_field(scaling, message):
+    with pytest.raises(ValueError, match=r"^GPTConfig.rope_scaling " + message):
+        GPTConfig.from_name("llama-micro", vocab_size=VOCAB, rotary_dim=8, rope_scaling=scaling)  # 4 pairs
+
+
+def test_other_families_refuse_what_phi3_alone_holds():
+    """transformers' Llama rotates the whole head and Phi-3 scales by LongRoPE alone: exporting either
+    elsewhere is one sentence, not a model computing otherwise."""
+    partial = GPTConfig.from_name(
+        "llama-micro", vocab_size=VOCAB, rotary_dim=4, hf_model_type="qwen2", qkv_bias=True
+    )
+    with pytest.raises(
+        ValueError, match=r"^transformers' qwen2 models need .*; this model has \{'rotary_dim': 4\}"
+    ):
+        GPT(partial).to_hf()
+    yarn = dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=CONTEXT)
+    config = GPTConfig.from_name("llama-micro", vocab_size=VOCAB, rotary_dim=4, rope_scaling=yarn)
+    with pytest.raises(
+        ValueError, match=r"^transformers' Phi-3 scales its rotary positions by LongRoPE alone; "
+    ):
+        GPT(config).to_hf()
