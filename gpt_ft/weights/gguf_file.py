@@ -5,7 +5,8 @@ They are read through transformers' own GGUF loader, which already knows each ar
 metadata keys and renames GGUF's tensors to its own (undoing llama.cpp's rotary permutation of q
 and k, and Gemma's +1 on its norm weights); its tensors then take the same path into a GPT as a
 transformers folder's (`hf.py`). What this module adds is finding the file, the settings
-transformers' reading leaves out (Gemma 3's layers that slide a window, their rotary base), and the
+transformers' reading leaves out (Gemma 3's layers that slide a window, their rotary base; Phi-3's
+rotary settings), and the
 checks that turn a file gpt_ft cannot read into one sentence: not GGUF, cut short, an architecture
 gpt_ft lacks, or a type it cannot dequantize.
 """
@@ -184,6 +185,8 @@ def hf_config(path: Path, reader=None):
         base = field(reader, "gemma3.rope.freq_base_swa")
         config.rope_parameters["sliding_attention"]["rope_theta"] = float(base or 10000.0)
         config.final_logit_softcapping = field(reader, "gemma3.final_logit_softcapping")  # (llama.cpp caps)
+    if arch == "phi3":
+        _phi3_rope(reader, config)
     _check_rope(path, reader, arch, config)
     from gpt_ft.weights.hf_llama import with_stops
 
@@ -199,14 +202,35 @@ def hf_config(path: Path, reader=None):
     return config
 
 
-LONGROPE = ("rope_factors_long.weight", "rope_factors_short.weight")  # Phi-3-128k's and Phi-3.5's
+LONGROPE = ("rope_factors_long.weight", "rope_factors_short.weight")  # Phi-3-128k's, Phi-3.5's, Phi-4-mini's
+
+
+def _phi3_rope(reader, config) -> None:
+    """Phi-3's rotary settings that llama.cpp writes where transformers' reading does not look, set as
+    the model's config.json holds them: the features of each head that rotate (`rope.dimension_count`,
+    Phi-4-mini's 96 of 128) and LongRoPE's factors (tensors), original context and attention factor
+    (Phi-3-128k, Phi-3.5, Phi-4-mini)."""
+    from gpt_ft.weights.hf_rope import partial_factor
+
+    params, head = config.rope_parameters, config.hidden_size // config.num_attention_heads
+    if rotated := field(reader, "phi3.rope.dimension_count"):
+        params["partial_rotary_factor"] = partial_factor(int(rotated), head)
+    factors = {t.name: [float(x) for x in t.data] for t in reader.tensors if t.name in LONGROPE}
+    original = field(reader, "phi3.rope.scaling.original_context_length")
+    if len(factors) == 2 and original:  # (else refused by _check_rope, a scaling left unread)
+        config.original_max_position_embeddings = int(original)  # (Phi3Config's own field wins)
+        long, short = (factors[name] for name in LONGROPE)
+        params.update(rope_type="longrope", long_factor=long, short_factor=short,
+                      original_max_position_embeddings=int(original))  # fmt: skip
+        if (attention := field(reader, "phi3.rope.scaling.attn_factor")) is not None:
+            params["attention_factor"] = float(attention)
 
 
 def _check_rope(path: Path, reader, arch: str, config) -> None:
-    """Refuses a file whose rotary frequencies are scaled where transformers' reading of it left
-    them plain: llama.cpp keeps Llama 3.x's scaling as a `rope_freqs` tensor, LongRoPE's (Phi-3
-    128k, Phi-3.5) as `rope_factors_*` tensors and an attention factor, and linear scaling (Gemma 3
-    4B and larger) as metadata; a model read without them computes other logits."""
+    """Refuses a file whose rotary frequencies are scaled where neither transformers' reading of it nor
+    `_phi3_rope` read the scaling: llama.cpp keeps Llama 3.x's scaling as a `rope_freqs` tensor,
+    LongRoPE's as `rope_factors_*` tensors and an attention factor, and linear scaling (Gemma 3 4B and
+    larger) as metadata; a model read without them computes other logits."""
     scaling = field(reader, f"{arch}.rope.scaling.type")
     tensors = {t.name for t in reader.tensors} & {"rope_freqs.weight", *LONGROPE}
     attention_factor = field(reader, f"{arch}.rope.scaling.attn_factor")
@@ -229,10 +253,11 @@ def _check_rope(path: Path, reader, arch: str, config) -> None:
         )
     rotated = field(reader, f"{arch}.rope.dimension_count")
     head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    if rotated and int(rotated) < head:
+    if rotated and int(rotated) < head and arch != "phi3":  # (Phi-3's: read)
         raise ValueError(
             f"{path}: it rotates {int(rotated)} of each head's {head} dimensions (rope.dimension_count), "
-            "and gpt_ft's blocks rotate them all: the model read from it would compute other logits."
+            f"and transformers' {config.model_type} models rotate them all: the model read from it would "
+            "compute other logits."
         )
 
 
@@ -263,7 +288,8 @@ def read(path: Path):
     finally:
         logging.set_verbosity(verbosity)
     # transformers drops a tensor its model has no place for: the logits would not be llama.cpp's
-    if (left := len(reader.tensors) - len(parsed["tensors"])) > 0:
+    read = sum(t.name in LONGROPE for t in reader.tensors) if config.model_type == "phi3" else 0  # (config)
+    if (left := len(reader.tensors) - read - len(parsed["tensors"])) > 0:
         raise ValueError(
             f"{path}: {left} of its tensors have no place in the {config.model_type} model transformers "
             "reads it as, and the model would compute other logits without them."

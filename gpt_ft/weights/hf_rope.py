@@ -36,12 +36,15 @@ def rope_from_hf(c, head: int, layer_type: str | None = None) -> tuple[float, di
 
 def rope_to_hf(config: GPTConfig, partial: bool = False) -> dict:
     """The `rope_parameters` of a transformers config for `config`: its base and scaling, and, where
-    it rotates part of each head or `partial` asks, the `partial_rotary_factor` that turns exactly
-    `rotary_dim` features (transformers truncates head size x factor)."""
+    it rotates part of each head or `partial` asks, its `partial_rotary_factor`."""
     rope = dict(config.rope_scaling or {"rope_type": "default"}, rope_theta=config.rope_theta)
     if partial or config.rotary_dim is not None:
-        factor = config.rotary_dims / config.head_dim
-        if int(config.head_dim * factor) != config.rotary_dims:
-            factor = math.nextafter(factor, 1.0)
-        rope["partial_rotary_factor"] = factor
+        rope["partial_rotary_factor"] = partial_factor(config.rotary_dims, config.head_dim)
     return rope
+
+
+def partial_factor(rotated: int, head: int) -> float:
+    """The `partial_rotary_factor` that turns exactly `rotated` of a `head`-wide head's features in
+    transformers, which truncates head x factor."""
+    factor = rotated / head
+    return factor if int(head * factor) == rotated else math.nextafter(factor, 1.0)

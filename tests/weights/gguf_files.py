@@ -11,6 +11,7 @@ scales, so that the dequantized values are known without any dequantizer.
 from __future__ import annotations
 
 import json
+import math
 import zlib
 from pathlib import Path
 
@@ -103,9 +104,29 @@ def _metadata(writer, config, model_type: str, sizes: bool) -> None:
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
-    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
     if model_type == "gemma3_text":
         writer.add_sliding_window(c.sliding_window)
+    if model_type == "phi3":  # llama.cpp's converter: the original context, LongRoPE's attention factor
+        writer.add_rope_scaling_orig_ctx_len(c.original_max_position_embeddings)
+        scale = c.max_position_embeddings / c.original_max_position_embeddings
+        if rope.get("rope_type") == "longrope":  # (its factors: tensors, `longrope_tensors`)
+            writer.add_rope_scaling_attn_factors(
+                math.sqrt(1 + math.log(scale) / math.log(c.original_max_position_embeddings))
+                if scale > 1
+                else 1.0
+            )
+
+
+def longrope_tensors(config) -> dict:
+    """LongRoPE's factors as llama.cpp's converter stores them: two F32 tensors."""
+    rope = getattr(config, "rope_parameters", None) or {}
+    if rope.get("rope_type") != "longrope":
+        return {}
+    return {
+        f"rope_factors_{kind}.weight": np.array(rope[f"{kind}_factor"], dtype=np.float32)
+        for kind in ("long", "short")
+    }
 
 
 def _tokenizer_metadata(writer, tokenizer, pre: str = "gpt-2", add_bos: bool | None = False) -> None:
@@ -218,7 +239,7 @@ def write_gguf(path: Path, hf_model, tokenizer=None, qtype: str = "F32", name: s
         kind = next((t for end, t in (quantize or {}).items() if hf_name.endswith(end)), None)
         kind = kind or (qtype if w.ndim == 2 else "F32")
         _add(writer, f"{gguf_name}.{suffix}", w, kind, seed_of(hf_name))
-    for gguf_name, w in (extra or {}).items():
+    for gguf_name, w in {**longrope_tensors(config), **(extra or {})}.items():
         _add(writer, gguf_name, w, "F32", seed_of(gguf_name))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -154,6 +154,54 @@ def test_sizes_the_metadata_leaves_out_come_from_the_tensors(tmp_path, family):
         torch.testing.assert_close(logits(gpt, ids), hf(ids).logits, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "variant", ["phi3.5-longrope", "phi4-mini-partial-longrope-tied", "half-rotary-unscaled"]
+)
+def test_phi3s_rotary_settings_are_read(variant, tmp_path):
+    """llama.cpp writes the features of each head that rotate (Phi-4-mini: three quarters) and
+    LongRoPE's factors (tensors), original context and attention factor (Phi-3.5, Phi-4-mini) where
+    transformers' GGUF reading does not look: read, the logits are those of the transformers model
+    the file was written from, within the original context (16) and past it."""
+    from tests.weights.test_hf_phi3 import VARIANTS
+
+    hf = tiny("phi3", **VARIANTS[variant])
+    gpt = GPT.from_pretrained(write_gguf(tmp_path / "phi.gguf", hf)).eval()
+    assert (gpt.config.rotary_dim, gpt.config.rope_type) == (
+        {"phi4-mini-partial-longrope-tied": 6, "half-rotary-unscaled": 4}.get(variant),
+        "default" if variant == "half-rotary-unscaled" else "longrope",
+    )
+    for length in (12, 24):
+        ids = torch.randint(0, VOCAB, (2, length))
+        torch.testing.assert_close(logits(gpt, ids), hf(ids).logits, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("n_ctx, factors", [(512, "short"), (1024, "long")])
+def test_llama_cpp_reads_such_a_phi3_file_as_gpt_ft_does(tmp_path, n_ctx, factors):
+    """llama.cpp itself (llama-cpp-python, where installed) on a Phi-4-mini-shaped file. It takes
+    LongRoPE's long factors wherever its context is longer than the original one (here 512; it gives
+    no context under 256), transformers and gpt_ft where a forward pass's positions pass it: with
+    either list of factors throughout, gpt_ft's model read from the file gives llama.cpp's logits."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from tests.weights.test_hf_phi3 import VARIANTS, longrope
+
+    rope = longrope(3, partial_rotary_factor=0.75, original_max_position_embeddings=512)
+    wide = dict(
+        VARIANTS["phi4-mini-partial-longrope-tied"], rope_parameters=rope, max_position_embeddings=2048
+    )
+    path = write_gguf(tmp_path / "phi.gguf", tiny("phi3", **dict(wide, original_max_position_embeddings=512)),
+                      tiny_tokenizer())  # fmt: skip
+    gpt = GPT.from_pretrained(path).eval()
+    scaling = gpt.config.rope_scaling
+    gpt.config.rope_scaling = dict(scaling, short_factor=scaling[f"{factors}_factor"])
+    llm = llama_cpp.Llama(
+        model_path=str(path), n_ctx=n_ctx, logits_all=True, verbose=False, type_k=0, type_v=0
+    )
+    ids = torch.randint(0, VOCAB, (24,)).tolist()
+    llm.eval(ids)
+    reference = logits(gpt, torch.tensor([ids]))[0].numpy()
+    np.testing.assert_allclose(np.array(llm.scores[: len(ids)]), reference, rtol=0, atol=1e-4)
+
+
 def test_phi3s_window_is_read_and_scaled_rotary_frequencies_are_refused(tmp_path, monkeypatch):
     """llama.cpp writes Phi-3's sliding window, Llama 3.x's rotary scaling (a `rope_freqs` tensor)
     and Gemma 3's linear scaling (metadata) where transformers' GGUF reading does not look: the
@@ -196,9 +244,9 @@ def test_phi3s_window_is_read_and_scaled_rotary_frequencies_are_refused(tmp_path
         for kind in ("long", "short"):
             writer.add_tensor(f"rope_factors_{kind}.weight", rows(config))
 
-    with_extra(longrope)
+    with_extra(longrope)  # (a phi3 file's are read: test_phi3s_rotary_settings_are_read)
     with pytest.raises(ValueError, match=r"rotary frequencies are scaled \(a rope_factors_long tensor\)"):
-        GPT.from_pretrained(write_gguf(tmp_path / "phi35.gguf", tiny("phi3")))
+        GPT.from_pretrained(write_gguf(tmp_path / "longrope.gguf", tiny("llama")))
     with_extra(lambda writer, config: writer.add_rope_scaling_attn_factors(1.19))
     with pytest.raises(ValueError, match=r"rotary frequencies are scaled \(attention factor 1.19\)"):
         GPT.from_pretrained(write_gguf(tmp_path / "phi3-factor.gguf", tiny("phi3")))

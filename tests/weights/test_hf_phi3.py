@@ -31,7 +31,7 @@ def longrope(pairs: int = 4, **more) -> dict:
     short = [1.0, 1.5, 2.5, 4.0][:pairs]
     long = [1.0, 6.0, 20.0, 64.0][:pairs]
     return dict(rope_type="longrope", rope_theta=1e4, short_factor=short, long_factor=long,
-                original_max_position_embeddings=CONTEXT, **more)  # fmt: skip
+                **{"original_max_position_embeddings": CONTEXT, **more})  # fmt: skip
 
 
 # Phi3Config's own `original_max_position_embeddings` wins over the one in its rope parameters.
