@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from gpt_ft.weights.gguf_file import TOKENS, field, open_checked
-from gpt_ft.workarounds.gguf_files import read_once, split_as_llama_cpp
+from gpt_ft.workarounds.gguf_files import read_once, split_as_llama_cpp, splits_as_llama_cpp
 
 CACHE = "GPT_FT_CACHE"  # the folder for converted GGUF tokenizers (default ~/.cache/gpt_ft)
 # The special tokens a file names by id, as a tokenizer's attributes.
@@ -71,13 +71,20 @@ def cache_dir() -> Path:
 def _tokenizer(path: Path, stamp: str):
     from transformers import AutoTokenizer
 
+    reader = open_checked(path, weights=False)
+    pre = field(reader, PRE)
+    if field(reader, "tokenizer.ggml.model") == "gpt2" and not splits_as_llama_cpp(pre):
+        raise ValueError(
+            f"{path}: llama.cpp splits its text by the pre-tokenizer {pre!r} (tokenizer.ggml.pre), "
+            "which gpt_ft's reading of the file does not reproduce: its token ids would not be "
+            "llama.cpp's. Give the tokenizer's folder (its tokenizer.json) instead."
+        )
     saved = _converted(path, stamp)
     if (saved / "tokenizer.json").is_file():
         try:
             return AutoTokenizer.from_pretrained(saved)
         except (OSError, ValueError):  # a damaged entry: converted again below
             pass
-    reader = open_checked(path, weights=False)
     if TOKENS not in reader.fields:
         raise ValueError(f"{path} carries no tokenizer (no {TOKENS}): give the tokenizer's folder.")
     with tempfile.TemporaryDirectory() as alone:  # the file's own, not a tokenizer.json beside it
@@ -93,8 +100,8 @@ def _tokenizer(path: Path, stamp: str):
                 f"{path}: transformers reads no tokenizer from it ({exc}); give the tokenizer's folder."
             ) from None
         _own_special_tokens(tokenizer, reader)
-        split_as_llama_cpp(tokenizer, field(reader, PRE))  # (SmolLM's digits apart, Llama 3's whole words)
-        if field(reader, "tokenizer.ggml.add_bos_token") is None and field(reader, PRE) in ADDS_BOS:
+        split_as_llama_cpp(tokenizer, pre)  # (SmolLM's digits apart, Llama 3's whole words)
+        if field(reader, "tokenizer.ggml.add_bos_token") is None and pre in ADDS_BOS:
             tokenizer.add_bos_token = tokenizer.bos_token_id is not None  # as llama.cpp reads such a file
         tokenizer = _as_the_file_holds(tokenizer, reader, Path(alone) / "own")
     partial = saved.with_name(f"{saved.name}.{os.getpid()}.partial")

@@ -43,6 +43,9 @@ WHOLE_WORDS = ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtr
                "granite-embed-multi-97m")  # fmt: skip
 """llama.cpp's pre-tokenizer names whose pieces the vocabulary holds whole are taken whole, before any
 merge (its `ignore_merges`, as Llama 3's tokenizer.json has it)."""
+GPT2_PATTERN = ("gpt-2", "phi-2", "mpt", "olmo", "jais", "gigachat", "trillion")
+"""llama.cpp's pre-tokenizer names that split text by GPT-2's pattern alone, as transformers' conversion
+does where it knows no other."""
 LOCK = threading.RLock()
 OPEN: dict[str, Any] = {}
 """Within the outermost `read_once`: gguf's own reader class and map ("class", "map"), the readers
@@ -88,6 +91,18 @@ def read_once() -> Iterator[None]:
         finally:
             gguf.GGUFReader, gguf.get_tensor_name_map = OPEN["class"], OPEN["map"]
             OPEN.clear()
+
+
+def splits_as_llama_cpp(pre: str | None) -> bool:
+    """Whether a byte-level GGUF file's pre-tokenizer `pre` (`tokenizer.ggml.pre`) splits text, as read
+    here, as llama.cpp splits it: GPT-2's pattern (or no name: llama.cpp's older files, read by GPT-2's
+    pattern, the likelier of the model's own), `DIGITS_FIRST`, or a pattern transformers' conversion
+    gives the name (Llama 3's, Qwen2's, GPT-4o's, Tekken's, ...)."""
+    try:
+        from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_PRE_TOKENIZER_SPLITS as known
+    except ImportError:  # (a transformers without the table: the patterns this toolkit tests)
+        known = ("llama3", "llama-v3", "llama-bpe", "qwen2")
+    return pre in (None, "default", *GPT2_PATTERN, *DIGITS_FIRST, *known)
 
 
 def split_as_llama_cpp(tokenizer, pre: str | None) -> None:

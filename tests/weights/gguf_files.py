@@ -33,9 +33,9 @@ CORPUS = [
 ]
 
 
-def tiny_tokenizer(extra: tuple[str, ...] = (), specials: list[str] = SPECIALS):
-    """A byte-level BPE (GPT-2's pre-tokenizer) with three special tokens first (and `extra` after
-    them), as a fast tokenizer."""
+def tiny_tokenizer(extra: tuple[str, ...] = (), specials: list[str] = SPECIALS, corpus: list[str] = CORPUS):
+    """A byte-level BPE (GPT-2's pre-tokenizer) learned from `corpus`, with three special tokens first
+    (and `extra` after them), as a fast tokenizer."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -44,7 +44,7 @@ def tiny_tokenizer(extra: tuple[str, ...] = (), specials: list[str] = SPECIALS):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=specials + list(extra),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
-    tok.train_from_iterator(CORPUS * 4, trainer)
+    tok.train_from_iterator(corpus * 4, trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=specials[1], eos_token=specials[2],
                                    unk_token=None, pad_token=specials[0])  # fmt: skip
 

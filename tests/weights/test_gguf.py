@@ -447,6 +447,48 @@ def test_tokenizer_ids_equal_the_written_tokenizer_and_transformers_gguf(tmp_pat
     assert len(load_tokenizer(beside / "m.gguf")) == len(ours) != len(load_tokenizer(tokenizer_dir))
 
 
+# Texts whose pieces llama.cpp's pre-tokenizers split each their own way: camel case, runs of digits,
+# contractions, CJK, symbols, runs of spaces and newlines.
+SPLIT_APART = ["HelloWorld 123456 don't STOP!!", "it's 12345 tHE Quick's $100 <a>=b",
+               "你好世界 a+b=c   spaces\n\n\nlines", "fox's 2024 naïve"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "pre", ["gpt-2", "phi-2", "smollm", "llama-bpe", "qwen2", "deepseek-r1-qwen", "gpt-4o"]
+)
+def test_a_byte_level_file_splits_text_as_llama_cpp_does(tmp_path, monkeypatch, pre):
+    """Each pre-tokenizer gpt_ft reads gives llama.cpp's ids (llama-cpp-python, where installed), from
+    merges learned over pieces that every one of them splits apart."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from gpt_ft.weights import gguf_tokenizer
+
+    monkeypatch.setenv(gguf_tokenizer.CACHE, str(tmp_path / "cache"))
+    original = tiny_tokenizer(corpus=SPLIT_APART)
+    path = write_gguf(tmp_path / "m.gguf", tiny("llama"), original, pre=pre)
+    ours = load_tokenizer(path, add_specials=False)
+    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    for text in SPLIT_APART:
+        assert ours(text, add_special_tokens=False).input_ids == llm.tokenize(text.encode(), add_bos=False)
+
+
+def test_a_pre_tokenizer_gpt_ft_does_not_reproduce_is_refused(tmp_path, monkeypatch):
+    """DeepSeek Coder's files (GGUF `llama`) split digits one by one and letters apart from symbols:
+    read by GPT-2's pattern (transformers' conversion knows no other for them), "12345" was one token
+    where llama.cpp makes five. Refused, with what to give instead."""
+    from gpt_ft.weights import gguf_tokenizer
+
+    monkeypatch.setenv(gguf_tokenizer.CACHE, str(tmp_path / "cache"))
+    path = write_gguf(tmp_path / "coder.gguf", tiny("llama"), tiny_tokenizer(), pre="deepseek-coder")
+    message = (
+        r"coder.gguf: llama.cpp splits its text by the pre-tokenizer 'deepseek-coder' \(tokenizer.ggml.pre\)"
+    )
+    with pytest.raises(ValueError, match=message + ", which gpt_ft's reading of the file does not reproduce"):
+        load_tokenizer(path)
+    assert len(
+        load_tokenizer(write_gguf(tmp_path / "phi2.gguf", tiny("llama"), tiny_tokenizer(), pre="phi-2"))
+    )
+
+
 def test_a_byte_level_file_without_endoftext_gains_no_token_the_model_lacks(tmp_path, monkeypatch):
     """transformers' conversion appends GPT2Tokenizer's default `<|endoftext|>` to a vocabulary
     without one (Llama 3's): the model has no row for it, and a text spelling it got its id."""
