@@ -473,8 +473,8 @@ def test_a_byte_level_file_splits_text_as_llama_cpp_does(tmp_path, monkeypatch, 
 
 def test_a_pre_tokenizer_gpt_ft_does_not_reproduce_is_refused(tmp_path, monkeypatch):
     """DeepSeek Coder's files (GGUF `llama`) split digits one by one and letters apart from symbols:
-    read by GPT-2's pattern (transformers' conversion knows no other for them), "12345" was one token
-    where llama.cpp makes five. Refused, with what to give instead."""
+    read by GPT-2's pattern (transformers' conversion knows no other for them), "12345" was two
+    tokens of the tiny vocabulary where llama.cpp makes five. Refused, with what to give instead."""
     from gpt_ft.weights import gguf_tokenizer
 
     monkeypatch.setenv(gguf_tokenizer.CACHE, str(tmp_path / "cache"))
