@@ -71,6 +71,12 @@ def cache_dir() -> Path:
 def _tokenizer(path: Path, stamp: str):
     from transformers import AutoTokenizer
 
+    saved = _converted(path, stamp)
+    if (saved / "tokenizer.json").is_file():  # (converted: its pre-tokenizer passed the check below)
+        try:
+            return AutoTokenizer.from_pretrained(saved)
+        except (OSError, ValueError):  # a damaged entry: converted again below
+            pass
     reader = open_checked(path, weights=False)
     pre = field(reader, PRE)
     if field(reader, "tokenizer.ggml.model") == "gpt2" and not splits_as_llama_cpp(pre):
@@ -79,12 +85,6 @@ def _tokenizer(path: Path, stamp: str):
             "which gpt_ft's reading of the file does not reproduce: its token ids would not be "
             "llama.cpp's. Give the tokenizer's folder (its tokenizer.json) instead."
         )
-    saved = _converted(path, stamp)
-    if (saved / "tokenizer.json").is_file():
-        try:
-            return AutoTokenizer.from_pretrained(saved)
-        except (OSError, ValueError):  # a damaged entry: converted again below
-            pass
     if TOKENS not in reader.fields:
         raise ValueError(f"{path} carries no tokenizer (no {TOKENS}): give the tokenizer's folder.")
     with tempfile.TemporaryDirectory() as alone:  # the file's own, not a tokenizer.json beside it
