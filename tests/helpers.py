@@ -427,6 +427,10 @@ GEMMA3_MICRO = dict(QWEN3_MICRO, norm="gemma_rmsnorm", post_norms=True, scale_em
 NEOX_MICRO = dict(norm="layernorm", activation="gelu", gated_mlp=False, bias=True, n_kv_head=None,
                   tie_embeddings=False, rotary_dim=4, parallel_residual=True,
                   hf_model_type="gpt_neox")  # fmt: skip
+# Phi-4-mini's: three quarters of each 16-wide head turn, LongRoPE past an original context of 20
+PHI4_MICRO = dict(rotary_dim=12, hf_model_type="phi3", rope_scaling=dict(
+    rope_type="longrope", short_factor=[1.0, 1.5, 2.0, 3.0, 4.0, 6.0],
+    long_factor=[1.0, 4.0, 8.0, 16.0, 32.0, 64.0], original_max_position_embeddings=20))  # fmt: skip
 OLMO2_MICRO = dict(norm="rmsnorm_fp32", input_norms=False, post_norms=True, qk_norm=True,
                    qk_norm_span="all_heads", hf_model_type="olmo2")  # fmt: skip
 OLMO3_MICRO = dict(OLMO2_MICRO, sliding_window=6, layer_types=["sliding_attention", "full_attention"],
@@ -435,7 +439,8 @@ FAMILY_MICRO = {"llama-micro": ("llama-micro", {}), "qwen3-micro": ("llama-micro
                 "gemma3-micro": ("llama-micro", GEMMA3_MICRO),
                 "smollm3-micro": ("llama-micro", SMOLLM3_MICRO),
                 "neox-micro": ("llama-micro", NEOX_MICRO),
-                "olmo2-micro": ("llama-micro", OLMO2_MICRO)}  # fmt: skip
+                "olmo2-micro": ("llama-micro", OLMO2_MICRO),
+                "phi4-micro": ("llama-micro", PHI4_MICRO)}  # fmt: skip
 
 
 def tiny_gpt(**overrides):

@@ -14,7 +14,9 @@ from gpt_ft.model.decoding import (
     eval_mode,
     grown,
     left_padding,
+    longrope_crossings,
     penalized,
+    restarted,
     seen_tokens,
     stop_ids,
 )
@@ -86,6 +88,7 @@ def _beam_search(
     def score(total_logprob: float, length: int) -> float:
         return total_logprob / length**length_penalty
 
+    crossings = longrope_crossings(model, input_ids, real, max_new_tokens)
     for step in range(1, max_new_tokens + 1):
         log_probs = logits.log_softmax(dim=-1)
         if penalty != 1.0:
@@ -125,7 +128,10 @@ def _beam_search(
         seqs = torch.cat([seqs[flat_src], next_token.view(-1, 1).to(device)], dim=1)
         real, positions = grown(real, positions)
         beam_scores = next_scores.to(device)
-        if step < max_new_tokens:
+        if step in crossings:  # LongRoPE: the beams run anew, their keys with the long factors
+            hidden = model(seqs, real, position_ids=positions, kv_cache=restarted(cache))
+            logits = model.lm_logits(hidden[:, -1]).float()
+        elif step < max_new_tokens:
             new = None if positions is None else positions[:, -1:]
             logits = model.lm_logits(
                 model(seqs[:, -1:], real, position_ids=new, kv_cache=cache)[:, -1]

@@ -174,6 +174,8 @@ class SharedPrefix:
         self.v: dict[int, Tensor] = {}
         self.length = 0
         self.repeats: int | None = None
+        self.lengths: Tensor | None = None
+        """LongRoPE's: the length each row's factors are chosen by (its continuations'), (rows, 1)."""
 
     def continued(self, repeats: int) -> SharedPrefix:
         """The continuations' view of these prefixes' keys and values, `repeats` to a prefix."""

@@ -226,19 +226,17 @@ class GPTConfig:
                 raise ValueError(f"GPTConfig.{name} must be {what}, got {value}.")
         if self.rope_scaling is not None and not isinstance(self.rope_scaling, dict):
             raise ValueError(f"GPTConfig.rope_scaling must be a mapping or None, got {self.rope_scaling!r}.")
-        if self.post_norms and not self.pre_ln:  # GPT-1's post-LN blocks have no place for them
-            raise ValueError("GPTConfig.post_norms needs pre_ln: true (Gemma's blocks normalise both ways).")
-        if not self.input_norms and not self.pre_ln:  # GPT-1's norms follow each sum: none before
-            raise ValueError(
-                "GPTConfig.input_norms: false needs pre_ln: true (GPT-1's norms follow each sum)."
-            )
+        needs_pre_ln = {
+            "post_norms": (self.post_norms, "Gemma's blocks normalise both ways"),
+            "input_norms: false": (not self.input_norms, "GPT-1's norms follow each sum"),
+            "parallel_residual": (self.parallel_residual, "each branch reads its own norm"),
+        }
+        for name, (wanted, why) in needs_pre_ln.items():  # (GPT-1's post-LN blocks have no place for them)
+            if wanted and not self.pre_ln:
+                raise ValueError(f"GPTConfig.{name} needs pre_ln: true ({why}).")
         if self.qk_norm_span not in QK_NORM_SPANS or (self.qk_norm_span != "head" and not self.qk_norm):
             raise ValueError(f"GPTConfig.qk_norm_span must be one of {QK_NORM_SPANS} ('all_heads' with "
                              f"qk_norm: true), got {self.qk_norm_span!r}.")  # fmt: skip
-        if self.parallel_residual and not self.pre_ln:  # GPT-1's norms follow each sum
-            raise ValueError(
-                "GPTConfig.parallel_residual needs pre_ln: true (each branch reads its own norm)."
-            )
         if self.rope_type not in ROPE_TYPES:
             raise ValueError(
                 f"GPTConfig.rope_scaling type {self.rope_type!r} is not supported; "
@@ -258,6 +256,10 @@ class GPTConfig:
                        for v in values):  # fmt: skip
                 what = f"{n} positive numbers (rotary pairs)" if key in ROPE_LISTS else "a positive number"
                 raise ValueError(f"GPTConfig.rope_scaling {key} must be {what}, got {value!r}.")
+            if key == "original_max_position_embeddings" and (value < 2 or value != int(value)):
+                raise ValueError(
+                    f"GPTConfig.rope_scaling {key} must be a whole number, 2 or more; got {value!r}."
+                )
         if self.n_kv_head is not None and (self.n_kv_head < 1 or self.n_head % self.n_kv_head):
             raise ValueError(
                 f"GPTConfig.n_kv_head={self.n_kv_head} must divide n_head={self.n_head} "

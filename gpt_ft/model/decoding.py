@@ -117,6 +117,28 @@ def left_padding(
     return input_ids.masked_fill(~real, 0), real, (real.long().cumsum(1) - 1).clamp(min=0)
 
 
+def longrope_crossings(model, input_ids: Tensor, real: Tensor | None, max_new_tokens: int) -> set[int]:
+    """The decoding steps (1 to max_new_tokens - 1; the prompt's is 0) whose new token takes a text past
+    LongRoPE's original context: there its keys, cached with the short factors, are computed again
+    with the long ones (the whole text run anew, as transformers' Phi-3 decodes), so that the text
+    decodes as it runs whole. None for other models (a prompt's length read once)."""
+    c = model.config
+    if c.rope_type != "longrope":
+        return set()
+    lengths = [input_ids.shape[1]] if real is None else real.sum(1).tolist()
+    steps = {c.rope_scaling["original_max_position_embeddings"] + 1 - n for n in lengths}
+    return {i for i in steps if 1 <= i < max_new_tokens}
+
+
+def restarted(cache):
+    """`cache` emptied, in place (a static one keeps its addresses)."""
+    if hasattr(cache, "reset"):
+        cache.reset()
+    else:
+        cache.length = 0
+    return cache
+
+
 def grown(real: Tensor | None, positions: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
     """A padded batch's mask and positions with one more (real) token a row."""
     if real is None or positions is None:

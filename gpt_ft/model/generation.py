@@ -20,7 +20,9 @@ from gpt_ft.model.decoding import (
     eval_mode,
     grown,
     left_padding,
+    longrope_crossings,
     penalized,
+    restarted,
     seen_tokens,
     stop_ids,
 )
@@ -129,8 +131,12 @@ def _steps(model, input_ids, real, positions, max_new_tokens, do_sample, tempera
     # while the host reads whether every sequence has stopped, and whoever takes the token reads it.
     ahead, held = runs_ahead(input_ids.device), None
     ended = [HostFlag(input_ids.device) for _ in range(2)] if stops else None
+    crossings = longrope_crossings(model, input_ids, real, max_new_tokens) if cache is not None else set()
     for i in range(max_new_tokens):
-        if replay is not None:
+        if i in crossings:  # LongRoPE: the text run anew, its keys with the long factors
+            hidden = model(ids, real, position_ids=positions, kv_cache=restarted(cache))
+            logits = model.lm_logits(hidden[:, -1]).float()
+        elif replay is not None:
             logits = replay(step_input)
         else:
             if cache is None:
@@ -172,7 +178,7 @@ def _steps(model, input_ids, real, positions, max_new_tokens, do_sample, tempera
             seen.scatter_(1, token[:, None], True)
         step_input = token[:, None]
         real, positions = grown(real, positions)
-        if cache is None:
+        if cache is None or crossings:
             ids = torch.cat([ids, step_input], dim=1)
     if ahead and held is not None:
         yield held[0]

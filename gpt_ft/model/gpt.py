@@ -215,8 +215,14 @@ class GPT(nn.Module):
             if kv_cache is not None or position_ids.shape != documents.shape:
                 raise ValueError("Packed rows (documents) take their position_ids, and no KV cache.")
             flat = self._flat_rows(documents, branches, cu_seqlens, position_ids)
+            lengths = (
+                rope.sequence_lengths(documents, position_ids)
+                if self.config.rope_type == "longrope"
+                else None
+            )
             if flat is not None:  # on a CPU: the real tokens in one row, each sequence on its own
                 x, position_ids = flat.flatten(x), flat.positions
+                lengths = None if lengths is None else flat.flatten(lengths)
             window, offsets = self.config.sliding_window, (cu_seqlens, max_seqlen)
             rows = flat if flat is not None else PackedRows(documents, branches, position_ids, None, *offsets)
             full = (rows, False)
@@ -225,14 +231,16 @@ class GPT(nn.Module):
                 if window is None
                 else (PackedRows(documents, branches, position_ids, window, *offsets), False)
             )
-            masks, rotaries = {False: full, True: local}, self._rotaries(position_ids, x.dtype)
+            masks, rotaries = {False: full, True: local}, self._rotaries(position_ids, x.dtype, lengths)
         elif static:
             if attention_mask is not None:
                 kv_cache.pad(attention_mask)
             full, local = kv_cache.masks(T, self.config.sliding_window)
             masks, rotaries = (
                 {False: (full, False), True: (local, False)},
-                self._rotaries(position_ids, x.dtype),
+                self._rotaries(
+                    position_ids, x.dtype, rope.real_lengths(self.config, position_ids, attention_mask)
+                ),
             )
         else:
             masks, rotaries = self._attention_inputs(attention_mask, position_ids, kv_cache, T, x.dtype)
@@ -281,13 +289,16 @@ class GPT(nn.Module):
                 keys = torch.arange(past, device=device).expand(queries.shape[0], past)
                 positions = (queries, torch.cat([keys, queries], dim=1))
             masks[True] = causal_mask(attention_mask, T, past, device, c.sliding_window, positions)
-        return masks, self._rotaries(position_ids, dtype)
+        lengths = getattr(cache, "lengths", None)  # (a shared prefix's: those of its continuations)
+        lengths = rope.real_lengths(c, position_ids, attention_mask) if lengths is None else lengths
+        return masks, self._rotaries(position_ids, dtype, lengths)
 
-    def _rotaries(self, position_ids: Tensor, dtype) -> dict:
-        """The rotary angles ({local: (cos, sin)}) at `position_ids`; None for learned positions."""
+    def _rotaries(self, position_ids: Tensor, dtype, lengths: Tensor | None = None) -> dict:
+        """The rotary angles ({local: (cos, sin)}) at `position_ids`; None for learned positions
+        (`lengths`: LongRoPE's, see `rope.cos_sin`)."""
         c, rotaries = self.config, {False: None, True: None}
         if self.wpe is None:
-            rotaries[False] = rope.cos_sin(c, position_ids, dtype)
+            rotaries[False] = rope.cos_sin(c, position_ids, dtype, lengths=lengths)
             if c.rope_local_theta is not None:
                 rotaries[True] = rope.cos_sin(c, position_ids, dtype, local=True)
         return rotaries

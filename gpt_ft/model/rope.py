@@ -99,13 +99,21 @@ def attention_factor(config: GPTConfig) -> float:
 
 
 def cos_sin(
-    config: GPTConfig, position_ids: Tensor, dtype: torch.dtype, local: bool = False
+    config: GPTConfig,
+    position_ids: Tensor,
+    dtype: torch.dtype,
+    local: bool = False,
+    lengths: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """cos and sin of the angles at `position_ids` (T,) or (B, T): (1 or B, 1, T, rotary_dims), for every head
-    (`local`: of the sliding-window layers, see `inverse_frequencies`)."""
+    (`local`: of the sliding-window layers, see `inverse_frequencies`). LongRoPE's factors are each
+    sequence's own: the long ones where its length passes the original context, from `lengths` (each
+    row's (B, 1), or each token's sequence's (B, T)) or else each row's largest position plus one."""
     inv_freq = inverse_frequencies(config, position_ids.device, local)
-    if config.rope_type == "longrope" and not local:  # the long factors once a position passes the context
-        past = position_ids.max() + 1 > config.rope_scaling["original_max_position_embeddings"]
+    if config.rope_type == "longrope" and not local:
+        if lengths is None:
+            lengths = position_ids.amax(dim=-1, keepdim=True) + 1
+        past = (lengths > config.rope_scaling["original_max_position_embeddings"])[..., None]
         inv_freq = torch.where(past, inverse_frequencies(config, position_ids.device, long=True), inv_freq)
     freqs = position_ids[..., None].float() * inv_freq  # (.., T, hs/2)
     angles = torch.cat([freqs, freqs], dim=-1)  # (.., T, rotary_dims)
@@ -115,6 +123,23 @@ def cos_sin(
     if not local and (scale := attention_factor(config)) != 1.0:  # YaRN's
         cos, sin = cos * scale, sin * scale
     return cos.to(dtype), sin.to(dtype)
+
+
+def sequence_lengths(documents: Tensor, position_ids: Tensor) -> Tensor:
+    """Each token's packed sequence's length (B, T), its largest position plus one (a shared context
+    with its continuations: the longest of them), from `documents` (B, T; -1 in a row's tail)."""
+    ids = documents.clamp(min=0)
+    most = torch.zeros_like(position_ids).scatter_reduce(1, ids, position_ids, "amax", include_self=False)
+    return most.gather(1, ids) + 1
+
+
+def real_lengths(config: GPTConfig, position_ids: Tensor, attention_mask: Tensor | None) -> Tensor | None:
+    """LongRoPE's: each row's length (B, 1), its real tokens' largest position plus one (the last T
+    columns of `attention_mask` are this pass's tokens); None where there is no mask or no LongRoPE."""
+    if config.rope_type != "longrope" or attention_mask is None:
+        return None
+    real = attention_mask[:, -position_ids.shape[-1] :].bool()
+    return (position_ids.expand(real.shape) * real).amax(dim=-1, keepdim=True) + 1
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

@@ -61,8 +61,9 @@ def batch_terms(gpt: GPT, head: TaskHead | None, batch: TokenBatch, *, lm: bool)
     ids = batch.input_ids
     B, S, T = ids.shape
     # Right padding needs no mask (so SDPA may use its flash kernel): causal attention already
-    # keeps real tokens off the pads after them.
-    hidden = gpt(ids.view(B * S, T))  # (B*S, T, C)
+    # keeps real tokens off the pads after them. LongRoPE's factors are each sequence's: by its mask.
+    mask = batch.attention_mask.view(B * S, T) if gpt.config.rope_type == "longrope" else None
+    hidden = gpt(ids.view(B * S, T), mask)  # (B*S, T, C)
     out = {}
     if lm:
         targets, positions = batch.lm_targets.view(B * S, T), getattr(batch, "lm_positions", None)
@@ -100,7 +101,9 @@ def shared_context_terms(
     context, context_length, answers = batch.context_ids, batch.context_length, batch.answer_ids
     B, S, Ta = answers.shape
     Tc = context.shape[1]
-    shared = SharedPrefix()
+    shared = SharedPrefix()  # LongRoPE's factors: a question's longest choice's, for its context and choices
+    ends = (batch.answer_extract + 1).masked_fill(~batch.choice_mask, 0).amax(dim=1)  # (B,)
+    shared.lengths = (context_length + ends)[:, None]
     hidden_context = gpt(context, kv_cache=shared)  # (B, Tc, C); right padding needs no mask
     device = answers.device
     # Each choice's positions go on from its own context's length (padding past the table: clamped).
@@ -110,7 +113,9 @@ def shared_context_terms(
     if batch.padded_contexts:  # their pads are masked
         context_keys = torch.arange(Tc, device=device)[None] < context_length[:, None]  # (B, Tc)
         keys = torch.cat([context_keys.repeat_interleave(S, dim=0), context_keys.new_ones(B * S, Ta)], 1)
-    hidden = gpt(answers.view(B * S, Ta), keys, position_ids=positions, kv_cache=shared.continued(S))
+    continued = shared.continued(S)
+    continued.lengths = shared.lengths.repeat_interleave(S, dim=0)
+    hidden = gpt(answers.view(B * S, Ta), keys, position_ids=positions, kv_cache=continued)
     rows = torch.arange(B * S, device=device)
     extract = hidden[rows, batch.answer_extract.view(B * S)].view(B, S, -1)  # (B, S, C)
     out = _task_terms(head, extract, batch)

@@ -222,8 +222,8 @@ def _phi3_rope(reader, config) -> None:
         long, short = (factors[name] for name in LONGROPE)
         params.update(rope_type="longrope", long_factor=long, short_factor=short,
                       original_max_position_embeddings=int(original))  # fmt: skip
-        if (attention := field(reader, "phi3.rope.scaling.attn_factor")) is not None:
-            params["attention_factor"] = float(attention)
+        attention = field(reader, "phi3.rope.scaling.attn_factor")  # (none: llama.cpp's 1)
+        params["attention_factor"] = 1.0 if attention is None else float(attention)
 
 
 def _check_rope(path: Path, reader, arch: str, config) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from gpt_ft.model.config import GPTConfig
+from gpt_ft.model.config import ROPE_LISTS, GPTConfig
 
 
 def rope_from_hf(c, head: int, layer_type: str | None = None) -> tuple[float, dict | None, int | None]:
@@ -38,6 +38,11 @@ def rope_to_hf(config: GPTConfig, partial: bool = False) -> dict:
     """The `rope_parameters` of a transformers config for `config`: its base and scaling, and, where
     it rotates part of each head or `partial` asks, its `partial_rotary_factor`."""
     rope = dict(config.rope_scaling or {"rope_type": "default"}, rope_theta=config.rope_theta)
+    for key, value in rope.items():  # as transformers' configs hold them (NumPy's numbers, tuples: theirs)
+        if key in ROPE_LISTS:
+            rope[key] = [float(v) for v in value]
+        elif key == "original_max_position_embeddings":
+            rope[key] = int(value)
     if partial or config.rotary_dim is not None:
         rope["partial_rotary_factor"] = partial_factor(config.rotary_dims, config.head_dim)
     return rope

@@ -133,6 +133,9 @@ def test_a_packed_batch_equals_the_padded_one(tokenizer_dir, shape, family):
     its shared context once, in the same row as its choices; Gemma 3's sliding window (6 tokens)
     counts positions within each example."""
     module, rows, specials = module_for(tokenizer_dir, shape, family)
+    if family == "phi4-micro" and module.task.shares_context:
+        pytest.skip("LongRoPE: a shared context's choices take its longest's factors, the padded batch's "
+                    "each its own; equal unless they straddle (test_terms.py), as some do here")  # fmt: skip
     module.train()
     padded = collate(rows, specials.pad)
     delim = specials.delim if module.task.shares_context else None

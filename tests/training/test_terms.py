@@ -22,14 +22,18 @@ NO_DROPOUT = {"embd_pdrop": 0.0, "attn_pdrop": 0.0, "resid_pdrop": 0.0}
     ("lm_coef", "context_length", "preset"),
     [(0.5, None, "gpt-micro"), (0.0, None, "gpt-micro"), (0.5, 12, "gpt-micro"), (0.5, None, "llama-micro"),
      (0.5, 12, "llama-micro"), (0.5, None, "qwen3-micro"), (0.5, None, "gemma3-micro"),
-     (0.5, 12, "gemma3-micro"), (0.5, 12, "smollm3-micro"), (0.5, 12, "neox-micro")],
+     (0.5, 12, "gemma3-micro"), (0.5, 12, "smollm3-micro"), (0.5, 12, "neox-micro"),
+     (0.5, None, "phi4-micro")],
     ids=["lm", "no-lm", "one-length", "llama-lm", "llama-one-length", "qwen3-lm", "gemma3-lm",
-         "gemma3-one-length", "smollm3-one-length", "neox-one-length"],
+         "gemma3-one-length", "smollm3-one-length", "neox-one-length", "phi4-longrope-lm"],
 )  # fmt: skip
 def test_shared_context_equals_the_plain_path(tokenizer_dir, lm_coef, context_length, preset):
     """Contexts of one length take the mask-free path (causal aligned to the lower right). With
     rotary positions (llama-micro) the answers' positions continue from their context's length;
-    Gemma 3's sliding window (6 tokens) counts positions, not the padded prefix's indices."""
+    Gemma 3's sliding window (6 tokens) counts positions, not the padded prefix's indices. LongRoPE
+    (phi4-micro, original context 20): questions of 7 to 45 tokens, each choice with its own factors
+    in the plain layout, each question's context and choices with its longest's in the shared one
+    (no question here has choices on both sides of 20)."""
     module, rows, specials = choice_module(
         tokenizer_dir, lm_coef=lm_coef, context_length=context_length, preset=preset
     )
@@ -60,6 +64,20 @@ def test_shared_context_equals_the_plain_path(tokenizer_dir, lm_coef, context_le
     assert grads_a.keys() == grads_b.keys()
     for name in grads_a:
         assert torch.allclose(grads_a[name], grads_b[name], atol=1e-5, rtol=0), name
+
+
+def test_longrope_factors_are_each_questions_own(tokenizer_dir):
+    """phi4-micro (LongRoPE, original context 20): questions of 7 to 45 tokens in one batch, plain and
+    shared, give each question's logits alone; before, the longest turned all to the long factors."""
+    module, rows, specials = choice_module(tokenizer_dir, preset="phi4-micro")
+    module.eval()
+    with torch.no_grad():
+        for layout in (collate, lambda r, pad: collate_shared(r, pad, specials.delim)):
+            together = module.terms(layout(rows, specials.pad))["logits"]
+            for i in range(len(rows)):
+                batch = layout(rows[i : i + 1], specials.pad)
+                alone, real = module.terms(batch)["logits"][0], batch.choice_mask[0]
+                torch.testing.assert_close(together[i, : len(real)][real], alone[real], rtol=0, atol=1e-5)
 
 
 def choice_module(

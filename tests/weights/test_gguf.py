@@ -175,6 +175,24 @@ def test_phi3s_rotary_settings_are_read(variant, tmp_path):
         torch.testing.assert_close(logits(gpt, ids), hf(ids).logits, rtol=0, atol=1e-5)
 
 
+def test_a_phi3_file_without_an_attention_factor_scales_by_one(tmp_path, monkeypatch):
+    """LongRoPE's factors without `rope.scaling.attn_factor`: llama.cpp scales cos and sin by 1 (its
+    default), not by the factor transformers would derive; so does the model read from the file."""
+    import gguf
+
+    from tests.weights.test_hf_phi3 import VARIANTS, longrope
+
+    monkeypatch.setattr(gguf.GGUFWriter, "add_rope_scaling_attn_factors", lambda self, value: None)
+    variant = VARIANTS["phi4-mini-partial-longrope-tied"]
+    path = write_gguf(tmp_path / "phi.gguf", tiny("phi3", **variant))
+    gpt = GPT.from_pretrained(path).eval()
+    assert gpt.config.rope_scaling["attention_factor"] == 1.0
+    rope = longrope(3, partial_rotary_factor=0.75, attention_factor=1.0)
+    hf = tiny("phi3", **dict(variant, rope_parameters=rope))
+    ids = torch.randint(0, VOCAB, (2, 24))
+    torch.testing.assert_close(logits(gpt, ids), hf(ids).logits, rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("n_ctx, factors", [(512, "short"), (1024, "long")])
 def test_llama_cpp_reads_such_a_phi3_file_as_gpt_ft_does(tmp_path, n_ctx, factors):
     """llama.cpp itself (llama-cpp-python, where installed) on a Phi-4-mini-shaped file. It takes

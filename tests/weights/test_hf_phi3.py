@@ -7,18 +7,17 @@ import dataclasses
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from gpt_ft import GPT, GPTConfig
 from tests.helpers import TINY_LLAMA, tiny_llama
 
 # The Llama family's parity checks, run here on this file's `pair`: fp32 logits of 40 tokens (past
-# the original context of 16: the long factors) and of padded rows of up to 30 within 1e-5, every
-# tensor back from `to_hf`, and greedy generation from 7 tokens to 19 (the cache crossing the original
-# context) token for token.
+# the original context of 16: the long factors) within 1e-5, every tensor back from `to_hf`, and
+# greedy generation from 7 tokens to 19 (crossing the original context) token for token.
 from tests.weights.test_hf_llama import (  # noqa: F401
     test_greedy_generation_equals_transformers,
     test_logits_equal_transformers,
-    test_logits_equal_transformers_with_padding,
     test_to_hf_round_trips_every_tensor,
 )
 
@@ -55,6 +54,85 @@ VARIANTS = {
 def pair(request):
     hf = tiny_llama("phi3", **VARIANTS[request.param])
     return hf, GPT.from_hf(hf).eval()
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_each_padded_row_takes_its_own_factors(pair, side):
+    """Rows of 30, 17 and 5 real tokens, the original context 16. Right-padded, each row's logits are
+    transformers' for that row alone: the 5-token row keeps the short factors, where transformers'
+    padded batch gives every row the longest's. Left-padded, the positions count the padding (as
+    transformers' forward counts them), so each row reaches position 29: the padded batch's logits."""
+    hf, gpt = pair
+    ids = torch.randint(0, VOCAB, (3, 30))
+    lengths = [30, 17, 5]
+    rows = [[1] * n + [0] * (30 - n) for n in lengths]
+    mask = torch.tensor([row[::-1] if side == "left" else row for row in rows])
+    with torch.no_grad():
+        ours = gpt.lm_logits(gpt(ids, mask))
+        if side == "left":
+            theirs = hf(ids, attention_mask=mask).logits
+        else:
+            theirs = torch.stack(
+                [F.pad(hf(ids[r : r + 1, :n]).logits[0], (0, 0, 0, 30 - n)) for r, n in enumerate(lengths)]
+            )
+    real = mask.bool()
+    torch.testing.assert_close(ours[real], theirs[real], rtol=0, atol=1e-5)
+
+
+def test_generation_past_the_original_context_equals_transformers():
+    """Decoding from 10 tokens to 24: where a text passes the original context, its cached keys are
+    computed again with the long factors, as transformers' Phi-3 does. Greedy (cached, static cache,
+    no cache) and beam search give transformers' tokens for 12 prompts; before, the cached keys kept
+    the short factors' rotation and some prompts' tokens differed (seed 7's at its 13th token)."""
+    hf = tiny_llama("phi3", **VARIANTS["phi3.5-longrope"])
+    gpt = GPT.from_hf(hf).eval()
+    for seed in range(12):
+        ids = torch.randint(0, VOCAB, (1, 10), generator=torch.Generator().manual_seed(seed))
+        for beams in (1, 3):
+            theirs = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=14, do_sample=False,
+                                 num_beams=beams, pad_token_id=0, eos_token_id=None)  # fmt: skip
+            kinds = [dict()] if beams > 1 else [dict(), dict(static_cache=True), dict(use_cache=False)]
+            for kind in kinds:
+                ours = gpt.generate(ids, max_new_tokens=14, num_beams=beams, **kind)
+                assert torch.equal(ours, theirs), (seed, beams, kind)
+
+
+def test_a_batch_decodes_each_prompt_as_alone(monkeypatch):
+    """Prompts of 5, 12 and 15 tokens padded on the left, decoded to 20 more: each row's logits at
+    every step are those of its prompt decoded alone (each passes the original context at a step of
+    its own), cached, static-cached, and its tokens under beam search."""
+    gpt = GPT.from_hf(tiny_llama("phi3", **VARIANTS["phi4-mini-partial-longrope-tied"])).eval()
+    prompts = [torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(n)) for n in (5, 12, 15)]
+    ids = torch.stack([F.pad(p, (15 - len(p), 0)) for p in prompts])
+    mask = torch.stack([F.pad(torch.ones_like(p), (15 - len(p), 0)) for p in prompts])
+    steps, head = [], gpt.lm_logits
+    monkeypatch.setattr(gpt, "lm_logits", lambda hidden: steps.append(head(hidden)) or steps[-1])
+    for kind in (dict(), dict(static_cache=True)):
+        steps.clear()
+        together = gpt.generate(ids, attention_mask=mask, max_new_tokens=20, **kind)[:, 15:]
+        batched = torch.stack(steps)  # (20, 3, V)
+        for row, prompt in enumerate(prompts):
+            steps.clear()
+            assert torch.equal(
+                together[row], gpt.generate(prompt[None], max_new_tokens=20, **kind)[0, len(prompt) :]
+            )
+            torch.testing.assert_close(batched[:, row], torch.stack(steps)[:, 0], rtol=0, atol=1e-5)
+    together = gpt.generate(ids, attention_mask=mask, max_new_tokens=20, num_beams=2)[:, 15:]
+    for row, prompt in enumerate(prompts):
+        assert torch.equal(
+            together[row], gpt.generate(prompt[None], max_new_tokens=20, num_beams=2)[0, len(prompt) :]
+        )
+
+
+def test_a_continuations_score_does_not_depend_on_its_batch():
+    """Zero-shot scores of a 9-token and a 25-token request (original context 16), run one at a time
+    and packed together: the same. Before, the longer one turned the shorter to the long factors."""
+    from gpt_ft.eval.likelihood import continuation_logprobs
+
+    gpt = GPT.from_hf(tiny_llama("phi3", **VARIANTS["phi4-mini-partial-longrope-tied"])).eval()
+    requests = [([5, 6, 7, 8, 9, 10], [11, 12, 13]), (list(range(40, 62)), [81, 82, 83])]
+    alone = continuation_logprobs(gpt, requests, batch_size=1)
+    assert continuation_logprobs(gpt, requests, batch_size=16) == pytest.approx(alone, abs=1e-5, rel=0)
 
 
 def test_the_configs_rotary_settings_are_read():
@@ -137,11 +215,31 @@ PAIRS = r"must be 4 positive numbers \(rotary pairs\), got"
         (dict(longrope(), long_factor=2.0), rf"long_factor {PAIRS} 2.0\.$"),
         (dict(longrope(), factor=-1.0), r"factor must be a positive number, got -1.0\.$"),
         ({k: v for k, v in longrope().items() if k != "long_factor"}, "of type 'longrope' needs long_fact"),
+        (longrope(original_max_position_embeddings=1), r"original_max_position_embeddings must be a whole"),
+        (longrope(original_max_position_embeddings=16.5), r"original_max_position_embeddings must.*got 16.5"),
     ],
 )  # fmt: skip
 def test_longrope_errors_name_the_field(scaling, message):
     with pytest.raises(ValueError, match=r"^GPTConfig.rope_scaling " + message):
         GPTConfig.from_name("llama-micro", vocab_size=VOCAB, rotary_dim=8, rope_scaling=scaling)  # 4 pairs
+
+
+def test_numpy_numbers_and_tuples_export_as_transformers_configs_hold_them():
+    """Factors as a tuple of NumPy floats and the original context as a NumPy integer: read, and
+    written as transformers' strict config fields take them (lists of floats, an int)."""
+    import numpy as np
+
+    scaling = dict(longrope(), short_factor=tuple(np.float32(f) for f in longrope()["short_factor"]),
+                   original_max_position_embeddings=np.int64(CONTEXT))  # fmt: skip
+    gpt = GPT(GPTConfig.from_name("llama-micro", vocab_size=VOCAB, rotary_dim=8, rope_scaling=scaling)).eval()
+    hf = gpt.to_hf()
+    rope = hf.config.rope_parameters
+    assert (
+        rope["short_factor"] == [1.0, 1.5, 2.5, 4.0] and type(rope["original_max_position_embeddings"]) is int
+    )
+    ids = torch.randint(0, VOCAB, (2, 24))
+    with torch.no_grad():
+        torch.testing.assert_close(gpt.lm_logits(gpt(ids)), hf(ids).logits, rtol=0, atol=1e-5)
 
 
 def test_other_families_refuse_what_phi3_alone_holds():
