@@ -11,7 +11,8 @@ one), norms, biases and GPT-2's position table in F32, every other matrix in the
 f16, bf16, or q8_0 where its rows split into 32-value blocks, else f16), a tied head stored once.
 Gemma 3's layers that slide a window go in by name where they differ from llama.cpp's default (five
 of every six), with the window's rotary base. The tokenizer goes in as `gguf_vocab.py` writes it.
-A family or setting llama.cpp's architecture lacks is refused (GPT-1, Phi-3, a sliding window
+Another family is refused (GPT-1, which llama.cpp lacks; Phi-3, GPT-NeoX, SmolLM3 and OLMo, which
+this module does not write), and so is a setting llama.cpp's architecture lacks (a sliding window
 outside Gemma 3, a rotary scaling other than linear or Llama 3's, Gemma's attention scaled other
 than by the head size's root).
 
@@ -148,8 +149,8 @@ def _architecture(config: dict) -> str:
     kind = config.get("model_type")
     if kind not in ARCHITECTURES:
         raise ValueError(
-            f"llama.cpp has no architecture this toolkit writes for a {kind!r} model; GGUF files are written "
-            f"for {', '.join(ARCHITECTURES)} (export --format transformers keeps any)."
+            f"gpt_ft writes no GGUF file of a {kind!r} model; it writes them of {', '.join(ARCHITECTURES)} "
+            "models (export --format transformers keeps any)."
         )
     keys = ("activation_function", "hidden_act", "hidden_activation")
     activation = next((config[key] for key in keys if config.get(key)), None)

@@ -624,9 +624,7 @@ def test_a_language_models_checkpoint_exports_as_a_causal_lm_that_stops_at_end_o
         == "--format onnx: a language model exports as a transformers folder or GGUF file."
     )
     gguf = ["export", f"--ckpt_path={ckpt}", f"--out={tmp_path / 'gpt1.gguf'}", "--format=gguf"]
-    assert error(capsys, *gguf).startswith(
-        "llama.cpp has no architecture this toolkit writes for a 'openai-gpt'"
-    )
+    assert error(capsys, *gguf).startswith("gpt_ft writes no GGUF file of a 'openai-gpt' model")
     assert not (tmp_path / "gpt1.gguf").exists()
 
 

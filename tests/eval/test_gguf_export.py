@@ -122,7 +122,7 @@ def test_what_llama_cpp_cannot_serve_is_refused_with_nothing_on_disk(tmp_path, t
     cases = [
         (Embedding(name="e", dimensions=16), "llama", "with no projection after it; task 'e' projects to 16"),
         (Reranker(name="r", num_negatives=1), "llama", "only (without a bias), and this is a llama model"),
-        (Embedding(name="e"), "gpt1", "llama.cpp has no architecture this toolkit writes for a 'openai-gpt'"),
+        (Embedding(name="e"), "gpt1", "gpt_ft writes no GGUF file of a 'openai-gpt' model"),
         (SingleText(name="c", labels=["no", "yes"]), "qwen3", "task 'c' (classification) exports as a"),
         (TextPair(name="t", labels=["a", "b", "c"]), "qwen3", "task 't' (classification) exports as a"),
         (Similarity(name="s", regression=True, label="x"), "qwen3", "task 's' (regression) exports as a"),

@@ -209,6 +209,6 @@ def test_gguf_files_of_gpt_neox_are_refused_both_ways(tmp_path):
         GPT.from_pretrained(path)
     tiny_neox().save_pretrained(tmp_path / "folder")
     with pytest.raises(
-        ValueError, match=r"^llama.cpp has no architecture this toolkit writes for a 'gpt_neox' model"
+        ValueError, match=r"^gpt_ft writes no GGUF file of a 'gpt_neox' model; it writes them of "
     ):
         write_gguf(tmp_path / "folder", tmp_path / "out.gguf")
