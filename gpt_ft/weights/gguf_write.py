@@ -3,7 +3,7 @@
     gpt-ft export --ckpt_path runs/.../last.ckpt --format gguf --out my-model.gguf  # --gguf_type f16
 
 The input is the transformers causal-LM folder `gpt-ft export` writes (GPT-2, Llama, Mistral,
-Qwen2, Qwen3 or Gemma 3; the same folder llama.cpp's own `convert_hf_to_gguf.py` takes), and the
+Qwen2, Qwen3, Gemma 3 or Phi-3; the same folder llama.cpp's own `convert_hf_to_gguf.py` takes), and the
 file is laid out as that converter lays it out: llama.cpp's architecture, metadata keys and tensor
 names from the `gguf` library (llama.cpp's own), Llama's q/k rows reordered for llama.cpp's rotary
 layout, GPT-2's Conv1D weights stored (out, in), Gemma's norm weights as the scale they apply (plus
@@ -11,10 +11,12 @@ one), norms, biases and GPT-2's position table in F32, every other matrix in the
 f16, bf16, or q8_0 where its rows split into 32-value blocks, else f16), a tied head stored once.
 Gemma 3's layers that slide a window go in by name where they differ from llama.cpp's default (five
 of every six), with the window's rotary base. The tokenizer goes in as `gguf_vocab.py` writes it.
-Another family is refused (GPT-1, which llama.cpp lacks; Phi-3, GPT-NeoX, SmolLM3 and OLMo, which
-this module does not write), and so is a setting llama.cpp's architecture lacks (a sliding window
-outside Gemma 3, a rotary scaling other than linear or Llama 3's, Gemma's attention scaled other
-than by the head size's root).
+Phi-3's rotary settings go in as the converter writes them (the features of each head that rotate,
+LongRoPE's factors as two tensors, its original context and attention factor). Another family is
+refused (GPT-1, which llama.cpp lacks; GPT-NeoX, SmolLM3 and OLMo, which this module does not write),
+and so is a setting llama.cpp's architecture lacks (a sliding window outside Gemma 3, a rotary
+scaling other than linear, Llama 3's or Phi-3's LongRoPE, Gemma's attention scaled other than by the
+head size's root).
 
 A fine-tuned embedding model or reranker goes in as that language model with `Serving`: llama.cpp's
 pooling (the last token, the mean, or a reranker's rank), GPT-1's start and extract tokens as the
@@ -33,11 +35,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gpt_ft.weights.gguf_file import LONGROPE
 from gpt_ft.weights.gguf_vocab import write_vocabulary
 
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 ARCHITECTURES = {"gpt2": "GPT2", "llama": "LLAMA", "mistral": "LLAMA", "qwen2": "QWEN2", "qwen3": "QWEN3",
-                 "gemma3_text": "GEMMA3"}  # fmt: skip
+                 "gemma3_text": "GEMMA3", "phi3": "PHI3"}  # fmt: skip
 TANH_GELU = ("gelu_new", "gelu_pytorch_tanh")
 ACTIVATIONS = {"gpt2": TANH_GELU, "gemma3_text": TANH_GELU}  # llama.cpp's: the tanh GELU; the rest SiLU
 UNREAD = {  # settings llama.cpp's architecture has one way only: (that way, what it means)
@@ -114,7 +117,8 @@ def write_gguf(
         if serving.template is not None:
             writer.add_chat_template([{"name": "rerank", "template": serving.template}])
     for key, tensor in _tensors(state, config):
-        gguf_name = key if key.startswith("cls.") else names.get_name(key, try_suffixes=(".weight", ".bias"))
+        named = key.startswith("cls.") or key in LONGROPE  # (GGUF's own names)
+        gguf_name = key if named else names.get_name(key, try_suffixes=(".weight", ".bias"))
         if gguf_name is None:
             raise ValueError(
                 f"{folder}: tensor {key} has no place in llama.cpp's {config['model_type']} layout."
@@ -169,7 +173,7 @@ def _architecture(config: dict) -> str:
                 f"llama.cpp's {kind} models of {config['num_hidden_layers']} layers divide attention scores "
                 f"by the root of {root}; this one by the root of {scalar} (query_pre_attn_scalar)."
             )
-    window = config.get("sliding_window") if kind == "mistral" else None
+    window = config.get("sliding_window") if kind in ("mistral", "phi3") else None
     if config.get("use_sliding_window") or (window and window < config["max_position_embeddings"]):
         raise ValueError(
             f"llama.cpp's {kind} models attend to every earlier token; this one slides a window."
@@ -184,7 +188,9 @@ def _rope(config: dict) -> tuple[float, dict]:
     params = dict(params.get("full_attention", params))
     theta = params.pop("rope_theta", config.get("rope_theta", 10000.0))
     kind = params.get("rope_type", params.get("type", "default"))
-    allowed = ("default", "linear", "llama3") if config["model_type"] == "llama" else ("default", "linear")
+    allowed = {"llama": ("default", "linear", "llama3"), "phi3": ("default", "longrope")}.get(
+        config["model_type"], ("default", "linear")
+    )
     if kind not in allowed:
         raise ValueError(f"A {config['model_type']} model's rotary scaling {kind!r} ({key}) "
                          f"has no GGUF form here ({', '.join(allowed)}).")  # fmt: skip
@@ -219,6 +225,8 @@ def _hyperparameters(writer, config: dict, file_type) -> None:
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     if config["model_type"] == "gemma3_text":
         _window(writer, config)
+    if config["model_type"] == "phi3":
+        _phi3(writer, config, scaling)
     if head_dim is not None:
         writer.add_key_length(head_dim)
         writer.add_value_length(head_dim)
@@ -226,6 +234,24 @@ def _hyperparameters(writer, config: dict, file_type) -> None:
     if ARCHITECTURES[config["model_type"]] == "LLAMA":
         writer.add_vocab_size(config["vocab_size"])
         writer.add_rope_dimension_count(head_dim or config["hidden_size"] // heads)
+
+
+def _phi3(writer, config: dict, scaling: dict) -> None:
+    """Phi-3's rotary settings as llama.cpp's converter writes them: the features of each head that
+    rotate, the original context, LongRoPE's attention factor (its factors: tensors, `_tensors`) as
+    transformers computes it (given, or from the factor by which the context grew), and the window."""
+    head = config["hidden_size"] // config["num_attention_heads"]
+    partial = (config.get("rope_parameters") or {}).get(
+        "partial_rotary_factor", config.get("partial_rotary_factor")
+    )
+    writer.add_rope_dimension_count(int(head * (partial or 1.0)))
+    original = scaling.get("original_max_position_embeddings") or config["max_position_embeddings"]
+    writer.add_rope_scaling_orig_ctx_len(int(original))
+    if scaling:
+        factor = scaling.get("factor") or config["max_position_embeddings"] / original
+        derived = math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1 else 1.0
+        writer.add_rope_scaling_attn_factors(scaling.get("attention_factor") or derived)
+    writer.add_sliding_window(config.get("sliding_window") or 0)
 
 
 def _window(writer, config: dict) -> None:
@@ -258,6 +284,9 @@ def _tensors(state: dict[str, torch.Tensor], config: dict):
     theta, scaling = _rope(config) if kind != "gpt2" else (None, {})
     if scaling.get("rope_type", scaling.get("type")) == "llama3":  # llama.cpp reads them as a tensor
         yield "rope_freqs.weight", _llama3_factors(config, theta, scaling)
+    if scaling.get("rope_type", scaling.get("type")) == "longrope":  # (Phi-3's)
+        for name, factors in zip(LONGROPE, ("long_factor", "short_factor"), strict=True):
+            yield name, torch.tensor(scaling[factors], dtype=torch.float32)
     for key, tensor in state.items():
         if tied and key == "lm_head.weight":  # llama.cpp reads the embedding as the head
             continue

@@ -38,6 +38,10 @@ FAMILIES = {  # preset and overrides of a micro model of each family llama.cpp s
             hf_model_type="gemma3_text",
         ),
     ),  # (a window shorter than the texts)
+    "phi3": (
+        "llama-micro",
+        dict(rotary_dim=12, hf_model_type="phi3"),
+    ),  # (Phi-4-mini's: part of each head turns)
 }
 POOLINGS = {"extract": "LAST", "last": "LAST", "mean": "MEAN"}  # the card's, llama.cpp's
 TEXTS = ["the cat sat on the mat", "a dog", "", "he is happy in the park today 1999", "Is it <|extract|>?"]

@@ -17,7 +17,7 @@ from tests.helpers import tiny_hf, tiny_llama
 from tests.weights.gguf_files import SPACE, tiny_pieces, tiny_tokenizer
 
 pytest.importorskip("gguf")
-FAMILIES = ["gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma3_text"]
+FAMILIES = ["gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3"]
 TEXT = "She said: it's the best film of 2024! The quick brown fox."
 
 
@@ -259,13 +259,13 @@ def test_what_llama_cpp_would_read_otherwise_is_refused(tmp_path, monkeypatch):
 
     gpt1 = tmp_path / "gpt1"
     tiny_hf("openai-gpt", vocab_size=320).save_pretrained(gpt1)
-    assert "for a 'openai-gpt' model" in refused(gpt1)
+    assert "of a 'openai-gpt' model" in refused(gpt1)
     smollm3 = tmp_path / "smollm3"  # llama.cpp's turns no fourth layer, whatever the model's nope_layers
     tiny_llama("smollm3", vocab_size=320).save_pretrained(smollm3)
-    assert "for a 'smollm3' model" in refused(smollm3)
+    assert "of a 'smollm3' model" in refused(smollm3)
     olmo2 = tmp_path / "olmo2"  # llama.cpp has it, transformers' GGUF reader (the test of a file) not
     tiny_llama("olmo2", vocab_size=320).save_pretrained(olmo2)
-    assert "for a 'olmo2' model" in refused(olmo2)
+    assert "of a 'olmo2' model" in refused(olmo2)
     bert_like = tiny_tokenizer()
     bert_like.backend_tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     folder, _ = lm_folder(tmp_path / "w", "llama", bert_like)
@@ -363,6 +363,55 @@ def test_llama_3s_rotary_scaling_travels_as_llama_cpps_frequency_factors(tmp_pat
     np.testing.assert_array_equal(
         next(t for t in again.tensors if t.name == "rope_freqs.weight").data, factors
     )
+
+
+PHI_VARIANTS = ["phi4-mini-partial-longrope-tied", "longrope-factor-and-attention-factor-given",
+                "half-rotary-unscaled"]  # fmt: skip
+
+
+@pytest.mark.parametrize("variant", PHI_VARIANTS)
+def test_phi_3s_rotary_settings_and_window_travel_as_llama_cpp_reads_them(tmp_path, monkeypatch, variant):
+    """Phi-3.5's and Phi-4-mini's settings (the features of each head that rotate, LongRoPE's factors
+    as two tensors, its original context, attention factor and window) read back by gpt_ft give the
+    model's logits, within the original context (16 tokens) and past it (24). llama.cpp itself
+    (where installed) takes the long factors from the first token, its context (256 at least) being
+    longer than the original: its logits are those of the model with the long factors throughout."""
+    from gpt_ft.weights.gguf_write import write_gguf
+    from tests.weights.test_hf_phi3 import VARIANTS
+
+    folder, model = lm_folder(tmp_path, "phi3", **VARIANTS[variant])
+    path = write_gguf(folder, tmp_path / "m.gguf", outtype="f32")
+    gpt, _ = read_back(path, monkeypatch, tmp_path)
+    ids = torch.randint(0, 320, (1, 24))
+    with torch.no_grad():
+        for length in (16, 24):
+            x = ids[:, :length]
+            torch.testing.assert_close(gpt.lm_logits(gpt(x)), model(x).logits, rtol=0, atol=2e-5)
+    llama_cpp = pytest.importorskip("llama_cpp")
+    rope = model.config.rope_parameters
+    if rope.get("rope_type") == "longrope":  # the same weights, the long factors throughout
+        model = lm_folder(tmp_path / "long", "phi3", **dict(VARIANTS[variant], rope_parameters=dict(
+            rope, short_factor=rope["long_factor"])))[1]  # fmt: skip
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=64, logits_all=True, verbose=False, type_k=0, type_v=0)
+    llm.eval(ids[0].tolist())
+    with torch.no_grad():
+        reference = model(ids).logits[0].numpy()
+    np.testing.assert_allclose(np.array(llm.scores[:24]), reference, rtol=0, atol=1e-4)
+
+
+def test_a_phi_3_window_shorter_than_the_context_is_refused(tmp_path):
+    """llama.cpp's Phi-3 attends to every earlier token whatever the file's window (its logits are
+    those of the model without one): a window under the context (Phi-3-mini-4k's 2,047 of 4,096) is
+    refused; one past it (Phi-3.5's, Phi-4-mini's 262,144 of 131,072) is written."""
+    from gpt_ft.weights.gguf_write import write_gguf
+
+    folder, _ = lm_folder(tmp_path, "phi3", sliding_window=8)
+    with pytest.raises(
+        ValueError, match=r"^llama.cpp's phi3 models attend to every earlier token; this one slides"
+    ):
+        write_gguf(folder, tmp_path / "m.gguf", outtype="f32")
+    folder, _ = lm_folder(tmp_path / "wide", "phi3", sliding_window=128)  # (64 positions)
+    assert write_gguf(folder, tmp_path / "wide.gguf", outtype="f32").is_file()
 
 
 def test_a_sharded_folder_reads_whole_into_a_file_under_new_folders(tmp_path):
