@@ -4,7 +4,7 @@ is what it holds).
 
 Byte-level BPE goes in as llama.cpp's "gpt2" model: the vocabulary by id, merges, and the
 pre-tokenizer's llama.cpp name, read from tokenizer.json's pre-tokenizer (GPT-2's pattern, SmolLM's
-digits first, Llama 3's or Qwen2's split). SentencePiece's BPE as Gemma's tokenizer.json holds it
+digits first, Llama 3's, Qwen2's or GPT-4o's split). SentencePiece's BPE as Gemma's tokenizer.json holds it
 (spaces as "▁", no space put before a text, unknown characters as byte tokens) goes in as llama.cpp's
 "llama" model: each piece with its score (llama.cpp merges the pair whose piece scores highest,
 transformers by its merges' order, which for these vocabularies is the pieces' by id: the score is
@@ -28,12 +28,22 @@ BYTES = dict(GPT2, use_regex=False)
 LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
                 r"\s*[\r\n]+|\s+(?!\S)|\s+")  # fmt: skip
 QWEN2_SPLIT = LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}", 1)  # each digit apart
+_WORD = r"[^\r\n\p{L}\p{N}]?"  # (GPT-4o's words: a capital run and a lower-case run, a contraction)
+_UPPER, _LOWER, _ENDS = (
+    r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]",
+    r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]",
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+)
+GPT4O_SPLIT = (f"{_WORD}{_UPPER}*{_LOWER}+{_ENDS}|{_WORD}{_UPPER}+{_LOWER}*{_ENDS}|"
+               r"\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")  # fmt: skip
+"""GPT-4o's pattern (o200k), Phi-4-mini's: words split at their capitals, contractions kept on."""
 ISOLATED = {"behavior": "Isolated", "invert": False}  # each match a piece of its own
 PRE_TOKENIZERS = {  # llama.cpp's name: (tokenizer.json's normalizer, its pre-tokenizer's steps)
     "gpt-2": (None, [GPT2]),
     "smollm": (None, [{"type": "Digits", "individual_digits": True}, GPT2]),
     "llama-bpe": (None, [{"type": "Split", "Regex": LLAMA3_SPLIT, **ISOLATED}, BYTES]),
     "qwen2": ("NFC", [{"type": "Split", "Regex": QWEN2_SPLIT, **ISOLATED}, BYTES]),
+    "gpt-4o": (None, [{"type": "Split", "Regex": GPT4O_SPLIT, **ISOLATED}, BYTES]),
 }
 SPACE = "\u2581"  # SentencePiece's space
 SPACES = {"type": "Replace", "pattern": {"String": " "}, "content": SPACE}  # and no space put first
@@ -139,8 +149,8 @@ def _pre_tokenizer(backend: dict, folder: Path) -> str:
                 return name
     raise ValueError(
         f"{folder}: llama.cpp has no pre-tokenizer this toolkit can name for this tokenizer's "
-        f"({json.dumps(pre)}); GGUF files are written for byte-level BPE with GPT-2's pattern, "
-        "SmolLM's, Llama 3's or Qwen2's, and for SentencePiece's BPE as Gemma's (no space put first)."
+        f"({json.dumps(pre)}); GGUF files are written for byte-level BPE with GPT-2's pattern, SmolLM's, "
+        "Llama 3's, Qwen2's or GPT-4o's, and for SentencePiece's BPE as Gemma's (no space put first)."
     )
 
 

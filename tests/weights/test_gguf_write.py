@@ -453,19 +453,19 @@ def test_llama_cpp_reads_the_file_as_the_model(tmp_path, family):
     np.testing.assert_allclose(np.array(llm.scores[: len(ids)]), reference, rtol=0, atol=atol)
 
 
-@pytest.mark.parametrize("pre", ["gpt-2", "smollm", "llama-bpe", "qwen2"])
+@pytest.mark.parametrize("pre", ["gpt-2", "smollm", "llama-bpe", "qwen2", "gpt-4o"])
 def test_the_pre_tokenizer_is_named_as_llama_cpp_names_it(tmp_path, pre):
     """tokenizer.json's normalizer and pre-tokenizer (as SmolLM2's, Llama 3's and Qwen2's hub files
     hold them) give llama.cpp's name; where llama-cpp-python is installed, llama.cpp splits a text of
     digits, contractions and spaces into the tokenizer's own ids."""
     from tokenizers import Regex, normalizers, pre_tokenizers
 
-    from gpt_ft.weights.gguf_vocab import LLAMA3_SPLIT, QWEN2_SPLIT
+    from gpt_ft.weights.gguf_vocab import GPT4O_SPLIT, LLAMA3_SPLIT, QWEN2_SPLIT
     from gpt_ft.weights.gguf_write import write_gguf
 
     tokenizer = tiny_tokenizer()
     backend = tokenizer.backend_tokenizer
-    split = {"llama-bpe": LLAMA3_SPLIT, "qwen2": QWEN2_SPLIT}.get(pre)
+    split = {"llama-bpe": LLAMA3_SPLIT, "qwen2": QWEN2_SPLIT, "gpt-4o": GPT4O_SPLIT}.get(pre)
     gpt2 = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bytes_only = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     if pre == "smollm":
