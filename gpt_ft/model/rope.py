@@ -128,8 +128,9 @@ def cos_sin(
 def sequence_lengths(documents: Tensor, position_ids: Tensor) -> Tensor:
     """Each token's packed sequence's length (B, T), its largest position plus one (a shared context
     with its continuations: the longest of them), from `documents` (B, T; -1 in a row's tail)."""
-    ids = documents.clamp(min=0)
-    most = torch.zeros_like(position_ids).scatter_reduce(1, ids, position_ids, "amax", include_self=False)
+    ids, tail = documents.clamp(min=0), documents < 0  # (the tail's positions count for no sequence)
+    counted = position_ids.masked_fill(tail, 0)
+    most = torch.zeros_like(position_ids).scatter_reduce(1, ids, counted, "amax", include_self=False)
     return most.gather(1, ids) + 1
 
 

@@ -62,7 +62,8 @@ def batch_terms(gpt: GPT, head: TaskHead | None, batch: TokenBatch, *, lm: bool)
     B, S, T = ids.shape
     # Right padding needs no mask (so SDPA may use its flash kernel): causal attention already
     # keeps real tokens off the pads after them. LongRoPE's factors are each sequence's: by its mask.
-    mask = batch.attention_mask.view(B * S, T) if gpt.config.rope_type == "longrope" else None
+    mask = getattr(batch, "attention_mask", None) if gpt.config.rope_type == "longrope" else None
+    mask = None if mask is None else mask.view(B * S, T)  # (pretraining's blocks: none, and no padding)
     hidden = gpt(ids.view(B * S, T), mask)  # (B*S, T, C)
     out = {}
     if lm:
@@ -101,9 +102,12 @@ def shared_context_terms(
     context, context_length, answers = batch.context_ids, batch.context_length, batch.answer_ids
     B, S, Ta = answers.shape
     Tc = context.shape[1]
-    shared = SharedPrefix()  # LongRoPE's factors: a question's longest choice's, for its context and choices
-    ends = (batch.answer_extract + 1).masked_fill(~batch.choice_mask, 0).amax(dim=1)  # (B,)
-    shared.lengths = (context_length + ends)[:, None]
+    shared = SharedPrefix()
+    if (
+        gpt.config.rope_type == "longrope"
+    ):  # its factors: a question's longest choice's, for context and choices
+        ends = (batch.answer_extract + 1).masked_fill(~batch.choice_mask, 0).amax(dim=1)  # (B,)
+        shared.lengths = (context_length + ends)[:, None]
     hidden_context = gpt(context, kv_cache=shared)  # (B, Tc, C); right padding needs no mask
     device = answers.device
     # Each choice's positions go on from its own context's length (padding past the table: clamped).
@@ -114,7 +118,8 @@ def shared_context_terms(
         context_keys = torch.arange(Tc, device=device)[None] < context_length[:, None]  # (B, Tc)
         keys = torch.cat([context_keys.repeat_interleave(S, dim=0), context_keys.new_ones(B * S, Ta)], 1)
     continued = shared.continued(S)
-    continued.lengths = shared.lengths.repeat_interleave(S, dim=0)
+    if shared.lengths is not None:
+        continued.lengths = shared.lengths.repeat_interleave(S, dim=0)
     hidden = gpt(answers.view(B * S, Ta), keys, position_ids=positions, kv_cache=continued)
     rows = torch.arange(B * S, device=device)
     extract = hidden[rows, batch.answer_extract.view(B * S)].view(B, S, -1)  # (B, S, C)

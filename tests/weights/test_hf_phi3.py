@@ -135,6 +135,41 @@ def test_a_continuations_score_does_not_depend_on_its_batch():
     assert continuation_logprobs(gpt, requests, batch_size=16) == pytest.approx(alone, abs=1e-5, rel=0)
 
 
+def test_pretraining_blocks_take_the_factors_of_their_length():
+    """Pretraining's blocks (no padding, no mask) of 32 tokens, past the original context: their summed
+    LM loss is the one of the model's own logits (the long factors)."""
+    from gpt_ft.data.batches import collate_blocks
+    from gpt_ft.training.terms import batch_terms
+
+    gpt = GPT.from_hf(tiny_llama("phi3", **VARIANTS["phi3.5-longrope"])).eval()
+    blocks = [torch.randint(0, VOCAB, (33,), generator=torch.Generator().manual_seed(i)) for i in range(2)]
+    batch = collate_blocks(list(enumerate(blocks)))
+    with torch.no_grad():
+        terms = batch_terms(gpt, None, batch, lm=True)
+        ids, targets = batch.input_ids.flatten(0, 1), batch.lm_targets.flatten(0, 1)  # (2, 32): a block a row
+        logits = gpt.lm_logits(gpt(ids))
+    expected = F.cross_entropy(logits.transpose(1, 2), targets, reduction="none").sum(1)
+    torch.testing.assert_close(terms["lm_sum"], expected, rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("tail", ["zeros", "counting"])
+def test_a_packed_rows_tail_counts_for_no_sequence(tail):
+    """A row of a 5-token and a 4-token sequence and a tail of 21 (documents -1): the first sequence's
+    states are its own alone, whatever positions the tail holds (counting 0 to 20, they made it long)."""
+    gpt = GPT.from_hf(tiny_llama("phi3", **VARIANTS["phi3.5-longrope"])).eval()
+    a, b = torch.randint(0, VOCAB, (5,)), torch.randint(0, VOCAB, (4,))
+    ids = torch.zeros(1, 30, dtype=torch.long)
+    ids[0, :5], ids[0, 5:9] = a, b
+    documents = torch.full((1, 30), -1)
+    documents[0, :5], documents[0, 5:9] = 0, 1
+    positions = torch.zeros(1, 30, dtype=torch.long)
+    positions[0, :5], positions[0, 5:9] = torch.arange(5), torch.arange(4)
+    positions[0, 9:] = torch.arange(21) if tail == "counting" else 0
+    with torch.no_grad():
+        packed = gpt(ids, position_ids=positions, documents=documents)[0, :5]
+        torch.testing.assert_close(packed, gpt(a[None])[0], rtol=0, atol=1e-5)
+
+
 def test_the_configs_rotary_settings_are_read():
     hf = tiny_llama("phi3", **VARIANTS["phi4-mini-partial-longrope-tied"])
     c = GPT.from_hf(hf).config
