@@ -124,13 +124,20 @@ def test_phi3s_embedding_dropout_is_left_unread_as_transformers_leaves_it():
         torch.testing.assert_close(gpt.lm_logits(gpt(ids)), hf(ids).logits, rtol=0, atol=1e-5)
 
 
+PADDED_LENGTHS = [30, 17, 5]
+
+
+def padded_rows(side: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random ids (3, 30) and the mask of rows of 30, 17 and 5 real tokens, padded on `side`."""
+    rows = [[1] * n + [0] * (30 - n) for n in PADDED_LENGTHS]
+    mask = torch.tensor([row[::-1] if side == "left" else row for row in rows])
+    return torch.randint(0, VOCAB, (3, 30)), mask
+
+
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_logits_equal_transformers_with_padding(pair, side):
     hf, gpt = pair
-    ids = torch.randint(0, VOCAB, (3, 30))
-    lengths = [30, 17, 5]
-    rows = [[1] * n + [0] * (30 - n) for n in lengths]
-    mask = torch.tensor([row[::-1] if side == "left" else row for row in rows])
+    ids, mask = padded_rows(side)
     with torch.no_grad():
         ours, theirs = gpt.lm_logits(gpt(ids, mask)), hf(ids, attention_mask=mask).logits
     real = mask.bool()

@@ -16,6 +16,8 @@ from tests.helpers import TINY_LLAMA, tiny_llama
 # the original context of 16: the long factors) within 1e-5, every tensor back from `to_hf`, and
 # greedy generation from 7 tokens to 19 (crossing the original context) token for token.
 from tests.weights.test_hf_llama import (  # noqa: F401
+    PADDED_LENGTHS,
+    padded_rows,
     test_greedy_generation_equals_transformers,
     test_logits_equal_transformers,
     test_to_hf_round_trips_every_tensor,
@@ -63,17 +65,17 @@ def test_each_padded_row_takes_its_own_factors(pair, side):
     padded batch gives every row the longest's. Left-padded, the positions count the padding (as
     transformers' forward counts them), so each row reaches position 29: the padded batch's logits."""
     hf, gpt = pair
-    ids = torch.randint(0, VOCAB, (3, 30))
-    lengths = [30, 17, 5]
-    rows = [[1] * n + [0] * (30 - n) for n in lengths]
-    mask = torch.tensor([row[::-1] if side == "left" else row for row in rows])
+    ids, mask = padded_rows(side)
     with torch.no_grad():
         ours = gpt.lm_logits(gpt(ids, mask))
         if side == "left":
             theirs = hf(ids, attention_mask=mask).logits
         else:
             theirs = torch.stack(
-                [F.pad(hf(ids[r : r + 1, :n]).logits[0], (0, 0, 0, 30 - n)) for r, n in enumerate(lengths)]
+                [
+                    F.pad(hf(ids[r : r + 1, :n]).logits[0], (0, 0, 0, 30 - n))
+                    for r, n in enumerate(PADDED_LENGTHS)
+                ]
             )
     real = mask.bool()
     torch.testing.assert_close(ours[real], theirs[real], rtol=0, atol=1e-5)
