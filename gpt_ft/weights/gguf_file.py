@@ -186,7 +186,7 @@ def hf_config(path: Path, reader=None):
         config.rope_parameters["sliding_attention"]["rope_theta"] = float(base or 10000.0)
         config.final_logit_softcapping = field(reader, "gemma3.final_logit_softcapping")  # (llama.cpp caps)
     if arch == "phi3":
-        _phi3_rope(reader, config)
+        _phi3_rope(path, reader, config)
     _check_rope(path, reader, arch, config)
     from gpt_ft.weights.hf_llama import with_stops
 
@@ -205,7 +205,7 @@ def hf_config(path: Path, reader=None):
 LONGROPE = ("rope_factors_long.weight", "rope_factors_short.weight")  # Phi-3-128k's, Phi-3.5's, Phi-4-mini's
 
 
-def _phi3_rope(reader, config) -> None:
+def _phi3_rope(path: Path, reader, config) -> None:
     """Phi-3's rotary settings that llama.cpp writes where transformers' reading does not look, set as
     the model's config.json holds them: the features of each head that rotate (`rope.dimension_count`,
     Phi-4-mini's 96 of 128) and LongRoPE's factors (tensors), original context and attention factor
@@ -216,6 +216,11 @@ def _phi3_rope(reader, config) -> None:
     if rotated := field(reader, "phi3.rope.dimension_count"):
         params["partial_rotary_factor"] = partial_factor(int(rotated), head)
     factors = {t.name: [float(x) for x in t.data] for t in reader.tensors if t.name in LONGROPE}
+    pairs = int(rotated or head) // 2
+    for name, values in factors.items():  # (llama.cpp refuses such a file too)
+        if len(values) != pairs:
+            raise ValueError(f"{path}: its {name} holds {len(values)} factors where {pairs} pairs of each "
+                             "head's features rotate (rope.dimension_count): one factor a pair.")  # fmt: skip
     original = field(reader, "phi3.rope.scaling.original_context_length")
     if len(factors) == 2 and original:  # (else refused by _check_rope, a scaling left unread)
         config.original_max_position_embeddings = int(original)  # (Phi3Config's own field wins)

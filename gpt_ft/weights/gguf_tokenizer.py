@@ -28,10 +28,10 @@ PRE = "tokenizer.ggml.pre"
 ADDS_BOS = ("llama3", "llama-v3", "llama-bpe", "falcon3")
 """Pre-tokenizers whose texts llama.cpp starts with the beginning-of-text token where the file has
 no `tokenizer.ggml.add_bos_token` (its llama-vocab.cpp), as Llama 3.2's files have none."""
-CONVERSION = 8  # in the cache's keys: entries converted before the special tokens were the file's own (2), or
+CONVERSION = 9  # in the cache's keys: entries converted before the special tokens were the file's own (2), or
 # from a tokenizer.json beside the file (3), without llama.cpp's beginning-of-text default (4), with tokens
-# past the file's (5), without llama.cpp's digit split (6), whole words (7) or runs of spaces (8) are
-# converted again
+# past the file's (5), without llama.cpp's digit split (6), whole words (7), runs of spaces (8) or the
+# check of the pre-tokenizer (9) are converted again
 
 
 def load_tokenizer(path: Path):

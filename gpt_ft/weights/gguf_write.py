@@ -12,8 +12,10 @@ f16, bf16, or q8_0 where its rows split into 32-value blocks, else f16), a tied 
 Gemma 3's layers that slide a window go in by name where they differ from llama.cpp's default (five
 of every six), with the window's rotary base. The tokenizer goes in as `gguf_vocab.py` writes it.
 Phi-3's rotary settings go in as the converter writes them (the features of each head that rotate,
-LongRoPE's factors as two tensors, its original context and attention factor). Another family is
-refused (GPT-1, which llama.cpp lacks; GPT-NeoX, SmolLM3 and OLMo, which this module does not write),
+LongRoPE's factors as two tensors, its original context), and its attention factor as transformers
+computes it (where a config gives one or a factor, the converter would derive it from the contexts).
+Another family is refused (GPT-1, which llama.cpp lacks; GPT-NeoX, SmolLM3 and OLMo, which this
+module does not write),
 and so is a setting llama.cpp's architecture lacks (a sliding window outside Gemma 3, a rotary
 scaling other than linear, Llama 3's or Phi-3's LongRoPE, Gemma's attention scaled other than by the
 head size's root).
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -87,6 +90,7 @@ def write_gguf(
     import gguf
 
     folder, path = Path(folder), Path(path)
+    _check_name(name or path.stem, folder)
     if outtype not in OUTTYPES:
         raise ValueError(f"--gguf_type {outtype!r}: choose one of {', '.join(OUTTYPES)}.")
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
@@ -136,6 +140,20 @@ def write_gguf(
     finally:
         partial.unlink(missing_ok=True)
     return path
+
+
+def _check_name(name: str, folder: Path) -> None:
+    """llama.cpp takes a file whose name holds "phi3" or "phi-3" for Phi-3's own and looks up its `</s>`
+    token: a vocabulary without one is refused under such a name (llama.cpp could not load the file)."""
+    if not re.search("phi-?3", name, re.IGNORECASE) or not (folder / "tokenizer.json").is_file():
+        return
+    spec = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+    added = {token.get("content") for token in spec.get("added_tokens") or []}
+    if "</s>" not in (spec.get("model") or {}).get("vocab", {}) and "</s>" not in added:
+        raise ValueError(
+            f"llama.cpp reads a GGUF file named {name!r} (general.name) as Phi-3's and looks up its `</s>` "
+            "token, which this vocabulary lacks, so it could not load the file: give --out another name."
+        )
 
 
 def _state(folder: Path) -> dict[str, torch.Tensor]:
@@ -194,6 +212,15 @@ def _rope(config: dict) -> tuple[float, dict]:
     if kind not in allowed:
         raise ValueError(f"A {config['model_type']} model's rotary scaling {kind!r} ({key}) "
                          f"has no GGUF form here ({', '.join(allowed)}).")  # fmt: skip
+    if kind == "longrope":  # one factor a rotating pair, in each list
+        head = config["hidden_size"] // config["num_attention_heads"]
+        pairs = (
+            int(head * params.get("partial_rotary_factor", config.get("partial_rotary_factor") or 1.0)) // 2
+        )
+        for factors in ("short_factor", "long_factor"):
+            if len(params.get(factors) or ()) != pairs:
+                raise ValueError(f"{key}['{factors}'] must list {pairs} factors, one per rotating pair; "
+                                 f"it has {len(params.get(factors) or ())}.")  # fmt: skip
     return float(theta), params if kind != "default" else {}
 
 
@@ -245,7 +272,8 @@ def _phi3(writer, config: dict, scaling: dict) -> None:
         "partial_rotary_factor", config.get("partial_rotary_factor")
     )
     writer.add_rope_dimension_count(int(head * (partial or 1.0)))
-    original = scaling.get("original_max_position_embeddings") or config["max_position_embeddings"]
+    outside = config.get("original_max_position_embeddings")  # (wins, as in transformers; Phi-3.5's own)
+    original = outside or scaling.get("original_max_position_embeddings") or config["max_position_embeddings"]
     writer.add_rope_scaling_orig_ctx_len(int(original))
     if scaling:
         factor = scaling.get("factor") or config["max_position_embeddings"] / original

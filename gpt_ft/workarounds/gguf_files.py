@@ -43,7 +43,9 @@ WHOLE_WORDS = ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtr
                "granite-embed-multi-97m")  # fmt: skip
 """llama.cpp's pre-tokenizer names whose pieces the vocabulary holds whole are taken whole, before any
 merge (its `ignore_merges`, as Llama 3's tokenizer.json has it)."""
-GPT2_PATTERN = ("gpt-2", "phi-2", "mpt", "olmo", "jais", "gigachat", "trillion")
+GPT2_PATTERN = ("gpt-2", "phi-2", "mpt", "olmo", "jais", "gigachat", "trillion", "mellum", "a.x-4.0",
+                "jina-es", "jina-de", "jina-v1-en", "jina-v2-es", "jina-v2-de", "jina-v2-code",
+                "modern-bert")  # fmt: skip
 """llama.cpp's pre-tokenizer names that split text by GPT-2's pattern alone, as transformers' conversion
 does where it knows no other."""
 LOCK = threading.RLock()

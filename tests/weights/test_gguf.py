@@ -175,6 +175,19 @@ def test_phi3s_rotary_settings_are_read(variant, tmp_path):
         torch.testing.assert_close(logits(gpt, ids), hf(ids).logits, rtol=0, atol=1e-5)
 
 
+def test_a_phi3_file_whose_factors_miss_a_pair_is_refused(tmp_path):
+    """3 long factors where 4 pairs of each head's features rotate: one sentence (llama.cpp refuses the
+    file too), not a broadcasting error from deep in torch."""
+    from tests.weights.test_hf_phi3 import VARIANTS
+
+    short = {"rope_factors_long.weight": np.ones(3, dtype=np.float32)}
+    path = write_gguf(tmp_path / "phi.gguf", tiny("phi3", **VARIANTS["phi3.5-longrope"]), extra=short)
+    with pytest.raises(
+        ValueError, match=r"phi.gguf: its rope_factors_long.weight holds 3 factors where 4 pairs"
+    ):
+        GPT.from_pretrained(path)
+
+
 def test_a_phi3_file_without_an_attention_factor_scales_by_one(tmp_path, monkeypatch):
     """LongRoPE's factors without `rope.scaling.attn_factor`: llama.cpp scales cos and sin by 1 (its
     default), not by the factor transformers would derive; so does the model read from the file."""
@@ -472,7 +485,18 @@ SPLIT_APART = ["HelloWorld 123456 don't STOP!!", "it's 12345 tHE Quick's $100 <a
 
 
 @pytest.mark.parametrize(
-    "pre", ["gpt-2", "phi-2", "smollm", "llama-bpe", "qwen2", "deepseek-r1-qwen", "gpt-4o"]
+    "pre",
+    [
+        "gpt-2",
+        "phi-2",
+        "mellum",
+        "jina-v2-code",
+        "smollm",
+        "llama-bpe",
+        "qwen2",
+        "deepseek-r1-qwen",
+        "gpt-4o",
+    ],
 )
 def test_a_byte_level_file_splits_text_as_llama_cpp_does(tmp_path, monkeypatch, pre):
     """Each pre-tokenizer gpt_ft reads gives llama.cpp's ids (llama-cpp-python, where installed), from

@@ -399,6 +399,57 @@ def test_phi_3s_rotary_settings_and_window_travel_as_llama_cpp_reads_them(tmp_pa
     np.testing.assert_allclose(np.array(llm.scores[:24]), reference, rtol=0, atol=1e-4)
 
 
+def test_phi_3_5s_own_config_holds_its_original_context_outside_its_rotary_settings(tmp_path):
+    """Phi-3.5's released config.json: `rope_scaling` {type, long and short factors} with the original
+    context beside it, at the top level. The file says 16 (and the attention factor of 64 over 16),
+    as transformers reads it; before, the whole context (64) and a factor of 1."""
+    import gguf
+
+    from gpt_ft.weights.gguf_write import write_gguf
+    from tests.weights.test_hf_phi3 import VARIANTS
+
+    folder, model = lm_folder(tmp_path, "phi3", **VARIANTS["phi3.5-longrope"])
+    config = json.loads((folder / "config.json").read_text())
+    rope = config.pop("rope_parameters")
+    config["rope_scaling"] = {
+        "type": "longrope",
+        "long_factor": rope["long_factor"],
+        "short_factor": rope["short_factor"],
+    }
+    config["rope_theta"] = rope["rope_theta"]
+    (folder / "config.json").write_text(json.dumps(config))
+    fields = gguf.GGUFReader(write_gguf(folder, tmp_path / "m.gguf", outtype="f32")).fields
+    assert fields["phi3.rope.scaling.original_context_length"].contents() == 16
+    assert fields["phi3.rope.scaling.attn_factor"].contents() == pytest.approx(
+        (1 + np.log(4) / np.log(16)) ** 0.5
+    )
+
+
+def test_malformed_longrope_settings_and_names_llama_cpp_cannot_load_are_refused(tmp_path):
+    """Factors fewer than the rotating pairs, a list missing: one sentence each, no file. A file whose
+    name holds "phi3" or "phi-3" makes llama.cpp look up Phi-3's `</s>`, which this vocabulary lacks."""
+    from gpt_ft.weights.gguf_write import write_gguf
+    from tests.weights.test_hf_phi3 import VARIANTS
+
+    folder, _ = lm_folder(tmp_path, "phi3", **VARIANTS["phi3.5-longrope"])
+    config = json.loads((folder / "config.json").read_text())
+    broken = [(dict(short_factor=[1.0, 2.0, 3.0]), r"\['short_factor'\] must list 4 factors, one per"),
+              ({"long_factor": None}, r"\['long_factor'\] must list 4 factors, .* it has 0\.$")]  # fmt: skip
+    for change, message in broken:
+        rope = {**config["rope_parameters"], **change}
+        (folder / "config.json").write_text(json.dumps(dict(config, rope_parameters=rope)))
+        with pytest.raises(ValueError, match=message):
+            write_gguf(folder, tmp_path / "m.gguf", outtype="f32")
+    folder, _ = lm_folder(tmp_path / "plain", "phi3")
+    for name in ("phi3-ft", "My-Phi-3.5"):
+        with pytest.raises(
+            ValueError, match=rf"^llama.cpp reads a GGUF file named '{name}' \(general.name\) as Phi-3's"
+        ):
+            write_gguf(folder, tmp_path / f"{name}.gguf", outtype="f32")
+    assert not list(tmp_path.glob("*.gguf*"))
+    assert write_gguf(folder, tmp_path / "my-model.gguf", outtype="f32").is_file()
+
+
 def test_a_phi_3_window_shorter_than_the_context_is_refused(tmp_path):
     """llama.cpp's Phi-3 attends to every earlier token whatever the file's window (its logits are
     those of the model without one): a window under the context (Phi-3-mini-4k's 2,047 of 4,096) is
