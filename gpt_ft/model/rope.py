@@ -88,7 +88,7 @@ def attention_factor(config: GPTConfig) -> float:
     context = scaling["original_max_position_embeddings"]
     factor = scaling.get("factor") or config.n_positions / context
     if config.rope_type == "longrope":
-        return 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(context))
+        return longrope_attention(factor, context)
 
     def mscale(m: float = 1.0) -> float:
         return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
@@ -96,6 +96,11 @@ def attention_factor(config: GPTConfig) -> float:
     if scaling.get("mscale") and scaling.get("mscale_all_dim"):
         return mscale(scaling["mscale"]) / mscale(scaling["mscale_all_dim"])
     return mscale()
+
+
+def longrope_attention(factor: float, context: int) -> float:
+    """LongRoPE's attention factor for a context grown `factor` times from `context` positions."""
+    return 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(context))
 
 
 def cos_sin(

@@ -38,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gpt_ft.model.rope import longrope_attention
 from gpt_ft.weights.gguf_file import LONGROPE
 from gpt_ft.weights.gguf_vocab import write_vocabulary
 
@@ -142,17 +143,24 @@ def write_gguf(
     return path
 
 
+PHI3_TOKENS = ("<unk>", "<s>", "</s>", "<|endoftext|>")  # what llama.cpp looks up in a file named for Phi-3
+
+
 def _check_name(name: str, folder: Path) -> None:
-    """llama.cpp takes a file whose name holds "phi3" or "phi-3" for Phi-3's own and looks up its `</s>`
-    token: a vocabulary without one is refused under such a name (llama.cpp could not load the file)."""
+    """llama.cpp takes a file whose name holds "phi3" or "phi-3" for Phi-3's own and looks up its
+    tokens `PHI3_TOKENS`: a vocabulary that lacks one is refused under such a name (llama.cpp could not
+    load the file)."""
     if not re.search("phi-?3", name, re.IGNORECASE) or not (folder / "tokenizer.json").is_file():
         return
     spec = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
-    added = {token.get("content") for token in spec.get("added_tokens") or []}
-    if "</s>" not in (spec.get("model") or {}).get("vocab", {}) and "</s>" not in added:
+    held = set((spec.get("model") or {}).get("vocab", {})) | {
+        t.get("content") for t in spec.get("added_tokens") or []
+    }
+    if missing := [token for token in PHI3_TOKENS if token not in held]:
         raise ValueError(
-            f"llama.cpp reads a GGUF file named {name!r} (general.name) as Phi-3's and looks up its `</s>` "
-            "token, which this vocabulary lacks, so it could not load the file: give --out another name."
+            f"llama.cpp reads a GGUF file named {name!r} (general.name) as Phi-3's and looks up its tokens "
+            f"{', '.join(PHI3_TOKENS)}, of which this vocabulary lacks {', '.join(missing)}, so it could not "
+            "load the file: give --out another name."
         )
 
 
@@ -213,10 +221,7 @@ def _rope(config: dict) -> tuple[float, dict]:
         raise ValueError(f"A {config['model_type']} model's rotary scaling {kind!r} ({key}) "
                          f"has no GGUF form here ({', '.join(allowed)}).")  # fmt: skip
     if kind == "longrope":  # one factor a rotating pair, in each list
-        head = config["hidden_size"] // config["num_attention_heads"]
-        pairs = (
-            int(head * params.get("partial_rotary_factor", config.get("partial_rotary_factor") or 1.0)) // 2
-        )
+        pairs = _rotated(config) // 2
         for factors in ("short_factor", "long_factor"):
             if len(params.get(factors) or ()) != pairs:
                 raise ValueError(f"{key}['{factors}'] must list {pairs} factors, one per rotating pair; "
@@ -267,19 +272,24 @@ def _phi3(writer, config: dict, scaling: dict) -> None:
     """Phi-3's rotary settings as llama.cpp's converter writes them: the features of each head that
     rotate, the original context, LongRoPE's attention factor (its factors: tensors, `_tensors`) as
     transformers computes it (given, or from the factor by which the context grew), and the window."""
-    head = config["hidden_size"] // config["num_attention_heads"]
-    partial = (config.get("rope_parameters") or {}).get(
-        "partial_rotary_factor", config.get("partial_rotary_factor")
-    )
-    writer.add_rope_dimension_count(int(head * (partial or 1.0)))
+    writer.add_rope_dimension_count(_rotated(config))
     outside = config.get("original_max_position_embeddings")  # (wins, as in transformers; Phi-3.5's own)
     original = outside or scaling.get("original_max_position_embeddings") or config["max_position_embeddings"]
     writer.add_rope_scaling_orig_ctx_len(int(original))
     if scaling:
         factor = scaling.get("factor") or config["max_position_embeddings"] / original
-        derived = math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1 else 1.0
-        writer.add_rope_scaling_attn_factors(scaling.get("attention_factor") or derived)
+        writer.add_rope_scaling_attn_factors(
+            scaling.get("attention_factor") or longrope_attention(factor, original)
+        )
     writer.add_sliding_window(config.get("sliding_window") or 0)
+
+
+def _rotated(config: dict) -> int:
+    """The features of each head that rotate, as transformers reads `partial_rotary_factor`: from the
+    rotary settings (either key) or the config's top level."""
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    partial = rope.get("partial_rotary_factor", config.get("partial_rotary_factor")) or 1.0
+    return int(config["hidden_size"] // config["num_attention_heads"] * partial)
 
 
 def _window(writer, config: dict) -> None:

@@ -448,6 +448,18 @@ def test_malformed_longrope_settings_and_names_llama_cpp_cannot_load_are_refused
             write_gguf(folder, tmp_path / f"{name}.gguf", outtype="f32")
     assert not list(tmp_path.glob("*.gguf*"))
     assert write_gguf(folder, tmp_path / "my-model.gguf", outtype="f32").is_file()
+    # Phi-3's four tokens all there: written under its name, and llama.cpp loads it; one missing: refused.
+    phi3_tokens = ["<|endoftext|>", "<unk>", "<s>", "</s>"]
+    for specials, loads in [(phi3_tokens[:2] + ["</s>"], False), (phi3_tokens, True)]:  # (llama.cpp's last)
+        folder, _ = lm_folder(tmp_path / str(loads), "phi3", tiny_tokenizer(specials=specials))
+        out = tmp_path / str(loads) / "phi3-ft.gguf"
+        if not loads:
+            with pytest.raises(ValueError, match=r"of which this vocabulary lacks <s>, so it could not load"):
+                write_gguf(folder, out, outtype="f32")
+            continue
+        write_gguf(folder, out, outtype="f32")
+        llama_cpp = pytest.importorskip("llama_cpp")
+        assert llama_cpp.Llama(model_path=str(out), vocab_only=True, verbose=False) is not None
 
 
 def test_a_phi_3_window_shorter_than_the_context_is_refused(tmp_path):
