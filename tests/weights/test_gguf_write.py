@@ -423,11 +423,21 @@ def test_phi_3_5s_own_config_holds_its_original_context_outside_its_rotary_setti
     assert fields["phi3.rope.scaling.attn_factor"].contents() == pytest.approx(
         (1 + np.log(4) / np.log(16)) ** 0.5
     )
+    # Phi-4-mini's share of each head given inside `rope_scaling`, as older configs hold it: 6 of 8 turn
+    folder, _ = lm_folder(tmp_path / "inside", "phi3", **VARIANTS["phi4-mini-partial-longrope-tied"])
+    config = json.loads((folder / "config.json").read_text())
+    rope = config.pop("rope_parameters")
+    config.pop("partial_rotary_factor", None)
+    config["rope_scaling"] = {**{k: rope[k] for k in ("long_factor", "short_factor")}, "type": "longrope",
+                              "partial_rotary_factor": 0.75}  # fmt: skip
+    (folder / "config.json").write_text(json.dumps(config))
+    path = write_gguf(folder, tmp_path / "inside.gguf", outtype="f32")
+    assert gguf.GGUFReader(path).fields["phi3.rope.dimension_count"].contents() == 6
 
 
 def test_malformed_longrope_settings_and_names_llama_cpp_cannot_load_are_refused(tmp_path):
     """Factors fewer than the rotating pairs, a list missing: one sentence each, no file. A file whose
-    name holds "phi3" or "phi-3" makes llama.cpp look up Phi-3's `</s>`, which this vocabulary lacks."""
+    name holds "phi3" or "phi-3" makes llama.cpp look up Phi-3's own tokens, which a vocabulary may lack."""
     from gpt_ft.weights.gguf_write import write_gguf
     from tests.weights.test_hf_phi3 import VARIANTS
 
