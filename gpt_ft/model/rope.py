@@ -70,7 +70,7 @@ def _yarn(dim: int, theta: float, scaling: dict, device: torch.device | None) ->
         low, high = math.floor(low), math.ceil(high)
     low, high = max(low, 0), min(high, dim - 1)
     high = high + 0.001 if low == high else high
-    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1).to(device)
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32, device=device) - low) / (high - low)).clamp(0, 1)
     powers = theta ** (torch.arange(0, dim, 2, device=device).float() / dim)
     return 1.0 / (factor * powers) * ramp + 1.0 / powers * (1 - ramp)
 
