@@ -628,10 +628,21 @@ def test_a_language_models_checkpoint_exports_as_a_causal_lm_that_stops_at_end_o
     assert not (tmp_path / "gpt1.gguf").exists()
 
 
-def test_a_llama_language_model_exports_as_a_gguf_file_that_reads_back_as_it(tmp_path, tokenizer_dir, capsys):
+PHI4_LM = (
+    "{n_positions: 64, n_layer: 1, rotary_dim: 8, hf_model_type: phi3, rope_scaling: {rope_type: longrope, "
+    "short_factor: [1, 2, 3, 4], long_factor: [1, 4, 16, 64], original_max_position_embeddings: 16}}"
+)
+
+
+@pytest.mark.parametrize(
+    "overrides", ["{n_positions: 64, n_layer: 1}", PHI4_LM], ids=["llama", "phi4-longrope"]
+)
+def test_a_llama_language_model_exports_as_a_gguf_file_that_reads_back_as_it(
+    tmp_path, tokenizer_dir, capsys, overrides
+):
     """`export --format gguf`: pretraining's Llama-family checkpoint as one GGUF file (f32 here),
-    which reads back (transformers' GGUF loader) with the checkpoint's logits and tokens; an
-    existing file is refused and kept."""
+    which reads back (transformers' GGUF loader; Phi-3's rotary settings by gpt_ft) with the
+    checkpoint's logits and tokens; an existing file is refused and kept."""
     from gpt_ft.cli import main
     from gpt_ft.data.prepare import prepare
     from gpt_ft.data.tokenizer import load_tokenizer
@@ -644,7 +655,7 @@ def test_a_llama_language_model_exports_as_a_gguf_file_that_reads_back_as_it(tmp
     config = str(ROOT / "configs/pretrain/cpu.yaml")
     main(["fit", "--config", config, f"--data.token_dir={tmp_path / 'tokens'}",
           "--data.block_size=16", "--data.batch_size=4", "--model.preset=llama-micro",
-          "--model.overrides={n_positions: 64, n_layer: 1}", "--trainer.max_steps=2",
+          f"--model.overrides={overrides}", "--trainer.max_steps=2",
           f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}", "--trainer.enable_progress_bar=false",
           "--trainer.enable_model_summary=false"])  # fmt: skip
     ckpt, out = next((tmp_path / "runs").rglob("last.ckpt")), tmp_path / "lm.gguf"
@@ -653,9 +664,11 @@ def test_a_llama_language_model_exports_as_a_gguf_file_that_reads_back_as_it(tmp
     assert capsys.readouterr().out == f"wrote {out}: llama.cpp, Ollama and LM Studio load it\n"
     import gguf
 
-    assert gguf.GGUFReader(out).fields["general.name"].contents() == "lm"  # (--out's, as Ollama shows it)
+    fields = gguf.GGUFReader(out).fields
+    assert fields["general.name"].contents() == "lm"  # (--out's, as Ollama shows it)
+    assert fields["general.architecture"].contents() == ("phi3" if "phi3" in overrides else "llama")
     ours, back = Pretrained.from_pretrained(str(ckpt)), Pretrained.from_pretrained(str(out))
-    text = "the cat sat on the mat"
+    text = "the cat sat on the mat " * 4  # (past LongRoPE's original context of 16)
     ids = load_tokenizer(tokenizer_dir)(text, return_tensors="pt").input_ids
     assert load_tokenizer(str(out))(text, return_tensors="pt").input_ids.tolist() == ids.tolist()
     with torch.no_grad():
