@@ -37,8 +37,7 @@ def inverse_frequencies(
         return inv_freq
     scaling = config.rope_scaling or {}
     if config.rope_type == "longrope":
-        factors = scaling["long_factor" if long else "short_factor"]
-        return 1.0 / (torch.tensor(factors, dtype=torch.float32, device=device) * powers)
+        return 1.0 / (_table(scaling["long_factor" if long else "short_factor"], device) * powers)
     if config.rope_type == "linear":
         return inv_freq / scaling["factor"]
     if config.rope_type == "llama3":
@@ -53,6 +52,20 @@ def inverse_frequencies(
     if config.rope_type == "yarn":
         return _yarn(dim, theta, scaling, device)
     return inv_freq
+
+
+_TABLES: dict[tuple, Tensor] = {}
+
+
+def _table(values, device: torch.device | None) -> Tensor:
+    """`values` (LongRoPE's factors) as an fp32 tensor on `device`, made there once: a decode step
+    captured as a CUDA graph may copy nothing from the host (compiled, a constant of the graph)."""
+    if torch.compiler.is_compiling():
+        return torch.tensor(values, dtype=torch.float32, device=device)
+    key = (str(device), tuple(float(v) for v in values))
+    if key not in _TABLES:
+        _TABLES[key] = torch.tensor(key[1], dtype=torch.float32, device=device)
+    return _TABLES[key]
 
 
 def _yarn(dim: int, theta: float, scaling: dict, device: torch.device | None) -> Tensor:
