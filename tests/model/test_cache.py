@@ -215,6 +215,26 @@ def test_cuda_decoding_replays_a_cuda_graph_with_the_eager_caches_tokens(preset,
 
 
 @cuda
+@pytest.mark.parametrize("scaling", ["longrope", "yarn"])
+def test_cuda_decoding_with_scaled_rotary_positions_replays_its_graph(scaling):
+    """LongRoPE (Phi-4-mini's, crossing its original context of 16 while decoding) and YaRN: their
+    frequency tables come from no host copy inside the captured step; the graph's tokens are the
+    eager cache's, plain and compiled."""
+    from tests.helpers import PHI4_MICRO
+
+    yarn = dict(rope_scaling=dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=16))
+    torch.manual_seed(0)
+    config = GPTConfig.from_name(
+        "llama-micro", vocab_size=512, **(PHI4_MICRO if scaling == "longrope" else yarn)
+    )
+    gpt = GPT(config).cuda().eval()
+    prompt = torch.randint(0, 512, (1, 9), device="cuda")
+    eager = gpt.generate(prompt, max_new_tokens=40)
+    for kind in (True, "compiled"):
+        assert torch.equal(gpt.generate(prompt, max_new_tokens=40, static_cache=kind), eager), kind
+
+
+@cuda
 @pytest.mark.parametrize("static_cache", [False, True])
 def test_cuda_decoding_with_stop_tokens_never_waits_for_the_gpu(static_cache, monkeypatch):
     """After the first token, no synchronising call while the stream decodes: whether every row has
