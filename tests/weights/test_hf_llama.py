@@ -308,16 +308,25 @@ PRESET_PARAMETERS = {"smollm2-135m": 134_515_008, "qwen2.5-0.5b": 494_032_768, "
                      "olmo-2-1b": 1_484_916_736, "phi-4-mini": 3_836_021_760}  # fmt: skip
 
 
+def parameter_counts(config: GPTConfig):
+    """(ours, transformers', the transformers config) for `config`, counted on the meta device."""
+    from transformers import AutoModelForCausalLM
+
+    from gpt_ft.weights.hf import config_to_hf
+
+    with torch.device("meta"):
+        hf_config = config_to_hf(config)
+        return (
+            GPT(config).num_parameters(),
+            AutoModelForCausalLM.from_config(hf_config).num_parameters(),
+            hf_config,
+        )
+
+
 @pytest.mark.parametrize("preset", list(PRESET_PARAMETERS))
 def test_presets_count_the_parameters_transformers_does(preset):
-    from gpt_ft.weights.hf import config_to_hf
-    from gpt_ft.weights.hf_llama import causal_lm_class
-
     config = GPTConfig.from_name(preset)
-    with torch.device("meta"):
-        ours = GPT(config).num_parameters()
-        hf_config = config_to_hf(config)
-        theirs = causal_lm_class(hf_config.model_type)(hf_config).num_parameters()
+    ours, theirs, _ = parameter_counts(config)
     assert ours == theirs
     assert ours == PRESET_PARAMETERS[preset]  # the model cards' counts
     assert GPTConfig.from_name(preset).rope_scaling == config.rope_scaling  # exporting changed no preset

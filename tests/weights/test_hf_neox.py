@@ -143,14 +143,9 @@ PRESET_PARAMETERS = {"pythia-70m": 70_426_624, "pythia-160m": 162_322_944}  # th
 
 @pytest.mark.parametrize("preset", list(PRESET_PARAMETERS))
 def test_presets_count_the_parameters_transformers_does(preset):
-    from gpt_ft.weights.hf import config_to_hf
-    from gpt_ft.weights.hf_neox import causal_lm_class
+    from tests.weights.test_hf_llama import parameter_counts
 
-    config = GPTConfig.from_name(preset)
-    with torch.device("meta"):
-        ours = GPT(config).num_parameters()
-        hf_config = config_to_hf(config)
-        theirs = causal_lm_class(hf_config.model_type)(hf_config).num_parameters()
+    ours, theirs, hf_config = parameter_counts(GPTConfig.from_name(preset))
     assert hf_config.rope_parameters["partial_rotary_factor"] == 0.25 and hf_config.use_parallel_residual
     assert ours == theirs == PRESET_PARAMETERS[preset]
 
