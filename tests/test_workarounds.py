@@ -856,6 +856,30 @@ def test_a_gguf_load_in_another_thread_waits_for_the_one_under_way():
     assert seen == [own] and gguf.GGUFReader is own and not gguf_files.OPEN
 
 
+def test_transformers_gguf_reader_takes_smollm3_files_as_llamas_within_a_load_only():
+    """transformers' GGUF reader lists no `smollm3` (gpt_ft/workarounds/gguf_files.py: once it does, drop
+    `LLAMA_SHAPED`); within `read_once` its tables hold it as Llama's, after it as they were."""
+    pytest.importorskip("gguf")
+    from transformers.modeling_gguf_pytorch_utils import (
+        GGUF_SUPPORTED_ARCHITECTURES,
+        GGUF_TO_TRANSFORMERS_MAPPING,
+        TENSOR_PROCESSORS,
+    )
+
+    from gpt_ft.workarounds import gguf_files
+
+    tables = (GGUF_SUPPORTED_ARCHITECTURES, GGUF_TO_TRANSFORMERS_MAPPING["config"], TENSOR_PROCESSORS)
+    assert gguf_files.LLAMA_SHAPED == ("smollm3",) and not any("smollm3" in table for table in tables)
+    with gguf_files.read_once():
+        assert "smollm3" in GGUF_SUPPORTED_ARCHITECTURES
+        assert (
+            GGUF_TO_TRANSFORMERS_MAPPING["config"]["smollm3"]
+            is GGUF_TO_TRANSFORMERS_MAPPING["config"]["llama"]
+        )
+        assert TENSOR_PROCESSORS["smollm3"] is TENSOR_PROCESSORS["llama"]
+    assert not any("smollm3" in table for table in tables)
+
+
 @pytest.mark.parametrize("pre", ["smollm", "gpt-2"])
 def test_a_gguf_tokenizer_splits_digits_as_llama_cpp_reads_its_pre_tokenizer(tmp_path, monkeypatch, pre):
     """transformers converts a GGUF tokenizer of SmolLM's pre-tokenizer with GPT-2's pattern alone

@@ -6,7 +6,7 @@ metadata keys and renames GGUF's tensors to its own (undoing llama.cpp's rotary 
 and k, and Gemma's +1 on its norm weights); its tensors then take the same path into a GPT as a
 transformers folder's (`hf.py`). What this module adds is finding the file, the settings
 transformers' reading leaves out (Gemma 3's layers that slide a window, their rotary base; Phi-3's
-rotary settings), and the
+rotary settings; SmolLM3's files, read as Llama's: `gpt_ft/workarounds/gguf_files.py`), and the
 checks that turn a file gpt_ft cannot read into one sentence: not GGUF, cut short, an architecture
 gpt_ft lacks, or a type it cannot dequantize.
 """
@@ -25,7 +25,7 @@ MAGIC = b"GGUF"
 TOKENS = "tokenizer.ggml.tokens"
 SUFFIX = ".gguf"
 # GGUF's `general.architecture` for the families gpt_ft has (a llama file named "mistral" is one).
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "gpt2")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "smollm3", "gpt2")
 ENDS = frozenset(("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
                   "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
                   "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
@@ -169,7 +169,7 @@ def hf_config(path: Path, reader=None):
     for flag, tensor in (("attention_bias", "blk.0.attn_q.bias"), ("mlp_bias", "blk.0.ffn_up.bias")):
         if hasattr(config, flag):  # left unset by transformers' reading; llama.cpp reads them if present
             setattr(config, flag, tensor in tensors)
-    if config.model_type == "llama" and config.attention_bias != config.mlp_bias:
+    if config.model_type in ("llama", "smollm3") and config.attention_bias != config.mlp_bias:
         has, lacks = ("attention", "MLP") if config.attention_bias else ("MLP", "attention")
         raise ValueError(
             f"{path}: its blocks carry {has} biases and no {lacks} biases, and gpt_ft's Llama blocks hold "

@@ -2,23 +2,23 @@
 
     gpt-ft export --ckpt_path runs/.../last.ckpt --format gguf --out my-model.gguf  # --gguf_type f16
 
-The input is the transformers causal-LM folder `gpt-ft export` writes (GPT-2, Llama, Mistral,
-Qwen2, Qwen3, Gemma 3 or Phi-3; the same folder llama.cpp's own `convert_hf_to_gguf.py` takes), and the
-file is laid out as that converter lays it out: llama.cpp's architecture, metadata keys and tensor
-names from the `gguf` library (llama.cpp's own), Llama's q/k rows reordered for llama.cpp's rotary
-layout, GPT-2's Conv1D weights stored (out, in), Gemma's norm weights as the scale they apply (plus
-one), norms, biases and GPT-2's position table in F32, every other matrix in the chosen type (f32,
-f16, bf16, or q8_0 where its rows split into 32-value blocks, else f16), a tied head stored once.
-Gemma 3's layers that slide a window go in by name where they differ from llama.cpp's default (five
-of every six), with the window's rotary base. The tokenizer goes in as `gguf_vocab.py` writes it.
-Phi-3's rotary settings go in as the converter writes them (the features of each head that rotate,
-LongRoPE's factors as two tensors, its original context), and its attention factor as transformers
-computes it (where a config gives one or a factor, the converter would derive it from the contexts).
-Another family is refused (GPT-1, which llama.cpp lacks; GPT-NeoX, SmolLM3 and OLMo, which this
-module does not write),
-and so is a setting llama.cpp's architecture lacks (a sliding window outside Gemma 3, a rotary
-scaling other than linear, Llama 3's or Phi-3's LongRoPE, Gemma's attention scaled other than by the
-head size's root).
+The input is the transformers causal-LM folder `gpt-ft export` writes (GPT-2, Llama, Mistral, Qwen2,
+Qwen3, Gemma 3, Phi-3 or SmolLM3; the same folder llama.cpp's own `convert_hf_to_gguf.py` takes),
+and the file is laid out as that converter lays it out: llama.cpp's architecture, metadata keys and
+tensor names from the `gguf` library (llama.cpp's own), Llama's q/k rows reordered for llama.cpp's
+rotary layout, GPT-2's Conv1D weights stored (out, in), Gemma's norm weights as the scale they apply
+(plus one), norms, biases and GPT-2's position table in F32, every other matrix in the chosen type
+(f32, f16, bf16, or q8_0 where its rows split into 32-value blocks, else f16), a tied head stored
+once. Gemma 3's layers that slide a window go in by name where they differ from llama.cpp's default
+(five of every six), with the window's rotary base. The tokenizer goes in as `gguf_vocab.py` writes
+it. Phi-3's rotary settings go in as the converter writes them (the features of each head that
+rotate, LongRoPE's factors as two tensors, its original context), and its attention factor as
+transformers computes it (where a config gives one or a factor, the converter would derive it from
+the contexts). Another family is refused (GPT-1, which llama.cpp lacks; GPT-NeoX and OLMo, which
+this module does not write), and so is a setting llama.cpp's architecture lacks or fixes otherwise
+(a sliding window outside Gemma 3, a rotary scaling other than linear, Llama 3's or Phi-3's
+LongRoPE, Gemma's attention scaled other than by the head size's root, SmolLM3 turning other layers
+than all but every fourth).
 
 A fine-tuned embedding model or reranker goes in as that language model with `Serving`: llama.cpp's
 pooling (the last token, the mean, or a reranker's rank), GPT-1's start and extract tokens as the
@@ -44,13 +44,17 @@ from gpt_ft.weights.gguf_vocab import write_vocabulary
 
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 ARCHITECTURES = {"gpt2": "GPT2", "llama": "LLAMA", "mistral": "LLAMA", "qwen2": "QWEN2", "qwen3": "QWEN3",
-                 "gemma3_text": "GEMMA3", "phi3": "PHI3"}  # fmt: skip
+                 "gemma3_text": "GEMMA3", "phi3": "PHI3", "smollm3": "SMOLLM3"}  # fmt: skip
+LLAMA_LAYOUT = ("LLAMA", "SMOLLM3")  # q and k in llama.cpp's rotary layout, the vocabulary's size written
+NOPE_EVERY = 4  # llama.cpp's SmolLM3: every fourth layer takes no rotary positions, and no other
 TANH_GELU = ("gelu_new", "gelu_pytorch_tanh")
 ACTIVATIONS = {"gpt2": TANH_GELU, "gemma3_text": TANH_GELU}  # llama.cpp's: the tanh GELU; the rest SiLU
 UNREAD = {  # settings llama.cpp's architecture has one way only: (that way, what it means)
     "gpt2": {"scale_attn_weights": (True, "divide attention scores by the head size's root"),
              "scale_attn_by_inverse_layer_idx": (False, "scale each layer's attention alike")},
     "qwen3": {"attention_bias": (False, "have no attention biases")},
+    "smollm3": {"attention_bias": (False, "have no attention biases"),
+                "mlp_bias": (False, "have no MLP biases")},
     "gemma3_text": {"attention_bias": (False, "have no attention biases"),
                     "attn_logit_softcapping": (None, "cap no attention scores"),
                     "use_bidirectional_attention": (False, "attend to earlier tokens only")},
@@ -199,8 +203,18 @@ def _architecture(config: dict) -> str:
                 f"llama.cpp's {kind} models of {config['num_hidden_layers']} layers divide attention scores "
                 f"by the root of {root}; this one by the root of {scalar} (query_pre_attn_scalar)."
             )
+    if kind == "smollm3" and (nope := config.get("no_rope_layers")) is not None:  # (1: the layer turns)
+        layers = [i for i, turns in enumerate(nope[: config["num_hidden_layers"]]) if not turns]
+        if layers != list(range(NOPE_EVERY - 1, config["num_hidden_layers"], NOPE_EVERY)):
+            raise ValueError(
+                f"llama.cpp's {kind} models take no rotary positions in every {NOPE_EVERY}th layer (3, 7, "
+                f"... counting from 0) and in no other; this one in layers {layers} (no_rope_layers)."
+            )
     window = config.get("sliding_window") if kind in ("mistral", "phi3") else None
-    if config.get("use_sliding_window") or (window and window < config["max_position_embeddings"]):
+    slides = config.get("use_sliding_window") and kind != "smollm3"  # (SmolLM3's: where its layer_types say)
+    if kind == "smollm3" and "sliding_attention" in (config.get("layer_types") or ()):
+        window = config.get("sliding_window")
+    if slides or (window and window < config["max_position_embeddings"]):
         raise ValueError(
             f"llama.cpp's {kind} models attend to every earlier token; this one slides a window."
         )
@@ -263,7 +277,7 @@ def _hyperparameters(writer, config: dict, file_type) -> None:
         writer.add_key_length(head_dim)
         writer.add_value_length(head_dim)
     writer.add_file_type(file_type)
-    if ARCHITECTURES[config["model_type"]] == "LLAMA":
+    if ARCHITECTURES[config["model_type"]] in LLAMA_LAYOUT:
         writer.add_vocab_size(config["vocab_size"])
         writer.add_rope_dimension_count(head_dim or config["hidden_size"] // heads)
 
@@ -333,9 +347,9 @@ def _tensors(state: dict[str, torch.Tensor], config: dict):
         tensor = tensor.float()
         if kind == "gpt2" and key.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")):
             tensor = tensor.T.contiguous()  # Conv1D's (in, out) as (out, in)
-        elif ARCHITECTURES[kind] == "LLAMA" and key.endswith(("q_proj.weight", "q_proj.bias")):
+        elif ARCHITECTURES[kind] in LLAMA_LAYOUT and key.endswith(("q_proj.weight", "q_proj.bias")):
             tensor = _reorder(tensor, heads)
-        elif ARCHITECTURES[kind] == "LLAMA" and key.endswith(("k_proj.weight", "k_proj.bias")):
+        elif ARCHITECTURES[kind] in LLAMA_LAYOUT and key.endswith(("k_proj.weight", "k_proj.bias")):
             tensor = _reorder(tensor, kv_heads)
         elif kind == "gemma3_text" and key.endswith("norm.weight"):  # (Gemma scales by 1 + weight)
             tensor = tensor + 1

@@ -635,13 +635,16 @@ PHI4_LM = (
 
 
 @pytest.mark.parametrize(
-    "overrides", ["{n_positions: 64, n_layer: 1}", PHI4_LM], ids=["llama", "phi4-longrope"]
+    "overrides",
+    ["{n_positions: 64, n_layer: 1}", PHI4_LM, "{n_layer: 4, nope_layers: [3], hf_model_type: smollm3}"],
+    ids=["llama", "phi4-longrope", "smollm3-nope"],
 )
 def test_a_llama_language_model_exports_as_a_gguf_file_that_reads_back_as_it(
     tmp_path, tokenizer_dir, capsys, overrides
 ):
     """`export --format gguf`: pretraining's Llama-family checkpoint as one GGUF file (f32 here),
-    which reads back (transformers' GGUF loader; Phi-3's rotary settings by gpt_ft) with the
+    which reads back (transformers' GGUF loader; Phi-3's rotary settings by gpt_ft; SmolLM3's fourth
+    layer without rotary positions) with the
     checkpoint's logits and tokens; an existing file is refused and kept."""
     from gpt_ft.cli import main
     from gpt_ft.data.prepare import prepare
@@ -666,7 +669,8 @@ def test_a_llama_language_model_exports_as_a_gguf_file_that_reads_back_as_it(
 
     fields = gguf.GGUFReader(out).fields
     assert fields["general.name"].contents() == "lm"  # (--out's, as Ollama shows it)
-    assert fields["general.architecture"].contents() == ("phi3" if "phi3" in overrides else "llama")
+    family = next((f for f in ("phi3", "smollm3") if f in overrides), "llama")
+    assert fields["general.architecture"].contents() == family
     ours, back = Pretrained.from_pretrained(str(ckpt)), Pretrained.from_pretrained(str(out))
     text = "the cat sat on the mat " * 4  # (past LongRoPE's original context of 16)
     ids = load_tokenizer(tokenizer_dir)(text, return_tensors="pt").input_ids

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3", "phi3": "phi3",
-        "gpt2": "gpt2"}  # fmt: skip
+        "smollm3": "smollm3", "gpt2": "gpt2"}  # fmt: skip
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
 )
@@ -229,7 +229,7 @@ def write_gguf(path: Path, hf_model, tokenizer=None, qtype: str = "F32", name: s
             and hf_name != "lm_head.weight"  # a Linear's (out, in) already
         ):
             w = w.T.copy()  # Conv1D's (in, out) as (out, in)
-        if model_type == "llama" and hf_name.endswith(
+        if model_type in ("llama", "smollm3") and hf_name.endswith(
             ("q_proj.weight", "k_proj.weight", "q_proj.bias", "k_proj.bias")
         ):
             heads = config.num_attention_heads if "q_proj" in hf_name else config.num_key_value_heads

@@ -36,6 +36,7 @@ GGUF_TRAITS = {  # what GGUF files say of each family (the rest: transformers' d
                         rope_parameters=None),  # llama.cpp scales by the head size, whatever the config said
     "qwen3": dict(head_dim=128),  # transformers' GGUF loading takes Qwen3Config's default
     "phi3": dict(pad_token_id=None, bos_token_id=None, eos_token_id=None),
+    "smollm3": dict(num_hidden_layers=4, no_rope_layers=None),  # llama.cpp's: every fourth layer turns not
 }  # fmt: skip
 
 
@@ -60,12 +61,14 @@ def transformers_gguf(path):
     from transformers import AutoModelForCausalLM
 
     from gpt_ft.weights.gguf_file import hf_config
+    from gpt_ft.workarounds.gguf_files import read_once
 
-    config = hf_config(path)
-    scale = {"query_pre_attn_scalar": config.head_dim} if config.model_type == "gemma3_text" else {}
-    return AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32, **scale
-    ).eval()
+    with read_once():  # (SmolLM3's files: read as Llama's)
+        config = hf_config(path)
+        scale = {"query_pre_attn_scalar": config.head_dim} if config.model_type == "gemma3_text" else {}
+        return AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, dtype=torch.float32, **scale
+        ).eval()
 
 
 def logits(gpt, ids):
@@ -73,7 +76,7 @@ def logits(gpt, ids):
         return gpt.lm_logits(gpt(ids))
 
 
-FAMILIES = ["llama", "qwen2", "qwen3", "gemma3_text", "phi3", "gpt2"]
+FAMILIES = ["llama", "qwen2", "qwen3", "gemma3_text", "phi3", "smollm3", "gpt2"]
 
 
 @pytest.mark.parametrize("family", FAMILIES)

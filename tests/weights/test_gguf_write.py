@@ -17,7 +17,8 @@ from tests.helpers import tiny_hf, tiny_llama
 from tests.weights.gguf_files import SPACE, tiny_pieces, tiny_tokenizer
 
 pytest.importorskip("gguf")
-FAMILIES = ["gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3"]
+FAMILIES = ["gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3", "smollm3"]
+NOPE = dict(num_hidden_layers=4, no_rope_layers=[1, 1, 1, 0])  # llama.cpp's SmolLM3: every fourth turns not
 TEXT = "She said: it's the best film of 2024! The quick brown fox."
 
 
@@ -35,7 +36,7 @@ def lm_folder(root: Path, family: str, tokenizer=None, **overrides) -> tuple[Pat
         model = tiny_llama(family, vocab_size=448, **{"query_pre_attn_scalar": 16, "rope_parameters": bases,
                                                       **overrides})  # fmt: skip
     else:
-        model = tiny_llama(family, vocab_size=320, **overrides)
+        model = tiny_llama(family, vocab_size=320, **{**(NOPE if family == "smollm3" else {}), **overrides})
     folder = root / family
     model.save_pretrained(folder)
     (tokenizer or tokenizer_of(family)).save_pretrained(folder)
@@ -242,8 +243,8 @@ def test_ids_the_tokenizer_lacks_are_unused_tokens(tmp_path, monkeypatch):
 
 
 def test_what_llama_cpp_would_read_otherwise_is_refused(tmp_path, monkeypatch):
-    """GPT-1, SmolLM3, OLMo 2, a pre-tokenizer llama.cpp has no name for, a window, a scaling, a type:
-    one sentence each, and no file (nor scratch) left."""
+    """GPT-1, SmolLM3 turning other layers or with biases, OLMo 2, a pre-tokenizer llama.cpp has no
+    name for, a window, a scaling, a type: one sentence each, and no file (nor scratch) left."""
     import gguf
     from safetensors.torch import load_file, save_file
     from tokenizers import Regex, normalizers, pre_tokenizers
@@ -262,7 +263,15 @@ def test_what_llama_cpp_would_read_otherwise_is_refused(tmp_path, monkeypatch):
     assert "of a 'openai-gpt' model" in refused(gpt1)
     smollm3 = tmp_path / "smollm3"  # llama.cpp's turns no fourth layer, whatever the model's nope_layers
     tiny_llama("smollm3", vocab_size=320).save_pretrained(smollm3)
-    assert "of a 'smollm3' model" in refused(smollm3)
+    assert refused(smollm3) == (
+        "llama.cpp's smollm3 models take no rotary positions in every 4th layer (3, 7, ... counting from 0) "
+        "and in no other; this one in layers [1] (no_rope_layers)."
+    )
+    folder, _ = lm_folder(tmp_path / "n", "smollm3", attention_bias=True, mlp_bias=True)
+    assert (
+        refused(folder)
+        == "llama.cpp's smollm3 models have no attention biases; this one has attention_bias=True."
+    )
     olmo2 = tmp_path / "olmo2"  # llama.cpp has it, transformers' GGUF reader (the test of a file) not
     tiny_llama("olmo2", vocab_size=320).save_pretrained(olmo2)
     assert "of a 'olmo2' model" in refused(olmo2)
