@@ -856,9 +856,10 @@ def test_a_gguf_load_in_another_thread_waits_for_the_one_under_way():
     assert seen == [own] and gguf.GGUFReader is own and not gguf_files.OPEN
 
 
-def test_transformers_gguf_reader_takes_smollm3_files_as_llamas_within_a_load_only():
-    """transformers' GGUF reader lists no `smollm3` (gpt_ft/workarounds/gguf_files.py: once it does, drop
-    `LLAMA_SHAPED`); within `read_once` its tables hold it as Llama's, after it as they were."""
+def test_transformers_gguf_reader_takes_smollm3_and_olmo2_files_by_llamas_keys_within_a_load_only():
+    """transformers' GGUF reader lists no `smollm3` nor `olmo2` (gpt_ft/workarounds/gguf_files.py: once
+    it does, drop it from `READ_AS_LLAMA`); within `read_once` its tables read them by Llama's keys,
+    SmolLM3's tensors as Llama's and OLMo 2's as stored; after it, the tables are as they were."""
     pytest.importorskip("gguf")
     from transformers.modeling_gguf_pytorch_utils import (
         GGUF_SUPPORTED_ARCHITECTURES,
@@ -868,16 +869,15 @@ def test_transformers_gguf_reader_takes_smollm3_files_as_llamas_within_a_load_on
 
     from gpt_ft.workarounds import gguf_files
 
-    tables = (GGUF_SUPPORTED_ARCHITECTURES, GGUF_TO_TRANSFORMERS_MAPPING["config"], TENSOR_PROCESSORS)
-    assert gguf_files.LLAMA_SHAPED == ("smollm3",) and not any("smollm3" in table for table in tables)
+    config, tables = GGUF_TO_TRANSFORMERS_MAPPING["config"], (GGUF_SUPPORTED_ARCHITECTURES, TENSOR_PROCESSORS)
+    before = [list(GGUF_SUPPORTED_ARCHITECTURES), dict(config), dict(TENSOR_PROCESSORS)]
+    assert gguf_files.READ_AS_LLAMA == {"smollm3": "llama", "olmo2": None}
+    assert not any(arch in table for arch in ("smollm3", "olmo2") for table in (config, *tables))
     with gguf_files.read_once():
-        assert "smollm3" in GGUF_SUPPORTED_ARCHITECTURES
-        assert (
-            GGUF_TO_TRANSFORMERS_MAPPING["config"]["smollm3"]
-            is GGUF_TO_TRANSFORMERS_MAPPING["config"]["llama"]
-        )
-        assert TENSOR_PROCESSORS["smollm3"] is TENSOR_PROCESSORS["llama"]
-    assert not any("smollm3" in table for table in tables)
+        assert {"smollm3", "olmo2"} <= set(GGUF_SUPPORTED_ARCHITECTURES)
+        assert config["smollm3"] is config["llama"] and config["olmo2"] is config["llama"]
+        assert TENSOR_PROCESSORS["smollm3"] is TENSOR_PROCESSORS["llama"] and "olmo2" not in TENSOR_PROCESSORS
+    assert [list(GGUF_SUPPORTED_ARCHITECTURES), dict(config), dict(TENSOR_PROCESSORS)] == before
 
 
 @pytest.mark.parametrize("pre", ["smollm", "gpt-2"])

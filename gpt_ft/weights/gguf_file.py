@@ -25,7 +25,7 @@ MAGIC = b"GGUF"
 TOKENS = "tokenizer.ggml.tokens"
 SUFFIX = ".gguf"
 # GGUF's `general.architecture` for the families gpt_ft has (a llama file named "mistral" is one).
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "smollm3", "gpt2")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "smollm3", "olmo2", "gpt2")
 ENDS = frozenset(("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
                   "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
                   "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",

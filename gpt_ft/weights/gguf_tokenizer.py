@@ -95,7 +95,7 @@ def _tokenizer(path: Path, stamp: str):
             shutil.copyfile(path, linked)
         try:
             tokenizer = AutoTokenizer.from_pretrained(alone, gguf_file=path.name)
-        except ValueError as exc:  # an architecture transformers' GGUF reader does not know (olmo2)
+        except ValueError as exc:  # an architecture transformers' GGUF reader does not know (olmoe)
             raise ValueError(
                 f"{path}: transformers reads no tokenizer from it ({exc}); give the tokenizer's folder."
             ) from None

@@ -42,6 +42,7 @@ PRE_TOKENIZERS = {  # llama.cpp's name: (tokenizer.json's normalizer, its pre-to
     "gpt-2": (None, [GPT2]),
     "smollm": (None, [{"type": "Digits", "individual_digits": True}, GPT2]),
     "llama-bpe": (None, [{"type": "Split", "Regex": LLAMA3_SPLIT, **ISOLATED}, BYTES]),
+    "dbrx": (None, [{"type": "Split", "Regex": LLAMA3_SPLIT, **ISOLATED}, BYTES]),  # (GPT-4's: OLMo 2's)
     "qwen2": ("NFC", [{"type": "Split", "Regex": QWEN2_SPLIT, **ISOLATED}, BYTES]),
     "gpt-4o": (None, [{"type": "Split", "Regex": GPT4O_SPLIT, **ISOLATED}, BYTES]),
 }

@@ -3,22 +3,22 @@
     gpt-ft export --ckpt_path runs/.../last.ckpt --format gguf --out my-model.gguf  # --gguf_type f16
 
 The input is the transformers causal-LM folder `gpt-ft export` writes (GPT-2, Llama, Mistral, Qwen2,
-Qwen3, Gemma 3, Phi-3 or SmolLM3; the same folder llama.cpp's own `convert_hf_to_gguf.py` takes),
-and the file is laid out as that converter lays it out: llama.cpp's architecture, metadata keys and
-tensor names from the `gguf` library (llama.cpp's own), Llama's q/k rows reordered for llama.cpp's
-rotary layout, GPT-2's Conv1D weights stored (out, in), Gemma's norm weights as the scale they apply
-(plus one), norms, biases and GPT-2's position table in F32, every other matrix in the chosen type
-(f32, f16, bf16, or q8_0 where its rows split into 32-value blocks, else f16), a tied head stored
-once. Gemma 3's layers that slide a window go in by name where they differ from llama.cpp's default
-(five of every six), with the window's rotary base. The tokenizer goes in as `gguf_vocab.py` writes
-it. Phi-3's rotary settings go in as the converter writes them (the features of each head that
-rotate, LongRoPE's factors as two tensors, its original context), and its attention factor as
-transformers computes it (where a config gives one or a factor, the converter would derive it from
-the contexts). Another family is refused (GPT-1, which llama.cpp lacks; GPT-NeoX and OLMo, which
-this module does not write), and so is a setting llama.cpp's architecture lacks or fixes otherwise
-(a sliding window outside Gemma 3, a rotary scaling other than linear, Llama 3's or Phi-3's
-LongRoPE, Gemma's attention scaled other than by the head size's root, SmolLM3 turning other layers
-than all but every fourth).
+Qwen3, Gemma 3, Phi-3, SmolLM3 or OLMo 2; the same folder llama.cpp's own `convert_hf_to_gguf.py`
+takes), and the file is laid out as that converter lays it out: llama.cpp's architecture, metadata
+keys and tensor names from the `gguf` library (llama.cpp's own), Llama's q/k rows reordered for
+llama.cpp's rotary layout, GPT-2's Conv1D weights stored (out, in), Gemma's norm weights as the
+scale they apply (plus one), norms, biases and GPT-2's position table in F32, every other matrix in
+the chosen type (f32, f16, bf16, or q8_0 where its rows split into 32-value blocks, else f16), a
+tied head stored once. Gemma 3's layers that slide a window go in by name where they differ from
+llama.cpp's default (five of every six), with the window's rotary base. The tokenizer goes in as
+`gguf_vocab.py` writes it. Phi-3's rotary settings go in as the converter writes them (the features
+of each head that rotate, LongRoPE's factors as two tensors, its original context), and its
+attention factor as transformers computes it (where a config gives one or a factor, the converter
+would derive it from the contexts). Another family is refused (GPT-1, which llama.cpp lacks; GPT-
+NeoX and OLMo 3, which this module does not write), and so is a setting llama.cpp's architecture
+lacks or fixes otherwise (a sliding window outside Gemma 3, a rotary scaling other than linear,
+Llama 3's or Phi-3's LongRoPE, Gemma's attention scaled other than by the head size's root, SmolLM3
+turning other layers than all but every fourth).
 
 A fine-tuned embedding model or reranker goes in as that language model with `Serving`: llama.cpp's
 pooling (the last token, the mean, or a reranker's rank), GPT-1's start and extract tokens as the
@@ -44,7 +44,7 @@ from gpt_ft.weights.gguf_vocab import write_vocabulary
 
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 ARCHITECTURES = {"gpt2": "GPT2", "llama": "LLAMA", "mistral": "LLAMA", "qwen2": "QWEN2", "qwen3": "QWEN3",
-                 "gemma3_text": "GEMMA3", "phi3": "PHI3", "smollm3": "SMOLLM3"}  # fmt: skip
+                 "gemma3_text": "GEMMA3", "phi3": "PHI3", "smollm3": "SMOLLM3", "olmo2": "OLMO2"}  # fmt: skip
 LLAMA_LAYOUT = ("LLAMA", "SMOLLM3")  # q and k in llama.cpp's rotary layout, the vocabulary's size written
 NOPE_EVERY = 4  # llama.cpp's SmolLM3: every fourth layer takes no rotary positions, and no other
 TANH_GELU = ("gelu_new", "gelu_pytorch_tanh")
@@ -53,6 +53,7 @@ UNREAD = {  # settings llama.cpp's architecture has one way only: (that way, wha
     "gpt2": {"scale_attn_weights": (True, "divide attention scores by the head size's root"),
              "scale_attn_by_inverse_layer_idx": (False, "scale each layer's attention alike")},
     "qwen3": {"attention_bias": (False, "have no attention biases")},
+    "olmo2": {"attention_bias": (False, "have no attention biases")},
     "smollm3": {"attention_bias": (False, "have no attention biases"),
                 "mlp_bias": (False, "have no MLP biases")},
     "gemma3_text": {"attention_bias": (False, "have no attention biases"),

@@ -16,12 +16,13 @@ Upstream: transformers' loader takes a path only (transformers/modeling_gguf_pyt
 `load_gguf_checkpoint`). When it takes a reader, pass one and drop `read_once`;
 tests/test_workarounds.py fails when transformers stops looking the two names up at call time.
 
-Within `read_once` too, transformers' GGUF reader (5.25) reads llama.cpp's `smollm3` files, which it
-does not list, as the Llama files they are in all it reads (`LLAMA_SHAPED`): the metadata keys, the
-tensor names, q and k in llama.cpp's rotary layout; its SmolLM3 config then takes no rotary positions
-in every fourth layer, as llama.cpp's architecture does. Upstream: transformers' integrations/ggml.py
-`GGUF_CONFIG_MAPPING` and modeling_gguf_pytorch_utils.py `TENSOR_PROCESSORS`,
-`GGUF_SUPPORTED_ARCHITECTURES`; nothing is added where transformers lists the architecture itself.
+Within `read_once` too, transformers' GGUF reader (5.25) reads llama.cpp's `smollm3` and `olmo2`
+files, which it does not list, by Llama's metadata keys, as llama.cpp does (`READ_AS_LLAMA`): SmolLM3's
+tensors as Llama's (q and k in llama.cpp's rotary layout; its config then takes no rotary positions in
+every fourth layer, as llama.cpp's architecture does), OLMo 2's as they are stored (its rotary halves
+apart, as transformers' own). Upstream: transformers' integrations/ggml.py `GGUF_CONFIG_MAPPING` and
+modeling_gguf_pytorch_utils.py `TENSOR_PROCESSORS`, `GGUF_SUPPORTED_ARCHITECTURES`; nothing is added
+where transformers lists the architecture itself.
 
 `split_as_llama_cpp`: llama.cpp reads a file whose pre-tokenizer (`tokenizer.ggml.pre`) is SmolLM's, and
 seven others', by cutting every digit apart before GPT-2's pattern (`\\p{N}` first, its
@@ -55,8 +56,9 @@ GPT2_PATTERN = ("gpt-2", "phi-2", "mpt", "olmo", "jais", "gigachat", "trillion",
                 "modern-bert")  # fmt: skip
 """llama.cpp's pre-tokenizer names that split text by GPT-2's pattern alone, as transformers' conversion
 does where it knows no other."""
-LLAMA_SHAPED = ("smollm3",)
-"""llama.cpp's architectures whose files transformers' GGUF reader reads as Llama's (see above)."""
+READ_AS_LLAMA = {"smollm3": "llama", "olmo2": None}
+"""llama.cpp's architectures transformers' GGUF reader reads by Llama's keys (see above): the tensor
+processor of each (None: the tensors as stored)."""
 LOCK = threading.RLock()
 OPEN: dict[str, Any] = {}
 """Within the outermost `read_once`: gguf's own reader class and map ("class", "map"), the readers
@@ -108,8 +110,8 @@ def read_once() -> Iterator[None]:
 
 
 def _read_as_llama() -> list:
-    """List `LLAMA_SHAPED` in transformers' GGUF tables as Llama (where it lists them not itself);
-    the (table, key) pairs added."""
+    """List `READ_AS_LLAMA` in transformers' GGUF tables (where it lists them not itself); the (table,
+    key) pairs added."""
     from transformers.modeling_gguf_pytorch_utils import (
         GGUF_SUPPORTED_ARCHITECTURES,
         GGUF_TO_TRANSFORMERS_MAPPING,
@@ -117,14 +119,15 @@ def _read_as_llama() -> list:
     )
 
     added, config = [], GGUF_TO_TRANSFORMERS_MAPPING["config"]
-    for arch in LLAMA_SHAPED:
-        for table, value in ((config, config["llama"]), (TENSOR_PROCESSORS, TENSOR_PROCESSORS["llama"])):
-            if arch not in table:
-                table[arch] = value
-                added.append((table, arch))
-        if arch not in GGUF_SUPPORTED_ARCHITECTURES:
-            GGUF_SUPPORTED_ARCHITECTURES.append(arch)
-            added.append((GGUF_SUPPORTED_ARCHITECTURES, arch))
+    for arch, processor in READ_AS_LLAMA.items():
+        if arch in GGUF_SUPPORTED_ARCHITECTURES:  # (transformers' own reading)
+            continue
+        GGUF_SUPPORTED_ARCHITECTURES.append(arch)
+        config[arch] = config["llama"]
+        added += [(GGUF_SUPPORTED_ARCHITECTURES, arch), (config, arch)]
+        if processor is not None:
+            TENSOR_PROCESSORS[arch] = TENSOR_PROCESSORS[processor]
+            added.append((TENSOR_PROCESSORS, arch))
     return added
 
 

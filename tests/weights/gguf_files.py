@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3", "phi3": "phi3",
-        "smollm3": "smollm3", "gpt2": "gpt2"}  # fmt: skip
+        "smollm3": "smollm3", "olmo2": "olmo2", "gpt2": "gpt2"}  # fmt: skip
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
 )

@@ -76,7 +76,7 @@ def logits(gpt, ids):
         return gpt.lm_logits(gpt(ids))
 
 
-FAMILIES = ["llama", "qwen2", "qwen3", "gemma3_text", "phi3", "smollm3", "gpt2"]
+FAMILIES = ["llama", "qwen2", "qwen3", "gemma3_text", "phi3", "smollm3", "olmo2", "gpt2"]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -613,13 +613,13 @@ def test_a_converted_tokenizer_is_kept_in_the_cache(tmp_path, monkeypatch):
 
 
 def test_a_tokenizer_of_an_architecture_transformers_does_not_read_is_named(tmp_path, monkeypatch):
-    """transformers' GGUF reader refuses an architecture it lacks (olmo2) even for the tokenizer
+    """transformers' GGUF reader refuses an architecture it lacks (olmoe) even for the tokenizer
     alone; its message named no file. One it has that gpt_ft lacks (mamba) gives its tokenizer."""
     from gpt_ft.weights import gguf_tokenizer
 
     monkeypatch.setenv(gguf_tokenizer.CACHE, str(tmp_path / "cache"))
     good = write_gguf(tmp_path / "llama.gguf", tiny("llama"), tokenizer=tiny_tokenizer())
-    for arch in ("mamba", "olmo2"):
+    for arch in ("mamba", "olmoe"):
         (path := tmp_path / f"{arch}.gguf").write_bytes(good.read_bytes().replace(b"llama", arch.encode(), 1))
         if arch == "mamba":
             assert len(load_tokenizer(str(path))) == len(load_tokenizer(str(good)))
@@ -671,7 +671,7 @@ def test_not_gguf_cut_short_foreign_architecture_and_unreadable_type_are_one_sen
         with pytest.raises(ValueError, match=rf"short{cut}.gguf is cut short or corrupt"):
             load_tokenizer(short)
 
-    for arch in ("mamba", "olmo2"):  # (llama.cpp writes OLMo 2, which transformers' GGUF reader lacks)
+    for arch in ("mamba", "olmoe"):  # (llama.cpp writes OLMoE, which transformers' GGUF reader lacks)
         foreign = tmp_path / f"{arch}.gguf"
         foreign.write_bytes(data.replace(b"llama", arch.encode(), 1))
         with pytest.raises(

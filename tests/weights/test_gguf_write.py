@@ -17,7 +17,7 @@ from tests.helpers import tiny_hf, tiny_llama
 from tests.weights.gguf_files import SPACE, tiny_pieces, tiny_tokenizer
 
 pytest.importorskip("gguf")
-FAMILIES = ["gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3", "smollm3"]
+FAMILIES = ["gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3", "smollm3", "olmo2"]
 NOPE = dict(num_hidden_layers=4, no_rope_layers=[1, 1, 1, 0])  # llama.cpp's SmolLM3: every fourth turns not
 TEXT = "She said: it's the best film of 2024! The quick brown fox."
 
@@ -243,7 +243,7 @@ def test_ids_the_tokenizer_lacks_are_unused_tokens(tmp_path, monkeypatch):
 
 
 def test_what_llama_cpp_would_read_otherwise_is_refused(tmp_path, monkeypatch):
-    """GPT-1, SmolLM3 turning other layers or with biases, OLMo 2, a pre-tokenizer llama.cpp has no
+    """GPT-1, SmolLM3 turning other layers or with biases, OLMo 3, a pre-tokenizer llama.cpp has no
     name for, a window, a scaling, a type: one sentence each, and no file (nor scratch) left."""
     import gguf
     from safetensors.torch import load_file, save_file
@@ -272,9 +272,9 @@ def test_what_llama_cpp_would_read_otherwise_is_refused(tmp_path, monkeypatch):
         refused(folder)
         == "llama.cpp's smollm3 models have no attention biases; this one has attention_bias=True."
     )
-    olmo2 = tmp_path / "olmo2"  # llama.cpp has it, transformers' GGUF reader (the test of a file) not
-    tiny_llama("olmo2", vocab_size=320).save_pretrained(olmo2)
-    assert "of a 'olmo2' model" in refused(olmo2)
+    olmo3 = tmp_path / "olmo3"  # (llama.cpp's olmo2 lacks its window)
+    tiny_llama("olmo3", vocab_size=320).save_pretrained(olmo3)
+    assert "of a 'olmo3' model" in refused(olmo3)
     bert_like = tiny_tokenizer()
     bert_like.backend_tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     folder, _ = lm_folder(tmp_path / "w", "llama", bert_like)
@@ -535,11 +535,11 @@ def test_llama_cpp_reads_the_file_as_the_model(tmp_path, family):
     np.testing.assert_allclose(np.array(llm.scores[: len(ids)]), reference, rtol=0, atol=atol)
 
 
-@pytest.mark.parametrize("pre", ["gpt-2", "smollm", "llama-bpe", "qwen2", "gpt-4o"])
+@pytest.mark.parametrize("pre", ["gpt-2", "smollm", "llama-bpe", "dbrx", "qwen2", "gpt-4o"])
 def test_the_pre_tokenizer_is_named_as_llama_cpp_names_it(tmp_path, pre):
-    """tokenizer.json's normalizer and pre-tokenizer (as SmolLM2's, Llama 3's and Qwen2's hub files
-    hold them) give llama.cpp's name; where llama-cpp-python is installed, llama.cpp splits a text of
-    digits, contractions and spaces into the tokenizer's own ids."""
+    """tokenizer.json's normalizer and pre-tokenizer (as SmolLM2's, Llama 3's, OLMo 2's and Qwen2's hub
+    files hold them) give llama.cpp's name; where llama-cpp-python is installed, llama.cpp splits a text
+    of digits, contractions and spaces into the tokenizer's own ids."""
     from tokenizers import Regex, normalizers, pre_tokenizers
 
     from gpt_ft.weights.gguf_vocab import GPT4O_SPLIT, LLAMA3_SPLIT, QWEN2_SPLIT
@@ -547,7 +547,12 @@ def test_the_pre_tokenizer_is_named_as_llama_cpp_names_it(tmp_path, pre):
 
     tokenizer = tiny_tokenizer()
     backend = tokenizer.backend_tokenizer
-    split = {"llama-bpe": LLAMA3_SPLIT, "qwen2": QWEN2_SPLIT, "gpt-4o": GPT4O_SPLIT}.get(pre)
+    split = {
+        "llama-bpe": LLAMA3_SPLIT,
+        "dbrx": LLAMA3_SPLIT,
+        "qwen2": QWEN2_SPLIT,
+        "gpt-4o": GPT4O_SPLIT,
+    }.get(pre)
     gpt2 = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bytes_only = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     if pre == "smollm":
@@ -557,10 +562,11 @@ def test_the_pre_tokenizer_is_named_as_llama_cpp_names_it(tmp_path, pre):
         backend.pre_tokenizer = pre_tokenizers.Sequence([cut, bytes_only])
     if pre == "qwen2":
         backend.normalizer = normalizers.NFC()
-    backend.model.ignore_merges = pre != "llama-bpe"  # as llama.cpp's other way: refused
-    folder, _ = lm_folder(tmp_path / "other", "llama", tokenizer)
-    with pytest.raises(ValueError, match="llama.cpp has no pre-tokenizer this toolkit can name"):
-        write_gguf(folder, tmp_path / "m.gguf", outtype="f32")
+    if split != LLAMA3_SPLIT:  # taking a word the vocabulary has whole: llama.cpp's Llama 3 only
+        backend.model.ignore_merges = True
+        folder, _ = lm_folder(tmp_path / "other", "llama", tokenizer)
+        with pytest.raises(ValueError, match="llama.cpp has no pre-tokenizer this toolkit can name"):
+            write_gguf(folder, tmp_path / "m.gguf", outtype="f32")
     backend.model.ignore_merges = pre == "llama-bpe"  # Llama 3's tokenizer.json: a word it has, whole
     folder, _ = lm_folder(tmp_path, "llama", tokenizer)
     path = write_gguf(folder, tmp_path / "m.gguf", outtype="f32")
