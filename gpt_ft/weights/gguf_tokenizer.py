@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 from gpt_ft.weights.gguf_file import TOKENS, field, open_checked
+from gpt_ft.weights.gguf_vocab import SPACE_FIRST
 from gpt_ft.workarounds.gguf_files import read_once, split_as_llama_cpp, splits_as_llama_cpp
 
 CACHE = "GPT_FT_CACHE"  # the folder for converted GGUF tokenizers (default ~/.cache/gpt_ft)
@@ -28,10 +29,10 @@ PRE = "tokenizer.ggml.pre"
 ADDS_BOS = ("llama3", "llama-v3", "llama-bpe", "falcon3")
 """Pre-tokenizers whose texts llama.cpp starts with the beginning-of-text token where the file has
 no `tokenizer.ggml.add_bos_token` (its llama-vocab.cpp), as Llama 3.2's files have none."""
-CONVERSION = 9  # in the cache's keys: entries converted before the special tokens were the file's own (2), or
-# from a tokenizer.json beside the file (3), without llama.cpp's beginning-of-text default (4), with tokens
-# past the file's (5), without llama.cpp's digit split (6), whole words (7), runs of spaces (8) or the
-# check of the pre-tokenizer (9) are converted again
+CONVERSION = 10  # in the cache's keys: entries converted before the special tokens were the file's own (2),
+# or from a tokenizer.json beside the file (3), without llama.cpp's beginning-of-text default (4), with tokens
+# past the file's (5), without llama.cpp's digit split (6), whole words (7), runs of spaces (8), the check
+# of the pre-tokenizer (9) or SentencePiece's space before each text (10) are converted again
 
 
 def load_tokenizer(path: Path):
@@ -119,18 +120,27 @@ def _as_the_file_holds(tokenizer, reader, folder: Path):
     file without `<|endoftext|>`, as Llama 3's, gains it: GPT2Tokenizer's default), and with the runs
     of spaces a SentencePiece file holds as user-defined tokens (Gemma's) taken from the text whole,
     longest first, as llama.cpp and SentencePiece take them: transformers' conversion spells them
-    "▁▁" and merges them, 32 spaces as two runs of 16 where the file's are read as 31 and 1."""
+    "▁▁" and merges them, 32 spaces as two runs of 16 where the file's are read as 31 and 1.
+
+    A SentencePiece file that puts a space before each text (`add_space_prefix`, llama.cpp's default:
+    Llama 2's, Mistral's, TinyLlama's, Phi-3-mini's) gets that space before every piece of text
+    between special or user-defined tokens, and before one that starts with a space too, as llama.cpp
+    and those models' own tokenizer.json put it (`SPACE_FIRST`); transformers' conversion puts it
+    before the first piece only, and none before a space (" hi" read as "▁hi" where they read
+    "▁▁hi")."""
     import json
 
     import gguf
     from transformers import AutoTokenizer
 
     count, runs, kinds = len(reader.fields[TOKENS].data), {}, reader.fields.get("tokenizer.ggml.token_type")
-    if field(reader, "tokenizer.ggml.model") == "llama" and kinds is not None and len(kinds.data) == count:
+    pieces = field(reader, "tokenizer.ggml.model") == "llama"
+    if pieces and kinds is not None and len(kinds.data) == count:
         defined = gguf.TokenType.USER_DEFINED
         pairs = enumerate(zip(reader.fields[TOKENS].contents(), kinds.contents()))
         runs = {i: text for i, (text, kind) in pairs if kind == defined and text and not text.strip(" ")}
-    if len(tokenizer) <= count and not runs:
+    space_first = pieces and field(reader, "tokenizer.ggml.add_space_prefix") in (None, True)
+    if len(tokenizer) <= count and not runs and not space_first:
         return tokenizer
     tokenizer.save_pretrained(folder)
     spelled = {"▁" * len(text): text for text in runs.values()}
@@ -144,6 +154,8 @@ def _as_the_file_holds(tokenizer, reader, folder: Path):
         elif isinstance(tokens, dict):
             saved[key] = {index: token for index, token in tokens.items() if int(index) < count}
             saved[key].update({str(index): token for index, token in zip(runs, added)})
+        if name == "tokenizer.json" and space_first:
+            saved.update(normalizer=SPACE_FIRST, pre_tokenizer=None)
         if name == "tokenizer.json" and spelled:  # (the runs' pieces, and the merges that made them, go)
             model = saved["model"]
             model["vocab"] = {spelled.get(piece, piece): index for piece, index in model["vocab"].items()}

@@ -5,7 +5,8 @@ is what it holds).
 Byte-level BPE goes in as llama.cpp's "gpt2" model: the vocabulary by id, merges, and the
 pre-tokenizer's llama.cpp name, read from tokenizer.json's pre-tokenizer (GPT-2's pattern, SmolLM's
 digits first, Llama 3's, Qwen2's or GPT-4o's split). SentencePiece's BPE as Gemma's tokenizer.json holds it
-(spaces as "▁", no space put before a text, unknown characters as byte tokens) goes in as llama.cpp's
+(spaces as "▁", no space put before a text, unknown characters as byte tokens), or Llama 2's (a space
+put before each piece of text between added tokens), goes in as llama.cpp's
 "llama" model: each piece with its score (llama.cpp merges the pair whose piece scores highest,
 transformers by its merges' order, which for these vocabularies is the pieces' by id: the score is
 minus that rank), byte tokens `<0xNN>` as bytes, and runs of spaces as the tokenizer holds them:
@@ -13,7 +14,9 @@ user-defined tokens, which llama.cpp takes from the text whole, longest first (a
 own files, which hold them so), or pieces of the merges ("▁▁", merged by rank: 32 spaces as two
 runs of 16). Either way ids the model has and the tokenizer lacks are unused
 `[PAD{id}]`, special tokens control tokens, other added ones user-defined, with gguf's `SpecialVocab`
-for bos/eos/padding ids and the chat template. A tokenizer llama.cpp would read otherwise is refused.
+for bos/eos/padding ids and the chat template. A tokenizer llama.cpp would read otherwise is refused
+(`check_added_tokens`: added tokens that strip the whitespace beside them, which llama.cpp does only in
+files named for Phi-3).
 """
 
 from __future__ import annotations
@@ -48,6 +51,9 @@ PRE_TOKENIZERS = {  # llama.cpp's name: (tokenizer.json's normalizer, its pre-to
 }
 SPACE = "\u2581"  # SentencePiece's space
 SPACES = {"type": "Replace", "pattern": {"String": " "}, "content": SPACE}  # and no space put first
+SPACE_FIRST = {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": SPACE}, SPACES]}
+"""SentencePiece's spaces as Llama 2's, Mistral's and Phi-3-mini's tokenizer.json read them: one put before
+each piece of text between added tokens, as llama.cpp's `add_space_prefix` does."""
 AT_SPACES = {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious", "invert": False}
 BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
@@ -74,7 +80,7 @@ def write_vocabulary(writer, folder: Path, vocab_size: int, frame: tuple[int, in
     if pieces:
         writer.add_tokenizer_model("llama")
         writer.add_tokenizer_pre("default")
-        writer.add_add_space_prefix(False)
+        writer.add_add_space_prefix(spec["normalizer"] == SPACE_FIRST)
     else:
         writer.add_tokenizer_model("gpt2")
         writer.add_tokenizer_pre(_pre_tokenizer(spec, folder))
@@ -118,6 +124,46 @@ def write_vocabulary(writer, folder: Path, vocab_size: int, frame: tuple[int, in
     vocab.add_to_gguf(writer, quiet=True)
 
 
+PHI3_TOKENS = ("<unk>", "<s>", "</s>", "<|endoftext|>")
+"""What llama.cpp looks up in a file whose name holds "phi3" or "phi-3", which it takes for Phi-3's: it
+cannot load one without them, and takes the whitespace after every added token of it with the token
+but after `PHI3_KEPT` (as Phi-3-mini's tokenizer.json does); in any other file, after none."""
+PHI3_KEPT = ("<unk>", "<s>", "<|endoftext|>")
+
+
+def check_added_tokens(name: str, folder: Path) -> None:
+    """Refuse, in one sentence, the tokenizer of transformers folder `folder` where llama.cpp would read
+    its added tokens otherwise in a GGUF file named `name`: a token taking the whitespace beside it
+    (lstrip, rstrip) or matched as a whole word only (single_word) where llama.cpp's would not, or the
+    reverse (see `PHI3_TOKENS`); and, named for Phi-3, a vocabulary lacking one of `PHI3_TOKENS`."""
+    if not (folder / "tokenizer.json").is_file():
+        return
+    spec = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+    added, phi3 = spec.get("added_tokens") or [], re.search("phi-?3", name, re.IGNORECASE) is not None
+    held = set((spec.get("model") or {}).get("vocab", {})) | {token.get("content") for token in added}
+    if phi3 and (missing := [token for token in PHI3_TOKENS if token not in held]):
+        raise ValueError(
+            f"llama.cpp reads a GGUF file named {name!r} (general.name) as Phi-3's and looks up its tokens "
+            f"{', '.join(PHI3_TOKENS)}, of which this vocabulary lacks {', '.join(missing)}, so it could not "
+            "load the file: give --out another name."
+        )
+    kept = ", ".join(PHI3_KEPT[:-1]) + f" and {PHI3_KEPT[-1]}"
+    rule = (f"llama.cpp takes the whitespace after every added token of a file named for Phi-3 ({name!r}) "
+            f"with it, but after {kept}") if phi3 else (
+            "llama.cpp takes no whitespace beside an added token, nor matches one as a whole word only "
+            "(but after those of a file named for Phi-3: \"phi3\" or \"phi-3\" in --out's name)")  # fmt: skip
+    for token in added:
+        strips = phi3 and token.get("content") not in PHI3_KEPT
+        wrong = [flag for flag in ("lstrip", "single_word") if token.get(flag)]
+        if bool(token.get("rstrip")) != strips:
+            wrong.append("rstrip" if token.get("rstrip") else "no rstrip")
+        if wrong:
+            raise ValueError(
+                f"{folder}: the tokenizer's added token {token.get('content')!r} has {' and '.join(wrong)}, "
+                f"and {rule}: llama.cpp's token ids would not be the tokenizer's."
+            )
+
+
 def _sentencepiece(spec: dict) -> bool:
     """Whether tokenizer.json holds SentencePiece's BPE as llama.cpp's "llama" model reads it: merges
     over characters with bytes for the rest, spaces read as "▁" and none put before a text."""
@@ -126,7 +172,7 @@ def _sentencepiece(spec: dict) -> bool:
         model.get("type") == "BPE"
         and model.get("byte_fallback", False)
         and not model.get("ignore_merges", False)
-        and spec.get("normalizer") == SPACES
+        and spec.get("normalizer") in (SPACES, SPACE_FIRST)
         and spec.get("pre_tokenizer") in (None, AT_SPACES)  # (no space is left to split at)
     )
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ import torch
 
 from gpt_ft.model.rope import longrope_attention
 from gpt_ft.weights.gguf_file import LONGROPE
-from gpt_ft.weights.gguf_vocab import write_vocabulary
+from gpt_ft.weights.gguf_vocab import check_added_tokens, write_vocabulary
 
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 ARCHITECTURES = {"gpt2": "GPT2", "llama": "LLAMA", "mistral": "LLAMA", "qwen2": "QWEN2", "qwen3": "QWEN3",
@@ -96,7 +95,7 @@ def write_gguf(
     import gguf
 
     folder, path = Path(folder), Path(path)
-    _check_name(name or path.stem, folder)
+    check_added_tokens(name or path.stem, folder)
     if outtype not in OUTTYPES:
         raise ValueError(f"--gguf_type {outtype!r}: choose one of {', '.join(OUTTYPES)}.")
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
@@ -146,27 +145,6 @@ def write_gguf(
     finally:
         partial.unlink(missing_ok=True)
     return path
-
-
-PHI3_TOKENS = ("<unk>", "<s>", "</s>", "<|endoftext|>")  # what llama.cpp looks up in a file named for Phi-3
-
-
-def _check_name(name: str, folder: Path) -> None:
-    """llama.cpp takes a file whose name holds "phi3" or "phi-3" for Phi-3's own and looks up its
-    tokens `PHI3_TOKENS`: a vocabulary that lacks one is refused under such a name (llama.cpp could not
-    load the file)."""
-    if not re.search("phi-?3", name, re.IGNORECASE) or not (folder / "tokenizer.json").is_file():
-        return
-    spec = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
-    held = set((spec.get("model") or {}).get("vocab", {})) | {
-        t.get("content") for t in spec.get("added_tokens") or []
-    }
-    if missing := [token for token in PHI3_TOKENS if token not in held]:
-        raise ValueError(
-            f"llama.cpp reads a GGUF file named {name!r} (general.name) as Phi-3's and looks up its tokens "
-            f"{', '.join(PHI3_TOKENS)}, of which this vocabulary lacks {', '.join(missing)}, so it could not "
-            "load the file: give --out another name."
-        )
 
 
 def _state(folder: Path) -> dict[str, torch.Tensor]:

@@ -75,6 +75,19 @@ def tiny_pieces():
     return tokenizer
 
 
+def spaced_pieces():
+    """`tiny_pieces` putting a space before each text, and after each special or user-defined token,
+    as Llama 2's, Mistral's and Phi-3-mini's tokenizer.json do (its normalizer: "▁" put first, then
+    spaces as "▁")."""
+    from tokenizers import decoders, normalizers
+
+    tokenizer = tiny_pieces()
+    backend = tokenizer.backend_tokenizer
+    backend.normalizer = normalizers.Sequence([normalizers.Prepend(SPACE), normalizers.Replace(" ", SPACE)])
+    backend.decoder = decoders.Sequence([backend.decoder, decoders.Strip(" ", 1, 0)])
+    return tokenizer
+
+
 def _permute(w: np.ndarray, heads: int) -> np.ndarray:
     """llama.cpp's reordering of a q or k projection's rows (its rotary pairs are adjacent)."""
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
@@ -151,12 +164,15 @@ def _tokenizer_metadata(writer, tokenizer, pre: str = "gpt-2", add_bos: bool | N
 def _pieces_metadata(writer, tokenizer) -> None:
     """A SentencePiece tokenizer (`tiny_pieces`) as Gemma's own files hold it: llama.cpp's "llama"
     model, pieces scored minus their rank, bytes, special tokens control, the newline and the runs
-    of spaces user-defined (the runs written as spaces), no space put first, bos added."""
+    of spaces user-defined (the runs written as spaces), no space put first, bos added; or
+    (`spaced_pieces`) as Llama 2's files hold it: a space put first (llama.cpp's default: no key),
+    the runs pieces."""
     vocab = tokenizer.get_vocab()
     tokens, types, scores, rank = sorted(vocab, key=vocab.get), [], [], 0
     special = set(tokenizer.all_special_tokens)
+    spaced = "Prepend" in tokenizer.backend_tokenizer.to_str()
     for i, token in enumerate(tokens):
-        if token in special or token == "\n" or set(token) == {SPACE} and len(token) > 1:
+        if token in special or token == "\n" or set(token) == {SPACE} and len(token) > 1 and not spaced:
             types.append(3 if token in special else 4)
             scores.append(-1000.0)
             tokens[i] = token.replace(SPACE, " ")
@@ -177,7 +193,8 @@ def _pieces_metadata(writer, tokenizer) -> None:
                        (writer.add_pad_token_id, tokenizer.pad_token_id)):  # fmt: skip
         add(index)
     writer.add_add_bos_token(True)
-    writer.add_add_space_prefix(False)
+    if not spaced:
+        writer.add_add_space_prefix(False)
 
 
 def write_gguf(path: Path, hf_model, tokenizer=None, qtype: str = "F32", name: str = "tiny",

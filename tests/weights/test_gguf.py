@@ -110,6 +110,32 @@ def test_gemma3s_global_layer_from_a_file(tmp_path, every):
         torch.testing.assert_close(logits(gpt, ids), hf(ids).logits, rtol=0, atol=1e-5)
 
 
+def test_a_sentencepiece_file_that_puts_a_space_first_puts_it_before_every_piece_of_text(
+    tmp_path, monkeypatch
+):
+    """Llama 2's, Mistral's and Phi-3-mini's files: llama.cpp puts a space before each piece of text
+    between special or user-defined tokens, and before one that starts with a space, as the models' own
+    tokenizer.json does; transformers' conversion put it before the first piece only, and none before a
+    space. Read through gpt_ft, each text's ids are the tokenizer's own; and llama.cpp's, where
+    llama-cpp-python is installed."""
+    from gpt_ft.data.tokenizer import load_tokenizer
+    from tests.weights.gguf_files import spaced_pieces
+
+    monkeypatch.setenv("GPT_FT_CACHE", str(tmp_path / "cache"))
+    pieces = spaced_pieces()
+    path = write_gguf(tmp_path / "llama2.gguf", tiny_llama("llama", vocab_size=448), pieces)
+    tokenizer = load_tokenizer(str(path))
+    texts = [" leading", "two  spaces", "<start_of_turn>user\nhi there<start_of_turn> x", "\n\nnew", "é ñ 🚀"]
+    for text in texts:
+        assert tokenizer(text)["input_ids"] == pieces(text)["input_ids"], text
+    assert pieces(" hi", add_special_tokens=False).tokens() == ["\u2581\u2581", "h", "i"]  # (two spaces)
+    assert tokenizer.decode(tokenizer(texts[0], add_special_tokens=False)["input_ids"]) == texts[0]
+    llama_cpp = pytest.importorskip("llama_cpp")
+    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    for text in texts:
+        assert llm.tokenize(text.encode(), add_bos=True, special=True) == pieces(text)["input_ids"], text
+
+
 def test_a_gemma_files_runs_of_spaces_are_read_whole_longest_first(tmp_path, monkeypatch):
     """Gemma's files hold runs of spaces as user-defined tokens, which llama.cpp (and SentencePiece)
     take from the text whole, the longest first, before any merge: nine spaces as four, four and one

@@ -36,7 +36,9 @@ def lm_folder(root: Path, family: str, tokenizer=None, **overrides) -> tuple[Pat
         model = tiny_llama(family, vocab_size=448, **{"query_pre_attn_scalar": 16, "rope_parameters": bases,
                                                       **overrides})  # fmt: skip
     else:
-        model = tiny_llama(family, vocab_size=320, **{**(NOPE if family == "smollm3" else {}), **overrides})
+        model = tiny_llama(
+            family, **{"vocab_size": 320, **(NOPE if family == "smollm3" else {}), **overrides}
+        )
     folder = root / family
     model.save_pretrained(folder)
     (tokenizer or tokenizer_of(family)).save_pretrained(folder)
@@ -193,6 +195,33 @@ def test_gemmas_sentencepiece_vocabulary_goes_in_as_llama_cpps_llama_model(tmp_p
         assert llm.tokenize(text.encode(), add_bos=False, special=False) == ids, text
 
 
+@pytest.mark.parametrize("family", ["llama", "phi3"])
+def test_llama_2s_sentencepiece_vocabulary_puts_a_space_before_each_text(tmp_path, monkeypatch, family):
+    """Llama 2's, Mistral's, TinyLlama's and Phi-3-mini's tokenizer.json (SentencePiece's BPE, a space
+    put before each piece of text between added tokens) as llama.cpp's SentencePiece model with its
+    `add_space_prefix`: read back, and by llama.cpp where installed, each text's ids are the
+    tokenizer's own."""
+    import gguf
+
+    from gpt_ft.weights.gguf_write import write_gguf
+    from tests.weights.gguf_files import spaced_pieces
+
+    pieces = spaced_pieces()
+    folder, _ = lm_folder(tmp_path, family, pieces, vocab_size=448)
+    path = write_gguf(folder, tmp_path / "m.gguf", outtype="f32")
+    fields = gguf.GGUFReader(path).fields
+    assert fields["tokenizer.ggml.model"].contents() == "llama"
+    assert fields["tokenizer.ggml.add_space_prefix"].contents() is True
+    _, tokenizer = read_back(path, monkeypatch, tmp_path)
+    texts = [*PIECE_TEXTS, " x", "<start_of_turn> x\n y"]
+    for text in texts:
+        assert tokenizer(text)["input_ids"] == pieces(text)["input_ids"], text
+    llama_cpp = pytest.importorskip("llama_cpp")
+    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    for text in texts:
+        assert llm.tokenize(text.encode(), add_bos=True, special=True) == pieces(text)["input_ids"], text
+
+
 def test_gemma_3s_window_logit_cap_and_older_configs(tmp_path, monkeypatch):
     """Gemma 3's keys as llama.cpp reads them: the window, the layers that slide it (here the first
     of two, where llama.cpp's default slides both), their rotary base; a config from before
@@ -247,7 +276,7 @@ def test_what_llama_cpp_would_read_otherwise_is_refused(tmp_path, monkeypatch):
     name for, a window, a scaling, a type: one sentence each, and no file (nor scratch) left."""
     import gguf
     from safetensors.torch import load_file, save_file
-    from tokenizers import Regex, normalizers, pre_tokenizers
+    from tokenizers import Regex, pre_tokenizers
 
     from gpt_ft.weights.gguf_vocab import LLAMA3_SPLIT
     from gpt_ft.weights.gguf_write import write_gguf
@@ -337,11 +366,10 @@ def test_what_llama_cpp_would_read_otherwise_is_refused(tmp_path, monkeypatch):
         "llama.cpp's gemma3_text models of 2 layers divide attention scores by the root of 16; this one by "
         "the root of 12 (query_pre_attn_scalar)."
     )
-    prefixed = tiny_pieces()  # SentencePiece putting a space before each text (Llama 2's): not Gemma's
-    prefixed.backend_tokenizer.normalizer = normalizers.Sequence(
-        [normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")]
-    )
-    folder, _ = lm_folder(tmp_path / "l", "gemma3_text", prefixed)
+    first = tiny_pieces()  # a space put before the first piece of text only, and none before a space
+    first.backend_tokenizer.normalizer = None
+    first.backend_tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first", split=False)
+    folder, _ = lm_folder(tmp_path / "l", "gemma3_text", first)
     assert refused(folder).startswith(f"{folder}: llama.cpp has no pre-tokenizer this toolkit can name")
     with pytest.raises(ValueError, match="--gguf_type 'q4_0': choose one of f32, f16, bf16, q8_0"):
         write_gguf(folder, tmp_path / "m.gguf", outtype="q4_0")
@@ -468,17 +496,32 @@ def test_malformed_longrope_settings_and_names_llama_cpp_cannot_load_are_refused
     assert not list(tmp_path.glob("*.gguf*"))
     assert write_gguf(folder, tmp_path / "my-model.gguf", outtype="f32").is_file()
     # Phi-3's four tokens all there: written under its name, and llama.cpp loads it; one missing: refused.
+    # llama.cpp takes the whitespace after </s> with it there (Phi-3-mini's tokenizer.json: rstrip), and
+    # after no added token elsewhere: a tokenizer that strips otherwise is refused.
     phi3_tokens = ["<|endoftext|>", "<unk>", "<s>", "</s>"]
-    for specials, loads in [(phi3_tokens[:2] + ["</s>"], False), (phi3_tokens, True)]:  # (llama.cpp's last)
-        folder, _ = lm_folder(tmp_path / str(loads), "phi3", tiny_tokenizer(specials=specials))
-        out = tmp_path / str(loads) / "phi3-ft.gguf"
-        if not loads:
-            with pytest.raises(ValueError, match=r"of which this vocabulary lacks <s>, so it could not load"):
-                write_gguf(folder, out, outtype="f32")
-            continue
-        write_gguf(folder, out, outtype="f32")
-        llama_cpp = pytest.importorskip("llama_cpp")
-        assert llama_cpp.Llama(model_path=str(out), vocab_only=True, verbose=False) is not None
+    folder, _ = lm_folder(tmp_path / "lacks", "phi3", tiny_tokenizer(specials=phi3_tokens[:2] + ["</s>"]))
+    with pytest.raises(ValueError, match=r"of which this vocabulary lacks <s>, so it could not load"):
+        write_gguf(folder, folder / "phi3-ft.gguf", outtype="f32")
+    folder, _ = lm_folder(tmp_path / "all", "phi3", tiny_tokenizer(specials=phi3_tokens))
+    with pytest.raises(
+        ValueError, match=r"added token '</s>' has no rstrip, and llama.cpp takes the whitespace"
+    ):
+        write_gguf(folder, folder / "phi3-ft.gguf", outtype="f32")
+    spec = json.loads((folder / "tokenizer.json").read_text())
+    for token in spec["added_tokens"]:
+        token["rstrip"] = token["content"] == "</s>"
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+    with pytest.raises(ValueError, match=r"added token '</s>' has rstrip, and llama.cpp takes no whitespace"):
+        write_gguf(folder, folder / "ft.gguf", outtype="f32")
+    out = write_gguf(folder, folder / "phi3-ft.gguf", outtype="f32")
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from transformers import AutoTokenizer
+
+    text, tokenizer = "<s> the </s>  fox <|endoftext|> dog", AutoTokenizer.from_pretrained(folder)
+    llm = llama_cpp.Llama(model_path=str(out), vocab_only=True, verbose=False)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert llm.tokenize(text.encode(), add_bos=False, special=True) == ids
+    assert tokenizer.convert_ids_to_tokens(ids)[3:5] == ["</s>", "f"]  # (its two spaces taken with it)
 
 
 def test_a_phi_3_window_shorter_than_the_context_is_refused(tmp_path):
