@@ -9,12 +9,13 @@ import copy
 import functools
 import hashlib
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
 
 from gpt_ft.weights.gguf_file import TOKENS, field, open_checked
-from gpt_ft.weights.gguf_vocab import SPACE_FIRST
+from gpt_ft.weights.gguf_vocab import PHI3_KEPT, SPACE_FIRST
 from gpt_ft.workarounds.gguf_files import read_once, split_as_llama_cpp, splits_as_llama_cpp
 
 CACHE = "GPT_FT_CACHE"  # the folder for converted GGUF tokenizers (default ~/.cache/gpt_ft)
@@ -127,7 +128,8 @@ def _as_the_file_holds(tokenizer, reader, folder: Path):
     between special or user-defined tokens, and before one that starts with a space too, as llama.cpp
     and those models' own tokenizer.json put it (`SPACE_FIRST`); transformers' conversion puts it
     before the first piece only, and none before a space (" hi" read as "▁hi" where they read
-    "▁▁hi")."""
+    "▁▁hi"). A file named for Phi-3 has its added tokens take the whitespace after them with them but
+    `PHI3_KEPT`, as llama.cpp reads such a file and Phi-3-mini's tokenizer.json holds them."""
     import json
 
     import gguf
@@ -140,7 +142,8 @@ def _as_the_file_holds(tokenizer, reader, folder: Path):
         pairs = enumerate(zip(reader.fields[TOKENS].contents(), kinds.contents()))
         runs = {i: text for i, (text, kind) in pairs if kind == defined and text and not text.strip(" ")}
     space_first = pieces and field(reader, "tokenizer.ggml.add_space_prefix") in (None, True)
-    if len(tokenizer) <= count and not runs and not space_first:
+    phi3 = re.search("phi-?3", field(reader, "general.name") or "", re.IGNORECASE) is not None
+    if len(tokenizer) <= count and not runs and not space_first and not phi3:
         return tokenizer
     tokenizer.save_pretrained(folder)
     spelled = {"▁" * len(text): text for text in runs.values()}
@@ -154,6 +157,9 @@ def _as_the_file_holds(tokenizer, reader, folder: Path):
         elif isinstance(tokens, dict):
             saved[key] = {index: token for index, token in tokens.items() if int(index) < count}
             saved[key].update({str(index): token for index, token in zip(runs, added)})
+        tokens = saved.get(key) or []
+        for token in (tokens if isinstance(tokens, list) else list(tokens.values())) if phi3 else []:
+            token["rstrip"] = token["content"] not in PHI3_KEPT  # (llama.cpp's reading of a Phi-3 file)
         if name == "tokenizer.json" and space_first:
             saved.update(normalizer=SPACE_FIRST, pre_tokenizer=None)
         if name == "tokenizer.json" and spelled:  # (the runs' pieces, and the merges that made them, go)

@@ -136,6 +136,32 @@ def test_a_sentencepiece_file_that_puts_a_space_first_puts_it_before_every_piece
         assert llm.tokenize(text.encode(), add_bos=True, special=True) == pieces(text)["input_ids"], text
 
 
+def test_a_file_named_for_phi_3_takes_the_whitespace_after_its_added_tokens(tmp_path, monkeypatch):
+    """llama.cpp takes the whitespace after every added token of a file whose name holds "phi3" or "phi-3"
+    but <unk>, <s> and <|endoftext|>, as Phi-3-mini's tokenizer.json does; read through gpt_ft, such a
+    file's tokenizer does too (and llama.cpp's ids are its own where llama-cpp-python is installed); a
+    file named otherwise takes none."""
+    from gpt_ft.data.tokenizer import load_tokenizer
+
+    monkeypatch.setenv("GPT_FT_CACHE", str(tmp_path / "cache"))
+    tokenizer = tiny_tokenizer(specials=["<|endoftext|>", "<s>", "</s>", "<unk>", "<|user|>"])
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<unk>", "<|user|>"]})
+    text = "<|user|>\n the <s> fox </s>  dog<|endoftext|> end"
+    for name, stripped in (("Phi3 Mini", True), ("tiny", False)):
+        path = write_gguf(tmp_path / f"{name}.gguf", tiny("llama"), tokenizer=tokenizer, name=name)
+        read = load_tokenizer(str(path))
+        tokens = read.convert_ids_to_tokens(read(text, add_special_tokens=False)["input_ids"])
+        after = [tokens[tokens.index(token) + 1] for token in ("<|user|>", "<s>", "</s>", "<|endoftext|>")]
+        spaced = [token[0] in "\u0120\u010a" for token in after]  # (GPT-2's bytes: a space, a newline)
+        assert spaced == ([False, True, False, True] if stripped else [True] * 4), after
+        llama_cpp = pytest.importorskip("llama_cpp")
+        llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+        assert (
+            llm.tokenize(text.encode(), add_bos=False, special=True)
+            == read(text, add_special_tokens=False)["input_ids"]
+        )
+
+
 def test_a_gemma_files_runs_of_spaces_are_read_whole_longest_first(tmp_path, monkeypatch):
     """Gemma's files hold runs of spaces as user-defined tokens, which llama.cpp (and SentencePiece)
     take from the text whole, the longest first, before any merge: nine spaces as four, four and one
