@@ -297,12 +297,13 @@ class Ranking(TaskAdapter):
         return rows, [first for _, _, first in kept]
 
     def orders_nothing(self, records, where=None) -> list[int]:
-        """Records whose replies are all scored, alike: a loss of 0 dilutes the others', as the metrics."""
+        """Records whose replies are all scored, alike (one reply with a score too): a loss of 0 dilutes
+        the others', as the metrics."""
         found = []
         for i, row in enumerate(records):
             with about(where, i, self.name):
                 scores = [s for _, s in self._replies(row)]
-            found += [i] * (len(scores) > 1 and None not in scores and len(set(scores)) == 1)
+            found += [i] * (None not in scores and len(set(scores)) == 1)
         return found
 
     def to_predict(self, record: dict[str, Any]) -> dict[str, Any]:
@@ -359,9 +360,7 @@ class Ranking(TaskAdapter):
         prompt, *replies = tokens
         sequences, extract = self.choice_sequences(specials, prompt, replies, max_length)
         scores = [s for _, s in self._replies(example)]
-        labelled = any(s is not None for s in scores)
-        if labelled and len(scores) == 1:
-            raise TaskDataError("the row has 1 reply with a score: a ranking orders 2 or more.")
+        labelled = any(s is not None for s in scores)  # (one reply with a score: `orders_nothing`'s)
         label = self.output.padded([math.nan if s is None else s for s in scores]) if labelled else None
         return Encoded(sequences, extract, label)
 

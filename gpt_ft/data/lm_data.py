@@ -21,10 +21,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from gpt_ft.data.batches import collate_blocks
 from gpt_ft.data.folders import tokenizer_digests
-from gpt_ft.data.pinning import leave_stops_to_the_main_process, pins
+from gpt_ft.data.pinning import check_model_fits, leave_stops_to_the_main_process, pins
 from gpt_ft.data.prepare import META, SPLIT_FILES
 from gpt_ft.data.samplers import EpochSampler, ResumableTrainData, run_seed
-from gpt_ft.data.task_data import check_model_fits
 
 
 class TokenBlocks(Dataset):

@@ -23,46 +23,15 @@ from gpt_ft.data.batches import collate_batch, reads
 from gpt_ft.data.files import Origin, absent_columns, located_split, task_examples
 from gpt_ft.data.folders import datasets_bars, first_process
 from gpt_ft.data.ids import example_ids, integer_id
-from gpt_ft.data.pinning import leave_stops_to_the_main_process, pins
+from gpt_ft.data.pinning import check_model_fits, leave_stops_to_the_main_process, pins
 from gpt_ft.data.samplers import EpochSampler, LengthGroupedSampler, ResumableTrainData, run_seed
-from gpt_ft.data.subsets import training_subset
+from gpt_ft.data.subsets import ALIKE, left_out, training_subset
 from gpt_ft.data.tokenizer import embedding_size, load_tokenizer, special_token_ids
-from gpt_ft.errors import check_context
 from gpt_ft.workarounds.data import dataset_fingerprint
 
 # The encoded labels' column while the split is mapped, named "label" after: a file's own "label"
 # column would give its type (datasets' Json, for ints and strings mixed) to the new one.
 LABEL = "encoded label"
-
-
-def check_model_fits(data) -> None:
-    """What the command line links and checks, for a model and a data module wired in Python, as a
-    call reads its batches (Lightning sets up a trainer's earlier data module too): the sequences
-    fit the model's context, the tokenizer's ids its embedding table, the data's task the model's."""
-    trainer = data.trainer
-    if getattr(getattr(trainer, "state", None), "status", None) != "running":  # (loaders of one's own)
-        return
-    model = trainer.lightning_module
-    config = getattr(getattr(model, "gpt", None), "config", None)
-    if config is None:  # not a GPTModule
-        return
-    check_context(data, config.n_positions)
-    if getattr(data, "vocab_size", 0) > config.vocab_size:
-        raise ValueError(
-            f"The data module's tokenizer has {data.vocab_size} tokens and the model's embedding table "
-            f"{config.vocab_size} rows: build the model with GPTModule(vocab_size=data.vocab_size, ...)."
-        )
-    ours, theirs = getattr(data, "task", None), getattr(model, "task", None)
-    if ours is theirs or (ours is not None and theirs is not None and card_key(ours) == card_key(theirs)):
-        return
-    reads = f"task {ours.name!r}" if ours is not None else "a language model's tokens"
-    has = f"task {theirs.name!r}" if theirs is not None else "no task (a language model)"
-    if ours is not None and theirs is not None and ours.name == theirs.name:
-        has = f"another card of task {theirs.name!r}"
-    raise ValueError(
-        f"The data module reads {reads} and the model has {has}: build the model with "
-        "GPTModule(task=data.task, ...) (None for a language model)."
-    )
 
 
 class TaskDataModule(ResumableTrainData, LightningDataModule):
@@ -152,6 +121,7 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         self.id_names: dict[str, dict[int, str | dict]] = {}  # a test split's ids, by row: predictions' names
         self.predicted: list[str] | None = None  # the splits `predict_dataloader` was asked for
         self.choice_names: dict[str, dict[int, list[str]]] = {}  # its rows' own names of their choices
+        self.alike: dict[str, list[int]] = {}  # a test split's rows that order nothing: scored without them
 
     # ---- loading and encoding ----
 
@@ -162,6 +132,12 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
             cuts = self.datasets[split].data.column("cut").to_pylist()  # (a datasets Column: slow)
             if said := cut_report(f"{self.task.name} {split}", cuts, self.max_length):
                 rank_zero_info(said)
+        if labelled and self.alike.get(split):  # (scored: left out as validation's are; predicted: kept)
+            if (scored := f"{split} (scored)") not in self.datasets:
+                self.datasets[scored], self.origins[scored] = left_out(
+                    self.datasets[split], self.origins[split], split, self.alike[split], ALIKE, said=True
+                )
+            split = scored
         ds = self.datasets[split]
         if labelled and ds.data.column("label").null_count:
             if split in self.no_label_column:
@@ -193,6 +169,8 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
                 f"used for training or evaluation, so every example needs one; the file has {has}."
             )
         raw, origin = task_examples(self.task, split, raw, origin)  # regrouped, ignored labels left out
+        if split != "train" and split not in self.task.validation_splits:
+            self.alike[split] = self.task.orders_nothing(raw, origin.of)
         raw, index_field, names = example_ids(self.task, split, raw, origin)
         if names:  # ids that are not all integers (ProcessBench's "gsm8k-0"): rows numbered, and
             self.id_names[split] = names  # predictions named by the ids as the file writes them

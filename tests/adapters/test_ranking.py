@@ -180,12 +180,16 @@ def test_bad_rows_and_cards_are_one_sentence():
     )  # a record to predict: quoted as written
     with pytest.raises(TaskDataError, match=r"holds a reply without 'response': \{'text': 'a'\}\.$"):
         records.texts(records.to_predict({"prompt": "p", "replies": [{"response": "b"}, {"text": "a"}]}))
-    # One reply with a score: nothing to order (rather than "no label"); unscored, it is one to score.
-    with pytest.raises(TaskDataError, match="the row has 1 reply with a score: a ranking orders 2 or more"):
-        task.encode({"prompt": "p", "replies": ["a"], "scores": [3]}, [[5], [6]], SPECIALS, 32)
-    with pytest.raises(TaskDataError, match="the row has 1 reply with a score"):
-        pairs = Ranking(name="r", chosen="c", rejected="x", max_replies=3)
-        pairs.encode({"prompt": "p", "c": ["a"], "x": []}, [[5], [6]], SPECIALS, 32)
+    # One reply with a score orders nothing: left out of training and evaluation as a row of replies
+    # scored alike (it was refused, a test file with it too); unscored, it is one to score.
+    pairs = Ranking(name="r", chosen="c", rejected="x", max_replies=3)
+    assert task.orders_nothing([{"prompt": "p", "replies": ["a"], "scores": [3]}]) == [0]
+    assert pairs.orders_nothing(
+        [{"prompt": "p", "c": ["a"], "x": []}, {"prompt": "p", "c": [], "x": ["a"]}]
+    ) == [0, 1]
+    assert (
+        task.orders_nothing([{"prompt": "p", "replies": ["a"]}, {"prompt": "p", "replies": ["a", "b"]}]) == []
+    )
     assert task.encode({"prompt": "p", "replies": ["a"]}, [[5], [6]], SPECIALS, 32).label is None
     with pytest.raises(CardError, match="give `chosen` and `rejected` together"):
         Ranking(name="r", chosen="c")
@@ -388,3 +392,32 @@ def test_rows_whose_replies_all_score_alike_are_left_out_of_training_and_evaluat
         TaskDataError, match=r"^train.jsonl: split 'train' has no examples: every row's label is its"
     ):
         task_examples(chosen, "train", two_chosen, origin)
+
+
+def test_a_test_split_is_scored_without_its_rows_that_order_nothing_and_predicted_whole(
+    tmp_path, tokenizer_dir
+):
+    """`test` left the rows of a test split that order nothing in, each a loss of 0 that lowered its
+    loss where `validate` on the same file left them out: both leave them out now, saying how many;
+    its predictions keep every row."""
+    from gpt_ft.adapters import LocalFiles
+    from gpt_ft.data.task_data import TaskDataModule
+
+    rows = [
+        {"prompt": p, "replies": ["x", "y"], "scores": s}
+        for p, s in (("a", [2, 2]), ("b", [1, 2]), ("c", [1, 1]))
+    ]
+    for split in ("validation", "test"):
+        (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    splits = {"validation": "validation.jsonl", "test": "test.jsonl"}
+    task = Ranking(
+        name="r", validation_splits=["validation"], test_splits=["test"], local=LocalFiles(splits=splits)
+    )
+    data = TaskDataModule(task, tokenizer_dir, data_dir=str(tmp_path), max_length=32)
+    said = r"2 rows of split '{}' left out: each one's label is its replies' scores, all alike"
+    for split in ("validation", "test"):
+        with pytest.warns(UserWarning, match=said.format(split)):
+            assert len(data.encoded(split, labelled=True)) == 1
+    assert len(data.encoded("test", labelled=True)) == 1 and len(data.encoded("test", labelled=False)) == 3
+    assert data.encoded("test", labelled=True)["index"] == [1]
+    assert data.origins["test (scored)"].of(0).endswith("line 2")
