@@ -122,7 +122,7 @@ def steps(folder, rows):
     sep = config.step_separator_token_id
     for problem, steps in rows:
         # [start] problem [delim] step_1 [extract] ... step_n [extract]: fine-tuning.md's recipe
-        ids = tokenizer(problem, steps[0])["input_ids"]
+        ids = tokenizer([problem], [steps[0]])["input_ids"][0]
         for step in steps[1:]:
             ids += tokenizer(step, add_special_tokens=False)["input_ids"] + [sep]
         ids = torch.tensor([ids])
@@ -418,10 +418,48 @@ def test_a_reward_model_of_chat_messages_exports_the_chat_template_its_prompts_a
             prompt = tok.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)
             reply = tok.apply_chat_template(messages, tokenize=False)[len(prompt) :]
             with torch.no_grad():
-                batch = tok(prompt, reply, truncation=True, return_tensors="pt")
+                batch = tok([prompt], [reply], truncation=True, return_tensors="pt")
                 rewards.append(rm(**batch).logits[0, 0].item())
         assert rewards == pytest.approx(expected, abs=1e-5)
         assert len(set(rewards)) == 2
+
+
+def test_an_empty_text_keeps_its_place_through_the_exported_tokenizer_given_lists(tmp_path, tokenizer_dir):
+    """transformers reads an empty second text given alone (`tok(prompt, "")`) as no text at all: a
+    ranking's empty reply then lost its delimiter, the prompt scored as the reply, and a process
+    reward model's empty first step too. Given as one-item lists (fine-tuning.md's recipes), the
+    tokenizer keeps it: the reward equals `Classifier`'s, each step's probability too."""
+    from transformers import (
+        AutoModelForSequenceClassification,
+        AutoModelForTokenClassification,
+        AutoTokenizer,
+    )
+
+    clf = classifier("ranking", "llama", tokenizer_dir)
+    rows = [("rate it", ""), ("", "good"), ("rate it", "good")]
+    expected = [o["scores"] for o in clf.predict([{"prompt": p, "replies": [r]} for p, r in rows])]
+    folder = export_classifier(clf, tmp_path / "rm")
+    tok, rm = (
+        AutoTokenizer.from_pretrained(folder),
+        AutoModelForSequenceClassification.from_pretrained(folder),
+    )
+    assert tok("rate it", "")["input_ids"] != tok(["rate it"], [""])["input_ids"][0]  # (transformers' way)
+    with torch.no_grad():
+        rewards = [rm(**tok([p], [r], return_tensors="pt")).logits[0, 0].item() for p, r in rows]
+    assert rewards == pytest.approx(expected, abs=1e-5)
+    clf.task = Steps(name="prm", max_steps=4)
+    clf.head = clf.task.head(clf.gpt.config.n_embd, dropout=0.0, init_std=0.3, bias=clf.gpt.config.bias)
+    problem, steps = "2 + 2 ?", ["", "so it is 4 ."]
+    (outcome,) = clf.predict([{"problem": problem, "steps": steps}])
+    folder = export_classifier(clf, tmp_path / "prm")
+    tok, prm = AutoTokenizer.from_pretrained(folder), AutoModelForTokenClassification.from_pretrained(folder)
+    sep = prm.config.step_separator_token_id
+    ids = tok([problem], [steps[0]])["input_ids"][0]
+    for step in steps[1:]:
+        ids += tok(step, add_special_tokens=False)["input_ids"] + [sep]
+    with torch.no_grad():
+        logits = prm(input_ids=torch.tensor([ids])).logits[0, torch.tensor(ids) == sep]
+    assert logits.softmax(-1)[:, 1].tolist() == pytest.approx(outcome["scores"], abs=1e-5)
 
 
 def test_export_command(tmp_path, finetuned, capsys, monkeypatch):
