@@ -314,6 +314,10 @@ class Provenance(Callback):
         old, new = {"class": before.get("class_path"), **(before.get("init_args") or {})}, {
             "class": now.get("class_path"), **(now.get("init_args") or {})}  # fmt: skip
         same = {"__path__"} if fn == "fit" else {"__path__", *DATA_FIELDS}  # scored on other data: its own
+        held = [k for k in checkpoint.get("state_dict", {}) if k.endswith("head.threshold")]  # (validation's)
+        if fn != "fit" and held and new.get("threshold", old.get("threshold")) != old.get("threshold"):
+            old["threshold"] = float(checkpoint["state_dict"][held[0]])  # the card's replaces the one chosen
+            pl_module.get_submodule(held[0].removesuffix(".threshold")).threshold = float(new["threshold"])
         changed = [f"{k} {old.get(k)!r} -> {new.get(k)!r}" for k in dict.fromkeys([*old, *new])
                    if k not in same and old.get(k) != new.get(k)]  # fmt: skip
         if changed:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 
 import pytest
 import torch
@@ -299,6 +300,26 @@ def test_fit_chooses_the_threshold_and_classifier_names_each_solutions_first_err
     assert [r["prediction"] for r in labelled] == [p["label"] for p in predicted]
     for r, p in zip(labelled, predicted):
         assert r["scores"] == pytest.approx(p["scores"])
+    # scored at another card's threshold: that one, over the one validation chose (it was kept), said;
+    # above every step's probability, every step is judged wrong
+    probabilities = [p for got in clf.predict(json.loads((tmp_path / "train.json").read_text())[:12])
+                     for p in got["scores"]]  # fmt: skip
+    above = round(max(probabilities) + (1 - max(probabilities)) / 2, 12)
+    accuracy = {}
+    for given in (None, above):
+        override = [f"--data.task.init_args.threshold={given}"] * (given is not None)
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")
+            main(["validate", f"--ckpt_path={last}", *override])
+        accuracy[given] = float(capsys.readouterr().out.split("validation/step_accuracy ")[1].split(",")[0])
+        said = [str(w.message) for w in warned if "another task card" in str(w.message)]
+        assert len(said) == (given is not None) and all(
+            f"threshold {threshold!r} -> {given!r}." in m for m in said
+        )
+    rows = json.loads((tmp_path / "train.json").read_text())[:12]  # (judged: each step up to the first wrong)
+    judged = sum(row["label"] + 1 if row["label"] >= 0 else len(row["steps"]) for row in rows)
+    wrong = sum(row["label"] >= 0 for row in rows)
+    assert accuracy[above] == pytest.approx(wrong / judged, abs=1e-4) and accuracy[above] != accuracy[None]
     with pytest.raises(SystemExit):  # a verdict per step: its own sigmoid, against the threshold chosen
         main(["calibrate", f"--ckpt_path={last}", f"--output={tmp_path / 'hot.ckpt'}"])
     said = "Task 'sums' has no softmax over labels to calibrate: `gpt-ft calibrate` fits classifiers' and "
