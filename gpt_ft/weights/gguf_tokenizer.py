@@ -33,7 +33,8 @@ no `tokenizer.ggml.add_bos_token` (its llama-vocab.cpp), as Llama 3.2's files ha
 CONVERSION = 10  # in the cache's keys: entries converted before the special tokens were the file's own (2),
 # or from a tokenizer.json beside the file (3), without llama.cpp's beginning-of-text default (4), with tokens
 # past the file's (5), without llama.cpp's digit split (6), whole words (7), runs of spaces (8), the check
-# of the pre-tokenizer (9) or SentencePiece's space before each text (10) are converted again
+# of the pre-tokenizer (9), SentencePiece's space before each text or Phi-3's stripping (10) are converted
+# again
 
 
 def load_tokenizer(path: Path):
