@@ -216,7 +216,7 @@ class LabelledFile:
             for row, (outcome, _) in zip(rows, labelled)
         ]
         if self.suffix == ".parquet":  # each column typed as its values are (a parquet input's kept)
-            self.tables.append(self._typed(lambda pa: pa.Table.from_pylist(records)))
+            self.tables.append(self._typed(lambda pa: pa.Table.from_pylist(records), records))
         elif self.suffix == ".jsonl":
             self.file.writelines(json.dumps(r, ensure_ascii=False, default=jsonable) + "\n" for r in records)
         else:  # one array, as a .json input is read: json.dumps(all records, indent=1), a record at a time
@@ -231,14 +231,22 @@ class LabelledFile:
             self.csv = self.csv or csv.writer(self.file, lineterminator="\n")  # (as the tsv, and pandas)
             self.csv.writerow(cells)
 
-    def _typed(self, make):
+    def _typed(self, make, records=()):
         import pyarrow as pa
 
         try:
             return make(pa)
         except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:  # a column of several types (JSON records')
+            kinds = {}  # (a ranking's outcomes: one reply's reward, several replies' list of rewards)
+            for record in records:
+                for key, value in record.items():
+                    kinds.setdefault(key, set()).add(isinstance(value, list) if value is not None else None)
+            mixed = [key for key, seen in kinds.items() if {True, False} <= seen]
+            why = (
+                f"column {mixed[0]!r} holds lists in some rows and single values in others" if mixed else exc
+            )
             raise ValueError(
-                f"--output {self.path}: parquet cannot hold these rows ({exc}); write .jsonl."
+                f"--output {self.path}: parquet cannot hold these rows ({why}); write .jsonl."
             ) from None
 
     def close(self) -> None:
