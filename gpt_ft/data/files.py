@@ -232,7 +232,7 @@ def read_table(
     if fmt in ("tsv", "csv"):
         sep = "\t" if fmt == "tsv" else ","
         try:
-            columns = list(column_names) if column_names is not None else _header(path, sep)
+            columns = list(column_names) if column_names is not None else header_of(path, sep)
         except UnicodeDecodeError as exc:
             raise TaskDataError(f"{path}{parse_problem(path, fmt, None, exc)}.") from None
         except OSError as exc:
@@ -280,7 +280,7 @@ def read_table(
         datasets.logging.set_verbosity(verbosity)
 
 
-def _header(path: Path, sep: str) -> list[str]:
+def header_of(path: Path, sep: str) -> list[str]:  # a csv's (sep ",") or tsv's ("\t") first line
     with open_text(path, newline="") as f:
         line = f.readline()  # a quoted CSV name may hold a line break (a spreadsheet's wrapped header)
         columns = line.rstrip("\r\n").split("\t") if sep == "\t" else next(csv.reader(chain([line], f)), [])

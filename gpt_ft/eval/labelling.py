@@ -24,7 +24,7 @@ from typing import Any
 from gpt_ft.adapters import TaskAdapter, TaskDataError
 from gpt_ft.adapters.truncation import cut_report
 from gpt_ft.data.file_faults import file_format, json_records, place, record_lines
-from gpt_ft.data.files import read_table
+from gpt_ft.data.files import header_of, read_table
 from gpt_ft.errors import at_least_one, check_output_file, device_named, input_file, writing
 from gpt_ft.eval.classifier import CHUNK, Classifier
 from gpt_ft.eval.progress import batches_bar
@@ -67,14 +67,14 @@ def label(
         raise ValueError(
             f"{ckpt_path} is an embedding model (task {clf.task.name!r}): `gpt-ft embed` writes its vectors."
         )
-    task, table = clf.task, read_table(source)
+    task = clf.task
     renames = {  # a file laid out as the card's files or hub dataset: their renames apply
         **((task.hub.columns if task.hub else None) or {}),
         **((task.local.columns if task.local else None) or {}),
     }
-    headerless = fmt in ("tsv", "csv") and reads_as_data(task, table.column_names, renames)
-    if headerless:  # a file laid out as the card's without a header (CoLA's train and dev)
-        table = read_table(source, column_names=task.local.column_names)
+    first = header_of(source, "\t" if fmt == "tsv" else ",") if fmt in ("tsv", "csv") else []
+    headerless = bool(first) and reads_as_data(task, first, renames)  # laid out as the card's, no header
+    table = read_table(source, column_names=task.local.column_names if headerless else None)  # (CoLA's)
     # A JSON file's records as written (a record's missing field stays missing), whole, as JSON is
     # read; any other file's rows a chunk at a time from its table.
     records = json_records(source, table.to_list()) if fmt == "json" else None
@@ -113,7 +113,7 @@ def label(
     columns = (
         list(dict.fromkeys(k for r in records for k in r)) if records is not None else table.column_names
     )
-    with labelled_file(target, columns, overwrite=overwrite) as out:
+    with labelled_file(target, columns, overwrite=overwrite, header=not headerless) as out:
         for start, rows in chunks():
             out.write(rows, clf.run_encoded(encoded(start, rows), batch_size=batch_size, progress=progress))
     next(ticks, None)  # the bar's end
@@ -161,12 +161,12 @@ def write_labelled(
 
 @contextmanager
 def labelled_file(
-    path: Path, columns: list[str], new: dict[str, str] = NEW_COLUMNS, *, overwrite: bool = True
+    path: Path, columns: list[str], new: dict[str, str] = NEW_COLUMNS, *, overwrite: bool = True, header=True
 ) -> Iterator[LabelledFile]:
-    """A `LabelledFile` for rows of these `columns`, written to a hidden file beside `path`, which
-    takes `path`'s name when the block ends without an error (else it goes, and a previous file at
-    `path` is kept; `put_in_place`)."""
-    out = LabelledFile(path, columns, new)
+    """A `LabelledFile` for rows of these `columns` (a csv or tsv with a `header` line), written to a
+    hidden file beside `path`, which takes `path`'s name when the block ends without an error (else
+    it goes, and a previous file at `path` is kept; `put_in_place`)."""
+    out = LabelledFile(path, columns, new, header=header)
     try:
         with writing(path):  # no space left, permission denied: one sentence, the previous file kept
             out.tmp.parent.mkdir(parents=True, exist_ok=True)
@@ -187,8 +187,8 @@ class LabelledFile:
     keys and the columns they fill (`gpt-ft generate`'s: its `continuation`), each named apart from
     the rows' own `columns` (`prediction_1`, ... where the rows have their own)."""
 
-    def __init__(self, path: Path, columns: list[str], new: dict[str, str]) -> None:
-        self.path, self.columns, self.new = path, columns, new
+    def __init__(self, path: Path, columns: list[str], new: dict[str, str], header: bool = True) -> None:
+        self.path, self.columns, self.new, self.header = path, columns, new, header
         self.suffix, self.tmp = path.suffix.lower(), hidden_beside(path)
         self.file, self.csv, self.names, self.wanted, self.tables, self.rows = None, None, None, {}, [], 0
 
@@ -198,7 +198,7 @@ class LabelledFile:
         for key, name in [*self.new.items(), *((key, key) for outcome, _ in labelled for key in outcome)]:
             if key not in self.names:  # the columns the outcomes fill, named as met (a later chunk's too)
                 self.wanted[key], self.names[key] = name, free_name(name, set(self.columns))
-        if first and self.suffix in (".csv", ".tsv"):
+        if first and self.header and self.suffix in (".csv", ".tsv"):
             self._cells([*self.columns, self.names["label"]])
         with writing(self.path):
             self._write(rows, labelled)

@@ -236,7 +236,9 @@ def test_label_writes_each_row_with_its_prediction(finetuned, tmp_path, capsys):
 
 def test_label_reads_a_file_laid_out_as_the_cards_headerless_ones(finetuned, tmp_path, monkeypatch, capsys):
     """A card that reads some files without a header (CoLA's train and dev) labels such a file as
-    fit reads it: its first line was taken for the header, and `sentence` named missing."""
+    fit reads it (its first line was taken for the header, and `sentence` named missing), and writes
+    it as it was laid out, without a header (one was added, which the card then read as a row); a
+    file of one such line too (it was said to hold no rows)."""
     from gpt_ft.adapters import LocalFiles
     from gpt_ft.eval import classifier
 
@@ -251,10 +253,14 @@ def test_label_reads_a_file_laid_out_as_the_cards_headerless_ones(finetuned, tmp
     main(["label", f"--ckpt_path={finetuned.ckpt}", f"--input={source}", f"--output={out}"])
     expected = [r["label"] for r in clf.predict([{"sentence": GOOD}, {"sentence": BAD}])]
     assert out.read_text().splitlines() == [
-        "source\tlabel\tmark\tsentence\tprediction",
         f"gj04\t1\t\t{GOOD}\t{expected[0]}",
         f"gj04\t0\t*\t{BAD}\t{expected[1]}",
     ]
+    source.write_text("gj04\t1\t\tthe cat sat on the mat .\n")
+    main(
+        ["label", f"--ckpt_path={finetuned.ckpt}", f"--input={source}", f"--output={out}", "--overwrite=true"]
+    )
+    assert out.read_text().splitlines() == [f"gj04\t1\t\t{GOOD}\t{expected[0]}"]
     source.write_text("id\tgold\tmark\ttext\nx\t1\t\tthe cat .\n")  # a header of other names: none is a label
     with pytest.raises(SystemExit):
         main(
