@@ -142,7 +142,7 @@ def embed(
     at_least_one(batch_size, "--batch_size")
     if target.suffix.lower() not in (".npy", ".jsonl"):
         raise ValueError(f"--output {target}: write .npy or .jsonl.")
-    check_output_file(target, "--output", overwrite=overwrite, reads=source)
+    check_output_file(output, "--output", overwrite=overwrite, reads=source)
     if source.suffix.lower() != ".txt" and file_format(source) is None:
         raise ValueError(
             f"--input {source}: give a .txt, .csv, .tsv, .json/.jsonl or .parquet file (by its extension)."

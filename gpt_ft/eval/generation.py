@@ -201,7 +201,7 @@ def prompt_files(input: str, output: str, overwrite: bool) -> tuple[Path, Path]:
     source, target = input_file(input, "--input"), Path(output).expanduser()
     if target.suffix.lower() not in (".csv", ".tsv", *WHOLE_ROWS):
         raise ValueError(f"--output {target}: write .csv, .tsv, .json, .jsonl or .parquet.")
-    check_output_file(target, "--output", overwrite=overwrite, reads=source)
+    check_output_file(output, "--output", overwrite=overwrite, reads=source)
     if file_format(source) is None:
         raise ValueError(
             f"--input {source}: give a .csv, .tsv, .json/.jsonl or .parquet file (by its extension)."

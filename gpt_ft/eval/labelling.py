@@ -56,7 +56,7 @@ def label(
     at_least_one(batch_size, "--batch_size")
     if target.suffix.lower() not in (".csv", ".tsv", *WHOLE_ROWS):
         raise ValueError(f"--output {target}: write .csv, .tsv, .json, .jsonl or .parquet.")
-    check_output_file(target, "--output", overwrite=overwrite, reads=source)
+    check_output_file(output, "--output", overwrite=overwrite, reads=source)
     fmt = file_format(source)
     if fmt is None:
         raise ValueError(
