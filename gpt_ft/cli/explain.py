@@ -9,7 +9,7 @@ from contextlib import redirect_stdout
 from json import dumps
 from typing import Any
 
-from gpt_ft.errors import check_context
+from gpt_ft.errors import CardError, check_context
 from gpt_ft.training.config_checks import card_named, refuse_bad_config
 from gpt_ft.training.recorded import recorded_configuration
 from gpt_ft.training.run_folders import checkpoint_to_read
@@ -77,8 +77,11 @@ def run_explain(name: str, argv: list[str]) -> None:
             "gpt-ft explain shows a task's examples (--data.task CARD); a language model's token files "
             "are one stream of tokens, with none."
         )
-    with card_named(cli.config):  # a split the card lacks
-        shown: dict[str, Any] = cli.datamodule.explain(split, index)
+    try:
+        with card_named(cli.config):  # a split the card lacks: --split's fault, named with the card's file
+            shown: dict[str, Any] = cli.datamodule.explain(split, index)
+    except CardError as exc:
+        raise CardError(f"--split {split}: {exc}") if f"split {split!r};" in str(exc) else exc from None
     if cli.config.json:
         print(dumps(shown, ensure_ascii=False, allow_nan=False))
         return

@@ -3,6 +3,7 @@ its task card named by the card's file (`gpt-ft fit|validate|test|predict|explai
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -66,6 +67,9 @@ def card_named(config) -> Iterator[None]:
     file (where the card came from one)."""
     task = ((config.get("data") or {}).get("init_args") or {}).get("task")
     card = task.get("__path__") if hasattr(task, "get") else None
+    if card is not None:  # as it opens from here (jsonargparse's is relative to the config that named it)
+        whole = os.path.normpath(getattr(card, "absolute", None) or str(card))
+        card = whole if (near := os.path.relpath(whole)).startswith("..") else near
     try:
         yield
     except (ValueError, TypeError) as exc:

@@ -475,10 +475,26 @@ def test_a_validation_split_named_train(tmp_path, tokenizer_dir):
     assert list(tmp_path.glob("runs/lightning_logs/version_0/checkpoints/best-0-*.ckpt"))
 
 
+def test_a_card_a_config_file_names_is_named_as_it_opens_from_the_working_folder(
+    tmp_path, tokenizer_dir, capsys, monkeypatch
+):
+    """A config's card path is relative to the config file: the card was named by that path
+    ("../cards/card.yaml", from configs/), which opens nothing from the working folder."""
+    (tmp_path / "cards").mkdir()
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "cards" / "card.yaml").write_text(CARD.format(adapter="SingleText", file="t.tsv"))
+    (tmp_path / "configs" / "run.yaml").write_text(
+        f"data:\n  task: ../cards/card.yaml\n  tokenizer: {tokenizer_dir}\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    message = error(capsys, "explain", "--config=configs/run.yaml", "--data.task.init_args.metrics=[acuracy]")
+    assert message.startswith("cards/card.yaml: Task 'sent': unknown metric(s) ['acuracy']"), message
+
+
 @pytest.mark.parametrize("command", ["fit", "explain"])
 def test_a_split_the_card_lacks_names_the_card(command, tmp_path, tokenizer_dir, capsys):
     """A split found missing as the data loads (a validation split the card's files lack; explain's
-    --split) is named with the card's file, as faults found while the card is built are."""
+    --split, named) is named with the card's file, as faults found while the card is built are."""
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "t.tsv").write_text("sentence\tlabel\na\tpositive\n")
     card = tmp_path / "card.yaml"
@@ -488,7 +504,7 @@ def test_a_split_the_card_lacks_names_the_card(command, tmp_path, tokenizer_dir,
              f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}"]  # fmt: skip
     before = files(tmp_path)
     message = error(capsys, command, *args, *(wrong if command == "fit" else ["--split=dev"]))
-    assert message == (
+    assert message == ("--split dev: " if command == "explain" else "") + (
         f"{card}: Task 'sent' has no local split 'dev'; its card defines ['train', 'validation']."
     ), message
     assert files(tmp_path) == before
