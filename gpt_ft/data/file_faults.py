@@ -91,17 +91,18 @@ def _records(f, fmt: str, *, strict: bool = False):
     return reader, records()
 
 
-def record_lines(path: Path, fmt: str, *, header: bool = True) -> list[int] | None:
+def record_lines(
+    path: Path, fmt: str, *, header: bool = True, blanks: list | None = None
+) -> list[int] | None:
     """The line, as an editor counts them (from 1, the header included), on which each record of a
-    csv, tsv or JSON-lines file starts; None for files whose records are not lines (parquet, a
-    JSON document)."""
+    csv, tsv or JSON-lines file starts (a csv's or tsv's blank lines, which hold none, into `blanks`);
+    None for files whose records are not lines (parquet, a JSON document)."""
     if fmt in ("tsv", "csv"):
         starts, line = [], 1
         with open_text(path, newline="") as f:
             reader, records = _records(f, fmt)
             for _, blank in records:
-                if not blank:
-                    starts.append(line)
+                (starts if not blank else blanks if blanks is not None else []).append(line)
                 line = reader.line_num + 1
         return starts[1:] if header else starts
     if fmt == "json":

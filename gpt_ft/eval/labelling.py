@@ -79,7 +79,8 @@ def label(
     # read; any other file's rows a chunk at a time from its table.
     records = json_records(source, table.to_list()) if fmt == "json" else None
     count = len(records) if records is not None else table.num_rows
-    lines = record_lines(source, fmt, header=not headerless)  # (parquet: none, its rows named by number)
+    blank: list[int] = []  # a csv's or tsv's blank lines, left out as training leaves them: said
+    lines = record_lines(source, fmt, header=not headerless, blanks=blank)  # (parquet: rows by number)
     size = batch_size * -(-CHUNK // batch_size)  # whole batches: one bar over the file's
 
     def chunks() -> Iterator[tuple[int, list[dict[str, Any]]]]:
@@ -119,7 +120,11 @@ def label(
     next(ticks, None)  # the bar's end
     moved = [got for wanted, got in out.columns_written().items() if got != wanted]
     renamed = f" (as {' and '.join(moved)}: it has such columns)" if moved else ""
-    print(f"labelled {count:,} example{'s' * (count != 1)} of {source} into {target}{renamed}")
+    between = [n for n in blank if lines and n < lines[-1]]  # (past the last row: no row out of place)
+    left = (
+        f"; blank line{'s' * (len(between) > 1)} {', '.join(map(str, between))} left out" if between else ""
+    )
+    print(f"labelled {count:,} example{'s' * (count != 1)} of {source} into {target}{renamed}{left}")
     if said := cut_report(str(source), cuts, clf.max_length):
         print(said)
 

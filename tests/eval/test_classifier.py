@@ -279,6 +279,14 @@ def test_label_reads_a_file_laid_out_as_the_cards_headerless_ones(finetuned, tmp
     )
     assert out.read_text().splitlines()[0] == "sentence\tnote\tprediction"
     assert capsys.readouterr().out.startswith(f"labelled 1 example of {source} into {out}\n")
+    source.write_text("sentence\tnote\nthe cat .\tx\n\nthe dog .\ty\n\n")  # a blank line between rows: said
+    main(
+        ["label", f"--ckpt_path={finetuned.ckpt}", f"--input={source}", f"--output={out}", "--overwrite=true"]
+    )
+    assert capsys.readouterr().out.startswith(
+        f"labelled 2 examples of {source} into {out}; blank line 3 left out\n"
+    )
+    assert len(out.read_text().splitlines()) == 3
 
 
 def test_a_headerless_multi_label_files_first_line_is_a_row():
