@@ -126,10 +126,10 @@ def absent_columns(task: TaskAdapter, raw, origin: Origin, fields: list[str]) ->
     source = task.local if origin.path is not None else task.hub
     asked = {field: column for column, field in (getattr(source, "columns", None) or {}).items()}
     if missing := [asked.get(field, field) for field in fields if field not in raw.column_names]:
-        has = origin.file_columns(raw.column_names)
-        return (
-            f"{origin.source}: missing column(s) {missing} needed by task {task.name!r}; the file has {has}."
-        )
+        read = {c: origin.in_file(c) for c in raw.column_names if c not in origin.derived}  # (a rename's)
+        has = [repr(v) + f" (read as {c!r}: the card's `columns`)" * (v in missing) for c, v in read.items()]
+        said = f"missing column(s) {missing} needed by task {task.name!r}; the file has [{', '.join(has)}]"
+        return f"{origin.source}: {said}."
     return None
 
 

@@ -249,6 +249,16 @@ def test_errors_name_the_column_a_renamed_field_is_read_from(pairs_dir, tokenize
     with pytest.raises(TaskDataError, match=r"missing column\(s\) \['first'\] needed by task 'pairs'; the "
                        r"file has \['idx', 'second', 'sentence2', 'gold'\]\.$"):  # fmt: skip
         TaskDataModule(task, tokenizer_dir, data_dir=str(pairs_dir)).encoded("validation", labelled=True)
+    # a column the card renames away from the field read: said (it read "missing 'sentence2'; the file has
+    # ['sentence2', ...]")
+    away = pair_task(columns={"idx": "index", "first": "sentence1", "gold": "label", "sentence2": "other"})
+    (pairs_dir / "PAIRS/dev.tsv").write_text("idx\tfirst\tsentence2\tgold\n" + rows)
+    said = r"\['idx', 'first', 'sentence2' \(read as 'other': the card's `columns`\), 'gold'\]"
+    with pytest.raises(
+        TaskDataError,
+        match=rf"missing column\(s\) \['sentence2'\] needed by task 'pairs'; the file has {said}\.$",
+    ):
+        TaskDataModule(away, tokenizer_dir, data_dir=str(pairs_dir)).encoded("validation", labelled=True)
 
 
 @pytest.mark.parametrize("first", ["q-7", "123456789012345678901234", "007", "1_0"])
