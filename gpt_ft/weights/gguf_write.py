@@ -211,7 +211,7 @@ def _rope(config: dict) -> tuple[float, dict]:
         config["model_type"], ("default", "linear")
     )
     if kind not in allowed:
-        raise ValueError(f"A {config['model_type']} model's rotary scaling {kind!r} ({key}) "
+        raise ValueError(f"This {config['model_type']} model's rotary scaling {kind!r} ({key}) "
                          f"has no GGUF form here ({', '.join(allowed)}).")  # fmt: skip
     if kind == "longrope":  # one factor a rotating pair, in each list
         pairs = _rotated(config) // 2
@@ -318,6 +318,8 @@ def _tensors(state: dict[str, torch.Tensor], config: dict):
     if scaling.get("rope_type", scaling.get("type")) == "longrope":  # (Phi-3's)
         for name, factors in zip(LONGROPE, ("long_factor", "short_factor"), strict=True):
             yield name, torch.tensor(scaling[factors], dtype=torch.float32)
+    if tied and kind == "olmo2":  # llama.cpp's OLMo 2 reads a head of its own: the embedding again
+        tied, state = False, {**state, "lm_head.weight": state["model.embed_tokens.weight"]}
     for key, tensor in state.items():
         if tied and key == "lm_head.weight":  # llama.cpp reads the embedding as the head
             continue

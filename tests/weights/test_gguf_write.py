@@ -319,7 +319,7 @@ def test_what_llama_cpp_would_read_otherwise_is_refused(tmp_path, monkeypatch):
     )
     folder, _ = lm_folder(tmp_path / "y", "qwen2", rope_parameters={"rope_type": "yarn", "factor": 2.0})
     assert refused(folder) == (
-        "A qwen2 model's rotary scaling 'yarn' (rope_parameters) has no GGUF form here (default, linear)."
+        "This qwen2 model's rotary scaling 'yarn' (rope_parameters) has no GGUF form here (default, linear)."
     )
     folder, _ = lm_folder(tmp_path / "t", "llama")
     state = load_file(folder / "model.safetensors")
@@ -559,15 +559,22 @@ def test_a_sharded_folder_reads_whole_into_a_file_under_new_folders(tmp_path):
         np.testing.assert_array_equal(by_name[tensor.name], tensor.data)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", [*FAMILIES, "olmo2-tied"])
 def test_llama_cpp_reads_the_file_as_the_model(tmp_path, family):
     """llama.cpp itself (llama-cpp-python, where installed): its tokens for a text are the
-    tokenizer's, and its logits at every position the transformers model's (f32 weights and cache)."""
-    llama_cpp = pytest.importorskip("llama_cpp")
+    tokenizer's, and its logits at every position the transformers model's (f32 weights and cache).
+    A tied OLMo 2's head is written apart (llama.cpp's OLMo 2 could not load the file without it)."""
+    import gguf
+
     from gpt_ft.weights.gguf_write import write_gguf
 
-    folder, model = lm_folder(tmp_path, family)
+    family, tied = family.removesuffix("-tied"), family.endswith("-tied")
+    folder, model = lm_folder(tmp_path, family, **({"tie_word_embeddings": True} if tied else {}))
     path = write_gguf(folder, tmp_path / "m.gguf", outtype="f32")
+    assert ("output.weight" in {t.name for t in gguf.GGUFReader(path).tensors}) == (
+        family in ("olmo2", "gpt2")
+    )
+    llama_cpp = pytest.importorskip("llama_cpp")
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=64, logits_all=True, verbose=False, type_k=0, type_v=0)
     ids = tokenizer_of(family)(TEXT, add_special_tokens=False)["input_ids"]
     assert llm.tokenize(TEXT.encode(), add_bos=False, special=False) == ids
