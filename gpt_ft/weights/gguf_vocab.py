@@ -148,13 +148,17 @@ def check_added_tokens(name: str, folder: Path) -> None:
             "load the file: give --out another name."
         )
     kept = ", ".join(PHI3_KEPT[:-1]) + f" and {PHI3_KEPT[-1]}"
+    holds = "and matches each wherever the text holds it"
     rule = (f"llama.cpp takes the whitespace after every added token of a file named for Phi-3 ({name!r}) "
-            f"with it, but after {kept}") if phi3 else (
-            "llama.cpp takes no whitespace beside an added token, nor matches one as a whole word only "
-            "(but after those of a file named for Phi-3: \"phi3\" or \"phi-3\" in --out's name)")  # fmt: skip
+            f"with it, but after {kept}, {holds}") if phi3 else (
+            "llama.cpp takes no whitespace beside an added token (but after those of a file named for "
+            f"Phi-3: \"phi3\" or \"phi-3\" in --out's name), {holds}")  # fmt: skip
+    pieces = _sentencepiece(spec)  # (the text normalized: a "▁" for each space, one put first)
     for token in added:
         strips = phi3 and token.get("content") not in PHI3_KEPT
         wrong = [flag for flag in ("lstrip", "single_word") if token.get(flag)]
+        wrong += ["normalized"] * bool(pieces and token.get("normalized"))
+        wrong += ["whitespace alone"] * (phi3 and not str(token.get("content")).strip())  # (taken after one)
         if bool(token.get("rstrip")) != strips:
             wrong.append("rstrip" if token.get("rstrip") else "no rstrip")
         if wrong:
@@ -197,7 +201,10 @@ def _pre_tokenizer(backend: dict, folder: Path) -> str:
     raise ValueError(
         f"{folder}: llama.cpp has no pre-tokenizer this toolkit can name for this tokenizer's "
         f"({json.dumps(pre)}); GGUF files are written for byte-level BPE with GPT-2's pattern, SmolLM's, "
-        "Llama 3's, Qwen2's or GPT-4o's, and for SentencePiece's BPE as Gemma's (no space put first)."
+        "Llama 3's, Qwen2's or GPT-4o's, and for SentencePiece's BPE as Gemma's (no space put first) or "
+        "Llama 2's tokenizer.json holds it (a space put first by its normalizer; a Metaspace pre-tokenizer, "
+        "as transformers rebuilds Llama's tokenizer class, puts none before a text that starts with one, "
+        "where llama.cpp does)."
     )
 
 

@@ -78,13 +78,18 @@ def tiny_pieces():
 def spaced_pieces():
     """`tiny_pieces` putting a space before each text, and after each special or user-defined token,
     as Llama 2's, Mistral's and Phi-3-mini's tokenizer.json do (its normalizer: "▁" put first, then
-    spaces as "▁")."""
+    spaces as "▁"), in a class that loads its tokenizer.json as written (a saved GemmaTokenizer is
+    rebuilt from its vocabulary, without it)."""
     from tokenizers import decoders, normalizers
+    from transformers import PreTrainedTokenizerFast
 
-    tokenizer = tiny_pieces()
-    backend = tokenizer.backend_tokenizer
+    pieces = tiny_pieces()
+    backend = pieces.backend_tokenizer
     backend.normalizer = normalizers.Sequence([normalizers.Prepend(SPACE), normalizers.Replace(" ", SPACE)])
     backend.decoder = decoders.Sequence([backend.decoder, decoders.Strip(" ", 1, 0)])
+    specials = {f"{kind}_token": getattr(pieces, f"{kind}_token") for kind in ("bos", "eos", "unk", "pad")}
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, add_bos_token=True, **specials)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<start_of_turn>"]})
     return tokenizer
 
 
@@ -218,7 +223,7 @@ def write_gguf(path: Path, hf_model, tokenizer=None, qtype: str = "F32", name: s
     writer.add_name(name)
     _metadata(writer, config, model_type, sizes)
     if tokenizer is not None:
-        if type(tokenizer).__name__ == "GemmaTokenizer":
+        if json.loads(tokenizer.backend_tokenizer.to_str())["model"].get("byte_fallback"):  # SentencePiece's
             _pieces_metadata(writer, tokenizer)
         else:
             _tokenizer_metadata(writer, tokenizer, pre, add_bos)

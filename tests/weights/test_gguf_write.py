@@ -214,8 +214,13 @@ def test_llama_2s_sentencepiece_vocabulary_puts_a_space_before_each_text(tmp_pat
     assert fields["tokenizer.ggml.add_space_prefix"].contents() is True
     _, tokenizer = read_back(path, monkeypatch, tmp_path)
     texts = [*PIECE_TEXTS, " x", "<start_of_turn> x\n y"]
+    from transformers import AutoTokenizer
+
+    folder_tokenizer = AutoTokenizer.from_pretrained(folder)  # (the folder as it loads: as written)
     for text in texts:
-        assert tokenizer(text)["input_ids"] == pieces(text)["input_ids"], text
+        assert (
+            tokenizer(text)["input_ids"] == pieces(text)["input_ids"] == folder_tokenizer(text)["input_ids"]
+        )
     llama_cpp = pytest.importorskip("llama_cpp")
     llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
     for text in texts:
@@ -301,6 +306,12 @@ def test_what_llama_cpp_would_read_otherwise_is_refused(tmp_path, monkeypatch):
         refused(folder)
         == "llama.cpp's smollm3 models have no attention biases; this one has attention_bias=True."
     )
+    from tests.weights.gguf_files import spaced_pieces
+
+    user = spaced_pieces()  # a token added as transformers adds one: matched in the normalized text, after
+    user.add_tokens(["<tool>"])  # the "▁" put first ("<tool> x": "<tool>", "▁x"), where llama.cpp matches it
+    folder, _ = lm_folder(tmp_path / "u", "llama", user, vocab_size=448)  # as written ("▁", "<tool>", "▁▁x")
+    assert "added token '<tool>' has normalized, and llama.cpp takes no whitespace beside" in refused(folder)
     olmo3 = tmp_path / "olmo3"  # (llama.cpp's olmo2 lacks its window)
     tiny_llama("olmo3", vocab_size=320).save_pretrained(olmo3)
     assert "of a 'olmo3' model" in refused(olmo3)
@@ -513,6 +524,16 @@ def test_malformed_longrope_settings_and_names_llama_cpp_cannot_load_are_refused
     (folder / "tokenizer.json").write_text(json.dumps(spec))
     with pytest.raises(ValueError, match=r"added token '</s>' has rstrip, and llama.cpp takes no whitespace"):
         write_gguf(folder, folder / "ft.gguf", outtype="f32")
+    # a token of whitespace alone, taken whole after the token before it takes its whitespace: refused
+    spaced = json.loads((folder / "tokenizer.json").read_text())
+    flags = dict(single_word=False, lstrip=False, rstrip=True, normalized=False, special=False)
+    spaced["added_tokens"].append({"id": 319, "content": "\n", **flags})
+    (folder / "spaced").mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer_config.json"):
+        (folder / "spaced" / name).write_bytes((folder / name).read_bytes())
+    (folder / "spaced" / "tokenizer.json").write_text(json.dumps(spaced))
+    with pytest.raises(ValueError, match=r"added token '\\n' has whitespace alone, and llama.cpp takes"):
+        write_gguf(folder / "spaced", folder / "phi3-ft.gguf", outtype="f32")
     out = write_gguf(folder, folder / "phi3-ft.gguf", outtype="f32")
     llama_cpp = pytest.importorskip("llama_cpp")
     from transformers import AutoTokenizer
