@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import csv
 import glob
-import hashlib
 import sys
 from dataclasses import dataclass, replace
 from itertools import chain
@@ -29,7 +28,7 @@ from gpt_ft.data.file_faults import (
     wide_first_row,
 )
 from gpt_ft.data.folders import datasets_bars
-from gpt_ft.data.layout import SLICE, class_order_problem, file_stamp, label_file, sliced, with_labels
+from gpt_ft.data.layout import class_order_problem, label_file, loader_key, sliced, split_spec, with_labels
 from gpt_ft.data.subsets import ALIKE, drawn, left_out
 from gpt_ft.errors import CardError
 from gpt_ft.workarounds.data import no_download_count
@@ -266,12 +265,16 @@ def read_table(
         files = {"data": glob.escape(str(path))}  # a name, not a pattern: `data [v2]/train[1].tsv`
         with no_download_count(), datasets_bars(sys.stderr.isatty()):  # (a local file: no request)
             return datasets.load_dataset(
-                builder, _stamp(path), data_files=files, split="data" + selection, **kwargs
+                builder, loader_key(path), data_files=files, split="data" + selection, **kwargs
             )
     except Exception as exc:  # pandas/pyarrow parse errors, an empty selection
         if "corresponds to no data" in str(exc) or fmt == "parquet" and parquet_rows(path) == 0:
-            # (a file read for itself, not a split: `label`)
-            raise TaskDataError(
+            if selection and (whole := read_table(path, fmt=fmt, column_names=column_names, split=split)):
+                raise TaskDataError(f"{path}: split {split!r} has no examples: its slice {selection} takes "
+                                    f"none of the file's {len(whole):,} rows.") from None  # fmt: skip
+            if fmt == "json" and record_lines(path, fmt):  # records, each of them {}: no column
+                raise TaskDataError(f"{path}: its records hold no field ({{}} on every line).") from None
+            raise TaskDataError(  # (a file read for itself, not a split: `label`)
                 f"{path}: split {split!r} has no examples." if split != "data" else f"{path} holds no rows."
             ) from None
         problem = parse_problem(path, fmt, columns if fmt in ("tsv", "csv") else None, exc)
@@ -370,28 +373,18 @@ class Origin:
         return sliced(self.selection, total).start
 
 
-def _stamp(path: Path) -> str:
-    """The loader's cache key for the file as it is now (datasets' own is the path and the
-    modification time alone)."""
-    return "file-" + hashlib.sha256(file_stamp(path).encode()).hexdigest()[:16]
-
-
 def split_origin(task: TaskAdapter, split: str, data_dir: str | Path | None) -> Origin:
     """Where the rows of `load_split(task, split, data_dir)` come from."""
     if data_dir is None:
         return Origin(f"hub dataset {task.hub.path if task.hub else '?'} split {split}")
     spec = task.local
-    match = SLICE.match(spec.splits[split])
-    if match["slice"]:
-        import datasets
-
-        try:
-            datasets.ReadInstruction.from_spec("data" + match["slice"])
-        except ValueError:
-            raise CardError(
-                f"Task {task.name!r}: local split {split!r} ({spec.splits[split]}) ends in {match['slice']}, "
-                "which is no slice of rows: write [start:end], in rows or percentages ([:90%])."
-            ) from None
+    try:
+        match = split_spec(spec.splits[split])
+    except ValueError as exc:
+        raise CardError(
+            f"Task {task.name!r}: local split {split!r} ({spec.splits[split]}) ends in {exc}, "
+            "which is no slice of rows: write [start:end], in rows or percentages ([:90%])."
+        ) from None
     path = Path(data_dir).expanduser() / match["file"]
     headerless = spec.column_names is not None and (
         spec.headerless_splits is None or split in spec.headerless_splits

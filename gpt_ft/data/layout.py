@@ -6,6 +6,7 @@ label field; and a label column that numbers its own classes, checked against th
 
 from __future__ import annotations
 
+import hashlib
 import re
 from pathlib import Path
 
@@ -26,6 +27,24 @@ def sliced(selection: str, total: int) -> range:
     return range(span.from_, span.to)
 
 
+def split_spec(value: str) -> re.Match:
+    """A card's local split (`train.tsv[:90%]`) as its `file` and `slice`; a ValueError (the slice)
+    for a slice of no rows, or one that ends before it starts (`[5:2]`, `[50%:10%]`), which datasets
+    reads as it pleases: no rows, or all but two (`[2:1]`)."""
+    import datasets
+
+    match = SLICE.match(value)
+    if selection := match["slice"]:
+        bounds = re.fullmatch(r"\[(\d+)(%?):(\d+)(%?)\]", selection)
+        try:
+            datasets.ReadInstruction.from_spec("data" + selection)
+        except ValueError:
+            raise ValueError(selection) from None
+        if bounds and bounds[2] == bounds[4] and int(bounds[3]) < int(bounds[1]):
+            raise ValueError(selection)
+    return match
+
+
 def split_file(task: TaskAdapter, split: str, data_dir: str | Path) -> Path:
     """The local file of a split (without its slice)."""
     return Path(data_dir).expanduser() / SLICE.match(task.local.splits[split])["file"]
@@ -37,6 +56,12 @@ def file_stamp(path: Path) -> str:
     time or inode differ."""
     stat = path.stat()
     return f"{stat.st_size}-{stat.st_mtime_ns}-{stat.st_ctime_ns}-{stat.st_ino}"
+
+
+def loader_key(path: Path) -> str:
+    """datasets' cache key for the file as it is now (its own is the path and the modification time
+    alone)."""
+    return "file-" + hashlib.sha256(file_stamp(path).encode()).hexdigest()[:16]
 
 
 def label_file(task: TaskAdapter, split: str, data_dir: str | Path) -> Path | None:

@@ -10,6 +10,7 @@ import json
 import pytest
 
 from gpt_ft.cli import main
+from gpt_ft.errors import TaskDataError
 from tests.cli.test_bad_outputs import error, files
 from tests.helpers import common_args, make_task
 
@@ -213,12 +214,29 @@ def test_a_file_without_its_label_column_is_refused_as_fit_refuses_it(explain):
     )
 
 
-def test_a_slice_that_is_none_names_the_split_not_the_file(explain):
-    card = CARD.format(adapter="SingleText", file="t.tsv").replace("train: d/t.tsv", "train: 'd/t.tsv[a:b]'")
-    assert explain("t.tsv", b"sentence\tlabel\na\tpositive\n", card) == (  # the card is at fault
-        f"{explain.root / 'card.yaml'}: Task 'sent': local split 'train' (d/t.tsv[a:b]) ends in [a:b], "
-        "which is no slice of rows: write [start:end], in rows or percentages ([:90%])."
+@pytest.mark.parametrize("selection", ["[a:b]", "[5:2]", "[50%:10%]"])
+def test_a_slice_that_is_none_names_the_split_not_the_file(explain, selection):
+    """A slice that ends before it starts was taken as datasets reads it: no rows ("split 'train' has no
+    examples", as of an empty file), or, as [2:1], all but two."""
+    card = CARD.format(adapter="SingleText", file="t.tsv").replace(
+        "train: d/t.tsv", f"train: 'd/t.tsv{selection}'"
     )
+    assert explain("t.tsv", b"sentence\tlabel\na\tpositive\n", card) == (  # the card is at fault
+        f"{explain.root / 'card.yaml'}: Task 'sent': local split 'train' (d/t.tsv{selection}) ends in "
+        f"{selection}, which is no slice of rows: write [start:end], in rows or percentages ([:90%])."
+    )
+
+
+def test_a_slice_of_none_of_the_rows_and_records_of_no_field_are_named_as_such(tmp_path):
+    from gpt_ft.data.files import read_table
+
+    (tmp_path / "t.tsv").write_text("sentence\tlabel\n" + "a\tpositive\n" * 20)
+    said = r"t.tsv: split 'train' has no examples: its slice \[3:3\] takes none of the file's 20 rows\.$"
+    with pytest.raises(TaskDataError, match=said):
+        read_table(tmp_path / "t.tsv", selection="[3:3]", split="train")
+    (tmp_path / "e.jsonl").write_text("{}\n{}\n")  # (it was said to hold no rows)
+    with pytest.raises(TaskDataError, match=r"e.jsonl: its records hold no field \(\{\} on every line\)\.$"):
+        read_table(tmp_path / "e.jsonl")
 
 
 def test_a_slice_and_dropped_rows_still_name_the_right_line(explain):
