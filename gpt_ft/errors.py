@@ -254,8 +254,8 @@ def check_output_file(
     under a folder (not a file) that can be written."""
     out = Path(path).expanduser()
     real = real_path(out)
-    if real.is_dir() or str(path).endswith(("/", os.sep)):  # (a folder meant: Path drops the slash)
-        what = "is a folder" if real.is_dir() else "names a folder (it ends in a slash)"
+    if real.is_dir() or os.path.basename(os.fspath(path)) in ("", ".", ".."):  # (a folder meant: "out/")
+        what = "is a folder" if real.is_dir() else "names a folder, not a file"
         raise ValueError(f"{option} {path} {what}: give a file's name.")
     if reads is not None and real.exists() and real == reads.resolve():
         raise ValueError(f"{option} {out} is the input file: give another name, the input is kept.")

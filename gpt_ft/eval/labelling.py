@@ -72,7 +72,10 @@ def label(
         **((task.hub.columns if task.hub else None) or {}),
         **((task.local.columns if task.local else None) or {}),
     }
-    first = header_of(source, "\t" if fmt == "tsv" else ",") if fmt in ("tsv", "csv") else []
+    try:
+        first = header_of(source, "\t" if fmt == "tsv" else ",") if fmt in ("tsv", "csv") else []
+    except (OSError, UnicodeDecodeError, EOFError, TaskDataError):  # (said, with its line, just below)
+        first = []
     headerless = bool(first) and reads_as_data(task, first, renames)  # laid out as the card's, no header
     table = read_table(source, column_names=task.local.column_names if headerless else None)  # (CoLA's)
     # A JSON file's records as written (a record's missing field stays missing), whole, as JSON is
@@ -114,7 +117,8 @@ def label(
     columns = (
         list(dict.fromkeys(k for r in records for k in r)) if records is not None else table.column_names
     )
-    with labelled_file(target, columns, overwrite=overwrite, header=not headerless) as out:
+    header = not headerless or target.suffix.lower() != f".{fmt}"  # (as it was: in its own format only)
+    with labelled_file(target, columns, overwrite=overwrite, header=header) as out:
         for start, rows in chunks():
             out.write(rows, clf.run_encoded(encoded(start, rows), batch_size=batch_size, progress=progress))
     next(ticks, None)  # the bar's end

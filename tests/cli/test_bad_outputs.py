@@ -128,9 +128,11 @@ def test_label_output_that_is_a_folder_or_under_a_file(tmp_path, labelling, caps
         error(capsys, *labelling(f"--output={under}"))
         == f"--output {under}: {taken} is a file, not a folder."
     )
-    meant = f"{tmp_path}/new.tsv/"  # a folder meant, not there yet: the file it would be named was written
-    said = f"--output {meant} names a folder (it ends in a slash): give a file's name."
-    assert error(capsys, *labelling(f"--output={meant}")) == said
+    for meant in (f"{tmp_path}/new.tsv/", f"{tmp_path}/new.tsv/."):  # a folder meant, not there yet: the
+        said = (
+            f"--output {meant} names a folder, not a file: give a file's name."  # file named so was written
+        )
+        assert error(capsys, *labelling(f"--output={meant}")) == said
     assert files(tmp_path) == before
 
 

@@ -261,6 +261,20 @@ def test_label_reads_a_file_laid_out_as_the_cards_headerless_ones(finetuned, tmp
         ["label", f"--ckpt_path={finetuned.ckpt}", f"--input={source}", f"--output={out}", "--overwrite=true"]
     )
     assert out.read_text().splitlines() == [f"gj04\t1\t\t{GOOD}\t{expected[0]}"]
+    other = tmp_path / "out.csv"  # in another format: the columns named (nothing would read them by place)
+    main(["label", f"--ckpt_path={finetuned.ckpt}", f"--input={source}", f"--output={other}"])
+    assert other.read_text().splitlines() == [
+        "source,label,mark,sentence,prediction",
+        f"gj04,1,,{GOOD},{expected[0]}",
+    ]
+    source.write_bytes(
+        b"gj04\t1\t\tcaf\xe9 .\n"
+    )  # not UTF-8: its line named (the header's read said nothing)
+    with pytest.raises(SystemExit):
+        main(
+            ["label", f"--ckpt_path={finetuned.ckpt}", f"--input={source}", f"--output={tmp_path / 'n.tsv'}"]
+        )
+    assert f"{source}, line 1: not UTF-8 text" in capsys.readouterr().err
     source.write_text("id\tgold\tmark\ttext\nx\t1\t\tthe cat .\n")  # a header of other names: none is a label
     with pytest.raises(SystemExit):
         main(
