@@ -72,10 +72,11 @@ def located_split(task: TaskAdapter, split: str, data_dir: str | Path | None):
     )
 
 
-def task_examples(task: TaskAdapter, split: str, raw, origin: Origin):
+def task_examples(task: TaskAdapter, split: str, raw, origin: Origin, *, scored: bool | None = None):
     """A loaded split's records as the task's examples, and their origin: regrouped where examples
     span records (NLI triplets), rows whose label the card ignores left out (`ignore_labels`), and,
-    in training and evaluation, rows with nothing to learn or score (`orders_nothing`)."""
+    where the split is `scored` (default: the training and validation splits), rows with nothing to
+    learn or score (`orders_nothing`)."""
     grouped = task.regroup(raw, where=origin.of)
     if grouped is not None:
         import datasets
@@ -89,7 +90,9 @@ def task_examples(task: TaskAdapter, split: str, raw, origin: Origin):
         ignored = [i for i, v in enumerate(raw[task.label]) if label_spelling(v) in task.ignore_labels]
         why = f"in the card's ignore_labels {task.ignore_labels}"
         raw, origin = left_out(raw, origin, split, ignored, why)
-    if split == "train" or split in task.validation_splits:  # (predictions: one for every row)
+    if (
+        split == "train" or split in task.validation_splits if scored is None else scored
+    ):  # (predictions: all)
         raw, origin = left_out(raw, origin, split, task.orders_nothing(raw, origin.of), ALIKE, said=True)
     return raw, origin
 

@@ -132,12 +132,6 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
             cuts = self.datasets[split].data.column("cut").to_pylist()  # (a datasets Column: slow)
             if said := cut_report(f"{self.task.name} {split}", cuts, self.max_length):
                 rank_zero_info(said)
-        if labelled and self.alike.get(split):  # (scored: left out as validation's are; predicted: kept)
-            if (scored := f"{split} (scored)") not in self.datasets:
-                self.datasets[scored], self.origins[scored] = left_out(
-                    self.datasets[split], self.origins[split], split, self.alike[split], ALIKE, said=True
-                )
-            split = scored
         ds = self.datasets[split]
         if labelled and ds.data.column("label").null_count:
             if split in self.no_label_column:
@@ -149,6 +143,14 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
                     "for training or evaluation, so every example needs one."
                 )
             )
+        if labelled and self.alike.get(
+            split
+        ):  # (evaluated: rows that order nothing left out; predicted: kept)
+            if (scored := f"{split} (scored)") not in self.datasets:
+                self.datasets[scored], self.origins[scored] = left_out(
+                    ds, self.origins[split], split, self.alike[split], ALIKE, said=True
+                )
+            ds = self.datasets[scored]
         return ds
 
     def _encode_split(self, split: str):
@@ -168,8 +170,10 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
                 f"{source}: missing column {asked.get(label, label)!r} (the labels); split {split!r} is "
                 f"used for training or evaluation, so every example needs one; the file has {has}."
             )
-        raw, origin = task_examples(self.task, split, raw, origin)  # regrouped, ignored labels left out
-        if split != "train" and split not in self.task.validation_splits:
+        raw, origin = task_examples(
+            self.task, split, raw, origin, scored=split == "train"
+        )  # (regrouped, ...)
+        if split != "train":  # evaluated without its rows that order nothing, predicted with them (`encoded`)
             self.alike[split] = self.task.orders_nothing(raw, origin.of)
         raw, index_field, names = example_ids(self.task, split, raw, origin)
         if names:  # ids that are not all integers (ProcessBench's "gsm8k-0"): rows numbered, and

@@ -399,7 +399,7 @@ def test_a_test_split_is_scored_without_its_rows_that_order_nothing_and_predicte
 ):
     """`test` left the rows of a test split that order nothing in, each a loss of 0 that lowered its
     loss where `validate` on the same file left them out: both leave them out now, saying how many;
-    its predictions keep every row."""
+    its predictions keep every row, and a validation split's too (they were left out)."""
     from gpt_ft.adapters import LocalFiles
     from gpt_ft.data.task_data import TaskDataModule
 
@@ -421,3 +421,11 @@ def test_a_test_split_is_scored_without_its_rows_that_order_nothing_and_predicte
     assert len(data.encoded("test", labelled=True)) == 1 and len(data.encoded("test", labelled=False)) == 3
     assert data.encoded("test", labelled=True)["index"] == [1]
     assert data.origins["test (scored)"].of(0).endswith("line 2")
+    assert len(data.encoded("validation", labelled=False)) == 3  # a validation split predicted: every row
+    rows[2] = {"prompt": "c", "replies": ["x", "y"]}  # line 3 unscored, after line 1's tie: named as it is
+    (tmp_path / "test.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    data = TaskDataModule(task, tokenizer_dir, data_dir=str(tmp_path), max_length=32)
+    with pytest.raises(
+        TaskDataError, match=r"test.jsonl, line 3: no label \(field 'scores'\); split 'test' is used"
+    ):
+        data.encoded("test", labelled=True)
