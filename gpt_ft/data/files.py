@@ -128,11 +128,18 @@ def absent_columns(task: TaskAdapter, raw, origin: Origin, fields: list[str]) ->
     source = task.local if origin.path is not None else task.hub
     asked = {field: column for column, field in (getattr(source, "columns", None) or {}).items()}
     if missing := [asked.get(field, field) for field in fields if field not in raw.column_names]:
-        read = {c: origin.in_file(c) for c in raw.column_names if c not in origin.derived}  # (a rename's)
-        has = [repr(v) + f" (read as {c!r}: the card's `columns`)" * (v in missing) for c, v in read.items()]
-        said = f"missing column(s) {missing} needed by task {task.name!r}; the file has [{', '.join(has)}]"
-        return f"{origin.source}: {said}."
+        has = held_columns(raw, origin, missing)
+        return (
+            f"{origin.source}: missing column(s) {missing} needed by task {task.name!r}; the file has {has}."
+        )
     return None
+
+
+def held_columns(raw, origin: Origin, missing: list[str]) -> str:
+    """A split's columns as the file names them, one the card renames away from a `missing` field said."""
+    read = {c: origin.in_file(c) for c in raw.column_names if c not in origin.derived}
+    has = [repr(v) + f" (read as {c!r}: the card's `columns`)" * (v in missing) for c, v in read.items()]
+    return f"[{', '.join(has)}]"
 
 
 def _load_hub(task: TaskAdapter, split: str):
@@ -308,17 +315,13 @@ class Origin:
     """Where the rows of a loaded split come from, to point at one of them in a message: its file
     and the line an editor shows (header = line 1), or its record in a file without lines."""
 
-    source: str
-    """The file's path, or the hub dataset and split."""
+    source: str  # the file's path, or the hub dataset and split
     path: Path | None = None
     fmt: str | None = None
     header: bool = True
-    selection: str = ""
-    """The card's slice of the file, e.g. '[:1497]'."""
-    kept: tuple[int, ...] | None = None
-    """The rows left after some were dropped (`ignore_labels`), by their number before."""
-    columns: tuple[tuple[str, str], ...] = ()
-    """Fields read from a column of another name (the card's `columns`): (field, column)."""
+    selection: str = ""  # the card's slice of the file, e.g. '[:1497]'
+    kept: tuple[int, ...] | None = None  # the rows left after some were dropped (ignore_labels), by number
+    columns: tuple[tuple[str, str], ...] = ()  # (field, column): a field read from a column of another name
     derived: tuple[str, ...] = ()  # columns made of nested fields (`choices.text`), not the file's own
     labels: tuple[str, str] | None = None  # (field, file): the labels read from a file of their own
     shared: bool = False

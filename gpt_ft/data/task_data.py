@@ -20,7 +20,7 @@ from gpt_ft.adapters import ENCODING, TaskAdapter, TaskDataError
 from gpt_ft.adapters.cards import adapter_code, as_task, card_key
 from gpt_ft.adapters.truncation import WHOLE, cut_report
 from gpt_ft.data.batches import collate_batch, reads
-from gpt_ft.data.files import Origin, absent_columns, located_split, task_examples
+from gpt_ft.data.files import Origin, absent_columns, held_columns, located_split, task_examples
 from gpt_ft.data.folders import datasets_bars, first_process
 from gpt_ft.data.ids import example_ids, integer_id
 from gpt_ft.data.pinning import check_model_fits, leave_stops_to_the_main_process, pins
@@ -161,14 +161,15 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
             raise TaskDataError(f"{source}: split {split!r} has no examples.")
         renamed = (self.task.local if self.data_dir is not None else self.task.hub).columns or {}
         asked = {field: column for column, field in renamed.items()}  # the file's names, as the card says
-        has = origin.file_columns(raw.column_names)
         if said := absent_columns(self.task, raw, origin, self.task.text_fields()):
             raise TaskDataError(said)
         label = self.task.label_column
         if label is not None and label not in raw.column_names:  # a test split's; refused where needed
+            missing = asked.get(label, label)
+            has = held_columns(raw, origin, [missing])
             self.no_label_column[split] = (
-                f"{source}: missing column {asked.get(label, label)!r} (the labels); split {split!r} is "
-                f"used for training or evaluation, so every example needs one; the file has {has}."
+                f"{source}: missing column {missing!r} (the labels); split {split!r} is used for training or "
+                f"evaluation, so every example needs one; the file has {has}."
             )
         raw, origin = task_examples(
             self.task, split, raw, origin, scored=split == "train"

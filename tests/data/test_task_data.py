@@ -259,6 +259,15 @@ def test_errors_name_the_column_a_renamed_field_is_read_from(pairs_dir, tokenize
         match=rf"missing column\(s\) \['sentence2'\] needed by task 'pairs'; the file has {said}\.$",
     ):
         TaskDataModule(away, tokenizer_dir, data_dir=str(pairs_dir)).encoded("validation", labelled=True)
+    away = pair_task(
+        columns={"idx": "index", "first": "sentence1", "label": "other"}
+    )  # the labels' column too
+    (pairs_dir / "PAIRS/dev.tsv").write_text("idx\tfirst\tsentence2\tlabel\n" + rows)
+    said = r"\['idx', 'first', 'sentence2', 'label' \(read as 'other': the card's `columns`\)\]"
+    with pytest.raises(
+        TaskDataError, match=rf"missing column 'label' \(the labels\); .* the file has {said}\.$"
+    ):
+        TaskDataModule(away, tokenizer_dir, data_dir=str(pairs_dir)).encoded("validation", labelled=True)
 
 
 @pytest.mark.parametrize("first", ["q-7", "123456789012345678901234", "007", "1_0"])
