@@ -216,11 +216,9 @@ def read_table(
     selection: str = "",
     split: str = "data",
 ):
-    """A csv, tsv, json/jsonl or parquet file as a `datasets.Dataset`, every csv/tsv cell as text.
-
-    `column_names` names the columns of a file without a header row; `selection` is a slice such
-    as `[:1497]`. Problems are one `TaskDataError` sentence naming the file.
-    """
+    """A csv, tsv, json/jsonl or parquet file as a `datasets.Dataset`, every csv/tsv cell as text;
+    `column_names` name a headerless file's columns, `selection` is a slice such as `[:1497]`.
+    Problems are one `TaskDataError` sentence naming the file."""
     import datasets
 
     fmt = fmt or file_format(path)
@@ -274,9 +272,13 @@ def read_table(
     try:
         files = {"data": glob.escape(str(path))}  # a name, not a pattern: `data [v2]/train[1].tsv`
         with no_download_count(), datasets_bars(sys.stderr.isatty()):  # (a local file: no request)
-            return datasets.load_dataset(
+            loaded = datasets.load_dataset(
                 builder, loader_key(path), data_files=files, split="data" + selection, **kwargs
             )
+        # a slice that ends before it starts ([3:-498] of 500 rows): read as no rows, not as datasets reads it
+        if selection and not sliced(selection, len(read_table(path, fmt=fmt, column_names=column_names))):
+            raise ValueError("corresponds to no data")
+        return loaded
     except Exception as exc:  # pandas/pyarrow parse errors, an empty selection
         if "corresponds to no data" in str(exc) or fmt == "parquet" and parquet_rows(path) == 0:
             if selection and (whole := read_table(path, fmt=fmt, column_names=column_names, split=split)):
@@ -301,8 +303,7 @@ def header_of(path: Path, sep: str) -> list[str]:  # a csv's (sep ",") or tsv's 
         raise TaskDataError(
             f"{path}, line 1 is empty: the header (the columns' names) must be the first line."
         )
-    repeated = sorted({c for c in columns if columns.count(c) > 1})
-    if repeated:
+    if repeated := sorted({c for c in columns if columns.count(c) > 1}):
         raise TaskDataError(
             f"{path}, line 1: column name(s) {repeated} appear more than once in the header; "
             "give each column its own name."

@@ -6,6 +6,7 @@ as an editor counts it, header = line 1) or the option, exit code 2, nothing on 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -231,9 +232,17 @@ def test_a_slice_of_none_of_the_rows_and_records_of_no_field_are_named_as_such(t
     from gpt_ft.data.files import read_table
 
     (tmp_path / "t.tsv").write_text("sentence\tlabel\n" + "a\tpositive\n" * 20)
-    said = r"t.tsv: split 'train' has no examples: its slice \[3:3\] takes none of the file's 20 rows\.$"
-    with pytest.raises(TaskDataError, match=said):
-        read_table(tmp_path / "t.tsv", selection="[3:3]", split="train")
+    for selection in (
+        "[3:3]",
+        "[3:-18]",
+        "[10:1%]",
+        "[-2:-5]",
+        "[50%:10]",
+    ):  # (datasets read [3:-18] as 17 rows)
+        said = rf"t.tsv: split 'train' has no examples: its slice {re.escape(selection)} takes none of"
+        with pytest.raises(TaskDataError, match=said):
+            read_table(tmp_path / "t.tsv", selection=selection, split="train")
+    assert len(read_table(tmp_path / "t.tsv", selection="[2:-15]", split="train")) == 3
     (tmp_path / "e.jsonl").write_text("{}\n{}\n")  # (it was said to hold no rows)
     with pytest.raises(TaskDataError, match=r"e.jsonl: its records hold no field \(\{\} on every line\)\.$"):
         read_table(tmp_path / "e.jsonl")
