@@ -128,6 +128,7 @@ class GPT(nn.Module):
         self.activation_checkpointing = False
         """In training, keep only each block's input and recompute its activations in the backward
         pass: memory for about one more forward pass (the dropout masks are replayed)."""
+        self.lm_rows: int | None = None  # a training loss's next tokens: the first rows only (a run's)
 
     def _initialize(self, root: nn.Module) -> None:
         """Fresh weights for `root` (this model or some of its blocks)."""

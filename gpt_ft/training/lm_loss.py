@@ -47,11 +47,14 @@ def lm_losses(gpt, hidden: Tensor, targets: Tensor) -> Tensor:
     if hasattr(head, "logits") or hidden.device.type != "cpu":
         plain = compiled_plain_losses() if is_compiled(gpt) and hidden.device.type == "cuda" else plain_losses
         return plain(gpt, hidden, targets)
-    return linear_cross_entropy(hidden, head.weight, targets, gpt.config.vocab_size)
+    return linear_cross_entropy(hidden, head.weight, targets, gpt.lm_rows or gpt.config.vocab_size)
 
 
 def plain_losses(gpt, hidden: Tensor, targets: Tensor) -> Tensor:
-    return F.cross_entropy(gpt.lm_logits(hidden).float(), targets, reduction="none")
+    logits = gpt.lm_logits(hidden)  # (a language model alone: the weights' own rows, `GPT.lm_rows`)
+    return F.cross_entropy(
+        (logits[..., : gpt.lm_rows] if gpt.lm_rows else logits).float(), targets, reduction="none"
+    )
 
 
 _compiled_plain = None

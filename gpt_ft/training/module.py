@@ -254,9 +254,9 @@ class GPTModule(Evaluation, LightningModule):
             lora=lora,
             new_token_ids=new_token_ids(tokenizer, init_from) if init_from else None,
             new_tokens=new_tokens,
+            lm_alone=task is None,
         )
-        self.lora, self.init_from = lora, init_from
-        self.task, self.lm_coef = task, lm_coef
+        self.lora, self.init_from, self.task, self.lm_coef = lora, init_from, task, lm_coef
         self.temperature = 1.0  # gpt-ft calibrate's: divides the logits before probabilities
         config = self.gpt.config
         head = dict(dropout=classifier_dropout, init_std=config.initializer_range, bias=config.bias)

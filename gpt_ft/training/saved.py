@@ -41,6 +41,7 @@ def build_gpt(
     new_token_ids: list[int] | None = None,
     new_tokens: Literal["random", "copied", "mean"] | None = None,
     own_tokens: dict[int, int] | None = None,
+    lm_alone: bool = False,
 ) -> GPT:
     """The GPT a run starts from: loaded weights (only dropouts may change, the first
     `transfer_layers` blocks kept) or a fresh preset, grown to fit the tokenizer's special tokens;
@@ -51,7 +52,11 @@ def build_gpt(
     its released size. The framing tokens' rows start random (GPT-1 §3.3), copied from the
     tokenizer's own tokens in those roles (`own_tokens`: {row: source}), or at the mean of the
     loaded rows (`mean`); `new_tokens=None` copies for the Llama family's weights only. The
-    `tokenizer`'s size is the vocabulary's where `vocab_size` is not given."""
+    `tokenizer`'s size is the vocabulary's where `vocab_size` is not given. A language model alone
+    (`lm_alone`, no task) predicts the text's tokens: gpt_ft's framing and padding tokens, appended
+    after them and in no text, take no share of its next-token probabilities (`GPT.lm_rows`; as
+    copies of the tokens they start from, they took half of those tokens', and a checkpoint scored
+    again takes the same rows)."""
     if vocab_size is None and tokenizer is not None:  # (linked from the data by the CLI; from Python:)
         from gpt_ft.data.tokenizer import load_tokenizer
 
@@ -110,6 +115,13 @@ def build_gpt(
         copy_token_rows(gpt, {row: source for row, source in own_tokens.items() if row in drawn})
     if init_from and new_tokens == "mean":
         mean_token_rows(gpt, sorted(drawn))
+    if lm_alone and tokenizer is not None:
+        from gpt_ft.data.tokenizer import SPECIAL_TOKENS, load_tokenizer
+
+        vocab = load_tokenizer(tokenizer).get_vocab()
+        ours = sorted(vocab[token] for token in SPECIAL_TOKENS.values() if token in vocab)
+        if ours and ours == list(range(ours[0], gpt.config.vocab_size)):  # (the vocabulary's last rows)
+            gpt.lm_rows = ours[0]
     if lora is not None:
         if not init_from:
             raise ValueError("lora adapts pretrained weights: give --model.init_from.")

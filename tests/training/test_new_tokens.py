@@ -182,3 +182,34 @@ def test_a_lora_run_on_a_released_table_is_read_again_from_its_checkpoint(tmp_pa
     saved = Checkpoint({})
     saved.adapters = Adapters.of(LoRA(rank=2, targets=list(TARGETS)[:2]), base="b", new_tokens_from=0)
     check_lora_resume(saved, LoRA(rank=2, targets=list(TARGETS)[:2][::-1]), "last.ckpt")
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_a_language_model_alone_scores_the_weights_own_tokens(weights, family):
+    """Pretraining or scoring a language model (no task) from released weights: the framing tokens
+    added after its vocabulary, which no text holds, take no share of its next-token probabilities
+    (copies of `<|im_start|>`, a newline and `<|im_end|>` took half of each of theirs: a perplexity 8%
+    too high on text with many newlines), so its LM loss is the weights' own; with a task, every
+    row counts (GPT-1's auxiliary loss reads the framing tokens too)."""
+    from gpt_ft.training.lm_loss import lm_losses, plain_losses
+
+    path = weights[family]
+    alone, tasked = GPTModule(init_from=str(path), tokenizer=str(path)), module(path, new_tokens="copied")
+    own = GPT.from_pretrained(str(path)).eval()
+    assert alone.gpt.lm_rows == own.config.vocab_size == 320 and tasked.gpt.lm_rows is None
+    scratch = GPTModule(
+        preset="gpt-micro", tokenizer=str(path)
+    )  # from scratch: the same rows (fit, validate)
+    assert scratch.gpt.lm_rows == 320 and scratch.gpt.config.vocab_size == len(load_tokenizer(path)) > 320
+    newline = load_tokenizer(path)("\n", add_special_tokens=False).input_ids[0]
+    ids = torch.tensor([[5, 17, newline, 40, newline, 9, 101, newline]])
+    with torch.no_grad():
+        expected = torch.nn.functional.cross_entropy(
+            own.lm_logits(own(ids))[0, :-1], ids[0, 1:], reduction="none"
+        )
+        for m, equal in ((alone, True), (tasked, False)):
+            for cpu_chunks in (True, False):  # the chunked CPU loss, and the plain one (GPUs, LoRA)
+                gpt = m.gpt.eval()
+                hidden = gpt(ids)[0, :-1]
+                losses = (lm_losses if cpu_chunks else plain_losses)(gpt, hidden, ids[0, 1:])
+                assert torch.allclose(losses, expected, atol=1e-5) == equal
