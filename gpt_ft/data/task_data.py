@@ -121,7 +121,7 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         self.id_names: dict[str, dict[int, str | dict]] = {}  # a test split's ids, by row: predictions' names
         self.predicted: list[str] | None = None  # the splits `predict_dataloader` was asked for
         self.choice_names: dict[str, dict[int, list[str]]] = {}  # its rows' own names of their choices
-        self.alike: dict[str, list[int]] = {}  # a test split's rows that order nothing: scored without them
+        self.alike: dict[str, list[int]] = {}  # a split's rows that order nothing: evaluated without them
 
     # ---- loading and encoding ----
 
@@ -143,9 +143,8 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
                     "for training or evaluation, so every example needs one."
                 )
             )
-        if labelled and self.alike.get(
-            split
-        ):  # (evaluated: rows that order nothing left out; predicted: kept)
+        # evaluated, a split's rows that order nothing are left out (`alike`); predicted, kept
+        if labelled and self.alike.get(split):
             if (scored := f"{split} (scored)") not in self.datasets:
                 self.datasets[scored], self.origins[scored] = left_out(
                     ds, self.origins[split], split, self.alike[split], ALIKE, said=True
@@ -171,10 +170,8 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
                 f"{source}: missing column {missing!r} (the labels); split {split!r} is used for training or "
                 f"evaluation, so every example needs one; the file has {has}."
             )
-        raw, origin = task_examples(
-            self.task, split, raw, origin, scored=split == "train"
-        )  # (regrouped, ...)
-        if split != "train":  # evaluated without its rows that order nothing, predicted with them (`encoded`)
+        raw, origin = task_examples(self.task, split, raw, origin, scored=split == "train")  # (regrouped)
+        if split != "train":  # its rows that order nothing: left out where it is evaluated (`encoded`)
             self.alike[split] = self.task.orders_nothing(raw, origin.of)
         raw, index_field, names = example_ids(self.task, split, raw, origin)
         if names:  # ids that are not all integers (ProcessBench's "gsm8k-0"): rows numbered, and

@@ -51,7 +51,7 @@ def lm_losses(gpt, hidden: Tensor, targets: Tensor) -> Tensor:
 
 
 def plain_losses(gpt, hidden: Tensor, targets: Tensor) -> Tensor:
-    logits = gpt.lm_logits(hidden)  # (a language model alone: the weights' own rows, `GPT.lm_rows`)
+    logits = gpt.lm_logits(hidden)  # (a language model alone: the text's tokens' rows, `GPT.lm_rows`)
     return F.cross_entropy(
         (logits[..., : gpt.lm_rows] if gpt.lm_rows else logits).float(), targets, reduction="none"
     )
