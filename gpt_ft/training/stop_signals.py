@@ -54,6 +54,8 @@ class StopSignals:
             return  # signal handlers can only be set there
         self._pid = os.getpid()
         for signum in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(signum) is signal.SIG_IGN:  # ignored where the run started (a script's `&`):
+                continue  # ignored still, as Python leaves an inherited SIG_IGN
             previous = signal.signal(signum, self._on_signal)
             self._previous[signum] = (
                 signal.SIG_DFL if previous is None else previous

@@ -43,17 +43,22 @@ def test_ctrl_c_saves_the_step_says_how_to_resume_and_resumes_exactly(background
 
 def test_a_second_ctrl_c_stops_at_once_and_gives_the_handler_back(tmp_path, tokenizer_dir, capfd):
     card = make_task("single", tmp_path)
+    # Python's handler, as a terminal starts a run (one started under a script's `&` ignores Ctrl-C)
+    started = signal.signal(signal.SIGINT, signal.default_int_handler)
     before = signal.getsignal(signal.SIGINT)
     # Two presses after batch 4 (the first of epoch 1), before its step's checkpoint is written.
     twice = interrupt(4, signal.SIGINT) * 2
-    with pytest.raises(SystemExit) as stopped:
-        main(["fit", *finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "logs"), *twice])
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            main(["fit", *finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "logs"), *twice])
+    finally:
+        handler = signal.signal(signal.SIGINT, started)
     assert stopped.value.code == 128 + signal.SIGINT
     err = capfd.readouterr().err
     assert "press Ctrl-C again to stop at once" in err  # the first press was gpt_ft's, not Python's
     assert err.rstrip().endswith("gpt-ft: stopped by Ctrl-C (SIGINT)") and "Traceback" not in err
     assert last_state(tmp_path / "logs", 0)["global_step"] == 3  # the epoch-0 validation's, not step 4's
-    assert signal.getsignal(signal.SIGINT) is before
+    assert handler is before
 
 
 def test_sigterm_is_the_stop_taken_whichever_signal_came_first():
@@ -73,3 +78,23 @@ def test_sigterm_is_the_stop_taken_whichever_signal_came_first():
         assert stops.agreed() == signal.SIGTERM
     finally:
         stops.restore()
+
+
+def test_a_signal_ignored_where_the_run_started_stays_ignored():
+    """A run started in the background by a script (`gpt-ft fit ... &`) inherits SIGINT ignored: it
+    ignored Ctrl-C while it set up, then stopped at one once training began (its handler put over
+    the SIG_IGN); now it ignores it throughout, as Python does, and SIGTERM still stops it."""
+    import signal
+    from types import SimpleNamespace
+
+    from gpt_ft.training.stop_signals import StopSignals
+
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    stops = StopSignals()
+    try:
+        stops.install(SimpleNamespace(is_global_zero=False, world_size=1))
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) == stops._on_signal
+    finally:
+        stops.restore()
+        signal.signal(signal.SIGINT, before)
