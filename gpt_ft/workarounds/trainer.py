@@ -40,7 +40,9 @@ def quiet_misleading_warnings() -> None:
     - the model summary's size "not accurate" under mixed precision: its weights are float32, as
       the 32 bits it counts;
     - torch's deprecation of `isinstance(treespec, LeafSpec)`: Lightning's own call
-      (lightning/pytorch/utilities/_pytree.py), nothing a run's user can change.
+      (lightning/pytorch/utilities/_pytree.py), nothing a run's user can change;
+    - "No seed found, seed set to 0": `--seed_everything` given as true or not at all is 0, as
+      documented (gpt_ft/workarounds/cli.py), and recorded so in the run's config.yaml.
 
     And the toolkit's own warnings are shown as Lightning shows its own: on one line, without the
     line of source that raised them (a log read `rank_zero_warn(f"{given} is {than} the run's ...`).
@@ -66,6 +68,7 @@ def quiet_misleading_warnings() -> None:
         "You have overridden `on_after_batch_transfer` in `LightningModule` but have passed in a",
         r"Precision (bf)?16-mixed is not supported by the model summary",
         r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+        "No seed found, seed set to 0",
     ):
         warnings.filterwarnings("ignore", message=message)
 
