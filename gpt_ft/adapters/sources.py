@@ -129,6 +129,9 @@ class LocalFiles:
     """Where set, a split whose file has a slice takes it of the file's rows as
     `numpy.random.RandomState(shuffle_seed).permutation` orders them (scikit-learn's
     `train_test_split`: its test rows are `[:n]`, its train rows `[n:]`)."""
+    written_by: str | None = None
+    """The command that writes these files, where another file is cut into them (PRMBench by
+    question): said when one is missing."""
 
     def __post_init__(self) -> None:
         for name in ("headerless_splits", "label_files"):

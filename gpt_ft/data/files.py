@@ -191,7 +191,8 @@ def _load_local(task: TaskAdapter, split: str, data_dir: Path):
         alone = (
             f"; the others alone: --data.task.init_args.test_splits '[{', '.join(others)}]'" if others else ""
         )
-        raise TaskDataError(f"{path}: {what} (split {split!r} of task {task.name!r}){alone}.")
+        made = f"; the task's files are written by {spec.written_by}" if spec.written_by else ""
+        raise TaskDataError(f"{path}: {what} (split {split!r} of task {task.name!r}){alone}{made}.")
     if path.stat().st_size == 0:
         raise TaskDataError(f"{path}: file is empty (split {split!r} of task {task.name!r}).")
     shuffled, labels = spec.shuffle_seed is not None and origin.selection, label_file(task, split, data_dir)

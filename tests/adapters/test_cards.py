@@ -84,7 +84,7 @@ def test_card_errors_name_the_file(tmp_path):
         # column held a space.
         ("{name: x, local: {splits: {train: t.tsv}, column: {Sentence 1: sentence}}}",
          "local has no field 'column'; its fields: splits, format, column_names, headerless_splits, columns, "
-         "label_files, shuffle_seed"),
+         "label_files, shuffle_seed, written_by"),
         ("{name: x, hub: {name: glue}}", "hub needs path.$"),
         # Column names repeated: was the file's fault ("Duplicate names are not allowed").
         ("{name: x, local: {splits: {train: t.tsv}, column_names: [sentence, label, sentence]}}",
@@ -265,7 +265,7 @@ def test_a_card_given_over_another_takes_none_of_its_file_layout(tmp_path):
     task = build_fit.resolve([f"--data.task={first}", f"--data.task={second}"])["data"]["init_args"]["task"]
     assert task["init_args"]["local"] == {"splits": {"train": "c.tsv"}, "format": None, "column_names": None,
                                           "headerless_splits": None, "columns": None, "label_files": None,
-                                          "shuffle_seed": None}  # fmt: skip
+                                          "shuffle_seed": None, "written_by": None}  # fmt: skip
     assert task["init_args"]["hub"] == {
         "path": "me/mine", "name": None, "columns": None, "splits": None, "configs": None, "data_dir": None
     }  # fmt: skip

@@ -23,6 +23,7 @@ import torch
 from jsonargparse import ArgumentParser
 
 from gpt_ft.adapters import LocalFiles, SingleText, TaskDataError
+from gpt_ft.adapters.cards import load_card
 from gpt_ft.data.batches import reads
 from gpt_ft.data.files import load_split, located_split, read_table
 from gpt_ft.data.layout import SLICE, split_file
@@ -821,6 +822,20 @@ def test_a_missing_test_file_says_how_to_predict_the_others(tmp_path):
     task = SingleText(name="mnli", labels=["a", "b"], local=task.local, test_splits=["test_ax"])
     with pytest.raises(TaskDataError, match=r"\(split 'test_ax' of task 'mnli'\)\.$"):
         load_split(task, "test_ax", tmp_path)
+
+
+def test_a_missing_file_that_a_command_writes_names_the_command(tmp_path):
+    """PRMBench's files split by question are written by a benchmark script: a missing one said
+    "file not found" alone, and where the files come from was in the card's comment only."""
+    task = load_card(TASKS / "steps" / "prmbench.yaml")
+    written_by = task.local.written_by
+    assert written_by.startswith("python benchmarks/bench_steps.py --prmbench PRMBENCH_DIR --split-only")
+    with pytest.raises(TaskDataError) as missing:
+        load_split(task, "train", tmp_path)
+    assert str(missing.value) == (
+        f"{tmp_path / 'train.jsonl'}: file not found (split 'train' of task 'prmbench'); the task's files "
+        f"are written by {written_by}."
+    )
 
 
 def test_columns_renamed_onto_a_kept_column_or_each_other_are_one_sentence(tmp_path):
