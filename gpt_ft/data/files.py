@@ -183,8 +183,7 @@ def _load_local(task: TaskAdapter, split: str, data_dir: Path):
             f"The data folder {data_dir} is a file: give the folder that holds the files of task "
             f"{task.name!r}."
         )
-    origin = split_origin(task, split, data_dir)
-    path = origin.path
+    path = (origin := split_origin(task, split, data_dir)).path
     if not path.is_file():
         what = "a folder, not a file" if path.is_dir() else "file not found"
         others = [s for s in task.test_splits if s != split] if split in task.test_splits else []
