@@ -25,7 +25,7 @@ from jsonargparse import ArgumentParser
 from gpt_ft.adapters import LocalFiles, SingleText, TaskDataError
 from gpt_ft.adapters.cards import load_card
 from gpt_ft.data.batches import reads
-from gpt_ft.data.files import load_split, located_split, read_table
+from gpt_ft.data.files import labelled_rows, load_split, located_split, read_table
 from gpt_ft.data.layout import SLICE, split_file
 from gpt_ft.data.task_data import TaskDataModule
 from tests.helpers import TASK_CARDS, TASKS
@@ -824,18 +824,35 @@ def test_a_missing_test_file_says_how_to_predict_the_others(tmp_path):
         load_split(task, "test_ax", tmp_path)
 
 
-def test_a_missing_file_that_a_command_writes_names_the_command(tmp_path):
-    """PRMBench's files split by question are written by a benchmark script: a missing one said
-    "file not found" alone, and where the files come from was in the card's comment only."""
-    task = load_card(TASKS / "steps" / "prmbench.yaml")
-    written_by = task.local.written_by
-    assert written_by.startswith("python benchmarks/bench_steps.py --prmbench PRMBENCH_DIR --split-only")
+@pytest.mark.parametrize("card", ["steps/prmbench", "ranking/prmbench", "race"])
+def test_a_missing_file_that_a_command_writes_names_the_command(card, tmp_path):
+    """PRMBench's files split by question are written by a benchmark script, RACE's as the hub's rows:
+    a missing one said "file not found" alone (RACE's docs put it among the releases read as they are)."""
+    task = load_card(TASKS / f"{card}.yaml")
     with pytest.raises(TaskDataError) as missing:
         load_split(task, "train", tmp_path)
     assert str(missing.value) == (
-        f"{tmp_path / 'train.jsonl'}: file not found (split 'train' of task 'prmbench'); the task's files "
-        f"are written by {written_by}."
+        f"{tmp_path / task.local.splits['train']}: file not found (split 'train' of task '{task.name}'); "
+        f"the task's files are written by {task.local.written_by}."
     )
+
+
+def test_the_command_that_writes_races_files_writes_what_its_card_reads(tmp_path, monkeypatch):
+    """The card's command, run where the hub is reached (here: its rows as ehovy/race holds them)."""
+    command = load_card(TASKS / "race.yaml").local.written_by
+    code = re.fullmatch(r'python -c "(.*)", online', command)[1].replace("DIR", str(tmp_path))
+    row = {"example_id": "high1.txt", "article": "A cat sat .", "answer": "C", "question": "Where ?",
+           "options": ["here", "there", "on a mat", "away"]}  # fmt: skip
+    hub = datasets.DatasetDict(
+        {s: datasets.Dataset.from_list([row]) for s in ("train", "validation", "test")}
+    )
+    with monkeypatch.context() as online:
+        online.setattr(datasets, "load_dataset", lambda *args: hub if args == ("ehovy/race", "all") else None)
+        exec(code, {})
+    task = load_card(TASKS / "race.yaml")
+    for split in ("train", "validation", "test"):
+        (read,) = labelled_rows(task, split, tmp_path)
+        assert task.output.example_label(read) == 2 and read["options"][2] == "on a mat", split
 
 
 def test_columns_renamed_onto_a_kept_column_or_each_other_are_one_sentence(tmp_path):
