@@ -49,10 +49,18 @@ def spread(values: Tensor) -> bool:
 
 def ranks(values: Tensor) -> Tensor:
     """1-based ranks, tied values sharing their mean rank (scipy's `rankdata`): Spearman's is the
-    Pearson correlation of these. torchmetrics' `spearman_corrcoef` adds 1e-6 to its denominator,
-    which gave a perfect ranking 0.9999985 on three examples."""
-    _, where, counts = torch.unique(values, return_inverse=True, return_counts=True)
-    return (counts.cumsum(0).double() - (counts.double() - 1) / 2)[where]
+    Pearson correlation of these. A value `tied` with the one ranked next below it ties with it (a
+    row and its copy, scored in other batches or places of a packed row, differ in last bits, and
+    were ranked apart). torchmetrics' `spearman_corrcoef` adds 1e-6 to its denominator, which gave
+    a perfect ranking 0.9999985 on three examples."""
+    ordered, order = values.sort()
+    new = torch.ones_like(ordered, dtype=torch.bool)  # where a run of tied values starts
+    new[1:] = ~tied(ordered[1:], ordered[:-1])
+    run = new.cumsum(0) - 1
+    counts = torch.bincount(run).double()
+    ranked = torch.empty_like(values, dtype=torch.float64)
+    ranked[order] = (counts.cumsum(0) - (counts - 1) / 2)[run]
+    return ranked
 
 
 def matthews(predictions: Tensor, labels: Tensor, num_classes: int) -> Tensor:

@@ -43,6 +43,13 @@ def test_metrics_on_hand_computed_cases():
         assert math.isnan(metric_value(name, noisy, torch.tensor([2.0, 4.0, 5.0, 4.0]), 1)), name
     near = torch.tensor([3.0, 3.00001, 3.00002, 3.00003])  # 1e-5 apart at 3: told apart
     assert metric_value("spearman", near, near, 1) == pytest.approx(1.0)
+    # A row and its copy scored last bits apart (4.1557555 and 4.1557546: an STS-B dev file with rows
+    # repeated) are one score, as scipy ranks them when equal; they were ranked apart (0.8721 here).
+    # Ranks [4.5, 1, 4.5, 2, 3] and [4.5, 1, 4.5, 3, 2]: about their mean 3, products sum to 8.5 and
+    # squares to 9.5 on each side: 17/19.
+    copies = torch.tensor([4.1557555, 1.0, 4.1557546, 2.0, 3.0], dtype=torch.float32)
+    gold = torch.tensor([4.0, 1.0, 4.0, 3.0, 2.0])
+    assert metric_value("spearman", copies, gold, 1) == pytest.approx(17 / 19, rel=1e-12)
     # A NaN prediction (an overflowed score), or one example: undefined too, not a made-up rank order.
     for x, y in (([math.nan, 1.0, 2.0, 3.0], [2.0, 4.0, 5.0, 1.0]), ([1.0], [2.0])):
         for name in ("pearson", "spearman"):
