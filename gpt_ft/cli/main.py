@@ -265,8 +265,8 @@ def main(argv: list[str] | None = None) -> None:
     except USER_ERRORS as exc:
         if debug:
             raise
-        if not first_process() and any(isinstance(e, TaskDataError) for e in causes(exc)):
-            raise SystemExit(2) from None  # every process reads the same files: the first says it
+        if not first_process(on_its_machine=True):  # a missing checkpoint, a bad file, a non-finite
+            raise SystemExit(2) from None  # loss: met by every process alike, said by the first
         fail(undecodable_file(exc) or not_installed(exc) or user_message(exc))
     except argparse.ArgumentError as exc:
         if debug:

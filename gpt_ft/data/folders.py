@@ -34,9 +34,12 @@ def process_rank() -> str:
     return os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))
 
 
-def first_process() -> bool:
+def first_process(on_its_machine: bool = False) -> bool:
     """Whether this is the first process of a distributed run, or the only one: the one that says
-    what every process would (an error, a stop), writes shared folders and prints."""
+    what every process would (a stop), writes shared folders and prints. `on_its_machine`: the
+    first of those on this machine, which says a fault they all meet (each machine's log says it)."""
+    if on_its_machine:
+        return os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", process_rank())) == "0"
     return process_rank() == "0" and os.environ.get("NODE_RANK", "0") == "0"
 
 

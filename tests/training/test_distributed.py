@@ -278,9 +278,18 @@ def start_ddp_without_its_data(root, tokenizer_dir):
     card_of_labels = make_task("single", labels)
     train = labels / "d" / "train.tsv"
     train.write_text(train.read_text().replace("\t1\n", "\tmaybe\n", 1))
+    restored = root / "restored"  # (its data whole)
+    card_whole = make_task("single", restored)
     return [
         gpt_ft("fit", *common_args(card, tokenizer_dir, root), *ddp_args(2), cwd=root),
         gpt_ft("fit", *common_args(card_of_labels, tokenizer_dir, labels), *ddp_args(2), cwd=labels),
+        gpt_ft(
+            "fit",
+            *common_args(card_whole, tokenizer_dir, restored),
+            *ddp_args(2),
+            "--ckpt_path=nothere.ckpt",
+            cwd=restored,
+        ),  # fmt: skip
     ]
 
 
@@ -288,8 +297,9 @@ def start_ddp_without_its_data(root, tokenizer_dir):
 def test_a_fault_in_the_data_of_a_run_on_two_processes_is_said_once(background):
     """The data is read before the other process starts: the fault is said once, by the first
     process; a fault found as each process encodes the data (a label outside the card's) once too
-    (each process said it)."""
-    fit, labels = background.runs
+    (each process said it), and so is a checkpoint to resume that is missing, found by Lightning once
+    both processes run (each said it)."""
+    fit, labels, restored = background.runs
     for run in background.runs:
         assert run.returncode == 2, run.stderr[-3000:]
     said = [line for line in fit.stderr.splitlines() if line.startswith("gpt-ft: error:")]
@@ -299,3 +309,27 @@ def test_a_fault_in_the_data_of_a_run_on_two_processes_is_said_once(background):
     assert len(said) == 1 and "line 3: label 'maybe' in field 'label' is not among the labels" in said[0], (
         said
     )
+    said = [line for line in restored.stderr.splitlines() if line.startswith("gpt-ft: error:")]
+    assert said == ["gpt-ft: error: Checkpoint nothere.ckpt does not exist."], restored.stderr[-3000:]
+    assert "GLOBAL_RANK: 1" in restored.stderr  # (found once both ran)
+
+
+@pytest.mark.parametrize(
+    ("env", "first", "first_on_its_machine"),
+    [
+        ({}, True, True),  # no distributed run
+        ({"LOCAL_RANK": "1"}, False, False),  # Lightning's second process on one machine
+        ({"RANK": "2", "LOCAL_RANK": "0", "NODE_RANK": "1"}, False, True),  # the second machine's first
+        ({"SLURM_LOCALID": "1", "RANK": "3"}, False, False),  # SLURM's, without LOCAL_RANK
+    ],
+)
+def test_the_first_process_of_a_run_and_of_each_machine(env, first, first_on_its_machine, monkeypatch):
+    """A fault every process meets alike is said by each machine's first (its own log), and only
+    there: a missing checkpoint was said once by every process of a run on one machine."""
+    from gpt_ft.data.folders import first_process
+
+    for name in ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_LOCALID"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert (first_process(), first_process(on_its_machine=True)) == (first, first_on_its_machine)
