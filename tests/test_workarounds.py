@@ -42,6 +42,7 @@ from gpt_ft.workarounds.trainer import (
     loggers_write_this_step,
     logging_as,
     no_tips,
+    quiet_misleading_warnings,
     request_graceful_stop,
     should_accumulate,
     summary_table,
@@ -936,3 +937,29 @@ def test_a_gguf_tokenizer_takes_a_word_it_holds_whole_where_llama_cpp_does(tmp_p
     llama_cpp = pytest.importorskip("llama_cpp")
     llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
     assert llm.tokenize(text.encode(), add_bos=False, special=False) == ids
+
+
+@pytest.mark.parametrize("command", ["validate", "test"])
+def test_lightnings_advice_to_evaluate_on_one_device_is_quieted(command):
+    """Evaluation drops the distributed sampler's repeats (gpt_ft/training/eval_metrics.py, exact on
+    2 processes: tests/training/test_distributed.py), so Lightning's advice to evaluate on one device
+    misleads; it showed under `gpt-ft validate` and `test` on 2 processes."""
+    import warnings
+
+    from lightning.fabric.utilities.warnings import PossibleUserWarning
+    from lightning.pytorch.trainer.connectors import data_connector
+
+    source = " ".join(inspect.getsource(data_connector).split())  # (Lightning's wording, as it warns)
+    assert (
+        'f"Using `DistributedSampler` with the dataloaders. During `trainer.{trainer_fn.value}()`, it is"'
+        in source
+    )
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        quiet_misleading_warnings()
+        warnings.warn(
+            f"Using `DistributedSampler` with the dataloaders. During `trainer.{command}()`, it is "
+            "recommended to use `Trainer(devices=1, num_nodes=1)` ...",
+            PossibleUserWarning,
+        )
+    assert not shown, [str(w.message) for w in shown]

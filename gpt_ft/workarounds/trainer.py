@@ -27,8 +27,9 @@ def quiet_misleading_warnings() -> None:
     shows again):
 
     - a resume mid-epoch: the data modules resume mid-epoch themselves (gpt_ft/data/samplers.py);
-    - syncing validation and test metrics: they are computed over every rank's examples
-      (torchmetrics gathers them) before they are logged;
+    - syncing validation and test metrics, or `devices=1` advised for them: they are computed over
+      every rank's examples, gathered by example and the distributed sampler's repeats dropped
+      (gpt_ft/training/eval_metrics.py), before they are logged;
     - an empty list of loaders: a token folder without a validation block, which its data module
       has said;
     - a checkpoint folder not empty: it holds the run's lock when Lightning looks, and earlier
@@ -62,6 +63,7 @@ def quiet_misleading_warnings() -> None:
     for message in (
         "You're resuming from a checkpoint that ended before",
         r"It is recommended to use `self.log\('(validation|test)",
+        r"Using `DistributedSampler` with the dataloaders\. During `trainer\.(validate|test)\(\)`",
         "Total length of `list` across ranks is zero",
         "Checkpoint directory .* exists and is not empty",
         "LightningCLI's args parameter is intended",
