@@ -154,13 +154,21 @@ def test_base_model_hidden_states_equal_transformers(family):
 
 
 def test_to_hf_round_trips_every_tensor(pair):
+    """Every tensor, every setting read back (a config class takes a field of another family's name
+    without a word, Llama's `rms_norm_eps` given to StableLM's, and fills what is left out with its
+    own defaults, a partial rotary factor other than 1), and so the logits. (The config is written
+    as its settings are, not as the source spelt them: Qwen2's window as each layer's type.)"""
     hf, gpt = pair
-    back = gpt.to_hf()
+    back = gpt.to_hf().eval()
     assert type(back) is type(hf)
     theirs, ours = hf.state_dict(), back.state_dict()
     assert theirs.keys() == ours.keys()
     for key in theirs:
         assert torch.equal(theirs[key], ours[key]), key
+    assert GPT.from_hf(back).config == gpt.config
+    ids = torch.randint(0, VOCAB, (2, 33))
+    with torch.no_grad():
+        torch.testing.assert_close(back(ids).logits, hf(ids).logits, rtol=0, atol=1e-5)
     tied = back.lm_head.weight.data_ptr() == back.get_input_embeddings().weight.data_ptr()
     assert tied == hf.config.tie_word_embeddings
 
