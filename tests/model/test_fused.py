@@ -49,9 +49,10 @@ def test_training_fused_equals_the_eager_ops(tokenizer_dir, monkeypatch, forced,
     calls, real = [], fused.compiled
     monkeypatch.setattr(fused, "compiled", lambda key, fn: calls.append(key) or real(key, fn))
     assert_same(expected, run(module, batch), collate(rows, specials.pad).choice_mask)
-    act, gated = module.gpt.config.activation, module.gpt.config.gated_mlp
-    assert ({"rms_norm", f"swiglu-{act}"} <= set(calls)) == gated  # (GPT-NeoX's LayerNorm, plain MLP: none)
-    assert ("split_heads" in calls) == (flat and not module.gpt.config.qk_norm)
+    config = module.gpt.config  # (GPT-NeoX's LayerNorm and plain MLP: neither)
+    assert ("rms_norm" in calls) == (config.norm != "layernorm")
+    assert (f"swiglu-{config.activation}" in calls) == config.gated_mlp
+    assert ("split_heads" in calls) == (flat and not config.qk_norm)
 
 
 @pytest.mark.parametrize("rotary_dim", [None, 4])
