@@ -857,28 +857,37 @@ def test_a_gguf_load_in_another_thread_waits_for_the_one_under_way():
     assert seen == [own] and gguf.GGUFReader is own and not gguf_files.OPEN
 
 
-def test_transformers_gguf_reader_takes_smollm3_and_olmo2_files_by_llamas_keys_within_a_load_only():
-    """transformers' GGUF reader lists no `smollm3` nor `olmo2` (gpt_ft/workarounds/gguf_files.py: once
-    it does, drop it from `READ_AS_LLAMA`); within `read_once` its tables read them by Llama's keys,
-    SmolLM3's tensors as Llama's and OLMo 2's as stored; after it, the tables are as they were."""
+def test_transformers_gguf_reader_takes_smollm3_olmo2_and_gptneox_files_within_a_load_only():
+    """transformers' GGUF reader lists no `smollm3`, `olmo2` nor `gptneox` (gpt_ft/workarounds/
+    gguf_files.py: once it does, drop it from `READ_AS_LLAMA`, or the GPT-NeoX tables); within
+    `read_once` its tables read the first two by Llama's keys, SmolLM3's tensors as Llama's and OLMo 2's
+    as stored, and GPT-NeoX's by its own keys as a GPTNeoXConfig, q/k/v by Bloom's processor; after it,
+    the tables are as they were."""
     pytest.importorskip("gguf")
+    from transformers import GPTNeoXConfig
     from transformers.modeling_gguf_pytorch_utils import (
         GGUF_SUPPORTED_ARCHITECTURES,
         GGUF_TO_TRANSFORMERS_MAPPING,
         TENSOR_PROCESSORS,
     )
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     from gpt_ft.workarounds import gguf_files
 
     config, tables = GGUF_TO_TRANSFORMERS_MAPPING["config"], (GGUF_SUPPORTED_ARCHITECTURES, TENSOR_PROCESSORS)
     before = [list(GGUF_SUPPORTED_ARCHITECTURES), dict(config), dict(TENSOR_PROCESSORS)]
     assert gguf_files.READ_AS_LLAMA == {"smollm3": "llama", "olmo2": None}
-    assert not any(arch in table for arch in ("smollm3", "olmo2") for table in (config, *tables))
+    unlisted = ("smollm3", "olmo2", "gptneox")
+    assert not any(arch in table for arch in unlisted for table in (config, *tables))
+    assert "gptneox" not in CONFIG_MAPPING  # (transformers' model type is gpt_neox)
     with gguf_files.read_once():
-        assert {"smollm3", "olmo2"} <= set(GGUF_SUPPORTED_ARCHITECTURES)
+        assert set(unlisted) <= set(GGUF_SUPPORTED_ARCHITECTURES)
         assert config["smollm3"] is config["llama"] and config["olmo2"] is config["llama"]
         assert TENSOR_PROCESSORS["smollm3"] is TENSOR_PROCESSORS["llama"] and "olmo2" not in TENSOR_PROCESSORS
+        assert config["gptneox"] is gguf_files.NEOX_KEYS and CONFIG_MAPPING["gptneox"] is GPTNeoXConfig
+        assert issubclass(TENSOR_PROCESSORS["gptneox"], TENSOR_PROCESSORS["bloom"])
     assert [list(GGUF_SUPPORTED_ARCHITECTURES), dict(config), dict(TENSOR_PROCESSORS)] == before
+    assert "gptneox" not in CONFIG_MAPPING
 
 
 @pytest.mark.parametrize("pre", ["smollm", "gpt-2"])

@@ -6,7 +6,8 @@ metadata keys and renames GGUF's tensors to its own (undoing llama.cpp's rotary 
 and k, and Gemma's +1 on its norm weights); its tensors then take the same path into a GPT as a
 transformers folder's (`hf.py`). What this module adds is finding the file, the settings
 transformers' reading leaves out (Gemma 3's layers that slide a window, their rotary base; Phi-3's
-rotary settings; SmolLM3's files, read as Llama's: `gpt_ft/workarounds/gguf_files.py`), and the
+rotary settings; SmolLM3's files, read as Llama's, and GPT-NeoX's, which transformers does not list:
+`gpt_ft/workarounds/gguf_files.py`; GPT-NeoX's rotating share of each head and base), and the
 checks that turn a file gpt_ft cannot read into one sentence: not GGUF, cut short, an architecture
 gpt_ft lacks, or a type it cannot dequantize.
 """
@@ -25,7 +26,7 @@ MAGIC = b"GGUF"
 TOKENS = "tokenizer.ggml.tokens"
 SUFFIX = ".gguf"
 # GGUF's `general.architecture` for the families gpt_ft has (a llama file named "mistral" is one).
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "smollm3", "olmo2", "gpt2")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "phi3", "smollm3", "olmo2", "gpt2", "gptneox")
 ENDS = frozenset(("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
                   "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
                   "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
@@ -168,7 +169,7 @@ def hf_config(path: Path, reader=None):
     tensors = {t.name for t in reader.tensors}
     for flag, tensor in (("attention_bias", "blk.0.attn_q.bias"), ("mlp_bias", "blk.0.ffn_up.bias")):
         if hasattr(config, flag):  # left unset by transformers' reading; llama.cpp reads them if present
-            setattr(config, flag, tensor in tensors)
+            setattr(config, flag, bool({tensor, tensor.replace("_q.", "_qkv.")} & tensors))  # (GPT-NeoX's)
     if config.model_type in ("llama", "smollm3") and config.attention_bias != config.mlp_bias:
         has, lacks = ("attention", "MLP") if config.attention_bias else ("MLP", "attention")
         raise ValueError(
@@ -187,6 +188,15 @@ def hf_config(path: Path, reader=None):
         config.final_logit_softcapping = field(reader, "gemma3.final_logit_softcapping")  # (llama.cpp caps)
     if arch == "phi3":
         _phi3_rope(path, reader, config)
+    if arch == "gptneox":  # (llama.cpp's base where the file names none)
+        from gpt_ft.weights.hf_rope import partial_factor
+
+        head, rotated = (
+            config.hidden_size // config.num_attention_heads,
+            field(reader, "gptneox.rope.dimension_count"),
+        )
+        config.rope_parameters["partial_rotary_factor"] = partial_factor(int(rotated or head), head)
+        config.rope_parameters["rope_theta"] = float(field(reader, "gptneox.rope.freq_base") or 10000.0)
     _check_rope(path, reader, arch, config)
     from gpt_ft.weights.hf_llama import with_stops
 
@@ -258,7 +268,7 @@ def _check_rope(path: Path, reader, arch: str, config) -> None:
         )
     rotated = field(reader, f"{arch}.rope.dimension_count")
     head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    if rotated and int(rotated) < head and arch != "phi3":  # (Phi-3's: read)
+    if rotated and int(rotated) < head and arch not in ("phi3", "gptneox"):  # (theirs: read)
         raise ValueError(
             f"{path}: it rotates {int(rotated)} of each head's {head} dimensions (rope.dimension_count), "
             f"and transformers' {config.model_type} models rotate them all: the model read from it would "
@@ -299,6 +309,8 @@ def read(path: Path):
             f"{path}: {left} of its tensors have no place in the {config.model_type} model transformers "
             "reads it as, and the model would compute other logits without them."
         )
+    if config.model_type == "gptneox":  # (gguf's name for it, which transformers' loading looks up)
+        config.model_type = "gpt_neox"
     return config, parsed["tensors"]
 
 

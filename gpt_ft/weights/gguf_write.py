@@ -3,10 +3,11 @@
     gpt-ft export --ckpt_path runs/.../last.ckpt --format gguf --out my-model.gguf  # --gguf_type f16
 
 The input is the transformers causal-LM folder `gpt-ft export` writes (GPT-2, Llama, Mistral, Qwen2,
-Qwen3, Gemma 3, Phi-3, SmolLM3 or OLMo 2; the same folder llama.cpp's own `convert_hf_to_gguf.py`
-takes), and the file is laid out as that converter lays it out: llama.cpp's architecture, metadata
-keys and tensor names from the `gguf` library (llama.cpp's own), Llama's q/k rows reordered for
-llama.cpp's rotary layout, GPT-2's Conv1D weights stored (out, in), Gemma's norm weights as the
+Qwen3, Gemma 3, Phi-3, SmolLM3, OLMo 2 or GPT-NeoX; the same folder llama.cpp's own
+`convert_hf_to_gguf.py` takes), and the file is laid out as that converter lays it out: llama.cpp's
+architecture, metadata keys and tensor names from the `gguf` library (llama.cpp's own), Llama's q/k
+rows reordered for llama.cpp's rotary layout, GPT-NeoX's q/k/v rows each projection whole (each
+head's together in transformers), GPT-2's Conv1D weights stored (out, in), Gemma's norm weights as the
 scale they apply (plus one), norms, biases and GPT-2's position table in F32, every other matrix in
 the chosen type (f32, f16, bf16, or q8_0 where its rows split into 32-value blocks, else f16), a
 tied head stored once. Gemma 3's layers that slide a window go in by name where they differ from
@@ -14,8 +15,8 @@ llama.cpp's default (five of every six), with the window's rotary base. The toke
 `gguf_vocab.py` writes it. Phi-3's rotary settings go in as the converter writes them (the features
 of each head that rotate, LongRoPE's factors as two tensors, its original context), and its
 attention factor as transformers computes it (where a config gives one or a factor, the converter
-would derive it from the contexts). Another family is refused (GPT-1, which llama.cpp lacks; GPT-
-NeoX and OLMo 3, which this module does not write), and so is a setting llama.cpp's architecture
+would derive it from the contexts). Another family is refused (GPT-1, which llama.cpp lacks; OLMo 3,
+whose window llama.cpp's OLMo 2 lacks), and so is a setting llama.cpp's architecture
 lacks or fixes otherwise (a sliding window outside Gemma 3, a rotary scaling other than linear,
 Llama 3's or Phi-3's LongRoPE, Gemma's attention scaled other than by the head size's root, SmolLM3
 turning other layers than all but every fourth).
@@ -43,16 +44,19 @@ from gpt_ft.weights.gguf_vocab import check_added_tokens, write_vocabulary
 
 OUTTYPES = ("f32", "f16", "bf16", "q8_0")
 ARCHITECTURES = {"gpt2": "GPT2", "llama": "LLAMA", "mistral": "LLAMA", "qwen2": "QWEN2", "qwen3": "QWEN3",
-                 "gemma3_text": "GEMMA3", "phi3": "PHI3", "smollm3": "SMOLLM3", "olmo2": "OLMO2"}  # fmt: skip
+                 "gemma3_text": "GEMMA3", "phi3": "PHI3", "smollm3": "SMOLLM3", "olmo2": "OLMO2",
+                 "gpt_neox": "GPTNEOX"}  # fmt: skip
 LLAMA_LAYOUT = ("LLAMA", "SMOLLM3")  # q and k in llama.cpp's rotary layout, the vocabulary's size written
 NOPE_EVERY = 4  # llama.cpp's SmolLM3: every fourth layer takes no rotary positions, and no other
 TANH_GELU = ("gelu_new", "gelu_pytorch_tanh")
-ACTIVATIONS = {"gpt2": TANH_GELU, "gemma3_text": TANH_GELU}  # llama.cpp's: the tanh GELU; the rest SiLU
+# llama.cpp's: the tanh GELU (GPT-NeoX's exact one too, as llama.cpp runs Pythia); the rest SiLU
+ACTIVATIONS = {"gpt2": TANH_GELU, "gemma3_text": TANH_GELU, "gpt_neox": ("gelu", *TANH_GELU)}
 UNREAD = {  # settings llama.cpp's architecture has one way only: (that way, what it means)
     "gpt2": {"scale_attn_weights": (True, "divide attention scores by the head size's root"),
              "scale_attn_by_inverse_layer_idx": (False, "scale each layer's attention alike")},
     "qwen3": {"attention_bias": (False, "have no attention biases")},
     "olmo2": {"attention_bias": (False, "have no attention biases")},
+    "gpt_neox": {"attention_bias": (True, "have attention biases")},
     "smollm3": {"attention_bias": (False, "have no attention biases"),
                 "mlp_bias": (False, "have no MLP biases")},
     "gemma3_text": {"attention_bias": (False, "have no attention biases"),
@@ -207,9 +211,11 @@ def _rope(config: dict) -> tuple[float, dict]:
     params = dict(params.get("full_attention", params))
     theta = params.pop("rope_theta", config.get("rope_theta", 10000.0))
     kind = params.get("rope_type", params.get("type", "default"))
-    allowed = {"llama": ("default", "linear", "llama3"), "phi3": ("default", "longrope")}.get(
-        config["model_type"], ("default", "linear")
-    )
+    allowed = {
+        "llama": ("default", "linear", "llama3"),
+        "phi3": ("default", "longrope"),
+        "gpt_neox": ("default",),
+    }.get(config["model_type"], ("default", "linear"))
     if kind not in allowed:
         raise ValueError(f"This {config['model_type']} model's rotary scaling {kind!r} ({key}) "
                          f"has no GGUF form here ({', '.join(allowed)}).")  # fmt: skip
@@ -223,6 +229,18 @@ def _rope(config: dict) -> tuple[float, dict]:
 
 
 def _hyperparameters(writer, config: dict, file_type) -> None:
+    if config["model_type"] == "gpt_neox":  # llama.cpp's keys for GPT-NeoX, its converter's and the base
+        writer.add_block_count(config["num_hidden_layers"])
+        writer.add_context_length(config["max_position_embeddings"])
+        writer.add_embedding_length(config["hidden_size"])
+        writer.add_feed_forward_length(config["intermediate_size"])
+        writer.add_head_count(config["num_attention_heads"])
+        writer.add_rope_dimension_count(_rotated(config))
+        writer.add_rope_freq_base(_rope(config)[0])
+        writer.add_parallel_residual(config.get("use_parallel_residual", True))
+        writer.add_layer_norm_eps(config["layer_norm_eps"])
+        writer.add_file_type(file_type)
+        return
     if config["model_type"] == "gpt2":  # llama.cpp's keys for GPT-2
         width = config["n_embd"]
         writer.add_block_count(config["n_layer"])
@@ -318,8 +336,9 @@ def _tensors(state: dict[str, torch.Tensor], config: dict):
     if scaling.get("rope_type", scaling.get("type")) == "longrope":  # (Phi-3's)
         for name, factors in zip(LONGROPE, ("long_factor", "short_factor"), strict=True):
             yield name, torch.tensor(scaling[factors], dtype=torch.float32)
-    if tied and kind == "olmo2":  # llama.cpp's OLMo 2 reads a head of its own: the embedding again
-        tied, state = False, {**state, "lm_head.weight": state["model.embed_tokens.weight"]}
+    if tied and kind in ("olmo2", "gpt_neox"):  # llama.cpp reads a head of their own: the embedding again
+        embedding = "gpt_neox.embed_in.weight" if kind == "gpt_neox" else "model.embed_tokens.weight"
+        tied, state = False, {**state, "lm_head.weight": state[embedding]}
     for key, tensor in state.items():
         if tied and key == "lm_head.weight":  # llama.cpp reads the embedding as the head
             continue
@@ -334,6 +353,9 @@ def _tensors(state: dict[str, torch.Tensor], config: dict):
             tensor = _reorder(tensor, kv_heads)
         elif kind == "gemma3_text" and key.endswith("norm.weight"):  # (Gemma scales by 1 + weight)
             tensor = tensor + 1
+        elif kind == "gpt_neox" and key.endswith(("query_key_value.weight", "query_key_value.bias")):
+            # each head's q, k and v rows together, as llama.cpp's converter finds them: each whole
+            tensor = tensor.reshape(heads, 3, -1, *tensor.shape[1:]).transpose(0, 1).reshape(tensor.shape)
         yield key, tensor
 
 

@@ -20,7 +20,10 @@ Within `read_once` too, transformers' GGUF reader (5.25) reads llama.cpp's `smol
 files, which it does not list, by Llama's metadata keys, as llama.cpp does (`READ_AS_LLAMA`): SmolLM3's
 tensors as Llama's (q and k in llama.cpp's rotary layout; its config then takes no rotary positions in
 every fourth layer, as llama.cpp's architecture does), OLMo 2's as they are stored (its rotary halves
-apart, as transformers' own). Upstream: transformers' integrations/ggml.py `GGUF_CONFIG_MAPPING` and
+apart, as transformers' own). It reads `gptneox` files (Pythia's) by `NEOX_KEYS` as GPTNeoXConfig's
+(transformers' model type is `gpt_neox`), their q/k/v rows put back from llama.cpp's layout (each
+projection whole) into the heads' own (q, k and v of each head together) by Bloom's processor, whose
+layout is the same. Upstream: transformers' integrations/ggml.py `GGUF_CONFIG_MAPPING` and
 modeling_gguf_pytorch_utils.py `TENSOR_PROCESSORS`, `GGUF_SUPPORTED_ARCHITECTURES`; nothing is added
 where transformers lists the architecture itself.
 
@@ -59,6 +62,13 @@ does where it knows no other."""
 READ_AS_LLAMA = {"smollm3": "llama", "olmo2": None}
 """llama.cpp's architectures transformers' GGUF reader reads by Llama's keys (see above): the tensor
 processor of each (None: the tensors as stored)."""
+NEOX_KEYS = {"context_length": "max_position_embeddings", "block_count": "num_hidden_layers",
+             "feed_forward_length": "intermediate_size", "embedding_length": "hidden_size",
+             "attention.head_count": "num_attention_heads", "attention.layer_norm_epsilon": "layer_norm_eps",
+             "use_parallel_residual": "use_parallel_residual", "vocab_size": "vocab_size",
+             "rope.dimension_count": None, "rope.freq_base": None}  # fmt: skip
+"""llama.cpp's `gptneox` metadata keys as GPTNeoXConfig's fields (the rotary ones: set by the caller,
+`gguf_file.hf_config`), which transformers' GGUF reader does not list."""
 LOCK = threading.RLock()
 OPEN: dict[str, Any] = {}
 """Within the outermost `read_once`: gguf's own reader class and map ("class", "map"), the readers
@@ -99,7 +109,7 @@ def read_once() -> Iterator[None]:
         OPEN.update({"class": gguf.GGUFReader, "map": gguf.get_tensor_name_map, "readers": {}, "maps": {}})
         gguf.GGUFReader = lambda path, mode="r": reader(path) if mode == "r" else OPEN["class"](path, mode)
         gguf.get_tensor_name_map = tensor_name_map
-        added = _read_as_llama()
+        added = _read_unlisted()
         try:
             yield
         finally:
@@ -109,26 +119,44 @@ def read_once() -> Iterator[None]:
                 table.pop(key) if isinstance(table, dict) else table.remove(key)
 
 
-def _read_as_llama() -> list:
-    """List `READ_AS_LLAMA` in transformers' GGUF tables (where it lists them not itself); the (table,
-    key) pairs added."""
+def _read_unlisted() -> list:
+    """List `READ_AS_LLAMA` and `gptneox` in transformers' GGUF tables (where it lists them not itself);
+    the (table, key) pairs added."""
     from transformers.modeling_gguf_pytorch_utils import (
         GGUF_SUPPORTED_ARCHITECTURES,
         GGUF_TO_TRANSFORMERS_MAPPING,
         TENSOR_PROCESSORS,
     )
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
     added, config = [], GGUF_TO_TRANSFORMERS_MAPPING["config"]
-    for arch, processor in READ_AS_LLAMA.items():
+    for arch, processor in [*READ_AS_LLAMA.items(), ("gptneox", "gptneox")]:
         if arch in GGUF_SUPPORTED_ARCHITECTURES:  # (transformers' own reading)
             continue
         GGUF_SUPPORTED_ARCHITECTURES.append(arch)
-        config[arch] = config["llama"]
+        config[arch] = NEOX_KEYS if arch == "gptneox" else config["llama"]
         added += [(GGUF_SUPPORTED_ARCHITECTURES, arch), (config, arch)]
         if processor is not None:
-            TENSOR_PROCESSORS[arch] = TENSOR_PROCESSORS[processor]
+            TENSOR_PROCESSORS[arch] = _neox_processor() if arch == "gptneox" else TENSOR_PROCESSORS[processor]
             added.append((TENSOR_PROCESSORS, arch))
+    if (config, "gptneox") in added and "gptneox" not in CONFIG_MAPPING:  # (the file's config's model type)
+        from transformers import GPTNeoXConfig
+
+        CONFIG_MAPPING.register("gptneox", GPTNeoXConfig)
+        added.append((CONFIG_MAPPING._extra_content, "gptneox"))
     return added
+
+
+def _neox_processor() -> type:
+    """Bloom's tensor processor, which puts q/k/v rows back into each head's (the layout llama.cpp's
+    converter takes GPT-NeoX's and Bloom's from), reading the heads from GPTNeoXConfig's field."""
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS
+
+    class NeoXTensorProcessor(TENSOR_PROCESSORS["bloom"]):
+        def __init__(self, config=None):
+            super().__init__(config={**(config or {}), "n_head": (config or {}).get("num_attention_heads")})
+
+    return NeoXTensorProcessor
 
 
 def splits_as_llama_cpp(pre: str | None) -> bool:

@@ -13,11 +13,22 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers import tiny_hf, tiny_llama
+from tests.helpers import tiny_hf, tiny_llama, tiny_neox
 from tests.weights.gguf_files import SPACE, tiny_pieces, tiny_tokenizer
 
 pytest.importorskip("gguf")
-FAMILIES = ["gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3", "smollm3", "olmo2"]
+FAMILIES = [
+    "gpt2",
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma3_text",
+    "phi3",
+    "smollm3",
+    "olmo2",
+    "gpt_neox",
+]
 NOPE = dict(num_hidden_layers=4, no_rope_layers=[1, 1, 1, 0])  # llama.cpp's SmolLM3: every fourth turns not
 TEXT = "She said: it's the best film of 2024! The quick brown fox."
 
@@ -35,6 +46,8 @@ def lm_folder(root: Path, family: str, tokenizer=None, **overrides) -> tuple[Pat
                  "full_attention": {"rope_type": "default", "rope_theta": 1e6}}  # fmt: skip
         model = tiny_llama(family, vocab_size=448, **{"query_pre_attn_scalar": 16, "rope_parameters": bases,
                                                       **overrides})  # fmt: skip
+    elif family == "gpt_neox":  # (Pythia's blocks: rotary positions on half of each head here)
+        model = tiny_neox(vocab_size=320, **overrides)
     else:
         model = tiny_llama(
             family, **{"vocab_size": 320, **(NOPE if family == "smollm3" else {}), **overrides}
@@ -580,17 +593,22 @@ def test_a_sharded_folder_reads_whole_into_a_file_under_new_folders(tmp_path):
         np.testing.assert_array_equal(by_name[tensor.name], tensor.data)
 
 
-@pytest.mark.parametrize("family", [*FAMILIES, "olmo2-tied"])
+@pytest.mark.parametrize("family", [*FAMILIES, "olmo2-tied", "gpt_neox-tied", "gpt_neox-sequential"])
 def test_llama_cpp_reads_the_file_as_the_model(tmp_path, family):
     """llama.cpp itself (llama-cpp-python, where installed): its tokens for a text are the
     tokenizer's, and its logits at every position the transformers model's (f32 weights and cache).
-    A tied OLMo 2's head is written apart (llama.cpp's OLMo 2 could not load the file without it)."""
+    A tied OLMo 2's or GPT-NeoX's head is written apart (llama.cpp could not load the file without
+    it); GPT-NeoX's attention and MLP side by side or one after the other."""
     import gguf
 
     from gpt_ft.weights.gguf_write import write_gguf
 
-    family, tied = family.removesuffix("-tied"), family.endswith("-tied")
-    folder, model = lm_folder(tmp_path, family, **({"tie_word_embeddings": True} if tied else {}))
+    family, variant = family.split("-") if "-" in family else (family, None)
+    tied, sequential = variant == "tied", variant == "sequential"
+    overrides = (
+        {"tie_word_embeddings": True} if tied else {"use_parallel_residual": False} if sequential else {}
+    )
+    folder, model = lm_folder(tmp_path, family, **overrides)
     path = write_gguf(folder, tmp_path / "m.gguf", outtype="f32")
     assert not tied or "output.weight" in {t.name for t in gguf.GGUFReader(path).tensors}
     llama_cpp = pytest.importorskip("llama_cpp")
@@ -600,7 +618,8 @@ def test_llama_cpp_reads_the_file_as_the_model(tmp_path, family):
     llm.eval(ids)
     with torch.no_grad():
         reference = model(torch.tensor([ids])).logits[0].numpy()
-    atol = {"gpt2": 1e-3, "gemma3_text": 2e-3}.get(family, 1e-4)  # llama.cpp's GELU: a table of fp16 values
+    # llama.cpp's GELU: tanh's form, from a table of fp16 values (GPT-NeoX's exact GELU too)
+    atol = {"gpt2": 1e-3, "gemma3_text": 2e-3, "gpt_neox": 1e-3}.get(family, 1e-4)
     np.testing.assert_allclose(np.array(llm.scores[: len(ids)]), reference, rtol=0, atol=atol)
 
 

@@ -3,6 +3,7 @@ positions on the first features of each head (`rotary_dim`), attention and MLP s
 (`parallel_residual`) or in turn, the fused query_key_value laid out head by head, an untied head."""
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -186,24 +187,35 @@ def test_unsupported_configs_are_one_sentence():
         GPT(parallel).to_hf()
 
 
-def test_gguf_files_of_gpt_neox_are_refused_both_ways(tmp_path):
-    """transformers' GGUF loader has no `gptneox` architecture: neither read nor written, in one sentence."""
+def test_gguf_files_of_gpt_neox_read_and_write_what_llama_cpp_has(tmp_path, monkeypatch):
+    """llama.cpp's `gptneox` (tests/weights/test_gguf_write.py reads files back and through llama.cpp):
+    its rotary positions unscaled, its attention biased; a file's q/k/v put back into each head's."""
     import gguf
-    import numpy as np
 
     from gpt_ft.weights.gguf_write import write_gguf
+    from tests.weights.gguf_files import tiny_tokenizer
 
-    path = tmp_path / "neox.gguf"
-    writer = gguf.GGUFWriter(str(path), "gptneox")
-    writer.add_tensor("token_embd.weight", np.ones((4, 8), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    with pytest.raises(ValueError, match=r"holds a 'gptneox' model; gpt_ft reads GGUF files of llama, qwen2"):
-        GPT.from_pretrained(path)
-    tiny_neox().save_pretrained(tmp_path / "folder")
-    with pytest.raises(
-        ValueError, match=r"^gpt_ft writes no GGUF file of a 'gpt_neox' model; it writes them of "
-    ):
-        write_gguf(tmp_path / "folder", tmp_path / "out.gguf")
+    for overrides, refused in (
+        ({"rope_parameters": dict(NEOX_ROPE, rope_type="linear", factor=2.0)}, "rotary scaling 'linear'"),
+        ({"attention_bias": False}, "llama.cpp's gpt_neox models have attention biases; this one has "
+         "attention_bias=False."),
+    ):  # fmt: skip
+        folder = tmp_path / refused[:6]
+        tiny_neox(**overrides).save_pretrained(folder)
+        tiny_tokenizer().save_pretrained(folder)
+        with pytest.raises(ValueError, match=re.escape(refused)):
+            write_gguf(folder, tmp_path / "out.gguf")
+    hf = tiny_neox(vocab_size=320)
+    hf.save_pretrained(tmp_path / "folder")
+    tiny_tokenizer().save_pretrained(tmp_path / "folder")
+    path = write_gguf(tmp_path / "folder", tmp_path / "neox.gguf", outtype="f32")
+    stored = {t.name: t.data for t in gguf.GGUFReader(path).tensors}
+    qkv = hf.gpt_neox.layers[0].attention.query_key_value.weight.detach()  # (heads, q/k/v, width, in)
+    q = qkv.reshape(4, 3, 8, 32)[:, 0].reshape(32, 32)
+    assert torch.equal(torch.from_numpy(stored["blk.0.attn_qkv.weight"][:32].copy()), q)  # q rows first
+    monkeypatch.setenv("GPT_FT_CACHE", str(tmp_path / "cache"))
+    gpt = GPT.from_pretrained(path).eval()
+    assert (gpt.config.rotary_dim, gpt.config.parallel_residual) == (4, True)
+    ids = torch.randint(0, 320, (2, 17))
+    with torch.no_grad():
+        torch.testing.assert_close(gpt.lm_logits(gpt(ids)), hf(ids).logits, rtol=0, atol=2e-5)
