@@ -244,8 +244,8 @@ class FillIn(MultipleChoice):
         return [before.rstrip(), *(option + after for option in options)]
 
     def scored_texts(self, example: dict[str, Any]) -> list[tuple[str, str]]:
-        before, options, after = self.split(example)
-        return [(before + option, after) for option in options]
+        before, options, after = self.split(example)  # (the rest without its spaces: the harness's)
+        return [(before + option, after.strip()) for option in options]
 
 
 class CauseEffect(MultipleChoice):

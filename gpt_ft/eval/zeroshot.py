@@ -204,7 +204,7 @@ class ZeroShotScorer:
                 raise TaskDataError(f"task {task.name!r}: {_where(split)}example {number}: {exc}") from None
             start = len(requests)
             for k, (context, choice) in enumerate(pairs, 1):
-                read, scored = self.pair(context, " " + choice.strip())
+                read, scored = self.pair(context, " " + choice)  # (as the file holds it, as the harness)
                 if not self.prefix and not read:  # a choice's first token would go unscored
                     raise TaskDataError(
                         f"task {task.name!r}: {_where(split)}example {number} has an empty context, which "
@@ -219,7 +219,7 @@ class ZeroShotScorer:
                     )
             # acc_norm divides by the choice's length in characters, not counting the space before
             # it (lm-evaluation-harness: `completion_len = len(choice)`).
-            chars = [max(1, len(c.strip())) for _, c in pairs]
+            chars = [max(1, len(c)) for _, c in pairs]
             tokens = [scored_tokens(len(c), len(t), n_ctx) for c, t in requests[start:]]
             spans.append((start, len(pairs), chars, tokens))
             labels.append(_label(task, row))

@@ -250,9 +250,9 @@ def test_fill_in_splits_the_sentence_at_its_blank(tokenizer_dir):
         "cup was too close to the edge.",
         "table was too close to the edge.",
     ]
-    assert task.scored_texts(row) == [
-        ("The cup fell off the table because the cup", " was too close to the edge."),
-        ("The cup fell off the table because the table", " was too close to the edge."),
+    assert task.scored_texts(row) == [  # (the rest without its spaces: scored after one, as the harness)
+        ("The cup fell off the table because the cup", "was too close to the edge."),
+        ("The cup fell off the table because the table", "was too close to the edge."),
     ]
     tok = load_tokenizer(tokenizer_dir)
     specials = special_token_ids(tok)

@@ -69,6 +69,29 @@ def test_multiple_choice_zero_shot_matches_hand_computed_likelihoods(tokenizer_d
     }
 
 
+def test_a_choice_is_scored_as_the_file_holds_it_unless_the_card_strips_texts(tokenizer_dir):
+    """After one space, the choice as written (lm-evaluation-harness's `" " + choice`), its length in
+    characters with its own spaces; they were stripped, which changed OpenBookQA's acc_norm (50 for
+    25 on four rows whose choices end in a space). `strip_texts` strips them, as training reads them."""
+    from gpt_ft.adapters import MultipleChoice
+
+    tok = load_tokenizer(tokenizer_dir, add_specials=False)
+    rows = [{"q": "a story .", "a": "the cat ", "b": " sat", "label": "1"}]
+    # per character, -8 over "the cat " (8) beats -4.5 over " sat" (4); -8 over "the cat" (7) loses
+    # to -3.3 over "sat" (3)
+    for strip, choices, scores, norm in ((False, ["the cat ", " sat"], [-8.0, -4.5], 1.0),
+                                         (True, ["the cat", "sat"], [-8.0, -3.3], 0.0)):  # fmt: skip
+        task = MultipleChoice(
+            name="mc", context=["q"], choices=["a", "b"], labels=["1", "2"], strip_texts=strip
+        )
+        scorer = ZeroShotScorer(unigram_gpt(len(tok), torch.zeros(len(tok))), tok)
+        asked = []
+        scorer.logprobs = lambda requests, scores=scores: asked.extend(requests) or scores
+        got = scorer.multiple_choice(task, rows)
+        assert [tok.decode(continuation) for _, continuation in asked] == [" " + c for c in choices]
+        assert (got["accuracy"], got["accuracy_norm"]) == (0.0, norm), (strip, got)
+
+
 def test_verbalizers_and_threshold_heuristics(tokenizer_dir):
     from gpt_ft.adapters import SingleText
 
