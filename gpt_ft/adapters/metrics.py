@@ -49,17 +49,21 @@ def spread(values: Tensor) -> bool:
 
 def ranks(values: Tensor) -> Tensor:
     """1-based ranks, tied values sharing their mean rank (scipy's `rankdata`): Spearman's is the
-    Pearson correlation of these. A value `tied` with the one ranked next below it ties with it (a
-    row and its copy, scored in other batches or places of a packed row, differ in last bits, and
-    were ranked apart). torchmetrics' `spearman_corrcoef` adds 1e-6 to its denominator, which gave
+    Pearson correlation of these. Values `tied` with the smallest of their run tie (a row and its
+    copy, scored in other batches or places of a packed row, differ in last bits, and were ranked
+    apart); a run ends where a value is not, so that values more than `TIE` apart never tie through
+    others between them. torchmetrics' `spearman_corrcoef` adds 1e-6 to its denominator, which gave
     a perfect ranking 0.9999985 on three examples."""
-    ordered, order = values.sort()
-    new = torch.ones_like(ordered, dtype=torch.bool)  # where a run of tied values starts
-    new[1:] = ~tied(ordered[1:], ordered[:-1])
-    run = new.cumsum(0) - 1
-    counts = torch.bincount(run).double()
-    ranked = torch.empty_like(values, dtype=torch.float64)
-    ranked[order] = (counts.cumsum(0) - (counts - 1) / 2)[run]
+    ordered, order = values.double().sort()
+    starts, first = [], None  # where each run starts in `ordered`
+    for i, value in enumerate(ordered.tolist()):
+        if first is None or value - first > TIE * max(1.0, abs(first)):  # (`tied`'s tolerance)
+            starts.append(i)
+            first = value
+    bounds = [*starts, len(ordered)]
+    ranked = torch.empty(len(values), dtype=torch.float64)
+    for start, end in zip(bounds, bounds[1:]):
+        ranked[order[start:end]] = (start + 1 + end) / 2  # the mean of ranks start + 1 ... end
     return ranked
 
 

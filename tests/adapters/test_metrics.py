@@ -15,6 +15,20 @@ def metric_values(task, predictions, labels):
     return {k: float(v) for k, v in metrics.compute().items()}
 
 
+def ranks_by_hand(values):
+    """scipy's `rankdata` (average ranks of equal values), written out."""
+    values = values.tolist()
+    return torch.tensor(
+        [sum(v < x for v in values) + (sum(v == x for v in values) + 1) / 2 for x in values],
+        dtype=torch.float64,
+    )
+
+
+def pearson_of(x, y):
+    x, y = x - x.mean(), y - y.mean()
+    return float((x * y).sum() / ((x * x).sum() * (y * y).sum()).sqrt())
+
+
 def test_metrics_on_hand_computed_cases():
     # TP=2, FP=1, TN=2, FN=0: MCC = (2*2 - 1*0) / sqrt(3*2*3*2) = 2/3; F1 = 2 / (2 + (1 + 0)/2) = 0.8.
     cls = SingleText(name="t", labels=["neg", "pos"], metrics=["matthews", "f1", "accuracy"])
@@ -50,6 +64,18 @@ def test_metrics_on_hand_computed_cases():
     copies = torch.tensor([4.1557555, 1.0, 4.1557546, 2.0, 3.0], dtype=torch.float32)
     gold = torch.tensor([4.0, 1.0, 4.0, 3.0, 2.0])
     assert metric_value("spearman", copies, gold, 1) == pytest.approx(17 / 19, rel=1e-12)
+    # Values more than TIE apart never tie through others between them: 20 values 5e-7 apart (or 5
+    # apart at 1e7) were one tie, NaN; in runs within TIE of their first, [0, 5e-7, 1e-6],
+    # [1.5e-6, ...], ... tie by threes (and the last two), as scipy ranks them so rounded.
+    threes = torch.div(torch.arange(20), 3, rounding_mode="floor").double()  # each run as one value
+    for spaced, gold in (
+        (torch.arange(20) * 5e-7, torch.arange(20)),
+        (1e7 + 5 * torch.arange(20), (7 * torch.arange(20)) % 20),
+    ):
+        expected = pearson_of(ranks_by_hand(threes), ranks_by_hand(gold.double()))
+        assert metric_value("spearman", spaced.double(), gold.double(), 1) == pytest.approx(
+            expected, rel=1e-12
+        )
     # A NaN prediction (an overflowed score), or one example: undefined too, not a made-up rank order.
     for x, y in (([math.nan, 1.0, 2.0, 3.0], [2.0, 4.0, 5.0, 1.0]), ([1.0], [2.0])):
         for name in ("pearson", "spearman"):
