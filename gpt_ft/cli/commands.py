@@ -5,8 +5,7 @@ command is a typed function or class where its work is (`prepare` in gpt_ft/data
 in gpt_ft/eval/suite.py, ...), and `run` runs it: jsonargparse builds its parser from the signature
 and the docstring's `Args:` (each option's `--help`, with `--config FILE` and `--print_config`),
 parses the arguments, builds the classes they name and calls it (a class: builds it and calls its
-`run`). Each raises ValueError or FileNotFoundError for bad input; `gpt_ft.cli.main` turns those into
-one line and exit code 2."""
+`run`). Each raises ValueError or FileNotFoundError for bad input: `gpt_ft.cli.main` says it, exit 2."""
 
 from __future__ import annotations
 

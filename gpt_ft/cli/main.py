@@ -80,6 +80,7 @@ COMMANDS = {
 }
 DEBUG = "GPT_FT_DEBUG"  # set (not 0): errors show their traceback instead of one sentence
 USER_ERRORS = (ValueError, FileNotFoundError, KeyError, FloatingPointError)
+ALIKE = (TaskDataError, FloatingPointError)  # every process reads the same files; a non-finite loss stops all
 LOST_PEER = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")  # gloo's words
 
 
@@ -265,8 +266,8 @@ def main(argv: list[str] | None = None) -> None:
     except USER_ERRORS as exc:
         if debug:
             raise
-        if not first_process(on_its_machine=True):  # a missing checkpoint, a bad file, a non-finite
-            raise SystemExit(2) from None  # loss: met by every process alike, said by the first
+        if not first_process(of_its_group=True) and any(isinstance(e, ALIKE) for e in causes(exc)):
+            raise SystemExit(2) from None  # the same files read, every process stopped by a non-finite loss
         fail(undecodable_file(exc) or not_installed(exc) or user_message(exc))
     except argparse.ArgumentError as exc:
         if debug:

@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import stat
+import sys
 import tempfile
 import threading
 import warnings
@@ -34,12 +35,16 @@ def process_rank() -> str:
     return os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))
 
 
-def first_process(on_its_machine: bool = False) -> bool:
+def first_process(of_its_group: bool = False) -> bool:
     """Whether this is the first process of a distributed run, or the only one: the one that says
-    what every process would (a stop), writes shared folders and prints. `on_its_machine`: the
-    first of those on this machine, which says a fault they all meet (each machine's log says it)."""
-    if on_its_machine:
-        return os.environ.get("LOCAL_RANK", os.environ.get("SLURM_LOCALID", process_rank())) == "0"
+    what every process would (an error, a stop), writes shared folders and prints. `of_its_group`:
+    the first of the process group it joined, by the group's own rank (a process that joined none is
+    first, whatever its environment holds: `srun`'s second task of a command run alone)."""
+    if of_its_group:
+        dist = sys.modules.get("torch.distributed")  # (a command that never imported it joined none)
+        return (
+            not (dist is not None and dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+        )
     return process_rank() == "0" and os.environ.get("NODE_RANK", "0") == "0"
 
 

@@ -190,9 +190,14 @@ def no_earlier_checkpoints(trainer, resumed: str | None) -> None:
     """A fixed checkpoint folder (`--trainer.logger false`: ROOT/checkpoints, or a checkpoint
     callback's `dirpath`) holding an earlier run's checkpoints, refused to a run that does not resume
     one of them (`resumed`: the checkpoint given; `last`: the folder's own): it would write over them
-    (Lightning only warns), a run resumed from elsewhere too."""
+    (Lightning only warns), a run resumed from elsewhere too. A checkpoint to resume that does not
+    exist is refused here too, before a distributed run's other processes start (each said it)."""
     if resumed == "last":
         return
+    if (
+        resumed is not None and "://" not in resumed and not Path(resumed).is_file()
+    ):  # (a remote one: Lightning's)
+        raise FileNotFoundError(f"--ckpt_path {resumed} does not exist.")
     for folder, remedy in fixed_folders(trainer):
         if resumed is not None and Path(resumed).resolve().parent == folder.resolve():
             continue  # one of its own, resumed

@@ -297,8 +297,8 @@ def start_ddp_without_its_data(root, tokenizer_dir):
 def test_a_fault_in_the_data_of_a_run_on_two_processes_is_said_once(background):
     """The data is read before the other process starts: the fault is said once, by the first
     process; a fault found as each process encodes the data (a label outside the card's) once too
-    (each process said it), and so is a checkpoint to resume that is missing, found by Lightning once
-    both processes run (each said it)."""
+    (each process said it), and so is a checkpoint to resume that is missing, now found before the
+    other process starts (Lightning found it once both ran, and each said it)."""
     fit, labels, restored = background.runs
     for run in background.runs:
         assert run.returncode == 2, run.stderr[-3000:]
@@ -310,26 +310,50 @@ def test_a_fault_in_the_data_of_a_run_on_two_processes_is_said_once(background):
         said
     )
     said = [line for line in restored.stderr.splitlines() if line.startswith("gpt-ft: error:")]
-    assert said == ["gpt-ft: error: Checkpoint nothere.ckpt does not exist."], restored.stderr[-3000:]
-    assert "GLOBAL_RANK: 1" in restored.stderr  # (found once both ran)
+    assert said == ["gpt-ft: error: --ckpt_path nothere.ckpt does not exist."], restored.stderr[-3000:]
+    assert "GLOBAL_RANK" not in restored.stderr  # (no process started)
 
 
-@pytest.mark.parametrize(
-    ("env", "first", "first_on_its_machine"),
-    [
-        ({}, True, True),  # no distributed run
-        ({"LOCAL_RANK": "1"}, False, False),  # Lightning's second process on one machine
-        ({"RANK": "2", "LOCAL_RANK": "0", "NODE_RANK": "1"}, False, True),  # the second machine's first
-        ({"SLURM_LOCALID": "1", "RANK": "3"}, False, False),  # SLURM's, without LOCAL_RANK
-    ],
-)
-def test_the_first_process_of_a_run_and_of_each_machine(env, first, first_on_its_machine, monkeypatch):
-    """A fault every process meets alike is said by each machine's first (its own log), and only
-    there: a missing checkpoint was said once by every process of a run on one machine."""
+def test_the_first_process_of_a_run_is_known_by_its_group_where_it_joined_one(monkeypatch):
+    """A fault every process meets alike (`gpt_ft.cli.main.ALIKE`) is said by the group's first process;
+    a process in no group is first whatever its environment holds (`srun`'s second task of a command
+    run alone printed nothing, exit 2, for `LOCAL_RANK` or `SLURM_LOCALID` 1)."""
+    import torch.distributed as dist
+
     from gpt_ft.data.folders import first_process
 
-    for name in ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_LOCALID"):
-        monkeypatch.delenv(name, raising=False)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    assert (first_process(), first_process(on_its_machine=True)) == (first, first_on_its_machine)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("SLURM_LOCALID", "1")
+    assert not first_process() and first_process(of_its_group=True)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 1)
+    assert not first_process(of_its_group=True)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
+    assert first_process(of_its_group=True)
+
+
+def test_a_fault_of_one_process_alone_is_said_by_it(monkeypatch, capsys):
+    """Only what every process meets alike is left to the first to say: a fault of one rank's own
+    (its shard's) was lost, the first saying only that it lost another process."""
+    import importlib
+
+    import torch.distributed as dist
+
+    from gpt_ft.errors import TaskDataError
+
+    cli = importlib.import_module("gpt_ft.cli.main")  # (the module: the package's `main` is its function)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 1)
+    for fault, said in ((ValueError("example 17 of this rank's shard is malformed."), True),
+                        (TaskDataError("d/train.tsv: file not found."), False),
+                        (FloatingPointError("The training loss became nan at step 3."), False)):  # fmt: skip
+
+        def run(name, args, fault=fault):
+            raise fault
+
+        monkeypatch.setitem(cli.COMMANDS, "fit", cli.COMMANDS["fit"]._replace(run=run))
+        with pytest.raises(SystemExit) as stopped:
+            cli.main(["fit"])
+        assert stopped.value.code == 2
+        err = capsys.readouterr().err
+        assert (f"gpt-ft: error: {fault}" in err) == said, (fault, err)
