@@ -310,7 +310,8 @@ def test_fit_chooses_the_threshold_and_classifier_names_each_solutions_first_err
         override = [f"--data.task.init_args.threshold={given}"] * (given is not None)
         with warnings.catch_warnings(record=True) as warned:
             warnings.simplefilter("always")
-            main(["validate", f"--ckpt_path={last}", *override])
+            logs = f"--trainer.logger.init_args.save_dir={tmp_path / 'scored'}"  # (not the working folder's)
+            main(["validate", f"--ckpt_path={last}", *override, logs])
         accuracy[given] = float(capsys.readouterr().out.split("validation/step_accuracy ")[1].split(",")[0])
         said = [str(w.message) for w in warned if "another task card" in str(w.message)]
         assert len(said) == (given is not None) and all(
