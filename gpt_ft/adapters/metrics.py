@@ -54,17 +54,25 @@ def ranks(values: Tensor) -> Tensor:
     apart); a run ends where a value is not, so that values more than `TIE` apart never tie through
     others between them. torchmetrics' `spearman_corrcoef` adds 1e-6 to its denominator, which gave
     a perfect ranking 0.9999985 on three examples."""
-    ordered, order = values.double().sort()
-    starts, first = [], None  # where each run starts in `ordered`
-    for i, value in enumerate(ordered.tolist()):
-        if first is None or value - first > TIE * max(1.0, abs(first)):  # (`tied`'s tolerance)
-            starts.append(i)
-            first = value
-    bounds = [*starts, len(ordered)]
-    ranked = torch.empty(len(values), dtype=torch.float64)
-    for start, end in zip(bounds, bounds[1:]):
-        ranked[order[start:end]] = (start + 1 + end) / 2  # the mean of ranks start + 1 ... end
-    return ranked
+    ordered, order = values.detach().double().cpu().sort()
+    starts = torch.ones_like(ordered, dtype=torch.bool)  # where a run of values each tied to the last starts
+    starts[1:] = ~tied(ordered[1:], ordered[:-1])
+    bounds = starts.nonzero().flatten()
+    ends = torch.cat([bounds[1:], bounds.new_tensor([len(ordered)])])
+    firsts, lasts = ordered[bounds], ordered[ends - 1]
+    for k in (lasts - firsts > TIE * firsts.abs().clamp(min=1.0)).nonzero().flatten().tolist():
+        start, end = int(bounds[k]), int(ends[k])  # a run spanning more than TIE: cut where its first ends
+        while float(ordered[end - 1]) - float(ordered[start]) > TIE * max(1.0, abs(float(ordered[start]))):
+            first = float(ordered[start])
+            start += int(
+                torch.searchsorted(ordered[start:end], first + TIE * max(1.0, abs(first)), right=True)
+            )
+            starts[start] = True
+    run = starts.cumsum(0) - 1
+    counts = torch.bincount(run).double()
+    ranked = torch.empty_like(ordered)
+    ranked[order] = (counts.cumsum(0) - (counts - 1) / 2)[run]
+    return ranked.to(values.device)
 
 
 def matthews(predictions: Tensor, labels: Tensor, num_classes: int) -> Tensor:

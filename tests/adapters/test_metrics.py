@@ -5,6 +5,7 @@ import torch
 
 from gpt_ft.adapters import METRICS, MultipleChoice, Similarity, SingleText, metric_value
 from gpt_ft.training.eval_metrics import EvalMetrics
+from tests.helpers import cuda
 
 
 def metric_values(task, predictions, labels):
@@ -117,3 +118,16 @@ def test_unknown_metric():
     assert METRICS == ("accuracy", "f1", "matthews", "pearson", "spearman")
     with pytest.raises(ValueError, match="Unknown metric 'bleu'; allowed: accuracy, f1, matthews"):
         metric_value("bleu", torch.tensor([1]), torch.tensor([1]), num_classes=2)
+
+
+@cuda
+def test_cuda_correlations_of_predictions_on_the_gpu_equal_the_cpus():
+    """Validation gathers STS-B's predictions on the GPU; Spearman's ranks are found on the host and
+    go back to the predictions' device (an index on the GPU into a tensor on the host fails)."""
+    predictions = torch.tensor([4.1557555, 1.0, 4.1557546, 2.0, 3.0])
+    gold = torch.tensor([4.0, 1.0, 4.0, 3.0, 2.0])
+    for name in ("spearman", "pearson"):
+        on_gpu = metric_value(name, predictions.cuda(), gold.cuda(), 1)
+        assert on_gpu.device.type == "cuda" and float(on_gpu) == pytest.approx(
+            float(metric_value(name, predictions, gold, 1))
+        )
