@@ -194,9 +194,9 @@ def no_earlier_checkpoints(trainer, resumed: str | None) -> None:
     exist is refused here too, before a distributed run's other processes start (each said it)."""
     if resumed == "last":
         return
-    if (
-        resumed is not None and "://" not in resumed and not Path(resumed).is_file()
-    ):  # (a remote one: Lightning's)
+    # a local path's (a sharded checkpoint is a folder; Lightning's names and remote paths: its own)
+    named = resumed in ("hpc", "registry") or str(resumed).startswith("registry:") or "://" in str(resumed)
+    if resumed is not None and not named and not Path(resumed).exists():
         raise FileNotFoundError(f"--ckpt_path {resumed} does not exist.")
     for folder, remedy in fixed_folders(trainer):
         if resumed is not None and Path(resumed).resolve().parent == folder.resolve():

@@ -1560,3 +1560,28 @@ def test_a_checkpoint_of_another_number_of_processes_warns_of_dropout_when_it_tr
             resume.load_state_dict(saved)
         said = [str(w.message) for w in caught if "random states of 1 processes" in str(w.message)]
         assert len(said) == warns, (fn, said)
+
+
+def test_a_checkpoint_to_resume_is_refused_before_the_run_only_where_no_such_path_exists(tmp_path):
+    """A missing --ckpt_path is refused before a distributed run's other processes start; a sharded
+    checkpoint (a folder), Lightning's own names (`hpc`, `registry`) and remote paths go on to
+    Lightning (the first check refused the first two as missing)."""
+    from types import SimpleNamespace
+
+    from gpt_ft.training.run_folders import no_earlier_checkpoints
+
+    trainer = SimpleNamespace(checkpoint_callbacks=[], logger=object(), default_root_dir=tmp_path)
+    missing = tmp_path / "nowhere.ckpt"
+    with pytest.raises(FileNotFoundError, match=rf"^--ckpt_path {missing} does not exist\.$"):
+        no_earlier_checkpoints(trainer, str(missing))
+    (sharded := tmp_path / "last.ckpt").mkdir()
+    (sharded / "meta.pt").write_bytes(b"x")
+    for resumed in (
+        str(sharded),
+        "hpc",
+        "registry",
+        "registry:me/model:latest",
+        "s3://bucket/x.ckpt",
+        "last",
+    ):
+        no_earlier_checkpoints(trainer, resumed)
