@@ -209,7 +209,7 @@ def _rope(config: dict) -> tuple[float, dict]:
     params = dict(config.get(key) or {})
     key += "['full_attention']" if "full_attention" in params else ""  # (Gemma 3's layers that see all)
     params = dict(params.get("full_attention", params))
-    theta = params.pop("rope_theta", config.get("rope_theta", 10000.0))
+    theta = params.pop("rope_theta", config.get("rope_theta", config.get("rotary_emb_base", 10000.0)))
     kind = params.get("rope_type", params.get("type", "default"))
     allowed = {
         "llama": ("default", "linear", "llama3"),
@@ -297,10 +297,10 @@ def _phi3(writer, config: dict, scaling: dict) -> None:
 
 def _rotated(config: dict) -> int:
     """The features of each head that rotate, as transformers reads `partial_rotary_factor`: from the
-    rotary settings (either key) or the config's top level."""
+    rotary settings (either key) or the config's top level (Pythia's hub folders: `rotary_pct`)."""
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
-    partial = rope.get("partial_rotary_factor", config.get("partial_rotary_factor")) or 1.0
-    return int(config["hidden_size"] // config["num_attention_heads"] * partial)
+    partial = rope.get("partial_rotary_factor", config.get("partial_rotary_factor", config.get("rotary_pct")))
+    return int(config["hidden_size"] // config["num_attention_heads"] * (partial or 1.0))
 
 
 def _window(writer, config: dict) -> None:

@@ -3,6 +3,7 @@ positions on the first features of each head (`rotary_dim`), attention and MLP s
 (`parallel_residual`) or in turn, the fused query_key_value laid out head by head, an untied head."""
 
 import dataclasses
+import json
 import re
 
 import pytest
@@ -219,3 +220,14 @@ def test_gguf_files_of_gpt_neox_read_and_write_what_llama_cpp_has(tmp_path, monk
     ids = torch.randint(0, 320, (2, 17))
     with torch.no_grad():
         torch.testing.assert_close(gpt.lm_logits(gpt(ids)), hf(ids).logits, rtol=0, atol=2e-5)
+    # A folder as Pythia's hub repositories hold it (`rotary_pct`, `rotary_emb_base`, no rope_parameters),
+    # as llama.cpp's converter reads it: the whole head was written as rotating, at base 10,000.
+    config = json.loads((tmp_path / "folder" / "config.json").read_text())
+    del config["rope_parameters"]
+    config.update(rotary_pct=0.25, rotary_emb_base=500)
+    (tmp_path / "folder" / "config.json").write_text(json.dumps(config))
+    fields = gguf.GGUFReader(write_gguf(tmp_path / "folder", tmp_path / "hub.gguf", outtype="f32")).fields
+    assert (
+        fields["gptneox.rope.dimension_count"].contents(),
+        fields["gptneox.rope.freq_base"].contents(),
+    ) == (2, 500)
