@@ -36,7 +36,8 @@ def about(name, i: int, task: str) -> Iterator[None]:
 
 
 class FileProblem(ValueError):
-    """A file named on the command line that cannot be used, in one sentence naming it."""
+    """A file named on the command line that cannot be used (a config, a card, a checkpoint), in one
+    sentence naming it: every process of a distributed run reads it and meets the fault alike."""
 
 
 def parse_error_message(text: str) -> str:

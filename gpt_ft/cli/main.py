@@ -80,7 +80,7 @@ COMMANDS = {
 }
 DEBUG = "GPT_FT_DEBUG"  # set (not 0): errors show their traceback instead of one sentence
 USER_ERRORS = (ValueError, FileNotFoundError, KeyError, FloatingPointError)
-ALIKE = (TaskDataError, FloatingPointError)  # every process reads the same files; a non-finite loss stops all
+ALIKE = (TaskDataError, FileProblem, FloatingPointError)  # the same files read; a nan stops all
 LOST_PEER = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")  # gloo's words
 
 

@@ -18,7 +18,6 @@ from torch import Tensor, nn
 from gpt_ft.adapters import TaskAdapter
 from gpt_ft.adapters.cards import as_task
 from gpt_ft.data.batches import TokenBatch, gold
-from gpt_ft.model.config import GPTConfig
 from gpt_ft.model.lora import LoRA
 from gpt_ft.training.callbacks import StepValues
 from gpt_ft.training.checkpointing import restore_class_weights
@@ -38,7 +37,13 @@ from gpt_ft.training.optim import (
 )
 from gpt_ft.training.predictions import NAMED, write_predictions
 from gpt_ft.training.ranks import divisor_over_ranks, gather
-from gpt_ft.training.saved import build_gpt, check_lora_resume, check_same_tokenizer, lora_checkpoint
+from gpt_ft.training.saved import (
+    build_gpt,
+    check_fits,
+    check_lora_resume,
+    check_same_tokenizer,
+    lora_checkpoint,
+)
 from gpt_ft.training.strategies import clip_gradients
 from gpt_ft.training.terms import batch_terms, combined_loss
 from gpt_ft.weights.checkpoint import Checkpoint
@@ -126,38 +131,6 @@ def normalised(
         for name in sums
     }
     return combined_loss(full.get("task_loss"), full.get("lm_loss"), lm_coef), {**parts, "loss": loss}
-
-
-def check_fits(
-    loaded: Checkpoint, config: GPTConfig, head: nn.Module | None, task, where: str, init_from: str | None
-) -> None:
-    """A checkpoint of another shape, task head or kind than the run's (built from `init_from`, or
-    a preset), named in one sentence (not a page of size mismatches)."""
-    stored = loaded.gpt_config or {}
-    differ = config.differing_shapes(stored) if stored else {}  # {field: the checkpoint's value}
-    if differ:
-        theirs = ", ".join(f"{k}={v}" for k, v in differ.items())
-        ours = ", ".join(f"{k}={getattr(config, k)}" for k in differ)
-        preset = (
-            "give the same --model.preset/--model.overrides, or start anew from it with --model.init_from"
-        )
-        fix = f"give the --model.init_from it was trained from, not {init_from}" if init_from else preset
-        raise ValueError(f"{where} holds a model with {theirs} but this run builds {ours}: {fix}.")
-    rows = loaded.submodule_state("head").get("weight")
-    if loaded.state and rows is None and head is not None:  # (a sharded checkpoint's tensors load apart)
-        raise ValueError(
-            f"{where} is a language model's checkpoint, not a task's: fine-tuning starts from it "
-            "with --model.init_from, not --ckpt_path."
-        )
-    if rows is not None and head is None:  # (`load_from_checkpoint` given no task)
-        other = ", or read it with Classifier.from_checkpoint" if loaded.task_card else " (it records none)"
-        raise ValueError(f"{where} is a task's checkpoint: give its task (a card) to read or resume it"
-                         f"{other}; it resumes no pretraining.")  # fmt: skip
-    if rows is not None and rows.shape[0] != head.out_features:
-        raise ValueError(
-            f"{where} has a task head of {rows.shape[0]} outputs but task {task.name!r} needs "
-            f"{head.out_features}: fine-tune it anew with --model.init_from."
-        )
 
 
 class GPTModule(Evaluation, LightningModule):

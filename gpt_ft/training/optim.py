@@ -13,6 +13,7 @@ from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch import nn
 
+from gpt_ft.errors import FileProblem
 from gpt_ft.workarounds.kernels import decline_step_unscaling
 
 
@@ -133,7 +134,7 @@ def check_same_optimizer(checkpoint: dict, optimizer: str, where: str) -> None:
     state = (checkpoint.get("optimizer_states") or [None])[0]
     if isinstance(state, dict) and ("muon" in state) != (optimizer == "muon"):
         saved = "muon" if "muon" in state else "adamw"
-        raise ValueError(
+        raise FileProblem(
             f"{where} was trained with --model.optimizer {saved}: resume with it, or start a run of "
             f"{optimizer} from its weights with --model.init_from."
         )

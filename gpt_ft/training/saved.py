@@ -15,6 +15,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from gpt_ft.errors import FileProblem
 from gpt_ft.model.config import GPTConfig, preset_config
 from gpt_ft.model.gpt import with_dropout
 from gpt_ft.model.lora import LoRA, add_lora, merged_state_dict
@@ -261,6 +262,38 @@ def lora_checkpoint(checkpoint: Checkpoint, gpt: nn.Module, lora: LoRA, init_fro
                                       fingerprint=getattr(gpt, "base_fingerprint", None))  # fmt: skip
 
 
+def check_fits(
+    loaded: Checkpoint, config: GPTConfig, head: nn.Module | None, task, where: str, init_from: str | None
+) -> None:
+    """A checkpoint of another shape, task head or kind than the run's (built from `init_from`, or
+    a preset), named in one sentence (not a page of size mismatches)."""
+    stored = loaded.gpt_config or {}
+    differ = config.differing_shapes(stored) if stored else {}  # {field: the checkpoint's value}
+    if differ:
+        theirs = ", ".join(f"{k}={v}" for k, v in differ.items())
+        ours = ", ".join(f"{k}={getattr(config, k)}" for k in differ)
+        preset = (
+            "give the same --model.preset/--model.overrides, or start anew from it with --model.init_from"
+        )
+        fix = f"give the --model.init_from it was trained from, not {init_from}" if init_from else preset
+        raise FileProblem(f"{where} holds a model with {theirs} but this run builds {ours}: {fix}.")
+    rows = loaded.submodule_state("head").get("weight")
+    if loaded.state and rows is None and head is not None:  # (a sharded checkpoint's tensors load apart)
+        raise FileProblem(
+            f"{where} is a language model's checkpoint, not a task's: fine-tuning starts from it "
+            "with --model.init_from, not --ckpt_path."
+        )
+    if rows is not None and head is None:  # (`load_from_checkpoint` given no task)
+        other = ", or read it with Classifier.from_checkpoint" if loaded.task_card else " (it records none)"
+        raise FileProblem(f"{where} is a task's checkpoint: give its task (a card) to read or resume it"
+                         f"{other}; it resumes no pretraining.")  # fmt: skip
+    if rows is not None and rows.shape[0] != head.out_features:
+        raise FileProblem(
+            f"{where} has a task head of {rows.shape[0]} outputs but task {task.name!r} needs "
+            f"{head.out_features}: fine-tune it anew with --model.init_from."
+        )
+
+
 def check_same_tokenizer(checkpoint: Checkpoint, data, where: str) -> None:
     """A run resumed or scored from a checkpoint reads its texts with the tokenizer it was trained
     with (`data`'s, the data module's): one of the same size but other tokens would turn every text
@@ -277,7 +310,7 @@ def check_same_tokenizer(checkpoint: Checkpoint, data, where: str) -> None:
     given, own = tokenizer.get_vocab(), load_tokenizer(saved).get_vocab()
     if given != own:
         option = "--data.token_dir" if getattr(data, "token_dir", None) else "--data.tokenizer"
-        raise ValueError(not_its_tokenizer(path, where, saved, option, given, own))
+        raise FileProblem(not_its_tokenizer(path, where, saved, option, given, own))
 
 
 def typed(value: Any) -> str:
@@ -293,12 +326,12 @@ def check_lora_resume(
     """A LoRA run resumes from adapters only, of the same settings and base weights (`gpt`'s, as
     `build_gpt` loaded them), and adapters only resume a LoRA run: one sentence."""
     if lora is not None and checkpoint.adapters is None:
-        raise ValueError(
+        raise FileProblem(
             f"{where} holds no LoRA adapters (a merged or plain model) and a LoRA run resumes only "
             "from adapters: start anew from it with --model.init_from."
         )
     if lora is None and checkpoint.adapters is not None:
-        raise ValueError(
+        raise FileProblem(
             f"{where} holds LoRA adapters: resume it with the same --model.lora, or load it with "
             "Classifier.from_checkpoint or --model.init_from."
         )
@@ -311,7 +344,7 @@ def check_lora_resume(
              for key in ("rank", "alpha", "targets", "quantize")
              if key in saved and plain(saved[key]) != plain(getattr(lora, key))]  # fmt: skip
     if shape:  # other adapters: a size mismatch, or the same tensors scaled otherwise without a word
-        raise ValueError(f"{where} holds LoRA adapters trained with {'; '.join(shape)}: resume with those.")
+        raise FileProblem(f"{where} holds LoRA adapters trained with {'; '.join(shape)}: resume with those.")
     if lora is not None and (loaded := getattr(gpt, "base_fingerprint", None)):
         checkpoint.adapters.check_base(loaded, where, getattr(gpt, "base_loaded", None))
     if lora is not None and gpt is not None:

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from gpt_ft.errors import writing
+from gpt_ft.errors import FileProblem, writing
 
 GPT_CONFIG = "gpt_config"
 STATE = "state_dict"
@@ -98,7 +98,7 @@ class Adapters:
         `remedy`: how the command at hand takes those."""
         if self.fingerprint and now != self.fingerprint:
             trained = "" if loaded in (None, self.base) else f" (trained on {self.base}'s)"
-            raise ValueError(
+            raise FileProblem(
                 f"{where} holds LoRA adapters of other base weights than {loaded or self.base} holds now"
                 f"{trained} (fingerprint {now}, trained on {self.fingerprint}): the weights they were "
                 f"trained on are needed ({remedy}), or a checkpoint saved with --model.lora.checkpoint "
@@ -126,15 +126,15 @@ def safe_load(path: str | Path, load=None) -> dict[str, Any]:
         # the weights-only unpickler refused to import something, in what torch writes (a zip archive,
         # a pickle of protocol 2 or later), not in a text that happens to start with GLOBAL's "c"
         if "GLOBAL" in str(exc) and _starts(path) in (b"PK", b"\x80"):
-            raise ValueError(UNSAFE.format(path=path)) from None
-        raise ValueError(_not_a_checkpoint(Path(path))) from None
+            raise FileProblem(UNSAFE.format(path=path)) from None
+        raise FileProblem(_not_a_checkpoint(Path(path))) from None
     except LOAD_FAULTS as exc:
         if isinstance(exc, FileNotFoundError):
             raise FileNotFoundError(f"Checkpoint {path} does not exist.") from None
-        raise ValueError(_not_a_checkpoint(Path(path))) from None
+        raise FileProblem(_not_a_checkpoint(Path(path))) from None
     if not isinstance(entries, dict) or STATE not in entries:  # a state dict, a tensor
         kind = "a safetensors file" if Path(path).suffix == ".safetensors" else "a torch file"
-        raise ValueError(
+        raise FileProblem(
             f"{path} is {kind} but not a checkpoint of `gpt-ft fit` (it has no 'state_dict' entry); "
             "a model's weights are started from as a transformers folder or a GGUF file (--model.init_from)."
         )
@@ -251,7 +251,7 @@ class Checkpoint:
     def require_gpt_config(self) -> dict[str, Any]:
         """The GPT's config fields, or one sentence saying the file is not a gpt_ft checkpoint."""
         if self.gpt_config is None:
-            raise ValueError(
+            raise FileProblem(
                 f"{self.where} is not a gpt_ft checkpoint: it records no model config ({GPT_CONFIG})."
             )
         return self.gpt_config
@@ -280,7 +280,7 @@ class Checkpoint:
         in part would run beside freshly started ones without a word."""
         missing = sorted({n for n, p in gpt.named_parameters() if p.requires_grad} - set(self.gpt_state))
         if missing:
-            raise ValueError(
+            raise FileProblem(
                 f"{where or self.where} lacks LoRA weights {missing[:3]}: it is not a complete LoRA "
                 "checkpoint."
             )
@@ -318,7 +318,7 @@ class Checkpoint:
         may add what else to do), not a tokenizer sought under the folder's name on the Hub."""
         folder = self.tokenizer
         if folder is not None and not folder.is_dir():
-            raise ValueError(
+            raise FileProblem(
                 f"{self.where}: its tokenizer, saved beside it by gpt-ft fit, is not there "
                 f"({folder.absolute()}): copy the checkpoint's {self.entries[TOKENIZER]}/ folder along "
                 f"with it{instead}."
@@ -354,8 +354,8 @@ class Checkpoint:
         if self.is_gpt_ft and self.task_card:
             return self.task_card
         if not self.is_gpt_ft or not any(key.startswith("head.") for key in self.state):
-            raise ValueError(f"{self.where} is not a fine-tuned gpt_ft checkpoint: it records no task card.")
-        raise ValueError(
+            raise FileProblem(f"{self.where} is not a fine-tuned gpt_ft checkpoint: it records no task card.")
+        raise FileProblem(
             f"{self.where} holds a task head but records no task card: it was saved outside `gpt-ft fit` "
             "(a plain lightning.Trainer), which records the card and the tokenizer; fine-tune with "
             "`gpt-ft fit`, or build gpt_ft.Classifier from the model, head, task and tokenizer in Python."

@@ -332,21 +332,34 @@ def test_the_first_process_of_a_run_is_known_by_its_group_where_it_joined_one(mo
     assert first_process(of_its_group=True)
 
 
-def test_a_fault_of_one_process_alone_is_said_by_it(monkeypatch, capsys):
+def test_a_fault_of_one_process_alone_is_said_by_it(monkeypatch, capsys, tmp_path):
     """Only what every process meets alike is left to the first to say: a fault of one rank's own
-    (its shard's) was lost, the first saying only that it lost another process."""
+    (its shard's) was lost, the first saying only that it lost another process. A checkpoint that
+    does not fit the run (another run's optimizer, no checkpoint at all) is read alike by every
+    process: each said it."""
     import importlib
 
     import torch.distributed as dist
 
     from gpt_ft.errors import TaskDataError
+    from gpt_ft.training.optim import check_same_optimizer
+    from gpt_ft.weights.checkpoint import safe_load
 
+    def fault_of(check, *args):
+        with pytest.raises(ValueError) as raised:
+            check(*args)
+        return raised.value
+
+    (tmp_path / "notes.ckpt").write_text("not a checkpoint\n")
+    muon = {"optimizer_states": [{"muon": {}, "state": {}}]}
     cli = importlib.import_module("gpt_ft.cli.main")  # (the module: the package's `main` is its function)
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
     monkeypatch.setattr(dist, "get_rank", lambda group=None: 1)
     for fault, said in ((ValueError("example 17 of this rank's shard is malformed."), True),
                         (TaskDataError("d/train.tsv: file not found."), False),
-                        (FloatingPointError("The training loss became nan at step 3."), False)):  # fmt: skip
+                        (FloatingPointError("The training loss became nan at step 3."), False),
+                        (fault_of(check_same_optimizer, muon, "adamw", "last.ckpt"), False),
+                        (fault_of(safe_load, tmp_path / "notes.ckpt"), False)):  # fmt: skip
 
         def run(name, args, fault=fault):
             raise fault
