@@ -73,9 +73,10 @@ class TaskHead(nn.Linear):
     def forward(self, extract: Tensor, choice_mask: Tensor | None = None) -> Tensor:
         """Outputs (B, outputs) from extract states (B, S, C).
 
-        Similarity (GPT-1 §3.3): the two orders' states are added before the linear layer.
+        Similarity (GPT-1 §3.3): the two orders' states are added before the linear layer, and the
+        dropout is the linear layer's input's, one mask on their sum.
         """
-        return F.linear(self.dropout(extract).sum(dim=1), self.weight, self.bias)
+        return F.linear(self.dropout(extract.sum(dim=1)), self.weight, self.bias)
 
     def losses(self, outputs: Tensor, labels: Tensor) -> Tensor:
         """Each example's task loss, (B,)."""
@@ -154,10 +155,18 @@ class ChoiceHead(ClassificationHead):
 
     def forward(self, extract: Tensor, choice_mask: Tensor | None = None) -> Tensor:
         """Scores (B, S), one per choice, from extract states (B, S, C)."""
-        scores = F.linear(self.dropout(extract), self.weight, self.bias).squeeze(-1)  # (B, S)
+        scores = F.linear(self.choices_dropout(extract), self.weight, self.bias).squeeze(-1)  # (B, S)
         if choice_mask is None:
             return scores
         return scores.masked_fill(~choice_mask, torch.finfo(scores.dtype).min)
+
+    def choices_dropout(self, extract: Tensor) -> Tensor:
+        """Dropout of a row's states (B, S, C) with one mask for all of its S choices, as OpenAI's
+        GPT-1 code (its `clf` dropout's noise shape: 1 across choices), which scores each choice by
+        the same features."""
+        if not self.training or self.dropout.p == 0:
+            return extract
+        return extract * self.dropout(extract.new_ones(extract.shape[0], 1, extract.shape[2]))
 
 
 class StepHead(ChoiceHead):

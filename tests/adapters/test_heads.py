@@ -47,6 +47,26 @@ def test_choice_head_scores_each_choice_and_masks_the_missing_ones():
     ]
 
 
+def test_classifier_dropout_is_one_mask_per_example_as_gpt1s_code():
+    """OpenAI's GPT-1 code drops the classifier's input with one mask across a row's choices (its
+    noise shape: 1 there): each choice is scored by the same features. Similarity's two orders are
+    added first, the dropout the linear layer's input's (the paper's "before the linear layer")."""
+    torch.manual_seed(0)
+    choice = ChoiceHead(16, dropout=0.5).train()
+    same = torch.randn(3, 1, 16).expand(3, 4, 16)  # one state for every choice of each row
+    draws = [choice(same) for _ in range(5)]
+    for scores in draws:
+        torch.testing.assert_close(scores, scores[:, :1].expand(3, 4), rtol=0, atol=0)
+    assert len({tuple(d[:, 0].tolist()) for d in draws}) == 5  # (still dropped: another mask each draw)
+    torch.testing.assert_close(choice.eval()(same), F.linear(same, choice.weight, choice.bias).squeeze(-1))
+    pair = ClassificationHead(16, 3, dropout=0.5).train()
+    extract = torch.randn(2, 2, 16)
+    torch.manual_seed(1)
+    outputs = pair(extract)
+    torch.manual_seed(1)
+    torch.testing.assert_close(outputs, F.linear(F.dropout(extract.sum(1), 0.5), pair.weight, pair.bias))
+
+
 def test_heads_keep_the_checkpoint_keys_of_a_linear_layer():
     for head in (ClassificationHead(8, 2), RegressionHead(8), ChoiceHead(8)):
         assert set(head.state_dict()) == {"weight", "bias"}
