@@ -362,6 +362,11 @@ class GPTModule(Evaluation, LightningModule):
 
     configure_gradient_clipping = clip_gradients  # by FSDP's own norm under FSDP
 
+    def on_train_start(self) -> None:
+        schedule = self.lr_schedulers()
+        if isinstance(schedule, Schedule) and self.trainer.ckpt_path is not None:  # (resumed)
+            schedule.respan(self.trainer)
+
     def configure_optimizers(self):
         fused, built = fused_adamw(self.device), getattr(self, "built_ndims", None)
         if self.optimizer_name == "muon":

@@ -50,7 +50,7 @@ def fused_adamw(device: torch.device) -> bool:
     return device.type in ("cuda", "cpu")
 
 
-def schedule_steps(module) -> tuple[int, int]:
+def schedule_steps(module) -> tuple[int, float]:
     """The optimizer steps a module's schedule spans and its warmup's: the Trainer's estimate, which
     is infinite when only `max_time` bounds the run (a schedule that needs the length then says
     what to give), and `warmup_steps` or `warmup_fraction` of it."""
@@ -74,13 +74,16 @@ def schedule_steps(module) -> tuple[int, int]:
             f"--trainer.max_epochs (a time limit still stops it first), or use {remedy}."
         )
     total = max(1, int(estimated)) if math.isfinite(estimated) else 1
-    warmup = module.warmup_steps if module.warmup_steps is not None else round(module.warmup_fraction * total)
-    if warmup >= total and math.isfinite(estimated):  # (its last step's rate: (total - 1) / warmup of lr)
-        than = "as long as" if warmup == total else "longer than"
+    # A fraction's warmup is not rounded to whole steps, as OpenAI's GPT-1 code (`warmup_linear`): a
+    # run of 234 steps warms up over 0.468 of a step, its first at rate 0 (rounded: none, the first
+    # step at the full rate).
+    warmup = module.warmup_steps if module.warmup_steps is not None else module.warmup_fraction * total
+    if warmup > total - 1 and math.isfinite(estimated):  # (its last step's rate: (total - 1) / warmup)
+        than = "longer than" if warmup > total else "as long as" if warmup == total else "nearly as long as"
         given = (
             f"--model.warmup_steps {warmup}"
             if module.warmup_steps is not None
-            else f"--model.warmup_fraction {module.warmup_fraction:g} ({warmup} step{'s' * (warmup != 1)})"
+            else f"--model.warmup_fraction {module.warmup_fraction:g} ({warmup:g} step{'s' * (warmup != 1)})"
         )
         rank_zero_warn(f"{given} is {than} the run's {total} optimizer step{'s' * (total != 1)}: the "
                        f"learning rate never reaches --model.lr ({module.optim['lr']:g})")  # fmt: skip
@@ -95,20 +98,19 @@ class Schedule(torch.optim.lr_scheduler.LambdaLR):
     learning rate and new optimizer settings (weight decay, betas, eps, momentum): the run's, not
     the checkpoint's (Lightning restores the optimizer, then the schedule)."""
 
-    def __init__(self, optimizer, schedule: str, warmup: int, total: int) -> None:
-        self.total, self.shape = total, [schedule, warmup]
+    def __init__(self, optimizer, schedule: str, warmup: float, total: int) -> None:
+        self.total, self.shape, self.saved_total = total, [schedule, warmup], None
         self.settings = [{k: g[k] for k in SETTINGS if k in g} for g in optimizer.param_groups]
         super().__init__(optimizer, lr_lambda(schedule, warmup, total))
 
     def load_state_dict(self, state_dict: dict) -> None:
         total, shape, base_lrs, configured = self.total, self.shape, list(self.base_lrs), self.settings
         super().load_state_dict(state_dict)  # (its attributes: the checkpoint's)
-        if state_dict.get("total", total) != total:
-            rank_zero_info(f"the schedule now spans {total} steps, the checkpoint's {state_dict['total']}: "
-                           f"learning rates follow the new one from step {self.last_epoch}")  # fmt: skip
+        self.saved_total = state_dict.get("total", total)  # (`respan` says where the length changed)
         if (saved := state_dict.get("shape", shape)) != shape:  # (a checkpoint from before it was kept: none)
-            rank_zero_info(f"the schedule is now {shape[0]} after {shape[1]} warmup steps, the checkpoint's "
-                           f"{saved[0]} after {saved[1]}, from step {self.last_epoch} on")  # fmt: skip
+            now, then = f"{shape[0]} after {shape[1]:g}", f"{saved[0]} after {saved[1]:g}"
+            rank_zero_info(f"the schedule is now {now} warmup steps, the checkpoint's {then}, from step "
+                           f"{self.last_epoch} on")  # fmt: skip
         changed = {
             f"lr {new:g} (the checkpoint's {old:g})"
             for new, old in zip(base_lrs, self.base_lrs)
@@ -127,6 +129,40 @@ class Schedule(torch.optim.lr_scheduler.LambdaLR):
         self.total, self.shape, self.base_lrs, self.settings = total, shape, base_lrs, configured
         for group, base, factor in zip(self.optimizer.param_groups, self.base_lrs, self.lr_lambdas):
             group["initial_lr"], group["lr"] = base, base * factor(self.last_epoch)
+
+    def respan(self, trainer) -> None:
+        """A resumed run's schedule over the steps its loop will make (`steps_left`), said where
+        that is not the checkpoint's length: the Trainer's estimate counts every epoch in this run's
+        steps, where the restored ones may have been of another batch size or accumulation (a
+        schedule that ended before the run did left its last epochs at rate 0)."""
+        left = steps_left(trainer)
+        total = self.total if left is None else trainer.global_step + left
+        total = min(total, trainer.max_steps) if trainer.max_steps not in (None, -1) else total
+        if total != self.total:
+            self.total = total
+            self.lr_lambdas = [lr_lambda(*self.shape, total) for _ in self.optimizer.param_groups]
+            for group, base, factor in zip(self.optimizer.param_groups, self.base_lrs, self.lr_lambdas):
+                group["lr"] = base * factor(self.last_epoch)
+            self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+        if self.saved_total is not None and self.saved_total != total:
+            rank_zero_info(f"the schedule now spans {total} steps, the checkpoint's {self.saved_total}: "
+                           f"learning rates follow the new one from step {self.last_epoch}")  # fmt: skip
+        self.saved_total = None
+
+
+def steps_left(trainer) -> int | None:
+    """The optimizer steps a resumed run's loop makes from the restored step on: the rest of the
+    resumed epoch (Lightning counts its batches done in this run's size, and the epoch ends where
+    its examples do, or at that count of batches), then whole epochs; None where the loader's
+    sampler is not the data modules' (which knows where the epoch stood) or the epochs are unbounded."""
+    loader = trainer.train_dataloader
+    sampler = getattr(loader, "sampler", None)
+    if not hasattr(sampler, "epoch_batches") or trainer.max_epochs in (None, -1):
+        return None
+    k, batches, done = trainer.accumulate_grad_batches, trainer.num_training_batches, sampler.batches_done()
+    end = min(done + len(sampler.epoch_batches(loader.batch_size)), batches) if done else batches
+    resumed = sum((i + 1) % k == 0 or i == end - 1 for i in range(done, end))  # (Lightning's steps)
+    return resumed + (trainer.max_epochs - trainer.current_epoch - 1) * math.ceil(batches / k)
 
 
 def check_same_optimizer(checkpoint: dict, optimizer: str, where: str) -> None:
@@ -153,7 +189,7 @@ def _differ(saved, configured) -> bool:
     return as_list(saved) != as_list(configured)
 
 
-def lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:
+def lr_lambda(schedule: str, warmup: float, total: int) -> Callable[[int], float]:
     """Multiplier of the peak learning rate at each step: linear warmup from 0, then the decay."""
 
     def factor(step: int) -> float:

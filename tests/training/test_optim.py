@@ -104,9 +104,23 @@ def test_a_warmup_as_long_as_the_run_or_longer_is_warned_of():
             m.configure_optimizers()
     m = module(SingleText(name="t", labels=["a", "b"]), lr=1e-3, warmup_fraction=0.9)  # named as given
     m._trainer = SimpleNamespace(estimated_stepping_batches=1, callbacks=[])
-    with pytest.warns(UserWarning, match=r"^--model.warmup_fraction 0.9 \(1 step\) is as long as the run's 1 "
-                      r"optimizer step: "):  # fmt: skip
+    with pytest.warns(UserWarning, match=r"^--model.warmup_fraction 0.9 \(0.9 steps\) is nearly as long as "
+                      r"the run's 1 optimizer step: "):  # fmt: skip
         m.configure_optimizers()
+
+
+def test_a_warmup_by_fraction_is_not_rounded_to_whole_steps():
+    """GPT-1's 0.2% of RTE's 234 steps is 0.468 of a step, as OpenAI's code (`warmup_linear`) has it:
+    the first step runs at rate 0 and the second decays already (rounded to none, the first step
+    ran at the full rate: a sign-like Adam step of lr on every weight)."""
+    m = module(SingleText(name="t", labels=["a", "b"]), lr=1e-3, warmup_fraction=0.002)
+    m._trainer = SimpleNamespace(estimated_stepping_batches=234, callbacks=[])
+    scheduler = m.configure_optimizers()["lr_scheduler"]["scheduler"]
+    lrs = [scheduler.get_last_lr()[0]]
+    scheduler.optimizer.step()
+    scheduler.step()
+    lrs.append(scheduler.get_last_lr()[0])
+    assert lrs == [0.0, pytest.approx(1e-3 * (1 - (1 - 0.468) / (234 - 0.468)), rel=1e-12)]
 
 
 def test_lr_lambda_shapes():
@@ -198,7 +212,7 @@ def test_fused_adamw_on_the_cpu_and_its_gradients_clipped_under_mixed_precision(
     leaves the weights where the unfused optimizer puts them."""
     from lightning.pytorch.plugins.precision import MixedPrecision
 
-    m = module(SingleText(name="t", labels=["a", "b"]), lr=1e-2)
+    m = module(SingleText(name="t", labels=["a", "b"]), lr=1e-2, warmup_fraction=0.0)  # the step at lr
     m._trainer = SimpleNamespace(estimated_stepping_batches=10)
     fused = m.configure_optimizers()["optimizer"]
     assert fused.defaults["fused"] is True

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-import re
+import csv
 
 import pytest
 import torch
@@ -108,11 +108,6 @@ def test_shared_context_in_bf16_matches_the_plain_layout(tokenizer_dir):
     assert abs(losses["shared", True] - losses["shared", False]) / losses["shared", False] < BF16_REL
 
 
-def printed_metrics(out: str) -> dict[str, float]:
-    line = [ln for ln in out.splitlines() if ln.startswith(("epoch ", "validate: "))][-1]
-    return {k: float(v) for k, v in re.findall(r"(validation/\w+) ([-\d.]+)", line)}
-
-
 def test_fit_validate_predict_and_generate_in_bf16_mixed(tmp_path, finetuned, monkeypatch, capsys):
     """Forced bf16-mixed through the CLI: the fp32 checkpoint validates to the same metrics within
     the tolerance, predicts, fine-tunes on (weights stay fp32), and generates."""
@@ -123,10 +118,12 @@ def test_fit_validate_predict_and_generate_in_bf16_mixed(tmp_path, finetuned, mo
         "--trainer.enable_progress_bar=false",
     ]
     metrics = {}
-    for p in ("32-true", "bf16-mixed"):
-        capsys.readouterr()
-        main(["validate", f"--ckpt_path={finetuned.ckpt}", f"--trainer.precision={p}", *quiet])
-        metrics[p] = printed_metrics(capsys.readouterr().out)
+    for p in ("32-true", "bf16-mixed"):  # (the logged values: the printed ones' 4 decimals may agree)
+        logged = [f"--trainer.default_root_dir={tmp_path}", "--trainer.enable_progress_bar=false",
+                  f"--trainer.logger.init_args.save_dir={tmp_path / p}"]  # fmt: skip
+        main(["validate", f"--ckpt_path={finetuned.ckpt}", f"--trainer.precision={p}", *logged])
+        (csv_file,) = (tmp_path / p).rglob("metrics.csv")
+        metrics[p] = {k: float(v) for k, v in csv.DictReader(csv_file.open()).__next__().items() if v}
     assert metrics["32-true"]["validation/accuracy"] == metrics["bf16-mixed"]["validation/accuracy"]
     fp32, bf16 = metrics["32-true"]["validation/loss"], metrics["bf16-mixed"]["validation/loss"]
     assert bf16 != fp32 and abs(bf16 - fp32) / fp32 < BF16_REL  # bf16 did run, and stays close
