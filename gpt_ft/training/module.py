@@ -374,5 +374,6 @@ class GPTModule(Evaluation, LightningModule):
         else:
             optimizer = adamw(self.parameters(), **self.optim, fused=fused, built=built)
         total, warmup = schedule_steps(self)
-        scheduler = Schedule(optimizer, self.schedule, warmup, total)
+        fraction = self.warmup_fraction if self.warmup_steps is None else None
+        scheduler = Schedule(optimizer, self.schedule, warmup, total, fraction)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

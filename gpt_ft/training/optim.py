@@ -98,19 +98,19 @@ class Schedule(torch.optim.lr_scheduler.LambdaLR):
     learning rate and new optimizer settings (weight decay, betas, eps, momentum): the run's, not
     the checkpoint's (Lightning restores the optimizer, then the schedule)."""
 
-    def __init__(self, optimizer, schedule: str, warmup: float, total: int) -> None:
-        self.total, self.shape, self.saved_total = total, [schedule, warmup], None
+    def __init__(
+        self, optimizer, schedule: str, warmup: float, total: int, fraction: float | None = None
+    ) -> None:
+        self.total, self.shape, self.fraction, self.saved = total, [schedule, warmup], fraction, None
         self.settings = [{k: g[k] for k in SETTINGS if k in g} for g in optimizer.param_groups]
         super().__init__(optimizer, lr_lambda(schedule, warmup, total))
 
     def load_state_dict(self, state_dict: dict) -> None:
         total, shape, base_lrs, configured = self.total, self.shape, list(self.base_lrs), self.settings
+        fraction = self.fraction
         super().load_state_dict(state_dict)  # (its attributes: the checkpoint's)
-        self.saved_total = state_dict.get("total", total)  # (`respan` says where the length changed)
-        if (saved := state_dict.get("shape", shape)) != shape:  # (a checkpoint from before it was kept: none)
-            now, then = f"{shape[0]} after {shape[1]:g}", f"{saved[0]} after {saved[1]:g}"
-            rank_zero_info(f"the schedule is now {now} warmup steps, the checkpoint's {then}, from step "
-                           f"{self.last_epoch} on")  # fmt: skip
+        # (a checkpoint from before the shape was kept: none) Said by `respan`, once the length is known.
+        self.saved = state_dict.get("total", total), state_dict.get("shape", shape)
         changed = {
             f"lr {new:g} (the checkpoint's {old:g})"
             for new, old in zip(base_lrs, self.base_lrs)
@@ -127,6 +127,7 @@ class Schedule(torch.optim.lr_scheduler.LambdaLR):
             rank_zero_info(f"resumed with other optimizer settings than the checkpoint's, which apply from "
                            f"step {self.last_epoch}: {', '.join(sorted(changed))}")  # fmt: skip
         self.total, self.shape, self.base_lrs, self.settings = total, shape, base_lrs, configured
+        self.fraction = fraction
         for group, base, factor in zip(self.optimizer.param_groups, self.base_lrs, self.lr_lambdas):
             group["initial_lr"], group["lr"] = base, base * factor(self.last_epoch)
 
@@ -138,16 +139,24 @@ class Schedule(torch.optim.lr_scheduler.LambdaLR):
         left = steps_left(trainer)
         total = self.total if left is None else trainer.global_step + left
         total = min(total, trainer.max_steps) if trainer.max_steps not in (None, -1) else total
-        if total != self.total:
-            self.total = total
-            self.lr_lambdas = [lr_lambda(*self.shape, total) for _ in self.optimizer.param_groups]
+        shape = [self.shape[0], self.fraction * total if self.fraction is not None else self.shape[1]]
+        if (total, shape) != (self.total, self.shape):  # (a warmup by fraction: of the new length)
+            self.total, self.shape = total, shape
+            self.lr_lambdas = [lr_lambda(*shape, total) for _ in self.optimizer.param_groups]
             for group, base, factor in zip(self.optimizer.param_groups, self.base_lrs, self.lr_lambdas):
                 group["lr"] = base * factor(self.last_epoch)
             self._last_lr = [group["lr"] for group in self.optimizer.param_groups]
-        if self.saved_total is not None and self.saved_total != total:
-            rank_zero_info(f"the schedule now spans {total} steps, the checkpoint's {self.saved_total}: "
-                           f"learning rates follow the new one from step {self.last_epoch}")  # fmt: skip
-        self.saved_total = None
+        if self.saved is None:
+            return
+        (saved_total, saved), step, self.saved = self.saved, self.last_epoch, None
+        if saved != shape:
+            now, then = f"{shape[0]} after {shape[1]:g}", f"{saved[0]} after {saved[1]:g}"
+            rank_zero_info(
+                f"the schedule is now {now} warmup steps, the checkpoint's {then}, from step {step} on"
+            )
+        if saved_total != total:
+            rank_zero_info(f"the schedule now spans {total} steps, the checkpoint's {saved_total}: "
+                           f"learning rates follow the new one from step {step}")  # fmt: skip
 
 
 def steps_left(trainer) -> int | None:

@@ -131,7 +131,8 @@ def safe_load(path: str | Path, load=None) -> dict[str, Any]:
     except LOAD_FAULTS as exc:
         if isinstance(exc, FileNotFoundError):
             raise FileNotFoundError(f"Checkpoint {path} does not exist.") from None
-        raise FileProblem(_not_a_checkpoint(Path(path))) from None
+        own = isinstance(exc, OSError) or "allocat" in str(exc)  # this process's read (I/O, memory): its own
+        raise (ValueError if own else FileProblem)(_not_a_checkpoint(Path(path))) from None
     if not isinstance(entries, dict) or STATE not in entries:  # a state dict, a tensor
         kind = "a safetensors file" if Path(path).suffix == ".safetensors" else "a torch file"
         raise FileProblem(

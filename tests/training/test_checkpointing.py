@@ -844,9 +844,9 @@ def test_a_run_resumed_with_another_length_follows_its_own_schedule_from_the_fir
     cosine = [2e-3 * 0.5 * (1 + math.cos(math.pi * step / 18)) for step in range(9, 18)]
     assert rates.seen == pytest.approx(cosine, rel=1e-6)
     assert said == [
-        "the schedule is now cosine after 0 warmup steps, the checkpoint's linear after 0, from step 9 on",
         "resumed with other optimizer settings than the checkpoint's, which apply from step 9: lr 0.002 (the "
         "checkpoint's 0.001), weight_decay 0.05 (the checkpoint's 0.01)",
+        "the schedule is now cosine after 0 warmup steps, the checkpoint's linear after 0, from step 9 on",
         "the schedule now spans 18 steps, the checkpoint's 9: learning rates follow the new one from step 9",
     ]
     decays = {
@@ -867,7 +867,8 @@ def test_a_run_resumed_with_another_length_follows_its_own_schedule_from_the_fir
 def test_a_run_resumed_with_another_batch_size_spans_the_steps_it_makes(tmp_path, tokenizer_dir, monkeypatch):
     """Stopped at step 4 (3 batches of 2 an epoch, 3 epochs), resumed with batches of 3: the rest of
     epoch 1 is one batch (Lightning counts 1 of its 2 done), epoch 2 two: 7 steps in all, where the
-    Trainer's estimate, 3 epochs of 2, ended the schedule at step 6 and left the last step at rate 0."""
+    Trainer's estimate, 3 epochs of 2, ended the schedule at step 6 and left the last step at rate 0.
+    A warmup by fraction is the fraction of those 7 steps, 3.5."""
     from lightning.pytorch.callbacks import Callback
 
     from gpt_ft.training import optim
@@ -881,16 +882,17 @@ def test_a_run_resumed_with_another_batch_size_spans_the_steps_it_makes(tmp_path
             self.seen.append(trainer.optimizers[0].param_groups[0]["lr"])
 
     card = make_task("single", tmp_path)
-    args = [*finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "logs"), "--model.warmup_fraction=0"]
+    args = [*finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "logs"), "--model.warmup_fraction=0.5"]
     main(["fit", *args, "--model.lr=1e-3", "--trainer.max_steps=4"])
     said, rates = [], Rates()
     monkeypatch.setattr(optim, "rank_zero_info", said.append)
     resumed = ["--model.lr=1e-3", "--data.batch_size=3", "--trainer.max_steps=-1", "--ckpt_path=last"]
     lightning_main(["fit", *args, *resumed], callbacks=[rates])
-    assert rates.seen == pytest.approx([1e-3 * (1 - step / 7) for step in (4, 5, 6)], rel=1e-6)
+    assert rates.seen == pytest.approx([1e-3 * (1 - (step - 3.5) / 3.5) for step in (4, 5, 6)], rel=1e-6)
     assert last_state(tmp_path / "logs", 1)["global_step"] == 7
     assert said == [
-        "the schedule now spans 7 steps, the checkpoint's 4: learning rates follow the new one from step 4"
+        "the schedule is now linear after 3.5 warmup steps, the checkpoint's linear after 2, from step 4 on",
+        "the schedule now spans 7 steps, the checkpoint's 4: learning rates follow the new one from step 4",
     ]
 
 

@@ -336,7 +336,7 @@ def test_a_fault_of_one_process_alone_is_said_by_it(monkeypatch, capsys, tmp_pat
     """Only what every process meets alike is left to the first to say: a fault of one rank's own
     (its shard's) was lost, the first saying only that it lost another process. A checkpoint that
     does not fit the run (another run's optimizer, no checkpoint at all) is read alike by every
-    process: each said it."""
+    process: each said it; a fault of one process's read of it (memory, I/O) is that process's own."""
     import importlib
 
     import torch.distributed as dist
@@ -351,6 +351,10 @@ def test_a_fault_of_one_process_alone_is_said_by_it(monkeypatch, capsys, tmp_pat
         return raised.value
 
     (tmp_path / "notes.ckpt").write_text("not a checkpoint\n")
+
+    def unread(path):  # a fault of this process's read, not of the file: said by the process
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory")
+
     muon = {"optimizer_states": [{"muon": {}, "state": {}}]}
     cli = importlib.import_module("gpt_ft.cli.main")  # (the module: the package's `main` is its function)
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
@@ -359,7 +363,8 @@ def test_a_fault_of_one_process_alone_is_said_by_it(monkeypatch, capsys, tmp_pat
                         (TaskDataError("d/train.tsv: file not found."), False),
                         (FloatingPointError("The training loss became nan at step 3."), False),
                         (fault_of(check_same_optimizer, muon, "adamw", "last.ckpt"), False),
-                        (fault_of(safe_load, tmp_path / "notes.ckpt"), False)):  # fmt: skip
+                        (fault_of(safe_load, tmp_path / "notes.ckpt"), False),
+                        (fault_of(safe_load, tmp_path, unread), True)):  # fmt: skip
 
         def run(name, args, fault=fault):
             raise fault
