@@ -37,6 +37,20 @@ def swapped(tokenizer: Path, out: Path, first: int = 300) -> Path:
     return out
 
 
+def lr_recorder():
+    """A callback that records the learning rate each training batch starts with, in `seen`."""
+    from lightning.pytorch.callbacks import Callback
+
+    class Rates(Callback):
+        def __init__(self):
+            self.seen = []
+
+        def on_train_batch_start(self, trainer, *args):
+            self.seen.append(trainer.optimizers[0].param_groups[0]["lr"])
+
+    return Rates()
+
+
 def last_path(logs: Path, version: int) -> Path:
     return logs / "lightning_logs" / f"version_{version}" / "checkpoints" / "last.ckpt"
 
@@ -811,24 +825,15 @@ def test_a_run_resumed_with_another_length_follows_its_own_schedule_from_the_fir
     """3 epochs of 3 steps, resumed to 6 and cosine: the restored optimizer's rate is the old
     schedule's end (0); the first resumed step takes the new schedule's, halfway down its decay.
     Resumed with the other optimizer, whose state the saved one does not fit, the run is refused."""
-    from lightning.pytorch.callbacks import Callback
-
     from gpt_ft.training import optim
     from gpt_ft.training.runs import lightning_main
-
-    class Rates(Callback):
-        def __init__(self):
-            self.seen = []
-
-        def on_train_batch_start(self, trainer, *args):
-            self.seen.append(trainer.optimizers[0].param_groups[0]["lr"])
 
     card = make_task("single", tmp_path)
     args = [*finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "logs"), "--model.warmup_fraction=0"]
     main(["fit", *args, "--model.lr=1e-3"])
     said = []
     monkeypatch.setattr(optim, "rank_zero_info", said.append)
-    rates = Rates()
+    rates = lr_recorder()
     lightning_main(
         [
             "fit",
@@ -869,22 +874,13 @@ def test_a_run_resumed_with_another_batch_size_spans_the_steps_it_makes(tmp_path
     epoch 1 is one batch (Lightning counts 1 of its 2 done), epoch 2 two: 7 steps in all, where the
     Trainer's estimate, 3 epochs of 2, ended the schedule at step 6 and left the last step at rate 0.
     A warmup by fraction is the fraction of those 7 steps, 3.5."""
-    from lightning.pytorch.callbacks import Callback
-
     from gpt_ft.training import optim
     from gpt_ft.training.runs import lightning_main
-
-    class Rates(Callback):
-        def __init__(self):
-            self.seen = []
-
-        def on_train_batch_start(self, trainer, *args):
-            self.seen.append(trainer.optimizers[0].param_groups[0]["lr"])
 
     card = make_task("single", tmp_path)
     args = [*finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "logs"), "--model.warmup_fraction=0.5"]
     main(["fit", *args, "--model.lr=1e-3", "--trainer.max_steps=4"])
-    said, rates = [], Rates()
+    said, rates = [], lr_recorder()
     monkeypatch.setattr(optim, "rank_zero_info", said.append)
     resumed = ["--model.lr=1e-3", "--data.batch_size=3", "--trainer.max_steps=-1", "--ckpt_path=last"]
     lightning_main(["fit", *args, *resumed], callbacks=[rates])
