@@ -186,10 +186,10 @@ def _load_local(task: TaskAdapter, split: str, data_dir: Path):
     path = (origin := split_origin(task, split, data_dir)).path
     if not path.is_file():
         what = "a folder, not a file" if path.is_dir() else "file not found"
-        others = [s for s in task.test_splits if s != split] if split in task.test_splits else []
-        alone = (
-            f"; the others alone: --data.task.init_args.test_splits '[{', '.join(others)}]'" if others else ""
-        )
+        tests = task.test_splits if split in task.test_splits else []  # the other tests whose files are there
+        others = [s for s in tests if s != split and s in spec.splits]
+        others = ", ".join(s for s in others if split_origin(task, s, data_dir).path.is_file())
+        alone = f"; the others alone: --data.task.init_args.test_splits '[{others}]'" * bool(others)
         made = f"; the task's files are written by {spec.written_by}" if spec.written_by else ""
         raise TaskDataError(f"{path}: {what} (split {split!r} of task {task.name!r}){alone}{made}.")
     if path.stat().st_size == 0:

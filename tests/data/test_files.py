@@ -822,6 +822,13 @@ def test_a_missing_test_file_says_how_to_predict_the_others(tmp_path):
     task = SingleText(name="mnli", labels=["a", "b"], local=task.local, test_splits=["test_ax"])
     with pytest.raises(TaskDataError, match=r"\(split 'test_ax' of task 'mnli'\)\.$"):
         load_split(task, "test_ax", tmp_path)
+    # Two of three missing (SuperGLUE's RTE without AX-b and AX-g): the one whose file is there.
+    splits = {**splits, "test_mm": "mm.tsv"}
+    task = SingleText(name="mnli", labels=["a", "b"], local=LocalFiles(splits=splits),
+                      test_splits=["test_matched", "test_ax", "test_mm"])  # fmt: skip
+    with pytest.raises(TaskDataError, match=r"; the others alone: --data.task.init_args.test_splits "
+                       r"'\[test_matched\]'\.$"):  # fmt: skip
+        load_split(task, "test_ax", tmp_path)
 
 
 @pytest.mark.parametrize("card", ["steps/prmbench", "ranking/prmbench", "race"])
