@@ -205,9 +205,9 @@ class GPT(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(past, past + T, device=input_ids.device)  # (T,)
         x = self.wte(input_ids)  # (B, T, C)
-        if self.config.scale_embeddings:  # Gemma: sqrt(C), rounded to the weights' dtype as it does
+        if self.config.scale_embeddings:  # Gemma: sqrt(C), in fp32 then the weights' dtype as it does
             # made on the device: read back as a Python number, it broke a compiled graph in two
-            x = x * torch.full((), self.config.n_embd**0.5, dtype=x.dtype, device=x.device)
+            x = x * torch.full((), self.config.n_embd**0.5, dtype=torch.float32, device=x.device).to(x.dtype)
         if self.wpe is not None:
             x = x + self.wpe(position_ids)
         x = self.drop(x)

@@ -559,3 +559,13 @@ def test_yarn_frequencies_and_attention_factor_are_transformers(scaling):
     tiny = GPTConfig.from_name("llama-micro", n_embd=32, rope_theta=10.0, rope_scaling=fit)
     untruncated = dataclasses.replace(tiny, rope_scaling=dict(fit, truncate=False))
     assert not torch.equal(rope.inverse_frequencies(tiny), rope.inverse_frequencies(untruncated))
+
+
+def test_gemma3s_embedding_scale_is_rounded_through_fp32_as_transformers_rounds_it():
+    """transformers keeps sqrt(hidden) as an fp32 tensor, then casts it: in float64, a width whose
+    root fp32 cannot hold (48; the real 640) made every logit differ by ~1e-6 of its scale."""
+    hf = tiny_llama("gemma3_text", hidden_size=48, head_dim=12).double()
+    gpt = GPT.from_hf(hf).double().eval()
+    ids = torch.randint(0, TINY_LLAMA["vocab_size"], (2, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(gpt.lm_logits(gpt(ids)), hf(ids).logits, rtol=0, atol=1e-11)
