@@ -57,22 +57,29 @@ def ranks(values: Tensor) -> Tensor:
     ordered, order = values.detach().double().cpu().sort()
     starts = torch.ones_like(ordered, dtype=torch.bool)  # where a run of values each tied to the last starts
     starts[1:] = ~tied(ordered[1:], ordered[:-1])
+    run = cut_runs(ordered, starts).cumsum(0) - 1
+    counts = torch.bincount(run).double()
+    ranked = torch.empty_like(ordered)
+    ranked[order] = (counts.cumsum(0) - (counts - 1) / 2)[run]
+    return ranked.to(values.device)
+
+
+def cut_runs(ordered: Tensor, starts: Tensor) -> Tensor:
+    """`starts`, where runs of values each `tied` to the one before begin in the ascending host
+    tensor `ordered`, with each run that spans more than `TIE` cut where its first value's ties end,
+    then again: values more than `TIE` apart never tie through others between them."""
     bounds = starts.nonzero().flatten()
     ends = torch.cat([bounds[1:], bounds.new_tensor([len(ordered)])])
     firsts, lasts = ordered[bounds], ordered[ends - 1]
     for k in (lasts - firsts > TIE * firsts.abs().clamp(min=1.0)).nonzero().flatten().tolist():
-        start, end = int(bounds[k]), int(ends[k])  # a run spanning more than TIE: cut where its first ends
+        start, end = int(bounds[k]), int(ends[k])
         while float(ordered[end - 1]) - float(ordered[start]) > TIE * max(1.0, abs(float(ordered[start]))):
             first = float(ordered[start])
             start += int(
                 torch.searchsorted(ordered[start:end], first + TIE * max(1.0, abs(first)), right=True)
             )
             starts[start] = True
-    run = starts.cumsum(0) - 1
-    counts = torch.bincount(run).double()
-    ranked = torch.empty_like(ordered)
-    ranked[order] = (counts.cumsum(0) - (counts - 1) / 2)[run]
-    return ranked.to(values.device)
+    return starts
 
 
 def matthews(predictions: Tensor, labels: Tensor, num_classes: int) -> Tensor:
@@ -187,6 +194,12 @@ def ranked_values(
     new = torch.ones_like(hit, dtype=torch.bool)  # where a block of tied scores starts
     new[:, 1:] = ~tied(ranked[:, 1:], ranked[:, :-1]) | ~there[:, 1:]  # an absent one ties with none
     block = new.long().cumsum(dim=1) - 1
+    at = torch.arange(new.shape[1], device=new.device).expand_as(new)
+    first = ranked.gather(1, torch.where(new, at, 0).cummax(dim=1).values)  # each block's first score
+    chained = ((first - ranked).double() > TIE * first.double().abs().clamp(min=1.0)).any(dim=1)
+    for q in chained.nonzero().flatten().tolist():  # a block spanning more than TIE: cut as `ranks` cuts
+        new[q] = cut_runs(-ranked[q].double().cpu(), new[q].cpu()).to(new.device)
+        block[q] = new[q].long().cumsum(0) - 1
     size = torch.zeros_like(hit).scatter_add_(1, block, torch.ones_like(hit)).gather(1, block)
     found = torch.zeros_like(hit).scatter_add_(1, block, hit).gather(1, block)
     place = torch.arange(1, hit.shape[1] + 1, device=hit.device, dtype=hit.dtype).expand_as(hit)

@@ -328,6 +328,12 @@ def test_ranked_metrics_are_the_mean_over_the_orders_of_tied_scores():
     assert math.isnan(ranked_metrics(scores, relevant, ["mrr@10"])["mrr@10"])
     no_rows = retrieval_metrics(torch.zeros(0, 4), torch.zeros(0, 4), torch.zeros(0, 2, 6), list(RETRIEVAL))
     assert all(math.isnan(v) for v in no_rows.values())
+    # Scores 0.9e-6 apart, 11 of them over 9e-6: each ties its neighbours within 1e-6, not the whole
+    # row through them (one block at chance, MRR 0.266); the relevant first ties the second alone.
+    scores = torch.tensor([[0.5 + (10 - k) * 0.9e-6 for k in range(11)]], dtype=torch.float64)
+    relevant = torch.arange(11)[None] == 0
+    got = ranked_metrics(scores, relevant, ["mrr@10", "recall@1", "recall@10"])
+    assert {k: v.item() for k, v in got.items()} == {"mrr@10": 0.75, "recall@1": 0.5, "recall@10": 1.0}
 
 
 def test_a_card_frames_each_text_alone_with_its_prompt(tokenizer_dir):
