@@ -123,16 +123,16 @@ def safe_load(path: str | Path, load=None) -> dict[str, Any]:
         mmap = load is None and _starts(path) == b"PK"
         entries = load(path) if load is not None else torch.load(path, "cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as exc:
-        # the weights-only unpickler refused to import something, in what torch writes (a zip archive,
-        # a pickle of protocol 2 or later), not in a text that happens to start with GLOBAL's "c"
+        # weights-only refused an import in what torch writes (a zip, pickle 2+), not a text that starts "c"
         if "GLOBAL" in str(exc) and _starts(path) in (b"PK", b"\x80"):
             raise FileProblem(UNSAFE.format(path=path)) from None
         raise FileProblem(_not_a_checkpoint(Path(path))) from None
     except LOAD_FAULTS as exc:
         if isinstance(exc, FileNotFoundError):
             raise FileNotFoundError(f"Checkpoint {path} does not exist.") from None
-        own = isinstance(exc, OSError) or "allocat" in str(exc)  # this process's read (I/O, memory): its own
-        raise (ValueError if own else FileProblem)(_not_a_checkpoint(Path(path))) from None
+        if isinstance(exc, OSError) and not path.is_dir() or "allocat" in str(exc):  # this process's read
+            raise OSError(getattr(exc, "errno", None), getattr(exc, "strerror", None) or str(exc), str(path))
+        raise FileProblem(_not_a_checkpoint(path)) from None
     if not isinstance(entries, dict) or STATE not in entries:  # a state dict, a tensor
         kind = "a safetensors file" if Path(path).suffix == ".safetensors" else "a torch file"
         raise FileProblem(

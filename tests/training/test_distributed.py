@@ -346,7 +346,7 @@ def test_a_fault_of_one_process_alone_is_said_by_it(monkeypatch, capsys, tmp_pat
     from gpt_ft.weights.checkpoint import safe_load
 
     def fault_of(check, *args):
-        with pytest.raises(ValueError) as raised:
+        with pytest.raises((ValueError, OSError)) as raised:
             check(*args)
         return raised.value
 
@@ -364,7 +364,8 @@ def test_a_fault_of_one_process_alone_is_said_by_it(monkeypatch, capsys, tmp_pat
                         (FloatingPointError("The training loss became nan at step 3."), False),
                         (fault_of(check_same_optimizer, muon, "adamw", "last.ckpt"), False),
                         (fault_of(safe_load, tmp_path / "notes.ckpt"), False),
-                        (fault_of(safe_load, tmp_path, unread), True)):  # fmt: skip
+                        (fault_of(safe_load, tmp_path), False),
+                        (fault_of(safe_load, tmp_path / "notes.ckpt", unread), True)):  # fmt: skip
 
         def run(name, args, fault=fault):
             raise fault
@@ -374,4 +375,6 @@ def test_a_fault_of_one_process_alone_is_said_by_it(monkeypatch, capsys, tmp_pat
             cli.main(["fit"])
         assert stopped.value.code == 2
         err = capsys.readouterr().err
-        assert (f"gpt-ft: error: {fault}" in err) == said, (fault, err)
+        sentence = cli.os_error_message(fault) if isinstance(fault, OSError) else fault  # (the file, why)
+        assert (f"gpt-ft: error: {sentence}" in err) == said, (fault, err)
+    assert "notes.ckpt: DefaultCPUAllocator: can't allocate memory." in err  # the last: not "corrupt"
