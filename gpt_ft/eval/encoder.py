@@ -169,8 +169,8 @@ def embed(
                     np.save(f, vectors)
             else:
                 with tmp.open("w", encoding="utf-8") as f:
-                    for row, vector in zip(rows, vectors.tolist()):
-                        record = {**row, column: vector}
+                    for row, vector in zip(rows, vectors):  # (a row's list at a time: 32 bytes a number)
+                        record = {**row, column: vector.tolist()}
                         f.write(json.dumps(record, ensure_ascii=False, default=jsonable) + "\n")
             put_in_place(tmp, target, overwrite=overwrite)
         finally:

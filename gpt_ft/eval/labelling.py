@@ -17,7 +17,7 @@ import math
 import os
 import re
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -186,7 +186,8 @@ def labelled_file(
             put_in_place(out.tmp, path, overwrite=overwrite)
     finally:
         if out.file:
-            out.file.close()
+            with suppress(OSError):  # (a full disk fails the flush of what is buffered again)
+                out.file.close()
         out.tmp.unlink(missing_ok=True)
 
 
@@ -238,7 +239,9 @@ class LabelledFile:
             self.file.write("\t".join(re.sub(r"[\t\r\n]", " ", c) for c in cells) + "\n")
         else:
             self.csv = self.csv or csv.writer(self.file, lineterminator="\n")  # (as the tsv, and pandas)
-            self.csv.writerow(cells)
+            quoted = any("\r" in c for c in cells)  # (csv quotes a lone CR only where its line ends hold one)
+            writer = csv.writer(self.file, lineterminator="\n", quoting=csv.QUOTE_ALL) if quoted else self.csv
+            writer.writerow(cells)
 
     def _typed(self, make, records=()):
         import pyarrow as pa

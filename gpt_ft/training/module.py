@@ -344,6 +344,12 @@ class GPTModule(Evaluation, LightningModule):
         self._predictions.setdefault(batch.split, []).append((batch.index.cpu(), predictions.cpu()))
         return predictions
 
+    def on_predict_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        if self.trainer.received_sigterm:  # (Lightning's other stages' loops stop so; its predict's not)
+            from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+            raise SIGTERMException
+
     def on_predict_epoch_end(self) -> None:
         # Every rank sees every split (the predict loaders' sampler pads), so the gathers line up.
         for split, chunks in sorted(self._predictions.items()):

@@ -232,6 +232,72 @@ def test_a_full_disk_while_writing_predictions(tmp_path, finetuned, capsys, monk
     assert files(out) == before  # no temporary file left either
 
 
+def test_sigterm_while_predicting_stops_it_with_nothing_written(tmp_path, finetuned, capsys, monkeypatch):
+    """Lightning's predict loop never asks whether SIGTERM came (its others stop at the batch's
+    end): `kill` let `predict` run to its end, write its file and exit 0."""
+    import signal
+
+    from gpt_ft.training.module import GPTModule
+
+    step = GPTModule.predict_step
+
+    def killed(self, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # Lightning's handler marks it; the batch ends
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(GPTModule, "predict_step", killed)
+    out = tmp_path / "pred"
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped:
+        main(["predict", f"--ckpt_path={finetuned.ckpt}", f"--model.predictions_dir={out}", *QUIET,
+              f"--trainer.default_root_dir={tmp_path / 'run'}"])  # fmt: skip
+    assert stopped.value.code == 143 and capsys.readouterr().err.endswith("gpt-ft: stopped by SIGTERM\n")
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_a_disk_that_fills_as_the_labels_file_closes(tmp_path, labelling, capsys, monkeypatch):
+    """The rows still buffered fail to flush again as the file closes: that error replaced the
+    sentence (a traceback, exit 1) and left the hidden file behind, filling the disk."""
+    from gpt_ft.eval.labelling import LabelledFile
+
+    out = tmp_path / "out.jsonl"
+    before = files(tmp_path)
+
+    class Full:  # a file whose buffered rows cannot be flushed: its close fails too
+        def __init__(self, file):
+            self.file = file
+
+        def write(self, text):
+            raise ENOSPC
+
+        def close(self):
+            self.file.close()
+            raise ENOSPC
+
+    def full(self, *args):
+        self.file = Full(self.file)
+        self.file.write('{"sentence": "the cat')
+
+    monkeypatch.setattr(LabelledFile, "_write", full)
+    assert error(capsys, *labelling(f"--output={out}")) == (
+        f"{out}: could not be written (No space left on device); nothing was written there."
+    )
+    assert files(tmp_path) == before
+
+
+def test_a_lone_carriage_return_in_a_csv_cell_is_quoted(tmp_path, finetuned):
+    """csv quotes the characters of its line terminator ("\\n") only: a cell holding a bare CR went out
+    unquoted, and the file read back with a row more."""
+    import csv
+
+    source, out = tmp_path / "cr.csv", tmp_path / "out.csv"
+    source.write_bytes(b'sentence,id\n"a good film\r",1\nthe cast,2\n')
+    main(["label", f"--ckpt_path={finetuned.ckpt}", f"--input={source}", f"--output={out}"])
+    with out.open(newline="") as f:
+        rows = list(csv.reader(f))
+    assert [r[:2] for r in rows] == [["sentence", "id"], ["a good film\r", "1"], ["the cast", "2"]]
+
+
 def test_a_full_disk_while_writing_labels(tmp_path, labelling, capsys, monkeypatch):
     from gpt_ft.eval.labelling import LabelledFile
 
