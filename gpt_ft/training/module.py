@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 import torch
 from lightning import LightningModule, Trainer
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import Tensor, nn
 
 from gpt_ft.adapters import TaskAdapter
@@ -346,8 +347,6 @@ class GPTModule(Evaluation, LightningModule):
 
     def on_predict_batch_end(self, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         if self.trainer.received_sigterm:  # (Lightning's other stages' loops stop so; its predict's not)
-            from lightning.pytorch.utilities.exceptions import SIGTERMException
-
             raise SIGTERMException
 
     def on_predict_epoch_end(self) -> None:
