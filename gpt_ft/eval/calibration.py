@@ -127,6 +127,7 @@ def calibrate(
         overwrite: Replace --output if it exists.
     """
     ckpt = ckpt_path
+    stored = Checkpoint.read(ckpt)  # (first: a path that cannot be followed, a loop, said as read)
     output = check_output_file(output, "--output", overwrite=overwrite, reads=Path(ckpt).expanduser())
     beside = output.parent.resolve() != Path(ckpt).expanduser().resolve().parent
     tokenizer = real_path(output).parent / f"{output.stem}.tokenizer" if beside else None  # it goes along
@@ -135,7 +136,6 @@ def calibrate(
         raise ValueError(
             f"{tokenizer}, where --output's tokenizer goes, exists: give another --output{replace}."
         )
-    stored = Checkpoint.read(ckpt)
     clf = Classifier.from_checkpoint(stored, device="cpu")
     task = clf.task
     if not task.output.has_probabilities:

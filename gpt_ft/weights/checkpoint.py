@@ -107,8 +107,7 @@ class Adapters:
 
 
 LOAD_FAULTS = (RuntimeError, EOFError, KeyError, ValueError, OSError, IndexError, TypeError, struct.error)
-"""What reading a file that is no checkpoint raises (a text file read as a pickle: whatever its first
-bytes happen to ask of the unpickler)."""
+"""What reading a file that is no checkpoint raises (a text read as a pickle: what its bytes ask)."""
 
 
 def safe_load(path: str | Path, load=None) -> dict[str, Any]:
@@ -119,14 +118,15 @@ def safe_load(path: str | Path, load=None) -> dict[str, Any]:
     sentence naming it.
     """
     path = Path(path).expanduser()  # `~/runs/last.ckpt`, as the shell would read it unquoted
+    if path.exists() and not path.is_dir() and not path.is_file():  # a pipe waits for a writer: forever
+        raise FileProblem(f"{path} is not a regular file (a pipe, a device): give a checkpoint file.")
     try:
         mmap = load is None and _starts(path) == b"PK"
         entries = load(path) if load is not None else torch.load(path, "cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as exc:
         # weights-only refused an import in what torch writes (a zip, pickle 2+), not a text that starts "c"
-        if "GLOBAL" in str(exc) and _starts(path) in (b"PK", b"\x80"):
-            raise FileProblem(UNSAFE.format(path=path)) from None
-        raise FileProblem(_not_a_checkpoint(Path(path))) from None
+        unsafe = "GLOBAL" in str(exc) and _starts(path) in (b"PK", b"\x80")
+        raise FileProblem(UNSAFE.format(path=path) if unsafe else _not_a_checkpoint(path)) from None
     except LOAD_FAULTS as exc:
         if isinstance(exc, FileNotFoundError):
             raise FileNotFoundError(f"Checkpoint {path} does not exist.") from None

@@ -2,6 +2,7 @@
 and read back, atomic saves, and one sentence for a file that is not a readable checkpoint."""
 
 import errno
+import os
 import re
 from pathlib import Path
 
@@ -91,6 +92,25 @@ def test_a_file_that_is_not_a_checkpoint_is_one_sentence(tmp_path, content, mess
     assert str(error.value).startswith(str(path))
     with pytest.raises(FileNotFoundError, match=r"^Checkpoint .*nowhere.ckpt does not exist\.$"):
         safe_load(tmp_path / "nowhere.ckpt")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes (POSIX)")
+def test_a_pipe_or_a_loop_given_as_a_checkpoint_is_one_sentence(tmp_path, capsys):
+    """A named pipe waited for a writer forever (`label`, `export`, `fit` hung); a link loop made
+    `calibrate` end in a traceback (Python 3.11's `resolve`), where the others named the loop."""
+    from gpt_ft.cli import main
+
+    os.mkfifo(tmp_path / "pipe.ckpt")
+    with pytest.raises(ValueError, match=r"pipe.ckpt is not a regular file \(a pipe, a device\): give a "):
+        safe_load(tmp_path / "pipe.ckpt")
+    (tmp_path / "a.ckpt").symlink_to(tmp_path / "b.ckpt")
+    (tmp_path / "b.ckpt").symlink_to(tmp_path / "a.ckpt")
+    with pytest.raises(SystemExit) as stopped:
+        main(["calibrate", f"--ckpt_path={tmp_path / 'a.ckpt'}", f"--output={tmp_path / 'c.ckpt'}"])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"gpt-ft: error: {tmp_path / 'a.ckpt'}: Too many levels of symbolic links."
+    )
 
 
 def test_a_file_that_would_run_code_is_refused(tmp_path):
