@@ -1613,3 +1613,25 @@ def test_a_checkpoint_to_resume_is_refused_before_the_run_only_where_no_such_pat
         "last",
     ):
         no_earlier_checkpoints(trainer, resumed)
+
+
+@pytest.mark.parametrize(
+    "limit, said",
+    [
+        ([], "has trained 3 epochs (9 steps), as many as --trainer.max_epochs=3"),
+        (["--trainer.max_steps=4"], "is at step 9, where --trainer.max_steps=4 stops"),
+    ],
+)
+def test_resuming_a_run_already_at_its_limit_says_so_and_makes_no_folder(
+    tmp_path, finetuned, tokenizer_dir, capsys, limit, said
+):
+    """A finished run resumed with the same limit (or a lower one) has nothing left to train: one
+    line, exit 0 (a rerun of a finished job is no fault), and no new version folder, where
+    Lightning made one holding only its configuration."""
+    logs = tmp_path / "logs"
+    args = finetune_args(finetuned.card, tokenizer_dir, finetuned.root, logs)
+    with pytest.raises(SystemExit) as ended:
+        main(["fit", *args, *limit, f"--ckpt_path={finetuned.ckpt}"])
+    assert ended.value.code == 0
+    assert f"{finetuned.ckpt} {said}: nothing is left to train" in capsys.readouterr().out
+    assert not list((logs / "lightning_logs").glob("version_*"))
