@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from torch import nn
 
 from gpt_ft.errors import FileProblem
@@ -301,6 +300,8 @@ def stop_if_trained_out(trainer, resumed: str | None) -> None:
     and say only that the limit is reached. (The same counts as Lightning's `FitLoop.done`.)"""
     if resumed is None or not Path(resumed).is_file():  # (a sharded checkpoint: Lightning's own way)
         return
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only  # (`generate` imports no Lightning)
+
     saved = safe_load(resumed)
     step, loop = saved.get("global_step", 0), (saved.get("loops") or {}).get("fit_loop") or {}
     epochs = ((loop.get("epoch_progress") or {}).get("current") or {}).get("processed", 0)
