@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import errno
 import os
 import re
 from collections.abc import Iterator
@@ -359,8 +360,20 @@ def input_file(path: str | os.PathLike, option: str, give: str = "a file") -> Pa
     if source.is_dir():
         raise ValueError(f"{option} {source} is a folder; give {give}.")
     if not source.is_file():
-        raise FileNotFoundError(f"{option} {source} does not exist.")
+        raise FileNotFoundError(f"{option} {source} {absent(source)}.")
     return source
+
+
+def absent(path: str | os.PathLike) -> str:
+    """What a path found missing is: it "does not exist", or is a symbolic link that leads nowhere."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "is a loop of symbolic links"
+        if os.path.islink(path):
+            return f"is a symbolic link to {os.readlink(path)}, which does not exist"
+    return "does not exist"
 
 
 def at_least_one(value: int, option: str) -> int:
@@ -368,32 +381,3 @@ def at_least_one(value: int, option: str) -> int:
     if value < 1:
         raise ValueError(f"{option} must be >= 1, got {value}.")
     return value
-
-
-def device_named(device: str | None, option: str = "--device") -> str:
-    """The device to run on as given, checked (torch knows it, CUDA sees it); None: cuda or else cpu."""
-    import torch
-
-    if device is None:
-        return "cuda" if torch.cuda.is_available() else "cpu"
-
-    def said(value: str, quoted: bool = False) -> str:
-        """How a message names the argument: `--device 'x'`, `--device cuda`; from Python `device='x'`."""
-        shown = repr(value) if quoted or not option.startswith("-") else value
-        return f"{option} {shown}" if option.startswith("-") else f"{option}={shown}"
-
-    try:
-        named = torch.device(device)
-    except RuntimeError:
-        named = None
-    mps = named is not None and named.type == "mps" and torch.backends.mps.is_available()
-    if named is None or named.type not in ("cpu", "cuda") and not mps:  # meta, or one not built in
-        raise ValueError(f"{said(device, quoted=True)} is not a device: give cpu, cuda or cuda:N.")
-    if named.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            raise ValueError(f"{said(device)}: torch sees no CUDA device here; give {said('cpu')}.")
-        if named.index is not None and named.index >= count:
-            seen = f"cuda:0 to cuda:{count - 1}" if count > 1 else "cuda:0"
-            raise ValueError(f"{said(device)}: torch sees {count} CUDA device(s), {seen}.")
-    return device

@@ -3,7 +3,7 @@
 import pytest
 import yaml
 
-from gpt_ft.errors import parse_error_message, yaml_problem
+from gpt_ft.errors import absent, parse_error_message, yaml_problem
 
 
 @pytest.mark.parametrize(
@@ -106,3 +106,15 @@ def test_yaml_problem_says_where_and_what():
         yaml.safe_load("a: [\n")
     assert yaml_problem(bad.value) == "line 2, column 1: expected the node content, but found '<stream end>'"
     assert yaml_problem(ValueError("no mark here\nsecond line")) == "no mark here"
+
+
+def test_a_missing_path_says_whether_a_link_leads_nowhere(tmp_path):
+    """A symbolic link that leads nowhere looks missing; the sentence says which link, and where to."""
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    (tmp_path / "gone.ckpt").symlink_to(tmp_path / "moved" / "last.ckpt")
+    assert absent(tmp_path / "loop1") == "is a loop of symbolic links"
+    assert absent(tmp_path / "gone.ckpt") == f"is a symbolic link to {tmp_path}/moved/last.ckpt, which does not exist"
+    assert absent(tmp_path / "nothing") == "does not exist"
+    assert absent(tmp_path / "moved" / "last.ckpt") == "does not exist"
+

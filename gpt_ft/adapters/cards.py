@@ -19,7 +19,14 @@ from jsonargparse import ArgumentParser, get_loader, set_dumper, set_loader
 
 from gpt_ft.adapters.base import TaskAdapter
 from gpt_ft.adapters.sources import SOURCE_KINDS, HubDataset, LocalFiles, source_problem
-from gpt_ft.errors import FileProblem, parse_error_message, repeated_key, yaml_file_problem, yaml_problem
+from gpt_ft.errors import (
+    FileProblem,
+    absent,
+    parse_error_message,
+    repeated_key,
+    yaml_file_problem,
+    yaml_problem,
+)
 from gpt_ft.workarounds.cli import (
     config_file_being_read,
     config_pipe_being_read,
@@ -32,7 +39,7 @@ from gpt_ft.workarounds.parsing import index_action_lookups, remember_class_pars
 def load_card(path: str | Path) -> TaskAdapter:
     """The TaskAdapter of a card file."""
     if not Path(path).is_file():
-        raise FileNotFoundError(f"Task card {path} does not exist.")
+        raise FileNotFoundError(f"Task card {path} {absent(path)}.")
     try:
         raw = yaml.safe_load(text := Path(path).read_text())
     except yaml.YAMLError as exc:

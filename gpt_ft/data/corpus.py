@@ -7,6 +7,8 @@ from collections.abc import Iterator, Sequence
 from itertools import islice
 from pathlib import Path
 
+from gpt_ft.errors import absent
+
 TEXT_SUFFIXES = (".txt", ".text", ".md", ".raw", ".tokens")
 
 
@@ -25,7 +27,7 @@ def find_files(inputs: Sequence[str | os.PathLike]) -> list[Path]:
         elif path.is_file():
             files.append(path)
         else:
-            raise FileNotFoundError(f"Corpus input {path} does not exist.")
+            raise FileNotFoundError(f"Corpus input {path} {absent(path)}.")
     first = {}
     for file in files:
         first.setdefault(file.resolve(), file)

@@ -24,6 +24,7 @@ from gpt_ft.data.folders import tokenizer_digests
 from gpt_ft.data.pinning import check_model_fits, leave_stops_to_the_main_process, pins
 from gpt_ft.data.prepare import META, SPLIT_FILES
 from gpt_ft.data.samplers import EpochSampler, ResumableTrainData, run_seed
+from gpt_ft.errors import absent
 
 
 class TokenBlocks(Dataset):
@@ -220,7 +221,7 @@ def read_meta(token_dir: str | os.PathLike) -> dict:
             if folder.is_dir()
             else "is a file, not a folder"
             if folder.exists()
-            else "does not exist"
+            else absent(folder)
         )
         raise FileNotFoundError(f"{folder} {missing}: prepare it with `gpt-ft prepare`.")
     try:

@@ -40,7 +40,7 @@ from transformers import (
 
 from gpt_ft.data.corpus import file_lines, find_files
 from gpt_ft.data.folders import check_tokenizer_files, save_new_tokenizer, stops_at_once, takes_tokenizer
-from gpt_ft.errors import check_output_dir
+from gpt_ft.errors import absent, check_output_dir
 from gpt_ft.weights import gguf_file, gguf_tokenizer, hub
 from gpt_ft.weights.pretrained import BPE_FILES, TOKENIZER_FILES, weights_tokenizer
 
@@ -110,7 +110,7 @@ def load_tokenizer(path: str | os.PathLike, *, add_specials: bool = True) -> Pre
         )
     elif _looks_like_local_path(name):
         what = {".gguf": "GGUF file", ".ckpt": "Checkpoint"}.get(local.suffix.lower(), "Tokenizer directory")
-        raise FileNotFoundError(f"{what} {local} does not exist.")
+        raise FileNotFoundError(f"{what} {local} {absent(local)}.")
     else:  # a hub id: its tokenizer files, fetched into (or found in) the hub cache
         tokenizer = _load_local_dir(hub.snapshot(name, weights=False))
     if add_specials:

@@ -24,8 +24,9 @@ from gpt_ft.adapters.cards import card_from_value
 from gpt_ft.adapters.sources import with_paths
 from gpt_ft.data.batches import PackedBatch, SharedContextBatch, TaskBatch, collate_batch
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
-from gpt_ft.errors import about, at_least_one, device_named
+from gpt_ft.errors import about, at_least_one
 from gpt_ft.model.decoding import eval_mode
+from gpt_ft.training.precision import device_named
 from gpt_ft.training.terms import batch_terms
 from gpt_ft.weights.checkpoint import Checkpoint
 from gpt_ft.weights.pretrained import GPT

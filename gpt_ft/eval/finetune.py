@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpt_ft.adapters import TaskDataError
-from gpt_ft.errors import arguments_from
+from gpt_ft.errors import absent, arguments_from
 from gpt_ft.training.callbacks import History
 from gpt_ft.training.checkpointing import SaveLast
 
@@ -117,7 +117,7 @@ def absent_paths(config: dict[str, Any], where: str) -> dict[str, Any]:
             value.startswith(("/", ".", "~")) or value.endswith((".ckpt", ".gguf"))
         )
         if local and not Path(value).expanduser().exists():
-            raise FileNotFoundError(f"{where}: --{section}.{key} {value} does not exist.")
+            raise FileNotFoundError(f"{where}: --{section}.{key} {value} {absent(Path(value).expanduser())}.")
     return config
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from lightning.pytorch.callbacks import Callback
 
 from gpt_ft.data.folders import held
+from gpt_ft.errors import absent
 from gpt_ft.training.checkpointing import LAST, find_last_checkpoint, is_checkpoint
 
 # Logs and checkpoints go to runs/lightning_logs/version_N, or under --trainer.default_root_dir.
@@ -197,7 +198,7 @@ def no_earlier_checkpoints(trainer, resumed: str | None) -> None:
     # a local path's (a sharded checkpoint is a folder; Lightning's names and remote paths: its own)
     named = resumed in ("hpc", "registry") or str(resumed).startswith("registry:") or "://" in str(resumed)
     if resumed is not None and not named and not Path(resumed).exists():
-        raise FileNotFoundError(f"--ckpt_path {resumed} does not exist.")
+        raise FileNotFoundError(f"--ckpt_path {resumed} {absent(resumed)}.")
     for folder, remedy in fixed_folders(trainer):
         if resumed is not None and Path(resumed).resolve().parent == folder.resolve():
             continue  # one of its own, resumed

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from gpt_ft.errors import FileProblem, writing
+from gpt_ft.errors import FileProblem, absent, writing
 
 GPT_CONFIG = "gpt_config"
 STATE = "state_dict"
@@ -129,7 +129,7 @@ def safe_load(path: str | Path, load=None) -> dict[str, Any]:
         raise FileProblem(UNSAFE.format(path=path) if unsafe else _not_a_checkpoint(path)) from None
     except LOAD_FAULTS as exc:
         if isinstance(exc, FileNotFoundError):
-            raise FileNotFoundError(f"Checkpoint {path} does not exist.") from None
+            raise FileNotFoundError(f"Checkpoint {path} {absent(path)}.") from None
         if isinstance(exc, OSError) and not path.is_dir() or "allocat" in str(exc):  # this process's read
             raise OSError(getattr(exc, "errno", None), getattr(exc, "strerror", None) or str(exc), str(path))
         raise FileProblem(_not_a_checkpoint(path)) from None

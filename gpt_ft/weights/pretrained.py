@@ -18,6 +18,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from gpt_ft.errors import absent
 from gpt_ft.model import gpt as model
 from gpt_ft.model.config import GPTConfig
 from gpt_ft.model.lora import LoRA, add_lora, merge_lora
@@ -76,7 +77,7 @@ def locate(name: str | os.PathLike) -> tuple[Kind, Path]:
         return "transformers", path
     if not path.is_file():
         what = {".ckpt": "Checkpoint ", ".gguf": "GGUF file "}.get(path.suffix, "Weights ")
-        raise FileNotFoundError(f"{what}{path} does not exist.")
+        raise FileNotFoundError(f"{what}{path} {absent(path)}.")
     return "checkpoint", path
 
 

@@ -185,3 +185,21 @@ def test_a_lost_peer_is_one_sentence_and_resuming_is_advised_to_training_alone(
         "gpt-ft: error: rank 0 lost another process of this distributed run (Connection closed by peer: it "
         f"stopped or was killed); every process stops now{end}"
     )
+
+
+@pytest.mark.parametrize("command", ["fit", "validate", "predict", "label", "embed", "export"])
+def test_a_checkpoint_link_that_leads_nowhere_is_named_so(tmp_path, tokenizer_dir, capsys, command):
+    """A checkpoint given as a symbolic link to a file moved away, or a loop of links, is said as it
+    is, not as a file that "does not exist" (which the user sees in the folder)."""
+    (tmp_path / "last.ckpt").symlink_to(tmp_path / "moved.ckpt")
+    (tmp_path / "a.ckpt").symlink_to(tmp_path / "b.ckpt")
+    (tmp_path / "b.ckpt").symlink_to(tmp_path / "a.ckpt")
+    (tmp_path / "in.csv").write_text("sentence\na text\n")
+    more = {"label": ["--input", str(tmp_path / "in.csv"), "--output", str(tmp_path / "o.csv")],
+            "embed": ["--input", str(tmp_path / "in.csv"), "--output", str(tmp_path / "o.npy")],
+            "export": ["--out", str(tmp_path / "out")],
+            "fit": common_args(make_task("single", tmp_path), tokenizer_dir, tmp_path)}.get(command, [])  # fmt: skip
+    gone = error_of([command, f"--ckpt_path={tmp_path / 'last.ckpt'}", *more], capsys)
+    assert f"{tmp_path}/last.ckpt is a symbolic link to {tmp_path}/moved.ckpt, which does not exist." in gone
+    loop = error_of([command, f"--ckpt_path={tmp_path / 'a.ckpt'}", *more], capsys)
+    assert f"{tmp_path}/a.ckpt" in loop and ("loop of symbolic links" in loop or "Too many levels" in loop)
