@@ -114,7 +114,9 @@ def test_a_missing_path_says_whether_a_link_leads_nowhere(tmp_path):
     (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
     (tmp_path / "gone.ckpt").symlink_to(tmp_path / "moved" / "last.ckpt")
     assert absent(tmp_path / "loop1") == "is a loop of symbolic links"
-    assert absent(tmp_path / "gone.ckpt") == f"is a symbolic link to {tmp_path}/moved/last.ckpt, which does not exist"
+    assert (
+        absent(tmp_path / "gone.ckpt")
+        == f"is a symbolic link to {tmp_path}/moved/last.ckpt, which does not exist"
+    )
     assert absent(tmp_path / "nothing") == "does not exist"
     assert absent(tmp_path / "moved" / "last.ckpt") == "does not exist"
-

@@ -131,7 +131,8 @@ def safe_load(path: str | Path, load=None) -> dict[str, Any]:
         if isinstance(exc, FileNotFoundError):
             raise FileNotFoundError(f"Checkpoint {path} {absent(path)}.") from None
         if isinstance(exc, OSError) and not path.is_dir() or "allocat" in str(exc):  # this process's read
-            raise OSError(getattr(exc, "errno", None), getattr(exc, "strerror", None) or str(exc), str(path))
+            code = getattr(exc, "errno", None) or (errno.ENOMEM if "allocat" in str(exc) else errno.EIO)
+            raise OSError(code, getattr(exc, "strerror", None) or str(exc), str(path))  # (a number: str())
         raise FileProblem(_not_a_checkpoint(path)) from None
     if not isinstance(entries, dict) or STATE not in entries:  # a state dict, a tensor
         kind = "a safetensors file" if Path(path).suffix == ".safetensors" else "a torch file"

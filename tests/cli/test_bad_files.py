@@ -198,7 +198,8 @@ def test_a_checkpoint_link_that_leads_nowhere_is_named_so(tmp_path, tokenizer_di
     more = {"label": ["--input", str(tmp_path / "in.csv"), "--output", str(tmp_path / "o.csv")],
             "embed": ["--input", str(tmp_path / "in.csv"), "--output", str(tmp_path / "o.npy")],
             "export": ["--out", str(tmp_path / "out")],
-            "fit": common_args(make_task("single", tmp_path), tokenizer_dir, tmp_path)}.get(command, [])  # fmt: skip
+            "fit": common_args(make_task("single", tmp_path), tokenizer_dir, tmp_path),
+            }.get(command, [])  # fmt: skip
     gone = error_of([command, f"--ckpt_path={tmp_path / 'last.ckpt'}", *more], capsys)
     assert f"{tmp_path}/last.ckpt is a symbolic link to {tmp_path}/moved.ckpt, which does not exist." in gone
     loop = error_of([command, f"--ckpt_path={tmp_path / 'a.ckpt'}", *more], capsys)

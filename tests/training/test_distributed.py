@@ -5,6 +5,7 @@ the background from the start of the session, tests/background.py); the 1-proces
 through `gpt_ft.cli.main` in this process."""
 
 import csv
+import errno
 import json
 from pathlib import Path
 
@@ -378,3 +379,5 @@ def test_a_fault_of_one_process_alone_is_said_by_it(monkeypatch, capsys, tmp_pat
         sentence = cli.os_error_message(fault) if isinstance(fault, OSError) else fault  # (the file, why)
         assert (f"gpt-ft: error: {sentence}" in err) == said, (fault, err)
     assert "notes.ckpt: DefaultCPUAllocator: can't allocate memory." in err  # the last: not "corrupt"
+    memory = fault_of(safe_load, tmp_path / "notes.ckpt", unread)  # from Python: a number, not "[Errno None]"
+    assert memory.errno == errno.ENOMEM and str(memory).startswith("[Errno 12] DefaultCPUAllocator")
