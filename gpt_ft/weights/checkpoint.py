@@ -145,11 +145,9 @@ def safe_load(path: str | Path, load=None) -> dict[str, Any]:
 
 def _starts(path: str | Path) -> bytes:
     """A file's start as torch's formats begin: b"PK" (a zip archive), b"\\x80" (a pickle's protocol)."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(2)
-    except OSError:
-        return b""
+    head = b""
+    with contextlib.suppress(OSError), open(path, "rb") as f:
+        head = f.read(2)
     return head if head == b"PK" else head[:1]
 
 
