@@ -289,9 +289,8 @@ class Steps(TaskAdapter):
         value = example[self.steps]
         if self.step_tag is None:
             if not isinstance(value, (list, tuple)) or not value:
-                raise TaskDataError(
-                    f"field {self.steps!r} must hold a list of steps, got {short_repr(value)}."
-                )
+                kind = "at least one step" if isinstance(value, (list, tuple)) else "a list of steps"
+                raise TaskDataError(f"field {self.steps!r} must hold {kind}, got {short_repr(value)}.")
             steps = [field_text(v, self.steps) for v in value]
             missing = next((i for i, (v, text) in enumerate(zip(value, steps), 1) if text == "" != v), None)
             if missing is not None:  # null or NaN: no step to judge, not an empty one

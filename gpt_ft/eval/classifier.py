@@ -20,13 +20,13 @@ import torch
 from torch import Tensor
 
 from gpt_ft.adapters import TaskAdapter, TaskHead
-from gpt_ft.adapters.cards import card_from_value
+from gpt_ft.adapters.cards import as_task, card_from_value
 from gpt_ft.adapters.sources import with_paths
 from gpt_ft.data.batches import PackedBatch, SharedContextBatch, TaskBatch, collate_batch
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
 from gpt_ft.errors import about, at_least_one
+from gpt_ft.eval.devices import device_named
 from gpt_ft.model.decoding import eval_mode
-from gpt_ft.training.precision import device_named
 from gpt_ft.training.terms import batch_terms
 from gpt_ft.weights.checkpoint import Checkpoint
 from gpt_ft.weights.pretrained import GPT
@@ -50,7 +50,7 @@ class Classifier:
         packing: bool = True,
         shared_context: bool = True,
     ) -> None:
-        self.device = torch.device(device)
+        self.device = torch.device(device_named(str(device), option="device"))
         self.packing = packing
         """Run a batch's examples end to end in packed rows (as `--data.packing`); False: padded."""
         self.shared_context = shared_context
@@ -58,7 +58,7 @@ class Classifier:
         self.temperature = temperature
         """Divides the head's outputs before probabilities (`gpt-ft calibrate`); 1: as trained."""
         self.gpt, self.head = gpt.to(self.device), head.to(self.device)  # (in eval mode as they score)
-        self.task = task
+        self.task = as_task(task)  # (a card's path, as GPTModule takes it)
         self.tokenizer = load_tokenizer(tokenizer) if isinstance(tokenizer, (str, os.PathLike)) else tokenizer
         self.specials = special_token_ids(self.tokenizer)
         self.max_length = min(max_length, gpt.config.n_positions)

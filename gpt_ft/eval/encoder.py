@@ -25,9 +25,9 @@ from gpt_ft.data.file_faults import file_format, json_records, place, record_lin
 from gpt_ft.data.files import read_table
 from gpt_ft.errors import TaskDataError, at_least_one, check_output_file, input_file, writing
 from gpt_ft.eval.classifier import CHUNK, Classifier
+from gpt_ft.eval.devices import device_named
 from gpt_ft.eval.labelling import free_name, hidden_beside, jsonable, put_in_place
 from gpt_ft.eval.progress import batches_bar
-from gpt_ft.training.precision import device_named
 from gpt_ft.weights.checkpoint import Checkpoint
 
 

@@ -27,8 +27,8 @@ from gpt_ft.data.file_faults import file_format, json_records, place, record_lin
 from gpt_ft.data.files import header_of, read_table
 from gpt_ft.errors import at_least_one, check_output_file, input_file, writing
 from gpt_ft.eval.classifier import CHUNK, Classifier
+from gpt_ft.eval.devices import device_named
 from gpt_ft.eval.progress import batches_bar
-from gpt_ft.training.precision import device_named
 
 
 def label(

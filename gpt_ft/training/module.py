@@ -46,7 +46,7 @@ from gpt_ft.training.saved import (
     lora_checkpoint,
 )
 from gpt_ft.training.strategies import clip_gradients
-from gpt_ft.training.terms import batch_terms, combined_loss
+from gpt_ft.training.terms import batch_terms, class_weights_of, combined_loss
 from gpt_ft.weights.checkpoint import Checkpoint
 from gpt_ft.workarounds.kernels import is_compiled
 
@@ -239,8 +239,8 @@ class GPTModule(Evaluation, LightningModule):
         self.metrics = nn.ModuleDict({split_key(split): EvalMetrics(task, lm_coef) for split in splits})
         self.nonfinite = NonfiniteWatch()
         self.class_weights = class_weights
-        if isinstance(class_weights, list):
-            self.set_class_weights(torch.tensor(class_weights, dtype=torch.float32))
+        if class_weights is not None:  # (`balanced`: counted from the training labels at setup)
+            self.set_class_weights(class_weights_of(task, class_weights))
         self.optim = dict(lr=lr, weight_decay=weight_decay, betas=tuple(betas), eps=eps)
         self.optimizer_name = optimizer
         self.schedule, self.warmup_fraction, self.warmup_steps = schedule, warmup_fraction, warmup_steps
@@ -264,17 +264,14 @@ class GPTModule(Evaluation, LightningModule):
             self.gpt.compile(backend=self.compile_backend)
         self.built_ndims = {id(p): p.ndim for p in self.parameters()}
 
-    def set_class_weights(self, weights: Tensor) -> None:
-        """The task loss's class weights (`class_weights`; `balanced` ones come from the data)."""
-        count = self.task.output.class_weight_count if self.task is not None else None
-        if count is None:
-            raise ValueError("--model.class_weights applies to classification and multi-label tasks only.")
-        if weights.shape != (count,) or not bool((weights >= 0).all()):
-            raise ValueError(
-                f"--model.class_weights {weights.tolist()}: give each of the task's {count} classes a "
-                "weight >= 0, in id order, or `balanced`."
-            )
-        self.head.class_weights = weights.to(self.head.weight.device)
+    def setup(self, stage: str) -> None:
+        if stage == "fit" and self.class_weights == "balanced":  # (a plain Trainer's fit too)
+            self.set_class_weights(class_weights_of(self.task, "balanced", self.trainer))
+
+    def set_class_weights(self, weights: Tensor | None) -> None:
+        """The task loss's class weights (`class_weights_of`; None: none yet)."""
+        if weights is not None:
+            self.head.class_weights = weights.to(self.head.weight.device)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         saved = Checkpoint(checkpoint)

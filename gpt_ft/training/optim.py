@@ -4,6 +4,7 @@ option, and the learning-rate schedules."""
 from __future__ import annotations
 
 import math
+import numbers
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Literal, get_args
@@ -344,6 +345,10 @@ def check_rates(
         if value not in get_args(known):
             raise ValueError(f"{name} must be one of {', '.join(get_args(known))}, got {value!r}.")
     finite = {"lm_coef": lm_coef, "lr": lr, "weight_decay": weight_decay, "eps": eps}
+    given = {**finite, "warmup_fraction": warmup_fraction, "classifier_dropout": dropout}
+    unread = (k for k, v in given.items() if isinstance(v, bool) or not isinstance(v, numbers.Real))
+    if bad := next(unread, None):  # ("1e-3": YAML 1.1 reads a string; from Python, a TypeError later)
+        raise ValueError(f"{bad} must be a number, got {given[bad]!r}.")
     if bad := next((name for name, value in finite.items() if not math.isfinite(value)), None):
         raise ValueError(f"{bad} must be a finite number, got {finite[bad]}.")  # NaN passes every `<`
     if lm_coef < 0:

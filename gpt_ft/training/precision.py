@@ -7,8 +7,6 @@ several times faster; on CPUs without them bf16 is emulated, and on some with th
 kernels still lose to fp32. So on a CPU a bf16 precision is kept only where a short matmul probe
 (about 0.1 s) shows bf16 faster, and otherwise falls back to 32-true with one line saying why.
 `GPT_FT_CPU_BF16=always` keeps bf16 regardless (for example to test the bf16 path itself).
-
-`device_named` checks the `--device` a command is given (torch knows it, and sees it here).
 """
 
 from __future__ import annotations
@@ -92,30 +90,3 @@ def warn_half_weights(precision: object) -> None:
             "(1/256 of a weight near 1) is lost, so small learning rates barely move them (the "
             "LayerNorm gains not at all); bf16-mixed keeps float32 weights."
         )
-
-
-def device_named(device: str | None, option: str = "--device") -> str:
-    """The device to run on as given, checked (torch knows it, CUDA sees it); None: cuda or else cpu."""
-    if device is None:
-        return "cuda" if torch.cuda.is_available() else "cpu"
-
-    def said(value: str, quoted: bool = False) -> str:
-        """How a message names the argument: `--device 'x'`, `--device cuda`; from Python `device='x'`."""
-        shown = repr(value) if quoted or not option.startswith("-") else value
-        return f"{option} {shown}" if option.startswith("-") else f"{option}={shown}"
-
-    try:
-        named = torch.device(device)
-    except RuntimeError:
-        named = None
-    mps = named is not None and named.type == "mps" and torch.backends.mps.is_available()
-    if named is None or named.type not in ("cpu", "cuda") and not mps:  # meta, or one not built in
-        raise ValueError(f"{said(device, quoted=True)} is not a device: give cpu, cuda or cuda:N.")
-    if named.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            raise ValueError(f"{said(device)}: torch sees no CUDA device here; give {said('cpu')}.")
-        if named.index is not None and named.index >= count:
-            seen = f"cuda:0 to cuda:{count - 1}" if count > 1 else "cuda:0"
-            raise ValueError(f"{said(device)}: torch sees {count} CUDA device(s), {seen}.")
-    return device

@@ -201,12 +201,6 @@ class GPTCLI(CheckpointHparamsAsDefaults, ConfigDumpReadFast, ParsersBuiltOnce, 
 
     def before_fit(self) -> None:
         self.data_before_launch("fit")
-        if self.model.class_weights == "balanced":  # from the data, handed to the model here
-            weights = self.model.task.output.balanced_weights(self.datamodule.train_labels())
-            self.model.set_class_weights(weights)
-            names = self.model.task.output.class_names or self.model.task.labels
-            shown = ", ".join(f"{name} {w:.3f}" for name, w in zip(names, weights.tolist()))
-            rank_zero_info(f"class weights (balanced, from the training labels): {shown}")
         # `--ckpt_path last`: the newest last.ckpt of this logger's runs (each run has its own
         # version folder, so Lightning alone would look only in the new, empty one).
         config = self.config_init["fit"]

@@ -58,6 +58,8 @@ def build_gpt(
     after them and in no text, take no share of its next-token probabilities (`GPT.lm_rows`; as
     copies of the tokens they start from, they took half of those tokens', and a checkpoint scored
     again takes the same rows)."""
+    if new_tokens not in (None, "random", "copied", "mean"):  # (the command line's parser refuses it)
+        raise ValueError(f"new_tokens must be one of random, copied, mean, got {new_tokens!r}.")
     if vocab_size is None and tokenizer is not None:  # (linked from the data by the CLI; from Python:)
         from gpt_ft.data.tokenizer import load_tokenizer
 

@@ -26,6 +26,38 @@ def combined_loss(task_loss: Tensor | None, lm_loss: Tensor | None, lm_coef: flo
     return task_loss + lm_coef * lm_loss if lm_coef > 0 else task_loss
 
 
+def class_weights_of(task, weights: str | list[float] | Tensor, fit=None) -> Tensor | None:
+    """The task loss's class weights a module is given (`class_weights`): one per class in id order,
+    or `balanced`, n / (classes x n_k) counted from the training labels of the data module a `fit`
+    (a Trainer) runs on, said in a line (None before it)."""
+    count = task.output.class_weight_count if task is not None else None
+    if count is None:
+        raise ValueError("--model.class_weights applies to classification and multi-label tasks only.")
+    if isinstance(weights, str):
+        if weights != "balanced":
+            raise ValueError(f"class_weights must be a weight per class or 'balanced', got {weights!r}.")
+        if fit is None:
+            return None
+        if not hasattr(datamodule := fit.datamodule, "train_labels"):
+            raise ValueError(
+                "class_weights='balanced' counts the training labels of the run's TaskDataModule: fit with "
+                "one (trainer.fit(module, datamodule=data)), or give a weight per class."
+            )
+        from lightning.pytorch.utilities.rank_zero import rank_zero_info  # (a Classifier: no Lightning)
+
+        weights = task.output.balanced_weights(datamodule.train_labels())
+        names = task.output.class_names or task.labels
+        shown = ", ".join(f"{name} {w:.3f}" for name, w in zip(names, weights.tolist()))
+        rank_zero_info(f"class weights (balanced, from the training labels): {shown}")
+    weights = torch.as_tensor(weights, dtype=torch.float32)
+    if weights.shape != (count,) or not bool((weights >= 0).all()):
+        raise ValueError(
+            f"--model.class_weights {weights.tolist()}: give each of the task's {count} classes a "
+            "weight >= 0, in id order, or `balanced`."
+        )
+    return weights
+
+
 def row_lm_terms(
     gpt: GPT, hidden: Tensor, targets: Tensor, *, padded: bool = True, positions: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:

@@ -393,3 +393,12 @@ def test_prmscore_and_wrong_steps_listed_past_the_end():
         Steps(name="s", ignore_outside=True)
     with pytest.raises(CardError, match="prmscore"):
         Steps(name="s", metrics=["prmscore", "auc"])
+
+
+def test_a_solution_without_steps_is_said_as_such():
+    """An empty list is a list: the sentence asks for a step, not for a list."""
+    task = Steps(name="s", max_steps=3)
+    with pytest.raises(TaskDataError, match=r"^field 'steps' must hold at least one step, got \[\]\.$"):
+        task.step_texts({"steps": []})
+    with pytest.raises(TaskDataError, match=r"^field 'steps' must hold a list of steps, got 'a b'\.$"):
+        task.step_texts({"steps": "a b"})

@@ -642,7 +642,7 @@ def test_label_of_a_plain_text_file_and_calibrate_on_a_split_without_labels(tmp_
 def test_cuda_asked_for_where_torch_sees_none_is_one_sentence(monkeypatch):
     import torch
 
-    from gpt_ft.training.precision import device_named
+    from gpt_ft.eval.devices import device_named
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(

@@ -438,8 +438,12 @@ def test_label_keeps_a_files_own_columns_and_records(finetuned, tmp_path, capsys
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         f"gpt-ft: error: {missing}, line 2 has no field 'sentence' (task 'sent')."
     )
+    clf = Classifier.from_checkpoint(finetuned.ckpt, device="cpu")
     with pytest.raises(ValueError, match="batch_size must be >= 1, got 0"):
-        Classifier.from_checkpoint(finetuned.ckpt, device="cpu").predict([{"sentence": "a"}], batch_size=0)
+        clf.predict([{"sentence": "a"}], batch_size=0)
+    for typed in ("4", 2.0, None):  # from Python: a TypeError in a comparison, or range's
+        with pytest.raises(ValueError, match=rf"^batch_size must be a whole number >= 1, got {typed!r}\.$"):
+            clf.predict([{"sentence": "a"}], batch_size=typed)
 
 
 def test_the_classifier_batches_choices_as_the_run_did(tokenizer_dir):

@@ -135,6 +135,17 @@ def test_bad_hyperparameters():
         GPTModule(preset="gpt-micro", schedule="cosnie")
     with pytest.raises(ValueError, match=r"^optimizer must be one of adamw, muon, got 'Muon'\.$"):
         GPTModule(preset="gpt-micro", optimizer="Muon")
+    # ... and new tokens' start, class weights by name, and numbers YAML 1.1 reads as strings (`1e-3`):
+    # new tokens started random, no class weighed, and a TypeError deep in the optimizer's checks
+    with pytest.raises(ValueError, match=r"^new_tokens must be one of random, copied, mean, got 'copy'\.$"):
+        GPTModule(preset="gpt-micro", new_tokens="copy")
+    with pytest.raises(
+        ValueError, match=r"^class_weights must be a weight per class or 'balanced', got 'bal'"
+    ):
+        GPTModule(preset="gpt-micro", task=SingleText(name="t", labels=["a", "b"]), class_weights="bal")
+    for name in ("lr", "warmup_fraction", "classifier_dropout"):
+        with pytest.raises(ValueError, match=rf"^{name} must be a number, got '1e-3'\.$"):
+            GPTModule(preset="gpt-micro", **{name: "1e-3"})
     # NaN passed every range check (each comparison false): the weights turned NaN and the first
     # validation's calibration error failed on an index out of range
     for name, value in (
@@ -273,7 +284,7 @@ def test_a_model_and_data_module_wired_in_python_are_checked_as_the_command_line
     from gpt_ft.data.task_data import TaskDataModule
     from gpt_ft.eval.classifier import Classifier
     from gpt_ft.weights.pretrained import GPT
-    from tests.helpers import make_task, write_corpus
+    from tests.helpers import make_task, write_corpus, write_rows
 
     card = make_task("single", tmp_path)
     other = tmp_path / "other.yaml"  # task 'sent' too, three labels
@@ -315,6 +326,27 @@ def test_a_model_and_data_module_wired_in_python_are_checked_as_the_command_line
         GPT.from_checkpoint(str(ckpt)), model.head, model.task, tokenizer_dir, max_length=64, device="cpu"
     )
     assert clf.predict([{"sentence": "the cat sat on the mat ."}])[0]["label"] in ("negative", "positive")
+    # the card's file as the classifier's task too; a device torch does not know, in one sentence
+    by_file = Classifier(GPT.from_checkpoint(str(ckpt)), model.head, str(card), tokenizer_dir, max_length=64,
+                         device="cpu")  # fmt: skip
+    assert by_file.task.name == "sent"
+    with pytest.raises(ValueError, match=r"^device='gpu' is not a device: give cpu, cuda or cuda:N\.$"):
+        Classifier(GPT.from_checkpoint(str(ckpt)), model.head, model.task, tokenizer_dir, max_length=64,
+                   device="gpu")  # fmt: skip
+    # balanced class weights are counted from the data module's training labels under a plain
+    # Trainer too (only the command line counted them: the run trained unweighted, without a word)
+    rows = [[i, "the cat sat .", int(i < 2)] for i in range(8)]  # 6 negative, 2 positive
+    write_rows(tmp_path / "d" / "train.tsv", ["index", "sentence", "label"], rows)
+    weighed = gpt(task=str(card), class_weights="balanced")
+    assert weighed.head.class_weights is None  # (no data yet)
+    trainer().fit(weighed, data(64))
+    assert weighed.head.class_weights.tolist() == pytest.approx([8 / (2 * 6), 8 / (2 * 2)])
+    with pytest.raises(
+        ValueError, match=r"^class_weights='balanced' counts the training labels of the run's"
+    ):
+        trainer().fit(
+            gpt(task=str(card), class_weights="balanced"), train_dataloaders=data(64).train_dataloader()
+        )
 
 
 def test_a_split_is_computed_on_every_rank_when_any_saw_a_batch(monkeypatch):
