@@ -22,8 +22,9 @@ choices), by the split: `write_predictions` takes them."""
 
 
 def submission_path(task: TaskAdapter, split: str, out_dir: str | Path) -> Path:
-    """Where `predict` writes a split's predictions: `submission_files`, else TASK-SPLIT.tsv."""
-    return Path(out_dir) / task.submission_files.get(split, f"{task.name}-{split}.tsv")
+    """Where `predict` writes a split's predictions: `submission_files`, else TASK-SPLIT.tsv (`~`: home,
+    as the writer reads it; the check against the task's own files read it literally)."""
+    return Path(out_dir).expanduser() / task.submission_files.get(split, f"{task.name}-{split}.tsv")
 
 
 def check_submission(task: TaskAdapter, out_dir: str | Path, data_dir: str | Path | None, limit=1.0) -> None:

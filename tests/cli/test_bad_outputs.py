@@ -64,7 +64,7 @@ def test_predictions_dir_that_is_a_file(tmp_path, finetuned, capsys):
     assert files(tmp_path) == before
 
 
-def test_predictions_that_would_replace_a_split_file(tmp_path, finetuned, capsys):
+def test_predictions_that_would_replace_a_split_file(tmp_path, finetuned, capsys, monkeypatch):
     """A card without submission files whose test file is TASK-test.tsv, predicted into its data
     folder: refused before any work (the predictions replaced the texts)."""
     shutil.copytree(finetuned.root / "d", tmp_path / "d")
@@ -80,6 +80,12 @@ def test_predictions_that_would_replace_a_split_file(tmp_path, finetuned, capsys
         f"--model.predictions_dir {tmp_path}: the predictions of split 'test' would replace {taken}, "
         "the task's own 'test' split file: give another folder (the file is kept)."
     )
+    assert files(tmp_path) == before
+    # the folder given from home (`~/...`, in a config file or quoted): the check read it literally
+    # and passed, the writer expanded it and wrote over the texts
+    monkeypatch.setenv("HOME", str(tmp_path.parent))
+    argv[-len(QUIET) - 1] = f"--model.predictions_dir=~/{tmp_path.name}"
+    assert "the task's own 'test' split file" in error(capsys, *argv, f"--trainer.default_root_dir={tmp_path}")
     assert files(tmp_path) == before
     # Part of each split predicted: written, with a warning that it is no submission.
     part = [
