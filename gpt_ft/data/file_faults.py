@@ -18,6 +18,7 @@ from gpt_ft.adapters import TaskDataError
 from gpt_ft.adapters.sources import path_value
 
 _FORMATS = {".tsv": "tsv", ".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+PACKED = (".bz2", ".xz", ".zst", ".zip", ".7z", ".lz4")  # compressed otherwise than gzip: not read
 # A cell may hold a whole document: Python's csv reader refuses one over 131,072 characters by default.
 csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
 
@@ -25,19 +26,19 @@ csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
 def file_format(path: Path) -> str | None:
     """The format a file's extension names (`.jsonl.gz`: json), or None."""
     suffixes = [s.lower() for s in path.suffixes]
-    if suffixes[-1:] == [".gz"]:
+    if suffixes[-1:] and suffixes[-1] in (".gz", *PACKED):  # (another than gzip: refused as it is read)
         suffixes.pop()
     return _FORMATS.get(suffixes[-1]) if suffixes else None
 
 
 def file_bytes(path: Path) -> bytes:
-    """A file's bytes, gunzipped when its name ends in .gz (a file that does not gunzip: one
-    `TaskDataError` sentence)."""
-    data = path.read_bytes()
-    if path.suffix.lower() != ".gz":
-        return data
+    """A file's bytes, gunzipped where its name ends in .gz; one sentence where it does not gunzip."""
+    if (suffix := path.suffix.lower()) in PACKED:
+        raise TaskDataError(f"{path}: a {suffix} file is not read (a .gz one is): decompress it, or gzip it.")
+    if suffix != ".gz":
+        return path.read_bytes()
     try:
-        return gzip.decompress(data)
+        return gzip.decompress(path.read_bytes())
     except (OSError, EOFError, zlib.error) as exc:  # BadGzipFile is an OSError
         raise TaskDataError(f"{path}: cannot be gunzipped ({exc}); its name ends in .gz.") from None
 
@@ -106,8 +107,7 @@ def record_lines(
                 line = reader.line_num + 1
         return starts[1:] if header else starts
     if fmt == "json":
-        text = _text(path)
-        lines = text.split("\n")
+        lines = (text := _text(path)).split("\n")
         filled = [n for n, line in enumerate(lines, 1) if line.strip()]
         if filled and _json_object(lines[filled[0] - 1]):
             return filled  # JSON lines

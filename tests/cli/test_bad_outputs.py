@@ -85,7 +85,9 @@ def test_predictions_that_would_replace_a_split_file(tmp_path, finetuned, capsys
     # and passed, the writer expanded it and wrote over the texts
     monkeypatch.setenv("HOME", str(tmp_path.parent))
     argv[-len(QUIET) - 1] = f"--model.predictions_dir=~/{tmp_path.name}"
-    assert "the task's own 'test' split file" in error(capsys, *argv, f"--trainer.default_root_dir={tmp_path}")
+    assert "the task's own 'test' split file" in error(
+        capsys, *argv, f"--trainer.default_root_dir={tmp_path}"
+    )
     assert files(tmp_path) == before
     # Part of each split predicted: written, with a warning that it is no submission.
     part = [

@@ -1091,3 +1091,22 @@ def test_a_path_that_names_no_field_is_refused_by_what_it_reaches(tmp_path, toke
     with pytest.raises(TaskDataError, match=r"^example 0 has no field 'choices.text' \(task 'arc'\)"):
         clf.predict([{"question": "Q", "choices": {"label": ["A"]}}])
     assert clf.predict([{"question": "Q", "choices": {"text": ["a", "b"]}}])[0]["label"] in ("0", "1")
+
+
+def test_a_file_compressed_otherwise_than_gzip_is_said_so(tmp_path):
+    """bz2 and xz are not read (.gz is): the sentence says so, with the format named or not (it said
+    "unknown file format", then, given `format: json`, that the file was not UTF-8)."""
+    import bz2
+    import lzma
+
+    from gpt_ft.data.files import read_table
+
+    text = b'{"sentence": "a b", "label": 1}\n'
+    (tmp_path / "t.jsonl.bz2").write_bytes(bz2.compress(text))
+    (tmp_path / "t.csv.xz").write_bytes(lzma.compress(b"sentence,label\na b,1\n"))
+    for name, fmt in (("t.jsonl.bz2", None), ("t.jsonl.bz2", "json"), ("t.csv.xz", None)):
+        suffix = name.rsplit(".", 1)[1]
+        with pytest.raises(
+            TaskDataError, match=rf"^\S+{name}: a \.{suffix} file is not read \(a \.gz one is\): "
+        ):
+            read_table(tmp_path / name, fmt=fmt)
