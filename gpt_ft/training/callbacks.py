@@ -60,12 +60,12 @@ def run_callbacks(config, model, data_config: dict[str, Any] | None) -> list[Cal
     after_best = last if trainer_config.get("enable_checkpointing") is not False else []
     return [
         *callbacks,
+        RunFolder(resumes=config.get("ckpt_path")),  # (its checks at fit start: before the tokenizer's copy)
         PrintMetrics(),
         Provenance(data_config),
         ResumeState(),
         StoppedEpochResumes(),
         MonitorsLogged(),
-        RunFolder(resumes=config.get("ckpt_path")),
         *after_best,
     ]
 

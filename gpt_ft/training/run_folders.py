@@ -10,10 +10,12 @@ from contextlib import ExitStack, contextmanager, nullcontext, redirect_stdout, 
 from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from gpt_ft.data.folders import held
 from gpt_ft.errors import absent
 from gpt_ft.training.checkpointing import LAST, find_last_checkpoint, is_checkpoint
+from gpt_ft.weights.checkpoint import safe_load
 
 # Logs and checkpoints go to runs/lightning_logs/version_N, or under --trainer.default_root_dir.
 DEFAULT_LOGGER = {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": "runs"}}
@@ -224,6 +226,28 @@ def fixed_folders(trainer) -> list[tuple[Path, str]]:
     return folders
 
 
+def stop_if_trained_out(trainer, resumed: str | None) -> None:
+    """A run resumed from a checkpoint already at `--trainer.max_steps` or `max_epochs` ends here
+    (exit 0; its new folder goes, as at an error), saying so: Lightning would make a version folder
+    that holds nothing and say only that the limit is reached (its `FitLoop.done`'s counts)."""
+    if resumed is None or not Path(resumed).is_file():  # (a sharded checkpoint: Lightning's own way)
+        return
+    saved = safe_load(resumed)
+    step, loop = saved.get("global_step", 0), (saved.get("loops") or {}).get("fit_loop") or {}
+    epochs = ((loop.get("epoch_progress") or {}).get("current") or {}).get("processed", 0)
+    if trainer.max_steps not in (None, -1) and step >= trainer.max_steps:
+        option, said = "max_steps", f"is at step {step}, where --trainer.max_steps={trainer.max_steps} stops"
+    elif trainer.max_epochs not in (None, -1) and epochs >= trainer.max_epochs:
+        option, limit = "max_epochs", trainer.max_epochs
+        said = f"has trained {epochs} epochs ({step} steps), as many as --trainer.max_epochs={limit}"
+    else:
+        return
+    rank_zero_only(print)(
+        f"{resumed} {said}: nothing is left to train (raise --trainer.{option} to train on)."
+    )
+    raise SystemExit(0)
+
+
 class RunFolder(Callback):
     """A run neither writes over what it should not (`no_run_config` before its configuration is
     saved, `no_earlier_checkpoints` before it too, and again once the checkpoint it resumes is
@@ -268,6 +292,7 @@ class RunFolder(Callback):
     def on_fit_start(self, trainer, pl_module) -> None:
         if not trainer.strategy.restore_checkpoint_after_setup:  # (FSDP's resumes after this: unchecked)
             no_earlier_checkpoints(trainer, trainer.ckpt_path)
+            stop_if_trained_out(trainer, trainer.ckpt_path)  # (the checkpoint checked as it was read)
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         self.held.close()  # (no teardown follows an error)

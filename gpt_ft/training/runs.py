@@ -43,7 +43,7 @@ from gpt_ft.training.run_folders import (
     no_new_empty_folders,
     runs_root,
 )
-from gpt_ft.training.saved import check_init_tokenizer, stop_if_trained_out
+from gpt_ft.training.saved import check_init_tokenizer
 from gpt_ft.training.strategies import check_devices, check_rendezvous
 from gpt_ft.weights.pretrained import resolve_tokenizer
 from gpt_ft.workarounds.cli import (
@@ -223,7 +223,6 @@ class GPTCLI(CheckpointHparamsAsDefaults, ConfigDumpReadFast, ParsersBuiltOnce, 
         # checked, and the earlier rows kept, before the logger clears its folder
         no_earlier_checkpoints(self.trainer, config.get("ckpt_path"))
         keep_earlier_metrics(self.trainer, config.get("ckpt_path"))
-        stop_if_trained_out(self.trainer, config.get("ckpt_path"))
 
     def data_before_launch(self, stage: str) -> None:
         """A run of several processes reads its task's files (encoded later) before Lightning starts

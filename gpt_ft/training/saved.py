@@ -19,7 +19,7 @@ from gpt_ft.errors import FileProblem
 from gpt_ft.model.config import GPTConfig, preset_config
 from gpt_ft.model.gpt import with_dropout
 from gpt_ft.model.lora import LoRA, add_lora, merged_state_dict
-from gpt_ft.weights.checkpoint import GPT_PREFIX, Adapters, Checkpoint, safe_load, weights_fingerprint
+from gpt_ft.weights.checkpoint import GPT_PREFIX, Adapters, Checkpoint, weights_fingerprint
 from gpt_ft.weights.hf_llama import is_llama_style
 from gpt_ft.weights.hub import pinned
 from gpt_ft.weights.pretrained import GPT
@@ -294,30 +294,6 @@ def check_fits(
             f"{where} has a task head of {rows.shape[0]} outputs but task {task.name!r} needs "
             f"{head.out_features}: fine-tune it anew with --model.init_from."
         )
-
-
-def stop_if_trained_out(trainer, resumed: str | None) -> None:
-    """A run resumed from a checkpoint already at `--trainer.max_steps` or `max_epochs` ends here
-    (exit 0), saying so: Lightning would restore it, make a new version folder that holds nothing
-    and say only that the limit is reached. (The same counts as Lightning's `FitLoop.done`.)"""
-    if resumed is None or not Path(resumed).is_file():  # (a sharded checkpoint: Lightning's own way)
-        return
-    from lightning.pytorch.utilities.rank_zero import rank_zero_only  # (`generate` imports no Lightning)
-
-    saved = safe_load(resumed)
-    step, loop = saved.get("global_step", 0), (saved.get("loops") or {}).get("fit_loop") or {}
-    epochs = ((loop.get("epoch_progress") or {}).get("current") or {}).get("processed", 0)
-    if trainer.max_steps not in (None, -1) and step >= trainer.max_steps:
-        option, said = "max_steps", f"is at step {step}, where --trainer.max_steps={trainer.max_steps} stops"
-    elif trainer.max_epochs not in (None, -1) and epochs >= trainer.max_epochs:
-        option, limit = "max_epochs", trainer.max_epochs
-        said = f"has trained {epochs} epochs ({step} steps), as many as --trainer.max_epochs={limit}"
-    else:
-        return
-    rank_zero_only(print)(
-        f"{resumed} {said}: nothing is left to train (raise --trainer.{option} to train on)."
-    )
-    raise SystemExit(0)
 
 
 def check_same_tokenizer(checkpoint: Checkpoint, data, where: str) -> None:

@@ -1326,7 +1326,9 @@ def test_last_without_a_logger_and_best_in_fit(tmp_path, tokenizer_dir, capsys):
     )
     # the run's own config.yaml is known as a run's (its header was lost: a requeued run was refused)
     assert (tmp_path / "root" / "config.yaml").read_text().startswith("# lightning.pytorch==")
-    main(["fit", *args, "--ckpt_path=last"])  # (at its end already: nothing more to train)
+    with pytest.raises(SystemExit) as ended:  # at its end already: nothing more to train, said so
+        main(["fit", *args, "--ckpt_path=last"])
+    assert ended.value.code == 0 and "nothing is left to train" in capsys.readouterr().out
     assert torch.load(tmp_path / "root" / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 3
     assert error_of(["fit", *args, "--ckpt_path=best"], capsys) == (
         "gpt-ft: error: --ckpt_path best: gpt-ft fit resumes from `last` or a checkpoint's path "
