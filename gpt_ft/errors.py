@@ -359,6 +359,8 @@ def input_file(path: str | os.PathLike, option: str, give: str = "a file") -> Pa
     source = Path(path).expanduser()
     if source.is_dir():
         raise ValueError(f"{option} {source} is a folder; give {give}.")
+    if source.exists() and not source.is_file():  # (`--input <(...)`: /dev/fd/63, which exists)
+        raise ValueError(f"{option} {source} is not a regular file (a pipe, a device): give {give}.")
     if not source.is_file():
         raise FileNotFoundError(f"{option} {source} {absent(source)}.")
     return source
@@ -374,6 +376,17 @@ def absent(path: str | os.PathLike) -> str:
         if os.path.islink(path):
             return f"is a symbolic link to {os.readlink(path)}, which does not exist"
     return "does not exist"
+
+
+def no_such_user(args: list[str]) -> str:
+    """The sentence for a path `~NAME/...` of no user here, its option named where `args` give it."""
+    for before, arg in zip(["", *args], args):
+        option, equals, value = arg.partition("=") if arg.startswith("--") else (before, "", arg)
+        name = value[1:].split("/")[0] if value.startswith("~") and (equals or arg is value) else ""
+        if name and os.path.expanduser(f"~{name}") == f"~{name}":  # (unexpanded: no such user)
+            said = f"{option} {value}" if option.startswith("-") else value
+            return f"{said}: this machine has no user {name!r} (~{name}: their home); write the path in full."
+    return "a path starts with ~NAME, and this machine has no such user: write the path in full."
 
 
 def at_least_one(value: int, option: str) -> int:

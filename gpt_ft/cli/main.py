@@ -20,6 +20,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import NamedTuple
 
+import gpt_ft.errors as errors
 from gpt_ft.cli.commands import lazy, lightning
 from gpt_ft.data.folders import (
     PIPED,
@@ -29,7 +30,6 @@ from gpt_ft.data.folders import (
     process_rank,
     sigterm_stops,
 )
-from gpt_ft.errors import FileProblem, TaskDataError, causes, os_error_message, parse_error_message
 from gpt_ft.training.memory import keep_freed_memory
 from gpt_ft.workarounds.cli import file_not_decoded
 from gpt_ft.workarounds.kernels import torchao_import_loggers
@@ -80,17 +80,17 @@ COMMANDS = {
 }
 DEBUG = "GPT_FT_DEBUG"  # set (not 0): errors show their traceback instead of one sentence
 USER_ERRORS = (ValueError, FileNotFoundError, KeyError, FloatingPointError)
-ALIKE = (TaskDataError, FileProblem, FloatingPointError)  # the same files read; a nan stops all
+ALIKE = (errors.TaskDataError, errors.FileProblem, FloatingPointError)  # the same files read; a nan stops all
 LOST_PEER = ("Connection reset by peer", "Connection closed by peer", "Broken pipe")  # gloo's words
 
 
 def user_message(exc: BaseException) -> str:
     """The sentence for the user: the innermost cause (jsonargparse wraps errors raised in __init__),
     down to a sentence of ours about task data (whose causes are the readers' own words)."""
-    while isinstance(exc.__cause__, USER_ERRORS) and not isinstance(exc, TaskDataError):
+    while isinstance(exc.__cause__, USER_ERRORS) and not isinstance(exc, errors.TaskDataError):
         exc = exc.__cause__
     if isinstance(exc, OSError) and exc.filename is not None:  # the system's error: its file, its reason
-        return os_error_message(exc)
+        return errors.os_error_message(exc)
     return str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc).strip()
 
 
@@ -111,11 +111,8 @@ def lone_value(message: str, args: list[str]) -> str:
     option = re.fullmatch(r"argument (--[\w.]+)\S*: expected one argument\.?", message)
     if option is None:
         return message
-    o = option[1]
-    return (
-        f"{o} is given no value: write {o} VALUE (true or false for a yes/no option; {o}=VALUE for a "
-        "value starting with '-')."
-    )
+    o, value = option[1], "true or false for a yes/no option"
+    return f"{o} is given no value: write {o} VALUE ({value}; {o}=VALUE for a value starting with '-')."
 
 
 def in_config_file(message: str, args: list[str]) -> str:
@@ -211,7 +208,7 @@ def undecodable_file(exc: BaseException) -> str | None:
 def not_installed(exc: BaseException) -> str | None:
     """The sentence for a package the run's settings need that is not installed (`--trainer.
     accelerator tpu`: torch_xla; a TensorBoard logger: tensorboard), where `exc` comes from one."""
-    missing = next((e for e in causes(exc) if isinstance(e, ModuleNotFoundError)), None)
+    missing = next((e for e in errors.causes(exc) if isinstance(e, ModuleNotFoundError)), None)
     if missing is None:
         return None
     return f"a package this run needs is not installed: {str(missing).splitlines()[0].rstrip('.!')}."
@@ -266,22 +263,22 @@ def main(argv: list[str] | None = None) -> None:
     except USER_ERRORS as exc:
         if debug:
             raise
-        if not first_process(of_its_group=True) and any(isinstance(e, ALIKE) for e in causes(exc)):
+        if not first_process(of_its_group=True) and any(isinstance(e, ALIKE) for e in errors.causes(exc)):
             raise SystemExit(2) from None  # the same files read, every process stopped by a non-finite loss
         fail(undecodable_file(exc) or not_installed(exc) or user_message(exc))
     except argparse.ArgumentError as exc:
         if debug:
             raise
-        problem = next((e for e in causes(exc) if isinstance(e, FileProblem)), None)
-        said = in_config_file(lone_value(parse_error_message(str(exc)), args), args)
+        problem = next((e for e in errors.causes(exc) if isinstance(e, errors.FileProblem)), None)
+        said = in_config_file(lone_value(errors.parse_error_message(str(exc)), args), args)
         fail(undecodable_file(exc) or (str(problem) if problem else said))
     except OSError as exc:  # a file that cannot be read or written (no space, permission, read-only)
         if debug or exc.filename is None:
             raise
-        fail(os_error_message(exc))
+        fail(errors.os_error_message(exc))
     except RuntimeError as exc:  # a collective that lost its peer: another process of a DDP run died
         if not debug and "Could not determine home directory" in str(exc):  # pathlib's, for '~name/x'
-            fail("a path starts with ~NAME, and this machine has no such user: write the path in full.")
+            fail(errors.no_such_user(args))
         if debug or not any(m in str(exc) for m in LOST_PEER):
             raise
         reason = next(m for m in LOST_PEER if m in str(exc))

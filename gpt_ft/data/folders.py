@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -93,12 +94,20 @@ def piped_configs_read(args: list[str]) -> list[str]:
     """`args` with each `--config` that is a pipe (`--config <(envsubst < run.yaml)`) given as the
     text it holds, read here once: a pipe holds it for one read, where a command may read its
     configs twice (validate, test, predict) and a DDP run's other processes again; its paths are
-    the working folder's, as a pipe has no folder (a pipe that gives no text is kept, and named)."""
+    the working folder's, as a pipe has no folder (a pipe that gives no text is kept, and named).
+    A folder or file option given `=~` is the home folder: no shell expands it there, and YAML would
+    read it as null."""
     import yaml
 
     out = list(args)
     for i, arg in enumerate(args):
         option, equals, value = arg.partition("=")
+        if (
+            value == "~"
+            and equals
+            and re.search(r"^--\S*(dir|path|from|tokenizer|input|output|out)$", option)
+        ):
+            out[i] = f"{option}={Path.home()}"
         at, value = (i, value) if equals else (i + 1, args[i + 1] if i + 1 < len(args) else "")
         if option in ("-c", "--config") and value and is_pipe(value) and (text := Path(value).read_text()):
             try:  # checked as a config file is (its text, once given, names no file)

@@ -66,7 +66,7 @@ def carries_tokenizer(path: Path) -> bool:
 def cache_dir() -> Path:
     """Where converted GGUF tokenizers are kept."""
     cache = Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "gpt_ft"
-    return Path(os.environ.get(CACHE) or cache) / "gguf-tokenizers"
+    return Path(os.environ.get(CACHE) or cache).expanduser() / "gguf-tokenizers"  # (a service's `~/x`)
 
 
 @functools.lru_cache(maxsize=4)

@@ -542,6 +542,8 @@ NOT_A_DEVICE = NOT_A.format("gpu7")
          "--batch_size must be >= 1, got 0."),
         ("label", ["--input={text}", "--output={out}.tsv", "--device=gpu7"], NOT_A_DEVICE),
         ("embed", ["--input={folder}", "--output={out}.npy"], "--input {folder} is a folder; give a file."),
+        ("label", ["--input={fifo}", "--output={out}.tsv"],  # `--input <(...)`: said to be missing
+         "--input {fifo} is not a regular file (a pipe, a device): give a file."),
         ("embed", ["--input={jsonl}", "--output={jsonl}", "--overwrite=true"],
          "--output {jsonl} is the input file: give another name, the input is kept."),
         ("generate", ["--prompt=the cat", "--num_beams=0"], "--num_beams must be >= 1, got 0."),
@@ -559,8 +561,9 @@ def test_a_typed_commands_bad_value_is_one_sentence_naming_it(
     one sentence, before any work, nothing written (a text file's contents: tests/eval/test_encoder.py)."""
     paths = {"folder": tmp_path / "texts", "text": tmp_path / "mine.tsv", "latin1": tmp_path / "latin1.txt",
              "empty": tmp_path / "empty.txt", "out": tmp_path / "out",
-             "jsonl": tmp_path / "mine.jsonl"}  # fmt: skip
+             "jsonl": tmp_path / "mine.jsonl", "fifo": tmp_path / "in.fifo"}  # fmt: skip
     paths["folder"].mkdir()
+    os.mkfifo(paths["fifo"])
     paths["text"].write_text("sentence\nthe cat sat on the mat .\n")
     paths["latin1"].write_bytes(b"the cat sat .\ncaf\xe9 au lait\n")
     paths["empty"].write_bytes(b"")

@@ -675,3 +675,16 @@ def test_generate_starts_the_prompt_as_the_tokenizer_starts_texts_and_stops_wher
     end = tok.convert_tokens_to_ids("<|endoftext|>")  # where prepared documents end: always a stop
     assert stop_tokens(tok, SimpleNamespace(hf_token_ids=None)) == [eos, end]
     assert stop_tokens(tok, SimpleNamespace(hf_token_ids={"eos": [7, eos, 9]})) == [eos, 7, 9, end]
+
+
+def test_an_option_given_as_tilde_alone_is_the_home_folder():
+    """`--data.data_dir=~`: no shell expands it after `=`, and YAML reads a lone `~` as null (the
+    run then read no folder, or logged into ./runs, without a word)."""
+    from pathlib import Path
+
+    from gpt_ft.data.folders import piped_configs_read
+
+    home = str(Path.home())
+    given = ["--data.data_dir=~", "--trainer.default_root_dir", "~", "--out=~/x", "-c=~", "--model.lr=~"]
+    assert piped_configs_read(given) == [f"--data.data_dir={home}", *given[1:]]  # (lr: said as given)
+    assert piped_configs_read(["--ckpt_path=~", "--output=~"]) == [f"--ckpt_path={home}", f"--output={home}"]

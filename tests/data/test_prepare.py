@@ -826,6 +826,6 @@ def test_paths_are_read_as_typed_and_a_tilde_of_no_user_is_one_sentence(
             main(["prepare", f"--tokenizer={tokenizer_dir}", *(f"{k}={v}" for k, v in args.items())])
         assert stop.value.code == 2
         assert capsys.readouterr().err.strip().splitlines()[-1] == (
-            "gpt-ft: error: a path starts with ~NAME, and this machine has no such user: write the path "
-            "in full."
+            f"gpt-ft: error: {option} ~no-such-user-here/x: this machine has no user 'no-such-user-here' "
+            "(~no-such-user-here: their home); write the path in full."
         )

@@ -662,6 +662,10 @@ def test_a_converted_tokenizer_is_kept_in_the_cache(tmp_path, monkeypatch):
     load_tokenizer(path)
     assert len(list((tmp_path / "cache" / "gguf-tokenizers").iterdir())) == 2
     gguf_tokenizer._tokenizer.cache_clear()
+    # set as a service sets it, unexpanded (`~/...`): in the home folder, not a folder named `~` here
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv(gguf_tokenizer.CACHE, "~/cache")
+    assert gguf_tokenizer.cache_dir() == tmp_path / "cache" / "gguf-tokenizers"
 
 
 def test_a_tokenizer_of_an_architecture_transformers_does_not_read_is_named(tmp_path, monkeypatch):
