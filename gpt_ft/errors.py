@@ -391,7 +391,7 @@ def no_such_user(args: list[str]) -> str:
 
 def at_least_one(value: int, option: str) -> int:
     """`value` (a count: batch size, beams), refused in one sentence below 1 or not a whole number."""
-    if isinstance(value, bool) or not isinstance(value, int):  # ("4" or 2.0 from Python: a TypeError later)
+    if isinstance(value, bool) or not hasattr(type(value), "__index__"):  # (numpy's ints; not "4", 2.0)
         raise ValueError(f"{option} must be a whole number >= 1, got {value!r}.")
     if value < 1:
         raise ValueError(f"{option} must be >= 1, got {value}.")

@@ -26,7 +26,9 @@ csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
 def file_format(path: Path) -> str | None:
     """The format a file's extension names (`.jsonl.gz`: json), or None."""
     suffixes = [s.lower() for s in path.suffixes]
-    if suffixes[-1:] and suffixes[-1] in (".gz", *PACKED):  # (another than gzip: refused as it is read)
+    if suffixes[-1:] and suffixes[-1] in PACKED:
+        file_bytes(path)  # (refused there, in one sentence)
+    if suffixes[-1:] == [".gz"]:
         suffixes.pop()
     return _FORMATS.get(suffixes[-1]) if suffixes else None
 
@@ -48,10 +50,6 @@ def open_text(path: Path, **kwargs):
     if path.suffix.lower() == ".gz":
         return io.TextIOWrapper(gzip.open(path), encoding="utf-8-sig", **kwargs)
     return path.open(encoding="utf-8-sig", **kwargs)
-
-
-def _text(path: Path) -> str:
-    return file_bytes(path).decode("utf-8-sig")
 
 
 def _reader(f, fmt: str, *, strict: bool = False):
@@ -107,7 +105,7 @@ def record_lines(
                 line = reader.line_num + 1
         return starts[1:] if header else starts
     if fmt == "json":
-        lines = (text := _text(path)).split("\n")
+        lines = (text := file_bytes(path).decode("utf-8-sig")).split("\n")
         filled = [n for n, line in enumerate(lines, 1) if line.strip()]
         if filled and _json_object(lines[filled[0] - 1]):
             return filled  # JSON lines
@@ -128,7 +126,7 @@ def json_records(path: Path, rows: list[dict], start: int = 0) -> list[dict]:
     on, as many as `rows`, the table's; those rows for any other file."""
     if file_format(path) != "json":
         return rows
-    text = _text(path)
+    text = file_bytes(path).decode("utf-8-sig")
     try:
         if text.lstrip().startswith("["):  # a JSON array; else JSON lines (one document: not a list)
             records = json.loads(text)
@@ -323,7 +321,7 @@ def json_lines_problem(path: Path) -> str | None:
     a one-document file holds that is not records; None for a good file. Found before loading: the
     loader is never handed such a line or document (`null` crashes the process)."""
     try:
-        text = _text(path)
+        text = file_bytes(path).decode("utf-8-sig")
     except UnicodeDecodeError:
         return None  # the loader's failure names the line
     try:
@@ -365,7 +363,7 @@ def _cast_columns(exc: BaseException | None) -> set[str] | None:
 def _json_problem(path: Path, reason: str, columns: set[str] | None = None) -> str | None:
     """The line (and column) where a JSON or JSON-lines file stops being valid JSON, or the line of
     the record the loader refused (`columns`: those it took from the file's first block)."""
-    text = _text(path)
+    text = file_bytes(path).decode("utf-8-sig")
     starts = record_lines(path, "json")
     if starts is None or text.lstrip().startswith("["):  # one document (an array's records span lines)
         try:

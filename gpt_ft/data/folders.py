@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import signal
 import stat
@@ -102,11 +101,8 @@ def piped_configs_read(args: list[str]) -> list[str]:
     out = list(args)
     for i, arg in enumerate(args):
         option, equals, value = arg.partition("=")
-        if (
-            value == "~"
-            and equals
-            and re.search(r"^--\S*(dir|path|from|tokenizer|input|output|out)$", option)
-        ):
+        name = option.rpartition(".")[2].removeprefix("--")  # (`data_dir`, `input`: a path's options)
+        if value == "~" and equals and option[:2] == "--" and (name in PATHS or name.endswith(PATHS[4:])):
             out[i] = f"{option}={Path.home()}"
         at, value = (i, value) if equals else (i + 1, args[i + 1] if i + 1 < len(args) else "")
         if option in ("-c", "--config") and value and is_pipe(value) and (text := Path(value).read_text()):
@@ -120,6 +116,7 @@ def piped_configs_read(args: list[str]) -> list[str]:
     return out
 
 
+PATHS = ("tokenizer", "input", "output", "out", "_dir", "_path", "_from")  # options, ends: `=~` is home
 PIPED: dict[str, str] = {}  # the text of each piped config read, and the pipe's name (for messages)
 
 

@@ -265,7 +265,7 @@ class GPTModule(Evaluation, LightningModule):
         self.built_ndims = {id(p): p.ndim for p in self.parameters()}
 
     def setup(self, stage: str) -> None:
-        if stage == "fit" and self.class_weights == "balanced":  # (a plain Trainer's fit too)
+        if stage == "fit" and isinstance(self.class_weights, str):  # (`balanced`: a plain Trainer's too)
             self.set_class_weights(class_weights_of(self.task, "balanced", self.trainer))
 
     def set_class_weights(self, weights: Tensor | None) -> None:

@@ -226,6 +226,19 @@ def fixed_folders(trainer) -> list[tuple[Path, str]]:
     return folders
 
 
+def epochs_done(loop: dict) -> int:
+    """The epochs a checkpoint's fit loop has trained to their end, as its resumed run counts them
+    (`StoppedEpochResumes`): saved on an epoch's last batch, that epoch; cut mid-epoch (by
+    `max_steps` too, which Lightning counts as an epoch processed), the epochs before it."""
+    epochs = (loop.get("epoch_progress") or {}).get("current") or {}
+    batches = loop.get("epoch_loop.batch_progress") or {}
+    if batches.get("is_last_batch"):
+        return epochs.get("started", 0)
+    if (batches.get("current") or {}).get("processed"):
+        return epochs.get("started", 0) - 1
+    return epochs.get("processed", 0)
+
+
 def stop_if_trained_out(trainer, resumed: str | None) -> None:
     """A run resumed from a checkpoint already at `--trainer.max_steps` or `max_epochs` ends here
     (exit 0; its new folder goes, as at an error), saying so: Lightning would make a version folder
@@ -234,7 +247,7 @@ def stop_if_trained_out(trainer, resumed: str | None) -> None:
         return
     saved = safe_load(resumed)
     step, loop = saved.get("global_step", 0), (saved.get("loops") or {}).get("fit_loop") or {}
-    epochs = ((loop.get("epoch_progress") or {}).get("current") or {}).get("processed", 0)
+    epochs = epochs_done(loop)
     if trainer.max_steps not in (None, -1) and step >= trainer.max_steps:
         option, said = "max_steps", f"is at step {step}, where --trainer.max_steps={trainer.max_steps} stops"
     elif trainer.max_epochs not in (None, -1) and epochs >= trainer.max_epochs:

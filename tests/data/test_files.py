@@ -1104,7 +1104,11 @@ def test_a_file_compressed_otherwise_than_gzip_is_said_so(tmp_path):
     text = b'{"sentence": "a b", "label": 1}\n'
     (tmp_path / "t.jsonl.bz2").write_bytes(bz2.compress(text))
     (tmp_path / "t.csv.xz").write_bytes(lzma.compress(b"sentence,label\na b,1\n"))
-    for name, fmt in (("t.jsonl.bz2", None), ("t.jsonl.bz2", "json"), ("t.csv.xz", None)):
+    (tmp_path / "t.parquet.bz2").write_bytes(bz2.compress(b"PAR1"))
+    (tmp_path / "t.bz2").write_bytes(bz2.compress(text))
+    cases = (("t.jsonl.bz2", None), ("t.jsonl.bz2", "json"), ("t.csv.xz", None), ("t.parquet.bz2", None),
+             ("t.bz2", None))  # fmt: skip
+    for name, fmt in cases:
         suffix = name.rsplit(".", 1)[1]
         with pytest.raises(
             TaskDataError, match=rf"^\S+{name}: a \.{suffix} file is not read \(a \.gz one is\): "

@@ -9,6 +9,7 @@ import math
 import sys
 from pathlib import Path
 
+import numpy
 import pytest
 import torch
 
@@ -441,6 +442,7 @@ def test_label_keeps_a_files_own_columns_and_records(finetuned, tmp_path, capsys
     clf = Classifier.from_checkpoint(finetuned.ckpt, device="cpu")
     with pytest.raises(ValueError, match="batch_size must be >= 1, got 0"):
         clf.predict([{"sentence": "a"}], batch_size=0)
+    assert len(clf.predict([{"sentence": "a"}] * 3, batch_size=numpy.int64(2))) == 3  # numpy's: whole
     for typed in ("4", 2.0, None):  # from Python: a TypeError in a comparison, or range's
         with pytest.raises(ValueError, match=rf"^batch_size must be a whole number >= 1, got {typed!r}\.$"):
             clf.predict([{"sentence": "a"}], batch_size=typed)

@@ -1637,3 +1637,26 @@ def test_resuming_a_run_already_at_its_limit_says_so_and_makes_no_folder(
     assert ended.value.code == 0
     assert f"{finetuned.ckpt} {said}: nothing is left to train" in capsys.readouterr().out
     assert not list((logs / "lightning_logs").glob("version_*"))
+
+
+def test_a_run_cut_by_max_steps_mid_epoch_is_not_taken_for_a_finished_one(tmp_path, tokenizer_dir):
+    """Lightning counts the epoch `max_steps` cut as processed: read as such, a run stopped at step 4
+    of 2 epochs of 3 steps was "trained out" and its resume trained nothing (it has 2 steps left)."""
+    from gpt_ft.training.run_folders import epochs_done
+
+    card = make_task("single", tmp_path)
+    args = [*finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "logs"), "--trainer.max_epochs=2"]
+    main(["fit", *args, "--trainer.max_steps=4"])
+    main(["fit", *args, "--ckpt_path=last"])
+    assert last_state(tmp_path / "logs", 1)["global_step"] == 6
+
+    # the counts each save leaves, as the resumed run reads them (3 epochs started)
+    def loop(processed, last, batches):
+        batch = {"is_last_batch": last, "current": {"processed": batches}}
+        return {"epoch_progress": {"current": {"started": 3, "processed": processed}},
+                "epoch_loop.batch_progress": batch}  # fmt: skip
+
+    assert epochs_done(loop(3, True, 3)) == 3  # at the epoch's end
+    assert epochs_done(loop(2, True, 3)) == 3  # by a validation on its last batch, before it is counted
+    assert epochs_done(loop(2, False, 1)) == 2  # mid-epoch (SIGTERM, every N steps)
+    assert epochs_done(loop(3, False, 1)) == 2  # cut there by max_steps, counted processed

@@ -2,6 +2,7 @@ import math
 import re
 import shutil
 
+import numpy
 import pytest
 import torch
 import torch.nn.functional as F
@@ -337,6 +338,9 @@ def test_a_model_and_data_module_wired_in_python_are_checked_as_the_command_line
     # Trainer too (only the command line counted them: the run trained unweighted, without a word)
     rows = [[i, "the cat sat .", int(i < 2)] for i in range(8)]  # 6 negative, 2 positive
     write_rows(tmp_path / "d" / "train.tsv", ["index", "sentence", "label"], rows)
+    listed = gpt(task=str(card), class_weights=numpy.array([1.0, 3.0]))  # (an array: no `== "balanced"`)
+    trainer().fit(listed, data(64))
+    assert listed.head.class_weights.tolist() == [1.0, 3.0]
     weighed = gpt(task=str(card), class_weights="balanced")
     assert weighed.head.class_weights is None  # (no data yet)
     trainer().fit(weighed, data(64))
