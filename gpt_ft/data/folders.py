@@ -102,7 +102,7 @@ def piped_configs_read(args: list[str]) -> list[str]:
     for i, arg in enumerate(args):
         option, equals, value = arg.partition("=")
         name = option.rpartition(".")[2].removeprefix("--")  # (`data_dir`, `input`: a path's options)
-        if value == "~" and equals and option[:2] == "--" and (name in PATHS or name.endswith(PATHS[4:])):
+        if value == "~" and equals and option[:2] == "--" and name.rpartition("_")[2] in PATHS:
             out[i] = f"{option}={Path.home()}"
         at, value = (i, value) if equals else (i + 1, args[i + 1] if i + 1 < len(args) else "")
         if option in ("-c", "--config") and value and is_pipe(value) and (text := Path(value).read_text()):
@@ -116,7 +116,7 @@ def piped_configs_read(args: list[str]) -> list[str]:
     return out
 
 
-PATHS = ("tokenizer", "input", "output", "out", "_dir", "_path", "_from")  # options, ends: `=~` is home
+PATHS = ("dir", "path", "from", "tokenizer", "input", "output", "out")  # options (their ends) `=~` is home
 PIPED: dict[str, str] = {}  # the text of each piped config read, and the pipe's name (for messages)
 
 

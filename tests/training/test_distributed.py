@@ -342,7 +342,7 @@ def test_a_fault_of_one_process_alone_is_said_by_it(monkeypatch, capsys, tmp_pat
 
     import torch.distributed as dist
 
-    from gpt_ft.errors import TaskDataError
+    from gpt_ft.errors import TaskDataError, os_error_message
     from gpt_ft.training.optim import check_same_optimizer
     from gpt_ft.weights.checkpoint import safe_load
 
@@ -376,7 +376,7 @@ def test_a_fault_of_one_process_alone_is_said_by_it(monkeypatch, capsys, tmp_pat
             cli.main(["fit"])
         assert stopped.value.code == 2
         err = capsys.readouterr().err
-        sentence = cli.os_error_message(fault) if isinstance(fault, OSError) else fault  # (the file, why)
+        sentence = os_error_message(fault) if isinstance(fault, OSError) else fault  # (the file, why)
         assert (f"gpt-ft: error: {sentence}" in err) == said, (fault, err)
     assert "notes.ckpt: DefaultCPUAllocator: can't allocate memory." in err  # the last: not "corrupt"
     memory = fault_of(safe_load, tmp_path / "notes.ckpt", unread)  # from Python: a number, not "[Errno None]"
