@@ -14,6 +14,7 @@ from gpt_ft.adapters import TaskDataError
 from gpt_ft.errors import absent, arguments_from
 from gpt_ft.training.callbacks import History
 from gpt_ft.training.checkpointing import SaveLast
+from gpt_ft.training.recorded import without_nulls
 
 SUITE_RESUME = (
     "the same `gpt-ft suite` command runs this run again from its start and keeps the finished ones"
@@ -160,9 +161,11 @@ def config_changes(
 
 def changed_options(before: dict[str, Any], now: dict[str, Any], ignored: tuple[str, ...] = ()) -> list[str]:
     """What differs between two configurations, as the options that give it now (`--data.batch_size=2`;
-    `not --X=V` for one gone), leaving out the `ignored` options."""
-    old, new = ({k: _spelled_once(k, v) for k, v in _options(config).items() if k not in ignored}
-                for config in (before, now))  # fmt: skip
+    `not --X=V` for one gone), leaving out the `ignored` options; null is no value (`without_nulls`)."""
+    old, new = (  # (a field added since, null where it was not recorded: no change)
+        {k: _spelled_once(k, v) for k, v in _options(without_nulls(config)).items() if k not in ignored}
+        for config in (before, now)
+    )
     changed = [f"--{k}={_shown(v)}" for k, v in new.items() if k not in old or old[k] != v]
     return changed + [f"not --{k}={_shown(v)}" for k, v in old.items() if k not in new]
 

@@ -31,6 +31,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 
+from gpt_ft.training.recorded import without_nulls
 from gpt_ft.training.stop_signals import StopSignals
 from gpt_ft.weights.checkpoint import Checkpoint, safe_load, save_file
 from gpt_ft.workarounds.trainer import (
@@ -305,14 +306,12 @@ class Provenance(Callback):
         is told what changed (swapped labels would flip what each class means, without an error;
         another task's model would write another task's submission)."""
         fn = getattr(trainer.state, "fn", None)
-        if fn not in ANOTHER_CARD or self.data_config is None:
-            return
         before = (Checkpoint(checkpoint).data_args or {}).get("task") or {}
-        now = (self.data_config.get("init_args") or {}).get("task") or {}
-        if not before or not now:
-            return
-        old, new = {"class": before.get("class_path"), **(before.get("init_args") or {})}, {
-            "class": now.get("class_path"), **(now.get("init_args") or {})}  # fmt: skip
+        now = ((self.data_config or {}).get("init_args") or {}).get("task") or {}
+        if fn not in ANOTHER_CARD or not before or not now:
+            return  # (a field added since, null in the card: no change)
+        old = {"class": before.get("class_path"), **without_nulls(before.get("init_args") or {})}
+        new = {"class": now.get("class_path"), **without_nulls(now.get("init_args") or {})}
         same = {"__path__"} if fn == "fit" else {"__path__", *DATA_FIELDS}  # scored on other data: its own
         held = [k for k in checkpoint.get("state_dict", {}) if k.endswith("head.threshold")]  # (validation's)
         if fn != "fit" and held and new.get("threshold", old.get("threshold")) != old.get("threshold"):

@@ -121,3 +121,12 @@ def refuse_untrained(command: str, init_from: str | None, head=None) -> None:
             "trained (--model.init_from gives a run its starting weights): give the fine-tuned checkpoint "
             "with --ckpt_path CKPT."
         )
+
+
+def without_nulls(value: Any) -> Any:
+    """A recorded configuration with its null (and emptied) entries left out, at every depth: a field
+    a later version added reads as null in what an earlier one recorded, and is no change to it."""
+    if not isinstance(value, dict):
+        return value
+    kept = {k: without_nulls(v) for k, v in value.items()}
+    return {k: v for k, v in kept.items() if v is not None and v != {}}

@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -1265,6 +1266,18 @@ def test_a_run_resumed_with_another_task_card_says_what_changed(tmp_path, tokeni
         assert len(said) == 1 and said[0].startswith(f"{doing} with another task card than ")
         assert said[0].endswith("trained on: name 'sent' -> 'other'. Its head's outputs are " + (
             "written as the new card's." if command == "predict" else "read as the new card's."))  # fmt: skip
+    # a field a later version added to cards (null in this one) is no change to an earlier checkpoint
+    first = next(logs.glob("lightning_logs/version_0/checkpoints/last.ckpt"))
+    stored = torch.load(first, weights_only=True)
+    recorded = stored["data_config"]["init_args"]["task"]["init_args"]
+    assert None in recorded["local"].values()
+    recorded["local"] = {k: v for k, v in recorded["local"].items() if v is not None}  # as written before
+    torch.save(stored, first)
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        main(["fit", *finetune_args(card, tokenizer_dir, tmp_path, logs), "--trainer.max_epochs=2",
+              f"--ckpt_path={first}"])  # fmt: skip
+    assert not [str(w.message) for w in warned if "another task card" in str(w.message)]
 
 
 def test_a_merged_lora_runs_stop_says_it_cannot_resume(capsys):
