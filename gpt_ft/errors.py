@@ -8,7 +8,7 @@ import errno
 import os
 import re
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 
@@ -391,8 +391,10 @@ def no_such_user(args: list[str]) -> str:
 
 def at_least_one(value: int, option: str) -> int:
     """`value` (a count: batch size, beams), refused in one sentence below 1 or not a whole number."""
-    if isinstance(value, bool) or not hasattr(type(value), "__index__"):  # (numpy's ints; not "4", 2.0)
-        raise ValueError(f"{option} must be a whole number >= 1, got {value!r}.")
-    if value < 1:
-        raise ValueError(f"{option} must be >= 1, got {value}.")
-    return value
+    whole = None  # numpy's ints and int tensors are whole; "4", 2.0, True, a float tensor are not
+    with suppress(AttributeError, TypeError, ValueError, RuntimeError):
+        whole = None if "bool" in str(getattr(value, "dtype", type(value))) else type(value).__index__(value)
+    if whole is None or whole < 1:
+        kind, shown = ("", whole) if whole is not None else ("a whole number ", repr(value))
+        raise ValueError(f"{option} must be {kind}>= 1, got {shown}.")
+    return whole

@@ -116,7 +116,7 @@ def piped_configs_read(args: list[str]) -> list[str]:
     return out
 
 
-PATHS = ("dir", "path", "from", "tokenizer", "input", "output", "out")  # options (their ends) `=~` is home
+PATHS = ("dir", "path", "dirpath", "from", "tokenizer", "input", "output", "out")  # options (ends): `=~`
 PIPED: dict[str, str] = {}  # the text of each piped config read, and the pipe's name (for messages)
 
 

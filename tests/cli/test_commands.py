@@ -688,4 +688,5 @@ def test_an_option_given_as_tilde_alone_is_the_home_folder():
     given = ["--data.data_dir=~", "--trainer.default_root_dir", "~", "--out=~/x", "-c=~", "--model.lr=~",
              "--model.classifier_dropout=~"]  # fmt: skip
     assert piped_configs_read(given) == [f"--data.data_dir={home}", *given[1:]]  # (lr: said as given)
-    assert piped_configs_read(["--ckpt_path=~", "--output=~"]) == [f"--ckpt_path={home}", f"--output={home}"]
+    paths = ["--ckpt_path", "--output", "--trainer.callbacks.dirpath", "--model.init_from"]
+    assert piped_configs_read([f"{o}=~" for o in paths]) == [f"{o}={home}" for o in paths]

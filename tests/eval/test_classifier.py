@@ -6,6 +6,7 @@ shape is checked where each shape is fine-tuned (tests/cli/test_lightning.py,
 
 import csv
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -443,8 +444,9 @@ def test_label_keeps_a_files_own_columns_and_records(finetuned, tmp_path, capsys
     with pytest.raises(ValueError, match="batch_size must be >= 1, got 0"):
         clf.predict([{"sentence": "a"}], batch_size=0)
     assert len(clf.predict([{"sentence": "a"}] * 3, batch_size=numpy.int64(2))) == 3  # numpy's: whole
-    for typed in ("4", 2.0, None):  # from Python: a TypeError in a comparison, or range's
-        with pytest.raises(ValueError, match=rf"^batch_size must be a whole number >= 1, got {typed!r}\.$"):
+    for typed in ("4", 2.0, None, torch.tensor(2.5), torch.tensor([2, 3]), numpy.bool_(True)):  # (TypeErrors)
+        said = re.escape(f"batch_size must be a whole number >= 1, got {typed!r}.")
+        with pytest.raises(ValueError, match=f"^{said}$"):
             clf.predict([{"sentence": "a"}], batch_size=typed)
 
 
