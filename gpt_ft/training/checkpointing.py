@@ -309,7 +309,8 @@ class Provenance(Callback):
         before = (Checkpoint(checkpoint).data_args or {}).get("task") or {}
         now = ((self.data_config or {}).get("init_args") or {}).get("task") or {}
         if fn not in ANOTHER_CARD or not before or not now:
-            return  # (a field added since, null in the card: no change)
+            return
+        # (`without_nulls`: a field a later version added, null in the card, is no change)
         old = {"class": before.get("class_path"), **without_nulls(before.get("init_args") or {})}
         new = {"class": now.get("class_path"), **without_nulls(now.get("init_args") or {})}
         same = {"__path__"} if fn == "fit" else {"__path__", *DATA_FIELDS}  # scored on other data: its own
