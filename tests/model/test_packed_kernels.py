@@ -155,6 +155,40 @@ def test_packed_rows_on_each_kernel_equal_the_padded_batch(tokenizer_dir, monkey
         assert {c["window_size"] for c in calls} == {(-1, 0), (5, 0)}
 
 
+def assert_as_close_as_padded(bf16_packed, bf16_padded, fp32, choice_mask) -> None:
+    """The packed bf16 logits are within twice the padded bf16 run's own error from fp32's (plus
+    1e-3): compared at real choices where the logits are a choice's each, whole otherwise (a class
+    per label)."""
+    real = lambda t: t[choice_mask] if t.shape == choice_mask.shape else t  # noqa: E731
+    expected = real(fp32[0]["logits"])
+    err_padded = (real(bf16_padded[0]["logits"]).float() - expected).abs().max()
+    err_packed = (real(bf16_packed[0]["logits"]).float() - expected).abs().max()
+    assert err_packed <= 2 * err_padded + 1e-3, (float(err_packed), float(err_padded))
+
+
+@pytest.mark.parametrize(
+    "shape, family, kernel", [("pair", "gpt2-micro", "varlen"), ("choice", "llama-micro", "flex")]
+)
+def test_packed_rows_under_bf16_autocast_are_as_close_to_fp32_as_the_padded_batch(
+    tokenizer_dir, monkeypatch, shape, family, kernel
+):
+    """The CUDA test's bf16 comparison on the CPU: the variable-length kernel's contract played by
+    the reference (pairs: logits of a class each), FlexAttention eager in eval mode (choices)."""
+    module, rows, specials = module_for(tokenizer_dir, shape, family)
+    module.train(kernel == "varlen")
+    compare = run if kernel == "varlen" else forward
+    padded = collate(rows, specials.pad)
+    packed = collate_packed(rows, specials.pad, specials.delim if module.task.shares_context else None)
+    fp32 = compare(module, padded)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        bf16_padded = compare(module, padded)
+        monkeypatch.setattr(attention, "FORCE_KERNEL", kernel)
+        monkeypatch.setattr(kernels, "varlen_attn", reference_varlen)
+        monkeypatch.setattr(kernels, "VARLEN", {"window_size", "scale", "enable_gqa"})
+        bf16_packed = compare(module, packed)
+    assert_as_close_as_padded(bf16_packed, bf16_padded, fp32, padded.choice_mask)
+
+
 @pytest.mark.parametrize("kernel", ["varlen", "flex"])
 def test_the_kernels_get_queries_keys_and_values_of_one_low_precision_dtype_under_autocast(
     tokenizer_dir, monkeypatch, kernel
@@ -425,11 +459,7 @@ def test_cuda_packed_rows_run_varlen_or_flex_and_equal_the_padded_batch(
         assert flexed and set(flexed) == {"cuda"}, flexed
     else:
         assert not flexed and any("varlen" in o for o in ops), sorted(ops)[:50]
-    real = padded.choice_mask
-    for name in ("logits",):
-        err_padded = (bf16_padded[0][name][real].float() - fp32[0][name][real]).abs().max()
-        err_packed = (bf16_packed[0][name][real].float() - fp32[0][name][real]).abs().max()
-        assert err_packed <= 2 * err_padded + 1e-3, (float(err_packed), float(err_padded))
+    assert_as_close_as_padded(bf16_packed, bf16_padded, fp32, padded.choice_mask)
 
 
 @cuda
