@@ -117,7 +117,7 @@ def decode_bounds(gpt: GPT, prompt: torch.Tensor, n: int, graph: bool | str) -> 
             end.record()
             torch.cuda.synchronize()
         alone = begin.elapsed_time(end) / 1000 / (n - 1)
-        kernels = step_kernels(model, prompt, graph == "compiled")
+        kernels = step_kernels(model, prompt, graph == "compiled", cache.max_len)
         out = {}
         runs = {
             kind: lambda: out.__setitem__(kind, model.generate(prompt, max_new_tokens=n, static_cache=graph)),
@@ -134,20 +134,21 @@ def decode_bounds(gpt: GPT, prompt: torch.Tensor, n: int, graph: bool | str) -> 
         yield Row(f"greedy decoding, {kind}, one step's kernels", kernels)
 
 
-def step_kernels(model: GPT, prompt: torch.Tensor, compiled: bool, steps: int = 8) -> str:
+def step_kernels(model: GPT, prompt: torch.Tensor, compiled: bool, length: int, steps: int = 8) -> str:
     """The kernels of one decode step (as its graph replays them: their own GPU time is the same
-    outside it), from torch.profiler over `steps` steps: how many, their time, by kind."""
+    outside it), from torch.profiler over `steps` steps: how many, their time, by kind. The cache
+    holds `length` positions, as the graph measured beside: its compiled step is reused."""
     from gpu_profile import kind_of
     from torch.profiler import ProfilerActivity, profile
 
-    from gpt_ft.model.graphs import compiled_decode_logits, decode_logits
+    from gpt_ft.model.graphs import compiled_step, decode_logits
 
-    run = compiled_decode_logits() if compiled else decode_logits
-    cache = model.new_kv_cache(1, prompt.shape[1] + steps + 2, static=True)
+    run = compiled_step if compiled else decode_logits
+    cache = model.new_kv_cache(1, length, static=True)
     token = prompt[:, -1:]
     with torch.no_grad():
-        run(model, prompt, cache)
-        run(model, token, cache)  # compiled for this cache's shapes before the profile
+        model(prompt, kv_cache=cache)
+        run(model, token, cache)  # compiled for this cache's shapes before the profile (if it was not)
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(steps):
                 run(model, token, cache)

@@ -44,6 +44,18 @@ def compiled_decode_logits():
     return torch.compile(decode_logits, dynamic=False)
 
 
+STEP_COMPILES = 64
+"""How many shapes (batch size, cache length, dtype, model) a process may compile the decode step
+for: torch.compile stops at 8 a function and runs the others eager, unfused, without a word."""
+
+
+def compiled_step(model: GPT, tokens: Tensor, cache) -> Tensor:
+    """`compiled_decode_logits()(model, tokens, cache)`, compiled for this shape where it was not
+    yet, up to `STEP_COMPILES` shapes (each is compiled once, then captured and replayed)."""
+    with torch.compiler.config.patch(recompile_limit=STEP_COMPILES):
+        return compiled_decode_logits()(model, tokens, cache)
+
+
 def decode_graph(model: GPT, cache: StaticKVCache, batch_size: int, *, compiled: bool = False):
     """The decode step, one token a sequence over a `StaticKVCache`, captured as a CUDA graph:
     returns `replay(tokens (B, 1)) -> logits (B, V)`, valid until the next replay. `compiled`: the
@@ -55,7 +67,7 @@ def decode_graph(model: GPT, cache: StaticKVCache, batch_size: int, *, compiled:
     """
     device = cache.k.device
     tokens = torch.zeros(batch_size, 1, dtype=torch.long, device=device)
-    run = compiled_decode_logits() if compiled else decode_logits
+    run = compiled_step if compiled else decode_logits
 
     # Under autocast, capture with its cache of cast weights off (as torch.cuda.make_graphed_callables
     # asks): each cast is then a kernel in the graph, not a tensor cached from outside it.

@@ -301,6 +301,20 @@ def test_a_static_cache_is_kept_for_the_next_call_and_never_shared_by_two_stream
     assert gpt not in KEPT
 
 
+def test_the_compiled_decode_step_compiles_for_more_shapes_than_torch_compiles_default(monkeypatch):
+    """A process decoding at 10 cache lengths compiles the step 10 times: torch.compile's default
+    limit of 8 a function would run the last two eager (here: fail, as the limit is asked to). A
+    step of one operator stands in for the model's (traced, not compiled)."""
+    from gpt_ft.model import graphs
+
+    step = torch.compile(lambda model, tokens, cache: cache.sum() + tokens, dynamic=False, backend="eager")
+    monkeypatch.setattr(graphs, "compiled_decode_logits", lambda: step)
+    monkeypatch.setattr(torch.compiler.config, "fail_on_recompile_limit_hit", True)
+    token = torch.zeros(1, 1)
+    sums = [graphs.compiled_step(None, token, torch.ones(8 + n)) for n in range(10)]
+    assert [int(x) for x in sums] == list(range(8, 18))
+
+
 def test_the_decode_step_traces_as_one_graph_where_the_length_stays_on_the_device(monkeypatch):
     """An accelerator's static cache never reads its length back (a CPU's reads it to check the
     fit, for free), so `static_cache="compiled"` compiles the decode step as one graph: a break
