@@ -24,7 +24,8 @@ from gpt_ft.adapters.metrics import METRICS, metric_value
 from gpt_ft.adapters.sources import finite_number, score_text
 from gpt_ft.errors import CardError, TaskDataError
 
-NUMBER = re.compile(r"-?\d+(\.\d*)?")  # a class name that is a number: '1', '-1', '1.0'
+NUMBER = re.compile(r"-?[0-9]+(\.[0-9]*)?")  # a class name that is a number: '1', '-1', '1.0'
+INDEX = re.compile(r"-?[0-9]+")  # a class id as text (ASCII digits: '١' is no id)
 
 
 def checked_threshold(task_name: str, threshold: float) -> float:
@@ -343,7 +344,7 @@ def label_of(value: Any, names: list[str], field: str, count: int) -> int:
     n = len(names) or count
     if isinstance(value, float) and value.is_integer():  # a JSON column read as floats: 1.0
         text = str(int(value))
-    if text.lstrip("-").isdecimal() and 0 <= int(text) < n and not numbers:
+    if INDEX.fullmatch(text) and 0 <= int(text) < n and not numbers:
         return int(text)
     allowed = names if names else list(range(n))
     why = " (the labels are numbers: a value is a label, never an index)" if numbers else ""

@@ -2,6 +2,8 @@
 class), each with its head, labels, metrics and written predictions; a card read into its parts;
 and a user's adapter bringing an output kind of its own."""
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -183,6 +185,13 @@ def test_where_labels_are_numbers_a_value_is_a_label_never_an_index():
         TaskDataError, match=r"^label '²' in field 'label' is not among the labels \['neg', 'pos'\]\.$"
     ):
         words.label_id("²")
+    for bad in ("--1", "١", "+1", "1_0"):  # read as no id (int() takes the last three), never a crash
+        with pytest.raises(
+            TaskDataError, match=f"^label {re.escape(repr(bad))} in field 'label' is not among"
+        ):
+            words.label_id(bad)
+    with pytest.raises(TaskDataError, match="^label '١' in field 'label' is not among the labels"):
+        three.label_id("١")
 
 
 def test_a_card_is_read_into_its_parts_under_the_card_names():
