@@ -15,7 +15,6 @@ import zlib
 from pathlib import Path
 
 from gpt_ft.adapters import TaskDataError
-from gpt_ft.adapters.sources import path_value
 
 _FORMATS = {".tsv": "tsv", ".csv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 PACKED = (".bz2", ".xz", ".zst", ".zip", ".7z", ".lz4")  # compressed otherwise than gzip: not read
@@ -118,57 +117,6 @@ def place(source, starts: list[int] | None, row: int) -> str:
     if starts is not None and row < len(starts):
         return f"{source}, line {starts[row]}"
     return f"{source}, record {row + 1}"
-
-
-def json_records(path: Path, rows: list[dict], start: int = 0) -> list[dict]:
-    """The records of a JSON-lines file or JSON array as written, each with its own keys (a table
-    gives every record every key, None where it had none), from record `start` (a slice of the file)
-    on, as many as `rows`, the table's; those rows for any other file."""
-    if file_format(path) != "json":
-        return rows
-    text = file_bytes(path).decode("utf-8-sig")
-    try:
-        if text.lstrip().startswith("["):  # a JSON array; else JSON lines (one document: not a list)
-            records = json.loads(text)
-        else:
-            records = [json.loads(line) for line in text.split("\n") if line.strip()]
-    except ValueError:
-        return rows
-    if isinstance(records, list) and start:
-        records = records[start : start + len(rows)]
-    ok = isinstance(records, list) and len(records) == len(rows) and all(isinstance(r, dict) for r in records)
-    for i, record in enumerate(records if ok else ()):  # Python's json keeps what the table dropped
-        try:
-            json.dumps(record, ensure_ascii=False).encode("utf-8")
-        except UnicodeEncodeError as exc:
-            where, half = place(path, record_lines(path, "json"), start + i), exc.object[exc.start : exc.end]
-            raise TaskDataError(
-                f"{where}: {ascii(half)[1:-1]} escapes half of a UTF-16 surrogate pair alone, "
-                "which is no text; escape the whole pair, or write the character."
-            ) from None
-    return records if ok else rows
-
-
-def absent_field(origin, fields: dict[str, str], table) -> str | None:
-    """Where a JSON file's record lacks a field the task reads text from (`fields`: its name in the
-    table -> in the file, or its path, `a.text`), which the table gives as null, an empty text: the
-    first such record (named by its `Origin`) in one sentence; None where each has them, or no JSON."""
-    if origin.path is None or file_format(origin.path) != "json":
-        return None
-    nulls = [f for f in fields if f in table.column_names and None in table[f]]
-    if not nulls:
-        return None
-    first = origin.first_row(record_lines(origin.path, "json"))
-    records = json_records(origin.path, [None] * len(table), first)
-    absent = object()
-    lacks = lambda record, name: name not in record and path_value(record, name, absent) is absent  # noqa: E731
-    for i, record in enumerate(records if records and isinstance(records[0], dict) else []):
-        for field in (f for f in nulls if lacks(record, fields[f])):
-            return (
-                f"{origin.of(i)}: the record has no field {fields[field]!r}, a text the task reads "
-                "(null: an empty one)."
-            )
-    return None
 
 
 def _array_lines(text: str) -> list[int] | None:
@@ -306,7 +254,7 @@ def parquet_rows(path: Path) -> int | None:
         return None
 
 
-def _json_kind(value) -> str:
+def json_kind(value) -> str:
     """What a JSON value is, as JSON names it: 'null', 'an array', 'a string', ..."""
     if value is None:
         return "null"
@@ -314,40 +262,6 @@ def _json_kind(value) -> str:
         return str(value).lower()
     kinds = {list: "an array", str: "a string", int: "a number", float: "a number"}
     return kinds.get(type(value), type(value).__name__)
-
-
-def json_lines_problem(path: Path) -> str | None:
-    """The first line of a JSON-lines file that is not one JSON object, as `, line N: ...`, or what
-    a one-document file holds that is not records; None for a good file. Found before loading: the
-    loader is never handed such a line or document (`null` crashes the process)."""
-    try:
-        text = file_bytes(path).decode("utf-8-sig")
-    except UnicodeDecodeError:
-        return None  # the loader's failure names the line
-    try:
-        document = json.loads(text)  # one document (or one line)
-    except json.JSONDecodeError:
-        pass
-    else:
-        if isinstance(document, dict):
-            return None
-        if not isinstance(document, list):
-            records = "records (an array of objects, or an object a line)"
-            return f": a JSON file holds {records}, not {_json_kind(document)}"
-        bad = next(((n, r) for n, r in enumerate(document, 1) if not isinstance(r, dict)), None)
-        return bad and f": record {bad[0]} of its array is {_json_kind(bad[1])}, not a JSON object ({{...}})"
-    if text.lstrip(" \t\r\n").startswith("["):
-        return None  # a JSON array that does not parse: named after the loader fails
-    for n, line in enumerate(text.split("\n"), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as bad:
-            return f", line {n}, column {bad.colno}: not valid JSON ({bad.msg})"
-        if not isinstance(record, dict):
-            return f", line {n}: a JSON object ({{...}}) is expected on each line, not {_json_kind(record)}"
-    return None
 
 
 def _cast_columns(exc: BaseException | None) -> set[str] | None:
@@ -379,13 +293,13 @@ def _json_problem(path: Path, reason: str, columns: set[str] | None = None) -> s
         except json.JSONDecodeError as bad:
             return f", line {n}, column {bad.colno}: not valid JSON ({bad.msg})"
         if not isinstance(record, dict):
-            return f", line {n}: a JSON object ({{...}}) is expected on each line, not {_json_kind(record)}"
+            return f", line {n}: a JSON object ({{...}}) is expected on each line, not {json_kind(record)}"
         fields = (columns or set(record)) if fields is None else fields  # the reader's, else the first's
         if differs is None and set(record) - fields:
             others = "the lines before have" if columns else f"line {starts[0]} has"
             differs = f", line {n}: it has fields {sorted(set(record) - fields)} that {others} not"
         for key, value in record.items():  # a field of two types: the loaders' columns take one
-            kind = {dict: "an object", bool: "a boolean"}.get(type(value)) or _json_kind(value)
+            kind = {dict: "an object", bool: "a boolean"}.get(type(value)) or json_kind(value)
             first = kinds.setdefault(key, (kind, n)) if value is not None else (kind, n)
             if first[0] != kind:
                 return f", line {n}: field {key!r} holds {kind} where line {first[1]} holds {first[0]}"

@@ -14,10 +14,8 @@ from pathlib import Path
 from gpt_ft.adapters import TaskAdapter, TaskDataError
 from gpt_ft.adapters.sources import label_spelling, with_path_columns
 from gpt_ft.data.file_faults import (
-    absent_field,
     file_bytes,
     file_format,
-    json_lines_problem,
     open_text,
     parquet_rows,
     parse_problem,
@@ -28,6 +26,7 @@ from gpt_ft.data.file_faults import (
     wide_first_row,
 )
 from gpt_ft.data.folders import datasets_bars
+from gpt_ft.data.json_faults import absent_field, json_lines_problem
 from gpt_ft.data.layout import class_order_problem, label_file, loader_key, sliced, split_spec, with_labels
 from gpt_ft.data.subsets import ALIKE, drawn, left_out
 from gpt_ft.errors import CardError

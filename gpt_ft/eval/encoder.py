@@ -21,8 +21,9 @@ from torch import Tensor
 from gpt_ft.adapters.cards import card_from_value
 from gpt_ft.adapters.sources import needed_text
 from gpt_ft.adapters.truncation import cut_report
-from gpt_ft.data.file_faults import file_format, json_records, place, record_lines, utf8_problem
+from gpt_ft.data.file_faults import file_format, place, record_lines, utf8_problem
 from gpt_ft.data.files import read_table
+from gpt_ft.data.json_faults import json_records
 from gpt_ft.errors import TaskDataError, at_least_one, check_output_file, input_file, writing
 from gpt_ft.eval.classifier import CHUNK, Classifier
 from gpt_ft.eval.devices import device_named

@@ -217,8 +217,9 @@ def continue_file(
     """Each prompt of `source` (its column `field`) continued, `batch_size` at a time, the shortest
     first (the least padding), and written beside its row to `target`; a prompt the model cannot
     continue is refused naming its line, before any is decoded."""
-    from gpt_ft.data.file_faults import file_format, json_records, record_lines
+    from gpt_ft.data.file_faults import file_format, record_lines
     from gpt_ft.data.files import read_table
+    from gpt_ft.data.json_faults import json_records
     from gpt_ft.eval.labelling import write_labelled
     from gpt_ft.eval.progress import batches_bar
 

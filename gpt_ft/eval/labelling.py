@@ -23,8 +23,9 @@ from typing import Any
 
 from gpt_ft.adapters import TaskAdapter, TaskDataError
 from gpt_ft.adapters.truncation import cut_report
-from gpt_ft.data.file_faults import file_format, json_records, place, record_lines
+from gpt_ft.data.file_faults import file_format, place, record_lines
 from gpt_ft.data.files import header_of, read_table
+from gpt_ft.data.json_faults import json_records
 from gpt_ft.errors import at_least_one, check_output_file, input_file, writing
 from gpt_ft.eval.classifier import CHUNK, Classifier
 from gpt_ft.eval.devices import device_named

@@ -137,6 +137,17 @@ def parquet_bytes(columns: dict[str, list]) -> bytes:
             b'[\n {"sentence": "a", "label": "positive"},\n {"sentence": "b" "label": "x"}\n]',
             ", line 3, column 19: not valid JSON (Expecting ',' delimiter)",
         ),
+        (  # half of a surrogate pair, escaped alone (Python's json reads it; the table dropped it)
+            "t.json",
+            b'[{"sentence": "a", "label": "positive"},\n {"sentence": "lone \\ud800 x", "label": "x"}]',
+            ", line 2: \\ud800 escapes half of a UTF-16 surrogate pair alone, which is no text;",
+        ),
+        (  # its other half, after a whole pair
+            "t.jsonl",
+            b'{"sentence": "\\ud83d\\ude00", "label": "positive"}\n\n'
+            b'{"sentence": "[\\udc00]", "label": "x"}\n',
+            ", line 3: \\udc00 escapes half of a UTF-16 surrogate pair alone",
+        ),
         (  # a comma after the last record: named where JSON says, not at the record before it
             "t.json",
             b'[\n {"sentence": "a", "label": "positive"},\n {"sentence": "b", "label": "x"},\n]\n',
