@@ -45,7 +45,7 @@ from gpt_ft.adapters.metrics import first_below, step_metric_values
 from gpt_ft.adapters.outputs import CardError, LabelSpec, TaskDataError, TaskOutput, checked_threshold
 from gpt_ft.adapters.preference import reply_templates
 from gpt_ft.adapters.sources import field_text, short_repr
-from gpt_ft.adapters.truncation import fit_lengths
+from gpt_ft.adapters.truncation import LONGER, fit_lengths
 
 STEP_METRICS = ("processbench_f1", "first_error_accuracy", "step_f1", "step_accuracy")
 LABEL_FORMS = ("per_step", "first_error", "error_steps", "tagged")
@@ -323,7 +323,7 @@ class Steps(TaskAdapter):
         if lost := [i for i, (step, k) in enumerate(zip(steps, kept[1:])) if k == 0 < len(step)]:
             raise TaskDataError(  # its verdict would read none of its own text
                 f"at max_length {max_length} its {n} steps leave step {lost[0] + self.one_based} none of its "
-                f"{len(steps[lost[0]])} tokens; raise --data.max_length."
+                f"{len(steps[lost[0]])} tokens; {LONGER}."
             )
         ids, extract = [specials.start, *problem[: kept[0]], specials.delim], []
         for i, (step, k) in enumerate(zip(steps, kept[1:])):

@@ -76,10 +76,18 @@ def cut_kind(
     return CUT
 
 
-def cut_report(what: str, kinds: list[int], max_length: int, items: str = "examples") -> str | None:
+LONGER = "raise --data.max_length"
+"""The remedy an example too long for `max_length` names where a model trains (`cut_report`, the
+adapters' refusals); a trained model reads at its own, and its readers name `TRAINED` instead."""
+TRAINED = "a model reads at most the max_length it was trained at: train one at a larger --data.max_length"
+
+
+def cut_report(
+    what: str, kinds: list[int], max_length: int, items: str = "examples", remedy: str = LONGER
+) -> str | None:
     """The line saying how many of `what`'s `items` (a split's examples, a file's texts) `max_length`
-    cut (`kinds`: each one's `cut`), and how many lost what told their sequences apart; None where
-    none was cut."""
+    cut (`kinds`: each one's `cut`), and how many lost what told their sequences apart (`remedy`);
+    None where none was cut."""
     cut = sum(kind != WHOLE for kind in kinds)
     if not cut:
         return None
@@ -90,6 +98,6 @@ def cut_report(what: str, kinds: list[int], max_length: int, items: str = "examp
     if alike := sum(kind == ALIKE for kind in kinds):
         line += (
             f"; in {alike:,} of them two of their sequences (choices, replies, texts) become the same "
-            "tokens, which no model can tell apart: raise --data.max_length"
+            f"tokens, which no model can tell apart: {remedy}"
         )
     return line + "."

@@ -19,9 +19,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gpt_ft.adapters import TaskAdapter, TaskHead
+from gpt_ft.adapters import TaskAdapter, TaskDataError, TaskHead
 from gpt_ft.adapters.cards import as_task, card_from_value
 from gpt_ft.adapters.sources import with_paths
+from gpt_ft.adapters.truncation import LONGER, TRAINED
 from gpt_ft.data.batches import PackedBatch, SharedContextBatch, TaskBatch, collate_batch
 from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
 from gpt_ft.errors import about, at_least_one
@@ -130,9 +131,12 @@ class Classifier:
         for i, example in enumerate(examples):
             with about(where or (lambda i: f"example {i}"), i, self.task.name):
                 unlabelled.append(self.task.to_predict(example))
-        encoded = self.task.encode_examples(
-            unlabelled, self.tokenizer, self.specials, self.max_length, where=where
-        )
+        try:
+            encoded = self.task.encode_examples(
+                unlabelled, self.tokenizer, self.specials, self.max_length, where=where
+            )
+        except TaskDataError as exc:  # the model's max_length is its training's: no option raises it here
+            raise TaskDataError(str(exc).replace(LONGER, TRAINED)) from None
         names = [self.task.output.row_names(example) for example in unlabelled]  # a row's own choices'
         return [
             {**enc.fields(), "label": None, "index": i, "cut": enc.cut, "names": names[i]}

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from gpt_ft.adapters.cards import card_from_value
 from gpt_ft.adapters.sources import needed_text
-from gpt_ft.adapters.truncation import cut_report
+from gpt_ft.adapters.truncation import TRAINED, cut_report
 from gpt_ft.data.file_faults import file_format, place, record_lines, utf8_problem
 from gpt_ft.data.files import read_table
 from gpt_ft.data.json_faults import json_records
@@ -186,7 +186,7 @@ def embed(
         for first in range(0, len(texts), CHUNK)
         for t in encoder.tokens(texts[first : first + CHUNK], prompt)
     ]
-    if said := cut_report(str(source), cuts, max_length, items="texts"):
+    if said := cut_report(str(source), cuts, max_length, items="texts", remedy=TRAINED):
         print(said)  # (as `gpt-ft label` says it: texts longer than a sequence's room lose their end)
 
 

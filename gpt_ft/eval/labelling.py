@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt_ft.adapters import TaskAdapter, TaskDataError
-from gpt_ft.adapters.truncation import cut_report
+from gpt_ft.adapters.truncation import TRAINED, cut_report
 from gpt_ft.data.file_faults import file_format, place, record_lines
 from gpt_ft.data.files import header_of, read_table
 from gpt_ft.data.json_faults import json_records
@@ -131,7 +131,7 @@ def label(
         f"; blank line{'s' * (len(between) > 1)} {', '.join(map(str, between))} left out" if between else ""
     )
     print(f"labelled {count:,} example{'s' * (count != 1)} of {source} into {target}{renamed}{left}")
-    if said := cut_report(str(source), cuts, clf.max_length):
+    if said := cut_report(str(source), cuts, clf.max_length, remedy=TRAINED):
         print(said)
 
 

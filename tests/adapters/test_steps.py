@@ -327,6 +327,23 @@ def test_fit_chooses_the_threshold_and_classifier_names_each_solutions_first_err
     assert capsys.readouterr().err.strip().endswith(said + "multiple choice's.")
 
 
+def test_a_trained_model_refusing_a_row_too_long_names_its_own_max_length(tokenizer_dir):
+    """`Classifier` (and `gpt-ft label`) read at the model's max_length, which no option raises."""
+    from gpt_ft import GPT, Classifier, GPTConfig
+    from gpt_ft.data.tokenizer import load_tokenizer
+
+    tokenizer, task = load_tokenizer(tokenizer_dir), Steps(name="s", label="labels", max_steps=4)
+    config = GPTConfig.from_name("gpt-micro", n_positions=16, vocab_size=len(tokenizer), n_embd=32)
+    head = task.head(config.n_embd, dropout=0.0, init_std=0.02, bias=True)
+    clf = Classifier(GPT(config).eval(), head, task, tokenizer, max_length=9, device="cpu")
+    with pytest.raises(TaskDataError) as refused:
+        clf.encode([{"problem": "the cat sat", "steps": ["a", "b", "c", "d"]}])
+    assert str(refused.value).endswith(
+        "none of its 1 tokens; a model reads at most the max_length it was trained at: train one at a "
+        "larger --data.max_length."
+    )
+
+
 def test_a_step_index_outside_the_solution_names_file_and_line(tmp_path, tokenizer_dir, capsys):
     rows = [{"problem": "p", "steps": ["a", "b"], "error_steps": [1]},
             {"problem": "q", "steps": ["a", "b"], "error_steps": [3]}]  # fmt: skip

@@ -13,7 +13,7 @@ from gpt_ft.adapters import (
     Steps,
     TextPair,
 )
-from gpt_ft.adapters.truncation import ALIKE, CUT, WHOLE, cut_report
+from gpt_ft.adapters.truncation import ALIKE, CUT, TRAINED, WHOLE, cut_report
 from gpt_ft.data.task_data import TaskDataModule
 from gpt_ft.data.tokenizer import SpecialTokenIds
 from tests.helpers import BAD, GOOD, make_task
@@ -98,6 +98,10 @@ def test_the_line_counts_the_cut_and_the_alike():
         "rte train: 2 of 4 examples (50.0%) are longer than max_length 64 and are cut; in 1 of them two of "
         "their sequences (choices, replies, texts) become the same tokens, which no model can tell apart: "
         "raise --data.max_length."
+    )
+    assert cut_report("f.tsv", [ALIKE], 64, remedy=TRAINED).endswith(
+        "tell apart: a model reads at most the max_length it was trained at: train one at a larger "
+        "--data.max_length."
     )
     assert cut_report("sst2 validation", [CUT] + [WHOLE] * 2999, 128) == (
         "sst2 validation: 1 of 3,000 examples (<0.1%) are longer than max_length 128 and are cut."
