@@ -3,7 +3,8 @@
 import pytest
 import yaml
 
-from gpt_ft.errors import absent, parse_error_message, yaml_problem
+from gpt_ft.errors import absent
+from gpt_ft.errors.parsing import parse_error_message, yaml_problem
 
 
 @pytest.mark.parametrize(

@@ -19,14 +19,8 @@ from jsonargparse import ArgumentParser, get_loader, set_dumper, set_loader
 
 from gpt_ft.adapters.base import TaskAdapter
 from gpt_ft.adapters.sources import SOURCE_KINDS, HubDataset, LocalFiles, source_problem
-from gpt_ft.errors import (
-    FileProblem,
-    absent,
-    parse_error_message,
-    repeated_key,
-    yaml_file_problem,
-    yaml_problem,
-)
+from gpt_ft.errors import FileProblem, absent
+from gpt_ft.errors.parsing import parse_error_message, repeated_key, yaml_file_problem, yaml_problem
 from gpt_ft.workarounds.cli import (
     config_file_being_read,
     config_pipe_being_read,

@@ -19,7 +19,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from gpt_ft.errors import FileProblem, repeated_key, writing, yaml_problem
+from gpt_ft.errors import FileProblem, writing
+from gpt_ft.errors.parsing import repeated_key, yaml_problem
 
 # What a tokenizer's `save_pretrained` may write (transformers 4 and 5, fast and slow tokenizers).
 TOKENIZER_SAVES = (

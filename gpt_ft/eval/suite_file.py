@@ -11,7 +11,8 @@ from typing import Literal
 import yaml
 from jsonargparse import ArgumentParser
 
-from gpt_ft.errors import input_file, parse_error_message, repeated_key, yaml_problem
+from gpt_ft.errors import input_file
+from gpt_ft.errors.parsing import parse_error_message, repeated_key, yaml_problem
 from gpt_ft.eval.zeroshot import ZeroShot
 from gpt_ft.weights.pretrained import load_gpt
 

@@ -123,7 +123,7 @@ def test_a_key_given_twice_is_named_not_taken_silently(tmp_path, tokenizer_dir, 
         f"gpt-ft: error: {config}, line 5: key 'trainer' appears twice."
     )
     config.write_text("base: &b {max_epochs: 1}\ntrainer:\n  <<: *b\n  <<: *b\n")  # merge keys may repeat
-    from gpt_ft.errors import repeated_key
+    from gpt_ft.errors.parsing import repeated_key
 
     assert repeated_key(config.read_text()) is None
     assert repeated_key("labels:\n  1: pos\n  '1': neg\n") is None  # an int and a string: two keys
