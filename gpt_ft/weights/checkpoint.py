@@ -194,12 +194,15 @@ def save_file(entries: dict[str, Any], path: str | Path) -> None:
 
 def _save(entries: dict[str, Any], f) -> None:
     """torch.save, whose zip writer may report a failed write (a full disk) as a RuntimeError about
-    its stream position: as the OSError it is."""
+    its stream position: as the OSError it is; and a Ctrl-C or SIGTERM that came mid-write, which it
+    reports so too, as that interrupt."""
     try:
         torch.save(entries, f)
     except RuntimeError as exc:
         if "inline_container" not in str(exc) and "PytorchStreamWriter" not in str(exc):
             raise
+        if isinstance(exc.__context__, KeyboardInterrupt):
+            raise exc.__context__ from None
         cause = exc.__context__ if isinstance(exc.__context__, OSError) else None
         raise cause or OSError(errno.EIO, "the checkpoint writer failed; is the disk full?") from exc
 

@@ -160,6 +160,33 @@ def test_a_failed_save_keeps_the_previous_file_and_leaves_no_temporary(tmp_path,
     assert sorted(p.name for p in Path(tmp_path).iterdir()) == ["last.ckpt"]
 
 
+@pytest.mark.parametrize("during", [KeyboardInterrupt(), OSError(errno.ENOSPC, "No space left on device")])
+def test_what_torchs_writer_reports_as_its_stream_position_is_raised_as_what_came(
+    tmp_path, monkeypatch, during
+):
+    """torch.save's zip writer turns whatever stops a write (a full disk, a Ctrl-C: a second one stops
+    gpt-ft at once) into a RuntimeError about its position: the interrupt is raised as itself (it
+    was said to be a full disk), the disk's error as its own; the previous file kept either way."""
+    path = tmp_path / "last.ckpt"
+    save_file({"gpt_config": {"n_layer": 1}}, path)
+    before = path.read_bytes()
+
+    def stopped(entries, f):
+        f.write(b"partial")
+        try:
+            raise during
+        except BaseException:
+            raise RuntimeError(
+                "[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"
+            ) from None
+
+    monkeypatch.setattr(fmt.torch, "save", stopped)
+    with pytest.raises(type(during)) as raised:
+        save_file({"gpt_config": {"n_layer": 2}}, path)
+    assert raised.value is during or raised.value.__cause__ is during  # (a WriteError naming the file)
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"]
+
+
 def test_a_weights_fingerprint_of_a_table_past_float32s_integers():
     """SmolLM2's 49152 x 576 embedding: float32's evenly spaced positions end past the table (a LoRA
     run on it stopped with an IndexError); the positions of smaller tensors, those checkpoints
