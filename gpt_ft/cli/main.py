@@ -28,6 +28,7 @@ from gpt_ft.data.folders import (
     first_process,
     piped_configs_read,
     process_rank,
+    release_process_group,
     sigterm_stops,
 )
 from gpt_ft.errors.parsing import parse_error_message
@@ -274,12 +275,14 @@ def main(argv: list[str] | None = None) -> None:
         said = in_config_file(lone_value(parse_error_message(str(exc)), args), args)
         fail(undecodable_file(exc) or (str(problem) if problem else said))
     except OSError as exc:  # a file that cannot be read or written (no space, permission, read-only)
-        if debug or exc.filename is None:
+        if debug or exc.filename is None and (said := errors.unnamed_write(exc)) is None:
             raise
-        fail(errors.os_error_message(exc))
+        fail(errors.os_error_message(exc) if exc.filename is not None else said)
     except RuntimeError as exc:  # a collective that lost its peer: another process of a DDP run died
         if not debug and "Could not determine home directory" in str(exc):  # pathlib's, for '~name/x'
             fail(errors.no_such_user(args))
+        if not debug and (said := errors.out_of_memory(exc, name)):
+            fail(said)
         if debug or not any(m in str(exc) for m in LOST_PEER):
             raise
         reason = next(m for m in LOST_PEER if m in str(exc))
@@ -294,7 +297,7 @@ def main(argv: list[str] | None = None) -> None:
             raise
         fail(not_installed(exc))
     except Exception as exc:
-        if debug or not raised_by_lightning(exc, "fabric", "MisconfigurationException"):  # a bad value
+        if debug or not errors.raised_by_lightning(exc, "fabric", "MisconfigurationException"):  # a bad value
             raise
         fail(user_message(exc).rstrip(".!") + ".")
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM in a command that is no Lightning run (`label`, ...)
@@ -302,29 +305,13 @@ def main(argv: list[str] | None = None) -> None:
             raise
         stopped_by(signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
     except SystemExit as exc:
-        if raised_by_lightning(exc, "pytorch", "SIGTERMException"):  # at the step after the signal
+        if errors.raised_by_lightning(exc, "pytorch", "SIGTERMException"):  # at the step after the signal
             # SaveLast sets the code to 128 + the signal's number: SIGTERM, or SIGINT for Ctrl-C.
             code = exc.code if isinstance(exc.code, int) and exc.code > 128 else 128 + signal.SIGTERM
             stopped_by(signal.Signals(code - 128))
         if isinstance(exc.__context__, KeyboardInterrupt) and not debug:
             stopped_by(signal.SIGINT)  # Lightning's exit(1) after a KeyboardInterrupt (a second Ctrl-C)
         raise
-
-
-def release_process_group() -> None:
-    """Destroys the process group a distributed run joined while the interpreter is still whole: a
-    gloo group left to the interpreter's exit can abort a process whose work is done ("terminate
-    called without an active exception", exit -6; pytorch/pytorch#190489)."""
-    dist = sys.modules.get("torch.distributed")  # a command that never imported it joined no group
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
-
-
-def raised_by_lightning(exc: BaseException, package: str, name: str) -> bool:
-    """Whether `exc` is Lightning's exception class `name` (of lightning.fabric or .pytorch); only a
-    command that imported Lightning can raise one, so the others never import it to ask."""
-    cls = getattr(sys.modules.get(f"lightning.{package}.utilities.exceptions"), name, None)
-    return isinstance(cls, type) and isinstance(exc, cls)
 
 
 def stopped_by(signum: signal.Signals) -> None:

@@ -36,6 +36,15 @@ def process_rank() -> str:
     return os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))
 
 
+def release_process_group() -> None:
+    """Destroys the process group a distributed run joined while the interpreter is still whole: a
+    gloo group left to the interpreter's exit can abort a process whose work is done ("terminate
+    called without an active exception", exit -6; pytorch/pytorch#190489)."""
+    dist = sys.modules.get("torch.distributed")  # a command that never imported it joined no group
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def first_process(of_its_group: bool = False) -> bool:
     """Whether this is the first process of a distributed run, or the only one: the one that says
     what every process would (an error, a stop), writes shared folders and prints. `of_its_group`:

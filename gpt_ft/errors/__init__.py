@@ -6,6 +6,7 @@ import argparse
 import errno
 import os
 import re
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -237,3 +238,50 @@ def at_least_one(value: int, option: str) -> int:
         kind, shown = ("", whole) if whole is not None else ("a whole number ", repr(value))
         raise ValueError(f"{option} must be {kind}>= 1, got {shown}.")
     return whole
+
+
+def raised_by_lightning(exc: BaseException, package: str, name: str) -> bool:
+    """Whether `exc` is Lightning's exception class `name` (of lightning.fabric or .pytorch); only a
+    command that imported Lightning can raise one, so the others never import it to ask."""
+    cls = getattr(sys.modules.get(f"lightning.{package}.utilities.exceptions"), name, None)
+    return isinstance(cls, type) and isinstance(exc, cls)
+
+
+WRITE_FAULTS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def unnamed_write(exc: OSError) -> str | None:
+    """A write that failed naming no file (a run's config.yaml and metrics.csv, written by
+    jsonargparse and through fsspec, say only "No space left on device") in one sentence; None for
+    another error."""
+    if exc.filename is not None or exc.errno not in WRITE_FAULTS:
+        return None
+    return (
+        f"a file could not be written ({exc.strerror or os.strerror(exc.errno)}): the run's config.yaml, "
+        "metrics.csv or logs, under --trainer.default_root_dir (runs/ unless given)."
+    )
+
+
+TRAINING = (
+    "--data.batch_size (raise --trainer.accumulate_grad_batches as much to keep a step's examples) "
+    "or --data.max_length"
+)
+MEMORY_OPTIONS = {
+    "fit": TRAINING,
+    "suite": f"the runs' {TRAINING}",
+    **dict.fromkeys(("validate", "test", "predict"), "--data.eval_batch_size"),
+}
+
+
+def out_of_memory(exc: BaseException, command: str) -> str | None:
+    """Memory run out (torch's OutOfMemoryError on a GPU, its allocator's error on a CPU) in one
+    sentence saying what needs less for `command`; None for another error."""
+    text = str(exc)
+    if type(exc).__name__ != "OutOfMemoryError" and "DefaultCPUAllocator" not in text:
+        return None
+    on_cpu = re.search(r"you tried to allocate (\d+) bytes", text)
+    asked = f"{int(on_cpu[1]) / 2**30:.2f} GiB" if on_cpu else None
+    asked = asked or next(iter(re.findall(r"Tried to allocate ([\d.]+ \w+)", text)), None)
+    size = f" (it asked for {asked} more)" if asked else ""
+    lower = MEMORY_OPTIONS.get(command, "--batch_size")
+    return f"out of {'GPU ' * ('CUDA' in text)}memory{size}: lower {lower}."

@@ -767,6 +767,34 @@ def test_a_command_that_joined_a_process_group_destroys_it_before_exiting(monkey
     assert not dist.is_initialized()
 
 
+@pytest.mark.parametrize(
+    "command, raised, said",
+    [
+        ("fit", lambda: torch.empty(2**48), "out of memory (it asked for 1048576.00 GiB more): lower "
+         "--data.batch_size (raise --trainer.accumulate_grad_batches as much to keep a step's examples) or "
+         "--data.max_length."),
+        ("predict", lambda: (_ for _ in ()).throw(torch.OutOfMemoryError(
+            "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB")),
+         "out of GPU memory (it asked for 2.00 GiB more): lower --data.eval_batch_size."),
+        ("label", lambda: torch.empty(2**48), "out of memory (it asked for 1048576.00 GiB more): lower "
+         "--batch_size."),
+        ("fit", lambda: (_ for _ in ()).throw(OSError(28, "No space left on device")),
+         "a file could not be written (No space left on device): the run's config.yaml, metrics.csv or "
+         "logs, under --trainer.default_root_dir (runs/ unless given)."),
+    ],
+)  # fmt: skip
+def test_memory_run_out_and_a_full_disk_naming_no_file_are_one_sentence(
+    monkeypatch, capsys, command, raised, said
+):
+    """torch's allocators (the CPU's, the real error; CUDA's) and a write that names no file (jsonargparse
+    saving config.yaml, fsspec closing metrics.csv) were a traceback, exit 1."""
+    entry = importlib.import_module("gpt_ft.cli.main")
+    monkeypatch.setitem(entry.COMMANDS, command, entry.Command("runs out", lambda name, args: raised()))
+    with pytest.raises(SystemExit) as stopped:
+        entry.main([command])
+    assert stopped.value.code == 2 and capsys.readouterr().err == f"gpt-ft: error: {said}\n"
+
+
 def test_the_cli_keeps_freed_memory_unless_malloc_was_tuned_already(monkeypatch):
     """On Linux, every command first raises glibc's mmap threshold to 1 GiB and its trim threshold
     to 2 GiB (`mallopt`); not where the user set malloc's thresholds in the environment."""
