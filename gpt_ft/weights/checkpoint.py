@@ -193,17 +193,14 @@ def save_file(entries: dict[str, Any], path: str | Path) -> None:
 
 
 def _save(entries: dict[str, Any], f) -> None:
-    """torch.save, whose zip writer may report a failed write (a full disk) as a RuntimeError about
-    its stream position: as the OSError it is; and a Ctrl-C or SIGTERM that came mid-write, which it
-    reports so too, as that interrupt."""
+    """torch.save, whose zip writer may report a failed write (a full disk), or a Ctrl-C or SIGTERM
+    mid-write, as a RuntimeError about its stream position: as the OSError or interrupt it is."""
     try:
         torch.save(entries, f)
     except RuntimeError as exc:
         if "inline_container" not in str(exc) and "PytorchStreamWriter" not in str(exc):
             raise
-        if isinstance(exc.__context__, KeyboardInterrupt):
-            raise exc.__context__ from None
-        cause = exc.__context__ if isinstance(exc.__context__, OSError) else None
+        cause = exc.__context__ if isinstance(exc.__context__, (OSError, KeyboardInterrupt)) else None
         raise cause or OSError(errno.EIO, "the checkpoint writer failed; is the disk full?") from exc
 
 
