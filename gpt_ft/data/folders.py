@@ -243,23 +243,42 @@ def save_tokenizer(tokenizer, folder: str | os.PathLike) -> None:
     """`tokenizer.save_pretrained(folder)`, leaving no file of an earlier tokenizer there (its chat
     template would render the new one's chats): the tokenizer is saved beside `folder` first and
     then replaces the tokenizer files in it; other files stay."""
+    staging = staged_tokenizer(tokenizer, folder)
+    try:
+        put_tokenizer(staging, folder)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def staged_tokenizer(tokenizer, folder: str | os.PathLike) -> Path:
+    """`tokenizer` saved into a new folder beside `folder` (a full disk named as `folder`, nothing of
+    it left), for `put_tokenizer` to move in: a writer that must not touch `folder` before every
+    file is written stages it first (`prepare`)."""
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".partial", dir=folder.parent))
     try:
         with writing(folder):  # a full disk named as this folder (made once saved), not the staging one
             tokenizer.save_pretrained(str(staging))
-        folder.mkdir(exist_ok=True)
-        for name in TOKENIZER_SAVES:
-            old = folder / name
-            if old.is_dir() and not old.is_symlink():
-                shutil.rmtree(old)
-            else:
-                old.unlink(missing_ok=True)
-        for item in staging.iterdir():
-            os.replace(item, folder / item.name)
-    finally:
+    except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return staging
+
+
+def put_tokenizer(staging: Path, folder: str | os.PathLike) -> None:
+    """The tokenizer files `staged_tokenizer` saved in `staging` moved into `folder` (renames: no
+    write that can fail for space), those of an earlier tokenizer there removed first."""
+    folder = Path(folder)
+    folder.mkdir(exist_ok=True)
+    for name in TOKENIZER_SAVES:
+        old = folder / name
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old)
+        else:
+            old.unlink(missing_ok=True)
+    for item in staging.iterdir():
+        os.replace(item, folder / item.name)
 
 
 # The files of a saved tokenizer that say which id a text's pieces take (not its chat template).

@@ -38,7 +38,8 @@ from gpt_ft.data.folders import (
     bar_output,
     missing_folders,
     one_writer,
-    save_tokenizer,
+    put_tokenizer,
+    staged_tokenizer,
     tokenizer_digests,
 )
 from gpt_ft.data.pieces import (
@@ -253,6 +254,7 @@ def prepare(
     # every text it reads): no cut is exact, so documents are tokenized whole.
     cut_at = piece_chars if ends is not None else sys.maxsize
     done = committed = writing = False  # tokenized; written whole (meta.json last); the folder held
+    staging = None  # the new tokenizer, saved before the folder's commit begins
     had_tokenizer, replaces = (out / "tokenizer").exists(), (out / META).exists() or COMMITTING in names
     try:
         with one_writer(out, "`gpt-ft prepare`"):
@@ -297,9 +299,10 @@ def prepare(
                     with naming(out / SPLIT_FILES[split]):
                         f.close()
             if done:  # meta.json first: a folder cut short here reads as unprepared, not as the old one
+                staging = staged_tokenizer(tok, out / "tokenizer")  # (a full disk: the old folder whole)
                 (out / COMMITTING).touch()
                 (out / META).unlink(missing_ok=True)
-                save_tokenizer(tok, out / "tokenizer")
+                put_tokenizer(staging, out / "tokenizer")
                 for split, path in tmp.items():
                     path.replace(out / SPLIT_FILES[split])
                     tmp[split] = out / SPLIT_FILES[split]  # (in place now: it goes too if the commit fails)
@@ -312,6 +315,8 @@ def prepare(
                 (out / COMMITTING).unlink()
                 committed = True
     finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
         if writing and not committed:  # interrupted, even while committing: leave nothing behind
             for path in tmp.values():
                 path.unlink(missing_ok=True)

@@ -512,28 +512,28 @@ def test_an_interrupt_while_the_files_are_committed_leaves_nothing_behind(
     corpus, out, real = (
         write_corpus(tmp_path, n_files=1, lines=20),
         tmp_path / "tokens",
-        preparing.save_tokenizer,
+        preparing.put_tokenizer,
     )
 
-    def interrupted(tok, folder):
-        real(tok, folder)
+    def interrupted(staging, folder):
+        real(staging, folder)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(preparing, "save_tokenizer", interrupted)
+    monkeypatch.setattr(preparing, "put_tokenizer", interrupted)
     with pytest.raises(KeyboardInterrupt):
         prepare(inputs=[str(corpus)], out_dir=str(out), tokenizer=tokenizer_dir, progress=False)
     assert not out.exists()
-    monkeypatch.setattr(preparing, "save_tokenizer", real)
+    monkeypatch.setattr(preparing, "put_tokenizer", real)
     prepare(inputs=[str(corpus)], out_dir=str(out), tokenizer=tokenizer_dir, progress=False)
     assert read_meta(out)["documents"] == 1
     # Into a folder prepared before: its meta.json goes first, so the old token files are never
     # read with the new tokenizer; the folder reads as unprepared, and prepares again.
-    monkeypatch.setattr(preparing, "save_tokenizer", interrupted)
+    monkeypatch.setattr(preparing, "put_tokenizer", interrupted)
     with pytest.raises(KeyboardInterrupt):
         prepare(inputs=[str(corpus)], out_dir=str(out), tokenizer=tokenizer_dir, progress=False)
     with pytest.raises(FileNotFoundError, match="holds no meta.json: prepare it"):
         read_meta(out)
-    monkeypatch.setattr(preparing, "save_tokenizer", real)
+    monkeypatch.setattr(preparing, "put_tokenizer", real)
     prepare(inputs=[str(corpus)], out_dir=str(out), tokenizer=tokenizer_dir, progress=False)
     assert read_meta(out)["documents"] == 1
     # A disk that fills as meta.json is written, the token files in place already: they go too.
@@ -667,6 +667,27 @@ def test_a_full_disk_names_the_file_being_written(tmp_path, tokenizer_dir, monke
     ):
         save_tokenizer(tok, tmp_path / "new" / "tokenizer")
     assert not (tmp_path / "new" / "tokenizer").exists()
+
+
+def test_a_full_disk_as_the_tokenizer_is_saved_keeps_the_folder_prepared_before(
+    tmp_path, tokenizer_dir, monkeypatch
+):
+    """The tokenizer is saved before the folder's commit begins: a disk full then leaves the earlier
+    corpus as it was, as the sentence says (its meta.json went first, and the folder read as
+    unprepared)."""
+    from transformers import PreTrainedTokenizerBase
+
+    corpus, out = write_corpus(tmp_path, n_files=1, lines=20), tmp_path / "tokens"
+    prepare(inputs=[str(corpus)], out_dir=str(out), tokenizer=tokenizer_dir, progress=False)
+    before = {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    full = lambda *a, **k: (_ for _ in ()).throw(OSError(28, "No space left on device"))  # noqa: E731
+    monkeypatch.setattr(PreTrainedTokenizerBase, "save_pretrained", full)
+    with pytest.raises(
+        OSError, match=r"could not be written \(No space left on device\); the previous folder"
+    ):
+        prepare(inputs=[str(corpus)], out_dir=str(out), tokenizer=tokenizer_dir, progress=False)
+    assert {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert read_meta(out)["documents"] == 1 and not [p for p in out.iterdir() if p.name.endswith(".partial")]
 
 
 def test_a_tokenizer_saved_over_another_leaves_none_of_its_files(tmp_path, tokenizer_dir):
