@@ -26,6 +26,7 @@ from gpt_ft.adapters.sources import label_spelling
 from gpt_ft.data.files import absent_columns, located_split
 from gpt_ft.errors import check_output_file, real_path, writing
 from gpt_ft.eval.classifier import Classifier
+from gpt_ft.eval.labelling import hidden_beside, put_in_place
 from gpt_ft.weights.checkpoint import Checkpoint
 
 
@@ -183,21 +184,22 @@ def calibrate(
         return float(task.output.calibration(probabilities, labels).get("ece", float("nan")))
 
     was, stored.temperature = stored.temperature, temperature  # refitted from the raw outputs
+    saved, staged = hidden_beside(output), None  # under hidden names: a file written there meanwhile is kept
     with writing(output):
-        if tokenizer is None:
-            stored.save(output)
-        else:  # staged beside: one there (asked to be replaced) stays with its file if the save fails
-            tokenizer.parent.mkdir(parents=True, exist_ok=True)  # --output's folder, new maybe
-            staged = Path(
-                tempfile.mkdtemp(prefix=f".{tokenizer.name}.", suffix=".partial", dir=tokenizer.parent)
-            )
-            try:
+        try:
+            if tokenizer is not None:  # staged beside: one there (to be replaced) stays if the save fails
+                tokenizer.parent.mkdir(parents=True, exist_ok=True)  # --output's folder, new maybe
+                staged = tempfile.mkdtemp(".partial", f".{tokenizer.name}.", tokenizer.parent)
                 shutil.copytree(stored.tokenizer, staged, dirs_exist_ok=True)
                 stored.tokenizer = tokenizer.name
-                stored.save(output)
+            stored.save(saved)
+            put_in_place(saved, output, overwrite=overwrite)
+            if staged is not None:
                 shutil.rmtree(tokenizer, ignore_errors=True)
                 os.replace(staged, tokenizer)
-            finally:
+        finally:
+            saved.unlink(missing_ok=True)
+            if staged is not None:
                 shutil.rmtree(staged, ignore_errors=True)
     found = {"temperature": temperature, "ece_before": ece(was), "ece_after": ece(temperature)}
     own = f" (at the checkpoint's own temperature {was:.4f})" if was != 1.0 else ""

@@ -137,6 +137,20 @@ def test_calibration_lowers_the_ece_of_an_over_confident_model_and_keeps_its_pre
     assert "No space left on device" in capsys.readouterr().err
     assert all(f.read_bytes() == kept_bytes for f, kept_bytes in kept.items())
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # nothing staged left
+    # Another run writing the same --output meanwhile: its file is kept, this one refused (both said
+    # "wrote", the last one's file left).
+    raced, save = tmp_path / "raced.ckpt", Checkpoint.save
+
+    def meanwhile(self, path):
+        save(self, path)
+        raced.write_bytes(b"another run's")
+
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(SystemExit):
+        patch.setattr(Checkpoint, "save", meanwhile)
+        main(["calibrate", f"--ckpt_path={sure}", f"--output={raced}", f"--data_dir={tmp_path}"])
+    assert f"--output {raced} was written by another process while this one ran" in capsys.readouterr().err
+    assert raced.read_bytes() == b"another run's"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
     # Labels it cannot know (each sentence's rows half one answer, half the other): refused, nothing written.
     rows = [f"{i}\t{t}\t{i % 2}" for i, t in enumerate(texts)]
     (tmp_path / "d" / "dev.tsv").write_text("index\tsentence\tlabel\n" + "\n".join(rows) + "\n")
