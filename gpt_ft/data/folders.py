@@ -5,6 +5,7 @@ folder does not load (`check_tokenizer_files`)."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -328,16 +329,27 @@ def takes_tokenizer(out: Path, overwrite: bool) -> None:
 @contextmanager
 def written_whole(out: Path) -> Iterator[Path]:
     """A folder to write into beside `out` (its parent holds scratch files too), whose files move
-    into `out` once all are written: a failed write leaves no half folder."""
+    into `out` once all are written: a failed write leaves no half folder. A new or empty `out`
+    takes the folder by one rename, which refuses a folder another process filled meanwhile."""
+    real = Path(os.path.realpath(out))  # (a link's target: the rename stays on its file system)
+    new = not real.exists() or real.is_dir() and not any(real.iterdir())
     with writing(out):
-        out.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.") as scratch:
+        real.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=real.parent, prefix=f".{real.name}.") as scratch:
             (staged := Path(scratch) / "out").mkdir()
             yield staged
             umask = os.umask(0o022)
             os.umask(umask)
             for file in (f for f in staged.rglob("*") if f.is_file() and not f.is_symlink()):
                 file.chmod(0o666 & ~umask)  # as any new file's (transformers saves its weights 0600)
+            if new:
+                staged.chmod(0o777 & ~umask)
+                try:
+                    return os.rename(staged, real)
+                except OSError as exc:
+                    if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+                        raise
+                    raise OSError(exc.errno, "another process wrote there meanwhile") from None
             out.mkdir(exist_ok=True)
             for item in staged.iterdir():
                 shutil.move(str(item), out / item.name)

@@ -499,6 +499,25 @@ def test_export_command(tmp_path, finetuned, capsys, monkeypatch):
         "transformers or ONNX folder."
     )
     assert files(tmp_path) == before
+    # Another export into the same new folder meanwhile: its files are kept, this one's go (both said
+    # "wrote", their files mixed).
+    from transformers import PreTrainedModel
+
+    monkeypatch.undo()  # (the checkpoint's classifier loads again)
+    raced, save = tmp_path / "raced", PreTrainedModel.save_pretrained
+
+    def meanwhile(model, folder, **kwargs):
+        save(model, folder, **kwargs)
+        raced.mkdir()
+        (raced / "config.json").write_text("another run's")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(PreTrainedModel, "save_pretrained", meanwhile)
+        assert error(capsys, "export", f"--ckpt_path={finetuned.ckpt}", f"--out={raced}") == (
+            f"{raced}: could not be written (another process wrote there meanwhile); the previous folder "
+            "is kept."
+        )
+    assert files(raced) == {"config.json": b"another run's"} and not list(tmp_path.glob(".raced*"))
 
 
 def test_export_names_the_class_that_loads_what_is_no_sequence_classifier(
