@@ -27,8 +27,11 @@ def stop_on_nonfinite(
             rewind_window(trainer)
         path = Path(ckpt.dirpath) / LAST
         trainer.save_checkpoint(path, weights_only=False)
-        good = "the state with its update skipped" if skipped else "the last good state"
-        kept = f"; {good} (step {trainer.global_step}) is in {path}"
+        good = "the state with its update skipped" if skipped else "the state before it"
+        kept = (
+            f"; {good} (step {trainer.global_step}) is in {path}, but its weights give this loss on this "
+            "batch: resumed at this precision, the run stops here again"
+        )
     step, epoch, batch = where
     became = (
         f"{loss}" if not math.isfinite(loss) else f"non-finite on another process (this one's: {loss:.4g})"
@@ -43,20 +46,17 @@ def remedies(trainer, first: bool = False) -> str:
     """What to try after a non-finite loss, among what the run does not already do; at the `first`
     step, before any update, the data rather than the learning rate."""
     if first:
-        tries = ["checking the data (no update has run yet: a value too large for the loss?)"]
-    else:
-        clipping = (
-            []
-            if getattr(trainer, "gradient_clip_val", None)
-            else ["gradient clipping (--trainer.gradient_clip_val 1.0)"]
+        tries = "checking the data (no update has run yet: a value too large for the loss?)"
+    else:  # the kept weights give the loss again: a lower rate or clipping helps a run started again
+        clipping = " or gradient clipping (--trainer.gradient_clip_val 1.0)"
+        tries = (
+            f"a lower --model.lr{clipping * (not getattr(trainer, 'gradient_clip_val', None))} from the start"
         )
-        tries = ["a lower --model.lr", *clipping]
     precision = str(getattr(trainer, "precision", "32-true"))
     if precision.startswith(("16", "bf16")):  # fp16's range overflows first; any 16-bit, less precise
-        tries.append(
-            "--trainer.precision " + ("bf16-mixed (or 32-true)" if precision.startswith("16") else "32-true")
-        )
-    return ", ".join(tries[:-1]) + " or " + tries[-1] if len(tries) > 1 else tries[0]
+        other = "bf16-mixed (or 32-true)" if precision.startswith("16") else "32-true"
+        tries += f", or --trainer.precision {other}"
+    return tries
 
 
 def rewind_window(trainer) -> None:

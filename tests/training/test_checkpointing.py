@@ -469,8 +469,15 @@ def test_a_nonfinite_loss_stops_with_the_step_and_keeps_the_last_good_state(
         main(["fit", *finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "logs")])
     assert stopped.value.code == 2
     err = capsys.readouterr().err
-    assert "The training loss became nan at step 4 (epoch 1, batch 2)" in err and "last.ckpt" in err
-    assert "Try a lower --model.lr or gradient clipping (--trainer.gradient_clip_val 1.0)." in err
+    assert (
+        "The training loss became nan at step 4 (epoch 1, batch 2); the state before it (step 4) is in "
+        in err
+    )
+    assert (
+        "last.ckpt, but its weights give this loss on this batch: resumed at this precision, the run stops "
+        "here again. Try a lower --model.lr or gradient clipping (--trainer.gradient_clip_val 1.0) from the "
+        "start."
+    ) in err
     assert "Traceback" not in err
     state = last_state(tmp_path / "logs", 0)
     assert state["global_step"] == 4
@@ -1452,14 +1459,16 @@ def test_an_every_n_steps_save_due_with_a_validation_waits_for_it(tmp_path, toke
     assert events == [("validate", 3), ("save", 3), ("validate", 6), ("save", 6)]
 
 
+CLIP = "gradient clipping (--trainer.gradient_clip_val 1.0)"
+
+
 @pytest.mark.parametrize(
     "clip, precision, tries",
     [
-        (None, "32-true", "a lower --model.lr or gradient clipping (--trainer.gradient_clip_val 1.0)"),
-        (1.0, "32-true", "a lower --model.lr"),
-        (1.0, "16-true", "a lower --model.lr or --trainer.precision bf16-mixed (or 32-true)"),
-        (0.0, "bf16-mixed", "a lower --model.lr, gradient clipping (--trainer.gradient_clip_val 1.0) or "
-         "--trainer.precision 32-true"),
+        (None, "32-true", f"a lower --model.lr or {CLIP} from the start"),
+        (1.0, "32-true", "a lower --model.lr from the start"),
+        (1.0, "16-true", "a lower --model.lr from the start, or --trainer.precision bf16-mixed (or 32-true)"),
+        (0.0, "bf16-mixed", f"a lower --model.lr or {CLIP} from the start, or --trainer.precision 32-true"),
     ],
 )  # fmt: skip
 def test_a_nonfinite_loss_suggests_what_the_run_does_not_already_do(clip, precision, tries):
