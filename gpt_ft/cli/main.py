@@ -15,7 +15,6 @@ import re
 import signal
 import sys
 from collections.abc import Callable
-from contextlib import nullcontext
 from importlib.metadata import version
 from pathlib import Path
 from typing import NamedTuple
@@ -259,8 +258,8 @@ def main(argv: list[str] | None = None) -> None:
         args = piped_configs_read(args)
         if typed:  # a DDP run's other processes start from sys.argv: they take the pipes' text read here
             sys.argv[2:] = args
-        with nullcontext() if name in ("fit", "validate", "test", "predict", "suite") else sigterm_stops():
-            COMMANDS[name].run(name, args)  # (Lightning's runs stop at a step's end and say where: their own)
+        with sigterm_stops():  # (a Lightning run's own handler, once it starts, stops it at a step's end)
+            COMMANDS[name].run(name, args)
         release_process_group()
     except USER_ERRORS as exc:
         if debug:
@@ -309,8 +308,8 @@ def main(argv: list[str] | None = None) -> None:
             # SaveLast sets the code to 128 + the signal's number: SIGTERM, or SIGINT for Ctrl-C.
             code = exc.code if isinstance(exc.code, int) and exc.code > 128 else 128 + signal.SIGTERM
             stopped_by(signal.Signals(code - 128))
-        if isinstance(exc.__context__, KeyboardInterrupt) and not debug:
-            stopped_by(signal.SIGINT)  # Lightning's exit(1) after a KeyboardInterrupt (a second Ctrl-C)
+        if isinstance(exc.__context__, KeyboardInterrupt) and not debug:  # Lightning's exit(1) after one
+            stopped_by(signal.SIGTERM if isinstance(exc.__context__, Terminated) else signal.SIGINT)
         raise
 
 

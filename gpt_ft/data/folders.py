@@ -205,14 +205,16 @@ def sigterm_stops() -> Iterator[None]:
     """Inside, SIGTERM (`kill`, a job scheduler's stop) raises `Terminated` as Ctrl-C raises
     KeyboardInterrupt, so every writer's clean-up runs (its temporary files go), where SIGTERM's
     default would end the process on the spot. (Ignored, as `nohup`-like starts may leave it, it
-    stays so.)"""
+    stays so.) A handler set later inside takes SIGTERM over: Lightning's, as a run starts, which
+    calls this one too and stops the run at a step's end."""
     ignored = signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
     if threading.current_thread() is not threading.main_thread() or ignored:
         yield  # signal handlers belong to the main thread
         return
 
     def stop(*_) -> None:
-        raise Terminated
+        if signal.getsignal(signal.SIGTERM) is stop:
+            raise Terminated
 
     previous = signal.signal(signal.SIGTERM, stop)
     try:

@@ -118,6 +118,26 @@ def test_sigterm_mid_accumulation_saves_at_the_step_and_resumes_exactly(tmp_path
     assert said in capsys.readouterr().out
 
 
+def test_sigterm_as_the_run_is_set_up_stops_in_one_line_and_leaves_no_folder(tmp_path, tokenizer_dir, capsys):
+    """Before Lightning's own handler (the data read, the folder made): SIGTERM's default ended the
+    process on the spot, with no word and an empty version folder (or its config and lock) left."""
+    card = make_task("single", tmp_path)
+    args = finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "cut")
+
+    def reached(*_):  # where gpt-ft let SIGTERM through: this process's default would end it
+        raise AssertionError("SIGTERM reached the handler from before the command")
+
+    previous = signal.signal(signal.SIGTERM, reached), signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            main(["fit", *args, *interrupt(1, signal.SIGTERM), "--trainer.callbacks.setup=true"])
+    finally:  # (Lightning ignores Ctrl-C once it has stopped a run for a KeyboardInterrupt: its exit's)
+        signal.signal(signal.SIGTERM, previous[0]), signal.signal(signal.SIGINT, previous[1])
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "gpt-ft: stopped by SIGTERM"
+    assert not list((tmp_path / "cut").rglob("version_*"))
+
+
 def validation_rows(logs: Path) -> list[tuple[str, ...]]:
     """(epoch, step, loss, accuracy) of every validation in the metrics of the logger's runs, in order."""
     rows = []
