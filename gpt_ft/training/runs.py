@@ -13,6 +13,7 @@ from functools import partialmethod
 from pathlib import Path
 from typing import Any
 
+from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -244,8 +245,11 @@ class GPTCLI(CheckpointHparamsAsDefaults, ConfigDumpReadFast, ParsersBuiltOnce, 
         callbacks = run_callbacks(config, self.model, getattr(self, "data_config", None))
         given = trainer_config.get("plugins") or []
         given = given if isinstance(given, list) else [given]  # (a cluster's environment, ...)
-        if not any(isinstance(plugin, CheckpointIO) for plugin in given):
-            kwargs["plugins"] = [*given, AtomicCheckpointIO()]
+        ours = [] if any(isinstance(p, CheckpointIO) for p in given) else [AtomicCheckpointIO()]
+        if SLURMEnvironment.detect() and not any(isinstance(p, ClusterEnvironment) for p in given):
+            ours.append(SLURMEnvironment(auto_requeue=False))  # SIGTERM saves at a step's end (no hpc_ckpt
+            # saved mid-window on SIGUSR1, then resumed by any later run in the folder without a word)
+        kwargs["plugins"] = [*given, *ours]
         return check_rendezvous(super().instantiate_trainer(**kwargs, callbacks=callbacks))
 
 

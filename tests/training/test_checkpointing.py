@@ -138,6 +138,26 @@ def test_sigterm_as_the_run_is_set_up_stops_in_one_line_and_leaves_no_folder(tmp
     assert not list((tmp_path / "cut").rglob("version_*"))
 
 
+def test_under_slurm_sigterm_is_the_stop_and_lightnings_requeue_is_off(tmp_path, tokenizer_dir, monkeypatch):
+    """Lightning's SLURM requeue saves an hpc_ckpt on SIGUSR1 mid-window (not resumed exactly), which
+    any later run in the folder resumed from without a word: off, SIGTERM's last.ckpt the stop."""
+    from gpt_ft.training.module import GPTModule
+
+    slurm = {"SLURM_NTASKS": "1", "SLURM_JOB_NAME": "job", "SLURM_JOB_ID": "4242", "SLURM_PROCID": "0",
+             "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NODELIST": "localhost"}  # fmt: skip
+    for name, value in slurm.items():
+        monkeypatch.setenv(name, value)
+    handlers, start = [], GPTModule.on_train_start
+    monkeypatch.setattr(
+        GPTModule,
+        "on_train_start",
+        lambda self: handlers.append(signal.getsignal(signal.SIGUSR1)) or start(self),
+    )
+    card = make_task("single", tmp_path)
+    main(["fit", *finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "logs"), "--trainer.max_epochs=1"])
+    assert handlers == [signal.SIG_DFL]
+
+
 def validation_rows(logs: Path) -> list[tuple[str, ...]]:
     """(epoch, step, loss, accuracy) of every validation in the metrics of the logger's runs, in order."""
     rows = []
