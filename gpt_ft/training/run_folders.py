@@ -189,6 +189,21 @@ def no_run_config(trainer) -> None:
             )
 
 
+def no_earlier_run(trainer, command: str) -> None:
+    """An evaluation logging into a folder of a given version (a run's saved config names its
+    own) that holds a run's files: refused, as the logger would delete its metrics.csv and the
+    evaluation's configuration be written over its config.yaml."""
+    if (log_dir := getattr(trainer.logger, "log_dir", None)) is None:
+        return
+    folder = Path(log_dir)
+    if found := [p.name for p in (folder / "metrics.csv", folder / "config.yaml") if p.is_file()]:
+        raise ValueError(
+            f"{folder} holds a run's {' and '.join(found)}, which `gpt-ft {command}` would write over: give "
+            "its logger another version (--trainer.logger.init_args.version), or none for a new one (they "
+            "are kept)."
+        )
+
+
 def no_earlier_checkpoints(trainer, resumed: str | None) -> None:
     """A fixed checkpoint folder (`--trainer.logger false`: ROOT/checkpoints, or a checkpoint
     callback's `dirpath`) holding an earlier run's checkpoints, refused to a run that does not resume

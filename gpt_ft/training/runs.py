@@ -41,7 +41,9 @@ from gpt_ft.training.run_folders import (
     last_of_task,
     logs_follow_root_dir,
     no_earlier_checkpoints,
+    no_earlier_run,
     no_new_empty_folders,
+    no_run_config,
     runs_root,
 )
 from gpt_ft.training.saved import check_init_tokenizer
@@ -220,7 +222,7 @@ class GPTCLI(CheckpointHparamsAsDefaults, ConfigDumpReadFast, ParsersBuiltOnce, 
                 said = f"no {root}/*/checkpoints/last.ckpt{other} to resume from: starting afresh"
             said = said if found is None else f"resuming from {found}"
             rank_zero_only(print)(said, flush=True)  # (DDP: by the first process)
-            config.ckpt_path = None if found is None else str(found)
+            config.ckpt_path = self.config["fit"].ckpt_path = None if found is None else str(found)  # (saved)
         # checked, and the earlier rows kept, before the logger clears its folder
         no_earlier_checkpoints(self.trainer, config.get("ckpt_path"))
         keep_earlier_metrics(self.trainer, config.get("ckpt_path"))
@@ -230,6 +232,8 @@ class GPTCLI(CheckpointHparamsAsDefaults, ConfigDumpReadFast, ParsersBuiltOnce, 
         the others from this one: a fault in them is said once, not by each; no process starts."""
         from gpt_ft.data.files import located_split  # (datasets: imported by the data module already)
 
+        if stage != "fit":  # (before the logger's folder is made: it deletes a metrics.csv there)
+            no_earlier_run(self.trainer, stage), no_run_config(self.trainer)
         if self.trainer.world_size > 1 and hasattr(data := self.datamodule, "stage_splits"):  # (a task's)
             for split, _ in data.stage_splits(stage):
                 located_split(data.task, split, data.data_dir)
@@ -247,8 +251,7 @@ class GPTCLI(CheckpointHparamsAsDefaults, ConfigDumpReadFast, ParsersBuiltOnce, 
         given = given if isinstance(given, list) else [given]  # (a cluster's environment, ...)
         ours = [] if any(isinstance(p, CheckpointIO) for p in given) else [AtomicCheckpointIO()]
         if SLURMEnvironment.detect() and not any(isinstance(p, ClusterEnvironment) for p in given):
-            ours.append(SLURMEnvironment(auto_requeue=False))  # SIGTERM saves at a step's end (no hpc_ckpt
-            # saved mid-window on SIGUSR1, then resumed by any later run in the folder without a word)
+            ours.append(SLURMEnvironment(auto_requeue=False))  # SIGTERM saves at a step's end (docs/gpus.md)
         kwargs["plugins"] = [*given, *ours]
         return check_rendezvous(super().instantiate_trainer(**kwargs, callbacks=callbacks))
 

@@ -691,6 +691,27 @@ def test_a_second_fit_into_a_given_logger_version_is_refused_before_it_touches_t
     # resumed there, the rows logged before are kept aside (the CSV logger deleted metrics.csv)
     assert (folder / "metrics.1.csv").read_bytes() == kept["metrics.csv"]
     assert "epoch" in (folder / "metrics.csv").read_text()
+    # its configuration records the checkpoint resumed, not `last` (which, rerun, is its own end)
+    assert f"ckpt_path: {folder / 'checkpoints' / 'last.ckpt'}\n" in (folder / "config.yaml").read_text()
+    # Evaluated into that version (as the run's saved config names it): refused, both files kept (the
+    # logger deleted metrics.csv, config.yaml became an evaluation's).
+    kept = {name: (folder / name).read_bytes() for name in ("metrics.csv", "config.yaml")}
+    for command in ("validate", "predict"):
+        with pytest.raises(SystemExit):
+            main(
+                [
+                    command,
+                    "--config",
+                    str(folder / "config.yaml"),
+                    f"--ckpt_path={folder / 'checkpoints' / 'last.ckpt'}",
+                ]
+            )
+        assert capsys.readouterr().err.strip().splitlines()[-1] == (
+            f"gpt-ft: error: {folder} holds a run's metrics.csv and config.yaml, which `gpt-ft {command}` "
+            "would write over: give its logger another version (--trainer.logger.init_args.version), or none "
+            "for a new one (they are kept)."
+        )
+    assert {name: (folder / name).read_bytes() for name in kept} == kept
 
 
 def test_a_checkpoint_callbacks_own_folder_resumes_whatever_task_ran_last_elsewhere(tmp_path):
@@ -1445,6 +1466,16 @@ def test_last_without_a_logger_and_best_in_fit(tmp_path, tokenizer_dir, capsys):
         f"gpt-ft: error: {own} is no run's configuration, and with --trainer.logger false a run writes "
         "its own there (in --trainer.default_root_dir): give another root folder (the file is kept)."
     )
+    assert own.read_text() == "# my run\ntrainer: {max_steps: 1}\n"
+    evaluated = [
+        "validate",
+        f"--ckpt_path={last}",
+        "--trainer.logger=false",
+        f"--trainer.default_root_dir={own.parent}",
+    ]
+    assert error_of(evaluated, capsys).startswith(
+        f"gpt-ft: error: {own} is no run's configuration"
+    )  # (replaced)
     assert own.read_text() == "# my run\ntrainer: {max_steps: 1}\n"
 
 
