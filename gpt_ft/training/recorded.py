@@ -49,6 +49,15 @@ def recorded_run(checkpoint: Checkpoint, known: Collection[str] | None = None) -
     return recorded
 
 
+def built_on_its_own(config, recorded: dict[str, Any]) -> None:
+    """A run's checkpoint evaluated with a configuration (its run's saved config.yaml) is built on its
+    own weights as `recorded_run` records them, not on those the configuration's run started from
+    (`--model.init_from`, which may be gone since), nor with that run's overrides or transfer."""
+    if "model.init_from" in recorded and config.get("model") is not None:  # (`recorded_configuration`'s)
+        for key in ("init_from", "overrides", "transfer_layers"):
+            setattr(config.model, key, recorded[f"model.{key}"])
+
+
 def standalone(checkpoint_path: Any, given: dict[str, Any]) -> dict[str, Any]:
     """`GPTModule.load_from_checkpoint`'s arguments (`given`, and those it lacks): the model on the
     checkpoint's own weights, as `gpt-ft validate --ckpt_path` builds it (`recorded_run`), not on

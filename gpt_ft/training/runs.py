@@ -1,6 +1,5 @@
-"""A run from its configuration: the LightningCLI that `gpt-ft fit|validate|test|predict` is, and
-that `gpt-ft suite` builds its runs with (so it sits below both). The only place where arguments
-are linked (data -> model); the callbacks every run gets are in gpt_ft/training/callbacks.py."""
+"""A run from its configuration: the LightningCLI of `gpt-ft fit|validate|test|predict` and of `gpt-ft
+suite`'s runs. The only place where arguments are linked (data -> model); callbacks: callbacks.py."""
 
 from __future__ import annotations
 
@@ -29,6 +28,7 @@ from gpt_ft.training.config_checks import card_named, check_token_folder, refuse
 from gpt_ft.training.precision import cpu_precision, runs_on_cpu, warn_half_weights
 from gpt_ft.training.predictions import check_submission
 from gpt_ft.training.recorded import (
+    built_on_its_own,
     plain_config,
     recorded_configuration,
     refuse_untrained,
@@ -107,9 +107,8 @@ class GPTCLI(CheckpointHparamsAsDefaults, ConfigDumpReadFast, ParsersBuiltOnce, 
 
     def parse_arguments(self, parser, args) -> None:
         # A checkpoint of this toolkit given to validate/test/predict brings the configuration it
-        # records as the parser's defaults: the command needs no other argument, and every
-        # argument given (config files included) still wins. (LightningCLI would apply the
-        # checkpoint's hyper-parameters over them; CheckpointHparamsAsDefaults turns that off.)
+        # records as the parser's defaults: the command needs no other argument, and every argument
+        # given (config files included) still wins, but for the weights it is built on: its own.
         subcommand = None  # a configuration (a dict: `gpt-ft suite`'s runs) is parsed as it is
         if not isinstance(args, dict):
             subcommand = self._only
@@ -132,6 +131,7 @@ class GPTCLI(CheckpointHparamsAsDefaults, ConfigDumpReadFast, ParsersBuiltOnce, 
                 parser.set_defaults({f"{subcommand}.{key}": v for key, v in recorded.items()})
         if subcommand:  # LightningCLI.parse_arguments's parse, at half the cost
             self.config = parse_subcommand(self, parser, args)
+            built_on_its_own(self.config[subcommand], recorded if subcommand in SUBCOMMANDS[1:] else {})
         else:
             super().parse_arguments(parser, args)
         config = self.config[subcommand] if subcommand in SUBCOMMANDS else self.config

@@ -363,6 +363,26 @@ def test_a_refused_tokenizer_is_told_by_its_first_difference():
     assert vocabulary_difference({"a": 0, "b": 1}, own) == "it lacks the saved one's '<|pad|>' (token 2)"
 
 
+def test_a_run_evaluated_with_its_saved_config_needs_not_the_weights_it_started_from(
+    tmp_path, finetuned, tokenizer_dir, capsys
+):
+    """The saved config names `--model.init_from` (the run's start, moved since): a checkpoint given
+    is built on its own weights, as with --ckpt_path alone (the start was asked for, and was missing)."""
+    start = tmp_path / "start" / "start.ckpt"
+    shutil.copytree(finetuned.ckpt.parent, start.parent)
+    (start.parent / finetuned.ckpt.name).rename(start)
+    card, logs = make_task("single", tmp_path), tmp_path / "logs"
+    main(["fit", *finetune_args(card, tokenizer_dir, tmp_path, logs), f"--model.init_from={start}",
+          "--trainer.max_epochs=1"])  # fmt: skip
+    shutil.rmtree(start.parent)
+    folder = logs / "lightning_logs" / "version_0"
+    capsys.readouterr()
+    last, scored = folder / "checkpoints" / "last.ckpt", tmp_path / "scored"
+    main(["validate", f"--config={folder / 'config.yaml'}", f"--ckpt_path={last}",
+          f"--trainer.logger.init_args.save_dir={scored}"])  # fmt: skip
+    assert "validation/accuracy" in capsys.readouterr().out
+
+
 def test_a_run_started_from_a_checkpoint_reads_it_with_its_tokenizer(tmp_path, finetuned, capsys):
     """`fit --model.init_from CKPT` with a tokenizer of the same size whose tokens moved is refused
     before any work (it was taken without a word); a copy of the saved one is taken."""
