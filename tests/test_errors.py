@@ -41,7 +41,7 @@ from gpt_ft.errors.parsing import parse_error_message, yaml_problem
         (
             'Parser key "data":\n  Parser key "tokenizer":\n    Expected a path but nowhere does not exist\n'
             "  Given value: nowhere",
-            "--data.tokenizer: nowhere is not a file that can be read.",
+            "--data.tokenizer: nowhere does not exist.",
         ),
         (
             'Parser key "data":\n  Does not validate against any of the types in typing.Union:\n'

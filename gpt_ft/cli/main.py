@@ -127,7 +127,9 @@ def in_config_file(message: str, args: list[str]) -> str:
         message,
     )
     quotes = re.match(r"--([\w.]+): .*, got (.*?)(?: \(\S+ is not an? [^()]+\))?(?:: a list .*)?\.$", message)
-    unread = re.match(r"--([\w.]+): (.+) is not a file that can be read\.$", message)
+    unread = re.match(
+        r"--([\w.]+): (.+?) (?:is not a file that|does not exist|is a (?:loop of )?sym).*\.$", message
+    )
     named = re.search(r" \(--([\w.]+)\)\.$", message)  # a fault in a value, its option said last
     if unknown:
         group, option = unknown[1] or unknown[3], unknown[2] or unknown[4] or unknown[5]

@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from gpt_ft.errors.parsing import absent, parse_error_message
+
 
 class TaskDataError(ValueError):
     """Bad task data: one sentence naming the file, field or value at fault."""
@@ -189,8 +191,6 @@ def arguments_from(where: str) -> Iterator[None]:
         yield
     except argparse.ArgumentError as exc:
         problem = next((e for e in causes(exc) if isinstance(e, FileProblem)), None)
-        from gpt_ft.errors.parsing import parse_error_message
-
         raise ValueError(f"{where}: {problem or parse_error_message(str(exc))}") from None
 
 
@@ -204,18 +204,6 @@ def input_file(path: str | os.PathLike, option: str, give: str = "a file") -> Pa
     if not source.is_file():
         raise FileNotFoundError(f"{option} {source} {absent(source)}.")
     return source
-
-
-def absent(path: str | os.PathLike) -> str:
-    """What a path found missing is: it "does not exist", or is a symbolic link that leads nowhere."""
-    try:
-        os.stat(path)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            return "is a loop of symbolic links"
-        if os.path.islink(path):
-            return f"is a symbolic link to {os.readlink(path)}, which does not exist"
-    return "does not exist"
 
 
 def no_such_user(args: list[str]) -> str:

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import ast
+import errno
+import os
 import re
 from pathlib import Path
 
@@ -57,7 +59,7 @@ def parse_error_message(text: str) -> str:
         )
         reason = f"expected a {kind}, got {given}"
     elif any(line.startswith("Expected a path but") for line in lines):
-        reason = yaml_file_problem(value) or f"{value} is not a file that can be read"
+        reason = yaml_file_problem(value) or unimported(value) or f"{value} {unreadable(value)}"
     elif bad_class:
         reason = bad_class[-1]
     elif expected:  # the innermost union's types as declared, with its literals' values as one list
@@ -83,7 +85,11 @@ def parse_error_message(text: str) -> str:
         reasons = [line for line in lines if not line.startswith(noise)]
         reason = reasons[0] if reasons else lines[0] if lines else "invalid arguments"
     reason = reason.rstrip(".:")
-    if value and value.endswith((".yaml", ".yml")) and value not in reason:  # a card or config file
+    if (
+        where == "--data: " and reason == "Option 'task' is not accepted"
+    ):  # a card, to a language model's data
+        reason += " (the data module given reads a corpus's token files; a card is a fine-tuning config's)"
+    elif value and value.endswith((".yaml", ".yml")) and value not in reason:  # a card or config file
         reason += f" (in {value})"
     if reason.startswith("unrecognized arguments") and re.search(r"--(optimizer|lr_scheduler)\b", reason):
         reason += " (the optimizer and its schedule are the model's: --model.optimizer, --model.lr, ...)"
@@ -95,6 +101,32 @@ def parse_error_message(text: str) -> str:
     elif re.match(r"class_path 'gpt_ft\.adapters\.\w+' is not a subclass of LightningDataModule", reason):
         reason += hint
     return f"{where}{reason}."
+
+
+def unimported(value: str | None) -> str | None:
+    """Where a dotted class path (`gpt_ft.training.stoping.EarlyStopping`, no file) does not import:
+    the deepest module found and the name it lacks; None for a value that is no such path."""
+    import importlib
+
+    if not value or not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+", value) or Path(value).suffix in FILES:
+        return None
+    parts = value.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        try:
+            importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        return f"class_path {value!r} does not import: {'.'.join(parts[:i])} has no {parts[i]!r}"
+    return f"class_path {value!r} does not import: there is no module {parts[0]!r} (nor a file of that name)"
+
+
+FILES = (".yaml", ".yml", ".json")
+
+
+def unreadable(value: str) -> str:
+    """What a path the parser could not read is: missing (`absent`'s words), or no file it can read."""
+    path = Path(value).expanduser()
+    return "is not a file that can be read" if path.exists() else absent(path)
 
 
 def plain(kind: str) -> str:
@@ -168,3 +200,15 @@ def yaml_problem(exc) -> str:
     mark = getattr(exc, "problem_mark", None)
     where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
     return where + (getattr(exc, "problem", None) or str(exc).splitlines()[0])
+
+
+def absent(path: str | os.PathLike) -> str:
+    """What a path found missing is: it "does not exist", or is a symbolic link that leads nowhere."""
+    try:
+        os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "is a loop of symbolic links"
+        if os.path.islink(path):
+            return f"is a symbolic link to {os.readlink(path)}, which does not exist"
+    return "does not exist"

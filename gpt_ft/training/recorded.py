@@ -49,11 +49,13 @@ def recorded_run(checkpoint: Checkpoint, known: Collection[str] | None = None) -
     return recorded
 
 
-def built_on_its_own(config, recorded: dict[str, Any]) -> None:
-    """A run's checkpoint evaluated with a configuration (its run's saved config.yaml) is built on its
-    own weights as `recorded_run` records them, not on those the configuration's run started from
-    (`--model.init_from`, which may be gone since), nor with that run's overrides or transfer."""
-    if "model.init_from" in recorded and config.get("model") is not None:  # (`recorded_configuration`'s)
+def built_on_its_own(config, recorded: dict[str, Any], ckpt: str | None) -> None:
+    """A run's checkpoint `ckpt` evaluated with a configuration (its run's saved config.yaml) is built
+    on its own weights as `recorded_run` records them, not on those the configuration's run started
+    from (`--model.init_from`, which may be gone since), nor with that run's overrides or transfer.
+    (LoRA adapters' base weights are whichever given: they may have moved.)"""
+    own = recorded.get("model.init_from")  # (`recorded_configuration`'s)
+    if own and Path(own).resolve() == Path(str(ckpt)).resolve() and config.get("model") is not None:
         for key in ("init_from", "overrides", "transfer_layers"):
             setattr(config.model, key, recorded[f"model.{key}"])
 

@@ -112,8 +112,7 @@ class GPTCLI(CheckpointHparamsAsDefaults, ConfigDumpReadFast, ParsersBuiltOnce, 
         subcommand = None  # a configuration (a dict: `gpt-ft suite`'s runs) is parsed as it is
         if not isinstance(args, dict):
             subcommand = self._only
-            if subcommand in ("validate", "test", "predict"):
-                # (a language model's data options, --data.token_dir, read with its data module)
+            if subcommand in ("validate", "test", "predict"):  # (an LM's --data.token_dir: its module's)
                 unchecked = read_ahead(subcommand_parser(self, subcommand), args[1:])
                 named, printing = unchecked.get("ckpt_path"), print_config_asked(parser)
                 data = unchecked.get("data") or {}  # (its init_args, or given as --data={"task": ...})
@@ -131,7 +130,8 @@ class GPTCLI(CheckpointHparamsAsDefaults, ConfigDumpReadFast, ParsersBuiltOnce, 
                 parser.set_defaults({f"{subcommand}.{key}": v for key, v in recorded.items()})
         if subcommand:  # LightningCLI.parse_arguments's parse, at half the cost
             self.config = parse_subcommand(self, parser, args)
-            built_on_its_own(self.config[subcommand], recorded if subcommand in SUBCOMMANDS[1:] else {})
+            if subcommand in SUBCOMMANDS[1:]:
+                built_on_its_own(self.config[subcommand], recorded, ckpt)
         else:
             super().parse_arguments(parser, args)
         config = self.config[subcommand] if subcommand in SUBCOMMANDS else self.config

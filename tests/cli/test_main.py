@@ -342,13 +342,20 @@ def test_a_bad_option_in_a_config_file_names_the_file(run):
     relative.parent.mkdir()
     relative.write_text("data:\n  task: tasks/single.yaml\n")
     expected = (
-        f"gpt-ft: error: {relative}: data.task: tasks/single.yaml is not a file that can be read: "
-        f"it is relative to the config's folder, {relative.parent}."
+        f"gpt-ft: error: {relative}: data.task: tasks/single.yaml does not exist: it is relative to the "
+        f"config's folder, {relative.parent}."
     )
     assert run("--config", str(relative)) == expected
     assert run("--config", str(relative), "--data.task=nowhere.yaml") == expected  # the file is read first
-    assert run("--data.task=nowhere.yaml") == (
-        "gpt-ft: error: --data.task: nowhere.yaml is not a file that can be read."
+    assert run("--data.task=nowhere.yaml") == "gpt-ft: error: --data.task: nowhere.yaml does not exist."
+    gone, moved = run.root / "gone.yaml", run.root / "moved.yaml"
+    gone.symlink_to(moved)  # (it was "not a file that can be read")
+    assert run(f"--data.task={gone}") == (
+        f"gpt-ft: error: --data.task: {gone} is a symbolic link to {moved}, which does not exist."
+    )
+    assert run("--data.task=gpt_ft.adapters.SingleTxt") == (  # a class path misspelled, no file
+        "gpt-ft: error: --data.task: class_path 'gpt_ft.adapters.SingleTxt' does not import: gpt_ft.adapters "
+        "has no 'SingleTxt'."
     )
 
 
@@ -370,6 +377,23 @@ def test_an_option_without_its_value_says_how_to_give_one(run):
     assert run("--model.lr=[1,2]") == "gpt-ft: error: --model.lr: expected float, got '[1,2]'."
     assert run("--inputs", "a.txt", "--bogus", "x", command="prepare", base=False) == (
         "gpt-ft: error: unrecognized arguments: --bogus x."  # an unknown option, not a second value
+    )
+
+
+def test_a_card_given_to_a_pretraining_config_says_whose_option_it_is(run, capsys):
+    """configs/pretrain/cpu.yaml's data module reads token files: a card given with it was said to
+    be at fault inside the card ("(in single.yaml)")."""
+    with pytest.raises(SystemExit):
+        main(
+            [
+                "fit",
+                f"--config={ROOT / 'configs/pretrain/cpu.yaml'}",
+                f"--data.task={run.root / 'single.yaml'}",
+            ]
+        )
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "gpt-ft: error: --data: Option 'task' is not accepted (the data module given reads a corpus's token "
+        "files; a card is a fine-tuning config's)."
     )
 
 
