@@ -559,8 +559,8 @@ def test_a_piped_config_is_read_once_whatever_reads_it_again(tmp_path, capsys, m
             ("model:\n  lr: [1\n", "--config {} is not valid YAML: line 3, column 1: expected ',' or ']', "
              "but got '<stream end>'."),
             ("model:\n  lr: fast\n", "{}: model.lr: expected float, got 'fast'."),
-            ("data:\n  task: ../tasks/glue/sst2.yaml\n", "{}: data.task: ../tasks/glue/sst2.yaml is not a "
-             "file that can be read: a pipe's paths are relative to where gpt-ft runs."),
+            ("data:\n  task: ../tasks/glue/sst2.yaml\n", "{}: data.task: ../tasks/glue/sst2.yaml does not "
+             "exist: a pipe's paths are relative to where gpt-ft runs."),
         ]
     ):  # fmt: skip
         with piped(tmp_path / f"bad{i}", text) as pipe, pytest.raises(SystemExit) as stopped:
