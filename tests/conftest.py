@@ -16,7 +16,7 @@ import torch
 from gpt_ft.data.tokenizer import train_tokenizer
 from gpt_ft.weights import gguf_tokenizer
 from tests.background import WORKERS, Background, start_template
-from tests.helpers import PAIR_ROWS, finetune_args, make_task
+from tests.helpers import PAIR_ROWS, ROOT, finetune_args, make_task
 
 # What the imports above made lives as long as the session: the collector need not walk it again
 # at every full collection (a tenth of a second each). What the tests leave alive (caches, compiled
@@ -68,16 +68,38 @@ def pairs_dir(tmp_path) -> Path:
     return tmp_path
 
 
+OWN_SESSION = ("tests/eval/test_suite.py", "tests/model/test_fused.py")
+"""Modules that, when the whole suite runs, run as a pytest session of their own in the background
+(tests/test_own_session.py), on the core the background commands leave idle for the in-process
+tests' last minute; run alone or by their folder, in this session."""
+INNER = "GPT_FT_TESTS_OWN_SESSION"  # set in that session
+
+
+def whole_suite(config) -> bool:
+    """Whether the session runs every test: no path given (or the repository's, or tests/), no -k
+    or -m selection (which the session of their own would not see)."""
+    here, option = config.invocation_params.dir, config.option
+    given = any((here / a.split("::")[0]).resolve() in (ROOT, ROOT / "tests") for a in config.args)
+    return given and not option.keyword and not option.markexpr
+
+
+def pytest_ignore_collect(collection_path, config):
+    if os.environ.get(INNER) or not whole_suite(config):
+        return None
+    return True if collection_path.resolve() in {ROOT / m for m in OWN_SESSION} else None
+
+
 def pytest_configure(config):
     # Converted GGUF tokenizers go to the session's own cache, never the user's (before the
     # background commands copy the environment).
     os.environ[gguf_tokenizer.CACHE] = tempfile.mkdtemp(prefix="gpt_ft-cache-")
-    if not config.option.collectonly:
+    if not config.option.collectonly and not os.environ.get(INNER):  # (that session starts none)
         start_template()  # while the tests are collected
     config.addinivalue_line(
         "markers",
-        "background(start=fn): the test checks the commands that fn(root, **fixtures) returns, run in "
-        "processes of their own in the background from the start of the session (tests/background.py)",
+        "background(start=fn, first=False): the test checks the commands that fn(root, **fixtures) returns, "
+        "run in processes of their own in the background from the start of the session (first: queued "
+        "before the others; tests/background.py)",
     )
 
 
@@ -99,7 +121,7 @@ def _background(request, tmp_path_factory):
     torch.set_num_threads(1)
     jobs = Background()  # its commands' environment is the session's as it was, on one thread
     os.environ["OMP_NUM_THREADS"] = "1"
-    for item in request.session.items:
+    for item in sorted(request.session.items, key=lambda item: not starts_first(item)):
         marker = item.get_closest_marker("background")
         if marker is None or marker.kwargs["start"] in jobs:
             continue
@@ -120,6 +142,12 @@ def _background(request, tmp_path_factory):
         os.environ.pop("OMP_NUM_THREADS", None)
     else:
         os.environ["OMP_NUM_THREADS"] = omp
+
+
+def starts_first(item) -> bool:
+    """A background job marked `first` (a long one) is queued before the others."""
+    marker = item.get_closest_marker("background")
+    return bool(marker and marker.kwargs.get("first"))
 
 
 BACKGROUND = pytest.StashKey[Background]()
