@@ -45,6 +45,18 @@ def test_module_entry_point_reports_version(background):
     assert "  fit        train" in help.stdout and help.stdout.splitlines()[-1] == "[]"
 
 
+def test_python_dash_m_names_the_program_gpt_ft_in_a_classs_help(monkeypatch, capsys):
+    """`python -m gpt_ft fit --data.help TaskDataModule` printed "usage: __main__.py"."""
+    import runpy
+
+    monkeypatch.setattr(
+        sys, "argv", [str(ROOT / "gpt_ft" / "__main__.py"), "fit", "--data.help", "TaskDataModule"]
+    )
+    with pytest.raises(SystemExit):
+        runpy.run_module("gpt_ft", run_name="__main__")
+    assert capsys.readouterr().out.startswith("usage: gpt-ft ")
+
+
 READ_ONLY_COMMANDS = "generation", "export", "labelling", "encoder", "calibration"
 HEAVY_FOR_READING = ("lightning", "torchmetrics", "scipy", "matplotlib", "torch._dynamo")
 READ_ONLY_IMPORTS = f"""import sys
