@@ -111,19 +111,32 @@ def last_of_task(root: Path, folders: list, task: str | None) -> tuple[Path | No
     return max(runs, key=lambda p: p.stat().st_mtime_ns) if runs else None, newest
 
 
-def keep_earlier_metrics(trainer, resumed: str | None) -> None:
-    """A run resumed into its own logger folder (a given version) keeps the rows logged before:
-    Lightning's CSV logger deletes the folder's metrics.csv as it starts; it is moved aside first,
-    to the first free metrics.N.csv."""
-    log_dir = getattr(trainer.logger, "log_dir", None)
-    if not (
-        resumed and log_dir and trainer.is_global_zero and (rows := Path(log_dir) / "metrics.csv").is_file()
-    ):
-        return
-    if Path(resumed).resolve().parent.parent == Path(log_dir).resolve():
-        kept = next(p for n in range(1, 10_000) if not (p := rows.with_name(f"metrics.{n}.csv")).exists())
-        rows.replace(kept)
-        print(f"the rows logged before the resumed step: {kept} (metrics.csv starts anew)", flush=True)
+def earlier_logs(trainer, resumed: str | None, command: str = "fit") -> None:
+    """The logs a logger's folder of a given version holds (CSV's and TensorBoard's folders are new to
+    each run unless the version is given, as a run's saved config gives it): a resumed `fit` keeps
+    the rows logged before, moved aside to the first free metrics.N.csv (Lightning's CSV logger
+    deletes metrics.csv as it starts); any other run is refused before they are deleted and its
+    configuration written over config.yaml. Every such logger's, not the first's alone."""
+    no_folder(trainer)  # (before the loggers make their stores)
+    for folder in logger_folders(trainer):
+        rows = folder / "metrics.csv"
+        if resumed and command == "fit":
+            if rows.is_file() and trainer.is_global_zero:
+                kept = next(p for n in range(1, 10_000) if not (p := folder / f"metrics.{n}.csv").exists())
+                rows.replace(kept)
+                print(f"the rows logged before the resumed step: {kept} (metrics.csv starts anew)")
+        elif found := " and ".join(p.name for p in (rows, folder / "config.yaml") if p.is_file()):
+            raise ValueError(
+                f"{folder} holds a run's {found}, which `gpt-ft {command}` would write over: give its logger "
+                "another version (--trainer.logger.init_args.version), or none for a new one (they are kept)."
+            )
+
+
+def logger_folders(trainer) -> list[Path]:
+    """The folders the run's CSV and TensorBoard loggers write (a version folder each)."""
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+    return [Path(lg.log_dir) for lg in trainer.loggers if isinstance(lg, (CSVLogger, TensorBoardLogger))]
 
 
 def runs_root(trainer) -> Path:
@@ -177,6 +190,18 @@ def logs_follow_root_dir(trainer) -> None:
         logger.init_args.save_dir = trainer.default_root_dir
 
 
+def no_folder(trainer) -> None:
+    """A first logger that keeps no folder (MLflow on a database), where the run's config.yaml,
+    checkpoints and reports go: one sentence (LightningCLI's config saver failed an assertion)."""
+    first = trainer.loggers[0] if trainer.loggers else None
+    if first is not None and getattr(first, "log_dir", None) is None and first.save_dir is None:
+        raise ValueError(
+            f"--trainer.logger: {type(first).__name__}, the first logger, keeps no folder of its own (a "
+            "tracking server or database), where a run's config.yaml, checkpoints and reports go: put a "
+            "CSVLogger first, as configs/trainer/mlflow.yaml does."
+        )
+
+
 def no_run_config(trainer) -> None:
     """With `--trainer.logger false` a run writes its configuration to ROOT/config.yaml: one there
     that no run wrote (a user's own config, most often so named) is refused in one sentence."""
@@ -187,21 +212,6 @@ def no_run_config(trainer) -> None:
                 f"{config} is no run's configuration, and with --trainer.logger false a run writes its "
                 f"own there (in --trainer.default_root_dir): give another root folder (the file is kept)."
             )
-
-
-def no_earlier_run(trainer, command: str) -> None:
-    """An evaluation logging into a folder of a given version (a run's saved config names its
-    own) that holds a run's files: refused, as the logger would delete its metrics.csv and the
-    evaluation's configuration be written over its config.yaml."""
-    if (log_dir := getattr(trainer.logger, "log_dir", None)) is None:
-        return
-    folder = Path(log_dir)
-    if found := [p.name for p in (folder / "metrics.csv", folder / "config.yaml") if p.is_file()]:
-        raise ValueError(
-            f"{folder} holds a run's {' and '.join(found)}, which `gpt-ft {command}` would write over: give "
-            "its logger another version (--trainer.logger.init_args.version), or none for a new one (they "
-            "are kept)."
-        )
 
 
 def no_earlier_checkpoints(trainer, resumed: str | None) -> None:
@@ -289,6 +299,9 @@ class RunFolder(Callback):
         self.held = ExitStack()
 
     def setup(self, trainer, pl_module, stage: str) -> None:
+        if stage != "fit" and trainer.logger is None:  # an evaluation keeps ROOT/config.yaml, a fit's
+            for saver in (c for c in trainer.callbacks if type(c).__name__ == "SaveConfigCallback"):
+                saver.already_saved = True  # (its configuration saved nowhere: it is the checkpoint's)
         if stage == "fit":
             try:
                 self.hold(trainer)

@@ -37,13 +37,11 @@ from gpt_ft.training.recorded import (
 from gpt_ft.training.run_folders import (
     DEFAULT_LOGGER,
     checkpoint_to_read,
-    keep_earlier_metrics,
+    earlier_logs,
     last_of_task,
     logs_follow_root_dir,
     no_earlier_checkpoints,
-    no_earlier_run,
     no_new_empty_folders,
-    no_run_config,
     runs_root,
 )
 from gpt_ft.training.saved import check_init_tokenizer
@@ -225,7 +223,7 @@ class GPTCLI(CheckpointHparamsAsDefaults, ConfigDumpReadFast, ParsersBuiltOnce, 
             config.ckpt_path = self.config["fit"].ckpt_path = None if found is None else str(found)  # (saved)
         # checked, and the earlier rows kept, before the logger clears its folder
         no_earlier_checkpoints(self.trainer, config.get("ckpt_path"))
-        keep_earlier_metrics(self.trainer, config.get("ckpt_path"))
+        earlier_logs(self.trainer, config.get("ckpt_path"))
 
     def data_before_launch(self, stage: str) -> None:
         """A run of several processes reads its task's files (encoded later) before Lightning starts
@@ -233,7 +231,7 @@ class GPTCLI(CheckpointHparamsAsDefaults, ConfigDumpReadFast, ParsersBuiltOnce, 
         from gpt_ft.data.files import located_split  # (datasets: imported by the data module already)
 
         if stage != "fit":  # (before the logger's folder is made: it deletes a metrics.csv there)
-            no_earlier_run(self.trainer, stage), no_run_config(self.trainer)
+            earlier_logs(self.trainer, None, stage)
         if self.trainer.world_size > 1 and hasattr(data := self.datamodule, "stage_splits"):  # (a task's)
             for split, _ in data.stage_splits(stage):
                 located_split(data.task, split, data.data_dir)

@@ -734,6 +734,41 @@ def test_a_second_fit_into_a_given_logger_version_is_refused_before_it_touches_t
     assert {name: (folder / name).read_bytes() for name in kept} == kept
 
 
+def test_every_csv_loggers_folder_of_a_given_version_keeps_its_rows_or_refuses_the_run(
+    tmp_path, tokenizer_dir, capsys
+):
+    """A second CSV logger (W&B or TensorBoard first) or a first one without checkpoints there: a
+    resumed run kept the first's rows only, and a fit not resumed or an evaluation deleted them."""
+    card, logs = make_task("single", tmp_path), tmp_path / "logs"
+    (config := tmp_path / "loggers.yaml").write_text(
+        "trainer:\n  logger:\n    - class_path: lightning.pytorch.loggers.CSVLogger\n"
+        f"      init_args: {{save_dir: {logs}}}\n    - class_path: lightning.pytorch.loggers.CSVLogger\n"
+        f"      init_args: {{save_dir: {tmp_path / 'second'}, version: 0}}\n"
+    )
+    args = [*finetune_args(card, tokenizer_dir, tmp_path, logs), f"--config={config}"]
+    main(["fit", *args, "--trainer.max_epochs=1"])
+    second = tmp_path / "second" / "lightning_logs" / "version_0"
+    rows = (second / "metrics.csv").read_bytes()
+    main(["fit", *args, "--trainer.max_epochs=2", "--ckpt_path=last"])
+    assert (second / "metrics.1.csv").read_bytes() == rows and (second / "metrics.csv").is_file()
+    kept = (second / "metrics.csv").read_bytes()
+    last = max(logs.rglob("last.ckpt"), key=lambda p: p.stat().st_mtime_ns)
+    for command, given in (("fit", []), ("validate", [f"--ckpt_path={last}"])):  # not resumed: refused
+        with pytest.raises(SystemExit):
+            main([command, *args, *given])
+        said = f"{second} holds a run's metrics.csv, which `gpt-ft {command}` would write over"
+        assert said in capsys.readouterr().err
+    assert (second / "metrics.csv").read_bytes() == kept
+    # A given version without checkpoints (checkpointing off): a second fit deleted its logs.
+    off = finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "off") + ["--trainer.max_epochs=1"]
+    off += ["--trainer.enable_checkpointing=false", "--trainer.logger.init_args.version=3"]
+    main(["fit", *off])
+    with pytest.raises(SystemExit):
+        main(["fit", *off])
+    said = "version_3 holds a run's metrics.csv and config.yaml, which `gpt-ft fit` would write over"
+    assert said in capsys.readouterr().err
+
+
 def test_a_checkpoint_callbacks_own_folder_resumes_whatever_task_ran_last_elsewhere(tmp_path):
     """A `last.ckpt` in a checkpoint callback's `dirpath` has no run folder to say its task: it is
     a candidate as it was, beside the logger's runs of this task, and a newer run of another is not."""
@@ -1421,10 +1456,12 @@ def test_last_without_a_logger_and_best_in_fit(tmp_path, tokenizer_dir, capsys):
     ]
     main(["fit", *args])
     capsys.readouterr()
+    fitted = (tmp_path / "root" / "config.yaml").read_text()
     main(["validate", *args, "--ckpt_path=last"])
     assert capsys.readouterr().out.startswith(
         f"validate: {tmp_path / 'root' / 'checkpoints' / 'last.ckpt'}\n"
     )
+    assert (tmp_path / "root" / "config.yaml").read_text() == fitted  # (it became validate's)
     # the run's own config.yaml is known as a run's (its header was lost: a requeued run was refused)
     assert (tmp_path / "root" / "config.yaml").read_text().startswith("# lightning.pytorch==")
     with pytest.raises(SystemExit) as ended:  # at its end already: nothing more to train, said so
@@ -1487,16 +1524,15 @@ def test_last_without_a_logger_and_best_in_fit(tmp_path, tokenizer_dir, capsys):
         "its own there (in --trainer.default_root_dir): give another root folder (the file is kept)."
     )
     assert own.read_text() == "# my run\ntrainer: {max_steps: 1}\n"
-    evaluated = [
-        "validate",
-        f"--ckpt_path={last}",
-        "--trainer.logger=false",
-        f"--trainer.default_root_dir={own.parent}",
-    ]
-    assert error_of(evaluated, capsys).startswith(
-        f"gpt-ft: error: {own} is no run's configuration"
-    )  # (replaced)
-    assert own.read_text() == "# my run\ntrainer: {max_steps: 1}\n"
+    main(
+        [
+            "validate",
+            f"--ckpt_path={last}",
+            "--trainer.logger=false",
+            f"--trainer.default_root_dir={own.parent}",
+        ]
+    )
+    assert own.read_text() == "# my run\ntrainer: {max_steps: 1}\n"  # (replaced: an evaluation saves none)
 
 
 def test_a_run_that_ends_before_any_validation_says_it_kept_no_best(tmp_path, tokenizer_dir, capsys):

@@ -138,18 +138,33 @@ def start_mlflow(root, tokenizer_dir):
     fit = fit_args(
         root, tokenizer_dir, f"--config={ROOT / 'configs/trainer/mlflow.yaml'}", "--trainer.max_epochs=2"
     )
-    return [gpt_ft(*fit, cwd=root), Command([sys.executable, "-c", READ_MLFLOW], cwd=root, preloaded=True)]
+    alone = fit_args(root, tokenizer_dir, "--trainer.logger=lightning.pytorch.loggers.MLFlowLogger",
+                     "--trainer.logger.init_args.tracking_uri=sqlite:///alone.db")  # fmt: skip
+    read = Command([sys.executable, "-c", READ_MLFLOW], cwd=root, preloaded=True)
+    return [
+        gpt_ft(*fit, cwd=root),
+        read,
+        gpt_ft(*alone, cwd=root),
+    ]
 
 
 @pytest.mark.background(start=start_mlflow)
 def test_mlflow_records_the_metrics(background):
+    """...with the CSV logger first; alone, on a database, it keeps no folder for the run's files: one
+    sentence before the run starts (LightningCLI's config saver failed an assertion)."""
     pytest.importorskip("mlflow")
-    fit, read = background.runs
+    fit, read, alone = background.runs
     assert fit.returncode == 0, fit.stderr[-3000:]
     assert read.returncode == 0, read.stderr[-3000:]
     history = json.loads(read.stdout)
     assert len(history) == 2  # one evaluation after each of the 2 epochs
     assert 0 <= history[-1] <= 1
+    assert alone.returncode == 2, alone.stderr[-3000:]
+    assert alone.stderr.strip().splitlines()[-1] == (
+        "gpt-ft: error: --trainer.logger: MLFlowLogger, the first logger, keeps no folder of its own (a "
+        "tracking server or database), where a run's config.yaml, checkpoints and reports go: put a "
+        "CSVLogger first, as configs/trainer/mlflow.yaml does."
+    )
 
 
 def test_wandb_offline_records_the_metrics(tmp_path, tokenizer_dir, monkeypatch):
