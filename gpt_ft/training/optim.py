@@ -79,7 +79,9 @@ def schedule_steps(module) -> tuple[int, float]:
     # run of 234 steps warms up over 0.468 of a step, its first at rate 0 (rounded: none, the first
     # step at the full rate).
     warmup = module.warmup_steps if module.warmup_steps is not None else module.warmup_fraction * total
-    if warmup > total - 1 and math.isfinite(estimated):  # (its last step's rate: (total - 1) / warmup)
+    if (
+        warmup > total - 1 and math.isfinite(estimated) and estimated >= 1
+    ):  # (last rate: (total - 1) / warmup)
         than = "longer than" if warmup > total else "as long as" if warmup == total else "nearly as long as"
         given = (
             f"--model.warmup_steps {warmup}"
@@ -359,8 +361,8 @@ def check_rates(
         raise ValueError(f"weight_decay must be >= 0, got {weight_decay}.")
     if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
         raise ValueError(f"betas must be two numbers in [0, 1), got {list(betas)}.")
-    if eps < 0:
-        raise ValueError(f"eps must be >= 0, got {eps}.")
+    if eps <= 0:  # (0: a parameter with no gradient yet takes 0/0, NaN, at its first update)
+        raise ValueError(f"eps must be > 0, got {eps}.")
     if not 0 <= dropout < 1:
         raise ValueError(f"classifier_dropout must be in [0, 1), got {dropout}.")
     if not 0 <= warmup_fraction < 1:

@@ -206,6 +206,7 @@ def test_a_checkpoint_moved_without_its_tokenizer_starts_a_run_with_the_one_give
             "'transformer-engine-float16', '16-true', '16-mixed', 'bf16-true', 'bf16-mixed', '32-true', "
             "'64-true', '64', '32', '16', 'bf16', got 'bf17'.",
         ),
+        ("--model.eps=0", "eps must be > 0, got 0.0."),  # (AdamW's first update: 0/0 in a gradient-free row)
         (
             "--trainer.gradient_clip_val=-1",
             "--trainer.gradient_clip_val must be a finite number >= 0 (0 or null: no clipping), got -1",

@@ -1,4 +1,5 @@
 import copy
+import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -106,6 +107,10 @@ def test_a_warmup_as_long_as_the_run_or_longer_is_warned_of():
     m._trainer = SimpleNamespace(estimated_stepping_batches=1, callbacks=[])
     with pytest.warns(UserWarning, match=r"^--model.warmup_fraction 0.9 \(0.9 steps\) is nearly as long as "
                       r"the run's 1 optimizer step: "):  # fmt: skip
+        m.configure_optimizers()
+    m._trainer = SimpleNamespace(estimated_stepping_batches=0, callbacks=[])  # max_steps 0: no step, no word
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         m.configure_optimizers()
 
 
