@@ -55,7 +55,11 @@ def built_on_its_own(config, recorded: dict[str, Any], ckpt: str | None) -> None
     from (`--model.init_from`, which may be gone since), nor with that run's overrides or transfer.
     (LoRA adapters' base weights are whichever given: they may have moved.)"""
     own = recorded.get("model.init_from")  # (`recorded_configuration`'s)
-    if own and Path(own).resolve() == Path(str(ckpt)).resolve() and config.get("model") is not None:
+    if (
+        own
+        and Path(own).resolve() == Path(str(ckpt)).expanduser().resolve()
+        and config.get("model") is not None
+    ):
         for key in ("init_from", "overrides", "transfer_layers"):
             setattr(config.model, key, recorded[f"model.{key}"])
 

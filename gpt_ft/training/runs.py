@@ -12,18 +12,15 @@ from functools import partialmethod
 from pathlib import Path
 from typing import Any
 
-from lightning.fabric.plugins.environments import ClusterEnvironment, SLURMEnvironment
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 
 from gpt_ft.adapters.cards import PARSER_MODE
 from gpt_ft.errors import check_context, check_output_dir
 from gpt_ft.model.config import preset_config
 from gpt_ft.training.callbacks import History, run_callbacks
-from gpt_ft.training.checkpointing import AtomicCheckpointIO
 from gpt_ft.training.config_checks import card_named, check_token_folder, refuse_bad_config
 from gpt_ft.training.precision import cpu_precision, runs_on_cpu, warn_half_weights
 from gpt_ft.training.predictions import check_submission
@@ -45,7 +42,7 @@ from gpt_ft.training.run_folders import (
     runs_root,
 )
 from gpt_ft.training.saved import check_init_tokenizer
-from gpt_ft.training.strategies import check_devices, check_rendezvous
+from gpt_ft.training.strategies import check_devices, check_rendezvous, run_plugins
 from gpt_ft.weights.pretrained import resolve_tokenizer
 from gpt_ft.workarounds.cli import (
     CheckpointHparamsAsDefaults,
@@ -245,12 +242,7 @@ class GPTCLI(CheckpointHparamsAsDefaults, ConfigDumpReadFast, ParsersBuiltOnce, 
         config = self.config_init[self.subcommand] if self.subcommand else self.config_init
         trainer_config = config.get("trainer", {})
         callbacks = run_callbacks(config, self.model, getattr(self, "data_config", None))
-        given = trainer_config.get("plugins") or []
-        given = given if isinstance(given, list) else [given]  # (a cluster's environment, ...)
-        ours = [] if any(isinstance(p, CheckpointIO) for p in given) else [AtomicCheckpointIO()]
-        if SLURMEnvironment.detect() and not any(isinstance(p, ClusterEnvironment) for p in given):
-            ours.append(SLURMEnvironment(auto_requeue=False))  # SIGTERM saves at a step's end (docs/gpus.md)
-        kwargs["plugins"] = [*given, *ours]
+        kwargs["plugins"] = run_plugins(trainer_config.get("plugins"))
         return check_rendezvous(super().instantiate_trainer(**kwargs, callbacks=callbacks))
 
 

@@ -12,8 +12,14 @@ import os
 import re
 from typing import Any, Literal
 
-from lightning.fabric.plugins.environments import LightningEnvironment
+from lightning.fabric.plugins.environments import (
+    ClusterEnvironment,
+    LightningEnvironment,
+    SLURMEnvironment,
+    TorchElasticEnvironment,
+)
 from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.strategies import FSDPStrategy
 
 from gpt_ft.model import Block
@@ -101,3 +107,19 @@ def check_devices(devices, *, on_cpu: bool, strategy: object = None) -> None:
         f"--trainer.devices {devices!r}: give a count (1, 2, ...), -1 for every device, 'auto', "
         "or device indices such as '0,1'."
     )
+
+
+def run_plugins(given: Any) -> list:
+    """A run's Trainer plugins: those given (`--trainer.plugins`), with `AtomicCheckpointIO` unless
+    one saves checkpoints already, and under SLURM (not torchrun inside a SLURM job: its ranks are
+    torchrun's) SLURM's environment without Lightning's requeue: it saved an hpc_ckpt mid-window on
+    SIGUSR1, which any later run in the folder resumed from without a word; SIGTERM saves
+    `last.ckpt` at a step's end (docs/gpus.md)."""
+    from gpt_ft.training.checkpointing import AtomicCheckpointIO
+
+    given = [] if given is None else given if isinstance(given, list) else [given]  # (a cluster's, ...)
+    ours = [] if any(isinstance(p, CheckpointIO) for p in given) else [AtomicCheckpointIO()]
+    cluster = any(isinstance(p, ClusterEnvironment) for p in given)
+    if SLURMEnvironment.detect() and not TorchElasticEnvironment.detect() and not cluster:
+        ours.append(SLURMEnvironment(auto_requeue=False))
+    return [*given, *ours]

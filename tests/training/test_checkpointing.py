@@ -156,6 +156,16 @@ def test_under_slurm_sigterm_is_the_stop_and_lightnings_requeue_is_off(tmp_path,
     card = make_task("single", tmp_path)
     main(["fit", *finetune_args(card, tokenizer_dir, tmp_path, tmp_path / "logs"), "--trainer.max_epochs=1"])
     assert handlers == [signal.SIG_DFL]
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    from gpt_ft.training.strategies import run_plugins
+
+    (environment,) = [p for p in run_plugins(None) if isinstance(p, SLURMEnvironment)]
+    assert not environment.auto_requeue
+    # torchrun inside a SLURM job (`--ntasks 1`, then `torchrun --nproc_per_node 8`): torchrun's ranks,
+    # as Lightning takes them (SLURM's one task each made every rank a run of its own)
+    monkeypatch.setattr(torch.distributed, "is_torchelastic_launched", lambda: True)
+    assert not [p for p in run_plugins(None) if isinstance(p, SLURMEnvironment)]
 
 
 def validation_rows(logs: Path) -> list[tuple[str, ...]]:
@@ -364,7 +374,7 @@ def test_a_refused_tokenizer_is_told_by_its_first_difference():
 
 
 def test_a_run_evaluated_with_its_saved_config_needs_not_the_weights_it_started_from(
-    tmp_path, finetuned, tokenizer_dir, capsys
+    tmp_path, finetuned, tokenizer_dir, capsys, monkeypatch
 ):
     """The saved config names `--model.init_from` (the run's start, moved since): a checkpoint given
     is built on its own weights, as with --ckpt_path alone (the start was asked for, and was missing)."""
@@ -378,9 +388,11 @@ def test_a_run_evaluated_with_its_saved_config_needs_not_the_weights_it_started_
     folder = logs / "lightning_logs" / "version_0"
     capsys.readouterr()
     last, scored = folder / "checkpoints" / "last.ckpt", tmp_path / "scored"
-    main(["validate", f"--config={folder / 'config.yaml'}", f"--ckpt_path={last}",
-          f"--trainer.logger.init_args.save_dir={scored}"])  # fmt: skip
-    assert "validation/accuracy" in capsys.readouterr().out
+    monkeypatch.setenv("HOME", str(tmp_path))  # and named from the home folder, as typed quoted
+    for given in (last, f"~/{last.relative_to(tmp_path)}"):
+        main(["validate", f"--config={folder / 'config.yaml'}", f"--ckpt_path={given}",
+              f"--trainer.logger.init_args.save_dir={scored}"])  # fmt: skip
+        assert "validation/accuracy" in capsys.readouterr().out
 
 
 def test_a_run_started_from_a_checkpoint_reads_it_with_its_tokenizer(tmp_path, finetuned, capsys):
