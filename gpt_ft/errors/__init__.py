@@ -251,13 +251,14 @@ def unnamed_write(exc: OSError) -> str | None:
 
 
 TRAINING = (
-    "--data.batch_size (raise --trainer.accumulate_grad_batches as much to keep a step's examples) "
-    "or --data.max_length"
+    "--data.batch_size (raise --trainer.accumulate_grad_batches as much to keep a step's examples) or "
+    "the sequences' length (--data.max_length; a corpus's --data.block_size), or a smaller model"
 )
 MEMORY_OPTIONS = {
     "fit": TRAINING,
     "suite": f"the runs' {TRAINING}",
     **dict.fromkeys(("validate", "test", "predict"), "--data.eval_batch_size"),
+    **dict.fromkeys(("label", "embed", "generate"), "--batch_size"),
 }
 
 
@@ -271,5 +272,5 @@ def out_of_memory(exc: BaseException, command: str) -> str | None:
     asked = f"{int(on_cpu[1]) / 2**30:.2f} GiB" if on_cpu else None
     asked = asked or next(iter(re.findall(r"Tried to allocate ([\d.]+ \w+)", text)), None)
     size = f" (it asked for {asked} more)" if asked else ""
-    lower = MEMORY_OPTIONS.get(command, "--batch_size")
-    return f"out of {'GPU ' * ('CUDA' in text)}memory{size}: lower {lower}."
+    lower = f": lower {MEMORY_OPTIONS[command]}" if command in MEMORY_OPTIONS else ""  # (export: no option)
+    return f"out of {'GPU ' * ('CUDA' in text)}memory{size}{lower}."

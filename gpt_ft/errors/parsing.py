@@ -113,9 +113,11 @@ def unimported(value: str | None) -> str | None:
     parts = value.split(".")
     for i in range(len(parts) - 1, 0, -1):
         try:
-            importlib.import_module(".".join(parts[:i]))
+            module = importlib.import_module(".".join(parts[:i]))
         except ImportError:
             continue
+        if hasattr(module, parts[i]):  # it imports: a class of another kind than the option takes
+            return f"class_path {value!r} is not a class this option takes"
         return f"class_path {value!r} does not import: {'.'.join(parts[:i])} has no {parts[i]!r}"
     return f"class_path {value!r} does not import: there is no module {parts[0]!r} (nor a file of that name)"
 

@@ -358,6 +358,9 @@ def test_a_bad_option_in_a_config_file_names_the_file(run):
         "gpt-ft: error: --data.task: class_path 'gpt_ft.adapters.SingleTxt' does not import: gpt_ft.adapters "
         "has no 'SingleTxt'."
     )
+    assert run("--trainer.callbacks+=torch.nn.Linear") == (  # one that imports: of another kind
+        "gpt-ft: error: --trainer.callbacks: class_path 'torch.nn.Linear' is not a class this option takes."
+    )
 
 
 def test_an_option_without_its_value_says_how_to_give_one(run):
@@ -797,7 +800,8 @@ def test_a_command_that_joined_a_process_group_destroys_it_before_exiting(monkey
     [
         ("fit", lambda: torch.empty(2**48), "out of memory (it asked for 1048576.00 GiB more): lower "
          "--data.batch_size (raise --trainer.accumulate_grad_batches as much to keep a step's examples) or "
-         "--data.max_length."),
+         "the sequences' length (--data.max_length; a corpus's --data.block_size), or a smaller model."),
+        ("calibrate", lambda: torch.empty(2**48), "out of memory (it asked for 1048576.00 GiB more)."),
         ("predict", lambda: (_ for _ in ()).throw(torch.OutOfMemoryError(
             "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB")),
          "out of GPU memory (it asked for 2.00 GiB more): lower --data.eval_batch_size."),
