@@ -331,10 +331,11 @@ def takes_tokenizer(out: Path, overwrite: bool) -> None:
 @contextmanager
 def written_whole(out: Path) -> Iterator[Path]:
     """A folder to write into beside `out` (its parent holds scratch files too), whose files move
-    into `out` once all are written: a failed write leaves no half folder. A new or empty `out`
-    takes the folder by one rename, which refuses a folder another process filled meanwhile."""
+    into `out` once all are written: a failed write leaves no half folder. A new `out` is the folder
+    renamed (one step: another process's made meanwhile is refused); an empty one (a mount point, a
+    folder of its own permissions) takes its files, unless another process filled it meanwhile."""
     real = Path(os.path.realpath(out))  # (a link's target: the rename stays on its file system)
-    new = not real.exists() or real.is_dir() and not any(real.iterdir())
+    new, empty = not real.exists(), real.is_dir() and not any(real.iterdir())
     with writing(out):
         real.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=real.parent, prefix=f".{real.name}.") as scratch:
@@ -352,6 +353,8 @@ def written_whole(out: Path) -> Iterator[Path]:
                     if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
                         raise
                     raise OSError(exc.errno, "another process wrote there meanwhile") from None
+            if empty and (not real.is_dir() or any(real.iterdir())):
+                raise OSError(errno.ENOTEMPTY, "another process wrote there meanwhile")
             out.mkdir(exist_ok=True)
             for item in staged.iterdir():
                 shutil.move(str(item), out / item.name)

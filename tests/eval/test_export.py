@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from importlib.util import find_spec
 from pathlib import Path
@@ -508,16 +509,25 @@ def test_export_command(tmp_path, finetuned, capsys, monkeypatch):
 
     def meanwhile(model, folder, **kwargs):
         save(model, folder, **kwargs)
-        raced.mkdir()
+        raced.mkdir(exist_ok=True)
         (raced / "config.json").write_text("another run's")
 
     with monkeypatch.context() as patch:
         patch.setattr(PreTrainedModel, "save_pretrained", meanwhile)
-        assert error(capsys, "export", f"--ckpt_path={finetuned.ckpt}", f"--out={raced}") == (
-            f"{raced}: could not be written (another process wrote there meanwhile); the previous folder "
-            "is kept."
-        )
-    assert files(raced) == {"config.json": b"another run's"} and not list(tmp_path.glob(".raced*"))
+        for made in (False, True):  # a new folder, and an empty one given
+            shutil.rmtree(raced, ignore_errors=True)
+            if made:
+                raced.mkdir()
+            assert error(capsys, "export", f"--ckpt_path={finetuned.ckpt}", f"--out={raced}") == (
+                f"{raced}: could not be written (another process wrote there meanwhile); the previous "
+                "folder is kept."
+            )
+            assert files(raced) == {"config.json": b"another run's"} and not list(tmp_path.glob(".raced*"))
+    # An empty folder given (a mount point, a group's folder) takes the files, its own mode kept.
+    (shared := tmp_path / "shared").mkdir()
+    shared.chmod(0o2750)
+    main(["export", f"--ckpt_path={finetuned.ckpt}", f"--out={shared}"])
+    assert (shared / "config.json").is_file() and shared.stat().st_mode & 0o7777 == 0o2750
 
 
 def test_export_names_the_class_that_loads_what_is_no_sequence_classifier(
