@@ -76,11 +76,12 @@ INNER = "GPT_FT_TESTS_OWN_SESSION"  # set in that session
 
 
 def whole_suite(config) -> bool:
-    """Whether the session runs every test: no path given (or the repository's, or tests/), no -k
-    or -m selection (which the session of their own would not see)."""
+    """Whether the session runs every test: no path given (or the repository's, or tests/), no -k,
+    -m, --ignore or --deselect (which the session of their own would not see), nor --collect-only."""
     here, option = config.invocation_params.dir, config.option
     given = any((here / a.split("::")[0]).resolve() in (ROOT, ROOT / "tests") for a in config.args)
-    return given and not option.keyword and not option.markexpr
+    narrowed = (option.keyword, option.markexpr, option.ignore, option.ignore_glob, option.deselect)
+    return given and not any(narrowed) and not option.collectonly
 
 
 def pytest_ignore_collect(collection_path, config):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -139,13 +140,13 @@ def _points(path: str | Path, task: str, points: Any) -> Values:
         raise ValueError(f"{where}: expected {{SIZE: {{SEED: SCORE}}}}, got {points!r}.")
     values: Values = {}
     for size, seeds in points.items():
-        if size != "all" and not (size.isdigit() and int(size) > 0):
+        if size != "all" and not (re.fullmatch("[0-9]+", size) and int(size) > 0):  # ('²', '١٠': no size)
             raise ValueError(f"{where}: size {size!r} is not a positive whole number or 'all'.")
         if not isinstance(seeds, dict):
             raise ValueError(f"{where}, size {size}: expected {{SEED: SCORE}}, got {seeds!r}.")
         for seed, score in seeds.items():
             number = isinstance(score, (int, float)) and not isinstance(score, bool)
-            if not seed.isdigit() or not (score is None or number):
+            if not re.fullmatch("[0-9]+", seed) or not (score is None or number):
                 raise ValueError(
                     f"{where}, size {size}: seed {seed!r} with score {score!r} is not SEED: SCORE."
                 )

@@ -771,6 +771,11 @@ submission: {{archive: sub.zip, files: [SENT.tsv]}}
             '{"name": "x", "tasks": {"sent": {"many": {"0": 1}}}}',
             "task sent: size 'many' is not a positive whole",
         ),
+        (  # digits of other scripts: int() took '١٠' for 10, and failed on '²' in no sentence
+            '{"name": "x", "tasks": {"sent": {"\u00b2": {"0": 1}}}}',
+            "task sent: size '²' is not a positive whole",
+        ),
+        ('{"name": "x", "tasks": {"sent": {"\u0661\u0660": {"0": 1}}}}', "size '١٠' is not a positive whole"),
         (
             '{"name": "x", "tasks": {"sent": {"2": {"0": "high"}}}}',
             "size 2: seed '0' with score 'high' is not",
