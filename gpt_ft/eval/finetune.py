@@ -122,15 +122,25 @@ def absent_paths(config: dict[str, Any], where: str) -> dict[str, Any]:
     return config
 
 
-def check_seed(config: dict[str, Any], seed: int, where: str) -> dict[str, Any]:
-    """`config`, a suite run's resolved configuration, where it keeps the run's seed: a
-    `--seed_everything` among the suite's fit arguments (given last, so it wins) would run every
-    seed as one, and report a spread of 0."""
+def check_run(config: dict[str, Any], seed: int, folder: Path, where: str) -> dict[str, Any]:
+    """`config`, a suite run's resolved configuration, where it keeps the run's seed and its logs in
+    its `folder`: a `--seed_everything` among the suite's fit arguments (given last, so it wins)
+    would run every seed as one, and report a spread of 0; a logger of their own (a list, W&B's)
+    would write every run's logs and checkpoints where it says, never deleted once scored."""
     if (given := config.get("seed_everything")) != seed:
         raise ValueError(
             f"{where}: --seed_everything {given} in the fit arguments would run each of the suite's seeds "
             f"as {given}; the suite sets every run's seed (seeds: in its file, or --seeds)."
         )
+    loggers = config.get("trainer", {}).get("logger")
+    for logger in loggers if isinstance(loggers, list) else [loggers] if isinstance(loggers, dict) else []:
+        if (logger.get("init_args") or {}).get("save_dir") != str(folder) or isinstance(loggers, list):
+            name = str(logger.get("class_path", "")).rsplit(".", 1)[-1]
+            raise ValueError(
+                f"{where}: --trainer.logger {name}{' (of a list)' * isinstance(loggers, list)} in the fit "
+                f"arguments would write every run's logs and checkpoints outside its folder ({folder}): a "
+                "suite keeps them there (its checkpoints deleted once scored); leave it the CSV logger."
+            )
     return config
 
 

@@ -35,7 +35,7 @@ from gpt_ft.data.folders import first_process, held
 from gpt_ft.errors import check_output_dir
 from gpt_ft.eval import suite_file, zeroshot
 from gpt_ft.eval.curves import MISSING, baseline_curves, collect_curves, labels_saved, read_baselines
-from gpt_ft.eval.finetune import check_seed, config_changes, fit_and_evaluate, main_key, resolved
+from gpt_ft.eval.finetune import check_run, config_changes, fit_and_evaluate, main_key, resolved
 from gpt_ft.eval.results import (
     benchmark_score,
     changed_files,
@@ -240,7 +240,7 @@ class SuiteRunner:
             where = f"{self.source}, task {run.task!r}" + (f", row {run.row!r}" if run.row else "")
             parts = self.fit_args_of(run, own=True), self.fit_args, self._min_steps(run)
             config = resolved(build_fit, parts, where)
-            self.resolved[run.folder] = check_seed(config, run.seed, where)
+            self.resolved[run.folder] = check_run(config, run.seed, self.out / "runs" / run.folder, where)
         return self.resolved[run.folder]
 
     def _min_steps(self, run: Run) -> list[str]:

@@ -177,6 +177,17 @@ submission: {{archive: sub.zip, files: [SENT.tsv, STS-B.jsonl, AX.tsv]}}
         "the suite sets every run's seed (seeds: in its file, or --seeds)."
     )
     assert {p: p.read_bytes() for p in runs.rglob("*") if p.is_file()} == before
+    # A logger of the fit arguments' own (configs/trainer/mlflow.yaml's list): every run's logs and
+    # checkpoints went to ./runs, never deleted.
+    with pytest.raises(SystemExit):
+        main([*argv, "--tasks", "sts", *fit_args(*FIT, f"--config={ROOT / 'configs/trainer/mlflow.yaml'}")])
+    said = capsys.readouterr().err.strip()
+    assert said.endswith(
+        "task 'sts': --trainer.logger CSVLogger (of a list) in the fit arguments would write every run's "
+        f"logs and checkpoints outside its folder ({runs / 'seed-0'}): a suite keeps them there (its "
+        "checkpoints deleted once scored); leave it the CSV logger."
+    )
+    assert {p: p.read_bytes() for p in runs.rglob("*") if p.is_file()} == before
 
 
 def test_suite_zero_shot_and_transfer_sweep(tmp_path, tokenizer_dir, capsys):
