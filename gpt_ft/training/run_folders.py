@@ -193,7 +193,7 @@ def logs_follow_root_dir(trainer) -> None:
 def no_folder(trainer) -> None:
     """A first logger that keeps no folder (MLflow on a database), where the run's config.yaml,
     checkpoints and reports go: one sentence (LightningCLI's config saver failed an assertion)."""
-    first = trainer.loggers[0] if trainer.loggers else None
+    first = trainer.loggers[0] if trainer.loggers and not trainer.fast_dev_run else None  # (Dummy's: none)
     if first is not None and getattr(first, "log_dir", None) is None and first.save_dir is None:
         raise ValueError(
             f"--trainer.logger: {type(first).__name__}, the first logger, keeps no folder of its own (a "

@@ -124,7 +124,7 @@ def test_bad_hyperparameters():
         GPTModule(preset="gpt-micro", weight_decay=-0.1)
     with pytest.raises(ValueError, match=r"betas must be two numbers in \[0, 1\), got \[0.9, 1.5\]\."):
         GPTModule(preset="gpt-micro", betas=(0.9, 1.5))
-    with pytest.raises(ValueError, match=r"eps must be >= 0, got -1e-08\."):
+    with pytest.raises(ValueError, match=r"eps must be > 0, got -1e-08\."):
         GPTModule(preset="gpt-micro", eps=-1e-8)
     with pytest.raises(ValueError, match=r"^classifier_dropout must be in \[0, 1\), got 1.5\.$"):  # torch's
         GPTModule(preset="gpt-micro", classifier_dropout=1.5)
