@@ -209,9 +209,8 @@ def main() -> None:
                         "to train on as triplets instead of STS-B's pairs")  # fmt: skip
     parser.add_argument("--tokenizer", help="a tokenizer for random weights; not with --init-from")
     parser.add_argument("--init-from", default=None, help="pretrained weights (a .gguf, a folder, a hub id)")
-    parser.add_argument(
-        "--contenders", nargs="+", default=CONTENDERS[:3] + CONTENDERS[4:], choices=CONTENDERS
-    )
+    parser.add_argument("--contenders", nargs="+", default=None, choices=CONTENDERS,
+                        help="default: all but ours-mean; ours-mean-row with --init-from only")  # fmt: skip
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="each contender once per seed")
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--width", type=int, default=384)
@@ -232,6 +231,10 @@ def main() -> None:
     args = parser.parse_args()
     if not (args.tokenizer or args.init_from):
         parser.error("give --tokenizer (random weights) or --init-from (pretrained ones)")
+    if args.contenders is None:  # (random weights: without ours-mean-row, which needs pretrained rows)
+        args.contenders = [
+            c for c in CONTENDERS[:3] + CONTENDERS[4:] if c != "ours-mean-row" or args.init_from
+        ]
     if "ours-mean-row" in args.contenders and not args.init_from:  # random weights hold their rows
         parser.error("ours-mean-row needs --init-from: it starts the framing rows of pretrained weights")
     out = Path(args.out).resolve()  # (a relative one from where it runs)

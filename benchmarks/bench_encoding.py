@@ -60,9 +60,9 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as cache:
             cmd = [sys.executable, __file__, "--child", "--glue", args.glue, "--tokenizer", args.tokenizer]
             env = {**__import__("os").environ, "HF_DATASETS_CACHE": cache}
-            out = subprocess.run(
-                cmd + ["--num-proc", str(n)], capture_output=True, text=True, env=env, check=True
-            )
+            out = subprocess.run(cmd + ["--num-proc", str(n)], capture_output=True, text=True, env=env)
+        if out.returncode:  # the child's own last words, not a CalledProcessError's traceback
+            sys.exit(f"bench_encoding.py: {(out.stderr.strip().splitlines() or ['failed'])[-1]}")
         r = json.loads(out.stdout.strip().splitlines()[-1])
         rate = r["examples"] / r["seconds"]
         print(f"{n:>9} {r['examples']:>9} {r['seconds']:>8.2f} {rate:>11.0f} {r['peak_mb']:>9.0f}")

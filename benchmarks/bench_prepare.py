@@ -29,7 +29,9 @@ def run_prepare(inputs: list[str], tokenizer: str, workers: int, workdir: Path) 
         "self_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
         "print(json.dumps({**meta, 'peak_mb': self_kb / 1024}))\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if result.returncode:  # the child's own last words, not a CalledProcessError's traceback
+        sys.exit(f"bench_prepare.py: {(result.stderr.strip().splitlines() or ['failed'])[-1]}")
     meta = json.loads(result.stdout.strip().splitlines()[-1])
     for f in out.iterdir():
         if f.is_file():

@@ -38,6 +38,7 @@ def main() -> None:
     if not args.init_from:
         sys.exit("give --init-from: both sides start from the same pretrained weights")
     args.seed = 0  # the Trainer's new head, drawn as bench_steps.py draws it
+    args.attention = "sdpa"  # (peers.peer_model's: the Trainer's attention, as bench_steps.py's default)
     from transformers import (
         AutoModelForTokenClassification,
         AutoTokenizer,

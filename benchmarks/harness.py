@@ -15,6 +15,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import asdict, dataclass, field
@@ -211,18 +212,20 @@ def gpt_ft(*args: str, log: Path | None = None, echo: bool = True, check: bool =
     if echo:
         print(f"$ gpt-ft {' '.join(args)}", flush=True)
     lines, start = [], time.perf_counter()
-    sink = open(log, "w") if log else subprocess.DEVNULL
+    sink = open(log, "w") if log else tempfile.TemporaryFile("w+")  # (no log: its words still said)
     try:
         with subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=sink, text=True) as proc:
             for line in proc.stdout:
                 lines.append(line)
                 if echo:
                     print("  " + line.rstrip("\n"), flush=True)
+        if not log:
+            sink.seek(0)
+            said = sink.read()
     finally:
-        if log:
-            sink.close()
+        sink.close()
     if check and proc.returncode != 0:
-        text = Path(log).read_text(errors="replace") if log else ""
+        text = Path(log).read_text(errors="replace") if log else said
         print(text[-3000:], end="", file=sys.stderr)
         last = [line.strip() for line in text.splitlines() if line.strip()][-1:]
         raise SystemExit(
