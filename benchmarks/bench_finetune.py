@@ -52,8 +52,10 @@ def main() -> None:
     parser.add_argument("--out", default="runs/bench_finetune")
     parser.add_argument("--results", default=None, help="also write the table's rows to this JSON file")
     args, extra = parser.parse_known_args()
-    epochs_for = dict(item.split("=") for item in args.epochs_for)
-    steps_for = dict(item.split("=") for item in args.steps_for)
+    epochs_for, steps_for = (
+        per_task(parser, "--epochs-for", args.epochs_for),
+        per_task(parser, "--steps-for", args.steps_for),
+    )
     rows = []
     for name in args.tasks:
         card, folder, metric = TASKS[name]
@@ -82,9 +84,10 @@ def main() -> None:
         if args.init_from:
             cmd.append(f"--model.init_from={args.init_from}")
         if name in steps_for:
-            cmd += [
+            cmd += [  # validated at its end, whatever the epoch's length (a budget past one epoch)
                 f"--trainer.max_steps={steps_for[name]}",
                 f"--trainer.val_check_interval={steps_for[name]}",
+                "--trainer.check_val_every_n_epoch=null",
             ]
         print(f"$ {' '.join(cmd[2:])}", flush=True)
         out = subprocess.run(cmd + extra, capture_output=True, text=True, cwd=ROOT)
@@ -107,6 +110,17 @@ def main() -> None:
     if args.results:
         keys = ("task", "metric", "epochs", "seconds_per_epoch", "last", "best")
         Path(args.results).write_text(json.dumps([dict(zip(keys, row)) for row in rows], indent=1))
+
+
+def per_task(parser, option: str, items: list[str]) -> dict[str, int]:
+    """`TASK=N` items as {TASK: N}, each TASK one of TASKS (a misspelt one was silently ignored)."""
+    found = {}
+    for item in items:
+        name, _, n = item.partition("=")
+        if name not in TASKS or not n.isdigit():
+            parser.error(f"{option} {item!r}: give TASK=N, TASK one of {', '.join(TASKS)}")
+        found[name] = int(n)
+    return found
 
 
 if __name__ == "__main__":
