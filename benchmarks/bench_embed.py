@@ -223,18 +223,15 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--warmup", type=float, default=0.1, help="share of the steps")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], type=harness.device)
-    parser.add_argument(
-        "--bf16", action="store_true", help="bf16 on the CPU too (bf16-mixed; the peer's bf16)"
-    )
+    parser.add_argument("--bf16", action="store_true", help="bf16 on the CPU too (bf16-mixed, the peer's)")
     parser.add_argument("--out", default=str(ROOT / "runs" / "bench_embed"))
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     args = parser.parse_args()
     if not (args.tokenizer or args.init_from):
         parser.error("give --tokenizer (random weights) or --init-from (pretrained ones)")
-    if args.contenders is None:  # (random weights: without ours-mean-row, which needs pretrained rows)
-        args.contenders = [
-            c for c in CONTENDERS[:3] + CONTENDERS[4:] if c != "ours-mean-row" or args.init_from
-        ]
+    if args.contenders is None:  # all but ours-mean; ours-mean-row needs pretrained rows
+        unfit = {"ours-mean", *["ours-mean-row"] * (not args.init_from)}
+        args.contenders = [c for c in CONTENDERS if c not in unfit]
     if "ours-mean-row" in args.contenders and not args.init_from:  # random weights hold their rows
         parser.error("ours-mean-row needs --init-from: it starts the framing rows of pretrained weights")
     out = Path(args.out).resolve()  # (a relative one from where it runs)

@@ -205,27 +205,24 @@ class Run:
 
 
 def gpt_ft(*args: str, log: Path | None = None, echo: bool = True, check: bool = True) -> Run:
-    """Runs `gpt-ft ARGS` in the project root; its stdout is returned (and printed as it comes with
-    `echo`), its stderr goes to `log`. With `check`, a failure ends the script with one sentence
-    ending in the log's last line (the log's tail goes to stderr: `log` may be in a folder about to go)."""
+    """Runs `gpt-ft ARGS` in the project root; its stdout is returned (and printed as it comes with `echo`),
+    its stderr goes to `log`. With `check`, a failure ends the script in stderr's last line, tail shown."""
     cmd = [sys.executable, "-m", "gpt_ft", *args]
     if echo:
         print(f"$ gpt-ft {' '.join(args)}", flush=True)
     lines, start = [], time.perf_counter()
-    sink = open(log, "w") if log else tempfile.TemporaryFile("w+")  # (no log: its words still said)
+    sink = open(log, "w+", errors="replace") if log else tempfile.TemporaryFile("w+", errors="replace")
     try:
         with subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=sink, text=True) as proc:
             for line in proc.stdout:
                 lines.append(line)
                 if echo:
                     print("  " + line.rstrip("\n"), flush=True)
-        if not log:
-            sink.seek(0)
-            said = sink.read()
+        sink.seek(0)  # (with no log, its words are said all the same)
+        text = sink.read() if check and proc.returncode else ""
     finally:
         sink.close()
     if check and proc.returncode != 0:
-        text = Path(log).read_text(errors="replace") if log else said
         print(text[-3000:], end="", file=sys.stderr)
         last = [line.strip() for line in text.splitlines() if line.strip()][-1:]
         raise SystemExit(
