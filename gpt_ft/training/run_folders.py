@@ -300,7 +300,9 @@ class RunFolder(Callback):
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         if stage != "fit" and trainer.logger is None:  # an evaluation keeps ROOT/config.yaml, a fit's
-            for saver in (c for c in trainer.callbacks if type(c).__name__ == "SaveConfigCallback"):
+            from lightning.pytorch.cli import SaveConfigCallback
+
+            for saver in (c for c in trainer.callbacks if isinstance(c, SaveConfigCallback)):
                 saver.already_saved = True  # (its configuration saved nowhere: it is the checkpoint's)
         if stage == "fit":
             try:
