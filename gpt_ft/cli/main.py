@@ -263,18 +263,18 @@ def main(argv: list[str] | None = None) -> None:
         with sigterm_stops():  # (a Lightning run's own handler, once it starts, stops it at a step's end)
             COMMANDS[name].run(name, args)
         release_process_group()
+    except argparse.ArgumentError as exc:  # (first: an option's refused value is a ValueError too)
+        if debug:
+            raise
+        problem = next((e for e in errors.causes(exc) if isinstance(e, errors.FileProblem)), None)
+        said = in_config_file(lone_value(parse_error_message(str(exc)), args), args)
+        fail(undecodable_file(exc) or (str(problem) if problem else said))
     except USER_ERRORS as exc:
         if debug:
             raise
         if not first_process(of_its_group=True) and any(isinstance(e, ALIKE) for e in errors.causes(exc)):
             raise SystemExit(2) from None  # the same files read, every process stopped by a non-finite loss
         fail(undecodable_file(exc) or not_installed(exc) or user_message(exc))
-    except argparse.ArgumentError as exc:
-        if debug:
-            raise
-        problem = next((e for e in errors.causes(exc) if isinstance(e, errors.FileProblem)), None)
-        said = in_config_file(lone_value(parse_error_message(str(exc)), args), args)
-        fail(undecodable_file(exc) or (str(problem) if problem else said))
     except OSError as exc:  # a file that cannot be read or written (no space, permission, read-only)
         if debug or exc.filename is None and (said := errors.unnamed_write(exc)) is None:
             raise

@@ -38,6 +38,14 @@ def about(name, i: int, task: str) -> Iterator[None]:
         ) from None
 
 
+class OptionError(argparse.ArgumentError, ValueError):
+    """A value an option gave that is refused, in one sentence naming the option: the command line
+    reports it as its own error, Python callers catch a ValueError."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(None, message)
+
+
 class FileProblem(ValueError):
     """A file named on the command line that cannot be used (a config, a card, a checkpoint), in one
     sentence naming it: every process of a distributed run reads it and meets the fault alike."""

@@ -14,7 +14,6 @@ are in `presets.py`.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import difflib
 import math
@@ -24,6 +23,7 @@ from typing import Any, ClassVar, Literal
 
 import torch.nn.functional as F
 
+from gpt_ft.errors import OptionError
 from gpt_ft.model.presets import PRESETS
 
 Activation = Literal["gelu_tanh", "gelu", "relu", "silu"]
@@ -396,4 +396,4 @@ def preset_config(preset: str, overrides: dict | None, **fixed) -> GPTConfig:
     try:
         return GPTConfig.from_name(preset, **{**overrides, **fixed})
     except (ValueError, TypeError) as exc:  # (an argument's error: a suite names its file and task)
-        raise argparse.ArgumentError(None, f"{str(exc).rstrip('.')} (--model.overrides).") from None
+        raise OptionError(f"{str(exc).rstrip('.')} (--model.overrides).") from None

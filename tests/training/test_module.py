@@ -166,6 +166,9 @@ def test_bad_hyperparameters():
             GPTModule(preset="gpt-micro", **{name: value})
     with pytest.raises(FileNotFoundError, match="Checkpoint nowhere.ckpt does not exist"):
         GPTModule(init_from="nowhere.ckpt")
+    # A misspelt override was an argparse.ArgumentError, which Python callers do not expect
+    with pytest.raises(ValueError, match=r"\['n_lyer'\] in the overrides of preset 'gpt-micro': did you mean"):
+        GPTModule(preset="gpt-micro", overrides={"n_lyer": 2})
 
 
 def test_a_checkpoint_of_another_shape_head_or_kind_is_named_in_one_sentence():
