@@ -30,7 +30,7 @@ from gpt_ft.data.folders import (
     release_process_group,
     sigterm_stops,
 )
-from gpt_ft.errors.parsing import parse_error_message
+from gpt_ft.errors.parsing import parse_error_message, repeated_in_options
 from gpt_ft.training.memory import keep_freed_memory
 from gpt_ft.workarounds.cli import file_not_decoded
 from gpt_ft.workarounds.kernels import torchao_import_loggers
@@ -258,6 +258,8 @@ def main(argv: list[str] | None = None) -> None:
     keep_freed_memory()
     try:
         args = piped_configs_read(args)
+        if said := repeated_in_options(args):
+            fail(said)
         if typed:  # a DDP run's other processes start from sys.argv: they take the pipes' text read here
             sys.argv[2:] = args
         with sigterm_stops():  # (a Lightning run's own handler, once it starts, stops it at a step's end)

@@ -197,6 +197,20 @@ def repeated_key(text: str) -> str | None:
     return None
 
 
+def repeated_in_options(args: list[str]) -> str | None:
+    """One sentence naming the option whose value, a mapping written inline, gives a key twice
+    (`--trainer={max_steps: 2, max_steps: 3}`, which YAML takes silently, the last winning); None
+    if none does."""
+    for i, arg in enumerate(args):
+        name, given, value = arg.partition("=")
+        if not given and arg.startswith("--") and i + 1 < len(args):
+            value = args[i + 1]
+        if arg.startswith("--") and value.lstrip()[:1] in ("{", "[") and (twice := repeated_key(value)):
+            said = twice if "\n" in value.strip() else twice.split(": ", 1)[1]  # ("line 1" of one line)
+            return f"{name}: {said} in {value.strip()}; give it once."
+    return None
+
+
 def yaml_problem(exc) -> str:
     """A YAML parse error in one line: where and what."""
     mark = getattr(exc, "problem_mark", None)

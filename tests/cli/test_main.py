@@ -206,6 +206,12 @@ def test_a_checkpoint_moved_without_its_tokenizer_starts_a_run_with_the_one_give
             "'transformer-engine-float16', '16-true', '16-mixed', 'bf16-true', 'bf16-mixed', '32-true', "
             "'64-true', '64', '32', '16', 'bf16', got 'bf17'.",
         ),
+        # A key given twice in a mapping written inline: YAML kept the last, without a word
+        (
+            "--model.overrides={n_layer: 2, n_layer: 4}",
+            "--model.overrides: key 'n_layer' appears twice in {n_layer: 2, n_layer: 4}; give it once.",
+        ),
+        ("--trainer={max_steps: 2, max_steps: 3}", "--trainer: key 'max_steps' appears twice in"),
         ("--model.eps=0", "eps must be > 0, got 0.0."),  # (AdamW's first update: 0/0 in a gradient-free row)
         (
             "--trainer.gradient_clip_val=-1",
