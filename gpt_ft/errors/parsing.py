@@ -51,6 +51,8 @@ def parse_error_message(text: str) -> str:
         reason = unaccepted[0]
     elif not_a_class:
         reason = not_a_class[0]
+    elif no_subclass and (unset := unset_argument(text, where.rstrip(": "))):
+        reason = unset
     elif no_subclass:  # neither a class path nor a mapping: a number, a list, ...
         kind = (
             "task card (a file, or class_path and init_args)"
@@ -101,6 +103,30 @@ def parse_error_message(text: str) -> str:
     elif re.match(r"class_path 'gpt_ft\.adapters\.\w+' is not a subclass of LightningDataModule", reason):
         reason += hint
     return f"{where}{reason}."
+
+
+def unset_argument(text: str, option: str) -> str | None:
+    """A class added to a list (`--trainer.logger+=CSVLogger`) whose required argument is unset (its
+    class's default does not apply): named, and how to give it; None where no class given is so.
+    jsonargparse's report says only that the list's value is no Logger."""
+    import importlib
+    import inspect
+
+    for m in re.finditer(r"Namespace\(class_path='([\w.]+)', init_args=Namespace\((.*?)\)\)", text):
+        module, _, name = m[1].rpartition(".")
+        try:
+            parameters = inspect.signature(getattr(importlib.import_module(module), name)).parameters
+        except (ImportError, AttributeError, TypeError, ValueError):
+            continue
+        empty = inspect.Parameter.empty
+        if unset := [
+            a for a in re.findall(r"(\w+)=None", m[2]) if getattr(parameters.get(a), "default", 0) is empty
+        ]:
+            return (
+                f"{name}'s {unset[0]} is not set: give it after the class, "
+                f"{option}+={name} {option}.init_args.{unset[0]}=VALUE"
+            )
+    return None
 
 
 def unimported(value: str | None) -> str | None:

@@ -212,6 +212,11 @@ def test_a_checkpoint_moved_without_its_tokenizer_starts_a_run_with_the_one_give
             "--model.overrides: key 'n_layer' appears twice in {n_layer: 2, n_layer: 4}; give it once.",
         ),
         ("--trainer={max_steps: 2, max_steps: 3}", "--trainer: key 'max_steps' appears twice in"),
+        (  # a class added to a list, its required argument unset: "expected a Logger, got [...]"
+            "--trainer.logger+=CSVLogger",
+            "--trainer.logger: CSVLogger's save_dir is not set: give it after the class, "
+            "--trainer.logger+=CSVLogger --trainer.logger.init_args.save_dir=VALUE.",
+        ),
         ("--model.eps=0", "eps must be > 0, got 0.0."),  # (AdamW's first update: 0/0 in a gradient-free row)
         (
             "--trainer.gradient_clip_val=-1",

@@ -167,7 +167,7 @@ def test_bad_hyperparameters():
     with pytest.raises(FileNotFoundError, match="Checkpoint nowhere.ckpt does not exist"):
         GPTModule(init_from="nowhere.ckpt")
     # A misspelt override was an argparse.ArgumentError, which Python callers do not expect
-    with pytest.raises(ValueError, match=r"\['n_lyer'\] in the overrides of preset 'gpt-micro': did you mean"):
+    with pytest.raises(ValueError, match=r"\['n_lyer'\] in the overrides of preset 'gpt-micro': did you"):
         GPTModule(preset="gpt-micro", overrides={"n_lyer": 2})
 
 
