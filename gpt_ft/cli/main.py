@@ -126,7 +126,10 @@ def in_config_file(message: str, args: list[str]) -> str:
         r"does not accept option '([\w.]+)'",
         message,
     )
-    quotes = re.match(r"--([\w.]+): .*, got (.*?)(?: \(\S+ is not an? [^()]+\))?(?:: a list .*)?\.$", message)
+    quotes = re.match(
+        r"--([\w.]+)(?::| must) .*, got (.*?)(?: \(\S+ is not an? [^()]+\))?(?:: a list .*)?\.$", message
+    )
+    quotes = quotes or re.match(r"--([\w.]+): class_path '([^']+)'", message)  # (a class path's, as given)
     unread = re.match(
         r"--([\w.]+): (.+?) (?:is not a file that|does not exist|is a (?:loop of )?sym).*\.$", message
     )
@@ -146,6 +149,7 @@ def in_config_file(message: str, args: list[str]) -> str:
                 unknown
                 or named
                 or (quotes and quoted in (repr(found[0]), str(found[0]), f"'{found[0]}'", f'"{found[0]}"'))
+                or (quotes and isinstance(found[0], dict) and found[0].get("class_path") == quoted)
             ):  # (a list: '[1]')
                 said = message.removeprefix("--").replace(f"(--{key})", f"({key})")
                 return f"{PIPED.get(value, value)}: {said}"
@@ -276,7 +280,7 @@ def main(argv: list[str] | None = None) -> None:
             raise
         if not first_process(of_its_group=True) and any(isinstance(e, ALIKE) for e in errors.causes(exc)):
             raise SystemExit(2) from None  # the same files read, every process stopped by a non-finite loss
-        fail(undecodable_file(exc) or not_installed(exc) or user_message(exc))
+        fail(undecodable_file(exc) or not_installed(exc) or in_config_file(user_message(exc), args))
     except OSError as exc:  # a file that cannot be read or written (no space, permission, read-only)
         if debug or exc.filename is None and (said := errors.unnamed_write(exc)) is None:
             raise

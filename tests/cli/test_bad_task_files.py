@@ -460,7 +460,7 @@ def test_a_card_inside_a_data_mapping_is_named_as_when_given_alone(explain, card
         ("model:\n  lr: null\n", "--model.lr: expected float, got null."),
         (
             "trainer:\n  accumulate_grad_batches: 0\n",
-            "--trainer.accumulate_grad_batches must be >= 1, got 0.",
+            "config.yaml: trainer.accumulate_grad_batches must be >= 1, got 0.",
         ),
         (
             "trainer:\n  devices: -2\n",
@@ -470,7 +470,7 @@ def test_a_card_inside_a_data_mapping_is_named_as_when_given_alone(explain, card
             "trainer:\n  limit_train_batches: -1\n",
             "for limit_train_batches, it has to be in [0.0, 1.0] or an int.",  # -1 or -1.0 before it
         ),
-        ("seed_everything: -1\n", "--seed_everything must be in [0, 4294967295], got -1."),
+        ("seed_everything: -1\n", "config.yaml: seed_everything must be in [0, 4294967295], got -1."),
         (
             "trainer:\n  accelerator: cpu\n  strategy: gpt_ft.training.strategies.BlockFSDP\n",
             "--trainer.strategy: FSDP shards a model over GPUs; on the CPU use ddp.",

@@ -301,6 +301,23 @@ def test_a_bad_option_in_a_config_file_names_the_file(run):
     )
     assert run("--config", str(bad), "--trainer.max_epochs=4") == expected  # the file is read first
     assert run("-c", str(unknown)).startswith(f"gpt-ft: error: {unknown}: ")
+    # Values our own checks refuse, and a task's class path that does not import, named the option alone
+    checked = run.root / "checked.yaml"
+    checked.write_text("seed_everything: -1\n")
+    assert (
+        run("-c", str(checked))
+        == f"gpt-ft: error: {checked}: seed_everything must be in [0, 4294967295], got -1."
+    )
+    assert run("-c", str(checked), "--seed_everything=-1") == (
+        "gpt-ft: error: --seed_everything must be in [0, 4294967295], got -1."
+    )
+    checked.write_text(
+        "data:\n  task:\n    class_path: gpt_ft.adapters.SingleTxt\n    init_args: {name: x}\n"
+    )
+    assert run("-c", str(checked)) == (
+        f"gpt-ft: error: {checked}: data.task: class_path 'gpt_ft.adapters.SingleTxt': module "
+        "'gpt_ft.adapters' has no attribute 'SingleTxt'."
+    )
     listed = run.root / "listed_weights.yaml"  # a list with a bad item: its message says more after the value
     listed.write_text("model:\n  class_weights: [1, x]\n")
     assert run("-c", str(listed)) == (
