@@ -188,18 +188,28 @@ def logs_follow_root_dir(trainer) -> None:
     logger = trainer.get("logger")
     if follows_root_dir(logger, trainer):
         logger.init_args.save_dir = trainer.default_root_dir
+    first = (logger or [None])[0] if isinstance(logger, list) else logger
+    given = (first.get("init_args") or {}) if hasattr(first, "get") else {}
+    uri = given.get("tracking_uri") or os.getenv("MLFLOW_TRACKING_URI", "file:")
+    if str(getattr(first, "class_path", "")).endswith(".MLFlowLogger") and not uri.startswith("file:"):
+        no_folder(trainer, "MLFlowLogger")  # (before the logger makes its store: a database's file)
 
 
-def no_folder(trainer) -> None:
-    """A first logger that keeps no folder (MLflow on a database), where the run's config.yaml,
-    checkpoints and reports go: one sentence (LightningCLI's config saver failed an assertion)."""
-    first = trainer.loggers[0] if trainer.loggers and not trainer.fast_dev_run else None  # (Dummy's: none)
-    if first is not None and getattr(first, "log_dir", None) is None and first.save_dir is None:
-        raise ValueError(
-            f"--trainer.logger: {type(first).__name__}, the first logger, keeps no folder of its own (a "
-            "tracking server or database), where a run's config.yaml, checkpoints and reports go: put a "
-            "CSVLogger first, as configs/trainer/mlflow.yaml does."
-        )
+def no_folder(trainer, planned: str | None = None) -> None:
+    """A first logger that keeps no folder (MLflow on a database; `planned`: its class, as configured),
+    where the run's config.yaml, checkpoints and reports go: one sentence (LightningCLI's config saver
+    failed an assertion)."""
+    if planned is None:
+        first = trainer.loggers[0] if trainer.loggers and not trainer.fast_dev_run else None  # (Dummy: none)
+        if first is None or getattr(first, "log_dir", None) is not None or first.save_dir is not None:
+            return
+    elif trainer.get("fast_dev_run"):
+        return
+    raise ValueError(
+        f"--trainer.logger: {planned or type(first).__name__}, the first logger, keeps no folder of its own "
+        "(a tracking server or database), where a run's config.yaml, checkpoints and reports go: put a "
+        "CSVLogger first, as configs/trainer/mlflow.yaml does."
+    )
 
 
 def no_run_config(trainer) -> None:

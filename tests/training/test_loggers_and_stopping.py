@@ -165,6 +165,7 @@ def test_mlflow_records_the_metrics(background):
         "tracking server or database), where a run's config.yaml, checkpoints and reports go: put a "
         "CSVLogger first, as configs/trainer/mlflow.yaml does."
     )
+    assert not (background.root / "alone.db").exists()  # refused before MLflow made its store
 
 
 def test_wandb_offline_records_the_metrics(tmp_path, tokenizer_dir, monkeypatch):
