@@ -346,13 +346,12 @@ class TaskAdapter:
     def template(self, specials) -> tuple[str, str]:
         """GPT-1's input transform as a tokenizer's post-processing templates (single, pair) over
         the special tokens' names: what `frame` builds, for a tokenizer that frames texts
-        itself (`gpt-ft export`). A sequence of more texts has no such template of its own: refused
-        (an adapter that frames three gives its own `template`, or is served by `Classifier`)."""
+        itself (`gpt-ft export`). A template holds one or two texts ($A, $B): a sequence of more is
+        refused (served by `Classifier`); a shape that frames two otherwise gives its own."""
         if self.num_sequences == 1 and (n := len(self.text_groups or self.text_fields())) > 2:
             raise ValueError(
                 f"Task {self.name!r} ({type(self).__name__}) frames {n} texts in its sequence, and a "
-                "tokenizer frames one or two: give the adapter a `template` of its own to export it, or "
-                "serve it with gpt_ft's Classifier or `gpt-ft label`."
+                "tokenizer frames one or two: serve it with gpt_ft's Classifier or `gpt-ft label`."
             )
         start, delim, extract = specials
         return f"{start} $A {extract}", f"{start} $A {delim} $B {extract}"

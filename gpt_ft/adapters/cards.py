@@ -19,8 +19,14 @@ from jsonargparse import ArgumentParser, get_loader, set_dumper, set_loader
 
 from gpt_ft.adapters.base import TaskAdapter
 from gpt_ft.adapters.sources import SOURCE_KINDS, HubDataset, LocalFiles, source_problem
-from gpt_ft.errors import FileProblem, absent
-from gpt_ft.errors.parsing import parse_error_message, repeated_key, yaml_file_problem, yaml_problem
+from gpt_ft.errors import CardError, FileProblem, absent
+from gpt_ft.errors.parsing import (
+    parse_error_message,
+    repeated_key,
+    untyped_parameter,
+    yaml_file_problem,
+    yaml_problem,
+)
 from gpt_ft.workarounds.cli import (
     config_file_being_read,
     config_pipe_being_read,
@@ -53,7 +59,7 @@ def card_from_value(value, where: str) -> TaskAdapter:
     try:
         return parser.instantiate_classes(parser.parse_object({"task": value})).task
     except Exception as exc:  # jsonargparse's validation errors
-        reason = parse_error_message(str(exc)).removeprefix("--task: ")
+        reason = parse_error_message(str(exc), untyped_parameter(exc)).removeprefix("--task: ")
         raise ValueError(f"{where}: {reason}") from None
 
 
@@ -218,8 +224,15 @@ def as_task(task):
     """A task card's adapter; from Python, a card's file (as the command line reads it) or its
     class_path and init_args too."""
     if isinstance(task, (str, os.PathLike)):
-        return load_card(task)
-    return card_from_value(task, "task") if isinstance(task, dict) else task
+        task = load_card(task)
+    task = card_from_value(task, "task") if isinstance(task, dict) else task
+    kind = type(task)
+    if missing := [m for m in ("text_fields", "encode") if getattr(kind, m, None) is getattr(TaskAdapter, m)]:
+        raise CardError(
+            f"Task {task.name!r} ({kind.__module__}.{kind.__qualname__}) does not implement {missing[0]}(), "
+            "which every adapter must (docs/tasks.md, A new input shape)."
+        )
+    return task
 
 
 def card_key(task) -> str:

@@ -30,7 +30,7 @@ from gpt_ft.data.folders import (
     release_process_group,
     sigterm_stops,
 )
-from gpt_ft.errors.parsing import parse_error_message, repeated_in_options
+from gpt_ft.errors.parsing import parse_error_message, repeated_in_options, untyped_parameter
 from gpt_ft.training.memory import keep_freed_memory
 from gpt_ft.workarounds.cli import file_not_decoded
 from gpt_ft.workarounds.kernels import torchao_import_loggers
@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> None:
         if debug:
             raise
         problem = next((e for e in errors.causes(exc) if isinstance(e, errors.FileProblem)), None)
-        said = in_config_file(lone_value(parse_error_message(str(exc)), args), args)
+        said = in_config_file(lone_value(parse_error_message(str(exc), untyped_parameter(exc)), args), args)
         fail(undecodable_file(exc) or (str(problem) if problem else said))
     except USER_ERRORS as exc:
         if debug:

@@ -66,6 +66,12 @@ def example_ids(task: TaskAdapter, split: str, raw, origin: Origin):
         except TaskDataError as exc:
             raise TaskDataError(origin.explain(f"{origin.source}: {exc}")) from None
     field = task.index if task.index in raw.column_names else None
+    if field is None and task.index not in (None, "idx") and split in task.test_splits:  # (idx: the default)
+        raise TaskDataError(
+            f"{origin.source} has no field {task.index!r}, the card's index (the ids that name its "
+            f"predictions); its fields: {', '.join(origin.file_columns(raw.column_names))}. Name the "
+            "right one, or give `index: null` to number the rows."
+        )
     if field is None or all(integer_id(v) is not None for v in raw[field]):
         return raw, field, {}
     return raw, None, id_names(raw[field], origin, field) if split in task.test_splits else {}

@@ -10,8 +10,9 @@ import re
 from pathlib import Path
 
 
-def parse_error_message(text: str) -> str:
-    """jsonargparse's nested report of a bad argument as one sentence: the argument and the reason."""
+def parse_error_message(text: str, hidden: str | None = None) -> str:
+    """jsonargparse's nested report of a bad argument as one sentence: the argument and the reason
+    (`hidden`: one its report leaves out, `untyped_parameter`'s)."""
     keys = list(dict.fromkeys(re.findall(r'Parser key "([^"]+)"', text)))
     lines = [line.strip(" -") for line in text.splitlines()]
     lines = [line for line in lines if line and not inline(line)]
@@ -86,7 +87,7 @@ def parse_error_message(text: str) -> str:
         noise = ("Parser key", "Does not validate", "Subtypes:", "Errors:", "Given value")
         reasons = [line for line in lines if not line.startswith(noise)]
         reason = reasons[0] if reasons else lines[0] if lines else "invalid arguments"
-    reason = reason.rstrip(".:")
+    reason = (hidden or reason).rstrip(".:")
     if (
         where == "--data: " and reason == "Option 'task' is not accepted"
     ):  # a card, to a language model's data
@@ -103,6 +104,18 @@ def parse_error_message(text: str) -> str:
     elif re.match(r"class_path 'gpt_ft\.adapters\.\w+' is not a subclass of LightningDataModule", reason):
         reason += hint
     return f"{where}{reason}."
+
+
+def untyped_parameter(exc: BaseException | None) -> str | None:
+    """The parameter without a type hint for which jsonargparse refused a class (a user's adapter:
+    a card's values are read by their types), which its outer report leaves out; None if none."""
+    pattern = r"Parameter '(\w+)' from '([\w.<>]+)\.__init__' does not specify a type"
+    while exc is not None and not (m := re.search(pattern, str(exc))):
+        exc = exc.__cause__ or exc.__context__
+    return (
+        exc
+        and f"{m[2]}'s argument {m[1]!r} has no type hint, by which a card's value is read (e.g. list[str])"
+    )
 
 
 def unset_argument(text: str, option: str) -> str | None:

@@ -10,10 +10,10 @@ The folder holds an `OpenAIGPTForSequenceClassification` (GPT-1), `GPT2ForSequen
 (GPT-2), the Llama family's (`LlamaForSequenceClassification`, Qwen2's, Qwen3's, Mistral's, Phi-3's,
 SmolLM3's, OLMo 2's and 3's, `Gemma3TextForSequenceClassification`) or GPT-NeoX's with `id2label`,
 `label2id`, `problem_type` and `pad_token_id` set, and the tokenizer with GPT-1's input transform as its
-post-processor: `[start] text [extract]` and `[start] premise [delim] hypothesis [extract]`
-(truncation leaves the special tokens). A reward model (preference pairs) is one with `num_labels:
-1`, the reward of `tokenizer(prompt, reply)`, as TRL's trainers and vLLM's scoring load them.
-transformers reads the score at the last token that is not padding: the extract token, as gpt_ft does.
+post-processor: `[start] text [extract]` and `[start] premise [delim] hypothesis [extract]`. A reward
+model (preference pairs) is one with `num_labels: 1`, the reward of `tokenizer(prompt, reply)`, as
+TRL's trainers and vLLM's scoring load them. transformers reads the score at the last token that is
+not padding: the extract token, as gpt_ft does.
 
 transformers' score layer has no bias. Models without biases (the Llama family) train heads without
 one, so their export is the head as it is. GPT-1's, GPT-2's and GPT-NeoX's heads have a bias. The
@@ -160,10 +160,12 @@ def export_classifier(clf: Classifier, out: str | Path, *, format: str = "transf
     elif (task.num_sequences == 1 or output.served_per_sequence) and output.problem_type is not None:
         model = sequence_classifier(clf)
     else:
+        why = f"it adds the states of an example's {task.num_sequences} sequences, as none does"
+        if output.problem_type is None:
+            why = "transformers has multiple-choice models of GPT-1 and GPT-2 only"
         raise ValueError(
             f"Task {task.name!r} ({type(task).__name__}, {output.kind}) has no transformers class to export "
-            "to: transformers has multiple-choice models of GPT-1 and GPT-2 only; use gpt_ft's Classifier "
-            "or `gpt-ft label` for it."
+            f"to: {why}; use gpt_ft's Classifier or `gpt-ft label` for it."
         )
     tokenizer = framed_tokenizer(clf, chat_template=clf.task.renders_chats)
     with written_whole(out := Path(out).expanduser()) as tmp:

@@ -181,6 +181,41 @@ def test_an_adapter_that_builds_more_sequences_than_it_declares_is_refused(token
         )
 
 
+def test_an_adapter_without_a_method_every_shape_needs_or_a_type_hint_is_named(tmp_path, monkeypatch):
+    """An adapter without `encode` failed in the middle of encoding on a bare NotImplementedError; an
+    argument without a type hint was "Problem with given class_path '...TaskDataModule'"."""
+    from gpt_ft.adapters.cards import as_task
+    from gpt_ft.errors import CardError
+
+    (tmp_path / "unfinished.py").write_text(
+        "from gpt_ft.adapters import TaskAdapter\n\n"
+        "class NoEncode(TaskAdapter):\n"
+        "    def __init__(self, *, fields: list[str], **kwargs):\n"
+        "        super().__init__(**kwargs)\n        self.fields = fields\n\n"
+        "    def text_fields(self):\n        return self.fields\n\n"
+        "class NoFields(NoEncode):\n    text_fields = TaskAdapter.text_fields\n"
+        "    def encode(self, example, tokens, specials, max_length):\n        pass\n\n"
+        "class NoHint(NoEncode):\n    def __init__(self, *, fields, **kwargs):\n"
+        "        super().__init__(fields=fields, **kwargs)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name, method in (("NoEncode", "encode"), ("NoFields", "text_fields")):
+        card = {
+            "class_path": f"unfinished.{name}",
+            "init_args": {"name": "t", "fields": ["a"], "labels": ["x", "y"]},
+        }
+        with pytest.raises(
+            CardError, match=rf"^Task 't' \(unfinished.{name}\) does not implement {method}\(\)"
+        ):
+            as_task(card)
+    card = {
+        "class_path": "unfinished.NoHint",
+        "init_args": {"name": "t", "fields": ["a"], "labels": ["x", "y"]},
+    }
+    with pytest.raises(ValueError, match=r"^task: unfinished.NoHint's argument 'fields' has no type hint"):
+        as_task(card)
+
+
 def start_external_adapter(root, tokenizer_dir):
     """A card naming `my_tasks.TripleText` from root/my_tasks.py; `fit` finds it through PYTHONPATH alone."""
     (root / "my_tasks.py").write_text(ADAPTER)

@@ -306,6 +306,25 @@ def test_text_ids_that_cannot_name_a_prediction(pairs_dir, tokenizer_dir):
         dm.encoded("test", labelled=False)
 
 
+def test_a_test_split_without_the_column_the_card_names_as_its_index_is_refused(pairs_dir, tokenizer_dir):
+    """A card's own `index` (not the default `idx`) that the test file lacks, a misspelt column most
+    often: its predictions were numbered by row without a word, a submission keyed by ids wrong."""
+    (pairs_dir / "PAIRS/test.tsv").write_text("row id\tsentence1\tsentence2\tlabel\n r7\ta\tb\t\n")
+    task = pair_task(columns={})
+    task.sources.index = "rowid"
+    dm = TaskDataModule(task, tokenizer_dir, data_dir=str(pairs_dir), max_length=64)
+    said = (
+        r"test.tsv has no field 'rowid', the card's index .*; its fields: row id, sentence1, sentence2, lab"
+    )
+    with pytest.raises(TaskDataError, match=said):
+        dm.encoded("test", labelled=False)
+    validation = dm.encoded("validation", labelled=True)  # not refused: no prediction is named there
+    assert validation["index"] == list(range(len(validation)))
+    task.sources.index = "row id"
+    dm = TaskDataModule(task, tokenizer_dir, data_dir=str(pairs_dir), max_length=64)
+    assert dm.encoded("test", labelled=False)["index"] == [0] and dm.id_names["test"] == {0: " r7"}
+
+
 def test_an_empty_label_cell_is_unlabelled_as_a_null_is(pairs_dir, tokenizer_dir):
     """A test file with its label column left empty is predicted; training on one is refused."""
     rows = "index\tsentence1\tsentence2\tlabel\n0\ta\tb\t\n1\tc\td\t \n"

@@ -346,6 +346,14 @@ def test_the_similarity_model_builds_the_other_order_and_refuses_what_is_not_a_p
         check_pairs(torch.tensor([[P, S, 5, D, 6, E]]), torch.tensor([[0, 1, 1, 1, 1, 1]]), D)
 
 
+def test_a_classifier_of_several_sequences_summed_is_not_exported_as_multiple_choice(tmp_path, tokenizer_dir):
+    """Its refusal said transformers has multiple-choice models of GPT-1 and GPT-2 only, of a GPT-1."""
+    clf = classifier("single", "gpt1", tokenizer_dir)
+    clf.task.num_sequences = 2  # (an adapter of the user's: a claim and its two evidences, one class)
+    with pytest.raises(ValueError, match=r"export to: it adds the states of an example's 2 sequences, as"):
+        export_classifier(clf, tmp_path / "out")
+
+
 def test_a_llama_multiple_choice_task_is_not_exported(tmp_path, tokenizer_dir):
     clf = classifier("single", "llama", tokenizer_dir)
     clf.task = MultipleChoice(name="mc", context=["story"], choices=["end1", "end2"])
