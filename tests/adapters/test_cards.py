@@ -208,6 +208,11 @@ def test_an_adapter_without_a_method_every_shape_needs_or_a_type_hint_is_named(t
             CardError, match=rf"^Task 't' \(unfinished.{name}\) does not implement {method}\(\)"
         ):
             as_task(card)
+    card = {"class_path": "unfound.NoHint", "init_args": {"name": "t", "fields": ["a"], "labels": ["x", "y"]}}
+    with pytest.raises(
+        ValueError, match=r"'unfound' \(a module of your own is found where PYTHONPATH names its"
+    ):
+        as_task(card)
     card = {
         "class_path": "unfinished.NoHint",
         "init_args": {"name": "t", "fields": ["a"], "labels": ["x", "y"]},
