@@ -183,21 +183,34 @@ def check_tokenizer_fits(vocab_size: int, weights_vocab: int, init_from: str) ->
         )
 
 
-def not_its_tokenizer(tokenizer, where, saved, option: str, given: dict, own: dict) -> str:
+def not_its_tokenizer(tokenizer, where, saved, option: str, given: dict, own: dict, why=None) -> str:
     """The refusal of a tokenizer that is not the one `where` was trained with, given by `option`
     (`--data.token_dir`: token files', whose tokens are the fault), naming the first token that
-    differs between the vocabularies `given` and `own` (the saved one's)."""
+    differs between the vocabularies `given` and `own` (the saved one's), or `why`."""
+    why = why or vocabulary_difference(given, own)
     if option == "--data.token_dir":
         return (
             f"--data.token_dir {Path(tokenizer).parent} was prepared with another tokenizer than {where} "
-            f"was trained with ({vocabulary_difference(given, own)}): its tokens stand for other text. "
+            f"was trained with ({why}): its tokens stand for other text. "
             f"Prepare the corpus again with --tokenizer {saved}."
         )
     return (
-        f"{option} {tokenizer} is not the tokenizer {where} was trained with "
-        f"({vocabulary_difference(given, own)}). Give the one it was trained with (a copy is saved in "
-        f"{saved})."
+        f"{option} {tokenizer} is not the tokenizer {where} was trained with ({why}). Give the one it "
+        f"was trained with (a copy is saved in {saved})."
     )
+
+
+def reading_difference(given, own, parts=("normalizer", "pre_tokenizer")) -> str | None:
+    """The first of `parts` of the fast tokenizers `given` and `own` (their tokenizer.json) that
+    differs, as `not_its_tokenizer` says it (a lowercasing normalizer dropped: the same vocabulary
+    reads text as other ids); None where they agree, or either is no fast tokenizer."""
+    import json
+
+    if not (hasattr(given, "backend_tokenizer") and hasattr(own, "backend_tokenizer")):
+        return None
+    given, own = (json.loads(t.backend_tokenizer.to_str()) for t in (given, own))
+    part = next((p for p in parts if given.get(p) != own.get(p)), None)
+    return part and f"its {part.replace('_', '-')} is another: the same text becomes other tokens"
 
 
 def vocabulary_difference(given: dict, own: dict) -> str:
@@ -233,12 +246,12 @@ def check_init_tokenizer(tokenizer: str, init_from: str, option: str = "--data.t
     from gpt_ft.data.tokenizer import SPECIAL_TOKENS, load_tokenizer
 
     framing = set(SPECIAL_TOKENS.values())
-    given = load_tokenizer(tokenizer, add_specials=False).get_vocab()
-    own = load_tokenizer(saved, add_specials=False).get_vocab()
-    given, own = ({k: i for k, i in vocab.items() if k not in framing} for vocab in (given, own))
+    theirs, ours = (load_tokenizer(t, add_specials=False) for t in (tokenizer, saved))
+    given, own = ({k: i for k, i in t.get_vocab().items() if k not in framing} for t in (theirs, ours))
     moved = any(given.get(token, i) != i for token, i in own.items())
-    if moved or len(set(given) - set(own)) > SPECIAL_TOKEN_ROOM:
-        raise ValueError(not_its_tokenizer(tokenizer, init_from, saved, option, given, own))
+    why = not moved and reading_difference(theirs, ours)
+    if moved or len(set(given) - set(own)) > SPECIAL_TOKEN_ROOM or why:
+        raise ValueError(not_its_tokenizer(tokenizer, init_from, saved, option, given, own, why))
 
 
 def base_reference(init_from: str) -> str:
@@ -309,10 +322,12 @@ def check_same_tokenizer(checkpoint: Checkpoint, data, where: str) -> None:
     from gpt_ft.data.tokenizer import load_tokenizer
 
     tokenizer = tokenizer or load_tokenizer(path)  # token files' (pretraining): their folder's tokenizer
-    given, own = tokenizer.get_vocab(), load_tokenizer(saved).get_vocab()
-    if given != own:
+    kept = load_tokenizer(saved)
+    given, own = tokenizer.get_vocab(), kept.get_vocab()
+    why = given == own and reading_difference(tokenizer, kept, ("normalizer", "pre_tokenizer", "model"))
+    if given != own or why:
         option = "--data.token_dir" if getattr(data, "token_dir", None) else "--data.tokenizer"
-        raise FileProblem(not_its_tokenizer(path, where, saved, option, given, own))
+        raise FileProblem(not_its_tokenizer(path, where, saved, option, given, own, why))
 
 
 def typed(value: Any) -> str:

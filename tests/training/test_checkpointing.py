@@ -38,6 +38,18 @@ def swapped(tokenizer: Path, out: Path, first: int = 300) -> Path:
     return out
 
 
+def lowercased(tokenizer: Path, out: Path) -> Path:
+    """A copy of `tokenizer` at `out` that lowercases text first: the same vocabulary, read otherwise."""
+    shutil.copytree(tokenizer, out)
+    spec = json.loads((out / "tokenizer.json").read_text())
+    spec["normalizer"] = {
+        "type": "Sequence",
+        "normalizers": [spec["normalizer"] or {"type": "NFC"}, {"type": "Lowercase"}],
+    }
+    (out / "tokenizer.json").write_text(json.dumps(spec))
+    return out
+
+
 def lr_recorder():
     """A callback that records the learning rate each training batch starts with, in `seen`."""
     from lightning.pytorch.callbacks import Callback
@@ -338,6 +350,15 @@ def test_a_checkpoint_is_read_with_the_tokenizer_it_was_trained_with(
         f"{first!r} is token 301, the saved one's 300: the same text becomes other tokens). Give the one it "
         f"was trained with (a copy is saved in {ckpt.parent / 'tokenizer'})."
     )
+    # The same vocabulary read otherwise (compared alone, it was taken: other ids, or unknown tokens)
+    other = lowercased(ckpt.parent / "tokenizer", tmp_path / "lowercased")
+    with pytest.raises(SystemExit):
+        main(["validate", f"--ckpt_path={ckpt}", f"--data.tokenizer={other}", *quiet])
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"gpt-ft: error: --data.tokenizer {other} is not the tokenizer {ckpt} was trained with (its "
+        "normalizer is another: the same text becomes other tokens). Give the one it was trained with (a "
+        f"copy is saved in {ckpt.parent / 'tokenizer'})."
+    )
 
 
 def test_a_resumed_fit_named_from_home_is_read_with_its_tokenizer(tmp_path, finetuned, monkeypatch, capsys):
@@ -403,6 +424,10 @@ def test_a_run_started_from_a_checkpoint_reads_it_with_its_tokenizer(tmp_path, f
     ckpt, saved, moved = finetuned.ckpt, finetuned.ckpt.parent / "tokenizer", tmp_path / "moved"
     shutil.copytree(saved, tmp_path / "copy")
     check_init_tokenizer(str(tmp_path / "copy"), str(ckpt))
+    with pytest.raises(
+        ValueError, match=r"\(its normalizer is another: the same text becomes other tokens\)"
+    ):
+        check_init_tokenizer(str(lowercased(saved, tmp_path / "lowercased")), str(ckpt))
     swapped(saved, moved)
     capsys.readouterr()
     with pytest.raises(SystemExit) as stopped:
