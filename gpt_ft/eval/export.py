@@ -15,13 +15,11 @@ model (preference pairs) is one with `num_labels: 1`, the reward of `tokenizer(p
 TRL's trainers and vLLM's scoring load them. transformers reads the score at the last token that is
 not padding: the extract token, as gpt_ft does.
 
-transformers' score layer has no bias. Models without biases (the Llama family) train heads without
-one, so their export is the head as it is. GPT-1's, GPT-2's and GPT-NeoX's heads have a bias. The
-final state goes through a LayerNorm whose bias nothing else reads (GPT-2's `ln_f`, GPT-NeoX's
-`final_layer_norm`; GPT-1's last `ln_2`, which ends the network): the exported model adds δ to that
-bias, with W δ = b for the head's weight W and bias b (δ = W⁺ b, exact while the head has no more
-outputs than the model is wide; a wider one is refused). The scores are then those of gpt_ft, to
-float rounding; the LM head is not exported.
+transformers' score layer has no bias; models without biases (the Llama family) train heads without
+one. GPT-1's, GPT-2's and GPT-NeoX's heads have a bias, and their final state goes through a
+LayerNorm whose bias nothing else reads (GPT-2's `ln_f`, GPT-NeoX's `final_layer_norm`; GPT-1's last
+`ln_2`): the exported model adds δ to that bias, with W δ = b for the head's weight W and bias b (δ =
+W⁺ b, exact while the head has no more outputs than the model is wide; a wider one is refused).
 """
 
 from __future__ import annotations
@@ -186,6 +184,7 @@ def export_language_model(stored: Checkpoint, out: Path) -> Path:
     tokenizer, the end-of-text token its eos: where `generate` and pipelines stop, as pretraining's
     documents end."""
     from gpt_ft.data.tokenizer import load_tokenizer
+    from gpt_ft.eval.framing import framed_as_prompts
     from gpt_ft.eval.generation import framing_tokens, stop_tokens
 
     gpt = GPT.from_checkpoint(stored)
@@ -198,6 +197,7 @@ def export_language_model(stored: Checkpoint, out: Path) -> Path:
         )
     model.generation_config.suppress_tokens = framing_tokens(tokenizer, gpt.config.vocab_size) or None
     tokenizer.model_max_length = gpt.config.n_positions  # the model's context, where pipelines cut prompts
+    framed_as_prompts(tokenizer)  # ([CLS] a [SEP] where its own post-processor frames so)
     with written_whole(out) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)

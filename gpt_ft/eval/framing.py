@@ -59,6 +59,23 @@ def framed_tokenizer(clf: Classifier, *, chat_template: bool = False):
     return tokenizer
 
 
+def framed_as_prompts(tokenizer) -> None:
+    """A language model's tokenizer that frames a text as `gpt-ft generate` frames a prompt (with its
+    beginning-of-text token where the tokenizer has one, never an end after): its own post-processor
+    may add tokens pretraining never read there ([CLS] a [SEP], a closing </s>)."""
+    from tokenizers.processors import TemplateProcessing
+
+    from gpt_ft.data.pieces import text_start
+    from gpt_ft.eval.generation import prompt_ids
+
+    if tokenizer("a")["input_ids"] != prompt_ids(tokenizer, "a"):
+        lead = text_start(tokenizer)
+        names = tokenizer.convert_ids_to_tokens(lead)
+        tokenizer.backend_tokenizer.post_processor = TemplateProcessing(
+            single=[*names, "$A"], pair=[*names, "$A", "$B:1"], special_tokens=list(zip(names, lead))
+        )
+
+
 def language_model(clf: Classifier):
     """`clf`'s GPT as transformers' LM-head model, its config with the tokenizer's special ids."""
     lm = to_hf(clf.gpt).float().cpu()

@@ -657,6 +657,7 @@ def test_a_language_models_checkpoint_exports_as_a_causal_lm_that_stops_at_end_o
 ):
     """Pretraining's checkpoint was refused ("records no task card"): it exports as transformers'
     LM-head model, its logits gpt_ft's, with the tokenizer and the end-of-text token as its eos."""
+    from tokenizers.processors import TemplateProcessing
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from gpt_ft.cli import main
@@ -668,6 +669,10 @@ def test_a_language_models_checkpoint_exports_as_a_causal_lm_that_stops_at_end_o
     tokenizer = tmp_path / "tokenizer"  # one that says 32 tokens: the folder says the model's 64
     said = load_tokenizer(str(tokenizer_dir))
     said.model_max_length = 32
+    framing = [(t, said.convert_tokens_to_ids(t)) for t in ("<|start|>", "<|delim|>")]  # as [CLS] $A [SEP]
+    said.backend_tokenizer.post_processor = TemplateProcessing(
+        single="<|start|> $A <|delim|>", special_tokens=framing
+    )
     said.save_pretrained(tokenizer)
     prepare(out_dir=tmp_path / "tokens", tokenizer=str(tokenizer), inputs=[str(write_corpus(tmp_path))],
             validation_fraction=0.3, progress=False)  # fmt: skip
@@ -690,6 +695,9 @@ def test_a_language_models_checkpoint_exports_as_a_causal_lm_that_stops_at_end_o
     assert load_tokenizer(str(tokenizer)).model_max_length == 32
     assert tok.model_max_length == gpt.config.n_positions == 64  # the model's context, where pipelines cut
     ids = tok("the cat sat on the mat", return_tensors="pt").input_ids
+    assert (
+        ids[0].tolist() == tok("the cat sat on the mat", add_special_tokens=False).input_ids
+    )  # as pretrained
     with torch.no_grad():
         ours = gpt.lm_logits(gpt(ids))
         torch.testing.assert_close(hf(ids).logits[..., : ours.shape[-1]], ours, rtol=0, atol=1e-5)
