@@ -161,6 +161,19 @@ def token_dtype(vocab_size: int) -> str:
     raise ValueError(f"A vocabulary of {vocab_size} tokens does not fit uint32 token files.")
 
 
+def unknown_token(tok) -> str | None:
+    """The tokenizer's unknown token, or its model's where transformers names none (a bare
+    tokenizer.json of the `tokenizers` library: WordPiece's [UNK], Unigram's by its id)."""
+    if tok.unk_token is not None:
+        return tok.unk_token
+    model = json.loads(tok.backend_tokenizer.to_str())["model"]
+    return (
+        tok.convert_ids_to_tokens(model["unk_id"])
+        if model.get("unk_id") is not None
+        else model.get("unk_token")
+    )
+
+
 def prepare(
     *,
     inputs: list[str] | str = "",
@@ -242,8 +255,9 @@ def prepare(
     out.mkdir(parents=True, exist_ok=True)
     counts = {"train": 0, "validation": 0}
     n_docs = unknown = 0
-    unk = tok.unk_token_id  # a vocabulary without bytes for every character (GPT-1's) has one; GPT-2's
-    unk = None if unk == eos else unk  # is its end of text, which ends every document here
+    unk_token = unknown_token(tok)  # a vocabulary without bytes for every character (GPT-1's) has one
+    unk = None if unk_token is None else tok.convert_tokens_to_ids(unk_token)
+    unk = None if unk == eos else unk  # GPT-2's is its end of text, which ends every document here
     tmp = {split: out / (name + ".tmp") for split, name in SPLIT_FILES.items()}
     # The corpus's own text is text: a page that writes "<|endoftext|>" gets no document boundary
     # (nor "<|extract|>" a fine-tuning token); the one boundary is the end-of-text token added here.
@@ -356,7 +370,7 @@ def prepare(
     if unknown > 0.001 * (counts["train"] + counts["validation"]):  # the model would learn to write it
         print(
             f"warning: {unknown:,} of the tokens ({unknown / sum(counts.values()):.2%}) are the tokenizer's "
-            f"unknown token {tok.unk_token}: the corpus holds characters its vocabulary lacks (GPT-1's: "
+            f"unknown token {unk_token}: the corpus holds characters its vocabulary lacks (GPT-1's: "
             "curly quotes, dashes, ellipses); write them in ASCII first (GPT-1 ran ftfy), or use a "
             "byte-level tokenizer.",
             file=sys.stderr,

@@ -181,6 +181,13 @@ def test_a_corpus_the_vocabulary_cannot_spell_is_counted_and_warned_about(tmp_pa
         "characters its vocabulary lacks (GPT-1's: curly quotes, dashes, ellipses); write them in ASCII "
         "first (GPT-1 ran ftfy), or use a byte-level tokenizer.\n"
     )
+    # A bare tokenizer.json (the `tokenizers` library's): transformers names no unknown token, its model does
+    (tmp_path / "bare").mkdir()
+    words.save(str(tmp_path / "bare" / "tokenizer.json"))
+    (corpus / "a.txt").write_text("he said “ hi ”\n")
+    meta = prepare(out_dir=tmp_path / "bare_out", tokenizer=str(tmp_path / "bare"), inputs=[str(corpus)],
+                   validation_fraction=0.0, progress=False)  # fmt: skip
+    assert meta["unknown_tokens"] == 1 and "unknown token <unk>: the corpus" in capsys.readouterr().err
     # GPT-2's unknown token is its end of text, which ends every document: none of those is counted.
     words = Tokenizer(models.WordLevel(vocab, unk_token=EOS_TOKEN))
     words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
