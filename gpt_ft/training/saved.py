@@ -232,8 +232,9 @@ def vocabulary_difference(given: dict, own: dict) -> str:
 def check_init_tokenizer(tokenizer: str, init_from: str, option: str = "--data.tokenizer") -> None:
     """A tokenizer given to a run that starts from a gpt_ft checkpoint keeps each token of the one
     saved with it at its id: one of the same size but other tokens would read every text as other
-    ids without a word. It may add a few tokens, or lack some the saved one added (prepare's
-    end-of-text token), and gpt_ft's framing tokens may move (they come after tokens a user added).
+    ids without a word. It may add a few tokens, and gpt_ft's framing tokens may move (they come
+    after tokens a user added); one that lacks a token (the end of text `prepare` added to the
+    tokenizer it was given, saved with the weights) is refused, naming the token.
     Released weights' tokenizers (transformers folders, GGUF files) are not compared."""
     from gpt_ft.weights.pretrained import locate, weights_tokenizer
 
@@ -250,7 +251,7 @@ def check_init_tokenizer(tokenizer: str, init_from: str, option: str = "--data.t
     given, own = ({k: i for k, i in t.get_vocab().items() if k not in framing} for t in (theirs, ours))
     moved = any(given.get(token, i) != i for token, i in own.items())
     why = not moved and reading_difference(theirs, ours)
-    if moved or len(set(given) - set(own)) > SPECIAL_TOKEN_ROOM or why:
+    if moved or len(set(given) - set(own)) > SPECIAL_TOKEN_ROOM or set(own) - set(given) or why:
         raise ValueError(not_its_tokenizer(tokenizer, init_from, saved, option, given, own, why))
 
 

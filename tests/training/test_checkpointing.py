@@ -487,6 +487,14 @@ def test_a_tokenizer_that_adds_a_token_moves_the_framing_tokens_and_is_taken(tmp
     ckpt.touch()
     monkeypatch.setattr(pretrained, "weights_tokenizer", lambda path: str(folder["saved"]))
     check_init_tokenizer(str(folder["added"]), str(ckpt))
+    # One that lacks a token the saved one has (the end of text `prepare` adds): the weights' rows do
+    # not fit it, which was said as "not made for each other" once the weights had loaded
+    monkeypatch.setattr(pretrained, "weights_tokenizer", lambda path: str(folder["added"]))
+    with pytest.raises(
+        ValueError, match=r"\(it lacks the saved one's '<sep>' \(token 269\)\)\. Give the one"
+    ):
+        check_init_tokenizer(str(folder["saved"]), str(ckpt))
+    monkeypatch.setattr(pretrained, "weights_tokenizer", lambda path: str(folder["saved"]))
     swapped(folder["added"], folder["added"], first=-2)
     with pytest.raises(ValueError, match="is not the tokenizer .* was trained with"):
         check_init_tokenizer(str(folder["added"]), str(ckpt))
