@@ -24,13 +24,13 @@ from gpt_ft.adapters.cards import as_task, card_from_value
 from gpt_ft.adapters.sources import with_paths
 from gpt_ft.adapters.truncation import LONGER, TRAINED
 from gpt_ft.data.batches import PackedBatch, SharedContextBatch, TaskBatch, collate_batch
-from gpt_ft.data.tokenizer import load_tokenizer, special_token_ids
-from gpt_ft.errors import about, at_least_one
+from gpt_ft.data.tokenizer import embedding_size, load_tokenizer, special_token_ids
+from gpt_ft.errors import FileProblem, about, at_least_one
 from gpt_ft.eval.devices import device_named
 from gpt_ft.model.decoding import eval_mode
 from gpt_ft.training.terms import batch_terms
 from gpt_ft.weights.checkpoint import Checkpoint
-from gpt_ft.weights.pretrained import GPT
+from gpt_ft.weights.pretrained import GPT, check_tokenizer_fits
 
 CHUNK = 4096  # examples encoded and run at a time (`gpt-ft label` rounds it up to whole batches)
 
@@ -74,8 +74,8 @@ class Classifier:
         task = card_from_value(stored.require_task_card(), f"The task card recorded in {path}")
         if stored.tokenizer is None:
             raise ValueError(f"{path} carries no tokenizer.")
-        tokenizer = load_tokenizer(str(stored.saved_tokenizer()))
         gpt = GPT.from_checkpoint(stored)
+        tokenizer = saved_tokenizer(stored, gpt.config.vocab_size)
         config = gpt.config
         head = task.head(config.n_embd, dropout=0.0, init_std=config.initializer_range, bias=config.bias)
         head.load_state_dict(stored.submodule_state("head"))
@@ -213,3 +213,19 @@ class Classifier:
                 )
                 out[example["index"]] = (outcome, text)
         return out
+
+
+def saved_tokenizer(stored: Checkpoint, vocab_size: int):
+    """The tokenizer saved beside a checkpoint, refused where the weights' rows do not fit it (a
+    folder replaced since: every text would read as other tokens)."""
+    tokenizer = load_tokenizer(str(folder := stored.saved_tokenizer()))
+    try:
+        check_tokenizer_fits(n := embedding_size(tokenizer), vocab_size, str(stored.where))
+        if n > vocab_size:  # (the run made a row for each of its tokens)
+            raise ValueError
+    except ValueError:
+        raise FileProblem(
+            f"{folder} holds {embedding_size(tokenizer)} tokens, but the weights in {stored.where} have "
+            f"{vocab_size} rows: it is not the tokenizer saved with them (replaced since?)."
+        ) from None
+    return tokenizer

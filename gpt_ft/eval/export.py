@@ -37,7 +37,7 @@ import torch
 from gpt_ft.adapters.cards import card_from_value
 from gpt_ft.data.folders import written_whole
 from gpt_ft.errors import check_output_dir, check_output_file, real_path
-from gpt_ft.eval.classifier import Classifier
+from gpt_ft.eval.classifier import Classifier, saved_tokenizer
 from gpt_ft.eval.framing import framed_tokenizer, head_weights, language_model, loads_as_written, quiet_saves
 from gpt_ft.eval.gguf_export import check_served, export_served_gguf, place_gguf
 from gpt_ft.eval.onnx import write_onnx
@@ -183,12 +183,11 @@ def export_language_model(stored: Checkpoint, out: Path) -> Path:
     """A language model's checkpoint (pretraining's) as transformers' causal-LM folder with its
     tokenizer, the end-of-text token its eos: where `generate` and pipelines stop, as pretraining's
     documents end."""
-    from gpt_ft.data.tokenizer import load_tokenizer
     from gpt_ft.eval.framing import framed_as_prompts
     from gpt_ft.eval.generation import framing_tokens, stop_tokens
 
     gpt = GPT.from_checkpoint(stored)
-    tokenizer = load_tokenizer(str(stored.saved_tokenizer()))
+    tokenizer = saved_tokenizer(stored, gpt.config.vocab_size)
     model, eos = to_hf(gpt), stop_tokens(tokenizer, gpt.config)
     if eos:
         model.config.eos_token_id = model.generation_config.eos_token_id = eos[0] if len(eos) == 1 else eos

@@ -23,8 +23,8 @@ from gpt_ft.errors import at_least_one, check_output_file, input_file
 from gpt_ft.eval.devices import device_named
 from gpt_ft.model.decoding import check_decoding, stop_ids
 from gpt_ft.training.precision import cpu_precision
-from gpt_ft.training.saved import check_init_tokenizer, check_tokenizer_fits
-from gpt_ft.weights.pretrained import GPT, refuse_fresh_head, resolve_tokenizer
+from gpt_ft.training.saved import check_init_tokenizer
+from gpt_ft.weights.pretrained import GPT, check_tokenizer_fits, refuse_fresh_head, resolve_tokenizer
 
 
 def generate(

@@ -22,12 +22,7 @@ from gpt_ft.model.lora import LoRA, add_lora, merged_state_dict
 from gpt_ft.weights.checkpoint import GPT_PREFIX, Adapters, Checkpoint, weights_fingerprint
 from gpt_ft.weights.hf_llama import is_llama_style
 from gpt_ft.weights.hub import pinned
-from gpt_ft.weights.pretrained import GPT
-
-SPECIAL_TOKEN_ROOM = 8  # start, delim, extract and pad (GPT-1 §3.3), with room to spare
-# Released tables round their rows up to a multiple of 64, leaving rows no token uses: Qwen2.5
-# 271 (151,936 for 151,665 tokens), Phi-3 53 (32,064), Pythia 27 (50,304).
-RELEASED_PADDING = 1024
+from gpt_ft.weights.pretrained import GPT, SPECIAL_TOKEN_ROOM, check_tokenizer_fits
 
 
 def build_gpt(
@@ -168,19 +163,6 @@ def mean_token_rows(gpt: GPT, rows: list[int]) -> None:
                 keep[: gpt.config.vocab_size] = True
                 keep[rows] = False
                 table.weight[rows] = table.weight[keep].double().mean(dim=0).to(table.weight.dtype)
-
-
-def check_tokenizer_fits(vocab_size: int, weights_vocab: int, init_from: str) -> None:
-    """The tokenizer may add the few special tokens the weights lack, or have fewer tokens than a
-    released table has rows (padded to a round number), nothing else."""
-    released = weights_vocab % 64 == 0 and 0 < weights_vocab - vocab_size < RELEASED_PADDING
-    if not (released or weights_vocab <= vocab_size <= weights_vocab + SPECIAL_TOKEN_ROOM):
-        rows = " (a table has rows no token uses only as released: rounded up to a multiple of 64)"
-        raise ValueError(
-            f"The tokenizer has {vocab_size} tokens, GPT-1's framing tokens included, but the weights in "
-            f"{init_from} have {weights_vocab}{rows * (weights_vocab > vocab_size)}: they were not made "
-            "for each other; use the tokenizer saved with the weights."
-        )
 
 
 def not_its_tokenizer(tokenizer, where, saved, option: str, given: dict, own: dict, why=None) -> str:

@@ -78,6 +78,23 @@ def test_a_checkpoint_path_from_home_is_expanded(finetuned, monkeypatch):
     assert clf.predict([{"sentence": "a cat ."}])[0]["label"] in ("negative", "positive")
 
 
+def test_a_checkpoint_whose_tokenizer_folder_was_replaced_is_refused(finetuned, tmp_path):
+    """Another tokenizer in the checkpoint's `tokenizer/` (a copy put together by hand): `label`,
+    `Classifier` and `export` read every text as its ids without a word (`validate` refused it)."""
+    import shutil
+
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    shutil.copy(finetuned.ckpt, ckpt := tmp_path / "last.ckpt")
+    small = Tokenizer(models.WordLevel({"<unk>": 0, "a": 1, "cat": 2}, unk_token="<unk>"))
+    PreTrainedTokenizerFast(tokenizer_object=small, unk_token="<unk>").save_pretrained(tmp_path / "tokenizer")
+    with pytest.raises(
+        ValueError, match=rf"^{tmp_path / 'tokenizer'} holds 7 tokens, but the weights in {ckpt} "
+    ):
+        Classifier.from_checkpoint(ckpt, device="cpu")
+
+
 def test_packed_and_padded_batches_give_the_same_probabilities(finetuned):
     """`Classifier` packs its batches by default; padded ones (`packing=False`) agree to 1e-5."""
     clf = Classifier.from_checkpoint(finetuned.ckpt, device="cpu")
