@@ -33,7 +33,7 @@ from gpt_ft.adapters.tokens import token_ids
 from gpt_ft.adapters.truncation import WHOLE, cut_kind, fit_lengths
 from gpt_ft.errors import about
 
-ENCODING = 11
+ENCODING = 12
 """The version of the path from examples to tokens: cached encodings of another one are not reused
 (2: pairs cut as `tokenizers`' `longest_first` does; 3: each example's LM targets counted; 4: a
 text that spells a special token is text; 5: multiple choice's earlier context fields cut first; 6:

@@ -9,7 +9,7 @@ from torch import Tensor
 from gpt_ft.adapters.base import Encoded, TaskAdapter
 from gpt_ft.adapters.heads import ChoiceHead, TaskHead
 from gpt_ft.adapters.outputs import CardError, ClassificationOutput, LabelSpec, TaskDataError, TaskOutput
-from gpt_ft.adapters.sources import field_text, short_repr
+from gpt_ft.adapters.sources import cell_list, field_text, short_repr
 from gpt_ft.adapters.tokens import field_parts
 
 
@@ -163,7 +163,7 @@ class MultipleChoice(TaskAdapter):
         strip = str.strip if self.strip_texts else str
         parts = field_parts(example, self.context, self.strip_texts)
         if isinstance(self.choices, str):
-            choices = example[self.choices]
+            choices = cell_list(example[self.choices])
             choices = choices.tolist() if hasattr(choices, "tolist") else choices  # pandas' numpy arrays
             if not isinstance(choices, (list, tuple)) or not 1 <= len(choices) <= self.max_choices:
                 raise TaskDataError(

@@ -25,7 +25,7 @@ from gpt_ft.adapters.base import Encoded, TaskAdapter, refuse_label_fields
 from gpt_ft.adapters.heads import at_top, first_best, tied
 from gpt_ft.adapters.outputs import CardError, LabelSpec, TaskDataError, TaskOutput, score_text
 from gpt_ft.adapters.preference import RewardHead, reply_templates
-from gpt_ft.adapters.sources import field_text, finite_number, short_repr
+from gpt_ft.adapters.sources import cell_list, field_text, finite_number, short_repr
 from gpt_ft.errors import about
 
 LOSSES = ("plackett_luce", "softmax", "pairwise")
@@ -369,6 +369,7 @@ class Ranking(TaskAdapter):
 
 
 def _as_list(value: Any, field: str) -> list:
+    value = cell_list(value)
     if not isinstance(value, (list, tuple)):
         raise TaskDataError(f"field {field!r} must hold a list, got {type(value).__name__}.")
     return list(value)

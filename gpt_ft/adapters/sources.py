@@ -188,6 +188,20 @@ def source_problem(name: str, value: dict) -> str | None:
     return None
 
 
+def cell_list(value: Any) -> Any:
+    """A field meant to hold a list: `value`, or the list a table's cell writes as JSON (`["a",
+    "b"]`, as `gpt-ft label` writes a list into a csv or tsv); a text that is no JSON list as it is."""
+    if isinstance(value, str) and value.lstrip()[:1] == "[" and value.rstrip()[-1:] == "]":
+        import json
+
+        try:
+            listed = json.loads(value)
+        except ValueError:
+            return value
+        return listed if isinstance(listed, list) else value
+    return value
+
+
 def field_text(value: Any, field: str | None = None, needed: str | None = None) -> str:
     """A field's text; a missing value (null, NaN) is an empty text (encoded as just the special
     tokens), or refused where the row `needed` it (why, in a few words), while an empty text is

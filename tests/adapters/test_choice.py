@@ -33,6 +33,10 @@ def test_multiple_choice_texts_join_context_fields_and_read_list_fields():
     assert mc.context_and_choices({**row, "article": ""})[0] == "Who?"
     with pytest.raises(TaskDataError, match="must hold a list of 1 to 4 choices"):
         mc.texts({**row, "options": "Ann"})
+    # A csv's or tsv's cell holds a list as JSON, as `gpt-ft label` writes one (it was one text)
+    assert mc.texts({**row, "options": '["Ann", "Bob", "Cy"]'}) == mc.texts(row)
+    with pytest.raises(TaskDataError, match="must hold a list of 1 to 4 choices"):
+        mc.texts({**row, "options": "[Ann, Bob]"})  # no JSON: a text
     with pytest.raises(TaskDataError, match=r"^field 'options' holds a list \['x'\], not a text\.$"):
         mc.texts({**row, "options": ["Ann", ["x"]]})
     fields = MultipleChoice(name="copa", context=["premise"], choices=["choice1", "choice2"], num_choices=2)

@@ -46,6 +46,15 @@ def pairs(n: int) -> Tensor:
     return distinct(2 * n).view(n, 2, -1)
 
 
+def test_a_tables_cell_holding_negatives_as_json_is_their_list():
+    """`gpt-ft label` writes a list into a csv or tsv as JSON: read back, it was one negative's text."""
+    from gpt_ft.adapters.embedding import negative_texts
+
+    assert negative_texts({"negatives": '["a b", "c"]'}, "negatives", 3) == ["a b", "c"]
+    assert negative_texts({"negatives": "[a] b"}, "negatives", 3) == ["[a] b"]  # a text
+    assert negative_texts({"negatives": "[not json]"}, "negatives", 3) == ["[not json]"]
+
+
 def test_info_nce_on_a_hand_computed_case():
     anchors = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
     candidates = torch.tensor([[1.0, 0.0], [0.6, 0.8]])

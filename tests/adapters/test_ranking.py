@@ -34,6 +34,7 @@ def test_literal_layout_the_prompt_once_per_reply():
     assert enc.sequences == [[1, 10, 11, 2, 20, 3], [1, 10, 11, 2, 30, 31, 3], [1, 10, 11, 2, 40, 3]]
     assert enc.extract_index == [5, 6, 5] and same(enc.label, [2.0, NAN, 7.5, NAN])
     assert task.texts(example) == ["p", "a", "b", "c"]
+    assert task.texts({**example, "replies": '["a", "b", "c"]'}) == ["p", "a", "b", "c"]  # a csv's cell
     cut = task.encode(example, [list(range(10, 16)), [20], [30, 31], [40]], SPECIALS, max_length=7)
     assert cut.sequences == [
         [1, 14, 15, 2, 20, 3],
