@@ -223,8 +223,9 @@ class LabelledFile:
             return
         if self.suffix == ".parquet":  # every column in each record: a table's come from its first
             rows = [{c: row.get(c) for c in self.columns} for row in rows]
+        own = finite if self.suffix != ".parquet" else dict  # (parquet keeps a row's own NaN and infinities)
         records = [  # the whole outcome beside each row
-            finite({**row, **{name: outcome[key] for key, name in self.names.items() if key in outcome}})
+            {**own(row), **finite({name: outcome[key] for key, name in self.names.items() if key in outcome})}
             for row, (outcome, _) in zip(rows, labelled)
         ]
         if self.suffix == ".parquet":  # each column typed as its values are (a parquet input's kept)
@@ -331,7 +332,7 @@ def jsonable(value: Any) -> Any:
 
 def finite(value: Any) -> Any:
     """`value` with every NaN or infinity (a parquet float column's missing cell) as None: JSON has
-    no such numbers, and strict readers refuse Python's `NaN`."""
+    no such numbers, and strict readers refuse Python's `NaN` (a parquet output keeps the input's)."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):

@@ -381,6 +381,13 @@ def test_label_writes_a_reward_models_probability_beside_its_own(tmp_path):
         }
         written = read_table(tmp_path / name).to_list()
         assert [r.get("probability") for r in written] == [None, 0.88], name
+    # a row's own infinities and NaN: kept by parquet (they were nulls), nulls in JSON, which has none
+    floats = [{"chosen": "a", "x": math.inf}, {"chosen": "b", "x": -math.inf}, {"chosen": "c", "x": math.nan}]
+    write_labelled(tmp_path / "floats.parquet", floats, [(outcome, "2.0000")] * 3)
+    x = [r["x"] for r in read_table(tmp_path / "floats.parquet").to_list()]
+    assert x[:2] == [math.inf, -math.inf] and math.isnan(x[2])
+    write_labelled(tmp_path / "floats.jsonl", floats, [(outcome, "2.0000")] * 3)
+    assert [r["x"] for r in read_table(tmp_path / "floats.jsonl").to_list()] == [None] * 3
     # a JSON record may lack a field later ones have: the column is kept, the record's cell empty
     sparse = [{"chosen": "a"}, {"chosen": "c", "note": "n"}]
     write_labelled(tmp_path / "sparse.parquet", sparse, [(outcome, "2.0000")] * 2)
