@@ -52,7 +52,7 @@ from gpt_ft.data.pieces import (
     pre_token_ends,
     text_start,
 )
-from gpt_ft.data.tokenizer import check_text_file, embedding_size, load_tokenizer
+from gpt_ft.data.tokenizer import add_special_tokens, check_text_file, embedding_size, load_tokenizer
 from gpt_ft.errors import check_output_dir
 from gpt_ft.errors import writing as naming
 
@@ -236,10 +236,11 @@ def prepare(
             f"Output folder {out} is not empty and holds no token files of gpt-ft prepare (no {META}); "
             "choose an empty folder."
         )
-    tok = load_tokenizer(tokenizer, add_specials=True)
+    tok = load_tokenizer(tokenizer, add_specials=False)
     lead, end = text_start(tok), document_end(tok)  # each document: [its bos] text end
-    if end not in tok.get_vocab():
-        tok.add_special_tokens({"eos_token": end})
+    if end not in tok.get_vocab():  # (before the framing tokens: they stay the last rows, which a
+        tok.add_special_tokens({"eos_token": end})  # language model's next tokens leave out)
+    add_special_tokens(tok)
     eos = tok.convert_tokens_to_ids(end)
     rows = embedding_size(tok)  # the model's embedding rows
     dtype = token_dtype(rows)

@@ -200,6 +200,28 @@ def test_a_corpus_the_vocabulary_cannot_spell_is_counted_and_warned_about(tmp_pa
     assert meta["unknown_tokens"] == 0 and capsys.readouterr().err == ""
 
 
+def test_the_end_of_text_prepare_adds_comes_before_the_framing_tokens(tmp_path):
+    """A tokenizer without an end of text (GPT-1's BPE, a WordPiece): the one prepare adds came after
+    the framing tokens, so those were no longer the last rows, and took a share of a language
+    model's next-token probabilities (`GPT.lm_rows` unset)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from gpt_ft.data.tokenizer import SPECIAL_TOKENS, load_tokenizer
+    from gpt_ft.training.module import GPTModule
+
+    words = Tokenizer(models.WordLevel({"<unk>": 0, "he": 1, "said": 2, "hi": 3}, unk_token="<unk>"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=words, unk_token="<unk>").save_pretrained(tmp_path / "tok")
+    (corpus := tmp_path / "corpus").mkdir()
+    (corpus / "a.txt").write_text("he said hi\n")
+    prepare(out_dir=tmp_path / "out", tokenizer=str(tmp_path / "tok"), inputs=[str(corpus)],
+            validation_fraction=0.0, progress=False)  # fmt: skip
+    vocab = load_tokenizer(tmp_path / "out" / "tokenizer").get_vocab()
+    assert vocab[EOS_TOKEN] == 4 and sorted(vocab[t] for t in SPECIAL_TOKENS.values()) == [5, 6, 7, 8]
+    assert GPTModule(preset="gpt-micro", tokenizer=str(tmp_path / "out" / "tokenizer")).gpt.lm_rows == 5
+
+
 @pytest.mark.parametrize("split", ["gpt2", "llama3", "prefix-space", "sentencepiece", "metaspace"])
 def test_pieces_cut_where_the_tokenizer_splits_so_tokens_are_exact(tmp_path, tokenizer_dir, split):
     # Runs of blank lines, indented and trailing spaces, and one long line with no line break:
