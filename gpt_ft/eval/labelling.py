@@ -239,7 +239,7 @@ class LabelledFile:
 
     def _cells(self, cells: list[str]) -> None:
         if self.suffix == ".tsv":  # read back without quoting, as GLUE's files are
-            self.file.write("\t".join(re.sub(r"[\t\r\n]", " ", c) for c in cells) + "\n")
+            self.file.write("\t".join(re.sub(r"\r\n|[\t\r\n]", " ", c) for c in cells) + "\n")
         else:
             self.csv = self.csv or csv.writer(self.file, lineterminator="\n")  # (as the tsv, and pandas)
             quoted = any("\r" in c for c in cells)  # (csv quotes a lone CR only where its line ends hold one)

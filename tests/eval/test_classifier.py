@@ -354,6 +354,9 @@ def test_label_writes_a_reward_models_probability_beside_its_own(tmp_path):
     assert (
         tmp_path / "out.tsv"
     ).read_text() == "chosen\trejected\tprobability\tprediction\na\tb\ttheirs\t2.0000\n"
+    broken = [{"chosen": "a\r\nb\tc\rd\ne", "rejected": "b", "probability": "p"}]  # a line break: one space
+    write_labelled(tmp_path / "broken.tsv", broken, [(outcome, "2.0000")])
+    assert (tmp_path / "broken.tsv").read_text().splitlines()[1] == "a b c d e\tb\tp\t2.0000"
     names = write_labelled(tmp_path / "out.parquet", rows, [(outcome, "2.0000")])  # typed, as json's
     assert names["probability"] == "probability_1" and read_table(tmp_path / "out.parquet").to_list() == [
         {**rows[0], "prediction": "chosen", "scores": outcome["scores"], "probability_1": 0.88}
