@@ -97,7 +97,25 @@ HELP = {
     "--data.seed): an int, recorded in the run's config.yaml; true, or none given: 0.",
     "--ckpt_path": {"fit": f"Resume from a checkpoint: {READ}; none: start afresh.",
                     **dict.fromkeys(("validate", "test", "predict"), f"The checkpoint to read: {READ}.")},
+    "--verbose": dict.fromkeys(("validate", "test"), "Also print Lightning's table of the results (a line "
+                               "of them is printed either way)."),
+    "--trainer.default_root_dir": "The folder of a run's logs and checkpoints (default runs/: the default "
+    "logger's folder, which this moves).",
+    "--trainer.logger": "Where the metrics go: a logger, a list of them, or false (default: a CSVLogger in "
+    "runs/lightning_logs/version_N, checkpoints beside it).",
 }  # fmt: skip
+DATA = "its options: --data.help TaskDataModule; a task card's fields: docs/tasks.md"
+DESCRIPTIONS = {  # each command's, and the title of its data options (Lightning's: the Trainer's and
+    "fit": "Train a model: fine-tune it on a task card (--data.task CARD) with GPT-1's objective, or "
+    "pretrain it on gpt-ft prepare's token files (--data LMDataModule --data.token_dir DIR).",
+    "validate": "Score a checkpoint (--ckpt_path) on its task's validation splits, or a language model on "
+    "its token files' validation split.",
+    "test": "Score a checkpoint (--ckpt_path) on its task's labelled test splits.",
+    "predict": "Write a checkpoint's predictions for its task's test splits as submission files (GLUE's "
+    "`index<TAB>prediction`) into --model.predictions_dir.",
+    "data": f"The data: a task's (the default, TaskDataModule: {DATA}), or pretraining's token files (--data "
+    "LMDataModule: --data.help LMDataModule)",
+}  # LightningDataModule's docstrings, cut off at their first line)
 
 
 def reword_help(parser, subcommand: str) -> None:
@@ -108,6 +126,13 @@ def reword_help(parser, subcommand: str) -> None:
         text = text.get(subcommand) if isinstance(text, dict) else text
         if text and (action := parser._option_string_actions.get(option)) is not None:
             action.help = text
+    if subcommand in DESCRIPTIONS:
+        said, parser.description = parser.description, DESCRIPTIONS[subcommand]
+        for group in parser._action_groups:  # (argparse's groups: no public list of them)
+            if group.title and group.title.startswith("A DataModule standardizes"):
+                group.title = DESCRIPTIONS["data"]
+            elif said and group.title and group.title.rstrip(":") == said.strip().rstrip(".:"):
+                group.title = "The checkpoint"
 
 
 # The keys LightningCLI adds to a module's saved hyper-parameters: `_instantiator` (how to create the

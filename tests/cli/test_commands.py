@@ -638,8 +638,15 @@ def test_every_command_lists_its_options_with_their_help(capsys):
                     "Example number within the split.", "Print JSON instead of text."],
         "prepare": ["--inputs", "A text file or a folder of them"],
         "suite": ["--fit_args", "Every `gpt-ft fit`'s extra arguments: a list"],
-        "validate": ["If True, prints the validation results. (type: bool, default: False)"],  # gpt_ft's
-        "test": ["If True, prints the test results. (type: bool, default: False)"],  # line, not the table
+        # Lightning's descriptions of the Trainer's methods and of LightningDataModule, cut off where
+        # their first line ends ("Useful to"), and no word of the data's options: gpt-ft's own
+        "fit": ["Train a model: fine-tune it on a task card (--data.task CARD)", "The data: a task's (the "
+                "default, TaskDataModule: its options: --data.help TaskDataModule;", "The checkpoint:",
+                "The folder of a run's logs and checkpoints (default runs/"],
+        "predict": ["Write a checkpoint's predictions for its task's test splits as submission files"],
+        "validate": ["Also print Lightning's table of the results (a line of them is printed either way). "
+                     "(type: bool, default: False)"],  # gpt_ft's line, not the table
+        "test": ["Also print Lightning's table of the results"],
     }  # fmt: skip
     for name, expected in main_help.items():
         with pytest.raises(SystemExit):
