@@ -104,8 +104,8 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         self.train_size = train_size
         if task is None:
             raise ValueError(
-                "No task: give --data.task CARD (e.g. tasks/glue/rte.yaml), or --data.token_dir DIR "
-                "(gpt-ft prepare's token files) for a language model."
+                "No task: give --data.task CARD (e.g. tasks/glue/rte.yaml), or --data LMDataModule "
+                "--data.token_dir DIR (gpt-ft prepare's token files) for a language model."
             )
         if tokenizer is None:
             raise ValueError(

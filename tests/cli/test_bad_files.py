@@ -55,9 +55,9 @@ def test_no_task_and_no_token_folder_names_both(tokenizer_dir, capsys):
     """A run with neither data says what each is for: `validate --model.init_from` of a language
     model needs token files, not a card."""
     assert error_of(["fit", f"--data.tokenizer={tokenizer_dir}"], capsys) == (
-        "gpt-ft: error: No task: give --data.task CARD (e.g. tasks/glue/rte.yaml), or --data.token_dir DIR "
-        "(gpt-ft prepare's token files) for a language model."
-    )
+        "gpt-ft: error: No task: give --data.task CARD (e.g. tasks/glue/rte.yaml), or --data LMDataModule "
+        "--data.token_dir DIR (gpt-ft prepare's token files) for a language model."
+    )  # (--data.token_dir alone: "--data: Option 'token_dir' is not accepted")
 
 
 @pytest.mark.parametrize("name", ["truncated.ckpt", "empty.ckpt", "text.ckpt"])
