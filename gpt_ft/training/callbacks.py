@@ -331,6 +331,8 @@ class BestCheckpoint(ModelCheckpoint):
         at = next((c.path(trainer) for c in trainer.callbacks if isinstance(c, SaveLast)), None)  # last's
         if trainer.is_global_zero and self.best_model_path:  # where the weights are (as a stop says)
             print(f"best: {self.best_model_path}" + f"; last: {at}" * bool(at and at.is_file()), flush=True)
+        elif trainer.is_global_zero and trainer.fast_dev_run:  # (a check of the code: nothing saved)
+            print("note: fast_dev_run saves no checkpoint.", file=sys.stderr, flush=True)
         elif trainer.is_global_zero:
             last = "last.ckpt holds the weights" if trainer.global_step else "nor any other: no step trained"
             print(f"note: the run ended before any validation gave {self.monitor}: no best checkpoint was "

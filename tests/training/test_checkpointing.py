@@ -1289,15 +1289,17 @@ def test_validating_after_every_batch_keeps_a_best_by_every_validation(tmp_path,
     assert kept == ["best-step=1.ckpt", "best-step=2.ckpt", "best-step=3.ckpt"]
 
 
-def test_fast_dev_run_writes_no_checkpoint(tmp_path, tokenizer_dir, monkeypatch):
+def test_fast_dev_run_writes_no_checkpoint(tmp_path, tokenizer_dir, monkeypatch, capsys):
     """Lightning says checkpointing is off under --trainer.fast_dev_run: no last.ckpt nor tokenizer
-    lands in the working folder."""
+    lands in the working folder; the run's last note says so (it said no validation had run, and
+    that last.ckpt held the weights)."""
     card = make_task("single", tmp_path / "task")
     (tmp_path / "work").mkdir()
     monkeypatch.chdir(tmp_path / "work")
     args = finetune_args(card, tokenizer_dir, tmp_path / "task", tmp_path / "logs")
     main(["fit", *args, "--trainer.fast_dev_run=1"])
     assert not any((tmp_path / "work").iterdir()) and not list((tmp_path / "task").rglob("*.ckpt"))
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "note: fast_dev_run saves no checkpoint."
 
 
 def test_a_run_saved_with_more_gpus_visible_resumes_on_fewer(monkeypatch):
