@@ -281,6 +281,9 @@ def main(argv: list[str] | None = None) -> None:
         if not first_process(of_its_group=True) and any(isinstance(e, ALIKE) for e in errors.causes(exc)):
             raise SystemExit(2) from None  # the same files read, every process stopped by a non-finite loss
         fail(undecodable_file(exc) or not_installed(exc) or in_config_file(user_message(exc), args))
+    except BrokenPipeError:  # `gpt-ft generate ... | head`: the reader has what it wanted; as a shell's tools
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (no flush at exit to fail)
+        raise SystemExit(128 + signal.SIGPIPE) from None
     except OSError as exc:  # a file that cannot be read or written (no space, permission, read-only)
         if debug or exc.filename is None and (said := errors.unnamed_write(exc)) is None:
             raise

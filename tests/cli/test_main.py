@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -922,5 +923,21 @@ def test_a_checkpoint_whose_card_class_cannot_be_imported_is_named(tmp_path, cap
         capsys, "label", f"--ckpt_path={ckpt}", f"--input={rows}", f"--output={tmp_path / 'o.tsv'}"
     ) == (
         f"gpt-ft: error: The task card recorded in {ckpt}: class_path 'my_own_tasks.TripleText': No module "
-        "named 'my_own_tasks'."
+        "named 'my_own_tasks' (a module of your own is found where PYTHONPATH names its folder)."
     )
+
+
+def test_output_read_by_a_pipe_that_closed_ends_quietly(monkeypatch, capsys):
+    """`gpt-ft generate ... | head`: the reader closed the pipe; a traceback of BrokenPipeError ended
+    the command (or, at the last flush, exit code 1 and no word), where a shell's tools end quietly."""
+    cli = importlib.import_module("gpt_ft.cli.main")  # (the module: `gpt_ft.cli.main` is its function)
+
+    def cut(name, args):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setitem(cli.COMMANDS, "explain", cli.COMMANDS["explain"]._replace(run=cut))
+    monkeypatch.setattr(cli.os, "dup2", lambda fd, fd2: None)  # (pytest's own stdout stays)
+    monkeypatch.setattr(cli.sys, "stdout", open(os.devnull, "w"))  # noqa: SIM115 (closed with the test's)
+    with pytest.raises(SystemExit) as stopped:
+        main(["explain"])
+    assert stopped.value.code == 141 and capsys.readouterr().err == ""
