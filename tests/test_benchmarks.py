@@ -668,5 +668,7 @@ def test_a_failed_gpt_ft_run_says_why_in_its_row(tmp_path, capsys):
     with pytest.raises(SystemExit) as failed:
         gpt_ft("fitt", "--trainer.max_steps=1", log=tmp_path / "fit.log", echo=False)
     message = str(failed.value.code)
-    assert message.startswith("gpt-ft fitt failed (exit 2): gpt-ft: error: unknown command 'fitt'; choose ")
+    assert message.startswith(
+        "gpt-ft fitt failed (exit 2): gpt-ft: error: unknown command 'fitt' (did you mean"
+    )
     assert "unknown command 'fitt'" in capsys.readouterr().err  # the log's tail, for the part's stderr

@@ -26,10 +26,12 @@ def run(function: Callable[..., Any], name: str, argv: list[str]) -> None:
 
     from gpt_ft.adapters.cards import PARSER_MODE  # the cards' YAML reading, registered on import
     from gpt_ft.errors import check_not_null
+    from gpt_ft.workarounds.cli import remember_options
 
     parser = auto_parser(
         function, prog=f"gpt-ft {name}", exit_on_error=False, parser_mode=PARSER_MODE, return_instance=True
     )
+    remember_options(parser, name)
     arguments = parser.instantiate(parser.parse_args(argv))
     arguments.pop("config", None)
     check_not_null(arguments, function, "")  # a config file's null where the command takes none

@@ -9,6 +9,7 @@ parser jsonargparse builds from its signature and docstring (`commands.run`).
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import os
 import re
@@ -30,9 +31,9 @@ from gpt_ft.data.folders import (
     release_process_group,
     sigterm_stops,
 )
-from gpt_ft.errors.parsing import parse_error_message, repeated_in_options, untyped_parameter
+from gpt_ft.errors.parsing import nearest_option, parse_error_message, repeated_in_options, untyped_parameter
 from gpt_ft.training.memory import keep_freed_memory
-from gpt_ft.workarounds.cli import file_not_decoded
+from gpt_ft.workarounds.cli import OPTIONS, file_not_decoded
 from gpt_ft.workarounds.kernels import torchao_import_loggers
 
 
@@ -258,7 +259,8 @@ def main(argv: list[str] | None = None) -> None:
         logger.setLevel(logging.ERROR)
     show_notes()
     if name not in COMMANDS:
-        fail(f"unknown command {name!r}; choose from {', '.join(COMMANDS)}.")
+        close = "".join(f" (did you mean {c}?)" for c in difflib.get_close_matches(name, COMMANDS, n=1))
+        fail(f"unknown command {name!r}{close}; choose from {', '.join(COMMANDS)}.")
     keep_freed_memory()
     try:
         args = piped_configs_read(args)
@@ -274,6 +276,7 @@ def main(argv: list[str] | None = None) -> None:
             raise
         problem = next((e for e in errors.causes(exc) if isinstance(e, errors.FileProblem)), None)
         said = in_config_file(lone_value(parse_error_message(str(exc), untyped_parameter(exc)), args), args)
+        said = nearest_option(said, OPTIONS.get(name, []))
         fail(undecodable_file(exc) or (str(problem) if problem else said))
     except USER_ERRORS as exc:
         if debug:

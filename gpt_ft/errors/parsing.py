@@ -108,6 +108,17 @@ def parse_error_message(text: str, hidden: str | None = None) -> str:
     return f"{where}{reason}."
 
 
+def nearest_option(message: str, options: list[str]) -> str:
+    """`message`, where it refuses an option no parser has (`unrecognized arguments: --model.lrr`),
+    with the nearest of `options` (the command's)."""
+    import difflib
+
+    if m := re.search(r"unrecognized arguments: (--[\w.-]+)", message):
+        if close := difflib.get_close_matches(m[1], options, n=1, cutoff=0.8):
+            return f"{message.rstrip('.')} (did you mean {close[0]}?)."
+    return message
+
+
 def untyped_parameter(exc: BaseException | None) -> str | None:
     """The parameter without a type hint for which jsonargparse refused a class (a user's adapter:
     a card's values are read by their types), which its outer report leaves out; None if none."""

@@ -322,8 +322,7 @@ class BestCheckpoint(ModelCheckpoint):
         return super().state_key.replace(type(self).__qualname__, "ModelCheckpoint", 1)
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
-        # An epoch that `max_steps` ends before any validation has no score to keep a best by
-        # (Lightning warned of a metric never `log`ged): said once, at the end of the run.
+        # An epoch `max_steps` ends before a validation has no score to keep a best by: said at the end
         if self.monitor in trainer.callback_metrics:
             super().on_train_epoch_end(trainer, pl_module)
 
@@ -331,12 +330,11 @@ class BestCheckpoint(ModelCheckpoint):
         at = next((c.path(trainer) for c in trainer.callbacks if isinstance(c, SaveLast)), None)  # last's
         if trainer.is_global_zero and self.best_model_path:  # where the weights are (as a stop says)
             print(f"best: {self.best_model_path}" + f"; last: {at}" * bool(at and at.is_file()), flush=True)
-        elif trainer.is_global_zero and trainer.fast_dev_run:  # (a check of the code: nothing saved)
-            print("note: fast_dev_run saves no checkpoint.", file=sys.stderr, flush=True)
-        elif trainer.is_global_zero:
+        elif trainer.is_global_zero:  # (fast_dev_run: a check of the code, nothing saved)
             last = "last.ckpt holds the weights" if trainer.global_step else "nor any other: no step trained"
-            print(f"note: the run ended before any validation gave {self.monitor}: no best checkpoint was "
-                  f"kept ({last}).", file=sys.stderr, flush=True)  # fmt: skip
+            said = f"the run ended before any validation gave {self.monitor}: no best checkpoint was kept"
+            said = "fast_dev_run saves no checkpoint" if trainer.fast_dev_run else f"{said} ({last})"
+            print(f"note: {said}.", file=sys.stderr, flush=True)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         kept = {p: score for p, score in state_dict.get("best_k_models", {}).items() if Path(p).is_file()}

@@ -118,10 +118,21 @@ DESCRIPTIONS = {  # each command's, and the title of its data options (Lightning
 }  # LightningDataModule's docstrings, cut off at their first line)
 
 
+OPTIONS: dict[str, list[str]] = {}
+"""Each command's options, as its parser was built (a misspelt one is answered with the nearest)."""
+
+
+def remember_options(parser, command: str) -> None:
+    """`command`'s options in `OPTIONS`, read from argparse's private `_option_string_actions` (it
+    has no public list); if argparse renames it, misspelt options get no suggestion."""
+    OPTIONS[command] = [o for o in getattr(parser, "_option_string_actions", {}) if o.startswith("--")]
+
+
 def reword_help(parser, subcommand: str) -> None:
     """`HELP` in place of the help LightningCLI gives these options of `subcommand`'s parser, found by
     their option strings (argparse's `_option_string_actions`: no public way reaches an action to
     change its help). If argparse renames it, look the actions up in `parser._actions`."""
+    remember_options(parser, subcommand)
     for option, text in HELP.items():
         text = text.get(subcommand) if isinstance(text, dict) else text
         if text and (action := parser._option_string_actions.get(option)) is not None:

@@ -218,6 +218,9 @@ def test_a_checkpoint_moved_without_its_tokenizer_starts_a_run_with_the_one_give
             "--trainer.logger: CSVLogger's save_dir is not set: give it after the class, "
             "--trainer.logger+=CSVLogger --trainer.logger.init_args.save_dir=VALUE.",
         ),
+        # A misspelt option: the nearest one (none was said)
+        ("--model.lrr=1e-4", "unrecognized arguments: --model.lrr=1e-4 (did you mean --model.lr?)."),
+        ("--trainer.precison=32", "(did you mean --trainer.precision?)."),
         ("--model.eps=0", "eps must be > 0, got 0.0."),  # (AdamW's first update: 0/0 in a gradient-free row)
         (
             "--trainer.gradient_clip_val=-1",
@@ -539,8 +542,8 @@ def test_bad_pretraining_input(tmp_path, tokenizer_dir, monkeypatch, capsys):
 
 def test_unknown_command_and_usage(capsys):
     assert last_error(capsys, "fitt") == (
-        "gpt-ft: error: unknown command 'fitt'; choose from fit, validate, test, predict, explain, prepare, "
-        "tokenizer, generate, label, embed, suite, calibrate, export."
+        "gpt-ft: error: unknown command 'fitt' (did you mean fit?); choose from fit, validate, test, "
+        "predict, explain, prepare, tokenizer, generate, label, embed, suite, calibrate, export."
     )
     with pytest.raises(SystemExit) as no_command:  # a usage error, as argparse's
         main([])
