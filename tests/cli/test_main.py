@@ -541,6 +541,9 @@ def test_bad_pretraining_input(tmp_path, tokenizer_dir, monkeypatch, capsys):
 
 
 def test_unknown_command_and_usage(capsys):
+    assert last_error(capsys, "prepare") == (  # named as typed (it said "out_dir, tokenizer")
+        "gpt-ft: error: the following arguments are required: --out_dir, --tokenizer."
+    )
     assert last_error(capsys, "fitt") == (
         "gpt-ft: error: unknown command 'fitt' (did you mean fit?); choose from fit, validate, test, "
         "predict, explain, prepare, tokenizer, generate, label, embed, suite, calibrate, export."
