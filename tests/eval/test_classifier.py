@@ -216,7 +216,9 @@ def test_label_writes_each_row_with_its_prediction(finetuned, tmp_path, capsys):
     ]
     records = tmp_path / "mine.jsonl"  # a record without a note, and a null one: empty cells, as csv writes
     records.write_text('{"sentence": "a cat .", "note": null}\n{"sentence": "a dog ."}\n')
-    with records.open("a") as f:  # line breaks and tabs in a text: spaces in a TSV (read a row a line)
+    with records.open(
+        "a"
+    ) as f:  # line breaks (CR LF too) and tabs in a text: a space each in a TSV (a row a line)
         f.write('{"sentence": "a bird .", "note": "one\\rtwo\\tthree\\r\\nfour"}\n')
     main(["label", f"--ckpt_path={ckpt}", f"--input={records}", f"--output={tmp_path / 'notes.tsv'}"])
     lines = (tmp_path / "notes.tsv").read_text().splitlines()
@@ -224,7 +226,7 @@ def test_label_writes_each_row_with_its_prediction(finetuned, tmp_path, capsys):
         ["sentence", "note"],
         ["a cat .", ""],
         ["a dog .", ""],
-        ["a bird .", "one two three  four"],
+        ["a bird .", "one two three four"],
     ]
     # A list in a record is JSON in a table's cell; a .json output is one array, read back as the input is.
     records = tmp_path / "listed.jsonl"

@@ -6,6 +6,7 @@ and read, by processes of their own in the background (tests/background.py)."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -349,6 +350,7 @@ def test_the_similarity_model_builds_the_other_order_and_refuses_what_is_not_a_p
 def test_a_classifier_of_several_sequences_summed_is_not_exported_as_multiple_choice(tmp_path, tokenizer_dir):
     """Its refusal said transformers has multiple-choice models of GPT-1 and GPT-2 only, of a GPT-1."""
     clf = classifier("single", "gpt1", tokenizer_dir)
+    clf.task = copy.copy(clf.task)  # (the table's task is shared)
     clf.task.num_sequences = 2  # (an adapter of the user's: a claim and its two evidences, one class)
     with pytest.raises(ValueError, match=r"export to: it adds the states of an example's 2 sequences, as"):
         export_classifier(clf, tmp_path / "out")
