@@ -88,6 +88,9 @@ def parse_error_message(text: str, hidden: str | None = None) -> str:
         reasons = [line for line in lines if not line.startswith(noise)]
         reason = reasons[0] if reasons else lines[0] if lines else "invalid arguments"
     reason = (hidden or reason).rstrip(".:")
+    if re.search(r"\((True|False|[-+\d.e]+) is not a str\)$", reason):  # `[no, yes]`, `[0, 1]` unquoted
+        reason += ": YAML reads yes, no, true, false as booleans and digits as numbers: quote each "
+        reason += "(\"['no', 'yes']\")"
     if m := re.match(r"the following arguments are required: ([\w., ]+)$", reason):  # as they are typed
         reason = f"the following arguments are required: {', '.join(f'--{n}' for n in m[1].split(', '))}"
     if (m := re.search(r"class_path '(\w+)[\w.]*': No module named '(\w+)'$", reason)) and m[1] == m[2]:

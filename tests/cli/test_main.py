@@ -218,6 +218,11 @@ def test_a_checkpoint_moved_without_its_tokenizer_starts_a_run_with_the_one_give
             "--trainer.logger: CSVLogger's save_dir is not set: give it after the class, "
             "--trainer.logger+=CSVLogger --trainer.logger.init_args.save_dir=VALUE.",
         ),
+        (  # names YAML reads as booleans: said so, as of a card file's
+            "--data.task.init_args.labels=[no, yes]",
+            "--data.task.labels: expected str, got '[False, True]' (False is not a str): YAML reads yes, no, "
+            "true, false as booleans and digits as numbers: quote each (\"['no', 'yes']\").",
+        ),
         # A misspelt option: the nearest one (none was said)
         ("--model.lrr=1e-4", "unrecognized arguments: --model.lrr=1e-4 (did you mean --model.lr?)."),
         ("--trainer.precison=32", "(did you mean --trainer.precision?)."),
