@@ -47,7 +47,7 @@ from gpt_ft.adapters.contrastive import (
 from gpt_ft.adapters.heads import TaskHead
 from gpt_ft.adapters.metrics import RETRIEVAL, metric_value, retrieval_metrics
 from gpt_ft.adapters.outputs import CardError, LabelSpec, TaskDataError, TaskOutput, score_text
-from gpt_ft.adapters.sources import cell_list, field_text, finite_number, needed_text
+from gpt_ft.adapters.sources import field_text, finite_number, needed_text
 
 CORRELATIONS = ("spearman", "pearson")
 POOLINGS = ("extract", "last", "mean")
@@ -76,7 +76,7 @@ def negative_texts(example: dict[str, Any], negatives: str | list[str] | None, m
     if isinstance(negatives, list):
         found = [(example[f], f) for f in negatives]
     else:
-        value = cell_list(example.get(negatives)) if negatives is not None else None
+        value = example.get(negatives) if negatives is not None else None  # (a text, or a list of them)
         found = [(n, negatives) for n in (value if isinstance(value, (list, tuple)) else [value])]
     found = [text for text in (field_text(n, field) for n, field in found) if text]  # null, NaN: ""
     if len(found) > most:

@@ -118,10 +118,9 @@ def lone_value(message: str, args: list[str]) -> str:
 
 
 def in_config_file(message: str, args: list[str]) -> str:
-    """`message` about an option naming the `--config` file that gave it (jsonargparse names the
-    option alone, as if typed: "--trainer.max_epochs: ..."): the last source of the option (the one
-    read) that gives the value the message quotes, or an option not accepted at all. A file
-    path a config gives that cannot be read is said to be relative to the config's folder."""
+    """`message` about an option (jsonargparse names it as if typed) naming the `--config` file that
+    gave the value it quotes, the last source read; a file path a config gives that cannot be read
+    is said to be relative to the config's folder."""
     unknown = re.search(  # (--print_config's: "Group 'model' does not accept option 'lrr'")
         r"^(?:--([\w.]+): )?Option '([\w.]+)' is not accepted|^Group '(\w+)' does not accept option '(\w+)'|"
         r"does not accept option '([\w.]+)'",
@@ -214,8 +213,7 @@ def undecodable_file(exc: BaseException) -> str | None:
 
 
 def not_installed(exc: BaseException) -> str | None:
-    """The sentence for a package the run's settings need that is not installed (`--trainer.
-    accelerator tpu`: torch_xla; a TensorBoard logger: tensorboard), where `exc` comes from one."""
+    """The sentence for a package the run's settings need that is not installed (tpu: torch_xla)."""
     missing = next((e for e in errors.causes(exc) if isinstance(e, ModuleNotFoundError)), None)
     if missing is None:
         return None
@@ -264,7 +262,7 @@ def main(argv: list[str] | None = None) -> None:
     keep_freed_memory()
     try:
         args = piped_configs_read(args)
-        if said := repeated_in_options(args):
+        if name != "generate" and (said := repeated_in_options(args)):  # (its prompts: text as typed)
             fail(said)
         if typed:  # a DDP run's other processes start from sys.argv: they take the pipes' text read here
             sys.argv[2:] = args
@@ -283,7 +281,9 @@ def main(argv: list[str] | None = None) -> None:
             raise
         if not first_process(of_its_group=True) and any(isinstance(e, ALIKE) for e in errors.causes(exc)):
             raise SystemExit(2) from None  # the same files read, every process stopped by a non-finite loss
-        fail(undecodable_file(exc) or not_installed(exc) or in_config_file(user_message(exc), args))
+        said = user_message(exc)  # an option said first: the file that gave its value named (last: advice)
+        said = in_config_file(said, args) if said[:2] == "--" else said
+        fail(undecodable_file(exc) or not_installed(exc) or said)
     except BrokenPipeError:  # `gpt-ft generate ... | head`: the reader has what it wanted; as a shell's tools
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (no flush at exit to fail)
         raise SystemExit(128 + signal.SIGPIPE) from None

@@ -66,7 +66,9 @@ def example_ids(task: TaskAdapter, split: str, raw, origin: Origin):
         except TaskDataError as exc:
             raise TaskDataError(origin.explain(f"{origin.source}: {exc}")) from None
     field = task.index if task.index in raw.column_names else None
-    if field is None and task.index not in (None, "idx") and split in task.test_splits:  # (idx: the default)
+    if (
+        field is None and task.index not in (None, "idx") and split in task.test_splits and origin.path
+    ):  # a file
         raise TaskDataError(
             f"{origin.source} has no field {task.index!r}, the card's index (the ids that name its "
             f"predictions); its fields: {', '.join(origin.file_columns(raw.column_names))}. Name the "

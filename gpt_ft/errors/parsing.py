@@ -260,9 +260,10 @@ def repeated_in_options(args: list[str]) -> str | None:
     if none does."""
     for i, arg in enumerate(args):
         name, given, value = arg.partition("=")
-        if not given and arg.startswith("--") and i + 1 < len(args):
+        option = arg.startswith("--") or name == "-c"
+        if not given and option and i + 1 < len(args):
             value = args[i + 1]
-        if arg.startswith("--") and value.lstrip()[:1] in ("{", "[") and (twice := repeated_key(value)):
+        if option and value.lstrip()[:1] in ("{", "[") and (twice := repeated_key(value)):
             said = twice if "\n" in value.strip() else twice.split(": ", 1)[1]  # ("line 1" of one line)
             return f"{name}: {said} in {value.strip()}; give it once."
     return None

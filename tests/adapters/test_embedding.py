@@ -46,13 +46,12 @@ def pairs(n: int) -> Tensor:
     return distinct(2 * n).view(n, 2, -1)
 
 
-def test_a_tables_cell_holding_negatives_as_json_is_their_list():
-    """`gpt-ft label` writes a list into a csv or tsv as JSON: read back, it was one negative's text."""
+def test_a_negative_whose_text_reads_as_json_is_a_text():
+    """A negative is a text or a list of texts: one that spells a JSON list (code, math) stays a text."""
     from gpt_ft.adapters.embedding import negative_texts
 
-    assert negative_texts({"negatives": '["a b", "c"]'}, "negatives", 3) == ["a b", "c"]
-    assert negative_texts({"negatives": "[a] b"}, "negatives", 3) == ["[a] b"]  # a text
-    assert negative_texts({"negatives": "[not json]"}, "negatives", 3) == ["[not json]"]
+    assert negative_texts({"negatives": "[1, 2]"}, "negatives", 3) == ["[1, 2]"]  # a negative's text
+    assert negative_texts({"negatives": "[]"}, "negatives", 3) == ["[]"]
 
 
 def test_info_nce_on_a_hand_computed_case():

@@ -43,6 +43,11 @@ def test_a_torch_file_that_is_no_checkpoint(tmp_path, tokenizer_dir, capsys):
     assert error_of(
         ["validate", f"--ckpt_path={path}", f"--trainer.default_root_dir={tmp_path}"], capsys
     ).startswith(sentence)
+    (config := tmp_path / "config.yaml").write_text("model:\n  init_from: null\n")  # advice: not its fault
+    assert error_of(
+        ["validate", f"--config={config}", f"--ckpt_path={path}", f"--trainer.default_root_dir={tmp_path}"],
+        capsys,
+    ).startswith(sentence)
     from safetensors.torch import save_file
 
     save_file({"w": torch.zeros(2)}, path := tmp_path / "model.safetensors")  # it was "a torch file"

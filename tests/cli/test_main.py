@@ -213,6 +213,7 @@ def test_a_checkpoint_moved_without_its_tokenizer_starts_a_run_with_the_one_give
             "--model.overrides: key 'n_layer' appears twice in {n_layer: 2, n_layer: 4}; give it once.",
         ),
         ("--trainer={max_steps: 2, max_steps: 3}", "--trainer: key 'max_steps' appears twice in"),
+        ("-c={trainer: {max_steps: 2, max_steps: 3}}", "-c: key 'max_steps' appears twice in"),  # as --config
         (  # a class added to a list, its required argument unset: "expected a Logger, got [...]"
             "--trainer.logger+=CSVLogger",
             "--trainer.logger: CSVLogger's save_dir is not set: give it after the class, "

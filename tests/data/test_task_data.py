@@ -320,6 +320,13 @@ def test_a_test_split_without_the_column_the_card_names_as_its_index_is_refused(
         dm.encoded("test", labelled=False)
     validation = dm.encoded("validation", labelled=True)  # not refused: no prediction is named there
     assert validation["index"] == list(range(len(validation)))
+    import datasets
+
+    from gpt_ft.data.files import Origin
+    from gpt_ft.data.ids import example_ids
+
+    rows = datasets.Dataset.from_list([{"sentence1": "a", "sentence2": "b"}])  # a hub dataset's: numbered
+    assert example_ids(task, "test", rows, Origin(source="hub dataset x split test"))[1:] == (None, {})
     task.sources.index = "row id"
     dm = TaskDataModule(task, tokenizer_dir, data_dir=str(pairs_dir), max_length=64)
     assert dm.encoded("test", labelled=False)["index"] == [0] and dm.id_names["test"] == {0: " r7"}
