@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from gpt_ft.errors import OptionError
 from gpt_ft.model.presets import PRESETS
+from gpt_ft.model.rope_scaling import check_rope_scaling, rope_type
 
 Activation = Literal["gelu_tanh", "gelu", "relu", "silu"]
 Norm = Literal["layernorm", "rmsnorm", "gemma_rmsnorm", "rmsnorm_fp32"]
@@ -33,15 +34,6 @@ QKNormSpan = Literal["head", "all_heads"]
 QK_NORM_SPANS = ("head", "all_heads")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 Positions = Literal["learned", "rope"]
-ROPE_TYPES = {  # each scaling's keys
-    "default": (),
-    "linear": ("factor",),
-    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
-    "yarn": ("factor", "original_max_position_embeddings"),
-    "longrope": ("short_factor", "long_factor", "original_max_position_embeddings"),
-}
-ROPE_OPTIONS = ("factor", "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim")  # if any
-ROPE_LISTS = ("short_factor", "long_factor")  # LongRoPE's: a divisor for each rotating pair's frequency
 
 
 def gelu_tanh(x):
@@ -224,8 +216,6 @@ class GPTConfig:
             ):
                 what = "a number >= 0" if least == 0 else "a positive number"
                 raise ValueError(f"GPTConfig.{name} must be {what}, got {value}.")
-        if self.rope_scaling is not None and not isinstance(self.rope_scaling, dict):
-            raise ValueError(f"GPTConfig.rope_scaling must be a mapping or None, got {self.rope_scaling!r}.")
         needs_pre_ln = {
             "post_norms": (self.post_norms, "Gemma's blocks normalise both ways"),
             "input_norms: false": (not self.input_norms, "GPT-1's norms follow each sum"),
@@ -237,29 +227,14 @@ class GPTConfig:
         if self.qk_norm_span not in QK_NORM_SPANS or (self.qk_norm_span != "head" and not self.qk_norm):
             raise ValueError(f"GPTConfig.qk_norm_span must be one of {QK_NORM_SPANS} ('all_heads' with "
                              f"qk_norm: true), got {self.qk_norm_span!r}.")  # fmt: skip
-        if self.rope_type not in ROPE_TYPES:
-            raise ValueError(
-                f"GPTConfig.rope_scaling type {self.rope_type!r} is not supported; "
-                f"allowed: {', '.join(ROPE_TYPES)}."
-            )
-        missing = [key for key in ROPE_TYPES[self.rope_type] if key not in (self.rope_scaling or {})]
-        if missing:
-            raise ValueError(f"GPTConfig.rope_scaling of type {self.rope_type!r} needs {', '.join(missing)}.")
-        if not isinstance(truncate := (self.rope_scaling or {}).get("truncate", True), bool):  # YaRN's
-            raise ValueError(f"GPTConfig.rope_scaling truncate must be true or false, got {truncate!r}.")
-        given = [key for key in ROPE_OPTIONS if (self.rope_scaling or {}).get(key) is not None]
-        for key in (*ROPE_TYPES[self.rope_type], *given):  # (a bool is no factor)
-            value, n = self.rope_scaling[key], self.rotary_dims // 2
-            listed = isinstance(value, (list, tuple)) and len(value) == n  # (LongRoPE's lists)
-            values = (value if listed else [None]) if key in ROPE_LISTS else [value]
-            if not all(isinstance(v, numbers.Real) and not isinstance(v, bool) and 0 < v < math.inf
-                       for v in values):  # fmt: skip
-                what = f"{n} positive numbers (rotary pairs)" if key in ROPE_LISTS else "a positive number"
-                raise ValueError(f"GPTConfig.rope_scaling {key} must be {what}, got {value!r}.")
-            if key == "original_max_position_embeddings" and (value < 2 or value != int(value)):
-                raise ValueError(
-                    f"GPTConfig.rope_scaling {key} must be a whole number, 2 or more; got {value!r}."
-                )
+        check_rope_scaling(self.rope_scaling, self.rotary_dims // 2, self.rope_theta)
+        unset = dict(
+            rope_theta=10000.0, rope_scaling=None, rope_local_theta=None, rotary_dim=None, nope_layers=None
+        )
+        rotary = {name: getattr(self, name) != value for name, value in unset.items()}
+        if self.positions == "learned" and (given := [name for name, wanted in rotary.items() if wanted]):
+            raise ValueError(f"GPTConfig.{given[0]} is for rotary positions; this model's are learned "
+                             "(positions: 'rope' for rotary ones).")  # fmt: skip
         if self.n_kv_head is not None and (self.n_kv_head < 1 or self.n_head % self.n_kv_head):
             raise ValueError(
                 f"GPTConfig.n_kv_head={self.n_kv_head} must divide n_head={self.n_head} "
@@ -324,8 +299,7 @@ class GPTConfig:
 
     @property
     def rope_type(self) -> str:
-        scaling = self.rope_scaling or {}
-        return scaling.get("rope_type", scaling.get("type", "default"))
+        return rope_type(self.rope_scaling)
 
     @property
     def kv_heads(self) -> int:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import math
 
-from gpt_ft.model.config import ROPE_LISTS, GPTConfig
+from gpt_ft.model.config import GPTConfig
+from gpt_ft.model.rope_scaling import ROPE_LISTS, rope_keys
 
 
 def rope_from_hf(c, head: int, layer_type: str | None = None) -> tuple[float, dict | None, int | None]:
@@ -31,6 +32,7 @@ def rope_from_hf(c, head: int, layer_type: str | None = None) -> tuple[float, di
             f"{type(c).__name__}.rope_parameters['sliding_attention'] with rope_type {kind!r} is not "
             "supported; local layers' rotary positions must be unscaled."
         )
+    params = {key: value for key, value in params.items() if key in rope_keys(kind)}  # (others unread)
     return float(theta), None if kind == "default" else params, None if rotary == head else rotary
 
 

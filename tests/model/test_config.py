@@ -81,6 +81,28 @@ def test_bad_config_errors():
             ValueError, match=r"^GPTConfig.rope_scaling factor must be a positive number, got "
         ):
             GPTConfig.from_name("llama-micro", rope_scaling={"rope_type": "linear", "factor": factor})
+    # a key the scaling's type does not read, or a field of the config's own, was taken and dropped
+    linear = {"rope_type": "linear", "factor": 2.0}
+    unread = [({"beta_fast": 4}, r"of type 'linear' takes no 'beta_fast' \(it takes factor\)\.$"),
+                       ({"factr": 4}, r"of type 'linear' takes no 'factr' "),
+                       ({"rope_theta": 5e5}, r"holds rope_theta 500000.0, the config.s is 10000.0: "),
+                       ({"partial_rotary_factor": 0.5}, r"holds partial_rotary_factor: ")]  # fmt: skip
+    for more, said in unread:
+        with pytest.raises(ValueError, match=r"^GPTConfig.rope_scaling " + said):
+            GPTConfig.from_name("llama-micro", rope_scaling={**linear, **more})
+    assert (
+        GPTConfig.from_name("llama-micro", rope_scaling={**linear, "rope_theta": 1e4}).rope_type == "linear"
+    )
+    for field, value in [
+        ("rope_theta", 5e5),
+        ("rope_scaling", linear),
+        ("rotary_dim", 8),
+        ("nope_layers", [1]),
+    ]:
+        with pytest.raises(
+            ValueError, match=rf"^GPTConfig.{field} is for rotary positions; this model's are "
+        ):
+            GPTConfig.from_name("gpt-micro", **{field: value})  # (learned positions: silently unused)
     with pytest.raises(ValueError, match=r"^GPTConfig.post_norms needs pre_ln: true \("):  # (never applied)
         GPTConfig.from_name("gpt-micro", post_norms=True)
     with pytest.raises(ValueError, match=r"^GPTConfig.parallel_residual needs pre_ln: true \(each branch "):
@@ -109,7 +131,10 @@ def test_padded_vocab_size_rounds_up_to_the_multiple():
 def test_the_shape_fields_are_those_that_make_the_weights():
     from dataclasses import fields, replace
 
-    base = GPTConfig.from_name("gpt-micro", vocab_size=100, pre_ln=True)  # (parallel_residual needs pre_ln)
+    base = GPTConfig.from_name(
+        "gpt-micro", vocab_size=100, pre_ln=True, positions="rope"
+    )  # (parallel_residual
+    # needs pre_ln; the rotary fields, rotary positions)
     names = {f.name for f in fields(GPTConfig)}
     assert set(GPTConfig.SHAPE_FIELDS) <= names
     # Every other field may differ between a checkpoint and the model it loads into: none changes a

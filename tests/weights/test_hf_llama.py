@@ -36,7 +36,8 @@ VARIANTS = {
     "llama-tied-biases-llama3": (
         "llama", dict(tie_word_embeddings=True, attention_bias=True, mlp_bias=True, **LLAMA3)
     ),
-    "llama-linear-rope": ("llama", dict(rope_scaling=dict(rope_type="linear", factor=2.0))),
+    # (a key linear scaling does not read: transformers warns and computes without it; read without it)
+    "llama-linear-rope": ("llama", dict(rope_scaling=dict(rope_type="linear", factor=2.0, beta_fast=4.0))),
     "qwen2-tied": ("qwen2", dict(tie_word_embeddings=True, rope_theta=1e6)),
     # SmolLM3: its first layer without rotary positions and sliding, the second rotary and full
     "smollm3-nope-first-window": ("smollm3", dict(WINDOW, use_sliding_window=True, no_rope_layers=[0, 1])),
