@@ -26,7 +26,8 @@ from bench_label import texts_from
 
 from gpt_ft import GPT, GPTConfig
 from gpt_ft.data.tokenizer import load_tokenizer, train_tokenizer
-from gpt_ft.eval.generation import by_length, continue_prompts, left_padded, prompt_ids
+from gpt_ft.eval.batched_decoding import by_length, continue_prompts, left_padded
+from gpt_ft.eval.generation import prompt_ids
 from gpt_ft.model import linear
 
 

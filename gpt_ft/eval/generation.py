@@ -20,6 +20,7 @@ from torch import Tensor
 
 from gpt_ft.data.pieces import document_end, text_start
 from gpt_ft.errors import at_least_one, check_output_file, input_file
+from gpt_ft.eval.batched_decoding import continue_prompts, until_eos
 from gpt_ft.eval.devices import device_named
 from gpt_ft.model.decoding import check_decoding, stop_ids
 from gpt_ft.training.precision import cpu_precision
@@ -147,6 +148,7 @@ def generate(
         ids = checked_prompt(gpt, prompt_ids(tok, prompt), "--prompt")
         start = torch.tensor([ids], device=device)
         max_new = min(max_new_tokens, gpt.config.n_positions - len(ids))
+        note_context_room(gpt.config.n_positions, [ids], max_new_tokens)
         check_decoding(gpt, start, max_new, *options, cli=True)  # before printing
         print(prompt, end="", flush=True)
         if num_beams > 1:
@@ -168,6 +170,19 @@ def plural(n: int, noun: str) -> str:
     return f"{n} {noun}{'s' * (n != 1)}"
 
 
+def note_context_room(context: int, prompts: list[list[int]], max_new_tokens: int) -> None:
+    """Say on stderr where the model's context leaves prompts room for fewer than `max_new_tokens`
+    new tokens: `gpt-ft generate` continues them to the context's end at most."""
+    if short := [len(p) for p in prompts if context - len(p) < max_new_tokens]:
+        many = f"{len(short):,} of {len(prompts):,} prompts"
+        which = f"this {short[0]}-token prompt" if len(prompts) == 1 else many
+        print(
+            f"note: the model's context ({context} tokens, n_positions) leaves {which} room for fewer "
+            f"than --max_new_tokens {max_new_tokens} new tokens: continued to its end at most.",
+            file=sys.stderr,
+        )
+
+
 def checked_prompt(gpt: GPT, ids: list[int], where: str) -> list[int]:
     """A prompt's ids, refused in one sentence starting with `where` where the model cannot continue
     them: empty, filling its context (refused rather than cut: what the model continues is what was
@@ -186,11 +201,6 @@ def checked_prompt(gpt: GPT, ids: list[int], where: str) -> list[int]:
             "use the tokenizer saved with the weights."
         )
     return ids
-
-
-def until_eos(new: list[int], eos: list[int]) -> list[int]:
-    """New tokens up to the first end-of-text token (a row that ended is padded with it)."""
-    return new[: next((i for i, t in enumerate(new) if t in eos), len(new))]
 
 
 def prompt_files(input: str, output: str, overwrite: bool) -> tuple[Path, Path]:
@@ -243,6 +253,7 @@ def continue_file(
         if not isinstance(text, str):
             raise ValueError(f"{source}, {at}: the prompt ({field!r}) is {text!r}, not a text.")
         prompts.append(checked_prompt(gpt, prompt_ids(tok, text), f"{source}, {at}: the prompt"))
+    note_context_room(gpt.config.n_positions, prompts, max_new_tokens)
     new = continue_prompts(gpt, prompts, batch_size, max_new_tokens, decode, batches_bar("generate"))
     texts = [until_stop(continuation(tok, p, n), stops)[0] for p, n in zip(prompts, new)]
     names = write_labelled(
@@ -258,47 +269,6 @@ def continue_file(
         else ""
     )
     print(f"continued {len(rows):,} prompt{'s' * (len(rows) != 1)} of {source} into {target}{renamed}")
-
-
-def continue_prompts(
-    gpt: GPT, prompts: list[list[int]], batch_size: int, max_new_tokens: int, decode: dict, progress=iter
-) -> list[list[int]]:
-    """Each prompt's new tokens, up to its first end-of-text token: `batch_size` prompts at a time,
-    the shortest together (`by_length`), padded on the left (`left_padded`). A batch adds at most
-    what the context its longest prompt leaves; a prompt that would have more room alone, cut by
-    that before it ended, is decoded again alone (under beam search, any such prompt: the beam that
-    wins depends on the length limit even where it ends early). `decode`: `GPT.generate`'s options."""
-    device, new = next(gpt.parameters()).device, [[] for _ in prompts]
-    eos, context = decode.get("eos_token_id") or [], gpt.config.n_positions
-    for batch in progress(by_length(prompts, batch_size)):
-        ids, mask = left_padded([prompts[i] for i in batch])
-        width = ids.shape[1]
-        room = min(max_new_tokens, context - width)  # what the longest prompt leaves
-        out = gpt.generate(ids.to(device), attention_mask=mask.to(device), max_new_tokens=room, **decode)
-        for row, i in enumerate(batch):
-            new[i] = until_eos(out[row, width:].tolist(), eos)
-            alone = min(max_new_tokens, context - len(prompts[i]))
-            beams = decode.get("num_beams", 1) > 1
-            if room < alone and (beams or len(new[i]) == room):  # cut by the batch's room: decoded alone
-                one = gpt.generate(torch.tensor([prompts[i]], device=device), max_new_tokens=alone, **decode)
-                new[i] = until_eos(one[0, len(prompts[i]) :].tolist(), eos)
-    return new
-
-
-def by_length(prompts: list[list[int]], batch_size: int) -> list[list[int]]:
-    """The prompts' indices in batches of `batch_size`, the shortest first: the least padding."""
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-
-
-def left_padded(prompts: list[list[int]]) -> tuple[Tensor, Tensor]:
-    """(input_ids, attention_mask) of `prompts` padded on the left to the longest (padding id 0)."""
-    width = max(len(p) for p in prompts)
-    ids = torch.zeros(len(prompts), width, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for row, p in enumerate(prompts):
-        ids[row, width - len(p) :], mask[row, width - len(p) :] = torch.tensor(p, dtype=torch.long), 1
-    return ids, mask
 
 
 def prompt_ids(tok, prompt: str) -> list[int]:

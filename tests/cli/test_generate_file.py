@@ -85,11 +85,20 @@ def test_a_prompt_the_batch_leaves_less_room_is_continued_as_alone(
         "--max_new_tokens=60",
         "--batch_size=2",
     ]
+    capsys.readouterr()
     main(["generate", f"--ckpt_path={model_dir}", f"--tokenizer={tokenizer_dir}", *args])
+    room = "room for fewer than --max_new_tokens 60 new tokens: continued to its end at most.\n"
+    said = "note: the model's context (64 tokens, n_positions) leaves 1 of 2 prompts " + room
+    assert capsys.readouterr().err.endswith(said)  # (the long one: silently cut short before)
     written = [json.loads(line)["continuation"] for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert written == [
         alone(capsys, model_dir, tokenizer_dir, p, "--max_new_tokens=60") for p in ("a dog", long)
     ]
+    for prompt, note in [(long, f"note: the model's context (64 tokens, n_positions) leaves this {n}-token "
+                                f"prompt {room}"), ("a dog", "")]:  # fmt: skip
+        main(["generate", f"--ckpt_path={model_dir}", f"--tokenizer={tokenizer_dir}", f"--prompt={prompt}",
+              "--max_new_tokens=60"])  # fmt: skip
+        assert capsys.readouterr().err == note
 
 
 def test_a_stop_text_in_brackets_is_a_text_and_a_json_list_several(capsys):
