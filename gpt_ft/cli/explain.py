@@ -47,6 +47,7 @@ class ExplainCLI(GPTCLI):
             )
         if ckpt:  # as validate reads one: what the run recorded, every argument given still winning
             parser.set_defaults(recorded_configuration(ckpt, unchecked))
+        self.ckpt = ckpt
         super().parse_arguments(parser, args)
 
     def before_instantiate_classes(self) -> None:
@@ -55,17 +56,17 @@ class ExplainCLI(GPTCLI):
 
     def instantiate_classes(self) -> None:
         """The data module alone: the model and the trainer are not built. Sequences longer than the
-        context a preset's model would have are refused as fit refuses them (weights to start from
-        are not read for theirs)."""
+        context of the checkpoint's model, or of the one a preset would build, are refused as fit
+        refuses them (weights to start from are not read for theirs)."""
         with card_named(self.config):
             self.datamodule = self.parser.instantiate(self.config, instantiate_groups=False).data
-        model = self.config.model
-        if not model.get("init_from"):
+        if self.ckpt or not (model := self.config.model).get("init_from"):
             from gpt_ft.model import GPTConfig
+            from gpt_ft.weights.checkpoint import Checkpoint
 
-            check_context(
-                self.datamodule, GPTConfig.from_name(model.preset, **(model.overrides or {})).n_positions
-            )
+            read = self.ckpt and Checkpoint.read(self.ckpt).require_gpt_config()
+            config = read or vars(GPTConfig.from_name(model.preset, **(model.overrides or {})))
+            check_context(self.datamodule, config["n_positions"])
 
 
 def run_explain(name: str, argv: list[str]) -> None:

@@ -20,17 +20,10 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import NamedTuple
 
+import gpt_ft.data.folders as folders
 import gpt_ft.errors as errors
 from gpt_ft.cli.commands import lazy, lightning
-from gpt_ft.data.folders import (
-    PIPED,
-    Terminated,
-    first_process,
-    piped_configs_read,
-    process_rank,
-    release_process_group,
-    sigterm_stops,
-)
+from gpt_ft.data.folders import PIPED, Terminated, first_process, piped_configs_read, process_rank
 from gpt_ft.errors.parsing import nearest_option, parse_error_message, repeated_in_options, untyped_parameter
 from gpt_ft.training.memory import keep_freed_memory
 from gpt_ft.workarounds.cli import OPTIONS, file_not_decoded
@@ -266,9 +259,9 @@ def main(argv: list[str] | None = None) -> None:
             fail(said)
         if typed:  # a DDP run's other processes start from sys.argv: they take the pipes' text read here
             sys.argv[2:] = args
-        with sigterm_stops():  # (a Lightning run's own handler, once it starts, stops it at a step's end)
+        with folders.sigterm_stops():  # (Lightning's own handler, once it starts, stops it at a step's end)
             COMMANDS[name].run(name, args)
-        release_process_group()
+        folders.release_process_group()
     except argparse.ArgumentError as exc:  # (first: an option's refused value is a ValueError too)
         if debug:
             raise

@@ -129,6 +129,11 @@ def test_explain_a_checkpoints_data(finetuned, tokenizer_dir, capsys):
     last = gpt_ft(capsys, "explain", "--ckpt_path", "last", logs, "--split", "validation", "--index", "1",
                   "--json", "true")  # fmt: skip
     assert json.loads(last) == json.loads(shown.strip().splitlines()[-1])  # stdout: the example alone
+    # a checkpoint's model is read for its context, whatever it started from (a fine-tune's init_from)
+    with pytest.raises(SystemExit):
+        main(["explain", "--ckpt_path", str(finetuned.ckpt), "--model.init_from", str(finetuned.ckpt),
+              "--data.max_length=65"])  # fmt: skip
+    assert "--data.max_length 65 is longer than the model's context of 64 tokens" in capsys.readouterr().err
 
 
 def test_explain_refuses_a_language_models_token_files(tmp_path, tokenizer_dir, capsys):
