@@ -59,6 +59,12 @@ def leave_stops_to_the_main_process(worker_id: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def model_context(data) -> int | None:
+    """The context (n_positions) of the GPTModule the data module's trainer runs; None without one."""
+    model = getattr(getattr(data, "trainer", None), "lightning_module", None)
+    return getattr(getattr(getattr(model, "gpt", None), "config", None), "n_positions", None)
+
+
 def check_model_fits(data) -> None:
     """What the command line links and checks, for a model and a data module wired in Python, as a
     call reads its batches (Lightning sets up a trainer's earlier data module too): the sequences

@@ -18,12 +18,12 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from gpt_ft.adapters import ENCODING, TaskAdapter, TaskDataError
 from gpt_ft.adapters.cards import adapter_code, as_task, card_key
-from gpt_ft.adapters.truncation import WHOLE, cut_report
+from gpt_ft.adapters.truncation import LONGER, WHOLE, cut_report
 from gpt_ft.data.batches import collate_batch, reads
 from gpt_ft.data.files import Origin, absent_columns, held_columns, located_split, task_examples
 from gpt_ft.data.folders import datasets_bars, first_process
 from gpt_ft.data.ids import example_ids, integer_id
-from gpt_ft.data.pinning import check_model_fits, leave_stops_to_the_main_process, pins
+from gpt_ft.data.pinning import check_model_fits, leave_stops_to_the_main_process, model_context, pins
 from gpt_ft.data.samplers import EpochSampler, LengthGroupedSampler, ResumableTrainData, run_seed
 from gpt_ft.data.subsets import ALIKE, left_out, training_subset
 from gpt_ft.data.tokenizer import embedding_size, load_tokenizer, special_token_ids
@@ -130,7 +130,11 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
         if split not in self.datasets:
             self.datasets[split], self.origins[split] = self._encode_split(split)
             cuts = self.datasets[split].data.column("cut").to_pylist()  # (a datasets Column: slow)
-            if said := cut_report(f"{self.task.name} {split}", cuts, self.max_length):
+            whole = self.max_length >= (model_context(self) or self.max_length + 1)  # the model's context
+            longer = (
+                f"max_length {self.max_length} is the model's context: shorten the texts" if whole else LONGER
+            )
+            if said := cut_report(f"{self.task.name} {split}", cuts, self.max_length, remedy=longer):
                 rank_zero_info(said)
         ds = self.datasets[split]
         if labelled and ds.data.column("label").null_count:

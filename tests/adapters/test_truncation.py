@@ -127,3 +127,26 @@ def test_the_data_module_says_how_many_of_a_split_it_cut(tmp_path, tokenizer_dir
     caplog.clear()
     TaskDataModule(card, tokenizer_dir, data_dir=str(tmp_path), max_length=12).setup("fit")
     assert not [r for r in caplog.records if "max_length" in r.getMessage()]
+
+
+def test_alike_sequences_at_the_models_whole_context_are_not_told_to_raise_it(
+    tmp_path, tokenizer_dir, caplog
+):
+    """A max_length that is the model's context cannot be raised: the line says so (it advised raising it)."""
+    from types import SimpleNamespace
+
+    card = make_task("choice", tmp_path)  # at max_length 6 the two endings become one "He"
+    caplog.set_level(logging.INFO)
+    for context, remedy in [
+        (64, "raise --data.max_length."),
+        (6, "max_length 6 is the model's context: shorten the texts."),
+    ]:
+        data = TaskDataModule(card, tokenizer_dir, data_dir=str(tmp_path), max_length=6)
+        model = SimpleNamespace(gpt=SimpleNamespace(config=SimpleNamespace(n_positions=context)))
+        data.trainer = SimpleNamespace(lightning_module=model)  # (as fit attaches one)
+        caplog.clear()
+        data.encoded("train", labelled=True)
+        said = [r.getMessage() for r in caplog.records if "max_length" in r.getMessage()]
+        assert said == [f"mc train: 6 of 6 examples (100.0%) are longer than max_length 6 and are cut; in 6 "
+                        "of them two of their sequences (choices, replies, texts) become the same tokens, "
+                        f"which no model can tell apart: {remedy}"]  # fmt: skip
