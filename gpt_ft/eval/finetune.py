@@ -108,30 +108,57 @@ def resolved(build: FitRuns, parts: tuple[list[str], list[str], list[str]], wher
             raise
 
 
+def section(config: dict[str, Any], name: str) -> dict[str, Any]:
+    """A resolved configuration's section `name`: its arguments (`init_args` where a class is named)."""
+    given = config.get(name) or {}
+    return given.get("init_args", given) if "class_path" in given else given
+
+
 def absent_paths(config: dict[str, Any], where: str) -> dict[str, Any]:
     """`config`, a suite run's resolved configuration, once the weights and tokenizer it names by
     a local path (a checkpoint or GGUF file; a path from `/`, `.` or `~`) are there: one that is
     not stops the suite before any run trains, not when its run starts (a hub id is fetched then)."""
-    for section, key in (("model", "init_from"), ("data", "tokenizer")):
-        value = (config.get(section) or {}).get(key)
+    for name, key in (("model", "init_from"), ("data", "tokenizer")):
+        value = section(config, name).get(key)
         local = isinstance(value, str) and (
             value.startswith(("/", ".", "~")) or value.endswith((".ckpt", ".gguf"))
         )
         if local and not Path(value).expanduser().exists():
-            raise FileNotFoundError(f"{where}: --{section}.{key} {value} {absent(Path(value).expanduser())}.")
+            raise FileNotFoundError(f"{where}: --{name}.{key} {value} {absent(Path(value).expanduser())}.")
     return config
 
 
-def check_run(config: dict[str, Any], seed: int, folder: Path, where: str) -> dict[str, Any]:
-    """`config`, a suite run's resolved configuration, where it keeps the run's seed and its logs in
-    its `folder`: a `--seed_everything` among the suite's fit arguments (given last, so it wins)
-    would run every seed as one, and report a spread of 0; a logger of their own (a list, W&B's)
-    would write every run's logs and checkpoints where it says, never deleted once scored."""
-    if (given := config.get("seed_everything")) != seed:
-        raise ValueError(
-            f"{where}: --seed_everything {given} in the fit arguments would run each of the suite's seeds "
-            f"as {given}; the suite sets every run's seed (seeds: in its file, or --seeds)."
-        )
+def check_run(config: dict[str, Any], run, folder: Path, where: str) -> dict[str, Any]:
+    """`config`, a suite `run`'s resolved configuration, where it keeps the run's seed, transferred
+    layers and training examples, and its logs in its `folder`: a `--seed_everything` among the
+    suite's fit arguments (given last, so it wins) would run every seed as one, and report a spread of
+    0; a `--model.transfer_layers` or `--data.train_size` would run every depth or size of a sweep as
+    one, its table labelling them apart; a logger of their own (a list, W&B's) would write every
+    run's logs and checkpoints where it says, never deleted once scored."""
+    model, data = section(config, "model"), section(config, "data")
+    sweeps = [
+        (
+            "--seed_everything",
+            run.seed,
+            config.get("seed_everything"),
+            "seed",
+            "seeds: in its file, or --seeds",
+        ),
+        ("--model.transfer_layers", run.layers, model.get("transfer_layers"), "depth", "--transfer_layers"),
+        (
+            "--data.train_size",
+            run.size,
+            data.get("train_size"),
+            "size",
+            "train_sizes: in its file, or --train_sizes",
+        ),
+    ]
+    for option, wanted, given, what, sweep in sweeps:
+        if wanted is not None and given != wanted:
+            raise ValueError(
+                f"{where}: {option} {given} in the fit arguments would run each of the suite's {what}s as "
+                f"{given}; the suite sets every run's {what} ({sweep})."
+            )
     loggers = config.get("trainer", {}).get("logger")
     for logger in loggers if isinstance(loggers, list) else [loggers] if isinstance(loggers, dict) else []:
         if (logger.get("init_args") or {}).get("save_dir") != str(folder) or isinstance(loggers, list):

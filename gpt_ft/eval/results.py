@@ -105,8 +105,9 @@ def results_markdown(results: dict[str, Any]) -> str:
     paper = " The GPT-1 paper's values are test-set scores (Radford et al., 2018)." * quoted
     lines = [f"# {results['suite']}", "", f"{what}{paper}", ""]
     if config.get("rows"):
+        each = "; each row's main metric below" * any("by_row" in item for item in results["tasks"].values())
         lines += [f"Rows (each with its own fit arguments, in results.json): {', '.join(config['rows'])}; "
-                  "the table's scores are the first row's.", ""]  # fmt: skip
+                  f"the table's scores are the first row's{each}.", ""]  # fmt: skip
     if any(item["metrics"] for item in results["tasks"].values()) or results.get("score") is not None:
         lines += ["| task | metric | fine-tuned | zero-shot | GPT-1 paper |", "|---|---|---|---|---|"]
     for name, item in results["tasks"].items():
@@ -129,18 +130,22 @@ def results_markdown(results: dict[str, Any]) -> str:
         note += ")"
         values = " | ".join(_num(score.get(key)) for key in ("value", "zero_shot", "paper"))
         lines.append(f"| **{score['name']}**{note} | mean | {values} |")
-    transfer = {n: item["transfer"] for n, item in results["tasks"].items() if "transfer" in item}
-    if transfer:
-        ks = config["transfer_layers"]
-        lines += [
-            "",
-            "Main metric by number of pretrained layers transferred (GPT-1 Fig. 2 left):",
-            "",
-            "| task | " + " | ".join(f"{k} layers" for k in ks) + " |",
-            "|---|" + "---|" * len(ks),
-        ]
-        for name, by_k in transfer.items():
-            lines.append(f"| {name} | " + " | ".join(with_seeds(by_k[str(k)], seeds) for k in ks) + " |")
+    sweeps = [("transfer", "Main metric by number of pretrained layers transferred (GPT-1 Fig. 2 left):",
+               {str(k): f"{k} layers" for k in config.get("transfer_layers") or []}),
+              ("by_row", "Main metric by row:", {row: row for row in config.get("rows") or {}})]  # fmt: skip
+    for key, title, columns in sweeps:
+        if by_task := {n: item[key] for n, item in results["tasks"].items() if key in item}:
+            lines += [
+                "",
+                title,
+                "",
+                "| task | " + " | ".join(columns.values()) + " |",
+                "|---|" + "---|" * len(columns),
+            ]
+            for name, stats in by_task.items():
+                lines.append(
+                    f"| {name} | " + " | ".join(with_seeds(stats.get(c), seeds) for c in columns) + " |"
+                )
     lines += curves_markdown(results["tasks"], seeds)
     return "\n".join(lines) + "\n"
 

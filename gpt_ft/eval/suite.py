@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import statistics
 import time
 from dataclasses import asdict
@@ -50,12 +49,11 @@ from gpt_ft.eval.results import (
 from gpt_ft.eval.suite_file import Run, SuiteSpec, as_list, check_paper, data_dirs, load_suite
 from gpt_ft.eval.suite_folder import (
     check_out_dir,
-    new_submission_folder,
+    gather_submission,
     put_back,
     read_json,
     set_aside,
     write_json,
-    zip_submission,
 )
 from gpt_ft.training.callbacks import finite
 from gpt_ft.training.runs import build_fit
@@ -240,7 +238,7 @@ class SuiteRunner:
             where = f"{self.source}, task {run.task!r}" + (f", row {run.row!r}" if run.row else "")
             parts = self.fit_args_of(run, own=True), self.fit_args, self._min_steps(run)
             config = resolved(build_fit, parts, where)
-            self.resolved[run.folder] = check_run(config, run.seed, self.out / "runs" / run.folder, where)
+            self.resolved[run.folder] = check_run(config, run, self.out / "runs" / run.folder, where)
         return self.resolved[run.folder]
 
     def _min_steps(self, run: Run) -> list[str]:
@@ -331,7 +329,7 @@ class SuiteRunner:
             item: dict[str, Any] = {"card": entry.card, "main_metric": main_key(task), "metrics": {}}
             rows = item["metrics"]
             for seed in self.seeds:  # a zero-shot pass keeps the fine-tuned results of what it gives
-                run = Run(name, seed, self.main_layers, row=self.rows[0], size=self.main_size)
+                run = self._table_run(name, seed)
                 said = name in self.cards and self.fine_tune  # (`run` said it, and ran it again)
                 result = self._result(run, None if said else log, stale)
                 for key, value in (result or {}).get("metrics", {}).items():
@@ -348,11 +346,11 @@ class SuiteRunner:
             for key, value in entry.paper.items():
                 full = key if "/" in key else f"{task.validation_splits[0]}/{key}"
                 rows.setdefault(full, {"seeds": {}})["paper"] = value
+            m, first = item["main_metric"], self.rows[0]
             if self.transfer_layers:
-                item["transfer"], m = {}, item["main_metric"]
-                for k in self.transfer_layers:
-                    runs = [Run(name, s, k, row=self.rows[0], size=self.main_size) for s in self.seeds]
-                    item["transfer"][str(k)] = seeds_stats({r.seed: self._result(r) for r in runs}, m)
+                item["transfer"] = {str(k): self._main_stats(name, m, k, first) for k in self.transfer_layers}
+            if len(self.rows) > 1 and self.sizes == [None]:  # (with sizes: each row's curve)
+                item["by_row"] = {row: self._main_stats(name, m, self.main_layers, row) for row in self.rows}
             if self.sizes != [None]:
                 item["curves"] = self._curves(name, item["main_metric"])
                 item["labels_saved"] = labels_saved(item["curves"])
@@ -382,19 +380,15 @@ class SuiteRunner:
         return {**curves, **baseline_curves(self.baselines, name, self.sizes, self.seeds, whole)}
 
     def write_submission(self, results: dict[str, Any], log=print) -> Path:
-        """Each task's predictions from its best seed, gathered and zipped; missing files warned of."""
-        spec, folder = self.spec.submission, new_submission_folder(self.out)
-        for name, item in results["tasks"].items():
-            stats = item["metrics"].get(item["main_metric"])
-            if not stats or not stats["seeds"]:
-                continue
-            scored = {seed: v for seed, v in stats["seeds"].items() if v is not None}
-            best = max(scored, key=scored.get) if scored else next(iter(stats["seeds"]))
-            run = Run(name, int(best), self.main_layers, row=self.rows[0], size=self.main_size)  # the table's
-            predictions = self.out / "runs" / run.folder / "predictions"
-            files = sorted(p for p in predictions.rglob("*") if p.is_file()) if predictions.is_dir() else []
-            if not files:
-                log(f"warning: {run} (the best seed) wrote no test predictions")
-            for file in files:
-                shutil.copy(file, folder / file.name)
-        return zip_submission(self.out, spec.archive, spec.files, log)
+        """Each task's test predictions from its best seed (of the main table's runs), zipped."""
+        spec = self.spec.submission
+        return gather_submission(self.out, spec.archive, spec.files, results, self._table_run, log)
+
+    def _table_run(self, name: str, seed: int) -> Run:
+        """Task `name`'s run of `seed` that the main table reports: the deepest, first row, largest size."""
+        return Run(name, seed, self.main_layers, row=self.rows[0], size=self.main_size)
+
+    def _main_stats(self, name: str, metric: str, layers: int | None, row: str | None) -> dict[str, Any]:
+        """The main metric of task `name` over the seeds, at `layers` transferred, of `row`."""
+        runs = [Run(name, seed, layers, row=row, size=self.main_size) for seed in self.seeds]
+        return seeds_stats({r.seed: self._result(r) for r in runs}, metric)

@@ -67,6 +67,27 @@ def new_submission_folder(out: Path) -> Path:
     return folder
 
 
+def gather_submission(
+    out: Path, archive: str, expected: list[str], results: dict[str, Any], run_of: Callable, log=print
+) -> Path:
+    """Each task's test predictions from its best seed by the main metric (`run_of(task, seed)`: its
+    run, whose folder under OUT/runs holds them), gathered in a new submission folder and zipped."""
+    folder = new_submission_folder(out)
+    for name, item in results["tasks"].items():
+        stats = item["metrics"].get(item["main_metric"])
+        if not stats or not stats["seeds"]:
+            continue
+        scored = {seed: v for seed, v in stats["seeds"].items() if v is not None}
+        run = run_of(name, int(max(scored, key=scored.get) if scored else next(iter(stats["seeds"]))))
+        predictions = out / "runs" / run.folder / "predictions"
+        files = sorted(p for p in predictions.rglob("*") if p.is_file()) if predictions.is_dir() else []
+        if not files:
+            log(f"warning: {run} (the best seed) wrote no test predictions")
+        for file in files:
+            shutil.copy(file, folder / file.name)
+    return zip_submission(out, archive, expected, log)
+
+
 def mark_submission(out: Path) -> set[str]:
     """What OUT/submission holds, recorded as the suite's own (`check_out_dir`): its names."""
     write_json(out / SUITES_OWN, written := digests(out / SUBMISSION))

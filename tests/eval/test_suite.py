@@ -18,7 +18,7 @@ import torch
 from gpt_ft import GPT, GPTConfig
 from gpt_ft.cli import main
 from gpt_ft.data.tokenizer import load_tokenizer
-from gpt_ft.eval import finetune
+from gpt_ft.eval import finetune, suite_folder
 from gpt_ft.eval import suite as suites
 from gpt_ft.eval.suite_file import data_dirs, load_suite
 from gpt_ft.eval.suite_folder import mark_submission
@@ -231,6 +231,14 @@ def test_suite_zero_shot_and_transfer_sweep(tmp_path, tokenizer_dir, capsys):
     # A zero-shot pass keeps the fine-tuned scores of what it gives (the same fit arguments).
     sweep = [f"--init_from={tmp_path / 'pre'}", f"--data_dir={tmp_path / 'c'}", "--transfer_layers", "[0, 2]"]
     zero_shot = ["suite", str(suite), f"--out_dir={out}", *sweep, "--fine_tune=false", "--zero_shot=true"]
+    with pytest.raises(SystemExit):  # a depth among the fit arguments: every depth run as it
+        main(["suite", str(suite), f"--out_dir={out}", *sweep, *fit_args(*fit, "--model.transfer_layers=1")])
+    said = "--model.transfer_layers 1 in the fit arguments would run each of the suite's depths as 1; "
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith(said + "the suite sets every run's depth (--transfer_layers).")
+    )
     main([*zero_shot, *fit_args(*fit)])
     again = json.loads((out / "results.json").read_text())["tasks"]["mc"]["metrics"]
     assert again["validation/accuracy"]["seeds"] == fine_tuned and "changed" not in capsys.readouterr().out
@@ -418,7 +426,7 @@ def test_a_submission_folder_of_other_files_is_refused_before_any_run(tmp_path):
     assert (tmp_path / "submission" / "RTE.tsv").is_file()
     suites.SuiteRunner(spec, out_dir=tmp_path, predict=False)
     (tmp_path / "submission" / "RTE.tsv").unlink()
-    folder = suites.new_submission_folder(tmp_path)  # as a suite writes it: its own from then on
+    folder = suite_folder.new_submission_folder(tmp_path)  # as a suite writes it: its own from then on
     (folder / "RTE.tsv").write_text("index\tprediction\n0\tnot_entailment\n")
     mark_submission(tmp_path)
     suites.SuiteRunner(spec, out_dir=tmp_path)
@@ -438,7 +446,7 @@ def test_a_submission_folder_of_other_files_is_refused_before_any_run(tmp_path):
         with pytest.raises(ValueError, match=rf"submission holds files {what} \({name}\), and a"):
             suites.SuiteRunner(spec, out_dir=tmp_path)
         with pytest.raises(ValueError, match=rf"\({name}\)"):
-            suites.new_submission_folder(tmp_path)
+            suite_folder.new_submission_folder(tmp_path)
         assert (folder / name).read_text() == text
         (folder / name).unlink()
 
@@ -700,7 +708,18 @@ submission: {{archive: sub.zip, files: [SENT.tsv]}}
         f"--data_dir={tmp_path / 'a'}",
     ]
     fit = [a for a in FIT if not a.startswith(("--model.preset", "--model.overrides"))]
-    argv += ["--train_sizes", "[2, all]", *fit_args(*fit)]  # the command line's sizes replace the file's
+    sized = [*argv, "--train_sizes", "[2, all]"]
+    # a size among the fit arguments (given last, it wins) trained every size on it, labelled apart
+    with pytest.raises(SystemExit):
+        main([*sized, *fit_args(*fit, "--data.train_size=3")])
+    said = "--data.train_size 3 in the fit arguments would run each of the suite's sizes as 3; the suite "
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith(said + "sets every run's size (train_sizes: in its file, or --train_sizes).")
+    )
+    assert not (out / "runs").exists()
+    argv = [*sized, *fit_args(*fit)]  # the command line's sizes replace the file's
     calls = []
     real_fit = suites.fit_and_evaluate
     monkeypatch.setattr(
@@ -1056,6 +1075,29 @@ def test_sizes_without_all_fill_the_table_with_the_largest(tmp_path, tokenizer_d
     results = json.loads((out / "results.json").read_text())["tasks"]["sent"]
     assert results["metrics"]["validation/accuracy"]["seeds"] == {"0": 75.0, "1": 75.0}
     assert [p["mean"] for p in results["curves"]["fine-tuned"].values()] == [50.0, 75.0]
+
+
+def test_rows_without_sizes_each_reach_the_results(tmp_path, tokenizer_dir, monkeypatch):
+    """GPT-1's Table 5 as rows (full, no auxiliary LM): each row's main metric is reported (only the
+    first row's was, the others trained and left out)."""
+    single = make_task("single", tmp_path / "a")
+    suite = write_suite(tmp_path, f"name: t\nseeds: [0, 1]\ntasks: [{single}]\n"
+                                  "rows: {full: [], no aux LM: [--model.lm_coef=0]}\n")  # fmt: skip
+    out = tmp_path / "out"
+
+    def fake(build, args, *a, **k):
+        seed = int(next(a for a in args if a.startswith("--seed_everything=")).split("=")[1])
+        return {"validation/accuracy": (0.25 if "--model.lm_coef=0" in args else 0.5) + seed / 100}, 0
+
+    monkeypatch.setattr(suites, "fit_and_evaluate", fake)
+    main([*suite_argv(suite, out, tokenizer_dir, tmp_path / "a"), *fit_args("--model.preset=gpt-micro")])
+    results = json.loads((out / "results.json").read_text())["tasks"]["sent"]
+    assert results["metrics"]["validation/accuracy"]["seeds"] == {"0": 50.0, "1": 51.0}
+    assert {row: stats["seeds"] for row, stats in results["by_row"].items()} == {
+        "full": {"0": 50.0, "1": 51.0}, "no aux LM": {"0": 25.0, "1": 26.0}}  # fmt: skip
+    table = (out / "results.md").read_text()
+    assert "the table's scores are the first row's; each row's main metric below." in table
+    assert "| task | full | no aux LM |\n|---|---|---|\n| sent | 50.5 ± 0.7 | 25.5 ± 0.7 |" in table
 
 
 def test_a_curve_row_with_no_scored_size_is_left_out_of_the_chart(tmp_path):
