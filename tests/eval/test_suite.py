@@ -611,6 +611,12 @@ def test_a_bad_argument_of_any_task_stops_the_suite_before_it_trains(
         err
         == f"gpt-ft: error: Suite file {suite}, task 'pair': --model.init_from /nope/w.ckpt does not exist."
     ), err
+    suite.write_text(
+        f"name: s\ntasks:\n  - {single}\n  - card: {pair}\n    args: [--data.tokenizer=/nope/tok]\n"
+    )
+    with pytest.raises(SystemExit):  # (the data module's arguments, under its class's init_args)
+        main([*argv[:4], *fit_args(*FIT), "--data_dir", data_dirs])
+    assert capsys.readouterr().err.strip().endswith("task 'pair': --data.tokenizer /nope/tok does not exist.")
 
 
 def test_a_suite_stopped_by_a_missing_data_file_leaves_no_new_out_dir(tmp_path, tokenizer_dir, capsys):
