@@ -39,7 +39,7 @@ class EvalMetrics(Metric):
     `update` takes per-example tensors: `index` (B,), `lm_sum` and `lm_count` (B,) (the example's
     summed next-token loss and its number of targets) and, with a task, `task_loss`,
     `predictions` and `labels` (B,). The loss is the task's mean loss plus `lm_coef` times the
-    token-weighted LM loss, as in training.
+    token-weighted LM loss, as in training; with an LM term, each term as well (`task_loss`, `lm_loss`).
     """
 
     full_state_update = False
@@ -96,6 +96,8 @@ class EvalMetrics(Metric):
             return {"loss": lm_loss.float(), "perplexity": torch.exp(lm_loss).float()}
         task_loss = cat("task_loss")[keep].mean()
         out["loss"] = combined_loss(task_loss, lm_loss, self.lm_coef).float()
+        if self.lm_coef:  # the objective's two terms apart: an auxiliary LM weight's runs compared
+            out.update(task_loss=task_loss.float(), lm_loss=lm_loss.float())
         predictions, labels = cat("predictions")[keep], cat("labels")[keep]
         self.computed_examples = predictions, labels
         for name, value in self.task.metric_values(predictions, labels).items():

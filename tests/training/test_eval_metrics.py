@@ -20,6 +20,13 @@ def test_eval_metrics_count_each_example_once_and_weigh_lm_loss_by_tokens():
     lm = (2 + 6 + 1 + 3) / (1 + 3 + 1 + 1)  # token-weighted over examples 0-3
     assert float(values["loss"]) == pytest.approx((0.5 + 1.0 + 1.5 + 2.0) / 4 + 0.5 * lm)
     assert float(values["accuracy"]) == pytest.approx(3 / 4)
+    # the objective's two terms apart (validation/task_loss, validation/lm_loss): λ runs compared
+    assert (float(values["task_loss"]), float(values["lm_loss"])) == pytest.approx(
+        ((0.5 + 1 + 1.5 + 2) / 4, lm)
+    )
+    no_aux = EvalMetrics(task, lm_coef=0.0)
+    no_aux.update(t([0]), t([0.0]), t([0]), t([0.5]), t([1]), t([1]))
+    assert "task_loss" not in no_aux.compute() and "lm_loss" not in no_aux.compute()  # (loss is the task's)
     lm_only = EvalMetrics(None)
     lm_only.update(t([5, 6, 5]), t([4.0, 8.0, 4.0]), t([2, 2, 2]))
     assert float(lm_only.compute()["perplexity"]) == pytest.approx(math.exp(12 / 4))

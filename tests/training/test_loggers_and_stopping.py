@@ -63,8 +63,8 @@ def test_early_stopping_on_a_metric_validation_does_not_log_stops_before_trainin
         assert stopped.value.code == 2
         return capsys.readouterr().err.strip().splitlines()[-1]
 
-    said = error("--trainer.callbacks.monitor=validation/lm_loss")
-    assert said.startswith("gpt-ft: error: EarlyStopping(monitor='validation/lm_loss'): validation logs no ")
+    said = error("--trainer.callbacks.monitor=validation/perplexity")
+    assert said.startswith("gpt-ft: error: EarlyStopping(monitor='validation/perplexity'): validation logs no ")
     assert "; it logs validation/accuracy, " in said and "validation/loss" in said
     assert not list(tmp_path.rglob("*.ckpt"))  # the sanity check's validation named it: nothing trained
     assert (
