@@ -6,7 +6,8 @@ fine-tunes the same shape on SST-2, RTE, STS-B and Story Cloze (benchmarks/bench
 the pretrained checkpoint and from scratch, per seed; 5. prints the table beside the paper's figures
 (--report: as Markdown, with a chart). Scales: --device cpu (configs/pretrain/cpu.yaml, gpt-mini at
 context 256), --device cuda (configs/pretrain/gpt1.yaml + configs/trainer/gpu.yaml, gpt1 at context
-512 on 200M tokens), --tiny (2 layers on a slice of the data: minutes on a CPU); flags override.
+512 on 200M tokens), --tiny (2 layers on a slice of the data: minutes on a CPU); flags override. Each
+pretrains GPT-1's post-LN blocks (not cpu.yaml's pre_ln); --shape "pre_ln: true" for GPT-2's layout.
 
 The same command again goes on: tokenizer, tokens and finished fine-tuning runs are kept, pretraining
 resumes from its last.ckpt as `gpt-ft fit --ckpt_path last` does, `--trainer.max_time` counting every
@@ -226,10 +227,9 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    if args.tiny and "OMP_NUM_THREADS" not in os.environ:
-        os.environ["OMP_NUM_THREADS"] = "1"  # a tiny model runs fastest on one thread
     (out := args.out).mkdir(parents=True, exist_ok=True)
     if args.tiny:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")  # a tiny model runs fastest on one thread
         tiny_data(args, out)
     if args.tokenizer is None:
         args.tokenizer = str(out / "tokenizer")
