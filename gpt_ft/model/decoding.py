@@ -5,6 +5,7 @@ Pure torch."""
 from __future__ import annotations
 
 import operator
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -192,16 +193,31 @@ def check_token_ids(input_ids: Tensor, non_empty: bool = False, vocab_size: int 
                 )
 
 
+_IN_EVAL: dict[int, list] = {}  # a model in `eval_mode`: [the entries not yet left, its modules' modes]
+_IN_EVAL_LOCK = threading.Lock()
+
+
 @contextmanager
 def eval_mode(*models: torch.nn.Module) -> Iterator[None]:
     """The models in eval mode (no dropout) while they decode or score, then each of their modules
     back in the mode it was in: a model fresh from `from_pretrained` is in training mode, and one
-    mid-training goes on training after it is read."""
-    modes = [(module, module.training) for model in models for module in model.modules()]
-    for model in models:
-        model.eval()
+    mid-training goes on training after it is read. Threads reading one model at once share one
+    entry: the modes are put back when the last leaves (the first to leave switched dropout back on
+    under the others)."""
+    with _IN_EVAL_LOCK:
+        for model in models:
+            if id(model) not in _IN_EVAL:
+                _IN_EVAL[id(model)] = [0, [(module, module.training) for module in model.modules()]]
+                model.eval()
+            _IN_EVAL[id(model)][0] += 1
     try:
         yield
     finally:
-        for module, training in modes:
-            module.training = training
+        with _IN_EVAL_LOCK:
+            for model in models:
+                entry = _IN_EVAL[id(model)]
+                entry[0] -= 1
+                if not entry[0]:
+                    for module, training in entry[1]:
+                        module.training = training
+                    del _IN_EVAL[id(model)]

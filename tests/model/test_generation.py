@@ -412,3 +412,19 @@ def test_int32_prompts_decode_as_int64_ones(settings):
     expected = gpt.generate(prompt, max_new_tokens=5, **settings)
     got = gpt.generate(prompt.int(), max_new_tokens=5, **settings)
     assert got.dtype == torch.long and torch.equal(got, expected)
+
+
+def test_readers_of_one_model_at_once_leave_it_in_eval_mode_until_the_last_leaves():
+    """Two threads scoring one model mid-training: the first to finish put its dropout back on while
+    the other still read it (a Classifier served from threads); the last one out puts it back."""
+    from gpt_ft.model.decoding import eval_mode
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.5)).train()
+    model[0].eval()  # (a module's own mode is kept too)
+    first, second = eval_mode(model), eval_mode(model)
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert not any(m.training for m in model.modules())  # the second reader still scores
+    second.__exit__(None, None, None)
+    assert [m.training for m in model.modules()] == [True, False, True]
