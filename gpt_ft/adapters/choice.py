@@ -164,7 +164,6 @@ class MultipleChoice(TaskAdapter):
         parts = field_parts(example, self.context, self.strip_texts)
         if isinstance(self.choices, str):
             choices = cell_list(example[self.choices])
-            choices = choices.tolist() if hasattr(choices, "tolist") else choices  # pandas' numpy arrays
             if not isinstance(choices, (list, tuple)) or not 1 <= len(choices) <= self.max_choices:
                 raise TaskDataError(
                     f"field {self.choices!r} must hold a list of 1 to {self.max_choices} choices, "

@@ -47,7 +47,7 @@ from gpt_ft.adapters.contrastive import (
 from gpt_ft.adapters.heads import TaskHead
 from gpt_ft.adapters.metrics import RETRIEVAL, metric_value, retrieval_metrics
 from gpt_ft.adapters.outputs import CardError, LabelSpec, TaskDataError, TaskOutput, score_text
-from gpt_ft.adapters.sources import field_text, finite_number, needed_text
+from gpt_ft.adapters.sources import field_text, finite_number, from_array, needed_text
 
 CORRELATIONS = ("spearman", "pearson")
 POOLINGS = ("extract", "last", "mean")
@@ -76,7 +76,7 @@ def negative_texts(example: dict[str, Any], negatives: str | list[str] | None, m
     if isinstance(negatives, list):
         found = [(example[f], f) for f in negatives]
     else:
-        value = example.get(negatives) if negatives is not None else None  # (a text, or a list of them)
+        value = from_array(example.get(negatives)) if negatives is not None else None  # (a text, or a list)
         found = [(n, negatives) for n in (value if isinstance(value, (list, tuple)) else [value])]
     found = [text for text in (field_text(n, field) for n, field in found) if text]  # null, NaN: ""
     if len(found) > most:

@@ -5,7 +5,6 @@ writes one), a nested one by its path (`path_value`)."""
 from __future__ import annotations
 
 import math
-import numbers
 import struct
 from collections.abc import Callable, Iterable
 from dataclasses import MISSING, dataclass, field, fields
@@ -188,9 +187,17 @@ def source_problem(name: str, value: dict) -> str | None:
     return None
 
 
+def from_array(value: Any) -> Any:
+    """A NumPy array (a list cell of pandas' records, of a parquet file read by pandas) as its list;
+    any other value as it is."""
+    return value.tolist() if hasattr(value, "tolist") and hasattr(value, "__len__") else value
+
+
 def cell_list(value: Any) -> Any:
-    """A field meant to hold a list: `value`, or the list a table's cell writes as JSON (`["a",
-    "b"]`, as `gpt-ft label` writes a list into a csv or tsv); a text that is no JSON list as it is."""
+    """A field meant to hold a list: `value` (a NumPy array: its list), or the list a table's cell
+    writes as JSON (`["a", "b"]`, as `gpt-ft label` writes a list into a csv or tsv); a text that
+    is no JSON list as it is."""
+    value = from_array(value)
     if isinstance(value, str) and value.lstrip()[:1] == "[" and value.rstrip()[-1:] == "]":
         import json
 
@@ -206,12 +213,17 @@ def field_text(value: Any, field: str | None = None, needed: str | None = None) 
     """A field's text; a missing value (null, NaN) is an empty text (encoded as just the special
     tokens), or refused where the row `needed` it (why, in a few words), while an empty text is
     text (an empty cell); a number is its digits, bytes (a parquet binary column) their UTF-8 text;
-    a list or mapping is refused (its repr would be trained on)."""
-    if value is None or (isinstance(value, numbers.Real) and math.isnan(value)):  # numpy's floats too
+    a list or mapping is refused (its repr would be trained on), and a text no UTF-8 holds (half of a
+    surrogate pair alone: Python's JSON reads one from an escape)."""
+    where = f"field {field!r}" if field else "a field"
+    if isinstance(value, str):
+        if problem := no_utf8(value):
+            raise TaskDataError(f"{where} {problem}.")
+        return str(value)  # (NumPy's str: a str)
+    if missing(value):
         if needed:
             raise TaskDataError(f"field {field!r} has no value: {needed}.")
         return ""
-    where = f"field {field!r}" if field else "a field"
     if isinstance(value, (bytes, bytearray)):
         try:
             return value.decode("utf-8")
@@ -220,6 +232,31 @@ def field_text(value: Any, field: str | None = None, needed: str | None = None) 
     if not isinstance(value, str) and hasattr(value, "__len__"):  # a list, mapping, array: not its repr
         raise TaskDataError(f"{where} holds a {type(value).__name__} {short_repr(value)}, not a text.")
     return str(value)
+
+
+def no_utf8(text: str) -> str | None:
+    """What makes `text` one no UTF-8 holds (half of a surrogate pair alone, which Python's JSON
+    reads from an escape and a tokenizer refuses without a word of where); None for a text."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        half = ascii(text[exc.start])[1:-1]
+        return f"holds {half}, half of a UTF-16 surrogate pair alone, which is no text; give the whole pair"
+    return None
+
+
+def missing(value: Any) -> bool:
+    """A missing value: null, pandas' NA, or a NaN of any kind (float's, NumPy's, Decimal's, NaT)."""
+    if value is None or type(value).__name__ == "NAType":  # (pd.NA: no truth value)
+        return True
+    if isinstance(value, (bytes, bytearray)) or hasattr(value, "__len__"):
+        return False
+    try:
+        return bool(value != value)  # (only a NaN is not itself)
+    except (TypeError, ValueError, ArithmeticError):  # (a signalling NaN compares with an error)
+        return False
 
 
 def needed_text(value: Any, field: str, needed: str) -> str:
@@ -237,7 +274,7 @@ def path_value(record: dict[str, Any], path: str, missing: Any = None) -> Any:
     A null on the way gives None; a part the record lacks, `missing`."""
     value: Any = record
     for part in path.split("."):
-        value = value.tolist() if hasattr(value, "tolist") else value  # a numpy array (pandas' lists)
+        value = from_array(value)
         if value is None:
             return None
         if isinstance(value, dict):

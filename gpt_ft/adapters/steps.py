@@ -44,7 +44,7 @@ from gpt_ft.adapters.heads import StepHead
 from gpt_ft.adapters.metrics import first_below, step_metric_values
 from gpt_ft.adapters.outputs import CardError, LabelSpec, TaskDataError, TaskOutput, checked_threshold
 from gpt_ft.adapters.preference import reply_templates
-from gpt_ft.adapters.sources import field_text, short_repr
+from gpt_ft.adapters.sources import cell_list, field_text, short_repr
 from gpt_ft.adapters.truncation import LONGER, fit_lengths
 
 STEP_METRICS = ("processbench_f1", "first_error_accuracy", "step_f1", "step_accuracy")
@@ -288,6 +288,7 @@ class Steps(TaskAdapter):
         """The solution's steps: the list, or the text cut after each `step_tag`."""
         value = example[self.steps]
         if self.step_tag is None:
+            value = cell_list(value)  # (a NumPy array, a labelled table's JSON list)
             if not isinstance(value, (list, tuple)) or not value:
                 kind = "at least one step" if isinstance(value, (list, tuple)) else "a list of steps"
                 raise TaskDataError(f"field {self.steps!r} must hold {kind}, got {short_repr(value)}.")

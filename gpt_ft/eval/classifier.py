@@ -145,7 +145,7 @@ class Classifier:
 
     def examples(self, examples) -> list[dict[str, Any]]:
         """`examples` as a list of dicts, or one sentence on what was given instead."""
-        if isinstance(examples, (str, dict)) or not hasattr(examples, "__iter__"):  # None: no list either
+        if isinstance(examples, (str, bytes, dict)) or not hasattr(examples, "__iter__"):  # None: no list
             raise TypeError(f"Classifier takes a list of examples, got {examples!r}: put it in a list.")
         if hasattr(examples, "to_dict") and hasattr(examples, "columns"):  # a table: its column names iterate
             raise TypeError(

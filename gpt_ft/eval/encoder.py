@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from gpt_ft.adapters.cards import card_from_value
-from gpt_ft.adapters.sources import needed_text
+from gpt_ft.adapters.sources import needed_text, no_utf8
 from gpt_ft.adapters.truncation import TRAINED, cut_report
 from gpt_ft.data.file_faults import file_format, place, record_lines, utf8_problem
 from gpt_ft.data.files import read_table
@@ -83,7 +83,7 @@ class Encoder:
         """Each text's unit vector, (len(texts), dimensions), float32, in order; `progress` wraps
         the batches (`gpt-ft embed`'s bar)."""
         at_least_one(batch_size, "batch_size")
-        if isinstance(texts, str) or not hasattr(texts, "__iter__"):  # None: no list either
+        if isinstance(texts, (str, bytes)) or not hasattr(texts, "__iter__"):  # None: no list either
             what = "the text " if isinstance(texts, str) else ""
             raise TypeError(f"encode takes a list of texts, got {what}{texts!r}: put it in a list.")
         if isinstance(texts, dict) or hasattr(texts, "columns"):  # (its keys, a table's column names)
@@ -92,6 +92,8 @@ class Encoder:
         texts = list(texts)
         if bad := [i for i, t in enumerate(texts) if not isinstance(t, str)]:
             raise TypeError(f"encode takes texts; item {bad[0]} is {texts[bad[0]]!r}.")
+        if problem := next(((i, said) for i, t in enumerate(texts) if (said := no_utf8(t))), None):
+            raise ValueError(f"item {problem[0]} {problem[1]}.")
         if prompt not in ("query", "document", None):
             raise ValueError(f"prompt must be 'query', 'document' or None, got {prompt!r}.")
         if convert_to not in ("numpy", "torch"):

@@ -118,6 +118,33 @@ def test_numpy_values_read_as_python_values_do():
         field_text(np.array(["a", "b"]), "f")
 
 
+def test_pandas_missing_values_are_missing_and_half_a_surrogate_pair_is_refused():
+    """pd.NA, NaT and Decimal's NaN were the texts "<NA>", "NaT" and "NaN"; a lone surrogate half
+    (Python's JSON reads one from an escape) reached the tokenizer, which refused it without a word
+    of which field; a list field's NumPy array (pandas' records) is its list."""
+    from decimal import Decimal
+
+    import numpy as np
+    import pandas as pd
+
+    from gpt_ft.adapters import TaskDataError
+    from gpt_ft.adapters.embedding import negative_texts
+    from gpt_ft.adapters.ranking import _as_list
+    from gpt_ft.adapters.sources import field_text
+    from gpt_ft.adapters.steps import Steps
+
+    assert [field_text(v) for v in (pd.NA, pd.NaT, Decimal("NaN"), Decimal("2.5"), np.datetime64("NaT"))] == [
+        "", "", "", "2.5", ""]  # fmt: skip
+    with pytest.raises(
+        TaskDataError, match=r"^field 'f' holds \\ud83d, half of a UTF-16 surrogate pair alone"
+    ):
+        field_text("broken \ud83d emoji", "f")
+    assert field_text("whole \U0001f600") == "whole \U0001f600"
+    assert negative_texts({"n": np.array(["x", "y"])}, "n", 2) == ["x", "y"]
+    assert _as_list(np.array(["a", "b"]), "replies") == ["a", "b"]
+    assert Steps(name="s", label="labels").step_texts({"steps": np.array(["a", "b"])}) == ["a", "b"]
+
+
 def test_a_text_of_several_fields_reads_as_their_joined_text(tmp_path):
     """`text: [title, body]`: one text, the fields joined by a space and tokenized whole (no "▁"
     between them from a Llama 2-style tokenizer), stripped field by field; zero-shot reads the

@@ -30,13 +30,15 @@ def test_examples_name_the_cards_fields(finetuned):
     with pytest.raises(ValueError, match=r"example 0 has no field 'sentence'"):
         clf.predict([{"text": "another field"}])
     # A text, or one example, where a list of examples goes: one sentence, not an AttributeError.
-    for given in ("a gripping film", {"sentence": "a gripping film"}, None):
+    for given in ("a gripping film", {"sentence": "a gripping film"}, None, b"a film"):  # (bytes: "is 97")
         with pytest.raises(
             TypeError, match=r"^Classifier takes a list of examples, got .*: put it in a list\.$"
         ):
             clf.predict(given)
     with pytest.raises(TypeError, match=r"example 1 is 'a film': give \{'sentence': \.\.\.\}\.$"):
         clf.predict([{"sentence": "a cat ."}, "a film"])
+    with pytest.raises(ValueError, match=r"^example 1: field 'sentence' holds \\ud83d, half of a UTF-16 "):
+        clf.predict([{"sentence": "a cat ."}, {"sentence": "broken \ud83d"}])  # (the tokenizer's TypeError)
     import pandas as pd
 
     table = pd.DataFrame({"sentence": ["a cat .", "a film"]})  # (it iterates over its column names)

@@ -100,6 +100,10 @@ def test_the_encoders_vectors_are_the_training_paths_own(embedded):
         encoder.encode(None)  # a bare "'NoneType' object is not iterable" before
     with pytest.raises(TypeError, match=r"^encode takes texts; item 1 is None\.$"):
         encoder.encode(["a", None])
+    with pytest.raises(ValueError, match=r"^item 1 holds \\ud83d, half of a UTF-16 surrogate pair alone, "):
+        encoder.encode(["a", "broken \ud83d"])
+    with pytest.raises(TypeError, match=r"^encode takes a list of texts, got b'hi': put it in a list"):
+        encoder.encode(b"hi")  # ("item 0 is 104")
     # A mapping or a table iterates over its keys, which were embedded as if they were the texts.
     import pandas
 
