@@ -8,9 +8,9 @@ import torch
 
 
 def write_onnx(model, tokenizer, path: Path) -> None:
-    """`model` through torch.onnx's exporter, batch and length (and choices) dynamic: inputs `input_ids` and
-    `attention_mask` (multiple choice: `input_ids` of (batch, choices, length) and `mc_token_ids`),
-    output `logits` (multiple choice: `mc_logits`)."""
+    """`model` through torch.onnx's exporter, batch and length (and choices) dynamic: inputs
+    `input_ids` and `attention_mask` (a classifier's padded on either side), output `logits`
+    (multiple choice: `input_ids` of (batch, choices, length) and `mc_token_ids`, output `mc_logits`)."""
     import warnings
 
     choices = hasattr(model, "multiple_choice_head")
@@ -38,12 +38,18 @@ def write_onnx(model, tokenizer, path: Path) -> None:
 
 
 class _Logits(torch.nn.Module):
+    """A classifier's logits, its positions numbered from the attention mask: transformers numbers
+    GPT-1's and GPT-2's learned positions from the row's first column, padding included, so a batch
+    padded on the left (a serving stack's choice) read shifted positions (rotary ones are relative:
+    the same logits either way)."""
+
     def __init__(self, model) -> None:
         super().__init__()
         self.model = model
 
     def forward(self, input_ids, attention_mask):
-        return self.model(input_ids=input_ids, attention_mask=attention_mask).logits
+        positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions).logits
 
 
 class _ChoiceScores(_Logits):

@@ -898,3 +898,26 @@ def test_a_folder_of_one_score_is_read_raw_by_a_cross_encoder_and_records_its_ra
         raw = {"activation_fn": "torch.nn.modules.linear.Identity"}
         assert config.get("sentence_transformers") == (None if kind == "single" else raw), kind
         assert config.get("score_range") == {"sts": [0, 5], "regression": [0, 2.5]}.get(kind), kind
+
+
+def test_the_onnx_graphs_classifier_numbers_positions_from_the_mask(tokenizer_dir, tmp_path):
+    """A GPT-1 batch padded on the left gave the graph shifted learned positions (logits up to 0.23
+    off; transformers' own model needs `position_ids` for it): the graph's wrapper numbers them from
+    the attention mask, so either padding side gives each text's logits."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from gpt_ft.eval.onnx import _Logits
+
+    folder = export_classifier(classifier("single", "gpt1", tokenizer_dir, n_layer=1), tmp_path / "gpt1")
+    model, tokenizer = (
+        AutoModelForSequenceClassification.from_pretrained(folder),
+        AutoTokenizer.from_pretrained(folder),
+    )
+    texts = ["a cat sat on the mat", "a dog"]
+    with torch.no_grad():
+        alone = torch.cat([model(**tokenizer(texts[i : i + 1], return_tensors="pt")).logits for i in (0, 1)])
+        for side in ("right", "left"):
+            tokenizer.padding_side = side
+            batch = tokenizer(texts, padding=True, return_tensors="pt")
+            torch.testing.assert_close(_Logits(model.eval())(**batch), alone, rtol=0, atol=1e-5)
+        assert not torch.allclose(model(**batch).logits, alone, atol=1e-3)  # (left, without positions)
