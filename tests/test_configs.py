@@ -112,3 +112,28 @@ def test_the_quickstart_data_is_what_its_script_writes(tmp_path):
         "tokenizer/tokenizer.json",
     ):
         assert (tmp_path / name).read_bytes() == (shipped / name).read_bytes(), name
+
+
+def test_overrides_on_the_command_line_say_what_of_a_files_they_drop(tmp_path, monkeypatch):
+    """`--model.overrides '{n_positions: 256}'` after configs/pretrain/cpu.yaml replaced its mapping
+    whole, GPT-1's post-LN blocks pretrained where the file asked for pre-LN, unsaid."""
+    from gpt_ft.training.config_checks import replaced_overrides
+    from gpt_ft.training.runs import ConfigurationOnly, lightning_main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.yaml").write_text(
+        "model:\n  overrides: {n_positions: 64, pre_ln: true, vocab_multiple: 8}\n"
+    )
+    data = ["--data", "LMDataModule", "--data.token_dir", str(tmp_path)]
+
+    def note(*args: str) -> str | None:
+        return replaced_overrides(lightning_main([*args, *data], run=False, cli=ConfigurationOnly).config)
+
+    assert note("--config=c.yaml", "--model.overrides={n_positions: 32}") == (
+        "note: --model.overrides replaces c.yaml's whole mapping, not key by key: it drops pre_ln: true, "
+        "vocab_multiple: 8 (give them again to keep them)."
+    )
+    assert note("--config=c.yaml") is None
+    assert (
+        note("--config=c.yaml", "--model.overrides={pre_ln: true, vocab_multiple: 4, n_positions: 8}") is None
+    )

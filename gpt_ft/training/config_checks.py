@@ -3,6 +3,7 @@ its task card named by the card's file (`gpt-ft fit|validate|test|predict|explai
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -39,6 +40,26 @@ def refuse_nulls(config, model_class: type | None = None) -> None:
     for option, values, cls in sections:
         if values is not None and cls is not None:
             check_not_null(plain(values), cls, option)
+
+
+def replaced_overrides(config) -> str | None:
+    """The note saying which of a config file's `model.overrides` the run no longer has: a later
+    file's or the command line's `--model.overrides` replaces the mapping whole (not key by key),
+    so `{n_positions: 256}` after configs/pretrain/cpu.yaml dropped its `pre_ln: true` unsaid."""
+    import yaml
+
+    given = (config.get("model") or {}).get("overrides") or {}
+    for path in config.get("config") or []:
+        try:
+            read = yaml.safe_load(Path(getattr(path, "absolute", path)).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue  # (a piped config: its text, read before)
+        theirs = ((read if isinstance(read, dict) else {}).get("model") or {}).get("overrides")
+        if isinstance(theirs, dict) and (dropped := {k: v for k, v in theirs.items() if k not in given}):
+            fields = ", ".join(f"{k}: {json.dumps(v)}" for k, v in dropped.items())
+            return (f"note: --model.overrides replaces {path}'s whole mapping, not key by key: it drops "
+                    f"{fields} (give them again to keep them).")  # fmt: skip
+    return None
 
 
 def refuse_bad_config(config, model_class: type | None) -> None:

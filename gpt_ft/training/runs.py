@@ -21,7 +21,12 @@ from gpt_ft.adapters.cards import PARSER_MODE
 from gpt_ft.errors import check_context, check_output_dir
 from gpt_ft.model.config import preset_config
 from gpt_ft.training.callbacks import History, run_callbacks
-from gpt_ft.training.config_checks import card_named, check_token_folder, refuse_bad_config
+from gpt_ft.training.config_checks import (
+    card_named,
+    check_token_folder,
+    refuse_bad_config,
+    replaced_overrides,
+)
 from gpt_ft.training.precision import cpu_precision, runs_on_cpu, warn_half_weights
 from gpt_ft.training.predictions import check_submission
 from gpt_ft.training.recorded import (
@@ -138,6 +143,8 @@ class GPTCLI(CheckpointHparamsAsDefaults, ConfigDumpReadFast, ParsersBuiltOnce, 
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         refuse_bad_config(config, self.model_class)
+        if said := replaced_overrides(config):
+            rank_zero_info(said)
         accumulate = config.trainer.get("accumulate_grad_batches")
         if isinstance(accumulate, int) and accumulate < 1:  # Lightning would divide by it
             raise ValueError(f"--trainer.accumulate_grad_batches must be >= 1, got {accumulate}.")
