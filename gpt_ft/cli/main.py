@@ -303,6 +303,8 @@ def main(argv: list[str] | None = None) -> None:
             raise
         fail(not_installed(exc))
     except Exception as exc:
+        if not debug and (said := errors.logger_refused(exc)):
+            fail(said)
         if debug or not errors.raised_by_lightning(exc, "fabric", "MisconfigurationException"):  # a bad value
             raise
         fail(user_message(exc).rstrip(".!") + ".")

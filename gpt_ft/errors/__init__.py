@@ -243,6 +243,16 @@ def raised_by_lightning(exc: BaseException, package: str, name: str) -> bool:
     return isinstance(cls, type) and isinstance(exc, cls)
 
 
+def logger_refused(exc: BaseException) -> str | None:
+    """A logger's service refusing the run at its start in one sentence (W&B logging live without an
+    API key: wandb's UsageError, a traceback); None for any other exception."""
+    if type(exc).__module__.startswith("wandb") and "API key" in str(exc):
+        return ("W&B has no API key to log this run live: run `wandb login` (or set WANDB_API_KEY), or "
+                "log offline (--trainer.logger.init_args.offline true; configs/trainer/wandb.yaml) and "
+                "`wandb sync` the run later.")  # fmt: skip
+    return None
+
+
 WRITE_FAULTS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM)
 
 

@@ -35,20 +35,18 @@ def run_callbacks(config, model, data_config: dict[str, Any] | None) -> list[Cal
     for `--trainer.max_time`, the parameter summary, the metrics line, the run's provenance and the
     resume state."""
     trainer_config = config.get("trainer", {})
-    callbacks = list(trainer_config.get("callbacks") or [])
+    given = trainer_config.get("callbacks") or []
+    callbacks = list(given) if isinstance(given, (list, tuple)) else [given]  # (`--trainer.callbacks=X`: one)
 
     def lacks(kind: type) -> bool:
         return not any(isinstance(c, kind) for c in callbacks)
 
     if trainer_config.get("enable_checkpointing") is not False and lacks(ModelCheckpoint):
         callbacks.append(best_checkpoint(model))
-    if lacks(Throughput):
-        callbacks.append(Throughput())
+    callbacks += [kind() for kind in (Throughput, SaveLast) if lacks(kind)]  # (SaveLast: sorted last below)
     if trainer_config.get("enable_progress_bar") is not False and lacks(ProgressBar):
         # Refreshing reads the logged loss back from the device: every 10 steps, not every step.
         callbacks.append(StepsProgressBar(refresh_rate=10))
-    if lacks(SaveLast):
-        callbacks.append(SaveLast())
     if trainer_config.get("max_time") is not None and lacks(Timer):
         callbacks.append(WholeStepTimer(duration=trainer_config.max_time, interval="step"))
         trainer_config.max_time = None  # the Timer above is the one

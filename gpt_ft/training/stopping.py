@@ -87,6 +87,7 @@ class EarlyStopping(early_stopping.EarlyStopping):
         self.patience = patience
 
     def on_train_start(self, trainer, pl_module) -> None:
+        refuse_unvalidated(self, trainer)
         # A run resumed from the checkpoint of one this callback stopped stays stopped (a requeued
         # job would train an epoch more at each start), one stopped in its first epoch too (a
         # pretraining run validating every N steps); a larger patience goes on.
@@ -96,12 +97,29 @@ class EarlyStopping(early_stopping.EarlyStopping):
                 print(f"The run stopped early at epoch {self.stopped_epoch}: {self.monitor} did not improve "
                       f"in the last {self.wait_count} records (a larger patience goes on).")  # fmt: skip
 
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        # A run stopped (max_steps, max_time) before its first validation has nothing to judge at the
+        # epoch's end, where Lightning's check raised that the metric was missing, after training.
+        if self.monitor in trainer.callback_metrics:
+            super().on_train_epoch_end(trainer, pl_module)
+
     def on_validation_end(self, trainer, pl_module) -> None:
         # A metric validation does not log is named at the first validation (the sanity check's,
         # before training), with those it does log: Lightning's error came after an epoch.
         if trainer.state.fn == "fit" and not (trainer.sanity_checking and self.monitor.startswith("train/")):
             refuse_unlogged(self, trainer.callback_metrics)
         super().on_validation_end(trainer, pl_module)
+
+
+def refuse_unvalidated(callback, trainer) -> None:
+    """A `callback`'s validation metric where no validation runs, before training (Lightning's
+    error came at the first epoch's end, a traceback)."""
+    watched = getattr(callback, "monitor", None)
+    if watched and not watched.startswith(("train/", "perf/")) and trainer.limit_val_batches == 0:
+        raise ValueError(
+            f"{type(callback).__name__}(monitor={watched!r}) watches validation, and none runs "
+            "(--trainer.limit_val_batches 0): let validation run, or watch a train/ metric."
+        )
 
 
 def refuse_unlogged(callback, logged, also: tuple[str, ...] = ()) -> None:
@@ -118,9 +136,15 @@ def refuse_unlogged(callback, logged, also: tuple[str, ...] = ()) -> None:
 class MonitorsLogged(Callback):
     """A metric that another callback watches (Lightning's own EarlyStopping, a ModelCheckpoint's
     `monitor`) and validation does not log, named at the first validation, as `EarlyStopping`
-    names its own: Lightning's error came after a whole epoch, as a traceback."""
+    names its own: Lightning's error came after a whole epoch, as a traceback. Where no validation
+    runs, Lightning's EarlyStopping is refused before training."""
 
     checked = False
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        for c in trainer.callbacks:  # (a checkpoint watching what is never logged saves only last.ckpt)
+            if isinstance(c, early_stopping.EarlyStopping) and not isinstance(c, EarlyStopping):
+                refuse_unvalidated(c, trainer)
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if self.checked or trainer.state.fn != "fit":

@@ -64,7 +64,9 @@ def test_early_stopping_on_a_metric_validation_does_not_log_stops_before_trainin
         return capsys.readouterr().err.strip().splitlines()[-1]
 
     said = error("--trainer.callbacks.monitor=validation/perplexity")
-    assert said.startswith("gpt-ft: error: EarlyStopping(monitor='validation/perplexity'): validation logs no ")
+    assert said.startswith(
+        "gpt-ft: error: EarlyStopping(monitor='validation/perplexity'): validation logs no "
+    )
     assert "; it logs validation/accuracy, " in said and "validation/loss" in said
     assert not list(tmp_path.rglob("*.ckpt"))  # the sanity check's validation named it: nothing trained
     assert (
@@ -81,6 +83,19 @@ def test_early_stopping_on_a_metric_validation_does_not_log_stops_before_trainin
             f"gpt-ft: error: {kind}(monitor='val/acc'): validation logs no such metric; it logs "
         )
     assert not list(tmp_path.rglob("*.ckpt"))
+    # No validation at all: refused before training (Lightning's traceback came at the epoch's end)
+    for kind in ("gpt_ft.training.stopping", "lightning.pytorch.callbacks"):
+        watch = "--trainer.callbacks.monitor=validation/loss"
+        said = error(f"--trainer.callbacks+={kind}.EarlyStopping", watch, "--trainer.limit_val_batches=0")
+        assert said == (
+            "gpt-ft: error: EarlyStopping(monitor='validation/loss') watches validation, and none runs "
+            "(--trainer.limit_val_batches 0): let validation run, or watch a train/ metric."
+        )
+    assert not list(tmp_path.rglob("*.ckpt"))
+    # One callback given with `=` (not a list), in a run that stops before its first validation: it
+    # trains, and ends without Lightning's "metric not available" traceback
+    main([*args, "--trainer.callbacks=gpt_ft.training.stopping.EarlyStopping", "--trainer.max_steps=1"])
+    assert len(list(tmp_path.rglob("last.ckpt"))) == 1
 
 
 @pytest.mark.parametrize(
@@ -193,6 +208,27 @@ def test_wandb_offline_records_the_metrics(tmp_path, tokenizer_dir, monkeypatch)
     assert run.stat().st_size > 0
 
 
+def test_wandb_live_without_an_api_key_is_one_sentence(tmp_path, tokenizer_dir, monkeypatch, capsys):
+    """W&B's UsageError ("No API key configured") was a traceback from inside the logger."""
+    wandb = pytest.importorskip("wandb")
+    wandb.teardown()  # (an offline run before, in this process, left its settings)
+    monkeypatch.chdir(tmp_path)
+    for name in ("WANDB_API_KEY", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("WANDB_MODE", "online")
+    monkeypatch.setenv("HOME", str(tmp_path))  # (no ~/.netrc key)
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    with pytest.raises(SystemExit) as stopped:
+        main(fit_args(tmp_path, tokenizer_dir, "--trainer.logger=WandbLogger", "--trainer.max_steps=1"))
+    assert stopped.value.code == 2
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .splitlines()[-1]
+        .startswith("gpt-ft: error: W&B has no API key to log this run live: run `wandb login`")
+    )
+
+
 def test_a_run_stopped_in_its_first_epoch_stays_stopped(capsys):
     """Pretraining validates every N steps of one epoch: a stop there (stopped_epoch 0) is a stop."""
     from types import SimpleNamespace
@@ -203,7 +239,7 @@ def test_a_run_stopped_in_its_first_epoch_stays_stopped(capsys):
     stopping.load_state_dict(
         {"wait_count": 1, "stopped_epoch": 0, "best_score": torch.tensor(2.5), "patience": 1}
     )
-    trainer = SimpleNamespace(should_stop=False, is_global_zero=True)
+    trainer = SimpleNamespace(should_stop=False, is_global_zero=True, limit_val_batches=1.0)
     stopping.on_train_start(trainer, None)
     assert trainer.should_stop and "The run stopped early at epoch 0" in capsys.readouterr().out
     stopping.patience, trainer.should_stop = 2, False  # a larger patience goes on
