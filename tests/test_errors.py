@@ -94,6 +94,16 @@ from gpt_ft.errors.parsing import parse_error_message, yaml_problem
             "    - Expected a <class 'int'>\n  Given value type: <class 'list'>\n  Given value: [0, 'a']",
             "--trainer.devices: expected list[int] or str or int, got \"[0, 'a']\" (a is not an int).",
         ),
+        (  # a logger built from the arguments, refusing them (MLflow's file store): its words, not the dump
+            "Does not validate against any of the Union subtypes\n"
+            "Subtypes: [<class 'Logger'>, <class 'bool'>]\n"
+            "Errors:\n  - The file store is in maintenance mode; set MLFLOW_ALLOW_FILE_STORE=true.\n"
+            "  - Expected a <class 'bool'>\n  - Expected a <class 'NoneType'>\nGiven value type: <class "
+            "'Namespace'>\nGiven value: Namespace(class_path='lightning.pytorch.loggers.MLFlowLogger', "
+            "init_args=Namespace(tracking_uri=None))",
+            "MLFlowLogger refused its arguments: The file store is in maintenance mode; set "
+            "MLFLOW_ALLOW_FILE_STORE=true.",
+        ),
         ("invalid choice: 'x' (choose from 'a', 'b')", "invalid choice: 'x' (choose from 'a', 'b')."),
         ("", "invalid arguments."),
     ],

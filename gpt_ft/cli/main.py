@@ -86,7 +86,8 @@ def user_message(exc: BaseException) -> str:
         exc = exc.__cause__
     if isinstance(exc, OSError) and exc.filename is not None:  # the system's error: its file, its reason
         return errors.os_error_message(exc)
-    return str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc).strip()
+    said = str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc).strip()
+    return parse_error_message(said) if said.startswith("Does not validate against any") else said  # (built)
 
 
 def lone_value(message: str, args: list[str]) -> str:
