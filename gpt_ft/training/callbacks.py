@@ -228,7 +228,9 @@ class PrintMetrics(Callback):
     def on_validation_end(self, trainer, pl_module) -> None:
         if trainer.sanity_checking or not trainer.is_global_zero:
             return
-        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if not k.startswith("train/")}
+        terms = ("/task_loss", "/lm_loss")  # the objective's two terms, where λ > 0: the logs hold them
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if not k.endswith(terms)}
+        metrics = {k: v for k, v in metrics.items() if not k.startswith("train/")}
         # A throughput window's figures once: the trainer keeps them until the next window's.
         shown = {k: v for k, v in metrics.items() if not k.startswith("perf/") or self.printed.get(k) != v}
         self.printed = metrics

@@ -156,7 +156,8 @@ class Evaluation:
             fitting = self.trainer.state.fn == "fit" and not self.trainer.sanity_checking
             metric.chooses = self.task is not None and split == first and fitting
             for name, value in metric.compute().items():
-                self.log(f"{split}/{name}", value, prog_bar=name != "loss", sync_dist=False)
+                shown = not name.endswith("loss")  # (the losses: in the logs and the printed line)
+                self.log(f"{split}/{name}", value, prog_bar=shown, sync_dist=False)
             for name, value in metric.decided.items():
                 setattr(self.head, name, value)
             if self.task is not None and self.trainer.state.fn in ("validate", "test"):

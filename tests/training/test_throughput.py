@@ -135,7 +135,8 @@ def test_evaluation_and_checkpointing_are_not_training_time(monkeypatch):
 
 def test_the_metrics_line_shows_a_throughput_window_once(capsys):
     """The trainer keeps a window's figures until the next window's: a later validation's line
-    would print them again, as if new."""
+    would print them again, as if new. The objective's two terms are the logger's (the line keeps
+    the objective, validation/loss)."""
     from types import SimpleNamespace
 
     import torch
@@ -143,6 +144,7 @@ def test_the_metrics_line_shows_a_throughput_window_once(capsys):
     from gpt_ft.training.callbacks import PrintMetrics
 
     metrics = {"validation/loss": torch.tensor(2.0), "perf/tokens_per_s": torch.tensor(100.0)}
+    metrics |= {"validation/task_loss": torch.tensor(0.5), "validation/lm_loss": torch.tensor(3.0)}
     trainer = SimpleNamespace(sanity_checking=False, is_global_zero=True, callback_metrics=metrics,
                               current_epoch=0, global_step=5, progress_bar_callback=None,
                               state=SimpleNamespace(fn="fit"))  # fmt: skip
