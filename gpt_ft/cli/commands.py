@@ -28,9 +28,8 @@ def run(function: Callable[..., Any], name: str, argv: list[str]) -> None:
     from gpt_ft.errors import check_not_null
     from gpt_ft.workarounds.cli import remember_options
 
-    parser = auto_parser(
-        function, prog=f"gpt-ft {name}", exit_on_error=False, parser_mode=PARSER_MODE, return_instance=True
-    )
+    whole = dict(exit_on_error=False, parser_mode=PARSER_MODE, return_instance=True, allow_abbrev=False)
+    parser = auto_parser(function, prog=f"gpt-ft {name}", **whole)  # (allow_abbrev: an option typed whole)
     remember_options(parser, name)
     arguments = parser.instantiate(parser.parse_args(argv))
     arguments.pop("config", None)

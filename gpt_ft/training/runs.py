@@ -90,7 +90,8 @@ class GPTCLI(CheckpointHparamsAsDefaults, ConfigDumpReadFast, ParsersBuiltOnce, 
         super().__init__(*args, **kwargs)
 
     def init_parser(self, **kwargs: Any):
-        return super().init_parser(**kwargs, parser_mode=PARSER_MODE)
+        # An option is typed whole: argparse took `--trainer.max_step` for the one option it begins
+        return super().init_parser(**kwargs, parser_mode=PARSER_MODE, allow_abbrev=False)
 
     def subcommands(self) -> dict[str, set[str]]:  # an instance's, no longer LightningCLI's static one
         every = LightningCLI.subcommands()

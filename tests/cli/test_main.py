@@ -227,6 +227,11 @@ def test_a_checkpoint_moved_without_its_tokenizer_starts_a_run_with_the_one_give
         # A misspelt option: the nearest one (none was said)
         ("--model.lrr=1e-4", "unrecognized arguments: --model.lrr=1e-4 (did you mean --model.lr?)."),
         ("--trainer.precison=32", "(did you mean --trainer.precision?)."),
+        # the beginning of an option was taken for it (argparse's abbreviations): typed whole now
+        (
+            "--trainer.max_step=1",
+            "unrecognized arguments: --trainer.max_step=1 (did you mean --trainer.max_steps?).",
+        ),
         ("--model.eps=0", "eps must be > 0, got 0.0."),  # (AdamW's first update: 0/0 in a gradient-free row)
         (
             "--trainer.gradient_clip_val=-1",
@@ -549,6 +554,9 @@ def test_bad_pretraining_input(tmp_path, tokenizer_dir, monkeypatch, capsys):
 def test_unknown_command_and_usage(capsys):
     assert last_error(capsys, "prepare") == (  # named as typed (it said "out_dir, tokenizer")
         "gpt-ft: error: the following arguments are required: --out_dir, --tokenizer."
+    )
+    assert last_error(capsys, "prepare", "--out=x", "--tokenizer=t", "--inputs=[a]") == (  # not --out_dir
+        "gpt-ft: error: unrecognized arguments: --out=x."
     )
     assert last_error(capsys, "fitt") == (
         "gpt-ft: error: unknown command 'fitt' (did you mean fit?); choose from fit, validate, test, "
