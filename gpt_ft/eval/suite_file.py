@@ -22,7 +22,8 @@ class SuiteTask:
     """One task of a suite."""
 
     card: str
-    """Task card path (relative to the working directory or to the suite file)."""
+    """Task card path: from the working directory, else from the suite file's folder or one of the
+    two above it (a shipped suite names `tasks/...` from the repository's root)."""
     paper: dict[str, float] = field(default_factory=dict)
     """The GPT-1 paper's score (percent) per metric: `accuracy`, or `split/metric` for a task with
     several validation splits (MNLI's `validation_matched/accuracy`)."""
@@ -250,7 +251,8 @@ def load_suite(path: str | Path) -> SuiteSpec:
 
 
 def _find(name: str, base: Path, what: str) -> Path:
-    """A path as given (relative to the working directory), else relative to `base` or its parent."""
+    """A path as given (relative to the working directory), else relative to `base`, its parent or
+    the parent's (configs/suites/glue.yaml's `tasks/glue/cola.yaml`: the repository's root)."""
     for candidate in (Path(name).expanduser(), base / name, base.parent / name, base.parent.parent / name):
         if candidate.is_file():
             return candidate
