@@ -101,6 +101,16 @@ def parse_error_message(text: str, hidden: str | None = None) -> str:
     if (m := re.search(r"class_path '(\w+)[\w.]*': No module named '(\w+)'$", reason)) and m[1] == m[2]:
         reason += " (a module of your own is found where PYTHONPATH names its folder)"
     if (
+        where == "--data.task: "
+        and value
+        and not Path(value).expanduser().exists()
+        and "/" not in str(given)[:1]
+    ):
+        if card := repository_card(value):  # `sst2`, `glue/sst2.yaml` from another folder
+            reason = f"{value} is no card file here; the repository's card of that name is {card}"
+        elif reason.startswith(f"class_path {value!r} is not an import path"):
+            reason = f"{value} is neither a card file nor a class path (module.Class)"
+    if (
         where == "--data: " and reason == "Option 'task' is not accepted"
     ):  # a card, to a language model's data
         reason += " (the data module given reads a corpus's token files; a card is a fine-tuning config's)"
@@ -185,6 +195,20 @@ def unimported(value: str | None) -> str | None:
 
 
 FILES = (".yaml", ".yml", ".json")
+
+
+def repository_card(name: str) -> str | None:
+    """The path of the card of the repository the package runs from (its `tasks/`, beside the
+    package) that `name` names: its path's end (`glue/sst2.yaml`) or its name (`sst2`); None where
+    there is no such folder (a wheel) or no one card."""
+    tasks = Path(__file__).resolve().parents[2] / "tasks"
+    wanted = name if name.endswith((".yaml", ".yml")) else f"{name}.yaml"
+    found = (
+        [p for p in tasks.rglob("*.yaml") if p.as_posix().endswith(f"/{wanted}")] if tasks.is_dir() else []
+    )
+    if len(found) != 1:
+        return None
+    return os.path.relpath(found[0]) if found[0].is_relative_to(Path.cwd()) else str(found[0])
 
 
 def unreadable(value: str) -> str:

@@ -252,6 +252,22 @@ def test_out_of_range_hyperparameters(run, arg, message):
     assert message in run(arg)
 
 
+def test_a_card_named_as_the_repositorys_is_found_for_the_message(run, tmp_path, monkeypatch):
+    """`--data.task sst2` (or `glue/sst2.yaml` from another folder) said "class_path 'sst2' is not an
+    import path": the repository's card of that name is named."""
+    from tests.helpers import ROOT
+
+    monkeypatch.chdir(tmp_path)  # (not the repository's root: the card's path from /)
+    card = ROOT / "tasks" / "glue" / "sst2.yaml"
+    for name in ("sst2", "glue/sst2.yaml"):
+        assert run(f"--data.task={name}").endswith(
+            f"--data.task: {name} is no card file here; the repository's card of that name is {card}."
+        )
+    assert run("--data.task=nosuchtask").endswith(
+        "--data.task: nosuchtask is neither a card file nor a class path (module.Class)."
+    )
+
+
 def test_a_section_given_what_one_of_its_options_takes_names_that_option(run, tmp_path):
     """`--model WEIGHTS` and `--data CARD`: jsonargparse said "Unable to load config 'WEIGHTS'" and
     that the card's class is no LightningDataModule."""
