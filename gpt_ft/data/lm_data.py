@@ -24,7 +24,7 @@ from gpt_ft.data.folders import tokenizer_digests
 from gpt_ft.data.pinning import check_model_fits, leave_stops_to_the_main_process, pins
 from gpt_ft.data.prepare import META, SPLIT_FILES
 from gpt_ft.data.samplers import EpochSampler, ResumableTrainData, run_seed
-from gpt_ft.errors import absent
+from gpt_ft.errors import absent, check_counts
 
 
 class TokenBlocks(Dataset):
@@ -87,8 +87,8 @@ class LMDataModule(ResumableTrainData, LightningDataModule):
             seed: Seed of the per-epoch block permutation; default the run's seed_everything.
         """
         super().__init__()
-        if block_size < 1 or batch_size < 1:
-            raise ValueError(f"block_size and batch_size must be >= 1, got {block_size} and {batch_size}.")
+        check_counts(("block_size", block_size, 1), ("batch_size", batch_size, 1),
+                     ("eval_batch_size", eval_batch_size, 1), ("num_workers", num_workers, 0))  # fmt: skip
         self.token_dir = Path(token_dir).expanduser()
         self.meta = read_meta(self.token_dir)
         self.block_size, self.batch_size = block_size, batch_size

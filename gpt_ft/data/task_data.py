@@ -27,6 +27,7 @@ from gpt_ft.data.pinning import check_model_fits, leave_stops_to_the_main_proces
 from gpt_ft.data.samplers import EpochSampler, LengthGroupedSampler, ResumableTrainData, run_seed
 from gpt_ft.data.subsets import ALIKE, left_out, training_subset
 from gpt_ft.data.tokenizer import embedding_size, load_tokenizer, special_token_ids
+from gpt_ft.errors import check_counts
 from gpt_ft.workarounds.data import dataset_fingerprint
 
 # The encoded labels' column while the split is mapped, named "label" after: a file's own "label"
@@ -86,13 +87,9 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
                 split where it has no more. None: the whole split.
         """
         super().__init__()
-        for name, value, least in (("batch_size", batch_size, 1), ("max_length", max_length, 4),
-                                   ("eval_batch_size", eval_batch_size, 1)):  # fmt: skip
-            if value is not None and (isinstance(value, bool) or not hasattr(value, "__index__")):
-                raise ValueError(f"{name} must be an integer, got {value!r}.")  # (from Python; numpy's too)
-            if value is not None and value < least:
-                room = " (room for the special tokens)" if name == "max_length" else ""
-                raise ValueError(f"{name} must be >= {least}{room}, got {value}.")
+        check_counts(("batch_size", batch_size, 1), ("max_length", max_length, 4),
+                     ("eval_batch_size", eval_batch_size, 1), ("num_workers", num_workers, 0),
+                     ("num_proc", num_proc, 1))  # fmt: skip
         self.task, self.data_dir, self.max_length = as_task(task), data_dir, max_length
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size or batch_size
         self.num_workers, self.num_proc, self.packing = num_workers, num_proc, packing

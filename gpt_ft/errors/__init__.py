@@ -236,6 +236,17 @@ def at_least_one(value: int, option: str) -> int:
     return whole
 
 
+def check_counts(*counts: tuple[str, int | None, int]) -> None:
+    """Each (name, value, least) of a data module's counts (batch sizes, workers) refused in one
+    sentence where it is no integer or below `least` (None: unset, taken)."""
+    for name, value, least in counts:
+        if value is not None and (isinstance(value, bool) or not hasattr(value, "__index__")):
+            raise ValueError(f"{name} must be an integer, got {value!r}.")  # (from Python; numpy's too)
+        if value is not None and value < least:
+            room = " (room for the special tokens)" if name == "max_length" else ""
+            raise ValueError(f"{name} must be >= {least}{room}, got {value}.")
+
+
 def raised_by_lightning(exc: BaseException, package: str, name: str) -> bool:
     """Whether `exc` is Lightning's exception class `name` (of lightning.fabric or .pytorch); only a
     command that imported Lightning can raise one, so the others never import it to ask."""

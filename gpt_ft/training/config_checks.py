@@ -63,7 +63,11 @@ def replaced_overrides(config) -> str | None:
 
 
 def refuse_bad_config(config, model_class: type | None) -> None:
-    """A null where none is taken, or a task card of fields alone, in one sentence."""
+    """A null where none is taken, a task card of fields alone, or a barebones trainer, in one
+    sentence (barebones refused gpt-ft's own logger and callbacks, each named as if given)."""
+    if (config.get("trainer") or {}).get("barebones"):
+        raise ValueError("--trainer.barebones true is not supported: a gpt-ft run logs its losses and "
+                         "metrics and keeps checkpoints, which barebones forbids.")  # fmt: skip
     with card_named(config):
         refuse_nulls(config, model_class)
     refuse_fields_alone(config)

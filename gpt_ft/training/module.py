@@ -245,7 +245,7 @@ class GPTModule(Evaluation, LightningModule):
         self.optimizer_name = optimizer
         self.schedule, self.warmup_fraction, self.warmup_steps = schedule, warmup_fraction, warmup_steps
         self.predictions_dir = predictions_dir
-        self.compile_backend = ("inductor" if compile is True else compile) or None
+        self.compile_backend = compile_backend(compile)
         self.gpt.activation_checkpointing = activation_checkpointing
         self._predictions: dict[str, list[tuple[Tensor, Tensor]]] = {}
         self.step_values = StepValues()  # logs a training step's losses where something reads them
@@ -379,3 +379,13 @@ class GPTModule(Evaluation, LightningModule):
         fraction = self.warmup_fraction if self.warmup_steps is None else None
         scheduler = Schedule(optimizer, self.schedule, warmup, total, fraction)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def compile_backend(compile: bool | str) -> str | None:
+    """`--model.compile`'s backend: True is inductor's, False none; a name torch.compile does not
+    know is refused here (it was a traceback once the run had started; `null` is read as a name)."""
+    if isinstance(compile, str) and compile not in torch.compiler.list_backends(exclude_tags=()):
+        usual = ", ".join(["eager", "aot_eager", *torch.compiler.list_backends()])
+        raise ValueError(f"--model.compile {compile!r} is no torch.compile backend: give true (inductor), "
+                         f"false, or a backend's name ({usual}).")  # fmt: skip
+    return ("inductor" if compile is True else compile) or None

@@ -5,7 +5,8 @@ that is faster than fp32 depends on the processor: on CPUs whose bf16 instructio
 fp32 rate (AVX-512 BF16 on AMD Zen 4, AMX on Intel Sapphire Rapids) a training step runs up to
 several times faster; on CPUs without them bf16 is emulated, and on some with them oneDNN's bf16
 kernels still lose to fp32. So on a CPU a bf16 precision is kept only where a short matmul probe
-(about 0.1 s) shows bf16 faster, and otherwise falls back to 32-true with one line saying why.
+(about 0.1 s where bf16 is fast, up to about a second where it is slow) shows bf16 faster, and
+otherwise falls back to 32-true with one line saying why.
 `GPT_FT_CPU_BF16=always` keeps bf16 regardless (for example to test the bf16 path itself).
 """
 
@@ -50,7 +51,11 @@ def bf16_matmul_speedup(n: int = 1024, repeats: int = 5) -> float:
 
 def cpu_precision(precision: str | int | None) -> tuple[str | int | None, str | None]:
     """The precision to train with on a CPU when `precision` was asked for, and the line that says
-    why it changed (None when it did not)."""
+    why it changed (None when it did not). Transformer Engine's precisions are refused: they need an
+    NVIDIA GPU (the answer was to install its package)."""
+    if str(precision).startswith("transformer-engine"):
+        raise ValueError(f"--trainer.precision {precision} needs an NVIDIA GPU (Transformer Engine); on a "
+                         "CPU give 32-true or bf16-mixed.")  # fmt: skip
     if str(precision) in ("16-mixed", "16"):  # Lightning runs fp16-mixed as bf16-mixed on a CPU
         chosen, why = cpu_precision("bf16-mixed")
         return chosen, why.replace("bf16-mixed", f"{precision} (bf16-mixed on a CPU)", 1) if why else None

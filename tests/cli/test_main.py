@@ -227,6 +227,21 @@ def test_a_checkpoint_moved_without_its_tokenizer_starts_a_run_with_the_one_give
         # A misspelt option: the nearest one (none was said)
         ("--model.lrr=1e-4", "unrecognized arguments: --model.lrr=1e-4 (did you mean --model.lr?)."),
         ("--trainer.precison=32", "(did you mean --trainer.precision?)."),
+        # knobs refused before any work (a traceback once the run had started, a run folder left behind,
+        # an install hint for what needs a GPU, barebones refusing gpt-ft's own callbacks one by one)
+        (
+            "--model.compile=foo",
+            "--model.compile 'foo' is no torch.compile backend: give true (inductor), false",
+        ),
+        ("--data.num_workers=-1", "num_workers must be >= 0, got -1."),
+        (
+            "--trainer.precision=transformer-engine",
+            "transformer-engine needs an NVIDIA GPU (Transformer Engine)",
+        ),
+        (
+            "--trainer.barebones=true",
+            "--trainer.barebones true is not supported: a gpt-ft run logs its losses",
+        ),
         # the beginning of an option was taken for it (argparse's abbreviations): typed whole now
         (
             "--trainer.max_step=1",

@@ -104,3 +104,13 @@ def test_the_block_order_follows_the_runs_seed_unless_given_one(tmp_path, tokeni
     monkeypatch.setenv("PL_GLOBAL_SEED", "5")
     assert order() == order(seed=5) != seed_0 and sorted(seed_0) == sorted(order())
     assert order(seed=0) == seed_0
+
+
+def test_a_language_models_counts_are_checked_as_a_tasks_are(tmp_path):
+    """eval_batch_size 0 was taken (validating at batch_size), -3 refused by PyTorch after the weights
+    loaded; num_workers -1 after the run folder was made."""
+    counts = [("eval_batch_size", 0, ">= 1, got 0"), ("eval_batch_size", -3, ">= 1, got -3"),
+              ("num_workers", -1, ">= 0, got -1"), ("batch_size", 0, ">= 1, got 0")]  # fmt: skip
+    for option, value, said in counts:
+        with pytest.raises(ValueError, match=rf"^{option} must be {said}\.$"):
+            LMDataModule(token_dir=str(tmp_path), **{option: value})  # (before the folder is read)
