@@ -36,22 +36,26 @@ NO_TORCHAO = 'lora.quantize nf4 needs torchao: pip install "gpt_ft[quantize]".'
 
 @dataclass
 class LoRA:
-    """Which layers get adapters and their shape."""
+    """Which layers get adapters and their shape.
+
+    Args:
+        rank: Rank r of each update B A.
+        alpha: The update is scaled by alpha / rank.
+        dropout: Dropout on the adapters' input.
+        targets: Layers of every block that get an adapter: attn.c_attn (q, k, v), attn.c_proj,
+            mlp.c_fc, mlp.c_proj.
+        checkpoint: What checkpoints hold: the trained weights only, beside the base weights' name
+            (small files that resume), or the whole merged model (a plain checkpoint, for use elsewhere).
+        quantize: Keep the frozen base weights of the adapted layers in 4-bit NF4 (QLoRA, Dettmers
+            et al. 2023): an eighth of their fp32 memory; needs torchao (pip install "gpt_ft[quantize]").
+    """
 
     rank: int = 8
-    """Rank r of each update B A."""
     alpha: float = 16.0
-    """The update is scaled by alpha / rank."""
     dropout: float = 0.05
-    """Dropout on the adapters' input."""
     targets: list[str] = field(default_factory=lambda: list(TARGETS))
-    """Layers of every block that get an adapter: attn.c_attn (q, k, v), attn.c_proj, mlp.c_fc, mlp.c_proj."""
     checkpoint: Literal["adapters", "merged"] = "adapters"
-    """What checkpoints hold: the trained weights only, beside the base weights' name (small files
-    that resume), or the whole merged model (a plain checkpoint, for use elsewhere)."""
     quantize: Literal["nf4"] | None = None
-    """Keep the frozen base weights of the adapted layers in 4-bit NF4 (QLoRA, Dettmers et al.
-    2023): an eighth of their fp32 memory; needs torchao (pip install "gpt_ft[quantize]")."""
 
     def __post_init__(self) -> None:
         if self.rank < 1:

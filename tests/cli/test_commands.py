@@ -659,6 +659,12 @@ def test_every_command_lists_its_options_with_their_help(capsys):
         out = " ".join(capsys.readouterr().out.split())  # help text wraps
         for text in expected:
             assert text in out, (name, text)
+    with pytest.raises(
+        SystemExit
+    ):  # a dataclass's options: described (its attribute docstrings were not read)
+        main(["fit", "--model.lora.help", "LoRA"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--model.lora.rank RANK Rank r of each update B A. (type: int, default: 8)" in out
 
 
 def test_generate_starts_the_prompt_as_the_tokenizer_starts_texts_and_stops_where_the_config_says(
