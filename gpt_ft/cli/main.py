@@ -26,7 +26,7 @@ from gpt_ft.cli.commands import lazy, lightning
 from gpt_ft.data.folders import PIPED, Terminated, first_process, piped_configs_read, process_rank
 from gpt_ft.errors.parsing import nearest_option, parse_error_message, repeated_in_options, untyped_parameter
 from gpt_ft.training.memory import keep_freed_memory
-from gpt_ft.workarounds.cli import OPTIONS, file_not_decoded
+from gpt_ft.workarounds.cli import OPTIONS, file_not_decoded, nested_help_named_whole
 from gpt_ft.workarounds.kernels import torchao_import_loggers
 
 
@@ -260,7 +260,10 @@ def main(argv: list[str] | None = None) -> None:
             fail(said)
         if typed:  # a DDP run's other processes start from sys.argv: they take the pipes' text read here
             sys.argv[2:] = args
-        with folders.sigterm_stops():  # (Lightning's own handler, once it starts, stops it at a step's end)
+        with (
+            folders.sigterm_stops(),
+            nested_help_named_whole(args),
+        ):  # (Lightning's own stops at a step's end)
             COMMANDS[name].run(name, args)
         folders.release_process_group()
     except argparse.ArgumentError as exc:  # (first: an option's refused value is a ValueError too)

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import io
+import re
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager, redirect_stdout
+
 
 class CheckpointHparamsAsDefaults:
     """LightningCLI mixin for a CLI whose `parse_arguments` already sets a checkpoint's recorded
@@ -287,3 +293,23 @@ def dump_header_in_mode(mode: str) -> None:
     from jsonargparse import _loaders_dumpers
 
     _loaders_dumpers.comment_prefix.setdefault(mode, "# ")
+
+
+@contextmanager
+def nested_help_named_whole(args: list[str]) -> Iterator[None]:
+    """`--data.task.help CLASS` printed the class's options as jsonargparse's inner parser names them,
+    relative to the data module (`--task.text`), which no command line takes: the help is caught
+    and printed with the options' whole names (`--data.task.text`). jsonargparse builds that help
+    from the option's own parser (`_ActionHelpClassPath.print_help`, no hook for the outer prefix);
+    drop this once it names the options whole."""
+    nested = next((m for a in args if (m := re.match(r"--((?:\w+\.)+)(\w+)\.help(?:=|$)", a))), None)
+    if nested is None:
+        yield
+        return
+    caught = io.StringIO()
+    try:
+        with redirect_stdout(caught):
+            yield
+    finally:
+        text = caught.getvalue().replace(f"--{nested[2]}.", f"--{nested[1]}{nested[2]}.")
+        sys.stdout.write(text)

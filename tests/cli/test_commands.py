@@ -665,6 +665,10 @@ def test_every_command_lists_its_options_with_their_help(capsys):
         main(["fit", "--model.lora.help", "LoRA"])
     out = " ".join(capsys.readouterr().out.split())
     assert "--model.lora.rank RANK Rank r of each update B A. (type: int, default: 8)" in out
+    with pytest.raises(SystemExit):  # a class inside the data module's: its options named whole (--task.text)
+        main(["fit", "--data.task.help", "SingleText"])
+    out = capsys.readouterr().out
+    assert "--data.task.text TEXT" in out and "--data.task.name NAME" in out and "[--task." not in out
 
 
 def test_generate_starts_the_prompt_as_the_tokenizer_starts_texts_and_stops_where_the_config_says(
