@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import unicodedata
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -336,11 +337,15 @@ class ClassificationOutput(TaskOutput):
 def label_of(value: Any, names: list[str], field: str, count: int) -> int:
     """A class id: the value is a name in `names` (names that are numbers, Story Cloze's '1' and
     '2', by value: 1.0 is '1'; then a name only, as 0 could be either), or else an integer id
-    below `count` (hub datasets store ids)."""
+    below `count` (hub datasets store ids). A name is found in either Unicode form (NFC, NFD: the
+    same letters, as one editor or another saves them)."""
     text = str(value).strip()
     numbers = {float(name): i for i, name in enumerate(names) if NUMBER.fullmatch(name)}
     if text in names or (numbers and NUMBER.fullmatch(text) and float(text) in numbers):
         return names.index(text) if text in names else numbers[float(text)]
+    composed = [unicodedata.normalize("NFC", name) for name in names]  # 'négatif' saved as e + U+0301
+    if not text.isascii() and (nfc := unicodedata.normalize("NFC", text)) in composed:
+        return composed.index(nfc)
     n = len(names) or count
     if isinstance(value, float) and value.is_integer():  # a JSON column read as floats: 1.0
         text = str(int(value))

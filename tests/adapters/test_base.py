@@ -66,6 +66,9 @@ def test_labels_accept_names_and_integer_ids():
         task.output.label_id("maybe")
     with pytest.raises(TaskDataError, match="label 2 in field 'label'"):
         task.output.label_id(2)
+    # a name saved decomposed (e + U+0301, as some editors write it): the same label, not "not among"
+    french = SingleText(name="f", labels=["positif", "n\u00e9gatif"])
+    assert [french.output.label_id(v) for v in ("ne\u0301gatif", "n\u00e9gatif", "positif")] == [1, 1, 0]
     reg = SingleText(name="t", regression=True)
     with pytest.raises(TaskDataError, match="regression score 'high' in field 'label' is not a number"):
         reg.output.label_id("high")
