@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from gpt_ft.errors import OptionError
 from gpt_ft.model.presets import PRESETS
-from gpt_ft.model.rope_scaling import check_rope_scaling, rope_type
+from gpt_ft.model.rope_scaling import check_rope_scaling, rope_keys, rope_type
 
 Activation = Literal["gelu_tanh", "gelu", "relu", "silu"]
 Norm = Literal["layernorm", "rmsnorm", "gemma_rmsnorm", "rmsnorm_fp32"]
@@ -228,10 +228,7 @@ class GPTConfig:
             raise ValueError(f"GPTConfig.qk_norm_span must be one of {QK_NORM_SPANS} ('all_heads' with "
                              f"qk_norm: true), got {self.qk_norm_span!r}.")  # fmt: skip
         check_rope_scaling(self.rope_scaling, self.rotary_dims // 2, self.rope_theta)
-        unset = dict(
-            rope_theta=10000.0, rope_scaling=None, rope_local_theta=None, rotary_dim=None, nope_layers=None
-        )
-        rotary = {name: getattr(self, name) != value for name, value in unset.items()}
+        rotary = {name: getattr(self, name) != value for name, value in ROTARY_UNSET.items()}
         if self.positions == "learned" and (given := [name for name, wanted in rotary.items() if wanted]):
             raise ValueError(f"GPTConfig.{given[0]} is for rotary positions; this model's are learned "
                              "(positions: 'rope' for rotary ones).")  # fmt: skip
@@ -348,6 +345,28 @@ class GPTConfig:
             )
 
 
+ROTARY_UNSET = dict(
+    rope_theta=10000.0, rope_scaling=None, rope_local_theta=None, rotary_dim=None, nope_layers=None
+)
+"""The rotary fields as a model with learned positions has them."""
+
+
+def as_read_now(config: dict) -> dict:
+    """A checkpoint's config fields as this version reads them: what an earlier one kept unread left
+    out (a scaling's keys its type does not read, a learned-position model's rotary fields), which
+    the config now refuses where a user gives them. The same model either way."""
+    config, scaling = dict(config), config.get("rope_scaling")
+    if isinstance(scaling, dict):
+        theta = config.get("rope_theta", ROTARY_UNSET["rope_theta"])
+        kept = rope_keys(rope_type(scaling))
+        config["rope_scaling"] = {
+            k: v for k, v in scaling.items() if k in kept or k == "rope_theta" and v == theta
+        }
+    if config.get("positions", "learned") == "learned":
+        config.update({name: value for name, value in ROTARY_UNSET.items() if name in config})
+    return config
+
+
 def check_known_fields(
     config: dict, where: str, version: str | None, known=None, what="model settings"
 ) -> dict:
@@ -359,7 +378,7 @@ def check_known_fields(
             f"({', '.join(unknown)}): it was written by gpt_ft {version or 'of an unrecorded version'}; "
             "read it with that version."
         )
-    return config
+    return config if known else as_read_now(config)
 
 
 def preset_config(preset: str, overrides: dict | None, **fixed) -> GPTConfig:

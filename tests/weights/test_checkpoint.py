@@ -246,3 +246,24 @@ def test_a_newer_versions_model_setting_is_named_with_the_version_that_wrote_it(
     said = f"{path} records model arguments this version of gpt_ft does not know (label_smoothing): it was"
     with pytest.raises(ValueError, match=re.escape(f"{said} written by gpt_ft 9.1.0")):
         recorded_run(newer, known)
+
+
+def test_a_config_an_earlier_version_wrote_reads_as_the_same_model():
+    """Earlier versions kept a rotary scaling's unread keys (Yarn-Llama 2's `finetuned`) and a learned
+    model's unused rotary fields, which the config now refuses where a user gives them: a checkpoint
+    holding them still reads, as the model it was."""
+    from dataclasses import asdict
+
+    from gpt_ft.model import GPTConfig
+
+    llama = asdict(GPTConfig.from_name("llama-micro", vocab_size=64))
+    llama["rope_scaling"] = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+                             "finetuned": True, "rope_theta": llama["rope_theta"]}  # fmt: skip
+    gpt = {**asdict(GPTConfig.from_name("gpt-micro", vocab_size=64)), "rope_theta": 5e5, "rotary_dim": 8}
+    for fields, read in [(llama, {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+                                  "rope_theta": llama["rope_theta"]}), (gpt, None)]:  # fmt: skip
+        config = Checkpoint({fmt.GPT_CONFIG: fields}).gpt_config
+        assert config["rope_scaling"] == read and GPTConfig(**config).n_layer == fields["n_layer"]
+    assert (config["rope_theta"], config["rotary_dim"]) == (10000.0, None)
+    with pytest.raises(ValueError, match="takes no 'finetuned'"):
+        GPTConfig(**llama)  # (given, not read from a file: refused)
