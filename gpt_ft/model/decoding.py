@@ -208,8 +208,8 @@ def eval_mode(*models: torch.nn.Module) -> Iterator[None]:
         for model in models:
             if id(model) not in _IN_EVAL:
                 _IN_EVAL[id(model)] = [0, [(module, module.training) for module in model.modules()]]
-                model.eval()
             _IN_EVAL[id(model)][0] += 1
+            model.eval()  # (each entry: a model trained again while another is open reads in eval mode)
     try:
         yield
     finally:

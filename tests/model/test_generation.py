@@ -428,3 +428,13 @@ def test_readers_of_one_model_at_once_leave_it_in_eval_mode_until_the_last_leave
     assert not any(m.training for m in model.modules())  # the second reader still scores
     second.__exit__(None, None, None)
     assert [m.training for m in model.modules()] == [True, False, True]
+    # an entry left open (a stream abandoned after a break), the model trained again: a later reader
+    # still reads in eval mode (it read in train mode, dropout on, where the first kept the modes)
+    abandoned, later = eval_mode(model), eval_mode(model)
+    abandoned.__enter__()
+    model.train()
+    later.__enter__()
+    assert not any(m.training for m in model.modules())
+    later.__exit__(None, None, None)
+    abandoned.__exit__(None, None, None)  # (its generator collected)
+    assert [m.training for m in model.modules()] == [True, False, True]  # (as the first reader found them)
