@@ -99,7 +99,14 @@ class EarlyStopping(early_stopping.EarlyStopping):
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         # A run stopped (max_steps, max_time) before its first validation has nothing to judge at the
-        # epoch's end, where Lightning's check raised that the metric was missing, after training.
+        # epoch's end, where Lightning's check raised that the metric was missing, after training; a
+        # training metric no step logs (misspelt) is named.
+        if self.monitor.startswith(("train/", "perf/")) and self.monitor not in trainer.callback_metrics:
+            logged = ", ".join(
+                sorted(k for k in trainer.callback_metrics if k.startswith(("train/", "perf/")))
+            )
+            said = f"EarlyStopping(monitor={self.monitor!r}): training logs no such metric"
+            raise ValueError(f"{said}; it logs {logged}.")
         if self.monitor in trainer.callback_metrics:
             super().on_train_epoch_end(trainer, pl_module)
 

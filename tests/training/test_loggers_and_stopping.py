@@ -96,6 +96,15 @@ def test_early_stopping_on_a_metric_validation_does_not_log_stops_before_trainin
     # trains, and ends without Lightning's "metric not available" traceback
     main([*args, "--trainer.callbacks=gpt_ft.training.stopping.EarlyStopping", "--trainer.max_steps=1"])
     assert len(list(tmp_path.rglob("last.ckpt"))) == 1
+    # a training metric no step logs (misspelt), watched where no validation runs: named at the
+    # epoch's end (it was skipped without a word)
+    watch = ["--trainer.callbacks.monitor=train/los", "--trainer.callbacks.mode=min"]
+    said = error(
+        "--trainer.callbacks+=gpt_ft.training.stopping.EarlyStopping", *watch, "--trainer.limit_val_batches=0"
+    )
+    assert said.startswith(
+        "gpt-ft: error: EarlyStopping(monitor='train/los'): training logs no such metric; it logs "
+    )
 
 
 @pytest.mark.parametrize(
