@@ -302,10 +302,13 @@ def stop_tokens(tok, config) -> list[int]:
 
 def continuation(tok, prompt: list[int], new: list[int]) -> str:
     """The text `new` adds to the prompt's: decoded after the prompt, so that a tokenizer that
-    spaces words when it joins them (GPT-1's, SentencePiece's) puts the space before the first."""
+    spaces words when it joins them (GPT-1's, SentencePiece's) puts the space before the first. A
+    character the last tokens hold only the first bytes of (byte-level BPE: U+FFFD once decoded) is
+    left out: it comes with the tokens that complete it, or not at all where decoding stopped."""
     before = tok.decode(prompt, skip_special_tokens=True)
     after = tok.decode(prompt + new, skip_special_tokens=True)
-    return after[len(before) :] if after.startswith(before) else tok.decode(new, skip_special_tokens=True)
+    text = after[len(before) :] if after.startswith(before) else tok.decode(new, skip_special_tokens=True)
+    return text.rstrip("\ufffd")
 
 
 def until_stop(text: str, stops: list[str]) -> tuple[str, bool]:
@@ -323,9 +326,8 @@ def print_as_they_come(
     tok, tokens: Iterator[Tensor], eos: list[int], prompt: list[int], stops: list[str] = ()
 ) -> None:
     """Print the text each new token adds as it comes, up to the end-of-text token or a stop text
-    (not printed; what may begin one waits). A token that holds only the first bytes of a
-    character (byte-level BPE) decodes to U+FFFD: the text waits for the tokens that complete it,
-    and what never completes is printed at the end."""
+    (not printed; what may begin one waits). A character that a token holds only the first bytes
+    of waits for the tokens that complete it (`continuation`)."""
     new: list[int] = []
     shown = text = ""
     for token in tokens:
@@ -333,8 +335,6 @@ def print_as_they_come(
             break
         new.append(int(token[0]))
         text = continuation(tok, prompt, new)
-        if text.endswith("\ufffd"):
-            continue
         text, stopped = until_stop(text, stops)
         ready = text[: len(text) - (0 if stopped else held_back(text, stops))]
         sys.stdout.write(ready[len(shown) :])
