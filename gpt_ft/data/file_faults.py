@@ -166,7 +166,13 @@ def parse_problem(path: Path, fmt: str, columns: list[str] | None, exc: BaseExce
 
 
 def utf8_problem(data: bytes) -> str | None:
-    """`, line N: not UTF-8 text (...)` for a file's bytes that do not decode, to follow its path."""
+    """`, line N: not UTF-8 text (...)` for a file's bytes that do not decode, or that hold a NUL
+    (UTF-16 without its BOM decodes, a NUL after each ASCII letter), to follow its path."""
+    if (nul := data.find(b"\x00")) >= 0:
+        line = data[:nul].count(b"\n") + 1
+        return (
+            f", line {line}: not UTF-8 text (a NUL byte, as in UTF-16 text or binary data); save it as UTF-8"
+        )
     try:
         data.decode("utf-8")
     except UnicodeDecodeError as bad:

@@ -75,6 +75,11 @@ def test_missing_data_file(run):
 def test_unreadable_data_file(run):
     dev(run.root).write_bytes(b"index\tsentence\tlabel\n0\t\xff\xfe\t1\n")
     assert "d/dev.tsv, line 2: not UTF-8 text (byte 0xff: invalid start byte); save it as UTF-8." in run()
+    # UTF-16 without its BOM decodes as UTF-8 (a NUL after each ASCII letter): "1 field where there are 3"
+    dev(run.root).write_bytes("index\tsentence\tlabel\n0\tgood\t1\n".encode("utf-16-le"))
+    assert (
+        "d/dev.tsv, line 1: not UTF-8 text (a NUL byte, as in UTF-16 text or binary data); save it" in run()
+    )
 
 
 def test_wrong_columns(run):
