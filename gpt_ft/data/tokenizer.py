@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Literal
 
 from huggingface_hub.utils import HFValidationError, validate_repo_id
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import (
     AutoTokenizer,
     GPT2TokenizerFast,
@@ -209,6 +209,7 @@ def train_tokenizer(
     vocab_size: int,
     out_dir: str,
     min_frequency: int = 2,
+    normalizer: Literal["none", "nfc", "nfkc"] = "none",
     show_progress: bool = True,
     overwrite: bool = False,
 ) -> PreTrainedTokenizerFast:
@@ -224,6 +225,9 @@ def train_tokenizer(
         vocab_size: Vocabulary size, special tokens included.
         out_dir: Folder for the tokenizer (AutoTokenizer loads it).
         min_frequency: Least count of a pair to merge.
+        normalizer: Each text's Unicode form before it is split: none (GPT-2's: as typed, an accent
+            typed apart other tokens than the accented letter), nfc (one form for both), or nfkc
+            (full-width letters and other compatibility forms as the plain ones, too).
         show_progress: Show the trainer's progress bar and the closing line.
         overwrite: Replace the tokenizer an ``out_dir`` holds (token files prepared with it no longer fit).
 
@@ -235,14 +239,11 @@ def train_tokenizer(
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     min_vocab = len(alphabet) + len(specials)
     if vocab_size < min_vocab:
-        raise ValueError(
-            f"vocab_size={vocab_size} is too small; expected at least {min_vocab} "
-            f"({len(alphabet)} bytes + {len(specials)} special tokens)."
-        )
+        raise ValueError(f"vocab_size={vocab_size} is too small; expected at least {min_vocab} "
+                         f"({len(alphabet)} bytes + {len(specials)} special tokens).")  # fmt: skip
     if min_frequency < 0:
         raise ValueError(f"--min_frequency must be >= 0, got {min_frequency}.")
-    if isinstance(inputs, str | os.PathLike):  # a lone path is a Sequence of characters; take it as one file
-        inputs = [inputs]
+    inputs = [inputs] if isinstance(inputs, str | os.PathLike) else inputs  # (a lone path: one file)
     paths: list[Path] = []
     for item in inputs:  # a folder: the text files in it
         path = Path(item).expanduser()
@@ -253,16 +254,14 @@ def train_tokenizer(
         if not p.is_file():
             raise FileNotFoundError(f"Training file {p} does not exist or is not a file.")
     if not any([check_text_file(p, "Training file") for p in paths]):  # every file checked
-        what = (
-            f"Training file {paths[0]} contains no text"
-            if len(paths) == 1
-            else f"None of the {len(paths)} training files contains any text"
-        )
+        many = f"None of the {len(paths)} training files contains any text"
+        what = f"Training file {paths[0]} contains no text" if len(paths) == 1 else many
         raise ValueError(f"{what}; expected non-empty UTF-8 text.")
     out = check_output_dir(out_dir, "--out_dir")
     takes_tokenizer(out, overwrite)
 
     backend = Tokenizer(models.BPE())
+    backend.normalizer = {"nfc": normalizers.NFC(), "nfkc": normalizers.NFKC()}.get(normalizer)
     # add_prefix_space=False as in GPT-2: the first word of a text is encoded without a space.
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()

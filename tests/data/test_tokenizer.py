@@ -526,3 +526,21 @@ def test_a_corpus_too_small_for_the_vocabulary_asked_says_so(
         f"note: the corpus gave {len(tok)} tokens, fewer than --vocab_size 5000 (every pair seen at least"
         in said
     )
+
+
+def test_a_tokenizer_may_read_every_text_in_one_unicode_form(tmp_path):
+    """`--normalizer nfc`: a letter and its accent typed apart (NFD, as macOS names files) read as
+    the accented letter; nfkc reads full-width forms as the plain ones too; none keeps GPT-2's bytes."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("crème brûlée très bien ！ ok\n" * 50)
+    encoded = {}
+    for form in ("none", "nfc", "nfkc"):
+        tok = train_tokenizer(inputs=[str(corpus)], vocab_size=300, out_dir=str(tmp_path / form),
+                              normalizer=form, show_progress=False)  # fmt: skip
+        ids = [tok(t, add_special_tokens=False)["input_ids"] for t in ("crème", "cre\u0300me", "!", "！")]
+        encoded[form] = (ids[0] == ids[1], ids[2] == ids[3])
+    assert encoded == {"none": (False, False), "nfc": (True, False), "nfkc": (True, True)}
+    saved = load_tokenizer(
+        str(tmp_path / "nfc")
+    )  # (the form is the saved tokenizer's: prepare, label, export)
+    assert saved("cre\u0300me")["input_ids"] == saved("crème")["input_ids"]
