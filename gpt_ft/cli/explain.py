@@ -92,5 +92,5 @@ def run_explain(name: str, argv: list[str]) -> None:
         k = seq["extract_index"]
         read = {"last": f"read at {k}", "mean": "their mean read"}.get(shown["pooling"], f"extract at {k}")
         print(f"sequence {i} ({len(seq['ids'])} tokens, {read}):")
-        print("  " + " ".join(seq["tokens"]))
+        print(f"  {seq['text']}\n  " + " ".join(seq["tokens"]))
         print("  " + " ".join(str(t) for t in seq["ids"]))

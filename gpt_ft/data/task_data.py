@@ -357,8 +357,9 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
     # ---- inspection ----
 
     def explain(self, split: str, index: int) -> dict[str, Any]:
-        """Example `index` of `split` as the model sees it: tokens (specials visible), ids, extract index
-        (None where an embedding's vector is the mean of its tokens); whether `max_length` cut it.
+        """Example `index` of `split` as the model sees it: each sequence's text, tokens (specials
+        visible), ids, extract index (None where an embedding's vector is the mean of its tokens);
+        whether `max_length` cut it.
         A split that trains or evaluates needs its labels here too, as `fit` does."""
         ds = self.encoded(split, labelled=split == "train" or split in self.task.validation_splits)
         if not 0 <= index < len(ds):
@@ -374,5 +375,6 @@ class TaskDataModule(ResumableTrainData, LightningDataModule):
             at = [i for of, i in read if of == s]  # one extract token, or one per step
             tokens = self.tokenizer.convert_ids_to_tokens(ids)
             at = None if pooling == "mean" else at[0] if len(at) == 1 else at
-            sequences.append({"tokens": tokens, "ids": ids, "extract_index": at})
+            text = self.tokenizer.decode(ids)  # (a byte-level token's pieces: no script read whole)
+            sequences.append({"text": text, "tokens": tokens, "ids": ids, "extract_index": at})
         return {"label": label, "cut": example["cut"] != WHOLE, "pooling": pooling, "sequences": sequences}

@@ -60,7 +60,8 @@ def test_explain_json(pairs_dir, tokenizer_dir, capsys):
         "cut": False,
         "pooling": "extract",
         "sequences": [
-            {
+            {  # the text read whole (a byte-level token of another script is no readable piece)
+                "text": '<|start|>He said "yes.<|delim|>No dogs.<|extract|>',
                 "tokens": tok.convert_ids_to_tokens(expected_ids),
                 "ids": expected_ids,
                 "extract_index": len(expected_ids) - 1,
