@@ -104,6 +104,17 @@ from gpt_ft.errors.parsing import parse_error_message, yaml_problem
             "MLFlowLogger refused its arguments: The file store is in maintenance mode; set "
             "MLFLOW_ALLOW_FILE_STORE=true.",
         ),
+        (  # the same logger in a list (configs/trainer/mlflow.yaml's form), after a CSV logger built
+            "Does not validate against any of the Union subtypes\nSubtypes: [<class 'Logger'>, "
+            "collections.abc.Iterable[Logger], <class 'bool'>]\nErrors:\n"
+            "  - Not a valid subclass of Logger. Got value: [Namespace(class_path='x.CSVLogger')]\n"
+            "    Subclass types expect one of:\n    - a class path (str)\n"
+            "    - a dict with class_path entry\n"
+            "  - The file store is in maintenance mode.\n  - Expected a <class 'bool'>\n"
+            "Given value type: <class 'list'>\nGiven value: [<x.CSVLogger object at 0x7f>, "
+            "Namespace(class_path='lightning.pytorch.loggers.MLFlowLogger', init_args=Namespace())]",
+            "MLFlowLogger refused its arguments: The file store is in maintenance mode.",
+        ),
         ("invalid choice: 'x' (choose from 'a', 'b')", "invalid choice: 'x' (choose from 'a', 'b')."),
         ("", "invalid arguments."),
     ],

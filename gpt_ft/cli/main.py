@@ -35,44 +35,32 @@ class Command(NamedTuple):
     run: Callable[[str, list[str]], None]
 
 
+# fmt: off
 COMMANDS = {
     "fit": Command("train (fine-tune or pretrain) a model", lightning),
     "validate": Command("evaluate on the validation splits", lightning),
     "test": Command("evaluate on the test splits", lightning),
     "predict": Command("write predictions for the test splits (GLUE submission files)", lightning),
-    "explain": Command(
-        "print one example of a task split as the model sees it",
-        lazy("gpt_ft.cli.explain:run_explain", typed=False),
-    ),
-    "prepare": Command(
-        "tokenize a text corpus into token files for pretraining", lazy("gpt_ft.data.prepare:prepare")
-    ),
-    "tokenizer": Command(
-        "train a byte-level BPE tokenizer on text files", lazy("gpt_ft.data.tokenizer:train_tokenizer")
-    ),
-    "generate": Command(
-        "continue a prompt, or each of a file, with a trained model", lazy("gpt_ft.eval.generation:generate")
-    ),
-    "label": Command(
-        "write a file's examples again with a fine-tuned model's predictions beside them",
-        lazy("gpt_ft.eval.labelling:label"),
-    ),
-    "embed": Command(
-        "write a file's texts as vectors with a fine-tuned embedding model", lazy("gpt_ft.eval.encoder:embed")
-    ),
-    "suite": Command(
-        "fine-tune and evaluate many tasks over seeds: results table, chart, GLUE submission",
-        lazy("gpt_ft.eval.suite:SuiteRunner"),
-    ),
-    "calibrate": Command(
-        "fit a classifier's temperature on a validation split (its probabilities)",
-        lazy("gpt_ft.eval.calibration:calibrate"),
-    ),
-    "export": Command(
-        "write a fine-tuned model as a transformers, sentence-transformers or ONNX folder; an LM as GGUF",
-        lazy("gpt_ft.eval.export:export_checkpoint"),
-    ),
+    "explain": Command("print one example of a task split as the model sees it",
+                       lazy("gpt_ft.cli.explain:run_explain", typed=False)),
+    "prepare": Command("tokenize a text corpus into token files for pretraining",
+                       lazy("gpt_ft.data.prepare:prepare")),
+    "tokenizer": Command("train a byte-level BPE tokenizer on text files",
+                         lazy("gpt_ft.data.tokenizer:train_tokenizer")),
+    "generate": Command("continue a prompt, or each of a file, with a trained model",
+                        lazy("gpt_ft.eval.generation:generate")),
+    "label": Command("write a file's examples again with a fine-tuned model's predictions beside them",
+                     lazy("gpt_ft.eval.labelling:label")),
+    "embed": Command("write a file's texts as vectors with a fine-tuned embedding model",
+                     lazy("gpt_ft.eval.encoder:embed")),
+    "suite": Command("fine-tune and evaluate many tasks over seeds: results table, chart, GLUE submission",
+                     lazy("gpt_ft.eval.suite:SuiteRunner")),
+    "calibrate": Command("fit a classifier's temperature on a validation split (its probabilities)",
+                         lazy("gpt_ft.eval.calibration:calibrate")),
+    "export": Command("write a fine-tuned model as a transformers, sentence-transformers or ONNX folder; an "
+                      "LM as GGUF", lazy("gpt_ft.eval.export:export_checkpoint")),
 }
+# fmt: on
 DEBUG = "GPT_FT_DEBUG"  # set (not 0): errors show their traceback instead of one sentence
 USER_ERRORS = (ValueError, FileNotFoundError, KeyError, FloatingPointError)
 ALIKE = (errors.TaskDataError, errors.FileProblem, FloatingPointError)  # the same files read; a nan stops all
@@ -82,12 +70,14 @@ LOST_PEER = ("Connection reset by peer", "Connection closed by peer", "Broken pi
 def user_message(exc: BaseException) -> str:
     """The sentence for the user: the innermost cause (jsonargparse wraps errors raised in __init__),
     down to a sentence of ours about task data (whose causes are the readers' own words)."""
+    outer = str(exc).strip()  # (a union's report: its class's own words, where one was built)
     while isinstance(exc.__cause__, USER_ERRORS) and not isinstance(exc, errors.TaskDataError):
         exc = exc.__cause__
     if isinstance(exc, OSError) and exc.filename is not None:  # the system's error: its file, its reason
         return errors.os_error_message(exc)
     said = str(exc.args[0] if isinstance(exc, KeyError) and exc.args else exc).strip()
-    return parse_error_message(said) if said.startswith("Does not validate against any") else said  # (built)
+    built = said.startswith(("Does not validate", "Not a valid subclass of")) and outer.startswith("Does not")
+    return parse_error_message(outer) if built else said
 
 
 def lone_value(message: str, args: list[str]) -> str:
@@ -148,8 +138,8 @@ def in_config_file(message: str, args: list[str]) -> str:
                 said = message.removeprefix("--").replace(f"(--{key})", f"({key})")
                 return f"{PIPED.get(value, value)}: {said}"
             if unread and found[0] == quoted and not Path(quoted).is_absolute():
-                relative = f"it is relative to the config's folder, {Path(value).parent}"
-                relative = "a pipe's paths are relative to where gpt-ft runs" if value in PIPED else relative
+                pipe, folder = "a pipe's paths are relative to where gpt-ft runs", Path(value).parent
+                relative = pipe if value in PIPED else f"it is relative to the config's folder, {folder}"
                 said = message.removeprefix("--").removesuffix(".")
                 return f"{PIPED.get(value, value)}: {said}: {relative}."
         elif option == f"--{key}" and (

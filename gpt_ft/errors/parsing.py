@@ -48,13 +48,24 @@ def parse_error_message(text: str, hidden: str | None = None) -> str:
          "{0} names several classes: give one's full path ({1})"),
     ) for m in re.finditer(pattern, text, re.M)]  # fmt: skip
     no_subclass = re.search(r"Not a valid subclass of (\w+)", text)
-    built = re.search(r"Given value: Namespace\(class_path='([\w.]+)'", text)  # a class built, refusing
+    built = re.search(r"^Given value: .*?Namespace\(class_path='([\w.]+)'", text, re.M)  # (one, or a list's)
     errs = lines[lines.index("Errors:") + 1 : first] if built and "Errors:" in lines else []
-    raised = [line for line in errs if not line.startswith(("Given value", "Subtypes:", "Does not validate"))]
+    noise = (
+        "Given value",
+        "Subtypes:",
+        "Does not validate",
+        "Not a valid subclass",
+        "Subclass types",
+        "a class path",
+        "a dict with",
+    )  # fmt: skip  (jsonargparse's words, not the class's)
+    raised = [line for line in errs if not line.startswith(noise)]
     if unaccepted:
         reason = unaccepted[0]
     elif not_a_class:
         reason = not_a_class[0]
+    elif raised and text.startswith("Does not validate"):  # its arguments (instantiated: a logger's)
+        reason = f"{built[1].rsplit('.', 1)[-1]} refused its arguments: {raised[0]}"
     elif no_subclass and (unset := unset_argument(text, where.rstrip(": "))):
         reason = unset
     elif no_subclass:  # neither a class path nor a mapping: a number, a list, ...
@@ -68,8 +79,6 @@ def parse_error_message(text: str, hidden: str | None = None) -> str:
         reason = yaml_file_problem(value) or unimported(value) or f"{value} {unreadable(value)}"
     elif bad_class:
         reason = bad_class[-1]
-    elif raised and text.startswith("Does not validate"):  # its arguments (instantiated: a logger's)
-        reason = f"{built[1].rsplit('.', 1)[-1]} refused its arguments: {raised[0]}"
     elif expected:  # the innermost union's types as declared, with its literals' values as one list
         subtypes = next((line[11:-1] for line in lines[first::-1] if line.startswith("Subtypes: [")), None)
         types = [e[11:].partition(". Got value:")[0] for e in expected]  # (an empty value: no space after)
