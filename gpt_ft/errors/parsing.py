@@ -115,8 +115,13 @@ def parse_error_message(text: str, hidden: str | None = None) -> str:
         and not Path(value).expanduser().exists()
         and "/" not in str(given)[:1]
     ):
-        if card := repository_card(value):  # `sst2`, `glue/sst2.yaml` from another folder
-            reason = f"{value} is no card file here; the repository's card of that name is {card}"
+        if cards := repository_cards(value):  # `sst2`, `glue/sst2.yaml` from another folder
+            which = (
+                f"card of that name is {cards[0]}"
+                if len(cards) == 1
+                else f"cards of that name are {', '.join(cards)}"
+            )
+            reason = f"{value} is no card file here; the repository's {which}"
         elif reason.startswith(f"class_path {value!r} is not an import path"):
             reason = f"{value} is neither a card file nor a class path (module.Class)"
     if (
@@ -206,18 +211,16 @@ def unimported(value: str | None) -> str | None:
 FILES = (".yaml", ".yml", ".json")
 
 
-def repository_card(name: str) -> str | None:
-    """The path of the card of the repository the package runs from (its `tasks/`, beside the
-    package) that `name` names: its path's end (`glue/sst2.yaml`) or its name (`sst2`); None where
-    there is no such folder (a wheel) or no one card."""
+def repository_cards(name: str) -> list[str]:
+    """The paths of the cards of the repository the package runs from (its `tasks/`, beside the
+    package) that `name` names: by its path's end (`glue/sst2.yaml`) or its name (`sst2`); none
+    where there is no such folder (a wheel)."""
     tasks = Path(__file__).resolve().parents[2] / "tasks"
     wanted = name if name.endswith((".yaml", ".yml")) else f"{name}.yaml"
     found = (
         [p for p in tasks.rglob("*.yaml") if p.as_posix().endswith(f"/{wanted}")] if tasks.is_dir() else []
     )
-    if len(found) != 1:
-        return None
-    return os.path.relpath(found[0]) if found[0].is_relative_to(Path.cwd()) else str(found[0])
+    return [os.path.relpath(p) if p.is_relative_to(Path.cwd()) else str(p) for p in sorted(found)]
 
 
 def unreadable(value: str) -> str:

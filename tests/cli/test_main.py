@@ -283,6 +283,10 @@ def test_a_card_named_as_the_repositorys_is_found_for_the_message(run, tmp_path,
         assert run(f"--data.task={name}").endswith(
             f"--data.task: {name} is no card file here; the repository's card of that name is {card}."
         )
+    glue, superglue = ROOT / "tasks" / "glue" / "rte.yaml", ROOT / "tasks" / "superglue" / "rte.yaml"
+    assert run("--data.task=rte.yaml").endswith(
+        f"the repository's cards of that name are {glue}, {superglue}."
+    )
     assert run("--data.task=nosuchtask").endswith(
         "--data.task: nosuchtask is neither a card file nor a class path (module.Class)."
     )
