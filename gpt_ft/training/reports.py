@@ -4,6 +4,7 @@ PNG per split, with a compact form printed."""
 
 from __future__ import annotations
 
+import unicodedata
 from pathlib import Path
 
 from torch import Tensor
@@ -27,14 +28,22 @@ def write_report(task: TaskAdapter, split: str, predictions: Tensor, labels: Ten
         tmp.replace(path)
     if confusion is not None:
         plot_confusion(confusion, list(rows), folder / f"{split}_confusion.png", title=f"{task.name} {split}")
-    width = max(len(name) for name in rows)
+    width = max(shown_width(name) for name in rows)
     print(f"{split}: precision / recall / F1 / support per class ({path})", flush=True)
     for name, row in rows.items():
+        pad = " " * (width - shown_width(name))  # (a column of CJK or Devanagari names lines up)
         print(
-            f"  {name:<{width}}  {row['precision']:.3f}  {row['recall']:.3f}  {row['f1']:.3f}  "
+            f"  {name}{pad}  {row['precision']:.3f}  {row['recall']:.3f}  {row['f1']:.3f}  "
             f"{int(row['support'])}",
             flush=True,
         )
+
+
+def shown_width(text: str) -> int:
+    """The columns `text` takes in a terminal: a wide character (CJK) two, a combining mark none."""
+    return sum(
+        0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text
+    )
 
 
 def report_text(task: TaskAdapter, split: str, rows: dict, confusion: Tensor | None) -> str:

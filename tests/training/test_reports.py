@@ -353,3 +353,11 @@ def test_the_temperature_fitted_is_the_exact_one_of_a_hand_computed_case(gap, ri
     head = ClassificationHead(4, 2, dropout=0.0, init_std=0.02)
     expected = gap / math.log(right / (10 - right))
     assert fit_temperature(logits, labels, head.losses) == pytest.approx(expected, rel=1e-4)
+
+
+def test_the_printed_table_lines_up_names_of_wide_characters():
+    """Its names were padded by len(): a CJK name (two columns a character) pushed its row's figures
+    right of the others'."""
+    from gpt_ft.training.reports import shown_width
+
+    assert [shown_width(n) for n in ("neg", "积极", "ne\u0301gatif", "ｐｏｓ")] == [3, 4, 7, 6]
