@@ -337,8 +337,7 @@ class ClassificationOutput(TaskOutput):
 def label_of(value: Any, names: list[str], field: str, count: int) -> int:
     """A class id: the value is a name in `names` (names that are numbers, Story Cloze's '1' and
     '2', by value: 1.0 is '1'; then a name only, as 0 could be either), or else an integer id
-    below `count` (hub datasets store ids). A name is found in either Unicode form (NFC, NFD: the
-    same letters, as one editor or another saves them)."""
+    below `count` (hub datasets store ids). A name is found in either Unicode form (NFC, NFD)."""
     text = str(value).strip()
     numbers = {float(name): i for i, name in enumerate(names) if NUMBER.fullmatch(name)}
     if text in names or (numbers and NUMBER.fullmatch(text) and float(text) in numbers):

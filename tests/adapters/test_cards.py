@@ -3,6 +3,7 @@ outside gpt_ft works through its card."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -261,7 +262,8 @@ def test_an_adapter_defined_outside_gpt_ft_works_through_its_card(
     )
     shown = capsys.readouterr().out
     sys.modules.pop("my_tasks", None)  # this process forgets the adapter module again
-    assert '"<|delim|>"' in shown and shown.count("<|delim|>") == 2
+    tokens = json.loads(shown)["sequences"][0]["tokens"]
+    assert tokens.count("<|delim|>") == 2 and "<|start|>one<|delim|>two<|delim|>three" in shown  # (its text)
     (fit,) = background.runs
     assert fit.returncode == 0, fit.stderr[-2000:]
     assert "validation/accuracy" in fit.stdout
