@@ -31,7 +31,9 @@ def test_characters_split_across_tokens_are_printed_whole(capsys):
     assert printed(tok, cut, None, capsys) == "日\n"  # (U+FFFD at the end: the length limit's cut)
     from gpt_ft.eval.generation import continuation  # (a file's continuations too)
 
-    assert continuation(tok, [], cut) == "日" and continuation(tok, cut[:2], cut[2:]) == "日"[1:] + ""
+    whole = tok("日本", add_special_tokens=False)["input_ids"]
+    assert continuation(tok, [], cut) == "日" and continuation(tok, cut[:3], cut[3:]) == ""  # (本 unfinished)
+    assert continuation(tok, whole[:3], whole[3:]) == "本"  # (finished by the tokens that complete it)
     end = tok("!", add_special_tokens=False)["input_ids"][0]
     assert printed(tok, [*ids[:5], end, *ids[5:]], end, capsys) == "café\n"  # nothing after the end token
 
