@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -159,22 +160,53 @@ def text_start(tok) -> list[int]:
 
 
 def encode_batch(
-    backend, batch: list[Piece], eos: int, dtype: str, lead: list[int], fraction: float
+    backend,
+    batch: list[Piece],
+    eos: int,
+    dtype: str,
+    lead: list[int],
+    fraction: float,
+    dropped: Counter | None = None,
 ) -> list[np.ndarray]:
     """Token ids of each piece, framed as a document in its split: `lead` (the tokenizer's bos, or
     none) before a document's first piece, the end-of-text token after its last; and so where the
     document goes on in the other split (`continues_elsewhere`), so that no two documents run
-    together in a split and each part of one reads as a document does."""
-    encode = getattr(backend, "encode_batch_fast", backend.encode_batch)  # fast: no offsets
-    encodings = encode([piece.text for piece in batch], add_special_tokens=False)
+    together in a split and each part of one reads as a document does. With `dropped`, the
+    characters no token stands for are counted in it (see `drops_text`)."""
+    fast = getattr(backend, "encode_batch_fast", None) if dropped is None else None  # fast: no offsets
+    encodings = (fast or backend.encode_batch)([piece.text for piece in batch], add_special_tokens=False)
     encoded = []
     for piece, encoding in zip(batch, encodings):
+        if dropped is not None:
+            dropped.update(left_out(piece.text, encoding.offsets))
         here = is_validation(piece.number, fraction)
         opens = piece.starts_document or is_validation(piece.number - 1, fraction) != here
         closes = piece.ends_document or continues_elsewhere(piece, fraction)
         ids = [*(lead if opens else ()), *encoding.ids, *((eos,) if closes else ())]
         encoded.append(np.asarray(ids, dtype=dtype))
     return encoded
+
+
+def drops_text(backend) -> bool:
+    """Whether the tokenizer may leave characters out of the tokens, unsaid: a BPE model with
+    neither an unknown token nor byte fallback skips each character (or byte) its vocabulary lacks,
+    where a WordLevel, WordPiece or Unigram model gives its unknown token or refuses the text."""
+    model = json.loads(backend.to_str())["model"]
+    return model.get("type") == "BPE" and model.get("unk_token") is None and not model.get("byte_fallback")
+
+
+_SPACES = np.array([c for c in range(0x3000 + 1) if chr(c).isspace()], dtype=np.uint32)
+
+
+def left_out(text: str, offsets: list[tuple[int, int]]) -> str:
+    """The characters of `text` no token's offsets cover, but whitespace (a pre-tokenizer's to drop)."""
+    edges = np.zeros(len(text) + 1, np.int32)
+    spans = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+    np.add.at(edges, spans[:, 0], 1)
+    np.add.at(edges, spans[:, 1], -1)
+    codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
+    bare = (np.cumsum(edges[:-1]) == 0) & ~np.isin(codes, _SPACES)
+    return "".join(map(chr, codes[bare])) if bare.any() else ""
 
 
 def is_validation(number: int, fraction: float) -> bool:

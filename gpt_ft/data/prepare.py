@@ -22,6 +22,7 @@ import re
 import shutil
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -46,6 +47,7 @@ from gpt_ft.data.pieces import (
     Partial,
     batches,
     document_end,
+    drops_text,
     encode_batch,
     is_validation,
     pieces,
@@ -265,6 +267,7 @@ def prepare(
     backend = Tokenizer.from_str(tok.backend_tokenizer.to_str())
     backend.encode_special_tokens = True
     ends = pre_token_ends(backend)
+    dropped = Counter() if drops_text(backend) else None  # characters no token stands for
     # No pre-tokenizer (SentencePiece's layout, Llama 2's and Mistral's: the normalizer puts "▁" before
     # every text it reads): no cut is exact, so documents are tokenized whole.
     cut_at = piece_chars if ends is not None else sys.maxsize
@@ -290,7 +293,7 @@ def prepare(
                         submitted = batch and (
                             batch,
                             executor.submit(
-                                encode_batch, backend, batch, eos, dtype, lead, validation_fraction
+                                encode_batch, backend, batch, eos, dtype, lead, validation_fraction, dropped
                             ),
                         )
                         if pending is not None:
@@ -323,7 +326,9 @@ def prepare(
                     tmp[split] = out / SPLIT_FILES[split]  # (in place now: it goes too if the commit fails)
                 seconds = time.perf_counter() - start
                 meta = {"dtype": dtype, "vocab_size": rows, "eos_token_id": eos, "tokens": counts,
-                        "documents": n_docs, "unknown_tokens": unknown, "tokenizer": "tokenizer",
+                        "documents": n_docs, "unknown_tokens": unknown,
+                        **({"dropped_characters": dropped.total()} if dropped is not None else {}),
+                        "tokenizer": "tokenizer",
                         "tokenizer_files": tokenizer_digests(out / "tokenizer"),
                         "sources": sources, "seconds": round(seconds, 2)}  # fmt: skip
                 (out / META).write_text(json.dumps(meta, indent=2) + "\n")
@@ -374,6 +379,15 @@ def prepare(
             f"unknown token {unk_token}: the corpus holds characters its vocabulary lacks (GPT-1's: "
             "curly quotes, dashes, ellipses); write them in ASCII first (GPT-1 ran ftfy), or use a "
             "byte-level tokenizer.",
+            file=sys.stderr,
+        )
+    if dropped:  # (its text gone from the token files, where an unknown token at least shows)
+        most = ", ".join(f"{c!r} ×{n:,}" for c, n in dropped.most_common(5))
+        print(
+            f"warning: {dropped.total():,} characters of the corpus ({len(dropped):,} distinct; most often "
+            f"{most}) are left out of the token files: the tokenizer's vocabulary lacks them and it has no "
+            "unknown token or byte fallback to stand for them. Use a byte-level tokenizer (`gpt-ft "
+            "tokenizer` trains one) or one with an unknown token.",
             file=sys.stderr,
         )
     if validation_fraction > 0 and not counts["validation"]:  # too few pieces for one to be drawn

@@ -200,6 +200,38 @@ def test_a_corpus_the_vocabulary_cannot_spell_is_counted_and_warned_about(tmp_pa
     assert meta["unknown_tokens"] == 0 and capsys.readouterr().err == ""
 
 
+def test_characters_a_tokenizer_without_an_unknown_token_leaves_out_are_counted_and_warned_about(
+    tmp_path, capsys
+):
+    """A BPE with neither an unknown token nor byte fallback skips each character its vocabulary
+    lacks: nothing in the token files shows it. `prepare` counts those characters and names them."""
+    from tokenizers import Tokenizer, models, trainers
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.Whitespace()
+    bpe.train_from_iterator(["hello world"] * 4, trainers.BpeTrainer(special_tokens=[EOS_TOKEN]))
+    (tmp_path / "bare").mkdir()
+    bpe.save(str(tmp_path / "bare" / "tokenizer.json"))
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("hello é world\n—é hello\n")
+    meta = prepare(out_dir=tmp_path / "out", tokenizer=str(tmp_path / "bare"), inputs=[str(corpus)],
+                   validation_fraction=0.0, progress=False)  # fmt: skip
+    ids = np.fromfile(tmp_path / "out" / "train.bin", dtype=meta["dtype"]).tolist()
+    assert ids == [*(bpe.token_to_id(w) for w in ["hello", "world", "hello"]), bpe.token_to_id(EOS_TOKEN)]
+    assert meta["dropped_characters"] == 3
+    assert capsys.readouterr().err == (
+        "warning: 3 characters of the corpus (2 distinct; most often 'é' ×2, '—' ×1) are left out of the "
+        "token files: the tokenizer's vocabulary lacks them and it has no unknown token or byte fallback "
+        "to stand for them. Use a byte-level tokenizer (`gpt-ft tokenizer` trains one) or one with an "
+        "unknown token.\n"
+    )
+    (corpus / "a.txt").write_text("hello world\n")  # all of it spelt: no word
+    meta = prepare(out_dir=tmp_path / "out2", tokenizer=str(tmp_path / "bare"), inputs=[str(corpus)],
+                   validation_fraction=0.0, progress=False)  # fmt: skip
+    assert meta["dropped_characters"] == 0 and capsys.readouterr().err == ""
+
+
 def test_the_end_of_text_prepare_adds_comes_before_the_framing_tokens(tmp_path):
     """A tokenizer without an end of text (GPT-1's BPE, a WordPiece): the one prepare adds came after
     the framing tokens, so those were no longer the last rows, and took a share of a language
