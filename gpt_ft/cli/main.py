@@ -185,7 +185,7 @@ def undecodable_file(exc: BaseException) -> str | None:
     path = file_not_decoded(exc)
     if path is None:
         return None
-    from gpt_ft.data.tokenizer import check_text_file
+    from gpt_ft.data.file_faults import check_text_file
 
     weights = Path(path).suffix.lower() in (".ckpt", ".gguf", ".safetensors", ".pt", ".pth")
     try:  # (`--model run.ckpt`: read as a file of the section's options)

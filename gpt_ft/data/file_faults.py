@@ -4,6 +4,7 @@ line that does not parse, in one sentence to follow the file's path."""
 
 from __future__ import annotations
 
+import codecs
 import csv
 import gzip
 import io
@@ -316,3 +317,40 @@ def _json_problem(path: Path, reason: str, columns: set[str] | None = None) -> s
         why = row[1].removeprefix("JSON parse error: ")
         return f", line {starts[int(row[2])]}: cannot be read as json ({why})"
     return None
+
+
+def check_text_file(path: Path, what: str = "File", chunk_bytes: int = 1 << 20, remedy: str = "") -> bool:
+    """Whether a file holds any non-whitespace text, after checking all of it is text: a ValueError
+    names it in one sentence, `what` first (e.g. "Corpus file"), where it is not UTF-8 text (an
+    invalid byte, or a NUL byte: binary data or UTF-16) or cannot be read, and ends with `remedy`."""
+    remedy = remedy or "save it as UTF-8 or leave it out"
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset, has_text = 0, False
+    try:
+        with path.open("rb") as f:
+            while chunk := f.read(chunk_bytes):
+                nul = chunk.find(b"\x00")  # valid UTF-8, but no text holds it
+                pending = len(decoder.getstate()[0])  # bytes of a character split between chunks
+                try:
+                    text = decoder.decode(chunk)
+                except UnicodeDecodeError as exc:  # named unless a NUL comes first
+                    at = offset - pending + exc.start
+                    if nul < 0 or at < offset + nul:
+                        raise ValueError(
+                            f"{what} {path} is not UTF-8 text (byte offset {at}: {exc.reason}); {remedy}."
+                        ) from None
+                if nul >= 0:
+                    raise ValueError(
+                        f"{what} {path} is not text (a NUL byte at byte offset {offset + nul}, as in binary "
+                        f"data or UTF-16 text); {remedy}."
+                    )
+                has_text = has_text or bool((text.removeprefix("\ufeff") if offset == 0 else text).strip())
+                offset += len(chunk)
+            decoder.decode(b"", final=True)
+    except UnicodeDecodeError as exc:  # the file ends inside a character
+        raise ValueError(
+            f"{what} {path} is not UTF-8 text (it ends mid-character: {exc.reason}); {remedy}."
+        ) from None
+    except OSError as exc:
+        raise ValueError(f"{what} {path} cannot be read ({exc.strerror or exc}).") from None
+    return has_text

@@ -34,6 +34,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from gpt_ft.data.corpus import find_files
+from gpt_ft.data.file_faults import check_text_file
 from gpt_ft.data.folders import (
     LOCK,
     bar_output,
@@ -54,7 +55,7 @@ from gpt_ft.data.pieces import (
     pre_token_ends,
     text_start,
 )
-from gpt_ft.data.tokenizer import add_special_tokens, check_text_file, embedding_size, load_tokenizer
+from gpt_ft.data.tokenizer import add_special_tokens, embedding_size, load_tokenizer
 from gpt_ft.errors import check_output_dir
 from gpt_ft.errors import writing as naming
 

@@ -20,7 +20,6 @@ Three kinds of source are understood:
 
 from __future__ import annotations
 
-import codecs
 import json
 import os
 import sys
@@ -39,12 +38,13 @@ from transformers import (
 )
 
 from gpt_ft.data.corpus import file_lines, find_files
+from gpt_ft.data.file_faults import check_text_file
 from gpt_ft.data.folders import check_tokenizer_files, save_new_tokenizer, stops_at_once, takes_tokenizer
 from gpt_ft.errors import absent, check_output_dir
 from gpt_ft.weights import gguf_file, gguf_tokenizer, hub
 from gpt_ft.weights.pretrained import BPE_FILES, TOKENIZER_FILES, weights_tokenizer
 
-__all__ = ["EOS_TOKEN", "SPECIAL_TOKENS", "SpecialTokenIds", "add_special_tokens", "check_text_file",
+__all__ = ["EOS_TOKEN", "SPECIAL_TOKENS", "SpecialTokenIds", "add_special_tokens",
            "embedding_size", "load_tokenizer", "own_framing_rows", "own_framing_tokens", "special_token_ids",
            "train_tokenizer"]  # fmt: skip
 
@@ -113,9 +113,29 @@ def load_tokenizer(path: str | os.PathLike, *, add_specials: bool = True) -> Pre
         raise FileNotFoundError(f"{what} {local} {absent(local)}.")
     else:  # a hub id: its tokenizer files, fetched into (or found in) the hub cache
         tokenizer = _load_local_dir(hub.snapshot(name, weights=False))
+    _controls_unread(tokenizer)
     if add_specials:
         add_special_tokens(tokenizer)
     return tokenizer
+
+
+def _controls_unread(tokenizer: PreTrainedTokenizerBase) -> None:
+    """A Unigram model (SentencePiece's) holds its special tokens (`</s>`, `<pad>`) among its pieces,
+    and would read one in a text its added tokens leave to it (`split_special_tokens`; a corpus in
+    `prepare`): "</s>" written in a text would end a document. Such a piece is scored below every
+    other reading of its characters, so text reads as text, as in SentencePiece; but where the
+    vocabulary cannot spell them, it is still read (an unknown character scores below every piece)."""
+    model = tokenizer.backend_tokenizer.model if tokenizer.is_fast else None
+    if not isinstance(model, models.Unigram):
+        return
+    spec = json.loads(tokenizer.backend_tokenizer.to_str())["model"]
+    added = tokenizer.added_tokens_decoder.values()
+    special = {*tokenizer.all_special_tokens, *(t.content for t in added if t.special)}
+    if not special.intersection(piece for piece, _ in spec["vocab"]):
+        return
+    floor = min(score for _, score in spec["vocab"]) - 10  # an unknown character's score
+    vocab = [(p, floor * (len(p) + 1) if p in special else score) for p, score in spec["vocab"]]
+    tokenizer.backend_tokenizer.model = models.Unigram(vocab, spec["unk_id"], spec.get("byte_fallback"))
 
 
 def add_special_tokens(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
@@ -355,43 +375,6 @@ def _looks_like_local_path(name: str) -> bool:
     except HFValidationError:
         return True
     return False
-
-
-def check_text_file(path: Path, what: str = "File", chunk_bytes: int = 1 << 20, remedy: str = "") -> bool:
-    """Whether a file holds any non-whitespace text, after checking all of it is text: a ValueError
-    names it in one sentence, `what` first (e.g. "Corpus file"), where it is not UTF-8 text (an
-    invalid byte, or a NUL byte: binary data or UTF-16) or cannot be read, and ends with `remedy`."""
-    remedy = remedy or "save it as UTF-8 or leave it out"
-    decoder = codecs.getincrementaldecoder("utf-8")()
-    offset, has_text = 0, False
-    try:
-        with path.open("rb") as f:
-            while chunk := f.read(chunk_bytes):
-                nul = chunk.find(b"\x00")  # valid UTF-8, but no text holds it
-                pending = len(decoder.getstate()[0])  # bytes of a character split between chunks
-                try:
-                    text = decoder.decode(chunk)
-                except UnicodeDecodeError as exc:  # named unless a NUL comes first
-                    at = offset - pending + exc.start
-                    if nul < 0 or at < offset + nul:
-                        raise ValueError(
-                            f"{what} {path} is not UTF-8 text (byte offset {at}: {exc.reason}); {remedy}."
-                        ) from None
-                if nul >= 0:
-                    raise ValueError(
-                        f"{what} {path} is not text (a NUL byte at byte offset {offset + nul}, as in binary "
-                        f"data or UTF-16 text); {remedy}."
-                    )
-                has_text = has_text or bool((text.removeprefix("\ufeff") if offset == 0 else text).strip())
-                offset += len(chunk)
-            decoder.decode(b"", final=True)
-    except UnicodeDecodeError as exc:  # the file ends inside a character
-        raise ValueError(
-            f"{what} {path} is not UTF-8 text (it ends mid-character: {exc.reason}); {remedy}."
-        ) from None
-    except OSError as exc:
-        raise ValueError(f"{what} {path} cannot be read ({exc.strerror or exc}).") from None
-    return has_text
 
 
 def _extra_special_tokens(tokenizer: PreTrainedTokenizerBase) -> list[str]:

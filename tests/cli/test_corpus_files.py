@@ -95,7 +95,7 @@ def test_a_byte_order_mark_is_not_tokenized(tmp_path, tokenizer_dir):
 def test_the_offset_named_is_the_first_bad_byte_whatever_the_chunk_size(tmp_path):
     """Random bytes (no NUL) read in chunks that split characters: the offset in the sentence is
     where decoding the whole file at once fails, and a file that decodes is accepted."""
-    from gpt_ft.data.tokenizer import check_text_file
+    from gpt_ft.data.file_faults import check_text_file
 
     rng = random.Random(0)
     pieces = ["a", " ", "é", "€", "😀", "\n"]

@@ -232,6 +232,31 @@ def test_characters_a_tokenizer_without_an_unknown_token_leaves_out_are_counted_
     assert meta["dropped_characters"] == 0 and capsys.readouterr().err == ""
 
 
+def test_a_special_token_written_in_a_text_is_text_in_a_unigram_tokenizer_too(tmp_path):
+    """A Unigram model (SentencePiece's) holds `</s>` among its pieces: "</s>" written in a corpus
+    or a task's text was read as that piece, the end of a document. Now it is its characters' pieces;
+    the tokenizer's own `</s>` (special tokens not split) is still the end of text."""
+    from tokenizers import Tokenizer, models, trainers
+
+    unigram = Tokenizer(models.Unigram())
+    unigram.pre_tokenizer = pre_tokenizers.Metaspace()
+    trainer = trainers.UnigramTrainer(vocab_size=40, special_tokens=["<unk>", "</s>"], unk_token="<unk>")
+    unigram.train_from_iterator(["hello world </s> foo"] * 10, trainer)
+    (tmp_path / "bare").mkdir()
+    unigram.save(str(tmp_path / "bare" / "tokenizer.json"))
+    pieces = [unigram.token_to_id(p) for p in ["▁", "<", "/", "s", ">"]]
+    assert None not in pieces and unigram.token_to_id("</s>") == 1
+    (tmp_path / "a.txt").write_text("</s>")
+    meta = prepare(out_dir=tmp_path / "out", tokenizer=str(tmp_path / "bare"), inputs=str(tmp_path / "a.txt"),
+                   validation_fraction=0.0, progress=False)  # fmt: skip
+    assert meta["eos_token_id"] == 1
+    assert np.fromfile(tmp_path / "out" / "train.bin", dtype=meta["dtype"]).tolist() == [*pieces, 1]
+    tok = load_tokenizer(tmp_path / "bare")
+    assert tok("</s>", add_special_tokens=False, split_special_tokens=True)["input_ids"] == pieces
+    assert tok("</s>", add_special_tokens=False)["input_ids"] == [1]
+    assert tok("hello world", add_special_tokens=False)["input_ids"] == unigram.encode("hello world").ids
+
+
 def test_the_end_of_text_prepare_adds_comes_before_the_framing_tokens(tmp_path):
     """A tokenizer without an end of text (GPT-1's BPE, a WordPiece): the one prepare adds came after
     the framing tokens, so those were no longer the last rows, and took a share of a language
