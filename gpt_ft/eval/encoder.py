@@ -94,6 +94,8 @@ class Encoder:
             raise TypeError(f"encode takes texts; item {bad[0]} is {texts[bad[0]]!r}.")
         if problem := next(((i, said) for i, t in enumerate(texts) if (said := no_utf8(t))), None):
             raise ValueError(f"item {problem[0]} {problem[1]}.")
+        if (blank := next((i for i, t in enumerate(texts) if not t.strip()), None)) is not None:
+            raise ValueError(f"item {blank} is empty: a text to embed is needed (as training and embed ask).")
         if prompt not in ("query", "document", None):
             raise ValueError(f"prompt must be 'query', 'document' or None, got {prompt!r}.")
         if convert_to not in ("numpy", "torch"):
