@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 from harness import ROOT, bar_chart, device, gpt_ft
+from paths import existing
 
 from gpt_ft.training.checkpointing import find_last_checkpoint
 
@@ -64,11 +65,10 @@ def tiny_data(args, out: Path) -> None:
     """--tiny: the first books and GLUE rows, copied into the --out folder."""
     books, glue = out / "tiny-books", out / "tiny-glue"
     if not books.exists():
-        files = sorted(Path(args.books).glob("*.txt"))[:TINY_BOOKS]
-        if not files:
+        if not (files := sorted(Path(args.books).glob("*.txt"))[:TINY_BOOKS]):
             raise SystemExit(f"{args.books} holds no .txt books.")
-        books.mkdir()
         for f in files:
+            books.mkdir(exist_ok=True)
             (books / f.name).write_text(f.read_text(encoding="utf-8")[:TINY_BOOK_CHARS], encoding="utf-8")
     if not glue.exists():
         for card in ("SST-2", "RTE", "STS-B"):
@@ -177,9 +177,9 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", type=device)
     p.add_argument("--tiny", action="store_true", help="a tiny model on a slice of the data (on the CPU)")
-    p.add_argument("--books", required=True, help="folder of .txt books to pretrain on")
-    p.add_argument("--glue", required=True, help="folder holding SST-2, RTE, STS-B")
-    p.add_argument("--storycloze", required=True, help="the Story Cloze 2016 folder")
+    p.add_argument("--books", type=existing, required=True, help="folder of .txt books to pretrain on")
+    p.add_argument("--glue", type=existing, required=True, help="folder holding SST-2, RTE, STS-B")
+    p.add_argument("--storycloze", type=existing, required=True, help="the Story Cloze 2016 folder")
     p.add_argument("--tokenizer", default=None, help="a tokenizer folder; default: train one on the books")
     p.add_argument("--out", default=None, help="everything the run writes (default runs/ablation-SCALE)")
     g = p.add_argument_group("pretraining (defaults: the scale's, see SCALES)")

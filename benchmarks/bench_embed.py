@@ -31,15 +31,14 @@ tasks/embedding/pairs.yaml; theirs: `MultipleNegativesRankingLoss`, scale 1/τ),
 scores STS-B dev, which it never saw (ours: `gpt-ft validate` of the STS-B card from the run's last.ckpt,
 its time counted in ours). `ours-last` and `ours-mean` read each vector from the text's last token or the
 mean of its tokens (`pooling`); `ours-mean-row`, the extract token whose row starts at the vocabulary's mean
-(`--model.new_tokens mean`); `--seeds` repeats each contender.
+(`--model.new_tokens mean`); `--seeds` repeats each contender. `pip install -e .[bench,sentence]` brings
+sentence-transformers.
 
     python benchmarks/bench_embed.py --glue GLUE --init-from weights/SmolLM2-135M-Instruct.Q4_1.gguf --bf16
     python benchmarks/bench_embed.py --glue GLUE --tokenizer GPT2_BPE  # a random Llama-shaped model
     python benchmarks/bench_embed.py --glue GLUE --init-from weights/SmolLM2-135M-Instruct.Q4_1.gguf \\
         --nli SNLI_DIR/dev.jsonl --batch-size 32 --lr 5e-5 --seeds 0 1 2 \\
         --contenders untrained ours ours-last ours-mean sentence-transformers
-
-`pip install -e .[bench,sentence]` brings sentence-transformers.
 """
 
 from __future__ import annotations
@@ -58,6 +57,7 @@ import bench_vs_trainer  # noqa: E402  (the weights folder and the timing of who
 import harness  # noqa: E402
 import peers  # noqa: E402  (the peer's arguments and schedule)
 from embed_data import nli_triplets, sts_files  # noqa: E402
+from paths import existing  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CARD = ROOT / "tasks" / "embedding" / "stsb.yaml"
@@ -204,8 +204,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--glue", required=True, help="GLUE's folder (STS-B/train.tsv, STS-B/dev.tsv)")
-    parser.add_argument("--nli", default=None, help="NLI records (JSON lines: premise, hypothesis, label) "
+    parser.add_argument("--glue", type=existing, required=True, help="GLUE's folder (STS-B/{train,dev}.tsv)")
+    parser.add_argument("--nli", type=existing, help="NLI records (JSON lines: premise, hypothesis, label) "
                         "to train on as triplets instead of STS-B's pairs")  # fmt: skip
     parser.add_argument("--tokenizer", help="a tokenizer for random weights; not with --init-from")
     parser.add_argument("--init-from", default=None, help="pretrained weights (a .gguf, a folder, a hub id)")

@@ -17,6 +17,8 @@ import sys
 import tempfile
 import time
 
+from paths import existing
+
 
 def child(args) -> None:
     import datasets
@@ -45,7 +47,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--glue", required=True, help="folder holding SST-2/train.tsv")
+    parser.add_argument("--glue", type=existing, required=True, help="folder holding SST-2/train.tsv")
     parser.add_argument("--tokenizer", required=True)
     parser.add_argument("--procs", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--num-proc", type=int, default=1, help=argparse.SUPPRESS)

@@ -17,6 +17,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from paths import existing
+
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = {  # card, data folder argument, metric printed
     "SST-2": ("tasks/glue/sst2.yaml", "glue", "validation/accuracy"),
@@ -31,8 +33,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--glue", required=True)
-    parser.add_argument("--storycloze", required=True)
+    parser.add_argument("--glue", type=existing, required=True)
+    parser.add_argument("--storycloze", type=existing, required=True)
     parser.add_argument("--tokenizer", required=True)
     parser.add_argument("--init-from", default=None, help="pretrained weights; none: from scratch")
     parser.add_argument("--preset", default="gpt-mini")

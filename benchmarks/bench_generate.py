@@ -23,6 +23,7 @@ from pathlib import Path
 import harness
 import torch
 from bench_label import texts_from
+from paths import existing
 
 from gpt_ft import GPT, GPTConfig
 from gpt_ft.data.tokenizer import load_tokenizer, train_tokenizer
@@ -39,7 +40,7 @@ def main() -> None:
     parser.add_argument(
         "--preset", default="gpt-mini", help="random weights of this shape, without --weights"
     )
-    parser.add_argument("--texts", type=Path, default=None, help="a tsv with a sentence column (SST-2's)")
+    parser.add_argument("--texts", type=existing, default=None, help="a tsv with a sentence column (SST-2's)")
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--new", type=int, default=32, help="new tokens a prompt")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import harness
 import torch
+from paths import existing
 
 from gpt_ft.adapters import SingleText
 from gpt_ft.data.tokenizer import load_tokenizer, train_tokenizer
@@ -29,9 +30,9 @@ from gpt_ft.model import GPT, GPTConfig
 WORDS = "the a film plot cast was is not very good bad dull gripping funny two hours of an and but".split()
 
 
-def texts_from(path: Path | None, n: int) -> list[str]:
+def texts_from(path: str | None, n: int) -> list[str]:
     if path is not None:
-        with path.open(encoding="utf-8-sig", newline="") as f:
+        with open(path, encoding="utf-8-sig", newline="") as f:
             rows = [r["sentence"] for r in csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)]
         return (rows * (n // len(rows) + 1))[:n]
     rng = random.Random(0)
@@ -43,7 +44,7 @@ def main() -> None:
     parser.add_argument("--preset", default="gpt-mini")
     parser.add_argument("--examples", type=int, default=2000)
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--texts", type=Path, default=None, help="a tsv with a sentence column (SST-2's)")
+    parser.add_argument("--texts", type=existing, default=None, help="a tsv with a sentence column (SST-2's)")
     parser.add_argument("--tokenizer", default=None, help="default: a BPE trained on the texts")
     parser.add_argument("--max-length", type=int, default=128)
     parser.add_argument("--runs", type=int, default=3)

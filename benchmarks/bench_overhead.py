@@ -27,6 +27,7 @@ import torch
 from harness import device, last_value, metrics_rows, random_tokens, synchronize
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from lightning.pytorch.callbacks import Callback
+from paths import existing
 
 from gpt_ft.cli import main as gpt_ft_main
 from gpt_ft.data.lm_data import LMDataModule
@@ -164,7 +165,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--tokens", default=None, help="a `gpt-ft prepare` output folder (default: random)")
+    parser.add_argument(
+        "--tokens", type=existing, default=None, help="a `gpt-ft prepare` output folder (default: random)"
+    )
     parser.add_argument("--vocab-size", type=int, default=8192, help="of the random tokens")
     parser.add_argument("--preset", default="gpt-mini")
     parser.add_argument("--block", type=int, default=256)

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 from jsonargparse import ArgumentParser
+from paths import existing
 
 from gpt_ft.adapters import TaskAdapter
 from gpt_ft.cli import main as gpt_ft
@@ -97,7 +98,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--glue", required=True)
+    parser.add_argument("--glue", type=existing, required=True)
     parser.add_argument("--tokenizer", required=True)
     parser.add_argument("--preset", default="gpt-mini")
     parser.add_argument("--max-length", type=int, default=512, help="at most the preset's context")

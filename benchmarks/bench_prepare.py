@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from paths import existing
+
 
 def run_prepare(inputs: list[str], tokenizer: str, workers: int, workdir: Path) -> dict:
     out = workdir / f"tokens-{workers}-{time.monotonic_ns()}"
@@ -52,7 +54,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--corpus", required=True)
+    parser.add_argument("--corpus", type=existing, required=True)
     parser.add_argument("--tokenizer", required=True)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--big-gb", type=float, default=1.05, help="size of the generated corpus; 0 skips it")

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from harness import ROOT, gpt_ft, metrics_rows
+from paths import existing
 
 from gpt_ft import GPT
 from gpt_ft.data.lm_data import TokenBlocks, read_meta
@@ -239,7 +240,7 @@ def table(results: list[dict], minutes: float) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--books", required=True, help="folder of .txt books to pretrain on")
+    p.add_argument("--books", type=existing, required=True, help="folder of .txt books to pretrain on")
     p.add_argument("--out", help="everything the runs write (default runs/pretrain-MINUTESmin)")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS), metavar="NAME",
                    help=f"which to run: {', '.join(VARIANTS)}")  # fmt: skip

@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import bench_vs_trainer  # noqa: E402  (the model folders and the timing of whole processes)
 import harness  # noqa: E402
 import peers  # noqa: E402  (TRL's side: its arguments and schedule)
+from paths import existing
 
 ROOT = Path(__file__).resolve().parents[1]
 CARD = ROOT / "tasks" / "preference" / "hh_rlhf.yaml"
@@ -144,7 +145,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--pairs", required=True, help="HH-RLHF pairs: a .jsonl.gz of {chosen, rejected}")
+    parser.add_argument(
+        "--pairs", type=existing, required=True, help="HH-RLHF pairs: a .jsonl.gz of {chosen, rejected}"
+    )
     parser.add_argument(
         "--tokenizer", help="GPT-2's BPE (a folder with vocab.json, merges.txt); not with --init-from"
     )

@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import bench_vs_trainer  # noqa: E402  (the model folders and the timing of whole processes)
 import harness  # noqa: E402
 import peers  # noqa: E402  (the Trainer's side: its arguments and schedule)
+from paths import existing
 
 ROOT = Path(__file__).resolve().parents[1]
 CARD = ROOT / "tasks" / "steps" / "prmbench.yaml"
@@ -223,7 +224,7 @@ def prmbench_arguments(
     """The arguments of a PRMBench benchmark (this one and bench_rank.py), parsed; OUT made (by
     default `out` under the repository, a relative --out from where it runs)."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--prmbench", required=True, help="PRMBench's folder of JSON-lines files")
+    parser.add_argument("--prmbench", type=existing, required=True, help="PRMBench's folder of .jsonl files")
     parser.add_argument("--init-from", default=None, help="pretrained weights (a .gguf, a folder, a hub id)")
     parser.add_argument("--tokenizer", help="a tokenizer for random weights; not with --init-from")
     parser.add_argument("--layers", type=int, default=6)

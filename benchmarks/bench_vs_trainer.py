@@ -25,10 +25,9 @@ seed. Neither saves a checkpoint. The wall time is each process's, start to exit
 is accuracy; the peak resident memory is each process's own (`ru_maxrss`); the speed in steady state
 is real tokens (padding never counted) a second of training after its first window: ours the median
 of `perf/tokens_per_s` as `fit` logs it every 50 steps, the Trainer's over its steps from a tenth of
-the way in (`peers.RealTokenRate`). A row's ratio divides its time by that of the first of `ours` /
-`ours, λ=0` run. Each task first prints how many
-positions shuffled padded batches compute per real token: the most that padding-free batches can
-save, the ceiling of the Trainer's time over ours at λ = 0.
+the way in (`peers.RealTokenRate`). A row's ratio divides its time by the first `ours` / `ours, λ=0`
+run's. Each task first prints the positions shuffled padded batches compute per real token: the
+most padding-free batches can save, the ceiling of the Trainer's time over ours at λ = 0.
 
     python benchmarks/bench_vs_trainer.py --glue GLUE_DIR --tokenizer GPT2_BPE_DIR
 
@@ -56,6 +55,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 import harness  # noqa: E402  (the benchmarks' shared pieces)
 import peers  # noqa: E402  (the Trainer's side: its arguments and schedule)
+from paths import existing
 
 ROOT = Path(__file__).resolve().parents[1]
 TASKS = {"SST-2": "tasks/glue/sst2.yaml", "RTE": "tasks/glue/rte.yaml"}
@@ -219,7 +219,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--glue", required=True, help="folder with SST-2/ and RTE/ (GLUE's TSVs)")
+    parser.add_argument("--glue", type=existing, required=True, help="GLUE's folder (SST-2/, RTE/ in it)")
     parser.add_argument(
         "--tokenizer", help="GPT-2's BPE (a folder with vocab.json, merges.txt); not with --init-from"
     )

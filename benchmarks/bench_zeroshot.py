@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import torch
+from paths import existing
 
 from gpt_ft.adapters.cards import load_card
 from gpt_ft.data.files import labelled_rows
@@ -113,9 +114,9 @@ def theirs(harness: list[str], init_from: Path, task: str, batch_size: int, work
     return metrics, scored, seconds
 
 
-def storycloze(folder: Path, limit: int | None, work: Path):
+def storycloze(folder: str, limit: int | None, work: Path):
     """Story Cloze's stories: gpt_ft's scoring, and the harness's task written for them."""
-    with (folder / VAL).open(encoding="utf-8", newline="") as f:
+    with (Path(folder) / VAL).open(encoding="utf-8", newline="") as f:
         rows = list(csv.DictReader(f))[:limit]
     data = work / "storycloze.csv"  # the stories scored, as the harness reads them
     with data.open("w", encoding="utf-8", newline="") as f:
@@ -132,7 +133,7 @@ def storycloze(folder: Path, limit: int | None, work: Path):
     )
 
 
-def verbalized(name: str, glue: Path, limit: int | None, work: Path):
+def verbalized(name: str, glue: str, limit: int | None, work: Path):
     """A GLUE dev file scored by the harness's prompt and words: gpt_ft's scoring (its texts as the
     card reads them), and the harness's task over the same texts."""
     card = load_card(ROOT / f"tasks/glue/{name}.yaml")
@@ -163,9 +164,9 @@ def main() -> None:
     parser.add_argument(
         "--init-from", type=Path, required=True, help="weights: a GGUF file or a transformers folder"
     )
-    parser.add_argument("--storycloze", type=Path, default=None, help=f"the folder holding {VAL!r}")
+    parser.add_argument("--storycloze", type=existing, default=None, help=f"the folder holding {VAL!r}")
     parser.add_argument(
-        "--glue", type=Path, default=None, help="the folder holding RTE/dev.tsv, SST-2/dev.tsv"
+        "--glue", type=existing, default=None, help="the folder holding RTE/dev.tsv, SST-2/dev.tsv"
     )
     parser.add_argument("--limit", type=int, default=None, help="the first N examples of each task only")
     parser.add_argument("--batch-size", type=int, default=16)

@@ -34,10 +34,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from paths import existing
 
 
-def sts(glue: Path, split: str) -> list[dict]:
-    with open(glue / "STS-B" / f"{split}.tsv", newline="", encoding="utf-8") as f:
+def sts(glue: str, split: str) -> list[dict]:
+    with open(Path(glue) / "STS-B" / f"{split}.tsv", newline="", encoding="utf-8") as f:
         return list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
 
 
@@ -52,7 +53,7 @@ def reading(args, texts: list[str]) -> None:
     from gpt_ft.data.tokenizer import load_tokenizer
 
     if args.wikitext is not None:
-        lines = args.wikitext.read_text(encoding="utf-8").splitlines()
+        lines = Path(args.wikitext).read_text(encoding="utf-8").splitlines()
         texts = texts + [line for line in lines if line.strip()][: args.lines]
     tokenizer, llm = load_tokenizer(args.weights), llama(Path(args.weights), vocab_only=True)
     ours = tokenizer(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
@@ -199,13 +200,13 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--weights", required=True, help="a GGUF file, a hub id or a transformers folder")
-    parser.add_argument("--glue", type=Path, required=True, help="GLUE's folder (STS-B/{train,dev}.tsv)")
+    parser.add_argument("--glue", type=existing, required=True, help="GLUE's folder (STS-B/{train,dev}.tsv)")
     parser.add_argument("--types", nargs="+", default=["f32", "q8_0"], choices=["f32", "f16", "bf16", "q8_0"])
     parser.add_argument("--prompts", type=int, default=8, help="texts whose logits are compared")
     parser.add_argument("--texts", type=int, default=1000, help="dev sentences embedded (half the pairs)")
     parser.add_argument("--pairs", type=int, default=256, help="STS-B train pairs to fine-tune on")
     parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--wikitext", type=Path, help="WikiText-2's valid.txt, for the reading check")
+    parser.add_argument("--wikitext", type=existing, help="WikiText-2's valid.txt, for the reading check")
     parser.add_argument("--lines", type=int, default=1500, help="its first non-empty lines read")
     parser.add_argument("--skip", choices=["reading", "language-model", "embedding"], nargs="*", default=[])
     args = parser.parse_args()

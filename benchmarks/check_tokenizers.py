@@ -23,6 +23,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 # Let the script run from a plain checkout, without installing the package.
 sys.path.insert(0, str(REPO_ROOT))
 
+from paths import existing  # noqa: E402
 from transformers import AutoTokenizer, GPT2TokenizerFast, OpenAIGPTTokenizerFast  # noqa: E402
 
 from gpt_ft.data.tokenizer import SPECIAL_TOKENS, SpecialTokenIds, load_tokenizer, special_token_ids  # noqa: E402
@@ -125,7 +126,8 @@ def compare_with_the_original(tokenizer, directory: Path, files: list[Path]) -> 
               f"({sum(map(len, ours)):,} tokens against {sum(map(len, theirs)):,})")  # fmt: skip
 
 
-def _read_gpt1_files(directory: Path) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
+def _read_gpt1_files(directory: str) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
+    directory = Path(directory)
     encoder = json.loads((directory / "vocab.json").read_text(encoding="utf-8"))
     lines = (directory / "merges.txt").read_text(encoding="utf-8").split("\n")
     # Line 0 is the "#version" header and the file ends with a newline, as in the original encoder.
@@ -146,9 +148,9 @@ def _check_round_trip(check: Checker, label: str, tokenizer, text: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run all checks; return the process exit code."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gpt1", type=Path, required=True, help="GPT-1 vocab/merges dir")
-    parser.add_argument("--gpt2", type=Path, required=True, help="GPT-2 vocab/merges dir")
-    parser.add_argument("--against-original", type=Path, nargs="*", default=[], metavar="TSV",
+    parser.add_argument("--gpt1", type=existing, required=True, help="GPT-1 vocab/merges dir")
+    parser.add_argument("--gpt2", type=existing, required=True, help="GPT-2 vocab/merges dir")
+    parser.add_argument("--against-original", type=existing, nargs="*", default=[], metavar="TSV",
                         help="also count the texts of these GLUE TSVs that OpenAI's encoder (ftfy, spaCy) "
                         "splits otherwise")  # fmt: skip
     args = parser.parse_args(argv)

@@ -48,6 +48,7 @@ from pathlib import Path
 import torch
 from harness import Report, Row, report_argument, verdict
 from parts import ROOT, Part, floors_missed, run_part
+from paths import existing
 
 FIGURES = ["environment", "training_throughput", "fit_vs_loop", "generation", "finetune_step", "profile",
            "shapes", "attention", "fit_quickstart"]  # fmt: skip
@@ -170,7 +171,7 @@ def main() -> int:
     p.add_argument("--skip-figures", action="store_true", help="no figures (with --glue: the Trainer's part)")
     p.add_argument("--budget", type=float, default=None, help="seconds for the whole checklist (default 480; "
                    "1080 with --glue)")  # fmt: skip
-    p.add_argument("--glue", help="GLUE's folder (SST-2/ in it): adds `gpt-ft fit` against the Trainer")
+    p.add_argument("--glue", type=existing, help="GLUE's folder (SST-2/ in it): adds fit against the Trainer")
     p.add_argument("--init-from", help="with --glue: the weights both start from (a .gguf, a folder)")
     p.add_argument(
         "--tokenizer", help="with --glue: a tokenizer folder, for random weights of SmolLM2's shape"

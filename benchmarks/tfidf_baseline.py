@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from paths import existing
 
 
 def read_tsv(path: Path) -> list[dict[str, str]]:
@@ -147,8 +148,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--glue", required=True)
-    parser.add_argument("--storycloze", required=True)
+    parser.add_argument("--glue", type=existing, required=True)
+    parser.add_argument("--storycloze", type=existing, required=True)
     parser.add_argument("--json", default=None, help="also write the scores to this file")
     parser.add_argument("--train-sizes", type=size, nargs="*", default=[],
                         help="learning curves: SST-2, RTE, STS-B on the suite's subsets")  # fmt: skip

