@@ -27,6 +27,7 @@ from gpt_ft.training.config_checks import (
     refuse_bad_config,
     replaced_overrides,
 )
+from gpt_ft.training.logged_settings import LoggedSettings
 from gpt_ft.training.precision import cpu_precision, runs_on_cpu, warn_half_weights
 from gpt_ft.training.predictions import check_submission
 from gpt_ft.training.recorded import (
@@ -370,6 +371,7 @@ def lightning_main(
         args=args,
         run=run,
         trainer_defaults={"logger": DEFAULT_LOGGER, "callbacks": callbacks or []},
+        save_config_callback=LoggedSettings,
         save_config_kwargs={"overwrite": True},
         parser_class=ValidatedOnce,
         parser_kwargs={"prog": prog, "exit_on_error": False},

@@ -151,6 +151,7 @@ from mlflow.tracking import MlflowClient
 client = MlflowClient(tracking_uri="sqlite:///runs/mlflow.db")
 (run,) = client.search_runs([client.get_experiment_by_name("gpt_ft").experiment_id])
 print(json.dumps([m.value for m in client.get_metric_history(run.info.run_id, "validation/accuracy")]))
+print(json.dumps(client.get_run(run.info.run_id).data.params))
 """
 
 
@@ -180,9 +181,13 @@ def test_mlflow_records_the_metrics(background):
     fit, read, alone = background.runs
     assert fit.returncode == 0, fit.stderr[-3000:]
     assert read.returncode == 0, read.stderr[-3000:]
-    history = json.loads(read.stdout)
+    history, params = map(json.loads, read.stdout.splitlines())
     assert len(history) == 2  # one evaluation after each of the 2 epochs
     assert 0 <= history[-1] <= 1
+    # every setting, not the model's alone: runs compared by their batch size, card or epochs
+    assert {k: params.get(k) for k in ("data.batch_size", "data.task.name", "trainer.max_epochs", "lr")} == {
+        "data.batch_size": "4", "data.task.name": "sent", "trainer.max_epochs": "2", "lr": "6.25e-05"
+    }  # fmt: skip
     assert alone.returncode == 2, alone.stderr[-3000:]
     assert alone.stderr.strip().splitlines()[-1] == (
         "gpt-ft: error: --trainer.logger: MLFlowLogger, the first logger, keeps no folder of its own (a "
@@ -207,11 +212,16 @@ def test_wandb_offline_records_the_metrics(tmp_path, tokenizer_dir, monkeypatch)
     import wandb
 
     recorded = dict(wandb.run.summary)  # the run's last values, as the offline files will hold them
+    settings = dict(wandb.run.config)  # every setting, not the model's alone (Lightning's), once each
+    assert settings["data.batch_size"] == 4 and settings["data.task"] == "gpt_ft.adapters.SingleText"
+    assert settings["data.task.name"] == "sent" and settings["trainer.max_epochs"] == 2
+    assert settings["seed_everything"] == 0 and settings["lr"] > 0 and "model.lr" not in settings
     named = wandb.run.name
     wandb.finish()  # what the process's exit does: the offline run written out
     assert named != "lightning_logs"  # W&B's own name, not the CSV logger's folder name for every run
     run_folder = tmp_path / "runs" / "lightning_logs" / "version_0"  # a run's own: its config not shared
     assert (run_folder / "config.yaml").is_file() and (run_folder / "checkpoints" / "last.ckpt").is_file()
+    assert "\ndata.batch_size: 4\n" in (run_folder / "hparams.yaml").read_text()  # the CSV logger's too
     assert 0 <= recorded["validation/accuracy"] <= 1 and recorded["epoch"] == 1
     (run,) = tmp_path.glob("runs/wandb/wandb/offline-run-*/run-*.wandb")
     assert run.stat().st_size > 0
