@@ -12,6 +12,7 @@ a card's field).
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 from lightning.pytorch.cli import SaveConfigCallback
@@ -32,7 +33,12 @@ class LoggedSettings(SaveConfigCallback):
                 if not (k.startswith("model.") and k[6:].split(".")[0] in own)
             }
             for logger in trainer.loggers:
-                logger.log_hyperparams(settings)
+                try:
+                    logger.log_hyperparams(settings)
+                except Exception as exc:  # MLflow keeps a run's first values (a run resumed by its run_id)
+                    said = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+                    print(f"note: {type(logger).__name__} kept the settings it logged before ({said}).",
+                          file=sys.stderr)  # fmt: skip
 
 
 Scalar = str | int | float | bool | None

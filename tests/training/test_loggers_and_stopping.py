@@ -264,3 +264,50 @@ def test_a_run_stopped_in_its_first_epoch_stays_stopped(capsys):
     stopping.patience, trainer.should_stop = 2, False  # a larger patience goes on
     stopping.on_train_start(trainer, None)
     assert not trainer.should_stop
+
+
+def test_the_settings_each_logger_gets_and_one_that_refuses_them(capsys):
+    """Flat under the command line's names: a class its name, its arguments below it; the model's
+    left to Lightning's own names. A logger that refuses them (MLflow, a run resumed by its run_id
+    with other values) is noted, and the run goes on."""
+    from types import SimpleNamespace
+
+    from jsonargparse import Namespace
+
+    from gpt_ft.training.logged_settings import LoggedSettings
+
+    class Refusing:
+        def log_hyperparams(self, params):
+            raise RuntimeError("Changing param values is not allowed.\nParams were already logged=...")
+
+    class Keeping:
+        def log_hyperparams(self, params):
+            self.got = params
+
+    saver = LoggedSettings.__new__(LoggedSettings)  # (its parser and file are LightningCLI's)
+    task = {"class_path": "gpt_ft.adapters.SingleText", "init_args": {"name": "sent", "labels": ["a", "b"]}}
+    data = Namespace(
+        class_path="gpt_ft.data.task_data.TaskDataModule", init_args=Namespace(batch_size=4, task=task)
+    )
+    stop = {"class_path": "EarlyStopping", "init_args": {"patience": 2}}
+    saver.config = Namespace(
+        data=data,
+        model=Namespace(lr=0.1, preset="gpt-micro", overrides={"n_layer": 1}),
+        trainer=Namespace(callbacks=[stop], devices="auto"),
+        seed_everything=0,
+        __path__="config.yaml",
+    )
+    kept = Keeping()
+    saver.save_config(
+        SimpleNamespace(loggers=[Refusing(), kept]), SimpleNamespace(hparams={"lr": 0.1}), "fit"
+    )
+    assert kept.got == {
+        "data": "gpt_ft.data.task_data.TaskDataModule", "data.batch_size": 4,
+        "data.task": "gpt_ft.adapters.SingleText", "data.task.name": "sent", "data.task.labels": '["a", "b"]',
+        "model.preset": "gpt-micro", "model.overrides.n_layer": 1,
+        "trainer.callbacks.0": "EarlyStopping", "trainer.callbacks.0.patience": 2, "trainer.devices": "auto",
+        "seed_everything": 0,
+    }  # fmt: skip
+    assert capsys.readouterr().err == (
+        "note: Refusing kept the settings it logged before (Changing param values is not allowed.).\n"
+    )
