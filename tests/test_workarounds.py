@@ -474,6 +474,8 @@ def test_an_indexed_action_lookup_finds_the_action_jsonargparse_walks_to(
     from jsonargparse import ArgumentParser, _core, _subcommands
     from jsonargparse._actions import _ActionConfigLoad
 
+    import gpt_ft.adapters.cards  # noqa: F401  (installs the index, as every command's parse does)
+
     indexed = _subcommands.find_action_and_subcommand
     assert getattr(indexed, "indexed", False) and _core.find_action_and_subcommand is indexed
     asked: dict[int, tuple] = {}
@@ -501,6 +503,15 @@ def test_an_indexed_action_lookup_finds_the_action_jsonargparse_walks_to(
     assert indexed(parser, "a")[0].dest == "a" and indexed(parser, "b") == (None, None)
     parser.add_argument("--b", type=int)  # the index built for `a` follows
     assert indexed(parser, "b")[0].dest == "b"
+    # The index dies with its parser: kept elsewhere, it held every parser (and the run each one's
+    # CLI reaches: model, trainer, optimizer state) for the life of the process.
+    import gc
+    import weakref
+
+    gone = weakref.ref(parser)
+    del parser
+    gc.collect()
+    assert gone() is None
 
 
 def test_a_remembered_key_split_walks_to_what_jsonargparses_parse_finds(tmp_path, tokenizer_dir, monkeypatch):

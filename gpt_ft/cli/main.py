@@ -28,6 +28,7 @@ from gpt_ft.errors.parsing import nearest_option, parse_error_message, repeated_
 from gpt_ft.training.memory import keep_freed_memory
 from gpt_ft.workarounds.cli import OPTIONS, file_not_decoded, nested_help_named_whole
 from gpt_ft.workarounds.kernels import torchao_import_loggers
+from gpt_ft.workarounds.trainer import process_kept
 
 
 class Command(NamedTuple):
@@ -235,15 +236,22 @@ def main(argv: list[str] | None = None) -> None:
     if argv[0] == "--version":
         return print(f"gpt-ft {version('gpt_ft')}")
     name, args = argv[0], argv[1:]
-    # transformers imports torchao where it is installed (the quantize extra), which then logs about
-    # parts no command uses: CUDA kernels a CPU-only torch cannot load, enums registered with pytree.
-    for logger in torchao_import_loggers():
-        logger.setLevel(logging.ERROR)
     show_notes()
     if name not in COMMANDS:
         close = "".join(f" (did you mean {c}?)" for c in difflib.get_close_matches(name, COMMANDS, n=1))
         fail(f"unknown command {name!r}{close}; choose from {', '.join(COMMANDS)}.")
-    keep_freed_memory()
+    if typed:  # the program's process (a Python caller's is its own: gpt_ft.training.memory)
+        keep_freed_memory()
+    with process_kept():
+        # transformers imports torchao where it is installed (the quantize extra), which then logs
+        # about parts no command uses: CUDA kernels a CPU-only torch cannot load, pytree's enums.
+        for logger in torchao_import_loggers():
+            logger.setLevel(logging.ERROR)
+        run_command(name, args, typed=typed, debug=debug)
+
+
+def run_command(name: str, args: list[str], *, typed: bool, debug: bool) -> None:
+    """`gpt-ft NAME ARGS`: its errors said in one sentence each (exit 2), or raised with `debug`."""
     try:
         args = piped_configs_read(args)
         if name != "generate" and (said := repeated_in_options(args)):  # (its prompts: text as typed)

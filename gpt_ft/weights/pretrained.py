@@ -147,9 +147,12 @@ def gpt_from_checkpoint(checkpoint: Checkpoint) -> GPT:
     weights and merged."""
     config = checkpoint.require_gpt_config()
     adapters = checkpoint.adapters
-    if adapters is None:
-        gpt = GPT(GPTConfig(**config))
-        gpt.load_state_dict(checkpoint.gpt_state)
+    if adapters is None:  # (built on the meta device: no weights drawn to be replaced, no random draws)
+        with torch.device("meta"):
+            gpt = GPT(GPTConfig(**config))
+        dtype = torch.get_default_dtype()  # (as a model built on the CPU holds its weights: bf16 saves too)
+        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in checkpoint.gpt_state.items()}
+        gpt.load_state_dict(state, assign=True)
         return gpt
     try:
         gpt = load_gpt(adapters.base)

@@ -18,27 +18,26 @@ def index_action_lookups() -> None:
     (a key's action: the first action whose dest is the key or whose options include `--KEY`,
     skipping `exclude`'s types, config-loading ones only where no other matches), drop this
     (tests/test_workarounds.py compares both on the fit parser's every key)."""
-    import weakref
-
     from jsonargparse import _core, _subcommands
     from jsonargparse._actions import ActionFail, _ActionConfigLoad, filter_non_parsing_actions
 
     walk = _subcommands.find_action_and_subcommand
     if getattr(walk, "indexed", False):
         return
-    indexes = weakref.WeakKeyDictionary()  # parser -> (its actions' stamp, key -> actions, or None)
 
     def find_action_and_subcommand(parser, dest, exclude=None):
         actions = parser._actions  # appended to (add_argument), taken from (removals), never reordered
         stamp = (id(actions), len(actions), id(actions[-1]) if actions else None)
-        known = indexes.get(parser)
+        # (its actions' stamp, key -> actions, or None), kept on the parser: held anywhere else, the
+        # actions (which hold their parser) would keep it, and all a run's CLI reaches, alive
+        known = getattr(parser, "_gpt_ft_action_index", None)
         if known is None or known[0] != stamp:
             kept = filter_non_parsing_actions(actions)
             index = None if any(isinstance(a, _subcommands.ActionSubCommands) for a in kept) else {}
             for action in kept if index is not None else ():
                 for key in {action.dest, *(o[2:] for o in action.option_strings if o.startswith("--"))}:
                     index.setdefault(key, []).append(action)
-            known = indexes[parser] = (stamp, index)
+            known = parser._gpt_ft_action_index = (stamp, index)
         if known[1] is None:
             return walk(parser, dest, exclude=exclude)
         config_load = None

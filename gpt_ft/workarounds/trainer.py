@@ -22,6 +22,36 @@ def no_tips(record: logging.LogRecord) -> bool:
     return not str(record.msg).startswith(("💡 Tip:", "Trainer already configured with model summary"))
 
 
+@contextmanager
+def process_kept() -> Iterator[None]:
+    """What a command changes in its process, put back as it returns, so that a Python caller's next
+    run, or its own code, finds the process as it was: Lightning's seed left in the environment
+    (`seed_everything` writes `PL_GLOBAL_SEED`, which the next `seed_everything(None)` reads back: a
+    run given no seed took the last run's, not 0), the warnings' filters and their one-line format
+    (`quiet_misleading_warnings`), the levels of `torchao_import_loggers`. The `no_tips` filter
+    stays on Lightning's logger: it drops two notes of Lightning's own and nothing else."""
+    import os
+    import warnings
+
+    from gpt_ft.workarounds.kernels import torchao_import_loggers
+
+    environment = {name: os.environ.get(name) for name in ("PL_GLOBAL_SEED", "PL_SEED_WORKERS")}
+    levels = {logger: logger.level for logger in torchao_import_loggers()}
+    shown = warnings.formatwarning
+    try:
+        with warnings.catch_warnings():
+            yield
+    finally:
+        for name, value in environment.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        for logger, level in levels.items():
+            logger.setLevel(level)
+        warnings.formatwarning = shown
+
+
 def quiet_misleading_warnings() -> None:
     """Lightning's warnings that would mislead a gpt_ft run's user, ignored (a warning reworded
     shows again):

@@ -1001,3 +1001,34 @@ def test_output_read_by_a_pipe_that_closed_ends_quietly(monkeypatch, capsys):
     with pytest.raises(SystemExit) as stopped:
         main(["explain"])
     assert stopped.value.code == 141 and capsys.readouterr().err == ""
+
+
+def test_a_command_called_from_python_leaves_its_process_as_it_found_it(tmp_path, finetuned, monkeypatch):
+    """A notebook's second run given no seed took the first run's (Lightning's seed_everything left
+    PL_GLOBAL_SEED behind, which the next seed_everything(None) reads back); warnings' filters and
+    format and the torchao loggers' levels stayed changed too. Loading a checkpoint drew from
+    torch's random generator (a model made at random to be overwritten), so a seeded notebook's
+    later draws depended on it."""
+    import logging
+    import warnings
+
+    from gpt_ft.weights.checkpoint import Checkpoint
+    from gpt_ft.weights.pretrained import gpt_from_checkpoint
+
+    monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)
+    monkeypatch.delenv("PL_SEED_WORKERS", raising=False)
+    filters, shown = list(warnings.filters), warnings.formatwarning
+    levels = [logging.getLogger(name).level for name in ("torchao", "torch.utils._pytree")]
+    quiet = [
+        "--trainer.logger=false",
+        f"--trainer.default_root_dir={tmp_path}",
+        "--trainer.enable_progress_bar=false",
+    ]
+    main(["validate", f"--ckpt_path={finetuned.ckpt}", "--seed_everything=5", *quiet])
+    assert "PL_GLOBAL_SEED" not in os.environ and "PL_SEED_WORKERS" not in os.environ
+    assert warnings.filters == filters and warnings.formatwarning is shown
+    assert [logging.getLogger(name).level for name in ("torchao", "torch.utils._pytree")] == levels
+    torch.manual_seed(0)
+    drawn = torch.get_rng_state()
+    gpt = gpt_from_checkpoint(Checkpoint.read(finetuned.ckpt))
+    assert torch.equal(torch.get_rng_state(), drawn) and {p.device.type for p in gpt.parameters()} == {"cpu"}
