@@ -20,6 +20,7 @@ from torch import Tensor
 
 from gpt_ft.adapters.heads import TaskHead
 from gpt_ft.adapters.metrics import Scoring
+from gpt_ft.adapters.names import Submission
 from gpt_ft.adapters.outputs import (
     CardError,
     ClassificationOutput,
@@ -61,24 +62,6 @@ class Encoded:
         if self.extract_sequence is not None:
             out["extract_sequence"] = self.extract_sequence
         return out
-
-
-@dataclass
-class Submission:
-    """How predictions are written for a leaderboard: a file name per split, each class's name there."""
-
-    files: dict[str, str]
-    labels: list[str] | None = None
-
-    @classmethod
-    def from_card(cls, task_name: str, files: dict[str, str] | None, labels: list[str] | None,
-                  class_names: list[str] | None) -> Submission:  # fmt: skip
-        if labels is not None and len(labels) != len(class_names or []):
-            raise CardError(
-                f"Task {task_name!r}: submission_labels {labels} must name each of the "
-                f"{len(class_names or [])} labels {class_names}."
-            )
-        return cls(dict(files or {}), list(labels) if labels is not None else None)
 
 
 def refuse_label_fields(kwargs: dict[str, Any], fields: dict[str, Any], why: str) -> None:

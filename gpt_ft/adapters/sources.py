@@ -11,6 +11,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from difflib import get_close_matches
 from typing import Any, Literal
 
+from gpt_ft.adapters.names import file_part
 from gpt_ft.errors import CardError, TaskDataError, about
 
 FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max: scores are trained in fp32
@@ -164,6 +165,8 @@ class Sources:
             if not (splits := getattr(self, name)) or len(set(splits)) < len(splits):
                 said = "names no split" if not splits else f"names {splits!r}, a split twice"
                 raise CardError(f"{name} {said}: name each split once, or leave it out for [{default}].")
+            for split in splits:  # (its reports and predictions are files named after it)
+                file_part(split, f"{name}' split")
         # From Python, `local=` and `hub=` may be given as a card writes them: mappings of their fields.
         for name, kind in SOURCE_KINDS.items():
             if isinstance(value := getattr(self, name), dict):

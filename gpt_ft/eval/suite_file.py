@@ -11,6 +11,7 @@ from typing import Literal
 import yaml
 from jsonargparse import ArgumentParser
 
+from gpt_ft.adapters.names import inside
 from gpt_ft.errors import input_file
 from gpt_ft.errors.parsing import parse_error_message, repeated_key, yaml_problem
 from gpt_ft.eval.zeroshot import ZeroShot
@@ -52,6 +53,9 @@ class Submission:
     """Zip file name, written in the output folder."""
     files: list[str]
     """Every file the leaderboard expects; one missing from the run is named in a warning."""
+
+    def __post_init__(self) -> None:
+        inside(self.archive, "submission.archive")
 
 
 @dataclass

@@ -109,7 +109,9 @@ def recorded_configuration(ckpt: str, unchecked=None, known: Collection[str] | N
         return {}
     checkpoint = Checkpoint.read(input_file(ckpt, "--ckpt_path", give="a checkpoint file (last.ckpt)"))
     recorded = recorded_run(checkpoint, known)
-    defaults = {f"model.{key}": value for key, value in plain_config(recorded.get("model", {})).items()}
+    model = plain_config(recorded.get("model", {}))
+    model.pop("predictions_dir", None)  # where this command says (default ./predictions), not the run
+    defaults = {f"model.{key}": value for key, value in model.items()}
     data = recorded.get("data")
     if data:
         if "tokenizer" in data.get("init_args", {}):  # the copy beside the checkpoint

@@ -329,3 +329,38 @@ def test_configurations_are_written_as_yaml_that_reads_back_as_the_same_values()
     odd = {"text": "tab\there, \"quoted\" ünïcødé — " * 6, "lines": "a\nb: c\n", "empty": "", "yes": "yes",
            "number": "1e-3", "list": [1, 2.5, None, True], "nested": {"k": "#not a comment"}}  # fmt: skip
     assert yaml.safe_load(dump_yaml(odd)) == odd
+
+
+@pytest.mark.parametrize(
+    "fields, said",
+    [
+        ("name: ../../x", r"Task name '\.\./\.\./x' names the files and folders written for it: give a name"),
+        ("name: a\\b", r"Task name 'a\\\\b' names the files"),
+        (
+            "submission_files: {test: /tmp/victim.txt}",
+            r"Task 'x': submission file of split 'test', '/tmp/victim",
+        ),
+        (
+            "submission_files: {test: ../up.tsv}",
+            r"split 'test', '\.\./up\.tsv' would be written outside the folder",
+        ),
+        ("submission_files: {test: 'C:\\x.tsv'}", r"split 'test', 'C:\\\\x\.tsv' would be written outside"),
+        (
+            "validation_splits: [../../s]",
+            r"validation_splits' split '\.\./\.\./s' names the files and folders",
+        ),
+        ("test_splits: ['.']", r"test_splits' split '\.' names the files and folders"),
+    ],
+)
+def test_a_card_names_no_file_outside_the_folder_given_for_it(tmp_path, fields, said):
+    """A card's task name, split names and submission files become the names of files written for it
+    (predictions, reports, a suite's run folders): `../` or an absolute path wrote outside the folder
+    the command was given (a card or checkpoint from elsewhere could replace any file)."""
+    fields = fields if fields.startswith("name:") else f"name: x\n  {fields}"
+    card = tmp_path / "card.yaml"
+    card.write_text(f"class_path: gpt_ft.adapters.SingleText\ninit_args:\n  labels: [a, b]\n  {fields}\n")
+    with pytest.raises(ValueError, match=said):
+        load_card(card)
+    card.write_text("class_path: gpt_ft.adapters.SingleText\ninit_args: {name: x, labels: [a, b], "
+                    "submission_files: {test: glue/X.tsv}}\n")  # fmt: skip
+    assert load_card(card).submission_files == {"test": "glue/X.tsv"}  # a folder inside it: kept

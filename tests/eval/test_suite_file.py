@@ -118,6 +118,11 @@ def test_suite_file_errors_name_the_file(tmp_path):
     )  # "class_path ...: required"
     with pytest.raises(ValueError, match=r"suite.yaml: submission: 'files' is missing\.$"):
         load_suite(bad)
+    bad.write_text("name: x\ntasks: [card.yaml]\nsubmission: {archive: ../a.zip, files: [x.tsv]}\n")
+    with pytest.raises(
+        ValueError, match=r"suite.yaml: submission.archive '\.\./a\.zip' would be written outside"
+    ):
+        load_suite(bad)  # (it was written above --out_dir)
     with pytest.raises(ValueError, match=r"^Suite file \S+ is a folder; give the suite's YAML file\.$"):
         load_suite(tmp_path)
     bad.write_text("name: x\ntasks: [card.yaml]\nname: y\n")  # YAML's loaders keep the last silently

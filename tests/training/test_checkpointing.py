@@ -313,6 +313,15 @@ def test_checkpoints_stand_alone_for_validate_and_predict(tmp_path, finetuned, c
     main(["predict", f"--ckpt_path={ckpt}", f"--model.predictions_dir={out}", *written, *quiet])
     rows = (out / "S.tsv").read_text().splitlines()[1:]
     assert len(rows) == 3 and {row.split("\t")[1] for row in rows} <= {"n", "p"}
+    # The run's own predictions_dir is no default: a checkpoint from elsewhere chose the folder written.
+    import shutil
+
+    from gpt_ft.training.recorded import recorded_configuration
+
+    run = shutil.copytree(ckpt.parents[1], tmp_path / "run")  # (its tokenizer beside it)
+    stored["hyper_parameters"]["predictions_dir"] = str(tmp_path / "chosen")
+    torch.save(stored, elsewhere := run / ckpt.relative_to(ckpt.parents[1]))
+    assert "model.predictions_dir" not in recorded_configuration(str(elsewhere))
 
 
 def test_a_checkpoint_records_the_checkouts_commit_asked_of_git_once_a_process(finetuned, monkeypatch):
