@@ -21,8 +21,10 @@ from gpt_ft.adapters.base import TaskAdapter
 from gpt_ft.adapters.sources import SOURCE_KINDS, HubDataset, LocalFiles, source_problem
 from gpt_ft.errors import CardError, FileProblem, absent
 from gpt_ft.errors.parsing import (
+    UNFOLDED_LIMIT,
     parse_error_message,
     repeated_key,
+    unfolds_too_far,
     untyped_parameter,
     yaml_file_problem,
     yaml_problem,
@@ -35,6 +37,10 @@ from gpt_ft.workarounds.cli import (
 )
 from gpt_ft.workarounds.parsing import index_action_lookups, remember_class_parses, remember_key_splits
 
+UNFOLDS = (
+    f"unfolds to more than {UNFOLDED_LIMIT:,} values (YAML aliases repeated inside aliases): write them out"
+)
+
 
 def load_card(path: str | Path) -> TaskAdapter:
     """The TaskAdapter of a card file."""
@@ -44,6 +50,8 @@ def load_card(path: str | Path) -> TaskAdapter:
         raw = yaml.safe_load(text := Path(path).read_text())
     except yaml.YAMLError as exc:
         raise ValueError(f"Task card {path} is not valid YAML: {yaml_problem(exc)}") from None
+    if unfolds_too_far(raw):
+        raise ValueError(f"Task card {path} {UNFOLDS}.")
     if twice := repeated_key(text):
         raise ValueError(f"Task card {path}, {twice}.")
     if problem := card_problem(raw, f"Task card {path}"):
@@ -127,6 +135,8 @@ def load_yaml(text: str, path: str = "") -> object:
         if not file:
             raise
         raise FileProblem(f"{yaml_file_problem(file) or f'{file} is not valid YAML'}.") from exc
+    if unfolds_too_far(value):
+        raise FileProblem(f"{file or 'The value'} {UNFOLDS}.")
     if file and (twice := repeated_key(text)):
         raise FileProblem(f"{file}, {twice}.")
     if path and not text and (pipe := config_pipe_being_read()):

@@ -87,10 +87,14 @@ def json_lines_problem(path: Path) -> str | None:
         text = file_bytes(path).decode("utf-8-sig")
     except UnicodeDecodeError:
         return None  # the loader's failure names the line
+    deep = "values nested too deeply to read (objects or arrays one inside another, a thousand deep)"
     try:
         document = json.loads(text)  # one document (or one line)
     except json.JSONDecodeError:
         pass
+    except RecursionError:  # (Python's parser recurses: a crafted line ended in a traceback)
+        if text.lstrip(" \t\r\n").startswith("["):
+            return f": {deep}"
     else:
         if isinstance(document, dict):
             return None
@@ -112,6 +116,8 @@ def json_lines_problem(path: Path) -> str | None:
             record = json.loads(line)
         except json.JSONDecodeError as bad:
             return f", line {n}, column {bad.colno}: not valid JSON ({bad.msg})"
+        except RecursionError:
+            return f", line {n}: {deep}"
         if not isinstance(record, dict):
             return f", line {n}: a JSON object ({{...}}) is expected on each line, not {json_kind(record)}"
         records.append(record), starts.append(n)

@@ -327,3 +327,28 @@ def absent(path: str | os.PathLike) -> str:
         if os.path.islink(path):
             return f"is a symbolic link to {os.readlink(path)}, which does not exist"
     return "does not exist"
+
+
+UNFOLDED_LIMIT = 1_000_000
+
+
+def unfolds_too_far(value: object, limit: int = UNFOLDED_LIMIT) -> bool:
+    """Whether a YAML document's value holds more than `limit` values once its aliases are written
+    out (a node an alias repeats counts each time it is repeated): a few hundred bytes of aliases
+    repeated inside aliases unfold to billions, which copying or checking the value never finishes.
+    Each node is counted once (linear in the document's own size), or refused past a thousand
+    levels deep."""
+    sizes: dict[int, int] = {}
+
+    def size(v: object) -> int:
+        if not isinstance(v, dict | list):
+            return 1
+        if (known := sizes.get(id(v))) is None:
+            parts = v.values() if isinstance(v, dict) else v
+            known = sizes[id(v)] = min(limit + 1, 1 + sum(size(p) for p in parts))
+        return known
+
+    try:
+        return size(value) > limit
+    except RecursionError:
+        return True

@@ -364,3 +364,23 @@ def test_a_card_names_no_file_outside_the_folder_given_for_it(tmp_path, fields, 
     card.write_text("class_path: gpt_ft.adapters.SingleText\ninit_args: {name: x, labels: [a, b], "
                     "submission_files: {test: glue/X.tsv}}\n")  # fmt: skip
     assert load_card(card).submission_files == {"test": "glue/X.tsv"}  # a folder inside it: kept
+
+
+def test_a_card_of_aliases_repeated_inside_aliases_is_refused_before_it_unfolds(tmp_path):
+    """A kilobyte of YAML aliases nested nine deep (387 million values once written out) ran on,
+    its memory growing, while the card was completed and checked."""
+    from gpt_ft.adapters.cards import load_yaml
+
+    lines = ["class_path: gpt_ft.adapters.SingleText", "init_args:", "  name: x", "  labels: [a, b]"]
+    lines += ["  a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    lines += [f"  a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
+    card = tmp_path / "laughs.yaml"
+    card.write_text("\n".join([*lines, "  ignore_labels: *a8"]) + "\n")
+    said = (
+        r"unfolds to more than 1,000,000 values \(YAML aliases repeated inside aliases\): write them out\.$"
+    )
+    with pytest.raises(ValueError, match=rf"^Task card {card} {said}"):
+        load_card(card)
+    with pytest.raises(ValueError, match=rf"^The value {said}"):
+        load_yaml(card.read_text())
+    assert load_yaml("a: &x [1, 2]\nb: *x\n") == {"a": [1, 2], "b": [1, 2]}  # an alias or two: read

@@ -184,6 +184,12 @@ def parquet_bytes(columns: dict[str, list]) -> bytes:
             ", line 1: column name(s) ['sentence'] appear more than once in the header",
         ),
         ("t.parquet", b"PAR1 not really", ": cannot be read as parquet (Parquet magic bytes not found"),
+        (  # nested past Python's recursion limit: a RecursionError's traceback before
+            "t.jsonl",
+            b'{"sentence": "a", "label": "positive"}\n{"sentence": ' + b"[" * 5000 + b"]" * 5000 + b"}\n",
+            ", line 2: values nested too deeply to read (objects or arrays one inside another",
+        ),
+        ("t.json", b"[" * 5000 + b"]" * 5000, ": values nested too deeply to read"),
     ],
 )
 def test_a_task_file_that_does_not_parse_names_the_line(explain, name, data, problem):
