@@ -84,11 +84,11 @@ def test_each_padded_row_takes_its_own_factors(pair, side):
 def test_generation_past_the_original_context_equals_transformers():
     """Decoding from 10 tokens to 24: where a text passes the original context, its cached keys are
     computed again with the long factors, as transformers' Phi-3 does. Greedy (cached, static cache,
-    no cache) and beam search give transformers' tokens for 12 prompts; before, the cached keys kept
+    no cache) and beam search give transformers' tokens for 4 prompts; before, the cached keys kept
     the short factors' rotation and some prompts' tokens differed (seed 7's at its 13th token)."""
     hf = tiny_llama("phi3", **VARIANTS["phi3.5-longrope"])
     gpt = GPT.from_hf(hf).eval()
-    for seed in range(12):
+    for seed in (0, 3, 7, 11):
         ids = torch.randint(0, VOCAB, (1, 10), generator=torch.Generator().manual_seed(seed))
         for beams in (1, 3):
             theirs = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=14, do_sample=False,
