@@ -8,8 +8,9 @@ transformers folder's (`hf.py`). What this module adds is finding the file, the 
 transformers' reading leaves out (Gemma 3's layers that slide a window, their rotary base; Phi-3's
 rotary settings; SmolLM3's files, read as Llama's, and GPT-NeoX's, which transformers does not list:
 `gpt_ft/workarounds/gguf_files.py`; GPT-NeoX's rotating share of each head and base), and the
-checks that turn a file gpt_ft cannot read into one sentence: not GGUF, cut short, an architecture
-gpt_ft lacks, or a type it cannot dequantize.
+checks that turn a file gpt_ft cannot read into one sentence: not GGUF, cut short, counts its bytes
+cannot hold (`gguf_bounds.py`, before anything believes them), an architecture gpt_ft lacks, or a
+type it cannot dequantize.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import io
 import os
 from pathlib import Path
 
+from gpt_ft.errors import FileProblem
+from gpt_ft.weights.gguf_bounds import check_metadata
 from gpt_ft.workarounds.gguf_files import read_once, reader
 from gpt_ft.workarounds.kernels import import_transformers_models
 
@@ -74,15 +77,18 @@ def open_checked(path: Path, *, weights: bool = True):
     """A `gguf.GGUFReader` over `path` (`read_once`'s), once the file is known to be one gpt_ft can
     read (with `weights=False`, only its metadata: for its tokenizer). Raises a ValueError in one
     sentence naming the file when it is not GGUF, cannot be read (cut short, corrupt, a version the
-    gguf library does not read), is one part of a split model, or (for its weights) holds an
-    architecture gpt_ft lacks or a tensor type it cannot dequantize."""
+    gguf library does not read, counts its bytes cannot hold), is one part of a split model, or (for
+    its weights) holds an architecture gpt_ft lacks or a tensor type it cannot dequantize."""
     gguf = _gguf()
     if not _starts_with_magic(path):
         raise ValueError(f"{path} is not a GGUF file: it does not start with GGUF's magic bytes {MAGIC!r}.")
     try:
+        check_metadata(path)  # (before gguf's reader, which believes any count)
         opened = reader(path)
         architecture = field(opened, "general.architecture")
         parts = field(opened, SPLIT_COUNT)
+    except FileProblem:
+        raise
     except ValueError as exc:
         if "GGMLQuantizationType" in str(exc):
             raise ValueError(
