@@ -5,12 +5,18 @@ acts on them: a file from a stranger may state any count or size.
 file has it loop 2**40 times over empty slices, its memory growing (gguf 0.19's `_get_field_parts`).
 `check_metadata` walks that section first, as cheaply as the format allows (an array of fixed-size
 items is skipped whole; only strings are walked one by one), and refuses a count the bytes left cannot
-hold, in one sentence naming the file and the key.
+hold. Then the model's sizes: transformers builds a model from the metadata alone (even on the meta
+device, a `block_count` of 2**31-1 builds blocks for hours), so `check_sizes` compares the depth and
+width the metadata states with the tensors the file holds, and `check_depth` (its tokenizer read
+alone too: transformers makes its config, Gemma 3's a list as long as its layers) holds the depth to
+llama.cpp's limit; `check_tensors` refuses a tensor with no dimension or an empty one, which nothing
+can read. Each refusal is one sentence naming the file and the key or tensor.
 """
 
 from __future__ import annotations
 
 import mmap
+import re
 import struct
 from pathlib import Path
 
@@ -25,6 +31,8 @@ LEAST = {STRING: ("STRING", 8), ARRAY: ("ARRAY", 12), **FIXED}  # (the fewest by
 KEY_LEAST = 8 + 4 + 1  # a key's fewest bytes: its name's length, a value type, a one-byte value
 TENSOR_LEAST = 8 + 4 + 4 + 8  # a tensor's description's: its name's length, dimensions' count, type, offset
 VERSIONS = (2, 3)  # the versions of 64-bit counts; the reader names any other
+MAX_BLOCKS = 512  # llama.cpp's LLAMA_MAX_LAYERS: it reads no deeper model
+BLOCK = re.compile(r"blk\.(\d+)\.")
 
 
 def check_metadata(path: Path) -> None:
@@ -124,3 +132,62 @@ class _Walk:
             f"{self.path} is cut short or corrupt: its metadata key {self.key} has a value of type {kind}, "
             "which GGUF does not define."
         )
+
+
+def check_tensors(path: Path, reader) -> None:
+    """Refuses a tensor of no dimensions, or with one of size 0, naming it: no weight is empty."""
+    for tensor in reader.tensors:
+        shape = [int(n) for n in tensor.shape]
+        if not shape or 0 in shape:
+            held = f"a dimension of size 0 (shape {shape})" if shape else "no dimensions"
+            raise FileProblem(f"{path} is corrupt: its tensor {tensor.name} has {held}.")
+
+
+def check_depth(path: Path, reader, arch: str) -> None:
+    """Refuses a `block_count` past llama.cpp's `MAX_BLOCKS`, or (in a file holding tensors, not a
+    vocabulary alone) other than the blocks its tensors hold (`blk.N.`): transformers' config of a
+    file, made for its tokenizer too, holds a list as long (Gemma 3's layer types)."""
+    stated = _field(reader, f"{arch}.block_count")
+    blocks = {int(m[1]) for t in reader.tensors if (m := BLOCK.match(t.name))}
+    if stated is None:
+        return
+    if not _count(stated) or not 0 <= stated <= MAX_BLOCKS:
+        held = f"llama.cpp reads models of up to {MAX_BLOCKS} blocks (its LLAMA_MAX_LAYERS)"
+    elif reader.tensors and stated != len(blocks):
+        held = f"its tensors hold {len(blocks)} blocks (blk.N.*)"
+    else:
+        return
+    raise FileProblem(f"{path}: its {arch}.block_count is {stated!r}, and {held}.")
+
+
+def check_sizes(path: Path, reader, arch: str) -> None:
+    """Refuses a file without a token embedding, of another depth than its blocks (`check_depth`), whose
+    width (`embedding_length`) is not its token embedding's, or whose head counts do not fit that
+    width and each other, before any model is built from them."""
+    embedding = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if embedding is None:
+        raise FileProblem(
+            f"{path} holds no token embedding (tensor token_embd.weight): it is no language model."
+        )
+    check_depth(path, reader, arch)
+    width = int(embedding.shape[0])  # (GGUF's dimensions: the innermost first)
+    heads = _field(reader, f"{arch}.attention.head_count")
+    sizes = (
+        ("embedding_length", lambda n: n == width, f"and its token embedding is {width} wide"),
+        ("attention.head_count", lambda n: n <= width, f"and its width ({width}) holds 1 to {width} heads"),
+        ("attention.head_count_kv", lambda n: not (_count(heads) and heads % n),
+         f"which does not divide its {heads} query heads (attention.head_count)"),
+    )  # fmt: skip
+    for key, fits, what in sizes:
+        stated = _field(reader, f"{arch}.{key}")
+        if stated is not None and (not _count(stated) or stated < 1 or not fits(stated)):
+            raise FileProblem(f"{path}: its {arch}.{key} is {stated!r}, {what}.")
+
+
+def _field(reader, key: str):
+    found = reader.fields.get(key)
+    return None if found is None else found.contents()
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

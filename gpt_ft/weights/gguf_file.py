@@ -8,9 +8,9 @@ transformers folder's (`hf.py`). What this module adds is finding the file, the 
 transformers' reading leaves out (Gemma 3's layers that slide a window, their rotary base; Phi-3's
 rotary settings; SmolLM3's files, read as Llama's, and GPT-NeoX's, which transformers does not list:
 `gpt_ft/workarounds/gguf_files.py`; GPT-NeoX's rotating share of each head and base), and the
-checks that turn a file gpt_ft cannot read into one sentence: not GGUF, cut short, counts its bytes
-cannot hold (`gguf_bounds.py`, before anything believes them), an architecture gpt_ft lacks, or a
-type it cannot dequantize.
+checks that turn a file gpt_ft cannot read into one sentence: not GGUF, cut short, counts or sizes
+its bytes and tensors do not bear out (`gguf_bounds.py`, before anything believes them), an
+architecture gpt_ft lacks, or a type it cannot dequantize.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 
 from gpt_ft.errors import FileProblem
-from gpt_ft.weights.gguf_bounds import check_metadata
+from gpt_ft.weights.gguf_bounds import check_metadata, check_sizes, check_tensors
 from gpt_ft.workarounds.gguf_files import read_once, reader
 from gpt_ft.workarounds.kernels import import_transformers_models
 
@@ -78,7 +78,7 @@ def open_checked(path: Path, *, weights: bool = True):
     read (with `weights=False`, only its metadata: for its tokenizer). Raises a ValueError in one
     sentence naming the file when it is not GGUF, cannot be read (cut short, corrupt, a version the
     gguf library does not read, counts its bytes cannot hold), is one part of a split model, or (for
-    its weights) holds an architecture gpt_ft lacks or a tensor type it cannot dequantize."""
+    its weights) holds an architecture gpt_ft lacks, an empty tensor or a type it cannot dequantize."""
     gguf = _gguf()
     if not _starts_with_magic(path):
         raise ValueError(f"{path} is not a GGUF file: it does not start with GGUF's magic bytes {MAGIC!r}.")
@@ -111,6 +111,7 @@ def open_checked(path: Path, *, weights: bool = True):
         held = f"a {architecture!r} model" if architecture else "no architecture (general.architecture)"
         raise ValueError(f"{path} holds {held}; gpt_ft reads GGUF files of {', '.join(ARCHITECTURES)}.")
     if weights:
+        check_tensors(path, opened)
         _check_types(path, opened, gguf)
     return opened
 
@@ -150,16 +151,23 @@ def _check_types(path: Path, reader, gguf) -> None:
 def hf_config(path: Path, reader=None):
     """The transformers config of the model in GGUF file `path` (checked first, unless `reader`, its
     `open_checked`, is given)."""
+    from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig
 
     reader = reader or open_checked(path)
-    config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
-    embedding = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
-    if embedding is not None:  # a file may say its vocabulary's size nowhere else
-        config.vocab_size = int(embedding.data.shape[0])
+    arch = field(reader, "general.architecture")
+    check_sizes(path, reader, arch)  # (transformers builds what the metadata says)
+    try:
+        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    except StrictDataclassError as exc:  # its config class's checks of the metadata's values
+        reason = " ".join(str(exc.__cause__ or exc).split()).rstrip(".")
+        raise ValueError(
+            f"{path}: transformers refuses the {arch} config its metadata gives: {reason}."
+        ) from None
+    embedding = next(t for t in reader.tensors if t.name == "token_embd.weight")  # (check_sizes: one)
+    config.vocab_size = int(embedding.data.shape[0])  # (a file may say its vocabulary's size nowhere else)
     if (getattr(config, "pad_token_id", None) or 0) >= config.vocab_size:  # a config class's default
         config.pad_token_id = None
-    arch = field(reader, "general.architecture")
     if config.model_type == "gpt2":  # GGUF's context_length is the position table's size
         config.n_positions = config.n_ctx
         width = field(reader, "gpt2.feed_forward_length")  # transformers' reading leaves it at 4 x n_embd
@@ -294,11 +302,15 @@ def read(path: Path):
 
     reader = open_checked(path)
     config = hf_config(path, reader)
-    with torch.device("meta"):  # only its parameters' names, for transformers' GGUF name map
-        # (gguf has no map for "mistral", a `llama` file by its name: Llama's names are the same)
-        names = AutoModelForCausalLM.from_config(
-            _as_llama(config) if config.model_type == "mistral" else config
-        )
+    try:  # (on the meta device: only its parameters' names, for transformers' GGUF name map)
+        with torch.device("meta"):  # (gguf maps no "mistral", a `llama` file by its name: Llama's names)
+            names = AutoModelForCausalLM.from_config(
+                _as_llama(config) if config.model_type == "mistral" else config
+            )
+    except ValueError as exc:  # sizes its modules refuse (GPT-2's heads that do not split the width)
+        raise ValueError(
+            f"{path}: transformers builds no {config.model_type} model from its metadata: {exc}"
+        ) from None
     verbosity = logging.get_verbosity()
     logging.set_verbosity_error()  # its notes on unused metadata
     try:  # its "Converting and de-quantizing GGUF tensors" bar (tqdm's own, no switch) at every load
@@ -306,6 +318,9 @@ def read(path: Path):
             parsed = load_gguf_checkpoint(
                 str(path), return_tensors=True, model_to_load=names, torch_dtype=torch.float32
             )
+    except ValueError as exc:  # a tensor its config does not shape (transformers' q/k rows put back)
+        reason = str(exc).rstrip(".")
+        raise ValueError(f"{path}'s tensors do not fit the model its config describes: {reason}.") from None
     finally:
         logging.set_verbosity(verbosity)
     # transformers drops a tensor its model has no place for: the logits would not be llama.cpp's

@@ -14,6 +14,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from gpt_ft.weights.gguf_bounds import check_depth
 from gpt_ft.weights.gguf_file import TOKENS, field, open_checked
 from gpt_ft.weights.gguf_vocab import PHI3_KEPT, SPACE_FIRST
 from gpt_ft.workarounds.gguf_files import read_once, split_as_llama_cpp, splits_as_llama_cpp
@@ -72,6 +73,7 @@ def cache_dir() -> Path:
 @functools.lru_cache(maxsize=4)
 @read_once()  # (a conversion: one parse of the file)
 def _tokenizer(path: Path, stamp: str):
+    from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoTokenizer
 
     saved = _converted(path, stamp)
@@ -90,6 +92,12 @@ def _tokenizer(path: Path, stamp: str):
         )
     if TOKENS not in reader.fields:
         raise ValueError(f"{path} carries no tokenizer (no {TOKENS}): give the tokenizer's folder.")
+    check_depth(path, reader, field(reader, "general.architecture"))  # (transformers makes its config)
+    count = len(reader.fields[TOKENS].data)
+    for key in SPECIAL_IDS.values():  # (transformers' conversion looks each up in the tokens)
+        index = field(reader, key)
+        if index is not None and not (isinstance(index, int) and 0 <= index < count):
+            raise ValueError(f"{path}: its {key} is {index!r}, and it holds {count} tokens ({TOKENS}).")
     with tempfile.TemporaryDirectory() as alone:  # the file's own, not a tokenizer.json beside it
         linked = Path(alone) / path.name
         try:
@@ -98,9 +106,12 @@ def _tokenizer(path: Path, stamp: str):
             shutil.copyfile(path, linked)
         try:
             tokenizer = AutoTokenizer.from_pretrained(alone, gguf_file=path.name)
-        except ValueError as exc:  # an architecture transformers' GGUF reader does not know (olmoe)
+        except (ValueError, StrictDataclassError, ArithmeticError) as exc:
+            # an architecture transformers' GGUF reader does not know (olmoe), or a config (read too)
+            # its config class refuses (a head count of 0, a width no head count divides)
+            reason = " ".join(str(exc.__cause__ or exc).split()).rstrip(".")
             raise ValueError(
-                f"{path}: transformers reads no tokenizer from it ({exc}); give the tokenizer's folder."
+                f"{path}: transformers reads no tokenizer from it ({reason}); give the tokenizer's folder."
             ) from None
         _own_special_tokens(tokenizer, reader)
         split_as_llama_cpp(tokenizer, pre)  # (SmolLM's digits apart, Llama 3's whole words)

@@ -1,6 +1,6 @@
-"""GGUF files whose numbers lie: counts longer than the file. Each is written here byte by byte (GGUF
-version 3, little-endian) and refused in one sentence naming it, at once (before: a loop for hours,
-memory growing)."""
+"""GGUF files whose numbers lie: counts longer than the file, depths and widths its tensors do not
+bear out, empty tensors. Each is written here byte by byte (GGUF version 3, little-endian) and refused
+in one sentence naming it, at once (before: a loop for hours, memory growing, or a traceback)."""
 
 from __future__ import annotations
 
@@ -154,3 +154,92 @@ def test_more_keys_or_tensors_than_the_file_holds_are_refused(tmp_path):
             "remain."
         ),
     )
+
+
+EMBEDDING = [("token_embd.weight", (8, 4))]  # 8 wide, 4 tokens
+SIZES = (LLAMA, u32("llama.block_count", 0), u32("llama.attention.head_count", 2))
+DEEP = u32("llama.block_count", 2**31 - 1)
+BEYOND = "llama.cpp reads models of up to 512 blocks (its LLAMA_MAX_LAYERS)."
+TOKENS = (string("tokenizer.ggml.model", "gpt2"), strings("tokenizer.ggml.tokens", ["a", "b"]))
+UNTRUE = {  # file: (its keys, its tensors, what refuses it, the sentence after its name)
+    "bare": (
+        (LLAMA, DEEP),
+        [],
+        GPT.from_pretrained,
+        " holds no token embedding (tensor token_embd.weight): it is no language model.",
+    ),
+    "deep": (
+        (LLAMA, DEEP),
+        EMBEDDING,
+        GPT.from_pretrained,
+        f": its llama.block_count is 2147483647, and {BEYOND}",
+    ),
+    "three": (
+        (LLAMA, u32("llama.block_count", 3)),
+        EMBEDDING,
+        GPT.from_pretrained,
+        ": its llama.block_count is 3, and its tensors hold 0 blocks (blk.N.*).",
+    ),
+    "vocabulary": (
+        (string("general.architecture", "gemma3"), u32("gemma3.block_count", 2**31 - 1), *TOKENS),
+        [],
+        load_tokenizer,
+        f": its gemma3.block_count is 2147483647, and {BEYOND}",
+    ),
+    "wide": (
+        (*SIZES, u32("llama.embedding_length", 2 * (2**31 - 1))),
+        EMBEDDING,
+        GPT.from_pretrained,
+        ": its llama.embedding_length is 4294967294, and its token embedding is 8 wide.",
+    ),
+    "groups": (
+        (*SIZES, u32("llama.attention.head_count_kv", 3)),
+        EMBEDDING,
+        GPT.from_pretrained,
+        ": its llama.attention.head_count_kv is 3, which does not divide its 2 query heads "
+        "(attention.head_count).",
+    ),
+    "odd": (
+        (*SIZES, u32("llama.embedding_length", 10)),
+        [("token_embd.weight", (10, 4))],
+        GPT.from_pretrained,
+        ": transformers refuses the llama config its metadata gives: RoPE requires an even rotary dimension, "
+        "but got `head_dim`=5 with `partial_rotary_factor`=1.0 for `full_attention`.",
+    ),
+    "scalar": (
+        (LLAMA,),
+        [("token_embd.weight", ())],
+        GPT.from_pretrained,
+        " is corrupt: its tensor token_embd.weight has no dimensions.",
+    ),
+    "empty": (
+        (LLAMA,),
+        [("token_embd.weight", (0,))],
+        GPT.from_pretrained,
+        " is corrupt: its tensor token_embd.weight has a dimension of size 0 (shape [0]).",
+    ),
+    "flat": (
+        (LLAMA,),
+        [("token_embd.weight", (8, 0))],
+        GPT.from_pretrained,
+        " is corrupt: its tensor token_embd.weight has a dimension of size 0 (shape [8, 0]).",
+    ),
+    "ids": (
+        (LLAMA, *TOKENS, u32("tokenizer.ggml.bos_token_id", 7)),
+        [],
+        load_tokenizer,
+        ": its tokenizer.ggml.bos_token_id is 7, and it holds 2 tokens (tokenizer.ggml.tokens).",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", UNTRUE)
+def test_sizes_the_tensors_do_not_bear_out_are_refused_before_a_model_is_built(tmp_path, name):
+    """Before: a `block_count` of 2**31-1 built blocks for hours on the meta device (`vocabulary`: the
+    tokenizer alone, transformers' Gemma 3 config listing a type per layer); a width of 2**31-1 per head
+    (`wide`) and an odd head (`odd`) ended in transformers' 19-frame validation traceback; a tensor of no
+    dimensions (`scalar`) in an IndexError's, one of size 0 (`empty`) in numpy's words naming no file
+    (`cannot reshape array of size 0 into shape (0)`); a special token past the vocabulary (`ids`) in an
+    IndexError's."""
+    keys, tensors, load, message = UNTRUE[name]
+    refused(load, gguf(tmp_path / f"{name}.gguf", *keys, tensors=tensors), message)
