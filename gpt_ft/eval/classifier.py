@@ -31,6 +31,7 @@ from gpt_ft.model.decoding import eval_mode
 from gpt_ft.training.terms import batch_terms
 from gpt_ft.weights.checkpoint import Checkpoint
 from gpt_ft.weights.pretrained import GPT, check_tokenizer_fits
+from gpt_ft.weights.state_checks import check_real_weights, load_state
 
 CHUNK = 4096  # examples encoded and run at a time (`gpt-ft label` rounds it up to whole batches)
 
@@ -78,7 +79,9 @@ class Classifier:
         tokenizer = saved_tokenizer(stored, gpt.config.vocab_size)
         config = gpt.config
         head = task.head(config.n_embd, dropout=0.0, init_std=config.initializer_range, bias=config.bias)
-        head.load_state_dict(stored.submodule_state("head"))
+        state, described = stored.submodule_state("head"), f"the head of task {task.name!r}"
+        check_real_weights(stored.state, ["head." + name for name, _ in head.named_parameters()], path)
+        load_state(head, state, path, described=described, prefix="head.")
         return cls(
             gpt,
             head,

@@ -23,6 +23,7 @@ from gpt_ft.weights.checkpoint import GPT_PREFIX, Adapters, Checkpoint, weights_
 from gpt_ft.weights.hf_llama import is_llama_style
 from gpt_ft.weights.hub import pinned
 from gpt_ft.weights.pretrained import GPT, SPECIAL_TOKEN_ROOM, check_tokenizer_fits
+from gpt_ft.weights.state_checks import check_real_weights, check_shapes
 
 
 def build_gpt(
@@ -290,6 +291,10 @@ def check_fits(
             f"{where} has a task head of {rows.shape[0]} outputs but task {task.name!r} needs "
             f"{head.out_features}: fine-tune it anew with --model.init_from."
         )
+    if rows is not None:  # (tensors of another shape or kind: the file was altered or is damaged)
+        state = loaded.submodule_state("head")
+        check_real_weights(loaded.state, ["head." + name for name, _ in head.named_parameters()], where)
+        check_shapes(head, state, where, described=f"the head of task {task.name!r}", prefix="head.")
 
 
 def check_same_tokenizer(checkpoint: Checkpoint, data, where: str) -> None:

@@ -21,6 +21,7 @@ from gpt_ft.model.config import GPTConfig
 from gpt_ft.model.gpt import GPT
 from gpt_ft.weights import hf_llama, hf_neox
 from gpt_ft.weights.checkpoint import UNSAFE
+from gpt_ft.weights.state_checks import check_sizes
 from gpt_ft.workarounds.kernels import import_transformers_models
 
 # HF name -> ours, for the GPT-1 family (GPT-2's names are ours already).
@@ -328,6 +329,10 @@ def transformers_config(path: Path):
         raise ValueError(f"{Path(path) / 'config.json'}: transformers refuses it{said}.") from None
 
 
+RAW_SIZES = {"n_layer": ("num_hidden_layers", "n_layer"), "n_embd": ("hidden_size", "n_embd")}
+"""gpt_ft's sizes as a transformers config.json names them (Llama's and GPT-NeoX's, GPT-2's)."""
+
+
 def read_folder(path: Path) -> tuple[GPTConfig, dict[str, Tensor], str]:
     """(config, state dict in gpt_ft's names, source) of a transformers directory (config.json plus
     model.safetensors or pytorch_model.bin), such as a hub id's snapshot.
@@ -345,8 +350,6 @@ def read_folder(path: Path) -> tuple[GPTConfig, dict[str, Tensor], str]:
         _family(SimpleNamespace(model_type=fields.get("model_type") if isinstance(fields, dict) else None))
     except ValueError as exc:
         raise ValueError(f"{config_file}: {exc}") from None
-    hf_config = transformers_config(path)
-    hf_config.eos_token_id = hf_llama.with_stops(hf_config.eos_token_id, generation_stops(path))
     state: dict[str, Tensor] = {}
     for shard in weight_files(path):  # one file, or the shards its index lists
         try:
@@ -370,6 +373,13 @@ def read_folder(path: Path) -> tuple[GPTConfig, dict[str, Tensor], str]:
             raise ValueError(
                 f"{shard} is not a readable weights file: it is truncated or corrupt ({reason})."
             ) from None
+    # Sizes held against the weights before transformers reads them (Qwen2's and Gemma 3's configs
+    # list every layer's kind: a billion layers take hours), named as config.json names them
+    named = {ours: next((k for k in theirs if k in fields), theirs[0]) for ours, theirs in RAW_SIZES.items()}
+    sizes, said = {ours: fields.get(k) for ours, k in named.items()}, f"the weights of {path}"
+    check_sizes(sizes, state, lambda field: f"{config_file}'s {named[field]}", said)
+    hf_config = transformers_config(path)
+    hf_config.eos_token_id = hf_llama.with_stops(hf_config.eos_token_id, generation_stops(path))
     if "score.weight" in state:  # *ForSequenceClassification: gpt-ft export's, a hub reward model
         raise ValueError(
             f"{path} is a sequence classifier ({', '.join(hf_config.architectures or ['a score head'])}), "

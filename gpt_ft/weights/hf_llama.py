@@ -351,6 +351,13 @@ def state_dict_from_hf(hf_state: dict[str, Tensor], config: GPTConfig) -> dict[s
         names = _STACKED[group]
         if set(parts) != set(names):
             raise ValueError(f"{key.rsplit('.', 1)[0]} needs {names} but the weights have {sorted(parts)}.")
+        layer, kind = key.split(".")[1], key.rsplit(".", 1)[1]
+        across = (config.n_embd,) if kind == "weight" else ()  # (stacked by rows: each as wide as the model)
+        if wrong := next((n for n in names if tuple(parts[n].shape[1:]) != across), None):
+            raise ValueError(
+                f"model.layers.{layer}.{wrong}.{kind} has shape {list(parts[wrong].shape)}, not "
+                f"[*{''.join(f', {w}' for w in across)}] as the config's width (hidden_size) says."
+            )
         out[key] = torch.cat([parts[n] for n in names], dim=0)
     return out
 

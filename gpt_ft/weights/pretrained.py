@@ -18,12 +18,13 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from gpt_ft.errors import absent
+from gpt_ft.errors import FileProblem, absent
 from gpt_ft.model import gpt as model
 from gpt_ft.model.config import GPTConfig
 from gpt_ft.model.lora import LoRA, add_lora, merge_lora
 from gpt_ft.weights import gguf_file, gguf_tokenizer, hf, hub
 from gpt_ft.weights.checkpoint import Checkpoint, weights_fingerprint
+from gpt_ft.weights.state_checks import check_real_weights, check_sizes, load_state
 
 # What makes a folder a tokenizer: any one of a `save_pretrained` output's files, or both files of
 # a BPE as OpenAI published it.
@@ -91,15 +92,28 @@ def load_gpt(name: str | os.PathLike) -> GPT:
     return gpt_from_checkpoint(Checkpoint.read(path))
 
 
-def _few(names: list[str]) -> str:
-    """How many `names`, and the first three: "5 ['a', 'b', 'c', ...]"."""
-    return f"{len(names)} [{', '.join(map(repr, names[:3]))}{', ...' if len(names) > 3 else ''}]"
+def _on_meta(config: GPTConfig, source: str) -> GPT:
+    """A GPT of `config` on the meta device (no memory, no random draws: its weights are loaded
+    next); a config whose tensors no memory holds (their sizes overflow torch's) is one sentence
+    naming `source`."""
+    try:
+        with torch.device("meta"):
+            return GPT(config)
+    except (RuntimeError, TypeError) as exc:  # (torch's words, over a page of frames for a TypeError)
+        if "overflow" not in str(exc).lower():
+            raise
+        raise FileProblem(
+            f"{source}'s config describes tensors larger than any memory (past 2**63 bytes): the file was "
+            "altered or is damaged."
+        ) from None
 
 
 def build(config: GPTConfig, state: dict[str, Tensor], source: str) -> GPT:
     """A GPT of `config` holding `state` (read from `source`, named in the error)."""
-    with torch.device("meta"):
-        gpt = GPT(config)
+    check_sizes(vars(config), state, lambda field: f"{source}'s config ({field})", "its tensors")
+    gpt = _on_meta(config, source)
+    parameters = [name for name, _ in gpt.named_parameters()]
+    check_real_weights(state, parameters, source, integers=True)
     floating = next((v.dtype for v in state.values() if v.is_floating_point()), torch.float32)
     state = {k: v if v.is_floating_point() else v.to(floating) for k, v in state.items()}  # as transformers
     fresh_head = not config.tie_embeddings and "lm_head.weight" not in state and "wte.weight" in state
@@ -109,18 +123,8 @@ def build(config: GPTConfig, state: dict[str, Tensor], source: str) -> GPT:
         seeded = torch.Generator().manual_seed(0)
         head = torch.randn(state["wte.weight"].shape, generator=seeded, dtype=state["wte.weight"].dtype)
         state["lm_head.weight"] = head * config.initializer_range
-    try:
-        missing, unexpected = gpt.load_state_dict(state, strict=False, assign=True)
-    except RuntimeError as exc:  # a config that misstates a size (a reader's default head size)
-        wrong = next((line.strip() for line in str(exc).splitlines() if "size mismatch" in line), None)
-        if wrong is None:
-            raise
-        raise ValueError(f"{source}'s tensors do not fit the model its config describes: {wrong}") from None
-    if missing or unexpected:
-        raise ValueError(
-            f"{source} does not match the model its config describes ({config.n_layer} layers of width "
-            f"{config.n_embd}): tensors missing: {_few(missing)}, unexpected: {_few(unexpected)}."
-        )
+    shape = f" ({config.n_layer} layers of width {config.n_embd})"
+    load_state(gpt, state, source, described="the model its config describes", shape=shape, assign=True)
     # Transposed views from the conversion become contiguous tensors (faster matmuls, clean saves),
     # in float32 as GGUF files' are: a released bf16 or fp16 folder is trained and scored in fp32
     # (the precision setting computes in bf16 where asked) beside the fp32 heads.
@@ -144,16 +148,29 @@ def refuse_fresh_head(gpt: GPT, source: str, use: str) -> None:
 
 def gpt_from_checkpoint(checkpoint: Checkpoint) -> GPT:
     """The GPT of a gpt_ft checkpoint already read; LoRA adapters are loaded onto their base
-    weights and merged."""
-    config = checkpoint.require_gpt_config()
+    weights and merged.
+
+    Its sizes are held against its tensors before the model is built (on the meta device: no
+    weights drawn to be replaced, no random draws), and its tensors loaded whole, each a float."""
+    fields, where = checkpoint.require_gpt_config(), checkpoint.where
+    config = GPTConfig(**fields)
     adapters = checkpoint.adapters
-    if adapters is None:  # (built on the meta device: no weights drawn to be replaced, no random draws)
-        with torch.device("meta"):
-            gpt = GPT(GPTConfig(**config))
+    state = checkpoint.gpt_state
+    if adapters is None:
+        check_sizes(vars(config), state, lambda field: f"{where}'s gpt_config.{field}", "its tensors")
+        gpt = _on_meta(config, where)
+        check_real_weights(state, [name for name, _ in gpt.named_parameters()], where)
         dtype = torch.get_default_dtype()  # (as a model built on the CPU holds its weights: bf16 saves too)
-        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in checkpoint.gpt_state.items()}
-        gpt.load_state_dict(state, assign=True)
+        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+        load_state(gpt, state, where, described="the model its config describes", assign=True)
         return gpt
+    new_rows = state.get("wte.new_rows")  # (the rows past the base's that the adapters trained)
+    if new_rows is not None and config.vocab_size != adapters.new_tokens_from + len(new_rows):
+        raise FileProblem(
+            f"{where}'s gpt_config.vocab_size is {config.vocab_size}, but its tensors hold "
+            f"{len(new_rows)} rows past the base's {adapters.new_tokens_from} (wte.new_rows): the config "
+            "and the weights are not of one model (the file was altered or is damaged)."
+        )
     try:
         gpt = load_gpt(adapters.base)
     except FileNotFoundError as exc:  # its own sentence named the base alone, not the checkpoint asked for
@@ -167,13 +184,14 @@ def gpt_from_checkpoint(checkpoint: Checkpoint) -> GPT:
     at = f"the commit they were trained on: --model.init_from {pin} to fit, validate, test"
     remedy = f"{at} and predict" if hub else f"put them back at {adapters.base}"
     adapters.check_base(weights_fingerprint(gpt), checkpoint.where, remedy=remedy)
-    if config.get("released_rows"):  # a released table with unused rows, as `build_gpt` reads it
-        gpt.config.released_rows, gpt.config.vocab_size = config["released_rows"], config["vocab_size"]
-    elif config["vocab_size"] > gpt.config.vocab_size:
-        gpt.resize_token_embeddings(config["vocab_size"])
+    if config.released_rows:  # a released table with unused rows, as `build_gpt` reads it
+        gpt.config.released_rows, gpt.config.vocab_size = config.released_rows, config.vocab_size
+    elif config.vocab_size > gpt.config.vocab_size:
+        gpt.resize_token_embeddings(config.vocab_size)
     add_lora(gpt, LoRA(**adapters.settings), new_tokens_from=adapters.new_tokens_from)
     checkpoint.check_adapters_whole(gpt)
-    gpt.load_state_dict(checkpoint.gpt_state, strict=False)
+    check_real_weights(state, [name for name, _ in gpt.named_parameters()], where)
+    load_state(gpt, state, where, described="the adapters its settings describe", strict=False)
     return merge_lora(gpt)
 
 

@@ -209,3 +209,28 @@ def test_a_checkpoint_link_that_leads_nowhere_is_named_so(tmp_path, tokenizer_di
     assert f"{tmp_path}/last.ckpt is a symbolic link to {tmp_path}/moved.ckpt, which does not exist." in gone
     loop = error_of([command, f"--ckpt_path={tmp_path / 'a.ckpt'}", *more], capsys)
     assert f"{tmp_path}/a.ckpt" in loop and ("loop of symbolic links" in loop or "Too many levels" in loop)
+
+
+def test_an_altered_checkpoint_is_one_sentence_not_a_model_built_for_hours(finetuned, tmp_path, capsys):
+    """A config of a billion layers was built before its tensors were compared (`label`, `validate`
+    and `fit --model.init_from` hung)."""
+    import shutil
+
+    import torch
+
+    entries = torch.load(finetuned.ckpt, map_location="cpu", weights_only=True)
+    entries["gpt_config"]["n_layer"] = 10**9
+    torch.save(entries, altered := tmp_path / "altered.ckpt")
+    shutil.copytree(finetuned.ckpt.parent / entries["tokenizer"], tmp_path / entries["tokenizer"])
+    sentence = (
+        f"gpt-ft: error: {altered}'s gpt_config.n_layer is 1000000000, but its tensors hold 1 layer "
+        "(block 0): the config and the weights are not of one model (the file was altered or is damaged)."
+    )
+    (tmp_path / "in.csv").write_text("sentence\na text\n")
+    label = ["label", "--input", str(tmp_path / "in.csv"), "--output", str(tmp_path / "o.csv")]
+    assert error_of([*label, f"--ckpt_path={altered}"], capsys) == sentence
+    validate = ["validate", f"--ckpt_path={altered}", f"--trainer.default_root_dir={tmp_path}"]
+    assert error_of(validate, capsys) == sentence
+    args = common_args(finetuned.card, str(finetuned.ckpt.parent / "tokenizer"), finetuned.root)
+    assert error_of(["fit", *args, f"--model.init_from={altered}"], capsys) == sentence
+    assert not (tmp_path / "o.csv").exists()

@@ -97,6 +97,30 @@ def test_a_checkpoint_whose_tokenizer_folder_was_replaced_is_refused(finetuned, 
         Classifier.from_checkpoint(ckpt, device="cpu")
 
 
+def test_a_checkpoints_head_is_checked_before_it_scores(finetuned):
+    """A head of another width or kind (a traceback, or cast and used): one sentence naming the
+    checkpoint."""
+    from gpt_ft.weights.checkpoint import Checkpoint
+
+    def refusal(**entries) -> str:
+        stored = Checkpoint.read(finetuned.ckpt)  # (edited in memory: the file stays as it is)
+        stored.entries.update(entries.pop("top", {}))
+        stored.state = {**stored.state, **entries}
+        with pytest.raises(ValueError) as raised:
+            Classifier.from_checkpoint(stored, device="cpu")
+        return str(raised.value).replace(str(finetuned.ckpt), "last.ckpt")
+
+    assert refusal(**{"head.weight": torch.zeros(2, 3)}) == (
+        "last.ckpt's tensors do not fit the head of task 'sent': size mismatch for head.weight: copying a "
+        "param with shape torch.Size([2, 3]) from checkpoint, the shape in current model is "
+        "torch.Size([2, 32])."
+    )
+    assert refusal(**{"head.weight": torch.zeros(2, 32, dtype=torch.int64)}) == (
+        "last.ckpt: its tensor head.weight holds int64 values, not real floating-point ones as a model's "
+        "weights are (the file was altered or is damaged)."
+    )
+
+
 def test_packed_and_padded_batches_give_the_same_probabilities(finetuned):
     """`Classifier` packs its batches by default; padded ones (`packing=False`) agree to 1e-5."""
     clf = Classifier.from_checkpoint(finetuned.ckpt, device="cpu")

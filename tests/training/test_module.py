@@ -194,6 +194,16 @@ def test_a_checkpoint_of_another_shape_head_or_kind_is_named_in_one_sentence():
     m.init_from = None
     with pytest.raises(ValueError, match=r"has a task head of 3 outputs but task 't' needs 2"):
         m.on_load_checkpoint({"gpt_config": config, "state_dict": {"head.weight": torch.zeros(3, 16)}})
+    # A head of another width or kind (validate, test, predict): Lightning's page of size mismatches,
+    # or cast and used
+    with pytest.raises(ValueError) as raised:
+        m.on_load_checkpoint({"gpt_config": config, "state_dict": {"head.weight": torch.zeros(2, 3)}})
+    assert str(raised.value) == (
+        "The checkpoint's tensors do not fit the head of task 't': head.weight has shape [2, 3], the model's "
+        "[2, 16]."
+    )
+    with pytest.raises(ValueError, match=r"^The checkpoint: its tensor head.weight holds bool values, not "):
+        m.on_load_checkpoint({"gpt_config": config, "state_dict": {"head.weight": torch.ones(2, 16).bool()}})
     # A checkpoint of the other kind: a language model's resumed as a task's, and the reverse
     lm_state = {"gpt.wte.weight": torch.zeros(1)}
     with pytest.raises(ValueError, match=r"^The checkpoint is a language model's checkpoint, not a task's: "):

@@ -242,9 +242,38 @@ def test_a_broken_folder_is_one_sentence_naming_its_file(tmp_path):
         "extra does not match the model its config describes (2 layers of width 32): tensors missing: 0 [], "
         "unexpected: 1 ['model.layers.7.self_attn.q_proj.weight']."
     )
-    layers = broken("layers", config(num_hidden_layers=None))  # transformers' default: 32 layers
-    assert layers.startswith("layers does not match the model its config describes (32 layers of width 32): ")
-    assert layers.endswith(", ...], unexpected: 0 [].") and len(layers) < 300
+    altered = "the config and the weights are not of one model (the file was altered or is damaged)."
+    assert broken("layers", config(num_hidden_layers=None)) == (  # transformers' default: 32 layers
+        f"layers's config (n_layer) is 32, but its tensors hold 2 layers (blocks 0 to 1): {altered}"
+    )
+    # Sizes held against the weights before the model is built, or transformers reads the config (a
+    # billion layers built for hours; Qwen2's and Gemma 3's configs list each layer's kind)
+    assert broken("billion", config(num_hidden_layers=10**9)) == (
+        "billion/config.json's num_hidden_layers is 1000000000, but the weights of billion hold 2 layers "
+        f"(blocks 0 to 1): {altered}"
+    )
+    assert broken("wide", config(hidden_size=2**40)) == (
+        f"wide/config.json's hidden_size is {2**40}, but the weights of wide hold a token embedding 32 wide "
+        f"(model.embed_tokens.weight): {altered}"
+    )
+
+    def q_proj(value):
+        def edit(f):
+            state = load_file(f / "model.safetensors")
+            key = "model.layers.0.self_attn.q_proj.weight"
+            state[key] = value(state[key])
+            save_file(state, f / "model.safetensors", metadata={"format": "pt"})
+
+        return edit
+
+    assert broken("q", q_proj(lambda w: torch.zeros(3, 3))) == (  # (torch.cat's traceback)
+        "q: model.layers.0.self_attn.q_proj.weight has shape [3, 3], not [*, 32] as the config's width "
+        "(hidden_size) says."
+    )
+    assert broken("complex", q_proj(lambda w: w.to(torch.complex64))) == (  # (cast, its imaginary part lost)
+        "complex: its tensor h.0.attn.c_attn.weight holds complex64 values, not real floating-point ones as "
+        "a model's weights are (the file was altered or is damaged)."
+    )
 
 
 def test_models_that_cannot_be_converted():

@@ -80,3 +80,100 @@ def test_weights_of_another_shape_than_their_config_says_are_one_sentence():
         ValueError, match=fits + r".weight: copying a param with shape torch.Size\(\[48, 8\]\)"
     ):
         build(config, state, "m.gguf")
+
+
+def saved_gpt(path, **config):
+    """A one-layer micro GPT saved as gpt_ft saves one (its config and its prefixed tensors), with
+    `config` written over its recorded fields; the entries, to edit and save again."""
+    gpt = GPT(GPTConfig.from_name("gpt-micro", vocab_size=100, n_layer=1))
+    entries = {GPT_CONFIG: {**vars(gpt.config), **config}}
+    entries[STATE] = {GPT_PREFIX + k: v for k, v in gpt.state_dict().items()}
+    torch.save(entries, path)
+    return entries
+
+
+def refusal(path) -> str:
+    with pytest.raises(ValueError) as raised:
+        GPT.from_pretrained(path)
+    return str(raised.value).replace(str(path), "m.ckpt")
+
+
+ALTERED = "the config and the weights are not of one model (the file was altered or is damaged)."
+
+
+def test_a_checkpoints_sizes_are_held_against_its_tensors_before_its_model_is_built(tmp_path):
+    """A config that misstates the layers or the widths was built first: a billion layers for
+    hours, a width past any memory as "out of memory"; now the field is named at once."""
+    path = tmp_path / "m.ckpt"
+    saved_gpt(path, n_layer=10**9)
+    assert (
+        refusal(path)
+        == f"m.ckpt's gpt_config.n_layer is 1000000000, but its tensors hold 1 layer (block 0): {ALTERED}"
+    )
+    saved_gpt(path, n_embd=2**40)
+    assert refusal(path) == (
+        f"m.ckpt's gpt_config.n_embd is {2**40}, but its tensors hold a token embedding 64 wide "
+        f"(wte.weight): {ALTERED}"
+    )
+    saved_gpt(path, vocab_size=10**12)
+    assert refusal(path) == (
+        "m.ckpt's gpt_config.vocab_size is 1000000000000, but its tensors hold a token embedding of 128 rows "
+        f"(wte.weight): {ALTERED}"
+    )
+    saved_gpt(path, vocab_multiple=10**12)
+    assert refusal(path) == (
+        "m.ckpt's gpt_config.vocab_multiple is 1000000000000, but its tensors hold a token embedding of 128 "
+        f"rows (wte.weight), not 1000000000000: {ALTERED}"
+    )
+    saved_gpt(path, n_positions=2**60)
+    assert refusal(path).startswith(f"m.ckpt's gpt_config.n_positions is {2**60}, but its tensors hold a ")
+    for head_size in (2**58, 2**62):  # (no tensor to compare it with: torch's sizes overflow, two ways)
+        saved_gpt(path, head_size=head_size)
+        assert refusal(path) == (
+            "m.ckpt's config describes tensors larger than any memory (past 2**63 bytes): the file was "
+            "altered or is damaged."
+        )
+
+
+def test_a_checkpoints_tensors_of_another_shape_or_name_are_one_sentence(tmp_path):
+    path = tmp_path / "m.ckpt"
+    entries = saved_gpt(path)
+    entries[STATE]["gpt.h.0.attn.c_attn.weight"] = torch.zeros(3, 3)
+    torch.save(entries, path)
+    assert refusal(path) == (
+        "m.ckpt's tensors do not fit the model its config describes: size mismatch for "
+        "h.0.attn.c_attn.weight: copying a param with shape torch.Size([3, 3]) from checkpoint, the shape in "
+        "current model is torch.Size([192, 64])."
+    )
+    entries = saved_gpt(path)
+    entries[STATE]["gpt.h.0.attn.extra"] = entries[STATE].pop("gpt.h.0.attn.c_attn.weight")
+    torch.save(entries, path)
+    assert refusal(path) == (
+        "m.ckpt does not match the model its config describes: tensors missing: 1 "
+        "['h.0.attn.c_attn.weight'], unexpected: 1 ['h.0.attn.extra']."
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.complex64])
+def test_a_checkpoints_weights_that_are_not_real_floats_are_refused(tmp_path, dtype):
+    """They were cast and used (or a complex one ended in a matmul's traceback)."""
+    path = tmp_path / "m.ckpt"
+    entries = saved_gpt(path)
+    entries[STATE]["gpt.h.0.attn.c_attn.weight"] = entries[STATE]["gpt.h.0.attn.c_attn.weight"].to(dtype)
+    torch.save(entries, path)
+    assert refusal(path) == (
+        f"m.ckpt: its tensor h.0.attn.c_attn.weight holds {str(dtype).removeprefix('torch.')} values, not "
+        "real floating-point ones as a model's weights are (the file was altered or is damaged)."
+    )
+
+
+def test_a_lora_checkpoints_vocabulary_is_held_against_the_rows_it_trained(tmp_path):
+    """A vocabulary of a trillion tokens grew the base's table to it before anything was compared."""
+    config = dict(vars(GPTConfig.from_name("gpt-micro", vocab_size=10**12, n_layer=1)), vocab_multiple=1)
+    adapters = {"base": str(tmp_path / "base.ckpt"), "new_tokens_from": 100, "rank": 2, "alpha": 4}
+    state = {"gpt.wte.new_rows": torch.zeros(4, 64)}
+    torch.save({GPT_CONFIG: config, STATE: state, "lora": adapters}, path := tmp_path / "m.ckpt")
+    assert refusal(path) == (
+        "m.ckpt's gpt_config.vocab_size is 1000000000000, but its tensors hold 4 rows past the base's 100 "
+        f"(wte.new_rows): {ALTERED}"
+    )
