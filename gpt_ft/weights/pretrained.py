@@ -82,14 +82,14 @@ def locate(name: str | os.PathLike) -> tuple[Kind, Path]:
     return "checkpoint", path
 
 
-def load_gpt(name: str | os.PathLike) -> GPT:
-    """A GPT from any name of weights (see `locate`)."""
+def load_gpt(name: str | os.PathLike, read: tuple[Path, ...] = ()) -> GPT:
+    """A GPT from any name of weights (see `locate`; `read`: as `gpt_from_checkpoint` takes it)."""
     kind, path = locate(name)
     if kind == "gguf":
         return build(*gguf_file.read_weights(path), str(path))
     if kind == "transformers":
         return build(*hf.read_folder(path))
-    return gpt_from_checkpoint(Checkpoint.read(path))
+    return gpt_from_checkpoint(Checkpoint.read(path), read)
 
 
 def _on_meta(config: GPTConfig, source: str) -> GPT:
@@ -146,9 +146,9 @@ def refuse_fresh_head(gpt: GPT, source: str, use: str) -> None:
         )
 
 
-def gpt_from_checkpoint(checkpoint: Checkpoint) -> GPT:
+def gpt_from_checkpoint(checkpoint: Checkpoint, read: tuple[Path, ...] = ()) -> GPT:
     """The GPT of a gpt_ft checkpoint already read; LoRA adapters are loaded onto their base
-    weights and merged.
+    weights and merged (`read`: the LoRA checkpoints whose bases led here, a loop refused).
 
     Its sizes are held against its tensors before the model is built (on the meta device: no
     weights drawn to be replaced, no random draws), and its tensors loaded whole, each a float."""
@@ -164,6 +164,17 @@ def gpt_from_checkpoint(checkpoint: Checkpoint) -> GPT:
         state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
         load_state(gpt, state, where, described="the model its config describes", assign=True)
         return gpt
+    read = (*read, checkpoint.path.resolve()) if checkpoint.path is not None else read
+    base = Path(adapters.base).expanduser()
+    if base.is_file() and base.resolve() in read:  # (a loop never reaches whole weights)
+        which = (
+            "the checkpoint itself" if base.resolve() == read[-1] else f"{base}, a checkpoint read before it"
+        )
+        raise FileProblem(
+            f"{where} holds LoRA adapters whose base weights are {which}: a chain of LoRA bases that returns "
+            "to a file already read never reaches whole weights (were they saved over?); the adapters load "
+            "only onto the weights they were trained on."
+        )
     new_rows = state.get("wte.new_rows")  # (the rows past the base's that the adapters trained)
     if new_rows is not None and config.vocab_size != adapters.new_tokens_from + len(new_rows):
         raise FileProblem(
@@ -172,7 +183,7 @@ def gpt_from_checkpoint(checkpoint: Checkpoint) -> GPT:
             "and the weights are not of one model (the file was altered or is damaged)."
         )
     try:
-        gpt = load_gpt(adapters.base)
+        gpt = load_gpt(adapters.base, read)
     except FileNotFoundError as exc:  # its own sentence named the base alone, not the checkpoint asked for
         raise FileNotFoundError(
             f"{checkpoint.where} holds LoRA adapters of base weights that cannot be read "

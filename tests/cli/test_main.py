@@ -777,7 +777,7 @@ def test_lora_checkpoints_hold_the_adapters_or_the_merged_model(tmp_path, tokeni
     stored["lora"]["base"] = "org/tiny"
     torch.save(stored, hub_made := adapters.parent / "hub.ckpt")  # beside its tokenizer
     load = pretrained.load_gpt
-    monkeypatch.setattr(pretrained, "load_gpt", lambda base: load(str(tmp_path / "weights")))
+    monkeypatch.setattr(pretrained, "load_gpt", lambda base, *read: load(str(tmp_path / "weights")))
     with pytest.raises(
         ValueError, match=r"needed \(the commit they were trained on: --model.init_from org/tiny@COM"
     ):

@@ -177,3 +177,26 @@ def test_a_lora_checkpoints_vocabulary_is_held_against_the_rows_it_trained(tmp_p
         "m.ckpt's gpt_config.vocab_size is 1000000000000, but its tensors hold 4 rows past the base's 100 "
         f"(wte.new_rows): {ALTERED}"
     )
+
+
+def test_a_lora_checkpoint_whose_bases_lead_back_to_it_is_one_sentence(tmp_path):
+    """Each read the other until Python's recursion limit, reported as a corrupt file."""
+    one, two = tmp_path / "one.ckpt", tmp_path / "two.ckpt"
+    config = dict(vars(GPTConfig.from_name("gpt-micro", vocab_size=100, n_layer=1)))
+
+    def lora(path, base):
+        adapters = {"base": str(base), "new_tokens_from": 100, "rank": 2, "alpha": 4}
+        torch.save({GPT_CONFIG: config, STATE: {}, "lora": adapters}, path)
+
+    lora(one, one)
+    loop = "holds LoRA adapters whose base weights are"
+    tail = (
+        ": a chain of LoRA bases that returns to a file already read never reaches whole weights (were they "
+        "saved over?); the adapters load only onto the weights they were trained on."
+    )
+    assert refusal(one) == f"m.ckpt {loop} the checkpoint itself{tail}"
+    lora(one, two)
+    lora(two, one)
+    with pytest.raises(ValueError) as raised:
+        GPT.from_pretrained(one)
+    assert str(raised.value) == f"{two} {loop} {one}, a checkpoint read before it{tail}"
