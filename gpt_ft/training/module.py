@@ -285,8 +285,8 @@ class GPTModule(Evaluation, LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """A checkpoint of another shape is named in one sentence, not a page of size mismatches; a
         LoRA run's, which leaves out the frozen base weights, loads them as this module has them."""
-        loaded, config = Checkpoint(checkpoint), self.gpt.config
-        where = getattr(attached_trainer(self), "ckpt_path", None) or "The checkpoint"
+        path = getattr(attached_trainer(self), "ckpt_path", None)
+        loaded, config, where = Checkpoint(checkpoint, path), self.gpt.config, path or "The checkpoint"
         check_lora_resume(loaded, self.lora, where, self.gpt)
         loaded.state = {**self.state_dict(), **loaded.state} if self.lora is not None else loaded.state
         check_same_tokenizer(loaded, getattr(attached_trainer(self), "datamodule", None), where)

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from gpt_ft.errors import FileProblem, absent, writing
+from gpt_ft.weights.state_checks import checked_temperature
 
 GPT_CONFIG = "gpt_config"
 STATE = "state_dict"
@@ -368,8 +369,8 @@ class Checkpoint:
 
     @property
     def temperature(self) -> float:
-        """`gpt-ft calibrate`'s temperature: divides the head's outputs before probabilities."""
-        return float(self.entries.get(TEMPERATURE, 1.0))
+        """`gpt-ft calibrate`'s temperature, a positive number: divides the head's outputs first."""
+        return checked_temperature(self.entries.get(TEMPERATURE, 1.0), self.where)
 
     @temperature.setter
     def temperature(self, value: float) -> None:

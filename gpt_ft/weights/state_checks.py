@@ -5,12 +5,14 @@ of a billion layers (built for hours, even with no memory behind it) or of tenso
 before a single tensor is compared with it: the layer count and the widths it gives are held
 against the tensors first (`check_sizes`). Tensors of another shape, missing or left over, are
 one sentence naming the first (`load_state`), and so are weights that are not real numbers
-(`check_real_weights`). Each names the file at fault (a copy altered, a download cut short,
+(`check_real_weights`) and a calibrated temperature that no score can be divided by
+(`checked_temperature`). Each names the file at fault (a copy altered, a download cut short,
 a file made to look like a model's).
 """
 
 from __future__ import annotations
 
+import math
 import numbers
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -144,3 +146,17 @@ def check_shapes(
                 f"{where}'s tensors do not fit {described}: {prefix}{name} has shape {list(value.shape)}, "
                 f"the model's {list(own[name].shape)}."
             )
+
+
+def checked_temperature(value: Any, where: str) -> float:
+    """`gpt-ft calibrate`'s temperature as `where` records it: a positive finite number, or one
+    sentence (scores divide by it: 0 or NaN make every one NaN, a negative one turns them against
+    the label chosen)."""
+    if not (
+        isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    ):
+        raise FileProblem(
+            f"{where} records a temperature of {value!r}, and gpt-ft calibrate's is a positive number "
+            "(every score is divided by it): calibrate the checkpoint again."
+        )
+    return float(value)

@@ -213,7 +213,7 @@ def test_a_checkpoint_link_that_leads_nowhere_is_named_so(tmp_path, tokenizer_di
 
 def test_an_altered_checkpoint_is_one_sentence_not_a_model_built_for_hours(finetuned, tmp_path, capsys):
     """A config of a billion layers was built before its tensors were compared (`label`, `validate`
-    and `fit --model.init_from` hung)."""
+    and `fit --model.init_from` hung), and a temperature no score divides by gave NaN scores."""
     import shutil
 
     import torch
@@ -233,4 +233,12 @@ def test_an_altered_checkpoint_is_one_sentence_not_a_model_built_for_hours(finet
     assert error_of(validate, capsys) == sentence
     args = common_args(finetuned.card, str(finetuned.ckpt.parent / "tokenizer"), finetuned.root)
     assert error_of(["fit", *args, f"--model.init_from={altered}"], capsys) == sentence
+    entries["gpt_config"]["n_layer"], entries["temperature"] = 1, float("nan")
+    torch.save(entries, altered)
+    nan = (
+        f"gpt-ft: error: {altered} records a temperature of nan, and gpt-ft calibrate's is a positive number "
+        "(every score is divided by it): calibrate the checkpoint again."
+    )
+    assert error_of([*label, f"--ckpt_path={altered}"], capsys) == nan
+    assert error_of(validate, capsys) == nan  # (named by its file: it was "The checkpoint")
     assert not (tmp_path / "o.csv").exists()

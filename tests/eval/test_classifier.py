@@ -97,9 +97,9 @@ def test_a_checkpoint_whose_tokenizer_folder_was_replaced_is_refused(finetuned, 
         Classifier.from_checkpoint(ckpt, device="cpu")
 
 
-def test_a_checkpoints_head_is_checked_before_it_scores(finetuned):
-    """A head of another width or kind (a traceback, or cast and used): one sentence naming the
-    checkpoint."""
+def test_a_checkpoints_head_and_temperature_are_checked_before_they_score(finetuned):
+    """A head of another width or kind (a traceback, or cast and used), a temperature no score can
+    be divided by (scores NaN, or against the label chosen): one sentence naming the checkpoint."""
     from gpt_ft.weights.checkpoint import Checkpoint
 
     def refusal(**entries) -> str:
@@ -119,6 +119,11 @@ def test_a_checkpoints_head_is_checked_before_it_scores(finetuned):
         "last.ckpt: its tensor head.weight holds int64 values, not real floating-point ones as a model's "
         "weights are (the file was altered or is damaged)."
     )
+    for temperature in (-1.0, 0.0, math.nan):
+        assert refusal(top={"temperature": temperature}) == (
+            f"last.ckpt records a temperature of {temperature!r}, and gpt-ft calibrate's is a positive "
+            "number (every score is divided by it): calibrate the checkpoint again."
+        )
 
 
 def test_packed_and_padded_batches_give_the_same_probabilities(finetuned):

@@ -173,7 +173,7 @@ def test_bad_hyperparameters():
 
 def test_a_checkpoint_of_another_shape_head_or_kind_is_named_in_one_sentence():
     m = module(SingleText(name="t", labels=["a", "b"]))
-    config = dict(vars(m.gpt.config))
+    config, head16 = dict(vars(m.gpt.config)), {"head.weight": torch.zeros(2, 16)}
     m.on_load_checkpoint({"gpt_config": config, "state_dict": {"head.weight": torch.zeros(2, 16)}})
     with pytest.raises(
         ValueError,
@@ -194,8 +194,8 @@ def test_a_checkpoint_of_another_shape_head_or_kind_is_named_in_one_sentence():
     m.init_from = None
     with pytest.raises(ValueError, match=r"has a task head of 3 outputs but task 't' needs 2"):
         m.on_load_checkpoint({"gpt_config": config, "state_dict": {"head.weight": torch.zeros(3, 16)}})
-    # A head of another width or kind (validate, test, predict): Lightning's page of size mismatches,
-    # or cast and used
+    # A head of another width or kind, a temperature no score divides by (validate, test, predict):
+    # Lightning's page of size mismatches, or cast and used
     with pytest.raises(ValueError) as raised:
         m.on_load_checkpoint({"gpt_config": config, "state_dict": {"head.weight": torch.zeros(2, 3)}})
     assert str(raised.value) == (
@@ -204,6 +204,8 @@ def test_a_checkpoint_of_another_shape_head_or_kind_is_named_in_one_sentence():
     )
     with pytest.raises(ValueError, match=r"^The checkpoint: its tensor head.weight holds bool values, not "):
         m.on_load_checkpoint({"gpt_config": config, "state_dict": {"head.weight": torch.ones(2, 16).bool()}})
+    with pytest.raises(ValueError, match=r"^The checkpoint records a temperature of nan, and gpt-ft calib"):
+        m.on_load_checkpoint({"gpt_config": config, "state_dict": head16, "temperature": math.nan})
     # A checkpoint of the other kind: a language model's resumed as a task's, and the reverse
     lm_state = {"gpt.wte.weight": torch.zeros(1)}
     with pytest.raises(ValueError, match=r"^The checkpoint is a language model's checkpoint, not a task's: "):

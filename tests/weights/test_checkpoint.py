@@ -71,6 +71,19 @@ def test_defaults_leave_no_entry_behind():
         c.require_gpt_config()
 
 
+@pytest.mark.parametrize("value", [-1.0, 0.0, float("nan"), float("inf"), "2", True, None])
+def test_a_temperature_no_score_can_be_divided_by_is_refused_naming_the_checkpoint(value):
+    """0 and NaN made every score NaN, a negative one turned the scores against the label chosen."""
+    read = Checkpoint({fmt.TEMPERATURE: value}, "runs/last.ckpt")
+    with pytest.raises(ValueError) as raised:
+        read.temperature
+    assert str(raised.value) == (
+        f"runs/last.ckpt records a temperature of {value!r}, and gpt-ft calibrate's is a positive number "
+        "(every score is divided by it): calibrate the checkpoint again."
+    )
+    assert Checkpoint({fmt.TEMPERATURE: 2}).temperature == 2.0 and Checkpoint({}).temperature == 1.0
+
+
 @pytest.mark.parametrize(
     "content, message",
     [
