@@ -236,13 +236,13 @@ def main(argv: list[str] | None = None) -> None:
     if argv[0] == "--version":
         return print(f"gpt-ft {version('gpt_ft')}")
     name, args = argv[0], argv[1:]
-    show_notes()
     if name not in COMMANDS:
         close = "".join(f" (did you mean {c}?)" for c in difflib.get_close_matches(name, COMMANDS, n=1))
         fail(f"unknown command {name!r}{close}; choose from {', '.join(COMMANDS)}.")
     if typed:  # the program's process (a Python caller's is its own: gpt_ft.training.memory)
         keep_freed_memory()
     with process_kept():
+        show_notes()
         # transformers imports torchao where it is installed (the quantize extra), which then logs
         # about parts no command uses: CUDA kernels a CPU-only torch cannot load, pytree's enums.
         for logger in torchao_import_loggers():

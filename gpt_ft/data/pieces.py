@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from tokenizers import PreTokenizedString
+from tokenizers.pre_tokenizers import ByteLevel
 
 
 @dataclass
@@ -191,8 +192,23 @@ def drops_text(backend) -> bool:
     """Whether the tokenizer may leave characters out of the tokens, unsaid: a BPE model with
     neither an unknown token nor byte fallback skips each character (or byte) its vocabulary lacks,
     where a WordLevel, WordPiece or Unigram model gives its unknown token or refuses the text."""
-    model = json.loads(backend.to_str())["model"]
-    return model.get("type") == "BPE" and model.get("unk_token") is None and not model.get("byte_fallback")
+    spec = json.loads(backend.to_str())
+    model = spec["model"]
+    if model.get("type") != "BPE" or model.get("unk_token") is not None or model.get("byte_fallback"):
+        return False
+    # a byte-level BPE whose vocabulary spells every byte (GPT-2's, Llama 3's) drops nothing
+    return not (
+        _holds(spec.get("pre_tokenizer"), "ByteLevel") and set(ByteLevel.alphabet()) <= set(model["vocab"])
+    )
+
+
+def _holds(spec, kind: str) -> bool:
+    """Whether a pre-tokenizer's specification (JSON) is, or holds, one of `kind`."""
+    if isinstance(spec, list):
+        return any(_holds(s, kind) for s in spec)
+    return isinstance(spec, dict) and (
+        spec.get("type") == kind or any(_holds(v, kind) for v in spec.values())
+    )
 
 
 _SPACES = np.array([c for c in range(0x3000 + 1) if chr(c).isspace()], dtype=np.uint32)

@@ -317,6 +317,8 @@ def prepare(
                 for split, f in handles.items():  # (the last bytes, written out now, may not fit)
                     with naming(out / SPLIT_FILES[split]):
                         f.close()
+            if dropped and backend.normalizer is not None:  # what it takes out on purpose (accents) aside
+                dropped = Counter({c: n for c, n in dropped.items() if backend.normalizer.normalize_str(c)})
             if done:  # meta.json first: a folder cut short here reads as unprepared, not as the old one
                 staging = staged_tokenizer(tok, out / "tokenizer")  # (a full disk: the old folder whole)
                 (out / COMMITTING).touch()

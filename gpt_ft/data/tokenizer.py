@@ -133,7 +133,7 @@ def _controls_unread(tokenizer: PreTrainedTokenizerBase) -> None:
     special = {*tokenizer.all_special_tokens, *(t.content for t in added if t.special)}
     if not special.intersection(piece for piece, _ in spec["vocab"]):
         return
-    floor = min(score for _, score in spec["vocab"]) - 10  # an unknown character's score
+    floor = min(s for p, s in spec["vocab"] if p not in special) - 10  # an unknown character's (loads alike)
     vocab = [(p, floor * (len(p) + 1) if p in special else score) for p, score in spec["vocab"]]
     tokenizer.backend_tokenizer.model = models.Unigram(vocab, spec["unk_id"], spec.get("byte_fallback"))
 

@@ -12,6 +12,7 @@ a card's field).
 from __future__ import annotations
 
 import json
+import re
 import sys
 from typing import Any
 
@@ -20,25 +21,26 @@ from lightning.pytorch.cli import SaveConfigCallback
 
 class LoggedSettings(SaveConfigCallback):
     """Saves config.yaml in the run's folder (as LightningCLI's saver does) and gives each logger
-    the settings (`flat_settings`) but the model's hyperparameters, which Lightning logs under
-    their own names (`lr`, not `model.lr`); from the first process alone."""
+    the model's hyperparameters under Lightning's own names (`lr`, not `model.lr`), with the other
+    settings (`flat_settings`), in one call: TensorBoard's table keeps a run's first, whole (Lightning
+    logs the model's again as the run starts: the same values). From the first process alone."""
 
     def save_config(self, trainer, pl_module, stage: str) -> None:
-        if trainer.loggers:
-            own = pl_module.hparams
-            settings = flat_settings(self.config.as_dict())
-            settings = {
-                k: v
-                for k, v in settings.items()
-                if not (k.startswith("model.") and k[6:].split(".")[0] in own)
-            }
-            for logger in trainer.loggers:
-                try:
-                    logger.log_hyperparams(settings)
-                except Exception as exc:  # MLflow keeps a run's first values (a run resumed by its run_id)
-                    said = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
-                    print(f"note: {type(logger).__name__} kept the settings it logged before ({said}).",
-                          file=sys.stderr)  # fmt: skip
+        if not trainer.loggers:
+            return
+        own = dict(pl_module.hparams)
+        settings = {
+            k: v
+            for k, v in flat_settings(self.config.as_dict()).items()
+            if not (k.startswith("model.") and k[6:].split(".")[0] in own)
+        }
+        for logger in trainer.loggers:
+            try:
+                logger.log_hyperparams({**own, **settings})
+            except Exception as exc:  # MLflow keeps a run's first values (a run resumed by its run_id)
+                said = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+                print(f"note: {type(logger).__name__} did not record the run's settings ({said}).",
+                      file=sys.stderr)  # fmt: skip
 
 
 Scalar = str | int | float | bool | None
@@ -47,12 +49,14 @@ Scalar = str | int | float | bool | None
 def flat_settings(config: dict[str, Any], prefix: str = "") -> dict[str, Scalar]:
     """A nested configuration as {dotted name: value}: a `class_path` with its `init_args` is the
     class's name and its arguments under the same name; a list of classes (callbacks) numbered; a
-    list of values, JSON. The parser's own entries (`__path__`) are left out."""
+    list of values, JSON; a key's characters other than letters, digits, `_-. /` as `_` (a card's
+    column `#1 String`: MLflow refused every setting for it). The parser's own entries (`__path__`)
+    are left out."""
     flat: dict[str, Scalar] = {}
     for key, value in config.items():
         if key.startswith("__"):
             continue
-        name = f"{prefix}{key}"
+        name = prefix + re.sub(r"[^\w\-. /]", "_", str(key))  # the characters MLflow takes in a name
         if isinstance(value, dict) and "class_path" in value:
             flat[name] = value["class_path"]
             flat |= flat_settings(value.get("init_args") or {}, f"{name}.")

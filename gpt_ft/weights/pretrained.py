@@ -161,7 +161,9 @@ def gpt_from_checkpoint(checkpoint: Checkpoint, read: tuple[Path, ...] = ()) -> 
         gpt = _on_meta(config, where)
         check_real_weights(state, [name for name, _ in gpt.named_parameters()], where)
         dtype = torch.get_default_dtype()  # (as a model built on the CPU holds its weights: bf16 saves too)
-        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+        # copies: the read tensors map the file (rewritten in place, it would change the model) and
+        # are the Checkpoint's (a second model from it would share the first's weights)
+        state = {k: v.to(dtype, copy=True) if v.is_floating_point() else v.clone() for k, v in state.items()}
         load_state(gpt, state, where, described="the model its config describes", assign=True)
         return gpt
     read = (*read, checkpoint.path.resolve()) if checkpoint.path is not None else read

@@ -28,7 +28,8 @@ def process_kept() -> Iterator[None]:
     run, or its own code, finds the process as it was: Lightning's seed left in the environment
     (`seed_everything` writes `PL_GLOBAL_SEED`, which the next `seed_everything(None)` reads back: a
     run given no seed took the last run's, not 0), the warnings' filters and their one-line format
-    (`quiet_misleading_warnings`), the levels of `torchao_import_loggers`. The `no_tips` filter
+    (`quiet_misleading_warnings`), the levels of `torchao_import_loggers`, the `gpt_ft` logger's
+    level and handlers (its notes shown on stderr while a command runs). The `no_tips` filter
     stays on Lightning's logger: it drops two notes of Lightning's own and nothing else."""
     import os
     import warnings
@@ -36,7 +37,9 @@ def process_kept() -> Iterator[None]:
     from gpt_ft.workarounds.kernels import torchao_import_loggers
 
     environment = {name: os.environ.get(name) for name in ("PL_GLOBAL_SEED", "PL_SEED_WORKERS")}
-    levels = {logger: logger.level for logger in torchao_import_loggers()}
+    own = logging.getLogger("gpt_ft")
+    levels = {logger: logger.level for logger in [*torchao_import_loggers(), own]}
+    handlers = list(own.handlers)
     shown = warnings.formatwarning
     try:
         with warnings.catch_warnings():
@@ -49,6 +52,7 @@ def process_kept() -> Iterator[None]:
                 os.environ[name] = value
         for logger, level in levels.items():
             logger.setLevel(level)
+        own.handlers[:] = handlers
         warnings.formatwarning = shown
 
 

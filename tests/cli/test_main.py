@@ -1018,7 +1018,10 @@ def test_a_command_called_from_python_leaves_its_process_as_it_found_it(tmp_path
     monkeypatch.delenv("PL_GLOBAL_SEED", raising=False)
     monkeypatch.delenv("PL_SEED_WORKERS", raising=False)
     filters, shown = list(warnings.filters), warnings.formatwarning
-    levels = [logging.getLogger(name).level for name in ("torchao", "torch.utils._pytree")]
+    monkeypatch.setattr(logging.getLogger("gpt_ft"), "handlers", [])  # (as in a fresh process)
+    monkeypatch.setattr(logging.getLogger("gpt_ft"), "level", logging.NOTSET)
+    names = ("torchao", "torch.utils._pytree", "gpt_ft")
+    levels = [(logging.getLogger(n).level, list(logging.getLogger(n).handlers)) for n in names]
     quiet = [
         "--trainer.logger=false",
         f"--trainer.default_root_dir={tmp_path}",
@@ -1027,8 +1030,14 @@ def test_a_command_called_from_python_leaves_its_process_as_it_found_it(tmp_path
     main(["validate", f"--ckpt_path={finetuned.ckpt}", "--seed_everything=5", *quiet])
     assert "PL_GLOBAL_SEED" not in os.environ and "PL_SEED_WORKERS" not in os.environ
     assert warnings.filters == filters and warnings.formatwarning is shown
-    assert [logging.getLogger(name).level for name in ("torchao", "torch.utils._pytree")] == levels
+    assert [(logging.getLogger(n).level, list(logging.getLogger(n).handlers)) for n in names] == levels
     torch.manual_seed(0)
     drawn = torch.get_rng_state()
-    gpt = gpt_from_checkpoint(Checkpoint.read(finetuned.ckpt))
+    checkpoint = Checkpoint.read(finetuned.ckpt)
+    gpt = gpt_from_checkpoint(checkpoint)
     assert torch.equal(torch.get_rng_state(), drawn) and {p.device.type for p in gpt.parameters()} == {"cpu"}
+    # Its weights its own: not the file's mapped tensors, nor those of another model of the same read.
+    other, saved = gpt_from_checkpoint(checkpoint), checkpoint.gpt_state["wpe.weight"].clone()
+    with torch.no_grad():
+        gpt.wpe.weight.add_(1.0)
+    assert torch.equal(other.wpe.weight, saved) and torch.equal(checkpoint.gpt_state["wpe.weight"], saved)

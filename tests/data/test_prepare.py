@@ -10,7 +10,7 @@ from tokenizers import pre_tokenizers
 
 from gpt_ft.data.folders import Terminated, save_tokenizer
 from gpt_ft.data.lm_data import LMDataModule, read_meta
-from gpt_ft.data.pieces import cut_point, is_validation, pieces, pre_token_ends
+from gpt_ft.data.pieces import cut_point, drops_text, is_validation, pieces, pre_token_ends
 from gpt_ft.data.prepare import prepare, token_dtype
 from gpt_ft.data.tokenizer import EOS_TOKEN, embedding_size, load_tokenizer, train_tokenizer
 from tests.helpers import SENTENCES, write_corpus
@@ -205,7 +205,7 @@ def test_characters_a_tokenizer_without_an_unknown_token_leaves_out_are_counted_
 ):
     """A BPE with neither an unknown token nor byte fallback skips each character its vocabulary
     lacks: nothing in the token files shows it. `prepare` counts those characters and names them."""
-    from tokenizers import Tokenizer, models, trainers
+    from tokenizers import Tokenizer, models, normalizers, trainers
 
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -230,6 +230,24 @@ def test_characters_a_tokenizer_without_an_unknown_token_leaves_out_are_counted_
     meta = prepare(out_dir=tmp_path / "out2", tokenizer=str(tmp_path / "bare"), inputs=[str(corpus)],
                    validation_fraction=0.0, progress=False)  # fmt: skip
     assert meta["dropped_characters"] == 0 and capsys.readouterr().err == ""
+    # Accents its normalizer takes out on purpose are not counted (NFD's combining marks, stripped)
+    bpe.normalizer = normalizers.Sequence([normalizers.NFD(), normalizers.StripAccents()])
+    bpe.save(str(tmp_path / "bare" / "tokenizer.json"))
+    (corpus / "a.txt").write_text("hello\u0301 world\u0308\n")
+    meta = prepare(out_dir=tmp_path / "out3", tokenizer=str(tmp_path / "bare"), inputs=[str(corpus)],
+                   validation_fraction=0.0, progress=False)  # fmt: skip
+    assert meta["dropped_characters"] == 0 and capsys.readouterr().err == ""
+
+
+def test_a_byte_level_bpe_that_spells_every_byte_drops_nothing(tokenizer_dir):
+    """Its text is not checked for characters left out (offsets cost prepare half its speed)."""
+    from tokenizers import Tokenizer, models, trainers
+
+    assert not drops_text(load_tokenizer(tokenizer_dir).backend_tokenizer)  # gpt-ft tokenizer's: bytes
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel()
+    bpe.train_from_iterator(["hello world"] * 4, trainers.BpeTrainer())  # its bytes only: 'é' is lost
+    assert drops_text(bpe)
 
 
 def test_a_special_token_written_in_a_text_is_text_in_a_unigram_tokenizer_too(tmp_path):
@@ -255,6 +273,12 @@ def test_a_special_token_written_in_a_text_is_text_in_a_unigram_tokenizer_too(tm
     assert tok("</s>", add_special_tokens=False, split_special_tokens=True)["input_ids"] == pieces
     assert tok("</s>", add_special_tokens=False)["input_ids"] == [1]
     assert tok("hello world", add_special_tokens=False)["input_ids"] == unigram.encode("hello world").ids
+    tok.save_pretrained(tmp_path / "again")  # (read again, its pieces' scores are those read once)
+    scores = [
+        json.loads(t.backend_tokenizer.to_str())["model"]["vocab"]
+        for t in (tok, load_tokenizer(tmp_path / "again"))
+    ]
+    assert scores[0] == scores[1]
 
 
 def test_the_end_of_text_prepare_adds_comes_before_the_framing_tokens(tmp_path):

@@ -285,7 +285,9 @@ def test_the_settings_each_logger_gets_and_one_that_refuses_them(capsys):
             self.got = params
 
     saver = LoggedSettings.__new__(LoggedSettings)  # (its parser and file are LightningCLI's)
-    task = {"class_path": "gpt_ft.adapters.SingleText", "init_args": {"name": "sent", "labels": ["a", "b"]}}
+    columns = {"#1 String": "text"}  # (MRPC's card: MLflow takes no '#' in a name, and refused them all)
+    card = {"name": "sent", "labels": ["a", "b"], "local": {"columns": columns}}
+    task = {"class_path": "gpt_ft.adapters.SingleText", "init_args": card}
     data = Namespace(
         class_path="gpt_ft.data.task_data.TaskDataModule", init_args=Namespace(batch_size=4, task=task)
     )
@@ -301,13 +303,14 @@ def test_the_settings_each_logger_gets_and_one_that_refuses_them(capsys):
     saver.save_config(
         SimpleNamespace(loggers=[Refusing(), kept]), SimpleNamespace(hparams={"lr": 0.1}), "fit"
     )
-    assert kept.got == {
-        "data": "gpt_ft.data.task_data.TaskDataModule", "data.batch_size": 4,
+    assert kept.got == {  # the model's own first, under Lightning's names: one call holds them all
+        "lr": 0.1, "data": "gpt_ft.data.task_data.TaskDataModule", "data.batch_size": 4,
         "data.task": "gpt_ft.adapters.SingleText", "data.task.name": "sent", "data.task.labels": '["a", "b"]',
+        "data.task.local.columns._1 String": "text",
         "model.preset": "gpt-micro", "model.overrides.n_layer": 1,
         "trainer.callbacks.0": "EarlyStopping", "trainer.callbacks.0.patience": 2, "trainer.devices": "auto",
         "seed_everything": 0,
     }  # fmt: skip
     assert capsys.readouterr().err == (
-        "note: Refusing kept the settings it logged before (Changing param values is not allowed.).\n"
+        "note: Refusing did not record the run's settings (Changing param values is not allowed.).\n"
     )
