@@ -300,7 +300,8 @@ class RunFolder(Callback):
     """A run neither writes over what it should not (`no_run_config` before its configuration is
     saved, `no_earlier_checkpoints` before it too, and again once the checkpoint it resumes is
     known), nor, stopped by an
-    error before it writes anything to its logger's new folder but its configuration (config.yaml),
+    error before it writes anything to its logger's new folder but its configuration (config.yaml,
+    the settings in hparams.yaml),
     leaves that folder behind: a refused resume, or a data file found missing, left an empty
     `version_N`, and each attempt one more. (Every rank checks: each stops alike.)"""
 
@@ -357,7 +358,8 @@ class RunFolder(Callback):
             return  # not a run's own folder (a folder the logger was given, or no logger)
         folder = Path(folder)
         if folder.is_dir() and folder.resolve() != Path.cwd().resolve():
-            config = folder / "config.yaml"
-            if all(p == config and p.is_file() for p in folder.iterdir()):
-                config.unlink(missing_ok=True)
+            written = {folder / "config.yaml", folder / "hparams.yaml"}  # (its settings, logged at setup)
+            if all(p in written and p.is_file() for p in folder.iterdir()):
+                for path in written:
+                    path.unlink(missing_ok=True)
                 folder.rmdir()
