@@ -431,7 +431,7 @@ def test_the_checklist_reports_its_own_faults_and_refuses_a_gpu_it_cannot_see(tm
         and "tests/test_configs.py" in gpu_check.cuda_test_paths()
     )
     # A budget the Trainer's part would take whole: the tests ran under a negative limit.
-    argv = ["gpu_check.py", "--device", "cpu", "--glue", "G", "--tokenizer", "T", "--budget", "300"]
+    argv = ["gpu_check.py", "--device", "cpu", "--glue", str(tmp_path), "--tokenizer", "T", "--budget", "300"]
     monkeypatch.setattr(sys, "argv", [*argv, "--report", str(report)])
     with pytest.raises(SystemExit) as refused:
         gpu_check.main()
@@ -546,7 +546,7 @@ def test_benchmark_arguments_that_would_measure_nothing_are_refused(monkeypatch,
     )
     monkeypatch.setattr(bench_padding, "load_card", lambda path: None)
     monkeypatch.setattr(
-        sys, "argv", ["bench_padding.py", "--glue", "g", "--tokenizer", "t", "--max-length", "128"]
+        sys, "argv", ["bench_padding.py", "--glue", str(tmp_path), "--tokenizer", "t", "--max-length", "128"]
     )
     with pytest.raises(ZeroDivisionError):
         bench_padding.main()

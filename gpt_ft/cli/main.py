@@ -16,6 +16,7 @@ import re
 import signal
 import sys
 from collections.abc import Callable
+from contextlib import nullcontext
 from importlib.metadata import version
 from pathlib import Path
 from typing import NamedTuple
@@ -241,7 +242,7 @@ def main(argv: list[str] | None = None) -> None:
         fail(f"unknown command {name!r}{close}; choose from {', '.join(COMMANDS)}.")
     if typed:  # the program's process (a Python caller's is its own: gpt_ft.training.memory)
         keep_freed_memory()
-    with process_kept():
+    with nullcontext() if typed else process_kept():  # (the program's ends with it: torchao's exit quiet)
         show_notes()
         # transformers imports torchao where it is installed (the quantize extra), which then logs
         # about parts no command uses: CUDA kernels a CPU-only torch cannot load, pytree's enums.

@@ -12,6 +12,7 @@ those `gpt-ft predict` computes.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -57,7 +58,15 @@ class Classifier:
         """Run a batch's examples end to end in packed rows (as `--data.packing`); False: padded."""
         self.shared_context = shared_context
         """Run a multiple-choice example's shared context once (as `--data.shared_context`)."""
-        self.temperature = temperature
+        if not (
+            isinstance(temperature, int | float)
+            and not isinstance(temperature, bool)
+            and 0 < temperature < math.inf
+        ):
+            raise ValueError(
+                f"temperature must be a positive number (every score is divided by it), got {temperature!r}."
+            )
+        self.temperature = float(temperature)
         """Divides the head's outputs before probabilities (`gpt-ft calibrate`); 1: as trained."""
         self.gpt, self.head = gpt.to(self.device), head.to(self.device)  # (in eval mode as they score)
         self.task = as_task(task)  # (a card's path, as GPTModule takes it)

@@ -81,7 +81,9 @@ class Encoder:
         progress=iter,
     ) -> np.ndarray | Tensor:
         """Each text's unit vector, (len(texts), dimensions), float32, in order; `progress` wraps
-        the batches (`gpt-ft embed`'s bar)."""
+        the batches (`gpt-ft embed`'s bar). An empty text's is its framing's alone, as
+        sentence-transformers gives it from the exported model (`gpt-ft embed` refuses an empty line
+        or field of a file: there it is most often a slip)."""
         at_least_one(batch_size, "batch_size")
         if isinstance(texts, (str, bytes)) or not hasattr(texts, "__iter__"):  # None: no list either
             what = "the text " if isinstance(texts, str) else ""
@@ -94,8 +96,6 @@ class Encoder:
             raise TypeError(f"encode takes texts; item {bad[0]} is {texts[bad[0]]!r}.")
         if problem := next(((i, said) for i, t in enumerate(texts) if (said := no_utf8(t))), None):
             raise ValueError(f"item {problem[0]} {problem[1]}.")
-        if (blank := next((i for i, t in enumerate(texts) if not t.strip()), None)) is not None:
-            raise ValueError(f"item {blank} is empty: a text to embed is needed (as training and embed ask).")
         if prompt not in ("query", "document", None):
             raise ValueError(f"prompt must be 'query', 'document' or None, got {prompt!r}.")
         if convert_to not in ("numpy", "torch"):

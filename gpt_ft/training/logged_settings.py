@@ -38,6 +38,8 @@ class LoggedSettings(SaveConfigCallback):
             try:
                 logger.log_hyperparams({**own, **settings})
             except Exception as exc:  # MLflow keeps a run's first values (a run resumed by its run_id)
+                if type(exc).__name__ != "MlflowException":  # (W&B without a key: the run stops, said so)
+                    raise
                 said = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
                 print(f"note: {type(logger).__name__} did not record the run's settings ({said}).",
                       file=sys.stderr)  # fmt: skip

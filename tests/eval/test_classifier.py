@@ -124,6 +124,20 @@ def test_a_checkpoints_head_and_temperature_are_checked_before_they_score(finetu
             f"last.ckpt records a temperature of {temperature!r}, and gpt-ft calibrate's is a positive "
             "number (every score is divided by it): calibrate the checkpoint again."
         )
+    clf = Classifier.from_checkpoint(finetuned.ckpt, device="cpu")  # one given in Python: checked too
+    for temperature in (-1.0, 0, math.nan, math.inf, "2"):
+        with pytest.raises(
+            ValueError, match=r"^temperature must be a positive number \(every score is divided"
+        ):
+            Classifier(
+                clf.gpt,
+                clf.head,
+                clf.task,
+                clf.tokenizer,
+                max_length=64,
+                device="cpu",
+                temperature=temperature,
+            )
 
 
 def test_packed_and_padded_batches_give_the_same_probabilities(finetuned):

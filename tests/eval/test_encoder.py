@@ -102,8 +102,6 @@ def test_the_encoders_vectors_are_the_training_paths_own(embedded):
         encoder.encode(["a", None])
     with pytest.raises(ValueError, match=r"^item 1 holds \\ud83d, half of a UTF-16 surrogate pair alone, "):
         encoder.encode(["a", "broken \ud83d"])
-    with pytest.raises(ValueError, match=r"^item 1 is empty: a text to embed is needed \(as training"):
-        encoder.encode(["a", " "])  # (a vector of the prompt alone: `embed` and training refuse it)
     with pytest.raises(TypeError, match=r"^encode takes a list of texts, got b'hi': put it in a list"):
         encoder.encode(b"hi")  # ("item 0 is 104")
     # A mapping or a table iterates over its keys, which were embedded as if they were the texts.
