@@ -152,6 +152,40 @@ def test_files_stay_readable():
     assert len(body.splitlines()) < 250
 
 
+def test_text_files_are_read_and_written_as_utf8_whatever_the_locale():
+    """A text file opened without an encoding is read in the locale's (Windows' cp1252, a Latin-1
+    locale): a card's non-English labels, a run's config.yaml or an exported config.json failed
+    there, or were written otherwise than they are read back."""
+    unnamed = []
+    for path in modules():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute | ast.Name):
+                continue
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id
+            given = {k.arg for k in node.keywords}
+            positional = {
+                "read_text": 0,
+                "write_text": 1,
+                "open": 1 if isinstance(node.func, ast.Name) else 0,
+            }
+            if name not in positional or "encoding" in given:
+                continue
+            if name == "open":  # (a method's mode is its first argument, the builtin's its second)
+                if isinstance(node.func, ast.Attribute) and getattr(node.func.value, "id", "") in (
+                    "os",
+                    "gzip",
+                ):
+                    continue
+                mode = node.args[positional[name]] if len(node.args) > positional[name] else None
+                mode = mode or next((k.value for k in node.keywords if k.arg == "mode"), None)
+                if isinstance(mode, ast.Constant) and "b" in mode.value:
+                    continue
+            elif name == "read_text" and node.args or name == "write_text" and len(node.args) > 1:
+                continue  # (the encoding given by position)
+            unnamed.append(f"{path.relative_to(ROOT)}:{node.lineno} {name}")
+    assert unnamed == []
+
+
 def test_nothing_outside_the_adapters_branches_on_an_input_shape():
     pattern = re.compile(rf"head_kind|isinstance\([^)]*({SHAPES}|{KINDS})|\.regression\b")
     found = [

@@ -47,7 +47,7 @@ def load_card(path: str | Path) -> TaskAdapter:
     if not Path(path).is_file():
         raise FileNotFoundError(f"Task card {path} {absent(path)}.")
     try:
-        raw = yaml.safe_load(text := Path(path).read_text())
+        raw = yaml.safe_load(text := Path(path).read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise ValueError(f"Task card {path} is not valid YAML: {yaml_problem(exc)}") from None
     if unfolds_too_far(raw):

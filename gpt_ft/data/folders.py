@@ -116,7 +116,8 @@ def piped_configs_read(args: list[str]) -> list[str]:
         if value == "~" and equals and option[:2] == "--" and name.rpartition("_")[2] in PATHS:
             out[i] = f"{option}={Path.home()}"
         at, value = (i, value) if equals else (i + 1, args[i + 1] if i + 1 < len(args) else "")
-        if option in ("-c", "--config") and value and is_pipe(value) and (text := Path(value).read_text()):
+        piped = option in ("-c", "--config") and value and is_pipe(value)
+        if piped and (text := Path(value).read_text(encoding="utf-8")):
             try:  # checked as a config file is (its text, once given, names no file)
                 yaml.safe_load(text)
             except yaml.YAMLError as exc:
@@ -170,7 +171,7 @@ def held(folder: Path | None, command: str) -> Iterator[None]:
         import fcntl
     except ImportError:  # Windows: no advisory locks; one writer is the user's to keep
         fcntl = None
-    lock = open(folder / LOCK, "a") if fcntl else None
+    lock = open(folder / LOCK, "a", encoding="utf-8") if fcntl else None
     if lock is not None:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

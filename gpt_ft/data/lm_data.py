@@ -225,7 +225,7 @@ def read_meta(token_dir: str | os.PathLike) -> dict:
         )
         raise FileNotFoundError(f"{folder} {missing}: prepare it with `gpt-ft prepare`.")
     try:
-        meta = json.loads(path.read_text())
+        meta = json.loads(path.read_text(encoding="utf-8"))
         itemsize = np.dtype(meta["dtype"]).itemsize
         counts = {split: meta["tokens"][split] for split in SPLIT_FILES}
         fields = {

@@ -334,7 +334,7 @@ def prepare(
                         "tokenizer": "tokenizer",
                         "tokenizer_files": tokenizer_digests(out / "tokenizer"),
                         "sources": sources, "seconds": round(seconds, 2)}  # fmt: skip
-                (out / META).write_text(json.dumps(meta, indent=2) + "\n")
+                (out / META).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
                 (out / COMMITTING).unlink()
                 committed = True
     finally:

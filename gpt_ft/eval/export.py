@@ -96,7 +96,8 @@ def export_checkpoint(
         print(f"wrote {written}: {loads}")
         return written
     written = export_classifier(clf, out, format=format)
-    print(f"wrote {written}: {what_loads(json.loads((written / 'config.json').read_text()), format)}")
+    config = json.loads((written / "config.json").read_text(encoding="utf-8"))
+    print(f"wrote {written}: {what_loads(config, format)}")
     return written
 
 

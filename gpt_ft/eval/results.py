@@ -76,7 +76,7 @@ def benchmark_score(score: Score, tasks: dict[str, Any]) -> dict[str, Any]:
 def write_results(out: Path, results: dict[str, Any]) -> None:
     """The report's files, each written whole or not at all (a failed write keeps the previous one)."""
     write_json(out / "results.json", results)
-    write_atomic(out / "results.md", lambda tmp: tmp.write_text(results_markdown(results)))
+    write_atomic(out / "results.md", lambda tmp: tmp.write_text(results_markdown(results), encoding="utf-8"))
     if any(item["metrics"] for item in results["tasks"].values()):  # (a learning curve alone: none)
         write_atomic(out / "results.png", lambda tmp: plot_results(results, tmp))
     if any("transfer" in item for item in results["tasks"].values()):

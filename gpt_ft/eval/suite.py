@@ -293,7 +293,7 @@ class SuiteRunner:
         inputs = {k: str(v) for k, v in (("init_from", self.init_from), ("tokenizer", self.tokenizer),
                                          ("data_dir", data_dir), ("method", entry.zero_shot))}  # fmt: skip
         inputs["files"] = input_stamps(task, data_dir, self.tokenizer, self.init_from)
-        inputs["card"] = yaml.safe_load(Path(entry.card).read_text())  # what it says, not its layout
+        inputs["card"] = yaml.safe_load(Path(entry.card).read_text("utf-8"))  # what it says, not its layout
         return inputs
 
     def _zero_shot(self, name: str, log) -> None:

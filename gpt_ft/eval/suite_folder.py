@@ -155,7 +155,7 @@ def put_back(folder: Path, result: str) -> None:
 
 def write_json(path: Path, value: Any) -> None:
     """Written whole or not at all: a crash never leaves half a file."""
-    write_atomic(path, lambda tmp: tmp.write_text(json.dumps(value, indent=2) + "\n"))
+    write_atomic(path, lambda tmp: tmp.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8"))
 
 
 def write_atomic(path: Path, write: Callable[[Path], Any]) -> None:

@@ -93,7 +93,8 @@ def run_task(ckpt: Path) -> str | None | bool:
     import yaml
 
     try:
-        data = (yaml.safe_load((ckpt.parent.parent / "config.yaml").read_text()) or {}).get("data") or {}
+        config = (ckpt.parent.parent / "config.yaml").read_text(encoding="utf-8")
+        data = (yaml.safe_load(config) or {}).get("data") or {}
         task = (data.get("init_args") or data).get("task")
     except (OSError, UnicodeDecodeError, yaml.YAMLError, AttributeError):
         return False
@@ -217,7 +218,7 @@ def no_run_config(trainer) -> None:
     that no run wrote (a user's own config, most often so named) is refused in one sentence."""
     config = Path(trainer.default_root_dir) / "config.yaml"
     if trainer.logger is None and config.is_file():
-        if not config.read_text(errors="replace").startswith("# lightning.pytorch=="):
+        if not config.read_text(encoding="utf-8", errors="replace").startswith("# lightning.pytorch=="):
             raise ValueError(
                 f"{config} is no run's configuration, and with --trainer.logger false a run writes its "
                 f"own there (in --trainer.default_root_dir): give another root folder (the file is kept)."

@@ -123,7 +123,7 @@ def _whole_in_cache(repo: str, commit: str, weights: bool = True) -> bool:
     for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         if (folder / index).is_file():
             try:
-                shards = set(json.loads((folder / index).read_text())["weight_map"].values())
+                shards = set(json.loads((folder / index).read_text(encoding="utf-8"))["weight_map"].values())
             except (ValueError, KeyError, TypeError, AttributeError):  # a damaged index: fetched again
                 return False
             return all((folder / shard).is_file() for shard in shards)
