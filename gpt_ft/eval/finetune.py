@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpt_ft.adapters import TaskDataError
 from gpt_ft.errors import absent, arguments_from
+from gpt_ft.eval.progress import say
 from gpt_ft.training.callbacks import History
 from gpt_ft.training.checkpointing import SaveLast
 from gpt_ft.training.recorded import without_nulls
@@ -30,7 +31,7 @@ def fit_and_evaluate(
     select: str,
     *,
     predict: bool,
-    log=print,
+    log=say,
     min_steps: int | None = None,
 ) -> tuple[dict[str, float], int]:
     """`gpt-ft fit ARGS` in this process; the validation metrics of the last (or best) epoch, and

@@ -26,3 +26,9 @@ def progress_lines(batches, what: str, every: float):
             said = now
             print(f"{what}: {done:,} of {total:,} batches ({done / total:.0%}) in {now - start:.0f} s",
                   file=sys.stderr, flush=True)  # fmt: skip
+
+
+def say(line: str) -> None:
+    """A long command's line: its warnings on stderr with its other notes (a script reads results
+    on stdout), the rest on stdout."""
+    print(line, file=sys.stderr if line.startswith("warning:") else sys.stdout, flush=True)

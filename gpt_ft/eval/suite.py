@@ -35,6 +35,7 @@ from gpt_ft.errors import check_output_dir
 from gpt_ft.eval import suite_file, zeroshot
 from gpt_ft.eval.curves import MISSING, baseline_curves, collect_curves, labels_saved, read_baselines
 from gpt_ft.eval.finetune import check_run, config_changes, fit_and_evaluate, main_key, resolved
+from gpt_ft.eval.progress import say
 from gpt_ft.eval.results import (
     benchmark_score,
     changed_files,
@@ -171,7 +172,7 @@ class SuiteRunner:
         return [Run(name, seed, k, row, size) for row in self.rows for name in self.cards for k in layers
                 for size in self.sizes for seed in self.seeds]  # fmt: skip
 
-    def run(self, log=print) -> dict[str, Any]:
+    def run(self, log=say) -> dict[str, Any]:
         with held(self.out if first_process() else None, "`gpt-ft suite`"):  # another there: refused
             return self._run(log)
 
@@ -263,7 +264,7 @@ class SuiteRunner:
             log(f"{run}: its inputs changed since it ran ({', '.join(changed)}): {then}")
         return None if changed else result
 
-    def fit(self, run: Run, log=print) -> dict[str, Any]:
+    def fit(self, run: Run, log=say) -> dict[str, Any]:
         """One fine-tuning run: fit, the chosen epoch's validation metrics, test predictions."""
         folder = self.out / "runs" / run.folder
         with set_aside(folder if first_process() else None, RESULT):  # a failed rerun keeps the last
@@ -316,7 +317,7 @@ class SuiteRunner:
 
     # ---- results ----
 
-    def collect(self, log=print) -> dict[str, Any]:
+    def collect(self, log=say) -> dict[str, Any]:
         """Every finished run's metrics in the results (percent): this invocation's tasks and earlier
         ones' (`--tasks` subsets), where they came from what the suite gives now (else said)."""
         stale, tasks = "left out of the results (run it again, or give what it ran with)", {}
@@ -379,7 +380,7 @@ class SuiteRunner:
         curves = collect_curves(score, self.rows, self.sizes, self.seeds, whole)
         return {**curves, **baseline_curves(self.baselines, name, self.sizes, self.seeds, whole)}
 
-    def write_submission(self, results: dict[str, Any], log=print) -> Path:
+    def write_submission(self, results: dict[str, Any], log=say) -> Path:
         """Each task's test predictions from its best seed (of the main table's runs), zipped."""
         spec = self.spec.submission
         return gather_submission(self.out, spec.archive, spec.files, results, self._table_run, log)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gpt_ft.errors import writing
+from gpt_ft.eval.progress import say
 
 RESULT_FILES = ("results.json", "results.md", "results.png", "transfer.png", "learning_curves.png")
 
@@ -68,7 +69,7 @@ def new_submission_folder(out: Path) -> Path:
 
 
 def gather_submission(
-    out: Path, archive: str, expected: list[str], results: dict[str, Any], run_of: Callable, log=print
+    out: Path, archive: str, expected: list[str], results: dict[str, Any], run_of: Callable, log=say
 ) -> Path:
     """Each task's test predictions from its best seed by the main metric (`run_of(task, seed)`: its
     run, whose folder under OUT/runs holds them), gathered in a new submission folder and zipped."""
@@ -94,7 +95,7 @@ def mark_submission(out: Path) -> set[str]:
     return set(written)
 
 
-def zip_submission(out: Path, archive: str, expected: list[str], log=print) -> Path:
+def zip_submission(out: Path, archive: str, expected: list[str], log=say) -> Path:
     """OUT/submission zipped into OUT/`archive`: the files the leaderboard expects, each missing or
     left out (a card's file not among them, which a leaderboard may refuse) named in a warning."""
     present = mark_submission(out)

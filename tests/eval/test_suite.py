@@ -86,7 +86,7 @@ submission: {{archive: sub.zip, files: [SENT.tsv, STS-B.jsonl, AX.tsv]}}
     monkeypatch.setattr(suites, "fit_and_evaluate", lambda *a, **k: calls.append(a) or real_fit(*a, **k))
     capsys.readouterr()
     main(argv)
-    printed = capsys.readouterr().out
+    printed, warned = capsys.readouterr()
     assert len(calls) == 3  # sent seed 1, sts seeds 0 and 1; the finished run is read back
     assert first.stat().st_mtime_ns == stamp
     assert "4 runs, 1 finished before, 3 to go" in printed and "[3/3] sts seed 1" in printed
@@ -123,7 +123,7 @@ submission: {{archive: sub.zip, files: [SENT.tsv, STS-B.jsonl, AX.tsv]}}
     assert "| **Tiny score** (2 of 3 tasks; missing pair" in table
     assert (out / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
-    assert "warning: the submission lacks AX.tsv" in printed
+    assert "warning: the submission lacks AX.tsv" in warned  # (on stderr, with the other notes)
     with zipfile.ZipFile(out / "sub.zip") as zf:
         assert sorted(zf.namelist()) == ["SENT.tsv", "STS-B.jsonl"]
         rows = zf.read("SENT.tsv").decode().splitlines()
@@ -218,10 +218,10 @@ def test_suite_zero_shot_and_transfer_sweep(tmp_path, tokenizer_dir, capsys):
     for k in ("0", "2"):
         assert (out / "runs" / "mc" / f"layers-{k}" / "seed-0" / "result.json").is_file()
     assert (out / "transfer.png").read_bytes()[:4] == b"\x89PNG"
-    printed = capsys.readouterr().out
+    printed, warned = capsys.readouterr()
     missing = tmp_path / "c" / "d" / "test.csv"
     warning = f"warning: no mc predictions for split 'test': {missing}: file not found"
-    assert printed.count(warning) == 2  # one per run
+    assert warned.count(warning) == 2  # one per run
     assert "| mc | " in (out / "results.md").read_text() and "2 layers" in (out / "results.md").read_text()
     # The main table of a sweep is its deepest transfer's (here every layer).
     deepest = json.loads((out / "runs" / "mc" / "layers-2" / "seed-0" / "result.json").read_text())
@@ -404,10 +404,10 @@ def test_a_missing_test_file_leaves_the_others_predictions(tmp_path, tokenizer_d
     out = tmp_path / "out"
     argv = ["suite", str(suite), f"--out_dir={out}", f"--tokenizer={tokenizer_dir}"]
     main([*argv, f"--data_dir={tmp_path / 'a'}", *fit_args(*FIT)])
-    printed = capsys.readouterr().out
+    printed, warned = capsys.readouterr()
     assert (
         f"warning: no sent predictions for split 'test_ax': {tmp_path / 'a' / 'd' / 'ax.tsv'}: file not found"
-        in printed
+        in warned
     )
     rows = (out / "runs" / "sent" / "seed-0" / "predictions" / "SENT.tsv").read_text().splitlines()
     assert len(rows) == 4 and (out / "s.zip").is_file()
